@@ -1,0 +1,41 @@
+# The two set-up commands of the README are `make demo` and `make test`; both create .venv on demand.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
+# torch is pinned to the CPU wheel for development and tests; users get the open `torch>=2.1` extra.
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test test-slow bench lint clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]' '$(TORCH_PIN)'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/seqstore demo --out demo-out
+
+# pytest exits 5 when it collects nothing: that must fail, and it does (make stops on any non-zero).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(VENV)/.installed-bench
+	$(PY) bench/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy --strict src/seqstore
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache .mypy_cache .ruff_cache

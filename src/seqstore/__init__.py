@@ -1,0 +1,31 @@
+"""seqstore: columnar memory-mapped training data and lazy epoch orders at 1e8-1e10 examples.
+
+A process's memory does not grow with the number of examples: stores open in constant time and
+are memory-mapped; epoch orders are computed on demand.
+"""
+
+from .errors import CorruptionError, FormatError, LockError, SchemaError, SeqstoreError
+from .schema import Field, Schema, bfloat16_to_float32, float32_to_bfloat16
+from .store import Lengths, Store, Writer, append_to, create
+from .store import open_store as open  # noqa: A001 - the public name is seqstore.open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CorruptionError",
+    "Field",
+    "FormatError",
+    "Lengths",
+    "LockError",
+    "Schema",
+    "SchemaError",
+    "SeqstoreError",
+    "Store",
+    "Writer",
+    "append_to",
+    "bfloat16_to_float32",
+    "create",
+    "float32_to_bfloat16",
+    "open",
+    "__version__",
+]

@@ -1,0 +1,95 @@
+"""``.npy`` headers of a fixed size, so a file can be written before its final shape is known.
+
+seqstore writes every data file as a standard NumPy ``.npy`` file (format 1.0) whose header is padded
+to exactly :data:`HEADER_BYTES` bytes. The writer puts a provisional shape first and rewrites the
+header in place when the shard is finished; the data always starts at byte :data:`HEADER_BYTES`.
+Readers accept any valid 1.0/2.0/3.0 header (so files written by ``np.save`` also open).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import CorruptionError
+
+__all__ = ["HEADER_BYTES", "NpyHeader", "encode_header", "write_header", "read_header"]
+
+HEADER_BYTES = 128
+_MAGIC = b"\x93NUMPY"
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """A parsed ``.npy`` header: dtype, C-order shape and the byte offset where data starts."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    data_offset: int
+
+    @property
+    def data_bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def encode_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    """Return a format-1.0 ``.npy`` header of exactly HEADER_BYTES bytes."""
+    shape_repr = repr(tuple(int(s) for s in shape))
+    text = "{'descr': %r, 'fortran_order': False, 'shape': %s, }" % (dtype.str, shape_repr)
+    body_len = HEADER_BYTES - len(_MAGIC) - 4
+    if len(text) + 1 > body_len:
+        raise ValueError(f"npy header for shape {shape} does not fit in {HEADER_BYTES} bytes")
+    body = text.ljust(body_len - 1) + "\n"
+    return _MAGIC + b"\x01\x00" + struct.pack("<H", body_len) + body.encode("latin1")
+
+
+def write_header(f: BinaryIO, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+    """Write (or rewrite in place) the header at the start of ``f``; the position is restored."""
+    pos = f.tell()
+    f.seek(0)
+    f.write(encode_header(dtype, shape))
+    f.seek(max(pos, HEADER_BYTES))
+
+
+def parse_header(raw: bytes, path: str | os.PathLike[str]) -> NpyHeader:
+    """Parse a header from the first bytes of a file; raise CorruptionError naming ``path``."""
+    if len(raw) < 10 or raw[:6] != _MAGIC:
+        raise CorruptionError(f"{path}: not a .npy file (bad magic)")
+    major = raw[6]
+    if major == 1:
+        hlen, start = struct.unpack("<H", raw[8:10])[0], 10
+    elif major in (2, 3):
+        if len(raw) < 12:
+            raise CorruptionError(f"{path}: truncated .npy header")
+        hlen, start = struct.unpack("<I", raw[8:12])[0], 12
+    else:
+        raise CorruptionError(f"{path}: unsupported .npy format version {major}")
+    if len(raw) < start + hlen:
+        raise CorruptionError(f"{path}: truncated .npy header")
+    try:
+        d = ast.literal_eval(raw[start : start + hlen].decode("utf-8" if major == 3 else "latin1"))
+        dtype = np.dtype(d["descr"])
+        shape = tuple(int(s) for s in d["shape"])
+        fortran = bool(d["fortran_order"])
+    except Exception as exc:  # noqa: BLE001 - anything unparsable is corruption
+        raise CorruptionError(f"{path}: unreadable .npy header ({exc})") from exc
+    if fortran and len(shape) > 1:
+        raise CorruptionError(f"{path}: Fortran-ordered arrays are not supported")
+    return NpyHeader(dtype, shape, start + hlen)
+
+
+def read_header(path: str | os.PathLike[str]) -> NpyHeader:
+    """Read and parse the header of the ``.npy`` file at ``path``."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4096)
+    except FileNotFoundError:
+        raise CorruptionError(f"{path}: file is missing") from None
+    except OSError as exc:
+        raise CorruptionError(f"{path}: cannot read ({exc})") from exc
+    return parse_header(raw, path)

@@ -1,0 +1,287 @@
+"""Schemas: what every record of a store holds.
+
+A :class:`Field` is a dtype and a shape. The first axis of the shape may be ``None`` (ragged: each
+record has its own number of rows); every other axis is fixed. A :class:`Schema` is an ordered
+mapping from field name to Field. Names may be nested with ``"/"`` (``"layer1/grad"``); a nested dict
+of Fields is flattened into such names.
+
+This module also owns the conversion of user values (numpy arrays, torch tensors, Python scalars and
+lists) to a field's storage dtype, including ``bfloat16`` which is stored as its uint16 bits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import SchemaError
+
+__all__ = ["Field", "Schema", "BFLOAT16", "to_storage_array", "bfloat16_to_float32", "float32_to_bfloat16"]
+
+BFLOAT16 = "bfloat16"
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_NUMERIC_KINDS = "biufc"
+
+
+def _normalise_dtype(dtype: Any) -> str:
+    """Return the canonical dtype string of a field: ``"bfloat16"`` or a little-endian numpy dtype str."""
+    if isinstance(dtype, str) and dtype.lower() in (BFLOAT16, "bf16"):
+        return BFLOAT16
+    if getattr(dtype, "name", None) == BFLOAT16 or str(dtype) in ("torch.bfloat16", "bfloat16"):
+        return BFLOAT16
+    torch_name = str(dtype)
+    if torch_name.startswith("torch."):
+        dtype = torch_name[len("torch."):]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'") from exc
+    if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'")
+    return dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str
+
+
+@dataclass(frozen=True)
+class Field:
+    """One column of a store.
+
+    Args:
+        dtype: a numpy numeric dtype (or its name), ``bool``, or ``"bfloat16"``.
+        shape: per-record shape. ``()`` is a scalar; ``(None, 80)`` is a ragged sequence of 80-dim rows;
+            ``(64, 64)`` a fixed matrix. Only the first entry may be ``None``.
+    """
+
+    dtype: str
+    shape: tuple[int | None, ...] = ()
+
+    def __init__(self, dtype: Any, shape: Any = ()) -> None:
+        if isinstance(shape, (int, np.integer)) or shape is None:
+            shape = (shape,)
+        try:
+            shape_t = tuple(shape)
+        except TypeError as exc:
+            raise SchemaError(f"field shape must be a tuple, got {shape!r}") from exc
+        norm: list[int | None] = []
+        for k, s in enumerate(shape_t):
+            if s is None and k == 0:
+                norm.append(None)
+            elif isinstance(s, (int, np.integer)) and not isinstance(s, bool) and int(s) >= 0:
+                norm.append(int(s))
+            else:
+                raise SchemaError(
+                    f"field shape {shape_t!r}: entry {k} must be a non-negative int"
+                    + (" (only the first entry may be None)" if s is None else "")
+                )
+        object.__setattr__(self, "dtype", _normalise_dtype(dtype))
+        object.__setattr__(self, "shape", tuple(norm))
+
+    @property
+    def ragged(self) -> bool:
+        """True when the first axis varies per record."""
+        return len(self.shape) > 0 and self.shape[0] is None
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """Shape of one row of a ragged field, or the whole record shape of a fixed field."""
+        return tuple(int(s) for s in (self.shape[1:] if self.ragged else self.shape))  # type: ignore[arg-type]
+
+    @property
+    def storage_dtype(self) -> np.dtype[Any]:
+        """The dtype of the bytes on disk (uint16 for bfloat16)."""
+        return np.dtype("<u2") if self.dtype == BFLOAT16 else np.dtype(self.dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row (ragged) or one record (fixed)."""
+        return int(np.prod(self.inner_shape, dtype=np.int64)) * self.storage_dtype.itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, obj: Any, *, where: str = "schema") -> Field:
+        if not isinstance(obj, dict) or "dtype" not in obj or "shape" not in obj:
+            raise SchemaError(f"{where}: expected an object with 'dtype' and 'shape', got {obj!r}")
+        return cls(obj["dtype"], tuple(obj["shape"]))
+
+    def __repr__(self) -> str:
+        return f"Field({self.dtype!r}, {self.shape!r})"
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"field name must be a non-empty str, got {name!r}")
+    for part in name.split("/"):
+        if not _NAME_PART.match(part) or part.endswith(".offsets") or part.endswith(".npy"):
+            raise SchemaError(
+                f"field name {name!r}: each '/'-separated part must match [A-Za-z0-9][A-Za-z0-9_.-]* "
+                "and must not end in '.offsets' or '.npy'"
+            )
+
+
+def _flatten(spec: Mapping[str, Any], prefix: str, out: dict[str, Field]) -> None:
+    for key, value in spec.items():
+        if not isinstance(key, str):
+            raise SchemaError(f"field name must be a str, got {key!r}")
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            _flatten(value, name + "/", out)
+            continue
+        if not isinstance(value, Field):
+            raise SchemaError(f"field {name!r}: expected a seqstore.Field or a nested dict, got {type(value).__name__}")
+        _check_name(name)
+        if name in out:
+            raise SchemaError(f"duplicate field name {name!r}")
+        out[name] = value
+
+
+class Schema(Mapping[str, Field]):
+    """An ordered, immutable mapping from flat field name to :class:`Field`."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, spec: Mapping[str, Any] | Schema) -> None:
+        if isinstance(spec, Schema):
+            self._fields: dict[str, Field] = dict(spec._fields)
+            return
+        if not isinstance(spec, Mapping) or not spec:
+            raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
+        fields: dict[str, Field] = {}
+        _flatten(spec, "", fields)
+        names = sorted(fields)
+        for a, b in zip(names, names[1:]):
+            if b.startswith(a + "/"):
+                raise SchemaError(f"field {a!r} is both a field and a group (field {b!r} is inside it)")
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> Field:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise KeyError(f"no field {name!r} in schema; fields are {list(self._fields)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self._fields == other._fields
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._fields.items()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k!r}: {v!r}" for k, v in self._fields.items())
+        return f"Schema({{{inner}}})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: f.to_json() for name, f in self._fields.items()}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Schema:
+        if not isinstance(obj, dict) or not obj:
+            raise SchemaError(f"schema: expected a non-empty object, got {obj!r}")
+        return cls({name: Field.from_json(v, where=f"schema field {name!r}") for name, v in obj.items()})
+
+    def nest(self, flat: Mapping[str, Any]) -> dict[str, Any]:
+        """Turn ``{"a/b": x}`` into ``{"a": {"b": x}}`` (only names present in ``flat``)."""
+        out: dict[str, Any] = {}
+        for name, value in flat.items():
+            parts = name.split("/")
+            node = out
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = value
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- values
+
+
+def float32_to_bfloat16(x: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.uint16]]:
+    """Round float values to bfloat16 (round to nearest even; NaN stays NaN) and return the uint16 bits."""
+    f = np.asarray(x, dtype=np.float32, order="C")
+    bits = f.view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        out[nan] = np.uint16(0x7FC0)
+    return out
+
+
+def bfloat16_to_float32(bits: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """Widen bfloat16 bits (uint16) to float32 exactly (a new array)."""
+    b = np.asarray(bits)
+    if b.dtype.name == BFLOAT16:
+        b = b.view(np.uint16)
+    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _torch_to_numpy(value: Any) -> np.ndarray[Any, Any] | None:
+    """Convert a torch tensor (any device, bfloat16 included) to numpy; None if ``value`` is not one."""
+    mod = type(value).__module__
+    if not mod.startswith("torch"):
+        return None
+    t = value.detach()
+    if str(t.dtype) == "torch.bfloat16":
+        import torch
+
+        arr = t.view(torch.int16).cpu().numpy().view(np.uint16)
+        return _BF16Bits(arr)
+    return np.asarray(t.cpu().numpy())
+
+
+class _BF16Bits(np.ndarray):  # type: ignore[type-arg]
+    """uint16 array marking that its contents are already bfloat16 bits (internal)."""
+
+    def __new__(cls, bits: np.ndarray[Any, Any]) -> _BF16Bits:
+        return bits.view(cls)
+
+
+def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, Any]:
+    """Convert one record's (or one stacked batch's) value to the field's storage dtype.
+
+    Accepts numpy arrays, torch tensors (any device, bfloat16 included), Python scalars and lists.
+    Casts only within a kind or to a wider kind (``same_kind``); integer narrowing is range-checked.
+    Raises :class:`SchemaError` naming ``what`` (field, record, id) otherwise. Never copies when the
+    value already has the storage dtype and is contiguous.
+    """
+    arr = _torch_to_numpy(value)
+    if arr is None:
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
+            raise SchemaError(f"{what}: cannot convert {type(value).__name__} to an array ({exc})") from exc
+    if field.dtype == BFLOAT16:
+        if isinstance(arr, _BF16Bits) or arr.dtype.name == BFLOAT16:
+            return np.asarray(arr.view(np.uint16), order="C")
+        if arr.dtype.kind in "fiub":
+            return float32_to_bfloat16(arr)
+        raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
+    target = field.storage_dtype
+    src = arr.dtype
+    if isinstance(arr, _BF16Bits):
+        if target.kind != "f":
+            raise SchemaError(f"{what}: cannot store bfloat16 values in a {target} field")
+        return np.asarray(bfloat16_to_float32(arr), dtype=target, order="C")
+    if src == target:
+        return np.asarray(arr, order="C")
+    if src.kind not in _NUMERIC_KINDS:
+        raise SchemaError(f"{what}: expected numeric data for dtype {target}, got dtype {src}")
+    if not np.can_cast(src, target, casting="same_kind") and not (src.kind in "bu" and target.kind == "i"):
+        raise SchemaError(f"{what}: unsafe cast from {src} to {field.dtype} (only same-kind or widening casts)")
+    if target.kind in "iu" and src.kind in "iu" and arr.size:
+        info = np.iinfo(target)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise SchemaError(f"{what}: values [{lo}, {hi}] do not fit dtype {target}")
+    return np.asarray(arr, dtype=target, order="C")

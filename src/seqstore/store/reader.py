@@ -1,0 +1,531 @@
+"""Reading stores: constant-time open, lazily memory-mapped shards, zero-copy record views.
+
+:func:`open_store` (``seqstore.open``) reads ``manifest.json`` only. A shard's files are mapped the
+first time one of its records is touched, after cheap checks (file size, ``.npy`` header, the first
+and last offsets) against the manifest; every failure is a :class:`~seqstore.CorruptionError` naming
+the file. Global index -> (shard, row) is a binary search over per-shard record counts (O(shards)
+memory). Ids are found through sorted 64-bit hash indexes (per shard, and merged runs under
+``_index/``), comparing the id bytes of every candidate.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from ..errors import CorruptionError
+from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
+from ..format.npy import read_header
+from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
+from .ids import encode_ids, hash_ids, id_equal
+from .writer import IDS
+
+__all__ = ["Store", "open_store", "Lengths"]
+
+_BF16_MODES = ("bits", "float32", "ml_dtypes")
+
+
+def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """Memory-map a ``.npy`` file read-only after checking it against what the manifest promises."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise CorruptionError(f"{path}: file is missing") from None
+    if info is not None and size != info.bytes:
+        raise CorruptionError(f"{path}: file has {size} bytes, manifest says {info.bytes} (truncated or replaced?)")
+    header = read_header(path)
+    if header.dtype != dtype:
+        raise CorruptionError(f"{path}: header dtype {header.dtype.str}, expected {dtype.str}")
+    if header.shape != shape:
+        raise CorruptionError(f"{path}: header shape {header.shape}, expected {shape}")
+    if header.data_offset + header.data_bytes != size:
+        raise CorruptionError(
+            f"{path}: {size} bytes on disk but header says {header.data_offset + header.data_bytes}"
+        )
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(shape, dtype=dtype)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mm, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
+
+
+class _Shard:
+    """The mapped files of one committed shard. Built on first touch."""
+
+    __slots__ = ("path", "info", "columns", "offsets", "ids", "id_offsets", "id_hash", "id_rows", "_plan")
+
+    def __init__(self, root: Path, info: ShardInfo, schema: Schema) -> None:
+        self.path = root / info.name
+        self.info = info
+        self.columns: dict[str, np.ndarray[Any, Any]] = {}
+        self.offsets: dict[str, np.ndarray[Any, Any]] = {}
+        n = info.records
+        for name, f in schema.items():
+            rel = f"{name}.npy"
+            if f.ragged:
+                orel = f"{name}.offsets.npy"
+                off = map_npy(self.path / orel, info.files.get(orel), np.dtype("<i8"), (n + 1,))
+                rows = info.rows[name]
+                if off[0] != 0 or off[-1] != rows:
+                    raise CorruptionError(
+                        f"{self.path / orel}: offsets run from {off[0]} to {off[-1]}, expected 0 to {rows}"
+                    )
+                self.offsets[name] = off
+                shape: tuple[int, ...] = (rows, *f.inner_shape)
+            else:
+                shape = (n, *f.inner_shape)
+            self.columns[name] = map_npy(self.path / rel, info.files.get(rel), f.storage_dtype, shape)
+        self.ids: np.ndarray[Any, Any] | None = None
+        self.id_offsets: np.ndarray[Any, Any] | None = None
+        self.id_hash: np.ndarray[Any, Any] | None = None
+        self.id_rows: np.ndarray[Any, Any] | None = None
+        self._plan = [(name, self.columns[name], self.offsets.get(name)) for name in schema]
+
+    def record(self, row: int) -> dict[str, np.ndarray[Any, Any]]:
+        out = {}
+        for name, col, off in self._plan:
+            if off is None:
+                out[name] = col[row]
+            else:
+                a = int(off[row])
+                b = int(off[row + 1])
+                if not 0 <= a <= b <= col.shape[0]:
+                    raise CorruptionError(
+                        f"{self.path / (name + '.offsets.npy')}: record {row} has offsets {a}..{b}, "
+                        f"outside 0..{col.shape[0]}"
+                    )
+                out[name] = col[a:b]
+        return out
+
+    def load_ids(self) -> None:
+        if self.ids is not None:
+            return
+        info, n = self.info, self.info.records
+        off = map_npy(self.path / f"{IDS}.offsets.npy", info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        total = int(off[-1]) if n else 0
+        self.ids = map_npy(self.path / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
+        self.id_hash = map_npy(self.path / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
+        self.id_rows = map_npy(
+            self.path / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"), (n,)
+        )
+        self.id_offsets = off
+
+
+@numba.njit(cache=True, nogil=True)  # type: ignore[misc]
+def _gather_rows(data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int) -> None:  # pragma: no cover
+    """Copy ragged records ``rows`` (as bytes, ``stride`` bytes per row) to ``out`` at ``out_starts``."""
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        a = offsets[r] * stride
+        b = offsets[r + 1] * stride
+        o = out_starts[k]
+        for j in range(b - a):
+            out[o + j] = data[a + j]
+
+
+class Lengths:
+    """Lazy per-record lengths of one ragged field, computed from the offsets on demand.
+
+    ``len``, ``[i]``, ``[a:b]`` and ``[int_array]`` (vectorised) work without materialising all
+    lengths; :meth:`iter_chunks` walks them in chunks; ``np.asarray(lengths)`` materialises (O(N)).
+    """
+
+    def __init__(self, store: Store, field: str) -> None:
+        self._store = store
+        self.field = field
+        self.dtype = np.dtype(np.int64)
+        self.shape = (len(store),)
+        self.ndim = 1
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, np.integer)):
+            k, row = self._store._locate(self._store._norm(int(key)))
+            off = self._store._shard(k).offsets[self.field]
+            return int(off[row + 1] - off[row])
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            return self.take(np.arange(start, stop, step, dtype=np.int64))
+        return self.take(np.asarray(key))
+
+    def take(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Lengths of records ``indices`` (any int array), as int64."""
+        idx = self._store._norm_many(indices)
+        out = np.empty(idx.shape, dtype=np.int64)
+        for k, pos, rows in self._store._group(idx):
+            off = self._store._shard(k).offsets[self.field]
+            out[pos] = off[rows + 1] - off[rows]
+        return out
+
+    def iter_chunks(self, size: int = 1 << 20) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        """Yield the lengths in order, in arrays of at most ``size`` (per shard, from the offsets)."""
+        for k in range(self._store.num_shards):
+            off = self._store._shard(k).offsets[self.field]
+            for a in range(0, len(off) - 1, size):
+                yield np.diff(off[a : min(a + size, len(off) - 1) + 1])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        parts = list(self.iter_chunks())
+        arr = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __iter__(self) -> Iterator[int]:
+        for chunk in self.iter_chunks():
+            yield from chunk.tolist()
+
+    def __repr__(self) -> str:
+        return f"Lengths({self._store.root}, field={self.field!r}, n={len(self)})"
+
+
+class Store:
+    """A read-only view of the shards a manifest lists. See :func:`open_store`."""
+
+    def __init__(self, path: str | os.PathLike[str], *, bfloat16: str = "bits") -> None:
+        if bfloat16 not in _BF16_MODES:
+            raise ValueError(f"bfloat16 must be one of {_BF16_MODES}, got {bfloat16!r}")
+        self.root = Path(path)
+        self._bf16 = bfloat16
+        self._shards: list[_Shard | None] = []
+        self._load(Manifest.load(self.root))
+
+    def _load(self, manifest: Manifest) -> None:
+        self._manifest = manifest
+        self.schema: Schema = manifest.schema
+        counts = [s.records for s in manifest.shards]
+        self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self._starts[1:])
+        self._starts_list: list[int] = self._starts.tolist()
+        self._n = int(self._starts[-1])
+        self._shards = self._shards[: len(counts)] + [None] * (len(counts) - len(self._shards))
+        self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
+        self._bf16_fields = [n for n, f in self.schema.items() if f.dtype == BFLOAT16]
+
+    # ------------------------------------------------------------------------------------ basics
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._starts_list) - 1
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """User metadata given at :func:`~seqstore.create`."""
+        return dict(self._manifest.metadata)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    @property
+    def has_ids(self) -> bool:
+        return bool(self._manifest.shards) and self._manifest.shards[0].has_ids
+
+    def refresh(self) -> Store:
+        """Re-read the manifest to see shards committed since open. Mapped shards are kept."""
+        self._load(Manifest.load(self.root))
+        return self
+
+    def __repr__(self) -> str:
+        return f"seqstore.Store({str(self.root)!r}, records={self._n}, shards={self.num_shards})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as (path, options): a worker process reopens the store and maps its own files."""
+        return (open_store, (str(self.root), self._bf16))
+
+    # -------------------------------------------------------------------------------- locating
+
+    def _norm(self, i: int) -> int:
+        n = self._n
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"record index {i} out of range for a store of {n} records ({self.root})")
+        return i
+
+    def _norm_many(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+        idx = np.asarray(indices)
+        if idx.dtype.kind not in "iu":
+            if idx.size == 0:
+                return idx.astype(np.int64)
+            raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+        idx = idx.astype(np.int64, copy=True)
+        idx[idx < 0] += self._n
+        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
+            bad = idx[(idx < 0) | (idx >= self._n)][0]
+            raise IndexError(f"record index {bad} out of range for a store of {self._n} records ({self.root})")
+        return idx
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        k = bisect.bisect_right(self._starts_list, i) - 1
+        return k, i - self._starts_list[k]
+
+    def _group(self, idx: np.ndarray[Any, Any]) -> Iterator[tuple[int, Any, np.ndarray[Any, Any]]]:
+        """Yield (shard, positions in idx, local rows) for each shard touched by ``idx``."""
+        if self.num_shards == 1:
+            yield 0, slice(None), idx
+            return
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        order = np.argsort(shard, kind="stable")
+        s_sorted = shard[order]
+        cuts = np.flatnonzero(np.diff(s_sorted)) + 1
+        for pos in np.split(order, cuts):
+            if len(pos):
+                k = int(shard[pos[0]])
+                yield k, pos, idx[pos] - self._starts[k]
+
+    def _shard(self, k: int) -> _Shard:
+        sh = self._shards[k]
+        if sh is None:
+            sh = _Shard(self.root, self._manifest.shards[k], self.schema)
+            self._shards[k] = sh
+        return sh
+
+    # ----------------------------------------------------------------------------------- records
+
+    def _decode_bf16(self, rec: dict[str, Any]) -> dict[str, Any]:
+        for name in self._bf16_fields:
+            if name in rec:
+                rec[name] = self.bfloat16_view(rec[name])
+        return rec
+
+    def bfloat16_view(self, bits: Any) -> Any:
+        """Present stored bfloat16 bits per the store's ``bfloat16`` mode (bits/float32/ml_dtypes)."""
+        if self._bf16 == "bits":
+            return bits
+        if self._bf16 == "float32":
+            return bfloat16_to_float32(bits)
+        import ml_dtypes  # type: ignore[import-not-found,unused-ignore]
+
+        return bits.view(ml_dtypes.bfloat16)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
+        """Record ``i`` as a dict of field name -> read-only zero-copy view. O(log shards)."""
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"store[i] takes an int; use get_batch() for many records, got {type(i).__name__}")
+        k, row = self._locate(self._norm(int(i)))
+        rec = self._shard(k).record(row)
+        return self._decode_bf16(rec) if self._bf16_fields and self._bf16 != "bits" else rec
+
+    def nested(self, i: int) -> dict[str, Any]:
+        """Record ``i`` as a nested dict (``"a/b"`` -> ``{"a": {"b": ...}}``) of zero-copy views."""
+        return self.schema.nest(self[i])
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
+        for i in range(self._n):
+            yield self[i]
+
+    def get_batch(
+        self, indices: Sequence[int] | np.ndarray[Any, Any], fields: Sequence[str] | None = None, pad: bool = False
+    ) -> dict[str, Any]:
+        """Gather many records at once (vectorised; one copy).
+
+        Returns a dict: a fixed field -> array (B, *shape); a ragged field -> ``(values, lengths)``
+        where ``values`` is the rows of all B records concatenated (sum(lengths), *inner) or, with
+        ``pad=True``, zero-padded to (B, max(lengths), *inner); ``lengths`` is int64 (B,).
+        """
+        idx = self._norm_many(indices).reshape(-1)
+        names = list(self.schema) if fields is None else list(fields)
+        for name in names:
+            if name not in self.schema:
+                raise KeyError(f"no field {name!r} in {self.root}; fields are {list(self.schema)}")
+        groups = list(self._group(idx))
+        out: dict[str, Any] = {}
+        for name in names:
+            f = self.schema[name]
+            out[name] = self._gather_ragged(name, f, idx, groups, pad) if f.ragged else self._gather_fixed(name, f, idx, groups)
+            if f.dtype == BFLOAT16 and self._bf16 != "bits":
+                if f.ragged:
+                    out[name] = (self.bfloat16_view(out[name][0]), out[name][1])
+                else:
+                    out[name] = self.bfloat16_view(out[name])
+        return out
+
+    def _gather_fixed(self, name: str, f: Field, idx: Any, groups: Any) -> np.ndarray[Any, Any]:
+        res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
+        for k, pos, rows in groups:
+            res[pos] = self._shard(k).columns[name][rows]
+        return res
+
+    def _gather_ragged(self, name: str, f: Field, idx: Any, groups: Any, pad: bool) -> tuple[Any, Any]:
+        lengths = np.empty(len(idx), dtype=np.int64)
+        for k, pos, rows in groups:
+            off = self._shard(k).offsets[name]
+            lengths[pos] = off[rows + 1] - off[rows]
+        stride = f.row_bytes
+        if pad:
+            t = int(lengths.max()) if len(lengths) else 0
+            flat = np.zeros(len(idx) * t * stride, dtype=np.uint8)
+            starts = np.arange(len(idx), dtype=np.int64) * (t * stride)
+        else:
+            ends = np.cumsum(lengths)
+            flat = np.empty(int(ends[-1]) * stride if len(ends) else 0, dtype=np.uint8)
+            starts = (ends - lengths) * stride
+        for k, pos, rows in groups:
+            sh = self._shard(k)
+            col = sh.columns[name]
+            data = col.reshape(-1).view(np.uint8) if col.size else np.empty(0, np.uint8)
+            off = sh.offsets[name]
+            if len(rows) and (off[rows + 1] < off[rows]).any():
+                raise CorruptionError(f"{sh.path / (name + '.offsets.npy')}: offsets decrease")
+            _gather_rows(data, off, np.ascontiguousarray(rows), flat, np.ascontiguousarray(starts[pos]), stride)
+        values = flat.view(f.storage_dtype)
+        if pad:
+            values = values.reshape(len(idx), int(lengths.max()) if len(lengths) else 0, *f.inner_shape)
+        else:
+            values = values.reshape(-1, *f.inner_shape)
+        return values, lengths
+
+    def lengths(self, field: str | None = None) -> Lengths:
+        """Lazy lengths of a ragged field (the only ragged field when ``field`` is None)."""
+        ragged = [n for n, f in self.schema.items() if f.ragged]
+        if field is None:
+            if len(ragged) != 1:
+                raise ValueError(f"{self.root}: name the ragged field; ragged fields are {ragged}")
+            field = ragged[0]
+        if field not in ragged:
+            raise ValueError(f"{self.root}: field {field!r} is not ragged; ragged fields are {ragged}")
+        return Lengths(self, field)
+
+    # --------------------------------------------------------------------------------------- ids
+
+    def id(self, i: int) -> str:
+        """The id of record ``i``."""
+        if not self.has_ids:
+            raise KeyError(f"{self.root}: records have no ids")
+        k, row = self._locate(self._norm(int(i)))
+        sh = self._shard(k)
+        sh.load_ids()
+        assert sh.ids is not None and sh.id_offsets is not None
+        a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
+        return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
+
+    def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
+        """Yield (first shard, sorted hashes, rows, row base) for every index to probe, in shard order.
+
+        Rows of a merged run are global (base 0); rows of a shard index are local (base = shard start).
+        A merged run whose files were superseded after this manifest was read falls back to its shards.
+        """
+        shard = 0
+        runs: list[IndexRun] = list(self._manifest.index_runs)
+        while shard < self.num_shards:
+            run = next((r for r in runs if r.first_shard == shard), None)
+            arrays = self._run_arrays(run) if run is not None else None
+            if run is not None and arrays is not None:
+                yield shard, arrays[0], arrays[1], 0
+                shard = run.end_shard
+                continue
+            sh = self._shard(shard)
+            sh.load_ids()
+            assert sh.id_hash is not None and sh.id_rows is not None
+            yield shard, sh.id_hash, sh.id_rows, self._starts_list[shard]
+            shard += 1
+
+    def _run_arrays(self, run: IndexRun) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
+        if run.name not in self._runs:
+            try:
+                h = map_npy(self.root / f"{run.name}.hash.npy", None, np.dtype("<u8"), (run.records,))
+                r = map_npy(self.root / f"{run.name}.rows.npy", None, np.dtype("<i8"), (run.records,))
+                self._runs[run.name] = (h, r)
+            except CorruptionError:
+                self._runs[run.name] = None
+        return self._runs[run.name]
+
+    def _verify(self, rows: np.ndarray[Any, Any], qdata: Any, qoff: Any, qidx: Any) -> np.ndarray[Any, Any]:
+        """Compare the stored ids of global ``rows`` with query ids ``qidx`` byte by byte."""
+        ok = np.zeros(len(rows), dtype=np.bool_)
+        for k, pos, local in self._group(rows):
+            sh = self._shard(k)
+            sh.load_ids()
+            res = np.empty(len(local), dtype=np.bool_)
+            id_equal(sh.ids, sh.id_offsets, np.ascontiguousarray(local), qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
+            ok[pos] = res
+        return ok
+
+    def index(self, id: str) -> int:  # noqa: A002
+        """Global index of the record with id ``id`` (the first one if it was written twice)."""
+        if not isinstance(id, str):
+            raise TypeError(f"ids are str, got {type(id).__name__}")
+        if not self.has_ids:
+            raise KeyError(f"id {id!r} not in {self.root} (records have no ids)")
+        key = id.encode("utf-8", "surrogatepass")
+        raw = np.frombuffer(key, dtype=np.uint8)
+        h = hash_ids(raw, np.array([0, len(raw)], dtype=np.int64))[0]
+        for _first, hashes, rows, base in self._probe_targets():
+            j = int(hashes.searchsorted(h))
+            while j < len(hashes) and hashes[j] == h:
+                row = int(rows[j]) + base
+                k, local = self._locate(row)
+                sh = self._shard(k)
+                sh.load_ids()
+                assert sh.ids is not None and sh.id_offsets is not None
+                if bytes(sh.ids[int(sh.id_offsets[local]) : int(sh.id_offsets[local + 1])]) == key:
+                    return row
+                j += 1
+        raise KeyError(f"id {id!r} not in {self.root}")
+
+    def index_many(self, ids: Sequence[str], *, missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Global indexes of many ids at once (vectorised hash search, then byte comparison).
+
+        ``missing="error"`` raises KeyError naming the first missing ids; an int fills them instead.
+        """
+        if not self.has_ids:
+            if len(self) == 0:
+                qn = len(ids)
+                if missing == "error" and qn:
+                    raise KeyError(f"id {ids[0]!r} not in {self.root} (store is empty)")
+                return np.full(qn, missing if isinstance(missing, int) else -1, dtype=np.int64)
+            raise KeyError(f"{self.root}: records have no ids")
+        qdata, qoff = encode_ids(ids)
+        q = hash_ids(qdata, qoff)
+        result = np.full(len(q), -1, dtype=np.int64)
+        todo = np.arange(len(q), dtype=np.int64)
+        for _first, hashes, rows, base in self._probe_targets():
+            if len(todo) == 0:
+                break
+            qh = q[todo]
+            lo = np.searchsorted(hashes, qh, side="left")
+            hi = np.searchsorted(hashes, qh, side="right")
+            counts = hi - lo
+            hit = counts > 0
+            if not hit.any():
+                continue
+            cq = np.repeat(todo[hit], counts[hit])
+            run_starts = np.repeat(lo[hit], counts[hit])
+            within = np.arange(len(cq)) - np.repeat(np.cumsum(counts[hit]) - counts[hit], counts[hit])
+            cand_rows = np.asarray(rows[run_starts + within]) + base
+            ok = self._verify(cand_rows, qdata, qoff, cq)
+            if not ok.any():
+                continue
+            found_q, found_r = cq[ok], cand_rows[ok]
+            best = np.full(len(q), np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(best, found_q, found_r)
+            newly = np.unique(found_q)
+            result[newly] = best[newly]
+            todo = todo[result[todo] < 0]
+        if len(todo):
+            if missing == "error":
+                names = ", ".join(repr(ids[int(t)]) for t in todo[:10])
+                raise KeyError(f"{len(todo)} id(s) not in {self.root}: {names}")
+            result[todo] = int(missing)
+        return result
+
+
+def open_store(path: str | os.PathLike[str], bfloat16: str = "bits") -> Store:
+    """Open the store at ``path`` for reading. Reads the manifest only: O(fields x shards).
+
+    ``bfloat16``: how bfloat16 fields are returned: ``"bits"`` (uint16 views, default, zero-copy),
+    ``"float32"`` (converted copies) or ``"ml_dtypes"`` (zero-copy ``ml_dtypes.bfloat16`` views).
+    """
+    return Store(path, bfloat16=bfloat16)

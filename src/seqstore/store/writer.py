@@ -1,0 +1,626 @@
+"""Writing stores: buffered, crash-safe appends of records into immutable shards.
+
+A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
+of the current shard with large sequential writes into a private workspace directory
+(``_tmp-<token>/current``). :meth:`Writer.commit` finishes the shard (final ``.npy`` headers, id
+index, fsync), then under the store's lock file renames it to ``shard-NNNNNN`` and atomically replaces
+the manifest. A crash before that rename leaves only workspace files, which readers never look at
+and the next writer deletes; a crash after it loses nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import socket
+import uuid
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import LockError, SchemaError, SeqstoreError
+from ..format.manifest import MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
+from ..format.npy import HEADER_BYTES, encode_header, write_header
+from ..schema import Field, Schema, to_storage_array
+from .ids import encode_ids, hash_ids, merge_runs
+
+__all__ = ["Writer", "create", "append_to", "store_lock"]
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+IDS = "_ids"
+INDEX_DIR = "_index"
+MERGE_FANIN = 8
+
+
+@contextmanager
+def store_lock(root: Path) -> Iterator[None]:
+    """Hold the store's exclusive commit lock (an ``flock`` on ``<root>/.lock``)."""
+    try:
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise LockError(f"{root / LOCK_FILE}: cannot open lock file ({exc})") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _shard_number(name: str) -> int:
+    try:
+        return int(name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _clean_orphans(root: Path, manifest: Manifest) -> None:
+    """Delete files of dead writers and of shards renamed but never committed. Caller holds the lock."""
+    committed = {s.name for s in manifest.shards}
+    runs = {r.name for r in manifest.index_runs}
+    for entry in root.iterdir():
+        name = entry.name
+        if name.startswith("shard-") and entry.is_dir() and name not in committed:
+            log.warning("removing uncommitted shard directory %s", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+        elif name.startswith("_tmp-") and entry.is_dir():
+            owner = entry / "owner.lock"
+            try:
+                fd = os.open(owner, os.O_RDWR)
+            except FileNotFoundError:
+                fd = -1
+            try:
+                if fd >= 0:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live writer owns it
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            log.warning("removing workspace of a dead writer %s", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+        elif name.startswith(f".{MANIFEST}.tmp-"):
+            entry.unlink(missing_ok=True)
+    index_dir = root / INDEX_DIR
+    if index_dir.is_dir():
+        for entry in index_dir.iterdir():
+            run_name = f"{INDEX_DIR}/{entry.name.split('.', 1)[0]}"
+            if run_name not in runs:
+                entry.unlink(missing_ok=True)
+
+
+class _ColumnFile:
+    """One growing ``.npy`` file of a shard: provisional header, sequential appends, running CRC-32."""
+
+    def __init__(self, path: Path, dtype: np.dtype[Any], inner: tuple[int, ...], crc_pool: ThreadPoolExecutor):
+        self.path = path
+        self.dtype = dtype
+        self.inner = inner
+        self.rows = 0
+        self._pool = crc_pool
+        self._crc: Future[int] | None = None
+        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in finish()/abort()
+        self._f.write(encode_header(dtype, (0, *inner)))
+
+    def write(self, arr: np.ndarray[Any, Any]) -> Future[int]:
+        """Append rows (``arr`` has this file's dtype and inner shape and is C-contiguous)."""
+        buf = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        prev = self._crc
+
+        def chained() -> int:
+            return zlib.crc32(buf, prev.result() if prev is not None else 0)
+
+        self._crc = self._pool.submit(chained)
+        self._f.write(buf)
+        self.rows += arr.shape[0] if arr.ndim else 1
+        return self._crc
+
+    def finish(self) -> FileInfo:
+        """Write the final header, fsync, close; return size and CRC."""
+        write_header(self._f, self.dtype, (self.rows, *self.inner))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        size = self._f.tell()
+        self._f.close()
+        crc = self._crc.result() if self._crc is not None else 0
+        return FileInfo(size, crc)
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+class Writer:
+    """Appends records to a store. Use :func:`create` or :func:`append_to` to get one.
+
+    Records are buffered up to ``buffer_bytes`` and then written to the current shard; a shard is
+    committed when it reaches ``shard_bytes`` or ``max_shard_records``, on :meth:`commit`, and on
+    :meth:`close`. Leaving a ``with`` block by an exception discards what was not committed.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        shard_bytes: int = 1 << 30,
+        buffer_bytes: int = 64 << 20,
+        max_shard_records: int = 1 << 24,
+    ) -> None:
+        if shard_bytes <= 0 or buffer_bytes <= 0 or max_shard_records <= 0:
+            raise ValueError("shard_bytes, buffer_bytes and max_shard_records must be positive")
+        self.root = root
+        self.shard_bytes = shard_bytes
+        self.buffer_bytes = buffer_bytes
+        self.max_shard_records = max_shard_records
+        self._token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._workspace = root / f"_tmp-{self._token}"
+        with store_lock(root):
+            manifest = Manifest.load(root)
+            _clean_orphans(root, manifest)
+            self._workspace.mkdir()
+            self._owner_fd = os.open(self._workspace / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+        self.schema: Schema = manifest.schema
+        self._fields: list[tuple[str, Field]] = list(self.schema.items())
+        self._names = set(self.schema)
+        self._has_ids: bool | None = manifest.shards[0].has_ids if manifest.shards else None
+        self._records_before = manifest.num_records
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
+        self._closed = False
+        self._reset_buffer()
+        self._shard_open = False
+        self._committed_records = 0
+
+    # ------------------------------------------------------------------------------------- buffers
+
+    def _reset_buffer(self) -> None:
+        self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._fields}
+        self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._fields if f.ragged}
+        self._buf_ids: list[str] = []
+        self._buf_records = 0
+        self._buf_bytes = 0
+
+    def _open_shard(self) -> None:
+        cur = self._workspace / "current"
+        cur.mkdir()
+        self._files: dict[str, _ColumnFile] = {}
+        for name, f in self._fields:
+            path = cur / f"{name}.npy"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._files[name] = _ColumnFile(path, f.storage_dtype, f.inner_shape, self._pool)
+            if f.ragged:
+                off = _ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self._pool)
+                off.write(np.zeros(1, dtype="<i8"))
+                self._files[name + ".offsets"] = off
+        if self._has_ids:
+            for suffix, dt in (("", "u1"), (".offsets", "<i8"), (".hash_unsorted", "<u8")):
+                self._files[IDS + suffix] = _ColumnFile(cur / f"{IDS}{suffix}.npy", np.dtype(dt), (), self._pool)
+            self._files[IDS + ".offsets"].write(np.zeros(1, dtype="<i8"))
+        self._shard_records = 0
+        self._shard_bytes = 0
+        self._shard_open = True
+
+    # ------------------------------------------------------------------------------------ validation
+
+    def _check_ids(self, have_ids: bool, first: int) -> None:
+        if self._has_ids is not None and self._has_ids != have_ids:
+            want = "with ids" if self._has_ids else "without ids"
+            raise SchemaError(f"record {first}: this store's records are written {want}; got the other kind")
+
+    def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
+        if not isinstance(record, Mapping):
+            raise SchemaError(f"{what}: expected a dict of field -> value, got {type(record).__name__}")
+        if not any(isinstance(v, Mapping) for v in record.values()):
+            return record
+        flat: dict[str, Any] = {}
+
+        def walk(node: Mapping[str, Any], prefix: str) -> None:
+            for k, v in node.items():
+                name = f"{prefix}{k}"
+                if isinstance(v, Mapping):
+                    walk(v, name + "/")
+                elif name in flat:
+                    raise SchemaError(f"{what}: duplicate field name {name!r}")
+                else:
+                    flat[name] = v
+
+        walk(record, "")
+        return flat
+
+    def _check_keys(self, keys: Any, what: str) -> None:
+        given = set(keys)
+        if given != self._names:
+            unknown = sorted(given - self._names)
+            missing = sorted(self._names - given)
+            parts = []
+            if unknown:
+                parts.append(f"unknown field(s) {unknown}")
+            if missing:
+                parts.append(f"missing field(s) {missing}")
+            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}")
+
+    # --------------------------------------------------------------------------------------- append
+
+    def append(self, record: Mapping[str, Any], id: str | None = None) -> None:  # noqa: A002
+        """Append one record: a (possibly nested) dict of field name -> array-like.
+
+        Raises SchemaError naming the field, record number and id; a rejected record leaves nothing.
+        """
+        self._check_open()
+        index = self._records_before + self._committed_records + self._pending_records()
+        what = f"record {index}" + (f" (id {id!r})" if id is not None else "")
+        if id is not None and not isinstance(id, str):
+            raise SchemaError(f"record {index}: id must be a str, got {type(id).__name__} {id!r}")
+        self._check_ids(id is not None, index)
+        flat = self._flatten(record, what)
+        self._check_keys(flat.keys(), what)
+        converted = []
+        nbytes = 0
+        for name, f in self._fields:
+            arr = to_storage_array(f, flat[name], what=f"{what}, field {name!r}")
+            if f.ragged:
+                if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
+                    raise SchemaError(
+                        f"{what}, field {name!r}: expected shape (n, {', '.join(map(str, f.inner_shape))})"
+                        .replace(", )", ")") + f", got {arr.shape}"
+                    )
+            elif arr.shape != f.inner_shape:
+                raise SchemaError(f"{what}, field {name!r}: expected shape {f.inner_shape}, got {arr.shape}")
+            converted.append(arr)
+            nbytes += arr.nbytes
+        self._has_ids = id is not None
+        for (name, f), arr in zip(self._fields, converted):
+            self._buf[name].append(arr[None] if not f.ragged else arr)
+            if f.ragged:
+                self._buf_lengths[name].append(np.array([arr.shape[0]], dtype=np.int64))
+        if id is not None:
+            self._buf_ids.append(id)
+        self._buf_records += 1
+        self._buf_bytes += nbytes
+        if self._buf_full():
+            self._flush()
+
+    def append_batch(self, columns: Mapping[str, Any], ids: Sequence[str] | None = None) -> None:
+        """Append a batch: fixed field -> stacked array (B, ...); ragged field -> list of arrays or a
+        ``(values, lengths)`` pair. ``ids``: B str ids or None. All columns are validated before
+        anything is buffered; a rejected batch leaves nothing behind.
+        """
+        self._check_open()
+        first = self._records_before + self._committed_records + self._pending_records()
+        what = f"batch starting at record {first}"
+        flat = self._flatten(columns, what)
+        self._check_keys(flat.keys(), what)
+        batch: int | None = None
+        prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
+        nbytes = 0
+        for name, f in self._fields:
+            value = flat[name]
+            lengths: np.ndarray[Any, Any] | None = None
+            fw = f"{what}, field {name!r}"
+            if f.ragged:
+                values, lengths = self._ragged_column(f, value, fw)
+                n = len(lengths)
+            else:
+                values = to_storage_array(f, value, what=fw)
+                if values.ndim != 1 + len(f.inner_shape) or values.shape[1:] != f.inner_shape:
+                    raise SchemaError(f"{fw}: expected shape (B, {f.inner_shape}) stacked, got {values.shape}")
+                n = values.shape[0]
+            if batch is None:
+                batch = n
+            elif n != batch:
+                raise SchemaError(f"{fw}: has {n} records but earlier fields have {batch}")
+            prepared.append((values, lengths))
+            nbytes += values.nbytes
+        assert batch is not None
+        if ids is not None:
+            if isinstance(ids, str) or len(ids) != batch:
+                raise SchemaError(f"{what}: ids must be a sequence of {batch} str, got {type(ids).__name__}")
+            for k, s in enumerate(ids):
+                if not isinstance(s, str):
+                    raise SchemaError(f"record {first + k}: id must be a str, got {type(s).__name__} {s!r}")
+        if batch == 0:
+            return
+        self._check_ids(ids is not None, first)
+        self._has_ids = ids is not None
+        for (name, f), (values, lengths) in zip(self._fields, prepared):
+            self._buf[name].append(values)
+            if f.ragged:
+                assert lengths is not None
+                self._buf_lengths[name].append(lengths)
+        if ids is not None:
+            self._buf_ids.extend(ids)
+        self._buf_records += batch
+        self._buf_bytes += nbytes
+        if self._buf_full():
+            self._flush()
+
+    def _buf_full(self) -> bool:
+        """Flush when the buffer is full or the shard it goes into would be."""
+        if self._buf_bytes >= self.buffer_bytes:
+            return True
+        done_bytes = self._shard_bytes if self._shard_open else 0
+        done_records = self._shard_records if self._shard_open else 0
+        return (
+            done_bytes + self._buf_bytes >= self.shard_bytes
+            or done_records + self._buf_records >= self.max_shard_records
+        )
+
+    def _ragged_column(
+        self, f: Field, value: Any, what: str
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        if isinstance(value, tuple) and len(value) == 2:
+            values = to_storage_array(f, value[0], what=what)
+            lengths = np.asarray(value[1])
+            if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths.size and lengths.min() < 0):
+                raise SchemaError(f"{what}: lengths must be a 1-D array of non-negative ints")
+            lengths = lengths.astype(np.int64)
+            if values.ndim != len(f.shape) or values.shape[1:] != f.inner_shape:
+                raise SchemaError(f"{what}: values must have shape (total_rows, {f.inner_shape}), got {values.shape}")
+            if int(lengths.sum()) != values.shape[0]:
+                raise SchemaError(f"{what}: lengths sum to {int(lengths.sum())} but values have {values.shape[0]} rows")
+            return values, lengths
+        if isinstance(value, np.ndarray) or not isinstance(value, Sequence):
+            raise SchemaError(f"{what}: a ragged column is a list of arrays or a (values, lengths) pair")
+        arrays = []
+        for k, item in enumerate(value):
+            arr = to_storage_array(f, item, what=f"{what}, batch item {k}")
+            if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
+                raise SchemaError(f"{what}, batch item {k}: expected rows of shape {f.inner_shape}, got {arr.shape}")
+            arrays.append(arr)
+        lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
+        if arrays:
+            values = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        else:
+            values = np.empty((0, *f.inner_shape), dtype=f.storage_dtype)
+        return values, lengths
+
+    def _pending_records(self) -> int:
+        return self._buf_records + (self._shard_records if self._shard_open else 0)
+
+    # ---------------------------------------------------------------------------------------- flush
+
+    def _flush(self) -> None:
+        """Write the buffer to the current shard (no commit). Splits the shard when it is full."""
+        if self._buf_records == 0:
+            return
+        if not self._shard_open:
+            self._open_shard()
+        futures: list[Future[int]] = []
+        for name, f in self._fields:
+            parts = self._buf[name]
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            col = self._files[name]
+            if f.ragged:
+                lengths = np.concatenate(self._buf_lengths[name])
+                offsets = np.cumsum(lengths) + col.rows
+                futures.append(self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False)))
+            futures.append(col.write(np.ascontiguousarray(data)))
+        if self._has_ids:
+            data, offsets = encode_ids(self._buf_ids, first_record=0)
+            ids_col = self._files[IDS]
+            hashes = hash_ids(data, offsets)
+            futures.append(self._files[IDS + ".offsets"].write(offsets[1:] + ids_col.rows))
+            futures.append(ids_col.write(data))
+            futures.append(self._files[IDS + ".hash_unsorted"].write(hashes))
+        for fut in futures:
+            fut.result()  # the caller may reuse its arrays once we return
+        self._shard_records += self._buf_records
+        self._shard_bytes += self._buf_bytes
+        self._reset_buffer()
+        if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
+            self._commit_shard()
+
+    # --------------------------------------------------------------------------------------- commit
+
+    def commit(self) -> None:
+        """Make everything appended so far durable and visible to readers that open or refresh.
+
+        After this returns, a crash or power cut loses none of these records.
+        """
+        self._check_open()
+        self._flush()
+        if self._shard_open:
+            self._commit_shard()
+
+    def _finish_shard_files(self) -> ShardInfo:
+        cur = self._workspace / "current"
+        infos: dict[str, FileInfo] = {}
+        rows: dict[str, int] = {}
+        for key, col in self._files.items():
+            if key == IDS + ".hash_unsorted":
+                continue
+            infos[col.path.relative_to(cur).as_posix()] = col.finish()
+            if key in self.schema and self.schema[key].ragged:
+                rows[key] = col.rows
+        if self._has_ids:
+            tmp = self._files[IDS + ".hash_unsorted"]
+            tmp.finish()
+            hashes = np.load(tmp.path)
+            order = np.argsort(hashes, kind="stable")
+            for suffix, arr in ((".hash", hashes[order]), (".hash_rows", order.astype("<i8"))):
+                col = _ColumnFile(cur / f"{IDS}{suffix}.npy", arr.dtype, (), self._pool)
+                col.write(np.ascontiguousarray(arr))
+                infos[f"{IDS}{suffix}.npy"] = col.finish()
+            tmp.path.unlink()
+        fsync_dir(cur)
+        for sub in {p.parent for p in cur.rglob("*.npy")} - {cur}:
+            fsync_dir(sub)
+        return ShardInfo("", self._shard_records, rows, infos, bool(self._has_ids))
+
+    def _commit_shard(self) -> None:
+        pending = self._finish_shard_files()
+        cur = self._workspace / "current"
+        with store_lock(self.root):
+            manifest = Manifest.load(self.root)
+            number = max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
+            name = f"shard-{number:06d}"
+            target = self.root / name
+            if target.exists():  # renamed by a writer that died before saving the manifest
+                shutil.rmtree(target)
+            if manifest.shards and manifest.shards[0].has_ids != pending.has_ids:
+                raise SchemaError(f"{self.root}: cannot mix records with and without ids in one store")
+            os.rename(cur, target)
+            fsync_dir(self.root)
+            manifest.shards.append(ShardInfo(name, pending.records, pending.rows, pending.files, pending.has_ids))
+            manifest.generation += 1
+            if pending.has_ids:
+                self._maybe_merge_index(manifest)
+            manifest.save(self.root)
+        self._committed_records += pending.records
+        self._shard_open = False
+        log.debug("committed %s (%d records)", name, pending.records)
+
+    def _maybe_merge_index(self, manifest: Manifest) -> None:
+        """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
+
+        Level-0 runs are the shards' own indexes; merged runs live in ``_index/`` and cover a
+        contiguous range of shards. Lookups probe O(MERGE_FANIN x levels) runs.
+        """
+        covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
+        if len(manifest.shards) - covered >= MERGE_FANIN:
+            self._merge(manifest, covered, len(manifest.shards), level=1, replaces=[])
+        while True:
+            runs = manifest.index_runs
+            if len(runs) < MERGE_FANIN:
+                return
+            tail = runs[-MERGE_FANIN:]
+            level = tail[0].level
+            if any(r.level != level for r in tail):
+                return
+            self._merge(manifest, tail[0].first_shard, tail[-1].end_shard, level=level + 1, replaces=tail)
+
+    def _merge(self, manifest: Manifest, first: int, end: int, *, level: int, replaces: list[IndexRun]) -> None:
+        counts = np.array([s.records for s in manifest.shards], dtype=np.int64)
+        starts_global = np.concatenate([[0], np.cumsum(counts)])
+        hashes_parts, rows_parts = [], []
+        for k in range(first, end):
+            d = self.root / manifest.shards[k].name
+            hashes_parts.append(np.load(d / f"{IDS}.hash.npy"))
+            rows_parts.append(np.load(d / f"{IDS}.hash_rows.npy") + starts_global[k])
+        run_starts = np.concatenate([[0], np.cumsum([len(h) for h in hashes_parts])]).astype(np.int64)
+        hashes = np.concatenate(hashes_parts)
+        rows = np.concatenate(rows_parts)
+        out_h = np.empty_like(hashes)
+        out_r = np.empty_like(rows)
+        merge_runs(hashes, rows, run_starts, out_h, out_r)
+        (self.root / INDEX_DIR).mkdir(exist_ok=True)
+        name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}"
+        for suffix, arr in ((".hash.npy", out_h), (".rows.npy", out_r)):
+            with open(self.root / f"{name}{suffix}", "wb") as fh:
+                fh.write(encode_header(arr.dtype, arr.shape))
+                fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+                fh.flush()
+                os.fsync(fh.fileno())
+        fsync_dir(self.root / INDEX_DIR)
+        run = IndexRun(name, first, end, int(len(out_h)), level)
+        manifest.index_runs = [r for r in manifest.index_runs if r not in replaces] + [run]
+        for r in replaces:  # superseded: readers fall back to shard indexes if they miss these files
+            for suffix in (".hash.npy", ".rows.npy"):
+                (self.root / f"{r.name}{suffix}").unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------------------------------- close
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SeqstoreError(f"{self.root}: writer is closed")
+
+    def abort(self) -> None:
+        """Discard everything not yet committed and release the writer."""
+        if self._closed:
+            return
+        if self._shard_open:
+            for col in self._files.values():
+                col.abort()
+        self._reset_buffer()
+        self._shard_open = False
+        self._release()
+
+    def close(self) -> None:
+        """Commit what is pending and release the writer."""
+        if self._closed:
+            return
+        try:
+            self.commit()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        shutil.rmtree(self._workspace, ignore_errors=True)
+        os.close(self._owner_fd)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded", self.root)
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001
+                pass
+
+    @property
+    def num_committed(self) -> int:
+        """Records this writer has committed."""
+        return self._committed_records
+
+
+def create(
+    path: str | os.PathLike[str],
+    schema: Mapping[str, Any] | Schema,
+    *,
+    shard_bytes: int = 1 << 30,
+    buffer_bytes: int = 64 << 20,
+    max_shard_records: int = 1 << 24,
+    overwrite: bool = False,
+    metadata: Mapping[str, Any] | None = None,
+) -> Writer:
+    """Create a new store at ``path`` and return a :class:`Writer` (a context manager).
+
+    ``schema`` is a (nested) dict of name -> :class:`~seqstore.Field`. ``overwrite=True`` replaces an
+    existing store; otherwise an existing path is an error.
+    """
+    root = Path(path)
+    sch = schema if isinstance(schema, Schema) else Schema(schema)
+    if root.exists():
+        if not overwrite:
+            raise FileExistsError(f"{root}: already exists (pass overwrite=True to replace it)")
+        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
+            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        shutil.rmtree(root) if root.is_dir() else root.unlink()
+    root.mkdir(parents=True)
+    Manifest(sch, metadata=dict(metadata or {})).save(root)
+    return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
+
+
+def append_to(
+    path: str | os.PathLike[str],
+    *,
+    shard_bytes: int = 1 << 30,
+    buffer_bytes: int = 64 << 20,
+    max_shard_records: int = 1 << 24,
+) -> Writer:
+    """Open an existing store to add shards. Many processes may do this at once."""
+    root = Path(path)
+    Manifest.load(root)  # clear error if it is not a store
+    return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
