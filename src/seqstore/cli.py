@@ -1,0 +1,141 @@
+"""The ``seqstore`` command line: ``info``, ``verify`` and ``demo``.
+
+Progress bars (tqdm, on stderr) are shown for work that reads or writes the whole store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from . import __version__
+from .errors import SeqstoreError
+from .store import open_store
+from .store.verify import total_bytes, verify
+
+__all__ = ["main"]
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
+    """Min/mean/max and a 10-bin text histogram of one ragged field's lengths (two passes over offsets)."""
+    lengths = store.lengths(field)
+    n = len(lengths)
+    if n == 0:
+        return ["    (no records)"]
+    lo, hi, total = np.iinfo(np.int64).max, 0, 0
+    bar = tqdm(total=2 * n, desc=f"lengths of {field}", unit="rec", unit_scale=True, disable=not progress, leave=False)
+    for chunk in lengths.iter_chunks():
+        lo, hi, total = min(lo, int(chunk.min())), max(hi, int(chunk.max())), total + int(chunk.sum())
+        bar.update(len(chunk))
+    edges = np.linspace(lo, hi + 1, 11)
+    counts = np.zeros(10, dtype=np.int64)
+    for chunk in lengths.iter_chunks():
+        counts += np.histogram(chunk, bins=edges)[0]
+        bar.update(len(chunk))
+    bar.close()
+    lines = [f"    rows per record: min {lo}, mean {total / n:.1f}, max {hi}; total {total}"]
+    top = int(counts.max())
+    for k in range(10):
+        width = int(round(40 * counts[k] / top)) if top else 0
+        lines.append(f"    [{edges[k]:>9.0f}, {edges[k + 1]:>9.0f}) {'#' * width:<40} {counts[k]}")
+    return lines
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    store = open_store(args.path)
+    m = store.manifest
+    print(f"store     {store.root}")
+    print(f"records   {len(store)}")
+    print(f"shards    {store.num_shards}")
+    print(f"bytes     {_human_bytes(total_bytes(m))} ({total_bytes(m)})")
+    print(f"ids       {'yes' if store.has_ids else 'no'}")
+    if m.metadata:
+        print(f"metadata  {m.metadata}")
+    print("fields")
+    width = max(len(n) for n in store.schema)
+    for name, f in store.schema.items():
+        shape = "(" + ", ".join("*" if s is None else str(s) for s in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
+        print(f"  {name:<{width}}  {f.dtype:<9} {shape:<16} {'ragged' if f.ragged else 'fixed'}")
+    for name, f in store.schema.items():
+        if f.ragged and not args.no_lengths:
+            print(f"lengths of {name}")
+            for line in _length_stats(store, name, progress=not args.quiet):
+                print(line)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .format.manifest import Manifest
+
+    try:
+        size = total_bytes(Manifest.load(args.path))
+    except SeqstoreError:
+        size = 0
+    with tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=args.quiet or size == 0) as bar:
+        problems = verify(args.path, progress=bar.update)
+    if problems:
+        for p in problems:
+            print(f"ERROR: {p}", file=sys.stderr)
+        print(f"{args.path}: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.path}: OK")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(out=args.out, records=args.records, dim=args.dim, seed=args.seed, keep=args.keep)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seqstore", description="Inspect, check and demo seqstore stores.")
+    p.add_argument("--version", action="version", version=f"seqstore {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="schema, records, shards, bytes and length statistics")
+    info.add_argument("path")
+    info.add_argument("--no-lengths", action="store_true", help="skip the length statistics (a pass over offsets)")
+    info.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    info.set_defaults(func=cmd_info)
+
+    ver = sub.add_parser("verify", help="recompute checksums and check offsets and id indexes")
+    ver.add_argument("path")
+    ver.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ver.set_defaults(func=cmd_verify)
+
+    demo = sub.add_parser("demo", help="generate a speech-like corpus, write it, open it and read it")
+    demo.add_argument("--records", type=int, default=1_000_000, help="number of sequences (default 1,000,000)")
+    demo.add_argument("--dim", type=int, default=16, help="feature dimension (default 16)")
+    demo.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--keep", action="store_true", help="reuse the corpus in --out if it is already there")
+    demo.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SeqstoreError as exc:
+        print(f"seqstore: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

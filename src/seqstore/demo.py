@@ -1,0 +1,148 @@
+"""``seqstore demo``: generate a speech-like corpus, write it, reopen it and read it, printing figures.
+
+The corpus: ``records`` sequences with log-normal lengths clipped to [10, 200] frames (mean about 50)
+of ``dim`` float16 features, int32 label sequences about a tenth as long, and string ids. With the
+defaults (1,000,000 x 16) that is about 1.6 GB.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from .format.manifest import Manifest
+from .schema import Field
+from .store import create, open_store
+from .store.verify import total_bytes
+
+__all__ = ["run_demo", "rss_bytes", "generate_batch"]
+
+BATCH = 10_000
+
+
+def rss_bytes() -> tuple[int, int]:
+    """(private, file-backed) resident bytes of this process (Linux /proc; zeros where unavailable).
+
+    File-backed pages are the mapped store: shared through the page cache by every process that maps
+    the same files, and dropped by the kernel under memory pressure. Private (anonymous) pages are
+    what this process really owns.
+    """
+    anon = file = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    anon = int(line.split()[1]) * 1024
+                elif line.startswith("RssFile:") or line.startswith("RssShmem:"):
+                    file += int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return anon, file
+
+
+def generate_batch(rng: np.random.Generator, first: int, count: int, dim: int) -> tuple[dict[str, Any], list[str]]:
+    """One batch of the demo corpus as ``append_batch`` columns plus ids."""
+    lengths = np.clip(np.round(rng.lognormal(np.log(44.0), 0.5, count)), 10, 200).astype(np.int64)
+    feats = rng.standard_normal((int(lengths.sum()), dim), dtype=np.float32).astype(np.float16)
+    label_lengths = np.maximum(lengths // 10, 1)
+    labels = rng.integers(0, 1000, int(label_lengths.sum()), dtype=np.int32)
+    ids = [f"utt-{i:010d}" for i in range(first, first + count)]
+    columns = {"features": (feats, lengths), "labels": (labels, label_lengths), "speaker": rng.integers(0, 2000, count)}
+    return columns, ids
+
+
+def _line(label: str, value: str) -> None:
+    print(f"  {label:<34} {value}")
+
+
+def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, seed: int = 0, keep: bool = False) -> None:
+    """Write (or reuse with ``keep``) the demo corpus under ``out`` and print what reading it costs."""
+    root = Path(out) / "corpus.seqstore"
+    schema = {
+        "features": Field("float16", (None, dim)),
+        "labels": Field("int32", (None,)),
+        "speaker": Field("int32"),
+    }
+    print(f"seqstore demo: {records:,} sequences of {dim} float16 features -> {root}")
+    reuse = keep and (root / "manifest.json").exists() and Manifest.load(root).num_records == records
+    if not reuse:
+        if root.exists():
+            shutil.rmtree(root)
+        rng = np.random.default_rng(seed)
+        t0 = time.perf_counter()
+        gen_s = 0.0
+        with create(root, schema) as w, tqdm(total=records, unit="seq", unit_scale=True, desc="write") as bar:
+            for first in range(0, records, BATCH):
+                g = time.perf_counter()
+                cols, ids = generate_batch(rng, first, min(BATCH, records - first), dim)
+                gen_s += time.perf_counter() - g
+                w.append_batch(cols, ids=ids)
+                bar.update(len(ids))
+        write_s = time.perf_counter() - t0 - gen_s
+        nbytes = total_bytes(Manifest.load(root))
+        print("write")
+        _line("bytes on disk", f"{nbytes / 1e9:.2f} GB")
+        _line("write throughput (excl. generation)", f"{nbytes / write_s / 1e6:,.0f} MB/s, {records / write_s:,.0f} seq/s")
+    else:
+        print("write: reusing the existing corpus (--keep)")
+
+    gc.collect()
+    rss0 = rss_bytes()
+    t0 = time.perf_counter()
+    store = open_store(root)
+    first_record = store[0]
+    open_s = time.perf_counter() - t0
+    rss1 = rss_bytes()
+    print("open")
+    _line("open + first record", f"{open_s * 1e3:.2f} ms")
+    _line("RSS growth after open", f"{(sum(rss1) - sum(rss0)) / 2**20:.2f} MiB")
+    _line("first record", ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in first_record.items()))
+
+    rng = np.random.default_rng(seed + 1)
+    picks = rng.integers(0, len(store), 20_000)
+    for i in picks[:10_000]:  # warm the pages we will touch
+        store[int(i)]
+    t0 = time.perf_counter()
+    for i in picks[:10_000]:
+        store[int(i)]
+    get_us = (time.perf_counter() - t0) / 10_000 * 1e6
+    ids = [store.id(int(i)) for i in picks[:2000]]
+    t0 = time.perf_counter()
+    for s in ids:
+        store.index(s)
+    index_us = (time.perf_counter() - t0) / len(ids) * 1e6
+    t0 = time.perf_counter()
+    batch = store.get_batch(picks[:1000], pad=True)
+    batch_ms = (time.perf_counter() - t0) * 1e3
+    print("random access (warm)")
+    _line("store[i]", f"{get_us:.1f} us")
+    _line("store.index(id)", f"{index_us:.1f} us")
+    _line("get_batch(1000 random, pad=True)", f"{batch_ms:.2f} ms -> features {batch['features'][0].shape}")
+
+    _epoch(store)
+    rss2 = rss_bytes()
+    print("memory growth since open (after reading every record once)")
+    _line("private (anonymous) RSS", f"{(rss2[0] - rss0[0]) / 2**20:.1f} MiB")
+    _line("mapped store pages (shared page cache)", f"{(rss2[1] - rss0[1]) / 2**20:.1f} MiB")
+    print(f"done; the corpus stays in {root} (seqstore info {root})")
+
+
+def _epoch(store: Any) -> None:
+    """Read every record once in storage order, in batches of 1024, and print the throughput."""
+    n = len(store)
+    t0 = time.perf_counter()
+    nbytes = 0
+    with tqdm(total=n, unit="seq", unit_scale=True, desc="epoch") as bar:
+        for a in range(0, n, 1024):
+            b = store.get_batch(np.arange(a, min(a + 1024, n)))
+            nbytes += sum(v[0].nbytes if isinstance(v, tuple) else v.nbytes for v in b.values())
+            bar.update(min(1024, n - a))
+    s = time.perf_counter() - t0
+    print("one epoch, storage order, get_batch(1024)")
+    _line("throughput", f"{n / s:,.0f} seq/s, {nbytes / s / 1e6:,.0f} MB/s")

@@ -1,0 +1,145 @@
+"""Full integrity check of a store: checksums, headers, offsets and id indexes.
+
+:func:`verify` reads every byte of every committed file once (chunked, O(chunk) memory) and returns
+a list of problems, each naming the file and what is wrong. An empty list means the store is intact.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SeqstoreError
+from ..format.manifest import Manifest
+from ..format.npy import read_header
+from .ids import hash_ids
+from .reader import map_npy
+from .writer import IDS
+
+__all__ = ["verify", "total_bytes"]
+
+CHUNK = 16 << 20
+
+
+def _crc_of_data(path: Path, offset: int, progress: Callable[[int], None] | None) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                return crc
+            crc = zlib.crc32(chunk, crc)
+            if progress is not None:
+                progress(len(chunk))
+
+
+def _chunks(arr: np.ndarray[Any, Any], overlap: int = 0) -> Iterator[np.ndarray[Any, Any]]:
+    step = CHUNK // max(arr.itemsize, 1)
+    for a in range(0, len(arr), step):
+        yield arr[a : a + step + overlap]
+
+
+def _check_monotone(off: np.ndarray[Any, Any], path: Path, limit: int) -> str | None:
+    if len(off) == 0 or off[0] != 0:
+        return f"{path}: first offset is {off[0] if len(off) else 'missing'}, expected 0"
+    for start in range(0, len(off) - 1, CHUNK // 8):
+        part = np.asarray(off[start : start + CHUNK // 8 + 1])
+        bad = np.flatnonzero(np.diff(part) < 0)
+        if len(bad):
+            return f"{path}: offsets decrease at record {start + int(bad[0])}"
+    if off[-1] != limit:
+        return f"{path}: last offset is {off[-1]}, expected {limit}"
+    return None
+
+
+def total_bytes(manifest: Manifest) -> int:
+    """Bytes of all committed data files listed in the manifest."""
+    return sum(fi.bytes for s in manifest.shards for fi in s.files.values())
+
+
+def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> list[str]:
+    """Check every committed file of the store at ``path``; return the problems found (empty if none).
+
+    ``progress`` is called with the number of bytes checksummed after each chunk (for a progress bar).
+    Reads each file once; memory O(chunk + largest id index of one shard).
+    """
+    root = Path(path)
+    try:
+        manifest = Manifest.load(root)
+    except SeqstoreError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    schema = manifest.schema
+    for info in manifest.shards:
+        sdir = root / info.name
+        expected = {f"{n}.npy" for n in schema} | {f"{n}.offsets.npy" for n, f in schema.items() if f.ragged}
+        if info.has_ids:
+            expected |= {f"{IDS}{s}.npy" for s in ("", ".offsets", ".hash", ".hash_rows")}
+        for rel in sorted(expected - set(info.files)):
+            problems.append(f"{sdir / rel}: not listed in the manifest")
+        for rel, fi in info.files.items():
+            p = sdir / rel
+            try:
+                size = os.stat(p).st_size
+            except FileNotFoundError:
+                problems.append(f"{p}: file is missing")
+                continue
+            if size != fi.bytes:
+                problems.append(f"{p}: file has {size} bytes, manifest says {fi.bytes}")
+                continue
+            try:
+                header = read_header(p)
+            except SeqstoreError as exc:
+                problems.append(str(exc))
+                continue
+            crc = _crc_of_data(p, header.data_offset, progress)
+            if crc != fi.crc32:
+                problems.append(f"{p}: CRC-32 {crc:#010x} of the data differs from the manifest's {fi.crc32:#010x}")
+        if any(str(sdir) in q for q in problems):
+            continue
+        try:
+            problems.extend(_check_shard_structure(sdir, info, schema))
+        except SeqstoreError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
+    problems: list[str] = []
+    n = info.records
+    for name, f in schema.items():
+        if not f.ragged:
+            map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (n, *f.inner_shape))
+            continue
+        rows = info.rows[name]
+        p = sdir / f"{name}.offsets.npy"
+        off = map_npy(p, info.files.get(f"{name}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        msg = _check_monotone(off, p, rows)
+        if msg:
+            problems.append(msg)
+        map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (rows, *f.inner_shape))
+    if info.has_ids:
+        p = sdir / f"{IDS}.offsets.npy"
+        off = map_npy(p, info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        total = int(off[-1]) if n + 1 else 0
+        msg = _check_monotone(off, p, total)
+        if msg:
+            problems.append(msg)
+            return problems
+        data = map_npy(sdir / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
+        h = map_npy(sdir / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
+        rows_ = map_npy(sdir / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"), (n,))
+        if n:
+            if (np.diff(h) < 0).any() if n > 1 else False:
+                problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")
+            if not np.array_equal(np.sort(rows_), np.arange(n)):
+                problems.append(f"{sdir / (IDS + '.hash_rows.npy')}: rows are not a permutation of 0..{n - 1}")
+            elif not np.array_equal(hash_ids(np.asarray(data), np.asarray(off))[rows_], h):
+                problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes do not match the ids")
+    return problems
