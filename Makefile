@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
+RUN_STAMP := $(VENV)/.installed
 # torch is pinned to the CPU wheel for development and tests; users get the open `torch>=2.1` extra.
 TORCH_PIN := torch==2.13.0
 
@@ -12,7 +13,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -20,7 +25,7 @@ $(VENV)/.installed-bench: pyproject.toml $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,bench]' '$(TORCH_PIN)'
 	touch $@
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(VENV)/bin/seqstore demo --out demo-out
 
 # pytest exits 5 when it collects nothing: that must fail, and it does (make stops on any non-zero).
