@@ -5,6 +5,7 @@ are memory-mapped; epoch orders are computed on demand.
 """
 
 from .errors import CorruptionError, FormatError, LockError, SchemaError, SeqstoreError
+from .order import Order, seq_order, sort_index
 from .schema import Field, Schema, bfloat16_to_float32, float32_to_bfloat16
 from .store import Lengths, Store, Writer, append_to, create
 from .store import open_store as open  # noqa: A001 - the public name is seqstore.open
@@ -16,6 +17,7 @@ __all__ = [
     "Field",
     "FormatError",
     "Lengths",
+    "Order",
     "LockError",
     "Schema",
     "SchemaError",
@@ -27,5 +29,7 @@ __all__ = [
     "create",
     "float32_to_bfloat16",
     "open",
+    "seq_order",
+    "sort_index",
     "__version__",
 ]

@@ -1,0 +1,90 @@
+"""1-D arrays held by orders (lengths, explicit orders, sort indexes) and how they pickle.
+
+An :class:`ArrayRef` wraps a 1-D NumPy array. When the array is (a contiguous view of) a memory-mapped
+file, the reference pickles as ``(path, byte offset, dtype, length)`` and reopens the mapping read-only on
+unpickling: a few hundred bytes whatever N is, and every process shares the file through the page cache.
+An in-memory array has no file to point to and pickles by value (O(N) bytes); pass a ``.npy`` path or a
+memory-mapped array where that matters.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ArrayRef", "PathLike"]
+
+PathLike = str | os.PathLike[str]
+
+
+def _mapped_file(array: np.ndarray) -> tuple[str, int] | None:
+    """``(file, byte offset of array[0])`` if ``array`` is a C-contiguous view of a np.memmap, else None."""
+    if array.ndim != 1 or not array.flags.c_contiguous:
+        return None
+    node: Any = array
+    while node is not None:
+        if isinstance(node, np.memmap) and isinstance(node.base, mmap.mmap):
+            filename = getattr(node, "filename", None)
+            if filename is None:
+                return None
+            offset = int(node.offset) + (array.ctypes.data - node.ctypes.data)
+            return str(filename), offset
+        node = getattr(node, "base", None)
+    return None
+
+
+class ArrayRef:
+    """A read-only 1-D integer (or float) array that pickles by file reference when memory-mapped.
+
+    ``array`` may be any 1-D array-like: np.ndarray, np.memmap (or a contiguous slice of one), a
+    ``.npy`` path (opened with ``mmap_mode="r"``) or a list (converted, O(N) memory).
+    """
+
+    __slots__ = ("array", "_file")
+
+    array: np.ndarray
+    _file: tuple[str, int] | None
+
+    def __init__(self, array: Any, what: str = "array") -> None:
+        if isinstance(array, (str, os.PathLike)):
+            try:
+                arr = np.load(os.fspath(array), mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{what}: cannot open {os.fspath(array)!r} as a .npy file: {exc}") from exc
+        else:
+            arr = np.asarray(array) if not isinstance(array, np.ndarray) else array
+        if arr.ndim != 1:
+            raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+        if arr.dtype.kind not in "iuf" and not (arr.size == 0 and arr.dtype.kind in "iufb"):
+            raise ValueError(f"{what} must have an integer or float dtype, got {arr.dtype}")
+        self.array = arr
+        self._file = _mapped_file(arr)
+
+    @property
+    def file(self) -> str | None:
+        """The mapped file, or None for an in-memory array."""
+        return None if self._file is None else self._file[0]
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._file is not None:
+            path, offset = self._file
+            return (_reopen, (path, offset, self.array.dtype.str, len(self)))
+        return (ArrayRef, (self.array,))
+
+    def __repr__(self) -> str:
+        where = f"file={self._file[0]!r}" if self._file is not None else "in memory"
+        return f"ArrayRef({self.array.dtype}[{len(self)}], {where})"
+
+
+def _reopen(path: str, offset: int, dtype: str, length: int) -> ArrayRef:
+    """Unpickle an :class:`ArrayRef` by mapping ``length`` items of ``dtype`` at ``offset`` of ``path``."""
+    if length == 0:
+        return ArrayRef(np.empty(0, dtype=np.dtype(dtype)))
+    arr = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+    return ArrayRef(arr)

@@ -1,0 +1,479 @@
+"""numba kernels behind every lazy order: the keyed permutation, sampling, bin arithmetic and sorting.
+
+This module owns all per-index arithmetic of :mod:`seqstore.order`. Everything here is plain
+uint64 arithmetic (no floating point that could round differently, no numpy RNG), so every
+machine and numpy/numba version computes the same orders.
+
+The permutation
+---------------
+A keyed bijection on ``[0, n)`` for every ``1 <= n < 2**63``, built as a *generalised* balanced
+Feistel network on the rectangle ``Z_a x Z_b`` with ``a = ceil(sqrt(n))`` and ``b = ceil(n / a)``
+(so the domain ``a * b`` is smaller than ``n + a``), then cycle walking down to ``[0, n)``:
+
+* state ``(L, R) = (x // b, x % b)``; round ``i`` maps ``(L, R) -> (R, (L + F_i(R)) mod m_i)`` with
+  ``m_i = a`` for even and ``b`` for odd ``i``. The radices swap every round and after the even number
+  of rounds (:data:`ROUNDS` = 8) the state is back in ``Z_a x Z_b``; output ``L * b + R``. Each round
+  is invertible, so the network is a permutation of ``[0, a*b)`` for any key.
+* ``F_i(R) = mulhi(mix64(R ^ k_i), m_i)``: the splitmix64 finaliser of the half xor a 64-bit round key,
+  reduced to ``[0, m_i)`` by the high word of a 64x32-bit product (bias < m / 2**64).
+* cycle walking: apply the network until the value is ``< n``. The domain exceeds ``n`` by less than
+  ``a ~ sqrt(n)``, so the expected walk is ``1 + O(1/sqrt(n))`` evaluations (not up to 4 as with a
+  power-of-two domain), and there is no power-of-two edge case (the ``2**k + 1`` aliasing of Grain
+  cannot happen: the bijection never depends on the bit width of ``n``).
+
+Round keys are a splitmix64 stream seeded by a 64-bit master key; master keys come from a blake2b
+hash of a canonical encoding of (seed, key epoch, stream) (see :mod:`seqstore.order._keys`), or for
+sub-permutations (tie runs, inside bins) from :func:`child_key` of a parent key and an integer tag.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["ROUNDS"]
+
+ROUNDS = 8
+"""Feistel rounds of the permutation (the issue asks for at least 6)."""
+
+_U = np.uint64
+_M32 = np.uint64(0xFFFFFFFF)
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_C2 = np.uint64(0x94D049BB133111EB)
+_ONE = np.uint64(1)
+_ZERO = np.uint64(0)
+
+
+# --------------------------------------------------------------------------------------------- scalar helpers
+
+
+@njit(cache=True, nogil=True, inline="always")
+def mix64(z: np.uint64) -> np.uint64:
+    """splitmix64 / murmur3-style finaliser: a bijection on uint64 with full avalanche."""
+    z = (z ^ (z >> _U(30))) * _C1
+    z = (z ^ (z >> _U(27))) * _C2
+    return z ^ (z >> _U(31))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def mulhi64(x: np.uint64, y: np.uint64) -> np.uint64:
+    """High 64 bits of the 128-bit product ``x * y`` (exact)."""
+    x_lo = x & _M32
+    x_hi = x >> _U(32)
+    y_lo = y & _M32
+    y_hi = y >> _U(32)
+    p0 = x_lo * y_lo
+    p1 = x_lo * y_hi
+    p2 = x_hi * y_lo
+    p3 = x_hi * y_hi
+    mid = (p0 >> _U(32)) + (p1 & _M32) + (p2 & _M32)
+    return p3 + (p1 >> _U(32)) + (p2 >> _U(32)) + (mid >> _U(32))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mulhi_small(f: np.uint64, m: np.uint64) -> np.uint64:
+    """``floor(f * m / 2**64)`` for ``m < 2**32``: uniform-ish reduction of a hash to ``[0, m)``."""
+    return ((f >> _U(32)) * m + (((f & _M32) * m) >> _U(32))) >> _U(32)
+
+
+@njit(cache=True, nogil=True)
+def muldiv(x: np.uint64, y: np.uint64, d: np.uint64) -> np.uint64:
+    """``floor(x * y / d)`` exactly with a 128-bit intermediate; requires ``d < 2**63`` and a result < 2**64."""
+    hi = mulhi64(x, y)
+    lo = x * y
+    if hi == _ZERO:
+        return lo // d
+    rem = hi
+    q = _ZERO
+    for i in range(63, -1, -1):
+        rem = (rem << _ONE) | ((lo >> _U(i)) & _ONE)
+        q = q << _ONE
+        if rem >= d:
+            rem -= d
+            q |= _ONE
+    return q
+
+
+@njit(cache=True, nogil=True)
+def split(n: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """Rectangle ``(a, b)`` for a permutation of ``[0, n)``, ``n >= 1``: ``a = ceil(sqrt(n))``, ``b = ceil(n/a)``."""
+    m = n - _ONE
+    a = _U(int(math.sqrt(float(m))))
+    while a > _ZERO and a * a > m:
+        a -= _ONE
+    while (a + _ONE) * (a + _ONE) <= m:
+        a += _ONE
+    a += _ONE
+    b = (n + a - _ONE) // a
+    return a, b
+
+
+@njit(cache=True, nogil=True)
+def round_keys(master: np.uint64, out: np.ndarray) -> None:
+    """Fill ``out`` (uint64, ``(ROUNDS,)``) with the splitmix64 stream seeded by ``master``."""
+    s = master
+    for i in range(out.shape[0]):
+        s += _GAMMA
+        out[i] = mix64(s)
+
+
+@njit(cache=True, nogil=True)
+def child_key(parent: np.uint64, tag: np.uint64) -> np.uint64:
+    """Master key of a sub-permutation: injective in ``tag`` for a fixed ``parent``."""
+    return mix64(mix64(parent + _GAMMA) ^ tag)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _feistel(x: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.uint64:
+    left = x // b
+    right = x - left * b
+    for i in range(ROUNDS):
+        m = a if (i & 1) == 0 else b
+        t = left + _mulhi_small(mix64(right ^ keys[i]), m)
+        t -= m * _U(t >= m)  # branchless: keeps the loop vectorisable
+        left = right
+        right = t
+    return left * b + right
+
+
+@njit(cache=True, nogil=True, inline="always")
+def perm_one(x: np.uint64, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.uint64:
+    """Image of ``x`` in ``[0, n)`` under the keyed permutation (Feistel + cycle walking)."""
+    y = _feistel(x, a, b, keys)
+    while y >= n:
+        y = _feistel(y, a, b, keys)
+    return y
+
+
+# --------------------------------------------------------------------------------------------- vector kernels
+
+
+@njit(cache=True, nogil=True)
+def _walk(n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray, out: np.ndarray) -> None:
+    """Second pass of the vector kernels: cycle-walk the (rare) entries of ``out`` that are ``>= n``."""
+    for i in range(out.shape[0]):
+        y = _U(out[i])
+        if y >= n:
+            while y >= n:
+                y = _feistel(y, a, b, keys)
+            out[i] = np.int64(y)
+
+
+@njit(cache=True, nogil=True)
+def perm_take(pos: np.ndarray, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = perm(pos[i])``; ``pos`` int64 in ``[0, n)``, ``out`` int64 of the same size. O(1) memory.
+
+    Two passes: one branch-free network evaluation per entry (SIMD-friendly), then cycle walking of the
+    few entries that left ``[0, n)`` (fewer than ``a / n`` of them on average).
+    """
+    for i in range(pos.shape[0]):
+        out[i] = np.int64(_feistel(_U(pos[i]), a, b, keys))
+    _walk(n, a, b, keys, out)
+
+
+@njit(cache=True, nogil=True)
+def perm_range(start: np.int64, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = perm(start + i)`` for ``i < out.size``. O(1) memory; two passes as :func:`perm_take`."""
+    s = _U(start)
+    for i in range(out.shape[0]):
+        out[i] = np.int64(_feistel(s + _U(i), a, b, keys))
+    _walk(n, a, b, keys, out)
+
+
+@njit(cache=True, nogil=True)
+def sample_take(pos: np.ndarray, n: np.uint64, k0: np.uint64, k1: np.uint64, out: np.ndarray) -> None:
+    """``out[i]`` = draw ``pos[i]`` of an i.i.d. uniform sequence on ``[0, n)`` (counter-based hash)."""
+    for i in range(pos.shape[0]):
+        h = mix64(mix64(_U(pos[i]) * _GAMMA + k0) ^ k1)
+        out[i] = np.int64(mulhi64(h, n))
+
+
+@njit(cache=True, nogil=True)
+def bin_start(b: np.uint64, n: np.uint64, bins: np.uint64) -> np.uint64:
+    """First position of bin ``b``: ``floor(b * n / bins)`` (RETURNN's bin boundaries), exact."""
+    return muldiv(b, n, bins)
+
+
+@njit(cache=True, nogil=True)
+def bin_of(p: np.uint64, n: np.uint64, bins: np.uint64) -> np.uint64:
+    """The bin holding position ``p < n``: the largest ``b < bins`` with ``bin_start(b) <= p``."""
+    b = muldiv(p + _ONE, bins, n)
+    if b >= bins or bin_start(b, n, bins) > p:
+        b -= _ONE
+    return b
+
+
+@njit(cache=True, nogil=True)
+def bin_bounds(bin_ids: np.ndarray, n: np.uint64, bins: np.uint64, starts: np.ndarray, sizes: np.ndarray) -> None:
+    """Start position and size of each bin in ``bin_ids`` (int64 arrays of the same length)."""
+    for k in range(bin_ids.shape[0]):
+        b = _U(bin_ids[k])
+        s = bin_start(b, n, bins)
+        starts[k] = np.int64(s)
+        sizes[k] = np.int64(bin_start(b + _ONE, n, bins) - s)
+
+
+@njit(cache=True, nogil=True)
+def laplace_locate(pos: np.ndarray, n: np.uint64, bins: np.uint64, slots: np.ndarray, offs: np.ndarray) -> None:
+    """Bin and offset inside the bin of each position (laplace bins are visited in order)."""
+    for i in range(pos.shape[0]):
+        p = _U(pos[i])
+        b = bin_of(p, n, bins)
+        slots[i] = np.int64(b)
+        offs[i] = np.int64(p - bin_start(b, n, bins))
+
+
+@njit(cache=True, nogil=True)
+def perm_bins(
+    bin_ids: np.ndarray,
+    n: np.uint64,
+    bins: np.uint64,
+    a: np.uint64,
+    b: np.uint64,
+    keys: np.ndarray,
+    flat: np.ndarray,
+) -> None:
+    """The permutation's values over the positions of each bin in ``bin_ids``, concatenated into ``flat``."""
+    pos = np.int64(0)
+    for k in range(bin_ids.shape[0]):
+        j = _U(bin_ids[k])
+        s = bin_start(j, n, bins)
+        m = np.int64(bin_start(j + _ONE, n, bins) - s)
+        for t in range(m):
+            flat[pos + t] = np.int64(perm_one(s + _U(t), n, a, b, keys))
+        pos += m
+
+
+@njit(cache=True, nogil=True)
+def sort_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
+    """Stably sort each consecutive segment of ``flat`` (sizes ``sizes``) by ``vals`` (int64 or float64,
+    aligned with ``flat``), ascending or, where ``descending[k]``, descending (stable sort of ``-vals``,
+    RETURNN's laplace). In place; memory O(largest segment)."""
+    pos = 0
+    for k in range(sizes.shape[0]):
+        m = sizes[k]
+        seg_vals = vals[pos : pos + m].copy()
+        if descending[k]:
+            seg_vals = -seg_vals
+        order = np.argsort(seg_vals, kind="mergesort")
+        seg = flat[pos : pos + m].copy()
+        for t in range(m):
+            flat[pos + t] = seg[order[t]]
+        pos += m
+
+
+@njit(cache=True, nogil=True)
+def sbs_checkpoints(
+    bins: np.uint64, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray, every: np.int64, out: np.ndarray
+) -> None:
+    """Prefix sizes of visited bins: ``out[m]`` = total size of the bins visited in slots ``< m * every``.
+
+    Bins are visited in the order ``perm_bins(0), perm_bins(1), ...``. ``out`` has
+    ``ceil(bins / every) + 1`` entries. One pass over the bins, O(1) extra memory.
+    """
+    total = _ZERO
+    nb = np.int64(bins)
+    for k in range(nb):
+        if k % every == 0:
+            out[k // every] = np.int64(total)
+        j = perm_one(_U(k), bins, a, b, keys)
+        total += bin_start(j + _ONE, n, bins) - bin_start(j, n, bins)
+    out[out.shape[0] - 1] = np.int64(total)
+
+
+@njit(cache=True, nogil=True)
+def sbs_locate(
+    pos: np.ndarray,
+    checkpoints: np.ndarray,
+    every: np.int64,
+    n: np.uint64,
+    bins: np.uint64,
+    a: np.uint64,
+    b: np.uint64,
+    keys: np.ndarray,
+    slots: np.ndarray,
+    offs: np.ndarray,
+) -> None:
+    """Visit slot and offset inside the bin of each position of a sort_bin_shuffle order.
+
+    Starts from the checkpoint before each position and walks at most ``every`` slots; consecutive
+    ascending positions continue from the previous walk, so a contiguous range costs O(range + bins in it).
+    """
+    cur_k = np.int64(-1)
+    cur_pref = np.int64(0)
+    nb = np.int64(bins)
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        blk = np.searchsorted(checkpoints, p, side="right") - 1
+        if blk > (nb - 1) // every:
+            blk = (nb - 1) // every
+        k0 = blk * every
+        if cur_k >= k0 and cur_pref <= p and cur_k // every == blk:
+            k = cur_k
+            pref = cur_pref
+        else:
+            k = k0
+            pref = checkpoints[blk]
+        while True:
+            j = perm_one(_U(k), bins, a, b, keys)
+            size = np.int64(bin_start(j + _ONE, n, bins) - bin_start(j, n, bins))
+            if pref + size > p:
+                break
+            pref += size
+            k += 1
+        slots[i] = k
+        offs[i] = p - pref
+        cur_k = k
+        cur_pref = pref
+
+
+@njit(cache=True, nogil=True)
+def _run_first(sidx: np.ndarray, lengths: np.ndarray, hi: np.int64) -> np.int64:
+    """First position ``q <= hi`` of the sorted index whose length equals that at ``hi`` (bisection)."""
+    v = lengths[sidx[hi]]
+    lo = np.int64(0)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if lengths[sidx[mid]] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _run_end(sidx: np.ndarray, lengths: np.ndarray, lo: np.int64, n: np.int64, v: float) -> np.int64:
+    """First position ``q >= lo`` of the sorted index whose length exceeds ``v``, else ``n`` (bisection)."""
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if lengths[sidx[mid]] > v:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def tie_shuffled_range(
+    sidx: np.ndarray, lengths: np.ndarray, s: np.int64, e: np.int64, tie_key: np.uint64, out: np.ndarray
+) -> None:
+    """``out[t]`` = position ``s + t`` of the length-sorted order with ties in keyed random order.
+
+    ``sidx`` is the stable ascending argsort of ``lengths``. Each run of equal lengths
+    ``[r0, r1)`` is permuted by the keyed permutation with master ``child_key(tie_key, r0)``, so the
+    result is a stable sort by length of a random permutation, as RETURNN's sort_bin_shuffle. Runs
+    that cross ``s`` or ``e`` are found by bisection. Memory O(1); reads O(e - s + log n).
+    """
+    n = np.int64(sidx.shape[0])
+    rk = np.empty(ROUNDS, dtype=np.uint64)
+    p = s
+    while p < e:
+        v = lengths[sidx[p]]
+        r0 = _run_first(sidx, lengths, p) if p == s else p
+        q = p + 1
+        while q < e and lengths[sidx[q]] == v:
+            q += 1
+        r1 = _run_end(sidx, lengths, q, n, v) if q == e else q
+        nrun = _U(r1 - r0)
+        ra, rb = split(nrun)
+        round_keys(child_key(tie_key, _U(r0)), rk)
+        for t in range(p, q):
+            out[t - s] = sidx[r0 + np.int64(perm_one(_U(t - r0), nrun, ra, rb, rk))]
+        p = q
+
+
+@njit(cache=True, nogil=True)
+def sbs_bins(
+    bin_ids: np.ndarray,
+    n: np.uint64,
+    bins: np.uint64,
+    sidx: np.ndarray,
+    lengths: np.ndarray,
+    tie_key: np.uint64,
+    within_key: np.uint64,
+    shuffle_within: bool,
+    flat: np.ndarray,
+) -> None:
+    """Contents of sort_bin_shuffle bins ``bin_ids`` (bin = contiguous part of the tie-shuffled sort),
+    concatenated into ``flat``; with ``shuffle_within`` each bin is permuted by the keyed permutation
+    with master ``child_key(within_key, bin)``. Memory O(largest bin)."""
+    rk = np.empty(ROUNDS, dtype=np.uint64)
+    pos = np.int64(0)
+    for k in range(bin_ids.shape[0]):
+        j = _U(bin_ids[k])
+        s = np.int64(bin_start(j, n, bins))
+        e = np.int64(bin_start(j + _ONE, n, bins))
+        m = e - s
+        if m == 0:
+            continue
+        seg = flat[pos : pos + m]
+        tie_shuffled_range(sidx, lengths, s, e, tie_key, seg)
+        if shuffle_within:
+            tmp = seg.copy()
+            um = _U(m)
+            wa, wb = split(um)
+            round_keys(child_key(within_key, j), rk)
+            for t in range(m):
+                seg[t] = tmp[np.int64(perm_one(_U(t), um, wa, wb, rk))]
+        pos += m
+
+
+@njit(cache=True, nogil=True)
+def reverse_sorted_take(pos: np.ndarray, sidx: np.ndarray, lengths: np.ndarray, out: np.ndarray) -> None:
+    """``sorted_reverse`` from the ascending index: runs of equal length in descending order, each run in
+    ascending index order (= RETURNN's stable argsort of ``-lengths``). Run bounds are found by
+    bisection and reused while consecutive positions stay in the same run. O(1) memory."""
+    n = np.int64(sidx.shape[0])
+    r0 = np.int64(0)
+    r1 = np.int64(-1)
+    for i in range(pos.shape[0]):
+        q = n - 1 - pos[i]
+        if not (r0 <= q < r1):
+            r0 = _run_first(sidx, lengths, q)
+            r1 = _run_end(sidx, lengths, q + 1, n, lengths[sidx[q]])
+        out[i] = sidx[r0 + (pos[i] - (n - r1))]
+
+
+# --------------------------------------------------------------------------------------------- sorting & inverse
+
+
+@njit(cache=True, nogil=True)
+def place_digits(
+    digits: np.ndarray, src: np.ndarray, first: np.int64, use_src: bool, cursor: np.ndarray, out: np.ndarray
+) -> None:
+    """Placement sweep of a counting sort over one chunk: entry ``i`` (source row ``src[i]``, or
+    ``first + i`` when ``use_src`` is false) goes to ``out[cursor[digits[i]]]``, which then advances.
+    Chunks must arrive in order; ``cursor`` starts as the exclusive prefix sum of the digit counts."""
+    for i in range(digits.shape[0]):
+        d = digits[i]
+        out[cursor[d]] = src[i] if use_src else first + i
+        cursor[d] += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _feistel_inv(y: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.uint64:
+    left = y // b
+    right = y - left * b
+    for i in range(ROUNDS - 1, -1, -1):
+        m = a if (i & 1) == 0 else b
+        f = _mulhi_small(mix64(left ^ keys[i]), m)
+        t = right + m * _U(right < f) - f
+        right = left
+        left = t
+    return left * b + right
+
+
+@njit(cache=True, nogil=True)
+def perm_inverse(
+    values: np.ndarray, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray, out: np.ndarray
+) -> None:
+    """``out[i]`` = the position of ``values[i]`` (inverse permutation, walking the cycle backwards)."""
+    for i in range(values.shape[0]):
+        x = _feistel_inv(_U(values[i]), a, b, keys)
+        while x >= n:
+            x = _feistel_inv(x, a, b, keys)
+        out[i] = np.int64(x)

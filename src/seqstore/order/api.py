@@ -1,0 +1,207 @@
+"""``seq_order``: RETURNN ordering names, epochs, partition epoch and shards -> a lazy :class:`Order`.
+
+This module owns the parsing of ordering names and the epoch arithmetic. Semantics follow RETURNN's
+``Dataset.get_seq_order_for_epoch`` (see docs/orders.md for the table and every difference):
+
+* key epoch: full epoch ``(epoch-1)//partition_epoch + 1``, grouped by ``:nth`` as ``(full-1)//nth + 1``;
+  random orderings take their key from a blake2b hash of (seed, key epoch, stream), so all sub-epochs of
+  a full epoch (and all shards) share one full order.
+* the full order is cut into ``partition_epoch * num_shards`` contiguous blocks (the first
+  ``len % blocks`` one longer); sub-epoch ``epoch`` on shard ``s`` is block
+  ``((epoch-1) % partition_epoch) * num_shards + s``. O(1): the block is a lazy view.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from ._arrays import ArrayRef, PathLike
+from ._keys import key_epoch, master_key
+from .base import Order, SliceOrder, block_bounds
+from .binned import LaplaceOrder, SortBinShuffleOrder
+from .kinds import (
+    EveryNOrder,
+    ExplicitOrder,
+    PermutationOrder,
+    RangeOrder,
+    SampleOrder,
+    SortedOrder,
+    _check_num_seqs,
+)
+
+__all__ = ["seq_order", "ORDERINGS"]
+
+ORDERINGS = (
+    "default",
+    "reverse",
+    "default_every_n:K",
+    "sorted",
+    "sorted_reverse",
+    "random[:nth]",
+    "random_sample[:nth]",
+    "laplace[:B|:.K][:nth]",
+    "sort_bin_shuffle[:B|:.K][:nth]",
+    "sort_bin_shuffle_x2[:B|:.K][:nth]",
+)
+"""The ordering names :func:`seq_order` understands (plus an explicit array or ``.npy`` path)."""
+
+_NEEDS_LENGTHS = ("sorted", "sorted_reverse", "laplace", "sort_bin_shuffle", "sort_bin_shuffle_x2")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _int_arg(text: str, what: str, ordering: str) -> int:
+    if not _DIGITS.fullmatch(text):
+        raise ValueError(f"ordering {ordering!r}: {what} must be a positive integer, got {text!r}")
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"ordering {ordering!r}: {what} must be >= 1, got {value}")
+    return value
+
+
+def _check_int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {v}")
+    return v
+
+
+def _parse_bins(args: list[str], num_seqs: int, ordering: str) -> tuple[int, int]:
+    """``[B|.K][:nth]`` -> (bins, nth) with RETURNN's rules: bins 2 by default, ``.K`` -> max(N // K, 2)."""
+    if len(args) > 2:
+        raise ValueError(f"ordering {ordering!r}: expected at most two arguments (bins, nth)")
+    bins = 2
+    if args:
+        if args[0].startswith("."):
+            per_bin = _int_arg(args[0][1:], "sequences per bin (.K)", ordering)
+            bins = max(num_seqs // per_bin, 2)
+        else:
+            bins = _int_arg(args[0], "number of bins", ordering)
+    nth = _int_arg(args[1], "nth", ordering) if len(args) == 2 else 1
+    return bins, nth
+
+
+def _parse_nth(args: list[str], ordering: str) -> int:
+    if len(args) > 1:
+        raise ValueError(f"ordering {ordering!r}: expected at most one argument (nth)")
+    return _int_arg(args[0], "nth", ordering) if args else 1
+
+
+def _is_explicit(ordering: Any) -> bool:
+    if isinstance(ordering, (np.ndarray, ArrayRef, os.PathLike, list, tuple, range)):
+        return True
+    return isinstance(ordering, str) and ordering.endswith(".npy")
+
+
+def seq_order(
+    num_seqs: int,
+    ordering: str | PathLike | Any,
+    *,
+    epoch: int,
+    seed: int = 0,
+    lengths: Any = None,
+    partition_epoch: int = 1,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    sort_cache: PathLike | None = None,
+) -> Order:
+    """The order of sub-epoch ``epoch`` on shard ``shard_index`` of ``num_shards``, as a lazy :class:`Order`.
+
+    ``num_seqs``: N, 0 <= N < 2**63. ``ordering``: a name from :data:`ORDERINGS`, or an explicit order
+    (an int array or a path to a ``.npy`` file, memory-mapped). ``epoch`` >= 1 (1-based, sub-epochs
+    when ``partition_epoch`` > 1). ``seed``: any int; random orders are keyed by a stable hash of
+    (seed, key epoch). ``lengths``: (N,) integer or float array-like (a memmap or ``.npy`` path keeps it
+    on disk), needed by ``sorted*``, ``laplace``, ``sort_bin_shuffle*``. ``sort_cache``: ``.npy`` path for
+    the global sort index of ``lengths`` (``sorted*``, ``sort_bin_shuffle*``), computed once and mapped.
+
+    Construction is O(1) (no order is materialised); the result's values are computed on access. Raises
+    ValueError naming the problem for unknown orderings, malformed arguments, missing or mis-sized
+    lengths, ``epoch < 1``, ``partition_epoch < 1``, ``num_shards < 1`` or ``shard_index`` out of range.
+    """
+    n = _check_num_seqs(num_seqs)
+    epoch = _check_int(epoch, "epoch", 1)
+    partition_epoch = _check_int(partition_epoch, "partition_epoch", 1)
+    num_shards = _check_int(num_shards, "num_shards", 1)
+    shard_index = _check_int(shard_index, "shard_index", 0)
+    if shard_index >= num_shards:
+        raise ValueError(f"shard_index must be < num_shards = {num_shards}, got {shard_index}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    seed = int(seed)
+
+    lengths_ref: ArrayRef | None = None
+    if lengths is not None:
+        lengths_ref = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
+        if len(lengths_ref) != n:
+            raise ValueError(f"lengths has {len(lengths_ref)} entries, expected num_seqs = {n}")
+
+    label_extra = ""
+    full: Order
+    if _is_explicit(ordering):
+        full = ExplicitOrder(n, ordering)
+        name = "explicit"
+    else:
+        if not isinstance(ordering, str):
+            raise ValueError(f"ordering must be a name or an explicit order, got {type(ordering).__name__}")
+        name, *args = ordering.split(":")
+        if name in _NEEDS_LENGTHS and lengths_ref is None:
+            raise ValueError(f"ordering {ordering!r} needs lengths")
+
+        def key(stream: str, nth: int) -> int:
+            nonlocal label_extra
+            ke = key_epoch(epoch, partition_epoch, nth)
+            label_extra = f" key_epoch={ke}"
+            return master_key(seed, ke, stream)
+
+        if name in ("default", "reverse", "sorted", "sorted_reverse") and args:
+            raise ValueError(f"ordering {ordering!r}: {name!r} takes no arguments")
+        if name == "default":
+            full = RangeOrder(n)
+        elif name == "reverse":
+            full = RangeOrder(n, reverse=True)
+        elif name == "default_every_n":
+            if len(args) != 1:
+                raise ValueError(f"ordering {ordering!r}: expected 'default_every_n:K'")
+            full = EveryNOrder(n, _int_arg(args[0], "K", ordering))
+        elif name in ("sorted", "sorted_reverse"):
+            assert lengths_ref is not None
+            full = SortedOrder(lengths_ref, descending=name == "sorted_reverse", cache=sort_cache)
+        elif name == "random":
+            full = PermutationOrder(n, key("perm", _parse_nth(args, ordering)))
+        elif name == "random_sample":
+            full = SampleOrder(n, key("random_sample", _parse_nth(args, ordering)))
+        elif name == "laplace":
+            assert lengths_ref is not None
+            bins, nth = _parse_bins(args, n, ordering)
+            full = LaplaceOrder(n, key("perm", nth), bins, lengths_ref)
+            label_extra += f" bins={bins}"
+        elif name in ("sort_bin_shuffle", "sort_bin_shuffle_x2"):
+            assert lengths_ref is not None
+            bins, nth = _parse_bins(args, n, ordering)
+            full = SortBinShuffleOrder(
+                n,
+                key("sort_bin_shuffle", nth),
+                bins,
+                lengths_ref,
+                shuffle_within=name.endswith("_x2"),
+                sort_cache=sort_cache,
+            )
+            label_extra += f" bins={bins}"
+        else:
+            raise ValueError(f"unknown ordering {ordering!r}; known: {', '.join(ORDERINGS)} or an explicit order")
+        name = ordering
+
+    blocks = partition_epoch * num_shards
+    block = ((epoch - 1) % partition_epoch) * num_shards + shard_index
+    start, stop = block_bounds(len(full), block, blocks)
+    label = f"{name!r} epoch={epoch} seed={seed}{label_extra}"
+    if partition_epoch > 1:
+        label += f" partition={(epoch - 1) % partition_epoch + 1}/{partition_epoch}"
+    if num_shards > 1:
+        label += f" shard={shard_index}/{num_shards}"
+    return SliceOrder(full, range(start, stop), label=label)

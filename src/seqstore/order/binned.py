@@ -1,0 +1,273 @@
+"""Orders computed one bin at a time: ``laplace`` and ``sort_bin_shuffle[_x2]``.
+
+Both cut an N-position sequence into ``bins`` contiguous parts with RETURNN's boundaries (bin ``j``
+covers positions ``floor(j*N/bins)`` to ``floor((j+1)*N/bins)``) and need a whole bin to know any
+position in it. :class:`BinnedOrder` maps positions to (bin, offset), computes the missing bins in one
+numba call, keeps the few most recently used bins in a small per-object LRU (a chunk boundary inside a
+bin does not recompute it) and gathers. Memory: O(largest bin) per touched bin, never O(N).
+
+* ``laplace``: bin ``j`` = the keyed permutation's positions of bin ``j``, stably sorted by length,
+  ascending for even ``j`` and descending for odd ``j``; bins are visited in order.
+* ``sort_bin_shuffle``: the lengths' stable sort with ties in keyed random order (equivalent to
+  RETURNN's stable sort of a random permutation), cut into bins, bins visited in a keyed random order;
+  ``_x2`` also shuffles inside each bin. Needs the global sort index (on disk when cached). Finding
+  which bin a position falls in, when bins are visited out of order, uses checkpoints of the visited
+  sizes every 1024 bins (O(bins / 1024) memory, one O(bins) pass on first use).
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from . import _kernels as K
+from . import _keys
+from ._arrays import ArrayRef, PathLike
+from .base import IntArray, Order
+from .kinds import PermutationOrder, _check_num_seqs
+from .sort_index import lengths_kind, sort_index
+
+__all__ = ["BinnedOrder", "LaplaceOrder", "SortBinShuffleOrder"]
+
+_CACHE_BINS = 4
+_CHECKPOINT_EVERY = 1024
+
+
+def _check_bins(bins: int) -> int:
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)):
+        raise TypeError(f"bins must be an integer, got {type(bins).__name__}")
+    if not 1 <= int(bins) <= (1 << 63) - 1:
+        raise ValueError(f"number of bins must be in [1, 2**63 - 1], got {bins}")
+    return int(bins)
+
+
+class BinnedOrder(Order):
+    """An order whose positions fall into bins that are computed whole (see the module docstring).
+
+    Subclasses provide :meth:`_locate` (position -> visit slot, offset in the bin), :meth:`_bin_ids`
+    (visit slot -> bin id) and :meth:`_compute` (bin ids -> concatenated contents).
+    """
+
+    __slots__ = ("_n", "bins", "lengths", "_cache", "_lock")
+
+    def __init__(self, num_seqs: int, bins: int, lengths: Any) -> None:
+        self._n = _check_num_seqs(num_seqs)
+        self.bins = _check_bins(bins)
+        self.lengths = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
+        lengths_kind(self.lengths.array)
+        if len(self.lengths) != self._n:
+            raise ValueError(f"lengths has {len(self.lengths)} entries, expected num_seqs = {self._n}")
+        self._cache: OrderedDict[int, IntArray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def num_seqs(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @abc.abstractmethod
+    def _locate(self, positions: IntArray) -> tuple[IntArray, IntArray]:
+        """Visit slot and offset inside its bin of each position (int64 arrays)."""
+
+    @abc.abstractmethod
+    def _bin_ids(self, slots: IntArray) -> IntArray:
+        """Bin id visited at each slot."""
+
+    @abc.abstractmethod
+    def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
+        """Contents of the bins ``bin_ids`` concatenated (``total`` values). O(total) memory."""
+
+    def bin_bounds(self, bin_ids: Any) -> tuple[IntArray, IntArray]:
+        """Start (in the binned sequence, before bins are reordered) and size of each bin id. O(len)."""
+        ids = np.asarray(bin_ids, dtype=np.int64).reshape(-1)
+        starts = np.empty(ids.shape[0], dtype=np.int64)
+        sizes = np.empty(ids.shape[0], dtype=np.int64)
+        K.bin_bounds(ids, np.uint64(self._n), np.uint64(self.bins), starts, sizes)
+        return starts, sizes
+
+    def _take(self, positions: IntArray) -> IntArray:
+        slots, offs = self._locate(positions)
+        if slots.shape[0] > 1 and bool(np.all(slots[1:] >= slots[:-1])):
+            first = np.empty(slots.shape[0], dtype=bool)
+            first[0] = True
+            np.not_equal(slots[1:], slots[:-1], out=first[1:])
+            uniq = slots[first]
+            inverse = np.cumsum(first) - 1
+        else:
+            uniq, inverse = np.unique(slots, return_inverse=True)
+        ids = self._bin_ids(uniq)
+        _, sizes = self.bin_bounds(ids)
+        parts: list[IntArray | None] = [None] * uniq.shape[0]
+        missing: list[int] = []
+        with self._lock:
+            for i, slot in enumerate(uniq.tolist()):
+                hit = self._cache.get(slot)
+                if hit is None:
+                    missing.append(i)
+                else:
+                    self._cache.move_to_end(slot)
+                    parts[i] = hit
+        if missing:
+            miss = np.asarray(missing, dtype=np.int64)
+            flat = self._compute(ids[miss], int(sizes[miss].sum()))
+            pos = 0
+            for i in missing:
+                m = int(sizes[i])
+                parts[i] = flat[pos : pos + m]
+                pos += m
+        flat_all = parts[0] if len(parts) == 1 else np.concatenate(parts)  # type: ignore[arg-type]
+        assert flat_all is not None
+        base = np.zeros(uniq.shape[0], dtype=np.int64)
+        np.cumsum(sizes[:-1], out=base[1:])
+        out: IntArray = flat_all[base[inverse] + offs]
+        keep = {int(inverse[0]), int(inverse[-1])}
+        with self._lock:
+            for i in sorted(keep):
+                part = parts[i]
+                assert part is not None
+                slot = int(uniq[i])
+                if slot not in self._cache:
+                    self._cache[slot] = part.copy() if part.base is not None else part
+                self._cache.move_to_end(slot)
+            while len(self._cache) > _CACHE_BINS:
+                self._cache.popitem(last=False)
+        return out
+
+
+class LaplaceOrder(BinnedOrder):
+    """``laplace:bins``: the keyed permutation (``key``, the same as ``random`` with that key) cut into
+    ``bins`` parts; even parts sorted ascending by length, odd parts descending (stable). Position
+    ``i`` needs its whole bin: O(N / bins) memory and time per bin touched."""
+
+    __slots__ = ("perm",)
+
+    def __init__(self, num_seqs: int, key: int, bins: int, lengths: Any) -> None:
+        super().__init__(num_seqs, bins, lengths)
+        self.perm = PermutationOrder(self._n, key)
+
+    def _locate(self, positions: IntArray) -> tuple[IntArray, IntArray]:
+        slots = np.empty(positions.shape[0], dtype=np.int64)
+        offs = np.empty(positions.shape[0], dtype=np.int64)
+        K.laplace_locate(positions, np.uint64(self._n), np.uint64(self.bins), slots, offs)
+        return slots, offs
+
+    def _bin_ids(self, slots: IntArray) -> IntArray:
+        return slots
+
+    def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
+        _, sizes = self.bin_bounds(bin_ids)
+        flat = np.empty(total, dtype=np.int64)
+        p = self.perm
+        K.perm_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), p._a, p._b, p._keys, flat)
+        lengths = self.lengths.array
+        vals = np.asarray(lengths[flat], dtype=np.float64 if lengths.dtype.kind == "f" else np.int64)
+        K.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
+        return flat
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LaplaceOrder, (self._n, self.perm.key, self.bins, self.lengths))
+
+    def __repr__(self) -> str:
+        return (
+            f"LaplaceOrder(num_seqs={self._n}, key={self.perm.key:#018x}, bins={self.bins}, lengths={self.lengths!r})"
+        )
+
+
+class SortBinShuffleOrder(BinnedOrder):
+    """``sort_bin_shuffle[_x2]:bins``: lengths sorted (stable, ties in keyed random order), cut into
+    ``bins`` parts, parts visited in keyed random order, with ``shuffle_within`` (``_x2``) each part
+    shuffled. Needs the global ascending sort index, computed on first use into ``sort_cache`` (then
+    mapped) or into memory (O(N)). Otherwise O(bin) per touched bin plus O(bins / 1024) checkpoints.
+    """
+
+    __slots__ = ("key", "shuffle_within", "sort_cache", "_bin_perm", "_tie_key", "_within_key", "_sidx", "_checkpoints")
+
+    def __init__(
+        self,
+        num_seqs: int,
+        key: int,
+        bins: int,
+        lengths: Any,
+        shuffle_within: bool = False,
+        sort_cache: PathLike | None = None,
+    ) -> None:
+        super().__init__(num_seqs, bins, lengths)
+        self.key = int(key)
+        self.shuffle_within = bool(shuffle_within)
+        self.sort_cache = sort_cache
+        self._bin_perm = PermutationOrder(self.bins, _keys.child_key(self.key, 1))
+        self._tie_key = np.uint64(_keys.child_key(self.key, 2))
+        self._within_key = np.uint64(_keys.child_key(self.key, 3))
+        self._sidx: np.ndarray | None = None
+        self._checkpoints: IntArray | None = None
+
+    def _state(self) -> tuple[np.ndarray, IntArray]:
+        with self._lock:
+            if self._sidx is None:
+                self._sidx = sort_index(self.lengths.array, cache=self.sort_cache)
+            if self._checkpoints is None:
+                bp = self._bin_perm
+                cps = np.empty(-(-self.bins // _CHECKPOINT_EVERY) + 1, dtype=np.int64)
+                K.sbs_checkpoints(
+                    np.uint64(self.bins), np.uint64(self._n), bp._a, bp._b, bp._keys, np.int64(_CHECKPOINT_EVERY), cps
+                )
+                self._checkpoints = cps
+            return self._sidx, self._checkpoints
+
+    def _locate(self, positions: IntArray) -> tuple[IntArray, IntArray]:
+        _, cps = self._state()
+        slots = np.empty(positions.shape[0], dtype=np.int64)
+        offs = np.empty(positions.shape[0], dtype=np.int64)
+        bp = self._bin_perm
+        K.sbs_locate(
+            positions,
+            cps,
+            np.int64(_CHECKPOINT_EVERY),
+            np.uint64(self._n),
+            np.uint64(self.bins),
+            bp._a,
+            bp._b,
+            bp._keys,
+            slots,
+            offs,
+        )
+        return slots, offs
+
+    def _bin_ids(self, slots: IntArray) -> IntArray:
+        return self._bin_perm._take(slots)
+
+    def visit_order(self) -> PermutationOrder:
+        """The bins' visiting order: slot ``k`` visits bin ``visit_order()[k]``."""
+        return self._bin_perm
+
+    def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
+        sidx, _ = self._state()
+        flat = np.empty(total, dtype=np.int64)
+        K.sbs_bins(
+            bin_ids,
+            np.uint64(self._n),
+            np.uint64(self.bins),
+            sidx,
+            self.lengths.array,
+            self._tie_key,
+            self._within_key,
+            self.shuffle_within,
+            flat,
+        )
+        return flat
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SortBinShuffleOrder, (self._n, self.key, self.bins, self.lengths, self.shuffle_within, self.sort_cache))
+
+    def __repr__(self) -> str:
+        name = "sort_bin_shuffle_x2" if self.shuffle_within else "sort_bin_shuffle"
+        return (
+            f"SortBinShuffleOrder({name}, num_seqs={self._n}, key={self.key:#018x}, bins={self.bins}, "
+            f"lengths={self.lengths!r}, sort_cache={self.sort_cache!r})"
+        )

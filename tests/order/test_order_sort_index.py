@@ -1,0 +1,89 @@
+"""sort_index: equal to numpy's stable argsort for every dtype and key range, cached on disk, mapped."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqstore.order import seq_order, sort_index
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array([], dtype=np.int32),
+        np.array([7], dtype=np.int64),
+        np.array([3, 1, 2, 1, 3, 0], dtype=np.int16),
+        np.random.default_rng(0).integers(0, 5, 10_000).astype(np.uint8),
+        np.random.default_rng(1).integers(1, 3000, 50_000).astype(np.int32),
+        np.random.default_rng(2).integers(-(2**40), 2**40, 20_000),  # 3 radix passes
+        np.random.default_rng(3).integers(0, 2**64 - 1, 5_000, dtype=np.uint64),
+        np.array([np.iinfo(np.int64).min, -1, 0, np.iinfo(np.int64).max, -1]),
+        np.random.default_rng(4).normal(size=20_000),
+        np.array([0.0, -0.0, 1.5, -np.inf, np.inf, -0.0, 0.0, -2.5], dtype=np.float32),
+        np.full(1000, 42, dtype=np.int64),
+    ],
+    ids=lambda v: f"{v.dtype}[{len(v)}]",
+)
+def test_equals_numpy_stable_argsort(values: np.ndarray) -> None:
+    got = sort_index(values)
+    assert np.array_equal(got, np.argsort(values, kind="stable"))
+    assert got.dtype == np.int32
+
+
+def test_descending_orders_match_numpy() -> None:
+    lengths = np.random.default_rng(5).integers(1, 30, 5000)
+    o = seq_order(5000, "sorted_reverse", epoch=1, lengths=lengths)
+    assert np.array_equal(o.to_numpy(np.int64), np.argsort(-lengths, kind="stable"))
+    f = np.random.default_rng(6).integers(0, 10, 3000).astype(np.float64) / 4
+    o = seq_order(3000, "sorted_reverse", epoch=1, lengths=f)
+    assert np.array_equal(o.to_numpy(np.int64), np.argsort(-f, kind="stable"))
+
+
+def test_nan_rejected() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        sort_index(np.array([1.0, np.nan]))
+
+
+def test_cache_written_once_and_mapped(tmp_path: Path) -> None:
+    lengths = np.random.default_rng(7).integers(1, 100, 20_000)
+    lpath = tmp_path / "lengths.npy"
+    np.save(lpath, lengths)
+    cache = tmp_path / "sort.npy"
+    first = sort_index(lpath, cache=cache)
+    assert isinstance(first, np.memmap) and cache.exists()
+    assert np.array_equal(first, np.argsort(lengths, kind="stable"))
+    assert not list(tmp_path.glob("*.tmp"))  # no scratch left behind
+    mtime = cache.stat().st_mtime_ns
+    again = sort_index(lengths, cache=cache)
+    assert cache.stat().st_mtime_ns == mtime and np.array_equal(again, first)
+    # a cache that does not fit the lengths is recomputed
+    other = lengths[::-1].copy()
+    fixed = sort_index(other, cache=cache)
+    assert np.array_equal(fixed, np.argsort(other, kind="stable"))
+    np.save(cache, np.arange(5))
+    assert np.array_equal(sort_index(lengths, cache=cache), first)
+
+
+def test_multi_pass_cache_to_disk(tmp_path: Path) -> None:
+    values = np.random.default_rng(8).integers(-(2**50), 2**50, 30_000)
+    got = sort_index(values, cache=tmp_path / "s.npy")
+    assert np.array_equal(got, np.argsort(values, kind="stable"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npy"]
+
+
+def test_sorted_orders_use_cache(tmp_path: Path) -> None:
+    lengths = np.random.default_rng(9).integers(1, 50, 10_000).astype(np.int32)
+    np.save(tmp_path / "len.npy", lengths)
+    mapped = np.load(tmp_path / "len.npy", mmap_mode="r")
+    cache = tmp_path / "sidx.npy"
+    for name in ("sorted", "sorted_reverse", "sort_bin_shuffle:.100"):
+        o = seq_order(10_000, name, epoch=1, lengths=mapped, sort_cache=cache, partition_epoch=3)
+        back = pickle.loads(pickle.dumps(o))
+        assert back == o
+    assert cache.exists()
+    o = seq_order(10_000, "sorted", epoch=1, lengths=mapped, sort_cache=cache)
+    assert np.array_equal(o.to_numpy(np.int64), np.argsort(lengths, kind="stable"))
