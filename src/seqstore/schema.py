@@ -44,7 +44,7 @@ def _normalise_dtype(dtype: Any) -> str:
         raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'") from exc
     if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'")
-    return dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str
+    return str(dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def float32_to_bfloat16(x: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.uint16]
     f = np.asarray(x, dtype=np.float32, order="C")
     bits = f.view(np.uint32)
     rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
-    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    out = np.asarray(rounded >> np.uint32(16)).astype(np.uint16)  # an array even for 0-d input
     nan = np.isnan(f)
     if nan.any():
         out[nan] = np.uint16(0x7FC0)
@@ -223,7 +223,7 @@ def bfloat16_to_float32(bits: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.floa
     b = np.asarray(bits)
     if b.dtype.name == BFLOAT16:
         b = b.view(np.uint16)
-    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.asarray(b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _torch_to_numpy(value: Any) -> np.ndarray[Any, Any] | None:
@@ -240,7 +240,7 @@ def _torch_to_numpy(value: Any) -> np.ndarray[Any, Any] | None:
     return np.asarray(t.cpu().numpy())
 
 
-class _BF16Bits(np.ndarray):  # type: ignore[type-arg]
+class _BF16Bits(np.ndarray[Any, np.dtype[np.uint16]]):
     """uint16 array marking that its contents are already bfloat16 bits (internal)."""
 
     def __new__(cls, bits: np.ndarray[Any, Any]) -> _BF16Bits:
@@ -277,8 +277,8 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         return np.asarray(arr, order="C")
     if src.kind not in _NUMERIC_KINDS:
         raise SchemaError(f"{what}: expected numeric data for dtype {target}, got dtype {src}")
-    if not np.can_cast(src, target, casting="same_kind") and not (src.kind in "bu" and target.kind == "i"):
-        raise SchemaError(f"{what}: unsafe cast from {src} to {field.dtype} (only same-kind or widening casts)")
+    if not np.can_cast(src, target, casting="same_kind") and not (src.kind in "biu" and target.kind in "iu"):
+        raise SchemaError(f"{what}: unsafe cast from {src} to {target} (only same-kind or widening casts)")
     if target.kind in "iu" and src.kind in "iu" and arr.size:
         info = np.iinfo(target)
         lo, hi = arr.min(), arr.max()

@@ -126,6 +126,8 @@ class Manifest:
         version = obj.get("version")
         if not isinstance(version, int):
             raise CorruptionError(f"{path}: \"version\" must be an integer, got {version!r}")
+        if version < 1:
+            raise CorruptionError(f"{path}: \"version\" must be a positive integer, got {version}")
         if version > FORMAT_VERSION:
             raise FormatError(
                 f"{path}: store format version {version} is newer than this seqstore reads "
@@ -133,7 +135,7 @@ class Manifest:
             )
         try:
             return cls._from_json(obj)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise CorruptionError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
 
     @classmethod

@@ -40,7 +40,7 @@ class NpyHeader:
 def encode_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
     """Return a format-1.0 ``.npy`` header of exactly HEADER_BYTES bytes."""
     shape_repr = repr(tuple(int(s) for s in shape))
-    text = "{'descr': %r, 'fortran_order': False, 'shape': %s, }" % (dtype.str, shape_repr)
+    text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': {shape_repr}, }}"
     body_len = HEADER_BYTES - len(_MAGIC) - 4
     if len(text) + 1 > body_len:
         raise ValueError(f"npy header for shape {shape} does not fit in {HEADER_BYTES} bytes")

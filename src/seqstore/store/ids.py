@@ -38,7 +38,7 @@ def encode_ids(ids: Sequence[Any], *, first_record: int = 0) -> tuple[np.ndarray
     return data, offsets
 
 
-@numba.njit(cache=True, nogil=True)  # type: ignore[misc]
+@numba.njit(cache=True, nogil=True)
 def _hash_kernel(data: Any, offsets: Any, out: Any) -> None:
     prime = np.uint64(0x100000001B3)
     for i in range(out.shape[0]):
@@ -58,7 +58,7 @@ def hash_ids(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.nd
     return out
 
 
-@numba.njit(cache=True, nogil=True)  # type: ignore[misc]
+@numba.njit(cache=True, nogil=True)
 def id_equal(
     sdata: Any, soff: Any, rows: Any, qdata: Any, qoff: Any, qidx: Any, out: Any
 ) -> None:  # pragma: no cover - numba
@@ -81,7 +81,7 @@ def id_equal(
         out[k] = eq
 
 
-@numba.njit(cache=True, nogil=True)  # type: ignore[misc]
+@numba.njit(cache=True, nogil=True)
 def merge_runs(hashes: Any, rows: Any, starts: Any, out_hash: Any, out_rows: Any) -> None:  # pragma: no cover
     """k-way merge of sorted runs ``hashes[starts[j]:starts[j+1]]`` into out arrays.
 

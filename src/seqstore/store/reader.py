@@ -38,6 +38,8 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
         size = os.stat(path).st_size
     except FileNotFoundError:
         raise CorruptionError(f"{path}: file is missing") from None
+    except OSError as exc:
+        raise CorruptionError(f"{path}: cannot stat ({exc})") from exc
     if info is not None and size != info.bytes:
         raise CorruptionError(f"{path}: file has {size} bytes, manifest says {info.bytes} (truncated or replaced?)")
     header = read_header(path)
@@ -51,9 +53,14 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
         )
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
-        return np.empty(shape, dtype=dtype)
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        empty = np.empty(shape, dtype=dtype)
+        empty.flags.writeable = False
+        return empty
+    try:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:
+        raise CorruptionError(f"{path}: cannot map ({exc})") from exc
     return np.frombuffer(mm, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
 
@@ -93,7 +100,7 @@ class _Shard:
         out = {}
         for name, col, off in self._plan:
             if off is None:
-                out[name] = col[row]
+                out[name] = col[row, ...]  # a view even for scalar fields (col[row] would copy)
             else:
                 a = int(off[row])
                 b = int(off[row + 1])
@@ -110,7 +117,9 @@ class _Shard:
             return
         info, n = self.info, self.info.records
         off = map_npy(self.path / f"{IDS}.offsets.npy", info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
-        total = int(off[-1]) if n else 0
+        if off[0] != 0:
+            raise CorruptionError(f"{self.path / (IDS + '.offsets.npy')}: first offset is {off[0]}, expected 0")
+        total = int(off[-1])
         self.ids = map_npy(self.path / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
         self.id_hash = map_npy(self.path / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
         self.id_rows = map_npy(
@@ -119,8 +128,27 @@ class _Shard:
         self.id_offsets = off
 
 
-@numba.njit(cache=True, nogil=True)  # type: ignore[misc]
-def _gather_rows(data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int) -> None:  # pragma: no cover
+def _checked_bounds(
+    sh: _Shard, name: str, rows: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(start, end) offsets of local ``rows`` of ragged field ``name``, checked to lie in range."""
+    off = sh.offsets[name]
+    a = np.asarray(off[rows])
+    b = np.asarray(off[rows + 1])
+    bad = (a < 0) | (b < a) | (b > sh.columns[name].shape[0])
+    if bad.any():
+        r = int(np.asarray(rows).reshape(-1)[np.flatnonzero(np.asarray(bad).reshape(-1))[0]])
+        raise CorruptionError(
+            f"{sh.path / (name + '.offsets.npy')}: record {r} has offsets {int(off[r])}..{int(off[r + 1])}, "
+            f"outside 0..{sh.columns[name].shape[0]} or decreasing"
+        )
+    return a, b
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_rows(  # pragma: no cover - numba
+    data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int
+) -> None:
     """Copy ragged records ``rows`` (as bytes, ``stride`` bytes per row) to ``out`` at ``out_starts``."""
     for k in range(rows.shape[0]):
         r = rows[k]
@@ -129,6 +157,17 @@ def _gather_rows(data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, 
         o = out_starts[k]
         for j in range(b - a):
             out[o + j] = data[a + j]
+
+
+def _id_bounds(sh: _Shard, row: int) -> tuple[int, int]:
+    """Byte range of the id of local ``row`` in ``sh.ids``, checked to lie in range."""
+    assert sh.ids is not None and sh.id_offsets is not None
+    a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
+    if not 0 <= a <= b <= len(sh.ids):
+        raise CorruptionError(
+            f"{sh.path / (IDS + '.offsets.npy')}: record {row} has id offsets {a}..{b}, outside 0..{len(sh.ids)}"
+        )
+    return a, b
 
 
 class Lengths:
@@ -151,8 +190,12 @@ class Lengths:
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, (int, np.integer)):
             k, row = self._store._locate(self._store._norm(int(key)))
-            off = self._store._shard(k).offsets[self.field]
-            return int(off[row + 1] - off[row])
+            sh = self._store._shard(k)
+            off = sh.offsets[self.field]
+            a, b = int(off[row]), int(off[row + 1])
+            if not 0 <= a <= b <= sh.columns[self.field].shape[0]:
+                _checked_bounds(sh, self.field, np.array([row]))  # raises, naming the file
+            return b - a
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
             return self.take(np.arange(start, stop, step, dtype=np.int64))
@@ -161,18 +204,23 @@ class Lengths:
     def take(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Lengths of records ``indices`` (any int array), as int64."""
         idx = self._store._norm_many(indices)
-        out = np.empty(idx.shape, dtype=np.int64)
-        for k, pos, rows in self._store._group(idx):
-            off = self._store._shard(k).offsets[self.field]
-            out[pos] = off[rows + 1] - off[rows]
-        return out
+        flat = idx.reshape(-1)
+        out = np.empty(flat.shape, dtype=np.int64)
+        for k, pos, rows in self._store._group(flat):
+            a, b = _checked_bounds(self._store._shard(k), self.field, rows)
+            out[pos] = b - a
+        return out.reshape(idx.shape)
 
     def iter_chunks(self, size: int = 1 << 20) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """Yield the lengths in order, in arrays of at most ``size`` (per shard, from the offsets)."""
         for k in range(self._store.num_shards):
-            off = self._store._shard(k).offsets[self.field]
+            sh = self._store._shard(k)
+            off = sh.offsets[self.field]
             for a in range(0, len(off) - 1, size):
-                yield np.diff(off[a : min(a + size, len(off) - 1) + 1])
+                chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
+                if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
+                    raise CorruptionError(f"{sh.path / (self.field + '.offsets.npy')}: offsets decrease")
+                yield chunk
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
         parts = list(self.iter_chunks())
@@ -248,11 +296,10 @@ class Store:
 
     def _norm(self, i: int) -> int:
         n = self._n
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
             raise IndexError(f"record index {i} out of range for a store of {n} records ({self.root})")
-        return i
+        return j
 
     def _norm_many(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
         idx = np.asarray(indices)
@@ -260,10 +307,11 @@ class Store:
             if idx.size == 0:
                 return idx.astype(np.int64)
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+        given = idx
         idx = idx.astype(np.int64, copy=True)
         idx[idx < 0] += self._n
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
-            bad = idx[(idx < 0) | (idx >= self._n)][0]
+            bad = given[(idx < 0) | (idx >= self._n)][0]
             raise IndexError(f"record index {bad} out of range for a store of {self._n} records ({self.root})")
         return idx
 
@@ -344,7 +392,10 @@ class Store:
         out: dict[str, Any] = {}
         for name in names:
             f = self.schema[name]
-            out[name] = self._gather_ragged(name, f, idx, groups, pad) if f.ragged else self._gather_fixed(name, f, idx, groups)
+            if f.ragged:
+                out[name] = self._gather_ragged(name, f, idx, groups, pad)
+            else:
+                out[name] = self._gather_fixed(name, f, idx, groups)
             if f.dtype == BFLOAT16 and self._bf16 != "bits":
                 if f.ragged:
                     out[name] = (self.bfloat16_view(out[name][0]), out[name][1])
@@ -361,8 +412,8 @@ class Store:
     def _gather_ragged(self, name: str, f: Field, idx: Any, groups: Any, pad: bool) -> tuple[Any, Any]:
         lengths = np.empty(len(idx), dtype=np.int64)
         for k, pos, rows in groups:
-            off = self._shard(k).offsets[name]
-            lengths[pos] = off[rows + 1] - off[rows]
+            a, b = _checked_bounds(self._shard(k), name, rows)
+            lengths[pos] = b - a
         stride = f.row_bytes
         if pad:
             t = int(lengths.max()) if len(lengths) else 0
@@ -377,14 +428,12 @@ class Store:
             col = sh.columns[name]
             data = col.reshape(-1).view(np.uint8) if col.size else np.empty(0, np.uint8)
             off = sh.offsets[name]
-            if len(rows) and (off[rows + 1] < off[rows]).any():
-                raise CorruptionError(f"{sh.path / (name + '.offsets.npy')}: offsets decrease")
             _gather_rows(data, off, np.ascontiguousarray(rows), flat, np.ascontiguousarray(starts[pos]), stride)
         values = flat.view(f.storage_dtype)
         if pad:
             values = values.reshape(len(idx), int(lengths.max()) if len(lengths) else 0, *f.inner_shape)
         else:
-            values = values.reshape(-1, *f.inner_shape)
+            values = values.reshape(int(lengths.sum()), *f.inner_shape)  # not -1: inner dims may be 0
         return values, lengths
 
     def lengths(self, field: str | None = None) -> Lengths:
@@ -408,7 +457,7 @@ class Store:
         sh = self._shard(k)
         sh.load_ids()
         assert sh.ids is not None and sh.id_offsets is not None
-        a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
+        a, b = _id_bounds(sh, row)
         return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
 
     def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
@@ -449,7 +498,13 @@ class Store:
             sh = self._shard(k)
             sh.load_ids()
             res = np.empty(len(local), dtype=np.bool_)
-            id_equal(sh.ids, sh.id_offsets, np.ascontiguousarray(local), qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
+            assert sh.ids is not None and sh.id_offsets is not None
+            a = np.asarray(sh.id_offsets[local])
+            b = np.asarray(sh.id_offsets[local + 1])
+            if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
+                raise CorruptionError(f"{sh.path / (IDS + '.offsets.npy')}: id offsets out of range")
+            local = np.ascontiguousarray(local)
+            id_equal(sh.ids, sh.id_offsets, local, qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
             ok[pos] = res
         return ok
 
@@ -466,11 +521,14 @@ class Store:
             j = int(hashes.searchsorted(h))
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
+                if not 0 <= row < self._n:
+                    raise CorruptionError(f"{self.root}: id index (from shard {_first}) names row {row}, out of range")
                 k, local = self._locate(row)
                 sh = self._shard(k)
                 sh.load_ids()
                 assert sh.ids is not None and sh.id_offsets is not None
-                if bytes(sh.ids[int(sh.id_offsets[local]) : int(sh.id_offsets[local + 1])]) == key:
+                a, b = _id_bounds(sh, local)
+                if bytes(sh.ids[a:b]) == key:
                     return row
                 j += 1
         raise KeyError(f"id {id!r} not in {self.root}")
@@ -505,6 +563,8 @@ class Store:
             run_starts = np.repeat(lo[hit], counts[hit])
             within = np.arange(len(cq)) - np.repeat(np.cumsum(counts[hit]) - counts[hit], counts[hit])
             cand_rows = np.asarray(rows[run_starts + within]) + base
+            if (cand_rows < 0).any() or (cand_rows >= self._n).any():
+                raise CorruptionError(f"{self.root}: id index (from shard {_first}) names rows out of range")
             ok = self._verify(cand_rows, qdata, qoff, cq)
             if not ok.any():
                 continue

@@ -17,7 +17,7 @@ import shutil
 import socket
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,6 +99,25 @@ def _clean_orphans(root: Path, manifest: Manifest) -> None:
                 entry.unlink(missing_ok=True)
 
 
+def _caller_ids(values: Any) -> set[int]:
+    """ids of the caller's objects in batch columns (arrays, list items, a pair's values)."""
+    out: set[int] = set()
+    for v in values:
+        out.add(id(v))
+        if isinstance(v, (list, tuple)):
+            out.update(id(x) for x in v)
+    return out
+
+
+def _owned(arr: np.ndarray[Any, Any], caller: set[int]) -> np.ndarray[Any, Any]:
+    """``arr``, or a copy of it when it may share memory with the caller's objects (a view, or
+    one of the caller's own arrays passed through unconverted): buffered data must not change
+    when the caller reuses its arrays after ``append`` returns."""
+    if arr.base is not None or id(arr) in caller:
+        return arr.copy()
+    return arr
+
+
 class _ColumnFile:
     """One growing ``.npy`` file of a shard: provisional header, sequential appends, running CRC-32."""
 
@@ -114,7 +133,7 @@ class _ColumnFile:
 
     def write(self, arr: np.ndarray[Any, Any]) -> Future[int]:
         """Append rows (``arr`` has this file's dtype and inner shape and is C-contiguous)."""
-        buf = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        buf = memoryview(arr.reshape(-1).view(np.uint8).data) if arr.size else memoryview(b"")
         prev = self._crc
 
         def chained() -> int:
@@ -267,7 +286,8 @@ class Writer:
         converted = []
         nbytes = 0
         for name, f in self._fields:
-            arr = to_storage_array(f, flat[name], what=f"{what}, field {name!r}")
+            value = flat[name]
+            arr = to_storage_array(f, value, what=f"{what}, field {name!r}")
             if f.ragged:
                 if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
                     raise SchemaError(
@@ -276,7 +296,8 @@ class Writer:
                     )
             elif arr.shape != f.inner_shape:
                 raise SchemaError(f"{what}, field {name!r}: expected shape {f.inner_shape}, got {arr.shape}")
-            converted.append(arr)
+            # buffered until the next flush: must not share memory the caller may overwrite
+            converted.append(arr.copy() if arr is value or arr.base is not None else arr)
             nbytes += arr.nbytes
         self._has_ids = id is not None
         for (name, f), arr in zip(self._fields, converted):
@@ -297,9 +318,20 @@ class Writer:
         """
         self._check_open()
         first = self._records_before + self._committed_records + self._pending_records()
-        what = f"batch starting at record {first}"
+        if ids is not None:
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+                raise SchemaError(f"batch starting at record {first}: ids must be a sequence of str, got {ids!r}")
+            for k, s in enumerate(ids):
+                if not isinstance(s, str):
+                    raise SchemaError(f"record {first + k}: id must be a str, got {type(s).__name__} {s!r}")
+        what = f"batch starting at record {first}" + (f" (id {str(ids[0])!r})" if ids is not None and len(ids) else "")
+
+        def item(k: int) -> str:
+            return f"record {first + k}" + (f" (id {str(ids[k])!r})" if ids is not None and k < len(ids) else "")
+
         flat = self._flatten(columns, what)
         self._check_keys(flat.keys(), what)
+        caller = _caller_ids(flat.values())
         batch: int | None = None
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
         nbytes = 0
@@ -308,7 +340,7 @@ class Writer:
             lengths: np.ndarray[Any, Any] | None = None
             fw = f"{what}, field {name!r}"
             if f.ragged:
-                values, lengths = self._ragged_column(f, value, fw)
+                values, lengths = self._ragged_column(f, value, fw, item)
                 n = len(lengths)
             else:
                 values = to_storage_array(f, value, what=fw)
@@ -322,12 +354,8 @@ class Writer:
             prepared.append((values, lengths))
             nbytes += values.nbytes
         assert batch is not None
-        if ids is not None:
-            if isinstance(ids, str) or len(ids) != batch:
-                raise SchemaError(f"{what}: ids must be a sequence of {batch} str, got {type(ids).__name__}")
-            for k, s in enumerate(ids):
-                if not isinstance(s, str):
-                    raise SchemaError(f"record {first + k}: id must be a str, got {type(s).__name__} {s!r}")
+        if ids is not None and len(ids) != batch:
+            raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
         if batch == 0:
             return
         self._check_ids(ids is not None, first)
@@ -343,6 +371,10 @@ class Writer:
         self._buf_bytes += nbytes
         if self._buf_full():
             self._flush()
+        else:  # the batch stays buffered: it must not share memory the caller may overwrite
+            for name, _ in self._fields:
+                parts = self._buf[name]
+                parts[-1] = _owned(parts[-1], caller)
 
     def _buf_full(self) -> bool:
         """Flush when the buffer is full or the shard it goes into would be."""
@@ -356,7 +388,7 @@ class Writer:
         )
 
     def _ragged_column(
-        self, f: Field, value: Any, what: str
+        self, f: Field, value: Any, what: str, item: Callable[[int], str]
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         if isinstance(value, tuple) and len(value) == 2:
             values = to_storage_array(f, value[0], what=what)
@@ -372,10 +404,12 @@ class Writer:
         if isinstance(value, np.ndarray) or not isinstance(value, Sequence):
             raise SchemaError(f"{what}: a ragged column is a list of arrays or a (values, lengths) pair")
         arrays = []
-        for k, item in enumerate(value):
-            arr = to_storage_array(f, item, what=f"{what}, batch item {k}")
+        for k, x in enumerate(value):
+            arr = to_storage_array(f, x, what=f"{what}, batch item {k} = {item(k)}")
             if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
-                raise SchemaError(f"{what}, batch item {k}: expected rows of shape {f.inner_shape}, got {arr.shape}")
+                raise SchemaError(
+                    f"{what}, batch item {k} = {item(k)}: expected rows of shape {f.inner_shape}, got {arr.shape}"
+                )
             arrays.append(arr)
         lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
         if arrays:
@@ -468,7 +502,16 @@ class Writer:
             if target.exists():  # renamed by a writer that died before saving the manifest
                 shutil.rmtree(target)
             if manifest.shards and manifest.shards[0].has_ids != pending.has_ids:
-                raise SchemaError(f"{self.root}: cannot mix records with and without ids in one store")
+                # another writer committed the other kind first: drop this shard, stay usable
+                shutil.rmtree(cur, ignore_errors=True)
+                self._shard_open = False
+                self._has_ids = manifest.shards[0].has_ids
+                kind = "with" if self._has_ids else "without"
+                raise SchemaError(
+                    f"{self.root}: cannot mix records with and without ids in one store; its records are now "
+                    f"written {kind} ids, so the {pending.records} uncommitted records of this writer's shard "
+                    "were discarded"
+                )
             os.rename(cur, target)
             fsync_dir(self.root)
             manifest.shards.append(ShardInfo(name, pending.records, pending.rows, pending.files, pending.has_ids))
@@ -518,7 +561,7 @@ class Writer:
         for suffix, arr in ((".hash.npy", out_h), (".rows.npy", out_r)):
             with open(self.root / f"{name}{suffix}", "wb") as fh:
                 fh.write(encode_header(arr.dtype, arr.shape))
-                fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+                fh.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
                 fh.flush()
                 os.fsync(fh.fileno())
         fsync_dir(self.root / INDEX_DIR)
@@ -602,6 +645,13 @@ def create(
     """
     root = Path(path)
     sch = schema if isinstance(schema, Schema) else Schema(schema)
+    for name, f in sch.items():
+        try:  # the file's header must fit its final row count, whatever it becomes
+            encode_header(f.storage_dtype, (1 << 62, *f.inner_shape))
+        except ValueError:
+            raise SchemaError(
+                f"field {name!r}: shape {f.shape} has too many dimensions for a {HEADER_BYTES}-byte .npy header"
+            ) from None
     if root.exists():
         if not overwrite:
             raise FileExistsError(f"{root}: already exists (pass overwrite=True to replace it)")

@@ -1,0 +1,126 @@
+"""manifest.json: round trip, atomic replacement, and strict validation on load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import seqstore as ss
+from seqstore.format.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo
+
+SCHEMA = ss.Schema({"x": ss.Field("float16", (None, 16)), "y/z": ss.Field("int32", ())})
+
+
+def _manifest() -> Manifest:
+    shard = ShardInfo(
+        "shard-000000",
+        3,
+        {"x": 10},
+        {"x.npy": FileInfo(448, 12345), "x.offsets.npy": FileInfo(160, 1), "y/z.npy": FileInfo(140, 2)},
+        has_ids=False,
+    )
+    run = IndexRun("_index/run-000000-000008", 0, 8, 100, 1)
+    return Manifest(SCHEMA, [shard], [run], {"who": "me", "n": [1, 2]}, {"x": {"mean": 3.5}}, generation=4)
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    m = _manifest()
+    m.save(tmp_path)
+    raw = json.loads((tmp_path / MANIFEST).read_text())
+    assert raw["format"] == FORMAT_NAME == "seqstore" and raw["version"] == FORMAT_VERSION == 1
+    back = Manifest.load(tmp_path)
+    assert back == m
+    assert back.num_records == 3
+    assert [p.name for p in tmp_path.iterdir()] == [MANIFEST]  # no temporary file left
+
+
+def test_save_replaces(tmp_path: Path) -> None:
+    m = _manifest()
+    m.save(tmp_path)
+    m.generation = 5
+    m.shards = []
+    m.save(tmp_path)
+    back = Manifest.load(tmp_path)
+    assert back.generation == 5 and back.shards == [] and back.num_records == 0
+
+
+def _write(tmp_path: Path, obj: Any) -> None:
+    (tmp_path / MANIFEST).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+
+
+def _good() -> dict[str, Any]:
+    return _manifest().to_json()
+
+
+@pytest.mark.parametrize(
+    "mutate, error",
+    [
+        (lambda m: m.update(version=FORMAT_VERSION + 1), ss.FormatError),
+        (lambda m: m.update(version=99), ss.FormatError),
+        (lambda m: m.update(version=0), ss.CorruptionError),
+        (lambda m: m.update(version=None), ss.CorruptionError),
+        (lambda m: m.pop("version"), ss.CorruptionError),
+        (lambda m: m.update(format="other"), ss.FormatError),
+        (lambda m: m.pop("format"), ss.FormatError),
+        (lambda m: m.pop("schema"), ss.CorruptionError),
+        (lambda m: m.update(schema={}), ss.CorruptionError),
+        (lambda m: m.update(schema={"x": {"dtype": "float16"}}), ss.CorruptionError),
+        (lambda m: m.pop("shards"), ss.CorruptionError),
+        (lambda m: m.update(shards={"a": 1}), ss.CorruptionError),
+        (lambda m: m["shards"][0].pop("records"), ss.CorruptionError),
+        (lambda m: m["shards"][0].update(records="many"), ss.CorruptionError),
+        (lambda m: m["shards"][0].update(records=-1), ss.CorruptionError),
+        (lambda m: m["shards"][0].update(rows={}), ss.CorruptionError),  # ragged field without rows
+        (lambda m: m["shards"][0].update(rows={"x": 1, "y/z": 1}), ss.CorruptionError),  # rows of a fixed field
+        (lambda m: m["shards"][0].update(rows={"x": -5}), ss.CorruptionError),
+        (lambda m: m["shards"][0].update(rows=[10]), ss.CorruptionError),
+        (lambda m: m["shards"][0].update(files=[]), ss.CorruptionError),
+        (lambda m: m["shards"][0]["files"]["x.npy"].pop("crc32"), ss.CorruptionError),
+        (lambda m: m["shards"][0].pop("has_ids"), ss.CorruptionError),
+        (lambda m: m["index_runs"][0].pop("level"), ss.CorruptionError),
+        (lambda m: m.update(metadata=[1]), ss.CorruptionError),
+        (lambda m: m.update(stats="x"), ss.CorruptionError),
+    ],
+)
+def test_invalid_manifests(tmp_path: Path, mutate: Any, error: type[Exception]) -> None:
+    obj = _good()
+    mutate(obj)
+    _write(tmp_path, obj)
+    with pytest.raises(error) as info:
+        Manifest.load(tmp_path)
+    assert str(tmp_path / MANIFEST) in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["", "{", "\x00", "[1, 2]", "null", "42", '"seqstore"', "{'single': 1}"])
+def test_not_a_manifest(tmp_path: Path, text: str) -> None:
+    _write(tmp_path, text)
+    with pytest.raises((ss.CorruptionError, ss.FormatError)) as info:
+        Manifest.load(tmp_path)
+    assert MANIFEST in str(info.value)
+
+
+def test_non_utf8_and_non_finite(tmp_path: Path) -> None:
+    (tmp_path / MANIFEST).write_bytes(b'{"format": "seqstore", "version": 1, "x": "\xff"}')
+    with pytest.raises(ss.CorruptionError, match=MANIFEST):
+        Manifest.load(tmp_path)
+    text = json.dumps(_good()).replace('"records": 3', '"records": NaN')
+    _write(tmp_path, text)
+    with pytest.raises(ss.CorruptionError, match=MANIFEST):
+        Manifest.load(tmp_path)
+
+
+def test_missing(tmp_path: Path) -> None:
+    with pytest.raises(ss.FormatError, match="does not exist"):
+        Manifest.load(tmp_path / "nope")
+    with pytest.raises(ss.FormatError, match=MANIFEST):
+        Manifest.load(tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ss.FormatError):
+        Manifest.load(tmp_path / "file")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / MANIFEST).mkdir()
+    with pytest.raises(ss.FormatError, match=MANIFEST):
+        Manifest.load(tmp_path / "d")

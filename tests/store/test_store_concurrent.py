@@ -1,0 +1,48 @@
+"""Several writer processes into one store: every record exactly once, unique shards, ids resolvable."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from store_testlib import CHILD_SCHEMA, child_record, child_write
+
+import seqstore as ss
+
+
+def test_two_writer_processes(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, CHILD_SCHEMA) as w:
+        w.append(child_record(0, 0), id="w0-0")
+    counts = {1: 40, 2: 33}
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        results = [pool.apply_async(child_write, (str(root), tag, n, 5)) for tag, n in counts.items()]
+        assert [r.get(timeout=300) for r in results] == list(counts.values())
+    store = ss.open(root)
+    total = 1 + sum(counts.values())
+    assert len(store) == total
+    ids = [store.id(i) for i in range(total)]
+    assert len(set(ids)) == total  # each record exactly once
+    assert Counter(s.split("-")[0] for s in ids) == {"w0": 1, "w1": 40, "w2": 33}
+    for tag, n in counts.items():
+        want_ids = [f"w{tag}-{i}" for i in range(n)]
+        rows = store.index_many(want_ids)
+        assert len(set(rows.tolist())) == n
+        # each writer's records keep their order and their contents
+        assert np.all(np.diff(rows) > 0)
+        for i, r in enumerate(rows.tolist()):
+            rec = store[r]
+            want = child_record(tag, i)
+            np.testing.assert_array_equal(rec["x"], want["x"])
+            assert int(rec["meta/k"]) == want["meta"]["k"]
+            assert store.index(want_ids[i]) == r
+    names = [s.name for s in store.manifest.shards]
+    assert len(names) == len(set(names))
+    on_disk = sorted(p.name for p in root.iterdir() if p.name.startswith("shard-"))
+    assert on_disk == sorted(names)
+    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    # shards of 5 records with commits every 7 appends: each writer committed several shards
+    assert store.num_shards >= 1 + 2 * 8

@@ -1,0 +1,409 @@
+"""Damaged stores raise CorruptionError / FormatError naming the file: never raw errors, never wrong data."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from store_testlib import CHILD_SCHEMA, child_record
+
+import seqstore as ss
+from seqstore.format.npy import HEADER_BYTES, encode_header
+
+N = 10
+IDS = [f"w0-{i}" for i in range(N)]
+
+
+@pytest.fixture
+def store_root(scratch: Path) -> Path:
+    root = scratch / "s"
+    with ss.create(root, CHILD_SCHEMA, max_shard_records=5) as w:  # 2 shards of 5
+        for i in range(N):
+            w.append(child_record(0, i), id=IDS[i])
+    return root
+
+
+def touch_everything(root: Path) -> None:
+    """Every read path, so a damage must surface at open or at first touch."""
+    store = ss.open(root)
+    for i in range(len(store)):
+        rec = store[i]
+        want = child_record(0, i)
+        # if nothing was raised, the data must be right
+        np.testing.assert_array_equal(rec["x"], want["x"])
+        assert int(rec["meta/k"]) == want["meta"]["k"]
+    for pad in (False, True):
+        store.get_batch(np.arange(N), pad=pad)
+        store.get_batch(np.arange(N)[::-1], fields=["x"], pad=pad)
+    lengths = store.lengths("x")
+    assert np.asarray(lengths).tolist() == [i % 5 for i in range(N)]
+    assert [lengths[i] for i in range(N)] == [i % 5 for i in range(N)]
+    assert lengths[np.arange(N)].tolist() == [i % 5 for i in range(N)]
+    assert [store.id(i) for i in range(N)] == IDS
+    assert store.index_many(IDS).tolist() == list(range(N))
+    assert [store.index(s) for s in IDS] == list(range(N))
+    assert len(store) == N
+
+
+def shard(root: Path, k: int = 0) -> Path:
+    return root / f"shard-{k:06d}"
+
+
+def truncate(path: Path, nbytes: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - nbytes)
+
+
+def rewrite_header(path: Path, dtype: str, shape: tuple[int, ...]) -> None:
+    with open(path, "r+b") as f:
+        f.write(encode_header(np.dtype(dtype), shape))
+
+
+def poke_int64(path: Path, index: int, value: int) -> None:
+    """Overwrite element ``index`` of a 1-d int64 .npy (same size, header untouched)."""
+    with open(path, "r+b") as f:
+        f.seek(HEADER_BYTES + 8 * index)
+        f.write(struct.pack("<q", value))
+
+
+def edit_manifest(root: Path, fn: Callable[[dict], object]) -> None:
+    m = json.loads((root / "manifest.json").read_text())
+    fn(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+# (case id, damage, error class, text the message must contain (a path relative to the store))
+CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
+    ("truncated data file", lambda r: truncate(shard(r) / "x.npy", 12), ss.CorruptionError, "shard-000000/x.npy"),
+    ("truncated by 1 byte", lambda r: truncate(shard(r, 1) / "meta/k.npy", 1), ss.CorruptionError, "meta/k.npy"),
+    (
+        "truncated into header",
+        lambda r: truncate(shard(r) / "x.npy", os.path.getsize(shard(r) / "x.npy") - 20),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "empty file",
+        lambda r: truncate(shard(r) / "x.npy", os.path.getsize(shard(r) / "x.npy")),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "extra bytes",
+        lambda r: open(shard(r) / "x.offsets.npy", "ab").write(b"\0" * 8),
+        ss.CorruptionError,
+        "shard-000000/x.offsets.npy",
+    ),
+    ("missing data file", lambda r: (shard(r, 1) / "x.npy").unlink(), ss.CorruptionError, "shard-000001/x.npy"),
+    ("missing offsets", lambda r: (shard(r) / "x.offsets.npy").unlink(), ss.CorruptionError, "x.offsets.npy"),
+    ("missing nested", lambda r: shutil.rmtree(shard(r) / "meta"), ss.CorruptionError, "meta/k.npy"),
+    ("missing shard dir", lambda r: shutil.rmtree(shard(r, 1)), ss.CorruptionError, "shard-000001"),
+    (
+        "file is a directory",
+        lambda r: ((shard(r) / "x.npy").unlink(), (shard(r) / "x.npy").mkdir()),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    ("missing ids", lambda r: (shard(r) / "_ids.npy").unlink(), ss.CorruptionError, "_ids.npy"),
+    ("missing id hash", lambda r: (shard(r, 1) / "_ids.hash.npy").unlink(), ss.CorruptionError, "_ids.hash.npy"),
+    (
+        "truncated id offsets",
+        lambda r: truncate(shard(r) / "_ids.offsets.npy", 8),
+        ss.CorruptionError,
+        "_ids.offsets.npy",
+    ),
+    (
+        "garbage manifest",
+        lambda r: (r / "manifest.json").write_bytes(b"\x00{not json"),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    ("empty manifest", lambda r: (r / "manifest.json").write_bytes(b""), ss.CorruptionError, "manifest.json"),
+    (
+        "non-utf8 manifest",
+        lambda r: (r / "manifest.json").write_bytes(b'{"a": "\xff\xfe"}'),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    ("manifest version 2", lambda r: edit_manifest(r, lambda m: m.update(version=2)), ss.FormatError, "manifest.json"),
+    (
+        "manifest version 0",
+        lambda r: edit_manifest(r, lambda m: m.update(version=0)),
+        ss.SeqstoreError,
+        "manifest.json",
+    ),
+    (
+        "manifest version str",
+        lambda r: edit_manifest(r, lambda m: m.update(version="1")),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    (
+        "manifest of another format",
+        lambda r: edit_manifest(r, lambda m: m.update(format="zarr")),
+        ss.FormatError,
+        "manifest.json",
+    ),
+    ("manifest is a list", lambda r: (r / "manifest.json").write_text("[1, 2]"), ss.FormatError, "manifest.json"),
+    ("missing manifest", lambda r: (r / "manifest.json").unlink(), ss.FormatError, "manifest.json"),
+    (
+        "manifest without shards",
+        lambda r: edit_manifest(r, lambda m: m.pop("shards")),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    (
+        "manifest rows not a dict",
+        lambda r: edit_manifest(r, lambda m: m["shards"][0].update(rows=[1])),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    (
+        "manifest infinite records",
+        lambda r: (r / "manifest.json").write_text(
+            (r / "manifest.json").read_text().replace('"records":5', '"records":Infinity', 1)
+        ),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    (
+        "manifest bad schema",
+        lambda r: edit_manifest(r, lambda m: m["schema"].update(x={"dtype": "U4", "shape": []})),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    (
+        "manifest negative records",
+        lambda r: edit_manifest(r, lambda m: m["shards"][1].update(records=-1)),
+        ss.CorruptionError,
+        "manifest.json",
+    ),
+    (
+        "manifest more records",
+        lambda r: edit_manifest(r, lambda m: m["shards"][1].update(records=6)),
+        ss.CorruptionError,
+        "shard-000001",
+    ),
+    (
+        "manifest file size",
+        lambda r: edit_manifest(r, lambda m: m["shards"][0]["files"]["x.npy"].update(bytes=999)),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "manifest more rows",
+        lambda r: edit_manifest(r, lambda m: m["shards"][0]["rows"].update(x=11)),
+        ss.CorruptionError,
+        "shard-000000/x",
+    ),
+    (
+        "header dtype",
+        lambda r: rewrite_header(shard(r) / "x.npy", "<i4", (10, 3)),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "header shape",
+        lambda r: rewrite_header(shard(r) / "x.npy", "<f4", (5, 6)),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "header fewer rows",
+        lambda r: rewrite_header(shard(r, 1) / "meta/k.npy", "<i8", (4,)),
+        ss.CorruptionError,
+        "shard-000001/meta/k.npy",
+    ),
+    (
+        "header endianness",
+        lambda r: rewrite_header(shard(r, 1) / "meta/k.npy", ">i8", (5,)),
+        ss.CorruptionError,
+        "meta/k.npy",
+    ),
+    (
+        "header bad magic",
+        lambda r: open(shard(r) / "x.npy", "r+b").write(b"\x93NUMPX"),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "header garbage dict",
+        lambda r: open(shard(r) / "x.npy", "r+b").write(b"\x93NUMPY\x01\x00\x76\x00{'descr': ?"),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "header fortran",
+        lambda r: open(shard(r) / "x.npy", "r+b").write(
+            encode_header(np.dtype("<f4"), (10, 3)).replace(b"False", b"True ")
+        ),
+        ss.CorruptionError,
+        "shard-000000/x.npy",
+    ),
+    (
+        "last offset beyond rows",
+        lambda r: poke_int64(shard(r) / "x.offsets.npy", 5, 11),
+        ss.CorruptionError,
+        "shard-000000/x.offsets.npy",
+    ),
+    (
+        "last offset short",
+        lambda r: poke_int64(shard(r) / "x.offsets.npy", 5, 9),
+        ss.CorruptionError,
+        "shard-000000/x.offsets.npy",
+    ),
+    (
+        "first offset",
+        lambda r: poke_int64(shard(r, 1) / "x.offsets.npy", 0, 1),
+        ss.CorruptionError,
+        "shard-000001/x.offsets.npy",
+    ),
+    (
+        "middle offset beyond rows",
+        lambda r: poke_int64(shard(r) / "x.offsets.npy", 3, 1000),
+        ss.CorruptionError,
+        "shard-000000/x.offsets.npy",
+    ),
+    (
+        "middle offset huge",
+        lambda r: poke_int64(shard(r) / "x.offsets.npy", 2, 2**62),
+        ss.CorruptionError,
+        "shard-000000/x.offsets.npy",
+    ),
+    (
+        "middle offset negative",
+        lambda r: poke_int64(shard(r, 1) / "x.offsets.npy", 2, -4),
+        ss.CorruptionError,
+        "shard-000001/x.offsets.npy",
+    ),
+    (
+        "middle offset decreasing",
+        lambda r: poke_int64(shard(r) / "x.offsets.npy", 4, 0),
+        ss.CorruptionError,
+        "shard-000000/x.offsets.npy",
+    ),
+    (
+        "id offset beyond",
+        lambda r: poke_int64(shard(r) / "_ids.offsets.npy", 2, 10**6),
+        ss.CorruptionError,
+        "shard-000000/_ids.offsets.npy",
+    ),
+    (
+        "id offset negative",
+        lambda r: poke_int64(shard(r, 1) / "_ids.offsets.npy", 3, -3),
+        ss.CorruptionError,
+        "shard-000001/_ids.offsets.npy",
+    ),
+    (
+        "first id offset",
+        lambda r: poke_int64(shard(r) / "_ids.offsets.npy", 0, 2),
+        ss.CorruptionError,
+        "shard-000000/_ids.offsets.npy",
+    ),
+    (
+        "id hash rows out of range",
+        lambda r: [poke_int64(shard(r) / "_ids.hash_rows.npy", j, 77) for j in range(5)],
+        ss.CorruptionError,
+        "s",
+    ),
+    (
+        "id hash rows negative",
+        lambda r: [poke_int64(shard(r, 1) / "_ids.hash_rows.npy", j, -9) for j in range(5)],
+        ss.CorruptionError,
+        "s",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_corruption_is_reported(store_root: Path, case: tuple[str, Callable[[Path], None], type, str]) -> None:
+    _, damage, error, where = case
+    touch_everything(store_root)  # sane before
+    damage(store_root)
+    with pytest.raises(error) as info:
+        touch_everything(store_root)
+    assert isinstance(info.value, (ss.CorruptionError, ss.FormatError))
+    msg = str(info.value)
+    assert str(store_root) in msg, msg
+    assert where in msg, msg
+
+
+def test_damage_to_one_shard_leaves_the_others_readable(store_root: Path) -> None:
+    truncate(shard(store_root, 1) / "x.npy", 4)
+    store = ss.open(store_root)  # open reads the manifest only
+    np.testing.assert_array_equal(store[4]["x"], child_record(0, 4)["x"])
+    with pytest.raises(ss.CorruptionError, match="shard-000001"):
+        store[5]
+    with pytest.raises(ss.CorruptionError, match="shard-000001"):
+        store[5]  # and again: a failed shard is not half-cached
+
+
+def test_middle_offset_damage_reported_per_record(store_root: Path) -> None:
+    poke_int64(shard(store_root) / "x.offsets.npy", 3, 1000)  # records 2 and 3 of shard 0
+    store = ss.open(store_root)
+    np.testing.assert_array_equal(store[1]["x"], child_record(0, 1)["x"])
+    for i in (2, 3):
+        with pytest.raises(ss.CorruptionError, match="x.offsets.npy"):
+            store[i]
+        with pytest.raises(ss.CorruptionError, match="x.offsets.npy"):
+            store.get_batch([i])
+        with pytest.raises(ss.CorruptionError, match="x.offsets.npy"):
+            store.lengths()[i]
+    with pytest.raises(ss.CorruptionError):
+        np.asarray(store.lengths())
+    assert store.get_batch([0, 1, 4], pad=True)["x"][1].tolist() == [0, 1, 4]
+
+
+def test_lost_index_run_falls_back_to_shards(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, CHILD_SCHEMA, max_shard_records=1) as w:
+        for i in range(9):
+            w.append(child_record(0, i), id=f"w0-{i}")
+    store = ss.open(root)
+    (run,) = store.manifest.index_runs
+    truncate(root / f"{run.name}.rows.npy", 8)
+    assert ss.open(root).index_many([f"w0-{i}" for i in range(9)]).tolist() == list(range(9))
+    os.unlink(root / f"{run.name}.hash.npy")
+    assert ss.open(root).index("w0-8") == 8
+
+
+def test_damaged_index_run_rows_never_give_wrong_answers(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, CHILD_SCHEMA, max_shard_records=1) as w:
+        for i in range(8):
+            w.append(child_record(0, i), id=f"w0-{i}")
+    (run,) = ss.open(root).manifest.index_runs
+    rows = np.load(root / f"{run.name}.rows.npy")
+    for j in range(len(rows)):  # rotate the rows: every candidate now names another record
+        poke_int64(root / f"{run.name}.rows.npy", j, int(rows[(j + 1) % len(rows)]))
+    store = ss.open(root)
+    for i in range(8):
+        try:
+            got = store.index(f"w0-{i}")
+        except (KeyError, ss.CorruptionError):
+            continue
+        assert got == i  # the id bytes are always compared
+    for j in range(len(rows)):
+        poke_int64(root / f"{run.name}.rows.npy", j, 10**9)
+    with pytest.raises(ss.CorruptionError, match="out of range"):
+        ss.open(root).index("w0-3")
+    with pytest.raises(ss.CorruptionError, match="out of range"):
+        ss.open(root).index_many(["w0-3"])
+
+
+def test_unreadable_file_is_a_corruption_error(store_root: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    path = shard(store_root) / "x.npy"
+    path.chmod(0)
+    try:
+        with pytest.raises(ss.CorruptionError, match="x.npy"):
+            touch_everything(store_root)
+    finally:
+        path.chmod(0o644)

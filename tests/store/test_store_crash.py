@@ -1,0 +1,163 @@
+"""Durability: a writer SIGKILLed mid-write loses nothing committed; its leftovers are ignored and cleaned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from store_testlib import CHILD_SCHEMA, child_record
+
+import seqstore as ss
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    import seqstore as ss
+    from store_testlib import child_record
+
+    root, flag, committed, mode = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    w = ss.append_to(root, buffer_bytes=64, max_shard_records=7 if mode == "loop" else 1 << 20)
+    i = 0
+    if mode == "once":
+        for i in range(committed):
+            w.append(child_record(1, i), id=f"c{i}")
+        w.commit()
+        open(flag + ".committed", "w").close()
+        i = committed
+        while True:  # uncommitted from here on; small buffer -> flushed to the workspace
+            w.append(child_record(1, i), id=f"c{i}")
+            i += 1
+            if i == committed + 2000:  # past the file buffers: uncommitted bytes are on disk
+                open(flag + ".flushed", "w").close()
+                time.sleep(60)
+    else:  # "loop": append and commit forever; the parent kills us at some point
+        open(flag + ".started", "w").close()
+        while True:
+            w.append(child_record(1, i), id=f"c{i}")
+            i += 1
+            if i % 3 == 0:
+                w.commit()
+    """
+)
+
+
+def _spawn(root: Path, flag: Path, committed: int, mode: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(HERE), str(root), str(flag), str(committed), mode],
+        stderr=subprocess.PIPE,
+    )
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited early ({proc.returncode}): {proc.stderr.read().decode()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.01)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert proc.stderr is not None
+    proc.stderr.close()
+
+
+def _check_prefix(root: Path, n: int) -> None:
+    """The store holds exactly records c0..c{n-1}, intact."""
+    store = ss.open(root)
+    assert len(store) == n
+    for i in range(n):
+        rec = store[i]
+        want = child_record(1, i)
+        np.testing.assert_array_equal(rec["x"], want["x"])
+        assert int(rec["meta/k"]) == want["meta"]["k"]
+        assert store.id(i) == f"c{i}"
+    if n:
+        assert store.index_many([f"c{i}" for i in range(n)]).tolist() == list(range(n))
+        assert store.get_batch(np.arange(n))["meta/k"].tolist() == [child_record(1, i)["meta"]["k"] for i in range(n)]
+
+
+def test_sigkill_after_commit_keeps_exactly_the_committed_records(scratch: Path) -> None:
+    root = scratch / "s"
+    ss.create(root, CHILD_SCHEMA).close()
+    flag = scratch / "flag"
+    committed = 12
+    proc = _spawn(root, flag, committed, "once")
+    try:
+        _wait_for(Path(f"{flag}.flushed"), proc)
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+    assert Path(f"{flag}.committed").exists()
+    # the dead writer left a workspace with flushed, uncommitted shard files
+    workspaces = [p for p in root.iterdir() if p.name.startswith("_tmp-")]
+    assert len(workspaces) == 1
+    data = workspaces[0] / "current" / "x.npy"
+    assert data.exists() and data.stat().st_size > 128, "expected flushed uncommitted data"
+    # readers see exactly the committed records and ignore the workspace
+    _check_prefix(root, committed)
+    assert ss.open(root).num_shards == 1
+    # the next writer removes the dead writer's workspace and can append and commit
+    w = ss.append_to(root)
+    assert not workspaces[0].exists()
+    for i in range(committed, committed + 4):
+        w.append(child_record(1, i), id=f"c{i}")
+    w.commit()
+    w.close()
+    _check_prefix(root, committed + 4)
+    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3])
+def test_sigkill_at_a_random_point_leaves_a_consistent_prefix(scratch: Path, delay: float) -> None:
+    """Kill a writer that commits in a loop (possibly mid-commit): the store is some intact prefix."""
+    root = scratch / "s"
+    ss.create(root, CHILD_SCHEMA).close()
+    flag = scratch / "flag"
+    proc = _spawn(root, flag, 0, "loop")
+    try:
+        _wait_for(Path(f"{flag}.started"), proc)
+        time.sleep(delay)
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+    n = len(ss.open(root))
+    _check_prefix(root, n)
+    with ss.append_to(root) as w:  # cleans the dead writer's files, then appends
+        w.append(child_record(1, n), id=f"c{n}")
+    _check_prefix(root, n + 1)
+    leftovers = [p.name for p in root.iterdir() if p.name.startswith(("_tmp-", ".manifest.json.tmp"))]
+    assert leftovers == []
+    committed = {s.name for s in ss.open(root).manifest.shards}
+    assert {p.name for p in root.iterdir() if p.name.startswith("shard-")} == committed
+
+
+def test_live_writer_workspace_is_not_cleaned(scratch: Path) -> None:
+    """Another writer's workspace is only removed when its owner is dead (flock on owner.lock)."""
+    root = scratch / "s"
+    ss.create(root, CHILD_SCHEMA).close()
+    a = ss.append_to(root, buffer_bytes=1)
+    a.append(child_record(1, 0), id="c0")  # flushed into a's workspace
+    b = ss.append_to(root)  # cleans orphans: must keep a's live workspace
+    a.append(child_record(1, 1), id="c1")
+    a.commit()
+    b.append(child_record(1, 2), id="c2")
+    b.close()
+    a.close()
+    _check_prefix(root, 3)

@@ -1,0 +1,297 @@
+"""Reading: zero-copy read-only views, plain .npy files, lengths, ids, refresh, pickling, create rules."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from store_testlib import (
+    CHILD_SCHEMA,
+    check_files,
+    child_read,
+    child_record,
+    mmap_backed,
+    npy_files,
+)
+
+import seqstore as ss
+
+
+def _write_child_store(root: Path, n: int, *, max_shard_records: int = 4, ids: bool = True) -> None:
+    with ss.create(root, CHILD_SCHEMA, max_shard_records=max_shard_records) as w:
+        for i in range(n):
+            w.append(child_record(0, i), id=f"w0-{i}" if ids else None)
+
+
+def test_views_are_read_only_and_zero_copy(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 10)
+    store = ss.open(root)
+    for i in range(10):
+        a, b = store[i], store[i]
+        for name in ("x", "meta/k"):
+            assert a[name].flags.writeable is False
+            with pytest.raises(ValueError):
+                a[name][...] = 0
+            if a[name].size:
+                assert mmap_backed(a[name])
+                assert np.shares_memory(a[name], b[name])  # two reads: the same mapped bytes
+        assert isinstance(a["meta/k"], np.ndarray) and a["meta/k"].shape == ()
+    nested = store.nested(3)
+    assert set(nested) == {"x", "meta"} and set(nested["meta"]) == {"k"}
+    assert nested["meta"]["k"].flags.writeable is False and int(nested["meta"]["k"]) == 3
+    # a record with 0 rows is an empty read-only array of the right shape
+    empty = store[0]["x"]
+    assert empty.shape == (0, 3) and empty.dtype == np.float32 and empty.flags.writeable is False
+
+
+def test_zero_size_columns_are_read_only(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, {"x": ss.Field("float32", (None, 2)), "z": ss.Field("int8", (0,))}) as w:
+        w.append({"x": np.zeros((0, 2), np.float32), "z": np.zeros(0, np.int8)})
+    rec = ss.open(root)[0]
+    assert rec["x"].shape == (0, 2) and rec["z"].shape == (0,)
+    assert rec["x"].flags.writeable is False and rec["z"].flags.writeable is False
+
+
+def test_np_load_every_file(scratch: Path) -> None:
+    """Every .npy of a store (data, offsets, ids, hashes, merged index runs) opens with plain numpy."""
+    root = scratch / "s"
+    _write_child_store(root, 40, max_shard_records=2)  # 20 shards -> a merged run under _index/
+    store = ss.open(root)
+    assert store.manifest.index_runs, "expected merged index runs"
+    files = npy_files(root)
+    kinds = {p.name.split(".", 1)[1] if "." in p.name else p.name for p in files}
+    assert {"npy", "offsets.npy", "hash.npy", "hash_rows.npy", "rows.npy"} <= kinds
+    assert any(p.parent.name == "meta" for p in files)  # nested field "meta/k" -> meta/k.npy
+    for p in files:
+        arr = np.load(p, mmap_mode="r")
+        assert isinstance(arr, np.memmap)
+        ref = np.load(p)  # and without mmap
+        np.testing.assert_array_equal(arr, ref)
+    # and the contents match what the store returns (check_files compares every file)
+    expected = [{"x": store[i]["x"].copy(), "meta/k": store[i]["meta/k"].copy()} for i in range(len(store))]
+    for i in range(40):
+        want = child_record(0, i)
+        np.testing.assert_array_equal(expected[i]["x"], want["x"])
+    check_files(store, expected, [f"w0-{i}" for i in range(40)])
+
+
+def test_lengths_object(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 23, max_shard_records=5)
+    store = ss.open(root)
+    want = np.array([i % 5 for i in range(23)], dtype=np.int64)
+    lengths = store.lengths()  # the only ragged field
+    assert isinstance(lengths, ss.Lengths) and lengths.field == "x"
+    assert len(lengths) == 23 and lengths.shape == (23,) and lengths.dtype == np.int64
+    assert lengths[7] == 2 and lengths[-1] == want[-1] and lengths[np.int64(4)] == 4
+    np.testing.assert_array_equal(lengths[3:17:3], want[3:17:3])
+    np.testing.assert_array_equal(lengths[[22, 0, 5, 5, -2]], want[[22, 0, 5, 5, -2]])
+    np.testing.assert_array_equal(lengths.take(np.array([[1, 2], [3, 4]])), want[[[1, 2], [3, 4]]])
+    np.testing.assert_array_equal(np.asarray(lengths), want)
+    np.testing.assert_array_equal(np.asarray(lengths, dtype=np.int32), want.astype(np.int32))
+    assert list(lengths) == want.tolist()
+    chunks = list(lengths.iter_chunks(size=3))
+    assert max(len(c) for c in chunks) <= 3
+    np.testing.assert_array_equal(np.concatenate(chunks), want)
+    assert store.lengths("x")[9] == 4
+    for bad in (23, -24):
+        with pytest.raises(IndexError):
+            lengths[bad]
+    with pytest.raises(IndexError):
+        lengths[[0, 23]]
+    with pytest.raises(ValueError, match="not ragged"):
+        store.lengths("meta/k")
+    with pytest.raises(ValueError):
+        store.lengths("nope")
+    assert "Lengths" in repr(lengths)
+
+
+def test_get_batch_details(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 12, max_shard_records=5)
+    store = ss.open(root)
+    out = store.get_batch([11, 0, 4, 4, -1], fields=["x"], pad=True)
+    assert list(out) == ["x"]
+    values, lengths = out["x"]
+    assert lengths.tolist() == [1, 0, 4, 4, 1]
+    assert values.shape == (5, 4, 3) and values.flags.writeable
+    np.testing.assert_array_equal(values[2, :4], child_record(0, 4)["x"])
+    assert (values[0, 1:] == 0).all() and (values[1] == 0).all()
+    flat, lens = store.get_batch(np.array([2, 3], dtype=np.uint8))["x"]
+    np.testing.assert_array_equal(flat, np.concatenate([child_record(0, 2)["x"], child_record(0, 3)["x"]]))
+    assert store.get_batch([5, 6])["meta/k"].tolist() == [5, 6]
+    with pytest.raises(KeyError, match="nope"):
+        store.get_batch([0], fields=["nope"])
+    with pytest.raises(IndexError, match="12"):
+        store.get_batch([0, 12])
+    with pytest.raises(IndexError, match="-13"):
+        store.get_batch([-13])
+    with pytest.raises(TypeError):
+        store.get_batch([0.5])
+    with pytest.raises(TypeError):
+        store["0"]  # type: ignore[index]
+
+
+def test_ids_api(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 15, max_shard_records=4)
+    store = ss.open(root)
+    assert store.has_ids
+    assert store.id(0) == "w0-0" and store.id(-1) == "w0-14" and store.id(np.int64(7)) == "w0-7"
+    with pytest.raises(IndexError):
+        store.id(15)
+    assert store.index("w0-9") == 9
+    with pytest.raises(KeyError, match="w0-99"):
+        store.index("w0-99")
+    with pytest.raises(TypeError):
+        store.index(9)  # type: ignore[arg-type]
+    assert store.index_many(["w0-3", "w0-14", "w0-3"]).tolist() == [3, 14, 3]
+    assert store.index_many([]).tolist() == []
+    with pytest.raises(KeyError) as info:
+        store.index_many(["w0-1", "missing-one", "missing-two"])
+    assert "missing-one" in str(info.value) and "missing-two" in str(info.value)
+    got = store.index_many(["missing", "w0-2"], missing=-1)
+    assert got.dtype == np.int64 and got.tolist() == [-1, 2]
+
+
+def test_store_without_ids(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 3, ids=False)
+    store = ss.open(root)
+    assert not store.has_ids
+    with pytest.raises(KeyError):
+        store.id(0)
+    with pytest.raises(KeyError):
+        store.index("w0-0")
+    with pytest.raises(KeyError):
+        store.index_many(["w0-0"])
+    assert not any(p.name.startswith("_ids") for p in npy_files(root))
+
+
+def test_empty_store(scratch: Path) -> None:
+    root = scratch / "s"
+    ss.create(root, CHILD_SCHEMA).close()
+    store = ss.open(root)
+    assert len(store) == 0 and store.num_shards == 0 and list(store) == []
+    with pytest.raises(IndexError):
+        store[0]
+    with pytest.raises(IndexError):
+        store[-1]
+    out = store.get_batch([], pad=True)
+    assert out["x"][0].shape == (0, 0, 3) and out["x"][1].shape == (0,)
+    assert out["meta/k"].shape == (0,)
+    assert store.get_batch([])["x"][0].shape == (0, 3)
+    assert np.asarray(store.lengths()).shape == (0,)
+    assert store.index_many([]).tolist() == []
+    with pytest.raises(KeyError, match="anything"):
+        store.index("anything")
+    with pytest.raises(KeyError, match="anything"):
+        store.index_many(["anything"])
+    assert store.index_many(["anything"], missing=-3).tolist() == [-3]
+
+
+def test_refresh_sees_new_shards(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 5, max_shard_records=5)
+    store = ss.open(root)
+    old = store[4]
+    assert len(store) == 5
+    w = ss.append_to(root, max_shard_records=3)
+    for i in range(5, 12):
+        w.append(child_record(0, i), id=f"w0-{i}")
+    w.commit()
+    assert len(store) == 5  # a reader sees exactly the shards of the manifest it read
+    with pytest.raises(IndexError):
+        store[5]
+    assert store.refresh() is store
+    assert len(store) == 12 and store.num_shards == 4
+    np.testing.assert_array_equal(store[11]["x"], child_record(0, 11)["x"])
+    assert store.index("w0-10") == 10 and store.id(11) == "w0-11"
+    np.testing.assert_array_equal(old["x"], child_record(0, 4)["x"])  # earlier views stay valid
+    w.append(child_record(0, 12), id="w0-12")  # not committed: invisible even after refresh
+    store.refresh()
+    assert len(store) == 12
+    w.close()
+    assert len(store.refresh()) == 13 and ss.open(root).id(12) == "w0-12"
+
+
+def test_pickle_is_the_path(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 50, max_shard_records=8)
+    store = ss.open(root, bfloat16="float32")
+    store[3]  # map something: it must not travel
+    blob = pickle.dumps(store)
+    assert len(blob) < 400, len(blob)
+    again = pickle.loads(blob)
+    assert isinstance(again, ss.Store) and again is not store
+    assert len(again) == 50 and again.root == store.root
+    np.testing.assert_array_equal(again[49]["x"], store[49]["x"])
+    assert "Store" in repr(store) and "50" in repr(store)
+
+
+def test_store_in_spawned_process(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 30, max_shard_records=8)
+    store = ss.open(root)
+    indices = [0, 29, 17, 8, 4]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(child_read, (store, indices))
+    for i, (sid, x, k) in zip(indices, got):
+        want = child_record(0, i)
+        assert sid == f"w0-{i}" and k == i
+        assert x == want["x"].reshape(-1).tolist()
+
+
+def test_create_overwrite_and_metadata(scratch: Path) -> None:
+    root = scratch / "s"
+    meta: dict[str, Any] = {"name": "corpus \u00e9\U0001f600", "n": 3, "nested": {"a": [1, 2.5, None, True]}}
+    with ss.create(root, CHILD_SCHEMA, metadata=meta) as w:
+        w.append(child_record(0, 1))
+    store = ss.open(root)
+    assert store.metadata == meta
+    store.metadata["name"] = "changed"  # a copy: the store's metadata stays
+    assert ss.open(root).metadata == meta
+    with pytest.raises(FileExistsError):
+        ss.create(root, CHILD_SCHEMA)
+    assert len(ss.open(root)) == 1  # untouched
+    other = {"y": ss.Field("int8", ())}
+    with ss.create(root, other, overwrite=True) as w:
+        w.append({"y": 5})
+        w.append({"y": 6})
+    store = ss.open(root)
+    assert store.schema == ss.Schema(other) and len(store) == 2 and store.metadata == {}
+    assert not (root / "shard-000000" / "x.npy").exists()
+    # never clobber a directory that is not a store
+    plain = scratch / "plain"
+    plain.mkdir()
+    (plain / "precious.txt").write_text("keep me")
+    with pytest.raises(ss.SeqstoreError):
+        ss.create(plain, other, overwrite=True)
+    assert (plain / "precious.txt").read_text() == "keep me"
+    # an empty existing directory is fine with overwrite=True
+    (scratch / "empty").mkdir()
+    ss.create(scratch / "empty", other, overwrite=True).close()
+    assert len(ss.open(scratch / "empty")) == 0
+    # bad schemas never create anything
+    with pytest.raises(ss.SchemaError):
+        ss.create(scratch / "bad", {"a": ss.Field("int8"), "a/b": ss.Field("int8")})
+    assert not (scratch / "bad").exists()
+    with pytest.raises(ss.FormatError):
+        ss.open(scratch / "nothing-here")
+
+
+def test_manifest_is_small_and_plain_json(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 200, max_shard_records=100)
+    raw = json.loads((root / "manifest.json").read_text())
+    assert raw["format"] == "seqstore" and raw["version"] == 1
+    assert [s["records"] for s in raw["shards"]] == [100, 100]
+    assert len((root / "manifest.json").read_bytes()) < 4000  # O(fields x shards), not O(records)

@@ -1,0 +1,387 @@
+"""Bad input is rejected with a SchemaError naming field, record and id; nothing is left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+
+SCHEMA = {
+    "feat": ss.Field("float32", (None, 3)),
+    "label": ss.Field("int16", ()),
+    "flag": ss.Field("uint8", ()),
+    "g": {"emb": ss.Field("float32", (2,))},
+}
+
+
+def good(i: int) -> dict[str, Any]:
+    return {
+        "feat": np.full((i % 4, 3), i, dtype=np.float32),
+        "label": i,
+        "flag": i % 256,
+        "g": {"emb": np.array([i, -i], dtype=np.float32)},
+    }
+
+
+def good_batch(lo: int, hi: int, form: str = "list") -> dict[str, Any]:
+    recs = [good(i) for i in range(lo, hi)]
+    feats = [r["feat"] for r in recs]
+    return {
+        "feat": feats if form == "list" else (np.concatenate(feats), np.array([len(f) for f in feats])),
+        "label": np.array([r["label"] for r in recs], dtype=np.int64),
+        "flag": np.array([r["flag"] for r in recs]),
+        "g/emb": np.stack([r["g"]["emb"] for r in recs]),
+    }
+
+
+def with_(i: int, **changes: Any) -> dict[str, Any]:
+    rec = good(i)
+    for k, v in changes.items():
+        if k == "emb":
+            rec["g"] = {"emb": v}
+        elif v is _DROP:
+            del rec[k]
+        else:
+            rec[k] = v
+    return rec
+
+
+_DROP = object()
+
+# (case id, record maker (given the record index), the id to use, words the message must contain)
+APPEND_CASES: list[tuple[str, Callable[[int], Any], Any, list[str]]] = [
+    ("unknown field", lambda i: {**good(i), "extra": 1}, "bad-id", ["extra", "unknown"]),
+    ("unknown nested", lambda i: {**good(i), "g": {"emb": np.zeros(2), "x": 1}}, "bad-id", ["g/x"]),
+    ("missing field", lambda i: with_(i, label=_DROP), "bad-id", ["label", "missing"]),
+    ("missing nested", lambda i: {k: v for k, v in good(i).items() if k != "g"}, "bad-id", ["g/emb"]),
+    ("float to int", lambda i: with_(i, label=1.5), "bad-id", ["label", "float64", "int16"]),
+    ("float array to int", lambda i: with_(i, flag=np.array(3.0)), "bad-id", ["flag"]),
+    ("complex to float", lambda i: with_(i, feat=np.ones((2, 3), np.complex64)), "bad-id", ["feat", "complex"]),
+    ("int overflow", lambda i: with_(i, label=40000), "bad-id", ["label", "40000"]),
+    ("negative to uint", lambda i: with_(i, flag=-1), "bad-id", ["flag", "-1"]),
+    ("uint overflow", lambda i: with_(i, flag=np.array(256, np.int32)), "bad-id", ["flag", "256"]),
+    ("int64 to int16 overflow", lambda i: with_(i, label=np.int64(-(2**40))), "bad-id", ["label"]),
+    ("bool ok, float not", lambda i: with_(i, label=np.array(True)) | {"flag": np.array(2.0)}, "bad-id", ["flag"]),
+    ("wrong inner shape", lambda i: with_(i, feat=np.zeros((2, 4), np.float32)), "bad-id", ["feat", "(2, 4)"]),
+    ("ragged given 1-d", lambda i: with_(i, feat=np.zeros(3, np.float32)), "bad-id", ["feat"]),
+    ("fixed wrong shape", lambda i: with_(i, emb=np.zeros(3, np.float32)), "bad-id", ["g/emb", "(3,)"]),
+    ("scalar given array", lambda i: with_(i, label=np.array([1, 2])), "bad-id", ["label"]),
+    ("strings", lambda i: with_(i, feat=[["a", "b", "c"]]), "bad-id", ["feat"]),
+    ("jagged list", lambda i: with_(i, feat=[[1.0, 2.0, 3.0], [1.0]]), "bad-id", ["feat"]),
+    ("object", lambda i: with_(i, label=object()), "bad-id", ["label"]),
+    ("not a dict", lambda i: [1, 2, 3], "bad-id", ["dict"]),
+    ("non-str id", lambda i: good(i), 5, ["id", "5"]),
+    ("bytes id", lambda i: good(i), b"x", ["id"]),
+    ("no id in a store with ids", lambda i: good(i), None, ["ids"]),
+    ("duplicate nested name", lambda i: {**good(i), "g/emb": np.zeros(2, np.float32)}, "bad-id", ["g/emb"]),
+]
+
+
+@pytest.mark.parametrize("case", APPEND_CASES, ids=[c[0] for c in APPEND_CASES])
+def test_append_rejects(scratch: Path, case: tuple[str, Callable[[int], Any], Any, list[str]]) -> None:
+    _, make, bad_id, words = case
+    root = scratch / "s"
+    w = ss.create(root, SCHEMA, buffer_bytes=64, max_shard_records=3)
+    for i in range(4):
+        w.append(good(i), id=f"r{i}")
+    w.commit()
+    w.append(good(4), id="r4")  # buffered, not yet committed
+    with pytest.raises(ss.SchemaError) as info:
+        w.append(make(5), id=bad_id)
+    msg = str(info.value)
+    assert "record 5" in msg, msg
+    if isinstance(bad_id, str):
+        assert repr(bad_id) in msg, msg
+    for word in words:
+        assert word in msg, (word, msg)
+    # the writer is still usable and the rejected record left nothing behind
+    for i in range(5, 9):
+        w.append(good(i), id=f"r{i}")
+    w.close()
+    _check_good(root, 9)
+
+
+def _check_good(root: Path, n: int) -> None:
+    store = ss.open(root)
+    assert len(store) == n
+    for i in range(n):
+        rec, want = store[i], good(i)
+        np.testing.assert_array_equal(rec["feat"], want["feat"])
+        assert int(rec["label"]) == want["label"] and int(rec["flag"]) == want["flag"]
+        np.testing.assert_array_equal(rec["g/emb"], want["g"]["emb"])
+        if store.has_ids:
+            assert store.id(i) == f"r{i}" and store.index(f"r{i}") == i
+    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+
+
+def _bad_batch(**changes: Any) -> Callable[[int], dict[str, Any]]:
+    def make(first: int) -> dict[str, Any]:
+        cols = good_batch(first, first + 3)
+        for k, v in changes.items():
+            if v is _DROP:
+                del cols[k]
+            else:
+                cols[k] = v(first) if callable(v) else v
+        return cols
+
+    return make
+
+
+# (case id, batch maker (given the first record index), ids, words the message must contain)
+BATCH_CASES: list[tuple[str, Callable[[int], Any], Any, list[str]]] = [
+    ("columns disagree", _bad_batch(label=np.arange(4)), None, ["label", "4", "3"]),
+    ("ragged count disagrees", _bad_batch(feat=lambda f: good_batch(f, f + 2)["feat"]), None, ["label", "2", "3"]),
+    (
+        "lengths do not sum",
+        _bad_batch(feat=(np.zeros((5, 3), np.float32), np.array([1, 1, 1]))),
+        None,
+        ["feat", "sum"],
+    ),
+    ("negative lengths", _bad_batch(feat=(np.zeros((1, 3), np.float32), np.array([2, -1, 0]))), None, ["feat"]),
+    ("float lengths", _bad_batch(feat=(np.zeros((3, 3), np.float32), np.array([1.0, 1.0, 1.0]))), None, ["feat"]),
+    ("pair values wrong inner", _bad_batch(feat=(np.zeros((3, 2), np.float32), np.array([1, 1, 1]))), None, ["feat"]),
+    ("ragged as one array", _bad_batch(feat=np.zeros((3, 2, 3), np.float32)), None, ["feat"]),
+    (
+        "ragged item wrong shape",
+        _bad_batch(feat=[np.zeros((1, 3)), np.zeros((1, 4)), np.zeros((0, 3))]),
+        ["r5", "r6", "r7"],
+        ["feat", "record 6", "'r6'"],
+    ),
+    (
+        "ragged item complex",
+        _bad_batch(feat=[np.zeros((1, 3)), np.zeros((1, 3)), np.zeros((1, 3), np.complex128)]),
+        ["r5", "r6", "r7"],
+        ["feat", "record 7", "'r7'"],
+    ),
+    ("fixed column not stacked", _bad_batch(**{"g/emb": np.zeros(2, np.float32)}), None, ["g/emb"]),
+    ("fixed column wrong shape", _bad_batch(**{"g/emb": np.zeros((3, 4), np.float32)}), None, ["g/emb"]),
+    ("overflow in column", _bad_batch(label=np.array([1, 70000, 2])), None, ["label", "70000"]),
+    ("float in int column", _bad_batch(flag=np.array([1.0, 2.0, 3.0])), None, ["flag"]),
+    ("unknown column", _bad_batch(extra=np.zeros(3)), None, ["extra"]),
+    ("missing column", _bad_batch(label=_DROP), None, ["label"]),
+    ("too few ids", _bad_batch(), ["r5", "r6"], ["ids", "3"]),
+    ("too many ids", _bad_batch(), ["r5", "r6", "r7", "r8"], ["ids"]),
+    ("ids is a str", _bad_batch(), "abc", ["ids"]),
+    ("non-str id", _bad_batch(), ["r5", 6, "r7"], ["record 6", "id", "6"]),
+    ("no ids in a store with ids", _bad_batch(), None, ["ids"]),
+]
+
+
+@pytest.mark.parametrize("form", ["list", "pair"])
+@pytest.mark.parametrize("case", BATCH_CASES, ids=[c[0] for c in BATCH_CASES])
+def test_append_batch_rejects(scratch: Path, case: tuple[str, Callable[[int], Any], Any, list[str]], form: str) -> None:
+    name, make, bad_ids, words = case
+    root = scratch / "s"
+    with_ids = bad_ids is not None or name == "no ids in a store with ids"
+    w = ss.create(root, SCHEMA, buffer_bytes=64, max_shard_records=3)
+    ids = (lambda a, b: [f"r{i}" for i in range(a, b)]) if with_ids else (lambda a, b: None)
+    w.append_batch(good_batch(0, 3, form), ids=ids(0, 3))
+    w.commit()
+    w.append_batch(good_batch(3, 5, form), ids=ids(3, 5))  # buffered
+    with pytest.raises(ss.SchemaError) as info:
+        w.append_batch(make(5), ids=bad_ids)
+    msg = str(info.value)
+    assert "record 5" in msg or "record 6" in msg or "record 7" in msg, msg
+    for word in words:
+        assert word in msg, (word, msg)
+    w.append_batch(good_batch(5, 8, form), ids=ids(5, 8))
+    for i in range(8, 10):
+        w.append(good(i), id=None if not with_ids else f"r{i}")
+    w.close()
+    _check_good(root, 10)
+
+
+def test_mixing_ids_rejected(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, SCHEMA) as w:
+        w.append(good(0))
+        with pytest.raises(ss.SchemaError, match="record 1"):
+            w.append(good(1), id="x")
+        with pytest.raises(ss.SchemaError, match="record 1"):
+            w.append_batch(good_batch(1, 3), ids=["a", "b"])
+        w.append(good(1))
+    # a later writer keeps the store's kind
+    with ss.append_to(root) as w:
+        with pytest.raises(ss.SchemaError, match="record 2"):
+            w.append(good(2), id="late")
+        w.append(good(2))
+    store = ss.open(root)
+    assert len(store) == 3 and not store.has_ids
+    with pytest.raises(KeyError):
+        store.index("late")
+    with pytest.raises(KeyError):
+        store.id(0)
+
+
+def test_zero_record_batch_is_a_no_op(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, SCHEMA) as w:
+        empty = {
+            "feat": [],
+            "label": np.zeros(0, np.int16),
+            "flag": np.zeros(0, np.uint8),
+            "g/emb": np.zeros((0, 2), np.float32),
+        }
+        w.append_batch(empty)
+        w.append_batch({**empty, "feat": (np.zeros((0, 3), np.float32), np.zeros(0, np.int64))}, ids=[])
+        w.append(good(0), id="r0")
+    store = ss.open(root)
+    assert len(store) == 1 and store.id(0) == "r0"
+
+
+def test_safe_casts_accepted(scratch: Path) -> None:
+    """Widening and in-range narrowing of ints, Python scalars and lists, bool -> int are fine."""
+    schema = {
+        "u8": ss.Field("uint8", ()),
+        "i8": ss.Field("int8", (2,)),
+        "f16": ss.Field("float16", (None,)),
+        "c": ss.Field("complex64", ()),
+        "b": ss.Field("bool", ()),
+    }
+    root = scratch / "s"
+    with ss.create(root, schema) as w:
+        w.append({"u8": 255, "i8": [-128, 127], "f16": [1.5, 2.0], "c": 1.0, "b": True})
+        w.append({"u8": np.int64(7), "i8": np.array([True, False]), "f16": np.arange(3), "c": 2 + 3j, "b": np.bool_(0)})
+        w.append_batch(
+            {
+                "u8": np.array([0, 255], np.int32),
+                "i8": np.array([[1, 2], [3, 4]], np.uint64),
+                "f16": [np.array([0.5], np.float64), np.array([], np.float32)],
+                "c": np.array([1, 2], np.int8),
+                "b": [True, False],
+            }
+        )
+    store = ss.open(root)
+    assert [int(store[i]["u8"]) for i in range(4)] == [255, 7, 0, 255]
+    assert store[1]["i8"].tolist() == [1, 0] and store[3]["i8"].tolist() == [3, 4]
+    assert store[1]["f16"].dtype == np.float16 and store[1]["f16"].tolist() == [0.0, 1.0, 2.0]
+    assert complex(store[1]["c"]) == 2 + 3j and store[2]["c"].dtype == np.complex64
+    assert [bool(store[i]["b"]) for i in range(4)] == [True, False, True, False]
+    assert store.get_batch([0, 1, 2, 3])["f16"][1].tolist() == [2, 3, 1, 0]
+
+
+def test_appended_arrays_are_copied(scratch: Path) -> None:
+    """A caller may reuse its arrays after append returns (the writer buffers, it must not alias)."""
+    root = scratch / "s"
+    schema = {"x": ss.Field("float32", (None, 2)), "y": ss.Field("int64", (3,)), "z": ss.Field("int32", ())}
+    with ss.create(root, schema) as w:
+        x = np.zeros((2, 2), np.float32)
+        y = np.zeros(3, np.int64)
+        z = np.zeros((), np.int32)
+        for i in range(3):
+            x[:] = i
+            y[:] = i
+            z[...] = i
+            w.append({"x": x, "y": y, "z": z})
+        xs = np.zeros((4, 2), np.float32)
+        ys = np.zeros((2, 3), np.int64)
+        zs = np.zeros(2, np.int32)
+        for i in (3, 5):
+            xs[:] = i
+            ys[:] = i
+            zs[:] = i
+            w.append_batch({"x": (xs, np.array([2, 2])), "y": ys, "z": zs})
+            w.append_batch({"x": [xs[:2], xs[2:3]], "y": ys, "z": zs})
+        w.append_batch({"x": [xs[:1]], "y": ys[:1], "z": zs[:1]})
+        xs[:] = 99
+        ys[:] = 99
+        zs[:] = 99
+    store = ss.open(root)
+    want = [0, 1, 2, 3, 3, 3, 3, 5, 5, 5, 5, 5]
+    assert len(store) == len(want)
+    for i, v in enumerate(want):
+        rec = store[i]
+        assert (rec["x"] == v).all() and (rec["y"] == v).all() and int(rec["z"]) == v, (i, rec)
+
+
+def test_writer_state_errors(scratch: Path) -> None:
+    root = scratch / "s"
+    w = ss.create(root, SCHEMA)
+    w.append(good(0))
+    w.close()
+    with pytest.raises(ss.SeqstoreError, match="closed"):
+        w.append(good(1))
+    with pytest.raises(ss.SeqstoreError, match="closed"):
+        w.commit()
+    w.close()  # idempotent
+    assert len(ss.open(root)) == 1
+    with pytest.raises(ValueError):
+        ss.append_to(root, buffer_bytes=0)
+    with pytest.raises(ss.FormatError):
+        ss.append_to(scratch / "nowhere")
+
+
+def test_exception_in_with_block_discards_uncommitted(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, SCHEMA) as w:
+        w.append(good(0))
+    with pytest.raises(RuntimeError), ss.append_to(root, buffer_bytes=1) as w:
+        w.append(good(1))
+        w.commit()
+        w.append(good(2))  # flushed to the workspace, never committed
+        raise RuntimeError("boom")
+    store = ss.open(root)
+    assert len(store) == 2
+    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    w2 = ss.append_to(root)
+    w2.append(good(2))
+    w2.abort()
+    assert len(ss.open(root)) == 2
+
+
+def test_schema_too_many_dims_rejected_at_create(scratch: Path) -> None:
+    with pytest.raises(ss.SchemaError, match="'x'"):
+        ss.create(scratch / "s", {"x": ss.Field("complex128", (None, *([1] * 40)))})
+    assert not (scratch / "s").exists()
+
+
+def test_concurrent_writers_of_the_other_id_kind(scratch: Path) -> None:
+    """Two writers open an empty store; the first commit fixes the id kind; the loser stays usable."""
+    root = scratch / "s"
+    ss.create(root, SCHEMA).close()
+    a = ss.append_to(root)
+    b = ss.append_to(root)
+    a.append(good(0), id="r0")
+    a.commit()
+    b.append(good(1))
+    with pytest.raises(ss.SchemaError, match="ids"):
+        b.commit()
+    with pytest.raises(ss.SchemaError, match="ids"):
+        b.append(good(1))
+    b.append(good(1), id="r1")
+    b.close()
+    a.close()
+    _check_good(root, 2)
+
+
+def test_odd_but_valid_ids(scratch: Path) -> None:
+    root = scratch / "s"
+    odd = ["", "\ud800", "\U0001f600", "a\x00b", "x" * 1000, " ", "\u00e9", "e\u0301"]
+    with ss.create(root, SCHEMA, max_shard_records=3) as w:
+        for i, s in enumerate(odd):
+            w.append(good(i), id=s)
+    store = ss.open(root)
+    assert [store.id(i) for i in range(len(odd))] == odd
+    assert [store.index(s) for s in odd] == list(range(len(odd)))
+    assert store.index_many(odd[::-1]).tolist() == list(range(len(odd)))[::-1]
+    with pytest.raises(KeyError):
+        store.index("\u00e9 ")  # no normalisation or trimming: ids are exact strings
+
+
+def test_ids_as_array_or_tuple(scratch: Path) -> None:
+    root = scratch / "s"
+    with ss.create(root, SCHEMA) as w:
+        w.append_batch(good_batch(0, 3), ids=np.array(["r0", "r1", "r2"]))
+        w.append_batch(good_batch(3, 5), ids=("r3", "r4"))
+        with pytest.raises(ss.SchemaError, match="record 6"):
+            w.append_batch(good_batch(5, 8), ids=np.array(["r5", 6, "r7"], dtype=object))
+        with pytest.raises(ss.SchemaError, match="ids"):
+            w.append_batch(good_batch(5, 6), ids=iter(["r5"]))  # type: ignore[arg-type]
+    store = ss.open(root)
+    assert [store.id(i) for i in range(5)] == ["r0", "r1", "r2", "r3", "r4"]
+    assert isinstance(store.id(0), str) and store.index("r2") == 2

@@ -1,0 +1,178 @@
+"""Schemas: Field validation, dtype normalisation, nesting, JSON round trips, value conversion."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqstore as ss
+from seqstore.schema import to_storage_array
+
+NUMERIC = [
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", "bool",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+def test_every_numeric_dtype(dtype: str) -> None:
+    f = ss.Field(dtype, (None, 2))
+    assert f.storage_dtype == np.dtype(dtype)
+    assert f.ragged and f.inner_shape == (2,)
+    assert f.row_bytes == 2 * np.dtype(dtype).itemsize
+    assert ss.Field(np.dtype(dtype)) == ss.Field(dtype) == ss.Field(getattr(np, dtype))
+    assert ss.Field.from_json(f.to_json()) == f
+
+
+def test_dtype_normalisation() -> None:
+    assert ss.Field(">i4").dtype == "<i4" == ss.Field("int32").dtype
+    assert ss.Field(">f8").storage_dtype == np.dtype("<f8")
+    assert ss.Field("bf16").dtype == ss.Field("BFloat16").dtype == "bfloat16"
+    assert ss.Field("bfloat16").storage_dtype == np.dtype("<u2")
+    assert ss.Field(int).storage_dtype == np.dtype(int)
+    assert ss.Field(bool).storage_dtype == np.dtype(bool)
+
+
+@pytest.mark.parametrize("dtype", ["U4", "S3", "O", "datetime64[s]", "timedelta64", "V8", [("a", "i4")], "nope"])
+def test_unsupported_dtypes(dtype: object) -> None:
+    with pytest.raises(ss.SchemaError, match="dtype"):
+        ss.Field(dtype)
+
+
+def test_shapes() -> None:
+    assert ss.Field("int8").shape == () and not ss.Field("int8").ragged
+    assert ss.Field("int8", 3).shape == (3,)
+    assert ss.Field("int8", None).shape == (None,) and ss.Field("int8", None).inner_shape == ()
+    assert ss.Field("int8", [None, 4, 5]).shape == (None, 4, 5)
+    assert ss.Field("int8", (np.int64(2), 0)).shape == (2, 0)
+    assert ss.Field("float32", (64, 64)).row_bytes == 64 * 64 * 4
+    for bad in [(3, None), (-1,), (1.5,), ("a",), (True,), "ab", (None, None)]:
+        with pytest.raises(ss.SchemaError):
+            ss.Field("int8", bad)
+
+
+def test_schema_nesting_and_names() -> None:
+    s = ss.Schema({"a": ss.Field("int8"), "layer1": {"grad": ss.Field("float32", (4,)), "x": {"y": ss.Field("bool")}}})
+    assert list(s) == ["a", "layer1/grad", "layer1/x/y"]
+    assert s == ss.Schema({"a": ss.Field("int8"), "layer1/grad": ss.Field("f4", 4), "layer1/x/y": ss.Field(bool)})
+    assert hash(s) == hash(ss.Schema(s))
+    assert s.nest({"a": 1, "layer1/x/y": 2}) == {"a": 1, "layer1": {"x": {"y": 2}}}
+    assert ss.Schema.from_json(s.to_json()) == s
+    assert "layer1/grad" in repr(s)
+    with pytest.raises(KeyError, match="nope"):
+        s["nope"]
+
+
+@pytest.mark.parametrize(
+    "spec, word",
+    [
+        ({"a": {"b": ss.Field("int8")}, "a/b": ss.Field("int8")}, "a/b"),  # duplicate field name
+        ({"a": ss.Field("int8"), "a/b": ss.Field("int8")}, "'a'"),  # field and group at once
+        ({"": ss.Field("int8")}, "name"),
+        ({"_ids": ss.Field("int8")}, "_ids"),
+        ({"x.offsets": ss.Field("int8")}, "x.offsets"),
+        ({"x.npy": ss.Field("int8")}, "x.npy"),
+        ({"a//b": ss.Field("int8")}, "a//b"),
+        ({"a/": ss.Field("int8")}, "a/"),
+        ({"../up": ss.Field("int8")}, "../up"),
+        ({"sp ace": ss.Field("int8")}, "sp ace"),
+        ({1: ss.Field("int8")}, "1"),
+        ({"a": "int8"}, "'a'"),
+        ({}, "non-empty"),
+    ],
+)
+def test_bad_schemas(spec: dict, word: str) -> None:
+    with pytest.raises(ss.SchemaError) as info:
+        ss.Schema(spec)
+    assert word in str(info.value)
+
+
+def test_schema_from_bad_json() -> None:
+    for bad in [None, [], {}, {"a": {"dtype": "int8"}}, {"a": 5}, {"a": {"dtype": "U2", "shape": []}}]:
+        with pytest.raises(ss.SchemaError):
+            ss.Schema.from_json(bad)
+
+
+# ------------------------------------------------------------------------------- value conversion
+
+
+def test_conversion_copies_only_when_needed() -> None:
+    f = ss.Field("float32", (None, 2))
+    a = np.zeros((3, 2), np.float32)
+    assert to_storage_array(f, a, what="r") is a
+    b = to_storage_array(f, np.zeros((3, 2), np.float64), what="r")
+    assert b.dtype == np.float32
+    c = to_storage_array(f, np.zeros((2, 3), np.float32).T, what="r")
+    assert c.flags.c_contiguous
+    assert to_storage_array(ss.Field(">i2"), np.array(3, ">i2"), what="r").dtype == np.dtype("<i2")
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        ("int8", 1.0), ("int8", np.float16(1)), ("int64", np.array([1.5])), ("uint8", np.complex64(1)),
+        ("float32", 1j), ("float64", np.array([1 + 0j])), ("bool", 1), ("bool", np.array([0.0])),
+        ("int8", 128), ("int8", -129), ("uint16", -1), ("uint8", np.array([0, 256])),
+        ("int64", np.array([2**63], dtype=np.uint64)), ("uint64", np.array([-1], dtype=np.int8)),
+        ("int32", "3"), ("float32", [1, "a"]), ("float32", [[1.0], [1.0, 2.0]]), ("float32", None),
+        ("bfloat16", 1j), ("bfloat16", "x"),
+    ],
+)  # fmt: skip
+def test_unsafe_values_rejected(dtype: str, value: object) -> None:
+    with pytest.raises(ss.SchemaError) as info:
+        to_storage_array(ss.Field(dtype, (None,)), value, what="record 7 (id 'q'), field 'f'")
+    assert "record 7 (id 'q'), field 'f'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        ("int8", 127), ("int8", np.array([-128, 127], np.int64)), ("uint8", 255), ("uint8", np.int64(0)),
+        ("uint64", np.array([2**64 - 1], np.uint64)), ("int64", np.array([2**63 - 1], np.uint64)),
+        ("int16", np.uint8(200)), ("int8", True), ("float16", 3), ("float32", np.float64(1e30)),
+        ("complex64", 1.5), ("complex128", np.int32(3)), ("float64", np.array([], dtype=np.int8)),
+        ("bfloat16", 1.5), ("bfloat16", np.int32(7)), ("bfloat16", True),
+    ],
+)  # fmt: skip
+def test_safe_values_accepted(dtype: str, value: object) -> None:
+    f = ss.Field(dtype)
+    out = to_storage_array(f, value, what="r")
+    assert out.dtype == f.storage_dtype
+    if dtype != "bfloat16" and np.asarray(value).dtype.kind in "biu" and f.storage_dtype.kind in "iu":
+        assert np.array_equal(out, np.asarray(value).astype(object).astype(out.dtype))
+
+
+@given(st.integers(-(2**70), 2**70), st.sampled_from(["int8", "int16", "int32", "int64", "uint8", "uint32", "uint64"]))
+@settings(max_examples=50, deadline=None)
+def test_integer_range_checks(value: int, dtype: str) -> None:
+    info = np.iinfo(dtype)
+    src = np.array([value], dtype=np.int64 if -(2**63) <= value < 2**63 else object)
+    if src.dtype == object:
+        with pytest.raises(ss.SchemaError):
+            to_storage_array(ss.Field(dtype, (None,)), src, what="r")
+        return
+    if info.min <= value <= info.max:
+        assert to_storage_array(ss.Field(dtype, (None,)), src, what="r").tolist() == [value]
+    else:
+        with pytest.raises(ss.SchemaError, match=str(value)):
+            to_storage_array(ss.Field(dtype, (None,)), src, what="r")
+
+
+def test_bfloat16_values() -> None:
+    f = ss.Field("bfloat16", (None,))
+    bits = to_storage_array(f, np.array([1.0, -2.0], np.float32), what="r")
+    assert bits.dtype == np.uint16 and bits.tolist() == [0x3F80, 0xC000]
+    # widening back and converting again is the identity
+    again = to_storage_array(f, ss.bfloat16_to_float32(bits), what="r")
+    assert again.tolist() == bits.tolist()
+    scalar = ss.float32_to_bfloat16(np.float32(np.nan))
+    assert isinstance(scalar, np.ndarray) and scalar.shape == () and int(scalar) == 0x7FC0
+    assert ss.bfloat16_to_float32(np.uint16(0x4000)).item() == 2.0
+    try:
+        import ml_dtypes
+    except ImportError:
+        return
+    ml = np.array([1.5, -3.0], dtype=ml_dtypes.bfloat16)
+    assert to_storage_array(f, ml, what="r").tolist() == ml.view(np.uint16).tolist()
