@@ -30,7 +30,7 @@ def _human_bytes(n: float) -> str:
 
 
 def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
-    """Min/mean/max and a 10-bin text histogram of one ragged field's lengths (two passes over offsets)."""
+    """Min/mean/max and an integer-binned text histogram (at most 10 bins) of one ragged field's lengths (two passes over offsets)."""
     lengths = store.lengths(field)
     n = len(lengths)
     if n == 0:
@@ -40,17 +40,18 @@ def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
     for chunk in lengths.iter_chunks():
         lo, hi, total = min(lo, int(chunk.min())), max(hi, int(chunk.max())), total + int(chunk.sum())
         bar.update(len(chunk))
-    edges = np.linspace(lo, hi + 1, 11)
-    counts = np.zeros(10, dtype=np.int64)
+    width = -(-(hi + 1 - lo) // 10)  # integer bins, at most 10 of them
+    edges = np.arange(lo, hi + 1 + width, width)[: -(-(hi + 1 - lo) // width) + 1]
+    counts = np.zeros(len(edges) - 1, dtype=np.int64)
     for chunk in lengths.iter_chunks():
         counts += np.histogram(chunk, bins=edges)[0]
         bar.update(len(chunk))
     bar.close()
     lines = [f"    rows per record: min {lo}, mean {total / n:.1f}, max {hi}; total {total}"]
     top = int(counts.max())
-    for k in range(10):
-        width = int(round(40 * counts[k] / top)) if top else 0
-        lines.append(f"    [{edges[k]:>9.0f}, {edges[k + 1]:>9.0f}) {'#' * width:<40} {counts[k]}")
+    for k in range(len(counts)):
+        bar_len = int(round(40 * counts[k] / top)) if top else 0
+        lines.append(f"    [{edges[k]:>9d}, {edges[k + 1]:>9d}) {'#' * bar_len:<40} {counts[k]}")
     return lines
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .format.manifest import Manifest
+from .order import seq_order
 from .schema import Field
 from .store import create, open_store
 from .store.verify import total_bytes
@@ -130,6 +131,7 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
     print("memory growth since open (after reading every record once)")
     _line("private (anonymous) RSS", f"{(rss2[0] - rss0[0]) / 2**20:.1f} MiB")
     _line("mapped store pages (shared page cache)", f"{(rss2[1] - rss0[1]) / 2**20:.1f} MiB")
+    _sub_epochs(store, Path(out), seed)
     print(f"done; the corpus stays in {root} (seqstore info {root})")
 
 
@@ -146,3 +148,37 @@ def _epoch(store: Any) -> None:
     s = time.perf_counter() - t0
     print("one epoch, storage order, get_batch(1024)")
     _line("throughput", f"{n / s:,.0f} seq/s, {nbytes / s / 1e6:,.0f} MB/s")
+
+
+PARTITION_EPOCH = 10
+
+
+def _sub_epochs(store: Any, out: Path, seed: int) -> None:
+    """Read sub-epoch 1 of ``partition_epoch=10`` in ``random`` and ``laplace:.1000`` order."""
+    lengths_path = out / "features.lengths.npy"
+    t0 = time.perf_counter()
+    store.lengths("features").save(lengths_path)
+    print(f"epoch orders (partition_epoch={PARTITION_EPOCH}, sub-epoch 1)")
+    _line("lengths cache (once per store)", f"{(time.perf_counter() - t0) * 1e3:.0f} ms -> {lengths_path.name}")
+    for ordering in ("random", "laplace:.1000"):
+        gc.collect()
+        before = rss_bytes()
+        t0 = time.perf_counter()
+        order = seq_order(
+            len(store), ordering, epoch=1, seed=seed, lengths=lengths_path, partition_epoch=PARTITION_EPOCH
+        )
+        first = order[0]
+        build_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        frames = 0
+        for chunk in order.iter_chunks(1024):
+            batch = store.get_batch(chunk, fields=["features"])
+            frames += len(batch["features"][0])
+        read_s = time.perf_counter() - t0
+        after = rss_bytes()
+        _line(f"{ordering}: order + first index", f"{build_ms:.2f} ms (first index {first})")
+        _line(
+            f"{ordering}: read {len(order):,} seqs",
+            f"{read_s:.2f} s, {len(order) / read_s:,.0f} seq/s, {frames / read_s / 1e6:.1f} M frames/s",
+        )
+        _line(f"{ordering}: private RSS growth", f"{(after[0] - before[0]) / 2**20:.1f} MiB")

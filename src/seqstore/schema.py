@@ -251,6 +251,8 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
     """Convert one record's (or one stacked batch's) value to the field's storage dtype.
 
     Accepts numpy arrays, torch tensors (any device, bfloat16 included), Python scalars and lists.
+    For a bfloat16 field, uint16 values are bfloat16 bits (as read back with ``bfloat16="bits"``);
+    other numbers are rounded to bfloat16.
     Casts only within a kind or to a wider kind (``same_kind``); integer narrowing is range-checked.
     Raises :class:`SchemaError` naming ``what`` (field, record, id) otherwise. Never copies when the
     value already has the storage dtype and is contiguous.
@@ -262,7 +264,8 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
             raise SchemaError(f"{what}: cannot convert {type(value).__name__} to an array ({exc})") from exc
     if field.dtype == BFLOAT16:
-        if isinstance(arr, _BF16Bits) or arr.dtype.name == BFLOAT16:
+        if isinstance(arr, _BF16Bits) or arr.dtype.name == BFLOAT16 or arr.dtype == np.uint16:
+            # uint16 is taken as bfloat16 bits: what a store opened with bfloat16="bits" returns
             return np.asarray(arr.view(np.uint16), order="C")
         if arr.dtype.kind in "fiub":
             return float32_to_bfloat16(arr)

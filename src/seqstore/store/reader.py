@@ -231,6 +231,28 @@ class Lengths:
         for chunk in self.iter_chunks():
             yield from chunk.tolist()
 
+    def save(self, path: str | os.PathLike[str], dtype: Any = None) -> Path:
+        """Write the lengths to a ``.npy`` file (two chunked passes; O(chunk) memory) and return its path.
+
+        ``dtype`` defaults to the smallest unsigned integer type that holds the longest record. The file
+        is written under a temporary name and renamed, so a reader never sees a partial file. Map it with
+        ``np.load(path, mmap_mode="r")`` or pass the path as ``lengths`` to :func:`seqstore.seq_order`.
+        """
+        target = Path(path)
+        if dtype is None:
+            longest = max((int(c.max()) for c in self.iter_chunks() if c.size), default=0)
+            dtype = next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if longest <= np.iinfo(t).max)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(len(self),))
+        pos = 0
+        for chunk in self.iter_chunks():
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        out.flush()
+        del out
+        os.replace(tmp, target)
+        return target
+
     def __repr__(self) -> str:
         return f"Lengths({self._store.root}, field={self.field!r}, n={len(self)})"
 

@@ -1,0 +1,79 @@
+"""The `seqstore` command: info, verify (clean and damaged), demo at a small size."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.cli import main
+
+
+@pytest.fixture()
+def small_store(tmp_path: Path) -> Path:
+    path = tmp_path / "s.seqstore"
+    schema = {"x": ss.Field("float32", (None, 3)), "y": ss.Field("int16")}
+    with ss.create(path, schema, max_shard_records=40) as w:
+        for i in range(100):
+            w.append({"x": np.full((i % 9, 3), i), "y": i}, id=f"r{i}")
+    return path
+
+
+def test_info_prints_schema_counts_and_histogram(small_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(small_store), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "records   100" in out
+    assert "shards    3" in out
+    assert "ragged" in out and "fixed" in out
+    assert "rows per record: min 0, mean 4.0, max 8; total 396" in out
+    hist = [line for line in out.splitlines() if line.strip().startswith("[")]
+    assert len(hist) == 9  # one bin per length 0..8
+    assert [int(line.split()[-1]) for line in hist] == [12] + [11] * 8
+
+
+def test_verify_ok_and_damaged(small_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(small_store), "-q"]) == 0
+    assert "OK" in capsys.readouterr().out
+    data = small_store / "shard-000001" / "x.npy"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF  # flip one data bit: same size, so only the checksum can tell
+    data.write_bytes(bytes(raw))
+    assert main(["verify", str(small_store), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "x.npy" in err and "CRC-32" in err
+
+
+def test_verify_reports_decreasing_offsets(small_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    off_path = small_store / "shard-000000" / "x.offsets.npy"
+    off = np.load(off_path).copy()
+    off[5], off[6] = off[6], off[5] - 1 if off[5] > 0 else 0
+    header = off_path.read_bytes()[:128]
+    off_path.write_bytes(header + off.tobytes())
+    assert main(["verify", str(small_store), "-q"]) == 1
+    assert "x.offsets.npy" in capsys.readouterr().err
+
+
+def test_info_on_a_non_store_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(tmp_path)]) == 2
+    assert "not a seqstore store" in capsys.readouterr().err
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "seqstore.cli", "demo", "--records", "3000", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("write throughput", "open + first record", "store[i]", "one epoch", "laplace:.1000: read"):
+        assert needle in proc.stdout
+    store = ss.open(tmp_path / "corpus.seqstore")
+    assert len(store) == 3000
+    lengths = np.load(tmp_path / "features.lengths.npy")
+    assert lengths.tolist() == np.asarray(store.lengths("features")).tolist()
+    assert 10 <= lengths.min() and lengths.max() <= 200
