@@ -30,7 +30,10 @@ def _human_bytes(n: float) -> str:
 
 
 def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
-    """Min/mean/max and an integer-binned text histogram (at most 10 bins) of one ragged field's lengths (two passes over offsets)."""
+    """Min/mean/max and an integer-binned text histogram (at most 10 bins) of a ragged field's lengths.
+
+    Two passes over the offsets; O(chunk) memory.
+    """
     lengths = store.lengths(field)
     n = len(lengths)
     if n == 0:
@@ -68,7 +71,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("fields")
     width = max(len(n) for n in store.schema)
     for name, f in store.schema.items():
-        shape = "(" + ", ".join("*" if s is None else str(s) for s in f.shape) + ("," if len(f.shape) == 1 else "") + ")"
+        dims = ", ".join("*" if s is None else str(s) for s in f.shape)
+        shape = f"({dims}{',' if len(f.shape) == 1 else ''})"
         print(f"  {name:<{width}}  {f.dtype:<9} {shape:<16} {'ragged' if f.ragged else 'fixed'}")
     for name, f in store.schema.items():
         if f.ragged and not args.no_lengths:

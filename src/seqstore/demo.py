@@ -89,7 +89,8 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
         nbytes = total_bytes(Manifest.load(root))
         print("write")
         _line("bytes on disk", f"{nbytes / 1e9:.2f} GB")
-        _line("write throughput (excl. generation)", f"{nbytes / write_s / 1e6:,.0f} MB/s, {records / write_s:,.0f} seq/s")
+        rate = f"{nbytes / write_s / 1e6:,.0f} MB/s, {records / write_s:,.0f} seq/s"
+        _line("write throughput (excl. generation)", rate)
     else:
         print("write: reusing the existing corpus (--keep)")
 
