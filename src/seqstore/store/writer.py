@@ -57,6 +57,13 @@ def store_lock(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """(B+1,) first row of each record of a ragged batch column, plus the total."""
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return starts
+
+
 def _shard_number(name: str) -> int:
     try:
         return int(name.rsplit("-", 1)[1])
@@ -360,21 +367,29 @@ class Writer:
             return
         self._check_ids(ids is not None, first)
         self._has_ids = ids is not None
-        for (name, f), (values, lengths) in zip(self._fields, prepared):
-            self._buf[name].append(values)
-            if f.ragged:
-                assert lengths is not None
-                self._buf_lengths[name].append(lengths)
-        if ids is not None:
-            self._buf_ids.extend(ids)
-        self._buf_records += batch
-        self._buf_bytes += nbytes
-        if self._buf_full():
-            self._flush()
-        else:  # the batch stays buffered: it must not share memory the caller may overwrite
-            for name, _ in self._fields:
-                parts = self._buf[name]
-                parts[-1] = _owned(parts[-1], caller)
+        row_starts = [None if lengths is None else _row_starts(lengths) for _, lengths in prepared]
+        start = 0
+        while start < batch:  # pieces never overflow a shard's record limit
+            room = self.max_shard_records - self._pending_records()
+            stop = min(batch, start + max(room, 1))
+            for (name, _f), (values, lengths), rows in zip(self._fields, prepared, row_starts):
+                if rows is None:
+                    self._buf[name].append(values[start:stop])
+                else:
+                    assert lengths is not None
+                    self._buf[name].append(values[rows[start] : rows[stop]])
+                    self._buf_lengths[name].append(lengths[start:stop])
+            if ids is not None:
+                self._buf_ids.extend(ids[start:stop])
+            self._buf_records += stop - start
+            self._buf_bytes += nbytes * (stop - start) // batch
+            if self._buf_full():
+                self._flush()
+            else:  # the piece stays buffered: it must not share memory the caller may overwrite
+                for name, _ in self._fields:
+                    parts = self._buf[name]
+                    parts[-1] = _owned(parts[-1], caller)
+            start = stop
 
     def _buf_full(self) -> bool:
         """Flush when the buffer is full or the shard it goes into would be."""
