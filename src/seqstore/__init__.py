@@ -4,6 +4,20 @@ A process's memory does not grow with the number of examples: stores open in con
 are memory-mapped; epoch orders are computed on demand.
 """
 
+from .data import (
+    CombinedDataset,
+    ConcatDataset,
+    Dataset,
+    FilteredDataset,
+    LengthsDataset,
+    MetaDataset,
+    SliceDataset,
+    StoreDataset,
+    batch_indices,
+    bucket_batches,
+    sample_with_replacement,
+    shuffle_buffer,
+)
 from .errors import CorruptionError, FormatError, LockError, SchemaError, SeqstoreError
 from .order import Order, seq_order, sort_index
 from .schema import Field, Schema, bfloat16_to_float32, float32_to_bfloat16
@@ -13,6 +27,18 @@ from .store import open_store as open  # noqa: A001 - the public name is seqstor
 __version__ = "0.1.0"
 
 __all__ = [
+    "CombinedDataset",
+    "ConcatDataset",
+    "Dataset",
+    "FilteredDataset",
+    "LengthsDataset",
+    "MetaDataset",
+    "SliceDataset",
+    "StoreDataset",
+    "batch_indices",
+    "bucket_batches",
+    "sample_with_replacement",
+    "shuffle_buffer",
     "CorruptionError",
     "Field",
     "FormatError",

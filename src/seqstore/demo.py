@@ -16,35 +16,17 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from ._sysinfo import rss_bytes
+from .data.demo import run_combined_demo
 from .format.manifest import Manifest
 from .order import seq_order
 from .schema import Field
 from .store import create, open_store
 from .store.verify import total_bytes
 
-__all__ = ["run_demo", "rss_bytes", "generate_batch"]
+__all__ = ["run_demo", "generate_batch"]
 
 BATCH = 10_000
-
-
-def rss_bytes() -> tuple[int, int]:
-    """(private, file-backed) resident bytes of this process (Linux /proc; zeros where unavailable).
-
-    File-backed pages are the mapped store: shared through the page cache by every process that maps
-    the same files, and dropped by the kernel under memory pressure. Private (anonymous) pages are
-    what this process really owns.
-    """
-    anon = file = 0
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    anon = int(line.split()[1]) * 1024
-                elif line.startswith("RssFile:") or line.startswith("RssShmem:"):
-                    file += int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return anon, file
 
 
 def generate_batch(rng: np.random.Generator, first: int, count: int, dim: int) -> tuple[dict[str, Any], list[str]]:
@@ -133,6 +115,8 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
     _line("private (anonymous) RSS", f"{(rss2[0] - rss0[0]) / 2**20:.1f} MiB")
     _line("mapped store pages (shared page cache)", f"{(rss2[1] - rss0[1]) / 2**20:.1f} MiB")
     _sub_epochs(store, Path(out), seed)
+    print("combined dataset: the corpus as three parts sampled per epoch (weights 0.5/0.3/0.2), laplace:.1000")
+    run_combined_demo(root, epochs=2, seed=seed, length_field="features")
     print(f"done; the corpus stays in {root} (seqstore info {root})")
 
 

@@ -40,15 +40,27 @@ class ArrayRef:
     """A read-only 1-D integer (or float) array that pickles by file reference when memory-mapped.
 
     ``array`` may be any 1-D array-like: np.ndarray, np.memmap (or a contiguous slice of one), a
-    ``.npy`` path (opened with ``mmap_mode="r"``) or a list (converted, O(N) memory).
+    ``.npy`` path (opened with ``mmap_mode="r"``), a list (converted, O(N) memory), or a lazy object
+    with ``len``, ``dtype`` and a vectorised ``take(int_array)`` (kept as it is; pickled as itself).
     """
 
-    __slots__ = ("array", "_file")
+    __slots__ = ("_array", "_lazy", "_file")
 
-    array: np.ndarray
+    _array: np.ndarray | None
+    _lazy: Any
     _file: tuple[str, int] | None
 
     def __init__(self, array: Any, what: str = "array") -> None:
+        self._lazy = None
+        if _is_lazy(array):
+            # A lazy lengths object (e.g. ``Store.lengths(field)``): gathered with ``take``, never
+            # materialised unless an ordering needs the whole array (``.array``).
+            if array.dtype.kind not in "iuf":
+                raise ValueError(f"{what} must have an integer or float dtype, got {array.dtype}")
+            self._lazy = array
+            self._array = None
+            self._file = None
+            return
         if isinstance(array, (str, os.PathLike)):
             try:
                 arr = np.load(os.fspath(array), mmap_mode="r", allow_pickle=False)
@@ -60,8 +72,26 @@ class ArrayRef:
             raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
         if arr.dtype.kind not in "iuf" and not (arr.size == 0 and arr.dtype.kind in "iufb"):
             raise ValueError(f"{what} must have an integer or float dtype, got {arr.dtype}")
-        self.array = arr
+        self._array = arr
         self._file = _mapped_file(arr)
+
+    @property
+    def array(self) -> np.ndarray:
+        """The values as one NumPy array. For a lazy object this materialises it once (O(N) memory):
+        only orderings that need a global sort ask for it; ``laplace`` uses :meth:`gather`."""
+        if self._array is None:
+            self._array = np.asarray(self._lazy)
+        return self._array
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._lazy.dtype if self._lazy is not None else self._array.dtype  # type: ignore[union-attr]
+
+    def gather(self, indices: np.ndarray) -> np.ndarray:
+        """Values at ``indices`` (int array) without materialising a lazy object. O(len(indices))."""
+        if self._lazy is not None and self._array is None:
+            return np.asarray(self._lazy.take(indices))
+        return np.asarray(self.array[indices])
 
     @property
     def file(self) -> str | None:
@@ -69,17 +99,28 @@ class ArrayRef:
         return None if self._file is None else self._file[0]
 
     def __len__(self) -> int:
-        return int(self.array.shape[0])
+        return len(self._lazy) if self._lazy is not None else int(self.array.shape[0])
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self._lazy is not None:
+            return (ArrayRef, (self._lazy,))
         if self._file is not None:
             path, offset = self._file
             return (_reopen, (path, offset, self.array.dtype.str, len(self)))
         return (ArrayRef, (self.array,))
 
     def __repr__(self) -> str:
+        if self._lazy is not None:
+            return f"ArrayRef(lazy {self._lazy!r})"
         where = f"file={self._file[0]!r}" if self._file is not None else "in memory"
         return f"ArrayRef({self.array.dtype}[{len(self)}], {where})"
+
+
+def _is_lazy(obj: Any) -> bool:
+    """True for array-likes that gather with ``take`` and are not NumPy arrays, lists or paths."""
+    if isinstance(obj, (np.ndarray, list, tuple, range, str, os.PathLike)):
+        return False
+    return all(hasattr(obj, a) for a in ("take", "__len__", "dtype"))
 
 
 def _reopen(path: str, offset: int, dtype: str, length: int) -> ArrayRef:

@@ -58,7 +58,7 @@ class BinnedOrder(Order):
         self._n = _check_num_seqs(num_seqs)
         self.bins = _check_bins(bins)
         self.lengths = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
-        lengths_kind(self.lengths.array)
+        lengths_kind(np.empty(0, dtype=self.lengths.dtype))
         if len(self.lengths) != self._n:
             raise ValueError(f"lengths has {len(self.lengths)} entries, expected num_seqs = {self._n}")
         self._cache: OrderedDict[int, IntArray] = OrderedDict()
@@ -165,8 +165,8 @@ class LaplaceOrder(BinnedOrder):
         flat = np.empty(total, dtype=np.int64)
         p = self.perm
         K.perm_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), p._a, p._b, p._keys, flat)
-        lengths = self.lengths.array
-        vals = np.asarray(lengths[flat], dtype=np.float64 if lengths.dtype.kind == "f" else np.int64)
+        kind = self.lengths.dtype.kind
+        vals = np.asarray(self.lengths.gather(flat), dtype=np.float64 if kind == "f" else np.int64)
         K.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
         return flat
 

@@ -257,7 +257,7 @@ class SortedOrder(Order):
 
     def __init__(self, lengths: Any, descending: bool = False, cache: PathLike | None = None) -> None:
         self.lengths = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
-        lengths_kind(self.lengths.array)
+        lengths_kind(np.empty(0, dtype=self.lengths.dtype))
         self._n = len(self.lengths)
         self.descending = bool(descending)
         self.cache = cache

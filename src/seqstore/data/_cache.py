@@ -1,0 +1,122 @@
+"""On-disk caches of derived O(N) arrays (id-join row maps, kept rows of a length filter, lengths).
+
+Everything a dataset derives in O(N) is computed once, written as a standard ``.npy`` file and
+memory-mapped afterwards, so every process (ranks x DataLoader workers) shares it through the page
+cache. This module owns where those files live, how they are named (a content fingerprint, so a
+changed store never reuses a stale file) and how they are written (temporary file + fsync + atomic
+rename: concurrent processes computing the same file race harmlessly, the last rename wins with
+identical content).
+
+Default location: a sibling directory ``<store>.cache/`` next to a store (``corpus.seqstore`` ->
+``corpus.seqstore.cache/``), never inside the store itself, so the store's committed layout stays
+exactly what its manifest lists. Any dataset takes ``cache_dir=`` to put it elsewhere (read-only
+data directories).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import SeqstoreError
+
+__all__ = [
+    "CacheError", "default_cache_dir", "fingerprint", "store_fingerprint", "cached_array", "write_npy", "load_npy",
+]
+
+_VERSION = "seqstore.data.cache/v1"
+
+
+class CacheError(SeqstoreError):
+    """A cache directory cannot be created or written."""
+
+
+def default_cache_dir(store_root: str | os.PathLike[str]) -> Path:
+    """``<store>.cache`` next to the store directory."""
+    root = Path(store_root)
+    return root.with_name(root.name + ".cache")
+
+
+def fingerprint(*parts: Any) -> str:
+    """A 16-hex-digit blake2b digest of JSON-encodable ``parts`` (plus the cache format version)."""
+    text = json.dumps([_VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def store_fingerprint(store: Any, files: tuple[str, ...] = ()) -> list[Any]:
+    """What identifies a store's content for a cache: every shard's name, record count and the CRC-32
+    of the named ``files`` (e.g. ``"_ids.npy"``) from the manifest. O(shards)."""
+    out: list[Any] = []
+    for s in store.manifest.shards:
+        crcs = [s.files[f].crc32 if f in s.files else None for f in files]
+        out.append([s.name, s.records, crcs])
+    return out
+
+
+def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype: npt.DTypeLike) -> None:
+    """Write ``length`` values of ``dtype`` from ``chunks`` to ``.npy`` file ``path`` atomically.
+
+    Memory O(largest chunk). Raises CacheError naming the directory when it cannot be written.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".tmp-", dir=path.parent)
+    except OSError as exc:
+        raise CacheError(
+            f"cannot write cache file {path} ({exc}); pass cache_dir= to put the cache somewhere writable"
+        ) from exc
+    os.close(fd)
+    try:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(length,))
+        pos = 0
+        for chunk in chunks:
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        if pos != length:
+            raise RuntimeError(f"cache file {path}: got {pos} values, expected {length}")
+        out.flush()
+        del out
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_npy(path: Path) -> np.ndarray[Any, Any]:
+    """``np.load(path, mmap_mode="r")``, also for zero-length arrays (which cannot be mapped)."""
+    try:
+        arr: np.ndarray[Any, Any] = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError:
+        arr = np.load(path, allow_pickle=False)
+        if arr.size:
+            raise
+    return arr
+
+
+def cached_array(
+    path: Path, compute: Callable[[Path], None], *, length: int | None = None
+) -> npt.NDArray[Any]:
+    """Memory-map ``.npy`` ``path``, first calling ``compute(path)`` to write it if it does not exist.
+
+    ``length``, when given, is checked against the file (a damaged or foreign file is recomputed).
+    """
+    if path.exists():
+        try:
+            arr = load_npy(path)
+            if arr.ndim == 1 and (length is None or arr.shape[0] == length):
+                return arr
+        except (OSError, ValueError):
+            pass
+    compute(path)
+    return load_npy(path)

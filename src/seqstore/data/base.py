@@ -1,0 +1,194 @@
+"""The dataset protocol every ``seqstore.data`` dataset implements, and batch-merging helpers.
+
+A :class:`Dataset` is an index space ``[0, num_seqs)`` with lazy lengths, an epoch order per
+(epoch, shard), and record access:
+
+* ``num_seqs`` / ``len(ds)``; ``lengths()`` -> :class:`~seqstore.data.LengthsView` (lazy, int64);
+* ``epoch_order(epoch, shard_index=0, num_shards=1)`` -> :class:`seqstore.order.Order` (lazy; the
+  dataset's ``ordering``, ``seed`` and ``partition_epoch``, RETURNN semantics);
+* ``get(i)`` -> dict field -> array; ``get_batch(indices)`` -> dict: a fixed field -> array (B, ...),
+  a ragged field -> ``(values (sum lengths, ...), lengths int64 (B,))`` (``pad=True``: values
+  zero-padded to (B, max length, ...));
+* ``filter(min_length=, max_length=)`` -> a :class:`~seqstore.data.FilteredDataset`.
+
+Datasets hold O(1) state (or O(children)) plus memory-mapped files, and pickle small (stores by path).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..order import Order
+from ._cache import cached_array, fingerprint, write_npy
+from ._lengths import IntArray, LengthsView
+from ._orders import dataset_order
+
+if TYPE_CHECKING:
+    from .filter import FilteredDataset
+
+__all__ = ["Dataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
+
+
+def check_order_params(ordering: Any, seed: Any, partition_epoch: Any) -> tuple[Any, int, int]:
+    """Validate a dataset's (ordering, seed, partition_epoch); raises ValueError naming the bad one."""
+    if not isinstance(ordering, str) and not isinstance(ordering, (np.ndarray, Path, list, tuple, range)):
+        raise ValueError(f"ordering must be an ordering name or an explicit order, got {type(ordering).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if isinstance(partition_epoch, bool) or not isinstance(partition_epoch, (int, np.integer)) or partition_epoch < 1:
+        raise ValueError(f"partition_epoch must be an integer >= 1, got {partition_epoch!r}")
+    return ordering, int(seed), int(partition_epoch)
+
+
+class Dataset(abc.ABC):
+    """Base class of the datasets (see the module docstring for the protocol).
+
+    Subclasses set ``ordering``, ``seed``, ``partition_epoch`` and implement ``num_seqs``,
+    ``lengths``, ``get`` and ``get_batch``; ``epoch_order`` is generic (override for composite orders).
+    ``cache_dir`` (or None) is where O(N) derived arrays go; ``cache_key()`` identifies the content.
+    """
+
+    ordering: Any = "default"
+    seed: int = 0
+    partition_epoch: int = 1
+    cache_dir: Path | None = None
+
+    @property
+    @abc.abstractmethod
+    def num_seqs(self) -> int:
+        """Number of sequences."""
+
+    def __len__(self) -> int:
+        return self.num_seqs
+
+    @abc.abstractmethod
+    def lengths(self) -> LengthsView:
+        """Lazy int64 lengths of all sequences (the dataset's length measure, e.g. frames)."""
+
+    @abc.abstractmethod
+    def get(self, i: int) -> dict[str, Any]:
+        """Record ``i`` as a dict field -> array (views where the source allows)."""
+
+    @abc.abstractmethod
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        """Records ``indices`` at once; see the module docstring for the layout."""
+
+    def cache_key(self) -> Any:
+        """JSON-encodable identity of the content (for cache file names), or None if unknown."""
+        return None
+
+    def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Order:
+        """The lazy order of sub-epoch ``epoch`` (1-based) on shard ``shard_index`` of ``num_shards``.
+
+        Values are indices in ``[0, num_seqs)``. O(1) to build (``sorted*`` / ``sort_bin_shuffle*``
+        need the lengths array and a global sort index: cached on disk where ``cache_dir`` is set).
+        """
+        return dataset_order(
+            self.num_seqs,
+            self.ordering,
+            epoch=epoch,
+            seed=self.seed,
+            partition_epoch=self.partition_epoch,
+            shard_index=shard_index,
+            num_shards=num_shards,
+            lengths=self.lengths,
+            lengths_array=self.lengths_array,
+            sort_cache=self._sort_cache(),
+        )
+
+    def _cache_path(self, kind: str, *extra: Any) -> Path | None:
+        key = self.cache_key()
+        if self.cache_dir is None or key is None:
+            return None
+        return Path(self.cache_dir) / f"{kind}-{fingerprint(key, *extra)}.npy"
+
+    def _sort_cache(self) -> Path | None:
+        return self._cache_path("sortidx")
+
+    def lengths_array(self) -> np.ndarray[Any, Any]:
+        """All lengths as one array (smallest unsigned dtype): a cached memmap when ``cache_dir`` is set,
+        else computed in memory (O(N)). Only the global-sort orderings need it."""
+        view = self.lengths()
+        path = self._cache_path("lengths")
+        if path is None:
+            return view.to_numpy()
+
+        def compute(p: Path) -> None:
+            top = 0
+            for chunk in view.iter_chunks():
+                if chunk.size:
+                    top = max(top, int(chunk.max()))
+            dt = next(d for d in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(d).max)
+            write_npy(p, view.iter_chunks(), len(view), dt)
+
+        return cached_array(path, compute, length=len(view))
+
+    def filter(
+        self, *, min_length: int | None = None, max_length: int | None = None, cache_dir: Any = None
+    ) -> FilteredDataset:
+        """The sequences with ``min_length <= length <= max_length`` (see :class:`FilteredDataset`)."""
+        from .filter import FilteredDataset
+
+        return FilteredDataset(self, min_length=min_length, max_length=max_length, cache_dir=cache_dir)
+
+
+def pad_batch(values: np.ndarray[Any, Any], lengths: IntArray) -> np.ndarray[Any, Any]:
+    """Concatenated ragged ``values`` (sum(lengths), ...) -> zero-padded (B, max(lengths), ...)."""
+    b = len(lengths)
+    t = int(lengths.max()) if b else 0
+    out = np.zeros((b, t, *values.shape[1:]), dtype=values.dtype)
+    if b and t:
+        rows = np.repeat(np.arange(b), lengths)
+        starts = np.cumsum(lengths) - lengths
+        cols = np.arange(len(values)) - np.repeat(starts, lengths)
+        out[rows, cols] = values
+    return out
+
+
+def pad_ragged(batch: dict[str, Any]) -> dict[str, Any]:
+    """Pad every ragged ``(values, lengths)`` entry of ``batch`` in place (see :func:`pad_batch`)."""
+    for name, v in batch.items():
+        if isinstance(v, tuple):
+            batch[name] = (pad_batch(v[0], v[1]), v[1])
+    return batch
+
+
+def merge_batches(parts: Sequence[tuple[IntArray, Mapping[str, Any]]], total: int) -> dict[str, Any]:
+    """Merge per-source batches into one in request order.
+
+    ``parts``: (positions in the merged batch (int64), batch dict) per source; positions of all parts
+    together are a permutation of ``range(total)``. Every part must have the same fields. Fixed
+    fields are arrays (B_k, ...); ragged fields ``(values, lengths)`` (unpadded). Vectorised:
+    O(total rows) time and memory.
+    """
+    if not parts:
+        return {}
+    names = list(parts[0][1])
+    for _pos, batch in parts[1:]:
+        if list(batch) != names and set(batch) != set(names):
+            raise KeyError(f"cannot merge batches with different fields: {sorted(names)} vs {sorted(batch)}")
+    if len(parts) == 1:
+        pos, batch = parts[0]
+        if np.array_equal(pos, np.arange(total)):
+            return dict(batch)
+    all_pos = np.concatenate([p for p, _ in parts])
+    perm = np.argsort(all_pos, kind="stable")
+    out: dict[str, Any] = {}
+    for name in names:
+        first = parts[0][1][name]
+        if isinstance(first, tuple):
+            values = np.concatenate([b[name][0] for _, b in parts])
+            lens = np.concatenate([np.asarray(b[name][1], dtype=np.int64) for _, b in parts])
+            starts = np.cumsum(lens) - lens
+            new_lens = lens[perm]
+            new_starts = np.cumsum(new_lens) - new_lens
+            rows = np.repeat(starts[perm] - new_starts, new_lens) + np.arange(int(new_lens.sum()), dtype=np.int64)
+            out[name] = (values[rows], new_lens)
+        else:
+            out[name] = np.concatenate([np.asarray(b[name]) for _, b in parts])[perm]
+    return out

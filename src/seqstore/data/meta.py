@@ -1,0 +1,278 @@
+"""``MetaDataset``: fields of several stores that describe the same sequences, zipped by id.
+
+The *control* dataset defines the sequences and their order of indices. For every other child a
+**row map** (int64, one entry per control record: the child's row with the same id, or -1) is
+computed once by :func:`seqstore.data._join.join_rows` (vectorised hash join over the raw id files)
+and cached as ``.npy`` in the cache directory (default ``<control store>.cache/``, beside the store,
+or ``cache_dir=``), keyed by a fingerprint of both manifests (shard names, record counts and the
+CRC-32 of the id files), so a changed store is never joined from a stale map. A small JSON sidecar,
+written last, records the missing counts and marks the cache complete. Reopening maps the files:
+O(children) work and memory.
+
+Missing ids: ``missing="error"`` raises naming how many control ids each child lacks and the first
+ten; ``missing="drop"`` keeps the control records every child has (their control rows, cached as
+another ``.npy``). Ids a child has but the control lacks are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._cache import CacheError, default_cache_dir, fingerprint, load_npy, store_fingerprint, write_npy
+from ._join import join_rows
+from ._lengths import IntArray, LengthsView, as_index_array
+from .base import Dataset, check_order_params
+from .store_dataset import StoreDataset
+
+__all__ = ["MetaDataset"]
+
+_MISSING = ("error", "drop")
+_CHUNK = 1 << 18
+
+
+class _RowLengths(LengthsView):
+    """Lengths of a child seen through the meta index: ``child_lengths[rowmap[kept[i]]]``."""
+
+    def __init__(self, base: LengthsView, n: int, rows: Any, kept: Any) -> None:
+        self.base, self.n, self.rows, self.kept = base, int(n), rows, kept
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _take(self, indices: IntArray) -> IntArray:
+        r = indices if self.kept is None else np.asarray(self.kept[indices], dtype=np.int64)
+        if self.rows is not None:
+            r = np.asarray(self.rows[r], dtype=np.int64)
+        return self.base._take(r)
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".tmp-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class MetaDataset(Dataset):
+    """Zip datasets by id (see the module docstring).
+
+    ``datasets``: name -> :class:`StoreDataset` (stores with ids). ``control``: the name whose records
+    define the sequences (default the first). ``fields``: per child, a list of fields to take or a
+    mapping ``{field: new_name}`` (default: all of the child's fields under their own names); two
+    children providing the same output name is an error. ``length_from``: the child whose lengths
+    count (default the control). ``ordering``/``seed``/``partition_epoch``: the meta dataset's order.
+    Memory O(children); row maps are memory-mapped.
+    """
+
+    def __init__(
+        self,
+        datasets: Mapping[str, StoreDataset],
+        *,
+        control: str | None = None,
+        missing: str = "error",
+        fields: Mapping[str, Sequence[str] | Mapping[str, str]] | None = None,
+        length_from: str | None = None,
+        ordering: Any = "default",
+        seed: int = 0,
+        partition_epoch: int = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(datasets, Mapping) or not datasets:
+            raise ValueError("MetaDataset needs a non-empty mapping name -> StoreDataset")
+        self.datasets = dict(datasets)
+        self.names = list(self.datasets)
+        for name, d in self.datasets.items():
+            if not isinstance(d, StoreDataset):
+                raise TypeError(f"MetaDataset: {name!r} is a {type(d).__name__}; children must be StoreDatasets "
+                                "(stores with ids)")
+            if len(d.store) and not d.store.has_ids:
+                raise ValueError(f"MetaDataset: the store of {name!r} ({d.store.root}) has no ids to join by")
+        self.control = self.names[0] if control is None else control
+        if self.control not in self.datasets:
+            raise ValueError(f"control {self.control!r} is not one of the datasets {self.names}")
+        if missing not in _MISSING:
+            raise ValueError(f"missing must be one of {_MISSING}, got {missing!r}")
+        self.missing = missing
+        self.length_from = self.control if length_from is None else length_from
+        if self.length_from not in self.datasets:
+            raise ValueError(f"length_from {self.length_from!r} is not one of the datasets {self.names}")
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
+        self._fields_arg = None if fields is None else {k: v for k, v in fields.items()}
+        self.field_map = self._resolve_fields(fields)
+        ctrl = self.datasets[self.control]
+        self._dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(ctrl.store.root)
+        self.cache_dir = self._dir
+        self._rows: dict[str, Any] = {}
+        self._kept: Any = None
+        self._n = len(ctrl.store)
+        self._join()
+
+    # ------------------------------------------------------------------------------------ join
+
+    def _resolve_fields(
+        self, fields: Mapping[str, Sequence[str] | Mapping[str, str]] | None
+    ) -> dict[str, dict[str, str]]:
+        """child -> {child field: output name}; raises on unknown names and clashes."""
+        fields = dict(fields or {})
+        unknown = [k for k in fields if k not in self.datasets]
+        if unknown:
+            raise ValueError(f"fields: unknown dataset name(s) {unknown}; datasets are {self.names}")
+        out: dict[str, dict[str, str]] = {}
+        owner: dict[str, str] = {}
+        for name, d in self.datasets.items():
+            have = d.field_names
+            spec = fields.get(name)
+            if spec is None:
+                mapping = {f: f for f in have}
+            elif isinstance(spec, Mapping):
+                mapping = {str(k): str(v) for k, v in spec.items()}
+            else:
+                mapping = {str(f): str(f) for f in spec}
+            bad = [f for f in mapping if f not in have]
+            if bad:
+                raise KeyError(f"fields[{name!r}]: no field(s) {bad} in {d.store.root}; fields are {have}")
+            for src, dst in mapping.items():
+                if dst in owner:
+                    raise ValueError(
+                        f"field name clash: {dst!r} comes from both {owner[dst]!r} and {name!r}; rename one, e.g. "
+                        f"fields={{{name!r}: {{{src!r}: '{name}/{src}'}}}}, or leave it out with a list"
+                    )
+                owner[dst] = name
+            out[name] = mapping
+        return out
+
+    def _fp(self, name: str) -> Any:
+        return store_fingerprint(self.datasets[name].store, ("_ids.npy", "_ids.offsets.npy"))
+
+    def _join(self) -> None:
+        ctrl = self.datasets[self.control].store
+        others = [n for n in self.names if n != self.control]
+        cfp = self._fp(self.control)
+        key = fingerprint("meta", cfp, [self._fp(n) for n in others])
+        d = self._dir
+        sidecar = d / f"meta-{key}.json"
+        info: dict[str, Any] | None = None
+        if sidecar.exists():
+            try:
+                info = json.loads(sidecar.read_text())
+            except (OSError, ValueError):
+                info = None
+        paths = {n: d / f"meta-{fingerprint('rows', cfp, self._fp(n))}.rows.npy" for n in others}
+        if info is not None and all(p.exists() for p in paths.values()):
+            for n in others:
+                self._rows[n] = load_npy(paths[n])
+        else:
+            info = {"records": self._n, "missing": {}, "first_missing": {}}
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CacheError(f"cannot create cache directory {d} ({exc}); pass cache_dir=") from exc
+            for n in others:
+                stats = {"missing": 0, "first": []}
+                target = self.datasets[n].store
+                write_npy(paths[n], self._counting(join_rows(ctrl, target, _CHUNK), stats), self._n, np.int64)
+                self._rows[n] = load_npy(paths[n])
+                info["missing"][n] = stats["missing"]
+                info["first_missing"][n] = stats["first"]
+            if self.missing == "drop" or any(info["missing"].values()):
+                kept_path = d / f"meta-{key}.kept.npy"
+                count = sum(len(c) for c in self._kept_chunks())
+                write_npy(kept_path, self._kept_chunks(), count, np.int64)
+                info["kept"] = count
+            _atomic_json(sidecar, info)
+        missing = {n: int(c) for n, c in info["missing"].items() if c}
+        if missing and self.missing == "error":
+            parts = []
+            for n, c in missing.items():
+                first = [ctrl.id(int(r)) for r in info["first_missing"][n]]
+                parts.append(f"{n!r} lacks {c} of the {self._n} ids of {self.control!r} (first: {first})")
+            raise KeyError("MetaDataset: missing ids: " + "; ".join(parts) + "; pass missing='drop' to keep the "
+                           "intersection")
+        if missing:
+            self._kept = load_npy(d / f"meta-{key}.kept.npy")
+
+    @staticmethod
+    def _counting(chunks: Iterator[IntArray], stats: dict[str, Any]) -> Iterator[IntArray]:
+        base = 0
+        for c in chunks:
+            bad = np.flatnonzero(c < 0)
+            stats["missing"] += len(bad)
+            if len(stats["first"]) < 10:
+                stats["first"].extend((bad[: 10 - len(stats["first"])] + base).tolist())
+            base += len(c)
+            yield c
+
+    def _kept_chunks(self) -> Iterator[IntArray]:
+        for a in range(0, self._n, _CHUNK):
+            b = min(a + _CHUNK, self._n)
+            ok = np.ones(b - a, dtype=bool)
+            for rows in self._rows.values():
+                ok &= np.asarray(rows[a:b]) >= 0
+            yield np.flatnonzero(ok) + a
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.datasets, self.control, self.missing, self._fields_arg, self.length_from,
+                           self.ordering, self.seed, self.partition_epoch, str(self._dir)))
+
+    # ------------------------------------------------------------------------------- protocol
+
+    @property
+    def num_seqs(self) -> int:
+        return self._n if self._kept is None else len(self._kept)
+
+    def cache_key(self) -> Any:
+        return ["meta", self.control, [self._fp(n) for n in self.names], self._kept is not None]
+
+    def control_rows(self, indices: Any) -> IntArray:
+        """Control-store rows of meta indices (int64)."""
+        idx = as_index_array(indices, self.num_seqs)
+        return idx if self._kept is None else np.asarray(self._kept[idx], dtype=np.int64)
+
+    def rows(self, name: str, indices: Any) -> IntArray:
+        """Rows of child ``name``'s store for meta indices (int64; vectorised through the row map)."""
+        r = self.control_rows(indices)
+        return r if name == self.control else np.asarray(self._rows[name][r], dtype=np.int64)
+
+    def lengths(self) -> LengthsView:
+        base = self.datasets[self.length_from].lengths()
+        rows = None if self.length_from == self.control else self._rows[self.length_from]
+        return _RowLengths(base, self.num_seqs, rows, self._kept)
+
+    def get(self, i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.names:
+            row = int(self.rows(name, np.array([i]))[0])
+            rec = self.datasets[name].store[row]
+            for src, dst in self.field_map[name].items():
+                out[dst] = rec[src]
+        return out
+
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        idx = as_index_array(indices, self.num_seqs)
+        for name in self.names:
+            mapping = self.field_map[name]
+            if not mapping:
+                continue
+            batch = self.datasets[name].store.get_batch(self.rows(name, idx), fields=list(mapping), pad=pad)
+            for src, dst in mapping.items():
+                out[dst] = batch[src]
+        return out
+
+    def __repr__(self) -> str:
+        return f"MetaDataset({self.names}, control={self.control!r}, n={self.num_seqs}, missing={self.missing!r})"
+
+
+def _rebuild(datasets: Any, control: str, missing: str, fields: Any, length_from: str, ordering: Any, seed: int,
+             partition_epoch: int, cache_dir: str) -> MetaDataset:
+    return MetaDataset(datasets, control=control, missing=missing, fields=fields, length_from=length_from,
+                       ordering=ordering, seed=seed, partition_epoch=partition_epoch, cache_dir=cache_dir)

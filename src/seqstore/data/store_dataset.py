@@ -1,0 +1,116 @@
+"""``StoreDataset``: one seqstore store as a dataset (records, lazy lengths, epoch orders).
+
+Holds the store (which pickles by path), the ordering parameters and the name of the field whose
+lengths count. Nothing of size N is held in memory: lengths are read lazily from the offsets; the
+arrays an ordering may need (``sorted*``: lengths and a sort index) are cached as ``.npy`` files in
+``cache_dir`` (default ``<store>.cache/`` beside the store) and memory-mapped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..store import Store, open_store
+from ._cache import default_cache_dir, store_fingerprint
+from ._lengths import ConstantLengths, LengthsView, TakeLengths, as_index_array
+from .base import Dataset, check_order_params
+
+__all__ = ["StoreDataset"]
+
+
+class StoreDataset(Dataset):
+    """A dataset over one store.
+
+    ``store``: a :class:`seqstore.Store` or a path. ``ordering`` / ``seed`` / ``partition_epoch``: the
+    epoch order (RETURNN names, see :func:`seqstore.order.seq_order`). ``length_field``: the ragged
+    field whose row count is a sequence's length (default: the only ragged field; a store without
+    ragged fields has length 1 per record). ``fields``: the fields ``get``/``get_batch`` return
+    (default all). ``cache_dir``: where derived arrays are cached (default ``<store>.cache``).
+    Memory O(1) (+ the store's O(shards)); pickles as (path, options).
+    """
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str],
+        *,
+        ordering: Any = "default",
+        seed: int = 0,
+        partition_epoch: int = 1,
+        length_field: str | None = None,
+        fields: list[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.store = store if isinstance(store, Store) else open_store(store)
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
+        schema = self.store.schema
+        ragged = [n for n, f in schema.items() if f.ragged]
+        if length_field is None:
+            if len(ragged) > 1:
+                raise ValueError(
+                    f"{self.store.root}: several ragged fields {ragged}; name the one that measures length "
+                    "with length_field="
+                )
+            length_field = ragged[0] if ragged else None
+        elif length_field not in ragged:
+            raise ValueError(
+                f"{self.store.root}: length_field {length_field!r} is not a ragged field; ragged fields are {ragged}"
+            )
+        self.length_field = length_field
+        if fields is not None:
+            unknown = [f for f in fields if f not in schema]
+            if unknown:
+                raise KeyError(f"{self.store.root}: no field(s) {unknown}; fields are {list(schema)}")
+        self.fields = None if fields is None else list(fields)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.store.root)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (str(self.store.root), self.ordering, self.seed, self.partition_epoch,
+                           self.length_field, self.fields, str(self.cache_dir)))
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.store)
+
+    @property
+    def field_names(self) -> list[str]:
+        """The fields ``get`` returns."""
+        return list(self.store.schema) if self.fields is None else list(self.fields)
+
+    def cache_key(self) -> Any:
+        if self.length_field is None:
+            return ["store", store_fingerprint(self.store)]
+        return ["store", self.length_field, store_fingerprint(self.store, (f"{self.length_field}.offsets.npy",))]
+
+    def lengths(self) -> LengthsView:
+        """Lazy lengths: rows of ``length_field`` per record (from the offsets), or 1 without ragged fields."""
+        if self.length_field is None:
+            return ConstantLengths(len(self.store), 1)
+        return TakeLengths(self.store.lengths(self.length_field))
+
+    def get(self, i: int) -> dict[str, Any]:
+        """Record ``i`` as zero-copy views (only ``fields`` when given)."""
+        rec = self.store[int(i)]
+        return rec if self.fields is None else {k: rec[k] for k in self.fields}
+
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        """``Store.get_batch`` of ``indices`` over ``fields``: one vectorised gather per field."""
+        idx = as_index_array(indices, self.num_seqs)
+        return self.store.get_batch(idx, fields=self.fields, pad=pad)
+
+    def ids(self, indices: Any) -> list[str]:
+        """The ids of ``indices`` (O(len) Python strings; for display and debugging)."""
+        return [self.store.id(int(i)) for i in np.asarray(indices).reshape(-1)]
+
+    def __repr__(self) -> str:
+        return (f"StoreDataset({str(self.store.root)!r}, n={self.num_seqs}, ordering={self.ordering!r}, "
+                f"seed={self.seed}, partition_epoch={self.partition_epoch})")
+
+
+def _rebuild(path: str, ordering: Any, seed: int, partition_epoch: int, length_field: str | None,
+             fields: list[str] | None, cache_dir: str) -> StoreDataset:
+    return StoreDataset(path, ordering=ordering, seed=seed, partition_epoch=partition_epoch,
+                        length_field=length_field, fields=fields, cache_dir=cache_dir)

@@ -1,0 +1,194 @@
+"""Streams: a tf.data-style shuffle buffer over any iterable, and endless sampling with replacement.
+
+Both are deterministic functions of their seed and resumable exactly through
+``state_dict()`` / ``load_state_dict()``; their randomness is counter-based (draw ``k`` is a hash of
+(seed, k)), so the state is a few integers.
+
+* :func:`shuffle_buffer`: the state is (items consumed from the source, items emitted, the buffered
+  items themselves: O(size), by design) plus the source's own state when the source is resumable
+  (has ``state_dict``). On resume the source is repositioned: a resumable source by its state, a
+  sliceable sequence (an :class:`~seqstore.order.Order`, array, range, list) by slicing at the consumed
+  count (O(1) for orders), any other iterable by skipping the consumed items (O(consumed) time, O(1)
+  memory; pass an order or a resumable stream to avoid it).
+* :func:`sample_with_replacement`: index ``k`` of the endless stream is position ``k mod N`` of
+  ``seq_order(N, "random_sample", epoch=k // N + 1, seed=seed)``; the state is ``k``. O(1) memory
+  (plus a block of prefetched indices).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..order import Order, seq_order
+from ._lengths import IntArray
+
+__all__ = ["ShuffleBuffer", "ReplacementSampler", "shuffle_buffer", "sample_with_replacement"]
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(seed: int, k: int) -> int:
+    """splitmix64 of (seed, k): a 64-bit value, O(1), identical on every platform."""
+    z = (int(seed) * 0xD1B54A32D192ED03 + (k + 1) * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+class ShuffleBuffer(Iterator[Any]):
+    """Iterator over ``source`` shuffled through a buffer of ``size`` items (see :func:`shuffle_buffer`)."""
+
+    def __init__(self, source: Iterable[Any], size: int, seed: int = 0) -> None:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"shuffle buffer size must be a positive integer, got {size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        self.source = source
+        self.size = int(size)
+        self.seed = int(seed)
+        self._buffer: list[Any] = []
+        self._consumed = 0
+        self._emitted = 0
+        self._exhausted = False
+        self._it: Iterator[Any] | None = None
+        self._source_state: Any = None
+
+    def _start(self) -> Iterator[Any]:
+        src = self.source
+        if self._source_state is not None and hasattr(src, "load_state_dict"):
+            src.load_state_dict(self._source_state)
+            return iter(src)
+        if self._consumed == 0:
+            return iter(src)
+        if isinstance(src, (Order, np.ndarray, range, list, tuple)):
+            return iter(src[self._consumed :])
+        return itertools.islice(iter(src), self._consumed, None)
+
+    def __iter__(self) -> ShuffleBuffer:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = self._start()
+        buf = self._buffer
+        while len(buf) < self.size and not self._exhausted:
+            try:
+                buf.append(next(self._it))
+            except StopIteration:
+                self._exhausted = True
+                break
+            self._consumed += 1
+        if not buf:
+            raise StopIteration
+        j = (_mix(self.seed, self._emitted) * len(buf)) >> 64
+        item = buf[j]
+        buf[j] = buf[-1]
+        buf.pop()
+        self._emitted += 1
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position: counts, a copy of the buffered items (O(size)) and the source's state."""
+        src_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
+        return {
+            "seed": self.seed,
+            "size": self.size,
+            "consumed": self._consumed,
+            "emitted": self._emitted,
+            "exhausted": self._exhausted,
+            "buffer": list(self._buffer),
+            "source": src_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (on a buffer built over the same source, freshly created)."""
+        if state["seed"] != self.seed or state["size"] != self.size:
+            raise ValueError(
+                f"state is for seed={state['seed']}, size={state['size']}; this buffer has seed={self.seed}, "
+                f"size={self.size}"
+            )
+        self._consumed = int(state["consumed"])
+        self._emitted = int(state["emitted"])
+        self._exhausted = bool(state["exhausted"])
+        self._buffer = list(state["buffer"])
+        self._source_state = state.get("source")
+        self._it = None
+
+
+def shuffle_buffer(iterable: Iterable[Any], size: int, seed: int = 0) -> ShuffleBuffer:
+    """Shuffle ``iterable`` through a buffer of ``size`` items (tf.data's ``shuffle``): fill the buffer,
+    then repeatedly emit a uniformly random buffered item and refill from the source. Deterministic in
+    ``seed``; resumable (see the module docstring). Memory O(size)."""
+    return ShuffleBuffer(iterable, size, seed)
+
+
+class ReplacementSampler(Iterator[int]):
+    """Endless uniform sampling with replacement from ``[0, num_seqs)`` (see :func:`sample_with_replacement`)."""
+
+    _BLOCK = 4096
+
+    def __init__(self, num_seqs: int, seed: int = 0) -> None:
+        if isinstance(num_seqs, bool) or not isinstance(num_seqs, (int, np.integer)) or num_seqs < 1:
+            raise ValueError(f"sampling with replacement needs at least one sequence, got num_seqs={num_seqs!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        self.num_seqs = int(num_seqs)
+        self.seed = int(seed)
+        self.position = 0
+        self._block: IntArray = np.empty(0, dtype=np.int64)
+        self._block_start = 0
+
+    def take(self, count: int) -> IntArray:
+        """The next ``count`` indices as an int64 array (vectorised), advancing the position."""
+        out = np.empty(int(count), dtype=np.int64)
+        filled = 0
+        n = self.num_seqs
+        while filled < count:
+            k = self.position
+            epoch, off = k // n + 1, k % n
+            m = min(count - filled, n - off)
+            order = seq_order(n, "random_sample", epoch=epoch, seed=self.seed)
+            out[filled : filled + m] = order.take(np.arange(off, off + m, dtype=np.int64))
+            filled += m
+            self.position += m
+        return out
+
+    def __iter__(self) -> ReplacementSampler:
+        return self
+
+    def __next__(self) -> int:
+        i = self.position - self._block_start
+        if not 0 <= i < len(self._block):
+            start = self.position
+            self._block = self.take(self._BLOCK)
+            self._block_start = start
+            self.position = start
+            i = 0
+        self.position += 1
+        return int(self._block[i])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "num_seqs": self.num_seqs, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed or state["num_seqs"] != self.num_seqs:
+            raise ValueError(
+                f"state is for seed={state['seed']}, num_seqs={state['num_seqs']}; this sampler has "
+                f"seed={self.seed}, num_seqs={self.num_seqs}"
+            )
+        self.position = int(state["position"])
+        self._block = np.empty(0, dtype=np.int64)
+        self._block_start = 0
+
+
+def sample_with_replacement(dataset: Any, seed: int = 0) -> ReplacementSampler:
+    """Endless uniform sampling with replacement of indices of ``dataset`` (a Dataset, anything with
+    ``num_seqs`` or ``len``, or an int N). Deterministic in ``seed``; state is one position."""
+    n = dataset if isinstance(dataset, (int, np.integer)) else getattr(dataset, "num_seqs", None)
+    if n is None:
+        n = len(dataset)
+    return ReplacementSampler(int(n), seed)

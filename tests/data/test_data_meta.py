@@ -1,0 +1,127 @@
+"""MetaDataset: the id join equals a naive dict join; caching, missing ids, field clashes."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.data import MetaDataset, StoreDataset
+from seqstore.data._join import id_hashes, join_rows
+
+
+def _store(path: Path, ids: list[str], field: str, rng: np.random.Generator, shard_records: int = 0) -> StoreDataset:
+    n = len(ids)
+    lens = rng.integers(0, 5, n)
+    vals = np.arange(int(lens.sum()), dtype=np.int64)
+    kw = {"max_shard_records": shard_records} if shard_records else {}
+    with seqstore.create(path, {field: Field("int64", (None,)), f"{field}_id": Field("int64")}, **kw) as w:
+        if n:
+            w.append_batch({field: (vals, lens), f"{field}_id": np.array([_num(s) for s in ids])},
+                           ids=ids)
+    return StoreDataset(path)
+
+
+def _num(s: str) -> int:
+    parts = s.split("-")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
+
+
+def _naive(control: list[str], other: list[str]) -> np.ndarray:
+    first: dict[str, int] = {}
+    for r, s in enumerate(other):
+        first.setdefault(s, r)
+    return np.array([first.get(s, -1) for s in control], dtype=np.int64)
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_join_equals_dict_join(tmp_path: Path, trial: int) -> None:
+    rng = np.random.default_rng(trial)
+    n = int(rng.integers(1, 3000))
+    ids = [f"utt-{i}-{'x' * int(rng.integers(0, 4))}" for i in range(n)]
+    ctrl_ids = list(rng.permutation(ids))
+    keep = rng.random(n) > 0.2  # the other store lacks about 20 % and has extra ids and a duplicate
+    other = [s for s, k in zip(ids, keep) if k] + [f"extra-{i}-" for i in range(50)]
+    other = list(rng.permutation(other))
+    if other:
+        other.append(other[0])
+    a = _store(tmp_path / "a.seqstore", ctrl_ids, "feat", rng, shard_records=int(rng.integers(50, 700)))
+    b = _store(tmp_path / "b.seqstore", other, "text", rng, shard_records=int(rng.integers(50, 700)))
+    expected = _naive(ctrl_ids, other)
+    got = np.concatenate(list(join_rows(a.store, b.store, chunk=int(rng.integers(10, 500)))))
+    np.testing.assert_array_equal(got, expected)
+
+    with pytest.raises(KeyError, match=r"'b' lacks \d+ of the \d+ ids of 'a' \(first: \['utt-"):
+        MetaDataset({"a": a, "b": b}, cache_dir=tmp_path / "cache")
+    meta = MetaDataset({"a": a, "b": b}, missing="drop", cache_dir=tmp_path / "cache")
+    kept = np.flatnonzero(expected >= 0)
+    assert meta.num_seqs == len(kept)
+    np.testing.assert_array_equal(meta.rows("b", np.arange(meta.num_seqs)), expected[kept])
+    idx = rng.integers(0, meta.num_seqs, 20)
+    batch = meta.get_batch(idx)
+    np.testing.assert_array_equal(batch["feat_id"], batch["text_id"])  # same underlying sequence
+    for j, i in enumerate(idx.tolist()):
+        rec = meta.get(i)
+        assert int(rec["feat_id"]) == int(rec["text_id"]) == int(batch["feat_id"][j])
+        np.testing.assert_array_equal(rec["text"], batch["text"][0][batch["text"][1][:j].sum():][: batch["text"][1][j]])
+    assert a.store.id(int(meta.control_rows([0])[0])) == b.store.id(int(meta.rows("b", [0])[0]))
+
+
+def test_hash_matches_store_index(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    ids = ["", "a", "ü-ß", "utt-000001", "x" * 300]
+    d = _store(tmp_path / "h.seqstore", ids, "f", rng)
+    shard = d.store.root / d.store.manifest.shards[0].name
+    data, off = np.load(shard / "_ids.npy"), np.load(shard / "_ids.offsets.npy")
+    h = id_hashes(data, off)
+    stored = np.load(shard / "_ids.hash.npy")
+    np.testing.assert_array_equal(np.sort(h), stored)
+
+
+def test_cache_reuse_and_fingerprint(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    ids = [f"u-{i}" for i in range(5000)]
+    a = _store(tmp_path / "a.seqstore", ids, "feat", rng)
+    b = _store(tmp_path / "b.seqstore", list(rng.permutation(ids)), "text", rng)
+    m1 = MetaDataset({"a": a, "b": b})  # default cache: beside the control store
+    cache = tmp_path / "a.seqstore.cache"
+    files = sorted(os.listdir(cache))
+    assert any(f.endswith(".rows.npy") for f in files) and any(f.endswith(".json") for f in files)
+    t = time.perf_counter()
+    m2 = MetaDataset({"a": a, "b": b})
+    assert time.perf_counter() - t < 0.5
+    assert isinstance(m2._rows["b"], np.memmap)
+    np.testing.assert_array_equal(m1.rows("b", np.arange(5000)), m2.rows("b", np.arange(5000)))
+    m3 = pickle.loads(pickle.dumps(m2))
+    assert len(pickle.dumps(m2)) < 5000
+    np.testing.assert_array_equal(m3.rows("b", np.arange(5000)), m2.rows("b", np.arange(5000)))
+    # appending to b changes its fingerprint: a new row map, never the stale one
+    with seqstore.append_to(b.store.root) as w:
+        w.append_batch({"text": (np.zeros(1, np.int64), np.array([1])), "text_id": np.array([9])}, ids=["new"])
+    b2 = StoreDataset(b.store.root)
+    MetaDataset({"a": a, "b": b2})
+    assert len([f for f in os.listdir(cache) if f.endswith(".rows.npy")]) == 2
+
+
+def test_fields_clash_and_rename(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    ids = [f"u-{i}" for i in range(20)]
+    a = _store(tmp_path / "a.seqstore", ids, "x", rng)
+    b = _store(tmp_path / "b.seqstore", ids[::-1], "x", rng)
+    with pytest.raises(ValueError, match="field name clash: 'x' comes from both 'a' and 'b'"):
+        MetaDataset({"a": a, "b": b}, cache_dir=tmp_path / "c")
+    m = MetaDataset({"a": a, "b": b}, fields={"b": {"x": "bx", "x_id": "bx_id"}}, length_from="b",
+                    cache_dir=tmp_path / "c")
+    rec = m.get(3)
+    assert set(rec) == {"x", "x_id", "bx", "bx_id"} and int(rec["x_id"]) == int(rec["bx_id"]) == 3
+    np.testing.assert_array_equal(m.lengths().take([3]), [len(rec["bx"])])
+    m = MetaDataset({"a": a, "b": b}, fields={"a": ["x_id"], "b": []}, cache_dir=tmp_path / "c")
+    assert set(m.get_batch([0, 1])) == {"x_id"}
+    with pytest.raises(ValueError, match="control 'zz'"):
+        MetaDataset({"a": a, "b": b}, control="zz")

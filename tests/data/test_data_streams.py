@@ -1,0 +1,79 @@
+"""Streams: shuffle buffer and sampling with replacement are deterministic and resume exactly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from seqstore.data import LengthsDataset, sample_with_replacement, shuffle_buffer
+from seqstore.order import seq_order
+
+
+class _Resumable:
+    """A resumable source: 0..n-1, state = position."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pos = n, 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.pos < self.n:
+            self.pos += 1
+            yield self.pos - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, s: dict[str, int]) -> None:
+        self.pos = s["pos"]
+
+
+def _sources(n: int) -> dict[str, object]:
+    return {
+        "order": lambda: seq_order(n, "random", epoch=1, seed=1),
+        "generator": lambda: (i for i in range(n)),
+        "resumable": lambda: _Resumable(n),
+        "list": lambda: list(range(n)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["order", "generator", "resumable", "list"])
+def test_shuffle_buffer_resumes_exactly(kind: str) -> None:
+    rng = np.random.default_rng(3)
+    for n, size in ((0, 3), (1, 1), (57, 1), (200, 16), (500, 1000)):
+        make = _sources(n)[kind]
+        full = list(shuffle_buffer(make(), size, seed=9))  # type: ignore[operator]
+        base = list(make())  # type: ignore[operator]
+        assert sorted(full) == sorted(base)
+        if n > 20 and size > 1:
+            assert full != base
+        for cut in sorted(set(rng.integers(0, n + 1, 4).tolist())):
+            sb = shuffle_buffer(make(), size, seed=9)  # type: ignore[operator]
+            head = [next(sb) for _ in range(cut)]
+            state = json.loads(json.dumps(sb.state_dict()))  # survives a JSON round trip
+            resumed = shuffle_buffer(make(), size, seed=9)  # type: ignore[operator]
+            resumed.load_state_dict(state)
+            assert head + list(resumed) == full
+    assert list(shuffle_buffer(range(50), 10, seed=1)) != list(shuffle_buffer(range(50), 10, seed=2))
+
+
+def test_sample_with_replacement_resumes_exactly() -> None:
+    ds = LengthsDataset(np.ones(37, np.int64))
+    s = sample_with_replacement(ds, seed=4)
+    first = [next(s) for _ in range(5000)]
+    assert all(0 <= x < 37 for x in first) and len(set(first)) == 37
+    s2 = sample_with_replacement(37, seed=4)
+    np.testing.assert_array_equal(s2.take(5000), first)
+    for cut in (0, 1, 36, 37, 4095, 4096, 4100):
+        a = sample_with_replacement(ds, seed=4)
+        for _ in range(cut):
+            next(a)
+        b = sample_with_replacement(ds, seed=4)
+        b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+        assert [next(b) for _ in range(200)] == first[cut : cut + 200]
+    counts = np.bincount(sample_with_replacement(10, seed=0).take(100000), minlength=10)
+    assert counts.min() > 9000 and counts.max() < 11000
+    with pytest.raises(ValueError, match="at least one sequence"):
+        sample_with_replacement(0)
