@@ -1,4 +1,4 @@
-"""The ``seqstore`` command line: ``info``, ``verify`` and ``demo``.
+"""The ``seqstore`` command line: ``info``, ``verify``, ``demo``, ``convert`` and ``export``.
 
 Progress bars (tqdm, on stderr) are shown for work that reads or writes the whole store.
 """
@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .errors import SeqstoreError
+from .interop.commands import add_subcommands as add_interop_subcommands
 from .store import open_store
 from .store.verify import total_bytes, verify
 
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--keep", action="store_true", help="reuse the corpus in --out if it is already there")
     demo.set_defaults(func=cmd_demo)
+
+    add_interop_subcommands(sub)  # convert, export
     return p
 
 

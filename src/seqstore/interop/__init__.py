@@ -1,0 +1,11 @@
+"""Interop with other data formats: RETURNN HDF import/export and a RETURNN dataset over a store
+(:mod:`seqstore.interop.returnn`), Arrow/Parquet import (:mod:`seqstore.interop.arrow`), and the
+``seqstore convert`` / ``seqstore export`` subcommands (:mod:`seqstore.interop.commands`).
+
+Optional dependencies are imported where they are used: ``h5py`` (extra ``hdf5``) for HDF,
+``pyarrow`` (extra ``arrow``) for Arrow/Parquet, RETURNN only for ``StoreDataset``.
+"""
+
+from ._common import SourceFormatError
+
+__all__ = ["SourceFormatError"]

@@ -1,0 +1,280 @@
+"""The ``seqstore convert`` and ``seqstore export`` subcommands.
+
+``cli.py`` registers them with :func:`add_subcommands`::
+
+    from .interop.commands import add_subcommands as add_interop_subcommands
+    add_interop_subcommands(sub)          # sub = parser.add_subparsers(...)
+
+Sources and targets are registries (:data:`SOURCES`, :data:`TARGETS`): a new format is one
+:func:`register_source` call (made before ``add_subcommands`` runs) with a name, a help line, an
+optional function adding its own options, and a function ``run(args, progress) -> Store``. The
+options of every source live on the one ``convert`` parser, grouped per source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tqdm import tqdm
+
+from ..errors import SeqstoreError
+from ._common import Progress
+
+__all__ = [
+    "SOURCES",
+    "TARGETS",
+    "Converter",
+    "Progress",
+    "register_source",
+    "register_target",
+    "add_subcommands",
+    "convert_main",
+    "export_main",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Converter:
+    """One ``--from`` source or ``--to`` target.
+
+    ``run(args, progress)`` does the work (``progress(n)`` advances the bar by ``n`` of ``unit``) and
+    returns what it made (a Store or a path); ``add_arguments(group)`` adds the format's own options;
+    ``total(args)`` sizes the progress bar (None: unknown).
+    """
+
+    help: str
+    run: Callable[[argparse.Namespace, Progress], Any]
+    add_arguments: Callable[[Any], None] | None = None
+    total: Callable[[argparse.Namespace], int | None] | None = None
+    unit: str = "B"
+
+
+#: ``seqstore convert --from NAME``: name -> converter.
+SOURCES: dict[str, Converter] = {}
+#: ``seqstore export --to NAME``: name -> converter.
+TARGETS: dict[str, Converter] = {}
+
+
+def register_source(name: str, converter: Converter) -> None:
+    """Add (or replace) a ``convert --from`` source. Call before :func:`add_subcommands`."""
+    SOURCES[name] = converter
+
+
+def register_target(name: str, converter: Converter) -> None:
+    """Add (or replace) an ``export --to`` target. Call before :func:`add_subcommands`."""
+    TARGETS[name] = converter
+
+
+# -------------------------------------------------------------------------------------- helpers
+
+
+def _parse_map(items: list[str] | None, what: str) -> dict[str, str] | None:
+    if not items:
+        return None
+    out: dict[str, str] = {}
+    for item in items:
+        src, sep, dst = item.partition("=")
+        if not sep or not src or not dst:
+            raise SeqstoreError(f"{what} {item!r}: expected NAME=FIELD")
+        out[src] = dst
+    return out
+
+
+def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
+    paths = list(args.paths)
+    if len(paths) < 2:
+        raise SeqstoreError("convert: give one or more sources and then the output store path")
+    return paths[:-1], paths[-1]
+
+
+# ---------------------------------------------------------------------------------- returnn-hdf
+
+
+def _hdf_total(args: argparse.Namespace) -> int | None:
+    from .returnn import inspect_hdf
+
+    srcs, _ = _sources_and_out(args)
+    try:
+        return sum(inspect_hdf(p, check_lengths=False).total_bytes for p in srcs)
+    except SeqstoreError:
+        return None  # the import reports it properly
+
+
+def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .returnn import import_hdf
+
+    srcs, out = _sources_and_out(args)
+    return import_hdf(
+        srcs, out, rename=_parse_map(args.rename, "--rename"), chunk_bytes=args.chunk_mb << 20,
+        shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress,
+    )
+
+
+def _hdf_args(group: Any) -> None:
+    group.add_argument("--rename", action="append", metavar="STREAM=FIELD",
+                       help="returnn-hdf: store stream STREAM ('inputs' or a target key) as field FIELD (repeatable)")
+
+
+# -------------------------------------------------------------------------------- parquet/arrow
+
+
+def _arrow_total(fmt: str) -> Callable[[argparse.Namespace], int | None]:
+    def total(args: argparse.Namespace) -> int | None:
+        import os
+
+        from .arrow import arrow_sources
+
+        srcs, _ = _sources_and_out(args)
+        try:
+            return sum(os.path.getsize(f) for s in srcs for f in arrow_sources(s, fmt))
+        except (OSError, SeqstoreError):
+            return None
+
+    return total
+
+
+def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
+    def run(args: argparse.Namespace, progress: Progress) -> Any:
+        from .arrow import import_arrow, import_parquet
+
+        srcs, out = _sources_and_out(args)
+        fn = import_parquet if fmt == "parquet" else import_arrow
+        return fn(
+            srcs, out, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
+            chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
+            progress=progress,
+        )
+
+    return run
+
+
+def _arrow_args(group: Any) -> None:
+    group.add_argument("--map", action="append", metavar="COLUMN=FIELD",
+                       help="parquet/arrow: import COLUMN as field FIELD (repeatable; default: every column)")
+    group.add_argument("--id-column", metavar="COLUMN", help="parquet/arrow: string column whose values become ids")
+
+
+# ------------------------------------------------------------------------------- export targets
+
+
+def _hdf_export(args: argparse.Namespace, progress: Progress) -> Any:
+    from .returnn import export_hdf
+
+    inputs: str | None = args.inputs
+    if inputs is not None and inputs.lower() == "none":
+        inputs = None
+    fields: Any = None
+    if args.field:
+        fields = {}
+        for item in args.field:
+            name, sep, key = item.partition("=")
+            fields[name] = key if sep else name
+    return export_hdf(args.store, args.out, inputs=inputs, fields=fields, chunk_bytes=args.chunk_mb << 20,
+                      overwrite=args.overwrite, progress=progress)
+
+
+def _hdf_export_total(args: argparse.Namespace) -> int | None:
+    from ..format.manifest import Manifest
+    from ..store.verify import total_bytes
+
+    try:
+        return int(total_bytes(Manifest.load(args.store)))
+    except SeqstoreError:
+        return None
+
+
+def _hdf_export_args(group: Any) -> None:
+    group.add_argument("--inputs", default="auto",
+                       help="returnn-hdf: field written as 'inputs' (default: the imported one, else 'data'; "
+                       "'none': targets only)")
+    group.add_argument("--field", action="append", metavar="FIELD[=KEY]",
+                       help="returnn-hdf: write FIELD as targets/data/KEY (repeatable; default: all other fields)")
+
+
+register_source("returnn-hdf", Converter("RETURNN HDF files (SimpleHDFWriter / HDFDataset layout)", _hdf_run,
+                                         _hdf_args, _hdf_total))
+register_source("parquet", Converter("Parquet files or directories", _arrow_run("parquet"), _arrow_args,
+                                     _arrow_total("parquet")))
+register_source("arrow", Converter("Arrow IPC files or directories (incl. HF datasets save_to_disk)",
+                                   _arrow_run("arrow"), None, _arrow_total("arrow")))
+register_target("returnn-hdf", Converter("one RETURNN HDF file for HDFDataset", _hdf_export, _hdf_export_args,
+                                         _hdf_export_total))
+
+
+# ------------------------------------------------------------------------------------- commands
+
+
+def _with_bar(conv: Converter, args: argparse.Namespace, desc: str) -> Any:
+    total = None if args.quiet or conv.total is None else conv.total(args)
+    with tqdm(total=total, desc=desc, unit=conv.unit, unit_scale=True, disable=args.quiet,
+              file=sys.stderr) as bar:
+        return conv.run(args, bar.update)
+
+
+def _user_error(exc: OSError | KeyError) -> int:
+    msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    print(f"seqstore: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def convert_main(args: argparse.Namespace) -> int:
+    """``seqstore convert --from FORMAT SOURCE... OUT``: build a new store from files of another format.
+    Returns the exit status (0; 2 for missing/existing paths; SeqstoreError propagates to cli.main)."""
+    conv = SOURCES[args.source]
+    try:
+        store = _with_bar(conv, args, f"convert {args.source}")
+    except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
+        return _user_error(exc)
+    if not args.quiet:
+        n = len(store) if hasattr(store, "__len__") else "?"
+        shards = getattr(store, "num_shards", "?")
+        print(f"{_sources_and_out(args)[1]}: {n} records, {shards} shard(s)")
+    return 0
+
+
+def export_main(args: argparse.Namespace) -> int:
+    """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
+    conv = TARGETS[args.target]
+    try:
+        out = _with_bar(conv, args, f"export {args.target}")
+    except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
+        return _user_error(exc)
+    if not args.quiet:
+        print(f"wrote {out}")
+    return 0
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``convert`` and ``export`` on an ``argparse`` subparsers object (``set_defaults(func=...)``
+    points at :func:`convert_main` / :func:`export_main`, as ``cli.main`` expects)."""
+    conv = subparsers.add_parser(
+        "convert", help="build a store from other formats (" + ", ".join(SOURCES) + ")",
+        description="Stream files of another format into a new store (all files are checked first; a failed "
+        "conversion leaves no store behind).",
+    )
+    conv.add_argument("--from", dest="source", required=True, choices=list(SOURCES), help="source format")
+    conv.add_argument("paths", nargs="+", metavar="SOURCE... OUT", help="source files/directories, then the new store")
+    conv.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
+    conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
+    conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    for name, c in SOURCES.items():
+        if c.add_arguments is not None:
+            c.add_arguments(conv.add_argument_group(f"--from {name}"))
+    conv.set_defaults(func=convert_main)
+
+    exp = subparsers.add_parser("export", help="write a store in another format (" + ", ".join(TARGETS) + ")")
+    exp.add_argument("--to", dest="target", required=True, choices=list(TARGETS), help="target format")
+    exp.add_argument("store", help="the store to export")
+    exp.add_argument("out", help="output file")
+    exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    exp.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows written per step (default 64)")
+    exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    for name, c in TARGETS.items():
+        if c.add_arguments is not None:
+            c.add_arguments(exp.add_argument_group(f"--to {name}"))
+    exp.set_defaults(func=export_main)

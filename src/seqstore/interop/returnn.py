@@ -1,0 +1,584 @@
+"""RETURNN interop: import RETURNN HDF files into a store, export a store as a RETURNN HDF file, and
+:class:`StoreDataset`, a RETURNN ``Dataset`` that trains from a store.
+
+The HDF layout is the one RETURNN's ``SimpleHDFWriter`` writes and ``HDFDataset`` reads:
+
+- ``inputs``: (total_frames, dim) dense rows, or (total_frames,) ints for sparse inputs;
+- ``seqLengths``: (num_seqs, C) ints; column 0 is ``inputs`` (when there are inputs), then one column
+  per target key in sorted order (or one unused column when there is no ``targets`` group);
+- ``seqTags``: (num_seqs,) strings;
+- ``targets/data/<key>``: the concatenated rows of each extra stream; ``targets/size`` attribute
+  ``<key>`` = ``[dim, ndim]``; ``targets/labels/<key>`` label strings; ``labels``: labels of ``inputs``;
+- attributes ``numSeqs``, ``numTimesteps``, ``inputPattSize``, ``numDims``, ``numLabels``.
+
+Import (:func:`import_hdf`) maps ``inputs`` to the field ``data`` and each target key to a field of
+that name (sparse streams become 1-d ragged integer fields), tags to record ids, and keeps dims and
+labels in the store's metadata under ``"returnn"`` so that :func:`export_hdf` and
+:class:`StoreDataset` can give RETURNN the same ``num_outputs`` and labels back. Both directions
+stream in chunks of about ``chunk_bytes`` of rows: memory is bounded independently of file size, and
+nothing is done per sequence except decoding that chunk's tags.
+
+``h5py`` is needed for import and export (extra ``seqstore[hdf5]``); RETURNN itself only for
+:class:`StoreDataset`, imported when that name is first used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import SchemaError
+from ..schema import Field, Schema
+from ..store import Store, Writer, open_store
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, new_store, split_by_budget
+
+if TYPE_CHECKING:
+    from ._returnn_dataset import StoreDataset as StoreDataset
+
+__all__ = ["import_hdf", "export_hdf", "inspect_hdf", "HdfFileInfo", "HdfStream", "StoreDataset", "METADATA_KEY"]
+
+#: Key of the RETURNN information (dims, sparse flags, labels, sources) in a store's metadata.
+METADATA_KEY = "returnn"
+
+_LENGTHS_BLOCK = 1 << 16  # sequences of seqLengths read at once while streaming
+_VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
+_TAG_COST = 64  # bytes charged per sequence in the chunk budget (its tag string and bookkeeping)
+
+
+def __getattr__(name: str) -> Any:
+    """``StoreDataset`` is built on RETURNN's ``Dataset``: import RETURNN only when it is asked for."""
+    if name == "StoreDataset":
+        from ._returnn_dataset import StoreDataset
+
+        return StoreDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _h5py() -> Any:
+    try:
+        import h5py
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("RETURNN HDF import/export needs h5py: pip install 'seqstore[hdf5]'") from exc
+    return h5py
+
+
+# ---------------------------------------------------------------------------------------- inspect
+
+
+@dataclasses.dataclass(frozen=True)
+class HdfStream:
+    """One stream of a RETURNN HDF file: ``inputs`` or ``targets/data/<key>``.
+
+    ``key`` is RETURNN's data key (``"data"`` for inputs), ``dataset`` the HDF path, ``column`` its
+    column in ``seqLengths``, ``dtype``/``inner`` the row dtype and shape (``()`` for sparse/1-d),
+    ``rows`` the first-axis size, ``dim``/``ndim`` RETURNN's ``num_outputs`` entry.
+    """
+
+    key: str
+    dataset: str
+    column: int
+    dtype: str
+    inner: tuple[int, ...]
+    rows: int
+    dim: int
+    ndim: int
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.inner, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def sparse(self) -> bool:
+        return self.ndim <= 1 and np.dtype(self.dtype).kind in "iu"
+
+
+@dataclasses.dataclass(frozen=True)
+class HdfFileInfo:
+    """What :func:`inspect_hdf` found in one file: sequence count, streams, labels. O(streams + labels)."""
+
+    path: str
+    num_seqs: int
+    streams: tuple[HdfStream, ...]
+    lengths_2d: bool
+    labels: dict[str, list[str]]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all stream rows (what the import reads, tags not counted)."""
+        return sum(s.rows * s.row_bytes for s in self.streams)
+
+
+def _decode_tag(t: Any) -> str:
+    """A tag as RETURNN decodes it: bytes -> utf-8, cut at the first NUL."""
+    s = t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
+    return s.split("\0", 1)[0]
+
+
+def _read(ds: Any, sl: Any, path: str, name: str) -> Any:
+    """``ds[sl]``, turning HDF5 read failures into a SourceFormatError naming file and dataset."""
+    try:
+        return ds[sl]
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise SourceFormatError(path, name, f"cannot read {sl!r}: {exc}") from exc
+
+
+def _labels(fin: Any, name: str, path: str) -> list[str] | None:
+    if name not in fin:
+        return None
+    raw = _read(fin[name], (), path, name)
+    labels = [_decode_tag(x) for x in np.asarray(raw).reshape(-1).tolist()]
+    return None if labels in ([], ["dummy-label"]) else labels
+
+
+def _size_attr(fin: Any, key: str, path: str) -> tuple[int, int] | None:
+    if "targets/size" not in fin or key not in fin["targets/size"].attrs:
+        return None
+    v = np.asarray(fin["targets/size"].attrs[key])
+    if v.ndim == 0:
+        return int(v), len(fin[f"targets/data/{key}"].shape)
+    if v.shape != (2,):
+        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim], got {v.tolist()}")
+    return int(v[0]), int(v[1])
+
+
+def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> HdfFileInfo:
+    """Check that ``path`` is a well-formed RETURNN HDF file and describe it.
+
+    Reads attributes, dataset shapes and labels, and (``check_lengths``) walks ``seqLengths`` in
+    blocks of 2**20 sequences to check that every column is non-negative and sums to the first-axis
+    size of its stream. O(block) memory; reads 4-8 bytes per sequence and stream.
+
+    Raises :class:`SourceFormatError` (a :class:`seqstore.FormatError`) naming the file and dataset
+    for a missing dataset, a ``seqLengths`` shape that does not fit the streams, lengths that disagree
+    with data sizes, or a file that is not HDF5; :class:`seqstore.SchemaError` for string-valued
+    streams, which have no numeric field to go to.
+    """
+    h5py = _h5py()
+    p = str(path)
+    try:
+        fin = h5py.File(p, "r")
+    except (OSError, ValueError) as exc:
+        raise SourceFormatError(p, None, f"cannot open as an HDF5 file: {exc}") from exc
+    with fin:
+        for need in ("seqLengths", "seqTags"):
+            if need not in fin:
+                raise SourceFormatError(
+                    p, need, "missing (a RETURNN HDF file has seqLengths, seqTags, inputs and/or targets/data/<key>)"
+                )
+        has_inputs = "inputs" in fin
+        has_targets = "targets" in fin
+        keys: list[str] = []
+        if has_targets:
+            if "targets/data" not in fin:
+                raise SourceFormatError(p, "targets/data", "missing although the file has a 'targets' group")
+            size_keys = set(fin["targets/size"].attrs.keys()) if "targets/size" in fin else set()
+            keys = sorted(set(fin["targets/data"].keys()) | size_keys)
+            for k in keys:
+                if k not in fin["targets/data"] or not isinstance(fin[f"targets/data/{k}"], h5py.Dataset):
+                    raise SourceFormatError(p, f"targets/data/{k}", "missing (the key is listed in targets/size)")
+        if not has_inputs and not keys:
+            raise SourceFormatError(p, "inputs", "missing, and there are no targets/data/<key> streams either")
+        if has_inputs and "data" in keys:
+            raise SourceFormatError(p, "targets/data/data", "key 'data' is taken by 'inputs'")
+
+        sl = fin["seqLengths"]
+        lengths_2d = sl.ndim == 2
+        tags = fin["seqTags"]
+        if sl.ndim not in (1, 2) or sl.dtype.kind not in "iu":
+            raise SourceFormatError(p, "seqLengths", f"expected integer (num_seqs, C), got {sl.dtype} {sl.shape}")
+        n = int(sl.shape[0])
+        ncols = int(has_inputs) + (len(keys) if has_targets else 1)
+        if sl.ndim == 2 and sl.shape[1] != ncols:
+            what = (["inputs"] if has_inputs else []) + (keys if has_targets else ["(unused 'classes')"])
+            raise SourceFormatError(
+                p, "seqLengths", f"has {sl.shape[1]} columns, expected {ncols} (one per stream: {', '.join(what)})"
+            )
+        if tags.shape != (n,):
+            raise SourceFormatError(p, "seqTags", f"shape {tags.shape} does not match seqLengths' {n} sequences")
+
+        streams: list[HdfStream] = []
+        names = (["inputs"] if has_inputs else []) + [f"targets/data/{k}" for k in keys]
+        for col, name in enumerate(names):
+            ds = fin[name]
+            if ds.dtype.kind in "OSUV" or h5py.check_string_dtype(ds.dtype) is not None:
+                raise SchemaError(f"{p}, dataset {name!r}: holds {ds.dtype} values; seqstore fields are numeric")
+            if ds.ndim < 1:
+                raise SourceFormatError(p, name, f"expected at least one axis (rows), got shape {ds.shape}")
+            inner = tuple(int(s) for s in ds.shape[1:])
+            if name == "inputs":
+                key = "data"
+                if ds.ndim == 1:
+                    dim = int(fin.attrs.get("inputPattSize", 1))
+                    ndim = 1
+                else:
+                    dim, ndim = int(ds.shape[1]), ds.ndim
+            else:
+                key = name.rsplit("/", 1)[1]
+                given = _size_attr(fin, key, p)
+                dim, ndim = given if given else ((1 if ds.ndim == 1 else int(ds.shape[-1])), ds.ndim)
+            column = col if sl.ndim == 2 else 0
+            streams.append(HdfStream(key, name, column, str(ds.dtype), inner, int(ds.shape[0]), dim, ndim))
+
+        if check_lengths:
+            sums = np.zeros(ncols if sl.ndim == 2 else 1, dtype=np.int64)
+            for a in range(0, n, _VALIDATE_BLOCK):
+                block = np.asarray(_read(sl, slice(a, min(a + _VALIDATE_BLOCK, n)), p, "seqLengths"), dtype=np.int64)
+                block = block.reshape(len(block), -1)
+                if block.size and block.min() < 0:
+                    r, c = np.argwhere(block < 0)[0]
+                    raise SourceFormatError(p, "seqLengths", f"negative length {block[r, c]} at sequence {a + r}")
+                sums += block.sum(axis=0)
+            for s in streams:
+                if int(sums[s.column]) != s.rows:
+                    raise SourceFormatError(
+                        p,
+                        s.dataset,
+                        f"has {s.rows} rows but seqLengths column {s.column} sums to {int(sums[s.column])}: "
+                        "lengths and data disagree",
+                    )
+
+        labels: dict[str, list[str]] = {}
+        if has_inputs:
+            got = _labels(fin, "labels", p)
+            if got:
+                labels["data"] = got
+        for k in keys:
+            got = _labels(fin, f"targets/labels/{k}", p)
+            if got:
+                labels[k] = got
+    return HdfFileInfo(p, n, tuple(streams), lengths_2d, labels)
+
+
+def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tuple[Schema, dict[str, Any]]:
+    """One schema for all files (same streams and row shapes; dtypes promoted within a kind)."""
+    first = infos[0]
+    by_key: dict[str, HdfStream] = {s.key: s for s in first.streams}
+    dtypes = {k: np.dtype(s.dtype) for k, s in by_key.items()}
+    for info in infos[1:]:
+        keys = [s.key for s in info.streams]
+        if sorted(keys) != sorted(by_key):
+            raise SchemaError(
+                f"{info.path}: streams {sorted(keys)} differ from {sorted(by_key)} of {first.path}; "
+                "all files of one import must have the same inputs and targets"
+            )
+        for s in info.streams:
+            ref = by_key[s.key]
+            if s.inner != ref.inner:
+                raise SchemaError(
+                    f"{info.path}, dataset {s.dataset!r}: rows of shape {s.inner} but {ref.inner} in {first.path}"
+                )
+            dt = np.dtype(s.dtype)
+            if dt.kind != dtypes[s.key].kind and not {dt.kind, dtypes[s.key].kind} <= {"i", "u"}:
+                raise SchemaError(
+                    f"{info.path}, dataset {s.dataset!r}: dtype {dt} does not go with {dtypes[s.key]} of {first.path}"
+                )
+            dtypes[s.key] = np.promote_types(dtypes[s.key], dt)
+    unknown = set(rename) - set(by_key) - {"inputs"}
+    if unknown:
+        raise SchemaError(f"rename: no stream(s) {sorted(unknown)} in {first.path}; streams are {sorted(by_key)}")
+    spec: dict[str, Field] = {}
+    streams_meta: dict[str, Any] = {}
+    inputs_field: str | None = None
+    def name_of(key: str) -> str:
+        return rename.get("inputs", "data") if key == "data" else rename.get(key, key)
+
+    for key, s in by_key.items():
+        name = name_of(key)
+        if name in spec:
+            raise SchemaError(f"two streams map to the field {name!r}; use rename to tell them apart")
+        try:
+            spec[name] = Field(dtypes[key], (None, *s.inner))
+        except SchemaError as exc:
+            raise SchemaError(f"{first.path}, dataset {s.dataset!r}: {exc}") from exc
+        streams_meta[name] = {"hdf_key": key, "dim": s.dim, "ndim": s.ndim, "sparse": s.sparse}
+        if key == "data":
+            inputs_field = name
+    labels = {}
+    for key, lab in first.labels.items():
+        labels[name_of(key)] = lab
+    meta = {
+        "format": "returnn-hdf",
+        "files": [os.path.basename(i.path) for i in infos],
+        "inputs": inputs_field,
+        "streams": streams_meta,
+        "labels": labels,
+    }
+    return Schema(spec), meta
+
+
+# ----------------------------------------------------------------------------------------- import
+
+
+def _stream_file(
+    info: HdfFileInfo, writer: Writer, fields: Mapping[str, str], chunk_bytes: int, progress: Progress | None
+) -> None:
+    """Append every sequence of one file to ``writer`` in chunks of about ``chunk_bytes`` of rows."""
+    h5py = _h5py()
+    p = info.path
+    with h5py.File(p, "r") as fin:
+        sl = fin["seqLengths"]
+        tags_ds = fin["seqTags"]
+        data = {s.key: fin[s.dataset] for s in info.streams}
+        row_pos = {s.key: 0 for s in info.streams}
+        cost_per_row = [s.row_bytes for s in info.streams]
+        n = info.num_seqs
+        for a in range(0, n, _LENGTHS_BLOCK):
+            b = min(a + _LENGTHS_BLOCK, n)
+            block = np.asarray(_read(sl, slice(a, b), p, "seqLengths"), dtype=np.int64).reshape(b - a, -1)
+            cost = np.full(b - a, _TAG_COST, dtype=np.int64)
+            for s, rb in zip(info.streams, cost_per_row):
+                cost += block[:, s.column] * rb
+            for x, y in split_by_budget(cost, chunk_bytes):
+                columns: dict[str, Any] = {}
+                nbytes = 0
+                for s in info.streams:
+                    lengths = block[x:y, s.column]
+                    r0 = row_pos[s.key]
+                    r1 = r0 + int(lengths.sum())
+                    values = _read(data[s.key], slice(r0, r1), p, s.dataset)
+                    row_pos[s.key] = r1
+                    columns[fields[s.key]] = (values, lengths)
+                    nbytes += values.nbytes
+                raw_tags = _read(tags_ds, slice(a + x, a + y), p, "seqTags")
+                ids = [_decode_tag(t) for t in raw_tags.tolist()]
+                try:
+                    writer.append_batch(columns, ids=ids)
+                except SchemaError as exc:
+                    raise SchemaError(f"{p}, sequences {a + x}..{a + y - 1}: {exc}") from exc
+                if progress is not None:
+                    progress(nbytes)
+
+
+def import_hdf(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    rename: Mapping[str, str] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    shard_bytes: int = 1 << 30,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Store:
+    """Convert one or more RETURNN HDF files into one new store at ``out`` and open it.
+
+    Fields: ``data`` for ``inputs`` ((None, dim) dense or (None,) sparse ints) and one field per
+    ``targets/data/<key>`` ((None,) or (None, *row)); dtypes as in the files. ``rename`` maps a stream
+    (``"inputs"`` or a target key) to another field name. Tags become record ids; records keep the
+    files' order (file 1's sequences, then file 2's, ...). Dims, sparse flags, labels and the source
+    file names go to ``store.metadata["returnn"]``.
+
+    All files are validated before the store is created (:func:`inspect_hdf`: datasets present,
+    ``seqLengths`` shape and column sums against every stream's size, same streams in every file), so
+    a bad file 2 of 3 fails before anything is written; if reading fails later (a damaged HDF5 chunk),
+    the new store is deleted. Either the whole store is there or nothing.
+
+    Memory: O(``chunk_bytes``) of rows plus that chunk's tags, whatever the file sizes. One sequential
+    pass over each dataset. ``progress`` is called with the bytes of rows of each chunk written.
+    """
+    paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not paths:
+        raise ValueError("import_hdf: no source files given")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    infos = [inspect_hdf(p) for p in paths]
+    schema, meta = _merge_schema(infos, dict(rename or {}))
+    fields = {v["hdf_key"]: name for name, v in meta["streams"].items()}
+
+    def fill(writer: Writer) -> None:
+        for info in infos:
+            _stream_file(info, writer, fields, chunk_bytes, progress)
+
+    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+    return open_store(out)
+
+
+# ----------------------------------------------------------------------------------------- export
+
+
+def _stream_dims(store: Store, name: str, f: Field) -> tuple[int | None, int, bool]:
+    """(dim or None if it must be measured, ndim, sparse) of a field for RETURNN."""
+    meta = store.metadata.get(METADATA_KEY, {})
+    given = meta.get("streams", {}).get(name) if isinstance(meta, dict) else None
+    inner = f.inner_shape
+    ndim = 1 + len(inner)
+    sparse = ndim == 1 and np.dtype(f.storage_dtype).kind in "iu" and f.dtype != "bfloat16"
+    if isinstance(given, dict) and "dim" in given:
+        return int(given["dim"]), int(given.get("ndim", ndim)), bool(given.get("sparse", sparse))
+    if sparse:
+        return None, ndim, True
+    return (inner[-1] if inner else 1), ndim, False
+
+
+def _chunks_of_store(store: Store, fields: Sequence[str], chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """Record ranges ``[a, b)`` holding about ``chunk_bytes`` of the fields' rows each."""
+    n = len(store)
+    schema = store.schema
+    for a in range(0, n, _LENGTHS_BLOCK):
+        b = min(a + _LENGTHS_BLOCK, n)
+        cost = np.full(b - a, _TAG_COST, dtype=np.int64)
+        for name in fields:
+            f = schema[name]
+            if f.ragged:
+                cost += store.lengths(name)[a:b] * f.row_bytes
+            else:
+                cost += f.row_bytes
+        for x, y in split_by_budget(cost, chunk_bytes):
+            yield a + x, a + y
+
+
+def _total_rows(store: Store, name: str) -> int:
+    f = store.schema[name]
+    if not f.ragged:
+        return len(store)
+    return sum(int(s.rows[name]) for s in store.manifest.shards)
+
+
+def export_hdf(
+    store: str | os.PathLike[str] | Store,
+    out: str | os.PathLike[str],
+    *,
+    inputs: str | None = "auto",
+    fields: Sequence[str] | Mapping[str, str] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a store as one RETURNN HDF file that RETURNN's ``HDFDataset`` loads.
+
+    ``inputs``: the field written as ``inputs`` (``"auto"``: the one import_hdf recorded, else
+    ``data`` if present; ``None``: no ``inputs``, targets only). ``fields``: the other fields to write
+    as ``targets/data/<key>`` (a list, or a mapping field -> key; default: every other field, which
+    must then have names without ``/``). A ragged field is a stream of its rows; a fixed field is a
+    stream with one row per record (RETURNN's convention for per-sequence values). Rows must be 1-d
+    (sparse) or 2-d (dense), as RETURNN's HDF streams are. Dims and labels come from the store's
+    ``returnn`` metadata when present; a sparse stream without one gets dim = max value + 1. bfloat16
+    fields are written as float32. Tags are the record ids (``seq-<i>`` without ids).
+
+    Written in bulk: every dataset is allocated at its final size, then filled in record chunks of
+    about ``chunk_bytes`` (one gather per chunk and field, one slice write per dataset). Memory
+    O(``chunk_bytes``). The file appears atomically (written under a temporary name, then renamed).
+    ``progress`` is called with the bytes of rows of each chunk.
+    """
+    h5py = _h5py()
+    # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1))
+    st = open_store(store.root if isinstance(store, Store) else store, bfloat16="float32")
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target}: already exists (pass overwrite=True to replace it)")
+    schema = st.schema
+    meta = st.metadata.get(METADATA_KEY, {})
+    meta = meta if isinstance(meta, dict) else {}
+    if inputs == "auto":
+        recorded = meta.get("inputs")
+        inputs = recorded if recorded in schema else ("data" if "data" in schema else None)
+    if inputs is not None and inputs not in schema:
+        raise KeyError(f"{st.root}: no field {inputs!r} for inputs; fields are {list(schema)}")
+    if fields is None:
+        keyed = {n: n for n in schema if n != inputs}
+    elif isinstance(fields, Mapping):
+        keyed = dict(fields)
+    else:
+        keyed = {n: n for n in fields}
+    for n, k in keyed.items():
+        if n not in schema:
+            raise KeyError(f"{st.root}: no field {n!r}; fields are {list(schema)}")
+        if "/" in k or k in ("", "data") or k == inputs:
+            raise SchemaError(
+                f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
+                "pass fields={field: key} to name it"
+            )
+    if inputs is None and not keyed:
+        raise SchemaError(f"{st.root}: nothing to export (no inputs field and no target fields)")
+    streams: list[tuple[str, str]] = ([(inputs, "inputs")] if inputs else []) + [
+        (n, f"targets/data/{k}") for n, k in sorted(keyed.items(), key=lambda kv: kv[1])
+    ]
+    for n, _ in streams:
+        if len(schema[n].inner_shape) > 1:
+            raise SchemaError(
+                f"field {n!r}: rows of shape {schema[n].inner_shape}; RETURNN HDF streams have 1-d or 2-d rows"
+            )
+    n_seqs = len(st)
+    labels_meta = meta.get("labels", {}) if isinstance(meta.get("labels", {}), dict) else {}
+    dims = {n: _stream_dims(st, n, schema[n]) for n, _ in streams}
+    ncols = (1 if inputs else 0) + (len(keyed) if keyed else 1)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    measured_max: dict[str, int] = {}
+    try:
+        with h5py.File(tmp, "w") as fout:
+            dsets: dict[str, Any] = {}
+            for n, hname in streams:
+                f = schema[n]
+                dt = np.dtype("float32") if f.dtype == "bfloat16" else f.storage_dtype
+                rows = _total_rows(st, n)
+                dsets[n] = fout.create_dataset(hname, shape=(rows, *f.inner_shape), dtype=dt)
+            seq_lengths = fout.create_dataset("seqLengths", shape=(n_seqs, ncols), dtype="int32")
+            tags = fout.create_dataset("seqTags", shape=(n_seqs,), dtype=h5py.string_dtype("utf-8"))
+            pos = {n: 0 for n, _ in streams}
+            for a, b in _chunks_of_store(st, [n for n, _ in streams], chunk_bytes):
+                batch = st.get_batch(np.arange(a, b, dtype=np.int64), fields=[n for n, _ in streams])
+                lens = np.zeros((b - a, ncols), dtype=np.int64)
+                nbytes = 0
+                for col, (n, _) in enumerate(streams):
+                    f = schema[n]
+                    if f.ragged:
+                        values, lengths = batch[n]
+                    else:
+                        values, lengths = batch[n], np.ones(b - a, dtype=np.int64)
+                    if f.dtype == "bfloat16":
+                        values = np.asarray(values, dtype=np.float32)
+                    if dims[n][0] is None and values.size:
+                        measured_max[n] = max(measured_max.get(n, -1), int(values.max()))
+                    dsets[n][pos[n] : pos[n] + len(values)] = values
+                    pos[n] += len(values)
+                    lens[:, col] = lengths
+                    nbytes += values.nbytes
+                if lens.size and lens.max() > np.iinfo(np.int32).max:
+                    raise SchemaError(f"{st.root}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
+                seq_lengths[a:b] = lens.astype(np.int32)
+                if st.has_ids:
+                    ids = [st.id(i) for i in range(a, b)]
+                else:
+                    ids = [f"seq-{i}" for i in range(a, b)]
+                tags[a:b] = np.array(ids, dtype=object)
+                if progress is not None:
+                    progress(nbytes)
+
+            def dim_of(n: str) -> int:
+                d = dims[n][0]
+                return d if d is not None else measured_max.get(n, 0) + 1
+
+            if inputs:
+                d = dim_of(inputs)
+                fout.attrs["inputPattSize"] = d
+                fout.attrs["numLabels"] = d
+                fout.attrs["numTimesteps"] = pos[inputs]
+                lab = labels_meta.get(inputs)
+                if lab:
+                    fout.create_dataset("labels", data=np.array(lab, dtype=object), dtype=h5py.string_dtype("utf-8"))
+                else:
+                    fout.create_dataset("labels", (0,), dtype="S5")
+            else:
+                fout.attrs["inputPattSize"] = 1
+                fout.attrs["numLabels"] = 1
+                fout.attrs["numTimesteps"] = 0
+            fout.attrs["numDims"] = 1
+            fout.attrs["numSeqs"] = n_seqs
+            if keyed:
+                size = fout.require_group("targets/size")
+                lab_group = fout.require_group("targets/labels")
+                for n, k in keyed.items():
+                    size.attrs[k] = np.array([dim_of(n), dims[n][1]], dtype=np.int64)
+                    lab = labels_meta.get(n) or ["dummy-label"]
+                    lab_group.create_dataset(k, data=np.array(lab, dtype=object), dtype=h5py.string_dtype("utf-8"))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+

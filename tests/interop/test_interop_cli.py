@@ -1,0 +1,93 @@
+"""``seqstore convert`` / ``seqstore export`` as registered by seqstore.interop.commands.add_subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pytest
+from interop_testlib import write_returnn_hdf
+
+import seqstore
+from seqstore.errors import SeqstoreError
+from seqstore.interop import commands
+
+
+def _run(argv: list[str]) -> int:
+    """What cli.main does once the lead wires add_subcommands in."""
+    p = argparse.ArgumentParser(prog="seqstore")
+    sub = p.add_subparsers(dest="command", required=True)
+    commands.add_subcommands(sub)
+    args = p.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SeqstoreError:
+        return 2
+
+
+def test_interop_cli_convert_and_export_returnn_hdf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("returnn")
+    from returnn.datasets.hdf import HDFDataset
+
+    exp_a = write_returnn_hdf(tmp_path / "a.hdf", n=12, seed=1)
+    write_returnn_hdf(tmp_path / "b.hdf", n=8, seed=2)
+    out = tmp_path / "ab.seqstore"
+    assert _run(["convert", "--from", "returnn-hdf", str(tmp_path / "a.hdf"), str(tmp_path / "b.hdf"), str(out),
+                 "--chunk-mb", "1", "--rename", "spk=speaker"]) == 0
+    captured = capsys.readouterr()
+    assert "20 records" in captured.out and "convert returnn-hdf" in captured.err  # tqdm bar on stderr
+    store = seqstore.open(out)
+    assert len(store) == 20 and "speaker" in store.schema and store.id(0) == exp_a["tags"][0]
+    assert _run(["convert", "--from", "returnn-hdf", str(tmp_path / "a.hdf"), str(out)]) == 2  # exists
+    assert "already exists" in capsys.readouterr().err
+    hdf = tmp_path / "out.hdf"
+    assert _run(["export", "--to", "returnn-hdf", str(out), str(hdf), "-q"]) == 0
+    ds = HDFDataset(files=[str(hdf)])
+    ds.initialize()
+    ds.init_seq_order(epoch=1)
+    assert ds.num_seqs == 20 and ds.get_tag(0) == exp_a["tags"][0]
+    np.testing.assert_array_equal(ds.get_data(3, "speaker"), exp_a["spk"][3])
+    # a broken source: exit status 2 and no store
+    (tmp_path / "bad.hdf").write_bytes(b"x" * 64)
+    assert _run(["convert", "--from", "returnn-hdf", str(tmp_path / "bad.hdf"), str(tmp_path / "bad.seqstore"),
+                 "-q"]) == 2
+    assert not (tmp_path / "bad.seqstore").exists()
+
+
+def test_interop_cli_convert_parquet_map(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    t = pa.table({"key": ["a", "b", "c"], "toks": pa.array([[1, 2], [], [3]], pa.list_(pa.int64())),
+                  "junk": ["x", "y", "z"]})
+    pq.write_table(t, tmp_path / "t.parquet")
+    out = tmp_path / "t.seqstore"
+    assert _run(["convert", "--from", "parquet", str(tmp_path / "t.parquet"), str(out), "--map", "toks=tokens",
+                 "--id-column", "key", "-q"]) == 0
+    store = seqstore.open(out)
+    assert list(store.schema) == ["tokens"] and store.id(1) == "b"
+    np.testing.assert_array_equal(store[0]["tokens"], [1, 2])
+    assert _run(["convert", "--from", "parquet", str(tmp_path / "t.parquet"), str(tmp_path / "u.seqstore"),
+                 "--map", "bad", "-q"]) == 2
+
+
+def test_interop_cli_registry_accepts_new_sources(tmp_path: Path) -> None:
+    seen = {}
+
+    def run(args: argparse.Namespace, progress: commands.Progress) -> list[int]:
+        seen["args"] = args
+        progress(5)
+        return [1, 2, 3]
+
+    def add(group: object) -> None:
+        group.add_argument("--dummy-level", type=int, default=0)  # type: ignore[attr-defined]
+
+    commands.register_source("dummy", commands.Converter("a test source", run, add))
+    try:
+        assert _run(["convert", "--from", "dummy", "x", str(tmp_path / "o"), "--dummy-level", "3", "-q"]) == 0
+        assert seen["args"].dummy_level == 3
+    finally:
+        commands.SOURCES.pop("dummy")
+    with pytest.raises(SystemExit):
+        _run(["convert", "--from", "dummy", "x", "y"])
