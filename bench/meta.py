@@ -2,7 +2,7 @@
 
 Two datasets of N small records describe the same sequences: ``a`` has ids ``seq-000000000`` ... in
 order, ``b`` the same ids in a random permutation (different data). Both layouts are generated once
-under bench/data/meta/ (seqstore stores and RETURNN HDF files, see bench/datasets.py).
+under bench/data/meta/ (seqstore stores and RETURNN HDF files, see bench/gen_data.py).
 
 - ``seqstore_first``: ``MetaDataset({"a": ..., "b": ...})`` with an empty cache directory: the
   vectorised hash join over the raw id files, written as a ``.npy`` row map.
@@ -35,7 +35,7 @@ RETURNN_MAX_N = 100_000
 def _shuffled(n: int) -> Iterator[tuple[Any, Any, list[str]]]:
     import numpy as np
 
-    from bench.datasets import small_records
+    from bench.gen_data import small_records
 
     perm = np.random.default_rng(12345).permutation(n)
     pos = 0
@@ -47,7 +47,7 @@ def _shuffled(n: int) -> Iterator[tuple[Any, Any, list[str]]]:
 
 def ensure_pair(n: int, hdf: bool) -> dict[str, Path]:
     """Paths of the (a, b) stores and, with ``hdf``, HDF files; built once."""
-    from bench.datasets import _done, _fresh, build_hdf, build_seqstore, ensure, hdf_path, seqstore_path
+    from bench.gen_data import _done, _fresh, build_hdf, build_seqstore, ensure, hdf_path, seqstore_path
 
     systems = ("seqstore", "hdf") if hdf else ("seqstore",)
     a = ensure("meta", n, systems)
