@@ -18,11 +18,12 @@ $(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(STAMP): pyproject.toml $(RUN_STAMP)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' '$(TORCH_PIN)'
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,bench]' '$(TORCH_PIN)'
+	-$(PY) -m pip install -q grain  # optional peer for bench/orders.py; skipped there when missing
 	touch $@
 
 demo: $(RUN_STAMP)
