@@ -17,7 +17,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 FIRST = ["open", "write", "reads", "orders"]
-NOT_BENCHES = {"__init__", "harness", "gen_data", "plot", "run_all"}
+NOT_BENCHES = {"__init__", "harness", "gen_data", "plot", "run_all", "gpu_feed", "gpu_similarity"}
 
 
 def discover() -> list[str]:

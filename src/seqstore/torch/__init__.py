@@ -1,0 +1,34 @@
+"""PyTorch adapters (needs torch): datasets, samplers, collation and exact, elastic resume.
+
+* :class:`SeqDataset` -- map-style ``Dataset``: record -> dict of tensors; batched gathers.
+* :class:`EpochSampler` -- this rank's indices of an epoch order, lazily (ranks interleave).
+* :class:`EpochBatchSampler` -- length-based batches (greedy or bucketed), equal count per rank.
+* :class:`IterableSeqDataset` -- records or batches sharded over ranks x DataLoader workers.
+* :func:`collate_padded` / :class:`PaddedCollate` -- stack fixed fields, pad ragged ones + lengths/masks.
+* :class:`SeqDataLoader` -- a DataLoader that counts consumed batches for an exact ``state_dict()``.
+* :class:`LengthBatching` -- the length-based batching options; :class:`StateError` -- bad states.
+
+States are O(1) dicts (epoch, global position, ordering config, dataset fingerprint) that load into
+any world size or worker count. Epochs are 1-based, as in :func:`seqstore.seq_order`. See docs/torch.md.
+"""
+
+from ._plan import LengthBatching
+from ._state import StateError
+from .collate import GatheredRecords, PaddedCollate, collate_padded
+from .dataset import SeqDataset
+from .iterable import IterableSeqDataset
+from .loader import SeqDataLoader
+from .sampler import EpochBatchSampler, EpochSampler
+
+__all__ = [
+    "EpochBatchSampler",
+    "EpochSampler",
+    "GatheredRecords",
+    "IterableSeqDataset",
+    "LengthBatching",
+    "PaddedCollate",
+    "SeqDataLoader",
+    "SeqDataset",
+    "StateError",
+    "collate_padded",
+]

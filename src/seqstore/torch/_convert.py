@@ -1,0 +1,61 @@
+"""NumPy -> torch conversion and topology lookup (rank, world size, DataLoader worker).
+
+Arrays from a store are read-only memory-mapped views; ``torch.from_numpy`` on them warns and would
+share the mapping. :func:`to_tensor` copies such arrays once (arrays gathered by ``get_batch`` are
+fresh and writable: no copy). bfloat16 fields (stored as uint16 bits, or ``ml_dtypes.bfloat16``) become
+``torch.bfloat16`` tensors without a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import get_worker_info
+
+__all__ = ["to_tensor", "resolve_topology", "worker_topology"]
+
+
+def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
+    """``value`` (array, view, NumPy scalar) as a tensor; copies only read-only or unaligned arrays.
+
+    ``bfloat16``: reinterpret uint16 bits as ``torch.bfloat16``. O(size) for a copy, O(1) otherwise.
+    """
+    if isinstance(value, torch.Tensor):
+        return value
+    arr = np.asarray(value)
+    if arr.dtype.name == "bfloat16":  # ml_dtypes
+        arr = arr.view(np.uint16)
+        bfloat16 = True
+    if not arr.flags.writeable or not arr.flags.aligned or arr.dtype.byteorder == ">":
+        arr = np.array(arr, dtype=arr.dtype.newbyteorder("=") if arr.dtype.byteorder == ">" else arr.dtype)
+    if bfloat16 and arr.dtype == np.uint16:  # via int16: torch < 2.3 has no uint16 tensors
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def resolve_topology(rank: int | None, world_size: int | None, owner: str) -> tuple[int, int]:
+    """(rank, world size): the given values, else torch.distributed's when initialised, else (0, 1)."""
+    initialised = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    for name, v in (("rank", rank), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{owner}: {name} must be an integer, got {v!r}")
+    if world_size < 1:
+        raise ValueError(f"{owner}: world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"{owner}: rank must be in [0, {world_size}), got {rank}")
+    return int(rank), int(world_size)
+
+
+def worker_topology() -> tuple[int, int]:
+    """(worker id, number of workers) of the current DataLoader worker, (0, 1) in the main process."""
+    info = get_worker_info()
+    if info is None:
+        return 0, 1
+    return int(info.id), int(info.num_workers)

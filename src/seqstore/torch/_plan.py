@@ -1,0 +1,249 @@
+"""Position arithmetic shared by the samplers and the iterable dataset (no torch in here).
+
+Everything is expressed over the *global* epoch order ``order`` (length ``L``) and a resume point
+``position`` (records of ``order`` already consumed, a prefix). Consumers are ``S = W x K`` streams:
+``W`` ranks times ``K`` DataLoader workers (``K = 1`` for a sampler, which runs in the main process).
+Stream ``s = worker * W + rank``.
+
+*Items* are what a consumer hands to the training loop one at a time: single records, groups of
+``B`` consecutive records (fixed-size batches) or length-based batches. Global item ``j`` (counted
+from the resume point) goes to stream ``j mod S``. A rank reads its ``K`` workers round-robin (what
+``torch.utils.data.DataLoader`` does with ``in_order=True``), so its ``k``-th item is global item
+``k * W + rank``: after every rank took ``k`` items, together they took items ``[0, k * W)`` -- a prefix.
+
+The tail is padded or dropped so that every rank gets the same number of items:
+
+* fixed-size items (``B`` records, ``B = 1`` for single records): the remaining ``rem = L - position``
+  records are extended to ``ceil(rem / (B*W)) * B*W`` (padding position ``q >= rem`` reads order
+  position ``(q - rem) mod L``: repeats from the start of the epoch order, like
+  ``DistributedSampler``) or cut to ``floor(rem / (B*W)) * B*W`` (``drop_last``). Every item is full.
+* length-based batches (count unknown until the scan ends): the batch stream is extended to a
+  multiple of ``W`` batches by repeating its first batches, or cut to one (``drop_last``, with a
+  look-ahead of at most ``W - 1`` batches).
+
+Memory: O(chunk) positions at a time; O(W) held batches for padding / look-ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..data.batching import batch_indices, bucket_batches
+
+__all__ = [
+    "LengthBatching",
+    "fixed_total",
+    "fixed_item_positions",
+    "fixed_stream_positions",
+    "select_items",
+    "batch_stream",
+    "GreedyCursor",
+    "bucket_seed",
+]
+
+IntArray = npt.NDArray[np.int64]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LengthBatching:
+    """Length-based batching: greedy (:func:`seqstore.data.batch_indices`) or bucketed
+    (:func:`seqstore.data.bucket_batches`) batches over the global epoch order.
+
+    ``max_frames``: frame budget of one batch (``max length x count`` when ``padded``, else the sum
+    of lengths). ``max_seqs``: most sequences per batch. At least one of the two is required.
+    ``buckets``: None for greedy batches in order; a number of buckets or ascending length boundaries
+    for bucketing with a shuffle buffer of ``buffer_size`` sequences (seeded per epoch from the
+    dataset seed). Greedy batches resume in O(1) from a record position; bucketed batches resume by
+    recomputing the batch boundaries of the epoch up to the resume point (index arithmetic only, no
+    record is read; O(position) time, O(buffer_size) memory).
+    """
+
+    max_frames: int | None = None
+    max_seqs: int | None = None
+    padded: bool = True
+    buckets: int | tuple[int, ...] | None = None
+    buffer_size: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_frames", "max_seqs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise ValueError(f"LengthBatching: {name} must be a positive integer or None, got {v!r}")
+        if self.max_frames is None and self.max_seqs is None:
+            raise ValueError("LengthBatching needs max_frames or max_seqs (or both)")
+        if isinstance(self.buffer_size, bool) or not isinstance(self.buffer_size, (int, np.integer)) or (
+            self.buffer_size < 1
+        ):
+            raise ValueError(f"LengthBatching: buffer_size must be a positive integer, got {self.buffer_size!r}")
+        if self.buckets is not None and not isinstance(self.buckets, (int, np.integer)):
+            object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
+
+    @property
+    def greedy(self) -> bool:
+        """True for greedy batches in order (resumable from a record position)."""
+        return self.buckets is None
+
+    def config(self) -> dict[str, Any]:
+        """JSON-encodable description (stored in resume states)."""
+        buckets: Any = self.buckets if self.buckets is None or isinstance(self.buckets, int) else list(self.buckets)
+        return {
+            "max_frames": self.max_frames,
+            "max_seqs": self.max_seqs,
+            "padded": bool(self.padded),
+            "buckets": buckets,
+            "buffer_size": int(self.buffer_size),
+        }
+
+
+# ----------------------------------------------------------------------------- fixed-size items
+
+
+def fixed_total(remaining: int, item: int, world: int, drop_last: bool) -> int:
+    """Records (real + padding) the ranks read from ``remaining`` records in items of ``item`` records:
+    a multiple of ``item * world``, rounded up (padding) or down (``drop_last``). O(1)."""
+    if remaining <= 0:
+        return 0
+    unit = item * world
+    return (remaining // unit if drop_last else -(-remaining // unit)) * unit
+
+
+def _positions(q: IntArray, position: int, remaining: int, length: int) -> IntArray:
+    """Relative positions ``q`` -> order positions: real ``position + q`` or padding ``(q - rem) mod L``."""
+    out = q + position
+    pad = q >= remaining
+    if pad.any():
+        out[pad] = (q[pad] - remaining) % length
+    return out
+
+
+def fixed_stream_positions(
+    length: int, position: int, *, world: int, streams: int, stream: int, drop_last: bool, chunk: int
+) -> Iterator[IntArray]:
+    """Order positions of single records for ``stream`` of ``streams`` (item size 1), in chunks.
+
+    Stream ``s`` takes relative positions ``s, s + S, s + 2S, ...`` below :func:`fixed_total`. Yields
+    int64 arrays of at most ``chunk`` positions; memory O(chunk).
+    """
+    remaining = max(length - position, 0)
+    total = fixed_total(remaining, 1, world, drop_last)
+    step = streams * chunk
+    for q0 in range(stream, total, step):
+        q = np.arange(q0, min(total, q0 + step), streams, dtype=np.int64)
+        yield _positions(q, position, remaining, length)
+
+
+def fixed_item_positions(
+    length: int, position: int, *, item: int, world: int, streams: int, stream: int, drop_last: bool
+) -> Iterator[IntArray]:
+    """Order positions of the items (``item`` consecutive records each) of ``stream`` of ``streams``.
+
+    Yields one int64 array of exactly ``item`` positions per item; O(item) memory.
+    """
+    remaining = max(length - position, 0)
+    total = fixed_total(remaining, item, world, drop_last)
+    for j in range(stream, total // item, streams):
+        q = np.arange(j * item, (j + 1) * item, dtype=np.int64)
+        yield _positions(q, position, remaining, length)
+
+
+# ---------------------------------------------------------------------------- length-based items
+
+
+def select_items(items: Iterable[T], *, world: int, streams: int, stream: int, drop_last: bool) -> Iterator[T]:
+    """The items of ``stream`` (global item ``j`` goes to stream ``j mod streams``) from a stream of
+    unknown length, padded (repeating its first items) or cut (``drop_last``) to a multiple of ``world``.
+
+    Holds at most ``world - 1`` items for padding and ``streams // world`` for the look-ahead.
+    """
+    first: list[T] = []
+    held: list[T] = []
+    count = 0
+    for j, it in enumerate(items):
+        if len(first) < world - 1:
+            first.append(it)
+        mine = j % streams == stream
+        if drop_last:
+            if mine:
+                held.append(it)
+            if j % world == world - 1:  # the block of `world` items holding j is complete
+                yield from held
+                held.clear()
+        elif mine:
+            yield it
+        count = j + 1
+    if drop_last or count == 0 or count % world == 0:
+        return
+    padded = -(-count // world) * world
+    for j in range(count, padded):
+        if j % streams == stream:
+            yield first[(j - count) % count]
+
+
+def bucket_seed(seed: int, epoch: int) -> int:
+    """The bucket-buffer seed of ``epoch``: a stable 64-bit hash of (dataset seed, epoch)."""
+    h = hashlib.blake2b(f"seqstore.torch.bucket:{int(seed)}:{int(epoch)}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def batch_stream(
+    order: Any, lengths: Any, spec: LengthBatching, *, position: int, skip: int, seed: int
+) -> Iterator[IntArray]:
+    """Global length-based batches (int64 arrays of dataset indices) of the records from ``position``
+    on of ``order``, after skipping the first ``skip`` batches. (Bucketed batching started at
+    ``position`` buckets the remaining records afresh; its own states keep the position where its run
+    started and count batches after it.) Lazy; memory O(chunk + buffer_size)."""
+    rest = order[position:] if position else order
+    if spec.greedy:
+        it: Iterator[IntArray] = batch_indices(
+            rest, lengths, max_frames=spec.max_frames, max_seqs=spec.max_seqs, padded=spec.padded
+        )
+    else:
+        it = bucket_batches(
+            rest,
+            lengths,
+            buckets=spec.buckets,
+            buffer_size=spec.buffer_size,
+            max_frames=spec.max_frames,
+            max_seqs=spec.max_seqs,
+            padded=spec.padded,
+            seed=seed,
+        )
+    return itertools.islice(it, skip, None) if skip else it
+
+
+class GreedyCursor:
+    """Walks greedy batches from a record position to turn "batches consumed" into a record position.
+
+    Greedy batching restarted at a batch boundary yields the same batches as the uninterrupted run
+    (its state resets at every cut), so a record position is a complete resume state. ``advance(n)``
+    moves ``n`` batches on (incrementally: a checkpoint costs the batches since the last one).
+    Memory O(chunk).
+    """
+
+    def __init__(self, order: Any, lengths: Any, spec: LengthBatching, position: int) -> None:
+        self._it = batch_stream(order, lengths, spec, position=position, skip=0, seed=0)
+        self.position = position
+        self.batches = 0
+        self.length = len(order)
+
+    def advance_to(self, batches: int) -> int:
+        """Record position after ``batches`` batches from the start (the end of the order if fewer)."""
+        if batches < self.batches:
+            raise ValueError(f"cursor is at batch {self.batches}, cannot go back to {batches}")
+        while self.batches < batches:
+            b = next(self._it, None)
+            if b is None:
+                self.position = self.length
+                self.batches = batches
+                break
+            self.position += len(b)
+            self.batches += 1
+        return self.position

@@ -1,0 +1,129 @@
+"""Collation: stack fixed fields, pad ragged fields, add lengths (and masks on request).
+
+``collate_padded(samples)`` turns a list of records (dicts of tensors or arrays) into one dict of
+tensors: a fixed field -> (B, *shape); a ragged field ``name`` -> ``name`` zero-padded (or
+``pad_value``) to (B, T, *inner) with T the longest record of the batch, ``name + "_lengths"`` int64
+(B,), and with ``masks=True`` ``name + "_mask"`` bool (B, T), True on real rows. The result is a
+dict of CPU tensors, so ``DataLoader(pin_memory=True)`` pins it.
+
+A batch gathered by :meth:`seqstore.torch.SeqDataset.__getitems__` arrives already padded in one
+vectorised gather; collation then only adds lengths and masks (no per-record copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._convert import to_tensor
+
+__all__ = ["collate_padded", "PaddedCollate", "GatheredRecords", "LENGTHS_SUFFIX", "MASK_SUFFIX", "lengths_mask"]
+
+LENGTHS_SUFFIX = "_lengths"
+MASK_SUFFIX = "_mask"
+
+
+class GatheredRecords(list[dict[str, torch.Tensor]]):
+    """A list of records that also carries the whole batch, gathered and padded at once.
+
+    ``padded``: field -> tensor (B, ...) (ragged fields zero-padded to (B, T, ...)); ``lengths``:
+    ragged field -> int64 (B,). The records are views into ``padded``. Any collate function sees a
+    plain list of records; :func:`collate_padded` uses ``padded`` directly.
+    """
+
+    padded: dict[str, torch.Tensor]
+    lengths: dict[str, torch.Tensor]
+
+
+def lengths_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:
+    """Bool mask (B, t): ``mask[b, i] = i < lengths[b]``."""
+    return torch.arange(t, dtype=lengths.dtype, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def _put_lengths(out: dict[str, torch.Tensor], name: str, values: torch.Tensor, lengths: torch.Tensor,
+                 masks: bool, fields: Iterable[str]) -> None:
+    for key in (name + LENGTHS_SUFFIX, *((name + MASK_SUFFIX,) if masks else ())):
+        if key in out or key in fields:
+            raise KeyError(f"collate: output key {key!r} for ragged field {name!r} clashes with a field of that name")
+    out[name] = values
+    out[name + LENGTHS_SUFFIX] = lengths
+    if masks:
+        out[name + MASK_SUFFIX] = lengths_mask(lengths, values.shape[1])
+
+
+def collate_padded(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    ragged: Iterable[str] | None = None,
+    masks: bool = False,
+    pad_value: float = 0,
+) -> dict[str, torch.Tensor]:
+    """Collate records into a dict of tensors (see the module docstring for the layout).
+
+    ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch, else every field
+    whose records differ in their first dimension -- name them to get lengths for equal-length batches
+    too). Records must share inner shapes and dtypes per field (else ValueError naming the field).
+    Time and memory O(batch elements).
+    """
+    if not samples:
+        raise ValueError("collate_padded: empty batch")
+    if isinstance(samples, GatheredRecords) and pad_value == 0:
+        out: dict[str, torch.Tensor] = {}
+        names = set(samples.lengths) if ragged is None else set(ragged)
+        for name, value in samples.padded.items():
+            if name in names and name in samples.lengths:
+                _put_lengths(out, name, value, samples.lengths[name], masks, samples.padded)
+            elif name in names:
+                raise ValueError(f"collate_padded: field {name!r} is not ragged in this dataset")
+            else:
+                out[name] = value
+        return out
+    wanted = None if ragged is None else set(ragged)
+    first = samples[0]
+    out = {}
+    for name in first:
+        try:
+            ts = [to_tensor(s[name]) for s in samples]
+        except KeyError:
+            raise KeyError(f"collate_padded: some records lack field {name!r}") from None
+        shapes = {tuple(t.shape) for t in ts}
+        is_ragged = (name in wanted) if wanted is not None else len(shapes) > 1
+        if not is_ragged:
+            if len(shapes) > 1:
+                raise ValueError(f"collate_padded: field {name!r} has records of shapes {sorted(shapes)}")
+            out[name] = torch.stack(ts)
+            continue
+        if any(t.dim() == 0 for t in ts):
+            raise ValueError(f"collate_padded: field {name!r} is scalar and cannot be padded")
+        inner = {tuple(t.shape[1:]) for t in ts}
+        dtypes = {t.dtype for t in ts}
+        if len(inner) > 1 or len(dtypes) > 1:
+            raise ValueError(
+                f"collate_padded: ragged field {name!r} mixes inner shapes {sorted(inner)} / dtypes {dtypes}"
+            )
+        lengths = torch.tensor([t.shape[0] for t in ts], dtype=torch.int64)
+        tmax = int(lengths.max())
+        values = torch.full((len(ts), tmax, *ts[0].shape[1:]), pad_value, dtype=ts[0].dtype)
+        for b, t in enumerate(ts):
+            values[b, : t.shape[0]] = t
+        _put_lengths(out, name, values, lengths, masks, first)
+    if wanted is not None and (missing := wanted - set(first)):
+        raise KeyError(f"collate_padded: ragged field(s) {sorted(missing)} not in the records")
+    return out
+
+
+class PaddedCollate:
+    """A picklable :func:`collate_padded` with fixed options, for ``DataLoader(collate_fn=...)``."""
+
+    def __init__(self, ragged: Iterable[str] | None = None, *, masks: bool = False, pad_value: float = 0) -> None:
+        self.ragged = None if ragged is None else tuple(ragged)
+        self.masks = masks
+        self.pad_value = pad_value
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        return collate_padded(samples, ragged=self.ragged, masks=self.masks, pad_value=self.pad_value)
+
+    def __repr__(self) -> str:
+        return f"PaddedCollate(ragged={self.ragged}, masks={self.masks}, pad_value={self.pad_value})"

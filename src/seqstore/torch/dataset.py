@@ -1,0 +1,162 @@
+"""``SeqDataset``: a map-style ``torch.utils.data.Dataset`` over a store or any seqstore dataset.
+
+``ds[i]`` is record ``i`` as a dict of tensors (copied once out of the read-only mapping, no warning).
+``ds.__getitems__(indices)`` -- what ``DataLoader`` calls for a batch -- gathers the whole batch with
+one vectorised ``get_batch(..., pad=True)`` and returns records that are views into it, so
+:func:`~seqstore.torch.collate_padded` needs no further copy. Pickles small (stores by path): every
+DataLoader worker maps the files itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..data import StoreDataset
+from ..schema import BFLOAT16
+from ..store import Store
+from ._convert import to_tensor
+from .collate import GatheredRecords, PaddedCollate
+
+__all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors"]
+
+INDEX_KEY = "index"
+
+
+def as_protocol_dataset(obj: Any, fields: Sequence[str] | None = None) -> Any:
+    """A seqstore dataset (protocol: ``num_seqs``, ``lengths()``, ``epoch_order``, ``get``,
+    ``get_batch``) from a store, a store path, a :class:`SeqDataset` or a protocol dataset."""
+    if isinstance(obj, SeqDataset):
+        return obj.dataset
+    if isinstance(obj, (Store, str, os.PathLike)):
+        return StoreDataset(obj, fields=None if fields is None else list(fields))
+    missing = [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]
+    if missing:
+        raise TypeError(
+            f"expected a seqstore Store, a store path or a seqstore.data dataset; {type(obj).__name__} lacks {missing}"
+        )
+    if fields is not None and isinstance(obj, StoreDataset) and obj.fields is None:
+        obj = copy.copy(obj)
+        obj.fields = list(fields)
+    return obj
+
+
+def bfloat16_fields(dataset: Any) -> frozenset[str]:
+    """Names of bfloat16 fields of the stores under ``dataset`` (stored as uint16 bits)."""
+    store = getattr(dataset, "store", None)
+    if isinstance(store, Store):
+        return frozenset(n for n, f in store.schema.items() if f.dtype == BFLOAT16)
+    children = getattr(dataset, "datasets", None)
+    if isinstance(children, dict):
+        children = list(children.values())
+    if isinstance(children, (list, tuple)):
+        return frozenset().union(*(bfloat16_fields(c) for c in children))
+    inner = getattr(dataset, "dataset", None)
+    return bfloat16_fields(inner) if inner is not None and inner is not dataset else frozenset()
+
+
+def batch_to_tensors(
+    batch: dict[str, Any], bf16: frozenset[str], fields: frozenset[str] | None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A ``get_batch(..., pad=True)`` result -> (field -> tensor, ragged field -> int64 lengths)."""
+    values: dict[str, torch.Tensor] = {}
+    lengths: dict[str, torch.Tensor] = {}
+    for name, v in batch.items():
+        if fields is not None and name not in fields:
+            continue
+        if isinstance(v, tuple):
+            values[name] = to_tensor(v[0], name in bf16)
+            lengths[name] = to_tensor(np.asarray(v[1], dtype=np.int64))
+        else:
+            values[name] = to_tensor(v, name in bf16)
+    return values, lengths
+
+
+class SeqDataset(Dataset[dict[str, torch.Tensor]]):
+    """Map-style dataset: ``ds[i]`` -> dict field -> tensor (record ``i``).
+
+    ``dataset_or_store``: a :class:`seqstore.Store`, a store path, or any ``seqstore.data`` dataset.
+    ``fields``: the fields to return (default all). ``with_index``: add ``"index"`` (int64 scalar;
+    (B,) in batches), the record's index, e.g. to log per example or to check coverage.
+
+    Ragged fields come out as (T, *inner) tensors; use :func:`collate_padded` (or :meth:`collate`) as
+    the DataLoader's ``collate_fn``. Memory O(1) plus the current batch; pickles small.
+    """
+
+    def __init__(self, dataset_or_store: Any, fields: Sequence[str] | None = None, *, with_index: bool = False) -> None:
+        self.dataset = as_protocol_dataset(dataset_or_store, fields)
+        self.fields = None if fields is None else frozenset(fields)
+        self.with_index = bool(with_index)
+        self._bf16 = bfloat16_fields(self.dataset)
+        self._ragged: tuple[str, ...] | None = None
+
+    def __len__(self) -> int:
+        return int(self.dataset.num_seqs)
+
+    def _check_index(self, i: Any) -> int:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"SeqDataset index must be an int, got {type(i).__name__}")
+        n = len(self)
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"SeqDataset index {i} out of range for {n} records")
+        return j
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        """Record ``i``: field -> tensor (one copy out of the mapping). O(record size)."""
+        j = self._check_index(i)
+        rec = self.dataset.get(j)
+        out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
+        if self.with_index:
+            out[INDEX_KEY] = torch.tensor(j, dtype=torch.int64)
+        return out
+
+    def __getitems__(self, indices: Sequence[int]) -> GatheredRecords:
+        """Records ``indices`` gathered at once (one vectorised, padded gather per field).
+
+        Returns a list of records (views into the batch) that also carries the padded batch for
+        :func:`collate_padded`. O(batch elements).
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        batch = self.dataset.get_batch(idx, pad=True)
+        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
+        if self.with_index:
+            if INDEX_KEY in values:
+                raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
+            values[INDEX_KEY] = torch.from_numpy(np.where(idx < 0, idx + len(self), idx))
+        records = GatheredRecords()
+        for b in range(len(idx)):
+            rec = {}
+            for name, v in values.items():
+                rec[name] = v[b, : int(lengths[name][b])] if name in lengths else v[b]
+            records.append(rec)
+        records.padded = values
+        records.lengths = lengths
+        return records
+
+    @property
+    def ragged_fields(self) -> tuple[str, ...]:
+        """The ragged fields (from the store schema, else from a one-record batch; cached)."""
+        if self._ragged is None:
+            store = getattr(self.dataset, "store", None)
+            if isinstance(store, Store):
+                names = [n for n, f in store.schema.items() if f.ragged]
+            elif len(self):
+                names = [n for n, v in self.dataset.get_batch(np.zeros(1, np.int64)).items() if isinstance(v, tuple)]
+            else:
+                names = []
+            self._ragged = tuple(n for n in names if self.fields is None or n in self.fields)
+        return self._ragged
+
+    def collate(self, *, masks: bool = False, pad_value: float = 0) -> PaddedCollate:
+        """A collate function padding exactly this dataset's ragged fields (lengths even when equal)."""
+        return PaddedCollate(self.ragged_fields, masks=masks, pad_value=pad_value)
+
+    def __repr__(self) -> str:
+        return f"SeqDataset({self.dataset!r}, fields={None if self.fields is None else sorted(self.fields)})"

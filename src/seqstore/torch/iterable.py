@@ -1,0 +1,188 @@
+"""``IterableSeqDataset``: records or batches sharded over ranks x DataLoader workers, lazily.
+
+Each of the ``S = W x K`` streams (rank ``r``, worker ``w``: stream ``w * W + r``) takes every
+``S``-th global item of the epoch, starting at its stream number; the DataLoader reads a rank's
+workers round-robin, so the rank's ``k``-th item is global item ``k * W + r`` and ranks in lockstep
+have consumed a prefix (see :mod:`seqstore.torch._plan`). Every worker opens the store itself (the
+dataset pickles by path) and computes its items with ``order.take``: O(item) memory per worker.
+
+Assumptions (what makes the position after ``k`` items exact): ``DataLoader(in_order=True)`` (the
+default), no ``persistent_workers`` (workers must see ``set_epoch`` / ``load_state_dict``), and for
+records ``group`` equal to the DataLoader's ``batch_size`` (``SeqDataLoader`` checks and sets these).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from ._convert import resolve_topology, to_tensor, worker_topology
+from ._epoch import EpochCursor
+from ._plan import LengthBatching, fixed_item_positions, select_items
+from .collate import LENGTHS_SUFFIX, MASK_SUFFIX, lengths_mask
+from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields
+
+__all__ = ["IterableSeqDataset"]
+
+
+class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
+    """An ``IterableDataset`` over a seqstore dataset, sharded over ranks and DataLoader workers.
+
+    ``batch``:
+
+    * ``None`` -- yield records (dict field -> tensor, ragged fields (T, ...)). Global items are
+      groups of ``group`` consecutive records; set ``group`` to the DataLoader's ``batch_size`` so a
+      DataLoader batch is exactly one item (``SeqDataLoader`` does this).
+    * an int ``B`` -- yield batches of ``B`` consecutive records of the epoch order, gathered and
+      padded in one vectorised ``get_batch`` (use ``DataLoader(batch_size=None)``).
+    * a :class:`LengthBatching` -- yield length-based batches (greedy or bucketed) of the global order.
+
+    A batch is a dict: fixed field -> (B, ...); ragged field ``x`` -> ``x`` (B, T, ...) zero-padded,
+    ``x_lengths`` int64 (B,), ``x_mask`` bool (B, T) with ``masks=True``; ``index`` int64 (B,) with
+    ``with_index=True``.
+
+    Tail: fixed-size items are always full: the remaining records are padded to a multiple of
+    ``item x W`` by repeating the epoch order from its start, or cut (``drop_last``); length-based
+    batches are padded to a multiple of ``W`` by repeating the first batches, or cut. Every rank
+    gets the same number of items.
+
+    Rank and world size come from ``torch.distributed`` at construction (construct it after
+    ``init_process_group``) or the arguments. ``state_dict(consumed=k)``: ``k`` = items this rank
+    took from the DataLoader since the iteration began (``SeqDataLoader`` counts them).
+    """
+
+    _kind = "IterableSeqDataset"
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch: int | LengthBatching | None = None,
+        fields: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        epoch: int = 1,
+        masks: bool = False,
+        with_index: bool = False,
+        group: int = 1,
+    ) -> None:
+        self.dataset = as_protocol_dataset(dataset, fields)
+        self.fields = None if fields is None else frozenset(fields)
+        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
+        self.drop_last = bool(drop_last)
+        self.masks = bool(masks)
+        self.with_index = bool(with_index)
+        self._bf16 = bfloat16_fields(self.dataset)
+        if batch is not None and not isinstance(batch, LengthBatching):
+            if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+                raise ValueError(f"{self._kind}: batch must be None, a positive int or a LengthBatching, got {batch!r}")
+            batch = int(batch)
+        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1:
+            raise ValueError(f"{self._kind}: group must be a positive integer, got {group!r}")
+        if batch is not None and group != 1:
+            raise ValueError(f"{self._kind}: group applies to records (batch=None) only")
+        self.batch = batch
+        spec = batch if isinstance(batch, LengthBatching) else None
+        item = batch if isinstance(batch, int) else int(group)
+        self._init_cursor(epoch, spec, item)
+
+    @property
+    def group(self) -> int:
+        """Records per global item in records mode (the DataLoader's batch size)."""
+        return self._item if self.batch is None else 1
+
+    @group.setter
+    def group(self, value: int) -> None:
+        if self.batch is not None:
+            raise ValueError(f"{self._kind}: group applies to records (batch=None) only")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{self._kind}: group must be a positive integer, got {value!r}")
+        self._item = int(value)
+        self._len_cache = None
+
+    def __len__(self) -> int:
+        """Records (records mode) or batches this rank yields from the resume point. Length-based
+        batching scans the epoch's batch boundaries (O(N) time, O(chunk) memory; cached)."""
+        n = self._items_per_rank()
+        return n * self._item if self.batch is None else n
+
+    # --------------------------------------------------------------------------------- iteration
+
+    def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, torch.Tensor]:
+        values, lengths = batch_to_tensors(self.dataset.get_batch(idx, pad=True), self._bf16, self.fields)
+        out: dict[str, torch.Tensor] = {}
+        for name, v in values.items():
+            out[name] = v
+            if name in lengths:
+                out[name + LENGTHS_SUFFIX] = lengths[name]
+                if self.masks:
+                    out[name + MASK_SUFFIX] = lengths_mask(lengths[name], v.shape[1])
+        if self.with_index:
+            out[INDEX_KEY] = torch.from_numpy(np.array(idx, dtype=np.int64))
+        return out
+
+    def _record(self, i: int) -> dict[str, torch.Tensor]:
+        rec = self.dataset.get(i)
+        out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
+        if self.with_index:
+            out[INDEX_KEY] = torch.tensor(i, dtype=torch.int64)
+        return out
+
+    def iter_indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        """This stream's items as int64 index arrays (in a worker: this worker's stream)."""
+        worker, workers = worker_topology()
+        streams = self.world_size * workers
+        stream = worker * self.world_size + self.rank
+        order, start, skip = self._begin()
+        if self._spec is None:
+            for pos in fixed_item_positions(len(order), start, item=self._item, world=self.world_size,
+                                            streams=streams, stream=stream, drop_last=self.drop_last):
+                yield order.take(pos)
+        else:
+            items = self._batch_iter(order, start, skip)
+            yield from select_items(items, world=self.world_size, streams=streams, stream=stream,
+                                    drop_last=self.drop_last)
+        self._finish()
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for idx in self.iter_indices():
+            if self.batch is None:
+                for i in idx.tolist():
+                    yield self._record(i)
+            else:
+                yield self._gather(idx)
+
+    # ------------------------------------------------------------------------------------- state
+
+    def state_dict(self, consumed: int | None = None, *, num_workers: int | None = None) -> dict[str, Any]:
+        """Resume state after every rank took ``consumed`` items (DataLoader batches) of the current
+        iteration. Call it in the main process; the workers' copies are not consulted. O(1)
+        (greedy length batching: index arithmetic over the batches since the last call).
+
+        ``consumed`` defaults to 0 (nothing consumed since the last ``load_state_dict`` /
+        ``set_epoch``): the main process cannot see what workers produced. ``num_workers`` is
+        recorded for information.
+        """
+        if consumed is None:
+            consumed = 0
+        if isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer)) or consumed < 0:
+            raise ValueError(f"{self._kind}: consumed must be a non-negative integer, got {consumed!r}")
+        return self._state_after(int(consumed) * self.world_size, num_workers)
+
+    def finish_epoch(self) -> None:
+        """Tell the main-process copy that an iteration ran to its end (the next walks the whole epoch).
+        ``SeqDataLoader`` calls this; with a plain DataLoader call ``set_epoch`` every epoch."""
+        self._finish()
+
+    def begin(self) -> None:
+        """Tell the main-process copy that a new iteration starts from the current resume point."""
+        self._begin()
+
+    def __repr__(self) -> str:
+        return (f"IterableSeqDataset({self.dataset!r}, batch={self.batch!r}, rank={self.rank}, "
+                f"world_size={self.world_size}, epoch={self.epoch}, start={self._start})")

@@ -1,0 +1,99 @@
+"""``SeqDataLoader``: a ``torch.utils.data.DataLoader`` that counts what the training loop consumed.
+
+The samplers and the iterable dataset know their resume state only given how many items this rank
+has *consumed* (taken out of the DataLoader), not how many were produced: workers and prefetching
+run ahead. ``SeqDataLoader`` counts the batches it hands out, so ``loader.state_dict()`` is exact
+with any ``num_workers`` / ``prefetch_factor``. It also checks the DataLoader options the position
+arithmetic relies on (``in_order=True``; no ``persistent_workers`` with an iterable dataset) and sets
+the record grouping of an :class:`~seqstore.torch.IterableSeqDataset` to the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from .iterable import IterableSeqDataset
+from .sampler import EpochBatchSampler, EpochSampler
+
+__all__ = ["SeqDataLoader"]
+
+
+class SeqDataLoader(DataLoader[Any]):
+    """``DataLoader`` with ``state_dict()`` / ``load_state_dict()`` / ``set_epoch()`` for seqstore sources.
+
+    The source is ``sampler=`` an :class:`EpochSampler`, ``batch_sampler=`` an
+    :class:`EpochBatchSampler`, or ``dataset=`` an :class:`IterableSeqDataset` (then ``batch_size``
+    must be None when the dataset batches itself; in records mode its ``group`` is set to
+    ``batch_size``). All other arguments are the DataLoader's.
+    """
+
+    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
+        if not kwargs.get("in_order", True):
+            raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
+        if isinstance(dataset, IterableSeqDataset):
+            if kwargs.get("persistent_workers", False):
+                raise ValueError(
+                    "SeqDataLoader: persistent_workers=True keeps stale copies of an IterableSeqDataset in the "
+                    "workers (set_epoch / load_state_dict would not reach them)"
+                )
+            bs = kwargs.get("batch_size", 1)
+            if dataset.batch is None:
+                dataset.group = 1 if bs is None else int(bs)
+            elif bs is not None:
+                raise ValueError(
+                    f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
+                )
+        super().__init__(dataset, **kwargs)
+        self._consumed = 0
+
+    def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset:
+        if isinstance(self.dataset, IterableSeqDataset):
+            return self.dataset
+        if isinstance(self.batch_sampler, EpochBatchSampler):
+            return self.batch_sampler
+        if isinstance(self.sampler, EpochSampler):
+            return self.sampler
+        raise TypeError(
+            "SeqDataLoader: no seqstore source to take the state from; pass sampler=EpochSampler(...), "
+            "batch_sampler=EpochBatchSampler(...) or an IterableSeqDataset"
+        )
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        src = self._source()
+        if isinstance(src, IterableSeqDataset):
+            src.begin()
+        self._consumed = 0
+        for batch in super().__iter__():
+            self._consumed += 1
+            yield batch
+        if isinstance(src, IterableSeqDataset):
+            src.finish_epoch()
+
+    @property
+    def consumed(self) -> int:
+        """Batches handed to the training loop in the current (or last) iteration."""
+        return self._consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """``set_epoch`` of the source (1-based epochs)."""
+        self._source().set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The source's resume state after the batches handed out so far in this iteration. O(1)."""
+        src = self._source()
+        if isinstance(src, EpochSampler):
+            bs = self.batch_size or 1
+            return src.state_dict(consumed=min(self._consumed * bs, len(src)))
+        if isinstance(src, IterableSeqDataset):
+            return src.state_dict(consumed=self._consumed, num_workers=self.num_workers)
+        return src.state_dict(consumed=self._consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (any world size / worker count, same dataset and ordering)."""
+        self._source().load_state_dict(state)
+        self._consumed = 0

@@ -1,0 +1,154 @@
+"""SeqDataset records and batches, collate_padded, pin_memory, and the map-style loader's exact state."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader  # noqa: E402
+from torch_testlib import make_store  # noqa: E402
+
+import seqstore  # noqa: E402
+from seqstore.data import LengthsDataset, StoreDataset  # noqa: E402
+from seqstore.torch import (  # noqa: E402
+    EpochBatchSampler,
+    EpochSampler,
+    PaddedCollate,
+    SeqDataLoader,
+    SeqDataset,
+    collate_padded,
+)
+
+N = 90
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("c") / "c.seqstore"
+    make_store(p, N, seed=2, shard_records=32)
+    return p
+
+
+def test_records_are_tensors_without_warnings(store: Path) -> None:
+    ds = SeqDataset(store, with_index=True)
+    raw = seqstore.open(store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on non-writable arrays; we copy instead
+        rec = ds[40]
+        last = ds[-1]
+    assert rec["x"].shape == (raw[40]["x"].shape[0], 3) and rec["x"].dtype == torch.float32
+    np.testing.assert_array_equal(rec["x"].numpy(), raw[40]["x"])
+    rec["x"] += 1  # writable, and the store is untouched
+    np.testing.assert_array_equal(ds[40]["x"].numpy(), raw[40]["x"])
+    assert rec["spk"].dtype == torch.int16 and rec["spk"].dim() == 0
+    assert rec["w"].dtype == torch.bfloat16 and rec["w"].tolist() == [1.5, 1.5]
+    assert int(rec["index"]) == 40 and int(last["index"]) == N - 1
+    assert ds.ragged_fields == ("x",) and len(ds) == N
+    with pytest.raises(IndexError):
+        ds[N]
+    with pytest.raises(TypeError):
+        ds[1.5]  # type: ignore[index]
+    only = SeqDataset(store, fields=["spk"])
+    assert set(only[3]) == {"spk"} and only.ragged_fields == ()
+
+
+def test_collate_general_path_equals_gathered_path(store: Path) -> None:
+    ds = SeqDataset(store)
+    idx = [5, 17, 3, 88]
+    gathered = ds.__getitems__(idx)
+    plain = [ds[i] for i in idx]
+    for masks in (False, True):
+        a = collate_padded(gathered, masks=masks)
+        b = collate_padded(plain, masks=masks)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    out = collate_padded(plain, masks=True)
+    lens = out["x_lengths"]
+    assert out["x"].shape == (4, int(lens.max()), 3)
+    assert torch.equal(out["x_mask"].sum(1), lens)
+    assert float(out["x"][~out["x_mask"]].abs().sum()) == 0.0
+    assert torch.equal(out["spk"], torch.tensor([5 % 7, 17 % 7, 3, 88 % 7], dtype=torch.int16))
+    filled = collate_padded(plain, pad_value=-1.0)
+    assert bool((filled["x"][~out["x_mask"]] == -1.0).all())
+    assert torch.equal(filled["x"][out["x_mask"]], out["x"][out["x_mask"]])
+
+
+def test_collate_errors_and_options() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        collate_padded([])
+    with pytest.raises(ValueError, match="inner shapes"):
+        collate_padded([{"a": np.zeros((2, 3))}, {"a": np.zeros((2, 4))}], ragged=["a"])
+    with pytest.raises(ValueError, match="shapes"):
+        collate_padded([{"a": np.zeros((2, 3))}, {"a": np.zeros((3, 4))}], ragged=[])
+    with pytest.raises(KeyError, match="lack"):
+        collate_padded([{"a": np.zeros(2)}, {"b": np.zeros(2)}])
+    with pytest.raises(KeyError, match="clashes"):
+        collate_padded([{"a": np.zeros(2), "a_lengths": np.zeros(1)}, {"a": np.zeros(3), "a_lengths": np.zeros(1)}])
+    # equal lengths: named ragged fields still get lengths
+    out = PaddedCollate(["a"], masks=True)([{"a": np.ones(2, np.float32)}, {"a": np.ones(2, np.float32)}])
+    assert out["a_lengths"].tolist() == [2, 2] and out["a_mask"].all()
+    # numpy scalars and read-only arrays
+    ro = np.arange(3)
+    ro.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = collate_padded([{"s": np.float32(1), "v": ro}, {"s": np.float32(2), "v": ro}])
+    assert out["s"].tolist() == [1.0, 2.0] and out["v"].shape == (2, 3)
+
+
+def test_map_loader_with_workers_pin_memory_and_exact_state(store: Path) -> None:
+    sds = SeqDataset(StoreDataset(store, ordering="random", seed=4), with_index=True)
+    k, bs = 3, 4
+    states, seen = [], []
+    for r in range(2):
+        sampler = EpochSampler(sds, rank=r, world_size=2)
+        loader = SeqDataLoader(sds, sampler=sampler, batch_size=bs, num_workers=2, collate_fn=sds.collate(masks=True),
+                               pin_memory=True, prefetch_factor=3)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pin_memory.*")  # CPU-only: no accelerator to pin for
+            for step, b in enumerate(loader):
+                assert set(b) == {"x", "x_lengths", "x_mask", "spk", "w", "index"}
+                np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())
+                seen.append(b["index"].numpy())
+                if step + 1 == k:
+                    break
+        states.append(loader.state_dict())  # 3 batches consumed, more were prefetched
+    assert states[0] == states[1] and states[0]["position"] == k * bs * 2
+    sampler = EpochSampler(sds, rank=0, world_size=1)
+    loader = SeqDataLoader(sds, sampler=sampler, batch_size=bs, collate_fn=collate_padded)
+    loader.load_state_dict(states[0])
+    rest = [b["index"].numpy() for b in loader]
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen + rest)), np.arange(N))
+
+
+def test_batch_sampler_loader_state(store: Path) -> None:
+    sds = SeqDataset(StoreDataset(store, ordering="random", seed=4), with_index=True)
+    bsamp = EpochBatchSampler(sds, max_frames=30, rank=0, world_size=1)
+    loader = SeqDataLoader(sds, batch_sampler=bsamp, collate_fn=collate_padded)
+    first = []
+    for b in loader:
+        first.append(b["index"].numpy())
+        assert int(b["x_lengths"].max()) * len(b["index"]) <= 30 or len(b["index"]) == 1
+        if len(first) == 4:
+            break
+    state = loader.state_dict()
+    assert state["position"] == sum(len(f) for f in first)
+    b2 = EpochBatchSampler(sds, max_frames=30, rank=0, world_size=1)
+    b2.load_state_dict(state)
+    rest = [np.asarray(x) for x in b2]
+    np.testing.assert_array_equal(np.sort(np.concatenate(first + rest)), np.arange(N))
+
+
+def test_plain_dataloader_and_generic_dataset() -> None:
+    ld = LengthsDataset(np.arange(1, 11), ordering="random", seed=1)
+    sds = SeqDataset(ld)
+    assert sds.ragged_fields == () and int(sds[3]["length"]) == 4
+    loader = DataLoader(sds, sampler=EpochSampler(ld, rank=0, world_size=1), batch_size=3, collate_fn=collate_padded)
+    got = torch.cat([b["length"] for b in loader])
+    assert sorted(got.tolist()) == list(range(1, 11))

@@ -1,0 +1,174 @@
+"""IterableSeqDataset over ranks x DataLoader workers: coverage, equal counts, elastic resume, real workers."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_testlib import make_store, simulate  # noqa: E402
+
+from seqstore.data import StoreDataset  # noqa: E402
+from seqstore.torch import IterableSeqDataset, LengthBatching, SeqDataLoader, StateError  # noqa: E402
+
+N = 157
+
+MODES: dict[str, dict[str, Any]] = {
+    "records": dict(group=4),
+    "fixed": dict(batch=5),
+    "greedy": dict(batch=LengthBatching(max_frames=36, max_seqs=8)),
+    "bucket": dict(batch=LengthBatching(max_frames=36, buckets=3, buffer_size=30)),
+}
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory) -> StoreDataset:
+    p = tmp_path_factory.mktemp("it") / "c.seqstore"
+    make_store(p, N, seed=4, shard_records=50)
+    return StoreDataset(p, ordering="laplace:.20", seed=11)
+
+
+def _maker(ds: StoreDataset, mode: str, drop_last: bool = False, epoch: int = 1) -> Any:
+    def make(rank: int, world: int) -> IterableSeqDataset:
+        return IterableSeqDataset(ds, rank=rank, world_size=world, drop_last=drop_last, epoch=epoch, **MODES[mode])
+    return make
+
+
+def _interleave(ranks: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Global item order: rank r's m-th item is global item m*W + r."""
+    w = len(ranks)
+    return [ranks[j % w][j // w] for j in range(sum(map(len, ranks)))]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_two_ranks_two_workers_cover_each_index_once(ds: StoreDataset, mode: str, drop_last: bool) -> None:
+    ranks = simulate(_maker(ds, mode, drop_last), 2, 2)
+    assert len(ranks[0]) == len(ranks[1])  # same number of items on every rank
+    items = _interleave(ranks)
+    flat = np.concatenate(items)
+    order = ds.epoch_order(1).to_numpy()
+    if mode in ("records", "fixed"):
+        size = MODES[mode].get("group", MODES[mode].get("batch"))
+        assert all(len(i) == size for i in items)
+        if drop_last:
+            np.testing.assert_array_equal(flat, order[: len(flat)])
+            assert len(order) - len(flat) < 2 * size
+        else:
+            np.testing.assert_array_equal(flat[:N], order)  # the global order, a prefix per step
+            np.testing.assert_array_equal(flat[N:], order[: len(flat) - N])  # padding from the start
+    elif drop_last:
+        assert len(np.unique(flat)) == len(flat)
+    else:
+        assert set(flat.tolist()) == set(range(N))
+    again = simulate(_maker(ds, mode, drop_last), 2, 2)  # deterministic: the same items on every run
+    assert [len(x) for x in again] == [len(x) for x in ranks]
+    assert all(np.array_equal(a, b) for x, y in zip(ranks, again) for a, b in zip(x, y))
+
+
+def _state_after(ds: StoreDataset, mode: str, world: int, workers: int, k: int) -> tuple[dict[str, Any], np.ndarray]:
+    """Ranks consume k items each; return the (common) state and what was consumed."""
+    ranks = simulate(_maker(ds, mode, epoch=2), world, workers)
+    consumed = np.concatenate([np.concatenate(r[:k]) for r in ranks])
+    states = []
+    for r in range(world):
+        main = _maker(ds, mode, epoch=2)(r, world)  # the main-process copy never iterates
+        states.append(main.state_dict(consumed=k, num_workers=workers))
+    assert all(s == states[0] for s in states)
+    return states[0], consumed
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("before,after", [((2, 2), (1, 1)), ((1, 1), (3, 2)), ((2, 2), (3, 1))])
+def test_elastic_resume_exact_remaining(ds: StoreDataset, mode: str, before: tuple[int, int],
+                                        after: tuple[int, int]) -> None:
+    k = 3
+    state, consumed = _state_after(ds, mode, *before, k)
+    rest = simulate(_maker(ds, mode), *after, state=state)
+    assert len({len(r) for r in rest}) == 1
+    order = ds.epoch_order(2).to_numpy()
+    items = _interleave(rest)
+    if mode in ("records", "fixed"):
+        size = MODES[mode].get("group", MODES[mode].get("batch"))
+        g = k * before[0] * size
+        np.testing.assert_array_equal(np.sort(consumed), np.sort(order[:g]))
+        flat = np.concatenate(items)
+        np.testing.assert_array_equal(flat[: N - g], order[g:])
+    else:
+        # compare with one uninterrupted rank: the resumed batches continue it
+        full = simulate(_maker(ds, mode, epoch=2), 1, 1)[0]
+        done = k * before[0]
+        assert sum(len(b) for b in full[:done]) == len(consumed)
+        np.testing.assert_array_equal(np.sort(np.concatenate(full[:done])), np.sort(consumed))
+        real = full[done:]
+        for a, b in zip(items[: len(real)], real):
+            np.testing.assert_array_equal(a, b)
+        seen = np.concatenate([consumed, *items[: len(real)]])
+        np.testing.assert_array_equal(np.sort(seen), np.arange(N))
+
+
+def test_state_errors(ds: StoreDataset, tmp_path: Path) -> None:
+    it = IterableSeqDataset(ds, batch=LengthBatching(max_frames=30, buckets=2), rank=0, world_size=1)
+    st = it.state_dict(consumed=2)
+    with pytest.raises(StateError, match="batching"):
+        IterableSeqDataset(ds, batch=LengthBatching(max_frames=31, buckets=2), rank=0, world_size=1).load_state_dict(st)
+    with pytest.raises(StateError, match="batches"):
+        IterableSeqDataset(ds, batch=4, rank=0, world_size=1).load_state_dict(st)
+    other = StoreDataset(ds.store.root, ordering="random", seed=11)
+    with pytest.raises(StateError, match="ordering"):
+        IterableSeqDataset(other, batch=4, rank=0, world_size=1).load_state_dict(it.state_dict())
+    with pytest.raises(ValueError, match="batch must be"):
+        IterableSeqDataset(ds, batch=0)
+    with pytest.raises(ValueError, match="group"):
+        IterableSeqDataset(ds, batch=4, group=2)
+
+
+def test_pickles_small(ds: StoreDataset) -> None:
+    it = IterableSeqDataset(ds, batch=LengthBatching(max_frames=30))
+    list(it.iter_indices())
+    assert len(pickle.dumps(it)) < 4096
+
+
+def test_real_workers_two_ranks_resume_one_rank(ds: StoreDataset) -> None:
+    """Real DataLoader workers (2 per simulated rank) with prefetching: break mid-epoch, checkpoint from
+    the main process (SeqDataLoader counts), resume on one rank: exactly the remaining records."""
+    spec = LengthBatching(max_frames=36)
+    k = 4
+    states, consumed = [], []
+    for r in range(2):
+        it = IterableSeqDataset(ds, batch=spec, rank=r, world_size=2, with_index=True, masks=True)
+        loader = SeqDataLoader(it, batch_size=None, num_workers=2, prefetch_factor=4)
+        for step, b in enumerate(loader):
+            assert b["x"].shape[:2] == b["x_mask"].shape and b["x"].dtype == torch.float32
+            np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())  # x[t, 0] = index
+            consumed.append(b["index"].numpy())
+            if step + 1 == k:
+                break
+        states.append(loader.state_dict())
+    assert states[0] == states[1] and states[0]["num_workers"] == 2
+    it1 = IterableSeqDataset(ds, batch=spec, rank=0, world_size=1, with_index=True)
+    loader1 = SeqDataLoader(it1, batch_size=None, num_workers=2)
+    loader1.load_state_dict(states[0])
+    rest = [b["index"].numpy() for b in loader1]
+    allseen = np.concatenate(consumed + rest)
+    np.testing.assert_array_equal(np.sort(allseen), np.arange(N))
+    assert loader1.state_dict()["position"] == N  # the epoch is done
+    assert sum(len(b["index"]) for b in loader1) == N  # a new pass walks the whole epoch
+
+
+def test_loader_checks_options(ds: StoreDataset) -> None:
+    it = IterableSeqDataset(ds, batch=4)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        SeqDataLoader(it, batch_size=2)
+    with pytest.raises(ValueError, match="persistent_workers"):
+        SeqDataLoader(it, batch_size=None, num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match="in_order"):
+        SeqDataLoader(it, batch_size=None, in_order=False)
+    rec = IterableSeqDataset(ds)
+    SeqDataLoader(rec, batch_size=6)
+    assert rec.group == 6 and len(rec) == -(-N // 6) * 6
