@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 # Run as ``python bench/gpu_feed.py`` Python puts bench/ first on sys.path, where bench files (e.g.
-# logging.py) would shadow the standard library: put src/ there instead.
+# any bench script) would shadow the standard library: put src/ there instead.
 sys.path[0] = str(Path(__file__).resolve().parent.parent / "src")
 
 import argparse  # noqa: E402

@@ -19,8 +19,9 @@ from .data import (
     shuffle_buffer,
 )
 from .errors import CorruptionError, FormatError, LockError, SchemaError, SeqstoreError
+from .log import Logger, similarity
 from .order import Order, seq_order, sort_index
-from .schema import Field, Schema, bfloat16_to_float32, float32_to_bfloat16
+from .schema import Field, PackedGroup, Schema, bfloat16_to_float32, float32_to_bfloat16
 from .store import Lengths, Store, Writer, append_to, create
 from .store import open_store as open  # noqa: A001 - the public name is seqstore.open
 
@@ -43,6 +44,8 @@ __all__ = [
     "Field",
     "FormatError",
     "Lengths",
+    "Logger",
+    "PackedGroup",
     "Order",
     "LockError",
     "Schema",
@@ -56,6 +59,7 @@ __all__ = [
     "float32_to_bfloat16",
     "open",
     "seq_order",
+    "similarity",
     "sort_index",
     "__version__",
 ]

@@ -17,6 +17,7 @@ from . import __version__
 from .errors import SeqstoreError
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .store import open_store
+from .store.describe import describe_groups
 from .store.verify import total_bytes, verify
 
 __all__ = ["main"]
@@ -67,6 +68,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"shards    {store.num_shards}")
     print(f"bytes     {_human_bytes(total_bytes(m))} ({total_bytes(m)})")
     print(f"ids       {'yes' if store.has_ids else 'no'}")
+    print(f"format    version {m.version}" + (f", id lookup {m.id_lookup}" if m.version >= 2 else ""))
     if m.metadata:
         print(f"metadata  {m.metadata}")
     print("fields")
@@ -75,6 +77,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         dims = ", ".join("*" if s is None else str(s) for s in f.shape)
         shape = f"({dims}{',' if len(f.shape) == 1 else ''})"
         print(f"  {name:<{width}}  {f.dtype:<9} {shape:<16} {'ragged' if f.ragged else 'fixed'}")
+    for line in describe_groups(store.schema):
+        print(line)
     for name, f in store.schema.items():
         if f.ragged and not args.no_lengths:
             print(f"lengths of {name}")

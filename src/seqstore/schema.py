@@ -5,6 +5,10 @@ record has its own number of rows); every other axis is fixed. A :class:`Schema`
 mapping from field name to Field. Names may be nested with ``"/"`` (``"layer1/grad"``); a nested dict
 of Fields is flattened into such names.
 
+A schema may also *pack* fixed fields of one dtype into a :class:`PackedGroup`: on disk the group is one
+row-major ``(n, D)`` matrix, each field a column range ``[a, b)`` of it (format version 2, see
+docs/format.md). :meth:`Schema.storage_units` lists what is stored as one file per shard.
+
 This module also owns the conversion of user values (numpy arrays, torch tensors, Python scalars and
 lists) to a field's storage dtype, including ``bfloat16`` which is stored as its uint16 bits.
 """
@@ -12,7 +16,7 @@ lists) to a field's storage dtype, including ``bfloat16`` which is stored as its
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +25,15 @@ import numpy.typing as npt
 
 from .errors import SchemaError
 
-__all__ = ["Field", "Schema", "BFLOAT16", "to_storage_array", "bfloat16_to_float32", "float32_to_bfloat16"]
+__all__ = [
+    "Field",
+    "Schema",
+    "PackedGroup",
+    "BFLOAT16",
+    "to_storage_array",
+    "bfloat16_to_float32",
+    "float32_to_bfloat16",
+]
 
 BFLOAT16 = "bfloat16"
 
@@ -141,24 +153,107 @@ def _flatten(spec: Mapping[str, Any], prefix: str, out: dict[str, Field]) -> Non
         out[name] = value
 
 
+@dataclass(frozen=True)
+class PackedGroup:
+    """Fixed fields stored together as one row-major ``(n, width)`` matrix file ``<name>.npy`` per shard.
+
+    ``columns[field] = (a, b)``: the field's values of record ``i`` are ``matrix[i, a:b]`` reshaped to
+    the field's shape. Column ranges tile ``[0, width)`` in ``fields`` order. All fields share ``dtype``.
+    """
+
+    name: str
+    dtype: str
+    fields: tuple[str, ...]
+    columns: Mapping[str, tuple[int, int]]
+    width: int
+
+    @property
+    def storage_dtype(self) -> np.dtype[Any]:
+        """The dtype of the matrix on disk (uint16 for bfloat16)."""
+        return np.dtype("<u2") if self.dtype == BFLOAT16 else np.dtype(self.dtype)
+
+    def as_field(self) -> Field:
+        """The group as a fixed field of shape ``(width,)``: what one record's row looks like."""
+        return Field(self.dtype, (self.width,))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.dtype, self.fields, self.width))
+
+
+def _field_width(f: Field) -> int:
+    return int(np.prod(f.inner_shape, dtype=np.int64))
+
+
 class Schema(Mapping[str, Field]):
-    """An ordered, immutable mapping from flat field name to :class:`Field`."""
+    """An ordered, immutable mapping from flat field name to :class:`Field`, plus packed groups.
 
-    __slots__ = ("_fields",)
+    Args:
+        spec: a (nested) dict of name -> :class:`Field`, or a Schema (copied, groups included).
+        packed: optional ``{group name: [field names in column order]}``. Every field listed must be
+            fixed (no ``None`` in its shape), belong to one group only and have the group's dtype. A
+            group name is a single name part (``[A-Za-z0-9][A-Za-z0-9_.-]*``, no ``/``) that is not
+            a field name. Passing ``packed`` with a Schema replaces its groups.
+    """
 
-    def __init__(self, spec: Mapping[str, Any] | Schema) -> None:
+    __slots__ = ("_fields", "_groups", "_group_of")
+
+    def __init__(self, spec: Mapping[str, Any] | Schema, packed: Mapping[str, Sequence[str]] | None = None) -> None:
         if isinstance(spec, Schema):
             self._fields: dict[str, Field] = dict(spec._fields)
-            return
-        if not isinstance(spec, Mapping) or not spec:
-            raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
-        fields: dict[str, Field] = {}
-        _flatten(spec, "", fields)
-        names = sorted(fields)
-        for a, b in zip(names, names[1:]):
-            if b.startswith(a + "/"):
-                raise SchemaError(f"field {a!r} is both a field and a group (field {b!r} is inside it)")
-        self._fields = fields
+            if packed is None:
+                self._groups: dict[str, PackedGroup] = dict(spec._groups)
+                self._group_of: dict[str, str] = dict(spec._group_of)
+                return
+        else:
+            if not isinstance(spec, Mapping) or not spec:
+                raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
+            fields: dict[str, Field] = {}
+            _flatten(spec, "", fields)
+            names = sorted(fields)
+            for a, b in zip(names, names[1:]):
+                if b.startswith(a + "/"):
+                    raise SchemaError(f"field {a!r} is both a field and a group (field {b!r} is inside it)")
+            self._fields = fields
+        self._groups = {}
+        self._group_of = {}
+        for gname, members in (packed or {}).items():
+            self._add_group(gname, members)
+
+    def _add_group(self, gname: str, members: Sequence[str]) -> None:
+        if not isinstance(gname, str) or "/" in gname:
+            raise SchemaError(f"packed group name {gname!r}: must be a str without '/'")
+        _check_name(gname)
+        if gname in self._fields:
+            raise SchemaError(f"packed group name {gname!r} is also a field name")
+        if gname in self._groups:
+            raise SchemaError(f"duplicate packed group {gname!r}")
+        if isinstance(members, str) or not members:
+            raise SchemaError(f"packed group {gname!r}: expected a non-empty list of field names, got {members!r}")
+        columns: dict[str, tuple[int, int]] = {}
+        dtype: str | None = None
+        pos = 0
+        for name in members:
+            if name not in self._fields:
+                raise SchemaError(f"packed group {gname!r}: no field {name!r} in the schema")
+            f = self._fields[name]
+            if f.ragged:
+                raise SchemaError(f"packed group {gname!r}: field {name!r} is ragged; only fixed fields can be packed")
+            if name in self._group_of or name in columns:
+                raise SchemaError(f"field {name!r} is in more than one packed group")
+            if dtype is None:
+                dtype = f.dtype
+            elif f.dtype != dtype:
+                raise SchemaError(
+                    f"packed group {gname!r}: field {name!r} has dtype {f.dtype}, the group's dtype is {dtype} "
+                    "(all fields of a group share one dtype)"
+                )
+            w = _field_width(f)
+            columns[name] = (pos, pos + w)
+            pos += w
+        assert dtype is not None
+        self._groups[gname] = PackedGroup(gname, dtype, tuple(members), columns, pos)
+        for name in members:
+            self._group_of[name] = gname
 
     def __getitem__(self, name: str) -> Field:
         try:
@@ -173,23 +268,89 @@ class Schema(Mapping[str, Field]):
         return len(self._fields)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Schema) and self._fields == other._fields
+        return (
+            isinstance(other, Schema)
+            and self._fields == other._fields
+            and {k: (g.fields, g.dtype) for k, g in self._groups.items()}
+            == {k: (g.fields, g.dtype) for k, g in other._groups.items()}
+        )
 
     def __hash__(self) -> int:
-        return hash(tuple(self._fields.items()))
+        return hash((tuple(self._fields.items()), tuple((k, g.fields) for k, g in self._groups.items())))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k!r}: {v!r}" for k, v in self._fields.items())
-        return f"Schema({{{inner}}})"
+        if not self._groups:
+            return f"Schema({{{inner}}})"
+        groups = ", ".join(f"{k!r}: {list(g.fields)!r}" for k, g in self._groups.items())
+        return f"Schema({{{inner}}}, packed={{{groups}}})"
+
+    # ---------------------------------------------------------------------------------- groups
+
+    @property
+    def groups(self) -> dict[str, PackedGroup]:
+        """Packed groups by name (a copy; empty when nothing is packed)."""
+        return dict(self._groups)
+
+    def group_of(self, name: str) -> str | None:
+        """The packed group holding field ``name``, or None when it has its own file."""
+        return self._group_of.get(name)
+
+    def storage_units(self) -> list[tuple[str, Field]]:
+        """What a shard stores, one ``.npy`` file (plus offsets for ragged fields) per entry.
+
+        Unpacked fields in schema order, each as itself, then each packed group as a fixed field of
+        shape ``(width,)`` under the group's name (file ``<group>.npy`` of shape ``(n, width)``).
+        """
+        units = [(n, f) for n, f in self._fields.items() if n not in self._group_of]
+        units += [(g.name, g.as_field()) for g in self._groups.values()]
+        return units
+
+    # ------------------------------------------------------------------------------------ json
 
     def to_json(self) -> dict[str, Any]:
-        return {name: f.to_json() for name, f in self._fields.items()}
+        out: dict[str, Any] = {}
+        for name, f in self._fields.items():
+            obj = f.to_json()
+            gname = self._group_of.get(name)
+            if gname is not None:
+                obj["group"] = gname
+                obj["columns"] = list(self._groups[gname].columns[name])
+            out[name] = obj
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> Schema:
+        """Parse the manifest's ``schema`` object, packed groups (``group``/``columns`` keys) included.
+
+        Checks that every group's column ranges tile ``[0, width)`` and match the fields' sizes.
+        """
         if not isinstance(obj, dict) or not obj:
             raise SchemaError(f"schema: expected a non-empty object, got {obj!r}")
-        return cls({name: Field.from_json(v, where=f"schema field {name!r}") for name, v in obj.items()})
+        fields = {name: Field.from_json(v, where=f"schema field {name!r}") for name, v in obj.items()}
+        members: dict[str, list[tuple[int, int, str]]] = {}
+        for name, v in obj.items():
+            if "group" in v or "columns" in v:
+                g, cols = v.get("group"), v.get("columns")
+                if not isinstance(g, str) or not isinstance(cols, list) or len(cols) != 2:
+                    raise SchemaError(
+                        f"schema field {name!r}: packed fields need \"group\" (str) and \"columns\" [a, b]"
+                    )
+                a, b = int(cols[0]), int(cols[1])
+                members.setdefault(g, []).append((a, b, name))
+        packed: dict[str, list[str]] = {}
+        for g, items in members.items():
+            items.sort()
+            packed[g] = [name for _, _, name in items]
+        schema = cls(fields, packed=packed)
+        for g, items in members.items():
+            for a, b, name in items:
+                if schema._groups[g].columns[name] != (a, b):
+                    raise SchemaError(
+                        f"schema field {name!r}: columns [{a}, {b}) of group {g!r} do not tile the group "
+                        f"(expected {list(schema._groups[g].columns[name])})"
+                    )
+        return schema
 
     def nest(self, flat: Mapping[str, Any]) -> dict[str, Any]:
         """Turn ``{"a/b": x}`` into ``{"a": {"b": x}}`` (only names present in ``flat``)."""

@@ -131,7 +131,7 @@ CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
         ss.CorruptionError,
         "manifest.json",
     ),
-    ("manifest version 2", lambda r: edit_manifest(r, lambda m: m.update(version=2)), ss.FormatError, "manifest.json"),
+    ("manifest version 3", lambda r: edit_manifest(r, lambda m: m.update(version=3)), ss.FormatError, "manifest.json"),
     (
         "manifest version 0",
         lambda r: edit_manifest(r, lambda m: m.update(version=0)),

@@ -41,8 +41,8 @@ def run_combined_demo(
     """Split the store at ``store_path`` into three contiguous parts (``weights`` of its records), sample
     ``epoch_fraction`` of the corpus per epoch from them in proportion to ``weights`` (each part in its own
     random order, windows advancing per epoch), order the union with ``ordering``, cut it into batches of at
-    most ``max_frames`` padded frames of ``length_field`` and read every batch with ``get_batch``. Prints per-epoch figures
-    (order build time, batches/s, sequences/s, frames/s, private RSS growth) and returns them.
+    most ``max_frames`` padded frames of ``length_field`` and read every batch with ``get_batch``. Prints
+    per-epoch figures (order build time, batches/s, sequences/s, frames/s, private RSS growth) and returns them.
     """
     store_ds = StoreDataset(store_path, length_field=length_field)
     n = store_ds.num_seqs

@@ -2,7 +2,9 @@
 
 ``manifest.json`` names the format and version, the schema, every committed shard (record count,
 rows per ragged field, and size and CRC-32 of every file) and user metadata. Its size is
-O(fields x shards), never O(records). It is replaced atomically: written to a temporary file,
+O(fields x shards), never O(records). A store is written as version 1 unless it needs a version-2 feature
+(packed groups, or ``"id_lookup": "last"``); readers accept versions 1 and 2. It is replaced atomically:
+written to a temporary file,
 fsynced, renamed over the old one, and the directory fsynced.
 """
 
@@ -17,10 +19,25 @@ from typing import Any
 from ..errors import CorruptionError, FormatError
 from ..schema import Schema
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MANIFEST", "FileInfo", "ShardInfo", "IndexRun", "Manifest"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "BASE_VERSION",
+    "ID_LOOKUPS",
+    "MANIFEST",
+    "FileInfo",
+    "ShardInfo",
+    "IndexRun",
+    "Manifest",
+]
 
 FORMAT_NAME = "seqstore"
-FORMAT_VERSION = 1
+#: The newest format version this seqstore reads and writes.
+FORMAT_VERSION = 2
+#: The version written for stores that use no version-2 feature (what version-1 readers read).
+BASE_VERSION = 1
+#: Which record ``index(id)`` returns when an id occurs more than once: the first (default) or the last.
+ID_LOOKUPS = ("first", "last")
 MANIFEST = "manifest.json"
 
 
@@ -82,15 +99,21 @@ class Manifest:
     metadata: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     generation: int = 0
+    id_lookup: str = "first"
 
     @property
     def num_records(self) -> int:
         return sum(s.records for s in self.shards)
 
+    @property
+    def version(self) -> int:
+        """The lowest format version that describes this store: 2 with packed groups or last-id lookup."""
+        return FORMAT_VERSION if self.schema.groups or self.id_lookup != "first" else BASE_VERSION
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "generation": self.generation,
             "schema": self.schema.to_json(),
             "shards": [s.to_json() for s in self.shards],
@@ -98,6 +121,9 @@ class Manifest:
             "metadata": self.metadata,
             "stats": self.stats,
         }
+        if self.version >= 2:
+            out["id_lookup"] = self.id_lookup
+        return out
 
     # ------------------------------------------------------------------------------------------ read
 
@@ -134,9 +160,15 @@ class Manifest:
                 f"(up to {FORMAT_VERSION}); upgrade seqstore"
             )
         try:
-            return cls._from_json(obj)
+            manifest = cls._from_json(obj)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise CorruptionError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+        if manifest.version > version:
+            raise CorruptionError(
+                f"{path}: says version {version} but uses version-{manifest.version} features "
+                "(packed groups or \"id_lookup\": \"last\")"
+            )
+        return manifest
 
     @classmethod
     def _from_json(cls, obj: dict[str, Any]) -> Manifest:
@@ -158,7 +190,10 @@ class Manifest:
         stats = obj.get("stats", {})
         if not isinstance(metadata, dict) or not isinstance(stats, dict):
             raise ValueError("metadata and stats must be objects")
-        return cls(schema, shards, runs, metadata, stats, int(obj.get("generation", 0)))
+        id_lookup = obj.get("id_lookup", "first")
+        if id_lookup not in ID_LOOKUPS:
+            raise ValueError(f"id_lookup must be one of {ID_LOOKUPS}, got {id_lookup!r}")
+        return cls(schema, shards, runs, metadata, stats, int(obj.get("generation", 0)), id_lookup)
 
     # ----------------------------------------------------------------------------------------- write
 

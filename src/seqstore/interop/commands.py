@@ -201,6 +201,30 @@ register_source("parquet", Converter("Parquet files or directories", _arrow_run(
                                      _arrow_total("parquet")))
 register_source("arrow", Converter("Arrow IPC files or directories (incl. HF datasets save_to_disk)",
                                    _arrow_run("arrow"), None, _arrow_total("arrow")))
+def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from ..log.logix import import_logix
+    from ..store import open_store
+
+    srcs, out = _sources_and_out(args)
+    if len(srcs) != 1:
+        raise SeqstoreError("convert --from logix: give one LogIX log directory, then the output store")
+    done = [0]
+
+    def advance(records: int) -> None:  # import_logix reports a running total
+        progress(records - done[0])
+        done[0] = records
+
+    import_logix(srcs[0], out, overwrite=args.overwrite, batch_records=args.batch_records, progress=advance)
+    return open_store(out)
+
+
+def _logix_args(group: Any) -> None:
+    group.add_argument("--batch-records", type=int, default=4096,
+                       help="logix: records read and written per step (bounds memory; default 4096)")
+
+
+register_source("logix", Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + "
+                                   "_metadata.json)", _logix_run, _logix_args, None, unit="rec"))
 register_target("returnn-hdf", Converter("one RETURNN HDF file for HDFDataset", _hdf_export, _hdf_export_args,
                                          _hdf_export_total))
 

@@ -6,6 +6,10 @@ and last offsets) against the manifest; every failure is a :class:`~seqstore.Cor
 the file. Global index -> (shard, row) is a binary search over per-shard record counts (O(shards)
 memory). Ids are found through sorted 64-bit hash indexes (per shard, and merged runs under
 ``_index/``), comparing the id bytes of every candidate.
+
+Packed groups (format version 2) are mapped as one ``(n, width)`` matrix per shard; each packed
+field is a zero-copy strided view of its column range. :meth:`Store.matrix` and
+:meth:`Store.iter_matrix` hand out ``(rows, D)`` matrices for GEMMs, zero-copy where the layout allows.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import bisect
 import mmap
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,7 @@ import numpy as np
 from ..errors import CorruptionError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
-from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
+from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
 from .ids import encode_ids, hash_ids, id_equal
 from .writer import IDS
 
@@ -67,15 +72,26 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
 class _Shard:
     """The mapped files of one committed shard. Built on first touch."""
 
-    __slots__ = ("path", "info", "columns", "offsets", "ids", "id_offsets", "id_hash", "id_rows", "_plan")
+    __slots__ = ("path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan")
 
     def __init__(self, root: Path, info: ShardInfo, schema: Schema) -> None:
         self.path = root / info.name
         self.info = info
         self.columns: dict[str, np.ndarray[Any, Any]] = {}
         self.offsets: dict[str, np.ndarray[Any, Any]] = {}
+        self.groups: dict[str, np.ndarray[Any, Any]] = {}
         n = info.records
+        for gname, g in schema.groups.items():
+            rel = f"{gname}.npy"
+            mat = map_npy(self.path / rel, info.files.get(rel), g.storage_dtype, (n, g.width))
+            self.groups[gname] = mat
+            for name in g.fields:
+                a, b = g.columns[name]
+                view = mat[:, a:b].reshape(n, *schema[name].inner_shape)  # splits the contiguous axis: a view
+                self.columns[name] = view
         for name, f in schema.items():
+            if name in self.columns:
+                continue
             rel = f"{name}.npy"
             if f.ragged:
                 orel = f"{name}.offsets.npy"
@@ -168,6 +184,18 @@ def _id_bounds(sh: _Shard, row: int) -> tuple[int, int]:
             f"{sh.path / (IDS + '.offsets.npy')}: record {row} has id offsets {a}..{b}, outside 0..{len(sh.ids)}"
         )
     return a, b
+
+
+@dataclass(frozen=True)
+class _MatrixPlan:
+    """How :meth:`Store.matrix` assembles rows: ``segments`` of (source, src_a, src_b, dst_a), where a
+    source is a packed group's matrix or an unpacked field flattened to (n, size)."""
+
+    segments: tuple[tuple[str, int, int, int], ...]
+    columns: dict[str, tuple[int, int]]
+    width: int
+    storage_dtype: np.dtype[Any]
+    bfloat16: bool
 
 
 class Lengths:
@@ -279,6 +307,8 @@ class Store:
         self._shards = self._shards[: len(counts)] + [None] * (len(counts) - len(self._shards))
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
         self._bf16_fields = [n for n, f in self.schema.items() if f.dtype == BFLOAT16]
+        self._id_last = manifest.id_lookup == "last"
+        self._nest_paths: list[tuple[str, tuple[str, ...]]] | None = None
 
     # ------------------------------------------------------------------------------------ basics
 
@@ -390,7 +420,23 @@ class Store:
 
     def nested(self, i: int) -> dict[str, Any]:
         """Record ``i`` as a nested dict (``"a/b"`` -> ``{"a": {"b": ...}}``) of zero-copy views."""
-        return self.schema.nest(self[i])
+        flat = self[i]
+        paths = self._nest_paths
+        if paths is None:
+            paths = self._nest_paths = [(name, tuple(name.split("/"))) for name in self.schema]
+        out: dict[str, Any] = {}
+        for name, parts in paths:
+            if len(parts) == 1:
+                out[name] = flat[name]
+                continue
+            node = out
+            for p in parts[:-1]:
+                child = node.get(p)
+                if child is None:
+                    child = node[p] = {}
+                node = child
+            node[parts[-1]] = flat[name]
+        return out
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
         for i in range(self._n):
@@ -469,6 +515,175 @@ class Store:
             raise ValueError(f"{self.root}: field {field!r} is not ragged; ragged fields are {ragged}")
         return Lengths(self, field)
 
+    # ------------------------------------------------------------------------------------ matrix
+
+    @property
+    def groups(self) -> dict[str, PackedGroup]:
+        """The store's packed groups by name (empty for a store without them)."""
+        return self.schema.groups
+
+    def _matrix_plan(self, fields: Sequence[str] | str | None) -> _MatrixPlan:
+        """Resolve ``fields`` (names of fixed fields and/or packed groups; None = all fixed fields,
+        groups first in column order) into copy segments of per-shard source matrices."""
+        if isinstance(fields, str):
+            fields = [fields]
+        groups = self.schema.groups
+        names: list[str] = []
+        if fields is None:
+            for g in groups.values():
+                names.extend(g.fields)
+            names.extend(n for n, f in self.schema.items() if not f.ragged and self.schema.group_of(n) is None)
+        else:
+            for item in fields:
+                if item in groups:
+                    names.extend(groups[item].fields)
+                elif item in self.schema:
+                    names.append(item)
+                else:
+                    raise KeyError(f"no field or packed group {item!r} in {self.root}; fields are {list(self.schema)}")
+        if not names:
+            raise ValueError(f"{self.root}: no fixed fields to put in a matrix")
+        if len(set(names)) != len(names):
+            raise ValueError(f"fields {names} name a field more than once")
+        dtypes = {self.schema[n].dtype for n in names}
+        if len(dtypes) != 1:
+            raise ValueError(f"fields {names} have different dtypes {sorted(dtypes)}; a matrix has one dtype")
+        segments: list[list[Any]] = []
+        columns: dict[str, tuple[int, int]] = {}
+        width = 0
+        for name in names:
+            f = self.schema[name]
+            if f.ragged:
+                raise ValueError(f"field {name!r} is ragged; matrix() takes fixed fields only")
+            gname = self.schema.group_of(name)
+            if gname is None:
+                source, (a, b) = name, (0, int(np.prod(f.inner_shape, dtype=np.int64)))
+            else:
+                source, (a, b) = gname, groups[gname].columns[name]
+            columns[name] = (width, width + b - a)
+            if segments and segments[-1][0] == source and segments[-1][2] == a:
+                segments[-1][2] = b
+            else:
+                segments.append([source, a, b, width])
+            width += b - a
+        f0 = self.schema[names[0]]
+        return _MatrixPlan(
+            tuple((str(sg[0]), int(sg[1]), int(sg[2]), int(sg[3])) for sg in segments),
+            columns,
+            width,
+            f0.storage_dtype,
+            f0.dtype == BFLOAT16,
+        )
+
+    def matrix_columns(self, fields: Sequence[str] | str | None = None) -> dict[str, tuple[int, int]]:
+        """Column range ``[a, b)`` of each field in :meth:`matrix` (same ``fields``): for module-wise scores."""
+        return dict(self._matrix_plan(fields).columns)
+
+    def _source(self, sh: _Shard, source: str) -> np.ndarray[Any, Any]:
+        if source in sh.groups:
+            return sh.groups[source]
+        col = sh.columns[source]
+        return col.reshape(col.shape[0], -1)  # contiguous: a view
+
+    def _block(self, sh: _Shard, plan: _MatrixPlan, rows: slice | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Rows ``rows`` (a slice or local row numbers) of one shard: a view for one segment and a slice."""
+        if len(plan.segments) == 1:
+            source, a, b, _ = plan.segments[0]
+            return self._source(sh, source)[rows, a:b]
+        n = len(range(*rows.indices(sh.info.records))) if isinstance(rows, slice) else len(rows)
+        out = np.empty((n, plan.width), dtype=plan.storage_dtype)
+        for source, a, b, dst in plan.segments:
+            out[:, dst : dst + b - a] = self._source(sh, source)[rows, a:b]
+        return out
+
+    def _present(self, arr: np.ndarray[Any, Any], plan: _MatrixPlan, dtype: Any) -> np.ndarray[Any, Any]:
+        if plan.bfloat16:
+            if dtype is not None and np.dtype(dtype).kind == "f":
+                return np.asarray(bfloat16_to_float32(arr), dtype=dtype)
+            arr = self.bfloat16_view(arr)
+        if dtype is not None and arr.dtype != np.dtype(dtype):
+            return arr.astype(dtype)
+        return arr
+
+    def matrix(
+        self,
+        fields: Sequence[str] | str | None = None,
+        rows: slice | Sequence[int] | np.ndarray[Any, Any] | None = None,
+        *,
+        dtype: Any = None,
+    ) -> np.ndarray[Any, Any]:
+        """Records as one ``(R, D)`` matrix: row ``r`` is the chosen fields of a record, flattened and
+        concatenated in order (:meth:`matrix_columns` gives each field's column range).
+
+        ``fields``: fixed field names and/or packed group names (None: all fixed fields, packed
+        groups first); all must share one dtype. ``rows``: None (all), a slice, or record numbers.
+        ``dtype``: cast the result (bfloat16 bits are widened exactly when a float dtype is asked).
+
+        Zero-copy (a read-only strided view of the mapped file) when the fields are consecutive
+        columns of one packed group (or one unpacked field) and the rows are a slice inside one
+        shard; otherwise one copy, shard by shard. Use :meth:`iter_matrix` to stream a large store.
+        """
+        plan = self._matrix_plan(fields)
+        n = self._n
+        if rows is None:
+            rows = slice(0, n)
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(n)
+            if step < 0:
+                return self.matrix(fields, np.arange(start, stop, step, dtype=np.int64), dtype=dtype)
+            count = len(range(start, stop, step))
+            if count == 0:
+                return self._present(np.empty((0, plan.width), dtype=plan.storage_dtype), plan, dtype)
+            k0, r0 = self._locate(start)
+            k1, _ = self._locate(start + (count - 1) * step)
+            if k0 == k1:
+                block = self._block(self._shard(k0), plan, slice(r0, r0 + (count - 1) * step + 1, step))
+                return self._present(block, plan, dtype)
+            out = np.empty((count, plan.width), dtype=plan.storage_dtype)
+            for k in range(k0, k1 + 1):
+                s_k, e_k = self._starts_list[k], self._starts_list[k + 1]
+                first = max(start, s_k)
+                first += (-(first - start)) % step
+                if first >= min(stop, e_k):
+                    continue
+                last = min(stop, e_k)
+                pos = (first - start) // step
+                block = self._block(self._shard(k), plan, slice(first - s_k, last - s_k, step))
+                out[pos : pos + len(block)] = block
+            return self._present(out, plan, dtype)
+        idx = self._norm_many(rows).reshape(-1)
+        out = np.empty((len(idx), plan.width), dtype=plan.storage_dtype)
+        for k, pos, local in self._group(idx):
+            out[pos] = self._block(self._shard(k), plan, np.asarray(local))
+        return self._present(out, plan, dtype)
+
+    def iter_matrix(
+        self,
+        fields: Sequence[str] | str | None = None,
+        *,
+        chunk_rows: int = 1 << 16,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+        """Stream records ``[start, stop)`` as ``(first_row, block)`` pairs, ``block`` an
+        ``(r, D)`` matrix of at most ``chunk_rows`` rows that never spans two shards.
+
+        Blocks are zero-copy views of the mapped files where :meth:`matrix` would be; bfloat16 is
+        returned as stored bits (uint16) whatever the store's ``bfloat16`` mode. O(chunk) memory.
+        """
+        if chunk_rows <= 0:
+            raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+        plan = self._matrix_plan(fields)
+        stop = self._n if stop is None else min(stop, self._n)
+        if start < 0 or start > stop:
+            raise IndexError(f"row range [{start}, {stop}) is not inside 0..{self._n}")
+        pos = start
+        while pos < stop:
+            k, r = self._locate(pos)
+            end = min(stop, self._starts_list[k + 1], pos + chunk_rows)
+            yield pos, self._block(self._shard(k), plan, slice(r, r + end - pos))
+            pos = end
+
     # --------------------------------------------------------------------------------------- ids
 
     def id(self, i: int) -> str:
@@ -531,7 +746,11 @@ class Store:
         return ok
 
     def index(self, id: str) -> int:  # noqa: A002
-        """Global index of the record with id ``id`` (the first one if it was written twice)."""
+        """Global index of the record with id ``id``.
+
+        When an id was written more than once this is the first such record, or the last one in a
+        store created with ``id_lookup="last"`` (e.g. a log written with ``on_duplicate="keep_last"``).
+        """
         if not isinstance(id, str):
             raise TypeError(f"ids are str, got {type(id).__name__}")
         if not self.has_ids:
@@ -539,6 +758,7 @@ class Store:
         key = id.encode("utf-8", "surrogatepass")
         raw = np.frombuffer(key, dtype=np.uint8)
         h = hash_ids(raw, np.array([0, len(raw)], dtype=np.int64))[0]
+        found = -1
         for _first, hashes, rows, base in self._probe_targets():
             j = int(hashes.searchsorted(h))
             while j < len(hashes) and hashes[j] == h:
@@ -551,14 +771,19 @@ class Store:
                 assert sh.ids is not None and sh.id_offsets is not None
                 a, b = _id_bounds(sh, local)
                 if bytes(sh.ids[a:b]) == key:
-                    return row
+                    if not self._id_last:
+                        return row
+                    found = max(found, row)
                 j += 1
+        if found >= 0:
+            return found
         raise KeyError(f"id {id!r} not in {self.root}")
 
     def index_many(self, ids: Sequence[str], *, missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
         """Global indexes of many ids at once (vectorised hash search, then byte comparison).
 
         ``missing="error"`` raises KeyError naming the first missing ids; an int fills them instead.
+        Repeated ids resolve as in :meth:`index` (first record, or last with ``id_lookup="last"``).
         """
         if not self.has_ids:
             if len(self) == 0:
@@ -591,10 +816,15 @@ class Store:
             if not ok.any():
                 continue
             found_q, found_r = cq[ok], cand_rows[ok]
+            if self._id_last:  # every index may hold a later copy: keep probing all of them
+                np.maximum.at(result, found_q, found_r)
+                continue
             best = np.full(len(q), np.iinfo(np.int64).max, dtype=np.int64)
             np.minimum.at(best, found_q, found_r)
             newly = np.unique(found_q)
             result[newly] = best[newly]
+            todo = todo[result[todo] < 0]
+        if self._id_last:
             todo = todo[result[todo] < 0]
         if len(todo):
             if missing == "error":

@@ -2,6 +2,7 @@
 
 :func:`verify` reads every byte of every committed file once (chunked, O(chunk) memory) and returns
 a list of problems, each naming the file and what is wrong. An empty list means the store is intact.
+Packed groups are checked as their ``(n, width)`` matrix files.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None 
     schema = manifest.schema
     for info in manifest.shards:
         sdir = root / info.name
-        expected = {f"{n}.npy" for n in schema} | {f"{n}.offsets.npy" for n, f in schema.items() if f.ragged}
+        units = schema.storage_units()  # unpacked fields and packed groups (<group>.npy)
+        expected = {f"{n}.npy" for n, _ in units} | {f"{n}.offsets.npy" for n, f in units if f.ragged}
         if info.has_ids:
             expected |= {f"{IDS}{s}.npy" for s in ("", ".offsets", ".hash", ".hash_rows")}
         for rel in sorted(expected - set(info.files)):
@@ -113,7 +115,7 @@ def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None 
 def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
     problems: list[str] = []
     n = info.records
-    for name, f in schema.items():
+    for name, f in schema.storage_units():
         if not f.ragged:
             map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (n, *f.inner_shape))
             continue

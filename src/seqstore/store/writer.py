@@ -6,6 +6,10 @@ of the current shard with large sequential writes into a private workspace direc
 index, fsync), then under the store's lock file renames it to ``shard-NNNNNN`` and atomically replaces
 the manifest. A crash before that rename leaves only workspace files, which readers never look at
 and the next writer deletes; a crash after it loses nothing.
+
+Packed groups (docs/format.md, version 2) are buffered and written as one ``(n, width)`` matrix per
+group; :meth:`Writer.append_batch` also takes a group's whole ``(B, width)`` matrix under the group's
+name, which is written without any per-field copy.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,12 +32,12 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import LockError, SchemaError, SeqstoreError
-from ..format.manifest import MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
+from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
 from ..format.npy import HEADER_BYTES, encode_header, write_header
 from ..schema import Field, Schema, to_storage_array
 from .ids import encode_ids, hash_ids, merge_runs
 
-__all__ = ["Writer", "create", "append_to", "store_lock"]
+__all__ = ["Writer", "create", "append_to", "open_or_create", "store_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +204,10 @@ class Writer:
         self.schema: Schema = manifest.schema
         self._fields: list[tuple[str, Field]] = list(self.schema.items())
         self._names = set(self.schema)
+        self._groups = self.schema.groups
+        # what is stored: unpacked fields, then packed groups as fixed (width,) fields
+        self._units: list[tuple[str, Field]] = self.schema.storage_units()
+        self._stats_delta: dict[str, float] = {}
         self._has_ids: bool | None = manifest.shards[0].has_ids if manifest.shards else None
         self._records_before = manifest.num_records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
@@ -210,8 +219,8 @@ class Writer:
     # ------------------------------------------------------------------------------------- buffers
 
     def _reset_buffer(self) -> None:
-        self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._fields}
-        self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._fields if f.ragged}
+        self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._units}
+        self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._units if f.ragged}
         self._buf_ids: list[str] = []
         self._buf_records = 0
         self._buf_bytes = 0
@@ -220,7 +229,7 @@ class Writer:
         cur = self._workspace / "current"
         cur.mkdir()
         self._files: dict[str, _ColumnFile] = {}
-        for name, f in self._fields:
+        for name, f in self._units:
             path = cur / f"{name}.npy"
             path.parent.mkdir(parents=True, exist_ok=True)
             self._files[name] = _ColumnFile(path, f.storage_dtype, f.inner_shape, self._pool)
@@ -265,15 +274,40 @@ class Writer:
 
     def _check_keys(self, keys: Any, what: str) -> None:
         given = set(keys)
-        if given != self._names:
-            unknown = sorted(given - self._names)
-            missing = sorted(self._names - given)
+        names = self._names
+        direct = given & set(self._groups)
+        if direct:  # a group given as one (B, width) matrix stands for its fields
+            names = (names - {m for g in direct for m in self._groups[g].fields}) | direct
+        if given != names:
+            unknown = sorted(given - names)
+            missing = sorted(names - given)
             parts = []
             if unknown:
                 parts.append(f"unknown field(s) {unknown}")
             if missing:
                 parts.append(f"missing field(s) {missing}")
-            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}")
+            groups = f" (or packed groups {sorted(self._groups)})" if self._groups else ""
+            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}{groups}")
+
+    def _pack(
+        self, gname: str, flat: Mapping[str, Any], prepared: Mapping[str, np.ndarray[Any, Any]], batch: int, fw: str
+    ) -> np.ndarray[Any, Any]:
+        """The (batch, width) matrix of packed group ``gname``: the caller's matrix when given under the
+        group's name (converted, not copied when it already has the storage dtype), else a new matrix
+        assembled from the fields' converted values ``prepared`` (one copy)."""
+        g = self._groups[gname]
+        if gname in flat:
+            mat = to_storage_array(g.as_field(), flat[gname], what=fw)
+            if mat.shape != (batch, g.width):
+                raise SchemaError(
+                    f"{fw}: expected a ({batch}, {g.width}) matrix for packed group {gname!r}, got {mat.shape}"
+                )
+            return mat
+        mat = np.empty((batch, g.width), dtype=g.storage_dtype)
+        for name in g.fields:
+            a, b = g.columns[name]
+            mat[:, a:b] = prepared[name].reshape(batch, b - a)
+        return mat
 
     # --------------------------------------------------------------------------------------- append
 
@@ -290,9 +324,11 @@ class Writer:
         self._check_ids(id is not None, index)
         flat = self._flatten(record, what)
         self._check_keys(flat.keys(), what)
-        converted = []
+        converted: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
         for name, f in self._fields:
+            if name not in flat:  # its packed group was given as a whole
+                continue
             value = flat[name]
             arr = to_storage_array(f, value, what=f"{what}, field {name!r}")
             if f.ragged:
@@ -304,13 +340,28 @@ class Writer:
             elif arr.shape != f.inner_shape:
                 raise SchemaError(f"{what}, field {name!r}: expected shape {f.inner_shape}, got {arr.shape}")
             # buffered until the next flush: must not share memory the caller may overwrite
-            converted.append(arr.copy() if arr is value or arr.base is not None else arr)
-            nbytes += arr.nbytes
+            converted[name] = arr.copy() if arr is value or arr.base is not None else arr
+        units: dict[str, np.ndarray[Any, Any]] = {}
+        for name, f in self._units:
+            if name in self._groups:
+                g = self._groups[name]
+                if name in flat:
+                    row = to_storage_array(g.as_field(), flat[name], what=f"{what}, packed group {name!r}")
+                    if row.shape != (g.width,):
+                        raise SchemaError(
+                            f"{what}, packed group {name!r}: expected shape ({g.width},), got {row.shape}"
+                        )
+                    units[name] = row[None].copy()
+                else:
+                    units[name] = self._pack(name, flat, {k: v[None] for k, v in converted.items()}, 1, what)
+            else:
+                units[name] = converted[name] if f.ragged else converted[name][None]
+            nbytes += units[name].nbytes
         self._has_ids = id is not None
-        for (name, f), arr in zip(self._fields, converted):
-            self._buf[name].append(arr[None] if not f.ragged else arr)
+        for name, f in self._units:
+            self._buf[name].append(units[name])
             if f.ragged:
-                self._buf_lengths[name].append(np.array([arr.shape[0]], dtype=np.int64))
+                self._buf_lengths[name].append(np.array([units[name].shape[0]], dtype=np.int64))
         if id is not None:
             self._buf_ids.append(id)
         self._buf_records += 1
@@ -341,8 +392,11 @@ class Writer:
         caller = _caller_ids(flat.values())
         batch: int | None = None
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
+        fixed: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
         for name, f in self._fields:
+            if name not in flat:  # its packed group was given as a whole
+                continue
             value = flat[name]
             lengths: np.ndarray[Any, Any] | None = None
             fw = f"{what}, field {name!r}"
@@ -358,8 +412,19 @@ class Writer:
                 batch = n
             elif n != batch:
                 raise SchemaError(f"{fw}: has {n} records but earlier fields have {batch}")
-            prepared.append((values, lengths))
-            nbytes += values.nbytes
+            if self.schema.group_of(name) is None:
+                prepared.append((values, lengths))
+                nbytes += values.nbytes
+            else:
+                fixed[name] = values
+        for gname in self._groups:
+            if gname in flat:
+                first_dim = np.shape(flat[gname])[0] if np.ndim(flat[gname]) else 0
+                batch = first_dim if batch is None else batch
+            assert batch is not None
+            mat = self._pack(gname, flat, fixed, batch, f"{what}, packed group {gname!r}")
+            prepared.append((mat, None))
+            nbytes += mat.nbytes
         assert batch is not None
         if ids is not None and len(ids) != batch:
             raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
@@ -372,7 +437,7 @@ class Writer:
         while start < batch:  # pieces never overflow a shard's record limit
             room = self.max_shard_records - self._pending_records()
             stop = min(batch, start + max(room, 1))
-            for (name, _f), (values, lengths), rows in zip(self._fields, prepared, row_starts):
+            for (name, _f), (values, lengths), rows in zip(self._units, prepared, row_starts):
                 if rows is None:
                     self._buf[name].append(values[start:stop])
                 else:
@@ -386,7 +451,7 @@ class Writer:
             if self._buf_full():
                 self._flush()
             else:  # the piece stays buffered: it must not share memory the caller may overwrite
-                for name, _ in self._fields:
+                for name, _ in self._units:
                     parts = self._buf[name]
                     parts[-1] = _owned(parts[-1], caller)
             start = stop
@@ -445,7 +510,7 @@ class Writer:
         if not self._shard_open:
             self._open_shard()
         futures: list[Future[int]] = []
-        for name, f in self._fields:
+        for name, f in self._units:
             parts = self._buf[name]
             data = parts[0] if len(parts) == 1 else np.concatenate(parts)
             col = self._files[name]
@@ -480,6 +545,29 @@ class Writer:
         self._flush()
         if self._shard_open:
             self._commit_shard()
+        elif self._stats_delta:
+            with store_lock(self.root):
+                manifest = Manifest.load(self.root)
+                self._apply_stats(manifest)
+                manifest.generation += 1
+                manifest.save(self.root)
+
+    def add_stats(self, delta: Mapping[str, float]) -> None:
+        """Add numbers to the manifest's ``stats`` (``stats[k] += v``) at the next commit.
+
+        Deltas from several writers of one store add up (they are applied under the commit lock);
+        :meth:`commit` saves pending deltas even when no records are pending.
+        """
+        for k, v in delta.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise TypeError(f"stats delta {k!r} must be a number, got {v!r}")
+            self._stats_delta[k] = self._stats_delta.get(k, 0) + v
+
+    def _apply_stats(self, manifest: Manifest) -> None:
+        for k, v in self._stats_delta.items():
+            old = manifest.stats.get(k, 0)
+            manifest.stats[k] = (old if isinstance(old, (int, float)) else 0) + v
+        self._stats_delta = {}
 
     def _finish_shard_files(self) -> ShardInfo:
         cur = self._workspace / "current"
@@ -531,6 +619,7 @@ class Writer:
             fsync_dir(self.root)
             manifest.shards.append(ShardInfo(name, pending.records, pending.rows, pending.files, pending.has_ids))
             manifest.generation += 1
+            self._apply_stats(manifest)
             if pending.has_ids:
                 self._maybe_merge_index(manifest)
             manifest.save(self.root)
@@ -652,21 +741,18 @@ def create(
     max_shard_records: int = 1 << 24,
     overwrite: bool = False,
     metadata: Mapping[str, Any] | None = None,
+    packed: Mapping[str, Sequence[str]] | None = None,
+    id_lookup: str = "first",
 ) -> Writer:
     """Create a new store at ``path`` and return a :class:`Writer` (a context manager).
 
     ``schema`` is a (nested) dict of name -> :class:`~seqstore.Field`. ``overwrite=True`` replaces an
-    existing store; otherwise an existing path is an error.
+    existing store; otherwise an existing path is an error. ``packed`` (``{group: [field, ...]}``)
+    stores those fixed fields as one matrix per group (format version 2). ``id_lookup="last"`` makes
+    ``index(id)`` return the last record written with an id instead of the first (version 2).
     """
     root = Path(path)
-    sch = schema if isinstance(schema, Schema) else Schema(schema)
-    for name, f in sch.items():
-        try:  # the file's header must fit its final row count, whatever it becomes
-            encode_header(f.storage_dtype, (1 << 62, *f.inner_shape))
-        except ValueError:
-            raise SchemaError(
-                f"field {name!r}: shape {f.shape} has too many dimensions for a {HEADER_BYTES}-byte .npy header"
-            ) from None
+    sch = _checked_schema(schema, packed, id_lookup)
     if root.exists():
         if not overwrite:
             raise FileExistsError(f"{root}: already exists (pass overwrite=True to replace it)")
@@ -674,7 +760,71 @@ def create(
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
         shutil.rmtree(root) if root.is_dir() else root.unlink()
     root.mkdir(parents=True)
-    Manifest(sch, metadata=dict(metadata or {})).save(root)
+    Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup).save(root)
+    return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
+
+
+def _checked_schema(
+    schema: Mapping[str, Any] | Schema, packed: Mapping[str, Sequence[str]] | None, id_lookup: str
+) -> Schema:
+    if id_lookup not in ID_LOOKUPS:
+        raise ValueError(f"id_lookup must be one of {ID_LOOKUPS}, got {id_lookup!r}")
+    sch = Schema(schema, packed=packed) if packed is not None or not isinstance(schema, Schema) else schema
+    for name, f in sch.storage_units():
+        try:  # the file's header must fit its final row count, whatever it becomes
+            encode_header(f.storage_dtype, (1 << 62, *f.inner_shape))
+        except ValueError:
+            raise SchemaError(
+                f"field {name!r}: shape {f.shape} has too many dimensions for a {HEADER_BYTES}-byte .npy header"
+            ) from None
+    return sch
+
+
+def open_or_create(
+    path: str | os.PathLike[str],
+    schema: Mapping[str, Any] | Schema,
+    *,
+    shard_bytes: int = 1 << 30,
+    buffer_bytes: int = 64 << 20,
+    max_shard_records: int = 1 << 24,
+    metadata: Mapping[str, Any] | None = None,
+    packed: Mapping[str, Sequence[str]] | None = None,
+    id_lookup: str = "first",
+) -> Writer:
+    """A writer on the store at ``path``, creating it when it does not exist; safe when several
+    processes (ranks) call it at once.
+
+    The new store is prepared in a sibling temporary directory and renamed into place, so exactly one
+    caller creates it; the others (and later callers) append. An existing store must have the same
+    schema (packed groups included) and ``id_lookup``, else :class:`SchemaError`.
+    """
+    root = Path(path)
+    sch = _checked_schema(schema, packed, id_lookup)
+    if not (root / MANIFEST).exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = root.parent / f".{root.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup).save(tmp)
+            try:
+                os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
+                fsync_dir(root.parent)
+            except OSError:
+                if not (root / MANIFEST).exists():
+                    # a non-empty directory that is not a store, or one still being created: wait briefly
+                    for _ in range(50):
+                        time.sleep(0.02)
+                        if (root / MANIFEST).exists():
+                            break
+                    else:
+                        raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    manifest = Manifest.load(root)
+    if manifest.schema != sch:
+        raise SchemaError(f"{root}: existing store has schema {manifest.schema!r}, expected {sch!r}")
+    if manifest.id_lookup != id_lookup:
+        raise SchemaError(f"{root}: existing store has id_lookup {manifest.id_lookup!r}, expected {id_lookup!r}")
     return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
 
 

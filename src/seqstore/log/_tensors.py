@@ -1,0 +1,169 @@
+"""Per-example tensors from a training loop to host numpy arrays: torch (any device) or numpy.
+
+CUDA tensors are copied device -> host through one reusable *pinned* staging buffer: every tensor of a
+``log()`` call is enqueued with ``copy_(non_blocking=True)`` into its own aligned slice, then the
+streams are synchronised once, and the host views are consumed (copied into the logging buffer)
+before the next call reuses the staging memory. Other devices fall back to ``tensor.cpu()``.
+
+bfloat16 tensors come back as their uint16 bits, marked so that :func:`seqstore.schema.to_storage_array`
+treats them as bfloat16 (not as integers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import SchemaError
+from ..schema import BFLOAT16, Field, _BF16Bits
+
+__all__ = ["is_torch", "HostStager", "flatten_nested", "infer_field", "ids_to_str"]
+
+_ALIGN = 256
+
+
+def is_torch(value: Any) -> bool:
+    """True for a torch tensor (checked without importing torch)."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _cpu_tensor_to_numpy(t: Any) -> np.ndarray[Any, Any]:
+    t = t.detach()
+    if str(t.dtype) == "torch.bfloat16":
+        import torch
+
+        return _BF16Bits(t.view(torch.int16).numpy().view(np.uint16))
+    return np.asarray(t.numpy())
+
+
+class HostStager:
+    """Converts a dict of tensors to host numpy arrays, staging CUDA tensors through pinned memory.
+
+    The arrays returned by :meth:`to_host` may alias the staging buffer: consume them before the
+    next call. Memory: one pinned buffer as large as the largest call's device tensors (grown by
+    doubling, never shrunk).
+    """
+
+    def __init__(self) -> None:
+        self._staging: Any = None  # torch.uint8 pinned tensor
+
+    def _ensure(self, nbytes: int) -> Any:
+        import torch
+
+        if self._staging is None or self._staging.numel() < nbytes:
+            size = max(nbytes, 2 * (0 if self._staging is None else self._staging.numel()), 1 << 20)
+            self._staging = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return self._staging
+
+    def to_host(self, values: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+        """``{name: host array}`` for ``{name: torch tensor | numpy array | array-like}``."""
+        out: dict[str, np.ndarray[Any, Any]] = {}
+        cuda: list[tuple[str, Any]] = []
+        for name, v in values.items():
+            if is_torch(v):
+                dev = v.device.type
+                if dev == "cpu":
+                    out[name] = _cpu_tensor_to_numpy(v)
+                elif dev == "cuda":
+                    cuda.append((name, v.detach()))
+                else:  # mps, xla, ...: no pinned path
+                    out[name] = _cpu_tensor_to_numpy(v.detach().cpu())
+            elif isinstance(v, np.ndarray):
+                out[name] = v
+            else:
+                out[name] = np.asarray(v)
+        if cuda:
+            out.update(self._stage_cuda(cuda))
+        return out
+
+    def _stage_cuda(self, tensors: list[tuple[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        import torch
+
+        sizes = [t.numel() * t.element_size() for _, t in tensors]
+        starts = []
+        total = 0
+        for nb in sizes:
+            starts.append(total)
+            total += -(-nb // _ALIGN) * _ALIGN
+        staging = self._ensure(total)
+        devices = set()
+        views = []
+        for (name, t), start, nb in zip(tensors, starts, sizes):
+            dtype = torch.int16 if t.dtype == torch.bfloat16 else t.dtype
+            src = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+            dst = staging[start : start + nb].view(dtype).view(t.shape)
+            dst.copy_(src, non_blocking=True)  # device -> pinned host, asynchronous on t's current stream
+            devices.add(t.device)
+            views.append((name, dst, t.dtype == torch.bfloat16))
+        for dev in devices:  # one wait per device for all copies of this call
+            torch.cuda.current_stream(dev).synchronize()
+        out: dict[str, np.ndarray[Any, Any]] = {}
+        for name, dst, bf16 in views:
+            arr = dst.numpy()
+            out[name] = _BF16Bits(arr.view(np.uint16)) if bf16 else arr
+        return out
+
+
+def flatten_nested(tree: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``{"a": {"b": x}}`` -> ``{"a/b": x}``; flat names with ``/`` pass through."""
+    if not isinstance(tree, Mapping):
+        raise SchemaError(f"{what}: expected a (nested) dict of name -> tensor, got {type(tree).__name__}")
+    flat: dict[str, Any] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for k, v in node.items():
+            if not isinstance(k, str):
+                raise SchemaError(f"{what}: keys must be str, got {k!r}")
+            name = f"{prefix}{k}"
+            if isinstance(v, Mapping):
+                walk(v, name + "/")
+            elif name in flat:
+                raise SchemaError(f"{what}: field {name!r} given twice")
+            else:
+                flat[name] = v
+
+    walk(tree, "")
+    return flat
+
+
+def infer_field(name: str, value: Any, batch: int, first_id: str) -> Field:
+    """The per-example Field of a batch-first tensor/array: dtype and ``shape[1:]``."""
+    if is_torch(value):
+        tdt = str(value.dtype).removeprefix("torch.")
+        dtype: Any = BFLOAT16 if tdt == BFLOAT16 else tdt
+        shape = tuple(int(s) for s in value.shape)
+    else:
+        arr = np.asarray(value)
+        dtype, shape = arr.dtype, arr.shape
+    if len(shape) == 0 or shape[0] != batch:
+        raise SchemaError(
+            f"log(): field {name!r} (batch starting at id {first_id!r}): expected a batch-first tensor with "
+            f"{batch} rows, got shape {shape}"
+        )
+    try:
+        return Field(dtype, shape[1:])
+    except SchemaError as exc:
+        raise SchemaError(f"log(): field {name!r} (id {first_id!r}): {exc}") from None
+
+
+def ids_to_str(ids: Any) -> list[str]:
+    """Ids as a list of str: a sequence of str/int, a 1-D numpy int array or a torch tensor."""
+    if isinstance(ids, str):
+        raise SchemaError(f"log(): ids must be a sequence (one per example), got the str {ids!r}")
+    if is_torch(ids):
+        ids = ids.detach().cpu().numpy()
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise SchemaError(f"log(): ids must be 1-D, got shape {ids.shape}")
+        return [str(x) for x in ids.tolist()]
+    out = []
+    for x in ids:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            out.append(str(int(x)))
+        else:
+            raise SchemaError(f"log(): an id must be a str or an int, got {type(x).__name__} {x!r}")
+    return out

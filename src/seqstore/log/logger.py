@@ -1,0 +1,555 @@
+"""The training-time writer of per-example tensors: :class:`Logger`.
+
+``logger.log(ids, {"layer1": {"grad": g1}, "loss": l})`` copies a batch (batch first; torch on any
+device or numpy) into a preallocated host buffer laid out exactly as the store's files (one
+``(cap, width)`` matrix per packed group), and returns. When the buffer is full it is handed to a
+background thread that writes it into a shard with one sequential write per group and commits
+(crash-safe, docs/format.md section 7) every ``commit_every_s`` seconds, when a shard is full, and on
+:meth:`Logger.flush`/:meth:`Logger.close`.
+
+Memory is bounded: two buffers of ``flush_bytes`` (one filling, one being written); ``log`` blocks
+while both are busy. A failure of the background thread is stored and raised (as
+:class:`LoggerError`, chained to the cause) by the next ``log``/``flush``/``close`` in the training
+thread; shards committed before it stay intact and readable.
+
+Duplicate ids (``on_duplicate``):
+
+- ``"keep_first"`` (default): a record whose id is already in the store (committed by any rank
+  before this ``log`` call: the lookup view is refreshed whenever the manifest changed), in this
+  logger's in-flight buffers, or earlier in the same batch is not written;
+  ``stats["duplicates_skipped"]`` in the manifest counts them. Two ranks logging the same new id
+  while neither has committed it can both write it; ``index(id)`` then still returns the first.
+- ``"keep_last"``: every record is written; the store is created with ``id_lookup="last"`` so that
+  ``index(id)`` returns the last record written with that id (format version 2). Earlier copies stay
+  as records (they are counted in ``stats["duplicates_superseded"]``).
+- ``"error"``: a batch holding an id that is already logged raises :class:`DuplicateIdError` and
+  nothing of that batch is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from ..errors import SchemaError, SeqstoreError
+from ..format.manifest import MANIFEST, Manifest
+from ..schema import BFLOAT16, Field, Schema, to_storage_array
+from ..store.reader import Store
+from ..store.writer import Writer, open_or_create
+from ._tensors import HostStager, flatten_nested, ids_to_str, infer_field
+
+__all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_POLICIES = ("keep_first", "keep_last", "error")
+
+
+class LoggerError(SeqstoreError):
+    """The logger's background writer failed; the cause is chained (``__cause__``)."""
+
+
+class DuplicateIdError(SchemaError):
+    """``on_duplicate="error"`` and a logged id was logged before."""
+
+
+def default_packing(schema: Schema) -> dict[str, list[str]]:
+    """Pack every fixed field, one group per dtype: ``"packed"`` when there is one dtype, else
+    ``"packed-<dtype>"`` (``packed-float32``, ``packed-bfloat16``, ...), fields in schema order."""
+    by_dtype: dict[str, list[str]] = {}
+    for name, f in schema.items():
+        if not f.ragged:
+            by_dtype.setdefault(f.dtype, []).append(name)
+    out: dict[str, list[str]] = {}
+    for dtype, names in by_dtype.items():
+        gname = "packed" if len(by_dtype) == 1 else f"packed-{dtype if dtype == BFLOAT16 else np.dtype(dtype).name}"
+        while gname in schema:
+            gname += "_"
+        out[gname] = names
+    return out
+
+
+def _default_rank() -> int:
+    """``torch.distributed.get_rank()`` when a process group is initialised, else 0.
+
+    torch is not imported for this: a process that uses torch.distributed has imported it already.
+    """
+    if "torch" not in sys.modules:
+        return 0
+    import torch.distributed as dist
+
+    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+
+
+def _warm_up_kernels() -> None:
+    """Call the id hashing/compare kernels once so their one-time load is not paid inside ``log``."""
+    from ..store.ids import encode_ids, hash_ids, id_equal
+
+    data, off = encode_ids(["warm-up"])
+    hash_ids(data, off)
+    res = np.zeros(1, dtype=np.bool_)
+    id_equal(data, off, np.zeros(1, np.int64), data, off, np.zeros(1, np.int64), res)
+
+
+@dataclass
+class _Buffer:
+    """One host buffer: a ``(cap, *shape)`` array per storage unit (packed group or field)."""
+
+    arrays: dict[str, np.ndarray[Any, Any]]
+    cap: int
+    n: int = 0
+    ids: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    seq: int = 0
+
+    def reset(self, seq: int) -> None:
+        self.n = 0
+        self.ids = []  # a new list: the training thread may still hold the old one
+        self.stats = {}
+        self.seq = seq
+
+
+@dataclass
+class _Job:
+    buffer: _Buffer | None
+    commit: bool
+    done: threading.Event | None = None
+
+
+_STOP = _Job(None, False)
+
+
+class Logger:
+    """Logs per-example tensors into a seqstore store from a training loop.
+
+    Args:
+        path: the store directory; created (atomically, safe for several ranks) when missing, else
+            appended to (its schema must match).
+        schema: a (nested) dict of name -> :class:`~seqstore.Field` (fixed shapes only). None: inferred
+            from the first :meth:`log` call (dtype and ``shape[1:]`` of each tensor).
+        flush_bytes: bytes of one host buffer (two exist at most). A buffer holds
+            ``max(1, flush_bytes // record_bytes)`` records.
+        commit_every_s: commit (make durable and visible) at least this often while logging.
+        on_duplicate: ``"keep_first"``, ``"keep_last"`` or ``"error"`` (module docstring).
+        rank: this process's rank (default: ``torch.distributed.get_rank()`` when initialised, else 0);
+            each rank writes its own shards into the one store and its counts go to
+            ``stats["rank-<r>/records"]``.
+        packed: pack fixed fields into one matrix per dtype (:func:`default_packing`, default), or a
+            ``{group: [fields]}`` dict, or False for one file per field. Ignored when the store exists.
+        shard_bytes: a shard is committed when it reaches this size.
+        metadata: user metadata for a new store.
+
+    Thread safety: call ``log``/``flush``/``close`` from one thread (the training loop).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        schema: Mapping[str, Any] | Schema | None = None,
+        flush_bytes: int = 256 << 20,
+        commit_every_s: float = 60.0,
+        on_duplicate: str = "keep_first",
+        rank: int | None = None,
+        packed: bool | Mapping[str, list[str]] = True,
+        shard_bytes: int = 1 << 30,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        if on_duplicate not in DUPLICATE_POLICIES:
+            raise ValueError(f"on_duplicate must be one of {DUPLICATE_POLICIES}, got {on_duplicate!r}")
+        if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
+            raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
+        self.path = Path(path)
+        self.flush_bytes = int(flush_bytes)
+        self.commit_every_s = float(commit_every_s)
+        self.on_duplicate = on_duplicate
+        self.rank = _default_rank() if rank is None else int(rank)
+        self._packed = packed
+        self._shard_bytes = shard_bytes
+        self._metadata = dict(metadata or {})
+        self._stager = HostStager()
+        self._writer: Writer | None = None
+        self._reader: Store | None = None
+        self.schema: Schema | None = None
+        self._units: list[tuple[str, Field]] = []
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._work: queue.Queue[_Job] = queue.Queue()
+        self._free: queue.Queue[_Buffer] = queue.Queue()
+        self._buffers_made = 0
+        self._cur: _Buffer | None = None
+        self._seq = 0
+        self._inflight: dict[str, int] = {}  # id -> copies in buffers not yet visible to self._reader
+        self._pending: list[tuple[int, list[str]]] = []  # (buffer seq, its ids), handed off, not yet visible
+        self._committed_seq = -1  # written by the background thread: last buffer seq that is committed
+        self._seen_seq = -1
+        self._last_handoff = time.monotonic()
+        self._manifest_sig: tuple[int, int, int] | None = None
+        self._num_committed = 0
+        self._num_logged = 0
+        self._num_skipped = 0
+        if schema is not None:
+            self._start(Schema(schema))
+        elif (self.path / MANIFEST).exists():
+            self._start(Manifest.load(self.path).schema)
+
+    # ------------------------------------------------------------------------------------ setup
+
+    def _start(self, schema: Schema) -> None:
+        """Open/create the store for ``schema``, start the background thread. Buffers come lazily."""
+        if any(f.ragged for f in schema.values()):
+            ragged = [n for n, f in schema.items() if f.ragged]
+            raise SchemaError(f"{self.path}: a Logger logs fixed-shape per-example tensors; ragged fields {ragged}")
+        packed: Mapping[str, list[str]] | None
+        if schema.groups or self._packed is False:
+            packed = None
+        elif self._packed is True:
+            packed = default_packing(schema)
+        else:
+            packed = self._packed
+        id_lookup = "last" if self.on_duplicate == "keep_last" else "first"
+        if (self.path / MANIFEST).exists():  # an existing store decides the layout
+            existing = Manifest.load(self.path)
+            if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
+                raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
+            schema, packed = existing.schema, None
+        self._writer = open_or_create(
+            self.path,
+            schema,
+            packed=packed,
+            id_lookup=id_lookup,
+            shard_bytes=self._shard_bytes,
+            buffer_bytes=1,  # every append_batch is written through at once: no second copy
+            metadata=self._metadata,
+        )
+        self.schema = self._writer.schema
+        self._units = self.schema.storage_units()
+        record_bytes = sum(f.row_bytes for _, f in self._units)
+        self._cap = max(1, self.flush_bytes // max(record_bytes, 1))
+        self._reader = Store(self.path)
+        self._thread = threading.Thread(target=self._run, name=f"seqstore-logger-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _new_buffer(self) -> _Buffer:
+        arrays = {name: np.empty((self._cap, *f.inner_shape), dtype=f.storage_dtype) for name, f in self._units}
+        return _Buffer(arrays, self._cap)
+
+    def _take_buffer(self) -> _Buffer:
+        """A free buffer; makes at most two, then blocks until the background thread returns one."""
+        try:
+            buf = self._free.get_nowait()
+        except queue.Empty:
+            if self._buffers_made < 2:
+                self._buffers_made += 1
+                buf = self._new_buffer()
+            else:
+                buf = self._free.get()
+        buf.reset(self._seq)
+        self._seq += 1
+        return buf
+
+    # ------------------------------------------------------------------------------- background
+
+    def _run(self) -> None:
+        _warm_up_kernels()  # loads the numba id kernels from their cache while the training thread works
+        last_commit = time.monotonic()
+        written_seq = -1
+        dirty = False
+        while True:
+            try:
+                job = self._work.get(timeout=max(0.05, min(self.commit_every_s, 1.0)))
+            except queue.Empty:
+                job = None
+            if job is _STOP:
+                return
+            try:
+                if self._error is None:
+                    if job is not None and job.buffer is not None:
+                        self._write_buffer(job.buffer)
+                        written_seq = job.buffer.seq
+                        dirty = True
+                    now = time.monotonic()
+                    if dirty and ((job is not None and job.commit) or now - last_commit >= self.commit_every_s):
+                        assert self._writer is not None
+                        self._writer.commit()
+                        self._num_committed = self._writer.num_committed
+                        self._committed_seq = written_seq
+                        last_commit = now
+                        dirty = False
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                log.error("%s: background writer failed: %r", self.path, exc)
+                self._error = exc
+            finally:
+                if job is not None:
+                    if job.buffer is not None:
+                        self._free.put(job.buffer)
+                    if job.done is not None:
+                        job.done.set()
+
+    def _write_buffer(self, buf: _Buffer) -> None:
+        """Write one buffer's records into the current shard (no commit). Runs in the background thread."""
+        assert self._writer is not None
+        if buf.stats:
+            self._writer.add_stats(buf.stats)
+        if buf.n:
+            columns = {name: arr[: buf.n] for name, arr in buf.arrays.items()}
+            self._writer.append_batch(columns, ids=buf.ids)
+
+    # ---------------------------------------------------------------------------------- logging
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise LoggerError(
+                f"{self.path}: the background writer failed ({type(self._error).__name__}: {self._error}); "
+                f"records committed before the failure ({self._num_committed} by this logger) are intact"
+            ) from self._error
+        if self._closed:
+            raise SeqstoreError(f"{self.path}: logger is closed")
+
+    def log(self, ids: Any, tensors: Mapping[str, Any]) -> None:
+        """Log a batch: ``ids`` (B str or int ids) and a nested dict of batch-first tensors ``(B, *shape)``.
+
+        torch tensors on any device (bfloat16 included) or numpy arrays. The first call infers the
+        schema when none was given. Raises :class:`~seqstore.SchemaError` naming the field and id for a
+        missing or unknown field, a wrong shape or an unsafe dtype (nothing of the batch is logged),
+        :class:`DuplicateIdError` under ``on_duplicate="error"``, and :class:`LoggerError` when the
+        background writer failed. Blocks only while both buffers are busy. Cost: one copy of the
+        batch into the buffer (plus the device->host copy for device tensors).
+        """
+        self._check()
+        id_list = ids_to_str(ids)
+        batch = len(id_list)
+        first = id_list[0] if id_list else "<none>"
+        flat = flatten_nested(tensors, f"log() of the batch starting at id {first!r}")
+        if self.schema is None:
+            if batch == 0:
+                return
+            self._start(Schema({n: infer_field(n, v, batch, first) for n, v in flat.items()}))
+        assert self.schema is not None
+        schema = self.schema
+        self._check_fields(flat, id_list)
+        host = self._stager.to_host(flat)
+        converted: dict[str, np.ndarray[Any, Any]] = {}
+        for name, f in schema.items():
+            arr = to_storage_array(f, host[name], what=f"log(): field {name!r} of id {first!r}")
+            converted[name] = arr.reshape(batch, -1) if schema.group_of(name) is not None else arr
+        self._see_commits()
+        keep, stats = self._dedup(id_list)
+        self._num_logged += len(keep) if keep is not None else batch
+        self._append(converted, id_list, keep, stats)
+        if time.monotonic() - self._last_handoff >= self.commit_every_s:
+            self._handoff(commit=True)
+
+    def _check_fields(self, flat: Mapping[str, Any], ids: list[str]) -> None:
+        assert self.schema is not None
+        batch = len(ids)
+        given, names = set(flat), set(self.schema)
+        if given != names:
+            missing, unknown = sorted(names - given), sorted(given - names)
+            msg = []
+            if missing:
+                msg.append(f"missing field(s) {missing}")
+            if unknown:
+                msg.append(f"unknown field(s) {unknown}")
+            who = f"id {ids[0]!r}" + (f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
+            raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
+        for name, f in self.schema.items():
+            shape = tuple(int(s) for s in np.shape(flat[name]))
+            if len(shape) == 0 or shape[0] != batch:
+                raise SchemaError(
+                    f"log(): field {name!r}: got {shape[0] if shape else 'a scalar'} rows for {batch} ids "
+                    f"(first id {ids[0] if ids else None!r}); tensors are batch-first"
+                )
+            if shape[1:] != f.inner_shape:
+                raise SchemaError(
+                    f"log(): field {name!r} of id {ids[0]!r}: expected per-example shape {f.inner_shape}, "
+                    f"got {shape[1:]} (batch shape {shape})"
+                )
+
+    def _see_commits(self) -> None:
+        """Make the lookup view include what the background thread committed; drop those in-flight ids."""
+        assert self._reader is not None
+        done = self._committed_seq
+        try:  # every commit (any rank) renames a new manifest into place: a new inode
+            st = os.stat(self.path / MANIFEST)
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            sig = None
+        if done > self._seen_seq or sig != self._manifest_sig:
+            self._reader.refresh()  # also sees shards other ranks committed
+            self._manifest_sig = sig
+        if done > self._seen_seq:
+            while self._pending and self._pending[0][0] <= done:
+                for i in self._pending.pop(0)[1]:
+                    c = self._inflight[i] - 1
+                    if c:
+                        self._inflight[i] = c
+                    else:
+                        del self._inflight[i]
+            self._seen_seq = done
+
+    def _dedup(self, ids: list[str]) -> tuple[np.ndarray[Any, Any] | None, dict[str, int]]:
+        """Positions of the batch to write (None: all) and the stats delta, per ``on_duplicate``."""
+        assert self._reader is not None
+        batch = len(ids)
+        seen: set[str] = set()
+        dup = np.zeros(batch, dtype=np.bool_)
+        for k, i in enumerate(ids):
+            if i in seen or i in self._inflight:
+                dup[k] = True
+            seen.add(i)
+        rest = np.flatnonzero(~dup)
+        if len(rest) and len(self._reader):
+            found = self._reader.index_many([ids[k] for k in rest], missing=-1)
+            dup[rest[found >= 0]] = True
+        ndup = int(dup.sum())
+        if ndup == 0:
+            return None, {}
+        if self.on_duplicate == "error":
+            names = [ids[k] for k in np.flatnonzero(dup)[:10]]
+            raise DuplicateIdError(
+                f"log(): {ndup} id(s) already logged to {self.path}: {names}; nothing of this batch was logged "
+                "(on_duplicate='error')"
+            )
+        if self.on_duplicate == "keep_last":
+            return None, {"duplicates_superseded": ndup}
+        self._num_skipped += ndup
+        return np.flatnonzero(~dup), {"duplicates_skipped": ndup}
+
+    def _append(
+        self,
+        converted: Mapping[str, np.ndarray[Any, Any]],
+        ids: list[str],
+        keep: np.ndarray[Any, Any] | None,
+        stats: dict[str, int],
+    ) -> None:
+        """Copy the kept rows into buffers, handing full buffers to the background thread."""
+        assert self.schema is not None
+        groups = self.schema.groups
+        if keep is not None:
+            ids = [ids[k] for k in keep]
+        total = len(ids)
+        if self._cur is None:
+            self._cur = self._take_buffer()
+        self._merge_stats(self._cur, stats)
+        if total:
+            self._merge_stats(self._cur, {f"rank-{self.rank}/records": total})
+        pos = 0
+        while pos < total:
+            buf = self._cur
+            if buf is None:
+                buf = self._cur = self._take_buffer()
+            take = min(total - pos, buf.cap - buf.n)
+            src = slice(pos, pos + take) if keep is None else keep[pos : pos + take]
+            dst = slice(buf.n, buf.n + take)
+            for name, _f in self._units:
+                if name in groups:
+                    mat = buf.arrays[name]
+                    for fname in groups[name].fields:
+                        a, b = groups[name].columns[fname]
+                        mat[dst, a:b] = converted[fname][src]
+                else:
+                    buf.arrays[name][dst] = converted[name][src]
+            chunk_ids = ids[pos : pos + take]
+            buf.ids.extend(chunk_ids)
+            for i in chunk_ids:
+                self._inflight[i] = self._inflight.get(i, 0) + 1
+            buf.n += take
+            pos += take
+            if buf.n == buf.cap:
+                self._handoff(commit=False)
+
+    @staticmethod
+    def _merge_stats(buf: _Buffer, stats: Mapping[str, int]) -> None:
+        for k, v in stats.items():
+            buf.stats[k] = buf.stats.get(k, 0) + v
+
+    def _handoff(self, *, commit: bool, wait: bool = False) -> None:
+        """Give the current buffer (possibly empty) to the background thread."""
+        self._last_handoff = time.monotonic()
+        buf, self._cur = self._cur, None
+        if buf is not None:
+            self._pending.append((buf.seq, buf.ids))
+        done = threading.Event() if wait else None
+        self._work.put(_Job(buf, commit, done))
+        if done is not None:
+            done.wait()
+
+    # ---------------------------------------------------------------------------------- control
+
+    def flush(self) -> None:
+        """Write and commit everything logged so far; returns when it is durable and visible."""
+        self._check()
+        if self._thread is None:
+            return
+        self._handoff(commit=True, wait=True)
+        self._check()
+        self._see_commits()
+
+    def close(self) -> None:
+        """Commit what is pending, stop the background thread and release the store.
+
+        Raises :class:`LoggerError` if the background writer failed (then what was not committed
+        before the failure is discarded; committed shards stay). Idempotent.
+        """
+        if self._closed:
+            return
+        try:
+            if self._thread is not None and self._error is None:
+                self._handoff(commit=True, wait=True)
+        finally:
+            self._closed = True
+            if self._thread is not None:
+                self._work.put(_STOP)
+                self._thread.join()
+            if self._writer is not None:
+                if self._error is None:
+                    self._writer.close()
+                else:
+                    self._writer.abort()
+        if self._error is not None:
+            self._closed = False  # let _check report the failure, then stay closed
+            try:
+                self._check()
+            finally:
+                self._closed = True
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------- numbers
+
+    @property
+    def num_committed(self) -> int:
+        """Records this logger has committed (durable and visible to readers)."""
+        return self._num_committed
+
+    @property
+    def num_logged(self) -> int:
+        """Records accepted by :meth:`log` (duplicates skipped under keep_first are not counted)."""
+        return self._num_logged
+
+    @property
+    def num_skipped(self) -> int:
+        """Records not written because their id was already logged (keep_first)."""
+        return self._num_skipped
+
+    def __repr__(self) -> str:
+        return f"seqstore.Logger({str(self.path)!r}, rank={self.rank}, logged={self._num_logged})"

@@ -1,0 +1,268 @@
+"""Import of LogIX (and older AnaLog) per-example logs into a store: :func:`import_logix`.
+
+A LogIX log directory holds ``log_rank_{R}_chunk_{C}.mmap`` (raw bytes, records back to back) and
+``log_rank_{R}_chunk_{C}_metadata.json`` (see /work/shared/reference/logix-format.md). Two metadata
+schemas exist and both are read:
+
+- LogIX: one object per record: ``data_id``, ``path`` (list of key paths, e.g. ``[["fc1", "grad"], ...]``),
+  ``offset`` (bytes), ``shape`` (one shape per path), ``block_size`` (elements), ``dtype``;
+  the arrays are raveled and concatenated in ``path`` order.
+- AnaLog (older): one object per (data_id, module): ``data_id``, ``size`` (bytes), ``path`` (one key
+  path), ``offset`` (bytes), ``shape``, ``dtype``; consecutive objects of one data_id form a record.
+
+Chunks are read in LogIX's order (rank, then chunk number), one at a time, and written in batches of
+at most ``batch_records`` records, so memory is O(one chunk's metadata + one batch), never O(log).
+The first occurrence of a ``data_id`` wins (LogIX's loader rule); later ones are skipped and counted.
+Key paths become field names joined by ``/`` (characters outside ``[A-Za-z0-9_.-]`` become ``_``;
+the mapping is kept in the store's metadata). Fields are packed one group per dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, SchemaError
+from ..schema import Field, Schema
+from ..store.reader import open_store
+from ..store.writer import create
+from .logger import default_packing
+
+__all__ = ["import_logix", "ImportReport", "find_logix_chunks"]
+
+_CHUNK_RE = re.compile(r"rank_(\d+)_chunk_(\d+)")
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+@dataclass
+class ImportReport:
+    """What :func:`import_logix` did."""
+
+    records: int
+    duplicates_skipped: int
+    chunks: int
+    bytes: int
+    seconds: float
+    fields: dict[str, str]  # field name -> LogIX key path joined by "/"
+
+
+def find_logix_chunks(logdir: str | os.PathLike[str]) -> list[tuple[int, int, Path, Path]]:
+    """``(rank, chunk, data file, metadata file)`` of every chunk, in LogIX's load order.
+
+    Files are ``log_*.mmap`` with a sibling ``*_metadata.json``; names without ``rank_R_chunk_C``
+    sort as rank 0 by their last number.
+    """
+    root = Path(logdir)
+    if not root.is_dir():
+        raise FormatError(f"{root}: not a directory")
+    out = []
+    for p in root.iterdir():
+        if not (p.name.startswith("log_") and p.name.endswith(".mmap")):
+            continue
+        stem = p.name[: -len(".mmap")]
+        m = _CHUNK_RE.search(stem)
+        if m:
+            rank, chunk = int(m.group(1)), int(m.group(2))
+        else:
+            nums = re.findall(r"\d+", stem)
+            rank, chunk = 0, int(nums[-1]) if nums else 0
+        meta = root / f"{stem}_metadata.json"
+        if not meta.exists():
+            raise FormatError(f"{meta}: missing (the metadata of {p.name})")
+        out.append((rank, chunk, p, meta))
+    if not out:
+        raise FormatError(f"{root}: no LogIX chunks (log_*.mmap) found")
+    out.sort(key=lambda t: (t[0], t[1], t[2].name))
+    return out
+
+
+@dataclass
+class _Record:
+    data_id: str
+    offsets: list[int]  # byte offset of each field's values in the chunk
+    keys: list[tuple[str, ...]]
+    shapes: list[tuple[int, ...]]
+    dtypes: list[str]
+
+
+def _records(meta: Any, path: Path) -> Iterator[_Record]:
+    """Normalise either metadata schema to one :class:`_Record` per record."""
+    if not isinstance(meta, list):
+        raise FormatError(f"{path}: expected a JSON list of records")
+    if meta and "block_size" in meta[0]:  # LogIX: one object per record
+        for e in meta:
+            keys = [tuple(str(k) for k in p) for p in e["path"]]
+            shapes = [tuple(int(s) for s in sh) for sh in e["shape"]]
+            itemsize = np.dtype(e["dtype"]).itemsize
+            offs, pos = [], int(e["offset"])
+            for sh in shapes:
+                offs.append(pos)
+                pos += int(np.prod(sh, dtype=np.int64)) * itemsize
+            if (pos - int(e["offset"])) // itemsize != int(e["block_size"]):
+                raise FormatError(
+                    f"{path}: data_id {e['data_id']!r}: block_size {e['block_size']} does not match its shapes"
+                )
+            yield _Record(str(e["data_id"]), offs, keys, shapes, [str(e["dtype"])] * len(keys))
+        return
+    current: _Record | None = None  # AnaLog: one object per (data_id, module), grouped by data_id
+    for e in meta:
+        did = str(e["data_id"])
+        key = tuple(str(k) for k in e["path"])
+        if current is None or current.data_id != did or key in current.keys:
+            if current is not None:
+                yield current
+            current = _Record(did, [], [], [], [])
+        shape = tuple(int(s) for s in e["shape"])
+        if int(e["size"]) != int(np.prod(shape, dtype=np.int64)) * np.dtype(e["dtype"]).itemsize:
+            raise FormatError(f"{path}: data_id {did!r}, {'/'.join(key)}: size {e['size']} does not match its shape")
+        current.offsets.append(int(e["offset"]))
+        current.keys.append(key)
+        current.shapes.append(shape)
+        current.dtypes.append(str(e["dtype"]))
+    if current is not None:
+        yield current
+
+
+def _field_name(key: tuple[str, ...]) -> str:
+    parts = []
+    for k in key:
+        p = _BAD_CHARS.sub("_", k) or "_"
+        if not p[0].isalnum():
+            p = "x" + p
+        if p.endswith(".offsets") or p.endswith(".npy"):
+            p += "_"
+        parts.append(p)
+    return "/".join(parts)
+
+
+def _gather(
+    mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int, dtype: np.dtype[Any]
+) -> np.ndarray[Any, Any]:
+    """Rows of ``nbytes`` bytes at byte ``offsets`` of ``mm`` as an ``(n, nbytes/itemsize)`` array.
+
+    A strided zero-copy view when the offsets are evenly spaced (LogIX writes records back to back);
+    else one copy per row.
+    """
+    n = len(offsets)
+    if n == 0:
+        return np.empty((0, nbytes // dtype.itemsize), dtype=dtype)
+    if offsets.min() < 0 or offsets.max() + nbytes > len(mm):
+        raise FormatError(f"record offsets point past the end of the chunk file ({len(mm)} bytes)")
+    step = int(offsets[1] - offsets[0]) if n > 1 else nbytes
+    if n == 1 or (step >= nbytes and np.all(np.diff(offsets) == step)):
+        o0 = int(offsets[0])
+        raw = np.lib.stride_tricks.as_strided(mm[o0:], shape=(n, nbytes), strides=(step, 1), writeable=False)
+        if int(o0) % dtype.itemsize == 0 and step % dtype.itemsize == 0:
+            return raw.view(dtype)
+        return np.ascontiguousarray(raw).view(dtype)
+    out = np.empty((n, nbytes), dtype=np.uint8)
+    for k, o in enumerate(offsets.tolist()):
+        out[k] = mm[o : o + nbytes]
+    return out.view(dtype)
+
+
+def import_logix(
+    logdir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    batch_records: int = 4096,
+    metadata: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Convert the LogIX log in ``logdir`` into a new store at ``out``; return an :class:`ImportReport`.
+
+    Record ``data_id`` becomes the record id; each logged array a field (``"fc1/grad"``). Records keep
+    LogIX's order (rank, chunk, position); a repeated ``data_id`` keeps its first occurrence. Every
+    chunk is committed once written, so an interrupted import leaves a valid prefix. Raises
+    :class:`~seqstore.FormatError` for a missing/malformed chunk and :class:`~seqstore.SchemaError`
+    when records disagree on modules, shapes or dtypes. ``progress`` is called with records done.
+    """
+    t0 = time.perf_counter()
+    chunks = find_logix_chunks(logdir)
+    writer = None
+    schema: Schema | None = None
+    names: list[str] = []
+    signature: tuple[Any, ...] | None = None
+    records = skipped = nbytes = 0
+    fields_map: dict[str, str] = {}
+    try:
+        for _rank, _chunk, data_path, meta_path in chunks:
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise FormatError(f"{meta_path}: cannot read LogIX metadata ({exc})") from exc
+            recs = list(_records(meta, meta_path))
+            del meta
+            if not recs:
+                continue
+            if schema is None:
+                r0 = recs[0]
+                names = [_field_name(k) for k in r0.keys]
+                if len(set(names)) != len(names):
+                    raise SchemaError(f"{meta_path}: module paths {r0.keys} collide after renaming to {names}")
+                fields_map = {n: "/".join(k) for n, k in zip(names, r0.keys)}
+                spec = {n: Field(dt, sh) for n, sh, dt in zip(names, r0.shapes, r0.dtypes)}
+                schema = Schema(spec)
+                signature = (r0.keys, r0.shapes, r0.dtypes)
+                meta_out = {
+                    "imported_from": "logix",
+                    "source": str(Path(logdir).resolve()),
+                    "fields": fields_map,
+                    **(metadata or {}),
+                }
+                writer = create(out, schema, packed=default_packing(schema), overwrite=overwrite, metadata=meta_out)
+            for r in recs:
+                if (r.keys, r.shapes, r.dtypes) != signature:
+                    raise SchemaError(
+                        f"{meta_path}: data_id {r.data_id!r} has modules/shapes/dtypes "
+                        f"{list(zip(r.keys, r.shapes, r.dtypes))}, "
+                        f"the log's first record has {list(zip(*signature))}"  # type: ignore[misc]
+                    )
+            assert writer is not None and schema is not None
+            # first occurrence wins: within this chunk, then against everything imported before
+            seen: set[str] = set()
+            keep = []
+            for k, r in enumerate(recs):
+                if r.data_id not in seen:
+                    seen.add(r.data_id)
+                    keep.append(k)
+            if records:
+                store = open_store(out)
+                found = store.index_many([recs[k].data_id for k in keep], missing=-1)
+                keep = [k for k, f in zip(keep, found.tolist()) if f < 0]
+            skipped += len(recs) - len(keep)
+            mm = np.memmap(data_path, dtype=np.uint8, mode="r") if data_path.stat().st_size else np.empty(0, np.uint8)
+            offsets = np.array([r.offsets for r in recs], dtype=np.int64)  # (records, fields)
+            for a in range(0, len(keep), batch_records):
+                sel = np.array(keep[a : a + batch_records], dtype=np.int64)
+                cols = {}
+                for j, name in enumerate(names):
+                    f = schema[name]
+                    cols[name] = _gather(mm, offsets[sel, j], f.row_bytes, f.storage_dtype).reshape(
+                        len(sel), *f.inner_shape
+                    )
+                writer.append_batch(cols, ids=[recs[k].data_id for k in sel.tolist()])
+                records += len(sel)
+                nbytes += sum(c.nbytes for c in cols.values())
+                if progress is not None:
+                    progress(records)
+            del mm
+            writer.add_stats({"duplicates_skipped": len(recs) - len(keep)})
+            writer.commit()  # chunk by chunk: ids become visible to the duplicate check
+        if writer is None:
+            raise FormatError(f"{logdir}: the log holds no records")
+        writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return ImportReport(records, skipped, len(chunks), nbytes, time.perf_counter() - t0, fields_map)

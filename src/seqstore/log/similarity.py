@@ -1,0 +1,403 @@
+"""Chunked similarity scans: scores of every record of a store against Q query vectors.
+
+:func:`similarity` streams the store through :meth:`Store.iter_matrix` (zero-copy views of the mapped
+files for a packed group) and computes one GEMM per chunk, ``block (r, D) @ queries.T (D, Q)``:
+
+- CPU: numpy BLAS, in float32 (16-bit blocks are widened one chunk at a time); the scores are
+  written straight into the output rows (no temporary).
+- CUDA (``device="cuda"`` or ``"cuda:N"``): torch. Chunks go page cache -> pinned host buffer (a parallel
+  memcpy) -> GPU on a copy stream, double-buffered so the copy of chunk k+1 overlaps the GEMM of
+  chunk k; the GEMM runs in the stored dtype (float16/bfloat16 on tensor cores, float32 accumulate).
+
+Results: all scores ``(N, Q)`` (float32) in RAM, or written into a new store (``out``), and/or the top
+``k`` records per query, merged chunk by chunk (memory O(k x Q)); optionally per-field ("module-wise")
+scores, from each field's column range. Memory besides the results: O(chunk_rows x D).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..schema import BFLOAT16, Field, bfloat16_to_float32
+from ..store.reader import Store, open_store
+from ..store.writer import create
+from ._tensors import is_torch
+
+__all__ = ["similarity", "SimilarityResult"]
+
+_CHUNK_BYTES = 64 << 20
+
+
+@dataclass
+class SimilarityResult:
+    """What :func:`similarity` computed.
+
+    Attributes:
+        scores: ``(N, Q)`` float32, ``scores[i, q] = <record i, query q>``; None when not kept.
+        per_field: field -> ``(N, Q)`` float32 scores over that field's columns only (``per_field=True``).
+        top_rows: ``(Q, k)`` int64 record numbers of the k highest scores per query, best first
+            (ties: lower record first); None without ``topk``.
+        top_scores: ``(Q, k)`` float32 scores of ``top_rows``.
+        out: the store the scores were written to (``out=``): one record per scanned record, field
+            ``"score"`` (Q,) and, with ``per_field``, ``"by_field/<field>"`` (Q,), packed as group ``"scores"``.
+        columns: each field's column range ``[a, b)`` in the scanned matrix.
+        rows: records scanned; seconds: wall time of the scan.
+    """
+
+    scores: np.ndarray[Any, Any] | None
+    per_field: dict[str, np.ndarray[Any, Any]] | None
+    top_rows: np.ndarray[Any, Any] | None
+    top_scores: np.ndarray[Any, Any] | None
+    out: Store | None
+    columns: dict[str, tuple[int, int]]
+    rows: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | None) -> np.ndarray[Any, Any]:
+    """Queries as a float32 ``(Q, D)`` matrix in the column order of ``store.matrix(fields)``.
+
+    Accepts a ``(Q, D)`` array/tensor, a single ``(D,)`` vector, or a (nested) dict field -> ``(Q, *shape)``.
+    """
+    columns = store.matrix_columns(fields)
+    width = max(b for _, b in columns.values())
+    if isinstance(queries, Mapping):
+        from ._tensors import flatten_nested
+
+        flat = flatten_nested(queries, "similarity(): queries")
+        missing = sorted(set(columns) - set(flat))
+        if missing:
+            raise ValueError(f"similarity(): queries lack field(s) {missing}; the scanned fields are {list(columns)}")
+        qn: int | None = None
+        parts = {}
+        for name, (a, b) in columns.items():
+            arr = _as_float32(flat[name])
+            arr = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
+            if arr.shape[1] != b - a:
+                raise ValueError(
+                    f"similarity(): query field {name!r} has {arr.shape[1]} values per query, expected {b - a}"
+                )
+            if qn is not None and arr.shape[0] != qn:
+                raise ValueError(f"similarity(): query field {name!r} has {arr.shape[0]} queries, others {qn}")
+            qn = arr.shape[0]
+            parts[name] = arr
+        assert qn is not None
+        q = np.empty((qn, width), dtype=np.float32)
+        for name, (a, b) in columns.items():
+            q[:, a:b] = parts[name]
+        return q
+    q = _as_float32(queries)
+    if q.ndim == 1:
+        q = q[None]
+    if q.ndim != 2 or q.shape[1] != width:
+        raise ValueError(f"similarity(): queries must be (Q, {width}) for fields {list(columns)}, got {q.shape}")
+    return np.ascontiguousarray(q)
+
+
+def _as_float32(x: Any) -> np.ndarray[Any, Any]:
+    if is_torch(x):
+        x = x.detach().float().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.dtype.name == BFLOAT16:
+        return bfloat16_to_float32(arr)
+    return np.asarray(arr, dtype=np.float32)
+
+
+class _TopK:
+    """Running top-k per query over chunks of scores ``(r, Q)``: O(k x Q) memory."""
+
+    def __init__(self, k: int, nq: int) -> None:
+        self.k = k
+        self.scores = np.empty((0, nq), dtype=np.float32)
+        self.rows = np.empty((0, nq), dtype=np.int64)
+
+    def add(self, s: np.ndarray[Any, Any], start: int) -> None:
+        r = s.shape[0]
+        if r > self.k:
+            part = np.argpartition(s, r - self.k, axis=0)[r - self.k :]
+            cs = np.take_along_axis(s, part, axis=0)
+            cr = part.astype(np.int64) + start
+        else:
+            cs = np.array(s, dtype=np.float32)
+            cr = np.broadcast_to(np.arange(start, start + r, dtype=np.int64)[:, None], s.shape)
+        self.merge(cs, cr)
+
+    def merge(self, cs: np.ndarray[Any, Any], cr: np.ndarray[Any, Any]) -> None:
+        scores = np.concatenate([self.scores, cs], axis=0)
+        rows = np.concatenate([self.rows, cr], axis=0)
+        if scores.shape[0] > self.k:
+            order = np.lexsort((rows, -scores), axis=0)[: self.k]  # highest score, then lowest row
+            scores = np.take_along_axis(scores, order, axis=0)
+            rows = np.take_along_axis(rows, order, axis=0)
+        self.scores, self.rows = scores, rows
+
+    def result(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        order = np.lexsort((self.rows, -self.scores), axis=0)
+        s = np.take_along_axis(self.scores, order, axis=0)
+        r = np.take_along_axis(self.rows, order, axis=0)
+        return np.ascontiguousarray(r.T), np.ascontiguousarray(s.T)
+
+
+def similarity(
+    store: Store | str | os.PathLike[str],
+    queries: Any,
+    *,
+    fields: Sequence[str] | str | None = None,
+    chunk_rows: int | None = None,
+    device: str = "cpu",
+    topk: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    per_field: bool = False,
+    keep_scores: bool | None = None,
+    start: int = 0,
+    stop: int | None = None,
+) -> SimilarityResult:
+    """Dot products of records ``[start, stop)`` of ``store`` with ``queries``, one GEMM per chunk.
+
+    Args:
+        store: a :class:`~seqstore.Store` or its path.
+        queries: ``(Q, D)`` (numpy or torch) in the column order of ``store.matrix(fields)``, or a
+            (nested) dict field -> ``(Q, *shape)``.
+        fields: fixed fields and/or packed groups to use (None: all fixed fields, see
+            :meth:`Store.matrix`); they must share one dtype.
+        chunk_rows: rows per GEMM (default: about 64 MiB of stored data).
+        device: ``"cpu"`` (numpy BLAS) or ``"cuda[:N]"`` (torch).
+        topk: also return the ``topk`` best records per query.
+        out: write the scores into a new store at this path (see :class:`SimilarityResult`).
+        per_field: also compute each field's own scores (module-wise); the total is their sum.
+        keep_scores: keep all ``(N, Q)`` scores in RAM. Default: True unless ``topk`` or ``out`` is given.
+
+    Cost: ``2 N D Q`` flops; reads each stored byte once; memory O(chunk_rows x (D + Q)) plus
+    what is kept (``N x Q x 4`` bytes per kept score matrix).
+    """
+    st = store if isinstance(store, Store) else open_store(store)
+    q = _queries_matrix(st, queries, fields)
+    columns = st.matrix_columns(fields)
+    nq, width = q.shape
+    stop = len(st) if stop is None else min(stop, len(st))
+    n = max(0, stop - start)
+    if keep_scores is None:
+        keep_scores = topk is None and out is None
+    if topk is not None and topk <= 0:
+        raise ValueError(f"topk must be positive, got {topk}")
+    field0 = st.schema[next(iter(columns))]
+    itemsize = field0.storage_dtype.itemsize
+    if chunk_rows is None:
+        chunk_rows = max(256, _CHUNK_BYTES // max(1, width * itemsize))
+    scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
+    per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
+    top = _TopK(topk, nq) if topk is not None else None
+    writer = None
+    if out is not None:
+        spec: dict[str, Any] = {"score": Field("float32", (nq,))}
+        if per_field:
+            spec.update({f"by_field/{name}": Field("float32", (nq,)) for name in columns})
+        meta = {"similarity_of": str(Path(st.root).resolve()), "queries": nq, "first_row": start, "columns": columns}
+        writer = create(out, spec, packed={"scores": list(spec)}, metadata=meta)
+
+    def consume(
+        first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None, do_top: bool
+    ) -> None:
+        """Take one chunk's scores (rows first..first+r of the scan; ``parts`` per field)."""
+        r = total.shape[0]
+        if scores is not None and total.base is not scores:
+            scores[first : first + r] = total
+        if per is not None and parts is not None:
+            for name, arr in parts.items():
+                if arr.base is not per[name]:
+                    per[name][first : first + r] = arr
+        if top is not None and do_top:
+            top.add(total, start + first)
+        if writer is not None:
+            mats = [total] + ([parts[name] for name in columns] if parts is not None else [])
+            writer.append_batch({"scores": np.concatenate(mats, axis=1) if len(mats) > 1 else total})
+
+    t0 = time.perf_counter()
+    try:
+        if device == "cpu":
+            _scan_cpu(st, q, fields, columns, chunk_rows, start, stop, per_field, scores, per, consume)
+        elif device.startswith("cuda"):
+            want_full = scores is not None or writer is not None
+            _scan_cuda(st, q, fields, columns, chunk_rows, start, stop, per_field, device, want_full, top, consume)
+        else:
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        out_store = None
+        if writer is not None:
+            writer.close()
+            out_store = open_store(out)  # type: ignore[arg-type]
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    seconds = time.perf_counter() - t0
+    top_rows, top_scores = top.result() if top is not None else (None, None)
+    return SimilarityResult(scores, per, top_rows, top_scores, out_store, columns, n, seconds)
+
+
+def _widen(block: np.ndarray[Any, Any], bf16: bool) -> np.ndarray[Any, Any]:
+    """A float32 version of a stored block (the block itself when it is float32 already)."""
+    if bf16:
+        return bfloat16_to_float32(block)
+    if block.dtype == np.float32:
+        return block
+    return block.astype(np.float32)
+
+
+def _scan_cpu(
+    st: Store,
+    q: np.ndarray[Any, Any],
+    fields: Sequence[str] | str | None,
+    columns: dict[str, tuple[int, int]],
+    chunk_rows: int,
+    start: int,
+    stop: int,
+    per_field: bool,
+    scores: np.ndarray[Any, Any] | None,
+    per: dict[str, np.ndarray[Any, Any]] | None,
+    consume: Any,
+) -> None:
+    bf16 = st.schema[next(iter(columns))].dtype == BFLOAT16
+    qt = np.ascontiguousarray(q.T)  # (D, Q)
+    qt_parts = {name: np.ascontiguousarray(qt[a:b]) for name, (a, b) in columns.items()}
+    for first, block in st.iter_matrix(fields, chunk_rows=chunk_rows, start=start, stop=stop):
+        x = _widen(block, bf16)
+        rel = first - start
+        r = x.shape[0]
+        parts: dict[str, np.ndarray[Any, Any]] | None = None
+        if per_field:
+            parts = {}
+            for name, (a, b) in columns.items():
+                dst = per[name][rel : rel + r] if per is not None else np.empty((r, q.shape[0]), np.float32)
+                np.matmul(x[:, a:b], qt_parts[name], out=dst)
+                parts[name] = dst
+            total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
+            total[...] = 0
+            for arr in parts.values():
+                total += arr
+        else:
+            total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
+            np.matmul(x, qt, out=total)  # BLAS sgemm; x may be a strided view of the mapped file
+        consume(rel, total, parts, True)
+
+
+def _scan_cuda(
+    st: Store,
+    q: np.ndarray[Any, Any],
+    fields: Sequence[str] | str | None,
+    columns: dict[str, tuple[int, int]],
+    chunk_rows: int,
+    start: int,
+    stop: int,
+    per_field: bool,
+    device: str,
+    want_full: bool,
+    top: _TopK | None,
+    consume: Any,
+) -> None:
+    """The CUDA scan. Per chunk k (slot k % 2): wait until slot's previous upload is done, copy the
+    mapped rows into the slot's pinned buffer (parallel memcpy), upload on the copy stream, GEMM on
+    the compute stream, running top-k on the GPU (no host sync), and, when all scores are wanted, an
+    asynchronous download into a pinned result buffer that is consumed one chunk later."""
+    import torch
+
+    dev = torch.device(device)
+    f0 = st.schema[next(iter(columns))]
+    bf16 = f0.dtype == BFLOAT16
+    if bf16:
+        raw_dtype, compute = torch.int16, torch.bfloat16
+    else:
+        raw_dtype = torch.from_numpy(np.empty(0, dtype=f0.storage_dtype)).dtype
+        if raw_dtype in (torch.float16, torch.float32, torch.float64):
+            compute = raw_dtype
+        else:
+            compute = torch.float32
+    nq, width = q.shape
+    ncols = nq * (1 + (len(columns) if per_field else 0))
+    qt = torch.from_numpy(q).to(dev).to(compute).t().contiguous()  # (D, Q)
+    qt_parts = {name: qt[a:b] for name, (a, b) in columns.items()}
+    pinned = [torch.empty((chunk_rows, width), dtype=raw_dtype, pin_memory=True) for _ in range(2)]
+    on_dev = [torch.empty((chunk_rows, width), dtype=raw_dtype, device=dev) for _ in range(2)]
+    results = (
+        [torch.empty((chunk_rows, ncols), dtype=torch.float32, pin_memory=True) for _ in range(2)] if want_full else []
+    )
+    copied = [torch.cuda.Event() for _ in range(2)]  # type: ignore[no-untyped-call]
+    used = [torch.cuda.Event() for _ in range(2)]  # type: ignore[no-untyped-call]
+    downloaded = [torch.cuda.Event() for _ in range(2)]  # type: ignore[no-untyped-call]
+    copy_stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+    compute_stream = torch.cuda.current_stream(dev)
+    threads = max(1, min(8, os.cpu_count() or 1))
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="seqstore-sim-copy")
+    names = list(columns)
+
+    def fill(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+        """Parallel page cache -> pinned copy (numpy releases the GIL while copying)."""
+        if src.dtype != dst.dtype:  # bfloat16 bits: uint16 on disk, int16 in the torch buffer
+            src = src.view(dst.dtype)
+        r = src.shape[0]
+        step = max(1, -(-r // threads))
+        list(pool.map(lambda a: np.copyto(dst[a : a + step], src[a : a + step]), range(0, r, step)))
+
+    def finish(slot: int, rel: int, r: int) -> None:
+        downloaded[slot].synchronize()
+        res = results[slot].numpy()[:r]
+        parts = {name: res[:, nq * (j + 1) : nq * (j + 2)] for j, name in enumerate(names)} if per_field else None
+        consume(rel, res[:, :nq], parts, False)
+
+    best_v: Any = None
+    best_i: Any = None
+    prev: tuple[int, int, int] | None = None
+    try:
+        for i, (first, block) in enumerate(st.iter_matrix(fields, chunk_rows=chunk_rows, start=start, stop=stop)):
+            slot = i % 2
+            r = block.shape[0]
+            copied[slot].synchronize()  # the pinned slot's previous upload has finished
+            fill(pinned[slot].numpy()[:r], block)
+            with torch.cuda.stream(copy_stream):
+                copy_stream.wait_event(used[slot])  # the device slot's previous GEMM has finished
+                on_dev[slot][:r].copy_(pinned[slot][:r], non_blocking=True)
+                copied[slot].record(copy_stream)
+            compute_stream.wait_event(copied[slot])
+            x = on_dev[slot][:r]
+            x = x.view(torch.bfloat16) if bf16 else x.to(compute)
+            if per_field:
+                parts = [(x[:, a:b] @ qt_parts[name]).float() for name, (a, b) in columns.items()]
+                total = torch.stack(parts).sum(0)
+            else:
+                parts = []
+                total = (x @ qt).float()
+            if top is not None:
+                k = min(top.k, r)
+                v, ix = torch.topk(total, k, dim=0)
+                ix = ix + first
+                if best_v is not None:
+                    v, ix = torch.cat([best_v, v]), torch.cat([best_i, ix])
+                    v, sel = torch.topk(v, min(top.k, v.shape[0]), dim=0)
+                    ix = torch.gather(ix, 0, sel)
+                best_v, best_i = v, ix
+            if want_full:
+                out = torch.cat([total, *parts], dim=1) if parts else total
+                results[slot][:r].copy_(out, non_blocking=True)
+                downloaded[slot].record(compute_stream)
+            used[slot].record(compute_stream)
+            if prev is not None and want_full:
+                finish(*prev)  # the previous chunk's download overlapped this chunk's copy
+            prev = (slot, first - start, r)
+        if prev is not None and want_full:
+            finish(*prev)
+        torch.cuda.synchronize(dev)
+        if top is not None and best_v is not None:
+            top.merge(best_v.cpu().numpy(), best_i.cpu().numpy().astype(np.int64))
+    finally:
+        pool.shutdown(wait=True)

@@ -1,0 +1,233 @@
+"""Logger: round trips (bfloat16, float16, ints), schema inference and errors, duplicates, failures."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import seqstore as ss
+from seqstore.log import DuplicateIdError, Logger, LoggerError
+from seqstore.store.verify import verify
+
+
+def _batch(start: int, n: int, dtype: torch.dtype = torch.float32) -> tuple[list[str], dict[str, Any]]:
+    g = torch.Generator().manual_seed(start)
+    return [f"ex{i}" for i in range(start, start + n)], {
+        "fc1": {"grad": torch.randn(n, 8, 8, generator=g).to(dtype)},
+        "fc2": {"grad": torch.randn(n, 5, generator=g).to(dtype)},
+        "loss": torch.rand(n, generator=g).to(dtype),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_round_trip(scratch: Path, dtype: torch.dtype) -> None:
+    sent = []
+    with Logger(scratch / "log", flush_bytes=4096, commit_every_s=30) as lg:
+        for b in range(0, 200, 25):
+            ids, t = _batch(b, 25, dtype)
+            lg.log(ids, t)
+            sent.append(t)
+    st = ss.open(scratch / "log")
+    assert len(st) == 200 and st.num_shards >= 1 and verify(scratch / "log") == []
+    assert list(st.groups) == ["packed"] and st.schema["fc1/grad"].shape == (8, 8)
+    want_dtype = "bfloat16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch.")
+    assert ss.Field(want_dtype).dtype == st.schema["loss"].dtype
+    for name in ("fc1/grad", "fc2/grad", "loss"):
+        a, b = name.split("/") if "/" in name else (name, None)
+        ref = torch.cat([t[a][b] if b else t[a] for t in sent])
+        if dtype == torch.bfloat16:  # stored bits == torch's own bfloat16 bits
+            ref_np = ref.view(torch.int16).numpy().view(np.uint16)
+        else:
+            ref_np = ref.numpy()
+        got = st.get_batch(np.arange(200), fields=[name])[name]
+        np.testing.assert_array_equal(got, ref_np)
+    assert st.index("ex137") == 137 and st.id(5) == "ex5"
+    nested = st.nested(3)
+    assert set(nested) == {"fc1", "fc2", "loss"} and nested["fc1"]["grad"].shape == (8, 8)
+    if dtype == torch.bfloat16:
+        f32 = ss.open(scratch / "log", bfloat16="float32")
+        np.testing.assert_array_equal(f32[7]["fc2/grad"], sent[0]["fc2"]["grad"][7].float().numpy())
+
+
+def test_numpy_int_and_explicit_schema(scratch: Path) -> None:
+    schema = {"emb": ss.Field("float32", (4,)), "label": ss.Field("int64"), "mask": ss.Field("bool", (3,))}
+    with Logger(scratch / "log", schema=schema, packed=False) as lg:
+        lg.log(
+            np.arange(5),
+            {"emb": np.ones((5, 4), np.float64), "label": np.arange(5, dtype=np.int32), "mask": np.ones((5, 3), bool)},
+        )
+        lg.log(
+            torch.arange(5, 7),
+            {"emb": torch.zeros(2, 4), "label": torch.tensor([7, 8]), "mask": torch.zeros(2, 3, dtype=torch.bool)},
+        )
+    st = ss.open(scratch / "log")
+    assert st.groups == {} and st.manifest.version == 1
+    assert st.index("6") == 6 and st[6]["label"] == 8 and st[0]["emb"].dtype == np.float32
+
+
+def test_schema_errors_name_id_and_field(scratch: Path) -> None:
+    with Logger(scratch / "log") as lg:
+        ids, t = _batch(0, 4)
+        lg.log(ids, t)
+        ids, t = _batch(4, 4)
+        del t["fc2"]
+        with pytest.raises(ss.SchemaError, match=r"id 'ex4'.*missing field\(s\) \['fc2/grad'\]"):
+            lg.log(ids, t)
+        ids, t = _batch(4, 4)
+        t["fc1"]["grad"] = torch.zeros(4, 8, 9)
+        with pytest.raises(ss.SchemaError, match=r"field 'fc1/grad' of id 'ex4'.*\(8, 8\).*\(8, 9\)"):
+            lg.log(ids, t)
+        ids, t = _batch(4, 4)
+        t["extra"] = torch.zeros(4)
+        with pytest.raises(ss.SchemaError, match="unknown field"):
+            lg.log(ids, t)
+        ids, t = _batch(4, 4)
+        t["loss"] = torch.zeros(3)
+        with pytest.raises(ss.SchemaError, match="3 rows for 4 ids"):
+            lg.log(ids, t)
+        ids, t = _batch(4, 4)
+        t["loss"] = torch.zeros(4, dtype=torch.complex64)
+        with pytest.raises(ss.SchemaError, match="'loss'"):
+            lg.log(ids, t)
+        with pytest.raises(ss.SchemaError, match="str or an int"):
+            lg.log([1.5, 2.5, 3.5, 4.5], _batch(4, 4)[1])
+        lg.log(*_batch(4, 4))  # still usable; nothing of the bad batches was logged
+    st = ss.open(scratch / "log")
+    assert len(st) == 8 and [st.id(i) for i in range(8)] == [f"ex{i}" for i in range(8)]
+
+
+def test_schema_mismatch_with_existing_log(scratch: Path) -> None:
+    with Logger(scratch / "log") as lg:
+        lg.log(*_batch(0, 2))
+    with Logger(scratch / "log") as lg:  # reopens with the store's schema
+        lg.log(*_batch(2, 2))
+    assert len(ss.open(scratch / "log")) == 4
+    with pytest.raises(ss.SchemaError, match="existing store"):
+        Logger(scratch / "log", schema={"other": ss.Field("float32")})
+
+
+@pytest.mark.parametrize("policy", ["keep_first", "keep_last", "error"])
+def test_duplicate_policies(scratch: Path, policy: str) -> None:
+    lg = Logger(scratch / "log", on_duplicate=policy, flush_bytes=2048)
+    ids, t = _batch(0, 6)
+    lg.log(ids, t)
+    lg.flush()  # ex0..ex5 committed
+    ids2, t2 = _batch(100, 6)
+    ids2 = ["ex1", "new1", "new1", "ex4", "new2", "new3"]  # committed dup, in-batch dup
+    if policy == "error":
+        with pytest.raises(DuplicateIdError, match="'ex1'"):
+            lg.log(ids2, t2)
+        lg.log(["new9"], {k: ({"grad": v["grad"][:1]} if isinstance(v, dict) else v[:1]) for k, v in t2.items()})
+        with pytest.raises(DuplicateIdError, match="new9"):  # in flight, not committed yet
+            lg.log(["new9"], {k: ({"grad": v["grad"][:1]} if isinstance(v, dict) else v[:1]) for k, v in t2.items()})
+        lg.close()
+        assert len(ss.open(scratch / "log")) == 7
+        return
+    lg.log(ids2, t2)
+    lg.log(
+        ["new2"], {k: ({"grad": v["grad"][5:6]} if isinstance(v, dict) else v[5:6]) for k, v in t2.items()}
+    )  # in flight
+    lg.close()
+    st = ss.open(scratch / "log")
+    loss = st.get_batch(np.arange(len(st)), fields=["loss"])["loss"]
+    if policy == "keep_first":
+        assert len(st) == 9 and lg.num_skipped == 4
+        assert [st.id(i) for i in range(6, 9)] == ["new1", "new2", "new3"]
+        assert st.manifest.stats["duplicates_skipped"] == 4
+        assert loss[st.index("ex1")] == t["loss"][1].item() and loss[st.index("new2")] == t2["loss"][4].item()
+    else:
+        assert len(st) == 13 and st.manifest.version == 2 and st.manifest.id_lookup == "last"
+        assert st.manifest.stats["duplicates_superseded"] == 4
+        assert loss[st.index("ex1")] == t2["loss"][0].item()  # the last write wins
+        assert loss[st.index("new1")] == t2["loss"][2].item()
+        assert loss[st.index("new2")] == t2["loss"][5].item()
+        assert st.index("ex0") == 0
+
+
+def test_background_failure_surfaces_and_committed_records_survive(scratch: Path) -> None:
+    lg = Logger(scratch / "log", flush_bytes=8192, commit_every_s=60)
+    lg.log(*_batch(0, 10))
+    lg.flush()
+    calls = {"n": 0}
+    real = lg._write_buffer
+
+    def failing(buf: Any) -> None:
+        calls["n"] += 1
+        raise OSError(28, "No space left on device (injected)")
+
+    lg._write_buffer = failing  # type: ignore[method-assign]
+    with pytest.raises(LoggerError, match="No space left") as info:
+        for b in range(10, 2000, 10):  # fills buffers until the failure comes back
+            lg.log(*_batch(b, 10))
+    assert isinstance(info.value.__cause__, OSError) and calls["n"] >= 1
+    with pytest.raises(LoggerError):
+        lg.log(*_batch(5000, 1))
+    with pytest.raises(LoggerError):
+        lg.close()
+    lg.close()  # idempotent
+    del real
+    st = ss.open(scratch / "log")
+    assert len(st) == 10 and verify(scratch / "log") == []
+    assert [st.id(i) for i in range(10)] == [f"ex{i}" for i in range(10)]
+    assert not any(p.name.startswith("_tmp-") for p in (scratch / "log").iterdir())
+
+
+def test_failure_at_close_is_raised(scratch: Path) -> None:
+    lg = Logger(scratch / "log")
+    lg.log(*_batch(0, 3))
+
+    def failing(buf: Any) -> None:
+        raise RuntimeError("disk gone")
+
+    lg._write_buffer = failing  # type: ignore[method-assign]
+    with pytest.raises(LoggerError, match="disk gone"):
+        lg.close()
+    assert len(ss.open(scratch / "log")) == 0
+
+
+def test_memory_is_bounded_and_log_blocks(scratch: Path) -> None:
+    lg = Logger(scratch / "log", flush_bytes=4096)
+    gate = threading.Event()
+    lg.log(*_batch(0, 1))  # starts the logger
+    real = lg._write_buffer
+
+    def slow(buf: Any) -> None:
+        gate.wait()
+        real(buf)
+
+    lg._write_buffer = slow  # type: ignore[method-assign]
+    done = threading.Event()
+
+    def producer() -> None:
+        for b in range(1, 400, 8):
+            lg.log(*_batch(b, 8))
+        done.set()
+
+    th = threading.Thread(target=producer)
+    th.start()
+    assert not done.wait(0.5)  # blocked: both buffers busy
+    assert lg._buffers_made == 2
+    gate.set()
+    th.join(30)
+    assert done.is_set()
+    lg.close()
+    assert len(ss.open(scratch / "log")) == 401
+
+
+def test_commit_every_s(scratch: Path) -> None:
+    import time
+
+    lg = Logger(scratch / "log", commit_every_s=0.1)
+    lg.log(*_batch(0, 3))
+    time.sleep(0.3)
+    lg.log(*_batch(3, 3))  # older than commit_every_s: handed off and committed
+    deadline = time.monotonic() + 10
+    while len(ss.open(scratch / "log")) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ss.open(scratch / "log")) == 6
+    lg.close()

@@ -1,0 +1,77 @@
+"""Import of LogIX logs: the vendored log written by LogIX 0.1.1's own LogSaver, the older AnaLog
+layout, and (when LogIX's source is importable) a fresh log compared with LogIX's own LogDataset."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from logix_gen import DATA, EXPECTED_IDS, MODULES, have_logix, values_for, write_analog, write_with_logix
+
+import seqstore as ss
+from seqstore.log import import_logix
+from seqstore.store.verify import verify
+
+
+def _check(store_path: Path) -> None:
+    st = ss.open(store_path)
+    assert len(st) == len(EXPECTED_IDS) and verify(store_path) == []
+    assert [st.id(i) for i in range(len(st))] == EXPECTED_IDS  # LogIX order, first occurrence wins
+    for i, data_id in enumerate(EXPECTED_IDS):
+        rec = st.nested(i)
+        want = values_for(data_id, 0)
+        for name, _ in MODULES:
+            np.testing.assert_array_equal(rec[name]["grad"], want[name])
+    assert st.manifest.stats["duplicates_skipped"] == 3
+    assert st.metadata["fields"]["block.0.attn/grad"] == "block.0.attn/grad"
+    assert list(st.groups) == ["packed"]
+
+
+@pytest.mark.parametrize("sub", ["logix_0.1.1", "analog"])
+def test_import_vendored(scratch: Path, sub: str) -> None:
+    report = import_logix(DATA / sub, scratch / "out", batch_records=7)
+    assert report.records == 50 and report.duplicates_skipped == 3 and report.chunks == 3
+    _check(scratch / "out")
+
+
+def test_import_generated_analog_and_errors(scratch: Path) -> None:
+    write_analog(scratch / "logs")
+    import_logix(scratch / "logs", scratch / "out")
+    _check(scratch / "out")
+    with pytest.raises(FileExistsError):
+        import_logix(scratch / "logs", scratch / "out")
+    (scratch / "logs" / "log_rank_1_chunk_0_metadata.json").unlink()
+    with pytest.raises(ss.FormatError, match="metadata"):
+        import_logix(scratch / "logs", scratch / "out2")
+    with pytest.raises(ss.FormatError, match="no LogIX chunks"):
+        import_logix(scratch / "out", scratch / "out3")
+
+
+@pytest.mark.skipif(not have_logix(), reason="LogIX source not importable (put logix-ai 0.1.1 on PYTHONPATH)")
+def test_import_matches_logix_loader_record_by_record(scratch: Path) -> None:
+    from logix.logging.log_loader import LogDataset
+
+    write_with_logix(scratch / "logs")
+    import_logix(scratch / "logs", scratch / "out")
+    _check(scratch / "out")
+    ds = LogDataset(str(scratch / "logs"), flatten=False)
+    st = ss.open(scratch / "out")
+    assert len(ds) == len(st)
+    for i in range(len(ds)):
+        data_id, nested = ds[i]
+        j = st.index(data_id)
+        for name, _ in MODULES:
+            np.testing.assert_array_equal(st[j][f"{name}/grad"], nested[name]["grad"].numpy())
+
+
+def test_vendored_data_is_what_the_generator_writes(scratch: Path) -> None:
+    write_analog(scratch / "a")
+    for p in (DATA / "analog").iterdir():
+        assert (scratch / "a" / p.name).read_bytes() == p.read_bytes()
+    if have_logix():
+        write_with_logix(scratch / "l")
+        for p in (DATA / "logix_0.1.1").iterdir():
+            assert (scratch / "l" / p.name).read_bytes() == p.read_bytes()
+    shutil.rmtree(scratch / "a")

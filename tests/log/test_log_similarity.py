@@ -1,0 +1,76 @@
+"""similarity(): equals a dense numpy product; top-k equals argsort; per-field scores; out store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.log import Logger, similarity
+
+
+def _store(root: Path, n: int, dtype: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, 3, 5)).astype(np.float32)
+    b = rng.standard_normal((n, 7)).astype(np.float32)
+    with Logger(
+        root,
+        schema={"m1": {"grad": ss.Field(dtype, (3, 5))}, "m2": {"grad": ss.Field(dtype, (7,))}},
+        flush_bytes=1500,
+        shard_bytes=4000,
+    ) as lg:
+        for s in range(0, n, 37):
+            lg.log(
+                [f"x{i}" for i in range(s, min(n, s + 37))],
+                {"m1": {"grad": a[s : s + 37]}, "m2": {"grad": b[s : s + 37]}},
+            )
+    st = ss.open(root, bfloat16="float32")
+    return np.asarray(st.matrix(dtype=np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_scores_and_topk_match_dense(scratch: Path, dtype: str) -> None:
+    x = _store(scratch / "s", 500, dtype)
+    st = ss.open(scratch / "s")
+    assert st.num_shards > 3 and x.shape == (500, 22)
+    q = np.random.default_rng(1).standard_normal((9, 22)).astype(np.float32)
+    ref = x @ q.T
+    res = similarity(st, q, chunk_rows=64, topk=5, keep_scores=True)
+    np.testing.assert_allclose(res.scores, ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(res.top_rows, np.argsort(-ref, axis=0, kind="stable")[:5].T)
+    np.testing.assert_allclose(res.top_scores, np.take_along_axis(ref, res.top_rows.T, 0).T, rtol=1e-5, atol=1e-4)
+    assert res.rows == 500 and res.rows_per_s > 0
+    only_top = similarity(scratch / "s", q, topk=500)  # k = N: a full ranking
+    assert only_top.scores is None
+    np.testing.assert_array_equal(only_top.top_rows, np.argsort(-ref, axis=0, kind="stable").T)
+
+
+def test_per_field_fields_ranges_and_out_store(scratch: Path) -> None:
+    x = _store(scratch / "s", 300, "float32")
+    st = ss.open(scratch / "s")
+    q1 = np.random.default_rng(2).standard_normal((4, 3, 5)).astype(np.float32)
+    q2 = np.random.default_rng(3).standard_normal((4, 7)).astype(np.float32)
+    res = similarity(st, {"m1": {"grad": q1}, "m2": {"grad": q2}}, per_field=True, chunk_rows=50)
+    assert res.columns == {"m1/grad": (0, 15), "m2/grad": (15, 22)}
+    r1, r2 = x[:, :15] @ q1.reshape(4, -1).T, x[:, 15:] @ q2.T
+    assert res.per_field is not None and res.scores is not None
+    np.testing.assert_allclose(res.per_field["m1/grad"], r1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res.per_field["m2/grad"], r2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res.scores, r1 + r2, rtol=1e-5, atol=1e-5)
+    only = similarity(st, q2, fields="m2/grad", start=10, stop=250, topk=3)  # one field: strided view
+    np.testing.assert_array_equal(only.top_rows, np.argsort(-r2[10:250], axis=0, kind="stable")[:3].T + 10)
+    out = similarity(
+        st, np.concatenate([q1.reshape(4, -1), q2], 1), out=scratch / "scores", per_field=True, chunk_rows=64
+    )
+    assert out.out is not None and out.scores is None and len(out.out) == 300
+    np.testing.assert_allclose(out.out.matrix("score"), r1 + r2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.out.matrix("by_field/m2/grad"), r2, rtol=1e-5, atol=1e-5)
+    assert out.out.metadata["queries"] == 4
+    with pytest.raises(ValueError, match=r"\(Q, 22\)"):
+        similarity(st, np.zeros((2, 21), np.float32))
+    with pytest.raises(ValueError, match="lack field"):
+        similarity(st, {"m1": {"grad": q1}})
+    with pytest.raises(ValueError, match="device"):
+        similarity(st, np.zeros((2, 22), np.float32), device="tpu")
