@@ -45,6 +45,8 @@ LOCK_FILE = ".lock"
 IDS = "_ids"
 INDEX_DIR = "_index"
 MERGE_FANIN = 8
+# A batch piece at least this large is written straight from the caller's arrays (no buffer copy).
+DIRECT_BYTES = 4 << 20
 
 
 @contextmanager
@@ -121,13 +123,23 @@ def _caller_ids(values: Any) -> set[int]:
     return out
 
 
-def _owned(arr: np.ndarray[Any, Any], caller: set[int]) -> np.ndarray[Any, Any]:
-    """``arr``, or a copy of it when it may share memory with the caller's objects (a view, or
-    one of the caller's own arrays passed through unconverted): buffered data must not change
-    when the caller reuses its arrays after ``append`` returns."""
-    if arr.base is not None or id(arr) in caller:
-        return arr.copy()
-    return arr
+def _coalesce(parts: list[np.ndarray[Any, Any]], target: int = DIRECT_BYTES) -> Iterator[np.ndarray[Any, Any]]:
+    """Yield the buffered pieces of one file as C-contiguous arrays of at least ``target`` bytes where
+    possible: a large piece as it is (no copy), consecutive small ones concatenated into one run. Keeps
+    the number of writes (and checksum tasks) per flush small without copying big batches again."""
+    run: list[np.ndarray[Any, Any]] = []
+    run_bytes = 0
+    for part in parts:
+        if part.nbytes >= target and not run:
+            yield np.ascontiguousarray(part)
+            continue
+        run.append(part)
+        run_bytes += part.nbytes
+        if run_bytes >= target:
+            yield np.concatenate(run) if len(run) > 1 else np.ascontiguousarray(run[0])
+            run, run_bytes = [], 0
+    if run:
+        yield np.concatenate(run) if len(run) > 1 else np.ascontiguousarray(run[0])
 
 
 class _ColumnFile:
@@ -219,6 +231,11 @@ class Writer:
     # ------------------------------------------------------------------------------------- buffers
 
     def _reset_buffer(self) -> None:
+        # staging arrays are free again once their data is written: keep one per unit for reuse
+        self._spare: dict[str, np.ndarray[Any, Any]] = {
+            n: st[0] for n, st in getattr(self, "_staging", {}).items()
+        }
+        self._staging: dict[str, tuple[np.ndarray[Any, Any], int, np.ndarray[Any, Any], int]] = {}
         self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._units}
         self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._units if f.ragged}
         self._buf_ids: list[str] = []
@@ -437,6 +454,10 @@ class Writer:
         while start < batch:  # pieces never overflow a shard's record limit
             room = self.max_shard_records - self._pending_records()
             stop = min(batch, start + max(room, 1))
+            piece_bytes = nbytes * (stop - start) // batch
+            direct = piece_bytes >= DIRECT_BYTES
+            if direct:  # written straight from the caller's arrays: flush what is buffered first
+                self._flush()
             for (name, _f), (values, lengths), rows in zip(self._units, prepared, row_starts):
                 if rows is None:
                     self._buf[name].append(values[start:stop])
@@ -447,14 +468,44 @@ class Writer:
             if ids is not None:
                 self._buf_ids.extend(ids[start:stop])
             self._buf_records += stop - start
-            self._buf_bytes += nbytes * (stop - start) // batch
-            if self._buf_full():
+            self._buf_bytes += piece_bytes
+            if direct or self._buf_full():
                 self._flush()
-            else:  # the piece stays buffered: it must not share memory the caller may overwrite
+            else:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
                 for name, _ in self._units:
-                    parts = self._buf[name]
-                    parts[-1] = _owned(parts[-1], caller)
+                    self._stage(name, caller)
             start = stop
+
+    def _stage(self, name: str, caller: set[int]) -> None:
+        """Move the piece just buffered for unit ``name`` out of the caller's memory with one copy into
+        a staging array of about DIRECT_BYTES (reused across flushes). Consecutive pieces fill the same
+        staging array, so a flush writes a few large runs and copies nothing again."""
+        parts = self._buf[name]
+        piece = parts.pop()
+        if piece.base is None and id(piece) not in caller:
+            parts.append(piece)  # converted by us: already private
+            self._staging.pop(name, None)
+            return
+        rows = piece.shape[0]
+        staged = self._staging.get(name)
+        if staged is not None and parts and parts[-1] is staged[2] and staged[1] + rows <= staged[0].shape[0]:
+            arr, used, _, first = staged
+            arr[used : used + rows] = piece
+            view = arr[first : used + rows]
+            parts[-1] = view
+            self._staging[name] = (arr, used + rows, view, first)
+            return
+        row_bytes = max(piece.nbytes // max(rows, 1), 1)
+        capacity = max(rows, DIRECT_BYTES // row_bytes)
+        spare = self._spare.pop(name, None)
+        if spare is not None and spare.shape[0] >= capacity and spare.dtype == piece.dtype:
+            arr = spare
+        else:
+            arr = np.empty((capacity, *piece.shape[1:]), dtype=piece.dtype)
+        arr[:rows] = piece
+        view = arr[:rows]
+        parts.append(view)
+        self._staging[name] = (arr, rows, view, 0)
 
     def _buf_full(self) -> bool:
         """Flush when the buffer is full or the shard it goes into would be."""
@@ -511,14 +562,13 @@ class Writer:
             self._open_shard()
         futures: list[Future[int]] = []
         for name, f in self._units:
-            parts = self._buf[name]
-            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
             col = self._files[name]
             if f.ragged:
                 lengths = np.concatenate(self._buf_lengths[name])
                 offsets = np.cumsum(lengths) + col.rows
                 futures.append(self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False)))
-            futures.append(col.write(np.ascontiguousarray(data)))
+            for run in _coalesce(self._buf[name]):  # large pieces as they are, small ones joined
+                futures.append(col.write(run))
         if self._has_ids:
             data, offsets = encode_ids(self._buf_ids, first_record=0)
             ids_col = self._files[IDS]
