@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -93,22 +94,22 @@ class Field:
         object.__setattr__(self, "dtype", _normalise_dtype(dtype))
         object.__setattr__(self, "shape", tuple(norm))
 
-    @property
+    @cached_property
     def ragged(self) -> bool:
         """True when the first axis varies per record."""
         return len(self.shape) > 0 and self.shape[0] is None
 
-    @property
+    @cached_property
     def inner_shape(self) -> tuple[int, ...]:
         """Shape of one row of a ragged field, or the whole record shape of a fixed field."""
         return tuple(int(s) for s in (self.shape[1:] if self.ragged else self.shape))  # type: ignore[arg-type]
 
-    @property
+    @cached_property
     def storage_dtype(self) -> np.dtype[Any]:
         """The dtype of the bytes on disk (uint16 for bfloat16)."""
         return np.dtype("<u2") if self.dtype == BFLOAT16 else np.dtype(self.dtype)
 
-    @property
+    @cached_property
     def row_bytes(self) -> int:
         """Bytes of one row (ragged) or one record (fixed)."""
         return int(np.prod(self.inner_shape, dtype=np.int64)) * self.storage_dtype.itemsize
