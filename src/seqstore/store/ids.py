@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import SchemaError
 
-__all__ = ["encode_ids", "hash_ids", "id_equal", "merge_runs", "FNV_OFFSET", "FNV_PRIME"]
+__all__ = ["encode_ids", "hash_ids", "hash_one", "id_equal", "merge_runs", "FNV_OFFSET", "FNV_PRIME"]
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -39,15 +39,26 @@ def encode_ids(ids: Sequence[Any], *, first_record: int = 0) -> tuple[np.ndarray
 
 
 @numba.njit(cache=True, nogil=True)
-def _hash_kernel(data: Any, offsets: Any, out: Any) -> None:
+def _hash_range(data: Any, a: int, b: int) -> Any:  # pragma: no cover - numba
+    """The id hash of ``data[a:b]`` (docs/format.md section 5)."""
     prime = np.uint64(0x100000001B3)
+    h = np.uint64(0xCBF29CE484222325)
+    for j in range(a, b):
+        h = (h ^ np.uint64(data[j])) * prime
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_kernel(data: Any, offsets: Any, out: Any) -> None:  # pragma: no cover - numba
     for i in range(out.shape[0]):
-        h = np.uint64(0xCBF29CE484222325)
-        for j in range(offsets[i], offsets[i + 1]):
-            h = (h ^ np.uint64(data[j])) * prime
-        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        out[i] = h ^ (h >> np.uint64(31))
+        out[i] = _hash_range(data, offsets[i], offsets[i + 1])
+
+
+def hash_one(key: bytes) -> int:
+    """The id hash of one utf-8 encoded id. About a microsecond."""
+    return int(_hash_range(np.frombuffer(key, dtype=np.uint8), 0, len(key)))
 
 
 def hash_ids(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

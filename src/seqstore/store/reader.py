@@ -29,7 +29,7 @@ from ..errors import CorruptionError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
-from .ids import encode_ids, hash_ids, id_equal
+from .ids import encode_ids, hash_ids, hash_one, id_equal
 from .writer import IDS
 
 __all__ = ["Store", "open_store", "Lengths"]
@@ -306,6 +306,7 @@ class Store:
         self._n = int(self._starts[-1])
         self._shards = self._shards[: len(counts)] + [None] * (len(counts) - len(self._shards))
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
+        self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
         self._bf16_fields = [n for n, f in self.schema.items() if f.dtype == BFLOAT16]
         self._id_last = manifest.id_lookup == "last"
         self._nest_paths: list[tuple[str, tuple[str, ...]]] | None = None
@@ -718,6 +719,12 @@ class Store:
             yield shard, sh.id_hash, sh.id_rows, self._starts_list[shard]
             shard += 1
 
+    def _probe_list(self) -> list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
+        """:meth:`_probe_targets` as a list, built once per manifest (``refresh`` rebuilds it)."""
+        if self._probes is None:
+            self._probes = list(self._probe_targets())
+        return self._probes
+
     def _run_arrays(self, run: IndexRun) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
         if run.name not in self._runs:
             try:
@@ -756,10 +763,9 @@ class Store:
         if not self.has_ids:
             raise KeyError(f"id {id!r} not in {self.root} (records have no ids)")
         key = id.encode("utf-8", "surrogatepass")
-        raw = np.frombuffer(key, dtype=np.uint8)
-        h = hash_ids(raw, np.array([0, len(raw)], dtype=np.int64))[0]
+        h = np.uint64(hash_one(key))
         found = -1
-        for _first, hashes, rows, base in self._probe_targets():
+        for _first, hashes, rows, base in self._probe_list():
             j = int(hashes.searchsorted(h))
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
