@@ -65,3 +65,19 @@ def test_lazy_lengths_order_pickles_with_the_lazy_object() -> None:
     order = seq_order(50, "laplace:5", epoch=1, lengths=LazyLengths(values))
     again = pickle.loads(pickle.dumps(order))
     np.testing.assert_array_equal(again.to_numpy(), order.to_numpy())
+
+
+def test_sort_index_reads_lazy_lengths_in_chunks_and_reuses_its_cache(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from seqstore.order import sort_index
+
+    values = np.random.default_rng(2).integers(0, 300, 20_000).astype(np.int32)
+    lazy = LazyLengths(values)  # materialising raises
+    cache = Path(str(tmp_path)) / "sidx.npy"
+    idx = sort_index(lazy, cache=cache)
+    np.testing.assert_array_equal(idx, np.argsort(values, kind="stable"))
+    before = lazy.gathered
+    order = seq_order(20_000, "sorted", epoch=1, lengths=lazy, sort_cache=cache)
+    np.testing.assert_array_equal(order[:100], np.argsort(values, kind="stable")[:100])
+    assert lazy.gathered - before < len(values) // 2  # the cache's spot check, not another pass

@@ -93,6 +93,13 @@ class ArrayRef:
             return np.asarray(self._lazy.take(indices))
         return np.asarray(self.array[indices])
 
+    def indexable(self) -> Any:
+        """Something that supports ``len``-free ``shape``/``dtype``, slicing and integer-array indexing:
+        the array itself, or for a lazy object a view that gathers with ``take`` (nothing materialised)."""
+        if self._lazy is not None and self._array is None:
+            return _Gathering(self)
+        return self.array
+
     @property
     def file(self) -> str | None:
         """The mapped file, or None for an in-memory array."""
@@ -114,6 +121,23 @@ class ArrayRef:
             return f"ArrayRef(lazy {self._lazy!r})"
         where = f"file={self._file[0]!r}" if self._file is not None else "in memory"
         return f"ArrayRef({self.array.dtype}[{len(self)}], {where})"
+
+
+class _Gathering:
+    """Read-only array-like over a lazy :class:`ArrayRef`: ``[a:b]`` and ``[int_array]`` gather."""
+
+    __slots__ = ("_ref", "shape", "dtype")
+
+    def __init__(self, ref: ArrayRef) -> None:
+        self._ref = ref
+        self.shape = (len(ref),)
+        self.dtype = ref.dtype
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            return self._ref.gather(np.arange(start, stop, step, dtype=np.int64))
+        return self._ref.gather(np.asarray(key, dtype=np.int64))
 
 
 def _is_lazy(obj: Any) -> bool:

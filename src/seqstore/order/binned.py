@@ -210,7 +210,7 @@ class SortBinShuffleOrder(BinnedOrder):
     def _state(self) -> tuple[np.ndarray, IntArray]:
         with self._lock:
             if self._sidx is None:
-                self._sidx = sort_index(self.lengths.array, cache=self.sort_cache)
+                self._sidx = sort_index(self.lengths, cache=self.sort_cache)
             if self._checkpoints is None:
                 bp = self._bin_perm
                 cps = np.empty(-(-self.bins // _CHECKPOINT_EVERY) + 1, dtype=np.int64)

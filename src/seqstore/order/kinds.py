@@ -275,7 +275,7 @@ class SortedOrder(Order):
         """The ascending stable sort index (computed or mapped on first call), shape ``(N,)``."""
         with self._lock:
             if self._sidx is None:
-                self._sidx = sort_index(self.lengths.array, cache=self.cache)
+                self._sidx = sort_index(self.lengths, cache=self.cache)
             return self._sidx
 
     def _take(self, positions: IntArray) -> IntArray:

@@ -98,20 +98,24 @@ def _usable_cache(path: Path, lengths: np.ndarray) -> np.ndarray | None:
     return idx  # type: ignore[no-any-return]
 
 
-def sort_index(lengths: npt.ArrayLike | PathLike, *, cache: PathLike | None = None) -> npt.NDArray[np.integer[Any]]:
+def sort_index(
+    lengths: npt.ArrayLike | PathLike | ArrayRef, *, cache: PathLike | None = None
+) -> npt.NDArray[np.integer[Any]]:
     """Stable ascending argsort of ``lengths`` (ties in ascending index order), equal to
     ``numpy.argsort(lengths, kind="stable")``.
 
-    ``lengths``: 1-D integer or float array-like (NaN is rejected), a memory-mapped array or a ``.npy``
-    path. ``cache``: path of a ``.npy`` file; if it exists and matches (shape and a sampled sortedness
+    ``lengths``: 1-D integer or float array-like (NaN is rejected), a memory-mapped array, a ``.npy``
+    path, or a lazy object with ``len``, ``dtype`` and ``take`` (read in chunks, never held whole).
+    ``cache``: path of a ``.npy`` file; if it exists and matches (shape and a sampled sortedness
     check), it is memory-mapped and returned, else the index is computed into it and then mapped. Use
     one cache path per lengths array. Returns int32 when ``N < 2**31`` else int64, shape ``(N,)``.
 
     Complexity: O(N * passes) time (one pass for lengths spanning < 2**20 values); extra anonymous
     memory O(2**20 counters + 2**18 chunk) with a cache path, plus the O(N) result (and scratch) without.
     """
-    arr = ArrayRef(lengths, "lengths").array
-    lengths_kind(arr)
+    ref = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
+    arr = ref.indexable()  # lazy lengths are gathered chunk by chunk, never materialised
+    lengths_kind(np.empty(0, dtype=arr.dtype))
     n = int(arr.shape[0])
     path = None if cache is None else Path(os.fspath(cache))
     if path is not None and path.exists():
