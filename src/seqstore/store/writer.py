@@ -534,6 +534,12 @@ class Writer:
             return values, lengths
         if isinstance(value, np.ndarray) or not isinstance(value, Sequence):
             raise SchemaError(f"{what}: a ragged column is a list of arrays or a (values, lengths) pair")
+        dtype, nd, inner = f.storage_dtype, len(f.shape), f.inner_shape
+        if value and all(
+            type(x) is np.ndarray and x.dtype == dtype and x.ndim == nd and x.shape[1:] == inner for x in value
+        ):  # the common case: arrays already in storage form; one concatenation, no per-item conversion
+            values = np.concatenate(value) if len(value) > 1 else value[0]
+            return values, np.fromiter((x.shape[0] for x in value), dtype=np.int64, count=len(value))
         arrays = []
         for k, x in enumerate(value):
             arr = to_storage_array(f, x, what=f"{what}, batch item {k} = {item(k)}")
