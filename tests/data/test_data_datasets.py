@@ -118,3 +118,52 @@ def test_slice_and_lengths_dataset(tmp_path: Path) -> None:
     assert len(o) == 10**12 and 0 <= o[123456789] < 10**12  # O(bin), no array of 1e12
     with pytest.raises(IndexError):
         sl.get_batch([10])
+
+
+def test_concat_of_stores_in_different_directories_caches(tmp_path: Path) -> None:
+    """The concatenation caches its lengths / sort index / kept rows in the first child's cache directory
+    (or ``cache_dir=``) instead of recomputing O(N) arrays in memory every epoch and in every worker."""
+    from seqstore.data import ConcatDataset
+
+    rng = np.random.default_rng(5)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").mkdir()
+    l1 = _make(tmp_path / "d1" / "a.seqstore", 300, rng, shard_records=100)
+    l2 = _make(tmp_path / "d2" / "b.seqstore", 200, rng, shard_records=64)
+    lens = np.concatenate([l1, l2])
+    a, b = StoreDataset(tmp_path / "d1" / "a.seqstore"), StoreDataset(tmp_path / "d2" / "b.seqstore")
+    c = ConcatDataset([a, b], ordering="sorted")
+    assert c.cache_dir == a.cache_dir
+    np.testing.assert_array_equal(c.epoch_order(1).to_numpy(), np.argsort(lens, kind="stable"))
+    names = sorted(os.listdir(a.cache_dir))
+    assert any(n.startswith("lengths-") for n in names) and any(n.startswith("sortidx-") for n in names)
+    assert isinstance(c.lengths_array(), np.memmap)
+    f = c.filter(max_length=10)
+    assert isinstance(f.kept, np.memmap) and os.path.dirname(f.kept.filename) == str(a.cache_dir)
+    np.testing.assert_array_equal(f.kept, np.flatnonzero(lens <= 10))
+    # the other order of children is another content: other files, right order
+    r = ConcatDataset([b, a], ordering="sorted")
+    np.testing.assert_array_equal(r.epoch_order(1).to_numpy(),
+                                  np.argsort(np.concatenate([l2, l1]), kind="stable"))
+    own = ConcatDataset([a, b], ordering="sorted_reverse", cache_dir=tmp_path / "own")
+    assert own.cache_dir == tmp_path / "own"
+    np.testing.assert_array_equal(own.epoch_order(1).to_numpy(), np.argsort(-lens, kind="stable"))
+    assert any(n.startswith("sortidx-") for n in os.listdir(tmp_path / "own"))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(own)).epoch_order(1).to_numpy(),
+                                  own.epoch_order(1).to_numpy())
+
+
+def test_ordering_name_helpers_are_shared() -> None:
+    """One parser of ordering names (seqstore.order), used by the data layer."""
+    from seqstore.data import _orders
+    from seqstore.order import ordering_name, ordering_needs_lengths
+
+    assert ordering_name("laplace:.1000") == "laplace" and ordering_name("random:3") == "random"
+    assert ordering_name("o.npy") == ordering_name(np.arange(3)) == ordering_name([2, 1]) == "explicit"
+    for name in ("sorted", "sorted_reverse", "laplace:.10", "sort_bin_shuffle:4", "sort_bin_shuffle_x2:.5:2"):
+        assert ordering_needs_lengths(name), name
+    for name in ("default", "reverse", "random", "random_sample:2", "default_every_n:3", "x.npy", np.arange(2)):
+        assert not ordering_needs_lengths(name), name
+    with pytest.raises(ValueError, match="ordering must be a name or an explicit order"):
+        ordering_name(3.5)
+    assert not hasattr(_orders, "_NEEDS_ARRAY") and _orders.ordering_name is ordering_name

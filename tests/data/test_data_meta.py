@@ -125,3 +125,72 @@ def test_fields_clash_and_rename(tmp_path: Path) -> None:
     assert set(m.get_batch([0, 1])) == {"x_id"}
     with pytest.raises(ValueError, match="control 'zz'"):
         MetaDataset({"a": a, "b": b}, control="zz")
+
+
+def _lens_store(path: Path, lens: np.ndarray, ids: list[str]) -> StoreDataset:
+    with seqstore.create(path, {"x": Field("int32", (None,))}) as w:
+        w.append_batch({"x": (np.zeros(int(lens.sum()), np.int32), lens)}, ids=ids)
+    return StoreDataset(path)
+
+
+def test_length_from_is_part_of_the_cache_key(tmp_path: Path) -> None:
+    """Two meta datasets over the same ids (identical id fingerprints) that take their lengths from
+    different children must not share the lengths / sort-index / kept-rows cache files."""
+    ids = [f"u-{i}" for i in range(8)]
+    la, lb = np.arange(1, 9), np.arange(8, 0, -1)
+    a = _lens_store(tmp_path / "a.seqstore", la, ids)
+    b = _lens_store(tmp_path / "b.seqstore", lb, ids)
+    cache = tmp_path / "cache"
+    fields = {"b": {"x": "bx"}}
+    for name, lens in (("a", la), ("b", lb), ("a", la)):
+        m = MetaDataset({"a": a, "b": b}, fields=fields, length_from=name, ordering="sorted", cache_dir=cache)
+        np.testing.assert_array_equal(np.asarray(m.lengths_array()), lens)
+        np.testing.assert_array_equal(m.epoch_order(1).to_numpy(), np.argsort(lens, kind="stable"))
+        f = m.filter(max_length=3)
+        np.testing.assert_array_equal(np.asarray(f.kept), np.flatnonzero(lens <= 3))
+    ka = MetaDataset({"a": a, "b": b}, fields=fields, length_from="a", cache_dir=cache).cache_key()
+    kb = MetaDataset({"a": a, "b": b}, fields=fields, length_from="b", cache_dir=cache).cache_key()
+    assert ka != kb
+    # a different length field of the same child changes the key too
+    with seqstore.create(tmp_path / "c.seqstore", {"x": Field("int32", (None,)), "y": Field("int32", (None,))}) as w:
+        w.append_batch({"x": (np.zeros(int(la.sum()), np.int32), la), "y": (np.zeros(int(lb.sum()), np.int32), lb)},
+                       ids=ids)
+    cx = StoreDataset(tmp_path / "c.seqstore", length_field="x")
+    cy = StoreDataset(tmp_path / "c.seqstore", length_field="y")
+    mx = MetaDataset({"a": a, "c": cx}, fields={"a": [], "c": ["y"]}, length_from="c", ordering="sorted_reverse",
+                     cache_dir=cache)
+    my = MetaDataset({"a": a, "c": cy}, fields={"a": [], "c": ["y"]}, length_from="c", ordering="sorted_reverse",
+                     cache_dir=cache)
+    np.testing.assert_array_equal(mx.epoch_order(1).to_numpy(), np.argsort(-la, kind="stable"))
+    np.testing.assert_array_equal(my.epoch_order(1).to_numpy(), np.argsort(-lb, kind="stable"))
+
+
+def test_bfloat16_fields_are_output_names(tmp_path: Path) -> None:
+    ids = [f"u-{i}" for i in range(4)]
+    with seqstore.create(tmp_path / "a.seqstore", {"w": Field("bfloat16", (2,)), "x": Field("int32", (None,))}) as w:
+        w.append_batch({"w": np.ones((4, 2), np.float32), "x": (np.zeros(4, np.int32), np.ones(4, np.int64))},
+                       ids=ids)
+    with seqstore.create(tmp_path / "b.seqstore", {"w": Field("uint16", (2,))}) as w:
+        w.append_batch({"w": np.ones((4, 2), np.uint16)}, ids=ids)
+    a, b = StoreDataset(tmp_path / "a.seqstore"), StoreDataset(tmp_path / "b.seqstore")
+    assert a.bfloat16_fields() == {"w"} and b.bfloat16_fields() == frozenset()
+    assert StoreDataset(tmp_path / "a.seqstore", fields=["x"]).bfloat16_fields() == frozenset()
+    m = MetaDataset({"a": a, "b": b}, fields={"a": {"w": "a_w", "x": "x"}}, cache_dir=tmp_path / "c")
+    assert m.bfloat16_fields() == {"a_w"}
+    assert m.filter(max_length=5).bfloat16_fields() == {"a_w"}
+    from seqstore.data import ConcatDataset, SliceDataset
+
+    assert ConcatDataset([m, m]).bfloat16_fields() == {"a_w"}
+    assert SliceDataset(m, 1, 3).bfloat16_fields() == {"a_w"}
+
+
+def test_join_uses_the_stores_id_hash() -> None:
+    """One definition of the on-disk id hash: the join calls seqstore.store.ids, it has no kernel copy."""
+    from seqstore.data import _join
+    from seqstore.store import ids as store_ids
+
+    assert _join.hash_ids is store_ids.hash_ids and _join.id_equal is store_ids.id_equal
+    assert not hasattr(_join, "_fnv_splitmix") and not hasattr(_join, "_equal")
+    data, off = store_ids.encode_ids(["a", "bb", "ccc", "dddd"])
+    # a slice of an id file: offsets not starting at 0, hashed exactly like the whole file
+    np.testing.assert_array_equal(id_hashes(data[1:], off[1:]), store_ids.hash_ids(data, off)[1:])

@@ -129,13 +129,27 @@ def test_interop_dataset_api_surface(corpus: tuple[Path, dict]) -> None:
 
 
 def test_interop_dataset_open_is_lazy_and_cache_shared(tmp_path: Path) -> None:
+    from seqstore.data import StoreDataset as DataStoreDataset
+
     make_store(tmp_path / "c.seqstore", n=50)
     ds = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering="laplace:.10")
     ds.initialize()  # RETURNN's initialize calls init_seq_order(None): nothing computed yet
     assert not (tmp_path / "c.seqstore.cache").exists()
-    ds.init_seq_order(epoch=1)
-    files = list((tmp_path / "c.seqstore.cache").glob("returnn-lengths-data-*.npy"))
-    assert len(files) == 1
+    ds.init_seq_order(epoch=1)  # laplace gathers each bin's lengths lazily: nothing is written
+    assert not (tmp_path / "c.seqstore.cache").exists()
+    assert sorted(ds.get_current_seq_order()) == list(range(50))
+    ds1 = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering="sorted")
+    ds1.init_seq_order(epoch=1)
+    first = list(ds1.get_current_seq_order())  # the sort index is built on first use
+    # the data layer's cache files: the same ones seqstore.data (and seqstore.torch) map for this field
+    cache = tmp_path / "c.seqstore.cache"
+    data_view = DataStoreDataset(tmp_path / "c.seqstore", length_field="data")
+    lengths = data_view.lengths_array()
+    assert isinstance(lengths, np.memmap) and Path(lengths.filename).parent == cache
+    sort_file = data_view._sort_cache()
+    assert sort_file is not None and sort_file.exists()
+    assert sorted(p.name for p in cache.iterdir()) == sorted([Path(lengths.filename).name, sort_file.name])
+    assert first == list(np.argsort(np.asarray(lengths), kind="stable"))
     ds2 = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering="sorted", cache_dir=str(tmp_path / "cc"))
     ds2.initialize()
     ds2.init_seq_order(epoch=1)
@@ -145,10 +159,30 @@ def test_interop_dataset_open_is_lazy_and_cache_shared(tmp_path: Path) -> None:
     with seqstore.append_to(tmp_path / "c.seqstore") as w:
         w.append_batch({"data": [np.zeros((2, 3), "float32")], "classes": [np.zeros(1, "int64")],
                         "speaker": np.zeros(1, "int32")}, ids=["new"])
-    ds3 = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering="laplace:.10")
+    ds3 = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering="sorted_reverse")
     ds3.init_seq_order(epoch=1)
-    assert len(list((tmp_path / "c.seqstore.cache").glob("returnn-lengths-data-*.npy"))) == 2
+    assert len(list(cache.glob("lengths-*.npy"))) == 2
     assert sorted(ds3.get_current_seq_order()) == list(range(51))
+
+
+def test_interop_dataset_unwritable_cache_falls_back_to_memory(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    exp = make_store(tmp_path / "c.seqstore", n=30)
+    (tmp_path / "file").write_text("not a directory")
+    for ordering in ("sorted", "sort_bin_shuffle:3"):
+        ds = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering=ordering,
+                          cache_dir=str(tmp_path / "file" / "cache"))
+        with caplog.at_level("WARNING"):
+            ds.init_seq_order(epoch=1)
+        assert "computing lengths in memory" in caplog.text
+        order = list(ds.get_current_seq_order())
+        assert sorted(order) == list(range(30))
+        if ordering == "sorted":
+            assert order == list(np.argsort(exp["lengths"], kind="stable"))
+    ds = StoreDataset(path=str(tmp_path / "c.seqstore"), seq_ordering="laplace:.5",
+                      cache_dir=str(tmp_path / "file" / "cache"))
+    ds.init_seq_order(epoch=2)  # laplace needs no cache at all
+    assert sorted(ds.get_current_seq_order()) == list(range(30))
 
 
 def test_interop_dataset_pickles_by_path(corpus: tuple[Path, dict]) -> None:

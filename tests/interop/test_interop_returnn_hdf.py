@@ -286,3 +286,32 @@ def test_interop_failure_while_streaming_deletes_store(tmp_path: Path, monkeypat
         rt.import_hdf(tmp_path / "a.hdf", out, chunk_bytes=200, shard_bytes=1000)
     assert not out.exists()
     shutil.rmtree(out, ignore_errors=True)
+
+
+def test_interop_failed_overwrite_keeps_the_existing_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """overwrite=True with a failure after shards were committed: the old store is untouched, no
+    temporary directory is left; a successful overwrite replaces it."""
+    write_returnn_hdf(tmp_path / "a.hdf", n=60)
+    out = tmp_path / "o.seqstore"
+    make_store(out, n=3)
+    real = rt._read
+    calls = {"n": 0}
+
+    def flaky(ds, sl, path, name):  # type: ignore[no-untyped-def]
+        if name == "inputs":
+            calls["n"] += 1
+            if calls["n"] == 20:
+                raise SourceFormatError(path, name, "simulated damaged chunk")
+        return real(ds, sl, path, name)
+
+    monkeypatch.setattr(rt, "_read", flaky)
+    with pytest.raises(SourceFormatError, match="simulated"):
+        rt.import_hdf(tmp_path / "a.hdf", out, chunk_bytes=200, shard_bytes=1000, overwrite=True)
+    assert calls["n"] == 20
+    old = seqstore.open(out)
+    assert len(old) == 3 and old.id(0) == "utt-00000"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.hdf", "o.seqstore"]
+    monkeypatch.setattr(rt, "_read", real)
+    store = rt.import_hdf(tmp_path / "a.hdf", out, chunk_bytes=200, shard_bytes=1000, overwrite=True)
+    assert len(store) == 60 and len(seqstore.open(out)) == 60
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.hdf", "o.seqstore"]

@@ -152,3 +152,39 @@ def test_plain_dataloader_and_generic_dataset() -> None:
     loader = DataLoader(sds, sampler=EpochSampler(ld, rank=0, world_size=1), batch_size=3, collate_fn=collate_padded)
     got = torch.cat([b["length"] for b in loader])
     assert sorted(got.tolist()) == list(range(1, 11))
+
+
+def test_gathered_fast_path_raises_for_missing_ragged_names(store: Path) -> None:
+    """The fast path (a SeqDataset batch) and the general path agree: an unknown ragged name is a KeyError."""
+    ds = SeqDataset(store)
+    batch = ds.__getitems__([0, 1, 2])
+    with pytest.raises(KeyError, match=r"ragged field\(s\) \['nope'\] not in the records"):
+        collate_padded(batch, ragged=["x", "nope"])
+    with pytest.raises(KeyError, match=r"ragged field\(s\) \['nope'\] not in the records"):
+        collate_padded(list(batch), ragged=["x", "nope"])
+    with pytest.raises(KeyError, match="nope"):
+        PaddedCollate(["nope"])(batch)
+    assert collate_padded(batch, ragged=["x"])["x_lengths"].shape == (3,)
+
+
+def test_meta_renamed_bfloat16_fields_are_bfloat16(tmp_path: Path) -> None:
+    """bfloat16 is decided by the dataset's output names: a renamed bfloat16 field stays bfloat16, and
+    another child's uint16 field with the child-level name of the bfloat16 field stays uint16."""
+    from seqstore.data import ConcatDataset, MetaDataset
+
+    ids = [f"u-{i}" for i in range(6)]
+    with seqstore.create(tmp_path / "a.seqstore", {"w": seqstore.Field("bfloat16", (2,)),
+                                                  "x": seqstore.Field("float32", (None,))}) as wr:
+        wr.append_batch({"w": np.full((6, 2), 1.5, np.float32),
+                         "x": (np.ones(12, np.float32), np.full(6, 2, np.int64))}, ids=ids)
+    with seqstore.create(tmp_path / "b.seqstore", {"w": seqstore.Field("uint16", (2,))}) as wr:
+        wr.append_batch({"w": np.full((6, 2), 7, np.uint16)}, ids=ids)
+    meta = MetaDataset({"a": StoreDataset(tmp_path / "a.seqstore"), "b": StoreDataset(tmp_path / "b.seqstore")},
+                       fields={"a": {"w": "a_w", "x": "x"}}, cache_dir=tmp_path / "c")
+    for ds in (SeqDataset(meta), SeqDataset(ConcatDataset([meta, meta]))):
+        rec = ds[2]
+        assert rec["a_w"].dtype == torch.bfloat16 and rec["a_w"].tolist() == [1.5, 1.5]
+        assert rec["w"].dtype != torch.bfloat16 and rec["w"].tolist() == [7, 7]
+        out = collate_padded(ds.__getitems__([0, 3]))
+        assert out["a_w"].dtype == torch.bfloat16 and out["a_w"].tolist() == [[1.5, 1.5]] * 2
+        assert out["w"].dtype != torch.bfloat16 and out["w"].tolist() == [[7, 7]] * 2

@@ -96,3 +96,20 @@ def test_length_batching_validation() -> None:
     with pytest.raises(ValueError, match="buffer_size"):
         LengthBatching(max_seqs=3, buffer_size=0)
     assert LengthBatching(max_seqs=3, buckets=[1, 5]).config()["buckets"] == [1, 5]
+
+
+def test_seeds_and_fingerprints_reuse_the_shared_helpers() -> None:
+    """bucket_seed is the order layer's master key (stream "torch.bucket"); dataset fingerprints are the
+    data layer's cache fingerprint. (Values changed with this reuse; states of older builds do not load.)"""
+    from seqstore.data import LengthsDataset
+    from seqstore.data._cache import fingerprint
+    from seqstore.order._keys import master_key
+    from seqstore.torch._plan import bucket_seed
+    from seqstore.torch._state import dataset_identity
+
+    for seed, epoch in ((0, 1), (7, 3), (-2, 10)):
+        assert bucket_seed(seed, epoch) == master_key(seed, epoch, "torch.bucket") & ((1 << 63) - 1)
+    assert bucket_seed(0, 1) != bucket_seed(0, 2) != bucket_seed(1, 1)
+    ds = LengthsDataset(np.arange(5))
+    ident = dataset_identity(ds)
+    assert ident["fingerprint"] == fingerprint("torch.state", ident["type"], 5, None)

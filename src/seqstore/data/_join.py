@@ -8,7 +8,9 @@ else per shard, probed in shard order) and the target's id bytes to confirm ever
 hash (FNV-1a 64 + splitmix64 finaliser, format section 5) is computed by a numba kernel over the raw
 bytes. Per chunk: one hash pass, one ``searchsorted`` per probed index, one byte comparison per
 candidate, all vectorised; memory O(chunk) plus the mapped files. Duplicate ids resolve to the
-lowest target row, as ``Store.index`` does.
+lowest target row, as ``Store.index`` does. The hash and the byte comparison are the store's own
+(:func:`seqstore.store.ids.hash_ids`, :func:`~seqstore.store.ids.id_equal`): the format's id hash has
+one definition. Each chunk's offsets are rebased to its byte slice once (O(chunk)).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numba
 import numpy as np
 
 from ..store import Store
+from ..store.ids import hash_ids, id_equal
 from ._cache import load_npy
 from ._lengths import IntArray
 from .concat import Split
@@ -30,52 +33,26 @@ __all__ = ["join_rows", "id_hashes"]
 CHUNK = 1 << 18
 
 
-@numba.njit(cache=True, nogil=True)
-def _fnv_splitmix(data: Any, offsets: Any, base: np.int64, out: Any) -> None:  # pragma: no cover - numba
-    prime = np.uint64(0x100000001B3)
-    for i in range(out.shape[0]):
-        h = np.uint64(0xCBF29CE484222325)
-        for j in range(offsets[i] - base, offsets[i + 1] - base):
-            h = (h ^ np.uint64(data[j])) * prime
-        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        out[i] = h ^ (h >> np.uint64(31))
+def _rebased(offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """int64 ``offsets - offsets[0]``: offsets of a slice of ids into that slice's own bytes."""
+    off = np.asarray(offsets, dtype=np.int64)
+    return off - off[0] if len(off) else off
 
 
 def id_hashes(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The format's 64-bit hash of ids ``data[offsets[i]-offsets[0] : offsets[i+1]-offsets[0]]``."""
-    out = np.empty(len(offsets) - 1, dtype=np.uint64)
-    if len(out):
-        _fnv_splitmix(data, offsets, np.int64(offsets[0]), out)
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _equal(sdata: Any, soff: Any, rows: Any, qdata: Any, qoff: Any, qbase: np.int64, qidx: Any,
-           out: Any) -> None:  # pragma: no cover - numba
-    """out[k] = stored id of local row rows[k] == query id qidx[k] (byte comparison)."""
-    for k in range(rows.shape[0]):
-        r = rows[k]
-        q = qidx[k]
-        a0 = soff[r]
-        a1 = soff[r + 1]
-        b0 = qoff[q] - qbase
-        b1 = qoff[q + 1] - qbase
-        eq = a1 - a0 == b1 - b0
-        if eq:
-            for j in range(a1 - a0):
-                if sdata[a0 + j] != qdata[b0 + j]:
-                    eq = False
-                    break
-        out[k] = eq
+    """The format's 64-bit hash of ids ``data[offsets[i]-offsets[0] : offsets[i+1]-offsets[0]]``
+    (``offsets`` of a slice of an id file, ``data`` that slice's bytes): :func:`seqstore.store.ids.hash_ids`
+    on the rebased offsets. O(bytes)."""
+    return hash_ids(data, _rebased(offsets))
 
 
 @numba.njit(cache=True, nogil=True)
 def _probe_sorted(qh: Any, qorder: Any, hashes: Any, rows: Any, sdata: Any, soff: Any, qdata: Any, qoff: Any,
-                  qbase: np.int64, base: np.int64, result: Any) -> None:  # pragma: no cover - numba
+                  base: np.int64, result: Any) -> None:  # pragma: no cover - numba
     """For queries ``qorder`` (sorted by hash ``qh``, still unresolved) find the lowest local row of one
     shard's sorted hash index whose id bytes equal the query's; write ``row + base`` to ``result``.
-    Sorted queries make each binary search start where the previous one ended (cache-friendly)."""
+    Sorted queries make each binary search start where the previous one ended (cache-friendly).
+    ``qoff``: the queries' offsets into ``qdata`` (rebased)."""
     n = hashes.shape[0]
     j = 0
     for t in range(qorder.shape[0]):
@@ -90,8 +67,8 @@ def _probe_sorted(qh: Any, qorder: Any, hashes: Any, rows: Any, sdata: Any, soff
             else:
                 hi = mid
         j = lo
-        b0 = qoff[q] - qbase
-        b1 = qoff[q + 1] - qbase
+        b0 = qoff[q]
+        b1 = qoff[q + 1]
         k = lo
         while k < n and hashes[k] == h:
             r = rows[k]
@@ -147,18 +124,18 @@ class _Target:
 
 
 def _match(target: _Target, qh: np.ndarray[Any, Any], qdata: Any, qoff: Any) -> IntArray:
-    """Target rows of the queries (hashes ``qh``, bytes ``qdata``/``qoff``); -1 where absent."""
+    """Target rows of the queries (hashes ``qh``, bytes ``qdata``, rebased int64 offsets ``qoff``);
+    -1 where absent."""
     n = len(qh)
     result = np.full(n, -1, dtype=np.int64)
     todo = np.arange(n, dtype=np.int64)
-    qbase = np.int64(qoff[0]) if len(qoff) else np.int64(0)
     for hashes, rows, base, shard in target.probes:
         if len(todo) == 0:
             break
         if shard >= 0:  # a shard's own index: one numba pass over the hash-sorted queries
             sdata, soff = target.id_bytes(shard)
             qorder = todo[np.argsort(qh[todo], kind="stable")]
-            _probe_sorted(qh, qorder, hashes, rows, sdata, soff, qdata, qoff, qbase, np.int64(base), result)
+            _probe_sorted(qh, qorder, hashes, rows, sdata, soff, qdata, qoff, np.int64(base), result)
             todo = todo[result[todo] < 0]
             continue
         th = qh[todo]
@@ -178,8 +155,8 @@ def _match(target: _Target, qh: np.ndarray[Any, Any], qdata: Any, qoff: Any) -> 
         for k, pos in sp.groups():
             sdata, soff = target.id_bytes(k)
             res = np.empty(len(pos), dtype=np.bool_)
-            _equal(sdata, soff, np.ascontiguousarray(sp.local[pos]), qdata, qoff, qbase,
-                   np.ascontiguousarray(cq[pos]), res)
+            id_equal(sdata, soff, np.ascontiguousarray(sp.local[pos]), qdata, qoff, np.ascontiguousarray(cq[pos]),
+                     res)
             ok[pos] = res
         if not ok.any():
             continue
@@ -210,10 +187,10 @@ def join_rows(control: Store, target: Store, chunk: int = CHUNK) -> Iterator[Int
         off = load_npy(croot / s.name / "_ids.offsets.npy")
         for a in range(0, s.records, chunk):
             b = min(a + chunk, s.records)
-            qoff = np.asarray(off[a : b + 1])
-            qdata = ids[int(qoff[0]) : int(qoff[-1])]
+            raw = np.asarray(off[a : b + 1])
             if tgt is None:
                 yield np.full(b - a, -1, dtype=np.int64)
                 continue
-            qh = id_hashes(qdata, qoff)
-            yield _match(tgt, qh, qdata, qoff)
+            qdata = ids[int(raw[0]) : int(raw[-1])]
+            qoff = _rebased(raw)
+            yield _match(tgt, hash_ids(qdata, qoff), qdata, qoff)

@@ -10,23 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..order import Order, seq_order
+from ..order import Order, ordering_name, ordering_needs_lengths, seq_order
 from ._lengths import LengthsView
 
-__all__ = ["dataset_order", "ordering_name", "needs_lengths"]
-
-_NEEDS_ARRAY = ("sorted", "sorted_reverse", "sort_bin_shuffle", "sort_bin_shuffle_x2")
-
-
-def ordering_name(ordering: Any) -> str:
-    """The ordering's name (``"laplace"`` for ``"laplace:.1000"``); ``"explicit"`` for arrays/paths."""
-    if isinstance(ordering, str) and not ordering.endswith(".npy"):
-        return ordering.split(":", 1)[0]
-    return "explicit"
-
-
-def needs_lengths(ordering: Any) -> bool:
-    return ordering_name(ordering) in ("laplace", *_NEEDS_ARRAY)
+__all__ = ["dataset_order"]
 
 
 def dataset_order(
@@ -46,10 +33,11 @@ def dataset_order(
 
     Same meaning and arguments as :func:`seqstore.order.seq_order`; ``lengths`` supplies a lazy view
     (used by ``laplace``), ``lengths_array`` a NumPy array or memmap (used by ``sorted*`` and
-    ``sort_bin_shuffle*``), both only called when the ordering needs them. O(1) construction.
+    ``sort_bin_shuffle*``), both only called when the ordering needs them; ``sort_cache`` (a path, or a
+    callable returning one or None, called after ``lengths_array``) is where the global sort index is
+    cached. O(1) construction.
     """
-    name = ordering_name(ordering)
-    if name == "laplace":
+    if ordering_name(ordering) == "laplace":
         if lengths is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
         return seq_order(
@@ -63,7 +51,7 @@ def dataset_order(
             num_shards=num_shards,
         )
     arr = None
-    if name in _NEEDS_ARRAY:
+    if ordering_needs_lengths(ordering):  # sorted*, sort_bin_shuffle*: an array and a global sort index
         if lengths_array is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
         arr = lengths_array()
@@ -76,5 +64,5 @@ def dataset_order(
         partition_epoch=partition_epoch,
         shard_index=shard_index,
         num_shards=num_shards,
-        sort_cache=sort_cache if arr is not None else None,
+        sort_cache=(sort_cache() if callable(sort_cache) else sort_cache) if arr is not None else None,
     )

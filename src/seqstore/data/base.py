@@ -9,7 +9,8 @@ A :class:`Dataset` is an index space ``[0, num_seqs)`` with lazy lengths, an epo
 * ``get(i)`` -> dict field -> array; ``get_batch(indices)`` -> dict: a fixed field -> array (B, ...),
   a ragged field -> ``(values (sum lengths, ...), lengths int64 (B,))`` (``pad=True``: values
   zero-padded to (B, max length, ...));
-* ``filter(min_length=, max_length=)`` -> a :class:`~seqstore.data.FilteredDataset`.
+* ``filter(min_length=, max_length=)`` -> a :class:`~seqstore.data.FilteredDataset`;
+* ``bfloat16_fields()`` -> the output names of bfloat16 fields (uint16 bits), after any renaming.
 
 Datasets hold O(1) state (or O(children)) plus memory-mapped files, and pickle small (stores by path).
 """
@@ -82,6 +83,11 @@ class Dataset(abc.ABC):
         """JSON-encodable identity of the content (for cache file names), or None if unknown."""
         return None
 
+    def bfloat16_fields(self) -> frozenset[str]:
+        """Names, as ``get``/``get_batch`` return them, of the fields stored as bfloat16 (returned as uint16
+        bits unless the store was opened with another ``bfloat16`` mode). Default: none. O(fields)."""
+        return frozenset()
+
     def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Order:
         """The lazy order of sub-epoch ``epoch`` (1-based) on shard ``shard_index`` of ``num_shards``.
 
@@ -98,7 +104,7 @@ class Dataset(abc.ABC):
             num_shards=num_shards,
             lengths=self.lengths,
             lengths_array=self.lengths_array,
-            sort_cache=self._sort_cache(),
+            sort_cache=self._sort_cache,
         )
 
     def _cache_path(self, kind: str, *extra: Any) -> Path | None:

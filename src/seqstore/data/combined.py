@@ -290,6 +290,9 @@ class CombinedDataset(Dataset):
         keys = [d.cache_key() for d in self.datasets]
         return None if any(k is None for k in keys) else ["combined", keys]
 
+    def bfloat16_fields(self) -> frozenset[str]:
+        return frozenset().union(*(d.bfloat16_fields() for d in self.datasets))
+
     def windows(self, epoch: int) -> EpochWindows:
         """The window map of (sub-)epoch ``epoch``'s full epoch."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 1:

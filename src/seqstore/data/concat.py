@@ -8,7 +8,9 @@ batches are gathered per child, vectorised, and merged back in request order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numba
@@ -105,11 +107,20 @@ class ConcatDataset(Dataset):
     """Datasets end to end: index ``start[k] + j`` is record ``j`` of ``datasets[k]``.
 
     The concatenation has its own ``ordering`` / ``seed`` / ``partition_epoch`` (children's are ignored).
-    ``get_batch`` requires the children to return the same fields. Memory O(children).
+    ``get_batch`` requires the children to return the same fields. ``cache_dir``: where the derived
+    arrays of the concatenation (lengths and sort index for ``sorted*``/``sort_bin_shuffle*``, kept rows
+    of a filter) are cached; default the first child's cache directory (file names are content
+    fingerprints of all children, so any directory is safe). Memory O(children).
     """
 
     def __init__(
-        self, datasets: Sequence[Dataset], *, ordering: Any = "default", seed: int = 0, partition_epoch: int = 1
+        self,
+        datasets: Sequence[Dataset],
+        *,
+        ordering: Any = "default",
+        seed: int = 0,
+        partition_epoch: int = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
@@ -120,8 +131,10 @@ class ConcatDataset(Dataset):
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         self.starts = np.zeros(len(self.datasets) + 1, dtype=np.int64)
         np.cumsum([d.num_seqs for d in self.datasets], out=self.starts[1:])
-        caches = {d.cache_dir for d in self.datasets}
-        self.cache_dir = self.datasets[0].cache_dir if len(caches) == 1 else None
+        if cache_dir is not None:
+            self.cache_dir = Path(cache_dir)
+        else:
+            self.cache_dir = next((d.cache_dir for d in self.datasets if d.cache_dir is not None), None)
 
     @property
     def num_seqs(self) -> int:
@@ -130,6 +143,9 @@ class ConcatDataset(Dataset):
     def cache_key(self) -> Any:
         keys = [d.cache_key() for d in self.datasets]
         return None if any(k is None for k in keys) else ["concat", keys]
+
+    def bfloat16_fields(self) -> frozenset[str]:
+        return frozenset().union(*(d.bfloat16_fields() for d in self.datasets))
 
     def locate_many(self, indices: Any) -> tuple[IntArray, IntArray]:
         """(child number, index in the child) of each index. Vectorised, O(len)."""
@@ -186,6 +202,9 @@ class SliceDataset(Dataset):
     def cache_key(self) -> Any:
         k = self.dataset.cache_key()
         return None if k is None else ["slice", k, self.start, self.stop]
+
+    def bfloat16_fields(self) -> frozenset[str]:
+        return self.dataset.bfloat16_fields()
 
     def lengths(self) -> LengthsView:
         return OffsetLengths(self.dataset.lengths(), self.start, self.num_seqs)

@@ -113,6 +113,9 @@ class FilteredDataset(Dataset):
         k = self.dataset.cache_key()
         return None if k is None else ["filter", k, self.min_length, self.max_length]
 
+    def bfloat16_fields(self) -> frozenset[str]:
+        return self.dataset.bfloat16_fields()
+
     def base_indices(self, indices: Any) -> IntArray:
         """Base dataset indices of ``indices`` (int64, vectorised)."""
         return np.asarray(self.kept[as_index_array(indices, self.num_seqs)], dtype=np.int64)

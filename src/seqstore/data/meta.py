@@ -230,7 +230,20 @@ class MetaDataset(Dataset):
         return self._n if self._kept is None else len(self._kept)
 
     def cache_key(self) -> Any:
-        return ["meta", self.control, [self._fp(n) for n in self.names], self._kept is not None]
+        """The ids of every child (the row maps and kept rows derive from them), whether records were
+        dropped, and which child's lengths count, with that child's own key (its length field and the
+        CRCs of that field's offsets): two meta datasets over the same ids that take their lengths from
+        different children or fields never share a lengths or sort-index cache file."""
+        return ["meta", self.control, [[n, self._fp(n)] for n in self.names], self._kept is not None,
+                self.length_from, self.datasets[self.length_from].cache_key()]
+
+    def bfloat16_fields(self) -> frozenset[str]:
+        """Output names (after ``fields`` renaming) of the bfloat16 fields taken from the children."""
+        out: set[str] = set()
+        for name, mapping in self.field_map.items():
+            bf16 = self.datasets[name].bfloat16_fields()
+            out.update(dst for src, dst in mapping.items() if src in bf16)
+        return frozenset(out)
 
     def control_rows(self, indices: Any) -> IntArray:
         """Control-store rows of meta indices (int64)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import BFLOAT16
 from ..store import Store, open_store
 from ._cache import default_cache_dir, store_fingerprint
 from ._lengths import ConstantLengths, LengthsView, TakeLengths, as_index_array
@@ -79,6 +80,11 @@ class StoreDataset(Dataset):
     def field_names(self) -> list[str]:
         """The fields ``get`` returns."""
         return list(self.store.schema) if self.fields is None else list(self.fields)
+
+    def bfloat16_fields(self) -> frozenset[str]:
+        """The returned fields whose schema dtype is bfloat16 (uint16 bits with the default store mode)."""
+        schema = self.store.schema
+        return frozenset(n for n in self.field_names if schema[n].dtype == BFLOAT16)
 
     def cache_key(self) -> Any:
         if self.length_field is None:

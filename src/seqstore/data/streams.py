@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..order import Order, seq_order
+from ..order._keys import mix64
 from ._lengths import IntArray
 
 __all__ = ["ShuffleBuffer", "ReplacementSampler", "shuffle_buffer", "sample_with_replacement"]
@@ -32,11 +33,9 @@ _MASK = (1 << 64) - 1
 
 
 def _mix(seed: int, k: int) -> int:
-    """splitmix64 of (seed, k): a 64-bit value, O(1), identical on every platform."""
-    z = (int(seed) * 0xD1B54A32D192ED03 + (k + 1) * 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
+    """Draw ``k`` of ``seed``: the order layer's splitmix64 finaliser (:func:`seqstore.order._keys.mix64`)
+    of a Weyl combination of (seed, k). A 64-bit value, O(1), identical on every platform."""
+    return mix64((int(seed) * 0xD1B54A32D192ED03 + (k + 1) * 0x9E3779B97F4A7C15) & _MASK)
 
 
 class ShuffleBuffer(Iterator[Any]):

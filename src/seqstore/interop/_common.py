@@ -2,14 +2,16 @@
 and the all-or-nothing write of a new store.
 
 Every importer validates all of its sources first (cheap: headers, shapes, length sums) and only then
-creates the output store; data-dependent failures during the write abort the writer *and* delete the
-new store, so a failed conversion never leaves a committed store behind (the writer commits a shard
-by itself when it reaches ``shard_bytes``, so aborting alone would not be enough).
+writes; the new store is built in a hidden temporary sibling directory and renamed into place only
+once complete, so a data-dependent failure during the write (the writer commits a shard by itself when
+it reaches ``shard_bytes``) deletes just the temporary store: a failed conversion never leaves a store
+behind and never touches an existing one, even with ``overwrite=True``.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -18,7 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError
+from ..errors import FormatError, SeqstoreError
+from ..format.manifest import MANIFEST, fsync_dir
 from ..schema import Schema
 from ..store import Writer, create
 
@@ -64,6 +67,19 @@ def split_by_budget(cost: npt.NDArray[np.int64], budget: int) -> Iterator[tuple[
         a = b
 
 
+def _temp_sibling(root: Path, tag: str) -> Path:
+    """``<parent>/.<name>.<tag>-<pid>-<random>``: a hidden sibling of ``root`` (same file system, so a
+    rename onto ``root`` is atomic)."""
+    return root.with_name(f".{root.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def new_store(
     out: str | os.PathLike[str],
     schema: Schema | Mapping[str, Any],
@@ -73,19 +89,50 @@ def new_store(
     shard_bytes: int = 1 << 30,
     metadata: Mapping[str, Any] | None = None,
 ) -> None:
-    """Create the store ``out``, call ``fill(writer)``, commit and close.
+    """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing.
 
-    If ``fill`` raises (or the final commit fails), the writer is aborted and the new store directory
-    is deleted, shards it already committed included, then the exception propagates: either the
-    whole conversion is there or nothing is. Validate sources before calling this so that a bad input
-    never replaces an existing store with ``overwrite=True``.
+    The store is built in a hidden sibling directory ``<parent>/.<name>.tmp-<pid>-<random>`` and only
+    moved to ``out`` after the writer has closed (every shard committed): an existing store (with
+    ``overwrite=True``) is renamed aside, the new one renamed into place, then the old one deleted. If
+    ``fill`` raises (or the final commit fails), the writer is aborted and only the temporary directory
+    is deleted, then the exception propagates: ``out`` is exactly as before (an existing store intact).
+    A crash leaves at worst a hidden ``.<name>.tmp-*`` (or, between the two renames, ``.<name>.old-*``
+    holding the previous store) next to ``out``. Raises FileExistsError when ``out`` exists and
+    ``overwrite`` is false, SeqstoreError when ``out`` is a non-empty directory that is not a store,
+    both before anything is written. O(1) extra work: two renames.
     """
     root = Path(out)
-    writer = create(root, schema, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata)
+    if root.exists() or root.is_symlink():
+        if not overwrite:
+            raise FileExistsError(f"{root}: already exists (pass overwrite=True to replace it)")
+        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
+            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(root, "tmp")
+    writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata)
     try:
         fill(writer)
         writer.close()
     except BaseException:
-        writer.abort()
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            writer.abort()
+        finally:
+            _remove(tmp)
+        raise
+    try:
+        if root.exists() or root.is_symlink():
+            old = _temp_sibling(root, "old")
+            os.replace(root, old)
+            try:
+                os.replace(tmp, root)
+            except BaseException:
+                os.replace(old, root)  # put the previous store back
+                raise
+            fsync_dir(root.parent)
+            _remove(old)
+        else:
+            os.replace(tmp, root)
+            fsync_dir(root.parent)
+    except BaseException:
+        _remove(tmp)
         raise

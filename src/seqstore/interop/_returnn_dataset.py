@@ -8,15 +8,16 @@ name is used, so seqstore itself never needs RETURNN. In a RETURNN config::
              "seq_ordering": "laplace:.1000", "partition_epoch": 20}
 
 Per process it holds the opened store (the manifest: O(fields x shards)) and the current epoch's
-lazy :class:`seqstore.Order` (O(1), O(bin) for laplace). Orderings that need lengths map a ``.npy``
-of the sequence lengths that the first process writes next to the store (``<store>.cache/``, or
-``cache_dir``) and every later process maps: no O(N) private memory, no O(N) work at open.
+lazy :class:`seqstore.Order` (O(1), O(bin) for laplace). Epoch orders come from the data layer
+(:class:`seqstore.data.StoreDataset` over the same store and ``seq_order_key``): ``laplace`` gathers
+each bin's lengths lazily from the offsets; ``sorted*``/``sort_bin_shuffle*`` map the data layer's
+``.npy`` lengths and sort-index caches (``<store>.cache/``, or ``cache_dir``; the same files
+``seqstore.data`` and ``seqstore.torch`` use), written by the first process: no O(N) private memory,
+no O(N) work at open.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -27,16 +28,17 @@ import numpy as np
 from returnn.datasets.basic import Dataset, DatasetSeq
 from returnn.util.basic import NumbersDict
 
+from ..data import StoreDataset as _DataStoreDataset
+from ..data._cache import CacheError, default_cache_dir
+from ..data._orders import dataset_order
 from ..errors import SeqstoreError
-from ..order import Order, seq_order
+from ..order import Order, ordering_needs_lengths, seq_order
 from ..store import Store, open_store
 
 __all__ = ["StoreDataset"]
 
 log = logging.getLogger(__name__)
 
-_NEEDS_LENGTHS = ("sorted", "sorted_reverse", "laplace", "sort_bin_shuffle", "sort_bin_shuffle_x2")
-_NEEDS_SORT = ("sorted", "sorted_reverse", "sort_bin_shuffle", "sort_bin_shuffle_x2")
 _UNSUPPORTED = {
     "repeat_epoch": "repeat the dataset in a CombinedDataset/MetaDataset or use partition_epoch",
     "seq_list_filter_file": "filter the store when building it (a tag set is O(N) per process)",
@@ -44,6 +46,25 @@ _UNSUPPORTED = {
     "seq_order_seq_lens_file": "store the lengths as a field and name it with seq_order_key",
     "shuffle_frames_of_nseqs": "not supported by seqstore",
 }
+
+
+class _OrderLengths(_DataStoreDataset):
+    """The data layer's view of the store for epoch orders: its lengths and caches, except that an
+    unwritable cache directory is not an error here -- the lengths are then computed in memory (O(N),
+    with a warning) and the sort index is not cached."""
+
+    _in_memory = False
+
+    def lengths_array(self) -> np.ndarray[Any, Any]:
+        try:
+            return super().lengths_array()
+        except CacheError as exc:
+            log.warning("%s: %s; computing lengths in memory (O(N))", self.store.root, exc)
+            self._in_memory = True
+            return self.lengths().to_numpy()
+
+    def _sort_cache(self) -> Path | None:
+        return None if self._in_memory else super()._sort_cache()
 
 
 class _Tags(Sequence[str]):
@@ -89,9 +110,10 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     Args:
         path: the store directory.
-        cache_dir: where the lengths (and sort index) for length-based orderings are cached; default
-            ``<store>.cache/`` next to the store. Files are named by a fingerprint of the store's shards,
-            so a changed store never reuses a stale file.
+        cache_dir: where the lengths and sort index of ``sorted*``/``sort_bin_shuffle*`` are cached
+            (the data layer's files, shared with :class:`seqstore.data.StoreDataset`); default
+            ``<store>.cache/`` next to the store. Files are named by a fingerprint of the store's shards
+            and the length field's offsets, so a changed store never reuses a stale file.
         seq_order_key: the ragged field whose lengths ``sorted``/``laplace``/``sort_bin_shuffle`` use
             (RETURNN's HDFDataset uses ``data``); default: the imported inputs field, else ``data``,
             else the first ragged field.
@@ -112,8 +134,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     random ones have RETURNN's structure with seqstore's keyed permutation.
 
     Cost: construction opens the store (reads the manifest only): O(fields x shards), whatever N.
-    ``init_seq_order`` is O(1) (plus, once per store and machine, one pass over the offsets to write
-    the lengths cache; ``sorted*``/``sort_bin_shuffle*`` also a bounded-memory sort written to disk).
+    ``init_seq_order`` is O(1) (``sorted*``/``sort_bin_shuffle*``: plus, once per store and machine, one
+    pass over the offsets to write the lengths cache and a bounded-memory sort written to disk).
     ``get_data`` is O(log shards) and returns a read-only view of the mapped rows.
     """
 
@@ -139,9 +161,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         }
         self.path = str(path)
         self._store = open_store(path, bfloat16="float32")
-        self._cache_dir = Path(cache_dir) if cache_dir is not None else self._store.root.with_name(
-            self._store.root.name + ".cache"
-        )
+        self._cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self._store.root)
         schema = self._store.schema
         meta = self._store.metadata.get("returnn", {})
         meta = meta if isinstance(meta, dict) else {}
@@ -156,6 +176,10 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
                 f"{self.path}: seq_order_key {seq_order_key!r} is not a ragged field; ragged fields: {ragged}"
             )
         self._order_key = seq_order_key
+        self._lengths_source = (
+            None if seq_order_key is None
+            else _OrderLengths(self._store, length_field=seq_order_key, fields=[], cache_dir=self._cache_dir)
+        )
         self._keys = list(schema)
         self._ragged = {n: schema[n].ragged for n in self._keys}
         outs: dict[str, tuple[int, int]] = {}
@@ -198,31 +222,17 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     # --------------------------------------------------------------------------------------- orders
 
-    def _cache_file(self, kind: str) -> Path:
-        """``<cache>/returnn-<kind>-<field>-<fingerprint>.npy``; fingerprint over the shards' offsets files."""
-        key = self._order_key
-        parts = []
-        for s in self._store.manifest.shards:
-            info = s.files.get(f"{key}.offsets.npy")
-            parts.append([s.name, s.records, None if info is None else info.crc32])
-        digest = hashlib.blake2b(json.dumps(["seqstore.interop/v1", key, parts]).encode(), digest_size=8).hexdigest()
-        safe = str(key).replace("/", "_")
-        return self._cache_dir / f"returnn-{kind}-{safe}-{digest}.npy"
-
-    def _lengths(self) -> Any:
-        """The ordering lengths as a memory-mapped ``.npy`` (written once), or in memory if unwritable."""
-        if self._order_key is None:
-            raise ValueError(f"{self.path}: seq_ordering {self.seq_ordering!r} needs lengths but no field is ragged")
-        path = self._cache_file("lengths")
-        if not path.exists():
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._store.lengths(self._order_key).save(path)
-            except OSError as exc:
-                log.warning("%s: cannot write the lengths cache %s (%s); computing lengths in memory (O(N))",
-                            self.path, path, exc)
-                return np.asarray(self._store.lengths(self._order_key))
-        return np.load(path, mmap_mode="r")
+    def _epoch_order(self, name: str, **kwargs: Any) -> Order:
+        """The data layer's order (:func:`seqstore.data._orders.dataset_order`) of ordering ``name`` over
+        the store, with the lengths of ``seq_order_key`` (lazy for laplace, the cached array for the
+        global sorts). ``kwargs``: epoch, seed, partition_epoch, shard_index, num_shards."""
+        src = self._lengths_source
+        if src is None:
+            if ordering_needs_lengths(name):
+                raise ValueError(f"{self.path}: seq_ordering {name!r} needs lengths but no field is ragged")
+            return dataset_order(len(self._store), name, **kwargs)
+        return dataset_order(len(self._store), name, lengths=src.lengths, lengths_array=src.lengths_array,
+                             sort_cache=src._sort_cache, **kwargs)
 
     def _ordering_name(self, epoch: int) -> str:
         method = self.seq_ordering
@@ -252,23 +262,14 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
             self._order = seq_order_fn(n, "default", epoch=1)[0:0]
         else:
             name = self._ordering_name(epoch)
-            base = name.split(":", 1)[0]
-            lengths = self._lengths() if base in _NEEDS_LENGTHS and n else None
-            sort_cache = self._cache_file("sort") if base in _NEEDS_SORT and n else None
-            if sort_cache is not None:
-                try:
-                    sort_cache.parent.mkdir(parents=True, exist_ok=True)
-                except OSError:
-                    sort_cache = None
             p, s, k = self.partition_epoch or 1, self._num_shards, self._shard_index
             if self.fixed_random_seed is not None:
-                full = seq_order_fn(n, name, epoch=1, seed=int(self.fixed_random_seed), lengths=lengths,
-                                    sort_cache=sort_cache)
+                full = self._epoch_order(name, epoch=1, seed=int(self.fixed_random_seed))
                 self._order = full.shard(((epoch - 1) % p) * s + k, p * s) if p * s > 1 else full
             else:
-                self._order = seq_order_fn(
-                    n, name, epoch=epoch, seed=int(self.random_seed_offset), lengths=lengths,
-                    partition_epoch=p, shard_index=k, num_shards=s, sort_cache=sort_cache,
+                self._order = self._epoch_order(
+                    name, epoch=epoch, seed=int(self.random_seed_offset), partition_epoch=p, shard_index=k,
+                    num_shards=s,
                 )
         self._num_seqs = len(self._order)
         return True

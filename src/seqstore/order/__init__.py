@@ -10,7 +10,7 @@ Modules: ``api`` (names, epochs, partition/shards), ``base`` (the Order API, sli
 ``_arrays`` (arrays that pickle by file reference).
 """
 
-from .api import ORDERINGS, seq_order
+from .api import ORDERINGS, ordering_name, ordering_needs_lengths, seq_order
 from .base import Order, SliceOrder, block_bounds
 from .binned import BinnedOrder, LaplaceOrder, SortBinShuffleOrder
 from .kinds import EveryNOrder, ExplicitOrder, PermutationOrder, RangeOrder, SampleOrder, SortedOrder
@@ -30,6 +30,8 @@ __all__ = [
     "SortBinShuffleOrder",
     "SortedOrder",
     "block_bounds",
+    "ordering_name",
+    "ordering_needs_lengths",
     "seq_order",
     "sort_index",
 ]

@@ -33,7 +33,7 @@ from .kinds import (
     _check_num_seqs,
 )
 
-__all__ = ["seq_order", "ORDERINGS"]
+__all__ = ["seq_order", "ORDERINGS", "ordering_name", "ordering_needs_lengths"]
 
 ORDERINGS = (
     "default",
@@ -98,6 +98,23 @@ def _is_explicit(ordering: Any) -> bool:
     return isinstance(ordering, str) and ordering.endswith(".npy")
 
 
+def ordering_name(ordering: Any) -> str:
+    """The base name of ``ordering``: ``"laplace"`` for ``"laplace:.1000"``, ``"sorted"`` for ``"sorted"``,
+    ``"explicit"`` for an explicit order (an int array, list, range or ``.npy`` path). O(1); only splits
+    the name (:func:`seq_order` validates the arguments). Raises ValueError for anything else."""
+    if _is_explicit(ordering):
+        return "explicit"
+    if not isinstance(ordering, str):
+        raise ValueError(f"ordering must be a name or an explicit order, got {type(ordering).__name__}")
+    return ordering.split(":", 1)[0]
+
+
+def ordering_needs_lengths(ordering: Any) -> bool:
+    """Whether :func:`seq_order` needs ``lengths`` for ``ordering`` (``sorted*``, ``laplace*``,
+    ``sort_bin_shuffle*``). O(1); raises ValueError like :func:`ordering_name`."""
+    return ordering_name(ordering) in _NEEDS_LENGTHS
+
+
 def seq_order(
     num_seqs: int,
     ordering: str | PathLike | Any,
@@ -149,7 +166,7 @@ def seq_order(
         if not isinstance(ordering, str):
             raise ValueError(f"ordering must be a name or an explicit order, got {type(ordering).__name__}")
         name, *args = ordering.split(":")
-        if name in _NEEDS_LENGTHS and lengths_ref is None:
+        if ordering_needs_lengths(name) and lengths_ref is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
 
         def key(stream: str, nth: int) -> int:

@@ -26,7 +26,6 @@ Memory: O(chunk) positions at a time; O(W) held batches for padding / look-ahead
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..data.batching import batch_indices, bucket_batches
+from ..order._keys import master_key
 
 __all__ = [
     "LengthBatching",
@@ -188,9 +188,9 @@ def select_items(items: Iterable[T], *, world: int, streams: int, stream: int, d
 
 
 def bucket_seed(seed: int, epoch: int) -> int:
-    """The bucket-buffer seed of ``epoch``: a stable 64-bit hash of (dataset seed, epoch)."""
-    h = hashlib.blake2b(f"seqstore.torch.bucket:{int(seed)}:{int(epoch)}".encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+    """The bucket-buffer seed of ``epoch``: the order layer's stable key of (dataset seed, epoch) for
+    stream ``"torch.bucket"`` (:func:`seqstore.order._keys.master_key`), cut to 63 bits. O(1)."""
+    return master_key(seed, epoch, "torch.bucket") & ((1 << 63) - 1)
 
 
 def batch_stream(

@@ -10,13 +10,14 @@ count, the batching config. It does not depend on the world size or the number o
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Any
 
 import numpy as np
 
+from ..data._cache import fingerprint
 from ..errors import SeqstoreError
+from ..order import ordering_name
 
 __all__ = ["StateError", "FORMAT", "dataset_identity", "ordering_config", "make_state", "check_state"]
 
@@ -29,7 +30,7 @@ class StateError(SeqstoreError, ValueError):
 
 def _ordering_repr(ordering: Any) -> Any:
     """JSON form of an ordering: its name, or a digest of an explicit order (O(len) once)."""
-    if isinstance(ordering, str) and not ordering.endswith(".npy"):
+    if ordering_name(ordering) != "explicit":
         return ordering
     if isinstance(ordering, (str, os.PathLike)):
         arr = np.load(os.fspath(ordering), mmap_mode="r")
@@ -53,17 +54,17 @@ def ordering_config(dataset: Any) -> dict[str, Any]:
 
 
 def dataset_identity(dataset: Any) -> dict[str, Any]:
-    """{"type", "num_seqs", "fingerprint"}: the dataset class, its size and a blake2b digest of its
-    ``cache_key()`` (for stores: every shard's name, record count and the CRC of the length field's
-    offsets). Datasets without a cache key are identified by type and size only. O(shards)."""
+    """{"type", "num_seqs", "fingerprint"}: the dataset class, its size and the data layer's cache
+    fingerprint (:func:`seqstore.data._cache.fingerprint`) of (class, size, ``cache_key()``) (for stores:
+    every shard's name, record count and the CRC of the length field's offsets). Datasets without a
+    cache key are identified by type and size only. O(shards)."""
     key_fn = getattr(dataset, "cache_key", None)
     key = key_fn() if callable(key_fn) else None
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    text = json.dumps([kind, int(dataset.num_seqs), key], sort_keys=True, default=str)
     return {
         "type": kind,
         "num_seqs": int(dataset.num_seqs),
-        "fingerprint": hashlib.blake2b(text.encode(), digest_size=8).hexdigest(),
+        "fingerprint": fingerprint("torch.state", kind, int(dataset.num_seqs), key),
     }
 
 

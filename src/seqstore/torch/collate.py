@@ -64,7 +64,8 @@ def collate_padded(
 
     ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch, else every field
     whose records differ in their first dimension -- name them to get lengths for equal-length batches
-    too). Records must share inner shapes and dtypes per field (else ValueError naming the field).
+    too; a named field the records lack is a KeyError). Records must share inner shapes and dtypes per
+    field (else ValueError naming the field).
     Time and memory O(batch elements).
     """
     if not samples:
@@ -72,6 +73,8 @@ def collate_padded(
     if isinstance(samples, GatheredRecords) and pad_value == 0:
         out: dict[str, torch.Tensor] = {}
         names = set(samples.lengths) if ragged is None else set(ragged)
+        if missing := names - set(samples.padded):
+            raise KeyError(f"collate_padded: ragged field(s) {sorted(missing)} not in the records")
         for name, value in samples.padded.items():
             if name in names and name in samples.lengths:
                 _put_lengths(out, name, value, samples.lengths[name], masks, samples.padded)

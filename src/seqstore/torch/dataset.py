@@ -19,7 +19,6 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data import StoreDataset
-from ..schema import BFLOAT16
 from ..store import Store
 from ._convert import to_tensor
 from .collate import GatheredRecords, PaddedCollate
@@ -48,17 +47,11 @@ def as_protocol_dataset(obj: Any, fields: Sequence[str] | None = None) -> Any:
 
 
 def bfloat16_fields(dataset: Any) -> frozenset[str]:
-    """Names of bfloat16 fields of the stores under ``dataset`` (stored as uint16 bits)."""
-    store = getattr(dataset, "store", None)
-    if isinstance(store, Store):
-        return frozenset(n for n, f in store.schema.items() if f.dtype == BFLOAT16)
-    children = getattr(dataset, "datasets", None)
-    if isinstance(children, dict):
-        children = list(children.values())
-    if isinstance(children, (list, tuple)):
-        return frozenset().union(*(bfloat16_fields(c) for c in children))
-    inner = getattr(dataset, "dataset", None)
-    return bfloat16_fields(inner) if inner is not None and inner is not dataset else frozenset()
+    """Output names of the bfloat16 fields of ``dataset`` (returned as uint16 bits): the dataset's own
+    ``bfloat16_fields()`` (every ``seqstore.data`` dataset has it, renames included); a protocol dataset
+    without that method has none. O(fields)."""
+    method = getattr(dataset, "bfloat16_fields", None)
+    return frozenset(method()) if callable(method) else frozenset()
 
 
 def batch_to_tensors(

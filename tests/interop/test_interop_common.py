@@ -1,0 +1,105 @@
+"""new_store: the all-or-nothing write shared by the importers (temporary sibling, rename into place)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.interop import _common
+
+SCHEMA = {"x": Field("int32", (None,))}
+
+
+def _fill(n: int, fail_after: int | None = None) -> Any:
+    def fill(w: seqstore.Writer) -> None:
+        for i in range(n):
+            w.append({"x": np.full(3, i, np.int32)}, id=f"new-{i}")
+            w.commit()  # committed shards: aborting alone would leave them
+            if fail_after is not None and i + 1 == fail_after:
+                raise RuntimeError("simulated failure while filling")
+
+    return fill
+
+
+def _old(path: Path) -> None:
+    with seqstore.create(path, SCHEMA) as w:
+        w.append({"x": np.zeros(2, np.int32)}, id="old-0")
+
+
+def test_failure_keeps_the_old_store_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "s.seqstore"
+    _old(out)
+    with pytest.raises(RuntimeError, match="simulated"):
+        _common.new_store(out, SCHEMA, _fill(5, fail_after=3), overwrite=True, shard_bytes=8)
+    store = seqstore.open(out)
+    assert len(store) == 1 and store.id(0) == "old-0"
+    assert os.listdir(tmp_path) == ["s.seqstore"]
+    with pytest.raises(RuntimeError, match="simulated"):  # no existing store: nothing appears
+        _common.new_store(tmp_path / "t.seqstore", SCHEMA, _fill(5, fail_after=1))
+    assert os.listdir(tmp_path) == ["s.seqstore"]
+
+
+def test_success_replaces_and_builds_in_a_temporary_sibling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "s.seqstore"
+    _old(out)
+    seen: list[tuple[Path, dict[str, Any]]] = []
+    real = _common.create
+
+    def spy(path: Any, schema: Any, **kw: Any) -> seqstore.Writer:
+        seen.append((Path(path), kw))
+        return real(path, schema, **kw)
+
+    monkeypatch.setattr(_common, "create", spy)
+    _common.new_store(out, SCHEMA, _fill(4), overwrite=True, metadata={"k": 1})
+    (path, kw), = seen
+    assert path.parent == tmp_path and path.name.startswith(".s.seqstore.tmp-") and not kw.get("overwrite")
+    store = seqstore.open(out)
+    assert [store.id(i) for i in range(len(store))] == [f"new-{i}" for i in range(4)]
+    assert store.metadata["k"] == 1
+    assert os.listdir(tmp_path) == ["s.seqstore"]
+    _common.new_store(tmp_path / "sub" / "fresh.seqstore", SCHEMA, _fill(1))  # parents are created
+    assert len(seqstore.open(tmp_path / "sub" / "fresh.seqstore")) == 1
+
+
+def test_refusals_happen_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "s.seqstore"
+    _old(out)
+    called: list[int] = []
+
+    def fill(w: seqstore.Writer) -> None:
+        called.append(1)
+
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        _common.new_store(out, SCHEMA, fill)
+    other = tmp_path / "data"
+    other.mkdir()
+    (other / "precious.txt").write_text("x")
+    with pytest.raises(seqstore.SeqstoreError, match="not a store"):
+        _common.new_store(other, SCHEMA, fill, overwrite=True)
+    assert not called and (other / "precious.txt").exists()
+    assert sorted(os.listdir(tmp_path)) == ["data", "s.seqstore"]
+
+
+def test_failed_rename_into_place_restores_the_old_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "s.seqstore"
+    _old(out)
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if Path(src).name.startswith(".s.seqstore.tmp-"):
+            raise OSError("simulated rename failure")
+        real(src, dst)
+
+    monkeypatch.setattr(_common.os, "replace", replace)
+    with pytest.raises(OSError, match="simulated rename"):
+        _common.new_store(out, SCHEMA, _fill(2), overwrite=True)
+    monkeypatch.setattr(_common.os, "replace", real)
+    store = seqstore.open(out)
+    assert len(store) == 1 and store.id(0) == "old-0"
+    assert os.listdir(tmp_path) == ["s.seqstore"]
