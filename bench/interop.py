@@ -91,7 +91,7 @@ def ensure_open(n: int) -> tuple[Path, Path]:
         store.parent.mkdir(parents=True, exist_ok=True)
         import_hdf(hdf, store, overwrite=True)
         ds = StoreDataset(path=str(store), seq_ordering="laplace:.1000")
-        ds.init_seq_order(epoch=1)  # writes <store>.cache/returnn-lengths-*.npy once
+        ds.init_seq_order(epoch=1)  # warms numba and the store; laplace keeps no lengths cache
         done.touch()
     return hdf, store
 
