@@ -81,3 +81,54 @@ def test_sort_index_reads_lazy_lengths_in_chunks_and_reuses_its_cache(tmp_path: 
     order = seq_order(20_000, "sorted", epoch=1, lengths=lazy, sort_cache=cache)
     np.testing.assert_array_equal(order[:100], np.argsort(values, kind="stable")[:100])
     assert lazy.gathered - before < len(values) // 2  # the cache's spot check, not another pass
+
+
+class _AffineValues:
+    """u -> (3u + 7, lengths[u]): items addressed by values other than their positions."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __call__(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return 3 * u + 7, self.lengths[u]
+
+
+def test_laplace_values_yield_mapped_items_in_the_same_order() -> None:
+    values = np.random.default_rng(4).integers(1, 90, 3000)
+    kw = {"seed": 2, "partition_epoch": 2, "shard_index": 1, "num_shards": 3}
+    for epoch in (1, 2, 3):
+        plain = seq_order(3000, "laplace:.64", epoch=epoch, lengths=values, **kw)
+        mapped = seq_order(3000, "laplace:.64", epoch=epoch, values=_AffineValues(values), num_values=9007, **kw)
+        np.testing.assert_array_equal(mapped.to_numpy(), 3 * plain.to_numpy() + 7)
+        assert mapped.num_seqs == 9007
+        again = pickle.loads(pickle.dumps(mapped))
+        np.testing.assert_array_equal(again.to_numpy(), mapped.to_numpy())
+
+
+def test_values_are_only_for_laplace() -> None:
+    with pytest.raises(ValueError, match="laplace"):
+        seq_order(10, "random", epoch=1, values=_AffineValues(np.ones(10)))
+
+
+@pytest.mark.parametrize("span", [1, 7, 300, 70_000, 1 << 30])
+def test_sort_segments_is_a_stable_sort_both_ways(span: int) -> None:
+    from seqstore.order._kernels import sort_segments
+
+    rng = np.random.default_rng(span)
+    sizes = rng.integers(0, 400, 30).astype(np.int64)
+    total = int(sizes.sum())
+    vals = rng.integers(-5, span, total).astype(np.int64)  # many ties for small spans
+    desc = rng.integers(0, 2, 30).astype(bool)
+    flat = rng.permutation(total).astype(np.int64)
+    original = flat.copy()
+    expect = flat.copy()
+    pos = 0
+    for m, d in zip(sizes.tolist(), desc.tolist()):
+        key = -vals[pos : pos + m] if d else vals[pos : pos + m]
+        expect[pos : pos + m] = flat[pos : pos + m][np.argsort(key, kind="stable")]
+        pos += m
+    sort_segments(flat, vals, sizes, desc)
+    np.testing.assert_array_equal(flat, expect)
+    floats = original.copy()  # float keys take the merge-sort path: same stable result
+    sort_segments(floats, vals.astype(np.float64) / 3, sizes, desc)
+    np.testing.assert_array_equal(floats, expect)

@@ -13,9 +13,9 @@ Index spaces:
 
 The epoch order is ``seq_order(M, ordering, ...)`` over union positions, with partition epoch and
 shards applied to it, composed with the window map (:class:`CombinedOrder`). For ``laplace`` the
-union lengths are gathered lazily from the children bin by bin (a ``MappedLengths`` view through the
-window map, which ``seq_order`` gathers with ``take``), so an epoch order costs O(children) memory plus
-O(bin) while walking; ``sorted*``/``sort_bin_shuffle*`` over the union materialise the union's
+order's ``values`` callable maps each bin's union positions to (combined index, length) in one pass
+over the children, so an epoch order costs O(children) memory plus O(bin) while walking;
+``sorted*``/``sort_bin_shuffle*`` over the union materialise the union's
 lengths (O(M), in memory; the union changes every epoch, so there is nothing to cache).
 
 Which order of the child: with ``child_epoch="same"`` (default, RETURNN's behaviour) the window of
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..order import Order
+from ..order import Order, ordering_name, seq_order
 from ._lengths import IntArray, LengthsView, MappedLengths, as_index_array
 from ._orders import dataset_order
 from .base import Dataset, check_order_params, merge_batches, pad_ragged
@@ -149,8 +149,30 @@ class EpochWindows:
             out[pos] = self._child_local(k, sp.local[pos]) + self.start_N[k]
         return out
 
+    def map_lengths(self, u: IntArray, lengths: Sequence[LengthsView]) -> tuple[IntArray, IntArray]:
+        """(combined index, length) of union positions ``u`` in one pass; ``lengths``: the children's views."""
+        sp = Split(np.asarray(u, dtype=np.int64), self.start_K)
+        out = np.empty(len(u), dtype=np.int64)
+        lens = np.empty(len(u), dtype=np.int64)
+        for k, pos in sp.groups():
+            local = self._child_local(k, sp.local[pos])
+            out[pos] = local + self.start_N[k]
+            lens[pos] = lengths[k].take(local)
+        return out, lens
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (EpochWindows, (self.datasets, self.K, self.N, self.full_epoch, self.child_epoch))
+
+
+class _WindowValues:
+    """Picklable ``u -> (combined index, length)`` given to a laplace ``seq_order`` as ``values``."""
+
+    def __init__(self, windows: EpochWindows, lengths: list[LengthsView]) -> None:
+        self.windows = windows
+        self.lengths = lengths
+
+    def __call__(self, u: IntArray) -> tuple[IntArray, IntArray]:
+        return self.windows.map_lengths(u, self.lengths)
 
 
 class CombinedOrder(Order):
@@ -330,6 +352,18 @@ class CombinedDataset(Dataset):
         """The combined order of sub-epoch ``epoch``: values are combined indices. O(1) to build."""
         w = self.windows(epoch)
         m = w.size
+        if ordering_name(self.ordering) == "laplace":  # values are combined indices: one window lookup each
+            return seq_order(
+                m,
+                self.ordering,
+                epoch=epoch,
+                seed=self.seed,
+                partition_epoch=self.partition_epoch,
+                shard_index=shard_index,
+                num_shards=num_shards,
+                values=_WindowValues(w, [d.lengths() for d in self.datasets]),
+                num_values=w.num_values,
+            )
         union = dataset_order(
             m,
             self.ordering,

@@ -247,14 +247,31 @@ def perm_bins(
         pos += m
 
 
-@njit(cache=True, nogil=True)
 def sort_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
     """Stably sort each consecutive segment of ``flat`` (sizes ``sizes``) by ``vals`` (int64 or float64,
     aligned with ``flat``), ascending or, where ``descending[k]``, descending (stable sort of ``-vals``,
-    RETURNN's laplace). In place; memory O(largest segment)."""
+    RETURNN's laplace). In place; memory O(largest segment).
+
+    Integer keys spanning fewer than 2**24 values (lengths nearly always) use an LSD radix sort with
+    8-bit digits on ``v - min`` (or ``max - v`` when descending): O(m) per segment. Float keys and
+    wider integer spans use a stable merge sort."""
+    if vals.dtype.kind == "i":
+        _sort_segments_int(flat, vals, sizes, descending)
+    else:
+        _sort_segments_merge(flat, vals, sizes, descending, np.zeros(sizes.shape[0], dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True)
+def _sort_segments_merge(
+    flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray, skip: np.ndarray
+) -> None:
+    """Merge-sort variant of :func:`sort_segments` for every segment ``k`` with ``not skip[k]``."""
     pos = 0
     for k in range(sizes.shape[0]):
         m = sizes[k]
+        if skip[k] or m < 2:
+            pos += m
+            continue
         seg_vals = vals[pos : pos + m].copy()
         if descending[k]:
             seg_vals = -seg_vals
@@ -263,6 +280,70 @@ def sort_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descend
         for t in range(m):
             flat[pos + t] = seg[order[t]]
         pos += m
+
+
+@njit(cache=True, nogil=True)
+def _radix_segments(
+    flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray, skip: np.ndarray
+) -> None:
+    """Radix-sort the integer segments whose keys span < 2**24 values; mark the others in ``skip``."""
+    m_max = 0
+    for k in range(sizes.shape[0]):
+        m_max = max(m_max, sizes[k])
+    keys = np.empty(m_max, dtype=np.int64)
+    keys2 = np.empty(m_max, dtype=np.int64)
+    items = np.empty(m_max, dtype=flat.dtype)
+    items2 = np.empty(m_max, dtype=flat.dtype)
+    count = np.empty(257, dtype=np.int64)
+    pos = 0
+    for k in range(sizes.shape[0]):
+        m = sizes[k]
+        if m < 2:
+            pos += m
+            continue
+        lo = vals[pos]
+        hi = vals[pos]
+        for t in range(1, m):
+            v = vals[pos + t]
+            lo = min(lo, v)
+            hi = max(hi, v)
+        span = hi - lo
+        if span >= (1 << 24) or span < 0:
+            skip[k] = True
+            pos += m
+            continue
+        for t in range(m):
+            keys[t] = (hi - vals[pos + t]) if descending[k] else (vals[pos + t] - lo)
+            items[t] = flat[pos + t]
+        shift = 0
+        src_k, dst_k, src_i, dst_i = keys, keys2, items, items2
+        while True:
+            for d in range(257):
+                count[d] = 0
+            for t in range(m):
+                count[((src_k[t] >> shift) & 255) + 1] += 1
+            for d in range(256):
+                count[d + 1] += count[d]
+            for t in range(m):
+                d = (src_k[t] >> shift) & 255
+                j = count[d]
+                dst_k[j] = src_k[t]
+                dst_i[j] = src_i[t]
+                count[d] = j + 1
+            src_k, dst_k, src_i, dst_i = dst_k, src_k, dst_i, src_i
+            shift += 8
+            if (span >> shift) == 0:
+                break
+        for t in range(m):
+            flat[pos + t] = src_i[t]
+        pos += m
+
+
+def _sort_segments_int(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
+    skip = np.zeros(sizes.shape[0], dtype=np.bool_)
+    _radix_segments(flat, vals, sizes, descending, skip)
+    if skip.any():
+        _sort_segments_merge(flat, vals, sizes, descending, ~skip)
 
 
 @njit(cache=True, nogil=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,8 @@ def seq_order(
     shard_index: int = 0,
     num_shards: int = 1,
     sort_cache: PathLike | None = None,
+    values: Callable[[Any], tuple[Any, Any]] | None = None,
+    num_values: int | None = None,
 ) -> Order:
     """The order of sub-epoch ``epoch`` on shard ``shard_index`` of ``num_shards``, as a lazy :class:`Order`.
 
@@ -135,6 +138,11 @@ def seq_order(
     (seed, key epoch). ``lengths``: (N,) integer or float array-like (a memmap or ``.npy`` path keeps it
     on disk), needed by ``sorted*``, ``laplace``, ``sort_bin_shuffle*``. ``sort_cache``: ``.npy`` path for
     the global sort index of ``lengths`` (``sorted*``, ``sort_bin_shuffle*``), computed once and mapped.
+    ``values`` (``laplace`` only, instead of ``lengths``): a picklable vectorised callable mapping
+    positions (int64 array) to ``(values, lengths)``; the order yields those values, binned and sorted
+    as laplace sorts positions, with ``num_values`` (default N) as its value range. A caller that
+    addresses items differently (a combined dataset: union position -> combined index) gets both in
+    one lookup per item.
 
     Construction is O(1) (no order is materialised); the result's values are computed on access. Raises
     ValueError naming the problem for unknown orderings, malformed arguments, missing or mis-sized
@@ -160,13 +168,17 @@ def seq_order(
     label_extra = ""
     full: Order
     if _is_explicit(ordering):
+        if values is not None:
+            raise ValueError("values= is for 'laplace' orderings only, got an explicit order")
         full = ExplicitOrder(n, ordering)
         name = "explicit"
     else:
         if not isinstance(ordering, str):
             raise ValueError(f"ordering must be a name or an explicit order, got {type(ordering).__name__}")
         name, *args = ordering.split(":")
-        if ordering_needs_lengths(name) and lengths_ref is None:
+        if values is not None and name != "laplace":
+            raise ValueError(f"values= is for 'laplace' orderings only, got ordering {ordering!r}")
+        if ordering_needs_lengths(name) and lengths_ref is None and values is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
 
         def key(stream: str, nth: int) -> int:
@@ -193,9 +205,9 @@ def seq_order(
         elif name == "random_sample":
             full = SampleOrder(n, key("random_sample", _parse_nth(args, ordering)))
         elif name == "laplace":
-            assert lengths_ref is not None
+            assert lengths_ref is not None or values is not None
             bins, nth = _parse_bins(args, n, ordering)
-            full = LaplaceOrder(n, key("perm", nth), bins, lengths_ref)
+            full = LaplaceOrder(n, key("perm", nth), bins, lengths_ref, values=values, num_values=num_values)
             label_extra += f" bins={bins}"
         elif name in ("sort_bin_shuffle", "sort_bin_shuffle_x2"):
             assert lengths_ref is not None

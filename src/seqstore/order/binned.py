@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -140,16 +141,51 @@ class BinnedOrder(Order):
         return out
 
 
+class _ByValues:
+    """Stands in for the lengths of a :class:`LaplaceOrder` whose ``values`` callable yields them."""
+
+    def __init__(self, n: int) -> None:
+        self.dtype = np.dtype(np.int64)
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def take(self, indices: Any) -> IntArray:
+        raise TypeError("lengths come from the order's values callable")
+
+
 class LaplaceOrder(BinnedOrder):
     """``laplace:bins``: the keyed permutation (``key``, the same as ``random`` with that key) cut into
     ``bins`` parts; even parts sorted ascending by length, odd parts descending (stable). Position
-    ``i`` needs its whole bin: O(N / bins) memory and time per bin touched."""
+    ``i`` needs its whole bin: O(N / bins) memory and time per bin touched.
 
-    __slots__ = ("perm",)
+    ``values`` (optional): a picklable vectorised callable mapping positions (int64) to ``(values,
+    lengths)``; the order then yields those values, sorted within each bin by those lengths, and
+    ``lengths`` is not used. This lets a caller order items it addresses differently (a combined
+    dataset's union positions -> combined indices) with one lookup per item. ``num_values`` bounds
+    the values (it is the order's ``num_seqs``).
+    """
 
-    def __init__(self, num_seqs: int, key: int, bins: int, lengths: Any) -> None:
-        super().__init__(num_seqs, bins, lengths)
+    __slots__ = ("perm", "values", "_num_values")
+
+    def __init__(
+        self,
+        num_seqs: int,
+        key: int,
+        bins: int,
+        lengths: Any,
+        values: Callable[[IntArray], tuple[Any, Any]] | None = None,
+        num_values: int | None = None,
+    ) -> None:
+        super().__init__(num_seqs, bins, _ByValues(num_seqs) if values is not None else lengths)
         self.perm = PermutationOrder(self._n, key)
+        self.values = values
+        self._num_values = self._n if num_values is None else int(num_values)
+
+    @property
+    def num_seqs(self) -> int:
+        return self._num_values
 
     def _locate(self, positions: IntArray) -> tuple[IntArray, IntArray]:
         slots = np.empty(positions.shape[0], dtype=np.int64)
@@ -165,12 +201,20 @@ class LaplaceOrder(BinnedOrder):
         flat = np.empty(total, dtype=np.int64)
         p = self.perm
         K.perm_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), p._a, p._b, p._keys, flat)
-        kind = self.lengths.dtype.kind
-        vals = np.asarray(self.lengths.gather(flat), dtype=np.float64 if kind == "f" else np.int64)
+        if self.values is not None:
+            mapped, lens = self.values(flat)
+            flat = np.ascontiguousarray(mapped, dtype=np.int64)
+            lens = np.asarray(lens)
+            vals = np.asarray(lens, dtype=np.float64 if lens.dtype.kind == "f" else np.int64)
+        else:
+            kind = self.lengths.dtype.kind
+            vals = np.asarray(self.lengths.gather(flat), dtype=np.float64 if kind == "f" else np.int64)
         K.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
         return flat
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.values is not None:
+            return (LaplaceOrder, (self._n, self.perm.key, self.bins, None, self.values, self._num_values))
         return (LaplaceOrder, (self._n, self.perm.key, self.bins, self.lengths))
 
     def __repr__(self) -> str:
