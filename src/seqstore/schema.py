@@ -30,6 +30,7 @@ __all__ = [
     "Field",
     "Schema",
     "PackedGroup",
+    "flatten_values",
     "BFLOAT16",
     "to_storage_array",
     "bfloat16_to_float32",
@@ -183,6 +184,29 @@ class PackedGroup:
 
 def _field_width(f: Field) -> int:
     return int(np.prod(f.inner_shape, dtype=np.int64))
+
+
+def flatten_values(tree: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``{"a": {"b": x}}`` -> ``{"a/b": x}`` for a record or batch given as a nested dict; flat names
+    with ``/`` pass through. Raises SchemaError naming ``what`` for non-str keys or a name given twice."""
+    if not isinstance(tree, Mapping):
+        raise SchemaError(f"{what}: expected a (nested) dict of field -> value, got {type(tree).__name__}")
+    flat: dict[str, Any] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for k, v in node.items():
+            if not isinstance(k, str):
+                raise SchemaError(f"{what}: field names must be str, got {k!r}")
+            name = f"{prefix}{k}"
+            if isinstance(v, Mapping):
+                walk(v, name + "/")
+            elif name in flat:
+                raise SchemaError(f"{what}: duplicate field name {name!r}")
+            else:
+                flat[name] = v
+
+    walk(tree, "")
+    return flat
 
 
 class Schema(Mapping[str, Field]):

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import SchemaError
 from ..schema import BFLOAT16, Field, _BF16Bits
 
-__all__ = ["is_torch", "HostStager", "flatten_nested", "infer_field", "ids_to_str"]
+__all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str"]
 
 _ALIGN = 256
 
@@ -104,28 +104,6 @@ class HostStager:
             arr = dst.numpy()
             out[name] = _BF16Bits(arr.view(np.uint16)) if bf16 else arr
         return out
-
-
-def flatten_nested(tree: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """``{"a": {"b": x}}`` -> ``{"a/b": x}``; flat names with ``/`` pass through."""
-    if not isinstance(tree, Mapping):
-        raise SchemaError(f"{what}: expected a (nested) dict of name -> tensor, got {type(tree).__name__}")
-    flat: dict[str, Any] = {}
-
-    def walk(node: Mapping[str, Any], prefix: str) -> None:
-        for k, v in node.items():
-            if not isinstance(k, str):
-                raise SchemaError(f"{what}: keys must be str, got {k!r}")
-            name = f"{prefix}{k}"
-            if isinstance(v, Mapping):
-                walk(v, name + "/")
-            elif name in flat:
-                raise SchemaError(f"{what}: field {name!r} given twice")
-            else:
-                flat[name] = v
-
-    walk(tree, "")
-    return flat
 
 
 def infer_field(name: str, value: Any, batch: int, first_id: str) -> Field:

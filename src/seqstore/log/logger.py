@@ -44,10 +44,10 @@ import numpy as np
 
 from ..errors import SchemaError, SeqstoreError
 from ..format.manifest import MANIFEST, Manifest
-from ..schema import BFLOAT16, Field, Schema, to_storage_array
+from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
 from ..store.reader import Store
 from ..store.writer import Writer, open_or_create
-from ._tensors import HostStager, flatten_nested, ids_to_str, infer_field
+from ._tensors import HostStager, ids_to_str, infer_field
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
 
@@ -332,7 +332,7 @@ class Logger:
         id_list = ids_to_str(ids)
         batch = len(id_list)
         first = id_list[0] if id_list else "<none>"
-        flat = flatten_nested(tensors, f"log() of the batch starting at id {first!r}")
+        flat = flatten_values(tensors, f"log() of the batch starting at id {first!r}")
         if self.schema is None:
             if batch == 0:
                 return

@@ -74,9 +74,9 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
     columns = store.matrix_columns(fields)
     width = max(b for _, b in columns.values())
     if isinstance(queries, Mapping):
-        from ._tensors import flatten_nested
+        from ..schema import flatten_values
 
-        flat = flatten_nested(queries, "similarity(): queries")
+        flat = flatten_values(queries, "similarity(): queries")
         missing = sorted(set(columns) - set(flat))
         if missing:
             raise ValueError(f"similarity(): queries lack field(s) {missing}; the scanned fields are {list(columns)}")

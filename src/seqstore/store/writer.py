@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import LockError, SchemaError, SeqstoreError
 from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
 from ..format.npy import HEADER_BYTES, encode_header, write_header
-from ..schema import Field, Schema, to_storage_array
+from ..schema import Field, Schema, flatten_values, to_storage_array
 from .ids import encode_ids, hash_ids, merge_runs
 
 __all__ = ["Writer", "create", "append_to", "open_or_create", "store_lock"]
@@ -270,24 +270,9 @@ class Writer:
             raise SchemaError(f"record {first}: this store's records are written {want}; got the other kind")
 
     def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
-        if not isinstance(record, Mapping):
-            raise SchemaError(f"{what}: expected a dict of field -> value, got {type(record).__name__}")
-        if not any(isinstance(v, Mapping) for v in record.values()):
-            return record
-        flat: dict[str, Any] = {}
-
-        def walk(node: Mapping[str, Any], prefix: str) -> None:
-            for k, v in node.items():
-                name = f"{prefix}{k}"
-                if isinstance(v, Mapping):
-                    walk(v, name + "/")
-                elif name in flat:
-                    raise SchemaError(f"{what}: duplicate field name {name!r}")
-                else:
-                    flat[name] = v
-
-        walk(record, "")
-        return flat
+        if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
+            return record  # already flat: no copy
+        return flatten_values(record, what)
 
     def _check_keys(self, keys: Any, what: str) -> None:
         given = set(keys)
