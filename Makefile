@@ -40,7 +40,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) bench/run_all.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy --strict src/seqstore
 
 clean:
