@@ -205,6 +205,8 @@ class Writer:
         self.shard_bytes = shard_bytes
         self.buffer_bytes = buffer_bytes
         self.max_shard_records = max_shard_records
+        self._pid = os.getpid()
+        self._failed: BaseException | None = None
         self._token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._workspace = root / f"_tmp-{self._token}"
         with store_lock(root):
@@ -472,6 +474,9 @@ class Writer:
             self._staging.pop(name, None)
             return
         rows = piece.shape[0]
+        if rows == 0 or piece.nbytes == 0:
+            parts.append(piece.copy())  # nothing to stage
+            return
         staged = self._staging.get(name)
         if staged is not None and parts and parts[-1] is staged[2] and staged[1] + rows <= staged[0].shape[0]:
             arr, used, _, first = staged
@@ -480,7 +485,7 @@ class Writer:
             parts[-1] = view
             self._staging[name] = (arr, used + rows, view, first)
             return
-        row_bytes = max(piece.nbytes // max(rows, 1), 1)
+        row_bytes = max(piece.nbytes // rows, 1)
         capacity = max(rows, DIRECT_BYTES // row_bytes)
         spare = self._spare.pop(name, None)
         if spare is not None and spare.shape[0] >= capacity and spare.dtype == piece.dtype:
@@ -546,7 +551,19 @@ class Writer:
     # ---------------------------------------------------------------------------------------- flush
 
     def _flush(self) -> None:
-        """Write the buffer to the current shard (no commit). Splits the shard when it is full."""
+        """Write the buffer to the current shard (no commit). Splits the shard when it is full.
+
+        If writing fails part way (disk full, I/O error), the shard's files no longer agree with each
+        other: the writer is marked failed and only :meth:`abort` is allowed (committed data is safe)."""
+        try:
+            self._write_buffer()
+        except SeqstoreError:
+            raise
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _write_buffer(self) -> None:
         if self._buf_records == 0:
             return
         if not self._shard_open:
@@ -636,6 +653,15 @@ class Writer:
         return ShardInfo("", self._shard_records, rows, infos, bool(self._has_ids))
 
     def _commit_shard(self) -> None:
+        try:
+            self._commit_shard_files()
+        except SeqstoreError:
+            raise
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _commit_shard_files(self) -> None:
         pending = self._finish_shard_files()
         cur = self._workspace / "current"
         with store_lock(self.root):
@@ -721,6 +747,11 @@ class Writer:
     def _check_open(self) -> None:
         if self._closed:
             raise SeqstoreError(f"{self.root}: writer is closed")
+        if self._failed is not None:
+            raise SeqstoreError(
+                f"{self.root}: an earlier write failed ({self._failed!r}); the records appended since the last "
+                "commit cannot be written consistently. Call abort(): committed records are intact."
+            )
 
     def abort(self) -> None:
         """Discard everything not yet committed and release the writer."""
@@ -744,6 +775,8 @@ class Writer:
 
     def _release(self) -> None:
         self._closed = True
+        if os.getpid() != self._pid:  # a forked child's copy: the workspace belongs to the parent
+            return
         self._pool.shutdown(wait=True)
         shutil.rmtree(self._workspace, ignore_errors=True)
         os.close(self._owner_fd)
@@ -760,6 +793,8 @@ class Writer:
             self.abort()
 
     def __del__(self) -> None:
+        if getattr(self, "_pid", None) != os.getpid():
+            return  # a forked child's copy (or a half-built writer): leave the parent's files alone
         if not getattr(self, "_closed", True):
             log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded", self.root)
             try:
