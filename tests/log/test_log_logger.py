@@ -231,3 +231,19 @@ def test_commit_every_s(scratch: Path) -> None:
         time.sleep(0.05)
     assert len(ss.open(scratch / "log")) == 6
     lg.close()
+
+
+def test_a_background_start_failure_is_raised_not_hung(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.log.logger as logger_mod
+
+    def broken() -> None:
+        raise RuntimeError("kernel cache unreadable")
+
+    monkeypatch.setattr(logger_mod, "_warm_up_kernels", broken)
+    lg = Logger(tmp_path / "log")
+    with pytest.raises(LoggerError, match="kernel cache unreadable"):
+        for k in range(5):  # the failure surfaces at a later call; nothing may block
+            lg.log([f"id{k}"], {"g": np.ones((1, 4), np.float32)})
+            lg.flush()
+    with pytest.raises(LoggerError):
+        lg.close()

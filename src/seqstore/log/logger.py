@@ -263,7 +263,11 @@ class Logger:
     # ------------------------------------------------------------------------------- background
 
     def _run(self) -> None:
-        _warm_up_kernels()  # loads the numba id kernels from their cache while the training thread works
+        try:
+            _warm_up_kernels()  # loads the numba id kernels from their cache while the training thread works
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread; the loop keeps serving
+            log.error("%s: background writer failed to start: %r", self.path, exc)
+            self._error = exc
         last_commit = time.monotonic()
         written_seq = -1
         dirty = False
