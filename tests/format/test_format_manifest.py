@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ def _manifest() -> Manifest:
         {"x.npy": FileInfo(448, 12345), "x.offsets.npy": FileInfo(160, 1), "y/z.npy": FileInfo(140, 2)},
         has_ids=False,
     )
+    shards = [dataclasses.replace(shard, name=f"shard-{k:06d}") for k in range(8)]
     run = IndexRun("_index/run-000000-000008", 0, 8, 100, 1)
-    return Manifest(SCHEMA, [shard], [run], {"who": "me", "n": [1, 2]}, {"x": {"mean": 3.5}}, generation=4)
+    return Manifest(SCHEMA, shards, [run], {"who": "me", "n": [1, 2]}, {"x": {"mean": 3.5}}, generation=4)
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -33,7 +35,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert raw["format"] == FORMAT_NAME == "seqstore" and raw["version"] == 1 and FORMAT_VERSION == 2
     back = Manifest.load(tmp_path)
     assert back == m
-    assert back.num_records == 3
+    assert back.num_records == 24
     assert [p.name for p in tmp_path.iterdir()] == [MANIFEST]  # no temporary file left
 
 
@@ -42,6 +44,7 @@ def test_save_replaces(tmp_path: Path) -> None:
     m.save(tmp_path)
     m.generation = 5
     m.shards = []
+    m.index_runs = []
     m.save(tmp_path)
     back = Manifest.load(tmp_path)
     assert back.generation == 5 and back.shards == [] and back.num_records == 0

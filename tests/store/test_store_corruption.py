@@ -407,3 +407,18 @@ def test_unreadable_file_is_a_corruption_error(store_root: Path) -> None:
             touch_everything(store_root)
     finally:
         path.chmod(0o644)
+
+
+def test_overlapping_or_empty_index_runs_are_corruption(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "s"
+    with ss.create(path, {"x": ss.Field("int8")}, max_shard_records=1) as w:
+        for i in range(3):
+            w.append({"x": i}, id=f"r{i}")
+    m = json.loads((path / "manifest.json").read_text())
+    m["index_runs"] = [{"name": "_index/run-000001-000001", "first_shard": 1, "end_shard": 1, "records": 0,
+                        "level": 1}]
+    (path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ss.CorruptionError, match="index run"):
+        ss.open(path)

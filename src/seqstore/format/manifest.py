@@ -186,6 +186,12 @@ class Manifest:
             IndexRun(str(r["name"]), int(r["first_shard"]), int(r["end_shard"]), int(r["records"]), int(r["level"]))
             for r in obj.get("index_runs", [])
         ]
+        covered = 0
+        for r in runs:  # in shard order, non-empty, not overlapping, inside the shard list
+            if not covered <= r.first_shard < r.end_shard <= len(shards) or r.records < 0:
+                raise ValueError(f"index run {r.name!r} covers shards [{r.first_shard}, {r.end_shard}): "
+                                 f"expected ordered, non-overlapping ranges inside [0, {len(shards)})")
+            covered = r.end_shard
         metadata = obj.get("metadata", {})
         stats = obj.get("stats", {})
         if not isinstance(metadata, dict) or not isinstance(stats, dict):

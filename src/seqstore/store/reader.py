@@ -15,6 +15,7 @@ field is a zero-copy strided view of its column range. :meth:`Store.matrix` and
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
 import os
 from collections.abc import Iterator, Sequence
@@ -64,7 +65,12 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
     try:
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):  # the process, not the file
+            raise OSError(exc.errno, f"{path}: cannot map ({exc.strerror}); each mapped file holds a "
+                          "descriptor: raise the open-files limit (ulimit -n)") from exc
+        raise CorruptionError(f"{path}: cannot map ({exc})") from exc
+    except ValueError as exc:
         raise CorruptionError(f"{path}: cannot map ({exc})") from exc
     return np.frombuffer(mm, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
