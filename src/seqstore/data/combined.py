@@ -143,21 +143,23 @@ class EpochWindows:
 
     def map(self, u: IntArray) -> IntArray:
         """Combined index of each union position (int64 array in, int64 array out). Vectorised per child."""
-        sp = Split(np.asarray(u, dtype=np.int64), self.start_K)
-        out = np.empty(len(u), dtype=np.int64)
-        for k, pos in sp.groups():
-            out[pos] = self._child_local(k, sp.local[pos]) + self.start_N[k]
-        return out
+        return self._map(u, None)[0]
 
     def map_lengths(self, u: IntArray, lengths: Sequence[LengthsView]) -> tuple[IntArray, IntArray]:
         """(combined index, length) of union positions ``u`` in one pass; ``lengths``: the children's views."""
+        out, lens = self._map(u, lengths)
+        assert lens is not None
+        return out, lens
+
+    def _map(self, u: IntArray, lengths: Sequence[LengthsView] | None) -> tuple[IntArray, IntArray | None]:
         sp = Split(np.asarray(u, dtype=np.int64), self.start_K)
         out = np.empty(len(u), dtype=np.int64)
-        lens = np.empty(len(u), dtype=np.int64)
+        lens = None if lengths is None else np.empty(len(u), dtype=np.int64)
         for k, pos in sp.groups():
             local = self._child_local(k, sp.local[pos])
             out[pos] = local + self.start_N[k]
-            lens[pos] = lengths[k].take(local)
+            if lens is not None and lengths is not None:
+                lens[pos] = lengths[k].take(local)
         return out, lens
 
     def __reduce__(self) -> tuple[Any, ...]:
