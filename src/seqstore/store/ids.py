@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import SchemaError
 
-__all__ = ["encode_ids", "hash_ids", "hash_one", "id_equal", "merge_runs", "FNV_OFFSET", "FNV_PRIME"]
+__all__ = ["encode_ids", "hash_ids", "hash_one", "probe_sorted", "id_equal", "merge_runs", "FNV_OFFSET", "FNV_PRIME"]
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -111,3 +111,48 @@ def merge_runs(hashes: Any, rows: Any, starts: Any, out_hash: Any, out_rows: Any
         out_hash[i] = hashes[pos[best]]
         out_rows[i] = rows[pos[best]]
         pos[best] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def probe_sorted(
+    qh: Any, qorder: Any, hashes: Any, rows: Any, sdata: Any, soff: Any, qdata: Any, qoff: Any, base: Any, result: Any
+) -> bool:  # pragma: no cover - numba
+    """For queries ``qorder`` (sorted by their hashes ``qh``) find the lowest local row of one shard's
+    sorted hash index whose id bytes equal the query's, and write ``row + base`` to ``result``.
+    Sorted queries let each binary search start where the previous one ended. Returns False (and
+    stops) if the index names a row outside the shard: the caller reports corruption."""
+    n = hashes.shape[0]
+    n_rows = soff.shape[0] - 1
+    j = 0
+    for t in range(qorder.shape[0]):
+        q = qorder[t]
+        h = qh[q]
+        lo = j
+        hi = n
+        while lo < hi:  # first position with hashes[pos] >= h, searching from j
+            mid = (lo + hi) // 2
+            if hashes[mid] < h:
+                lo = mid + 1
+            else:
+                hi = mid
+        j = lo
+        b0 = qoff[q]
+        b1 = qoff[q + 1]
+        k = lo
+        while k < n and hashes[k] == h:
+            r = rows[k]
+            if r < 0 or r >= n_rows:
+                return False
+            a0 = soff[r]
+            a1 = soff[r + 1]
+            if a1 - a0 == b1 - b0:
+                eq = True
+                for x in range(a1 - a0):
+                    if sdata[a0 + x] != qdata[b0 + x]:
+                        eq = False
+                        break
+                if eq:
+                    result[q] = r + base
+                    break
+            k += 1
+    return True

@@ -30,7 +30,7 @@ from ..errors import CorruptionError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
-from .ids import encode_ids, hash_ids, hash_one, id_equal
+from .ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
 from .writer import IDS
 
 __all__ = ["Store", "open_store", "Lengths"]
@@ -805,12 +805,37 @@ class Store:
                 return np.full(qn, missing if isinstance(missing, int) else -1, dtype=np.int64)
             raise KeyError(f"{self.root}: records have no ids")
         qdata, qoff = encode_ids(ids)
+        result = self.index_encoded(qdata, qoff)
+        todo = np.flatnonzero(result < 0)
+        if len(todo):
+            if missing == "error":
+                names = ", ".join(repr(ids[int(t)]) for t in todo[:10])
+                raise KeyError(f"{len(todo)} id(s) not in {self.root}: {names}")
+            result[todo] = int(missing)
+        return result
+
+    def index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Global indexes of ids given as utf-8 bytes ``qdata[qoff[i]:qoff[i+1]]`` (int64 offsets from 0),
+        -1 where absent; what :meth:`index_many` and joins between stores use. Vectorised per probed
+        index; memory O(queries + candidates)."""
+        if not self.has_ids:
+            return np.full(len(qoff) - 1, -1, dtype=np.int64)
         q = hash_ids(qdata, qoff)
         result = np.full(len(q), -1, dtype=np.int64)
         todo = np.arange(len(q), dtype=np.int64)
         for _first, hashes, rows, base in self._probe_targets():
             if len(todo) == 0:
                 break
+            sh = self._shards[_first]
+            if not self._id_last and sh is not None and rows is sh.id_rows:
+                # a shard's own index (first-id lookup): one numba pass over the hash-sorted queries
+                assert sh.ids is not None and sh.id_offsets is not None
+                qorder = todo[np.argsort(q[todo], kind="stable")]
+                fine = probe_sorted(q, qorder, hashes, rows, sh.ids, sh.id_offsets, qdata, qoff, np.int64(base), result)
+                if not fine:
+                    raise CorruptionError(f"{sh.path / (IDS + '.hash_rows.npy')}: names rows outside the shard")
+                todo = todo[result[todo] < 0]
+                continue
             qh = q[todo]
             lo = np.searchsorted(hashes, qh, side="left")
             hi = np.searchsorted(hashes, qh, side="right")
@@ -836,13 +861,6 @@ class Store:
             newly = np.unique(found_q)
             result[newly] = best[newly]
             todo = todo[result[todo] < 0]
-        if self._id_last:
-            todo = todo[result[todo] < 0]
-        if len(todo):
-            if missing == "error":
-                names = ", ".join(repr(ids[int(t)]) for t in todo[:10])
-                raise KeyError(f"{len(todo)} id(s) not in {self.root}: {names}")
-            result[todo] = int(missing)
         return result
 
 
