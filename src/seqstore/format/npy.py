@@ -1,8 +1,9 @@
 """``.npy`` headers of a fixed size, so a file can be written before its final shape is known.
 
 seqstore writes every data file as a standard NumPy ``.npy`` file (format 1.0) whose header is padded
-to exactly :data:`HEADER_BYTES` bytes. The writer puts a provisional shape first and rewrites the
-header in place when the shard is finished; the data always starts at byte :data:`HEADER_BYTES`.
+to exactly :data:`HEADER_BYTES` bytes, or to :data:`PAGE_HEADER_BYTES` for a file written with direct
+I/O (its data then starts on a page boundary). The writer puts a provisional shape first and rewrites
+the header in place, at the same size, when the shard is finished.
 Readers accept any valid 1.0/2.0/3.0 header (so files written by ``np.save`` also open).
 """
 
@@ -18,9 +19,10 @@ import numpy as np
 
 from ..errors import CorruptionError
 
-__all__ = ["HEADER_BYTES", "NpyHeader", "encode_header", "write_header", "read_header"]
+__all__ = ["HEADER_BYTES", "PAGE_HEADER_BYTES", "NpyHeader", "encode_header", "write_header", "read_header"]
 
 HEADER_BYTES = 128
+PAGE_HEADER_BYTES = 4096
 _MAGIC = b"\x93NUMPY"
 
 
@@ -37,23 +39,25 @@ class NpyHeader:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def encode_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
-    """Return a format-1.0 ``.npy`` header of exactly HEADER_BYTES bytes."""
+def encode_header(dtype: np.dtype[Any], shape: tuple[int, ...], size: int = HEADER_BYTES) -> bytes:
+    """Return a format-1.0 ``.npy`` header of exactly ``size`` bytes (a multiple of 64)."""
     shape_repr = repr(tuple(int(s) for s in shape))
     text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': {shape_repr}, }}"
-    body_len = HEADER_BYTES - len(_MAGIC) - 4
+    if size % 64 or not 64 <= size <= 65536:
+        raise ValueError(f"npy header size must be a multiple of 64 from 64 to 65536, got {size}")
+    body_len = size - len(_MAGIC) - 4
     if len(text) + 1 > body_len:
-        raise ValueError(f"npy header for shape {shape} does not fit in {HEADER_BYTES} bytes")
+        raise ValueError(f"npy header for shape {shape} does not fit in {size} bytes")
     body = text.ljust(body_len - 1) + "\n"
     return _MAGIC + b"\x01\x00" + struct.pack("<H", body_len) + body.encode("latin1")
 
 
-def write_header(f: BinaryIO, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
-    """Write (or rewrite in place) the header at the start of ``f``; the position is restored."""
+def write_header(f: BinaryIO, dtype: np.dtype[Any], shape: tuple[int, ...], size: int = HEADER_BYTES) -> None:
+    """Write (or rewrite in place) the ``size``-byte header at the start of ``f``; the position is restored."""
     pos = f.tell()
     f.seek(0)
-    f.write(encode_header(dtype, shape))
-    f.seek(max(pos, HEADER_BYTES))
+    f.write(encode_header(dtype, shape, size))
+    f.seek(max(pos, size))
 
 
 def parse_header(raw: bytes, path: str | os.PathLike[str]) -> NpyHeader:

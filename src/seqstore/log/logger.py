@@ -29,6 +29,7 @@ Duplicate ids (``on_duplicate``):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import sys
@@ -45,6 +46,7 @@ import numpy as np
 from ..errors import SchemaError, SeqstoreError
 from ..format.manifest import MANIFEST, Manifest
 from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
+from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
 from ..store.writer import Writer, open_or_create
 from ._tensors import HostStager, ids_to_str, infer_field
@@ -78,6 +80,18 @@ def default_packing(schema: Schema) -> dict[str, list[str]]:
             gname += "_"
         out[gname] = names
     return out
+
+
+def _buffer_rows(flush_bytes: int, row_bytes: list[int]) -> int:
+    """Records per buffer: as many as fit in ``flush_bytes``, rounded down (when that leaves any) to a
+    count that makes every unit's buffer a whole number of pages, so that one full buffer after another
+    keeps each file's end page aligned for direct I/O."""
+    cap = max(1, flush_bytes // max(sum(row_bytes), 1))
+    step = 1
+    for rb in row_bytes:
+        if rb:
+            step = math.lcm(step, ALIGN // math.gcd(rb, ALIGN))
+    return cap - cap % step if cap >= step else cap
 
 
 def _default_rank() -> int:
@@ -139,7 +153,7 @@ class Logger:
         schema: a (nested) dict of name -> :class:`~seqstore.Field` (fixed shapes only). None: inferred
             from the first :meth:`log` call (dtype and ``shape[1:]`` of each tensor).
         flush_bytes: bytes of one host buffer (two exist at most). A buffer holds
-            ``max(1, flush_bytes // record_bytes)`` records.
+            about ``flush_bytes // record_bytes`` records (at least one; rounded down to whole pages).
         commit_every_s: commit (make durable and visible) at least this often while logging.
         on_duplicate: ``"keep_first"``, ``"keep_last"`` or ``"error"`` (module docstring).
         rank: this process's rank (default: ``torch.distributed.get_rank()`` when initialised, else 0);
@@ -149,6 +163,11 @@ class Logger:
             ``{group: [fields]}`` dict, or False for one file per field. Ignored when the store exists.
         shard_bytes: a shard is committed when it reaches this size.
         metadata: user metadata for a new store.
+        direct_io: write the buffers with ``O_DIRECT`` where the filesystem allows it (default): the
+            data goes from the page-aligned buffers to the device without a copy into the page cache,
+            which on most machines is the largest CPU cost of logging, and the log does not evict
+            training data from the cache. Readers then read it from disk, not from the cache, the
+            first time. False: ordinary buffered writes.
 
     Thread safety: call ``log``/``flush``/``close`` from one thread (the training loop).
     """
@@ -158,13 +177,14 @@ class Logger:
         path: str | os.PathLike[str],
         *,
         schema: Mapping[str, Any] | Schema | None = None,
-        flush_bytes: int = 256 << 20,
+        flush_bytes: int = 64 << 20,
         commit_every_s: float = 60.0,
         on_duplicate: str = "keep_first",
         rank: int | None = None,
         packed: bool | Mapping[str, list[str]] = True,
         shard_bytes: int = 1 << 30,
         metadata: Mapping[str, Any] | None = None,
+        direct_io: bool = True,
     ) -> None:
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate must be one of {DUPLICATE_POLICIES}, got {on_duplicate!r}")
@@ -178,6 +198,7 @@ class Logger:
         self._packed = packed
         self._shard_bytes = shard_bytes
         self._metadata = dict(metadata or {})
+        self._direct_io = bool(direct_io)
         self._stager = HostStager()
         self._writer: Writer | None = None
         self._reader: Store | None = None
@@ -185,6 +206,7 @@ class Logger:
         self._units: list[tuple[str, Field]] = []
         self._error: BaseException | None = None
         self._closed = False
+        self._closing = False
         self._thread: threading.Thread | None = None
         self._work: queue.Queue[_Job] = queue.Queue()
         self._free: queue.Queue[_Buffer] = queue.Queue()
@@ -233,17 +255,18 @@ class Logger:
             shard_bytes=self._shard_bytes,
             buffer_bytes=1,  # every append_batch is written through at once: no second copy
             metadata=self._metadata,
+            direct_io=self._direct_io,
         )
         self.schema = self._writer.schema
         self._units = self.schema.storage_units()
-        record_bytes = sum(f.row_bytes for _, f in self._units)
-        self._cap = max(1, self.flush_bytes // max(record_bytes, 1))
+        self._cap = _buffer_rows(self.flush_bytes, [f.row_bytes for _, f in self._units])
         self._reader = Store(self.path)
         self._thread = threading.Thread(target=self._run, name=f"seqstore-logger-{self.rank}", daemon=True)
         self._thread.start()
 
     def _new_buffer(self) -> _Buffer:
-        arrays = {name: np.empty((self._cap, *f.inner_shape), dtype=f.storage_dtype) for name, f in self._units}
+        # page aligned, so that full buffers can be written with direct I/O
+        arrays = {name: aligned_empty((self._cap, *f.inner_shape), f.storage_dtype) for name, f in self._units}
         return _Buffer(arrays, self._cap)
 
     def _take_buffer(self) -> _Buffer:
@@ -263,12 +286,8 @@ class Logger:
     # ------------------------------------------------------------------------------- background
 
     def _run(self) -> None:
-        try:
-            _warm_up_kernels()  # loads the numba id kernels from their cache while the training thread works
-        except BaseException as exc:  # noqa: BLE001 - handed to the training thread; the loop keeps serving
-            log.error("%s: background writer failed to start: %r", self.path, exc)
-            self._error = exc
         last_commit = time.monotonic()
+        warm = False
         written_seq = -1
         dirty = False
         while True:
@@ -289,6 +308,11 @@ class Logger:
                         assert self._writer is not None
                         self._writer.commit()
                         self._num_committed = self._writer.num_committed
+                        if not warm and not self._closing:
+                            # the training thread looks ids up in committed shards from now on (numba
+                            # kernels): load them here, once, before it sees the commit
+                            warm = True
+                            _warm_up_kernels()
                         self._committed_seq = written_seq
                         last_commit = now
                         dirty = False
@@ -510,6 +534,7 @@ class Logger:
         """
         if self._closed:
             return
+        self._closing = True
         try:
             if self._thread is not None and self._error is None:
                 self._handoff(commit=True, wait=True)

@@ -61,12 +61,43 @@ def hash_one(key: bytes) -> int:
     return int(_hash_range(np.frombuffer(key, dtype=np.uint8), 0, len(key)))
 
 
+# Below this many id bytes, and while the numba kernel is not loaded in this process, ids are hashed
+# with numpy: the first numba call of a process costs about 0.3 s (holding the GIL), which a Logger
+# writing its first buffers should not pay. Both give the same hashes (tests/store/test_store_ids.py).
+NUMPY_HASH_BYTES = 1 << 22
+
+
 def hash_ids(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """Hash every id (bytes ``data[offsets[i]:offsets[i+1]]``) to uint64. O(total bytes)."""
     out = np.empty(len(offsets) - 1, dtype=np.uint64)
     if len(out):
-        _hash_kernel(data, offsets, out)
+        if _hash_kernel.signatures or int(offsets[-1]) - int(offsets[0]) > NUMPY_HASH_BYTES:
+            _hash_kernel(data, offsets, out)
+        else:
+            _hash_numpy(np.asarray(data), np.asarray(offsets), out)
     return out
+
+
+def _hash_numpy(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
+    """The id hash of every id, vectorised over ids one byte position at a time (numpy integer
+    arrays wrap on overflow, as the hash wants)."""
+    starts = offsets[:-1].astype(np.int64)
+    lengths = offsets[1:].astype(np.int64) - starts
+    h = np.full(len(lengths), FNV_OFFSET, dtype=np.uint64)
+    shortest = int(lengths.min())
+    for j in range(int(lengths.max())):
+        if j < shortest:  # every id has a byte here
+            h ^= data[starts + j]
+            h *= FNV_PRIME
+        else:
+            live = np.flatnonzero(lengths > j)
+            h[live] = (h[live] ^ data[starts[live] + j]) * FNV_PRIME
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    out[:] = h
 
 
 @numba.njit(cache=True, nogil=True)

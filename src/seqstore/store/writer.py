@@ -14,6 +14,7 @@ name, which is written without any per-field copy.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -33,8 +34,9 @@ import numpy as np
 
 from ..errors import LockError, SchemaError, SeqstoreError
 from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
-from ..format.npy import HEADER_BYTES, encode_header, write_header
+from ..format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header, write_header
 from ..schema import Field, Schema, flatten_values, to_storage_array
+from .directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
 from .ids import encode_ids, hash_ids, merge_runs
 
 __all__ = ["Writer", "create", "append_to", "open_or_create", "store_lock"]
@@ -47,6 +49,8 @@ INDEX_DIR = "_index"
 MERGE_FANIN = 8
 # A batch piece at least this large is written straight from the caller's arrays (no buffer copy).
 DIRECT_BYTES = 4 << 20
+# With direct_io, an append of a fixed-size column at least this large bypasses the page cache.
+DIRECT_IO_BYTES = 1 << 20
 
 
 @contextmanager
@@ -143,17 +147,36 @@ def _coalesce(parts: list[np.ndarray[Any, Any]], target: int = DIRECT_BYTES) -> 
 
 
 class _ColumnFile:
-    """One growing ``.npy`` file of a shard: provisional header, sequential appends, running CRC-32."""
+    """One growing ``.npy`` file of a shard: provisional header, sequential appends, running CRC-32.
 
-    def __init__(self, path: Path, dtype: np.dtype[Any], inner: tuple[int, ...], crc_pool: ThreadPoolExecutor):
+    ``direct``: large aligned appends go through an ``O_DIRECT`` descriptor (store/directio.py) and the
+    header is one page, so the data starts aligned. An append that is small, or whose memory or file
+    position is not aligned, and the unaligned tail of one that is, go through the page cache as usual.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        dtype: np.dtype[Any],
+        inner: tuple[int, ...],
+        crc_pool: ThreadPoolExecutor,
+        *,
+        direct: bool = False,
+    ):
         self.path = path
         self.dtype = dtype
         self.inner = inner
         self.rows = 0
         self._pool = crc_pool
         self._crc: Future[int] | None = None
+        self._header = PAGE_HEADER_BYTES if direct else HEADER_BYTES
         self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in finish()/abort()
-        self._f.write(encode_header(dtype, (0, *inner)))
+        self._f.write(encode_header(dtype, (0, *inner), self._header))
+        self._pos = self._header
+        self._direct: int | None = None
+        if direct:
+            self._f.flush()
+            self._direct = open_direct(path)
 
     def write(self, arr: np.ndarray[Any, Any]) -> Future[int]:
         """Append rows (``arr`` has this file's dtype and inner shape and is C-contiguous)."""
@@ -164,23 +187,46 @@ class _ColumnFile:
             return zlib.crc32(buf, prev.result() if prev is not None else 0)
 
         self._crc = self._pool.submit(chained)
+        body = len(buf) - len(buf) % ALIGN
+        if self._direct is not None and body >= DIRECT_IO_BYTES and self._pos % ALIGN == 0 and is_aligned(arr):
+            self._f.flush()  # what went through the page cache lands before the direct write
+            try:
+                pwrite_all(self._direct, buf[:body], self._pos)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # the device wants a larger alignment than ALIGN: page cache from now on
+                log.debug("%s: direct write refused (%s); writing through the page cache", self.path, exc)
+                self._close_direct()
+                body = 0
+            self._pos += body
+            self._f.seek(self._pos)
+            buf = buf[body:]
         self._f.write(buf)
+        self._pos += len(buf)
         self.rows += arr.shape[0] if arr.ndim else 1
         return self._crc
 
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
+
     def finish(self) -> FileInfo:
         """Write the final header, fsync, close; return size and CRC."""
-        write_header(self._f, self.dtype, (self.rows, *self.inner))
+        write_header(self._f, self.dtype, (self.rows, *self.inner), self._header)
         self._f.flush()
         os.fsync(self._f.fileno())
         size = self._f.tell()
         self._f.close()
+        self._close_direct()
         crc = self._crc.result() if self._crc is not None else 0
         return FileInfo(size, crc)
 
     def abort(self) -> None:
         if not self._f.closed:
             self._f.close()
+        self._close_direct()
 
 
 class Writer:
@@ -189,6 +235,12 @@ class Writer:
     Records are buffered up to ``buffer_bytes`` and then written to the current shard; a shard is
     committed when it reaches ``shard_bytes`` or ``max_shard_records``, on :meth:`commit`, and on
     :meth:`close`. Leaving a ``with`` block by an exception discards what was not committed.
+
+    ``direct_io=True`` writes large appends of fixed-size columns with ``O_DIRECT`` (no copy into the
+    page cache, which is most of the CPU cost of writing GB/s; store/directio.py) where the filesystem
+    supports it. Those files get a one-page header. Appends come straight from page-aligned arrays
+    (:func:`~seqstore.store.directio.aligned_empty`, as the Logger's buffers are) or from the writer's
+    own staging arrays.
     """
 
     def __init__(
@@ -198,10 +250,12 @@ class Writer:
         shard_bytes: int = 1 << 30,
         buffer_bytes: int = 64 << 20,
         max_shard_records: int = 1 << 24,
+        direct_io: bool = False,
     ) -> None:
         if shard_bytes <= 0 or buffer_bytes <= 0 or max_shard_records <= 0:
             raise ValueError("shard_bytes, buffer_bytes and max_shard_records must be positive")
         self.root = root
+        self.direct_io = bool(direct_io)
         self.shard_bytes = shard_bytes
         self.buffer_bytes = buffer_bytes
         self.max_shard_records = max_shard_records
@@ -251,7 +305,9 @@ class Writer:
         for name, f in self._units:
             path = cur / f"{name}.npy"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._files[name] = _ColumnFile(path, f.storage_dtype, f.inner_shape, self._pool)
+            self._files[name] = _ColumnFile(
+                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io and not f.ragged
+            )
             if f.ragged:
                 off = _ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self._pool)
                 off.write(np.zeros(1, dtype="<i8"))
@@ -491,7 +547,8 @@ class Writer:
         if spare is not None and spare.shape[0] >= capacity and spare.dtype == piece.dtype:
             arr = spare
         else:
-            arr = np.empty((capacity, *piece.shape[1:]), dtype=piece.dtype)
+            shape = (capacity, *piece.shape[1:])
+            arr = aligned_empty(shape, piece.dtype) if self.direct_io else np.empty(shape, dtype=piece.dtype)
         arr[:rows] = piece
         view = arr[:rows]
         parts.append(view)
@@ -819,6 +876,7 @@ def create(
     metadata: Mapping[str, Any] | None = None,
     packed: Mapping[str, Sequence[str]] | None = None,
     id_lookup: str = "first",
+    direct_io: bool = False,
 ) -> Writer:
     """Create a new store at ``path`` and return a :class:`Writer` (a context manager).
 
@@ -826,6 +884,7 @@ def create(
     existing store; otherwise an existing path is an error. ``packed`` (``{group: [field, ...]}``)
     stores those fixed fields as one matrix per group (format version 2). ``id_lookup="last"`` makes
     ``index(id)`` return the last record written with an id instead of the first (version 2).
+    ``direct_io``: see :class:`Writer`.
     """
     root = Path(path)
     sch = _checked_schema(schema, packed, id_lookup)
@@ -837,7 +896,13 @@ def create(
         shutil.rmtree(root) if root.is_dir() else root.unlink()
     root.mkdir(parents=True)
     Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup).save(root)
-    return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
+    return Writer(
+        root,
+        shard_bytes=shard_bytes,
+        buffer_bytes=buffer_bytes,
+        max_shard_records=max_shard_records,
+        direct_io=direct_io,
+    )
 
 
 def _checked_schema(
@@ -866,6 +931,7 @@ def open_or_create(
     metadata: Mapping[str, Any] | None = None,
     packed: Mapping[str, Sequence[str]] | None = None,
     id_lookup: str = "first",
+    direct_io: bool = False,
 ) -> Writer:
     """A writer on the store at ``path``, creating it when it does not exist; safe when several
     processes (ranks) call it at once.
@@ -901,7 +967,13 @@ def open_or_create(
         raise SchemaError(f"{root}: existing store has schema {manifest.schema!r}, expected {sch!r}")
     if manifest.id_lookup != id_lookup:
         raise SchemaError(f"{root}: existing store has id_lookup {manifest.id_lookup!r}, expected {id_lookup!r}")
-    return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
+    return Writer(
+        root,
+        shard_bytes=shard_bytes,
+        buffer_bytes=buffer_bytes,
+        max_shard_records=max_shard_records,
+        direct_io=direct_io,
+    )
 
 
 def append_to(
@@ -910,8 +982,15 @@ def append_to(
     shard_bytes: int = 1 << 30,
     buffer_bytes: int = 64 << 20,
     max_shard_records: int = 1 << 24,
+    direct_io: bool = False,
 ) -> Writer:
     """Open an existing store to add shards. Many processes may do this at once."""
     root = Path(path)
     Manifest.load(root)  # clear error if it is not a store
-    return Writer(root, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
+    return Writer(
+        root,
+        shard_bytes=shard_bytes,
+        buffer_bytes=buffer_bytes,
+        max_shard_records=max_shard_records,
+        direct_io=direct_io,
+    )
