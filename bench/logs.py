@@ -4,18 +4,25 @@ Records: 3 modules x float32 (64, 64) gradients (48 KiB per record), string ids 
 A pool of 16 batches of 64 records is generated once per process (outside the timed part) and
 cycled; every batch gets new ids. Cases, each run in a fresh process (bench/harness.py):
 
-- ``write``: seqstore ``Logger`` (defaults: 256 MiB buffers, background thread, packed layout) logging
-  batches of 64 torch CPU tensors, then ``close()`` (commit: fsync + atomic manifest). LogIX:
-  ``LogSaver.buffer_write`` per batch + ``flush()`` (flush_threshold = 64 Mi elements = the same 256
-  MiB buffer, one worker as LogIX's default) + ``finalize()``. LogIX does not fsync; a second seqstore
-  row (``write_nofsync``) shows the time without the commit's fsync work on this disk.
+- ``write``: seqstore ``Logger`` (defaults: two 64 MiB page-aligned buffers written with direct I/O
+  by a background thread, packed layout) logging batches of 64 torch CPU tensors, then ``close()``
+  (commit: fsync + atomic manifest). LogIX: ``LogSaver.buffer_write`` per batch + ``flush()``
+  (flush_threshold = 16 Mi elements = the same 64 MiB, one worker as LogIX's default) +
+  ``finalize()``; each flush writes a ``np.memmap`` and calls its ``flush()`` (msync, so LogIX's data
+  is on disk too; its JSON metadata is not fsynced). Imports and the batch pool are made before the
+  timed part, for both. A second seqstore row (``write_nofsync``) shows the time without fsyncs.
 - ``metadata``: bytes per record that are not tensor data. seqstore: ``manifest.json`` + the id files
   (``_ids*.npy``: id bytes, offsets, sorted hashes and rows) + ``.npy`` headers. LogIX: the
   ``*_metadata.json`` files.
 - ``reopen``: ``seqstore.open(path)`` + ``store[0]``, vs LogIX ``LogDataset(logdir, flatten=False)`` +
-  ``ds[0]``; time and RSS growth (warm page cache: the logs were written just before).
-- ``reads``: 1,000 random records by position, each materialised (seqstore: ``store.nested(i)``
-  arrays copied; LogIX: ``ds[i]``, which clones torch tensors). Warm page cache.
+  ``ds[0]``; time and RSS growth (page cache warm for both).
+- ``reads``: 1,000 random records by position, warm (the second pass over the same rows; the first
+  pass, which maps the pages into the process, is ``reads_first``; both logs are read into the page
+  cache once before the read cases, since seqstore's direct I/O leaves nothing cached). A read gives the record's
+  tensors as owned arrays: seqstore ``store.nested(i, copy=True)`` (one copy of the record's packed
+  row, fields are views of it), LogIX ``ds[i]`` (one clone of the record, fields are views of it).
+  Also shown: ``reads_views``, seqstore's zero-copy ``store.nested(i)`` (LogIX has no such read: its
+  ``ds[i]`` again), and ``reads_touch``, each system's read followed by a numpy sum of every value.
 - ``lookups``: 1,000 random ids -> record: seqstore ``store.index(id)`` per id and ``index_many``
   for all; LogIX: its in-memory dict built at load (``ds.data_id_to_chunk[id]``). Not a goal, shown
   for completeness: LogIX pays for its dict in ``reopen``.
@@ -49,6 +56,9 @@ SHAPE = (64, 64)
 BATCH = 64
 POOL = 16
 NS = (10_000, 100_000)
+# LogIX flushes its buffer when it holds more than this many elements: 16 Mi float32 = 64 MiB, the
+# size of one seqstore Logger buffer (LogIX's own default, 1e9 elements, would hold 1e5 records in RAM)
+LOGIX_FLUSH_ELEMENTS = 16 << 20
 QUICK_NS = (10_000,)
 
 
@@ -82,31 +92,40 @@ def _du(path: Path, pred: Any) -> int:
 # ------------------------------------------------------------------------------------------ writers
 
 
-def write_seqstore(path: str, n: int, fsync: bool = True) -> None:
+def _setup(system: str) -> list[Any]:
+    """Import the system's writer and build the batch pool: done before the timed part."""
+    if system == "seqstore":
+        import seqstore.log  # noqa: F401
+    else:
+        _logix_on_path()
+        import logix.logging.log_saver  # noqa: F401
+    return _pool()
+
+
+def write_seqstore(path: str, n: int, fsync: bool = True, pool: list[Any] | None = None) -> None:
     import seqstore.store.writer as writer_mod
     from seqstore.log import Logger
 
-    pool = _pool()
+    pool = pool if pool is not None else _setup("seqstore")
     if not fsync:  # measurement aid only: what the commit's fsyncs cost on this disk
         os.fsync = lambda fd: None  # type: ignore[assignment]
         writer_mod.fsync_dir = lambda p: None  # type: ignore[assignment]
-    with Logger(path) as lg:
+    with Logger(path) as lg:  # defaults: 64 MiB buffers, direct I/O, background thread, packed layout
         for b in range(n // BATCH):
             t = pool[b % POOL]
             lg.log(_ids(b), {m: {"grad": t[m]} for m in MODULES})
 
 
-def write_logix(path: str, n: int) -> None:
-    _logix_on_path()
+def write_logix(path: str, n: int, pool: list[Any] | None = None) -> None:
     from types import SimpleNamespace
 
+    pool = pool if pool is not None else _setup("logix")
     from logix.batch_info import BatchInfo
     from logix.logging.log_saver import LogSaver
 
-    pool = _pool()
     os.makedirs(path, exist_ok=True)
     paths = [(m, "grad") for m in MODULES]
-    config = SimpleNamespace(log_dir=path, num_workers=1, flush_threshold=64 << 20)
+    config = SimpleNamespace(log_dir=path, num_workers=1, flush_threshold=LOGIX_FLUSH_ELEMENTS)
     saver = LogSaver(config, SimpleNamespace(get_state=lambda name: {"path": paths}))
     for b in range(n // BATCH):
         info = BatchInfo()
@@ -130,7 +149,18 @@ def _prepared(system: str, n: int) -> Path:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
         subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).resolve().parent.parent)
         done.touch()
+    _into_page_cache(path)
     return path
+
+
+def _into_page_cache(path: Path) -> None:
+    """Read every file of a log once, so that both systems' logs are in the page cache when the read
+    cases start (seqstore writes with direct I/O, which leaves nothing cached; LogIX's writes do)."""
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb", buffering=0) as f:
+                while f.read(16 << 20):
+                    pass
 
 
 # -------------------------------------------------------------------------------------------- cases
@@ -138,10 +168,11 @@ def _prepared(system: str, n: int) -> Path:
 
 def case_write_seqstore(n: int, fsync: bool = True) -> dict[str, object]:
     work = _workdir()
+    pool = _setup("seqstore")
     try:
         os.sync()
         with section():
-            write_seqstore(str(work / "log"), n, fsync=fsync)
+            write_seqstore(str(work / "log"), n, fsync=fsync, pool=pool)
         meta = _du(work / "log", lambda p: p.name == "manifest.json" or p.name.startswith("_ids"))
         headers = 128 * sum(1 for p in (work / "log").rglob("*.npy") if not p.name.startswith("_ids"))
     finally:
@@ -152,10 +183,11 @@ def case_write_seqstore(n: int, fsync: bool = True) -> dict[str, object]:
 
 def case_write_logix(n: int) -> dict[str, object]:
     work = _workdir()
+    pool = _setup("logix")
     try:
         os.sync()
         with section():
-            write_logix(str(work / "log"), n)
+            write_logix(str(work / "log"), n, pool=pool)
         meta = _du(work / "log", lambda p: p.name.endswith("_metadata.json"))
     finally:
         shutil.rmtree(work)
@@ -190,9 +222,14 @@ def _random_rows(n: int) -> list[int]:
     return np.random.default_rng(1).integers(0, n, 1000).tolist()
 
 
-def case_reads_seqstore(path: str) -> dict[str, object]:
+def _touch(rec: dict[str, Any]) -> float:
+    """Read every value of a record (the same numpy reduction for both systems)."""
     import numpy as np
 
+    return sum(float(np.asarray(rec[m]["grad"]).sum()) for m in MODULES)
+
+
+def case_reads_seqstore(path: str) -> dict[str, object]:
     import seqstore
 
     st = seqstore.open(path)
@@ -201,9 +238,15 @@ def case_reads_seqstore(path: str) -> dict[str, object]:
     for name in ("reads_first", "reads"):  # first pass: maps and faults pages in; second: warm
         with section(name):
             for i in rows:
-                rec = st.nested(i)
-                arrs = [np.array(rec[m]["grad"]) for m in MODULES]
-                total += float(arrs[0][0, 0])
+                rec = st.nested(i, copy=True)  # owned arrays: one copy of the record's packed row
+                total += float(rec["fc1"]["grad"][0, 0])
+    with section("reads_views"):
+        for i in rows:
+            rec = st.nested(i)  # zero-copy views into the mapped file
+            total += float(rec["fc1"]["grad"][0, 0])
+    with section("reads_touch"):
+        for i in rows:
+            total += _touch(st.nested(i))
     return {"us_per_read": section_time("reads") / len(rows) * 1e6, "check": total}
 
 
@@ -214,11 +257,14 @@ def case_reads_logix(path: str) -> dict[str, object]:
     ds = LogDataset(path, flatten=False)
     rows = _random_rows(len(ds))
     total = 0.0
-    for name in ("reads_first", "reads"):
+    for name in ("reads_first", "reads", "reads_views"):  # LogIX has one read: a clone of the record
         with section(name):
             for i in rows:
                 _, rec = ds[i]
                 total += float(rec["fc1"]["grad"][0, 0])
+    with section("reads_touch"):
+        for i in rows:
+            total += _touch(ds[i][1])
     return {"us_per_read": section_time("reads") / len(rows) * 1e6, "check": total}
 
 
@@ -307,7 +353,8 @@ def main() -> None:
                                   group=f"similarity {g}", metric="GFLOP_per_s"))
     res = run_cases("logging" + ("_quick" if args.quick else ""), cases, baseline=["logix", "dot"],
                     repeats=args.repeats)
-    print_table(res, sections=["main", "reopen", "reads_first", "reads", "lookups", "index_many", "similarity"],
+    print_table(res, sections=["main", "reopen", "reads_first", "reads", "reads_views", "reads_touch", "lookups",
+                               "index_many", "similarity"],
                 extras=["rec_per_s", "meta_B_per_rec", "records", "us_per_read", "us_per_lookup", "GFLOP_per_s"])
     summary = {}
     for n in ns:
@@ -324,8 +371,12 @@ def main() -> None:
             "write_speedup without fsync": w_l["time_s"] / w_n["time_s"],
             "reopen_speedup (goal >= 100 at 1e5)": o_l["time_s"] / o_s["time_s"],
             "reopen_rss_growth_MiB seqstore/logix": (o_s["rss_growth"] / 2**20, o_l["rss_growth"] / 2**20),
-            "reads_speedup warm (goal >= 5)": r_l["time_s"] / r_s["time_s"],
+            "reads_speedup warm, owned copies (goal >= 5)": r_l["time_s"] / r_s["time_s"],
             "reads_speedup first pass": c_l["time_s"] / c_s["time_s"],
+            "reads_speedup zero-copy views": lookup(res, "logix", f"reads {g}", "reads_views")["time_s"]
+            / lookup(res, "seqstore", f"reads {g}", "reads_views")["time_s"],
+            "reads_speedup every value summed": lookup(res, "logix", f"reads {g}", "reads_touch")["time_s"]
+            / lookup(res, "seqstore", f"reads {g}", "reads_touch")["time_s"],
         }
     g0 = f"N={ns[0]:.0e}".replace("+0", "")
     sim = lookup(res, "seqstore", f"similarity {g0}")["GFLOP_per_s"] / lookup(res, "dot", f"similarity {g0}")[

@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqstore as ss
-from seqstore.format.npy import HEADER_BYTES, encode_header, parse_header, read_header, write_header
+from seqstore.format.npy import (
+    HEADER_BYTES,
+    PAGE_HEADER_BYTES,
+    encode_header,
+    parse_header,
+    read_header,
+    write_header,
+)
 
 DTYPES = ["<i1", "<u2", "<i4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16", "|b1", "|u1"]
 
@@ -51,6 +58,80 @@ def test_np_load_of_a_file_written_in_two_steps(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.load(p, mmap_mode="r"), data)
     h = read_header(p)
     assert h.shape == (8, 3) and h.data_bytes == data.nbytes
+
+
+@given(
+    st.sampled_from(DTYPES),
+    st.lists(st.integers(0, 5), max_size=4),
+    st.integers(0, 10**12),
+)
+@settings(max_examples=30, deadline=None)
+def test_page_header_is_standard_npy(dtype: str, inner: list[int], rows: int) -> None:
+    """A one-page header (direct I/O files): seqstore and numpy both put the data at byte 4096."""
+    dt = np.dtype(dtype)
+    shape = (rows, *inner)
+    raw = encode_header(dt, shape, PAGE_HEADER_BYTES)
+    assert len(raw) == PAGE_HEADER_BYTES == 4096 and raw.endswith(b"\n")
+    h = parse_header(raw, "x.npy")
+    assert h.dtype == dt and h.shape == shape and h.data_offset == PAGE_HEADER_BYTES
+    f = io.BytesIO(raw)
+    assert np.lib.format.read_magic(f) == (1, 0)
+    shp, fortran, dt2 = np.lib.format.read_array_header_1_0(f)
+    assert shp == shape and not fortran and dt2 == dt
+    assert f.tell() == PAGE_HEADER_BYTES  # where numpy starts reading the data
+
+
+def test_page_header_file_in_two_steps(tmp_path: Path) -> None:
+    """A one-page header rewritten in place keeps its size, the file position and the data after it;
+    np.load (also memory-mapped, at offset 4096) and read_header read the file."""
+    p = tmp_path / "a.npy"
+    data = np.arange(30, dtype=np.int64).reshape(10, 3)
+    with open(p, "w+b") as f:
+        write_header(f, data.dtype, (0, 3), PAGE_HEADER_BYTES)  # on an empty file: position after it
+        assert f.tell() == PAGE_HEADER_BYTES
+        f.write(data[:6].tobytes())
+        write_header(f, data.dtype, (6, 3), PAGE_HEADER_BYTES)
+        assert f.tell() == PAGE_HEADER_BYTES + data[:6].nbytes
+        f.write(data[6:].tobytes())
+        write_header(f, data.dtype, (10, 3), PAGE_HEADER_BYTES)
+        assert f.tell() == PAGE_HEADER_BYTES + data.nbytes
+    raw = p.read_bytes()
+    assert len(raw) == PAGE_HEADER_BYTES + data.nbytes and raw[PAGE_HEADER_BYTES:] == data.tobytes()
+    assert raw[:PAGE_HEADER_BYTES] == encode_header(data.dtype, (10, 3), PAGE_HEADER_BYTES)
+    np.testing.assert_array_equal(np.load(p), data)
+    mm = np.load(p, mmap_mode="r")
+    assert mm.offset == PAGE_HEADER_BYTES
+    np.testing.assert_array_equal(mm, data)
+    h = read_header(p)
+    assert h.shape == (10, 3) and h.data_offset == PAGE_HEADER_BYTES
+    assert h.data_offset + h.data_bytes == p.stat().st_size
+
+
+@pytest.mark.parametrize("size", [128, 192, PAGE_HEADER_BYTES, 65536])
+def test_valid_header_sizes(size: int) -> None:
+    raw = encode_header(np.dtype("<f4"), (7,), size)
+    assert len(raw) == size
+    h = parse_header(raw, "x.npy")
+    assert h.shape == (7,) and h.data_offset == size
+
+
+@pytest.mark.parametrize("size", [100, 32, 65600, 0, -64, 4095, 65536 + 64])
+def test_invalid_header_sizes(tmp_path: Path, size: int) -> None:
+    """Sizes that are not a multiple of 64 in [64, 65536] are refused."""
+    with pytest.raises(ValueError, match="multiple of 64"):
+        encode_header(np.dtype("<f4"), (3,), size)
+    with open(tmp_path / "h.npy", "wb") as f, pytest.raises(ValueError):
+        write_header(f, np.dtype("<f4"), (3,), size)
+
+
+def test_header_that_does_not_fit_its_size() -> None:
+    """A valid size still has to hold the header text: a page holds shapes that 128 bytes do not."""
+    with pytest.raises(ValueError, match="does not fit in 64 bytes"):
+        encode_header(np.dtype("|b1"), (), 64)  # the shortest header text is 55 bytes
+    shape = (10**12, *([1] * 30))
+    with pytest.raises(ValueError, match="does not fit in 128 bytes"):
+        encode_header(np.dtype("<f4"), shape)
+    assert parse_header(encode_header(np.dtype("<f4"), shape, PAGE_HEADER_BYTES), "x.npy").shape == shape
 
 
 @pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])

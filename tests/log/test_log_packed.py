@@ -104,6 +104,43 @@ def test_round_trip_views_and_matrix(scratch: Path) -> None:
         st.matrix("nope")
 
 
+def test_nested_copy_is_owned_with_one_copy_per_group(scratch: Path) -> None:
+    root = scratch / "s"
+    recs = _write(root)
+    st = ss.open(root)
+    for i in (0, 6, 7, 29):  # first and last rows of shards
+        got = st.nested(i, copy=True)
+        assert set(got) == {"layer1", "layer2", "loss", "label", "tokens"}
+        np.testing.assert_array_equal(got["layer1"]["grad"], recs[i]["layer1/grad"])
+        np.testing.assert_array_equal(got["layer2"]["grad"], recs[i]["layer2/grad"])
+        np.testing.assert_array_equal(got["loss"], recs[i]["loss"])
+        np.testing.assert_array_equal(got["label"], recs[i]["label"])
+        np.testing.assert_array_equal(got["tokens"], recs[i]["tokens"])
+        grad = got["layer1"]["grad"]
+        assert grad.flags.writeable and got["tokens"].flags.writeable and got["label"].flags.writeable
+        assert grad.base is got["layer2"]["grad"].base is got["loss"].base  # one copy of the packed row
+        sh = st._shard(st._locate(i)[0])
+        assert not any(np.shares_memory(a, sh.groups["g"]) for a in (grad, got["loss"]))
+        grad[0, 0] = 1e9  # writing the copy leaves the store alone
+        assert st[i]["layer1/grad"][0, 0] == recs[i]["layer1/grad"][0, 0]
+    assert st.nested(-1, copy=True)["label"] == 29
+    with pytest.raises(IndexError):
+        st.nested(30, copy=True)
+    with pytest.raises(TypeError):
+        st.nested(1.5, copy=True)  # type: ignore[arg-type]
+
+
+def test_nested_copy_of_bfloat16_follows_the_open_mode(scratch: Path) -> None:
+    x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
+    with ss.create(scratch / "s", {"w": ss.Field("bfloat16", (6,)), "v": ss.Field("float32", ())}) as w:
+        w.append_batch({"w": x, "v": x[:, 0]})
+    wide = ss.open(scratch / "s", bfloat16="float32").nested(2, copy=True)
+    np.testing.assert_array_equal(wide["w"], ss.bfloat16_to_float32(ss.float32_to_bfloat16(x[2])))
+    bits = ss.open(scratch / "s").nested(2, copy=True)["w"]
+    assert bits.dtype == np.uint16 and bits.flags.writeable
+    np.testing.assert_array_equal(bits, ss.float32_to_bfloat16(x[2]))
+
+
 def test_append_batch_takes_the_group_matrix(scratch: Path) -> None:
     schema = {"a": ss.Field("float16", (2, 2)), "b": ss.Field("float16", (3,))}
     mat = np.arange(35, dtype=np.float16).reshape(5, 7)

@@ -54,9 +54,10 @@ def encode_header(dtype: np.dtype[Any], shape: tuple[int, ...], size: int = HEAD
 
 def write_header(f: BinaryIO, dtype: np.dtype[Any], shape: tuple[int, ...], size: int = HEADER_BYTES) -> None:
     """Write (or rewrite in place) the ``size``-byte header at the start of ``f``; the position is restored."""
+    raw = encode_header(dtype, shape, size)  # checked before the file is touched
     pos = f.tell()
     f.seek(0)
-    f.write(encode_header(dtype, shape, size))
+    f.write(raw)
     f.seek(max(pos, size))
 
 

@@ -61,8 +61,8 @@ def hash_one(key: bytes) -> int:
     return int(_hash_range(np.frombuffer(key, dtype=np.uint8), 0, len(key)))
 
 
-# Below this many id bytes, and while the numba kernel is not loaded in this process, ids are hashed
-# with numpy: the first numba call of a process costs about 0.3 s (holding the GIL), which a Logger
+# While the numba kernel is not loaded in this process and (ids x longest id) is below this, ids are
+# hashed with numpy: the first numba call of a process costs about 0.3 s (holding the GIL), which a Logger
 # writing its first buffers should not pay. Both give the same hashes (tests/store/test_store_ids.py).
 NUMPY_HASH_BYTES = 1 << 22
 
@@ -71,7 +71,8 @@ def hash_ids(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.nd
     """Hash every id (bytes ``data[offsets[i]:offsets[i+1]]``) to uint64. O(total bytes)."""
     out = np.empty(len(offsets) - 1, dtype=np.uint64)
     if len(out):
-        if _hash_kernel.signatures or int(offsets[-1]) - int(offsets[0]) > NUMPY_HASH_BYTES:
+        # the numpy path costs (ids x longest id), not total bytes
+        if _hash_kernel.signatures or len(out) * int(np.max(np.diff(offsets))) > NUMPY_HASH_BYTES:
             _hash_kernel(data, offsets, out)
         else:
             _hash_numpy(np.asarray(data), np.asarray(offsets), out)

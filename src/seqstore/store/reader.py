@@ -78,7 +78,9 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
 class _Shard:
     """The mapped files of one committed shard. Built on first touch."""
 
-    __slots__ = ("path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan")
+    __slots__ = (
+        "path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan", "_copy_plan"
+    )
 
     def __init__(self, root: Path, info: ShardInfo, schema: Schema) -> None:
         self.path = root / info.name
@@ -117,6 +119,14 @@ class _Shard:
         self.id_hash: np.ndarray[Any, Any] | None = None
         self.id_rows: np.ndarray[Any, Any] | None = None
         self._plan = [(name, self.columns[name], self.offsets.get(name)) for name in schema]
+        # for owned copies: each packed group's row is copied once and its fields are views of that copy
+        self._copy_plan = (
+            [
+                (self.groups[gname], [(name, *g.columns[name], schema[name].inner_shape) for name in g.fields])
+                for gname, g in schema.groups.items()
+            ],
+            [name for name in schema if schema.group_of(name) is None],
+        )
 
     def record(self, row: int) -> dict[str, np.ndarray[Any, Any]]:
         out = {}
@@ -132,6 +142,18 @@ class _Shard:
                         f"outside 0..{col.shape[0]}"
                     )
                 out[name] = col[a:b]
+        return out
+
+    def record_copy(self, row: int) -> dict[str, np.ndarray[Any, Any]]:
+        """Like :meth:`record` but owned, writable arrays: one copy per packed group and per other field."""
+        out = self.record(row)
+        groups, others = self._copy_plan
+        for mat, fields in groups:
+            r = mat[row].copy()
+            for name, a, b, shape in fields:
+                out[name] = r[a:b].reshape(shape)
+        for name in others:
+            out[name] = out[name].copy()
         return out
 
     def load_ids(self) -> None:
@@ -425,9 +447,21 @@ class Store:
         rec = self._shard(k).record(row)
         return self._decode_bf16(rec) if self._bf16_fields and self._bf16 != "bits" else rec
 
-    def nested(self, i: int) -> dict[str, Any]:
-        """Record ``i`` as a nested dict (``"a/b"`` -> ``{"a": {"b": ...}}``) of zero-copy views."""
-        flat = self[i]
+    def nested(self, i: int, *, copy: bool = False) -> dict[str, Any]:
+        """Record ``i`` as a nested dict (``"a/b"`` -> ``{"a": {"b": ...}}``) of zero-copy views.
+
+        ``copy=True``: owned, writable arrays instead (valid after the store is closed), made with one
+        copy per packed group (the record's row) and one per other field.
+        """
+        if copy:
+            if not isinstance(i, (int, np.integer)):
+                raise TypeError(f"nested(i) takes an int, got {type(i).__name__}")
+            k, row = self._locate(self._norm(int(i)))
+            flat = self._shard(k).record_copy(row)
+            if self._bf16_fields and self._bf16 != "bits":
+                flat = self._decode_bf16(flat)
+        else:
+            flat = self[i]
         paths = self._nest_paths
         if paths is None:
             paths = self._nest_paths = [(name, tuple(name.split("/"))) for name in self.schema]

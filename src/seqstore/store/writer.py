@@ -127,10 +127,22 @@ def _caller_ids(values: Any) -> set[int]:
     return out
 
 
-def _coalesce(parts: list[np.ndarray[Any, Any]], target: int = DIRECT_BYTES) -> Iterator[np.ndarray[Any, Any]]:
+def _coalesce(
+    parts: list[np.ndarray[Any, Any]], target: int = DIRECT_BYTES, *, aligned: bool = False
+) -> Iterator[np.ndarray[Any, Any]]:
     """Yield the buffered pieces of one file as C-contiguous arrays of at least ``target`` bytes where
     possible: a large piece as it is (no copy), consecutive small ones concatenated into one run. Keeps
-    the number of writes (and checksum tasks) per flush small without copying big batches again."""
+    the number of writes (and checksum tasks) per flush small without copying big batches again.
+    ``aligned``: runs are concatenated into page-aligned memory (for direct I/O)."""
+
+    def join(run: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+        if len(run) == 1:
+            return np.ascontiguousarray(run[0])
+        if not aligned or sum(p.nbytes for p in run) < DIRECT_IO_BYTES:
+            return np.concatenate(run)
+        out = aligned_empty((sum(p.shape[0] for p in run), *run[0].shape[1:]), run[0].dtype)
+        return np.concatenate(run, out=out)
+
     run: list[np.ndarray[Any, Any]] = []
     run_bytes = 0
     for part in parts:
@@ -140,10 +152,10 @@ def _coalesce(parts: list[np.ndarray[Any, Any]], target: int = DIRECT_BYTES) -> 
         run.append(part)
         run_bytes += part.nbytes
         if run_bytes >= target:
-            yield np.concatenate(run) if len(run) > 1 else np.ascontiguousarray(run[0])
+            yield join(run)
             run, run_bytes = [], 0
     if run:
-        yield np.concatenate(run) if len(run) > 1 else np.ascontiguousarray(run[0])
+        yield join(run)
 
 
 class _ColumnFile:
@@ -183,8 +195,8 @@ class _ColumnFile:
         buf = memoryview(arr.reshape(-1).view(np.uint8).data) if arr.size else memoryview(b"")
         prev = self._crc
 
-        def chained() -> int:
-            return zlib.crc32(buf, prev.result() if prev is not None else 0)
+        def chained(data: memoryview = buf) -> int:  # bound now: ``buf`` is rebound below
+            return zlib.crc32(data, prev.result() if prev is not None else 0)
 
         self._crc = self._pool.submit(chained)
         body = len(buf) - len(buf) % ALIGN
@@ -363,7 +375,9 @@ class Writer:
                     f"{fw}: expected a ({batch}, {g.width}) matrix for packed group {gname!r}, got {mat.shape}"
                 )
             return mat
-        mat = np.empty((batch, g.width), dtype=g.storage_dtype)
+        shape = (batch, g.width)
+        big = self.direct_io and batch * g.width * g.storage_dtype.itemsize >= DIRECT_IO_BYTES
+        mat = aligned_empty(shape, g.storage_dtype) if big else np.empty(shape, dtype=g.storage_dtype)
         for name in g.fields:
             a, b = g.columns[name]
             mat[:, a:b] = prepared[name].reshape(batch, b - a)
@@ -632,7 +646,8 @@ class Writer:
                 lengths = np.concatenate(self._buf_lengths[name])
                 offsets = np.cumsum(lengths) + col.rows
                 futures.append(self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False)))
-            for run in _coalesce(self._buf[name]):  # large pieces as they are, small ones joined
+            # large pieces as they are, small ones joined
+            for run in _coalesce(self._buf[name], aligned=self.direct_io and not f.ragged):
                 futures.append(col.write(run))
         if self._has_ids:
             data, offsets = encode_ids(self._buf_ids, first_record=0)

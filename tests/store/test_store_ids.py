@@ -1,0 +1,204 @@
+"""The id hash: the numpy implementation (used for small batches before numba is loaded) gives the
+numba kernel's hashes bit for bit, and ``hash_ids`` picks between them as documented."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqstore.store import ids as ids_mod
+from seqstore.store.ids import _hash_kernel, _hash_numpy, encode_ids, hash_ids, hash_one
+
+MASK = (1 << 64) - 1
+
+
+def reference_hash(key: bytes) -> int:
+    """FNV-1a 64 then the splitmix64 finaliser (docs/format.md), in plain Python."""
+    h = 0xCBF29CE484222325
+    for byte in key:
+        h = ((h ^ byte) * 0x100000001B3) & MASK
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & MASK
+    return h ^ (h >> 31)
+
+
+def both(data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(numpy hashes, kernel hashes) of the ids ``data[offsets[i]:offsets[i+1]]``."""
+    out_np = np.empty(len(offsets) - 1, dtype=np.uint64)
+    out_k = np.full(len(offsets) - 1, 7, dtype=np.uint64)
+    _hash_numpy(data, offsets, out_np)
+    _hash_kernel(data, offsets, out_k)
+    return out_np, out_k
+
+
+def check_ids(id_list: list[str]) -> None:
+    data, offsets = encode_ids(id_list)
+    got, want = both(data, offsets)
+    np.testing.assert_array_equal(got, want)
+    assert [int(h) for h in got] == [reference_hash(s.encode("utf-8", "surrogatepass")) for s in id_list]
+
+
+ids_text = st.text(st.characters(codec="utf-8"), max_size=40)  # ASCII, non-ASCII, empty
+
+
+@given(st.lists(ids_text, min_size=1, max_size=60))
+@settings(max_examples=150, deadline=None)
+def test_numpy_hash_equals_kernel(id_list: list[str]) -> None:
+    """Mixed lengths (empty ids included) and any unicode: the same hashes as the kernel."""
+    check_ids(id_list)
+
+
+# alphabets whose characters all have one utf-8 width (1, 2, 3 and 4 bytes), so that every id of a
+# list has the same number of bytes: the loop never takes its ragged branch
+SAME_WIDTH = [
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E),
+    st.characters(min_codepoint=0xC0, max_codepoint=0x24F),
+    st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
+    st.characters(min_codepoint=0x1F300, max_codepoint=0x1F5FF),
+]
+
+
+@given(
+    st.sampled_from(SAME_WIDTH).flatmap(
+        lambda alphabet: st.integers(0, 12).flatmap(
+            lambda n: st.lists(st.text(alphabet, min_size=n, max_size=n), min_size=1, max_size=40)
+        )
+    )
+)
+@settings(max_examples=100, deadline=None)
+def test_numpy_hash_equals_kernel_same_lengths(id_list: list[str]) -> None:
+    """All ids of one byte length (every position taken by every id)."""
+    lengths = {len(s.encode()) for s in id_list}
+    assert len(lengths) == 1
+    check_ids(id_list)
+
+
+@pytest.mark.parametrize(
+    "id_list",
+    [[""], [""] * 5, ["a"], ["", "a", ""], ["x" * 300, ""], ["é", "e", "\u00e9\u0301", "\U0001f600" * 3], ["\ud800"]],
+)
+def test_numpy_hash_examples(id_list: list[str]) -> None:
+    """Edge cases: only empty ids, one long id among empty ones, a lone surrogate (surrogatepass)."""
+    check_ids(id_list)
+    data, offsets = encode_ids(id_list)
+    assert [int(h) for h in hash_ids(data, offsets)] == [hash_one(s.encode("utf-8", "surrogatepass")) for s in id_list]
+
+
+@given(st.lists(ids_text, min_size=2, max_size=40), st.data())
+@settings(max_examples=100, deadline=None)
+def test_numpy_hash_of_sliced_data(id_list: list[str], data_st: st.DataObject) -> None:
+    """Offsets that do not start at 0 (a slice of a batch's offsets, and data behind other bytes)."""
+    data, offsets = encode_ids(id_list)
+    full = np.array([reference_hash(s.encode()) for s in id_list], dtype=np.uint64)
+    a = data_st.draw(st.integers(0, len(id_list) - 1), label="first")
+    b = data_st.draw(st.integers(a + 1, len(id_list)), label="end")
+    got, want = both(data, offsets[a : b + 1])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, full[a:b])
+    junk = np.frombuffer(b"\xff\x00junk", dtype=np.uint8)
+    shifted = np.concatenate([junk, data])
+    got, want = both(shifted, offsets + len(junk))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, full)
+    got, want = both(shifted[1:], offsets[a : b + 1] + len(junk) - 1)  # a view not at its buffer's start
+    np.testing.assert_array_equal(got, full[a:b])
+
+
+class KernelSpy:
+    """Stands in for ``_hash_kernel``: counts calls; ``signatures`` says whether it counts as loaded."""
+
+    def __init__(self, loaded: bool) -> None:
+        self.signatures = (list(_hash_kernel.signatures) or ["(stub)"]) if loaded else []
+        self.calls = 0
+
+    def __call__(self, data: Any, offsets: Any, out: Any) -> None:
+        self.calls += 1
+        _hash_kernel(data, offsets, out)
+
+
+@pytest.fixture
+def spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Count the calls of each implementation; the kernel counts as not yet loaded."""
+    counts = {"numpy": 0}
+    kernel = KernelSpy(loaded=False)
+
+    def numpy_spy(data: Any, offsets: Any, out: Any) -> None:
+        counts["numpy"] += 1
+        _hash_numpy(data, offsets, out)
+
+    monkeypatch.setattr(ids_mod, "_hash_kernel", kernel)
+    monkeypatch.setattr(ids_mod, "_hash_numpy", numpy_spy)
+    return {"counts": counts, "kernel": kernel}
+
+
+def _batch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    id_list = [f"rank3/epoch{k % 7}/example-{k}" + "é" * (k % 4) for k in range(n)]
+    data, offsets = encode_ids(id_list)
+    want = np.empty(n, dtype=np.uint64)
+    _hash_kernel(data, offsets, want)
+    return data, offsets, want
+
+
+def _cost(offsets: np.ndarray) -> int:
+    """What the numpy path costs: ids x longest id."""
+    return (len(offsets) - 1) * int(np.diff(offsets).max())
+
+
+def test_hash_ids_below_the_limit_uses_numpy(spies: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    data, offsets, want = _batch(500)
+    monkeypatch.setattr(ids_mod, "NUMPY_HASH_BYTES", _cost(offsets))  # exactly at the limit: numpy
+    np.testing.assert_array_equal(hash_ids(data, offsets), want)
+    assert spies["counts"]["numpy"] == 1 and spies["kernel"].calls == 0
+    # a slice of the batch: only its own ids count
+    monkeypatch.setattr(ids_mod, "NUMPY_HASH_BYTES", _cost(offsets[100:301]))
+    np.testing.assert_array_equal(hash_ids(data, offsets[100:301]), want[100:300])
+    assert spies["counts"]["numpy"] == 2 and spies["kernel"].calls == 0
+
+
+def test_hash_ids_above_the_limit_uses_the_kernel(spies: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    data, offsets, want = _batch(500)
+    monkeypatch.setattr(ids_mod, "NUMPY_HASH_BYTES", _cost(offsets) - 1)
+    np.testing.assert_array_equal(hash_ids(data, offsets), want)
+    assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 1
+    monkeypatch.setattr(ids_mod, "NUMPY_HASH_BYTES", 16)
+    np.testing.assert_array_equal(hash_ids(data, offsets[100:301]), want[100:300])
+    assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 2
+
+
+def test_one_long_id_among_short_ones_uses_the_kernel(spies: dict[str, Any]) -> None:
+    """Few total bytes but one very long id: the numpy path would loop over every byte position for
+    every id (ids x longest id), so the kernel takes it."""
+    id_list = [f"s{k}" for k in range(20_000)] + ["x" * 20_000]
+    data, offsets = encode_ids(id_list)
+    assert offsets[-1] < ids_mod.NUMPY_HASH_BYTES < _cost(offsets)
+    want = np.empty(len(id_list), dtype=np.uint64)
+    _hash_kernel(data, offsets, want)
+    np.testing.assert_array_equal(hash_ids(data, offsets), want)
+    assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 1
+
+
+def test_hash_ids_uses_a_loaded_kernel(spies: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the kernel is compiled/loaded in the process, small batches go to it as well."""
+    kernel = KernelSpy(loaded=True)
+    monkeypatch.setattr(ids_mod, "_hash_kernel", kernel)
+    data, offsets, want = _batch(50)
+    np.testing.assert_array_equal(hash_ids(data, offsets), want)
+    assert spies["counts"]["numpy"] == 0 and kernel.calls == 1
+
+
+def test_hash_ids_of_no_ids(spies: dict[str, Any]) -> None:
+    out = hash_ids(np.zeros(0, np.uint8), np.zeros(1, np.int64))
+    assert out.dtype == np.uint64 and out.shape == (0,)
+    assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 0
+
+
+def test_default_limit_batch_goes_to_numpy(spies: dict[str, Any]) -> None:
+    """With the real NUMPY_HASH_BYTES, a logger-sized batch (thousands of ids) is hashed with numpy."""
+    data, offsets, want = _batch(5000)
+    assert _cost(offsets) <= ids_mod.NUMPY_HASH_BYTES
+    np.testing.assert_array_equal(hash_ids(data, offsets), want)
+    assert spies["counts"]["numpy"] == 1 and spies["kernel"].calls == 0
