@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import SchemaError
 
-__all__ = ["encode_ids", "hash_ids", "hash_one", "probe_sorted", "id_equal", "merge_runs", "FNV_OFFSET", "FNV_PRIME"]
+__all__ = ["encode_ids", "hash_ids", "hash_one", "probe_sorted", "id_equal", "FNV_OFFSET", "FNV_PRIME"]
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -122,27 +122,6 @@ def id_equal(
                 eq = False
                 break
         out[k] = eq
-
-
-@numba.njit(cache=True, nogil=True)
-def merge_runs(hashes: Any, rows: Any, starts: Any, out_hash: Any, out_rows: Any) -> None:  # pragma: no cover
-    """k-way merge of sorted runs ``hashes[starts[j]:starts[j+1]]`` into out arrays.
-
-    Ties (equal hashes) keep run order, so rows stay ascending within equal hashes when runs are in
-    row order. O(total x k) with k small (at most a few dozen); O(k) extra memory.
-    """
-    k = starts.shape[0] - 1
-    pos = starts[:-1].copy()
-    n = out_hash.shape[0]
-    for i in range(n):
-        best = -1
-        for j in range(k):
-            if pos[j] < starts[j + 1]:
-                if best < 0 or hashes[pos[j]] < hashes[pos[best]]:
-                    best = j
-        out_hash[i] = hashes[pos[best]]
-        out_rows[i] = rows[pos[best]]
-        pos[best] += 1
 
 
 @numba.njit(cache=True, nogil=True)

@@ -37,7 +37,7 @@ from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, IndexRun, Manifest
 from ..format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header, write_header
 from ..schema import Field, Schema, flatten_values, to_storage_array
 from .directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
-from .ids import encode_ids, hash_ids, merge_runs
+from .ids import encode_ids, hash_ids
 
 __all__ = ["Writer", "create", "append_to", "open_or_create", "store_lock"]
 
@@ -156,6 +156,41 @@ def _coalesce(
             run, run_bytes = [], 0
     if run:
         yield join(run)
+
+
+MERGE_CHUNK = 1 << 18
+
+
+def merge_sorted_runs(
+    sources: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]], chunk: int = MERGE_CHUNK
+) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """Merge runs sorted by hash, ``(hashes, rows, row base)`` each, into ``(hashes, rows + base)``
+    chunks in hash order. Equal hashes keep the order of the sources (and within a source their own
+    order), so rows stay ascending among equal hashes when the sources are in row order.
+
+    Each round takes, from every source, the entries up to a cut: the smallest of the sources'
+    ``chunk``-th next hashes, and all entries equal to it, so no tie is split across rounds. Memory
+    is O(sources x chunk) whatever the runs' lengths (they may be memory-mapped).
+    """
+    pos = [0] * len(sources)
+    while True:
+        active = [j for j, (h, _, _) in enumerate(sources) if pos[j] < len(h)]
+        if not active:
+            return
+        cut = min(sources[j][0][min(pos[j] + chunk, len(sources[j][0])) - 1] for j in active)
+        parts_h, parts_r = [], []
+        for j in active:
+            h, r, base = sources[j]
+            end = pos[j] + int(np.searchsorted(h[pos[j] :], cut, side="right"))
+            parts_h.append(np.asarray(h[pos[j] : end]))
+            parts_r.append(np.asarray(r[pos[j] : end], dtype=np.int64) + base)
+            pos[j] = end
+        if len(parts_h) == 1:
+            yield parts_h[0], parts_r[0]
+            continue
+        hashes, rows = np.concatenate(parts_h), np.concatenate(parts_r)
+        order = np.argsort(hashes, kind="stable")
+        yield hashes[order], rows[order]
 
 
 class _ColumnFile:
@@ -759,60 +794,78 @@ class Writer:
             manifest.shards.append(ShardInfo(name, pending.records, pending.rows, pending.files, pending.has_ids))
             manifest.generation += 1
             self._apply_stats(manifest)
-            if pending.has_ids:
-                self._maybe_merge_index(manifest)
+            superseded = self._maybe_merge_index(manifest) if pending.has_ids else []
             manifest.save(self.root)
+            for path in superseded:  # a crash before this leaves orphans, which the next writer deletes
+                path.unlink(missing_ok=True)
         self._committed_records += pending.records
         self._shard_open = False
         log.debug("committed %s (%d records)", name, pending.records)
 
-    def _maybe_merge_index(self, manifest: Manifest) -> None:
+    def _maybe_merge_index(self, manifest: Manifest) -> list[Path]:
         """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
 
         Level-0 runs are the shards' own indexes; merged runs live in ``_index/`` and cover a
-        contiguous range of shards. Lookups probe O(MERGE_FANIN x levels) runs.
+        contiguous range of shards. Lookups probe O(MERGE_FANIN x levels) runs. A merge reads only the
+        MERGE_FANIN runs it replaces (memory-mapped) and streams the merged run to disk in chunks, so
+        its memory does not grow with the number of ids. Returns the files of the replaced runs, to be
+        deleted once the manifest that no longer lists them is saved.
         """
+        superseded: list[Path] = []
         covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
         if len(manifest.shards) - covered >= MERGE_FANIN:
             self._merge(manifest, covered, len(manifest.shards), level=1, replaces=[])
         while True:
             runs = manifest.index_runs
             if len(runs) < MERGE_FANIN:
-                return
+                return superseded
             tail = runs[-MERGE_FANIN:]
             level = tail[0].level
             if any(r.level != level for r in tail):
-                return
+                return superseded
             self._merge(manifest, tail[0].first_shard, tail[-1].end_shard, level=level + 1, replaces=tail)
+            superseded += [self.root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
 
     def _merge(self, manifest: Manifest, first: int, end: int, *, level: int, replaces: list[IndexRun]) -> None:
         counts = np.array([s.records for s in manifest.shards], dtype=np.int64)
         starts_global = np.concatenate([[0], np.cumsum(counts)])
-        hashes_parts, rows_parts = [], []
-        for k in range(first, end):
+
+        def shard_index(k: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
             d = self.root / manifest.shards[k].name
-            hashes_parts.append(np.load(d / f"{IDS}.hash.npy"))
-            rows_parts.append(np.load(d / f"{IDS}.hash_rows.npy") + starts_global[k])
-        run_starts = np.concatenate([[0], np.cumsum([len(h) for h in hashes_parts])]).astype(np.int64)
-        hashes = np.concatenate(hashes_parts)
-        rows = np.concatenate(rows_parts)
-        out_h = np.empty_like(hashes)
-        out_r = np.empty_like(rows)
-        merge_runs(hashes, rows, run_starts, out_h, out_r)
+            h = np.load(d / f"{IDS}.hash.npy", mmap_mode="r")
+            return h, np.load(d / f"{IDS}.hash_rows.npy", mmap_mode="r"), int(starts_global[k])
+
+        sources: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]] = []
+        if not replaces:
+            sources = [shard_index(k) for k in range(first, end)]
+        for r in replaces:
+            try:
+                h = np.load(self.root / f"{r.name}.hash.npy", mmap_mode="r")
+                rows = np.load(self.root / f"{r.name}.rows.npy", mmap_mode="r")
+                if len(h) != r.records or len(rows) != r.records:
+                    raise ValueError(f"{len(h)}/{len(rows)} entries, manifest says {r.records}")
+                sources.append((h, rows, 0))
+            except (OSError, ValueError) as exc:  # lost or damaged: rebuild that range from its shards
+                log.warning("%s: index run %s unusable (%s); merging its shards' indexes", self.root, r.name, exc)
+                sources += [shard_index(k) for k in range(r.first_shard, r.end_shard)]
+        total = sum(len(h) for h, _, _ in sources)
         (self.root / INDEX_DIR).mkdir(exist_ok=True)
         name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}"
-        for suffix, arr in ((".hash.npy", out_h), (".rows.npy", out_r)):
-            with open(self.root / f"{name}{suffix}", "wb") as fh:
-                fh.write(encode_header(arr.dtype, arr.shape))
-                fh.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
-                fh.flush()
-                os.fsync(fh.fileno())
+        with open(self.root / f"{name}.hash.npy", "wb") as fh, open(self.root / f"{name}.rows.npy", "wb") as fr:
+            fh.write(encode_header(np.dtype("<u8"), (total,)))
+            fr.write(encode_header(np.dtype("<i8"), (total,)))
+            written = 0
+            for hashes, rows in merge_sorted_runs(sources):
+                fh.write(hashes.astype("<u8", copy=False).data)
+                fr.write(rows.astype("<i8", copy=False).data)
+                written += len(hashes)
+            assert written == total
+            for f in (fh, fr):
+                f.flush()
+                os.fsync(f.fileno())
         fsync_dir(self.root / INDEX_DIR)
-        run = IndexRun(name, first, end, int(len(out_h)), level)
+        run = IndexRun(name, first, end, total, level)
         manifest.index_runs = [r for r in manifest.index_runs if r not in replaces] + [run]
-        for r in replaces:  # superseded: readers fall back to shard indexes if they miss these files
-            for suffix in (".hash.npy", ".rows.npy"):
-                (self.root / f"{r.name}{suffix}").unlink(missing_ok=True)
 
     # ---------------------------------------------------------------------------------------- close
 
