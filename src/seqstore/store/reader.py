@@ -146,14 +146,16 @@ class _Shard:
 
     def record_copy(self, row: int) -> dict[str, np.ndarray[Any, Any]]:
         """Like :meth:`record` but owned, writable arrays: one copy per packed group and per other field."""
-        out = self.record(row)
         groups, others = self._copy_plan
+        out = {}
         for mat, fields in groups:
             r = mat[row].copy()
             for name, a, b, shape in fields:
                 out[name] = r[a:b].reshape(shape)
-        for name in others:
-            out[name] = out[name].copy()
+        if others:
+            views = self.record(row)  # bounds-checked views of the other fields
+            for name in others:
+                out[name] = views[name].copy()
         return out
 
     def load_ids(self) -> None:
