@@ -3,6 +3,7 @@ replacing runs (their files go only after the manifest that drops them is saved)
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,64 @@ def test_a_lost_run_is_rebuilt_from_its_shards(tmp_path: Path) -> None:
     _write(root, 63, 1)  # the level-2 merge takes shards 16..24 and 32..40 from the shards' indexes
     assert [r.level for r in Manifest.load(root).index_runs] == [2]
     _check(root, 64)
+
+
+# ------------------------------------------------------------------------------------------ verify
+
+
+def _run_files(root: Path) -> tuple[Path, Path]:
+    (run,) = Manifest.load(root).index_runs
+    return root / f"{run.name}.hash.npy", root / f"{run.name}.rows.npy"
+
+
+def _rewrite(path: Path, edit: Any) -> None:
+    arr = np.load(path)
+    edit(arr)
+    with open(path, "r+b") as f:  # in place: same header, same size
+        f.seek(f.seek(0, 2) - arr.nbytes)
+        f.write(arr.tobytes())
+
+
+@pytest.mark.parametrize(
+    "file, edit, match",
+    [
+        ("hash", lambda a: a.__setitem__(slice(3, 5), a[3:5][::-1].copy()), "not sorted"),
+        ("rows", lambda a: a.__setitem__(0, 10_000), "rows outside"),
+        ("rows", lambda a: a.__setitem__(5, a[6]), "pairs differ"),  # a duplicate row, one row missing
+        ("rows", lambda a: a.__setitem__(slice(2, 4), a[2:4][::-1].copy()), "pairs differ"),
+        ("hash", lambda a: a.__setitem__(slice(None), np.sort(a ^ np.uint64(1))), "pairs differ"),
+    ],
+)
+def test_verify_checks_merged_runs(tmp_path: Path, file: str, edit: Any, match: str) -> None:
+    root = tmp_path / "s"
+    _write(root, 0, 9)  # one level-1 run over shards 0..7
+    assert verify(root) == []
+    hash_path, rows_path = _run_files(root)
+    _rewrite(hash_path if file == "hash" else rows_path, edit)
+    problems = verify(root)
+    assert len(problems) == 1 and match in problems[0], problems
+    assert "_index/run-000000-000008" in problems[0]
+
+
+def test_verify_checks_row_order_among_equal_hashes(tmp_path: Path) -> None:
+    """A shard holding one id twice: its index lists the two rows ascending (index() finds the first)."""
+    root = tmp_path / "s"
+    with ss.create(root, SCHEMA) as w:
+        for i, name in enumerate(["a", "dup", "b", "dup", "c"]):
+            w.append({"x": i}, id=name)
+    assert verify(root) == [] and ss.open(root).index("dup") == 1
+    shard = root / "shard-000000"
+    h = np.load(shard / "_ids.hash.npy")
+    (k,) = np.flatnonzero(h[1:] == h[:-1])
+
+    def swap(a: np.ndarray) -> None:
+        a[k], a[k + 1] = a[k + 1], a[k]
+
+    _rewrite(shard / "_ids.hash_rows.npy", swap)
+    m = Manifest.load(root)  # make the checksum agree, so that only the order is wrong
+    info = m.shards[0].files["_ids.hash_rows.npy"]
+    data = (shard / "_ids.hash_rows.npy").read_bytes()[-8 * 5 :]
+    m.shards[0].files["_ids.hash_rows.npy"] = type(info)(info.bytes, zlib.crc32(data))
+    m.save(root)
+    problems = verify(root)
+    assert len(problems) == 1 and "not ascending among equal hashes" in problems[0], problems

@@ -2,7 +2,9 @@
 
 :func:`verify` reads every byte of every committed file once (chunked, O(chunk) memory) and returns
 a list of problems, each naming the file and what is wrong. An empty list means the store is intact.
-Packed groups are checked as their ``(n, width)`` matrix files.
+Packed groups are checked as their ``(n, width)`` matrix files. Merged id-index runs (``_index/``)
+are checked too: sorted, rows in range and ascending among equal hashes, and holding exactly the
+(hash, row) pairs of the shard indexes they cover (compared by an order-independent fingerprint).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SeqstoreError
-from ..format.manifest import Manifest
+from ..format.manifest import IndexRun, Manifest
 from ..format.npy import read_header
 from .ids import hash_ids
 from .reader import map_npy
@@ -109,6 +111,70 @@ def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None 
             problems.extend(_check_shard_structure(sdir, info, schema))
         except SeqstoreError as exc:
             problems.append(str(exc))
+    if not problems:  # runs are compared with the shard indexes, which must be sound first
+        for run in manifest.index_runs:
+            try:
+                problems.extend(_check_index_run(root, manifest, run))
+            except SeqstoreError as exc:
+                problems.append(str(exc))
+    return problems
+
+
+def _pair_fingerprint(hashes: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> int:
+    """Sum (mod 2^64) of a 64-bit mix of every (hash, row) pair: equal for equal multisets of pairs,
+    whatever their order, and different for any other with probability about 1 - 2^-64."""
+    x = np.asarray(hashes, dtype=np.uint64) ^ (np.asarray(rows).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return int(x.sum(dtype=np.uint64))
+
+
+def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]:
+    """A merged run (docs/format.md section 6) against the shard indexes it covers."""
+    problems: list[str] = []
+    hp, rp = root / f"{run.name}.hash.npy", root / f"{run.name}.rows.npy"
+    h = map_npy(hp, None, np.dtype("<u8"), (run.records,))
+    r = map_npy(rp, None, np.dtype("<i8"), (run.records,))
+    counts = [s.records for s in manifest.shards]
+    lo, hi = sum(counts[: run.first_shard]), sum(counts[: run.end_shard])
+    if run.records != hi - lo:
+        return [f"{hp}: the run has {run.records} entries, its shards {hi - lo} records"]
+    step = CHUNK // 8
+    got = 0
+    for a in range(0, run.records, step):
+        hc = np.asarray(h[a : a + step + 1])  # one entry of overlap: order across chunk borders
+        rc = np.asarray(r[a : a + step + 1])
+        if len(hc) > 1:
+            down = np.flatnonzero(hc[1:] < hc[:-1])
+            if len(down):
+                problems.append(f"{hp}: hashes are not sorted (at entry {a + int(down[0])})")
+                break
+            tie = hc[1:] == hc[:-1]
+            if (rc[1:][tie] <= rc[:-1][tie]).any():
+                problems.append(f"{rp}: rows are not ascending among equal hashes (near entry {a})")
+                break
+        rc = rc[:step] if a + step < run.records else rc
+        if ((rc < lo) | (rc >= hi)).any():
+            shards = f"{run.first_shard}..{run.end_shard - 1}"
+            problems.append(f"{rp}: rows outside {lo}..{hi - 1}, the records of shards {shards}")
+            break
+        got = (got + _pair_fingerprint(hc[: len(rc)], rc)) % (1 << 64)
+    if problems:
+        return problems
+    want = 0
+    start = lo
+    for k in range(run.first_shard, run.end_shard):
+        info = manifest.shards[k]
+        sdir = root / info.name
+        sh = np.load(sdir / f"{IDS}.hash.npy", mmap_mode="r")
+        sr = np.load(sdir / f"{IDS}.hash_rows.npy", mmap_mode="r")
+        for a in range(0, len(sh), step):
+            want = (want + _pair_fingerprint(sh[a : a + step], np.asarray(sr[a : a + step]) + start)) % (1 << 64)
+        start += info.records
+    if got != want:
+        shards = f"{run.first_shard}..{run.end_shard - 1}"
+        problems.append(f"{hp}: the run's (hash, row) pairs differ from those of shards {shards}")
     return problems
 
 
@@ -140,8 +206,12 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
         if n:
             if (np.diff(h) < 0).any() if n > 1 else False:
                 problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")
+            hs, rs = np.asarray(h), np.asarray(rows_)
+            tie = hs[1:] == hs[:-1]
             if not np.array_equal(np.sort(rows_), np.arange(n)):
                 problems.append(f"{sdir / (IDS + '.hash_rows.npy')}: rows are not a permutation of 0..{n - 1}")
+            elif (rs[1:][tie] <= rs[:-1][tie]).any():
+                problems.append(f"{sdir / (IDS + '.hash_rows.npy')}: rows are not ascending among equal hashes")
             elif not np.array_equal(hash_ids(np.asarray(data), np.asarray(off))[rows_], h):
                 problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes do not match the ids")
     return problems
