@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,39 @@ def test_pickle_is_the_path(scratch: Path) -> None:
     assert len(again) == 50 and again.root == store.root
     np.testing.assert_array_equal(again[49]["x"], store[49]["x"])
     assert "Store" in repr(store) and "50" in repr(store)
+
+
+def test_a_pickled_store_keeps_its_view_when_shards_are_added(scratch: Path) -> None:
+    """A worker that unpickles a Store sees the records the parent saw, not shards committed since,
+    also when a merge of the id index now crosses that boundary; refresh() moves on."""
+    root = scratch / "s"
+    _write_child_store(root, 13, max_shard_records=2)  # 7 shards, no merged run yet
+    store = ss.open(root)
+    blob = pickle.dumps(store)
+    with ss.append_to(root, max_shard_records=2) as w:  # shards 7..11: a level-1 run over shards 0..8
+        for i in range(13, 23):
+            w.append(child_record(0, i), id=f"w0-{i}")
+    assert [(r.first_shard, r.end_shard) for r in ss.open(root).manifest.index_runs] == [(0, 8)]
+    again = pickle.loads(blob)
+    assert len(again) == 13 and again.num_shards == 7
+    np.testing.assert_array_equal(again[12]["x"], store[12]["x"])
+    with pytest.raises(IndexError):
+        again[13]
+    assert again.index("w0-12") == 12 and again.index_many(["w0-5", "w0-0"]).tolist() == [5, 0]
+    with pytest.raises(KeyError):
+        again.index("w0-13")
+    assert len(again.refresh()) == 23 and again.index("w0-20") == 20
+    assert len(pickle.loads(pickle.dumps(again))) == 23
+
+
+def test_unpickling_a_replaced_store_is_an_error(scratch: Path) -> None:
+    root = scratch / "s"
+    _write_child_store(root, 13, max_shard_records=2)
+    blob = pickle.dumps(ss.open(root))
+    shutil.rmtree(root)
+    _write_child_store(root, 5, max_shard_records=2)
+    with pytest.raises(ss.SeqstoreError, match="replaced"):
+        pickle.loads(blob)
 
 
 def test_store_in_spawned_process(scratch: Path) -> None:

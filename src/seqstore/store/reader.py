@@ -15,6 +15,7 @@ field is a zero-copy strided view of its column range. :meth:`Store.matrix` and
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import errno
 import mmap
 import os
@@ -26,7 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, SeqstoreError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
@@ -372,8 +373,26 @@ class Store:
         return f"seqstore.Store({str(self.root)!r}, records={self._n}, shards={self.num_shards})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as (path, options): a worker process reopens the store and maps its own files."""
-        return (open_store, (str(self.root), self._bf16))
+        """Pickle as (path, options, shard count, record count): a worker process reopens the store,
+        maps its own files and sees the same records as this object, even if shards were committed
+        since (shards are append-only; :meth:`refresh` in the worker moves on to the newest)."""
+        return (_unpickle_store, (str(self.root), self._bf16, self.num_shards, self._n))
+
+    def _pin(self, num_shards: int, records: int) -> None:
+        """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw)."""
+        m = self._manifest
+        if len(m.shards) == num_shards:
+            if self._n != records:
+                raise SeqstoreError(f"{self.root}: the store was replaced since this Store was pickled")
+            return
+        kept = m.shards[:num_shards]
+        if len(m.shards) < num_shards or sum(s.records for s in kept) != records:
+            raise SeqstoreError(
+                f"{self.root}: the store was replaced since this Store was pickled (it had {records} records in "
+                f"{num_shards} shards, it now has {m.num_records} in {len(m.shards)})"
+            )
+        runs = [r for r in m.index_runs if r.end_shard <= num_shards]  # others fall back to shard indexes
+        self._load(dataclasses.replace(m, shards=kept, index_runs=runs))
 
     # -------------------------------------------------------------------------------- locating
 
@@ -898,6 +917,13 @@ class Store:
             result[newly] = best[newly]
             todo = todo[result[todo] < 0]
         return result
+
+
+def _unpickle_store(path: str, bfloat16: str, num_shards: int | None = None, records: int | None = None) -> Store:
+    store = Store(path, bfloat16=bfloat16)
+    if num_shards is not None and records is not None:
+        store._pin(num_shards, records)
+    return store
 
 
 def open_store(path: str | os.PathLike[str], bfloat16: str = "bits") -> Store:
