@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,27 @@ def test_a_background_start_failure_is_raised_not_hung(tmp_path: Path, monkeypat
             lg.flush()
     with pytest.raises(LoggerError):
         lg.close()
+
+
+def test_ids_held_in_python_are_bounded_by_count(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny records: a buffer holds at most MAX_BUFFER_RECORDS records, and more than MAX_INFLIGHT_IDS
+    uncommitted ids make the logger commit early, long before commit_every_s."""
+    import seqstore.log.logger as logger_mod
+
+    monkeypatch.setattr(logger_mod, "MAX_BUFFER_RECORDS", 64)
+    monkeypatch.setattr(logger_mod, "MAX_INFLIGHT_IDS", 200)
+    lg = Logger(scratch / "log", commit_every_s=1e9)  # default flush_bytes would hold 16 Mi losses
+    peak = 0
+    for b in range(40):
+        lg.log([f"id{b}-{k}" for k in range(32)], {"loss": np.full(32, b, np.float32)})
+        peak = max(peak, len(lg._inflight))
+        if b == 20:  # let the early commit land
+            deadline = time.monotonic() + 10
+            while lg.num_committed == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert lg._cap == 64
+    assert lg.num_committed > 0 and len(ss.open(scratch / "log")) > 0  # committed without flush/close
+    assert peak <= 200 + 3 * 64
+    lg.close()
+    st = ss.open(scratch / "log")
+    assert len(st) == 1280 and st.index("id39-31") == 1279 and verify(scratch / "log") == []

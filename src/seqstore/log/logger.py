@@ -82,11 +82,18 @@ def default_packing(schema: Schema) -> dict[str, list[str]]:
     return out
 
 
-def _buffer_rows(flush_bytes: int, row_bytes: list[int]) -> int:
-    """Records per buffer: as many as fit in ``flush_bytes``, rounded down (when that leaves any) to a
-    count that makes every unit's buffer a whole number of pages, so that one full buffer after another
-    keeps each file's end page aligned for direct I/O."""
-    cap = max(1, flush_bytes // max(sum(row_bytes), 1))
+# A buffer's ids are Python strings until written, and the ids of written but uncommitted buffers
+# are kept for keep_first: both are bounded by record count, not only by bytes, so that logs of tiny
+# records (a loss per example) do not hold millions of Python objects.
+MAX_BUFFER_RECORDS = 1 << 18
+MAX_INFLIGHT_IDS = 1 << 20
+
+
+def _buffer_rows(flush_bytes: int, row_bytes: list[int], max_rows: int = MAX_BUFFER_RECORDS) -> int:
+    """Records per buffer: as many as fit in ``flush_bytes`` (at most ``max_rows``), rounded down (when
+    that leaves any) to a count that makes every unit's buffer a whole number of pages, so that one full
+    buffer after another keeps each file's end page aligned for direct I/O."""
+    cap = max(1, min(flush_bytes // max(sum(row_bytes), 1), max_rows))
     step = 1
     for rb in row_bytes:
         if rb:
@@ -153,8 +160,10 @@ class Logger:
         schema: a (nested) dict of name -> :class:`~seqstore.Field` (fixed shapes only). None: inferred
             from the first :meth:`log` call (dtype and ``shape[1:]`` of each tensor).
         flush_bytes: bytes of one host buffer (two exist at most). A buffer holds
-            about ``flush_bytes // record_bytes`` records (at least one; rounded down to whole pages).
-        commit_every_s: commit (make durable and visible) at least this often while logging.
+            about ``flush_bytes // record_bytes`` records (at least one, at most MAX_BUFFER_RECORDS;
+            rounded down to whole pages).
+        commit_every_s: commit (make durable and visible) at least this often while logging, and
+            earlier when more than MAX_INFLIGHT_IDS logged ids are not committed yet.
         on_duplicate: ``"keep_first"``, ``"keep_last"`` or ``"error"`` (module docstring).
         rank: this process's rank (default: ``torch.distributed.get_rank()`` when initialised, else 0);
             each rank writes its own shards into the one store and its counts go to
@@ -214,6 +223,7 @@ class Logger:
         self._cur: _Buffer | None = None
         self._seq = 0
         self._inflight: dict[str, int] = {}  # id -> copies in buffers not yet visible to self._reader
+        self._commit_asked = False
         self._pending: list[tuple[int, list[str]]] = []  # (buffer seq, its ids), handed off, not yet visible
         self._committed_seq = -1  # written by the background thread: last buffer seq that is committed
         self._seen_seq = -1
@@ -259,7 +269,7 @@ class Logger:
         )
         self.schema = self._writer.schema
         self._units = self.schema.storage_units()
-        self._cap = _buffer_rows(self.flush_bytes, [f.row_bytes for _, f in self._units])
+        self._cap = _buffer_rows(self.flush_bytes, [f.row_bytes for _, f in self._units], MAX_BUFFER_RECORDS)
         self._reader = Store(self.path)
         self._thread = threading.Thread(target=self._run, name=f"seqstore-logger-{self.rank}", daemon=True)
         self._thread.start()
@@ -379,6 +389,9 @@ class Logger:
         self._append(converted, id_list, keep, stats)
         if time.monotonic() - self._last_handoff >= self.commit_every_s:
             self._handoff(commit=True)
+        elif len(self._inflight) > MAX_INFLIGHT_IDS and not self._commit_asked:
+            self._commit_asked = True  # until _see_commits sees a commit: commit early, once
+            self._handoff(commit=True)
 
     def _check_fields(self, flat: Mapping[str, Any], ids: list[str]) -> None:
         assert self.schema is not None
@@ -419,6 +432,7 @@ class Logger:
             self._reader.refresh()  # also sees shards other ranks committed
             self._manifest_sig = sig
         if done > self._seen_seq:
+            self._commit_asked = False
             while self._pending and self._pending[0][0] <= done:
                 for i in self._pending.pop(0)[1]:
                     c = self._inflight[i] - 1
