@@ -595,13 +595,15 @@ def test_buffer_rows_examples() -> None:
     assert _buffer_rows(1 << 20, [0, 4]) == 1 << 18
 
 
-@given(st.integers(1, 1 << 28), st.lists(st.integers(0, 1 << 17), min_size=1, max_size=5))
+@given(
+    st.integers(1, 1 << 28), st.lists(st.integers(0, 1 << 17), min_size=1, max_size=5), st.integers(1, 1 << 20)
+)
 @settings(max_examples=200, deadline=None)
-def test_buffer_rows_properties(flush_bytes: int, row_bytes: list[int]) -> None:
-    """At most what fits (at least 1); whole pages per unit, as many as fit, whenever one page-whole
-    count fits at all; else everything that fits."""
-    fits = max(1, flush_bytes // max(sum(row_bytes), 1))
-    rows = _buffer_rows(flush_bytes, row_bytes)
+def test_buffer_rows_properties(flush_bytes: int, row_bytes: list[int], max_rows: int) -> None:
+    """At most what fits and at most max_rows (at least 1); whole pages per unit, as many as fit,
+    whenever one page-whole count fits at all; else everything that fits."""
+    fits = max(1, min(flush_bytes // max(sum(row_bytes), 1), max_rows))
+    rows = _buffer_rows(flush_bytes, row_bytes, max_rows)
     assert 1 <= rows <= fits
     step = next(m for m in range(1, ALIGN + 1) if all(rb * m % ALIGN == 0 for rb in row_bytes))
     if fits >= step:
