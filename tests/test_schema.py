@@ -176,3 +176,30 @@ def test_bfloat16_values() -> None:
         return
     ml = np.array([1.5, -3.0], dtype=ml_dtypes.bfloat16)
     assert to_storage_array(f, ml, what="r").tolist() == ml.view(np.uint16).tolist()
+
+
+@pytest.mark.parametrize(
+    "dtype, value, shown",
+    [
+        ("float32", 1e300, "1e+300"), ("float32", np.array([1.0, -1e39]), "-1e+39"),
+        ("float16", 70000, "70000"), ("float16", np.array([1, 2, 65520], np.int32), "65520"),
+        ("complex64", np.complex128(1e300 + 1j), "1e+300"), ("bfloat16", 1e300, "1e+300"),
+        ("bfloat16", np.array([0.0, 3.4e38], np.float32), "3.39999"),
+    ],
+)  # fmt: skip
+def test_float_narrowing_that_overflows_is_rejected(dtype: str, value: object, shown: str) -> None:
+    """A finite value that would become inf in a narrower float field is an error naming the value."""
+    f = ss.Field(dtype, (None,)) if np.ndim(value) else ss.Field(dtype)
+    with pytest.raises(ss.SchemaError, match="overflows") as info:
+        to_storage_array(f, value, what="record 7 (id 'q'), field 'f'")
+    assert "record 7 (id 'q'), field 'f'" in str(info.value) and shown in str(info.value)
+
+
+@pytest.mark.filterwarnings("error")
+def test_infinities_nan_and_values_that_fit_still_narrow() -> None:
+    got = to_storage_array(ss.Field("float16", (None,)), np.array([np.inf, -np.inf, np.nan, 65504.0, 1e-9]), what="r")
+    assert np.isposinf(got[0]) and np.isneginf(got[1]) and np.isnan(got[2]) and got[3] == 65504 and got[4] == 0
+    assert to_storage_array(ss.Field("float32"), np.float64(3.4e38), what="r") == np.float32(3.4e38)
+    bits = to_storage_array(ss.Field("bfloat16", (None,)), np.array([np.inf, 3e38]), what="r")
+    assert bits[0] == 0x7F80 and bits[1] != 0x7F80
+    assert to_storage_array(ss.Field("float16"), np.int64(65504), what="r") == 65504

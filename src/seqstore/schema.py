@@ -454,7 +454,18 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
             # uint16 is taken as bfloat16 bits: what a store opened with bfloat16="bits" returns
             return np.asarray(arr.view(np.uint16), order="C")
         if arr.dtype.kind in "fiub":
-            return float32_to_bfloat16(arr)
+            with np.errstate(over="ignore"):  # overflow is reported below, naming the value
+                bits = float32_to_bfloat16(arr)
+            if arr.dtype.kind == "f" and arr.size:  # integers all fit (bfloat16 reaches 3.39e38)
+                overflow = ((bits & 0x7FFF) == 0x7F80) & ~np.isinf(np.asarray(arr)).reshape(bits.shape)
+                if overflow.any():
+                    k = int(np.argmax(overflow.reshape(-1)))
+                    at = f" (element {k} of the value)" if arr.size > 1 else ""
+                    raise SchemaError(
+                        f"{what}: value {np.asarray(arr).reshape(-1)[k].item()!r}{at} overflows dtype bfloat16 "
+                        "(largest finite 3.3895e+38)"
+                    )
+            return bits
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
     src = arr.dtype
@@ -473,4 +484,25 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         lo, hi = arr.min(), arr.max()
         if lo < info.min or hi > info.max:
             raise SchemaError(f"{what}: values [{lo}, {hi}] do not fit dtype {target}")
+    if target.kind in "fc" and arr.size and _largest(src) > float(np.finfo(target).max):
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = np.asarray(arr, dtype=target, order="C")
+        overflow = np.isinf(out) & ~np.isinf(arr)  # finite values (or NaN) that became infinite
+        if overflow.any():
+            k = int(np.argmax(overflow.reshape(-1)))
+            at = f" (element {k} of the value)" if arr.size > 1 else ""
+            raise SchemaError(
+                f"{what}: value {arr.reshape(-1)[k].item()!r}{at} overflows dtype {target} "
+                f"(largest finite {np.finfo(target).max})"
+            )
+        return out
     return np.asarray(arr, dtype=target, order="C")
+
+
+def _largest(dtype: np.dtype[Any]) -> float:
+    """The largest finite magnitude a value of a numeric ``dtype`` can have (bool: 1)."""
+    if dtype.kind in "fc":
+        return float(np.finfo(dtype).max)
+    if dtype.kind in "iu":
+        return float(np.iinfo(dtype).max)
+    return 1.0

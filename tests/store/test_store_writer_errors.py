@@ -66,6 +66,7 @@ APPEND_CASES: list[tuple[str, Callable[[int], Any], Any, list[str]]] = [
     ("negative to uint", lambda i: with_(i, flag=-1), "bad-id", ["flag", "-1"]),
     ("uint overflow", lambda i: with_(i, flag=np.array(256, np.int32)), "bad-id", ["flag", "256"]),
     ("int64 to int16 overflow", lambda i: with_(i, label=np.int64(-(2**40))), "bad-id", ["label"]),
+    ("float overflow", lambda i: with_(i, emb=np.array([1.0, 1e300])), "bad-id", ["g/emb", "1e+300", "overflows"]),
     ("bool ok, float not", lambda i: with_(i, label=np.array(True)) | {"flag": np.array(2.0)}, "bad-id", ["flag"]),
     ("wrong inner shape", lambda i: with_(i, feat=np.zeros((2, 4), np.float32)), "bad-id", ["feat", "(2, 4)"]),
     ("ragged given 1-d", lambda i: with_(i, feat=np.zeros(3, np.float32)), "bad-id", ["feat"]),
