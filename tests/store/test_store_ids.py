@@ -202,3 +202,21 @@ def test_default_limit_batch_goes_to_numpy(spies: dict[str, Any]) -> None:
     assert _cost(offsets) <= ids_mod.NUMPY_HASH_BYTES
     np.testing.assert_array_equal(hash_ids(data, offsets), want)
     assert spies["counts"]["numpy"] == 1 and spies["kernel"].calls == 0
+
+
+def test_a_long_id_uses_the_kernel(spies: dict[str, Any]) -> None:
+    """The numpy path takes one Python step per byte of the longest id: a few long ids go to the kernel."""
+    id_list = ["a", "x" * (ids_mod.NUMPY_HASH_LONGEST + 1)]
+    data, offsets = encode_ids(id_list)
+    want = np.empty(2, dtype=np.uint64)
+    _hash_kernel(data, offsets, want)
+    np.testing.assert_array_equal(hash_ids(data, offsets), want)
+    assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 1
+
+
+def test_the_logger_warm_up_loads_the_hash_kernel() -> None:
+    """The warm-up must load the numba kernel itself (hash_ids would take the numpy path for its id)."""
+    import seqstore.log.logger as logger_mod
+
+    logger_mod._warm_up_kernels()
+    assert ids_mod._hash_kernel.signatures

@@ -115,10 +115,10 @@ def _default_rank() -> int:
 
 def _warm_up_kernels() -> None:
     """Call the id hashing/compare kernels once so their one-time load is not paid inside ``log``."""
-    from ..store.ids import encode_ids, hash_ids, id_equal
+    from ..store.ids import _hash_kernel, encode_ids, id_equal
 
     data, off = encode_ids(["warm-up"])
-    hash_ids(data, off)
+    _hash_kernel(data, off, np.zeros(1, dtype=np.uint64))  # directly: hash_ids would use numpy here
     res = np.zeros(1, dtype=np.bool_)
     id_equal(data, off, np.zeros(1, np.int64), data, off, np.zeros(1, np.int64), res)
 
@@ -223,7 +223,7 @@ class Logger:
         self._cur: _Buffer | None = None
         self._seq = 0
         self._inflight: dict[str, int] = {}  # id -> copies in buffers not yet visible to self._reader
-        self._commit_asked = False
+        self._commit_asked = -1  # seq of the buffer an early commit was asked for, -1: none pending
         self._pending: list[tuple[int, list[str]]] = []  # (buffer seq, its ids), handed off, not yet visible
         self._committed_seq = -1  # written by the background thread: last buffer seq that is committed
         self._seen_seq = -1
@@ -389,8 +389,9 @@ class Logger:
         self._append(converted, id_list, keep, stats)
         if time.monotonic() - self._last_handoff >= self.commit_every_s:
             self._handoff(commit=True)
-        elif len(self._inflight) > MAX_INFLIGHT_IDS and not self._commit_asked:
-            self._commit_asked = True  # until _see_commits sees a commit: commit early, once
+        elif len(self._inflight) > MAX_INFLIGHT_IDS and self._commit_asked < 0:
+            # commit early, once, until that commit is seen (the buffer handed off now, or the last one)
+            self._commit_asked = self._cur.seq if self._cur is not None else self._seq - 1
             self._handoff(commit=True)
 
     def _check_fields(self, flat: Mapping[str, Any], ids: list[str]) -> None:
@@ -432,7 +433,8 @@ class Logger:
             self._reader.refresh()  # also sees shards other ranks committed
             self._manifest_sig = sig
         if done > self._seen_seq:
-            self._commit_asked = False
+            if 0 <= self._commit_asked <= done:
+                self._commit_asked = -1
             while self._pending and self._pending[0][0] <= done:
                 for i in self._pending.pop(0)[1]:
                     c = self._inflight[i] - 1

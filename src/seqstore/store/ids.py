@@ -61,18 +61,22 @@ def hash_one(key: bytes) -> int:
     return int(_hash_range(np.frombuffer(key, dtype=np.uint8), 0, len(key)))
 
 
-# While the numba kernel is not loaded in this process and (ids x longest id) is below this, ids are
-# hashed with numpy: the first numba call of a process costs about 0.3 s (holding the GIL), which a Logger
-# writing its first buffers should not pay. Both give the same hashes (tests/store/test_store_ids.py).
+# While the numba kernel is not loaded in this process, (ids x longest id) is below NUMPY_HASH_BYTES
+# and no id is longer than NUMPY_HASH_LONGEST bytes, ids are hashed with numpy: the first numba call
+# of a process costs about 0.3 s (holding the GIL), which a Logger writing its first buffers should
+# not pay. Both give the same hashes (tests/store/test_store_ids.py).
 NUMPY_HASH_BYTES = 1 << 22
+NUMPY_HASH_LONGEST = 256
 
 
 def hash_ids(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """Hash every id (bytes ``data[offsets[i]:offsets[i+1]]``) to uint64. O(total bytes)."""
     out = np.empty(len(offsets) - 1, dtype=np.uint64)
     if len(out):
-        # the numpy path costs (ids x longest id), not total bytes
-        if _hash_kernel.signatures or len(out) * int(np.max(np.diff(offsets))) > NUMPY_HASH_BYTES:
+        # the numpy path costs (ids x longest id) element operations plus a Python step per byte
+        # position of the longest id
+        longest = int(np.max(np.diff(offsets)))
+        if _hash_kernel.signatures or longest > NUMPY_HASH_LONGEST or len(out) * longest > NUMPY_HASH_BYTES:
             _hash_kernel(data, offsets, out)
         else:
             _hash_numpy(np.asarray(data), np.asarray(offsets), out)

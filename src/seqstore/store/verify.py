@@ -204,7 +204,7 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
         h = map_npy(sdir / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
         rows_ = map_npy(sdir / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"), (n,))
         if n:
-            if (np.diff(h) < 0).any() if n > 1 else False:
+            if n > 1 and (np.asarray(h[1:]) < np.asarray(h[:-1])).any():  # (np.diff of uint64 wraps)
                 problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")
             hs, rs = np.asarray(h), np.asarray(rows_)
             tie = hs[1:] == hs[:-1]

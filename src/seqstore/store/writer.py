@@ -28,15 +28,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from ..errors import LockError, SchemaError, SeqstoreError
 from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
-from ..format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header, write_header
+from ..format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header
 from ..schema import Field, Schema, flatten_values, to_storage_array
 from .directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
+from .directio import pwrite_all as _write_at  # the buffered writes (pwrite_all: the direct ones)
 from .ids import encode_ids, hash_ids
 
 __all__ = ["Writer", "create", "append_to", "open_or_create", "store_lock"]
@@ -51,6 +52,7 @@ MERGE_FANIN = 8
 DIRECT_BYTES = 4 << 20
 # With direct_io, an append of a fixed-size column at least this large bypasses the page cache.
 DIRECT_IO_BYTES = 1 << 20
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 @contextmanager
@@ -182,9 +184,14 @@ def merge_sorted_runs(
         for j in active:
             h, r, base = sources[j]
             end = pos[j] + int(np.searchsorted(h[pos[j] :], cut, side="right"))
-            parts_h.append(np.asarray(h[pos[j] : end]))
+            part = np.asarray(h[pos[j] : end])
+            if len(part) > 1 and (part[1:] < part[:-1]).any():
+                raise ValueError(f"index source {j} is not sorted by hash (near entry {pos[j]})")
+            parts_h.append(part)
             parts_r.append(np.asarray(r[pos[j] : end], dtype=np.int64) + base)
             pos[j] = end
+        if not any(len(p) for p in parts_h):  # only an unsorted source can stop progress
+            raise ValueError("index sources are not sorted by hash")
         if len(parts_h) == 1:
             yield parts_h[0], parts_r[0]
             continue
@@ -196,9 +203,12 @@ def merge_sorted_runs(
 class _ColumnFile:
     """One growing ``.npy`` file of a shard: provisional header, sequential appends, running CRC-32.
 
-    ``direct``: large aligned appends go through an ``O_DIRECT`` descriptor (store/directio.py) and the
-    header is one page, so the data starts aligned. An append that is small, or whose memory or file
-    position is not aligned, and the unaligned tail of one that is, go through the page cache as usual.
+    Every write is a positioned ``pwrite`` on an unbuffered descriptor at the file's tracked end, so
+    there is no hidden buffer a forked child could flush into the parent's file, and no file offset
+    shared with one. ``direct``: large aligned appends go through a second, ``O_DIRECT`` descriptor
+    (store/directio.py) and the header is one page, so the data starts aligned. An append that is
+    small, or whose memory or file position is not aligned, and the unaligned tail of one that is, go
+    through the page cache.
     """
 
     def __init__(
@@ -217,16 +227,20 @@ class _ColumnFile:
         self._pool = crc_pool
         self._crc: Future[int] | None = None
         self._header = PAGE_HEADER_BYTES if direct else HEADER_BYTES
-        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in finish()/abort()
-        self._f.write(encode_header(dtype, (0, *inner), self._header))
-        self._pos = self._header
         self._direct: int | None = None
-        if direct:
-            self._f.flush()
-            self._direct = open_direct(path)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        try:
+            _write_at(self._fd, memoryview(encode_header(dtype, (0, *inner), self._header)), 0)
+            self._pos = self._header
+            if direct:
+                self._direct = open_direct(path)
+        except BaseException:
+            self.abort()
+            raise
 
     def write(self, arr: np.ndarray[Any, Any]) -> Future[int]:
         """Append rows (``arr`` has this file's dtype and inner shape and is C-contiguous)."""
+        assert self._fd is not None
         buf = memoryview(arr.reshape(-1).view(np.uint8).data) if arr.size else memoryview(b"")
         prev = self._crc
 
@@ -236,7 +250,6 @@ class _ColumnFile:
         self._crc = self._pool.submit(chained)
         body = len(buf) - len(buf) % ALIGN
         if self._direct is not None and body >= DIRECT_IO_BYTES and self._pos % ALIGN == 0 and is_aligned(arr):
-            self._f.flush()  # what went through the page cache lands before the direct write
             try:
                 pwrite_all(self._direct, buf[:body], self._pos)
             except OSError as exc:
@@ -247,33 +260,40 @@ class _ColumnFile:
                 self._close_direct()
                 body = 0
             self._pos += body
-            self._f.seek(self._pos)
             buf = buf[body:]
-        self._f.write(buf)
+        _write_at(self._fd, buf, self._pos)
         self._pos += len(buf)
         self.rows += arr.shape[0] if arr.ndim else 1
         return self._crc
 
     def _close_direct(self) -> None:
         if self._direct is not None:
-            os.close(self._direct)
-            self._direct = None
+            fd, self._direct = self._direct, None
+            os.close(fd)
 
     def finish(self) -> FileInfo:
         """Write the final header, fsync, close; return size and CRC."""
-        write_header(self._f, self.dtype, (self.rows, *self.inner), self._header)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        size = self._f.tell()
-        self._f.close()
-        self._close_direct()
+        assert self._fd is not None
+        try:
+            _write_at(self._fd, memoryview(encode_header(self.dtype, (self.rows, *self.inner), self._header)), 0)
+            os.fsync(self._fd)
+        finally:
+            self.abort()  # closes both descriptors
         crc = self._crc.result() if self._crc is not None else 0
-        return FileInfo(size, crc)
+        return FileInfo(self._pos, crc)
 
     def abort(self) -> None:
-        if not self._f.closed:
-            self._f.close()
-        self._close_direct()
+        """Close the descriptors (idempotent, never raises: the file is being given up or is done)."""
+        for close in (self._close_direct, self._close_fd):
+            try:
+                close()
+            except OSError as exc:
+                log.debug("%s: close failed (%r)", self.path, exc)
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
 
 class Writer:
@@ -349,6 +369,19 @@ class Writer:
         cur = self._workspace / "current"
         cur.mkdir()
         self._files: dict[str, _ColumnFile] = {}
+        try:
+            self._open_shard_files(cur)
+        except BaseException:  # e.g. out of descriptors: close what was opened, leave no current/
+            for col in self._files.values():
+                col.abort()
+            self._files = {}
+            shutil.rmtree(cur, ignore_errors=True)
+            raise
+        self._shard_records = 0
+        self._shard_bytes = 0
+        self._shard_open = True
+
+    def _open_shard_files(self, cur: Path) -> None:
         for name, f in self._units:
             path = cur / f"{name}.npy"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -363,9 +396,6 @@ class Writer:
             for suffix, dt in (("", "u1"), (".offsets", "<i8"), (".hash_unsorted", "<u8")):
                 self._files[IDS + suffix] = _ColumnFile(cur / f"{IDS}{suffix}.npy", np.dtype(dt), (), self._pool)
             self._files[IDS + ".offsets"].write(np.zeros(1, dtype="<i8"))
-        self._shard_records = 0
-        self._shard_bytes = 0
-        self._shard_open = True
 
     # ------------------------------------------------------------------------------------ validation
 
@@ -797,7 +827,10 @@ class Writer:
             superseded = self._maybe_merge_index(manifest) if pending.has_ids else []
             manifest.save(self.root)
             for path in superseded:  # a crash before this leaves orphans, which the next writer deletes
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:  # committed already: leave it to the next writer's clean-up
+                    log.warning("%s: could not delete superseded index file %s (%r)", self.root, path, exc)
         self._committed_records += pending.records
         self._shard_open = False
         log.debug("committed %s (%d records)", name, pending.records)
@@ -844,6 +877,10 @@ class Writer:
                 rows = np.load(self.root / f"{r.name}.rows.npy", mmap_mode="r")
                 if len(h) != r.records or len(rows) != r.records:
                     raise ValueError(f"{len(h)}/{len(rows)} entries, manifest says {r.records}")
+                for a in range(0, len(h), MERGE_CHUNK):  # run files carry no checksum: check the order
+                    part = np.asarray(h[a : a + MERGE_CHUNK + 1])
+                    if (part[1:] < part[:-1]).any():
+                        raise ValueError("hashes are not sorted")
                 sources.append((h, rows, 0))
             except (OSError, ValueError) as exc:  # lost or damaged: rebuild that range from its shards
                 log.warning("%s: index run %s unusable (%s); merging its shards' indexes", self.root, r.name, exc)
@@ -872,6 +909,11 @@ class Writer:
     def _check_open(self) -> None:
         if self._closed:
             raise SeqstoreError(f"{self.root}: writer is closed")
+        if os.getpid() != self._pid:
+            raise SeqstoreError(
+                f"{self.root}: this writer belongs to process {self._pid}; a forked child cannot use it "
+                "(open a writer of its own with seqstore.append_to)"
+            )
         if self._failed is not None:
             raise SeqstoreError(
                 f"{self.root}: an earlier write failed ({self._failed!r}); the records appended since the last "
@@ -879,19 +921,26 @@ class Writer:
             )
 
     def abort(self) -> None:
-        """Discard everything not yet committed and release the writer."""
+        """Discard everything not yet committed and release the writer. Never fails part way: every
+        file is closed and the workspace removed even when closing one of them reports an error.
+        In a forked child it only marks the writer closed (the files are the parent's)."""
         if self._closed:
             return
-        if self._shard_open:
-            for col in self._files.values():
-                col.abort()
-        self._reset_buffer()
-        self._shard_open = False
-        self._release()
+        try:
+            if self._shard_open and os.getpid() == self._pid:
+                for col in self._files.values():
+                    col.abort()
+        finally:
+            self._reset_buffer()
+            self._shard_open = False
+            self._release()
 
     def close(self) -> None:
         """Commit what is pending and release the writer."""
         if self._closed:
+            return
+        if os.getpid() != self._pid:  # a forked child's copy: committing would take the parent's shard
+            self._closed = True
             return
         try:
             self.commit()

@@ -1,0 +1,210 @@
+"""A writer under failure: errors while writing, opening a shard or deleting superseded index files;
+damaged index runs at merge time; a forked child holding a copy of the writer."""
+
+from __future__ import annotations
+
+import errno
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.format.manifest import Manifest
+from seqstore.store import writer as writer_mod
+from seqstore.store.verify import verify
+from seqstore.store.writer import merge_sorted_runs
+
+SCHEMA = {"x": ss.Field("float32", (1024,)), "y": ss.Field("float32", (1024,))}
+
+
+def _fds_under(root: Path) -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            out.append(target)
+    return out
+
+
+def _batch(n: int, value: float = 1.0) -> dict[str, np.ndarray]:
+    return {"x": np.full((n, 1024), value, np.float32), "y": np.full((n, 1024), -value, np.float32)}
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_abort_after_a_failed_write_releases_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_io: bool
+) -> None:
+    root = tmp_path / "s"
+    with ss.create(root, SCHEMA, direct_io=direct_io) as w:
+        w.append_batch(_batch(3))
+    w = ss.append_to(root, buffer_bytes=1, direct_io=direct_io)
+    w.append_batch(_batch(2, 2.0))
+    calls = {"n": 0}
+    real = writer_mod._write_at
+
+    def full_disk(fd: int, data: memoryview, offset: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(writer_mod, "_write_at", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        w.append_batch(_batch(4, 3.0))
+    monkeypatch.undo()
+    w.abort()
+    assert _fds_under(root) == [] and not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    with pytest.raises(ss.SeqstoreError, match="closed"):
+        w.append_batch(_batch(1))
+    st = ss.open(root)
+    assert len(st) == 3 and verify(root) == []
+
+
+def test_a_failure_while_opening_a_shard_leaks_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "s"
+    w = ss.create(root, SCHEMA, buffer_bytes=1, direct_io=True)
+    calls = {"n": 0}
+    real = writer_mod.open_direct
+
+    def out_of_fds(path: Any) -> int | None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path)
+
+    monkeypatch.setattr(writer_mod, "open_direct", out_of_fds)
+    with pytest.raises(OSError, match="Too many"):
+        w.append_batch(_batch(2))
+    monkeypatch.undo()
+    assert not (w._workspace / "current").exists()
+    assert [p for p in _fds_under(root) if not p.endswith("owner.lock")] == []
+    with pytest.raises(ss.SeqstoreError, match="abort"):  # the failed batch may be half buffered
+        w.append_batch(_batch(2))
+    w.abort()
+    assert _fds_under(root) == []
+    with ss.append_to(root, direct_io=True) as w2:
+        w2.append_batch(_batch(2))
+    assert len(ss.open(root)) == 2 and verify(root) == [] and _fds_under(root) == []
+
+
+def test_failing_to_delete_superseded_runs_does_not_fail_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    schema = {"v": ss.Field("int32")}
+    with ss.create(root, schema, max_shard_records=1) as w:
+        for i in range(63):
+            w.append({"v": i}, id=f"id{i}")
+    real_unlink = Path.unlink
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        if "run-" in self.name:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    w = ss.append_to(root, max_shard_records=1)
+    monkeypatch.setattr(Path, "unlink", refuse)
+    w.append({"v": 63}, id="id63")
+    w.commit()  # merges the seven level-1 runs and the new one into a level-2 run
+    monkeypatch.undo()
+    assert w.num_committed == 1 and [r.level for r in Manifest.load(root).index_runs] == [2]
+    w.append({"v": 64}, id="id64")  # still usable
+    w.close()
+    assert len(list((root / "_index").iterdir())) > 2  # the superseded files are still there ...
+    with ss.append_to(root):  # ... until the next writer cleans up
+        pass
+    assert len(list((root / "_index").iterdir())) == 2
+    st = ss.open(root)
+    assert st.index_many([f"id{i}" for i in range(65)]).tolist() == list(range(65)) and verify(root) == []
+
+
+@pytest.mark.timeout(60)
+def test_an_unsorted_index_source_is_an_error_not_a_hang() -> None:
+    h = np.array([9, 9, 9, 5], np.uint64)
+    with pytest.raises(ValueError, match="not sorted"):
+        list(merge_sorted_runs([(h, np.arange(4), 0)], chunk=2))
+    with pytest.raises(ValueError, match="not sorted"):
+        list(merge_sorted_runs([(h, np.arange(4), 0), (np.array([1, 2], np.uint64), np.arange(2), 4)], chunk=1))
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_run_is_rebuilt_from_its_shards_at_merge(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    schema = {"v": ss.Field("int32")}
+    with ss.create(root, schema, max_shard_records=1) as w:
+        for i in range(63):
+            w.append({"v": i}, id=f"id{i}")
+    run = Manifest.load(root).index_runs[3]
+    path = root / f"{run.name}.hash.npy"
+    h = np.load(path)
+    with open(path, "r+b") as f:  # reversed: no longer sorted (run files carry no checksum)
+        f.seek(f.seek(0, 2) - h.nbytes)
+        f.write(h[::-1].tobytes())
+    with ss.append_to(root, max_shard_records=1) as w:
+        w.append({"v": 63}, id="id63")  # the level-2 merge
+    assert [r.level for r in Manifest.load(root).index_runs] == [2]
+    st = ss.open(root)
+    assert st.index_many([f"id{i}" for i in range(64)]).tolist() == list(range(64)) and verify(root) == []
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+@pytest.mark.parametrize("child", ["abort", "close", "exit"])
+def test_a_forked_child_cannot_damage_the_parents_shard(tmp_path: Path, direct_io: bool, child: str) -> None:
+    root = tmp_path / "s"
+    schema = {"x": ss.Field("float32", (3,))}
+    w = ss.create(root, schema, buffer_bytes=1, direct_io=direct_io)
+    w.append_batch({"x": np.ones((5, 3), np.float32)})
+    pid = os.fork()
+    if pid == 0:  # the child: whatever it does with its copy must not touch the parent's files
+        code = 0
+        try:
+            if child == "abort":
+                w.abort()
+            elif child == "close":
+                w.close()
+            try:
+                w.append_batch({"x": np.zeros((1, 3), np.float32)})
+                code = 3  # must refuse
+            except ss.SeqstoreError:
+                pass
+        except BaseException:  # noqa: BLE001
+            code = 4
+        if child == "exit":  # what an interpreter exit does to the copy: finalisers run
+            import gc
+
+            del w
+            gc.collect()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    w.append_batch({"x": np.full((5, 3), 2, np.float32)})
+    w.close()
+    st = ss.open(root)
+    assert len(st) == 10 and verify(root) == []
+    np.testing.assert_array_equal(st.get_batch(np.arange(10))["x"][:, 0], [1] * 5 + [2] * 5)
+
+
+def test_verify_sees_an_unsorted_shard_index(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with ss.create(root, {"v": ss.Field("int32")}) as w:
+        for i in range(6):
+            w.append({"v": i}, id=f"id{i}")
+    shard = root / "shard-000000"
+    m = Manifest.load(root)
+    for name in ("_ids.hash.npy", "_ids.hash_rows.npy"):  # both reversed: consistent pairs, wrong order
+        a = np.load(shard / name)
+        with open(shard / name, "r+b") as f:
+            f.seek(f.seek(0, 2) - a.nbytes)
+            f.write(a[::-1].tobytes())
+        info = m.shards[0].files[name]
+        m.shards[0].files[name] = type(info)(info.bytes, zlib.crc32(a[::-1].tobytes()))
+    m.save(root)
+    problems = verify(root)
+    assert any("hashes are not sorted" in p for p in problems), problems
