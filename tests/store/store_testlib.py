@@ -317,3 +317,16 @@ def child_read(store: ss.Store, indices: list[int]) -> list[tuple[str, list[floa
         rec = store[i]
         out.append((store.id(i), rec["x"].reshape(-1).tolist(), int(rec["meta/k"])))
     return out
+
+
+def fds_under(root: Path) -> list[str]:
+    """Paths under ``root`` that this process holds open descriptors on (Linux /proc)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            out.append(target)
+    return out

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from store_testlib import fds_under
 
 import seqstore as ss
 from seqstore.format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, read_header
@@ -209,18 +210,6 @@ def direct_supported(directory: Path) -> bool:
         return True
     finally:
         probe.unlink()
-
-
-def _fds_under(root: Path) -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            out.append(target)
-    return out
 
 
 # ------------------------------------------------------------------------------------- writer
@@ -445,7 +434,7 @@ def test_other_direct_write_errors_fail_the_writer(tmp_path: Path, monkeypatch: 
         with pytest.raises(ss.SeqstoreError, match="abort"):
             refused()
     w.abort()
-    assert _fds_under(root) == []
+    assert fds_under(root) == []
     check_store(root, [b0])
     # the store takes new writers afterwards
     with ss.append_to(root, direct_io=True) as w2:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from store_testlib import fds_under
 
 import seqstore as ss
 from seqstore.format.manifest import Manifest
@@ -19,18 +20,6 @@ from seqstore.store.verify import verify
 from seqstore.store.writer import merge_sorted_runs
 
 SCHEMA = {"x": ss.Field("float32", (1024,)), "y": ss.Field("float32", (1024,))}
-
-
-def _fds_under(root: Path) -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            out.append(target)
-    return out
 
 
 def _batch(n: int, value: float = 1.0) -> dict[str, np.ndarray]:
@@ -60,7 +49,7 @@ def test_abort_after_a_failed_write_releases_everything(
         w.append_batch(_batch(4, 3.0))
     monkeypatch.undo()
     w.abort()
-    assert _fds_under(root) == [] and not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert fds_under(root) == [] and not any(p.name.startswith("_tmp-") for p in root.iterdir())
     with pytest.raises(ss.SeqstoreError, match="closed"):
         w.append_batch(_batch(1))
     st = ss.open(root)
@@ -84,14 +73,14 @@ def test_a_failure_while_opening_a_shard_leaks_nothing(tmp_path: Path, monkeypat
         w.append_batch(_batch(2))
     monkeypatch.undo()
     assert not (w._workspace / "current").exists()
-    assert [p for p in _fds_under(root) if not p.endswith("owner.lock")] == []
+    assert [p for p in fds_under(root) if not p.endswith("owner.lock")] == []
     with pytest.raises(ss.SeqstoreError, match="abort"):  # the failed batch may be half buffered
         w.append_batch(_batch(2))
     w.abort()
-    assert _fds_under(root) == []
+    assert fds_under(root) == []
     with ss.append_to(root, direct_io=True) as w2:
         w2.append_batch(_batch(2))
-    assert len(ss.open(root)) == 2 and verify(root) == [] and _fds_under(root) == []
+    assert len(ss.open(root)) == 2 and verify(root) == [] and fds_under(root) == []
 
 
 def test_failing_to_delete_superseded_runs_does_not_fail_the_commit(
