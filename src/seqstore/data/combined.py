@@ -354,26 +354,20 @@ class CombinedDataset(Dataset):
         """The combined order of sub-epoch ``epoch``: values are combined indices. O(1) to build."""
         w = self.windows(epoch)
         m = w.size
+        common: dict[str, Any] = {
+            "epoch": epoch,
+            "seed": self.seed,
+            "partition_epoch": self.partition_epoch,
+            "shard_index": shard_index,
+            "num_shards": num_shards,
+        }
         if ordering_name(self.ordering) == "laplace":  # values are combined indices: one window lookup each
-            return seq_order(
-                m,
-                self.ordering,
-                epoch=epoch,
-                seed=self.seed,
-                partition_epoch=self.partition_epoch,
-                shard_index=shard_index,
-                num_shards=num_shards,
-                values=_WindowValues(w, [d.lengths() for d in self.datasets]),
-                num_values=w.num_values,
-            )
+            values = _WindowValues(w, [d.lengths() for d in self.datasets])
+            return seq_order(m, self.ordering, **common, values=values, num_values=w.num_values)
         union = dataset_order(
             m,
             self.ordering,
-            epoch=epoch,
-            seed=self.seed,
-            partition_epoch=self.partition_epoch,
-            shard_index=shard_index,
-            num_shards=num_shards,
+            **common,
             lengths=lambda: MappedLengths(self.lengths(), m, w.map),
             lengths_array=lambda: MappedLengths(self.lengths(), m, w.map).to_numpy(),
         )

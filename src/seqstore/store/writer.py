@@ -691,8 +691,15 @@ class Writer:
 
         If writing fails part way (disk full, I/O error), the shard's files no longer agree with each
         other: the writer is marked failed and only :meth:`abort` is allowed (committed data is safe)."""
-        try:
+        with self._failing():
             self._write_buffer()
+
+    @contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Mark the writer failed when the block raises anything but a SeqstoreError (I/O errors part
+        way through leave the shard's files inconsistent; validation errors leave nothing behind)."""
+        try:
+            yield
         except SeqstoreError:
             raise
         except BaseException as exc:
@@ -790,13 +797,8 @@ class Writer:
         return ShardInfo("", self._shard_records, rows, infos, bool(self._has_ids))
 
     def _commit_shard(self) -> None:
-        try:
+        with self._failing():
             self._commit_shard_files()
-        except SeqstoreError:
-            raise
-        except BaseException as exc:
-            self._failed = exc
-            raise
 
     def _commit_shard_files(self) -> None:
         pending = self._finish_shard_files()
