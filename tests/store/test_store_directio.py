@@ -454,20 +454,21 @@ def test_filesystem_without_o_direct(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert spy.calls == []
 
 
-def test_direct_io_off_keeps_small_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """direct_io=False (the default of create): 128-byte headers everywhere, no direct writes."""
+def test_direct_io_off_still_page_aligns_fixed_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """direct_io=False (the default of create): no direct writes, but fixed-size and packed files still
+    start their data on a page (one-page header; ragged and id files keep 128 bytes, checked there)."""
     spy = PwriteSpy()
     monkeypatch.setattr(writer_mod, "pwrite_all", spy)
     monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
     rng = np.random.default_rng(8)
     batches = write_store(tmp_path / "s", [make_batch(rng, 0, 700)], direct_io=False)
-    check_store(tmp_path / "s", batches, header=HEADER_BYTES)
+    check_store(tmp_path / "s", batches, header=PAGE_HEADER_BYTES)
     assert spy.calls == []
 
 
 def test_open_or_create_and_append_to_take_direct_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """open_or_create/append_to pass direct_io on; a store mixing 128-byte and one-page headers (shards
-    of writers with and without direct I/O) reads back and verifies."""
+    """open_or_create/append_to pass direct_io on; shards of writers with and without direct I/O (both
+    with one-page headers on fixed files) read back and verify."""
     monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
     spy = PwriteSpy()
     monkeypatch.setattr(writer_mod, "pwrite_all", spy)
@@ -482,9 +483,9 @@ def test_open_or_create_and_append_to_take_direct_io(tmp_path: Path, monkeypatch
         append_batch(w, b[2])
     store = ss.open(root)
     assert store.num_shards == 3
-    for shard, header in zip(store.manifest.shards, [PAGE_HEADER_BYTES, HEADER_BYTES, PAGE_HEADER_BYTES]):
+    for shard in store.manifest.shards:
         for name in FIXED_FILES:
-            assert read_header(root / shard.name / name).data_offset == header
+            assert read_header(root / shard.name / name).data_offset == PAGE_HEADER_BYTES
     assert len(spy.of("x.npy")) == 2
     # check_store's per-file header check assumes one size: compare the data of the mixed store here
     x = _cat(b, "x")
@@ -642,10 +643,9 @@ def test_logger_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dire
     assert store.id(1699) == "ex1699"
     assert verify(path) == []
     assert set(store.groups) == {"packed-float32", "packed-int64"}
-    header = PAGE_HEADER_BYTES if direct_io else HEADER_BYTES
     for shard in store.manifest.shards:
         for name in ("packed-float32.npy", "packed-int64.npy"):
-            assert read_header(path / shard.name / name).data_offset == header
+            assert read_header(path / shard.name / name).data_offset == PAGE_HEADER_BYTES
         assert read_header(path / shard.name / "_ids.npy").data_offset == HEADER_BYTES
     if not direct_io:
         assert spy.calls == []

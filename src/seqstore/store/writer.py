@@ -219,6 +219,7 @@ class _ColumnFile:
         crc_pool: ThreadPoolExecutor,
         *,
         direct: bool = False,
+        page_header: bool = False,
     ):
         self.path = path
         self.dtype = dtype
@@ -226,7 +227,7 @@ class _ColumnFile:
         self.rows = 0
         self._pool = crc_pool
         self._crc: Future[int] | None = None
-        self._header = PAGE_HEADER_BYTES if direct else HEADER_BYTES
+        self._header = PAGE_HEADER_BYTES if direct or page_header else HEADER_BYTES
         self._direct: int | None = None
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
         try:
@@ -385,8 +386,11 @@ class Writer:
         for name, f in self._units:
             path = cur / f"{name}.npy"
             path.parent.mkdir(parents=True, exist_ok=True)
+            # fixed-size data starts on a page boundary, so a record never straddles more pages than its
+            # size requires (a cold random read of a 2 KiB record touches one page, not two)
             self._files[name] = _ColumnFile(
-                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io and not f.ragged
+                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io and not f.ragged,
+                page_header=not f.ragged,
             )
             if f.ragged:
                 off = _ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self._pool)
