@@ -6,16 +6,21 @@ Progress bars (tqdm, on stderr) are shown for work that reads or writes the whol
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from . import __version__
+from ._sysinfo import rss_bytes
 from .errors import SeqstoreError
 from .interop.commands import add_subcommands as add_interop_subcommands
+from .interop.commands import cli_message
 from .store import open_store
 from .store.describe import describe_groups
 from .store.verify import total_bytes, verify
@@ -34,17 +39,22 @@ def _human_bytes(n: float) -> str:
 def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
     """Min/mean/max and an integer-binned text histogram (at most 10 bins) of a ragged field's lengths.
 
-    Two passes over the offsets; O(chunk) memory.
+    Two passes over the offsets (range, then histogram), each with its own bar counting records to
+    ``len(store)``; O(chunk) memory.
     """
     lengths = store.lengths(field)
     n = len(lengths)
     if n == 0:
         return ["    (no records)"]
     lo, hi, total = np.iinfo(np.int64).max, 0, 0
-    bar = tqdm(total=2 * n, desc=f"lengths of {field}", unit="rec", unit_scale=True, disable=not progress, leave=False)
+    bar = tqdm(total=n, desc=f"lengths of {field} (1/2)", unit="rec", unit_scale=True, disable=not progress,
+               leave=False)
     for chunk in lengths.iter_chunks():
         lo, hi, total = min(lo, int(chunk.min())), max(hi, int(chunk.max())), total + int(chunk.sum())
         bar.update(len(chunk))
+    bar.close()
+    bar = tqdm(total=n, desc=f"lengths of {field} (2/2)", unit="rec", unit_scale=True, disable=not progress,
+               leave=False)
     width = -(-(hi + 1 - lo) // 10)  # integer bins, at most 10 of them
     edges = np.arange(lo, hi + 1 + width, width)[: -(-(hi + 1 - lo) // width) + 1]
     counts = np.zeros(len(edges) - 1, dtype=np.int64)
@@ -60,15 +70,29 @@ def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
     return lines
 
 
+def _manifest_bytes(root: Path) -> int:
+    """Bytes of the manifest file(s) an open reads: every ``manifest*`` file at the top of the store."""
+    return sum(p.stat().st_size for p in root.glob("manifest*") if p.is_file())
+
+
 def cmd_info(args: argparse.Namespace) -> int:
+    gc.collect()
+    private0 = rss_bytes()[0]
+    t0 = time.perf_counter()
     store = open_store(args.path)
+    open_s = time.perf_counter() - t0
+    private_growth = rss_bytes()[0] - private0
     m = store.manifest
+    manifest_size = _manifest_bytes(Path(store.root))
     print(f"store     {store.root}")
     print(f"records   {len(store)}")
     print(f"shards    {store.num_shards}")
     print(f"bytes     {_human_bytes(total_bytes(m))} ({total_bytes(m)})")
     print(f"ids       {'yes' if store.has_ids else 'no'}")
     print(f"format    version {m.version}" + (f", id lookup {m.id_lookup}" if m.version >= 2 else ""))
+    print(f"manifest  {_human_bytes(manifest_size)} ({manifest_size})")
+    print(f"open      {open_s * 1e3:.2f} ms, private memory {private_growth / 2**20:+.2f} MiB "
+          "(seqstore.open measured in this process)")
     if m.metadata:
         print(f"metadata  {m.metadata}")
     print("fields")
@@ -94,7 +118,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         size = total_bytes(Manifest.load(args.path))
     except SeqstoreError:
         size = 0
-    with tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=args.quiet or size == 0) as bar:
+    # verify() reports every byte of every listed file (header and data), so the bar ends at ``size``
+    with tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=args.quiet or size == 0,
+              file=sys.stderr) as bar:
         problems = verify(args.path, progress=bar.update)
     if problems:
         for p in problems:
@@ -145,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SeqstoreError as exc:
-        print(f"seqstore: error: {exc}", file=sys.stderr)
+        print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2
 
 

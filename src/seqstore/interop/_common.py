@@ -25,13 +25,46 @@ from ..format.manifest import MANIFEST, fsync_dir
 from ..schema import Schema
 from ..store import Writer, create
 
-__all__ = ["SourceFormatError", "Progress", "split_by_budget", "new_store", "DEFAULT_CHUNK_BYTES"]
+__all__ = [
+    "SourceFormatError",
+    "OutputExistsError",
+    "Progress",
+    "announce_total",
+    "split_by_budget",
+    "new_store",
+    "DEFAULT_CHUNK_BYTES",
+]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
 
-#: A progress callback: called with the number of source bytes (or records) just processed.
+#: A progress callback: called with the amount of work just done (records or bytes: each importer and
+#: exporter documents its unit). A callback that also has an ``add_total(n)`` method is told the total
+#: amount of work, in the same unit, once the inputs are validated and before the first step (see
+#: :func:`announce_total`); the steps then add up to exactly that total on success.
 Progress = Callable[[int], None]
+
+
+def announce_total(progress: Progress | None, total: int) -> None:
+    """Tell ``progress`` (if it has an ``add_total`` method) that ``total`` more units of work are coming.
+
+    Called after validation, so a progress bar built on ``add_total`` appears only once the inputs are
+    known to be good. An importer that learns its size piece by piece may call it several times.
+    """
+    add = getattr(progress, "add_total", None)
+    if add is not None:
+        add(int(total))
+
+
+class OutputExistsError(FileExistsError):
+    """The output of a conversion already exists and ``overwrite`` was not given; ``path`` names it.
+
+    The message speaks Python (``overwrite=True``); the command line says ``--overwrite`` instead.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(f"{path}: already exists (pass overwrite=True to replace it)")
+        self.path = str(path)
 
 
 class SourceFormatError(FormatError):
@@ -97,14 +130,14 @@ def new_store(
     ``fill`` raises (or the final commit fails), the writer is aborted and only the temporary directory
     is deleted, then the exception propagates: ``out`` is exactly as before (an existing store intact).
     A crash leaves at worst a hidden ``.<name>.tmp-*`` (or, between the two renames, ``.<name>.old-*``
-    holding the previous store) next to ``out``. Raises FileExistsError when ``out`` exists and
-    ``overwrite`` is false, SeqstoreError when ``out`` is a non-empty directory that is not a store,
-    both before anything is written. O(1) extra work: two renames.
+    holding the previous store) next to ``out``. Raises :class:`OutputExistsError` (a FileExistsError)
+    when ``out`` exists and ``overwrite`` is false, SeqstoreError when ``out`` is a non-empty directory
+    that is not a store, both before anything is written. O(1) extra work: two renames.
     """
     root = Path(out)
     if root.exists() or root.is_symlink():
         if not overwrite:
-            raise FileExistsError(f"{root}: already exists (pass overwrite=True to replace it)")
+            raise OutputExistsError(root)
         if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
     root.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, new_store
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store
 
 __all__ = ["import_arrow", "import_parquet", "arrow_sources", "METADATA_KEY"]
 
@@ -121,7 +121,8 @@ def _plan(path: str, column: str, t: Any) -> _Plan:
                 return _Plan(True, leaf[0], (None, *leaf[1]))
     raise SchemaError(
         f"{path}, column {column!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists and lists "
-        "of those are supported; a string column can be the id column); choose columns with --map col=field"
+        "of those are supported; a string column can be the id column); choose columns with "
+        "columns={column: field}"
     )
 
 
@@ -180,6 +181,20 @@ class _Source:
                 self.schema = self._reader.schema
         except (OSError, pa.ArrowException) as exc:
             raise SourceFormatError(self.path, None, f"cannot read as {fmt}: {exc}") from exc
+
+    def count_rows(self) -> int:
+        """Records in the file: Parquet's footer; for Arrow IPC the record batches' lengths (metadata
+        only: the mapped bodies are not read)."""
+        if self.fmt == "parquet":
+            return self.num_rows
+        pa = _pa()
+        try:
+            if self._stream:
+                self._mm.seek(0)
+                return sum(b.num_rows for b in pa.ipc.open_stream(self._mm))
+            return sum(self._reader.get_batch(i).num_rows for i in range(self._reader.num_record_batches))
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
 
     def batches(self, columns: list[str], chunk_bytes: int) -> Iterator[Any]:
         """Record batches of the named columns, from the start of the file on every call."""
@@ -340,13 +355,16 @@ def _import(
     try:
         schema = Schema(spec)
     except SchemaError as exc:
-        raise SchemaError(f"{exc}; rename columns with --map col=field") from exc
+        raise SchemaError(f"{exc}; rename columns with columns={{column: field}}") from exc
     read_cols = [*mapping, *([id_column] if id_column else [])]
     meta = {
         "format": fmt, "files": [os.path.basename(s.path) for s in srcs], "columns": mapping, "id_column": id_column,
     }
 
-    def fill(writer: Writer) -> None:
+    total = sum(src.count_rows() for src in srcs)
+
+    def fill(writer: Writer) -> None:  # called once the output path is checked too
+        announce_total(progress, total)
         for src in srcs:
             for table in _chunks(src, read_cols, chunk_bytes):
                 batch = {
@@ -359,7 +377,7 @@ def _import(
                     ids = [str(x) for x in arr.to_pylist()]
                 writer.append_batch(batch, ids=ids)
                 if progress is not None:
-                    progress(int(table.nbytes))
+                    progress(int(table.num_rows))
 
     new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
     return open_store(out)
@@ -383,7 +401,8 @@ def import_arrow(
     own name). ``id_column``: a string (or integer) column whose values become record ids. Records keep
     the files' order. All files' schemas are checked before the store is created; a failure while
     streaming deletes the new store (all or nothing). Files are memory-mapped and converted in chunks
-    of about ``chunk_bytes``: O(chunk) memory. ``progress`` gets the Arrow bytes of each chunk.
+    of about ``chunk_bytes``: O(chunk) memory. ``progress`` gets the records of each chunk (and, through
+    ``add_total`` if it has one, the number of records in all files once they are validated).
     """
     return _import(sources, out, "arrow", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
                    shard_bytes=shard_bytes, overwrite=overwrite, progress=progress)

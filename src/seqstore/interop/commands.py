@@ -22,13 +22,15 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import SeqstoreError
-from ._common import Progress
+from ._common import Progress, announce_total
 
 __all__ = [
     "SOURCES",
     "TARGETS",
     "Converter",
     "Progress",
+    "ProgressBar",
+    "cli_message",
     "register_source",
     "register_target",
     "add_subcommands",
@@ -41,9 +43,10 @@ __all__ = [
 class Converter:
     """One ``--from`` source or ``--to`` target.
 
-    ``run(args, progress)`` does the work (``progress(n)`` advances the bar by ``n`` of ``unit``) and
-    returns what it made (a Store or a path); ``add_arguments(group)`` adds the format's own options;
-    ``total(args)`` sizes the progress bar (None: unknown).
+    ``run(args, progress)`` does the work (``progress(n)`` advances the bar by ``n`` of ``unit``;
+    ``progress.add_total(n)``, called once the inputs are validated, sizes it) and returns what it made
+    (a Store or a path); ``add_arguments(group)`` adds the format's own options; ``total(args)`` is an
+    up-front total for a converter that does not call ``add_total`` (None: unknown).
     """
 
     help: str
@@ -94,16 +97,6 @@ def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
 # ---------------------------------------------------------------------------------- returnn-hdf
 
 
-def _hdf_total(args: argparse.Namespace) -> int | None:
-    from .returnn import inspect_hdf
-
-    srcs, _ = _sources_and_out(args)
-    try:
-        return sum(inspect_hdf(p, check_lengths=False).total_bytes for p in srcs)
-    except SeqstoreError:
-        return None  # the import reports it properly
-
-
 def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .returnn import import_hdf
 
@@ -120,21 +113,6 @@ def _hdf_args(group: Any) -> None:
 
 
 # -------------------------------------------------------------------------------- parquet/arrow
-
-
-def _arrow_total(fmt: str) -> Callable[[argparse.Namespace], int | None]:
-    def total(args: argparse.Namespace) -> int | None:
-        import os
-
-        from .arrow import arrow_sources
-
-        srcs, _ = _sources_and_out(args)
-        try:
-            return sum(os.path.getsize(f) for s in srcs for f in arrow_sources(s, fmt))
-        except (OSError, SeqstoreError):
-            return None
-
-    return total
 
 
 def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
@@ -177,16 +155,6 @@ def _hdf_export(args: argparse.Namespace, progress: Progress) -> Any:
                       overwrite=args.overwrite, progress=progress)
 
 
-def _hdf_export_total(args: argparse.Namespace) -> int | None:
-    from ..format.manifest import Manifest
-    from ..store.verify import total_bytes
-
-    try:
-        return int(total_bytes(Manifest.load(args.store)))
-    except SeqstoreError:
-        return None
-
-
 def _hdf_export_args(group: Any) -> None:
     group.add_argument("--inputs", default="auto",
                        help="returnn-hdf: field written as 'inputs' (default: the imported one, else 'data'; "
@@ -196,11 +164,10 @@ def _hdf_export_args(group: Any) -> None:
 
 
 register_source("returnn-hdf", Converter("RETURNN HDF files (SimpleHDFWriter / HDFDataset layout)", _hdf_run,
-                                         _hdf_args, _hdf_total))
-register_source("parquet", Converter("Parquet files or directories", _arrow_run("parquet"), _arrow_args,
-                                     _arrow_total("parquet")))
+                                         _hdf_args))
+register_source("parquet", Converter("Parquet files or directories", _arrow_run("parquet"), _arrow_args, unit="rec"))
 register_source("arrow", Converter("Arrow IPC files or directories (incl. HF datasets save_to_disk)",
-                                   _arrow_run("arrow"), None, _arrow_total("arrow")))
+                                   _arrow_run("arrow"), None, unit="rec"))
 def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     from ..log.logix import import_logix
     from ..store import open_store
@@ -208,14 +175,24 @@ def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     srcs, out = _sources_and_out(args)
     if len(srcs) != 1:
         raise SeqstoreError("convert --from logix: give one LogIX log directory, then the output store")
-    done = [0]
-
-    def advance(records: int) -> None:  # import_logix reports a running total
-        progress(records - done[0])
-        done[0] = records
-
-    import_logix(srcs[0], out, overwrite=args.overwrite, batch_records=args.batch_records, progress=advance)
+    import_logix(srcs[0], out, overwrite=args.overwrite, batch_records=args.batch_records,
+                 progress=_RunningTotal(progress))
     return open_store(out)
+
+
+class _RunningTotal:
+    """Turns import_logix's running totals into increments for a bar; passes ``add_total`` on."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._done = 0
+
+    def __call__(self, records: int) -> None:
+        self._progress(records - self._done)
+        self._done = records
+
+    def add_total(self, n: int) -> None:
+        announce_total(self._progress, n)
 
 
 def _logix_args(group: Any) -> None:
@@ -224,24 +201,74 @@ def _logix_args(group: Any) -> None:
 
 
 register_source("logix", Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + "
-                                   "_metadata.json)", _logix_run, _logix_args, None, unit="rec"))
-register_target("returnn-hdf", Converter("one RETURNN HDF file for HDFDataset", _hdf_export, _hdf_export_args,
-                                         _hdf_export_total))
+                                   "_metadata.json)", _logix_run, _logix_args, unit="rec"))
+register_target("returnn-hdf", Converter("one RETURNN HDF file for HDFDataset", _hdf_export, _hdf_export_args))
 
 
 # ------------------------------------------------------------------------------------- commands
 
 
+class ProgressBar:
+    """The progress callback the commands hand to a converter: a tqdm bar on stderr, drawn only when
+    the work starts (the converter's first ``add_total`` or step, which come after its inputs and
+    output path are validated), so a command that fails on bad input draws no bar.
+
+    ``add_total(n)`` grows the total (in the converter's unit), ``bar(n)`` advances it; on success
+    the steps add up to the total. ``total`` is a fixed total for converters that announce none.
+    """
+
+    def __init__(self, desc: str, unit: str, *, disable: bool = False, total: int | None = None) -> None:
+        self.desc, self.unit, self.disable = desc, unit, disable
+        self._total = total
+        self._bar: Any = None
+
+    def _open(self) -> Any:
+        if self._bar is None:
+            self._bar = tqdm(total=self._total, desc=self.desc, unit=self.unit, unit_scale=True,
+                             disable=self.disable, file=sys.stderr)
+        return self._bar
+
+    def add_total(self, n: int) -> None:
+        bar = self._open()
+        bar.total = (bar.total or 0) + n
+        bar.refresh()
+
+    def __call__(self, n: int) -> None:
+        self._open().update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 def _with_bar(conv: Converter, args: argparse.Namespace, desc: str) -> Any:
     total = None if args.quiet or conv.total is None else conv.total(args)
-    with tqdm(total=total, desc=desc, unit=conv.unit, unit_scale=True, disable=args.quiet,
-              file=sys.stderr) as bar:
-        return conv.run(args, bar.update)
+    bar = ProgressBar(desc, conv.unit, disable=args.quiet, total=total)
+    try:
+        return conv.run(args, bar)
+    finally:
+        bar.close()
+
+
+#: Python spellings in library messages -> the command line's options (errors of the commands speak CLI).
+CLI_WORDS = {
+    "pass overwrite=True": "pass --overwrite",
+    "columns={column: field}": "--map COLUMN=FIELD",
+    "rename={stream: field}": "--rename STREAM=FIELD",
+    "fields={field: key}": "--field FIELD=KEY",
+}
+
+
+def cli_message(exc: BaseException) -> str:
+    """The message of an error raised by the library, with its Python option names in CLI spelling."""
+    msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    for py, cli in CLI_WORDS.items():
+        msg = msg.replace(py, cli)
+    return msg
 
 
 def _user_error(exc: OSError | KeyError) -> int:
-    msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    print(f"seqstore: error: {msg}", file=sys.stderr)
+    print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
     return 2
 
 

@@ -35,7 +35,15 @@ import numpy as np
 from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, new_store, split_by_budget
+from ._common import (
+    DEFAULT_CHUNK_BYTES,
+    OutputExistsError,
+    Progress,
+    SourceFormatError,
+    announce_total,
+    new_store,
+    split_by_budget,
+)
 
 if TYPE_CHECKING:
     from ._returnn_dataset import StoreDataset as StoreDataset
@@ -290,7 +298,9 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     for key, s in by_key.items():
         name = name_of(key)
         if name in spec:
-            raise SchemaError(f"two streams map to the field {name!r}; use rename to tell them apart")
+            raise SchemaError(
+                f"two streams map to the field {name!r}; pass rename={{stream: field}} to tell them apart"
+            )
         try:
             spec[name] = Field(dtypes[key], (None, *s.inner))
         except SchemaError as exc:
@@ -378,7 +388,8 @@ def import_hdf(
     the new store is deleted. Either the whole store is there or nothing.
 
     Memory: O(``chunk_bytes``) of rows plus that chunk's tags, whatever the file sizes. One sequential
-    pass over each dataset. ``progress`` is called with the bytes of rows of each chunk written.
+    pass over each dataset. ``progress`` is called with the bytes of rows of each chunk written (and,
+    through ``add_total`` if it has one, with the bytes of rows of all files once they are validated).
     """
     paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not paths:
@@ -389,7 +400,8 @@ def import_hdf(
     schema, meta = _merge_schema(infos, dict(rename or {}))
     fields = {v["hdf_key"]: name for name, v in meta["streams"].items()}
 
-    def fill(writer: Writer) -> None:
+    def fill(writer: Writer) -> None:  # called once the output path is checked too
+        announce_total(progress, sum(info.total_bytes for info in infos))
         for info in infos:
             _stream_file(info, writer, fields, chunk_bytes, progress)
 
@@ -462,14 +474,15 @@ def export_hdf(
     Written in bulk: every dataset is allocated at its final size, then filled in record chunks of
     about ``chunk_bytes`` (one gather per chunk and field, one slice write per dataset). Memory
     O(``chunk_bytes``). The file appears atomically (written under a temporary name, then renamed).
-    ``progress`` is called with the bytes of rows of each chunk.
+    ``progress`` is called with the bytes of rows of each chunk as written (and, through ``add_total``
+    if it has one, with the bytes of all exported streams before the first chunk).
     """
     h5py = _h5py()
     # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1))
     st = open_store(store.root if isinstance(store, Store) else store, bfloat16="float32")
     target = Path(out)
     if target.exists() and not overwrite:
-        raise FileExistsError(f"{target}: already exists (pass overwrite=True to replace it)")
+        raise OutputExistsError(target)
     schema = st.schema
     meta = st.metadata.get(METADATA_KEY, {})
     meta = meta if isinstance(meta, dict) else {}
@@ -519,6 +532,9 @@ def export_hdf(
                 dsets[n] = fout.create_dataset(hname, shape=(rows, *f.inner_shape), dtype=dt)
             seq_lengths = fout.create_dataset("seqLengths", shape=(n_seqs, ncols), dtype="int32")
             tags = fout.create_dataset("seqTags", shape=(n_seqs,), dtype=h5py.string_dtype("utf-8"))
+            # bytes of one row as written (bfloat16 as float32): the unit of ``progress``
+            row_out = {n: dsets[n].dtype.itemsize * int(np.prod(schema[n].inner_shape)) for n, _ in streams}
+            announce_total(progress, sum(int(dsets[n].shape[0]) * row_out[n] for n, _ in streams))
             pos = {n: 0 for n, _ in streams}
             for a, b in _chunks_of_store(st, [n for n, _ in streams], chunk_bytes):
                 batch = st.get_batch(np.arange(a, b, dtype=np.int64), fields=[n for n, _ in streams])
@@ -537,7 +553,7 @@ def export_hdf(
                     dsets[n][pos[n] : pos[n] + len(values)] = values
                     pos[n] += len(values)
                     lens[:, col] = lengths
-                    nbytes += values.nbytes
+                    nbytes += len(values) * row_out[n]
                 if lens.size and lens.max() > np.iinfo(np.int32).max:
                     raise SchemaError(f"{st.root}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
                 seq_lengths[a:b] = lens.astype(np.int32)

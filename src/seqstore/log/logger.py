@@ -22,7 +22,8 @@ Duplicate ids (``on_duplicate``):
 - ``"keep_last"``: every record is written; the store is created with ``id_lookup="last"`` so that
   ``index(id)`` returns the last record written with that id (format version 2). Earlier copies stay
   as records (they are counted in ``stats["duplicates_superseded"]``).
-- ``"error"``: a batch holding an id that is already logged raises :class:`DuplicateIdError` and
+- ``"error"``: a batch holding an id that is already logged, or the same id twice, raises
+  :class:`DuplicateIdError` naming the ids (as "already logged" or "repeated inside this batch") and
   nothing of that batch is written.
 """
 
@@ -444,14 +445,32 @@ class Logger:
                         del self._inflight[i]
             self._seen_seq = done
 
+    def _duplicate_message(
+        self, ids: list[str], dup: np.ndarray[Any, Any], repeated: np.ndarray[Any, Any]
+    ) -> str:
+        """What ``on_duplicate="error"`` says: ids logged before (committed or in flight) and ids
+        repeated inside the batch, each named (the first 10 of each kind)."""
+        logged = list(dict.fromkeys(ids[k] for k in np.flatnonzero(dup & ~repeated)))
+        known = set(logged)
+        again = list(dict.fromkeys(ids[k] for k in np.flatnonzero(repeated) if ids[k] not in known))
+        parts = []
+        if logged:
+            parts.append(f"{len(logged)} id(s) already logged to {self.path}: {logged[:10]}")
+        if again:
+            parts.append(f"{len(again)} id(s) repeated inside this batch: {again[:10]}")
+        return f"log(): {'; '.join(parts)}; nothing of this batch was logged (on_duplicate='error')"
+
     def _dedup(self, ids: list[str]) -> tuple[np.ndarray[Any, Any] | None, dict[str, int]]:
         """Positions of the batch to write (None: all) and the stats delta, per ``on_duplicate``."""
         assert self._reader is not None
         batch = len(ids)
         seen: set[str] = set()
         dup = np.zeros(batch, dtype=np.bool_)
+        repeated = np.zeros(batch, dtype=np.bool_)  # an earlier position of this batch has the id
         for k, i in enumerate(ids):
-            if i in seen or i in self._inflight:
+            if i in seen:
+                dup[k] = repeated[k] = True
+            elif i in self._inflight:
                 dup[k] = True
             seen.add(i)
         rest = np.flatnonzero(~dup)
@@ -462,11 +481,7 @@ class Logger:
         if ndup == 0:
             return None, {}
         if self.on_duplicate == "error":
-            names = [ids[k] for k in np.flatnonzero(dup)[:10]]
-            raise DuplicateIdError(
-                f"log(): {ndup} id(s) already logged to {self.path}: {names}; nothing of this batch was logged "
-                "(on_duplicate='error')"
-            )
+            raise DuplicateIdError(self._duplicate_message(ids, dup, repeated))
         if self.on_duplicate == "keep_last":
             return None, {"duplicates_superseded": ndup}
         self._num_skipped += ndup

@@ -184,7 +184,9 @@ def import_logix(
     LogIX's order (rank, chunk, position); a repeated ``data_id`` keeps its first occurrence. Every
     chunk is committed once written, so an interrupted import leaves a valid prefix. Raises
     :class:`~seqstore.FormatError` for a missing/malformed chunk and :class:`~seqstore.SchemaError`
-    when records disagree on modules, shapes or dtypes. ``progress`` is called with records done.
+    when records disagree on modules, shapes or dtypes. ``progress`` is called with the running total
+    of records imported (not an increment); if it has an ``add_total(n)`` method, that is called with
+    the records each chunk will add (duplicates excluded) before they are written.
     """
     t0 = time.perf_counter()
     chunks = find_logix_chunks(logdir)
@@ -240,6 +242,9 @@ def import_logix(
                 found = store.index_many([recs[k].data_id for k in keep], missing=-1)
                 keep = [k for k, f in zip(keep, found.tolist()) if f < 0]
             skipped += len(recs) - len(keep)
+            add_total = getattr(progress, "add_total", None)  # a progress bar learns the size chunk by chunk
+            if add_total is not None:
+                add_total(len(keep))
             mm = np.memmap(data_path, dtype=np.uint8, mode="r") if data_path.stat().st_size else np.empty(0, np.uint8)
             offsets = np.array([r.offsets for r in recs], dtype=np.int64)  # (records, fields)
             for a in range(0, len(keep), batch_records):

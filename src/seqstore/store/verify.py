@@ -69,7 +69,8 @@ def total_bytes(manifest: Manifest) -> int:
 def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> list[str]:
     """Check every committed file of the store at ``path``; return the problems found (empty if none).
 
-    ``progress`` is called with the number of bytes checksummed after each chunk (for a progress bar).
+    ``progress`` is called with the bytes of each file's ``.npy`` header, then with the bytes checksummed
+    after each chunk (for a progress bar): on an intact store the calls add up to :func:`total_bytes`.
     Reads each file once; memory O(chunk + largest id index of one shard).
     """
     root = Path(path)
@@ -102,6 +103,8 @@ def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None 
             except SeqstoreError as exc:
                 problems.append(str(exc))
                 continue
+            if progress is not None:  # the header counts too: a sound file reports exactly fi.bytes
+                progress(header.data_offset)
             crc = _crc_of_data(p, header.data_offset, progress)
             if crc != fi.crc32:
                 problems.append(f"{p}: CRC-32 {crc:#010x} of the data differs from the manifest's {fi.crc32:#010x}")
