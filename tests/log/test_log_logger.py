@@ -150,6 +150,23 @@ def test_duplicate_policies(scratch: Path, policy: str) -> None:
         assert st.index("ex0") == 0
 
 
+def test_duplicate_error_tells_in_batch_repeats_from_logged_ids(scratch: Path) -> None:
+    lg = Logger(scratch / "log", on_duplicate="error", flush_bytes=2048)
+    ids, t = _batch(0, 4)
+    with pytest.raises(DuplicateIdError) as err:  # never logged: only repeated inside the batch
+        lg.log(["a", "b", "a", "c"], t)
+    msg = str(err.value)
+    assert "1 id(s) repeated inside this batch: ['a']" in msg and "already logged" not in msg
+    lg.log(ids, t)  # ex0..ex3, in flight
+    with pytest.raises(DuplicateIdError) as err:
+        lg.log(["ex2", "n1", "n1", "n2"], t)
+    msg = str(err.value)
+    assert "1 id(s) already logged to" in msg and "['ex2']" in msg
+    assert "1 id(s) repeated inside this batch: ['n1']" in msg
+    lg.close()
+    assert [ss.open(scratch / "log").id(i) for i in range(4)] == ids
+
+
 def test_background_failure_surfaces_and_committed_records_survive(scratch: Path) -> None:
     lg = Logger(scratch / "log", flush_bytes=8192, commit_every_s=60)
     lg.log(*_batch(0, 10))
