@@ -19,6 +19,7 @@ from tqdm import tqdm
 from . import __version__
 from ._sysinfo import rss_bytes
 from .errors import SeqstoreError
+from .format.manifest import MANIFEST
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .interop.commands import cli_message
 from .store import open_store
@@ -70,9 +71,19 @@ def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
     return lines
 
 
-def _manifest_bytes(root: Path) -> int:
-    """Bytes of the manifest file(s) an open reads: every ``manifest*`` file at the top of the store."""
-    return sum(p.stat().st_size for p in root.glob("manifest*") if p.is_file())
+def _manifest_line(root: Path) -> str:
+    """Size of what an open reads: ``manifest.json``, plus the binary shard table a version-3 store
+    maps (its committed rows) when there is one."""
+    size = (root / MANIFEST).stat().st_size
+    line = f"{_human_bytes(size)} ({size}) {MANIFEST}"
+    try:
+        from .format.shard_table import TABLE  # format version 3
+    except ImportError:  # pragma: no cover - older format code
+        return line
+    if (root / TABLE).is_file():
+        tsize = (root / TABLE).stat().st_size
+        line += f", shard table {_human_bytes(tsize)} ({tsize}, mapped)"
+    return line
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -83,14 +94,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     open_s = time.perf_counter() - t0
     private_growth = rss_bytes()[0] - private0
     m = store.manifest
-    manifest_size = _manifest_bytes(Path(store.root))
     print(f"store     {store.root}")
     print(f"records   {len(store)}")
     print(f"shards    {store.num_shards}")
     print(f"bytes     {_human_bytes(total_bytes(m))} ({total_bytes(m)})")
     print(f"ids       {'yes' if store.has_ids else 'no'}")
     print(f"format    version {m.version}" + (f", id lookup {m.id_lookup}" if m.version >= 2 else ""))
-    print(f"manifest  {_human_bytes(manifest_size)} ({manifest_size})")
+    print(f"manifest  {_manifest_line(Path(store.root))}")
     print(f"open      {open_s * 1e3:.2f} ms, private memory {private_growth / 2**20:+.2f} MiB "
           "(seqstore.open measured in this process)")
     if m.metadata:
