@@ -1,7 +1,10 @@
 """Plot open time and memory vs N (seqstore vs peers) from bench/results/open.json.
 
-Writes docs/img/open_vs_n.png (matplotlib, Agg). Usage: ``python bench/plot.py [results.json]``;
-without an argument it uses open.json, or open_quick.json if that is all there is.
+Writes docs/img/open_vs_n.png (matplotlib, Agg) from full results; from quick results (open_quick.json)
+it writes bench/results/open_vs_n_quick.png instead, so a quick run leaves the docs' figure alone.
+Usage: ``python bench/plot.py [results.json]``; without an argument it uses open.json, or
+open_quick.json if that is all there is. Without matplotlib (``make bench`` installs it with the bench
+extra) or without open results it prints one ``skipped:`` line and exits 0.
 """
 
 from __future__ import annotations
@@ -25,14 +28,21 @@ LABELS = {
 
 
 def main() -> None:
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        print("skipped: plot (matplotlib is not installed: `make bench` installs it, or pip install -e '.[bench]')")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "open.json"
-    if not src.exists():
+    if not src.exists() and len(sys.argv) <= 1:
         src = RESULTS / "open_quick.json"
+    if not src.exists():
+        print(f"skipped: plot (no open results at {src}: run bench/open.py first)")
+        return
+    out = RESULTS / "open_vs_n_quick.png" if src.name.endswith("_quick.json") else OUT
     results = json.loads(src.read_text())
     series: dict[str, list[tuple[int, float, float]]] = {}
     for c in results["cases"]:
@@ -57,9 +67,9 @@ def main() -> None:
     fig.suptitle(f"fresh process per run, warm page cache; {results['machine']['cpu']}, "
                  f"{results['machine']['cores']} cores", fontsize=8)
     fig.tight_layout()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(OUT)
-    print(f"wrote {OUT} ({OUT.stat().st_size // 1024} KiB) from {src}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    print(f"wrote {out} ({out.stat().st_size // 1024} KiB) from {src}")
 
 
 if __name__ == "__main__":
