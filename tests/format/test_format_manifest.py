@@ -32,7 +32,7 @@ def test_round_trip(tmp_path: Path) -> None:
     m = _manifest()
     m.save(tmp_path)
     raw = json.loads((tmp_path / MANIFEST).read_text())
-    assert raw["format"] == FORMAT_NAME == "seqstore" and raw["version"] == 1 and FORMAT_VERSION == 2
+    assert raw["format"] == FORMAT_NAME == "seqstore" and raw["version"] == 1 and FORMAT_VERSION == 3
     back = Manifest.load(tmp_path)
     assert back == m
     assert back.num_records == 24

@@ -67,7 +67,7 @@ def test_numpy_int_and_explicit_schema(scratch: Path) -> None:
             {"emb": torch.zeros(2, 4), "label": torch.tensor([7, 8]), "mask": torch.zeros(2, 3, dtype=torch.bool)},
         )
     st = ss.open(scratch / "log")
-    assert st.groups == {} and st.manifest.version == 1
+    assert st.groups == {} and st.manifest.version == 3
     assert st.index("6") == 6 and st[6]["label"] == 8 and st[0]["emb"].dtype == np.float32
 
 
@@ -142,7 +142,7 @@ def test_duplicate_policies(scratch: Path, policy: str) -> None:
         assert st.manifest.stats["duplicates_skipped"] == 4
         assert loss[st.index("ex1")] == t["loss"][1].item() and loss[st.index("new2")] == t2["loss"][4].item()
     else:
-        assert len(st) == 13 and st.manifest.version == 2 and st.manifest.id_lookup == "last"
+        assert len(st) == 13 and st.manifest.version == 3 and st.manifest.id_lookup == "last"
         assert st.manifest.stats["duplicates_superseded"] == 4
         assert loss[st.index("ex1")] == t2["loss"][0].item()  # the last write wins
         assert loss[st.index("new1")] == t2["loss"][2].item()

@@ -49,21 +49,36 @@ def test_layout_and_manifest(scratch: Path) -> None:
     root = scratch / "s"
     _write(root)
     raw = json.loads((root / "manifest.json").read_text())
-    assert raw["version"] == 2 and raw["id_lookup"] == "first"
+    assert raw["version"] == 3 and raw["id_lookup"] == "first"
     assert raw["schema"]["layer1/grad"] == {"dtype": "<f4", "shape": [4, 4], "group": "g", "columns": [0, 16]}
     assert raw["schema"]["layer2/grad"]["columns"] == [16, 19] and raw["schema"]["loss"]["columns"] == [19, 20]
     assert "group" not in raw["schema"]["label"]
-    files = set(raw["shards"][0]["files"])
+    files = set(ss.open(root).manifest.shards[0].files)  # from the shard's descriptor
     assert "g.npy" in files and "layer1/grad.npy" not in files and "label.npy" in files
     mat = np.load(root / "shard-000000" / "g.npy")  # a plain .npy: (n, 20) row-major
     assert mat.shape == (7, 20) and mat.dtype == np.float32
     assert verify(root) == []
 
 
-def test_plain_store_stays_version_1(scratch: Path) -> None:
-    with ss.create(scratch / "p", {"x": ss.Field("float32", (2,))}) as w:
-        w.append({"x": np.ones(2)})
-    assert json.loads((scratch / "p" / "manifest.json").read_text())["version"] == 1
+def _legacy(root: Path, **kw: object) -> ss.Writer:
+    """A store in the JSON shard-list layout (version 1, or 2 with packed groups / last-id lookup), as
+    seqstore wrote before version 3; appending keeps its version."""
+    root.mkdir()
+    Manifest(ss.Schema(SPEC, packed=kw.pop("packed", None)), id_lookup=str(kw.pop("id_lookup", "first"))).save(root)
+    return ss.append_to(root, **kw)  # type: ignore[arg-type]
+
+
+def test_legacy_stores_keep_their_version(scratch: Path) -> None:
+    for name, kw, version in (("p", {}, 1), ("g", {"packed": PACK}, 2), ("l", {"id_lookup": "last"}, 2)):
+        with _legacy(scratch / name, max_shard_records=7, **kw) as w:
+            for k, r in enumerate(_records(10)):
+                w.append(r, id=f"id{k % 6}")
+        raw = json.loads((scratch / name / "manifest.json").read_text())
+        assert raw["version"] == version and len(raw["shards"]) == 2, raw
+        st = ss.open(scratch / name)
+        assert len(st) == 10 and st.manifest.version == version and verify(scratch / name) == []
+        assert st.index("id3") == (9 if name == "l" else 3)
+        np.testing.assert_array_equal(st[8]["layer1/grad"], _records(10)[8]["layer1/grad"])
 
 
 def test_round_trip_views_and_matrix(scratch: Path) -> None:
@@ -214,7 +229,8 @@ def test_damaged_group_file_is_reported(scratch: Path) -> None:
 
 def test_version_1_manifest_with_groups_is_rejected(scratch: Path) -> None:
     root = scratch / "s"
-    _write(root)
+    with _legacy(root, packed=PACK) as w:
+        w.append(_records(1)[0])
     raw = json.loads((root / "manifest.json").read_text())
     raw["version"] = 1
     (root / "manifest.json").write_text(json.dumps(raw))
@@ -227,7 +243,7 @@ def test_id_lookup_last(scratch: Path) -> None:
         for k, i in enumerate(["a", "b", "a", "c", "a", "b", "d", "a"]):
             w.append({"x": k}, id=i)
     st = ss.open(scratch / "s")
-    assert st.manifest.version == 2
+    assert st.manifest.version == 3 and st.manifest.id_lookup == "last"
     assert [st.index(i) for i in "abcd"] == [7, 5, 3, 6]
     assert st.index_many(["a", "b", "zz", "d"], missing=-1).tolist() == [7, 5, -1, 6]
     with ss.create(scratch / "f", {"x": ss.Field("int64")}) as w:

@@ -330,3 +330,111 @@ def fds_under(root: Path) -> list[str]:
         if target.startswith(str(root)):
             out.append(target)
     return out
+
+
+# ------------------------------------------------------------------------- format versions
+
+
+def create_legacy(root: Path, schema: Any, *, version: int = 1, packed: Any = None, id_lookup: str = "first",
+                  **writer_kw: Any) -> ss.Writer:
+    """A new store in the JSON shard-list layout of format version 1 (or 2 with ``packed`` or
+    ``id_lookup="last"``), as seqstore wrote before version 3, and a writer appending to it (a store
+    keeps its version). ``version`` is what the manifest must end up saying (checked)."""
+    from seqstore.format.manifest import Manifest
+
+    sch = ss.Schema(schema, packed=packed) if not isinstance(schema, ss.Schema) else schema
+    root.mkdir(parents=True)
+    m = Manifest(sch, id_lookup=id_lookup)
+    assert m.version == version, (m.version, version)
+    m.save(root)
+    return ss.append_to(root, **writer_kw)
+
+
+def edit_shard_meta(root: Path, k: int, fn: Any) -> None:
+    """Change what the store records about shard ``k`` (``records``, ``rows``, ``has_ids``, ``files``
+    as in the format's JSON) *consistently*: a version-1/2 manifest entry, or a version-3 shard's
+    descriptor together with its table row and the manifest's CRC-32 and record count, so that only
+    the files disagree with the metadata."""
+    import json
+    import zlib
+
+    from seqstore.format.descriptor import DESCRIPTOR
+    from seqstore.format.shard_table import TABLE, TABLE_HEADER_BYTES, encode_row
+
+    mpath = root / "manifest.json"
+    m = json.loads(mpath.read_text())
+    if m["version"] < 3:
+        fn(m["shards"][k])
+        mpath.write_text(json.dumps(m))
+        return
+    ragged = [n for n, f in m["schema"].items() if f["shape"] and f["shape"][0] is None]
+    _, rows, raw = _table_rows(root, m)
+    n = len(rows)
+    dpath = root / f"shard-{int(rows['number'][k]):06d}" / DESCRIPTOR
+    d = json.loads(dpath.read_bytes())
+    fn(d)
+    dpath.write_bytes(json.dumps(d, separators=(",", ":")).encode())
+    out, start, crc = b"", 0, 0
+    for j in range(n):
+        r = rows[j]
+        records = int(d["records"]) if j == k else int(r["records"])
+        row_rows = [int(d["rows"][name]) for name in ragged] if j == k else [int(v) for v in r["rows"]]
+        desc_crc = zlib.crc32(dpath.read_bytes()) if j == k else int(r["desc_crc"])
+        row = encode_row(int(r["number"]), start, records, bool(int(r["flags"]) & 1), row_rows, desc_crc)
+        crc = zlib.crc32(row, crc)
+        out += row
+        start += records
+    (root / TABLE).write_bytes(raw[:TABLE_HEADER_BYTES] + out + raw[TABLE_HEADER_BYTES + len(out) :])
+    m["shard_table"].update(records=start, crc32=crc)
+    mpath.write_text(json.dumps(m))
+
+
+def replace_in_shard_meta(root: Path, k: int, old: str, new: str) -> None:
+    """Replace text in shard ``k``'s JSON metadata (version 3: its descriptor, with the table row's
+    CRC of it made to agree; version 1/2: the manifest, first occurrence)."""
+    import json
+
+    from seqstore.format.descriptor import DESCRIPTOR
+
+    m = json.loads((root / "manifest.json").read_text())
+    path = root / "manifest.json"
+    if m["version"] >= 3:
+        _, rows, _ = _table_rows(root, m)
+        path = root / f"shard-{int(rows['number'][k]):06d}" / DESCRIPTOR
+    text = path.read_text()
+    assert old in text, text
+    forged = text.replace(old, new, 1)
+    path.write_text(forged)
+    if m["version"] >= 3:
+        _refresh_row_crc(root, k, forged.encode())
+
+
+def _table_rows(root: Path, m: dict[str, Any]) -> tuple[np.dtype[Any], np.ndarray[Any, Any], bytes]:
+    from seqstore.format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
+
+    ragged = [n for n, f in m["schema"].items() if f["shape"] and f["shape"][0] is None]
+    dt = row_dtype(len(ragged))
+    raw = (root / TABLE).read_bytes()
+    return dt, np.frombuffer(raw, dtype=dt, count=m["shard_table"]["rows"], offset=TABLE_HEADER_BYTES), raw
+
+
+def _refresh_row_crc(root: Path, k: int, desc: bytes) -> None:
+    """Make table row ``k`` carry the CRC-32 of descriptor bytes ``desc`` (and the manifest agree)."""
+    import json
+    import zlib
+
+    from seqstore.format.shard_table import TABLE, TABLE_HEADER_BYTES, encode_row
+
+    mpath = root / "manifest.json"
+    m = json.loads(mpath.read_text())
+    dt, rows, raw_bytes = _table_rows(root, m)
+    r = rows[k]
+    row = encode_row(int(r["number"]), int(r["start"]), int(r["records"]), bool(int(r["flags"]) & 1),
+                     [int(v) for v in r["rows"]], zlib.crc32(desc))
+    raw = bytearray(raw_bytes)
+    at = TABLE_HEADER_BYTES + k * dt.itemsize
+    raw[at : at + len(row)] = row
+    (root / TABLE).write_bytes(bytes(raw))
+    end = TABLE_HEADER_BYTES + len(rows) * dt.itemsize
+    m["shard_table"]["crc32"] = zlib.crc32(bytes(raw[TABLE_HEADER_BYTES:end]))
+    mpath.write_text(json.dumps(m))

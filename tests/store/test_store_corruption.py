@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_testlib import CHILD_SCHEMA, child_record
+from store_testlib import CHILD_SCHEMA, child_record, create_legacy, edit_shard_meta, replace_in_shard_meta
 
 import seqstore as ss
 from seqstore.format.npy import HEADER_BYTES, encode_header
@@ -20,13 +20,23 @@ N = 10
 IDS = [f"w0-{i}" for i in range(N)]
 
 
-@pytest.fixture
-def store_root(scratch: Path) -> Path:
+@pytest.fixture(params=[3, 1], ids=["v3", "v1"])
+def store_root(scratch: Path, request: pytest.FixtureRequest) -> Path:
+    """2 shards of 5 records, in format version 3 (what create writes) or 1 (the JSON shard list)."""
     root = scratch / "s"
-    with ss.create(root, CHILD_SCHEMA, max_shard_records=5) as w:  # 2 shards of 5
+    if request.param == 3:
+        w = ss.create(root, CHILD_SCHEMA, max_shard_records=5)
+    else:
+        w = create_legacy(root, CHILD_SCHEMA, max_shard_records=5)
+    with w:
         for i in range(N):
             w.append(child_record(0, i), id=IDS[i])
+    assert ss.open(root).manifest.version == request.param
     return root
+
+
+def _version(root: Path) -> int:
+    return int(json.loads((root / "manifest.json").read_text())["version"])
 
 
 def touch_everything(root: Path) -> None:
@@ -78,8 +88,9 @@ def edit_manifest(root: Path, fn: Callable[[dict], object]) -> None:
     (root / "manifest.json").write_text(json.dumps(m))
 
 
-# (case id, damage, error class, text the message must contain (a path relative to the store))
-CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
+# (case id, damage, error class, text the message must contain (a path relative to the store; or per
+# format version, where versions 1 and 3 keep the damaged metadata in different files))
+CASES: list[tuple[str, Callable[[Path], None], type[Exception], str | dict[int, str]]] = [
     ("truncated data file", lambda r: truncate(shard(r) / "x.npy", 12), ss.CorruptionError, "shard-000000/x.npy"),
     ("truncated by 1 byte", lambda r: truncate(shard(r, 1) / "meta/k.npy", 1), ss.CorruptionError, "meta/k.npy"),
     (
@@ -131,7 +142,7 @@ CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
         ss.CorruptionError,
         "manifest.json",
     ),
-    ("manifest version 3", lambda r: edit_manifest(r, lambda m: m.update(version=3)), ss.FormatError, "manifest.json"),
+    ("manifest version 4", lambda r: edit_manifest(r, lambda m: m.update(version=4)), ss.FormatError, "manifest.json"),
     (
         "manifest version 0",
         lambda r: edit_manifest(r, lambda m: m.update(version=0)),
@@ -154,23 +165,21 @@ CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
     ("missing manifest", lambda r: (r / "manifest.json").unlink(), ss.FormatError, "manifest.json"),
     (
         "manifest without shards",
-        lambda r: edit_manifest(r, lambda m: m.pop("shards")),
+        lambda r: edit_manifest(r, lambda m: m.pop("shards" if "shards" in m else "shard_table")),
         ss.CorruptionError,
         "manifest.json",
     ),
     (
         "manifest rows not a dict",
-        lambda r: edit_manifest(r, lambda m: m["shards"][0].update(rows=[1])),
+        lambda r: replace_in_shard_meta(r, 0, '"rows":{"x":10}', '"rows":[1]'),
         ss.CorruptionError,
-        "manifest.json",
+        {1: "manifest.json", 3: "shard-000000/_shard.json"},
     ),
     (
         "manifest infinite records",
-        lambda r: (r / "manifest.json").write_text(
-            (r / "manifest.json").read_text().replace('"records":5', '"records":Infinity', 1)
-        ),
+        lambda r: replace_in_shard_meta(r, 0, '"records":5', '"records":Infinity'),
         ss.CorruptionError,
-        "manifest.json",
+        {1: "manifest.json", 3: "shard-000000/_shard.json"},
     ),
     (
         "manifest bad schema",
@@ -180,25 +189,25 @@ CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
     ),
     (
         "manifest negative records",
-        lambda r: edit_manifest(r, lambda m: m["shards"][1].update(records=-1)),
+        lambda r: edit_shard_meta(r, 1, lambda s: s.update(records=-1)),
         ss.CorruptionError,
-        "manifest.json",
+        {1: "manifest.json", 3: "_shards.tbl row 1"},
     ),
     (
         "manifest more records",
-        lambda r: edit_manifest(r, lambda m: m["shards"][1].update(records=6)),
+        lambda r: edit_shard_meta(r, 1, lambda s: s.update(records=6)),
         ss.CorruptionError,
         "shard-000001",
     ),
     (
         "manifest file size",
-        lambda r: edit_manifest(r, lambda m: m["shards"][0]["files"]["x.npy"].update(bytes=999)),
+        lambda r: edit_shard_meta(r, 0, lambda s: s["files"]["x.npy"].update(bytes=999)),
         ss.CorruptionError,
         "shard-000000/x.npy",
     ),
     (
         "manifest more rows",
-        lambda r: edit_manifest(r, lambda m: m["shards"][0]["rows"].update(x=11)),
+        lambda r: edit_shard_meta(r, 0, lambda s: s["rows"].update(x=11)),
         ss.CorruptionError,
         "shard-000000/x",
     ),
@@ -322,9 +331,13 @@ CASES: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_corruption_is_reported(store_root: Path, case: tuple[str, Callable[[Path], None], type, str]) -> None:
+def test_corruption_is_reported(
+    store_root: Path, case: tuple[str, Callable[[Path], None], type, str | dict[int, str]]
+) -> None:
     _, damage, error, where = case
     touch_everything(store_root)  # sane before
+    if isinstance(where, dict):
+        where = where[_version(store_root)]
     damage(store_root)
     with pytest.raises(error) as info:
         touch_everything(store_root)

@@ -326,6 +326,7 @@ def test_manifest_is_small_and_plain_json(scratch: Path) -> None:
     root = scratch / "s"
     _write_child_store(root, 200, max_shard_records=100)
     raw = json.loads((root / "manifest.json").read_text())
-    assert raw["format"] == "seqstore" and raw["version"] == 1
-    assert [s["records"] for s in raw["shards"]] == [100, 100]
-    assert len((root / "manifest.json").read_bytes()) < 4000  # O(fields x shards), not O(records)
+    assert raw["format"] == "seqstore" and raw["version"] == 3 and "shards" not in raw
+    assert raw["shard_table"]["rows"] == 2 and raw["shard_table"]["records"] == 200
+    assert [s.records for s in ss.open(root).manifest.shards] == [100, 100]
+    assert len((root / "manifest.json").read_bytes()) < 2000  # O(fields), not O(shards) or O(records)

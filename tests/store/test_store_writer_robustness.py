@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from store_testlib import fds_under
+from store_testlib import edit_shard_meta, fds_under
 
 import seqstore as ss
 from seqstore.format.manifest import Manifest
@@ -80,7 +80,8 @@ def test_a_failure_while_opening_a_shard_leaks_nothing(tmp_path: Path, monkeypat
     assert fds_under(root) == []
     with ss.append_to(root, direct_io=True) as w2:
         w2.append_batch(_batch(2))
-    assert len(ss.open(root)) == 2 and verify(root) == [] and fds_under(root) == []
+    assert len(ss.open(root)) == 2 and verify(root) == []
+    assert fds_under(root) == []  # (a Store kept alive may hold its shard table mapped)
 
 
 def test_failing_to_delete_superseded_runs_does_not_fail_the_commit(
@@ -186,14 +187,12 @@ def test_verify_sees_an_unsorted_shard_index(tmp_path: Path) -> None:
         for i in range(6):
             w.append({"v": i}, id=f"id{i}")
     shard = root / "shard-000000"
-    m = Manifest.load(root)
     for name in ("_ids.hash.npy", "_ids.hash_rows.npy"):  # both reversed: consistent pairs, wrong order
         a = np.load(shard / name)
         with open(shard / name, "r+b") as f:
             f.seek(f.seek(0, 2) - a.nbytes)
             f.write(a[::-1].tobytes())
-        info = m.shards[0].files[name]
-        m.shards[0].files[name] = type(info)(info.bytes, zlib.crc32(a[::-1].tobytes()))
-    m.save(root)
+        crc = zlib.crc32(a[::-1].tobytes())
+        edit_shard_meta(root, 0, lambda s, name=name, crc=crc: s["files"][name].update(crc32=crc))
     problems = verify(root)
     assert any("hashes are not sorted" in p for p in problems), problems

@@ -1,23 +1,29 @@
 """The manifest: the one small JSON file that says what a store holds.
 
-``manifest.json`` names the format and version, the schema, every committed shard (record count,
-rows per ragged field, and size and CRC-32 of every file) and user metadata. Its size is
-O(fields x shards), never O(records). A store is written as version 1 unless it needs a version-2 feature
-(packed groups, or ``"id_lookup": "last"``); readers accept versions 1 and 2. It is replaced atomically:
-written to a temporary file,
-fsynced, renamed over the old one, and the directory fsynced.
+``manifest.json`` names the format and version, the schema, the committed shards and user metadata.
+In versions 1 and 2 it lists every shard (record count, rows per ragged field, size and CRC-32 of
+every file): O(fields x shards). Version 3 (what :func:`seqstore.create` writes) keeps it O(1): it
+names how many rows of the binary shard table ``_shards.tbl`` are committed (format/shard_table.py),
+and each shard's files are described by the shard's own immutable ``_shard.json``
+(format/descriptor.py), read on the shard's first touch. Readers accept versions 1 to 3; a store
+keeps the version it was created with. The manifest is replaced atomically: written to a temporary
+file, fsynced, renamed over the old one, and the directory fsynced.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..errors import CorruptionError, FormatError
 from ..schema import Schema
+from .descriptor import read_descriptor
+from .shard_info import FileInfo, ShardInfo
+from .shard_table import TABLE, MapFile, ShardTable, TableState
 
 __all__ = [
     "FORMAT_NAME",
@@ -25,48 +31,75 @@ __all__ = [
     "BASE_VERSION",
     "ID_LOOKUPS",
     "MANIFEST",
+    "TABLE_VERSION",
     "FileInfo",
     "ShardInfo",
+    "ShardList",
     "IndexRun",
     "Manifest",
+    "IDS_FILES",
 ]
 
 FORMAT_NAME = "seqstore"
 #: The newest format version this seqstore reads and writes.
-FORMAT_VERSION = 2
-#: The version written for stores that use no version-2 feature (what version-1 readers read).
+FORMAT_VERSION = 3
+#: The lowest version of a store with a JSON shard list (1 unless it uses a version-2 feature).
 BASE_VERSION = 1
+#: The version of stores with a shard table (what new stores are created as).
+TABLE_VERSION = 3
+#: The id files of a shard whose records have ids.
+IDS_FILES = ("_ids.npy", "_ids.offsets.npy", "_ids.hash.npy", "_ids.hash_rows.npy")
 #: Which record ``index(id)`` returns when an id occurs more than once: the first (default) or the last.
 ID_LOOKUPS = ("first", "last")
 MANIFEST = "manifest.json"
 
 
-@dataclass(frozen=True)
-class FileInfo:
-    """Size in bytes of a data file and the CRC-32 of its data bytes (everything after the header)."""
+class ShardList(Sequence[ShardInfo]):
+    """The shards of a version-3 manifest: ``len`` and numpy columns from the mapped shard table, and a
+    :class:`ShardInfo` built on demand by ``[k]`` from row ``k`` and the shard's descriptor (both
+    checked). Holds no per-shard Python object, so it costs O(1) to make however many shards there are.
+    """
 
-    bytes: int
-    crc32: int
+    def __init__(self, root: Path, table: ShardTable, expected_files: tuple[str, ...], with_ids: tuple[str, ...]):
+        self.root = root
+        self.table = table
+        self._files = expected_files
+        self._ids = with_ids
 
+    def __len__(self) -> int:
+        return len(self.table)
 
-@dataclass(frozen=True)
-class ShardInfo:
-    """One committed shard: its directory name, record count, rows per ragged field, and files."""
+    @overload
+    def __getitem__(self, k: int) -> ShardInfo: ...
 
-    name: str
-    records: int
-    rows: dict[str, int]
-    files: dict[str, FileInfo]
-    has_ids: bool
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[ShardInfo]: ...
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "records": self.records,
-            "rows": self.rows,
-            "has_ids": self.has_ids,
-            "files": {k: {"bytes": v.bytes, "crc32": v.crc32} for k, v in self.files.items()},
-        }
+    def __getitem__(self, k: int | slice) -> ShardInfo | Sequence[ShardInfo]:
+        if isinstance(k, slice):
+            start, stop, step = k.indices(len(self))
+            if start == 0 and step == 1:
+                return ShardList(self.root, self.table.prefix(stop), self._files, self._ids)
+            return [self[j] for j in range(start, stop, step)]
+        n = len(self)
+        j = k + n if k < 0 else k
+        if not 0 <= j < n:
+            raise IndexError(f"shard {k} out of range for {n} shards")
+        row = self.table.row(j)
+        expected = self._files + (self._ids if row.has_ids else ())
+        return read_descriptor(self.root / row.name, row, expected)
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        for k in range(len(self)):
+            yield self[k]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ShardList):
+            return self.root == other.root and len(self) == len(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ShardList({str(self.root)!r}, shards={len(self)})"
 
 
 @dataclass(frozen=True)
@@ -94,21 +127,64 @@ class Manifest:
     """In-memory form of ``manifest.json``."""
 
     schema: Schema
-    shards: list[ShardInfo] = field(default_factory=list)
+    #: A list of ShardInfo (versions 1 and 2) or a lazy :class:`ShardList` (version 3).
+    shards: Sequence[ShardInfo] = field(default_factory=list)
     index_runs: list[IndexRun] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     generation: int = 0
     id_lookup: str = "first"
+    #: Version 3: what the manifest says about the shard table (None: a version-1/2 shard list).
+    table: TableState | None = None
 
     @property
     def num_records(self) -> int:
+        if self.table is not None:
+            return self.table.records
         return sum(s.records for s in self.shards)
 
     @property
+    def num_shards(self) -> int:
+        return self.table.rows if self.table is not None else len(self.shards)
+
+    @property
     def version(self) -> int:
-        """The lowest format version that describes this store: 2 with packed groups or last-id lookup."""
-        return FORMAT_VERSION if self.schema.groups or self.id_lookup != "first" else BASE_VERSION
+        """3 with a shard table; else the lowest version that describes the store (2 with packed
+        groups or last-id lookup, else 1)."""
+        if self.table is not None:
+            return TABLE_VERSION
+        return 2 if self.schema.groups or self.id_lookup != "first" else BASE_VERSION
+
+    @property
+    def ragged(self) -> tuple[str, ...]:
+        """Ragged field names in schema order (the shard table's ``rows`` columns)."""
+        return tuple(n for n, f in self.schema.items() if f.ragged)
+
+    def shard_table(self) -> ShardTable:
+        """The shards as numpy columns: the mapped table of a version-3 store (O(1)); for a version
+        1/2 shard list, a table built from it in memory (O(shards), like the list itself)."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.table
+        return ShardTable.from_shards(self.shards, self.ragged)
+
+    @property
+    def has_ids(self) -> bool:
+        """Whether the records have ids (False while there are no shards)."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.table.has_ids
+        return bool(self.shards) and self.shards[0].has_ids
+
+    def total_rows(self, name: str) -> int:
+        """Rows of ragged field ``name`` in all shards."""
+        if isinstance(self.shards, ShardList):
+            return self.shards.table.rows_total(name)
+        return sum(int(s.rows[name]) for s in self.shards)
+
+    def data_files(self) -> tuple[str, ...]:
+        """The files every shard has whatever its ids (relative paths): one per unpacked field and packed
+        group, plus the offsets of ragged fields."""
+        units = self.schema.storage_units()
+        return tuple(sorted({f"{n}.npy" for n, _ in units} | {f"{n}.offsets.npy" for n, f in units if f.ragged}))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,11 +192,12 @@ class Manifest:
             "version": self.version,
             "generation": self.generation,
             "schema": self.schema.to_json(),
-            "shards": [s.to_json() for s in self.shards],
-            "index_runs": [r.to_json() for r in self.index_runs],
-            "metadata": self.metadata,
-            "stats": self.stats,
         }
+        if self.table is not None:
+            out["shard_table"] = self.table.to_json()
+        else:
+            out["shards"] = [s.to_json() for s in self.shards]
+        out.update(index_runs=[r.to_json() for r in self.index_runs], metadata=self.metadata, stats=self.stats)
         if self.version >= 2:
             out["id_lookup"] = self.id_lookup
         return out
@@ -128,8 +205,9 @@ class Manifest:
     # ------------------------------------------------------------------------------------------ read
 
     @classmethod
-    def load(cls, root: str | os.PathLike[str]) -> Manifest:
-        """Read and validate ``<root>/manifest.json``.
+    def load(cls, root: str | os.PathLike[str], *, map_file: MapFile | None = None) -> Manifest:
+        """Read and validate ``<root>/manifest.json`` (version 3: and map the shard table's committed
+        rows, with ``map_file`` if given; see :meth:`ShardTable.open`).
 
         Raises FormatError when ``root`` is not a store or is of a newer format version, and
         CorruptionError when the manifest exists but is not valid.
@@ -160,9 +238,12 @@ class Manifest:
                 f"(up to {FORMAT_VERSION}); upgrade seqstore"
             )
         try:
-            manifest = cls._from_json(obj)
+            manifest = cls._from_json(obj, version)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise CorruptionError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+        if manifest.table is not None:  # map the committed rows of the shard table: O(1)
+            table = ShardTable.open(Path(root), manifest.ragged, manifest.table, map_file)
+            manifest.shards = ShardList(Path(root), table, manifest.data_files(), IDS_FILES)
         if manifest.version > version:
             raise CorruptionError(
                 f"{path}: says version {version} but uses version-{manifest.version} features "
@@ -171,11 +252,20 @@ class Manifest:
         return manifest
 
     @classmethod
-    def _from_json(cls, obj: dict[str, Any]) -> Manifest:
+    def _from_json(cls, obj: dict[str, Any], version: int) -> Manifest:
         schema = Schema.from_json(obj["schema"])
         ragged = [n for n, f in schema.items() if f.ragged]
         shards = []
-        for k, s in enumerate(obj["shards"]):
+        table: TableState | None = None
+        if version >= TABLE_VERSION:
+            t = obj["shard_table"]
+            if not isinstance(t, dict) or t.get("file") != TABLE:
+                raise ValueError(f"shard_table must be an object naming \"file\": \"{TABLE}\", got {t!r}")
+            vals = [t["rows"], t["records"], t["crc32"]]
+            if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in vals) or vals[2] >= 1 << 32:
+                raise ValueError(f"shard_table rows, records and crc32 must be non-negative integers, got {vals}")
+            table = TableState(*vals)
+        for k, s in enumerate(obj["shards"] if table is None else []):
             records = int(s["records"])
             rows = {str(n): int(v) for n, v in s["rows"].items()}
             if records < 0 or any(v < 0 for v in rows.values()) or sorted(rows) != sorted(ragged):
@@ -187,10 +277,11 @@ class Manifest:
             for r in obj.get("index_runs", [])
         ]
         covered = 0
+        count = table.rows if table is not None else len(shards)
         for r in runs:  # in shard order, non-empty, not overlapping, inside the shard list
-            if not covered <= r.first_shard < r.end_shard <= len(shards) or r.records < 0:
+            if not covered <= r.first_shard < r.end_shard <= count or r.records < 0:
                 raise ValueError(f"index run {r.name!r} covers shards [{r.first_shard}, {r.end_shard}): "
-                                 f"expected ordered, non-overlapping ranges inside [0, {len(shards)})")
+                                 f"expected ordered, non-overlapping ranges inside [0, {count})")
             covered = r.end_shard
         metadata = obj.get("metadata", {})
         stats = obj.get("stats", {})
@@ -199,7 +290,7 @@ class Manifest:
         id_lookup = obj.get("id_lookup", "first")
         if id_lookup not in ID_LOOKUPS:
             raise ValueError(f"id_lookup must be one of {ID_LOOKUPS}, got {id_lookup!r}")
-        return cls(schema, shards, runs, metadata, stats, int(obj.get("generation", 0)), id_lookup)
+        return cls(schema, shards, runs, metadata, stats, int(obj.get("generation", 0)), id_lookup, table)
 
     # ----------------------------------------------------------------------------------------- write
 

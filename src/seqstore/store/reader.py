@@ -3,9 +3,10 @@
 :func:`open_store` (``seqstore.open``) reads ``manifest.json`` only. A shard's files are mapped the
 first time one of its records is touched, after cheap checks (file size, ``.npy`` header, the first
 and last offsets) against the manifest; every failure is a :class:`~seqstore.CorruptionError` naming
-the file. Global index -> (shard, row) is a binary search over per-shard record counts (O(shards)
-memory). Ids are found through sorted 64-bit hash indexes (per shard, and merged runs under
-``_index/``), comparing the id bytes of every candidate.
+the file. Global index -> (shard, row) is a binary search over the shards' first records (the
+mapped shard table of a version-3 store: nothing per shard in memory). Ids are found through sorted
+64-bit hash indexes (per shard, and merged runs under ``_index/``), comparing the id bytes of every
+candidate.
 
 Packed groups (format version 2) are mapped as one ``(n, width)`` matrix per shard; each packed
 field is a zero-copy strided view of its column range. :meth:`Store.matrix` and
@@ -324,18 +325,20 @@ class Store:
             raise ValueError(f"bfloat16 must be one of {_BF16_MODES}, got {bfloat16!r}")
         self.root = Path(path)
         self._bf16 = bfloat16
-        self._shards: list[_Shard | None] = []
+        self._shards: dict[int, _Shard] = {}  # the shards touched so far
         self._load(Manifest.load(self.root))
 
     def _load(self, manifest: Manifest) -> None:
         self._manifest = manifest
         self.schema: Schema = manifest.schema
-        counts = [s.records for s in manifest.shards]
-        self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=self._starts[1:])
-        self._starts_list: list[int] = self._starts.tolist()
-        self._n = int(self._starts[-1])
-        self._shards = self._shards[: len(counts)] + [None] * (len(counts) - len(self._shards))
+        # the shards as numpy columns: the mapped shard table of a version-3 store (nothing is built per
+        # shard, so open is O(1)); for version 1/2 a table built from the manifest's shard list
+        self._table = manifest.shard_table()
+        self._starts = self._table.starts  # (num_shards,) first record of each shard: a view, no total at the end
+        self._start_index = self._table.start_index()  # the same as Python ints, for bisect
+        self._n = self._table.total
+        for k in [k for k in self._shards if k >= len(self._table)]:  # a replaced manifest may have fewer
+            del self._shards[k]
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
         self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
         self._bf16_fields = [n for n, f in self.schema.items() if f.dtype == BFLOAT16]
@@ -349,7 +352,7 @@ class Store:
 
     @property
     def num_shards(self) -> int:
-        return len(self._starts_list) - 1
+        return len(self._table)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -362,7 +365,7 @@ class Store:
 
     @property
     def has_ids(self) -> bool:
-        return bool(self._manifest.shards) and self._manifest.shards[0].has_ids
+        return self._table.has_ids
 
     def refresh(self) -> Store:
         """Re-read the manifest to see shards committed since open. Mapped shards are kept."""
@@ -381,18 +384,21 @@ class Store:
     def _pin(self, num_shards: int, records: int) -> None:
         """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw)."""
         m = self._manifest
-        if len(m.shards) == num_shards:
+        if m.num_shards == num_shards:
             if self._n != records:
                 raise SeqstoreError(f"{self.root}: the store was replaced since this Store was pickled")
             return
-        kept = m.shards[:num_shards]
-        if len(m.shards) < num_shards or sum(s.records for s in kept) != records:
+        table = self._table.prefix(num_shards) if m.num_shards > num_shards else None
+        if table is None or table.total != records:
             raise SeqstoreError(
                 f"{self.root}: the store was replaced since this Store was pickled (it had {records} records in "
-                f"{num_shards} shards, it now has {m.num_records} in {len(m.shards)})"
+                f"{num_shards} shards, it now has {m.num_records} in {m.num_shards})"
             )
         runs = [r for r in m.index_runs if r.end_shard <= num_shards]  # others fall back to shard indexes
-        self._load(dataclasses.replace(m, shards=kept, index_runs=runs))
+        state = m.table
+        if state is not None:  # version 3: the first rows of the shard table
+            state = dataclasses.replace(state, rows=num_shards, records=records, crc32=table.crc32())
+        self._load(dataclasses.replace(m, shards=m.shards[:num_shards], index_runs=runs, table=state))
 
     # -------------------------------------------------------------------------------- locating
 
@@ -418,8 +424,8 @@ class Store:
         return idx
 
     def _locate(self, i: int) -> tuple[int, int]:
-        k = bisect.bisect_right(self._starts_list, i) - 1
-        return k, i - self._starts_list[k]
+        k = bisect.bisect_right(self._start_index, i) - 1
+        return k, i - self._start_index[k]
 
     def _group(self, idx: np.ndarray[Any, Any]) -> Iterator[tuple[int, Any, np.ndarray[Any, Any]]]:
         """Yield (shard, positions in idx, local rows) for each shard touched by ``idx``."""
@@ -436,8 +442,9 @@ class Store:
                 yield k, pos, idx[pos] - self._starts[k]
 
     def _shard(self, k: int) -> _Shard:
-        sh = self._shards[k]
+        sh = self._shards.get(k)
         if sh is None:
+            # its ShardInfo: version 3 reads and checks the table row and the shard's descriptor here
             sh = _Shard(self.root, self._manifest.shards[k], self.schema)
             self._shards[k] = sh
         return sh
@@ -703,7 +710,7 @@ class Store:
                 return self._present(block, plan, dtype)
             out = np.empty((count, plan.width), dtype=plan.storage_dtype)
             for k in range(k0, k1 + 1):
-                s_k, e_k = self._starts_list[k], self._starts_list[k + 1]
+                s_k, e_k = self._start_index[k], self._table.end(k)
                 first = max(start, s_k)
                 first += (-(first - start)) % step
                 if first >= min(stop, e_k):
@@ -742,7 +749,7 @@ class Store:
         pos = start
         while pos < stop:
             k, r = self._locate(pos)
-            end = min(stop, self._starts_list[k + 1], pos + chunk_rows)
+            end = min(stop, self._table.end(k), pos + chunk_rows)
             yield pos, self._block(self._shard(k), plan, slice(r, r + end - pos))
             pos = end
 
@@ -777,7 +784,7 @@ class Store:
             sh = self._shard(shard)
             sh.load_ids()
             assert sh.id_hash is not None and sh.id_rows is not None
-            yield shard, sh.id_hash, sh.id_rows, self._starts_list[shard]
+            yield shard, sh.id_hash, sh.id_rows, self._start_index[shard]
             shard += 1
 
     def _probe_list(self) -> list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
@@ -881,7 +888,7 @@ class Store:
         for _first, hashes, rows, base in self._probe_targets():
             if len(todo) == 0:
                 break
-            sh = self._shards[_first]
+            sh = self._shards.get(_first)
             if not self._id_last and sh is not None and rows is sh.id_rows:
                 # a shard's own index (first-id lookup): one numba pass over the hash-sorted queries
                 assert sh.ids is not None and sh.id_offsets is not None
@@ -927,7 +934,8 @@ def _unpickle_store(path: str, bfloat16: str, num_shards: int | None = None, rec
 
 
 def open_store(path: str | os.PathLike[str], bfloat16: str = "bits") -> Store:
-    """Open the store at ``path`` for reading. Reads the manifest only: O(fields x shards).
+    """Open the store at ``path`` for reading. Reads the manifest only (and maps the shard table of a
+    version-3 store): O(1) in the number of shards (O(fields x shards) for version 1/2).
 
     ``bfloat16``: how bfloat16 fields are returned: ``"bits"`` (uint16 views, default, zero-copy),
     ``"float32"`` (converted copies) or ``"ml_dtypes"`` (zero-copy ``ml_dtypes.bfloat16`` views).

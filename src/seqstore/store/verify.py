@@ -2,9 +2,12 @@
 
 :func:`verify` reads every byte of every committed file once (chunked, O(chunk) memory) and returns
 a list of problems, each naming the file and what is wrong. An empty list means the store is intact.
-Packed groups are checked as their ``(n, width)`` matrix files. Merged id-index runs (``_index/``)
-are checked too: sorted, rows in range and ascending among equal hashes, and holding exactly the
-(hash, row) pairs of the shard indexes they cover (compared by an order-independent fingerprint).
+Packed groups are checked as their ``(n, width)`` matrix files. In a version-3 store the shard table
+is checked row by row (CRC-32 of each row and of all committed rows against ``manifest.json``,
+starts continuing one another, increasing shard numbers, one ids flag) and each shard's descriptor
+against its row and the files. Merged id-index runs (``_index/``) are checked too: sorted, rows in
+range and ascending among equal hashes, and holding exactly the (hash, row) pairs of the shard
+indexes they cover (compared by an order-independent fingerprint).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import SeqstoreError
-from ..format.manifest import IndexRun, Manifest
+from ..format.manifest import IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
+from ..format.shard_table import shard_dir_name
 from .ids import hash_ids
 from .reader import map_npy
 from .writer import IDS
@@ -62,8 +66,19 @@ def _check_monotone(off: np.ndarray[Any, Any], path: Path, limit: int) -> str | 
 
 
 def total_bytes(manifest: Manifest) -> int:
-    """Bytes of all committed data files listed in the manifest."""
+    """Bytes of all committed data files listed in the manifest (version 3: in the shards' descriptors,
+    read one per shard)."""
     return sum(fi.bytes for s in manifest.shards for fi in s.files.values())
+
+
+def _shard_infos(manifest: Manifest, problems: list[str]) -> Iterator[ShardInfo]:
+    """Every shard's ShardInfo; a version-3 shard whose table row or descriptor is bad is reported
+    in ``problems`` and skipped."""
+    for k in range(manifest.num_shards):
+        try:
+            yield manifest.shards[k]
+        except SeqstoreError as exc:
+            problems.append(str(exc))
 
 
 def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> list[str]:
@@ -80,7 +95,9 @@ def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None 
         return [str(exc)]
     problems: list[str] = []
     schema = manifest.schema
-    for info in manifest.shards:
+    if manifest.table is not None:
+        problems.extend(manifest.shard_table().check_all(manifest.table.crc32))
+    for info in _shard_infos(manifest, problems):
         sdir = root / info.name
         units = schema.storage_units()  # unpacked fields and packed groups (<group>.npy)
         expected = {f"{n}.npy" for n, _ in units} | {f"{n}.offsets.npy" for n, f in units if f.ragged}
@@ -139,8 +156,9 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
     hp, rp = root / f"{run.name}.hash.npy", root / f"{run.name}.rows.npy"
     h = map_npy(hp, None, np.dtype("<u8"), (run.records,))
     r = map_npy(rp, None, np.dtype("<i8"), (run.records,))
-    counts = [s.records for s in manifest.shards]
-    lo, hi = sum(counts[: run.first_shard]), sum(counts[: run.end_shard])
+    table = manifest.shard_table()
+    lo = int(table.starts[run.first_shard])
+    hi = table.end(run.end_shard - 1)
     if run.records != hi - lo:
         return [f"{hp}: the run has {run.records} entries, its shards {hi - lo} records"]
     step = CHUNK // 8
@@ -168,13 +186,13 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
     want = 0
     start = lo
     for k in range(run.first_shard, run.end_shard):
-        info = manifest.shards[k]
-        sdir = root / info.name
+        name = shard_dir_name(int(table.data["number"][k])) if manifest.table is not None else manifest.shards[k].name
+        sdir = root / name
         sh = np.load(sdir / f"{IDS}.hash.npy", mmap_mode="r")
         sr = np.load(sdir / f"{IDS}.hash_rows.npy", mmap_mode="r")
         for a in range(0, len(sh), step):
             want = (want + _pair_fingerprint(sh[a : a + step], np.asarray(sr[a : a + step]) + start)) % (1 << 64)
-        start += info.records
+        start += int(table.records[k])
     if got != want:
         shards = f"{run.first_shard}..{run.end_shard - 1}"
         problems.append(f"{hp}: the run's (hash, row) pairs differ from those of shards {shards}")

@@ -32,22 +32,44 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LockError, SchemaError, SeqstoreError
-from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, IndexRun, Manifest, ShardInfo, fsync_dir
+from ..errors import SchemaError, SeqstoreError
+from ..format.descriptor import DESCRIPTOR, encode_descriptor
+from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, Manifest, ShardInfo, fsync_dir
 from ..format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header
+from ..format.shard_table import TableState
 from ..schema import Field, Schema, flatten_values, to_storage_array
+from .commit import (
+    IDS,
+    INDEX_DIR,
+    LOCK_FILE,
+    MERGE_CHUNK,
+    MERGE_FANIN,
+    IdsMismatch,
+    clean_orphans,
+    commit_shard,
+    merge_sorted_runs,
+    store_lock,
+)
 from .directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
 from .directio import pwrite_all as _write_at  # the buffered writes (pwrite_all: the direct ones)
 from .ids import encode_ids, hash_ids
 
-__all__ = ["Writer", "create", "append_to", "open_or_create", "store_lock"]
+__all__ = [
+    "Writer",
+    "create",
+    "append_to",
+    "open_or_create",
+    "store_lock",
+    "merge_sorted_runs",
+    "IDS",
+    "INDEX_DIR",
+    "LOCK_FILE",
+    "MERGE_CHUNK",
+    "MERGE_FANIN",
+]
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
-IDS = "_ids"
-INDEX_DIR = "_index"
-MERGE_FANIN = 8
 # A batch piece at least this large is written straight from the caller's arrays (no buffer copy).
 DIRECT_BYTES = 4 << 20
 # With direct_io, an append of a fixed-size column at least this large bypasses the page cache.
@@ -55,68 +77,11 @@ DIRECT_IO_BYTES = 1 << 20
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-@contextmanager
-def store_lock(root: Path) -> Iterator[None]:
-    """Hold the store's exclusive commit lock (an ``flock`` on ``<root>/.lock``)."""
-    try:
-        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise LockError(f"{root / LOCK_FILE}: cannot open lock file ({exc})") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
 def _row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """(B+1,) first row of each record of a ragged batch column, plus the total."""
     starts = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     return starts
-
-
-def _shard_number(name: str) -> int:
-    try:
-        return int(name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
-
-
-def _clean_orphans(root: Path, manifest: Manifest) -> None:
-    """Delete files of dead writers and of shards renamed but never committed. Caller holds the lock."""
-    committed = {s.name for s in manifest.shards}
-    runs = {r.name for r in manifest.index_runs}
-    for entry in root.iterdir():
-        name = entry.name
-        if name.startswith("shard-") and entry.is_dir() and name not in committed:
-            log.warning("removing uncommitted shard directory %s", entry)
-            shutil.rmtree(entry, ignore_errors=True)
-        elif name.startswith("_tmp-") and entry.is_dir():
-            owner = entry / "owner.lock"
-            try:
-                fd = os.open(owner, os.O_RDWR)
-            except FileNotFoundError:
-                fd = -1
-            try:
-                if fd >= 0:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live writer owns it
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-            log.warning("removing workspace of a dead writer %s", entry)
-            shutil.rmtree(entry, ignore_errors=True)
-        elif name.startswith(f".{MANIFEST}.tmp-"):
-            entry.unlink(missing_ok=True)
-    index_dir = root / INDEX_DIR
-    if index_dir.is_dir():
-        for entry in index_dir.iterdir():
-            run_name = f"{INDEX_DIR}/{entry.name.split('.', 1)[0]}"
-            if run_name not in runs:
-                entry.unlink(missing_ok=True)
 
 
 def _caller_ids(values: Any) -> set[int]:
@@ -158,46 +123,6 @@ def _coalesce(
             run, run_bytes = [], 0
     if run:
         yield join(run)
-
-
-MERGE_CHUNK = 1 << 18
-
-
-def merge_sorted_runs(
-    sources: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]], chunk: int = MERGE_CHUNK
-) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
-    """Merge runs sorted by hash, ``(hashes, rows, row base)`` each, into ``(hashes, rows + base)``
-    chunks in hash order. Equal hashes keep the order of the sources (and within a source their own
-    order), so rows stay ascending among equal hashes when the sources are in row order.
-
-    Each round takes, from every source, the entries up to a cut: the smallest of the sources'
-    ``chunk``-th next hashes, and all entries equal to it, so no tie is split across rounds. Memory
-    is O(sources x chunk) whatever the runs' lengths (they may be memory-mapped).
-    """
-    pos = [0] * len(sources)
-    while True:
-        active = [j for j, (h, _, _) in enumerate(sources) if pos[j] < len(h)]
-        if not active:
-            return
-        cut = min(sources[j][0][min(pos[j] + chunk, len(sources[j][0])) - 1] for j in active)
-        parts_h, parts_r = [], []
-        for j in active:
-            h, r, base = sources[j]
-            end = pos[j] + int(np.searchsorted(h[pos[j] :], cut, side="right"))
-            part = np.asarray(h[pos[j] : end])
-            if len(part) > 1 and (part[1:] < part[:-1]).any():
-                raise ValueError(f"index source {j} is not sorted by hash (near entry {pos[j]})")
-            parts_h.append(part)
-            parts_r.append(np.asarray(r[pos[j] : end], dtype=np.int64) + base)
-            pos[j] = end
-        if not any(len(p) for p in parts_h):  # only an unsorted source can stop progress
-            raise ValueError("index sources are not sorted by hash")
-        if len(parts_h) == 1:
-            yield parts_h[0], parts_r[0]
-            continue
-        hashes, rows = np.concatenate(parts_h), np.concatenate(parts_r)
-        order = np.argsort(hashes, kind="stable")
-        yield hashes[order], rows[order]
 
 
 class _ColumnFile:
@@ -333,7 +258,7 @@ class Writer:
         self._workspace = root / f"_tmp-{self._token}"
         with store_lock(root):
             manifest = Manifest.load(root)
-            _clean_orphans(root, manifest)
+            clean_orphans(root, manifest)
             self._workspace.mkdir()
             self._owner_fd = os.open(self._workspace / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
@@ -344,7 +269,10 @@ class Writer:
         # what is stored: unpacked fields, then packed groups as fixed (width,) fields
         self._units: list[tuple[str, Field]] = self.schema.storage_units()
         self._stats_delta: dict[str, float] = {}
-        self._has_ids: bool | None = manifest.shards[0].has_ids if manifest.shards else None
+        self._has_ids: bool | None = manifest.has_ids if manifest.num_shards else None
+        # a store keeps its format version: version 3 shards get a descriptor, 1/2 are listed in the manifest
+        self._descriptors = manifest.table is not None
+        self._desc_crc = 0
         self._records_before = manifest.num_records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
         self._closed = False
@@ -795,6 +723,15 @@ class Writer:
                 col.write(np.ascontiguousarray(arr))
                 infos[f"{IDS}{suffix}.npy"] = col.finish()
             tmp.path.unlink()
+        if self._descriptors:  # version 3: the shard describes itself (immutable once committed)
+            raw = encode_descriptor(self._shard_records, rows, bool(self._has_ids), infos)
+            fd = os.open(cur / DESCRIPTOR, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+            try:
+                _write_at(fd, memoryview(raw), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._desc_crc = zlib.crc32(raw)
         fsync_dir(cur)
         for sub in {p.parent for p in cur.rglob("*.npy")} - {cur}:
             fsync_dir(sub)
@@ -807,108 +744,22 @@ class Writer:
     def _commit_shard_files(self) -> None:
         pending = self._finish_shard_files()
         cur = self._workspace / "current"
-        with store_lock(self.root):
-            manifest = Manifest.load(self.root)
-            number = max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
-            name = f"shard-{number:06d}"
-            target = self.root / name
-            if target.exists():  # renamed by a writer that died before saving the manifest
-                shutil.rmtree(target)
-            if manifest.shards and manifest.shards[0].has_ids != pending.has_ids:
-                # another writer committed the other kind first: drop this shard, stay usable
-                shutil.rmtree(cur, ignore_errors=True)
-                self._shard_open = False
-                self._has_ids = manifest.shards[0].has_ids
-                kind = "with" if self._has_ids else "without"
-                raise SchemaError(
-                    f"{self.root}: cannot mix records with and without ids in one store; its records are now "
-                    f"written {kind} ids, so the {pending.records} uncommitted records of this writer's shard "
-                    "were discarded"
-                )
-            os.rename(cur, target)
-            fsync_dir(self.root)
-            manifest.shards.append(ShardInfo(name, pending.records, pending.rows, pending.files, pending.has_ids))
-            manifest.generation += 1
-            self._apply_stats(manifest)
-            superseded = self._maybe_merge_index(manifest) if pending.has_ids else []
-            manifest.save(self.root)
-            for path in superseded:  # a crash before this leaves orphans, which the next writer deletes
-                try:
-                    path.unlink(missing_ok=True)
-                except OSError as exc:  # committed already: leave it to the next writer's clean-up
-                    log.warning("%s: could not delete superseded index file %s (%r)", self.root, path, exc)
+        try:
+            name = commit_shard(self.root, cur, pending, self._desc_crc, self._apply_stats)
+        except IdsMismatch as exc:
+            # another writer committed the other kind first: drop this shard, stay usable
+            shutil.rmtree(cur, ignore_errors=True)
+            self._shard_open = False
+            self._has_ids = exc.has_ids
+            kind = "with" if self._has_ids else "without"
+            raise SchemaError(
+                f"{self.root}: cannot mix records with and without ids in one store; its records are now "
+                f"written {kind} ids, so the {pending.records} uncommitted records of this writer's shard "
+                "were discarded"
+            ) from None
         self._committed_records += pending.records
         self._shard_open = False
         log.debug("committed %s (%d records)", name, pending.records)
-
-    def _maybe_merge_index(self, manifest: Manifest) -> list[Path]:
-        """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
-
-        Level-0 runs are the shards' own indexes; merged runs live in ``_index/`` and cover a
-        contiguous range of shards. Lookups probe O(MERGE_FANIN x levels) runs. A merge reads only the
-        MERGE_FANIN runs it replaces (memory-mapped) and streams the merged run to disk in chunks, so
-        its memory does not grow with the number of ids. Returns the files of the replaced runs, to be
-        deleted once the manifest that no longer lists them is saved.
-        """
-        superseded: list[Path] = []
-        covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
-        if len(manifest.shards) - covered >= MERGE_FANIN:
-            self._merge(manifest, covered, len(manifest.shards), level=1, replaces=[])
-        while True:
-            runs = manifest.index_runs
-            if len(runs) < MERGE_FANIN:
-                return superseded
-            tail = runs[-MERGE_FANIN:]
-            level = tail[0].level
-            if any(r.level != level for r in tail):
-                return superseded
-            self._merge(manifest, tail[0].first_shard, tail[-1].end_shard, level=level + 1, replaces=tail)
-            superseded += [self.root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
-
-    def _merge(self, manifest: Manifest, first: int, end: int, *, level: int, replaces: list[IndexRun]) -> None:
-        counts = np.array([s.records for s in manifest.shards], dtype=np.int64)
-        starts_global = np.concatenate([[0], np.cumsum(counts)])
-
-        def shard_index(k: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
-            d = self.root / manifest.shards[k].name
-            h = np.load(d / f"{IDS}.hash.npy", mmap_mode="r")
-            return h, np.load(d / f"{IDS}.hash_rows.npy", mmap_mode="r"), int(starts_global[k])
-
-        sources: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]] = []
-        if not replaces:
-            sources = [shard_index(k) for k in range(first, end)]
-        for r in replaces:
-            try:
-                h = np.load(self.root / f"{r.name}.hash.npy", mmap_mode="r")
-                rows = np.load(self.root / f"{r.name}.rows.npy", mmap_mode="r")
-                if len(h) != r.records or len(rows) != r.records:
-                    raise ValueError(f"{len(h)}/{len(rows)} entries, manifest says {r.records}")
-                for a in range(0, len(h), MERGE_CHUNK):  # run files carry no checksum: check the order
-                    part = np.asarray(h[a : a + MERGE_CHUNK + 1])
-                    if (part[1:] < part[:-1]).any():
-                        raise ValueError("hashes are not sorted")
-                sources.append((h, rows, 0))
-            except (OSError, ValueError) as exc:  # lost or damaged: rebuild that range from its shards
-                log.warning("%s: index run %s unusable (%s); merging its shards' indexes", self.root, r.name, exc)
-                sources += [shard_index(k) for k in range(r.first_shard, r.end_shard)]
-        total = sum(len(h) for h, _, _ in sources)
-        (self.root / INDEX_DIR).mkdir(exist_ok=True)
-        name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}"
-        with open(self.root / f"{name}.hash.npy", "wb") as fh, open(self.root / f"{name}.rows.npy", "wb") as fr:
-            fh.write(encode_header(np.dtype("<u8"), (total,)))
-            fr.write(encode_header(np.dtype("<i8"), (total,)))
-            written = 0
-            for hashes, rows in merge_sorted_runs(sources):
-                fh.write(hashes.astype("<u8", copy=False).data)
-                fr.write(rows.astype("<i8", copy=False).data)
-                written += len(hashes)
-            assert written == total
-            for f in (fh, fr):
-                f.flush()
-                os.fsync(f.fileno())
-        fsync_dir(self.root / INDEX_DIR)
-        run = IndexRun(name, first, end, total, level)
-        manifest.index_runs = [r for r in manifest.index_runs if r not in replaces] + [run]
 
     # ---------------------------------------------------------------------------------------- close
 
@@ -1018,7 +869,7 @@ def create(
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
         shutil.rmtree(root) if root.is_dir() else root.unlink()
     root.mkdir(parents=True)
-    Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup).save(root)
+    _new_manifest(sch, metadata, id_lookup).save(root)
     return Writer(
         root,
         shard_bytes=shard_bytes,
@@ -1026,6 +877,11 @@ def create(
         max_shard_records=max_shard_records,
         direct_io=direct_io,
     )
+
+
+def _new_manifest(sch: Schema, metadata: Mapping[str, Any] | None, id_lookup: str) -> Manifest:
+    """The manifest of a new, empty store: version 3 (a shard table with no rows yet)."""
+    return Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup, table=TableState(0, 0, 0))
 
 
 def _checked_schema(
@@ -1070,7 +926,7 @@ def open_or_create(
         tmp = root.parent / f".{root.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup).save(tmp)
+            _new_manifest(sch, metadata, id_lookup).save(tmp)
             try:
                 os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
                 fsync_dir(root.parent)

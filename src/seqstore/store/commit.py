@@ -1,0 +1,347 @@
+"""Committing a finished shard into a store, under the store's lock (docs/format.md, section 7).
+
+:func:`commit_shard` renames a writer's finished workspace directory to ``shard-NNNNNN``, records it
+(version 3: appends one row to the shard table, ``_shards.tbl``; versions 1/2: adds it to the JSON
+shard list), merges id-index runs when due and atomically replaces ``manifest.json``. For a
+version-3 store everything it does is O(1) in the number of committed shards (the manifest is small,
+the table is appended at its committed end, the next shard number is the last row's plus one);
+index-run merges are amortised (LSM, each id rewritten once per level). :func:`clean_orphans`
+deletes what crashed writers left; :func:`merge_sorted_runs` is the bounded k-way merge of runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptionError, LockError
+from ..format.manifest import MANIFEST, IndexRun, Manifest, ShardInfo, fsync_dir
+from ..format.npy import encode_header
+from ..format.shard_table import (
+    TABLE,
+    TABLE_HEADER_BYTES,
+    check_table_header,
+    encode_row,
+    encode_table_header,
+    shard_dir_name,
+)
+from .directio import pwrite_all
+
+__all__ = [
+    "IDS",
+    "INDEX_DIR",
+    "LOCK_FILE",
+    "MERGE_CHUNK",
+    "MERGE_FANIN",
+    "IdsMismatch",
+    "clean_orphans",
+    "commit_shard",
+    "merge_sorted_runs",
+    "store_lock",
+]
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+IDS = "_ids"
+INDEX_DIR = "_index"
+MERGE_FANIN = 8
+MERGE_CHUNK = 1 << 18
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+@contextmanager
+def store_lock(root: Path) -> Iterator[None]:
+    """Hold the store's exclusive commit lock (an ``flock`` on ``<root>/.lock``)."""
+    try:
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise LockError(f"{root / LOCK_FILE}: cannot open lock file ({exc})") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _shard_number(name: str) -> int:
+    try:
+        return int(name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def next_shard_number(manifest: Manifest) -> int:
+    """The number the next committed shard gets: the last row's plus one (version 3, O(1)), or one
+    above the highest listed (versions 1/2, O(shards) like their manifest)."""
+    if manifest.table is not None:
+        table = manifest.shard_table()
+        return int(table.data["number"][-1]) + 1 if len(table) else 0
+    return max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
+
+
+def _remove_dead_workspace(entry: Path) -> None:
+    owner = entry / "owner.lock"
+    try:
+        fd = os.open(owner, os.O_RDWR)
+    except FileNotFoundError:
+        fd = -1
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # a live writer owns it
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    log.warning("removing workspace of a dead writer %s", entry)
+    shutil.rmtree(entry, ignore_errors=True)
+
+
+def clean_orphans(root: Path, manifest: Manifest) -> None:
+    """Delete files of dead writers and of shards renamed but never committed. Caller holds the lock.
+
+    Version 3: the only uncommitted shard directory there can be is the next number's (every commit
+    takes the last row's number plus one, and removes a leftover of that name before its rename), so
+    shard directories are not compared with a list; the directory listing only looks for ``_tmp-*``
+    workspaces and temporary manifests by name (no stat per entry)."""
+    runs = {r.name for r in manifest.index_runs}
+    if manifest.table is not None:
+        committed: set[str] | None = None
+        leftover = root / shard_dir_name(next_shard_number(manifest))
+        if leftover.is_dir():
+            log.warning("removing uncommitted shard directory %s", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+    else:
+        committed = {s.name for s in manifest.shards}
+    with os.scandir(root) as it:
+        for entry in it:
+            name = entry.name
+            if name.startswith("shard-"):
+                if committed is not None and name not in committed and entry.is_dir():
+                    log.warning("removing uncommitted shard directory %s", entry.path)
+                    shutil.rmtree(entry.path, ignore_errors=True)
+            elif name.startswith("_tmp-") and entry.is_dir():
+                _remove_dead_workspace(Path(entry.path))
+            elif name.startswith(f".{MANIFEST}.tmp-"):
+                Path(entry.path).unlink(missing_ok=True)
+    index_dir = root / INDEX_DIR
+    if index_dir.is_dir():
+        for path in index_dir.iterdir():
+            run_name = f"{INDEX_DIR}/{path.name.split('.', 1)[0]}"
+            if run_name not in runs:
+                path.unlink(missing_ok=True)
+
+
+class IdsMismatch(Exception):
+    """The store's shards were committed with (or without) ids and this shard is the other kind."""
+
+    def __init__(self, has_ids: bool) -> None:
+        super().__init__(has_ids)
+        self.has_ids = has_ids
+
+
+def _append_row(root: Path, committed: int, row: bytes, ragged: int) -> None:
+    """Write ``row`` at the committed end of the shard table and fsync it (creating the file with its
+    header for the first row). Bytes a dead writer left past the committed rows are overwritten."""
+    path = root / TABLE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+    try:
+        if committed == 0:
+            pwrite_all(fd, memoryview(encode_table_header(ragged) + row), 0)
+        else:
+            check_table_header(os.pread(fd, TABLE_HEADER_BYTES, 0), path, ragged)
+            pwrite_all(fd, memoryview(row), TABLE_HEADER_BYTES + committed * len(row))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if committed == 0:
+        fsync_dir(root)  # the file may be new
+
+
+def commit_shard(
+    root: Path,
+    cur: Path,
+    pending: ShardInfo,
+    desc_crc: int,
+    before_save: Callable[[Manifest], None],
+) -> str:
+    """Commit the finished shard directory ``cur`` (its files and, for version 3, its descriptor with
+    CRC-32 ``desc_crc`` are durable) and return its name. ``before_save`` may change the manifest
+    (stats) just before it is saved. Raises :class:`IdsMismatch` (leaving ``cur`` alone) when the
+    store's shards are of the other kind."""
+    with store_lock(root):
+        manifest = Manifest.load(root)
+        if manifest.num_shards and manifest.has_ids != pending.has_ids:
+            raise IdsMismatch(manifest.has_ids)
+        number = next_shard_number(manifest)
+        name = shard_dir_name(number)
+        target = root / name
+        if target.exists():  # renamed by a writer that died before saving the manifest
+            shutil.rmtree(target)
+        os.rename(cur, target)
+        fsync_dir(root)
+        if manifest.table is not None:
+            table, start = manifest.shard_table(), manifest.table.records
+            row = encode_row(number, start, pending.records, pending.has_ids,
+                             [pending.rows[r] for r in manifest.ragged], desc_crc)
+            _append_row(root, manifest.table.rows, row, len(manifest.ragged))
+            count = manifest.table.rows + 1
+            manifest.table = manifest.table.after(row, pending.records)
+
+            def locate(k: int) -> tuple[str, int]:
+                if k == count - 1:
+                    return name, start
+                return shard_dir_name(int(table.data["number"][k])), int(table.starts[k])
+        else:
+            shards = list(manifest.shards) + [ShardInfo(name, pending.records, pending.rows, pending.files,
+                                                        pending.has_ids)]
+            manifest.shards = shards
+            count = len(shards)
+            starts = np.concatenate([[0], np.cumsum([s.records for s in shards], dtype=np.int64)])
+
+            def locate(k: int) -> tuple[str, int]:
+                return shards[k].name, int(starts[k])
+
+        manifest.generation += 1
+        before_save(manifest)
+        superseded = _maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
+        manifest.save(root)
+        for path in superseded:  # a crash before this leaves orphans, which the next writer deletes
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # committed already: leave it to the next writer's clean-up
+                log.warning("%s: could not delete superseded index file %s (%r)", root, path, exc)
+    return name
+
+
+# ------------------------------------------------------------------------------- id-index runs
+
+
+def merge_sorted_runs(
+    sources: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]], chunk: int = MERGE_CHUNK
+) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """Merge runs sorted by hash, ``(hashes, rows, row base)`` each, into ``(hashes, rows + base)``
+    chunks in hash order. Equal hashes keep the order of the sources (and within a source their own
+    order), so rows stay ascending among equal hashes when the sources are in row order.
+
+    Each round takes, from every source, the entries up to a cut: the smallest of the sources'
+    ``chunk``-th next hashes, and all entries equal to it, so no tie is split across rounds. Memory
+    is O(sources x chunk) whatever the runs' lengths (they may be memory-mapped).
+    """
+    pos = [0] * len(sources)
+    while True:
+        active = [j for j, (h, _, _) in enumerate(sources) if pos[j] < len(h)]
+        if not active:
+            return
+        cut = min(sources[j][0][min(pos[j] + chunk, len(sources[j][0])) - 1] for j in active)
+        parts_h, parts_r = [], []
+        for j in active:
+            h, r, base = sources[j]
+            end = pos[j] + int(np.searchsorted(h[pos[j] :], cut, side="right"))
+            part = np.asarray(h[pos[j] : end])
+            if len(part) > 1 and (part[1:] < part[:-1]).any():
+                raise ValueError(f"index source {j} is not sorted by hash (near entry {pos[j]})")
+            parts_h.append(part)
+            parts_r.append(np.asarray(r[pos[j] : end], dtype=np.int64) + base)
+            pos[j] = end
+        if not any(len(p) for p in parts_h):  # only an unsorted source can stop progress
+            raise ValueError("index sources are not sorted by hash")
+        if len(parts_h) == 1:
+            yield parts_h[0], parts_r[0]
+            continue
+        hashes, rows = np.concatenate(parts_h), np.concatenate(parts_r)
+        order = np.argsort(hashes, kind="stable")
+        yield hashes[order], rows[order]
+
+
+def _maybe_merge_index(
+    root: Path, manifest: Manifest, count: int, locate: Callable[[int], tuple[str, int]]
+) -> list[Path]:
+    """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
+
+    Level-0 runs are the shards' own indexes; merged runs live in ``_index/`` and cover a contiguous
+    range of shards. Lookups probe O(MERGE_FANIN x levels) runs. A merge reads only the MERGE_FANIN
+    runs it replaces (memory-mapped) and streams the merged run to disk in chunks, so its memory does
+    not grow with the number of ids; ``locate(k)`` gives shard ``k``'s directory and first record,
+    so nothing here walks all ``count`` shards. Returns the files of the replaced runs, to be deleted
+    once the manifest that no longer lists them is saved.
+    """
+    superseded: list[Path] = []
+    covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
+    if count - covered >= MERGE_FANIN:
+        _merge(root, manifest, covered, count, locate, level=1, replaces=[])
+    while True:
+        runs = manifest.index_runs
+        if len(runs) < MERGE_FANIN:
+            return superseded
+        tail = runs[-MERGE_FANIN:]
+        level = tail[0].level
+        if any(r.level != level for r in tail):
+            return superseded
+        _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1, replaces=tail)
+        superseded += [root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
+
+
+def _merge(
+    root: Path,
+    manifest: Manifest,
+    first: int,
+    end: int,
+    locate: Callable[[int], tuple[str, int]],
+    *,
+    level: int,
+    replaces: list[IndexRun],
+) -> None:
+    def shard_index(k: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
+        name, start = locate(k)
+        d = root / name
+        h = np.load(d / f"{IDS}.hash.npy", mmap_mode="r")
+        return h, np.load(d / f"{IDS}.hash_rows.npy", mmap_mode="r"), start
+
+    sources: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]] = []
+    if not replaces:
+        sources = [shard_index(k) for k in range(first, end)]
+    for r in replaces:
+        try:
+            h = np.load(root / f"{r.name}.hash.npy", mmap_mode="r")
+            rows = np.load(root / f"{r.name}.rows.npy", mmap_mode="r")
+            if len(h) != r.records or len(rows) != r.records:
+                raise ValueError(f"{len(h)}/{len(rows)} entries, manifest says {r.records}")
+            for a in range(0, len(h), MERGE_CHUNK):  # run files carry no checksum: check the order
+                part = np.asarray(h[a : a + MERGE_CHUNK + 1])
+                if (part[1:] < part[:-1]).any():
+                    raise ValueError("hashes are not sorted")
+            sources.append((h, rows, 0))
+        except (OSError, ValueError) as exc:  # lost or damaged: rebuild that range from its shards
+            log.warning("%s: index run %s unusable (%s); merging its shards' indexes", root, r.name, exc)
+            sources += [shard_index(k) for k in range(r.first_shard, r.end_shard)]
+    total = sum(len(h) for h, _, _ in sources)
+    (root / INDEX_DIR).mkdir(exist_ok=True)
+    name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}"
+    with open(root / f"{name}.hash.npy", "wb") as fh, open(root / f"{name}.rows.npy", "wb") as fr:
+        fh.write(encode_header(np.dtype("<u8"), (total,)))
+        fr.write(encode_header(np.dtype("<i8"), (total,)))
+        written = 0
+        for hashes, rows in merge_sorted_runs(sources):
+            fh.write(hashes.astype("<u8", copy=False).data)
+            fr.write(rows.astype("<i8", copy=False).data)
+            written += len(hashes)
+        if written != total:
+            raise CorruptionError(f"{root / name}: merged {written} index entries, expected {total}")
+        for f in (fh, fr):
+            f.flush()
+            os.fsync(f.fileno())
+    fsync_dir(root / INDEX_DIR)
+    run = IndexRun(name, first, end, total, level)
+    manifest.index_runs = [r for r in manifest.index_runs if r not in replaces] + [run]
+
