@@ -1,0 +1,137 @@
+"""Read-only file mappings that hold no file descriptor.
+
+Python's ``mmap.mmap`` keeps a duplicate of the file's descriptor for the life of the mapping, so a
+store with thousands of mapped shard files runs out of descriptors (``ulimit -n`` is often 1024).
+The kernel needs no descriptor once a file is mapped: :func:`map_file` maps through libc's ``mmap``,
+closes the descriptor at once, and returns a ``uint8`` array whose base object unmaps the region
+when the last array (or view) that uses it is garbage-collected.
+
+Every mapping starts advised ``MADV_RANDOM``: a cold page fault then reads that page only, instead
+of the read-around window (``read_ahead_kb``, up to megabytes) a normal mapping reads for each fault.
+Paths that know what they will touch ask for it explicitly (:mod:`seqstore.io.advice`): random
+gathers request their exact pages, sequential scans request the next stretch ahead of the reader.
+
+Where libc's ``mmap`` cannot be called (not Linux), ``mmap.mmap`` is used and each mapping holds a
+descriptor; :func:`holds_descriptors` says which, so callers can bound how many they keep.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import sys
+import weakref
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "PAGE",
+    "MADV_NORMAL",
+    "MADV_RANDOM",
+    "MADV_SEQUENTIAL",
+    "MADV_WILLNEED",
+    "map_file",
+    "madvise",
+    "holds_descriptors",
+    "address",
+    "libc",
+]
+
+PAGE = mmap.PAGESIZE
+MADV_NORMAL = getattr(mmap, "MADV_NORMAL", 0)
+MADV_RANDOM = getattr(mmap, "MADV_RANDOM", 1)
+MADV_SEQUENTIAL = getattr(mmap, "MADV_SEQUENTIAL", 2)
+MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
+_PROT_READ = 0x1
+_MAP_SHARED = 0x01
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _load_libc() -> Any:
+    """libc with mmap/munmap/madvise/mincore prototypes, or None where they cannot be used."""
+    if not sys.platform.startswith("linux") or os.environ.get("SEQSTORE_PY_MMAP"):
+        return None
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
+        lib.mmap.restype = ctypes.c_void_p
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.munmap.restype = ctypes.c_int
+        # addresses as size_t: the same register on every Linux ABI, and plain ints from numpy arrays
+        lib.madvise.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+        lib.madvise.restype = ctypes.c_int
+        lib.mincore.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+        lib.mincore.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+libc = _load_libc()
+
+
+def holds_descriptors() -> bool:
+    """True where each mapping keeps a file descriptor open (the ``mmap.mmap`` fallback)."""
+    return libc is None
+
+
+def _munmap(addr: int, size: int) -> None:
+    libc.munmap(addr, size)
+
+
+class _Mapping:
+    """Owner of one read-only shared mapping; numpy arrays made from it keep it alive."""
+
+    __slots__ = ("addr", "size", "__weakref__")
+
+    def __init__(self, addr: int, size: int) -> None:
+        self.addr = addr
+        self.size = size
+        weakref.finalize(self, _munmap, addr, size)
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return {"data": (self.addr, True), "shape": (self.size,), "typestr": "|u1", "version": 3}
+
+
+def map_file(path: str | os.PathLike[str], size: int, *, advice: int = MADV_RANDOM) -> np.ndarray[Any, Any]:
+    """Map the first ``size`` bytes (> 0) of ``path`` read-only; a ``uint8`` array of ``size`` bytes.
+
+    No descriptor stays open where libc is usable. Raises ``OSError`` naming the file (``ENOMEM``
+    when the process has too many mappings: ``vm.max_map_count``).
+    """
+    if size <= 0:
+        raise ValueError(f"{path}: cannot map {size} bytes")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if libc is None:
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            if hasattr(mm, "madvise"):
+                mm.madvise(advice)
+            return np.frombuffer(mm, dtype=np.uint8, count=size)
+        addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno() or errno.ENOMEM
+            raise OSError(err, f"{path}: cannot map {size} bytes ({os.strerror(err)})")
+    finally:
+        os.close(fd)
+    owner = _Mapping(int(addr), size)
+    if advice != MADV_NORMAL:
+        libc.madvise(owner.addr, size, advice)
+    return np.asarray(owner)
+
+
+def address(arr: np.ndarray[Any, Any]) -> int:
+    """Address of ``arr``'s first byte."""
+    return int(arr.__array_interface__["data"][0])
+
+
+def madvise(addr: int, length: int, advice: int) -> bool:
+    """``madvise`` on ``[addr, addr + length)`` (``addr`` page aligned); False where it is not available
+    or the kernel refused (advice is a hint: nothing depends on it for correctness)."""
+    if libc is None or length <= 0:
+        return False
+    return bool(libc.madvise(addr, length, advice) == 0)
