@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 import seqstore as ss
+from seqstore.io.mapping import _Mapping
 from seqstore.store.ids import encode_ids, hash_ids
 
 INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
@@ -95,13 +96,12 @@ def assert_same_bits(got: Any, want: Any, what: str = "") -> None:
 
 
 def mmap_backed(arr: np.ndarray[Any, Any]) -> bool:
-    """True when ``arr`` is a view whose memory belongs to an ``mmap.mmap`` (zero-copy read)."""
+    """True when ``arr`` is a view whose memory belongs to a file mapping (zero-copy read): a mapping of
+    seqstore.io (no descriptor held) or, where that is unavailable, an ``mmap.mmap``."""
     base: Any = arr
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj
-    return isinstance(base, mmap.mmap)
+    while isinstance(base, np.ndarray) or isinstance(base, memoryview):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    return isinstance(base, (mmap.mmap, _Mapping))
 
 
 def npy_files(root: str | os.PathLike[str]) -> list[Path]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import errno
-import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import CorruptionError, SeqstoreError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
+from ..io import address, any_cold, holds_descriptors, lookahead, map_file, willneed, willneed_span
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
 from .ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
 from .writer import IDS
@@ -38,6 +39,31 @@ from .writer import IDS
 __all__ = ["Store", "open_store", "Lengths"]
 
 _BF16_MODES = ("bits", "float32", "ml_dtypes")
+#: (shard, positions in the batch, local rows): one shard's part of a batch (see Store._group)
+_Group = tuple[int, Any, np.ndarray[Any, Any]]
+_READAHEAD_MODES = ("auto", "always", "never")
+
+
+def _mapped_shard_limit(schema: Schema) -> int:
+    """Default bound on mapped shards: each holds up to one mapping per file (plus a descriptor per file
+    where mappings keep one); stay well inside ``vm.max_map_count`` (or ``RLIMIT_NOFILE``)."""
+    files = len(schema.groups) + sum(1 for n, f in schema.items() if schema.group_of(n) is None) + 4
+    files += sum(1 for _, f in schema.items() if f.ragged)
+    if holds_descriptors():
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError, ValueError):
+            soft = 1024
+        soft = 1024 if soft < 0 else soft
+        return max(4, (soft // 2) // files)
+    try:
+        with open("/proc/sys/vm/max_map_count") as fh:
+            maps = int(fh.read())
+    except (OSError, ValueError):
+        maps = 65530
+    return max(16, min(4096, (maps // 4) // files))
 
 
 def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -65,23 +91,26 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
         empty.flags.writeable = False
         return empty
     try:
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        raw = map_file(path, size)  # advised random access; no descriptor stays open (see seqstore.io)
     except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):  # the process, not the file
-            raise OSError(exc.errno, f"{path}: cannot map ({exc.strerror}); each mapped file holds a "
-                          "descriptor: raise the open-files limit (ulimit -n)") from exc
+        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
+            raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
+                          "process (ulimit -n)") from exc
+        if exc.errno == errno.ENOMEM:
+            raise OSError(exc.errno, f"{path}: cannot map ({exc.strerror}): too many mappings in this process "
+                          "(vm.max_map_count) or no address space left") from exc
         raise CorruptionError(f"{path}: cannot map ({exc})") from exc
     except ValueError as exc:
         raise CorruptionError(f"{path}: cannot map ({exc})") from exc
-    return np.frombuffer(mm, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
 
 class _Shard:
     """The mapped files of one committed shard. Built on first touch."""
 
     __slots__ = (
-        "path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan", "_copy_plan"
+        "path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan",
+        "_copy_plan", "_spans",
     )
 
     def __init__(self, root: Path, info: ShardInfo, schema: Schema) -> None:
@@ -129,6 +158,25 @@ class _Shard:
             ],
             [name for name in schema if schema.group_of(name) is None],
         )
+        self._spans: dict[str, tuple[int, int, int]] = {}
+
+    def span(self, name: str) -> tuple[int, int, int]:
+        """Where field ``name``'s bytes are, for read-ahead: ``(address of record 0, bytes from one record
+        to the next, bytes of one record)`` for a fixed field; ``(address of row 0 of the values, bytes per
+        row, address of the offsets)`` for a ragged one. Address 0: nothing mapped (an empty file)."""
+        got = self._spans.get(name)
+        if got is None:
+            col = self.columns[name]
+            off = self.offsets.get(name)
+            base = address(col) if col.size else 0
+            if off is None:
+                inner = col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
+                got = (base, int(col.strides[0]) if col.ndim else inner, inner)
+            else:
+                row = col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
+                got = (base, row, address(off))
+            self._spans[name] = got
+        return got
 
     def record(self, row: int) -> dict[str, np.ndarray[Any, Any]]:
         out = {}
@@ -273,10 +321,13 @@ class Lengths:
 
     def iter_chunks(self, size: int = 1 << 20) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """Yield the lengths in order, in arrays of at most ``size`` (per shard, from the offsets)."""
+        ahead = self._store._readahead != "never"
         for k in range(self._store.num_shards):
             sh = self._store._shard(k)
             off = sh.offsets[self.field]
             for a in range(0, len(off) - 1, size):
+                if ahead:  # this chunk and the next, so the disk reads while this one is processed
+                    self._store._scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1])
                 chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
                 if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
                     raise CorruptionError(f"{sh.path / (self.field + '.offsets.npy')}: offsets decrease")
@@ -320,12 +371,26 @@ class Lengths:
 class Store:
     """A read-only view of the shards a manifest lists. See :func:`open_store`."""
 
-    def __init__(self, path: str | os.PathLike[str], *, bfloat16: str = "bits") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        bfloat16: str = "bits",
+        readahead: str = "auto",
+        max_mapped_shards: int | None = None,
+    ) -> None:
         if bfloat16 not in _BF16_MODES:
             raise ValueError(f"bfloat16 must be one of {_BF16_MODES}, got {bfloat16!r}")
+        if readahead not in _READAHEAD_MODES:
+            raise ValueError(f"readahead must be one of {_READAHEAD_MODES}, got {readahead!r}")
+        if max_mapped_shards is not None and (isinstance(max_mapped_shards, bool) or max_mapped_shards < 1):
+            raise ValueError(f"max_mapped_shards must be a positive integer, got {max_mapped_shards!r}")
         self.root = Path(path)
         self._bf16 = bfloat16
-        self._shards: dict[int, _Shard] = {}  # the shards touched so far
+        self._readahead = readahead
+        self._max_mapped_opt = max_mapped_shards
+        # mapped shards, least recently used first; at most self._max_mapped of them (see _shard)
+        self._shards: OrderedDict[int, _Shard] = OrderedDict()
         self._load(Manifest.load(self.root))
 
     def _load(self, manifest: Manifest) -> None:
@@ -339,6 +404,7 @@ class Store:
         self._n = self._table.total
         for k in [k for k in self._shards if k >= len(self._table)]:  # a replaced manifest may have fewer
             del self._shards[k]
+        self._max_mapped = self._max_mapped_opt or _mapped_shard_limit(self.schema)
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
         self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
         self._bf16_fields = [n for n, f in self.schema.items() if f.dtype == BFLOAT16]
@@ -379,7 +445,8 @@ class Store:
         """Pickle as (path, options, shard count, record count): a worker process reopens the store,
         maps its own files and sees the same records as this object, even if shards were committed
         since (shards are append-only; :meth:`refresh` in the worker moves on to the newest)."""
-        return (_unpickle_store, (str(self.root), self._bf16, self.num_shards, self._n))
+        options = {"readahead": self._readahead, "max_mapped_shards": self._max_mapped_opt}
+        return (_unpickle_store, (str(self.root), self._bf16, self.num_shards, self._n, options))
 
     def _pin(self, num_shards: int, records: int) -> None:
         """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw)."""
@@ -442,12 +509,24 @@ class Store:
                 yield k, pos, idx[pos] - self._starts[k]
 
     def _shard(self, k: int) -> _Shard:
-        sh = self._shards.get(k)
+        """Shard ``k``, mapped on first touch. At most ``max_mapped_shards`` stay mapped: the least recently
+        used is dropped (its pages stay in the page cache; arrays handed out keep their own mapping alive)."""
+        shards = self._shards
+        sh = shards.get(k)
         if sh is None:
             # its ShardInfo: version 3 reads and checks the table row and the shard's descriptor here
             sh = _Shard(self.root, self._manifest.shards[k], self.schema)
-            self._shards[k] = sh
+            shards[k] = sh
+            if len(shards) > self._max_mapped:
+                shards.popitem(last=False)
+        else:
+            shards.move_to_end(k)
         return sh
+
+    @property
+    def mapped_shards(self) -> int:
+        """How many shards this Store holds mapped now (bounded by ``max_mapped_shards``)."""
+        return len(self._shards)
 
     # ----------------------------------------------------------------------------------- records
 
@@ -508,8 +587,23 @@ class Store:
         return out
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
-        for i in range(self._n):
-            yield self[i]
+        window = 4096
+        for lo in range(0, self._n, window):
+            hi = min(lo + window, self._n)
+            if self._readahead != "never":  # this window and the next
+                self.prefetch(np.arange(lo, min(hi + window, self._n), dtype=np.int64))
+            for i in range(lo, hi):
+                yield self[i]
+
+    def _scan_ahead(self, block: np.ndarray[Any, Any]) -> None:
+        """A scan is about to read all of ``block`` (a view of a mapping): start reading it if a sample of
+        its pages is not in memory (one request for the whole span)."""
+        if block.size == 0 or self._readahead == "never":
+            return
+        first = address(block)
+        last = address(block[(-1,) * block.ndim]) + block.itemsize
+        if self._readahead == "always" or any_cold(np.linspace(first, last - 1, 16).astype(np.int64)):
+            willneed_span(first, last)
 
     def get_batch(
         self, indices: Sequence[int] | np.ndarray[Any, Any], fields: Sequence[str] | None = None, pad: bool = False
@@ -519,13 +613,113 @@ class Store:
         Returns a dict: a fixed field -> array (B, *shape); a ragged field -> ``(values, lengths)``
         where ``values`` is the rows of all B records concatenated (sum(lengths), *inner) or, with
         ``pad=True``, zero-padded to (B, max(lengths), *inner); ``lengths`` is int64 (B,).
+
+        Records not in memory are read with all their reads in flight at once (exactly their pages;
+        for ragged fields the offsets first, then the values), not one page fault at a time; a batch
+        found in memory is gathered straight from the mapping. :meth:`iter_batches` also starts the
+        reads of the next batches while this one is consumed.
         """
         idx = self._norm_many(indices).reshape(-1)
+        names = self._field_names(fields)
+        groups = list(self._group(idx))
+        if self._readahead != "never":
+            self._request_values(self._request(groups, names), names)
+        return self._gather(idx, groups, names, pad)
+
+    def _field_names(self, fields: Sequence[str] | None) -> list[str]:
         names = list(self.schema) if fields is None else list(fields)
         for name in names:
             if name not in self.schema:
                 raise KeyError(f"no field {name!r} in {self.root}; fields are {list(self.schema)}")
-        groups = list(self._group(idx))
+        return names
+
+    def _request(self, groups: list[_Group], names: list[str]) -> Any:
+        """First read-ahead stage of a batch: start reading the records of its fixed fields and the
+        offsets of its ragged fields (skipped when a sample of them is in memory). Returns ``groups``."""
+        starts: list[np.ndarray[Any, Any]] = []
+        ends: list[np.ndarray[Any, Any]] = []
+        for k, _pos, rows in groups:
+            sh = self._shard(k)
+            for name in names:
+                base, step, size = sh.span(name)
+                if name in sh.offsets:
+                    s = size + rows * 8  # offsets[row] and offsets[row + 1]
+                    starts.append(s)
+                    ends.append(s + 16)
+                elif base:
+                    s = base + rows * step
+                    starts.append(s)
+                    ends.append(s + size)
+        if starts:
+            s_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
+            if self._readahead == "always" or any_cold(s_all):
+                willneed(s_all, np.concatenate(ends) if len(ends) > 1 else ends[0])
+        return groups
+
+    def _request_values(self, groups: list[_Group], names: list[str]) -> None:
+        """Second stage: start reading the value rows of the batch's ragged fields (reads their offsets,
+        which the first stage asked for)."""
+        starts: list[np.ndarray[Any, Any]] = []
+        ends: list[np.ndarray[Any, Any]] = []
+        for k, _pos, rows in groups:
+            sh = self._shard(k)
+            for name in names:
+                if name in sh.offsets:
+                    base, row, _ = sh.span(name)
+                    if not base:
+                        continue
+                    a, b = _checked_bounds(sh, name, rows)
+                    starts.append(base + a * row)
+                    ends.append(base + b * row)
+        if starts:
+            s_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
+            if self._readahead == "always" or any_cold(s_all):
+                willneed(s_all, np.concatenate(ends) if len(ends) > 1 else ends[0])
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray[Any, Any], fields: Sequence[str] | None = None) -> None:
+        """Start reading records ``indices`` (all fields, or ``fields``) into memory and return without
+        waiting for them (for ragged fields this waits for their offsets only). A later
+        :meth:`get_batch` or ``store[i]`` of those records finds them arriving or arrived. A no-op for
+        records in memory and with ``readahead="never"``."""
+        if self._readahead == "never":
+            return
+        idx = self._norm_many(indices).reshape(-1)
+        names = self._field_names(fields)
+        self._request_values(self._request(list(self._group(idx)), names), names)
+
+    def iter_batches(
+        self,
+        batches: Iterable[Sequence[int] | np.ndarray[Any, Any]],
+        *,
+        fields: Sequence[str] | None = None,
+        pad: bool = False,
+        prefetch: int = 2,
+    ) -> Iterator[dict[str, Any]]:
+        """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
+        ``order.iter_chunks(1024)`` or :func:`seqstore.batch_indices`), with the reads of the next
+        ``prefetch`` batches already in flight while a batch is consumed.
+
+        Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
+        batches plus what the page cache holds of the requested records (reclaimable, shared).
+        """
+        names = self._field_names(fields)
+        active = self._readahead != "never"
+
+        def request(batch: Any) -> tuple[np.ndarray[Any, Any], list[_Group]]:
+            idx = self._norm_many(batch).reshape(-1)
+            groups = list(self._group(idx))
+            return idx, (self._request(groups, names) if active else groups)
+
+        def ready(token: tuple[np.ndarray[Any, Any], list[_Group]]) -> None:
+            if active:
+                self._request_values(token[1], names)
+
+        for _batch, (idx, groups) in lookahead(batches, prefetch, request, ready):
+            yield self._gather(idx, groups, names, pad)
+
+    def _gather(
+        self, idx: np.ndarray[Any, Any], groups: list[_Group], names: list[str], pad: bool
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in names:
             f = self.schema[name]
@@ -706,6 +900,8 @@ class Store:
             k0, r0 = self._locate(start)
             k1, _ = self._locate(start + (count - 1) * step)
             if k0 == k1:
+                if step == 1:
+                    self._scan_rows(plan, k0, r0, r0 + count)
                 block = self._block(self._shard(k0), plan, slice(r0, r0 + (count - 1) * step + 1, step))
                 return self._present(block, plan, dtype)
             out = np.empty((count, plan.width), dtype=plan.storage_dtype)
@@ -747,11 +943,26 @@ class Store:
         if start < 0 or start > stop:
             raise IndexError(f"row range [{start}, {stop}) is not inside 0..{self._n}")
         pos = start
+        first = True
         while pos < stop:
             k, r = self._locate(pos)
             end = min(stop, self._table.end(k), pos + chunk_rows)
+            if first:
+                self._scan_rows(plan, k, r, r + end - pos)
+                first = False
+            if end < stop:  # the next block's reads run while the caller works on this one
+                nk, nr = self._locate(end)
+                self._scan_rows(plan, nk, nr, nr + min(stop, self._table.end(nk), end + chunk_rows) - end)
             yield pos, self._block(self._shard(k), plan, slice(r, r + end - pos))
             pos = end
+
+    def _scan_rows(self, plan: _MatrixPlan, k: int, a: int, b: int) -> None:
+        """Read ahead rows ``[a, b)`` of shard ``k`` in every source matrix of ``plan``."""
+        if self._readahead == "never" or b <= a:
+            return
+        sh = self._shard(k)
+        for source, _, _, _ in plan.segments:
+            self._scan_ahead(self._source(sh, source)[a:b])
 
     # --------------------------------------------------------------------------------------- ids
 
@@ -926,18 +1137,40 @@ class Store:
         return result
 
 
-def _unpickle_store(path: str, bfloat16: str, num_shards: int | None = None, records: int | None = None) -> Store:
-    store = Store(path, bfloat16=bfloat16)
+def _unpickle_store(
+    path: str,
+    bfloat16: str,
+    num_shards: int | None = None,
+    records: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> Store:
+    store = Store(path, bfloat16=bfloat16, **(options or {}))
     if num_shards is not None and records is not None:
         store._pin(num_shards, records)
     return store
 
 
-def open_store(path: str | os.PathLike[str], bfloat16: str = "bits") -> Store:
+def open_store(
+    path: str | os.PathLike[str],
+    bfloat16: str = "bits",
+    *,
+    readahead: str = "auto",
+    max_mapped_shards: int | None = None,
+) -> Store:
     """Open the store at ``path`` for reading. Reads the manifest only (and maps the shard table of a
     version-3 store): O(1) in the number of shards (O(fields x shards) for version 1/2).
 
     ``bfloat16``: how bfloat16 fields are returned: ``"bits"`` (uint16 views, default, zero-copy),
     ``"float32"`` (converted copies) or ``"ml_dtypes"`` (zero-copy ``ml_dtypes.bfloat16`` views).
+
+    ``readahead``: how batch reads and scans meet data that is not in memory. ``"auto"`` (default): a
+    batch samples whether its pages are in memory (``mincore``) and, if not, asks the kernel for exactly
+    its pages, all at once, before gathering; scans ask for the next stretch ahead. ``"always"``: ask
+    without sampling. ``"never"``: plain page faults (each reads one page, one at a time). Mappings are
+    always advised random access, so a fault never reads around the page it needs.
+
+    ``max_mapped_shards``: how many shards stay mapped at once (least recently used are dropped;
+    default from ``vm.max_map_count``, or from the open-files limit where a mapping holds a descriptor).
+    A mapping holds no file descriptor on Linux, so the open-files limit does not bound the shard count.
     """
-    return Store(path, bfloat16=bfloat16)
+    return Store(path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards)

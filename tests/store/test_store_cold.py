@@ -1,0 +1,345 @@
+"""Reads of data that is not in memory: read-ahead of exactly the asked pages, iter_batches with
+prefetch, scans, descriptor-free mappings and the bound on mapped shards.
+
+Cold cases drop the page cache of the store's files with ``posix_fadvise(POSIX_FADV_DONTNEED)``
+before the store is opened (pages a live mapping holds cannot be dropped); where the filesystem keeps
+them anyway (tmpfs, some overlays) the values are still compared, only the "it was cold" checks skip.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.io import PAGE, any_cold, lookahead, map_file, page_runs, willneed
+from seqstore.io.mapping import holds_descriptors, libc
+
+N = 3000
+SCHEMA = {
+    "x": ss.Field("float32", (512,)),  # 2 KiB records
+    "tok": ss.Field("float16", (None, 16)),
+    "label": ss.Field("int64"),
+}
+
+
+def _write(root: Path, n: int = N, *, max_shard_records: int = 1 << 24, packed: Any = None) -> dict[str, Any]:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, 512), dtype=np.float32)
+    lengths = rng.integers(0, 200, n)
+    tok = rng.standard_normal((int(lengths.sum()), 16)).astype(np.float16)
+    label = np.arange(n, dtype=np.int64) * 7
+    ids = [f"utt-{i}" for i in range(n)]
+    with ss.create(root, SCHEMA, max_shard_records=max_shard_records, packed=packed) as w:
+        for a in range(0, n, 700):
+            b = min(a + 700, n)
+            lo, hi = int(lengths[:a].sum()), int(lengths[:b].sum())
+            w.append_batch({"x": x[a:b], "tok": (tok[lo:hi], lengths[a:b]), "label": label[a:b]}, ids=ids[a:b])
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    return {"x": x, "tok": tok, "lengths": lengths, "starts": starts, "label": label, "ids": ids}
+
+
+def _drop_cache(root: Path) -> None:
+    os.sync()
+    for p in root.rglob("*.npy"):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _check_batch(got: dict[str, Any], want: dict[str, Any], idx: np.ndarray[Any, Any], pad: bool) -> None:
+    np.testing.assert_array_equal(got["x"], want["x"][idx])
+    np.testing.assert_array_equal(got["label"], want["label"][idx])
+    values, lengths = got["tok"]
+    np.testing.assert_array_equal(lengths, want["lengths"][idx])
+    s = want["starts"]
+    if pad:
+        assert values.shape == (len(idx), int(lengths.max(initial=0)), 16)
+        for j, i in enumerate(idx):
+            np.testing.assert_array_equal(values[j, : lengths[j]], want["tok"][s[i] : s[i + 1]])
+            assert not values[j, lengths[j] :].any()
+    else:
+        np.testing.assert_array_equal(values, np.concatenate([want["tok"][s[i] : s[i + 1]] for i in idx]))
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("cold") / "s"
+    return root, _write(root, max_shard_records=1100)
+
+
+# ------------------------------------------------------------------------------------- io layer
+
+
+def test_page_runs_align_sort_and_merge() -> None:
+    s, e = page_runs([5000, 10, 4000, 9000, 70000, 300], [5001, 20, 4100, 9001, 70000, 400])
+    # [10,20), [300,400), [4000,4100) -> page 0; [4000,4100) reaches page 0 only; 5000 -> page 1; 9000 -> page 2
+    assert s.tolist() == [0] and e.tolist() == [3 * PAGE]  # pages 0-2 touch: one run; the empty range is dropped
+    s, e = page_runs([0, 5 * PAGE], [1, 5 * PAGE + 1])
+    assert s.tolist() == [0, 5 * PAGE] and e.tolist() == [PAGE, 6 * PAGE]
+    s, e = page_runs([0, 5 * PAGE], [1, 5 * PAGE + 1], gap=4 * PAGE)
+    assert s.tolist() == [0] and e.tolist() == [6 * PAGE]
+    with pytest.raises(ValueError, match="differ in length"):
+        page_runs([0, 1], [2])
+
+
+def test_map_file_holds_no_descriptor_and_unmaps_when_unused(tmp_path: Path) -> None:
+    if holds_descriptors():
+        pytest.skip("libc mmap unavailable: mappings hold descriptors here")
+    p = tmp_path / "a.npy"
+    np.save(p, np.arange(100_000, dtype=np.int64))
+    fds = len(os.listdir("/proc/self/fd"))
+    arr = map_file(p, p.stat().st_size)
+    view = arr[128:].view(np.int64)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert view[99_999] == 99_999 and not view.flags.writeable
+    assert str(p) in Path("/proc/self/maps").read_text()
+    del arr
+    gc.collect()
+    assert str(p) in Path("/proc/self/maps").read_text()  # the view keeps the mapping
+    assert view[5] == 5
+    del view
+    gc.collect()
+    assert str(p) not in Path("/proc/self/maps").read_text()
+    with pytest.raises(FileNotFoundError):
+        map_file(tmp_path / "missing.npy", 10)
+
+
+def test_willneed_reads_exactly_the_asked_pages(tmp_path: Path) -> None:
+    p = tmp_path / "big.bin"
+    p.write_bytes(os.urandom(256 * PAGE))
+    os.sync()
+    fd = os.open(p, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    arr = map_file(p, 256 * PAGE)
+    base = int(arr.__array_interface__["data"][0])
+    pages = np.array([3, 50, 51, 200])
+    if not any_cold(base + pages * PAGE):
+        pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
+    assert willneed(base + pages * PAGE + 10, base + pages * PAGE + 20) == 3  # 50 and 51 merge
+    wanted = bytes(arr[pages[-1] * PAGE : pages[-1] * PAGE + 64])  # waits for that page
+    vec = np.zeros(256, np.uint8)
+    assert libc.mincore(base, 256 * PAGE, vec.ctypes.data_as(ctypes.c_void_p)) == 0
+    resident = set(np.flatnonzero(vec & 1).tolist())
+    assert {3, 50, 51, 200} <= resident
+    assert len(resident) <= 8, resident  # nothing read around the asked pages
+    assert wanted == p.read_bytes()[200 * PAGE : 200 * PAGE + 64]
+
+
+def test_lookahead_requests_depth_items_ahead() -> None:
+    log: list[str] = []
+
+    def request(x: int) -> int:
+        log.append(f"req{x}")
+        return x * 10
+
+    def ready(tok: int) -> None:
+        log.append(f"ready{tok // 10}")
+
+    out = []
+    for item, tok in lookahead(iter(range(5)), 2, request, ready):
+        log.append(f"use{item}")
+        out.append((item, tok))
+    assert out == [(i, i * 10) for i in range(5)]
+    assert log == ["req0", "req1", "req2", "ready0", "req3", "ready1", "use0", "req4", "ready2", "use1",
+                   "ready3", "use2", "ready4", "use3", "use4"]
+    assert [x for x, _ in lookahead([1, 2], 0, lambda v: v)] == [1, 2]
+    assert list(lookahead([], 3, lambda v: v)) == []
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="prefetch depth"):
+            list(lookahead([1], bad, lambda v: v))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------- store
+
+
+@pytest.mark.parametrize("readahead", ["auto", "always", "never"])
+def test_cold_get_batch_equals_the_data(written: tuple[Path, dict[str, Any]], readahead: str) -> None:
+    root, want = written
+    _drop_cache(root)
+    store = ss.open(root, readahead=readahead)
+    rng = np.random.default_rng(1)
+    for pad in (False, True):
+        idx = rng.permutation(N)[:700]
+        _check_batch(store.get_batch(idx), want, idx, pad=False) if not pad else _check_batch(
+            store.get_batch(idx, pad=True), want, idx, pad=True
+        )
+    warm = ss.open(root, readahead="never")
+    idx = rng.permutation(N)[:300]
+    a, b = store.get_batch(idx), warm.get_batch(idx)
+    for name in ("x", "label"):
+        np.testing.assert_array_equal(a[name], b[name])
+    np.testing.assert_array_equal(a["tok"][0], b["tok"][0])
+
+
+def test_cold_batch_reads_only_its_pages(tmp_path: Path) -> None:
+    """Read amplification, as bytes from disk: a random cold batch of 2 KiB records reads about one
+    page per record (the data is page aligned), not the read-around window of each fault."""
+    root = tmp_path / "s"
+    want = _write(root, n=6000)
+    _drop_cache(root)
+    store = ss.open(root)
+    sh = store._shard(0)
+    probe = np.arange(0, 6000, 97) * sh.columns["x"].strides[0] + sh.span("x")[0]
+    if not any_cold(probe):
+        pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
+
+    def read_bytes() -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+        raise AssertionError("no read_bytes in /proc/self/io")
+
+    idx = np.random.default_rng(2).permutation(6000)[:500]
+    before = read_bytes()
+    got = store.get_batch(idx, fields=["x"])
+    used = read_bytes() - before
+    np.testing.assert_array_equal(got["x"], want["x"][idx])
+    if used == 0:
+        pytest.skip("this filesystem does not count read bytes in /proc/self/io")
+    assert used <= 2.5 * 500 * 2048 + 64 * PAGE, used  # one page per record, plus a little metadata
+
+
+def test_iter_batches_equals_get_batch(written: tuple[Path, dict[str, Any]]) -> None:
+    root, want = written
+    _drop_cache(root)
+    store = ss.open(root)
+    order = ss.seq_order(N, "random", epoch=1, seed=3)
+    for prefetch in (0, 1, 2, 5):
+        for pad in (False, True):
+            chunks = list(order.iter_chunks(256))
+            n = 0
+            for idx, got in zip(chunks, store.iter_batches(iter(chunks), pad=pad, prefetch=prefetch)):
+                _check_batch(got, want, idx, pad)
+                n += 1
+            assert n == len(chunks)
+    got = list(store.iter_batches([[5, 1], [2999]], fields=["label"]))
+    assert [g["label"].tolist() for g in got] == [[35, 7], [2999 * 7]]
+    assert list(store.iter_batches([])) == []
+    with pytest.raises(KeyError, match="nope"):
+        next(store.iter_batches([[1]], fields=["nope"]))
+    with pytest.raises(IndexError, match="out of range"):
+        list(store.iter_batches([[1], [N]]))
+    with pytest.raises(ValueError, match="prefetch depth"):
+        list(store.iter_batches([[1]], prefetch=-1))
+
+
+def test_prefetch_then_read(written: tuple[Path, dict[str, Any]]) -> None:
+    root, want = written
+    _drop_cache(root)
+    store = ss.open(root)
+    idx = np.array([17, 2, 2900, 1500])
+    store.prefetch(idx)
+    store.prefetch(idx, fields=["tok"])
+    for i in idx:
+        rec = store[int(i)]
+        np.testing.assert_array_equal(rec["x"], want["x"][i])
+        np.testing.assert_array_equal(rec["tok"], want["tok"][want["starts"][i] : want["starts"][i + 1]])
+    with pytest.raises(IndexError):
+        store.prefetch([N])
+    with pytest.raises(ValueError, match="readahead"):
+        ss.open(root, readahead="sometimes")
+
+
+def test_cold_scans_equal_the_data(written: tuple[Path, dict[str, Any]]) -> None:
+    root, want = written
+    _drop_cache(root)
+    store = ss.open(root)
+    blocks = list(store.iter_matrix(["x"], chunk_rows=400))
+    np.testing.assert_array_equal(np.concatenate([b for _, b in blocks]), want["x"])
+    assert [f for f, _ in blocks][:4] == [0, 400, 800, 1100]  # blocks never span shards (1100 per shard)
+    np.testing.assert_array_equal(np.asarray(store.lengths("tok")), want["lengths"])
+    np.testing.assert_array_equal(store.matrix(["x"], slice(1200, 2000)), want["x"][1200:2000])
+    labels = [int(r["label"]) for r in store]
+    assert labels == want["label"].tolist()
+
+
+def test_packed_store_cold(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    schema = {"a": ss.Field("float32", (3,)), "b": ss.Field("float32", ()), "c": ss.Field("int32", (None,))}
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2000, 3), dtype=np.float32)
+    b = rng.standard_normal(2000, dtype=np.float32)
+    with ss.create(root, schema, packed={"g": ["a", "b"]}, max_shard_records=600) as w:
+        w.append_batch({"a": a, "b": b, "c": (np.arange(4000, dtype=np.int32), np.full(2000, 2))})
+    _drop_cache(root)
+    store = ss.open(root, readahead="always")
+    idx = rng.permutation(2000)[:500]
+    got = store.get_batch(idx)
+    np.testing.assert_array_equal(got["a"], a[idx])
+    np.testing.assert_array_equal(got["b"], b[idx])
+    np.testing.assert_array_equal(got["c"][0].reshape(-1, 2)[:, 0], idx * 2)
+
+
+# ------------------------------------------------------------------------- descriptors and maps
+
+
+def test_mapped_shards_are_bounded(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    want = _write(root, n=1200, max_shard_records=40)  # 30 shards
+    store = ss.open(root, max_mapped_shards=4)
+    assert store.num_shards == 30
+    order = ss.seq_order(1200, "random", epoch=2, seed=1)
+    for idx in order.iter_chunks(100):
+        _check_batch(store.get_batch(idx), want, idx, pad=False)
+        assert store.mapped_shards <= 4
+    held = [store[i]["x"] for i in range(0, 1200, 40)]  # views outlive their shard's eviction
+    for j, arr in enumerate(held):
+        np.testing.assert_array_equal(arr, want["x"][j * 40])
+    np.testing.assert_array_equal(store.index_many(want["ids"][::-7]), np.arange(1200)[::-7])
+    assert store.mapped_shards <= 4
+    with pytest.raises(ValueError, match="max_mapped_shards"):
+        ss.open(root, max_mapped_shards=0)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import os, resource, sys
+    import numpy as np
+    import seqstore as ss
+    root, n, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    store = ss.open(root)
+    base = len(os.listdir("/proc/self/fd"))
+    most = base
+    order = ss.seq_order(n, "random", epoch=1, seed=9)
+    total = 0
+    for idx in order.iter_chunks(512):
+        b = store.get_batch(idx)
+        assert (b["label"] == idx * 7).all()
+        total += len(idx)
+        most = max(most, len(os.listdir("/proc/self/fd")))
+    found = store.index_many([f"utt-{i}" for i in range(0, n, 3)])
+    assert (found == np.arange(0, n, 3)).all()
+    most = max(most, len(os.listdir("/proc/self/fd")))
+    print(total, store.num_shards, base, most)
+    """
+)
+
+
+def test_random_epoch_and_index_many_under_a_small_open_files_limit(tmp_path: Path) -> None:
+    """More shard files than the open-files limit allows descriptors: a random epoch and a lookup of
+    every third id still work, and the descriptors the process holds stay flat."""
+    if holds_descriptors():
+        pytest.skip("mappings hold descriptors here (no libc mmap)")
+    root = tmp_path / "s"
+    n = 2400
+    _write(root, n=n, max_shard_records=8)  # 300 shards x 8 files each: 2,400 files
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(n), "64"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    total, shards, base, most = map(int, proc.stdout.split())
+    assert total == n and shards == 300
+    assert most - base <= 8, (base, most)
