@@ -9,6 +9,9 @@ A :class:`Dataset` is an index space ``[0, num_seqs)`` with lazy lengths, an epo
 * ``get(i)`` -> dict field -> array; ``get_batch(indices)`` -> dict: a fixed field -> array (B, ...),
   a ragged field -> ``(values (sum lengths, ...), lengths int64 (B,))`` (``pad=True``: values
   zero-padded to (B, max length, ...));
+* ``prefetch(indices)`` starts reading records that will be asked for soon (a no-op where nothing is
+  read from disk); ``iter_batches(batches, pad=, prefetch=)`` gathers a sequence of index arrays with
+  the next ``prefetch`` batches' reads in flight (:meth:`seqstore.Store.iter_batches` for datasets);
 * ``filter(min_length=, max_length=)`` -> a :class:`~seqstore.data.FilteredDataset`;
 * ``bfloat16_fields()`` -> the output names of bfloat16 fields (uint16 bits), after any renaming.
 
@@ -18,12 +21,13 @@ Datasets hold O(1) state (or O(children)) plus memory-mapped files, and pickle s
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..io import lookahead
 from ..order import Order
 from ._cache import cached_array, fingerprint, write_npy
 from ._lengths import IntArray, LengthsView
@@ -78,6 +82,17 @@ class Dataset(abc.ABC):
     @abc.abstractmethod
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         """Records ``indices`` at once; see the module docstring for the layout."""
+
+    def prefetch(self, indices: Any) -> None:
+        """Start reading records ``indices`` without waiting (datasets over stores pass it on; others
+        have nothing to read ahead)."""
+        return None
+
+    def iter_batches(self, batches: Iterable[Any], *, pad: bool = False, prefetch: int = 2) -> Iterator[dict[str, Any]]:
+        """``get_batch`` of each index array of ``batches`` (consumed lazily), with :meth:`prefetch` of
+        the next ``prefetch`` batches issued before each batch is gathered."""
+        for batch, _ in lookahead(batches, prefetch, self.prefetch):
+            yield self.get_batch(batch, pad=pad)
 
     def cache_key(self) -> Any:
         """JSON-encodable identity of the content (for cache file names), or None if unknown."""

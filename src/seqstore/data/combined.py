@@ -385,6 +385,11 @@ class CombinedDataset(Dataset):
         name, j = self.locate(i)
         return self.datasets[self.names.index(name)].get(j)
 
+    def prefetch(self, indices: Any) -> None:
+        sp = Split(as_index_array(indices, self.num_seqs), self.start_N)
+        for k, pos in sp.groups():
+            self.datasets[k].prefetch(sp.local[pos])
+
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         """Records of combined indices, gathered per child and merged in request order (same fields needed)."""
         sp = Split(as_index_array(indices, self.num_seqs), self.start_N)

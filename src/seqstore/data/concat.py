@@ -163,6 +163,11 @@ class ConcatDataset(Dataset):
         c, j = self.locate(i)
         return self.datasets[c].get(j)
 
+    def prefetch(self, indices: Any) -> None:
+        sp = Split(as_index_array(indices, self.num_seqs), self.starts)
+        for k, pos in sp.groups():
+            self.datasets[k].prefetch(sp.local[pos])
+
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         sp = Split(as_index_array(indices, self.num_seqs), self.starts)
         parts = [(pos, self.datasets[k].get_batch(sp.local[pos])) for k, pos in sp.groups()]
@@ -211,6 +216,9 @@ class SliceDataset(Dataset):
 
     def get(self, i: int) -> dict[str, Any]:
         return self.dataset.get(int(as_index_array(np.array([i]), self.num_seqs)[0]) + self.start)
+
+    def prefetch(self, indices: Any) -> None:
+        self.dataset.prefetch(as_index_array(indices, self.num_seqs) + self.start)
 
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         return self.dataset.get_batch(as_index_array(indices, self.num_seqs) + self.start, pad=pad)

@@ -126,6 +126,9 @@ class FilteredDataset(Dataset):
     def get(self, i: int) -> dict[str, Any]:
         return self.dataset.get(int(self.base_indices(np.array([i]))[0]))
 
+    def prefetch(self, indices: Any) -> None:
+        self.dataset.prefetch(self.base_indices(indices))
+
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         return self.dataset.get_batch(self.base_indices(indices), pad=pad)
 

@@ -269,6 +269,13 @@ class MetaDataset(Dataset):
                 out[dst] = rec[src]
         return out
 
+    def prefetch(self, indices: Any) -> None:
+        idx = as_index_array(indices, self.num_seqs)
+        for name in self.names:
+            mapping = self.field_map[name]
+            if mapping:
+                self.datasets[name].store.prefetch(self.rows(name, idx), fields=list(mapping))
+
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {}
         idx = as_index_array(indices, self.num_seqs)

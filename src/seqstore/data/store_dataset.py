@@ -9,6 +9,7 @@ arrays an ordering may need (``sorted*``: lengths and a sort index) are cached a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,16 @@ class StoreDataset(Dataset):
         """``Store.get_batch`` of ``indices`` over ``fields``: one vectorised gather per field."""
         idx = as_index_array(indices, self.num_seqs)
         return self.store.get_batch(idx, fields=self.fields, pad=pad)
+
+    def prefetch(self, indices: Any) -> None:
+        """``Store.prefetch`` of ``indices`` over ``fields``."""
+        self.store.prefetch(as_index_array(indices, self.num_seqs), fields=self.fields)
+
+    def iter_batches(self, batches: Iterable[Any], *, pad: bool = False, prefetch: int = 2) -> Iterator[dict[str, Any]]:
+        """``Store.iter_batches`` over ``fields`` (two-stage read-ahead for ragged fields)."""
+        n = self.num_seqs
+        return self.store.iter_batches((as_index_array(b, n) for b in batches), fields=self.fields, pad=pad,
+                                       prefetch=prefetch)
 
     def ids(self, indices: Any) -> list[str]:
         """The ids of ``indices`` (O(len) Python strings; for display and debugging)."""

@@ -5,6 +5,10 @@
 one vectorised ``get_batch(..., pad=True)`` and returns records that are views into it, so
 :func:`~seqstore.torch.collate_padded` needs no further copy. Pickles small (stores by path): every
 DataLoader worker maps the files itself.
+
+Read-ahead: under :class:`~seqstore.torch.SeqDataLoader` with an ``EpochBatchSampler`` (or an
+``EpochSampler`` and ``batch_size``), each worker replays its copy of the batch sampler and, while it
+gathers one batch, starts the reads of its next ``prefetch`` batches (:mod:`seqstore.torch._foresight`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch.utils.data import Dataset
 from ..data import StoreDataset
 from ..store import Store
 from ._convert import to_tensor
+from ._foresight import Foresight
 from .collate import GatheredRecords, PaddedCollate
 
 __all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors"]
@@ -82,12 +87,31 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     the DataLoader's ``collate_fn``. Memory O(1) plus the current batch; pickles small.
     """
 
-    def __init__(self, dataset_or_store: Any, fields: Sequence[str] | None = None, *, with_index: bool = False) -> None:
+    def __init__(
+        self,
+        dataset_or_store: Any,
+        fields: Sequence[str] | None = None,
+        *,
+        with_index: bool = False,
+        prefetch: int = 2,
+    ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"SeqDataset: prefetch must be an integer >= 0, got {prefetch!r}")
         self.dataset = as_protocol_dataset(dataset_or_store, fields)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)
+        self.prefetch = int(prefetch)
         self._bf16 = bfloat16_fields(self.dataset)
         self._ragged: tuple[str, ...] | None = None
+        self._foresight: Foresight | None = None
+
+    def foresee(self, batch_sampler: Any) -> None:
+        """Read ahead along ``batch_sampler`` (what the DataLoader will ask for, batch by batch; see the
+        module docstring). ``SeqDataLoader`` calls this at the start of each iteration; None stops it."""
+        if batch_sampler is None or self.prefetch == 0 or not hasattr(self.dataset, "prefetch"):
+            self._foresight = None
+        else:
+            self._foresight = Foresight(batch_sampler, self.prefetch)
 
     def __len__(self) -> int:
         return int(self.dataset.num_seqs)
@@ -117,6 +141,9 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         :func:`collate_padded`. O(batch elements).
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if self._foresight is not None:
+            for future in self._foresight.advance(idx):
+                self.dataset.prefetch(future)
         batch = self.dataset.get_batch(idx, pad=True)
         values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
         if self.with_index:

@@ -13,6 +13,7 @@ records ``group`` equal to the DataLoader's ``batch_size`` (``SeqDataLoader`` ch
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..io import lookahead
 from ._convert import resolve_topology, to_tensor, worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_positions, select_items
@@ -70,7 +72,11 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         masks: bool = False,
         with_index: bool = False,
         group: int = 1,
+        prefetch: int = 2,
     ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"{self._kind}: prefetch must be an integer >= 0, got {prefetch!r}")
+        self.prefetch = int(prefetch)
         self.dataset = as_protocol_dataset(dataset, fields)
         self.fields = None if fields is None else frozenset(fields)
         self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
@@ -113,8 +119,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     # --------------------------------------------------------------------------------- iteration
 
-    def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, torch.Tensor]:
-        values, lengths = batch_to_tensors(self.dataset.get_batch(idx, pad=True), self._bf16, self.fields)
+    def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
         out: dict[str, torch.Tensor] = {}
         for name, v in values.items():
             out[name] = v
@@ -150,12 +156,31 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         self._finish()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for idx in self.iter_indices():
-            if self.batch is None:
+        """This worker's items; the reads of its next ``prefetch`` items are in flight meanwhile."""
+        ds = self.dataset
+        if self.batch is None:
+            prefetch = getattr(ds, "prefetch", None)
+            items = lookahead(self.iter_indices(), self.prefetch, prefetch) if prefetch else (
+                (idx, None) for idx in self.iter_indices())
+            for idx, _ in items:
                 for i in idx.tolist():
                     yield self._record(i)
-            else:
-                yield self._gather(idx)
+            return
+        mine = self.iter_indices()
+        if hasattr(ds, "iter_batches"):
+            # tee the index arrays: iter_batches pulls them ahead of what it yields
+            pending: deque[np.ndarray[Any, Any]] = deque()
+
+            def remember() -> Iterator[np.ndarray[Any, Any]]:
+                for idx in mine:
+                    pending.append(idx)
+                    yield idx
+
+            for batch in ds.iter_batches(remember(), pad=True, prefetch=self.prefetch):
+                yield self._gather(pending.popleft(), batch)
+        else:
+            for idx in mine:
+                yield self._gather(idx, ds.get_batch(idx, pad=True))
 
     # ------------------------------------------------------------------------------------- state
 

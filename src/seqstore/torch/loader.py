@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
@@ -67,6 +68,9 @@ class SeqDataLoader(DataLoader[Any]):
         src = self._source()
         if isinstance(src, IterableSeqDataset):
             src.begin()
+        elif isinstance(self.dataset, SeqDataset):
+            # workers replay the batch sampler to read their next batches ahead (checked per batch)
+            self.dataset.foresee(self.batch_sampler)
         self._consumed = 0
         for batch in super().__iter__():
             self._consumed += 1

@@ -1,0 +1,133 @@
+"""Read-ahead in the torch loaders: workers know and prefetch their own next batches, batches stay
+exactly what they were, and a wrong prediction only stops the read-ahead."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_testlib import make_store  # noqa: E402
+
+import seqstore  # noqa: E402
+from seqstore.data import StoreDataset  # noqa: E402
+from seqstore.torch import EpochBatchSampler, EpochSampler, IterableSeqDataset, SeqDataLoader, SeqDataset  # noqa: E402
+from seqstore.torch._foresight import Foresight  # noqa: E402
+
+
+class LoggingDataset(StoreDataset):
+    """A StoreDataset that appends each prefetch and gather to a per-process JSON-lines file."""
+
+    def __init__(self, path: Path, log_dir: Path) -> None:
+        super().__init__(path, ordering="random", seed=4, length_field="x")
+        self.log_dir = str(log_dir)
+
+    def _log(self, kind: str, indices: Any) -> None:
+        with open(os.path.join(self.log_dir, f"{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps([kind, np.asarray(indices).reshape(-1).tolist()]) + "\n")
+
+    def prefetch(self, indices: Any) -> None:
+        self._log("prefetch", indices)
+        super().prefetch(indices)
+
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        self._log("get", indices)
+        return super().get_batch(indices, pad=pad)
+
+
+def _logs(log_dir: Path) -> list[list[tuple[str, list[int]]]]:
+    out = []
+    for p in sorted(log_dir.glob("*.jsonl")):
+        out.append([(k, v) for k, v in (json.loads(line) for line in p.read_text().splitlines())])
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_seqdataset_workers_prefetch_their_next_batches(tmp_path: Path, workers: int) -> None:
+    path = tmp_path / "s"
+    lens = make_store(path, 300)
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    ds = LoggingDataset(path, log_dir)
+    sampler = EpochBatchSampler(ds, max_seqs=16, rank=0, world_size=1)
+    loader = SeqDataLoader(SeqDataset(ds, prefetch=2), batch_sampler=sampler, num_workers=workers,
+                           collate_fn=SeqDataset(ds).collate())
+    want = [list(b) for b in EpochBatchSampler(ds, max_seqs=16, rank=0, world_size=1)]
+    got = [batch["x_lengths"].tolist() for batch in loader]
+    assert got == [lens[b].tolist() for b in want]
+    logs = _logs(log_dir)
+    assert len(logs) == max(workers, 1)
+    seen_gets = []
+    for log in logs:
+        gets = [v for k, v in log if k == "get"]
+        prefetched = [v for k, v in log if k == "prefetch"]
+        seen_gets.extend(gets)
+        # every batch after the first is prefetched before it is gathered, in order, each once
+        assert prefetched == gets[1:], (prefetched[:3], gets[:3])
+        for j, g in enumerate(gets[1:], start=1):
+            assert log.index(("prefetch", g)) < log.index(("get", g)), j
+    assert sorted(map(tuple, seen_gets)) == sorted(map(tuple, want))
+
+
+def test_foresight_stops_at_a_wrong_guess(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    make_store(path, 100)
+    ds = StoreDataset(path, ordering="random", seed=1)
+    sampler = EpochSampler(ds, rank=0, world_size=1)
+    batches = [np.asarray(b) for b in torch.utils.data.BatchSampler(sampler, 10, False)]
+    fs = Foresight(torch.utils.data.BatchSampler(sampler, 10, False), depth=3)
+    first = fs.advance(batches[0])
+    assert [b.tolist() for b in first] == [b.tolist() for b in batches[1:4]]
+    assert [b.tolist() for b in fs.advance(batches[1])] == [batches[4].tolist()]
+    assert fs.advance(batches[5]) == []  # not what the replay says comes next: stop
+    assert fs.advance(batches[6]) == []
+    fs.reset()
+    assert len(fs.advance(batches[0])) == 3
+    assert Foresight(sampler, depth=0).advance(batches[0]) == []
+    with pytest.raises(ValueError, match="prefetch"):
+        SeqDataset(ds, prefetch=-1)
+
+
+@pytest.mark.parametrize("batch", [8, None])
+def test_iterable_prefetch_keeps_batches_and_resume(tmp_path: Path, batch: int | None) -> None:
+    path = tmp_path / "s"
+    make_store(path, 200)
+    def make(prefetch: int) -> IterableSeqDataset:
+        return IterableSeqDataset(StoreDataset(path, ordering="random", seed=2), batch=batch, rank=0, world_size=1,
+                                  fields=["spk"], prefetch=prefetch, with_index=True)
+
+    plain, ahead = make(0), make(3)
+    kw: dict[str, Any] = {"batch_size": None} if batch else {"batch_size": 8}
+    a = [b["index"].tolist() for b in SeqDataLoader(plain, num_workers=2, **kw)]
+    loader = SeqDataLoader(ahead, num_workers=2, **kw)
+    b = []
+    for j, item in enumerate(loader):
+        b.append(item["index"].tolist())
+        if j == 6:
+            state = loader.state_dict()
+    assert a == b
+    loader2 = SeqDataLoader(make(3), num_workers=2, **kw)
+    loader2.load_state_dict(state)
+    assert [x["index"].tolist() for x in loader2] == a[7:]
+    with pytest.raises(ValueError, match="prefetch"):
+        IterableSeqDataset(StoreDataset(path), batch=4, rank=0, world_size=1, prefetch=-2)
+
+
+def test_data_layer_iter_batches(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    make_store(path, 120)
+    child = StoreDataset(path, length_field="x")
+    combined = seqstore.ConcatDataset([child, child.filter(min_length=3)])
+    order = combined.epoch_order(epoch=1)
+    chunks = list(order.iter_chunks(17))
+    for prefetch in (0, 2):
+        for idx, got in zip(chunks, combined.iter_batches(iter(chunks), pad=True, prefetch=prefetch)):
+            want = combined.get_batch(idx, pad=True)
+            np.testing.assert_array_equal(got["x"][0], want["x"][0])
+            np.testing.assert_array_equal(got["spk"], want["spk"])
