@@ -191,7 +191,7 @@ class ShardTable:
         last = table.row(state.rows - 1, chain=False)
         if last.start + last.records != state.records:
             raise CorruptionError(
-                f"{path}: row {state.rows - 1} (the last committed) ends at record {last.start + last.records}, "
+                f"{path} row {state.rows - 1} (the last committed) ends at record {last.start + last.records}, "
                 f"expected {state.records} as manifest.json says"
             )
         return table

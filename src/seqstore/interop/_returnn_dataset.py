@@ -203,7 +203,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         self._dtypes = {n: ("float32" if f.dtype == "bfloat16" else str(np.dtype(f.dtype))) for n, f in schema.items()}
         total = 0
         if self._order_key is not None:
-            total = sum(int(s.rows[self._order_key]) for s in self._store.manifest.shards)
+            total = self._store.manifest.total_rows(self._order_key)
         self._num_timesteps = total
         self._order: Order | None = None
         self._explicit: np.ndarray[Any, Any] | None = None

@@ -447,7 +447,7 @@ def _total_rows(store: Store, name: str) -> int:
     f = store.schema[name]
     if not f.ragged:
         return len(store)
-    return sum(int(s.rows[name]) for s in store.manifest.shards)
+    return store.manifest.total_rows(name)
 
 
 def export_hdf(
