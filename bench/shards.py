@@ -54,8 +54,8 @@ def _record(i: int) -> dict[str, Any]:
 
 def build(path: Path, shards: int, version: int) -> None:
     """A store of ``shards`` one-record shards (format ``version`` 3 or 1) at ``path``, built in bulk:
-    shard 0 is written by seqstore, shards 1.. are hard links to its files (same bytes, so the same
-    descriptor and CRCs) with their own table row or manifest entry."""
+    shard 0 is written by seqstore, shards 1.. are hard links to its files (or, every 50,000, copies:
+    same bytes, so the same descriptor and CRCs) with their own table row or manifest entry."""
     import zlib
 
     import seqstore as ss
@@ -76,11 +76,17 @@ def build(path: Path, shards: int, version: int) -> None:
         w.append(_record(0))
     first = path / shard_dir_name(0)
     files = [p.relative_to(first) for p in first.rglob("*") if p.is_file()]
+    source = first
     for k in range(1, shards):
         d = path / shard_dir_name(k)
         d.mkdir()
+        fresh = k % 50_000 == 0  # a file has at most 65,000 links on ext4: start from a copy now and then
         for rel in files:
-            os.link(first / rel, d / rel)
+            if fresh:
+                shutil.copyfile(first / rel, d / rel)
+            else:
+                os.link(source / rel, d / rel)
+        source = d if fresh else source
     raw = json.loads((path / "manifest.json").read_text())
     if version == 3:
         desc_crc = zlib.crc32((first / DESCRIPTOR).read_bytes())
