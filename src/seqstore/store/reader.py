@@ -42,6 +42,8 @@ _BF16_MODES = ("bits", "float32", "ml_dtypes")
 #: (shard, positions in the batch, local rows): one shard's part of a batch (see Store._group)
 _Group = tuple[int, Any, np.ndarray[Any, Any]]
 _READAHEAD_MODES = ("auto", "always", "never")
+#: records per read-ahead stage whose pages are probed with mincore (about 2 us each) before a request
+_SAMPLE = 4
 
 
 def _mapped_shard_limit(schema: Schema) -> int:
@@ -524,7 +526,7 @@ class Store:
             shards[k] = sh
             if len(shards) > self._max_mapped:
                 shards.popitem(last=False)
-        else:
+        elif len(shards) * 2 >= self._max_mapped:  # recency matters only once evictions are near
             shards.move_to_end(k)
         return sh
 
@@ -638,9 +640,10 @@ class Store:
                 raise KeyError(f"no field {name!r} in {self.root}; fields are {list(self.schema)}")
         return names
 
-    def _request(self, groups: list[_Group], names: list[str]) -> Any:
-        """First read-ahead stage of a batch: start reading the records of its fixed fields and the
-        offsets of its ragged fields (skipped when a sample of them is in memory). Returns ``groups``."""
+    def _ranges(self, groups: list[_Group], names: list[str], values: bool) -> tuple[list[Any], list[Any]]:
+        """Byte ranges (absolute addresses) of ``groups``' records: with ``values`` False the fixed
+        fields' records and the ragged fields' offset pairs, with ``values`` True the ragged fields'
+        value rows (reading their offsets)."""
         starts: list[np.ndarray[Any, Any]] = []
         ends: list[np.ndarray[Any, Any]] = []
         for k, _pos, rows in groups:
@@ -648,38 +651,46 @@ class Store:
             for name in names:
                 base, step, size = sh.span(name)
                 if name in sh.offsets:
-                    s = size + rows * 8  # offsets[row] and offsets[row + 1]
-                    starts.append(s)
-                    ends.append(s + 16)
-                elif base:
+                    if values:
+                        if base:
+                            a, b = _checked_bounds(sh, name, rows)
+                            starts.append(base + a * step)
+                            ends.append(base + b * step)
+                    else:
+                        s = size + rows * 8  # offsets[row] and offsets[row + 1]
+                        starts.append(s)
+                        ends.append(s + 16)
+                elif base and not values:
                     s = base + rows * step
                     starts.append(s)
                     ends.append(s + size)
+        return starts, ends
+
+    def _advise(self, groups: list[_Group], names: list[str], values: bool) -> None:
+        """Request the pages of :meth:`_ranges` unless a sample of ``_SAMPLE`` records (from at most as
+        many groups, so a batch spread over many shards costs no more) finds them in memory."""
+        if self._readahead == "auto":
+            picked = groups[:: max(1, len(groups) // _SAMPLE)][:_SAMPLE]
+            per = -(-_SAMPLE // max(1, len(picked)))
+            sample = [(k, pos, rows[:: max(1, len(rows) // per)][:per]) for k, pos, rows in picked]
+            probe, _ = self._ranges(sample, names, values)
+            if not probe or not any_cold(np.concatenate(probe), sample=_SAMPLE):
+                return
+        starts, ends = self._ranges(groups, names, values)
         if starts:
-            s_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
-            if self._readahead == "always" or any_cold(s_all):
-                willneed(s_all, np.concatenate(ends) if len(ends) > 1 else ends[0])
+            willneed(np.concatenate(starts), np.concatenate(ends))
+
+    def _request(self, groups: list[_Group], names: list[str]) -> list[_Group]:
+        """First read-ahead stage of a batch: start reading the records of its fixed fields and the
+        offsets of its ragged fields. Returns ``groups``."""
+        self._advise(groups, names, values=False)
         return groups
 
     def _request_values(self, groups: list[_Group], names: list[str]) -> None:
         """Second stage: start reading the value rows of the batch's ragged fields (reads their offsets,
         which the first stage asked for)."""
-        starts: list[np.ndarray[Any, Any]] = []
-        ends: list[np.ndarray[Any, Any]] = []
-        for k, _pos, rows in groups:
-            sh = self._shard(k)
-            for name in names:
-                if name in sh.offsets:
-                    base, row, _ = sh.span(name)
-                    if not base:
-                        continue
-                    a, b = _checked_bounds(sh, name, rows)
-                    starts.append(base + a * row)
-                    ends.append(base + b * row)
-        if starts:
-            s_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
-            if self._readahead == "always" or any_cold(s_all):
-                willneed(s_all, np.concatenate(ends) if len(ends) > 1 else ends[0])
+        if any(self.schema[n].ragged for n in names):
+            self._advise(groups, names, values=True)
 
     def prefetch(self, indices: Sequence[int] | np.ndarray[Any, Any], fields: Sequence[str] | None = None) -> None:
         """Start reading records ``indices`` (all fields, or ``fields``) into memory and return without
