@@ -53,9 +53,15 @@ def fingerprint(*parts: Any) -> str:
 
 def store_fingerprint(store: Any, files: tuple[str, ...] = ()) -> list[Any]:
     """What identifies a store's content for a cache: every shard's name, record count and the CRC-32
-    of the named ``files`` (e.g. ``"_ids.npy"``) from the manifest. O(shards)."""
+    of the named ``files`` (e.g. ``"_ids.npy"``) from the manifest. O(shards). For a version-3 store:
+    the number of committed shard-table rows and the CRC-32 of their bytes, which covers every shard's
+    number, record count and descriptor (so the CRC of each of its files): O(1) in Python objects, no
+    descriptor read (a change to any file of a shard, not only ``files``, gives a new fingerprint)."""
+    m = store.manifest
+    if m.table is not None:
+        return ["table", m.table.rows, m.table.records, m.table.crc32]
     out: list[Any] = []
-    for s in store.manifest.shards:
+    for s in m.shards:
         crcs = [s.files[f].crc32 if f in s.files else None for f in files]
         out.append([s.name, s.records, crcs])
     return out
