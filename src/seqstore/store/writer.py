@@ -3,9 +3,11 @@
 A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
 of the current shard with large sequential writes into a private workspace directory
 (``_tmp-<token>/current``). :meth:`Writer.commit` finishes the shard (final ``.npy`` headers, id
-index, fsync), then under the store's lock file renames it to ``shard-NNNNNN`` and atomically replaces
-the manifest. A crash before that rename leaves only workspace files, which readers never look at
-and the next writer deletes; a crash after it loses nothing.
+index, for a version-3 store the shard's descriptor, fsync), then under the store's lock file
+renames it to ``shard-NNNNNN``, appends its shard-table row (version 3) and atomically replaces the
+manifest (store/commit.py). A crash before the manifest's rename leaves only files readers never look
+at, which the next writer deletes or overwrites; a crash after it loses nothing. A store keeps the
+format version it was created with.
 
 Packed groups (docs/format.md, version 2) are buffered and written as one ``(n, width)`` matrix per
 group; :meth:`Writer.append_batch` also takes a group's whole ``(B, width)`` matrix under the group's
