@@ -373,3 +373,27 @@ def test_twenty_thousand_shards_under_ulimit_1024(tmp_path: Path) -> None:
     finally:
         if base != tmp_path:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def test_scans_request_the_next_stretch(written: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """iter_matrix asks for each block's bytes (the first block, then always the next one) before the
+    caller touches them; Lengths.iter_chunks asks for its offsets."""
+    import seqstore.store.reader as reader_mod
+
+    root, want = written
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b: asked.append((a, b)) or 1)
+    store = ss.open(root, readahead="always")
+    blocks = []
+    for first, block in store.iter_matrix(["x"], chunk_rows=500):
+        lo = int(block.__array_interface__["data"][0])
+        blocks.append((first, lo, lo + block.nbytes))
+        assert (lo, lo + block.nbytes) in asked  # requested no later than handed out
+    assert len(asked) == len(blocks) and asked == [(lo, hi) for _, lo, hi in blocks]
+    asked.clear()
+    np.testing.assert_array_equal(np.asarray(store.lengths("tok")), want["lengths"])
+    off = store._shard(0).offsets["tok"]
+    assert asked and asked[0] == (int(off.__array_interface__["data"][0]), int(off.__array_interface__["data"][0]) + off.nbytes)
+    asked.clear()
+    list(ss.open(root, readahead="never").iter_matrix(["x"], chunk_rows=500))
+    assert asked == []

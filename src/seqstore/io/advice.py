@@ -31,6 +31,24 @@ __all__ = ["page_runs", "willneed", "any_cold", "willneed_span"]
 
 
 @numba.njit(cache=True, nogil=True)
+def _split(rs: Any, re: Any, most: int) -> tuple[Any, Any]:  # pragma: no cover - numba
+    count = 0
+    for i in range(rs.shape[0]):
+        count += (re[i] - rs[i] + most - 1) // most
+    out_s = np.empty(count, np.int64)
+    out_e = np.empty(count, np.int64)
+    j = 0
+    for i in range(rs.shape[0]):
+        a = rs[i]
+        while a < re[i]:
+            out_s[j] = a
+            a = min(a + most, re[i])
+            out_e[j] = a
+            j += 1
+    return out_s, out_e
+
+
+@numba.njit(cache=True, nogil=True)
 def _page_runs(starts: Any, ends: Any, page: int, gap: int) -> tuple[Any, Any]:  # pragma: no cover - numba
     n = starts.shape[0]
     mask = page - 1
@@ -60,35 +78,51 @@ def _page_runs(starts: Any, ends: Any, page: int, gap: int) -> tuple[Any, Any]: 
     return rs[: k + 1], re[: k + 1]
 
 
-def page_runs(starts: Any, ends: Any, *, gap: int = 0) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def page_runs(
+    starts: Any, ends: Any, *, gap: int = 0, most: int | None = None
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """The page runs under byte ranges ``[starts[i], ends[i])``: page aligned, sorted, and merged where
-    they overlap, touch, or lie at most ``gap`` bytes apart. Empty ranges are dropped."""
+    they overlap, touch, or lie at most ``gap`` bytes apart; runs longer than ``most`` bytes (a
+    multiple of the page) are cut into pieces of ``most``. Empty ranges are dropped."""
     s = np.ascontiguousarray(starts, dtype=np.int64).reshape(-1)
     e = np.ascontiguousarray(ends, dtype=np.int64).reshape(-1)
     if s.shape != e.shape:
         raise ValueError(f"starts and ends differ in length: {s.shape} vs {e.shape}")
     runs: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] = _page_runs(s, e, PAGE, int(gap))
+    if most is not None:
+        if most < PAGE or most % PAGE:
+            raise ValueError(f"most must be a positive multiple of the page ({PAGE}), got {most}")
+        if len(runs[0]) and int((runs[1] - runs[0]).max()) > most:
+            runs = _split(runs[0], runs[1], int(most))
     return runs
+
+
+#: Bytes per ``MADV_WILLNEED`` request. The kernel reads at most max(read_ahead_kb, max_sectors_kb) of
+#: one request and silently drops the rest, so long runs are cut to the smallest common read-ahead
+#: window (128 KiB, Linux's default ``read_ahead_kb``); consecutive requests still reach the disk
+#: together (they are issued back to back and the block layer merges adjacent reads).
+REQUEST_BYTES = 128 << 10
 
 
 def willneed(starts: Any, ends: Any, *, gap: int = 0) -> int:
     """Start reading the pages under byte ranges ``[starts[i], ends[i])`` (addresses inside live
-    mappings), asynchronously; returns the number of requests issued (merged page runs)."""
+    mappings), asynchronously; returns the number of requests issued (merged page runs, cut to
+    :data:`REQUEST_BYTES`)."""
     if libc is None or len(starts) == 0:
         return 0
-    rs, re = page_runs(starts, ends, gap=gap)
+    rs, re = page_runs(starts, ends, gap=gap, most=REQUEST_BYTES)
     adv = libc.madvise
     for a, b in zip(rs.tolist(), re.tolist()):
         adv(a, b - a, MADV_WILLNEED)
     return len(rs)
 
 
-def willneed_span(start: int, stop: int) -> None:
-    """Start reading the pages under one byte range ``[start, stop)`` (a scan's next stretch)."""
+def willneed_span(start: int, stop: int) -> int:
+    """Start reading the pages under one byte range ``[start, stop)`` (a scan's next stretch); the
+    number of requests issued."""
     if libc is None or stop <= start:
-        return
-    a = start & ~(PAGE - 1)
-    libc.madvise(a, stop - a, MADV_WILLNEED)
+        return 0
+    return willneed(np.array([start], np.int64), np.array([stop], np.int64))
 
 
 def any_cold(starts: Any, *, sample: int = 16) -> bool:

@@ -608,7 +608,7 @@ class Store:
         if block.size == 0 or self._readahead == "never":
             return
         first = address(block)
-        last = address(block[(-1,) * block.ndim]) + block.itemsize
+        last = first + block.itemsize + sum((n - 1) * st for n, st in zip(block.shape, block.strides) if st > 0)
         if self._readahead == "always" or any_cold(np.linspace(first, last - 1, 16).astype(np.int64)):
             willneed_span(first, last)
 
