@@ -199,12 +199,14 @@ class _ColumnFile:
             fd, self._direct = self._direct, None
             os.close(fd)
 
-    def finish(self) -> FileInfo:
-        """Write the final header, fsync, close; return size and CRC."""
+    def finish(self, *, sync: bool = True) -> FileInfo:
+        """Write the final header, fsync (unless ``sync`` is False: a scratch file), close; return size
+        and CRC."""
         assert self._fd is not None
         try:
             _write_at(self._fd, memoryview(encode_header(self.dtype, (self.rows, *self.inner), self._header)), 0)
-            os.fsync(self._fd)
+            if sync:
+                os.fsync(self._fd)
         finally:
             self.abort()  # closes both descriptors
         crc = self._crc.result() if self._crc is not None else 0
@@ -717,7 +719,7 @@ class Writer:
                 rows[key] = col.rows
         if self._has_ids:
             tmp = self._files[IDS + ".hash_unsorted"]
-            tmp.finish()
+            tmp.finish(sync=False)  # read back and deleted below: nothing to make durable
             hashes = np.load(tmp.path)
             order = np.argsort(hashes, kind="stable")
             for suffix, arr in ((".hash", hashes[order]), (".hash_rows", order.astype("<i8"))):
