@@ -32,6 +32,7 @@ from ..errors import CorruptionError, SeqstoreError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..io import address, any_cold, holds_descriptors, lookahead, map_file, willneed, willneed_span
+from ..io.mapping import MADV_RANDOM, MADV_SEQUENTIAL
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
 from .ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
 from .writer import IDS
@@ -73,8 +74,13 @@ def _load_manifest(root: Path) -> Manifest:
     return Manifest.load(root, map_file=map_file)
 
 
-def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """Memory-map a ``.npy`` file read-only after checking it against what the manifest promises."""
+def map_npy(
+    path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...], *, sequential: bool = False
+) -> np.ndarray[Any, Any]:
+    """Memory-map a ``.npy`` file read-only after checking it against what the manifest promises.
+
+    Advised random access (a cold fault reads one page), or sequential access with ``sequential=True``
+    for callers that read the whole file in order (``verify``)."""
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
@@ -98,7 +104,8 @@ def map_npy(path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tupl
         empty.flags.writeable = False
         return empty
     try:
-        raw = map_file(path, size)  # advised random access; no descriptor stays open (see seqstore.io)
+        # no descriptor stays open (see seqstore.io)
+        raw = map_file(path, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM)
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
             raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "

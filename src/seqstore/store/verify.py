@@ -154,8 +154,8 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
     """A merged run (docs/format.md section 6) against the shard indexes it covers."""
     problems: list[str] = []
     hp, rp = root / f"{run.name}.hash.npy", root / f"{run.name}.rows.npy"
-    h = map_npy(hp, None, np.dtype("<u8"), (run.records,))
-    r = map_npy(rp, None, np.dtype("<i8"), (run.records,))
+    h = map_npy(hp, None, np.dtype("<u8"), (run.records,), sequential=True)
+    r = map_npy(rp, None, np.dtype("<i8"), (run.records,), sequential=True)
     table = manifest.shard_table()
     lo = int(table.starts[run.first_shard])
     hi = table.end(run.end_shard - 1)
@@ -208,22 +208,24 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
             continue
         rows = info.rows[name]
         p = sdir / f"{name}.offsets.npy"
-        off = map_npy(p, info.files.get(f"{name}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        off = map_npy(p, info.files.get(f"{name}.offsets.npy"), np.dtype("<i8"), (n + 1,), sequential=True)
         msg = _check_monotone(off, p, rows)
         if msg:
             problems.append(msg)
         map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (rows, *f.inner_shape))
     if info.has_ids:
         p = sdir / f"{IDS}.offsets.npy"
-        off = map_npy(p, info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        off = map_npy(p, info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,), sequential=True)
         total = int(off[-1]) if n + 1 else 0
         msg = _check_monotone(off, p, total)
         if msg:
             problems.append(msg)
             return problems
-        data = map_npy(sdir / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
-        h = map_npy(sdir / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
-        rows_ = map_npy(sdir / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"), (n,))
+        data = map_npy(sdir / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,), sequential=True)
+        h = map_npy(sdir / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,),
+                    sequential=True)
+        rows_ = map_npy(sdir / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"),
+                        (n,), sequential=True)
         if n:
             if n > 1 and (np.asarray(h[1:]) < np.asarray(h[:-1])).any():  # (np.diff of uint64 wraps)
                 problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")
