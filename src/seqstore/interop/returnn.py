@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -536,8 +537,16 @@ def export_hdf(
             row_out = {n: dsets[n].dtype.itemsize * int(np.prod(schema[n].inner_shape)) for n, _ in streams}
             announce_total(progress, sum(int(dsets[n].shape[0]) * row_out[n] for n, _ in streams))
             pos = {n: 0 for n, _ in streams}
-            for a, b in _chunks_of_store(st, [n for n, _ in streams], chunk_bytes):
-                batch = st.get_batch(np.arange(a, b, dtype=np.int64), fields=[n for n, _ in streams])
+            pending: deque[tuple[int, int]] = deque()  # chunks handed to iter_batches, not yet written
+
+            def ranges() -> Iterator[np.ndarray[Any, Any]]:
+                for a, b in _chunks_of_store(st, [n for n, _ in streams], chunk_bytes):
+                    pending.append((a, b))
+                    yield np.arange(a, b, dtype=np.int64)
+
+            # the next chunk is read from disk while this one is written to HDF5
+            for batch in st.iter_batches(ranges(), fields=[n for n, _ in streams], prefetch=1):
+                a, b = pending.popleft()
                 lens = np.zeros((b - a, ncols), dtype=np.int64)
                 nbytes = 0
                 for col, (n, _) in enumerate(streams):
