@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_testlib import CHILD_SCHEMA, child_record
+from store_testlib import CHILD_SCHEMA, child_record, create_legacy
 
 import seqstore as ss
+from seqstore.store.verify import verify
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 
@@ -78,6 +79,16 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.stderr.close()
 
 
+@pytest.fixture(params=[3, 1], ids=["v3", "v1"])
+def version(request: pytest.FixtureRequest) -> int:
+    """Format version of the store: 3 (what create writes) or 1 (the JSON shard list, kept when appended)."""
+    return int(request.param)
+
+
+def _new_store(root: Path, version: int) -> None:
+    (ss.create(root, CHILD_SCHEMA) if version == 3 else create_legacy(root, CHILD_SCHEMA)).close()
+
+
 def _check_prefix(root: Path, n: int) -> None:
     """The store holds exactly records c0..c{n-1}, intact."""
     store = ss.open(root)
@@ -93,9 +104,9 @@ def _check_prefix(root: Path, n: int) -> None:
         assert store.get_batch(np.arange(n))["meta/k"].tolist() == [child_record(1, i)["meta"]["k"] for i in range(n)]
 
 
-def test_sigkill_after_commit_keeps_exactly_the_committed_records(scratch: Path) -> None:
+def test_sigkill_after_commit_keeps_exactly_the_committed_records(scratch: Path, version: int) -> None:
     root = scratch / "s"
-    ss.create(root, CHILD_SCHEMA).close()
+    _new_store(root, version)
     flag = scratch / "flag"
     committed = 12
     proc = _spawn(root, flag, committed, "once")
@@ -125,10 +136,10 @@ def test_sigkill_after_commit_keeps_exactly_the_committed_records(scratch: Path)
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.3])
-def test_sigkill_at_a_random_point_leaves_a_consistent_prefix(scratch: Path, delay: float) -> None:
+def test_sigkill_at_a_random_point_leaves_a_consistent_prefix(scratch: Path, delay: float, version: int) -> None:
     """Kill a writer that commits in a loop (possibly mid-commit): the store is some intact prefix."""
     root = scratch / "s"
-    ss.create(root, CHILD_SCHEMA).close()
+    _new_store(root, version)
     flag = scratch / "flag"
     proc = _spawn(root, flag, 0, "loop")
     try:
@@ -146,6 +157,8 @@ def test_sigkill_at_a_random_point_leaves_a_consistent_prefix(scratch: Path, del
     assert leftovers == []
     committed = {s.name for s in ss.open(root).manifest.shards}
     assert {p.name for p in root.iterdir() if p.name.startswith("shard-")} == committed
+    assert ss.open(root).manifest.version == version
+    assert verify(root) == []
 
 
 def test_live_writer_workspace_is_not_cleaned(scratch: Path) -> None:
