@@ -91,11 +91,14 @@ def build(path: Path, shards: int, version: int) -> None:
     raw = json.loads((path / "manifest.json").read_text())
     if version == 3:
         desc_crc = zlib.crc32((first / DESCRIPTOR).read_bytes())
-        rows = b"".join(encode_row(k, k, 1, False, [0], desc_crc) for k in range(shards))
+        state = TableState(0, 0, 0)
         with open(path / TABLE, "r+b") as f:
             f.seek(TABLE_HEADER_BYTES)
-            f.write(rows)
-        raw["shard_table"] = TableState(shards, shards, zlib.crc32(rows)).to_json()
+            for k in range(shards):
+                row = encode_row(k, k, 1, False, [0], desc_crc)
+                f.write(row)
+                state = state.after(row, 1)
+        raw["shard_table"] = state.to_json()
     else:
         entry = raw["shards"][0]
         raw["shards"] = [{**entry, "name": shard_dir_name(k)} for k in range(shards)]

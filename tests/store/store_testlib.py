@@ -381,7 +381,7 @@ def edit_shard_meta(root: Path, k: int, fn: Any) -> None:
         row_rows = [int(d["rows"][name]) for name in ragged] if j == k else [int(v) for v in r["rows"]]
         desc_crc = zlib.crc32(dpath.read_bytes()) if j == k else int(r["desc_crc"])
         row = encode_row(int(r["number"]), start, records, bool(int(r["flags"]) & 1), row_rows, desc_crc)
-        crc = zlib.crc32(row, crc)
+        crc = zlib.crc32(row[:-4], crc)  # the manifest's CRC leaves out each row's own CRC
         out += row
         start += records
     (root / TABLE).write_bytes(raw[:TABLE_HEADER_BYTES] + out + raw[TABLE_HEADER_BYTES + len(out) :])
@@ -435,6 +435,9 @@ def _refresh_row_crc(root: Path, k: int, desc: bytes) -> None:
     at = TABLE_HEADER_BYTES + k * dt.itemsize
     raw[at : at + len(row)] = row
     (root / TABLE).write_bytes(bytes(raw))
-    end = TABLE_HEADER_BYTES + len(rows) * dt.itemsize
-    m["shard_table"]["crc32"] = zlib.crc32(bytes(raw[TABLE_HEADER_BYTES:end]))
+    crc = 0
+    for j in range(len(rows)):
+        at = TABLE_HEADER_BYTES + j * dt.itemsize
+        crc = zlib.crc32(bytes(raw[at : at + dt.itemsize - 4]), crc)  # each row without its own CRC
+    m["shard_table"]["crc32"] = crc
     mpath.write_text(json.dumps(m))

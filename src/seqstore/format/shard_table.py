@@ -92,6 +92,14 @@ def encode_row(number: int, start: int, records: int, has_ids: bool, rows: Seque
     return body + struct.pack("<I", zlib.crc32(body))
 
 
+def _bodies_crc(rows: np.ndarray[Any, Any], a: int, b: int, crc: int = 0) -> int:
+    """CRC-32 (continuing ``crc``) of rows ``a .. b-1`` without their last 4 bytes (``row_crc``)."""
+    if b <= a:
+        return crc
+    raw = rows[a:b].view(np.uint8).reshape(b - a, rows.dtype.itemsize)[:, :-4]
+    return zlib.crc32(np.ascontiguousarray(raw).data, crc)
+
+
 @dataclass(frozen=True)
 class TableState:
     """What ``manifest.json`` says about the shard table: committed rows, their records, their CRC-32."""
@@ -104,8 +112,10 @@ class TableState:
         return {"file": TABLE, "rows": self.rows, "records": self.records, "crc32": self.crc32}
 
     def after(self, row: bytes, records: int) -> TableState:
-        """The state once ``row`` (holding ``records`` records) is appended."""
-        return TableState(self.rows + 1, self.records + records, zlib.crc32(row, self.crc32))
+        """The state once ``row`` (holding ``records`` records) is appended. The CRC runs over the rows
+        without their own ``row_crc`` fields: a CRC-32 over bytes that end in their own CRC-32 is the
+        same constant whatever the bytes, so chaining whole rows would not depend on their content."""
+        return TableState(self.rows + 1, self.records + records, zlib.crc32(row[:-4], self.crc32))
 
 
 @dataclass(frozen=True)
@@ -227,8 +237,9 @@ class ShardTable:
         return flat[1 :: self.data.dtype.itemsize // 8]
 
     def crc32(self) -> int:
-        """CRC-32 of the rows' bytes (what manifest.json records for the committed rows). O(shards)."""
-        return zlib.crc32(self.data.view(np.uint8).data) if len(self.data) else 0
+        """CRC-32 of the rows' bytes without their ``row_crc`` fields (what manifest.json records for the
+        committed rows; see :meth:`TableState.after`). O(shards)."""
+        return _bodies_crc(self.data, 0, len(self.data))
 
     def end(self, k: int) -> int:
         """One past the last global record of shard ``k``."""
@@ -296,8 +307,7 @@ class ShardTable:
         flags = None
         step = 1 << 16
         for a in range(0, len(self.data), step):
-            part = self.data[a : a + step]
-            crc = zlib.crc32(part.tobytes(), crc)
+            crc = _bodies_crc(self.data, a, min(a + step, len(self.data)), crc)
         if crc32 is not None and crc != crc32:
             problems.append(f"{self.path}: CRC-32 {crc:#010x} of the committed rows differs from manifest.json's "
                             f"{crc32:#010x}")
