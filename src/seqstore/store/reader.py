@@ -325,11 +325,15 @@ class Lengths:
 
     def take(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Lengths of records ``indices`` (any int array), as int64."""
-        idx = self._store._norm_many(indices)
+        store = self._store
+        idx = store._norm_many(indices)
         flat = idx.reshape(-1)
         out = np.empty(flat.shape, dtype=np.int64)
-        for k, pos, rows in self._store._group(flat):
-            a, b = _checked_bounds(self._store._shard(k), self.field, rows)
+        groups = list(store._group(flat))
+        if store._readahead != "never" and len(flat) > 1:  # cold offsets: all their reads at once
+            store._advise(groups, [self.field], values=False)
+        for k, pos, rows in groups:
+            a, b = _checked_bounds(store._shard(k), self.field, rows)
             out[pos] = b - a
         return out.reshape(idx.shape)
 
