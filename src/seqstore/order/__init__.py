@@ -6,6 +6,7 @@ sort (``sorted*``, ``sort_bin_shuffle*``), whose index :func:`sort_index` writes
 
 Modules: ``api`` (names, epochs, partition/shards), ``base`` (the Order API, slices), ``kinds``
 (range, every-n, permutation, sampling, explicit, sorted), ``binned`` (laplace, sort_bin_shuffle),
+``random_block`` (the locality-aware block/window shuffle),
 ``sort_index`` (bounded-memory radix argsort), ``_kernels`` (numba), ``_keys`` (key derivation),
 ``_arrays`` (arrays that pickle by file reference).
 """
@@ -14,6 +15,7 @@ from .api import ORDERINGS, ordering_name, ordering_needs_lengths, seq_order
 from .base import Order, SliceOrder, block_bounds
 from .binned import BinnedOrder, LaplaceOrder, SortBinShuffleOrder
 from .kinds import EveryNOrder, ExplicitOrder, PermutationOrder, RangeOrder, SampleOrder, SortedOrder
+from .random_block import RandomBlockOrder
 from .sort_index import sort_index
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "LaplaceOrder",
     "Order",
     "PermutationOrder",
+    "RandomBlockOrder",
     "RangeOrder",
     "SampleOrder",
     "SliceOrder",

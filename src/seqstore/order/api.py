@@ -33,6 +33,7 @@ from .kinds import (
     SortedOrder,
     _check_num_seqs,
 )
+from .random_block import RandomBlockOrder
 
 __all__ = ["seq_order", "ORDERINGS", "ordering_name", "ordering_needs_lengths"]
 
@@ -44,6 +45,7 @@ ORDERINGS = (
     "sorted_reverse",
     "random[:nth]",
     "random_sample[:nth]",
+    "random_block:B:W[:nth]",
     "laplace[:B|:.K][:nth]",
     "sort_bin_shuffle[:B|:.K][:nth]",
     "sort_bin_shuffle_x2[:B|:.K][:nth]",
@@ -91,6 +93,22 @@ def _parse_nth(args: list[str], ordering: str) -> int:
     if len(args) > 1:
         raise ValueError(f"ordering {ordering!r}: expected at most one argument (nth)")
     return _int_arg(args[0], "nth", ordering) if args else 1
+
+
+def _parse_random_block(args: list[str], ordering: str) -> tuple[int, int, int]:
+    """``B:W[:nth]`` -> (block size B, window W in blocks, nth), each an integer >= 1."""
+    if len(args) not in (2, 3):
+        raise ValueError(
+            f"ordering {ordering!r}: expected 'random_block:B:W[:nth]' (B = records per block, "
+            f"W = blocks per window, nth = epochs per order; integers >= 1)"
+        )
+    block = _int_arg(args[0], "block size B", ordering)
+    window = _int_arg(args[1], "window W (blocks)", ordering)
+    for value, what in ((block, "block size B"), (window, "window W")):
+        if value > (1 << 63) - 1:
+            raise ValueError(f"ordering {ordering!r}: {what} must be <= 2**63 - 1, got {value}")
+    nth = _int_arg(args[2], "nth", ordering) if len(args) == 3 else 1
+    return block, window, nth
 
 
 def _is_explicit(ordering: Any) -> bool:
@@ -202,6 +220,9 @@ def seq_order(
             full = SortedOrder(lengths_ref, descending=name == "sorted_reverse", cache=sort_cache)
         elif name == "random":
             full = PermutationOrder(n, key("perm", _parse_nth(args, ordering)))
+        elif name == "random_block":
+            block, window, nth = _parse_random_block(args, ordering)
+            full = RandomBlockOrder(n, key("random_block", nth), block, window)
         elif name == "random_sample":
             full = SampleOrder(n, key("random_sample", _parse_nth(args, ordering)))
         elif name == "laplace":

@@ -1,0 +1,129 @@
+"""``random_block:B:W``: a locality-aware shuffle, O(1) memory.
+
+Records ``[0, N)`` are cut into blocks of ``B`` consecutive records (block ``k`` = records
+``[k*B, min((k+1)*B, N))``; the last block holds the remaining ``N - (nb-1)*B`` records,
+``nb = ceil(N / B)``). The blocks are visited in the order of a keyed permutation of ``[0, nb)``;
+consecutive runs of ``W`` visited blocks form a *window* (the last window may have fewer blocks), and
+the records of each window are permuted by a second keyed permutation, one per window. So positions
+``window_bounds(w)`` of the order hold exactly the records of the ``W`` blocks of window ``w``, in
+random order: a reader touches at most ``W`` blocks per ``W*B`` consecutive positions, against about
+one block per record for ``random``.
+
+Both permutations are the keyed Feistel bijection with cycle walking of ``random``
+(:mod:`seqstore.order._kernels`); keys derive from the master key of (seed, key epoch,
+``"random_block"``): the block permutation from ``child_key(master, 0)``, window ``w`` from
+``child_key(child_key(master, 1), w)``. Bijective for every N >= 0 and B, W >= 1 (N < B is one short
+block and one window: a plain keyed permutation of ``[0, N)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _kernels as K
+from . import _keys
+from .base import IntArray, Order
+from .kinds import MAX_NUM_SEQS, PermutationOrder, _check_num_seqs
+
+__all__ = ["RandomBlockOrder"]
+
+
+def _check_size(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
+    v = int(value)
+    if not 1 <= v <= MAX_NUM_SEQS:
+        raise ValueError(f"{what} must be in [1, 2**63 - 1], got {v}")
+    return v
+
+
+class RandomBlockOrder(Order):
+    """``random_block:B:W``: blocks of ``block`` records in keyed random order, the records of each
+    run of ``window`` consecutive visited blocks permuted together (see the module docstring).
+
+    ``key``: 64-bit master key. Construction O(1) (one inverse permutation evaluation locates the
+    short last block); ``take`` O(1) per position, about two network evaluations (one when the
+    block's value is in the kernel's 1024-entry cache, as it is for ascending positions with
+    ``window <= 1024``); memory O(1).
+    """
+
+    __slots__ = ("_n", "key", "block", "window", "_nb", "_ba", "_bb", "_bkeys", "_wkey", "_short_slot")
+
+    def __init__(self, num_seqs: int, key: int, block: int, window: int) -> None:
+        self._n = _check_num_seqs(num_seqs)
+        if not 0 <= int(key) < 1 << 64:
+            raise ValueError(f"key must be in [0, 2**64), got {key}")
+        self.key = int(key)
+        self.block = _check_size(block, "block size B")
+        self.window = _check_size(window, "window W")
+        self._nb = -(-self._n // self.block)
+        ba, bb = _keys.split(self._nb) if self._nb else (1, 1)
+        self._ba, self._bb = np.uint64(ba), np.uint64(bb)
+        self._bkeys = np.array(_keys.round_keys(_keys.child_key(self.key, 0), K.ROUNDS), dtype=np.uint64)
+        self._wkey = np.uint64(_keys.child_key(self.key, 1))
+        self._short_slot = 0
+        if self._nb:
+            slot = np.empty(1, dtype=np.int64)
+            K.perm_inverse(np.array([self._nb - 1], dtype=np.int64), np.uint64(self._nb), self._ba, self._bb,
+                           self._bkeys, slot)
+            self._short_slot = int(slot[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def num_blocks(self) -> int:
+        """``ceil(N / B)``."""
+        return self._nb
+
+    @property
+    def num_windows(self) -> int:
+        """``ceil(num_blocks / W)``."""
+        return -(-self._nb // self.window)
+
+    def _real(self, slot: int) -> int:
+        """First position of the order's block slot ``slot`` (``0 <= slot <= num_blocks``)."""
+        start = slot * self.block
+        if slot > self._short_slot:
+            start -= self.block - (self._n - (self._nb - 1) * self.block)
+        return start
+
+    def window_bounds(self, w: int) -> tuple[int, int]:
+        """``[start, stop)``: the positions of window ``w`` (``0 <= w < num_windows``), which hold exactly
+        the records of the blocks ``block_order()[w*W : (w+1)*W]``. O(1)."""
+        if not 0 <= w < self.num_windows:
+            raise ValueError(f"window must be in [0, {self.num_windows}), got {w}")
+        return self._real(w * self.window), self._real(min((w + 1) * self.window, self._nb))
+
+    def block_order(self) -> Order:
+        """The visit order of the blocks: a lazy keyed permutation of ``[0, num_blocks)``."""
+        return PermutationOrder(self._nb, _keys.child_key(self.key, 0))
+
+    def _take(self, positions: IntArray) -> IntArray:
+        out = np.empty(positions.shape[0], dtype=np.int64)
+        K.random_block_take(
+            positions,
+            np.uint64(self._n),
+            np.uint64(self.block),
+            np.uint64(self.window),
+            np.uint64(self._nb),
+            np.uint64(self._short_slot),
+            self._ba,
+            self._bb,
+            self._bkeys,
+            self._wkey,
+            out,
+        )
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RandomBlockOrder, (self._n, self.key, self.block, self.window))
+
+    def __repr__(self) -> str:
+        return f"RandomBlockOrder(num_seqs={self._n}, key={self.key:#018x}, block={self.block}, window={self.window})"
