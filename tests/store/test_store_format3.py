@@ -114,6 +114,16 @@ def test_a_torn_row_past_the_committed_end_is_ignored_and_overwritten(root: Path
     assert verify(root) == []
 
 
+def test_commits_only_append_to_the_table(root: Path) -> None:
+    before = (root / TABLE).read_bytes()
+    store = ss.open(root)  # a reader that keeps its mapping while others commit
+    _write(root, 9, first=10)
+    after = (root / TABLE).read_bytes()
+    assert after[: len(before)] == before and len(after) == len(before) + 3 * ROW
+    assert len(store) == 10 and int(store[9]["meta/k"]) == 9  # the old view is intact
+    assert len(store.refresh()) == 19 and store.id(18) == "r18"
+
+
 def test_a_commit_that_dies_before_the_manifest_leaves_the_store_as_it_was(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
