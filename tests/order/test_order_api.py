@@ -23,6 +23,8 @@ ALL = [
     "random",
     "random:3",
     "random_sample",
+    "random_block:4:3",
+    "random_block:16:4:2",
     "laplace",
     "laplace:.7",
     "laplace:5:2",

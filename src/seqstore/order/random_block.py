@@ -66,8 +66,9 @@ class RandomBlockOrder(Order):
         self._short_slot = 0
         if self._nb:
             slot = np.empty(1, dtype=np.int64)
-            K.perm_inverse(np.array([self._nb - 1], dtype=np.int64), np.uint64(self._nb), self._ba, self._bb,
-                           self._bkeys, slot)
+            K.perm_inverse(
+                np.array([self._nb - 1], dtype=np.int64), np.uint64(self._nb), self._ba, self._bb, self._bkeys, slot
+            )
             self._short_slot = int(slot[0])
 
     @property
