@@ -230,6 +230,10 @@ def random_block_take(
     vals = np.empty(1024, dtype=np.uint64)
     for k in range(1024):
         tags[k] = ~_ZERO  # no slot is 2**64 - 1
+    pow2 = (bsize & (bsize - _ONE)) == _ZERO  # shifts instead of divisions for B = 2**k
+    shift = _ZERO
+    while (_ONE << shift) < bsize:
+        shift += _ONE
     size = pos.shape[0]
     i = 0
     while i < size:
@@ -258,7 +262,7 @@ def random_block_take(
                 y = _feistel(y, wa, wb, wk)
             q = lo + y
             v2 = q if q < cut else q + pad
-            t = v2 // bsize
+            t = (v2 >> shift) if pow2 else v2 // bsize
             c = np.int64(t & _BLOCK_CACHE_MASK)
             if tags[c] != t:
                 tags[c] = t

@@ -1,0 +1,116 @@
+"""Locality-aware shuffles: ``random_block:B:W`` vs ``random`` (and ``default``) at N = 1e6.
+
+How many distinct storage blocks a reader touches, against how random the order is, and how fast it
+is generated. One group per storage block size B (64 and 1024 records); in each, ``default``,
+``random`` and ``random_block:B:W`` for several W. Every case runs in a fresh process
+(bench/harness.py); numba's cached kernels are loaded before the timed part.
+
+- ``walk`` (timed): the whole epoch order through ``iter_chunks(65536)``; ``indices_per_s`` = N / time.
+- ``blocks_per_1000``: distinct blocks of B consecutive records (``record // B``) among 1,000
+  consecutive positions of the order, averaged over the N / 1000 aligned spans. 1000 / B + 1 for
+  ``default``, about 1000 (for N / B >> 1000) for ``random``.
+- ``rank0_of_8_rr``: the same for rank 0 of 8 taking positions 0, 8, 16, ... (what ``EpochSampler`` and
+  ``IterableSeqDataset`` do), per 1,000 of its own records. A contiguous share (``seq_order(...,
+  shard_index=, num_shards=)``, ``Order.shard``) keeps ``blocks_per_1000``.
+- ``same_block_next``: fraction of consecutive positions whose records share a block (1 for
+  ``default`` up to the block ends, about 1 / W for ``random_block``, B / N for ``random``).
+- ``mean_step``: mean ``|order[i+1] - order[i]| / N`` (1/3 for a uniform random permutation, 1/N for
+  ``default``). ``spearman``: rank correlation of position and record (the order is a permutation,
+  so Pearson of (i, order[i])): 1 for ``default``, about 0 for both shuffles.
+
+Usage: ``python bench/locality.py [--quick] [--repeats R]`` (quick: N = 1e5, fewer cases).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Case, lookup, machine_line, main_args, print_table, run_cases, section, section_time  # noqa: E402
+
+N = 10**6
+QUICK_N = 10**5
+SPAN = 1000
+WORLD = 8
+GROUPS = {64: (1, 4, 16, 64), 1024: (1, 4, 16)}
+QUICK_GROUPS = {64: (1, 16)}
+
+
+def _distinct_per_span(blocks: Any, span: int) -> float:
+    """Mean number of distinct values in each aligned run of ``span`` entries of ``blocks``."""
+    import numpy as np
+
+    rows = blocks[: len(blocks) // span * span].reshape(-1, span)
+    s = np.sort(rows, axis=1)
+    return float(((s[:, 1:] != s[:, :-1]).sum(axis=1) + 1).mean())
+
+
+def case_order(n: int, ordering: str, block: int) -> dict[str, Any]:
+    import numpy as np
+
+    from seqstore.order import seq_order
+
+    for _ in seq_order(1000, ordering, epoch=1).iter_chunks(100):  # load numba's cached code
+        pass
+    order = seq_order(n, ordering, epoch=1, seed=1)
+    check = 0
+    with section("walk"):
+        for chunk in order.iter_chunks(1 << 16):
+            check ^= int(chunk[-1])
+    vals = order.to_numpy(np.int64)
+    blocks = vals // block
+    pos = np.arange(n, dtype=np.float64)
+    return {
+        "indices_per_s": n / section_time("walk"),
+        "blocks_per_1000": _distinct_per_span(blocks, SPAN),
+        "rank0_of_8_rr": _distinct_per_span(blocks[::WORLD], SPAN),
+        "same_block_next": float(np.mean(blocks[1:] == blocks[:-1])),
+        "mean_step": float(np.abs(np.diff(vals)).mean() / n),
+        "spearman": float(np.corrcoef(pos, vals.astype(np.float64))[0, 1]),
+        "check": check,
+    }
+
+
+def main() -> None:
+    args = main_args(__doc__.splitlines()[0], default_repeats=5)
+    n = QUICK_N if args.quick else N
+    groups = QUICK_GROUPS if args.quick else GROUPS
+    cases: list[Case] = []
+    for block, windows in groups.items():
+        group = f"B={block}"
+        specs = ["default", "random", *(f"random_block:{block}:{w}" for w in windows)]
+        for spec in specs:
+            kw = {"n": n, "ordering": spec, "block": block}
+            cases.append(Case(spec, "bench.locality:case_order", kw, group, metric="indices_per_s"))
+    name = "locality_quick" if args.quick else "locality"
+    results = run_cases(name, cases, baseline="random", repeats=args.repeats, meta={"n": n, "span": SPAN})
+    print_table(
+        results,
+        extras=["indices_per_s", "blocks_per_1000", "rank0_of_8_rr", "same_block_next", "mean_step", "spearman"],
+    )
+    # the compact trade-off table of docs/orders.md
+    print(f"N = {n:.0e}; blocks = distinct blocks of B records per {SPAN} consecutive records of the order\n")
+    print(
+        "| B | ordering | window (records) | blocks / 1000 | rank 0 of 8, round-robin | same-block neighbours "
+        "| mean \\|step\\| / N | Spearman | M indices/s | speed vs random |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in results["cases"]:
+        r = lookup(results, c["name"], c["group"])
+        base = lookup(results, "random", c["group"])
+        block = c["kwargs"]["block"]
+        spec = c["name"]
+        window = str(block * int(spec.split(":")[2])) if spec.startswith("random_block") else "-"
+        print(
+            f"| {block} | `{spec}` | {window} | {r['blocks_per_1000']:.1f} | {r['rank0_of_8_rr']:.1f} "
+            f"| {r['same_block_next']:.3f} | {r['mean_step']:.4f} | {r['spearman']:+.4f} "
+            f"| {r['indices_per_s'] / 1e6:.1f} | {r['indices_per_s'] / base['indices_per_s']:.2f}x |"
+        )
+    print(f"\n{machine_line(results['machine'])}")
+
+
+if __name__ == "__main__":
+    main()
