@@ -36,6 +36,12 @@ Sequential scans (group ``fixed-scan`` / ``ragged-scan``) of the whole data set:
 each block copied into a buffer), ``seqstore get_batch`` / ``iter_batches`` over consecutive ranges of
 8192 records, ``lance scan`` (``to_batches``). MB/s counts the values' bytes (cat: the files' bytes).
 
+The virtual disk of the machine this was written on caches below the guest: a page read once comes back
+several times faster later, even with the guest's page cache dropped. So the run starts with a probe
+(``disk`` group: the same fresh random pages of the fixed .h5 file read three times, 16 threads), and
+every other case runs ``repeats + 1`` times: the report gives the median of the runs after the first
+and the first run apart (first runs depend on which case touched the pages first).
+
 Per case: records/s (scans: MB/s), disk MiB read (``/proc/self/io`` ``read_bytes``, whole process,
 reaped DataLoader workers included) per MiB of values asked, private memory at the end (``Private_Clean
 + Private_Dirty`` of ``/proc/self/smaps_rollup``: this counts file pages mapped by this process only,
@@ -44,7 +50,10 @@ the files right after the drop (``fincore``), CPU seconds. Ratios: vs ``pread x1
 (scans: vs ``cat``). The disk is shared: compare within one run.
 
 Usage: ``python bench/cold.py [--quick] [--repeats R] [--data DIR] [--no-scan] [--no-loader]``; quick:
-200,000 fixed and 100,000 ragged records. ``python bench/cold.py --generate [--quick]`` builds the data only.
+200,000 fixed and 100,000 ragged records, 1 + 1 runs. ``python bench/cold.py --generate [--quick]`` builds
+the data only. One run per data directory at a time (a lock file; a second run prints ``skipped: ...``).
+Results: the table on stdout and ``bench/results/cold[_quick].json`` (every run, the report, the data
+sizes, the disk's settings).
 """
 
 from __future__ import annotations
