@@ -193,6 +193,7 @@ def test_background_failure_surfaces_and_committed_records_survive(scratch: Path
     assert len(st) == 10 and verify(scratch / "log") == []
     assert [st.id(i) for i in range(10)] == [f"ex{i}" for i in range(10)]
     assert not any(p.name.startswith("_tmp-") for p in (scratch / "log").iterdir())
+    assert not any((scratch / "log" / "_tmp").glob("*"))  # version 3 keeps workspaces in _tmp/
 
 
 def test_failure_at_close_is_raised(scratch: Path) -> None:

@@ -107,7 +107,7 @@ def mmap_backed(arr: np.ndarray[Any, Any]) -> bool:
 def npy_files(root: str | os.PathLike[str]) -> list[Path]:
     """Every ``.npy`` file of a store outside writer workspaces."""
     root = Path(root)
-    return sorted(p for p in root.rglob("*.npy") if not p.relative_to(root).parts[0].startswith("_tmp-"))
+    return sorted(p for p in root.rglob("*.npy") if not p.relative_to(root).parts[0].startswith("_tmp"))
 
 
 # ------------------------------------------------------------------------------------ deep check
@@ -333,6 +333,14 @@ def fds_under(root: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------- format versions
+
+
+def workspaces(root: Path) -> list[Path]:
+    """What writers keep in a store besides committed data: workspaces and temporary manifests, in
+    ``_tmp/`` (version 3) or at the top as ``_tmp-*`` and ``.manifest.json.tmp-*`` (versions 1/2)."""
+    top = [p for p in Path(root).iterdir() if p.name.startswith(("_tmp-", ".manifest.json.tmp"))]
+    work = Path(root) / "_tmp"
+    return top + (sorted(work.iterdir()) if work.is_dir() else [])
 
 
 def create_legacy(root: Path, schema: Any, *, version: int = 1, packed: Any = None, id_lookup: str = "first",

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from store_testlib import CHILD_SCHEMA, child_record, child_write
+from store_testlib import CHILD_SCHEMA, child_record, child_write, workspaces
 
 import seqstore as ss
 
@@ -43,6 +43,6 @@ def test_two_writer_processes(scratch: Path) -> None:
     assert len(names) == len(set(names))
     on_disk = sorted(p.name for p in root.iterdir() if p.name.startswith("shard-"))
     assert on_disk == sorted(names)
-    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert not workspaces(root)
     # shards of 5 records with commits every 7 appends: each writer committed several shards
     assert store.num_shards >= 1 + 2 * 8

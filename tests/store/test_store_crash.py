@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_testlib import CHILD_SCHEMA, child_record, create_legacy
+from store_testlib import CHILD_SCHEMA, child_record, create_legacy, workspaces
 
 import seqstore as ss
 from seqstore.store.verify import verify
@@ -117,22 +117,22 @@ def test_sigkill_after_commit_keeps_exactly_the_committed_records(scratch: Path,
             _kill(proc)
     assert Path(f"{flag}.committed").exists()
     # the dead writer left a workspace with flushed, uncommitted shard files
-    workspaces = [p for p in root.iterdir() if p.name.startswith("_tmp-")]
-    assert len(workspaces) == 1
-    data = workspaces[0] / "current" / "x.npy"
+    left = workspaces(root)
+    assert len(left) == 1
+    data = left[0] / "current" / "x.npy"
     assert data.exists() and data.stat().st_size > 128, "expected flushed uncommitted data"
     # readers see exactly the committed records and ignore the workspace
     _check_prefix(root, committed)
     assert ss.open(root).num_shards == 1
     # the next writer removes the dead writer's workspace and can append and commit
     w = ss.append_to(root)
-    assert not workspaces[0].exists()
+    assert not left[0].exists()
     for i in range(committed, committed + 4):
         w.append(child_record(1, i), id=f"c{i}")
     w.commit()
     w.close()
     _check_prefix(root, committed + 4)
-    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert not workspaces(root)
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.3])
@@ -153,8 +153,7 @@ def test_sigkill_at_a_random_point_leaves_a_consistent_prefix(scratch: Path, del
     with ss.append_to(root) as w:  # cleans the dead writer's files, then appends
         w.append(child_record(1, n), id=f"c{n}")
     _check_prefix(root, n + 1)
-    leftovers = [p.name for p in root.iterdir() if p.name.startswith(("_tmp-", ".manifest.json.tmp"))]
-    assert leftovers == []
+    assert workspaces(root) == []
     committed = {s.name for s in ss.open(root).manifest.shards}
     assert {p.name for p in root.iterdir() if p.name.startswith("shard-")} == committed
     assert ss.open(root).manifest.version == version

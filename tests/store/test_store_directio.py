@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from store_testlib import fds_under
+from store_testlib import fds_under, workspaces
 
 import seqstore as ss
 from seqstore.format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, read_header
@@ -165,7 +165,7 @@ def check_store(root: Path, batches: Sequence[Batch], *, header: int = PAGE_HEAD
         lo = hi
     assert lo == n
     assert verify(root) == []
-    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert not workspaces(root)
     return store
 
 

@@ -388,6 +388,41 @@ def test_many_single_shard_commits(scratch: Path, monkeypatch: pytest.MonkeyPatc
     )
 
 
+def test_a_writer_never_lists_the_store_directory(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers of a version-3 store keep workspaces and temporary manifests in _tmp/: opening a writer
+    (which removes what dead writers left) and committing look at no listing of the store directory,
+    whose size grows with the shards."""
+    work = root / "_tmp"
+    assert work.is_dir() and list(work.iterdir()) == []  # the writers that made it are gone
+    (work / "host-1-dead").mkdir()
+    (work / "host-1-dead" / "owner.lock").touch()  # nobody holds its lock: a dead writer's
+    (work / ".manifest.json.tmp-1").write_text("{")
+    (root / "shard-000003").mkdir()  # renamed by a writer that died before its manifest
+    listed: list[Path] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def scandir(path: Any = ".") -> Any:
+        if not isinstance(path, int):  # (shutil.rmtree lists by descriptor)
+            listed.append(Path(path))
+        return real_scandir(path)
+
+    def listdir(path: Any = ".") -> Any:
+        if not isinstance(path, int):  # (shutil.rmtree lists by descriptor)
+            listed.append(Path(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    live = ss.append_to(root)
+    assert list(work.iterdir()) == [live._workspace] and not (root / "shard-000003").exists()
+    live.append(child_record(0, 10), id="r10")
+    live.close()
+    monkeypatch.undo()
+    assert Path(root) not in listed, listed
+    assert list(work.iterdir()) == []
+    _check(root, 11)
+
+
 def test_a_pickled_store_sees_its_prefix_of_the_table(root: Path) -> None:
     import pickle
 

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_testlib import ALL_DTYPES, check_store, iter_chunks, new_scratch, random_record, storage_of
+from store_testlib import (
+    ALL_DTYPES,
+    check_store,
+    iter_chunks,
+    new_scratch,
+    random_record,
+    storage_of,
+    workspaces,
+)
 
 import seqstore as ss
 
@@ -99,7 +107,7 @@ def test_round_trip(schema: ss.Schema, n: int, seed: int, data: Any) -> None:
             assert all(s.records <= opts["max_shard_records"] for s in store.manifest.shards)
         check_store(store, expected, ids, rng)
         _check_bfloat16_modes(root, schema, expected)
-        assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+        assert not workspaces(root)
 
 
 def _check_bfloat16_modes(root: Path, schema: ss.Schema, expected: list[dict[str, Any]]) -> None:

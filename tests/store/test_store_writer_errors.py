@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from store_testlib import workspaces
 
 import seqstore as ss
 
@@ -117,7 +118,7 @@ def _check_good(root: Path, n: int) -> None:
         np.testing.assert_array_equal(rec["g/emb"], want["g"]["emb"])
         if store.has_ids:
             assert store.id(i) == f"r{i}" and store.index(f"r{i}") == i
-    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert not workspaces(root)
 
 
 def _bad_batch(**changes: Any) -> Callable[[int], dict[str, Any]]:
@@ -328,7 +329,7 @@ def test_exception_in_with_block_discards_uncommitted(scratch: Path) -> None:
         raise RuntimeError("boom")
     store = ss.open(root)
     assert len(store) == 2
-    assert not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert not workspaces(root)
     w2 = ss.append_to(root)
     w2.append(good(2))
     w2.abort()

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from store_testlib import edit_shard_meta, fds_under
+from store_testlib import edit_shard_meta, fds_under, workspaces
 
 import seqstore as ss
 from seqstore.format.manifest import Manifest
@@ -49,7 +49,7 @@ def test_abort_after_a_failed_write_releases_everything(
         w.append_batch(_batch(4, 3.0))
     monkeypatch.undo()
     w.abort()
-    assert fds_under(root) == [] and not any(p.name.startswith("_tmp-") for p in root.iterdir())
+    assert fds_under(root) == [] and not workspaces(root)
     with pytest.raises(ss.SeqstoreError, match="closed"):
         w.append_batch(_batch(1))
     st = ss.open(root)

@@ -38,6 +38,7 @@ __all__ = [
     "IndexRun",
     "Manifest",
     "IDS_FILES",
+    "WORK_DIR",
 ]
 
 FORMAT_NAME = "seqstore"
@@ -52,6 +53,10 @@ IDS_FILES = ("_ids.npy", "_ids.offsets.npy", "_ids.hash.npy", "_ids.hash_rows.np
 #: Which record ``index(id)`` returns when an id occurs more than once: the first (default) or the last.
 ID_LOOKUPS = ("first", "last")
 MANIFEST = "manifest.json"
+#: Version 3: the directory of writers' workspaces and temporary manifests (versions 1/2 keep them at
+#: the top of the store as ``_tmp-*`` and ``.manifest.json.tmp-*``), so a writer finds what dead
+#: writers left without listing the store's (possibly 10^5) shard directories.
+WORK_DIR = "_tmp"
 
 
 class ShardList(Sequence[ShardInfo]):
@@ -295,10 +300,12 @@ class Manifest:
     # ----------------------------------------------------------------------------------------- write
 
     def save(self, root: str | os.PathLike[str]) -> None:
-        """Replace ``<root>/manifest.json`` atomically and durably."""
+        """Replace ``<root>/manifest.json`` atomically and durably. The temporary file is written in
+        ``<root>/_tmp/`` when a version-3 store has that directory, else next to the manifest."""
         root = Path(root)
         data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
+        work = root / WORK_DIR
+        tmp = (work if self.table is not None and work.is_dir() else root) / f".{MANIFEST}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()

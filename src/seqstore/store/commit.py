@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptionError, LockError
-from ..format.manifest import MANIFEST, IndexRun, Manifest, ShardInfo, fsync_dir
+from ..format.manifest import MANIFEST, WORK_DIR, IndexRun, Manifest, ShardInfo, fsync_dir
 from ..format.npy import encode_header
 from ..format.shard_table import (
     TABLE,
@@ -46,6 +46,7 @@ __all__ = [
     "commit_shard",
     "merge_sorted_runs",
     "store_lock",
+    "workspace_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,33 +108,45 @@ def _remove_dead_workspace(entry: Path) -> None:
     shutil.rmtree(entry, ignore_errors=True)
 
 
+def workspace_path(root: Path, manifest: Manifest, token: str) -> Path:
+    """Where a writer with ``token`` keeps its workspace: ``_tmp/<token>`` in a version-3 store,
+    ``_tmp-<token>`` at the top of a version-1/2 store (as older writers expect)."""
+    return root / WORK_DIR / token if manifest.table is not None else root / f"_tmp-{token}"
+
+
 def clean_orphans(root: Path, manifest: Manifest) -> None:
     """Delete files of dead writers and of shards renamed but never committed. Caller holds the lock.
 
-    Version 3: the only uncommitted shard directory there can be is the next number's (every commit
-    takes the last row's number plus one, and removes a leftover of that name before its rename), so
-    shard directories are not compared with a list; the directory listing only looks for ``_tmp-*``
-    workspaces and temporary manifests by name (no stat per entry)."""
+    Version 3, O(writers) whatever the number of shards: the only uncommitted shard directory there
+    can be is the next number's (every commit takes the last row's number plus one and removes a
+    leftover of that name before its rename), and workspaces and temporary manifests live in
+    ``_tmp/``, so the store directory itself is never listed. Versions 1/2: the store directory is
+    listed and compared with the manifest's shard list, as before."""
     runs = {r.name for r in manifest.index_runs}
     if manifest.table is not None:
-        committed: set[str] | None = None
         leftover = root / shard_dir_name(next_shard_number(manifest))
         if leftover.is_dir():
             log.warning("removing uncommitted shard directory %s", leftover)
             shutil.rmtree(leftover, ignore_errors=True)
+        work = root / WORK_DIR
+        entries = list(os.scandir(work)) if work.is_dir() else []
+        for entry in entries:
+            if entry.name.startswith(f".{MANIFEST}.tmp-"):
+                Path(entry.path).unlink(missing_ok=True)
+            elif entry.is_dir():
+                _remove_dead_workspace(Path(entry.path))
     else:
         committed = {s.name for s in manifest.shards}
-    with os.scandir(root) as it:
-        for entry in it:
-            name = entry.name
-            if name.startswith("shard-"):
-                if committed is not None and name not in committed and entry.is_dir():
+        with os.scandir(root) as it:
+            for entry in it:
+                name = entry.name
+                if name.startswith("shard-") and name not in committed and entry.is_dir():
                     log.warning("removing uncommitted shard directory %s", entry.path)
                     shutil.rmtree(entry.path, ignore_errors=True)
-            elif name.startswith("_tmp-") and entry.is_dir():
-                _remove_dead_workspace(Path(entry.path))
-            elif name.startswith(f".{MANIFEST}.tmp-"):
-                Path(entry.path).unlink(missing_ok=True)
+                elif name.startswith("_tmp-") and entry.is_dir():
+                    _remove_dead_workspace(Path(entry.path))
+                elif name.startswith(f".{MANIFEST}.tmp-"):
+                    Path(entry.path).unlink(missing_ok=True)
     index_dir = root / INDEX_DIR
     if index_dir.is_dir():
         for path in index_dir.iterdir():

@@ -2,8 +2,9 @@
 
 A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
 of the current shard with large sequential writes into a private workspace directory
-(``_tmp-<token>/current``). :meth:`Writer.commit` finishes the shard (final ``.npy`` headers, id
-index, for a version-3 store the shard's descriptor, fsync), then under the store's lock file
+(``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2 store). :meth:`Writer.commit`
+finishes the shard (final ``.npy`` headers, id index, for a version-3 store the shard's descriptor,
+fsync), then under the store's lock file
 renames it to ``shard-NNNNNN``, appends its shard-table row (version 3) and atomically replaces the
 manifest (store/commit.py). A crash before the manifest's rename leaves only files readers never look
 at, which the next writer deletes or overwrites; a crash after it loses nothing. A store keeps the
@@ -51,6 +52,7 @@ from .commit import (
     commit_shard,
     merge_sorted_runs,
     store_lock,
+    workspace_path,
 )
 from .directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
 from .directio import pwrite_all as _write_at  # the buffered writes (pwrite_all: the direct ones)
@@ -259,11 +261,11 @@ class Writer:
         self._pid = os.getpid()
         self._failed: BaseException | None = None
         self._token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._workspace = root / f"_tmp-{self._token}"
         with store_lock(root):
             manifest = Manifest.load(root)
             clean_orphans(root, manifest)
-            self._workspace.mkdir()
+            self._workspace = workspace_path(root, manifest, self._token)
+            self._workspace.mkdir(parents=self._workspace.parent != root)
             self._owner_fd = os.open(self._workspace / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self.schema: Schema = manifest.schema
