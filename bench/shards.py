@@ -4,7 +4,8 @@
 1e5, in format version 3 (binary shard table + per-shard descriptors) and in the version-1 JSON
 layout (every shard listed in ``manifest.json``, what seqstore wrote before version 3);
 ``first_record`` = one record of the middle shard copied out (its first touch: table row and
-descriptor checks, file mapping). The stores are built once under bench/data/shards/ by a bulk
+descriptor checks, file mapping); ``writer_open`` = ``seqstore.append_to(path)`` (the store lock,
+the manifest, the clean-up of what dead writers left). The stores are built once under bench/data/shards/ by a bulk
 helper: one shard is written by seqstore, the others are hard links to its files with their own
 table row (or JSON entry), so a 1e5-shard store takes seconds. Version 1 stops at 1e4 in
 ``--quick``.
@@ -115,6 +116,9 @@ def case_open(path: str) -> dict[str, object]:
         store = seqstore.open(path)
     with section("first_record"):
         x = np.array(store[len(store) // 2]["x"])
+    with section("writer_open"):
+        writer = seqstore.append_to(path)  # takes the lock and removes what dead writers left
+    writer.abort()
     return {"shards": store.num_shards, "manifest_bytes": os.path.getsize(Path(path) / "manifest.json"),
             "check": float(x.sum())}
 
@@ -176,7 +180,7 @@ def main() -> None:
     name = "shards_quick" if args.quick else "shards"
     opened = run_cases(f"{name}_open", cases, baseline="v3_table", repeats=args.repeats, meta={"shards": counts})
     print("### (a) open vs shard count\n")
-    print_table(opened, sections=("open", "first_record"), extras=["shards", "manifest_bytes"])
+    print_table(opened, sections=("open", "first_record", "writer_open"), extras=["shards", "manifest_bytes"])
     small, big = f"S={counts[0]:.0e}", f"S={counts[-1]:.0e}"
     for case in ("v3_table", "v1_json"):
         try:
