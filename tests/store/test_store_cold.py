@@ -155,8 +155,13 @@ def test_lookahead_requests_depth_items_ahead() -> None:
         log.append(f"use{item}")
         out.append((item, tok))
     assert out == [(i, i * 10) for i in range(5)]
-    assert log == ["req0", "req1", "req2", "ready0", "req3", "ready1", "use0", "req4", "ready2", "use1",
-                   "ready3", "use2", "ready4", "use3", "use4"]
+    # while item k is used, items up to k + 2 are requested and k + 1 is ready; nothing beyond
+    assert log == ["req0", "req1", "req2", "ready0", "ready1", "use0", "req3", "ready2", "use1", "req4", "ready3",
+                   "use2", "ready4", "use3", "use4"]
+    log.clear()
+    for item, _ in lookahead(iter(range(3)), 0, request, ready):
+        log.append(f"use{item}")
+    assert log == ["req0", "ready0", "use0", "req1", "ready1", "use1", "req2", "ready2", "use2"]  # depth 0: none ahead
     assert [x for x, _ in lookahead([1, 2], 0, lambda v: v)] == [1, 2]
     assert list(lookahead([], 3, lambda v: v)) == []
     for bad in (-1, 1.5, True):
@@ -398,3 +403,179 @@ def test_scans_request_the_next_stretch(written: tuple[Path, dict[str, Any]], mo
     asked.clear()
     list(ss.open(root, readahead="never").iter_matrix(["x"], chunk_rows=500))
     assert asked == []
+
+
+# ---------------------------------------------------------------------------- review findings
+
+
+def test_views_are_readable_at_interpreter_exit(tmp_path: Path) -> None:
+    """Mappings are not unmapped by exit-time finalizers while an atexit handler still reads a view."""
+    root = tmp_path / "s"
+    _write(root, n=50)
+    code = textwrap.dedent(
+        f"""
+        import atexit
+        def late():
+            print(float(rec["x"][0]), int(store.get_batch([3])["label"][0]))
+        atexit.register(late)
+        import seqstore as ss
+        store = ss.open({str(root)!r})
+        rec = store[0]
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split()[1] == "21"
+
+
+def test_a_batch_maps_each_shard_once_whatever_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.store.reader as reader_mod
+
+    root = tmp_path / "s"
+    want = _write(root, n=400, max_shard_records=10)  # 40 shards
+    made: list[str] = []
+    real = reader_mod._Shard
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            made.append("x")
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(reader_mod, "_Shard", Counting)
+    store = ss.open(root, max_mapped_shards=3, readahead="always")
+    idx = np.arange(400)[::-1]
+    for pad in (False, True):
+        made.clear()
+        _check_batch(store.get_batch(idx, pad=pad), want, idx, pad)
+        assert len(made) == 40  # once per shard per batch, not once per field and stage
+    made.clear()
+    assert len(list(store.iter_batches([idx[:200], idx[200:]], prefetch=1))) == 2
+    assert len(made) == 40
+    assert store.mapped_shards <= 3
+
+
+def test_a_store_shared_by_threads(tmp_path: Path) -> None:
+    import threading
+
+    root = tmp_path / "s"
+    want = _write(root, n=300, max_shard_records=10)  # 30 shards
+    store = ss.open(root, max_mapped_shards=2)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(30):
+                idx = rng.integers(0, 300, 20)
+                np.testing.assert_array_equal(store.get_batch(idx, fields=["label"])["label"], want["label"][idx])
+                i = int(idx[0])
+                np.testing.assert_array_equal(store[i]["x"], want["x"][i])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert store.mapped_shards <= 2
+
+
+def test_the_sample_looks_at_every_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field in memory must not hide a cold one from the sample (fields asked in either order)."""
+    import seqstore.store.reader as reader_mod
+
+    root = tmp_path / "s"
+    _write(root, n=2000, max_shard_records=500)
+    requested: list[int] = []
+    real = reader_mod.willneed
+    monkeypatch.setattr(reader_mod, "willneed", lambda s, e, **kw: requested.append(len(s)) or real(s, e, **kw))
+    idx = np.random.default_rng(0).permutation(2000)[:300]
+    for names in (["label", "x"], ["x", "label"], ["label", "tok"]):
+        store = sh = None  # unmap the previous round's files: pages a live mapping holds cannot be dropped
+        gc.collect()
+        _drop_cache(root)
+        store = ss.open(root)
+        sh = store._shard(0)
+        if not any_cold(np.array([sh.span("x")[0]])):
+            pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
+        np.asarray(store.get_batch(np.arange(2000), fields=["label"])["label"])  # label now in memory
+        requested.clear()
+        store.get_batch(idx, fields=names)
+        assert requested and sum(requested) >= 300, (names, requested)
+
+
+def test_a_matrix_view_reads_ahead_only_its_first_stretch(written: tuple[Path, dict[str, Any]],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.store.reader as reader_mod
+
+    root, want = written
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b: asked.append((a, b)) or 1)
+    monkeypatch.setattr(reader_mod, "_VIEW_AHEAD", 512 * 100)  # 100 rows of x
+    store = ss.open(root, readahead="always")
+    view = store.matrix(["x"], slice(0, 1000))
+    np.testing.assert_array_equal(view, want["x"][:1000])
+    assert len(asked) == 1 and asked[0][1] - asked[0][0] == 100 * 2048
+
+
+def test_store_dataset_pickles_its_store_options(written: tuple[Path, dict[str, Any]]) -> None:
+    import pickle
+
+    from seqstore.data import StoreDataset
+
+    root, _ = written
+    ds = StoreDataset(ss.open(root, readahead="never", max_mapped_shards=3))
+    back = pickle.loads(pickle.dumps(ds))
+    assert back.store._readahead == "never" and back.store._max_mapped == 3
+    assert len(back) == len(ds)
+
+
+def test_too_many_open_files_is_not_corruption(tmp_path: Path) -> None:
+    """Running out of descriptors while a shard is first touched is an OSError naming the limit."""
+    root = tmp_path / "s"
+    _write(root, n=40, max_shard_records=10)
+    code = textwrap.dedent(
+        f"""
+        import os, resource, seqstore as ss
+        store = ss.open({str(root)!r})
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            store[25]
+        except ss.CorruptionError as exc:
+            print("corruption", exc)
+        except OSError as exc:
+            print("oserror", exc)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("oserror") and "ulimit -n" in proc.stdout, proc.stdout
+
+
+def test_first_touch_of_a_shard_reads_no_data(tmp_path: Path) -> None:
+    """Mapping a cold shard (header and descriptor checks) leaves its data pages on disk: the header is
+    read without the kernel's read-ahead into the data."""
+    root = tmp_path / "s"
+    _write(root, n=1500)
+    _drop_cache(root)
+    x = next(root.glob("shard-*/x.npy"))
+    probe = map_file(x, x.stat().st_size)  # mapping alone reads nothing
+    base = int(probe.__array_interface__["data"][0])
+    pages = base + PAGE * np.arange(2, x.stat().st_size // PAGE, 7)
+    if not any_cold(pages, sample=len(pages)):
+        pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
+    store = ss.open(root)
+    store._shard(0)
+    vec = np.zeros(1, np.uint8)
+    resident = 0
+    for a in pages.tolist():
+        libc.mincore(a & ~(PAGE - 1), PAGE, vec.ctypes.data_as(ctypes.c_void_p))
+        resident += int(vec[0] & 1)
+    assert resident == 0, f"{resident} of {len(pages)} data pages read by the first touch"

@@ -70,7 +70,9 @@ class StoreDataset(Dataset):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.store.root)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (str(self.store.root), self.ordering, self.seed, self.partition_epoch,
+        # the Store pickles as its path, options and the shards it saw: a worker reopens it with the same
+        # read-ahead options and the same records, even if shards were committed since
+        return (_rebuild, (self.store, self.ordering, self.seed, self.partition_epoch,
                            self.length_field, self.fields, str(self.cache_dir)))
 
     @property
@@ -127,7 +129,7 @@ class StoreDataset(Dataset):
                 f"seed={self.seed}, partition_epoch={self.partition_epoch})")
 
 
-def _rebuild(path: str, ordering: Any, seed: int, partition_epoch: int, length_field: str | None,
+def _rebuild(store: Store | str, ordering: Any, seed: int, partition_epoch: int, length_field: str | None,
              fields: list[str] | None, cache_dir: str) -> StoreDataset:
-    return StoreDataset(path, ordering=ordering, seed=seed, partition_epoch=partition_epoch,
+    return StoreDataset(store, ordering=ordering, seed=seed, partition_epoch=partition_epoch,
                         length_field=length_field, fields=fields, cache_dir=cache_dir)

@@ -10,6 +10,7 @@ files against the descriptor, without ``manifest.json`` growing with the number 
 
 from __future__ import annotations
 
+import errno
 import json
 import zlib
 from collections.abc import Iterable, Mapping
@@ -48,6 +49,9 @@ def read_descriptor(shard_dir: Path, row: ShardRow, expected_files: Iterable[str
     except FileNotFoundError:
         raise CorruptionError(f"{path}: shard descriptor is missing (the shard table lists {shard_dir.name})") from None
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
+            raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
+                          "process (ulimit -n)") from exc
         raise CorruptionError(f"{path}: cannot read the shard descriptor ({exc})") from exc
     crc = zlib.crc32(raw)
     if crc != row.desc_crc:

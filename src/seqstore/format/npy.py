@@ -10,6 +10,7 @@ Readers accept any valid 1.0/2.0/3.0 header (so files written by ``np.save`` als
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -89,12 +90,24 @@ def parse_header(raw: bytes, path: str | os.PathLike[str]) -> NpyHeader:
 
 
 def read_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and parse the header of the ``.npy`` file at ``path``."""
+    """Read and parse the header of the ``.npy`` file at ``path``.
+
+    Reads the first page only: the descriptor is advised random access first, so the kernel does not
+    read ahead into the data (up to ``read_ahead_kb`` per file, megabytes on some machines, on the
+    first touch of every shard file of a cold store)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(4096)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            raw = os.pread(fd, 4096, 0)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise CorruptionError(f"{path}: file is missing") from None
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
+            raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
+                          "process (ulimit -n)") from exc
         raise CorruptionError(f"{path}: cannot read ({exc})") from exc
     return parse_header(raw, path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["lookahead"]
 
@@ -31,22 +31,23 @@ def lookahead(
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"prefetch depth must be an integer >= 0, got {depth!r}")
     it = iter(items)
-    window: deque[tuple[T, S]] = deque()
+    window: deque[list[Any]] = deque()  # [item, token, ready called]
 
-    def pull() -> bool:
+    def pull() -> None:
         for item in it:
-            window.append((item, request(item)))
-            return True
-        return False
+            window.append([item, request(item), False])
+            return
 
-    for _ in range(depth + 1):
-        if not pull():
-            break
-    if ready is not None and window:
-        ready(window[0][1])
-    while window:
-        current = window.popleft()
-        pull()
-        if ready is not None and window:
+    def next_up() -> None:
+        if ready is not None and window and not window[0][2]:
             ready(window[0][1])
-        yield current
+            window[0][2] = True
+
+    for _ in range(depth + 1):  # the first item and the ``depth`` after it
+        pull()
+    while window:
+        next_up()
+        item, token, _ = window.popleft()
+        next_up()
+        yield item, token
+        pull()  # only now: while an item is consumed, exactly ``depth`` more are in flight

@@ -90,7 +90,9 @@ class _Mapping:
     def __init__(self, addr: int, size: int) -> None:
         self.addr = addr
         self.size = size
-        weakref.finalize(self, _munmap, addr, size)
+        # not at interpreter exit: a view may still be read then (atexit handlers, daemon threads), and
+        # the kernel unmaps everything when the process ends anyway
+        weakref.finalize(self, _munmap, addr, size).atexit = False
 
     @property
     def __array_interface__(self) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def map_file(path: str | os.PathLike[str], size: int, *, advice: int = MADV_RAND
         addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
         if addr is None or addr == _MAP_FAILED:
             err = ctypes.get_errno() or errno.ENOMEM
-            raise OSError(err, f"{path}: cannot map {size} bytes ({os.strerror(err)})")
+            raise OSError(err, os.strerror(err), str(path))
     finally:
         os.close(fd)
     owner = _Mapping(int(addr), size)

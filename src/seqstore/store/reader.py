@@ -19,6 +19,7 @@ import bisect
 import dataclasses
 import errno
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,11 +41,14 @@ from .writer import IDS
 __all__ = ["Store", "open_store", "Lengths"]
 
 _BF16_MODES = ("bits", "float32", "ml_dtypes")
-#: (shard, positions in the batch, local rows): one shard's part of a batch (see Store._group)
-_Group = tuple[int, Any, np.ndarray[Any, Any]]
+#: (mapped shard, positions in the batch, local rows): one shard's part of a batch (Store._batch_groups).
+#: Holding the shard keeps its files mapped for the whole call, whatever the LRU of mapped shards does.
+_Group = tuple["_Shard", Any, np.ndarray[Any, Any]]
 _READAHEAD_MODES = ("auto", "always", "never")
-#: records per read-ahead stage whose pages are probed with mincore (about 2 us each) before a request
+#: records per field and read-ahead stage whose pages are probed with mincore (about 2 us each)
 _SAMPLE = 4
+#: values (the plan's width counts values) of a zero-copy matrix view read ahead when it is made
+_VIEW_AHEAD = 8 << 20
 
 
 def _mapped_shard_limit(schema: Schema) -> int:
@@ -66,7 +70,7 @@ def _mapped_shard_limit(schema: Schema) -> int:
             maps = int(fh.read())
     except (OSError, ValueError):
         maps = 65530
-    return max(16, min(4096, (maps // 4) // files))
+    return max(16, min(8192, (maps // 2) // files))
 
 
 def _load_manifest(root: Path) -> Manifest:
@@ -111,8 +115,9 @@ def map_npy(
             raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
                           "process (ulimit -n)") from exc
         if exc.errno == errno.ENOMEM:
-            raise OSError(exc.errno, f"{path}: cannot map ({exc.strerror}): too many mappings in this process "
-                          "(vm.max_map_count) or no address space left") from exc
+            raise OSError(exc.errno, f"cannot map {path} ({exc.strerror}): too many mappings in this process "
+                          "(vm.max_map_count) or no address space left; open the store with a smaller "
+                          "max_mapped_shards") from exc
         raise CorruptionError(f"{path}: cannot map ({exc})") from exc
     except ValueError as exc:
         raise CorruptionError(f"{path}: cannot map ({exc})") from exc
@@ -329,11 +334,11 @@ class Lengths:
         idx = store._norm_many(indices)
         flat = idx.reshape(-1)
         out = np.empty(flat.shape, dtype=np.int64)
-        groups = list(store._group(flat))
+        groups = store._batch_groups(flat)
         if store._readahead != "never" and len(flat) > 1:  # cold offsets: all their reads at once
             store._advise(groups, [self.field], values=False)
-        for k, pos, rows in groups:
-            a, b = _checked_bounds(store._shard(k), self.field, rows)
+        for sh, pos, rows in groups:
+            a, b = _checked_bounds(sh, self.field, rows)
             out[pos] = b - a
         return out.reshape(idx.shape)
 
@@ -409,6 +414,7 @@ class Store:
         self._max_mapped_opt = max_mapped_shards
         # mapped shards, least recently used first; at most self._max_mapped of them (see _shard)
         self._shards: OrderedDict[int, _Shard] = OrderedDict()
+        self._lru_lock = threading.Lock()
         self._load(_load_manifest(self.root))
 
     def _load(self, manifest: Manifest) -> None:
@@ -531,14 +537,18 @@ class Store:
         used is dropped (its pages stay in the page cache; arrays handed out keep their own mapping alive)."""
         shards = self._shards
         sh = shards.get(k)
-        if sh is None:
-            # its ShardInfo: version 3 reads and checks the table row and the shard's descriptor here
-            sh = _Shard(self.root, self._manifest.shards[k], self.schema)
-            shards[k] = sh
-            if len(shards) > self._max_mapped:
-                shards.popitem(last=False)
-        elif len(shards) * 2 >= self._max_mapped:  # recency matters only once evictions are near
-            shards.move_to_end(k)
+        if sh is not None and len(shards) * 2 < self._max_mapped:  # recency matters only once evictions near
+            return sh
+        with self._lru_lock:  # several threads may share a Store
+            sh = shards.get(k)
+            if sh is None:
+                # its ShardInfo: version 3 reads and checks the table row and the shard's descriptor here
+                sh = _Shard(self.root, self._manifest.shards[k], self.schema)
+                shards[k] = sh
+                while len(shards) > self._max_mapped:
+                    shards.popitem(last=False)
+            else:
+                shards.move_to_end(k)
         return sh
 
     @property
@@ -639,10 +649,14 @@ class Store:
         """
         idx = self._norm_many(indices).reshape(-1)
         names = self._field_names(fields)
-        groups = list(self._group(idx))
+        groups = self._batch_groups(idx)
         if self._readahead != "never":
             self._request_values(self._request(groups, names), names)
         return self._gather(idx, groups, names, pad)
+
+    def _batch_groups(self, idx: np.ndarray[Any, Any]) -> list[_Group]:
+        """:meth:`_group` with each shard looked up (mapped) once for the whole batch."""
+        return [(self._shard(k), pos, rows) for k, pos, rows in self._group(idx)]
 
     def _field_names(self, fields: Sequence[str] | None) -> list[str]:
         names = list(self.schema) if fields is None else list(fields)
@@ -657,8 +671,7 @@ class Store:
         value rows (reading their offsets)."""
         starts: list[np.ndarray[Any, Any]] = []
         ends: list[np.ndarray[Any, Any]] = []
-        for k, _pos, rows in groups:
-            sh = self._shard(k)
+        for sh, _pos, rows in groups:
             for name in names:
                 base, step, size = sh.span(name)
                 if name in sh.offsets:
@@ -678,14 +691,23 @@ class Store:
         return starts, ends
 
     def _advise(self, groups: list[_Group], names: list[str], values: bool) -> None:
-        """Request the pages of :meth:`_ranges` unless a sample of ``_SAMPLE`` records (from at most as
-        many groups, so a batch spread over many shards costs no more) finds them in memory."""
+        """Request the pages of :meth:`_ranges` unless a sample finds them in memory: per field,
+        ``_SAMPLE`` records (at least one) from at most as many groups, so a batch spread over many
+        shards costs no more, and a field in memory cannot hide a cold one."""
         if self._readahead == "auto":
             picked = groups[:: max(1, len(groups) // _SAMPLE)][:_SAMPLE]
             per = -(-_SAMPLE // max(1, len(picked)))
-            sample = [(k, pos, rows[:: max(1, len(rows) // per)][:per]) for k, pos, rows in picked]
-            probe, _ = self._ranges(sample, names, values)
-            if not probe or not any_cold(np.concatenate(probe), sample=_SAMPLE):
+            sample = [(sh, pos, rows[:: max(1, len(rows) // per)][:per]) for sh, pos, rows in picked]
+            probes = []
+            for name in names:
+                probe, _ = self._ranges(sample, [name], values)
+                if probe:
+                    addrs = np.concatenate(probe)
+                    probes.append(addrs[:: max(1, len(addrs) // _SAMPLE)][:_SAMPLE])
+            if not probes:
+                return
+            addrs = np.concatenate(probes)
+            if not any_cold(addrs, sample=len(addrs)):
                 return
         starts, ends = self._ranges(groups, names, values)
         if starts:
@@ -712,7 +734,7 @@ class Store:
             return
         idx = self._norm_many(indices).reshape(-1)
         names = self._field_names(fields)
-        self._request_values(self._request(list(self._group(idx)), names), names)
+        self._request_values(self._request(self._batch_groups(idx), names), names)
 
     def iter_batches(
         self,
@@ -734,7 +756,7 @@ class Store:
 
         def request(batch: Any) -> tuple[np.ndarray[Any, Any], list[_Group]]:
             idx = self._norm_many(batch).reshape(-1)
-            groups = list(self._group(idx))
+            groups = self._batch_groups(idx)
             return idx, (self._request(groups, names) if active else groups)
 
         def ready(token: tuple[np.ndarray[Any, Any], list[_Group]]) -> None:
@@ -761,16 +783,16 @@ class Store:
                     out[name] = self.bfloat16_view(out[name])
         return out
 
-    def _gather_fixed(self, name: str, f: Field, idx: Any, groups: Any) -> np.ndarray[Any, Any]:
+    def _gather_fixed(self, name: str, f: Field, idx: Any, groups: list[_Group]) -> np.ndarray[Any, Any]:
         res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
-        for k, pos, rows in groups:
-            res[pos] = self._shard(k).columns[name][rows]
+        for sh, pos, rows in groups:
+            res[pos] = sh.columns[name][rows]
         return res
 
-    def _gather_ragged(self, name: str, f: Field, idx: Any, groups: Any, pad: bool) -> tuple[Any, Any]:
+    def _gather_ragged(self, name: str, f: Field, idx: Any, groups: list[_Group], pad: bool) -> tuple[Any, Any]:
         lengths = np.empty(len(idx), dtype=np.int64)
-        for k, pos, rows in groups:
-            a, b = _checked_bounds(self._shard(k), name, rows)
+        for sh, pos, rows in groups:
+            a, b = _checked_bounds(sh, name, rows)
             lengths[pos] = b - a
         stride = f.row_bytes
         if pad:
@@ -781,8 +803,7 @@ class Store:
             ends = np.cumsum(lengths)
             flat = np.empty(int(ends[-1]) * stride if len(ends) else 0, dtype=np.uint8)
             starts = (ends - lengths) * stride
-        for k, pos, rows in groups:
-            sh = self._shard(k)
+        for sh, pos, rows in groups:
             col = sh.columns[name]
             data = col.reshape(-1).view(np.uint8) if col.size else np.empty(0, np.uint8)
             off = sh.offsets[name]
@@ -927,8 +948,8 @@ class Store:
             k0, r0 = self._locate(start)
             k1, _ = self._locate(start + (count - 1) * step)
             if k0 == k1:
-                if step == 1:
-                    self._scan_rows(plan, k0, r0, r0 + count)
+                if step == 1:  # a view: ask for its first stretch only, the caller may not touch it all
+                    self._scan_rows(plan, k0, r0, r0 + min(count, max(1, _VIEW_AHEAD // max(1, plan.width))))
                 block = self._block(self._shard(k0), plan, slice(r0, r0 + (count - 1) * step + 1, step))
                 return self._present(block, plan, dtype)
             out = np.empty((count, plan.width), dtype=plan.storage_dtype)

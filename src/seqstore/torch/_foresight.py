@@ -4,9 +4,12 @@ A ``DataLoader`` over a map-style dataset hands batch ``j`` of its batch sampler
 ``j % num_workers`` (round robin, ``in_order=True``). An :class:`EpochBatchSampler` (or a
 ``BatchSampler`` over an :class:`EpochSampler`) is a pure function of its O(1) state, so a worker can
 replay its own copy of the sampler and know its next batches before they arrive. :class:`Foresight`
-does that lazily (O(1) memory), checks every prediction against the batch actually asked for, and
-stops predicting at the first mismatch (another sampler, persistent workers that missed a
-``set_epoch``): a wrong guess can only cost read-ahead, never change a batch.
+does that lazily (O(1) memory beyond the sampler's own state; the replay shares the sampler's
+dataset), checks every prediction against the batch actually asked for, and stops predicting at the
+first mismatch (another sampler): a wrong guess can only cost read-ahead, never change a batch.
+
+With ``persistent_workers=True`` the workers keep the copy of the dataset they got in the first
+epoch: the replay of later epochs is not renewed, so read-ahead runs in the first epoch only.
 """
 
 from __future__ import annotations
@@ -21,6 +24,21 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 __all__ = ["Foresight"]
+
+
+def _shared(batch_sampler: Any) -> dict[int, Any]:
+    """A deepcopy memo that keeps the samplers' datasets shared: the replay copies only the O(1)
+    iteration state, not the stores (which would be reopened and their files mapped again)."""
+    memo: dict[int, Any] = {}
+    node = batch_sampler
+    for _ in range(4):  # EpochBatchSampler -> dataset; BatchSampler -> EpochSampler -> dataset
+        ds = getattr(node, "dataset", None)
+        if ds is not None:
+            memo[id(ds)] = ds
+        node = getattr(node, "sampler", None)
+        if node is None:
+            break
+    return memo
 
 
 class Foresight:
@@ -60,7 +78,7 @@ class Foresight:
         if first:
             info = get_worker_info()
             worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-            replay = copy.deepcopy(self.batch_sampler)  # never advance the loader's own sampler
+            replay = copy.deepcopy(self.batch_sampler, _shared(self.batch_sampler))  # not the loader's own
             self._mine = itertools.islice(iter(replay), worker, None, workers)
             for _ in range(self.depth + 1):  # this batch and the next ``depth``
                 if not self._pull():
