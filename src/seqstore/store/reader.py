@@ -428,6 +428,7 @@ class Store:
         self._n = self._table.total
         for k in [k for k in self._shards if k >= len(self._table)]:  # a replaced manifest may have fewer
             del self._shards[k]
+        self._last: tuple[int, Any] = (-1, None)  # (shard number, _Shard) of the last _shard call
         self._max_mapped = self._max_mapped_opt or _mapped_shard_limit(self.schema)
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
         self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
@@ -535,9 +536,14 @@ class Store:
     def _shard(self, k: int) -> _Shard:
         """Shard ``k``, mapped on first touch. At most ``max_mapped_shards`` stay mapped: the least recently
         used is dropped (its pages stay in the page cache; arrays handed out keep their own mapping alive)."""
+        last = self._last
+        if last[0] == k:  # the same shard as the previous call (a single-shard store, a scan)
+            hit: _Shard = last[1]
+            return hit
         shards = self._shards
         sh = shards.get(k)
         if sh is not None and len(shards) * 2 < self._max_mapped:  # recency matters only once evictions near
+            self._last = (k, sh)
             return sh
         with self._lru_lock:  # several threads may share a Store
             sh = shards.get(k)
@@ -549,6 +555,7 @@ class Store:
                     shards.popitem(last=False)
             else:
                 shards.move_to_end(k)
+        self._last = (k, sh)
         return sh
 
     @property
