@@ -240,7 +240,7 @@ def _random_block(
     for k in range(1024):
         tags[k] = ~_ZERO  # no slot is 2**64 - 1
     size = out.shape[0]
-    i = 0
+    i = np.int64(0)
     while i < size:
         # the window of position p: its real range [lo, lo + m) and permutation parameters
         p = start + _U(i) if ranged else _U(pos[i])
@@ -261,7 +261,7 @@ def _random_block(
                 for k in range(run):
                     buf[k] = p - lo + _U(k)
             else:
-                run = 0
+                run = np.int64(0)
                 while i + run < size and run < 1024:
                     x = _U(pos[i + run])
                     if x < lo or x - lo >= m:

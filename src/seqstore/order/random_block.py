@@ -106,27 +106,16 @@ class RandomBlockOrder(Order):
         """The visit order of the blocks: a lazy keyed permutation of ``[0, num_blocks)``."""
         return PermutationOrder(self._nb, _keys.child_key(self.key, 0))
 
-    def _params(self) -> tuple[Any, ...]:
-        return (
-            np.uint64(self._n),
-            np.uint64(self.block),
-            np.uint64(self.window),
-            np.uint64(self._nb),
-            np.uint64(self._short_slot),
-            self._ba,
-            self._bb,
-            self._bkeys,
-            self._wkey,
-        )
-
     def _take(self, positions: IntArray) -> IntArray:
         out = np.empty(positions.shape[0], dtype=np.int64)
-        K.random_block_take(positions, *self._params(), out)
+        n, b, w, nb, short = (np.uint64(v) for v in (self._n, self.block, self.window, self._nb, self._short_slot))
+        K.random_block_take(positions, n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey, out)
         return out
 
     def _take_range(self, start: int, stop: int) -> IntArray:
         out = np.empty(stop - start, dtype=np.int64)
-        K.random_block_range(np.int64(start), *self._params(), out)
+        n, b, w, nb, short = (np.uint64(v) for v in (self._n, self.block, self.window, self._nb, self._short_slot))
+        K.random_block_range(np.int64(start), n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey, out)
         return out
 
     def __reduce__(self) -> tuple[Any, ...]:
