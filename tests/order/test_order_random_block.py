@@ -11,7 +11,14 @@ import pytest
 
 import seqstore
 from seqstore import Field
-from seqstore.order import ORDERINGS, RandomBlockOrder, block_bounds, ordering_needs_lengths, seq_order
+from seqstore.order import (
+    ORDERINGS,
+    PermutationOrder,
+    RandomBlockOrder,
+    block_bounds,
+    ordering_needs_lengths,
+    seq_order,
+)
 
 
 def _rb(n: int, b: int, w: int, epoch: int = 1, seed: int = 0, **kw: int) -> RandomBlockOrder:
@@ -63,19 +70,33 @@ def test_bijective_and_windowed_larger(n: int, b: int, w: int) -> None:
     assert np.array_equal(rev, vals[::-1])
 
 
-def test_locality_of_any_span() -> None:
-    """Every W*B consecutive positions draw from at most 2W blocks; aligned full windows from exactly W."""
-    n, b, w = 50_000, 32, 8
+@pytest.mark.parametrize(("n", "b", "w"), [(50_000, 32, 8), (4_001, 8, 4), (2_001, 4, 1), (3_003, 5, 3)])
+def test_locality_of_any_span(n: int, b: int, w: int) -> None:
+    """A window draws from exactly its blocks; any L consecutive positions meet at most
+    ceil(L / (W*B)) + 2 windows; W*B of them draw from at most 2W blocks, 3W if they hold the window
+    of the short last block whole."""
     o = _rb(n, b, w, seed=11)
     vals = o.to_numpy(np.int64)
     span = w * b
-    for s in range(0, n - span, 37):
-        assert len(np.unique(vals[s : s + span] // b)) <= 2 * w
+    ends = np.array([o.window_bounds(k)[1] for k in range(o.num_windows)])
+    blocks = o.block_order()
+    assert isinstance(blocks, PermutationOrder)
+    short_slot = int(blocks.position_of([o.num_blocks - 1])[0])
+    short_start, short_stop = o.window_bounds(short_slot // w)
+    step = 1 if n < 10_000 else 37
+    for s in range(0, n - span + 1, step):
+        touched = len(np.unique(vals[s : s + span] // b))
+        holds_short = s <= short_start and short_stop <= s + span
+        assert touched <= (3 if holds_short else 2) * w
+    for length in (1, span - 1, span, 3 * span + 1, 10 * span):
+        for s in range(0, max(n - length, 0) + 1, max(step, 7)):
+            met = int(np.searchsorted(ends, min(s + length, n) - 1, side="right") - np.searchsorted(ends, s, "right"))
+            assert met + 1 <= math.ceil(length / span) + 2
+            assert len(np.unique(vals[s : s + length] // b)) <= w * (met + 1)
     full = 0
     for k in range(o.num_windows):
         s, e = o.window_bounds(k)
-        touched = len(np.unique(vals[s:e] // b))
-        assert touched == min(w, o.num_blocks - k * w)
+        assert len(np.unique(vals[s:e] // b)) == min(w, o.num_blocks - k * w)
         full += e - s == span
     assert full >= o.num_windows - 2  # only the short block's window and the last can be shorter
 
