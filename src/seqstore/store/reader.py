@@ -790,6 +790,9 @@ class Store:
         return out
 
     def _gather_fixed(self, name: str, f: Field, idx: Any, groups: list[_Group]) -> np.ndarray[Any, Any]:
+        if len(groups) == 1 and isinstance(groups[0][1], slice):  # one shard, in batch order: one copy
+            out: np.ndarray[Any, Any] = groups[0][0].columns[name][groups[0][2]]
+            return out
         res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
         for sh, pos, rows in groups:
             res[pos] = sh.columns[name][rows]
