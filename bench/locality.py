@@ -14,7 +14,8 @@ is generated. One group per storage block size B (64 and 1024 records); in each,
   ``default``, about 1000 (for N / B >> 1000) for ``random``.
 - ``rank0_of_8_rr``: the same for rank 0 of 8 taking positions 0, 8, 16, ... (what ``EpochSampler`` and
   ``IterableSeqDataset`` do), per 1,000 of its own records. A contiguous share (``seq_order(...,
-  shard_index=, num_shards=)``, ``Order.shard``) keeps ``blocks_per_1000``.
+  shard_index=, num_shards=)``, ``Order.shard``) keeps ``blocks_per_1000``. ``rank0_of_8_items``: the
+  same when items of 256 consecutive positions are dealt round-robin (``IterableSeqDataset(batch=256)``).
 - ``same_block_next``: fraction of consecutive positions whose records share a block (1 for
   ``default`` up to the block ends, about 1 / W for ``random_block``, B / N for ``random``).
 - ``mean_step``: mean ``|order[i+1] - order[i]| / N`` (1/3 for a uniform random permutation, 1/N for
@@ -40,6 +41,7 @@ N = 10**6
 QUICK_N = 10**5
 SPAN = 1000
 ROUNDS = 7
+ITEM = 256
 WORLD = 8
 GROUPS = {64: (1, 4, 16, 64), 1024: (1, 4, 16)}
 QUICK_GROUPS = {64: (1, 16)}
@@ -52,6 +54,12 @@ def _distinct_per_span(blocks: Any, span: int) -> float:
     rows = blocks[: len(blocks) // span * span].reshape(-1, span)
     s = np.sort(rows, axis=1)
     return float(((s[:, 1:] != s[:, :-1]).sum(axis=1) + 1).mean())
+
+
+def _rank0_items(values: Any, item: int, world: int) -> Any:
+    """Rank 0's share when items of ``item`` consecutive positions are dealt round-robin to ``world`` ranks."""
+    usable = len(values) // (item * world) * (item * world)
+    return values[:usable].reshape(-1, world, item)[:, 0, :].reshape(-1)
 
 
 def _walk_time(order: Any) -> float:
@@ -90,6 +98,7 @@ def case_order(n: int, ordering: str, block: int) -> dict[str, Any]:
         "speed_vs_random": best_random / best,
         "blocks_per_1000": _distinct_per_span(blocks, SPAN),
         "rank0_of_8_rr": _distinct_per_span(blocks[::WORLD], SPAN),
+        "rank0_of_8_items": _distinct_per_span(_rank0_items(blocks, ITEM, WORLD), SPAN),
         "same_block_next": float(np.mean(blocks[1:] == blocks[:-1])),
         "mean_step": float(np.abs(np.diff(vals)).mean() / n),
         "spearman": float(np.corrcoef(pos, vals.astype(np.float64))[0, 1]),
@@ -118,6 +127,7 @@ def main() -> None:
             "speed_vs_random",
             "blocks_per_1000",
             "rank0_of_8_rr",
+            "rank0_of_8_items",
             "same_block_next",
             "mean_step",
             "spearman",
@@ -126,10 +136,11 @@ def main() -> None:
     # the compact trade-off table of docs/orders.md
     print(f"N = {n:.0e}; blocks = distinct blocks of B records per {SPAN} consecutive records of the order\n")
     print(
-        "| B | ordering | window (records) | blocks / 1000 | rank 0 of 8, round-robin | same-block neighbours "
+        "| B | ordering | window (records) | blocks / 1000 | rank 0 of 8, records round-robin "
+        f"| rank 0 of 8, items of {ITEM} | same-block neighbours "
         "| mean \\|step\\| / N | Spearman | M indices/s (best of 7) | speed vs random (same process) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in results["cases"]:
         r = lookup(results, c["name"], c["group"])
         block = c["kwargs"]["block"]
@@ -137,6 +148,7 @@ def main() -> None:
         window = str(block * int(spec.split(":")[2])) if spec.startswith("random_block") else "-"
         print(
             f"| {block} | `{spec}` | {window} | {r['blocks_per_1000']:.1f} | {r['rank0_of_8_rr']:.1f} "
+            f"| {r['rank0_of_8_items']:.1f} "
             f"| {r['same_block_next']:.3f} | {r['mean_step']:.4f} | {r['spearman']:+.4f} "
             f"| {r['best_indices_per_s'] / 1e6:.1f} | {r['speed_vs_random']:.2f}x |"
         )
