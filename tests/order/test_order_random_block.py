@@ -279,3 +279,37 @@ def test_store_dataset_and_epoch_sampler_end_to_end(tmp_path: Path) -> None:
     comb = CombinedDataset(kids, sampling_sizes={"a": 20, "b": 11}, ordering=spec, seed=5)
     eo = comb.epoch_order(1).to_numpy(np.int64)
     assert len(eo) == 31 and len(set(eo.tolist())) == 31
+
+
+def test_fixed_position_uniform_over_keys_chi_square() -> None:
+    """Over seeds, the record at a fixed position is uniform over [0, N), and so is its offset in its block."""
+    n, b, w, trials = 1000, 10, 4, 3000
+    for pos in (0, 1, 517, n - 1):
+        vals = np.array([seq_order(n, f"random_block:{b}:{w}", epoch=1, seed=s)[pos] for s in range(trials)])
+        for counts in (np.bincount(vals * 10 // n, minlength=10), np.bincount(vals % b, minlength=b)):
+            e = trials / 10
+            chi2 = float(((counts - e) ** 2 / e).sum())
+            assert chi2 < 40, (pos, chi2)  # 9 dof: p ~ 1e-5
+
+
+@pytest.mark.parametrize(
+    ("n", "b", "w"),
+    [
+        (10, 2**63 - 1, 1),
+        (10, 2**63 - 1, 2**63 - 1),
+        (2**63 - 1, 2**63 - 1, 2**63 - 1),
+        (2**63 - 1, 2**62, 2),
+        (2**63 - 1, 3, 2**63 - 1),
+        (2**63 - 1, 2**40 + 3, 5),
+        (1000, 7, 2**63 - 1),
+    ],
+)
+def test_extreme_parameters(n: int, b: int, w: int) -> None:
+    o = seq_order(n, f"random_block:{b}:{w}", epoch=1, seed=2)
+    k = min(n, 1000)
+    for first in (0, n - k):
+        v = o.take(np.arange(first, first + k))
+        assert ((v >= 0) & (v < n)).all() and len(np.unique(v)) == k
+        assert np.array_equal(np.concatenate(list(o[first : first + k].iter_chunks(77))), v)
+    if n <= 1000:
+        assert sorted(o.to_numpy(np.int64).tolist()) == list(range(n))
