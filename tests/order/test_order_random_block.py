@@ -313,3 +313,18 @@ def test_extreme_parameters(n: int, b: int, w: int) -> None:
         assert np.array_equal(np.concatenate(list(o[first : first + k].iter_chunks(77))), v)
     if n <= 1000:
         assert sorted(o.to_numpy(np.int64).tolist()) == list(range(n))
+
+
+def test_returnn_dataset_seq_ordering(tmp_path: Path) -> None:
+    pytest.importorskip("returnn")
+    from seqstore.interop.returnn import StoreDataset as ReturnnStoreDataset
+
+    n, spec = 301, "random_block:8:4"
+    ds = ReturnnStoreDataset(
+        path=str(_store(tmp_path / "r.seqstore", n)), seq_ordering=spec, partition_epoch=2, random_seed_offset=5
+    )
+    ds.initialize()
+    ds.set_sharding(num_shards=3, shard_index=1)
+    ds.init_seq_order(epoch=3)
+    want = seq_order(n, spec, epoch=3, seed=5, partition_epoch=2, shard_index=1, num_shards=3)
+    assert list(ds.get_current_seq_order()) == list(want)
