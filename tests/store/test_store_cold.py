@@ -387,7 +387,7 @@ def test_scans_request_the_next_stretch(written: tuple[Path, dict[str, Any]], mo
 
     root, want = written
     asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b: asked.append((a, b)) or 1)
+    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or 1)
     store = ss.open(root, readahead="always")
     blocks = []
     for first, block in store.iter_matrix(["x"], chunk_rows=500):
@@ -512,7 +512,7 @@ def test_a_matrix_view_reads_ahead_only_its_first_stretch(written: tuple[Path, d
 
     root, want = written
     asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b: asked.append((a, b)) or 1)
+    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or 1)
     monkeypatch.setattr(reader_mod, "_VIEW_AHEAD", 512 * 100)  # 100 rows of x
     store = ss.open(root, readahead="always")
     view = store.matrix(["x"], slice(0, 1000))
@@ -579,3 +579,13 @@ def test_first_touch_of_a_shard_reads_no_data(tmp_path: Path) -> None:
         libc.mincore(a & ~(PAGE - 1), PAGE, vec.ctypes.data_as(ctypes.c_void_p))
         resident += int(vec[0] & 1)
     assert resident == 0, f"{resident} of {len(pages)} data pages read by the first touch"
+
+
+def test_request_size_follows_the_device(tmp_path: Path) -> None:
+    from seqstore.io.advice import REQUEST_BYTES, request_bytes
+
+    got = request_bytes(tmp_path)
+    assert REQUEST_BYTES <= got <= 8 << 20 and got % PAGE == 0
+    if Path("/dev/shm").is_dir():
+        assert request_bytes("/dev/shm") == REQUEST_BYTES  # not a block device: the safe default
+    assert request_bytes(tmp_path / "missing") == REQUEST_BYTES

@@ -20,6 +20,7 @@ libc's ``madvise`` is not available.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numba
@@ -27,7 +28,7 @@ import numpy as np
 
 from .mapping import MADV_WILLNEED, PAGE, libc
 
-__all__ = ["page_runs", "willneed", "any_cold", "willneed_span"]
+__all__ = ["page_runs", "willneed", "any_cold", "willneed_span", "request_bytes", "REQUEST_BYTES"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -97,32 +98,61 @@ def page_runs(
     return runs
 
 
-#: Bytes per ``MADV_WILLNEED`` request. The kernel reads at most max(read_ahead_kb, max_sectors_kb) of
-#: one request and silently drops the rest, so long runs are cut to the smallest common read-ahead
-#: window (128 KiB, Linux's default ``read_ahead_kb``); consecutive requests still reach the disk
-#: together (they are issued back to back and the block layer merges adjacent reads).
+#: Bytes per ``MADV_WILLNEED`` request where the device's own limit is unknown. The kernel reads at
+#: most max(read_ahead_kb, max_sectors_kb) of one request and silently drops the rest, so long runs
+#: are cut to at most that (:func:`request_bytes`); 128 KiB is Linux's default ``read_ahead_kb``.
+#: Consecutive requests still reach the disk together (issued back to back; adjacent reads merge).
 REQUEST_BYTES = 128 << 10
+_MOST_REQUEST = 8 << 20
+_by_device: dict[int, int] = {}
 
 
-def willneed(starts: Any, ends: Any, *, gap: int = 0) -> int:
+def _sysfs_kb(dev: int, name: str) -> int:
+    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    for queue in (f"{base}/queue/{name}", f"{base}/../queue/{name}"):  # a partition: its disk's queue
+        try:
+            with open(queue) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def request_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes one read-ahead request may ask for on the device holding ``path``: the larger of its
+    ``read_ahead_kb`` and ``max_sectors_kb`` (what the kernel honours), between 128 KiB and 8 MiB;
+    128 KiB where the device is not a local block device (tmpfs, network filesystems)."""
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        return REQUEST_BYTES
+    got = _by_device.get(dev)
+    if got is None:
+        kb = max(_sysfs_kb(dev, "read_ahead_kb"), _sysfs_kb(dev, "max_sectors_kb"))
+        got = min(_MOST_REQUEST, max(REQUEST_BYTES, (kb << 10) // PAGE * PAGE))
+        _by_device[dev] = got
+    return got
+
+
+def willneed(starts: Any, ends: Any, *, gap: int = 0, most: int = REQUEST_BYTES) -> int:
     """Start reading the pages under byte ranges ``[starts[i], ends[i])`` (addresses inside live
     mappings), asynchronously; returns the number of requests issued (merged page runs, cut to
-    :data:`REQUEST_BYTES`)."""
+    ``most`` bytes: see :func:`request_bytes`)."""
     if libc is None or len(starts) == 0:
         return 0
-    rs, re = page_runs(starts, ends, gap=gap, most=REQUEST_BYTES)
+    rs, re = page_runs(starts, ends, gap=gap, most=most)
     adv = libc.madvise
     for a, b in zip(rs.tolist(), re.tolist()):
         adv(a, b - a, MADV_WILLNEED)
     return len(rs)
 
 
-def willneed_span(start: int, stop: int) -> int:
+def willneed_span(start: int, stop: int, *, most: int = REQUEST_BYTES) -> int:
     """Start reading the pages under one byte range ``[start, stop)`` (a scan's next stretch); the
     number of requests issued."""
     if libc is None or stop <= start:
         return 0
-    return willneed(np.array([start], np.int64), np.array([stop], np.int64))
+    return willneed(np.array([start], np.int64), np.array([stop], np.int64), most=most)
 
 
 def any_cold(starts: Any, *, sample: int = 16) -> bool:

@@ -33,6 +33,7 @@ from ..errors import CorruptionError, SeqstoreError
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..io import address, any_cold, holds_descriptors, lookahead, map_file, willneed, willneed_span
+from ..io.advice import request_bytes
 from ..io.mapping import MADV_RANDOM, MADV_SEQUENTIAL
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
 from .ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
@@ -129,7 +130,7 @@ class _Shard:
 
     __slots__ = (
         "path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan",
-        "_copy_plan", "_spans",
+        "_copy_plan", "_spans", "request",
     )
 
     def __init__(self, root: Path, info: ShardInfo, schema: Schema) -> None:
@@ -178,6 +179,7 @@ class _Shard:
             [name for name in schema if schema.group_of(name) is None],
         )
         self._spans: dict[str, tuple[int, int, int]] = {}
+        self.request = request_bytes(self.path)  # bytes per read-ahead request on this shard's device
 
     def span(self, name: str) -> tuple[int, int, int]:
         """Where field ``name``'s bytes are, for read-ahead: ``(address of record 0, bytes from one record
@@ -349,7 +351,7 @@ class Lengths:
             off = sh.offsets[self.field]
             for a in range(0, len(off) - 1, size):
                 if ahead:  # this chunk and the next, so the disk reads while this one is processed
-                    self._store._scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1])
+                    self._store._scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1], sh.request)
                 chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
                 if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
                     raise CorruptionError(f"{sh.path / (self.field + '.offsets.npy')}: offsets decrease")
@@ -629,15 +631,15 @@ class Store:
             for i in range(lo, hi):
                 yield self[i]
 
-    def _scan_ahead(self, block: np.ndarray[Any, Any]) -> None:
-        """A scan is about to read all of ``block`` (a view of a mapping): start reading it if a sample of
-        its pages is not in memory (one request for the whole span)."""
+    def _scan_ahead(self, block: np.ndarray[Any, Any], most: int) -> None:
+        """A scan is about to read all of ``block`` (a view of a mapping): start reading it (in requests of
+        ``most`` bytes) if a sample of its pages is not in memory."""
         if block.size == 0 or self._readahead == "never":
             return
         first = address(block)
         last = first + block.itemsize + sum((n - 1) * st for n, st in zip(block.shape, block.strides) if st > 0)
         if self._readahead == "always" or any_cold(np.linspace(first, last - 1, 16).astype(np.int64)):
-            willneed_span(first, last)
+            willneed_span(first, last, most=most)
 
     def get_batch(
         self, indices: Sequence[int] | np.ndarray[Any, Any], fields: Sequence[str] | None = None, pad: bool = False
@@ -717,7 +719,7 @@ class Store:
                 return
         starts, ends = self._ranges(groups, names, values)
         if starts:
-            willneed(np.concatenate(starts), np.concatenate(ends))
+            willneed(np.concatenate(starts), np.concatenate(ends), most=groups[0][0].request)
 
     def _request(self, groups: list[_Group], names: list[str]) -> list[_Group]:
         """First read-ahead stage of a batch: start reading the records of its fixed fields and the
@@ -1019,7 +1021,7 @@ class Store:
             return
         sh = self._shard(k)
         for source, _, _, _ in plan.segments:
-            self._scan_ahead(self._source(sh, source)[a:b])
+            self._scan_ahead(self._source(sh, source)[a:b], sh.request)
 
     # --------------------------------------------------------------------------------------- ids
 
