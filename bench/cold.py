@@ -49,8 +49,8 @@ i.e. the store pages a mapping faulted in) and anonymous memory (``Anonymous``),
 the files right after the drop (``fincore``), CPU seconds. Ratios: vs ``pread x16`` and vs ``lance take``
 (scans: vs ``cat``). The disk is shared: compare within one run.
 
-Usage: ``python bench/cold.py [--quick] [--repeats R] [--data DIR] [--no-scan] [--no-loader]``; quick:
-200,000 fixed and 100,000 ragged records, 1 + 1 runs. ``python bench/cold.py --generate [--quick]`` builds
+Usage: ``python bench/cold.py [--quick] [--repeats R] [--data DIR] [--no-scan] [--scans-only] [--no-loader]``;
+quick: 200,000 fixed and 100,000 ragged records, 1 + 1 runs. ``python bench/cold.py --generate [--quick]`` builds
 the data only. One run per data directory at a time (a lock file; a second run prints ``skipped: ...``).
 Results: the table on stdout and ``bench/results/cold[_quick].json`` (every run, the report, the data
 sizes, the disk's settings).
@@ -602,6 +602,12 @@ def case_scan(kind: str, system: str, path: str, n: int) -> dict[str, Any]:
                 for _, block in store.iter_matrix(chunk_rows=1 << 16):
                     np.copyto(buf[: len(block)], block)
                     nbytes += block.nbytes
+            elif system == "iter_ragged":  # zero-copy blocks of 65,536 records, each copied into one buffer
+                rbuf = np.empty(1 << 28, dtype=np.uint8)
+                for _, values, _ in store.iter_ragged("x", chunk_records=1 << 16):
+                    v = values.reshape(-1).view(np.uint8)
+                    np.copyto(rbuf[: len(v)], v)
+                    nbytes += len(v)
             elif system == "iter":  # records as zero-copy views, each copied into one reused buffer
                 rbuf = np.empty(1 << 20, dtype=np.uint8)
                 for rec in store:
@@ -690,7 +696,7 @@ def build_cases(
         if not ok:
             notes.append(f"skipped: {peer} (not installed; `make bench` installs the bench extra)")
     cases = []
-    if ("fixed", "hdf5") in paths:
+    if ("fixed", "hdf5") in paths and not args.scans_only:
         # The virtual disk caches below the guest: a page read once comes back much faster later, even with the
         # guest's page cache dropped. Three reads of the same fresh random pages of a file no other case scans.
         seed = int(time.time())
@@ -706,7 +712,7 @@ def build_cases(
                     repeats=1,
                 )
             )
-    for kind, n in sizes.items():
+    for kind, n in ({} if args.scans_only else sizes).items():
         store = str(paths[(kind, "seqstore")])
         where = {"lance": str(paths[(kind, "lance")]), "h5py": str(paths[(kind, "hdf5")])}
         rows = [
@@ -743,6 +749,7 @@ def build_cases(
             if kind == "fixed":
                 rows.append(("seqstore iter_matrix", "iter_matrix", store))
             else:
+                rows.append(("seqstore iter_ragged", "iter_ragged", store))
                 rows.append(("seqstore iter(store)", "iter", store))
             rows.append(("seqstore get_batch (ranges)", "get_batch", store))
             if has_iter:
@@ -858,6 +865,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"data directory (default {DEFAULT_DATA})")
     p.add_argument("--generate", action="store_true", help="build the data only")
     p.add_argument("--no-scan", action="store_true", help="leave out the sequential scans")
+    p.add_argument("--scans-only", action="store_true", help="only the sequential scans")
     p.add_argument("--no-loader", action="store_true", help="leave out the SeqDataLoader cases")
     args = p.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)

@@ -589,3 +589,35 @@ def test_request_size_follows_the_device(tmp_path: Path) -> None:
     if Path("/dev/shm").is_dir():
         assert request_bytes("/dev/shm") == REQUEST_BYTES  # not a block device: the safe default
     assert request_bytes(tmp_path / "missing") == REQUEST_BYTES
+
+
+def test_iter_ragged_streams_zero_copy_blocks(written: tuple[Path, dict[str, Any]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.store.reader as reader_mod
+
+    root, want = written
+    _drop_cache(root)
+    asked: list[tuple[int, int]] = []
+    real = reader_mod.willneed_span
+    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or real(a, b, **kw))
+    store = ss.open(root, readahead="always")
+    s = want["starts"]
+    firsts = []
+    for first, values, lengths in store.iter_ragged("tok", chunk_records=400):
+        n = len(lengths)
+        firsts.append(first)
+        np.testing.assert_array_equal(lengths, want["lengths"][first : first + n])
+        np.testing.assert_array_equal(values, want["tok"][s[first] : s[first + n]])
+        assert not values.flags.writeable and not values.flags.owndata  # a view of the mapping
+        lo = int(values.__array_interface__["data"][0])
+        assert values.size == 0 or any(a <= lo < b for a, b in asked)  # requested before it was handed out
+    assert firsts[:4] == [0, 400, 800, 1100]  # blocks stop at shard ends (1100 records per shard)
+    got = list(store.iter_ragged(chunk_records=10_000, start=1050, stop=1150))
+    assert [(f, len(ln)) for f, _, ln in got] == [(1050, 50), (1100, 50)]
+    assert list(store.iter_ragged("tok", start=5, stop=5)) == []
+    with pytest.raises(ValueError, match="not ragged"):
+        next(store.iter_ragged("x"))
+    with pytest.raises(ValueError, match="chunk_records"):
+        next(store.iter_ragged("tok", chunk_records=0))
+    with pytest.raises(IndexError, match="record range"):
+        next(store.iter_ragged("tok", start=10, stop=5))

@@ -1023,6 +1023,53 @@ class Store:
         for source, _, _, _ in plan.segments:
             self._scan_ahead(self._source(sh, source)[a:b], sh.request)
 
+    def iter_ragged(
+        self,
+        field: str | None = None,
+        *,
+        chunk_records: int = 1 << 16,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Stream records ``[start, stop)`` of a ragged field as ``(first_record, values, lengths)``:
+        ``values`` the rows of at most ``chunk_records`` consecutive records, a read-only zero-copy
+        view of the mapped file (``(sum(lengths), *inner)``, never spanning two shards), ``lengths``
+        int64. The ragged counterpart of :meth:`iter_matrix`: the next block is read ahead while the
+        caller works on this one. bfloat16 comes as stored bits. O(chunk) memory.
+        """
+        name = self.lengths(field).field  # checks that the field exists and is ragged
+        if chunk_records <= 0:
+            raise ValueError(f"chunk_records must be positive, got {chunk_records}")
+        stop = self._n if stop is None else min(stop, self._n)
+        if start < 0 or start > stop:
+            raise IndexError(f"record range [{start}, {stop}) is not inside 0..{self._n}")
+
+        def block(pos: int) -> tuple[_Shard, int, int, int, int]:
+            k, r = self._locate(pos)
+            end = min(stop, self._table.end(k), pos + chunk_records)
+            sh = self._shard(k)
+            off = sh.offsets[name]
+            a, b = int(off[r]), int(off[r + end - pos])
+            if not 0 <= a <= b <= sh.columns[name].shape[0]:
+                _checked_bounds(sh, name, np.arange(r, r + end - pos))  # raises, naming the file
+            return sh, r, end, a, b
+
+        pos = start
+        cur = block(pos) if pos < stop else None
+        if cur is not None:
+            self._scan_ahead(cur[0].columns[name][cur[3] : cur[4]], cur[0].request)
+        while cur is not None:
+            sh, r, end, a, b = cur
+            nxt = block(end) if end < stop else None
+            if nxt is not None:  # the next block's reads run while the caller works on this one
+                self._scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
+            lengths = np.diff(sh.offsets[name][r : r + end - pos + 1])
+            if lengths.size and lengths.min() < 0:
+                raise CorruptionError(f"{sh.path / (name + '.offsets.npy')}: offsets decrease in records "
+                                      f"{pos}..{end - 1}")
+            yield pos, sh.columns[name][a:b], lengths
+            pos, cur = end, nxt
+
     # --------------------------------------------------------------------------------------- ids
 
     def id(self, i: int) -> str:
