@@ -131,3 +131,26 @@ def test_data_layer_iter_batches(tmp_path: Path) -> None:
             want = combined.get_batch(idx, pad=True)
             np.testing.assert_array_equal(got["x"][0], want["x"][0])
             np.testing.assert_array_equal(got["spk"], want["spk"])
+
+
+def test_an_iteration_broken_off_near_its_end_keeps_the_resume_point(tmp_path: Path) -> None:
+    """Read-ahead pulls the last items before they are yielded: the iteration is marked finished only
+    once everything was yielded, so stopping inside the read-ahead window keeps the resume position."""
+    path = tmp_path / "s"
+    make_store(path, 80)
+
+    def make() -> IterableSeqDataset:
+        return IterableSeqDataset(StoreDataset(path, ordering="random", seed=5), batch=8, rank=0, world_size=1,
+                                  fields=["spk"], prefetch=3, with_index=True)
+
+    full = [b["index"].tolist() for b in make()]
+    ds = make()
+    ds.load_state_dict(make().state_dict(consumed=2))
+    first = []
+    for j, b in enumerate(ds):
+        first.append(b["index"].tolist())
+        if j == len(full) - 4:  # stop before the last item, which the read-ahead already pulled
+            break
+    assert first == full[2 : len(full) - 1]  # all but the last
+    assert [b["index"].tolist() for b in ds] == full[2:]  # starts at the resume point again
+    assert [b["index"].tolist() for b in ds] == full  # that one ran to its end: the whole epoch next

@@ -141,6 +141,12 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     def iter_indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """This stream's items as int64 index arrays (in a worker: this worker's stream)."""
+        yield from self._indices()
+        self._finish()
+
+    def _indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        """:meth:`iter_indices` without marking the iteration finished at its end (``__iter__`` reads
+        ahead of what it yields, so it marks the end only once everything was yielded)."""
         worker, workers = worker_topology()
         streams = self.world_size * workers
         stream = worker * self.world_size + self.rank
@@ -153,20 +159,20 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
             items = self._batch_iter(order, start, skip)
             yield from select_items(items, world=self.world_size, streams=streams, stream=stream,
                                     drop_last=self.drop_last)
-        self._finish()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """This worker's items; the reads of its next ``prefetch`` items are in flight meanwhile."""
         ds = self.dataset
         if self.batch is None:
             prefetch = getattr(ds, "prefetch", None)
-            items = lookahead(self.iter_indices(), self.prefetch, prefetch) if prefetch else (
-                (idx, None) for idx in self.iter_indices())
+            items = lookahead(self._indices(), self.prefetch, prefetch) if prefetch else (
+                (idx, None) for idx in self._indices())
             for idx, _ in items:
                 for i in idx.tolist():
                     yield self._record(i)
+            self._finish()
             return
-        mine = self.iter_indices()
+        mine = self._indices()
         if hasattr(ds, "iter_batches"):
             # tee the index arrays: iter_batches pulls them ahead of what it yields
             pending: deque[np.ndarray[Any, Any]] = deque()
@@ -181,6 +187,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         else:
             for idx in mine:
                 yield self._gather(idx, ds.get_batch(idx, pad=True))
+        self._finish()
 
     # ------------------------------------------------------------------------------------- state
 
