@@ -6,7 +6,10 @@ and says which file, field, record or id is at fault and what was expected.
 
 from __future__ import annotations
 
-__all__ = ["SeqstoreError", "FormatError", "SchemaError", "CorruptionError", "LockError"]
+import errno
+import os
+
+__all__ = ["SeqstoreError", "FormatError", "SchemaError", "CorruptionError", "LockError", "open_files_exhausted"]
 
 
 class SeqstoreError(Exception):
@@ -27,3 +30,11 @@ class CorruptionError(SeqstoreError):
 
 class LockError(SeqstoreError):
     """The store's commit lock could not be taken."""
+
+
+def open_files_exhausted(path: str | os.PathLike[str], exc: OSError) -> OSError | None:
+    """For ``exc`` raised opening ``path``: an ``OSError`` naming the open-files limit when the process
+    (not the file) is at fault (``EMFILE``/``ENFILE``), else None (the caller reports the file)."""
+    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+        return None
+    return OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this process (ulimit -n)")

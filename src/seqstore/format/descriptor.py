@@ -10,14 +10,13 @@ files against the descriptor, without ``manifest.json`` growing with the number 
 
 from __future__ import annotations
 
-import errno
 import json
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, open_files_exhausted
 from .shard_info import FileInfo, ShardInfo
 from .shard_table import ShardRow
 
@@ -49,10 +48,9 @@ def read_descriptor(shard_dir: Path, row: ShardRow, expected_files: Iterable[str
     except FileNotFoundError:
         raise CorruptionError(f"{path}: shard descriptor is missing (the shard table lists {shard_dir.name})") from None
     except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
-            raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
-                          "process (ulimit -n)") from exc
-        raise CorruptionError(f"{path}: cannot read the shard descriptor ({exc})") from exc
+        raise open_files_exhausted(path, exc) or CorruptionError(
+            f"{path}: cannot read the shard descriptor ({exc})"
+        ) from exc
     crc = zlib.crc32(raw)
     if crc != row.desc_crc:
         raise CorruptionError(

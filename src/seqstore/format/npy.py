@@ -10,7 +10,6 @@ Readers accept any valid 1.0/2.0/3.0 header (so files written by ``np.save`` als
 from __future__ import annotations
 
 import ast
-import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, open_files_exhausted
 
 __all__ = ["HEADER_BYTES", "PAGE_HEADER_BYTES", "NpyHeader", "encode_header", "write_header", "read_header"]
 
@@ -106,8 +105,5 @@ def read_header(path: str | os.PathLike[str]) -> NpyHeader:
     except FileNotFoundError:
         raise CorruptionError(f"{path}: file is missing") from None
     except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
-            raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
-                          "process (ulimit -n)") from exc
-        raise CorruptionError(f"{path}: cannot read ({exc})") from exc
+        raise open_files_exhausted(path, exc) or CorruptionError(f"{path}: cannot read ({exc})") from exc
     return parse_header(raw, path)

@@ -29,7 +29,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ..errors import CorruptionError, SeqstoreError
+from ..errors import CorruptionError, SeqstoreError, open_files_exhausted
 from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..io import address, any_cold, holds_descriptors, lookahead, map_file, willneed, willneed_span
@@ -112,9 +112,9 @@ def map_npy(
         # no descriptor stays open (see seqstore.io)
         raw = map_file(path, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM)
     except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):  # the process, not the file
-            raise OSError(exc.errno, f"{path}: cannot open ({exc.strerror}): too many open files in this "
-                          "process (ulimit -n)") from exc
+        limit = open_files_exhausted(path, exc)
+        if limit is not None:
+            raise limit from exc
         if exc.errno == errno.ENOMEM:
             raise OSError(exc.errno, f"cannot map {path} ({exc.strerror}): too many mappings in this process "
                           "(vm.max_map_count) or no address space left; open the store with a smaller "
