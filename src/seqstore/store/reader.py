@@ -624,10 +624,13 @@ class Store:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
         window = 4096
+        ahead = self._readahead != "never"
+        if ahead and self._n:
+            self.prefetch(np.arange(0, min(window, self._n), dtype=np.int64))
         for lo in range(0, self._n, window):
             hi = min(lo + window, self._n)
-            if self._readahead != "never":  # this window and the next
-                self.prefetch(np.arange(lo, min(hi + window, self._n), dtype=np.int64))
+            if ahead and hi < self._n:  # the next window, while this one is read
+                self.prefetch(np.arange(hi, min(hi + window, self._n), dtype=np.int64))
             for i in range(lo, hi):
                 yield self[i]
 
