@@ -1,0 +1,658 @@
+"""A Spark 4 Python data source named ``"seqstore"``: DataFrames are written into a store by Spark's
+write tasks in parallel, with one commit on the driver, and stores are read back as DataFrames.
+
+::
+
+    import seqstore.spark
+    spark.dataSource.register(seqstore.spark.DataSource)
+    df.write.format("seqstore").mode("append").option("idColumn", "key").save("corpus.seqstore")
+    back = spark.read.format("seqstore").load("corpus.seqstore")
+
+Writing: every write task (one per partition) writes its rows as its own uncommitted part of the store
+(:class:`seqstore.store.parts.PartWriter`, tied to the job and the task attempt) and returns a commit
+message carrying the part; when every task has succeeded, ``commit`` on the driver makes all parts
+visible with one manifest commit, in partition order (so the store's record order is the DataFrame's).
+A failed or retried task attempt leaves nothing: only the parts of the attempts Spark reports are
+committed, and the others (and, when the job fails, all of them) are removed. Spark's Arrow batches
+are converted column by column (``seqstore.interop.arrow``), without a Python object per row.
+
+Reading: one input partition per shard (shards larger than ``partitionRecords`` are split into record
+ranges); every partition yields Arrow record batches built from zero-copy views of the mapped files.
+
+Spark 4 lets a Python data source be written only in the ``append`` and ``overwrite`` modes (Spark
+itself rejects ``errorifexists``, its default, and ``ignore`` with ``UNSUPPORTED_DATA_SOURCE_SAVE_MODE``
+before the source is asked), so the ``errorifexists`` semantics are the option
+``.mode("append").option("errorIfExists", "true")``, which :func:`write` sets for ``mode="errorifexists"``.
+See docs/distributed.md (section Spark) for the options and the type mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, SchemaError
+from ..format.manifest import MANIFEST
+from ..interop import arrow as _arrow
+from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
+from ..store import Store, open_store
+from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+
+try:
+    from pyspark import TaskContext
+    from pyspark.sql import types as T
+    from pyspark.sql.datasource import DataSource as _SparkDataSource
+    from pyspark.sql.datasource import (
+        DataSourceArrowWriter,
+        DataSourceReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.pandas.types import to_arrow_schema
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("seqstore.spark needs pyspark>=4.0 (and Java 17+): pip install 'seqstore[spark]'") from exc
+
+__all__ = ["DataSource", "write", "read", "spark_schema", "schema_option", "NAME", "METADATA_KEY"]
+
+#: The format name: ``df.write.format(NAME)``, ``spark.read.format(NAME)``.
+NAME = "seqstore"
+
+#: Key of what a Spark write records in the store's metadata (the id column's name, for reading back).
+METADATA_KEY = "spark"
+
+#: Default target size of one Arrow batch a read task hands to Spark.
+DEFAULT_BATCH_BYTES = 8 << 20
+
+#: Default largest number of records of one input partition (a larger shard is split into ranges).
+DEFAULT_PARTITION_RECORDS = 1 << 20
+
+_INT32_MAX = (1 << 31) - 1
+
+
+def _pa() -> Any:
+    return importlib.import_module("pyarrow")
+
+
+# ------------------------------------------------------------------------------------------- options
+
+
+def _opt_int(options: Mapping[str, str], key: str, default: int | None, where: str) -> int | None:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise ValueError(f"{where}: option {key}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"{where}: option {key}={raw!r} must be positive")
+    return value
+
+
+def _opt_bool(options: Mapping[str, str], key: str, where: str) -> bool:
+    raw = str(options.get(key, "false")).strip().lower()
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no", ""):
+        return False
+    raise ValueError(f"{where}: option {key}={options.get(key)!r} must be true or false")
+
+
+def _opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
+    raw = options.get(key)
+    if raw is None:
+        return None
+    try:
+        return json.loads(str(raw))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: option {key} is not JSON ({exc}): {str(raw)[:200]!r}") from None
+
+
+def _path(options: Mapping[str, str]) -> str:
+    path = options.get("path")
+    if not path:
+        raise ValueError("seqstore data source: no path; use .save(path) / .load(path)")
+    return str(path)
+
+
+def schema_option(schema: Schema | Mapping[str, Any]) -> str:
+    """The value of the ``schema`` write option for seqstore fields: ``{"col": Field(...)}`` or a
+    :class:`~seqstore.Schema` (packed groups included) as JSON."""
+    return json.dumps((schema if isinstance(schema, Schema) else Schema(schema)).to_json())
+
+
+def _given_schema(options: Mapping[str, str], where: str) -> Schema | None:
+    obj = _opt_json(options, "schema", where)
+    if obj is None:
+        return None
+    if isinstance(obj, dict):  # shorthand {"col": ["float16", [null, 16]]} besides {"col": {"dtype":, "shape":}}
+        obj = {k: ({"dtype": v[0], "shape": v[1] if len(v) > 1 else []} if isinstance(v, list) else v)
+               for k, v in obj.items()}
+    try:
+        return Schema.from_json(obj)
+    except SchemaError as exc:
+        raise SchemaError(f"{where}: option schema: {exc}") from exc
+
+
+# ------------------------------------------------------------------------ Spark schema -> store schema
+
+
+@dataclasses.dataclass(frozen=True)
+class _Column:
+    """How one DataFrame column is written: the field it fills and that field."""
+
+    column: str
+    field_name: str
+    field: Field
+
+
+def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
+    plan = _arrow._plan(where, column, arrow_type)
+    if any(s is None for s in plan.shape):
+        raise SchemaError(
+            f"{where}, column {column!r}: {arrow_type} (an array of arrays) becomes a ragged field of rows whose "
+            f"length Spark's type does not say; give it with the schema option, e.g. "
+            f".option(\"schema\", '{{\"{column}\": [\"float32\", [null, 16]]}}')"
+        )
+    return plan.field()
+
+
+def _write_plan(
+    path: str, spark_schema: Any, options: Mapping[str, str], existing: Schema | None
+) -> tuple[Schema, list[_Column], str | None]:
+    """The store schema of a write, how each column fills it, and the id column.
+
+    A column's field is the ``schema`` option's, else (appending to or overwriting a store) the store's
+    field of that name, else the one its Spark type gives (arrays become ragged fields)."""
+    where = f"Spark write to {path}"
+    arrow_schema = to_arrow_schema(spark_schema)
+    names = list(arrow_schema.names)
+    id_column = options.get("idColumn")
+    if id_column is not None:
+        if id_column not in names:
+            raise SchemaError(f"{where}: no id column {id_column!r}; columns are {names}")
+        pa = _pa()
+        t = arrow_schema.field(id_column).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
+            raise SchemaError(f"{where}, column {id_column!r}: ids must be strings or integers, got {t}")
+    given = _given_schema(options, where)
+    cols = [c for c in names if c != id_column]
+    if not cols:
+        raise SchemaError(f"{where}: no columns to write besides the id column")
+    if given is not None:
+        unknown = [n for n in given if n not in cols]
+        if unknown:
+            raise SchemaError(f"{where}: option schema names {unknown}, which are not columns of the DataFrame "
+                              f"(columns: {cols})")
+    spec: dict[str, Field] = {}
+    for c in cols:
+        if given is not None and c in given:
+            spec[c] = given[c]
+        elif existing is not None and c in existing:
+            spec[c] = existing[c]
+        else:
+            spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
+    packed = {g: list(pg.fields) for g, pg in given.groups.items()} if given is not None else {}
+    if not packed and existing is not None and set(existing) == set(spec):
+        packed = {g: list(pg.fields) for g, pg in existing.groups.items()}
+    try:
+        schema = Schema(spec, packed=packed or None)
+    except SchemaError as exc:
+        raise SchemaError(f"{where}: {exc}") from exc
+    return schema, [_Column(c, c, spec[c]) for c in cols], id_column
+
+
+def _column_values(arr: Any, col: _Column, where: str) -> Any:
+    """One Arrow column as ``append_batch`` wants it for its field: ``(n, *shape)`` for a fixed field,
+    ``(values, lengths)`` for a ragged one. An array column fills a fixed field when every array has
+    the field's length."""
+    arr = _arrow._array(arr, where, col.column)
+    plan = _arrow._plan(where, col.column, arr.type)
+    f = col.field
+    dims = ((None,) if plan.ragged else ()) + tuple(plan.shape)
+    if len(dims) != len(f.shape):
+        raise SchemaError(
+            f"{where}, column {col.column!r}: Arrow type {arr.type} has {len(dims)} dimension(s) per row, "
+            f"field {col.field_name!r} {f} has {len(f.shape)}"
+        )
+    if f.ragged or not plan.ragged:
+        if f.ragged and not plan.ragged:
+            raise SchemaError(f"{where}, column {col.column!r}: {arr.type} is not a list type; field "
+                              f"{col.field_name!r} {f} is ragged")
+        return _arrow._convert(arr, plan, f.inner_shape, where, col.column)
+    values, lengths = _arrow._convert(arr, plan, f.inner_shape[1:], where, col.column)
+    bad = np.flatnonzero(lengths != f.shape[0])
+    if len(bad):
+        raise SchemaError(
+            f"{where}, column {col.column!r}: row {int(bad[0])} of the batch is an array of {int(lengths[bad[0]])} "
+            f"items; field {col.field_name!r} {f} needs {f.shape[0]}"
+        )
+    return values.reshape(len(arr), *f.inner_shape)
+
+
+def _ids(arr: Any, where: str, column: str) -> list[str]:
+    """The id column of one batch as the str ids the writer takes."""
+    pa = _pa()
+    arr = _arrow._array(arr, where, column)
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    ids: list[str] = arr.to_pylist()
+    return ids
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+
+@dataclasses.dataclass
+class _Message(WriterCommitMessage):
+    """What a successful write task reports: its partition, its attempt and the part it wrote."""
+
+    partition: int
+    attempt: int
+    part: Part
+
+
+class _Writer(DataSourceArrowWriter):
+    """Made on the driver by :meth:`DataSource.writer`, pickled to every write task and to the commit."""
+
+    def __init__(self, path: str, job: str, columns: list[_Column], id_column: str | None, mode: str,
+                 created: bool, shard_bytes: int | None, max_shard_records: int | None) -> None:
+        self.path = path
+        self.job = job
+        self.columns = columns
+        self.id_column = id_column
+        self.mode = mode  # what commit_parts does: "append" or "overwrite"
+        self.created = created  # the store was created by this job: removed again on abort if still empty
+        self.shard_bytes = shard_bytes
+        self.max_shard_records = max_shard_records
+
+    def write(self, iterator: Iterator[Any]) -> _Message:
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        attempt = ctx.attemptNumber() if ctx is not None else 0
+        task = f"p{partition}-a{attempt}-t{ctx.taskAttemptId() if ctx is not None else uuid.uuid4().hex}"
+        where = f"{self.path} (Spark partition {partition}, attempt {attempt})"
+        kwargs: dict[str, Any] = {}
+        if self.shard_bytes is not None:
+            kwargs["shard_bytes"] = self.shard_bytes
+        if self.max_shard_records is not None:
+            kwargs["max_shard_records"] = self.max_shard_records
+        w = PartWriter(self.path, job=self.job, task=task, **kwargs)
+        try:
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                cols = {c.field_name: _column_values(batch.column(c.column), c, where) for c in self.columns}
+                ids = _ids(batch.column(self.id_column), where, self.id_column) if self.id_column else None
+                w.append_batch(cols, ids=ids)
+            part = w.finish()
+        except BaseException:
+            w.abort()
+            raise
+        return _Message(partition, attempt, part)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        got = [m for m in messages if isinstance(m, _Message)]
+        if len(got) != len(messages):  # Spark calls commit only when every task succeeded
+            raise RuntimeError(f"{self.path}: Spark commit with {len(messages) - len(got)} missing task messages")
+        got.sort(key=lambda m: m.partition)
+        commit_parts(self.path, [m.part for m in got], mode=self.mode)
+        discard_parts(self.path, self.job)  # parts of attempts Spark did not report (killed, speculative)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        parts = [m.part for m in messages if isinstance(m, _Message)]
+        if parts:
+            discard_parts(self.path, parts)
+        discard_parts(self.path, self.job)
+        if self.created:
+            _remove_if_empty(self.path)
+
+
+def _remove_if_empty(path: str) -> None:
+    """Remove the store a failed job created, if nothing was committed to it since and no other job
+    writes parts into it."""
+    try:
+        store = open_store(path)
+    except (FormatError, OSError):
+        return
+    if len(store) == 0 and store.num_shards == 0 and not pending_jobs(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def _spark_leaf(dtype: str, where: str) -> Any:
+    if dtype in (BFLOAT16, "<f2", "<f4"):
+        return T.FloatType()
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return T.BooleanType()
+    if dt.kind == "f":
+        return T.DoubleType()
+    if dt.kind == "i":
+        return {1: T.ByteType(), 2: T.ShortType(), 4: T.IntegerType(), 8: T.LongType()}[dt.itemsize]
+    if dt.kind == "u":  # Spark has no unsigned types: the next wider signed one (uint64: checked on read)
+        return {1: T.ShortType(), 2: T.IntegerType(), 4: T.LongType(), 8: T.LongType()}[dt.itemsize]
+    raise SchemaError(f"{where}: dtype {dtype} has no Spark type (complex numbers are not supported); "
+                      "read other fields with the fields option")
+
+
+def spark_schema(store: Store, fields: Sequence[str] | None = None, id_column: str | None = None) -> Any:
+    """The Spark ``StructType`` a store is read as: one column per field (numbers as the Spark type of
+    their dtype, float16 and bfloat16 as float, unsigned as the next wider signed type; a field with a
+    per-record shape as arrays, nested once per axis, ragged or not), and the ids as a string column
+    ``id_column`` first when the store has ids and ``id_column`` is given."""
+    names = list(store.schema) if fields is None else list(fields)
+    out = []
+    if id_column is not None and store.has_ids:
+        out.append(T.StructField(id_column, T.StringType(), nullable=False))
+    for name in names:
+        if name not in store.schema:
+            raise SchemaError(f"{store.root}: no field {name!r}; fields are {list(store.schema)}")
+        f = store.schema[name]
+        t = _spark_leaf(f.dtype, f"{store.root}, field {name!r}")
+        for _ in f.shape:
+            t = T.ArrayType(t, containsNull=False)
+        out.append(T.StructField(name, t, nullable=False))
+    return T.StructType(out)
+
+
+class _Range(InputPartition):
+    """Records ``[start, stop)`` of one shard."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        super().__init__((start, stop))
+        self.start = start
+        self.stop = stop
+
+
+def _offsets(lengths: np.ndarray[Any, Any], what: str) -> np.ndarray[Any, Any]:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    if out[-1] > _INT32_MAX:
+        raise ValueError(f"{what}: {int(out[-1])} values in one Arrow batch (more than 2^31 - 1); "
+                         "lower the batchRecords option")
+    return out.astype(np.int32)
+
+
+def _leaf_array(flat: np.ndarray[Any, Any], dtype: str, leaf_type: Any, what: str) -> Any:
+    """A flat numpy array of stored values as an Arrow array of Spark's leaf type."""
+    pa = _pa()
+    if dtype == BFLOAT16:
+        flat = bfloat16_to_float32(flat)
+    target = np.dtype(leaf_type.to_pandas_dtype())
+    if flat.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
+        bad = int(np.flatnonzero(flat > np.iinfo(np.int64).max)[0])
+        raise ValueError(f"{what}: value {int(flat[bad])} does not fit Spark's long (field is uint64)")
+    if flat.dtype != target:
+        flat = flat.astype(target)
+    return pa.array(np.ascontiguousarray(flat), type=leaf_type)
+
+
+def _fixed_array(block: np.ndarray[Any, Any], f: Field, arrow_type: Any, what: str) -> Any:
+    """``(r, D)`` rows of a fixed field as an Arrow column of ``arrow_type``."""
+    n = block.shape[0]
+    leaf = arrow_type
+    for _ in f.shape:
+        leaf = leaf.value_type
+    flat = _leaf_array(block.reshape(-1), f.dtype, leaf, what)
+    if not f.shape:
+        return flat
+    return _nest_fixed(flat, f.shape, n, arrow_type, what)
+
+
+def _nest_fixed(flat: Any, shape: Sequence[int | None], n: int, arrow_type: Any, what: str) -> Any:
+    """Fixed axes ``shape`` (all ints) around ``n`` records' flat values."""
+    pa = _pa()
+    types = [arrow_type]
+    for _ in shape[1:]:
+        types.append(types[-1].value_type)
+    arr = flat
+    outer = n
+    counts = [int(s or 0) for s in shape]
+    sizes = [outer]  # number of lists at each level, outermost first
+    for k in counts[:-1]:
+        sizes.append(sizes[-1] * k)
+    for level in range(len(counts) - 1, -1, -1):
+        offs = np.arange(0, sizes[level] + 1, dtype=np.int64) * counts[level]
+        if offs[-1] > _INT32_MAX:
+            raise ValueError(f"{what}: too many values for one Arrow batch; lower the batchRecords option")
+        arr = pa.ListArray.from_arrays(pa.array(offs.astype(np.int32)), arr, type=types[level])
+    return arr
+
+
+def _ragged_array(values: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any], f: Field, arrow_type: Any,
+                  what: str) -> Any:
+    """A ragged field's rows ``values`` (``(sum(lengths), *inner)``) as a list column of ``arrow_type``."""
+    pa = _pa()
+    leaf = arrow_type
+    for _ in f.shape:
+        leaf = leaf.value_type
+    flat = _leaf_array(values.reshape(-1), f.dtype, leaf, what)
+    inner = f.inner_shape
+    rows_arr = _nest_fixed(flat, inner, int(values.shape[0]), arrow_type.value_type, what) if inner else flat
+    offs = _offsets(lengths, what)
+    return pa.ListArray.from_arrays(pa.array(offs), rows_arr, type=arrow_type)
+
+
+def _id_array(store: Store, start: int, stop: int, arrow_type: Any) -> Any:
+    """Ids of records ``[start, stop)`` (inside one shard) as an Arrow string array, from the stored utf-8
+    bytes and offsets (no Python string per record)."""
+    pa = _pa()
+    k, row = store._locate(start)
+    sh = store._shard(k)
+    sh.load_ids()
+    assert sh.ids is not None and sh.id_offsets is not None
+    off = np.asarray(sh.id_offsets[row : row + (stop - start) + 1], dtype=np.int64)
+    a, b = int(off[0]), int(off[-1])
+    rel = off - a
+    if b - a > _INT32_MAX:
+        raise ValueError(f"{store.root}: ids of records {start}..{stop - 1} exceed 2^31 - 1 bytes in one batch")
+    data = np.ascontiguousarray(sh.ids[a:b])
+    return pa.Array.from_buffers(arrow_type, stop - start, [None, pa.py_buffer(rel.astype(np.int32)),
+                                                              pa.py_buffer(data)])
+
+
+class _Reader(DataSourceReader):
+    """Pickled to every read task with the store (which reopens there, pinned to the records seen here)."""
+
+    def __init__(self, store: Store, schema: Any, id_column: str | None, partition_records: int,
+                 batch_records: int) -> None:
+        self.store = store
+        self.schema = schema
+        self.id_column = id_column
+        self.partition_records = partition_records
+        self.batch_records = batch_records
+        where = f"{store.root}"
+        for sf in schema.fields:
+            if sf.name != id_column and sf.name not in store.schema:
+                ids = f", ids: {id_column!r}" if id_column else ""
+                raise SchemaError(f"{where}: the read schema has column {sf.name!r}, which is no field of the "
+                                  f"store (fields: {list(store.schema)}{ids})")
+        if id_column is not None and id_column in schema.fieldNames() and not store.has_ids:
+            raise SchemaError(f"{where}: the read schema has the id column {id_column!r} but the records have no ids")
+
+    def partitions(self) -> list[_Range]:
+        table = self.store.manifest.shard_table()
+        n = len(self.store)
+        starts = np.asarray(table.starts[: self.store.num_shards], dtype=np.int64)
+        ends = np.append(starts[1:], n)
+        out: list[_Range] = []
+        step = self.partition_records
+        for s, e in zip(starts.tolist(), ends.tolist()):  # O(shards): Spark keeps a partition per shard anyway
+            for a in range(s, e, step):
+                out.append(_Range(a, min(e, a + step)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, _Range)
+        pa = _pa()
+        store = self.store
+        arrow_schema = to_arrow_schema(self.schema)
+        names = arrow_schema.names
+        for a in range(partition.start, partition.stop, self.batch_records):
+            b = min(partition.stop, a + self.batch_records)
+            arrays = []
+            for name in names:
+                t = arrow_schema.field(name).type
+                what = f"{store.root}, records {a}..{b - 1}, field {name!r}"
+                if name == self.id_column:
+                    arrays.append(_id_array(store, a, b, t))
+                    continue
+                f = store.schema[name]
+                if f.ragged:
+                    _, values, lengths = next(store.iter_ragged(name, chunk_records=b - a, start=a, stop=b))
+                    arrays.append(_ragged_array(values, lengths, f, t, what))
+                else:
+                    _, block = next(store.iter_matrix([name], chunk_rows=b - a, start=a, stop=b))
+                    arrays.append(_fixed_array(block, f, t, what))
+            yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+
+# ---------------------------------------------------------------------------------------- data source
+
+
+def _store_exists(path: str) -> bool:
+    return (Path(path) / MANIFEST).exists()
+
+
+class DataSource(_SparkDataSource):
+    """The ``"seqstore"`` Spark data source; register with ``spark.dataSource.register(DataSource)``.
+
+    Write options: ``schema`` (JSON of seqstore fields for some or all columns, see :func:`schema_option`;
+    the shorthand ``{"col": ["float16", [null, 16]]}`` works too), ``idColumn`` (a string or integer
+    column whose values become record ids), ``shardBytes``, ``maxShardRecords``, ``metadata`` (a JSON
+    object for a new store's metadata), ``errorIfExists`` (with mode append: fail if the store exists).
+    Read options: ``fields`` (comma-separated), ``idColumn`` (the ids' column name; default: the one
+    the store was written from by Spark, else ``id``; ``""`` for none), ``partitionRecords``,
+    ``batchRecords``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    # --- reading
+
+    def _read_setup(self) -> tuple[Store, list[str] | None, str | None]:
+        path = _path(self.options)
+        store = open_store(path)
+        raw = self.options.get("fields")
+        fields = [s.strip() for s in str(raw).split(",") if s.strip()] if raw is not None else None
+        id_column: str | None
+        if "idColumn" in self.options:
+            id_column = str(self.options["idColumn"]) or None
+        else:
+            meta = store.metadata.get(METADATA_KEY)
+            id_column = str(meta.get("id_column") or "id") if isinstance(meta, dict) else "id"
+        if id_column is not None and store.has_ids and id_column in store.schema and \
+                (fields is None or id_column in fields):
+            raise SchemaError(f"{path}: the id column {id_column!r} is also a field; name the ids' column with "
+                              "the idColumn option")
+        return store, fields, id_column if store.has_ids else None
+
+    def schema(self) -> Any:
+        store, fields, id_column = self._read_setup()
+        return spark_schema(store, fields, id_column)
+
+    def reader(self, schema: Any) -> _Reader:
+        store, _, id_column = self._read_setup()
+        where = f"{store.root}"
+        partition_records = _opt_int(self.options, "partitionRecords", DEFAULT_PARTITION_RECORDS, where)
+        batch_records = _opt_int(self.options, "batchRecords", None, where)
+        if batch_records is None:
+            per_record = 1
+            for name in schema.fieldNames():
+                if name in store.schema:
+                    f = store.schema[name]
+                    rows = store.manifest.total_rows(name) / max(1, len(store)) if f.ragged else 1
+                    per_record += int(rows * f.row_bytes) + (8 if f.ragged else 0)
+            batch_records = int(min(max(DEFAULT_BATCH_BYTES // per_record, 16), 1 << 16))
+        assert partition_records is not None
+        return _Reader(store, schema, id_column, partition_records, batch_records)
+
+    # --- writing
+
+    def writer(self, schema: Any, overwrite: bool) -> _Writer:
+        path = _path(self.options)
+        where = f"Spark write to {path}"
+        error_if_exists = _opt_bool(self.options, "errorIfExists", where)
+        if overwrite and error_if_exists:
+            raise ValueError(f"{where}: mode overwrite and option errorIfExists contradict each other")
+        exists = _store_exists(path)
+        if exists and error_if_exists:
+            raise FileExistsError(f"{path}: a store already exists (mode errorifexists); use mode append or "
+                                  "overwrite")
+        # appending: the store's fields for columns the schema option leaves out; overwriting: as a new store
+        existing = open_store(path).schema if exists and not overwrite else None
+        store_schema, columns, id_column = _write_plan(path, schema, self.options, existing)
+        metadata = _opt_json(self.options, "metadata", where)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValueError(f"{where}: option metadata must be a JSON object, got {metadata!r}")
+        metadata = dict(metadata or {})
+        if id_column is not None:
+            metadata.setdefault(METADATA_KEY, {"id_column": id_column})
+        mode = "create" if error_if_exists else "overwrite" if overwrite else "append"
+        prepare_store(path, store_schema, metadata=metadata or None, mode=mode)
+        return _Writer(
+            path, f"spark-{uuid.uuid4().hex[:16]}", columns, id_column, "overwrite" if overwrite else "append",
+            not exists, _opt_int(self.options, "shardBytes", None, where),
+            _opt_int(self.options, "maxShardRecords", None, where),
+        )
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _register(session: Any) -> None:
+    session.dataSource.register(DataSource)
+
+
+def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
+          schema: Schema | Mapping[str, Any] | None = None, id_column: str | None = None,
+          shard_bytes: int | None = None, metadata: Mapping[str, Any] | None = None,
+          **options: Any) -> None:
+    """Write DataFrame ``df`` into the store at ``path`` (registers the data source in ``df``'s
+    session). ``mode``: ``"errorifexists"`` (default, as Spark's), ``"append"`` or ``"overwrite"``.
+    ``schema``: seqstore fields for some or all columns; other options are passed on as they are."""
+    if mode not in ("errorifexists", "error", "append", "overwrite"):
+        raise ValueError(f"mode must be 'errorifexists', 'append' or 'overwrite', got {mode!r}")
+    _register(df.sparkSession)
+    w = df.write.format(NAME).mode("overwrite" if mode == "overwrite" else "append")
+    if mode in ("errorifexists", "error"):
+        w = w.option("errorIfExists", "true")
+    if schema is not None:
+        w = w.option("schema", schema_option(schema))
+    if id_column is not None:
+        w = w.option("idColumn", id_column)
+    if shard_bytes is not None:
+        w = w.option("shardBytes", str(int(shard_bytes)))
+    if metadata is not None:
+        w = w.option("metadata", json.dumps(dict(metadata)))
+    for k, v in options.items():
+        w = w.option(k, v)
+    w.save(os.fspath(path))
+
+
+def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | None = None,
+         id_column: str | None = None, **options: Any) -> Any:
+    """The store at ``path`` as a DataFrame (registers the data source in ``spark``)."""
+    _register(spark)
+    r = spark.read.format(NAME)
+    if fields is not None:
+        r = r.option("fields", ",".join(fields))
+    if id_column is not None:
+        r = r.option("idColumn", id_column)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load(os.fspath(path))
