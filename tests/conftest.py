@@ -1,0 +1,45 @@
+"""Fixtures shared by every test folder: moto's S3 server, a bucket per test, a fault-injecting proxy.
+
+moto and obstore are imported only when a test asks for these fixtures (the tests that need them skip
+when they are not installed), so the rest of the suite neither waits for nor requires them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from support.proxy import FaultProxy
+    from support.s3 import MotoS3
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3]:
+    """One moto S3 server on 127.0.0.1 for the whole session (see tests/support/s3.py)."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (it is in the dev extra)")
+    pytest.importorskip("obstore", reason="obstore is not installed (it is in the dev and remote extras)")
+    from support.s3 import MotoS3
+
+    with MotoS3() as s3:
+        yield s3
+
+
+@pytest.fixture
+def s3_bucket(moto_s3: MotoS3) -> Iterator[str]:
+    """A fresh, empty bucket on the session's moto server, deleted after the test."""
+    name = moto_s3.new_bucket()
+    yield name
+    moto_s3.delete_bucket(name)
+
+
+@pytest.fixture
+def s3_proxy(moto_s3: MotoS3) -> Iterator[FaultProxy]:
+    """A fault-injecting, request-counting proxy in front of the moto server; ``s3_proxy.url`` is the
+    endpoint to give a client (``moto_s3.storage_options(s3_proxy.url)``)."""
+    from support.proxy import FaultProxy
+
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        yield proxy
