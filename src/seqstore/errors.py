@@ -9,7 +9,19 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["SeqstoreError", "FormatError", "SchemaError", "CorruptionError", "LockError", "open_files_exhausted"]
+__all__ = [
+    "SeqstoreError",
+    "FormatError",
+    "SchemaError",
+    "CorruptionError",
+    "LockError",
+    "RemoteError",
+    "RemoteNotFound",
+    "CredentialsError",
+    "StaleStoreError",
+    "ConflictError",
+    "open_files_exhausted",
+]
 
 
 class SeqstoreError(Exception):
@@ -30,6 +42,33 @@ class CorruptionError(SeqstoreError):
 
 class LockError(SeqstoreError):
     """The store's commit lock could not be taken."""
+
+
+class RemoteError(SeqstoreError):
+    """A request to object storage failed: after ``attempts`` tries for transient failures (5xx,
+    connection resets, timeouts, truncated bodies), or at once for errors that retrying cannot fix.
+    ``url`` names the object; the message never contains a credential."""
+
+    def __init__(self, message: str, *, url: str = "", attempts: int = 0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.attempts = attempts
+
+
+class RemoteNotFound(RemoteError):
+    """The object at ``url`` does not exist."""
+
+
+class CredentialsError(RemoteError):
+    """The service refused the credentials (HTTP 401/403) for ``url``."""
+
+
+class StaleStoreError(RemoteError):
+    """An object changed while a store that read it was open (ETag mismatch): reopen the store."""
+
+
+class ConflictError(RemoteError):
+    """A conditional write lost a race (another writer changed the object first)."""
 
 
 def open_files_exhausted(path: str | os.PathLike[str], exc: OSError) -> OSError | None:

@@ -34,6 +34,7 @@ __all__ = [
     "MADV_SEQUENTIAL",
     "MADV_WILLNEED",
     "map_file",
+    "map_fd",
     "madvise",
     "holds_descriptors",
     "address",
@@ -109,17 +110,27 @@ def map_file(path: str | os.PathLike[str], size: int, *, advice: int = MADV_RAND
         raise ValueError(f"{path}: cannot map {size} bytes")
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        if libc is None:
-            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-            if hasattr(mm, "madvise"):
-                mm.madvise(advice)
-            return np.frombuffer(mm, dtype=np.uint8, count=size)
-        addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
-        if addr is None or addr == _MAP_FAILED:
-            err = ctypes.get_errno() or errno.ENOMEM
-            raise OSError(err, os.strerror(err), str(path))
+        return map_fd(fd, size, advice=advice, name=path)
     finally:
         os.close(fd)
+
+
+def map_fd(
+    fd: int, size: int, *, advice: int = MADV_RANDOM, name: str | os.PathLike[str] = "<fd>"
+) -> np.ndarray[Any, Any]:
+    """:func:`map_file` of an open descriptor (which the caller keeps or closes: the mapping does not
+    need it)."""
+    if size <= 0:
+        raise ValueError(f"{name}: cannot map {size} bytes")
+    if libc is None:
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        if hasattr(mm, "madvise"):
+            mm.madvise(advice)
+        return np.frombuffer(mm, dtype=np.uint8, count=size)
+    addr = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno() or errno.ENOMEM
+        raise OSError(err, os.strerror(err), str(name))
     owner = _Mapping(int(addr), size)
     if advice != MADV_NORMAL:
         libc.madvise(owner.addr, size, advice)

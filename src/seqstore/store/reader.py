@@ -35,6 +35,7 @@ from ..format.npy import read_header
 from ..io import address, any_cold, holds_descriptors, lookahead, map_file, willneed, willneed_span
 from ..io.advice import request_bytes
 from ..io.mapping import MADV_RANDOM, MADV_SEQUENTIAL
+from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
 from .ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
 from .writer import IDS
@@ -129,12 +130,13 @@ class _Shard:
     """The mapped files of one committed shard. Built on first touch."""
 
     __slots__ = (
-        "path", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan",
+        "path", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan",
         "_copy_plan", "_spans", "request",
     )
 
-    def __init__(self, root: Path, info: ShardInfo, schema: Schema) -> None:
+    def __init__(self, root: Path, info: ShardInfo, schema: Schema, map_npy: Any = map_npy) -> None:
         self.path = root / info.name
+        self.map_npy = map_npy
         self.info = info
         self.columns: dict[str, np.ndarray[Any, Any]] = {}
         self.offsets: dict[str, np.ndarray[Any, Any]] = {}
@@ -142,7 +144,7 @@ class _Shard:
         n = info.records
         for gname, g in schema.groups.items():
             rel = f"{gname}.npy"
-            mat = map_npy(self.path / rel, info.files.get(rel), g.storage_dtype, (n, g.width))
+            mat = self.map_npy(self.path / rel, info.files.get(rel), g.storage_dtype, (n, g.width))
             self.groups[gname] = mat
             for name in g.fields:
                 a, b = g.columns[name]
@@ -154,7 +156,7 @@ class _Shard:
             rel = f"{name}.npy"
             if f.ragged:
                 orel = f"{name}.offsets.npy"
-                off = map_npy(self.path / orel, info.files.get(orel), np.dtype("<i8"), (n + 1,))
+                off = self.map_npy(self.path / orel, info.files.get(orel), np.dtype("<i8"), (n + 1,))
                 rows = info.rows[name]
                 if off[0] != 0 or off[-1] != rows:
                     raise CorruptionError(
@@ -164,7 +166,7 @@ class _Shard:
                 shape: tuple[int, ...] = (rows, *f.inner_shape)
             else:
                 shape = (n, *f.inner_shape)
-            self.columns[name] = map_npy(self.path / rel, info.files.get(rel), f.storage_dtype, shape)
+            self.columns[name] = self.map_npy(self.path / rel, info.files.get(rel), f.storage_dtype, shape)
         self.ids: np.ndarray[Any, Any] | None = None
         self.id_offsets: np.ndarray[Any, Any] | None = None
         self.id_hash: np.ndarray[Any, Any] | None = None
@@ -233,13 +235,14 @@ class _Shard:
         if self.ids is not None:
             return
         info, n = self.info, self.info.records
-        off = map_npy(self.path / f"{IDS}.offsets.npy", info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        files = info.files
+        off = self.map_npy(self.path / f"{IDS}.offsets.npy", files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
         if off[0] != 0:
             raise CorruptionError(f"{self.path / (IDS + '.offsets.npy')}: first offset is {off[0]}, expected 0")
         total = int(off[-1])
-        self.ids = map_npy(self.path / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
-        self.id_hash = map_npy(self.path / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
-        self.id_rows = map_npy(
+        self.ids = self.map_npy(self.path / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
+        self.id_hash = self.map_npy(self.path / f"{IDS}.hash.npy", files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
+        self.id_rows = self.map_npy(
             self.path / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"), (n,)
         )
         self.id_offsets = off
@@ -320,6 +323,7 @@ class Lengths:
             k, row = self._store._locate(self._store._norm(int(key)))
             sh = self._store._shard(k)
             off = sh.offsets[self.field]
+            self._store._need(off[row : row + 2])
             a, b = int(off[row]), int(off[row + 1])
             if not 0 <= a <= b <= sh.columns[self.field].shape[0]:
                 _checked_bounds(sh, self.field, np.array([row]))  # raises, naming the file
@@ -338,6 +342,7 @@ class Lengths:
         groups = store._batch_groups(flat)
         if store._readahead != "never" and len(flat) > 1:  # cold offsets: all their reads at once
             store._advise(groups, [self.field], values=False)
+        store._need_groups(groups, [self.field], values=False)
         for sh, pos, rows in groups:
             a, b = _checked_bounds(sh, self.field, rows)
             out[pos] = b - a
@@ -352,6 +357,7 @@ class Lengths:
             for a in range(0, len(off) - 1, size):
                 if ahead:  # this chunk and the next, so the disk reads while this one is processed
                     self._store._scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1], sh.request)
+                self._store._need(off[a : min(a + size, len(off) - 1) + 1])
                 chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
                 if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
                     raise CorruptionError(f"{sh.path / (self.field + '.offsets.npy')}: offsets decrease")
@@ -402,6 +408,10 @@ class Store:
         bfloat16: str = "bits",
         readahead: str = "auto",
         max_mapped_shards: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        filesystem: Any = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | str | None = None,
     ) -> None:
         if bfloat16 not in _BF16_MODES:
             raise ValueError(f"bfloat16 must be one of {_BF16_MODES}, got {bfloat16!r}")
@@ -409,7 +419,18 @@ class Store:
             raise ValueError(f"readahead must be one of {_READAHEAD_MODES}, got {readahead!r}")
         if max_mapped_shards is not None and (isinstance(max_mapped_shards, bool) or max_mapped_shards < 1):
             raise ValueError(f"max_mapped_shards must be a positive integer, got {max_mapped_shards!r}")
-        self.root = Path(path)
+        self._remote: Any = None
+        if is_remote(path) or filesystem is not None:
+            from ..io.remote import RemoteRoot  # only remote stores load the object-store client
+
+            self._remote = RemoteRoot(
+                os.fspath(path), storage_options, filesystem=filesystem, cache_dir=cache_dir, cache_bytes=cache_bytes
+            )
+            self.root = self._remote.load()  # the local mirror of its manifest and shard table
+        else:
+            if isinstance(path, str) and path.startswith("file://"):
+                path = path[len("file://") :]
+            self.root = Path(path)
         self._bf16 = bfloat16
         self._readahead = readahead
         self._max_mapped_opt = max_mapped_shards
@@ -461,18 +482,27 @@ class Store:
 
     def refresh(self) -> Store:
         """Re-read the manifest to see shards committed since open. Mapped shards are kept."""
+        if self._remote is not None:
+            self.root = self._remote.load()
         self._load(_load_manifest(self.root))
         return self
 
+    @property
+    def url(self) -> str:
+        """Where the store is: its URL for a remote store, else its path."""
+        return self._remote.url if self._remote is not None else str(self.root)
+
     def __repr__(self) -> str:
-        return f"seqstore.Store({str(self.root)!r}, records={self._n}, shards={self.num_shards})"
+        return f"seqstore.Store({self.url!r}, records={self._n}, shards={self.num_shards})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as (path, options, shard count, record count): a worker process reopens the store,
         maps its own files and sees the same records as this object, even if shards were committed
         since (shards are append-only; :meth:`refresh` in the worker moves on to the newest)."""
-        options = {"readahead": self._readahead, "max_mapped_shards": self._max_mapped_opt}
-        return (_unpickle_store, (str(self.root), self._bf16, self.num_shards, self._n, options))
+        options: dict[str, Any] = {"readahead": self._readahead, "max_mapped_shards": self._max_mapped_opt}
+        if self._remote is not None:
+            options.update(self._remote.options())
+        return (_unpickle_store, (self.url, self._bf16, self.num_shards, self._n, options))
 
     def _pin(self, num_shards: int, records: int) -> None:
         """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw)."""
@@ -550,7 +580,10 @@ class Store:
             sh = shards.get(k)
             if sh is None:
                 # its ShardInfo: version 3 reads and checks the table row and the shard's descriptor here
-                sh = _Shard(self.root, self._manifest.shards[k], self.schema)
+                if self._remote is not None:
+                    sh = self._remote_shard(k)
+                else:
+                    sh = _Shard(self.root, self._manifest.shards[k], self.schema)
                 shards[k] = sh
                 while len(shards) > self._max_mapped:
                     shards.popitem(last=False)
@@ -558,6 +591,45 @@ class Store:
                 shards.move_to_end(k)
         self._last = (k, sh)
         return sh
+
+    def _remote_shard(self, k: int) -> _Shard:
+        """Shard ``k`` of a remote store: its descriptor and file heads fetched in one wave, its files
+        mapped from the node cache. Errors name the object's URL."""
+        remote = self._remote
+        m = self._manifest
+        if m.table is not None:
+            row = self._table.row(k)
+            name, has_ids, descriptor = row.name, row.has_ids, True
+        else:
+            info = m.shards[k]
+            name, has_ids, descriptor = info.name, info.has_ids, False
+        try:
+            remote.prepare_shard(name, remote.shard_files(m, has_ids), descriptor)
+            return _Shard(self.root, m.shards[k], self.schema, remote.map_npy)
+        except CorruptionError as exc:
+            raise CorruptionError(remote.display(str(exc))) from exc.__cause__
+
+    def _need(self, *arrays: Any) -> None:
+        """Remote store: wait until every byte of these views of mapped files is in the node cache."""
+        if self._remote is not None:
+            from ..io.remote import ensure_array
+
+            for arr in arrays:
+                ensure_array(arr)
+
+    def _need_groups(self, groups: list[_Group], names: list[str], values: bool = True) -> None:
+        """Remote store: wait until the records of ``groups`` (offsets, then with ``values`` the value
+        rows of ragged fields) are in the node cache."""
+        if self._remote is None:
+            return
+        from ..io.remote import ensure
+
+        for stage in (False, True) if values else (False,):
+            if stage and not any(self.schema[n].ragged for n in names):
+                break
+            starts, ends = self._ranges(groups, names, stage)
+            if starts:
+                ensure(np.concatenate(starts), np.concatenate(ends))
 
     @property
     def mapped_shards(self) -> int:
@@ -587,7 +659,10 @@ class Store:
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"store[i] takes an int; use get_batch() for many records, got {type(i).__name__}")
         k, row = self._locate(self._norm(int(i)))
-        rec = self._shard(k).record(row)
+        sh = self._shard(k)
+        if self._remote is not None:
+            self._need_groups([(sh, slice(None), np.array([row], np.int64))], list(self.schema))
+        rec = sh.record(row)
         return self._decode_bf16(rec) if self._bf16_fields and self._bf16 != "bits" else rec
 
     def nested(self, i: int, *, copy: bool = False) -> dict[str, Any]:
@@ -600,7 +675,10 @@ class Store:
             if not isinstance(i, (int, np.integer)):
                 raise TypeError(f"nested(i) takes an int, got {type(i).__name__}")
             k, row = self._locate(self._norm(int(i)))
-            flat = self._shard(k).record_copy(row)
+            sh = self._shard(k)
+            if self._remote is not None:
+                self._need_groups([(sh, slice(None), np.array([row], np.int64))], list(self.schema))
+            flat = sh.record_copy(row)
             if self._bf16_fields and self._bf16 != "bits":
                 flat = self._decode_bf16(flat)
         else:
@@ -641,6 +719,11 @@ class Store:
             return
         first = address(block)
         last = first + block.itemsize + sum((n - 1) * st for n, st in zip(block.shape, block.strides) if st > 0)
+        if self._remote is not None:
+            from ..io.remote import fetch
+
+            fetch(np.array([first], np.int64), np.array([last], np.int64))
+            return
         if self._readahead == "always" or any_cold(np.linspace(first, last - 1, 16).astype(np.int64)):
             willneed_span(first, last, most=most)
 
@@ -661,8 +744,9 @@ class Store:
         idx = self._norm_many(indices).reshape(-1)
         names = self._field_names(fields)
         groups = self._batch_groups(idx)
-        if self._readahead != "never":
+        if self._readahead != "never" or self._remote is not None:
             self._request_values(self._request(groups, names), names)
+            self._need_groups(groups, names)
         return self._gather(idx, groups, names, pad)
 
     def _batch_groups(self, idx: np.ndarray[Any, Any]) -> list[_Group]:
@@ -704,7 +788,17 @@ class Store:
     def _advise(self, groups: list[_Group], names: list[str], values: bool) -> None:
         """Request the pages of :meth:`_ranges` unless a sample finds them in memory: per field,
         ``_SAMPLE`` records (at least one) from at most as many groups, so a batch spread over many
-        shards costs no more, and a field in memory cannot hide a cold one."""
+        shards costs no more, and a field in memory cannot hide a cold one. A remote store starts
+        fetching whatever of them is not in the node cache (the value rows once their offsets are)."""
+        if self._remote is not None:
+            from ..io.remote import fetch
+
+            if values:
+                self._need_groups(groups, names, values=False)
+            starts, ends = self._ranges(groups, names, values)
+            if starts:
+                fetch(np.concatenate(starts), np.concatenate(ends))
+            return
         if self._readahead == "auto":
             picked = groups[:: max(1, len(groups) // _SAMPLE)][:_SAMPLE]
             per = -(-_SAMPLE // max(1, len(picked)))
@@ -741,7 +835,7 @@ class Store:
         waiting for them (for ragged fields this waits for their offsets only). A later
         :meth:`get_batch` or ``store[i]`` of those records finds them arriving or arrived. A no-op for
         records in memory and with ``readahead="never"``."""
-        if self._readahead == "never":
+        if self._readahead == "never" and self._remote is None:
             return
         idx = self._norm_many(indices).reshape(-1)
         names = self._field_names(fields)
@@ -763,7 +857,7 @@ class Store:
         batches plus what the page cache holds of the requested records (reclaimable, shared).
         """
         names = self._field_names(fields)
-        active = self._readahead != "never"
+        active = self._readahead != "never" or self._remote is not None
 
         def request(batch: Any) -> tuple[np.ndarray[Any, Any], list[_Group]]:
             idx = self._norm_many(batch).reshape(-1)
@@ -775,6 +869,7 @@ class Store:
                 self._request_values(token[1], names)
 
         for _batch, (idx, groups) in lookahead(batches, prefetch, request, ready):
+            self._need_groups(groups, names)
             yield self._gather(idx, groups, names, pad)
 
     def _gather(
@@ -912,6 +1007,9 @@ class Store:
 
     def _block(self, sh: _Shard, plan: _MatrixPlan, rows: slice | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Rows ``rows`` (a slice or local row numbers) of one shard: a view for one segment and a slice."""
+        if self._remote is not None:
+            for source, _a, _b, _ in plan.segments:
+                self._need_rows(self._source(sh, source), rows)
         if len(plan.segments) == 1:
             source, a, b, _ = plan.segments[0]
             return self._source(sh, source)[rows, a:b]
@@ -920,6 +1018,18 @@ class Store:
         for source, a, b, dst in plan.segments:
             out[:, dst : dst + b - a] = self._source(sh, source)[rows, a:b]
         return out
+
+    def _need_rows(self, src: np.ndarray[Any, Any], rows: slice | np.ndarray[Any, Any]) -> None:
+        """Remote store: wait for rows ``rows`` of the 2-d view ``src`` of a mapped file."""
+        if isinstance(rows, slice):
+            self._need(src[rows])
+            return
+        from ..io.remote import ensure
+
+        r = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(r):
+            starts = address(src) + r * int(src.strides[0])
+            ensure(starts, starts + src.shape[1] * src.itemsize)
 
     def _present(self, arr: np.ndarray[Any, Any], plan: _MatrixPlan, dtype: Any) -> np.ndarray[Any, Any]:
         if plan.bfloat16:
@@ -1052,6 +1162,7 @@ class Store:
             end = min(stop, self._table.end(k), pos + chunk_records)
             sh = self._shard(k)
             off = sh.offsets[name]
+            self._need(off[r : r + end - pos + 1])
             a, b = int(off[r]), int(off[r + end - pos])
             if not 0 <= a <= b <= sh.columns[name].shape[0]:
                 _checked_bounds(sh, name, np.arange(r, r + end - pos))  # raises, naming the file
@@ -1067,6 +1178,7 @@ class Store:
             if nxt is not None:  # the next block's reads run while the caller works on this one
                 self._scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
             lengths = np.diff(sh.offsets[name][r : r + end - pos + 1])
+            self._need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:
                 raise CorruptionError(f"{sh.path / (name + '.offsets.npy')}: offsets decrease in records "
                                       f"{pos}..{end - 1}")
@@ -1083,7 +1195,9 @@ class Store:
         sh = self._shard(k)
         sh.load_ids()
         assert sh.ids is not None and sh.id_offsets is not None
+        self._need(sh.id_offsets[row : row + 2])
         a, b = _id_bounds(sh, row)
+        self._need(sh.ids[a:b])
         return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
 
     def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
@@ -1104,6 +1218,7 @@ class Store:
             sh = self._shard(shard)
             sh.load_ids()
             assert sh.id_hash is not None and sh.id_rows is not None
+            self._need(sh.id_hash, sh.id_rows)  # remote: a shard's id index is fetched whole on first use
             yield shard, sh.id_hash, sh.id_rows, self._start_index[shard]
             shard += 1
 
@@ -1116,8 +1231,10 @@ class Store:
     def _run_arrays(self, run: IndexRun) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
         if run.name not in self._runs:
             try:
-                h = map_npy(self.root / f"{run.name}.hash.npy", None, np.dtype("<u8"), (run.records,))
-                r = map_npy(self.root / f"{run.name}.rows.npy", None, np.dtype("<i8"), (run.records,))
+                mapper = map_npy if self._remote is None else self._remote.map_npy
+                h = mapper(self.root / f"{run.name}.hash.npy", None, np.dtype("<u8"), (run.records,))
+                r = mapper(self.root / f"{run.name}.rows.npy", None, np.dtype("<i8"), (run.records,))
+                self._need(h, r)  # remote: a merged run is fetched whole on first use
                 self._runs[run.name] = (h, r)
             except CorruptionError:
                 self._runs[run.name] = None
@@ -1131,6 +1248,8 @@ class Store:
             sh.load_ids()
             res = np.empty(len(local), dtype=np.bool_)
             assert sh.ids is not None and sh.id_offsets is not None
+            if self._remote is not None:
+                self._need_ids(sh, local)
             a = np.asarray(sh.id_offsets[local])
             b = np.asarray(sh.id_offsets[local + 1])
             if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
@@ -1139,6 +1258,19 @@ class Store:
             id_equal(sh.ids, sh.id_offsets, local, qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
             ok[pos] = res
         return ok
+
+    def _need_ids(self, sh: _Shard, local: np.ndarray[Any, Any]) -> None:
+        """Remote store: wait for the ids (offsets, then bytes) of local rows ``local`` of ``sh``."""
+        from ..io.remote import ensure
+
+        assert sh.ids is not None and sh.id_offsets is not None
+        base = address(sh.id_offsets)
+        ensure(base + local * 8, base + local * 8 + 16)
+        a = np.asarray(sh.id_offsets[local])
+        b = np.asarray(sh.id_offsets[local + 1])
+        ok = (a >= 0) & (b >= a) & (b <= len(sh.ids))
+        if ok.any() and len(sh.ids):
+            ensure(address(sh.ids) + a[ok], address(sh.ids) + b[ok])
 
     def index(self, id: str) -> int:  # noqa: A002
         """Global index of the record with id ``id``.
@@ -1163,6 +1295,8 @@ class Store:
                 sh = self._shard(k)
                 sh.load_ids()
                 assert sh.ids is not None and sh.id_offsets is not None
+                if self._remote is not None:
+                    self._need_ids(sh, np.array([local], np.int64))
                 a, b = _id_bounds(sh, local)
                 if bytes(sh.ids[a:b]) == key:
                     if not self._id_last:
@@ -1209,7 +1343,7 @@ class Store:
             if len(todo) == 0:
                 break
             sh = self._shards.get(_first)
-            if not self._id_last and sh is not None and rows is sh.id_rows:
+            if not self._id_last and sh is not None and rows is sh.id_rows and self._remote is None:
                 # a shard's own index (first-id lookup): one numba pass over the hash-sorted queries
                 assert sh.ids is not None and sh.id_offsets is not None
                 qorder = todo[np.argsort(q[todo], kind="stable")]
@@ -1265,9 +1399,14 @@ def open_store(
     *,
     readahead: str = "auto",
     max_mapped_shards: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    filesystem: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | str | None = None,
 ) -> Store:
-    """Open the store at ``path`` for reading. Reads the manifest only (and maps the shard table of a
-    version-3 store): O(1) in the number of shards (O(fields x shards) for version 1/2).
+    """Open the store at ``path`` (a local path, or a URL: ``s3://``, ``gs://``, ``az://``/``abfs://``,
+    ``https://``, ``file://``, or any fsspec URL) for reading. Reads the manifest only (and maps the
+    shard table of a version-3 store): O(1) in the number of shards (O(fields x shards) for version 1/2).
 
     ``bfloat16``: how bfloat16 fields are returned: ``"bits"`` (uint16 views, default, zero-copy),
     ``"float32"`` (converted copies) or ``"ml_dtypes"`` (zero-copy ``ml_dtypes.bfloat16`` views).
@@ -1281,5 +1420,16 @@ def open_store(
     ``max_mapped_shards``: how many shards stay mapped at once (least recently used are dropped;
     default from ``vm.max_map_count``, or from the open-files limit where a mapping holds a descriptor).
     A mapping holds no file descriptor on Linux, so the open-files limit does not bound the shard count.
+
+    Remote stores (docs/remote.md): ``storage_options`` configures the client (obstore's keys for S3,
+    GCS and Azure, e.g. ``endpoint``, ``region``, ``access_key_id``; credentials otherwise come from the
+    environment the way the cloud SDKs find them) and seqstore's requests (``max_requests``,
+    ``coalesce_gap``, ``timeout``, ``max_retries``); ``filesystem``: an fsspec filesystem to read
+    through instead; ``cache_dir`` / ``cache_bytes``: the node-local cache every process on the node
+    shares (default ``$SEQSTORE_CACHE_DIR`` or ``~/.cache/seqstore``, and ``$SEQSTORE_CACHE_BYTES`` or
+    16 GiB).
     """
-    return Store(path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards)
+    return Store(
+        path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
+        storage_options=storage_options, filesystem=filesystem, cache_dir=cache_dir, cache_bytes=cache_bytes,
+    )

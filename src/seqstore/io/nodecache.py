@@ -1,0 +1,370 @@
+"""A node-local, byte-bounded cache of remote objects, shared by every process on the node.
+
+Layout under ``cache_dir``::
+
+    lock                  flock'd while the byte count changes or entries are evicted
+    usage                 8 bytes: the bytes the cache holds (little-endian int64)
+    objects/ab/<key>.data the object's bytes: a sparse file of the object's size; only fetched pages hold data
+    objects/ab/<key>.bits one byte per page of .data (1: the page holds the object's bytes), after a
+                          4096-byte header (magic, object size)
+    stores/...            small metadata files (manifests, shard tables, descriptors; seqstore.io.remote)
+
+An entry's key is a hash of the object's URL **and its ETag** (or generation): a replaced object is a
+new entry, so stale bytes are never served. A page is filled by ``pwrite`` of the fetched bytes and
+only then marked present, so a reader that sees the mark sees the bytes (the write is in the page
+cache before the mark is). Two processes that miss the same page both fetch it and write the same
+bytes: harmless.
+
+Bytes are reserved before they are written: when the count would pass ``budget`` the least recently
+used entries (by the time their ``.bits`` file was last opened) are unlinked until it fits. A process
+that has an evicted entry open keeps reading and filling its own (unlinked) copy until it lets go of
+it; the disk space of such copies comes back when the last process closes them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .mapping import PAGE
+
+__all__ = ["NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes"]
+
+_MAGIC = b"SQCACHE1"
+_HEADER = 4096
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SEQSTORE_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "seqstore"
+
+
+def default_cache_bytes() -> int:
+    env = os.environ.get("SEQSTORE_CACHE_BYTES")
+    if env:
+        return _parse_bytes(env, "SEQSTORE_CACHE_BYTES")
+    return 16 << 30
+
+
+def _parse_bytes(text: str, what: str) -> int:
+    t = text.strip().upper().replace("IB", "").replace("B", "")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if t[-1:] in "KMGT" else t) * mult)
+    except ValueError:
+        raise ValueError(f"{what}: expected a byte count such as 10G or 500000000, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"{what}: must be positive, got {text!r}")
+    return value
+
+
+class NodeCache:
+    """The cache directory ``root`` with a byte ``budget`` (see the module docstring)."""
+
+    _open: dict[tuple[str, int], NodeCache] = {}
+    _open_lock = threading.Lock()
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, budget: int | str | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        if budget is None:
+            self.budget = default_cache_bytes()
+        elif isinstance(budget, str):
+            self.budget = _parse_bytes(budget, "cache_bytes")
+        else:
+            self.budget = int(budget)
+        if self.budget <= 0:
+            raise ValueError(f"cache_bytes must be positive, got {budget!r}")
+        try:
+            (self.root / "objects").mkdir(parents=True, exist_ok=True)
+            (self.root / "stores").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot create the seqstore cache directory {self.root}: {exc.strerror}") from exc
+        self._lock_path = self.root / "lock"
+        self._usage_path = self.root / "usage"
+        # open entries of this process; an entry stays open while a mapping of it is alive
+        self._objects: weakref.WeakValueDictionary[str, CachedObject] = weakref.WeakValueDictionary()
+        self._objects_lock = threading.Lock()
+
+    @classmethod
+    def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
+        """One NodeCache object per (directory, budget) in a process."""
+        path = Path(root) if root is not None else default_cache_dir()
+        if budget is None:
+            b = default_cache_bytes()
+        else:
+            b = budget if isinstance(budget, int) else _parse_bytes(budget, "cache_bytes")
+        key = (str(path.resolve()) if path.exists() else str(path), int(b))
+        with cls._open_lock:
+            got = cls._open.get(key)
+            if got is None or got._pid != os.getpid():
+                got = cls(path, b)
+                got._pid = os.getpid()
+                cls._open[key] = got
+        return got
+
+    _pid = -1
+
+    # ------------------------------------------------------------------------------- accounting
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read_usage(self) -> int:
+        try:
+            with open(self._usage_path, "rb") as f:
+                raw = f.read(8)
+            return struct.unpack("<q", raw)[0] if len(raw) == 8 else 0
+        except FileNotFoundError:
+            return 0
+
+    def _write_usage(self, value: int) -> None:
+        tmp = self._usage_path.with_name(f"usage.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<q", max(0, value)))
+        os.replace(tmp, self._usage_path)
+
+    def usage(self) -> int:
+        """Bytes the cache holds by its own count (data pages fetched plus metadata files)."""
+        return self._read_usage()
+
+    def disk_usage(self) -> int:
+        """Bytes the cache's files take on disk now (allocated blocks), counted file by file."""
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                except FileNotFoundError:
+                    pass
+        return total
+
+    def reserve(self, nbytes: int, keep: Any = None) -> None:
+        """Count ``nbytes`` more, evicting least recently used entries first so the count stays within
+        the budget. Raises ValueError if ``nbytes`` alone is more than the budget."""
+        if nbytes <= 0:
+            return
+        if nbytes > self.budget:
+            raise ValueError(
+                f"{self.root}: {nbytes} bytes are needed at once but the cache budget is {self.budget} bytes; "
+                "raise cache_bytes (or SEQSTORE_CACHE_BYTES)"
+            )
+        with self.locked():
+            used = self._read_usage()
+            if used + nbytes > self.budget:
+                used = self._evict(self.budget - nbytes, keep)
+            self._write_usage(used + nbytes)
+
+    def _entries(self) -> list[tuple[float, Path]]:
+        out = []
+        for sub in (self.root / "objects").iterdir():
+            if not sub.is_dir():
+                continue
+            for p in sub.glob("*.bits"):
+                try:
+                    out.append((p.stat().st_mtime, p))
+                except FileNotFoundError:
+                    pass
+        for p in (self.root / "stores").glob("*/*"):
+            try:
+                out.append((p.stat().st_mtime, p))
+            except FileNotFoundError:
+                pass
+        out.sort()
+        return out
+
+    def _evict(self, target: int, keep: Any) -> int:
+        """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
+        Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
+        used = self.disk_usage()
+        keep_paths = set(keep or ())
+        for _mtime, p in self._entries():
+            if used <= target:
+                break
+            if p in keep_paths:
+                continue
+            if p.suffix == ".bits":
+                data = p.with_suffix(".data")
+                freed = 0
+                for q in (data, p):
+                    try:
+                        freed += q.stat().st_blocks * 512
+                        q.unlink()
+                    except FileNotFoundError:
+                        pass
+                used -= freed
+            else:  # a store's metadata directory (stores/<url>/<manifest version>)
+                freed = sum(f.stat().st_blocks * 512 for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+                _remove_tree(p)
+                used -= freed
+        return max(0, used)
+
+    # ---------------------------------------------------------------------------------- entries
+
+    def entry_name(self, url: str, etag: str) -> str:
+        return hashlib.sha256(f"{url}\0{etag}".encode()).hexdigest()[:40]
+
+    def object(self, url: str, etag: str, size: int) -> CachedObject:
+        """The entry of object ``url`` at version ``etag`` (created empty if absent), open in this process."""
+        name = self.entry_name(url, etag)
+        with self._objects_lock:
+            got = self._objects.get(name)
+            if got is not None and got.alive():
+                return got
+            got = CachedObject(self, name, url, size)
+            self._objects[name] = got
+            return got
+
+    def forget(self, obj: CachedObject) -> None:
+        with self._objects_lock:
+            if self._objects.get(obj.name) is obj:
+                del self._objects[obj.name]
+
+
+def _remove_tree(p: Path) -> None:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)
+
+
+class CachedObject:
+    """One cached object: its sparse data file (descriptor held for writes and mappings) and its page
+    map (mapped shared, so every process sees pages the others fetched)."""
+
+    def __init__(self, cache: NodeCache, name: str, url: str, size: int) -> None:
+        self.cache = cache
+        self.name = name
+        self.url = url
+        self.size = int(size)
+        sub = cache.root / "objects" / name[:2]
+        sub.mkdir(exist_ok=True)
+        self.data_path = sub / f"{name}.data"
+        self.bits_path = sub / f"{name}.bits"
+        self.pages = -(-self.size // PAGE)
+        if not self.bits_path.exists():
+            self._create(sub)
+        try:
+            self.fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
+            bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
+        except FileNotFoundError:  # evicted between the check and the open: make it again
+            self._create(sub)
+            self.fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
+            bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
+        try:
+            st = os.fstat(bfd)
+            if st.st_size != _HEADER + self.pages:
+                raise OSError(f"{self.bits_path}: {st.st_size} bytes, expected {_HEADER + self.pages}")
+            self._bits_map = mmap.mmap(bfd, st.st_size)
+        finally:
+            os.close(bfd)
+        if self._bits_map[:8] != _MAGIC:
+            raise OSError(f"{self.bits_path}: not a seqstore cache page map")
+        self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
+        self._ino = os.fstat(self.fd).st_ino
+        self.lock = threading.Lock()
+        # byte runs requested and not yet arrived (this process): starts sorted, their ends and futures
+        self.inflight: list[tuple[int, int, Any]] = []
+        self._touched = 0.0
+        self.touch()
+
+    def _create(self, sub: Path) -> None:
+        """Create the data and page-map files under temporary names and rename them in (bits last:
+        an entry exists once its page map does)."""
+        tag = f".tmp-{os.getpid()}-{threading.get_ident()}"
+        data_tmp = sub / (self.data_path.name + tag)
+        bits_tmp = sub / (self.bits_path.name + tag)
+        with open(data_tmp, "wb") as f:
+            f.truncate(self.size)
+        with open(bits_tmp, "wb") as f:
+            f.write(_MAGIC + struct.pack("<q", self.size))
+            f.truncate(_HEADER + self.pages)
+        self.cache.reserve(_HEADER + self.pages)
+        os.replace(data_tmp, self.data_path)
+        os.replace(bits_tmp, self.bits_path)
+
+    def alive(self) -> bool:
+        """Whether this entry is still the one in the cache directory (not evicted)."""
+        try:
+            return os.stat(self.data_path).st_ino == self._ino and self.bits_path.exists()
+        except FileNotFoundError:
+            return False
+
+    def touch(self) -> None:
+        """Mark the entry recently used (at most once a second)."""
+        now = time.monotonic()
+        if now - self._touched > 1.0:
+            self._touched = now
+            try:
+                os.utime(self.bits_path)
+            except OSError:
+                pass
+
+    def missing(self, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+        """The parts of page-aligned byte runs ``[starts[i], ends[i])`` (sorted, disjoint, inside the
+        object) whose pages are not present, as page-aligned runs (the last clamped to the size)."""
+        if len(starts) == 0:
+            return starts, ends
+        p0 = starts // PAGE
+        p1 = -(-ends // PAGE)
+        counts = p1 - p0
+        pages = np.repeat(p0 - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        absent = pages[self.bits[pages] == 0]
+        if len(absent) == 0:
+            return absent, absent
+        cut = np.flatnonzero(np.diff(absent) != 1) + 1
+        firsts = np.concatenate(([absent[0]], absent[cut]))
+        lasts = np.concatenate((absent[cut - 1], [absent[-1]])) + 1
+        return firsts * PAGE, np.minimum(lasts * PAGE, self.size)
+
+    def fill(self, start: int, data: memoryview) -> None:
+        """Write the object's bytes ``data`` at ``start`` and mark the pages they cover whole present
+        (a last, partial page counts when the data reaches the end of the object)."""
+        view = memoryview(data).cast("B")
+        n = len(view)
+        done = 0
+        while done < n:
+            done += os.pwrite(self.fd, view[done:], start + done)
+        first = -(-start // PAGE)
+        end = start + n
+        last = end // PAGE if end < self.size else self.pages
+        if last > first:
+            self.bits[first:last] = 1
+        self.touch()
+
+    def present(self, start: int, end: int) -> bool:
+        if end <= start:
+            return True
+        return bool(self.bits[start // PAGE : -(-end // PAGE)].all())
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            self.close()

@@ -1,0 +1,449 @@
+"""A store on object storage, read through the node-local cache as if it were local.
+
+:class:`RemoteRoot` gives the store reader what it needs from a local directory:
+
+- :meth:`RemoteRoot.load` fetches ``manifest.json`` (one request) and the committed rows of the
+  shard table (one more), and lays them out in a small local directory of the cache (a *mirror*, one
+  per store URL and manifest version), so the reader opens it with the code it uses for local stores:
+  at most 2 round trips, nothing per shard.
+- :meth:`RemoteRoot.prepare_shard` runs when a shard is first touched: one wave of requests fetches
+  its descriptor and the first and last page of each of its files (the ``.npy`` headers, the last
+  offsets, and each object's size and ETag). Data files become cache entries keyed by URL and ETag.
+- :meth:`RemoteRoot.map_npy` maps a data file's cache entry (a sparse local file) in place of the
+  object. Pages that were never fetched read as zeros, so nothing may read a mapped page before it
+  is present: the reader asks for the byte ranges it is about to touch with :func:`fetch` (start the
+  requests, return at once) and :func:`ensure` (wait until present), the remote counterparts of
+  ``madvise(MADV_WILLNEED)``. Both take absolute addresses inside such mappings, the same ranges the
+  local read-ahead computes; addresses outside remote mappings are ignored.
+
+Requests: the page runs an access needs minus the pages present in the cache and the runs already
+in flight in this process, merged where closer than ``coalesce_gap``, cut to at most 8 MiB, all
+submitted at once to the client (at most ``max_requests`` in flight).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import threading
+import weakref
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptionError, FormatError, RemoteNotFound
+from ..format.descriptor import DESCRIPTOR
+from ..format.manifest import IDS_FILES, MANIFEST, Manifest
+from ..format.npy import parse_header
+from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
+from .advice import page_runs
+from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, address, map_fd
+from .nodecache import CachedObject, NodeCache
+from .objects import ObjectClient, ObjectMeta, redact
+
+__all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "Ticket", "remote_mappings"]
+
+_MOST = 8 << 20  # bytes per request at most
+_HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
+_META = "_remote.json"
+
+
+# ------------------------------------------------------------------------------------ registry
+
+
+class _Region:
+    __slots__ = ("base", "end", "obj", "root", "key", "etag")
+
+    def __init__(self, base: int, end: int, obj: CachedObject, root: RemoteRoot, key: str, etag: str) -> None:
+        self.base, self.end, self.obj, self.root, self.key, self.etag = base, end, obj, root, key, etag
+
+
+_lock = threading.Lock()
+_bases: list[int] = []  # sorted
+_regions: dict[int, _Region] = {}
+
+
+def _register(region: _Region, owner: Any) -> None:
+    with _lock:
+        bisect.insort(_bases, region.base)
+        _regions[region.base] = region
+    weakref.finalize(owner, _unregister, region.base).atexit = False
+
+
+def _unregister(base: int) -> None:
+    with _lock:
+        if _regions.pop(base, None) is not None:
+            i = bisect.bisect_left(_bases, base)
+            if i < len(_bases) and _bases[i] == base:
+                del _bases[i]
+
+
+def remote_mappings() -> int:
+    """How many remote files this process has mapped now."""
+    return len(_regions)
+
+
+def _split_by_region(starts: Any, ends: Any) -> list[tuple[_Region, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    s = np.asarray(starts, dtype=np.int64).reshape(-1)
+    e = np.asarray(ends, dtype=np.int64).reshape(-1)
+    if not len(s) or not _regions:
+        return []
+    with _lock:
+        bases = np.asarray(_bases, dtype=np.int64)
+        regions = [_regions[b] for b in _bases]
+    ends_of = np.asarray([r.end for r in regions], dtype=np.int64)
+    i = np.searchsorted(bases, s, side="right") - 1
+    ok = (i >= 0) & (e > s)
+    i_ok = np.where(ok, i, 0)
+    ok &= s < ends_of[i_ok]
+    if not ok.any():
+        return []
+    s, e, i = s[ok], e[ok], i[ok]
+    out = []
+    for k in np.unique(i).tolist():
+        m = i == k
+        r = regions[k]
+        out.append((r, s[m] - r.base, np.minimum(e[m], r.end) - r.base))
+    return out
+
+
+# ------------------------------------------------------------------------------------- tickets
+
+
+class Ticket:
+    """Requests started by :func:`fetch`: :meth:`wait` returns when their bytes are in the cache (or
+    raises the request's error)."""
+
+    __slots__ = ("futures",)
+
+    def __init__(self, futures: list[Any]) -> None:
+        self.futures = futures
+
+    def wait(self) -> None:
+        for f in self.futures:
+            f.result()
+
+
+def _missing_requests(
+    region: _Region, s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]
+) -> tuple[list[tuple[int, int]], list[Any]]:
+    """(new byte runs to request, futures of runs in flight that cover other missing runs)."""
+    obj = region.obj
+    rs, re_ = page_runs(s, e)
+    re_ = np.minimum(re_, obj.size)
+    ms, me = obj.missing(rs, re_)
+    if not len(ms):
+        return [], []
+    waits: list[Any] = []
+    new_s: list[int] = []
+    new_e: list[int] = []
+    with obj.lock:
+        flight = obj.inflight
+        if flight:
+            fs = np.fromiter((a for a, _, _ in flight), dtype=np.int64, count=len(flight))
+            fe = np.fromiter((b for _, b, _ in flight), dtype=np.int64, count=len(flight))
+            j = np.searchsorted(fs, ms, side="right") - 1
+            covered = (j >= 0) & (fe[np.maximum(j, 0)] >= me)
+            for jj in np.unique(j[covered]).tolist():
+                waits.append(flight[jj][2])
+            ms, me = ms[~covered], me[~covered]
+    if len(ms):
+        cs, ce = page_runs(ms, me, gap=region.root.client.coalesce_gap, most=_MOST)
+        ce = np.minimum(ce, obj.size)
+        new_s, new_e = cs.tolist(), ce.tolist()
+    return list(zip(new_s, new_e)), waits
+
+
+def fetch(starts: Any, ends: Any) -> Ticket:
+    """Start fetching whatever is not yet in the cache of the byte ranges ``[starts[i], ends[i])``
+    (absolute addresses; those outside remote mappings are ignored). Returns at once."""
+    futures: list[Any] = []
+    by_root: dict[int, tuple[RemoteRoot, list[tuple[str, int, int, str | None]], list[tuple[CachedObject, int]]]] = {}
+    for region, s, e in _split_by_region(starts, ends):
+        runs, waits = _missing_requests(region, s, e)
+        futures.extend(waits)
+        if runs:
+            root, reqs, fills = by_root.setdefault(id(region.root), (region.root, [], []))
+            for a, b in runs:
+                reqs.append((region.key, a, b, region.etag or None))
+                fills.append((region.obj, a))
+    for root, reqs, fills in by_root.values():
+        futures.append(root.submit(reqs, fills))
+    return Ticket(futures)
+
+
+def ensure(starts: Any, ends: Any) -> None:
+    """Return once every byte of the ranges (absolute addresses) is in the cache: fetch what is
+    missing, wait for what is in flight. Raises the named error of a request that failed."""
+    fetch(starts, ends).wait()
+    again = fetch(starts, ends)  # a run another request was expected to bring, that it did not
+    again.wait()
+    for region, s, e in _split_by_region(starts, ends):
+        rs, re_ = page_runs(s, e)
+        ms, _ = region.obj.missing(rs, np.minimum(re_, region.obj.size))
+        if len(ms):
+            raise CorruptionError(
+                f"{region.root.client.key_url(region.key)}: bytes at {int(ms[0])} did not arrive in the cache"
+            )
+
+
+def ensure_array(arr: np.ndarray[Any, Any]) -> None:
+    """:func:`ensure` of all the bytes a view of a mapping spans."""
+    if arr.size == 0 or not _regions:
+        return
+    first = address(arr)
+    last = first + arr.itemsize + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st > 0)
+    low = first + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st < 0)
+    ensure(np.array([low], np.int64), np.array([last], np.int64))
+
+
+# ----------------------------------------------------------------------------------------- root
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+class RemoteRoot:
+    """A store at ``url`` (see the module docstring). ``storage_options``: the client's options and
+    seqstore's request options (:class:`~seqstore.io.objects.ObjectClient`); ``filesystem``: an fsspec
+    filesystem instead of obstore; ``cache_dir`` / ``cache_bytes``: the node cache."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        filesystem: Any = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | str | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.filesystem = filesystem
+        self.cache_dir = cache_dir
+        self.cache_bytes = cache_bytes
+        self.client = ObjectClient(self.url, self.storage_options, filesystem)
+        self.cache = NodeCache.get(cache_dir, cache_bytes)
+        self.mirror: Path | None = None
+        self._metas: dict[str, ObjectMeta] = {}
+        self._meta_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RemoteRoot({self.url!r}, storage_options={redact(self.storage_options)!r})"
+
+    def options(self) -> dict[str, Any]:
+        """What reopening this root in another process needs."""
+        return {
+            "storage_options": self.storage_options,
+            "filesystem": self.filesystem,
+            "cache_dir": None if self.cache_dir is None else os.fspath(self.cache_dir),
+            "cache_bytes": self.cache_bytes,
+        }
+
+    def display(self, path: Path | str) -> str:
+        """The URL of a mirror path (for messages)."""
+        text = os.fspath(path)
+        if self.mirror is not None:
+            m = os.fspath(self.mirror)
+            if text.startswith(m):
+                return self.url + text[len(m) :]
+        return text
+
+    def submit(self, reqs: list[tuple[str, int, int, str | None]], fills: list[tuple[CachedObject, int]]) -> Any:
+        """Submit range requests whose answers are written into the cache entries ``fills``."""
+        total = sum(b - a for _, a, b, _ in reqs)
+        self.cache.reserve(total)
+        spans = [(obj, a, a + (r[2] - r[1])) for (obj, a), r in zip(fills, reqs)]
+
+        def on_each(i: int, data: memoryview, meta: ObjectMeta | None) -> None:
+            obj, a, _ = spans[i]
+            obj.fill(a, data)
+
+        fut = self.client.submit(reqs, on_each)
+        for obj, a, b in spans:
+            with obj.lock:
+                bisect.insort(obj.inflight, (a, b, fut), key=lambda t: t[0])
+
+        def done(_f: Any) -> None:
+            for obj, a, b in spans:
+                with obj.lock:
+                    try:
+                        obj.inflight.remove((a, b, fut))
+                    except ValueError:
+                        pass
+
+        fut.add_done_callback(done)
+        return fut
+
+    # ---------------------------------------------------------------------------------- manifest
+
+    def load(self) -> Path:
+        """Fetch the manifest and the shard table into a mirror directory; return its path."""
+        try:
+            raw, meta = self.client.get(MANIFEST)
+        except RemoteNotFound:
+            raise FormatError(f"{self.url}: no seqstore store here ({MANIFEST} does not exist)") from None
+        data = bytes(raw)
+        version = _digest(meta.etag, str(len(data)), str(zlib.crc32(data)))
+        mirror = self.cache.root / "stores" / _digest(self.url) / version
+        if not (mirror / MANIFEST).exists():
+            self._build_mirror(mirror, data)
+        try:
+            os.utime(mirror)
+        except OSError:
+            pass
+        self.mirror = mirror
+        self._metas = {}
+        return mirror
+
+    def _build_mirror(self, mirror: Path, manifest_bytes: bytes) -> None:
+        tmp = mirror.with_name(f"{mirror.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            (tmp / MANIFEST).write_bytes(manifest_bytes)
+            need = 0
+            try:
+                obj = json.loads(manifest_bytes)
+                m = Manifest._from_json(obj, int(obj["version"]))
+                if m.table is not None and m.table.rows > 0:
+                    need = TABLE_HEADER_BYTES + m.table.rows * row_dtype(len(m.ragged)).itemsize
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+                need = 0  # the reader reports the malformed manifest, naming it
+            if need:
+                try:
+                    got = self.client.get_ranges([(TABLE, 0, need, None)])
+                except RemoteNotFound:
+                    raise CorruptionError(
+                        f"{self.url}/{TABLE}: shard table is missing (the manifest lists rows)"
+                    ) from None
+                (tmp / TABLE).write_bytes(got[0][0])
+            self.cache.reserve(len(manifest_bytes) + need)
+            try:
+                os.rename(tmp, mirror)
+            except OSError:  # another process built it first
+                pass
+        finally:
+            if tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ shards
+
+    def prepare_shard(self, name: str, files: Sequence[str], descriptor: bool) -> None:
+        """Make shard ``name``'s descriptor and file headers local, in one wave of requests (nothing
+        when this node prepared it before and its cache entries are still there)."""
+        assert self.mirror is not None
+        d = self.mirror / name
+        meta_path = d / _META
+        metas: dict[str, ObjectMeta] | None = None
+        if meta_path.exists():
+            try:
+                known = json.loads(meta_path.read_text())
+                metas = {rel: ObjectMeta(f"{name}/{rel}", int(v[0]), str(v[1])) for rel, v in known.items()}
+            except (ValueError, TypeError, KeyError, IndexError, OSError):
+                metas = None
+        if metas is not None and set(metas) == set(files):
+            with self._meta_lock:
+                for rel, m in metas.items():
+                    self._metas[f"{name}/{rel}"] = m
+            return
+        reqs: list[tuple[str, int, int, str | None]] = []
+        if descriptor:
+            reqs.append((f"{name}/{DESCRIPTOR}", 0, -1, None))
+        for rel in files:
+            reqs.append((f"{name}/{rel}", 0, _HEAD, None))
+            reqs.append((f"{name}/{rel}", -_HEAD, -1, None))
+        try:
+            got = self.client.get_ranges(reqs)
+        except RemoteNotFound as exc:
+            raise CorruptionError(f"{exc.url}: object is missing (the shard table lists shard {name})") from None
+        d.mkdir(parents=True, exist_ok=True)
+        k = 0
+        if descriptor:
+            _atomic_write(d / DESCRIPTOR, bytes(got[0][0]))
+            k = 1
+        saved: dict[str, list[Any]] = {}
+        for j, rel in enumerate(files):
+            head, meta = got[k + 2 * j]
+            tail, meta2 = got[k + 2 * j + 1]
+            assert meta is not None
+            if meta2 is not None and meta2.etag != meta.etag:
+                raise CorruptionError(f"{self.client.key_url(f'{name}/{rel}')}: the object changed while it was read")
+            obj = self.cache.object(self.client.key_url(meta.key), meta.etag, meta.size)
+            obj.fill(0, head)
+            obj.fill(max(0, meta.size - len(tail)), tail)
+            saved[rel] = [meta.size, meta.etag]
+            with self._meta_lock:
+                self._metas[f"{name}/{rel}"] = ObjectMeta(f"{name}/{rel}", meta.size, meta.etag)
+        _atomic_write(meta_path, json.dumps(saved).encode())
+
+    def _meta(self, key: str) -> ObjectMeta:
+        m = self._metas.get(key)
+        if m is None:  # a file outside a prepared shard (a merged id index run): its head and tail now
+            try:
+                got = self.client.get_ranges([(key, 0, _HEAD, None), (key, -_HEAD, -1, None)])
+            except RemoteNotFound:
+                raise CorruptionError(f"{self.client.key_url(key)}: object is missing") from None
+            head, meta = got[0]
+            assert meta is not None
+            obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
+            obj.fill(0, head)
+            obj.fill(max(0, meta.size - len(got[1][0])), got[1][0])
+            m = ObjectMeta(key, meta.size, meta.etag)
+            with self._meta_lock:
+                self._metas[key] = m
+        return m
+
+    def map_npy(
+        self, path: Path, info: Any, dtype: np.dtype[Any], shape: tuple[int, ...], *, sequential: bool = False
+    ) -> np.ndarray[Any, Any]:
+        """The remote counterpart of the reader's ``map_npy``: map the cache entry of the object
+        behind mirror path ``path`` after the same checks (size, header)."""
+        assert self.mirror is not None
+        key = path.relative_to(self.mirror).as_posix()
+        url = self.client.key_url(key)
+        meta = self._meta(key)
+        size = meta.size
+        if info is not None and size != info.bytes:
+            raise CorruptionError(
+                f"{url}: object has {size} bytes, manifest says {info.bytes} (truncated or replaced?)"
+            )
+        obj = self.cache.object(url, meta.etag, size)
+        head_len = min(size, _HEAD)
+        if not obj.present(0, head_len):
+            got = self.client.get_ranges([(key, 0, head_len, meta.etag or None)])
+            obj.fill(0, got[0][0])
+        header = parse_header(os.pread(obj.fd, head_len, 0), url)
+        if header.data_offset > head_len:  # a header longer than a page
+            got = self.client.get_ranges([(key, 0, header.data_offset, meta.etag or None)])
+            header = parse_header(bytes(got[0][0]), url)
+        if header.dtype != dtype:
+            raise CorruptionError(f"{url}: header dtype {header.dtype.str}, expected {dtype.str}")
+        if header.shape != shape:
+            raise CorruptionError(f"{url}: header shape {header.shape}, expected {shape}")
+        if header.data_offset + header.data_bytes != size:
+            raise CorruptionError(f"{url}: {size} bytes but header says {header.data_offset + header.data_bytes}")
+        count = int(np.prod(shape, dtype=np.int64))
+        if count == 0:
+            empty = np.empty(shape, dtype=dtype)
+            empty.flags.writeable = False
+            return empty
+        raw = map_fd(obj.fd, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM, name=url)
+        base = address(raw)
+        _register(_Region(base, base + size, obj, self, key, meta.etag), raw.base if raw.base is not None else raw)
+        return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
+
+    def shard_files(self, manifest: Manifest, has_ids: bool) -> list[str]:
+        return list(manifest.data_files()) + (list(IDS_FILES) if has_ids else [])
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
