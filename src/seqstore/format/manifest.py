@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ __all__ = [
     "Manifest",
     "IDS_FILES",
     "WORK_DIR",
+    "PARTS_DIR",
+    "COMMIT_JOURNAL",
 ]
 
 FORMAT_NAME = "seqstore"
@@ -57,6 +60,10 @@ MANIFEST = "manifest.json"
 #: the top of the store as ``_tmp-*`` and ``.manifest.json.tmp-*``), so a writer finds what dead
 #: writers left without listing the store's (possibly 10^5) shard directories.
 WORK_DIR = "_tmp"
+#: Version 3: the parts area of distributed writes (store/parts.py): ``_parts/<job>/<task>/``.
+PARTS_DIR = "_parts"
+#: The journal of a commit of parts in progress, in ``_parts/``.
+COMMIT_JOURNAL = ".commit.json"
 
 
 class ShardList(Sequence[ShardInfo]):
@@ -210,7 +217,7 @@ class Manifest:
     # ------------------------------------------------------------------------------------------ read
 
     @classmethod
-    def load(cls, root: str | os.PathLike[str], *, map_file: MapFile | None = None) -> Manifest:
+    def load(cls, root: str | os.PathLike[str], *, map_file: MapFile | None = None, _retries: int = 400) -> Manifest:
         """Read and validate ``<root>/manifest.json`` (version 3: and map the shard table's committed
         rows, with ``map_file`` if given; see :meth:`ShardTable.open`).
 
@@ -247,7 +254,19 @@ class Manifest:
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise CorruptionError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
         if manifest.table is not None:  # map the committed rows of the shard table: O(1)
-            table = ShardTable.open(Path(root), manifest.ragged, manifest.table, map_file)
+            try:
+                table = ShardTable.open(Path(root), manifest.ragged, manifest.table, map_file)
+            except CorruptionError:
+                # an overwrite of all shards (store/parts.py) renames a new table into place just before
+                # it replaces manifest.json: when the manifest changed since it was read, read both again
+                # (or just before: wait while its journal says the commit is in progress, up to ~2 s)
+                for wait in range(_retries):
+                    if _read_or_none(path) not in (None, raw):
+                        return cls.load(root, map_file=map_file, _retries=_retries - wait - 1)
+                    if not (Path(root) / PARTS_DIR / COMMIT_JOURNAL).exists():
+                        break
+                    time.sleep(0.005)
+                raise
             manifest.shards = ShardList(Path(root), table, manifest.data_files(), IDS_FILES)
         if manifest.version > version:
             raise CorruptionError(
@@ -312,6 +331,13 @@ class Manifest:
             os.fsync(f.fileno())
         os.replace(tmp, root / MANIFEST)
         fsync_dir(root)
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

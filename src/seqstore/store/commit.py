@@ -31,6 +31,7 @@ from ..format.shard_table import (
     check_table_header,
     encode_row,
     encode_table_header,
+    row_dtype,
     shard_dir_name,
 )
 from .directio import pwrite_all
@@ -45,6 +46,7 @@ __all__ = [
     "clean_orphans",
     "commit_shard",
     "merge_sorted_runs",
+    "recover_batch_commit",
     "store_lock",
     "workspace_path",
 ]
@@ -123,6 +125,9 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
     ``_tmp/``, so the store directory itself is never listed. Versions 1/2: the store directory is
     listed and compared with the manifest's shard list, as before."""
     runs = {r.name for r in manifest.index_runs}
+    if manifest.table is not None and recover_batch_commit(root):
+        manifest = Manifest.load(root)
+        runs = {r.name for r in manifest.index_runs}
     if manifest.table is not None:
         leftover = root / shard_dir_name(next_shard_number(manifest))
         if leftover.is_dir():
@@ -155,6 +160,18 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
                 path.unlink(missing_ok=True)
 
 
+def recover_batch_commit(root: Path) -> bool:
+    """Finish or undo a multi-shard commit (store/parts.py's :func:`~seqstore.store.parts.commit_parts`)
+    that died part way, as its journal says. Caller holds the lock. O(1) when there is no journal (one
+    ``stat``); returns whether there was one."""
+    from .parts import JOURNAL, PARTS_DIR, recover_journal  # parts.py builds on this module
+
+    if not (root / PARTS_DIR / JOURNAL).exists():
+        return False
+    recover_journal(root)
+    return True
+
+
 class IdsMismatch(Exception):
     """The store's shards were committed with (or without) ids and this shard is the other kind."""
 
@@ -164,8 +181,9 @@ class IdsMismatch(Exception):
 
 
 def _append_row(root: Path, committed: int, row: bytes, ragged: int) -> None:
-    """Write ``row`` at the committed end of the shard table and fsync it (creating the file with its
-    header for the first row). Bytes a dead writer left past the committed rows are overwritten."""
+    """Write ``row`` (one row, or several rows back to back) at the committed end of the shard table and
+    fsync it (creating the file with its header for the first row). Bytes a dead writer left past the
+    committed rows are overwritten."""
     path = root / TABLE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
     try:
@@ -173,7 +191,7 @@ def _append_row(root: Path, committed: int, row: bytes, ragged: int) -> None:
             pwrite_all(fd, memoryview(encode_table_header(ragged) + row), 0)
         else:
             check_table_header(os.pread(fd, TABLE_HEADER_BYTES, 0), path, ragged)
-            pwrite_all(fd, memoryview(row), TABLE_HEADER_BYTES + committed * len(row))
+            pwrite_all(fd, memoryview(row), TABLE_HEADER_BYTES + committed * row_dtype(ragged).itemsize)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -193,6 +211,7 @@ def commit_shard(
     (stats) just before it is saved. Raises :class:`IdsMismatch` (leaving ``cur`` alone) when the
     store's shards are of the other kind."""
     with store_lock(root):
+        recover_batch_commit(root)
         manifest = Manifest.load(root)
         if manifest.num_shards and manifest.has_ids != pending.has_ids:
             raise IdsMismatch(manifest.has_ids)
@@ -278,7 +297,7 @@ def merge_sorted_runs(
 
 
 def _maybe_merge_index(
-    root: Path, manifest: Manifest, count: int, locate: Callable[[int], tuple[str, int]]
+    root: Path, manifest: Manifest, count: int, locate: Callable[[int], tuple[str, int]], tag: str = ""
 ) -> list[Path]:
     """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
 
@@ -286,13 +305,15 @@ def _maybe_merge_index(
     range of shards. Lookups probe O(MERGE_FANIN x levels) runs. A merge reads only the MERGE_FANIN
     runs it replaces (memory-mapped) and streams the merged run to disk in chunks, so its memory does
     not grow with the number of ids; ``locate(k)`` gives shard ``k``'s directory and first record,
-    so nothing here walks all ``count`` shards. Returns the files of the replaced runs, to be deleted
+    so nothing here walks all ``count`` shards. ``tag`` is appended to the names of new runs (an
+    overwrite restarts the row numbers, so its runs must not take the names of runs that readers of
+    the replaced shards may still use). Returns the files of the replaced runs, to be deleted
     once the manifest that no longer lists them is saved.
     """
     superseded: list[Path] = []
     covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
     if count - covered >= MERGE_FANIN:
-        _merge(root, manifest, covered, count, locate, level=1, replaces=[])
+        _merge(root, manifest, covered, count, locate, level=1, replaces=[], tag=tag)
     while True:
         runs = manifest.index_runs
         if len(runs) < MERGE_FANIN:
@@ -301,7 +322,8 @@ def _maybe_merge_index(
         level = tail[0].level
         if any(r.level != level for r in tail):
             return superseded
-        _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1, replaces=tail)
+        _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1, replaces=tail,
+               tag=tag)
         superseded += [root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
 
 
@@ -314,6 +336,7 @@ def _merge(
     *,
     level: int,
     replaces: list[IndexRun],
+    tag: str = "",
 ) -> None:
     def shard_index(k: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
         name, start = locate(k)
@@ -340,7 +363,7 @@ def _merge(
             sources += [shard_index(k) for k in range(r.first_shard, r.end_shard)]
     total = sum(len(h) for h, _, _ in sources)
     (root / INDEX_DIR).mkdir(exist_ok=True)
-    name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}"
+    name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}{tag}"
     with open(root / f"{name}.hash.npy", "wb") as fh, open(root / f"{name}.rows.npy", "wb") as fr:
         fh.write(encode_header(np.dtype("<u8"), (total,)))
         fr.write(encode_header(np.dtype("<i8"), (total,)))

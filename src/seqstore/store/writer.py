@@ -260,14 +260,7 @@ class Writer:
         self.max_shard_records = max_shard_records
         self._pid = os.getpid()
         self._failed: BaseException | None = None
-        self._token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        with store_lock(root):
-            manifest = Manifest.load(root)
-            clean_orphans(root, manifest)
-            self._workspace = workspace_path(root, manifest, self._token)
-            self._workspace.mkdir(parents=self._workspace.parent != root)
-            self._owner_fd = os.open(self._workspace / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+        manifest = self._open_workspace()
         self.schema: Schema = manifest.schema
         self._fields: list[tuple[str, Field]] = list(self.schema.items())
         self._names = set(self.schema)
@@ -285,6 +278,20 @@ class Writer:
         self._reset_buffer()
         self._shard_open = False
         self._committed_records = 0
+
+    def _open_workspace(self) -> Manifest:
+        """Under the store's lock: clean what dead writers left, make this writer's workspace
+        (``self._workspace``, holding an flock on its ``owner.lock`` in ``self._owner_fd``); return the
+        manifest the writer starts from. store/parts.py's PartWriter puts its workspace elsewhere."""
+        token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        with store_lock(self.root):
+            manifest = Manifest.load(self.root)
+            clean_orphans(self.root, manifest)
+            self._workspace = workspace_path(self.root, manifest, token)
+            self._workspace.mkdir(parents=self._workspace.parent != self.root)
+            self._owner_fd = os.open(self._workspace / "owner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+        return manifest
 
     # ------------------------------------------------------------------------------------- buffers
 
@@ -927,26 +934,7 @@ def open_or_create(
     """
     root = Path(path)
     sch = _checked_schema(schema, packed, id_lookup)
-    if not (root / MANIFEST).exists():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = root.parent / f".{root.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
-            _new_manifest(sch, metadata, id_lookup).save(tmp)
-            try:
-                os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
-                fsync_dir(root.parent)
-            except OSError:
-                if not (root / MANIFEST).exists():
-                    # a non-empty directory that is not a store, or one still being created: wait briefly
-                    for _ in range(50):
-                        time.sleep(0.02)
-                        if (root / MANIFEST).exists():
-                            break
-                    else:
-                        raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    install_new_store(root, sch, metadata, id_lookup)
     manifest = Manifest.load(root)
     if manifest.schema != sch:
         raise SchemaError(f"{root}: existing store has schema {manifest.schema!r}, expected {sch!r}")
@@ -959,6 +947,36 @@ def open_or_create(
         max_shard_records=max_shard_records,
         direct_io=direct_io,
     )
+
+
+def install_new_store(root: Path, sch: Schema, metadata: Mapping[str, Any] | None, id_lookup: str) -> bool:
+    """Create an empty version-3 store at ``root`` unless one is there; safe when several processes
+    call it at once: the store is prepared in a hidden sibling directory and renamed into place, so
+    exactly one caller creates it. Returns whether this call created it. An existing non-empty
+    directory that is not a store raises (OSError from the rename)."""
+    created = False
+    if not (root / MANIFEST).exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = root.parent / f".{root.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            _new_manifest(sch, metadata, id_lookup).save(tmp)
+            try:
+                os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
+                fsync_dir(root.parent)
+                created = True
+            except OSError:
+                if not (root / MANIFEST).exists():
+                    # a non-empty directory that is not a store, or one still being created: wait briefly
+                    for _ in range(50):
+                        time.sleep(0.02)
+                        if (root / MANIFEST).exists():
+                            break
+                    else:
+                        raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return created
 
 
 def append_to(

@@ -1,0 +1,355 @@
+"""Parts: task attempts write shards into a store's parts area, one driver commit makes them visible.
+
+Covers store/parts.py: all-or-nothing commits (also across an injected crash before and after the
+commit point), a SIGKILLed writer process, overwrite (same and new schema) with readers that opened
+before and readers opening during commits, schema and id checks, two jobs, discard and clean-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.errors import CorruptionError, SchemaError, SeqstoreError
+from seqstore.format.manifest import Manifest
+from seqstore.store import parts as parts_mod
+from seqstore.store.parts import (
+    PARTS_DIR,
+    Part,
+    PartWriter,
+    clean_parts,
+    commit_parts,
+    discard_parts,
+    pending_jobs,
+    prepare_store,
+)
+from seqstore.store.verify import verify
+
+SCHEMA = {"x": ss.Field("float32", (None, 3)), "y": ss.Field("int64")}
+
+
+@pytest.fixture
+def store() -> Iterator[Path]:
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="seqstore-parts-", dir=shm) as d:
+        yield Path(d) / "s.seqstore"
+
+
+def write_part(root: Path, job: str, task: str, values: range, *, ids: bool = True, max_shard_records: int = 4) -> Part:
+    """A part whose record ``k`` has y = values[k] and x = (1 + values[k] % 5) rows of y."""
+    w = PartWriter(root, job=job, task=task, max_shard_records=max_shard_records)
+    vals = np.asarray(values, dtype=np.int64)
+    lengths = 1 + vals % 5
+    x = np.repeat(vals, lengths).astype(np.float32)[:, None].repeat(3, axis=1)
+    w.append_batch({"x": (x, lengths), "y": vals}, ids=[f"r{v}" for v in vals] if ids else None)
+    return w.finish()
+
+
+def contents(root: Path) -> tuple[list[int], list[str] | None]:
+    s = ss.open(root)
+    ys = [int(s[i]["y"]) for i in range(len(s))]
+    for i in range(len(s)):
+        np.testing.assert_array_equal(s[i]["x"], np.full((1 + ys[i] % 5, 3), ys[i], np.float32))
+    ids = [s.id(i) for i in range(len(s))] if s.has_ids else None
+    return ys, ids
+
+
+def test_commit_is_all_at_once_in_the_order_of_the_parts(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    a = write_part(store, "job1", "a", range(0, 10))
+    b = write_part(store, "job1", "b", range(10, 13))
+    c = write_part(store, "job1", "c", range(13, 20))
+    assert len(ss.open(store)) == 0  # finished parts are not visible
+    assert len(a.shards) == 3 and a.records == 10
+    assert commit_parts(store, [c, a, b]) == 20
+    ys, ids = contents(store)
+    assert ys == [*range(13, 20), *range(0, 13)]
+    assert ids == [f"r{v}" for v in ys]
+    s = ss.open(store)
+    assert s.index("r5") == 7 + 5 and s.index("r19") == 6  # id index over all committed shards
+    assert verify(store) == []
+    # parts are small, picklable and JSON-able; the JSON form commits as well
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert Part.from_json(json.loads(json.dumps(a.to_json()))) == a
+    d = write_part(store, "job2", "d", range(20, 22))
+    assert commit_parts(store, [json.loads(json.dumps(d.to_json()))]) == 2
+    assert contents(store)[0][-2:] == [20, 21]
+
+
+def test_committing_twice_missing_parts_and_duplicates_are_clear_errors(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    a = write_part(store, "j", "a", range(5))
+    b = write_part(store, "j", "b", range(5, 9))
+    commit_parts(store, [a])
+    with pytest.raises(SeqstoreError, match=r"part 'a' of job 'j'\): already committed"):
+        commit_parts(store, [b, a])
+    assert len(ss.open(store)) == 5  # b was not committed either
+    with pytest.raises(SeqstoreError, match="given twice"):
+        commit_parts(store, [b, b])
+    discard_parts(store, [b])
+    with pytest.raises(SeqstoreError, match=r"part 'b' of job 'j'\): not there"):
+        commit_parts(store, [b])
+    assert commit_parts(store, []) == 0
+    assert contents(store)[0] == list(range(5))
+
+
+def test_a_crash_before_the_commit_point_commits_nothing_and_is_undone(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepare_store(store, SCHEMA)
+    first = write_part(store, "j0", "a", range(100, 103))
+    commit_parts(store, [first])
+    a = write_part(store, "j", "a", range(10))
+    b = write_part(store, "j", "b", range(10, 20))
+
+    def die(self: Manifest, root: object) -> None:
+        raise OSError("injected crash before the manifest is saved")
+
+    monkeypatch.setattr(Manifest, "save", die)
+    with pytest.raises(OSError, match="injected"):
+        commit_parts(store, [a, b])
+    monkeypatch.undo()
+    assert (store / PARTS_DIR / parts_mod.JOURNAL).exists()  # the state a dead driver leaves
+    assert contents(store)[0] == [100, 101, 102]  # nothing visible
+    # a plain writer's commit undoes the interrupted one first (shards go back into the parts)
+    with ss.append_to(store) as w:
+        w.append({"x": np.full((1 + 103 % 5, 3), 103, np.float32), "y": 103}, id="r103")
+    assert not (store / PARTS_DIR / parts_mod.JOURNAL).exists()
+    assert commit_parts(store, [a, b]) == 20
+    assert contents(store)[0] == [100, 101, 102, 103, *range(20)]
+    assert verify(store) == []
+
+
+def test_a_crash_after_the_commit_point_is_finished_by_the_next_commit(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepare_store(store, SCHEMA)
+    a = write_part(store, "j", "a", range(6))
+
+    def die(root: object, journal: object) -> None:
+        raise OSError("injected crash after the manifest is saved")
+
+    monkeypatch.setattr(parts_mod, "_roll_forward", die)
+    with pytest.raises(OSError, match="injected"):
+        commit_parts(store, [a])
+    monkeypatch.undo()
+    assert contents(store)[0] == list(range(6))  # committed
+    with pytest.raises(SeqstoreError, match="already committed"):
+        commit_parts(store, [a])  # the retry finishes the interrupted commit and reports it
+    assert not (store / PARTS_DIR / parts_mod.JOURNAL).exists()
+    assert contents(store)[0] == list(range(6))
+
+
+_KILLED_CHILD = r"""
+import sys, numpy as np
+from seqstore.store.parts import PartWriter
+w = PartWriter(sys.argv[1], job="jk", task="killed-attempt", max_shard_records=50, buffer_bytes=1 << 8)
+i = 0
+while True:  # never finishes: the parent SIGKILLs it part way through a shard
+    w.append({"x": np.full((1 + i % 5, 3), i, np.float32), "y": i}, id=f"k{i}")
+    i += 1
+    if i == 120:
+        print("ready", flush=True)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_visible_and_is_discarded(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    ok = write_part(store, "jk", "finished-attempt", range(7))
+    other = write_part(store, "other-job", "t", range(50, 53))
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(store)], stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == b"ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    task_dir = store / PARTS_DIR / "jk" / "killed-attempt"
+    assert (task_dir / "p000000").is_dir() and (task_dir / "current").is_dir()  # finished shards and a torn one
+    assert len(ss.open(store)) == 0
+    # another writer's clean-up of dead writers leaves pending parts alone
+    with ss.append_to(store) as w:
+        w.append({"x": np.full((1 + 60 % 5, 3), 60, np.float32), "y": 60}, id="r60")
+    assert task_dir.is_dir() and (store / PARTS_DIR / "jk" / "finished-attempt" / "part.json").exists()
+    assert commit_parts(store, [ok]) == 7
+    assert contents(store)[0] == [60, *range(7)]
+    discard_parts(store, [ok])  # the job: its committed record and the killed attempt
+    assert not (store / PARTS_DIR / "jk").exists()
+    assert pending_jobs(store) == ["other-job"]
+    assert commit_parts(store, [other]) == 3
+    assert contents(store)[0] == [60, *range(7), 50, 51, 52]
+    assert verify(store) == []
+
+
+def test_a_failed_job_is_discarded_whole(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    write_part(store, "failed", "t0", range(5))
+    live = PartWriter(store, job="failed", task="t1")
+    live.append({"x": np.zeros((1, 3), np.float32), "y": 1}, id="z")
+    discard_parts(store, "failed")  # the live writer's task stays (and its job directory)
+    assert pending_jobs(store) == ["failed"]
+    assert sorted(os.listdir(store / PARTS_DIR / "failed")) == ["t1"]
+    live.abort()
+    assert not (store / PARTS_DIR / "failed" / "t1").exists()
+    discard_parts(store, "failed")
+    assert pending_jobs(store) == []
+    assert len(ss.open(store)) == 0
+    with pytest.raises(ValueError, match="names a directory"):
+        discard_parts(store, "../x")
+
+
+def test_an_attempt_id_is_used_once(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    write_part(store, "j", "t", range(3))
+    with pytest.raises(SeqstoreError, match="already finished"):
+        PartWriter(store, job="j", task="t")
+    live = PartWriter(store, job="j", task="u")
+    with pytest.raises(SeqstoreError, match="live PartWriter"):
+        PartWriter(store, job="j", task="u")
+    live.abort()
+    PartWriter(store, job="j", task="u").abort()
+    with pytest.raises(SeqstoreError, match="does not commit"):
+        with PartWriter(store, job="j", task="v") as w:
+            w.commit()
+    assert not (store / PARTS_DIR / "j" / "v").exists()  # left by an exception: aborted
+
+
+def test_overwrite_replaces_every_shard_and_earlier_readers_keep_theirs(store: Path) -> None:
+    prepare_store(store, SCHEMA, mode="overwrite")
+    commit_parts(store, [write_part(store, "j1", "a", range(12))])
+    old = ss.open(store)
+    assert [int(old[i]["y"]) for i in range(len(old))] == list(range(12))  # maps every shard
+    old_shards = sorted(p.name for p in store.glob("shard-*"))
+    prepare_store(store, SCHEMA, mode="overwrite")
+    new = write_part(store, "j2", "a", range(500, 506))
+    assert commit_parts(store, [new], mode="overwrite") == 6
+    assert contents(store) == (list(range(500, 506)), [f"r{v}" for v in range(500, 506)])
+    assert ss.open(store).index("r503") == 3
+    assert not any((store / n).exists() for n in old_shards)  # replaced shards are deleted
+    assert [int(old[i]["y"]) for i in range(len(old))] == list(range(12))  # the old reader still reads them
+    assert verify(store) == []
+    # appending after an overwrite continues the new table
+    commit_parts(store, [write_part(store, "j3", "a", range(600, 603))])
+    assert contents(store)[0] == [*range(500, 506), 600, 601, 602]
+    assert verify(store) == []
+
+
+def test_overwrite_with_another_schema_installs_it_at_the_commit(store: Path) -> None:
+    prepare_store(store, SCHEMA, metadata={"v": 1})
+    commit_parts(store, [write_part(store, "j1", "a", range(5))])
+    other = {"tokens": ss.Field("int32", (None,))}
+    prepare_store(store, other, mode="overwrite", metadata={"v": 2})
+    assert ss.open(store).schema == ss.Schema(SCHEMA)  # staged only: readers see the old store
+    with pytest.raises(SchemaError, match="existing store has schema"):
+        prepare_store(store, other, mode="append")
+    w = PartWriter(store, job="j2", task="a")
+    w.append_batch({"tokens": [np.arange(3), np.arange(1)]})
+    part = w.finish()
+    with pytest.raises(SchemaError, match="another schema"):
+        commit_parts(store, [part])  # appending parts of the staged schema to the old store
+    assert commit_parts(store, [part], mode="overwrite") == 2
+    s = ss.open(store)
+    assert s.schema == ss.Schema(other) and s.metadata == {"v": 2} and len(s) == 2
+    np.testing.assert_array_equal(s[0]["tokens"], np.arange(3))
+    assert not s.has_ids and verify(store) == []
+
+
+def test_append_checks_the_schema_and_the_ids(store: Path) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        prepare_store(store, SCHEMA, mode="upsert")
+    prepare_store(store, SCHEMA, mode="append")  # creates
+    prepare_store(store, SCHEMA, mode="append")  # same schema: fine
+    with pytest.raises(FileExistsError, match=str(store)):
+        prepare_store(store, SCHEMA, mode="create")
+    with pytest.raises(SchemaError, match=str(store)):
+        prepare_store(store, {"x": ss.Field("float16", (None, 3)), "y": ss.Field("int64")}, mode="append")
+    commit_parts(store, [write_part(store, "j", "a", range(3))])
+    no_ids = write_part(store, "j", "b", range(3, 5), ids=False)
+    with pytest.raises(SchemaError, match="with ids"):
+        commit_parts(store, [no_ids])
+    with_ids = write_part(store, "j", "c", range(5, 7))
+    with pytest.raises(SchemaError, match="mix records with and without ids"):
+        commit_parts(store, [with_ids, no_ids])
+    assert commit_parts(store, [with_ids]) == 2
+    w = PartWriter(store, job="j", task="d")
+    with pytest.raises(SchemaError, match="record 0.*field 'x'"):
+        w.append({"x": np.zeros((2, 4), np.float32), "y": 1}, id="bad")
+    w.abort()
+
+
+def test_parts_of_two_jobs(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    a1 = write_part(store, "A", "1", range(0, 4))
+    b1 = write_part(store, "B", "1", range(100, 103))
+    a2 = write_part(store, "A", "2", range(4, 9))
+    b2 = write_part(store, "B", "2", range(103, 104))
+    assert commit_parts(store, [a1, a2]) == 9
+    assert pending_jobs(store) == ["A", "B"]
+    discard_parts(store, "A")
+    assert commit_parts(store, [b2, b1]) == 4  # job B untouched by A's clean-up
+    assert contents(store)[0] == [*range(9), 103, 100, 101, 102]
+    c = write_part(store, "C", "1", range(200, 202))
+    d = write_part(store, "D", "1", range(300, 301))
+    assert commit_parts(store, [d, c]) == 3  # one commit may take parts of several jobs
+    assert contents(store)[0][-3:] == [300, 200, 201]
+    assert clean_parts(store, older_than=3600) == []
+    assert sorted(clean_parts(store, older_than=0)) == ["B", "C", "D"]
+    assert verify(store) == []
+
+
+@pytest.mark.xfail(reason="overwrite: a reader can pair the old manifest with the new table (fix in progress)",
+                   strict=False)
+def test_readers_opening_during_overwrites_see_the_old_or_the_new_store(store: Path) -> None:
+    prepare_store(store, SCHEMA)
+    sizes = {0: 30}
+    commit_parts(store, [write_part(store, "g0", "a", range(0, 30))])
+    stop = threading.Event()
+    seen: set[int] = set()
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                s = ss.open(store)
+                ys = np.array([int(s[i]["y"]) for i in range(len(s))])
+            except CorruptionError as exc:  # a shard of the old store deleted before this reader touched it
+                if "missing" not in str(exc) and "No such file" not in str(exc):
+                    errors.append(exc)
+                continue
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+                continue
+            gen = int(ys[0]) // 1000
+            if len(ys) != sizes.get(gen) or not (ys // 1000 == gen).all():
+                errors.append(AssertionError(f"mixed or torn view: {len(ys)} records {ys[:3]}...{ys[-3:]}"))
+            seen.add(gen)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for gen in range(1, 8):
+            n = 10 + 7 * gen
+            sizes[gen] = n
+            part = write_part(store, f"g{gen}", "a", range(gen * 1000, gen * 1000 + n), max_shard_records=3)
+            commit_parts(store, [part], mode="overwrite")
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert [str(e) for e in errors] == []
+    assert len(seen) >= 2
+    assert contents(store)[0] == list(range(7000, 7000 + 59))
+    assert verify(store) == []
