@@ -22,6 +22,7 @@ from .errors import SeqstoreError
 from .format.manifest import MANIFEST
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .interop.commands import cli_message
+from .io.objects import is_remote
 from .store import open_store
 from .store.describe import describe_groups
 from .store.verify import total_bytes, verify
@@ -90,11 +91,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     gc.collect()
     private0 = rss_bytes()[0]
     t0 = time.perf_counter()
-    store = open_store(args.path)
+    store = open_store(args.path, storage_options=storage_options(args))
     open_s = time.perf_counter() - t0
     private_growth = rss_bytes()[0] - private0
     m = store.manifest
-    print(f"store     {store.root}")
+    if store._remote is not None and m.table is not None:  # every shard's descriptor, in one wave
+        table = m.shard_table()
+        store._remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
+    print(f"store     {store.url}")
     print(f"records   {len(store)}")
     print(f"shards    {store.num_shards}")
     print(f"bytes     {_human_bytes(total_bytes(m))} ({total_bytes(m)})")
@@ -124,14 +128,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from .format.manifest import Manifest
 
+    opts = storage_options(args)
     try:
-        size = total_bytes(Manifest.load(args.path))
+        size = 0 if is_remote(args.path) else total_bytes(Manifest.load(args.path))
     except SeqstoreError:
         size = 0
     # verify() reports every byte of every listed file (header and data), so the bar ends at ``size``
     with tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=args.quiet or size == 0,
               file=sys.stderr) as bar:
-        problems = verify(args.path, progress=bar.update)
+        problems = verify(args.path, progress=bar.update, storage_options=opts)
     if problems:
         for p in problems:
             print(f"ERROR: {p}", file=sys.stderr)
@@ -148,19 +153,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_storage_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        help="an option for a remote store's client, e.g. endpoint=http://127.0.0.1:9000 (repeatable; "
+        "credentials are better left to the environment)",
+    )
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``-o KEY=VALUE`` options as a dict (None when there are none)."""
+    out: dict[str, Any] = {}
+    for item in getattr(args, "storage_option", []) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SeqstoreError(f"--storage-option {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="seqstore", description="Inspect, check and demo seqstore stores.")
     p.add_argument("--version", action="version", version=f"seqstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="schema, records, shards, bytes and length statistics")
-    info.add_argument("path")
+    info.add_argument("path", help="a store directory or URL (s3://, gs://, az://, https://, ...)")
+    _add_storage_options(info)
     info.add_argument("--no-lengths", action="store_true", help="skip the length statistics (a pass over offsets)")
     info.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     info.set_defaults(func=cmd_info)
 
     ver = sub.add_parser("verify", help="recompute checksums and check offsets and id indexes")
-    ver.add_argument("path")
+    ver.add_argument("path", help="a store directory or URL (s3://, gs://, az://, https://, ...)")
+    _add_storage_options(ver)
     ver.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     ver.set_defaults(func=cmd_verify)
 

@@ -165,7 +165,7 @@ class ObjectClient:
         return self._retrying(self.key_url(key), lambda: self.backend.get(key))  # type: ignore[no-any-return]
 
     def get_ranges(
-        self, requests: Sequence[tuple[str, int, int, str | None]]
+        self, requests: Sequence[tuple[str, int, int, str | None]], *, missing_ok: bool = False
     ) -> list[tuple[memoryview, ObjectMeta | None]]:
         """``requests`` of ``(key, start, end, etag or None)``, all in flight at once (at most
         ``max_requests``); each answer is the bytes ``[start, end)`` and, where the back end reports
@@ -173,14 +173,25 @@ class ObjectClient:
         object changed. Each request is retried on its own."""
         if not requests:
             return []
+        if missing_ok:
+            return self.submit([(k, s, e, t) for k, s, e, t in requests], missing_ok=True).result()
         return self.submit(requests).result()
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None
+        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None, *, missing_ok: bool = False
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         """:meth:`get_ranges` without waiting: a future of the answers. ``on_each(i, data, meta)`` is
-        called for each answer as it arrives, before the future completes (in the client's thread)."""
-        return self.backend.submit(requests, on_each)
+        called for each answer as it arrives, before the future completes (in the client's thread).
+        ``missing_ok``: a missing object answers ``(empty, None)`` instead of raising."""
+        if not missing_ok:
+            return self.backend.submit(requests, on_each)
+        inner = on_each
+
+        def guarded(i: int, data: memoryview, meta: ObjectMeta | None) -> None:
+            if inner is not None:
+                inner(i, data, meta)
+
+        return self.backend.submit(requests, guarded, missing_ok=True)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
         """Write ``data`` as object ``key`` atomically; ``mode``: ``"overwrite"``, ``"create"`` (fails
@@ -214,7 +225,7 @@ class _Backend:
         raise NotImplementedError
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any
+        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         raise NotImplementedError
 
@@ -409,13 +420,18 @@ class _ObstoreBackend(_Backend):
             await asyncio.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
 
     async def _all(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any
+        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
     ) -> list[tuple[memoryview, ObjectMeta | None]]:
         if self.sem is None:
             self.sem = asyncio.Semaphore(self.c.max_requests)
 
         async def each(i: int, r: tuple[str, int, int, str | None]) -> tuple[memoryview, ObjectMeta | None]:
-            got = await self._one(*r)
+            try:
+                got = await self._one(*r)
+            except RemoteNotFound:
+                if not missing_ok:
+                    raise
+                return memoryview(b""), None
             if on_each is not None:
                 on_each(i, got[0], got[1])
             return got
@@ -430,9 +446,9 @@ class _ObstoreBackend(_Backend):
             raise
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any
+        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
-        return asyncio.run_coroutine_threadsafe(self._all(requests, on_each), _Loop.get().loop)
+        return asyncio.run_coroutine_threadsafe(self._all(requests, on_each, missing_ok), _Loop.get().loop)
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         cond = isinstance(mode, dict)
@@ -526,13 +542,21 @@ class _FsspecBackend(_Backend):
         return memoryview(data), ObjectMeta(key, len(data), meta.etag)
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any
+        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         if self.pool is None:
             self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests, thread_name_prefix="seqstore-fsspec")
 
         def run() -> list[tuple[memoryview, ObjectMeta | None]]:
-            got = self.get_ranges(requests)
+            if missing_ok:
+                got: list[tuple[memoryview, ObjectMeta | None]] = []
+                for r in requests:
+                    try:
+                        got.extend(self.get_ranges([r]))
+                    except RemoteNotFound:
+                        got.append((memoryview(b""), None))
+            else:
+                got = self.get_ranges(requests)
             if on_each is not None:
                 for i, (d, m) in enumerate(got):
                     on_each(i, d, m)

@@ -439,6 +439,45 @@ class RemoteRoot:
         _register(_Region(base, base + size, obj, self, key, meta.etag), raw.base if raw.base is not None else raw)
         return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
+    def fetch_descriptors(self, names: Sequence[str]) -> None:
+        """Fetch the descriptors of shards ``names`` not yet in the mirror, all in one wave (for
+        ``info`` and ``verify``, which read every shard's descriptor)."""
+        assert self.mirror is not None
+        todo = [n for n in names if not (self.mirror / n / DESCRIPTOR).exists()]
+        for lo in range(0, len(todo), 4096):
+            part = todo[lo : lo + 4096]
+            got = self.client.get_ranges([(f"{n}/{DESCRIPTOR}", 0, -1, None) for n in part], missing_ok=True)
+            for n, (data, meta) in zip(part, got):
+                if meta is None:  # missing: the reader reports it, naming the descriptor
+                    continue
+                (self.mirror / n).mkdir(parents=True, exist_ok=True)
+                _atomic_write(self.mirror / n / DESCRIPTOR, bytes(data))
+
+    def materialize(self, keys: Sequence[str]) -> None:
+        """Fetch the whole objects ``keys`` into the cache and link them into the mirror under their
+        names, so that code reading local files (``verify``) reads them. Missing objects stay missing."""
+        assert self.mirror is not None
+        for key in keys:
+            try:
+                meta = self._meta(key)
+            except CorruptionError:
+                continue
+            obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
+            ms, me = obj.missing(np.array([0], np.int64), np.array([max(meta.size, 1)], np.int64))
+            runs = [(a, min(a + _MOST, int(e))) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, _MOST)]
+            if runs:
+                fut = self.submit([(key, a, b, meta.etag or None) for a, b in runs], [(obj, a) for a, _ in runs])
+                fut.result()
+            link = self.mirror / key
+            link.parent.mkdir(parents=True, exist_ok=True)
+            tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+            try:
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+            os.symlink(obj.data_path, tmp)
+            os.replace(tmp, link)
+
     def shard_files(self, manifest: Manifest, has_ids: bool) -> list[str]:
         return list(manifest.data_files()) + (list(IDS_FILES) if has_ids else [])
 

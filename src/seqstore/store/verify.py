@@ -24,6 +24,7 @@ from ..errors import SeqstoreError
 from ..format.manifest import IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
+from ..io.objects import is_remote
 from .ids import hash_ids
 from .reader import map_npy
 from .writer import IDS
@@ -81,24 +82,59 @@ def _shard_infos(manifest: Manifest, problems: list[str]) -> Iterator[ShardInfo]
             problems.append(str(exc))
 
 
-def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> list[str]:
+def verify(
+    path: str | os.PathLike[str],
+    progress: Callable[[int], None] | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    filesystem: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | str | None = None,
+) -> list[str]:
     """Check every committed file of the store at ``path``; return the problems found (empty if none).
 
     ``progress`` is called with the bytes of each file's ``.npy`` header, then with the bytes checksummed
     after each chunk (for a progress bar): on an intact store the calls add up to :func:`total_bytes`.
     Reads each file once; memory O(chunk + largest id index of one shard).
+
+    A remote store (a URL; the other arguments as for :func:`seqstore.open`) is checked shard by shard:
+    each shard's objects are fetched whole into the node cache and checked there; problems name URLs.
     """
-    root = Path(path)
+    remote: Any = None
+    if is_remote(path) or filesystem is not None:
+        from ..io.remote import RemoteRoot
+
+        try:
+            remote = RemoteRoot(os.fspath(path), storage_options, filesystem, cache_dir, cache_bytes)
+            root = remote.load()
+        except SeqstoreError as exc:
+            return [str(exc)]
+    else:
+        root = Path(path)
     try:
         manifest = Manifest.load(root)
+        if remote is not None and manifest.table is not None:
+            table = manifest.shard_table()
+            remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
     except SeqstoreError as exc:
-        return [str(exc)]
+        return [remote.display(str(exc)) if remote is not None else str(exc)]
+    problems = _verify_root(root, manifest, progress, remote)
+    return [remote.display(p) for p in problems] if remote is not None else problems
+
+
+def _verify_root(root: Path, manifest: Manifest, progress: Callable[[int], None] | None, remote: Any) -> list[str]:
     problems: list[str] = []
     schema = manifest.schema
     if manifest.table is not None:
         problems.extend(manifest.shard_table().check_all(manifest.table.crc32))
     for info in _shard_infos(manifest, problems):
         sdir = root / info.name
+        if remote is not None:  # its objects, whole, into the node cache, linked into the mirror
+            try:
+                remote.materialize([f"{info.name}/{rel}" for rel in info.files])
+            except SeqstoreError as exc:
+                problems.append(str(exc))
+                continue
         units = schema.storage_units()  # unpacked fields and packed groups (<group>.npy)
         expected = {f"{n}.npy" for n, _ in units} | {f"{n}.offsets.npy" for n, f in units if f.ragged}
         if info.has_ids:
@@ -134,6 +170,8 @@ def verify(path: str | os.PathLike[str], progress: Callable[[int], None] | None 
     if not problems:  # runs are compared with the shard indexes, which must be sound first
         for run in manifest.index_runs:
             try:
+                if remote is not None:
+                    remote.materialize([f"{run.name}.hash.npy", f"{run.name}.rows.npy"])
                 problems.extend(_check_index_run(root, manifest, run))
             except SeqstoreError as exc:
                 problems.append(str(exc))
