@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteNotFound
+from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
@@ -180,9 +180,11 @@ def fetch(starts: Any, ends: Any) -> Ticket:
 def ensure(starts: Any, ends: Any) -> None:
     """Return once every byte of the ranges (absolute addresses) is in the cache: fetch what is
     missing, wait for what is in flight. Raises the named error of a request that failed."""
-    fetch(starts, ends).wait()
-    again = fetch(starts, ends)  # a run another request was expected to bring, that it did not
-    again.wait()
+    try:
+        fetch(starts, ends).wait()
+    except RemoteError:  # e.g. a read-ahead request that failed: what is still missing is asked again
+        pass
+    fetch(starts, ends).wait()  # also what another request was expected to bring and did not
     for region, s, e in _split_by_region(starts, ends):
         rs, re_ = page_runs(s, e)
         ms, _ = region.obj.missing(rs, np.minimum(re_, region.obj.size))
