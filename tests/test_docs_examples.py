@@ -10,6 +10,9 @@ Conventions for the docs (this docstring is their reference):
   code run first, for what a reader has anyway, typically a small generated store at the path the
   example names. It may call ``make_corpus(path, n=300, dim=8, seed=0)``: a store with ragged
   ``features`` (float16, (None, dim)) and ``labels`` (int32), a scalar ``speaker`` and ids ``utt-<i>``.
+  ``s3_corpus(url)`` puts such a store at ``s3://bucket/prefix`` of a moto S3 server on loopback (started
+  once per test run) and points the ``AWS_*`` environment variables and ``SEQSTORE_CACHE_DIR`` at it
+  and at the test's directory, so an example reads a real S3 API by the URL it shows.
 - ``<!-- docs-test: skip gpu -->`` / ``<!-- docs-test: skip logix -->`` right before a block: it needs
   a CUDA device / a LogIX source tree (``LOGIX_SRC``); it runs when that is there, else it is
   skipped. No other reason is accepted, and any other ``docs-test:`` directive is an error.
@@ -123,6 +126,32 @@ def make_corpus(path: str | os.PathLike[str], n: int = 300, dim: int = 8, seed: 
     return seqstore.open(path)
 
 
+_MOTO: Any = None
+
+
+def s3_corpus(url: str, n: int = 300, dim: int = 8, seed: int = 0) -> str:
+    """A make_corpus store uploaded to ``url`` (``s3://bucket/prefix``) of a moto server (see the module
+    docstring); returns ``url``."""
+    global _MOTO
+    from support.s3 import MotoS3
+
+    if _MOTO is None:
+        _MOTO = MotoS3().start()
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    try:
+        _MOTO.boto3().create_bucket(Bucket=bucket)
+    except Exception as exc:  # noqa: BLE001 - already there from an earlier example
+        if "BucketAlreadyOwnedByYou" not in repr(exc):
+            raise
+    local = Path(f"_s3_corpus-{bucket}-{prefix.replace('/', '_')}")
+    make_corpus(local, n=n, dim=dim, seed=seed)
+    _MOTO.upload_dir(local, bucket, prefix)
+    os.environ.update(_MOTO.env())
+    os.environ["AWS_ALLOW_HTTP"] = "true"
+    os.environ["SEQSTORE_CACHE_DIR"] = str(Path("_seqstore_cache").resolve())
+    return url
+
+
 def _run(block: Block, namespace: dict[str, Any], code: str, what: str) -> None:
     # padded with newlines so that a traceback's line numbers are the file's
     source = "\n" * (block.line - 1) + code
@@ -138,7 +167,16 @@ FILES = [p for p in DOCS if python_blocks(p)]
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(REPO)) for p in FILES])
 def test_docs_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": "__docs__", "make_corpus": make_corpus}
+    environ = dict(os.environ)  # s3_corpus sets AWS_* and SEQSTORE_CACHE_DIR: restored below
+    try:
+        _run_file(path)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _run_file(path: Path) -> None:
+    namespace: dict[str, Any] = {"__name__": "__docs__", "make_corpus": make_corpus, "s3_corpus": s3_corpus}
     ran = 0
     for block in python_blocks(path):
         if block.skip is not None and not _available(block.skip):

@@ -29,7 +29,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -202,6 +202,13 @@ class ObjectClient:
         """Upload a local file (multipart where large). Returns the ETag."""
         return self._retrying(self.key_url(key), lambda: self.backend.put_file(key, os.fspath(path)))  # type: ignore[no-any-return]
 
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        """Upload the bytes ``chunks()`` yields as object ``key`` (a multipart upload: O(chunk) memory
+        whatever the size). The object appears only once the iterator is exhausted, so an exception the
+        iterator raises (e.g. a checksum that does not match) leaves no object. ``chunks`` is called
+        again for each retry. Returns the ETag."""
+        return self._retrying(self.key_url(key), lambda: self.backend.put_stream(key, chunks))  # type: ignore[no-any-return]
+
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         """Objects under ``prefix`` (relative to the root), keys relative to the root."""
         items = self._retrying(self.key_url(prefix), lambda: list(self.backend.list(prefix)))
@@ -233,6 +240,9 @@ class _Backend:
         raise NotImplementedError
 
     def put_file(self, key: str, path: str) -> str:
+        raise NotImplementedError
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
         raise NotImplementedError
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
@@ -302,10 +312,18 @@ class _ObstoreBackend(_Backend):
             "timeout": timedelta(seconds=client.timeout),
             "connect_timeout": timedelta(seconds=client.connect_timeout),
         }
-        for k in ("allow_http", "allow_invalid_certificates", "proxy_url", "user_agent", "http1_only"):
+        for k in ("allow_http", "allow_invalid_certificates", "http1_only"):
             if k in opts:
                 v = opts.pop(k)
                 client_options[k] = v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+        for k in ("proxy_url", "user_agent"):
+            if k in opts:
+                client_options[k] = str(opts.pop(k))
+        if "allow_http" not in client_options:
+            # client options given here replace those the client reads from the environment: keep this one
+            env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
+            if os.environ.get(f"{env}_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
+                client_options["allow_http"] = True
         if scheme in ("http", "https"):
             self.conditional = False
             self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
@@ -340,6 +358,11 @@ class _ObstoreBackend(_Backend):
             return ConflictError(f"{url}: conditional write refused: the object changed", url=url, attempts=1)
         if isinstance(exc, oex.AlreadyExistsError):
             return ConflictError(f"{url}: already exists", url=url, attempts=1)
+        if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
+            return RemoteError(
+                f"{url}: the client refused the request before sending it ({_short(exc, 160)}); for an http:// "
+                "endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)", url=url, attempts=1,
+            )
         if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError, oex.UnknownConfigurationKeyError)):
             return RemoteError(f"{url}: {type(exc).__name__}: {_short(exc)}", url=url, attempts=1)
         status = _status_of(exc)
@@ -462,6 +485,12 @@ class _ObstoreBackend(_Backend):
         from pathlib import Path
 
         r = self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20))
+        return str(r.get("e_tag") or r.get("version") or "")
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        r = self._sync(
+            key, lambda: self.obs.put(self.store, key, iter(chunks()), chunk_size=8 << 20, max_concurrency=4)
+        )
         return str(r.get("e_tag") or r.get("version") or "")
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
@@ -612,6 +641,27 @@ class _FsspecBackend(_Backend):
 
     def put_file(self, key: str, path: str) -> str:
         self._call(key, lambda: self.fs.put_file(path, self._path(key)))
+        return self.head(key).etag
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        def write() -> None:
+            f = self.fs.open(self._path(key), "wb")
+            try:
+                for c in chunks():
+                    f.write(c)
+            except BaseException:
+                try:  # leave no partial object
+                    if hasattr(f, "discard"):
+                        f.discard()
+                    else:
+                        f.close()
+                    self.fs.rm_file(self._path(key))
+                except Exception:  # noqa: BLE001 - the iterator's error is the one to report
+                    pass
+                raise
+            f.close()
+
+        self._call(key, write)
         return self.head(key).etag
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
