@@ -288,7 +288,10 @@ class Manifest:
             vals = [t["rows"], t["records"], t["crc32"]]
             if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in vals) or vals[2] >= 1 << 32:
                 raise ValueError(f"shard_table rows, records and crc32 must be non-negative integers, got {vals}")
-            table = TableState(*vals)
+            table_id = t.get("id", 0)
+            if not isinstance(table_id, int) or isinstance(table_id, bool) or not 0 <= table_id < 1 << 64:
+                raise ValueError(f"shard_table id must be an integer in [0, 2**64), got {table_id!r}")
+            table = TableState(vals[0], vals[1], vals[2], table_id)
         for k, s in enumerate(obj["shards"] if table is None else []):
             records = int(s["records"])
             rows = {str(n): int(v) for n, v in s["rows"].items()}

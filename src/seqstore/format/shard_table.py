@@ -51,6 +51,7 @@ TABLE_LAYOUT = 1
 #: Row flag: the shard's records have ids (``_ids*`` files). All rows of a table agree.
 FLAG_IDS = 1
 _HEADER = struct.Struct("<8sIII")  # magic, layout version, row bytes, ragged fields
+_ID_OFFSET = 24  # uint64 table id (see TableState.id)
 #: Maps the first ``size`` bytes of a file read-only, returning a buffer (see ShardTable.open).
 MapFile = Callable[[Path, int], Any]
 
@@ -80,9 +81,10 @@ def shard_dir_name(number: int) -> str:
     return f"shard-{number:06d}"
 
 
-def encode_table_header(ragged: int) -> bytes:
-    """The 64-byte header of a table whose rows have ``ragged`` ragged-row columns."""
+def encode_table_header(ragged: int, table_id: int = 0) -> bytes:
+    """The 64-byte header of a table whose rows have ``ragged`` ragged-row columns, with id ``table_id``."""
     head = _HEADER.pack(TABLE_MAGIC, TABLE_LAYOUT, row_dtype(ragged).itemsize, ragged)
+    head += bytes(_ID_OFFSET - len(head)) + struct.pack("<Q", table_id)
     return head + bytes(TABLE_HEADER_BYTES - len(head))
 
 
@@ -107,15 +109,22 @@ class TableState:
     rows: int
     records: int
     crc32: int
+    #: The table file's id (header bytes 24-31): 0 for a table that only ever grew; a commit that
+    #: replaces the whole table (an overwrite, store/parts.py) writes a new file with a new id, so a
+    #: reader that pairs a manifest with the other table file finds out in O(1).
+    id: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": TABLE, "rows": self.rows, "records": self.records, "crc32": self.crc32}
+        out: dict[str, Any] = {"file": TABLE, "rows": self.rows, "records": self.records, "crc32": self.crc32}
+        if self.id:
+            out["id"] = self.id
+        return out
 
     def after(self, row: bytes, records: int) -> TableState:
         """The state once ``row`` (holding ``records`` records) is appended. The CRC runs over the rows
         without their own ``row_crc`` fields: a CRC-32 over bytes that end in their own CRC-32 is the
         same constant whatever the bytes, so chaining whole rows would not depend on their content."""
-        return TableState(self.rows + 1, self.records + records, zlib.crc32(row[:-4], self.crc32))
+        return TableState(self.rows + 1, self.records + records, zlib.crc32(row[:-4], self.crc32), self.id)
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ class ShardTable:
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                check_table_header(f.read(TABLE_HEADER_BYTES), path, len(ragged))
+                check_table_header(f.read(TABLE_HEADER_BYTES), path, len(ragged), state.id)
             if size < need:
                 raise CorruptionError(
                     f"{path}: {size} bytes, expected at least {need} for the {state.rows} committed rows "
@@ -325,8 +334,9 @@ class ShardTable:
         return problems
 
 
-def check_table_header(raw: bytes, path: Path, ragged: int) -> None:
-    """Check the 64-byte header against the schema's number of ragged fields."""
+def check_table_header(raw: bytes, path: Path, ragged: int, table_id: int | None = None) -> None:
+    """Check the 64-byte header against the schema's number of ragged fields (and ``table_id``, the id
+    the manifest names, unless None)."""
     if len(raw) < TABLE_HEADER_BYTES:
         raise CorruptionError(f"{path}: {len(raw)} bytes, shorter than the {TABLE_HEADER_BYTES}-byte header")
     magic, layout, row_bytes, n_ragged = _HEADER.unpack_from(raw)
@@ -340,6 +350,13 @@ def check_table_header(raw: bytes, path: Path, ragged: int) -> None:
             f"{path}: header says {n_ragged} ragged fields and {row_bytes}-byte rows, expected {ragged} and {want} "
             "(from the schema)"
         )
+    if table_id is not None:
+        got = struct.unpack_from("<Q", raw, _ID_OFFSET)[0]
+        if got != table_id:
+            raise CorruptionError(
+                f"{path}: table id {got}, manifest.json names table id {table_id} (the table was replaced by an "
+                "overwrite, or the manifest was)"
+            )
 
 
 def _name_number(name: str) -> int:

@@ -180,7 +180,7 @@ class IdsMismatch(Exception):
         self.has_ids = has_ids
 
 
-def _append_row(root: Path, committed: int, row: bytes, ragged: int) -> None:
+def _append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: int = 0) -> None:
     """Write ``row`` (one row, or several rows back to back) at the committed end of the shard table and
     fsync it (creating the file with its header for the first row). Bytes a dead writer left past the
     committed rows are overwritten."""
@@ -188,9 +188,9 @@ def _append_row(root: Path, committed: int, row: bytes, ragged: int) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
     try:
         if committed == 0:
-            pwrite_all(fd, memoryview(encode_table_header(ragged) + row), 0)
+            pwrite_all(fd, memoryview(encode_table_header(ragged, table_id) + row), 0)
         else:
-            check_table_header(os.pread(fd, TABLE_HEADER_BYTES, 0), path, ragged)
+            check_table_header(os.pread(fd, TABLE_HEADER_BYTES, 0), path, ragged, table_id)
             pwrite_all(fd, memoryview(row), TABLE_HEADER_BYTES + committed * row_dtype(ragged).itemsize)
         os.fsync(fd)
     finally:
@@ -226,7 +226,7 @@ def commit_shard(
             table, start = manifest.shard_table(), manifest.table.records
             row = encode_row(number, start, pending.records, pending.has_ids,
                              [pending.rows[r] for r in manifest.ragged], desc_crc)
-            _append_row(root, manifest.table.rows, row, len(manifest.ragged))
+            _append_row(root, manifest.table.rows, row, len(manifest.ragged), manifest.table.id)
             count = manifest.table.rows + 1
             manifest.table = manifest.table.after(row, pending.records)
 

@@ -526,7 +526,10 @@ def _commit(
     old_table = manifest.shard_table()
     ragged = tuple(n for n, f in schema.items() if f.ragged)
     first_number = next_shard_number(manifest)
-    state = TableState(0, 0, 0) if overwrite else old_state
+    generation = manifest.generation + 1
+    # an overwrite writes a new table file whose id (the new generation: unique within the store) the new
+    # manifest names, so a reader pairing a manifest with the other file notices (format/shard_table.py)
+    state = TableState(0, 0, 0, generation) if overwrite else old_state
     base_rows = state.rows
     start = state.records
     rows = bytearray()
@@ -542,7 +545,6 @@ def _commit(
         names.append(shard_dir_name(number))
         starts.append(start)
         start += sh.records
-    generation = manifest.generation + 1
     parts_dir = root / PARTS_DIR
     journal = {
         "mode": "overwrite" if overwrite else "append",
@@ -562,21 +564,20 @@ def _commit(
             shutil.rmtree(target)
         os.rename(root / src_rel, target)
     fsync_dir(root)
+    new_table: Path | None = None
     if overwrite:
         if (root / TABLE).exists():
             (parts_dir / OLD_TABLE).unlink(missing_ok=True)
             os.link(root / TABLE, parts_dir / OLD_TABLE)
             fsync_dir(parts_dir)
         (root / WORK_DIR).mkdir(exist_ok=True)
-        tmp = root / WORK_DIR / f".{TABLE}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        new_table = root / WORK_DIR / f".{TABLE}.tmp-{os.getpid()}"
+        fd = os.open(new_table, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
         try:
-            pwrite_all(fd, memoryview(encode_table_header(len(ragged)) + bytes(rows)), 0)
+            pwrite_all(fd, memoryview(encode_table_header(len(ragged), state.id) + bytes(rows)), 0)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, root / TABLE)
-        fsync_dir(root)
         manifest.index_runs = []
         manifest.schema = schema
         if staged is not None:
@@ -584,7 +585,7 @@ def _commit(
             if staged.get("metadata") is not None:
                 manifest.metadata = dict(staged["metadata"])
     elif rows:
-        _append_row(root, base_rows, bytes(rows), len(ragged))
+        _append_row(root, base_rows, bytes(rows), len(ragged), state.id)
     superseded: list[Path] = []
     if entries and entries[0][1].has_ids:
         tag = f"-g{generation}" if overwrite else ""
@@ -596,6 +597,9 @@ def _commit(
 
         for count in range(base_rows + 1, base_rows + len(entries) + 1):  # as one commit per shard would
             superseded += _maybe_merge_index(root, manifest, count, locate, tag)
+    if new_table is not None:  # last, so that readers meet a new table without its manifest only briefly
+        os.replace(new_table, root / TABLE)
+        fsync_dir(root)
     manifest.table = state
     manifest.generation = generation
     manifest.save(root)  # the commit point
@@ -641,6 +645,8 @@ def _roll_back(root: Path, journal: Mapping[str, Any]) -> None:
     old = parts_dir / OLD_TABLE
     if journal["mode"] == "overwrite" and old.exists():
         os.replace(old, root / TABLE)
+    for tmp in (root / WORK_DIR).glob(f".{TABLE}.tmp-*"):  # an overwrite's new table, not yet in place
+        tmp.unlink(missing_ok=True)
     for src_rel, dst in reversed(journal["moves"]):
         src, target = root / src_rel, root / dst
         if target.is_dir() and not src.exists() and src.parent.is_dir():

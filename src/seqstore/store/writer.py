@@ -37,7 +37,16 @@ import numpy as np
 
 from ..errors import SchemaError, SeqstoreError
 from ..format.descriptor import DESCRIPTOR, encode_descriptor
-from ..format.manifest import ID_LOOKUPS, MANIFEST, FileInfo, Manifest, ShardInfo, fsync_dir
+from ..format.manifest import (
+    COMMIT_JOURNAL,
+    ID_LOOKUPS,
+    MANIFEST,
+    PARTS_DIR,
+    FileInfo,
+    Manifest,
+    ShardInfo,
+    fsync_dir,
+)
 from ..format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header
 from ..format.shard_table import TableState
 from ..schema import Field, Schema, flatten_values, to_storage_array
@@ -51,6 +60,7 @@ from .commit import (
     clean_orphans,
     commit_shard,
     merge_sorted_runs,
+    recover_batch_commit,
     store_lock,
     workspace_path,
 )
@@ -285,6 +295,7 @@ class Writer:
         manifest the writer starts from. store/parts.py's PartWriter puts its workspace elsewhere."""
         token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         with store_lock(self.root):
+            recover_batch_commit(self.root)  # a commit of parts that died part way (store/parts.py)
             manifest = Manifest.load(self.root)
             clean_orphans(self.root, manifest)
             self._workspace = workspace_path(self.root, manifest, token)
@@ -935,7 +946,7 @@ def open_or_create(
     root = Path(path)
     sch = _checked_schema(schema, packed, id_lookup)
     install_new_store(root, sch, metadata, id_lookup)
-    manifest = Manifest.load(root)
+    manifest = _load_recovered(root)
     if manifest.schema != sch:
         raise SchemaError(f"{root}: existing store has schema {manifest.schema!r}, expected {sch!r}")
     if manifest.id_lookup != id_lookup:
@@ -947,6 +958,14 @@ def open_or_create(
         max_shard_records=max_shard_records,
         direct_io=direct_io,
     )
+
+
+def _load_recovered(root: Path) -> Manifest:
+    """The manifest, once a commit of parts that died part way is finished or undone (store/parts.py)."""
+    if (root / PARTS_DIR / COMMIT_JOURNAL).exists():
+        with store_lock(root):
+            recover_batch_commit(root)
+    return Manifest.load(root)
 
 
 def install_new_store(root: Path, sch: Schema, metadata: Mapping[str, Any] | None, id_lookup: str) -> bool:
@@ -989,7 +1008,7 @@ def append_to(
 ) -> Writer:
     """Open an existing store to add shards. Many processes may do this at once."""
     root = Path(path)
-    Manifest.load(root)  # clear error if it is not a store
+    _load_recovered(root)  # clear error if it is not a store
     return Writer(
         root,
         shard_bytes=shard_bytes,
