@@ -173,7 +173,8 @@ class NodeCache:
         with self.locked():
             used = self._read_usage()
             if used + nbytes > self.budget:
-                used = self._evict(self.budget - nbytes, keep)
+                # down to 90% of the budget, so the next reservations need no eviction pass
+                used = self._evict(min(self.budget - nbytes, self.budget * 9 // 10), keep)
             self._write_usage(used + nbytes)
 
     def _entries(self) -> list[tuple[float, Path]]:

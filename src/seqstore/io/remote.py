@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 
 from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
@@ -42,11 +43,11 @@ from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
 from .advice import page_runs
-from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, address, map_fd
+from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
 from .nodecache import CachedObject, NodeCache
 from .objects import ObjectClient, ObjectMeta, redact
 
-__all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "Ticket", "remote_mappings"]
+__all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted", "Ticket", "remote_mappings"]
 
 _MOST = 8 << 20  # bytes per request at most
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
@@ -488,3 +489,56 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------- paged search
+
+
+@numba.njit(cache=True, nogil=True)
+def _bracket_search(arr: Any, q: Any, lo: Any, hi: Any, right: bool, out: Any) -> None:  # pragma: no cover
+    for i in range(q.shape[0]):
+        a = lo[i]
+        b = hi[i]
+        v = q[i]
+        while a < b:
+            m = (a + b) >> 1
+            if arr[m] < v or (right and arr[m] == v):
+                a = m + 1
+            else:
+                b = m
+        out[i] = a
+
+
+def paged_searchsorted(arr: np.ndarray[Any, Any], q: np.ndarray[Any, Any], side: str = "left") -> np.ndarray[Any, Any]:
+    """``np.searchsorted(arr, q, side)`` for a sorted 1-d ``arr`` mapped from a remote object, reading
+    only the pages the search needs: each round fetches (in one wave) 15 evenly spaced entries of every
+    query's bracket and narrows the bracket 16-fold, until it fits in one page; the rest is searched
+    in the cache. ``log16(len(arr) / 512)`` rounds (4 at 10^9 entries)."""
+    q = np.ascontiguousarray(q, dtype=arr.dtype)
+    n = len(arr)
+    lo = np.zeros(len(q), np.int64)
+    hi = np.full(len(q), n, np.int64)
+    per_page = max(1, PAGE // arr.itemsize)
+    base = address(arr)
+    right = side == "right"
+    while True:
+        active = np.flatnonzero(hi - lo > per_page)
+        if not len(active):
+            break
+        span = hi[active] - lo[active]
+        probes = lo[active, None] + (span[:, None] * np.arange(1, 16)[None, :]) // 16  # (a, 15), inside [lo, hi)
+        flat = np.unique(probes)
+        ensure(base + flat * arr.itemsize, base + (flat + 1) * arr.itemsize)
+        vals = arr[probes]
+        qa = q[active, None]
+        below = (vals < qa) | ((vals == qa) if right else np.zeros_like(vals, dtype=bool))
+        k = below.sum(axis=1)  # probes entirely before the answer: the answer is after probes[k-1]
+        new_lo = np.where(k > 0, probes[np.arange(len(active)), np.maximum(k - 1, 0)] + 1, lo[active])
+        new_hi = np.where(k < 15, probes[np.arange(len(active)), np.minimum(k, 14)], hi[active])
+        lo[active], hi[active] = new_lo, new_hi
+    nonempty = hi > lo
+    if nonempty.any():
+        ensure(base + lo[nonempty] * arr.itemsize, base + hi[nonempty] * arr.itemsize)
+    out = np.empty(len(q), np.int64)
+    _bracket_search(arr, q, lo, hi, right, out)
+    return out

@@ -1218,7 +1218,6 @@ class Store:
             sh = self._shard(shard)
             sh.load_ids()
             assert sh.id_hash is not None and sh.id_rows is not None
-            self._need(sh.id_hash, sh.id_rows)  # remote: a shard's id index is fetched whole on first use
             yield shard, sh.id_hash, sh.id_rows, self._start_index[shard]
             shard += 1
 
@@ -1234,7 +1233,6 @@ class Store:
                 mapper = map_npy if self._remote is None else self._remote.map_npy
                 h = mapper(self.root / f"{run.name}.hash.npy", None, np.dtype("<u8"), (run.records,))
                 r = mapper(self.root / f"{run.name}.rows.npy", None, np.dtype("<i8"), (run.records,))
-                self._need(h, r)  # remote: a merged run is fetched whole on first use
                 self._runs[run.name] = (h, r)
             except CorruptionError:
                 self._runs[run.name] = None
@@ -1258,6 +1256,14 @@ class Store:
             id_equal(sh.ids, sh.id_offsets, local, qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
             ok[pos] = res
         return ok
+
+    def _searchsorted(self, arr: np.ndarray[Any, Any], q: np.ndarray[Any, Any], side: str) -> np.ndarray[Any, Any]:
+        """``np.searchsorted``; on a remote store reading only the pages the search needs."""
+        if self._remote is None or len(arr) == 0:
+            return np.searchsorted(arr, q, side=side)  # type: ignore[call-overload,no-any-return]
+        from ..io.remote import paged_searchsorted
+
+        return paged_searchsorted(arr, q, side)
 
     def _need_ids(self, sh: _Shard, local: np.ndarray[Any, Any]) -> None:
         """Remote store: wait for the ids (offsets, then bytes) of local rows ``local`` of ``sh``."""
@@ -1286,7 +1292,10 @@ class Store:
         h = np.uint64(hash_one(key))
         found = -1
         for _first, hashes, rows, base in self._probe_list():
-            j = int(hashes.searchsorted(h))
+            j = int(self._searchsorted(hashes, np.array([h]), "left")[0])
+            if self._remote is not None:  # the run of equal hashes (almost always 0 or 1 entries)
+                k = int(self._searchsorted(hashes, np.array([h]), "right")[0])
+                self._need(hashes[j : k + 1], rows[j : k + 1])
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
                 if not 0 <= row < self._n:
@@ -1353,8 +1362,8 @@ class Store:
                 todo = todo[result[todo] < 0]
                 continue
             qh = q[todo]
-            lo = np.searchsorted(hashes, qh, side="left")
-            hi = np.searchsorted(hashes, qh, side="right")
+            lo = self._searchsorted(hashes, qh, "left")
+            hi = self._searchsorted(hashes, qh, "right")
             counts = hi - lo
             hit = counts > 0
             if not hit.any():
@@ -1362,6 +1371,8 @@ class Store:
             cq = np.repeat(todo[hit], counts[hit])
             run_starts = np.repeat(lo[hit], counts[hit])
             within = np.arange(len(cq)) - np.repeat(np.cumsum(counts[hit]) - counts[hit], counts[hit])
+            if self._remote is not None:
+                self._need_rows(rows.reshape(-1, 1), run_starts + within)
             cand_rows = np.asarray(rows[run_starts + within]) + base
             if (cand_rows < 0).any() or (cand_rows >= self._n).any():
                 raise CorruptionError(f"{self.root}: id index (from shard {_first}) names rows out of range")
