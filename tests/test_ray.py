@@ -1,0 +1,315 @@
+"""seqstore.ray: Ray Data writes one store in parallel (exactly once, also with a killed and retried
+write task; a failed job leaves nothing) and reads stores back (equal to the store; ordered reads
+yield the epoch order). One local Ray instance (``num_cpus=2``) serves the whole test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'seqstore[ray]' (make test installs it)")
+pytest.importorskip("ray.data", reason="Ray Data is not installed: pip install 'seqstore[ray]'")
+pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (Ray Data needs it)")
+
+import seqstore  # noqa: E402
+import seqstore.ray as sray  # noqa: E402
+from seqstore import Field  # noqa: E402
+from seqstore.errors import SchemaError  # noqa: E402
+from seqstore.store.parts import pending_jobs  # noqa: E402
+
+N = 1200
+BLOCKS = 6
+DIM = 16
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray for the session: 2 CPUs, no dashboard, a small object store. This module's
+    functions travel to the workers by value (the workers cannot import the test module)."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
+                 configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    yield
+    if started:
+        ray.shutdown()
+
+
+# --------------------------------------------------------------------------------------- data
+
+
+def _length(i: int) -> int:
+    return 1 + (i * 7919) % 37
+
+
+def _feat(i: int) -> np.ndarray:
+    return ((np.arange(_length(i) * DIM) + i) % 251).astype(np.float16).reshape(_length(i), DIM)
+
+
+def _labels(i: int) -> np.ndarray:
+    return (np.arange(i % 5) + i).astype(np.int32)
+
+
+def _rows(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Rows of record numbers ``batch["id"]``: ragged (L, 16) float16 features (Ray variable-shaped
+    tensors), ragged int32 labels (some empty), a fixed (3,) vector, a scalar and a string id."""
+    ids = batch["id"].astype(np.int64)
+    feat = np.empty(len(ids), dtype=object)
+    labels = np.empty(len(ids), dtype=object)
+    for k, i in enumerate(ids):
+        feat[k] = _feat(int(i))
+        labels[k] = _labels(int(i))
+    return {
+        "key": np.array([f"rec-{i}" for i in ids]),
+        "feat": feat,
+        "labels": labels,
+        "vec": np.stack([ids, ids * 2, ids * 3], axis=1).astype(np.float32),
+        "num": ids,
+    }
+
+
+def _dataset(n: int = N, blocks: int = BLOCKS, fn: Any = _rows, **kw: Any) -> Any:
+    return ray.data.range(n, override_num_blocks=blocks).map_batches(fn, **kw)
+
+
+def _check_exactly_once(path: Path, expected: range, order: bool = True) -> None:
+    """Every number in ``expected`` is in the store exactly once, with its id and values."""
+    st = seqstore.open(path)
+    assert len(st) == len(expected)
+    nums = st.get_batch(np.arange(len(st)), fields=["num"])["num"]
+    if order:
+        assert nums.tolist() == list(expected)
+    assert sorted(nums.tolist()) == list(expected)
+    for r in range(len(st)):
+        i = int(nums[r])
+        rec = st[r]
+        assert st.id(r) == f"rec-{i}"
+        np.testing.assert_array_equal(rec["feat"], _feat(i))
+        np.testing.assert_array_equal(rec["labels"], _labels(i))
+        np.testing.assert_array_equal(rec["vec"], np.array([i, 2 * i, 3 * i], np.float32))
+    assert pending_jobs(path) == []  # no part of the job is left in the store
+
+
+# ------------------------------------------------------------------------------------- writing
+
+
+def test_import_seqstore_does_not_import_ray() -> None:
+    code = "import sys, seqstore, seqstore.engines; assert 'ray' not in sys.modules, 'ray imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_write_every_row_once_in_dataset_order(ray_local: None, tmp_path: Path) -> None:
+    path = tmp_path / "s.seqstore"
+    n = sray.write(_dataset(), path, id_column="key", max_shard_records=64)
+    assert n == N
+    st = seqstore.open(path)
+    assert dict(st.schema.items()) == {
+        "feat": Field("float16", (None, DIM)), "labels": Field("int32", (None,)),
+        "vec": Field("float32", (3,)), "num": Field("int64"),
+    }
+    assert st.num_shards > BLOCKS  # several shards per task (max_shard_records), all committed at once
+    _check_exactly_once(path, range(N))
+    assert st.index("rec-777") == 777
+
+
+def _die_once(batch: dict[str, np.ndarray], marker: str, at: int) -> dict[str, Any]:
+    """``_rows``; but the first attempt of the task whose batch starts at record ``at`` exits hard
+    (``os._exit``) after checking that the write task already wrote shard files of its part."""
+    if int(batch["id"][0]) == at:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:  # the retried attempt
+            return _rows(batch)
+        store = Path(marker).parent / "s.seqstore"
+        written = sorted(p.name for p in store.glob("_parts/*/*/p*"))
+        os.write(fd, ",".join(written).encode())
+        os.close(fd)
+        os._exit(3)
+    return _rows(batch)
+
+
+def test_write_task_killed_mid_write_is_retried_exactly_once(ray_local: None, tmp_path: Path) -> None:
+    marker = tmp_path / "killed"
+    # blocks of 200 records, batches of 50: the task of records 200..399 writes three batches (shards
+    # of at most 40 records are finished on disk), then dies on its fourth; Ray runs it again
+    ds = _dataset(fn=_die_once, batch_size=50, fn_kwargs={"marker": str(marker), "at": 350})
+    ds.context.target_max_block_size = 4096  # each batch of the map reaches the write as a block of its own
+    n = sray.write(ds, tmp_path / "s.seqstore", id_column="key", max_shard_records=40)  # Ray retries it
+    assert n == N
+    assert marker.read_text()  # the killed attempt had finished shards of its own part on disk
+    _check_exactly_once(tmp_path / "s.seqstore", range(N))
+
+
+def _fail_at(batch: dict[str, np.ndarray], at: int) -> dict[str, Any]:
+    if int(batch["id"][0]) == at:
+        raise ValueError(f"injected failure at record {at}")
+    return _rows(batch)
+
+
+def test_failed_job_leaves_nothing(ray_local: None, tmp_path: Path) -> None:
+    path = tmp_path / "s.seqstore"
+    sray.write(_dataset(400, 2), path, id_column="key")
+    ds = _dataset(fn=_fail_at, batch_size=50, fn_kwargs={"at": 850}).map_batches(
+        lambda b: {**b, "num": b["num"] + 400})
+    with pytest.raises(Exception, match="injected failure at record 850"):
+        sray.write(ds, path, id_column="key", mode="append", max_shard_records=40)
+    _check_exactly_once(path, range(400))  # the store as before, no part left
+    # a job that creates the store and fails leaves no store behind
+    fresh = tmp_path / "fresh.seqstore"
+    with pytest.raises(Exception, match="injected failure"):
+        sray.write(_dataset(fn=_fail_at, fn_kwargs={"at": 0}), fresh, id_column="key")
+    assert not fresh.exists()
+
+
+def test_append_and_overwrite(ray_local: None, tmp_path: Path) -> None:
+    path = tmp_path / "s.seqstore"
+    sray.write(_dataset(300, 2), path, id_column="key")
+    with pytest.raises(FileExistsError):
+        sray.write(_dataset(10, 1), path, id_column="key")
+    later = _dataset(300, 2).map_batches(lambda b: _rows({"id": b["num"] + 300}))
+    assert sray.write(later, path, id_column="key", mode="append") == 300
+    _check_exactly_once(path, range(600))
+    again = _dataset(200, 2).map_batches(lambda b: _rows({"id": b["num"] + 1000}))
+    assert sray.write(again, path, id_column="key", mode="overwrite") == 200
+    _check_exactly_once(path, range(1000, 1200))
+
+
+def test_given_schema_and_conversions(ray_local: None, tmp_path: Path) -> None:
+    """A given schema: float32 values into a bfloat16 field, Python lists of equal length into a
+    fixed field; a store written with a schema from an empty Dataset has no records."""
+    items = [{"x": [float(i), i + 0.5], "t": list(range(i % 4))} for i in range(40)]
+    path = tmp_path / "s.seqstore"
+    schema = {"x": Field("bfloat16", (2,)), "t": Field("int16", (None,))}
+    assert sray.write(ray.data.from_items(items), path, schema=schema) == 40
+    st = seqstore.open(path, bfloat16="float32")
+    np.testing.assert_array_equal(st[7]["x"], [7.0, 7.5])
+    np.testing.assert_array_equal(st[7]["t"], [0, 1, 2])
+    assert st[8]["t"].shape == (0,)
+    empty = ray.data.from_items(items).filter(lambda r: False)
+    assert sray.write(empty, tmp_path / "e.seqstore", schema=schema) == 0
+    assert len(seqstore.open(tmp_path / "e.seqstore")) == 0
+
+
+def test_wrong_column_type_names_the_column(ray_local: None, tmp_path: Path) -> None:
+    ds = ray.data.from_items([{"name": f"n{i}", "x": i} for i in range(10)])
+    with pytest.raises(SchemaError, match="column 'name'"):
+        sray.write(ds, tmp_path / "s.seqstore")
+    assert not (tmp_path / "s.seqstore").exists()
+
+
+# ------------------------------------------------------------------------------- schema inference
+
+
+def test_infer_schema_from_arrow_and_ray_types() -> None:
+    from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
+
+    var = np.empty(3, dtype=object)
+    for k in range(3):
+        var[k] = np.full((k + 1, 4, 2), k, dtype=np.float32)
+    table = pa.table({
+        "lst": pa.array([[1, 2], [], [3]], type=pa.list_(pa.int32())),
+        "large": pa.array([[1.0], [2.0, 3.0], []], type=pa.large_list(pa.float64())),
+        "fsl": pa.array([[1, 2, 3]] * 3, type=pa.list_(pa.uint8(), 3)),
+        "lol": pa.array([[[1, 2]], [[3, 4], [5, 6]], []], type=pa.list_(pa.list_(pa.int64()))),
+        "tensor": ArrowTensorArray.from_numpy(np.zeros((3, 2, 5), np.int16)),
+        "vtensor": ArrowVariableShapedTensorArray.from_numpy(var),
+        "bits": pa.array(np.array([1, 2, 3], np.uint16)),
+        "id": pa.array(["a", "b", "c"]),
+    })
+    table = table.replace_schema_metadata(None)
+    schema = table.schema.set(table.schema.get_field_index("bits"),
+                              table.schema.field("bits").with_metadata(sray.BFLOAT16_METADATA))
+    table = table.cast(schema)
+    sch = sray.infer_schema(table.schema, table, id_column="id")
+    assert dict(sch.items()) == {
+        "lst": Field("int32", (None,)), "large": Field("float64", (None,)), "fsl": Field("uint8", (3,)),
+        "lol": Field("int64", (None, 2)), "tensor": Field("int16", (2, 5)),
+        "vtensor": Field("float32", (None, 4, 2)), "bits": Field("bfloat16"),
+    }
+    cols, ids = sray.block_columns(table, sch, "id")
+    assert ids == ["a", "b", "c"]
+    values, lengths = cols["vtensor"]
+    assert values.shape == (6, 4, 2) and lengths.tolist() == [1, 2, 3]
+    np.testing.assert_array_equal(values[3:], 2)
+    assert cols["lol"][0].tolist() == [[1, 2], [3, 4], [5, 6]] and cols["lol"][1].tolist() == [1, 2, 0]
+    assert cols["tensor"].shape == (3, 2, 5)
+    # equal-length rows given as a fixed-shape tensor fit a ragged field
+    fixed_rows = pa.table({"vtensor": ArrowTensorArray.from_numpy(np.ones((2, 3, 4, 2), np.float32))})
+    values, lengths = sray.block_columns(fixed_rows, seqstore.Schema({"vtensor": sch["vtensor"]}), None)[0]["vtensor"]
+    assert values.shape == (6, 4, 2) and lengths.tolist() == [3, 3]
+    # a variable-shaped tensor whose rows differ beyond the first dim is no ragged field
+    bad = np.empty(2, dtype=object)
+    bad[0], bad[1] = np.zeros((1, 2)), np.zeros((1, 3))
+    t = pa.table({"v": ArrowVariableShapedTensorArray.from_numpy(bad)})
+    with pytest.raises(SchemaError, match=r"column 'v'.*first dim only"):
+        sray.infer_schema(t.schema, t)
+    with pytest.raises(SchemaError, match="column 'id'"):
+        sray.infer_schema(table.schema, table)  # a string column that is not the id column
+
+
+# ------------------------------------------------------------------------------------- reading
+
+
+@pytest.fixture
+def written(ray_local: None, tmp_path: Path) -> Path:
+    path = tmp_path / "s.seqstore"
+    sray.write(_dataset(600, 3), path, id_column="key", max_shard_records=128)
+    return path
+
+
+def _equal_to_store(st: Any, rows: list[dict[str, Any]], indices: np.ndarray) -> None:
+    assert len(rows) == len(indices)
+    for row, i in zip(rows, indices):
+        rec = st[int(i)]
+        assert row["id"] == st.id(int(i))
+        for name in ("feat", "labels", "vec", "num"):
+            np.testing.assert_array_equal(np.asarray(row[name]), rec[name])
+
+
+def test_read_equals_store(written: Path) -> None:
+    st = seqstore.open(written)
+    ds = sray.read(written, id_column="id", block_records=50)
+    assert ds.count() == len(st)
+    _equal_to_store(st, list(ds.iter_rows()), np.arange(len(st)))
+    part = sray.read(written, fields=["num"], block_records=64).take_batch(1000, batch_format="numpy")
+    assert list(part) == ["num"] and part["num"].tolist() == list(range(600))
+
+
+def test_ordered_read_yields_the_epoch_order(written: Path) -> None:
+    st = seqstore.open(written)
+    for ordering, epoch, kw in (("random", 2, {}), ("laplace:.50", 3, {"length_field": "feat"}),
+                                ("random", 3, {"partition_epoch": 2})):
+        ds = sray.read(written, ordering=ordering, epoch=epoch, seed=11, id_column="id", block_records=37,
+                       override_num_blocks=4, **kw)
+        expected = seqstore.StoreDataset(st, ordering=ordering, seed=11, length_field="feat",
+                                         partition_epoch=kw.get("partition_epoch", 1)).epoch_order(epoch).to_numpy()
+        rows = list(ds.iter_rows())
+        assert [r["num"] for r in rows] == expected.tolist(), ordering
+        _equal_to_store(st, rows[:50], expected[:50])
+    assert len(expected) == 300  # the partition epoch's half
+
+
+def test_read_then_write_keeps_bfloat16(ray_local: None, tmp_path: Path) -> None:
+    src = tmp_path / "src.seqstore"
+    with seqstore.create(src, {"h": Field("bfloat16", (None, 2)), "s": Field("bfloat16")}) as w:
+        w.append_batch({"h": [np.full((k % 3, 2), k / 4, np.float32) for k in range(30)],
+                        "s": np.arange(30, dtype=np.float32)})
+    out = tmp_path / "out.seqstore"
+    assert sray.write(sray.read(src).map_batches(lambda b: b, batch_format="pyarrow"), out) == 30
+    a, b = seqstore.open(src), seqstore.open(out)
+    assert b.schema == a.schema
+    for i in range(30):
+        np.testing.assert_array_equal(a[i]["h"], b[i]["h"])
+        np.testing.assert_array_equal(a[i]["s"], b[i]["s"])
+    f32 = sray.read(src, bfloat16="float32").take_batch(30, batch_format="numpy")
+    np.testing.assert_array_equal(f32["s"], np.arange(30, dtype=np.float32))
