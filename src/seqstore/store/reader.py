@@ -859,16 +859,27 @@ class Store:
         names = self._field_names(fields)
         active = self._readahead != "never" or self._remote is not None
 
-        def request(batch: Any) -> tuple[np.ndarray[Any, Any], list[_Group]]:
-            idx = self._norm_many(batch).reshape(-1)
-            groups = self._batch_groups(idx)
-            return idx, (self._request(groups, names) if active else groups)
+        # tokens: [indices, groups, value rows requested]; a remote store requests the value rows of a
+        # batch when the batch after it enters the window (its offsets have had a batch's time to arrive),
+        # a local one just before the batch is next (the page cache answers offsets in microseconds)
+        window: list[list[Any]] = []
 
-        def ready(token: tuple[np.ndarray[Any, Any], list[_Group]]) -> None:
-            if active:
+        def values(token: list[Any]) -> None:
+            if active and not token[2]:
+                token[2] = True
                 self._request_values(token[1], names)
 
-        for _batch, (idx, groups) in lookahead(batches, prefetch, request, ready):
+        def request(batch: Any) -> list[Any]:
+            idx = self._norm_many(batch).reshape(-1)
+            groups = self._batch_groups(idx)
+            token = [idx, self._request(groups, names) if active else groups, False]
+            if self._remote is not None:
+                if window:
+                    values(window.pop())
+                window.append(token)
+            return token
+
+        for _batch, (idx, groups, _) in lookahead(batches, prefetch, request, values):
             self._need_groups(groups, names)
             yield self._gather(idx, groups, names, pad)
 
