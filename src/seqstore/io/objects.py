@@ -385,6 +385,9 @@ class _ObstoreBackend(_Backend):
             return fn()
         except self.oex.BaseError as exc:
             raise self._classify(exc, key, conditional) from None
+        except FileNotFoundError:  # obstore raises the builtin for a missing object
+            url = self.c.key_url(key)
+            raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
         except (OSError, TimeoutError, ConnectionError) as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
 
@@ -434,6 +437,8 @@ class _ObstoreBackend(_Backend):
                 last: BaseException = err
             except _Transient as exc:
                 last = exc
+            except FileNotFoundError:  # obstore raises the builtin for a missing object
+                raise RemoteNotFound(f"{url}: no such object", url=url, attempts=attempt) from None
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = _Transient(f"{type(exc).__name__}: {exc}")
             if attempt > self.c.max_retries:
