@@ -20,7 +20,7 @@ from ..errors import CorruptionError, open_files_exhausted
 from .shard_info import FileInfo, ShardInfo
 from .shard_table import ShardRow
 
-__all__ = ["DESCRIPTOR", "DESCRIPTOR_FORMAT", "encode_descriptor", "read_descriptor"]
+__all__ = ["DESCRIPTOR", "DESCRIPTOR_FORMAT", "encode_descriptor", "parse_descriptor", "read_descriptor"]
 
 DESCRIPTOR = "_shard.json"
 DESCRIPTOR_FORMAT = "seqstore-shard"
@@ -51,6 +51,14 @@ def read_descriptor(shard_dir: Path, row: ShardRow, expected_files: Iterable[str
         raise open_files_exhausted(path, exc) or CorruptionError(
             f"{path}: cannot read the shard descriptor ({exc})"
         ) from exc
+    return parse_descriptor(raw, str(path), shard_dir.name, row, expected_files)
+
+
+def parse_descriptor(raw: bytes, where: str, name: str, row: ShardRow, expected_files: Iterable[str]) -> ShardInfo:
+    """Check the bytes ``raw`` of shard ``name``'s descriptor (found at ``where``, a path or URL, for
+    messages) against its shard table ``row`` and the file names the schema implies, as
+    :func:`read_descriptor` does, and return the shard it describes."""
+    path = where
     crc = zlib.crc32(raw)
     if crc != row.desc_crc:
         raise CorruptionError(
@@ -78,7 +86,7 @@ def read_descriptor(shard_dir: Path, row: ShardRow, expected_files: Iterable[str
     if set(files) != want:
         missing, extra = sorted(want - set(files)), sorted(set(files) - want)
         raise CorruptionError(f"{path}: files listed do not match the schema (missing {missing}, unexpected {extra})")
-    return ShardInfo(shard_dir.name, records, rows, files, has_ids)
+    return ShardInfo(name, records, rows, files, has_ids)
 
 
 def _count(v: Any) -> int:
