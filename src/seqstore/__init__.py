@@ -24,6 +24,7 @@ from .order import Order, seq_order, sort_index
 from .schema import Field, PackedGroup, Schema, bfloat16_to_float32, float32_to_bfloat16
 from .store import Lengths, Store, Writer, append_to, create
 from .store import open_store as open  # noqa: A001 - the public name is seqstore.open
+from .store.copy import copy
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,7 @@ __all__ = [
     "Writer",
     "append_to",
     "bfloat16_to_float32",
+    "copy",
     "create",
     "float32_to_bfloat16",
     "open",

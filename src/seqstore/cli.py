@@ -1,4 +1,4 @@
-"""The ``seqstore`` command line: ``info``, ``verify``, ``demo``, ``convert`` and ``export``.
+"""The ``seqstore`` command line: ``info``, ``verify``, ``demo``, ``copy``, ``convert`` and ``export``.
 
 Progress bars (tqdm, on stderr) are shown for work that reads or writes the whole store.
 """
@@ -153,6 +153,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    from .store.copy import copy
+
+    def options(items: list[str], flag: str) -> dict[str, Any] | None:
+        out: dict[str, Any] = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SeqstoreError(f"{flag} {item!r}: expected KEY=VALUE")
+            out[key.strip()] = value
+        return out or None
+
+    try:
+        r = copy(args.src, args.dst, src_options=options(args.src_option, "--src-option"),
+                 dst_options=options(args.dst_option, "--dst-option"), workers=args.workers,
+                 progress=not args.quiet, overwrite=args.overwrite)
+    except ValueError as exc:
+        print(f"seqstore: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
+          f"{_human_bytes(r.bytes)} in {r.files} file(s)")
+    return 0
+
+
 def _add_storage_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
@@ -197,6 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--keep", action="store_true", help="reuse the corpus in --out if it is already there")
     demo.set_defaults(func=cmd_demo)
+
+    cp = sub.add_parser("copy", help="copy a store between local disk and object storage (resumable, checked)")
+    cp.add_argument("src", help="the store to copy: a directory or URL (s3://, gs://, az://, ...)")
+    cp.add_argument("dst", help="where to copy it: a directory or URL")
+    cp.add_argument("--workers", type=int, default=8, help="shards copied at once (default 8)")
+    for end in ("src", "dst"):
+        cp.add_argument(f"--{end}-option", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"a client option of the {end} URL, e.g. endpoint=http://127.0.0.1:9000 (repeatable)")
+    cp.add_argument("--overwrite", action="store_true", help="replace a destination that holds another store")
+    cp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    cp.set_defaults(func=cmd_copy)
 
     add_interop_subcommands(sub)  # convert, export
     return p

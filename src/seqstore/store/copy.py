@@ -1,0 +1,466 @@
+"""``seqstore.copy``: copy a store from a local directory to object storage, back, or between two
+object stores (or two directories), shard by shard in parallel, resumable, checksummed on arrival,
+and with the manifest written last.
+
+The source is walked through what it commits, never by listing it: ``manifest.json``, the committed
+rows of the shard table (version 3) and each shard's descriptor ``_shard.json`` (version 3) or the
+manifest's shard list (versions 1/2) name every file with its size and the CRC-32 of its data bytes.
+Per shard, in a pool of ``workers`` threads:
+
+1. version 3: the source descriptor is read and checked against its table row. If the destination
+   already has the same descriptor bytes and every file of the shard with the size the descriptor
+   gives, the shard is complete there and is skipped (a resumed copy). The descriptor is written
+   last in every shard, and every file is written atomically and only after its CRC was checked, so
+   a descriptor at the destination means the files beside it were checked when they were written;
+   the size check catches files changed since by hand. Versions 1/2 have no descriptor: a shard whose
+   files all have the right sizes is read back and its CRCs checked instead of copied again.
+2. every file is streamed in 8 MiB chunks (at most a few in flight per file: O(1) memory per shard
+   in flight) and the CRC-32 of its data bytes (after the ``.npy`` header) is computed from the very
+   bytes sent. A mismatch, or a size other than the descriptor's, raises ``CorruptionError`` naming
+   the source file before the destination object is completed (a streamed multipart upload is not
+   completed; a local file is not renamed into place), so nothing unchecked ever lands.
+
+Then the merged id-index runs the manifest lists, then (version 3) the shard table's committed rows,
+then ``manifest.json``: a reader opening the destination during the copy sees the store that was
+there before, or no store, never a partial one. The manifest is written with a conditional write
+(``If-Match`` on the ETag read at the start, or create-only when there was none; under the store's
+lock for a local directory): a copy never silently replaces a commit made meanwhile.
+
+A destination that already holds a store is updated in place only when that store is a prefix of
+the source (same schema, its committed shards the source's first ones: a copy of an older state of
+the same store), so that readers of the old store keep working while the copy runs. Anything else
+needs ``overwrite=True``, which first deletes the destination's manifest (readers then see no store
+until the copy ends).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import os
+import sys
+import threading
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound, SeqstoreError
+from ..format.descriptor import DESCRIPTOR, parse_descriptor
+from ..format.manifest import MANIFEST, FileInfo
+from ..format.shard_table import TABLE
+from ..io.objects import ObjectClient, is_remote
+from .remote_state import LocalObjects, StoreState, parse_manifest, read_state
+
+__all__ = ["CHUNK", "CopyResult", "copy"]
+
+#: Bytes per streamed chunk (and the largest file written with a single request).
+CHUNK = 8 << 20
+_WINDOW = 3  # chunk requests in flight per file being read from object storage
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """What :func:`copy` did: ``shards`` in the store, ``copied`` by this call, ``skipped`` because they
+    were complete at the destination already (a resumed or repeated copy); ``files`` and ``bytes``
+    transferred (data files, descriptors, index runs, table and manifest)."""
+
+    src: str
+    dst: str
+    shards: int
+    copied: int
+    skipped: int
+    files: int
+    bytes: int
+
+
+def _objects(location: str | os.PathLike[str], options: Mapping[str, Any] | None, what: str) -> Any:
+    text = os.fspath(location)
+    if is_remote(text):
+        return ObjectClient(text.rstrip("/"), options)
+    if options:
+        raise ValueError(f"{what} {text}: storage options were given for a local path")
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return LocalObjects(Path(text))
+
+
+class _DataCrc:
+    """CRC-32 of a ``.npy`` file's data bytes (everything after its header), fed the file in order;
+    :meth:`finish` checks it and the size against what the store records."""
+
+    def __init__(self, where: str, size: int, crc: int | None) -> None:
+        self.where, self.size, self.want = where, size, crc
+        self.head = bytearray()
+        self.offset: int | None = None
+        self.crc = 0
+        self.seen = 0
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        self.seen += len(chunk)
+        if self.seen > self.size:
+            raise CorruptionError(f"{self.where}: more than the {self.size} bytes the store records")
+        if self.want is None:
+            return
+        if self.offset is not None:
+            self.crc = zlib.crc32(chunk, self.crc)
+            return
+        self.head += chunk
+        off = _data_offset(self.head, self.where)
+        if off is not None and len(self.head) >= off:
+            self.crc = zlib.crc32(memoryview(self.head)[off:])
+            self.offset = off
+            self.head = bytearray()
+
+    def finish(self) -> None:
+        if self.seen != self.size:
+            raise CorruptionError(f"{self.where}: {self.seen} bytes, the store records {self.size} (truncated?)")
+        if self.want is None:
+            return
+        if self.offset is None:
+            raise CorruptionError(f"{self.where}: truncated .npy header")
+        if self.crc != self.want:
+            raise CorruptionError(
+                f"{self.where}: CRC-32 {self.crc:#010x} of the data differs from the store's {self.want:#010x} "
+                "(damaged in storage or in transit); nothing was written for this file"
+            )
+
+
+def _data_offset(head: bytes | bytearray, where: str) -> int | None:
+    """Where the data of a ``.npy`` file starts, from its first bytes (None: not enough of them yet)."""
+    if len(head) < 12:
+        return None
+    if bytes(head[:6]) != b"\x93NUMPY":
+        raise CorruptionError(f"{where}: not a .npy file (bad magic)")
+    if head[6] == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    if head[6] in (2, 3):
+        return 12 + int.from_bytes(head[8:12], "little")
+    raise CorruptionError(f"{where}: unsupported .npy format version {head[6]}")
+
+
+def _read_chunks(objs: Any, key: str, size: int) -> Iterator[bytes | memoryview]:
+    """The bytes of ``key`` in order, in chunks of at most CHUNK; checks the object's size is ``size``."""
+    if isinstance(objs, LocalObjects):
+        actual = objs.head(key).size
+        if actual != size:
+            raise CorruptionError(f"{objs.key_url(key)}: {actual} bytes, the store records {size}")
+        yield from objs.read_chunks(key, CHUNK)
+        return
+    if size == 0:
+        meta = objs.head(key)
+        if meta.size:
+            raise CorruptionError(f"{objs.key_url(key)}: {meta.size} bytes, the store records 0")
+        return
+    data, meta = objs.get_ranges([(key, 0, min(CHUNK, size), None)])[0]
+    if meta is not None and meta.size != size:
+        raise CorruptionError(f"{objs.key_url(key)}: {meta.size} bytes, the store records {size}")
+    etag = meta.etag if meta is not None and meta.etag else None
+    yield data
+    pending: collections.deque[Any] = collections.deque()
+    pos = len(data)
+    try:
+        while pos < size or pending:
+            while pos < size and len(pending) < _WINDOW:
+                end = min(pos + CHUNK, size)
+                pending.append(objs.submit([(key, pos, end, etag)]))  # conditional: the same object
+                pos = end
+            yield pending.popleft().result()[0][0]
+    finally:
+        for f in pending:
+            f.cancel()
+
+
+class _Copier:
+    def __init__(self, src: Any, dst: Any, state: StoreState, bar: Any) -> None:
+        self.src, self.dst, self.s, self.bar = src, dst, state, bar
+        self.lock = threading.Lock()
+        self.files = 0
+        self.bytes = 0
+        self.copied = 0
+        self.skipped = 0
+
+    def _count(self, files: int, nbytes: int) -> None:
+        with self.lock:
+            self.files += files
+            self.bytes += nbytes
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{_human(self.bytes)}", refresh=False)
+
+    def copy_file(self, key: str, size: int, crc: int | None) -> None:
+        where = self.src.key_url(key)
+
+        def chunks() -> Iterator[bytes]:
+            acc = _DataCrc(where, size, crc)
+            for c in _read_chunks(self.src, key, size):
+                acc.update(c)
+                yield bytes(c)
+            acc.finish()  # raises before the upload is completed / the file renamed into place
+
+        if size <= CHUNK:
+            self.dst.put(key, b"".join(chunks()))
+        else:
+            self.dst.put_stream(key, chunks)
+        self._count(1, size)
+
+    def _sizes(self, name: str) -> dict[str, int]:
+        return {m.key: m.size for m in self.dst.list(f"{name}/")}
+
+    def shard(self, k: int) -> None:
+        s = self.s
+        name = s.name(k)
+        if s.v3:
+            row = s.row(k)
+            dkey = f"{name}/{DESCRIPTOR}"
+            try:
+                desc = bytes(self.src.get(dkey)[0])
+            except RemoteNotFound:
+                raise CorruptionError(f"{self.src.key_url(dkey)}: shard descriptor is missing (the shard table "
+                                      f"lists {name})") from None
+            files = parse_descriptor(desc, self.src.key_url(dkey), name, row, s.expected_files(row.has_ids)).files
+            if self._complete_v3(name, dkey, desc, files):
+                self._skip()
+                return
+            for rel, fi in sorted(files.items()):
+                self.copy_file(f"{name}/{rel}", fi.bytes, fi.crc32)
+            self.dst.put(dkey, desc)  # last: the shard is complete at the destination
+            self._count(1, len(desc))
+        else:
+            files = s.manifest.shards[k].files
+            if self._complete_v12(name, files):
+                self._skip()
+                return
+            for rel, fi in sorted(files.items()):
+                self.copy_file(f"{name}/{rel}", fi.bytes, fi.crc32)
+        with self.lock:
+            self.copied += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def _skip(self) -> None:
+        with self.lock:
+            self.skipped += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def _complete_v3(self, name: str, dkey: str, desc: bytes, files: Mapping[str, FileInfo]) -> bool:
+        try:
+            there = bytes(self.dst.get(dkey)[0])
+        except RemoteNotFound:
+            return False
+        if there != desc:
+            return False
+        sizes = self._sizes(name)
+        return all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items())
+
+    def _complete_v12(self, name: str, files: Mapping[str, FileInfo]) -> bool:
+        sizes = self._sizes(name)
+        if not all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items()):
+            return False
+        for rel, fi in files.items():  # no descriptor marks the shard complete: check what is there
+            key = f"{name}/{rel}"
+            acc = _DataCrc(self.dst.key_url(key), fi.bytes, fi.crc32)
+            try:
+                for c in _read_chunks(self.dst, key, fi.bytes):
+                    acc.update(c)
+                acc.finish()
+            except (CorruptionError, RemoteNotFound):
+                return False
+        return True
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _is_prefix(d: StoreState, s: StoreState) -> bool:
+    """Whether the store ``d`` is an earlier state of ``s``: same schema and layout, and its committed
+    shards are exactly the first ones of ``s`` (so copying ``s`` over it leaves every object a reader
+    of ``d`` uses as it is, bar a shard table that only grows)."""
+    dm, sm = d.manifest, s.manifest
+    if dm.schema != sm.schema or dm.id_lookup != sm.id_lookup or d.v3 != s.v3 or d.num_shards > s.num_shards:
+        return False
+    if s.v3:
+        if d.num_shards and d.header != s.header:
+            return False
+        return d.rows.tobytes() == s.rows[: d.num_shards].tobytes()
+    return list(dm.shards) == list(sm.shards[: d.num_shards])
+
+
+def copy(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    src_options: Mapping[str, Any] | None = None,
+    dst_options: Mapping[str, Any] | None = None,
+    workers: int = 8,
+    progress: bool = False,
+    overwrite: bool = False,
+) -> CopyResult:
+    """Copy the store at ``src`` to ``dst``: local path to URL, URL to local path, URL to URL (or path
+    to path). See the module documentation for what is checked and in which order things are written.
+
+    ``src_options`` / ``dst_options``: each end's ``storage_options`` (as :func:`seqstore.open` takes
+    them). ``workers``: shards copied at once. ``progress``: a progress bar (tqdm, on stderr).
+    ``overwrite``: replace a destination store that is not an earlier state of the source (without it
+    such a destination is an error). Rerunning a copy that was interrupted, or copying again after the
+    source grew, transfers only the shards the destination lacks. Returns a :class:`CopyResult`.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    src_text, dst_text = os.fspath(src), os.fspath(dst)
+    s_objs = _objects(src, src_options, "source")
+    d_objs = _objects(dst, dst_options, "destination")
+    if isinstance(s_objs, LocalObjects) and isinstance(d_objs, LocalObjects):
+        if s_objs.root.resolve() == d_objs.root.resolve():
+            raise ValueError(f"{src_text}: source and destination are the same store")
+    elif not isinstance(s_objs, LocalObjects) and not isinstance(d_objs, LocalObjects) and s_objs.url == d_objs.url:
+        raise ValueError(f"{src_text}: source and destination are the same store")
+    try:
+        if isinstance(d_objs, LocalObjects):
+            _check_local_destination(d_objs.root)
+        s = read_state(s_objs)
+        if s is None:
+            raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
+        return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
+    finally:
+        for objs in (s_objs, d_objs):
+            if isinstance(objs, LocalObjects):
+                objs.close()
+
+
+def _check_local_destination(root: Path) -> None:
+    """A local destination is a store, an interrupted copy's files, or nothing: never another directory."""
+    if not root.exists() or (root / MANIFEST).exists():
+        return
+    if not root.is_dir():
+        raise SeqstoreError(f"{root}: exists and is not a directory")
+    ours = (TABLE, "_shards", "_index", "_tmp", ".lock")
+    other = [e for e in os.listdir(root) if not (e.startswith("shard-") or e in ours)]
+    if other:
+        raise SeqstoreError(
+            f"{root}: refusing to copy into a non-empty directory that is not a store (it holds {sorted(other)[:5]})"
+        )
+
+
+def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str, workers: int, progress: bool,
+          overwrite: bool) -> CopyResult:
+    try:
+        d: StoreState | None = read_state(d_objs)
+        d_error: Exception | None = None
+    except (CorruptionError, FormatError) as exc:
+        d, d_error = None, exc
+    mode: str | dict[str, Any] = "create"
+    old_runs: list[str] = []
+    if d is not None and _is_prefix(d, s):
+        mode = {"e_tag": d.etag}
+        old_runs = [r.name for r in d.manifest.index_runs]
+    elif d is not None or d_error is not None:
+        why = str(d_error) if d_error is not None else "not an earlier state of the source"
+        if not overwrite:
+            raise SeqstoreError(
+                f"{dst_text}: already holds a different store ({why}); pass overwrite=True to replace it"
+            )
+        d_objs.delete(MANIFEST)  # readers see no store from here until the new manifest is written
+    if not d_objs.conditional_writes() and isinstance(mode, dict):
+        mode = "overwrite"
+
+    bar = None
+    if progress:
+        bar = tqdm(total=s.num_shards, unit="shard", desc="copy", file=sys.stderr)
+    copier = _Copier(s_objs, d_objs, s, bar)
+    try:
+        _run_shards(copier, s.num_shards, workers)
+        manifest_raw = _copy_runs(copier, s)
+        if s.v3 and s.num_shards:
+            key = TABLE if isinstance(d_objs, LocalObjects) else s.table_key
+            table = s.header + s.rows_bytes()
+            if key != s.table_key:  # a local store appends to _shards.tbl in place: name it
+                obj = json.loads(manifest_raw)
+                obj["shard_table"]["file"] = key
+                manifest_raw = json.dumps(obj, separators=(",", ":")).encode()
+        else:
+            key, table = "", b""
+        try:
+            if isinstance(d_objs, LocalObjects):  # the table is replaced in place: under the lock, checked
+                d_objs.commit([(key, table)] if key else [], manifest_raw, mode)
+            else:  # a remote table object is never appended to: replacing it keeps the prefix readers use
+                if key:
+                    d_objs.put(key, table)
+                d_objs.put(MANIFEST, manifest_raw, mode=mode)
+        except ConflictError:
+            raise SeqstoreError(
+                f"{dst_text}: its manifest changed while the copy ran (another writer or copy committed); the "
+                "copied shards are in place but the store was not replaced: run the copy again"
+            ) from None
+        copier._count(2 if key else 1, len(table) + len(manifest_raw))
+        kept = {r.name for r in parse_manifest(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
+        for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
+            if name not in kept:
+                for suffix in (".hash.npy", ".rows.npy"):
+                    try:
+                        d_objs.delete(f"{name}{suffix}")
+                    except (OSError, SeqstoreError):
+                        pass
+    finally:
+        if bar is not None:
+            bar.close()
+    return CopyResult(src_text, dst_text, s.num_shards, copier.copied, copier.skipped, copier.files, copier.bytes)
+
+
+def _run_shards(copier: _Copier, count: int, workers: int) -> None:
+    """Copy shards ``0 .. count-1`` with ``workers`` threads, at most ``2 * workers`` submitted at once."""
+    if count == 0:
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="seqstore-copy") as pool:
+        pending: set[concurrent.futures.Future[None]] = set()
+        failed: BaseException | None = None
+        for k in range(count):
+            if len(pending) >= 2 * workers:
+                done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                failed = next((f.exception() for f in done if f.exception() is not None), None)
+                if failed is not None:
+                    break
+            pending.add(pool.submit(copier.shard, k))
+        done, _ = concurrent.futures.wait(pending)
+        if failed is None:
+            failed = next((f.exception() for f in done if f.exception() is not None), None)
+        if failed is not None:
+            raise failed
+
+
+def _copy_runs(copier: _Copier, s: StoreState) -> bytes:
+    """Copy the merged id-index runs the manifest lists (skipping those already there with the same
+    size: a run's name fixes the shards it covers, so in a prefix-compatible destination the same name
+    and size is the same run). A run whose files vanished from the source (merged into a bigger run by
+    a writer since the manifest was read) is left out of the copy's manifest: runs are an accelerator,
+    the shards' own indexes are authoritative. Returns the manifest bytes to write."""
+    dropped = []
+    for run in s.manifest.index_runs:
+        for suffix in (".hash.npy", ".rows.npy"):
+            key = f"{run.name}{suffix}"
+            try:
+                size = copier.src.head(key).size
+            except RemoteNotFound:
+                dropped.append(run.name)
+                break
+            try:
+                if copier.dst.head(key).size == size:
+                    continue
+            except RemoteNotFound:
+                pass
+            copier.copy_file(key, size, None)
+    if not dropped:
+        return s.raw
+    obj = json.loads(s.raw)
+    obj["index_runs"] = [r for r in obj.get("index_runs", []) if r.get("name") not in dropped]
+    return json.dumps(obj, separators=(",", ":")).encode()
+

@@ -1,0 +1,497 @@
+"""A store's commit state read straight from its objects, without the node cache: ``manifest.json``
+and, for version 3, the committed rows of the shard table, checked. What ``seqstore copy``
+(store/copy.py) and the remote writers (store/remote_writer.py) work from.
+
+The objects are read through an :class:`~seqstore.io.objects.ObjectClient`, or through
+:class:`LocalObjects`, the same calls on a local directory (keys are paths relative to the store
+root), so copy code is the same for every pair of ends.
+
+:func:`read_state` costs two requests (the manifest; then the table's header and committed rows in
+one wave). Given the state it read before, it fetches only the rows committed since, and checks that
+the rows it keeps and the new ones together have the CRC-32 the new manifest records, so a writer
+that refreshes before each commit transfers O(new rows), not O(shards).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import functools
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound
+from ..format.manifest import FORMAT_NAME, FORMAT_VERSION, IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
+from ..format.shard_table import (
+    TABLE,
+    TABLE_HEADER_BYTES,
+    TABLE_MAGIC,
+    ShardRow,
+    row_dtype,
+    shard_dir_name,
+)
+from ..io.objects import ObjectMeta
+from .commit import store_lock
+
+__all__ = [
+    "TABLE_DIR",
+    "LocalObjects",
+    "StoreState",
+    "parse_manifest",
+    "read_state",
+    "table_key",
+    "is_table_key",
+]
+
+#: Where a store on object storage keeps its generation-specific shard tables (docs/format.md 2.4).
+TABLE_DIR = "_shards"
+_TABLE_KEY = re.compile(r"_shards/[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.tbl\Z")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def is_table_key(name: str) -> bool:
+    """Whether ``name`` may be a manifest's ``shard_table.file``: ``_shards.tbl``, or an immutable
+    table object ``_shards/<name>.tbl``."""
+    return name == TABLE or bool(_TABLE_KEY.match(name))
+
+
+def table_key(manifest: Manifest) -> str:
+    """The object a version-3 manifest names as its shard table."""
+    assert manifest.table is not None
+    return str(getattr(manifest.table, "file", TABLE))
+
+
+# ------------------------------------------------------------------------------------ manifest
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """Validate and parse the bytes of a ``manifest.json`` found at ``where`` (a URL or path, for
+    messages), as :meth:`Manifest.load` does, without opening the shard table (a version-3 result has
+    an empty ``shards``; the rows come from :func:`read_state`)."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptionError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        raise FormatError(f"{where}: not a seqstore manifest (expected \"format\": \"{FORMAT_NAME}\")")
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CorruptionError(f"{where}: \"version\" must be a positive integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"{where}: store format version {version} is newer than this seqstore reads (up to {FORMAT_VERSION}); "
+            "upgrade seqstore"
+        )
+    try:
+        manifest = Manifest._from_json(obj, version)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise CorruptionError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+    if manifest.version > version:
+        raise CorruptionError(f"{where}: says version {version} but uses version-{manifest.version} features")
+    if manifest.table is not None and not is_table_key(table_key(manifest)):
+        raise CorruptionError(f"{where}: shard_table names {table_key(manifest)!r}, not a shard table object")
+    return manifest
+
+
+# --------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class StoreState:
+    """What one read of a store found: the manifest's bytes, ETag and parsed form, and for version 3
+    the table's header and committed rows (a structured array of ``row_dtype``; O(shards) small bytes,
+    no per-shard Python object)."""
+
+    raw: bytes
+    etag: str
+    manifest: Manifest
+    header: bytes
+    rows: np.ndarray[Any, Any]
+
+    @property
+    def v3(self) -> bool:
+        return self.manifest.table is not None
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.rows) if self.v3 else len(self.manifest.shards)
+
+    @property
+    def table_key(self) -> str:
+        return table_key(self.manifest)
+
+    def name(self, k: int) -> str:
+        """Directory of shard ``k`` (in record order)."""
+        if self.v3:
+            return shard_dir_name(int(self.rows["number"][k]))
+        return self.manifest.shards[k].name
+
+    @property
+    def has_ids(self) -> bool | None:
+        """Whether the committed shards have ids (None: no shard yet)."""
+        if self.num_shards == 0:
+            return None
+        if self.v3:
+            return bool(int(self.rows["flags"][0]) & 1)
+        return self.manifest.shards[0].has_ids
+
+    def next_number(self) -> int:
+        """Version 3: the lowest number the next committed shard may take (the last row's + 1)."""
+        return int(self.rows["number"][-1]) + 1 if len(self.rows) else 0
+
+    def row(self, k: int) -> ShardRow:
+        r = self.rows[k]
+        rows = {name: int(v) for name, v in zip(self.manifest.ragged, r["rows"])}
+        return ShardRow(int(r["number"]), int(r["start"]), int(r["records"]), bool(int(r["flags"]) & 1), rows,
+                        int(r["desc_crc"]))
+
+    def expected_files(self, has_ids: bool) -> tuple[str, ...]:
+        return self.manifest.data_files() + (IDS_FILES if has_ids else ())
+
+    def rows_bytes(self) -> bytes:
+        return self.rows.tobytes()
+
+
+def _bodies_crc(buf: bytes, row_bytes: int, crc: int) -> int:
+    """CRC-32 (continuing ``crc``) of rows back to back in ``buf``, each without its last 4 bytes."""
+    n = len(buf) // row_bytes
+    if n == 0:
+        return crc
+    arr = np.frombuffer(buf, dtype=np.uint8).reshape(n, row_bytes)[:, :-4]
+    return zlib.crc32(np.ascontiguousarray(arr).data, crc)
+
+
+def _check_header(raw: bytes, where: str, ragged: int, table_id: int) -> None:
+    if len(raw) < TABLE_HEADER_BYTES:
+        raise CorruptionError(f"{where}: {len(raw)} bytes, shorter than the {TABLE_HEADER_BYTES}-byte header")
+    magic, layout, row_bytes, n_ragged = struct.unpack_from("<8sIII", raw)
+    want = row_dtype(ragged).itemsize
+    if magic != TABLE_MAGIC or layout != 1:
+        raise CorruptionError(f"{where}: not a shard table of layout 1 (magic {magic!r}, layout {layout})")
+    if n_ragged != ragged or row_bytes != want:
+        raise CorruptionError(
+            f"{where}: header says {n_ragged} ragged fields and {row_bytes}-byte rows, expected {ragged} and {want}"
+        )
+    got_id = struct.unpack_from("<Q", raw, 24)[0]
+    if got_id != table_id:
+        raise CorruptionError(f"{where}: table id {got_id}, manifest.json names table id {table_id}")
+
+
+def _check_rows(new: np.ndarray[Any, Any], raw: bytes, where: str, first: int, prev: np.ndarray[Any, Any] | None,
+                ids_flag: int | None) -> None:
+    """Check rows ``first ..`` (``new``, their bytes ``raw``): each row's CRC, starts continuing one
+    another from the row before (``prev``), strictly increasing numbers, one ids flag."""
+    rb = new.dtype.itemsize
+    for j in range(len(new)):
+        body = raw[j * rb : (j + 1) * rb - 4]
+        if zlib.crc32(body) != int(new["row_crc"][j]):
+            raise CorruptionError(f"{where} row {first + j}: CRC-32 of the row differs from the one it carries")
+    starts, records, numbers = new["start"], new["records"], new["number"]
+    prev_end = int(prev["start"] + prev["records"]) if prev is not None else 0
+    prev_number = int(prev["number"]) if prev is not None else -1
+    exp_starts = np.concatenate([[prev_end], (starts[:-1] + records[:-1])]) if len(new) else starts
+    bad = np.flatnonzero((starts != exp_starts) | (records < 0) | (new["rows"] < 0).reshape(len(new), -1).any(1))
+    if len(bad):
+        k = int(bad[0])
+        raise CorruptionError(f"{where} row {first + k}: starts at record {int(starts[k])}, expected "
+                              f"{int(exp_starts[k])} (or has a negative count)")
+    nums = np.concatenate([[prev_number], numbers])
+    bad = np.flatnonzero(nums[1:] <= nums[:-1])
+    if len(bad):
+        k = int(bad[0])
+        raise CorruptionError(f"{where} row {first + k}: shard number {int(numbers[k])} does not increase")
+    flags = new["flags"] & 1
+    want = flags[0] if ids_flag is None and len(new) else ids_flag
+    if len(new) and (flags != want).any():
+        k = int(np.flatnonzero(flags != want)[0])
+        raise CorruptionError(f"{where} row {first + k}: has_ids differs from the other rows")
+
+
+def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState | None:
+    """The store's state at ``objects`` (an ObjectClient or :class:`LocalObjects`), or None when there
+    is no ``manifest.json``. ``known``: a state read before; only the rows committed since are fetched
+    when the new manifest's rows extend it (checked by the CRC-32 of all committed rows)."""
+    try:
+        raw_mv, meta = objects.get(MANIFEST)
+    except RemoteNotFound:
+        return None
+    raw = bytes(raw_mv)
+    where = objects.key_url(MANIFEST)
+    manifest = parse_manifest(raw, where)
+    if manifest.table is None:
+        return StoreState(raw, meta.etag, manifest, b"", np.zeros(0, row_dtype(len(manifest.ragged))))
+    dt = row_dtype(len(manifest.ragged))
+    state = manifest.table
+    count = state.rows
+    if count == 0:
+        if state.records:
+            raise CorruptionError(f"{where}: 0 shard-table rows but {state.records} records")
+        return StoreState(raw, meta.etag, manifest, b"", np.zeros(0, dt))
+    key = table_key(manifest)
+    turl = objects.key_url(key)
+    table_id = int(getattr(state, "id", 0))
+    usable = (
+        known is not None and known.manifest.table is not None and 0 < len(known.rows) <= count
+        and known.rows.dtype == dt and known.manifest.schema == manifest.schema
+    )
+    for attempt in (0, 1):
+        have = known.rows if usable and attempt == 0 and known is not None else np.zeros(0, dt)
+        crc0 = known.manifest.table.crc32 if len(have) and known is not None and known.manifest.table else 0
+        reqs: list[tuple[str, int, int, str | None]] = [(key, 0, TABLE_HEADER_BYTES, None)]
+        if count > len(have):
+            reqs.append((key, TABLE_HEADER_BYTES + len(have) * dt.itemsize, TABLE_HEADER_BYTES + count * dt.itemsize,
+                         None))
+        try:
+            got = objects.get_ranges(reqs)
+        except RemoteNotFound:
+            raise CorruptionError(f"{turl}: shard table is missing (manifest.json lists {count} rows)") from None
+        header = bytes(got[0][0])
+        _check_header(header, turl, len(manifest.ragged), table_id)
+        new_raw = bytes(got[1][0]) if len(got) > 1 else b""
+        if len(new_raw) != (count - len(have)) * dt.itemsize:
+            raise CorruptionError(
+                f"{turl}: holds fewer bytes than the {count} committed rows of {dt.itemsize} bytes (truncated?)"
+            )
+        if len(have) and known is not None and header != known.header:
+            continue  # another table (replaced store): read it whole
+        if _bodies_crc(new_raw, dt.itemsize, crc0) != state.crc32:
+            if len(have):
+                continue
+            raise CorruptionError(
+                f"{turl}: CRC-32 of the {count} committed rows differs from manifest.json's {state.crc32:#010x}"
+            )
+        new = np.frombuffer(new_raw, dtype=dt)
+        _check_rows(new, new_raw, turl, len(have), have[-1] if len(have) else None,
+                    int(have["flags"][0] & 1) if len(have) else None)
+        rows = np.concatenate([have, new]) if len(have) else new.copy()
+        end = int(rows["start"][-1] + rows["records"][-1])
+        if end != state.records:
+            raise CorruptionError(f"{turl}: the committed rows end at record {end}, manifest.json says {state.records}")
+        rows.flags.writeable = False
+        return StoreState(raw, meta.etag, manifest, header, rows)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------------ local objects
+
+
+def _content_tag(data: bytes) -> str:
+    return f"{zlib.crc32(data):08x}-{len(data)}"
+
+
+class LocalObjects:
+    """The calls of :class:`~seqstore.io.objects.ObjectClient` that copying and writing use, on a
+    local directory: keys are paths relative to ``root``. Every write is atomic and durable (a
+    temporary file in the store's ``_tmp/copy-<token>/``, fsync, rename, fsync of the directory); a
+    write of ``manifest.json`` with a ``mode`` is decided under the store's commit lock, comparing
+    the content tag of the manifest it replaces. Call :meth:`close` when done (removes the temporary
+    directory; a dead process's is removed by the next writer or copy, as its ``owner.lock`` is free).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+        self._tmp: Path | None = None
+        self._owner_fd = -1
+        self._dirs: set[Path] = set()
+
+    def key_url(self, key: str) -> str:
+        return str(self.root / key)
+
+    def conditional_writes(self) -> bool:
+        return True
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def head(self, key: str) -> ObjectMeta:
+        try:
+            st = os.stat(self._path(key))
+        except FileNotFoundError:
+            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+        return ObjectMeta(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}")
+
+    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+        return memoryview(data), ObjectMeta(key, len(data), _content_tag(data))
+
+    def get_ranges(self, requests: Sequence[tuple[str, int, int, str | None]]) -> list[tuple[memoryview, ObjectMeta]]:
+        out = []
+        for key, start, end, _ in requests:
+            meta = self.head(key)
+            with open(self._path(key), "rb") as f:
+                if start < 0:
+                    start = max(0, meta.size + start)
+                if end < 0:
+                    end = meta.size
+                f.seek(start)
+                out.append((memoryview(f.read(max(0, end - start))), meta))
+        return out
+
+    def submit(self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None) -> Any:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(self.get_ranges(requests))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            fut.set_exception(exc)
+        return fut
+
+    def read_chunks(self, key: str, chunk: int) -> Iterator[bytes]:
+        try:
+            f = open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+        with f:
+            while True:
+                data = f.read(chunk)
+                if not data:
+                    return
+                yield data
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for p in sorted(base.rglob("*")):
+            if p.is_file():
+                yield ObjectMeta(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    # writes -------------------------------------------------------------------------------------
+
+    def _workdir(self) -> Path:
+        if self._tmp is None:
+            work = self.root / WORK_DIR
+            work.mkdir(parents=True, exist_ok=True)
+            for entry in list(os.scandir(work)):  # temporary directories of copies that died
+                if entry.name.startswith("copy-") and entry.is_dir():
+                    _remove_if_dead(Path(entry.path))
+            tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            tmp.mkdir()
+            self._owner_fd = os.open(tmp / "owner.lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+            self._tmp = tmp
+        return self._tmp
+
+    def _install(self, key: str, write: Callable[[int], None]) -> str:
+        """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""
+        tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        try:
+            try:
+                write(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dst = self._path(key)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._dirs.add(dst.parent)
+        st = os.stat(dst)
+        return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
+        def write(fd: int) -> None:
+            _write_all(fd, memoryview(data))
+
+        if mode == "overwrite":
+            return self._install(key, write)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with store_lock(self.root):
+            self._check_mode(key, mode)
+            self._install(key, write)
+            self.sync()
+        return _content_tag(bytes(data))
+
+    def commit(self, files: Sequence[tuple[str, bytes]], manifest: bytes, mode: str | dict[str, Any]) -> None:
+        """Under the store's lock: check ``manifest.json`` as ``mode`` says (``"create"``: there is none;
+        ``{"e_tag": tag}``: its content tag is ``tag``; ``"overwrite"``: anything), then replace each of
+        ``files`` and then the manifest, atomically each, and fsync the directories."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with store_lock(self.root):
+            self._check_mode(MANIFEST, mode)
+            for key, data in [*files, (MANIFEST, manifest)]:
+                self._install(key, functools.partial(_write_at, data=data))
+            self.sync()
+
+    def _check_mode(self, key: str, mode: str | dict[str, Any]) -> None:
+        try:
+            current: str | None = _content_tag(self._path(key).read_bytes())
+        except FileNotFoundError:
+            current = None
+        url = self.key_url(key)
+        if mode == "create" and current is not None:
+            raise ConflictError(f"{url}: already exists", url=url, attempts=1)
+        if isinstance(mode, dict) and current != mode.get("e_tag"):
+            raise ConflictError(f"{url}: conditional write refused: the file changed", url=url, attempts=1)
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        def write(fd: int) -> None:
+            pos = 0
+            for c in chunks():
+                _write_all(fd, memoryview(c), pos)
+                pos += len(c)
+
+        return self._install(key, write)
+
+    def sync(self) -> None:
+        """fsync the directories files were renamed into since the last call."""
+        for d in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
+            fsync_dir(d)
+        if self._dirs:
+            fsync_dir(self.root)
+        self._dirs.clear()
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            os.close(self._owner_fd)
+            self._tmp, self._owner_fd = None, -1
+
+
+def _write_at(fd: int, data: bytes) -> None:
+    _write_all(fd, memoryview(data))
+
+
+def _write_all(fd: int, data: memoryview, pos: int = 0) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, pos)
+        data, pos = data[n:], pos + n
+
+
+def _remove_if_dead(path: Path) -> None:
+    try:
+        fd = os.open(path / "owner.lock", os.O_RDWR | _O_CLOEXEC)
+    except FileNotFoundError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # alive
+    finally:
+        os.close(fd)
+    shutil.rmtree(path, ignore_errors=True)
