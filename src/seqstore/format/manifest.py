@@ -24,7 +24,7 @@ from ..errors import CorruptionError, FormatError
 from ..schema import Schema
 from .descriptor import read_descriptor
 from .shard_info import FileInfo, ShardInfo
-from .shard_table import TABLE, MapFile, ShardTable, TableState
+from .shard_table import TABLE, MapFile, ShardTable, TableState, is_table_file
 
 __all__ = [
     "FORMAT_NAME",
@@ -283,15 +283,16 @@ class Manifest:
         table: TableState | None = None
         if version >= TABLE_VERSION:
             t = obj["shard_table"]
-            if not isinstance(t, dict) or t.get("file") != TABLE:
-                raise ValueError(f"shard_table must be an object naming \"file\": \"{TABLE}\", got {t!r}")
+            if not isinstance(t, dict) or not isinstance(t.get("file"), str) or not is_table_file(t["file"]):
+                raise ValueError(f"shard_table must be an object naming \"file\": \"{TABLE}\" or "
+                                 f"\"_shards/<name>.tbl\", got {t!r}")
             vals = [t["rows"], t["records"], t["crc32"]]
             if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in vals) or vals[2] >= 1 << 32:
                 raise ValueError(f"shard_table rows, records and crc32 must be non-negative integers, got {vals}")
             table_id = t.get("id", 0)
             if not isinstance(table_id, int) or isinstance(table_id, bool) or not 0 <= table_id < 1 << 64:
                 raise ValueError(f"shard_table id must be an integer in [0, 2**64), got {table_id!r}")
-            table = TableState(vals[0], vals[1], vals[2], table_id)
+            table = TableState(vals[0], vals[1], vals[2], table_id, t["file"])
         for k, s in enumerate(obj["shards"] if table is None else []):
             records = int(s["records"])
             rows = {str(n): int(v) for n, v in s["rows"].items()}

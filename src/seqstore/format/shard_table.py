@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from ..errors import CorruptionError
 
 __all__ = [
     "TABLE",
+    "TABLE_OBJECTS",
     "TABLE_HEADER_BYTES",
     "TABLE_MAGIC",
     "FLAG_IDS",
@@ -40,10 +42,14 @@ __all__ = [
     "row_dtype",
     "encode_table_header",
     "encode_row",
+    "is_table_file",
     "shard_dir_name",
 ]
 
 TABLE = "_shards.tbl"
+#: Where a store on object storage keeps its immutable, generation-specific tables.
+TABLE_OBJECTS = "_shards"
+_TABLE_OBJECT = re.compile(r"_shards/[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.tbl\Z")
 TABLE_MAGIC = b"SEQSHTBL"
 TABLE_HEADER_BYTES = 64
 #: Version of the table's own layout (header field); readers refuse any other.
@@ -59,6 +65,12 @@ MapFile = Callable[[Path, int], Any]
 def _map_prefix(path: Path, size: int) -> mmap.mmap:
     with open(path, "rb") as f:
         return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+
+
+def is_table_file(name: str) -> bool:
+    """Whether ``name`` may be a manifest's ``shard_table.file``: ``_shards.tbl``, or an immutable table
+    object ``_shards/<name>.tbl`` (a store on object storage; docs/format.md section 2.4)."""
+    return name == TABLE or bool(_TABLE_OBJECT.match(name))
 
 
 def row_dtype(ragged: int) -> np.dtype[Any]:
@@ -113,9 +125,13 @@ class TableState:
     #: replaces the whole table (an overwrite, store/parts.py) writes a new file with a new id, so a
     #: reader that pairs a manifest with the other table file finds out in O(1).
     id: int = 0
+    #: The table's file: ``_shards.tbl`` (appended in place) or, in a store on object storage written by
+    #: a remote writer, an immutable ``_shards/<generation>-<writer>.tbl`` written whole by one commit
+    #: (see :func:`is_table_file`). :meth:`after` (a local append) names ``_shards.tbl``.
+    file: str = TABLE
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"file": TABLE, "rows": self.rows, "records": self.records, "crc32": self.crc32}
+        out: dict[str, Any] = {"file": self.file, "rows": self.rows, "records": self.records, "crc32": self.crc32}
         if self.id:
             out["id"] = self.id
         return out
@@ -184,7 +200,7 @@ class ShardTable:
         holds every committed row, and the last row (its CRC, and that it ends at ``state.records``).
         ``map_file(path, size)`` maps the first ``size`` bytes read-only (default: ``mmap.mmap``,
         which keeps a descriptor open while mapped)."""
-        path = root / TABLE
+        path = root / state.file
         dt = row_dtype(len(ragged))
         if state.rows == 0:
             if state.records != 0:

@@ -310,21 +310,24 @@ class RemoteRoot:
         try:
             (tmp / MANIFEST).write_bytes(manifest_bytes)
             need = 0
+            table = TABLE  # or the immutable _shards/<name>.tbl a remote writer's commit names
             try:
                 obj = json.loads(manifest_bytes)
                 m = Manifest._from_json(obj, int(obj["version"]))
                 if m.table is not None and m.table.rows > 0:
                     need = TABLE_HEADER_BYTES + m.table.rows * row_dtype(len(m.ragged)).itemsize
+                    table = m.table.file
             except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
                 need = 0  # the reader reports the malformed manifest, naming it
             if need:
                 try:
-                    got = self.client.get_ranges([(TABLE, 0, need, None)])
+                    got = self.client.get_ranges([(table, 0, need, None)])
                 except RemoteNotFound:
                     raise CorruptionError(
-                        f"{self.url}/{TABLE}: shard table is missing (the manifest lists rows)"
+                        f"{self.url}/{table}: shard table is missing (the manifest lists rows)"
                     ) from None
-                (tmp / TABLE).write_bytes(got[0][0])
+                (tmp / table).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / table).write_bytes(got[0][0])
             self.cache.reserve(len(manifest_bytes) + need)
             try:
                 os.rename(tmp, mirror)
