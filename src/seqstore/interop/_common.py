@@ -79,6 +79,10 @@ class SourceFormatError(FormatError):
         super().__init__(f"{where}: {message}")
         self.path = str(path)
         self.dataset = dataset
+        self._message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in a worker process of a parallel convert
+        return (type(self), (self.path, self.dataset, self._message))
 
 
 def split_by_budget(cost: npt.NDArray[np.int64], budget: int) -> Iterator[tuple[int, int]]:
@@ -100,17 +104,46 @@ def split_by_budget(cost: npt.NDArray[np.int64], budget: int) -> Iterator[tuple[
         a = b
 
 
-def _temp_sibling(root: Path, tag: str) -> Path:
+def temp_sibling(root: Path, tag: str) -> Path:
     """``<parent>/.<name>.<tag>-<pid>-<random>``: a hidden sibling of ``root`` (same file system, so a
     rename onto ``root`` is atomic)."""
     return root.with_name(f".{root.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def check_output(root: Path, overwrite: bool) -> None:
+    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and a non-empty directory that
+    is not a store in any case (SeqstoreError); make the parent directory."""
+    if root.exists() or root.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(root)
+        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
+            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+    root.parent.mkdir(parents=True, exist_ok=True)
+
+
+def install_output(tmp: Path, root: Path) -> None:
+    """Move the finished store ``tmp`` to ``root``: an existing ``root`` is renamed aside, ``tmp`` renamed
+    into place, then the old one deleted (put back if the second rename fails)."""
+    if root.exists() or root.is_symlink():
+        old = temp_sibling(root, "old")
+        os.replace(root, old)
+        try:
+            os.replace(tmp, root)
+        except BaseException:
+            os.replace(old, root)  # put the previous store back
+            raise
+        fsync_dir(root.parent)
+        remove_path(old)
+    else:
+        os.replace(tmp, root)
+        fsync_dir(root.parent)
 
 
 def new_store(
@@ -135,13 +168,8 @@ def new_store(
     that is not a store, both before anything is written. O(1) extra work: two renames.
     """
     root = Path(out)
-    if root.exists() or root.is_symlink():
-        if not overwrite:
-            raise OutputExistsError(root)
-        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
-            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_sibling(root, "tmp")
+    check_output(root, overwrite)
+    tmp = temp_sibling(root, "tmp")
     writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata)
     try:
         fill(writer)
@@ -150,22 +178,10 @@ def new_store(
         try:
             writer.abort()
         finally:
-            _remove(tmp)
+            remove_path(tmp)
         raise
     try:
-        if root.exists() or root.is_symlink():
-            old = _temp_sibling(root, "old")
-            os.replace(root, old)
-            try:
-                os.replace(tmp, root)
-            except BaseException:
-                os.replace(old, root)  # put the previous store back
-                raise
-            fsync_dir(root.parent)
-            _remove(old)
-        else:
-            os.replace(tmp, root)
-            fsync_dir(root.parent)
+        install_output(tmp, root)
     except BaseException:
-        _remove(tmp)
+        remove_path(tmp)
         raise

@@ -36,12 +36,14 @@ import numpy as np
 from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store, split_by_budget
 
 __all__ = ["import_arrow", "import_parquet", "arrow_sources", "METADATA_KEY"]
 
 #: Key of the import information (source files, column map, id column) in the store's metadata.
 METADATA_KEY = "arrow"
+#: A parallel import gives each worker's unit at least this many records (fewer in all: one process).
+MIN_UNIT_RECORDS = 1 << 15
 
 
 def _pa() -> Any:
@@ -196,30 +198,43 @@ class _Source:
         except (OSError, pa.ArrowException) as exc:
             raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
 
-    def batches(self, columns: list[str], chunk_bytes: int) -> Iterator[Any]:
-        """Record batches of the named columns, from the start of the file on every call."""
+    def pieces(self) -> list[int]:
+        """Rows of each piece the file can be read by on its own (parallel convert): Parquet row groups,
+        Arrow IPC file record batches; an IPC stream is one piece (it can only be read from the start)."""
+        if self.fmt == "parquet":
+            md = self._pf.metadata
+            return [int(md.row_group(i).num_rows) for i in range(md.num_row_groups)]
+        if self._stream:
+            return [self.count_rows()]
+        return [int(self._reader.get_batch(i).num_rows) for i in range(self._reader.num_record_batches)]
+
+    def batches(self, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
+        """Record batches of the named columns, from the start of the file on every call (or of the
+        pieces ``[a, b)`` of :meth:`pieces`)."""
         pa = _pa()
         try:
             if self.fmt == "parquet":
                 rows = int(min(max(chunk_bytes // self.row_bytes, 1), 1 << 20))
-                yield from self._pf.iter_batches(batch_size=rows, columns=columns)
+                groups = None if pieces is None else list(range(*pieces))
+                yield from self._pf.iter_batches(batch_size=rows, columns=columns, row_groups=groups)
             elif self._stream:  # a stream reader is single-pass: every walk starts a new one on the mapping
                 self._mm.seek(0)
                 for b in pa.ipc.open_stream(self._mm):
                     yield b.select(columns)
             else:
-                for i in range(self._reader.num_record_batches):
+                a, b = (0, self._reader.num_record_batches) if pieces is None else pieces
+                for i in range(a, b):
                     yield self._reader.get_batch(i).select(columns)
         except (OSError, pa.ArrowException) as exc:
             raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
 
 
-def _chunks(src: _Source, columns: list[str], chunk_bytes: int) -> Iterator[Any]:
+def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
     """Tables of about ``chunk_bytes`` (whole record batches, concatenated)."""
     pa = _pa()
     pending: list[Any] = []
     size = 0
-    for b in src.batches(columns, chunk_bytes):
+    for b in src.batches(columns, chunk_bytes, pieces):
         if b.num_rows == 0:
             continue
         pending.append(b)
@@ -309,6 +324,7 @@ def _import(
     shard_bytes: int,
     overwrite: bool,
     progress: Progress | None,
+    workers: int = 1,
 ) -> Store:
     pa = _pa()
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
@@ -356,31 +372,88 @@ def _import(
         schema = Schema(spec)
     except SchemaError as exc:
         raise SchemaError(f"{exc}; rename columns with columns={{column: field}}") from exc
-    read_cols = [*mapping, *([id_column] if id_column else [])]
     meta = {
         "format": fmt, "files": [os.path.basename(s.path) for s in srcs], "columns": mapping, "id_column": id_column,
     }
 
+    job = _ArrowJob(fmt, [s.path for s in srcs], mapping, plans, inner, id_column, chunk_bytes)
     total = sum(src.count_rows() for src in srcs)
+    units = [(job, segs) for segs in _arrow_units(srcs, total, workers)] if workers > 1 else []
+    if len(units) > 1:
+        from ._parallel import convert_in_parallel
+
+        convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
+                            metadata={METADATA_KEY: meta}, workers=workers, progress=progress)
+        return open_store(out)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, total)
-        for src in srcs:
-            for table in _chunks(src, read_cols, chunk_bytes):
+        job.write(writer, [(k, None) for k in range(len(srcs))], progress, srcs)
+
+    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+    return open_store(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ArrowJob:
+    """What a conversion needs to turn record batches into appends (picklable, for parallel workers)."""
+
+    fmt: str
+    paths: list[str]
+    mapping: dict[str, str]
+    plans: dict[str, _Plan]
+    inner: dict[str, tuple[int, ...]]
+    id_column: str | None
+    chunk_bytes: int
+
+    def write(
+        self,
+        writer: Writer,
+        segments: Sequence[tuple[int, tuple[int, int] | None]],
+        progress: Progress | None,
+        srcs: Sequence[_Source] | None = None,
+    ) -> None:
+        """Append the records of ``segments`` (file number, pieces ``[a, b)`` or None for all), in order."""
+        read_cols = [*self.mapping, *([self.id_column] if self.id_column else [])]
+        for k, pieces in segments:
+            src = srcs[k] if srcs is not None else _Source(Path(self.paths[k]), self.fmt)
+            for table in _chunks(src, read_cols, self.chunk_bytes, pieces):
                 batch = {
-                    mapping[c]: _convert(_array(table.column(c), src.path, c), plans[c], inner[c], src.path, c)
-                    for c in mapping
+                    self.mapping[c]: _convert(_array(table.column(c), src.path, c), self.plans[c], self.inner[c],
+                                              src.path, c)
+                    for c in self.mapping
                 }
                 ids = None
-                if id_column is not None:
-                    arr = _array(table.column(id_column), src.path, id_column)
+                if self.id_column is not None:
+                    arr = _array(table.column(self.id_column), src.path, self.id_column)
                     ids = [str(x) for x in arr.to_pylist()]
                 writer.append_batch(batch, ids=ids)
                 if progress is not None:
                     progress(int(table.num_rows))
 
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+
+def _arrow_units(
+    srcs: Sequence[_Source], total: int, workers: int
+) -> list[list[tuple[int, tuple[int, int] | None]]]:
+    """Cut the files' pieces, in order, into about ``4 x workers`` runs of similar row counts: each run
+    (one part of a parallel convert) is a list of (file number, pieces [a, b))."""
+    flat: list[tuple[int, int]] = []  # (file, piece)
+    rows: list[int] = []
+    for k, src in enumerate(srcs):
+        for j, n in enumerate(src.pieces()):
+            flat.append((k, j))
+            rows.append(n)
+    budget = max(MIN_UNIT_RECORDS, -(-total // (4 * workers)))
+    units: list[list[tuple[int, tuple[int, int] | None]]] = []
+    for a, b in split_by_budget(np.asarray(rows, dtype=np.int64), budget):
+        segs: list[tuple[int, tuple[int, int] | None]] = []
+        for k, j in flat[a:b]:
+            if segs and segs[-1][0] == k and segs[-1][1] is not None and segs[-1][1][1] == j:
+                segs[-1] = (k, (segs[-1][1][0], j + 1))
+            else:
+                segs.append((k, (j, j + 1)))
+        units.append(segs)
+    return units
 
 
 def import_arrow(
@@ -393,6 +466,7 @@ def import_arrow(
     shard_bytes: int = 1 << 30,
     overwrite: bool = False,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> Store:
     """Import Arrow IPC files (file or stream format) or directories of them (e.g. a Hugging Face
     ``Dataset.save_to_disk`` directory) into one new store at ``out``, and open it.
@@ -403,9 +477,13 @@ def import_arrow(
     streaming deletes the new store (all or nothing). Files are memory-mapped and converted in chunks
     of about ``chunk_bytes``: O(chunk) memory. ``progress`` gets the records of each chunk (and, through
     ``add_total`` if it has one, the number of records in all files once they are validated).
+
+    ``workers > 1`` converts in that many processes (record batches, or Parquet row groups, split into
+    about ``4 x workers`` runs in file order, each written as a part, one commit at the end;
+    docs/distributed.md): the same records in the same order, only the shard boundaries differ.
     """
     return _import(sources, out, "arrow", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
-                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress)
+                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers)
 
 
 def import_parquet(
@@ -418,8 +496,9 @@ def import_parquet(
     shard_bytes: int = 1 << 30,
     overwrite: bool = False,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> Store:
     """Import Parquet files (or directories of ``.parquet`` files) into one new store at ``out``; as
     :func:`import_arrow`, reading batches of about ``chunk_bytes`` (from the row groups' sizes)."""
     return _import(sources, out, "parquet", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
-                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress)
+                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers)

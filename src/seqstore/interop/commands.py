@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +88,16 @@ def _parse_map(items: list[str] | None, what: str) -> dict[str, str] | None:
     return out
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
     paths = list(args.paths)
     if len(paths) < 2:
@@ -103,7 +114,7 @@ def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
     srcs, out = _sources_and_out(args)
     return import_hdf(
         srcs, out, rename=_parse_map(args.rename, "--rename"), chunk_bytes=args.chunk_mb << 20,
-        shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress,
+        shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress, workers=args.workers,
     )
 
 
@@ -124,7 +135,7 @@ def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
         return fn(
             srcs, out, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
             chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-            progress=progress,
+            progress=progress, workers=args.workers,
         )
 
     return run
@@ -313,6 +324,10 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
     conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
+                      help="returnn-hdf/parquet/arrow: worker processes (default: the number of cores, "
+                      f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
+                      "too small to split are converted in one process")
     for name, c in SOURCES.items():
         if c.add_arguments is not None:
             c.add_arguments(conv.add_argument_group(f"--from {name}"))

@@ -57,6 +57,8 @@ METADATA_KEY = "returnn"
 _LENGTHS_BLOCK = 1 << 16  # sequences of seqLengths read at once while streaming
 _VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
 _TAG_COST = 64  # bytes charged per sequence in the chunk budget (its tag string and bookkeeping)
+#: A parallel import gives each worker's unit at least this many bytes of rows (less in all: one process).
+MIN_UNIT_BYTES = 16 << 20
 
 
 def __getattr__(name: str) -> Any:
@@ -326,19 +328,26 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
 
 
 def _stream_file(
-    info: HdfFileInfo, writer: Writer, fields: Mapping[str, str], chunk_bytes: int, progress: Progress | None
+    info: HdfFileInfo,
+    writer: Writer,
+    fields: Mapping[str, str],
+    chunk_bytes: int,
+    progress: Progress | None,
+    seqs: tuple[int, int] | None = None,
+    first_rows: Mapping[str, int] | None = None,
 ) -> None:
-    """Append every sequence of one file to ``writer`` in chunks of about ``chunk_bytes`` of rows."""
+    """Append every sequence of one file to ``writer`` in chunks of about ``chunk_bytes`` of rows (or the
+    sequences ``seqs = [a, b)``, whose rows start at ``first_rows[stream key]``)."""
     h5py = _h5py()
     p = info.path
     with h5py.File(p, "r") as fin:
         sl = fin["seqLengths"]
         tags_ds = fin["seqTags"]
         data = {s.key: fin[s.dataset] for s in info.streams}
-        row_pos = {s.key: 0 for s in info.streams}
+        row_pos = {s.key: int(first_rows[s.key]) if first_rows else 0 for s in info.streams}
         cost_per_row = [s.row_bytes for s in info.streams]
-        n = info.num_seqs
-        for a in range(0, n, _LENGTHS_BLOCK):
+        lo, n = seqs if seqs is not None else (0, info.num_seqs)
+        for a in range(lo, n, _LENGTHS_BLOCK):
             b = min(a + _LENGTHS_BLOCK, n)
             block = np.asarray(_read(sl, slice(a, b), p, "seqLengths"), dtype=np.int64).reshape(b - a, -1)
             cost = np.full(b - a, _TAG_COST, dtype=np.int64)
@@ -374,6 +383,7 @@ def import_hdf(
     shard_bytes: int = 1 << 30,
     overwrite: bool = False,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> Store:
     """Convert one or more RETURNN HDF files into one new store at ``out`` and open it.
 
@@ -391,6 +401,10 @@ def import_hdf(
     Memory: O(``chunk_bytes``) of rows plus that chunk's tags, whatever the file sizes. One sequential
     pass over each dataset. ``progress`` is called with the bytes of rows of each chunk written (and,
     through ``add_total`` if it has one, with the bytes of rows of all files once they are validated).
+
+    ``workers > 1`` converts in that many processes (the sequences cut into about ``4 x workers`` runs
+    in file order, each written as a part, one commit at the end; docs/distributed.md): the same
+    records in the same order, only the shard boundaries differ.
     """
     paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not paths:
@@ -400,6 +414,15 @@ def import_hdf(
     infos = [inspect_hdf(p) for p in paths]
     schema, meta = _merge_schema(infos, dict(rename or {}))
     fields = {v["hdf_key"]: name for name, v in meta["streams"].items()}
+    job = _HdfJob(list(infos), fields, chunk_bytes)
+    units = [(job, segs) for segs in _hdf_units(infos, workers)] if workers > 1 else []
+    if len(units) > 1:
+        from ._parallel import convert_in_parallel
+
+        convert_in_parallel(out, schema, units, sum(info.total_bytes for info in infos), overwrite=overwrite,
+                            shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
+                            progress=progress)
+        return open_store(out)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, sum(info.total_bytes for info in infos))
@@ -408,6 +431,67 @@ def import_hdf(
 
     new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
     return open_store(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HdfJob:
+    """What the workers of a parallel import need (picklable): the files, stream -> field, chunk size."""
+
+    infos: list[HdfFileInfo]
+    fields: dict[str, str]
+    chunk_bytes: int
+
+    def write(self, writer: Writer, segments: Sequence[tuple[int, int, int, dict[str, int]]],
+              progress: Progress | None) -> None:
+        """Append the sequences of ``segments`` (file number, first and end sequence, first row of each
+        stream), in order."""
+        for k, a, b, rows in segments:
+            _stream_file(self.infos[k], writer, self.fields, self.chunk_bytes, progress, (a, b), rows)
+
+
+def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[int, int, int, dict[str, int]]]]:
+    """Cut the files' sequences, in order, into about ``4 x workers`` runs of similar bytes of rows. Each
+    run is a list of (file number, first sequence, end sequence, first row per stream). Reads every
+    file's ``seqLengths`` once in blocks (O(block) memory)."""
+    h5py = _h5py()
+    total = sum(info.total_bytes + _TAG_COST * info.num_seqs for info in infos)
+    budget = max(MIN_UNIT_BYTES, -(-total // (4 * workers)))
+    units: list[list[tuple[int, int, int, dict[str, int]]]] = []
+    segs: list[tuple[int, int, int, dict[str, int]]] = []
+    used = 0  # bytes in the current run
+    for k, info in enumerate(infos):
+        start = 0  # first sequence of the open segment
+        first = {s.key: 0 for s in info.streams}  # its first row of each stream
+        before = {s.key: 0 for s in info.streams}  # rows before the current block
+        with h5py.File(info.path, "r") as fin:
+            sl = fin["seqLengths"]
+            for a in range(0, info.num_seqs, _VALIDATE_BLOCK):
+                n = min(_VALIDATE_BLOCK, info.num_seqs - a)
+                block = np.asarray(_read(sl, slice(a, a + n), info.path, "seqLengths"), dtype=np.int64).reshape(n, -1)
+                cost = np.full(n, _TAG_COST, dtype=np.int64)
+                for s in info.streams:
+                    cost += block[:, s.column] * s.row_bytes
+                cum = np.cumsum(cost)
+                pos = 0  # sequences of this block already counted
+                while pos < n:
+                    base = int(cum[pos - 1]) if pos else 0
+                    cut = int(np.searchsorted(cum, base + budget - used, side="left")) + 1
+                    if cut > n:  # the run does not fill up in this block
+                        used += int(cum[-1]) - base
+                        break
+                    cut = max(cut, pos + 1)
+                    segs.append((k, start, a + cut, first))
+                    units.append(segs)
+                    segs, used, start = [], 0, a + cut
+                    first = {s.key: before[s.key] + int(block[:cut, s.column].sum()) for s in info.streams}
+                    pos = cut
+                for s in info.streams:
+                    before[s.key] += int(block[:, s.column].sum())
+        if start < info.num_seqs:
+            segs.append((k, start, info.num_seqs, first))
+    if segs:
+        units.append(segs)
+    return units
 
 
 # ----------------------------------------------------------------------------------------- export

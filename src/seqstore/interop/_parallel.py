@@ -1,0 +1,132 @@
+"""Parallel conversion: the inputs' runs written by worker processes as parts, one commit at the end.
+
+``convert_in_parallel`` is what ``seqstore convert --workers N`` (and ``import_*(..., workers=N)``)
+runs: the new store is prepared in a hidden sibling directory (as for a sequential conversion,
+interop/_common.py), each unit of work (a run of the inputs, in input order) is written by a worker
+process as one part (store/parts.py), the parts are committed in unit order with one commit, and
+the directory is renamed into place. So the records are in input order, whatever the number of
+workers, and a failure anywhere (a worker's exception, a worker killed) leaves nothing: the
+temporary directory, parts included, is deleted and ``out`` is as before.
+
+Workers are started with ``forkserver`` (``spawn`` where there is none): never a fork of the
+driver, whose threads and open files a forked child would inherit. Each worker reports its
+progress through a queue, which one driver thread feeds into the single progress callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..schema import Schema
+from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, prepare_store
+from ._common import Progress, announce_total, check_output, install_output, remove_path, temp_sibling
+
+__all__ = ["convert_in_parallel", "Job"]
+
+
+class Job(Protocol):
+    """A picklable description of a conversion whose ``write(writer, unit, progress)`` appends the
+    records of one unit of work to ``writer`` (calling ``progress(n)`` as it goes)."""
+
+    def write(self, writer: Any, segments: Any, progress: Progress | None) -> None: ...
+
+
+_queue: Any = None  # the worker's progress queue (set by _init)
+
+
+def _init(queue: Any) -> None:
+    global _queue
+    _queue = queue
+
+
+def _report(n: int) -> None:
+    if n:
+        _queue.put(n)
+
+
+def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int) -> Part:
+    """Worker: one unit as one part."""
+    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes)
+    try:
+        job.write(w, segments, _report)
+        return w.finish()
+    except BaseException:
+        w.abort()
+        raise
+
+
+def _context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in methods:  # workers start from a server that has these imported already
+        ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn"])
+    return ctx
+
+
+def convert_in_parallel(
+    out: str | os.PathLike[str],
+    schema: Schema,
+    units: Sequence[tuple[Job, Any]],
+    total: int,
+    *,
+    overwrite: bool,
+    shard_bytes: int,
+    metadata: Mapping[str, Any] | None,
+    workers: int,
+    progress: Progress | None,
+) -> None:
+    """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
+    ``workers`` processes; all or nothing (see the module docs). ``total`` is announced to
+    ``progress`` once the output path is checked."""
+    root = Path(out)
+    check_output(root, overwrite)
+    tmp = temp_sibling(root, "tmp")
+    job_id = f"convert-{uuid.uuid4().hex[:12]}"
+    try:
+        prepare_store(tmp, schema, metadata=metadata, mode="create")
+        announce_total(progress, total)
+        ctx = _context()
+        queue = ctx.Queue()
+
+        def pump() -> None:  # the workers' progress into the one callback
+            while True:
+                n = queue.get()
+                if n is None:
+                    return
+                if progress is not None:
+                    progress(n)
+
+        feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
+        feeder.start()
+        try:
+            with ProcessPoolExecutor(max_workers=max(1, min(workers, len(units))), mp_context=ctx,
+                                     initializer=_init, initargs=(queue,)) as pool:
+                futures: list[Future[Part]] = [
+                    pool.submit(_write_unit, str(tmp), job_id, f"u{k:06d}", job, segs, shard_bytes)
+                    for k, (job, segs) in enumerate(units)
+                ]
+                try:
+                    parts = [f.result() for f in futures]  # in unit order; the first failure raises
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
+        finally:
+            queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
+            feeder.join()
+        commit_parts(tmp, parts)
+        discard_parts(tmp, job_id)  # the parts' committed.json records
+        with contextlib.suppress(OSError):
+            (tmp / PARTS_DIR).rmdir()
+        install_output(tmp, root)
+    except BaseException:
+        remove_path(tmp)
+        raise

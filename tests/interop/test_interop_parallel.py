@@ -1,0 +1,125 @@
+"""``convert --workers N``: worker processes write parts, one commit; same records in the same order
+as one process (only shard boundaries differ); a failing worker leaves nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import cli
+from seqstore.errors import SchemaError
+from seqstore.interop import arrow as arrow_mod
+from seqstore.interop import returnn as returnn_mod
+from seqstore.interop.arrow import import_arrow, import_parquet
+
+pa = pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq  # noqa: E402
+
+
+def _table(first: int, n: int, seed: int) -> Any:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 9, n)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    values = pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(int(lens.sum()) * 4).astype(np.float16)), 4)
+    labels = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lens % 3)]).astype(np.int32)),
+                                      pa.array(rng.integers(0, 99, int((lens % 3).sum())).astype(np.int32)))
+    return pa.table({"feat": pa.ListArray.from_arrays(offsets, values), "labels": labels,
+                     "score": pa.array(rng.random(n).astype(np.float32)),
+                     "id": pa.array([f"utt-{first + i}" for i in range(n)])})
+
+
+def _same(a: seqstore.Store, b: seqstore.Store) -> None:
+    assert len(a) == len(b) and a.schema == b.schema and a.metadata == b.metadata
+    assert [a.id(i) for i in range(len(a))] == [b.id(i) for i in range(len(b))]
+    for name in a.schema:
+        for i in range(len(a)):
+            np.testing.assert_array_equal(a[i][name], b[i][name])
+
+
+@pytest.fixture
+def small_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split even these small inputs into several units (the defaults keep small inputs in one process)."""
+    monkeypatch.setattr(arrow_mod, "MIN_UNIT_RECORDS", 50)
+    monkeypatch.setattr(returnn_mod, "MIN_UNIT_BYTES", 2000)
+
+
+def test_parallel_parquet_equals_one_process_in_order(tmp_path: Path, small_units: None) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    first = 0
+    for k, n in enumerate([400, 130, 333]):
+        pq.write_table(_table(first, n, k), src / f"part-{k}.parquet", row_group_size=60)
+        first += n
+    one = import_parquet(src, tmp_path / "one.seqstore", id_column="id", workers=1)
+    steps: list[int] = []
+
+    class Bar:
+        total = 0
+
+        def __call__(self, n: int) -> None:
+            steps.append(n)
+
+        def add_total(self, n: int) -> None:
+            Bar.total += n
+
+    two = import_parquet(src, tmp_path / "two.seqstore", id_column="id", workers=2, progress=Bar())
+    _same(one, two)
+    assert [two.id(i) for i in (0, 400, 862)] == ["utt-0", "utt-400", "utt-862"]  # input order
+    assert two.num_shards > one.num_shards  # one part (and shard) per unit of work
+    assert sum(steps) == Bar.total == 863 and len(steps) > 3  # one bar over every worker
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "one.seqstore", "two.seqstore"]
+    assert not (tmp_path / "two.seqstore" / "_parts").exists()
+    assert seqstore.store.verify.verify(tmp_path / "two.seqstore") == []
+
+
+def test_parallel_arrow_and_the_command_line(tmp_path: Path, small_units: None) -> None:
+    path = tmp_path / "data.arrow"
+    tables = [_table(0, 120, 0), _table(120, 90, 1), _table(210, 200, 2)]
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, tables[0].schema) as w:
+        for t in tables:
+            w.write_table(t, max_chunksize=40)
+    one = import_arrow(path, tmp_path / "one.seqstore", id_column="id", workers=1)
+    assert cli.main(["convert", "--from", "arrow", "--id-column", "id", "--workers", "3", "-q", str(path),
+                     str(tmp_path / "three.seqstore")]) == 0
+    three = seqstore.open(tmp_path / "three.seqstore")
+    _same(one, three)
+    assert three.num_shards > 1
+
+
+def test_a_failing_worker_leaves_nothing(tmp_path: Path, small_units: None) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(_table(0, 300, 0), src / "a.parquet", row_group_size=50)
+    bad = _table(300, 300, 1)
+    score = pa.array([None if i == 250 else 0.5 for i in range(300)], type=pa.float32())
+    bad = bad.set_column(bad.schema.get_field_index("score"), "score", score)  # a null deep in file 2
+    pq.write_table(bad, src / "b.parquet", row_group_size=50)
+    out = tmp_path / "out.seqstore"
+    with pytest.raises(SchemaError, match=r"b\.parquet, column 'score': has 1 null"):
+        import_parquet(src, out, id_column="id", workers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no store, no temporary directory
+    # an existing store is left as it was
+    import_parquet(src / "a.parquet", out, id_column="id", workers=2)
+    with pytest.raises(SchemaError, match="null"):
+        import_parquet(src, out, id_column="id", workers=2, overwrite=True)
+    assert len(seqstore.open(out)) == 300
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out.seqstore"]
+
+
+def test_parallel_returnn_hdf_equals_one_process(tmp_path: Path, small_units: None) -> None:
+    pytest.importorskip("h5py")
+    pytest.importorskip("returnn")
+    from interop_testlib import write_returnn_hdf
+
+    files = [tmp_path / f"f{k}.hdf" for k in range(2)]
+    for k, f in enumerate(files):
+        write_returnn_hdf(f, n=120 + 40 * k, seed=k)
+    one = returnn_mod.import_hdf(files, tmp_path / "one.seqstore", workers=1)
+    two = returnn_mod.import_hdf(files, tmp_path / "two.seqstore", workers=2)
+    _same(one, two)
+    assert two.num_shards > 2
+    assert two.id(120) == "corpus/seq-1-0"
