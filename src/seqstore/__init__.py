@@ -22,9 +22,10 @@ from .errors import CorruptionError, FormatError, LockError, SchemaError, Seqsto
 from .log import Logger, similarity
 from .order import Order, seq_order, sort_index
 from .schema import Field, PackedGroup, Schema, bfloat16_to_float32, float32_to_bfloat16
-from .store import Lengths, Store, Writer, append_to, create
+from .store import Lengths, Store, Writer
 from .store import open_store as open  # noqa: A001 - the public name is seqstore.open
 from .store.copy import copy
+from .store.remote_writer import append_to, create
 
 __version__ = "0.1.0"
 

@@ -45,11 +45,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError, SeqstoreError
-from ..format.manifest import MANIFEST, Manifest
+from ..format.manifest import MANIFEST
+from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
 from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
-from ..store.writer import Writer, open_or_create
+from ..store.remote_writer import existing_manifest, open_or_create
+from ..store.writer import Writer
 from ._tensors import HostStager, ids_to_str, infer_field
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
@@ -157,7 +159,9 @@ class Logger:
 
     Args:
         path: the store directory; created (atomically, safe for several ranks) when missing, else
-            appended to (its schema must match).
+            appended to (its schema must match). A URL of object storage (``s3://``, ``gs://``,
+            ``az://``) logs there: shards are staged locally and uploaded at each commit
+            (store/remote_writer.py); ``storage_options`` configures the client.
         schema: a (nested) dict of name -> :class:`~seqstore.Field` (fixed shapes only). None: inferred
             from the first :meth:`log` call (dtype and ``shape[1:]`` of each tensor).
         flush_bytes: bytes of one host buffer (two exist at most). A buffer holds
@@ -195,12 +199,14 @@ class Logger:
         shard_bytes: int = 1 << 30,
         metadata: Mapping[str, Any] | None = None,
         direct_io: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if on_duplicate not in DUPLICATE_POLICIES:
             raise ValueError(f"on_duplicate must be one of {DUPLICATE_POLICIES}, got {on_duplicate!r}")
         if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
             raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
-        self.path = Path(path)
+        self.path: Path | str = os.fspath(path) if is_remote(path) else Path(path)
+        self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = int(flush_bytes)
         self.commit_every_s = float(commit_every_s)
         self.on_duplicate = on_duplicate
@@ -235,8 +241,8 @@ class Logger:
         self._num_skipped = 0
         if schema is not None:
             self._start(Schema(schema))
-        elif (self.path / MANIFEST).exists():
-            self._start(Manifest.load(self.path).schema)
+        elif (existing := existing_manifest(self.path, self._storage_options)) is not None:
+            self._start(existing.schema)
 
     # ------------------------------------------------------------------------------------ setup
 
@@ -253,8 +259,8 @@ class Logger:
         else:
             packed = self._packed
         id_lookup = "last" if self.on_duplicate == "keep_last" else "first"
-        if (self.path / MANIFEST).exists():  # an existing store decides the layout
-            existing = Manifest.load(self.path)
+        existing = existing_manifest(self.path, self._storage_options)
+        if existing is not None:  # an existing store decides the layout
             if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
                 raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
             schema, packed = existing.schema, None
@@ -267,11 +273,12 @@ class Logger:
             buffer_bytes=1,  # every append_batch is written through at once: no second copy
             metadata=self._metadata,
             direct_io=self._direct_io,
+            storage_options=self._storage_options,
         )
         self.schema = self._writer.schema
         self._units = self.schema.storage_units()
         self._cap = _buffer_rows(self.flush_bytes, [f.row_bytes for _, f in self._units], MAX_BUFFER_RECORDS)
-        self._reader = Store(self.path)
+        self._reader = Store(self.path, storage_options=self._storage_options)
         self._thread = threading.Thread(target=self._run, name=f"seqstore-logger-{self.rank}", daemon=True)
         self._thread.start()
 
@@ -425,9 +432,11 @@ class Logger:
         """Make the lookup view include what the background thread committed; drop those in-flight ids."""
         assert self._reader is not None
         done = self._committed_seq
+        sig = None  # a remote store: other ranks' shards are seen at this rank's next commit
         try:  # every commit (any rank) renames a new manifest into place: a new inode
-            st = os.stat(self.path / MANIFEST)
-            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if isinstance(self.path, Path):
+                st = os.stat(self.path / MANIFEST)
+                sig = (st.st_ino, st.st_mtime_ns, st.st_size)
         except OSError:
             sig = None
         if done > self._seen_seq or sig != self._manifest_sig:
