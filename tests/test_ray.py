@@ -142,9 +142,14 @@ def test_write_task_killed_mid_write_is_retried_exactly_once(ray_local: None, tm
     marker = tmp_path / "killed"
     # blocks of 200 records, batches of 50: the task of records 200..399 writes three batches (shards
     # of at most 40 records are finished on disk), then dies on its fourth; Ray runs it again
-    ds = _dataset(fn=_die_once, batch_size=50, fn_kwargs={"marker": str(marker), "at": 350})
-    ds.context.target_max_block_size = 4096  # each batch of the map reaches the write as a block of its own
-    n = sray.write(ds, tmp_path / "s.seqstore", id_column="key", max_shard_records=40)  # Ray retries it
+    current = ray.data.DataContext.get_current()
+    saved = current.target_max_block_size
+    current.target_max_block_size = 4096  # each batch of the map reaches the write as a block of its own
+    try:
+        ds = _dataset(fn=_die_once, batch_size=50, fn_kwargs={"marker": str(marker), "at": 350})
+        n = sray.write(ds, tmp_path / "s.seqstore", id_column="key", max_shard_records=40)  # Ray retries it
+    finally:
+        current.target_max_block_size = saved
     assert n == N
     assert marker.read_text()  # the killed attempt had finished shards of its own part on disk
     _check_exactly_once(tmp_path / "s.seqstore", range(N))

@@ -46,7 +46,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -109,6 +109,14 @@ def _value_dtype(t: Any, name: str) -> str:
     return fixed[0]
 
 
+def _element_type(t: Any) -> Any:
+    """The element type of a tensor extension type, from its storage (Ray < 2.51 has no value_type)."""
+    st = t.storage_type
+    if pa.types.is_struct(st):  # Ray's variable-shaped tensor: struct<data: large_list<T>, shape: ...>
+        st = st.field("data").type
+    return st.value_type
+
+
 def _whole(col: Any, name: str) -> Any:
     """One contiguous array of a column (chunks combined), its top-level nulls rejected."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -167,9 +175,9 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
     ext = _ext(t)
     try:
         if ext in _RAY_TENSOR or ext == _ARROW_TENSOR:
-            return Field(_value_dtype(t.value_type, name), tuple(int(s) for s in t.shape))
+            return Field(_value_dtype(_element_type(t), name), tuple(int(s) for s in t.shape))
         if ext == _RAY_VAR_TENSOR:
-            dtype = _value_dtype(t.value_type, name)
+            dtype = _value_dtype(_element_type(t), name)
             if t.ndim == 1:
                 return Field(dtype, (None,))
             shapes = _var_parts(_whole(sample, name), int(t.ndim), name)[1] if sample is not None else None
@@ -375,7 +383,13 @@ def block_columns(table: Any, schema: Schema, id_column: str | None) -> tuple[di
 # ------------------------------------------------------------------------------------------ write
 
 
-class _StoreDatasink(Datasink[tuple[int, Part]]):
+if TYPE_CHECKING:
+    _SinkBase = Datasink[tuple[int, Part]]
+else:  # Ray < 2.43: Datasink is not generic
+    _SinkBase = Datasink
+
+
+class _StoreDatasink(_SinkBase):
     """Writes blocks as parts of job ``self.job``; the driver commits the reported parts at once."""
 
     def __init__(
