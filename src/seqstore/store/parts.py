@@ -208,7 +208,11 @@ def _as_part(p: Part | Mapping[str, Any]) -> Part:
 
 
 def _target(root: Path) -> tuple[Manifest, dict[str, Any] | None]:
-    """The store's manifest (version 3 required) and the staged overwrite settings, if any."""
+    """The store's manifest (version 3 required) and the staged overwrite settings, if any; a commit
+    of parts that died part way is finished or undone first."""
+    if (root / PARTS_DIR / JOURNAL).exists():
+        with store_lock(root):
+            recover_batch_commit(root)
     manifest = Manifest.load(root)
     if manifest.table is None:
         raise FormatError(
