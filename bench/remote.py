@@ -1,0 +1,1024 @@
+"""Remote reads: seqstore from an S3 server behind 20 ms of latency, vs raw obstore, Lance and MosaicML Streaming.
+
+Set-up (all on loopback, started and stopped by this script):
+
+- **S3 server**: ``bench/_remote_server.py``, a minimal S3-compatible server (GET/HEAD with ranges,
+  ETag, Content-Range, conditional requests; PUT, multipart, DELETE, ListObjectsV2) serving the data
+  directory as bucket ``bench``: a range GET reads only its bytes (``sendfile``). Its module docstring
+  says why not moto or s3rver (moto copies whole objects per range; s3rver answers suffix ranges
+  wrongly, which seqstore uses). Every served file is read once before the cases (the server's page
+  cache warm: the cases measure the clients and the latency, not this machine's disk).
+- **Latency proxy** (20 ms added to every request, request and round-trip counts): by default
+  ``tests/support/proxy.py``'s FaultProxy (the tests' proxy) in a process of its own
+  (``bench/_remote_proxy.py --fault``); ``--proxy threads`` uses the threaded one of
+  ``bench/_remote_proxy.py``. Group ``server`` measures the server directly and through both.
+
+Data (built once under ``--data DIR``, default /work/bench-data/remote or $SEQSTORE_REMOTE_DATA,
+in DIR/bucket/, never in the repository): ``fixed`` 500,000 records of float32 x 512 (2 KiB; 1.0
+GB) and ``ragged`` 200,000 records of 1-200 rows x 16 float16 (0.64 GB), the generator of
+``bench/cold.py``, each as a seqstore store, a Lance dataset and MDS shards (Streaming). ``--quick``:
+50,000 / 20,000 records.
+
+Groups and cases (each run a fresh process; seqstore with a fresh ``cache_dir``, i.e. a cold node
+cache; ``storage_options`` ``max_requests=16``, ``coalesce_gap=65536``):
+
+- ``<kind>`` random reads: the first 8,192 positions of ``seq_order(n, "random", epoch=1, seed=3)``
+  (quick 2,048) in batches of 1024, the store opened before the timer:
+  ``seqstore get_batch``; ``seqstore iter_batches`` (prefetch 2); ``obstore get_range x16``: exactly
+  the records' byte ranges (ragged: the two offsets of each record, then its value rows), merged per
+  file where closer than the same 64 KiB gap (at most 8 MiB per request), at most 16 requests in
+  flight (``obstore.get_range_async`` under a semaphore: the concurrency seqstore's client allows);
+  ``obstore get_ranges``: the same unmerged ranges through ``obstore.get_ranges_async``, one call per
+  file and batch (obstore merges within ``coalesce=65536`` and runs up to 10 requests per call, the
+  calls of a batch at once); ``lance take`` (``dataset.take(batch, columns=["x"])``); ``streaming
+  dataset[i]`` (Streaming downloads each shard a sample lies in, whole, on first touch).
+- ``<kind>-epoch``: a whole epoch: ``server sequential``: every file of the store in 8 MiB range GETs,
+  16 in flight, through the proxy (the server's sequential throughput: the baseline);
+  ``seqstore random_block:1024:16`` and ``seqstore default order``: ``iter_batches`` of the order in
+  batches of 1024 (prefetch 2); ``streaming epoch``: iterating Streaming's dataset with its shuffle
+  (py1e), one process. MB/s of values delivered (``server sequential``: of file bytes).
+- ``open``: ``seqstore.open`` then the first batch (1 record, 16 records or 1024 random records):
+  times and the proxy's request and round-trip counts of each step.
+- ``server``: 8 MiB range GETs x16 (MB/s) and 2 KiB GETs (latency one at a time, rate with 16 in
+  flight), direct and through each proxy.
+
+Per case: the median of ``--repeats`` runs (default 3, quick 1), the runs of all cases interleaved
+(round r runs every case once); requests, round trips and response body bytes counted by the proxy;
+private memory (``Private_Clean + Private_Dirty``) and anonymous memory at the end; CPU seconds.
+Ratios: random reads vs ``obstore get_range x16`` and vs ``lance take``; epochs vs ``server
+sequential``. Results: the tables on stdout and ``bench/results/remote[_quick].json``.
+
+Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--proxy fault|threads] [--only GROUP ...]``;
+``--generate`` builds the data only; ``--no-streaming`` leaves Streaming out (otherwise its venv is
+created on first use, see ``bench/_remote_streaming.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import numpy as np  # noqa: E402
+
+from bench import _remote_proxy, _remote_server, _remote_streaming  # noqa: E402
+from bench.harness import RESULTS, Case, _run_once, _summarise, machine_info, machine_line, section  # noqa: E402
+
+DEFAULT_DATA = Path(os.environ.get("SEQSTORE_REMOTE_DATA", "/work/bench-data/remote"))
+BUCKET = "bench"
+FULL = {"fixed": 1_000_000, "ragged": 300_000}
+QUICK = {"fixed": 50_000, "ragged": 20_000}
+N_READ, N_READ_QUICK, BATCH, ORDER_SEED = 6144, 2048, 1024, 3
+EPOCH_RECORDS, EPOCH_RECORDS_QUICK = 131_072, 16_384
+LATENCY, MAX_REQUESTS, GAP, MOST = 0.02, 16, 64 << 10, 8 << 20
+SEQ_CHUNK = 8 << 20
+BLOCK_ORDER = "random_block:1024:16"
+DIM_FIXED, DIM_RAGGED = 512, 16
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def seqstore_options(endpoint: str) -> dict[str, Any]:
+    return {**_remote_server.storage_options(endpoint), "max_requests": MAX_REQUESTS, "coalesce_gap": GAP}
+
+
+def _s3store(endpoint: str) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(
+        BUCKET,
+        endpoint=endpoint,
+        region="us-east-1",
+        access_key_id="bench",
+        secret_access_key="bench-secret",
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True, "timeout": "120s"},
+    )
+
+
+def smaps_mib() -> tuple[float, float]:
+    priv = anon = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                priv += int(line.split()[1])
+            elif line.startswith("Anonymous:"):
+                anon += int(line.split()[1])
+    return priv / 1024, anon / 1024
+
+
+def _fresh_dir(data: str, what: str) -> Path:
+    d = Path(data) / "scratch" / f"{what}-{os.getpid()}-{time.time_ns()}"
+    d.mkdir(parents=True)
+    return d
+
+
+def _proxy_extra(control: str) -> dict[str, Any]:
+    s = _remote_proxy.stats(control)
+    return {"requests": s["requests"], "round_trips": s["round_trips"], "moved_mib": s["body_bytes"] / 2**20}
+
+
+def _epoch_batches(n: int, count: int) -> list[np.ndarray[Any, Any]]:
+    import seqstore
+
+    order = seqstore.seq_order(n, "random", epoch=1, seed=ORDER_SEED)
+    idx = np.asarray(order[: min(count, n)], dtype=np.int64)
+    return [idx[a : a + BATCH] for a in range(0, len(idx), BATCH)]
+
+
+def _check(kind: str, out: Any) -> float:
+    """Order-sensitive checksum of one batch (the same for every reader that read the same values)."""
+    if kind == "fixed":
+        return float(np.dot(np.arange(1, len(out) + 1), out.sum(axis=1, dtype=np.float64)))
+    values, lengths = out
+    return float(values.sum(dtype=np.float64)) + float(np.dot(np.arange(1, len(lengths) + 1), lengths))
+
+
+def _asked(kind: str, out: Any) -> int:
+    return int(out.nbytes if kind == "fixed" else out[0].nbytes)
+
+
+def layout_of(store_path: Path, bucket_root: Path, kind: str) -> list[list[Any]]:
+    """Per shard of the local store: [records, values key, data offset, offsets key or None, offset]."""
+    from bench.cold import _shard_files
+
+    out = []
+    for recs, v, voff, o, ooff in _shard_files(str(store_path), kind):
+        okey = o.relative_to(bucket_root).as_posix() if o is not None else None
+        out.append([recs, v.relative_to(bucket_root).as_posix(), voff, okey, ooff])
+    return out
+
+
+# ------------------------------------------------------------------------------------ raw obstore
+
+
+def merge_runs(
+    files: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]
+) -> tuple[list[tuple[int, int, int]], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Ranges merged per file where closer than GAP (at most MOST bytes per run): the runs
+    ``(file, start, end)`` and, per input range, its run and its offset inside the run."""
+    order = np.lexsort((starts, files))
+    runs: list[tuple[int, int, int]] = []
+    run_of = np.empty(len(starts), dtype=np.int64)
+    off = np.empty(len(starts), dtype=np.int64)
+    cf = cs = ce = -1
+    for i in order.tolist():
+        f, s, e = int(files[i]), int(starts[i]), int(ends[i])
+        if f == cf and s - ce < GAP and max(e, ce) - cs <= MOST:
+            ce = max(ce, e)
+            runs[-1] = (cf, cs, ce)
+        else:
+            cf, cs, ce = f, s, e
+            runs.append((f, s, e))
+        run_of[i] = len(runs) - 1
+        off[i] = s - cs
+    return runs, run_of, off
+
+
+class RawReader:
+    """The byte ranges a random batch needs, straight through obstore (``mode``: ``x16`` or ``ranges``)."""
+
+    def __init__(self, endpoint: str, layout: list[list[Any]], kind: str, mode: str) -> None:
+        self.store = _s3store(endpoint)
+        self.kind, self.mode = kind, mode
+        self.layout = layout
+        self.starts = np.zeros(len(layout) + 1, dtype=np.int64)
+        np.cumsum([s[0] for s in layout], out=self.starts[1:])
+        self.vkeys = [s[1] for s in layout]
+        self.voff = np.array([s[2] for s in layout], dtype=np.int64)
+        self.okeys = [s[3] for s in layout]
+        self.ooff = np.array([s[4] for s in layout], dtype=np.int64)
+        self.sem: asyncio.Semaphore | None = None
+
+    async def _fetch(self, keys: list[str], files: Any, s: Any, e: Any) -> list[memoryview]:
+        """The bytes of every range ``[s[i], e[i])`` of object ``keys[files[i]]``."""
+        import obstore
+
+        if self.mode == "x16":
+            if self.sem is None:
+                self.sem = asyncio.Semaphore(MAX_REQUESTS)
+            sem = self.sem
+            runs, run_of, off = merge_runs(files, s, e)
+
+            async def one(f: int, a: int, b: int) -> memoryview:
+                async with sem:
+                    return memoryview(await obstore.get_range_async(self.store, keys[f], start=a, end=b))
+
+            got = await asyncio.gather(*(one(*r) for r in runs))
+            sizes = (e - s).tolist()
+            return [got[r][o : o + z] for r, o, z in zip(run_of.tolist(), off.tolist(), sizes)]
+        out: list[memoryview] = [memoryview(b"")] * len(s)
+        calls = []
+        for f in np.unique(files).tolist():
+            pos = np.flatnonzero(files == f)
+            calls.append(
+                (
+                    pos,
+                    obstore.get_ranges_async(
+                        self.store, keys[f], starts=s[pos].tolist(), ends=e[pos].tolist(), coalesce=GAP
+                    ),
+                )
+            )
+        results = await asyncio.gather(*(c for _, c in calls))
+        for (pos, _), res in zip(calls, results):
+            for p, b in zip(pos.tolist(), res):
+                out[p] = memoryview(b)
+        return out
+
+    async def get(self, batch: np.ndarray[Any, Any]) -> Any:
+        k = np.searchsorted(self.starts, batch, side="right") - 1
+        rows = batch - self.starts[k]
+        if self.kind == "fixed":
+            rec = DIM_FIXED * 4
+            s = self.voff[k] + rows * rec
+            got = await self._fetch(self.vkeys, k, s, s + rec)
+            out = np.empty((len(batch), DIM_FIXED), dtype=np.float32)
+            flat = out.reshape(-1).view(np.uint8)
+            for j, b in enumerate(got):
+                flat[j * rec : (j + 1) * rec] = np.frombuffer(b, dtype=np.uint8)
+            return out
+        s = self.ooff[k] + rows * 8
+        pairs = await self._fetch(self.okeys, k, s, s + 16)  # type: ignore[arg-type]
+        bounds = np.frombuffer(b"".join(pairs), dtype=np.int64).reshape(-1, 2)
+        lengths = bounds[:, 1] - bounds[:, 0]
+        row = DIM_RAGGED * 2
+        vs = self.voff[k] + bounds[:, 0] * row
+        vals = await self._fetch(self.vkeys, k, vs, vs + lengths * row)
+        values = np.frombuffer(b"".join(vals), dtype=np.float16).reshape(-1, DIM_RAGGED)
+        return values, lengths
+
+
+# --------------------------------------------------------------------------------------- cases
+
+
+def case_random(
+    kind: str,
+    system: str,
+    n: int,
+    n_read: int,
+    endpoint: str,
+    control: str,
+    url: str,
+    data: str,
+    layout: list[list[Any]] | None = None,
+    max_requests: int = MAX_REQUESTS,
+) -> dict[str, Any]:
+    """Random batches of the epoch order through one reader (child process)."""
+    batches = _epoch_batches(n, n_read)
+    scratch = _fresh_dir(data, "cache")
+    try:
+        if system in ("get_batch", "iter_batches"):
+            import seqstore
+
+            opts = {**seqstore_options(endpoint), "max_requests": max_requests}
+            store = seqstore.open(url, storage_options=opts, cache_dir=scratch)
+
+            def read_all() -> Any:
+                if system == "iter_batches":
+                    for got in store.iter_batches(batches, prefetch=2):
+                        yield got["x"]
+                else:
+                    for b in batches:
+                        yield store.get_batch(b)["x"]
+
+        elif system in ("x16", "ranges"):
+            assert layout is not None
+            raw = RawReader(endpoint, layout, kind, system)
+            loop = asyncio.new_event_loop()
+
+            def read_all() -> Any:
+                for b in batches:
+                    yield loop.run_until_complete(raw.get(b))
+
+        elif system == "lance":
+            import lance
+
+            ds = lance.dataset(url, storage_options=_remote_server.storage_options(endpoint))
+
+            def read_all() -> Any:
+                for b in batches:
+                    col = ds.take(b, columns=["x"]).column("x").combine_chunks()
+                    if kind == "fixed":
+                        yield col.flatten().to_numpy().reshape(-1, DIM_FIXED)
+                    else:
+                        yield (
+                            col.flatten().flatten().to_numpy().reshape(-1, DIM_RAGGED),
+                            col.value_lengths().to_numpy().astype(np.int64),
+                        )
+
+        else:
+            raise ValueError(system)
+        _remote_proxy.stats(control, reset=True)
+        check = 0.0
+        asked = 0
+        with section("read"):
+            t0 = time.perf_counter()
+            for got in read_all():
+                check += _check(kind, got)
+                asked += _asked(kind, got)
+            dt = time.perf_counter() - t0
+        extra = _proxy_extra(control)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    priv, anon = smaps_mib()
+    records = sum(len(b) for b in batches)
+    return {
+        "records_per_s": records / dt,
+        "asked_mib": asked / 2**20,
+        "private_mib": priv,
+        "anon_mib": anon,
+        "checksum": check,
+        **extra,
+    }
+
+
+def _streaming_env(endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(
+        S3_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench-secret",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    return env
+
+
+def case_streaming(
+    kind: str,
+    what: str,
+    n: int,
+    n_read: int,
+    endpoint: str,
+    control: str,
+    url: str,
+    data: str,
+    python: str,
+) -> dict[str, Any]:
+    """MosaicML Streaming in its own venv (``bench/_remote_streaming.py``); ``what``: random or epoch.
+    The rate is the Streaming process's own timing (its interpreter start and imports not counted)."""
+    scratch = _fresh_dir(data, "streaming")
+    try:
+        cmd = [
+            python,
+            str(Path(__file__).with_name("_remote_streaming.py")),
+            what,
+            "--remote",
+            url,
+            "--local",
+            str(scratch / "local"),
+            "--kind",
+            kind,
+        ]
+        if what == "random":
+            idx = np.concatenate(_epoch_batches(n, n_read))
+            np.save(scratch / "idx.npy", idx)
+            cmd += ["--indices", str(scratch / "idx.npy"), "--batch", str(BATCH)]
+        else:
+            cmd += ["--limit", str(n_read)]
+        _remote_proxy.stats(control, reset=True)
+        with section("read"):
+            proc = subprocess.run(cmd, env=_streaming_env(endpoint), capture_output=True, text=True, timeout=1800)
+        if proc.returncode:
+            raise RuntimeError(f"streaming {what} failed:\n{proc.stderr[-3000:]}")
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        extra = _proxy_extra(control)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    out = {
+        "asked_mib": got["asked_bytes"] / 2**20,
+        "private_mib": got["private_mib"],
+        "anon_mib": got["anon_mib"],
+        "cpu_s": got["cpu_s"],
+        **extra,
+    }
+    if what == "random":
+        out.update(records_per_s=got["records"] / got["seconds"], checksum=got["checksum"])
+    else:
+        out.update(mb_per_s=got["asked_bytes"] / got["seconds"] / 1e6, records=got["records"])
+    return out
+
+
+async def _read_files(store: Any, files: list[tuple[str, int]], chunk: int, conc: int) -> int:
+    import obstore
+
+    sem = asyncio.Semaphore(conc)
+
+    async def one(key: str, a: int, b: int) -> int:
+        async with sem:
+            return len(await obstore.get_range_async(store, key, start=a, end=b))
+
+    jobs = [one(k, a, min(a + chunk, size)) for k, size in files for a in range(0, size, chunk)]
+    return sum(await asyncio.gather(*jobs))
+
+
+def case_epoch(
+    kind: str,
+    system: str,
+    n: int,
+    records: int,
+    endpoint: str,
+    control: str,
+    url: str,
+    data: str,
+    files: list[list[Any]],
+    prefetch: int = 2,
+) -> dict[str, Any]:
+    """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order, or
+    (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs x16."""
+    scratch = _fresh_dir(data, "cache")
+    try:
+        if system == "sequential":
+            store = _s3store(endpoint)
+            total = sum(size for key, size in files if not key.endswith(".offsets.npy"))
+            budget = int(total * records / n)  # the values' share of the files these records cover
+            parts = []
+            for key, size in files:
+                if budget <= 0:
+                    break
+                parts.append((key, min(size, budget)))
+                budget -= size
+            _remote_proxy.stats(control, reset=True)
+            with section("read"):
+                t0 = time.perf_counter()
+                nbytes = asyncio.run(_read_files(store, parts, SEQ_CHUNK, MAX_REQUESTS))
+                dt = time.perf_counter() - t0
+        else:
+            import itertools
+
+            import seqstore
+
+            store = seqstore.open(url, storage_options=seqstore_options(endpoint), cache_dir=scratch)
+            order = seqstore.seq_order(
+                n, BLOCK_ORDER if system == "random_block" else "default", epoch=1, seed=ORDER_SEED
+            )
+            chunks = itertools.islice(order.iter_chunks(BATCH), -(-records // BATCH))
+            _remote_proxy.stats(control, reset=True)
+            nbytes = 0
+            with section("read"):
+                t0 = time.perf_counter()
+                for got in store.iter_batches(chunks, prefetch=prefetch):
+                    nbytes += _asked(kind, got["x"])
+                dt = time.perf_counter() - t0
+        extra = _proxy_extra(control)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    priv, anon = smaps_mib()
+    return {"mb_per_s": nbytes / dt / 1e6, "asked_mib": nbytes / 2**20, "private_mib": priv, "anon_mib": anon, **extra}
+
+
+def case_open(kind: str, n: int, first: int, endpoint: str, control: str, url: str, data: str) -> dict[str, Any]:
+    """``seqstore.open`` and the first batch after it (``first`` records of the random order)."""
+    import seqstore
+
+    idx = _epoch_batches(n, first)[0][:first]
+    scratch = _fresh_dir(data, "cache")
+    try:
+        _remote_proxy.stats(control, reset=True)
+        with section("open"):
+            t0 = time.perf_counter()
+            store = seqstore.open(url, storage_options=seqstore_options(endpoint), cache_dir=scratch)
+            t1 = time.perf_counter()
+        s_open = _remote_proxy.stats(control, reset=True)
+        with section("first_batch"):
+            t2 = time.perf_counter()
+            store.get_batch(idx)
+            t3 = time.perf_counter()
+        s_batch = _remote_proxy.stats(control, reset=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    priv, anon = smaps_mib()
+    return {
+        "open_ms": (t1 - t0) * 1e3,
+        "open_requests": s_open["requests"],
+        "open_round_trips": s_open["round_trips"],
+        "batch_ms": (t3 - t2) * 1e3,
+        "batch_requests": s_batch["requests"],
+        "batch_round_trips": s_batch["round_trips"],
+        "total_ms": (t3 - t0) * 1e3,
+        "private_mib": priv,
+        "anon_mib": anon,
+    }
+
+
+def case_server(what: str, endpoint: str, files: list[list[Any]]) -> dict[str, Any]:
+    """The server alone (direct or through a proxy): 8 MiB GETs x16, or 2 KiB GETs."""
+    import obstore
+
+    store = _s3store(endpoint)
+    if what == "sequential":
+        with section("read"):
+            t0 = time.perf_counter()
+            nbytes = asyncio.run(_read_files(store, [(k, s) for k, s in files], SEQ_CHUNK, MAX_REQUESTS))
+            dt = time.perf_counter() - t0
+        return {"mb_per_s": nbytes / dt / 1e6}
+    key, size = files[0]
+    rng = np.random.default_rng(5)
+    offsets = rng.integers(0, size - 2048, 2000).tolist()
+    lat = []
+    obstore.get_range(store, key, start=0, length=2048)  # the connection
+    with section("read"):
+        for o in offsets[:100]:
+            t = time.perf_counter()
+            obstore.get_range(store, key, start=o, length=2048)
+            lat.append(time.perf_counter() - t)
+
+        async def many() -> float:
+            sem = asyncio.Semaphore(MAX_REQUESTS)
+
+            async def one(o: int) -> None:
+                async with sem:
+                    await obstore.get_range_async(store, key, start=o, length=2048)
+
+            t = time.perf_counter()
+            await asyncio.gather(*(one(o) for o in offsets))
+            return len(offsets) / (time.perf_counter() - t)
+
+        rate = asyncio.run(many())
+    return {"req_per_s": rate, "p50_ms": float(np.median(lat)) * 1e3, "p90_ms": float(np.percentile(lat, 90)) * 1e3}
+
+
+# ------------------------------------------------------------------------------------------ parent
+
+
+def ensure_data(data: Path, sizes: dict[str, int], streaming_python: Path | None) -> dict[tuple[str, str], Path]:
+    from bench.cold import ensure
+
+    root = data / "bucket"
+    paths = ensure(root, sizes, ("seqstore", "lance"))
+    if streaming_python is not None:
+        for kind, n in sizes.items():
+            p = root / f"{kind}-{n}.mds"
+            done = p.with_name(p.name + ".done")
+            if not (done.exists() and p.exists()):
+                shutil.rmtree(p, ignore_errors=True)
+                print(f"building {p} ...", file=sys.stderr, flush=True)
+                subprocess.run(
+                    [
+                        str(streaming_python),
+                        str(Path(__file__).with_name("_remote_streaming.py")),
+                        "build",
+                        "--kind",
+                        kind,
+                        "--n",
+                        str(n),
+                        "--out",
+                        str(p),
+                    ],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
+                done.touch()
+            paths[(kind, "mds")] = p
+    return paths
+
+
+def _files(path: Path, root: Path) -> list[list[Any]]:
+    return [[q.relative_to(root).as_posix(), q.stat().st_size] for q in sorted(path.rglob("*")) if q.is_file()]
+
+
+def _warm(root: Path) -> float:
+    """Read every served file once (the server's page cache warm); seconds."""
+    t0 = time.perf_counter()
+    buf = bytearray(8 << 20)
+    for q in root.rglob("*"):
+        if q.is_file():
+            with open(q, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+    return time.perf_counter() - t0
+
+
+def build_cases(
+    args: Any, sizes: dict[str, int], paths: dict[tuple[str, str], Path], ends: dict[str, str], streaming: Path | None
+) -> list[Case]:
+    root = args.data / "bucket"
+    data = str(args.data)
+    n_read = N_READ_QUICK if args.quick else N_READ
+    epoch_records = EPOCH_RECORDS_QUICK if args.quick else EPOCH_RECORDS
+    via, control = ends["proxy"], ends["control"]
+    cases: list[Case] = []
+    want = set(args.only or ["server", "random", "epoch", "open"])
+    if "server" in want:
+        probe = _files(paths[("fixed", "seqstore")], root)
+        probe = [f for f in probe if f[0].endswith("/x.npy")]
+        for label, ep in (
+            ("direct", ends["direct"]),
+            ("FaultProxy (tests/support)", ends["fault"]),
+            ("threads proxy (bench)", ends["threads"]),
+        ):
+            for what, metric in (("sequential", "mb_per_s"), ("small", "req_per_s")):
+                name = f"{label}: {'8 MiB GETs x16' if what == 'sequential' else '2 KiB GETs'}"
+                cases.append(
+                    Case(
+                        name,
+                        "bench.remote:case_server",
+                        {"what": what, "endpoint": ep, "files": probe},
+                        group="server",
+                        metric=metric,
+                    )
+                )
+    for kind, n in sizes.items():
+        store_url = f"s3://{BUCKET}/{paths[(kind, 'seqstore')].relative_to(root).as_posix()}"
+        lance_url = f"s3://{BUCKET}/{paths[(kind, 'lance')].relative_to(root).as_posix()}"
+        common = {"kind": kind, "n": n, "endpoint": via, "control": control, "data": data}
+        layout = layout_of(paths[(kind, "seqstore")], root, kind)
+        if "random" in want:
+            rows: list[tuple[str, str, dict[str, Any]]] = [
+                ("seqstore get_batch", "bench.remote:case_random", {"system": "get_batch", "url": store_url}),
+                ("seqstore iter_batches", "bench.remote:case_random", {"system": "iter_batches", "url": store_url}),
+                (
+                    "seqstore get_batch, max_requests 64",
+                    "bench.remote:case_random",
+                    {"system": "get_batch", "url": store_url, "max_requests": 64},
+                ),
+                (
+                    "obstore get_range x16",
+                    "bench.remote:case_random",
+                    {"system": "x16", "url": store_url, "layout": layout},
+                ),
+                (
+                    "obstore get_ranges",
+                    "bench.remote:case_random",
+                    {"system": "ranges", "url": store_url, "layout": layout},
+                ),
+                ("lance take", "bench.remote:case_random", {"system": "lance", "url": lance_url}),
+            ]
+            if streaming is not None:
+                mds_url = f"s3://{BUCKET}/{paths[(kind, 'mds')].relative_to(root).as_posix()}"
+                rows.append(
+                    (
+                        "streaming dataset[i]",
+                        "bench.remote:case_streaming",
+                        {"what": "random", "url": mds_url, "python": str(streaming)},
+                    )
+                )
+            for name, target, kw in rows:
+                cases.append(
+                    Case(
+                        name,
+                        target,
+                        {**common, "n_read": n_read, **kw},
+                        group=kind,
+                        metric="records_per_s",
+                        timeout=1800,
+                    )
+                )
+        if "epoch" in want:
+            files = _files(paths[(kind, "seqstore")], root)
+            files = [f for f in files if f[0].endswith("/x.npy")]  # the values, in shard order
+            rows = [
+                ("server sequential", "bench.remote:case_epoch", {"system": "sequential", "files": files}),
+                (f"seqstore {BLOCK_ORDER}", "bench.remote:case_epoch", {"system": "random_block", "files": files}),
+                (
+                    f"seqstore {BLOCK_ORDER}, prefetch 16",
+                    "bench.remote:case_epoch",
+                    {"system": "random_block", "files": files, "prefetch": 16},
+                ),
+                ("seqstore default order", "bench.remote:case_epoch", {"system": "default", "files": files}),
+            ]
+            for name, target, kw in rows:
+                cases.append(
+                    Case(
+                        name,
+                        target,
+                        {**common, "url": store_url, "records": epoch_records, **kw},
+                        group=f"{kind}-epoch",
+                        metric="mb_per_s",
+                        timeout=1800,
+                    )
+                )
+            if streaming is not None:
+                mds_url = f"s3://{BUCKET}/{paths[(kind, 'mds')].relative_to(root).as_posix()}"
+                cases.append(
+                    Case(
+                        "streaming epoch (py1e)",
+                        "bench.remote:case_streaming",
+                        {**common, "n_read": epoch_records, "what": "epoch", "url": mds_url, "python": str(streaming)},
+                        group=f"{kind}-epoch",
+                        metric="mb_per_s",
+                        timeout=1800,
+                    )
+                )
+        if "open" in want:
+            for first in (1, 16, BATCH):
+                cases.append(
+                    Case(
+                        f"{kind}: open + first batch of {first}",
+                        "bench.remote:case_open",
+                        {**common, "first": first, "url": store_url},
+                        group="open",
+                        metric="total_ms",
+                    )
+                )
+    return cases
+
+
+def run_interleaved(cases: list[Case], repeats: int, meta: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in cases}
+    t_start = time.perf_counter()
+    for r in range(repeats):
+        for c in cases:
+            t0 = time.perf_counter()
+            try:
+                runs[c.key].append(_run_once(c))
+            except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others' runs
+                print(f"  {c.key}: run {r + 1} FAILED: {str(exc)[-2000:]}", file=sys.stderr, flush=True)
+                continue
+            ex = runs[c.key][-1]["extra"]
+            shown = ex.get(c.metric)
+            print(
+                f"  {c.key:60s} run {r + 1}/{repeats}: {c.metric}={shown:,.1f} "
+                f"(requests {ex.get('requests', ex.get('batch_requests', '-'))}, "
+                f"process {time.perf_counter() - t0:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    results: dict[str, Any] = {
+        "name": "remote",
+        "machine": machine_info(),
+        "repeats": repeats,
+        "meta": meta,
+        "cases": [],
+    }
+    for c in cases:
+        if runs[c.key]:
+            results["cases"].append(
+                {**dataclasses.asdict(c), "key": c.key, "runs": runs[c.key], "summary": _summarise(runs[c.key])}
+            )
+    results["wall_s"] = time.perf_counter() - t_start
+    return results
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines: list[str] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in results["cases"]:
+        groups.setdefault(c["group"], []).append(c)
+
+    def med(c: dict[str, Any], key: str) -> float | None:
+        vals = [r["extra"].get(key) for r in c["runs"]]
+        vals = [v for v in vals if isinstance(v, (int, float))]
+        return statistics.median(vals) if vals else None
+
+    def table(cols: list[str], rows: list[list[str]]) -> None:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
+        lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(cols, widths)) + " |")
+        lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        lines.extend("| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |" for r in rows)
+
+    summary: dict[str, Any] = {}
+    for group, cases in groups.items():
+        metric = cases[0]["metric"]
+        base = {c["name"]: med(c, metric) for c in cases}
+        if group == "server":
+            lines.append("\nserver: the S3 server alone, direct and through each proxy (20 ms added)\n")
+            rows = []
+            for c in cases:
+                m = c["metric"]
+                v = med(c, m)
+                rows.append(
+                    [
+                        c["name"],
+                        f"{v:,.0f} {'MB/s' if m == 'mb_per_s' else 'req/s'}",
+                        "/".join(f"{r['extra'][m]:,.0f}" for r in c["runs"]),
+                        f"{med(c, 'p50_ms'):.2f} / {med(c, 'p90_ms'):.2f}" if med(c, "p50_ms") else "-",
+                    ]
+                )
+            table(["case", "median", "runs", "2 KiB GET p50 / p90 ms (one at a time)"], rows)
+            continue
+        if group == "open":
+            lines.append(
+                "\nopen: seqstore.open, then get_batch of the first records of the random order; "
+                "requests and round trips counted by the proxy\n"
+            )
+            rows = []
+            for c in cases:
+                rows.append(
+                    [
+                        c["name"],
+                        f"{med(c, 'open_ms'):.1f}",
+                        f"{med(c, 'open_requests'):.0f}",
+                        f"{med(c, 'open_round_trips'):.0f}",
+                        f"{med(c, 'batch_ms'):.1f}",
+                        f"{med(c, 'batch_requests'):.0f}",
+                        f"{med(c, 'batch_round_trips'):.0f}",
+                        f"{med(c, 'total_ms'):.1f}",
+                    ]
+                )
+                summary.setdefault("open", {})[c["name"]] = {
+                    k: med(c, k) for k in ("open_round_trips", "batch_round_trips", "total_ms")
+                }
+            table(
+                [
+                    "case",
+                    "open ms",
+                    "open requests",
+                    "open round trips",
+                    "batch ms",
+                    "batch requests",
+                    "batch round trips",
+                    "total ms",
+                ],
+                rows,
+            )
+            continue
+        epoch = group.endswith("-epoch")
+        kind = group.split("-")[0]
+        n = meta["sizes"][kind]
+        if epoch:
+            lines.append(f"\n{kind}: a whole epoch of {n:,} records through the proxy (batches of {BATCH})\n")
+            refs = ["server sequential"]
+        else:
+            lines.append(
+                f"\n{kind}: {min(meta['n_read'], n):,} records of a random epoch of {n:,}, batches of "
+                f"{BATCH}, through the proxy\n"
+            )
+            refs = ["obstore get_range x16", "lance take"]
+        unit = "MB/s" if epoch else "records/s"
+        cols = [
+            "case",
+            unit,
+            "runs",
+            *[f"vs {r}" for r in refs],
+            "requests",
+            "round trips",
+            "moved MiB / asked MiB",
+            "private MiB",
+            "anon MiB",
+            "CPU s",
+        ]
+        rows = []
+        sums = set()
+        for c in cases:
+            v = med(c, metric)
+            cpu = med(c, "cpu_s")
+            if cpu is None:
+                cpu = statistics.median(r["sections"]["read"]["cpu_s"] for r in c["runs"])
+            mv, ak = med(c, "moved_mib"), med(c, "asked_mib")
+            rows.append(
+                [
+                    c["name"],
+                    f"{v:,.0f}" if v else "-",
+                    "/".join(f"{r['extra'][metric]:,.0f}" for r in c["runs"]),
+                    *[_ratio(v, base.get(r)) for r in refs],
+                    f"{med(c, 'requests'):,.0f}",
+                    f"{med(c, 'round_trips'):,.0f}",
+                    f"{mv:,.1f} / {ak:,.1f}" if mv is not None and ak else "-",
+                    f"{med(c, 'private_mib'):,.0f}",
+                    f"{med(c, 'anon_mib'):,.0f}",
+                    f"{cpu:.2f}",
+                ]
+            )
+            if c["runs"][0]["extra"].get("checksum") is not None:
+                sums.add(round(c["runs"][0]["extra"]["checksum"], 0))
+            summary.setdefault(group, {})[c["name"]] = v
+        table(cols, rows)
+        if len(sums) > 1:
+            lines.append(f"\nWARNING: readers disagree on the values read (checksums {sorted(sums)})")
+    lines.append("")
+    for kind in meta["sizes"]:
+        g = summary.get(kind, {})
+        e = summary.get(f"{kind}-epoch", {})
+        parts = []
+        if g:
+            sq = g.get("seqstore get_batch")
+            parts.append(f"get_batch / obstore x16 {_ratio(sq, g.get('obstore get_range x16'))} (target >= 0.8x)")
+            parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))} (target >= 2x)")
+            parts.append(
+                f"iter_batches / obstore x16 {_ratio(g.get('seqstore iter_batches'), g.get('obstore get_range x16'))}"
+            )
+        if e:
+            parts.append(
+                f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), e.get('server sequential'))}"
+                " (target >= 0.8x)"
+            )
+        if parts:
+            lines.append(f"{kind}: " + "; ".join(parts))
+    for name, v in summary.get("open", {}).items():
+        lines.append(
+            f"{name}: {v['open_round_trips']:.0f} + {v['batch_round_trips']:.0f} round trips "
+            f"(target: first batch <= 3), {v['total_ms']:.0f} ms"
+        )
+    lines.append(
+        f"\nmedians of {results['repeats']} runs per case (interleaved), each a fresh process (seqstore: fresh "
+        f"cache_dir); proxy {meta['proxy']} adding {LATENCY * 1e3:.0f} ms per request; "
+        f"{machine_line(results['machine'])}"
+    )
+    lines.append(
+        f"obstore {meta.get('obstore')}, lance {meta.get('lance')}, streaming {meta.get('streaming')}; "
+        f"load average before/after {meta.get('load_before')} / {meta.get('load_after')}"
+    )
+    lines += meta.get("notes", [])
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    return text
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="50,000 fixed / 20,000 ragged records, 1 run per case")
+    p.add_argument("--repeats", type=int, default=None, help="runs per case (default 3, quick 1)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"data directory (default {DEFAULT_DATA})")
+    p.add_argument("--proxy", choices=("fault", "threads"), default="threads", help="the latency proxy of the cases")
+    p.add_argument("--only", nargs="+", choices=("server", "random", "epoch", "open"), help="only these groups")
+    p.add_argument("--generate", action="store_true", help="build the data only")
+    p.add_argument("--no-streaming", action="store_true", help="leave MosaicML Streaming out")
+    args = p.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    sizes = dict(QUICK if args.quick else FULL)
+    args.data.mkdir(parents=True, exist_ok=True)
+    lock = open(args.data / ".remote-bench.lock", "w")  # noqa: SIM115 - held until the process exits
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"skipped: remote: another bench/remote.py run is using {args.data}")
+        return
+    notes: list[str] = []
+    streaming = None if args.no_streaming else _remote_streaming.install()
+    if streaming is None and not args.no_streaming:
+        notes.append("skipped: MosaicML Streaming (its venv could not be installed; see stderr)")
+    paths = ensure_data(args.data, sizes, streaming)
+    if args.generate:
+        return
+    shutil.rmtree(args.data / "scratch", ignore_errors=True)
+    root = args.data / "bucket"
+    print(f"warming the server's page cache: {_warm(root):.1f} s", file=sys.stderr, flush=True)
+    import lance
+    import obstore
+
+    meta: dict[str, Any] = {
+        "sizes": sizes,
+        "n_read": N_READ_QUICK if args.quick else N_READ,
+        "proxy": args.proxy,
+        "data": str(args.data),
+        "obstore": obstore.__version__,
+        "lance": lance.__version__,
+        "streaming": _remote_streaming.STREAMING if streaming else None,
+        "load_before": os.getloadavg()[0],
+        "notes": notes,
+    }
+    with (
+        _remote_server.ServerProcess(root, BUCKET) as server,
+        _remote_proxy.ProxyProcess(server.endpoint, LATENCY, "fault") as fault,
+        _remote_proxy.ProxyProcess(server.endpoint, LATENCY, "threads") as threads,
+    ):
+        chosen = fault if args.proxy == "fault" else threads
+        ends = {
+            "direct": server.endpoint,
+            "fault": fault.endpoint,
+            "threads": threads.endpoint,
+            "proxy": chosen.endpoint,
+            "control": chosen.control,
+        }
+        _selftest(server.endpoint)
+        cases = build_cases(args, sizes, paths, ends, streaming)
+        results = run_interleaved(cases, repeats, meta)
+    meta["load_after"] = os.getloadavg()[0]
+    text = report(results, meta)
+    results["report"] = text
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"remote{'_quick' if args.quick else ''}.json").write_text(json.dumps(results, indent=1))
+    shutil.rmtree(args.data / "scratch", ignore_errors=True)
+
+
+def _selftest(endpoint: str) -> None:
+    """The server answers what the readers rely on (suffix, open and bounded ranges, 416, ETag)."""
+    import obstore
+
+    store = _s3store(endpoint)
+    key = "_selftest.bin"
+    body = np.random.default_rng(0).bytes(100_000)
+    tag = obstore.put(store, key, body)["e_tag"]
+    assert bytes(obstore.get_range(store, key, start=10, end=20)) == body[10:20]
+    assert bytes(obstore.get(store, key, options={"range": {"suffix": 100}}).bytes()) == body[-100:]
+    assert bytes(obstore.get(store, key, options={"range": {"offset": 99_990}}).bytes()) == body[-10:]
+    assert obstore.head(store, key)["e_tag"] == tag
+    try:
+        obstore.get_range(store, key, start=200_000, end=200_010)
+    except Exception:  # noqa: BLE001 - 416, as S3 answers
+        pass
+    else:
+        raise AssertionError("the bench S3 server served a range past the end")
+    obstore.delete(store, key)
+
+
+if __name__ == "__main__":
+    main()
