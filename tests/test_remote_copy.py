@@ -1,0 +1,293 @@
+"""seqstore.copy / ``seqstore copy`` against moto's S3 server: byte-identical round trips, resume after a
+killed copy, readers during a copy, checksums checked on arrival, destinations that hold another store.
+
+Stores are small (kilobytes per object: moto copies a whole object for each range request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.errors import CorruptionError, FormatError, SeqstoreError
+from seqstore.store.verify import verify
+
+if TYPE_CHECKING:
+    from support.proxy import FaultProxy
+    from support.s3 import MotoS3
+
+SRC_ROOT = Path(__file__).resolve().parents[1] / "src"
+
+
+def _schema() -> dict[str, Any]:
+    return {
+        "x": ss.Field("float32", (None, 3)),  # ragged
+        "spk": ss.Field("int64"),  # fixed
+        "emb": ss.Field("bfloat16", (4,)),
+        "g": {"a": ss.Field("float16", (2,)), "b": ss.Field("float16", (3,))},  # packed as "pk"
+    }
+
+
+def _append(w: Any, first: int, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 5, size=n)
+    w.append_batch(
+        {
+            "x": [rng.standard_normal((int(k), 3)).astype(np.float32) for k in lens],
+            "spk": np.arange(first, first + n, dtype=np.int64),
+            "emb": rng.standard_normal((n, 4)).astype(np.float32),
+            "g/a": rng.standard_normal((n, 2)).astype(np.float16),
+            "g/b": rng.standard_normal((n, 3)).astype(np.float16),
+        },
+        ids=[f"r{i:05d}" for i in range(first, first + n)],
+    )
+
+
+def build(path: Path, n: int = 120, *, seed: int = 0, shard_records: int = 20) -> Path:
+    """A local store of ``n`` records in shards of ``shard_records`` (ids, ragged, packed, bfloat16)."""
+    with ss.create(path, _schema(), packed={"pk": ["g/a", "g/b"]}, max_shard_records=shard_records,
+                   metadata={"seed": seed}) as w:
+        for a in range(0, n, 40):
+            _append(w, a, min(40, n - a), seed * 1000 + a)
+    return path
+
+
+def grow(path: Path, first: int, n: int, seed: int = 7, shard_records: int = 20) -> None:
+    with ss.append_to(path, max_shard_records=shard_records) as w:
+        _append(w, first, n, seed)
+
+
+def digest(store: Any) -> str:
+    """sha256 of every value and id of ``store``."""
+    h = hashlib.sha256(str(len(store)).encode())
+    if len(store):
+        out = store.get_batch(np.arange(len(store)))
+        for name in sorted(out):
+            for arr in out[name] if isinstance(out[name], tuple) else (out[name],):
+                h.update(name.encode() + np.ascontiguousarray(arr).tobytes())
+        h.update("\0".join(store.id(i) for i in range(len(store))).encode())
+    return h.hexdigest()
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file of a local store (its commit lock and writers' scratch directory aside)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock" and not p.relative_to(root).as_posix().startswith("_tmp/")}
+
+
+def objects(s3: MotoS3, bucket: str, prefix: str) -> dict[str, bytes]:
+    return {k[len(prefix) + 1 :]: s3.get(bucket, k) for k in s3.keys(bucket, prefix + "/")}
+
+
+# ---------------------------------------------------------------------------------- round trip
+
+
+def test_round_trip_local_s3_local_is_byte_identical(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    src = build(tmp_path / "src.seqstore")
+    grow(src, 120, 25)  # a second writer session: shards of several sizes
+    url = f"s3://{s3_bucket}/corpora/a.seqstore"
+    opts = moto_s3.storage_options()
+    local = tree(src)
+    assert "_shards.tbl" in local and sum(k.endswith("/_shard.json") for k in local) == 8
+
+    up = ss.copy(src, url, dst_options=opts, workers=3)
+    assert (up.shards, up.copied, up.skipped) == (8, 8, 0)
+    assert objects(moto_s3, s3_bucket, "corpora/a.seqstore") == local  # every object, byte for byte
+    remote = ss.open(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    assert digest(remote) == digest(ss.open(src)) and remote.index("r00130") == 130
+
+    back = ss.copy(url, tmp_path / "back.seqstore", src_options=opts)
+    assert (back.copied, back.skipped, back.bytes) == (8, 0, up.bytes)
+    assert tree(tmp_path / "back.seqstore") == local
+    assert verify(tmp_path / "back.seqstore") == []
+    assert any(k.startswith("_index/run-") for k in local)  # merged id-index runs travel too
+
+    again = ss.copy(src, url, dst_options=opts)  # nothing to do: every shard is there
+    assert (again.copied, again.skipped) == (0, 8)
+
+
+def test_remote_to_remote_and_growing_source(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    src = build(tmp_path / "src.seqstore", n=60)
+    opts = moto_s3.storage_options()
+    a, b = f"s3://{s3_bucket}/a.seqstore", f"s3://{s3_bucket}/b.seqstore"
+    ss.copy(src, a, dst_options=opts)
+    r = ss.copy(a, b, src_options=opts, dst_options=opts)
+    assert (r.shards, r.copied) == (3, 3)
+    assert objects(moto_s3, s3_bucket, "b.seqstore") == objects(moto_s3, s3_bucket, "a.seqstore")
+    # the source grows; copying again transfers only the new shards (the old ones are a prefix)
+    grow(src, 60, 45)
+    r = ss.copy(src, a, dst_options=opts)
+    assert (r.shards, r.copied, r.skipped) == (6, 3, 3)
+    assert objects(moto_s3, s3_bucket, "a.seqstore") == tree(src)
+
+
+# -------------------------------------------------------------------------------------- resume
+
+
+def test_killed_copy_resumes_and_skips_complete_shards(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                       s3_proxy: FaultProxy) -> None:
+    src = build(tmp_path / "src.seqstore", n=160)  # 8 shards
+    url = f"s3://{s3_bucket}/k.seqstore"
+    # every upload into shard 3 or later never gets an answer: the child finishes shards 0-2 and hangs
+    later = [f"shard-{k:06d}/" for k in range(3, 8)]
+    s3_proxy.stall(None, method="PUT", where=lambda r: any(s in r.target for s in later))
+    env = dict(os.environ, **moto_s3.env(s3_proxy.url), PYTHONPATH=str(SRC_ROOT))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "seqstore.cli", "copy", str(src), url, "--workers", "2", "-q",
+         "--dst-option", f"endpoint={s3_proxy.url}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        done: list[str] = []
+        while time.monotonic() < deadline and child.poll() is None:
+            keys = moto_s3.keys(s3_bucket, "k.seqstore/")
+            done = sorted(k for k in keys if k.endswith("/_shard.json"))
+            if len(done) >= 3 and s3_proxy.count(method="PUT", where=lambda r: any(s in r.target for s in later)):
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, child.communicate()
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    keys = moto_s3.keys(s3_bucket, "k.seqstore/")
+    assert "k.seqstore/manifest.json" not in keys  # the manifest comes last: no store yet
+    complete = sorted(k for k in keys if k.endswith("/_shard.json"))
+    assert complete == [f"k.seqstore/shard-{k:06d}/_shard.json" for k in range(3)]
+    with pytest.raises(FormatError):
+        ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")
+
+    s3_proxy.clear_faults()
+    r = ss.copy(src, url, dst_options=moto_s3.storage_options())
+    assert (r.shards, r.skipped, r.copied) == (8, 3, 5)
+    assert objects(moto_s3, s3_bucket, "k.seqstore") == tree(src)
+
+
+# ------------------------------------------------------------------------------ concurrent reader
+
+
+def _observe(url: str, opts: dict[str, Any], cache: Path) -> str:
+    try:
+        store = ss.open(url, storage_options=opts, cache_dir=cache)
+    except FormatError:
+        return "none"
+    return digest(store)
+
+
+@pytest.mark.parametrize("before", ["nothing", "old store"])
+def test_reader_during_copy_sees_old_store_or_nothing(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                      s3_proxy: FaultProxy, before: str) -> None:
+    old = build(tmp_path / "old.seqstore", n=60)
+    new = tmp_path / "new.seqstore"
+    ss.copy(old, new)
+    grow(new, 60, 50)  # the new store continues the old one (6 shards, the first 3 the old ones)
+    url = f"s3://{s3_bucket}/r.seqstore"
+    direct = moto_s3.storage_options()
+    want = {"none": "none", "old": digest(ss.open(old)), "new": digest(ss.open(new))}
+    if before == "old store":
+        ss.copy(old, url, dst_options=direct)
+    seen: list[tuple[str, str]] = []
+
+    def look(req: Any) -> bool:  # before the proxy forwards each write of the copy, a reader opens the store
+        if req.method == "PUT":
+            got = _observe(url, direct, tmp_path / "cache")
+            seen.append((req.path.rsplit("/", 2)[-2] + "/" + req.path.rsplit("/", 1)[-1], got))
+        return False
+
+    s3_proxy.fail(None, where=look)
+    ss.copy(new, url, dst_options=moto_s3.storage_options(s3_proxy.url), workers=2)
+    expect = want["old"] if before == "old store" else want["none"]
+    assert len(seen) > 10 and seen[-1][0].endswith("manifest.json")
+    assert all(got == expect for _, got in seen), [(k, [n for n, v in want.items() if v == got]) for k, got in seen]
+    assert _observe(url, direct, tmp_path / "cache") == want["new"]
+
+
+# --------------------------------------------------------------------------------- checksums
+
+
+def _flip_data_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # the last data byte: size and header unchanged
+    path.write_bytes(bytes(raw))
+
+
+def test_damaged_local_source_is_caught_and_nothing_lands(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    src = build(tmp_path / "src.seqstore", n=60)
+    _flip_data_byte(src / "shard-000001" / "spk.npy")
+    url = f"s3://{s3_bucket}/bad.seqstore"
+    with pytest.raises(CorruptionError) as exc:
+        ss.copy(src, url, dst_options=moto_s3.storage_options(), workers=1)
+    assert "shard-000001/spk.npy" in str(exc.value) and "CRC-32" in str(exc.value)
+    keys = moto_s3.keys(s3_bucket, "bad.seqstore/")
+    assert "bad.seqstore/shard-000001/spk.npy" not in keys and "bad.seqstore/manifest.json" not in keys
+    assert "bad.seqstore/shard-000001/_shard.json" not in keys
+
+
+def test_damaged_remote_object_is_caught_on_arrival(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    src = build(tmp_path / "src.seqstore", n=60)
+    url = moto_s3.upload_dir(src, s3_bucket, "up.seqstore")
+    key = "up.seqstore/shard-000002/x.npy"
+    raw = bytearray(moto_s3.get(s3_bucket, key))
+    raw[-2] ^= 0x01
+    moto_s3.put(s3_bucket, key, bytes(raw))
+    dst = tmp_path / "down.seqstore"
+    with pytest.raises(CorruptionError) as exc:
+        ss.copy(url, dst, src_options=moto_s3.storage_options(), workers=1)
+    assert "shard-000002/x.npy" in str(exc.value)
+    assert not (dst / "shard-000002" / "x.npy").exists() and not (dst / "manifest.json").exists()
+
+
+# ---------------------------------------------------------------------------- other stores
+
+
+def test_destination_with_another_store_needs_overwrite(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    a = build(tmp_path / "a.seqstore", n=60, seed=1)
+    b = build(tmp_path / "b.seqstore", n=40, seed=2)
+    url = f"s3://{s3_bucket}/o.seqstore"
+    opts = moto_s3.storage_options()
+    ss.copy(a, url, dst_options=opts)
+    with pytest.raises(SeqstoreError, match="overwrite=True"):
+        ss.copy(b, url, dst_options=opts)
+    assert _observe(url, opts, tmp_path / "c") == digest(ss.open(a))  # untouched
+    r = ss.copy(b, url, dst_options=opts, overwrite=True)
+    assert r.copied == 2
+    assert _observe(url, opts, tmp_path / "c") == digest(ss.open(b))
+    # a local directory that is not a store is never written into
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep")
+    with pytest.raises(SeqstoreError, match="not a store"):
+        ss.copy(url, other, src_options=opts)
+    assert sorted(p.name for p in other.iterdir()) == ["todo.txt"]
+    with pytest.raises(ValueError, match="same store"):
+        ss.copy(a, a)
+
+
+def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from seqstore.cli import main
+
+    src = build(tmp_path / "src.seqstore", n=40)
+    url = f"s3://{s3_bucket}/cli.seqstore"
+    opts = [f"{k}={v}" for k, v in moto_s3.storage_options().items()]
+    args = ["copy", str(src), url, "--workers", "2", "-q"] + [a for o in opts for a in ("--dst-option", o)]
+    assert main(args) == 0
+    assert "2 shard(s): 2 copied, 0 already there" in capsys.readouterr().out
+    back = tmp_path / "back.seqstore"
+    args = ["copy", url, str(back), "-q"] + [a for o in opts for a in ("--src-option", o)]
+    assert main(args) == 0
+    assert tree(back) == tree(src)
+    assert main(["copy", str(src), str(back), "-q", "--dst-option", "region=x"]) == 2  # options for a path
+    assert main(["copy", str(tmp_path / "missing"), str(tmp_path / "x"), "-q"]) == 2
+    assert "no seqstore store here" in capsys.readouterr().err

@@ -1,0 +1,276 @@
+"""Writers on object storage (moto's S3 server): create / append_to / open_or_create / Logger with an
+s3:// URL read back equal to the same records written locally; racing writers (threads with a forced
+conflict, and processes) lose no shard; a lost answer to the committing write does not commit twice;
+back ends without conditional writes are refused with an error that says to write locally and copy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.errors import ConflictError, FormatError, RemoteError, SchemaError
+from seqstore.store import remote_writer
+from seqstore.store.verify import verify
+
+if TYPE_CHECKING:
+    from support.proxy import FaultProxy
+    from support.s3 import MotoS3
+
+SRC_ROOT = Path(__file__).resolve().parents[1] / "src"
+SCHEMA = {
+    "x": ss.Field("float32", (None, 3)),
+    "spk": ss.Field("int64"),
+    "g": {"a": ss.Field("float16", (2,)), "b": ss.Field("float16", (3,))},
+}
+PACKED = {"pk": ["g/a", "g/b"]}
+
+
+def _batch(first: int, n: int) -> tuple[dict[str, Any], list[str]]:
+    rng = np.random.default_rng(first)
+    lens = rng.integers(0, 4, size=n)
+    cols = {
+        "x": [np.full((int(k), 3), first + j, np.float32) for j, k in enumerate(lens)],
+        "spk": np.arange(first, first + n, dtype=np.int64),
+        "g/a": rng.standard_normal((n, 2)).astype(np.float16),
+        "g/b": rng.standard_normal((n, 3)).astype(np.float16),
+    }
+    return cols, [f"r{i:05d}" for i in range(first, first + n)]
+
+
+def _same(a: Any, b: Any) -> None:
+    """Two stores hold the same records, values and ids, in the same order."""
+    assert len(a) == len(b) and list(a.schema) == list(b.schema)
+    ga, gb = a.get_batch(np.arange(len(a))), b.get_batch(np.arange(len(b)))
+    for name in gb:
+        for x, y in zip(ga[name] if isinstance(ga[name], tuple) else (ga[name],),
+                        gb[name] if isinstance(gb[name], tuple) else (gb[name],)):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+    assert [a.id(i) for i in range(len(a))] == [b.id(i) for i in range(len(b))]
+
+
+def _open(url: str, s3: MotoS3, cache: Path) -> Any:
+    return ss.open(url, storage_options=s3.storage_options(), cache_dir=cache)
+
+
+# --------------------------------------------------------------------------------- read back
+
+
+def test_remote_writes_read_back_equal(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/w/a.seqstore"
+    opts = moto_s3.storage_options()
+    local = tmp_path / "local.seqstore"
+    with ss.create(url, SCHEMA, packed=PACKED, max_shard_records=16, storage_options=opts,
+                   metadata={"kind": "test"}, staging_dir=tmp_path / "staging") as w, \
+            ss.create(local, SCHEMA, packed=PACKED, max_shard_records=16, metadata={"kind": "test"}) as lw:
+        assert isinstance(w, remote_writer.RemoteWriter)
+        for first in range(0, 70, 10):
+            cols, ids = _batch(first, 10)
+            w.append_batch(cols, ids=ids)
+            lw.append_batch(cols, ids=ids)
+        w.add_stats({"seen": 70})
+    assert list((tmp_path / "staging").iterdir()) == []  # the staging directory goes with the writer
+    store = _open(url, moto_s3, tmp_path / "cache")
+    _same(store, ss.open(local))
+    assert store.num_shards == 5 and store.metadata == {"kind": "test"} and store.manifest.stats["seen"] == 70
+    assert store.manifest.table is not None and store.manifest.table.file.startswith("_shards/")
+    assert store.index("r00042") == 42
+    assert verify(url, storage_options=opts) == []
+
+    with ss.append_to(url, storage_options=opts, max_shard_records=16) as w, \
+            ss.append_to(local, max_shard_records=16) as lw:
+        cols, ids = _batch(70, 25)
+        w.append_batch(cols, ids=ids)
+        lw.append_batch(cols, ids=ids)
+        w.commit()
+        assert len(_open(url, moto_s3, tmp_path / "cache")) == 95  # visible at commit
+        w.append({"x": np.zeros((1, 3), np.float32), "spk": 95, "g/a": np.zeros(2), "g/b": np.zeros(3)},
+                 id="r00095")
+        lw.append({"x": np.zeros((1, 3), np.float32), "spk": 95, "g/a": np.zeros(2), "g/b": np.zeros(3)},
+                  id="r00095")
+    store = _open(url, moto_s3, tmp_path / "cache")
+    _same(store, ss.open(local))
+    assert verify(url, storage_options=opts) == []
+    # old shard tables are deleted: the last few generations remain
+    tables = [k for k in moto_s3.keys(s3_bucket, "w/a.seqstore/_shards/")]
+    assert 1 <= len(tables) <= remote_writer.KEEP_TABLES
+    # and the store copies down to a local store that reads the same and verifies
+    down = tmp_path / "down.seqstore"
+    ss.copy(url, down, src_options=opts)
+    _same(ss.open(down), ss.open(local))
+    assert verify(down) == [] and (down / "_shards.tbl").is_file()
+    with ss.append_to(down) as w:  # a local writer appends to the copy in place
+        cols, ids = _batch(96, 4)
+        w.append_batch(cols, ids=ids)
+    assert len(ss.open(down)) == 100 and verify(down) == []
+
+
+def test_create_existing_and_overwrite(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/e.seqstore"
+    opts = moto_s3.storage_options()
+    with ss.create(url, SCHEMA, packed=PACKED, storage_options=opts) as w:
+        cols, ids = _batch(0, 5)
+        w.append_batch(cols, ids=ids)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        ss.create(url, SCHEMA, packed=PACKED, storage_options=opts)
+    with ss.create(url, {"y": ss.Field("int32")}, storage_options=opts, overwrite=True) as w:
+        w.append({"y": 3})
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert len(store) == 1 and list(store.schema) == ["y"]
+    assert not [k for k in moto_s3.keys(s3_bucket, "e.seqstore/") if "pk.npy" in k]  # the old store's files went
+    with pytest.raises(SchemaError, match="existing store"):
+        remote_writer.open_or_create(url, SCHEMA, storage_options=opts)
+    with pytest.raises(FormatError, match="no seqstore store"):
+        ss.append_to(f"s3://{s3_bucket}/none.seqstore", storage_options=opts)
+
+
+# ------------------------------------------------------------------------------------- races
+
+
+def test_racing_writers_lose_no_shard(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                      s3_proxy: FaultProxy) -> None:
+    """B's committing write is held back until A has committed a shard (claimed after B's claim, so
+    with a higher number): B's conditional write is refused, B re-reads, moves its shard above A's
+    and commits; nothing of either is lost."""
+    url = f"s3://{s3_bucket}/race.seqstore"
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=moto_s3.storage_options()).close()
+    a = ss.append_to(url, storage_options=moto_s3.storage_options())
+    b = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url))
+    cols, ids = _batch(0, 12)
+    a.append_batch(cols, ids=ids)
+    cols, ids = _batch(100, 9)
+    b.append_batch(cols, ids=ids)
+    fired: list[int] = []
+
+    def a_commits_first(req: Any) -> bool:
+        if req.method == "PUT" and req.path.endswith("/manifest.json") and not fired:
+            fired.append(1)
+            a.commit()  # A: claim 0 is B's, so shard-000001; commit
+        return False
+
+    s3_proxy.fail(None, where=a_commits_first)
+    b.commit()
+    a.close()
+    b.close()
+    assert fired and b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
+    store = _open(url, moto_s3, tmp_path / "c")
+    want = [f"r{i:05d}" for i in [*range(12), *range(100, 109)]]
+    assert sorted(store.id(i) for i in range(len(store))) == want
+    assert [store.manifest.shard_table().row(k).name for k in range(2)] == ["shard-000001", "shard-000002"]
+    assert not moto_s3.keys(s3_bucket, "race.seqstore/shard-000000/")  # B's first claim was removed
+    assert verify(url, storage_options=moto_s3.storage_options()) == []
+
+
+_WRITER = textwrap.dedent("""
+    import sys, json
+    import numpy as np
+    import seqstore as ss
+    url, k, opts = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    with ss.append_to(url, storage_options=opts, max_shard_records=5) as w:
+        for i in range(30):
+            w.append({"x": np.full((i % 3, 3), i, np.float32), "spk": 1000 * k + i,
+                      "g/a": np.zeros(2, np.float16), "g/b": np.zeros(3, np.float16)}, id=f"w{k}-{i:03d}")
+    print(w.conflicts)
+""")
+
+
+def test_racing_writer_processes_lose_no_shard(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    import json
+
+    url = f"s3://{s3_bucket}/procs.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    env = dict(os.environ, PYTHONPATH=str(SRC_ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, str(k), json.dumps(opts)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert len(store) == 90 and store.num_shards == 18
+    assert sorted(store.id(i) for i in range(90)) == sorted(f"w{k}-{i:03d}" for k in range(3) for i in range(30))
+    spk = store.get_batch(np.arange(90), fields=["spk"])["spk"]
+    for k in range(3):  # each writer's records stay in its order
+        mine = spk[(spk >= 1000 * k) & (spk < 1000 * k + 30)]
+        assert mine.tolist() == [1000 * k + i for i in range(30)]
+    assert verify(url, storage_options=opts) == []
+
+
+def test_lost_answer_to_the_commit_is_not_committed_twice(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """The committing write reached the service but its answer was lost, and the retry was refused (the
+    ETag changed: by our own write). The writer finds its row and does not commit the shard again."""
+    url = f"s3://{s3_bucket}/lost.seqstore"
+    opts = moto_s3.storage_options()
+    w = ss.create(url, SCHEMA, packed=PACKED, storage_options=opts)
+    client = w._client
+    real_put = client.put
+    lost: list[str] = []
+
+    def put(key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        etag = real_put(key, data, mode=mode)
+        if key == "manifest.json" and isinstance(mode, dict) and not lost:
+            lost.append(etag)
+            raise ConflictError(f"{key}: conditional write refused (the answer to the first try was lost)")
+        return etag
+
+    client.put = put  # type: ignore[method-assign]
+    cols, ids = _batch(0, 7)
+    w.append_batch(cols, ids=ids)
+    w.close()
+    assert lost and w.conflicts == 0
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert len(store) == 7 and store.num_shards == 1
+
+
+# ------------------------------------------------------------------------------------ Logger
+
+
+def test_logger_to_url(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://{s3_bucket}/log.seqstore"
+    opts = moto_s3.storage_options()
+    with ss.Logger(url, storage_options=opts, shard_bytes=2048, flush_bytes=1024) as lg:
+        for step in range(6):
+            ids = [f"ex{step}-{j}" for j in range(12)]
+            lg.log(ids, {"grad": np.full((12, 4), step, np.float32), "loss": np.arange(12, dtype=np.float32)})
+        lg.log(["ex0-0"], {"grad": np.zeros((1, 4), np.float32), "loss": np.zeros(1, np.float32)})  # kept first
+    with ss.Logger(url, storage_options=opts) as lg:  # a later run appends
+        lg.log(["late"], {"grad": np.ones((1, 4), np.float32), "loss": np.ones(1, np.float32)})
+    store = ss.open(url, storage_options=opts)
+    assert len(store) == 73 and store.num_shards >= 2
+    assert store.get_batch([store.index("ex3-5")])["grad"].tolist() == [[3, 3, 3, 3]]
+    assert store.id(72) == "late"
+    assert verify(url, storage_options=opts) == []
+
+
+# ------------------------------------------------------------------------------------ refused
+
+
+def test_back_ends_without_conditional_writes_are_refused(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")
+    import fsspec
+
+    for call in (
+        lambda: ss.create("memory://bucket/a.seqstore", SCHEMA),
+        lambda: ss.append_to("memory://bucket/a.seqstore"),
+        lambda: remote_writer.open_or_create("https://example.invalid/data/a.seqstore", SCHEMA),
+        lambda: ss.create(tmp_path / "x.seqstore", SCHEMA, filesystem=fsspec.filesystem("memory")),
+        lambda: ss.Logger("memory://bucket/log.seqstore", schema={"g": ss.Field("float32", (2,))}),
+    ):
+        with pytest.raises(RemoteError) as exc:
+            call()
+        msg = str(exc.value)
+        assert "no conditional write" in msg and "write the store locally and copy it" in msg, msg
+        assert "seqstore copy" in msg
+    assert not (tmp_path / "x.seqstore").exists()
+    import fsspec.implementations.memory as mem
+
+    assert not any("a.seqstore" in k for k in mem.MemoryFileSystem.store)
