@@ -291,3 +291,32 @@ def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytes
     assert main(["copy", str(src), str(back), "-q", "--dst-option", "region=x"]) == 2  # options for a path
     assert main(["copy", str(tmp_path / "missing"), str(tmp_path / "x"), "-q"]) == 2
     assert "no seqstore store here" in capsys.readouterr().err
+
+
+def test_version2_store_round_trip_resume_and_no_remote_writer(moto_s3: MotoS3, s3_bucket: str,
+                                                               tmp_path: Path) -> None:
+    """A store in the JSON shard-list layout (format version 2: no descriptors) copies byte for byte; a
+    rerun checks the CRCs of the shards already there instead of sending them again."""
+    from seqstore.format.manifest import Manifest
+
+    src = tmp_path / "v2.seqstore"
+    src.mkdir()
+    Manifest(ss.Schema(_schema(), packed={"pk": ["g/a", "g/b"]})).save(src)  # no shard table: version 2
+    with ss.append_to(src, max_shard_records=20) as w:
+        _append(w, 0, 50, 3)
+    assert Manifest.load(src).version == 2
+    url = f"s3://{s3_bucket}/v2.seqstore"
+    opts = moto_s3.storage_options()
+    assert ss.copy(src, url, dst_options=opts).copied == 3
+    assert objects(moto_s3, s3_bucket, "v2.seqstore") == tree(src)
+    back = tmp_path / "back.seqstore"
+    ss.copy(url, back, src_options=opts)
+    assert tree(back) == tree(src)
+    (back / "manifest.json").unlink()  # as if the copy had been interrupted before its manifest
+    raw = bytearray((back / "shard-000001" / "spk.npy").read_bytes())
+    raw[-1] ^= 0x10  # and a file of shard 1 were damaged since
+    (back / "shard-000001" / "spk.npy").write_bytes(bytes(raw))
+    r = ss.copy(url, back, src_options=opts)
+    assert (r.skipped, r.copied) == (2, 1) and tree(back) == tree(src)
+    with pytest.raises(SeqstoreError, match="version-3 stores only"):
+        ss.append_to(url, storage_options=opts)
