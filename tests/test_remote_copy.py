@@ -288,6 +288,9 @@ def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytes
     args = ["copy", url, str(back), "-q"] + [a for o in opts for a in ("--src-option", o)]
     assert main(args) == 0
     assert tree(back) == tree(src)
+    assert main(["copy", str(src), str(back)]) == 0  # the progress bar: shards done of all, on stderr
+    captured = capsys.readouterr()
+    assert "0 copied, 2 already there" in captured.out and "copy: 100%" in captured.err and "2/2" in captured.err
     assert main(["copy", str(src), str(back), "-q", "--dst-option", "region=x"]) == 2  # options for a path
     assert main(["copy", str(tmp_path / "missing"), str(tmp_path / "x"), "-q"]) == 2
     assert "no seqstore store here" in capsys.readouterr().err
