@@ -33,6 +33,7 @@ import importlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -69,11 +70,18 @@ NAME = "seqstore"
 #: Key of what a Spark write records in the store's metadata (the id column's name, for reading back).
 METADATA_KEY = "spark"
 
+#: Key of a column's seqstore field in the Spark column metadata of a read (a write of such a column
+#: uses that field: float16 stays float16, ragged rows keep their length).
+FIELD_METADATA_KEY = "seqstore"
+
 #: Default target size of one Arrow batch a read task hands to Spark.
 DEFAULT_BATCH_BYTES = 8 << 20
 
 #: Default largest number of records of one input partition (a larger shard is split into ranges).
 DEFAULT_PARTITION_RECORDS = 1 << 20
+
+#: How long the driver waits for the writers of uncommitted attempts to stop before removing their parts.
+DISCARD_WAIT_S = 60.0
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -155,15 +163,30 @@ class _Column:
     field: Field
 
 
+def _list_depth(arrow_type: Any) -> tuple[int, Any]:
+    """How many list levels (variable or fixed size) wrap a leaf type, and the leaf type."""
+    pa = _pa()
+    t, depth = _arrow._storage_type(arrow_type), 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t, depth = _arrow._storage_type(t.value_type), depth + 1
+    return depth, t
+
+
 def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
-    plan = _arrow._plan(where, column, arrow_type)
-    if any(s is None for s in plan.shape):
+    """The field a column of this Arrow type becomes without the schema option: a number is a scalar
+    field, an array a ragged field (a fixed-size list, which Spark does not make, a fixed one)."""
+    depth, leaf = _list_depth(arrow_type)
+    if depth >= 2 and _arrow._primitive_dtype(leaf) is not None:
+        plan = _arrow._plan(where, column, arrow_type) if depth == 2 else None
+        if plan is not None and all(s is not None for s in plan.shape):
+            return plan.field()
+        example = json.dumps({column: [_arrow._primitive_dtype(leaf), [None, *([16] * (depth - 1))]]})
         raise SchemaError(
-            f"{where}, column {column!r}: {arrow_type} (an array of arrays) becomes a ragged field of rows whose "
-            f"length Spark's type does not say; give it with the schema option, e.g. "
-            f".option(\"schema\", '{{\"{column}\": [\"float32\", [null, 16]]}}')"
+            f"{where}, column {column!r}: {arrow_type} (arrays of arrays) becomes a ragged field of rows whose "
+            f"shape Spark's type does not say; give the field with the schema option, e.g. "
+            f".option(\"schema\", '{example}')"
         )
-    return plan.field()
+    return _arrow._plan(where, column, arrow_type).field()
 
 
 def _write_plan(
@@ -172,7 +195,8 @@ def _write_plan(
     """The store schema of a write, how each column fills it, and the id column.
 
     A column's field is the ``schema`` option's, else (appending to or overwriting a store) the store's
-    field of that name, else the one its Spark type gives (arrays become ragged fields)."""
+    field of that name, else the field in the column's metadata (a column read from a store), else the one
+    its Spark type gives (arrays become ragged fields)."""
     where = f"Spark write to {path}"
     arrow_schema = to_arrow_schema(spark_schema)
     names = list(arrow_schema.names)
@@ -193,12 +217,18 @@ def _write_plan(
         if unknown:
             raise SchemaError(f"{where}: option schema names {unknown}, which are not columns of the DataFrame "
                               f"(columns: {cols})")
+    meta = {f.name: dict(f.metadata or {}) for f in spark_schema.fields}
     spec: dict[str, Field] = {}
     for c in cols:
         if given is not None and c in given:
             spec[c] = given[c]
         elif existing is not None and c in existing:
             spec[c] = existing[c]
+        elif isinstance(meta.get(c, {}).get(FIELD_METADATA_KEY), str):
+            try:
+                spec[c] = Field.from_json(json.loads(meta[c][FIELD_METADATA_KEY]))
+            except (SchemaError, ValueError):
+                spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
         else:
             spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
     packed = {g: list(pg.fields) for g, pg in given.groups.items()} if given is not None else {}
@@ -213,30 +243,49 @@ def _write_plan(
 
 def _column_values(arr: Any, col: _Column, where: str) -> Any:
     """One Arrow column as ``append_batch`` wants it for its field: ``(n, *shape)`` for a fixed field,
-    ``(values, lengths)`` for a ragged one. An array column fills a fixed field when every array has
-    the field's length."""
+    ``(values, lengths)`` for a ragged one. Each axis of the field is one list level of the column (a
+    variable-size list, as Spark's arrays are, or a fixed-size list); every list but the outermost of a
+    ragged field must have the field's length, checked per level on the lengths arrays (no per-row
+    Python work); the leaf values are converted by ``seqstore.interop.arrow``."""
+    pa = _pa()
     arr = _arrow._array(arr, where, col.column)
-    plan = _arrow._plan(where, col.column, arr.type)
     f = col.field
-    dims = ((None,) if plan.ragged else ()) + tuple(plan.shape)
-    if len(dims) != len(f.shape):
-        raise SchemaError(
-            f"{where}, column {col.column!r}: Arrow type {arr.type} has {len(dims)} dimension(s) per row, "
-            f"field {col.field_name!r} {f} has {len(f.shape)}"
-        )
-    if f.ragged or not plan.ragged:
-        if f.ragged and not plan.ragged:
-            raise SchemaError(f"{where}, column {col.column!r}: {arr.type} is not a list type; field "
-                              f"{col.field_name!r} {f} is ragged")
-        return _arrow._convert(arr, plan, f.inner_shape, where, col.column)
-    values, lengths = _arrow._convert(arr, plan, f.inner_shape[1:], where, col.column)
-    bad = np.flatnonzero(lengths != f.shape[0])
-    if len(bad):
-        raise SchemaError(
-            f"{where}, column {col.column!r}: row {int(bad[0])} of the batch is an array of {int(lengths[bad[0]])} "
-            f"items; field {col.field_name!r} {f} needs {f.shape[0]}"
-        )
-    return values.reshape(len(arr), *f.inner_shape)
+    n = len(arr)
+    lengths: np.ndarray[Any, Any] | None = None
+    cur = arr
+    for level, size in enumerate(f.shape):
+        while isinstance(cur, pa.ExtensionArray):
+            cur = cur.storage
+        t = cur.type
+        what = f"{where}, column {col.column!r}" + (f" (level {level + 1} of nested arrays)" if level else "")
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            if cur.null_count:
+                raise SchemaError(f"{what}: has {cur.null_count} null arrays; seqstore fields have no nulls")
+            if pa.types.is_fixed_size_list(t):
+                got = np.full(len(cur), t.list_size, dtype=np.int64)
+            else:
+                got = np.asarray(cur.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
+            if size is None:
+                lengths = got
+            else:
+                bad = np.flatnonzero(got != size)
+                if len(bad):
+                    row = f"row {int(bad[0])} of the batch" if level == 0 else f"array {int(bad[0])} of the batch"
+                    raise SchemaError(f"{what}: {row} has {int(got[bad[0]])} items; field {col.field_name!r} {f} "
+                                      f"needs {size}")
+            cur = cur.flatten()
+        else:
+            raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has {level} list level(s); "
+                              f"field {col.field_name!r} {f} needs {len(f.shape)}")
+    while isinstance(cur, pa.ExtensionArray):
+        cur = cur.storage
+    if _arrow._primitive_dtype(cur.type) is None:
+        raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has more list levels than field "
+                          f"{col.field_name!r} {f} has axes, or a leaf type that is not a number")
+    flat = _arrow._flatten_fixed(cur, where, col.column)
+    if lengths is not None:
+        return flat.reshape(int(lengths.sum()), *f.inner_shape), lengths
+    return flat.reshape(n, *f.inner_shape)
 
 
 def _ids(arr: Any, where: str, column: str) -> list[str]:
@@ -306,15 +355,24 @@ class _Writer(DataSourceArrowWriter):
             raise RuntimeError(f"{self.path}: Spark commit with {len(messages) - len(got)} missing task messages")
         got.sort(key=lambda m: m.partition)
         commit_parts(self.path, [m.part for m in got], mode=self.mode)
-        discard_parts(self.path, self.job)  # parts of attempts Spark did not report (killed, speculative)
+        self._discard()  # parts of attempts Spark did not report (failed, killed, speculative)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        parts = [m.part for m in messages if isinstance(m, _Message)]
-        if parts:
-            discard_parts(self.path, parts)
-        discard_parts(self.path, self.job)
+        self._discard()
         if self.created:
             _remove_if_empty(self.path)
+
+    def _discard(self) -> None:
+        """Remove every part of this job that was not committed. Tasks of a failed job may still be
+        running when Spark calls abort (they are being killed), and a speculative attempt when it calls
+        commit: their parts are removed once their writers have stopped, waiting up to
+        ``DISCARD_WAIT_S``; a writer still running after that leaves its part to
+        ``seqstore.store.parts.clean_parts``."""
+        deadline = time.monotonic() + DISCARD_WAIT_S
+        discard_parts(self.path, self.job)
+        while self.job in pending_jobs(self.path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            discard_parts(self.path, self.job)
 
 
 def _remove_if_empty(path: str) -> None:
@@ -350,8 +408,9 @@ def _spark_leaf(dtype: str, where: str) -> Any:
 def spark_schema(store: Store, fields: Sequence[str] | None = None, id_column: str | None = None) -> Any:
     """The Spark ``StructType`` a store is read as: one column per field (numbers as the Spark type of
     their dtype, float16 and bfloat16 as float, unsigned as the next wider signed type; a field with a
-    per-record shape as arrays, nested once per axis, ragged or not), and the ids as a string column
-    ``id_column`` first when the store has ids and ``id_column`` is given."""
+    per-record shape as arrays, nested once per axis, ragged or not; the field itself in the column's
+    metadata under ``"seqstore"``, as JSON), and the ids as a string column ``id_column`` first when the store has
+    ids and ``id_column`` is given."""
     names = list(store.schema) if fields is None else list(fields)
     out = []
     if id_column is not None and store.has_ids:
@@ -363,7 +422,7 @@ def spark_schema(store: Store, fields: Sequence[str] | None = None, id_column: s
         t = _spark_leaf(f.dtype, f"{store.root}, field {name!r}")
         for _ in f.shape:
             t = T.ArrayType(t, containsNull=False)
-        out.append(T.StructField(name, t, nullable=False))
+        out.append(T.StructField(name, t, nullable=False, metadata={FIELD_METADATA_KEY: json.dumps(f.to_json())}))
     return T.StructType(out)
 
 
