@@ -38,6 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 
 __all__ = [
+    "fork_unsafe",
     "ObjectClient",
     "ObjectMeta",
     "REMOTE_SCHEMES",
@@ -52,6 +53,29 @@ REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "htt
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
 SEQSTORE_OPTIONS = ("max_requests", "coalesce_gap", "timeout", "max_retries", "connect_timeout")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
+
+
+# obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
+# the parent used obstore would wait forever on its first request. The pid that started obstore's runtime
+# is kept, and a forked child refuses to use obstore with an error instead of hanging.
+_obstore_pid: int | None = None
+_forked_from: int | None = None
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from
+    if _obstore_pid is not None:
+        _forked_from = _obstore_pid
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_unsafe() -> bool:
+    """Whether a process forked from this one now could not read object storage (obstore has started
+    its runtime here): start worker processes with ``forkserver`` or ``spawn`` then."""
+    return _obstore_pid is not None and _obstore_pid == os.getpid()
 
 
 def is_remote(path: Any) -> bool:
@@ -88,7 +112,7 @@ class ObjectClient:
 
     ``options``: the back end's configuration (obstore's S3/GCS/Azure/HTTP keys, or the fsspec
     filesystem's) plus seqstore's own keys: ``max_requests`` (requests in flight per process, default
-    16), ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
+    64), ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
     ``timeout`` (seconds per request, default 30), ``connect_timeout`` (default 5),
     ``max_retries`` (default 5).
     """
@@ -96,7 +120,7 @@ class ObjectClient:
     def __init__(self, url: str, options: Mapping[str, Any] | None = None, filesystem: Any = None) -> None:
         opts = dict(options or {})
         self.url = url.rstrip("/")
-        self.max_requests = int(opts.pop("max_requests", 16))
+        self.max_requests = int(opts.pop("max_requests", 64))
         self.coalesce_gap = int(opts.pop("coalesce_gap", 64 << 10))
         self.timeout = float(opts.pop("timeout", 30.0))
         self.connect_timeout = float(opts.pop("connect_timeout", 5.0))
@@ -301,6 +325,15 @@ class _ObstoreBackend(_Backend):
             raise ImportError(
                 f"{client.url}: reading object storage needs obstore: pip install 'seqstore[remote]'"
             ) from exc
+        global _obstore_pid
+        if _forked_from is not None and _forked_from != os.getpid():
+            raise RemoteError(
+                f"{client.url}: this process was forked from process {_forked_from} after that process had "
+                "started obstore, whose threads do not survive fork(); start worker processes with "
+                "multiprocessing_context='forkserver' or 'spawn' (SeqDataLoader does this itself for remote "
+                "stores)", url=client.url, attempts=0,
+            )
+        _obstore_pid = os.getpid()
         from_url: Any = _from_url  # its overloads are typed per service; the options are the user's
         self.obs = obstore
         self.oex = oex
@@ -602,8 +635,8 @@ class _FsspecBackend(_Backend):
         self, requests: Sequence[tuple[str, int, int, str | None]]
     ) -> list[tuple[memoryview, ObjectMeta | None]]:
         metas: dict[str, ObjectMeta] = {}
-        for k, s, e, _ in requests:
-            if (s < 0 or e < 0) and k not in metas:
+        for k, _s, _e, _ in requests:  # every answer carries the object's size and version, as obstore's do
+            if k not in metas:
                 metas[k] = self.head(k)
         paths = [self._path(k) for k, _, _, _ in requests]
         starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
@@ -617,9 +650,9 @@ class _FsspecBackend(_Backend):
                 for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
                     if isinstance(d, BaseException):
                         self._call(k, lambda d=d: _raise(d))
-                    m = metas.get(k)
-                    want = (min(e, m.size) - s) if m is not None else e - s
-                    if len(d) != want and not (m is None and len(d) < want and not d):
+                    m = metas[k]
+                    want = max(0, min(e, m.size) - s)
+                    if len(d) != want:
                         raise _Transient(f"{self.c.key_url(k)} range {s}-{e}: {len(d)} bytes, expected {want}")
                     out.append((memoryview(d), m))
                 return out

@@ -342,68 +342,92 @@ class RemoteRoot:
     # ------------------------------------------------------------------------------------ shards
 
     def prepare_shard(self, name: str, files: Sequence[str], descriptor: bool) -> None:
-        """Make shard ``name``'s descriptor and file headers local, in one wave of requests (nothing
-        when this node prepared it before and its cache entries are still there)."""
+        """:meth:`prepare_shards` of one shard."""
+        self.prepare_shards([(name, files, descriptor)])
+
+    def prepare_shards(self, shards: Sequence[tuple[str, Sequence[str], bool]]) -> None:
+        """Make the descriptors (where ``descriptor``) and the file heads of shards ``(name, files,
+        descriptor)`` local, all in one wave of requests: per file its first 4 KiB (the ``.npy`` header;
+        the answer also carries the object's size and ETag) and, for offsets, its last 4 KiB (the last
+        offset, checked at mapping). Nothing is requested for what this node's cache already holds."""
         assert self.mirror is not None
-        d = self.mirror / name
-        meta_path = d / _META
-        metas: dict[str, ObjectMeta] | None = None
-        if meta_path.exists():
-            try:
-                known = json.loads(meta_path.read_text())
-                metas = {rel: ObjectMeta(f"{name}/{rel}", int(v[0]), str(v[1])) for rel, v in known.items()}
-            except (ValueError, TypeError, KeyError, IndexError, OSError):
-                metas = None
-        if metas is not None and set(metas) == set(files):
-            with self._meta_lock:
-                for rel, m in metas.items():
-                    self._metas[f"{name}/{rel}"] = m
-            return
         reqs: list[tuple[str, int, int, str | None]] = []
-        if descriptor:
-            reqs.append((f"{name}/{DESCRIPTOR}", 0, -1, None))
-        for rel in files:
-            reqs.append((f"{name}/{rel}", 0, _HEAD, None))
-            reqs.append((f"{name}/{rel}", -_HEAD, -1, None))
+        todo: list[tuple[str, str, bool]] = []  # (key, what, known) per request
+        for name, files, descriptor in shards:
+            known = self._known(name)
+            if descriptor and not (self.mirror / name / DESCRIPTOR).exists():
+                reqs.append((f"{name}/{DESCRIPTOR}", 0, -1, None))
+                todo.append((f"{name}/{DESCRIPTOR}", "descriptor", False))
+            for rel in files:
+                key = f"{name}/{rel}"
+                m = known.get(rel)
+                if m is not None:
+                    with self._meta_lock:
+                        self._metas[key] = m
+                    obj = self.cache.object(self.client.key_url(key), m.etag, m.size)
+                    if not obj.present(0, min(m.size, _HEAD)):
+                        reqs.append((key, 0, min(m.size, _HEAD), m.etag or None))
+                        todo.append((key, "head", True))
+                    if rel.endswith(".offsets.npy") and not obj.present(max(0, m.size - 8), m.size):
+                        a = max(0, m.size - _HEAD) // PAGE * PAGE
+                        reqs.append((key, a, m.size, m.etag or None))
+                        todo.append((key, "tail", True))
+                    continue
+                reqs.append((key, 0, _HEAD, None))
+                todo.append((key, "head", False))
+                if rel.endswith(".offsets.npy"):
+                    reqs.append((key, -_HEAD, -1, None))
+                    todo.append((key, "tail", False))
+        if not reqs:
+            return
         try:
             got = self.client.get_ranges(reqs)
         except RemoteNotFound as exc:
-            raise CorruptionError(f"{exc.url}: object is missing (the shard table lists shard {name})") from None
-        d.mkdir(parents=True, exist_ok=True)
-        k = 0
-        if descriptor:
-            _atomic_write(d / DESCRIPTOR, bytes(got[0][0]))
-            k = 1
-        saved: dict[str, list[Any]] = {}
-        for j, rel in enumerate(files):
-            head, meta = got[k + 2 * j]
-            tail, meta2 = got[k + 2 * j + 1]
+            raise CorruptionError(f"{exc.url}: object is missing (the shard table lists it)") from None
+        fresh: dict[str, dict[str, list[Any]]] = {}
+        for (key, what, known_meta), req, (data, meta) in zip(todo, reqs, got):
+            name, _, rel = key.partition("/")
+            if what == "descriptor":
+                (self.mirror / name).mkdir(parents=True, exist_ok=True)
+                _atomic_write(self.mirror / key, bytes(data))
+                continue
             assert meta is not None
-            if meta2 is not None and meta2.etag != meta.etag:
-                raise CorruptionError(f"{self.client.key_url(f'{name}/{rel}')}: the object changed while it was read")
-            obj = self.cache.object(self.client.key_url(meta.key), meta.etag, meta.size)
-            obj.fill(0, head)
-            obj.fill(max(0, meta.size - len(tail)), tail)
-            saved[rel] = [meta.size, meta.etag]
-            with self._meta_lock:
-                self._metas[f"{name}/{rel}"] = ObjectMeta(f"{name}/{rel}", meta.size, meta.etag)
-        _atomic_write(meta_path, json.dumps(saved).encode())
+            have = self._metas.get(key)
+            if have is not None and have.etag != meta.etag:
+                raise CorruptionError(f"{self.client.key_url(key)}: the object changed while it was read")
+            obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
+            start = req[1] if req[1] >= 0 else max(0, meta.size - len(data))
+            obj.fill(start, data)
+            if not known_meta:
+                with self._meta_lock:
+                    self._metas[key] = ObjectMeta(key, meta.size, meta.etag)
+                fresh.setdefault(name, {})[rel] = [meta.size, meta.etag]
+        for name, saved in fresh.items():
+            (self.mirror / name).mkdir(parents=True, exist_ok=True)
+            merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
+            merged.update(saved)
+            _atomic_write(self.mirror / name / _META, json.dumps(merged).encode())
+
+    def _known(self, name: str) -> dict[str, ObjectMeta]:
+        """Sizes and ETags of shard ``name``'s objects this node has seen (``_remote.json`` in the mirror)."""
+        assert self.mirror is not None
+        try:
+            saved = json.loads((self.mirror / name / _META).read_text())
+            return {rel: ObjectMeta(f"{name}/{rel}", int(v[0]), str(v[1])) for rel, v in saved.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError, KeyError, IndexError, OSError, AttributeError):
+            return {}
 
     def _meta(self, key: str) -> ObjectMeta:
         m = self._metas.get(key)
-        if m is None:  # a file outside a prepared shard (a merged id index run): its head and tail now
-            try:
-                got = self.client.get_ranges([(key, 0, _HEAD, None), (key, -_HEAD, -1, None)])
-            except RemoteNotFound:
-                raise CorruptionError(f"{self.client.key_url(key)}: object is missing") from None
-            head, meta = got[0]
-            assert meta is not None
-            obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
-            obj.fill(0, head)
-            obj.fill(max(0, meta.size - len(got[1][0])), got[1][0])
-            m = ObjectMeta(key, meta.size, meta.etag)
-            with self._meta_lock:
-                self._metas[key] = m
+        if m is None:
+            name, _, rel = key.rpartition("/")
+            # a shard's id files come together, on its first id lookup; others (a merged id index run) alone
+            self.prepare_shards([(name, IDS_FILES if rel in IDS_FILES else [rel], False)])
+            m = self._metas.get(key)
+            if m is None:
+                raise CorruptionError(f"{self.client.key_url(key)}: object is missing")
         return m
 
     def map_npy(
@@ -484,8 +508,9 @@ class RemoteRoot:
             os.symlink(obj.data_path, tmp)
             os.replace(tmp, link)
 
-    def shard_files(self, manifest: Manifest, has_ids: bool) -> list[str]:
-        return list(manifest.data_files()) + (list(IDS_FILES) if has_ids else [])
+    def shard_files(self, manifest: Manifest) -> list[str]:
+        """The files a shard's records need (its id files are prepared on the first id lookup)."""
+        return list(manifest.data_files())
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -597,15 +597,25 @@ class Store:
         mapped from the node cache. Errors name the object's URL."""
         remote = self._remote
         m = self._manifest
-        if m.table is not None:
-            row = self._table.row(k)
-            name, has_ids, descriptor = row.name, row.has_ids, True
-        else:
-            info = m.shards[k]
-            name, has_ids, descriptor = info.name, info.has_ids, False
         try:
-            remote.prepare_shard(name, remote.shard_files(m, has_ids), descriptor)
+            self._prepare_remote([k])
             return _Shard(self.root, m.shards[k], self.schema, remote.map_npy)
+        except CorruptionError as exc:
+            raise CorruptionError(remote.display(str(exc))) from exc.__cause__
+
+    def _prepare_remote(self, ks: Iterable[int]) -> None:
+        """Remote store: fetch what mapping shards ``ks`` needs (descriptors, file heads), one wave for all."""
+        remote = self._remote
+        m = self._manifest
+        files = remote.shard_files(m)
+        todo = []
+        for k in ks:
+            if m.table is not None:
+                todo.append((self._table.row(k).name, files, True))
+            else:
+                todo.append((m.shards[k].name, files, False))
+        try:
+            remote.prepare_shards(todo)
         except CorruptionError as exc:
             raise CorruptionError(remote.display(str(exc))) from exc.__cause__
 
@@ -750,8 +760,14 @@ class Store:
         return self._gather(idx, groups, names, pad)
 
     def _batch_groups(self, idx: np.ndarray[Any, Any]) -> list[_Group]:
-        """:meth:`_group` with each shard looked up (mapped) once for the whole batch."""
-        return [(self._shard(k), pos, rows) for k, pos, rows in self._group(idx)]
+        """:meth:`_group` with each shard looked up (mapped) once for the whole batch (a remote store
+        prepares the shards it has not mapped yet all at once)."""
+        parts = list(self._group(idx))
+        if self._remote is not None:
+            new = [k for k, _, _ in parts if k not in self._shards]
+            if len(new) > 1:
+                self._prepare_remote(new)
+        return [(self._shard(k), pos, rows) for k, pos, rows in parts]
 
     def _field_names(self, fields: Sequence[str] | None) -> list[str]:
         names = list(self.schema) if fields is None else list(fields)

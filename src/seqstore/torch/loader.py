@@ -5,7 +5,9 @@ has *consumed* (taken out of the DataLoader), not how many were produced: worker
 run ahead. ``SeqDataLoader`` counts the batches it hands out, so ``loader.state_dict()`` is exact
 with any ``num_workers`` / ``prefetch_factor``. It also checks the DataLoader options the position
 arithmetic relies on (``in_order=True``; no ``persistent_workers`` with an iterable dataset) and sets
-the record grouping of an :class:`~seqstore.torch.IterableSeqDataset` to the batch size.
+the record grouping of an :class:`~seqstore.torch.IterableSeqDataset` to the batch size. In a process
+that reads object storage it starts its workers with ``forkserver`` (or ``spawn``), not ``fork``:
+the object-store client's threads do not survive ``fork()``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from ..io.objects import fork_unsafe as _fork_unsafe
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
@@ -49,6 +52,14 @@ class SeqDataLoader(DataLoader[Any]):
                 raise ValueError(
                     f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
                 )
+        if kwargs.get("num_workers", 0) and kwargs.get("multiprocessing_context") is None and _fork_unsafe():
+            # this process reads object storage: forked workers could not (obstore's threads do not survive
+            # fork()), so they start from a fresh interpreter and reopen the store from its pickle
+            import multiprocessing
+
+            kwargs["multiprocessing_context"] = (
+                "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+            )
         super().__init__(dataset, **kwargs)
         self._consumed = 0
 
