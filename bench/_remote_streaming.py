@@ -155,6 +155,7 @@ def read_random(remote: str, local: str, indices: str, batch: int, kind: str) ->
     asked = 0
     c0 = time.process_time()
     t0 = time.perf_counter()
+    t1 = 0.0
     for lo in range(0, len(idx), batch):
         part = idx[lo : lo + batch].tolist()
         samples = [ds[i]["x"] for i in part]
@@ -165,6 +166,8 @@ def read_random(remote: str, local: str, indices: str, batch: int, kind: str) ->
             got = (np.concatenate(samples), np.array([len(s) for s in samples], dtype=np.int64))
             asked += got[0].nbytes
         check += _check(kind, got)
+        if not t1:
+            t1 = time.perf_counter()
     dt = time.perf_counter() - t0
     cpu = time.process_time() - c0
     priv, anon = _smaps_mib()
@@ -174,6 +177,8 @@ def read_random(remote: str, local: str, indices: str, batch: int, kind: str) ->
         "records": len(idx),
         "asked_bytes": asked,
         "checksum": check,
+        "first_seconds": t1 - t0,
+        "first_records": min(batch, len(idx)),
         "private_mib": priv,
         "anon_mib": anon,
     }
@@ -185,9 +190,12 @@ def read_epoch(remote: str, local: str, kind: str, limit: int | None) -> dict[st
     records = 0
     c0 = time.process_time()
     t0 = time.perf_counter()
+    t1, first = 0.0, 0
     for sample in ds:
         nbytes += sample["x"].nbytes
         records += 1
+        if records == 1024:  # a first batch's worth
+            t1, first = time.perf_counter(), nbytes
         if limit is not None and records >= limit:
             break
     dt = time.perf_counter() - t0
@@ -198,6 +206,8 @@ def read_epoch(remote: str, local: str, kind: str, limit: int | None) -> dict[st
         "cpu_s": cpu,
         "records": records,
         "asked_bytes": nbytes,
+        "first_seconds": (t1 or t0) - t0,
+        "first_bytes": first,
         "private_mib": priv,
         "anon_mib": anon,
     }

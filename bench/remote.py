@@ -3,54 +3,62 @@
 Set-up (all on loopback, started and stopped by this script):
 
 - **S3 server**: ``bench/_remote_server.py``, a minimal S3-compatible server (GET/HEAD with ranges,
-  ETag, Content-Range, conditional requests; PUT, multipart, DELETE, ListObjectsV2) serving the data
-  directory as bucket ``bench``: a range GET reads only its bytes (``sendfile``). Its module docstring
-  says why not moto or s3rver (moto copies whole objects per range; s3rver answers suffix ranges
-  wrongly, which seqstore uses). Every served file is read once before the cases (the server's page
-  cache warm: the cases measure the clients and the latency, not this machine's disk).
-- **Latency proxy** (20 ms added to every request, request and round-trip counts): by default
-  ``tests/support/proxy.py``'s FaultProxy (the tests' proxy) in a process of its own
-  (``bench/_remote_proxy.py --fault``); ``--proxy threads`` uses the threaded one of
-  ``bench/_remote_proxy.py``. Group ``server`` measures the server directly and through both.
+  ETag, Content-Range, conditional requests; PUT, multipart, DELETE, ListObjectsV2) serving
+  DATA/bucket as bucket ``bench``: a range GET reads only its bytes (``sendfile``). Its module
+  docstring says why not moto or s3rver (moto copies whole objects per range; s3rver answers suffix
+  ranges wrongly, which seqstore uses). Every served file is read once before the cases (the server's
+  page cache warm: the cases measure the clients and the latency, not this machine's disk), and a
+  self-test checks the answers the readers rely on.
+- **Latency proxy**, 20 ms added to every request, requests, bytes and round trips counted: by
+  default the threaded splice proxy of ``bench/_remote_proxy.py`` (``--proxy threads``);
+  ``--proxy fault`` uses ``tests/support/proxy.py``'s FaultProxy (the tests' proxy) in a process of
+  its own. Group ``server`` measures the server directly and through both.
 
-Data (built once under ``--data DIR``, default /work/bench-data/remote or $SEQSTORE_REMOTE_DATA,
-in DIR/bucket/, never in the repository): ``fixed`` 500,000 records of float32 x 512 (2 KiB; 1.0
-GB) and ``ragged`` 200,000 records of 1-200 rows x 16 float16 (0.64 GB), the generator of
-``bench/cold.py``, each as a seqstore store, a Lance dataset and MDS shards (Streaming). ``--quick``:
-50,000 / 20,000 records.
+Data (built once under ``--data DIR``, default /work/bench-data/remote or $SEQSTORE_REMOTE_DATA, in
+DIR/bucket/, never in the repository): ``fixed`` 1,000,000 records of float32 x 512 (2 KiB; 2.05 GB)
+and ``ragged`` 300,000 records of 1-200 rows x 16 float16 (0.97 GB), the generator of
+``bench/cold.py``, each as a seqstore store, a Lance dataset and MDS shards (Streaming).
+``--quick``: 50,000 / 20,000 records.
+
+Concurrency: seqstore's client defaults (``max_requests``, ``coalesce_gap``, read from
+``seqstore.io.objects.ObjectClient``) are used by every case and by the raw peers (MAX_REQUESTS
+requests in flight, ranges merged across gaps below GAP, at most 8 MiB per request).
 
 Groups and cases (each run a fresh process; seqstore with a fresh ``cache_dir``, i.e. a cold node
-cache; ``storage_options`` ``max_requests=16``, ``coalesce_gap=65536``):
+cache):
 
-- ``<kind>`` random reads: the first 8,192 positions of ``seq_order(n, "random", epoch=1, seed=3)``
-  (quick 2,048) in batches of 1024, the store opened before the timer:
-  ``seqstore get_batch``; ``seqstore iter_batches`` (prefetch 2); ``obstore get_range x16``: exactly
-  the records' byte ranges (ragged: the two offsets of each record, then its value rows), merged per
-  file where closer than the same 64 KiB gap (at most 8 MiB per request), at most 16 requests in
-  flight (``obstore.get_range_async`` under a semaphore: the concurrency seqstore's client allows);
-  ``obstore get_ranges``: the same unmerged ranges through ``obstore.get_ranges_async``, one call per
-  file and batch (obstore merges within ``coalesce=65536`` and runs up to 10 requests per call, the
-  calls of a batch at once); ``lance take`` (``dataset.take(batch, columns=["x"])``); ``streaming
-  dataset[i]`` (Streaming downloads each shard a sample lies in, whole, on first touch).
-- ``<kind>-epoch``: a whole epoch: ``server sequential``: every file of the store in 8 MiB range GETs,
-  16 in flight, through the proxy (the server's sequential throughput: the baseline);
-  ``seqstore random_block:1024:16`` and ``seqstore default order``: ``iter_batches`` of the order in
-  batches of 1024 (prefetch 2); ``streaming epoch``: iterating Streaming's dataset with its shuffle
-  (py1e), one process. MB/s of values delivered (``server sequential``: of file bytes).
-- ``open``: ``seqstore.open`` then the first batch (1 record, 16 records or 1024 random records):
+- ``<kind>`` random reads: the first 6,144 positions of ``seq_order(n, "random", epoch=1, seed=3)``
+  (quick 2,048) in batches of 1024, the store opened before the timer: ``seqstore get_batch``;
+  ``seqstore iter_batches`` (prefetch 2); ``seqstore get_batch, max_requests M`` (the other of 16 and
+  64: what the limit is worth); ``obstore get_range xMAX_REQUESTS``: exactly the records' byte ranges
+  (ragged: the two offsets of each record, then its value rows), merged per file across gaps below
+  GAP (at most 8 MiB per request), MAX_REQUESTS in flight (``obstore.get_range_async`` under a
+  semaphore); ``obstore get_ranges``: the same unmerged ranges through ``obstore.get_ranges_async``,
+  one call per file and batch (obstore merges within ``coalesce=GAP`` and runs at most 10 requests
+  per call; the calls of a batch at once); ``lance take`` (``dataset.take(batch, columns=["x"])``,
+  Lance's own I/O scheduling); ``streaming dataset[i]`` (Streaming downloads each shard a sample
+  lies in, whole, on first touch). All readers' values are checksummed and compared.
+- ``<kind>-epoch``: the first 131,072 records of an epoch (quick 16,384): ``server sequential``: as
+  many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
+  (the server's sequential throughput through the proxy: the baseline); ``seqstore
+  random_block:1024:16`` (prefetch 2, and 16) and ``seqstore default order``: ``iter_batches`` of the
+  order in batches of 1024; ``streaming epoch (py1e)``: iterating Streaming's dataset with its
+  shuffle, one process. MB/s of values delivered (``server sequential``: of file bytes).
+- ``open``: ``seqstore.open`` then the first batch (1, 16 or 1024 records of the random order):
   times and the proxy's request and round-trip counts of each step.
-- ``server``: 8 MiB range GETs x16 (MB/s) and 2 KiB GETs (latency one at a time, rate with 16 in
-  flight), direct and through each proxy.
+- ``server``: 8 MiB range GETs (MB/s) and 2 KiB GETs (latency one at a time, rate with
+  MAX_REQUESTS in flight), direct and through each proxy.
 
 Per case: the median of ``--repeats`` runs (default 3, quick 1), the runs of all cases interleaved
-(round r runs every case once); requests, round trips and response body bytes counted by the proxy;
-private memory (``Private_Clean + Private_Dirty``) and anonymous memory at the end; CPU seconds.
-Ratios: random reads vs ``obstore get_range x16`` and vs ``lance take``; epochs vs ``server
-sequential``. Results: the tables on stdout and ``bench/results/remote[_quick].json``.
+(round r runs every case once); requests, round trips and response body bytes counted by the proxy
+(``moved``); private memory (``Private_Clean + Private_Dirty``) and anonymous memory at the end; CPU
+seconds of the reading process. Ratios: random reads vs the raw ``obstore get_range`` case and vs
+``lance take``; epochs vs ``server sequential``. Results: the tables on stdout and
+``bench/results/remote[_quick].json``.
 
-Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--proxy fault|threads] [--only GROUP ...]``;
-``--generate`` builds the data only; ``--no-streaming`` leaves Streaming out (otherwise its venv is
-created on first use, see ``bench/_remote_streaming.py``).
+Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--proxy threads|fault]
+[--only server random epoch open]``; ``--generate`` builds the data only; ``--no-streaming`` leaves
+Streaming out (otherwise its venv is created on first use, see ``bench/_remote_streaming.py``).
 """
 
 from __future__ import annotations
@@ -81,7 +89,20 @@ FULL = {"fixed": 1_000_000, "ragged": 300_000}
 QUICK = {"fixed": 50_000, "ragged": 20_000}
 N_READ, N_READ_QUICK, BATCH, ORDER_SEED = 6144, 2048, 1024, 3
 EPOCH_RECORDS, EPOCH_RECORDS_QUICK = 131_072, 16_384
-LATENCY, MAX_REQUESTS, GAP, MOST = 0.02, 16, 64 << 10, 8 << 20
+LATENCY, MOST = 0.02, 8 << 20
+
+
+def _client_defaults() -> tuple[int, int]:
+    """seqstore's client defaults (``max_requests``, ``coalesce_gap``): the peers use the same."""
+    from seqstore.io.objects import ObjectClient
+
+    c = ObjectClient(f"s3://{BUCKET}/x")
+    return c.max_requests, c.coalesce_gap
+
+
+MAX_REQUESTS, GAP = _client_defaults()
+OTHER_LIMIT = 16 if MAX_REQUESTS != 16 else 64
+RAW = f"obstore get_range x{MAX_REQUESTS}"
 SEQ_CHUNK = 8 << 20
 BLOCK_ORDER = "random_block:1024:16"
 DIM_FIXED, DIM_RAGGED = 512, 16
@@ -187,7 +208,7 @@ def merge_runs(
 
 
 class RawReader:
-    """The byte ranges a random batch needs, straight through obstore (``mode``: ``x16`` or ``ranges``)."""
+    """The byte ranges a random batch needs, straight through obstore (``mode``: ``limit`` or ``ranges``)."""
 
     def __init__(self, endpoint: str, layout: list[list[Any]], kind: str, mode: str) -> None:
         self.store = _s3store(endpoint)
@@ -205,7 +226,7 @@ class RawReader:
         """The bytes of every range ``[s[i], e[i])`` of object ``keys[files[i]]``."""
         import obstore
 
-        if self.mode == "x16":
+        if self.mode == "limit":
             if self.sem is None:
                 self.sem = asyncio.Semaphore(MAX_REQUESTS)
             sem = self.sem
@@ -292,7 +313,7 @@ def case_random(
                     for b in batches:
                         yield store.get_batch(b)["x"]
 
-        elif system in ("x16", "ranges"):
+        elif system in ("limit", "ranges"):
             assert layout is not None
             raw = RawReader(endpoint, layout, kind, system)
             loop = asyncio.new_event_loop()
@@ -324,10 +345,14 @@ def case_random(
         asked = 0
         with section("read"):
             t0 = time.perf_counter()
+            t1 = 0.0
             for got in read_all():
                 check += _check(kind, got)
                 asked += _asked(kind, got)
+                if not t1:
+                    t1 = time.perf_counter()
             dt = time.perf_counter() - t0
+            rest = time.perf_counter() - t1
         extra = _proxy_extra(control)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -335,6 +360,10 @@ def case_random(
     records = sum(len(b) for b in batches)
     return {
         "records_per_s": records / dt,
+        # from the first batch's end on: the process's one-time costs (imports, numba's cache, the
+        # first shard's preparation) apart
+        "steady_per_s": (records - len(batches[0])) / rest if len(batches) > 1 else None,
+        "first_batch_s": t1 - t0,
         "asked_mib": asked / 2**20,
         "private_mib": priv,
         "anon_mib": anon,
@@ -403,10 +432,21 @@ def case_streaming(
         "cpu_s": got["cpu_s"],
         **extra,
     }
+    rest = got["seconds"] - got["first_seconds"]
     if what == "random":
-        out.update(records_per_s=got["records"] / got["seconds"], checksum=got["checksum"])
+        out.update(
+            records_per_s=got["records"] / got["seconds"],
+            first_batch_s=got["first_seconds"],
+            steady_per_s=(got["records"] - got["first_records"]) / rest,
+            checksum=got["checksum"],
+        )
     else:
-        out.update(mb_per_s=got["asked_bytes"] / got["seconds"] / 1e6, records=got["records"])
+        out.update(
+            mb_per_s=got["asked_bytes"] / got["seconds"] / 1e6,
+            first_batch_s=got["first_seconds"],
+            steady_per_s=(got["asked_bytes"] - got["first_bytes"]) / rest / 1e6,
+            records=got["records"],
+        )
     return out
 
 
@@ -436,7 +476,7 @@ def case_epoch(
     prefetch: int = 2,
 ) -> dict[str, Any]:
     """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order, or
-    (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs x16."""
+    (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs, MAX_REQUESTS in flight."""
     scratch = _fresh_dir(data, "cache")
     try:
         if system == "sequential":
@@ -454,6 +494,8 @@ def case_epoch(
                 t0 = time.perf_counter()
                 nbytes = asyncio.run(_read_files(store, parts, SEQ_CHUNK, MAX_REQUESTS))
                 dt = time.perf_counter() - t0
+            steady = nbytes / dt / 1e6
+            first_s = None
         else:
             import itertools
 
@@ -468,14 +510,27 @@ def case_epoch(
             nbytes = 0
             with section("read"):
                 t0 = time.perf_counter()
+                t1, first = 0.0, 0
                 for got in store.iter_batches(chunks, prefetch=prefetch):
                     nbytes += _asked(kind, got["x"])
+                    if not t1:
+                        t1, first = time.perf_counter(), nbytes
                 dt = time.perf_counter() - t0
+                steady = (nbytes - first) / (time.perf_counter() - t1) / 1e6
+                first_s = t1 - t0
         extra = _proxy_extra(control)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     priv, anon = smaps_mib()
-    return {"mb_per_s": nbytes / dt / 1e6, "asked_mib": nbytes / 2**20, "private_mib": priv, "anon_mib": anon, **extra}
+    return {
+        "mb_per_s": nbytes / dt / 1e6,
+        "steady_per_s": steady,
+        "first_batch_s": first_s,
+        "asked_mib": nbytes / 2**20,
+        "private_mib": priv,
+        "anon_mib": anon,
+        **extra,
+    }
 
 
 def case_open(kind: str, n: int, first: int, endpoint: str, control: str, url: str, data: str) -> dict[str, Any]:
@@ -506,14 +561,14 @@ def case_open(kind: str, n: int, first: int, endpoint: str, control: str, url: s
         "batch_ms": (t3 - t2) * 1e3,
         "batch_requests": s_batch["requests"],
         "batch_round_trips": s_batch["round_trips"],
-        "total_ms": (t3 - t0) * 1e3,
+        "total_ms": (t1 - t0 + t3 - t2) * 1e3,
         "private_mib": priv,
         "anon_mib": anon,
     }
 
 
 def case_server(what: str, endpoint: str, files: list[list[Any]]) -> dict[str, Any]:
-    """The server alone (direct or through a proxy): 8 MiB GETs x16, or 2 KiB GETs."""
+    """The server alone (direct or through a proxy): 8 MiB GETs, or 2 KiB GETs (MAX_REQUESTS in flight)."""
     import obstore
 
     store = _s3store(endpoint)
@@ -619,7 +674,7 @@ def build_cases(
             ("threads proxy (bench)", ends["threads"]),
         ):
             for what, metric in (("sequential", "mb_per_s"), ("small", "req_per_s")):
-                name = f"{label}: {'8 MiB GETs x16' if what == 'sequential' else '2 KiB GETs'}"
+                name = f"{label}: {f'8 MiB GETs x{MAX_REQUESTS}' if what == 'sequential' else '2 KiB GETs'}"
                 cases.append(
                     Case(
                         name,
@@ -639,14 +694,14 @@ def build_cases(
                 ("seqstore get_batch", "bench.remote:case_random", {"system": "get_batch", "url": store_url}),
                 ("seqstore iter_batches", "bench.remote:case_random", {"system": "iter_batches", "url": store_url}),
                 (
-                    "seqstore get_batch, max_requests 64",
+                    f"seqstore get_batch, max_requests {OTHER_LIMIT}",
                     "bench.remote:case_random",
-                    {"system": "get_batch", "url": store_url, "max_requests": 64},
+                    {"system": "get_batch", "url": store_url, "max_requests": OTHER_LIMIT},
                 ),
                 (
-                    "obstore get_range x16",
+                    RAW,
                     "bench.remote:case_random",
-                    {"system": "x16", "url": store_url, "layout": layout},
+                    {"system": "limit", "url": store_url, "layout": layout},
                 ),
                 (
                     "obstore get_ranges",
@@ -844,20 +899,27 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         kind = group.split("-")[0]
         n = meta["sizes"][kind]
         if epoch:
-            lines.append(f"\n{kind}: a whole epoch of {n:,} records through the proxy (batches of {BATCH})\n")
+            lines.append(
+                f"\n{kind}: the first {meta['epoch_records']:,} records of an epoch of {n:,} through the proxy "
+                f"(batches of {BATCH})\n"
+            )
             refs = ["server sequential"]
         else:
             lines.append(
                 f"\n{kind}: {min(meta['n_read'], n):,} records of a random epoch of {n:,}, batches of "
                 f"{BATCH}, through the proxy\n"
             )
-            refs = ["obstore get_range x16", "lance take"]
+            refs = [RAW, "lance take"]
         unit = "MB/s" if epoch else "records/s"
+        steady_base = {c["name"]: med(c, "steady_per_s") for c in cases}
         cols = [
             "case",
             unit,
             "runs",
             *[f"vs {r}" for r in refs],
+            f"{unit} from the 2nd batch",
+            *[f"vs {r}" for r in refs],
+            "1st batch s",
             "requests",
             "round trips",
             "moved MiB / asked MiB",
@@ -879,6 +941,9 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                     f"{v:,.0f}" if v else "-",
                     "/".join(f"{r['extra'][metric]:,.0f}" for r in c["runs"]),
                     *[_ratio(v, base.get(r)) for r in refs],
+                    f"{st:,.0f}" if (st := med(c, "steady_per_s")) else "-",
+                    *[_ratio(st, steady_base.get(r)) for r in refs],
+                    f"{fb:.2f}" if (fb := med(c, "first_batch_s")) is not None else "-",
                     f"{med(c, 'requests'):,.0f}",
                     f"{med(c, 'round_trips'):,.0f}",
                     f"{mv:,.1f} / {ak:,.1f}" if mv is not None and ak else "-",
@@ -890,28 +955,29 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
             if c["runs"][0]["extra"].get("checksum") is not None:
                 sums.add(round(c["runs"][0]["extra"]["checksum"], 0))
             summary.setdefault(group, {})[c["name"]] = v
+            summary.setdefault(group + "/steady", {})[c["name"]] = med(c, "steady_per_s")
         table(cols, rows)
         if len(sums) > 1:
             lines.append(f"\nWARNING: readers disagree on the values read (checksums {sorted(sums)})")
     lines.append("")
     for kind in meta["sizes"]:
-        g = summary.get(kind, {})
-        e = summary.get(f"{kind}-epoch", {})
-        parts = []
-        if g:
-            sq = g.get("seqstore get_batch")
-            parts.append(f"get_batch / obstore x16 {_ratio(sq, g.get('obstore get_range x16'))} (target >= 0.8x)")
-            parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))} (target >= 2x)")
-            parts.append(
-                f"iter_batches / obstore x16 {_ratio(g.get('seqstore iter_batches'), g.get('obstore get_range x16'))}"
-            )
-        if e:
-            parts.append(
-                f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), e.get('server sequential'))}"
-                " (target >= 0.8x)"
-            )
-        if parts:
-            lines.append(f"{kind}: " + "; ".join(parts))
+        for suffix, what in (("", "whole runs"), ("/steady", "from the 2nd batch")):
+            g = summary.get(kind + suffix, {})
+            e = summary.get(f"{kind}-epoch{suffix}", {})
+            parts = []
+            if g:
+                sq = g.get("seqstore get_batch")
+                parts.append(f"get_batch / {RAW} {_ratio(sq, g.get(RAW))} (target >= 0.8x)")
+                parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))} (target >= 2x)")
+                parts.append(f"iter_batches / {RAW} {_ratio(g.get('seqstore iter_batches'), g.get(RAW))}")
+            if e:
+                seq = e.get("server sequential")
+                parts.append(
+                    f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), seq)} (target >= 0.8x)"
+                )
+                parts.append(f"with prefetch 16 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 16'), seq)}")
+            if parts:
+                lines.append(f"{kind} ({what}): " + "; ".join(parts))
     for name, v in summary.get("open", {}).items():
         lines.append(
             f"{name}: {v['open_round_trips']:.0f} + {v['batch_round_trips']:.0f} round trips "
@@ -967,6 +1033,7 @@ def main() -> None:
     meta: dict[str, Any] = {
         "sizes": sizes,
         "n_read": N_READ_QUICK if args.quick else N_READ,
+        "epoch_records": EPOCH_RECORDS_QUICK if args.quick else EPOCH_RECORDS,
         "proxy": args.proxy,
         "data": str(args.data),
         "obstore": obstore.__version__,
