@@ -17,8 +17,9 @@ figure for every case), and the driver's peak RSS growth during the case (VmHWM 
 where Linux allows). Ratios are against the uncompressed ``write_parquet`` (writes) and
 ``read_parquet`` (reads); > 1 is faster.
 
-``run(args, data)`` returns one dict per case; ``args`` may carry ``rows``, ``ray_cpus``, ``repeats``
-(median of that many runs per case) and ``blocks``; ``data`` is a scratch directory. Standalone:
+``run(args, data)`` returns one dict per case; ``args`` may carry ``rows`` (capped at ``ray_rows``,
+default 500,000: the Dataset lives in Ray's object store), ``ray_cpus``, ``repeats`` (median of that
+many runs per case) and ``blocks``; ``data`` is a scratch directory. Standalone:
 ``python bench/_build_ray.py --rows 200000``.
 """
 
@@ -39,6 +40,10 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 DIM = 16
 MIN_FRAMES, MAX_FRAMES = 10, 200
 MAX_LABELS = 20
+DEFAULT_ROWS = 200_000
+#: at most this many rows (about 3.5 KB each) unless ``args.ray_rows`` says otherwise: the Dataset is
+#: materialised in Ray's object store (3 GiB by default here) and every writer's output is kept on disk
+MAX_ROWS = 500_000
 
 
 def _rss() -> tuple[int, int]:
@@ -116,7 +121,12 @@ def run(args: Any, data: Any) -> list[dict[str, Any]]:
     import seqstore
     import seqstore.ray as sray
 
-    rows = int(getattr(args, "rows", None) or 200_000)
+    rows = int(getattr(args, "rows", None) or DEFAULT_ROWS)
+    cap = int(getattr(args, "ray_rows", None) or MAX_ROWS)
+    if rows > cap:  # the whole Dataset lives in Ray's object store, and each writer keeps its output
+        print(f"ray cases: {cap} rows instead of {rows} (--ray-rows; the Dataset is held in Ray's object store)",
+              flush=True)
+        rows = cap
     cpus = int(getattr(args, "ray_cpus", None) or 2)
     repeats = int(getattr(args, "repeats", None) or 1)
     blocks = int(getattr(args, "blocks", None) or max(8, rows // 10_000))
@@ -126,8 +136,7 @@ def run(args: Any, data: Any) -> list[dict[str, Any]]:
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 object_store_memory=int(getattr(args, "object_store_bytes", None) or 3 << 30),
-                 _temp_dir=str(work / "ray-tmp"))
+                 object_store_memory=int(getattr(args, "object_store_bytes", None) or 3 << 30))
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     try:
@@ -216,7 +225,8 @@ def _print(results: list[dict[str, Any]]) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    ap.add_argument("--ray-rows", type=int, default=MAX_ROWS, help="cap on --rows")
     ap.add_argument("--ray-cpus", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--blocks", type=int, default=None)

@@ -110,8 +110,11 @@ def test_import_seqstore_does_not_import_ray() -> None:
 
 def test_write_every_row_once_in_dataset_order(ray_local: None, tmp_path: Path) -> None:
     path = tmp_path / "s.seqstore"
-    n = sray.write(_dataset(), path, id_column="key", max_shard_records=64)
+    ds = _dataset()
+    assert not ds.context.execution_options.preserve_order
+    n = sray.write(ds, path, id_column="key", max_shard_records=64)
     assert n == N
+    assert not ds.context.execution_options.preserve_order  # set for the write only
     st = seqstore.open(path)
     assert dict(st.schema.items()) == {
         "feat": Field("float16", (None, DIM)), "labels": Field("int32", (None,)),
@@ -209,6 +212,8 @@ def test_wrong_column_type_names_the_column(ray_local: None, tmp_path: Path) -> 
     ds = ray.data.from_items([{"name": f"n{i}", "x": i} for i in range(10)])
     with pytest.raises(SchemaError, match="column 'name'"):
         sray.write(ds, tmp_path / "s.seqstore")
+    with pytest.raises(SchemaError, match="is empty"):
+        sray.write(ds.filter(lambda r: False), tmp_path / "s.seqstore", id_column="name")
     assert not (tmp_path / "s.seqstore").exists()
 
 

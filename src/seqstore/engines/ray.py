@@ -507,9 +507,10 @@ def write(
     ``schema``: the fields, ``{column: Field}`` (each a column of ``ds``); default: inferred from the
     first block (see the module docstring), every column but ``id_column``. ``id_column``: a string (or
     integer) column whose values become record ids. ``preserve_order`` (default True) sets Ray's
-    ``preserve_order`` on ``ds``: records are stored in the Dataset's order (each task's blocks in
-    order, tasks in order). With False Ray runs tasks as resources allow and the order in the store is
-    the order in which blocks reached the write tasks.
+    ``preserve_order`` on ``ds`` for this write: records are stored in the Dataset's order (each
+    task's blocks in order, tasks in order). With False (and the context's own setting False) Ray
+    feeds the write tasks as upstream tasks finish; the store holds the blocks in the order the
+    write tasks received them (the Dataset's order still where the write is fused with its input).
     """
     mode = _check_mode(mode)
     if storage_options is not None:
@@ -528,13 +529,22 @@ def write(
         if missing:
             raise SchemaError(f"{_WHERE}: no column(s) {missing}; columns are {sorted(names)}")
     else:
-        sample = ds.limit(_PEEK_ROWS).take_batch(_PEEK_ROWS, batch_format="pyarrow")
+        try:
+            sample = ds.limit(_PEEK_ROWS).take_batch(_PEEK_ROWS, batch_format="pyarrow")
+        except ValueError:  # Ray: "The dataset is empty."
+            sample = None
+        if sample is None or sample.num_rows == 0:
+            raise SchemaError(f"{_WHERE} is empty: no rows to infer fields from; pass schema= ({root})")
         sch = infer_schema(sample.schema, sample, id_column=id_column)
-    if preserve_order:
-        ds.context.execution_options.preserve_order = True
     sink = _StoreDatasink(root, sch, id_column=id_column, mode=mode, shard_bytes=shard_bytes,
                           max_shard_records=max_shard_records, metadata=metadata)
-    ds.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
+    options = ds.context.execution_options
+    before = options.preserve_order
+    options.preserve_order = before or preserve_order  # for this write only
+    try:
+        ds.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
+    finally:
+        options.preserve_order = before
     return sink.records
 
 
