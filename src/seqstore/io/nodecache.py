@@ -100,6 +100,7 @@ class NodeCache:
         # open entries of this process; an entry stays open while a mapping of it is alive
         self._objects: weakref.WeakValueDictionary[str, CachedObject] = weakref.WeakValueDictionary()
         self._objects_lock = threading.Lock()
+        self._pinned: set[Path] = set()  # store metadata directories this process reads
 
     @classmethod
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
@@ -171,11 +172,15 @@ class NodeCache:
                 "raise cache_bytes (or SEQSTORE_CACHE_BYTES)"
             )
         with self.locked():
-            used = self._read_usage()
+            used = self._read_usage() + PAGE  # the usage file itself
             if used + nbytes > self.budget:
                 # down to 90% of the budget, so the next reservations need no eviction pass
                 used = self._evict(min(self.budget - nbytes, self.budget * 9 // 10), keep)
-            self._write_usage(used + nbytes)
+            self._write_usage(used + nbytes - PAGE)
+
+    def pin(self, path: Path) -> None:
+        """Keep the metadata directory ``path`` (under ``stores/``) out of this process's evictions."""
+        self._pinned.add(Path(path))
 
     def _entries(self) -> list[tuple[float, Path]]:
         out = []
@@ -199,7 +204,7 @@ class NodeCache:
         """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
         Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
         used = self.disk_usage()
-        keep_paths = set(keep or ())
+        keep_paths = set(keep or ()) | self._pinned
         for _mtime, p in self._entries():
             if used <= target:
                 break
@@ -297,10 +302,10 @@ class CachedObject:
         bits_tmp = sub / (self.bits_path.name + tag)
         with open(data_tmp, "wb") as f:
             f.truncate(self.size)
+        self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE)  # the page map's disk space
         with open(bits_tmp, "wb") as f:
             f.write(_MAGIC + struct.pack("<q", self.size))
             f.truncate(_HEADER + self.pages)
-        self.cache.reserve(_HEADER + self.pages)
         os.replace(data_tmp, self.data_path)
         os.replace(bits_tmp, self.bits_path)
 

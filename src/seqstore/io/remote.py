@@ -259,8 +259,7 @@ class RemoteRoot:
 
     def submit(self, reqs: list[tuple[str, int, int, str | None]], fills: list[tuple[CachedObject, int]]) -> Any:
         """Submit range requests whose answers are written into the cache entries ``fills``."""
-        total = sum(b - a for _, a, b, _ in reqs)
-        self.cache.reserve(total)
+        self.cache.reserve(sum(_pages(b) - a // PAGE * PAGE for _, a, b, _ in reqs))
         spans = [(obj, a, a + (r[2] - r[1])) for (obj, a), r in zip(fills, reqs)]
 
         def on_each(i: int, data: memoryview, meta: ObjectMeta | None) -> None:
@@ -300,6 +299,7 @@ class RemoteRoot:
             os.utime(mirror)
         except OSError:
             pass
+        self.cache.pin(mirror)  # never evicted while this process may read it
         self.mirror = mirror
         self._metas = {}
         return mirror
@@ -328,11 +328,14 @@ class RemoteRoot:
                     ) from None
                 (tmp / table).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / table).write_bytes(got[0][0])
-            self.cache.reserve(len(manifest_bytes) + need)
+            self.cache.reserve(_pages(len(manifest_bytes)) + _pages(need))
             try:
                 os.rename(tmp, mirror)
-            except OSError:  # another process built it first
-                pass
+            except OSError:  # another process built it first (or left it incomplete: fill it in)
+                if not (mirror / MANIFEST).exists():
+                    mirror.mkdir(parents=True, exist_ok=True)
+                    for f in tmp.iterdir():
+                        os.replace(f, mirror / f.name)
         finally:
             if tmp.exists():
                 import shutil
@@ -341,19 +344,19 @@ class RemoteRoot:
 
     # ------------------------------------------------------------------------------------ shards
 
-    def prepare_shard(self, name: str, files: Sequence[str], descriptor: bool) -> None:
-        """:meth:`prepare_shards` of one shard."""
-        self.prepare_shards([(name, files, descriptor)])
-
-    def prepare_shards(self, shards: Sequence[tuple[str, Sequence[str], bool]]) -> None:
-        """Make the descriptors (where ``descriptor``) and the file heads of shards ``(name, files,
-        descriptor)`` local, all in one wave of requests: per file its first 4 KiB (the ``.npy`` header;
-        the answer also carries the object's size and ETag) and, for offsets, its last 4 KiB (the last
-        offset, checked at mapping). Nothing is requested for what this node's cache already holds."""
+    def prepare_shards(self, shards: Sequence[tuple[str, Sequence[str], int | None]]) -> None:
+        """Make the descriptors and the file heads of shards ``(name, files, descriptor CRC-32 or None)``
+        local, all in one wave of requests: the descriptor (version 3: where a CRC is given; it is written
+        into the mirror only if its CRC matches), and per file its first 4 KiB (the ``.npy`` header; the
+        answer also carries the object's size and ETag) and, for offsets, its last 4 KiB (the last offset,
+        checked at mapping). Nothing is requested for what this node's cache already holds."""
         assert self.mirror is not None
         reqs: list[tuple[str, int, int, str | None]] = []
         todo: list[tuple[str, str, bool]] = []  # (key, what, known) per request
+        crcs: dict[str, int] = {}
         for name, files, descriptor in shards:
+            if descriptor is not None:
+                crcs[f"{name}/{DESCRIPTOR}"] = descriptor
             known = self._known(name)
             if descriptor and not (self.mirror / name / DESCRIPTOR).exists():
                 reqs.append((f"{name}/{DESCRIPTOR}", 0, -1, None))
@@ -385,11 +388,19 @@ class RemoteRoot:
         except RemoteNotFound as exc:
             raise CorruptionError(f"{exc.url}: object is missing (the shard table lists it)") from None
         fresh: dict[str, dict[str, list[Any]]] = {}
+        filled = 0
+        for (key, what, _), (data, _m) in zip(todo, got):
+            if what == "descriptor" and zlib.crc32(data) != crcs[key]:
+                raise CorruptionError(
+                    f"{self.client.key_url(key)}: CRC-32 {zlib.crc32(data):#010x} of the descriptor differs from "
+                    f"the shard table's {crcs[key]:#010x}: the store was replaced since it was opened (reopen it) "
+                    "or the object is damaged"
+                )
         for (key, what, known_meta), req, (data, meta) in zip(todo, reqs, got):
             name, _, rel = key.partition("/")
             if what == "descriptor":
                 (self.mirror / name).mkdir(parents=True, exist_ok=True)
-                _atomic_write(self.mirror / key, bytes(data))
+                self._write(self.mirror / key, bytes(data))
                 continue
             assert meta is not None
             have = self._metas.get(key)
@@ -397,16 +408,23 @@ class RemoteRoot:
                 raise CorruptionError(f"{self.client.key_url(key)}: the object changed while it was read")
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
             start = req[1] if req[1] >= 0 else max(0, meta.size - len(data))
+            filled += _pages(start + len(data)) - start // PAGE * PAGE
             obj.fill(start, data)
             if not known_meta:
                 with self._meta_lock:
                     self._metas[key] = ObjectMeta(key, meta.size, meta.etag)
                 fresh.setdefault(name, {})[rel] = [meta.size, meta.etag]
+        self.cache.reserve(filled)
         for name, saved in fresh.items():
             (self.mirror / name).mkdir(parents=True, exist_ok=True)
             merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
             merged.update(saved)
-            _atomic_write(self.mirror / name / _META, json.dumps(merged).encode())
+            self._write(self.mirror / name / _META, json.dumps(merged).encode())
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """Write a mirror file atomically, its disk space counted in the cache's budget."""
+        self.cache.reserve(_pages(len(data)))
+        _atomic_write(path, data)
 
     def _known(self, name: str) -> dict[str, ObjectMeta]:
         """Sizes and ETags of shard ``name``'s objects this node has seen (``_remote.json`` in the mirror)."""
@@ -424,7 +442,7 @@ class RemoteRoot:
         if m is None:
             name, _, rel = key.rpartition("/")
             # a shard's id files come together, on its first id lookup; others (a merged id index run) alone
-            self.prepare_shards([(name, IDS_FILES if rel in IDS_FILES else [rel], False)])
+            self.prepare_shards([(name, IDS_FILES if rel in IDS_FILES else [rel], None)])
             m = self._metas.get(key)
             if m is None:
                 raise CorruptionError(f"{self.client.key_url(key)}: object is missing")
@@ -481,7 +499,7 @@ class RemoteRoot:
                 if meta is None:  # missing: the reader reports it, naming the descriptor
                     continue
                 (self.mirror / n).mkdir(parents=True, exist_ok=True)
-                _atomic_write(self.mirror / n / DESCRIPTOR, bytes(data))
+                self._write(self.mirror / n / DESCRIPTOR, bytes(data))
 
     def materialize(self, keys: Sequence[str]) -> None:
         """Fetch the whole objects ``keys`` into the cache and link them into the mirror under their
@@ -511,6 +529,11 @@ class RemoteRoot:
     def shard_files(self, manifest: Manifest) -> list[str]:
         """The files a shard's records need (its id files are prepared on the first id lookup)."""
         return list(manifest.data_files())
+
+
+def _pages(n: int) -> int:
+    """``n`` rounded up to whole pages (what a file of ``n`` bytes takes on disk)."""
+    return -(-n // PAGE) * PAGE
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

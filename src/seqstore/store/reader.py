@@ -608,12 +608,13 @@ class Store:
         remote = self._remote
         m = self._manifest
         files = remote.shard_files(m)
-        todo = []
+        todo: list[tuple[str, list[str], int | None]] = []
         for k in ks:
             if m.table is not None:
-                todo.append((self._table.row(k).name, files, True))
+                row = self._table.row(k)
+                todo.append((row.name, files, row.desc_crc))
             else:
-                todo.append((m.shards[k].name, files, False))
+                todo.append((m.shards[k].name, files, None))
         try:
             remote.prepare_shards(todo)
         except CorruptionError as exc:
