@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import struct
+import threading
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -294,6 +295,7 @@ class LocalObjects:
         self._tmp: Path | None = None
         self._owner_fd = -1
         self._dirs: set[Path] = set()
+        self._lock = threading.Lock()  # copies write from several threads
 
     def key_url(self, key: str) -> str:
         return str(self.root / key)
@@ -368,6 +370,10 @@ class LocalObjects:
     # writes -------------------------------------------------------------------------------------
 
     def _workdir(self) -> Path:
+        with self._lock:
+            return self._make_workdir()
+
+    def _make_workdir(self) -> Path:
         if self._tmp is None:
             work = self.root / WORK_DIR
             work.mkdir(parents=True, exist_ok=True)
@@ -384,7 +390,15 @@ class LocalObjects:
     def _install(self, key: str, write: Callable[[int], None]) -> str:
         """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""
         tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        except FileNotFoundError:  # another process's clean-up took the directory before it was locked
+            with self._lock:
+                if self._tmp is not None and not self._tmp.is_dir():
+                    os.close(self._owner_fd)
+                    self._tmp, self._owner_fd = None, -1
+            tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
         try:
             try:
                 write(fd)
@@ -397,7 +411,8 @@ class LocalObjects:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        self._dirs.add(dst.parent)
+        with self._lock:
+            self._dirs.add(dst.parent)
         st = os.stat(dst)
         return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
 
@@ -447,11 +462,12 @@ class LocalObjects:
 
     def sync(self) -> None:
         """fsync the directories files were renamed into since the last call."""
-        for d in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
+        with self._lock:
+            dirs, self._dirs = self._dirs, set()
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
             fsync_dir(d)
-        if self._dirs:
+        if dirs:
             fsync_dir(self.root)
-        self._dirs.clear()
 
     def close(self) -> None:
         if self._tmp is not None:
