@@ -469,3 +469,14 @@ def test_upload_replace_and_download_dir(moto_s3: Any, s3_bucket: str, tmp_path:
     assert sorted(p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()) == [
         "manifest.json", "shard-000001/y.npy"]
     assert (back / "manifest.json").read_text() == '{"v": 2}'
+
+
+def test_keys_are_string_prefixes(moto_s3: Any, s3_bucket: str) -> None:
+    for key in ("a/b.npy", "a/b.npy.offsets", "a/bc", "a/c/d", "ab"):
+        moto_s3.put(s3_bucket, key, key.encode())
+    assert sorted(moto_s3.keys(s3_bucket, "a/b")) == ["a/b.npy", "a/b.npy.offsets", "a/bc"]
+    assert sorted(moto_s3.keys(s3_bucket, "a/")) == ["a/b.npy", "a/b.npy.offsets", "a/bc", "a/c/d"]
+    assert sorted(moto_s3.keys(s3_bucket, "a")) == ["a/b.npy", "a/b.npy.offsets", "a/bc", "a/c/d", "ab"]
+    assert moto_s3.delete_prefix(s3_bucket, "a/b.npy") == 2
+    moto_s3.delete(s3_bucket, "ab", "not-there")
+    assert sorted(moto_s3.keys(s3_bucket)) == ["a/bc", "a/c/d"]

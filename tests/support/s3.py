@@ -151,14 +151,23 @@ class MotoS3:
         return dict(obstore.head(self.obstore(bucket), key))
 
     def keys(self, bucket: str, prefix: str = "") -> dict[str, int]:
-        """``{key: size}`` of the objects under ``prefix``."""
+        """``{key: size}`` of the objects whose key starts with ``prefix`` (a plain string prefix, as in
+        S3's ListObjectsV2; obstore's own ``prefix`` matches whole path segments only)."""
         import obstore
 
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         out: dict[str, int] = {}
-        for page in obstore.list(self.obstore(bucket), prefix=prefix or None):
+        for page in obstore.list(self.obstore(bucket), prefix=folder or None):
             for meta in page:
-                out[meta["path"]] = int(meta["size"])
+                if meta["path"].startswith(prefix):
+                    out[meta["path"]] = int(meta["size"])
         return out
+
+    def delete(self, bucket: str, *keys: str) -> None:
+        """Delete these objects (absent ones are no error)."""
+        import obstore
+
+        obstore.delete(self.obstore(bucket), list(keys))
 
     def delete_prefix(self, bucket: str, prefix: str) -> int:
         """Delete every object under ``prefix``; returns how many."""
