@@ -12,7 +12,9 @@ Convert cases: ``seqstore convert --from parquet --id-column id --workers W`` in
 each W of ``--workers`` (default ``1,2``), alternating W runs ``--repeats`` times (median), the output
 deleted between runs. Per case: seconds (the whole command: interpreter start, worker start, commit
 and rename included), rows/s, MB/s of payload, the driver process's peak private memory (psutil USS,
-sampled every 0.1 s) and the workers' summed peak USS, and the ratio to ``--workers 1`` (> 1 faster).
+sampled every 0.1 s) and the workers' summed peak USS, the CPU seconds of the command and its workers
+(``cores_busy`` = CPU / wall: on shared cores, how much CPU the case got), and the ratio to
+``--workers 1`` (> 1 faster).
 The machine's load average is recorded with every run (the cores may be shared). The input files
 are read once before the first run (page cache warm for every run).
 
@@ -29,6 +31,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -136,6 +139,7 @@ def _convert_once(src: Path, out: Path, workers: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "seqstore.cli", "convert", "--from", "parquet", "--id-column", "id",
            "--workers", str(workers), "-q", str(src), str(out)]
     load0 = os.getloadavg()[0]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0, 0]
@@ -151,11 +155,13 @@ def _convert_once(src: Path, out: Path, workers: int) -> dict[str, Any]:
     sampler.start()
     stdout, stderr = proc.communicate()
     secs = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its workers (it waits for them)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     stop.set()
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {stderr.decode()[-2000:]}")
-    return {"seconds": secs, "driver_uss": peak[0], "workers_uss": peak[1], "load": load0,
+    return {"seconds": secs, "cpu_s": cpu, "driver_uss": peak[0], "workers_uss": peak[1], "load": load0,
             "load_after": os.getloadavg()[0]}
 
 
@@ -177,7 +183,8 @@ def run_convert(args: argparse.Namespace, src: Path, payload: int, rows: int, sc
             assert len(store) == rows, f"{out}: {len(store)} records, expected {rows}"
             shards[w] = store.num_shards
             runs[w].append(r)
-            print(f"  convert --workers {w}: {r['seconds']:.2f} s (load {r['load']:.1f})", flush=True)
+            print(f"  convert --workers {w}: {r['seconds']:.2f} s, {r['cpu_s']:.1f} s CPU (load {r['load']:.1f})",
+                  flush=True)
             shutil.rmtree(out, ignore_errors=True)
     results = []
     for w in counts:
@@ -188,6 +195,8 @@ def run_convert(args: argparse.Namespace, src: Path, payload: int, rows: int, sc
             "mb_per_s": round(payload / secs / 1e6, 1),
             "driver_uss_mib": round(statistics.median(r["driver_uss"] for r in runs[w]) / 2**20, 1),
             "workers_uss_mib": round(statistics.median(r["workers_uss"] for r in runs[w]) / 2**20, 1),
+            "cpu_s": round(statistics.median(r["cpu_s"] for r in runs[w]), 1),
+            "cores_busy": round(statistics.median(r["cpu_s"] / r["seconds"] for r in runs[w]), 2),
             "shards": shards[w], "runs": len(runs[w]), "seconds_all": [round(r["seconds"], 3) for r in runs[w]],
             "load_avg_1min": [round(r["load"], 2) for r in runs[w]],
         })
@@ -202,13 +211,14 @@ def run_convert(args: argparse.Namespace, src: Path, payload: int, rows: int, sc
 
 
 def _print(results: list[dict[str, Any]]) -> None:
-    print("| engine | kind | case | rows | s | rows/s | MB/s | ratio | driver MiB | workers MiB |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| engine | kind | case | rows | s | rows/s | MB/s | ratio | driver MiB | workers MiB | CPU s | cores busy |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ratio = r.get("speed_vs_workers_1", r.get("speed_vs_parquet_uncompressed", ""))
         driver = r.get("driver_uss_mib", r.get("driver_peak_mib", ""))
         print(f"| {r.get('engine', '')} | {r.get('kind', '')} | {r['case']} | {r['rows']} | {r['seconds']:.2f} | "
-              f"{r['rows_per_s']} | {r['mb_per_s']} | {ratio} | {driver} | {r.get('workers_uss_mib', '')} |")
+              f"{r['rows_per_s']} | {r['mb_per_s']} | {ratio} | {driver} | {r.get('workers_uss_mib', '')} | "
+              f"{r.get('cpu_s', '')} | {r.get('cores_busy', '')} |")
 
 
 def main() -> None:

@@ -388,7 +388,7 @@ def _import(
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, total)
-        job.write(writer, [(k, None) for k in range(len(srcs))], progress, srcs)
+        job.write(writer, [(k, None) for k in range(len(srcs))], progress)
 
     new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
     return open_store(out)
@@ -411,12 +411,13 @@ class _ArrowJob:
         writer: Writer,
         segments: Sequence[tuple[int, tuple[int, int] | None]],
         progress: Progress | None,
-        srcs: Sequence[_Source] | None = None,
     ) -> None:
-        """Append the records of ``segments`` (file number, pieces ``[a, b)`` or None for all), in order."""
+        """Append the records of ``segments`` (file number, pieces ``[a, b)`` or None for all), in order.
+        Each file is opened afresh and let go after its segment: a ParquetFile that was read keeps
+        hundreds of MB of Arrow buffers alive (the validation's sources are not reused for this)."""
         read_cols = [*self.mapping, *([self.id_column] if self.id_column else [])]
         for k, pieces in segments:
-            src = srcs[k] if srcs is not None else _Source(Path(self.paths[k]), self.fmt)
+            src = _Source(Path(self.paths[k]), self.fmt)
             for table in _chunks(src, read_cols, self.chunk_bytes, pieces):
                 batch = {
                     self.mapping[c]: _convert(_array(table.column(c), src.path, c), self.plans[c], self.inner[c],
