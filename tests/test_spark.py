@@ -41,6 +41,9 @@ def spark() -> Iterator[Any]:
 
     # the UDFs below go to Spark's Python workers by value (this module is not importable there)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    active = SparkSession.getActiveSession()
+    if active is not None:  # e.g. docs/distributed.md's example (tests/test_docs_examples.py): no retries there
+        active.stop()
     session = (
         SparkSession.builder.master("local[2,2]")  # 2 threads; a failed task is retried once
         .appName("seqstore-tests")
