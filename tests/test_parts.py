@@ -104,6 +104,13 @@ def test_committing_twice_missing_parts_and_duplicates_are_clear_errors(store: P
         commit_parts(store, [b])
     assert commit_parts(store, []) == 0
     assert contents(store)[0] == list(range(5))
+    forged = b.to_json()
+    forged["shards"][0]["dir"] = "../../elsewhere"
+    with pytest.raises(ValueError, match="not p<number>"):
+        commit_parts(store, [forged])
+    forged = dict(b.to_json(), job="../j")
+    with pytest.raises(ValueError, match="names a directory"):
+        discard_parts(store, [forged])
 
 
 @pytest.mark.parametrize("mode", ["append", "overwrite"])

@@ -196,11 +196,20 @@ class Part:
             raise ValueError(f"not a part description ({type(exc).__name__}: {exc}): {obj!r:.200}") from exc
 
 
+_SHARD_DIR = re.compile(r"p[0-9]{6,}\Z")
+
+
 def _as_part(p: Part | Mapping[str, Any]) -> Part:
+    """``p`` as a Part, its names checked (they become paths: a part from JSON must not point elsewhere)."""
     if isinstance(p, Part):
+        _check_name(p.job, "job")
+        _check_name(p.task, "task")
+        for sh in p.shards:
+            if not isinstance(sh.dir, str) or not _SHARD_DIR.match(sh.dir):
+                raise ValueError(f"part {p.job}/{p.task}: shard directory {sh.dir!r} is not p<number>")
         return p
     if isinstance(p, Mapping):
-        return Part.from_json(p)
+        return _as_part(Part.from_json(p))
     raise TypeError(f"expected a Part (or its to_json() object), got {type(p).__name__}")
 
 
