@@ -10,6 +10,8 @@ and no generation is timed. Cases, one after another in one SparkSession (``loca
 - ``format("seqstore")`` (one part per write task, one commit; fsyncs every shard before the commit),
   features float16 (the dataset) and, for the same bytes as Parquet, float32;
 - ``df.write.parquet`` uncompressed (``compression="none"``) and with Spark's default (snappy);
+- with ``--row-peer``: two do-nothing Python data sources that only iterate what Spark hands them,
+  Rows (``DataSourceWriter``) or Arrow batches (``DataSourceArrowWriter``): the floor of each path;
 - reading back: ``spark.read.format("seqstore")`` and ``spark.read.parquet`` of the uncompressed files,
   each consumed whole by Spark's ``noop`` sink (every column of every row materialised, nothing kept).
 
@@ -21,8 +23,8 @@ uncompressed Parquet write (writes) and read (reads); > 1 is faster.
 
 ``run(args, data)`` returns one dict per case; ``args`` may carry ``rows`` (default 200k; above
 ``spark_rows`` — default 300k, about 2 GB cached as float32 — it is capped, the cap printed),
-``repeats`` (median) and ``spark_partitions``; ``data`` is a scratch directory. Standalone:
-``python bench/_build_spark.py --rows 100000``.
+``repeats`` (median; the cases alternate within each round), ``spark_partitions`` and ``row_peer``;
+``data`` is a scratch directory. Standalone: ``python bench/_build_spark.py --rows 100000``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,41 @@ def _generate(batches: Iterator[Any]) -> Iterator[Any]:
                                        type=pa.list_(pa.field("element", pa.int32(), False)))
         names = pa.array(np.char.add("utt-", np.char.zfill(ids.astype(str), 10)).astype(object), type=pa.string())
         yield pa.RecordBatch.from_arrays([names, features, lab], names=["id", "features", "labels"])
+
+
+def _sinks() -> list[Any]:
+    """Two do-nothing Python data sources: one takes Rows, one Arrow batches (the cost of each path)."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
+
+    class RowWriter(DataSourceWriter):
+        def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class ArrowWriter(DataSourceArrowWriter):
+        def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class RowSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_row_sink"
+
+        def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
+            return RowWriter()
+
+    class ArrowSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_arrow_sink"
+
+        def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
+            return ArrowWriter()
+
+    return [RowSink, ArrowSink]
 
 
 class _Peak:
@@ -199,21 +236,31 @@ def run(args: Any, data: Any) -> list[dict[str, Any]]:
                                        .parquet(out("pq-none"))),
             "parquet (default, snappy)": ("pq-default", lambda: df.write.mode("overwrite").parquet(out("pq-default"))),
         }
+        if getattr(args, "row_peer", False):  # what a Python writer pays for Rows instead of Arrow batches
+            for sink in _sinks():
+                spark.dataSource.register(sink)
+            writes["Python writer taking Rows, iterating only"] = (
+                "none", lambda: df.write.format("bench_row_sink").mode("append").save(out("none")))
+            writes["Python writer taking Arrow batches, iterating only"] = (
+                "none", lambda: df.write.format("bench_arrow_sink").mode("append").save(out("none")))
         small = df.limit(1000)  # warm-up: Python workers start, imports, numba compiles
         small.write.format("seqstore").mode("overwrite").option("idColumn", "id").option("schema", f16).save(
             out("warm"))
         small.write.mode("overwrite").parquet(out("warm-pq"))
         results: list[dict[str, Any]] = []
-        for name, (target, fn) in writes.items():
-            runs = []
-            for _ in range(repeats):
+        runs: dict[str, list[tuple[float, int, int]]] = {name: [] for name in writes}
+        disk: dict[str, int | None] = {}
+        for _ in range(repeats):  # the cases alternate, so a change in the machine's load hits all of them
+            for name, (target, fn) in writes.items():
                 os.sync()
-                runs.append(_timed(fn, jvm))
-            r = _row("write", name, rows, payload, runs)
-            r["bytes_on_disk"] = _du(work / target)
+                runs[name].append(_timed(fn, jvm))
+                disk[name] = _du(work / target)
+                print(f"  spark {name}: {runs[name][-1][0]:.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        for name in writes:
+            r = _row("write", name, rows, payload, runs[name])
+            r["bytes_on_disk"] = disk[name]
             r["partitions"] = partitions
             results.append(r)
-            print(f"  spark {name}: {r['seconds']:.2f} s", flush=True)
         store = seqstore.open(work / "store16")
         assert len(store) == rows, f"store has {len(store)} records, expected {rows}"
 
@@ -225,10 +272,12 @@ def run(args: Any, data: Any) -> list[dict[str, Any]]:
             "spark.read parquet (uncompressed)": drain(lambda: spark.read.parquet(str(work / "pq-none"))),
         }
         assert spark.read.format("seqstore").load(str(work / "store16")).count() == rows
-        for name, fn in reads.items():
-            r = _row("read", name, rows, payload, [_timed(fn, jvm) for _ in range(repeats)])
-            results.append(r)
-            print(f"  spark {name}: {r['seconds']:.2f} s", flush=True)
+        read_runs: dict[str, list[tuple[float, int, int]]] = {name: [] for name in reads}
+        for _ in range(repeats):
+            for name, fn in reads.items():
+                read_runs[name].append(_timed(fn, jvm))
+                print(f"  spark {name}: {read_runs[name][-1][0]:.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        results += [_row("read", name, rows, payload, read_runs[name]) for name in reads]
         for kind, base in (("write", "parquet (uncompressed)"), ("read", "spark.read parquet (uncompressed)")):
             ref = next(r for r in results if r["case"] == base)["seconds"]
             for r in results:
@@ -283,6 +332,8 @@ if __name__ == "__main__":
     ap.add_argument("--spark-partitions", type=int, default=None)
     ap.add_argument("--spark-memory", default="6g", help="spark.driver.memory")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--row-peer", action="store_true",
+                    help="also time do-nothing Python writers taking Rows and taking Arrow batches")
     ap.add_argument("--data", default=None, help="scratch directory (default: a temporary one)")
     a = ap.parse_args()
     import tempfile
