@@ -27,9 +27,10 @@ NOT_BENCHES = {"__init__", "harness", "gen_data", "plot", "run_all", "gpu_feed",
 
 
 def discover() -> list[str]:
-    """Every bench/<name>.py script (not the harness, helpers or ``*_gen.py`` data generators): the store
-    benches first."""
-    names = {p.stem for p in BENCH.glob("*.py") if not p.stem.endswith("_gen")} - NOT_BENCHES  # *_gen: data
+    """Every bench/<name>.py script (not the harness, helpers, ``_*.py`` modules of a bench or ``*_gen.py``
+    data generators): the store benches first."""
+    names = {p.stem for p in BENCH.glob("*.py") if not p.stem.endswith("_gen") and not p.stem.startswith("_")}
+    names -= NOT_BENCHES  # *_gen: data; _*: helper modules of a bench (bench/_remote_server.py, ...)
     return [n for n in FIRST if n in names] + sorted(names - set(FIRST))
 
 
