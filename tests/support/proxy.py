@@ -32,7 +32,8 @@ never spent on a response they cannot damage; the others are decided when the re
 Every request is recorded as a :class:`Request` (method, path, range, start, end, status, fault, body
 bytes sent). **Round trips** (:meth:`FaultProxy.round_trips`) are the length of the longest chain of
 recorded requests in which each request started (its head reached the proxy) at or after the time the
-previous one ended (its response was completely forwarded, or the fault ended it). Requests that
+previous one ended (set just before the last byte of its answer is handed to the socket, so a client
+holding a complete answer always finds ``end`` set; or when a fault ended the request). Requests that
 overlap in time are one round trip however many they are; a request issued only after another one
 finished adds one, since it may have waited on the other's answer. With an added latency L, a client
 that makes R round trips cannot finish in less than R * L. :meth:`FaultProxy.waves` groups the requests
@@ -504,7 +505,8 @@ class FaultProxy:
         try:
             return await self._answer(rec, head, creader, cwriter, up)
         finally:
-            rec.end = time.monotonic()
+            if rec.end is None:
+                rec.end = time.monotonic()
 
     async def _answer(self, rec: Request, head: bytes, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,
                       up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,
@@ -522,6 +524,7 @@ class FaultProxy:
                 if not expects:  # read the body, else closing with unread data would reset the client
                     await _copy_request_body(creader, None, headers)
                 rec.status = rule.status
+                rec.end = time.monotonic()  # before the client can have the answer
                 cwriter.write(_error_response(rule.status, rec.target, rec.method == "HEAD"))
                 with contextlib.suppress(ConnectionError):
                     await cwriter.drain()
@@ -592,6 +595,8 @@ class FaultProxy:
         else:
             framing, length, close_after = "eof", None, True
         body_rule = None if framing == "none" else self._take(rec, on_body=True, body_len=length)
+        if framing == "none" or length == 0:
+            rec.end = time.monotonic()
         cwriter.write(rhead)
         body = _Body(self, cwriter, creader, rec, body_rule)
         try:
@@ -603,9 +608,11 @@ class FaultProxy:
                     if not data:
                         raise _Closed  # the server cut its body short: so does the proxy
                     remaining -= len(data)
+                    if not remaining and body_rule is None:
+                        rec.end = time.monotonic()
                     await body.send(data, len(data))
             elif framing == "chunked":
-                await _copy_chunked(ureader, body)
+                await _copy_chunked(ureader, body, rec if body_rule is None else None)
             elif framing == "eof":
                 while data := await ureader.read(CHUNK):
                     await body.send(data, len(data))
@@ -629,6 +636,7 @@ class FaultProxy:
 
     async def _bad_gateway(self, rec: Request, cwriter: asyncio.StreamWriter) -> None:
         rec.status = 502
+        rec.end = time.monotonic()
         cwriter.write(_error_response(502, rec.target, rec.method == "HEAD"))
         with contextlib.suppress(ConnectionError):
             await cwriter.drain()
@@ -670,8 +678,9 @@ async def _copy_request_body(creader: asyncio.StreamReader, uwriter: asyncio.Str
         await uwriter.drain()
 
 
-async def _copy_chunked(reader: asyncio.StreamReader, sink: _Body | object) -> None:
-    """Forward a chunked body with its framing (chunk-size lines, data, trailers) unchanged."""
+async def _copy_chunked(reader: asyncio.StreamReader, sink: _Body | object, rec: Request | None = None) -> None:
+    """Forward a chunked body with its framing (chunk-size lines, data, trailers) unchanged; ``rec``'s
+    end is set before the blank line that completes it."""
     send = sink.send  # type: ignore[attr-defined]
     while True:
         try:
@@ -686,6 +695,8 @@ async def _copy_chunked(reader: asyncio.StreamReader, sink: _Body | object) -> N
                     t = await reader.readuntil(b"\r\n")
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
                     raise _Closed from exc
+                if t == b"\r\n" and rec is not None:
+                    rec.end = time.monotonic()
                 await send(t, 0)
                 if t == b"\r\n":
                     return
