@@ -95,7 +95,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     open_s = time.perf_counter() - t0
     private_growth = rss_bytes()[0] - private0
     m = store.manifest
-    if store._remote is not None and m.table is not None:  # every shard's descriptor, in one wave
+    if store.is_remote and m.table is not None:  # every shard's descriptor, in one wave
         table = m.shard_table()
         store._remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
     print(f"store     {store.url}")

@@ -488,6 +488,11 @@ class Store:
         return self
 
     @property
+    def is_remote(self) -> bool:
+        """Whether the store is read from object storage (through the node cache)."""
+        return self._remote is not None
+
+    @property
     def url(self) -> str:
         """Where the store is: its URL for a remote store, else its path."""
         return self._remote.url if self._remote is not None else str(self.root)

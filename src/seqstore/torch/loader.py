@@ -12,6 +12,8 @@ the object-store client's threads do not survive ``fork()``.
 
 from __future__ import annotations
 
+import io
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,28 @@ from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
 __all__ = ["SeqDataLoader"]
+
+
+def _reads_remote(dataset: Any) -> bool:
+    """Whether ``dataset`` reads a remote store in a process whose object-store client cannot survive
+    fork(). Found by pickling the dataset (what a worker receives anyway; a Store pickles as its URL)."""
+    if not _fork_unsafe():
+        return False
+    from ..store import Store
+
+    found = False
+
+    class _Probe(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> None:
+            nonlocal found
+            if isinstance(obj, Store) and obj.is_remote:
+                found = True
+
+    try:
+        _Probe(io.BytesIO()).dump(dataset)
+    except Exception:  # noqa: BLE001 - not picklable: fork it is, as before
+        return False
+    return found
 
 
 class SeqDataLoader(DataLoader[Any]):
@@ -52,7 +76,7 @@ class SeqDataLoader(DataLoader[Any]):
                 raise ValueError(
                     f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
                 )
-        if kwargs.get("num_workers", 0) and kwargs.get("multiprocessing_context") is None and _fork_unsafe():
+        if kwargs.get("num_workers", 0) and kwargs.get("multiprocessing_context") is None and _reads_remote(dataset):
             # this process reads object storage: forked workers could not (obstore's threads do not survive
             # fork()), so they start from a fresh interpreter and reopen the store from its pickle
             import multiprocessing
