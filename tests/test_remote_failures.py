@@ -150,6 +150,25 @@ def test_reset_in_dataloader_workers(moto_s3: MotoS3, remote: tuple[str, str], l
     assert rule.hits == 4
 
 
+def test_forked_child_of_a_reading_process_errors_instead_of_hanging(moto_s3: MotoS3, remote: tuple[str, str],
+                                                                     tmp_path: Path) -> None:
+    """A plain DataLoader forked after this process read object storage (obstore's runtime threads do
+    not survive fork): an error from the worker, never a hang."""
+    torch = pytest.importorskip("torch")
+    from seqstore.torch import SeqDataset
+
+    _, url = remote
+    store = ss.open(url, storage_options=moto_s3.storage_options(max_retries=RETRIES), cache_dir=tmp_path / "c")
+    store.get_batch([0])  # shard 0 is prepared here; a worker reading shard 3 must fetch
+    ds = SeqDataset(ss.StoreDataset(store, length_field="x", cache_dir=tmp_path / "ds"))
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, sampler=[399],
+                                         num_workers=1, multiprocessing_context="fork", timeout=60)
+    with pytest.raises(Exception) as exc:
+        list(loader)
+    assert "timed out" not in str(exc.value), "the worker hung until the DataLoader's timeout"
+    assert "RemoteError" in str(exc.value) and "forkserver" in str(exc.value), exc.value  # names the remedy
+
+
 def test_truncated_body_is_retried_then_raises(moto_s3: MotoS3, remote: tuple[str, str], local: Path,
                                                tmp_path: Path, s3_proxy: FaultProxy) -> None:
     _, url = remote

@@ -304,6 +304,21 @@ def test_file_url_and_fsspec_filesystem(local: Path, tmp_path: Path) -> None:
         mem.rm("/remote-test", recursive=True)
 
 
+def test_http_url_read_only(local: Path, tmp_path: Path) -> None:
+    """``http(s)://``: a store served by a plain static web server (byte ranges, ETags, no listing)."""
+    from support.http import StaticServer
+
+    with StaticServer(local.parent) as srv:
+        url = f"{srv.url}/{local.name}"
+        store = ss.open(url, storage_options={"allow_http": "true"}, cache_dir=tmp_path / "cache")
+        assert store.url == url
+        assert_same_reads(store, ss.open(local), seed=4)
+        with pytest.raises((ss.SeqstoreError, FileNotFoundError)) as exc:
+            ss.open(f"{srv.url}/no-such.seqstore", storage_options={"allow_http": "true"},
+                    cache_dir=tmp_path / "cache")
+        assert "no-such.seqstore" in str(exc.value)
+
+
 # ----------------------------------------------------------------------------------- node cache
 
 

@@ -482,3 +482,35 @@ def test_keys_are_string_prefixes(moto_s3: Any, s3_bucket: str) -> None:
     assert moto_s3.delete_prefix(s3_bucket, "a/b.npy") == 2
     moto_s3.delete(s3_bucket, "ab", "not-there")
     assert sorted(moto_s3.keys(s3_bucket)) == ["a/bc", "a/c/d"]
+
+
+def test_static_server_ranges_and_conditions(tmp_path: Path) -> None:
+    from support.http import StaticServer
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.bin").write_bytes(DATA[:10_000])
+    with StaticServer(tmp_path) as srv:
+        c = http.client.HTTPConnection("127.0.0.1", int(srv.url.rsplit(":", 1)[1]), timeout=10)
+        cases = {"bytes=0-9": DATA[:10], "bytes=9990-": DATA[9990:10_000], "bytes=-5": DATA[9995:10_000],
+                 "bytes=9995-20000": DATA[9995:10_000]}
+        for rng, want in cases.items():
+            c.request("GET", "/d/f.bin", headers={"Range": rng})
+            r = c.getresponse()
+            assert (r.status, r.read()) == (206, want), rng
+        c.request("GET", "/d/f.bin")
+        r = c.getresponse()
+        etag = r.headers["ETag"]
+        assert r.status == 200 and r.read() == DATA[:10_000]
+        c.request("HEAD", "/d/f.bin")
+        r = c.getresponse()
+        assert r.status == 200 and r.read() == b"" and r.headers["Content-Length"] == "10000"
+        for headers, status in (({"Range": "bytes=10000-"}, 416), ({"If-Match": '"x"'}, 412),
+                                ({"If-None-Match": etag}, 304), ({"If-Match": etag, "Range": "bytes=0-0"}, 206)):
+            c.request("GET", "/d/f.bin", headers=headers)
+            r = c.getresponse()
+            r.read()
+            assert r.status == status, headers
+        c.request("GET", "/../etc/passwd")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 404
