@@ -304,6 +304,30 @@ def test_file_url_and_fsspec_filesystem(local: Path, tmp_path: Path) -> None:
         mem.rm("/remote-test", recursive=True)
 
 
+def test_errors_name_the_url(moto_s3: MotoS3, remote: tuple[str, str], tmp_path: Path) -> None:
+    """Errors about a remote store name its URL (not the node cache's directory behind it)."""
+    _, url = remote
+    store = _open(moto_s3, url, tmp_path / "cache")
+    mirror = str(store.root)
+    probes = {
+        "store[10**6]": lambda: store[10**6],
+        "get_batch(fields=['nope'])": lambda: store.get_batch([0], fields=["nope"]),
+        "lengths('spk')": lambda: store.lengths("spk"),
+        "index('nope')": lambda: store.index("nope"),
+        "iter_ragged('spk')": lambda: list(store.iter_ragged("spk")),
+        "StoreDataset(store)": lambda: ss.StoreDataset(store),
+        "StoreDataset(fields=['nope'])": lambda: ss.StoreDataset(store, length_field="x", fields=["nope"]),
+    }
+    wrong = []
+    for what, call in probes.items():
+        with pytest.raises((IndexError, KeyError, ValueError)) as exc:
+            call()
+        msg = str(exc.value)
+        if url not in msg or mirror in msg:
+            wrong.append(f"{what}: {msg}")
+    assert not wrong, "errors that do not name the URL:\n" + "\n".join(wrong)
+
+
 def test_http_url_read_only(local: Path, tmp_path: Path) -> None:
     """``http(s)://``: a store served by a plain static web server (byte ranges, ETags, no listing)."""
     from support.http import StaticServer
@@ -355,6 +379,30 @@ def test_cache_never_exceeds_its_budget(moto_s3: MotoS3, s3_bucket: str, tmp_pat
         assert _disk_bytes(env_cache) <= budget
     finally:
         del os.environ["SEQSTORE_CACHE_BYTES"]
+
+
+def test_derived_arrays_of_a_remote_dataset_stay_within_the_budget(moto_s3: MotoS3, s3_bucket: str,
+                                                                     tmp_path: Path) -> None:
+    """StoreDataset's derived arrays (lengths, sort index: O(N)) of a remote store, where it keeps them by
+    default, do not take the node cache past its budget."""
+    root = tmp_path / "many.seqstore"
+    rng = np.random.default_rng(0)
+    n = 6000
+    with ss.create(root, {"t": ss.Field("int8", (None,))}, max_shard_records=n) as w:
+        w.append_batch({"t": [np.zeros(int(k), np.int8) for k in rng.integers(0, 3, size=n)]})
+    url = moto_s3.upload_dir(root, s3_bucket, "many/many.seqstore")
+    full = tmp_path / "full"
+    assert len(_open(moto_s3, url, full).get_batch(np.arange(n))["t"][1]) == n
+    budget = _disk_bytes(full) + 16 * 1024
+    cache = tmp_path / "tight"
+    store = _open(moto_s3, url, cache, cache_bytes=budget)
+    store.get_batch(np.arange(n))
+    assert _disk_bytes(cache) <= budget
+    ds = ss.StoreDataset(store, ordering="sorted", length_field="t")  # default cache_dir
+    order = np.asarray(list(ds.epoch_order(epoch=1)))
+    assert sorted(order.tolist()) == list(range(n))
+    assert _disk_bytes(cache) <= budget, (
+        f"{_disk_bytes(cache)} bytes in the node cache, budget {budget}; StoreDataset cache_dir {ds.cache_dir}")
 
 
 _CHILD = """
