@@ -315,6 +315,30 @@ def test_write_errors_name_the_column(spark: Any, tmp_path: Path) -> None:
     with pytest.raises((Py4JJavaError, PySparkException)) as err:
         _write(wrong, tmp_path / "c", schema=json.dumps({"v": ["float32", [3]]}))
     assert "column 'v'" in str(err.value) and "needs 3" in str(err.value)
+    big = spark.range(0, 20, 1, 2).selectExpr("array(cast(id as float), cast(1e6 as float)) as v")
+    with pytest.raises((Py4JJavaError, PySparkException)) as err:
+        _write(big, tmp_path / "d", schema=json.dumps({"v": ["float16", [None]]}))
+    assert "1000000.0" in str(err.value) and "overflows dtype float16" in str(err.value)
+    assert not (tmp_path / "d").exists()
+
+
+def test_float_narrowing_matches_the_writer(tmp_path: Path) -> None:
+    """The fast cast of Spark's floats into a float16 field gives the writer's values, and leaves
+    values that round or overflow (and NaN, infinities) to the writer's checked cast."""
+    from seqstore.engines.spark import _narrowed
+
+    f = Field("float16", (None,))
+    edge = np.array([0.0, -1.5, 1e-8, 6e-8, 65504.0, 65519.0, -65519.0, np.nan, np.inf, -np.inf], dtype=np.float32)
+    for values in (np.linspace(-60000, 60000, 1001, dtype=np.float32), edge, edge.astype(np.float64)):
+        got = _narrowed(values, f)
+        in_range = bool(np.isfinite(values).all() and np.abs(values).max() <= 65504)
+        assert got.dtype == (np.float16 if in_range else values.dtype)
+        with seqstore.create(tmp_path / f"s{len(values)}{values.dtype}", {"v": f}) as w:
+            w.append_batch({"v": (got, np.array([len(values)]))})
+        stored = seqstore.open(tmp_path / f"s{len(values)}{values.dtype}")[0]["v"]
+        np.testing.assert_array_equal(stored.view(np.uint16), values.astype(np.float16).view(np.uint16))
+    assert _narrowed(np.array([1e6], dtype=np.float32), f).dtype == np.float32  # the writer names the value
+    assert _narrowed(np.array([1.0], dtype=np.float32), Field("bfloat16", (None,))).dtype == np.float32
 
 
 def test_fixed_shape_from_arrays(spark: Any, tmp_path: Path) -> None:

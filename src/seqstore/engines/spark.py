@@ -282,10 +282,25 @@ def _column_values(arr: Any, col: _Column, where: str) -> Any:
     if _arrow._primitive_dtype(cur.type) is None:
         raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has more list levels than field "
                           f"{col.field_name!r} {f} has axes, or a leaf type that is not a number")
-    flat = _arrow._flatten_fixed(cur, where, col.column)
+    flat = _narrowed(_arrow._flatten_fixed(cur, where, col.column), f)
     if lengths is not None:
         return flat.reshape(int(lengths.sum()), *f.inner_shape), lengths
     return flat.reshape(n, *f.inner_shape)
+
+
+def _narrowed(flat: np.ndarray[Any, Any], f: Field) -> np.ndarray[Any, Any]:
+    """Spark's float/double values already cast to a narrower float field (float16 from Spark's float,
+    the common case) when two reductions show that no value can overflow (and none is NaN or
+    infinite): the writer then takes them as they are, instead of casting and comparing every value
+    for overflow. Anything else is left to the writer's checked cast (same result, same errors)."""
+    target = f.storage_dtype
+    if (f.dtype == BFLOAT16 or flat.dtype.kind != "f" or target.kind != "f" or flat.size == 0
+            or flat.dtype.itemsize <= target.itemsize):
+        return flat
+    limit = float(np.finfo(target).max)
+    if -limit <= float(flat.min()) and float(flat.max()) <= limit:  # False for NaN
+        return flat.astype(target)
+    return flat
 
 
 def _ids(arr: Any, where: str, column: str) -> list[str]:
