@@ -19,7 +19,7 @@ Per case: seconds, rows/s, MB/s of the payload (float16 feature, label and id by
 for every case, as in bench/_build_ray.py), the peak RSS of the JVM (driver and executor in one
 process in local mode; it holds the cached DataFrame) and of the Python processes (this driver, the
 workers Spark starts: writers, readers and the commit), sampled every 0.1 s. Ratios are against the
-uncompressed Parquet write (writes) and read (reads); > 1 is faster.
+uncompressed Parquet write (writes) and read (reads), of the medians and per round; > 1 is faster.
 
 ``run(args, data)`` returns one dict per case; ``args`` may carry ``rows`` (default 200k; above
 ``spark_rows`` — default 300k, about 2 GB cached as float32 — it is capped, the cap printed),
@@ -278,11 +278,14 @@ def run(args: Any, data: Any) -> list[dict[str, Any]]:
                 read_runs[name].append(_timed(fn, jvm))
                 print(f"  spark {name}: {read_runs[name][-1][0]:.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
         results += [_row("read", name, rows, payload, read_runs[name]) for name in reads]
+        every = {**runs, **read_runs}
         for kind, base in (("write", "parquet (uncompressed)"), ("read", "spark.read parquet (uncompressed)")):
             ref = next(r for r in results if r["case"] == base)["seconds"]
             for r in results:
                 if r["kind"] == kind:
                     r["speed_vs_parquet_uncompressed"] = round(ref / r["seconds"], 3)
+                    # the same ratio within each round (the cases of a round ran back to back)
+                    r["speed_per_round"] = [round(a[0] / b[0], 3) for a, b in zip(every[base], every[r["case"]])]
         return results
     finally:
         spark.stop()
