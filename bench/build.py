@@ -13,6 +13,7 @@ each W of ``--workers`` (default ``1,2``), alternating W runs ``--repeats`` time
 deleted between runs. Per case: seconds (the whole command: interpreter start, worker start, commit
 and rename included), rows/s, MB/s of payload, the driver process's peak private memory (psutil USS,
 sampled every 0.1 s) and the workers' summed peak USS, the CPU seconds of the command and its workers
+(as last sampled: up to 0.1 s of a process's end may be missed)
 (``cores_busy`` = CPU / wall: on shared cores, how much CPU the case got), and the ratio to
 ``--workers 1`` (> 1 faster).
 The machine's load average is recorded with every run (the cores may be shared). The input files
@@ -31,7 +32,6 @@ import argparse
 import importlib
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -115,17 +115,23 @@ def dataset(root: Path, rows: int) -> tuple[Path, int]:
 # -------------------------------------------------------------------------------------- convert
 
 
-def _uss(pid: int) -> tuple[int, int]:
-    """(USS of ``pid``, summed USS of its descendants) in bytes; (0, 0) once it is gone."""
+def _uss(pid: int, cpu: dict[int, float]) -> tuple[int, int]:
+    """(USS of ``pid``, summed USS of its descendants) in bytes; (0, 0) once it is gone. Records each
+    process's CPU seconds so far in ``cpu`` (workers started by a forkserver are not the command's
+    children, so the command's rusage does not count them)."""
     import psutil
 
     try:
         p = psutil.Process(pid)
         own = p.memory_full_info().uss
+        t = p.cpu_times()
+        cpu[pid] = t.user + t.system
         kids = 0
         for c in p.children(recursive=True):
             try:
                 kids += c.memory_full_info().uss
+                t = c.cpu_times()
+                cpu[c.pid] = t.user + t.system
             except psutil.Error:
                 pass
         return own, kids
@@ -139,15 +145,15 @@ def _convert_once(src: Path, out: Path, workers: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "seqstore.cli", "convert", "--from", "parquet", "--id-column", "id",
            "--workers", str(workers), "-q", str(src), str(out)]
     load0 = os.getloadavg()[0]
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0, 0]
     stop = threading.Event()
+    cpu: dict[int, float] = {}
 
     def sample() -> None:
         while not stop.is_set():
-            own, kids = _uss(proc.pid)
+            own, kids = _uss(proc.pid, cpu)
             peak[0], peak[1] = max(peak[0], own), max(peak[1], kids)
             stop.wait(0.1)
 
@@ -155,13 +161,11 @@ def _convert_once(src: Path, out: Path, workers: int) -> dict[str, Any]:
     sampler.start()
     stdout, stderr = proc.communicate()
     secs = time.perf_counter() - t0
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its workers (it waits for them)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     stop.set()
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {stderr.decode()[-2000:]}")
-    return {"seconds": secs, "cpu_s": cpu, "driver_uss": peak[0], "workers_uss": peak[1], "load": load0,
+    return {"seconds": secs, "cpu_s": sum(cpu.values()), "driver_uss": peak[0], "workers_uss": peak[1], "load": load0,
             "load_after": os.getloadavg()[0]}
 
 
