@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SeqstoreError
+from ..io.nodecache import budget_directory, charge
 
 __all__ = [
     "CacheError", "default_cache_dir", "fingerprint", "store_fingerprint", "cached_array", "write_npy", "load_npy",
@@ -39,9 +40,15 @@ class CacheError(SeqstoreError):
     """A cache directory cannot be created or written."""
 
 
-def default_cache_dir(store_root: str | os.PathLike[str]) -> Path:
-    """``<store>.cache`` next to the store directory."""
-    root = Path(store_root)
+def default_cache_dir(store: Any) -> Path:
+    """``<store>.cache`` next to a local store's directory (``store``: a Store or its path). For a
+    remote store: ``derived/<store>/`` in the node cache, whose budget then counts what is written."""
+    remote = getattr(store, "_remote", None)
+    if remote is not None:
+        path: Path = remote.cache.root / "derived" / remote.digest()
+        budget_directory(path, remote.cache)
+        return path
+    root = Path(getattr(store, "root", store))
     return root.with_name(root.name + ".cache")
 
 
@@ -80,6 +87,7 @@ def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype
             f"cannot write cache file {path} ({exc}); pass cache_dir= to put the cache somewhere writable"
         ) from exc
     os.close(fd)
+    charge(path, length * np.dtype(dtype).itemsize + 4096)  # counted where a node cache's budget covers it
     try:
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(length,))
         pos = 0

@@ -109,7 +109,7 @@ class MetaDataset(Dataset):
         self._fields_arg = None if fields is None else {k: v for k, v in fields.items()}
         self.field_map = self._resolve_fields(fields)
         ctrl = self.datasets[self.control]
-        self._dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(ctrl.store.root)
+        self._dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(ctrl.store)
         self.cache_dir = self._dir
         self._rows: dict[str, Any] = {}
         self._kept: Any = None

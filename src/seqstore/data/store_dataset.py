@@ -53,21 +53,21 @@ class StoreDataset(Dataset):
         if length_field is None:
             if len(ragged) > 1:
                 raise ValueError(
-                    f"{self.store.root}: several ragged fields {ragged}; name the one that measures length "
+                    f"{self.store.url}: several ragged fields {ragged}; name the one that measures length "
                     "with length_field="
                 )
             length_field = ragged[0] if ragged else None
         elif length_field not in ragged:
             raise ValueError(
-                f"{self.store.root}: length_field {length_field!r} is not a ragged field; ragged fields are {ragged}"
+                f"{self.store.url}: length_field {length_field!r} is not a ragged field; ragged fields are {ragged}"
             )
         self.length_field = length_field
         if fields is not None:
             unknown = [f for f in fields if f not in schema]
             if unknown:
-                raise KeyError(f"{self.store.root}: no field(s) {unknown}; fields are {list(schema)}")
+                raise KeyError(f"{self.store.url}: no field(s) {unknown}; fields are {list(schema)}")
         self.fields = None if fields is None else list(fields)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.store.root)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self.store)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the Store pickles as its path, options and the shards it saw: a worker reopens it with the same

@@ -161,7 +161,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         }
         self.path = str(path)
         self._store = open_store(path, bfloat16="float32")
-        self._cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self._store.root)
+        self._cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(self._store)
         schema = self._store.schema
         meta = self._store.metadata.get("returnn", {})
         meta = meta if isinstance(meta, dict) else {}

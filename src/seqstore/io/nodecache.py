@@ -8,6 +8,7 @@ Layout under ``cache_dir``::
     objects/ab/<key>.bits one byte per page of .data (1: the page holds the object's bytes), after a
                           4096-byte header (magic, object size)
     stores/...            small metadata files (manifests, shard tables, descriptors; seqstore.io.remote)
+    derived/...           datasets' derived arrays (lengths, sort indexes) of remote stores
 
 An entry's key is a hash of the object's URL **and its ETag** (or generation): a replaced object is a
 new entry, so stale bytes are never served. A page is filled by ``pwrite`` of the fetched bytes and
@@ -40,11 +41,29 @@ import numpy as np
 
 from .mapping import PAGE
 
-__all__ = ["NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes"]
+__all__ = ["NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge"]
 
 _MAGIC = b"SQCACHE1"
 _HEADER = 4096
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+#: directories whose files count against a node cache's budget (a remote store's derived arrays):
+#: directory -> cache; writers of O(N) files call :func:`charge` before writing one there
+_budgeted: dict[str, NodeCache] = {}
+
+
+def budget_directory(path: str | os.PathLike[str], cache: NodeCache) -> None:
+    """Count files written directly in directory ``path`` against ``cache``'s budget (see :func:`charge`)."""
+    _budgeted[os.fspath(path)] = cache
+
+
+def charge(path: str | os.PathLike[str], nbytes: int) -> None:
+    """Before writing a file of ``nbytes`` at ``path``: reserve its disk space in the node cache whose
+    budget covers its directory (evicting others first); nothing for other directories."""
+    cache = _budgeted.get(os.fspath(Path(path).parent))
+    if cache is not None:
+        cache.reserve(-(-int(nbytes) // PAGE) * PAGE)
 
 
 def default_cache_dir() -> Path:
@@ -192,6 +211,11 @@ class NodeCache:
                     out.append((p.stat().st_mtime, p))
                 except FileNotFoundError:
                     pass
+        for p in (self.root / "derived").glob("*/*.npy"):  # datasets' derived arrays of remote stores
+            try:
+                out.append((p.stat().st_mtime, p))
+            except FileNotFoundError:
+                pass
         for p in (self.root / "stores").glob("*/*"):
             try:
                 out.append((p.stat().st_mtime, p))
@@ -210,7 +234,14 @@ class NodeCache:
                 break
             if p in keep_paths:
                 continue
-            if p.suffix == ".bits":
+            if p.suffix == ".npy":
+                try:
+                    freed = p.stat().st_blocks * 512
+                    p.unlink()
+                    used -= freed
+                except FileNotFoundError:
+                    pass
+            elif p.suffix == ".bits":
                 data = p.with_suffix(".data")
                 freed = 0
                 for q in (data, p):

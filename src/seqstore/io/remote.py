@@ -248,6 +248,10 @@ class RemoteRoot:
             "cache_bytes": self.cache_bytes,
         }
 
+    def digest(self) -> str:
+        """A short name of this store's URL (its directory in the node cache)."""
+        return _digest(self.url)
+
     def display(self, path: Path | str) -> str:
         """The URL of a mirror path (for messages)."""
         text = os.fspath(path)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..io.nodecache import charge
 from . import _kernels as K
 from ._arrays import ArrayRef, PathLike
 
@@ -143,6 +144,7 @@ def sort_index(
         if path is None:
             return np.empty(n, dtype=dtype)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{tag}.tmp")
+        charge(tmp, n * np.dtype(dtype).itemsize + 4096)  # where a node cache's budget covers the directory
         tmp_files.append(tmp)
         return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
 
@@ -204,6 +206,7 @@ def _finish(array: np.ndarray | None, path: Path | None) -> npt.NDArray[np.integ
         return array
     if array is not None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
+        charge(tmp, array.nbytes + 4096)
         np.save(tmp, array)
         os.replace(tmp, path)
     return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]

@@ -130,12 +130,15 @@ class _Shard:
     """The mapped files of one committed shard. Built on first touch."""
 
     __slots__ = (
-        "path", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash", "id_rows", "_plan",
-        "_copy_plan", "_spans", "request",
+        "path", "display", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash",
+        "id_rows", "_plan", "_copy_plan", "_spans", "request",
     )
 
-    def __init__(self, root: Path, info: ShardInfo, schema: Schema, map_npy: Any = map_npy) -> None:
+    def __init__(
+        self, root: Path, info: ShardInfo, schema: Schema, map_npy: Any = map_npy, display: str | None = None
+    ) -> None:
         self.path = root / info.name
+        self.display = str(self.path) if display is None else display  # the shard's place in messages
         self.map_npy = map_npy
         self.info = info
         self.columns: dict[str, np.ndarray[Any, Any]] = {}
@@ -160,7 +163,7 @@ class _Shard:
                 rows = info.rows[name]
                 if off[0] != 0 or off[-1] != rows:
                     raise CorruptionError(
-                        f"{self.path / orel}: offsets run from {off[0]} to {off[-1]}, expected 0 to {rows}"
+                        f"{self.display}/{orel}: offsets run from {off[0]} to {off[-1]}, expected 0 to {rows}"
                     )
                 self.offsets[name] = off
                 shape: tuple[int, ...] = (rows, *f.inner_shape)
@@ -211,7 +214,7 @@ class _Shard:
                 b = int(off[row + 1])
                 if not 0 <= a <= b <= col.shape[0]:
                     raise CorruptionError(
-                        f"{self.path / (name + '.offsets.npy')}: record {row} has offsets {a}..{b}, "
+                        f"{self.display}/{name}.offsets.npy: record {row} has offsets {a}..{b}, "
                         f"outside 0..{col.shape[0]}"
                     )
                 out[name] = col[a:b]
@@ -238,7 +241,7 @@ class _Shard:
         files = info.files
         off = self.map_npy(self.path / f"{IDS}.offsets.npy", files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
         if off[0] != 0:
-            raise CorruptionError(f"{self.path / (IDS + '.offsets.npy')}: first offset is {off[0]}, expected 0")
+            raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: first offset is {off[0]}, expected 0")
         total = int(off[-1])
         self.ids = self.map_npy(self.path / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
         self.id_hash = self.map_npy(self.path / f"{IDS}.hash.npy", files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
@@ -259,7 +262,7 @@ def _checked_bounds(
     if bad.any():
         r = int(np.asarray(rows).reshape(-1)[np.flatnonzero(np.asarray(bad).reshape(-1))[0]])
         raise CorruptionError(
-            f"{sh.path / (name + '.offsets.npy')}: record {r} has offsets {int(off[r])}..{int(off[r + 1])}, "
+            f"{sh.display}/{(name + '.offsets.npy')}: record {r} has offsets {int(off[r])}..{int(off[r + 1])}, "
             f"outside 0..{sh.columns[name].shape[0]} or decreasing"
         )
     return a, b
@@ -284,7 +287,7 @@ def _id_bounds(sh: _Shard, row: int) -> tuple[int, int]:
     a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
     if not 0 <= a <= b <= len(sh.ids):
         raise CorruptionError(
-            f"{sh.path / (IDS + '.offsets.npy')}: record {row} has id offsets {a}..{b}, outside 0..{len(sh.ids)}"
+            f"{sh.display}/{(IDS + '.offsets.npy')}: record {row} has id offsets {a}..{b}, outside 0..{len(sh.ids)}"
         )
     return a, b
 
@@ -360,7 +363,7 @@ class Lengths:
                 self._store._need(off[a : min(a + size, len(off) - 1) + 1])
                 chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
                 if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
-                    raise CorruptionError(f"{sh.path / (self.field + '.offsets.npy')}: offsets decrease")
+                    raise CorruptionError(f"{sh.display}/{(self.field + '.offsets.npy')}: offsets decrease")
                 yield chunk
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
@@ -395,7 +398,7 @@ class Lengths:
         return target
 
     def __repr__(self) -> str:
-        return f"Lengths({self._store.root}, field={self.field!r}, n={len(self)})"
+        return f"Lengths({self._store.url}, field={self.field!r}, n={len(self)})"
 
 
 class Store:
@@ -514,12 +517,12 @@ class Store:
         m = self._manifest
         if m.num_shards == num_shards:
             if self._n != records:
-                raise SeqstoreError(f"{self.root}: the store was replaced since this Store was pickled")
+                raise SeqstoreError(f"{self.url}: the store was replaced since this Store was pickled")
             return
         table = self._table.prefix(num_shards) if m.num_shards > num_shards else None
         if table is None or table.total != records:
             raise SeqstoreError(
-                f"{self.root}: the store was replaced since this Store was pickled (it had {records} records in "
+                f"{self.url}: the store was replaced since this Store was pickled (it had {records} records in "
                 f"{num_shards} shards, it now has {m.num_records} in {m.num_shards})"
             )
         runs = [r for r in m.index_runs if r.end_shard <= num_shards]  # others fall back to shard indexes
@@ -534,7 +537,7 @@ class Store:
         n = self._n
         j = i + n if i < 0 else i
         if not 0 <= j < n:
-            raise IndexError(f"record index {i} out of range for a store of {n} records ({self.root})")
+            raise IndexError(f"record index {i} out of range for a store of {n} records ({self.url})")
         return j
 
     def _norm_many(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -548,7 +551,7 @@ class Store:
         idx[idx < 0] += self._n
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
             bad = given[(idx < 0) | (idx >= self._n)][0]
-            raise IndexError(f"record index {bad} out of range for a store of {self._n} records ({self.root})")
+            raise IndexError(f"record index {bad} out of range for a store of {self._n} records ({self.url})")
         return idx
 
     def _locate(self, i: int) -> tuple[int, int]:
@@ -604,7 +607,8 @@ class Store:
         m = self._manifest
         try:
             self._prepare_remote([k])
-            return _Shard(self.root, m.shards[k], self.schema, remote.map_npy)
+            info = m.shards[k]
+            return _Shard(self.root, info, self.schema, remote.map_npy, display=f"{remote.url}/{info.name}")
         except CorruptionError as exc:
             raise CorruptionError(remote.display(str(exc))) from exc.__cause__
 
@@ -779,7 +783,7 @@ class Store:
         names = list(self.schema) if fields is None else list(fields)
         for name in names:
             if name not in self.schema:
-                raise KeyError(f"no field {name!r} in {self.root}; fields are {list(self.schema)}")
+                raise KeyError(f"no field {name!r} in {self.url}; fields are {list(self.schema)}")
         return names
 
     def _ranges(self, groups: list[_Group], names: list[str], values: bool) -> tuple[list[Any], list[Any]]:
@@ -962,10 +966,10 @@ class Store:
         ragged = [n for n, f in self.schema.items() if f.ragged]
         if field is None:
             if len(ragged) != 1:
-                raise ValueError(f"{self.root}: name the ragged field; ragged fields are {ragged}")
+                raise ValueError(f"{self.url}: name the ragged field; ragged fields are {ragged}")
             field = ragged[0]
         if field not in ragged:
-            raise ValueError(f"{self.root}: field {field!r} is not ragged; ragged fields are {ragged}")
+            raise ValueError(f"{self.url}: field {field!r} is not ragged; ragged fields are {ragged}")
         return Lengths(self, field)
 
     # ------------------------------------------------------------------------------------ matrix
@@ -993,9 +997,9 @@ class Store:
                 elif item in self.schema:
                     names.append(item)
                 else:
-                    raise KeyError(f"no field or packed group {item!r} in {self.root}; fields are {list(self.schema)}")
+                    raise KeyError(f"no field or packed group {item!r} in {self.url}; fields are {list(self.schema)}")
         if not names:
-            raise ValueError(f"{self.root}: no fixed fields to put in a matrix")
+            raise ValueError(f"{self.url}: no fixed fields to put in a matrix")
         if len(set(names)) != len(names):
             raise ValueError(f"fields {names} name a field more than once")
         dtypes = {self.schema[n].dtype for n in names}
@@ -1213,7 +1217,7 @@ class Store:
             lengths = np.diff(sh.offsets[name][r : r + end - pos + 1])
             self._need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:
-                raise CorruptionError(f"{sh.path / (name + '.offsets.npy')}: offsets decrease in records "
+                raise CorruptionError(f"{sh.display}/{(name + '.offsets.npy')}: offsets decrease in records "
                                       f"{pos}..{end - 1}")
             yield pos, sh.columns[name][a:b], lengths
             pos, cur = end, nxt
@@ -1223,7 +1227,7 @@ class Store:
     def id(self, i: int) -> str:
         """The id of record ``i``."""
         if not self.has_ids:
-            raise KeyError(f"{self.root}: records have no ids")
+            raise KeyError(f"{self.url}: records have no ids")
         k, row = self._locate(self._norm(int(i)))
         sh = self._shard(k)
         sh.load_ids()
@@ -1284,7 +1288,7 @@ class Store:
             a = np.asarray(sh.id_offsets[local])
             b = np.asarray(sh.id_offsets[local + 1])
             if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
-                raise CorruptionError(f"{sh.path / (IDS + '.offsets.npy')}: id offsets out of range")
+                raise CorruptionError(f"{sh.display}/{(IDS + '.offsets.npy')}: id offsets out of range")
             local = np.ascontiguousarray(local)
             id_equal(sh.ids, sh.id_offsets, local, qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
             ok[pos] = res
@@ -1320,7 +1324,7 @@ class Store:
         if not isinstance(id, str):
             raise TypeError(f"ids are str, got {type(id).__name__}")
         if not self.has_ids:
-            raise KeyError(f"id {id!r} not in {self.root} (records have no ids)")
+            raise KeyError(f"id {id!r} not in {self.url} (records have no ids)")
         key = id.encode("utf-8", "surrogatepass")
         h = np.uint64(hash_one(key))
         found = -1
@@ -1332,7 +1336,7 @@ class Store:
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
                 if not 0 <= row < self._n:
-                    raise CorruptionError(f"{self.root}: id index (from shard {_first}) names row {row}, out of range")
+                    raise CorruptionError(f"{self.url}: id index (from shard {_first}) names row {row}, out of range")
                 k, local = self._locate(row)
                 sh = self._shard(k)
                 sh.load_ids()
@@ -1347,7 +1351,7 @@ class Store:
                 j += 1
         if found >= 0:
             return found
-        raise KeyError(f"id {id!r} not in {self.root}")
+        raise KeyError(f"id {id!r} not in {self.url}")
 
     def index_many(self, ids: Sequence[str], *, missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
         """Global indexes of many ids at once (vectorised hash search, then byte comparison).
@@ -1359,16 +1363,16 @@ class Store:
             if len(self) == 0:
                 qn = len(ids)
                 if missing == "error" and qn:
-                    raise KeyError(f"id {ids[0]!r} not in {self.root} (store is empty)")
+                    raise KeyError(f"id {ids[0]!r} not in {self.url} (store is empty)")
                 return np.full(qn, missing if isinstance(missing, int) else -1, dtype=np.int64)
-            raise KeyError(f"{self.root}: records have no ids")
+            raise KeyError(f"{self.url}: records have no ids")
         qdata, qoff = encode_ids(ids)
         result = self.index_encoded(qdata, qoff)
         todo = np.flatnonzero(result < 0)
         if len(todo):
             if missing == "error":
                 names = ", ".join(repr(ids[int(t)]) for t in todo[:10])
-                raise KeyError(f"{len(todo)} id(s) not in {self.root}: {names}")
+                raise KeyError(f"{len(todo)} id(s) not in {self.url}: {names}")
             result[todo] = int(missing)
         return result
 
@@ -1391,7 +1395,7 @@ class Store:
                 qorder = todo[np.argsort(q[todo], kind="stable")]
                 fine = probe_sorted(q, qorder, hashes, rows, sh.ids, sh.id_offsets, qdata, qoff, np.int64(base), result)
                 if not fine:
-                    raise CorruptionError(f"{sh.path / (IDS + '.hash_rows.npy')}: names rows outside the shard")
+                    raise CorruptionError(f"{sh.display}/{(IDS + '.hash_rows.npy')}: names rows outside the shard")
                 todo = todo[result[todo] < 0]
                 continue
             qh = q[todo]
@@ -1408,7 +1412,7 @@ class Store:
                 self._need_rows(rows.reshape(-1, 1), run_starts + within)
             cand_rows = np.asarray(rows[run_starts + within]) + base
             if (cand_rows < 0).any() or (cand_rows >= self._n).any():
-                raise CorruptionError(f"{self.root}: id index (from shard {_first}) names rows out of range")
+                raise CorruptionError(f"{self.url}: id index (from shard {_first}) names rows out of range")
             ok = self._verify(cand_rows, qdata, qoff, cq)
             if not ok.any():
                 continue
