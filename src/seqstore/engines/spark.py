@@ -46,7 +46,7 @@ from ..format.manifest import MANIFEST
 from ..interop import arrow as _arrow
 from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
 from ..store import Store, open_store
-from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
 
 try:
     from pyspark import TaskContext
@@ -82,6 +82,11 @@ DEFAULT_PARTITION_RECORDS = 1 << 20
 
 #: How long the driver waits for the writers of uncommitted attempts to stop before removing their parts.
 DISCARD_WAIT_S = 60.0
+
+#: ``_parts/.spark-ended/<job>`` marks a job that was committed or aborted: a write task of the job
+#: that finds it writes nothing (or removes what it wrote). Marks are removed after ENDED_KEEP_S.
+ENDED_DIR = ".spark-ended"
+ENDED_KEEP_S = 7 * 24 * 3600.0
 
 _INT32_MAX = (1 << 31) - 1
 
@@ -352,6 +357,9 @@ class _Writer(DataSourceArrowWriter):
             kwargs["max_shard_records"] = self.max_shard_records
         w = PartWriter(self.path, job=self.job, task=task, **kwargs)
         try:
+            if _ended(self.path, self.job):  # checked once this attempt's part exists (see _end)
+                raise RuntimeError(f"{where}: the Spark job {self.job} ended (committed or aborted) before this "
+                                   "attempt started; it writes nothing")
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
@@ -361,7 +369,11 @@ class _Writer(DataSourceArrowWriter):
             part = w.finish()
         except BaseException:
             w.abort()
+            if _ended(self.path, self.job):
+                discard_parts(self.path, self.job)  # the job's directory too, if this attempt was its last
             raise
+        if _ended(self.path, self.job):  # too late to be committed: nobody else may be left to remove it
+            discard_parts(self.path, self.job)
         return _Message(partition, attempt, part)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -370,24 +382,51 @@ class _Writer(DataSourceArrowWriter):
             raise RuntimeError(f"{self.path}: Spark commit with {len(messages) - len(got)} missing task messages")
         got.sort(key=lambda m: m.partition)
         commit_parts(self.path, [m.part for m in got], mode=self.mode)
-        self._discard()  # parts of attempts Spark did not report (failed, killed, speculative)
+        self._end()  # parts of attempts Spark did not report (failed, killed, speculative)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._discard()
+        self._end()
         if self.created:
             _remove_if_empty(self.path)
 
-    def _discard(self) -> None:
-        """Remove every part of this job that was not committed. Tasks of a failed job may still be
-        running when Spark calls abort (they are being killed), and a speculative attempt when it calls
-        commit: their parts are removed once their writers have stopped, waiting up to
-        ``DISCARD_WAIT_S``; a writer still running after that leaves its part to
-        ``seqstore.store.parts.clean_parts``."""
+    def _end(self) -> None:
+        """Mark the job ended, then remove every part of it that was not committed.
+
+        Tasks of a failed job may still be running when Spark calls abort (they are being killed), or
+        only starting, and a speculative attempt may when it calls commit. Each write task checks the
+        mark after its part exists and again after finishing it, and removes the job's parts itself if
+        the job ended; here the parts of attempts whose writers have stopped are removed, waiting up
+        to ``DISCARD_WAIT_S`` for live ones. Whatever the order, no part of the job stays behind (a
+        writer still running after the wait removes its own when it ends)."""
+        _mark_ended(self.path, self.job)
         deadline = time.monotonic() + DISCARD_WAIT_S
         discard_parts(self.path, self.job)
         while self.job in pending_jobs(self.path) and time.monotonic() < deadline:
             time.sleep(0.1)
             discard_parts(self.path, self.job)
+
+
+def _ended_mark(path: str, job: str) -> Path:
+    return Path(path) / PARTS_DIR / ENDED_DIR / job
+
+
+def _ended(path: str, job: str) -> bool:
+    return _ended_mark(path, job).exists()
+
+
+def _mark_ended(path: str, job: str) -> None:
+    """Record that ``job`` was committed or aborted (an empty file ``_parts/.spark-ended/<job>``, which
+    readers and the parts functions ignore); marks older than ``ENDED_KEEP_S`` are removed."""
+    mark = _ended_mark(path, job)
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.touch()
+    now = time.time()
+    for old in mark.parent.iterdir():
+        try:
+            if now - old.stat().st_mtime > ENDED_KEEP_S:
+                old.unlink()
+        except OSError:
+            pass
 
 
 def _remove_if_empty(path: str) -> None:
