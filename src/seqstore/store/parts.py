@@ -74,6 +74,7 @@ from ..format.shard_table import (
     row_dtype,
     shard_dir_name,
 )
+from ..io.objects import is_remote
 from ..schema import Schema
 from .commit import (
     _append_row,
@@ -237,6 +238,14 @@ def _staged_schema(staged: Mapping[str, Any]) -> Schema:
     return Schema.from_json(staged["schema"])
 
 
+def _local_root(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None) -> Path:
+    """``path`` as a local directory (``file://`` stripped); storage_options belong to URLs only."""
+    if storage_options:
+        raise ValueError(f"{path}: storage_options are for URLs of object storage, not local paths")
+    text = os.fspath(path)
+    return Path(text[len("file://") :] if text.startswith("file://") else text)
+
+
 def prepare_store(
     path: str | os.PathLike[str],
     schema: Mapping[str, Any] | Schema,
@@ -244,6 +253,7 @@ def prepare_store(
     metadata: Mapping[str, Any] | None = None,
     id_lookup: str = "first",
     mode: str = "create",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Driver side, before the tasks start: make ``path`` ready for the job's :class:`PartWriter`\\ s.
 
@@ -255,10 +265,19 @@ def prepare_store(
     are staged (``_parts/.staged.json``) and installed by the ``commit_parts(..., mode="overwrite")``
     that replaces the store's shards, so readers see the old store until that commit. Run one
     overwrite job at a time, and no plain writer of the old schema while it runs.
+
+    A URL of object storage (``s3://``, ``gs://``, ``az://``; with ``storage_options``) is prepared by
+    :func:`seqstore.store.remote_parts.prepare_store`, and so are the functions below for a URL.
     """
+    if is_remote(path):
+        from . import remote_parts
+
+        remote_parts.prepare_store(os.fspath(path), schema, metadata=metadata, id_lookup=id_lookup, mode=mode,
+                                   storage_options=storage_options)
+        return
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    root = Path(path)
+    root = _local_root(path, storage_options)
     sch = _checked_schema(schema, None, id_lookup)
     exists = (root / MANIFEST).exists()
     if not exists and root.exists() and (not root.is_dir() or any(root.iterdir())):
@@ -303,7 +322,20 @@ class PartWriter(Writer):
     its :class:`Part`; nothing becomes visible until the driver's :func:`commit_parts`. :meth:`abort`
     (also on leaving a ``with`` block by an exception, or without ``finish``) deletes the part.
     The schema is the store's, or the one staged by ``prepare_store(..., mode="overwrite")``.
+
+    For a URL of object storage ``PartWriter(url, ..., storage_options=...)`` makes a
+    :class:`~seqstore.store.remote_parts.RemotePartWriter` (shards staged locally and uploaded into
+    the store's ``_parts/<job>/<task>/``; it also takes ``staging_dir`` and ``upload_workers``).
     """
+
+    def __new__(cls, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> PartWriter:
+        if cls is PartWriter and is_remote(path):
+            from .remote_parts import RemotePartWriter
+
+            return super().__new__(RemotePartWriter)
+        if cls is PartWriter and (kwargs.get("storage_options") or kwargs.get("staging_dir") is not None):
+            raise ValueError(f"{path}: storage_options and staging_dir are for URLs of object storage, not local paths")
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -315,12 +347,14 @@ class PartWriter(Writer):
         buffer_bytes: int = 64 << 20,
         max_shard_records: int = 1 << 24,
         direct_io: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        staging_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.job = _check_name(job, "job")
         self.task = _check_name(task, "task")
         self._part_shards: list[PartShard] = []
         self._part: Part | None = None
-        super().__init__(Path(path), shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
+        super().__init__(_local_root(path, storage_options), shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
                          max_shard_records=max_shard_records, direct_io=direct_io)
         self._has_ids = None  # parts are independent of the store's shards until the commit checks them
         self._records_before = 0
@@ -448,6 +482,7 @@ def commit_parts(
     parts: Iterable[Part | Mapping[str, Any]],
     *,
     mode: str = "append",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> int:
     """Driver side: commit every shard of ``parts`` with one manifest commit; returns the records committed.
 
@@ -466,9 +501,13 @@ def commit_parts(
     ids (or differ from the store's, appending). Checks each shard's descriptor against its CRC-32:
     O(parts + shards) file operations and memory; nothing here grows with the records.
     """
+    if is_remote(path):
+        from . import remote_parts
+
+        return remote_parts.commit_parts(os.fspath(path), parts, mode=mode, storage_options=storage_options)
     if mode not in ("append", "overwrite"):
         raise ValueError(f"mode must be 'append' or 'overwrite', got {mode!r}")
-    root = Path(path)
+    root = _local_root(path, storage_options)
     plist = [_as_part(p) for p in parts]
     seen: set[tuple[str, str]] = set()
     for p in plist:
@@ -691,14 +730,24 @@ def recover_journal(root: Path) -> None:
 # ----------------------------------------------------------------------------------------- clean-up
 
 
-def discard_parts(path: str | os.PathLike[str], parts_or_job: str | Iterable[Part | Mapping[str, Any]]) -> None:
+def discard_parts(
+    path: str | os.PathLike[str],
+    parts_or_job: str | Iterable[Part | Mapping[str, Any]],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
     """Driver side: delete parts that will not be committed (an aborted or failed job), or what a job
     left after its commit. Takes a job id or parts; acts on whole jobs: every task directory of the
     job(s) not held by a live PartWriter goes (the parts, attempts killed mid-write that never
     reported, finished attempts nobody committed, the ``committed.json`` records of committed parts),
     then the job's directory when nothing live is left. Committed shards are never touched. Call it
     once the job's tasks have stopped. O(tasks of the job)."""
-    root = Path(path)
+    if is_remote(path):
+        from . import remote_parts
+
+        remote_parts.discard_parts(os.fspath(path), parts_or_job, storage_options=storage_options)
+        return
+    root = _local_root(path, storage_options)
     if isinstance(parts_or_job, str):
         jobs = {_check_name(parts_or_job, "job")}
     else:
@@ -727,18 +776,28 @@ def _discard_job(job_dir: Path) -> bool:
     return True
 
 
-def pending_jobs(path: str | os.PathLike[str]) -> list[str]:
+def pending_jobs(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The job ids that have a directory in the store's parts area (pending, failed or not discarded)."""
-    parts = Path(path) / PARTS_DIR
+    if is_remote(path):
+        from . import remote_parts
+
+        return remote_parts.pending_jobs(os.fspath(path), storage_options=storage_options)
+    parts = _local_root(path, storage_options) / PARTS_DIR
     if not parts.is_dir():
         return []
     return sorted(e.name for e in os.scandir(parts) if e.is_dir() and not e.name.startswith("."))
 
 
-def clean_parts(path: str | os.PathLike[str], *, older_than: float) -> list[str]:
+def clean_parts(
+    path: str | os.PathLike[str], *, older_than: float, storage_options: Mapping[str, Any] | None = None
+) -> list[str]:
     """Discard every job of the store none of whose files changed in the last ``older_than`` seconds
     and none of whose tasks has a live PartWriter (jobs whose driver died); returns the jobs removed."""
-    root = Path(path)
+    if is_remote(path):
+        from . import remote_parts
+
+        return remote_parts.clean_parts(os.fspath(path), older_than=older_than, storage_options=storage_options)
+    root = _local_root(path, storage_options)
     now = time.time()
     removed = []
     with store_lock(root):
