@@ -8,6 +8,13 @@ the directory is renamed into place. So the records are in input order, whatever
 workers, and a failure anywhere (a worker's exception, a worker killed) leaves nothing: the
 temporary directory, parts included, is deleted and ``out`` is as before.
 
+A URL of object storage as ``out`` (``s3://``...; ``storage_options``) is written in place: the
+store is prepared there (``create``, or ``overwrite`` staging the new schema), each worker uploads
+its part into the store's staging prefix (store/remote_parts.py), the parts are committed in unit
+order with one conditional manifest write, and the job's staging objects are deleted. A failure
+discards every part; a store the conversion created is deleted again, an existing one (overwrite)
+is left as it was.
+
 Workers are started with ``forkserver`` (``spawn`` where there is none): never a fork of the
 driver, whose threads and open files a forked child would inherit. Each worker reports its
 progress through a queue, which one driver thread feeds into the single progress callback.
@@ -16,6 +23,7 @@ progress through a queue, which one driver thread feeds into the single progress
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import threading
@@ -25,11 +33,23 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import RemoteError, SeqstoreError
+from ..io.objects import is_remote
 from ..schema import Schema
 from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, prepare_store
-from ._common import Progress, announce_total, check_output, install_output, remove_path, temp_sibling
+from ._common import (
+    OutputExistsError,
+    Progress,
+    announce_total,
+    check_output,
+    install_output,
+    remove_path,
+    temp_sibling,
+)
 
 __all__ = ["convert_in_parallel", "Job"]
+
+log = logging.getLogger(__name__)
 
 
 class Job(Protocol):
@@ -52,9 +72,10 @@ def _report(n: int) -> None:
         _queue.put(n)
 
 
-def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int) -> Part:
+def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int,
+                storage_options: Mapping[str, Any] | None = None) -> Part:
     """Worker: one unit as one part."""
-    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes)
+    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options)
     try:
         job.write(w, segments, _report)
         return w.finish()
@@ -82,10 +103,15 @@ def convert_in_parallel(
     metadata: Mapping[str, Any] | None,
     workers: int,
     progress: Progress | None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
     ``workers`` processes; all or nothing (see the module docs). ``total`` is announced to
     ``progress`` once the output path is checked."""
+    if is_remote(out):
+        _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
+                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options)
+        return
     root = Path(out)
     check_output(root, overwrite)
     tmp = temp_sibling(root, "tmp")
@@ -93,35 +119,7 @@ def convert_in_parallel(
     try:
         prepare_store(tmp, schema, metadata=metadata, mode="create")
         announce_total(progress, total)
-        ctx = _context()
-        queue = ctx.Queue()
-
-        def pump() -> None:  # the workers' progress into the one callback
-            while True:
-                n = queue.get()
-                if n is None:
-                    return
-                if progress is not None:
-                    progress(n)
-
-        feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
-        feeder.start()
-        try:
-            with ProcessPoolExecutor(max_workers=max(1, min(workers, len(units))), mp_context=ctx,
-                                     initializer=_init, initargs=(queue,)) as pool:
-                futures: list[Future[Part]] = [
-                    pool.submit(_write_unit, str(tmp), job_id, f"u{k:06d}", job, segs, shard_bytes)
-                    for k, (job, segs) in enumerate(units)
-                ]
-                try:
-                    parts = [f.result() for f in futures]  # in unit order; the first failure raises
-                except BaseException:
-                    for f in futures:
-                        f.cancel()
-                    raise
-        finally:
-            queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
-            feeder.join()
+        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None)
         commit_parts(tmp, parts)
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
@@ -130,3 +128,88 @@ def convert_in_parallel(
     except BaseException:
         remove_path(tmp)
         raise
+
+
+def _convert_to_url(
+    url: str,
+    schema: Schema,
+    units: Sequence[tuple[Job, Any]],
+    total: int,
+    *,
+    overwrite: bool,
+    shard_bytes: int,
+    metadata: Mapping[str, Any] | None,
+    workers: int,
+    progress: Progress | None,
+    storage_options: Mapping[str, Any] | None,
+) -> None:
+    """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
+    from ..store import remote_parts
+    from ..store.remote_writer import existing_manifest
+
+    existed = existing_manifest(url, storage_options) is not None
+    if existed and not overwrite:
+        raise OutputExistsError(url)
+    try:
+        prepare_store(url, schema, metadata=metadata, mode="overwrite" if overwrite else "create",
+                      storage_options=storage_options)
+    except FileExistsError:  # another process created it since
+        raise OutputExistsError(url) from None
+    job_id = f"convert-{uuid.uuid4().hex[:12]}"
+    try:
+        announce_total(progress, total)
+        parts = _run(url, job_id, units, shard_bytes, workers, progress, storage_options)
+        commit_parts(url, parts, mode="overwrite" if overwrite else "append", storage_options=storage_options)
+    except BaseException:
+        try:
+            discard_parts(url, job_id, storage_options=storage_options)
+            if not existed:
+                remote_parts.remove_if_empty(url, storage_options=storage_options)
+            elif overwrite:
+                remote_parts.unstage(url, storage_options=storage_options)
+        except (SeqstoreError, RemoteError) as exc:  # the conversion's own error is the one to report
+            log.warning("%s: could not remove what the failed conversion left (%s)", url, exc)
+        raise
+    discard_parts(url, job_id, storage_options=storage_options)  # the parts' committed.json records
+
+
+def _run(
+    store: str,
+    job_id: str,
+    units: Sequence[tuple[Job, Any]],
+    shard_bytes: int,
+    workers: int,
+    progress: Progress | None,
+    storage_options: Mapping[str, Any] | None,
+) -> list[Part]:
+    """Write every unit as a part with ``workers`` processes; the parts in unit order."""
+    ctx = _context()
+    queue = ctx.Queue()
+
+    def pump() -> None:  # the workers' progress into the one callback
+        while True:
+            n = queue.get()
+            if n is None:
+                return
+            if progress is not None:
+                progress(n)
+
+    feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
+    feeder.start()
+    try:
+        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(units))), mp_context=ctx,
+                                 initializer=_init, initargs=(queue,)) as pool:
+            futures: list[Future[Part]] = [
+                pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options)
+                for k, (job, segs) in enumerate(units)
+            ]
+            try:
+                parts = [f.result() for f in futures]  # in unit order; the first failure raises
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
+        feeder.join()
+    return parts

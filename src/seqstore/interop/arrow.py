@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
+from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store, split_by_budget
@@ -325,7 +326,11 @@ def _import(
     overwrite: bool,
     progress: Progress | None,
     workers: int = 1,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
+    remote = is_remote(out)
+    if storage_options and not remote:
+        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
     pa = _pa()
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not given:
@@ -378,13 +383,14 @@ def _import(
 
     job = _ArrowJob(fmt, [s.path for s in srcs], mapping, plans, inner, id_column, chunk_bytes)
     total = sum(src.count_rows() for src in srcs)
-    units = [(job, segs) for segs in _arrow_units(srcs, total, workers)] if workers > 1 else []
-    if len(units) > 1:
+    units = [(job, segs) for segs in _arrow_units(srcs, total, workers)] if workers > 1 or remote else []
+    if len(units) > 1 or remote:  # a URL: always as parts (tasks upload, one commit)
         from ._parallel import convert_in_parallel
 
         convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                            metadata={METADATA_KEY: meta}, workers=workers, progress=progress)
-        return open_store(out)
+                            metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
+                            storage_options=storage_options)
+        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, total)
@@ -468,6 +474,7 @@ def import_arrow(
     overwrite: bool = False,
     progress: Progress | None = None,
     workers: int = 1,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
     """Import Arrow IPC files (file or stream format) or directories of them (e.g. a Hugging Face
     ``Dataset.save_to_disk`` directory) into one new store at ``out``, and open it.
@@ -482,9 +489,14 @@ def import_arrow(
     ``workers > 1`` converts in that many processes (record batches, or Parquet row groups, split into
     about ``4 x workers`` runs in file order, each written as a part, one commit at the end;
     docs/distributed.md): the same records in the same order, only the shard boundaries differ.
+
+    ``out`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``, with ``storage_options``):
+    the workers upload their parts into the store and one commit makes them visible; a failure leaves
+    no store (or the existing one, with ``overwrite``, as it was).
     """
     return _import(sources, out, "arrow", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
-                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers)
+                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers,
+                   storage_options=storage_options)
 
 
 def import_parquet(
@@ -498,8 +510,10 @@ def import_parquet(
     overwrite: bool = False,
     progress: Progress | None = None,
     workers: int = 1,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
     """Import Parquet files (or directories of ``.parquet`` files) into one new store at ``out``; as
     :func:`import_arrow`, reading batches of about ``chunk_bytes`` (from the row groups' sizes)."""
     return _import(sources, out, "parquet", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
-                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers)
+                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers,
+                   storage_options=storage_options)

@@ -98,6 +98,17 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
+    """``-o KEY=VALUE`` options of the output URL's client (None when there are none)."""
+    out: dict[str, str] = {}
+    for item in getattr(args, "storage_option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SeqstoreError(f"--storage-option {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out or None
+
+
 def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
     paths = list(args.paths)
     if len(paths) < 2:
@@ -115,6 +126,7 @@ def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
     return import_hdf(
         srcs, out, rename=_parse_map(args.rename, "--rename"), chunk_bytes=args.chunk_mb << 20,
         shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress, workers=args.workers,
+        storage_options=_storage_options(args),
     )
 
 
@@ -135,7 +147,7 @@ def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
         return fn(
             srcs, out, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
             chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-            progress=progress, workers=args.workers,
+            progress=progress, workers=args.workers, storage_options=_storage_options(args),
         )
 
     return run
@@ -324,6 +336,9 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
     conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    conv.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="returnn-hdf/parquet/arrow into a URL (s3://, gs://, az://): an option of its client, e.g. "
+                      "endpoint=http://127.0.0.1:9000 (repeatable; credentials are better left to the environment)")
     conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
                       help="returnn-hdf/parquet/arrow: worker processes (default: the number of cores, "
                       f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "

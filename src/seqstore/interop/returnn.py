@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import SchemaError
+from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from ._common import (
@@ -384,6 +385,7 @@ def import_hdf(
     overwrite: bool = False,
     progress: Progress | None = None,
     workers: int = 1,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
     """Convert one or more RETURNN HDF files into one new store at ``out`` and open it.
 
@@ -404,8 +406,12 @@ def import_hdf(
 
     ``workers > 1`` converts in that many processes (the sequences cut into about ``4 x workers`` runs
     in file order, each written as a part, one commit at the end; docs/distributed.md): the same
-    records in the same order, only the shard boundaries differ.
+    records in the same order, only the shard boundaries differ. ``out`` may be a URL of object storage
+    (with ``storage_options``): the workers upload their parts into the store, one commit at the end.
     """
+    remote = is_remote(out)
+    if storage_options and not remote:
+        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
     paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not paths:
         raise ValueError("import_hdf: no source files given")
@@ -415,14 +421,14 @@ def import_hdf(
     schema, meta = _merge_schema(infos, dict(rename or {}))
     fields = {v["hdf_key"]: name for name, v in meta["streams"].items()}
     job = _HdfJob(list(infos), fields, chunk_bytes)
-    units = [(job, segs) for segs in _hdf_units(infos, workers)] if workers > 1 else []
-    if len(units) > 1:
+    units = [(job, segs) for segs in _hdf_units(infos, workers)] if workers > 1 or remote else []
+    if len(units) > 1 or remote:  # a URL: always as parts (tasks upload, one commit)
         from ._parallel import convert_in_parallel
 
         convert_in_parallel(out, schema, units, sum(info.total_bytes for info in infos), overwrite=overwrite,
                             shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                            progress=progress)
-        return open_store(out)
+                            progress=progress, storage_options=storage_options)
+        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, sum(info.total_bytes for info in infos))

@@ -113,6 +113,7 @@ __all__ = [
     "pending_jobs",
     "prepare_store",
     "remove_if_empty",
+    "unstage",
 ]
 
 log = logging.getLogger(__name__)
@@ -760,6 +761,12 @@ def clean_parts(url: str, *, older_than: float, storage_options: Mapping[str, An
     marks = [m.key for m in client.list(ENDED_DIR) if m.mtime and now - m.mtime > ENDED_KEEP_S]
     _delete_all(client, marks)
     return removed
+
+
+def unstage(url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Delete the schema/metadata ``prepare_store(..., mode="overwrite")`` staged (an overwrite job that
+    failed: later jobs then write the store's own schema again)."""
+    _delete_quietly(ObjectClient(url, storage_options), STAGED_KEY)
 
 
 def remove_if_empty(url: str, *, storage_options: Mapping[str, Any] | None = None) -> bool:
