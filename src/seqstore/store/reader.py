@@ -443,6 +443,7 @@ class Store:
         self._load(_load_manifest(self.root))
 
     def _load(self, manifest: Manifest) -> None:
+        old_table: Any = getattr(self, "_table", None)
         self._manifest = manifest
         self.schema: Schema = manifest.schema
         # the shards as numpy columns: the mapped shard table of a version-3 store (nothing is built per
@@ -451,8 +452,11 @@ class Store:
         self._starts = self._table.starts  # (num_shards,) first record of each shard: a view, no total at the end
         self._start_index = self._table.start_index()  # the same as Python ints, for bisect
         self._n = self._table.total
-        for k in [k for k in self._shards if k >= len(self._table)]:  # a replaced manifest may have fewer
-            del self._shards[k]
+        # a mapped shard stays only if the new manifest lists the same shard at its position (an overwrite
+        # replaces the shards: same positions, other shards), with the same records
+        for k in list(self._shards):
+            if k >= len(self._table) or not self._same_shard(k, self._shards[k], old_table):
+                del self._shards[k]
         self._last: tuple[int, Any] = (-1, None)  # (shard number, _Shard) of the last _shard call
         self._max_mapped = self._max_mapped_opt or _mapped_shard_limit(self.schema)
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
@@ -462,6 +466,17 @@ class Store:
         self._nest_paths: list[tuple[str, tuple[str, ...]]] | None = None
 
     # ------------------------------------------------------------------------------------ basics
+
+    def _same_shard(self, k: int, sh: _Shard, old_table: Any) -> bool:
+        """Whether shard position ``k`` of the manifest just loaded holds mapped shard ``sh`` (a version-3
+        table row, which carries the CRC of the shard's descriptor, equal to the row it was mapped from)."""
+        m = self._manifest
+        if m.table is not None:
+            if old_table is None or k >= len(old_table.data):
+                return False
+            return bool(old_table.data[k].tobytes() == self._table.data[k].tobytes())
+        info = m.shards[k]
+        return info.name == sh.info.name and info.records == sh.info.records and info.files == sh.info.files
 
     def __len__(self) -> int:
         return self._n
