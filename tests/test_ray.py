@@ -82,9 +82,11 @@ def _dataset(n: int = N, blocks: int = BLOCKS, fn: Any = _rows, **kw: Any) -> An
     return ray.data.range(n, override_num_blocks=blocks).map_batches(fn, **kw)
 
 
-def _check_exactly_once(path: Path, expected: range, order: bool = True) -> None:
-    """Every number in ``expected`` is in the store exactly once, with its id and values."""
-    st = seqstore.open(path)
+def _check_exactly_once(path: Path | str, expected: range, order: bool = True, opts: Any = None,
+                        cache: Path | None = None) -> None:
+    """Every number in ``expected`` is in the store exactly once, with its id and values (``opts``,
+    ``cache``: a store at a URL, its storage_options and node cache)."""
+    st = seqstore.open(path, storage_options=opts, cache_dir=cache) if opts else seqstore.open(path)
     assert len(st) == len(expected)
     nums = st.get_batch(np.arange(len(st)), fields=["num"])["num"]
     if order:
@@ -97,7 +99,7 @@ def _check_exactly_once(path: Path, expected: range, order: bool = True) -> None
         np.testing.assert_array_equal(rec["feat"], _feat(i))
         np.testing.assert_array_equal(rec["labels"], _labels(i))
         np.testing.assert_array_equal(rec["vec"], np.array([i, 2 * i, 3 * i], np.float32))
-    assert pending_jobs(path) == []  # no part of the job is left in the store
+    assert pending_jobs(path, storage_options=opts) == []  # no part of the job is left in the store
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -177,6 +179,24 @@ def test_failed_job_leaves_nothing(ray_local: None, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="injected failure"):
         sray.write(_dataset(fn=_fail_at, fn_kwargs={"at": 0}), fresh, id_column="key")
     assert not fresh.exists()
+
+
+def test_write_to_s3(ray_local: None, moto_s3: Any, s3_bucket: str, tmp_path: Path) -> None:
+    """Write tasks upload their parts into an s3:// store (moto), one commit; a failed append job
+    leaves the store as it was and no staging object; a failed job that creates a store leaves none."""
+    url = f"s3://{s3_bucket}/ray.seqstore"
+    opts = moto_s3.storage_options()
+    assert sray.write(_dataset(300, 3), url, id_column="key", max_shard_records=64, storage_options=opts) == 300
+    _check_exactly_once(url, range(300), opts=opts, cache=tmp_path / "c")
+    ds = _dataset(300, 3, fn=_fail_at, batch_size=50, fn_kwargs={"at": 150})
+    with pytest.raises(Exception, match="injected failure at record 150"):
+        sray.write(ds, url, id_column="key", mode="append", max_shard_records=40, storage_options=opts)
+    _check_exactly_once(url, range(300), opts=opts, cache=tmp_path / "c2")
+    assert not [k for k in moto_s3.keys(s3_bucket, "ray.seqstore/_parts/") if "/_parts/.ended/" not in k]
+    with pytest.raises(Exception, match="injected failure"):
+        sray.write(_dataset(fn=_fail_at, fn_kwargs={"at": 0}), f"s3://{s3_bucket}/fresh.seqstore", id_column="key",
+                   storage_options=opts)
+    assert moto_s3.keys(s3_bucket, "fresh.seqstore/") == {}
 
 
 def test_append_and_overwrite(ray_local: None, tmp_path: Path) -> None:

@@ -7,6 +7,9 @@ uncommitted shard(s) with a :class:`~seqstore.store.parts.PartWriter` and return
 the write tasks with one manifest commit: the rows appear all at once. A task attempt that dies or is
 retried reports nothing, so its shards are never committed (they are removed with the job's orphans);
 ``on_write_failed`` removes every part of the job: a failed job leaves the store as it was.
+A URL of object storage (``s3://``..., with ``storage_options``) works the same way: each task
+attempt uploads its part into the store's staging prefix (:mod:`seqstore.store.remote_parts`) and
+the driver's one conditional manifest write commits them.
 
 :func:`read` returns a Dataset over a ``Datasource`` whose read tasks each cover a range of records
 (the store's order) or, with ``ordering=``, a range of positions of that epoch's order: each task
@@ -62,6 +65,7 @@ from ..data import StoreDataset
 from ..errors import SchemaError, SeqstoreError
 from ..format.manifest import Manifest
 from ..interop.arrow import _convert, _fixed_shape, _flatten_fixed, _Plan, _plan, _storage_type
+from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
 from ..store import Store, open_store
@@ -402,8 +406,10 @@ class _StoreDatasink(_SinkBase):
         shard_bytes: int,
         max_shard_records: int,
         metadata: Mapping[str, Any] | None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = root
+        self.storage_options = dict(storage_options) if storage_options else None
         self.schema = schema
         self.id_column = id_column
         self.mode = mode
@@ -419,7 +425,8 @@ class _StoreDatasink(_SinkBase):
 
     def _prepare(self) -> None:
         if not self._prepared:
-            prepare_store(self.root, self.schema, metadata=self.metadata, mode=self.mode)
+            prepare_store(self.root, self.schema, metadata=self.metadata, mode=self.mode,
+                          storage_options=self.storage_options)
             self._prepared = True
 
     def on_write_start(self, schema: Any = None) -> None:
@@ -428,7 +435,8 @@ class _StoreDatasink(_SinkBase):
     def write(self, blocks: Iterable[Block], ctx: Any) -> tuple[int, Part]:
         task = int(ctx.task_idx)
         writer = PartWriter(self.root, job=self.job, task=f"t{task:08d}-{uuid.uuid4().hex[:12]}",
-                            shard_bytes=self.shard_bytes, max_shard_records=self.max_shard_records)
+                            shard_bytes=self.shard_bytes, max_shard_records=self.max_shard_records,
+                            storage_options=self.storage_options)
         try:
             for block in blocks:
                 table = BlockAccessor.for_block(block).to_arrow()
@@ -446,8 +454,10 @@ class _StoreDatasink(_SinkBase):
         self._prepare()  # an empty dataset starts no write task
         reported = sorted((r for r in write_result.write_returns if r is not None), key=lambda r: r[0])
         self.records = commit_parts(self.root, [part for _, part in reported],
-                                    mode="overwrite" if self.mode == "overwrite" else "append")
-        discard_parts(self.root, self.job)  # attempts that died or were retried, never reported
+                                    mode="overwrite" if self.mode == "overwrite" else "append",
+                                    storage_options=self.storage_options)
+        # attempts that died or were retried, never reported
+        discard_parts(self.root, self.job, storage_options=self.storage_options)
 
     def on_write_failed(self, error: Exception) -> None:
         if not self._prepared:
@@ -455,10 +465,16 @@ class _StoreDatasink(_SinkBase):
         # Ray cancels the job's running tasks as it fails; one still stopping holds its part (a live
         # PartWriter, which discard_parts leaves alone): try again while it aborts
         for _ in range(_DISCARD_TRIES):
-            discard_parts(self.root, self.job)
-            if self.job not in pending_jobs(self.root):
+            discard_parts(self.root, self.job, storage_options=self.storage_options)
+            if self.job not in pending_jobs(self.root, storage_options=self.storage_options):
                 break
             time.sleep(0.2)
+        if is_remote(self.root):
+            if self.mode == "create":  # the store this job created, if still empty
+                from ..store.remote_parts import remove_if_empty
+
+                remove_if_empty(self.root, storage_options=self.storage_options)
+            return
         if self.mode == "create" and self._created_empty():
             shutil.rmtree(self.root, ignore_errors=True)  # the store this job created, still empty
 
@@ -511,13 +527,15 @@ def write(
     task's blocks in order, tasks in order). With False (and the context's own setting False) Ray
     feeds the write tasks as upstream tasks finish; the store holds the blocks in the order the
     write tasks received them (the Dataset's order still where the write is fused with its input).
+
+    ``path`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``) with ``storage_options``
+    (its client's options, as :func:`seqstore.open` takes them; they travel to the write tasks, so
+    prefer credentials from the workers' environment): every write task, on any machine, uploads its
+    part into the store and the driver commits them with one conditional manifest write.
     """
     mode = _check_mode(mode)
-    if storage_options is not None:
-        raise NotImplementedError(
-            f"{path}: storage_options are for remote stores, which seqstore.ray.write does not support yet; "
-            "write to a filesystem path every Ray worker can reach (a shared filesystem)"
-        )
+    if storage_options and not is_remote(path):
+        raise ValueError(f"{path}: storage_options are for URLs of object storage, not local paths")
     if shard_bytes <= 0 or max_shard_records <= 0:
         raise ValueError("shard_bytes and max_shard_records must be positive")
     root = os.fspath(path)
@@ -537,7 +555,7 @@ def write(
             raise SchemaError(f"{_WHERE} is empty: no rows to infer fields from; pass schema= ({root})")
         sch = infer_schema(sample.schema, sample, id_column=id_column)
     sink = _StoreDatasink(root, sch, id_column=id_column, mode=mode, shard_bytes=shard_bytes,
-                          max_shard_records=max_shard_records, metadata=metadata)
+                          max_shard_records=max_shard_records, metadata=metadata, storage_options=storage_options)
     options = ds.context.execution_options
     before = options.preserve_order
     options.preserve_order = before or preserve_order  # for this write only
