@@ -110,7 +110,7 @@ def _leftovers(path: Path) -> list[str]:
     return left
 
 
-def _write(df: Any, path: Path, mode: str = "append", **options: str) -> None:
+def _write(df: Any, path: Path | str, mode: str = "append", **options: str) -> None:
     w = df.write.format("seqstore").mode(mode)
     for k, v in options.items():
         w = w.option(k, v)
@@ -258,6 +258,44 @@ def test_failed_job_leaves_nothing(spark: Any, tmp_path: Path) -> None:
         assert _leftovers(old) == []
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def test_write_to_s3(spark: Any, moto_s3: Any, s3_bucket: str, tmp_path: Path) -> None:
+    """Write tasks upload their parts into an s3:// store (moto); the client options come as
+    storage.<key> options and the storageOptions JSON; a failed append leaves the store as it was and
+    no staging object."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    url = f"s3://{s3_bucket}/spark.seqstore"
+    opts = moto_s3.storage_options()
+    secret = {"secret_access_key": opts.pop("secret_access_key")}
+    client = {f"storage.{k}": v for k, v in opts.items()}
+    _write(_frame(spark, n=500), url, idColumn="key", schema=MAT_SCHEMA, maxShardRecords="100",
+           storageOptions=json.dumps(secret), **client)
+    cache = tmp_path / "cache"
+    store = seqstore.open(url, storage_options=moto_s3.storage_options(), cache_dir=cache)
+    local = tmp_path / "local"
+    _write(_frame(spark, n=500), local, idColumn="key", schema=MAT_SCHEMA)
+    _check_rows(local, 500)
+    want = seqstore.open(local)
+    assert len(store) == 500 and [store.id(i) for i in range(500)] == [want.id(i) for i in range(500)]
+    got, ref = store.get_batch(np.arange(500)), want.get_batch(np.arange(500))
+    for name in ref:
+        for x, y in zip(got[name] if isinstance(got[name], tuple) else (got[name],),
+                        ref[name] if isinstance(ref[name], tuple) else (ref[name],)):
+            np.testing.assert_array_equal(x, y)
+    assert store.num_shards >= PARTITIONS
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        failing = _frame(spark)  # partition 1 fails after 5 batches of 50 rows, in every attempt
+        failing = failing.mapInArrow(_fail_partition(1, attempts=99), failing.schema)
+        with pytest.raises((Py4JJavaError, PySparkException), match="injected failure in partition 1"):
+            _write(failing, url, idColumn="key", maxShardRecords="60", storageOptions=json.dumps(secret), **client)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert len(seqstore.open(url, storage_options=moto_s3.storage_options(), cache_dir=cache)) == 500
+    assert not [k for k in moto_s3.keys(s3_bucket, "spark.seqstore/_parts/") if "/_parts/.ended/" not in k]
 
 
 def test_append_overwrite_errorifexists(spark: Any, tmp_path: Path) -> None:

@@ -23,6 +23,12 @@ Spark 4 lets a Python data source be written only in the ``append`` and ``overwr
 itself rejects ``errorifexists``, its default, and ``ignore`` with ``UNSUPPORTED_DATA_SOURCE_SAVE_MODE``
 before the source is asked), so the ``errorifexists`` semantics are the option
 ``.mode("append").option("errorIfExists", "true")``, which :func:`write` sets for ``mode="errorifexists"``.
+A URL of object storage (``s3://``, ``gs://``, ``az://``) is written the same way: each write task
+uploads its part into the store's staging prefix (:mod:`seqstore.store.remote_parts`) and ``commit``
+makes them visible with one conditional manifest write. The client's options come from the option
+``storageOptions`` (a JSON object) and from options named ``storage.<key>`` (one per key; Spark's
+default redaction hides the values of keys such as ``storage.secret_access_key`` in its UI and logs).
+
 See docs/distributed.md (section Spark) for the options and the type mapping.
 """
 
@@ -44,9 +50,11 @@ import numpy as np
 from ..errors import FormatError, SchemaError
 from ..format.manifest import MANIFEST
 from ..interop import arrow as _arrow
+from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
 from ..store import Store, open_store
 from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+from ..store.remote_writer import existing_manifest
 
 try:
     from pyspark import TaskContext
@@ -128,6 +136,27 @@ def _opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
         return json.loads(str(raw))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: option {key} is not JSON ({exc}): {str(raw)[:200]!r}") from None
+
+
+#: prefix of the options that are single keys of the remote store's client (``storage.endpoint``)
+STORAGE_PREFIX = "storage."
+
+
+def _storage_options(options: Mapping[str, str], path: str, where: str) -> dict[str, Any] | None:
+    """The client options of a store at a URL: the ``storageOptions`` JSON object, then every
+    ``storage.<key>`` option (None when there are none); refused for a local path."""
+    out: dict[str, Any] = {}
+    obj = _opt_json(options, "storageOptions", where)
+    if obj is not None:
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: option storageOptions must be a JSON object")
+        out.update(obj)
+    for key, value in options.items():
+        if str(key).lower().startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+            out[str(key)[len(STORAGE_PREFIX):]] = value
+    if out and not is_remote(path):
+        raise ValueError(f"{where}: storageOptions / storage.* options are for URLs of object storage, not local paths")
+    return out or None
 
 
 def _path(options: Mapping[str, str]) -> str:
@@ -334,8 +363,10 @@ class _Writer(DataSourceArrowWriter):
     """Made on the driver by :meth:`DataSource.writer`, pickled to every write task and to the commit."""
 
     def __init__(self, path: str, job: str, columns: list[_Column], id_column: str | None, mode: str,
-                 created: bool, shard_bytes: int | None, max_shard_records: int | None) -> None:
+                 created: bool, shard_bytes: int | None, max_shard_records: int | None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self.path = path
+        self.storage_options = dict(storage_options) if storage_options else None
         self.job = job
         self.columns = columns
         self.id_column = id_column
@@ -355,7 +386,7 @@ class _Writer(DataSourceArrowWriter):
             kwargs["shard_bytes"] = self.shard_bytes
         if self.max_shard_records is not None:
             kwargs["max_shard_records"] = self.max_shard_records
-        w = PartWriter(self.path, job=self.job, task=task, **kwargs)
+        w = PartWriter(self.path, job=self.job, task=task, storage_options=self.storage_options, **kwargs)
         try:
             if _ended(self.path, self.job):  # checked once this attempt's part exists (see _end)
                 raise RuntimeError(f"{where}: the Spark job {self.job} ended (committed or aborted) before this "
@@ -374,6 +405,7 @@ class _Writer(DataSourceArrowWriter):
             raise
         if _ended(self.path, self.job):  # too late to be committed: nobody else may be left to remove it
             discard_parts(self.path, self.job)
+        # (a URL: the remote PartWriter checks the job's end mark itself and removes its own objects)
         return _Message(partition, attempt, part)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -381,13 +413,13 @@ class _Writer(DataSourceArrowWriter):
         if len(got) != len(messages):  # Spark calls commit only when every task succeeded
             raise RuntimeError(f"{self.path}: Spark commit with {len(messages) - len(got)} missing task messages")
         got.sort(key=lambda m: m.partition)
-        commit_parts(self.path, [m.part for m in got], mode=self.mode)
+        commit_parts(self.path, [m.part for m in got], mode=self.mode, storage_options=self.storage_options)
         self._end()  # parts of attempts Spark did not report (failed, killed, speculative)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._end()
         if self.created:
-            _remove_if_empty(self.path)
+            _remove_if_empty(self.path, self.storage_options)
 
     def _end(self) -> None:
         """Mark the job ended, then remove every part of it that was not committed.
@@ -399,11 +431,12 @@ class _Writer(DataSourceArrowWriter):
         to ``DISCARD_WAIT_S`` for live ones. Whatever the order, no part of the job stays behind (a
         writer still running after the wait removes its own when it ends)."""
         _mark_ended(self.path, self.job)
+        so = self.storage_options
         deadline = time.monotonic() + DISCARD_WAIT_S
-        discard_parts(self.path, self.job)
-        while self.job in pending_jobs(self.path) and time.monotonic() < deadline:
+        discard_parts(self.path, self.job, storage_options=so)  # a URL: writes the job's end mark first
+        while self.job in pending_jobs(self.path, storage_options=so) and time.monotonic() < deadline:
             time.sleep(0.1)
-            discard_parts(self.path, self.job)
+            discard_parts(self.path, self.job, storage_options=so)
 
 
 def _ended_mark(path: str, job: str) -> Path:
@@ -411,12 +444,17 @@ def _ended_mark(path: str, job: str) -> Path:
 
 
 def _ended(path: str, job: str) -> bool:
+    if is_remote(path):  # the remote parts keep their own end marks (store/remote_parts.py)
+        return False
     return _ended_mark(path, job).exists()
 
 
 def _mark_ended(path: str, job: str) -> None:
     """Record that ``job`` was committed or aborted (an empty file ``_parts/.spark-ended/<job>``, which
-    readers and the parts functions ignore); marks older than ``ENDED_KEEP_S`` are removed."""
+    readers and the parts functions ignore); marks older than ``ENDED_KEEP_S`` are removed. A URL:
+    nothing here (``discard_parts`` writes the remote parts' own mark)."""
+    if is_remote(path):
+        return
     mark = _ended_mark(path, job)
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.touch()
@@ -429,9 +467,14 @@ def _mark_ended(path: str, job: str) -> None:
             pass
 
 
-def _remove_if_empty(path: str) -> None:
+def _remove_if_empty(path: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Remove the store a failed job created, if nothing was committed to it since and no other job
     writes parts into it."""
+    if is_remote(path):
+        from ..store.remote_parts import remove_if_empty
+
+        remove_if_empty(path, storage_options=storage_options)
+        return
     try:
         store = open_store(path)
     except (FormatError, OSError):
@@ -645,7 +688,8 @@ class DataSource(_SparkDataSource):
     Write options: ``schema`` (JSON of seqstore fields for some or all columns, see :func:`schema_option`;
     the shorthand ``{"col": ["float16", [null, 16]]}`` works too), ``idColumn`` (a string or integer
     column whose values become record ids), ``shardBytes``, ``maxShardRecords``, ``metadata`` (a JSON
-    object for a new store's metadata), ``errorIfExists`` (with mode append: fail if the store exists).
+    object for a new store's metadata), ``errorIfExists`` (with mode append: fail if the store exists),
+    ``storageOptions`` (a JSON object) and ``storage.<key>`` (one client option each) for a URL.
     Read options: ``fields`` (comma-separated), ``idColumn`` (the ids' column name; default: the one
     the store was written from by Spark, else ``id``; ``""`` for none), ``partitionRecords``,
     ``batchRecords``.
@@ -702,12 +746,16 @@ class DataSource(_SparkDataSource):
         error_if_exists = _opt_bool(self.options, "errorIfExists", where)
         if overwrite and error_if_exists:
             raise ValueError(f"{where}: mode overwrite and option errorIfExists contradict each other")
-        exists = _store_exists(path)
+        so = _storage_options(self.options, path, where)
+        manifest = existing_manifest(path, so) if is_remote(path) else None
+        exists = manifest is not None if is_remote(path) else _store_exists(path)
         if exists and error_if_exists:
             raise FileExistsError(f"{path}: a store already exists (mode errorifexists); use mode append or "
                                   "overwrite")
         # appending: the store's fields for columns the schema option leaves out; overwriting: as a new store
-        existing = open_store(path).schema if exists and not overwrite else None
+        existing = None
+        if exists and not overwrite:
+            existing = manifest.schema if manifest is not None else open_store(path).schema
         store_schema, columns, id_column = _write_plan(path, schema, self.options, existing)
         metadata = _opt_json(self.options, "metadata", where)
         if metadata is not None and not isinstance(metadata, dict):
@@ -716,11 +764,11 @@ class DataSource(_SparkDataSource):
         if id_column is not None:
             metadata.setdefault(METADATA_KEY, {"id_column": id_column})
         mode = "create" if error_if_exists else "overwrite" if overwrite else "append"
-        prepare_store(path, store_schema, metadata=metadata or None, mode=mode)
+        prepare_store(path, store_schema, metadata=metadata or None, mode=mode, storage_options=so)
         return _Writer(
             path, f"spark-{uuid.uuid4().hex[:16]}", columns, id_column, "overwrite" if overwrite else "append",
             not exists, _opt_int(self.options, "shardBytes", None, where),
-            _opt_int(self.options, "maxShardRecords", None, where),
+            _opt_int(self.options, "maxShardRecords", None, where), so,
         )
 
 
@@ -734,10 +782,11 @@ def _register(session: Any) -> None:
 def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
           schema: Schema | Mapping[str, Any] | None = None, id_column: str | None = None,
           shard_bytes: int | None = None, metadata: Mapping[str, Any] | None = None,
-          **options: Any) -> None:
+          storage_options: Mapping[str, Any] | None = None, **options: Any) -> None:
     """Write DataFrame ``df`` into the store at ``path`` (registers the data source in ``df``'s
     session). ``mode``: ``"errorifexists"`` (default, as Spark's), ``"append"`` or ``"overwrite"``.
-    ``schema``: seqstore fields for some or all columns; other options are passed on as they are."""
+    ``schema``: seqstore fields for some or all columns; ``storage_options``: the client options of a
+    URL (``s3://``...), passed as ``storage.<key>`` options; other options are passed on as they are."""
     if mode not in ("errorifexists", "error", "append", "overwrite"):
         raise ValueError(f"mode must be 'errorifexists', 'append' or 'overwrite', got {mode!r}")
     _register(df.sparkSession)
@@ -752,6 +801,8 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
         w = w.option("shardBytes", str(int(shard_bytes)))
     if metadata is not None:
         w = w.option("metadata", json.dumps(dict(metadata)))
+    for k, v in (storage_options or {}).items():
+        w = w.option(STORAGE_PREFIX + k, v)
     for k, v in options.items():
         w = w.option(k, v)
     w.save(os.fspath(path))
