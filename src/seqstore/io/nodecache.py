@@ -320,8 +320,10 @@ class CachedObject:
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
         self._ino = os.fstat(self.fd).st_ino
         self.lock = threading.Lock()
-        # byte runs requested and not yet arrived (this process): starts sorted, their ends and futures
-        self.inflight: list[tuple[int, int, Any]] = []
+        # byte runs requested and not yet arrived (this process), sorted: (start, end, id(future), future)
+        self.inflight: list[tuple[int, int, int, Any]] = []
+        # aligned chunks (seqstore.io.remote) requested whole and not yet arrived: chunk number -> future
+        self.chunk_flight: dict[int, Any] = {}
         self._touched = 0.0
         self.touch()
 

@@ -50,6 +50,8 @@ from .objects import ObjectClient, ObjectMeta, redact
 __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted", "Ticket", "remote_mappings"]
 
 _MOST = 8 << 20  # bytes per request at most
+_CHUNK = 1 << 20  # an access that asks for at least 1/_DENSE of such an aligned chunk fetches it whole
+_DENSE = 16
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
 
@@ -132,32 +134,66 @@ class Ticket:
 
 def _missing_requests(
     region: _Region, s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]
-) -> tuple[list[tuple[int, int]], list[Any]]:
-    """(new byte runs to request, futures of runs in flight that cover other missing runs)."""
+) -> tuple[list[tuple[int, int]], list[Any], list[int]]:
+    """(new byte runs to request, futures of requests in flight that bring other missing bytes, chunks
+    claimed: to be registered as in flight with the request's future)."""
     obj = region.obj
     rs, re_ = page_runs(s, e)
     re_ = np.minimum(re_, obj.size)
     ms, me = obj.missing(rs, re_)
     if not len(ms):
-        return [], []
+        return [], [], []
+    rs, re_ = _cut_at_chunks(rs, re_)
+    ms, me = _cut_at_chunks(ms, me)
     waits: list[Any] = []
-    new_s: list[int] = []
-    new_e: list[int] = []
+    runs: list[tuple[int, int]] = []
+    claimed: list[int] = []
+    # dense access (a scan, the blocks of a random_block window): the aligned chunks it keeps touching are
+    # fetched whole, once (later batches wait for the chunk's request instead of asking for the holes)
+    chunk = np.asarray(rs // _CHUNK, dtype=np.int64)
+    ids, inv = np.unique(chunk, return_inverse=True)
+    dense = ids[np.bincount(inv, weights=(re_ - rs).astype(np.float64)) >= _CHUNK // _DENSE]
+    gap = region.root.client.coalesce_gap
     with obj.lock:
-        flight = obj.inflight
-        if flight:
-            fs = np.fromiter((a for a, _, _ in flight), dtype=np.int64, count=len(flight))
-            fe = np.fromiter((b for _, b, _ in flight), dtype=np.int64, count=len(flight))
+        flight = obj.chunk_flight
+        mchunk = ms // _CHUNK
+        in_chunk = np.isin(mchunk, dense) | np.isin(mchunk, np.fromiter(flight, np.int64, len(flight)))
+        for c in np.unique(mchunk[in_chunk]).tolist():
+            fut = flight.get(c)
+            if fut is not None:
+                waits.append(fut)
+                continue
+            a = c * _CHUNK
+            cs, ce = obj.missing(np.array([a], np.int64), np.array([min(a + _CHUNK, obj.size)], np.int64))
+            if len(cs):
+                cs, ce = page_runs(cs, ce, gap=gap, most=_MOST)
+                runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
+                claimed.append(c)
+        ms, me = ms[~in_chunk], me[~in_chunk]
+        sparse = obj.inflight
+        if sparse and len(ms):
+            fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
+            fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
             j = np.searchsorted(fs, ms, side="right") - 1
             covered = (j >= 0) & (fe[np.maximum(j, 0)] >= me)
             for jj in np.unique(j[covered]).tolist():
-                waits.append(flight[jj][2])
+                waits.append(sparse[jj][3])
             ms, me = ms[~covered], me[~covered]
     if len(ms):
-        cs, ce = page_runs(ms, me, gap=region.root.client.coalesce_gap, most=_MOST)
-        ce = np.minimum(ce, obj.size)
-        new_s, new_e = cs.tolist(), ce.tolist()
-    return list(zip(new_s, new_e)), waits
+        cs, ce = page_runs(ms, me, gap=gap, most=_MOST)
+        runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
+    return runs, waits, claimed
+
+
+def _cut_at_chunks(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+    """Byte runs ``[s, e)`` cut where they cross a multiple of the chunk size."""
+    first = s // _CHUNK
+    pieces = (e - 1) // _CHUNK - first + 1
+    if not len(s) or int(pieces.max()) == 1:
+        return s, e
+    k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    c = np.repeat(first, pieces) + k
+    return np.maximum(np.repeat(s, pieces), c * _CHUNK), np.minimum(np.repeat(e, pieces), (c + 1) * _CHUNK)
 
 
 def fetch(starts: Any, ends: Any) -> Ticket:
@@ -165,16 +201,20 @@ def fetch(starts: Any, ends: Any) -> Ticket:
     (absolute addresses; those outside remote mappings are ignored). Returns at once."""
     futures: list[Any] = []
     by_root: dict[int, tuple[RemoteRoot, list[tuple[str, int, int, str | None]], list[tuple[CachedObject, int]]]] = {}
+    chunks: dict[int, list[tuple[CachedObject, list[int]]]] = {}
     for region, s, e in _split_by_region(starts, ends):
-        runs, waits = _missing_requests(region, s, e)
+        runs, waits, claimed = _missing_requests(region, s, e)
         futures.extend(waits)
         if runs:
             root, reqs, fills = by_root.setdefault(id(region.root), (region.root, [], []))
             for a, b in runs:
                 reqs.append((region.key, a, b, region.etag or None))
                 fills.append((region.obj, a))
-    for root, reqs, fills in by_root.values():
-        futures.append(root.submit(reqs, fills))
+            if claimed:
+                chunks.setdefault(id(region.root), []).append((region.obj, claimed))
+    for key, (root, reqs, fills) in by_root.items():
+        fut = root.submit(reqs, fills, chunks.get(key, []))
+        futures.append(fut)
     return Ticket(futures)
 
 
@@ -261,8 +301,14 @@ class RemoteRoot:
                 return self.url + text[len(m) :]
         return text
 
-    def submit(self, reqs: list[tuple[str, int, int, str | None]], fills: list[tuple[CachedObject, int]]) -> Any:
-        """Submit range requests whose answers are written into the cache entries ``fills``."""
+    def submit(
+        self,
+        reqs: list[tuple[str, int, int, str | None]],
+        fills: list[tuple[CachedObject, int]],
+        chunks: Sequence[tuple[CachedObject, list[int]]] = (),
+    ) -> Any:
+        """Submit range requests whose answers are written into the cache entries ``fills``; ``chunks``:
+        the aligned chunks of cache entries these requests bring whole (in flight until they arrive)."""
         self.cache.reserve(sum(_pages(b) - a // PAGE * PAGE for _, a, b, _ in reqs))
         spans = [(obj, a, a + (r[2] - r[1])) for (obj, a), r in zip(fills, reqs)]
 
@@ -273,13 +319,23 @@ class RemoteRoot:
         fut = self.client.submit(reqs, on_each)
         for obj, a, b in spans:
             with obj.lock:
-                bisect.insort(obj.inflight, (a, b, fut), key=lambda t: t[0])
+                bisect.insort(obj.inflight, (a, b, id(fut), fut))
+
+        for obj, ids in chunks:
+            with obj.lock:
+                for c in ids:
+                    obj.chunk_flight[c] = fut
 
         def done(_f: Any) -> None:
+            for obj, ids in chunks:
+                with obj.lock:
+                    for c in ids:
+                        if obj.chunk_flight.get(c) is fut:
+                            del obj.chunk_flight[c]
             for obj, a, b in spans:
                 with obj.lock:
                     try:
-                        obj.inflight.remove((a, b, fut))
+                        obj.inflight.remove((a, b, id(fut), fut))
                     except ValueError:
                         pass
 

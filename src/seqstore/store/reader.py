@@ -888,17 +888,19 @@ class Store:
         *,
         fields: Sequence[str] | None = None,
         pad: bool = False,
-        prefetch: int = 2,
+        prefetch: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
         ``order.iter_chunks(1024)`` or :func:`seqstore.batch_indices`), with the reads of the next
-        ``prefetch`` batches already in flight while a batch is consumed.
+        ``prefetch`` batches already in flight while a batch is consumed (default 2; 16 for a remote store).
 
         Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
         batches plus what the page cache holds of the requested records (reclaimable, shared).
         """
         names = self._field_names(fields)
         active = self._readahead != "never" or self._remote is not None
+        if prefetch is None:  # object storage answers after tens of milliseconds: keep more batches in flight
+            prefetch = 2 if self._remote is None else 16
 
         # tokens: [indices, groups, value rows requested]; a remote store requests the value rows of a
         # batch when the batch after it enters the window (its offsets have had a batch's time to arrive),
