@@ -29,8 +29,9 @@ cache):
 
 - ``<kind>`` random reads: the first 6,144 positions of ``seq_order(n, "random", epoch=1, seed=3)``
   (quick 2,048) in batches of 1024, the store opened before the timer: ``seqstore get_batch``;
-  ``seqstore iter_batches`` (prefetch 2); ``seqstore get_batch, max_requests M`` (the other of 16 and
-  64: what the limit is worth); ``obstore get_range xMAX_REQUESTS``: exactly the records' byte ranges
+  ``seqstore iter_batches`` (its default prefetch: 16 batches on a remote store);
+  ``seqstore get_batch, max_requests M`` (the other of 16 and 64: what the limit is worth);
+  ``obstore get_range xMAX_REQUESTS``: exactly the records' byte ranges
   (ragged: the two offsets of each record, then its value rows), merged per file across gaps below
   GAP (at most 8 MiB per request), MAX_REQUESTS in flight (``obstore.get_range_async`` under a
   semaphore); ``obstore get_ranges``: the same unmerged ranges through ``obstore.get_ranges_async``,
@@ -41,7 +42,7 @@ cache):
 - ``<kind>-epoch``: the first 131,072 records of an epoch (quick 16,384): ``server sequential``: as
   many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
   (the server's sequential throughput through the proxy: the baseline); ``seqstore
-  random_block:1024:16`` (prefetch 2, and 16) and ``seqstore default order``: ``iter_batches`` of the
+  random_block:1024:16`` (default prefetch, and 64) and ``seqstore default order``: ``iter_batches`` of the
   order in batches of 1024; ``streaming epoch (py1e)``: iterating Streaming's dataset with its
   shuffle, one process. MB/s of values delivered (``server sequential``: of file bytes).
 - ``open``: ``seqstore.open`` then the first batch (1, 16 or 1024 records of the random order):
@@ -318,7 +319,7 @@ def case_random(
 
             def read_all() -> Any:
                 if system == "iter_batches":
-                    for got in store.iter_batches(batches, prefetch=2):
+                    for got in store.iter_batches(batches):
                         yield got["x"]
                 else:
                     for b in batches:
@@ -486,7 +487,7 @@ def case_epoch(
     url: str,
     data: str,
     files: list[list[Any]],
-    prefetch: int = 2,
+    prefetch: int | None = None,
 ) -> dict[str, Any]:
     """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order, or
     (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs, MAX_REQUESTS in flight."""
@@ -754,9 +755,9 @@ def build_cases(
                 ("server sequential", "bench.remote:case_epoch", {"system": "sequential", "files": files}),
                 (f"seqstore {BLOCK_ORDER}", "bench.remote:case_epoch", {"system": "random_block", "files": files}),
                 (
-                    f"seqstore {BLOCK_ORDER}, prefetch 16",
+                    f"seqstore {BLOCK_ORDER}, prefetch 64",
                     "bench.remote:case_epoch",
-                    {"system": "random_block", "files": files, "prefetch": 16},
+                    {"system": "random_block", "files": files, "prefetch": 64},
                 ),
                 ("seqstore default order", "bench.remote:case_epoch", {"system": "default", "files": files}),
             ]
@@ -992,7 +993,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 parts.append(
                     f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), seq)} (target >= 0.8x)"
                 )
-                parts.append(f"with prefetch 16 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 16'), seq)}")
+                parts.append(f"with prefetch 64 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 64'), seq)}")
             if parts:
                 lines.append(f"{kind} ({what}): " + "; ".join(parts))
     for name, v in summary.get("open", {}).items():
