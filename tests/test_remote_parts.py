@@ -23,7 +23,7 @@ import pytest
 import seqstore as ss
 from seqstore.errors import FormatError, SchemaError, SeqstoreError
 from seqstore.store import remote_parts
-from seqstore.store.parts import PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+from seqstore.store.parts import PartWriter, clean_parts, commit_parts, discard_parts, pending_jobs, prepare_store
 from seqstore.store.verify import verify
 
 if TYPE_CHECKING:
@@ -170,6 +170,17 @@ def test_failed_job_leaves_nothing(moto_s3: MotoS3, s3_bucket: str, tmp_path: Pa
     assert moto_s3.keys(s3_bucket, "f.seqstore/") == {}
     with pytest.raises(FormatError, match="no seqstore store"):
         PartWriter(url, job="job3", task="t0", storage_options=opts)
+
+
+def test_clean_parts_by_age(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/old.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    _task(url, opts, "dead", "t0", 0, 5, tmp_path)  # a job whose driver never committed nor discarded
+    assert clean_parts(url, older_than=3600, storage_options=opts) == []
+    assert pending_jobs(url, storage_options=opts) == ["dead"]
+    assert clean_parts(url, older_than=0, storage_options=opts) == ["dead"]
+    assert _staged(moto_s3, s3_bucket, "old.seqstore") == {} and pending_jobs(url, storage_options=opts) == []
 
 
 # ------------------------------------------------------------------------- existing stores

@@ -723,7 +723,8 @@ def discard_parts(
     the parts) write its end mark ``_parts/.ended/<job>``, then delete every object under
     ``_parts/<job>/`` (finished parts, parts of attempts killed mid-write, committed parts' markers).
     Committed shards are never touched. Call it once the job's tasks have stopped (an attempt still
-    running removes its own objects when it next finds the mark). O(objects of the job)."""
+    running removes its own objects when it next finds the mark). End marks older than
+    :data:`ENDED_KEEP_S` are deleted. O(objects of the job + end marks)."""
     if isinstance(parts_or_job, str):
         jobs = {_check_name(parts_or_job, "job")}
     else:
@@ -732,6 +733,18 @@ def discard_parts(
     for job in sorted(jobs):
         client.put(f"{ENDED_DIR}/{job}", b"")
         _delete_all(client, _list_keys(client, f"{PARTS_DIR}/{job}"), workers)
+    _delete_old_marks(client, workers)
+
+
+def _delete_old_marks(client: ObjectClient, workers: int = WORKERS) -> None:
+    """Delete end marks older than ENDED_KEEP_S (one listing of ``_parts/.ended/``)."""
+    now = time.time()
+    try:
+        marks = [m.key for m in client.list(ENDED_DIR) if m.mtime and now - m.mtime > ENDED_KEEP_S]
+    except RemoteError as exc:
+        log.warning("%s: could not list the end marks of finished jobs (%s)", client.url, exc)
+        return
+    _delete_all(client, marks, workers)
 
 
 def pending_jobs(url: str, *, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -758,8 +771,7 @@ def clean_parts(url: str, *, older_than: float, storage_options: Mapping[str, An
     removed = [job for job, newest in sorted(_jobs(client).items()) if now - newest >= older_than]
     for job in removed:
         discard_parts(url, job, storage_options=storage_options)
-    marks = [m.key for m in client.list(ENDED_DIR) if m.mtime and now - m.mtime > ENDED_KEEP_S]
-    _delete_all(client, marks)
+    _delete_old_marks(client)
     return removed
 
 
