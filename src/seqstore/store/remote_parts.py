@@ -129,7 +129,8 @@ WORKERS = 16
 COMMITTING_FILE = "commit.json"
 #: ``_parts/.ended/<job>``: the job was committed or discarded; its late task attempts write nothing.
 ENDED_DIR = f"{PARTS_DIR}/.ended"
-#: End marks older than this are removed by :func:`clean_parts`.
+#: End marks older than this are removed by :func:`discard_parts` and :func:`clean_parts`; until then
+#: the job id cannot be used again.
 ENDED_KEEP_S = 7 * 24 * 3600.0
 STAGED_KEY = f"{PARTS_DIR}/{STAGED}"
 
@@ -218,7 +219,8 @@ class RemotePartWriter(PartWriter):
             raise FormatError(f"{self.url}: a version-{manifest.version} store; parts need a version-3 store")
         if ended is not None:
             raise SeqstoreError(f"{self.url}: job {job!r} was committed or discarded already; task attempt "
-                                f"{task!r} writes nothing")
+                                f"{task!r} writes nothing (on object storage a job id names one job: give "
+                                "each job a new one)")
         if done is not None or committed is not None:
             raise SeqstoreError(f"{client.key_url(self._prefix)}: task attempt {task!r} of job {job!r} already "
                                 "finished; each attempt needs its own task id")
