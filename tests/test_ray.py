@@ -188,6 +188,9 @@ def test_write_to_s3(ray_local: None, moto_s3: Any, s3_bucket: str, tmp_path: Pa
     opts = moto_s3.storage_options()
     assert sray.write(_dataset(300, 3), url, id_column="key", max_shard_records=64, storage_options=opts) == 300
     _check_exactly_once(url, range(300), opts=opts, cache=tmp_path / "c")
+    # read back from the URL by Ray's read tasks, in record order
+    rows = sray.read(url, fields=["num"], id_column="rid", storage_options=opts).take_all()
+    assert [int(r["num"]) for r in rows] == list(range(300)) and rows[7]["rid"] == "rec-7"
     ds = _dataset(300, 3, fn=_fail_at, batch_size=50, fn_kwargs={"at": 150})
     with pytest.raises(Exception, match="injected failure at record 150"):
         sray.write(ds, url, id_column="key", mode="append", max_shard_records=40, storage_options=opts)

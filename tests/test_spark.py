@@ -296,6 +296,13 @@ def test_write_to_s3(spark: Any, moto_s3: Any, s3_bucket: str, tmp_path: Path) -
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert len(seqstore.open(url, storage_options=moto_s3.storage_options(), cache_dir=cache)) == 500
     assert not [k for k in moto_s3.keys(s3_bucket, "spark.seqstore/_parts/") if "/_parts/.ended/" not in k]
+    # and read back from the URL by the executors (options as for writing), record order kept
+    back = spark.read.format("seqstore").option("storageOptions", json.dumps(secret)).options(**client).load(url)
+    rows = back.collect()
+    assert [r["key"] for r in rows] == [want.id(i) for i in range(500)]
+    for i in (0, 123, 499):
+        np.testing.assert_array_equal(np.asarray(rows[i]["mat"], np.float32).reshape(want[i]["mat"].shape),
+                                      want[i]["mat"].astype(np.float32))
 
 
 def test_append_overwrite_errorifexists(spark: Any, tmp_path: Path) -> None:

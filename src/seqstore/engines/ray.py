@@ -726,8 +726,10 @@ def read(
     block_records: int | None = None,
     preserve_order: bool = True,
     override_num_blocks: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Any:
-    """The store at ``path`` as a ``ray.data.Dataset``: one row per record.
+    """The store at ``path`` (a directory, or a URL of object storage with ``storage_options`` as
+    :func:`seqstore.open` takes them) as a ``ray.data.Dataset``: one row per record.
 
     ``fields``: the fields to read (default all). ``ordering`` (a :func:`seqstore.seq_order` name or an
     explicit order) with ``epoch``, ``seed``, ``partition_epoch``, ``length_field`` and ``cache_dir``
@@ -745,14 +747,14 @@ def read(
         raise ValueError(f"bfloat16 must be 'bits' or 'float32', got {bfloat16!r}")
     if block_records is not None and block_records <= 0:
         raise ValueError(f"block_records must be positive, got {block_records}")
-    store = open_store(Path(path))
+    store = open_store(path, storage_options=dict(storage_options) if storage_options else None)
     names = list(store.schema) if fields is None else list(fields)
     for name in names:
         if name not in store.schema:
-            raise KeyError(f"no field {name!r} in {store.root}; fields are {list(store.schema)}")
+            raise KeyError(f"no field {name!r} in {store.url}; fields are {list(store.schema)}")
     if id_column is not None:
         if not store.has_ids and len(store):
-            raise KeyError(f"{store.root}: records have no ids (id_column={id_column!r})")
+            raise KeyError(f"{store.url}: records have no ids (id_column={id_column!r})")
         if id_column in names:
             raise ValueError(f"id_column {id_column!r} is also a field name; choose another")
     source = None

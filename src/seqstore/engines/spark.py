@@ -703,7 +703,7 @@ class DataSource(_SparkDataSource):
 
     def _read_setup(self) -> tuple[Store, list[str] | None, str | None]:
         path = _path(self.options)
-        store = open_store(path)
+        store = open_store(path, storage_options=_storage_options(self.options, path, f"Spark read of {path}"))
         raw = self.options.get("fields")
         fields = [s.strip() for s in str(raw).split(",") if s.strip()] if raw is not None else None
         id_column: str | None
@@ -724,7 +724,7 @@ class DataSource(_SparkDataSource):
 
     def reader(self, schema: Any) -> _Reader:
         store, _, id_column = self._read_setup()
-        where = f"{store.root}"
+        where = store.url
         partition_records = _opt_int(self.options, "partitionRecords", DEFAULT_PARTITION_RECORDS, where)
         batch_records = _opt_int(self.options, "batchRecords", None, where)
         if batch_records is None:
