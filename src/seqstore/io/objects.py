@@ -199,9 +199,18 @@ class ObjectClient:
         object changed. Each request is retried on its own."""
         if not requests:
             return []
-        if missing_ok:
-            return self.submit([(k, s, e, t) for k, s, e, t in requests], missing_ok=True).result()
-        return self.submit(requests).result()
+        fut = self.submit(list(requests), missing_ok=missing_ok)
+        try:
+            return fut.result(timeout=self.patience())
+        except concurrent.futures.TimeoutError:
+            raise RemoteError(
+                f"{self.url}: no answer within {self.patience():.0f} s (longer than every request's timeout and "
+                "retries allow): the client's thread is stuck", url=self.url, attempts=0,
+            ) from None
+
+    def patience(self) -> float:
+        """Seconds a request may take at most, all its attempts and backoffs counted (plus slack)."""
+        return (self.max_retries + 1) * (self.timeout + self.connect_timeout + 2.0) + 30.0
 
     def submit(
         self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None, *, missing_ok: bool = False

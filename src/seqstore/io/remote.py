@@ -24,10 +24,12 @@ submitted at once to the client (at most ``max_requests`` in flight).
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import hashlib
 import json
 import os
 import threading
+import time
 import weakref
 import zlib
 from collections.abc import Mapping, Sequence
@@ -120,16 +122,25 @@ def _split_by_region(starts: Any, ends: Any) -> list[tuple[_Region, np.ndarray[A
 
 class Ticket:
     """Requests started by :func:`fetch`: :meth:`wait` returns when their bytes are in the cache (or
-    raises the request's error)."""
+    raises the request's error). No wait is unbounded: every request has a timeout and a bounded number
+    of retries, and a wait gives up (``RemoteError``) after ``limit`` seconds, longer than all of them."""
 
-    __slots__ = ("futures",)
+    __slots__ = ("futures", "limit")
 
-    def __init__(self, futures: list[Any]) -> None:
+    def __init__(self, futures: list[Any], limit: float = 600.0) -> None:
         self.futures = futures
+        self.limit = limit
 
     def wait(self) -> None:
+        deadline = time.monotonic() + self.limit
         for f in self.futures:
-            f.result()
+            try:
+                f.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                raise RemoteError(
+                    f"no answer from object storage within {self.limit:.0f} s (longer than every request's "
+                    "timeout and retries allow): the client's thread is stuck", attempts=0,
+                ) from None
 
 
 def _missing_requests(
@@ -212,10 +223,12 @@ def fetch(starts: Any, ends: Any) -> Ticket:
                 fills.append((region.obj, a))
             if claimed:
                 chunks.setdefault(id(region.root), []).append((region.obj, claimed))
+    limit = 0.0
     for key, (root, reqs, fills) in by_root.items():
         fut = root.submit(reqs, fills, chunks.get(key, []))
         futures.append(fut)
-    return Ticket(futures)
+        limit = max(limit, root.client.patience())
+    return Ticket(futures, limit or 600.0)
 
 
 def ensure(starts: Any, ends: Any) -> None:
