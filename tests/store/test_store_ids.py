@@ -1,8 +1,10 @@
 """The id hash: the numpy implementation (used for small batches before numba is loaded) gives the
-numba kernel's hashes bit for bit, and ``hash_ids`` picks between them as documented."""
+numba kernel's hashes bit for bit, and ``hash_ids`` picks between them as documented. ``Store.ids``:
+the ids of many records at once, as ``store.id`` gives them one by one."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import seqstore as ss
 from seqstore.store import ids as ids_mod
 from seqstore.store.ids import _hash_kernel, _hash_numpy, encode_ids, hash_ids, hash_one
 
@@ -220,3 +223,74 @@ def test_the_logger_warm_up_loads_the_hash_kernel() -> None:
 
     logger_mod._warm_up_kernels()
     assert ids_mod._hash_kernel.signatures
+
+
+# ------------------------------------------------------------------------------ Store.ids
+
+
+def _ids_store(root: Path, n: int, *, shard: int, ids: bool = True) -> list[str]:
+    """A store of ``n`` records in shards of ``shard`` records; its ids (ASCII, non-ASCII, empty)."""
+    names = [("" if i % 7 == 3 else f"record-{i}-" + "ü€😀"[: i % 4] + "x" * (i % 5)) for i in range(n)]
+    lengths = np.arange(n, dtype=np.int64) % 3
+    with ss.create(root, {"v": ss.Field("int32", (None,))}, max_shard_records=shard) as w:
+        w.append_batch({"v": (np.ones(int(lengths.sum()), np.int32), lengths)}, ids=names if ids else None)
+    return names
+
+
+def _decoded(data: np.ndarray, offsets: np.ndarray) -> list[str]:
+    return [bytes(data[offsets[j] : offsets[j + 1]]).decode("utf-8") for j in range(len(offsets) - 1)]
+
+
+def test_store_ids_equal_id_of_each_record(tmp_path: Path) -> None:
+    """Random indices over several shards (repeats, any order, negative ones): the same ids as
+    ``store.id(i)``, as uint8 bytes and int64 offsets from 0."""
+    names = _ids_store(tmp_path / "s", 103, shard=10)
+    store = ss.open(tmp_path / "s")
+    assert store.num_shards == 11
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 17, 103, 400):
+        idx = rng.integers(-103, 103, size=size)
+        data, offsets = store.ids(idx)
+        assert data.dtype == np.uint8 and offsets.dtype == np.int64 and offsets.shape == (size + 1,)
+        assert offsets[0] == 0 and offsets[-1] == len(data)
+        assert _decoded(data, offsets) == [store.id(int(i)) for i in idx] == [names[int(i)] for i in idx]
+    # a list, consecutive records of one shard (a view of the mapped ids) and across shards
+    for idx in ([12, 13, 14, 15], list(range(20, 30)), list(range(5, 35)), [9, 8, 7]):
+        data, offsets = store.ids(idx)
+        assert _decoded(data, offsets) == [names[i] for i in idx]
+    assert store.ids(np.arange(20, 30))[0].flags.writeable is False  # one shard's run: the mapped bytes
+
+
+def test_store_ids_of_no_records(tmp_path: Path) -> None:
+    _ids_store(tmp_path / "s", 12, shard=5)
+    store = ss.open(tmp_path / "s")
+    for empty in ([], np.array([], dtype=np.int64), np.array([], dtype=np.float64)):
+        data, offsets = store.ids(empty)
+        assert data.dtype == np.uint8 and len(data) == 0
+        assert offsets.dtype == np.int64 and offsets.tolist() == [0]
+
+
+def test_store_ids_errors(tmp_path: Path) -> None:
+    """No ids: KeyError naming the store; an index out of range: IndexError naming it."""
+    _ids_store(tmp_path / "none", 6, shard=4, ids=False)
+    store = ss.open(tmp_path / "none")
+    with pytest.raises(KeyError, match="none.*no ids"):
+        store.ids([0, 1])
+    _ids_store(tmp_path / "s", 6, shard=4)
+    with pytest.raises(IndexError, match="record index 6 out of range"):
+        ss.open(tmp_path / "s").ids([0, 6])
+
+
+def test_store_ids_of_a_remote_store(moto_s3: Any, s3_bucket: str, tmp_path: Path) -> None:
+    """A store on s3:// (moto; uploaded, not written by seqstore): the ids are fetched into the node
+    cache before they are read (shards of 3000 ids, far more than the first and last 4 KiB of each id
+    file that opening a shard fetches), equal to the local store's."""
+    names = _ids_store(tmp_path / "s", 9000, shard=3000)
+    url = moto_s3.upload_dir(tmp_path / "s", s3_bucket, "ids/s.seqstore")
+    store = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")
+    idx = np.random.default_rng(2).integers(0, 9000, size=300)
+    data, offsets = store.ids(idx)
+    assert _decoded(data, offsets) == [names[i] for i in idx]
+    fresh = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache2")
+    data, offsets = fresh.ids(np.arange(4000, 5000))  # one shard's records in a row: a view of the cache
+    assert _decoded(data, offsets) == names[4000:5000]

@@ -1254,6 +1254,49 @@ class Store:
         self._need(sh.ids[a:b])
         return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
 
+    def ids(
+        self, indices: Sequence[int] | np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
+        """The utf-8 ids of records ``indices`` at once, as ``(data, offsets)``: the id of
+        ``indices[j]`` is ``data[offsets[j]:offsets[j + 1]]`` (``offsets``: int64, ``len(indices) + 1``
+        of them, from 0; e.g. the buffers of an Arrow string column). No Python object per record: the
+        bytes are gathered shard by shard, and the ids of consecutive records of one shard are a
+        read-only view of the mapped file. Negative indices count from the end. KeyError when the
+        records have no ids."""
+        if not self.has_ids:
+            raise KeyError(f"{self.url}: records have no ids")
+        idx = self._norm_many(indices).reshape(-1)
+        n = len(idx)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        if n == 0:
+            return np.empty(0, dtype=np.uint8), offsets
+        counts = np.empty(n, dtype=np.int64)
+        groups = []
+        for k, pos, local in self._group(idx):
+            sh = self._shard(k)
+            sh.load_ids()
+            assert sh.ids is not None and sh.id_offsets is not None
+            if self._remote is not None:
+                self._need_ids(sh, local)
+            a = np.asarray(sh.id_offsets[local])
+            b = np.asarray(sh.id_offsets[local + 1])
+            if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
+                raise CorruptionError(f"{sh.display}/{(IDS + '.offsets.npy')}: id offsets out of range")
+            counts[pos] = b - a
+            groups.append((sh, pos, local, int(a[0])))
+        np.cumsum(counts, out=offsets[1:])
+        total = int(offsets[-1])
+        if len(groups) == 1:  # one shard: records in a row are one slice of its ids
+            sh, _, local, first = groups[0]
+            if int(local[-1]) - int(local[0]) == n - 1 and (n == 1 or bool((np.diff(local) == 1).all())):
+                assert sh.ids is not None
+                return sh.ids[first : first + total], offsets
+        data = np.empty(total, dtype=np.uint8)
+        for sh, pos, local, _ in groups:
+            _gather_rows(sh.ids, sh.id_offsets, np.ascontiguousarray(local), data,
+                         np.ascontiguousarray(offsets[:-1][pos]), 1)
+        return data, offsets
+
     def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
         """Yield (first shard, sorted hashes, rows, row base) for every index to probe, in shard order.
 
