@@ -64,13 +64,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..data import StoreDataset
 from ..errors import SchemaError, SeqstoreError
 from ..format.manifest import Manifest
+from ..interop import to_arrow
 from ..interop.arrow import _convert, _fixed_shape, _flatten_fixed, _Plan, _plan, _storage_type
 from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
-from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
+from ..schema import BFLOAT16, Field, Schema
 from ..store import Store, open_store
 from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
-from ..store.reader import _gather_rows
 
 __all__ = ["write", "read", "infer_schema", "block_columns", "BFLOAT16_METADATA"]
 
@@ -586,36 +586,14 @@ def _arrow_ragged(values: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any]) -
     inner = values.shape[1:]
     ndim = 1 + len(inner)
     per_row = int(np.prod(inner, dtype=np.int64))
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths * per_row, out=offsets[1:])
     flat = pa.array(np.ascontiguousarray(values).reshape(-1))
-    data = pa.LargeListArray.from_arrays(pa.array(offsets), flat)
+    data = to_arrow.list_array(to_arrow.offsets(lengths * per_row, large=True), flat)
     shapes = np.empty((n, ndim), dtype=np.int64)
     shapes[:, 0] = lengths
     shapes[:, 1:] = np.asarray(inner, dtype=np.int64)
-    shape = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * ndim), pa.array(shapes.reshape(-1)))
+    shape = to_arrow.fixed_lists(pa.array(shapes.reshape(-1)), (ndim,), n)  # n lists of ndim dims
     storage = pa.StructArray.from_arrays([data, shape], names=["data", "shape"])
     return ArrowVariableShapedTensorType(flat.type, ndim).wrap_array(storage)
-
-
-def _arrow_ids(store: Store, idx: np.ndarray[Any, Any]) -> Any:
-    """The ids of records ``idx`` as an Arrow large_string array, gathered as bytes shard by shard."""
-    counts = np.zeros(len(idx), dtype=np.int64)
-    groups = []
-    for k, pos, rows in store._group(idx):
-        sh = store._shard(k)
-        sh.load_ids()
-        assert sh.id_offsets is not None
-        off = sh.id_offsets
-        counts[pos] = off[rows + 1] - off[rows]
-        groups.append((sh, pos, rows))
-    offsets = np.zeros(len(idx) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), dtype=np.uint8)
-    for sh, pos, rows in groups:
-        _gather_rows(sh.ids, sh.id_offsets, np.ascontiguousarray(rows), out,
-                     np.ascontiguousarray(offsets[:-1][pos]), 1)
-    return pa.LargeStringArray.from_buffers(len(idx), pa.py_buffer(offsets), pa.py_buffer(out))
 
 
 def _table(store: Store, idx: np.ndarray[Any, Any], fields: list[str], id_column: str | None,
@@ -624,18 +602,14 @@ def _table(store: Store, idx: np.ndarray[Any, Any], fields: list[str], id_column
     arrays = []
     schema_fields = []
     if id_column is not None:
-        arrays.append(_arrow_ids(store, idx))
+        arrays.append(to_arrow.id_array(store, idx, large=True))
         schema_fields.append(pa.field(id_column, pa.large_string(), nullable=False))
     for name in fields:
         f = store.schema[name]
-        value = batch[name]
-        metadata = None
-        if f.dtype == BFLOAT16:
-            if bfloat16 == "float32":
-                value = (bfloat16_to_float32(value[0]), value[1]) if f.ragged else bfloat16_to_float32(value)
-            else:
-                metadata = BFLOAT16_METADATA
-        arr = _arrow_ragged(*value) if f.ragged else _arrow_fixed(value)
+        values, lengths = batch[name] if f.ragged else (batch[name], None)
+        values = to_arrow.numbers(values, f.dtype, bfloat16=bfloat16)
+        metadata = BFLOAT16_METADATA if f.dtype == BFLOAT16 and bfloat16 == "bits" else None
+        arr = _arrow_fixed(values) if lengths is None else _arrow_ragged(values, lengths)
         arrays.append(arr)
         schema_fields.append(pa.field(name, arr.type, nullable=False, metadata=metadata))
     return pa.Table.from_arrays(arrays, schema=pa.schema(schema_fields))
