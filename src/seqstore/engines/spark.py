@@ -50,8 +50,9 @@ import numpy as np
 from ..errors import FormatError, SchemaError
 from ..format.manifest import MANIFEST
 from ..interop import arrow as _arrow
+from ..interop import to_arrow
 from ..io.objects import is_remote
-from ..schema import BFLOAT16, Field, Schema, bfloat16_to_float32
+from ..schema import BFLOAT16, Field, Schema
 from ..store import Store, open_store
 from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
 from ..store.remote_writer import existing_manifest
@@ -96,7 +97,8 @@ DISCARD_WAIT_S = 60.0
 ENDED_DIR = ".spark-ended"
 ENDED_KEEP_S = 7 * 24 * 3600.0
 
-_INT32_MAX = (1 << 31) - 1
+#: what an error about too many values (or id bytes) in one Arrow array of a read suggests
+_BATCH_HINT = "; lower the batchRecords option"
 
 
 def _pa() -> Any:
@@ -532,20 +534,10 @@ class _Range(InputPartition):
         self.stop = stop
 
 
-def _offsets(lengths: np.ndarray[Any, Any], what: str) -> np.ndarray[Any, Any]:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    if out[-1] > _INT32_MAX:
-        raise ValueError(f"{what}: {int(out[-1])} values in one Arrow batch (more than 2^31 - 1); "
-                         "lower the batchRecords option")
-    return out.astype(np.int32)
-
-
 def _leaf_array(flat: np.ndarray[Any, Any], dtype: str, leaf_type: Any, what: str) -> Any:
     """A flat numpy array of stored values as an Arrow array of Spark's leaf type."""
     pa = _pa()
-    if dtype == BFLOAT16:
-        flat = bfloat16_to_float32(flat)
+    flat = to_arrow.numbers(flat, dtype)  # bfloat16 as float32
     target = np.dtype(leaf_type.to_pandas_dtype())
     if flat.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
         bad = int(np.flatnonzero(flat > np.iinfo(np.int64).max)[0])
@@ -555,68 +547,12 @@ def _leaf_array(flat: np.ndarray[Any, Any], dtype: str, leaf_type: Any, what: st
     return pa.array(np.ascontiguousarray(flat), type=leaf_type)
 
 
-def _fixed_array(block: np.ndarray[Any, Any], f: Field, arrow_type: Any, what: str) -> Any:
-    """``(r, D)`` rows of a fixed field as an Arrow column of ``arrow_type``."""
-    n = block.shape[0]
-    leaf = arrow_type
-    for _ in f.shape:
-        leaf = leaf.value_type
-    flat = _leaf_array(block.reshape(-1), f.dtype, leaf, what)
-    if not f.shape:
-        return flat
-    return _nest_fixed(flat, f.shape, n, arrow_type, what)
-
-
-def _nest_fixed(flat: Any, shape: Sequence[int | None], n: int, arrow_type: Any, what: str) -> Any:
-    """Fixed axes ``shape`` (all ints) around ``n`` records' flat values."""
-    pa = _pa()
-    types = [arrow_type]
-    for _ in shape[1:]:
-        types.append(types[-1].value_type)
-    arr = flat
-    outer = n
-    counts = [int(s or 0) for s in shape]
-    sizes = [outer]  # number of lists at each level, outermost first
-    for k in counts[:-1]:
-        sizes.append(sizes[-1] * k)
-    for level in range(len(counts) - 1, -1, -1):
-        offs = np.arange(0, sizes[level] + 1, dtype=np.int64) * counts[level]
-        if offs[-1] > _INT32_MAX:
-            raise ValueError(f"{what}: too many values for one Arrow batch; lower the batchRecords option")
-        arr = pa.ListArray.from_arrays(pa.array(offs.astype(np.int32)), arr, type=types[level])
-    return arr
-
-
-def _ragged_array(values: np.ndarray[Any, Any], lengths: np.ndarray[Any, Any], f: Field, arrow_type: Any,
-                  what: str) -> Any:
-    """A ragged field's rows ``values`` (``(sum(lengths), *inner)``) as a list column of ``arrow_type``."""
-    pa = _pa()
-    leaf = arrow_type
-    for _ in f.shape:
-        leaf = leaf.value_type
-    flat = _leaf_array(values.reshape(-1), f.dtype, leaf, what)
-    inner = f.inner_shape
-    rows_arr = _nest_fixed(flat, inner, int(values.shape[0]), arrow_type.value_type, what) if inner else flat
-    offs = _offsets(lengths, what)
-    return pa.ListArray.from_arrays(pa.array(offs), rows_arr, type=arrow_type)
-
-
-def _id_array(store: Store, start: int, stop: int, arrow_type: Any) -> Any:
-    """Ids of records ``[start, stop)`` (inside one shard) as an Arrow string array, from the stored utf-8
-    bytes and offsets (no Python string per record)."""
-    pa = _pa()
-    k, row = store._locate(start)
-    sh = store._shard(k)
-    sh.load_ids()
-    assert sh.ids is not None and sh.id_offsets is not None
-    off = np.asarray(sh.id_offsets[row : row + (stop - start) + 1], dtype=np.int64)
-    a, b = int(off[0]), int(off[-1])
-    rel = off - a
-    if b - a > _INT32_MAX:
-        raise ValueError(f"{store.root}: ids of records {start}..{stop - 1} exceed 2^31 - 1 bytes in one batch")
-    data = np.ascontiguousarray(sh.ids[a:b])
-    return pa.Array.from_buffers(arrow_type, stop - start, [None, pa.py_buffer(rel.astype(np.int32)),
-                                                              pa.py_buffer(data)])
+def _field_array(values: np.ndarray[Any, Any], f: Field, records: int | np.ndarray[Any, Any], arrow_type: Any,
+                 what: str) -> Any:
+    """A field's values (fixed: ``(r, D)`` rows of ``records`` records; ragged: the rows of records of
+    lengths ``records``) as an Arrow column of ``arrow_type``, one array level per axis."""
+    flat = _leaf_array(values.reshape(-1), f.dtype, to_arrow.leaf_type(arrow_type, len(f.shape)), what)
+    return to_arrow.field_lists(flat, f, records, arrow_type, what=what, hint=_BATCH_HINT)
 
 
 class _Reader(DataSourceReader):
@@ -663,15 +599,17 @@ class _Reader(DataSourceReader):
                 t = arrow_schema.field(name).type
                 what = f"{store.root}, records {a}..{b - 1}, field {name!r}"
                 if name == self.id_column:
-                    arrays.append(_id_array(store, a, b, t))
+                    ids_what = f"{store.root}, ids of records {a}..{b - 1}"
+                    arrays.append(to_arrow.id_array(store, np.arange(a, b, dtype=np.int64),
+                                                    large=pa.types.is_large_string(t), what=ids_what, hint=_BATCH_HINT))
                     continue
                 f = store.schema[name]
                 if f.ragged:
                     _, values, lengths = next(store.iter_ragged(name, chunk_records=b - a, start=a, stop=b))
-                    arrays.append(_ragged_array(values, lengths, f, t, what))
+                    arrays.append(_field_array(values, f, lengths, t, what))
                 else:
                     _, block = next(store.iter_matrix([name], chunk_rows=b - a, start=a, stop=b))
-                    arrays.append(_fixed_array(block, f, t, what))
+                    arrays.append(_field_array(block, f, b - a, t, what))
             yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
