@@ -250,12 +250,18 @@ def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[in
 # -------------------------------------------------------------------------------------- converting
 
 
+def _storage_array(arr: Any) -> Any:
+    """``arr`` with extension types unwrapped (the array of their storage type)."""
+    pa = _pa()
+    while isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage
+    return arr
+
+
 def _array(col: Any, path: str, name: str) -> Any:
     """One contiguous Arrow array of a table column, extension types unwrapped, nulls rejected."""
     pa = _pa()
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    while isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
+    arr = _storage_array(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
     if arr.null_count:
         raise SchemaError(f"{path}, column {name!r}: has {arr.null_count} null values; seqstore fields have no nulls")
     return arr
@@ -265,8 +271,7 @@ def _flatten_fixed(arr: Any, path: str, name: str) -> np.ndarray[Any, Any]:
     """Leaf values of a primitive or (nested) fixed-size list array, flat, as numpy."""
     pa = _pa()
     while True:
-        while isinstance(arr, pa.ExtensionArray):
-            arr = arr.storage
+        arr = _storage_array(arr)
         if not pa.types.is_fixed_size_list(arr.type):
             break
         if arr.null_count:
@@ -299,19 +304,37 @@ def _convert(arr: Any, plan: _Plan, inner: tuple[int, ...], path: str, name: str
     return flat.reshape(int(lengths.sum()), *inner), lengths
 
 
+def _first_inner_len(arr: Any) -> int | None:
+    """The length of the first inner list of a list-of-lists array; None when its lists are all empty."""
+    values = _storage_array(_storage_array(arr).flatten())
+    if not len(values):
+        return None
+    return int(values.value_lengths()[0].as_py())
+
+
 def _discover_inner(srcs: list[_Source], col: str, plan: _Plan, chunk_bytes: int) -> tuple[int, ...]:
     """Resolve a ``None`` inner dim (list of variable lists) from the first non-empty inner list."""
     if not plan.shape or plan.shape[0] is not None:
         return tuple(int(s or 0) for s in plan.shape)
     for src in srcs:
         for batch in src.batches([col], chunk_bytes):
-            values = batch.column(0)
-            while isinstance(values, _pa().ExtensionArray):
-                values = values.storage
-            values = values.flatten()
-            if len(values):
-                return (int(values.value_lengths()[0].as_py()), *(int(s or 0) for s in plan.shape[1:]))
+            first = _first_inner_len(batch.column(0))
+            if first is not None:
+                return (first, *(int(s or 0) for s in plan.shape[1:]))
     return (0, *(int(s or 0) for s in plan.shape[1:]))
+
+
+def _id_strings(col: Any, path: str, name: str) -> list[str]:
+    """An id column of a batch as the str ids a writer takes: strings as they are, integers in decimal;
+    SchemaError naming the column for nulls or any other type."""
+    pa = _pa()
+    arr = _array(col, path, name)
+    if pa.types.is_integer(arr.type):
+        arr = arr.cast(pa.string())
+    elif not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        raise SchemaError(f"{path}, column {name!r}: ids must be strings or integers, got {arr.type}")
+    ids: list[str] = arr.to_pylist()  # the writer's API takes Python str ids
+    return ids
 
 
 def _import(
@@ -432,8 +455,7 @@ class _ArrowJob:
                 }
                 ids = None
                 if self.id_column is not None:
-                    arr = _array(table.column(self.id_column), src.path, self.id_column)
-                    ids = [str(x) for x in arr.to_pylist()]
+                    ids = _id_strings(table.column(self.id_column), src.path, self.id_column)
                 writer.append_batch(batch, ids=ids)
                 if progress is not None:
                     progress(int(table.num_rows))
