@@ -65,7 +65,17 @@ from ..data import StoreDataset
 from ..errors import SchemaError, SeqstoreError
 from ..format.manifest import Manifest
 from ..interop import to_arrow
-from ..interop.arrow import _convert, _fixed_shape, _flatten_fixed, _Plan, _plan, _storage_type
+from ..interop.arrow import (
+    _convert,
+    _first_inner_len,
+    _fixed_shape,
+    _flatten_fixed,
+    _id_strings,
+    _Plan,
+    _plan,
+    _storage_array,
+    _storage_type,
+)
 from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Field, Schema
@@ -235,20 +245,6 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
         raise SchemaError(f"{_WHERE}, column {name!r}: {e}") from e
 
 
-def _first_inner_len(arr: Any) -> int | None:
-    values = _storage(arr).flatten()
-    values = _storage(values)
-    if not len(values):
-        return None
-    return int(values.value_lengths()[0].as_py())
-
-
-def _storage(arr: Any) -> Any:
-    while isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    return arr
-
-
 def infer_schema(
     arrow_schema: Any, sample: Any = None, *, id_column: str | None = None, columns: Sequence[str] | None = None
 ) -> Schema:
@@ -282,7 +278,7 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
     t = arr.type
     ext = _ext(t)
     if ext in _RAY_TENSOR:
-        flat = _numpy(_storage(arr).flatten(), name)
+        flat = _numpy(_storage_array(arr).flatten(), name)
         return flat.reshape(n, *t.shape), None
     if ext == _ARROW_TENSOR:
         if t.permutation is not None and list(t.permutation) != list(range(len(t.shape))):
@@ -313,7 +309,7 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
         return np.concatenate(values), np.array([v.shape[0] for v in values], dtype=np.int64)
     st = _storage_type(t)
     if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
-        lengths = np.asarray(_storage(arr).value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
+        lengths = np.asarray(_storage_array(arr).value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
         if lengths.any():  # lists of nulls
             raise SchemaError(f"{_WHERE}, column {name!r}: lists hold null values; seqstore fields have no nulls")
         return np.empty((0,)), lengths  # only empty lists: no dtype, nothing to store
@@ -326,7 +322,7 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
         inner = (first or 0, *(int(s or 0) for s in plan.shape[1:]))
     else:
         inner = tuple(int(s or 0) for s in plan.shape)
-    values, lengths = _convert(_storage(arr), _Plan(True, plan.dtype, plan.shape), inner, _WHERE, name)
+    values, lengths = _convert(_storage_array(arr), _Plan(True, plan.dtype, plan.shape), inner, _WHERE, name)
     return values, lengths
 
 
@@ -360,17 +356,6 @@ def _fit(name: str, f: Field, view: tuple[np.ndarray[Any, Any], np.ndarray[Any, 
     return values.reshape(n, *inner)
 
 
-def _ids(col: Any, name: str) -> list[str]:
-    arr = _whole(col, name)
-    t = _storage_type(arr.type)
-    if pa.types.is_integer(t):
-        arr = arr.cast(pa.string())
-    elif not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        raise SchemaError(f"{_WHERE}, column {name!r}: ids must be strings or integers, got {t}")
-    ids: list[str] = _storage(arr).to_pylist()  # the writer's API takes Python str ids
-    return ids
-
-
 def block_columns(table: Any, schema: Schema, id_column: str | None) -> tuple[dict[str, Any], list[str] | None]:
     """One block (a ``pyarrow.Table``) as ``append_batch`` arguments: (columns, ids)."""
     n = table.num_rows
@@ -380,7 +365,7 @@ def block_columns(table: Any, schema: Schema, id_column: str | None) -> tuple[di
             raise SchemaError(f"{_WHERE}: block has no column {name!r} (columns {table.column_names}); "
                               f"the store's fields are {list(schema)}")
         cols[name] = _fit(name, f, _view(table.column(name), name), n)
-    ids = _ids(table.column(id_column), id_column) if id_column is not None else None
+    ids = _id_strings(table.column(id_column), _WHERE, id_column) if id_column is not None else None
     return cols, ids
 
 

@@ -290,8 +290,7 @@ def _column_values(arr: Any, col: _Column, where: str) -> Any:
     lengths: np.ndarray[Any, Any] | None = None
     cur = arr
     for level, size in enumerate(f.shape):
-        while isinstance(cur, pa.ExtensionArray):
-            cur = cur.storage
+        cur = _arrow._storage_array(cur)
         t = cur.type
         what = f"{where}, column {col.column!r}" + (f" (level {level + 1} of nested arrays)" if level else "")
         if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -313,8 +312,7 @@ def _column_values(arr: Any, col: _Column, where: str) -> Any:
         else:
             raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has {level} list level(s); "
                               f"field {col.field_name!r} {f} needs {len(f.shape)}")
-    while isinstance(cur, pa.ExtensionArray):
-        cur = cur.storage
+    cur = _arrow._storage_array(cur)
     if _arrow._primitive_dtype(cur.type) is None:
         raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has more list levels than field "
                           f"{col.field_name!r} {f} has axes, or a leaf type that is not a number")
@@ -337,16 +335,6 @@ def _narrowed(flat: np.ndarray[Any, Any], f: Field) -> np.ndarray[Any, Any]:
     if -limit <= float(flat.min()) and float(flat.max()) <= limit:  # False for NaN
         return flat.astype(target)
     return flat
-
-
-def _ids(arr: Any, where: str, column: str) -> list[str]:
-    """The id column of one batch as the str ids the writer takes."""
-    pa = _pa()
-    arr = _arrow._array(arr, where, column)
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        arr = arr.cast(pa.string())
-    ids: list[str] = arr.to_pylist()
-    return ids
 
 
 # ------------------------------------------------------------------------------------------- writing
@@ -397,7 +385,9 @@ class _Writer(DataSourceArrowWriter):
                 if batch.num_rows == 0:
                     continue
                 cols = {c.field_name: _column_values(batch.column(c.column), c, where) for c in self.columns}
-                ids = _ids(batch.column(self.id_column), where, self.id_column) if self.id_column else None
+                ids = None
+                if self.id_column:
+                    ids = _arrow._id_strings(batch.column(self.id_column), where, self.id_column)
                 w.append_batch(cols, ids=ids)
             part = w.finish()
         except BaseException:
