@@ -1274,14 +1274,7 @@ class Store:
         groups = []
         for k, pos, local in self._group(idx):
             sh = self._shard(k)
-            sh.load_ids()
-            assert sh.ids is not None and sh.id_offsets is not None
-            if self._remote is not None:
-                self._need_ids(sh, local)
-            a = np.asarray(sh.id_offsets[local])
-            b = np.asarray(sh.id_offsets[local + 1])
-            if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
-                raise CorruptionError(f"{sh.display}/{(IDS + '.offsets.npy')}: id offsets out of range")
+            a, b = self._id_ranges(sh, local)
             counts[pos] = b - a
             groups.append((sh, pos, local, int(a[0])))
         np.cumsum(counts, out=offsets[1:])
@@ -1340,15 +1333,9 @@ class Store:
         ok = np.zeros(len(rows), dtype=np.bool_)
         for k, pos, local in self._group(rows):
             sh = self._shard(k)
-            sh.load_ids()
+            self._id_ranges(sh, local)
             res = np.empty(len(local), dtype=np.bool_)
             assert sh.ids is not None and sh.id_offsets is not None
-            if self._remote is not None:
-                self._need_ids(sh, local)
-            a = np.asarray(sh.id_offsets[local])
-            b = np.asarray(sh.id_offsets[local + 1])
-            if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
-                raise CorruptionError(f"{sh.display}/{(IDS + '.offsets.npy')}: id offsets out of range")
             local = np.ascontiguousarray(local)
             id_equal(sh.ids, sh.id_offsets, local, qdata, qoff, np.ascontiguousarray(qidx[pos]), res)
             ok[pos] = res
@@ -1361,6 +1348,19 @@ class Store:
         from ..io.remote import paged_searchsorted
 
         return paged_searchsorted(arr, q, side)
+
+    def _id_ranges(self, sh: _Shard, local: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Byte ranges ``(a, b)`` of the ids of local rows ``local`` of ``sh`` in ``sh.ids`` (mapped, and on a
+        remote store fetched), checked to lie in range."""
+        sh.load_ids()
+        assert sh.ids is not None and sh.id_offsets is not None
+        if self._remote is not None:
+            self._need_ids(sh, local)
+        a = np.asarray(sh.id_offsets[local])
+        b = np.asarray(sh.id_offsets[local + 1])
+        if ((a < 0) | (b < a) | (b > len(sh.ids))).any():
+            raise CorruptionError(f"{sh.display}/{IDS}.offsets.npy: id offsets out of range")
+        return a, b
 
     def _need_ids(self, sh: _Shard, local: np.ndarray[Any, Any]) -> None:
         """Remote store: wait for the ids (offsets, then bytes) of local rows ``local`` of ``sh``."""
