@@ -217,6 +217,8 @@ class NodeCache:
             except FileNotFoundError:
                 pass
         for p in (self.root / "stores").glob("*/*"):
+            if ".tmp-" in p.name:  # being built by a process right now
+                continue
             try:
                 out.append((p.stat().st_mtime, p))
             except FileNotFoundError:
@@ -252,7 +254,10 @@ class NodeCache:
                         pass
                 used -= freed
             else:  # a store's metadata directory (stores/<url>/<manifest version>)
-                freed = sum(f.stat().st_blocks * 512 for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+                try:
+                    freed = sum(f.lstat().st_blocks * 512 for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+                except FileNotFoundError:  # changed meanwhile: recounted at the next eviction
+                    freed = 0
                 _remove_tree(p)
                 used -= freed
         return max(0, used)
