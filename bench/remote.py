@@ -141,7 +141,9 @@ def smaps_mib() -> tuple[float, float]:
 
 
 def _fresh_dir(data: str, what: str) -> Path:
-    d = Path(data) / "scratch" / f"{what}-{os.getpid()}-{time.time_ns()}"
+    """A new directory for one case; node caches go under ``--cache-parent`` when given."""
+    parent = os.environ.get("SEQSTORE_BENCH_CACHE_PARENT") if what == "cache" else None
+    d = Path(parent or data) / "scratch" / f"{what}-{os.getpid()}-{time.time_ns()}"
     d.mkdir(parents=True)
     return d
 
@@ -1026,7 +1028,12 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=("server", "random", "epoch", "open"), help="only these groups")
     p.add_argument("--generate", action="store_true", help="build the data only")
     p.add_argument("--no-streaming", action="store_true", help="leave MosaicML Streaming out")
+    p.add_argument("--cache-parent", default=None,
+                   help="where seqstore's node caches go (default: under --data; e.g. /dev/shm for a cache in "
+                        "memory, as fast as a node's NVMe, where this VM's disk is slow to write)")
     args = p.parse_args()
+    if args.cache_parent:
+        os.environ["SEQSTORE_BENCH_CACHE_PARENT"] = args.cache_parent
     repeats = args.repeats or (1 if args.quick else 3)
     sizes = dict(QUICK if args.quick else FULL)
     args.data.mkdir(parents=True, exist_ok=True)

@@ -234,11 +234,17 @@ def fetch(starts: Any, ends: Any) -> Ticket:
 def ensure(starts: Any, ends: Any) -> None:
     """Return once every byte of the ranges (absolute addresses) is in the cache: fetch what is
     missing, wait for what is in flight. Raises the named error of a request that failed."""
+    first = fetch(starts, ends)
+    if not first.futures:  # nothing missing, nothing in flight: all present
+        return
     try:
-        fetch(starts, ends).wait()
+        first.wait()
     except RemoteError:  # e.g. a read-ahead request that failed: what is still missing is asked again
         pass
-    fetch(starts, ends).wait()  # also what another request was expected to bring and did not
+    again = fetch(starts, ends)  # also what another request was expected to bring and did not
+    if not again.futures:
+        return
+    again.wait()
     for region, s, e in _split_by_region(starts, ends):
         rs, re_ = page_runs(s, e)
         ms, _ = region.obj.missing(rs, np.minimum(re_, region.obj.size))
