@@ -477,3 +477,18 @@ def test_replaced_store_never_serves_stale_bytes(moto_s3: MotoS3, s3_bucket: str
     # swapping back is seen too
     moto_s3.replace_dir(a, s3_bucket, "swap/corpus.seqstore")
     assert digest(_open(moto_s3, url, cache)) == da
+
+
+def test_refresh_sees_new_shards_and_keeps_the_mapped_ones(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """A remote Store that refreshes after an append reads the new shards and still looks up ids in the
+    shards it had mapped before (their files live in the previous manifest version's mirror)."""
+    url, opts = f"s3://{s3_bucket}/grow.seqstore", moto_s3.storage_options()
+    with ss.create(url, {"v": ss.Field("int64")}, storage_options=opts) as w:
+        w.append_batch({"v": np.arange(100)}, ids=[f"a{i}" for i in range(100)])
+    store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    same(store.get_batch(np.arange(100))["v"], np.arange(100), "before the append")
+    with ss.append_to(url, storage_options=opts) as w:
+        w.append_batch({"v": np.arange(100, 150)}, ids=[f"a{i}" for i in range(100, 150)])
+    assert len(store.refresh()) == 150
+    same(store.get_batch(np.arange(150))["v"], np.arange(150), "after the append")
+    assert store.index("a5") == 5 and store.index("a120") == 120 and store.id(7) == "a7"

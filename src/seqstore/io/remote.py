@@ -292,6 +292,7 @@ class RemoteRoot:
         self.client = ObjectClient(self.url, self.storage_options, filesystem)
         self.cache = NodeCache.get(cache_dir, cache_bytes)
         self.mirror: Path | None = None
+        self._mirrors: list[Path] = []  # earlier manifest versions' mirrors (shards mapped before a refresh)
         self._metas: dict[str, ObjectMeta] = {}
         self._meta_lock = threading.Lock()
 
@@ -379,6 +380,8 @@ class RemoteRoot:
         except OSError:
             pass
         self.cache.pin(mirror)  # never evicted while this process may read it
+        if self.mirror is not None and self.mirror != mirror:
+            self._mirrors.append(self.mirror)
         self.mirror = mirror
         self._metas = {}
         return mirror
@@ -533,7 +536,7 @@ class RemoteRoot:
         """The remote counterpart of the reader's ``map_npy``: map the cache entry of the object
         behind mirror path ``path`` after the same checks (size, header)."""
         assert self.mirror is not None
-        key = path.relative_to(self.mirror).as_posix()
+        key = self._key(path)
         url = self.client.key_url(key)
         meta = self._meta(key)
         size = meta.size
@@ -604,6 +607,14 @@ class RemoteRoot:
                 pass
             os.symlink(obj.data_path, tmp)
             os.replace(tmp, link)
+
+    def _key(self, path: Path) -> str:
+        """The object key of mirror path ``path`` (of this manifest version's mirror or an earlier one:
+        a Store that refreshed keeps the shards it had mapped)."""
+        for mirror in (self.mirror, *self._mirrors):
+            if mirror is not None and path.is_relative_to(mirror):
+                return path.relative_to(mirror).as_posix()
+        raise ValueError(f"{path} is not in a mirror of {self.url}")
 
     def shard_files(self, manifest: Manifest) -> list[str]:
         """The files a shard's records need (its id files are prepared on the first id lookup)."""
