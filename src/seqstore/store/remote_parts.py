@@ -96,6 +96,7 @@ from .remote_writer import (
     KEEP_TABLES,
     MAX_CLAIMS,
     MAX_COMMIT_ATTEMPTS,
+    StagedWriter,
     _delete_quietly,
     _delete_store,
     _install,
@@ -172,7 +173,7 @@ def _list_keys(client: ObjectClient, prefix: str) -> list[str]:
 # ---------------------------------------------------------------------------------------- writer
 
 
-class RemotePartWriter(PartWriter):
+class RemotePartWriter(StagedWriter, PartWriter):
     """One task attempt's part of the store at ``url`` on object storage (see the module docs).
 
     Appending is :class:`~seqstore.store.parts.PartWriter`'s (same validation and errors); shards are
@@ -301,16 +302,6 @@ class RemotePartWriter(PartWriter):
             log.warning("%s: could not delete the objects of task attempt %r (%s); discard_parts removes them",
                         self.url, self.task, exc)
 
-    def _check_open(self) -> None:
-        try:
-            super()._check_open()
-        except SeqstoreError as exc:
-            raise type(exc)(str(exc).replace(str(self.root), self.url)) from None
-
-    def _release(self) -> None:
-        super()._release()
-        if os.getpid() == self._pid:
-            shutil.rmtree(self._stage_dir, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------- prepare

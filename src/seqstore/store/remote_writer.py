@@ -103,7 +103,26 @@ def writing_client(url: str, storage_options: Mapping[str, Any] | None = None, f
     return client
 
 
-class RemoteWriter(Writer):
+class StagedWriter(Writer):
+    """A Writer whose store directory is a local staging copy of a store at ``self.url``: its errors
+    name the URL, and releasing it removes the staging directory (``self._stage_dir``)."""
+
+    url: str
+    _stage_dir: Path
+
+    def _check_open(self) -> None:
+        try:
+            super()._check_open()
+        except SeqstoreError as exc:
+            raise type(exc)(str(exc).replace(str(self.root), self.url)) from None
+
+    def _release(self) -> None:
+        super()._release()
+        if os.getpid() == self._pid:
+            shutil.rmtree(self._stage_dir, ignore_errors=True)
+
+
+class RemoteWriter(StagedWriter):
     """Appends records to the version-3 store at ``url`` on object storage (see the module
     documentation). Use :func:`create`, :func:`append_to` or :func:`open_or_create` with a URL.
 
@@ -330,16 +349,6 @@ class RemoteWriter(Writer):
 
     # ------------------------------------------------------------------------------------- close
 
-    def _check_open(self) -> None:
-        try:
-            super()._check_open()
-        except SeqstoreError as exc:
-            raise type(exc)(str(exc).replace(str(self.root), self.url)) from None
-
-    def _release(self) -> None:
-        super()._release()
-        if os.getpid() == self._pid:
-            shutil.rmtree(self._stage_dir, ignore_errors=True)
 
 
 class _IdsMismatch(Exception):
