@@ -213,20 +213,19 @@ class ObjectClient:
         return (self.max_retries + 1) * (self.timeout + self.connect_timeout + 2.0) + 30.0
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None, *, missing_ok: bool = False
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any = None,
+        *,
+        missing_ok: bool = False,
+        with_meta: bool = True,
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         """:meth:`get_ranges` without waiting: a future of the answers. ``on_each(i, data, meta)`` is
         called for each answer as it arrives, before the future completes (in the client's thread).
-        ``missing_ok``: a missing object answers ``(empty, None)`` instead of raising."""
-        if not missing_ok:
-            return self.backend.submit(requests, on_each)
-        inner = on_each
-
-        def guarded(i: int, data: memoryview, meta: ObjectMeta | None) -> None:
-            if inner is not None:
-                inner(i, data, meta)
-
-        return self.backend.submit(requests, guarded, missing_ok=True)
+        ``missing_ok``: a missing object answers ``(empty, None)`` instead of raising. ``with_meta=False``:
+        ranges ``[start, end)`` inside objects of known size need no meta (None; one conversion less per
+        request on the data path)."""
+        return self.backend.submit(requests, on_each, missing_ok, with_meta)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
         """Write ``data`` as object ``key`` atomically; ``mode``: ``"overwrite"``, ``"create"`` (fails
@@ -273,7 +272,11 @@ class _Backend:
         raise NotImplementedError
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         raise NotImplementedError
 
@@ -459,7 +462,9 @@ class _ObstoreBackend(_Backend):
 
         return self._sync(key, fetch)  # type: ignore[no-any-return]
 
-    async def _one(self, key: str, start: int, end: int, etag: str | None) -> tuple[memoryview, ObjectMeta | None]:
+    async def _one(
+        self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True
+    ) -> tuple[memoryview, ObjectMeta | None]:
         assert self.sem is not None
         attempt = 0
         url = self.c.key_url(key)
@@ -476,6 +481,10 @@ class _ObstoreBackend(_Backend):
                         opts["if_match"] = etag
                     r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
                     data = memoryview(await r.bytes_async())
+                if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
+                    if len(data) != end - start:
+                        raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
+                    return data, None
                 m = r.meta
                 size = int(m["size"])
                 want = _expected(start, end, size)
@@ -501,14 +510,18 @@ class _ObstoreBackend(_Backend):
             await asyncio.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
 
     async def _all(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
     ) -> list[tuple[memoryview, ObjectMeta | None]]:
         if self.sem is None:
             self.sem = asyncio.Semaphore(self.c.max_requests)
 
         async def each(i: int, r: tuple[str, int, int, str | None]) -> tuple[memoryview, ObjectMeta | None]:
             try:
-                got = await self._one(*r)
+                got = await self._one(*r, with_meta)
             except RemoteNotFound:
                 if not missing_ok:
                     raise
@@ -527,9 +540,15 @@ class _ObstoreBackend(_Backend):
             raise
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
-        return asyncio.run_coroutine_threadsafe(self._all(requests, on_each, missing_ok), _Loop.get().loop)
+        return asyncio.run_coroutine_threadsafe(
+            self._all(requests, on_each, missing_ok, with_meta), _Loop.get().loop
+        )
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         cond = isinstance(mode, dict)
@@ -634,7 +653,11 @@ class _FsspecBackend(_Backend):
         return memoryview(data), ObjectMeta(key, len(data), meta.etag)
 
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         if self.pool is None:
             self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests, thread_name_prefix="seqstore-fsspec")

@@ -336,7 +336,7 @@ class RemoteRoot:
             obj, a, _ = spans[i]
             obj.fill(a, data)
 
-        fut = self.client.submit(reqs, on_each)
+        fut = self.client.submit(reqs, on_each, with_meta=False)
         for obj, a, b in spans:
             with obj.lock:
                 bisect.insort(obj.inflight, (a, b, id(fut), fut))
