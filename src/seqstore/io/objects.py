@@ -23,6 +23,7 @@ error is exact.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import os
@@ -262,15 +263,20 @@ class ObjectClient:
         return self.backend.conditional
 
 
-class _Backend:
+class _Backend(abc.ABC):
+    """What an object-store client answers (see ObjectClient, which adds the retry loop)."""
+
     conditional = False
 
+    @abc.abstractmethod
     def head(self, key: str) -> ObjectMeta:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def submit(
         self,
         requests: Sequence[tuple[str, int, int, str | None]],
@@ -278,25 +284,31 @@ class _Backend:
         missing_ok: bool = False,
         with_meta: bool = True,
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def put_file(self, key: str, path: str) -> str:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
+    @abc.abstractmethod
     def copy(self, src: str, dst: str) -> None:
-        raise NotImplementedError
+        """See the ObjectClient method of the same name."""
 
 
 # --------------------------------------------------------------------------------------- obstore
