@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from support.stores import same_stores as _same
 
 import seqstore as ss
 from seqstore.errors import FormatError, SchemaError, SeqstoreError
@@ -60,16 +61,6 @@ def _local(tmp: Path, name: str, ranges: list[tuple[int, int]]) -> Any:
             cols, ids = _batch(first, n)
             w.append_batch(cols, ids=ids)
     return ss.open(tmp / name)
-
-
-def _same(a: Any, b: Any) -> None:
-    assert len(a) == len(b) and list(a.schema) == list(b.schema)
-    ga, gb = a.get_batch(np.arange(len(a))), b.get_batch(np.arange(len(b)))
-    for name in gb:
-        for x, y in zip(ga[name] if isinstance(ga[name], tuple) else (ga[name],),
-                        gb[name] if isinstance(gb[name], tuple) else (gb[name],)):
-            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
-    assert [a.id(i) for i in range(len(a))] == [b.id(i) for i in range(len(b))]
 
 
 def _open(url: str, s3: MotoS3, cache: Path) -> Any:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from support.stores import same_stores as _same
 
 import seqstore as ss
 from seqstore.errors import ConflictError, FormatError, RemoteError, SchemaError
@@ -44,17 +45,6 @@ def _batch(first: int, n: int) -> tuple[dict[str, Any], list[str]]:
         "g/b": rng.standard_normal((n, 3)).astype(np.float16),
     }
     return cols, [f"r{i:05d}" for i in range(first, first + n)]
-
-
-def _same(a: Any, b: Any) -> None:
-    """Two stores hold the same records, values and ids, in the same order."""
-    assert len(a) == len(b) and list(a.schema) == list(b.schema)
-    ga, gb = a.get_batch(np.arange(len(a))), b.get_batch(np.arange(len(b)))
-    for name in gb:
-        for x, y in zip(ga[name] if isinstance(ga[name], tuple) else (ga[name],),
-                        gb[name] if isinstance(gb[name], tuple) else (gb[name],)):
-            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
-    assert [a.id(i) for i in range(len(a))] == [b.id(i) for i in range(len(b))]
 
 
 def _open(url: str, s3: MotoS3, cache: Path) -> Any:

@@ -200,3 +200,14 @@ def assert_same_reads(remote: Any, local: Any, seed: int = 0) -> None:
         for (a, gv, gl), (_, wv, wl) in zip(got_r, want_r):
             same(gv, wv, f"iter_ragged({field}) values at {a}")
             same(gl, wl, f"iter_ragged({field}) lengths at {a}")
+
+
+def same_stores(a: Any, b: Any) -> None:
+    """Two stores hold the same records, values (dtype, shape and bytes) and ids, in the same order."""
+    assert len(a) == len(b) and list(a.schema) == list(b.schema)
+    ga, gb = a.get_batch(np.arange(len(a))), b.get_batch(np.arange(len(b)))
+    for name in gb:
+        for x, y in zip(ga[name] if isinstance(ga[name], tuple) else (ga[name],),
+                        gb[name] if isinstance(gb[name], tuple) else (gb[name],)):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+    assert [a.id(i) for i in range(len(a))] == [b.id(i) for i in range(len(b))]
