@@ -329,20 +329,20 @@ class LatencyProxy:
                 c.shutdown(socket.SHUT_RDWR)
 
 
-class ProxyProcess:
+try:  # run as ``python -m bench._remote_proxy`` from the repository, or imported as ``bench._remote_proxy``
+    from bench._remote_server import ChildProcess
+except ImportError:  # pragma: no cover - run as a script from bench/
+    from _remote_server import ChildProcess  # type: ignore[no-redef]
+
+
+class ProxyProcess(ChildProcess):
     """A proxy in a child process. ``kind``: ``"threads"`` (this module) or ``"fault"``
     (``tests/support/proxy.py``'s FaultProxy, run through :func:`_fault_main` so it records requests)."""
 
     def __init__(self, upstream: str, latency: float, kind: str = "threads", python: str | None = None) -> None:
         self.upstream, self.latency, self.kind = upstream, latency, kind
         self.python = python or sys.executable
-        self.proc: subprocess.Popen[str] | None = None
-        self.port = 0
         self.control = ""  # where /_proxy/stats is answered
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ProxyProcess:
         repo = Path(__file__).resolve().parent.parent
@@ -359,21 +359,6 @@ class ProxyProcess:
         self.control = f"http://127.0.0.1:{lines[-1]}"
         return self
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def __enter__(self) -> ProxyProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def stats(control: str, reset: bool = False, log: bool = False) -> dict[str, Any]:

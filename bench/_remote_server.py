@@ -31,6 +31,7 @@ and absolute parts are refused). Signatures are not checked. Temporary files of 
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import contextlib
@@ -491,18 +492,44 @@ async def _main_async(root: Path, bucket: str, host: str, port: int) -> None:
         await server.serve_forever()
 
 
-class ServerProcess:
+class ChildProcess(abc.ABC):
+    """A bench service in a child process that prints its port: ``start()`` (in the subclass), ``stop()``,
+    and ``with`` support; ``endpoint`` is ``http://127.0.0.1:<port>``."""
+
+    proc: subprocess.Popen[str] | None = None
+    port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @abc.abstractmethod
+    def start(self) -> Any:
+        """Start the child and wait for it to print its port; returns ``self``."""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServerProcess(ChildProcess):
     """This server as a child process: ``with ServerProcess(root, "bench") as s: s.endpoint``."""
 
     def __init__(self, root: Path, bucket: str, python: str | None = None) -> None:
         self.root, self.bucket = Path(root), bucket
         self.python = python or sys.executable
-        self.proc: subprocess.Popen[str] | None = None
-        self.port = 0
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
         repo = Path(__file__).resolve().parent.parent
@@ -520,21 +547,6 @@ class ServerProcess:
         self.port = int(line)
         return self
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def storage_options(endpoint: str) -> dict[str, Any]:
