@@ -54,6 +54,8 @@ REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "htt
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
 SEQSTORE_OPTIONS = ("max_requests", "coalesce_gap", "timeout", "max_retries", "connect_timeout")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
+#: answers up to this size are taken synchronously once their headers are in (see ``_ObstoreBackend._one``)
+_SMALL_BODY = 64 << 10
 
 
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
@@ -492,7 +494,12 @@ class _ObstoreBackend(_Backend):
                     if etag:
                         opts["if_match"] = etag
                     r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
-                    data = memoryview(await r.bytes_async())
+                    if 0 <= start < end <= start + _SMALL_BODY:
+                        # a small body has (nearly always) arrived with the headers: taking it without a
+                        # second await costs ~90 us less CPU per request; the client's timeout bounds it
+                        data = memoryview(r.bytes())
+                    else:
+                        data = memoryview(await r.bytes_async())
                 if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
                     if len(data) != end - start:
                         raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")

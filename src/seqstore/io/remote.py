@@ -169,17 +169,21 @@ def _missing_requests(
         flight = obj.chunk_flight
         mchunk = ms // _CHUNK
         in_chunk = np.isin(mchunk, dense) | np.isin(mchunk, np.fromiter(flight, np.int64, len(flight)))
+        whole: list[int] = []
         for c in np.unique(mchunk[in_chunk]).tolist():
             fut = flight.get(c)
             if fut is not None:
                 waits.append(fut)
-                continue
-            a = c * _CHUNK
-            cs, ce = obj.missing(np.array([a], np.int64), np.array([min(a + _CHUNK, obj.size)], np.int64))
+            else:
+                whole.append(c)
+        if whole:
+            a = np.asarray(whole, dtype=np.int64) * _CHUNK
+            cs, ce = obj.missing(a, np.minimum(a + _CHUNK, obj.size))
             if len(cs):
+                # adjacent chunks go in one request (up to _MOST bytes): fewer, larger requests
+                claimed.extend(np.unique(cs // _CHUNK).tolist())
                 cs, ce = page_runs(cs, ce, gap=gap, most=_MOST)
                 runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
-                claimed.append(c)
         ms, me = ms[~in_chunk], me[~in_chunk]
         sparse = obj.inflight
         if sparse and len(ms):
