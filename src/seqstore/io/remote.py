@@ -54,6 +54,7 @@ __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted"
 _MOST = 8 << 20  # bytes per request at most
 _CHUNK = 1 << 20  # an access that asks for at least 1/_DENSE of such an aligned chunk fetches it whole
 _DENSE = 16
+_DENSE_SECONDS = 1.0  # sparse requests for a chunk in the last this many seconds count towards its density
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
 
@@ -71,21 +72,40 @@ class _Region:
 _lock = threading.Lock()
 _bases: list[int] = []  # sorted
 _regions: dict[int, _Region] = {}
+_index: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[_Region]] | None = None  # arrays of _bases, ends
 
 
 def _register(region: _Region, owner: Any) -> None:
+    global _index
     with _lock:
         bisect.insort(_bases, region.base)
         _regions[region.base] = region
+        _index = None
     weakref.finalize(owner, _unregister, region.base).atexit = False
 
 
 def _unregister(base: int) -> None:
+    global _index
     with _lock:
         if _regions.pop(base, None) is not None:
             i = bisect.bisect_left(_bases, base)
             if i < len(_bases) and _bases[i] == base:
                 del _bases[i]
+            _index = None
+
+
+def _lookup() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[_Region]]:
+    """The registered regions as arrays (start addresses, end addresses) and a list, rebuilt after a change."""
+    global _index
+    with _lock:
+        if _index is None:
+            regions = [_regions[b] for b in _bases]
+            _index = (
+                np.asarray(_bases, dtype=np.int64),
+                np.asarray([r.end for r in regions], dtype=np.int64),
+                regions,
+            )
+        return _index
 
 
 def remote_mappings() -> int:
@@ -98,10 +118,9 @@ def _split_by_region(starts: Any, ends: Any) -> list[tuple[_Region, np.ndarray[A
     e = np.asarray(ends, dtype=np.int64).reshape(-1)
     if not len(s) or not _regions:
         return []
-    with _lock:
-        bases = np.asarray(_bases, dtype=np.int64)
-        regions = [_regions[b] for b in _bases]
-    ends_of = np.asarray([r.end for r in regions], dtype=np.int64)
+    bases, ends_of, regions = _lookup()
+    if not len(bases):
+        return []
     i = np.searchsorted(bases, s, side="right") - 1
     ok = (i >= 0) & (e > s)
     i_ok = np.where(ok, i, 0)
@@ -150,32 +169,50 @@ def _missing_requests(
     claimed: to be registered as in flight with the request's future)."""
     obj = region.obj
     rs, re_ = page_runs(s, e)
-    re_ = np.minimum(re_, obj.size)
-    ms, me = obj.missing(rs, re_)
+    ms, me = obj.missing(rs, np.minimum(re_, obj.size))
     if not len(ms):
         return [], [], []
-    rs, re_ = _cut_at_chunks(rs, re_)
     ms, me = _cut_at_chunks(ms, me)
     waits: list[Any] = []
     runs: list[tuple[int, int]] = []
     claimed: list[int] = []
-    # dense access (a scan, the blocks of a random_block window): the aligned chunks it keeps touching are
-    # fetched whole, once (later batches wait for the chunk's request instead of asking for the holes)
-    chunk = np.asarray(rs // _CHUNK, dtype=np.int64)
-    ids, inv = np.unique(chunk, return_inverse=True)
-    dense = ids[np.bincount(inv, weights=(re_ - rs).astype(np.float64)) >= _CHUNK // _DENSE]
     gap = region.root.client.coalesce_gap
     with obj.lock:
-        flight = obj.chunk_flight
+        # missing runs that a sparse request in flight already brings: wait for it
+        sparse = obj.inflight
+        if sparse:
+            fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
+            fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
+            j = np.searchsorted(fs, ms, side="right") - 1
+            covered = (j >= 0) & (fe[np.maximum(j, 0)] >= me)
+            for jj in np.unique(j[covered]).tolist():
+                waits.append(sparse[jj][3])
+            ms, me = ms[~covered], me[~covered]
+        if not len(ms):
+            return runs, waits, claimed
+        # Dense access (a scan, the blocks of a random_block window): an aligned chunk of which this access
+        # and the earlier sparse requests together ask at least 1/_DENSE is fetched whole, once; later
+        # accesses wait for that request instead of asking for the holes.
+        if obj.chunk_asked is None:
+            obj.chunk_asked = np.zeros((2, -(-obj.size // _CHUNK)), dtype=np.float64)  # bytes, last time
+        now = time.monotonic()
         mchunk = ms // _CHUNK
-        in_chunk = np.isin(mchunk, dense) | np.isin(mchunk, np.fromiter(flight, np.int64, len(flight)))
+        ids, inv = np.unique(mchunk, return_inverse=True)
+        new = np.bincount(inv, weights=(me - ms).astype(np.float64))
+        # only recent sparse requests count: a random order that comes back to a chunk now and then
+        # must not turn into whole-chunk reads
+        asked = np.where(now - obj.chunk_asked[1, ids] <= _DENSE_SECONDS, obj.chunk_asked[0, ids], 0.0)
+        flight = obj.chunk_flight
         whole: list[int] = []
-        for c in np.unique(mchunk[in_chunk]).tolist():
+        to_whole = np.zeros(len(ids), dtype=bool)
+        for k, c in enumerate(ids.tolist()):
             fut = flight.get(c)
             if fut is not None:
                 waits.append(fut)
-            else:
+                to_whole[k] = True
+            elif new[k] + asked[k] >= _CHUNK // _DENSE:
                 whole.append(c)
+                to_whole[k] = True
         if whole:
             a = np.asarray(whole, dtype=np.int64) * _CHUNK
             cs, ce = obj.missing(a, np.minimum(a + _CHUNK, obj.size))
@@ -184,16 +221,12 @@ def _missing_requests(
                 claimed.extend(np.unique(cs // _CHUNK).tolist())
                 cs, ce = page_runs(cs, ce, gap=gap, most=_MOST)
                 runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
-        ms, me = ms[~in_chunk], me[~in_chunk]
-        sparse = obj.inflight
-        if sparse and len(ms):
-            fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
-            fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
-            j = np.searchsorted(fs, ms, side="right") - 1
-            covered = (j >= 0) & (fe[np.maximum(j, 0)] >= me)
-            for jj in np.unique(j[covered]).tolist():
-                waits.append(sparse[jj][3])
-            ms, me = ms[~covered], me[~covered]
+        keep = ~to_whole[inv]
+        ms, me = ms[keep], me[keep]
+        if len(ms):
+            sparse = ~to_whole
+            obj.chunk_asked[0, ids[sparse]] = asked[sparse] + new[sparse]
+            obj.chunk_asked[1, ids[sparse]] = now
     if len(ms):
         cs, ce = page_runs(ms, me, gap=gap, most=_MOST)
         runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))

@@ -948,8 +948,15 @@ class Store:
             out: np.ndarray[Any, Any] = groups[0][0].columns[name][groups[0][2]]
             return out
         res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
+        # np.take copies whole rows: 3-4x faster than ``col[rows]``, which goes element by element
+        if len(groups) == 1:  # one shard: its rows in batch order, taken straight into the result
+            sh, pos, rows = groups[0]
+            if not isinstance(pos, slice):
+                rows, in_order = np.empty_like(rows), rows
+                rows[pos] = in_order
+            np.take(sh.columns[name], rows, axis=0, out=res)
+            return res
         for sh, pos, rows in groups:
-            # np.take copies whole rows: 3-4x faster than ``col[rows]``, which goes element by element
             res[pos] = np.take(sh.columns[name], rows, axis=0)
         return res
 
