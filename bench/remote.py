@@ -43,8 +43,11 @@ cache):
   many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
   (the server's sequential throughput through the proxy: the baseline); ``seqstore
   random_block:1024:16`` (default prefetch, and 64) and ``seqstore default order``: ``iter_batches`` of the
-  order in batches of 1024; ``streaming epoch (py1e)``: iterating Streaming's dataset with its
-  shuffle, one process. MB/s of values delivered (``server sequential``: of file bytes).
+  order in batches of 1024; ``obstore x64, seqstore's random_block:1024:16 requests``: the data requests the
+  seqstore random_block case of the same round made, replayed raw in the same order (MAX_REQUESTS in
+  flight, nothing done with the answers; MB/s of the records' bytes they brought seqstore): what that
+  request pattern costs apart from seqstore's processing; ``streaming epoch (py1e)``: iterating Streaming's
+  dataset with its shuffle, one process. MB/s of values delivered (``server sequential``: of file bytes).
 - ``open``: ``seqstore.open`` then the first batch (1, 16 or 1024 records of the random order):
   times and the proxy's request and round-trip counts of each step.
 - ``server``: 8 MiB range GETs (MB/s) and 2 KiB GETs (latency one at a time, rate with
@@ -106,6 +109,7 @@ OTHER_LIMIT = 16 if MAX_REQUESTS != 16 else 64
 RAW = f"obstore get_range x{MAX_REQUESTS}"
 SEQ_CHUNK = 8 << 20
 BLOCK_ORDER = "random_block:1024:16"
+REPLAY = f"obstore x{MAX_REQUESTS}, seqstore's {BLOCK_ORDER} requests"
 DIM_FIXED, DIM_RAGGED = 512, 16
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -479,6 +483,42 @@ async def _read_files(store: Any, files: list[tuple[str, int]], chunk: int, conc
     return sum(await asyncio.gather(*jobs))
 
 
+def _requests_file(data: str, kind: str) -> Path:
+    """Where the seqstore random_block case of ``kind`` leaves the data requests it made (for the replay)."""
+    return Path(data) / "scratch" / f"requests-{kind}.json"
+
+
+def _record_requests(path: Path, asked: list[int]) -> None:
+    """Record, in this child process, every data request seqstore submits (object key in the bucket, start,
+    end), written to ``path`` with the asked bytes at exit (the seqstore cases exit normally)."""
+    from seqstore.io import remote
+
+    made: list[tuple[str, int, int]] = []
+    submit = remote.RemoteRoot.submit
+
+    def recording(self: Any, reqs: Any, fills: Any, chunks: Any = ()) -> Any:
+        bucket = f"s3://{BUCKET}/"
+        made.extend((self.client.key_url(k).removeprefix(bucket), a, b) for k, a, b, _ in reqs)
+        return submit(self, reqs, fills, chunks)
+
+    remote.RemoteRoot.submit = recording  # type: ignore[method-assign]
+    import atexit
+
+    atexit.register(lambda: path.write_text(json.dumps({"requests": made, "asked": asked[0]})))
+
+
+async def _replay(store: Any, reqs: list[list[Any]], conc: int) -> int:
+    import obstore
+
+    sem = asyncio.Semaphore(conc)
+
+    async def one(key: str, a: int, b: int) -> int:
+        async with sem:
+            return len(await obstore.get_range_async(store, key, start=a, end=b))
+
+    return sum(await asyncio.gather(*(one(*r) for r in reqs)))
+
+
 def case_epoch(
     kind: str,
     system: str,
@@ -495,7 +535,19 @@ def case_epoch(
     (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs, MAX_REQUESTS in flight."""
     scratch = _fresh_dir(data, "cache")
     try:
-        if system == "sequential":
+        if system == "replay":  # the data requests the seqstore random_block case made, raw
+            made = json.loads(_requests_file(data, kind).read_text())
+            store = _s3store(endpoint)
+            _remote_proxy.stats(control, reset=True)
+            with section("read"):
+                t0 = time.perf_counter()
+                asyncio.run(_replay(store, made["requests"], MAX_REQUESTS))
+                dt = time.perf_counter() - t0
+            nbytes = made["asked"]  # the records' bytes those requests brought to seqstore
+            steady = nbytes / dt / 1e6
+            _exit_quietly()
+            first_s = None
+        elif system == "sequential":
             store = _s3store(endpoint)
             total = sum(size for key, size in files if not key.endswith(".offsets.npy"))
             budget = int(total * records / n)  # the values' share of the files these records cover
@@ -523,6 +575,9 @@ def case_epoch(
                 n, BLOCK_ORDER if system == "random_block" else "default", epoch=1, seed=ORDER_SEED
             )
             chunks = itertools.islice(order.iter_chunks(BATCH), -(-records // BATCH))
+            asked = [0]
+            if system == "random_block" and prefetch is None:
+                _record_requests(_requests_file(data, kind), asked)
             _remote_proxy.stats(control, reset=True)
             nbytes = 0
             with section("read"):
@@ -535,6 +590,7 @@ def case_epoch(
                 dt = time.perf_counter() - t0
                 steady = (nbytes - first) / (time.perf_counter() - t1) / 1e6
                 first_s = t1 - t0
+            asked[0] = nbytes
         extra = _proxy_extra(control)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -756,6 +812,7 @@ def build_cases(
             rows = [
                 ("server sequential", "bench.remote:case_epoch", {"system": "sequential", "files": files}),
                 (f"seqstore {BLOCK_ORDER}", "bench.remote:case_epoch", {"system": "random_block", "files": files}),
+                (REPLAY, "bench.remote:case_epoch", {"system": "replay", "files": files}),
                 (
                     f"seqstore {BLOCK_ORDER}, prefetch 64",
                     "bench.remote:case_epoch",
@@ -923,7 +980,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 f"\n{kind}: the first {meta['epoch_records']:,} records of an epoch of {n:,} through the proxy "
                 f"(batches of {BATCH})\n"
             )
-            refs = ["server sequential"]
+            refs = ["server sequential", REPLAY]
         else:
             lines.append(
                 f"\n{kind}: {min(meta['n_read'], n):,} records of a random epoch of {n:,}, batches of "
@@ -996,6 +1053,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                     f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), seq)} (target >= 0.8x)"
                 )
                 parts.append(f"with prefetch 64 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 64'), seq)}")
+                own = _ratio(e.get(f"seqstore {BLOCK_ORDER}"), e.get(REPLAY))
+                parts.append(f"{BLOCK_ORDER} / its own requests replayed raw {own}")
             if parts:
                 lines.append(f"{kind} ({what}): " + "; ".join(parts))
     for name, v in summary.get("open", {}).items():
@@ -1028,9 +1087,12 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=("server", "random", "epoch", "open"), help="only these groups")
     p.add_argument("--generate", action="store_true", help="build the data only")
     p.add_argument("--no-streaming", action="store_true", help="leave MosaicML Streaming out")
-    p.add_argument("--cache-parent", default=None,
-                   help="where seqstore's node caches go (default: under --data; e.g. /dev/shm for a cache in "
-                        "memory, as fast as a node's NVMe, where this VM's disk is slow to write)")
+    p.add_argument(
+        "--cache-parent",
+        default=None,
+        help="where seqstore's node caches go (default: under --data; e.g. /dev/shm for a cache in "
+        "memory, as fast as a node's NVMe, where this VM's disk is slow to write)",
+    )
     args = p.parse_args()
     if args.cache_parent:
         os.environ["SEQSTORE_BENCH_CACHE_PARENT"] = args.cache_parent
