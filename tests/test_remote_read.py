@@ -492,3 +492,39 @@ def test_refresh_sees_new_shards_and_keeps_the_mapped_ones(moto_s3: MotoS3, s3_b
     assert len(store.refresh()) == 150
     same(store.get_batch(np.arange(150))["v"], np.arange(150), "after the append")
     assert store.index("a5") == 5 and store.index("a120") == 120 and store.id(7) == "a7"
+
+
+def _chunk_requests(proxy: FaultProxy) -> list[tuple[int, int]]:
+    """Byte ranges (first, last inclusive) of the requests for the values file of shard 0."""
+    return [r.byte_range for r in proxy.requests if r.path.endswith("/x.npy") and r.byte_range is not None
+            and r.byte_range[0] >= 4096]
+
+
+def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_s3: MotoS3, s3_bucket: str,
+                                                                         tmp_path: Path,
+                                                                         s3_proxy: FaultProxy) -> None:
+    """A batch asking 10 scattered pages (40 KiB) of the first 1 MiB chunk of a file gets those pages (one
+    run); so does the next such batch (only the access itself counts). A batch asking 20 pages (80 KiB,
+    1/16 of the chunk or more) gets the rest of the next chunk whole, in one request, and later batches
+    inside that chunk make no request."""
+    local = tmp_path / "dense.seqstore"
+    rows = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)  # 1 KiB records: 4 per page
+    with ss.create(local, {"x": ss.Field("float32", (256,))}) as w:
+        w.append_batch({"x": rows})
+    url = moto_s3.upload_dir(local, s3_bucket, "dense/a.seqstore")
+    store = _open(moto_s3, url, tmp_path / "cache", s3_proxy.url)
+    page = 4096
+    for first in (np.arange(0, 80, 8), np.arange(400, 480, 8)):  # pages 1, 3, ..., 19, then 101, ..., 119
+        s3_proxy.clear_log()
+        np.testing.assert_array_equal(store.get_batch(first)["x"], rows[first])
+        asked = _chunk_requests(s3_proxy)
+        lo, hi = page * (1 + first[0] // 4), page * (2 + first[-1] // 4)
+        assert asked and all(lo <= a and b < hi for a, b in asked), asked
+    s3_proxy.clear_log()
+    dense = 1020 + np.arange(0, 160, 8)  # 20 pages of the second chunk (records 1020-1279: pages 256-320)
+    np.testing.assert_array_equal(store.get_batch(dense)["x"], rows[dense])
+    assert _chunk_requests(s3_proxy) == [(1 << 20, (2 << 20) - 1)]
+    s3_proxy.clear_log()
+    inside = 1020 + np.arange(3, 1000, 7)  # elsewhere in that chunk: present, no request
+    np.testing.assert_array_equal(store.get_batch(inside)["x"], rows[inside])
+    assert _chunk_requests(s3_proxy) == []

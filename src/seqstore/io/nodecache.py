@@ -339,8 +339,6 @@ class CachedObject:
         self.inflight: list[tuple[int, int, int, Any]] = []
         # aligned chunks (seqstore.io.remote) requested whole and not yet arrived: chunk number -> future
         self.chunk_flight: dict[int, Any] = {}
-        # per aligned chunk: bytes this process asked for in sparse requests lately, and when (seqstore.io.remote)
-        self.chunk_asked: np.ndarray[Any, Any] | None = None
         self._touched = 0.0
         self.touch()
 

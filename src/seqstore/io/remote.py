@@ -54,7 +54,6 @@ __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted"
 _MOST = 8 << 20  # bytes per request at most
 _CHUNK = 1 << 20  # an access that asks for at least 1/_DENSE of such an aligned chunk fetches it whole
 _DENSE = 16
-_DENSE_SECONDS = 1.0  # sparse requests for a chunk in the last this many seconds count towards its density
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
 
@@ -169,18 +168,39 @@ def _missing_requests(
     claimed: to be registered as in flight with the request's future)."""
     obj = region.obj
     rs, re_ = page_runs(s, e)
-    ms, me = obj.missing(rs, np.minimum(re_, obj.size))
+    re_ = np.minimum(re_, obj.size)
+    ms, me = obj.missing(rs, re_)
     if not len(ms):
         return [], [], []
+    rs, re_ = _cut_at_chunks(rs, re_)
     ms, me = _cut_at_chunks(ms, me)
     waits: list[Any] = []
     runs: list[tuple[int, int]] = []
     claimed: list[int] = []
+    # Dense access (a scan, the blocks of a random_block window): the aligned chunks of which it asks at
+    # least 1/_DENSE are fetched whole, once, adjacent ones in one request; later accesses wait for that
+    # request instead of asking for the holes. Only this access counts: random batches that come back to
+    # a chunk now and then never turn into whole-chunk reads.
+    chunk = rs // _CHUNK
+    ids, inv = np.unique(chunk, return_inverse=True)
+    dense = ids[np.bincount(inv, weights=(re_ - rs).astype(np.float64)) >= _CHUNK // _DENSE]
     gap = region.root.client.coalesce_gap
     with obj.lock:
-        # missing runs that a sparse request in flight already brings: wait for it
+        flight = obj.chunk_flight
+        mchunk = ms // _CHUNK
+        flying = np.isin(mchunk, np.fromiter(flight, np.int64, len(flight))) if flight else np.zeros(len(ms), bool)
+        for c in np.unique(mchunk[flying]).tolist():  # chunks coming whole: wait for them
+            waits.append(flight[c])
+        whole = ~flying & np.isin(mchunk, dense)
+        if whole.any():
+            a = np.unique(mchunk[whole]) * _CHUNK
+            cs, ce = obj.missing(a, np.minimum(a + _CHUNK, obj.size))
+            claimed.extend(np.unique(_cut_at_chunks(cs, ce)[0] // _CHUNK).tolist())
+            cs, ce = page_runs(cs, ce, gap=gap, most=_MOST)  # adjacent chunks merge: fewer, larger requests
+            runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
+        ms, me = ms[~(flying | whole)], me[~(flying | whole)]
         sparse = obj.inflight
-        if sparse:
+        if sparse and len(ms):  # missing runs that a request in flight already brings: wait for it
             fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
             fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
             j = np.searchsorted(fs, ms, side="right") - 1
@@ -188,45 +208,6 @@ def _missing_requests(
             for jj in np.unique(j[covered]).tolist():
                 waits.append(sparse[jj][3])
             ms, me = ms[~covered], me[~covered]
-        if not len(ms):
-            return runs, waits, claimed
-        # Dense access (a scan, the blocks of a random_block window): an aligned chunk of which this access
-        # and the earlier sparse requests together ask at least 1/_DENSE is fetched whole, once; later
-        # accesses wait for that request instead of asking for the holes.
-        if obj.chunk_asked is None:
-            obj.chunk_asked = np.zeros((2, -(-obj.size // _CHUNK)), dtype=np.float64)  # bytes, last time
-        now = time.monotonic()
-        mchunk = ms // _CHUNK
-        ids, inv = np.unique(mchunk, return_inverse=True)
-        new = np.bincount(inv, weights=(me - ms).astype(np.float64))
-        # only recent sparse requests count: a random order that comes back to a chunk now and then
-        # must not turn into whole-chunk reads
-        asked = np.where(now - obj.chunk_asked[1, ids] <= _DENSE_SECONDS, obj.chunk_asked[0, ids], 0.0)
-        flight = obj.chunk_flight
-        whole: list[int] = []
-        to_whole = np.zeros(len(ids), dtype=bool)
-        for k, c in enumerate(ids.tolist()):
-            fut = flight.get(c)
-            if fut is not None:
-                waits.append(fut)
-                to_whole[k] = True
-            elif new[k] + asked[k] >= _CHUNK // _DENSE:
-                whole.append(c)
-                to_whole[k] = True
-        if whole:
-            a = np.asarray(whole, dtype=np.int64) * _CHUNK
-            cs, ce = obj.missing(a, np.minimum(a + _CHUNK, obj.size))
-            if len(cs):
-                # adjacent chunks go in one request (up to _MOST bytes): fewer, larger requests
-                claimed.extend(np.unique(cs // _CHUNK).tolist())
-                cs, ce = page_runs(cs, ce, gap=gap, most=_MOST)
-                runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
-        keep = ~to_whole[inv]
-        ms, me = ms[keep], me[keep]
-        if len(ms):
-            sparse = ~to_whole
-            obj.chunk_asked[0, ids[sparse]] = asked[sparse] + new[sparse]
-            obj.chunk_asked[1, ids[sparse]] = now
     if len(ms):
         cs, ce = page_runs(ms, me, gap=gap, most=_MOST)
         runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
