@@ -506,7 +506,7 @@ def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_
     """A batch asking 10 scattered pages (40 KiB) of the first 1 MiB chunk of a file gets those pages (one
     run); so does the next such batch (only the access itself counts). A batch asking 20 pages (80 KiB,
     1/16 of the chunk or more) gets the rest of the next chunk whole, in one request, and later batches
-    inside that chunk make no request."""
+    inside that chunk make no request; a chunk next to such a chunk comes whole from 1/64 on."""
     local = tmp_path / "dense.seqstore"
     rows = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)  # 1 KiB records: 4 per page
     with ss.create(local, {"x": ss.Field("float32", (256,))}) as w:
@@ -528,3 +528,8 @@ def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_
     inside = 1020 + np.arange(3, 1000, 7)  # elsewhere in that chunk: present, no request
     np.testing.assert_array_equal(store.get_batch(inside)["x"], rows[inside])
     assert _chunk_requests(s3_proxy) == []
+    # a block that runs on into the next chunk: 5 pages (20 KiB) there are enough next to a dense chunk
+    s3_proxy.clear_log()
+    edge = np.concatenate([2044 + np.arange(0, 160, 8), 3068 + np.arange(0, 20, 4)])  # chunks 2 and 3
+    np.testing.assert_array_equal(store.get_batch(edge)["x"], rows[edge])
+    assert _chunk_requests(s3_proxy) == [(2 << 20, (4 << 20) - 1)]
