@@ -20,7 +20,7 @@ import dataclasses
 import errno
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -903,9 +903,11 @@ class Store:
             prefetch = 2 if self._remote is None else 16
 
         # tokens: [indices, groups, value rows requested]; a remote store requests the value rows of a
-        # batch when the batch after it enters the window (its offsets have had a batch's time to arrive),
-        # a local one just before the batch is next (the page cache answers offsets in microseconds)
-        window: list[list[Any]] = []
+        # batch when the ``lag``-th batch after it enters the window (reading its offsets then seldom
+        # waits: they have had that many batches' time to arrive), a local one just before the batch is
+        # next (the page cache answers offsets in microseconds)
+        lag = max(1, prefetch // 4)
+        window: deque[list[Any]] = deque()
 
         def values(token: list[Any]) -> None:
             if active and not token[2]:
@@ -917,9 +919,9 @@ class Store:
             groups = self._batch_groups(idx)
             token = [idx, self._request(groups, names) if active else groups, False]
             if self._remote is not None:
-                if window:
-                    values(window.pop())
                 window.append(token)
+                if len(window) > lag:
+                    values(window.popleft())
             return token
 
         for _batch, (idx, groups, _) in lookahead(batches, prefetch, request, values):
