@@ -506,9 +506,10 @@ def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_
     """A batch asking 10 scattered pages (40 KiB) of the first 1 MiB chunk of a file gets those pages (one
     run); so does the next such batch (only the access itself counts). A batch asking 20 pages (80 KiB,
     1/16 of the chunk or more) gets the rest of the next chunk whole, in one request, and later batches
-    inside that chunk make no request; a chunk next to such a chunk comes whole from 1/64 on."""
+    inside that chunk make no request; a chunk next to such a chunk comes whole from 1/64 on, and two
+    neighbouring chunks from 1/32 each."""
     local = tmp_path / "dense.seqstore"
-    rows = np.arange(4096 * 256, dtype=np.float32).reshape(4096, 256)  # 1 KiB records: 4 per page
+    rows = np.arange(8192 * 256, dtype=np.float32).reshape(8192, 256)  # 1 KiB records: 4 per page
     with ss.create(local, {"x": ss.Field("float32", (256,))}) as w:
         w.append_batch({"x": rows})
     url = moto_s3.upload_dir(local, s3_bucket, "dense/a.seqstore")
@@ -533,3 +534,8 @@ def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_
     edge = np.concatenate([2044 + np.arange(0, 160, 8), 3068 + np.arange(0, 20, 4)])  # chunks 2 and 3
     np.testing.assert_array_equal(store.get_batch(edge)["x"], rows[edge])
     assert _chunk_requests(s3_proxy) == [(2 << 20, (4 << 20) - 1)]
+    # two neighbouring chunks asked 10 pages (40 KiB) each: half the density is enough for both
+    s3_proxy.clear_log()
+    pair = np.concatenate([5116 + np.arange(0, 80, 8), 6140 + np.arange(0, 80, 8)])  # chunks 5 and 6
+    np.testing.assert_array_equal(store.get_batch(pair)["x"], rows[pair])
+    assert _chunk_requests(s3_proxy) == [(5 << 20, (7 << 20) - 1)]

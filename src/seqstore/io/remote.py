@@ -178,14 +178,17 @@ def _missing_requests(
     runs: list[tuple[int, int]] = []
     claimed: list[int] = []
     # Dense access (a scan, the blocks of a random_block window): the aligned chunks of which it asks at
-    # least 1/_DENSE (1/(4 _DENSE) next to such a chunk: where a block runs on into the next chunk) are
-    # fetched whole, once, adjacent ones in one request; later accesses wait for that request instead of
-    # asking for the holes. Only this access counts: random batches that come back to a chunk now and then
-    # never turn into whole-chunk reads.
+    # least 1/_DENSE (1/(2 _DENSE) for two neighbours both asked that much; 1/(4 _DENSE) next to a dense
+    # chunk: where a block runs on into the next chunk) are fetched whole, once, adjacent ones in one
+    # request; later accesses wait for that request instead of asking for the holes. Only this access
+    # counts: random batches that come back to a chunk now and then never turn into whole-chunk reads.
     chunk = rs // _CHUNK
     ids, inv = np.unique(chunk, return_inverse=True)
     asked = np.bincount(inv, weights=(re_ - rs).astype(np.float64))
-    dense_at = asked >= _CHUNK // _DENSE
+    # (the pair rule: a batch that takes fewer of a block's records, e.g. across two windows; random
+    # records seldom ask that much of two neighbouring chunks)
+    mid = asked >= _CHUNK // (2 * _DENSE)
+    dense_at = (asked >= _CHUNK // _DENSE) | (mid & (np.isin(ids - 1, ids[mid]) | np.isin(ids + 1, ids[mid])))
     near = np.isin(ids - 1, ids[dense_at]) | np.isin(ids + 1, ids[dense_at])
     dense = ids[dense_at | (near & (asked >= _CHUNK // (4 * _DENSE)))]
     gap = region.root.client.coalesce_gap
