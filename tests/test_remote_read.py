@@ -505,8 +505,9 @@ def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_
                                                                          s3_proxy: FaultProxy) -> None:
     """A batch asking 10 scattered pages (40 KiB) of the first 1 MiB chunk of a file gets those pages (one
     run); so does the next such batch (only the access itself counts). A batch asking 20 pages (80 KiB,
-    1/16 of the chunk or more) gets the rest of the next chunk whole, in one request, and later batches
-    inside that chunk make no request; a chunk next to such a chunk comes whole from 1/64 on, and two
+    1/16 of the chunk or more) gets the rest of the next chunk whole, in one request with the missing
+    pages up to 64 KiB either side (a row across the chunk's edge), and later batches inside that chunk
+    or on its edge make no request; a chunk next to such a chunk comes whole from 1/64 on, and two
     neighbouring chunks from 1/32 each."""
     local = tmp_path / "dense.seqstore"
     rows = np.arange(8192 * 256, dtype=np.float32).reshape(8192, 256)  # 1 KiB records: 4 per page
@@ -524,18 +525,20 @@ def test_a_dense_access_fetches_its_chunk_whole_and_a_sparse_one_its_pages(moto_
     s3_proxy.clear_log()
     dense = 1020 + np.arange(0, 160, 8)  # 20 pages of the second chunk (records 1020-1279: pages 256-320)
     np.testing.assert_array_equal(store.get_batch(dense)["x"], rows[dense])
-    assert _chunk_requests(s3_proxy) == [(1 << 20, (2 << 20) - 1)]
+    margin = 64 << 10
+    assert _chunk_requests(s3_proxy) == [((1 << 20) - margin, (2 << 20) + margin - 1)]
     s3_proxy.clear_log()
-    inside = 1020 + np.arange(3, 1000, 7)  # elsewhere in that chunk: present, no request
+    inside = np.concatenate([1020 + np.arange(3, 1000, 7), [2047]])  # elsewhere in that chunk: present, no
+    # request; record 2047 (bytes 128 + 2047 KiB on) runs 128 bytes into the next chunk
     np.testing.assert_array_equal(store.get_batch(inside)["x"], rows[inside])
     assert _chunk_requests(s3_proxy) == []
     # a block that runs on into the next chunk: 5 pages (20 KiB) there are enough next to a dense chunk
     s3_proxy.clear_log()
     edge = np.concatenate([2044 + np.arange(0, 160, 8), 3068 + np.arange(0, 20, 4)])  # chunks 2 and 3
     np.testing.assert_array_equal(store.get_batch(edge)["x"], rows[edge])
-    assert _chunk_requests(s3_proxy) == [(2 << 20, (4 << 20) - 1)]
+    assert _chunk_requests(s3_proxy) == [((2 << 20) + margin, (4 << 20) + margin - 1)]
     # two neighbouring chunks asked 10 pages (40 KiB) each: half the density is enough for both
     s3_proxy.clear_log()
     pair = np.concatenate([5116 + np.arange(0, 80, 8), 6140 + np.arange(0, 80, 8)])  # chunks 5 and 6
     np.testing.assert_array_equal(store.get_batch(pair)["x"], rows[pair])
-    assert _chunk_requests(s3_proxy) == [(5 << 20, (7 << 20) - 1)]
+    assert _chunk_requests(s3_proxy) == [((5 << 20) - margin, (7 << 20) + margin - 1)]

@@ -54,6 +54,7 @@ __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted"
 _MOST = 8 << 20  # bytes per request at most
 _CHUNK = 1 << 20  # an access that asks for at least 1/_DENSE of such an aligned chunk fetches it whole
 _DENSE = 16
+_EDGE = 64 << 10  # a dense run also brings the missing bytes this close to its ends (rows across the chunk edge)
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
 
@@ -177,6 +178,7 @@ def _missing_requests(
     waits: list[Any] = []
     runs: list[tuple[int, int]] = []
     claimed: list[int] = []
+    ws = we = ms[:0]
     # Dense access (a scan, the blocks of a random_block window): the aligned chunks of which it asks at
     # least 1/_DENSE (1/(2 _DENSE) for two neighbours both asked that much; 1/(4 _DENSE) next to a dense
     # chunk: where a block runs on into the next chunk) are fetched whole, once, adjacent ones in one
@@ -203,8 +205,18 @@ def _missing_requests(
             a = np.unique(mchunk[whole]) * _CHUNK
             cs, ce = obj.missing(a, np.minimum(a + _CHUNK, obj.size))
             claimed.extend(np.unique(_cut_at_chunks(cs, ce)[0] // _CHUNK).tolist())
-            cs, ce = page_runs(cs, ce, gap=gap, most=_MOST)  # adjacent chunks merge: fewer, larger requests
-            runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
+            # A row that runs over a dense run's edge (a block's last row, 128 bytes into the next chunk,
+            # then asked page by page by each later batch that draws it) comes with the run: the
+            # missing pages within _EDGE of each end, outside chunks requested whole already.
+            ws, we = page_runs(a, np.minimum(a + _CHUNK, obj.size))
+            es = np.concatenate((np.maximum(ws - _EDGE, 0), we))
+            ee = np.concatenate((ws, np.minimum(we + _EDGE, obj.size)))
+            es, ee = page_runs(es[ee > es], ee[ee > es])
+            xs, xe = obj.missing(es, np.minimum(ee, obj.size))
+            if len(xs) and flight:
+                fly = np.isin(xs // _CHUNK, np.fromiter(flight, np.int64, len(flight)))
+                xs, xe = xs[~fly], xe[~fly]
+            ws, we = np.concatenate((cs, xs)), np.concatenate((ce, xe))
         ms, me = ms[~(flying | whole)], me[~(flying | whole)]
         sparse = obj.inflight
         if sparse and len(ms):  # missing runs that a request in flight already brings: wait for it
@@ -215,8 +227,10 @@ def _missing_requests(
             for jj in np.unique(j[covered]).tolist():
                 waits.append(sparse[jj][3])
             ms, me = ms[~covered], me[~covered]
+    if whole.any():  # with the sparse runs: a sparse run next to a whole one (its edge) joins it
+        ms, me = np.concatenate((ws, ms)), np.concatenate((we, me))
     if len(ms):
-        cs, ce = page_runs(ms, me, gap=gap, most=_MOST)
+        cs, ce = page_runs(ms, me, gap=gap, most=_MOST)  # adjacent chunks merge: fewer, larger requests
         runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
     return runs, waits, claimed
 
