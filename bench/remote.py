@@ -6,9 +6,10 @@ Set-up (all on loopback, started and stopped by this script):
   ETag, Content-Range, conditional requests; PUT, multipart, DELETE, ListObjectsV2) serving
   DATA/bucket as bucket ``bench``: a range GET reads only its bytes (``sendfile``). Its module
   docstring says why not moto or s3rver (moto copies whole objects per range; s3rver answers suffix
-  ranges wrongly, which seqstore uses). Every served file is read once before the cases (the server's
-  page cache warm: the cases measure the clients and the latency, not this machine's disk), and a
-  self-test checks the answers the readers rely on.
+  ranges wrongly, which seqstore uses). Every served file is read once before the cases and its pages
+  locked in memory until the run ends (the server's page cache warm and kept so: the cases measure
+  the clients and the latency, not this machine's disk), and a self-test checks the answers the
+  readers rely on.
 - **Latency proxy**, 20 ms added to every request, requests, bytes and round trips counted: by
   default the threaded splice proxy of ``bench/_remote_proxy.py`` (``--proxy threads``);
   ``--proxy fault`` uses ``tests/support/proxy.py``'s FaultProxy (the tests' proxy) in a process of
@@ -57,9 +58,10 @@ cache):
 Per case: the median of ``--repeats`` runs (default 3, quick 1), the runs of all cases interleaved
 (round r runs every case once); requests, round trips and response body bytes counted by the proxy
 (``moved``); private memory (``Private_Clean + Private_Dirty``) and anonymous memory at the end; CPU
-seconds of the reading process. Ratios: random reads vs the raw ``obstore get_range`` case and vs
-``lance take``; epochs vs ``server sequential``. Results: the tables on stdout and
-``bench/results/remote[_quick].json``.
+seconds of the reading process, and of the S3 server and the proxy while it read (on one machine they
+share its cores: a reader that makes more requests or spends more CPU leaves them less). Ratios:
+random reads vs the raw ``obstore get_range`` case and vs ``lance take``; epochs vs ``server
+sequential``. Results: the tables on stdout and ``bench/results/remote[_quick].json``.
 
 Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--proxy threads|fault]
 [--only server random epoch open]``; ``--generate`` builds the data only; ``--no-streaming`` leaves
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -78,6 +81,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +180,31 @@ def _epoch_batches(n: int, count: int) -> list[np.ndarray[Any, Any]]:
     order = seqstore.seq_order(n, "random", epoch=1, seed=ORDER_SEED)
     idx = np.asarray(order[: min(count, n)], dtype=np.int64)
     return [idx[a : a + BATCH] for a in range(0, len(idx), BATCH)]
+
+
+_peer_cpu_used = [0.0]
+
+
+def _peer_cpu() -> float:
+    """CPU seconds so far of the S3 server and the latency proxy (pids in $SEQSTORE_BENCH_PEERS): on
+    one machine the readers share the cores with them, so what they spend per case is part of its cost."""
+    total = 0.0
+    for pid in filter(None, os.environ.get("SEQSTORE_BENCH_PEERS", "").split(",")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@contextlib.contextmanager
+def _read() -> Iterator[None]:
+    """The timed ``read`` section of a case; also notes the server's and proxy's CPU seconds in it."""
+    p0 = _peer_cpu()
+    with section("read"):
+        yield
+    _peer_cpu_used[0] = _peer_cpu() - p0
 
 
 def _check(kind: str, out: Any) -> float:
@@ -363,7 +392,7 @@ def case_random(
         _remote_proxy.stats(control, reset=True)
         check = 0.0
         asked = 0
-        with section("read"):
+        with _read():
             t0 = time.perf_counter()
             t1 = 0.0
             for got in read_all():
@@ -390,6 +419,7 @@ def case_random(
         "private_mib": priv,
         "anon_mib": anon,
         "checksum": check,
+        "peer_cpu_s": _peer_cpu_used[0],
         **extra,
     }
 
@@ -439,7 +469,7 @@ def case_streaming(
         else:
             cmd += ["--limit", str(n_read)]
         _remote_proxy.stats(control, reset=True)
-        with section("read"):
+        with _read():
             proc = subprocess.run(cmd, env=_streaming_env(endpoint), capture_output=True, text=True, timeout=1800)
         if proc.returncode:
             raise RuntimeError(f"streaming {what} failed:\n{proc.stderr[-3000:]}")
@@ -541,7 +571,7 @@ def case_epoch(
             made = json.loads(_requests_file(data, kind).read_text())
             store = _s3store(endpoint)
             _remote_proxy.stats(control, reset=True)
-            with section("read"):
+            with _read():
                 t0 = time.perf_counter()
                 asyncio.run(_replay(store, made["requests"], MAX_REQUESTS))
                 dt = time.perf_counter() - t0
@@ -560,7 +590,7 @@ def case_epoch(
                 parts.append((key, min(size, budget)))
                 budget -= size
             _remote_proxy.stats(control, reset=True)
-            with section("read"):
+            with _read():
                 t0 = time.perf_counter()
                 nbytes = asyncio.run(_read_files(store, parts, SEQ_CHUNK, MAX_REQUESTS))
                 dt = time.perf_counter() - t0
@@ -582,7 +612,7 @@ def case_epoch(
                 _record_requests(_requests_file(data, kind), asked)
             _remote_proxy.stats(control, reset=True)
             nbytes = 0
-            with section("read"):
+            with _read():
                 t0 = time.perf_counter()
                 t1, first = 0.0, 0
                 for got in store.iter_batches(chunks, prefetch=prefetch):
@@ -604,6 +634,7 @@ def case_epoch(
         "asked_mib": nbytes / 2**20,
         "private_mib": priv,
         "anon_mib": anon,
+        "peer_cpu_s": _peer_cpu_used[0],
         **extra,
     }
 
@@ -648,7 +679,7 @@ def case_server(what: str, endpoint: str, files: list[list[Any]]) -> dict[str, A
 
     store = _s3store(endpoint)
     if what == "sequential":
-        with section("read"):
+        with _read():
             t0 = time.perf_counter()
             nbytes = asyncio.run(_read_files(store, [(k, s) for k, s in files], SEQ_CHUNK, MAX_REQUESTS))
             dt = time.perf_counter() - t0
@@ -659,7 +690,7 @@ def case_server(what: str, endpoint: str, files: list[list[Any]]) -> dict[str, A
     offsets = rng.integers(0, size - 2048, 2000).tolist()
     lat = []
     obstore.get_range(store, key, start=0, length=2048)  # the connection
-    with section("read"):
+    with _read():
         for o in offsets[:100]:
             t = time.perf_counter()
             obstore.get_range(store, key, start=o, length=2048)
@@ -720,17 +751,38 @@ def _files(path: Path, root: Path) -> list[list[Any]]:
     return [[q.relative_to(root).as_posix(), q.stat().st_size] for q in sorted(path.rglob("*")) if q.is_file()]
 
 
-def _warm(paths: list[Path]) -> float:
-    """Read every file of the data sets of this run once (the server's page cache warm); seconds."""
+def _warm(paths: list[Path], pinned: list[Any]) -> tuple[float, int]:
+    """Read every file of the data sets of this run once (the server's page cache warm) and lock its
+    pages in memory (``mlock`` of a read-only mapping kept in ``pinned`` until the run ends): this VM
+    reclaims page cache it deems cold (kdamond), which made the server read from disk now and then (a
+    sequential rate of 81-1,016 MB/s between runs of the same case). Returns seconds and the bytes
+    locked (0 where locking is refused: then the files are only read)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
     t0 = time.perf_counter()
     buf = bytearray(8 << 20)
+    locked = 0
     for p in paths:
         for q in sorted(p.rglob("*")):
-            if q.is_file():
-                with open(q, "rb", buffering=0) as f:
-                    while f.readinto(buf):
-                        pass
-    return time.perf_counter() - t0
+            if not q.is_file():
+                continue
+            size = q.stat().st_size
+            if size and locked >= 0:
+                with open(q, "rb") as f:
+                    m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+                addr = np.frombuffer(m, np.uint8).ctypes.data
+                if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(size)) == 0:
+                    pinned.append(m)
+                    locked += size
+                    continue
+                m.close()
+                locked = -1  # refused (no CAP_IPC_LOCK, RLIMIT_MEMLOCK): read the rest only
+            with open(q, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+    return time.perf_counter() - t0, max(locked, 0)
 
 
 def build_cases(
@@ -1010,6 +1062,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
             "private MiB",
             "anon MiB",
             "CPU s",
+            "server + proxy CPU s",
         ]
         rows = []
         sums = set()
@@ -1034,6 +1087,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                     f"{med(c, 'private_mib'):,.0f}",
                     f"{med(c, 'anon_mib'):,.0f}",
                     f"{cpu:.2f}",
+                    f"{pc:.2f}" if (pc := med(c, "peer_cpu_s")) is not None else "-",
                 ]
             )
             if c["runs"][0]["extra"].get("checksum") is not None:
@@ -1121,7 +1175,11 @@ def main() -> None:
         return
     shutil.rmtree(args.data / "scratch", ignore_errors=True)
     root = args.data / "bucket"
-    print(f"warming the server's page cache: {_warm(list(paths.values())):.1f} s", file=sys.stderr, flush=True)
+    pinned: list[Any] = []  # the served files' pages, locked in memory until the run ends
+    secs, locked = _warm(list(paths.values()), pinned)
+    print(f"warming the server's page cache: {secs:.1f} s, {locked / 1e9:.1f} GB locked", file=sys.stderr, flush=True)
+    if not locked:
+        notes.append("the served files could not be locked in memory (mlock refused): the VM may reclaim them")
     import lance
     import obstore
 
@@ -1146,6 +1204,8 @@ def main() -> None:
         _remote_proxy.ProxyProcess(server.endpoint, LATENCY, "threads") as threads,
     ):
         chosen = fault if args.proxy == "fault" else threads
+        assert server.proc is not None and chosen.proc is not None
+        os.environ["SEQSTORE_BENCH_PEERS"] = f"{server.proc.pid},{chosen.proc.pid}"  # children inherit it
         ends = {
             "direct": server.endpoint,
             "fault": fault.endpoint,

@@ -56,6 +56,7 @@ SEQSTORE_OPTIONS = ("max_requests", "coalesce_gap", "timeout", "max_retries", "c
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: answers up to this size are taken synchronously once their headers are in (see ``_ObstoreBackend._one``)
 _SMALL_BODY = 64 << 10
+_EMPTY = memoryview(b"")
 
 
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
@@ -225,6 +226,8 @@ class ObjectClient:
     ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
         """:meth:`get_ranges` without waiting: a future of the answers. ``on_each(i, data, meta)`` is
         called for each answer as it arrives, before the future completes (in the client's thread).
+        With ``on_each`` the future's answers carry empty bytes (the callback had them: a future held
+        for waiting does not keep every body of its requests alive).
         ``missing_ok``: a missing object answers ``(empty, None)`` instead of raising. ``with_meta=False``:
         ranges ``[start, end)`` inside objects of known size need no meta (None; one conversion less per
         request on the data path)."""
@@ -548,6 +551,7 @@ class _ObstoreBackend(_Backend):
                 return memoryview(b""), None
             if on_each is not None:
                 on_each(i, got[0], got[1])
+                return _EMPTY, got[1]  # the bytes go with the callback, not with the future's result
             return got
 
         tasks = [asyncio.ensure_future(each(i, r)) for i, r in enumerate(requests)]
@@ -695,6 +699,7 @@ class _FsspecBackend(_Backend):
             if on_each is not None:
                 for i, (d, m) in enumerate(got):
                     on_each(i, d, m)
+                return [(_EMPTY, m) for _, m in got]
             return got
 
         return self.pool.submit(run)
