@@ -197,11 +197,11 @@ class _Body:
         if self.budget is not None and len(data) >= self.budget:
             cut, self.budget = self.budget, 0
             if cut:
+                self.rec.body_bytes += min(cut, payload)  # counted first: a client that has the bytes sees them counted
                 self.cwriter.write(data[:cut])
-                self.rec.body_bytes += min(cut, payload)
             await self._fire()
-        self.cwriter.write(data)
         self.rec.body_bytes += payload
+        self.cwriter.write(data)
         if self.budget is not None:
             self.budget -= len(data)
         if self.cwriter.transport.get_write_buffer_size() > _WRITE_HIGH:
