@@ -235,6 +235,16 @@ def _missing_requests(
     return runs, waits, claimed
 
 
+def _all_present(obj: CachedObject, s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]) -> bool:
+    """Whether every range ``[s, e)`` (offsets in ``obj``) lies in at most two pages, all present: the
+    check of a batch's records (rows of up to a page) that costs a few array lookups, not the planning."""
+    p0 = s // PAGE
+    p1 = (e - 1) // PAGE
+    if not len(p0) or int((p1 - p0).max()) > 1:
+        return False
+    return bool(obj.bits[p0].all() and obj.bits[p1].all())
+
+
 def _cut_at_chunks(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]) -> tuple[Any, Any]:
     """Byte runs ``[s, e)`` cut where they cross a multiple of the chunk size."""
     first = s // _CHUNK
@@ -253,6 +263,8 @@ def fetch(starts: Any, ends: Any) -> Ticket:
     by_root: dict[int, tuple[RemoteRoot, list[tuple[str, int, int, str | None]], list[tuple[CachedObject, int]]]] = {}
     chunks: dict[int, list[tuple[CachedObject, list[int]]]] = {}
     for region, s, e in _split_by_region(starts, ends):
+        if _all_present(region.obj, s, e):  # e.g. a batch whose requests have arrived: no planning
+            continue
         runs, waits, claimed = _missing_requests(region, s, e)
         futures.extend(waits)
         if runs:
