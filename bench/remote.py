@@ -751,19 +751,32 @@ def _files(path: Path, root: Path) -> list[list[Any]]:
     return [[q.relative_to(root).as_posix(), q.stat().st_size] for q in sorted(path.rglob("*")) if q.is_file()]
 
 
+def _mem_available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _warm(paths: list[Path], pinned: list[Any]) -> tuple[float, int]:
     """Read every file of the data sets of this run once (the server's page cache warm) and lock its
     pages in memory (``mlock`` of a read-only mapping kept in ``pinned`` until the run ends): this VM
     reclaims page cache it deems cold (kdamond), which made the server read from disk now and then (a
     sequential rate of 81-1,016 MB/s between runs of the same case). Returns seconds and the bytes
-    locked (0 where locking is refused: then the files are only read)."""
+    locked (0 where locking is refused, or the files would take more than half the available memory:
+    then they are only read)."""
     import ctypes
     import mmap
 
     libc = ctypes.CDLL(None, use_errno=True)
     t0 = time.perf_counter()
     buf = bytearray(8 << 20)
-    locked = 0
+    total = sum(q.stat().st_size for p in paths for q in p.rglob("*") if q.is_file())
+    locked = 0 if total < _mem_available() // 2 else -1  # never lock more than half the free memory
     for p in paths:
         for q in sorted(p.rglob("*")):
             if not q.is_file():
@@ -1179,7 +1192,10 @@ def main() -> None:
     secs, locked = _warm(list(paths.values()), pinned)
     print(f"warming the server's page cache: {secs:.1f} s, {locked / 1e9:.1f} GB locked", file=sys.stderr, flush=True)
     if not locked:
-        notes.append("the served files could not be locked in memory (mlock refused): the VM may reclaim them")
+        notes.append(
+            "the served files were not locked in memory (mlock refused, or more than half the available "
+            "memory): the machine may reclaim their pages during the run"
+        )
     import lance
     import obstore
 
