@@ -570,3 +570,29 @@ def test_answers_given_to_a_callback_are_not_kept_by_the_future(moto_s3: MotoS3,
     assert [len(d) for d, _ in answers] == [0, 0]
     plain = client.get_ranges(reqs)
     assert [bytes(d) for d, _ in plain] == [body[:4096], body[100_000:250_000]]
+
+
+def test_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, s3_bucket: str) -> None:
+    """``max_inflight_bytes``: requests wait until their answers fit (one larger than the limit goes alone);
+    every answer arrives whole and in order."""
+    from seqstore.io.objects import ObjectClient
+
+    body = np.random.default_rng(6).bytes(6 << 20)
+    moto_s3.put(s3_bucket, "budget/blob.bin", body)
+    limit = 1 << 20
+    client = ObjectClient(f"s3://{s3_bucket}/budget", {**moto_s3.storage_options(), "max_inflight_bytes": limit})
+    reqs = [("blob.bin", a, a + (256 << 10), None) for a in range(0, 4 << 20, 256 << 10)]  # 16 x 256 KiB
+    reqs.append(("blob.bin", 1 << 20, 4 << 20, None))  # 3 MiB: more than the limit, alone
+    reqs += [("blob.bin", a, a + (512 << 10), None) for a in range(0, 2 << 20, 512 << 10)]
+    got = client.get_ranges(reqs)
+    assert [bytes(d) for d, _ in got] == [body[a:b] for _, a, b, _ in reqs]
+    budget = client.backend.budget  # type: ignore[attr-defined]
+    assert budget.used == 0 and not budget._waiting
+    assert budget.peak == 3 << 20, budget.peak  # the 3 MiB answer, alone
+    assert limit < 3 << 20
+    # without the large one the peak stays within the limit
+    budget.peak = 0
+    client.get_ranges(reqs[:16] + reqs[17:])
+    assert 0 < budget.peak <= limit
+    with pytest.raises(ValueError, match="max_inflight_bytes"):
+        ObjectClient(f"s3://{s3_bucket}/budget", {**moto_s3.storage_options(), "max_inflight_bytes": 0})

@@ -52,7 +52,7 @@ __all__ = [
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
-SEQSTORE_OPTIONS = ("max_requests", "coalesce_gap", "timeout", "max_retries", "connect_timeout")
+SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: answers up to this size are taken synchronously once their headers are in (see ``_ObstoreBackend._one``)
 _SMALL_BODY = 64 << 10
@@ -108,6 +108,63 @@ class ObjectMeta:
     mtime: float = 0.0
 
 
+class _ByteBudget:
+    """At most ``limit`` bytes of answers in flight (in the client's event loop): a request waits, in
+    arrival order, until what it may receive fits; one larger than the limit goes when nothing else is
+    in flight. ``peak``: the most bytes ever held at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.limit
+
+    def _take(self, n: int) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def _release(self, n: int) -> None:
+        self.used -= n
+        while self._waiting and self._fits(self._waiting[0][0]):
+            m, fut = self._waiting.pop(0)
+            if not fut.done():
+                self._take(m)
+                fut.set_result(None)
+
+    def hold(self, n: int) -> _Held:
+        return _Held(self, n)
+
+
+class _Held:
+    """``async with budget.hold(n)``: ``n`` bytes of the budget, given back on exit (also on cancellation)."""
+
+    def __init__(self, budget: _ByteBudget, n: int) -> None:
+        self.budget, self.n = budget, n
+
+    async def __aenter__(self) -> None:
+        b = self.budget
+        if not b._waiting and b._fits(self.n):
+            b._take(self.n)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        b._waiting.append((self.n, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
+                b._release(self.n)
+            else:
+                b._waiting = [w for w in b._waiting if w[1] is not fut]
+                b._release(0)  # those behind it may fit now
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.budget._release(self.n)
+
+
 class _Transient(Exception):
     """A failure worth retrying."""
 
@@ -118,7 +175,9 @@ class ObjectClient:
 
     ``options``: the back end's configuration (obstore's S3/GCS/Azure/HTTP keys, or the fsspec
     filesystem's) plus seqstore's own keys: ``max_requests`` (requests in flight per process, default
-    64), ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
+    64), ``max_inflight_bytes`` (bytes of answers in flight at most, default 256 MiB: a request that
+    would pass it waits for earlier ones, one larger than it goes alone; obstore back end),
+    ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
     ``timeout`` (seconds per request, default 30), ``connect_timeout`` (default 5),
     ``max_retries`` (default 5).
     """
@@ -127,14 +186,15 @@ class ObjectClient:
         opts = dict(options or {})
         self.url = url.rstrip("/")
         self.max_requests = int(opts.pop("max_requests", 64))
+        self.max_inflight_bytes = int(opts.pop("max_inflight_bytes", 256 << 20))
         self.coalesce_gap = int(opts.pop("coalesce_gap", 64 << 10))
         self.timeout = float(opts.pop("timeout", 30.0))
         self.connect_timeout = float(opts.pop("connect_timeout", 5.0))
         self.max_retries = int(opts.pop("max_retries", 5))
-        if self.max_requests < 1 or self.max_retries < 0 or self.timeout <= 0:
+        if self.max_requests < 1 or self.max_inflight_bytes < 1 or self.max_retries < 0 or self.timeout <= 0:
             raise ValueError(
-                f"{self.url}: max_requests must be >= 1, max_retries >= 0 and timeout > 0 "
-                f"(got {self.max_requests}, {self.max_retries}, {self.timeout})"
+                f"{self.url}: max_requests and max_inflight_bytes must be >= 1, max_retries >= 0 and timeout > 0 "
+                f"(got {self.max_requests}, {self.max_inflight_bytes}, {self.max_retries}, {self.timeout})"
             )
         self._options = opts
         self._filesystem = filesystem
@@ -409,6 +469,7 @@ class _ObstoreBackend(_Backend):
                 client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
             )
         self.sem: asyncio.Semaphore | None = None
+        self.budget: _ByteBudget | None = None
 
     # errors -------------------------------------------------------------------------------------
     def _classify(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
@@ -482,13 +543,15 @@ class _ObstoreBackend(_Backend):
     async def _one(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True
     ) -> tuple[memoryview, ObjectMeta | None]:
-        assert self.sem is not None
+        assert self.sem is not None and self.budget is not None
         attempt = 0
         url = self.c.key_url(key)
+        # the answer's size where the range says it (a whole object or a suffix: at most a small one here)
+        want = end - start if 0 <= start < end else -start if start < 0 else _SMALL_BODY
         while True:
             attempt += 1
             try:
-                async with self.sem:
+                async with self.sem, self.budget.hold(want):
                     opts: dict[str, Any] = {}
                     if start < 0:
                         opts["range"] = {"suffix": -start}
@@ -541,6 +604,7 @@ class _ObstoreBackend(_Backend):
     ) -> list[tuple[memoryview, ObjectMeta | None]]:
         if self.sem is None:
             self.sem = asyncio.Semaphore(self.c.max_requests)
+            self.budget = _ByteBudget(self.c.max_inflight_bytes)
 
         async def each(i: int, r: tuple[str, int, int, str | None]) -> tuple[memoryview, ObjectMeta | None]:
             try:
