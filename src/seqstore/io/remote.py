@@ -18,7 +18,8 @@
 
 Requests: the page runs an access needs minus the pages present in the cache and the runs already
 in flight in this process, merged where closer than ``coalesce_gap``, cut to at most 8 MiB, all
-submitted at once to the client (at most ``max_requests`` in flight).
+submitted at once to the client (at most ``max_requests`` and ``max_inflight_bytes`` in flight). An
+access that asks for much of an aligned chunk fetches the chunk whole (:func:`_missing_requests`).
 """
 
 from __future__ import annotations
