@@ -196,6 +196,9 @@ def _missing_requests(
     dense = ids[dense_at | (near & (asked >= _CHUNK // (4 * _DENSE)))]
     gap = region.root.client.coalesce_gap
     with obj.lock:
+        sparse = obj.inflight  # byte runs requested and not yet arrived, sorted by start
+        fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
+        fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
         flight = obj.chunk_flight
         mchunk = ms // _CHUNK
         flown = np.sort(np.fromiter(flight, np.int64, len(flight)))  # chunks requested whole, in flight
@@ -218,12 +221,11 @@ def _missing_requests(
             if len(xs) and flight:
                 fly = _member(xs // _CHUNK, flown)
                 xs, xe = xs[~fly], xe[~fly]
+            if len(xs) and len(fs):  # nor the pages a request in flight brings (nothing waits for them)
+                xs, xe = _not_coming(xs, xe, fs, fe, obj.size)
             ws, we = np.concatenate((cs, xs)), np.concatenate((ce, xe))
         ms, me = ms[~(flying | whole)], me[~(flying | whole)]
-        sparse = obj.inflight
-        if sparse and len(ms):  # missing runs that a request in flight already brings: wait for it
-            fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
-            fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
+        if len(fs) and len(ms):  # missing runs that a request in flight already brings: wait for it
             j = np.searchsorted(fs, ms, side="right") - 1
             covered = (j >= 0) & (fe[np.maximum(j, 0)] >= me)
             for jj in np.unique(j[covered]).tolist():
@@ -235,6 +237,19 @@ def _missing_requests(
         cs, ce = page_runs(ms, me, gap=gap, most=_MOST)  # adjacent chunks merge: fewer, larger requests
         runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
     return runs, waits, claimed
+
+
+def _not_coming(
+    xs: np.ndarray[Any, Any], xe: np.ndarray[Any, Any], fs: np.ndarray[Any, Any], fe: np.ndarray[Any, Any], size: int
+) -> tuple[Any, Any]:
+    """The pages of runs ``[xs, xe)`` (page aligned, short: edges of dense runs) that no request in flight
+    ``[fs, fe)`` (sorted by start) brings, as page runs."""
+    counts = -(-(xe - xs) // PAGE)
+    pages = np.repeat(xs - np.cumsum(counts) * PAGE + counts * PAGE, counts) + np.arange(int(counts.sum())) * PAGE
+    j = np.searchsorted(fs, pages, side="right") - 1
+    coming = (j >= 0) & (fe[np.maximum(j, 0)] >= np.minimum(pages + PAGE, size))
+    pages = pages[~coming]
+    return page_runs(pages, np.minimum(pages + PAGE, size))
 
 
 def _member(x: np.ndarray[Any, Any], table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
