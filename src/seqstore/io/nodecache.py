@@ -41,7 +41,9 @@ import numpy as np
 
 from .mapping import PAGE
 
-__all__ = ["NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge"]
+__all__ = [
+    "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "run_pages",
+]
 
 _MAGIC = b"SQCACHE1"
 _HEADER = 4096
@@ -300,6 +302,13 @@ def _remove_tree(p: Path) -> None:
     shutil.rmtree(p, ignore_errors=True)
 
 
+def run_pages(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The page numbers under byte runs ``[starts[i], ends[i])``, run after run (one array, no loop)."""
+    p0 = starts // PAGE
+    counts = -(-ends // PAGE) - p0
+    return np.repeat(p0 - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+
+
 class CachedObject:
     """One cached object: its sparse data file (descriptor held for writes and mappings) and its page
     map (mapped shared, so every process sees pages the others fetched)."""
@@ -379,10 +388,7 @@ class CachedObject:
         object) whose pages are not present, as page-aligned runs (the last clamped to the size)."""
         if len(starts) == 0:
             return starts, ends
-        p0 = starts // PAGE
-        p1 = -(-ends // PAGE)
-        counts = p1 - p0
-        pages = np.repeat(p0 - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        pages = run_pages(starts, ends)
         absent = pages[self.bits[pages] == 0]
         if len(absent) == 0:
             return absent, absent

@@ -26,11 +26,12 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -134,35 +135,28 @@ class _ByteBudget:
                 self._take(m)
                 fut.set_result(None)
 
-    def hold(self, n: int) -> _Held:
-        return _Held(self, n)
-
-
-class _Held:
-    """``async with budget.hold(n)``: ``n`` bytes of the budget, given back on exit (also on cancellation)."""
-
-    def __init__(self, budget: _ByteBudget, n: int) -> None:
-        self.budget, self.n = budget, n
-
-    async def __aenter__(self) -> None:
-        b = self.budget
-        if not b._waiting and b._fits(self.n):
-            b._take(self.n)
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        b._waiting.append((self.n, fut))
+    @contextlib.asynccontextmanager
+    async def hold(self, n: int) -> AsyncIterator[None]:
+        """``n`` bytes of the budget while the block runs, given back on exit (also on cancellation, without
+        an await that a second cancellation could interrupt)."""
+        if self._waiting or not self._fits(n):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append((n, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
+                    self._release(n)
+                else:
+                    self._waiting = [w for w in self._waiting if w[1] is not fut]
+                    self._release(0)  # those behind it may fit now
+                raise
+        else:
+            self._take(n)
         try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
-                b._release(self.n)
-            else:
-                b._waiting = [w for w in b._waiting if w[1] is not fut]
-                b._release(0)  # those behind it may fit now
-            raise
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.budget._release(self.n)
+            yield
+        finally:
+            self._release(n)
 
 
 class _Transient(Exception):

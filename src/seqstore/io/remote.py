@@ -47,7 +47,7 @@ from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
 from .advice import page_runs
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
-from .nodecache import CachedObject, NodeCache
+from .nodecache import CachedObject, NodeCache, run_pages
 from .objects import ObjectClient, ObjectMeta, redact
 
 __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted", "Ticket", "remote_mappings"]
@@ -226,8 +226,7 @@ def _missing_requests(
             ws, we = np.concatenate((cs, xs)), np.concatenate((ce, xe))
         ms, me = ms[~(flying | whole)], me[~(flying | whole)]
         if len(fs) and len(ms):  # missing runs that a request in flight already brings: wait for it
-            j = np.searchsorted(fs, ms, side="right") - 1
-            covered = (j >= 0) & (fe[np.maximum(j, 0)] >= me)
+            j, covered = _brought(fs, fe, ms, me)
             for jj in np.unique(j[covered]).tolist():
                 waits.append(sparse[jj][3])
             ms, me = ms[~covered], me[~covered]
@@ -244,12 +243,17 @@ def _not_coming(
 ) -> tuple[Any, Any]:
     """The pages of runs ``[xs, xe)`` (page aligned, short: edges of dense runs) that no request in flight
     ``[fs, fe)`` (sorted by start) brings, as page runs."""
-    counts = -(-(xe - xs) // PAGE)
-    pages = np.repeat(xs - np.cumsum(counts) * PAGE + counts * PAGE, counts) + np.arange(int(counts.sum())) * PAGE
-    j = np.searchsorted(fs, pages, side="right") - 1
-    coming = (j >= 0) & (fe[np.maximum(j, 0)] >= np.minimum(pages + PAGE, size))
+    pages = run_pages(xs, xe) * PAGE
+    _, coming = _brought(fs, fe, pages, np.minimum(pages + PAGE, size))
     pages = pages[~coming]
     return page_runs(pages, np.minimum(pages + PAGE, size))
+
+
+def _brought(fs: Any, fe: Any, s: Any, e: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """For ranges ``[s, e)``: the request in flight ``[fs, fe)`` (sorted by start) that starts at or
+    before each (index), and whether that request brings the whole range."""
+    j = np.searchsorted(fs, s, side="right") - 1
+    return j, (j >= 0) & (fe[np.maximum(j, 0)] >= e)
 
 
 def _member(x: np.ndarray[Any, Any], table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
