@@ -1,7 +1,8 @@
-"""Fixtures shared by every test folder: moto's S3 server, a bucket per test, a fault-injecting proxy.
+"""Fixtures shared by every test folder: moto's S3 server, a bucket per test, a fault-injecting proxy;
+Azurite (the Azure Blob Storage emulator) and a container per test.
 
-moto and obstore are imported only when a test asks for these fixtures (the tests that need them skip
-when they are not installed), so the rest of the suite neither waits for nor requires them.
+moto, obstore and Azurite are imported or started only when a test asks for these fixtures (the tests that
+need them skip when they are not installed), so the rest of the suite neither waits for nor requires them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from support.azure import Azurite
     from support.proxy import FaultProxy
     from support.s3 import MotoS3
 
@@ -43,3 +45,22 @@ def s3_proxy(moto_s3: MotoS3) -> Iterator[FaultProxy]:
 
     with FaultProxy(moto_s3.endpoint) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """One Azurite (Azure Blob Storage emulator) process on 127.0.0.1 for the whole session (see
+    tests/support/azure.py)."""
+    pytest.importorskip("obstore", reason="obstore is not installed (it is in the dev and remote extras)")
+    from support.azure import Azurite, azurite_command
+
+    if azurite_command() is None:
+        pytest.skip("azurite-blob is not installed (make test installs it under .venv/node)")
+    with Azurite() as az:
+        yield az
+
+
+@pytest.fixture
+def az_container(azurite: Azurite) -> str:
+    """A fresh, empty container on the session's Azurite (in memory: dropped with the process)."""
+    return azurite.new_container()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from support.stores import store_files
 
 import seqstore as ss
 from seqstore.errors import CorruptionError, FormatError, SeqstoreError
@@ -79,12 +80,6 @@ def digest(store: Any) -> str:
     return h.hexdigest()
 
 
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file of a local store (its commit lock and writers' scratch directory aside)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != ".lock" and not p.relative_to(root).as_posix().startswith("_tmp/")}
-
-
 def objects(s3: MotoS3, bucket: str, prefix: str) -> dict[str, bytes]:
     return {k[len(prefix) + 1 :]: s3.get(bucket, k) for k in s3.keys(bucket, prefix + "/")}
 
@@ -97,7 +92,7 @@ def test_round_trip_local_s3_local_is_byte_identical(moto_s3: MotoS3, s3_bucket:
     grow(src, 120, 25)  # a second writer session: shards of several sizes
     url = f"s3://{s3_bucket}/corpora/a.seqstore"
     opts = moto_s3.storage_options()
-    local = tree(src)
+    local = store_files(src)
     assert "_shards.tbl" in local and sum(k.endswith("/_shard.json") for k in local) == 8
 
     up = ss.copy(src, url, dst_options=opts, workers=3)
@@ -108,7 +103,7 @@ def test_round_trip_local_s3_local_is_byte_identical(moto_s3: MotoS3, s3_bucket:
 
     back = ss.copy(url, tmp_path / "back.seqstore", src_options=opts)
     assert (back.copied, back.skipped, back.bytes) == (8, 0, up.bytes)
-    assert tree(tmp_path / "back.seqstore") == local
+    assert store_files(tmp_path / "back.seqstore") == local
     assert verify(tmp_path / "back.seqstore") == []
     assert any(k.startswith("_index/run-") for k in local)  # merged id-index runs travel too
 
@@ -128,7 +123,7 @@ def test_remote_to_remote_and_growing_source(moto_s3: MotoS3, s3_bucket: str, tm
     grow(src, 60, 45)
     r = ss.copy(src, a, dst_options=opts)
     assert (r.shards, r.copied, r.skipped) == (6, 3, 3)
-    assert objects(moto_s3, s3_bucket, "a.seqstore") == tree(src)
+    assert objects(moto_s3, s3_bucket, "a.seqstore") == store_files(src)
 
 
 # -------------------------------------------------------------------------------------- resume
@@ -172,7 +167,7 @@ def test_killed_copy_resumes_and_skips_complete_shards(moto_s3: MotoS3, s3_bucke
     s3_proxy.clear_faults()
     r = ss.copy(src, url, dst_options=moto_s3.storage_options())
     assert (r.shards, r.skipped, r.copied) == (8, 3, 5)
-    assert objects(moto_s3, s3_bucket, "k.seqstore") == tree(src)
+    assert objects(moto_s3, s3_bucket, "k.seqstore") == store_files(src)
 
 
 # ------------------------------------------------------------------------------ concurrent reader
@@ -287,7 +282,7 @@ def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytes
     back = tmp_path / "back.seqstore"
     args = ["copy", url, str(back), "-q"] + [a for o in opts for a in ("--src-option", o)]
     assert main(args) == 0
-    assert tree(back) == tree(src)
+    assert store_files(back) == store_files(src)
     assert main(["copy", str(src), str(back)]) == 0  # the progress bar: shards done of all, on stderr
     captured = capsys.readouterr()
     assert "0 copied, 2 already there" in captured.out and "copy: 100%" in captured.err and "2/2" in captured.err
@@ -311,15 +306,15 @@ def test_version2_store_round_trip_resume_and_no_remote_writer(moto_s3: MotoS3, 
     url = f"s3://{s3_bucket}/v2.seqstore"
     opts = moto_s3.storage_options()
     assert ss.copy(src, url, dst_options=opts).copied == 3
-    assert objects(moto_s3, s3_bucket, "v2.seqstore") == tree(src)
+    assert objects(moto_s3, s3_bucket, "v2.seqstore") == store_files(src)
     back = tmp_path / "back.seqstore"
     ss.copy(url, back, src_options=opts)
-    assert tree(back) == tree(src)
+    assert store_files(back) == store_files(src)
     (back / "manifest.json").unlink()  # as if the copy had been interrupted before its manifest
     raw = bytearray((back / "shard-000001" / "spk.npy").read_bytes())
     raw[-1] ^= 0x10  # and a file of shard 1 were damaged since
     (back / "shard-000001" / "spk.npy").write_bytes(bytes(raw))
     r = ss.copy(url, back, src_options=opts)
-    assert (r.skipped, r.copied) == (2, 1) and tree(back) == tree(src)
+    assert (r.skipped, r.copied) == (2, 1) and store_files(back) == store_files(src)
     with pytest.raises(SeqstoreError, match="version-3 stores only"):
         ss.append_to(url, storage_options=opts)

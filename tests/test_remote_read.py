@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from support.proxy import FaultProxy
 from support.s3 import SECRET, MotoS3
-from support.stores import assert_same_reads, build_store, digest, same, same_batch
+from support.stores import assert_same_reads, build_store, digest, same, same_batch, tensors_equal
 
 pytest.importorskip("seqstore.io.remote")  # the remote layer (lead's work in progress until it lands)
 
@@ -156,18 +156,6 @@ def test_orders_and_store_dataset(moto_s3: MotoS3, remote: tuple[str, str], loca
                 os.environ[k] = v
 
 
-def _tensors_equal(a: Any, b: Any, what: str) -> None:
-    import torch
-
-    assert set(a) == set(b), what
-    for k in a:
-        x, y = a[k], b[k]
-        assert x.dtype == y.dtype and x.shape == y.shape, f"{what} {k}: {x.dtype} {x.shape} vs {y.dtype} {y.shape}"
-        if x.dtype == torch.bfloat16:
-            x, y = x.view(torch.int16), y.view(torch.int16)
-        assert x.numpy().tobytes() == y.numpy().tobytes(), f"{what} {k} differs"
-
-
 @pytest.mark.parametrize("context", ["default", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_torch_loaders_with_two_workers_run_an_epoch(moto_s3: MotoS3, remote: tuple[str, str], local: Path,
                                                      tmp_path: Path, context: str) -> None:
@@ -195,7 +183,7 @@ def test_torch_loaders_with_two_workers_run_an_epoch(moto_s3: MotoS3, remote: tu
     got, want = batches(store, 2), batches(ss.open(local), 0)
     assert len(got) == len(want) == -(-n // 16)
     for k, (g, w) in enumerate(zip(got, want)):
-        _tensors_equal(g, w, f"map-style batch {k}")
+        tensors_equal(g, w, f"map-style batch {k}")
     seen = np.sort(np.concatenate([b["index"].numpy() for b in got]))
     same(seen, np.arange(n, dtype=np.int64), "one epoch covers every record once")
 
@@ -208,7 +196,7 @@ def test_torch_loaders_with_two_workers_run_an_epoch(moto_s3: MotoS3, remote: tu
     got_i, want_i = iterable(store, 2), iterable(ss.open(local), 0)  # workers take round-robin turns
     assert len(got_i) == len(want_i)
     for k, (g, w) in enumerate(zip(got_i, want_i)):
-        _tensors_equal(g, w, f"iterable batch {k}")
+        tensors_equal(g, w, f"iterable batch {k}")
     same(np.sort(np.concatenate([b["index"].numpy() for b in got_i])), np.arange(n, dtype=np.int64), "iterable epoch")
 
 

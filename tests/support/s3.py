@@ -187,7 +187,7 @@ class MotoS3:
 
         store = self.obstore(bucket)
         prefix = prefix.strip("/")
-        for rel, path in _files_manifest_last(Path(local)):
+        for rel, path in files_manifest_last(Path(local)):
             obstore.put(store, f"{prefix}/{rel}" if prefix else rel, path.read_bytes())
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
@@ -195,7 +195,7 @@ class MotoS3:
         """Make ``s3://bucket/prefix`` hold exactly the files of ``local`` (objects not in ``local``
         deleted, the others overwritten): a store replaced by another one under the same URL."""
         prefix = prefix.strip("/")
-        wanted = {f"{prefix}/{rel}" if prefix else rel for rel, _ in _files_manifest_last(Path(local))}
+        wanted = {f"{prefix}/{rel}" if prefix else rel for rel, _ in files_manifest_last(Path(local))}
         stale = [k for k in self.keys(bucket, prefix + "/" if prefix else "") if k not in wanted]
         if stale:
             import obstore
@@ -215,7 +215,7 @@ class MotoS3:
         return root
 
 
-def _files_manifest_last(root: Path) -> Iterator[tuple[str, Path]]:
+def files_manifest_last(root: Path) -> Iterator[tuple[str, Path]]:
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
     files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file())

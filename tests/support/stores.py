@@ -211,3 +211,22 @@ def same_stores(a: Any, b: Any) -> None:
                         gb[name] if isinstance(gb[name], tuple) else (gb[name],)):
             assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
     assert [a.id(i) for i in range(len(a))] == [b.id(i) for i in range(len(b))]
+
+
+def store_files(root: Path) -> dict[str, bytes]:
+    """Every file of a local store by relative path (its commit lock and writers' scratch directory aside)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock" and not p.relative_to(root).as_posix().startswith("_tmp/")}
+
+
+def tensors_equal(a: Any, b: Any, what: str) -> None:
+    """Two batches of torch tensors (dicts) have the same keys, dtypes, shapes and bytes."""
+    import torch
+
+    assert set(a) == set(b), what
+    for k in a:
+        x, y = a[k], b[k]
+        assert x.dtype == y.dtype and x.shape == y.shape, f"{what} {k}: {x.dtype} {x.shape} vs {y.dtype} {y.shape}"
+        if x.dtype == torch.bfloat16:
+            x, y = x.view(torch.int16), y.view(torch.int16)
+        assert x.numpy().tobytes() == y.numpy().tobytes(), f"{what} {k} differs"

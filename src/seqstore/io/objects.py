@@ -409,6 +409,9 @@ class _Loop:
 
 class _ObstoreBackend(_Backend):
     conditional = True
+    #: whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
+    #: suffix request costs a HEAD (for the size) and then a plain range request: two round trips
+    suffix_ranges = True
 
     def __init__(self, client: ObjectClient) -> None:
         try:
@@ -451,6 +454,8 @@ class _ObstoreBackend(_Backend):
             env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
             if os.environ.get(f"{env}_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
                 client_options["allow_http"] = True
+        if scheme in ("az", "abfs", "abfss", "azure"):
+            self.suffix_ranges = False
         if scheme in ("http", "https"):
             self.conditional = False
             self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
@@ -547,7 +552,13 @@ class _ObstoreBackend(_Backend):
             try:
                 async with self.sem, self.budget.hold(want):
                     opts: dict[str, Any] = {}
-                    if start < 0:
+                    if start < 0 and not self.suffix_ranges:
+                        head = await self.obs.head_async(self.store, key)
+                        size = int(head["size"])
+                        if size:
+                            opts["range"] = (max(0, size + start), size)
+                        etag = etag or head.get("e_tag") or None  # the range must come from the object sized
+                    elif start < 0:
                         opts["range"] = {"suffix": -start}
                     elif end >= 0:
                         opts["range"] = (start, end)
