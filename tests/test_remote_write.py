@@ -20,6 +20,7 @@ from support.stores import same_stores as _same
 import seqstore as ss
 from seqstore.errors import ConflictError, FormatError, RemoteError, SchemaError
 from seqstore.store import remote_writer
+from seqstore.store.parts import prepare_store
 from seqstore.store.verify import verify
 
 if TYPE_CHECKING:
@@ -120,6 +121,43 @@ def test_create_existing_and_overwrite(moto_s3: MotoS3, s3_bucket: str, tmp_path
         remote_writer.open_or_create(url, SCHEMA, storage_options=opts)
     with pytest.raises(FormatError, match="no seqstore store"):
         ss.append_to(f"s3://{s3_bucket}/none.seqstore", storage_options=opts)
+
+
+def test_create_on_an_empty_store_of_the_same_schema_is_refused(moto_s3: MotoS3, s3_bucket: str) -> None:
+    """A second create finds a manifest with the very bytes it would write (same schema, no records yet):
+    refused on its first try, so it is another writer's store, not ours."""
+    url = f"s3://{s3_bucket}/twice.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        ss.create(url, SCHEMA, packed=PACKED, storage_options=opts)
+    with pytest.raises(FileExistsError, match="mode='create'"):
+        prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+
+
+def test_lost_answer_to_create_counts_as_created(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The create reached the service but its answer was lost: the retry is refused (the manifest is
+    there), and since it holds our bytes, the create succeeded."""
+    from seqstore.io import objects
+
+    url = f"s3://{s3_bucket}/lost-create.seqstore"
+    real_put = objects._ObstoreBackend.put
+    lost: list[str] = []
+
+    def put(self: Any, key: str, data: Any, mode: Any) -> str:
+        etag = real_put(self, key, data, mode)
+        if key == "manifest.json" and mode == "create" and not lost:
+            lost.append(etag)
+            raise objects._Transient("connection reset before the answer (simulated)")
+        return etag
+
+    monkeypatch.setattr(objects._ObstoreBackend, "put", put)
+    with ss.create(url, SCHEMA, packed=PACKED, storage_options=moto_s3.storage_options()) as w:
+        cols, ids = _batch(0, 3)
+        w.append_batch(cols, ids=ids)
+    assert lost
+    assert len(_open(url, moto_s3, tmp_path / "c")) == 3
 
 
 # ------------------------------------------------------------------------------------- races

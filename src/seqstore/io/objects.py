@@ -233,6 +233,9 @@ class ObjectClient:
             attempt += 1
             try:
                 return fn()
+            except RemoteError as exc:  # not retried; it counts this call's tries (a ConflictError on a
+                exc.attempts = max(exc.attempts, attempt)  # later try may refuse our own earlier write)
+                raise
             except _Transient as exc:
                 if attempt > self.max_retries:
                     raise RemoteError(
@@ -412,6 +415,9 @@ class _ObstoreBackend(_Backend):
     #: whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
     #: suffix request costs a HEAD (for the size) and then a plain range request: two round trips
     suffix_ranges = True
+    #: Google Cloud Storage: a conditional replace names the object's generation, not its ETag (which the
+    #: XML API derives from the content), so the version tags seqstore keeps are ``"<ETag>#<generation>"``
+    generations = False
 
     def __init__(self, client: ObjectClient) -> None:
         try:
@@ -456,6 +462,7 @@ class _ObstoreBackend(_Backend):
                 client_options["allow_http"] = True
         if scheme in ("az", "abfs", "abfss", "azure"):
             self.suffix_ranges = False
+        self.generations = scheme in ("gs", "gcs")
         if scheme in ("http", "https"):
             self.conditional = False
             self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
@@ -469,6 +476,25 @@ class _ObstoreBackend(_Backend):
             )
         self.sem: asyncio.Semaphore | None = None
         self.budget: _ByteBudget | None = None
+
+    # version tags -------------------------------------------------------------------------------
+    def _tag(self, m: Any) -> str:
+        """The version tag of an object from obstore's meta (or a put's result)."""
+        etag, version = m.get("e_tag"), m.get("version")
+        if self.generations and etag and version:
+            return f"{etag}#{version}"
+        return str(etag or version or "")
+
+    def _mode(self, mode: str | dict[str, Any]) -> Any:
+        """obstore's put mode for seqstore's (``{"e_tag": tag}``: replace only that version)."""
+        if isinstance(mode, dict) and self.generations:
+            etag, _, version = str(mode["e_tag"]).partition("#")
+            return {"e_tag": etag, "version": version or None}
+        return mode
+
+    def _if_match(self, tag: str) -> str:
+        """The ETag to send as If-Match for version tag ``tag``."""
+        return tag.partition("#")[0] if self.generations else tag
 
     # errors -------------------------------------------------------------------------------------
     def _classify(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
@@ -526,7 +552,7 @@ class _ObstoreBackend(_Backend):
 
     def head(self, key: str) -> ObjectMeta:
         m = self._sync(key, lambda: self.obs.head(self.store, key))
-        return ObjectMeta(key, int(m["size"]), str(m.get("e_tag") or m.get("version") or ""))
+        return ObjectMeta(key, int(m["size"]), self._tag(m))
 
     def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
         def fetch() -> tuple[memoryview, ObjectMeta]:
@@ -535,7 +561,7 @@ class _ObstoreBackend(_Backend):
             m = r.meta
             if len(data) != int(m["size"]):
                 raise _Transient(f"body of {len(data)} bytes, expected {m['size']} (truncated)")
-            return data, ObjectMeta(key, int(m["size"]), str(m.get("e_tag") or m.get("version") or ""))
+            return data, ObjectMeta(key, int(m["size"]), self._tag(m))
 
         return self._sync(key, fetch)  # type: ignore[no-any-return]
 
@@ -557,13 +583,13 @@ class _ObstoreBackend(_Backend):
                         size = int(head["size"])
                         if size:
                             opts["range"] = (max(0, size + start), size)
-                        etag = etag or head.get("e_tag") or None  # the range must come from the object sized
+                        etag = etag or self._tag(head) or None  # the range must come from the object sized
                     elif start < 0:
                         opts["range"] = {"suffix": -start}
                     elif end >= 0:
                         opts["range"] = (start, end)
                     if etag:
-                        opts["if_match"] = etag
+                        opts["if_match"] = self._if_match(etag)
                     r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
                     if 0 <= start < end <= start + _SMALL_BODY:
                         # a small body has (nearly always) arrived with the headers: taking it without a
@@ -581,7 +607,7 @@ class _ObstoreBackend(_Backend):
                 want = _expected(start, end, size)
                 if len(data) != want:
                     raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {want}")
-                return data, ObjectMeta(key, size, str(m.get("e_tag") or m.get("version") or ""))
+                return data, ObjectMeta(key, size, self._tag(m))
             except self.oex.BaseError as exc:
                 err = self._classify(exc, key, conditional=etag is not None)
                 if not isinstance(err, _Transient):
@@ -645,23 +671,24 @@ class _ObstoreBackend(_Backend):
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         cond = isinstance(mode, dict)
-        r = self._sync(key, lambda: self.obs.put(self.store, key, bytes(data), mode=mode), conditional=False)
+        r = self._sync(key, lambda: self.obs.put(self.store, key, bytes(data), mode=self._mode(mode)),
+                       conditional=False)
         if cond and r.get("e_tag") is None:
             url = self.c.key_url(key)
             raise RemoteError(f"{url}: the service returned no ETag", url=url, attempts=1)
-        return str(r.get("e_tag") or r.get("version") or "")
+        return self._tag(r)
 
     def put_file(self, key: str, path: str) -> str:
         from pathlib import Path
 
         r = self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20))
-        return str(r.get("e_tag") or r.get("version") or "")
+        return self._tag(r)
 
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
         r = self._sync(
             key, lambda: self.obs.put(self.store, key, iter(chunks()), chunk_size=8 << 20, max_concurrency=4)
         )
-        return str(r.get("e_tag") or r.get("version") or "")
+        return self._tag(r)
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         def collect() -> list[ObjectMeta]:
@@ -669,7 +696,7 @@ class _ObstoreBackend(_Backend):
             for chunk in self.obs.list(self.store, prefix=prefix or None):
                 for m in chunk:
                     modified = m.get("last_modified")
-                    out.append(ObjectMeta(str(m["path"]), int(m["size"]), str(m.get("e_tag") or ""),
+                    out.append(ObjectMeta(str(m["path"]), int(m["size"]), self._tag(m),
                                           modified.timestamp() if modified is not None else 0.0))
             return out
 

@@ -379,12 +379,15 @@ def _manifest_bytes(sch: Schema, metadata: Mapping[str, Any] | None, id_lookup: 
 
 
 def _install(client: ObjectClient, raw: bytes) -> bool:
-    """Create ``manifest.json`` unless one exists; whether this call created it (a lost answer to
-    our own create, retried and refused, counts as created)."""
+    """Create ``manifest.json`` unless one exists; whether this call created it. Refused on the first
+    try: it existed before. Refused on a retry (the answer to an earlier try was lost): ours if the
+    manifest there has our bytes."""
     try:
         client.put(MANIFEST, raw, mode="create")
         return True
-    except ConflictError:
+    except ConflictError as exc:
+        if exc.attempts <= 1:
+            return False
         try:
             return bytes(client.get(MANIFEST)[0]) == raw
         except RemoteNotFound:
