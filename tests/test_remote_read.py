@@ -558,6 +558,12 @@ def test_answers_given_to_a_callback_are_not_kept_by_the_future(moto_s3: MotoS3,
     assert [len(d) for d, _ in answers] == [0, 0]
     plain = client.get_ranges(reqs)
     assert [bytes(d) for d, _ in plain] == [body[:4096], body[100_000:250_000]]
+    # a missing object under missing_ok: an empty answer, and no call of the callback (both back ends)
+    seen.clear()
+    fut = client.submit([("gone.bin", 0, -1, None), *reqs], lambda i, data, meta: seen.__setitem__(i, bytes(data)),
+                        missing_ok=True)
+    assert [(len(d), m is None) for d, m in fut.result(timeout=60)] == [(0, True), (0, False), (0, False)]
+    assert seen == {1: body[:4096], 2: body[100_000:250_000]}
 
 
 def test_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, s3_bucket: str) -> None:
