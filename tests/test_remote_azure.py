@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from support.proxy import FaultProxy
+from support.races import commit_after
 from support.stores import assert_same_reads, build_store, digest, same, same_batch, store_files, tensors_equal
 
 import seqstore as ss
@@ -176,20 +177,9 @@ def test_writers_commit_conditionally_and_racing_writers_lose_no_shard(azurite: 
         b = ss.append_to(url, storage_options=azurite.storage_options(proxy.url))
         a.append_batch(*_rows(0, 12)[:1], ids=_rows(0, 12)[1])
         b.append_batch(*_rows(100, 9)[:1], ids=_rows(100, 9)[1])
-        fired: list[int] = []
-
-        def a_commits_first(req: Any) -> bool:
-            if req.method == "PUT" and req.path.endswith("/manifest.json") and not fired:
-                fired.append(1)
-                a.commit()
-            return False
-
-        proxy.fail(None, where=a_commits_first)
-        b.commit()
-        a.close()
-        b.close()
+        commit_after(a, b, proxy)
         assert any(r.status == 412 for r in proxy.requests), "the service refused B's stale write"
-    assert fired and b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
+    assert b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
     store = _open(azurite, url, tmp_path / "c")
     want = [f"r{i:05d}" for i in [-1, *range(12), *range(100, 109)]]
     assert [store.id(i) for i in range(len(store))] == want  # A's shard before B's: A committed first

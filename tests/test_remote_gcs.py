@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 import pytest
 from support.gcs import FakeGcs, XmlGcs, fake_gcs_binary
 from support.proxy import FaultProxy
+from support.races import commit_after
 from support.stores import assert_same_reads, build_store, digest, same, same_stores, store_files
 
 import seqstore as ss
@@ -107,21 +107,9 @@ def test_writers_and_racing_writers(xml_gcs: XmlGcs, tmp_path: Path) -> None:
         b = ss.append_to(url, storage_options=xml_gcs.storage_options(proxy.url))
         a.append_batch(*_rows(0, 12)[:1], ids=_rows(0, 12)[1])
         b.append_batch(*_rows(100, 9)[:1], ids=_rows(100, 9)[1])
-        fired: list[int] = []
-
-        def a_commits_first(req: Any) -> bool:
-            # obstore's GCS client escapes every byte of a key but letters and digits ("%2F" for "/")
-            if req.method == "PUT" and unquote(req.path).endswith("/manifest.json") and not fired:
-                fired.append(1)
-                a.commit()
-            return False
-
-        proxy.fail(None, where=a_commits_first)
-        b.commit()
-        a.close()
-        b.close()
+        commit_after(a, b, proxy)
         assert any(r.status == 412 for r in proxy.requests), "the service refused B's stale write"
-    assert fired and b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
+    assert b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
     store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")
     same_stores(store, _local(tmp_path, "want.seqstore", [(-1, 1), (0, 12), (100, 9)]))
     assert verify(url, storage_options=opts) == []

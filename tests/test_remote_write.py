@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from support.races import commit_after
 from support.stores import same_stores as _same
 
 import seqstore as ss
@@ -176,19 +177,8 @@ def test_racing_writers_lose_no_shard(moto_s3: MotoS3, s3_bucket: str, tmp_path:
     a.append_batch(cols, ids=ids)
     cols, ids = _batch(100, 9)
     b.append_batch(cols, ids=ids)
-    fired: list[int] = []
-
-    def a_commits_first(req: Any) -> bool:
-        if req.method == "PUT" and req.path.endswith("/manifest.json") and not fired:
-            fired.append(1)
-            a.commit()  # A: claim 0 is B's, so shard-000001; commit
-        return False
-
-    s3_proxy.fail(None, where=a_commits_first)
-    b.commit()
-    a.close()
-    b.close()
-    assert fired and b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
+    commit_after(a, b, s3_proxy)
+    assert b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
     store = _open(url, moto_s3, tmp_path / "c")
     want = [f"r{i:05d}" for i in [*range(12), *range(100, 109)]]
     assert sorted(store.id(i) for i in range(len(store))) == want

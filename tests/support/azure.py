@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from support.child import stop_child
 from support.s3 import files_manifest_last
 
 ACCOUNT = "devstoreaccount1"
@@ -88,12 +89,7 @@ class Azurite:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_child(self.proc)
             self.proc = None
         if self._workdir is not None:
             self._workdir.cleanup()

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+from support.child import stop_child
 from support.s3 import files_manifest_last
 
 _buckets = itertools.count()
@@ -112,12 +113,7 @@ class FakeGcs:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_child(self.proc)
             if self.proc.stderr is not None:
                 self.proc.stderr.close()
             self.proc = None
