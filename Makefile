@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml $(RUN_STAMP)
 	$(PY) -m pip install -q -e '.[dev]' '$(TORCH_PIN)'
 	touch $@
 
-# Azurite (Microsoft's Azure Blob Storage emulator, an npm package) for the az:// tests
+# Azurite (Microsoft's Azure Blob Storage emulator, an npm package) for the az:// tests; the stamp names
+# the version, so changing the pin reinstalls it
 AZURITE_PIN := azurite@3.35.0
-$(VENV)/.installed-node: | $(VENV)/bin/python
+NODE_STAMP := $(VENV)/.installed-$(AZURITE_PIN)
+$(NODE_STAMP): | $(VENV)/bin/python
 	@command -v npm >/dev/null || { echo "make test needs npm (Node.js) for Azurite, the Azure Blob emulator of the az:// tests" >&2; exit 1; }
 	npm install --prefix $(VENV)/node --no-audit --no-fund --save-exact --loglevel=error $(AZURITE_PIN)
 	touch $@
@@ -37,10 +39,10 @@ demo: $(RUN_STAMP)
 	$(VENV)/bin/seqstore demo --out demo-out
 
 # pytest exits 5 when it collects nothing: that must fail, and it does (make stops on any non-zero).
-test: $(STAMP) $(VENV)/.installed-node
+test: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP) $(VENV)/.installed-node
+test-slow: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest -q -m slow
 
 # `make bench BENCH_FLAGS=--quick` for the quick sizes; peers that cannot be installed here (LogIX:
