@@ -3,9 +3,10 @@ service's REST API: every read API equals the local store, a DataLoader epoch wi
 round trips and resumes, writers with conditional commits (racing writers lose no shard), a replaced
 store is never served stale, and the errors for a wrong key and a missing blob.
 
-The service refuses suffix ranges (``bytes=-n``), which opening a shard asks for on S3: on Azure the
-client sizes such a request with a HEAD first (tests fail without it). Stores for reading are written
-locally and uploaded with obstore (tests/support/azure.py), not with seqstore's remote code.
+The service does not answer suffix ranges (``bytes=-n``; obstore will not send one), which opening a
+shard asks for on S3: on Azure the client sizes such a request with a HEAD first (tests fail without
+it). Stores for reading are written locally and uploaded with obstore (tests/support/azure.py), not
+with seqstore's remote code.
 """
 
 from __future__ import annotations
