@@ -232,6 +232,16 @@ def _summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"primary": primary, "sections": sections, "extra": extra}
 
 
+def meminfo(field: str) -> int:
+    """Field ``field`` of ``/proc/meminfo`` (``"MemTotal"``, ``"MemAvailable"``, ...) in bytes; 0 where it
+    cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in open("/proc/meminfo"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def machine_info() -> dict[str, Any]:
     """CPU, cores, memory, OS, Python and library versions, repo commit."""
     import numpy
@@ -242,11 +252,7 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    mem = 0
-    with contextlib.suppress(OSError):
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
+    mem = meminfo("MemTotal")
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True

@@ -90,7 +90,16 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import numpy as np  # noqa: E402
 
 from bench import _remote_proxy, _remote_server, _remote_streaming  # noqa: E402
-from bench.harness import RESULTS, Case, _run_once, _summarise, machine_info, machine_line, section  # noqa: E402
+from bench.harness import (  # noqa: E402
+    RESULTS,
+    Case,
+    _run_once,
+    _summarise,
+    machine_info,
+    machine_line,
+    meminfo,
+    section,
+)
 
 DEFAULT_DATA = Path(os.environ.get("SEQSTORE_REMOTE_DATA", "/work/bench-data/remote"))
 BUCKET = "bench"
@@ -182,9 +191,6 @@ def _epoch_batches(n: int, count: int) -> list[np.ndarray[Any, Any]]:
     return [idx[a : a + BATCH] for a in range(0, len(idx), BATCH)]
 
 
-_peer_cpu_used = [0.0]
-
-
 def _peer_cpu() -> float:
     """CPU seconds so far of the S3 server and the latency proxy (pids in $SEQSTORE_BENCH_PEERS): on
     one machine the readers share the cores with them, so what they spend per case is part of its cost."""
@@ -199,12 +205,14 @@ def _peer_cpu() -> float:
 
 
 @contextlib.contextmanager
-def _read() -> Iterator[None]:
-    """The timed ``read`` section of a case; also notes the server's and proxy's CPU seconds in it."""
+def _read() -> Iterator[dict[str, float]]:
+    """The timed ``read`` section of a case; the dict it gives has, once the section is over, the
+    server's and proxy's CPU seconds in it (``"peer_cpu_s"``)."""
+    peers = {"peer_cpu_s": 0.0}
     p0 = _peer_cpu()
     with section("read"):
-        yield
-    _peer_cpu_used[0] = _peer_cpu() - p0
+        yield peers
+    peers["peer_cpu_s"] = _peer_cpu() - p0
 
 
 def _check(kind: str, out: Any) -> float:
@@ -392,7 +400,7 @@ def case_random(
         _remote_proxy.stats(control, reset=True)
         check = 0.0
         asked = 0
-        with _read():
+        with _read() as peers:
             t0 = time.perf_counter()
             t1 = 0.0
             for got in read_all():
@@ -419,7 +427,7 @@ def case_random(
         "private_mib": priv,
         "anon_mib": anon,
         "checksum": check,
-        "peer_cpu_s": _peer_cpu_used[0],
+        "peer_cpu_s": peers["peer_cpu_s"],
         **extra,
     }
 
@@ -564,7 +572,7 @@ def case_epoch(
             made = json.loads(_requests_file(data, kind).read_text())
             store = _s3store(endpoint)
             _remote_proxy.stats(control, reset=True)
-            with _read():
+            with _read() as peers:
                 t0 = time.perf_counter()
                 asyncio.run(_replay(store, made["requests"], MAX_REQUESTS))
                 dt = time.perf_counter() - t0
@@ -583,7 +591,7 @@ def case_epoch(
                 parts.append((key, min(size, budget)))
                 budget -= size
             _remote_proxy.stats(control, reset=True)
-            with _read():
+            with _read() as peers:
                 t0 = time.perf_counter()
                 nbytes = asyncio.run(_read_files(store, parts, SEQ_CHUNK, MAX_REQUESTS))
                 dt = time.perf_counter() - t0
@@ -605,7 +613,7 @@ def case_epoch(
                 _record_requests(_requests_file(data, kind), asked)
             _remote_proxy.stats(control, reset=True)
             nbytes = 0
-            with _read():
+            with _read() as peers:
                 t0 = time.perf_counter()
                 t1, first = 0.0, 0
                 for got in store.iter_batches(chunks, prefetch=prefetch):
@@ -627,7 +635,7 @@ def case_epoch(
         "asked_mib": nbytes / 2**20,
         "private_mib": priv,
         "anon_mib": anon,
-        "peer_cpu_s": _peer_cpu_used[0],
+        "peer_cpu_s": peers["peer_cpu_s"],
         **extra,
     }
 
@@ -744,17 +752,6 @@ def _files(path: Path, root: Path) -> list[list[Any]]:
     return [[q.relative_to(root).as_posix(), q.stat().st_size] for q in sorted(path.rglob("*")) if q.is_file()]
 
 
-def _mem_available() -> int:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 where it cannot be read)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def _warm(paths: list[Path], pinned: list[Any]) -> tuple[float, int]:
     """Read every file of the data sets of this run once (the server's page cache warm) and lock its
     pages in memory (``mlock`` of a read-only mapping kept in ``pinned`` until the run ends): this VM
@@ -769,7 +766,7 @@ def _warm(paths: list[Path], pinned: list[Any]) -> tuple[float, int]:
     t0 = time.perf_counter()
     buf = bytearray(8 << 20)
     total = sum(q.stat().st_size for p in paths for q in p.rglob("*") if q.is_file())
-    locked = 0 if total < _mem_available() // 2 else -1  # never lock more than half the free memory
+    locked = 0 if total < meminfo("MemAvailable") // 2 else -1  # never lock more than half the free memory
     for p in paths:
         for q in sorted(p.rglob("*")):
             if not q.is_file():

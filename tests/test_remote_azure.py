@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from support.proxy import FaultProxy
-from support.races import commit_after
+from support.races import append_rows, race, row_ids, write_schema
 from support.stores import assert_same_reads, build_store, digest, same, same_batch, store_files, tensors_equal
 
 import seqstore as ss
@@ -153,13 +153,7 @@ def test_copy_round_trip_local_azure_local_is_byte_identical(azurite: Azurite, a
 
 # ------------------------------------------------------------------------------------ writers
 
-SCHEMA = {"x": ss.Field("float32", (None, 2)), "spk": ss.Field("int64")}
-
-
-def _rows(first: int, n: int) -> tuple[dict[str, Any], list[str]]:
-    cols = {"x": [np.full((i % 3, 2), first + i, np.float32) for i in range(n)],
-            "spk": np.arange(first, first + n, dtype=np.int64)}
-    return cols, [f"r{i:05d}" for i in range(first, first + n)]
+SCHEMA = write_schema()
 
 
 def test_writers_commit_conditionally_and_racing_writers_lose_no_shard(azurite: Azurite, az_container: str,
@@ -170,15 +164,11 @@ def test_writers_commit_conditionally_and_racing_writers_lose_no_shard(azurite: 
     url = f"az://{az_container}/race.seqstore"
     opts = azurite.storage_options()
     with ss.create(url, SCHEMA, storage_options=opts) as w:
-        w.append_batch(*_rows(-1, 1)[:1], ids=_rows(-1, 1)[1])
+        append_rows(w, -1, 1)
     with pytest.raises(FileExistsError, match="overwrite=True"):  # If-None-Match: * refused by the service
         ss.create(url, SCHEMA, storage_options=opts)
     with FaultProxy(azurite.endpoint) as proxy:
-        a = ss.append_to(url, storage_options=opts)
-        b = ss.append_to(url, storage_options=azurite.storage_options(proxy.url))
-        a.append_batch(*_rows(0, 12)[:1], ids=_rows(0, 12)[1])
-        b.append_batch(*_rows(100, 9)[:1], ids=_rows(100, 9)[1])
-        commit_after(a, b, proxy)
+        a, b = race(url, opts, azurite.storage_options(proxy.url), proxy)
         assert any(r.status == 412 for r in proxy.requests), "the service refused B's stale write"
     assert b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
     store = _open(azurite, url, tmp_path / "c")
@@ -227,12 +217,11 @@ def test_parts_from_two_tasks_commit_once(azurite: Azurite, az_container: str, t
     for task, (first, n) in (("t0", (0, 9)), ("t1", (100, 13))):
         with PartWriter(url, job="j", task=task, storage_options=opts, staging_dir=tmp_path / "staging",
                         max_shard_records=4) as w:
-            cols, ids = _rows(first, n)
-            w.append_batch(cols, ids=ids)
+            append_rows(w, first, n)
             parts.append(w.finish())
     assert len(_open(azurite, url, tmp_path / "c0")) == 0  # nothing visible before the commit
     assert commit_parts(url, parts, storage_options=opts) == 22
     store = _open(azurite, url, tmp_path / "c1")
-    assert store.num_shards == 7 and [store.id(i) for i in range(22)] == [*_rows(0, 9)[1], *_rows(100, 13)[1]]
+    assert store.num_shards == 7 and [store.id(i) for i in range(22)] == [*row_ids(0, 9), *row_ids(100, 13)]
     same(store.get_batch(np.arange(22), fields=["spk"])["spk"], np.r_[0:9, 100:113], "spk in part order")
     assert verify(url, storage_options=opts) == []

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from support.gcs import FakeGcs, XmlGcs, fake_gcs_binary
 from support.proxy import FaultProxy
-from support.races import commit_after
+from support.races import append_rows, race, write_schema
 from support.stores import assert_same_reads, build_store, digest, same, same_stores, store_files
 
 import seqstore as ss
@@ -79,19 +78,13 @@ def test_replaced_store_is_never_served_stale(fake_gcs: FakeGcs, tmp_path: Path)
 
 # ------------------------------------------------------------------------------------ writes
 
-SCHEMA = {"x": ss.Field("float32", (None, 2)), "spk": ss.Field("int64")}
-
-
-def _rows(first: int, n: int) -> tuple[dict[str, Any], list[str]]:
-    cols = {"x": [np.full((i % 3, 2), first + i, np.float32) for i in range(n)],
-            "spk": np.arange(first, first + n, dtype=np.int64)}
-    return cols, [f"r{i:05d}" for i in range(first, first + n)]
+SCHEMA = write_schema()
 
 
 def _local(tmp: Path, name: str, ranges: list[tuple[int, int]]) -> ss.Store:
     with ss.create(tmp / name, SCHEMA) as w:
         for first, n in ranges:
-            w.append_batch(*_rows(first, n)[:1], ids=_rows(first, n)[1])
+            append_rows(w, first, n)
     return ss.open(tmp / name)
 
 
@@ -101,13 +94,9 @@ def test_writers_and_racing_writers(xml_gcs: XmlGcs, tmp_path: Path) -> None:
     url = f"gs://{xml_gcs.new_bucket()}/race.seqstore"
     opts = xml_gcs.storage_options()
     with ss.create(url, SCHEMA, storage_options=opts) as w:
-        w.append_batch(*_rows(-1, 1)[:1], ids=_rows(-1, 1)[1])
+        append_rows(w, -1, 1)
     with FaultProxy(xml_gcs.endpoint) as proxy:
-        a = ss.append_to(url, storage_options=opts)
-        b = ss.append_to(url, storage_options=xml_gcs.storage_options(proxy.url))
-        a.append_batch(*_rows(0, 12)[:1], ids=_rows(0, 12)[1])
-        b.append_batch(*_rows(100, 9)[:1], ids=_rows(100, 9)[1])
-        commit_after(a, b, proxy)
+        a, b = race(url, opts, xml_gcs.storage_options(proxy.url), proxy)
         assert any(r.status == 412 for r in proxy.requests), "the service refused B's stale write"
     assert b.conflicts == 1 and b.renumbered == 1 and a.conflicts == 0
     store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")
@@ -120,13 +109,13 @@ def test_copy_up_resume_and_down(xml_gcs: XmlGcs, tmp_path: Path) -> None:
     conditionally (on its generation); the copy back is byte-identical."""
     src = tmp_path / "src.seqstore"
     with ss.create(src, SCHEMA, max_shard_records=10) as w:
-        w.append_batch(*_rows(0, 30)[:1], ids=_rows(0, 30)[1])
+        append_rows(w, 0, 30)
     url = f"gs://{xml_gcs.new_bucket()}/up/main.seqstore"
     opts = xml_gcs.storage_options()
     first = ss.copy(src, url, dst_options=opts, workers=2)
     assert (first.shards, first.copied) == (3, 3)
     with ss.append_to(src, max_shard_records=10) as w:  # the source grows by a shard
-        w.append_batch(*_rows(30, 10)[:1], ids=_rows(30, 10)[1])
+        append_rows(w, 30, 10)
     again = ss.copy(src, url, dst_options=opts)
     assert (again.copied, again.skipped) == (1, 3)
     same_stores(ss.open(url, storage_options=opts, cache_dir=tmp_path / "c"), ss.open(src))
@@ -146,7 +135,7 @@ def test_parts_from_two_tasks_commit_once(xml_gcs: XmlGcs, tmp_path: Path) -> No
     for task, (first, n) in (("t0", (0, 9)), ("t1", (100, 13))):
         with PartWriter(url, job="j", task=task, storage_options=opts, staging_dir=tmp_path / "staging",
                         max_shard_records=4) as w:
-            w.append_batch(*_rows(first, n)[:1], ids=_rows(first, n)[1])
+            append_rows(w, first, n)
             parts.append(w.finish())
     assert commit_parts(url, parts, storage_options=opts) == 22
     store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")

@@ -16,7 +16,6 @@ import base64
 import email.utils
 import hashlib
 import hmac
-import itertools
 import os
 import re
 import shutil
@@ -24,18 +23,15 @@ import subprocess
 import tempfile
 import threading
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
-from support.child import stop_child
-from support.s3 import files_manifest_last
+from support.emulators import fresh_name, keys_under, stop_child, upload_tree
 
 ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 _API_VERSION = "2021-08-06"
 _REPO = Path(__file__).resolve().parents[2]
-_containers = itertools.count()
 
 
 def azurite_command() -> str | None:
@@ -130,7 +126,7 @@ class Azurite:
 
     def new_container(self, prefix: str = "t") -> str:
         """Create a container with a fresh name (3-63 lower-case letters, digits, hyphens)."""
-        name = f"{prefix}-{next(_containers)}-{uuid.uuid4().hex[:12]}".lower()[:63]
+        name = fresh_name(prefix)
         self._signed("PUT", f"/{name}", {"restype": "container"})
         return name
 
@@ -152,15 +148,7 @@ class Azurite:
 
     def keys(self, container: str, prefix: str = "") -> dict[str, int]:
         """``{key: size}`` of the blobs whose name starts with ``prefix``."""
-        import obstore
-
-        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        out: dict[str, int] = {}
-        for page in obstore.list(self.obstore(container), prefix=folder or None):
-            for meta in page:
-                if meta["path"].startswith(prefix):
-                    out[meta["path"]] = int(meta["size"])
-        return out
+        return keys_under(self.obstore(container), prefix)
 
     def get(self, container: str, key: str) -> bytes:
         import obstore
@@ -178,7 +166,4 @@ class Azurite:
         import obstore
 
         store = self.obstore(container)
-        prefix = prefix.strip("/")
-        for rel, path in files_manifest_last(Path(local)):
-            obstore.put(store, f"{prefix}/{rel}", path.read_bytes())
-        return f"az://{container}/{prefix}"
+        return f"az://{container}/{upload_tree(lambda key, data: obstore.put(store, key, data), local, prefix)}"

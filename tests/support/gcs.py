@@ -31,17 +31,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from support.child import stop_child
-from support.s3 import files_manifest_last
-
-_buckets = itertools.count()
+from support.emulators import fresh_name, stop_child, upload_tree
 
 
 def _key(base: str) -> str:
@@ -53,10 +49,6 @@ def _key(base: str) -> str:
 def gcs_options(base: str, **extra: Any) -> dict[str, Any]:
     """``storage_options`` of a ``gs://`` store on the emulator at ``base``."""
     return {"service_account_key": _key(base), "allow_http": "true", **extra}
-
-
-def _bucket_name(prefix: str) -> str:
-    return f"{prefix}-{next(_buckets)}-{uuid.uuid4().hex[:12]}"
 
 
 # ------------------------------------------------------------------------------ fake-gcs-server
@@ -139,7 +131,7 @@ class FakeGcs:
         return gcs_options(self.endpoint, **extra)
 
     def new_bucket(self, prefix: str = "t") -> str:
-        name = _bucket_name(prefix)
+        name = fresh_name(prefix)
         req = urllib.request.Request(f"{self.endpoint}/storage/v1/b?project=test", method="POST",
                                      data=json.dumps({"name": name}).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -157,10 +149,7 @@ class FakeGcs:
     def upload_dir(self, local: str | os.PathLike[str], bucket: str, prefix: str) -> str:
         """Upload every file under ``local`` to ``gs://bucket/prefix/<relative path>``, the top-level
         ``manifest.json`` last; returns that URL."""
-        prefix = prefix.strip("/")
-        for rel, path in files_manifest_last(Path(local)):
-            self.put(bucket, f"{prefix}/{rel}", path.read_bytes())
-        return f"gs://{bucket}/{prefix}"
+        return f"gs://{bucket}/{upload_tree(lambda key, data: self.put(bucket, key, data), local, prefix)}"
 
 
 # ------------------------------------------------------------------------------ XML API server
@@ -327,7 +316,7 @@ class XmlGcs:
 
     def new_bucket(self, prefix: str = "t") -> str:
         assert self._server is not None
-        name = _bucket_name(prefix)
+        name = fresh_name(prefix)
         self._server.buckets[name] = {}
         return name
 

@@ -1,10 +1,31 @@
-"""Two remote writers racing for one commit, with the loser decided: the test of conditional commits
-on every object store (S3, Azure, GCS)."""
+"""Remote writers for the tests of conditional commits on every object store (S3, Azure, GCS): small
+records to append, and two writers racing for one commit with the loser decided."""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import unquote
+
+
+def write_schema() -> dict[str, Any]:
+    """The schema of :func:`append_rows`' records: a ragged and a fixed field."""
+    import seqstore as ss
+
+    return {"x": ss.Field("float32", (None, 2)), "spk": ss.Field("int64")}
+
+
+def row_ids(first: int, n: int) -> list[str]:
+    """The ids :func:`append_rows` gives records ``first`` to ``first + n - 1``."""
+    return [f"r{i:05d}" for i in range(first, first + n)]
+
+
+def append_rows(writer: Any, first: int, n: int) -> None:
+    """Append records ``first`` to ``first + n - 1`` (``spk`` = the number, ``x`` 0-2 rows of it)."""
+    import numpy as np
+
+    cols = {"x": [np.full((i % 3, 2), first + i, np.float32) for i in range(n)],
+            "spk": np.arange(first, first + n, dtype=np.int64)}
+    writer.append_batch(cols, ids=row_ids(first, n))
 
 
 def commit_after(first: Any, second: Any, proxy: Any) -> None:
@@ -26,3 +47,16 @@ def commit_after(first: Any, second: Any, proxy: Any) -> None:
     first.close()
     second.close()
     assert fired, "the second writer's commit never wrote manifest.json through the proxy"
+
+
+def race(url: str, options: dict[str, Any], proxy_options: dict[str, Any], proxy: Any) -> tuple[Any, Any]:
+    """Writers A (``options``) and B (``proxy_options``: through ``proxy``) append to the store at ``url``,
+    A records 0-11, B records 100-108; B commits after A (:func:`commit_after`). Returns (A, B), closed."""
+    import seqstore as ss
+
+    a = ss.append_to(url, storage_options=options)
+    b = ss.append_to(url, storage_options=proxy_options)
+    append_rows(a, 0, 12)
+    append_rows(b, 100, 9)
+    commit_after(a, b, proxy)
+    return a, b

@@ -10,20 +10,16 @@ Credentials are the fixed test keys (:data:`KEY`, :data:`SECRET`); moto accepts 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from support.emulators import files_manifest_last, fresh_name, keys_under, upload_tree
 
 KEY = "testing"
 SECRET = "testing-secret-3c1f"  # distinctive, so a test can search a pickle, repr or log for it
 REGION = "us-east-1"
-
-_bucket_numbers = itertools.count()
-
 
 class MotoS3:
     """One moto S3 server. ``with MotoS3() as s3:`` or :meth:`start` / :meth:`stop`."""
@@ -121,7 +117,7 @@ class MotoS3:
 
     def new_bucket(self, prefix: str = "t") -> str:
         """Create a bucket with a fresh name (S3 rules: 3-63 lower-case letters, digits, hyphens)."""
-        name = f"{prefix}-{next(_bucket_numbers)}-{uuid.uuid4().hex[:12]}".lower()[:63]
+        name = fresh_name(prefix)
         self.boto3().create_bucket(Bucket=name)
         return name
 
@@ -153,15 +149,7 @@ class MotoS3:
     def keys(self, bucket: str, prefix: str = "") -> dict[str, int]:
         """``{key: size}`` of the objects whose key starts with ``prefix`` (a plain string prefix, as in
         S3's ListObjectsV2; obstore's own ``prefix`` matches whole path segments only)."""
-        import obstore
-
-        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        out: dict[str, int] = {}
-        for page in obstore.list(self.obstore(bucket), prefix=folder or None):
-            for meta in page:
-                if meta["path"].startswith(prefix):
-                    out[meta["path"]] = int(meta["size"])
-        return out
+        return keys_under(self.obstore(bucket), prefix)
 
     def delete(self, bucket: str, *keys: str) -> None:
         """Delete these objects (absent ones are no error)."""
@@ -186,9 +174,7 @@ class MotoS3:
         import obstore
 
         store = self.obstore(bucket)
-        prefix = prefix.strip("/")
-        for rel, path in files_manifest_last(Path(local)):
-            obstore.put(store, f"{prefix}/{rel}" if prefix else rel, path.read_bytes())
+        prefix = upload_tree(lambda key, data: obstore.put(store, key, data), local, prefix)
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
     def replace_dir(self, local: str | os.PathLike[str], bucket: str, prefix: str) -> str:
@@ -213,17 +199,3 @@ class MotoS3:
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(self.get(bucket, key))
         return root
-
-
-def files_manifest_last(root: Path) -> Iterator[tuple[str, Path]]:
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a directory")
-    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*") if p.is_file())
-    files.sort(key=lambda rp: rp[0] == "manifest.json")  # stable: manifest.json last
-    yield from files
-
-
-def read_tree(root: str | os.PathLike[str]) -> dict[str, bytes]:
-    """``{relative path: bytes}`` of every file under ``root``."""
-    r = Path(root)
-    return {p.relative_to(r).as_posix(): p.read_bytes() for p in sorted(r.rglob("*")) if p.is_file()}

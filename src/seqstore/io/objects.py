@@ -571,7 +571,8 @@ class _ObstoreBackend(_Backend):
         assert self.sem is not None and self.budget is not None
         attempt = 0
         url = self.c.key_url(key)
-        # the answer's size where the range says it (a whole object or a suffix: at most a small one here)
+        # what the answer takes of the byte budget: its size where the range says it (a whole object or a
+        # suffix: at most a small one here)
         want = end - start if 0 <= start < end else -start if start < 0 else _SMALL_BODY
         while True:
             attempt += 1
@@ -604,9 +605,9 @@ class _ObstoreBackend(_Backend):
                     return data, None
                 m = r.meta
                 size = int(m["size"])
-                want = _expected(start, end, size)
-                if len(data) != want:
-                    raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {want}")
+                expected = _expected(start, end, size)
+                if len(data) != expected:
+                    raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {expected}")
                 return data, ObjectMeta(key, size, self._tag(m))
             except self.oex.BaseError as exc:
                 err = self._classify(exc, key, conditional=etag is not None)
