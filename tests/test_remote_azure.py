@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from support.proxy import FaultProxy
-from support.races import append_rows, race, row_ids, write_schema
+from support.races import append_rows, race, row_ids, stage_parts, write_schema
 from support.stores import assert_same_reads, build_store, digest, same, same_batch, store_files, tensors_equal
 
 import seqstore as ss
@@ -208,17 +208,11 @@ def test_missing_blob_is_corruption_naming_the_key(azurite: Azurite, az_containe
 def test_parts_from_two_tasks_commit_once(azurite: Azurite, az_container: str, tmp_path: Path) -> None:
     """Distributed writes (docs/distributed.md) on Azure: two task attempts stage parts under the store,
     the driver commits them with server-side copies (Azure's Copy Blob) and one conditional manifest write."""
-    from seqstore.store.parts import PartWriter, commit_parts, prepare_store
+    from seqstore.store.parts import commit_parts
 
     url = f"az://{az_container}/d/a.seqstore"
     opts = azurite.storage_options()
-    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
-    parts = []
-    for task, (first, n) in (("t0", (0, 9)), ("t1", (100, 13))):
-        with PartWriter(url, job="j", task=task, storage_options=opts, staging_dir=tmp_path / "staging",
-                        max_shard_records=4) as w:
-            append_rows(w, first, n)
-            parts.append(w.finish())
+    parts = stage_parts(url, opts, tmp_path / "staging")
     assert len(_open(azurite, url, tmp_path / "c0")) == 0  # nothing visible before the commit
     assert commit_parts(url, parts, storage_options=opts) == 22
     store = _open(azurite, url, tmp_path / "c1")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from support.gcs import FakeGcs, XmlGcs, fake_gcs_binary
 from support.proxy import FaultProxy
-from support.races import append_rows, race, write_schema
+from support.races import append_rows, race, stage_parts, write_schema
 from support.stores import assert_same_reads, build_store, digest, same, same_stores, store_files
 
 import seqstore as ss
@@ -126,17 +126,11 @@ def test_copy_up_resume_and_down(xml_gcs: XmlGcs, tmp_path: Path) -> None:
 def test_parts_from_two_tasks_commit_once(xml_gcs: XmlGcs, tmp_path: Path) -> None:
     """Distributed writes: parts staged by two task attempts, committed with server-side copies
     (``x-goog-copy-source``) and one manifest write conditional on its generation."""
-    from seqstore.store.parts import PartWriter, commit_parts, prepare_store
+    from seqstore.store.parts import commit_parts
 
     url = f"gs://{xml_gcs.new_bucket()}/d/a.seqstore"
     opts = xml_gcs.storage_options()
-    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
-    parts = []
-    for task, (first, n) in (("t0", (0, 9)), ("t1", (100, 13))):
-        with PartWriter(url, job="j", task=task, storage_options=opts, staging_dir=tmp_path / "staging",
-                        max_shard_records=4) as w:
-            append_rows(w, first, n)
-            parts.append(w.finish())
+    parts = stage_parts(url, opts, tmp_path / "staging")
     assert commit_parts(url, parts, storage_options=opts) == 22
     store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")
     assert store.num_shards == 7

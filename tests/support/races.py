@@ -1,5 +1,5 @@
-"""Remote writers for the tests of conditional commits on every object store (S3, Azure, GCS): small
-records to append, and two writers racing for one commit with the loser decided."""
+"""Remote writers for the tests of commits on every object store (S3, Azure, GCS): small records to
+append, two writers racing for one commit with the loser decided, two tasks' parts staged."""
 
 from __future__ import annotations
 
@@ -60,3 +60,18 @@ def race(url: str, options: dict[str, Any], proxy_options: dict[str, Any], proxy
     append_rows(b, 100, 9)
     commit_after(a, b, proxy)
     return a, b
+
+
+def stage_parts(url: str, options: dict[str, Any], staging: Any) -> list[Any]:
+    """A new store at ``url`` (``prepare_store``) and two task attempts' parts staged in it, not committed:
+    records 0-8 and 100-112 in shards of at most 4 (7 shards in all). Returns the parts, in that order."""
+    from seqstore.store.parts import PartWriter, prepare_store
+
+    prepare_store(url, write_schema(), mode="create", storage_options=options)
+    parts = []
+    for task, (first, n) in (("t0", (0, 9)), ("t1", (100, 13))):
+        with PartWriter(url, job="j", task=task, storage_options=options, staging_dir=staging,
+                        max_shard_records=4) as w:
+            append_rows(w, first, n)
+            parts.append(w.finish())
+    return parts
