@@ -38,6 +38,7 @@ __all__ = [
     "ShardList",
     "IndexRun",
     "Manifest",
+    "IDS",
     "IDS_FILES",
     "WORK_DIR",
     "PARTS_DIR",
@@ -52,6 +53,8 @@ BASE_VERSION = 1
 #: The version of stores with a shard table (what new stores are created as).
 TABLE_VERSION = 3
 #: The id files of a shard whose records have ids.
+# the name stem of a shard's id files
+IDS = "_ids"
 IDS_FILES = ("_ids.npy", "_ids.offsets.npy", "_ids.hash.npy", "_ids.hash_rows.npy")
 #: Which record ``index(id)`` returns when an id occurs more than once: the first (default) or the last.
 ID_LOOKUPS = ("first", "last")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptionError, LockError
-from ..format.manifest import MANIFEST, WORK_DIR, IndexRun, Manifest, ShardInfo, fsync_dir
+from ..format.manifest import IDS, MANIFEST, WORK_DIR, IndexRun, Manifest, ShardInfo, fsync_dir
 from ..format.npy import encode_header
 from ..format.shard_table import (
     TABLE,
@@ -54,7 +54,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-IDS = "_ids"
 INDEX_DIR = "_index"
 MERGE_FANIN = 8
 MERGE_CHUNK = 1 << 18

@@ -30,7 +30,7 @@ import numba
 import numpy as np
 
 from ..errors import CorruptionError, SeqstoreError, open_files_exhausted
-from ..format.manifest import FileInfo, IndexRun, Manifest, ShardInfo
+from ..format.manifest import IDS, FileInfo, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..io import address, any_cold, holds_descriptors, lookahead, map_file, willneed, willneed_span
 from ..io.advice import request_bytes
@@ -38,7 +38,6 @@ from ..io.mapping import MADV_RANDOM, MADV_SEQUENTIAL
 from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, PackedGroup, Schema, bfloat16_to_float32
 from .ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
-from .writer import IDS
 
 __all__ = ["Store", "open_store", "Lengths"]
 

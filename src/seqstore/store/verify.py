@@ -21,13 +21,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import SeqstoreError
-from ..format.manifest import IndexRun, Manifest, ShardInfo
+from ..format.manifest import IDS, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
 from ..io.objects import is_remote
 from .ids import hash_ids
 from .reader import map_npy
-from .writer import IDS
 
 __all__ = ["verify", "total_bytes"]
 
