@@ -16,20 +16,19 @@ A subpackage's ``__init__`` is in its subpackage's layer. A module or subpackage
 be given a layer in :data:`LAYERS` (the test names any that has none).
 
 Every import statement counts, wherever it is: module level, inside a function, and under
-``if TYPE_CHECKING:`` (no exemption). Relative imports are resolved against the importing module's
-package. ``from X import a`` is an edge to ``X`` and, where ``X.a`` is a module, to ``X.a``; a name that is
-not a module is an edge to ``X`` alone; the edge to ``X`` is left out where ``X`` is a package the importing
-module lives in and every name is a module (``from . import sibling``). Imports of other distributions are ignored.
+``if TYPE_CHECKING:`` (no exemption). Relative imports are resolved against the importing module's package.
+``from X import a, b`` is an edge to ``X.a`` where that is a module and to ``X`` for a name that is not, and
+also to ``X`` itself (its ``__init__`` runs first) unless ``X`` is a package the importing module lives in.
+Imports of other distributions are ignored.
 
 The checks fail on
 
-(a) an import circle: a strongly connected group of more than one module; a package's ``__init__``
-    importing its own submodules, and a submodule importing a package it lives in, are not counted for
-    circles (Python runs the enclosing ``__init__`` first in any case), as in
-    ``/work/shared/tools/layers.py``;
+(a) an import circle: a strongly connected group of more than one module; the edges between a package's
+    ``__init__`` and the modules inside that package (either way) are left out of this check, since
+    Python runs the enclosing ``__init__`` first in any case;
 (b) a module over :data:`MAX_LINES` lines;
-(c) an edge from a module to one of a higher layer (here the edges to enclosing packages do count:
-    ``from .. import x`` inside ``seqstore.io`` would reach up to the top-level package).
+(c) an edge from a module to one of a higher layer (here every edge counts: ``from .. import name``
+    inside ``seqstore.io`` reads a name of the top-level package, in the top layer).
 
 Each failure message lists the modules and the offending edges (``importer -> imported  (file:line)``).
 The checker is itself tested on small synthetic packages under ``tmp_path``.
