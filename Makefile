@@ -51,9 +51,11 @@ BENCH_FLAGS ?=
 bench: $(VENV)/.installed-bench
 	$(PY) bench/run_all.py $(BENCH_FLAGS)
 
+# tests/test_layers.py: no import circle, no module over 700 lines, no import up the layers of src/seqstore
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/mypy --strict src/seqstore
+	$(PY) -m pytest -q tests/test_layers.py
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache .mypy_cache .ruff_cache

@@ -370,7 +370,7 @@ def test_write_errors_name_the_column(spark: Any, tmp_path: Path) -> None:
 def test_float_narrowing_matches_the_writer(tmp_path: Path) -> None:
     """The fast cast of Spark's floats into a float16 field gives the writer's values, and leaves
     values that round or overflow (and NaN, infinities) to the writer's checked cast."""
-    from seqstore.engines.spark import _narrowed
+    from seqstore.engines.spark_types import _narrowed
 
     f = Field("float16", (None,))
     edge = np.array([0.0, -1.5, 1e-8, 6e-8, 65504.0, 65519.0, -65519.0, np.nan, np.inf, -np.inf], dtype=np.float32)

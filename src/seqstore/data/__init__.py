@@ -1,22 +1,22 @@
 """Datasets over stores: one protocol, composition by index arithmetic, streams and batching.
 
-Modules: ``base`` (the :class:`Dataset` protocol, batch merging), ``store_dataset``
-(:class:`StoreDataset`), ``lengths_dataset`` (:class:`LengthsDataset`, virtual records), ``concat``
-(:class:`ConcatDataset`, :class:`SliceDataset`), ``combined`` (:class:`CombinedDataset`: per-epoch
-sampling windows and one ordering over their union), ``meta`` (:class:`MetaDataset`: zip by id through
-cached row maps), ``filter`` (:class:`FilteredDataset`: length filtering), ``streams`` (shuffle buffer,
-sampling with replacement), ``batching`` (:func:`batch_indices`, :func:`bucket_batches`), ``demo``
-(the combined demo run); private helpers ``_lengths`` (lazy lengths views), ``_orders`` (orders with
-lazily gathered lengths), ``_cache`` (on-disk caches), ``_join`` (the id hash join).
+Modules: ``base`` (the :class:`Dataset` protocol, :class:`FilteredDataset` (what ``Dataset.filter``
+returns), batch merging), ``store_dataset`` (:class:`StoreDataset`), ``lengths_dataset``
+(:class:`LengthsDataset`, virtual records), ``concat`` (:class:`ConcatDataset`, :class:`SliceDataset`),
+``combined`` (:class:`CombinedDataset`: per-epoch sampling windows and one ordering over their union),
+``meta`` (:class:`MetaDataset`: zip by id through cached row maps), ``filter`` (length filtering: the
+kept indices, cached), ``streams`` (shuffle buffer, sampling with replacement), ``batching``
+(:func:`batch_indices`, :func:`bucket_batches`), ``demo`` (the combined demo run); private helpers
+``_lengths`` (lazy lengths views), ``_orders`` (orders with lazily gathered lengths), ``_cache``
+(on-disk caches), ``_join`` (the id hash join).
 """
 
 from ._cache import CacheError
 from ._lengths import ArrayLengths, ConstantLengths, FuncLengths, LengthsView, as_lengths
-from .base import Dataset
+from .base import Dataset, FilteredDataset
 from .batching import BatchIterator, batch_indices, bucket_batches
 from .combined import CombinedDataset, CombinedOrder, weighted_sizes
 from .concat import ConcatDataset, SliceDataset
-from .filter import FilteredDataset
 from .lengths_dataset import LengthsDataset
 from .meta import MetaDataset
 from .store_dataset import StoreDataset

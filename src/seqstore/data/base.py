@@ -1,4 +1,5 @@
-"""The dataset protocol every ``seqstore.data`` dataset implements, and batch-merging helpers.
+"""The dataset protocol every ``seqstore.data`` dataset implements, the length-filtered dataset its
+``filter`` method returns, and batch-merging helpers.
 
 A :class:`Dataset` is an index space ``[0, num_seqs)`` with lazy lengths, an epoch order per
 (epoch, shard), and record access:
@@ -21,22 +22,21 @@ Datasets hold O(1) state (or O(children)) plus memory-mapped files, and pickle s
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..io import lookahead
 from ..order import Order
 from ._cache import cached_array, fingerprint, write_npy
-from ._lengths import IntArray, LengthsView
+from ._lengths import IntArray, LengthsView, as_index_array
 from ._orders import dataset_order
+from .filter import KeptLengths, check_bounds, kept_indices
 
-if TYPE_CHECKING:
-    from .filter import FilteredDataset
-
-__all__ = ["Dataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
+__all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
 
 
 def check_order_params(ordering: Any, seed: Any, partition_epoch: Any) -> tuple[Any, int, int]:
@@ -153,9 +153,79 @@ class Dataset(abc.ABC):
         self, *, min_length: int | None = None, max_length: int | None = None, cache_dir: Any = None
     ) -> FilteredDataset:
         """The sequences with ``min_length <= length <= max_length`` (see :class:`FilteredDataset`)."""
-        from .filter import FilteredDataset
-
         return FilteredDataset(self, min_length=min_length, max_length=max_length, cache_dir=cache_dir)
+
+
+class FilteredDataset(Dataset):
+    """``dataset`` restricted to lengths in ``[min_length, max_length]`` (either bound may be None).
+
+    Index ``i`` is base index ``kept[i]`` (ascending; computed and cached by
+    :func:`seqstore.data.filter.kept_indices`). ``cache_dir`` defaults to the base's. Orders run over the
+    kept index space ``[0, num_kept)`` with the base dataset's ordering parameters unless given. It lives
+    here, next to :meth:`Dataset.filter`, because each of the two needs the other.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        min_length: int | None = None,
+        max_length: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        ordering: Any = None,
+        seed: int | None = None,
+        partition_epoch: int | None = None,
+    ) -> None:
+        self.min_length, self.max_length = check_bounds(min_length, max_length)
+        self.dataset = dataset
+        self.ordering, self.seed, self.partition_epoch = check_order_params(
+            dataset.ordering if ordering is None else ordering,
+            dataset.seed if seed is None else seed,
+            dataset.partition_epoch if partition_epoch is None else partition_epoch,
+        )
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else dataset.cache_dir
+        self.kept = kept_indices(dataset.lengths, dataset.cache_key(), self.cache_dir, self.min_length, self.max_length)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_filtered, (self.dataset, self.min_length, self.max_length,
+                                    None if self.cache_dir is None else str(self.cache_dir), self.ordering,
+                                    self.seed, self.partition_epoch))
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.kept)
+
+    def cache_key(self) -> Any:
+        k = self.dataset.cache_key()
+        return None if k is None else ["filter", k, self.min_length, self.max_length]
+
+    def bfloat16_fields(self) -> frozenset[str]:
+        return self.dataset.bfloat16_fields()
+
+    def base_indices(self, indices: Any) -> IntArray:
+        """Base dataset indices of ``indices`` (int64, vectorised)."""
+        return np.asarray(self.kept[as_index_array(indices, self.num_seqs)], dtype=np.int64)
+
+    def lengths(self) -> LengthsView:
+        return KeptLengths(self.dataset.lengths(), self.kept)
+
+    def get(self, i: int) -> dict[str, Any]:
+        return self.dataset.get(int(self.base_indices(np.array([i]))[0]))
+
+    def prefetch(self, indices: Any) -> None:
+        self.dataset.prefetch(self.base_indices(indices))
+
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        return self.dataset.get_batch(self.base_indices(indices), pad=pad)
+
+    def __repr__(self) -> str:
+        return f"FilteredDataset({self.dataset!r}, {self.min_length}..{self.max_length}, kept={self.num_seqs})"
+
+
+def _rebuild_filtered(dataset: Dataset, lo: int | None, hi: int | None, cache_dir: str | None, ordering: Any,
+                      seed: int, partition_epoch: int) -> FilteredDataset:
+    return FilteredDataset(dataset, min_length=lo, max_length=hi, cache_dir=cache_dir, ordering=ordering, seed=seed,
+                           partition_epoch=partition_epoch)
 
 
 def pad_batch(values: np.ndarray[Any, Any], lengths: IntArray) -> np.ndarray[Any, Any]:

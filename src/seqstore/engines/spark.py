@@ -29,13 +29,14 @@ makes them visible with one conditional manifest write. The client's options com
 ``storageOptions`` (a JSON object) and from options named ``storage.<key>`` (one per key; Spark's
 default redaction hides the values of keys such as ``storage.secret_access_key`` in its UI and logs).
 
+This module holds the data source, the write tasks and the commit; the option parsing is
+``spark_options``, the type mapping both ways ``spark_types``, the read tasks ``spark_read``.
 See docs/distributed.md (section Spark) for the options and the type mapping.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -45,31 +46,26 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import FormatError, SchemaError
 from ..format.manifest import MANIFEST
 from ..interop import arrow as _arrow
-from ..interop import to_arrow
 from ..io.objects import is_remote
-from ..schema import BFLOAT16, Field, Schema
+from ..schema import Schema
 from ..store import Store, open_store
 from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
 from ..store.remote_writer import existing_manifest
 
 try:
     from pyspark import TaskContext
-    from pyspark.sql import types as T
     from pyspark.sql.datasource import DataSource as _SparkDataSource
-    from pyspark.sql.datasource import (
-        DataSourceArrowWriter,
-        DataSourceReader,
-        InputPartition,
-        WriterCommitMessage,
-    )
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("seqstore.spark needs pyspark>=4.0 (and Java 17+): pip install 'seqstore[spark]'") from exc
+
+# the options, the type mapping and the read side (after the check above: the last two import pyspark)
+from .spark_options import STORAGE_PREFIX, _opt_bool, _opt_int, _opt_json, _path, _storage_options, schema_option
+from .spark_read import _Reader
+from .spark_types import _Column, _column_values, _write_plan, spark_schema
 
 __all__ = ["DataSource", "write", "read", "spark_schema", "schema_option", "NAME", "METADATA_KEY"]
 
@@ -78,10 +74,6 @@ NAME = "seqstore"
 
 #: Key of what a Spark write records in the store's metadata (the id column's name, for reading back).
 METADATA_KEY = "spark"
-
-#: Key of a column's seqstore field in the Spark column metadata of a read (a write of such a column
-#: uses that field: float16 stays float16, ragged rows keep their length).
-FIELD_METADATA_KEY = "seqstore"
 
 #: Default target size of one Arrow batch a read task hands to Spark.
 DEFAULT_BATCH_BYTES = 8 << 20
@@ -96,245 +88,6 @@ DISCARD_WAIT_S = 60.0
 #: that finds it writes nothing (or removes what it wrote). Marks are removed after ENDED_KEEP_S.
 ENDED_DIR = ".spark-ended"
 ENDED_KEEP_S = 7 * 24 * 3600.0
-
-#: what an error about too many values (or id bytes) in one Arrow array of a read suggests
-_BATCH_HINT = "; lower the batchRecords option"
-
-
-def _pa() -> Any:
-    return importlib.import_module("pyarrow")
-
-
-# ------------------------------------------------------------------------------------------- options
-
-
-def _opt_int(options: Mapping[str, str], key: str, default: int | None, where: str) -> int | None:
-    raw = options.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise ValueError(f"{where}: option {key}={raw!r} is not an integer") from None
-    if value <= 0:
-        raise ValueError(f"{where}: option {key}={raw!r} must be positive")
-    return value
-
-
-def _opt_bool(options: Mapping[str, str], key: str, where: str) -> bool:
-    raw = str(options.get(key, "false")).strip().lower()
-    if raw in ("true", "1", "yes"):
-        return True
-    if raw in ("false", "0", "no", ""):
-        return False
-    raise ValueError(f"{where}: option {key}={options.get(key)!r} must be true or false")
-
-
-def _opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
-    raw = options.get(key)
-    if raw is None:
-        return None
-    try:
-        return json.loads(str(raw))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: option {key} is not JSON ({exc}): {str(raw)[:200]!r}") from None
-
-
-#: prefix of the options that are single keys of the remote store's client (``storage.endpoint``)
-STORAGE_PREFIX = "storage."
-
-
-def _storage_options(options: Mapping[str, str], path: str, where: str) -> dict[str, Any] | None:
-    """The client options of a store at a URL: the ``storageOptions`` JSON object, then every
-    ``storage.<key>`` option (None when there are none); refused for a local path."""
-    out: dict[str, Any] = {}
-    obj = _opt_json(options, "storageOptions", where)
-    if obj is not None:
-        if not isinstance(obj, dict):
-            raise ValueError(f"{where}: option storageOptions must be a JSON object")
-        out.update(obj)
-    for key, value in options.items():
-        if str(key).lower().startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
-            out[str(key)[len(STORAGE_PREFIX):]] = value
-    if out and not is_remote(path):
-        raise ValueError(f"{where}: storageOptions / storage.* options are for URLs of object storage, not local paths")
-    return out or None
-
-
-def _path(options: Mapping[str, str]) -> str:
-    path = options.get("path")
-    if not path:
-        raise ValueError("seqstore data source: no path; use .save(path) / .load(path)")
-    return str(path)
-
-
-def schema_option(schema: Schema | Mapping[str, Any]) -> str:
-    """The value of the ``schema`` write option for seqstore fields: ``{"col": Field(...)}`` or a
-    :class:`~seqstore.Schema` (packed groups included) as JSON."""
-    return json.dumps((schema if isinstance(schema, Schema) else Schema(schema)).to_json())
-
-
-def _given_schema(options: Mapping[str, str], where: str) -> Schema | None:
-    obj = _opt_json(options, "schema", where)
-    if obj is None:
-        return None
-    if isinstance(obj, dict):  # shorthand {"col": ["float16", [null, 16]]} besides {"col": {"dtype":, "shape":}}
-        obj = {k: ({"dtype": v[0], "shape": v[1] if len(v) > 1 else []} if isinstance(v, list) else v)
-               for k, v in obj.items()}
-    try:
-        return Schema.from_json(obj)
-    except SchemaError as exc:
-        raise SchemaError(f"{where}: option schema: {exc}") from exc
-
-
-# ------------------------------------------------------------------------ Spark schema -> store schema
-
-
-@dataclasses.dataclass(frozen=True)
-class _Column:
-    """How one DataFrame column is written: the field it fills and that field."""
-
-    column: str
-    field_name: str
-    field: Field
-
-
-def _list_depth(arrow_type: Any) -> tuple[int, Any]:
-    """How many list levels (variable or fixed size) wrap a leaf type, and the leaf type."""
-    pa = _pa()
-    t, depth = _arrow._storage_type(arrow_type), 0
-    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        t, depth = _arrow._storage_type(t.value_type), depth + 1
-    return depth, t
-
-
-def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
-    """The field a column of this Arrow type becomes without the schema option: a number is a scalar
-    field, an array a ragged field (a fixed-size list, which Spark does not make, a fixed one)."""
-    depth, leaf = _list_depth(arrow_type)
-    if depth >= 2 and _arrow._primitive_dtype(leaf) is not None:
-        plan = _arrow._plan(where, column, arrow_type) if depth == 2 else None
-        if plan is not None and all(s is not None for s in plan.shape):
-            return plan.field()
-        example = json.dumps({column: [_arrow._primitive_dtype(leaf), [None, *([16] * (depth - 1))]]})
-        raise SchemaError(
-            f"{where}, column {column!r}: {arrow_type} (arrays of arrays) becomes a ragged field of rows whose "
-            f"shape Spark's type does not say; give the field with the schema option, e.g. "
-            f".option(\"schema\", '{example}')"
-        )
-    return _arrow._plan(where, column, arrow_type).field()
-
-
-def _write_plan(
-    path: str, spark_schema: Any, options: Mapping[str, str], existing: Schema | None
-) -> tuple[Schema, list[_Column], str | None]:
-    """The store schema of a write, how each column fills it, and the id column.
-
-    A column's field is the ``schema`` option's, else (appending to or overwriting a store) the store's
-    field of that name, else the field in the column's metadata (a column read from a store), else the one
-    its Spark type gives (arrays become ragged fields)."""
-    where = f"Spark write to {path}"
-    arrow_schema = to_arrow_schema(spark_schema)
-    names = list(arrow_schema.names)
-    id_column = options.get("idColumn")
-    if id_column is not None:
-        if id_column not in names:
-            raise SchemaError(f"{where}: no id column {id_column!r}; columns are {names}")
-        pa = _pa()
-        t = arrow_schema.field(id_column).type
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
-            raise SchemaError(f"{where}, column {id_column!r}: ids must be strings or integers, got {t}")
-    given = _given_schema(options, where)
-    cols = [c for c in names if c != id_column]
-    if not cols:
-        raise SchemaError(f"{where}: no columns to write besides the id column")
-    if given is not None:
-        unknown = [n for n in given if n not in cols]
-        if unknown:
-            raise SchemaError(f"{where}: option schema names {unknown}, which are not columns of the DataFrame "
-                              f"(columns: {cols})")
-    meta = {f.name: dict(f.metadata or {}) for f in spark_schema.fields}
-    spec: dict[str, Field] = {}
-    for c in cols:
-        if given is not None and c in given:
-            spec[c] = given[c]
-        elif existing is not None and c in existing:
-            spec[c] = existing[c]
-        elif isinstance(meta.get(c, {}).get(FIELD_METADATA_KEY), str):
-            try:
-                spec[c] = Field.from_json(json.loads(meta[c][FIELD_METADATA_KEY]))
-            except (SchemaError, ValueError):
-                spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
-        else:
-            spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
-    packed = {g: list(pg.fields) for g, pg in given.groups.items()} if given is not None else {}
-    if not packed and existing is not None and set(existing) == set(spec):
-        packed = {g: list(pg.fields) for g, pg in existing.groups.items()}
-    try:
-        schema = Schema(spec, packed=packed or None)
-    except SchemaError as exc:
-        raise SchemaError(f"{where}: {exc}") from exc
-    return schema, [_Column(c, c, spec[c]) for c in cols], id_column
-
-
-def _column_values(arr: Any, col: _Column, where: str) -> Any:
-    """One Arrow column as ``append_batch`` wants it for its field: ``(n, *shape)`` for a fixed field,
-    ``(values, lengths)`` for a ragged one. Each axis of the field is one list level of the column (a
-    variable-size list, as Spark's arrays are, or a fixed-size list); every list but the outermost of a
-    ragged field must have the field's length, checked per level on the lengths arrays (no per-row
-    Python work); the leaf values are converted by ``seqstore.interop.arrow``."""
-    pa = _pa()
-    arr = _arrow._array(arr, where, col.column)
-    f = col.field
-    n = len(arr)
-    lengths: np.ndarray[Any, Any] | None = None
-    cur = arr
-    for level, size in enumerate(f.shape):
-        cur = _arrow._storage_array(cur)
-        t = cur.type
-        what = f"{where}, column {col.column!r}" + (f" (level {level + 1} of nested arrays)" if level else "")
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            if cur.null_count:
-                raise SchemaError(f"{what}: has {cur.null_count} null arrays; seqstore fields have no nulls")
-            if pa.types.is_fixed_size_list(t):
-                got = np.full(len(cur), t.list_size, dtype=np.int64)
-            else:
-                got = np.asarray(cur.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
-            if size is None:
-                lengths = got
-            else:
-                bad = np.flatnonzero(got != size)
-                if len(bad):
-                    row = f"row {int(bad[0])} of the batch" if level == 0 else f"array {int(bad[0])} of the batch"
-                    raise SchemaError(f"{what}: {row} has {int(got[bad[0]])} items; field {col.field_name!r} {f} "
-                                      f"needs {size}")
-            cur = cur.flatten()
-        else:
-            raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has {level} list level(s); "
-                              f"field {col.field_name!r} {f} needs {len(f.shape)}")
-    cur = _arrow._storage_array(cur)
-    if _arrow._primitive_dtype(cur.type) is None:
-        raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has more list levels than field "
-                          f"{col.field_name!r} {f} has axes, or a leaf type that is not a number")
-    flat = _narrowed(_arrow._flatten_fixed(cur, where, col.column), f)
-    if lengths is not None:
-        return flat.reshape(int(lengths.sum()), *f.inner_shape), lengths
-    return flat.reshape(n, *f.inner_shape)
-
-
-def _narrowed(flat: np.ndarray[Any, Any], f: Field) -> np.ndarray[Any, Any]:
-    """Spark's float/double values already cast to a narrower float field (float16 from Spark's float,
-    the common case) when two reductions show that no value can overflow (and none is NaN or
-    infinite): the writer then takes them as they are, instead of casting and comparing every value
-    for overflow. Anything else is left to the writer's checked cast (same result, same errors)."""
-    target = f.storage_dtype
-    if (f.dtype == BFLOAT16 or flat.dtype.kind != "f" or target.kind != "f" or flat.size == 0
-            or flat.dtype.itemsize <= target.itemsize):
-        return flat
-    limit = float(np.finfo(target).max)
-    if -limit <= float(flat.min()) and float(flat.max()) <= limit:  # False for NaN
-        return flat.astype(target)
-    return flat
 
 
 # ------------------------------------------------------------------------------------------- writing
@@ -473,134 +226,6 @@ def _remove_if_empty(path: str, storage_options: Mapping[str, Any] | None = None
         return
     if len(store) == 0 and store.num_shards == 0 and not pending_jobs(path):
         shutil.rmtree(path, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------------------------- reading
-
-
-def _spark_leaf(dtype: str, where: str) -> Any:
-    if dtype in (BFLOAT16, "<f2", "<f4"):
-        return T.FloatType()
-    dt = np.dtype(dtype)
-    if dt.kind == "b":
-        return T.BooleanType()
-    if dt.kind == "f":
-        return T.DoubleType()
-    if dt.kind == "i":
-        return {1: T.ByteType(), 2: T.ShortType(), 4: T.IntegerType(), 8: T.LongType()}[dt.itemsize]
-    if dt.kind == "u":  # Spark has no unsigned types: the next wider signed one (uint64: checked on read)
-        return {1: T.ShortType(), 2: T.IntegerType(), 4: T.LongType(), 8: T.LongType()}[dt.itemsize]
-    raise SchemaError(f"{where}: dtype {dtype} has no Spark type (complex numbers are not supported); "
-                      "read other fields with the fields option")
-
-
-def spark_schema(store: Store, fields: Sequence[str] | None = None, id_column: str | None = None) -> Any:
-    """The Spark ``StructType`` a store is read as: one column per field (numbers as the Spark type of
-    their dtype, float16 and bfloat16 as float, unsigned as the next wider signed type; a field with a
-    per-record shape as arrays, nested once per axis, ragged or not; the field itself in the column's
-    metadata under ``"seqstore"``, as JSON), and the ids as a string column ``id_column`` first when the store has
-    ids and ``id_column`` is given."""
-    names = list(store.schema) if fields is None else list(fields)
-    out = []
-    if id_column is not None and store.has_ids:
-        out.append(T.StructField(id_column, T.StringType(), nullable=False))
-    for name in names:
-        if name not in store.schema:
-            raise SchemaError(f"{store.root}: no field {name!r}; fields are {list(store.schema)}")
-        f = store.schema[name]
-        t = _spark_leaf(f.dtype, f"{store.root}, field {name!r}")
-        for _ in f.shape:
-            t = T.ArrayType(t, containsNull=False)
-        out.append(T.StructField(name, t, nullable=False, metadata={FIELD_METADATA_KEY: json.dumps(f.to_json())}))
-    return T.StructType(out)
-
-
-class _Range(InputPartition):
-    """Records ``[start, stop)`` of one shard."""
-
-    def __init__(self, start: int, stop: int) -> None:
-        super().__init__((start, stop))
-        self.start = start
-        self.stop = stop
-
-
-def _leaf_array(flat: np.ndarray[Any, Any], dtype: str, leaf_type: Any, what: str) -> Any:
-    """A flat numpy array of stored values as an Arrow array of Spark's leaf type."""
-    pa = _pa()
-    flat = to_arrow.numbers(flat, dtype)  # bfloat16 as float32
-    target = np.dtype(leaf_type.to_pandas_dtype())
-    if flat.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
-        bad = int(np.flatnonzero(flat > np.iinfo(np.int64).max)[0])
-        raise ValueError(f"{what}: value {int(flat[bad])} does not fit Spark's long (field is uint64)")
-    if flat.dtype != target:
-        flat = flat.astype(target)
-    return pa.array(np.ascontiguousarray(flat), type=leaf_type)
-
-
-def _field_array(values: np.ndarray[Any, Any], f: Field, records: int | np.ndarray[Any, Any], arrow_type: Any,
-                 what: str) -> Any:
-    """A field's values (fixed: ``(r, D)`` rows of ``records`` records; ragged: the rows of records of
-    lengths ``records``) as an Arrow column of ``arrow_type``, one array level per axis."""
-    flat = _leaf_array(values.reshape(-1), f.dtype, to_arrow.leaf_type(arrow_type, len(f.shape)), what)
-    return to_arrow.field_lists(flat, f, records, arrow_type, what=what, hint=_BATCH_HINT)
-
-
-class _Reader(DataSourceReader):
-    """Pickled to every read task with the store (which reopens there, pinned to the records seen here)."""
-
-    def __init__(self, store: Store, schema: Any, id_column: str | None, partition_records: int,
-                 batch_records: int) -> None:
-        self.store = store
-        self.schema = schema
-        self.id_column = id_column
-        self.partition_records = partition_records
-        self.batch_records = batch_records
-        where = f"{store.root}"
-        for sf in schema.fields:
-            if sf.name != id_column and sf.name not in store.schema:
-                ids = f", ids: {id_column!r}" if id_column else ""
-                raise SchemaError(f"{where}: the read schema has column {sf.name!r}, which is no field of the "
-                                  f"store (fields: {list(store.schema)}{ids})")
-        if id_column is not None and id_column in schema.fieldNames() and not store.has_ids:
-            raise SchemaError(f"{where}: the read schema has the id column {id_column!r} but the records have no ids")
-
-    def partitions(self) -> list[_Range]:
-        table = self.store.manifest.shard_table()
-        n = len(self.store)
-        starts = np.asarray(table.starts[: self.store.num_shards], dtype=np.int64)
-        ends = np.append(starts[1:], n)
-        out: list[_Range] = []
-        step = self.partition_records
-        for s, e in zip(starts.tolist(), ends.tolist()):  # O(shards): Spark keeps a partition per shard anyway
-            for a in range(s, e, step):
-                out.append(_Range(a, min(e, a + step)))
-        return out
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, _Range)
-        pa = _pa()
-        store = self.store
-        arrow_schema = to_arrow_schema(self.schema)
-        names = arrow_schema.names
-        for a in range(partition.start, partition.stop, self.batch_records):
-            b = min(partition.stop, a + self.batch_records)
-            arrays = []
-            for name in names:
-                t = arrow_schema.field(name).type
-                what = f"{store.root}, records {a}..{b - 1}, field {name!r}"
-                if name == self.id_column:
-                    ids_what = f"{store.root}, ids of records {a}..{b - 1}"
-                    arrays.append(to_arrow.id_array(store, np.arange(a, b, dtype=np.int64),
-                                                    large=pa.types.is_large_string(t), what=ids_what, hint=_BATCH_HINT))
-                    continue
-                f = store.schema[name]
-                if f.ragged:
-                    _, values, lengths = next(store.iter_ragged(name, chunk_records=b - a, start=a, stop=b))
-                    arrays.append(_field_array(values, f, lengths, t, what))
-                else:
-                    _, block = next(store.iter_matrix([name], chunk_rows=b - a, start=a, stop=b))
-                    arrays.append(_field_array(block, f, b - a, t, what))
-            yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
 # ---------------------------------------------------------------------------------------- data source

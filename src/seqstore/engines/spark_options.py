@@ -1,0 +1,96 @@
+"""The options of the ``"seqstore"`` Spark data source: typed option values with errors naming the option,
+the path, the client options of a URL (``storageOptions``, ``storage.<key>``) and the ``schema`` option.
+
+See :class:`seqstore.engines.spark.DataSource` for the options themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import SchemaError
+from ..io.objects import is_remote
+from ..schema import Schema
+
+__all__ = ["STORAGE_PREFIX", "schema_option"]
+
+
+def _opt_int(options: Mapping[str, str], key: str, default: int | None, where: str) -> int | None:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise ValueError(f"{where}: option {key}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise ValueError(f"{where}: option {key}={raw!r} must be positive")
+    return value
+
+
+def _opt_bool(options: Mapping[str, str], key: str, where: str) -> bool:
+    raw = str(options.get(key, "false")).strip().lower()
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no", ""):
+        return False
+    raise ValueError(f"{where}: option {key}={options.get(key)!r} must be true or false")
+
+
+def _opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
+    raw = options.get(key)
+    if raw is None:
+        return None
+    try:
+        return json.loads(str(raw))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: option {key} is not JSON ({exc}): {str(raw)[:200]!r}") from None
+
+
+#: prefix of the options that are single keys of the remote store's client (``storage.endpoint``)
+STORAGE_PREFIX = "storage."
+
+
+def _storage_options(options: Mapping[str, str], path: str, where: str) -> dict[str, Any] | None:
+    """The client options of a store at a URL: the ``storageOptions`` JSON object, then every
+    ``storage.<key>`` option (None when there are none); refused for a local path."""
+    out: dict[str, Any] = {}
+    obj = _opt_json(options, "storageOptions", where)
+    if obj is not None:
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: option storageOptions must be a JSON object")
+        out.update(obj)
+    for key, value in options.items():
+        if str(key).lower().startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+            out[str(key)[len(STORAGE_PREFIX):]] = value
+    if out and not is_remote(path):
+        raise ValueError(f"{where}: storageOptions / storage.* options are for URLs of object storage, not local paths")
+    return out or None
+
+
+def _path(options: Mapping[str, str]) -> str:
+    path = options.get("path")
+    if not path:
+        raise ValueError("seqstore data source: no path; use .save(path) / .load(path)")
+    return str(path)
+
+
+def schema_option(schema: Schema | Mapping[str, Any]) -> str:
+    """The value of the ``schema`` write option for seqstore fields: ``{"col": Field(...)}`` or a
+    :class:`~seqstore.Schema` (packed groups included) as JSON."""
+    return json.dumps((schema if isinstance(schema, Schema) else Schema(schema)).to_json())
+
+
+def _given_schema(options: Mapping[str, str], where: str) -> Schema | None:
+    obj = _opt_json(options, "schema", where)
+    if obj is None:
+        return None
+    if isinstance(obj, dict):  # shorthand {"col": ["float16", [null, 16]]} besides {"col": {"dtype":, "shape":}}
+        obj = {k: ({"dtype": v[0], "shape": v[1] if len(v) > 1 else []} if isinstance(v, list) else v)
+               for k, v in obj.items()}
+    try:
+        return Schema.from_json(obj)
+    except SchemaError as exc:
+        raise SchemaError(f"{where}: option schema: {exc}") from exc

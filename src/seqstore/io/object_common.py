@@ -1,0 +1,120 @@
+"""What the object-store client and its back ends share.
+
+The vocabulary: :class:`ObjectMeta` (an object's key, size and version tag), the ``_Backend`` interface
+that :class:`~seqstore.io.objects.ObjectClient` drives (one back end per URL: ``object_obstore`` for
+S3/GCS/Azure/HTTP, ``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads
+of its client), ``_Transient`` (a failure worth retrying: the client's retry loop catches it); and the URL
+and option helpers: :func:`is_remote`, :func:`redact`, :data:`REMOTE_SCHEMES`, :data:`SEQSTORE_OPTIONS`.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+__all__ = ["ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "is_remote", "redact"]
+
+#: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
+#: storage_options keys that are seqstore's own (popped before the client sees the options)
+SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout")
+_SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
+#: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
+_EMPTY = memoryview(b"")
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` is a URL of a store that is not a local path (``file://`` is local)."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    return urlsplit(path).scheme.lower() not in ("", "file")
+
+
+def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` with every value whose key looks secret replaced by ``"***"`` (for reprs and logs)."""
+    out: dict[str, Any] = {}
+    for k, v in (options or {}).items():
+        out[k] = "***" if any(w in k.lower() for w in _SECRET_WORDS) and "id" not in k.lower() else v
+    return out
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What a store needs to know about an object: its size and version tag (ETag / generation)."""
+
+    key: str
+    size: int
+    etag: str
+    #: last modification, seconds since the epoch (0.0 where the back end does not say; set by ``list``)
+    mtime: float = 0.0
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
+
+
+class ClientSettings(Protocol):
+    """What a back end reads of the :class:`~seqstore.io.objects.ObjectClient` it serves."""
+
+    url: str
+    max_requests: int
+    max_inflight_bytes: int
+    timeout: float
+    connect_timeout: float
+    max_retries: int
+    _options: dict[str, Any]
+    _filesystem: Any
+
+    def key_url(self, key: str) -> str: ...
+
+
+class _Backend(abc.ABC):
+    """What an object-store client answers (see ObjectClient, which adds the retry loop)."""
+
+    conditional = False
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectMeta:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def submit(
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
+    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def put_file(self, key: str, path: str) -> str:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """See the ObjectClient method of the same name."""
+
+    @abc.abstractmethod
+    def copy(self, src: str, dst: str) -> None:
+        """See the ObjectClient method of the same name."""

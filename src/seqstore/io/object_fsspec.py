@@ -1,0 +1,185 @@
+"""The fsspec back end of :class:`~seqstore.io.objects.ObjectClient`: any fsspec filesystem, the one given
+or the one its URL names (``memory://``, ``hf://``...).
+
+Range requests run on a thread pool of ``max_requests`` threads; the ranges of a batch are read by one
+``cat_ranges`` call, retried as a whole on a transient failure. Missing files, refused access and OS errors
+are mapped to seqstore's errors in ``_FsspecBackend._call``. A filesystem cannot replace a file only if it
+is unchanged (If-Match), so a conditional put is refused with an error naming the URL.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound
+from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Backend, _Transient
+
+__all__: list[str] = []
+
+
+class _FsspecBackend(_Backend):
+    """Any fsspec filesystem: the one given, or the one its URL names (``memory://``, ``hf://``...)."""
+
+    def __init__(self, client: ClientSettings) -> None:
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise ImportError(f"{client.url}: this URL needs fsspec: pip install 'seqstore[remote]'") from exc
+        self.c = client
+        if client._filesystem is not None:
+            self.fs = client._filesystem
+            self.root = client.url.split("://", 1)[-1] if "://" in client.url else client.url
+        else:
+            self.fs, self.root = fsspec.core.url_to_fs(client.url, **client._options)
+        self.root = self.root.rstrip("/")
+        self.conditional = False
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def _call(self, key: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except FileNotFoundError:
+            url = self.c.key_url(key)
+            raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
+        except PermissionError:
+            url = self.c.key_url(key)
+            raise CredentialsError(f"{url}: access refused; check the credentials", url=url, attempts=1) from None
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            raise _Transient(f"{type(exc).__name__}: {exc}") from None
+
+    def _meta(self, key: str, info: Mapping[str, Any]) -> ObjectMeta:
+        tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("mtime") or info.get("created")
+        return ObjectMeta(key, int(info.get("size") or 0), str(tag or ""))
+
+    def head(self, key: str) -> ObjectMeta:
+        return self._meta(key, self._call(key, lambda: self.fs.info(self._path(key))))
+
+    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+        meta = self.head(key)
+        data = self._call(key, lambda: self.fs.cat_file(self._path(key)))
+        return memoryview(data), ObjectMeta(key, len(data), meta.etag)
+
+    def submit(
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
+    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
+        if self.pool is None:
+            self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests, thread_name_prefix="seqstore-fsspec")
+
+        def run() -> list[tuple[memoryview, ObjectMeta | None]]:
+            missing: set[int] = set()
+            if missing_ok:
+                got: list[tuple[memoryview, ObjectMeta | None]] = []
+                for r in requests:
+                    try:
+                        got.extend(self.get_ranges([r]))
+                    except RemoteNotFound:
+                        missing.add(len(got))
+                        got.append((memoryview(b""), None))
+            else:
+                got = self.get_ranges(requests)
+            if on_each is not None:
+                for i, (d, m) in enumerate(got):
+                    if i not in missing:  # as the obstore back end: nothing arrived, no call
+                        on_each(i, d, m)
+                return [(_EMPTY, m) for _, m in got]
+            return got
+
+        return self.pool.submit(run)
+
+    def get_ranges(
+        self, requests: Sequence[tuple[str, int, int, str | None]]
+    ) -> list[tuple[memoryview, ObjectMeta | None]]:
+        metas: dict[str, ObjectMeta] = {}
+        for k, _s, _e, _ in requests:  # every answer carries the object's size and version, as obstore's do
+            if k not in metas:
+                metas[k] = self.head(k)
+        paths = [self._path(k) for k, _, _, _ in requests]
+        starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
+        ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"))
+                out: list[tuple[memoryview, ObjectMeta | None]] = []
+                for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
+                    if isinstance(d, BaseException):
+                        self._call(k, lambda d=d: _raise(d))
+                    m = metas[k]
+                    want = max(0, min(e, m.size) - s)
+                    if len(d) != want:
+                        raise _Transient(f"{self.c.key_url(k)} range {s}-{e}: {len(d)} bytes, expected {want}")
+                    out.append((memoryview(d), m))
+                return out
+            except _Transient as exc:
+                if attempt > self.c.max_retries:
+                    url = self.c.key_url(requests[0][0])
+                    raise RemoteError(
+                        f"{url}: failed after {attempt} attempts ({exc})", url=url, attempts=attempt
+                    ) from None
+                time.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)))
+
+    def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
+        if isinstance(mode, dict):
+            url = self.c.key_url(key)
+            raise RemoteError(
+                f"{url}: this filesystem has no conditional write (If-Match), so two writers could lose each "
+                "other's shards; write the store locally and copy it (seqstore copy)", url=url, attempts=0,
+            )
+        if mode == "create" and self._call(key, lambda: self.fs.exists(self._path(key))):
+            url = self.c.key_url(key)
+            raise ConflictError(f"{url}: already exists", url=url, attempts=1)
+        self._call(key, lambda: self.fs.pipe_file(self._path(key), bytes(data)))
+        return self.head(key).etag
+
+    def put_file(self, key: str, path: str) -> str:
+        self._call(key, lambda: self.fs.put_file(path, self._path(key)))
+        return self.head(key).etag
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        def write() -> None:
+            f = self.fs.open(self._path(key), "wb")
+            try:
+                for c in chunks():
+                    f.write(c)
+            except BaseException:
+                try:  # leave no partial object
+                    if hasattr(f, "discard"):
+                        f.discard()
+                    else:
+                        f.close()
+                    self.fs.rm_file(self._path(key))
+                except Exception:  # noqa: BLE001 - the iterator's error is the one to report
+                    pass
+                raise
+            f.close()
+
+        self._call(key, write)
+        return self.head(key).etag
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        base = self._path(prefix)
+        found = self._call(prefix, lambda: self.fs.find(base, detail=True) if self.fs.exists(base) else {})
+        for p, info in sorted(found.items()):
+            rel = p[len(self.root) + 1 :] if p.startswith(self.root + "/") else p
+            yield self._meta(rel, info)
+
+    def delete(self, key: str) -> None:
+        self._call(key, lambda: self.fs.rm_file(self._path(key)))
+
+    def copy(self, src: str, dst: str) -> None:
+        self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)))
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc

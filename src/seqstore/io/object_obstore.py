@@ -1,0 +1,451 @@
+"""The obstore back end of :class:`~seqstore.io.objects.ObjectClient`: S3, GCS, Azure Blob Storage, HTTP.
+
+Requests run as coroutines on one event loop per process (a daemon thread, ``_Loop``), at most
+``max_requests`` at once and at most ``max_inflight_bytes`` of answers held at once (``_ByteBudget``).
+Each range request retries its own transient failures (``_ObstoreBackend._one``); obstore's own retries are
+off, so the attempt count in an error is exact. obstore's exceptions and HTTP statuses are mapped here to
+seqstore's errors (``_ObstoreBackend._classify``). A process forked after obstore started its runtime
+refuses to use it with an error (:func:`fork_unsafe` tells a parent when to avoid fork).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
+from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Backend, _Transient
+
+__all__ = ["fork_unsafe"]
+
+#: answers up to this size are taken synchronously once their headers are in (see ``_ObstoreBackend._one``)
+_SMALL_BODY = 64 << 10
+
+
+# obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
+# the parent used obstore would wait forever on its first request. The pid that started obstore's runtime
+# is kept, and a forked child refuses to use obstore with an error instead of hanging.
+_obstore_pid: int | None = None
+_forked_from: int | None = None
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from
+    if _obstore_pid is not None:
+        _forked_from = _obstore_pid
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_unsafe() -> bool:
+    """Whether a process forked from this one now could not read object storage (obstore has started
+    its runtime here): start worker processes with ``forkserver`` or ``spawn`` then."""
+    return _obstore_pid is not None and _obstore_pid == os.getpid()
+
+
+class _ByteBudget:
+    """At most ``limit`` bytes of answers in flight (in the client's event loop): a request waits, in
+    arrival order, until what it may receive fits; one larger than the limit goes when nothing else is
+    in flight. ``peak``: the most bytes ever held at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.limit
+
+    def _take(self, n: int) -> None:
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def _release(self, n: int) -> None:
+        self.used -= n
+        while self._waiting and self._fits(self._waiting[0][0]):
+            m, fut = self._waiting.pop(0)
+            if not fut.done():
+                self._take(m)
+                fut.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, n: int) -> AsyncIterator[None]:
+        """``n`` bytes of the budget while the block runs, given back on exit (also on cancellation, without
+        an await that a second cancellation could interrupt)."""
+        if self._waiting or not self._fits(n):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append((n, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
+                    self._release(n)
+                else:
+                    self._waiting = [w for w in self._waiting if w[1] is not fut]
+                    self._release(0)  # those behind it may fit now
+                raise
+        else:
+            self._take(n)
+        try:
+            yield
+        finally:
+            self._release(n)
+
+
+def _status_of(exc: BaseException) -> int | None:
+    text = str(exc)
+    for marker in ("status: ", "Status: ", "status code ", "HTTP status "):
+        i = text.find(marker)
+        if i >= 0:
+            digits = text[i + len(marker) : i + len(marker) + 3]
+            if digits.isdigit():
+                return int(digits)
+    return None
+
+
+class _Loop:
+    """One asyncio event loop in a daemon thread per process, running the clients' requests."""
+
+    _instance: _Loop | None = None
+    _pid = -1
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="seqstore-remote", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def get(cls) -> _Loop:
+        if cls._instance is None or cls._pid != os.getpid():
+            with cls._lock:
+                if cls._instance is None or cls._pid != os.getpid():
+                    cls._instance = _Loop()
+                    cls._pid = os.getpid()
+        return cls._instance
+
+
+class _ObstoreBackend(_Backend):
+    conditional = True
+    #: whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
+    #: suffix request costs a HEAD (for the size) and then a plain range request: two round trips
+    suffix_ranges = True
+    #: Google Cloud Storage: a conditional replace names the object's generation, not its ETag (which the
+    #: XML API derives from the content), so the version tags seqstore keeps are ``"<ETag>#<generation>"``
+    generations = False
+
+    def __init__(self, client: ClientSettings) -> None:
+        try:
+            import obstore
+            import obstore.exceptions as oex
+            from obstore.store import from_url as _from_url
+        except ImportError as exc:
+            raise ImportError(
+                f"{client.url}: reading object storage needs obstore: pip install 'seqstore[remote]'"
+            ) from exc
+        global _obstore_pid
+        if _forked_from is not None and _forked_from != os.getpid():
+            raise RemoteError(
+                f"{client.url}: this process was forked from process {_forked_from} after that process had "
+                "started obstore, whose threads do not survive fork(); start worker processes with "
+                "multiprocessing_context='forkserver' or 'spawn' (SeqDataLoader does this itself for remote "
+                "stores)", url=client.url, attempts=0,
+            )
+        _obstore_pid = os.getpid()
+        from_url: Any = _from_url  # its overloads are typed per service; the options are the user's
+        self.obs = obstore
+        self.oex = oex
+        self.c = client
+        parts = urlsplit(client.url)
+        scheme = parts.scheme.lower()
+        opts = dict(client._options)
+        client_options: dict[str, Any] = {
+            "timeout": timedelta(seconds=client.timeout),
+            "connect_timeout": timedelta(seconds=client.connect_timeout),
+        }
+        for k in ("allow_http", "allow_invalid_certificates", "http1_only"):
+            if k in opts:
+                v = opts.pop(k)
+                client_options[k] = v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+        for k in ("proxy_url", "user_agent"):
+            if k in opts:
+                client_options[k] = str(opts.pop(k))
+        if "allow_http" not in client_options:
+            # client options given here replace those the client reads from the environment: keep this one
+            env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
+            if os.environ.get(f"{env}_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
+                client_options["allow_http"] = True
+        if scheme in ("az", "abfs", "abfss", "azure"):
+            self.suffix_ranges = False
+        self.generations = scheme in ("gs", "gcs")
+        if scheme in ("http", "https"):
+            self.conditional = False
+            self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
+        else:
+            if scheme == "s3a":
+                client_url = urlunsplit(("s3", *parts[1:]))
+            else:
+                client_url = client.url
+            self.store = from_url(
+                client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
+            )
+        self.sem: asyncio.Semaphore | None = None
+        self.budget: _ByteBudget | None = None
+
+    # version tags -------------------------------------------------------------------------------
+    def _tag(self, m: Any) -> str:
+        """The version tag of an object from obstore's meta (or a put's result)."""
+        etag, version = m.get("e_tag"), m.get("version")
+        if self.generations and etag and version:
+            return f"{etag}#{version}"
+        return str(etag or version or "")
+
+    def _mode(self, mode: str | dict[str, Any]) -> Any:
+        """obstore's put mode for seqstore's (``{"e_tag": tag}``: replace only that version)."""
+        if isinstance(mode, dict) and self.generations:
+            etag, _, version = str(mode["e_tag"]).partition("#")
+            return {"e_tag": etag, "version": version or None}
+        return mode
+
+    def _if_match(self, tag: str) -> str:
+        """The ETag to send as If-Match for version tag ``tag``."""
+        return tag.partition("#")[0] if self.generations else tag
+
+    # errors -------------------------------------------------------------------------------------
+    def _classify(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
+        oex = self.oex
+        url = self.c.key_url(key)
+        if isinstance(exc, oex.NotFoundError):
+            return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+        if isinstance(exc, (oex.PermissionDeniedError, oex.UnauthenticatedError)):
+            return CredentialsError(
+                f"{url}: access refused ({type(exc).__name__}); check the credentials for this bucket "
+                "(environment, storage_options or the cloud SDK's configuration)",
+                url=url, attempts=1,
+            )
+        if isinstance(exc, oex.PreconditionError):
+            if conditional:
+                return StaleStoreError(
+                    f"{url}: the object changed while the store was open (its ETag no longer matches); "
+                    "reopen the store", url=url, attempts=1,
+                )
+            return ConflictError(f"{url}: conditional write refused: the object changed", url=url, attempts=1)
+        if isinstance(exc, oex.AlreadyExistsError):
+            return ConflictError(f"{url}: already exists", url=url, attempts=1)
+        if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
+            return RemoteError(
+                f"{url}: the client refused the request before sending it ({_short(exc, 160)}); for an http:// "
+                "endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)", url=url, attempts=1,
+            )
+        if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError, oex.UnknownConfigurationKeyError)):
+            return RemoteError(f"{url}: {type(exc).__name__}: {_short(exc)}", url=url, attempts=1)
+        status = _status_of(exc)
+        if status in (401, 403):
+            return CredentialsError(
+                f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1
+            )
+        if status == 404:
+            return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+        if status == 412:
+            cls = StaleStoreError if conditional else ConflictError
+            return cls(f"{url}: precondition failed (the object changed)", url=url, attempts=1)
+        if status is not None and 400 <= status < 500 and status not in (408, 429):
+            return RemoteError(f"{url}: HTTP {status}: {_short(exc)}", url=url, attempts=1)
+        return _Transient(f"{type(exc).__name__}: {_short(exc)}")
+
+    # requests -----------------------------------------------------------------------------------
+    def _sync(self, key: str, fn: Any, conditional: bool = False) -> Any:
+        try:
+            return fn()
+        except self.oex.BaseError as exc:
+            raise self._classify(exc, key, conditional) from None
+        except FileNotFoundError:  # obstore raises the builtin for a missing object
+            url = self.c.key_url(key)
+            raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            raise _Transient(f"{type(exc).__name__}: {exc}") from None
+
+    def head(self, key: str) -> ObjectMeta:
+        m = self._sync(key, lambda: self.obs.head(self.store, key))
+        return ObjectMeta(key, int(m["size"]), self._tag(m))
+
+    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+        def fetch() -> tuple[memoryview, ObjectMeta]:
+            r = self.obs.get(self.store, key)
+            data = memoryview(r.bytes())
+            m = r.meta
+            if len(data) != int(m["size"]):
+                raise _Transient(f"body of {len(data)} bytes, expected {m['size']} (truncated)")
+            return data, ObjectMeta(key, int(m["size"]), self._tag(m))
+
+        return self._sync(key, fetch)  # type: ignore[no-any-return]
+
+    async def _one(
+        self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True
+    ) -> tuple[memoryview, ObjectMeta | None]:
+        assert self.sem is not None and self.budget is not None
+        attempt = 0
+        url = self.c.key_url(key)
+        # what the answer takes of the byte budget: its size where the range says it (a whole object or a
+        # suffix: at most a small one here)
+        want = end - start if 0 <= start < end else -start if start < 0 else _SMALL_BODY
+        while True:
+            attempt += 1
+            try:
+                async with self.sem, self.budget.hold(want):
+                    opts: dict[str, Any] = {}
+                    if start < 0 and not self.suffix_ranges:
+                        head = await self.obs.head_async(self.store, key)
+                        size = int(head["size"])
+                        if size:
+                            opts["range"] = (max(0, size + start), size)
+                        etag = etag or self._tag(head) or None  # the range must come from the object sized
+                    elif start < 0:
+                        opts["range"] = {"suffix": -start}
+                    elif end >= 0:
+                        opts["range"] = (start, end)
+                    if etag:
+                        opts["if_match"] = self._if_match(etag)
+                    r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
+                    if 0 <= start < end <= start + _SMALL_BODY:
+                        # a small body has (nearly always) arrived with the headers: taking it without a
+                        # second await costs ~90 us less CPU per request (obstore releases the GIL while
+                        # it waits; a body that is late holds up this loop at most the client's timeout)
+                        data = memoryview(r.bytes())
+                    else:
+                        data = memoryview(await r.bytes_async())
+                if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
+                    if len(data) != end - start:
+                        raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
+                    return data, None
+                m = r.meta
+                size = int(m["size"])
+                expected = _expected(start, end, size)
+                if len(data) != expected:
+                    raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {expected}")
+                return data, ObjectMeta(key, size, self._tag(m))
+            except self.oex.BaseError as exc:
+                err = self._classify(exc, key, conditional=etag is not None)
+                if not isinstance(err, _Transient):
+                    err.attempts = attempt  # type: ignore[attr-defined]
+                    raise err from None
+                last: BaseException = err
+            except _Transient as exc:
+                last = exc
+            except FileNotFoundError:  # obstore raises the builtin for a missing object
+                raise RemoteNotFound(f"{url}: no such object", url=url, attempts=attempt) from None
+            except (OSError, TimeoutError, ConnectionError) as exc:
+                last = _Transient(f"{type(exc).__name__}: {exc}")
+            if attempt > self.c.max_retries:
+                raise RemoteError(
+                    f"{url}: range {start}-{end} failed after {attempt} attempts ({last})", url=url, attempts=attempt
+                )
+            await asyncio.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
+
+    async def _all(
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
+    ) -> list[tuple[memoryview, ObjectMeta | None]]:
+        if self.sem is None:
+            self.sem = asyncio.Semaphore(self.c.max_requests)
+            self.budget = _ByteBudget(self.c.max_inflight_bytes)
+
+        async def each(i: int, r: tuple[str, int, int, str | None]) -> tuple[memoryview, ObjectMeta | None]:
+            try:
+                got = await self._one(*r, with_meta)
+            except RemoteNotFound:
+                if not missing_ok:
+                    raise
+                return memoryview(b""), None
+            if on_each is not None:
+                on_each(i, got[0], got[1])
+                return _EMPTY, got[1]  # the bytes go with the callback, not with the future's result
+            return got
+
+        tasks = [asyncio.ensure_future(each(i, r)) for i, r in enumerate(requests)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def submit(
+        self,
+        requests: Sequence[tuple[str, int, int, str | None]],
+        on_each: Any,
+        missing_ok: bool = False,
+        with_meta: bool = True,
+    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
+        return asyncio.run_coroutine_threadsafe(
+            self._all(requests, on_each, missing_ok, with_meta), _Loop.get().loop
+        )
+
+    def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
+        cond = isinstance(mode, dict)
+        r = self._sync(key, lambda: self.obs.put(self.store, key, bytes(data), mode=self._mode(mode)),
+                       conditional=False)
+        if cond and r.get("e_tag") is None:
+            url = self.c.key_url(key)
+            raise RemoteError(f"{url}: the service returned no ETag", url=url, attempts=1)
+        return self._tag(r)
+
+    def put_file(self, key: str, path: str) -> str:
+        from pathlib import Path
+
+        r = self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20))
+        return self._tag(r)
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        r = self._sync(
+            key, lambda: self.obs.put(self.store, key, iter(chunks()), chunk_size=8 << 20, max_concurrency=4)
+        )
+        return self._tag(r)
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        def collect() -> list[ObjectMeta]:
+            out = []
+            for chunk in self.obs.list(self.store, prefix=prefix or None):
+                for m in chunk:
+                    modified = m.get("last_modified")
+                    out.append(ObjectMeta(str(m["path"]), int(m["size"]), self._tag(m),
+                                          modified.timestamp() if modified is not None else 0.0))
+            return out
+
+        yield from self._sync(prefix, collect)
+
+    def delete(self, key: str) -> None:
+        self._sync(key, lambda: self.obs.delete(self.store, key))
+
+    def copy(self, src: str, dst: str) -> None:
+        self._sync(src, lambda: self.obs.copy(self.store, src, dst, overwrite=True))
+
+
+def _expected(start: int, end: int, size: int) -> int:
+    """Bytes a request answers: ``(0, -1)`` the whole object, ``(-n, -1)`` its last n bytes, else the
+    range ``[start, end)`` clipped to the object."""
+    if start < 0:
+        return min(-start, size)
+    if end < 0:
+        return size
+    return max(0, min(end, size) - start)
+
+
+def _short(exc: BaseException, most: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= most else text[:most] + "..."
