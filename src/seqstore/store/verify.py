@@ -112,6 +112,7 @@ def verify(
     problems = _verify_root(source.root, manifest, progress, source)
     return [source.display(p) for p in problems]
 
+
 def _verify_root(
     root: Path, manifest: Manifest, progress: Callable[[int], None] | None, source: ByteSource
 ) -> list[str]:
