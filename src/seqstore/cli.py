@@ -95,9 +95,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     open_s = time.perf_counter() - t0
     private_growth = rss_bytes()[0] - private0
     m = store.manifest
-    if store.is_remote and m.table is not None:  # every shard's descriptor, in one wave
-        table = m.shard_table()
-        store._remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
+    store.source.fetch_descriptors(m)  # a remote store: every shard's descriptor, in one wave
     print(f"store     {store.url}")
     print(f"records   {len(store)}")
     print(f"shards    {store.num_shards}")
