@@ -25,7 +25,7 @@ import pytest
 import seqstore as ss
 from seqstore.errors import CorruptionError, SchemaError, SeqstoreError
 from seqstore.format.manifest import Manifest
-from seqstore.store import parts as parts_mod
+from seqstore.store.write import journal as parts_mod
 from seqstore.store.parts import (
     PARTS_DIR,
     Part,

@@ -1,0 +1,349 @@
+"""The commit target of a store on object storage (``s3://``, ``gs://``, ``az://``): what
+:func:`~seqstore.create`, :func:`~seqstore.append_to` and ``open_or_create`` with a URL (and so
+``seqstore.Logger``) and the parts of a distributed write commit through.
+
+A :class:`~seqstore.store.write.writer.Writer` on a URL builds its shards in a local
+staging directory (a temporary directory, or under ``staging_dir``; it holds at most the shard being
+written and one finished shard), exactly as a local writer builds them: buffered appends, final
+``.npy`` headers, CRC-32s, id index, descriptor. Committing a finished shard (docs/format.md,
+section 7.2) then:
+
+1. reads ``manifest.json`` and its ETag, and the shard-table rows committed since this writer last
+   read them (store/remote_state.py; one or two requests);
+2. claims a shard number: creates ``shard-NNNNNN/_shard.json`` (the descriptor) with a create-only
+   write, ``N`` the last committed row's number + 1 (or above this writer's own last number). A
+   conflict means another writer holds ``N`` (committed, in progress, or dead): it tries ``N + 1``.
+   Two writers therefore never write into the same shard directory;
+3. uploads the shard's files into ``shard-NNNNNN/`` (in parallel; large files as multipart uploads);
+4. writes a new, immutable shard table ``_shards/<generation>-<writer>.tbl`` (the committed rows and
+   this shard's row; a table on object storage cannot be appended in place) and replaces
+   ``manifest.json`` with a conditional write: ``If-Match`` the ETag read in 1. This is the commit:
+   readers see the shard from here on, never before;
+5. if the write loses (another writer committed in between, so the ETag changed), it reads the new
+   state and tries 4 again with the new rows. If the other writer committed a shard with a higher
+   number than ours (numbers must increase from row to row), it first claims a new number above it,
+   uploads the files there and deletes the old claim. At most ``MAX_COMMIT_ATTEMPTS`` tries, then
+   :class:`~seqstore.errors.ConflictError`. A write whose answer was lost (retried, then refused) is
+   recognised by finding its row in the new state, so a shard is never committed twice;
+6. deletes shard tables older than the last ``KEEP_TABLES`` generations (a reader that read an older
+   manifest has fetched its table already, within its open).
+
+So two writers racing on one store lose none of each other's shards. A writer that dies leaves a
+claimed directory no table row names (and maybe a table object no manifest names): garbage that
+readers never look at and that costs later claims one request.
+
+Where the service or the fsspec filesystem has no conditional write (HTTP, fsspec URLs), a remote
+writer is refused: write the store locally and copy it (``seqstore copy``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConflictError, FormatError, RemoteError, SeqstoreError
+from ...format.descriptor import DESCRIPTOR
+from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
+from ...format.shard_table import TABLE_OBJECTS, TableState, encode_row, encode_table_header, row_dtype, shard_dir_name
+from ...io.objects import ObjectClient
+from ...schema import Schema
+from .remote import (
+    ENDED_DIR,
+    MAX_COMMIT_ATTEMPTS,
+    STAGED_KEY,
+    WORKERS,
+    claim,
+    clean_tables,
+    delete_all,
+    delete_old_marks,
+    delete_quietly,
+    delete_store,
+    get_many,
+    install_manifest,
+    job_times,
+    list_keys,
+    parallel,
+    prefix,
+)
+from .remote_commit import commit_remote_parts
+from .state import StoreState, parse_manifest, read_state
+from .target import COMMITTED_FILE, PART_FILE, CommitTarget, Finished, IdsMismatch, Part, PartShard, Start, add_stats
+
+__all__ = ["ObjectTarget"]
+
+log = logging.getLogger(__name__)
+
+
+class ObjectTarget(CommitTarget):
+    """The store at ``client``'s URL (see the module docs). ``staging_dir``: where shards are built
+    before upload (default: a new temporary directory, ``$TMPDIR``; room for about two shards);
+    ``upload_workers``: files uploaded at once."""
+
+    kind = "Remote"
+
+    def __init__(self, client: ObjectClient, *, staging_dir: str | Path | None = None, upload_workers: int = 8) -> None:
+        if upload_workers < 1:
+            raise ValueError(f"upload_workers must be >= 1, got {upload_workers}")
+        self.client = client
+        self.where = client.url
+        self.staging_dir = staging_dir
+        self.upload_workers = upload_workers
+        self.conflicts = 0
+        self.renumbered = 0
+        self._state: StoreState | None = None
+        self._token = uuid.uuid4().hex[:12]
+        self._next_claim = 0
+        self._job = self._task = self._prefix = ""
+
+    def objects(self) -> ObjectClient:
+        return self.client
+
+    # ---------------------------------------------------------------------------------- the store
+
+    def read_manifest(self) -> Manifest | None:
+        state = read_state(self.client)
+        return None if state is None else state.manifest
+
+    def delete_store(self) -> None:
+        delete_store(self.client)
+
+    def create(self, manifest: Manifest, *, overwrite: bool) -> None:
+        if overwrite:
+            delete_store(self.client)
+        if not self.install(manifest):
+            raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
+
+    def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
+        return install_manifest(self.client, json.dumps(manifest.to_json(), separators=(",", ":")).encode())
+
+    def _staging(self, schema: Schema, id_lookup: str, records: int, has_ids: bool | None, what: str) -> Start:
+        if self.staging_dir is not None:
+            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=self.staging_dir))
+        return Start(schema, id_lookup, records, has_ids, True, stage, stage, -1)
+
+    # --------------------------------------------------------------------------------- one writer
+
+    def open_writer(self) -> Start:
+        state = read_state(self.client)
+        if state is None:
+            raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist)")
+        if not state.v3:
+            raise SeqstoreError(
+                f"{self.where}: a version-{state.manifest.version} store; writers on object storage append to "
+                "version-3 stores only (copy it to a local directory, append there, and copy it back)"
+            )
+        self._state = state
+        m = state.manifest
+        return self._staging(m.schema, m.id_lookup, m.num_records, state.has_ids, "staging")
+
+    def close_writer(self, start: Start) -> None:
+        shutil.rmtree(start.workspace, ignore_errors=True)
+
+    def _refresh(self) -> StoreState:
+        assert self._state is not None
+        state = read_state(self.client, known=self._state)
+        if state is None:
+            raise FormatError(f"{self.where}: {MANIFEST} disappeared (the store was deleted or is being replaced)")
+        if not state.v3 or state.manifest.schema != self._state.manifest.schema:
+            raise SeqstoreError(f"{self.where}: the store was replaced by one with another schema or format")
+        self._state = state
+        return state
+
+    def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
+        """Steps 1-6 of the module docs for ``shard`` (None: only the ``stats`` deltas)."""
+        c = self.client
+        state = self._refresh()
+        number = -1
+        desc = b""
+        if shard is not None:
+            _check_ids(state, shard.info.has_ids)
+            desc = (shard.path / DESCRIPTOR).read_bytes()
+            number = claim(c, max(state.next_number(), self._next_claim), [desc], 1)[0]
+            self._upload(shard, number)
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            m = state.manifest
+            assert m.table is not None
+            gen = m.generation + 1
+            new_stats = dict(m.stats)
+            add_stats(new_stats, stats)
+            table_state, rows, tkey, header = m.table, state.rows, m.table.file, state.header
+            if shard is not None:
+                pending = shard.info
+                row = encode_row(number, m.table.records, pending.records, pending.has_ids,
+                                 [pending.rows[r] for r in m.ragged], shard.desc_crc)
+                header = state.header or encode_table_header(len(m.ragged), m.table.id)
+                tkey = f"{TABLE_OBJECTS}/{gen:012d}-{self._token}.tbl"
+                c.put(tkey, header + state.rows_bytes() + row, mode="create")
+                after = m.table.after(row, pending.records)
+                table_state = TableState(after.rows, after.records, after.crc32, m.table.id, tkey)
+                rows = np.concatenate([state.rows, np.frombuffer(row, dtype=row_dtype(len(m.ragged)))])
+                rows.flags.writeable = False
+            new = dataclasses.replace(m, table=table_state, generation=gen, stats=new_stats)
+            raw = json.dumps(new.to_json(), separators=(",", ":")).encode()
+            try:
+                etag = c.put(MANIFEST, raw, mode={"e_tag": state.etag})
+            except ConflictError:
+                seen = len(state.rows)
+                state = self._refresh()
+                if shard is not None and number in state.rows["number"][seen:]:
+                    break  # our write went through; its answer was lost and the retry refused
+                self.conflicts += 1
+                if shard is not None:
+                    delete_quietly(c, tkey)
+                    _check_ids(state, shard.info.has_ids)
+                    if state.next_number() > number:  # a higher number was committed first: move above it
+                        old = number
+                        number = claim(c, state.next_number(), [desc], 1)[0]
+                        self._upload(shard, number)
+                        self._delete_shard(old, shard.info)
+                        self.renumbered += 1
+                continue
+            self._state = StoreState(raw, etag, new, header, rows)
+            break
+        else:
+            raise ConflictError(
+                f"{self.where}/{MANIFEST}: gave up after {MAX_COMMIT_ATTEMPTS} conditional writes, each refused "
+                "because another writer committed first", url=c.key_url(MANIFEST), attempts=MAX_COMMIT_ATTEMPTS,
+            )
+        if shard is None:
+            return ""
+        self._next_claim = number + 1
+        committed = self._state.manifest if self._state is not None else None
+        assert committed is not None and committed.table is not None
+        clean_tables(c, committed.generation, committed.table.file)
+        return shard_dir_name(number)
+
+    def _upload(self, shard: Finished, number: int) -> None:
+        name = shard_dir_name(number)
+        files = sorted(shard.info.files)
+        if len(files) == 1 or self.upload_workers == 1:
+            for rel in files:
+                self.client.put_file(f"{name}/{rel}", shard.path / rel)
+            return
+        with concurrent.futures.ThreadPoolExecutor(min(self.upload_workers, len(files)),
+                                                   thread_name_prefix="seqstore-upload") as pool:
+            for fut in [pool.submit(self.client.put_file, f"{name}/{rel}", shard.path / rel) for rel in files]:
+                fut.result()
+
+    def _delete_shard(self, number: int, pending: ShardInfo) -> None:
+        name = shard_dir_name(number)
+        for rel in [*sorted(pending.files), DESCRIPTOR]:  # the claim last: nobody reuses the number meanwhile
+            delete_quietly(self.client, f"{name}/{rel}")
+
+    # ---------------------------------------------------------------------------------- the parts
+
+    def open_part(self, job: str, task: str) -> Start:
+        client = self.client
+        self._job, self._task, self._prefix = job, task, prefix(job, task)
+        raw, staged, ended, done, committed = get_many(
+            client, [MANIFEST, STAGED_KEY, f"{ENDED_DIR}/{job}", f"{self._prefix}/{PART_FILE}",
+                     f"{self._prefix}/{COMMITTED_FILE}"])
+        if raw is None:
+            raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist); the driver "
+                              "makes it with prepare_store() before the tasks start")
+        manifest = parse_manifest(raw, client.key_url(MANIFEST))
+        if manifest.table is None:
+            raise FormatError(f"{self.where}: a version-{manifest.version} store; parts need a version-3 store")
+        if ended is not None:
+            raise SeqstoreError(f"{self.where}: job {job!r} was committed or discarded already; task attempt "
+                                f"{task!r} writes nothing (on object storage a job id names one job: give "
+                                "each job a new one)")
+        if done is not None or committed is not None:
+            raise SeqstoreError(f"{client.key_url(self._prefix)}: task attempt {task!r} of job {job!r} already "
+                                "finished; each attempt needs its own task id")
+        schema, id_lookup = manifest.schema, manifest.id_lookup
+        if staged is not None:
+            obj = json.loads(staged)
+            schema, id_lookup = Schema.from_json(obj["schema"]), str(obj["id_lookup"])
+        return self._staging(schema, id_lookup, 0, None, "part")
+
+    def _ended(self) -> bool:
+        return get_many(self.client, [f"{ENDED_DIR}/{self._job}"])[0] is not None
+
+    def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
+        """Upload the finished shard into the staging prefix (the files, then the descriptor) and drop
+        the local copy."""
+        dst = f"{self._prefix}/{shard.dir}"
+        parallel(lambda rel: self.client.put_file(f"{dst}/{rel}", current / rel), sorted(shard.files),
+                 self.upload_workers)
+        self.client.put(f"{dst}/{DESCRIPTOR}", (current / DESCRIPTOR).read_bytes())
+        shutil.rmtree(current, ignore_errors=True)
+        if self._ended():
+            raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded while task attempt "
+                                f"{self._task!r} was writing; it writes nothing")
+
+    def finish_part(self, start: Start, part: Part) -> None:
+        """Upload ``part.json`` last (create-only); the attempt's objects go when that fails."""
+        try:
+            try:
+                self.client.put(f"{self._prefix}/{PART_FILE}", json.dumps(part.to_json()).encode(), mode="create")
+            except ConflictError:
+                raise SeqstoreError(
+                    f"{self.client.key_url(self._prefix)}: another writer finished task attempt {self._task!r} of "
+                    f"job {self._job!r} too; each attempt needs its own task id"
+                ) from None
+            if self._ended():
+                raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded before task "
+                                    f"attempt {self._task!r} finished; its part was removed")
+        except BaseException:
+            self._delete_part()
+            raise
+
+    def close_part(self, start: Start, part: Part | None) -> None:
+        shutil.rmtree(start.workspace, ignore_errors=True)
+        if part is None:
+            self._delete_part()
+
+    def _delete_part(self) -> None:
+        try:
+            delete_all(self.client, list_keys(self.client, self._prefix), self.upload_workers)
+        except RemoteError as exc:
+            log.warning("%s: could not delete the objects of task attempt %r (%s); discard_parts removes them",
+                        self.where, self._task, exc)
+
+    def staged(self) -> dict[str, Any] | None:
+        raw = get_many(self.client, [STAGED_KEY])[0]
+        return None if raw is None else dict(json.loads(raw))
+
+    def set_staged(self, staged: Mapping[str, Any] | None) -> None:
+        if staged is None:
+            delete_quietly(self.client, STAGED_KEY)
+        else:
+            self.client.put(STAGED_KEY, json.dumps(dict(staged), separators=(",", ":")).encode())
+
+    def commit_parts(self, plist: list[Part], overwrite: bool) -> int:
+        return commit_remote_parts(self.client, plist, overwrite)
+
+    def discard_jobs(self, jobs: Iterable[str]) -> None:
+        """Write each job's end mark ``_parts/.ended/<job>``, then delete every object under
+        ``_parts/<job>/``; end marks older than ENDED_KEEP_S go too."""
+        for job in sorted(jobs):
+            self.client.put(f"{ENDED_DIR}/{job}", b"")
+            delete_all(self.client, list_keys(self.client, f"{PARTS_DIR}/{job}"), WORKERS)
+        delete_old_marks(self.client)
+
+    def pending_jobs(self) -> list[str]:
+        return sorted(job_times(self.client))
+
+    def clean_parts(self, older_than: float) -> list[str]:
+        now = time.time()
+        removed = [job for job, newest in sorted(job_times(self.client).items()) if now - newest >= older_than]
+        self.discard_jobs(removed)
+        return removed
+
+
+def _check_ids(state: StoreState, has_ids: bool) -> None:
+    if state.has_ids is not None and state.has_ids != has_ids:
+        raise IdsMismatch(state.has_ids)
