@@ -21,10 +21,10 @@ from support.stores import same_stores as _same
 import seqstore as ss
 from seqstore.errors import ConflictError, FormatError, RemoteError, SchemaError
 from seqstore.store import writer as remote_writer
-from seqstore.store.write import remote
-from seqstore.store.write.objects import ObjectTarget
 from seqstore.store.parts import prepare_store
 from seqstore.store.verify import verify
+from seqstore.store.write import remote
+from seqstore.store.write.objects import ObjectTarget
 
 if TYPE_CHECKING:
     from support.proxy import FaultProxy

@@ -31,10 +31,10 @@ from seqstore.log import Logger
 from seqstore.log.logger import _buffer_rows
 from seqstore.store import directio
 from seqstore.store import writer as writer_api
-from seqstore.store.write import columns as writer_mod
 from seqstore.store.directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
 from seqstore.store.ids import encode_ids
 from seqstore.store.verify import verify
+from seqstore.store.write import columns as writer_mod
 
 WIDTH = 1024  # float32 columns: one record is one page (4096 bytes)
 SCHEMA = {

@@ -2,10 +2,10 @@
 (store/write/writer.py), its commit targets and ``create``/``append_to``/``open_or_create``
 (store/write/api.py) live."""
 
+from ..format.manifest import IDS
 from .write.api import append_to, create, existing_manifest, open_or_create
 from .write.disk import LOCK_FILE, store_lock
 from .write.index import INDEX_DIR, MERGE_CHUNK, MERGE_FANIN, merge_sorted_runs
-from ..format.manifest import IDS
 from .write.writer import Writer
 
 __all__ = [

@@ -42,6 +42,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -92,7 +93,8 @@ class ObjectTarget(CommitTarget):
 
     kind = "Remote"
 
-    def __init__(self, client: ObjectClient, *, staging_dir: str | Path | None = None, upload_workers: int = 8) -> None:
+    def __init__(self, client: ObjectClient, *, staging_dir: str | os.PathLike[str] | None = None,
+                 upload_workers: int = 8) -> None:
         if upload_workers < 1:
             raise ValueError(f"upload_workers must be >= 1, got {upload_workers}")
         self.client = client
