@@ -38,8 +38,6 @@ writer is refused: write the store locally and copy it (``seqstore copy``).
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import json
 import logging
 import os
@@ -51,20 +49,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...errors import ConflictError, FormatError, RemoteError, SeqstoreError
 from ...format.descriptor import DESCRIPTOR
 from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
-from ...format.shard_table import TABLE_OBJECTS, TableState, encode_row, encode_table_header, row_dtype, shard_dir_name
+from ...format.shard_table import shard_dir_name
 from ...io.objects import ObjectClient
 from ...schema import Schema
 from .remote import (
     ENDED_DIR,
-    MAX_COMMIT_ATTEMPTS,
     STAGED_KEY,
     WORKERS,
-    claim,
+    Commit,
     clean_tables,
     delete_all,
     delete_old_marks,
@@ -79,7 +74,7 @@ from .remote import (
 )
 from .remote_commit import commit_remote_parts
 from .state import StoreState, parse_manifest, read_state
-from .target import COMMITTED_FILE, PART_FILE, CommitTarget, Finished, IdsMismatch, Part, PartShard, Start, add_stats
+from .target import COMMITTED_FILE, PART_FILE, CommitTarget, Finished, IdsMismatch, Part, PartShard, Start
 
 __all__ = ["ObjectTarget"]
 
@@ -153,96 +148,53 @@ class ObjectTarget(CommitTarget):
     def close_writer(self, start: Start) -> None:
         shutil.rmtree(start.workspace, ignore_errors=True)
 
-    def _refresh(self) -> StoreState:
-        assert self._state is not None
-        state = read_state(self.client, known=self._state)
+    def _refresh(self, known: StoreState) -> StoreState:
+        """The store's state now (only new rows fetched); it must still be this store."""
+        state = read_state(self.client, known=known)
         if state is None:
             raise FormatError(f"{self.where}: {MANIFEST} disappeared (the store was deleted or is being replaced)")
-        if not state.v3 or state.manifest.schema != self._state.manifest.schema:
+        if not state.v3 or state.manifest.schema != known.manifest.schema:
             raise SeqstoreError(f"{self.where}: the store was replaced by one with another schema or format")
         self._state = state
         return state
 
     def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
         """Steps 1-6 of the module docs for ``shard`` (None: only the ``stats`` deltas)."""
-        c = self.client
-        state = self._refresh()
-        number = -1
-        desc = b""
+        assert self._state is not None
+        info = shard.info if shard is not None else ShardInfo("", 0, {}, {}, False)
+
+        def check(state: StoreState) -> None:
+            if shard is not None and state.has_ids is not None and state.has_ids != info.has_ids:
+                raise IdsMismatch(state.has_ids)
+
+        state = self._refresh(self._state)
+        check(state)
+        shards, descs = [], []
         if shard is not None:
-            _check_ids(state, shard.info.has_ids)
-            desc = (shard.path / DESCRIPTOR).read_bytes()
-            number = claim(c, max(state.next_number(), self._next_claim), [desc], 1)[0]
-            self._upload(shard, number)
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            m = state.manifest
-            assert m.table is not None
-            gen = m.generation + 1
-            new_stats = dict(m.stats)
-            add_stats(new_stats, stats)
-            table_state, rows, tkey, header = m.table, state.rows, m.table.file, state.header
-            if shard is not None:
-                pending = shard.info
-                row = encode_row(number, m.table.records, pending.records, pending.has_ids,
-                                 [pending.rows[r] for r in m.ragged], shard.desc_crc)
-                header = state.header or encode_table_header(len(m.ragged), m.table.id)
-                tkey = f"{TABLE_OBJECTS}/{gen:012d}-{self._token}.tbl"
-                c.put(tkey, header + state.rows_bytes() + row, mode="create")
-                after = m.table.after(row, pending.records)
-                table_state = TableState(after.rows, after.records, after.crc32, m.table.id, tkey)
-                rows = np.concatenate([state.rows, np.frombuffer(row, dtype=row_dtype(len(m.ragged)))])
-                rows.flags.writeable = False
-            new = dataclasses.replace(m, table=table_state, generation=gen, stats=new_stats)
-            raw = json.dumps(new.to_json(), separators=(",", ":")).encode()
-            try:
-                etag = c.put(MANIFEST, raw, mode={"e_tag": state.etag})
-            except ConflictError:
-                seen = len(state.rows)
-                state = self._refresh()
-                if shard is not None and number in state.rows["number"][seen:]:
-                    break  # our write went through; its answer was lost and the retry refused
-                self.conflicts += 1
-                if shard is not None:
-                    delete_quietly(c, tkey)
-                    _check_ids(state, shard.info.has_ids)
-                    if state.next_number() > number:  # a higher number was committed first: move above it
-                        old = number
-                        number = claim(c, state.next_number(), [desc], 1)[0]
-                        self._upload(shard, number)
-                        self._delete_shard(old, shard.info)
-                        self.renumbered += 1
-                continue
-            self._state = StoreState(raw, etag, new, header, rows)
-            break
-        else:
-            raise ConflictError(
-                f"{self.where}/{MANIFEST}: gave up after {MAX_COMMIT_ATTEMPTS} conditional writes, each refused "
-                "because another writer committed first", url=c.key_url(MANIFEST), attempts=MAX_COMMIT_ATTEMPTS,
-            )
+            files = {rel: (f.bytes, f.crc32) for rel, f in info.files.items()}
+            shards = [PartShard("", info.records, dict(info.rows), info.has_ids, files, shard.desc_crc)]
+            descs = [(shard.path / DESCRIPTOR).read_bytes()]
+
+        def upload(numbers: list[int]) -> None:
+            assert shard is not None
+            name = shard_dir_name(numbers[0])
+            parallel(lambda rel: self.client.put_file(f"{name}/{rel}", shard.path / rel), sorted(info.files),
+                     self.upload_workers)
+
+        commit = Commit(self.client, shards, descs, place=upload, refresh=self._refresh, check=check,
+                        token=self._token, stats=stats, floor=self._next_claim)
+        try:
+            self._state = commit.run(state)
+        finally:
+            self.conflicts += commit.conflicts
+            self.renumbered += commit.renumbered
         if shard is None:
             return ""
-        self._next_claim = number + 1
-        committed = self._state.manifest if self._state is not None else None
-        assert committed is not None and committed.table is not None
-        clean_tables(c, committed.generation, committed.table.file)
-        return shard_dir_name(number)
-
-    def _upload(self, shard: Finished, number: int) -> None:
-        name = shard_dir_name(number)
-        files = sorted(shard.info.files)
-        if len(files) == 1 or self.upload_workers == 1:
-            for rel in files:
-                self.client.put_file(f"{name}/{rel}", shard.path / rel)
-            return
-        with concurrent.futures.ThreadPoolExecutor(min(self.upload_workers, len(files)),
-                                                   thread_name_prefix="seqstore-upload") as pool:
-            for fut in [pool.submit(self.client.put_file, f"{name}/{rel}", shard.path / rel) for rel in files]:
-                fut.result()
-
-    def _delete_shard(self, number: int, pending: ShardInfo) -> None:
-        name = shard_dir_name(number)
-        for rel in [*sorted(pending.files), DESCRIPTOR]:  # the claim last: nobody reuses the number meanwhile
-            delete_quietly(self.client, f"{name}/{rel}")
+        self._next_claim = commit.numbers[0] + 1
+        m = self._state.manifest
+        assert m.table is not None
+        clean_tables(self.client, m.generation, m.table.file)
+        return shard_dir_name(commit.numbers[0])
 
     # ---------------------------------------------------------------------------------- the parts
 
@@ -344,8 +296,3 @@ class ObjectTarget(CommitTarget):
         removed = [job for job, newest in sorted(job_times(self.client).items()) if now - newest >= older_than]
         self.discard_jobs(removed)
         return removed
-
-
-def _check_ids(state: StoreState, has_ids: bool) -> None:
-    if state.has_ids is not None and state.has_ids != has_ids:
-        raise IdsMismatch(state.has_ids)

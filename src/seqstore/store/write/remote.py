@@ -5,19 +5,24 @@ one-wave reads, shard-number claims, old shard tables, the parts area's jobs."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import json
 import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
+
 from ...errors import ConflictError, FormatError, RemoteError, RemoteNotFound, SeqstoreError
 from ...format.descriptor import DESCRIPTOR
-from ...format.manifest import MANIFEST, PARTS_DIR
-from ...format.shard_table import TABLE_OBJECTS, shard_dir_name
+from ...format.manifest import MANIFEST, PARTS_DIR, Manifest
+from ...format.shard_table import TABLE_OBJECTS, TableState, encode_row, encode_table_header, row_dtype, shard_dir_name
 from ...io.objects import ObjectClient
+from ...schema import Schema
 from .state import StoreState, read_state
-from .target import STAGED
+from .target import STAGED, PartShard, add_stats
 
 log = logging.getLogger(__name__)
 
@@ -221,3 +226,116 @@ def delete_old_marks(client: ObjectClient, workers: int = WORKERS) -> None:
         return
     delete_all(client, marks, workers)
 
+
+
+class Commit:
+    """One commit of finished shards, in order, into the store at ``client`` (docs/format.md, 7.2 and
+    7.3): claim shard numbers above the committed ones (:func:`claim`), ``place(numbers)`` the shards'
+    files there, write a new table object ``_shards/<generation>-<token>.tbl`` and replace
+    ``manifest.json`` with ``If-Match`` the ETag read: the commit point. Refused (another writer
+    committed first), it re-reads the store (``refresh``), checks that it still takes these shards
+    (``check``), moves the shards above a higher number the other writer committed and tries again,
+    at most MAX_COMMIT_ATTEMPTS times. A write whose answer was lost is recognised by its first number
+    among the committed rows. ``stats``: deltas added to the manifest's stats; ``overwrite``: the new
+    table lists only these shards and the manifest takes ``schema`` and the ``staged`` settings."""
+
+    def __init__(self, client: ObjectClient, shards: Sequence[PartShard], descs: Sequence[bytes], *,
+                 place: Callable[[list[int]], None], refresh: Callable[[StoreState], StoreState],
+                 check: Callable[[StoreState], None], token: str,
+                 stats: Mapping[str, float] | None = None, floor: int = 0, overwrite: bool = False,
+                 schema: Schema | None = None, staged: Mapping[str, Any] | None = None, workers: int = WORKERS) -> None:
+        self.c = client
+        self.shards, self.descs = list(shards), list(descs)
+        self.place, self.refresh, self.check = place, refresh, check
+        self.token, self.stats, self.floor = token, dict(stats or {}), floor
+        self.overwrite, self.schema, self.staged = overwrite, schema, staged
+        self.workers = max(1, workers)
+        self.numbers: list[int] = []
+        self.conflicts = 0
+        self.renumbered = 0
+
+    def run(self, state: StoreState) -> StoreState:
+        """Commit; returns the store's state with the commit in it."""
+        sent = False  # a manifest write whose fate is unknown: the claims must stay
+        try:
+            if self.shards:
+                self._place(max(state.next_number(), self.floor))
+            for _ in range(MAX_COMMIT_ATTEMPTS):
+                tkey, new, header, rows = self._next(state)
+                raw = json.dumps(new.to_json(), separators=(",", ":")).encode()
+                try:
+                    sent = True
+                    etag = self.c.put(MANIFEST, raw, mode={"e_tag": state.etag})
+                except ConflictError:
+                    state = self.refresh(state)
+                    if self.numbers and self.numbers[0] in state.rows["number"]:
+                        return state  # ours went through; its answer was lost and the retry refused
+                    sent = False
+                    if self.shards or self.overwrite:  # a table object of its own
+                        delete_quietly(self.c, tkey)
+                    self.conflicts += 1
+                    self.check(state)
+                    if not self.overwrite and self.numbers and state.next_number() > self.numbers[0]:
+                        old = self.numbers
+                        self._place(state.next_number())  # above the shard the other writer committed
+                        self._unplace(old)
+                        self.renumbered += 1
+                    continue
+                return StoreState(raw, etag, new, header, rows)
+            raise ConflictError(
+                f"{self.c.url}/{MANIFEST}: gave up after {MAX_COMMIT_ATTEMPTS} conditional writes, each refused "
+                "because another writer committed first; nothing was committed",
+                url=self.c.key_url(MANIFEST), attempts=MAX_COMMIT_ATTEMPTS,
+            )
+        except BaseException:
+            if not sent and self.numbers:
+                self._unplace(self.numbers)
+            raise
+
+    def _place(self, first: int) -> None:
+        self.numbers = claim(self.c, first, self.descs, self.workers)
+        self.place(self.numbers)
+
+    def _next(self, state: StoreState) -> tuple[str, Manifest, bytes, np.ndarray[Any, Any]]:
+        """The next generation for ``state``: its table object (written), manifest, table header and rows."""
+        m = state.manifest
+        assert m.table is not None
+        gen = m.generation + 1
+        ragged = tuple(n for n, f in (self.schema or m.schema).items() if f.ragged)
+        dt = row_dtype(len(ragged))
+        if self.overwrite:
+            table, header, base = TableState(0, 0, 0, gen), encode_table_header(len(ragged), gen), np.zeros(0, dt)
+        else:
+            table, header, base = m.table, state.header or encode_table_header(len(ragged), m.table.id), state.rows
+        tkey, rows = table.file, base
+        if self.shards or self.overwrite:
+            new_rows = bytearray()
+            for n, sh in zip(self.numbers, self.shards):
+                row = encode_row(n, table.records, sh.records, sh.has_ids, [sh.rows[r] for r in ragged], sh.desc_crc)
+                new_rows += row
+                table = table.after(row, sh.records)
+            tkey = f"{TABLE_OBJECTS}/{gen:012d}-{self.token}.tbl"
+            self.c.put(tkey, header + base.tobytes() + bytes(new_rows))
+            rows = np.concatenate([base, np.frombuffer(bytes(new_rows), dtype=dt)])
+            rows.flags.writeable = False
+        stats = dict(m.stats)
+        add_stats(stats, self.stats)
+        new = dataclasses.replace(m, table=TableState(table.rows, table.records, table.crc32, table.id, tkey),
+                                  generation=gen, stats=stats)
+        if self.overwrite:
+            assert self.schema is not None
+            new.schema, new.index_runs = self.schema, []
+            if self.staged is not None:
+                new.id_lookup = str(self.staged["id_lookup"])
+                if self.staged.get("metadata") is not None:
+                    new.metadata = dict(self.staged["metadata"])
+        return tkey, new, header, rows
+
+    def _unplace(self, numbers: Sequence[int]) -> None:
+        """Delete shard directories this commit claimed and did not commit (the claims last)."""
+        files = [f"{shard_dir_name(n)}/{rel}" for n, sh in zip(numbers, self.shards) for rel in sorted(sh.files)]
+        try:
+            delete_all(self.c, files, self.workers)
+            delete_all(self.c, [f"{shard_dir_name(n)}/{DESCRIPTOR}" for n in numbers], self.workers)
+        except BaseException as exc:  # noqa: BLE001 - garbage no reader looks at; the error that got here counts
+            log.warning("%s: could not delete the shards this commit claimed (%r)", self.c.url, exc)

@@ -58,20 +58,18 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ...errors import ConflictError, CorruptionError, RemoteError, RemoteNotFound, SchemaError, SeqstoreError
+from ...errors import CorruptionError, RemoteError, RemoteNotFound, SchemaError, SeqstoreError
 from ...format.descriptor import DESCRIPTOR
-from ...format.manifest import MANIFEST
-from ...format.shard_table import TABLE_OBJECTS, TableState, encode_row, encode_table_header, shard_dir_name
+from ...format.shard_table import shard_dir_name
 from ...io.objects import ObjectClient
 from ...schema import Schema
 from .remote import (
     COMMITTING_FILE,
     COPY_LIMIT,
-    MAX_COMMIT_ATTEMPTS,
     STAGED_KEY,
     STREAM_CHUNK,
     WORKERS,
-    claim,
+    Commit,
     clean_tables,
     delete_all,
     delete_quietly,
@@ -94,7 +92,7 @@ def commit_remote_parts(client: ObjectClient, plist: list[Part], overwrite: bool
     schema = Schema.from_json(staged["schema"]) if staged is not None else state.manifest.schema
     entries = _check_parts(client, state, plist, schema)
     check_parts_kinds(client.url, {e.shard.has_ids for e in entries}, None if overwrite else state.has_ids)
-    return _Commit(client, plist, entries, schema, staged, overwrite, workers).run(state)
+    return _commit(client, plist, entries, schema, staged, overwrite, state, max(1, workers))
 
 
 @dataclasses.dataclass
@@ -179,148 +177,58 @@ def _finish_parts(client: ObjectClient, plist: Sequence[Part], generation: int, 
     delete_all(client, [k for p in plist for k in _staged_keys(p)], workers)
 
 
-class _Commit:
-    """The steps 2-5 of the module docs for one call of :func:`commit_parts`."""
+def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], schema: Schema,
+            staged: Mapping[str, Any] | None, overwrite: bool, state: StoreState, workers: int) -> int:
+    """Steps 2-5 of the module docs."""
+    records = sum(e.shard.records for e in entries)
+    if not entries and not overwrite:
+        _finish_parts(client, plist, state.manifest.generation, workers)
+        return 0
+    token = uuid.uuid4().hex[:12]
 
-    def __init__(self, client: ObjectClient, plist: list[Part], entries: list[_Entry], schema: Schema,
-                 staged: Mapping[str, Any] | None, overwrite: bool, workers: int) -> None:
-        self.c = client
-        self.plist = plist
-        self.entries = entries
-        self.schema = schema
-        self.staged = staged
-        self.overwrite = overwrite
-        self.workers = max(1, workers)
-        self.token = uuid.uuid4().hex[:12]
-        self.numbers: list[int] = []
-        self.conflicts = 0
-        self.renumbered = 0
-
-    def run(self, state: StoreState) -> int:
-        records = sum(e.shard.records for e in self.entries)
-        if not self.entries and not self.overwrite:
-            _finish_parts(self.c, self.plist, state.manifest.generation, self.workers)
-            return 0
-        sent = False  # a manifest write whose fate is unknown: the claims must stay
-        try:
-            self._place(state.next_number())
-            for _ in range(MAX_COMMIT_ATTEMPTS):
-                m = state.manifest
-                gen = m.generation + 1
-                tkey, raw = self._manifest(state, gen)
-                try:
-                    sent = True
-                    self.c.put(MANIFEST, raw, mode={"e_tag": state.etag})
-                except ConflictError:
-                    before = state
-                    state = read_v3(self.c, known=state)
-                    if self.numbers and self.numbers[0] in state.rows["number"]:
-                        gen = state.manifest.generation  # ours went through; the answer was lost
-                        break
-                    sent = False
-                    delete_quietly(self.c, tkey)
-                    self.conflicts += 1
-                    self._check_refreshed(before, state)
-                    if not self.overwrite and self.numbers and state.next_number() > self.numbers[0]:
-                        old = self.numbers
-                        self._place(state.next_number())  # above the shard the other writer committed
-                        self._delete_shards(old)
-                        self.renumbered += 1
-                    continue
-                break
-            else:
-                raise ConflictError(
-                    f"{self.c.url}/{MANIFEST}: gave up after {MAX_COMMIT_ATTEMPTS} conditional writes, each refused "
-                    "because another writer committed first; nothing was committed",
-                    url=self.c.key_url(MANIFEST), attempts=MAX_COMMIT_ATTEMPTS,
-                )
-        except BaseException:
-            if not sent and self.numbers:
-                self._delete_shards(self.numbers)
-            raise
-        _finish_parts(self.c, self.plist, gen, self.workers)
-        if self.overwrite and self.staged is not None:
-            delete_quietly(self.c, STAGED_KEY)
-        clean_tables(self.c, gen, tkey, self.workers)
-        log.debug("%s: committed %d parts (%d shards, %d records) as generation %d", self.c.url, len(self.plist),
-                  len(self.entries), records, gen)
-        return records
-
-    # ---------------------------------------------------------------------------------- steps
-
-    def _place(self, first: int) -> None:
-        """Claim numbers from ``first`` on for the shards (in order), record them in each part's
-        ``commit.json``, copy the staged files there."""
-        self.numbers = claim(self.c, first, [e.desc for e in self.entries], self.workers)
+    def place(numbers: list[int]) -> None:
+        """Record the numbers in each part's ``commit.json``, copy the staged files there."""
         k = 0
         markers: list[tuple[str, bytes]] = []
-        for p in self.plist:
-            nums = self.numbers[k : k + len(p.shards)]
+        for p in plist:
+            nums = numbers[k : k + len(p.shards)]
             k += len(p.shards)
             markers.append((f"{prefix(p.job, p.task)}/{COMMITTING_FILE}",
-                            json.dumps({"token": self.token, "numbers": nums}).encode()))
-        parallel(lambda kv: self.c.put(kv[0], kv[1]), markers, self.workers)
+                            json.dumps({"token": token, "numbers": nums}).encode()))
+        parallel(lambda kv: client.put(kv[0], kv[1]), markers, workers)
         copies = [(f"{e.prefix}/{e.shard.dir}/{rel}", f"{shard_dir_name(n)}/{rel}", size)
-                  for n, e in zip(self.numbers, self.entries) for rel, (size, _) in sorted(e.shard.files.items())]
+                  for n, e in zip(numbers, entries) for rel, (size, _) in sorted(e.shard.files.items())]
         try:
-            parallel(lambda t: _copy(self.c, *t), copies, self.workers)
+            parallel(lambda t: _copy(client, *t), copies, workers)
         except RemoteNotFound as exc:
             raise SeqstoreError(f"{exc.url}: a staged file of a part is missing (discarded while committing?); "
                                 "nothing was committed") from None
 
-    def _manifest(self, state: StoreState, gen: int) -> tuple[str, bytes]:
-        """Write the new table object for ``state``; return its key and the new manifest's bytes."""
-        m = state.manifest
-        assert m.table is not None
-        ragged = tuple(n for n, f in self.schema.items() if f.ragged)
-        if self.overwrite:
-            table = TableState(0, 0, 0, gen)
-            header, base = encode_table_header(len(ragged), gen), b""
-        else:
-            table = m.table
-            header, base = state.header or encode_table_header(len(ragged), m.table.id), state.rows_bytes()
-        rows = bytearray()
-        start = table.records
-        for n, e in zip(self.numbers, self.entries):
-            sh = e.shard
-            row = encode_row(n, start, sh.records, sh.has_ids, [sh.rows[r] for r in ragged], sh.desc_crc)
-            rows += row
-            table = table.after(row, sh.records)
-            start += sh.records
-        tkey = f"{TABLE_OBJECTS}/{gen:012d}-{self.token}.tbl"
-        self.c.put(tkey, header + base + bytes(rows))
-        new = dataclasses.replace(m, table=TableState(table.rows, table.records, table.crc32, table.id, tkey),
-                                  generation=gen)
-        if self.overwrite:
-            new.schema = self.schema
-            new.index_runs = []
-            if self.staged is not None:
-                new.id_lookup = str(self.staged["id_lookup"])
-                if self.staged.get("metadata") is not None:
-                    new.metadata = dict(self.staged["metadata"])
-        return tkey, json.dumps(new.to_json(), separators=(",", ":")).encode()
-
-    def _check_refreshed(self, before: StoreState, state: StoreState) -> None:
+    def check(state: StoreState) -> None:
         """After a lost race: the store must still take these parts."""
-        if self.overwrite:
+        if overwrite:
             return
-        if state.manifest.schema != self.schema:
-            raise SchemaError(f"{self.c.url}: the store was replaced by one with schema {state.manifest.schema!r} "
+        if state.manifest.schema != schema:
+            raise SchemaError(f"{client.url}: the store was replaced by one with schema {state.manifest.schema!r} "
                               "while committing; nothing was committed")
-        kind = self.entries[0].shard.has_ids if self.entries else None
+        kind = entries[0].shard.has_ids if entries else None
         if kind is not None and state.has_ids is not None and state.has_ids != kind:
             want = "with" if state.has_ids else "without"
-            raise SchemaError(f"{self.c.url}: another writer committed records {want} ids first; the parts' are the "
+            raise SchemaError(f"{client.url}: another writer committed records {want} ids first; the parts' are the "
                               "other kind; nothing was committed")
 
-    def _delete_shards(self, numbers: Sequence[int]) -> None:
-        """Delete shard directories this commit claimed and did not commit (the claims last)."""
-        files = [f"{shard_dir_name(n)}/{rel}" for n, e in zip(numbers, self.entries) for rel in sorted(e.shard.files)]
-        try:
-            delete_all(self.c, files, self.workers)
-            delete_all(self.c, [f"{shard_dir_name(n)}/{DESCRIPTOR}" for n in numbers], self.workers)
-        except BaseException as exc:  # noqa: BLE001 - garbage no reader looks at; the error that got here counts
-            log.warning("%s: could not delete the shards this commit claimed (%r)", self.c.url, exc)
+    state = Commit(client, [e.shard for e in entries], [e.desc for e in entries], place=place,
+                   refresh=lambda known: read_v3(client, known=known), check=check,
+                   token=token, overwrite=overwrite, schema=schema, staged=staged, workers=workers).run(state)
+    m = state.manifest
+    assert m.table is not None
+    _finish_parts(client, plist, m.generation, workers)
+    if overwrite and staged is not None:
+        delete_quietly(client, STAGED_KEY)
+    clean_tables(client, m.generation, m.table.file, workers)
+    log.debug("%s: committed %d parts (%d shards, %d records) as generation %d", client.url, len(plist),
+              len(entries), records, m.generation)
+    return records
 
 
 def _copy(client: ObjectClient, src: str, dst: str, size: int) -> None:
