@@ -36,7 +36,7 @@ from seqstore.store.parts import (
     prepare_store,
 )
 from seqstore.store.verify import verify
-from seqstore.store.write import journal as parts_mod
+from seqstore.store.write import local as parts_mod
 
 SCHEMA = {"x": ss.Field("float32", (None, 3)), "y": ss.Field("int64")}
 

@@ -26,7 +26,7 @@ from seqstore.errors import FormatError, SchemaError, SeqstoreError
 from seqstore.store import parts as remote_parts
 from seqstore.store.parts import PartWriter, clean_parts, commit_parts, discard_parts, pending_jobs, prepare_store
 from seqstore.store.verify import verify
-from seqstore.store.write import remote_commit
+from seqstore.store.write import objects as remote_commit
 from seqstore.store.write.objects import ObjectTarget
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ temporary directory, parts included, is deleted and ``out`` is as before.
 
 A URL of object storage as ``out`` (``s3://``...; ``storage_options``) is written in place: the
 store is prepared there (``create``, or ``overwrite`` staging the new schema), each worker uploads
-its part into the store's staging prefix (store/write/remote_commit.py), the parts are committed in unit
+its part into the store's staging prefix (store/write/objects.py), the parts are committed in unit
 order with one conditional manifest write, and the job's staging objects are deleted. A failure
 discards every part; a store the conversion created is deleted again, an existing one (overwrite)
 is left as it was.

@@ -54,8 +54,7 @@ from ..format.descriptor import DESCRIPTOR, parse_descriptor
 from ..format.manifest import MANIFEST, FileInfo
 from ..format.shard_table import TABLE
 from .write.api import open_target
-from .write.local_objects import LocalObjects
-from .write.state import StoreState, parse_manifest, read_state
+from .write.state import LocalObjects, StoreState, parse_manifest, read_state
 
 __all__ = ["CHUNK", "CopyResult", "copy"]
 

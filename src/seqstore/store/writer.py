@@ -4,8 +4,7 @@
 
 from ..format.manifest import IDS
 from .write.api import append_to, create, existing_manifest, open_or_create
-from .write.disk import LOCK_FILE, store_lock
-from .write.index import INDEX_DIR, MERGE_CHUNK, MERGE_FANIN, merge_sorted_runs
+from .write.disk import INDEX_DIR, LOCK_FILE, MERGE_CHUNK, MERGE_FANIN, merge_sorted_runs, store_lock
 from .write.writer import Writer
 
 __all__ = [

@@ -1,5 +1,8 @@
 """Files of a local store that every local commit step uses: the commit lock, the next shard
-number, appending rows to the shard table, atomic JSON files and the owner locks of workspaces."""
+number, appending rows to the shard table, atomic JSON files, the owner locks of workspaces; and
+the id index's merged runs (LSM): :func:`merge_sorted_runs`, the bounded k-way merge of runs sorted
+by hash, and :func:`maybe_merge_index`, which folds every ``MERGE_FANIN`` trailing runs of one level
+into a run of the next level (``_index/``)."""
 
 from __future__ import annotations
 
@@ -8,18 +11,18 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ...errors import LockError
-from ...format.manifest import WORK_DIR, Manifest, fsync_dir
+import numpy as np
+
+from ...errors import CorruptionError, LockError
+from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
+from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
 from ..directio import pwrite_all
-
-__all__ = ["LOCK_FILE", "append_row", "next_shard_number", "remove_if_dead", "store_lock", "workspace_path",
-           "write_json"]
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +121,135 @@ def write_json(path: Path, obj: Any) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+# ------------------------------------------------------------------------------------ id-index runs
+
+
+
+INDEX_DIR = "_index"
+MERGE_FANIN = 8
+MERGE_CHUNK = 1 << 18
+
+
+def merge_sorted_runs(
+    sources: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]], chunk: int = MERGE_CHUNK
+) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """Merge runs sorted by hash, ``(hashes, rows, row base)`` each, into ``(hashes, rows + base)``
+    chunks in hash order. Equal hashes keep the order of the sources (and within a source their own
+    order), so rows stay ascending among equal hashes when the sources are in row order.
+
+    Each round takes, from every source, the entries up to a cut: the smallest of the sources'
+    ``chunk``-th next hashes, and all entries equal to it, so no tie is split across rounds. Memory
+    is O(sources x chunk) whatever the runs' lengths (they may be memory-mapped).
+    """
+    pos = [0] * len(sources)
+    while True:
+        active = [j for j, (h, _, _) in enumerate(sources) if pos[j] < len(h)]
+        if not active:
+            return
+        cut = min(sources[j][0][min(pos[j] + chunk, len(sources[j][0])) - 1] for j in active)
+        parts_h, parts_r = [], []
+        for j in active:
+            h, r, base = sources[j]
+            end = pos[j] + int(np.searchsorted(h[pos[j] :], cut, side="right"))
+            part = np.asarray(h[pos[j] : end])
+            if len(part) > 1 and (part[1:] < part[:-1]).any():
+                raise ValueError(f"index source {j} is not sorted by hash (near entry {pos[j]})")
+            parts_h.append(part)
+            parts_r.append(np.asarray(r[pos[j] : end], dtype=np.int64) + base)
+            pos[j] = end
+        if not any(len(p) for p in parts_h):  # only an unsorted source can stop progress
+            raise ValueError("index sources are not sorted by hash")
+        if len(parts_h) == 1:
+            yield parts_h[0], parts_r[0]
+            continue
+        hashes, rows = np.concatenate(parts_h), np.concatenate(parts_r)
+        order = np.argsort(hashes, kind="stable")
+        yield hashes[order], rows[order]
+
+
+def maybe_merge_index(
+    root: Path, manifest: Manifest, count: int, locate: Callable[[int], tuple[str, int]], tag: str = ""
+) -> list[Path]:
+    """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
+
+    Level-0 runs are the shards' own indexes; merged runs live in ``_index/`` and cover a contiguous
+    range of shards. Lookups probe O(MERGE_FANIN x levels) runs. A merge reads only the MERGE_FANIN
+    runs it replaces (memory-mapped) and streams the merged run to disk in chunks, so its memory does
+    not grow with the number of ids; ``locate(k)`` gives shard ``k``'s directory and first record,
+    so nothing here walks all ``count`` shards. ``tag`` is appended to the names of new runs (an
+    overwrite restarts the row numbers, so its runs must not take the names of runs that readers of
+    the replaced shards may still use). Returns the files of the replaced runs, to be deleted
+    once the manifest that no longer lists them is saved.
+    """
+    superseded: list[Path] = []
+    covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
+    if count - covered >= MERGE_FANIN:
+        _merge(root, manifest, covered, count, locate, level=1, replaces=[], tag=tag)
+    while True:
+        runs = manifest.index_runs
+        if len(runs) < MERGE_FANIN:
+            return superseded
+        tail = runs[-MERGE_FANIN:]
+        level = tail[0].level
+        if any(r.level != level for r in tail):
+            return superseded
+        _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1, replaces=tail,
+               tag=tag)
+        superseded += [root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
+
+
+def _merge(
+    root: Path,
+    manifest: Manifest,
+    first: int,
+    end: int,
+    locate: Callable[[int], tuple[str, int]],
+    *,
+    level: int,
+    replaces: list[IndexRun],
+    tag: str = "",
+) -> None:
+    def shard_index(k: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
+        name, start = locate(k)
+        d = root / name
+        h = np.load(d / f"{IDS}.hash.npy", mmap_mode="r")
+        return h, np.load(d / f"{IDS}.hash_rows.npy", mmap_mode="r"), start
+
+    sources: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]] = []
+    if not replaces:
+        sources = [shard_index(k) for k in range(first, end)]
+    for r in replaces:
+        try:
+            h = np.load(root / f"{r.name}.hash.npy", mmap_mode="r")
+            rows = np.load(root / f"{r.name}.rows.npy", mmap_mode="r")
+            if len(h) != r.records or len(rows) != r.records:
+                raise ValueError(f"{len(h)}/{len(rows)} entries, manifest says {r.records}")
+            for a in range(0, len(h), MERGE_CHUNK):  # run files carry no checksum: check the order
+                part = np.asarray(h[a : a + MERGE_CHUNK + 1])
+                if (part[1:] < part[:-1]).any():
+                    raise ValueError("hashes are not sorted")
+            sources.append((h, rows, 0))
+        except (OSError, ValueError) as exc:  # lost or damaged: rebuild that range from its shards
+            log.warning("%s: index run %s unusable (%s); merging its shards' indexes", root, r.name, exc)
+            sources += [shard_index(k) for k in range(r.first_shard, r.end_shard)]
+    total = sum(len(h) for h, _, _ in sources)
+    (root / INDEX_DIR).mkdir(exist_ok=True)
+    name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}{tag}"
+    with open(root / f"{name}.hash.npy", "wb") as fh, open(root / f"{name}.rows.npy", "wb") as fr:
+        fh.write(encode_header(np.dtype("<u8"), (total,)))
+        fr.write(encode_header(np.dtype("<i8"), (total,)))
+        written = 0
+        for hashes, rows in merge_sorted_runs(sources):
+            fh.write(hashes.astype("<u8", copy=False).data)
+            fr.write(rows.astype("<i8", copy=False).data)
+            written += len(hashes)
+        if written != total:
+            raise CorruptionError(f"{root / name}: merged {written} index entries, expected {total}")
+        for f in (fh, fr):
+            f.flush()
+            os.fsync(f.fileno())
+    fsync_dir(root / INDEX_DIR)
+    run = IndexRun(name, first, end, total, level)
+    manifest.index_runs = [r for r in manifest.index_runs if r not in replaces] + [run]

@@ -9,7 +9,7 @@ written and one finished shard), exactly as a local writer builds them: buffered
 section 7.2) then:
 
 1. reads ``manifest.json`` and its ETag, and the shard-table rows committed since this writer last
-   read them (store/remote_state.py; one or two requests);
+   read them (store/write/state.py; one or two requests);
 2. claims a shard number: creates ``shard-NNNNNN/_shard.json`` (the descriptor) with a create-only
    write, ``N`` the last committed row's number + 1 (or above this writer's own last number). A
    conflict means another writer holds ``N`` (committed, in progress, or dead): it tries ``N + 1``.
@@ -32,12 +32,37 @@ So two writers racing on one store lose none of each other's shards. A writer th
 claimed directory no table row names (and maybe a table object no manifest names): garbage that
 readers never look at and that costs later claims one request.
 
-Where the service or the fsspec filesystem has no conditional write (HTTP, fsspec URLs), a remote
-writer is refused: write the store locally and copy it (``seqstore copy``).
+Steps 2-5 are store/write/remote.py's :class:`~seqstore.store.write.remote.Commit`. Where the
+service or the fsspec filesystem has no conditional write (HTTP, fsspec URLs), writing is refused:
+write locally and ``seqstore copy``.
+
+Parts (docs/format.md, section 7.3). A task attempt builds its shards locally as any writer does and
+uploads each finished one under the store's staging prefix ``_parts/<job>/<task>/p<k>/`` (the files,
+then the descriptor), then ``part.json`` (create-only) last. The driver's ``commit_parts``:
+
+1. reads the manifest and the committed table rows, and in one wave every part's ``part.json``
+   (which must equal the Part given), its markers and every staged descriptor (checked against the
+   CRC-32 in the Part): O(parts + shards) small requests;
+2. claims final shard numbers above the last committed one, in the order of the parts, and writes
+   ``commit.json`` into each part (the numbers its shards got);
+3. copies every staged file to its ``shard-NNNNNN/`` inside the service (server-side copy; files over
+   :data:`COPY_LIMIT` and back ends without a copy are streamed through the driver instead);
+4. writes one table object with all the new rows and replaces ``manifest.json`` conditionally (the
+   commit point; retried as above);
+5. writes ``committed.json`` into each part and deletes the part's staged objects.
+
+All of the parts appear at once or none does. A driver that dies before 4 leaves claimed shard
+directories that no table row names; calling ``commit_parts`` again with the same parts commits them,
+or, when the manifest shows the numbers their ``commit.json`` records, says they were committed (never
+twice). ``discard_parts`` first writes ``_parts/.ended/<job>`` (a task attempt still running checks
+it after each shard it uploads and when it finishes, and then deletes what it wrote), then deletes
+every object under ``_parts/<job>/``. Object storage has no lock that shows a live writer, so call it
+once the job's tasks have stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -45,19 +70,22 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConflictError, FormatError, RemoteError, SeqstoreError
+from ...errors import ConflictError, FormatError, RemoteError, RemoteNotFound, SchemaError, SeqstoreError
 from ...format.descriptor import DESCRIPTOR
 from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
 from ...format.shard_table import shard_dir_name
 from ...io.objects import ObjectClient
 from ...schema import Schema
 from .remote import (
+    COMMITTING_FILE,
+    COPY_LIMIT,
     ENDED_DIR,
     STAGED_KEY,
+    STREAM_CHUNK,
     WORKERS,
     Commit,
     clean_tables,
@@ -71,12 +99,21 @@ from .remote import (
     list_keys,
     parallel,
     prefix,
+    read_v3,
 )
-from .remote_commit import commit_remote_parts
 from .state import StoreState, parse_manifest, read_state
-from .target import COMMITTED_FILE, PART_FILE, CommitTarget, Finished, IdsMismatch, Part, PartShard, Start
-
-__all__ = ["ObjectTarget"]
+from .target import (
+    COMMITTED_FILE,
+    PART_FILE,
+    CommitTarget,
+    Finished,
+    IdsMismatch,
+    Part,
+    PartShard,
+    Start,
+    check_part,
+    check_parts_kinds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -296,3 +333,157 @@ class ObjectTarget(CommitTarget):
         removed = [job for job, newest in sorted(job_times(self.client).items()) if now - newest >= older_than]
         self.discard_jobs(removed)
         return removed
+
+
+# ---------------------------------------------------------------------------------- commit of parts
+
+
+
+def commit_remote_parts(client: ObjectClient, plist: list[Part], overwrite: bool, workers: int = WORKERS) -> int:
+    """Steps 1-5 of the module docs: every shard of ``plist`` in one manifest commit, in order."""
+    state = read_v3(client)
+    staged_raw = get_many(client, [STAGED_KEY])[0] if overwrite else None
+    staged = json.loads(staged_raw) if staged_raw is not None else None
+    schema = Schema.from_json(staged["schema"]) if staged is not None else state.manifest.schema
+    entries = _check_parts(client, state, plist, schema)
+    check_parts_kinds(client.url, {e.shard.has_ids for e in entries}, None if overwrite else state.has_ids)
+    return _commit(client, plist, entries, schema, staged, overwrite, state, max(1, workers))
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One staged shard to commit: its part's staging prefix, its description, its descriptor's bytes."""
+
+    prefix: str
+    shard: PartShard
+    desc: bytes
+
+
+
+def _check_parts(client: ObjectClient, state: StoreState, plist: list[Part], schema: Schema) -> list[_Entry]:
+    """One wave: each part's ``part.json``, ``committed.json`` and ``commit.json``, each shard's
+    descriptor; the checks of the module docs. A part whose earlier commit reached its commit point
+    (its ``commit.json`` numbers are committed rows) is marked committed and reported."""
+    keys: list[str] = []
+    for p in plist:
+        pre = prefix(p.job, p.task)
+        keys += [f"{pre}/{PART_FILE}", f"{pre}/{COMMITTED_FILE}", f"{pre}/{COMMITTING_FILE}"]
+        keys += [f"{pre}/{sh.dir}/{DESCRIPTOR}" for sh in p.shards]
+    got = iter(get_many(client, keys))
+    answers = [(p, next(got), next(got), next(got), [next(got) for _ in p.shards]) for p in plist]
+    committed = set(state.rows["number"].tolist())
+    earlier = []  # parts an earlier commit_parts committed, whose driver stopped before marking them
+    for p, desc, done, marker, _ in answers:
+        if desc is not None and done is None and marker is not None:
+            numbers = [int(n) for n in json.loads(marker)["numbers"]]
+            if numbers and all(n in committed for n in numbers):
+                earlier.append(p)
+    if earlier:
+        gen = state.manifest.generation
+        _finish_parts(client, earlier, gen, WORKERS)
+        p = earlier[0]
+        raise SeqstoreError(
+            f"{client.key_url(prefix(p.job, p.task))} (part {p.task!r} of job {p.job!r}"
+            + (f" and {len(earlier) - 1} more" if len(earlier) > 1 else "")
+            + f"): already committed by an earlier commit_parts whose driver stopped before it finished (the store "
+            f"is at manifest generation {gen}); nothing was committed by this call"
+        )
+    entries: list[_Entry] = []
+    for p, desc, done, _, descs in answers:
+        pre = prefix(p.job, p.task)
+        names = [client.key_url(f"{pre}/{sh.dir}/{DESCRIPTOR}") for sh in p.shards]
+        check_part(f"{client.key_url(pre)} (part {p.task!r} of job {p.job!r})", p, schema, done, desc is not None,
+                   json.loads(desc) if desc is not None else None, list(zip(names, descs)))
+        entries += [_Entry(pre, sh, raw) for sh, raw in zip(p.shards, descs) if raw is not None]
+    return entries
+
+
+def _staged_keys(p: Part) -> list[str]:
+    pre = prefix(p.job, p.task)
+    keys = [f"{pre}/{sh.dir}/{rel}" for sh in p.shards for rel in [*sorted(sh.files), DESCRIPTOR]]
+    return [*keys, f"{pre}/{PART_FILE}", f"{pre}/{COMMITTING_FILE}"]
+
+
+def _finish_parts(client: ObjectClient, plist: Sequence[Part], generation: int, workers: int) -> None:
+    """After the commit point: ``committed.json`` into each part, then its staged objects deleted."""
+    marker = json.dumps({"generation": generation}).encode()
+    try:
+        parallel(lambda p: client.put(f"{prefix(p.job, p.task)}/{COMMITTED_FILE}", marker), list(plist), workers)
+    except RemoteError as exc:  # committed all the same; a repeated commit_parts finds commit.json
+        log.warning("%s: committed, but could not mark every part committed (%s)", client.url, exc)
+        return
+    delete_all(client, [k for p in plist for k in _staged_keys(p)], workers)
+
+
+def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], schema: Schema,
+            staged: Mapping[str, Any] | None, overwrite: bool, state: StoreState, workers: int) -> int:
+    """Steps 2-5 of the module docs."""
+    records = sum(e.shard.records for e in entries)
+    if not entries and not overwrite:
+        _finish_parts(client, plist, state.manifest.generation, workers)
+        return 0
+    token = uuid.uuid4().hex[:12]
+
+    def place(numbers: list[int]) -> None:
+        """Record the numbers in each part's ``commit.json``, copy the staged files there."""
+        k = 0
+        markers: list[tuple[str, bytes]] = []
+        for p in plist:
+            nums = numbers[k : k + len(p.shards)]
+            k += len(p.shards)
+            markers.append((f"{prefix(p.job, p.task)}/{COMMITTING_FILE}",
+                            json.dumps({"token": token, "numbers": nums}).encode()))
+        parallel(lambda kv: client.put(kv[0], kv[1]), markers, workers)
+        copies = [(f"{e.prefix}/{e.shard.dir}/{rel}", f"{shard_dir_name(n)}/{rel}", size)
+                  for n, e in zip(numbers, entries) for rel, (size, _) in sorted(e.shard.files.items())]
+        try:
+            parallel(lambda t: _copy(client, *t), copies, workers)
+        except RemoteNotFound as exc:
+            raise SeqstoreError(f"{exc.url}: a staged file of a part is missing (discarded while committing?); "
+                                "nothing was committed") from None
+
+    def check(state: StoreState) -> None:
+        """After a lost race: the store must still take these parts."""
+        if overwrite:
+            return
+        if state.manifest.schema != schema:
+            raise SchemaError(f"{client.url}: the store was replaced by one with schema {state.manifest.schema!r} "
+                              "while committing; nothing was committed")
+        kind = entries[0].shard.has_ids if entries else None
+        if kind is not None and state.has_ids is not None and state.has_ids != kind:
+            want = "with" if state.has_ids else "without"
+            raise SchemaError(f"{client.url}: another writer committed records {want} ids first; the parts' are the "
+                              "other kind; nothing was committed")
+
+    state = Commit(client, [e.shard for e in entries], [e.desc for e in entries], place=place,
+                   refresh=lambda known: read_v3(client, known=known), check=check,
+                   token=token, overwrite=overwrite, schema=schema, staged=staged, workers=workers).run(state)
+    m = state.manifest
+    assert m.table is not None
+    _finish_parts(client, plist, m.generation, workers)
+    if overwrite and staged is not None:
+        delete_quietly(client, STAGED_KEY)
+    clean_tables(client, m.generation, m.table.file, workers)
+    log.debug("%s: committed %d parts (%d shards, %d records) as generation %d", client.url, len(plist),
+              len(entries), records, m.generation)
+    return records
+
+
+def _copy(client: ObjectClient, src: str, dst: str, size: int) -> None:
+    """Copy the staged object ``src`` to ``dst``: inside the service, or streamed (large or no copy)."""
+    if size <= COPY_LIMIT:
+        try:
+            client.copy(src, dst)
+            return
+        except NotImplementedError:
+            pass
+
+    def chunks() -> Iterator[bytes]:
+        for a in range(0, size, STREAM_CHUNK):
+            data, _ = client.get_ranges([(src, a, min(size, a + STREAM_CHUNK), None)])[0]
+            yield bytes(data)
+
+    client.put_stream(dst, chunks)
+
+
+# ------------------------------------------------------------------------------------- clean-up

@@ -27,7 +27,7 @@ Driver, once the tasks reported::
 
 A URL of object storage (``s3://``, ``gs://``, ``az://``) takes ``storage_options`` in every call;
 its parts are staged under the store's ``_parts/`` prefix and committed with a conditional manifest
-write (store/write/remote_commit.py). Everything below describes a local store.
+write (store/write/objects.py). Everything below describes a local store.
 
 Layout (docs/format.md, section 1): ``<store>/_parts/<job>/<task>/`` holds the attempt's files:
 ``owner.lock`` (flocked while a live PartWriter writes), ``current/`` (the shard being written),
@@ -38,7 +38,7 @@ writer's orphan clean-up (:func:`~seqstore.store.write.local.clean_orphans`, whi
 :func:`discard_parts` or :func:`clean_parts` (by age). Once committed, a part's directory keeps only
 ``committed.json`` (so committing it again is a clear error) until its job is discarded.
 
-:func:`commit_parts` holds the store's commit lock and writes a journal (store/write/journal.py),
+:func:`commit_parts` holds the store's commit lock and writes a journal (store/write/local.py),
 ``_parts/.commit.json`` (where every part shard goes, the table state the commit ends in), before it renames the part
 shards to ``shard-NNNNNN`` and writes their table rows; then it saves the manifest, the commit
 point. Whoever takes the lock next (a commit of any writer, a new writer, :func:`discard_parts`)

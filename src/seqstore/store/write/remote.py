@@ -1,5 +1,5 @@
 """Calls on object storage that the object-store commit target (store/write/objects.py) and its
-commit of parts (store/write/remote_commit.py) share: the writing client, quiet and parallel deletes,
+commit of parts (store/write/objects.py) share: the writing client, quiet and parallel deletes,
 one-wave reads, shard-number claims, old shard tables, the parts area's jobs."""
 
 from __future__ import annotations
@@ -229,15 +229,11 @@ def delete_old_marks(client: ObjectClient, workers: int = WORKERS) -> None:
 
 
 class Commit:
-    """One commit of finished shards, in order, into the store at ``client`` (docs/format.md, 7.2 and
-    7.3): claim shard numbers above the committed ones (:func:`claim`), ``place(numbers)`` the shards'
-    files there, write a new table object ``_shards/<generation>-<token>.tbl`` and replace
-    ``manifest.json`` with ``If-Match`` the ETag read: the commit point. Refused (another writer
-    committed first), it re-reads the store (``refresh``), checks that it still takes these shards
-    (``check``), moves the shards above a higher number the other writer committed and tries again,
-    at most MAX_COMMIT_ATTEMPTS times. A write whose answer was lost is recognised by its first number
-    among the committed rows. ``stats``: deltas added to the manifest's stats; ``overwrite``: the new
-    table lists only these shards and the manifest takes ``schema`` and the ``staged`` settings."""
+    """One conditional commit of finished shards, in order (steps 2-5 of store/write/objects.py's docs):
+    claim numbers, ``place(numbers)`` the files, write a table object, replace the manifest If-Match;
+    after a lost race ``refresh``, ``check`` and move above a higher number committed meanwhile.
+    ``stats``: deltas for the manifest's stats; ``overwrite``: the table lists only these shards and
+    the manifest takes ``schema`` and the ``staged`` settings."""
 
     def __init__(self, client: ObjectClient, shards: Sequence[PartShard], descs: Sequence[bytes], *,
                  place: Callable[[list[int]], None], refresh: Callable[[StoreState], StoreState],

@@ -3,8 +3,8 @@ and, for version 3, the committed rows of the shard table, checked. What ``seqst
 (store/copy.py) and the object-storage commit target (store/write/objects.py) work from.
 
 The objects are read through an :class:`~seqstore.io.objects.ObjectClient`, or through
-:class:`~seqstore.store.write.local_objects.LocalObjects`, the same calls on a local directory, so
-copy code is the same for every pair of ends.
+:class:`LocalObjects`, the same calls on a local directory, so copy code is the same for every
+pair of ends.
 
 :func:`read_state` costs two requests (the manifest; then the table's header and committed rows in
 one wave). Given the state it read before, it fetches only the rows committed since, and checks that
@@ -14,17 +14,26 @@ that refreshes before each commit transfers O(new rows), not O(shards).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import fcntl
 import json
+import os
+import shutil
+import socket
 import struct
+import threading
+import uuid
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptionError, FormatError, RemoteNotFound
-from ...format.manifest import FORMAT_NAME, FORMAT_VERSION, IDS_FILES, MANIFEST, Manifest
+from ...errors import ConflictError, CorruptionError, FormatError, RemoteNotFound
+from ...format.manifest import FORMAT_NAME, FORMAT_VERSION, IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
 from ...format.shard_table import (
     TABLE_HEADER_BYTES,
     TABLE_MAGIC,
@@ -32,8 +41,11 @@ from ...format.shard_table import (
     row_dtype,
     shard_dir_name,
 )
+from ...io.objects import ObjectMeta
+from ..directio import pwrite_all
+from .disk import remove_if_dead, store_lock
 
-__all__ = ["StoreState", "parse_manifest", "read_state", "table_key"]
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def table_key(manifest: Manifest) -> str:
@@ -251,3 +263,209 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         rows.flags.writeable = False
         return StoreState(raw, meta.etag, manifest, header, rows)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------------------ local objects
+
+
+
+
+def _content_tag(data: bytes) -> str:
+    return f"{zlib.crc32(data):08x}-{len(data)}"
+
+
+class LocalObjects:
+    """The calls of :class:`~seqstore.io.objects.ObjectClient` that copying and writing use, on a
+    local directory: keys are paths relative to ``root``. Every write is atomic and durable (a
+    temporary file in the store's ``_tmp/copy-<token>/``, fsync, rename, fsync of the directory); a
+    write of ``manifest.json`` with a ``mode`` is decided under the store's commit lock, comparing
+    the content tag of the manifest it replaces. Call :meth:`close` when done (removes the temporary
+    directory; a dead process's is removed by the next writer or copy, as its ``owner.lock`` is free).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+        self._tmp: Path | None = None
+        self._owner_fd = -1
+        self._dirs: set[Path] = set()
+        self._lock = threading.Lock()  # copies write from several threads
+
+    def key_url(self, key: str) -> str:
+        return str(self.root / key)
+
+    def conditional_writes(self) -> bool:
+        return True
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def head(self, key: str) -> ObjectMeta:
+        try:
+            st = os.stat(self._path(key))
+        except FileNotFoundError:
+            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+        return ObjectMeta(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}")
+
+    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+        return memoryview(data), ObjectMeta(key, len(data), _content_tag(data))
+
+    def get_ranges(self, requests: Sequence[tuple[str, int, int, str | None]]) -> list[tuple[memoryview, ObjectMeta]]:
+        out = []
+        for key, start, end, _ in requests:
+            meta = self.head(key)
+            with open(self._path(key), "rb") as f:
+                if start < 0:
+                    start = max(0, meta.size + start)
+                if end < 0:
+                    end = meta.size
+                f.seek(start)
+                out.append((memoryview(f.read(max(0, end - start))), meta))
+        return out
+
+    def submit(self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None) -> Any:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(self.get_ranges(requests))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            fut.set_exception(exc)
+        return fut
+
+    def read_chunks(self, key: str, chunk: int) -> Iterator[bytes]:
+        try:
+            f = open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+        with f:
+            while True:
+                data = f.read(chunk)
+                if not data:
+                    return
+                yield data
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for p in sorted(base.rglob("*")):
+            if p.is_file():
+                yield ObjectMeta(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    # writes -------------------------------------------------------------------------------------
+
+    def _workdir(self) -> Path:
+        with self._lock:
+            return self._make_workdir()
+
+    def _make_workdir(self) -> Path:
+        if self._tmp is None:
+            work = self.root / WORK_DIR
+            work.mkdir(parents=True, exist_ok=True)
+            for entry in list(os.scandir(work)):  # temporary directories of copies that died
+                if entry.name.startswith("copy-") and entry.is_dir():
+                    remove_if_dead(Path(entry.path))
+            tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            tmp.mkdir()
+            self._owner_fd = os.open(tmp / "owner.lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+            self._tmp = tmp
+        return self._tmp
+
+    def _install(self, key: str, write: Callable[[int], None]) -> str:
+        """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""
+        tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        except FileNotFoundError:  # another process's clean-up took the directory before it was locked
+            with self._lock:
+                if self._tmp is not None and not self._tmp.is_dir():
+                    os.close(self._owner_fd)
+                    self._tmp, self._owner_fd = None, -1
+            tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        try:
+            try:
+                write(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dst = self._path(key)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._dirs.add(dst.parent)
+        st = os.stat(dst)
+        return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
+
+    def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
+        def write(fd: int) -> None:
+            pwrite_all(fd, memoryview(data), 0)
+
+        if mode == "overwrite":
+            return self._install(key, write)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with store_lock(self.root):
+            self._check_mode(key, mode)
+            self._install(key, write)
+            self.sync()
+        return _content_tag(bytes(data))
+
+    def commit(self, files: Sequence[tuple[str, bytes]], manifest: bytes, mode: str | dict[str, Any]) -> None:
+        """Under the store's lock: check ``manifest.json`` as ``mode`` says (``"create"``: there is none;
+        ``{"e_tag": tag}``: its content tag is ``tag``; ``"overwrite"``: anything), then replace each of
+        ``files`` and then the manifest, atomically each, and fsync the directories."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with store_lock(self.root):
+            self._check_mode(MANIFEST, mode)
+            for key, data in [*files, (MANIFEST, manifest)]:
+                view = memoryview(data)
+                self._install(key, lambda fd: pwrite_all(fd, view, 0))  # noqa: B023 - called right here
+            self.sync()
+
+    def _check_mode(self, key: str, mode: str | dict[str, Any]) -> None:
+        try:
+            current: str | None = _content_tag(self._path(key).read_bytes())
+        except FileNotFoundError:
+            current = None
+        url = self.key_url(key)
+        if mode == "create" and current is not None:
+            raise ConflictError(f"{url}: already exists", url=url, attempts=1)
+        if isinstance(mode, dict) and current != mode.get("e_tag"):
+            raise ConflictError(f"{url}: conditional write refused: the file changed", url=url, attempts=1)
+
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
+        def write(fd: int) -> None:
+            pos = 0
+            for c in chunks():
+                pwrite_all(fd, memoryview(c), pos)
+                pos += len(c)
+
+        return self._install(key, write)
+
+    def sync(self) -> None:
+        """fsync the directories files were renamed into since the last call."""
+        with self._lock:
+            dirs, self._dirs = self._dirs, set()
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+            fsync_dir(d)
+        if dirs:
+            fsync_dir(self.root)
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            os.close(self._owner_fd)
+            self._tmp, self._owner_fd = None, -1

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import SchemaError
+from ...errors import CorruptionError, SchemaError, SeqstoreError
 from ...format.manifest import ID_LOOKUPS, Manifest, ShardInfo
 from ...format.npy import HEADER_BYTES, encode_header
 from ...format.shard_table import TableState
@@ -86,7 +86,7 @@ class CommitTarget(ABC):
 
     @abstractmethod
     def objects(self) -> Any:
-        """An object client on the store (a :class:`~seqstore.store.write.local_objects.LocalObjects`
+        """An object client on the store (a :class:`~seqstore.store.write.state.LocalObjects`
         for a directory): what ``seqstore copy`` reads and writes through."""
 
     @abstractmethod
@@ -103,6 +103,10 @@ class CommitTarget(ABC):
         """Create the store with ``manifest`` unless one is there (exactly one of several processes doing
         this at once succeeds); whether this call created it. ``strict``: refuse anything at the path
         that is not a store."""
+
+    @abstractmethod
+    def delete_store(self) -> None:
+        """Delete the store (its manifest first); refuses what is not a store."""
 
     # --------------------------------------------------------------------------- one writer
 
@@ -130,10 +134,6 @@ class CommitTarget(ABC):
     def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
         """A part's shard is finished in the local directory ``current``: keep it in the part as
         ``shard.dir`` (moved into the part's directory, or uploaded into its staging prefix)."""
-
-    @abstractmethod
-    def delete_store(self) -> None:
-        """Delete the store (its manifest first); refuses what is not a store."""
 
     @abstractmethod
     def finish_part(self, start: Start, part: Part) -> None:
@@ -206,6 +206,30 @@ def add_stats(stats: dict[str, Any], delta: Mapping[str, float]) -> None:
     for k, v in delta.items():
         old = stats.get(k, 0)
         stats[k] = (old if isinstance(old, (int, float)) else 0) + v
+
+
+def check_part(where: str, part: Part, schema: Schema, done: bytes | None, found: bool, listed: Any,
+               descs: Sequence[tuple[str, bytes | None]]) -> None:
+    """The checks before ``part`` is committed: not committed before (``done``: its ``committed.json``),
+    finished (``found``: its ``part.json`` is there; ``listed``: that file's object, compared with the
+    part unless None), written with ``schema``, and each shard's descriptor (name, bytes) present
+    with the CRC-32 the part records."""
+    if done is not None:
+        gen = json.loads(done).get("generation")
+        raise SeqstoreError(f"{where}: already committed (manifest generation {gen}); nothing was committed")
+    if not found:
+        raise SeqstoreError(f"{where}: not there (never finished, discarded, or written to another store); nothing "
+                            "was committed")
+    if listed is not None and listed != part.to_json():
+        raise SeqstoreError(f"{where}: its part.json differs from the part given; nothing was committed")
+    if part.schema_crc != schema_crc(schema):
+        raise SchemaError(f"{where}: written with another schema than the store's ({schema!r}); nothing was "
+                          "committed")
+    for sh, (name, raw) in zip(part.shards, descs):
+        if raw is None:
+            raise SeqstoreError(f"{where}: shard {name} is missing; nothing was committed")
+        if zlib.crc32(raw) != sh.desc_crc:
+            raise CorruptionError(f"{name}: CRC-32 differs from the part's description; nothing was committed")
 
 
 def schema_crc(schema: Schema) -> int:
