@@ -62,6 +62,13 @@ def next_shard_number(manifest: Manifest) -> int:
 
 
 
+def hold_owner_lock(directory: Path) -> int:
+    """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep."""
+    fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def remove_if_dead(path: Path, *, warn: bool = False) -> bool:
     """Delete the workspace or task directory ``path`` unless a live writer holds its ``owner.lock``
     (a missing lock file counts as dead); returns whether it is gone."""

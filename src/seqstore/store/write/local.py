@@ -17,7 +17,6 @@ so a crash at any step leaves all of the parts committed or all of them pending.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ from ..directio import pwrite_all
 from .disk import (
     INDEX_DIR,
     append_row,
+    hold_owner_lock,
     maybe_merge_index,
     next_shard_number,
     remove_if_dead,
@@ -135,8 +135,7 @@ class LocalTarget(CommitTarget):
             clean_orphans(root, manifest)
             workspace = workspace_path(root, manifest, token)
             workspace.mkdir(parents=workspace.parent != root)
-            fd = os.open(workspace / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = hold_owner_lock(workspace)
         return Start(manifest.schema, manifest.id_lookup, manifest.num_records,
                      manifest.has_ids if manifest.num_shards else None, manifest.table is not None, root, workspace,
                      fd)
@@ -235,8 +234,7 @@ class LocalTarget(CommitTarget):
             fsync_dir(parts)
         if new_parts:
             fsync_dir(self.root)
-        fd = os.open(task_dir / OWNER, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = hold_owner_lock(task_dir)
         return Start(schema, manifest.id_lookup, 0, None, True, self.root, task_dir, fd)
 
     def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
@@ -521,11 +519,7 @@ def commit_local_parts(
     manifest.table = state
     manifest.generation = generation
     manifest.save(root)  # the commit point
-    for p in superseded:
-        try:
-            p.unlink(missing_ok=True)
-        except OSError as exc:  # committed already: the next writer's clean-up deletes it
-            log.warning("%s: could not delete superseded index file %s (%r)", root, p, exc)
+    _unlink_superseded(root, superseded)
     _roll_forward(root, journal)
     return sum(sh.records for _, sh in entries)
 

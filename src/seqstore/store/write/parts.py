@@ -25,27 +25,17 @@ Driver, once the tasks reported::
     discard_parts(path, job_id)                        # deletes attempts that were not committed
     # on failure instead: discard_parts(path, parts or job_id): nothing of the job remains
 
-A URL of object storage (``s3://``, ``gs://``, ``az://``) takes ``storage_options`` in every call;
-its parts are staged under the store's ``_parts/`` prefix and committed with a conditional manifest
-write (store/write/objects.py). Everything below describes a local store.
-
-Layout (docs/format.md, section 1): ``<store>/_parts/<job>/<task>/`` holds the attempt's files:
-``owner.lock`` (flocked while a live PartWriter writes), ``current/`` (the shard being written),
-``p000000/``, ``p000001/``, ... (finished shards, each with its ``_shard.json`` descriptor) and, once
-finished, ``part.json`` (the :class:`Part`). A part survives the end of the task's process; no
-writer's orphan clean-up (:func:`~seqstore.store.write.local.clean_orphans`, which looks only at
-``_tmp/``, ``_index/`` and one shard name) ever touches ``_parts/``. A job's directory goes away only through
-:func:`discard_parts` or :func:`clean_parts` (by age). Once committed, a part's directory keeps only
-``committed.json`` (so committing it again is a clear error) until its job is discarded.
-
-:func:`commit_parts` holds the store's commit lock and writes a journal (store/write/local.py),
-``_parts/.commit.json`` (where every part shard goes, the table state the commit ends in), before it renames the part
-shards to ``shard-NNNNNN`` and writes their table rows; then it saves the manifest, the commit
-point. Whoever takes the lock next (a commit of any writer, a new writer, :func:`discard_parts`)
-and finds a journal finishes the commit when the manifest shows it (marks the parts committed,
-deletes replaced shards) or undoes it otherwise (moves the shards back into their parts), so a crash
-at any step leaves either all of the parts committed or all of them pending, never a mix.
-Everything the driver does is O(parts + shards), never O(records).
+A URL of object storage (``s3://``, ``gs://``, ``az://``) takes ``storage_options`` in every call.
+Everything here goes through the store's commit target (store/write/target.py): a local store keeps
+a part in ``<store>/_parts/<job>/<task>/`` (``owner.lock``, flocked while a live PartWriter writes;
+``current/``, the shard being written; finished shards ``p000000/``, ...; ``part.json`` once
+finished) and commits parts under its lock through a journal, so a crash at any step leaves all of
+the parts committed or all of them pending (store/write/local.py); object storage stages them under
+the same prefix and commits with a conditional manifest write (store/write/objects.py). A part
+survives its task's process; writers' orphan clean-up never touches ``_parts/``, which only
+:func:`discard_parts` and :func:`clean_parts` (by age) empty. Once committed, a part keeps only
+``committed.json`` (committing it again is a clear error) until its job is discarded. Everything the
+driver does is O(parts + shards), never O(records).
 """
 
 from __future__ import annotations

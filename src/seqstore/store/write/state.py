@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -43,15 +42,9 @@ from ...format.shard_table import (
 )
 from ...io.objects import ObjectMeta
 from ..directio import pwrite_all
-from .disk import remove_if_dead, store_lock
+from .disk import hold_owner_lock, remove_if_dead, store_lock
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def table_key(manifest: Manifest) -> str:
-    """The object a version-3 manifest names as its shard table."""
-    assert manifest.table is not None
-    return manifest.table.file
 
 
 # ------------------------------------------------------------------------------------ manifest
@@ -109,7 +102,9 @@ class StoreState:
 
     @property
     def table_key(self) -> str:
-        return table_key(self.manifest)
+        """The object a version-3 manifest names as its shard table."""
+        assert self.manifest.table is not None
+        return self.manifest.table.file
 
     def name(self, k: int) -> str:
         """Directory of shard ``k`` (in record order)."""
@@ -220,7 +215,7 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         if state.records:
             raise CorruptionError(f"{where}: 0 shard-table rows but {state.records} records")
         return StoreState(raw, meta.etag, manifest, b"", np.zeros(0, dt))
-    key = table_key(manifest)
+    key = state.file
     turl = objects.key_url(key)
     table_id = state.id
     usable = (
@@ -376,8 +371,7 @@ class LocalObjects:
                     remove_if_dead(Path(entry.path))
             tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
-            self._owner_fd = os.open(tmp / "owner.lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+            self._owner_fd = hold_owner_lock(tmp)
             self._tmp = tmp
         return self._tmp
 
