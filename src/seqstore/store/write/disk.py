@@ -23,11 +23,11 @@ from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
 from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
 from ..directio import pwrite_all
+from .target import OWNER
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-OWNER = "owner.lock"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 @contextmanager
