@@ -1,5 +1,5 @@
-"""Calls on object storage that the object-store commit target (store/write/objects.py) and its
-commit of parts (store/write/objects.py) share: the writing client, quiet and parallel deletes,
+"""Calls on object storage that a writer's commit and the commit of a job's parts (both in
+store/write/objects.py) share: the writing client, quiet and parallel deletes,
 one-wave reads, shard-number claims, old shard tables, the parts area's jobs."""
 
 from __future__ import annotations
