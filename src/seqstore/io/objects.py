@@ -38,8 +38,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import RemoteError
-from .object_common import REMOTE_SCHEMES, SEQSTORE_OPTIONS, ObjectMeta, _Backend, _Transient, is_remote, redact
-from .object_common import check_options
+from .object_common import (
+    REMOTE_SCHEMES,
+    SEQSTORE_OPTIONS,
+    ObjectMeta,
+    _Backend,
+    _Transient,
+    check_options,
+    is_remote,
+    redact,
+)
 from .object_fsspec import _FsspecBackend
 from .object_obstore import _ObstoreBackend, fork_unsafe
 
