@@ -207,3 +207,12 @@ def test_network_failure_is_still_retried(moto_s3: MotoS3, s3_bucket: str, monke
     with pytest.raises(RemoteError) as info:
         client.put("k", b"x")
     assert len(calls) > 1 and info.value.attempts == len(calls)  # retried (how often: the retry policy)
+
+
+def test_open_missing_azure_container(azurite: Any, tmp_path: Path) -> None:
+    with pytest.raises(BucketNotFound) as info:
+        ss.open("az://no-such-container-25/x.seqstore", storage_options=azurite.storage_options(),
+                cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert "container 'no-such-container-25' does not exist" in msg and "az://no-such-container-25/x.seqstore" in msg
+    _clean(msg)
