@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,7 +68,7 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
             number = kind(value.strip() if isinstance(value, str) else value)
         except (TypeError, ValueError, OverflowError):
             number = None
-        if number is None or number < least or (number == least and not inclusive) or number != number:
+        if number is None or not math.isfinite(number) or number < least or (number == least and not inclusive):
             what = "an integer" if kind is int else "a number of seconds"
             bound = f">= {least}" if inclusive else f"> {least}"
             raise ConfigError(f"{url}: storage option {key}={value!r}: expected {what} {bound}")

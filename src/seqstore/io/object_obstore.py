@@ -63,7 +63,7 @@ _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "http1_only", "proxy
 _REFUSALS = (
     "builder error", "URL scheme is not allowed", "Version required", "ETag required", "Missing bucket name",
     "Missing AccessKeyId", "Missing SecretAccessKey", "Account must be specified", "Unable to recognise URL",
-    "not implemented", "Generating SAS", "Configuration key",
+    "Generating SAS", "Configuration key",
 )
 #: what a service answers for a bucket (container) that does not exist
 _NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
