@@ -4,7 +4,9 @@ Requests run as coroutines on one event loop per process (a daemon thread, ``_Lo
 ``max_requests`` at once and at most ``max_inflight_bytes`` of answers held at once (``_ByteBudget``).
 Each range request retries its own transient failures (``_ObstoreBackend._one``); obstore's own retries are
 off, so the attempt count in an error is exact. obstore's exceptions and HTTP statuses are mapped here to
-seqstore's errors (``_ObstoreBackend._classify``). A process forked after obstore started its runtime
+seqstore's errors (``_ObstoreBackend._classify``): a configuration or URL obstore refuses is a
+``ConfigError`` naming the option (with the valid keys) or the URL, a missing bucket ``BucketNotFound``,
+and a request refused before it was sent is not retried. A process forked after obstore started its runtime
 refuses to use it with an error (:func:`fork_unsafe` tells a parent when to avoid fork).
 """
 
