@@ -660,16 +660,19 @@ class Writer:
         else:
             self.abort()
 
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) != os.getpid():
-            return  # a forked child's copy (or a half-built writer): leave the parent's files alone
-        if not getattr(self, "_closed", True):
-            log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded",
-                        self.target.where)
-            try:
-                self.abort()
-            except Exception:  # noqa: BLE001
-                pass
+    def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
+        # os.getpid is bound at definition: a writer still referenced at interpreter exit is finalised
+        # after module globals (os among them) may have been cleared
+        if getattr(self, "_closed", True):
+            return  # closed (or half built): nothing to release
+        if getattr(self, "_pid", None) != _getpid():
+            return  # a forked child's copy: leave the parent's files alone
+        log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded",
+                    self.target.where)
+        try:
+            self.abort()
+        except Exception:  # noqa: BLE001
+            pass
 
     @property
     def num_committed(self) -> int:
