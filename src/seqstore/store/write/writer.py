@@ -169,10 +169,17 @@ class Writer:
 
     # ------------------------------------------------------------------------------------ validation
 
-    def _check_ids(self, have_ids: bool, first: int) -> None:
-        if self._has_ids is not None and self._has_ids != have_ids:
-            want = "with ids" if self._has_ids else "without ids"
-            raise SchemaError(f"record {first}: this store's records are written {want}; got the other kind")
+    def _check_ids(self, have_ids: bool, first: int, batch: bool = False) -> None:
+        if self._has_ids is None or self._has_ids == have_ids:
+            return
+        what = f"{self.target.where}: " + (f"the batch from record {first}" if batch else f"record {first}")
+        rule = "(a store's records all have ids or none do)"
+        if self._has_ids:
+            arg = "append_batch(columns, ids=[...])" if batch else "append(record, id=...)"
+            raise SchemaError(f"{what} has no {'ids' if batch else 'id'}, but this store's records have ids {rule}; "
+                              f"pass {'them' if batch else 'it'}: {arg}")
+        raise SchemaError(f"{what} has {'ids' if batch else 'an id'}, but this store's records have none {rule}; "
+                          f"append without {'ids=' if batch else 'id='}")
 
     def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
         if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
@@ -339,7 +346,7 @@ class Writer:
             raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
         if batch == 0:
             return
-        self._check_ids(ids is not None, first)
+        self._check_ids(ids is not None, first, batch=True)
         self._has_ids = ids is not None
         row_starts = [None if lengths is None else _row_starts(lengths) for _, lengths in prepared]
         start = 0
