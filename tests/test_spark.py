@@ -27,8 +27,10 @@ def _java_problem() -> str | None:
     """Why Spark 4 cannot start here (it needs Java 17+), or None."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    if not java:
         return "no java on PATH and no JAVA_HOME"
+    if not os.path.exists(java):
+        return f"JAVA_HOME={home} has no bin/java"
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
