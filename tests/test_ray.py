@@ -346,3 +346,52 @@ def test_read_then_write_keeps_bfloat16(ray_local: None, tmp_path: Path) -> None
         np.testing.assert_array_equal(a[i]["s"], b[i]["s"])
     f32 = sray.read(src, bfloat16="float32").take_batch(30, batch_format="numpy")
     np.testing.assert_array_equal(f32["s"], np.arange(30, dtype=np.float32))
+
+
+# ------------------------------------------------------------------------- errors before Ray runs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_create_onto_an_existing_store_prints_only_the_seqstore_error(tmp_path: Path) -> None:
+    """``write(ds, existing, mode="create")`` in a script: the FileExistsError is raised on the driver
+    before Ray runs anything, so it is the first and only error the script prints (no Ray internal
+    error report, no second traceback)."""
+    path = tmp_path / "s.seqstore"
+    with seqstore.create(path, {"x": Field("int64")}) as w:
+        w.append({"x": np.int64(1)})
+    script = tmp_path / "ray_create.py"
+    script.write_text(
+        "import sys\n"
+        "import ray\n"
+        "import seqstore.ray\n"
+        "ray.init(num_cpus=1, include_dashboard=False, object_store_memory=128 << 20)\n"
+        "ds = ray.data.range(20).map(lambda r: {'x': r['id']})\n"
+        "seqstore.ray.write(ds, sys.argv[1])\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    res = subprocess.run([sys.executable, str(script), str(path)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    err = res.stderr
+    assert res.returncode == 1, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("FileExistsError: ") and str(path) in last and "mode='append'" in last, err
+    assert "Ray Data or Ray Core internal" not in err and "Exception occurred" not in err, err
+    assert "Error" not in err.split("Traceback (most recent call last)")[0], err  # nothing before it
+    assert len(seqstore.open(path)) == 1
+
+
+def test_append_with_another_schema_fails_on_the_driver(ray_local: None, tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.seqstore"
+    sray.write(_dataset(100, 2), path, id_column="key")
+    capfd.readouterr()
+    other = ray.data.from_items([{"key": f"k{i}", "y": float(i)} for i in range(10)])
+    with pytest.raises(SchemaError) as exc:
+        sray.write(other, path, id_column="key", mode="append")
+    assert str(path) in str(exc.value) and "existing store has schema" in str(exc.value)
+    err = capfd.readouterr().err
+    assert "Ray Data or Ray Core internal" not in err and "Traceback" not in err, err
+    _check_exactly_once(path, range(100))

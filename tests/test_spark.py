@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -19,8 +21,30 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pyspark", minversion="4.0", reason="pyspark>=4.0 is not installed (pip install 'seqstore[spark]')")
-if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-    pytest.skip("Spark needs Java (17+): no java on PATH and no JAVA_HOME", allow_module_level=True)
+
+
+def _java_problem() -> str | None:
+    """Why Spark 4 cannot start here (it needs Java 17+), or None."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java:
+        return "no java on PATH and no JAVA_HOME"
+    if not os.path.exists(java):
+        return f"JAVA_HOME={home} has no bin/java"
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{java} -version failed: {exc}"
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if m is None:
+        return f"cannot read the version of {java}: {(out.stderr or out.stdout).strip()[:200]!r}"
+    major = int(m.group(2)) if m.group(1) == "1" else int(m.group(1))  # "1.8.0" is Java 8
+    return None if major >= 17 else f"{java} is Java {major}"
+
+
+if (_problem := _java_problem()) is not None:
+    pytest.skip(f"Spark 4 needs Java 17+ ({_problem}); install a JDK 17+ or set JAVA_HOME to run these tests",
+                allow_module_level=True)
 
 import seqstore  # noqa: E402
 from seqstore import Field  # noqa: E402
@@ -502,3 +526,41 @@ def test_read_then_write_keeps_fields(spark: Any, typed_store: Path, tmp_path: P
         assert dst.id(j) == src.id(int(i))
         for name in src.schema:
             assert _to_py(dst[j][name]) == _to_py(src[int(i)][name]), (j, name)
+
+
+# ------------------------------------------------------------------------------------ option errors
+
+
+def test_unknown_options_are_refused_with_the_known_ones(spark: Any, tmp_path: Path) -> None:
+    """A misspelled option (``id_column`` for ``idColumn``) is refused, on write and on read, with the
+    list of the options the data source takes; nothing is written."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    df = _frame(spark, n=20, partitions=1)
+    with pytest.raises((Py4JJavaError, PySparkException)) as err:
+        _write(df, tmp_path / "w", id_column="key", schema=MAT_SCHEMA)
+    msg = str(err.value)
+    assert "unknown option(s) ['id_column']" in msg and "'id_column' -> 'idColumn'" in msg, msg
+    assert "maxShardRecords" in msg and "errorIfExists" in msg and "storage.<key>" in msg, msg
+    assert not (tmp_path / "w").exists()
+    _write(df, tmp_path / "ok", idColumn="key", schema=MAT_SCHEMA)
+    with pytest.raises((Py4JJavaError, PySparkException)) as err:
+        spark.read.format("seqstore").option("field", "label").load(str(tmp_path / "ok")).collect()
+    msg = str(err.value)
+    assert "unknown option(s) ['field']" in msg and "'field' -> 'fields'" in msg and "partitionRecords" in msg, msg
+
+
+def test_string_column_error_names_spark_options(spark: Any, tmp_path: Path) -> None:
+    """A string column that is not the id column: the error names Spark's idColumn option and drop(),
+    not the Python importers' columns= argument."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    df = spark.range(0, 10, 1, 1).selectExpr("cast(id as string) as name", "cast(id as int) as label")
+    with pytest.raises((Py4JJavaError, PySparkException)) as err:
+        _write(df, tmp_path / "s")
+    msg = str(err.value)
+    assert "column 'name'" in msg and '.option("idColumn", "name")' in msg and 'df.drop("name")' in msg, msg
+    assert "schema option" in msg and "columns={" not in msg, msg
+    assert not (tmp_path / "s").exists()

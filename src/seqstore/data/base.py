@@ -31,6 +31,7 @@ import numpy as np
 
 from ..io import lookahead
 from ..order import Order
+from ..order.api import check_ordering
 from ._cache import cached_array, fingerprint, write_npy
 from ._lengths import IntArray, LengthsView, as_index_array
 from ._orders import dataset_order
@@ -43,6 +44,7 @@ def check_order_params(ordering: Any, seed: Any, partition_epoch: Any) -> tuple[
     """Validate a dataset's (ordering, seed, partition_epoch); raises ValueError naming the bad one."""
     if not isinstance(ordering, str) and not isinstance(ordering, (np.ndarray, Path, list, tuple, range)):
         raise ValueError(f"ordering must be an ordering name or an explicit order, got {type(ordering).__name__}")
+    check_ordering(ordering)  # at construction, not at the first epoch_order
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if isinstance(partition_epoch, bool) or not isinstance(partition_epoch, (int, np.integer)) or partition_epoch < 1:

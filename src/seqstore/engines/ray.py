@@ -74,6 +74,7 @@ from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Schema
 from ..store import Store, open_store
 from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+from ..store.writer import existing_manifest
 
 __all__ = ["write", "read", "infer_schema", "block_columns", "BFLOAT16_METADATA"]
 
@@ -122,6 +123,7 @@ class _StoreDatasink(_SinkBase):
         self.metadata = dict(metadata) if metadata is not None else None
         self.job = f"ray-{uuid.uuid4().hex[:16]}"
         self._prepared = False
+        self._ended = False  # on_write_complete or on_write_failed ran
         self.records = 0
 
     def get_name(self) -> str:
@@ -155,6 +157,7 @@ class _StoreDatasink(_SinkBase):
         return task, part
 
     def on_write_complete(self, write_result: Any) -> None:
+        self._ended = True
         self._prepare()  # an empty dataset starts no write task
         reported = sorted((r for r in write_result.write_returns if r is not None), key=lambda r: r[0])
         self.records = commit_parts(self.root, [part for _, part in reported],
@@ -163,7 +166,8 @@ class _StoreDatasink(_SinkBase):
         # attempts that died or were retried, never reported
         discard_parts(self.root, self.job, storage_options=self.storage_options)
 
-    def on_write_failed(self, error: Exception) -> None:
+    def on_write_failed(self, error: BaseException) -> None:
+        self._ended = True
         if not self._prepared:
             return
         # Ray cancels the job's running tasks as it fails; one still stopping holds its part (a live
@@ -243,6 +247,9 @@ def write(
     if shard_bytes <= 0 or max_shard_records <= 0:
         raise ValueError("shard_bytes and max_shard_records must be positive")
     root = os.fspath(path)
+    if mode == "create" and existing_manifest(root, storage_options) is not None:
+        # before Ray runs anything (the inference below is a Ray job): the error is seqstore's, alone
+        raise FileExistsError(f"{root}: a store already exists (mode='create'); use mode='append' or 'overwrite'")
     if schema is not None:
         sch = _given_schema(schema)
         known = ds.schema(fetch_if_missing=False)  # no execution: None when Ray does not know it yet
@@ -260,11 +267,18 @@ def write(
         sch = infer_schema(sample.schema, sample, id_column=id_column)
     sink = _StoreDatasink(root, sch, id_column=id_column, mode=mode, shard_bytes=shard_bytes,
                           max_shard_records=max_shard_records, metadata=metadata, storage_options=storage_options)
+    # the target is checked (mode, an existing store's schema) and made ready here on the driver: an error
+    # is raised to the caller as it is, not from inside Ray's execution (which logs it as an internal error)
+    sink._prepare()
     options = ds.context.execution_options
     before = options.preserve_order
     options.preserve_order = before or preserve_order  # for this write only
     try:
         ds.write_datasink(sink, ray_remote_args=dict(ray_remote_args or {}), concurrency=concurrency)
+    except BaseException as exc:
+        if not sink._ended:  # Ray failed before its own failure callback: undo what the driver prepared
+            sink.on_write_failed(exc)
+        raise
     finally:
         options.preserve_order = before
     return sink.records

@@ -63,7 +63,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("seqstore.spark needs pyspark>=4.0 (and Java 17+): pip install 'seqstore[spark]'") from exc
 
 # the options, the type mapping and the read side (after the check above: the last two import pyspark)
-from .spark_options import STORAGE_PREFIX, _opt_bool, _opt_int, _opt_json, _path, _storage_options, schema_option
+from .spark_options import (
+    READ_OPTIONS,
+    STORAGE_PREFIX,
+    WRITE_OPTIONS,
+    _check_options,
+    _opt_bool,
+    _opt_int,
+    _opt_json,
+    _path,
+    _storage_options,
+    schema_option,
+)
 from .spark_read import _Reader
 from .spark_types import _Column, _column_values, _write_plan, spark_schema
 
@@ -256,6 +267,7 @@ class DataSource(_SparkDataSource):
 
     def _read_setup(self) -> tuple[Store, list[str] | None, str | None]:
         path = _path(self.options)
+        _check_options(self.options, READ_OPTIONS, f"Spark read of {path}")
         store = open_store(path, storage_options=_storage_options(self.options, path, f"Spark read of {path}"))
         raw = self.options.get("fields")
         fields = [s.strip() for s in str(raw).split(",") if s.strip()] if raw is not None else None
@@ -296,6 +308,7 @@ class DataSource(_SparkDataSource):
     def writer(self, schema: Any, overwrite: bool) -> _Writer:
         path = _path(self.options)
         where = f"Spark write to {path}"
+        _check_options(self.options, WRITE_OPTIONS, where)
         error_if_exists = _opt_bool(self.options, "errorIfExists", where)
         if overwrite and error_if_exists:
             raise ValueError(f"{where}: mode overwrite and option errorIfExists contradict each other")

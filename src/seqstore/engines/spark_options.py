@@ -6,6 +6,7 @@ See :class:`seqstore.engines.spark.DataSource` for the options themselves.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +15,7 @@ from ..errors import SchemaError
 from ..io.objects import is_remote
 from ..schema import Schema
 
-__all__ = ["STORAGE_PREFIX", "schema_option"]
+__all__ = ["STORAGE_PREFIX", "READ_OPTIONS", "WRITE_OPTIONS", "schema_option"]
 
 
 def _opt_int(options: Mapping[str, str], key: str, default: int | None, where: str) -> int | None:
@@ -51,6 +52,33 @@ def _opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
 
 #: prefix of the options that are single keys of the remote store's client (``storage.endpoint``)
 STORAGE_PREFIX = "storage."
+
+
+#: the options a write takes (``path`` is what ``.save(path)`` sets), besides ``storage.<key>``
+WRITE_OPTIONS = ("path", "schema", "idColumn", "shardBytes", "maxShardRecords", "metadata", "errorIfExists",
+                 "storageOptions")
+#: the options a read takes (``path`` is what ``.load(path)`` sets), besides ``storage.<key>``
+READ_OPTIONS = ("path", "fields", "idColumn", "partitionRecords", "batchRecords", "storageOptions")
+
+
+def _check_options(options: Mapping[str, str], known: tuple[str, ...], where: str) -> None:
+    """Refuse options the data source does not read (Spark passes any ``.option(k, v)`` on, lower-cased,
+    so a misspelled one would otherwise be ignored); the message lists the known ones."""
+    by_lower = {k.lower(): k for k in known}
+    unknown = sorted(str(k) for k in options
+                     if str(k).lower() not in by_lower
+                     and not (str(k).lower().startswith(STORAGE_PREFIX) and len(str(k)) > len(STORAGE_PREFIX)))
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.lower().replace("_", ""), list(by_lower), n=1, cutoff=0.7)
+        if close:
+            hints.append(f"{key!r} -> {by_lower[close[0]]!r}")
+    names = ", ".join(k for k in known if k != "path")
+    raise ValueError(f"{where}: unknown option(s) {unknown}; the seqstore data source takes {names} and "
+                     f"storage.<key> (Spark passes option names lower-cased)"
+                     + (f"; did you mean {', '.join(hints)}?" if hints else ""))
 
 
 def _storage_options(options: Mapping[str, str], path: str, where: str) -> dict[str, Any] | None:

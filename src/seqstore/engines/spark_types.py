@@ -75,6 +75,13 @@ def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
             f"shape Spark's type does not say; give the field with the schema option, e.g. "
             f".option(\"schema\", '{example}')"
         )
+    if _arrow._primitive_dtype(leaf) is None:  # a string, struct, map, ...: no field holds it
+        raise SchemaError(
+            f"{where}, column {column!r}: its type ({arrow_type} in Arrow) has no seqstore field (numbers, "
+            "booleans and arrays of them are written, as their Spark type or the schema option says; no schema "
+            "option makes this type one); a string or integer column can hold the record ids with "
+            f'.option("idColumn", "{column}"); otherwise drop the column (df.drop("{column}")) before writing'
+        )
     return _arrow._plan(where, column, arrow_type).field()
 
 

@@ -35,7 +35,7 @@ from .kinds import (
 )
 from .random_block import RandomBlockOrder
 
-__all__ = ["seq_order", "ORDERINGS", "ordering_name", "ordering_needs_lengths"]
+__all__ = ["seq_order", "ORDERINGS", "ordering_name", "ordering_needs_lengths", "check_ordering"]
 
 ORDERINGS = (
     "default",
@@ -134,6 +134,31 @@ def ordering_needs_lengths(ordering: Any) -> bool:
     return ordering_name(ordering) in _NEEDS_LENGTHS
 
 
+def check_ordering(ordering: Any) -> None:
+    """Check ``ordering``'s name and arguments as :func:`seq_order` will parse them (not the lengths,
+    which only a dataset has): ValueError naming the unknown name or the bad argument. O(1)."""
+    if _is_explicit(ordering):
+        return
+    if not isinstance(ordering, str):
+        raise ValueError(f"ordering must be a name or an explicit order, got {type(ordering).__name__}")
+    name, *args = ordering.split(":")
+    if name in ("default", "reverse", "sorted", "sorted_reverse"):
+        if args:
+            raise ValueError(f"ordering {ordering!r}: {name!r} takes no arguments")
+    elif name == "default_every_n":
+        if len(args) != 1:
+            raise ValueError(f"ordering {ordering!r}: expected 'default_every_n:K'")
+        _int_arg(args[0], "K", ordering)
+    elif name in ("random", "random_sample"):
+        _parse_nth(args, ordering)
+    elif name == "random_block":
+        _parse_random_block(args, ordering)
+    elif name in ("laplace", "sort_bin_shuffle", "sort_bin_shuffle_x2"):
+        _parse_bins(args, 2, ordering)  # the syntax only: bins from .K need N
+    else:
+        raise ValueError(f"unknown ordering {ordering!r}; known: {', '.join(ORDERINGS)} or an explicit order")
+
+
 def seq_order(
     num_seqs: int,
     ordering: str | PathLike | Any,
@@ -196,6 +221,7 @@ def seq_order(
         name, *args = ordering.split(":")
         if values is not None and name != "laplace":
             raise ValueError(f"values= is for 'laplace' orderings only, got ordering {ordering!r}")
+        check_ordering(ordering)  # a bad name or argument is named before what the ordering needs
         if ordering_needs_lengths(name) and lengths_ref is None and values is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
 

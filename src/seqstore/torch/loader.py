@@ -7,7 +7,10 @@ with any ``num_workers`` / ``prefetch_factor``. It also checks the DataLoader op
 arithmetic relies on (``in_order=True``; no ``persistent_workers`` with an iterable dataset) and sets
 the record grouping of an :class:`~seqstore.torch.IterableSeqDataset` to the batch size. In a process
 that reads object storage it starts its workers with ``forkserver`` (or ``spawn``), not ``fork``:
-the object-store client's threads do not survive ``fork()``.
+the object-store client's threads do not survive ``fork()``. Workers that start in a fresh
+interpreter import the script again, so a script whose loop is not under
+``if __name__ == "__main__":`` is refused with a :class:`~seqstore.errors.SeqstoreError` that says so
+before any worker starts (instead of Python's "bootstrapping phase" error in every worker).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ..io.objects import fork_unsafe as _fork_unsafe
+from ._mainguard import check_main_guard, start_method
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
@@ -107,6 +111,8 @@ class SeqDataLoader(DataLoader[Any]):
             # workers replay the batch sampler to read their next batches ahead (checked per batch)
             self.dataset.foresee(self.batch_sampler)
         self._consumed = 0
+        if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
+            check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
         for batch in super().__iter__():
             self._consumed += 1
             yield batch

@@ -169,10 +169,17 @@ class Writer:
 
     # ------------------------------------------------------------------------------------ validation
 
-    def _check_ids(self, have_ids: bool, first: int) -> None:
-        if self._has_ids is not None and self._has_ids != have_ids:
-            want = "with ids" if self._has_ids else "without ids"
-            raise SchemaError(f"record {first}: this store's records are written {want}; got the other kind")
+    def _check_ids(self, have_ids: bool, first: int, batch: bool = False) -> None:
+        if self._has_ids is None or self._has_ids == have_ids:
+            return
+        what = f"{self.target.where}: " + (f"the batch from record {first}" if batch else f"record {first}")
+        rule = "(a store's records all have ids or none do)"
+        if self._has_ids:
+            arg = "append_batch(columns, ids=[...])" if batch else "append(record, id=...)"
+            raise SchemaError(f"{what} has no {'ids' if batch else 'id'}, but this store's records have ids {rule}; "
+                              f"pass {'them' if batch else 'it'}: {arg}")
+        raise SchemaError(f"{what} has {'ids' if batch else 'an id'}, but this store's records have none {rule}; "
+                          f"append without {'ids=' if batch else 'id='}")
 
     def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
         if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
@@ -339,7 +346,7 @@ class Writer:
             raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
         if batch == 0:
             return
-        self._check_ids(ids is not None, first)
+        self._check_ids(ids is not None, first, batch=True)
         self._has_ids = ids is not None
         row_starts = [None if lengths is None else _row_starts(lengths) for _, lengths in prepared]
         start = 0
@@ -660,16 +667,19 @@ class Writer:
         else:
             self.abort()
 
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) != os.getpid():
-            return  # a forked child's copy (or a half-built writer): leave the parent's files alone
-        if not getattr(self, "_closed", True):
-            log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded",
-                        self.target.where)
-            try:
-                self.abort()
-            except Exception:  # noqa: BLE001
-                pass
+    def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
+        # os.getpid is bound at definition: a writer still referenced at interpreter exit is finalised
+        # after module globals (os among them) may have been cleared
+        if getattr(self, "_closed", True):
+            return  # closed (or half built): nothing to release
+        if getattr(self, "_pid", None) != _getpid():
+            return  # a forked child's copy: leave the parent's files alone
+        log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded",
+                    self.target.where)
+        try:
+            self.abort()
+        except Exception:  # noqa: BLE001
+            pass
 
     @property
     def num_committed(self) -> int:
