@@ -1134,6 +1134,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 sums.add(round(c["runs"][0]["extra"]["checksum"], 0))
             summary.setdefault(group, {})[c["name"]] = v
             summary.setdefault(group + "/steady", {})[c["name"]] = med(c, "steady_per_s")
+            if epoch and ak:
+                summary.setdefault(group + "/cpu_per_gib", {})[c["name"]] = cpu / (ak / 1024)
         table(cols, rows)
         if len(sums) > 1:
             lines.append(f"\nWARNING: readers disagree on the values read (checksums {sorted(sums)})")
@@ -1145,13 +1147,21 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
             parts = []
             if g:
                 sq = g.get("seqstore get_batch")
-                parts.append(f"get_batch / {RAW} {_ratio(sq, g.get(RAW))} (target >= 0.8x)")
-                parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))} (target >= 2x)")
+                parts.append(f"get_batch / {RAW} {_ratio(sq, g.get(RAW))} (target >= 0.9x)")
+                for d in (DEEPER, DEEPEST):
+                    deep = g.get(f"seqstore get_batch, max_requests {d}")
+                    parts.append(f"at {d} in flight {_ratio(deep, g.get(f'obstore get_range x{d}'))} (>= 0.9x)")
+                parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))}")
                 parts.append(f"iter_batches / {RAW} {_ratio(g.get('seqstore iter_batches'), g.get(RAW))}")
             if e:
                 seq = e.get("server sequential")
                 parts.append(
                     f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), seq)} (target >= 0.8x)"
+                )
+                cpu = summary.get(f"{kind}-epoch/cpu_per_gib", {})
+                parts.append(
+                    f"CPU s per GiB {BLOCK_ORDER} / sequential "
+                    f"{_ratio(cpu.get(f'seqstore {BLOCK_ORDER}'), cpu.get('server sequential'))} (target <= 1.5x)"
                 )
                 parts.append(f"with prefetch 64 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 64'), seq)}")
                 own = _ratio(e.get(f"seqstore {BLOCK_ORDER}"), e.get(REPLAY))
