@@ -204,7 +204,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     recv = sum(c for n, c in th.values() if n.startswith("tokio"))
     loop_threads = set(fill_t.by_thread) - {main}
     loop_cpu = sum(c for t, (n, c) in th.items() if t in loop_threads)
-    if not loop_threads:  # no fill seen (no-cache mode): the loop thread is the other python thread
+    if not loop_threads:  # nothing written (all cached already): the loop is the other Python thread
         loop_cpu = sum(c for t, (n, c) in th.items() if t != main and not n.startswith("tokio"))
     plan = plan_t.by_thread.get(main, 0.0)
     main_cpu = th.get(main, ("", 0.0))[1]
