@@ -10,6 +10,10 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   and ragged), a cold node cache.
 - ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (and the raw
   ``get_range`` of exactly their byte ranges, merged as seqstore merges them, same depth).
+- ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
+  through ``SeqDataLoader`` with 1 and 2 workers sharing one node cache, ``IterableSeqDataset``'s
+  ``prefetch`` 2 (its default) and 16 (``--loader-prefetch``); MB/s from the first batch on (no CPU:
+  the workers are the forkserver's children).
 
 Each seqstore case runs against one or more source trees (``--src LABEL=PATH``, default this
 checkout's ``src``; e.g. ``--src before=/work/main/src --src after=src``) and modes (``--mode``: a
@@ -154,6 +158,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         recv = sum(c for n, c in th.values() if n.startswith("tokio"))
         return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "stages": {"receive": recv, "other": cpu - recv}}
 
+    if case == "loader":
+        return _loader(spec)
     import seqstore
     from seqstore.io import nodecache, remote_fetch
 
@@ -232,6 +238,44 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _loader(spec: dict[str, Any]) -> dict[str, Any]:
+    """A ``random_block`` epoch through ``SeqDataLoader`` with ``spec["workers"]`` workers sharing one
+    node cache (``IterableSeqDataset`` batches of 1024 gathered in the workers): MB/s from the first
+    batch on (the workers' start apart), CPU seconds of this process and its workers."""
+    import seqstore
+    from seqstore.data import StoreDataset
+    from seqstore.torch import IterableSeqDataset, SeqDataLoader
+
+    cache = Path(spec["cache_parent"]) / f"cache-{os.getpid()}-{time.time_ns()}"
+    store = seqstore.open(spec["url"], storage_options=_options(spec["endpoint"], spec["options"]), cache_dir=cache)
+    ds = StoreDataset(store, ordering=ORDER, seed=SEED)
+    workers = int(spec["workers"])
+    loader = SeqDataLoader(
+        IterableSeqDataset(ds, batch=BATCH, fields=["x"], prefetch=int(spec.get("prefetch", 2))),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+    )
+    c0 = time.process_time()
+    nbytes = first = 0
+    t1 = 0.0
+    it = iter(loader)
+    try:
+        for k, b in enumerate(it):
+            x = b["x"]
+            nbytes += x.numel() * x.element_size() if spec["kind"] == "fixed" else b["x_lengths"].sum().item() * 32
+            if not t1:
+                t1, first = time.perf_counter(), nbytes
+            if k + 1 >= -(-spec["records"] // BATCH):
+                break
+        wall = time.perf_counter() - t1
+    finally:
+        del it  # the workers exit and are reaped: their CPU counts below
+        shutil.rmtree(cache, ignore_errors=True)
+    del c0  # the workers are the forkserver's children, not this process's: their CPU is not counted
+    return {"bytes": nbytes - first, "records": 0, "wall_s": wall, "cpu_s": float("nan"), "stages": {}}
+
+
 # ----------------------------------------------------------------------------------------- parent
 
 
@@ -263,6 +307,9 @@ def main() -> None:
     p.add_argument("--mode", nargs="+", default=["default="], help="LABEL=key=value,key=value storage options")
     p.add_argument("--kinds", nargs="+", default=["fixed", "ragged"])
     p.add_argument("--only", nargs="+", default=["epoch", "random"])
+    p.add_argument(
+        "--loader-prefetch", type=int, nargs="+", default=[2, 16], help="IterableSeqDataset prefetch (loader)"
+    )
     p.add_argument("--depth", type=int, default=64, help="requests in flight (raw and seqstore)")
     p.add_argument("--cache-parent", default="/dev/shm", help="where node caches go (default /dev/shm)")
     args = p.parse_args()
@@ -313,6 +360,24 @@ def main() -> None:
                             {**base, "case": "epoch", "records": epoch, "options": {**depth, **opts}},
                         )
                     )
+        if "loader" in args.only and kind == "fixed":
+            for sl, sp in srcs:
+                for w in (1, 2):
+                    for pf in args.loader_prefetch:
+                        cases.append(
+                            (
+                                f"{kind} loader, {w} worker{'s' if w > 1 else ''}, prefetch {pf}: seqstore {sl}",
+                                sp,
+                                {
+                                    **base,
+                                    "case": "loader",
+                                    "records": 2 * epoch,
+                                    "workers": w,
+                                    "prefetch": pf,
+                                    "options": depth,
+                                },
+                            )
+                        )
         if "random" in args.only:
             for sl, sp in srcs:
                 for ml, opts in modes:
@@ -363,7 +428,7 @@ def report(runs: dict[str, list[dict[str, Any]]], load: list[float]) -> None:
         else:
             rates = [r["bytes"] / r["wall_s"] / 1e6 for r in rs]
             unit = "MB/s"
-        per = [r["cpu_s"] / g for r, g in zip(rs, gib)]
+        per = [r["cpu_s"] / g for r, g in zip(rs, gib) if r["cpu_s"] == r["cpu_s"]] or [float("nan")]
         st = [med([r["stages"].get(k, 0.0) / g for r, g in zip(rs, gib)]) for k in names]
         if "raw" in name:
             st[-1] = med([r["stages"].get("other", 0.0) / g for r, g in zip(rs, gib)])
