@@ -33,6 +33,8 @@ $(NODE_STAMP): | $(VENV)/bin/python
 $(VENV)/.installed-bench: pyproject.toml $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,bench]' '$(TORCH_PIN)'
 	-$(PY) -m pip install -q grain  # optional peer for bench/orders.py; skipped there when missing
+	# bench/remote.py serves object reads from nginx (apt, as root); a line says why not where it cannot
+	-$(PY) -m bench._remote_nginx --install
 	touch $@
 
 demo: $(RUN_STAMP)

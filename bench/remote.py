@@ -2,18 +2,26 @@
 
 Set-up (all on loopback, started and stopped by this script):
 
-- **S3 server**: ``bench/_remote_server.py``, a minimal S3-compatible server (GET/HEAD with ranges,
-  ETag, Content-Range, conditional requests; PUT, multipart, DELETE, ListObjectsV2) serving
+- **Object reads** (GET/HEAD with ranges): by default (``--server nginx``) nginx with the echo
+  module, 20 ms added to every request inside nginx (``echo_sleep``) and then the file served
+  (``sendfile``): about 40 us of server CPU per small request, so the cases measure the clients
+  (``bench/_remote_nginx.py``; installed with apt where possible, by ``make bench`` or this script,
+  else a line says why and the run falls back to ``--server python``). Requests, round trips and
+  body bytes are counted from nginx's access log. What nginx cannot answer (ListObjectsV2, which
+  Lance lists its versions with; writes) it passes to the Python S3 server below.
+- **Python S3 server**: ``bench/_remote_server.py``, a minimal S3-compatible server (GET/HEAD with
+  ranges, ETag, Content-Range, conditional requests; PUT, multipart, DELETE, ListObjectsV2) serving
   DATA/bucket as bucket ``bench``: a range GET reads only its bytes (``sendfile``). Its module
   docstring says why not moto or s3rver (moto copies whole objects per range; s3rver answers suffix
   ranges wrongly, which seqstore uses). Every served file is read once before the cases and its pages
   locked in memory until the run ends (the server's page cache warm and kept so: the cases measure
   the clients and the latency, not this machine's disk), and a self-test checks the answers the
-  readers rely on.
-- **Latency proxy**, 20 ms added to every request, requests, bytes and round trips counted: by
-  default the threaded splice proxy of ``bench/_remote_proxy.py`` (``--proxy threads``);
-  ``--proxy fault`` uses ``tests/support/proxy.py``'s FaultProxy (the tests' proxy) in a process of
-  its own. Group ``server`` measures the server directly and through both.
+  readers rely on (of nginx too).
+- ``--server python``: object reads from the Python server behind a **latency proxy** (20 ms added,
+  requests, bytes and round trips counted; about 0.4 ms of CPU per request between the two): the
+  threaded splice proxy of ``bench/_remote_proxy.py`` (``--proxy threads``, default) or
+  ``tests/support/proxy.py``'s FaultProxy (``--proxy fault``). Group ``server`` measures the Python
+  server directly, through both proxies, and nginx.
 
 Data (built once under ``--data DIR``, default /work/bench-data/remote or $SEQSTORE_REMOTE_DATA, in
 DIR/bucket/, never in the repository): ``fixed`` 1,000,000 records of float32 x 512 (2 KiB; 2.05 GB)
@@ -31,8 +39,8 @@ cache):
 - ``<kind>`` random reads: the first 6,144 positions of ``seq_order(n, "random", epoch=1, seed=3)``
   (quick 2,048) in batches of 1024, the store opened before the timer: ``seqstore get_batch``;
   ``seqstore iter_batches`` (its default prefetch: 16 batches on a remote store);
-  ``seqstore get_batch, max_requests M`` (the other of 16 and 64, and twice the default: what the
-  limit is worth);
+  ``seqstore get_batch, max_requests M`` (the other of 16 and 64, and twice and four times the default:
+  what the limit is worth); ``obstore get_range xD`` at twice and four times the default too;
   ``obstore get_range xMAX_REQUESTS``: exactly the records' byte ranges
   (ragged: the two offsets of each record, then its value rows), merged per file across gaps below
   GAP (at most 8 MiB per request), MAX_REQUESTS in flight (``obstore.get_range_async`` under a
@@ -63,8 +71,9 @@ share its cores: a reader that makes more requests or spends more CPU leaves the
 random reads vs the raw ``obstore get_range`` case and vs ``lance take``; epochs vs ``server
 sequential``. Results: the tables on stdout and ``bench/results/remote[_quick].json``.
 
-Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--proxy threads|fault]
-[--only server random epoch open]``; ``--generate`` builds the data only; ``--no-streaming`` leaves
+Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--server nginx|python]
+[--proxy threads|fault] [--only server random epoch open] [--match TEXT ...]`` (``--match``: only the
+cases whose group/name contains one of the texts); ``--generate`` builds the data only; ``--no-streaming`` leaves
 Streaming out (otherwise its venv is created on first use, see ``bench/_remote_streaming.py``).
 """
 
@@ -89,7 +98,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import numpy as np  # noqa: E402
 
-from bench import _remote_proxy, _remote_server, _remote_streaming  # noqa: E402
+from bench import _remote_nginx, _remote_proxy, _remote_server, _remote_streaming  # noqa: E402
 from bench.harness import (  # noqa: E402
     RESULTS,
     Case,
@@ -121,6 +130,7 @@ def _client_defaults() -> tuple[int, int]:
 MAX_REQUESTS, GAP = _client_defaults()
 OTHER_LIMIT = 16 if MAX_REQUESTS != 16 else 64
 DEEPER = 2 * MAX_REQUESTS  # twice the default in flight: what more depth buys against Lance's own default
+DEEPEST = 4 * MAX_REQUESTS
 RAW = f"obstore get_range x{MAX_REQUESTS}"
 SEQ_CHUNK = 8 << 20
 BLOCK_ORDER = "random_block:1024:16"
@@ -178,8 +188,16 @@ def _exit_quietly() -> None:
     atexit.register(os._exit, 0)
 
 
+def _stats(control: str, reset: bool = False) -> dict[str, Any]:
+    """The request counts since the last reset of the server in front (nginx's access log, or the
+    latency proxy's counters), reset with ``reset``."""
+    if control.startswith(_remote_nginx.PREFIX):
+        return _remote_nginx.stats(control, reset=reset)
+    return _remote_proxy.stats(control, reset=reset)
+
+
 def _proxy_extra(control: str) -> dict[str, Any]:
-    s = _remote_proxy.stats(control)
+    s = _stats(control)
     return {"requests": s["requests"], "round_trips": s["round_trips"], "moved_mib": s["body_bytes"] / 2**20}
 
 
@@ -267,8 +285,9 @@ def merge_runs(
 class RawReader:
     """The byte ranges a random batch needs, straight through obstore (``mode``: ``limit`` or ``ranges``)."""
 
-    def __init__(self, endpoint: str, layout: list[list[Any]], kind: str, mode: str) -> None:
+    def __init__(self, endpoint: str, layout: list[list[Any]], kind: str, mode: str, depth: int = 0) -> None:
         self.store = _s3store(endpoint)
+        self.depth = depth or MAX_REQUESTS
         self.kind, self.mode = kind, mode
         self.layout = layout
         self.starts = np.zeros(len(layout) + 1, dtype=np.int64)
@@ -285,7 +304,7 @@ class RawReader:
 
         if self.mode == "limit":
             if self.sem is None:
-                self.sem = asyncio.Semaphore(MAX_REQUESTS)
+                self.sem = asyncio.Semaphore(self.depth)
             sem = self.sem
             runs, run_of, off = merge_runs(files, s, e)
 
@@ -372,7 +391,7 @@ def case_random(
 
         elif system in ("limit", "ranges"):
             assert layout is not None
-            raw = RawReader(endpoint, layout, kind, system)
+            raw = RawReader(endpoint, layout, kind, system, max_requests)
             loop = asyncio.new_event_loop()
 
             def read_all() -> Any:
@@ -397,7 +416,7 @@ def case_random(
 
         else:
             raise ValueError(system)
-        _remote_proxy.stats(control, reset=True)
+        _stats(control, reset=True)
         check = 0.0
         asked = 0
         with _read() as peers:
@@ -476,7 +495,7 @@ def case_streaming(
             cmd += ["--indices", str(scratch / "idx.npy"), "--batch", str(BATCH)]
         else:
             cmd += ["--limit", str(n_read)]
-        _remote_proxy.stats(control, reset=True)
+        _stats(control, reset=True)
         with _read():
             proc = subprocess.run(cmd, env=_streaming_env(endpoint), capture_output=True, text=True, timeout=1800)
         if proc.returncode:
@@ -571,7 +590,7 @@ def case_epoch(
         if system == "replay":  # the data requests the seqstore random_block case made, raw
             made = json.loads(_requests_file(data, kind).read_text())
             store = _s3store(endpoint)
-            _remote_proxy.stats(control, reset=True)
+            _stats(control, reset=True)
             with _read() as peers:
                 t0 = time.perf_counter()
                 asyncio.run(_replay(store, made["requests"], MAX_REQUESTS))
@@ -590,7 +609,7 @@ def case_epoch(
                     break
                 parts.append((key, min(size, budget)))
                 budget -= size
-            _remote_proxy.stats(control, reset=True)
+            _stats(control, reset=True)
             with _read() as peers:
                 t0 = time.perf_counter()
                 nbytes = asyncio.run(_read_files(store, parts, SEQ_CHUNK, MAX_REQUESTS))
@@ -611,7 +630,7 @@ def case_epoch(
             asked = [0]
             if system == "random_block" and prefetch is None:
                 _record_requests(_requests_file(data, kind), asked)
-            _remote_proxy.stats(control, reset=True)
+            _stats(control, reset=True)
             nbytes = 0
             with _read() as peers:
                 t0 = time.perf_counter()
@@ -647,17 +666,17 @@ def case_open(kind: str, n: int, first: int, endpoint: str, control: str, url: s
     idx = _epoch_batches(n, first)[0][:first]
     scratch = _fresh_dir(data, "cache")
     try:
-        _remote_proxy.stats(control, reset=True)
+        _stats(control, reset=True)
         with section("open"):
             t0 = time.perf_counter()
             store = seqstore.open(url, storage_options=seqstore_options(endpoint), cache_dir=scratch)
             t1 = time.perf_counter()
-        s_open = _remote_proxy.stats(control, reset=True)
+        s_open = _stats(control, reset=True)
         with section("first_batch"):
             t2 = time.perf_counter()
             store.get_batch(idx)
             t3 = time.perf_counter()
-        s_batch = _remote_proxy.stats(control, reset=True)
+        s_batch = _stats(control, reset=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     priv, anon = smaps_mib()
@@ -801,11 +820,14 @@ def build_cases(
     if "server" in want:
         probe = _files(paths[("fixed", "seqstore")], root)
         probe = [f for f in probe if f[0].endswith("/x.npy")]
-        for label, ep in (
-            ("direct", ends["direct"]),
+        servers = [
+            ("direct (Python server)", ends["direct"]),
             ("FaultProxy (tests/support)", ends["fault"]),
             ("threads proxy (bench)", ends["threads"]),
-        ):
+        ]
+        if "nginx" in ends:
+            servers.append(("nginx, echo_sleep", ends["nginx"]))
+        for label, ep in servers:
             for what, metric in (("sequential", "mb_per_s"), ("small", "req_per_s")):
                 name = f"{label}: {f'8 MiB GETs x{MAX_REQUESTS}' if what == 'sequential' else '2 KiB GETs'}"
                 cases.append(
@@ -837,10 +859,23 @@ def build_cases(
                     {"system": "get_batch", "url": store_url, "max_requests": DEEPER},
                 ),
                 (
+                    f"seqstore get_batch, max_requests {DEEPEST}",
+                    "bench.remote:case_random",
+                    {"system": "get_batch", "url": store_url, "max_requests": DEEPEST},
+                ),
+                (
                     RAW,
                     "bench.remote:case_random",
                     {"system": "limit", "url": store_url, "layout": layout},
                 ),
+                *[
+                    (
+                        f"obstore get_range x{d}",
+                        "bench.remote:case_random",
+                        {"system": "limit", "url": store_url, "layout": layout, "max_requests": d},
+                    )
+                    for d in (DEEPER, DEEPEST)
+                ],
                 (
                     "obstore get_ranges",
                     "bench.remote:case_random",
@@ -916,6 +951,8 @@ def build_cases(
                         metric="total_ms",
                     )
                 )
+    if args.match:
+        cases = [c for c in cases if any(m in c.key for m in args.match)]
     return cases
 
 
@@ -1097,6 +1134,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 sums.add(round(c["runs"][0]["extra"]["checksum"], 0))
             summary.setdefault(group, {})[c["name"]] = v
             summary.setdefault(group + "/steady", {})[c["name"]] = med(c, "steady_per_s")
+            if epoch and ak:
+                summary.setdefault(group + "/cpu_per_gib", {})[c["name"]] = cpu / (ak / 1024)
         table(cols, rows)
         if len(sums) > 1:
             lines.append(f"\nWARNING: readers disagree on the values read (checksums {sorted(sums)})")
@@ -1108,13 +1147,21 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
             parts = []
             if g:
                 sq = g.get("seqstore get_batch")
-                parts.append(f"get_batch / {RAW} {_ratio(sq, g.get(RAW))} (target >= 0.8x)")
-                parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))} (target >= 2x)")
+                parts.append(f"get_batch / {RAW} {_ratio(sq, g.get(RAW))} (target >= 0.9x)")
+                for d in (DEEPER, DEEPEST):
+                    deep = g.get(f"seqstore get_batch, max_requests {d}")
+                    parts.append(f"at {d} in flight {_ratio(deep, g.get(f'obstore get_range x{d}'))} (>= 0.9x)")
+                parts.append(f"get_batch / Lance {_ratio(sq, g.get('lance take'))}")
                 parts.append(f"iter_batches / {RAW} {_ratio(g.get('seqstore iter_batches'), g.get(RAW))}")
             if e:
                 seq = e.get("server sequential")
                 parts.append(
                     f"{BLOCK_ORDER} / sequential {_ratio(e.get(f'seqstore {BLOCK_ORDER}'), seq)} (target >= 0.8x)"
+                )
+                cpu = summary.get(f"{kind}-epoch/cpu_per_gib", {})
+                parts.append(
+                    f"CPU s per GiB {BLOCK_ORDER} / sequential "
+                    f"{_ratio(cpu.get(f'seqstore {BLOCK_ORDER}'), cpu.get('server sequential'))} (target <= 1.5x)"
                 )
                 parts.append(f"with prefetch 64 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 64'), seq)}")
                 own = _ratio(e.get(f"seqstore {BLOCK_ORDER}"), e.get(REPLAY))
@@ -1157,7 +1204,20 @@ def main() -> None:
         help="where seqstore's node caches go (default: under --data; e.g. /dev/shm for a cache in "
         "memory, as fast as a node's NVMe, where this VM's disk is slow to write)",
     )
+    p.add_argument(
+        "--server",
+        choices=("nginx", "python"),
+        default="nginx",
+        help="what serves object reads: nginx with the latency inside it (default; installed with apt where "
+        "possible) or the bench's Python S3 server behind the Python latency proxy (--proxy)",
+    )
+    p.add_argument("--match", nargs="+", default=None, help="only the cases whose name contains one of these")
     args = p.parse_args()
+    if args.server == "nginx":
+        why = _remote_nginx.install()
+        if why:
+            print(f"skipped: nginx ({why}); serving with --server python instead", file=sys.stderr, flush=True)
+            args.server = "python"
     if args.cache_parent:
         os.environ["SEQSTORE_BENCH_CACHE_PARENT"] = args.cache_parent
     repeats = args.repeats or (1 if args.quick else 3)
@@ -1170,6 +1230,8 @@ def main() -> None:
         print(f"skipped: remote: another bench/remote.py run is using {args.data}")
         return
     notes: list[str] = []
+    if args.server == "python":
+        notes.append(f"object reads served by the Python S3 server behind the {args.proxy} latency proxy")
     streaming = None if args.no_streaming else _remote_streaming.install()
     if streaming is None and not args.no_streaming:
         notes.append("skipped: MosaicML Streaming (its venv could not be installed; see stderr)")
@@ -1196,7 +1258,7 @@ def main() -> None:
         "sizes": sizes,
         "n_read": N_READ_QUICK if args.quick else N_READ,
         "epoch_records": EPOCH_RECORDS_QUICK if args.quick else EPOCH_RECORDS,
-        "proxy": args.proxy,
+        "proxy": "nginx (echo_sleep)" if args.server == "nginx" else args.proxy,
         "data": str(args.data),
         "obstore": obstore.__version__,
         "lance": lance.__version__,
@@ -1204,22 +1266,30 @@ def main() -> None:
         "load_before": os.getloadavg()[0],
         "notes": notes,
     }
-    with (
-        _remote_server.ServerProcess(root, BUCKET) as server,
-        _remote_proxy.ProxyProcess(server.endpoint, LATENCY, "fault") as fault,
-        _remote_proxy.ProxyProcess(server.endpoint, LATENCY, "threads") as threads,
-    ):
-        chosen = fault if args.proxy == "fault" else threads
-        assert server.proc is not None and chosen.proc is not None
-        os.environ["SEQSTORE_BENCH_PEERS"] = f"{server.proc.pid},{chosen.proc.pid}"  # children inherit it
-        ends = {
-            "direct": server.endpoint,
-            "fault": fault.endpoint,
-            "threads": threads.endpoint,
-            "proxy": chosen.endpoint,
-            "control": chosen.control,
-        }
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(_remote_server.ServerProcess(root, BUCKET))
+        want_proxies = args.server == "python" or "server" in (args.only or ["server"])
+        fault = threads = None
+        if want_proxies:
+            fault = stack.enter_context(_remote_proxy.ProxyProcess(server.endpoint, LATENCY, "fault"))
+            threads = stack.enter_context(_remote_proxy.ProxyProcess(server.endpoint, LATENCY, "threads"))
+        assert server.proc is not None
+        ends = {"direct": server.endpoint}
+        if fault is not None and threads is not None:
+            ends.update(fault=fault.endpoint, threads=threads.endpoint)
+        if args.server == "nginx":
+            ng = stack.enter_context(_remote_nginx.NginxServer(root, BUCKET, server.endpoint, LATENCY))
+            ends.update(nginx=ng.endpoint, proxy=ng.endpoint, control=ng.control)
+            peers = [*ng.pids(), server.proc.pid]
+        else:
+            chosen = fault if args.proxy == "fault" else threads
+            assert chosen is not None and chosen.proc is not None
+            ends.update(proxy=chosen.endpoint, control=chosen.control)
+            peers = [server.proc.pid, chosen.proc.pid]
+        os.environ["SEQSTORE_BENCH_PEERS"] = ",".join(map(str, peers))  # children inherit it
         _selftest(server.endpoint)
+        if args.server == "nginx":
+            _selftest_reads(ends["nginx"])
         cases = build_cases(args, sizes, paths, ends, streaming)
         results = run_interleaved(cases, repeats, meta)
     meta["load_after"] = os.getloadavg()[0]
@@ -1228,6 +1298,26 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"remote{'_quick' if args.quick else ''}.json").write_text(json.dumps(results, indent=1))
     shutil.rmtree(args.data / "scratch", ignore_errors=True)
+
+
+def _selftest_reads(endpoint: str) -> None:
+    """nginx answers the reads the readers rely on (bounded, suffix and open ranges, 416, ETag on HEAD)
+    and passes a listing through to the Python server."""
+    import obstore
+
+    store = _s3store(endpoint)
+    key = next(k["path"] for batch in obstore.list(store, chunk_size=100) for k in batch if k["size"] > 100)
+    body = bytes(obstore.get(store, key).bytes())
+    assert bytes(obstore.get_range(store, key, start=10, end=20)) == body[10:20]
+    assert bytes(obstore.get(store, key, options={"range": {"suffix": 100}}).bytes()) == body[-100:]
+    assert bytes(obstore.get(store, key, options={"range": {"offset": len(body) - 10}}).bytes()) == body[-10:]
+    assert obstore.head(store, key)["e_tag"]
+    try:
+        obstore.get_range(store, key, start=len(body) + 100, end=len(body) + 110)
+    except Exception:  # noqa: BLE001 - 416, as S3 answers
+        pass
+    else:
+        raise AssertionError("nginx served a range past the end")
 
 
 def _selftest(endpoint: str) -> None:

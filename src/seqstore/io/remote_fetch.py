@@ -176,8 +176,12 @@ def _missing_requests(
     ms, me = obj.missing(rs, re_)
     if not len(ms):
         return [], [], []
-    rs, re_ = _cut_at_chunks(rs, re_)
     ms, me = _cut_at_chunks(ms, me)
+    if obj.chunk_flight:  # every missing byte in chunks requested whole (a window's later batches): wait
+        coming = _chunks_coming(obj, ms)
+        if coming is not None:
+            return [], coming, []
+    rs, re_ = _cut_at_chunks(rs, re_)
     waits: list[Any] = []
     runs: list[tuple[int, int]] = []
     claimed: list[int] = []
@@ -238,6 +242,21 @@ def _missing_requests(
         cs, ce = page_runs(ms, me, gap=gap, most=MOST)  # adjacent chunks merge: fewer, larger requests
         runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
     return runs, waits, claimed
+
+
+def _chunks_coming(obj: CachedObject, ms: np.ndarray[Any, Any]) -> list[Any] | None:
+    """The futures of the whole-chunk requests in flight that bring the missing runs starting at ``ms``
+    (cut at chunk boundaries), or None when a run lies in a chunk not in flight. What the planning
+    below would answer in this case (wait for those chunks, request nothing), without its work."""
+    with obj.lock:
+        flight = obj.chunk_flight
+        futs = []
+        for c in np.unique(ms // _CHUNK).tolist():
+            f = flight.get(c)
+            if f is None:
+                return None
+            futs.append(f)
+    return futs
 
 
 def _not_coming(

@@ -1,0 +1,445 @@
+"""Remote reads, CPU per GiB by stage: where seqstore's reader spends its CPU, against raw obstore.
+
+Serves the data of ``bench/remote.py`` (``--data``, built by it) from nginx with 20 ms added to every
+request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, each round every case once
+(interleaved: the machine's other load hits all cases alike):
+
+- ``raw sequential``: as many bytes of the store's value files as the epoch delivers, in 8 MiB range
+  GETs, ``max_requests`` in flight (``obstore.get_range_async``): what receiving the bytes costs.
+- ``epoch``: ``iter_batches`` of the first 131,072 records of a ``random_block:1024:16`` epoch (fixed
+  and ragged), a cold node cache.
+- ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (and the raw
+  ``get_range`` of exactly their byte ranges, merged as seqstore merges them, same depth).
+- ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
+  through ``SeqDataLoader`` with 1 and 2 workers sharing one node cache, ``IterableSeqDataset``'s
+  ``prefetch`` 2 (its default) and 16 (``--loader-prefetch``); MB/s from the first batch on (no CPU:
+  the workers are the forkserver's children).
+
+Each seqstore case runs against one or more source trees (``--src LABEL=PATH``, default this
+checkout's ``src``; e.g. ``--src before=/work/main/src --src after=src``) and modes (``--mode``: a
+storage option set, e.g. ``node_cache=none``), so before/after comparisons run in one interleaved run.
+
+Stages (CPU seconds per GiB of values delivered; threads told apart by ``/proc/self/task``):
+
+- **receive**: the HTTP client's threads (obstore's tokio runtime): sockets, parsing, copying the
+  bodies into buffers;
+- **cache write**: writing the answers into the node cache (``CachedObject.fill``, on the event
+  loop's thread);
+- **bookkeeping**: the rest of the event loop's thread (asyncio, one task per request, the retry
+  wrapper, the in-flight lists);
+- **planning**: on the reading thread, ``remote_fetch``'s search of the mappings, of the missing pages
+  and of the requests to make, and submitting them (``RemoteRoot.submit``);
+- **gather**: the rest of the reading thread (the order, the batch's lookup and copy, waits' overhead).
+
+Usage: ``python bench/remote_cpu.py [--data DIR] [--repeats R] [--src LABEL=PATH ...]
+[--mode LABEL=k=v,k=v ...] [--kinds fixed ragged] [--only epoch random]``. Results: a table on
+stdout and ``bench/results/remote_cpu.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "bench"
+SIZES = {"fixed": 1_000_000, "ragged": 300_000}
+QUICK = {"fixed": 50_000, "ragged": 20_000}
+EPOCH, RANDOM, BATCH, SEED, CHUNK = 131_072, 6144, 1024, 3, 8 << 20
+EPOCH_QUICK, RANDOM_QUICK = 16_384, 2048
+LATENCY = 0.02
+ORDER = "random_block:1024:16"
+GIB = float(1 << 30)
+
+# ------------------------------------------------------------------------------------------ child
+
+
+def _threads() -> dict[int, tuple[str, float]]:
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{t}/comm").read_text().strip()
+            f = Path(f"/proc/self/task/{t}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(t)] = (name, (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
+def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
+    return {t: (n, c - a.get(t, (n, 0.0))[1]) for t, (n, c) in b.items()}
+
+
+class _Timer:
+    """CPU seconds (thread time) spent inside a wrapped function, per thread id."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[int, float] = {}
+
+    def wrap(self, fn: Any) -> Any:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                tid = threading.get_native_id()
+                self.by_thread[tid] = self.by_thread.get(tid, 0.0) + time.thread_time() - t0
+
+        return timed
+
+
+def _s3(endpoint: str) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(
+        BUCKET,
+        endpoint=endpoint,
+        skip_signature=True,
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True, "timeout": "120s", "pool_max_idle_per_host": "1024"},
+    )
+
+
+def _options(endpoint: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "endpoint": endpoint,
+        "allow_http": "true",
+        "skip_signature": "true",
+        "virtual_hosted_style_request": "false",
+        **extra,
+    }
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    endpoint, case = spec["endpoint"], spec["case"]
+    if case == "raw sequential":
+        import obstore
+
+        store = _s3(endpoint)
+        reqs, budget = [], spec["bytes"]
+        for key, size in spec["files"]:
+            for a in range(0, size, CHUNK):
+                if budget <= 0:
+                    break
+                b = min(a + CHUNK, size, a + budget)
+                reqs.append((key, a, b))
+                budget -= b - a
+        depth = spec["depth"]
+
+        async def run() -> int:
+            sem = asyncio.Semaphore(depth)
+
+            async def one(k: str, a: int, b: int) -> int:
+                async with sem:
+                    return len(await obstore.get_range_async(store, k, start=a, end=b))
+
+            return sum(await asyncio.gather(*(one(*r) for r in reqs)))
+
+        t_before = _threads()
+        c0, t0 = time.process_time(), time.perf_counter()
+        nbytes = asyncio.run(run())
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        th = _delta(t_before, _threads())
+        recv = sum(c for n, c in th.values() if n.startswith("tokio"))
+        return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "stages": {"receive": recv, "other": cpu - recv}}
+
+    if case == "loader":
+        return _loader(spec)
+    import seqstore
+    from seqstore.io import nodecache, remote_fetch
+
+    fill_t, plan_t = _Timer(), _Timer()
+    nodecache.CachedObject.fill = fill_t.wrap(nodecache.CachedObject.fill)  # type: ignore[method-assign]
+    # planning: which pages are missing and which requests bring them, and submitting them (the
+    # module's own functions, called through its globals)
+    for name in ("_split_by_region", "_missing_requests", "_all_present"):
+        setattr(remote_fetch, name, plan_t.wrap(getattr(remote_fetch, name)))
+    from seqstore.io import remote as remote_mod
+
+    remote_mod.RemoteRoot.submit = plan_t.wrap(remote_mod.RemoteRoot.submit)  # type: ignore[method-assign]
+    cache = Path(spec["cache_parent"]) / f"cache-{os.getpid()}-{time.time_ns()}"
+    store = seqstore.open(spec["url"], storage_options=_options(endpoint, spec.get("options", {})), cache_dir=cache)
+    kind = spec["kind"]
+    try:
+        if case == "epoch":
+            import itertools
+
+            order = seqstore.seq_order(spec["n"], ORDER, epoch=1, seed=SEED)
+            batches: Any = itertools.islice(order.iter_chunks(BATCH), -(-spec["records"] // BATCH))
+
+            def run() -> Any:
+                yield from store.iter_batches(batches)
+        else:
+            order = seqstore.seq_order(spec["n"], "random", epoch=1, seed=SEED)
+            idx = np.asarray(order[: spec["records"]], dtype=np.int64)
+            batches = [idx[a : a + BATCH] for a in range(0, len(idx), BATCH)]
+
+            def run() -> Any:
+                for b in batches:
+                    yield store.get_batch(b)
+
+        main = threading.get_native_id()
+        t_before = _threads()
+        c0, t0 = time.process_time(), time.perf_counter()
+        nbytes = records = 0
+        for got in run():
+            x = got["x"]
+            nbytes += x.nbytes if kind == "fixed" else x[0].nbytes
+            records += len(x) if kind == "fixed" else len(x[1])
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        th = _delta(t_before, _threads())
+        with open("/proc/self/smaps_rollup") as f:
+            anon = sum(int(ln.split()[1]) for ln in f if ln.startswith("Anonymous:")) / 1024
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    recv = sum(c for n, c in th.values() if n.startswith("tokio"))
+    loop_threads = set(fill_t.by_thread) - {main}
+    loop_cpu = sum(c for t, (n, c) in th.items() if t in loop_threads)
+    if not loop_threads:  # nothing written (all cached already): the loop is the other Python thread
+        loop_cpu = sum(c for t, (n, c) in th.items() if t != main and not n.startswith("tokio"))
+    plan = plan_t.by_thread.get(main, 0.0)
+    main_cpu = th.get(main, ("", 0.0))[1]
+    stages = {
+        "receive": recv,
+        "cache write": sum(c for t, c in fill_t.by_thread.items() if t != main),
+        "bookkeeping": loop_cpu - sum(c for t, c in fill_t.by_thread.items() if t != main),
+        "planning": plan + sum(c for t, c in plan_t.by_thread.items() if t != main),
+        "gather": main_cpu - plan - fill_t.by_thread.get(main, 0.0),
+        "cache write on the reader": fill_t.by_thread.get(main, 0.0),
+    }
+    stages["other threads"] = cpu - sum(stages.values())
+    by_name: dict[str, float] = {}
+    for t, (n, c) in th.items():
+        label = "reader" if t == main else "loop" if t in loop_threads else n
+        by_name[label] = by_name.get(label, 0.0) + c
+    return {
+        "bytes": nbytes,
+        "records": records,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "stages": stages,
+        "threads": by_name,
+        "anon_mib": anon,
+    }
+
+
+def _loader(spec: dict[str, Any]) -> dict[str, Any]:
+    """A ``random_block`` epoch through ``SeqDataLoader`` with ``spec["workers"]`` workers sharing one
+    node cache (``IterableSeqDataset`` batches of 1024 gathered in the workers): MB/s from the first
+    batch on (the workers' start apart), CPU seconds of this process and its workers."""
+    import seqstore
+    from seqstore.data import StoreDataset
+    from seqstore.torch import IterableSeqDataset, SeqDataLoader
+
+    cache = Path(spec["cache_parent"]) / f"cache-{os.getpid()}-{time.time_ns()}"
+    store = seqstore.open(spec["url"], storage_options=_options(spec["endpoint"], spec["options"]), cache_dir=cache)
+    ds = StoreDataset(store, ordering=ORDER, seed=SEED)
+    workers = int(spec["workers"])
+    loader = SeqDataLoader(
+        IterableSeqDataset(ds, batch=BATCH, fields=["x"], prefetch=int(spec.get("prefetch", 2))),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+    )
+    c0 = time.process_time()
+    nbytes = first = 0
+    t1 = 0.0
+    it = iter(loader)
+    try:
+        for k, b in enumerate(it):
+            x = b["x"]
+            nbytes += x.numel() * x.element_size() if spec["kind"] == "fixed" else b["x_lengths"].sum().item() * 32
+            if not t1:
+                t1, first = time.perf_counter(), nbytes
+            if k + 1 >= -(-spec["records"] // BATCH):
+                break
+        wall = time.perf_counter() - t1
+    finally:
+        del it  # the workers exit and are reaped: their CPU counts below
+        shutil.rmtree(cache, ignore_errors=True)
+    del c0  # the workers are the forkserver's children, not this process's: their CPU is not counted
+    return {"bytes": nbytes - first, "records": 0, "wall_s": wall, "cpu_s": float("nan"), "stages": {}}
+
+
+# ----------------------------------------------------------------------------------------- parent
+
+
+def _layout(data: Path, kind: str, n: int) -> tuple[str, list[tuple[str, int]]] | None:
+    root = data / "bucket"
+    store = root / f"{kind}-{n}.seqstore"
+    if not (root / f"{kind}-{n}.seqstore.done").exists():
+        return None
+    files = [(q.relative_to(root).as_posix(), q.stat().st_size) for q in sorted(store.rglob("x.npy")) if q.is_file()]
+    return f"s3://{BUCKET}/{store.relative_to(root).as_posix()}", files
+
+
+def run_case(spec: dict[str, Any], src: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(REPO)])}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        raise RuntimeError(f"{spec['case']} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data", type=Path, default=Path(os.environ.get("SEQSTORE_REMOTE_DATA", "/work/bench-data/remote")))
+    p.add_argument("--quick", action="store_true", help="the quick data (50,000 / 20,000 records), 1 run")
+    p.add_argument("--repeats", type=int, default=None, help="runs per case (default 3, quick 1)")
+    p.add_argument("--src", nargs="+", default=[f"this={REPO / 'src'}"], help="LABEL=PATH of seqstore sources")
+    p.add_argument("--mode", nargs="+", default=["default="], help="LABEL=key=value,key=value storage options")
+    p.add_argument("--kinds", nargs="+", default=["fixed", "ragged"])
+    p.add_argument("--only", nargs="+", default=["epoch", "random"])
+    p.add_argument(
+        "--loader-prefetch", type=int, nargs="+", default=[2, 16], help="IterableSeqDataset prefetch (loader)"
+    )
+    p.add_argument("--depth", type=int, default=64, help="requests in flight (raw and seqstore)")
+    p.add_argument("--cache-parent", default="/dev/shm", help="where node caches go (default /dev/shm)")
+    args = p.parse_args()
+    if args.child is not None:
+        out = child(json.loads(args.child))
+        print(json.dumps(out), flush=True)
+        os._exit(0)  # obstore can abort in interpreter finalization after large async answers
+    from bench import _remote_nginx, _remote_server
+
+    why = _remote_nginx.install()
+    if why:
+        print(f"skipped: remote_cpu: {why}")
+        return
+    srcs = [s.split("=", 1) for s in args.src]
+    modes = []
+    for m in args.mode:
+        label, _, rest = m.partition("=")
+        modes.append((label, dict(kv.split("=", 1) for kv in rest.split(",") if kv)))
+    root = args.data / "bucket"
+    sizes = QUICK if args.quick else SIZES
+    epoch, n_random = (EPOCH_QUICK, RANDOM_QUICK) if args.quick else (EPOCH, RANDOM)
+    repeats = args.repeats or (1 if args.quick else 3)
+    depth = {"max_requests": args.depth}
+    cases: list[tuple[str, str, dict[str, Any]]] = []  # (name, src, spec)
+    for kind in args.kinds:
+        got = _layout(args.data, kind, sizes[kind])
+        if got is None:
+            print(f"skipped: remote_cpu {kind}: no data under {root} (bench/remote.py --generate builds it)")
+            continue
+        url, files = got
+        total = sum(s for _, s in files)
+        ebytes = int(total * epoch / sizes[kind])
+        base = {"kind": kind, "n": sizes[kind], "url": url, "cache_parent": args.cache_parent}
+        if "epoch" in args.only:
+            cases.append(
+                (
+                    f"{kind} epoch: raw sequential",
+                    "",
+                    {**base, "case": "raw sequential", "files": files, "bytes": ebytes, "depth": args.depth},
+                )
+            )
+            for sl, sp in srcs:
+                for ml, opts in modes:
+                    cases.append(
+                        (
+                            f"{kind} epoch: seqstore {sl} {ml}",
+                            sp,
+                            {**base, "case": "epoch", "records": epoch, "options": {**depth, **opts}},
+                        )
+                    )
+        if "loader" in args.only and kind == "fixed":
+            for sl, sp in srcs:
+                for w in (1, 2):
+                    for pf in args.loader_prefetch:
+                        cases.append(
+                            (
+                                f"{kind} loader, {w} worker{'s' if w > 1 else ''}, prefetch {pf}: seqstore {sl}",
+                                sp,
+                                {
+                                    **base,
+                                    "case": "loader",
+                                    "records": 2 * epoch,
+                                    "workers": w,
+                                    "prefetch": pf,
+                                    "options": depth,
+                                },
+                            )
+                        )
+        if "random" in args.only:
+            for sl, sp in srcs:
+                for ml, opts in modes:
+                    cases.append(
+                        (
+                            f"{kind} random: seqstore {sl} {ml}",
+                            sp,
+                            {**base, "case": "random", "records": n_random, "options": {**depth, **opts}},
+                        )
+                    )
+    runs: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in cases}
+    load = [os.getloadavg()[0]]
+    with (
+        _remote_server.ServerProcess(root, BUCKET) as server,
+        _remote_nginx.NginxServer(root, BUCKET, server.endpoint, LATENCY) as ng,
+    ):
+        for r in range(repeats):
+            for name, src, spec in cases:
+                spec = {**spec, "endpoint": ng.endpoint}
+                got = run_case(spec, src or str(REPO / "src"))
+                runs[name].append(got)
+                load.append(os.getloadavg()[0])
+                print(
+                    f"  {name:48s} run {r + 1}: {got['bytes'] / got['wall_s'] / 1e6:8.1f} MB/s, "
+                    f"{got['cpu_s'] / (got['bytes'] / GIB):.2f} CPU s/GiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    report(runs, load)
+    out = REPO / "bench" / "results" / "remote_cpu.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"runs": runs, "load": load}, indent=1))
+
+
+def report(runs: dict[str, list[dict[str, Any]]], load: list[float]) -> None:
+    """Medians per case: MB/s (epochs) or records/s (random reads), CPU seconds per GiB and by stage."""
+    med = statistics.median
+    names = ["receive", "cache write", "bookkeeping", "planning", "gather", "other threads"]
+    print("| case | rate (runs) | CPU s/GiB | " + " | ".join(names) + " | anon MiB |")
+    print("|---|---|---|" + "---|" * len(names) + "---|")
+    for name, rs in runs.items():
+        if not rs:
+            continue
+        gib = [r["bytes"] / GIB for r in rs]
+        if "random" in name:
+            rates = [r["records"] / r["wall_s"] for r in rs]
+            unit = "records/s"
+        else:
+            rates = [r["bytes"] / r["wall_s"] / 1e6 for r in rs]
+            unit = "MB/s"
+        per = [r["cpu_s"] / g for r, g in zip(rs, gib) if r["cpu_s"] == r["cpu_s"]] or [float("nan")]
+        st = [med([r["stages"].get(k, 0.0) / g for r, g in zip(rs, gib)]) for k in names]
+        if "raw" in name:
+            st[-1] = med([r["stages"].get("other", 0.0) / g for r, g in zip(rs, gib)])
+        anon = [r["anon_mib"] for r in rs if r.get("anon_mib") is not None]
+        print(
+            f"| {name} | {med(rates):,.0f} {unit} ({'/'.join(f'{x:,.0f}' for x in rates)}) | {med(per):.2f} | "
+            + " | ".join(f"{v:.2f}" if v else "-" for v in st)
+            + (f" | {med(anon):.0f} |" if anon else " | - |")
+        )
+    print(f"\nload average (1 min) during the run: {min(load):.1f}-{max(load):.1f}; 2 cores")
+
+
+if __name__ == "__main__":
+    main()
