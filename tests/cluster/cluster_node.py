@@ -1,0 +1,156 @@
+"""What runs on a node of the test cluster (tests/support/cluster.py); one JSON config as the argument.
+
+Roles (``config["role"]``):
+
+- ``train``: one rank of a torch.distributed (gloo) job over the hosts' addresses. An epoch of a
+  :class:`~seqstore.data.CombinedDataset` of two ``s3://`` stores (``random_block`` and ``laplace``
+  child orders) through :class:`~seqstore.torch.IterableSeqDataset` and :class:`~seqstore.torch.SeqDataLoader`
+  with ``workers`` DataLoader workers, read through the node's cache. Every ``ckpt_every`` steps each rank
+  saves the record ids it consumed so far (``rank<r>-ep<e>-step<s>.npy``), then rank 0 saves the loader
+  state (``ckpt``, with the step); at the end ``rank<r>-ep<e>-final.npy``. ``resume``: start from ``ckpt``.
+- ``read``: one process reading its share (``node`` of ``nodes``) of a ``random_block`` epoch of one store
+  in batches with ``get_batch``; after each batch the ids read so far go to ``out`` (so a test sees
+  progress and what was consumed). It writes ``opened`` once the store is open, and sleeps
+  ``after_open`` s before the first read. An exception ends it with status 3 and ``error.txt``.
+- ``write``: a writer appending batches of records to an existing ``s3://`` store, committing after each;
+  each committed batch's number is appended to ``committed.txt`` (after the commit returned).
+
+Every record carries its identity in the data: ``rid`` (int64) and ``x`` (float32 rows whose column 0
+is ``rid``), checked here for every record consumed, so a test counts records from the records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _check(batch: dict[str, Any]) -> np.ndarray:
+    """The ids of a batch, after checking each record's rows carry its id (a torn or wrong read fails)."""
+    rid = np.asarray(batch["rid"]).astype(np.int64)
+    x = np.asarray(batch["x"])
+    lens = np.asarray(batch["x_lengths"]) if "x_lengths" in batch else None
+    for k in range(len(rid)):
+        rows = x[k][: int(lens[k])] if lens is not None else np.asarray(x[k])
+        if len(rows) == 0 or not (rows[:, 0] == rid[k]).all():
+            raise AssertionError(f"record {rid[k]}: rows {rows[:, 0][:5]} do not carry its id")
+    return rid
+
+
+def _save(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, path)
+
+
+def train(cfg: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import seqstore
+    from seqstore.data import CombinedDataset, StoreDataset
+    from seqstore.torch import IterableSeqDataset, LengthBatching, SeqDataLoader
+
+    rank, world = cfg["rank"], cfg["world"]
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", init_method=f"tcp://{cfg['master']}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.get("gloo_timeout", 60)))
+    out = Path(cfg["out"])
+    opts, cache = cfg["storage_options"], cfg["cache"]
+    children = {}
+    for name, ordering in (("a", "random_block:16:4"), ("b", "laplace:.64")):
+        store = seqstore.open(cfg["urls"][name], storage_options=opts, cache_dir=cache)
+        children[name] = StoreDataset(store, ordering=ordering, seed=11, length_field="x",
+                                      cache_dir=Path(cache) / "derived" / name)
+    ds = CombinedDataset(children, ordering="random", seed=5)
+    it = IterableSeqDataset(ds, batch=LengthBatching(max_frames=cfg.get("max_frames", 400)))
+    loader = SeqDataLoader(it, batch_size=None, num_workers=cfg["workers"])
+    ckpt = Path(cfg["ckpt"])
+    step = 0
+    epoch = cfg.get("epoch", 1)
+    if cfg.get("resume"):
+        ck = torch.load(ckpt, weights_only=False)
+        loader.load_state_dict(ck["data"])
+        epoch = ck["data"]["epoch"]
+    loader.set_epoch(epoch)
+    seen: list[np.ndarray] = []
+    tag = f"rank{rank}-ep{epoch}" + ("-resumed" if cfg.get("resume") else "")
+    for batch in loader:
+        seen.append(_check(batch))
+        step += 1
+        time.sleep(cfg.get("step_sleep", 0.0))
+        if cfg.get("ckpt_every") and step % cfg["ckpt_every"] == 0:
+            state = loader.state_dict()
+            _save(out / f"{tag}-step{step}.npy", np.concatenate(seen))
+            dist.barrier()
+            if rank == 0:
+                tmp = ckpt.with_name(ckpt.name + ".tmp")
+                torch.save({"data": state, "step": step}, tmp)
+                os.replace(tmp, ckpt)
+            dist.barrier()
+    _save(out / f"{tag}-final.npy", np.concatenate(seen) if seen else np.zeros(0, np.int64))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def read(cfg: dict[str, Any]) -> None:
+    import seqstore
+    from seqstore.order import seq_order
+
+    out = Path(cfg["out"])
+    store = seqstore.open(cfg["url"], storage_options=cfg["storage_options"], cache_dir=cfg["cache"])
+    (out / "opened").write_text(str(time.time()))
+    time.sleep(cfg.get("after_open", 0.0))
+    order = np.asarray(seq_order(len(store), "random_block:16:4", epoch=1, seed=3))
+    mine = order[cfg["node"]:: cfg["nodes"]]
+    seen: list[np.ndarray] = []
+    size = cfg.get("batch", 32)
+    for a in range(0, len(mine), size):
+        batch = store.get_batch(mine[a: a + size], pad=True)
+        seen.append(_check(batch))
+        _save(out / "ids.npy", np.concatenate(seen))
+        time.sleep(cfg.get("step_sleep", 0.0))
+    (out / "done").write_text(str(time.time()))
+
+
+def write(cfg: dict[str, Any]) -> None:
+    import seqstore
+
+    node, per = cfg["node"], cfg.get("per_batch", 20)
+    log = Path(cfg["out"]) / "committed.txt"
+    w = seqstore.append_to(cfg["url"], storage_options=cfg["storage_options"])
+    for k in range(cfg["batches"]):
+        rid = (node * 1_000_000 + k * 1000 + np.arange(per)).astype(np.int64)
+        lens = np.full(per, 2)
+        x = np.repeat(rid, lens).astype(np.float32)[:, None].repeat(2, 1)
+        w.append_batch({"rid": rid, "x": (x, lens)}, ids=[str(r) for r in rid])
+        w.commit()
+        with open(log, "a") as f:
+            f.write(f"{k}\n")
+            f.flush()
+            os.fsync(f.fileno())
+    w.close()
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    out = Path(cfg["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        {"train": train, "read": read, "write": write}[cfg["role"]](cfg)
+    except BaseException as exc:
+        (out / "error.txt").write_text(f"{time.time()}\n{type(exc).__name__}\n{exc}\n{traceback.format_exc()}")
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
