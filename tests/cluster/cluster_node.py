@@ -35,10 +35,12 @@ import numpy as np
 def _check(batch: dict[str, Any]) -> np.ndarray:
     """The ids of a batch, after checking each record's rows carry its id (a torn or wrong read fails)."""
     rid = np.asarray(batch["rid"]).astype(np.int64)
-    x = np.asarray(batch["x"])
-    lens = np.asarray(batch["x_lengths"]) if "x_lengths" in batch else None
+    if isinstance(batch["x"], tuple):  # get_batch(pad=True): (padded values, lengths)
+        x, lens = (np.asarray(v) for v in batch["x"])
+    else:  # a torch batch: padded values and "x_lengths"
+        x, lens = np.asarray(batch["x"]), np.asarray(batch["x_lengths"])
     for k in range(len(rid)):
-        rows = x[k][: int(lens[k])] if lens is not None else np.asarray(x[k])
+        rows = x[k][: int(lens[k])]
         if len(rows) == 0 or not (rows[:, 0] == rid[k]).all():
             raise AssertionError(f"record {rid[k]}: rows {rows[:, 0][:5]} do not carry its id")
     return rid

@@ -336,6 +336,9 @@ def test_slowdown_503_on_a_fraction_of_requests(cluster: cl.Cluster, stores: dic
     procs, logs = _readers(cluster, tmp_path)
     _finish(procs, 120, logs)
     _exactly_once(_read_ids(tmp_path), _all_ids("a"), "20% of requests answered 503")
+    time.sleep(0.6)
+    answered = [int(line.split()[-1]) for line in s.log.read_text().splitlines() if line.startswith("503 answered")]
+    assert answered and answered[-1] >= 10, f"the proxy answered too few 503s to test anything: {answered[-1:]}"
 
 
 # ----------------------------------------------------------------------------------- node faults

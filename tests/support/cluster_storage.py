@@ -12,7 +12,8 @@ serves the same objects under the same ETags (moto's ETag of a single PUT is the
 reader that had the store open keeps reading it. ``--slowdown F``: the proxy answers a fraction F of
 the requests (chosen at random) with HTTP 503 SlowDown without forwarding them.
 
-It prints ``ready http://HOST:PORT`` once it serves, then runs until killed.
+It prints ``ready http://HOST:PORT`` once it serves, then runs until killed (with ``--slowdown``, every
+half second a line ``503 answered N``: the injected answers so far).
 """
 
 from __future__ import annotations
@@ -45,14 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         s3.upload_dir(local, args.bucket, prefix)
     host, _, port = args.listen.rpartition(":")
     proxy = FaultProxy(s3.endpoint, host=host, port=int(port), record=False)
+    rule = None
     if args.slowdown > 0:
         rng = random.Random(1)
-        proxy.fail(None, 503, where=lambda _req: rng.random() < args.slowdown)
+        rule = proxy.fail(None, 503, where=lambda _req: rng.random() < args.slowdown)
     proxy.start()
     print(f"ready {proxy.url}", flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        while True:  # what the faults did so far, for the test to read (this process is killed, not stopped)
+            time.sleep(0.5)
+            if rule is not None:
+                print(f"503 answered {rule.hits}", flush=True)
     finally:
         proxy.stop()
         s3.stop()
