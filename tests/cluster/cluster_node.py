@@ -14,6 +14,9 @@ Roles (``config["role"]``):
   ``after_open`` s before the first read. An exception ends it with status 3 and ``error.txt``.
 - ``write``: a writer appending batches of records to an existing ``s3://`` store, committing after each;
   each committed batch's number is appended to ``committed.txt`` (after the commit returned).
+  ``pause_at``: the commit of that batch stops for a minute just before (``pause_where="before"``) or
+  after (``"after"``) its write of ``manifest.json``, with a file ``paused`` written, for a test to kill
+  the node mid-commit.
 
 Every record carries its identity in the data: ``rid`` (int64) and ``x`` (float32 rows whose column 0
 is ``rid``), checked here for every record consumed, so a test counts records from the records.
@@ -128,18 +131,47 @@ def write(cfg: dict[str, Any]) -> None:
 
     node, per = cfg["node"], cfg.get("per_batch", 20)
     log = Path(cfg["out"]) / "committed.txt"
+    if cfg.get("pause_at") is not None:
+        _pause_in_commit(cfg["pause_at"], cfg.get("pause_where", "before"), Path(cfg["out"]) / "paused")
     w = seqstore.append_to(cfg["url"], storage_options=cfg["storage_options"])
     for k in range(cfg["batches"]):
         rid = (node * 1_000_000 + k * 1000 + np.arange(per)).astype(np.int64)
         lens = np.full(per, 2)
         x = np.repeat(rid, lens).astype(np.float32)[:, None].repeat(2, 1)
         w.append_batch({"rid": rid, "x": (x, lens)}, ids=[str(r) for r in rid])
+        _BATCH[0] = k
         w.commit()
         with open(log, "a") as f:
             f.write(f"{k}\n")
             f.flush()
             os.fsync(f.fileno())
     w.close()
+
+
+_BATCH = [-1]  # the batch the writer is committing
+
+
+def _pause_in_commit(batch: int, where: str, marker: Path) -> None:
+    """Make the commit of batch ``batch`` (0-based) stop for a minute just ``before`` or ``after`` its
+    conditional write of ``manifest.json`` (the commit point), with ``marker`` written: the test kills
+    the node there, mid-commit."""
+    from seqstore.io.objects import ObjectClient
+
+    real = ObjectClient.put
+
+    def put(self: ObjectClient, key: str, data: Any, *, mode: Any = "overwrite") -> str:
+        if key != "manifest.json" or not isinstance(mode, dict):
+            return real(self, key, data, mode=mode)
+        if _BATCH[0] == batch and where == "before":
+            marker.write_text("before")
+            time.sleep(60)
+        tag = real(self, key, data, mode=mode)  # a refused write (another writer was first) raises here
+        if _BATCH[0] == batch and where == "after":
+            marker.write_text("after")
+            time.sleep(60)
+        return tag
+
+    ObjectClient.put = put  # type: ignore[method-assign]
 
 
 def main() -> int:
