@@ -6,10 +6,12 @@ Roles (``config["role"]``):
   :class:`~seqstore.data.CombinedDataset` of two ``s3://`` stores (``random_block`` and ``laplace``
   child orders) through :class:`~seqstore.torch.IterableSeqDataset` and :class:`~seqstore.torch.SeqDataLoader`
   with ``workers`` DataLoader workers, read through the node's cache. Every ``ckpt_every`` steps each rank
-  saves the record ids it consumed so far (``rank<r>-ep<e>-step<s>.npy``), then rank 0 saves the loader
-  state (``ckpt``, with the step); at the end ``rank<r>-ep<e>-final.npy``. ``resume``: start from ``ckpt``.
+  saves the record ids it consumed so far (``rank<r>-ep<e>-step<s>.npz``), then rank 0 saves the loader
+  state (``ckpt``, with the step); at the end ``rank<r>-ep<e>-final.npz``. ``resume``: start from ``ckpt``.
+  Epochs ``epoch`` to ``last_epoch``; after each, the bytes the node's cache holds on disk go to
+  ``cache-<cache dir name>-ep<e>.txt``.
 - ``read``: one process reading its share (``node`` of ``nodes``) of a ``random_block`` epoch of one store
-  in batches with ``get_batch``; after each batch the ids read so far go to ``out`` (so a test sees
+  in batches with ``get_batch``; after each batch the ids read so far go to ``out/ids.npz`` (so a test sees
   progress and what was consumed). It writes ``opened`` once the store is open, and sleeps
   ``after_open`` s before the first read. An exception ends it with status 3 and ``error.txt``.
 - ``write``: a writer appending batches of records to an existing ``s3://`` store, committing after each;
@@ -49,9 +51,12 @@ def _check(batch: dict[str, Any]) -> np.ndarray:
     return rid
 
 
-def _save(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
+def _save(path: Path, batches: list[np.ndarray]) -> None:
+    """The ids of ``batches`` (``ids``, concatenated) and their sizes (``sizes``) as ``path`` (.npz),
+    written whole or not at all."""
+    tmp = path.with_name(path.name + ".tmp.npz")
+    ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+    np.savez(tmp, ids=ids, sizes=np.array([len(b) for b in batches], np.int64))
     os.replace(tmp, path)
 
 
@@ -78,13 +83,29 @@ def train(cfg: dict[str, Any]) -> None:
     ds = CombinedDataset(children, ordering="random", seed=5)
     it = IterableSeqDataset(ds, batch=LengthBatching(max_frames=cfg.get("max_frames", 400)))
     loader = SeqDataLoader(it, batch_size=None, num_workers=cfg["workers"])
-    ckpt = Path(cfg["ckpt"])
     step = 0
     epoch = cfg.get("epoch", 1)
     if cfg.get("resume"):
-        ck = torch.load(ckpt, weights_only=False)
+        ck = torch.load(Path(cfg["ckpt"]), weights_only=False)
         loader.load_state_dict(ck["data"])
         epoch = ck["data"]["epoch"]
+    for e in range(epoch, cfg.get("last_epoch", epoch) + 1):
+        step = _epoch(cfg, loader, e, step, dist, torch)
+        dist.barrier()
+        if rank % 2 == 0:  # one process per node: what the node's cache holds after this epoch
+            (out / f"cache-{Path(cache).name}-ep{e}.txt").write_text(str(_disk_bytes(Path(cache))))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _disk_bytes(path: Path) -> int:
+    """Bytes a cache holds on disk: its entries are sparse files of the pages fetched so far."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
+
+
+def _epoch(cfg: dict[str, Any], loader: Any, epoch: int, step: int, dist: Any, torch: Any) -> int:
+    """One epoch (or the rest of one, after a resume) of ``loader``; returns the step count."""
+    rank, out, ckpt = cfg["rank"], Path(cfg["out"]), Path(cfg["ckpt"])
     loader.set_epoch(epoch)
     seen: list[np.ndarray] = []
     tag = f"rank{rank}-ep{epoch}" + ("-resumed" if cfg.get("resume") else "")
@@ -94,16 +115,15 @@ def train(cfg: dict[str, Any]) -> None:
         time.sleep(cfg.get("step_sleep", 0.0))
         if cfg.get("ckpt_every") and step % cfg["ckpt_every"] == 0:
             state = loader.state_dict()
-            _save(out / f"{tag}-step{step}.npy", np.concatenate(seen))
+            _save(out / f"{tag}-step{step}.npz", seen)
             dist.barrier()
             if rank == 0:
                 tmp = ckpt.with_name(ckpt.name + ".tmp")
                 torch.save({"data": state, "step": step}, tmp)
                 os.replace(tmp, ckpt)
             dist.barrier()
-    _save(out / f"{tag}-final.npy", np.concatenate(seen) if seen else np.zeros(0, np.int64))
-    dist.barrier()
-    dist.destroy_process_group()
+    _save(out / f"{tag}-final.npz", seen)
+    return step
 
 
 def read(cfg: dict[str, Any]) -> None:
@@ -121,7 +141,7 @@ def read(cfg: dict[str, Any]) -> None:
     for a in range(0, len(mine), size):
         batch = store.get_batch(mine[a: a + size], pad=True)
         seen.append(_check(batch))
-        _save(out / "ids.npy", np.concatenate(seen))
+        _save(out / "ids.npz", seen)
         time.sleep(cfg.get("step_sleep", 0.0))
     (out / "done").write_text(str(time.time()))
 
