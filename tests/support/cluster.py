@@ -5,7 +5,8 @@ each host a namespace of its own with one veth pair to the bridge: the host side
 address ``10.77.0.1`` (storage) or ``10.77.0.10 + i`` (node i), the switch side is the host's port. A
 host's processes reach the others only over that link, so :meth:`Cluster.cut` (the switch port down: the
 host's packets vanish, as when a cable or a switch fails; connections stall and new ones time out) and
-:meth:`Cluster.restore` cut and restore a host for real. :meth:`Cluster.spawn` starts a process on a
+:meth:`Cluster.restore` cut and restore a host for real (:meth:`Cluster.cut` with ``side="host"`` takes the host's own interface down instead:
+then every connection attempt fails at once). :meth:`Cluster.spawn` starts a process on a
 host (``ip netns exec``), :meth:`Cluster.kill_host` SIGKILLs every process in a host's namespace (its
 forkserver and DataLoader workers included), :meth:`Cluster.close` kills everything and deletes every
 namespace (the veths and the bridge go with them). Every name carries a tag unique to the cluster, and
@@ -196,13 +197,22 @@ class Cluster:
 
     # ---------------------------------------------------------------------------------- links
 
-    def cut(self, host: str) -> None:
-        """Cut ``host`` off the network: its switch port goes down, its packets are dropped from now on."""
-        _ip("-n", self.switch, "link", "set", self._ports[host], "down")
+    def cut(self, host: str, side: str = "switch") -> None:
+        """Cut ``host`` off the network. ``side="switch"``: its switch port goes down, its packets vanish
+        (connections stall until their timeout, connects time out). ``side="host"``: its own ``eth0`` goes
+        down, as when the host loses its link: the route goes with it, and every connection attempt fails
+        at once (network unreachable) while established ones stall."""
+        if side == "host":
+            _ip("-n", host, "link", "set", "eth0", "down")
+        else:
+            _ip("-n", self.switch, "link", "set", self._ports[host], "down")
 
-    def restore(self, host: str) -> None:
-        """Undo :meth:`cut`."""
-        _ip("-n", self.switch, "link", "set", self._ports[host], "up")
+    def restore(self, host: str, side: str = "switch") -> None:
+        """Undo :meth:`cut` (the host's address route comes back with its link)."""
+        if side == "host":
+            _ip("-n", host, "link", "set", "eth0", "up")
+        else:
+            _ip("-n", self.switch, "link", "set", self._ports[host], "up")
 
     def wait_reachable(self, host: str, ip: str, port: int, timeout: float = 20.0) -> None:
         """Wait until a TCP connection from ``host`` to ``ip:port`` succeeds (at most ``timeout`` s)."""
