@@ -369,6 +369,21 @@ def test_storage_cut_longer_than_the_budget_is_a_named_error_in_bounded_time(
         assert len(ids) % 24 == 0 and len(np.unique(ids)) == len(ids)
 
 
+@pytest.mark.slow
+def test_default_options_outlive_a_20s_storage_outage(cluster: cl.Cluster, storage: Storage,
+                                                      tmp_path: Path) -> None:
+    """With seqstore's defaults (timeout 30 s, retry_timeout 120 s) the storage host cut off for 20 s
+    mid-epoch costs the epoch that long and nothing else."""
+    defaults = {k: v for k, v in _options().items() if k not in ("timeout", "connect_timeout")}
+    procs, logs = _readers(cluster, tmp_path, storage_options=defaults, step_sleep=0.05)
+    _wait(lambda: min(_progress(tmp_path, 0), _progress(tmp_path, 1)) >= 48, 60, "both nodes to read")
+    cluster.cut(cluster.storage)
+    time.sleep(20)
+    cluster.restore(cluster.storage)
+    _finish(procs, 150, logs)
+    _exactly_once(_read_ids(tmp_path), _all_ids("a"), "a 20 s storage outage with the default options")
+
+
 # ------------------------------------------------------------------------------- storage faults
 
 
