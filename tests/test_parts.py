@@ -25,7 +25,6 @@ import pytest
 import seqstore as ss
 from seqstore.errors import CorruptionError, SchemaError, SeqstoreError
 from seqstore.format.manifest import Manifest
-from seqstore.store import parts as parts_mod
 from seqstore.store.parts import (
     PARTS_DIR,
     Part,
@@ -37,6 +36,7 @@ from seqstore.store.parts import (
     prepare_store,
 )
 from seqstore.store.verify import verify
+from seqstore.store.write import local as parts_mod
 
 SCHEMA = {"x": ss.Field("float32", (None, 3)), "y": ss.Field("int64")}
 

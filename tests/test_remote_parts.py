@@ -23,9 +23,11 @@ from support.stores import same_stores as _same
 
 import seqstore as ss
 from seqstore.errors import FormatError, SchemaError, SeqstoreError
-from seqstore.store import remote_parts
+from seqstore.store import parts as remote_parts
 from seqstore.store.parts import PartWriter, clean_parts, commit_parts, discard_parts, pending_jobs, prepare_store
 from seqstore.store.verify import verify
+from seqstore.store.write import objects as remote_commit
+from seqstore.store.write.objects import ObjectTarget
 
 if TYPE_CHECKING:
     from support.proxy import FaultProxy
@@ -82,7 +84,7 @@ def test_two_tasks_one_commit_read_back_equal(moto_s3: MotoS3, s3_bucket: str, t
     with pytest.raises(FileExistsError, match="mode='create'"):
         prepare_store(url, SCHEMA, mode="create", storage_options=opts)
     w = PartWriter(url, job="job1", task="t1-a0", storage_options=opts)
-    assert isinstance(w, remote_parts.RemotePartWriter)
+    assert isinstance(w.target, ObjectTarget)
     w.abort()
     p1 = _task(url, opts, "job1", "t1-a1", 100, 13, tmp_path)  # the second task finishes first
     p0 = _task(url, opts, "job1", "t0-a0", 0, 9, tmp_path)
@@ -188,7 +190,7 @@ def test_append_and_overwrite_existing_store(moto_s3: MotoS3, s3_bucket: str, tm
         prepare_store(url, {"y": ss.Field("int32")}, mode="append", storage_options=opts)
     prepare_store(url, SCHEMA, mode="append", storage_options=opts)
     parts = [_task(url, opts, "app", f"t{k}", 10 + 6 * k, 6, tmp_path) for k in range(2)]
-    monkeypatch.setattr(remote_parts, "COPY_LIMIT", 0)  # every file streamed through the driver
+    monkeypatch.setattr(remote_commit, "COPY_LIMIT", 0)  # every file streamed through the driver
     assert commit_parts(url, parts, storage_options=opts) == 12
     monkeypatch.undo()
     discard_parts(url, parts, storage_options=opts)
@@ -260,7 +262,7 @@ def test_driver_died_after_the_commit_point(moto_s3: MotoS3, s3_bucket: str, tmp
     def die(*args: Any) -> None:
         raise KeyboardInterrupt("driver killed")
 
-    monkeypatch.setattr(remote_parts, "_finish_parts", die)
+    monkeypatch.setattr(remote_commit, "_finish_parts", die)
     with pytest.raises(KeyboardInterrupt):
         commit_parts(url, parts, storage_options=opts)
     monkeypatch.undo()

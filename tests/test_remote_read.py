@@ -266,7 +266,7 @@ def test_repr_and_errors_carry_no_secret_and_a_pickle_reopens(moto_s3: MotoS3, r
     blob = pickle.dumps(store)
     assert b"ObjectClient" not in blob and b"obstore" not in blob, "a client object was pickled"
     assert SECRET not in repr(store) and SECRET not in str(store)
-    assert SECRET not in repr(store._remote) and SECRET not in repr(store._remote.client)
+    assert SECRET not in repr(store.source) and SECRET not in repr(store.source.remote.client)
     assert url in repr(store)
     assert len(blob) < 4096, f"a Store pickles small (URL and options), got {len(blob)} bytes"
     with pytest.raises(IndexError) as err:

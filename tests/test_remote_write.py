@@ -20,9 +20,11 @@ from support.stores import same_stores as _same
 
 import seqstore as ss
 from seqstore.errors import ConflictError, FormatError, RemoteError, SchemaError
-from seqstore.store import remote_writer
+from seqstore.store import writer as remote_writer
 from seqstore.store.parts import prepare_store
 from seqstore.store.verify import verify
+from seqstore.store.write import remote
+from seqstore.store.write.objects import ObjectTarget
 
 if TYPE_CHECKING:
     from support.proxy import FaultProxy
@@ -63,7 +65,7 @@ def test_remote_writes_read_back_equal(moto_s3: MotoS3, s3_bucket: str, tmp_path
     with ss.create(url, SCHEMA, packed=PACKED, max_shard_records=16, storage_options=opts,
                    metadata={"kind": "test"}, staging_dir=tmp_path / "staging") as w, \
             ss.create(local, SCHEMA, packed=PACKED, max_shard_records=16, metadata={"kind": "test"}) as lw:
-        assert isinstance(w, remote_writer.RemoteWriter)
+        assert isinstance(w.target, ObjectTarget)
         for first in range(0, 70, 10):
             cols, ids = _batch(first, 10)
             w.append_batch(cols, ids=ids)
@@ -93,7 +95,7 @@ def test_remote_writes_read_back_equal(moto_s3: MotoS3, s3_bucket: str, tmp_path
     assert verify(url, storage_options=opts) == []
     # old shard tables are deleted: the last few generations remain
     tables = [k for k in moto_s3.keys(s3_bucket, "w/a.seqstore/_shards/")]
-    assert 1 <= len(tables) <= remote_writer.KEEP_TABLES
+    assert 1 <= len(tables) <= remote.KEEP_TABLES
     # and the store copies down to a local store that reads the same and verifies
     down = tmp_path / "down.seqstore"
     ss.copy(url, down, src_options=opts)
@@ -228,7 +230,7 @@ def test_lost_answer_to_the_commit_is_not_committed_twice(moto_s3: MotoS3, s3_bu
     url = f"s3://{s3_bucket}/lost.seqstore"
     opts = moto_s3.storage_options()
     w = ss.create(url, SCHEMA, packed=PACKED, storage_options=opts)
-    client = w._client
+    client = w.target.client
     real_put = client.put
     lost: list[str] = []
 

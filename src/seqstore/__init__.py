@@ -25,7 +25,7 @@ from .schema import Field, PackedGroup, Schema, bfloat16_to_float32, float32_to_
 from .store import Lengths, Store, Writer
 from .store import open_store as open  # noqa: A001 - the public name is seqstore.open
 from .store.copy import copy
-from .store.remote_writer import append_to, create
+from .store.writer import append_to, create
 
 __version__ = "0.1.0"
 

@@ -18,13 +18,14 @@ from tqdm import tqdm
 
 from . import __version__
 from ._sysinfo import rss_bytes
-from .errors import SeqstoreError
+from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .interop.commands import cli_message
 from .io.objects import is_remote
+from .io.sources import open_source
 from .store import open_store
-from .store.describe import describe_groups
+from .store.describe import describe_groups, dtype_name
 from .store.verify import total_bytes, verify
 
 __all__ = ["main"]
@@ -38,31 +39,45 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+#: the longest record whose length ``info`` counts exactly in one pass (one int64 counter per length)
+_MAX_TALLY = 1 << 22
+
+
 def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
     """Min/mean/max and an integer-binned text histogram (at most 10 bins) of a ragged field's lengths.
 
-    Two passes over the offsets (range, then histogram), each with its own bar counting records to
-    ``len(store)``; O(chunk) memory.
+    One pass over the offsets, counting each length (memory O(chunk + longest record), at most
+    ``_MAX_TALLY`` counters); only where a record is longer than that does a second pass bin the lengths
+    once their range is known. One bar, counting records to ``len(store)`` per pass.
     """
     lengths = store.lengths(field)
     n = len(lengths)
     if n == 0:
         return ["    (no records)"]
     lo, hi, total = np.iinfo(np.int64).max, 0, 0
-    bar = tqdm(total=n, desc=f"lengths of {field} (1/2)", unit="rec", unit_scale=True, disable=not progress,
-               leave=False)
+    tally: np.ndarray[Any, Any] | None = np.zeros(0, dtype=np.int64)  # tally[k]: records of length k
+    bar = tqdm(total=n, desc=f"lengths of {field}", unit="rec", unit_scale=True, disable=not progress, leave=False)
     for chunk in lengths.iter_chunks():
         lo, hi, total = min(lo, int(chunk.min())), max(hi, int(chunk.max())), total + int(chunk.sum())
+        if tally is not None and hi < _MAX_TALLY:
+            part = np.bincount(chunk, minlength=len(tally))
+            part[: len(tally)] += tally
+            tally = part
+        else:
+            tally = None
         bar.update(len(chunk))
-    bar.close()
-    bar = tqdm(total=n, desc=f"lengths of {field} (2/2)", unit="rec", unit_scale=True, disable=not progress,
-               leave=False)
-    width = -(-(hi + 1 - lo) // 10)  # integer bins, at most 10 of them
-    edges = np.arange(lo, hi + 1 + width, width)[: -(-(hi + 1 - lo) // width) + 1]
-    counts = np.zeros(len(edges) - 1, dtype=np.int64)
-    for chunk in lengths.iter_chunks():
-        counts += np.histogram(chunk, bins=edges)[0]
-        bar.update(len(chunk))
+    width = -(-(hi + 1 - lo) // 10)  # integer bins [lo + k*width, lo + (k+1)*width), at most 10 of them
+    nbins = -(-(hi + 1 - lo) // width)
+    edges = lo + width * np.arange(nbins + 1, dtype=np.int64)
+    if tally is not None:
+        counts = np.add.reduceat(tally[lo : hi + 1], np.arange(0, hi + 1 - lo, width))
+    else:  # a record longer than _MAX_TALLY: bin the lengths in a second pass
+        bar.total += n
+        bar.refresh()
+        counts = np.zeros(nbins, dtype=np.int64)
+        for chunk in lengths.iter_chunks():
+            counts += np.bincount((chunk - lo) // width, minlength=nbins)
+            bar.update(len(chunk))
     bar.close()
     lines = [f"    rows per record: min {lo}, mean {total / n:.1f}, max {hi}; total {total}"]
     top = int(counts.max())
@@ -95,9 +110,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     open_s = time.perf_counter() - t0
     private_growth = rss_bytes()[0] - private0
     m = store.manifest
-    if store.is_remote and m.table is not None:  # every shard's descriptor, in one wave
-        table = m.shard_table()
-        store._remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
+    store.source.fetch_descriptors(m)  # a remote store: every shard's descriptor, in one wave
     print(f"store     {store.url}")
     print(f"records   {len(store)}")
     print(f"shards    {store.num_shards}")
@@ -114,7 +127,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, f in store.schema.items():
         dims = ", ".join("*" if s is None else str(s) for s in f.shape)
         shape = f"({dims}{',' if len(f.shape) == 1 else ''})"
-        print(f"  {name:<{width}}  {f.dtype:<9} {shape:<16} {'ragged' if f.ragged else 'fixed'}")
+        print(f"  {name:<{width}}  {dtype_name(f.dtype):<9} {shape:<16} {'ragged' if f.ragged else 'fixed'}")
     for line in describe_groups(store.schema):
         print(line)
     for name, f in store.schema.items():
@@ -126,13 +139,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .format.manifest import Manifest
-
     opts = storage_options(args)
+    # a path that is no store at all (missing, not a store, a bucket that does not exist) is an error as in
+    # ``info`` (exit 2, the same words); a damaged manifest is one of the problems verify reports (exit 1)
     try:
-        size = 0 if is_remote(args.path) else total_bytes(Manifest.load(args.path))
-    except SeqstoreError:
-        size = 0
+        manifest = open_source(args.path, opts).load()
+    except CorruptionError:
+        manifest = None
+    size = 0 if is_remote(args.path) or manifest is None else total_bytes(manifest)
     # verify() reports every byte of every listed file (header and data), so the bar ends at ``size``
     with tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=args.quiet or size == 0,
               file=sys.stderr) as bar:
@@ -197,7 +211,12 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="seqstore", description="Inspect, check and demo seqstore stores.")
+    p = argparse.ArgumentParser(
+        prog="seqstore",
+        description="Inspect and check seqstore stores (info, verify), copy them between disk and object storage "
+        "(copy), build them from other formats and write them back out (convert, export), and try it all on a "
+        "generated corpus (demo).",
+    )
     p.add_argument("--version", action="version", version=f"seqstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -218,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--records", type=int, default=1_000_000, help="number of sequences (default 1,000,000)")
     demo.add_argument("--dim", type=int, default=16, help="feature dimension (default 16)")
     demo.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0,
+                      help="random seed of the generated corpus and of the read patterns (default 0)")
     demo.add_argument("--keep", action="store_true", help="reuse the corpus in --out if it is already there")
     demo.set_defaults(func=cmd_demo)
 

@@ -17,6 +17,8 @@ __all__ = [
     "LockError",
     "RemoteError",
     "RemoteNotFound",
+    "BucketNotFound",
+    "ConfigError",
     "CredentialsError",
     "StaleStoreError",
     "ConflictError",
@@ -57,6 +59,16 @@ class RemoteError(SeqstoreError):
 
 class RemoteNotFound(RemoteError):
     """The object at ``url`` does not exist."""
+
+
+class BucketNotFound(RemoteError):
+    """The bucket (Azure: container) that ``url`` names does not exist. Not a :class:`RemoteNotFound`:
+    a missing bucket is a wrong URL or endpoint, not an object that has yet to be written."""
+
+
+class ConfigError(SeqstoreError, ValueError):
+    """A storage option or an object-store URL that seqstore or the storage client does not accept;
+    the message names the option or URL and what is expected (for an unknown key: the valid ones)."""
 
 
 class CredentialsError(RemoteError):

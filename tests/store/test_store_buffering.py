@@ -11,7 +11,7 @@ import pytest
 
 import seqstore as ss
 import seqstore.store.verify
-from seqstore.store import writer as writer_mod
+from seqstore.store.write import writer as writer_mod
 
 
 def test_reused_caller_arrays_never_change_stored_records(tmp_path: Path, monkeypatch: object) -> None:

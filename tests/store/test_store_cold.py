@@ -383,11 +383,11 @@ def test_twenty_thousand_shards_under_ulimit_1024(tmp_path: Path) -> None:
 def test_scans_request_the_next_stretch(written: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     """iter_matrix asks for each block's bytes (the first block, then always the next one) before the
     caller touches them; Lengths.iter_chunks asks for its offsets."""
-    import seqstore.store.reader as reader_mod
+    import seqstore.io.local_source as source_mod
 
     root, want = written
     asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or 1)
+    monkeypatch.setattr(source_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or 1)
     store = ss.open(root, readahead="always")
     blocks = []
     for first, block in store.iter_matrix(["x"], chunk_rows=500):
@@ -429,19 +429,19 @@ def test_views_are_readable_at_interpreter_exit(tmp_path: Path) -> None:
 
 
 def test_a_batch_maps_each_shard_once_whatever_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import seqstore.store.reader as reader_mod
+    import seqstore.store.read.shards as shards_mod
 
     root = tmp_path / "s"
     want = _write(root, n=400, max_shard_records=10)  # 40 shards
     made: list[str] = []
-    real = reader_mod._Shard
+    real = shards_mod.Shard
 
     class Counting(real):  # type: ignore[misc, valid-type]
         def __init__(self, *a: Any, **kw: Any) -> None:
             made.append("x")
             super().__init__(*a, **kw)
 
-    monkeypatch.setattr(reader_mod, "_Shard", Counting)
+    monkeypatch.setattr(shards_mod, "Shard", Counting)
     store = ss.open(root, max_mapped_shards=3, readahead="always")
     idx = np.arange(400)[::-1]
     for pad in (False, True):
@@ -484,13 +484,13 @@ def test_a_store_shared_by_threads(tmp_path: Path) -> None:
 
 def test_the_sample_looks_at_every_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A field in memory must not hide a cold one from the sample (fields asked in either order)."""
-    import seqstore.store.reader as reader_mod
+    import seqstore.io.local_source as source_mod
 
     root = tmp_path / "s"
     _write(root, n=2000, max_shard_records=500)
     requested: list[int] = []
-    real = reader_mod.willneed
-    monkeypatch.setattr(reader_mod, "willneed", lambda s, e, **kw: requested.append(len(s)) or real(s, e, **kw))
+    real = source_mod.willneed
+    monkeypatch.setattr(source_mod, "willneed", lambda s, e, **kw: requested.append(len(s)) or real(s, e, **kw))
     idx = np.random.default_rng(0).permutation(2000)[:300]
     for names in (["label", "x"], ["x", "label"], ["label", "tok"]):
         store = sh = None  # unmap the previous round's files: pages a live mapping holds cannot be dropped
@@ -508,12 +508,13 @@ def test_the_sample_looks_at_every_field(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_a_matrix_view_reads_ahead_only_its_first_stretch(written: tuple[Path, dict[str, Any]],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import seqstore.store.reader as reader_mod
+    import seqstore.io.local_source as source_mod
+    import seqstore.store.read.matrix as matrix_mod
 
     root, want = written
     asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or 1)
-    monkeypatch.setattr(reader_mod, "_VIEW_AHEAD", 512 * 100)  # 100 rows of x
+    monkeypatch.setattr(source_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or 1)
+    monkeypatch.setattr(matrix_mod, "_VIEW_AHEAD", 512 * 100)  # 100 rows of x
     store = ss.open(root, readahead="always")
     view = store.matrix(["x"], slice(0, 1000))
     np.testing.assert_array_equal(view, want["x"][:1000])
@@ -593,13 +594,13 @@ def test_request_size_follows_the_device(tmp_path: Path) -> None:
 
 def test_iter_ragged_streams_zero_copy_blocks(written: tuple[Path, dict[str, Any]],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import seqstore.store.reader as reader_mod
+    import seqstore.io.local_source as source_mod
 
     root, want = written
     _drop_cache(root)
     asked: list[tuple[int, int]] = []
-    real = reader_mod.willneed_span
-    monkeypatch.setattr(reader_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or real(a, b, **kw))
+    real = source_mod.willneed_span
+    monkeypatch.setattr(source_mod, "willneed_span", lambda a, b, **kw: asked.append((a, b)) or real(a, b, **kw))
     store = ss.open(root, readahead="always")
     s = want["starts"]
     firsts = []

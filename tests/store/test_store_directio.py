@@ -30,10 +30,11 @@ from seqstore.format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, read_header
 from seqstore.log import Logger
 from seqstore.log.logger import _buffer_rows
 from seqstore.store import directio
-from seqstore.store import writer as writer_mod
+from seqstore.store import writer as writer_api
 from seqstore.store.directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
 from seqstore.store.ids import encode_ids
 from seqstore.store.verify import verify
+from seqstore.store.write import columns as writer_mod
 
 WIDTH = 1024  # float32 columns: one record is one page (4096 bytes)
 SCHEMA = {
@@ -475,7 +476,7 @@ def test_open_or_create_and_append_to_take_direct_io(tmp_path: Path, monkeypatch
     root = tmp_path / "s"
     rng = np.random.default_rng(9)
     b = [make_batch(rng, 0, 600), make_batch(rng, 600, 500), make_batch(rng, 1100, 400)]
-    with writer_mod.open_or_create(root, SCHEMA, packed=PACK, direct_io=True) as w:
+    with writer_api.open_or_create(root, SCHEMA, packed=PACK, direct_io=True) as w:
         append_batch(w, b[0])
     with ss.append_to(root) as w:
         append_batch(w, b[1])

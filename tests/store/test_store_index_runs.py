@@ -15,8 +15,8 @@ from store_testlib import edit_shard_meta
 
 import seqstore as ss
 from seqstore.format.manifest import Manifest
-from seqstore.store import writer as writer_mod
 from seqstore.store.verify import verify
+from seqstore.store.write import disk as writer_mod
 from seqstore.store.writer import merge_sorted_runs
 
 SCHEMA = {"x": ss.Field("int32")}

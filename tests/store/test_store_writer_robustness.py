@@ -15,8 +15,8 @@ from store_testlib import edit_shard_meta, fds_under, workspaces
 
 import seqstore as ss
 from seqstore.format.manifest import Manifest
-from seqstore.store import writer as writer_mod
 from seqstore.store.verify import verify
+from seqstore.store.write import columns as writer_mod
 from seqstore.store.writer import merge_sorted_runs
 
 SCHEMA = {"x": ss.Field("float32", (1024,)), "y": ss.Field("float32", (1024,))}

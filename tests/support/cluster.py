@@ -5,9 +5,9 @@ each host a namespace of its own with one veth pair to the bridge: the host side
 address ``10.77.0.1`` (storage) or ``10.77.0.10 + i`` (node i), the switch side is the host's port. A
 host's processes reach the others only over that link, so :meth:`Cluster.cut` (the switch port down: the
 host's packets vanish, as when a cable or a switch fails; connections stall and new ones time out) and
-:meth:`Cluster.restore` cut and restore a host for real (:meth:`Cluster.cut` with ``side="host"`` takes the host's own interface down instead:
-then every connection attempt fails at once). :meth:`Cluster.spawn` starts a process on a
-host (``ip netns exec``), :meth:`Cluster.kill_host` SIGKILLs every process in a host's namespace (its
+:meth:`Cluster.restore` cut and restore a host for real (``cut(host, "host")`` takes the host's own
+interface down instead: then every connection attempt fails at once). :meth:`Cluster.spawn` starts a
+process on a host (``ip netns exec``), :meth:`Cluster.kill_host` SIGKILLs every process in a host's namespace (its
 forkserver and DataLoader workers included), :meth:`Cluster.close` kills everything and deletes every
 namespace (the veths and the bridge go with them). Every name carries a tag unique to the cluster, and
 :func:`leftovers` lists what any cluster left behind (namespaces, interfaces, processes), for the test

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SeqstoreError
-from ..io.nodecache import budget_directory, charge
+from ..io.nodecache import charge
 
 __all__ = [
     "CacheError", "default_cache_dir", "fingerprint", "store_fingerprint", "cached_array", "write_npy", "load_npy",
@@ -43,11 +43,10 @@ class CacheError(SeqstoreError):
 def default_cache_dir(store: Any) -> Path:
     """``<store>.cache`` next to a local store's directory (``store``: a Store or its path). For a
     remote store: ``derived/<store>/`` in the node cache, whose budget then counts what is written."""
-    remote = getattr(store, "_remote", None)
-    if remote is not None:
-        path: Path = remote.cache.root / "derived" / remote.digest()
-        budget_directory(path, remote.cache)
-        return path
+    source = getattr(store, "source", None)
+    derived: Path | None = source.derived_dir() if source is not None else None
+    if derived is not None:  # the source decides (a remote store: in the node cache, within its budget)
+        return derived
     root = Path(getattr(store, "root", store))
     return root.with_name(root.name + ".cache")
 

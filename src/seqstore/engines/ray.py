@@ -175,7 +175,7 @@ class _StoreDatasink(_SinkBase):
             time.sleep(0.2)
         if is_remote(self.root):
             if self.mode == "create":  # the store this job created, if still empty
-                from ..store.remote_parts import remove_if_empty
+                from ..store.parts import remove_if_empty
 
                 remove_if_empty(self.root, storage_options=self.storage_options)
             return

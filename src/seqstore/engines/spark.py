@@ -53,7 +53,7 @@ from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, open_store
 from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
-from ..store.remote_writer import existing_manifest
+from ..store.writer import existing_manifest
 
 try:
     from pyspark import TaskContext
@@ -216,7 +216,7 @@ def _remove_if_empty(path: str, storage_options: Mapping[str, Any] | None = None
     """Remove the store a failed job created, if nothing was committed to it since and no other job
     writes parts into it."""
     if is_remote(path):
-        from ..store.remote_parts import remove_if_empty
+        from ..store.parts import remove_if_empty
 
         remove_if_empty(path, storage_options=storage_options)
         return

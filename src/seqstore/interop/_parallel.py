@@ -10,7 +10,7 @@ temporary directory, parts included, is deleted and ``out`` is as before.
 
 A URL of object storage as ``out`` (``s3://``...; ``storage_options``) is written in place: the
 store is prepared there (``create``, or ``overwrite`` staging the new schema), each worker uploads
-its part into the store's staging prefix (store/remote_parts.py), the parts are committed in unit
+its part into the store's staging prefix (store/write/objects.py), the parts are committed in unit
 order with one conditional manifest write, and the job's staging objects are deleted. A failure
 discards every part; a store the conversion created is deleted again, an existing one (overwrite)
 is left as it was.
@@ -144,8 +144,8 @@ def _convert_to_url(
     storage_options: Mapping[str, Any] | None,
 ) -> None:
     """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
-    from ..store import remote_parts
-    from ..store.remote_writer import existing_manifest
+    from ..store.parts import remove_if_empty, unstage
+    from ..store.writer import existing_manifest
 
     existed = existing_manifest(url, storage_options) is not None
     if existed and not overwrite:
@@ -164,9 +164,9 @@ def _convert_to_url(
         try:
             discard_parts(url, job_id, storage_options=storage_options)
             if not existed:
-                remote_parts.remove_if_empty(url, storage_options=storage_options)
+                remove_if_empty(url, storage_options=storage_options)
             elif overwrite:
-                remote_parts.unstage(url, storage_options=storage_options)
+                unstage(url, storage_options=storage_options)
         except (SeqstoreError, RemoteError) as exc:  # the conversion's own error is the one to report
             log.warning("%s: could not remove what the failed conversion left (%s)", url, exc)
         raise

@@ -190,7 +190,7 @@ register_source("returnn-hdf", Converter("RETURNN HDF files (SimpleHDFWriter / H
                                          _hdf_args))
 register_source("parquet", Converter("Parquet files or directories", _arrow_run("parquet"), _arrow_args, unit="rec"))
 register_source("arrow", Converter("Arrow IPC files or directories (incl. HF datasets save_to_disk)",
-                                   _arrow_run("arrow"), None, unit="rec"))
+                                   _arrow_run("arrow"), _arrow_args, unit="rec"))
 def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     from ..log.logix import import_logix
     from ..store import open_store
@@ -198,6 +198,8 @@ def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     srcs, out = _sources_and_out(args)
     if len(srcs) != 1:
         raise SeqstoreError("convert --from logix: give one LogIX log directory, then the output store")
+    if not os.path.exists(srcs[0]):
+        raise FileNotFoundError(f"{srcs[0]}: no such file or directory (expected a LogIX log directory)")
     import_logix(srcs[0], out, overwrite=args.overwrite, batch_records=args.batch_records,
                  progress=_RunningTotal(progress))
     return open_store(out)
@@ -327,6 +329,7 @@ def add_subcommands(subparsers: Any) -> None:
     points at :func:`convert_main` / :func:`export_main`, as ``cli.main`` expects)."""
     conv = subparsers.add_parser(
         "convert", help="build a store from other formats (" + ", ".join(SOURCES) + ")",
+        usage="%(prog)s --from FORMAT [options] SOURCE [SOURCE ...] OUT",
         description="Stream files of another format into a new store (all files are checked first; a failed "
         "conversion leaves no store behind).",
     )
@@ -343,9 +346,12 @@ def add_subcommands(subparsers: Any) -> None:
                       help="returnn-hdf/parquet/arrow: worker processes (default: the number of cores, "
                       f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
                       "too small to split are converted in one process")
+    shared: dict[Callable[[Any], None], list[str]] = {}  # options of several sources: one group naming them all
     for name, c in SOURCES.items():
         if c.add_arguments is not None:
-            c.add_arguments(conv.add_argument_group(f"--from {name}"))
+            shared.setdefault(c.add_arguments, []).append(name)
+    for add_arguments, names in shared.items():
+        add_arguments(conv.add_argument_group(", ".join(f"--from {n}" for n in names)))
     conv.set_defaults(func=convert_main)
 
     exp = subparsers.add_parser("export", help="write a store in another format (" + ", ".join(TARGETS) + ")")

@@ -1,20 +1,27 @@
-"""Byte access below the store: mappings that hold no file descriptor, read-ahead of exactly the
-pages a known access will touch, and the look-ahead loop that keeps the next batches' reads in flight.
+"""Byte access below the store: where a store's bytes live (:class:`ByteSource`: a local directory,
+or object storage through the node cache; :func:`open_source` picks one), mappings that hold no
+file descriptor, read-ahead of exactly the pages a known access will touch, and the look-ahead loop
+that keeps the next batches' reads in flight.
 
-Layering: ``format`` -> ``io`` -> ``store``. Nothing here knows about schemas or shards.
+Layering: ``format`` -> ``io`` -> ``store``. Nothing here knows about records or batches.
 """
 
 from .advice import any_cold, page_runs, willneed, willneed_span
 from .ahead import lookahead
 from .mapping import PAGE, address, holds_descriptors, map_file
+from .source import ByteSource, ReadPolicy
+from .sources import open_source
 
 __all__ = [
     "PAGE",
+    "ByteSource",
+    "ReadPolicy",
     "address",
     "any_cold",
     "holds_descriptors",
     "lookahead",
     "map_file",
+    "open_source",
     "page_runs",
     "willneed",
     "willneed_span",

@@ -4,21 +4,27 @@ The vocabulary: :class:`ObjectMeta` (an object's key, size and version tag), the
 that :class:`~seqstore.io.objects.ObjectClient` drives (one back end per URL: ``object_obstore`` for
 S3/GCS/Azure/HTTP, ``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads
 of its client), ``_Transient`` (a failure worth retrying: the client's retry loop catches it); and the URL
-and option helpers: :func:`is_remote`, :func:`redact`, :data:`REMOTE_SCHEMES`, :data:`SEQSTORE_OPTIONS`.
+and option helpers: :func:`is_remote`, :func:`redact`, :data:`REMOTE_SCHEMES`, :data:`SEQSTORE_OPTIONS`,
+:func:`check_options` (seqstore's own option values) and :func:`check_url` (an object-store URL names a
+bucket), both raising :class:`~seqstore.errors.ConfigError`.
 """
 
 from __future__ import annotations
 
 import abc
 import concurrent.futures
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import RemoteError
+from ..errors import ConfigError, RemoteError
 
-__all__ = ["ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "is_remote", "redact"]
+__all__ = [
+    "ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote",
+    "redact",
+]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
@@ -35,6 +41,58 @@ def is_remote(path: Any) -> bool:
     if not isinstance(path, str) or "://" not in path:
         return False
     return urlsplit(path).scheme.lower() not in ("", "file")
+
+
+#: seqstore's own numeric options: (kind, least value, whether the least value itself is allowed)
+_OPTION_RANGES: dict[str, tuple[type, float, bool]] = {
+    "max_requests": (int, 1, True),
+    "max_inflight_bytes": (int, 1, True),
+    "coalesce_gap": (int, 0, True),
+    "timeout": (float, 0, False),
+    "connect_timeout": (float, 0, False),
+    "max_retries": (int, 0, True),
+    "retry_timeout": (float, 0, True),
+}
+
+
+def check_options(url: str, options: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming the option and what it takes if one of seqstore's own numeric
+    options in ``options`` (``max_requests``, ``timeout``, ...) is not a number in its range. Strings are
+    accepted where they spell one (``-o max_requests=16`` on the command line)."""
+    for key, (kind, least, inclusive) in _OPTION_RANGES.items():
+        if key not in options:
+            continue
+        value = options[key]
+        try:
+            if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            number = kind(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError, OverflowError):
+            number = None
+        if number is None or not math.isfinite(number) or number < least or (number == least and not inclusive):
+            what = "an integer" if kind is int else "a number of seconds"
+            bound = f">= {least}" if inclusive else f"> {least}"
+            raise ConfigError(f"{url}: storage option {key}={value!r}: expected {what} {bound}")
+
+
+def check_url(url: str) -> None:
+    """Raise :class:`ConfigError` naming ``url`` if it is an object-store URL without a bucket
+    (``s3:///x``, ``gs://``) or an http(s) URL without a host."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in REMOTE_SCHEMES:
+        return
+    if scheme in ("http", "https"):
+        if not parts.hostname:
+            raise ConfigError(f"{url}: not a valid URL: no host (expected {scheme}://HOST/PATH)")
+        return
+    if not parts.netloc or parts.netloc.startswith("@"):
+        holder = "container" if scheme in ("az", "abfs", "abfss", "azure") else "bucket"
+        slashes = f"; {scheme}:/// has one slash too many" if url.lower().startswith(f"{scheme}:///") else ""
+        raise ConfigError(
+            f"{url}: not a valid {scheme}:// URL: it names no {holder} (expected {scheme}://{holder.upper()}/PATH"
+            f"{slashes})"
+        )
 
 
 def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Requests run as coroutines on one event loop per process (a daemon thread, ``_Lo
 ``max_requests`` at once and at most ``max_inflight_bytes`` of answers held at once (``_ByteBudget``).
 Each range request retries its own transient failures (``_ObstoreBackend._one``); obstore's own retries are
 off, so the attempt count in an error is exact. obstore's exceptions and HTTP statuses are mapped here to
-seqstore's errors (``_ObstoreBackend._classify``). A process forked after obstore started its runtime
+seqstore's errors (``_ObstoreBackend._classify``): a configuration or URL obstore refuses is a
+``ConfigError`` naming the option (with the valid keys) or the URL, a missing bucket ``BucketNotFound``,
+and a request refused before it was sent is not retried. A process forked after obstore started its runtime
 refuses to use it with an error (:func:`fork_unsafe` tells a parent when to avoid fork).
 """
 
@@ -13,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import difflib
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -21,10 +25,50 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Backend, _Transient
+from ..errors import (
+    BucketNotFound,
+    ConfigError,
+    ConflictError,
+    CredentialsError,
+    RemoteError,
+    RemoteNotFound,
+    StaleStoreError,
+)
+from .object_common import _EMPTY, SEQSTORE_OPTIONS, ClientSettings, ObjectMeta, _Backend, _Transient, check_url
 
 __all__ = ["fork_unsafe"]
+
+#: the configuration keys obstore takes for each service (its short spellings; it also accepts them with an
+#: ``aws_``/``google_``/``azure_`` prefix or in upper case), for the message that refuses an unknown key
+_SERVICE_KEYS = {
+    "S3": (
+        "access_key_id", "bucket", "checksum_algorithm", "conditional_put", "container_authorization_token_file",
+        "container_credentials_full_uri", "container_credentials_relative_uri", "copy_if_not_exists",
+        "default_region", "disable_bulk_delete", "disable_tagging", "endpoint", "metadata_endpoint", "region",
+        "request_payer", "role_arn", "role_session_name", "secret_access_key", "server_side_encryption",
+        "session_token", "skip_signature", "sse_bucket_key_enabled", "sse_kms_key_id", "sts_endpoint",
+        "unsigned_payload", "virtual_hosted_style_request", "web_identity_token_file",
+    ),
+    "GCS": ("application_credentials", "base_url", "bearer_token", "bucket", "service_account",
+            "service_account_key", "skip_signature"),
+    "Azure": (
+        "account_key", "account_name", "authority_host", "client_id", "client_secret", "container_name",
+        "credential_type", "disable_tagging", "encryption_key", "endpoint", "federated_token_file", "msi_endpoint",
+        "msi_resource_id", "object_id", "sas_key", "skip_signature", "tenant_id", "token", "use_azure_cli",
+        "use_emulator", "use_fabric_endpoint",
+    ),
+    "HTTP": (),
+}
+#: client options seqstore passes on to obstore's HTTP client (any service)
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "http1_only", "proxy_url", "user_agent")
+#: phrases of obstore errors raised before a request was sent (misconfiguration: retrying cannot help)
+_REFUSALS = (
+    "builder error", "URL scheme is not allowed", "Version required", "ETag required", "Missing bucket name",
+    "Missing AccessKeyId", "Missing SecretAccessKey", "Account must be specified", "Unable to recognise URL",
+    "Generating SAS", "Configuration key",
+)
+#: what a service answers for a bucket (container) that does not exist
+_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
 
 #: answers up to this size are taken synchronously once their headers are in (see ``_ObstoreBackend._one``)
 _SMALL_BODY = 64 << 10
@@ -189,17 +233,23 @@ class _ObstoreBackend(_Backend):
         if scheme in ("az", "abfs", "abfss", "azure"):
             self.suffix_ranges = False
         self.generations = scheme in ("gs", "gcs")
-        if scheme in ("http", "https"):
-            self.conditional = False
-            self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
-        else:
-            if scheme == "s3a":
-                client_url = urlunsplit(("s3", *parts[1:]))
+        check_url(client.url)
+        try:
+            if scheme in ("http", "https"):
+                self.conditional = False
+                if opts:  # the HTTP store takes client options only
+                    raise _unknown_key(client.url, "HTTP", next(iter(opts)))
+                self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
             else:
-                client_url = client.url
-            self.store = from_url(
-                client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
-            )
+                if scheme == "s3a":
+                    client_url = urlunsplit(("s3", *parts[1:]))
+                else:
+                    client_url = client.url
+                self.store = from_url(
+                    client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
+                )
+        except oex.BaseError as exc:
+            raise _config_error(client.url, scheme, exc, opts) from None
         self.sem: asyncio.Semaphore | None = None
         self.budget: _ByteBudget | None = None
 
@@ -227,7 +277,7 @@ class _ObstoreBackend(_Backend):
         oex = self.oex
         url = self.c.key_url(key)
         if isinstance(exc, oex.NotFoundError):
-            return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+            return self._not_found(exc, key)
         if isinstance(exc, (oex.PermissionDeniedError, oex.UnauthenticatedError)):
             return CredentialsError(
                 f"{url}: access refused ({type(exc).__name__}); check the credentials for this bucket "
@@ -248,15 +298,21 @@ class _ObstoreBackend(_Backend):
                 f"{url}: the client refused the request before sending it ({_short(exc, 160)}); for an http:// "
                 "endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)", url=url, attempts=1,
             )
-        if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError, oex.UnknownConfigurationKeyError)):
-            return RemoteError(f"{url}: {type(exc).__name__}: {_short(exc)}", url=url, attempts=1)
+        if isinstance(exc, oex.UnknownConfigurationKeyError):
+            return _config_error(self.c.url, urlsplit(self.c.url).scheme.lower(), exc, self.c._options)
+        if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError)):
+            return RemoteError(f"{url}: not supported by the client: {_short(exc)}", url=url, attempts=1)
+        if any(p in str(exc) for p in _REFUSALS):
+            return RemoteError(
+                f"{url}: the client refused the request before sending it: {_short(exc)}", url=url, attempts=1
+            )
         status = _status_of(exc)
         if status in (401, 403):
             return CredentialsError(
                 f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1
             )
         if status == 404:
-            return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+            return self._not_found(exc, key)
         if status == 412:
             cls = StaleStoreError if conditional else ConflictError
             return cls(f"{url}: precondition failed (the object changed)", url=url, attempts=1)
@@ -264,15 +320,31 @@ class _ObstoreBackend(_Backend):
             return RemoteError(f"{url}: HTTP {status}: {_short(exc)}", url=url, attempts=1)
         return _Transient(f"{type(exc).__name__}: {_short(exc)}")
 
+    def _not_found(self, exc: BaseException, key: str) -> RemoteError:
+        """A 404 on ``key``: :class:`BucketNotFound` where the service says the bucket (container) is
+        missing, else :class:`RemoteNotFound` (a HEAD answers without a body, so it cannot tell)."""
+        url = self.c.key_url(key)
+        text = str(exc)
+        if any(p in text for p in _NO_BUCKET):
+            parts = urlsplit(self.c.url)
+            named = re.search(r"<BucketName>([^<]+)</BucketName>", text)
+            bucket = named.group(1) if named else parts.netloc.partition("@")[0] or parts.netloc
+            scheme = parts.scheme.lower()
+            holder = "container" if scheme in ("az", "abfs", "abfss", "azure") else "bucket"
+            return BucketNotFound(
+                f"{holder} {bucket!r} does not exist ({url}); check the URL and the endpoint, or create the "
+                f"{holder} first", url=url, attempts=1,
+            )
+        return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+
     # requests -----------------------------------------------------------------------------------
     def _sync(self, key: str, fn: Any, conditional: bool = False) -> Any:
         try:
             return fn()
         except self.oex.BaseError as exc:
             raise self._classify(exc, key, conditional) from None
-        except FileNotFoundError:  # obstore raises the builtin for a missing object
-            url = self.c.key_url(key)
-            raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
+        except FileNotFoundError as exc:  # obstore raises the builtin for a missing object
+            raise self._not_found(exc, key) from None
         except (OSError, TimeoutError, ConnectionError) as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
 
@@ -348,8 +420,10 @@ class _ObstoreBackend(_Backend):
                 last: BaseException = err
             except _Transient as exc:
                 last = exc
-            except FileNotFoundError:  # obstore raises the builtin for a missing object
-                raise RemoteNotFound(f"{url}: no such object", url=url, attempts=attempt) from None
+            except FileNotFoundError as exc:  # obstore raises the builtin for a missing object
+                err = self._not_found(exc, key)
+                err.attempts = attempt
+                raise err from None
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = _Transient(f"{type(exc).__name__}: {exc}")
             if attempt == 1:
@@ -452,6 +526,29 @@ def _expected(start: int, end: int, size: int) -> int:
     return max(0, min(end, size) - start)
 
 
+def _unknown_key(url: str, service: str, key: str) -> ConfigError:
+    """The error for storage option ``key`` that neither seqstore nor the ``service`` client knows."""
+    valid = sorted({*_SERVICE_KEYS[service], *_CLIENT_KEYS, *SEQSTORE_OPTIONS})
+    near = difflib.get_close_matches(key.lower(), valid, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConfigError(f"{url}: unknown storage option {key!r} for {service}{hint}; valid keys: {', '.join(valid)}")
+
+
+def _config_error(url: str, scheme: str, exc: BaseException, options: dict[str, Any]) -> ConfigError:
+    """obstore's refusal of a client configuration in seqstore's words: an unknown key with the valid ones
+    (and the nearest spelling), anything else with the URL and the client's reason."""
+    service = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "http": "HTTP", "https": "HTTP"}.get(scheme, "Azure")
+    text = str(exc)
+    if "Configuration key" in text:
+        named = re.search(r"key: '([^']*)'", text)
+        return _unknown_key(url, service, named.group(1) if named else ", ".join(sorted(options)))
+    if "Unable to recognise URL" in text or "URL error" in text:
+        return ConfigError(f"{url}: not a URL the {service} client recognises (expected {scheme}://BUCKET/PATH)")
+    return ConfigError(f"{url}: the {service} client refused its configuration: {_short(exc, 200)}")
+
+
 def _short(exc: BaseException, most: int = 300) -> str:
-    text = " ".join(str(exc).split())
+    """The message of ``exc`` on one line, without obstore's ``Debug source:`` dump, cut at ``most``."""
+    text = str(exc).split("Debug source:")[0]
+    text = " ".join(text.split())
     return text if len(text) <= most else text[:most] + "..."

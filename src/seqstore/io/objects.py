@@ -46,7 +46,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import RemoteError
-from .object_common import REMOTE_SCHEMES, SEQSTORE_OPTIONS, ObjectMeta, _Backend, _Transient, is_remote, redact
+from .object_common import (
+    REMOTE_SCHEMES,
+    SEQSTORE_OPTIONS,
+    ObjectMeta,
+    _Backend,
+    _Transient,
+    check_options,
+    is_remote,
+    redact,
+)
 from .object_fsspec import _FsspecBackend
 from .object_obstore import _ObstoreBackend, fork_unsafe
 
@@ -83,6 +92,7 @@ class ObjectClient:
     def __init__(self, url: str, options: Mapping[str, Any] | None = None, filesystem: Any = None) -> None:
         opts = dict(options or {})
         self.url = url.rstrip("/")
+        check_options(self.url, opts)  # a seqstore error naming the option, not int()'s ValueError
         self.max_requests = int(opts.pop("max_requests", 64))
         self.max_inflight_bytes = int(opts.pop("max_inflight_bytes", 256 << 20))
         self.coalesce_gap = int(opts.pop("coalesce_gap", 64 << 10))

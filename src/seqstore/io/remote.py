@@ -1,4 +1,5 @@
-"""A store on object storage, read through the node-local cache as if it were local.
+"""A store on object storage laid out as a local directory: the mirror of its manifest and shard
+table, and its data files mapped from the node cache.
 
 :class:`RemoteRoot` gives the store reader what it needs from a local directory:
 
@@ -6,346 +7,53 @@
   shard table (one more), and lays them out in a small local directory of the cache (a *mirror*, one
   per store URL and manifest version), so the reader opens it with the code it uses for local stores:
   at most 2 round trips, nothing per shard.
-- :meth:`RemoteRoot.prepare_shard` runs when a shard is first touched: one wave of requests fetches
-  its descriptor and the first and last page of each of its files (the ``.npy`` headers, the last
-  offsets, and each object's size and ETag). Data files become cache entries keyed by URL and ETag.
+- :meth:`RemoteRoot.prepare_shards` runs when shards are first touched: one wave of requests fetches
+  their descriptors and the first and last page of each of their files (the ``.npy`` headers, the
+  last offsets, and each object's size and ETag). Data files become cache entries keyed by URL and ETag.
 - :meth:`RemoteRoot.map_npy` maps a data file's cache entry (a sparse local file) in place of the
-  object. Pages that were never fetched read as zeros, so nothing may read a mapped page before it
-  is present: the reader asks for the byte ranges it is about to touch with :func:`fetch` (start the
-  requests, return at once) and :func:`ensure` (wait until present), the remote counterparts of
-  ``madvise(MADV_WILLNEED)``. Both take absolute addresses inside such mappings, the same ranges the
-  local read-ahead computes; addresses outside remote mappings are ignored.
-
-Requests: the page runs an access needs minus the pages present in the cache and the runs already
-in flight in this process, merged where closer than ``coalesce_gap``, cut to at most 8 MiB, all
-submitted at once to the client (at most ``max_requests`` and ``max_inflight_bytes`` in flight). An
-access that asks for much of an aligned chunk fetches the chunk whole (:func:`_missing_requests`).
+  object and registers the mapping with :mod:`seqstore.io.remote_fetch`, whose :func:`fetch` and
+  :func:`ensure` bring the pages an access needs (names re-exported here).
 """
 
 from __future__ import annotations
 
 import bisect
-import concurrent.futures
 import hashlib
 import json
 import os
 import threading
-import time
-import weakref
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
+from ..errors import CorruptionError, FormatError, RemoteNotFound
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
-from .advice import page_runs
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
-from .nodecache import CachedObject, NodeCache, run_pages
+from .nodecache import CachedObject, NodeCache
 from .objects import ObjectClient, ObjectMeta, redact
+from .remote_fetch import (
+    MOST,
+    Region,
+    Ticket,
+    ensure,
+    ensure_array,
+    fetch,
+    paged_searchsorted,
+    register,
+    remote_mappings,
+)
 
 __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted", "Ticket", "remote_mappings"]
 
-_MOST = 8 << 20  # bytes per request at most
-_CHUNK = 1 << 20  # an access that asks for at least 1/_DENSE of such an aligned chunk fetches it whole
-_DENSE = 16
-_EDGE = 64 << 10  # a dense run also brings the missing bytes this close to its ends (rows across the chunk edge)
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
 
-
-# ------------------------------------------------------------------------------------ registry
-
-
-class _Region:
-    __slots__ = ("base", "end", "obj", "root", "key", "etag")
-
-    def __init__(self, base: int, end: int, obj: CachedObject, root: RemoteRoot, key: str, etag: str) -> None:
-        self.base, self.end, self.obj, self.root, self.key, self.etag = base, end, obj, root, key, etag
-
-
-_lock = threading.Lock()
-_bases: list[int] = []  # sorted
-_regions: dict[int, _Region] = {}
-_index: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[_Region]] | None = None  # arrays of _bases, ends
-
-
-def _register(region: _Region, owner: Any) -> None:
-    global _index
-    with _lock:
-        bisect.insort(_bases, region.base)
-        _regions[region.base] = region
-        _index = None
-    weakref.finalize(owner, _unregister, region.base).atexit = False
-
-
-def _unregister(base: int) -> None:
-    global _index
-    with _lock:
-        if _regions.pop(base, None) is not None:
-            i = bisect.bisect_left(_bases, base)
-            if i < len(_bases) and _bases[i] == base:
-                del _bases[i]
-            _index = None
-
-
-def _lookup() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[_Region]]:
-    """The registered regions as arrays (start addresses, end addresses) and a list, rebuilt after a change."""
-    global _index
-    with _lock:
-        if _index is None:
-            regions = [_regions[b] for b in _bases]
-            _index = (
-                np.asarray(_bases, dtype=np.int64),
-                np.asarray([r.end for r in regions], dtype=np.int64),
-                regions,
-            )
-        return _index
-
-
-def remote_mappings() -> int:
-    """How many remote files this process has mapped now."""
-    return len(_regions)
-
-
-def _split_by_region(starts: Any, ends: Any) -> list[tuple[_Region, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
-    s = np.asarray(starts, dtype=np.int64).reshape(-1)
-    e = np.asarray(ends, dtype=np.int64).reshape(-1)
-    if not len(s) or not _regions:
-        return []
-    bases, ends_of, regions = _lookup()
-    if not len(bases):
-        return []
-    i = np.searchsorted(bases, s, side="right") - 1
-    ok = (i >= 0) & (e > s)
-    i_ok = np.where(ok, i, 0)
-    ok &= s < ends_of[i_ok]
-    if not ok.any():
-        return []
-    s, e, i = s[ok], e[ok], i[ok]
-    out = []
-    for k in np.unique(i).tolist():
-        m = i == k
-        r = regions[k]
-        out.append((r, s[m] - r.base, np.minimum(e[m], r.end) - r.base))
-    return out
-
-
-# ------------------------------------------------------------------------------------- tickets
-
-
-class Ticket:
-    """Requests started by :func:`fetch`: :meth:`wait` returns when their bytes are in the cache (or
-    raises the request's error). No wait is unbounded: every request has a timeout and a bounded number
-    of retries, and a wait gives up (``RemoteError``) after ``limit`` seconds, longer than all of them."""
-
-    __slots__ = ("futures", "limit")
-
-    def __init__(self, futures: list[Any], limit: float = 600.0) -> None:
-        self.futures = futures
-        self.limit = limit
-
-    def wait(self) -> None:
-        deadline = time.monotonic() + self.limit
-        for f in self.futures:
-            try:
-                f.result(timeout=max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                raise RemoteError(
-                    f"no answer from object storage within {self.limit:.0f} s (longer than every request's "
-                    "timeout and retries allow): the client's thread is stuck", attempts=0,
-                ) from None
-
-
-def _missing_requests(
-    region: _Region, s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]
-) -> tuple[list[tuple[int, int]], list[Any], list[int]]:
-    """(new byte runs to request, futures of requests in flight that bring other missing bytes, chunks
-    claimed: to be registered as in flight with the request's future)."""
-    obj = region.obj
-    rs, re_ = page_runs(s, e)
-    re_ = np.minimum(re_, obj.size)
-    ms, me = obj.missing(rs, re_)
-    if not len(ms):
-        return [], [], []
-    rs, re_ = _cut_at_chunks(rs, re_)
-    ms, me = _cut_at_chunks(ms, me)
-    waits: list[Any] = []
-    runs: list[tuple[int, int]] = []
-    claimed: list[int] = []
-    ws = we = ms[:0]
-    # Dense access (a scan, the blocks of a random_block window): the aligned chunks of which it asks at
-    # least 1/_DENSE (1/(2 _DENSE) for two neighbours both asked that much; 1/(4 _DENSE) next to a dense
-    # chunk: where a block runs on into the next chunk) are fetched whole, once, adjacent ones in one
-    # request; later accesses wait for that request instead of asking for the holes. Only this access
-    # counts: random batches that come back to a chunk now and then never turn into whole-chunk reads.
-    chunk = rs // _CHUNK
-    ids, inv = np.unique(chunk, return_inverse=True)
-    asked = np.bincount(inv, weights=(re_ - rs).astype(np.float64))
-    # (the pair rule: a batch that takes fewer of a block's records, e.g. across two windows; random
-    # records seldom ask that much of two neighbouring chunks)
-    mid = asked >= _CHUNK // (2 * _DENSE)
-    dense_at = (asked >= _CHUNK // _DENSE) | (mid & (_member(ids - 1, ids[mid]) | _member(ids + 1, ids[mid])))
-    near = _member(ids - 1, ids[dense_at]) | _member(ids + 1, ids[dense_at])
-    dense = ids[dense_at | (near & (asked >= _CHUNK // (4 * _DENSE)))]
-    gap = region.root.client.coalesce_gap
-    with obj.lock:
-        sparse = obj.inflight  # byte runs requested and not yet arrived, sorted by start
-        fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
-        fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
-        flight = obj.chunk_flight
-        mchunk = ms // _CHUNK
-        flown = np.sort(np.fromiter(flight, np.int64, len(flight)))  # chunks requested whole, in flight
-        flying = _member(mchunk, flown)
-        for c in np.unique(mchunk[flying]).tolist():  # chunks coming whole: wait for them
-            waits.append(flight[c])
-        whole = ~flying & _member(mchunk, dense)
-        if whole.any():
-            a = np.unique(mchunk[whole]) * _CHUNK
-            cs, ce = obj.missing(a, np.minimum(a + _CHUNK, obj.size))
-            claimed.extend(np.unique(_cut_at_chunks(cs, ce)[0] // _CHUNK).tolist())
-            # A row that runs over a dense run's edge (a block's last row, 128 bytes into the next chunk,
-            # then asked page by page by each later batch that draws it) comes with the run: the
-            # missing pages within _EDGE of each end, outside chunks requested whole already.
-            ws, we = page_runs(a, np.minimum(a + _CHUNK, obj.size))
-            es = np.concatenate((np.maximum(ws - _EDGE, 0), we))
-            ee = np.concatenate((ws, np.minimum(we + _EDGE, obj.size)))
-            es, ee = page_runs(es[ee > es], ee[ee > es])
-            xs, xe = obj.missing(es, np.minimum(ee, obj.size))
-            if len(xs) and flight:
-                fly = _member(xs // _CHUNK, flown)
-                xs, xe = xs[~fly], xe[~fly]
-            if len(xs) and len(fs):  # nor the pages a request in flight brings (nothing waits for them)
-                xs, xe = _not_coming(xs, xe, fs, fe, obj.size)
-            ws, we = np.concatenate((cs, xs)), np.concatenate((ce, xe))
-        ms, me = ms[~(flying | whole)], me[~(flying | whole)]
-        if len(fs) and len(ms):  # missing runs that a request in flight already brings: wait for it
-            j, covered = _brought(fs, fe, ms, me)
-            for jj in np.unique(j[covered]).tolist():
-                waits.append(sparse[jj][3])
-            ms, me = ms[~covered], me[~covered]
-    if whole.any():  # with the sparse runs: a sparse run next to a whole one (its edge) joins it
-        ms, me = np.concatenate((ws, ms)), np.concatenate((we, me))
-    if len(ms):
-        cs, ce = page_runs(ms, me, gap=gap, most=_MOST)  # adjacent chunks merge: fewer, larger requests
-        runs.extend(zip(cs.tolist(), np.minimum(ce, obj.size).tolist()))
-    return runs, waits, claimed
-
-
-def _not_coming(
-    xs: np.ndarray[Any, Any], xe: np.ndarray[Any, Any], fs: np.ndarray[Any, Any], fe: np.ndarray[Any, Any], size: int
-) -> tuple[Any, Any]:
-    """The pages of runs ``[xs, xe)`` (page aligned, short: edges of dense runs) that no request in flight
-    ``[fs, fe)`` (sorted by start) brings, as page runs."""
-    pages = run_pages(xs, xe) * PAGE
-    _, coming = _brought(fs, fe, pages, np.minimum(pages + PAGE, size))
-    pages = pages[~coming]
-    return page_runs(pages, np.minimum(pages + PAGE, size))
-
-
-def _brought(fs: Any, fe: Any, s: Any, e: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """For ranges ``[s, e)``: the request in flight ``[fs, fe)`` (sorted by start) that starts at or
-    before each (index), and whether that request brings the whole range."""
-    j = np.searchsorted(fs, s, side="right") - 1
-    return j, (j >= 0) & (fe[np.maximum(j, 0)] >= e)
-
-
-def _member(x: np.ndarray[Any, Any], table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """``np.isin(x, table)`` for a sorted ``table`` (chunk numbers: a few dozen; ``np.isin`` costs several
-    times more on arrays this small)."""
-    if not len(table):
-        return np.zeros(len(x), dtype=bool)
-    i = np.minimum(np.searchsorted(table, x), len(table) - 1)
-    return table[i] == x  # type: ignore[no-any-return]
-
-
-def _all_present(obj: CachedObject, s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]) -> bool:
-    """Whether every range ``[s, e)`` (offsets in ``obj``) lies in at most two pages, all present: the
-    check of a batch's records (rows of up to a page) that costs a few array lookups, not the planning."""
-    p0 = s // PAGE
-    p1 = (e - 1) // PAGE
-    if not len(p0) or int((p1 - p0).max()) > 1:
-        return False
-    return bool(obj.bits[p0].all() and obj.bits[p1].all())
-
-
-def _cut_at_chunks(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]) -> tuple[Any, Any]:
-    """Byte runs ``[s, e)`` cut where they cross a multiple of the chunk size."""
-    first = s // _CHUNK
-    pieces = (e - 1) // _CHUNK - first + 1
-    if not len(s) or int(pieces.max()) == 1:
-        return s, e
-    k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    c = np.repeat(first, pieces) + k
-    return np.maximum(np.repeat(s, pieces), c * _CHUNK), np.minimum(np.repeat(e, pieces), (c + 1) * _CHUNK)
-
-
-def fetch(starts: Any, ends: Any) -> Ticket:
-    """Start fetching whatever is not yet in the cache of the byte ranges ``[starts[i], ends[i])``
-    (absolute addresses; those outside remote mappings are ignored). Returns at once."""
-    futures: list[Any] = []
-    by_root: dict[int, tuple[RemoteRoot, list[tuple[str, int, int, str | None]], list[tuple[CachedObject, int]]]] = {}
-    chunks: dict[int, list[tuple[CachedObject, list[int]]]] = {}
-    for region, s, e in _split_by_region(starts, ends):
-        if _all_present(region.obj, s, e):  # e.g. a batch whose requests have arrived: no planning
-            continue
-        runs, waits, claimed = _missing_requests(region, s, e)
-        futures.extend(waits)
-        if runs:
-            root, reqs, fills = by_root.setdefault(id(region.root), (region.root, [], []))
-            for a, b in runs:
-                reqs.append((region.key, a, b, region.etag or None))
-                fills.append((region.obj, a))
-            if claimed:
-                chunks.setdefault(id(region.root), []).append((region.obj, claimed))
-    limit = 0.0
-    for key, (root, reqs, fills) in by_root.items():
-        fut = root.submit(reqs, fills, chunks.get(key, []))
-        futures.append(fut)
-        limit = max(limit, root.client.patience())
-    return Ticket(futures, limit or 600.0)
-
-
-def ensure(starts: Any, ends: Any) -> None:
-    """Return once every byte of the ranges (absolute addresses) is in the cache: fetch what is
-    missing, wait for what is in flight. Raises the named error of a request that failed."""
-    first = fetch(starts, ends)
-    if not first.futures:  # nothing missing, nothing in flight: all present
-        return
-    try:
-        first.wait()
-    except RemoteError:  # e.g. a read-ahead request that failed: what is still missing is asked again
-        pass
-    again = fetch(starts, ends)  # also what another request was expected to bring and did not
-    if not again.futures:
-        return
-    again.wait()
-    for region, s, e in _split_by_region(starts, ends):
-        rs, re_ = page_runs(s, e)
-        ms, _ = region.obj.missing(rs, np.minimum(re_, region.obj.size))
-        if len(ms):
-            raise CorruptionError(
-                f"{region.root.client.key_url(region.key)}: bytes at {int(ms[0])} did not arrive in the cache"
-            )
-
-
-def ensure_array(arr: np.ndarray[Any, Any]) -> None:
-    """:func:`ensure` of all the bytes a view of a mapping spans."""
-    if arr.size == 0 or not _regions:
-        return
-    first = address(arr)
-    last = first + arr.itemsize + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st > 0)
-    low = first + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides) if st < 0)
-    ensure(np.array([low], np.int64), np.array([last], np.int64))
-
-
-# ----------------------------------------------------------------------------------------- root
 
 
 def _digest(*parts: str) -> str:
@@ -647,7 +355,7 @@ class RemoteRoot:
             return empty
         raw = map_fd(obj.fd, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM, name=url)
         base = address(raw)
-        _register(_Region(base, base + size, obj, self, key, meta.etag), raw.base if raw.base is not None else raw)
+        register(Region(base, base + size, obj, self, key, meta.etag), raw.base if raw.base is not None else raw)
         return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
     def fetch_descriptors(self, names: Sequence[str]) -> None:
@@ -675,7 +383,7 @@ class RemoteRoot:
                 continue
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
             ms, me = obj.missing(np.array([0], np.int64), np.array([max(meta.size, 1)], np.int64))
-            runs = [(a, min(a + _MOST, int(e))) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, _MOST)]
+            runs = [(a, min(a + MOST, int(e))) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, MOST)]
             if runs:
                 fut = self.submit([(key, a, b, meta.etag or None) for a, b in runs], [(obj, a) for a, _ in runs])
                 fut.result()
@@ -711,56 +419,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------------- paged search
-
-
-@numba.njit(cache=True, nogil=True)
-def _bracket_search(arr: Any, q: Any, lo: Any, hi: Any, right: bool, out: Any) -> None:  # pragma: no cover
-    for i in range(q.shape[0]):
-        a = lo[i]
-        b = hi[i]
-        v = q[i]
-        while a < b:
-            m = (a + b) >> 1
-            if arr[m] < v or (right and arr[m] == v):
-                a = m + 1
-            else:
-                b = m
-        out[i] = a
-
-
-def paged_searchsorted(arr: np.ndarray[Any, Any], q: np.ndarray[Any, Any], side: str = "left") -> np.ndarray[Any, Any]:
-    """``np.searchsorted(arr, q, side)`` for a sorted 1-d ``arr`` mapped from a remote object, reading
-    only the pages the search needs: each round fetches (in one wave) 15 evenly spaced entries of every
-    query's bracket and narrows the bracket 16-fold, until it fits in one page; the rest is searched
-    in the cache. ``log16(len(arr) / 512)`` rounds (4 at 10^9 entries)."""
-    q = np.ascontiguousarray(q, dtype=arr.dtype)
-    n = len(arr)
-    lo = np.zeros(len(q), np.int64)
-    hi = np.full(len(q), n, np.int64)
-    per_page = max(1, PAGE // arr.itemsize)
-    base = address(arr)
-    right = side == "right"
-    while True:
-        active = np.flatnonzero(hi - lo > per_page)
-        if not len(active):
-            break
-        span = hi[active] - lo[active]
-        probes = lo[active, None] + (span[:, None] * np.arange(1, 16)[None, :]) // 16  # (a, 15), inside [lo, hi)
-        flat = np.unique(probes)
-        ensure(base + flat * arr.itemsize, base + (flat + 1) * arr.itemsize)
-        vals = arr[probes]
-        qa = q[active, None]
-        below = (vals < qa) | ((vals == qa) if right else np.zeros_like(vals, dtype=bool))
-        k = below.sum(axis=1)  # probes entirely before the answer: the answer is after probes[k-1]
-        new_lo = np.where(k > 0, probes[np.arange(len(active)), np.maximum(k - 1, 0)] + 1, lo[active])
-        new_hi = np.where(k < 15, probes[np.arange(len(active)), np.minimum(k, 14)], hi[active])
-        lo[active], hi[active] = new_lo, new_hi
-    nonempty = hi > lo
-    if nonempty.any():
-        ensure(base + lo[nonempty] * arr.itemsize, base + hi[nonempty] * arr.itemsize)
-    out = np.empty(len(q), np.int64)
-    _bracket_search(arr, q, lo, hi, right, out)
-    return out

@@ -50,8 +50,7 @@ from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
 from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
-from ..store.remote_writer import existing_manifest, open_or_create
-from ..store.writer import Writer
+from ..store.writer import Writer, existing_manifest, open_or_create
 from ._tensors import HostStager, ids_to_str, infer_field
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
@@ -161,7 +160,7 @@ class Logger:
         path: the store directory; created (atomically, safe for several ranks) when missing, else
             appended to (its schema must match). A URL of object storage (``s3://``, ``gs://``,
             ``az://``) logs there: shards are staged locally and uploaded at each commit
-            (store/remote_writer.py); ``storage_options`` configures the client.
+            (store/write/objects.py); ``storage_options`` configures the client.
         schema: a (nested) dict of name -> :class:`~seqstore.Field` (fixed shapes only). None: inferred
             from the first :meth:`log` call (dtype and ``shape[1:]`` of each tensor).
         flush_bytes: bytes of one host buffer (two exist at most). A buffer holds

@@ -1,6 +1,7 @@
 """Stores: the writer (append, commit) and the reader (open, records, ids, lengths)."""
 
 from .reader import Lengths, Store, open_store
-from .writer import Writer, append_to, create
+from .write.api import append_to, create
+from .write.writer import Writer
 
 __all__ = ["Lengths", "Store", "Writer", "append_to", "create", "open_store"]

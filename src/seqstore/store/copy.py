@@ -53,8 +53,8 @@ from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound
 from ..format.descriptor import DESCRIPTOR, parse_descriptor
 from ..format.manifest import MANIFEST, FileInfo
 from ..format.shard_table import TABLE
-from ..io.objects import ObjectClient, is_remote
-from .remote_state import LocalObjects, StoreState, parse_manifest, read_state
+from .write.api import open_target
+from .write.state import LocalObjects, StoreState, parse_manifest, read_state
 
 __all__ = ["CHUNK", "CopyResult", "copy"]
 
@@ -79,14 +79,8 @@ class CopyResult:
 
 
 def _objects(location: str | os.PathLike[str], options: Mapping[str, Any] | None, what: str) -> Any:
-    text = os.fspath(location)
-    if is_remote(text):
-        return ObjectClient(text.rstrip("/"), options)
-    if options:
-        raise ValueError(f"{what} {text}: storage options were given for a local path")
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    return LocalObjects(Path(text))
+    """An object client on ``location``: a LocalObjects for a local path, else an ObjectClient."""
+    return open_target(location, options, writing=False, what=what).objects()
 
 
 class _DataCrc:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..schema import Schema
 
-__all__ = ["describe_groups"]
+__all__ = ["describe_groups", "dtype_name"]
+
+
+def dtype_name(dtype: str) -> str:
+    """A field's dtype as the docs write it (``float16``, ``int32``, ``bfloat16``), not numpy's code."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # bfloat16: not a numpy dtype
+        return dtype
 
 
 def describe_groups(schema: Schema) -> list[str]:
@@ -18,7 +28,7 @@ def describe_groups(schema: Schema) -> list[str]:
         return lines
     lines.append("packed groups")
     for g in groups.values():
-        lines.append(f"  {g.name}.npy  {g.dtype:<9} (n, {g.width})  {len(g.fields)} field(s)")
+        lines.append(f"  {g.name}.npy  {dtype_name(g.dtype):<9} (n, {g.width})  {len(g.fields)} field(s)")
         width = max(len(n) for n in g.fields)
         for name in g.fields:
             a, b = g.columns[name]

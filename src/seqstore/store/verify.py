@@ -24,9 +24,10 @@ from ..errors import SeqstoreError
 from ..format.manifest import IDS, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
-from ..io.objects import is_remote
+from ..io.local_source import map_npy
+from ..io.source import ByteSource
+from ..io.sources import open_source
 from .ids import hash_ids
-from .reader import map_npy
 
 __all__ = ["verify", "total_bytes"]
 
@@ -99,41 +100,33 @@ def verify(
     A remote store (a URL; the other arguments as for :func:`seqstore.open`) is checked shard by shard:
     each shard's objects are fetched whole into the node cache and checked there; problems name URLs.
     """
-    remote: Any = None
-    if is_remote(path) or filesystem is not None:
-        from ..io.remote import RemoteRoot
-
-        try:
-            remote = RemoteRoot(os.fspath(path), storage_options, filesystem, cache_dir, cache_bytes)
-            root = remote.load()
-        except SeqstoreError as exc:
-            return [str(exc)]
-    else:
-        root = Path(path)
     try:
-        manifest = Manifest.load(root)
-        if remote is not None and manifest.table is not None:
-            table = manifest.shard_table()
-            remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
+        source = open_source(path, storage_options, filesystem, cache_dir, cache_bytes)
     except SeqstoreError as exc:
-        return [remote.display(str(exc)) if remote is not None else str(exc)]
-    problems = _verify_root(root, manifest, progress, remote)
-    return [remote.display(p) for p in problems] if remote is not None else problems
+        return [str(exc)]
+    try:
+        manifest = source.load()
+        source.fetch_descriptors(manifest)  # a remote store: every shard's descriptor, in one wave
+    except SeqstoreError as exc:
+        return [source.display(str(exc))]
+    problems = _verify_root(source.root, manifest, progress, source)
+    return [source.display(p) for p in problems]
 
 
-def _verify_root(root: Path, manifest: Manifest, progress: Callable[[int], None] | None, remote: Any) -> list[str]:
+def _verify_root(
+    root: Path, manifest: Manifest, progress: Callable[[int], None] | None, source: ByteSource
+) -> list[str]:
     problems: list[str] = []
     schema = manifest.schema
     if manifest.table is not None:
         problems.extend(manifest.shard_table().check_all(manifest.table.crc32))
     for info in _shard_infos(manifest, problems):
         sdir = root / info.name
-        if remote is not None:  # its objects, whole, into the node cache, linked into the mirror
-            try:
-                remote.materialize([f"{info.name}/{rel}" for rel in info.files])
-            except SeqstoreError as exc:
-                problems.append(str(exc))
-                continue
+        try:  # a remote store: its objects, whole, into the node cache, linked into the mirror
+            source.materialize([f"{info.name}/{rel}" for rel in info.files])
+        except SeqstoreError as exc:
+            problems.append(str(exc))
+            continue
         units = schema.storage_units()  # unpacked fields and packed groups (<group>.npy)
         expected = {f"{n}.npy" for n, _ in units} | {f"{n}.offsets.npy" for n, f in units if f.ragged}
         if info.has_ids:
@@ -169,8 +162,7 @@ def _verify_root(root: Path, manifest: Manifest, progress: Callable[[int], None]
     if not problems:  # runs are compared with the shard indexes, which must be sound first
         for run in manifest.index_runs:
             try:
-                if remote is not None:
-                    remote.materialize([f"{run.name}.hash.npy", f"{run.name}.rows.npy"])
+                source.materialize([f"{run.name}.hash.npy", f"{run.name}.rows.npy"])
                 problems.extend(_check_index_run(root, manifest, run))
             except SeqstoreError as exc:
                 problems.append(str(exc))

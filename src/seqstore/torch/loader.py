@@ -39,7 +39,7 @@ def _reads_remote(dataset: Any) -> bool:
     class _Probe(pickle.Pickler):
         def persistent_id(self, obj: Any) -> None:
             nonlocal found
-            if isinstance(obj, Store) and obj.is_remote:
+            if isinstance(obj, Store) and not obj.source.fork_safe:
                 found = True
 
     try:

@@ -1,17 +1,13 @@
-"""Committing a finished shard into a store, under the store's lock (docs/format.md, section 7).
-
-:func:`commit_shard` renames a writer's finished workspace directory to ``shard-NNNNNN``, records it
-(version 3: appends one row to the shard table, ``_shards.tbl``; versions 1/2: adds it to the JSON
-shard list), merges id-index runs when due and atomically replaces ``manifest.json``. For a
-version-3 store everything it does is O(1) in the number of committed shards (the manifest is small,
-the table is appended at its committed end, the next shard number is the last row's plus one);
-index-run merges are amortised (LSM, each id rewritten once per level). :func:`clean_orphans`
-deletes what crashed writers left; :func:`merge_sorted_runs` is the bounded k-way merge of runs.
-"""
+"""Files of a local store that every local commit step uses: the commit lock, the next shard
+number, appending rows to the shard table, atomic JSON files, the owner locks of workspaces; and
+the id index's merged runs (LSM): :func:`merge_sorted_runs`, the bounded k-way merge of runs sorted
+by hash, and :func:`maybe_merge_index`, which folds every ``MERGE_FANIN`` trailing runs of one level
+into a run of the next level (``_index/``)."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -22,43 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, LockError
-from ..format.manifest import IDS, MANIFEST, WORK_DIR, IndexRun, Manifest, ShardInfo, fsync_dir
-from ..format.npy import encode_header
-from ..format.shard_table import (
-    TABLE,
-    TABLE_HEADER_BYTES,
-    check_table_header,
-    encode_row,
-    encode_table_header,
-    row_dtype,
-    shard_dir_name,
-)
-from .directio import pwrite_all
-
-__all__ = [
-    "IDS",
-    "INDEX_DIR",
-    "LOCK_FILE",
-    "MERGE_CHUNK",
-    "MERGE_FANIN",
-    "IdsMismatch",
-    "clean_orphans",
-    "commit_shard",
-    "merge_sorted_runs",
-    "recover_batch_commit",
-    "store_lock",
-    "workspace_path",
-]
+from ...errors import CorruptionError, LockError
+from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
+from ...format.npy import encode_header
+from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
+from ..directio import pwrite_all
+from .target import OWNER
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-INDEX_DIR = "_index"
-MERGE_FANIN = 8
-MERGE_CHUNK = 1 << 18
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
 
 @contextmanager
 def store_lock(root: Path) -> Iterator[None]:
@@ -91,22 +61,33 @@ def next_shard_number(manifest: Manifest) -> int:
     return max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
 
 
-def _remove_dead_workspace(entry: Path) -> None:
-    owner = entry / "owner.lock"
+
+def hold_owner_lock(directory: Path) -> int:
+    """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep."""
+    fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def remove_if_dead(path: Path, *, warn: bool = False) -> bool:
+    """Delete the workspace or task directory ``path`` unless a live writer holds its ``owner.lock``
+    (a missing lock file counts as dead); returns whether it is gone."""
     try:
-        fd = os.open(owner, os.O_RDWR)
+        fd = os.open(path / OWNER, os.O_RDWR | _O_CLOEXEC)
     except FileNotFoundError:
         fd = -1
     try:
         if fd >= 0:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return  # a live writer owns it
+        return False  # a live writer owns it
     finally:
         if fd >= 0:
             os.close(fd)
-    log.warning("removing workspace of a dead writer %s", entry)
-    shutil.rmtree(entry, ignore_errors=True)
+    if warn:
+        log.warning("removing workspace of a dead writer %s", path)
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
 
 
 def workspace_path(root: Path, manifest: Manifest, token: str) -> Path:
@@ -115,71 +96,8 @@ def workspace_path(root: Path, manifest: Manifest, token: str) -> Path:
     return root / WORK_DIR / token if manifest.table is not None else root / f"_tmp-{token}"
 
 
-def clean_orphans(root: Path, manifest: Manifest) -> None:
-    """Delete files of dead writers and of shards renamed but never committed. Caller holds the lock.
 
-    Version 3, O(writers) whatever the number of shards: the only uncommitted shard directory there
-    can be is the next number's (every commit takes the last row's number plus one and removes a
-    leftover of that name before its rename), and workspaces and temporary manifests live in
-    ``_tmp/``, so the store directory itself is never listed. Versions 1/2: the store directory is
-    listed and compared with the manifest's shard list, as before."""
-    runs = {r.name for r in manifest.index_runs}
-    if manifest.table is not None and recover_batch_commit(root):
-        manifest = Manifest.load(root)
-        runs = {r.name for r in manifest.index_runs}
-    if manifest.table is not None:
-        leftover = root / shard_dir_name(next_shard_number(manifest))
-        if leftover.is_dir():
-            log.warning("removing uncommitted shard directory %s", leftover)
-            shutil.rmtree(leftover, ignore_errors=True)
-        work = root / WORK_DIR
-        entries = list(os.scandir(work)) if work.is_dir() else []
-        for entry in entries:
-            if entry.name.startswith(f".{MANIFEST}.tmp-"):
-                Path(entry.path).unlink(missing_ok=True)
-            elif entry.is_dir():
-                _remove_dead_workspace(Path(entry.path))
-    else:
-        committed = {s.name for s in manifest.shards}
-        with os.scandir(root) as it:
-            for entry in it:
-                name = entry.name
-                if name.startswith("shard-") and name not in committed and entry.is_dir():
-                    log.warning("removing uncommitted shard directory %s", entry.path)
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                elif name.startswith("_tmp-") and entry.is_dir():
-                    _remove_dead_workspace(Path(entry.path))
-                elif name.startswith(f".{MANIFEST}.tmp-"):
-                    Path(entry.path).unlink(missing_ok=True)
-    index_dir = root / INDEX_DIR
-    if index_dir.is_dir():
-        for path in index_dir.iterdir():
-            run_name = f"{INDEX_DIR}/{path.name.split('.', 1)[0]}"
-            if run_name not in runs:
-                path.unlink(missing_ok=True)
-
-
-def recover_batch_commit(root: Path) -> bool:
-    """Finish or undo a multi-shard commit (store/parts.py's :func:`~seqstore.store.parts.commit_parts`)
-    that died part way, as its journal says. Caller holds the lock. O(1) when there is no journal (one
-    ``stat``); returns whether there was one."""
-    from .parts import JOURNAL, PARTS_DIR, recover_journal  # parts.py builds on this module
-
-    if not (root / PARTS_DIR / JOURNAL).exists():
-        return False
-    recover_journal(root)
-    return True
-
-
-class IdsMismatch(Exception):
-    """The store's shards were committed with (or without) ids and this shard is the other kind."""
-
-    def __init__(self, has_ids: bool) -> None:
-        super().__init__(has_ids)
-        self.has_ids = has_ids
-
-
-def _append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: int = 0) -> None:
+def append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: int = 0) -> None:
     """Write ``row`` (one row, or several rows back to back) at the committed end of the shard table and
     fsync it (creating the file with its header for the first row). Bytes a dead writer left past the
     committed rows are overwritten."""
@@ -198,64 +116,27 @@ def _append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: i
         fsync_dir(root)  # the file may be new
 
 
-def commit_shard(
-    root: Path,
-    cur: Path,
-    pending: ShardInfo,
-    desc_crc: int,
-    before_save: Callable[[Manifest], None],
-) -> str:
-    """Commit the finished shard directory ``cur`` (its files and, for version 3, its descriptor with
-    CRC-32 ``desc_crc`` are durable) and return its name. ``before_save`` may change the manifest
-    (stats) just before it is saved. Raises :class:`IdsMismatch` (leaving ``cur`` alone) when the
-    store's shards are of the other kind."""
-    with store_lock(root):
-        recover_batch_commit(root)
-        manifest = Manifest.load(root)
-        if manifest.num_shards and manifest.has_ids != pending.has_ids:
-            raise IdsMismatch(manifest.has_ids)
-        number = next_shard_number(manifest)
-        name = shard_dir_name(number)
-        target = root / name
-        if target.exists():  # renamed by a writer that died before saving the manifest
-            shutil.rmtree(target)
-        os.rename(cur, target)
-        fsync_dir(root)
-        if manifest.table is not None:
-            table, start = manifest.shard_table(), manifest.table.records
-            row = encode_row(number, start, pending.records, pending.has_ids,
-                             [pending.rows[r] for r in manifest.ragged], desc_crc)
-            _append_row(root, manifest.table.rows, row, len(manifest.ragged), manifest.table.id)
-            count = manifest.table.rows + 1
-            manifest.table = manifest.table.after(row, pending.records)
-
-            def locate(k: int) -> tuple[str, int]:
-                if k == count - 1:
-                    return name, start
-                return shard_dir_name(int(table.data["number"][k])), int(table.starts[k])
-        else:
-            shards = list(manifest.shards) + [ShardInfo(name, pending.records, pending.rows, pending.files,
-                                                        pending.has_ids)]
-            manifest.shards = shards
-            count = len(shards)
-            starts = np.concatenate([[0], np.cumsum([s.records for s in shards], dtype=np.int64)])
-
-            def locate(k: int) -> tuple[str, int]:
-                return shards[k].name, int(starts[k])
-
-        manifest.generation += 1
-        before_save(manifest)
-        superseded = _maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
-        manifest.save(root)
-        for path in superseded:  # a crash before this leaves orphans, which the next writer deletes
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as exc:  # committed already: leave it to the next writer's clean-up
-                log.warning("%s: could not delete superseded index file %s (%r)", root, path, exc)
-    return name
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` to ``path`` atomically and durably (temporary file, fsync, rename, fsync dir)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    try:
+        pwrite_all(fd, memoryview(data), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
-# ------------------------------------------------------------------------------- id-index runs
+# ------------------------------------------------------------------------------------ id-index runs
+
+
+
+INDEX_DIR = "_index"
+MERGE_FANIN = 8
+MERGE_CHUNK = 1 << 18
 
 
 def merge_sorted_runs(
@@ -295,7 +176,7 @@ def merge_sorted_runs(
         yield hashes[order], rows[order]
 
 
-def _maybe_merge_index(
+def maybe_merge_index(
     root: Path, manifest: Manifest, count: int, locate: Callable[[int], tuple[str, int]], tag: str = ""
 ) -> list[Path]:
     """LSM-style: merge every MERGE_FANIN trailing runs of one level into a run of the next level.
@@ -379,4 +260,3 @@ def _merge(
     fsync_dir(root / INDEX_DIR)
     run = IndexRun(name, first, end, total, level)
     manifest.index_runs = [r for r in manifest.index_runs if r not in replaces] + [run]
-

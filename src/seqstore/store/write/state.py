@@ -1,10 +1,10 @@
 """A store's commit state read straight from its objects, without the node cache: ``manifest.json``
 and, for version 3, the committed rows of the shard table, checked. What ``seqstore copy``
-(store/copy.py) and the remote writers (store/remote_writer.py) work from.
+(store/copy.py) and the object-storage commit target (store/write/objects.py) work from.
 
 The objects are read through an :class:`~seqstore.io.objects.ObjectClient`, or through
-:class:`LocalObjects`, the same calls on a local directory (keys are paths relative to the store
-root), so copy code is the same for every pair of ends.
+:class:`LocalObjects`, the same calls on a local directory, so copy code is the same for every
+pair of ends.
 
 :func:`read_state` costs two requests (the manifest; then the table's header and committed rows in
 one wave). Given the state it read before, it fetches only the rows committed since, and checks that
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import fcntl
-import functools
 import json
 import os
 import shutil
@@ -33,33 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound
-from ..format.manifest import FORMAT_NAME, FORMAT_VERSION, IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
-from ..format.shard_table import (
+from ...errors import ConflictError, CorruptionError, FormatError, RemoteNotFound
+from ...format.manifest import FORMAT_NAME, FORMAT_VERSION, IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
+from ...format.shard_table import (
     TABLE_HEADER_BYTES,
     TABLE_MAGIC,
     ShardRow,
     row_dtype,
     shard_dir_name,
 )
-from ..io.objects import ObjectMeta
-from .commit import store_lock
-
-__all__ = [
-    "LocalObjects",
-    "StoreState",
-    "parse_manifest",
-    "read_state",
-    "table_key",
-]
+from ...io.objects import ObjectMeta
+from ..directio import pwrite_all
+from .disk import hold_owner_lock, remove_if_dead, store_lock
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def table_key(manifest: Manifest) -> str:
-    """The object a version-3 manifest names as its shard table."""
-    assert manifest.table is not None
-    return manifest.table.file
 
 
 # ------------------------------------------------------------------------------------ manifest
@@ -117,7 +102,9 @@ class StoreState:
 
     @property
     def table_key(self) -> str:
-        return table_key(self.manifest)
+        """The object a version-3 manifest names as its shard table."""
+        assert self.manifest.table is not None
+        return self.manifest.table.file
 
     def name(self, k: int) -> str:
         """Directory of shard ``k`` (in record order)."""
@@ -228,7 +215,7 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         if state.records:
             raise CorruptionError(f"{where}: 0 shard-table rows but {state.records} records")
         return StoreState(raw, meta.etag, manifest, b"", np.zeros(0, dt))
-    key = table_key(manifest)
+    key = state.file
     turl = objects.key_url(key)
     table_id = state.id
     usable = (
@@ -273,7 +260,9 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-# ------------------------------------------------------------------------------ local objects
+# ------------------------------------------------------------------------------------ local objects
+
+
 
 
 def _content_tag(data: bytes) -> str:
@@ -379,11 +368,10 @@ class LocalObjects:
             work.mkdir(parents=True, exist_ok=True)
             for entry in list(os.scandir(work)):  # temporary directories of copies that died
                 if entry.name.startswith("copy-") and entry.is_dir():
-                    _remove_if_dead(Path(entry.path))
+                    remove_if_dead(Path(entry.path))
             tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
-            self._owner_fd = os.open(tmp / "owner.lock", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-            fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+            self._owner_fd = hold_owner_lock(tmp)
             self._tmp = tmp
         return self._tmp
 
@@ -418,7 +406,7 @@ class LocalObjects:
 
     def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
         def write(fd: int) -> None:
-            _write_all(fd, memoryview(data))
+            pwrite_all(fd, memoryview(data), 0)
 
         if mode == "overwrite":
             return self._install(key, write)
@@ -437,7 +425,8 @@ class LocalObjects:
         with store_lock(self.root):
             self._check_mode(MANIFEST, mode)
             for key, data in [*files, (MANIFEST, manifest)]:
-                self._install(key, functools.partial(_write_at, data=data))
+                view = memoryview(data)
+                self._install(key, lambda fd: pwrite_all(fd, view, 0))  # noqa: B023 - called right here
             self.sync()
 
     def _check_mode(self, key: str, mode: str | dict[str, Any]) -> None:
@@ -455,7 +444,7 @@ class LocalObjects:
         def write(fd: int) -> None:
             pos = 0
             for c in chunks():
-                _write_all(fd, memoryview(c), pos)
+                pwrite_all(fd, memoryview(c), pos)
                 pos += len(c)
 
         return self._install(key, write)
@@ -474,28 +463,3 @@ class LocalObjects:
             shutil.rmtree(self._tmp, ignore_errors=True)
             os.close(self._owner_fd)
             self._tmp, self._owner_fd = None, -1
-
-
-def _write_at(fd: int, data: bytes) -> None:
-    _write_all(fd, memoryview(data))
-
-
-def _write_all(fd: int, data: memoryview, pos: int = 0) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, pos)
-        data, pos = data[n:], pos + n
-
-
-def _remove_if_dead(path: Path) -> None:
-    try:
-        fd = os.open(path / "owner.lock", os.O_RDWR | _O_CLOEXEC)
-    except FileNotFoundError:
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return  # alive
-    finally:
-        os.close(fd)
-    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""A store on object storage as a byte source: a local mirror of its root, its files mapped from the
+node cache, and bytes fetched into the cache before they are read.
+
+The mirror and the mappings are :class:`~seqstore.io.remote.RemoteRoot`'s; the requests that fill
+the mappings are :mod:`seqstore.io.remote_fetch`'s. This module adds what a reader plans around:
+mapped pages read as zeros until fetched (every access ensures its ranges), answers take tens of
+milliseconds (reads are always asked ahead, more batches are kept in flight, a batch's ragged value
+rows are asked for early), and a shard's first touch costs one wave of requests (a batch prepares
+all its new shards in one wave). Messages name objects by URL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptionError
+from ..format.manifest import FileInfo, Manifest
+from ..format.shard_table import ShardTable
+from .mapping import map_file
+from .nodecache import budget_directory
+from .objects import fork_unsafe
+from .remote import RemoteRoot
+from .remote_fetch import ensure, ensure_array, fetch, paged_searchsorted
+from .source import ByteSource, ReadPolicy
+
+__all__ = ["RemoteSource"]
+
+#: batches ``iter_batches`` keeps in flight by default: object storage answers after tens of milliseconds
+_DEPTH = 16
+
+
+def _always_cold(starts: Any, sample: int = 16) -> bool:
+    """Residency is not probed on a remote source: a fetch skips what the node cache holds by itself."""
+    return True
+
+
+def _searchsorted(arr: np.ndarray[Any, Any], q: np.ndarray[Any, Any], side: str = "left") -> np.ndarray[Any, Any]:
+    """``np.searchsorted`` reading only the pages the search needs."""
+    if len(arr) == 0:
+        return np.searchsorted(arr, q, side=side)  # type: ignore[call-overload,no-any-return]
+    return paged_searchsorted(arr, q, side)
+
+
+class RemoteSource(ByteSource):
+    """The store at ``url`` on object storage (``storage_options``, ``filesystem``, ``cache_dir`` and
+    ``cache_bytes`` as for :func:`seqstore.open`), read through the node cache."""
+
+    is_remote = True
+    any_cold = staticmethod(_always_cold)
+    searchsorted = staticmethod(_searchsorted)
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        filesystem: Any = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | str | None = None,
+    ) -> None:
+        self.remote = RemoteRoot(url, storage_options, filesystem=filesystem, cache_dir=cache_dir,
+                                 cache_bytes=cache_bytes)
+
+    @property
+    def url(self) -> str:
+        return self.remote.url
+
+    def load(self) -> Manifest:
+        self.root = self.remote.load()  # the local mirror of the manifest and the shard table
+        return Manifest.load(self.root, map_file=map_file)
+
+    def map_npy(
+        self, path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...], *,
+        sequential: bool = False,
+    ) -> np.ndarray[Any, Any]:
+        return self.remote.map_npy(path, info, dtype, shape, sequential=sequential)
+
+    def policy(self, readahead: str) -> ReadPolicy:
+        # "readahead" governs scans only: a batch always asks, as faults would read zeros
+        return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, staged=True)
+
+    def reopen(self) -> tuple[Any, dict[str, Any]]:
+        return self.url, self.remote.options()
+
+    def request(self, starts: Any, ends: Any, *, most: int) -> None:
+        fetch(starts, ends)
+
+    def request_span(self, start: int, stop: int, *, most: int) -> None:
+        fetch(np.array([start], np.int64), np.array([stop], np.int64))
+
+    def ensure(self, starts: Any, ends: Any) -> None:
+        ensure(starts, ends)
+
+    def ensure_array(self, arr: np.ndarray[Any, Any]) -> None:
+        ensure_array(arr)
+
+    def prepare_shards(self, manifest: Manifest, table: ShardTable, shards: Iterable[int]) -> None:
+        """Fetch what mapping ``shards`` needs (descriptors, file heads), one wave for all."""
+        files = self.remote.shard_files(manifest)
+        todo: list[tuple[str, Sequence[str], int | None]] = []
+        for k in shards:
+            if manifest.table is not None:
+                row = table.row(k)
+                todo.append((row.name, files, row.desc_crc))
+            else:
+                todo.append((manifest.shards[k].name, files, None))
+        try:
+            self.remote.prepare_shards(todo)
+        except CorruptionError as exc:
+            raise CorruptionError(self.display(str(exc))) from exc.__cause__
+
+    def shard_display(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def display(self, text: str) -> str:
+        return self.remote.display(text)
+
+    def fetch_descriptors(self, manifest: Manifest) -> None:
+        if manifest.table is not None:  # version 3: every shard's descriptor, in one wave
+            table = manifest.shard_table()
+            self.remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
+
+    def materialize(self, keys: Sequence[str]) -> None:
+        self.remote.materialize(keys)
+
+    def derived_dir(self) -> Path | None:
+        path: Path = self.remote.cache.root / "derived" / self.remote.digest()
+        budget_directory(path, self.remote.cache)  # what datasets write there counts in the cache's budget
+        return path
+
+    @property
+    def fork_safe(self) -> bool:
+        return not fork_unsafe()
+
+    def __repr__(self) -> str:
+        return f"RemoteSource({self.remote!r})"

@@ -1,0 +1,157 @@
+"""Where a store's bytes live, as the reader sees it: the :class:`ByteSource` interface.
+
+A reader needs little from the place its store is kept: the store's root (``manifest.json`` and the
+shard table) loaded at open and reloaded on refresh, each committed file of a shard mapped as an
+array, byte ranges of those mappings made resident before (or while) they are read, a residency
+probe, and a name for messages and for reopening in another process. Everything else (locating
+records, gathering batches, id lookup) is the same whatever the source, so the store holds one
+source and never asks which kind it is.
+
+Where sources genuinely differ in how reads should be planned (a remote source always reads ahead,
+its mapped pages must be fetched before they are read, its shards cost requests to set up), the
+source says so in its :class:`ReadPolicy`. Sources: :class:`~seqstore.io.local_source.LocalSource`
+(a directory) and :class:`~seqstore.io.remote_source.RemoteSource` (object storage through the node
+cache); :func:`seqstore.io.sources.open_source` picks one for a path or URL. A new kind of source
+(e.g. in memory, for tests) is one subclass.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..format.manifest import FileInfo, Manifest
+from ..format.shard_table import ShardTable
+from .advice import REQUEST_BYTES, any_cold
+
+__all__ = ["ByteSource", "ReadPolicy", "READAHEAD_MODES"]
+
+#: the reader's ``readahead`` modes (see :func:`seqstore.open`)
+READAHEAD_MODES = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """How a reader plans its reads on one source, for one ``readahead`` mode.
+
+    ``ahead``: batch reads and ``prefetch`` ask for their bytes before gathering (scans follow the
+    ``readahead`` mode alone). ``probe``: sample residency first and skip the requests when the
+    sample is in memory. ``lazy``: mapped bytes read as zeros until made resident, so every access
+    must :meth:`ByteSource.ensure` its ranges first. ``setup``: first touching a shard costs requests
+    (:meth:`ByteSource.prepare_shards`), so a batch prepares all its new shards at once.
+    ``depth``: how many batches ``iter_batches`` keeps in flight by default. ``staged``: a batch's
+    ragged value rows are asked for a few batches after its offsets (answers take tens of
+    milliseconds), not only when it is next.
+    """
+
+    ahead: bool
+    probe: bool
+    lazy: bool = False
+    setup: bool = False
+    depth: int = 2
+    staged: bool = False
+
+
+class ByteSource(ABC):
+    """The bytes of one store (see the module docstring). ``root`` is a local directory holding the
+    store's ``manifest.json`` and shard table (the store itself, or a local copy of them), valid
+    after :meth:`load`."""
+
+    #: Whether the bytes come from object storage (``Store.is_remote``).
+    is_remote: ClassVar[bool] = False
+    #: ``any_cold(addresses, sample=n)``: whether any of up to ``n`` sampled addresses inside this
+    #: source's mappings is on a page that is not resident (a plain function: no call layer is added)
+    any_cold: Callable[..., bool] = staticmethod(any_cold)
+    #: ``searchsorted(sorted_array, queries, side)`` over an array this source mapped
+    searchsorted: Callable[..., np.ndarray[Any, Any]] = staticmethod(np.searchsorted)  # type: ignore[assignment]
+
+    root: Path
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """Where the store is, for messages and ``Store.url``: its URL, or its path."""
+
+    @abstractmethod
+    def load(self) -> Manifest:
+        """Read the store's root (manifest and shard table), at open and again on refresh; sets ``root``."""
+
+    @abstractmethod
+    def map_npy(
+        self, path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...], *,
+        sequential: bool = False,
+    ) -> np.ndarray[Any, Any]:
+        """Map the committed ``.npy`` file at ``path`` (under ``root``) read-only, after checking its size
+        against ``info`` (when given) and its header against ``dtype`` and ``shape``; a
+        :class:`~seqstore.CorruptionError` names the file. ``sequential``: the caller reads it in order."""
+
+    @abstractmethod
+    def policy(self, readahead: str) -> ReadPolicy:
+        """How to plan reads on this source in ``readahead`` mode (one of :data:`READAHEAD_MODES`)."""
+
+    @abstractmethod
+    def reopen(self) -> tuple[Any, dict[str, Any]]:
+        """What opening this source again in another process takes: ``(path, options)`` for
+        ``Store(path, **options)`` (a pickled Store reopens its source this way)."""
+
+    @abstractmethod
+    def request(self, starts: Any, ends: Any, *, most: int) -> None:
+        """Start making byte ranges ``[starts[i], ends[i])`` (absolute addresses in this source's
+        mappings) resident, in requests of at most ``most`` bytes; return at once."""
+
+    @abstractmethod
+    def request_span(self, start: int, stop: int, *, most: int) -> None:
+        """:meth:`request` of one range (a scan's next stretch)."""
+
+    def ensure(self, starts: Any, ends: Any) -> None:
+        """Return once byte ranges ``[starts[i], ends[i])`` are resident (only a ``lazy`` source needs this)."""
+        return None  # default: bytes in files that a page fault reads need nothing here
+
+    def ensure_array(self, arr: np.ndarray[Any, Any]) -> None:
+        """:meth:`ensure` of every byte a view of a mapping spans."""
+        return None  # default: bytes in files that a page fault reads need nothing here
+
+    def request_bytes(self, path: Path) -> int:
+        """Bytes per read-ahead request on the device that holds ``path``."""
+        return REQUEST_BYTES
+
+    def prepare_shards(self, manifest: Manifest, table: ShardTable, shards: Iterable[int]) -> None:
+        """Make shards ``shards`` (positions in ``table``) ready to map, all at once (a ``setup`` source)."""
+        return None  # default: bytes in files that a page fault reads need nothing here
+
+    def shard_display(self, name: str) -> str:
+        """How messages name shard ``name``."""
+        return str(self.root / name)
+
+    def display(self, text: str) -> str:
+        """``text`` (a message) with paths under ``root`` written as this source names them."""
+        return text
+
+    def fetch_descriptors(self, manifest: Manifest) -> None:
+        """Make every shard's descriptor readable under ``root`` in one go (``info`` and ``verify`` read
+        them all; a local store has them already)."""
+        return None  # default: bytes in files that a page fault reads need nothing here
+
+    def materialize(self, keys: Sequence[str]) -> None:
+        """Make the whole files ``keys`` (relative to the store) readable as local files under ``root``
+        (``verify`` reads them as files; a local store has them already)."""
+        return None  # default: bytes in files that a page fault reads need nothing here
+
+    def derived_dir(self) -> Path | None:
+        """Where files derived from the store (lengths, row maps) go by default, or None: next to the
+        store (the caller's default)."""
+        return None
+
+    @property
+    def fork_safe(self) -> bool:
+        """Whether a process forked from this one now could read this source."""
+        return True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+

@@ -1,0 +1,180 @@
+"""Ragged fields as a whole: lazy per-record lengths (:class:`Lengths`, ``Store.lengths``) and the
+values streamed in zero-copy blocks (``Store.iter_ragged``), both read from the offsets files with
+the next stretch asked for ahead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptionError
+from .readahead import ReadAhead
+from .shards import Shard, checked_bounds
+
+__all__ = ["Lengths", "RaggedFields"]
+
+
+class Lengths:
+    """Lazy per-record lengths of one ragged field, computed from the offsets on demand.
+
+    ``len``, ``[i]``, ``[a:b]`` and ``[int_array]`` (vectorised) work without materialising all
+    lengths; :meth:`iter_chunks` walks them in chunks; ``np.asarray(lengths)`` materialises (O(N)).
+    """
+
+    def __init__(self, store: ReadAhead, field: str) -> None:
+        self._store = store
+        self.field = field
+        self.dtype = np.dtype(np.int64)
+        self.shape = (len(store),)
+        self.ndim = 1
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, np.integer)):
+            k, row = self._store._locate(self._store._norm(int(key)))
+            sh = self._store._shard(k)
+            off = sh.offsets[self.field]
+            self._store._need(off[row : row + 2])
+            a, b = int(off[row]), int(off[row + 1])
+            if not 0 <= a <= b <= sh.columns[self.field].shape[0]:
+                checked_bounds(sh, self.field, np.array([row]))  # raises, naming the file
+            return b - a
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            return self.take(np.arange(start, stop, step, dtype=np.int64))
+        return self.take(np.asarray(key))
+
+    def take(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Lengths of records ``indices`` (any int array), as int64."""
+        store = self._store
+        idx = store._norm_many(indices)
+        flat = idx.reshape(-1)
+        out = np.empty(flat.shape, dtype=np.int64)
+        groups = store._batch_groups(flat)
+        if store._readahead != "never" and len(flat) > 1:  # cold offsets: all their reads at once
+            store._advise(groups, [self.field], values=False)
+        store._need_groups(groups, [self.field], values=False)
+        for sh, pos, rows in groups:
+            a, b = checked_bounds(sh, self.field, rows)
+            out[pos] = b - a
+        return out.reshape(idx.shape)
+
+    def iter_chunks(self, size: int = 1 << 20) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        """Yield the lengths in order, in arrays of at most ``size`` (per shard, from the offsets)."""
+        ahead = self._store._readahead != "never"
+        for k in range(self._store.num_shards):
+            sh = self._store._shard(k)
+            off = sh.offsets[self.field]
+            for a in range(0, len(off) - 1, size):
+                if ahead:  # this chunk and the next, so the disk reads while this one is processed
+                    self._store._scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1], sh.request)
+                self._store._need(off[a : min(a + size, len(off) - 1) + 1])
+                chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
+                if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
+                    raise CorruptionError(f"{sh.display}/{(self.field + '.offsets.npy')}: offsets decrease")
+                yield chunk
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        parts = list(self.iter_chunks())
+        arr = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __iter__(self) -> Iterator[int]:
+        for chunk in self.iter_chunks():
+            yield from chunk.tolist()
+
+    def save(self, path: str | os.PathLike[str], dtype: Any = None) -> Path:
+        """Write the lengths to a ``.npy`` file (two chunked passes; O(chunk) memory) and return its path.
+
+        ``dtype`` defaults to the smallest unsigned integer type that holds the longest record. The file
+        is written under a temporary name and renamed, so a reader never sees a partial file. Map it with
+        ``np.load(path, mmap_mode="r")`` or pass the path as ``lengths`` to :func:`seqstore.seq_order`.
+        """
+        target = Path(path)
+        if dtype is None:
+            longest = max((int(c.max()) for c in self.iter_chunks() if c.size), default=0)
+            dtype = next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if longest <= np.iinfo(t).max)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(len(self),))
+        pos = 0
+        for chunk in self.iter_chunks():
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        out.flush()
+        del out
+        os.replace(tmp, target)
+        return target
+
+    def __repr__(self) -> str:
+        return f"Lengths({self._store.url}, field={self.field!r}, n={len(self)})"
+
+
+class RaggedFields(ReadAhead):
+    """Lengths and streamed values of ragged fields."""
+
+    def lengths(self, field: str | None = None) -> Lengths:
+        """Lazy lengths of a ragged field (the only ragged field when ``field`` is None)."""
+        ragged = [n for n, f in self.schema.items() if f.ragged]
+        if field is None:
+            if len(ragged) != 1:
+                raise ValueError(f"{self.url}: name the ragged field; ragged fields are {ragged}")
+            field = ragged[0]
+        if field not in ragged:
+            raise ValueError(f"{self.url}: field {field!r} is not ragged; ragged fields are {ragged}")
+        return Lengths(self, field)
+
+    def iter_ragged(
+        self,
+        field: str | None = None,
+        *,
+        chunk_records: int = 1 << 16,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Stream records ``[start, stop)`` of a ragged field as ``(first_record, values, lengths)``:
+        ``values`` the rows of at most ``chunk_records`` consecutive records, a read-only zero-copy
+        view of the mapped file (``(sum(lengths), *inner)``, never spanning two shards), ``lengths``
+        int64. The ragged counterpart of :meth:`iter_matrix`: the next block is read ahead while the
+        caller works on this one. bfloat16 comes as stored bits. O(chunk) memory.
+        """
+        name = self.lengths(field).field  # checks that the field exists and is ragged
+        if chunk_records <= 0:
+            raise ValueError(f"chunk_records must be positive, got {chunk_records}")
+        stop = self._n if stop is None else min(stop, self._n)
+        if start < 0 or start > stop:
+            raise IndexError(f"record range [{start}, {stop}) is not inside 0..{self._n}")
+
+        def block(pos: int) -> tuple[Shard, int, int, int, int]:
+            k, r = self._locate(pos)
+            end = min(stop, self._table.end(k), pos + chunk_records)
+            sh = self._shard(k)
+            off = sh.offsets[name]
+            self._need(off[r : r + end - pos + 1])
+            a, b = int(off[r]), int(off[r + end - pos])
+            if not 0 <= a <= b <= sh.columns[name].shape[0]:
+                checked_bounds(sh, name, np.arange(r, r + end - pos))  # raises, naming the file
+            return sh, r, end, a, b
+
+        pos = start
+        cur = block(pos) if pos < stop else None
+        if cur is not None:
+            self._scan_ahead(cur[0].columns[name][cur[3] : cur[4]], cur[0].request)
+        while cur is not None:
+            sh, r, end, a, b = cur
+            nxt = block(end) if end < stop else None
+            if nxt is not None:  # the next block's reads run while the caller works on this one
+                self._scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
+            lengths = np.diff(sh.offsets[name][r : r + end - pos + 1])
+            self._need(sh.columns[name][a:b])
+            if lengths.size and lengths.min() < 0:
+                raise CorruptionError(f"{sh.display}/{(name + '.offsets.npy')}: offsets decrease in records "
+                                      f"{pos}..{end - 1}")
+            yield pos, sh.columns[name][a:b], lengths
+            pos, cur = end, nxt

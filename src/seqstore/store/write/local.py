@@ -1,0 +1,606 @@
+"""The commit target of a store in a local directory (docs/format.md, section 7).
+
+Every commit holds the store's lock file (``<root>/.lock``, an ``flock``). Committing a writer's
+finished shard renames its directory to ``shard-NNNNNN``, records it (version 3: appends one row to
+the shard table ``_shards.tbl`` at its committed end; versions 1/2: adds it to the JSON shard list),
+merges id-index runs when due (store/write/disk.py) and atomically replaces ``manifest.json``. For
+a version-3 store each step is O(1) in the number of committed shards. A crash before the manifest's
+rename leaves only files readers never look at, which the next writer deletes (:func:`clean_orphans`).
+A distributed write's parts live in ``_parts/<job>/<task>/`` and are committed through a journal:
+:func:`commit_local_parts`
+(the caller holds the lock) writes ``_parts/.commit.json`` (where every part shard goes, the table
+state the commit ends in) before it renames the part shards to ``shard-NNNNNN`` and writes their
+table rows; then it saves the manifest, the commit point. Whoever takes the lock next and finds a
+journal (:func:`recover_batch_commit`) finishes the commit when the manifest shows it or undoes it,
+so a crash at any step leaves all of the parts committed or all of them pending.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptionError, FormatError, SeqstoreError
+from ...format.descriptor import DESCRIPTOR
+from ...format.manifest import COMMIT_JOURNAL, MANIFEST, PARTS_DIR, WORK_DIR, Manifest, ShardInfo, fsync_dir
+from ...format.shard_table import (
+    TABLE,
+    TABLE_HEADER_BYTES,
+    TableState,
+    encode_row,
+    encode_table_header,
+    row_dtype,
+    shard_dir_name,
+)
+from ...schema import Schema
+from ..directio import pwrite_all
+from .disk import (
+    INDEX_DIR,
+    append_row,
+    hold_owner_lock,
+    maybe_merge_index,
+    next_shard_number,
+    remove_if_dead,
+    store_lock,
+    workspace_path,
+    write_json,
+)
+from .state import LocalObjects
+from .target import (
+    COMMITTED_FILE,
+    OWNER,
+    PART_FILE,
+    STAGED,
+    CommitTarget,
+    Finished,
+    IdsMismatch,
+    Part,
+    PartShard,
+    Start,
+    add_stats,
+    check_part,
+    check_parts_kinds,
+)
+
+log = logging.getLogger(__name__)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class LocalTarget(CommitTarget):
+    """The store in the local directory ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.where = str(root)
+
+    def objects(self) -> LocalObjects:
+        return LocalObjects(self.root)
+
+    # ---------------------------------------------------------------------------------- the store
+
+    def _recovered(self) -> None:
+        """Finish or undo a commit of parts that died part way (the journal, below)."""
+        if (self.root / PARTS_DIR / JOURNAL).exists():
+            with store_lock(self.root):
+                recover_batch_commit(self.root)
+
+    def read_manifest(self) -> Manifest | None:
+        self._recovered()
+        return Manifest.load(self.root) if (self.root / MANIFEST).exists() else None
+
+    def delete_store(self) -> None:
+        root = self.root
+        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
+            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        shutil.rmtree(root) if root.is_dir() else root.unlink()
+
+    def create(self, manifest: Manifest, *, overwrite: bool) -> None:
+        if self.root.exists():
+            if not overwrite:
+                raise FileExistsError(f"{self.root}: already exists (pass overwrite=True to replace it)")
+            self.delete_store()
+        self.root.mkdir(parents=True)
+        manifest.save(self.root)
+
+    def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
+        root = self.root
+        if strict and not (root / MANIFEST).exists() and root.exists() and (not root.is_dir() or any(root.iterdir())):
+            raise SeqstoreError(f"{root}: exists and is not a store (a file or a non-empty directory)")
+        return install_new_store(root, manifest)
+
+    # --------------------------------------------------------------------------------- one writer
+
+    def open_writer(self) -> Start:
+        """Under the store's lock: clean what dead writers left, make this writer's workspace
+        (``_tmp/<token>``, or ``_tmp-<token>`` in a version-1/2 store) holding an flock on its
+        ``owner.lock``."""
+        root = self.root
+        if not (root / MANIFEST).exists():
+            Manifest.load(root)  # the precise error: no such directory, or not a store
+        token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        with store_lock(root):
+            recover_batch_commit(root)  # a commit of parts that died part way
+            manifest = Manifest.load(root)
+            clean_orphans(root, manifest)
+            workspace = workspace_path(root, manifest, token)
+            workspace.mkdir(parents=workspace.parent != root)
+            fd = hold_owner_lock(workspace)
+        return Start(manifest.schema, manifest.id_lookup, manifest.num_records,
+                     manifest.has_ids if manifest.num_shards else None, manifest.table is not None, root, workspace,
+                     fd)
+
+    def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
+        root = self.root
+        if shard is None:
+            with store_lock(root):
+                manifest = Manifest.load(root)
+                add_stats(manifest.stats, stats)
+                manifest.generation += 1
+                manifest.save(root)
+            return ""
+        pending = shard.info
+        with store_lock(root):
+            recover_batch_commit(root)
+            manifest = Manifest.load(root)
+            if manifest.num_shards and manifest.has_ids != pending.has_ids:
+                raise IdsMismatch(manifest.has_ids)
+            number = next_shard_number(manifest)
+            name = shard_dir_name(number)
+            target = root / name
+            if target.exists():  # renamed by a writer that died before saving the manifest
+                shutil.rmtree(target)
+            os.rename(shard.path, target)
+            fsync_dir(root)
+            if manifest.table is not None:
+                table, start = manifest.shard_table(), manifest.table.records
+                row = encode_row(number, start, pending.records, pending.has_ids,
+                                 [pending.rows[r] for r in manifest.ragged], shard.desc_crc)
+                append_row(root, manifest.table.rows, row, len(manifest.ragged), manifest.table.id)
+                count = manifest.table.rows + 1
+                manifest.table = manifest.table.after(row, pending.records)
+
+                def locate(k: int) -> tuple[str, int]:
+                    if k == count - 1:
+                        return name, start
+                    return shard_dir_name(int(table.data["number"][k])), int(table.starts[k])
+            else:
+                shards = list(manifest.shards) + [ShardInfo(name, pending.records, pending.rows, pending.files,
+                                                            pending.has_ids)]
+                manifest.shards = shards
+                count = len(shards)
+                starts = np.concatenate([[0], np.cumsum([s.records for s in shards], dtype=np.int64)])
+
+                def locate(k: int) -> tuple[str, int]:
+                    return shards[k].name, int(starts[k])
+
+            manifest.generation += 1
+            add_stats(manifest.stats, stats)
+            superseded = maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
+            manifest.save(root)
+            _unlink_superseded(root, superseded)
+        return name
+
+    def close_writer(self, start: Start) -> None:
+        shutil.rmtree(start.workspace, ignore_errors=True)
+        os.close(start.owner_fd)
+
+    # ---------------------------------------------------------------------------------- the parts
+
+    def _parts_manifest(self) -> Manifest:
+        """The manifest (version 3 required), once a commit of parts that died part way is settled."""
+        self._recovered()
+        manifest = Manifest.load(self.root)
+        if manifest.table is None:
+            raise FormatError(
+                f"{self.root}: a version-{manifest.version} store; parts need a version-3 store (one created by "
+                "this seqstore). Convert it or write a new store."
+            )
+        return manifest
+
+    def open_part(self, job: str, task: str) -> Start:
+        manifest = self._parts_manifest()
+        staged = self.staged()
+        schema = _staged_schema(staged) if staged is not None else manifest.schema
+        parts = self.root / PARTS_DIR
+        job_dir = parts / job
+        task_dir = job_dir / task
+        new_parts, new_job = not parts.is_dir(), not job_dir.is_dir()
+        job_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            task_dir.mkdir()
+        except FileExistsError:
+            if (task_dir / PART_FILE).exists() or (task_dir / COMMITTED_FILE).exists():
+                raise SeqstoreError(
+                    f"{task_dir}: task attempt {task!r} of job {job!r} already finished; each attempt "
+                    "needs its own task id"
+                ) from None
+            if not remove_if_dead(task_dir):
+                raise SeqstoreError(f"{task_dir}: a live PartWriter is writing task attempt {task!r} of job {job!r}"
+                                    ) from None
+            task_dir.mkdir()
+        fsync_dir(job_dir)
+        if new_job:
+            fsync_dir(parts)
+        if new_parts:
+            fsync_dir(self.root)
+        fd = hold_owner_lock(task_dir)
+        return Start(schema, manifest.id_lookup, 0, None, True, self.root, task_dir, fd)
+
+    def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
+        os.rename(current, start.workspace / shard.dir)
+        fsync_dir(start.workspace)
+
+    def finish_part(self, start: Start, part: Part) -> None:
+        write_json(start.workspace / PART_FILE, part.to_json())
+
+    def close_part(self, start: Start, part: Part | None) -> None:
+        if part is None:
+            shutil.rmtree(start.workspace, ignore_errors=True)
+        os.close(start.owner_fd)
+
+    def staged(self) -> dict[str, Any] | None:
+        path = self.root / PARTS_DIR / STAGED
+        return json.loads(path.read_bytes()) if path.exists() else None
+
+    def set_staged(self, staged: Mapping[str, Any] | None) -> None:
+        path = self.root / PARTS_DIR / STAGED
+        with store_lock(self.root):
+            if staged is None:
+                path.unlink(missing_ok=True)
+                return
+            path.parent.mkdir(exist_ok=True)
+            write_json(path, dict(staged))
+
+    def commit_parts(self, plist: list[Part], overwrite: bool) -> int:
+        root = self.root
+        with store_lock(root):
+            recover_batch_commit(root)
+            manifest = self._parts_manifest()
+            staged = self.staged()
+            schema = _staged_schema(staged) if overwrite and staged is not None else manifest.schema
+            entries = check_local_parts(root, plist, schema)
+            check_parts_kinds(self.where, {sh.has_ids for _, sh in entries},
+                              manifest.has_ids if manifest.num_shards and not overwrite else None)
+            clean_orphans(root, manifest)
+            return commit_local_parts(root, manifest, staged if overwrite else None, schema, plist, entries,
+                                      overwrite)
+
+    def discard_jobs(self, jobs: Iterable[str]) -> None:
+        with store_lock(self.root):
+            recover_batch_commit(self.root)
+            for job in sorted(jobs):
+                discard_job(self.root / PARTS_DIR / job)
+
+    def pending_jobs(self) -> list[str]:
+        parts = self.root / PARTS_DIR
+        if not parts.is_dir():
+            return []
+        return sorted(e.name for e in os.scandir(parts) if e.is_dir() and not e.name.startswith("."))
+
+    def clean_parts(self, older_than: float) -> list[str]:
+        now = time.time()
+        removed = []
+        with store_lock(self.root):
+            recover_batch_commit(self.root)
+            for job in self.pending_jobs():
+                job_dir = self.root / PARTS_DIR / job
+                newest = max((p.stat().st_mtime for p in [job_dir, *job_dir.glob("*"), *job_dir.glob("*/*")]),
+                             default=0.0)
+                if now - newest >= older_than and discard_job(job_dir):
+                    removed.append(job)
+        return removed
+
+
+def _staged_schema(staged: Mapping[str, Any]) -> Schema:
+    return Schema.from_json(staged["schema"])
+
+
+def _unlink_superseded(root: Path, superseded: list[Path]) -> None:
+    for path in superseded:  # a crash before this leaves orphans, which the next writer deletes
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # committed already: leave it to the next writer's clean-up
+            log.warning("%s: could not delete superseded index file %s (%r)", root, path, exc)
+
+
+def clean_orphans(root: Path, manifest: Manifest) -> None:
+    """Delete files of dead writers and of shards renamed but never committed. Caller holds the lock.
+
+    Version 3, O(writers) whatever the number of shards: the only uncommitted shard directory there
+    can be is the next number's (every commit takes the last row's number plus one and removes a
+    leftover of that name before its rename), and workspaces and temporary manifests live in
+    ``_tmp/``, so the store directory itself is never listed. Versions 1/2: the store directory is
+    listed and compared with the manifest's shard list, as before."""
+    runs = {r.name for r in manifest.index_runs}
+    if manifest.table is not None and recover_batch_commit(root):
+        manifest = Manifest.load(root)
+        runs = {r.name for r in manifest.index_runs}
+    if manifest.table is not None:
+        leftover = root / shard_dir_name(next_shard_number(manifest))
+        if leftover.is_dir():
+            log.warning("removing uncommitted shard directory %s", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
+        work = root / WORK_DIR
+        entries = list(os.scandir(work)) if work.is_dir() else []
+        for entry in entries:
+            if entry.name.startswith(f".{MANIFEST}.tmp-"):
+                Path(entry.path).unlink(missing_ok=True)
+            elif entry.is_dir():
+                remove_if_dead(Path(entry.path), warn=True)
+    else:
+        committed = {s.name for s in manifest.shards}
+        with os.scandir(root) as it:
+            for entry in it:
+                name = entry.name
+                if name.startswith("shard-") and name not in committed and entry.is_dir():
+                    log.warning("removing uncommitted shard directory %s", entry.path)
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                elif name.startswith("_tmp-") and entry.is_dir():
+                    remove_if_dead(Path(entry.path), warn=True)
+                elif name.startswith(f".{MANIFEST}.tmp-"):
+                    Path(entry.path).unlink(missing_ok=True)
+    index_dir = root / INDEX_DIR
+    if index_dir.is_dir():
+        for path in index_dir.iterdir():
+            run_name = f"{INDEX_DIR}/{path.name.split('.', 1)[0]}"
+            if run_name not in runs:
+                path.unlink(missing_ok=True)
+
+
+def install_new_store(root: Path, manifest: Manifest) -> bool:
+    """Create an empty store with ``manifest`` at ``root`` unless one is there; safe when several
+    processes call it at once: the store is prepared in a hidden sibling directory and renamed into
+    place, so exactly one caller creates it. Returns whether this call created it. An existing non-empty
+    directory that is not a store raises (OSError from the rename)."""
+    created = False
+    if not (root / MANIFEST).exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = root.parent / f".{root.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            manifest.save(tmp)
+            try:
+                os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
+                fsync_dir(root.parent)
+                created = True
+            except OSError:
+                if not (root / MANIFEST).exists():
+                    # a non-empty directory that is not a store, or one still being created: wait briefly
+                    for _ in range(50):
+                        time.sleep(0.02)
+                        if (root / MANIFEST).exists():
+                            break
+                    else:
+                        raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return created
+
+
+# ----------------------------------------------------------------- the journal of a commit of parts
+
+
+
+#: The journal of a multi-shard commit in progress (``_parts/.commit.json``).
+JOURNAL = COMMIT_JOURNAL
+#: During an overwrite commit: a hard link to the replaced shard table (``_parts/.old.tbl``).
+OLD_TABLE = ".old.tbl"
+
+
+def recover_batch_commit(root: Path) -> bool:
+    """Finish or undo a multi-shard commit that died part way, as its journal says. Caller holds the
+    lock. O(1) when there is no journal (one ``stat``); returns whether there was one."""
+    if not (root / PARTS_DIR / JOURNAL).exists():
+        return False
+    recover_journal(root)
+    return True
+
+
+def check_local_parts(root: Path, plist: list[Part], schema: Schema) -> list[tuple[Path, PartShard]]:
+    """The parts' shard directories, once :func:`~seqstore.store.write.target.check_part` passed for each."""
+    entries: list[tuple[Path, PartShard]] = []
+    for p in plist:
+        task_dir = root / PARTS_DIR / p.job / p.task
+        done = task_dir / COMMITTED_FILE
+        descs = [(str(task_dir / sh.dir / DESCRIPTOR), _read_or_none(task_dir / sh.dir / DESCRIPTOR))
+                 for sh in p.shards]
+        check_part(f"{task_dir} (part {p.task!r} of job {p.job!r})", p, schema,
+                   done.read_bytes() if done.exists() else None, (task_dir / PART_FILE).exists(), None, descs)
+        entries += [(task_dir / sh.dir, sh) for sh in p.shards]
+    return entries
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def commit_local_parts(
+    root: Path,
+    manifest: Manifest,
+    staged: dict[str, Any] | None,
+    schema: Schema,
+    plist: list[Part],
+    entries: list[tuple[Path, PartShard]],
+    overwrite: bool,
+) -> int:
+    assert manifest.table is not None
+    old_state = manifest.table
+    old_table = manifest.shard_table()
+    ragged = tuple(n for n, f in schema.items() if f.ragged)
+    first_number = next_shard_number(manifest)
+    generation = manifest.generation + 1
+    # an overwrite writes a new table file whose id (the new generation: unique within the store) the new
+    # manifest names, so a reader pairing a manifest with the other file notices (format/shard_table.py)
+    state = TableState(0, 0, 0, generation) if overwrite else old_state
+    base_rows = state.rows
+    start = state.records
+    rows = bytearray()
+    moves: list[tuple[str, str]] = []
+    names: list[str] = []
+    starts: list[int] = []
+    for k, (src, sh) in enumerate(entries):
+        number = first_number + k
+        row = encode_row(number, start, sh.records, sh.has_ids, [sh.rows[r] for r in ragged], sh.desc_crc)
+        rows += row
+        state = state.after(row, sh.records)
+        moves.append((src.relative_to(root).as_posix(), shard_dir_name(number)))
+        names.append(shard_dir_name(number))
+        starts.append(start)
+        start += sh.records
+    parts_dir = root / PARTS_DIR
+    journal = {
+        "mode": "overwrite" if overwrite else "append",
+        "base_generation": manifest.generation,
+        "generation": generation,
+        "table": state.to_json(),
+        "moves": moves,
+        "tasks": [[p.job, p.task] for p in plist],
+        "old_rows": old_state.rows if overwrite else 0,
+        "first_number": first_number,
+        "staged": staged is not None,
+    }
+    write_json(parts_dir / JOURNAL, journal)
+    for src_rel, dst in moves:
+        target = root / dst
+        if target.exists():  # left by a committer that died: never listed in the table
+            shutil.rmtree(target)
+        os.rename(root / src_rel, target)
+    fsync_dir(root)
+    new_table: Path | None = None
+    if overwrite:
+        if (root / TABLE).exists():
+            (parts_dir / OLD_TABLE).unlink(missing_ok=True)
+            os.link(root / TABLE, parts_dir / OLD_TABLE)
+            fsync_dir(parts_dir)
+        (root / WORK_DIR).mkdir(exist_ok=True)
+        new_table = root / WORK_DIR / f".{TABLE}.tmp-{os.getpid()}"
+        fd = os.open(new_table, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        try:
+            pwrite_all(fd, memoryview(encode_table_header(len(ragged), state.id) + bytes(rows)), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        manifest.index_runs = []
+        manifest.schema = schema
+        if staged is not None:
+            manifest.id_lookup = str(staged["id_lookup"])
+            if staged.get("metadata") is not None:
+                manifest.metadata = dict(staged["metadata"])
+    elif rows:
+        append_row(root, base_rows, bytes(rows), len(ragged), state.id)
+    superseded: list[Path] = []
+    if entries and entries[0][1].has_ids:
+        tag = f"-g{generation}" if overwrite else ""
+
+        def locate(k: int) -> tuple[str, int]:
+            if k >= base_rows:
+                return names[k - base_rows], starts[k - base_rows]
+            return shard_dir_name(int(old_table.data["number"][k])), int(old_table.starts[k])
+
+        for count in range(base_rows + 1, base_rows + len(entries) + 1):  # as one commit per shard would
+            superseded += maybe_merge_index(root, manifest, count, locate, tag)
+    if new_table is not None:  # last, so that readers meet a new table without its manifest only briefly
+        os.replace(new_table, root / TABLE)
+        fsync_dir(root)
+    manifest.table = state
+    manifest.generation = generation
+    manifest.save(root)  # the commit point
+    _unlink_superseded(root, superseded)
+    _roll_forward(root, journal)
+    return sum(sh.records for _, sh in entries)
+
+
+def _roll_forward(root: Path, journal: Mapping[str, Any]) -> None:
+    """After the commit point: mark the parts committed, delete what an overwrite replaced, drop the
+    journal. Idempotent (a crash part way is finished by the next holder of the lock)."""
+    parts_dir = root / PARTS_DIR
+    for job, task in journal["tasks"]:
+        task_dir = parts_dir / job / task
+        if task_dir.is_dir():
+            write_json(task_dir / COMMITTED_FILE, {"generation": journal["generation"]})
+            (task_dir / PART_FILE).unlink(missing_ok=True)
+            (task_dir / OWNER).unlink(missing_ok=True)
+    if journal["mode"] == "overwrite":
+        old = parts_dir / OLD_TABLE
+        if old.exists() and journal["old_rows"]:
+            with open(old, "rb") as f:
+                ragged = struct.unpack_from("<I", f.read(TABLE_HEADER_BYTES), 16)[0]
+            numbers = np.fromfile(old, dtype=row_dtype(ragged), count=int(journal["old_rows"]),
+                                  offset=TABLE_HEADER_BYTES)["number"]
+            for number in numbers.tolist():
+                if number < int(journal["first_number"]):
+                    shutil.rmtree(root / shard_dir_name(int(number)), ignore_errors=True)
+        old.unlink(missing_ok=True)
+        if journal.get("staged"):
+            (parts_dir / STAGED).unlink(missing_ok=True)
+    (parts_dir / JOURNAL).unlink(missing_ok=True)
+    fsync_dir(parts_dir)
+
+
+def _roll_back(root: Path, journal: Mapping[str, Any]) -> None:
+    """Before the commit point: put the shards back into their parts (and an overwrite's old table)."""
+    parts_dir = root / PARTS_DIR
+    old = parts_dir / OLD_TABLE
+    if journal["mode"] == "overwrite" and old.exists():
+        os.replace(old, root / TABLE)
+    for tmp in (root / WORK_DIR).glob(f".{TABLE}.tmp-*"):  # an overwrite's new table, not yet in place
+        tmp.unlink(missing_ok=True)
+    for src_rel, dst in reversed(journal["moves"]):
+        src, target = root / src_rel, root / dst
+        if target.is_dir() and not src.exists() and src.parent.is_dir():
+            os.rename(target, src)
+    fsync_dir(root)
+    (parts_dir / JOURNAL).unlink(missing_ok=True)
+    fsync_dir(parts_dir)
+
+
+def recover_journal(root: Path) -> None:
+    """Finish or undo the multi-shard commit whose journal is in ``_parts/`` (caller holds the lock): the
+    manifest's generation and table state say whether its commit point was reached."""
+    journal = json.loads((root / PARTS_DIR / JOURNAL).read_bytes())
+    obj = json.loads((root / MANIFEST).read_bytes())  # not Manifest.load: the table may be the new one
+    generation = obj.get("generation")
+    if generation == journal["generation"] and obj.get("shard_table") == journal["table"]:
+        log.warning("%s: finishing a commit of parts interrupted after its commit point", root)
+        _roll_forward(root, journal)
+    elif generation == journal["base_generation"]:
+        log.warning("%s: undoing a commit of parts interrupted before its commit point", root)
+        _roll_back(root, journal)
+    else:
+        raise CorruptionError(
+            f"{root / PARTS_DIR / JOURNAL}: commit journal of generation {journal['generation']} (from "
+            f"{journal['base_generation']}) but manifest.json is at generation {generation}"
+        )
+
+
+
+def discard_job(job_dir: Path) -> bool:
+    if not job_dir.is_dir():
+        return True
+    live = []
+    for entry in os.scandir(job_dir):
+        p = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            if not remove_if_dead(p):
+                live.append(entry.name)
+        else:
+            p.unlink(missing_ok=True)
+    if live:
+        log.warning("%s: left %d task(s) with a live PartWriter: %s", job_dir, len(live), sorted(live)[:5])
+        return False
+    shutil.rmtree(job_dir, ignore_errors=True)
+    return True

@@ -1,0 +1,489 @@
+"""The commit target of a store on object storage (``s3://``, ``gs://``, ``az://``): what
+:func:`~seqstore.create`, :func:`~seqstore.append_to` and ``open_or_create`` with a URL (and so
+``seqstore.Logger``) and the parts of a distributed write commit through.
+
+A :class:`~seqstore.store.write.writer.Writer` on a URL builds its shards in a local
+staging directory (a temporary directory, or under ``staging_dir``; it holds at most the shard being
+written and one finished shard), exactly as a local writer builds them: buffered appends, final
+``.npy`` headers, CRC-32s, id index, descriptor. Committing a finished shard (docs/format.md,
+section 7.2) then:
+
+1. reads ``manifest.json`` and its ETag, and the shard-table rows committed since this writer last
+   read them (store/write/state.py; one or two requests);
+2. claims a shard number: creates ``shard-NNNNNN/_shard.json`` (the descriptor) with a create-only
+   write, ``N`` the last committed row's number + 1 (or above this writer's own last number). A
+   conflict means another writer holds ``N`` (committed, in progress, or dead): it tries ``N + 1``.
+   Two writers therefore never write into the same shard directory;
+3. uploads the shard's files into ``shard-NNNNNN/`` (in parallel; large files as multipart uploads);
+4. writes a new, immutable shard table ``_shards/<generation>-<writer>.tbl`` (the committed rows and
+   this shard's row; a table on object storage cannot be appended in place) and replaces
+   ``manifest.json`` with a conditional write: ``If-Match`` the ETag read in 1. This is the commit:
+   readers see the shard from here on, never before;
+5. if the write loses (another writer committed in between, so the ETag changed), it reads the new
+   state and tries 4 again with the new rows. If the other writer committed a shard with a higher
+   number than ours (numbers must increase from row to row), it first claims a new number above it,
+   uploads the files there and deletes the old claim. At most ``MAX_COMMIT_ATTEMPTS`` tries, then
+   :class:`~seqstore.errors.ConflictError`. A write whose answer was lost (retried, then refused) is
+   recognised by finding its row in the new state, so a shard is never committed twice;
+6. deletes shard tables older than the last ``KEEP_TABLES`` generations (a reader that read an older
+   manifest has fetched its table already, within its open).
+
+So two writers racing on one store lose none of each other's shards. A writer that dies leaves a
+claimed directory no table row names (and maybe a table object no manifest names): garbage that
+readers never look at and that costs later claims one request.
+
+Steps 2-5 are store/write/remote.py's :class:`~seqstore.store.write.remote.Commit`. Where the
+service or the fsspec filesystem has no conditional write (HTTP, fsspec URLs), writing is refused:
+write locally and ``seqstore copy``.
+
+Parts (docs/format.md, section 7.3). A task attempt builds its shards locally as any writer does and
+uploads each finished one under the store's staging prefix ``_parts/<job>/<task>/p<k>/`` (the files,
+then the descriptor), then ``part.json`` (create-only) last. The driver's ``commit_parts``:
+
+1. reads the manifest and the committed table rows, and in one wave every part's ``part.json``
+   (which must equal the Part given), its markers and every staged descriptor (checked against the
+   CRC-32 in the Part): O(parts + shards) small requests;
+2. claims final shard numbers above the last committed one, in the order of the parts, and writes
+   ``commit.json`` into each part (the numbers its shards got);
+3. copies every staged file to its ``shard-NNNNNN/`` inside the service (server-side copy; files over
+   :data:`COPY_LIMIT` and back ends without a copy are streamed through the driver instead);
+4. writes one table object with all the new rows and replaces ``manifest.json`` conditionally (the
+   commit point; retried as above);
+5. writes ``committed.json`` into each part and deletes the part's staged objects.
+
+All of the parts appear at once or none does. A driver that dies before 4 leaves claimed shard
+directories that no table row names; calling ``commit_parts`` again with the same parts commits them,
+or, when the manifest shows the numbers their ``commit.json`` records, says they were committed (never
+twice). ``discard_parts`` first writes ``_parts/.ended/<job>`` (a task attempt still running checks
+it after each shard it uploads and when it finishes, and then deletes what it wrote), then deletes
+every object under ``_parts/<job>/``. Object storage has no lock that shows a live writer, so call it
+once the job's tasks have stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConflictError, FormatError, RemoteError, RemoteNotFound, SchemaError, SeqstoreError
+from ...format.descriptor import DESCRIPTOR
+from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
+from ...format.shard_table import shard_dir_name
+from ...io.objects import ObjectClient
+from ...schema import Schema
+from .remote import (
+    COMMITTING_FILE,
+    COPY_LIMIT,
+    ENDED_DIR,
+    STAGED_KEY,
+    STREAM_CHUNK,
+    WORKERS,
+    Commit,
+    clean_tables,
+    delete_all,
+    delete_old_marks,
+    delete_quietly,
+    delete_store,
+    get_many,
+    install_manifest,
+    job_times,
+    list_keys,
+    parallel,
+    prefix,
+    read_v3,
+)
+from .state import StoreState, parse_manifest, read_state
+from .target import (
+    COMMITTED_FILE,
+    PART_FILE,
+    CommitTarget,
+    Finished,
+    IdsMismatch,
+    Part,
+    PartShard,
+    Start,
+    check_part,
+    check_parts_kinds,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ObjectTarget(CommitTarget):
+    """The store at ``client``'s URL (see the module docs). ``staging_dir``: where shards are built
+    before upload (default: a new temporary directory, ``$TMPDIR``; room for about two shards);
+    ``upload_workers``: files uploaded at once."""
+
+    kind = "Remote"
+
+    def __init__(self, client: ObjectClient, *, staging_dir: str | os.PathLike[str] | None = None,
+                 upload_workers: int = 8) -> None:
+        if upload_workers < 1:
+            raise ValueError(f"upload_workers must be >= 1, got {upload_workers}")
+        self.client = client
+        self.where = client.url
+        self.staging_dir = staging_dir
+        self.upload_workers = upload_workers
+        self.conflicts = 0
+        self.renumbered = 0
+        self._state: StoreState | None = None
+        self._token = uuid.uuid4().hex[:12]
+        self._next_claim = 0
+        self._job = self._task = self._prefix = ""
+
+    def objects(self) -> ObjectClient:
+        return self.client
+
+    # ---------------------------------------------------------------------------------- the store
+
+    def read_manifest(self) -> Manifest | None:
+        state = read_state(self.client)
+        return None if state is None else state.manifest
+
+    def delete_store(self) -> None:
+        delete_store(self.client)
+
+    def create(self, manifest: Manifest, *, overwrite: bool) -> None:
+        if overwrite:
+            delete_store(self.client)
+        if not self.install(manifest):
+            raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
+
+    def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
+        return install_manifest(self.client, json.dumps(manifest.to_json(), separators=(",", ":")).encode())
+
+    def _staging(self, schema: Schema, id_lookup: str, records: int, has_ids: bool | None, what: str) -> Start:
+        if self.staging_dir is not None:
+            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=self.staging_dir))
+        return Start(schema, id_lookup, records, has_ids, True, stage, stage, -1)
+
+    # --------------------------------------------------------------------------------- one writer
+
+    def open_writer(self) -> Start:
+        state = read_state(self.client)
+        if state is None:
+            raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist)")
+        if not state.v3:
+            raise SeqstoreError(
+                f"{self.where}: a version-{state.manifest.version} store; writers on object storage append to "
+                "version-3 stores only (copy it to a local directory, append there, and copy it back)"
+            )
+        self._state = state
+        m = state.manifest
+        return self._staging(m.schema, m.id_lookup, m.num_records, state.has_ids, "staging")
+
+    def close_writer(self, start: Start) -> None:
+        shutil.rmtree(start.workspace, ignore_errors=True)
+
+    def _refresh(self, known: StoreState) -> StoreState:
+        """The store's state now (only new rows fetched); it must still be this store."""
+        state = read_state(self.client, known=known)
+        if state is None:
+            raise FormatError(f"{self.where}: {MANIFEST} disappeared (the store was deleted or is being replaced)")
+        if not state.v3 or state.manifest.schema != known.manifest.schema:
+            raise SeqstoreError(f"{self.where}: the store was replaced by one with another schema or format")
+        self._state = state
+        return state
+
+    def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
+        """Steps 1-6 of the module docs for ``shard`` (None: only the ``stats`` deltas)."""
+        assert self._state is not None
+        info = shard.info if shard is not None else ShardInfo("", 0, {}, {}, False)
+
+        def check(state: StoreState) -> None:
+            if shard is not None and state.has_ids is not None and state.has_ids != info.has_ids:
+                raise IdsMismatch(state.has_ids)
+
+        state = self._refresh(self._state)
+        check(state)
+        shards, descs = [], []
+        if shard is not None:
+            files = {rel: (f.bytes, f.crc32) for rel, f in info.files.items()}
+            shards = [PartShard("", info.records, dict(info.rows), info.has_ids, files, shard.desc_crc)]
+            descs = [(shard.path / DESCRIPTOR).read_bytes()]
+
+        def upload(numbers: list[int]) -> None:
+            assert shard is not None
+            name = shard_dir_name(numbers[0])
+            parallel(lambda rel: self.client.put_file(f"{name}/{rel}", shard.path / rel), sorted(info.files),
+                     self.upload_workers)
+
+        commit = Commit(self.client, shards, descs, place=upload, refresh=self._refresh, check=check,
+                        token=self._token, stats=stats, floor=self._next_claim)
+        try:
+            self._state = commit.run(state)
+        finally:
+            self.conflicts += commit.conflicts
+            self.renumbered += commit.renumbered
+        if shard is None:
+            return ""
+        self._next_claim = commit.numbers[0] + 1
+        m = self._state.manifest
+        assert m.table is not None
+        clean_tables(self.client, m.generation, m.table.file)
+        return shard_dir_name(commit.numbers[0])
+
+    # ---------------------------------------------------------------------------------- the parts
+
+    def open_part(self, job: str, task: str) -> Start:
+        client = self.client
+        self._job, self._task, self._prefix = job, task, prefix(job, task)
+        raw, staged, ended, done, committed = get_many(
+            client, [MANIFEST, STAGED_KEY, f"{ENDED_DIR}/{job}", f"{self._prefix}/{PART_FILE}",
+                     f"{self._prefix}/{COMMITTED_FILE}"])
+        if raw is None:
+            raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist); the driver "
+                              "makes it with prepare_store() before the tasks start")
+        manifest = parse_manifest(raw, client.key_url(MANIFEST))
+        if manifest.table is None:
+            raise FormatError(f"{self.where}: a version-{manifest.version} store; parts need a version-3 store")
+        if ended is not None:
+            raise SeqstoreError(f"{self.where}: job {job!r} was committed or discarded already; task attempt "
+                                f"{task!r} writes nothing (on object storage a job id names one job: give "
+                                "each job a new one)")
+        if done is not None or committed is not None:
+            raise SeqstoreError(f"{client.key_url(self._prefix)}: task attempt {task!r} of job {job!r} already "
+                                "finished; each attempt needs its own task id")
+        schema, id_lookup = manifest.schema, manifest.id_lookup
+        if staged is not None:
+            obj = json.loads(staged)
+            schema, id_lookup = Schema.from_json(obj["schema"]), str(obj["id_lookup"])
+        return self._staging(schema, id_lookup, 0, None, "part")
+
+    def _ended(self) -> bool:
+        return get_many(self.client, [f"{ENDED_DIR}/{self._job}"])[0] is not None
+
+    def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
+        """Upload the finished shard into the staging prefix (the files, then the descriptor) and drop
+        the local copy."""
+        dst = f"{self._prefix}/{shard.dir}"
+        parallel(lambda rel: self.client.put_file(f"{dst}/{rel}", current / rel), sorted(shard.files),
+                 self.upload_workers)
+        self.client.put(f"{dst}/{DESCRIPTOR}", (current / DESCRIPTOR).read_bytes())
+        shutil.rmtree(current, ignore_errors=True)
+        if self._ended():
+            raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded while task attempt "
+                                f"{self._task!r} was writing; it writes nothing")
+
+    def finish_part(self, start: Start, part: Part) -> None:
+        """Upload ``part.json`` last (create-only); the attempt's objects go when that fails."""
+        try:
+            try:
+                self.client.put(f"{self._prefix}/{PART_FILE}", json.dumps(part.to_json()).encode(), mode="create")
+            except ConflictError:
+                raise SeqstoreError(
+                    f"{self.client.key_url(self._prefix)}: another writer finished task attempt {self._task!r} of "
+                    f"job {self._job!r} too; each attempt needs its own task id"
+                ) from None
+            if self._ended():
+                raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded before task "
+                                    f"attempt {self._task!r} finished; its part was removed")
+        except BaseException:
+            self._delete_part()
+            raise
+
+    def close_part(self, start: Start, part: Part | None) -> None:
+        shutil.rmtree(start.workspace, ignore_errors=True)
+        if part is None:
+            self._delete_part()
+
+    def _delete_part(self) -> None:
+        try:
+            delete_all(self.client, list_keys(self.client, self._prefix), self.upload_workers)
+        except RemoteError as exc:
+            log.warning("%s: could not delete the objects of task attempt %r (%s); discard_parts removes them",
+                        self.where, self._task, exc)
+
+    def staged(self) -> dict[str, Any] | None:
+        raw = get_many(self.client, [STAGED_KEY])[0]
+        return None if raw is None else dict(json.loads(raw))
+
+    def set_staged(self, staged: Mapping[str, Any] | None) -> None:
+        if staged is None:
+            delete_quietly(self.client, STAGED_KEY)
+        else:
+            self.client.put(STAGED_KEY, json.dumps(dict(staged), separators=(",", ":")).encode())
+
+    def commit_parts(self, plist: list[Part], overwrite: bool) -> int:
+        return commit_remote_parts(self.client, plist, overwrite)
+
+    def discard_jobs(self, jobs: Iterable[str]) -> None:
+        """Write each job's end mark ``_parts/.ended/<job>``, then delete every object under
+        ``_parts/<job>/``; end marks older than ENDED_KEEP_S go too."""
+        for job in sorted(jobs):
+            self.client.put(f"{ENDED_DIR}/{job}", b"")
+            delete_all(self.client, list_keys(self.client, f"{PARTS_DIR}/{job}"), WORKERS)
+        delete_old_marks(self.client)
+
+    def pending_jobs(self) -> list[str]:
+        return sorted(job_times(self.client))
+
+    def clean_parts(self, older_than: float) -> list[str]:
+        now = time.time()
+        removed = [job for job, newest in sorted(job_times(self.client).items()) if now - newest >= older_than]
+        self.discard_jobs(removed)
+        return removed
+
+
+# ---------------------------------------------------------------------------------- commit of parts
+
+
+
+def commit_remote_parts(client: ObjectClient, plist: list[Part], overwrite: bool, workers: int = WORKERS) -> int:
+    """Steps 1-5 of the module docs: every shard of ``plist`` in one manifest commit, in order."""
+    state = read_v3(client)
+    staged_raw = get_many(client, [STAGED_KEY])[0] if overwrite else None
+    staged = json.loads(staged_raw) if staged_raw is not None else None
+    schema = Schema.from_json(staged["schema"]) if staged is not None else state.manifest.schema
+    entries = _check_parts(client, state, plist, schema)
+    check_parts_kinds(client.url, {e.shard.has_ids for e in entries}, None if overwrite else state.has_ids)
+    return _commit(client, plist, entries, schema, staged, overwrite, state, max(1, workers))
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One staged shard to commit: its part's staging prefix, its description, its descriptor's bytes."""
+
+    prefix: str
+    shard: PartShard
+    desc: bytes
+
+
+
+def _check_parts(client: ObjectClient, state: StoreState, plist: list[Part], schema: Schema) -> list[_Entry]:
+    """One wave: each part's ``part.json``, ``committed.json`` and ``commit.json``, each shard's
+    descriptor; the checks of the module docs. A part whose earlier commit reached its commit point
+    (its ``commit.json`` numbers are committed rows) is marked committed and reported."""
+    keys: list[str] = []
+    for p in plist:
+        pre = prefix(p.job, p.task)
+        keys += [f"{pre}/{PART_FILE}", f"{pre}/{COMMITTED_FILE}", f"{pre}/{COMMITTING_FILE}"]
+        keys += [f"{pre}/{sh.dir}/{DESCRIPTOR}" for sh in p.shards]
+    got = iter(get_many(client, keys))
+    answers = [(p, next(got), next(got), next(got), [next(got) for _ in p.shards]) for p in plist]
+    committed = set(state.rows["number"].tolist())
+    earlier = []  # parts an earlier commit_parts committed, whose driver stopped before marking them
+    for p, desc, done, marker, _ in answers:
+        if desc is not None and done is None and marker is not None:
+            numbers = [int(n) for n in json.loads(marker)["numbers"]]
+            if numbers and all(n in committed for n in numbers):
+                earlier.append(p)
+    if earlier:
+        gen = state.manifest.generation
+        _finish_parts(client, earlier, gen, WORKERS)
+        p = earlier[0]
+        raise SeqstoreError(
+            f"{client.key_url(prefix(p.job, p.task))} (part {p.task!r} of job {p.job!r}"
+            + (f" and {len(earlier) - 1} more" if len(earlier) > 1 else "")
+            + f"): already committed by an earlier commit_parts whose driver stopped before it finished (the store "
+            f"is at manifest generation {gen}); nothing was committed by this call"
+        )
+    entries: list[_Entry] = []
+    for p, desc, done, _, descs in answers:
+        pre = prefix(p.job, p.task)
+        names = [client.key_url(f"{pre}/{sh.dir}/{DESCRIPTOR}") for sh in p.shards]
+        check_part(f"{client.key_url(pre)} (part {p.task!r} of job {p.job!r})", p, schema, done, desc is not None,
+                   json.loads(desc) if desc is not None else None, list(zip(names, descs)))
+        entries += [_Entry(pre, sh, raw) for sh, raw in zip(p.shards, descs) if raw is not None]
+    return entries
+
+
+def _staged_keys(p: Part) -> list[str]:
+    pre = prefix(p.job, p.task)
+    keys = [f"{pre}/{sh.dir}/{rel}" for sh in p.shards for rel in [*sorted(sh.files), DESCRIPTOR]]
+    return [*keys, f"{pre}/{PART_FILE}", f"{pre}/{COMMITTING_FILE}"]
+
+
+def _finish_parts(client: ObjectClient, plist: Sequence[Part], generation: int, workers: int) -> None:
+    """After the commit point: ``committed.json`` into each part, then its staged objects deleted."""
+    marker = json.dumps({"generation": generation}).encode()
+    try:
+        parallel(lambda p: client.put(f"{prefix(p.job, p.task)}/{COMMITTED_FILE}", marker), list(plist), workers)
+    except RemoteError as exc:  # committed all the same; a repeated commit_parts finds commit.json
+        log.warning("%s: committed, but could not mark every part committed (%s)", client.url, exc)
+        return
+    delete_all(client, [k for p in plist for k in _staged_keys(p)], workers)
+
+
+def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], schema: Schema,
+            staged: Mapping[str, Any] | None, overwrite: bool, state: StoreState, workers: int) -> int:
+    """Steps 2-5 of the module docs."""
+    records = sum(e.shard.records for e in entries)
+    if not entries and not overwrite:
+        _finish_parts(client, plist, state.manifest.generation, workers)
+        return 0
+    token = uuid.uuid4().hex[:12]
+
+    def place(numbers: list[int]) -> None:
+        """Record the numbers in each part's ``commit.json``, copy the staged files there."""
+        k = 0
+        markers: list[tuple[str, bytes]] = []
+        for p in plist:
+            nums = numbers[k : k + len(p.shards)]
+            k += len(p.shards)
+            markers.append((f"{prefix(p.job, p.task)}/{COMMITTING_FILE}",
+                            json.dumps({"token": token, "numbers": nums}).encode()))
+        parallel(lambda kv: client.put(kv[0], kv[1]), markers, workers)
+        copies = [(f"{e.prefix}/{e.shard.dir}/{rel}", f"{shard_dir_name(n)}/{rel}", size)
+                  for n, e in zip(numbers, entries) for rel, (size, _) in sorted(e.shard.files.items())]
+        try:
+            parallel(lambda t: _copy(client, *t), copies, workers)
+        except RemoteNotFound as exc:
+            raise SeqstoreError(f"{exc.url}: a staged file of a part is missing (discarded while committing?); "
+                                "nothing was committed") from None
+
+    def check(state: StoreState) -> None:
+        """After a lost race: the store must still take these parts."""
+        if overwrite:
+            return
+        if state.manifest.schema != schema:
+            raise SchemaError(f"{client.url}: the store was replaced by one with schema {state.manifest.schema!r} "
+                              "while committing; nothing was committed")
+        kind = entries[0].shard.has_ids if entries else None
+        if kind is not None and state.has_ids is not None and state.has_ids != kind:
+            want = "with" if state.has_ids else "without"
+            raise SchemaError(f"{client.url}: another writer committed records {want} ids first; the parts' are the "
+                              "other kind; nothing was committed")
+
+    state = Commit(client, [e.shard for e in entries], [e.desc for e in entries], place=place,
+                   refresh=lambda known: read_v3(client, known=known), check=check,
+                   token=token, overwrite=overwrite, schema=schema, staged=staged, workers=workers).run(state)
+    m = state.manifest
+    assert m.table is not None
+    _finish_parts(client, plist, m.generation, workers)
+    if overwrite and staged is not None:
+        delete_quietly(client, STAGED_KEY)
+    clean_tables(client, m.generation, m.table.file, workers)
+    log.debug("%s: committed %d parts (%d shards, %d records) as generation %d", client.url, len(plist),
+              len(entries), records, m.generation)
+    return records
+
+
+def _copy(client: ObjectClient, src: str, dst: str, size: int) -> None:
+    """Copy the staged object ``src`` to ``dst``: inside the service, or streamed (large or no copy)."""
+    if size <= COPY_LIMIT:
+        try:
+            client.copy(src, dst)
+            return
+        except NotImplementedError:
+            pass
+
+    def chunks() -> Iterator[bytes]:
+        for a in range(0, size, STREAM_CHUNK):
+            data, _ = client.get_ranges([(src, a, min(size, a + STREAM_CHUNK), None)])[0]
+            yield bytes(data)
+
+    client.put_stream(dst, chunks)
+
+
+# ------------------------------------------------------------------------------------- clean-up

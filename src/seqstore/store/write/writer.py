@@ -1,0 +1,677 @@
+"""Writing stores: buffered, crash-safe appends of records into immutable shards.
+
+A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
+of the current shard with large sequential writes into a private workspace directory
+(``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2 store). :meth:`Writer.commit`
+finishes the shard (final ``.npy`` headers, id index, for a version-3 store the shard's descriptor,
+fsync), then under the store's lock file
+renames it to ``shard-NNNNNN``, appends its shard-table row (version 3) and atomically replaces the
+manifest (store/write/local.py). A crash before the manifest's rename leaves only files readers never look
+at, which the next writer deletes or overwrites; a crash after it loses nothing. A store keeps the
+format version it was created with.
+
+Committing goes through the writer's commit target (store/write/target.py): the local directory
+above, or a store on object storage, to which a finished shard is uploaded (store/write/objects.py).
+
+Packed groups (docs/format.md, version 2) are buffered and written as one ``(n, width)`` matrix per
+group; :meth:`Writer.append_batch` also takes a group's whole ``(B, width)`` matrix under the group's
+name, which is written without any per-field copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from ...errors import SchemaError, SeqstoreError
+from ...format.descriptor import DESCRIPTOR, encode_descriptor
+from ...format.manifest import IDS, FileInfo, ShardInfo, fsync_dir
+from ...schema import Field, Schema, flatten_values, to_storage_array
+from ..directio import aligned_empty
+from ..ids import encode_ids, hash_ids
+from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, _caller_ids, _coalesce, _ColumnFile, _row_starts, write_file
+from .target import CommitTarget, Finished, IdsMismatch, Start
+
+__all__ = ["Writer"]
+
+log = logging.getLogger(__name__)
+
+
+class Writer:
+    """Appends records to a store. Use :func:`create` or :func:`append_to` to get one.
+
+    Records are buffered up to ``buffer_bytes`` and then written to the current shard; a shard is
+    committed when it reaches ``shard_bytes`` or ``max_shard_records``, on :meth:`commit`, and on
+    :meth:`close`. Leaving a ``with`` block by an exception discards what was not committed.
+
+    ``direct_io=True`` writes large appends of fixed-size columns with ``O_DIRECT`` (no copy into the
+    page cache, which is most of the CPU cost of writing GB/s; store/directio.py) where the filesystem
+    supports it. Those files get a one-page header. Appends come straight from page-aligned arrays
+    (:func:`~seqstore.store.directio.aligned_empty`, as the Logger's buffers are) or from the writer's
+    own staging arrays.
+    """
+
+    def __init__(
+        self,
+        target: CommitTarget,
+        *,
+        shard_bytes: int = 1 << 30,
+        buffer_bytes: int = 64 << 20,
+        max_shard_records: int = 1 << 24,
+        direct_io: bool = False,
+    ) -> None:
+        if shard_bytes <= 0 or buffer_bytes <= 0 or max_shard_records <= 0:
+            raise ValueError("shard_bytes, buffer_bytes and max_shard_records must be positive")
+        self.target = target
+        self.direct_io = bool(direct_io)
+        self.shard_bytes = shard_bytes
+        self.buffer_bytes = buffer_bytes
+        self.max_shard_records = max_shard_records
+        self._pid = os.getpid()
+        self._failed: BaseException | None = None
+        start = self._start = self._open()
+        self.root = start.root  #: the store's directory, or the local staging directory of a store at a URL
+        self._workspace = start.workspace
+        self.schema: Schema = start.schema
+        self._fields: list[tuple[str, Field]] = list(self.schema.items())
+        self._names = set(self.schema)
+        self._groups = self.schema.groups
+        # what is stored: unpacked fields, then packed groups as fixed (width,) fields
+        self._units: list[tuple[str, Field]] = self.schema.storage_units()
+        self._stats_delta: dict[str, float] = {}
+        self._has_ids: bool | None = start.has_ids
+        # a store keeps its format version: version 3 shards get a descriptor, 1/2 are listed in the manifest
+        self._descriptors = start.descriptors
+        self._desc_crc = 0
+        self._records_before = start.records
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
+        self._closed = False
+        self._reset_buffer()
+        self._shard_open = False
+        self._ready: Finished | None = None  # a finished shard whose commit failed: committed first next time
+        self._committed_records = 0
+
+    def _open(self) -> Start:
+        """Make the workspace (the target locks the store or reads its state); what the writer starts from."""
+        return self.target.open_writer()
+
+    def __repr__(self) -> str:
+        return f"seqstore.{self.target.kind}Writer({self.target.where!r}, committed={self.num_committed})"
+
+    @property
+    def conflicts(self) -> int:
+        """Commits this writer lost to another writer and retried (object storage)."""
+        return self.target.conflicts
+
+    @property
+    def renumbered(self) -> int:
+        """Shards this writer had to move to a higher number (object storage)."""
+        return self.target.renumbered
+
+    # ------------------------------------------------------------------------------------- buffers
+
+    def _reset_buffer(self) -> None:
+        # staging arrays are free again once their data is written: keep one per unit for reuse
+        self._spare: dict[str, np.ndarray[Any, Any]] = {
+            n: st[0] for n, st in getattr(self, "_staging", {}).items()
+        }
+        self._staging: dict[str, tuple[np.ndarray[Any, Any], int, np.ndarray[Any, Any], int]] = {}
+        self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._units}
+        self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._units if f.ragged}
+        self._buf_ids: list[str] = []
+        self._buf_records = 0
+        self._buf_bytes = 0
+
+    def _open_shard(self) -> None:
+        cur = self._workspace / "current"
+        cur.mkdir()
+        self._files: dict[str, _ColumnFile] = {}
+        try:
+            self._open_shard_files(cur)
+        except BaseException:  # e.g. out of descriptors: close what was opened, leave no current/
+            for col in self._files.values():
+                col.abort()
+            self._files = {}
+            shutil.rmtree(cur, ignore_errors=True)
+            raise
+        self._shard_records = 0
+        self._shard_bytes = 0
+        self._shard_open = True
+
+    def _open_shard_files(self, cur: Path) -> None:
+        for name, f in self._units:
+            path = cur / f"{name}.npy"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # fixed-size data starts on a page boundary, so a record never straddles more pages than its
+            # size requires (a cold random read of a 2 KiB record touches one page, not two)
+            self._files[name] = _ColumnFile(
+                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io and not f.ragged,
+                page_header=not f.ragged,
+            )
+            if f.ragged:
+                off = _ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self._pool)
+                off.write(np.zeros(1, dtype="<i8"))
+                self._files[name + ".offsets"] = off
+        if self._has_ids:
+            for suffix, dt in (("", "u1"), (".offsets", "<i8"), (".hash_unsorted", "<u8")):
+                self._files[IDS + suffix] = _ColumnFile(cur / f"{IDS}{suffix}.npy", np.dtype(dt), (), self._pool)
+            self._files[IDS + ".offsets"].write(np.zeros(1, dtype="<i8"))
+
+    # ------------------------------------------------------------------------------------ validation
+
+    def _check_ids(self, have_ids: bool, first: int) -> None:
+        if self._has_ids is not None and self._has_ids != have_ids:
+            want = "with ids" if self._has_ids else "without ids"
+            raise SchemaError(f"record {first}: this store's records are written {want}; got the other kind")
+
+    def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
+        if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
+            return record  # already flat: no copy
+        return flatten_values(record, what)
+
+    def _check_keys(self, keys: Any, what: str) -> None:
+        given = set(keys)
+        names = self._names
+        direct = given & set(self._groups)
+        if direct:  # a group given as one (B, width) matrix stands for its fields
+            names = (names - {m for g in direct for m in self._groups[g].fields}) | direct
+        if given != names:
+            unknown = sorted(given - names)
+            missing = sorted(names - given)
+            parts = []
+            if unknown:
+                parts.append(f"unknown field(s) {unknown}")
+            if missing:
+                parts.append(f"missing field(s) {missing}")
+            groups = f" (or packed groups {sorted(self._groups)})" if self._groups else ""
+            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}{groups}")
+
+    def _pack(
+        self, gname: str, flat: Mapping[str, Any], prepared: Mapping[str, np.ndarray[Any, Any]], batch: int, fw: str
+    ) -> np.ndarray[Any, Any]:
+        """The (batch, width) matrix of packed group ``gname``: the caller's matrix when given under the
+        group's name (converted, not copied when it already has the storage dtype), else a new matrix
+        assembled from the fields' converted values ``prepared`` (one copy)."""
+        g = self._groups[gname]
+        if gname in flat:
+            mat = to_storage_array(g.as_field(), flat[gname], what=fw)
+            if mat.shape != (batch, g.width):
+                raise SchemaError(
+                    f"{fw}: expected a ({batch}, {g.width}) matrix for packed group {gname!r}, got {mat.shape}"
+                )
+            return mat
+        shape = (batch, g.width)
+        big = self.direct_io and batch * g.width * g.storage_dtype.itemsize >= DIRECT_IO_BYTES
+        mat = aligned_empty(shape, g.storage_dtype) if big else np.empty(shape, dtype=g.storage_dtype)
+        for name in g.fields:
+            a, b = g.columns[name]
+            mat[:, a:b] = prepared[name].reshape(batch, b - a)
+        return mat
+
+    # --------------------------------------------------------------------------------------- append
+
+    def append(self, record: Mapping[str, Any], id: str | None = None) -> None:  # noqa: A002
+        """Append one record: a (possibly nested) dict of field name -> array-like.
+
+        Raises SchemaError naming the field, record number and id; a rejected record leaves nothing.
+        """
+        self._check_open()
+        index = self._records_before + self._committed_records + self._pending_records()
+        what = f"record {index}" + (f" (id {id!r})" if id is not None else "")
+        if id is not None and not isinstance(id, str):
+            raise SchemaError(f"record {index}: id must be a str, got {type(id).__name__} {id!r}")
+        self._check_ids(id is not None, index)
+        flat = self._flatten(record, what)
+        self._check_keys(flat.keys(), what)
+        converted: dict[str, np.ndarray[Any, Any]] = {}
+        nbytes = 0
+        for name, f in self._fields:
+            if name not in flat:  # its packed group was given as a whole
+                continue
+            value = flat[name]
+            arr = to_storage_array(f, value, what=f"{what}, field {name!r}")
+            if f.ragged:
+                if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
+                    raise SchemaError(
+                        f"{what}, field {name!r}: expected shape (n, {', '.join(map(str, f.inner_shape))})"
+                        .replace(", )", ")") + f", got {arr.shape}"
+                    )
+            elif arr.shape != f.inner_shape:
+                raise SchemaError(f"{what}, field {name!r}: expected shape {f.inner_shape}, got {arr.shape}")
+            # buffered until the next flush: must not share memory the caller may overwrite
+            converted[name] = arr.copy() if arr is value or arr.base is not None else arr
+        units: dict[str, np.ndarray[Any, Any]] = {}
+        for name, f in self._units:
+            if name in self._groups:
+                g = self._groups[name]
+                if name in flat:
+                    row = to_storage_array(g.as_field(), flat[name], what=f"{what}, packed group {name!r}")
+                    if row.shape != (g.width,):
+                        raise SchemaError(
+                            f"{what}, packed group {name!r}: expected shape ({g.width},), got {row.shape}"
+                        )
+                    units[name] = row[None].copy()
+                else:
+                    units[name] = self._pack(name, flat, {k: v[None] for k, v in converted.items()}, 1, what)
+            else:
+                units[name] = converted[name] if f.ragged else converted[name][None]
+            nbytes += units[name].nbytes
+        self._has_ids = id is not None
+        for name, f in self._units:
+            self._buf[name].append(units[name])
+            if f.ragged:
+                self._buf_lengths[name].append(np.array([units[name].shape[0]], dtype=np.int64))
+        if id is not None:
+            self._buf_ids.append(id)
+        self._buf_records += 1
+        self._buf_bytes += nbytes
+        if self._buf_full():
+            self._flush()
+
+    def append_batch(self, columns: Mapping[str, Any], ids: Sequence[str] | None = None) -> None:
+        """Append a batch: fixed field -> stacked array (B, ...); ragged field -> list of arrays or a
+        ``(values, lengths)`` pair. ``ids``: B str ids or None. All columns are validated before
+        anything is buffered; a rejected batch leaves nothing behind.
+        """
+        self._check_open()
+        first = self._records_before + self._committed_records + self._pending_records()
+        if ids is not None:
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+                raise SchemaError(f"batch starting at record {first}: ids must be a sequence of str, got {ids!r}")
+            for k, s in enumerate(ids):
+                if not isinstance(s, str):
+                    raise SchemaError(f"record {first + k}: id must be a str, got {type(s).__name__} {s!r}")
+        what = f"batch starting at record {first}" + (f" (id {str(ids[0])!r})" if ids is not None and len(ids) else "")
+
+        def item(k: int) -> str:
+            return f"record {first + k}" + (f" (id {str(ids[k])!r})" if ids is not None and k < len(ids) else "")
+
+        flat = self._flatten(columns, what)
+        self._check_keys(flat.keys(), what)
+        caller = _caller_ids(flat.values())
+        batch: int | None = None
+        prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
+        fixed: dict[str, np.ndarray[Any, Any]] = {}
+        nbytes = 0
+        for name, f in self._fields:
+            if name not in flat:  # its packed group was given as a whole
+                continue
+            value = flat[name]
+            lengths: np.ndarray[Any, Any] | None = None
+            fw = f"{what}, field {name!r}"
+            if f.ragged:
+                values, lengths = self._ragged_column(f, value, fw, item)
+                n = len(lengths)
+            else:
+                values = to_storage_array(f, value, what=fw)
+                if values.ndim != 1 + len(f.inner_shape) or values.shape[1:] != f.inner_shape:
+                    raise SchemaError(f"{fw}: expected shape (B, {f.inner_shape}) stacked, got {values.shape}")
+                n = values.shape[0]
+            if batch is None:
+                batch = n
+            elif n != batch:
+                raise SchemaError(f"{fw}: has {n} records but earlier fields have {batch}")
+            if self.schema.group_of(name) is None:
+                prepared.append((values, lengths))
+                nbytes += values.nbytes
+            else:
+                fixed[name] = values
+        for gname in self._groups:
+            if gname in flat:
+                first_dim = np.shape(flat[gname])[0] if np.ndim(flat[gname]) else 0
+                batch = first_dim if batch is None else batch
+            assert batch is not None
+            mat = self._pack(gname, flat, fixed, batch, f"{what}, packed group {gname!r}")
+            prepared.append((mat, None))
+            nbytes += mat.nbytes
+        assert batch is not None
+        if ids is not None and len(ids) != batch:
+            raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
+        if batch == 0:
+            return
+        self._check_ids(ids is not None, first)
+        self._has_ids = ids is not None
+        row_starts = [None if lengths is None else _row_starts(lengths) for _, lengths in prepared]
+        start = 0
+        while start < batch:  # pieces never overflow a shard's record limit
+            room = self.max_shard_records - self._pending_records()
+            stop = min(batch, start + max(room, 1))
+            piece_bytes = nbytes * (stop - start) // batch
+            direct = piece_bytes >= DIRECT_BYTES
+            if direct:  # written straight from the caller's arrays: flush what is buffered first
+                self._flush()
+            for (name, _f), (values, lengths), rows in zip(self._units, prepared, row_starts):
+                if rows is None:
+                    self._buf[name].append(values[start:stop])
+                else:
+                    assert lengths is not None
+                    self._buf[name].append(values[rows[start] : rows[stop]])
+                    self._buf_lengths[name].append(lengths[start:stop])
+            if ids is not None:
+                self._buf_ids.extend(ids[start:stop])
+            self._buf_records += stop - start
+            self._buf_bytes += piece_bytes
+            if direct or self._buf_full():
+                self._flush()
+            else:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
+                for name, _ in self._units:
+                    self._stage(name, caller)
+            start = stop
+
+    def _stage(self, name: str, caller: set[int]) -> None:
+        """Move the piece just buffered for unit ``name`` out of the caller's memory with one copy into
+        a staging array of about DIRECT_BYTES (reused across flushes). Consecutive pieces fill the same
+        staging array, so a flush writes a few large runs and copies nothing again."""
+        parts = self._buf[name]
+        piece = parts.pop()
+        if piece.base is None and id(piece) not in caller:
+            parts.append(piece)  # converted by us: already private
+            self._staging.pop(name, None)
+            return
+        rows = piece.shape[0]
+        if rows == 0 or piece.nbytes == 0:
+            parts.append(piece.copy())  # nothing to stage
+            return
+        staged = self._staging.get(name)
+        if staged is not None and parts and parts[-1] is staged[2] and staged[1] + rows <= staged[0].shape[0]:
+            arr, used, _, first = staged
+            arr[used : used + rows] = piece
+            view = arr[first : used + rows]
+            parts[-1] = view
+            self._staging[name] = (arr, used + rows, view, first)
+            return
+        row_bytes = max(piece.nbytes // rows, 1)
+        capacity = max(rows, DIRECT_BYTES // row_bytes)
+        spare = self._spare.pop(name, None)
+        if spare is not None and spare.shape[0] >= capacity and spare.dtype == piece.dtype:
+            arr = spare
+        else:
+            shape = (capacity, *piece.shape[1:])
+            arr = aligned_empty(shape, piece.dtype) if self.direct_io else np.empty(shape, dtype=piece.dtype)
+        arr[:rows] = piece
+        view = arr[:rows]
+        parts.append(view)
+        self._staging[name] = (arr, rows, view, 0)
+
+    def _buf_full(self) -> bool:
+        """Flush when the buffer is full or the shard it goes into would be."""
+        if self._buf_bytes >= self.buffer_bytes:
+            return True
+        done_bytes = self._shard_bytes if self._shard_open else 0
+        done_records = self._shard_records if self._shard_open else 0
+        return (
+            done_bytes + self._buf_bytes >= self.shard_bytes
+            or done_records + self._buf_records >= self.max_shard_records
+        )
+
+    def _ragged_column(
+        self, f: Field, value: Any, what: str, item: Callable[[int], str]
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        if isinstance(value, tuple) and len(value) == 2:
+            values = to_storage_array(f, value[0], what=what)
+            lengths = np.asarray(value[1])
+            if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths.size and lengths.min() < 0):
+                raise SchemaError(f"{what}: lengths must be a 1-D array of non-negative ints")
+            lengths = lengths.astype(np.int64)
+            if values.ndim != len(f.shape) or values.shape[1:] != f.inner_shape:
+                raise SchemaError(f"{what}: values must have shape (total_rows, {f.inner_shape}), got {values.shape}")
+            if int(lengths.sum()) != values.shape[0]:
+                raise SchemaError(f"{what}: lengths sum to {int(lengths.sum())} but values have {values.shape[0]} rows")
+            return values, lengths
+        if isinstance(value, np.ndarray) or not isinstance(value, Sequence):
+            raise SchemaError(f"{what}: a ragged column is a list of arrays or a (values, lengths) pair")
+        dtype, nd, inner = f.storage_dtype, len(f.shape), f.inner_shape
+        if value and all(
+            type(x) is np.ndarray and x.dtype == dtype and x.ndim == nd and x.shape[1:] == inner for x in value
+        ):  # the common case: arrays already in storage form; one concatenation, no per-item conversion
+            values = np.concatenate(value) if len(value) > 1 else value[0]
+            return values, np.fromiter((x.shape[0] for x in value), dtype=np.int64, count=len(value))
+        arrays = []
+        for k, x in enumerate(value):
+            arr = to_storage_array(f, x, what=f"{what}, batch item {k} = {item(k)}")
+            if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
+                raise SchemaError(
+                    f"{what}, batch item {k} = {item(k)}: expected rows of shape {f.inner_shape}, got {arr.shape}"
+                )
+            arrays.append(arr)
+        lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
+        if arrays:
+            values = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        else:
+            values = np.empty((0, *f.inner_shape), dtype=f.storage_dtype)
+        return values, lengths
+
+    def _pending_records(self) -> int:
+        return self._buf_records + (self._shard_records if self._shard_open else 0)
+
+    # ---------------------------------------------------------------------------------------- flush
+
+    def _flush(self) -> None:
+        """Write the buffer to the current shard (no commit). Splits the shard when it is full.
+
+        If writing fails part way (disk full, I/O error), the shard's files no longer agree with each
+        other: the writer is marked failed and only :meth:`abort` is allowed (committed data is safe)."""
+        with self._failing():
+            self._write_buffer()
+
+    @contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Mark the writer failed when the block raises anything but a SeqstoreError (I/O errors part
+        way through leave the shard's files inconsistent; validation errors leave nothing behind)."""
+        try:
+            yield
+        except SeqstoreError:
+            raise
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _write_buffer(self) -> None:
+        if self._buf_records == 0:
+            return
+        if not self._shard_open:
+            self._open_shard()
+        futures: list[Future[int]] = []
+        for name, f in self._units:
+            col = self._files[name]
+            if f.ragged:
+                lengths = np.concatenate(self._buf_lengths[name])
+                offsets = np.cumsum(lengths) + col.rows
+                futures.append(self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False)))
+            # large pieces as they are, small ones joined
+            for run in _coalesce(self._buf[name], aligned=self.direct_io and not f.ragged):
+                futures.append(col.write(run))
+        if self._has_ids:
+            data, offsets = encode_ids(self._buf_ids, first_record=0)
+            ids_col = self._files[IDS]
+            hashes = hash_ids(data, offsets)
+            futures.append(self._files[IDS + ".offsets"].write(offsets[1:] + ids_col.rows))
+            futures.append(ids_col.write(data))
+            futures.append(self._files[IDS + ".hash_unsorted"].write(hashes))
+        for fut in futures:
+            fut.result()  # the caller may reuse its arrays once we return
+        self._shard_records += self._buf_records
+        self._shard_bytes += self._buf_bytes
+        self._reset_buffer()
+        if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
+            self._commit_shard()
+
+    # --------------------------------------------------------------------------------------- commit
+
+    def commit(self) -> None:
+        """Make everything appended so far durable and visible to readers that open or refresh.
+
+        After this returns, a crash or power cut loses none of these records.
+        """
+        self._check_open()
+        self._flush()
+        if self._shard_open:
+            self._commit_shard()
+        elif self._ready is not None or self._stats_delta:
+            with self._failing():
+                self._publish()
+
+    def add_stats(self, delta: Mapping[str, float]) -> None:
+        """Add numbers to the manifest's ``stats`` (``stats[k] += v``) at the next commit.
+
+        Deltas from several writers of one store add up (they are applied under the commit lock);
+        :meth:`commit` saves pending deltas even when no records are pending.
+        """
+        for k, v in delta.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise TypeError(f"stats delta {k!r} must be a number, got {v!r}")
+            self._stats_delta[k] = self._stats_delta.get(k, 0) + v
+
+    def _finish_shard_files(self) -> ShardInfo:
+        cur = self._workspace / "current"
+        infos: dict[str, FileInfo] = {}
+        rows: dict[str, int] = {}
+        for key, col in self._files.items():
+            if key == IDS + ".hash_unsorted":
+                continue
+            infos[col.path.relative_to(cur).as_posix()] = col.finish()
+            if key in self.schema and self.schema[key].ragged:
+                rows[key] = col.rows
+        if self._has_ids:
+            tmp = self._files[IDS + ".hash_unsorted"]
+            tmp.finish(sync=False)  # read back and deleted below: nothing to make durable
+            hashes = np.load(tmp.path)
+            order = np.argsort(hashes, kind="stable")
+            for suffix, arr in ((".hash", hashes[order]), (".hash_rows", order.astype("<i8"))):
+                col = _ColumnFile(cur / f"{IDS}{suffix}.npy", arr.dtype, (), self._pool)
+                col.write(np.ascontiguousarray(arr))
+                infos[f"{IDS}{suffix}.npy"] = col.finish()
+            tmp.path.unlink()
+        if self._descriptors:  # version 3: the shard describes itself (immutable once committed)
+            raw = encode_descriptor(self._shard_records, rows, bool(self._has_ids), infos)
+            write_file(cur / DESCRIPTOR, raw)
+            self._desc_crc = zlib.crc32(raw)
+        fsync_dir(cur)
+        for sub in {p.parent for p in cur.rglob("*.npy")} - {cur}:
+            fsync_dir(sub)
+        return ShardInfo("", self._shard_records, rows, infos, bool(self._has_ids))
+
+    def _commit_shard(self) -> None:
+        with self._failing():
+            self._commit_shard_files()
+
+    def _commit_shard_files(self) -> None:
+        if self._ready is not None:  # a shard finished earlier whose commit failed: first
+            self._publish()
+        pending = self._finish_shard_files()
+        ready = self._workspace / "ready"
+        os.rename(self._workspace / "current", ready)
+        self._ready = Finished(ready, pending, self._desc_crc)
+        self._shard_open = False
+        self._publish()
+
+    def _publish(self) -> None:
+        """Commit the finished shard (if any) and the stats deltas through the target."""
+        ready, delta = self._ready, dict(self._stats_delta)
+        try:
+            name = self.target.publish(ready, delta)
+        except IdsMismatch as exc:
+            # another writer committed the other kind first: drop this shard, stay usable
+            assert ready is not None
+            shutil.rmtree(ready.path, ignore_errors=True)
+            self._ready = None
+            self._has_ids = exc.has_ids
+            kind = "with" if exc.has_ids else "without"
+            raise SchemaError(
+                f"{self.target.where}: cannot mix records with and without ids in one store; its records are now "
+                f"written {kind} ids, so the {ready.info.records} uncommitted records of this writer's shard were "
+                "discarded"
+            ) from None
+        self._stats_delta = {k: v - delta.get(k, 0) for k, v in self._stats_delta.items() if v != delta.get(k, 0)}
+        if ready is not None:
+            shutil.rmtree(ready.path, ignore_errors=True)  # gone already where the target moved it
+            self._ready = None
+            self._committed_records += ready.info.records
+            log.debug("%s: committed %s (%d records)", self.target.where, name, ready.info.records)
+
+    # ---------------------------------------------------------------------------------------- close
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SeqstoreError(f"{self.target.where}: writer is closed")
+        if os.getpid() != self._pid:
+            raise SeqstoreError(
+                f"{self.target.where}: this writer belongs to process {self._pid}; a forked child cannot use it "
+                "(open a writer of its own with seqstore.append_to)"
+            )
+        if self._failed is not None:
+            raise SeqstoreError(
+                f"{self.target.where}: an earlier write failed ({self._failed!r}); the records appended since the last "
+                "commit cannot be written consistently. Call abort(): committed records are intact."
+            )
+
+    def abort(self) -> None:
+        """Discard everything not yet committed and release the writer. Never fails part way: every
+        file is closed and the workspace removed even when closing one of them reports an error.
+        In a forked child it only marks the writer closed (the files are the parent's)."""
+        if self._closed:
+            return
+        try:
+            if self._shard_open and os.getpid() == self._pid:
+                for col in self._files.values():
+                    col.abort()
+        finally:
+            self._reset_buffer()
+            self._shard_open = False
+            self._release()
+
+    def close(self) -> None:
+        """Commit what is pending and release the writer."""
+        if self._closed:
+            return
+        if os.getpid() != self._pid:  # a forked child's copy: committing would take the parent's shard
+            self._closed = True
+            return
+        try:
+            self.commit()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        if os.getpid() != self._pid:  # a forked child's copy: the workspace belongs to the parent
+            return
+        self._pool.shutdown(wait=True)
+        self.target.close_writer(self._start)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) != os.getpid():
+            return  # a forked child's copy (or a half-built writer): leave the parent's files alone
+        if not getattr(self, "_closed", True):
+            log.warning("%s: writer garbage-collected without close(); uncommitted records are discarded",
+                        self.target.where)
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001
+                pass
+
+    @property
+    def num_committed(self) -> int:
+        """Records this writer has committed."""
+        return self._committed_records

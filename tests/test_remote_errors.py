@@ -1,0 +1,218 @@
+"""Storage errors a user can cause (issue 25, item 3) come out as seqstore errors in seqstore's words.
+
+A misspelled or ill-typed storage option, a URL without a bucket, a bucket that does not exist and a
+request the client refuses before sending it: each raises a :class:`~seqstore.errors.SeqstoreError`
+subclass that names the option or URL, through the API and through the ``seqstore`` command, and no
+obstore, botocore or Rust text (type names, ``Debug source:`` dumps) leaks into the message.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from support.s3 import MotoS3
+from support.stores import build_store
+
+import seqstore as ss
+from seqstore.cli import main
+from seqstore.errors import BucketNotFound, ConfigError, RemoteError, RemoteNotFound, SeqstoreError
+from seqstore.io.object_common import check_options, check_url
+
+pytestmark = pytest.mark.timeout(120)
+
+#: text that would mean an error of the storage client (or Python's int()) reached the user as it was
+LEAKS = ("obstore", "Debug source", "botocore", "RetryError", "UnknownConfigurationKey", "GenericError",
+         "Unrecognised", "invalid literal", "Traceback")
+
+
+def _clean(text: str) -> None:
+    for word in LEAKS:
+        assert word not in text, f"{word!r} leaks into the message: {text}"
+
+
+def _message_of(exc: BaseException) -> str:
+    """The message and the chain of causes a user would see printed (``raise ... from None`` hides it)."""
+    return str(exc) + "".join(traceback.format_exception_only(exc))
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("local") / "main.seqstore", seed=5)
+
+
+@pytest.fixture(scope="module")
+def remote(moto_s3: MotoS3, local: Path) -> Iterator[str]:
+    bucket = moto_s3.new_bucket("err")
+    yield moto_s3.upload_dir(local, bucket, "err/main.seqstore")
+    moto_s3.delete_bucket(bucket)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "env-cache"))
+
+
+# ------------------------------------------------------------------------------------- options
+
+
+def test_misspelled_option_names_it_and_lists_valid_keys(moto_s3: MotoS3, remote: str, tmp_path: Path) -> None:
+    opts = moto_s3.storage_options(endpont="http://127.0.0.1:1")
+    with pytest.raises(ConfigError) as info:
+        ss.open(remote, storage_options=opts, cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert isinstance(info.value, SeqstoreError) and isinstance(info.value, ValueError)
+    assert "'endpont'" in msg and "did you mean 'endpoint'" in msg and remote in msg
+    assert "valid keys" in msg and "region" in msg and "max_requests" in msg and "allow_http" in msg
+    _clean(msg)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [("max_requests", "abc", "an integer >= 1"), ("max_requests", 0, "an integer >= 1"),
+     ("timeout", "soon", "a number of seconds > 0"), ("timeout", 0, "a number of seconds > 0"),
+     ("max_retries", -1, "an integer >= 0"), ("coalesce_gap", 1.5, "an integer >= 0")],
+)
+def test_ill_typed_seqstore_option_names_it_and_what_was_expected(key: str, value: Any, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ss.open("s3://some-bucket/x.seqstore", storage_options={key: value})
+    msg = _message_of(info.value)
+    assert f"{key}={value!r}" in msg and expected in msg and "s3://some-bucket/x.seqstore" in msg
+    _clean(msg)
+
+
+def test_option_values_that_spell_numbers_are_accepted() -> None:
+    check_options("s3://b/x", {"max_requests": "16", "timeout": "2.5", "max_retries": 0, "coalesce_gap": "0"})
+
+
+def test_http_store_refuses_a_service_option(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        ss.open("http://127.0.0.1:1/x.seqstore", storage_options={"allow_http": "true", "regoin": "x"},
+                cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert "'regoin'" in msg and "http://127.0.0.1:1/x.seqstore" in msg and "valid keys" in msg
+    _clean(msg)
+
+
+# ----------------------------------------------------------------------------------------- URLs
+
+
+@pytest.mark.parametrize("url", ["s3:///x.seqstore", "gs:///x", "az:///x", "https:///x.seqstore"])
+def test_url_without_bucket_names_the_url(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_url(url)
+    assert url in str(info.value)
+    _clean(str(info.value))
+
+
+def test_open_url_without_bucket(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        ss.open("s3:///x.seqstore", cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert "s3:///x.seqstore" in msg and "bucket" in msg and "one slash too many" in msg
+    _clean(msg)
+
+
+# -------------------------------------------------------------------------------------- buckets
+
+
+def test_open_missing_bucket(moto_s3: MotoS3, tmp_path: Path) -> None:
+    with pytest.raises(BucketNotFound) as info:
+        ss.open("s3://no-such-bucket-25/x.seqstore", storage_options=moto_s3.storage_options(),
+                cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert not isinstance(info.value, RemoteNotFound)  # not "a missing object"
+    assert "bucket 'no-such-bucket-25' does not exist" in msg and "s3://no-such-bucket-25/x.seqstore" in msg
+    assert "no seqstore store here" not in msg and "no such object" not in msg
+    _clean(msg)
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "copy"])
+def test_cli_missing_bucket(command: str, moto_s3: MotoS3, local: Path, monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    for k, v in moto_s3.env().items():
+        monkeypatch.setenv(k, v)
+    url = "s3://no-such-bucket-25/x.seqstore"
+    argv = ["copy", str(local), url, "-q"] if command == "copy" else [command, url, "-q"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error: ") and "bucket 'no-such-bucket-25' does not exist" in err
+    assert "no such object" not in err and "no seqstore store here" not in err
+    _clean(err)
+
+
+def test_cli_misspelled_and_ill_typed_options(moto_s3: MotoS3, remote: str, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    for k, v in moto_s3.env().items():
+        monkeypatch.setenv(k, v)
+    assert main(["info", remote, "-q", "-o", "endpont=x"]) == 2
+    err = capsys.readouterr().err
+    assert "'endpont'" in err and "valid keys" in err
+    _clean(err)
+    assert main(["info", remote, "-q", "-o", "max_requests=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "max_requests='abc'" in err and "integer" in err
+    _clean(err)
+    assert main(["info", "s3:///x.seqstore", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "s3:///x.seqstore" in err and "bucket" in err
+    _clean(err)
+
+
+# ------------------------------------------------------------------------------ no retries for refusals
+
+
+def _client_with_failing_put(moto_s3: MotoS3, bucket: str, monkeypatch: pytest.MonkeyPatch,
+                             error: BaseException) -> tuple[Any, list[int]]:
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient(f"s3://{bucket}/refuse.seqstore", moto_s3.storage_options(max_retries=3))
+    calls: list[int] = []
+
+    def put(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        raise error
+
+    backend = client.backend
+    monkeypatch.setattr(backend, "obs", SimpleNamespace(put=put))
+    return client, calls
+
+
+def test_client_side_refusal_is_not_retried(moto_s3: MotoS3, s3_bucket: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import obstore.exceptions as oex
+
+    refusal = oex.GenericError("Generic GCS error: Version required for conditional update\n\nDebug source:\n"
+                               "Generic { store: \"GCS\", source: MissingVersion }")
+    client, calls = _client_with_failing_put(moto_s3, s3_bucket, monkeypatch, refusal)
+    with pytest.raises(RemoteError) as info:
+        client.put("manifest.json", b"{}", mode={"e_tag": "abc"})
+    assert len(calls) == 1, "a request the client refused before sending it was retried"
+    assert info.value.attempts == 1
+    msg = str(info.value)
+    assert client.key_url("manifest.json") in msg and "Version required" in msg and "refused" in msg
+    assert "Debug source" not in msg and "MissingVersion" not in msg
+
+
+def test_network_failure_is_still_retried(moto_s3: MotoS3, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import obstore.exceptions as oex
+
+    failure = oex.GenericError("Generic S3 error: Error performing PUT http://127.0.0.1:9/b/k in 1ms - "
+                               "HTTP error: error sending request")
+    client, calls = _client_with_failing_put(moto_s3, s3_bucket, monkeypatch, failure)
+    with pytest.raises(RemoteError) as info:
+        client.put("k", b"x")
+    assert len(calls) > 1 and info.value.attempts == len(calls)  # retried (how often: the retry policy)
+
+
+def test_open_missing_azure_container(azurite: Any, tmp_path: Path) -> None:
+    with pytest.raises(BucketNotFound) as info:
+        ss.open("az://no-such-container-25/x.seqstore", storage_options=azurite.storage_options(),
+                cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert "container 'no-such-container-25' does not exist" in msg and "az://no-such-container-25/x.seqstore" in msg
+    _clean(msg)
