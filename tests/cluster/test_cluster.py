@@ -453,7 +453,7 @@ def test_writers_on_two_nodes_one_killed_mid_commit(cluster: cl.Cluster, storage
     r = cluster.run(cluster.nodes[0], [sys.executable, "-c", make, json.dumps(_options())], timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     procs, logs = [], []
-    for node, batches in ((0, 30), (1, 1000)):
+    for node, batches in ((0, 15), (1, 1000)):
         cfg = {"role": "write", "url": url, "storage_options": _options(), "node": node, "batches": batches,
                "out": str(tmp_path / f"write-n{node}")}
         if node == 1:
@@ -472,9 +472,9 @@ def test_writers_on_two_nodes_one_killed_mid_commit(cluster: cl.Cluster, storage
     n1, at_kill = committed(1), len(committed(0))
     assert n1 == list(range(5)), n1
     _finish(procs[:1], 150, logs)
-    assert at_kill < 30, "node 0 had finished before node 1 was killed: nothing shows it kept committing"
+    assert at_kill < 15, "node 0 had finished before node 1 was killed: nothing shows it kept committing"
     n0 = committed(0)
-    assert n0 == list(range(30)), n0
+    assert n0 == list(range(15)), n0
     check = ("import seqstore as ss, json, sys, numpy as np\n"
              f"s = ss.open({url!r}, storage_options=json.loads(sys.argv[1]), cache_dir=sys.argv[2])\n"
              "b = s.get_batch(np.arange(len(s)), pad=True)\n"
