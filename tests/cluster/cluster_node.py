@@ -15,7 +15,8 @@ Roles (``config["role"]``):
   progress and what was consumed). It writes ``opened`` once the store is open, and sleeps
   ``after_open`` s before the first read. An exception ends it with status 3 and ``error.txt``.
 - ``write``: a writer appending batches of records to an existing ``s3://`` store, committing after each;
-  each committed batch's number is appended to ``committed.txt`` (after the commit returned).
+  each committed batch's number is appended to ``committed.txt`` (after the commit returned). It stops
+  after ``batches`` batches, or before the next one once ``stop_file`` exists.
   ``pause_at``: the commit of that batch stops for a minute just before (``pause_where="before"``) or
   after (``"after"``) its write of ``manifest.json``, with a file ``paused`` written, for a test to kill
   the node mid-commit.
@@ -154,7 +155,10 @@ def write(cfg: dict[str, Any]) -> None:
     if cfg.get("pause_at") is not None:
         _pause_in_commit(cfg["pause_at"], cfg.get("pause_where", "before"), Path(cfg["out"]) / "paused")
     w = seqstore.append_to(cfg["url"], storage_options=cfg["storage_options"])
+    stop = Path(cfg["stop_file"]) if cfg.get("stop_file") else None
     for k in range(cfg["batches"]):
+        if stop is not None and stop.exists():
+            break
         rid = (node * 1_000_000 + k * 1000 + np.arange(per)).astype(np.int64)
         lens = np.full(per, 2)
         x = np.repeat(rid, lens).astype(np.float32)[:, None].repeat(2, 1)
