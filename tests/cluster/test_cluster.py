@@ -94,6 +94,7 @@ def cluster(tmp_path: Path) -> Iterator[cl.Cluster]:
     finally:
         c.close()
         left = cl.leftovers(f"{cl.PREFIX}{c.tag}")
+        left += [f"process {p.pid} on {h}" for h, p in c.procs if p.poll() is None]
         assert not left, f"the cluster left behind: {left}"
 
 
