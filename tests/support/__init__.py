@@ -3,6 +3,8 @@
 - :mod:`support.s3`: moto's S3 server on loopback, buckets, storage options, uploads.
 - :mod:`support.proxy`: a fault-injecting, request-counting HTTP proxy in front of an S3 endpoint.
 - :mod:`support.stores`: small local stores with every kind of field, and value-for-value comparisons.
+- :mod:`support.cluster`: hosts in network namespaces on a switch (root only), for multi-node tests;
+  :mod:`support.cluster_storage` is the object store they run on their storage host.
 
 Importable as ``support`` with ``tests/`` on ``sys.path`` (pytest puts it there for tests/conftest.py;
 ``bench/`` scripts insert it themselves). s3 and proxy do not import seqstore: objects are put on the

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RemoteError
 
 __all__ = [
     "ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote",
@@ -29,7 +29,8 @@ __all__ = [
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
-SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout")
+SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout",
+                    "retry_timeout")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 _EMPTY = memoryview(b"")
@@ -125,11 +126,19 @@ class ClientSettings(Protocol):
     max_inflight_bytes: int
     timeout: float
     connect_timeout: float
-    max_retries: int
+    max_retries: int | None
+    retry_timeout: float
+    _failing_since: float | None
     _options: dict[str, Any]
     _filesystem: Any
 
     def key_url(self, key: str) -> str: ...
+
+    def retry_delay(self, attempt: int, first_failure: float) -> float | None: ...
+
+    def retry_ok(self) -> None: ...
+
+    def gave_up(self, what: str, attempt: int, first_failure: float, last: BaseException) -> RemoteError: ...
 
 
 class _Backend(abc.ABC):

@@ -107,6 +107,7 @@ class _FsspecBackend(_Backend):
         starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
         ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
         attempt = 0
+        first = 0.0
         while True:
             attempt += 1
             try:
@@ -120,14 +121,16 @@ class _FsspecBackend(_Backend):
                     if len(d) != want:
                         raise _Transient(f"{self.c.key_url(k)} range {s}-{e}: {len(d)} bytes, expected {want}")
                     out.append((memoryview(d), m))
+                if self.c._failing_since is not None:
+                    self.c.retry_ok()
                 return out
             except _Transient as exc:
-                if attempt > self.c.max_retries:
-                    url = self.c.key_url(requests[0][0])
-                    raise RemoteError(
-                        f"{url}: failed after {attempt} attempts ({exc})", url=url, attempts=attempt
-                    ) from None
-                time.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)))
+                if attempt == 1:
+                    first = time.monotonic()
+                delay = self.c.retry_delay(attempt, first)
+                if delay is None:
+                    raise self.c.gave_up(self.c.key_url(requests[0][0]), attempt, first, exc) from None
+                time.sleep(delay)
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         if isinstance(mode, dict):

@@ -17,9 +17,9 @@ import concurrent.futures
 import contextlib
 import difflib
 import os
-import random
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -368,6 +368,7 @@ class _ObstoreBackend(_Backend):
     ) -> tuple[memoryview, ObjectMeta | None]:
         assert self.sem is not None and self.budget is not None
         attempt = 0
+        first = 0.0
         url = self.c.key_url(key)
         # what the answer takes of the byte budget: its size where the range says it (a whole object or a
         # suffix: at most a small one here)
@@ -400,12 +401,16 @@ class _ObstoreBackend(_Backend):
                 if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
                     if len(data) != end - start:
                         raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
+                    if self.c._failing_since is not None:
+                        self.c.retry_ok()
                     return data, None
                 m = r.meta
                 size = int(m["size"])
                 expected = _expected(start, end, size)
                 if len(data) != expected:
                     raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {expected}")
+                if self.c._failing_since is not None:
+                    self.c.retry_ok()
                 return data, ObjectMeta(key, size, self._tag(m))
             except self.oex.BaseError as exc:
                 err = self._classify(exc, key, conditional=etag is not None)
@@ -421,11 +426,12 @@ class _ObstoreBackend(_Backend):
                 raise err from None
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = _Transient(f"{type(exc).__name__}: {exc}")
-            if attempt > self.c.max_retries:
-                raise RemoteError(
-                    f"{url}: range {start}-{end} failed after {attempt} attempts ({last})", url=url, attempts=attempt
-                )
-            await asyncio.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
+            if attempt == 1:
+                first = time.monotonic()
+            delay = self.c.retry_delay(attempt, first)
+            if delay is None:
+                raise self.c.gave_up(f"{url}: range {start}-{end}", attempt, first, last)
+            await asyncio.sleep(delay)
 
     async def _all(
         self,

@@ -8,15 +8,23 @@ calls; the store code above does not know which one it talks to.
 Failures are classified by the back end that met them (into the same errors for both) and retried here:
 
 - transient (HTTP 5xx, connection reset, timeout, a body shorter than the range asked for) are retried
-  with exponential backoff up to ``max_retries`` times, then raised as :class:`~seqstore.errors.RemoteError`
-  naming the URL and the number of attempts;
+  with exponential backoff (50 ms doubling, at most :data:`MAX_BACKOFF` seconds, jittered) for
+  ``retry_timeout`` seconds (default 120) counted from the first failure, then raised as
+  :class:`~seqstore.errors.RemoteError` naming the URL, the number of attempts and the seconds spent. The
+  budget is time, not a count of attempts: with a link down every attempt fails at once, and a count
+  would be spent in a second or two. The clock is the client's (one per process and store): while
+  every request fails, the failure streak began when the first one failed, so requests queued behind
+  it (or asked again by the caller) do not each get a budget of their own; a request that succeeds
+  ends the streak. ``max_retries`` (default: no limit) bounds the number of retries as well;
 - a missing object is :class:`~seqstore.errors.RemoteNotFound` (the store turns it into a
   ``CorruptionError`` naming the key where the object should exist);
 - refused credentials are :class:`~seqstore.errors.CredentialsError` (URL, never the secret);
 - an object that changed under a conditional read is :class:`~seqstore.errors.StaleStoreError`; a
   conditional write that lost a race is :class:`~seqstore.errors.ConflictError`.
 
-Every request has a timeout (``timeout`` seconds, default 30), so no call waits forever.
+Every request has a timeout (``timeout`` seconds, default 30), so no call waits forever: a request
+whose failures go on gives up at most ``retry_timeout`` + ``timeout`` + ``connect_timeout`` seconds
+after its first failure (the last attempt may have started just before the budget ran out).
 obstore's own retries are switched off: the retry loops are seqstore's, so the attempt count in an
 error is exact.
 
@@ -51,7 +59,11 @@ from .object_common import (
 from .object_fsspec import _FsspecBackend
 from .object_obstore import _ObstoreBackend, fork_unsafe
 
+#: longest wait between two attempts of a request (seconds, before jitter)
+MAX_BACKOFF = 5.0
+
 __all__ = [
+    "MAX_BACKOFF",
     "fork_unsafe",
     "ObjectClient",
     "ObjectMeta",
@@ -73,7 +85,8 @@ class ObjectClient:
     would pass it waits for earlier ones, one larger than it goes alone; obstore back end),
     ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
     ``timeout`` (seconds per request, default 30), ``connect_timeout`` (default 5),
-    ``max_retries`` (default 5).
+    ``retry_timeout`` (seconds of retrying a transient failure, default 120), ``max_retries`` (retries
+    at most, default None: only ``retry_timeout`` limits them).
     """
 
     def __init__(self, url: str, options: Mapping[str, Any] | None = None, filesystem: Any = None) -> None:
@@ -85,12 +98,18 @@ class ObjectClient:
         self.coalesce_gap = int(opts.pop("coalesce_gap", 64 << 10))
         self.timeout = float(opts.pop("timeout", 30.0))
         self.connect_timeout = float(opts.pop("connect_timeout", 5.0))
-        self.max_retries = int(opts.pop("max_retries", 5))
-        if self.max_requests < 1 or self.max_inflight_bytes < 1 or self.max_retries < 0 or self.timeout <= 0:
+        retries = opts.pop("max_retries", None)
+        self.max_retries: int | None = None if retries is None or retries == "" else int(retries)
+        self.retry_timeout = float(opts.pop("retry_timeout", 120.0))
+        if (self.max_requests < 1 or self.max_inflight_bytes < 1 or (self.max_retries or 0) < 0 or self.timeout <= 0
+                or not self.retry_timeout >= 0):
             raise ValueError(
-                f"{self.url}: max_requests and max_inflight_bytes must be >= 1, max_retries >= 0 and timeout > 0 "
-                f"(got {self.max_requests}, {self.max_inflight_bytes}, {self.max_retries}, {self.timeout})"
+                f"{self.url}: max_requests and max_inflight_bytes must be >= 1, max_retries >= 0, timeout > 0 and "
+                f"retry_timeout >= 0 (got {self.max_requests}, {self.max_inflight_bytes}, {self.max_retries}, "
+                f"{self.timeout}, {self.retry_timeout})"
             )
+        # monotonic time of the first failure of the current streak (None: the last request succeeded)
+        self._failing_since: float | None = None
         self._options = opts
         self._filesystem = filesystem
         self._pid = -1
@@ -112,12 +131,13 @@ class ObjectClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_backend=None, _pid=-1, _lock=None)
+        state.update(_backend=None, _pid=-1, _lock=None, _failing_since=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._failing_since = None
 
     def __repr__(self) -> str:
         return f"ObjectClient({self.url!r}, options={redact(self._options)!r})"
@@ -127,22 +147,56 @@ class ObjectClient:
 
     # ----------------------------------------------------------------------------------- requests
 
+    def retry_delay(self, attempt: int, first_failure: float) -> float | None:
+        """After the ``attempt``-th try of a request failed transiently (its first failure at monotonic
+        time ``first_failure``): the seconds to wait before the next try, or None to give up (the time
+        budget, counted from the earlier of the request's first failure and the client's failure
+        streak, is spent, or ``max_retries`` retries were made)."""
+        now = time.monotonic()
+        since = self._failing_since
+        if since is None:
+            self._failing_since = since = first_failure
+        left = min(first_failure, since) + self.retry_timeout - now
+        if left <= 0 or (self.max_retries is not None and attempt > self.max_retries):
+            return None
+        return min(left, min(MAX_BACKOFF, 0.05 * 2.0 ** min(attempt - 1, 16)) * (0.5 + random.random()))
+
+    def retry_ok(self) -> None:
+        """A request succeeded: the failure streak, if any, is over."""
+        self._failing_since = None
+
+    def gave_up(self, what: str, attempt: int, first_failure: float, last: BaseException) -> RemoteError:
+        """The error of a request that failed ``attempt`` times since ``first_failure``."""
+        spent = time.monotonic() - first_failure
+        return RemoteError(
+            f"{what}: failed after {attempt} attempts in {spent:.1f} s ({last}); transient failures are retried "
+            f"for retry_timeout={self.retry_timeout:g} s"
+            + (f", max_retries={self.max_retries}" if self.max_retries is not None else ""),
+            url=what, attempts=attempt,
+        )
+
     def _retrying(self, what: str, fn: Any) -> Any:
-        """Call ``fn()``; retry transient failures with backoff up to ``max_retries``; raise named errors."""
+        """Call ``fn()``; retry transient failures with backoff within the time budget; raise named errors."""
         attempt = 0
+        first = 0.0
         while True:
             attempt += 1
             try:
-                return fn()
+                out = fn()
             except RemoteError as exc:  # not retried; it counts this call's tries (a ConflictError on a
                 exc.attempts = max(exc.attempts, attempt)  # later try may refuse our own earlier write)
                 raise
             except _Transient as exc:
-                if attempt > self.max_retries:
-                    raise RemoteError(
-                        f"{what}: failed after {attempt} attempts ({exc})", url=what, attempts=attempt
-                    ) from None
-                time.sleep(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
+                if attempt == 1:
+                    first = time.monotonic()
+                delay = self.retry_delay(attempt, first)
+                if delay is None:
+                    raise self.gave_up(what, attempt, first, exc) from None
+                time.sleep(delay)
+                continue
+            if self._failing_since is not None:
+                self._failing_since = None
+            return out
 
     def head(self, key: str) -> ObjectMeta:
         meta: ObjectMeta = self._retrying(self.key_url(key), lambda: self.backend.head(key))
@@ -172,7 +226,11 @@ class ObjectClient:
 
     def patience(self) -> float:
         """Seconds a request may take at most, all its attempts and backoffs counted (plus slack)."""
-        return (self.max_retries + 1) * (self.timeout + self.connect_timeout + 2.0) + 30.0
+        attempt = self.timeout + self.connect_timeout
+        most = self.retry_timeout + 2 * attempt + 30.0  # the first failure, the budget, a last attempt
+        if self.max_retries is not None:
+            most = min(most, (self.max_retries + 1) * (attempt + MAX_BACKOFF * 1.5) + 30.0)
+        return most
 
     def submit(
         self,
