@@ -204,7 +204,7 @@ def open_store(
     Remote stores (docs/remote.md): ``storage_options`` configures the client (obstore's keys for S3,
     GCS and Azure, e.g. ``endpoint``, ``region``, ``access_key_id``; credentials otherwise come from the
     environment the way the cloud SDKs find them) and seqstore's requests (``max_requests``,
-    ``coalesce_gap``, ``timeout``, ``max_retries``); ``filesystem``: an fsspec filesystem to read
+    ``coalesce_gap``, ``timeout``, ``retry_timeout``, ``max_retries``); ``filesystem``: an fsspec filesystem to read
     through instead; ``cache_dir`` / ``cache_bytes``: the node-local cache every process on the node
     shares (default ``$SEQSTORE_CACHE_DIR`` or ``~/.cache/seqstore``, and ``$SEQSTORE_CACHE_BYTES`` or
     16 GiB).
