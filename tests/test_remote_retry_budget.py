@@ -112,3 +112,19 @@ def test_max_retries_still_bounds_the_count(moto_s3: MotoS3, remote: str, tmp_pa
 def test_bad_budgets_are_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=f"{next(iter(bad))}=.*expected .* >= 0"):
         ObjectClient("s3://b/x", bad)
+
+
+def test_a_definite_answer_ends_the_failure_streak(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                   s3_proxy: FaultProxy) -> None:
+    """A request that failed once and then got a definite answer (a missing object) ends the streak: a
+    blip long after it is retried with a budget of its own, not raised at its first failure."""
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=5, connect_timeout=2, retry_timeout=0.5)
+    client = ObjectClient(remote, opts)
+    s3_proxy.fail(1, status=503, path="no-such-object")
+    with pytest.raises(ss.errors.RemoteNotFound):
+        client.head("no-such-object")
+    assert s3_proxy.count(path="no-such-object") == 2
+    time.sleep(1.0)  # past the budget, counted from that first failure
+    s3_proxy.fail(1, status=503, path="manifest.json")
+    assert client.head("manifest.json").size > 0
+    assert s3_proxy.count(path="manifest.json") == 2

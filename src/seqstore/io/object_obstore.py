@@ -416,6 +416,8 @@ class _ObstoreBackend(_Backend):
                 err = self._classify(exc, key, conditional=etag is not None)
                 if not isinstance(err, _Transient):
                     err.attempts = attempt  # type: ignore[attr-defined]
+                    if self.c._failing_since is not None:
+                        self.c.retry_ok()  # a definite answer (or a refusal): the streak is over
                     raise err from None
                 last: BaseException = err
             except _Transient as exc:
@@ -423,6 +425,8 @@ class _ObstoreBackend(_Backend):
             except FileNotFoundError as exc:  # obstore raises the builtin for a missing object
                 err = self._not_found(exc, key)
                 err.attempts = attempt
+                if self.c._failing_since is not None:
+                    self.c.retry_ok()
                 raise err from None
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = _Transient(f"{type(exc).__name__}: {exc}")

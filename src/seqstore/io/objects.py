@@ -110,6 +110,7 @@ class ObjectClient:
             )
         # monotonic time of the first failure of the current streak (None: the last request succeeded)
         self._failing_since: float | None = None
+        self._last_failure = 0.0  # monotonic time of the streak's latest failure
         self._options = opts
         self._filesystem = filesystem
         self._pid = -1
@@ -131,7 +132,7 @@ class ObjectClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_backend=None, _pid=-1, _lock=None, _failing_since=None)
+        state.update(_backend=None, _pid=-1, _lock=None, _failing_since=None, _last_failure=0.0)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -154,26 +155,32 @@ class ObjectClient:
         streak, is spent, or ``max_retries`` retries were made)."""
         now = time.monotonic()
         since = self._failing_since
+        if since is not None and now - self._last_failure > self.timeout + self.connect_timeout + 2 * MAX_BACKOFF:
+            since = None  # that streak's failures stopped long ago (no request ran since): a new streak
         if since is None:
             self._failing_since = since = first_failure
+        self._last_failure = now
         left = min(first_failure, since) + self.retry_timeout - now
         if left <= 0 or (self.max_retries is not None and attempt > self.max_retries):
             return None
         return min(left, min(MAX_BACKOFF, 0.05 * 2.0 ** min(attempt - 1, 16)) * (0.5 + random.random()))
 
     def retry_ok(self) -> None:
-        """A request succeeded: the failure streak, if any, is over."""
+        """The service answered a request (it succeeded, or a definite answer such as a missing object or
+        a failed precondition): the failure streak, if any, is over."""
         self._failing_since = None
 
     def gave_up(self, what: str, attempt: int, first_failure: float, last: BaseException) -> RemoteError:
         """The error of a request that failed ``attempt`` times since ``first_failure``."""
         spent = time.monotonic() - first_failure
-        return RemoteError(
+        err = RemoteError(
             f"{what}: failed after {attempt} attempts in {spent:.1f} s ({last}); transient failures are retried "
             f"for retry_timeout={self.retry_timeout:g} s"
             + (f", max_retries={self.max_retries}" if self.max_retries is not None else ""),
             url=what, attempts=attempt,
         )
+        err.exhausted = True  # type: ignore[attr-defined]  # the streak goes on (see _retrying)
+        return err
 
     def _retrying(self, what: str, fn: Any) -> Any:
         """Call ``fn()``; retry transient failures with backoff within the time budget; raise named errors."""
@@ -185,6 +192,8 @@ class ObjectClient:
                 out = fn()
             except RemoteError as exc:  # not retried; it counts this call's tries (a ConflictError on a
                 exc.attempts = max(exc.attempts, attempt)  # later try may refuse our own earlier write)
+                if self._failing_since is not None and not getattr(exc, "exhausted", False):
+                    self.retry_ok()  # an answer, not a failure of the service: the streak is over
                 raise
             except _Transient as exc:
                 if attempt == 1:
