@@ -114,3 +114,31 @@ def test_loop_in_a_guarded_function_is_not_refused(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr  # fork does not re-import the script
     check_main_guard("spawn", 2)  # under pytest: its entry point is guarded
     assert issubclass(MainGuardError, RuntimeError)
+
+
+_SHAPES = {  # script, the line that starts the workers, whether it runs again on import (None: cannot tell)
+    "module level": ("x = 1\nfor b in loader:\n    pass\n", 2, True),
+    "loop in a loop": ("for e in range(2):\n    for b in loader:\n        pass\n", 2, True),
+    "with block": ("with ctx() as c:\n    for b in loader:\n        pass\n", 2, True),
+    "except branch": ("try:\n    x()\nexcept E:\n    main()\n", 4, True),
+    "guarded": ("import x\nif __name__ == '__main__':\n    for b in loader:\n        pass\n", 3, False),
+    "guard in a try": ("try:\n    if __name__ == '__main__':\n        main()\nexcept KeyboardInterrupt:\n    pass\n", 3,
+                       False),
+    "guard in a with": ("with ctx():\n    if __name__ == '__main__':\n        main()\n", 3, False),
+    "guard as elif": ("import sys\nif sys.argv[0] == 'x':\n    pass\nelif __name__ == '__main__':\n    main()\n", 5,
+                      False),
+    "else of the guard": ("if __name__ == '__main__':\n    pass\nelse:\n    main()\n", 4, True),
+    "not main": ("if __name__ != '__main__':\n    main()\n", 2, True),
+    "else of not main": ("if __name__ != '__main__':\n    pass\nelse:\n    main()\n", 4, False),
+    "another test": ("import multiprocessing as mp\nif mp.parent_process() is None:\n    main()\n", 3, None),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_SHAPES))
+def test_which_lines_run_again_on_import(tmp_path: Path, shape: str) -> None:
+    from seqstore.torch._mainguard import _verdict
+
+    text, line, expected = _SHAPES[shape]
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    assert _verdict(str(script), script.stat().st_mtime_ns, line) is expected

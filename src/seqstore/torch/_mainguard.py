@@ -8,7 +8,9 @@ from a process still bootstrapping: the worker dies with "An attempt has been ma
 process before the current process has finished its bootstrapping phase" and the DataLoader reports
 "worker exited unexpectedly". This module predicts that before any worker starts: it finds the
 module-level line of ``__main__`` that the caller is executing and checks, from the script's syntax
-tree, whether that line sits under a test of ``__name__``.
+tree, whether that line would run again on import: it refuses only when no ``if`` surrounds it (loops,
+``with`` and ``try`` blocks do not guard), or when it sits in the branch of an ``if __name__ ...`` test
+that runs on import; an ``if`` on anything else leaves it silent (it cannot tell).
 """
 
 from __future__ import annotations
@@ -43,18 +45,68 @@ def start_method(context: Any) -> str:
     return str(context.get_start_method())
 
 
+def _reads_name(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
+
+
+def _runs_as_main_only(test: ast.expr) -> bool | None:
+    """For a test of ``__name__``: True when its true branch runs only as ``__main__`` (``== "__main__"``),
+    False when only elsewhere (``!= "__main__"``), None when it cannot tell."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+            and test.left.id == "__name__" and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value == "__main__":
+        if isinstance(test.ops[0], ast.Eq):
+            return True
+        if isinstance(test.ops[0], ast.NotEq):
+            return False
+    return None
+
+
+def _within(node: ast.stmt, line: int) -> bool:
+    return node.lineno <= line <= (node.end_lineno or node.lineno)
+
+
 @functools.lru_cache(maxsize=8)
-def _guarded_lines(path: str, mtime_ns: int) -> tuple[tuple[int, int], ...]:
-    """Line ranges of the module-level ``if`` blocks of ``path`` whose test reads ``__name__``."""
+def _verdict(path: str, mtime_ns: int, line: int) -> bool | None:
+    """Whether module-level line ``line`` of ``path`` also runs when the script is imported as
+    ``__mp_main__``: True (it does: nothing around it can keep it from running), False (an ``if`` on
+    ``__name__`` keeps it to ``__main__``), None (an ``if`` on something else surrounds it: it cannot tell).
+    Loops, ``with`` and ``try`` blocks run on import like plain statements; only an ``if`` can guard."""
     with tokenize.open(path) as f:
         tree = ast.parse(f.read(), filename=path)
-    ranges = []
-    for node in tree.body:
-        if not isinstance(node, ast.If):
-            continue
-        if any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):
-            ranges.append((node.lineno, node.end_lineno or node.lineno))
-    return tuple(ranges)
+    body: list[ast.stmt] = tree.body
+    while True:
+        node = next((n for n in body if _within(n, line)), None)
+        if node is None or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return True  # a simple statement (or the header of a def) at this level runs
+        if isinstance(node, ast.If):
+            in_body = any(_within(n, line) for n in node.body)
+            in_else = any(_within(n, line) for n in node.orelse)
+            if not (in_body or in_else):
+                return True  # the line of the test itself
+            if _reads_name(node.test):
+                main_only = _runs_as_main_only(node.test)
+                if main_only is None:
+                    return None
+                if main_only == in_body:
+                    return False
+                body = node.body if in_body else node.orelse  # the branch that runs on import
+                continue
+            if in_else and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+                body = node.orelse  # an elif chain: the next test decides
+                continue
+            return None
+        children: list[ast.stmt] = []
+        for name in ("body", "orelse", "finalbody"):
+            children.extend(getattr(node, name, None) or [])
+        for handler in getattr(node, "handlers", None) or []:
+            children.extend(handler.body)
+        for case in getattr(node, "cases", None) or []:
+            children.extend(case.body)
+        inner = [n for n in children if isinstance(n, ast.stmt) and _within(n, line)]
+        if not inner:
+            return True  # the header line of a loop, with or try
+        body = inner
 
 
 def _module_frame(main: Any) -> FrameType | None:
@@ -80,12 +132,12 @@ def check_main_guard(method: str, num_workers: int) -> None:
     frame = _module_frame(main)
     if frame is None:
         return
+    line = frame.f_lineno
     try:
-        ranges = _guarded_lines(path, os.stat(path).st_mtime_ns)
+        reruns = _verdict(path, os.stat(path).st_mtime_ns, line)
     except (OSError, SyntaxError, ValueError):
         return
-    line = frame.f_lineno
-    if any(lo <= line <= hi for lo, hi in ranges):
+    if not reruns:
         return
     raise MainGuardError(
         f"SeqDataLoader: its {num_workers} worker processes start with {method!r}, which imports {path} again "
