@@ -303,3 +303,39 @@ def test_convert_workers_to_s3(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) 
     assert _staged(moto_s3, s3_bucket, "conv.seqstore") == {}
     again = subprocess.run(cmd + opt_args, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overwrite with no records claims no shard numbers; when its manifest write lands but the answer
+    is lost, the refused retry must still see the commit as its own (the manifest names its table
+    object), not delete that table object and commit again."""
+    from seqstore.io import objects
+
+    url = f"s3://{s3_bucket}/empty-ow.seqstore"
+    opts = moto_s3.storage_options()
+    with ss.create(url, SCHEMA, storage_options=opts) as w:
+        cols, ids = _batch(0, 5)
+        w.append_batch(cols, ids=ids)
+    prepare_store(url, SCHEMA, mode="overwrite", storage_options=opts)
+    with PartWriter(url, job="empty", task="t0", storage_options=opts) as pw:
+        part = pw.finish()
+    before = json.loads(moto_s3.get(s3_bucket, "empty-ow.seqstore/manifest.json"))["generation"]
+    real_put = objects._ObstoreBackend.put
+    lost: list[str] = []
+
+    def put(self: Any, key: str, data: Any, mode: Any) -> str:
+        etag = real_put(self, key, data, mode)
+        if key == "manifest.json" and isinstance(mode, dict) and not lost:
+            lost.append(etag)
+            raise objects._Transient("connection reset before the answer (simulated)")
+        return etag
+
+    monkeypatch.setattr(objects._ObstoreBackend, "put", put)
+    assert commit_parts(url, [part], mode="overwrite", storage_options=opts) == 0
+    monkeypatch.undo()
+    assert lost
+    manifest = json.loads(moto_s3.get(s3_bucket, "empty-ow.seqstore/manifest.json"))
+    assert manifest["generation"] == before + 1  # one commit, not a second one after a "conflict"
+    assert len(_open(url, moto_s3, tmp_path / "c")) == 0
+    assert verify(url, storage_options=opts) == []

@@ -264,8 +264,10 @@ class Commit:
                     etag = self.c.put(MANIFEST, raw, mode={"e_tag": state.etag})
                 except ConflictError:
                     state = self.refresh(state)
-                    if self.numbers and self.numbers[0] in state.rows["number"]:
+                    ours = (self.shards or self.overwrite) and state.v3 and state.table_key == tkey
+                    if ours or (self.numbers and self.numbers[0] in state.rows["number"]):
                         return state  # ours went through; its answer was lost and the retry refused
+                    # (an overwrite with no shards has no numbers: the manifest naming our table object tells)
                     sent = False
                     if self.shards or self.overwrite:  # a table object of its own
                         delete_quietly(self.c, tkey)
