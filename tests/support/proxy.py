@@ -483,10 +483,14 @@ class FaultProxy:
             pass
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]
-            if up is not None:
-                up[1].transport.abort()
-            if not cwriter.transport.is_closing():
-                cwriter.transport.abort()
+            # a connection still open when the proxy stopped is closed here by the garbage collector, after
+            # its event loop was closed: aborting then raises "Event loop is closed", and there is nothing
+            # left to abort
+            with contextlib.suppress(RuntimeError):
+                if up is not None:
+                    up[1].transport.abort()
+                if not cwriter.transport.is_closing():
+                    cwriter.transport.abort()
 
     async def _one(self, head: bytes, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,
                    up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None,

@@ -8,7 +8,7 @@ the write tasks with one manifest commit: the rows appear all at once. A task at
 retried reports nothing, so its shards are never committed (they are removed with the job's orphans);
 ``on_write_failed`` removes every part of the job: a failed job leaves the store as it was.
 A URL of object storage (``s3://``..., with ``storage_options``) works the same way: each task
-attempt uploads its part into the store's staging prefix (:mod:`seqstore.store.remote_parts`) and
+attempt uploads its part into the store's staging prefix (:mod:`seqstore.store.write.objects`) and
 the driver's one conditional manifest write commits them.
 
 :func:`read` returns a Dataset over a ``Datasource`` whose read tasks each cover a range of records

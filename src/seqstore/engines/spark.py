@@ -24,7 +24,7 @@ itself rejects ``errorifexists``, its default, and ``ignore`` with ``UNSUPPORTED
 before the source is asked), so the ``errorifexists`` semantics are the option
 ``.mode("append").option("errorIfExists", "true")``, which :func:`write` sets for ``mode="errorifexists"``.
 A URL of object storage (``s3://``, ``gs://``, ``az://``) is written the same way: each write task
-uploads its part into the store's staging prefix (:mod:`seqstore.store.remote_parts`) and ``commit``
+uploads its part into the store's staging prefix (:mod:`seqstore.store.write.objects`) and ``commit``
 makes them visible with one conditional manifest write. The client's options come from the option
 ``storageOptions`` (a JSON object) and from options named ``storage.<key>`` (one per key; Spark's
 default redaction hides the values of keys such as ``storage.secret_access_key`` in its UI and logs).
@@ -200,7 +200,7 @@ def _ended_mark(path: str, job: str) -> Path:
 
 
 def _ended(path: str, job: str) -> bool:
-    if is_remote(path):  # the remote parts keep their own end marks (store/remote_parts.py)
+    if is_remote(path):  # the remote parts keep their own end marks (store/write/objects.py)
         return False
     return _ended_mark(path, job).exists()
 
