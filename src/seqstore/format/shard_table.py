@@ -221,6 +221,9 @@ class ShardTable:
             raise CorruptionError(f"{path}: shard table is missing (the manifest lists {state.rows} rows)") from None
         except (OSError, ValueError) as exc:
             raise CorruptionError(f"{path}: cannot read the shard table ({exc})") from exc
+        # the file may have been replaced (an overwrite commit) between the check above and the map:
+        # check the mapped header too, before touching a row (a smaller new file would fault past its end)
+        check_table_header(bytes(memoryview(buf)[:TABLE_HEADER_BYTES]), path, len(ragged), state.id)
         data = np.frombuffer(buf, dtype=dt, count=state.rows, offset=TABLE_HEADER_BYTES)
         table = cls(data, tuple(ragged), state.records, path)
         last = table.row(state.rows - 1, chain=False)
