@@ -29,6 +29,14 @@ DATA = np.random.default_rng(7).integers(0, 256, size=3 * 1024 * 1024 + 17, dtyp
 ETAG = '"v1"'
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """Stays silent when the proxy cuts a connection on purpose (the origin then writes to a reset socket)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class _Origin(BaseHTTPRequestHandler):
     """GET /obj (Range, If-Match, If-None-Match), GET /chunked, PUT /echo, GET /close-after."""
 
@@ -108,7 +116,7 @@ class _Origin(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def origin() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Origin)
+    server = _QuietServer(("127.0.0.1", 0), _Origin)
     server.daemon_threads = True
     _Origin.seen = []
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
