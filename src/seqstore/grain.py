@@ -2,11 +2,15 @@
 :class:`EpochSampler` that feeds Grain's ``DataLoader`` a seqstore epoch order.
 
 ``DataSource`` implements Grain's ``RandomAccessDataSource`` protocol (``__len__``, ``__getitem__``) and
-its batched-read extension ``_getitems`` (Grain 0.2.18 names it so; it has no ``__getitems__``). Every
-read goes through the dataset's ``get_batch``: a record is a batch of one, copied out of the mapping
-once, so what a worker sends to the trainer owns its memory. ``EpochSampler`` implements Grain's
-``Sampler`` protocol: global position ``g`` of the run is a record of the epoch order of sub-epoch
-``epoch + k`` (RETURNN orderings, partition epochs), computed chunk by chunk with ``Order.take``.
+its batched-read extension ``_getitems`` (Grain 0.2.18 names it so; it has no ``__getitems__``).
+``_getitems`` is one ``get_batch`` of the whole batch; ``__getitem__``, which Grain 0.2.18's
+``DataLoader`` calls once per record from its read threads, is the dataset's ``get`` (a single record's
+read: a ``get_batch`` of one costs about 50x more in read planning sized for batches). Either way a
+record is copied once out of the mapping, so what a worker sends to the trainer owns its memory.
+
+``EpochSampler`` implements Grain's ``Sampler`` protocol: global position ``g`` of the run is a record
+of the epoch order of sub-epoch ``epoch + k`` (RETURNN orderings, partition epochs), computed chunk by
+chunk with ``Order.take``.
 Grain's ``DataLoader`` gives shard ``s`` of ``S`` the positions ``s, s + S, ...``, so shards are
 disjoint; its checkpoint (``get_state`` / ``set_state`` of the iterator) records positions, and the
 sampler is a pure function of the position, so a resumed run continues exactly.
@@ -71,12 +75,12 @@ def _dumps(obj: Any) -> bytes:
 
 def as_dataset(obj: Any) -> Any:
     """A seqstore dataset from a store, a store path, a :class:`DataSource` or a protocol dataset
-    (``num_seqs``, ``epoch_order``, ``get_batch``, ``lengths``). A bad store raises its seqstore error."""
+    (``num_seqs``, ``epoch_order``, ``get``, ``get_batch``, ``lengths``). A bad store raises its seqstore error."""
     if isinstance(obj, DataSource):
         return obj.dataset
     if isinstance(obj, (Store, str, os.PathLike)):
         return StoreDataset(obj)
-    missing = [m for m in ("num_seqs", "epoch_order", "get_batch", "lengths") if not hasattr(obj, m)]
+    missing = [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]
     if missing:
         raise TypeError(
             f"seqstore.grain: expected a seqstore Store, a store path or a seqstore.data dataset; "
@@ -150,7 +154,7 @@ class DataSource:
     """Grain's random-access data source over a store, a store path or any ``seqstore.data`` dataset.
 
     ``source[i]`` is record ``i``: a dict field -> NumPy array (a ragged field as its (T, ...) rows),
-    read with the dataset's ``get_batch`` and owning its memory. ``fields``: the fields to return (default
+    read with the dataset's ``get`` and copied once (it owns its memory). ``fields``: the fields to return (default
     all). ``with_index``: add ``"index"`` (int64 scalar), the record number. ``source._getitems(indices)``
     (Grain's batched read) gathers all of them with one ``get_batch``. ``len(source)`` is the record
     count; ``repr`` names the dataset by content (Grain checks it when restoring a checkpoint).
@@ -207,10 +211,17 @@ class DataSource:
         return batch
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
-        """Record ``i`` (a batch of one through ``get_batch``). O(record size)."""
+        """Record ``i``, copied once out of the mapping (``dataset.get``: a record's own read, about 50x
+        cheaper than a ``get_batch`` of one, whose read planning is sized for batches). O(record size)."""
         j = _check_index(i, self._num_seqs)
-        batch = self._gather(np.array([j], dtype=np.int64))
-        return {k: v[0] for k, v in batch.items()}  # a ragged field's (values, lengths): values is the record
+        rec = self.dataset.get(j)
+        names = rec if self.fields is None else self.fields
+        out = {k: np.array(rec[k]) for k in names}
+        if self.with_index:
+            if INDEX_KEY in out:
+                raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}")
+            out[INDEX_KEY] = np.array(j, dtype=np.int64)
+        return out
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Records ``indices`` with one ``get_batch``; the records are views into the gathered batch.
