@@ -172,7 +172,8 @@ def case_loader(kind: str, store: str, plain: str, reads: int, batch: int = 0) -
         t1 = time.perf_counter()
         done = len(first["y"]) if batch else 1
         while done < reads:
-            done += len(next(it)["y"]) if batch else 1
+            item = next(it)
+            done += len(item["y"]) if batch else 1
         t2 = time.perf_counter()
     anon = _worker_anon()
     del it
