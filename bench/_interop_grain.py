@@ -17,8 +17,8 @@ Groups:
   i.e. without worker start-up), ``worker_anon_MiB`` (the largest private memory, ``RssAnon``, of the
   worker processes at the end) and ``startup_s``. Grain moves each record from a worker to the trainer
   through a queue, which bounds this rate for both sources alike.
-- ``DataLoader w=2 batch 64``: the same with ``grain.transforms.Batch(64, batch_fn=PadBatch(["x"]))``
-  in the workers (``4 * LOADER_READS`` records): one transfer per batch, so reading counts for more.
+- ``DataLoader w=2 batch 64``: the same with ``grain.transforms.Batch(64, batch_fn=...)`` in the
+  workers (seqstore's ``PadBatch(["x"])``; for the peer the same padding written out, :func:`pad_x`) (``4 * LOADER_READS`` records): one transfer per batch, so reading counts for more.
 
 The ratio column compares with the peer of the same group (records/s: > 1 means seqstore is faster).
 
@@ -102,6 +102,15 @@ class MemmapSource:
         return f"MemmapSource({self.folder!r})"
 
 
+def pad_x(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The peer's batch function: ``x`` zero-padded plus ``x_lengths``, ``y`` stacked (what PadBatch does)."""
+    lengths = np.array([len(r["x"]) for r in records], dtype=np.int64)
+    x = np.zeros((len(records), int(lengths.max()), DIM), dtype=np.float32)
+    for b, r in enumerate(records):
+        x[b, : len(r["x"])] = r["x"]
+    return {"x": x, "x_lengths": lengths, "y": np.stack([r["y"] for r in records])}
+
+
 def _source(kind: str, store: str, plain: str) -> Any:
     if kind == "seqstore":
         import seqstore.grain
@@ -150,8 +159,6 @@ def _worker_anon() -> float:
 def case_loader(kind: str, store: str, plain: str, reads: int, batch: int = 0) -> dict[str, object]:
     import grain
 
-    from seqstore.grain import PadBatch
-
     _warm(store, plain)
     src = _source(kind, store, plain)
     if kind == "seqstore":
@@ -160,10 +167,12 @@ def case_loader(kind: str, store: str, plain: str, reads: int, batch: int = 0) -
 
         src = seqstore.grain.DataSource(seqstore.StoreDataset(store, ordering="random", seed=1))
         sampler: Any = seqstore.grain.EpochSampler(src, num_epochs=1)
+        batch_fn: Any = seqstore.grain.PadBatch(["x"])
     else:
+        batch_fn = pad_x  # the peer's workers import no seqstore
         sampler = grain.samplers.IndexSampler(len(src), shuffle=True, seed=1, num_epochs=1,
                                               shard_options=grain.sharding.NoSharding())
-    ops = [grain.transforms.Batch(batch, batch_fn=PadBatch(["x"]))] if batch else []
+    ops = [grain.transforms.Batch(batch, batch_fn=batch_fn)] if batch else []
     loader = grain.DataLoader(data_source=src, sampler=sampler, worker_count=2, operations=ops)
     with section("read"):
         t0 = time.perf_counter()
