@@ -18,7 +18,8 @@ Groups:
   worker processes at the end) and ``startup_s``. Grain moves each record from a worker to the trainer
   through a queue, which bounds this rate for both sources alike.
 - ``DataLoader w=2 batch 64``: the same with ``grain.transforms.Batch(64, batch_fn=...)`` in the
-  workers (seqstore's ``PadBatch(["x"])``; for the peer the same padding written out, :func:`pad_x`) (``4 * LOADER_READS`` records): one transfer per batch, so reading counts for more.
+  workers (seqstore's ``PadBatch(["x"])``; for the peer the same padding written out, :func:`pad_x`),
+  ``4 * LOADER_READS`` records: one transfer per batch, so reading counts for more.
 
 The ratio column compares with the peer of the same group (records/s: > 1 means seqstore is faster).
 
