@@ -1,6 +1,6 @@
 """RETURNN interop: HDF import throughput vs RETURNN's own reading, and StoreDataset vs HDFDataset open.
 
-Two parts, every case in a fresh process (bench/harness.py), warm page cache:
+Three parts, every case in a fresh process (bench/harness.py), warm page cache:
 
 1. **import** (N = 1e6 sequences; ``--quick``: 1e5): a RETURNN HDF file in SimpleHDFWriter's layout,
    dense float32 ``inputs`` of dim 8 (1..30 frames) plus sparse int32 ``targets/data/classes``
@@ -16,6 +16,10 @@ Two parts, every case in a fresh process (bench/harness.py), warm page cache:
    ``initialize()``; ``init_seq_order`` = ``init_seq_order(epoch=1)`` with ``seq_ordering`` default or
    ``laplace:.1000`` (StoreDataset's lengths cache is written in setup, as the first process of a job
    would); ``first_record`` = ``get_data(0, "data")``. The ratio column compares with HDFDataset.
+
+3. **Grain** (bench/_interop_grain.py, also runnable alone): ``seqstore.grain.DataSource`` against a
+   hand-written NumPy-memmap Grain data source, record by record and in a Grain ``DataLoader`` with 2
+   workers.
 
 Usage: ``python bench/interop.py [--quick] [--repeats R] [--skip-1e7]``.
 """
@@ -181,6 +185,11 @@ def main() -> None:
                               {"path": str(s), "ordering": ordering}, group=g))
     res = run_cases("interop_open", cases, repeats=args.repeats, baseline="HDFDataset")
     print_table(res, sections=["open", "init_seq_order", "first_record", "total"], extras=["records"])
+
+    # Grain (JAX): random access through seqstore.grain.DataSource vs a NumPy-memmap source (bench/_interop_grain.py)
+    from bench._interop_grain import run_grain
+
+    run_grain(args.quick, args.repeats)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Layers, lowest first; a module may import modules of its own layer or of lower o
 2. ``store``: ``seqstore.store.*``;
 3. ``order/data``: ``seqstore.order.*``, ``seqstore.data.*``;
 4. ``torch/log/interop/engines``: those four packages and ``seqstore.spark`` / ``seqstore.ray`` (the
-   short import paths of the two engines);
+   short import paths of the two engines) and ``seqstore.grain`` (the Grain adapters);
 5. ``cli``: the package ``seqstore`` itself (its ``__init__`` gathers the public names), ``seqstore.cli``,
    ``seqstore.demo``.
 
@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "engines": 4,
     "spark": 4,
     "ray": 4,
+    "grain": 4,
     "": 5,
     "cli": 5,
     "demo": 5,

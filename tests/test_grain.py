@@ -1,0 +1,163 @@
+"""``seqstore.grain`` against the real Grain (grain==0.2.18, in the dev extra): the data source in a Grain
+``DataLoader`` with 2 worker processes yields exactly the seqstore epoch order, Grain's own checkpoint
+(``get_state`` / ``set_state`` of the iterator) resumes exactly, two shards cover an epoch exactly once,
+and a missing Grain or a bad store fails clearly.
+
+Grain starts its workers with ``spawn`` (seconds each under load), so only the first test starts workers;
+the sharding tests use ``worker_count=0`` (sharding is the sampler's and the DataLoader's index arithmetic,
+the same in the main process).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore
+import seqstore.grain as sg
+from seqstore.errors import FormatError
+
+
+def _store(path: Path, n: int) -> seqstore.Store:
+    rng = np.random.default_rng(n)
+    schema = {"x": seqstore.Field("float32", (None, 3)), "tag": seqstore.Field("int64")}
+    with seqstore.create(path, schema) as w:
+        for i in range(n):
+            w.append({"x": rng.standard_normal((int(rng.integers(1, 9)), 3)), "tag": 1000 + i}, id=f"r{i}")
+    return seqstore.open(path)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> seqstore.Store:
+    return _store(tmp_path_factory.mktemp("grain") / "s.seqstore", 60)
+
+
+def _dataset(store: seqstore.Store, partition_epoch: int = 2) -> seqstore.StoreDataset:
+    return seqstore.StoreDataset(store, ordering="laplace:.8", seed=5, partition_epoch=partition_epoch)
+
+
+def _tags(records: list[dict[str, np.ndarray]]) -> list[int]:
+    return [int(r["tag"]) - 1000 for r in records]
+
+
+def test_dataloader_two_workers_yields_the_order_and_resumes_from_a_grain_checkpoint(store: seqstore.Store) -> None:
+    grain = pytest.importorskip("grain")
+    ds = _dataset(store)
+    source = sg.DataSource(ds)
+    sampler = sg.EpochSampler(source, num_epochs=2)  # sub-epochs 1 and 2: the two halves of the partition
+    expected = np.concatenate([ds.epoch_order(1).to_numpy(), ds.epoch_order(2).to_numpy()]).tolist()
+    assert sorted(expected) == list(range(len(store)))  # a partition epoch: each record once in 2 sub-epochs
+    assert expected != list(range(len(store)))
+
+    loader = grain.DataLoader(data_source=source, sampler=sampler, worker_count=2)
+    it = iter(loader)
+    head = [next(it) for _ in range(23)]
+    state = it.get_state()  # Grain's own checkpoint: JSON bytes with per-worker positions and our reprs
+    tail = list(it)
+    records = head + tail
+    assert _tags(records) == expected
+    for r, i in zip(records[:5], expected[:5], strict=True):  # values exactly as the store has them
+        np.testing.assert_array_equal(r["x"], store[i]["x"])
+
+    resumed = iter(loader)
+    resumed.set_state(state)
+    assert _tags(list(resumed)) == expected[23:]  # the rest of the run, as if never interrupted
+
+    # a checkpoint of another order is refused by Grain, by the sampler's repr
+    other = sg.EpochSampler(sg.DataSource(seqstore.StoreDataset(store, ordering="laplace:.8", seed=6,
+                                                                partition_epoch=2)), num_epochs=2)
+    with pytest.raises(ValueError, match="Sampler in checkpoint does not match"):
+        iter(grain.DataLoader(data_source=source, sampler=other, worker_count=2)).set_state(state)
+
+
+@pytest.mark.parametrize("n, drop", [(60, False), (59, False), (59, True)])
+def test_two_shards_cover_each_epoch_exactly_once(tmp_path: Path, store: seqstore.Store, n: int, drop: bool) -> None:
+    grain = pytest.importorskip("grain")
+    st = store if n == len(store) else _store(tmp_path / "odd.seqstore", n)
+    ds = _dataset(st, partition_epoch=1)
+    order = ds.epoch_order(1).to_numpy().tolist()
+    per_rank = []
+    for rank in range(2):
+        opts = grain.sharding.ShardOptions(shard_index=rank, shard_count=2, drop_remainder=drop)
+        sampler = sg.EpochSampler(ds, shard_options=opts)
+        loader = grain.DataLoader(data_source=sg.DataSource(ds), sampler=sampler, worker_count=0)
+        assert loader._shard_options is opts  # noqa: SLF001 - the DataLoader took the sampler's shard options
+        per_rank.append(_tags(list(loader)))
+    a, b = per_rank
+    assert len(a) == len(b)
+    if n % 2 == 0:
+        assert not set(a) & set(b) and sorted(a + b) == list(range(n))
+        assert a == order[0::2] and b == order[1::2]
+    elif drop:  # the last record of the order is left out, the rest once
+        assert not set(a) & set(b) and sorted(a + b) == sorted(order[:-1])
+    else:  # padded by repeating the order's start, like DistributedSampler
+        assert sorted(a + b) == sorted(order + order[:1])
+        assert b[-1] == order[0]
+
+
+def test_sampler_positions_epochs_and_resume_arithmetic(store: seqstore.Store) -> None:
+    pytest.importorskip("grain")
+    ds = _dataset(store, partition_epoch=3)
+    sampler = sg.EpochSampler(ds, epoch=2, num_epochs=None, rng_seed=7, chunk_size=4)
+    run = np.concatenate([ds.epoch_order(e).to_numpy() for e in range(2, 9)])
+    assert [sampler[g].record_key for g in range(len(run))] == run.tolist()  # epochs 2..8, lazily found
+    assert len(sampler) == sys.maxsize
+    lens = [len(ds.epoch_order(e)) for e in (2, 3)]
+    assert sampler.locate(lens[0]) == (3, 0)
+    meta = sampler[5]
+    assert meta.index == 5 and meta.rng.integers(1 << 30) == sampler[5].rng.integers(1 << 30)
+    # pickled: small, and the dataset opens only when the copy is first used
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert copy._lazy._dataset is None  # noqa: SLF001
+    assert repr(copy) == repr(sampler) and copy[len(run) - 1].record_key == run[-1]
+
+
+def test_data_source_reads_through_get_batch_and_pickles_small(tmp_path: Path, store: seqstore.Store) -> None:
+    source = sg.DataSource(store, fields=["x", "tag"], with_index=True)
+    assert len(source) == len(store) and source.ragged_fields == ("x",)
+    r = source[-1]
+    assert int(r["index"]) == len(store) - 1 and r["x"].flags.writeable  # a copy, not the read-only mapping
+    np.testing.assert_array_equal(r["x"], store[len(store) - 1]["x"])
+    many = source._getitems([3, 0, 3, -2])  # noqa: SLF001 - Grain's batched-read protocol
+    for got, i in zip(many, [3, 0, 3, len(store) - 2], strict=True):
+        np.testing.assert_array_equal(got["x"], store[i]["x"])
+        assert int(got["tag"]) == 1000 + i and int(got["index"]) == i
+    batch = source.batch_fn(pad_multiple=4)(many)
+    assert batch["x"].shape[1] % 4 == 0 and batch["x_lengths"].tolist() == [len(m["x"]) for m in many]
+    with pytest.raises(IndexError, match="out of range for 60"):
+        source[60]
+    blob = pickle.dumps(source)
+    big = sg.DataSource(_store(tmp_path / "big.seqstore", 3000))
+    assert len(blob) < 4096 and abs(len(pickle.dumps(big)) - len(pickle.dumps(sg.DataSource(store)))) < 64
+    copy = pickle.loads(blob)
+    assert copy._lazy._dataset is None  # noqa: SLF001 - nothing opened before the first read
+    assert int(copy[7]["tag"]) == 1007 and repr(copy) == repr(source)
+
+
+def test_bad_store_and_bad_arguments_fail_clearly(tmp_path: Path, store: seqstore.Store) -> None:
+    pytest.importorskip("grain")
+    with pytest.raises(FormatError, match="no such store"):
+        sg.DataSource(tmp_path / "missing.seqstore")
+    (tmp_path / "empty.seqstore").mkdir()
+    with pytest.raises(FormatError, match="manifest.json: missing"):
+        sg.DataSource(tmp_path / "empty.seqstore")
+    with pytest.raises(KeyError, match=r"no field\(s\) \['nope'\]"):
+        sg.DataSource(store, fields=["nope"])
+    with pytest.raises(TypeError, match="lacks"):
+        sg.DataSource([1, 2, 3])
+    with pytest.raises(ValueError, match="1-based"):
+        sg.EpochSampler(store, epoch=0)
+    with pytest.raises(TypeError, match="ShardOptions"):
+        sg.EpochSampler(store, shard_options=(0, 2))
+
+
+def test_missing_grain_is_named(monkeypatch: pytest.MonkeyPatch, store: seqstore.Store) -> None:
+    monkeypatch.setitem(sys.modules, "grain", None)  # what an environment without Grain sees on import
+    source = sg.DataSource(store)  # the protocol itself needs nothing of Grain
+    assert int(source[1]["tag"]) == 1001
+    with pytest.raises(sg.GrainMissingError, match=r"pip install 'seqstore\[grain\]'"):
+        sg.EpochSampler(source)
