@@ -18,7 +18,8 @@ member                                               field
 anything else (``.json``, ``.txt``, ``.jpg``, ...)   the member's bytes, ragged uint8
 ==================================================  ===============================================
 
-The fields are the extensions of the first sample (or those named by ``fields``); every record must
+The fields are the extensions of the first sample (or those named by ``fields``), each named as its
+extension less a ``.npy`` ending after another part (``score.npy`` -> ``score``); every record must
 have each. ``strict`` (the default) refuses a member whose extension has no field
 (:class:`UnknownMemberError`, naming the shard, key and member); ``strict=False`` skips it.
 
@@ -217,6 +218,12 @@ def _kind(ext: str) -> str:
     return "int" if last in INT_EXTENSIONS else "bytes"
 
 
+def _default_field(ext: str) -> str:
+    """The field of extension ``ext`` by default: the extension, less a ``.npy`` ending after another part
+    (``score.npy`` -> ``score``; field names do not end in ``.npy``)."""
+    return ext[: -len(".npy")] if ext.endswith(".npy") and ext != "npy" else ext
+
+
 def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
     try:
         return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
@@ -353,7 +360,7 @@ def import_webdataset(
     ``sources``: tar files (``.tar``, ``.tar.gz``), directories of them (sorted by name), brace ranges
     (``"data-{000..099}.tar"``) or URLs (``https://``, ``s3://``, ... read through seqstore's
     object-store client with ``source_options``). ``fields``: ``{extension: field}`` to import (default:
-    every extension of the first sample, named as the extension). ``strict``: an extension without a
+    every extension of the first sample, named as the extension less a final ``.npy``). ``strict``: an extension without a
     field is an :class:`UnknownMemberError` (else skipped). Records are the samples in shard order,
     their keys the ids; a sample without a member of some field is an error naming the shard and key.
 
@@ -376,7 +383,7 @@ def import_webdataset(
     if first is None:
         raise SourceFormatError(shards[0], None, "holds no samples (no member named KEY.EXT)")
     key, members = first
-    mapping = dict(fields) if fields is not None else {ext: ext for ext in members}
+    mapping = dict(fields) if fields is not None else {ext: _default_field(ext) for ext in members}
     plans: dict[str, _Plan] = {}
     for ext, field in mapping.items():
         if ext not in members:
