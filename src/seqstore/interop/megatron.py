@@ -339,8 +339,8 @@ def import_megatron(
     first = indexes[0]
     for ix in indexes[1:]:
         if ix.dtype != first.dtype:
-            raise MegatronIndexError(ix.idx_path, None, f"tokens are {ix.dtype}, but {first.idx_path} has {first.dtype}; "
-                                     "import sources of one dtype together")
+            raise MegatronIndexError(ix.idx_path, None, f"tokens are {ix.dtype}, but {first.idx_path} has "
+                                     f"{first.dtype}; import sources of one dtype together")
     multimodal = [ix.modes is not None for ix in indexes]
     if any(multimodal) and not all(multimodal):
         raise MegatronIndexError(indexes[multimodal.index(False)].idx_path, None,
@@ -482,7 +482,7 @@ def export_megatron(
                         raise SchemaError(f"field {name!r}: records {first}..{b - 1} hold values that {out_dt} "
                                           "cannot represent; pick a wider dtype")
                     vals = cast
-                fb.write(memoryview(np.ascontiguousarray(vals)).cast("B"))
+                fb.write(np.ascontiguousarray(vals).reshape(-1).view(np.uint8).data)
                 assert lens_mm is not None and ptr_mm is not None
                 lens_mm[first:b] = lens
                 ends = np.cumsum(lens * item) + pos

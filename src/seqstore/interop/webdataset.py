@@ -190,7 +190,7 @@ def _samples(path: str, options: Mapping[str, Any] | None, counter: list[_Counti
                 f = tf.extractfile(ti)
                 assert f is not None
                 data = f.read()
-                tf.members = []  # a stream reader would otherwise keep every TarInfo
+                tf.members = []  # type: ignore[attr-defined]  # a stream reader would otherwise keep every TarInfo
                 if k != key:
                     if key is not None:
                         yield key, cur
@@ -360,8 +360,8 @@ def import_webdataset(
     ``sources``: tar files (``.tar``, ``.tar.gz``), directories of them (sorted by name), brace ranges
     (``"data-{000..099}.tar"``) or URLs (``https://``, ``s3://``, ... read through seqstore's
     object-store client with ``source_options``). ``fields``: ``{extension: field}`` to import (default:
-    every extension of the first sample, named as the extension less a final ``.npy``). ``strict``: an extension without a
-    field is an :class:`UnknownMemberError` (else skipped). Records are the samples in shard order,
+    every extension of the first sample, named as the extension less a final ``.npy``). ``strict``: an
+    extension without a field is an :class:`UnknownMemberError` (else skipped). Records are the samples in shard order,
     their keys the ids; a sample without a member of some field is an error naming the shard and key.
 
     The shards are checked to exist, and the first sample read, before anything is written; the store
