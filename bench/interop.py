@@ -17,6 +17,9 @@ Two parts, every case in a fresh process (bench/harness.py), warm page cache:
    ``laplace:.1000`` (StoreDataset's lengths cache is written in setup, as the first process of a job
    would); ``first_record`` = ``get_data(0, "data")``. The ratio column compares with HDFDataset.
 
+3. **megatron / webdataset** imports vs ``IndexedDataset`` reads and ``WebDataset`` iteration: see
+   bench/_interop_megawds.py (runnable by itself).
+
 Usage: ``python bench/interop.py [--quick] [--repeats R] [--skip-1e7]``.
 """
 
@@ -181,6 +184,10 @@ def main() -> None:
                               {"path": str(s), "ordering": ordering}, group=g))
     res = run_cases("interop_open", cases, repeats=args.repeats, baseline="HDFDataset")
     print_table(res, sections=["open", "init_seq_order", "first_record", "total"], extras=["records"])
+
+    from bench import _interop_megawds  # Megatron and WebDataset imports vs their packages' reads
+
+    _interop_megawds.run(args.quick, args.repeats)
 
 
 if __name__ == "__main__":
