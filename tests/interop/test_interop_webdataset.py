@@ -220,3 +220,20 @@ def test_tar_members_not_samples_are_skipped(tmp_path: Path) -> None:
         tf.addfile(d)
     st = import_webdataset(path, tmp_path / "m.seqstore")
     assert [st.id(i) for i in range(2)] == ["k0", "k1"] and [int(st[i]["cls"]) for i in range(2)] == [3, 4]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+def test_long_and_unicode_member_names(tmp_path: Path, fmt: int) -> None:
+    """Names past 100 bytes (GNU long names, pax paths, ustar prefixes) and non-ASCII keys, as webdataset reads them."""
+    path = tmp_path / "n.tar"
+    keys = ["d" * 60 + "/" + "k" * 70, "dir/ключ-1", "plain"]
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for i, k in enumerate(keys):
+            data = str(i).encode()
+            ti = tarfile.TarInfo(f"{k}.cls")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    st = import_webdataset(path, tmp_path / "n.seqstore")
+    want = [(s["__key__"], int(s["cls"])) for s in wds.WebDataset(str(path), shardshuffle=False)]
+    assert [(st.id(i), int(st[i]["cls"])) for i in range(len(st))] == want
+    assert [k for k, _ in want] == keys

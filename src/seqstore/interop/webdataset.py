@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import mmap
 import os
 import re
 import tarfile
@@ -147,65 +148,158 @@ def _size(path: str, options: Mapping[str, Any] | None) -> int:
     return os.path.getsize(path)
 
 
-class _Counting(io.RawIOBase):
-    """Counts the bytes read through it (the progress of a shard)."""
+class _Counter:
+    """Bytes of a shard read so far (its progress)."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw, self.count = raw, 0
+    count = 0
+
+
+class _Counting(io.RawIOBase):
+    """Counts the bytes read through it into ``counter``."""
+
+    def __init__(self, raw: BinaryIO, counter: _Counter) -> None:
+        self.raw, self.counter = raw, counter
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
-        n = self.raw.readinto(b)  # type: ignore[attr-defined]
-        self.count += n or 0
-        return int(n or 0)
+        n = int(self.raw.readinto(b) or 0)  # type: ignore[attr-defined]
+        self.counter.count += n
+        return n
 
     def close(self) -> None:
         self.raw.close()
         super().close()
 
 
-def _samples(path: str, options: Mapping[str, Any] | None, counter: list[_Counting] | None = None
-             ) -> Iterator[tuple[str, dict[str, tuple[str, bytes]]]]:
-    """The samples of one shard: ``(key, {ext: (member name, bytes)})``, in tar order."""
+_ZERO = bytes(512)
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes of 8 GiB and more)
+        return int.from_bytes(field[1:], "big", signed=field[:1] == b"\xff")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """Records ``LEN KEY=VALUE\\n`` of a pax extended header."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        sp = data.index(b" ", pos)
+        n = int(data[pos:sp])
+        key, _, value = data[sp + 1 : pos + n - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += n
+    return out
+
+
+def _local_members(path: str, counter: _Counter) -> Iterator[tuple[str, bytes]]:
+    """Regular members ``(name, bytes)`` of an uncompressed local tar file, read from a memory map by
+    parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums checked."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        pos = 0
+        long_name: str | None = None
+        pax: dict[str, str] = {}
+        while pos + 512 <= size:
+            hdr = mm[pos : pos + 512]
+            if hdr == _ZERO:
+                break
+            want = _octal(hdr[148:156])
+            if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
+            n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
+            kind = hdr[156:157]
+            start = pos + 512
+            pos = start + -(-n // 512) * 512
+            if pos > size:
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
+                                        f"at byte {start} runs past the end, {size})")
+            if kind == b"L":
+                long_name = mm[start : start + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                continue
+            if kind == b"x":
+                pax = _pax(mm[start : start + n])
+                continue
+            if kind == b"g":
+                continue
+            if long_name is not None:
+                name = long_name
+            elif "path" in pax:
+                name = pax["path"]
+            else:
+                name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                if hdr[257:262] == b"ustar":
+                    prefix = hdr[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+            long_name, pax = None, {}
+            counter.count = pos
+            if kind in (b"0", b"\0", b"7"):
+                yield name, mm[start : start + n]
+        counter.count = size
+    finally:
+        mm.close()
+
+
+def _stream_members(path: str, options: Mapping[str, Any] | None, counter: _Counter) -> Iterator[tuple[str, bytes]]:
+    """Regular members of a tar stream (any compression ``tarfile`` knows; local file or URL)."""
     raw: BinaryIO = _RangeReader(path, options) if is_remote(path) else open(path, "rb")  # type: ignore[assignment]
-    fh = _Counting(raw)
-    if counter is not None:
-        counter.append(fh)
+    fh = _Counting(raw, counter)
     try:
         with tarfile.open(fileobj=io.BufferedReader(fh, 1 << 20), mode="r|*") as tf:
-            key: str | None = None
-            cur: dict[str, tuple[str, bytes]] = {}
             for ti in tf:
-                name = ti.name
-                if not ti.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__")):
-                    continue
-                if _META.match(name):
-                    continue
-                m = _KEY.match(name)
-                if m is None:
-                    continue
-                k, ext = m.group(1), m.group(2).lower()
-                f = tf.extractfile(ti)
-                assert f is not None
-                data = f.read()
+                if ti.isreg():
+                    f = tf.extractfile(ti)
+                    assert f is not None
+                    yield ti.name, f.read()
                 tf.members = []  # type: ignore[attr-defined]  # a stream reader would otherwise keep every TarInfo
-                if k != key:
-                    if key is not None:
-                        yield key, cur
-                    key, cur = k, {}
-                if ext in cur:
-                    raise SourceFormatError(path, name, f"key {k!r} has two members with extension .{ext}")
-                cur[ext] = (name, data)
-            if key is not None:
-                yield key, cur
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc
     finally:
         fh.close()
+
+
+def _samples(path: str, options: Mapping[str, Any] | None, counter: _Counter | None = None
+             ) -> Iterator[tuple[str, dict[str, tuple[str, bytes]]]]:
+    """The samples of one shard: ``(key, {ext: (member name, bytes)})``, in tar order."""
+    counter = counter if counter is not None else _Counter()
+    try:
+        plain = False
+        if not is_remote(path):
+            with open(path, "rb") as f:
+                plain = not f.read(6).startswith(_COMPRESSED)
+        members = _local_members(path, counter) if plain else _stream_members(path, options, counter)
+        key: str | None = None
+        cur: dict[str, tuple[str, bytes]] = {}
+        for name, data in members:
+            if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
+                continue
+            m = _KEY.match(name)
+            if m is None:
+                continue
+            k, ext = m.group(1), m.group(2).lower()
+            if k != key:
+                if key is not None:
+                    yield key, cur
+                key, cur = k, {}
+            if ext in cur:
+                raise SourceFormatError(path, name, f"key {k!r} has two members with extension .{ext}")
+            cur[ext] = (name, data)
+        if key is not None:
+            yield key, cur
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        if isinstance(exc, SourceFormatError):
+            raise
+        raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------------ plans
@@ -224,7 +318,29 @@ def _default_field(ext: str) -> str:
     return ext[: -len(".npy")] if ext.endswith(".npy") and ext != "npy" else ext
 
 
+_NPY_HEADER = re.compile(r"^\{'descr': '([^']+)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), *\} *\n?$")
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
 def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
+    """A .npy member as an array: the plain header ``numpy.save`` writes read by one regular expression
+    (a view of ``data``), anything else by ``numpy.load``."""
+    if data[:6] == b"\x93NUMPY" and len(data) >= 10:
+        if data[6] == 1:
+            end = 10 + int.from_bytes(data[8:10], "little")
+        else:
+            end = 12 + int.from_bytes(data[8:12], "little")
+        m = _NPY_HEADER.match(data[12 if data[6] > 1 else 10 : end].decode("latin1"))
+        if m is not None:
+            dt = _DTYPES.get(m.group(1))
+            if dt is None:
+                dt = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1)))
+            shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
+            count = 1
+            for x in shape:
+                count *= x
+            if dt.kind in "biufc" and len(data) - end == count * dt.itemsize:
+                return np.frombuffer(data, dtype=dt, count=count, offset=end).reshape(shape)
     try:
         return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
     except (ValueError, OSError, EOFError) as exc:
@@ -282,7 +398,7 @@ class _WdsJob:
         """Append the samples of the shards ``segments`` (indices into ``shards``), in order."""
         for k in segments:
             path = self.shards[k]
-            counter: list[_Counting] = []
+            counter = _Counter()
             reported = 0
             keys: list[str] = []
             cols: dict[str, list[Any]] = {e: [] for e in self.plans}
@@ -307,8 +423,8 @@ class _WdsJob:
                     self._append(writer, path, keys, cols)
                     keys, cols, size = [], {e: [] for e in self.plans}, 0
                     if progress is not None:
-                        progress(counter[0].count - reported)
-                        reported = counter[0].count
+                        progress(counter.count - reported)
+                        reported = counter.count
             if keys:
                 self._append(writer, path, keys, cols)
             if progress is not None:
