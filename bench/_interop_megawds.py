@@ -20,7 +20,8 @@ the highest ``RssAnon`` (private memory, not counting pages of mapped files) sam
 during the measured block, minus the value before it: flat in the input size means memory
 independent of N.
 
-Usage: ``python bench/_interop_megawds.py [--quick] [--repeats R]`` (bench/interop.py runs it too).
+Usage: ``python bench/_interop_megawds.py [--quick] [--repeats R] [--megatron-only | --webdataset-only]``
+(bench/interop.py runs both).
 """
 
 from __future__ import annotations
@@ -182,8 +183,15 @@ def case_wds_iter(shards: list[str], decode: bool) -> dict[str, object]:
     return {"samples": n, "MB_per_s": nbytes / 1e6 / t, "sample_per_s": n / t, **mem}
 
 
-def run(quick: bool, repeats: int) -> None:
-    """Both parts, each a table with ratios (bench/interop.py calls this)."""
+def run(quick: bool, repeats: int, parts: tuple[str, ...] = ("megatron", "webdataset")) -> None:
+    """Both parts (or those of ``parts``), each a table with ratios (bench/interop.py calls this)."""
+    if "megatron" in parts:
+        _run_megatron(quick, repeats)
+    if "webdataset" in parts:
+        _run_webdataset(quick, repeats)
+
+
+def _run_megatron(quick: bool, repeats: int) -> None:
     n_full = QUICK_MEGATRON_N if quick else MEGATRON_N
     cases = []
     for n in (n_full // 4, n_full):
@@ -197,6 +205,8 @@ def run(quick: bool, repeats: int) -> None:
     res = run_cases("interop_megatron", cases, repeats=repeats, baseline="IndexedDataset read")
     print_table(res, extras=["seqs", "MB_per_s", "seq_per_s", "peak_private_MB"])
 
+
+def _run_webdataset(quick: bool, repeats: int) -> None:
     s_full = QUICK_WDS_S if quick else WDS_S
     cases = []
     for s in (s_full // 4, s_full):
@@ -216,9 +226,11 @@ def run(quick: bool, repeats: int) -> None:
 
 
 def main() -> None:
-    args = main_args(__doc__.splitlines()[0], default_repeats=3)
+    args = main_args(__doc__.splitlines()[0], default_repeats=3, extra_flags=("--megatron-only", "--webdataset-only"))
     t0 = time.perf_counter()
-    run(args.quick, args.repeats)
+    parts = ("megatron",) if args.megatron_only else ("webdataset",) if args.webdataset_only else (
+        "megatron", "webdataset")
+    run(args.quick, args.repeats, parts)
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 
