@@ -20,8 +20,11 @@ the highest ``RssAnon`` (private memory, not counting pages of mapped files) sam
 during the measured block, minus the value before it: flat in the input size means memory
 independent of N.
 
-Usage: ``python bench/_interop_megawds.py [--quick] [--repeats R] [--megatron-only | --webdataset-only]``
-(bench/interop.py runs both).
+``--memory-only`` runs the WebDataset import alone at S = 5e4 and 2e5 (inputs well past the 64 MiB
+the store's writer buffers), without the slow peer.
+
+Usage: ``python bench/_interop_megawds.py [--quick] [--repeats R] [--megatron-only | --webdataset-only |
+--memory-only]`` (bench/interop.py runs the first two).
 """
 
 from __future__ import annotations
@@ -225,9 +228,25 @@ def _run_webdataset(quick: bool, repeats: int) -> None:
     print_table(res, extras=["samples", "MB_per_s", "sample_per_s", "peak_private_MB"])
 
 
+def _run_memory(repeats: int) -> None:
+    """The WebDataset import alone at S = 5e4 and 2e5 (inputs well past the writer's 64 MiB buffer)."""
+    cases = []
+    for s in (WDS_S // 4, WDS_S):
+        shards = ensure_wds(s)
+        cases.append(Case("seqstore import_webdataset w=1", "bench._interop_megawds:case_import_wds",
+                          {"shards": shards, "out": str(DATA / "interop" / f"wds-{s}.seqstore"), "workers": 1},
+                          group=f"webdataset S={s:.0e}", metric="MB_per_s"))
+    res = run_cases("interop_webdataset_memory", cases, repeats=repeats)
+    print_table(res, extras=["samples", "MB_per_s", "sample_per_s", "peak_private_MB"])
+
+
 def main() -> None:
-    args = main_args(__doc__.splitlines()[0], default_repeats=3, extra_flags=("--megatron-only", "--webdataset-only"))
+    args = main_args(__doc__.splitlines()[0], default_repeats=3, extra_flags=("--megatron-only", "--webdataset-only",
+                                                                           "--memory-only"))
     t0 = time.perf_counter()
+    if args.memory_only:
+        _run_memory(args.repeats)
+        return
     parts = ("megatron",) if args.megatron_only else ("webdataset",) if args.webdataset_only else (
         "megatron", "webdataset")
     run(args.quick, args.repeats, parts)

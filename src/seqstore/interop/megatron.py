@@ -80,7 +80,7 @@ DTYPES: dict[int, np.dtype[Any]] = {
 }
 CODES = {str(dt): code for code, dt in DTYPES.items()}
 #: Sequences checked per vectorised step of validation and per block of a conversion (bounds memory).
-BLOCK = 1 << 20
+BLOCK = 1 << 17
 #: A parallel import gives each worker's unit at least this many sequences.
 MIN_UNIT_SEQUENCES = 1 << 16
 
