@@ -237,3 +237,15 @@ def test_long_and_unicode_member_names(tmp_path: Path, fmt: int) -> None:
     want = [(s["__key__"], int(s["cls"])) for s in wds.WebDataset(str(path), shardshuffle=False)]
     assert [(st.id(i), int(st[i]["cls"])) for i in range(len(st))] == want
     assert [k for k, _ in want] == keys
+
+
+def test_s3_shards_into_an_s3_store(tmp_path: Path, moto_s3: Any, s3_bucket: str) -> None:
+    """Shards read from object storage and the store written there (parts uploaded, one commit)."""
+    write_shards(tmp_path / "shards", shards=2, per=5, seed=6)
+    url = moto_s3.upload_dir(tmp_path / "shards", s3_bucket, "wds")
+    opts = moto_s3.storage_options()
+    out = f"s3://{s3_bucket}/imported.seqstore"
+    st = import_webdataset([f"{url}/000000.tar", f"{url}/000001.tar"], out, source_options=opts,
+                           storage_options=opts)
+    assert st.is_remote and len(st) == 10
+    assert_same(st, [str(tmp_path / "shards" / f"{i:06d}.tar") for i in range(2)])
