@@ -20,6 +20,8 @@ Three parts, every case in a fresh process (bench/harness.py), warm page cache:
 3. **Grain** (bench/_interop_grain.py, also runnable alone): ``seqstore.grain.DataSource`` against a
    hand-written NumPy-memmap Grain data source, record by record and in a Grain ``DataLoader`` with 2
    workers.
+4. **megatron / webdataset** imports vs ``IndexedDataset`` reads and ``WebDataset`` iteration: see
+   bench/_interop_megawds.py (runnable by itself).
 
 Usage: ``python bench/interop.py [--quick] [--repeats R] [--skip-1e7]``.
 """
@@ -190,6 +192,10 @@ def main() -> None:
     from bench._interop_grain import run_grain
 
     run_grain(args.quick, args.repeats)
+
+    from bench import _interop_megawds  # Megatron and WebDataset imports vs their packages' reads
+
+    _interop_megawds.run(args.quick, args.repeats)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,96 @@ register_source("logix", Converter("LogIX / AnaLog per-example log directory (lo
 register_target("returnn-hdf", Converter("one RETURNN HDF file for HDFDataset", _hdf_export, _hdf_export_args))
 
 
+# --------------------------------------------------------------------------- megatron / webdataset
+
+
+def _megatron_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .megatron import import_megatron
+
+    srcs, out = _sources_and_out(args)
+    return import_megatron(srcs, out, field=args.tokens_field, chunk_bytes=args.chunk_mb << 20,
+                           shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress,
+                           workers=args.workers, storage_options=_storage_options(args))
+
+
+def _megatron_args(group: Any) -> None:
+    group.add_argument("--tokens-field", default="tokens", metavar="FIELD",
+                       help="megatron: the field of the tokens (default 'tokens')")
+
+
+def _wds_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .webdataset import import_webdataset
+
+    srcs, out = _sources_and_out(args)
+    source_options: dict[str, str] = {}
+    for item in args.source_option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SeqstoreError(f"--source-option {item!r}: expected KEY=VALUE")
+        source_options[key] = value
+    return import_webdataset(srcs, out, fields=_parse_map(args.ext, "--ext"), strict=not args.skip_unknown,
+                             chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20,
+                             overwrite=args.overwrite, progress=progress, workers=args.workers,
+                             storage_options=_storage_options(args), source_options=source_options or None)
+
+
+def _wds_args(group: Any) -> None:
+    group.add_argument("--ext", action="append", metavar="EXT=FIELD",
+                       help="webdataset: import members KEY.EXT as field FIELD (repeatable; default: every "
+                       "extension of the first sample, under its own name)")
+    group.add_argument("--skip-unknown", action="store_true",
+                       help="webdataset: skip members whose extension has no field (default: an error)")
+    group.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="webdataset: an option of the client that reads shard URLs, e.g. allow_http=true")
+
+
+def _megatron_export(args: argparse.Namespace, progress: Progress) -> Any:
+    from .megatron import export_megatron
+
+    documents: str | None = args.documents
+    if documents is not None and documents.lower() == "none":
+        documents = None
+    return export_megatron(args.store, args.out, field=args.tokens, dtype=args.dtype, documents=documents,
+                           chunk_bytes=args.chunk_mb << 20, overwrite=args.overwrite, progress=progress)
+
+
+def _megatron_export_args(group: Any) -> None:
+    group.add_argument("--tokens", metavar="FIELD", help="megatron: the ragged field to write (default: the only one)")
+    group.add_argument("--dtype", help="megatron: token dtype in the files (default: the field's)")
+    group.add_argument("--documents", default="auto", metavar="FIELD",
+                       help="megatron: integer field whose changes start documents (default: the imported one; "
+                       "'none': one document per record)")
+
+
+def _wds_export(args: argparse.Namespace, progress: Progress) -> Any:
+    from .webdataset import export_webdataset
+
+    exts = _parse_map(args.ext, "--ext")
+    return export_webdataset(args.store, args.out, fields=exts, keys=args.keys, shard_records=args.shard_records,
+                             shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress)
+
+
+def _wds_export_args(group: Any) -> None:
+    group.add_argument("--ext", action="append", metavar="FIELD=EXT",
+                       help="webdataset: write FIELD as members KEY.EXT (repeatable; default: every field)")
+    group.add_argument("--keys", choices=("auto", "ids", "index"), default="auto",
+                       help="webdataset: sample keys from the record ids or record numbers (default: ids if any)")
+    group.add_argument("--shard-records", type=_positive_int, default=10_000, metavar="N",
+                       help="webdataset: records per tar shard at most (default 10000)")
+    group.add_argument("--shard-mb", type=_positive_int, default=1024, metavar="MB",
+                       help="webdataset: a shard ends after the record that passes this size (default 1024)")
+
+
+register_source("megatron", Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run,
+                                      _megatron_args, unit="rec"))
+register_source("webdataset", Converter("WebDataset tar shards (files, directories, {000..009} ranges, URLs)",
+                                        _wds_run, _wds_args))
+register_target("megatron", Converter("PREFIX.bin + PREFIX.idx for Megatron-Core's IndexedDataset",
+                                      _megatron_export, _megatron_export_args))
+register_target("webdataset", Converter("a directory of WebDataset tar shards", _wds_export, _wds_export_args,
+                                        unit="rec"))
+
+
 # ------------------------------------------------------------------------------------- commands
 
 

@@ -1,0 +1,692 @@
+"""WebDataset tar shards into and out of a store.
+
+A WebDataset shard is a tar file whose members are named ``KEY.EXT``: the members of one key, next to
+each other in the tar, are one sample (``KEY`` is the name up to the first dot of its last path part,
+``EXT`` the rest, lower-cased; members named ``__*__`` are skipped), as ``webdataset.WebDataset``
+groups them.
+
+**Import** (:func:`import_webdataset`): one record per key, the key as the record id, shards in the
+order given (and records in tar order). Each extension is a field, decoded by its last dotted part:
+
+==================================================  ===============================================
+member                                               field
+==================================================  ===============================================
+``.npy`` (an array of ``numpy.save``)                a 0-d array: a scalar field; else ragged
+                                                     ``(None, *shape[1:])`` (the rows are its first axis)
+``.cls`` ``.cls2`` ``.class`` ``.count`` ``.index``   int64 scalar (the text as a decimal integer)
+``.inx`` ``.id``
+anything else (``.json``, ``.txt``, ``.jpg``, ...)   the member's bytes, ragged uint8
+==================================================  ===============================================
+
+The fields are the extensions of the first sample (or those named by ``fields``), each named as its
+extension less a ``.npy`` ending after another part (``score.npy`` -> ``score``); every record must
+have each. ``strict`` (the default) refuses a member whose extension has no field
+(:class:`UnknownMemberError`, naming the shard, key and member); ``strict=False`` skips it.
+
+Shards are read as tar streams (local files, or URLs through seqstore's object-store client in ranged
+blocks; gzip-compressed shards too), one after another or ``workers`` at a time (runs of shards as
+parts of one commit, in shard order). Memory O(``chunk_bytes``).
+
+**Export** (:func:`export_webdataset`): a store as shards ``000000.tar``, ``000001.tar``, ... in a
+directory, each record a key (its id, or its index) with one member per field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import mmap
+import os
+import re
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import SchemaError
+from ..io.objects import client_for, is_remote
+from ..schema import Field, Schema
+from ..store import Store, Writer, open_store
+from ._common import (
+    DEFAULT_CHUNK_BYTES,
+    OutputExistsError,
+    Progress,
+    SourceFormatError,
+    announce_total,
+    install_output,
+    new_store,
+    remove_path,
+    temp_sibling,
+)
+
+__all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
+           "INT_EXTENSIONS"]
+
+#: Key of the import information (shards, extension -> field) in the store's metadata.
+METADATA_KEY = "webdataset"
+#: Extensions (last dotted part) read as a decimal integer, as webdataset's default decoder does.
+INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+#: Records per appended batch at most (bounds the per-chunk lists of small samples).
+CHUNK_RECORDS = 1 << 14
+#: Bytes fetched per request when a shard is read from a URL.
+URL_BLOCK = 16 << 20
+
+
+class UnknownMemberError(SourceFormatError):
+    """A tar member's extension has no field under a strict mapping; ``path`` is the shard,
+    ``dataset`` the member's name."""
+
+
+def expand_shards(spec: str) -> list[str]:
+    """``"data-{000000..000009}.tar"`` -> the ten names (zero padding kept); other names as they are."""
+    m = _RANGE.search(spec)
+    if m is None:
+        return [spec]
+    a, b = m.group(1), m.group(2)
+    width = len(a) if a.startswith("0") or len(a) == len(b) else 0
+    out: list[str] = []
+    for i in range(int(a), int(b) + 1):
+        out.extend(expand_shards(spec[: m.start()] + str(i).zfill(width) + spec[m.end():]))
+    return out
+
+
+def _shards(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
+    out: list[str] = []
+    for s in sources:
+        s = os.fspath(s)
+        for p in expand_shards(s):
+            if not is_remote(p) and os.path.isdir(p):
+                found = sorted(str(q) for q in Path(p).iterdir() if q.name.endswith((".tar", ".tar.gz", ".tgz")))
+                if not found:
+                    raise SourceFormatError(p, None, "directory holds no .tar shards")
+                out.extend(found)
+            elif not is_remote(p) and not os.path.isfile(p):
+                raise FileNotFoundError(f"{p}: no such tar shard")
+            else:
+                out.append(p)
+    return out
+
+
+class _RangeReader(io.RawIOBase):
+    """A URL read front to back in blocks of URL_BLOCK bytes (each one ranged GET, pinned to the object's
+    ETag), as a file object for ``tarfile``'s stream mode."""
+
+    def __init__(self, url: str, options: Mapping[str, Any] | None) -> None:
+        base, _, self.key = url.rpartition("/")
+        self.client = client_for(base, options)
+        meta = self.client.head(self.key)
+        self.size, self.etag = int(meta.size), meta.etag or None
+        self.pos = 0
+        self.buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if not len(self.buf):
+            if self.pos >= self.size:
+                return 0
+            end = min(self.size, self.pos + URL_BLOCK)
+            (data, _), = self.client.get_ranges([(self.key, self.pos, end, self.etag)])
+            self.buf = memoryview(data).cast("B")
+            self.pos = end
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+
+def _size(path: str, options: Mapping[str, Any] | None) -> int:
+    if is_remote(path):
+        base, _, key = path.rpartition("/")
+        return int(client_for(base, options).head(key).size)
+    return os.path.getsize(path)
+
+
+class _Counter:
+    """Bytes of a shard read so far (its progress)."""
+
+    count = 0
+
+
+class _Counting(io.RawIOBase):
+    """Counts the bytes read through it into ``counter``."""
+
+    def __init__(self, raw: BinaryIO, counter: _Counter) -> None:
+        self.raw, self.counter = raw, counter
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = int(self.raw.readinto(b) or 0)  # type: ignore[attr-defined]
+        self.counter.count += n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+_ZERO = bytes(512)
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes of 8 GiB and more)
+        return int.from_bytes(field[1:], "big", signed=field[:1] == b"\xff")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """Records ``LEN KEY=VALUE\\n`` of a pax extended header."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        sp = data.index(b" ", pos)
+        n = int(data[pos:sp])
+        key, _, value = data[sp + 1 : pos + n - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += n
+    return out
+
+
+def _local_members(path: str, counter: _Counter) -> Iterator[tuple[str, bytes]]:
+    """Regular members ``(name, bytes)`` of an uncompressed local tar file, read from a memory map by
+    parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums checked."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        pos = 0
+        long_name: str | None = None
+        pax: dict[str, str] = {}
+        while pos + 512 <= size:
+            hdr = mm[pos : pos + 512]
+            if hdr == _ZERO:
+                break
+            want = _octal(hdr[148:156])
+            if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
+            n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
+            kind = hdr[156:157]
+            start = pos + 512
+            pos = start + -(-n // 512) * 512
+            if pos > size:
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
+                                        f"at byte {start} runs past the end, {size})")
+            if kind == b"L":
+                long_name = mm[start : start + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                continue
+            if kind == b"x":
+                pax = _pax(mm[start : start + n])
+                continue
+            if kind == b"g":
+                continue
+            if long_name is not None:
+                name = long_name
+            elif "path" in pax:
+                name = pax["path"]
+            else:
+                name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                if hdr[257:262] == b"ustar":
+                    prefix = hdr[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+            long_name, pax = None, {}
+            counter.count = pos
+            if kind in (b"0", b"\0", b"7"):
+                yield name, mm[start : start + n]
+        counter.count = size
+    finally:
+        mm.close()
+
+
+def _stream_members(path: str, options: Mapping[str, Any] | None, counter: _Counter) -> Iterator[tuple[str, bytes]]:
+    """Regular members of a tar stream (any compression ``tarfile`` knows; local file or URL)."""
+    raw: BinaryIO = _RangeReader(path, options) if is_remote(path) else open(path, "rb")  # type: ignore[assignment]
+    fh = _Counting(raw, counter)
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(fh, 1 << 20), mode="r|*") as tf:
+            for ti in tf:
+                if ti.isreg():
+                    f = tf.extractfile(ti)
+                    assert f is not None
+                    yield ti.name, f.read()
+                tf.members = []  # type: ignore[attr-defined]  # a stream reader would otherwise keep every TarInfo
+    finally:
+        fh.close()
+
+
+def _samples(path: str, options: Mapping[str, Any] | None, counter: _Counter | None = None
+             ) -> Iterator[tuple[str, dict[str, tuple[str, bytes]]]]:
+    """The samples of one shard: ``(key, {ext: (member name, bytes)})``, in tar order."""
+    counter = counter if counter is not None else _Counter()
+    try:
+        plain = False
+        if not is_remote(path):
+            with open(path, "rb") as f:
+                plain = not f.read(6).startswith(_COMPRESSED)
+        members = _local_members(path, counter) if plain else _stream_members(path, options, counter)
+        key: str | None = None
+        cur: dict[str, tuple[str, bytes]] = {}
+        for name, data in members:
+            if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
+                continue
+            m = _KEY.match(name)
+            if m is None:
+                continue
+            k, ext = m.group(1), m.group(2).lower()
+            if k != key:
+                if key is not None:
+                    yield key, cur
+                key, cur = k, {}
+            if ext in cur:
+                raise SourceFormatError(path, name, f"key {k!r} has two members with extension .{ext}")
+            cur[ext] = (name, data)
+        if key is not None:
+            yield key, cur
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        if isinstance(exc, SourceFormatError):
+            raise
+        raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc
+
+
+# ------------------------------------------------------------------------------------------ plans
+
+
+def _kind(ext: str) -> str:
+    last = ext.rsplit(".", 1)[-1]
+    if last == "npy":
+        return "npy"
+    return "int" if last in INT_EXTENSIONS else "bytes"
+
+
+def _default_field(ext: str) -> str:
+    """The field of extension ``ext`` by default: the extension, less a ``.npy`` ending after another part
+    (``score.npy`` -> ``score``; field names do not end in ``.npy``)."""
+    return ext[: -len(".npy")] if ext.endswith(".npy") and ext != "npy" else ext
+
+
+_NPY_HEADER = re.compile(r"^\{'descr': '([^']+)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), *\} *\n?$")
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
+def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
+    """A .npy member as an array: the plain header ``numpy.save`` writes read by one regular expression
+    (a view of ``data``), anything else by ``numpy.load``."""
+    if data[:6] == b"\x93NUMPY" and len(data) >= 10:
+        if data[6] == 1:
+            end = 10 + int.from_bytes(data[8:10], "little")
+        else:
+            end = 12 + int.from_bytes(data[8:12], "little")
+        m = _NPY_HEADER.match(data[12 if data[6] > 1 else 10 : end].decode("latin1"))
+        if m is not None:
+            dt = _DTYPES.get(m.group(1))
+            if dt is None:
+                dt = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1)))
+            shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
+            count = 1
+            for x in shape:
+                count *= x
+            if dt.kind in "biufc" and len(data) - end == count * dt.itemsize:
+                return np.frombuffer(data, dtype=dt, count=count, offset=end).reshape(shape)
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
+    except (ValueError, OSError, EOFError) as exc:
+        raise SourceFormatError(path, member, f"not a .npy array: {exc}") from exc
+
+
+def _int(path: str, member: str, data: bytes) -> int:
+    try:
+        return int(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SourceFormatError(path, member, f"expected a decimal integer, got {data[:40]!r}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How one extension becomes a field."""
+
+    ext: str
+    field: str
+    kind: str  # "npy", "int" or "bytes"
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    def as_field(self) -> Field:
+        return Field(self.dtype, self.shape)
+
+
+def _plan(path: str, ext: str, field: str, member: str, data: bytes) -> _Plan:
+    kind = _kind(ext)
+    if kind == "int":
+        _int(path, member, data)
+        return _Plan(ext, field, kind, "int64", ())
+    if kind == "bytes":
+        return _Plan(ext, field, kind, "uint8", (None,))
+    arr = _load_npy(path, member, data)
+    try:
+        Field(arr.dtype)
+    except SchemaError as exc:
+        raise SourceFormatError(path, member, f"array of dtype {arr.dtype} has no seqstore field") from exc
+    shape: tuple[int | None, ...] = () if arr.ndim == 0 else (None, *arr.shape[1:])
+    return _Plan(ext, field, kind, str(Field(arr.dtype).dtype), shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _WdsJob:
+    """What a conversion needs to turn samples into appends (picklable, for parallel workers)."""
+
+    shards: list[str]
+    plans: dict[str, _Plan]
+    strict: bool
+    chunk_bytes: int
+    options: dict[str, Any] | None
+
+    def write(self, writer: Writer, segments: Sequence[int], progress: Progress | None) -> None:
+        """Append the samples of the shards ``segments`` (indices into ``shards``), in order."""
+        for k in segments:
+            path = self.shards[k]
+            counter = _Counter()
+            reported = 0
+            keys: list[str] = []
+            cols: dict[str, list[Any]] = {e: [] for e in self.plans}
+            size = 0
+            for key, members in _samples(path, self.options, counter):
+                for ext in members:
+                    if ext not in self.plans and self.strict:
+                        raise UnknownMemberError(
+                            path, members[ext][0], f"key {key!r}: extension .{ext} has no field (fields are "
+                            f"{ {e: p.field for e, p in self.plans.items()} }); map it with fields={{ext: field}} or "
+                            "pass strict=False to skip such members"
+                        )
+                for ext, plan in self.plans.items():
+                    got = members.get(ext)
+                    if got is None:
+                        raise SourceFormatError(path, None, f"key {key!r} has no .{ext} member (field {plan.field!r} "
+                                                "needs one in every sample)")
+                    cols[ext].append(got)
+                    size += len(got[1])
+                keys.append(key)
+                if size >= self.chunk_bytes or len(keys) >= CHUNK_RECORDS:
+                    self._append(writer, path, keys, cols)
+                    keys, cols, size = [], {e: [] for e in self.plans}, 0
+                    if progress is not None:
+                        progress(counter.count - reported)
+                        reported = counter.count
+            if keys:
+                self._append(writer, path, keys, cols)
+            if progress is not None:
+                progress(_size(path, self.options) - reported)
+
+    def _append(self, writer: Writer, path: str, keys: list[str], cols: dict[str, list[Any]]) -> None:
+        batch: dict[str, Any] = {}
+        for ext, plan in self.plans.items():
+            items = cols[ext]
+            if plan.kind == "bytes":
+                lens = np.fromiter((len(d) for _, d in items), dtype=np.int64, count=len(items))
+                batch[plan.field] = (np.frombuffer(b"".join(d for _, d in items), dtype=np.uint8), lens)
+            elif plan.kind == "int":
+                batch[plan.field] = np.fromiter((_int(path, m, d) for m, d in items), dtype=np.int64,
+                                                count=len(items))
+            else:
+                arrays = [_load_npy(path, m, d) for m, d in items]
+                want = plan.as_field()
+                for (m, _), a in zip(items, arrays):
+                    if str(Field(a.dtype).dtype) != want.dtype or (a.ndim == 0) != (not plan.shape) or (
+                            a.ndim and a.shape[1:] != want.inner_shape):
+                        raise SourceFormatError(path, m, f"array {a.dtype}{list(a.shape)} does not fit field "
+                                                f"{plan.field!r} ({want}, from the first sample)")
+                if plan.shape:
+                    lens = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+                    batch[plan.field] = (np.concatenate(arrays).reshape(-1, *want.inner_shape), lens)
+                else:
+                    batch[plan.field] = np.stack(arrays)
+        writer.append_batch(batch, ids=keys)
+
+
+def import_webdataset(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    fields: Mapping[str, str] | None = None,
+    strict: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    shard_bytes: int = 1 << 30,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    workers: int = 1,
+    storage_options: Mapping[str, Any] | None = None,
+    source_options: Mapping[str, Any] | None = None,
+) -> Store:
+    """Import WebDataset tar shards into one new store at ``out``, and open it (see the module docs
+    for how members become fields).
+
+    ``sources``: tar files (``.tar``, ``.tar.gz``), directories of them (sorted by name), brace ranges
+    (``"data-{000..099}.tar"``) or URLs (``https://``, ``s3://``, ... read through seqstore's
+    object-store client with ``source_options``). ``fields``: ``{extension: field}`` to import (default:
+    every extension of the first sample, named as the extension less a final ``.npy``). ``strict``: an
+    extension without a field is an :class:`UnknownMemberError` (else skipped). Records are the samples in shard order,
+    their keys the ids; a sample without a member of some field is an error naming the shard and key.
+
+    The shards are checked to exist, and the first sample read, before anything is written; the store
+    is all or nothing. ``workers > 1`` reads that many shards at once (runs of shards as parts, one
+    commit). ``progress`` gets bytes of the shard files. ``out`` may be a URL of object storage
+    (``storage_options``).
+    """
+    remote = is_remote(out)
+    if storage_options and not remote:
+        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
+    given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    if not given:
+        raise ValueError("import_webdataset: no sources given")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    opts = dict(source_options) if source_options else None
+    shards = _shards(given)
+    first = next(iter(_samples(shards[0], opts)), None)
+    if first is None:
+        raise SourceFormatError(shards[0], None, "holds no samples (no member named KEY.EXT)")
+    key, members = first
+    mapping = dict(fields) if fields is not None else {ext: _default_field(ext) for ext in members}
+    plans: dict[str, _Plan] = {}
+    for ext, field in mapping.items():
+        if ext not in members:
+            raise SourceFormatError(shards[0], None, f"first sample {key!r} has no .{ext} member; its extensions are "
+                                    f"{sorted(members)}")
+        name, data = members[ext]
+        plans[ext] = _plan(shards[0], ext, field, name, data)
+    if len({p.field for p in plans.values()}) != len(plans):
+        raise SchemaError(f"two extensions map to one field: {mapping}")
+    try:
+        schema = Schema({p.field: p.as_field() for p in plans.values()})
+    except SchemaError as exc:
+        raise SchemaError(f"{exc}; name the fields with fields={{ext: field}}") from exc
+    total = sum(_size(s, opts) for s in shards)
+    meta = {"shards": [s.rsplit("/", 1)[-1] for s in shards],
+            "fields": {e: {"field": p.field, "kind": p.kind} for e, p in plans.items()}}
+    job = _WdsJob(shards, plans, strict, chunk_bytes, opts)
+    units: list[tuple[_WdsJob, list[int]]] = []
+    if workers > 1 or remote:
+        parts = max(1, min(len(shards), 4 * workers))
+        units = [(job, [int(i) for i in run]) for run in np.array_split(np.arange(len(shards)), parts) if len(run)]
+    if len(units) > 1 or remote:
+        from ._parallel import convert_in_parallel
+
+        convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
+                            metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
+                            storage_options=storage_options)
+        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
+
+    def fill(writer: Writer) -> None:
+        announce_total(progress, total)
+        job.write(writer, list(range(len(shards))), progress)
+
+    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+    return open_store(out)
+
+
+# ------------------------------------------------------------------------------------------- export
+
+
+def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) -> dict[str, tuple[str, str]]:
+    """field -> (extension, kind) of each exported field."""
+    recorded: dict[str, str] = {}
+    meta = st.metadata.get(METADATA_KEY, {})
+    if isinstance(meta, dict) and isinstance(meta.get("fields"), dict):
+        recorded = {v["field"]: e for e, v in meta["fields"].items() if isinstance(v, dict) and "field" in v}
+    if fields is None:
+        chosen = {n: recorded.get(n) for n in st.schema}
+    elif isinstance(fields, Mapping):
+        chosen = {n: e for n, e in fields.items()}
+    else:
+        chosen = {n: recorded.get(n) for n in fields}
+    out: dict[str, tuple[str, str]] = {}
+    for n, ext in chosen.items():
+        if n not in st.schema:
+            raise KeyError(f"{st.root}: no field {n!r}; fields are {list(st.schema)}")
+        f = st.schema[n]
+        if ext is None:
+            byte_like = f.ragged and not f.inner_shape and f.dtype == "|u1"
+            ext = n if (_kind(n) != "bytes" or byte_like) else f"{n}.npy"
+        if "/" in ext or not ext or ext != ext.lower():
+            raise SchemaError(f"field {n!r}: {ext!r} cannot be a tar member extension (lower case, no '/'); "
+                              "pass fields={field: ext}")
+        kind = _kind(ext)
+        if kind == "int" and (f.ragged or f.inner_shape or np.dtype(f.storage_dtype).kind not in "iub"):
+            raise SchemaError(f"field {n!r}: .{ext} members hold one integer; the field is {f}")
+        if kind == "bytes" and not (f.ragged and not f.inner_shape and f.dtype == "|u1"):
+            raise SchemaError(f"field {n!r}: .{ext} members hold bytes, which need a ragged uint8 field; the field "
+                              f"is {f} (name it NAME.npy to write arrays)")
+        out[n] = (ext, kind)
+    if len({e for e, _ in out.values()}) != len(out):
+        raise SchemaError(f"two fields map to one extension: {out}")
+    return out
+
+
+def _member(kind: str, value: Any) -> bytes:
+    if kind == "int":
+        return str(int(value)).encode()
+    if kind == "bytes":
+        return bytes(np.ascontiguousarray(value).data)
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(value), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
+    tf.addfile(ti, io.BytesIO(data))
+
+
+def export_webdataset(
+    store: str | os.PathLike[str] | Store,
+    out: str | os.PathLike[str],
+    *,
+    fields: Sequence[str] | Mapping[str, str] | None = None,
+    keys: str = "auto",
+    shard_records: int = 10_000,
+    shard_bytes: int = 1 << 30,
+    chunk_records: int = 4096,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a store as WebDataset shards ``out/000000.tar``, ``out/000001.tar``, ... that
+    ``webdataset.WebDataset`` reads; returns the directory.
+
+    Each record is a sample with one member per field: ``fields`` picks them (a list, or a mapping
+    field -> extension); by default every field, with the extension :func:`import_webdataset`
+    recorded, else the field's name when that already says how to read it (``.npy``, an integer
+    extension such as ``.cls``, or any name for a ragged uint8 field: its bytes), else ``NAME.npy``.
+    ``keys``: ``"ids"`` (the record ids; an id with a ``.`` in its last path part cannot be a key),
+    ``"index"`` (the record number, 9 digits) or ``"auto"`` (ids when the store has them). A shard
+    holds at most ``shard_records`` records and ends after the record that passes ``shard_bytes``.
+
+    The shards are written in a hidden sibling directory renamed to ``out`` at the end (all or
+    nothing; an existing ``out`` is replaced with ``overwrite`` only if it holds nothing but tar
+    files). Memory O(``chunk_records``). ``progress`` gets records.
+    """
+    st = store if isinstance(store, Store) else open_store(store)
+    plan = _export_plan(st, fields)
+    if keys == "auto":
+        keys = "ids" if st.has_ids else "index"
+    if keys not in ("ids", "index"):
+        raise ValueError(f"keys must be 'auto', 'ids' or 'index', got {keys!r}")
+    if keys == "ids" and not st.has_ids:
+        raise KeyError(f"{st.root}: records have no ids; pass keys='index'")
+    if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
+        raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
+    root = Path(out)
+    if root.exists() or root.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(root)
+        if not root.is_dir() or any(not p.name.endswith(".tar") for p in root.iterdir()):
+            raise SchemaError(f"{root}: refusing to overwrite what is not a directory of tar shards")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(root, "tmp")
+    tmp.mkdir()
+    n = len(st)
+    announce_total(progress, n)
+    names = list(plan)
+    try:
+        shard, in_shard, size = 0, 0, 0
+        tf: tarfile.TarFile | None = None
+        for a in range(0, n, chunk_records):
+            b = min(n, a + chunk_records)
+            batch = st.get_batch(np.arange(a, b), fields=names)
+            starts: dict[str, np.ndarray[Any, Any]] = {}
+            for name in names:
+                if st.schema[name].ragged:
+                    lens = batch[name][1]
+                    starts[name] = np.zeros(len(lens) + 1, dtype=np.int64)
+                    np.cumsum(lens, out=starts[name][1:])
+            if keys == "ids":
+                data, offs = st.ids(np.arange(a, b))
+                blob = bytes(data)
+            for j in range(b - a):
+                if keys == "ids":
+                    key = blob[int(offs[j]) : int(offs[j + 1])].decode("utf-8", "surrogatepass")
+                    m = _KEY.match(key + ".x")
+                    if m is None or m.group(1) != key or _META.match(key):
+                        raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its last "
+                                          "path part, not __name__); pass keys='index'")
+                else:
+                    key = f"{a + j:09d}"
+                if tf is None:
+                    tf = tarfile.open(tmp / f"{shard:06d}.tar", "w", format=tarfile.USTAR_FORMAT
+                                      if keys == "index" else tarfile.PAX_FORMAT)
+                for name in names:
+                    ext, kind = plan[name]
+                    if name in starts:
+                        s0, s1 = int(starts[name][j]), int(starts[name][j + 1])
+                        value = batch[name][0][s0:s1]
+                    else:
+                        value = batch[name][j]
+                    data_j = _member(kind, value)
+                    _add(tf, f"{key}.{ext}", data_j)
+                    size += len(data_j)
+                in_shard += 1
+                if in_shard >= shard_records or size >= shard_bytes:
+                    tf.close()
+                    tf, shard, in_shard, size = None, shard + 1, 0, 0
+            if progress is not None:
+                progress(b - a)
+        if tf is not None:
+            tf.close()
+        install_output(tmp, root)
+    except BaseException:
+        remove_path(tmp)
+        raise
+    return root

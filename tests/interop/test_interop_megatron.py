@@ -1,0 +1,206 @@
+"""Megatron indexed datasets: import_megatron / export_megatron against Megatron-Core's own
+IndexedDatasetBuilder and IndexedDataset (megatron-core 0.16.1)."""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.cli import main as cli_main
+from seqstore.errors import SchemaError
+from seqstore.interop import megatron as mg
+from seqstore.interop.megatron import MegatronIndexError, export_megatron, import_megatron, read_index
+
+with warnings.catch_warnings():  # megatron.core says once that Transformer Engine / Apex are not installed
+    warnings.simplefilter("ignore")
+    torch = pytest.importorskip("torch")
+    idx_mod = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+IndexedDataset: Any = idx_mod.IndexedDataset
+IndexedDatasetBuilder: Any = idx_mod.IndexedDatasetBuilder
+
+
+def build(prefix: Path, *, dtype: Any = np.uint16, docs: int = 40, max_seqs: int = 3, seed: int = 0,
+          multimodal: bool = False) -> None:
+    """A dataset written by Megatron's own builder: ``docs`` documents of 1..max_seqs sequences (0..30 tokens)."""
+    rng = np.random.default_rng(seed)
+    hi = 200 if np.dtype(dtype).itemsize == 1 else 60_000
+    b = IndexedDatasetBuilder(str(prefix) + ".bin", dtype=dtype, multimodal=multimodal)
+    for _ in range(docs):
+        for _ in range(int(rng.integers(1, max_seqs + 1))):
+            tokens = rng.integers(0, hi, int(rng.integers(0, 31)))
+            b.add_item(torch.from_numpy(tokens.astype(np.int64)), mode=int(rng.integers(0, 3)))
+        b.end_document()
+    b.finalize(str(prefix) + ".idx")
+
+
+def assert_same(store: seqstore.Store, ds: Any, *, first: int = 0, doc_offset: int = 0) -> None:
+    """Every sequence of ``ds`` equals records ``first...`` of ``store`` (values and dtype)."""
+    for i in range(len(ds)):
+        got = store[first + i]["tokens"]
+        want = ds[i][0] if ds.multimodal else ds[i]  # a multimodal dataset gives (tokens, mode)
+        assert got.dtype == want.dtype and np.array_equal(got, want), i
+    if "document" in store.schema:
+        docs = np.asarray(ds.document_indices)
+        want_doc = np.searchsorted(docs, np.arange(len(ds)), side="right") - 1 + doc_offset
+        got_doc = store.get_batch(np.arange(first, first + len(ds)), fields=["document"])["document"]
+        assert np.array_equal(got_doc, want_doc)
+
+
+def test_import_round_trips_against_indexed_dataset(tmp_path: Path) -> None:
+    build(tmp_path / "a", dtype=np.uint16, seed=1)
+    build(tmp_path / "b", dtype=np.uint16, seed=2, docs=7)
+    a, b = IndexedDataset(str(tmp_path / "a")), IndexedDataset(str(tmp_path / "b"))
+    st = import_megatron([tmp_path / "a", str(tmp_path / "b") + ".idx"], tmp_path / "ab.seqstore", chunk_bytes=64)
+    assert len(st) == len(a) + len(b)
+    assert st.schema["tokens"] == Field("uint16", (None,))
+    assert_same(st, a)
+    assert_same(st, b, first=len(a), doc_offset=len(a.document_indices) - 1)
+    meta = st.metadata["megatron"]
+    assert meta["document_field"] == "document" and meta["documents"] == 47 and meta["dtype"] == "uint16"
+
+
+def test_import_one_sequence_per_document_has_no_document_field(tmp_path: Path) -> None:
+    build(tmp_path / "d", dtype=np.int32, max_seqs=1)
+    ds = IndexedDataset(str(tmp_path / "d"))
+    st = import_megatron(tmp_path / "d", tmp_path / "d.seqstore")
+    assert list(st.schema) == ["tokens"] and st.schema["tokens"].dtype == "<i4"
+    assert_same(st, ds)
+
+
+def test_import_gathers_sequences_that_are_not_back_to_back(tmp_path: Path) -> None:
+    """An index whose pointers jump around in .bin (reversed order, one sequence read twice)."""
+    build(tmp_path / "s", dtype=np.int16, max_seqs=1, docs=30)
+    ix = read_index(tmp_path / "s")
+    n = ix.num_sequences
+    lens, ptr = np.array(ix.lengths), np.array(ix.pointers)
+    order = np.concatenate([np.arange(n)[::-1], [3]])
+    with open(tmp_path / "r.idx", "wb") as f:
+        f.write(mg.MAGIC + struct.pack("<QBQQ", 1, 3, n + 1, n + 2))
+        f.write(lens[order].astype("<i4").tobytes() + ptr[order].astype("<i8").tobytes())
+        f.write(np.arange(n + 2, dtype="<i8").tobytes())
+    (tmp_path / "r.bin").write_bytes((tmp_path / "s.bin").read_bytes())
+    del ix
+    ds = IndexedDataset(str(tmp_path / "r"))
+    st = import_megatron(tmp_path / "r", tmp_path / "r.seqstore", chunk_bytes=40)
+    assert len(st) == n + 1
+    assert_same(st, ds)
+
+
+def test_import_multimodal_modes(tmp_path: Path) -> None:
+    build(tmp_path / "m", multimodal=True, docs=10)
+    ds = IndexedDataset(str(tmp_path / "m"), multimodal=True)
+    st = import_megatron(tmp_path / "m", tmp_path / "m.seqstore")
+    assert np.array_equal(st.get_batch(np.arange(len(st)), fields=["mode"])["mode"], ds.index.sequence_modes)
+    assert_same(st, ds)
+
+
+def test_parallel_import_equals_sequential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build(tmp_path / "a", seed=3, docs=60)
+    build(tmp_path / "b", seed=4, docs=30)
+    seq = import_megatron([tmp_path / "a", tmp_path / "b"], tmp_path / "seq.seqstore")
+    monkeypatch.setattr(mg, "MIN_UNIT_SEQUENCES", 17)
+    par = import_megatron([tmp_path / "a", tmp_path / "b"], tmp_path / "par.seqstore", workers=2)
+    assert par.num_shards > 1 and len(par) == len(seq)
+    for name in seq.schema:
+        x, y = seq.get_batch(np.arange(len(seq)), fields=[name])[name], par.get_batch(np.arange(len(par)),
+                                                                                      fields=[name])[name]
+        if isinstance(x, tuple):
+            assert np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1])
+        else:
+            assert np.array_equal(x, y)
+
+
+def _write_header(path: Path, magic: bytes = mg.MAGIC, version: int = 1, code: int = 8) -> None:
+    data = bytearray(path.read_bytes())
+    data[:9] = magic
+    data[9:18] = struct.pack("<QB", version, code)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("magic", "version", "code", "words"), [
+    (b"NOTANIDX\x00", 1, 8, "magic"),
+    (mg.MAGIC, 2, 8, "version 2"),
+    (mg.MAGIC, 1, 9, "dtype code 9"),
+])
+def test_bad_index_is_a_named_error(tmp_path: Path, magic: bytes, version: int, code: int, words: str) -> None:
+    build(tmp_path / "x", docs=3)
+    _write_header(tmp_path / "x.idx", magic, version, code)
+    with pytest.raises(MegatronIndexError) as exc:
+        import_megatron(tmp_path / "x", tmp_path / "x.seqstore")
+    assert str(tmp_path / "x.idx") in str(exc.value) and words in str(exc.value)
+    assert not (tmp_path / "x.seqstore").exists()
+
+
+def test_truncated_index_and_short_bin_are_named_errors(tmp_path: Path) -> None:
+    build(tmp_path / "x", docs=5)
+    data = (tmp_path / "x.idx").read_bytes()
+    (tmp_path / "x.idx").write_bytes(data[:-3])
+    with pytest.raises(MegatronIndexError, match="bytes, expected"):
+        read_index(tmp_path / "x")
+    (tmp_path / "x.idx").write_bytes(data)
+    (tmp_path / "x.bin").write_bytes((tmp_path / "x.bin").read_bytes()[:-4])
+    with pytest.raises(MegatronIndexError, match=r"x\.bin.*not inside"):
+        import_megatron(tmp_path / "x", tmp_path / "x.seqstore")
+    with pytest.raises(FileNotFoundError, match="nope.idx"):
+        read_index(tmp_path / "nope")
+
+
+def test_export_is_read_by_indexed_dataset(tmp_path: Path) -> None:
+    build(tmp_path / "a", dtype=np.uint16, seed=5, docs=25)
+    a = IndexedDataset(str(tmp_path / "a"))
+    st = import_megatron(tmp_path / "a", tmp_path / "a.seqstore")
+    prefix = export_megatron(st, tmp_path / "out" / "b", chunk_bytes=50)
+    b = IndexedDataset(str(prefix))
+    assert len(b) == len(a) and b.index.dtype == np.uint16
+    assert np.array_equal(b.document_indices, a.document_indices)
+    for i in range(len(a)):
+        assert np.array_equal(b[i], a[i]) and b[i].dtype == a[i].dtype
+    with pytest.raises(FileExistsError):
+        export_megatron(st, tmp_path / "out" / "b")
+    export_megatron(st, tmp_path / "out" / "b.idx", documents=None, overwrite=True)
+    assert np.array_equal(IndexedDataset(str(prefix)).document_indices, np.arange(len(a) + 1))
+
+
+def test_export_any_ragged_integer_field_with_a_cast(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    rows = [rng.integers(0, 50_000, int(rng.integers(0, 12))).astype(np.int64) for _ in range(33)]
+    with seqstore.create(tmp_path / "t.seqstore", {"ids": Field("int64", (None,)), "doc": Field("int32")}) as w:
+        for i, r in enumerate(rows):
+            w.append({"ids": r, "doc": i // 4})
+    prefix = export_megatron(tmp_path / "t.seqstore", tmp_path / "t", dtype="uint16", documents="doc")
+    ds = IndexedDataset(str(prefix))
+    assert ds.index.dtype == np.uint16 and len(ds) == 33
+    assert np.array_equal(ds.document_indices, [*range(0, 33, 4), 33])
+    for i, r in enumerate(rows):
+        assert np.array_equal(ds[i], r)
+    with pytest.raises(SchemaError, match="cannot represent"):
+        export_megatron(tmp_path / "t.seqstore", tmp_path / "u", dtype="int8")
+    assert not (tmp_path / "u.bin").exists() and not (tmp_path / "u.idx").exists()
+    with pytest.raises(SchemaError, match="not one of Megatron's"):
+        export_megatron(tmp_path / "t.seqstore", tmp_path / "u", dtype="uint32")
+    with pytest.raises(SchemaError, match="not ragged"):
+        export_megatron(tmp_path / "t.seqstore", tmp_path / "u", field="doc")
+
+
+def test_cli_convert_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build(tmp_path / "a", seed=8, docs=12)
+    a = IndexedDataset(str(tmp_path / "a"))
+    out = tmp_path / "a.seqstore"
+    assert cli_main(["convert", "--from", "megatron", str(tmp_path / "a"), str(out), "--tokens-field", "text",
+                     "--workers", "1"]) == 0
+    assert f"{len(a)} records" in capsys.readouterr().out
+    assert seqstore.open(out).schema["text"].dtype == "<u2"
+    assert cli_main(["export", "--to", "megatron", str(out), str(tmp_path / "b"), "-q"]) == 0
+    b = IndexedDataset(str(tmp_path / "b"))
+    assert np.array_equal(b.document_indices, a.document_indices)
+    assert all(np.array_equal(a[i], b[i]) for i in range(len(a)))
+    _write_header(tmp_path / "a.idx", version=3)
+    assert cli_main(["convert", "--from", "megatron", str(tmp_path / "a"), str(tmp_path / "c.seqstore")]) == 2
+    assert "version 3" in capsys.readouterr().err

@@ -1,0 +1,251 @@
+"""WebDataset tar shards: import_webdataset / export_webdataset against webdataset 1.0.2's own
+TarWriter and WebDataset reader."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.cli import main as cli_main
+from seqstore.errors import SchemaError
+from seqstore.interop import SourceFormatError
+from seqstore.interop.webdataset import UnknownMemberError, expand_shards, export_webdataset, import_webdataset
+
+wds: Any = pytest.importorskip("webdataset")
+
+
+def write_shards(root: Path, *, shards: int = 3, per: int = 15, seed: int = 0, extra: dict[int, str] | None = None,
+                 compress: bool = False) -> list[str]:
+    """Shards written by webdataset's TarWriter: a ragged float32 ``npy``, a scalar ``score.npy``, an integer
+    ``cls``, ``json`` and ``txt``; ``extra`` adds a member with that extension to the sample of that number."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    paths, k = [], 0
+    for s in range(shards):
+        path = root / (f"{s:06d}.tar" + (".gz" if compress else ""))
+        with wds.TarWriter(str(path), compress=compress) as w:
+            for _ in range(per):
+                sample = {"__key__": f"utt/{k:05d}", "npy": rng.standard_normal((int(rng.integers(0, 6)), 3))
+                          .astype(np.float32), "score.npy": np.float64(rng.random()), "cls": int(rng.integers(0, 9)),
+                          "json": {"k": k, "w": "é"}, "txt": f"sample {k}"}
+                if extra and k in extra:
+                    sample[extra[k]] = b"\x00\x01"
+                w.write(sample)
+                k += 1
+        paths.append(str(path))
+    return paths
+
+
+def assert_same(store: seqstore.Store, urls: list[str]) -> None:
+    """Every sample webdataset reads from ``urls`` equals the store's record of the same number."""
+    n = 0
+    for i, smp in enumerate(wds.WebDataset(urls, shardshuffle=False)):
+        rec = store[i]
+        assert store.id(i) == smp["__key__"]
+        npy = np.load(io.BytesIO(smp["npy"]))
+        assert rec["npy"].dtype == npy.dtype and np.array_equal(rec["npy"], npy)
+        assert rec["score"] == np.load(io.BytesIO(smp["score.npy"]))
+        assert int(rec["cls"]) == int(smp["cls"])
+        assert bytes(rec["json"]) == smp["json"] and bytes(rec["txt"]) == smp["txt"]
+        n += 1
+    assert n == len(store)
+
+
+def test_import_round_trips_against_webdataset(tmp_path: Path) -> None:
+    urls = write_shards(tmp_path / "shards")
+    st = import_webdataset(tmp_path / "shards", tmp_path / "w.seqstore", chunk_bytes=500)
+    assert st.schema["npy"] == Field("float32", (None, 3)) and st.schema["score"] == Field("float64")
+    assert st.schema["cls"] == Field("int64") and st.schema["json"] == Field("uint8", (None,))
+    assert len(st) == 45 and st.metadata["webdataset"]["shards"] == ["000000.tar", "000001.tar", "000002.tar"]
+    assert_same(st, urls)
+    # a brace range and explicit fields
+    st2 = import_webdataset(str(tmp_path / "shards" / "{000001..000002}.tar"), tmp_path / "w2.seqstore",
+                            fields={"cls": "label", "txt": "text"}, strict=False)
+    assert list(st2.schema) == ["label", "text"] and len(st2) == 30 and st2.id(0) == "utt/00015"
+    assert bytes(st2[29]["text"]) == b"sample 44"
+
+
+def test_gzip_shards(tmp_path: Path) -> None:
+    urls = write_shards(tmp_path / "gz", shards=2, per=5, compress=True)
+    st = import_webdataset(urls, tmp_path / "gz.seqstore")
+    assert_same(st, urls)
+
+
+def test_parallel_import_keeps_shard_order(tmp_path: Path) -> None:
+    urls = write_shards(tmp_path / "shards", shards=5, per=7, seed=2)
+    seq = import_webdataset(urls, tmp_path / "seq.seqstore")
+    par = import_webdataset(urls, tmp_path / "par.seqstore", workers=2)
+    assert par.num_shards > 1 and len(par) == len(seq)
+    assert [par.id(i) for i in range(len(par))] == [seq.id(i) for i in range(len(seq))]
+    assert_same(par, urls)
+
+
+def test_strict_mapping_refuses_an_unknown_extension(tmp_path: Path) -> None:
+    urls = write_shards(tmp_path / "shards", extra={20: "wav"})
+    with pytest.raises(UnknownMemberError) as exc:
+        import_webdataset(urls, tmp_path / "x.seqstore")
+    msg = str(exc.value)
+    assert "000001.tar" in msg and "utt/00020.wav" in msg and ".wav" in msg
+    assert not (tmp_path / "x.seqstore").exists()
+    st = import_webdataset(urls, tmp_path / "x.seqstore", strict=False)  # skipped
+    assert "wav" not in st.schema and len(st) == 45
+    with pytest.raises(UnknownMemberError):  # a mapping leaves out the other extensions
+        import_webdataset(urls, tmp_path / "y.seqstore", fields={"cls": "label"})
+
+
+def test_missing_member_and_bad_data_are_named_errors(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    root.mkdir()
+    with wds.TarWriter(str(root / "a.tar")) as w:
+        w.write({"__key__": "k0", "cls": 1, "txt": "a"})
+        w.write({"__key__": "k1", "cls": 2})
+    with pytest.raises(SourceFormatError, match=r"a\.tar.*'k1' has no \.txt member"):
+        import_webdataset(root / "a.tar", tmp_path / "x.seqstore")
+    with wds.TarWriter(str(root / "b.tar")) as w:
+        w.write({"__key__": "k0", "cls": 1})
+        w.write({"__key__": "k1", "cls": "seven"})
+    with pytest.raises(SourceFormatError, match=r"b\.tar.*k1\.cls.*decimal integer"):
+        import_webdataset(root / "b.tar", tmp_path / "x.seqstore")
+    (root / "c.tar").write_bytes(b"not a tar file" * 100)
+    with pytest.raises(SourceFormatError, match=r"c\.tar.*tar shard"):
+        import_webdataset(root / "c.tar", tmp_path / "x.seqstore")
+    with pytest.raises(FileNotFoundError, match="d.tar"):
+        import_webdataset(root / "d.tar", tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+
+
+def test_import_from_http_urls(tmp_path: Path) -> None:
+    from support.http import StaticServer
+
+    write_shards(tmp_path / "shards", shards=2, per=6)
+    with StaticServer(tmp_path / "shards") as srv:
+        urls = [f"{srv.url}/{i:06d}.tar" for i in range(2)]
+        st = import_webdataset(urls, tmp_path / "u.seqstore", source_options={"allow_http": "true"})
+    assert_same(st, [str(tmp_path / "shards" / f"{i:06d}.tar") for i in range(2)])
+
+
+def test_export_is_read_by_webdataset(tmp_path: Path) -> None:
+    write_shards(tmp_path / "shards", seed=4)
+    st = import_webdataset(tmp_path / "shards", tmp_path / "w.seqstore")
+    out = export_webdataset(st, tmp_path / "out", shard_records=20)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["000000.tar", "000001.tar", "000002.tar"]
+    ds = wds.WebDataset([str(out / n) for n in names], shardshuffle=False).decode()
+    count = 0
+    for i, smp in enumerate(ds):
+        rec = st[i]
+        assert smp["__key__"] == st.id(i)
+        assert np.array_equal(smp["npy"], rec["npy"]) and smp["npy"].dtype == rec["npy"].dtype
+        assert smp["score.npy"] == rec["score"] and smp["cls"] == int(rec["cls"])
+        assert smp["json"] == {"k": i, "w": "é"} and smp["txt"] == f"sample {i}"
+        count += 1
+    assert count == len(st)
+    # and back in: the same records
+    again = import_webdataset(out, tmp_path / "again.seqstore")
+    assert_same(again, [str(out / n) for n in names])
+    with pytest.raises(FileExistsError):
+        export_webdataset(st, out)
+
+
+def test_export_a_plain_store(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    with seqstore.create(tmp_path / "p.seqstore", {"feat": Field("float16", (None, 4)), "label": Field("int32")}) as w:
+        for _ in range(9):
+            w.append({"feat": rng.standard_normal((int(rng.integers(1, 5)), 4)), "label": int(rng.integers(0, 5))})
+    out = export_webdataset(tmp_path / "p.seqstore", tmp_path / "o", fields={"feat": "feat.npy", "label": "cls"})
+    samples = list(wds.WebDataset(str(out / "000000.tar"), shardshuffle=False).decode())
+    st = seqstore.open(tmp_path / "p.seqstore")
+    assert [s["__key__"] for s in samples] == [f"{i:09d}" for i in range(9)]
+    for i, s in enumerate(samples):
+        assert np.array_equal(s["feat.npy"], st[i]["feat"]) and s["cls"] == int(st[i]["label"])
+    with pytest.raises(SchemaError, match="ragged uint8"):
+        export_webdataset(st, tmp_path / "o2", fields={"feat": "jpg"})
+    with pytest.raises(SchemaError, match="not a directory of tar shards"):
+        export_webdataset(st, tmp_path / "p.seqstore", overwrite=True, fields={"label": "cls"})
+
+
+def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
+    with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
+        w.append({"label": 1}, id="a")
+        w.append({"label": 2}, id="b.c")
+    with pytest.raises(SchemaError, match=r"record 1: id 'b\.c'"):
+        export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields={"label": "cls"})
+    assert not (tmp_path / "o").exists()
+    out = export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields={"label": "cls"}, keys="index")
+    assert [s["__key__"] for s in wds.WebDataset(str(out / "000000.tar"), shardshuffle=False)] == ["000000000",
+                                                                                                    "000000001"]
+
+
+def test_expand_shards() -> None:
+    assert expand_shards("a-{08..10}.tar") == ["a-08.tar", "a-09.tar", "a-10.tar"]
+    assert expand_shards("a-{1..2}-{0..1}.tar") == ["a-1-0.tar", "a-1-1.tar", "a-2-0.tar", "a-2-1.tar"]
+    assert expand_shards("plain.tar") == ["plain.tar"]
+
+
+def test_cli_convert_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    urls = write_shards(tmp_path / "shards", shards=2, per=4, extra={5: "wav"})
+    out = tmp_path / "c.seqstore"
+    assert cli_main(["convert", "--from", "webdataset", *urls, str(out), "--workers", "1"]) == 2
+    assert "utt/00005.wav" in capsys.readouterr().err and not out.exists()
+    assert cli_main(["convert", "--from", "webdataset", *urls, str(out), "--skip-unknown", "--ext", "cls=label",
+                     "--ext", "txt=text"]) == 0
+    assert "8 records" in capsys.readouterr().out
+    st = seqstore.open(out)
+    assert list(st.schema) == ["label", "text"]
+    assert cli_main(["export", "--to", "webdataset", str(out), str(tmp_path / "e"), "--ext", "label=cls",
+                     "--ext", "text=txt", "--shard-records", "3", "-q"]) == 0
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["000000.tar", "000001.tar", "000002.tar"]
+    got = list(wds.WebDataset(sorted(str(p) for p in (tmp_path / "e").iterdir()), shardshuffle=False).decode())
+    assert [g["txt"] for g in got] == [f"sample {i}" for i in range(8)]
+    assert [g["cls"] for g in got] == [int(st[i]["label"]) for i in range(8)]
+
+
+def test_tar_members_not_samples_are_skipped(tmp_path: Path) -> None:
+    """``__meta__`` members and directories are not samples (as webdataset skips them)."""
+    path = tmp_path / "m.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, data in [("__meta__", b"x"), ("k0.cls", b"3"), ("k1.cls", b"4")]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+        d = tarfile.TarInfo("dir")
+        d.type = tarfile.DIRTYPE
+        tf.addfile(d)
+    st = import_webdataset(path, tmp_path / "m.seqstore")
+    assert [st.id(i) for i in range(2)] == ["k0", "k1"] and [int(st[i]["cls"]) for i in range(2)] == [3, 4]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+def test_long_and_unicode_member_names(tmp_path: Path, fmt: int) -> None:
+    """Names past 100 bytes (GNU long names, pax paths, ustar prefixes) and non-ASCII keys, as webdataset reads them."""
+    path = tmp_path / "n.tar"
+    keys = ["d" * 60 + "/" + "k" * 70, "dir/ключ-1", "plain"]
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for i, k in enumerate(keys):
+            data = str(i).encode()
+            ti = tarfile.TarInfo(f"{k}.cls")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    st = import_webdataset(path, tmp_path / "n.seqstore")
+    want = [(s["__key__"], int(s["cls"])) for s in wds.WebDataset(str(path), shardshuffle=False)]
+    assert [(st.id(i), int(st[i]["cls"])) for i in range(len(st))] == want
+    assert [k for k, _ in want] == keys
+
+
+def test_s3_shards_into_an_s3_store(tmp_path: Path, moto_s3: Any, s3_bucket: str) -> None:
+    """Shards read from object storage and the store written there (parts uploaded, one commit)."""
+    write_shards(tmp_path / "shards", shards=2, per=5, seed=6)
+    url = moto_s3.upload_dir(tmp_path / "shards", s3_bucket, "wds")
+    opts = moto_s3.storage_options()
+    out = f"s3://{s3_bucket}/imported.seqstore"
+    st = import_webdataset([f"{url}/000000.tar", f"{url}/000001.tar"], out, source_options=opts,
+                           storage_options=opts)
+    assert st.is_remote and len(st) == 10
+    assert_same(st, [str(tmp_path / "shards" / f"{i:06d}.tar") for i in range(2)])
