@@ -187,3 +187,16 @@ def test_cli(corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli_main(["convert", "--from", "lhotse", "-q", str(tmp_path / "missing.jsonl.gz"), str(tmp_path / "y")]) == 2
     assert "missing.jsonl.gz: no such Lhotse manifest" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_into_an_s3_store(corpus: dict[str, Path], moto_s3: Any, s3_bucket: str) -> None:
+    """A URL as output: built locally, copied up with the manifest last; an existing store is refused."""
+    opts = moto_s3.storage_options()
+    url = f"s3://{s3_bucket}/cuts.seqstore"
+    store = import_lhotse(corpus["cuts"], url, features=True, storage_options=opts)
+    assert store.is_remote
+    assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]), audio=None)
+    with pytest.raises(FileExistsError, match="cuts.seqstore"):
+        import_lhotse(corpus["cuts"], url, storage_options=opts)
+    again = import_lhotse(corpus["cuts"], url, storage_options=opts, overwrite=True)
+    assert "features" not in again.schema and len(again) == len(store)

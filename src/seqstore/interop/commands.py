@@ -330,7 +330,7 @@ def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
     return import_lhotse(srcs, out, features=args.features, features_dtype=args.features_dtype, audio=args.audio,
                          audio_dtype=args.audio_dtype, channels=args.channels, text_separator=args.text_separator,
                          chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-                         progress=progress)
+                         progress=progress, storage_options=_storage_options(args))
 
 
 def _lhotse_args(group: Any) -> None:

@@ -28,7 +28,8 @@ float64, then cast).
 
 Cuts are streamed: one is read at a time and records are appended in blocks of at most
 ``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
-the manifest. The store is all or nothing (a hidden temporary store renamed into place): a cut that
+the manifest. The store is all or nothing (a hidden temporary store renamed into place, or, for a URL of
+object storage, built locally and copied there with its manifest last): a cut that
 lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
 :class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind.
 """
@@ -36,17 +37,19 @@ lacks features or a recording that was asked for is a :class:`MissingFeaturesErr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from ..errors import SchemaError
+from ..errors import FormatError, SchemaError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store
+from ..store.copy import copy
+from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, SourceFormatError, announce_total, new_store
 
 __all__ = [
     "import_lhotse",
@@ -327,6 +330,7 @@ def import_lhotse(
     shard_bytes: int = 1 << 30,
     overwrite: bool = False,
     progress: Progress | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
     """Import Lhotse cuts into one new store at ``out``, and open it (the fields are in the module docs).
 
@@ -339,9 +343,14 @@ def import_lhotse(
     written; the store is all or nothing. Memory O(``chunk_bytes``) whatever the number of cuts.
     ``progress`` gets cuts (told the total only for an eager CutSet). The store's metadata under
     ``"lhotse"`` records the manifests and the choices made.
+
+    ``out`` may be a URL of object storage (``storage_options``): the store is built in a local
+    temporary directory (``TMPDIR``; it needs the store's size) and then copied there with
+    :func:`seqstore.copy`, whose manifest is written last, so a reader never sees a partial store.
     """
-    if is_remote(out):
-        raise ValueError(f"{out}: import_lhotse writes a local store; import locally, then `seqstore copy` it")
+    remote = is_remote(out)
+    if storage_options and not remote:
+        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
     if features_dtype not in FEATURE_DTYPES:
         raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {features_dtype!r}")
     if audio_dtype not in AUDIO_DTYPES:
@@ -374,5 +383,27 @@ def import_lhotse(
             announce_total(progress, total)
         _write(writer, streams, plan, chunk_bytes, progress)
 
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+    if not remote:
+        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+        return open_store(out)
+    options = dict(storage_options) if storage_options else None
+    if not overwrite and _store_at(str(out), options):
+        raise OutputExistsError(os.fspath(out))
+    with tempfile.TemporaryDirectory(prefix="seqstore-lhotse-") as staging:
+        local = os.path.join(staging, "store")
+        new_store(local, schema, fill, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+        copy(local, out, dst_options=options, overwrite=overwrite)
+    return open_store(out, storage_options=options)
+
+
+def _store_at(url: str, options: dict[str, Any] | None) -> bool:
+    """Whether a store is committed at ``url`` (a manifest there)."""
+    try:
+        open_store(url, storage_options=options)
+    except FileNotFoundError:
+        return False
+    except FormatError as exc:
+        if "does not exist" in str(exc):
+            return False
+        raise
+    return True
