@@ -22,6 +22,8 @@ Three parts, every case in a fresh process (bench/harness.py), warm page cache:
    workers.
 4. **megatron / webdataset** imports vs ``IndexedDataset`` reads and ``WebDataset`` iteration: see
    bench/_interop_megawds.py (runnable by itself).
+5. **lhotse** import (features) vs iterating the ``CutSet`` with ``load_features``: see
+   bench/_interop_lhotse.py (runnable by itself).
 
 Usage: ``python bench/interop.py [--quick] [--repeats R] [--skip-1e7]``.
 """
@@ -196,6 +198,10 @@ def main() -> None:
     from bench import _interop_megawds  # Megatron and WebDataset imports vs their packages' reads
 
     _interop_megawds.run(args.quick, args.repeats)
+
+    from bench import _interop_lhotse  # Lhotse import vs iterating the CutSet with load_features
+
+    _interop_lhotse.run(args.quick, args.repeats)
 
 
 if __name__ == "__main__":

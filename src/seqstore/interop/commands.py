@@ -320,6 +320,38 @@ register_target("webdataset", Converter("a directory of WebDataset tar shards", 
                                         unit="rec"))
 
 
+# ------------------------------------------------------------------------------------------ lhotse
+
+
+def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .lhotse import import_lhotse
+
+    srcs, out = _sources_and_out(args)
+    return import_lhotse(srcs, out, features=args.features, features_dtype=args.features_dtype, audio=args.audio,
+                         audio_dtype=args.audio_dtype, channels=args.channels, text_separator=args.text_separator,
+                         chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
+                         progress=progress, storage_options=_storage_options(args))
+
+
+def _lhotse_args(group: Any) -> None:
+    group.add_argument("--features", action="store_true",
+                       help="lhotse: store cut.load_features() as field 'features' (every cut needs features)")
+    group.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
+                       help="lhotse: dtype of 'features' (default float32, as Lhotse loads them)")
+    group.add_argument("--audio", action="store_true",
+                       help="lhotse: store cut.load_audio() as mono field 'audio' (every cut needs a recording)")
+    group.add_argument("--audio-dtype", choices=("float32", "int16"), default="float32",
+                       help="lhotse: dtype of 'audio' (int16: samples x 32768, rounded; default float32)")
+    group.add_argument("--channels", choices=("error", "first", "mix"), default="error",
+                       help="lhotse: a cut of several channels is refused (default), its first channel, or their mean")
+    group.add_argument("--text-separator", default=" ", metavar="SEP",
+                       help="lhotse: joins the texts of a cut's supervisions in field 'text' (default one space)")
+
+
+register_source("lhotse", Converter("Lhotse cut manifests (cuts.jsonl.gz, read lazily)", _lhotse_run, _lhotse_args,
+                                    unit="cut"))
+
+
 # ------------------------------------------------------------------------------------- commands
 
 
@@ -371,6 +403,9 @@ CLI_WORDS = {
     "columns={column: field}": "--map COLUMN=FIELD",
     "rename={stream: field}": "--rename STREAM=FIELD",
     "fields={field: key}": "--field FIELD=KEY",
+    "features=True": "--features",
+    "audio=True": "--audio",
+    "channels='first' or channels='mix'": "--channels first or --channels mix",
 }
 
 

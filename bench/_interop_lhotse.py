@@ -1,0 +1,128 @@
+"""Lhotse import vs Lhotse's own sequential read of the same cuts.
+
+Every case in a fresh process (bench/harness.py), warm page cache, data written once under
+bench/data/interop/. The ratio column compares throughput (``MB_per_s``, bytes of float32 features per
+second): above 1 the import is faster than Lhotse reading the data.
+
+Data (N = 2e4 cuts, ``--quick`` 5e3; also N/4 for the memory check): a ``cuts.jsonl.gz`` of
+feature-only cuts (no recordings), each 50..300 frames of 40 float32 features stored by Lhotse's
+``NumpyFilesWriter`` (one ``.npy`` per cut, Lhotse's plain on-disk layout; ``LilcomChunkyWriter`` would
+need ``lilcom``), and one supervision with a short text.
+
+- ``seqstore import_lhotse``: ``import_lhotse(manifest, out, features=True)`` (the lazy manifest, every
+  cut's ``load_features()``, durations, frames, texts), ``chunk_bytes`` = 8 MiB;
+- ``Lhotse CutSet + load_features``: ``CutSet.from_jsonl_lazy(manifest)`` iterated, ``cut.load_features()``
+  for every cut (what a Lhotse dataset does per cut, without batching or collation).
+
+``peak_private_MB`` (bench/_interop_megawds.py): the peak of private memory above the start during the
+pass; flat in N means memory independent of the manifest's size.
+
+Usage: ``python bench/_interop_lhotse.py [--quick] [--repeats R]`` (bench/interop.py runs it).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from bench._interop_megawds import peak_private  # noqa: E402
+from bench.harness import DATA, Case, main_args, print_table, run_cases, section, section_time  # noqa: E402
+
+LHOTSE_N = 20_000
+QUICK_LHOTSE_N = 5_000
+DIMS = 40
+CHUNK_MB = 8
+
+
+def ensure_lhotse(n: int, seed: int = 0) -> Path:
+    """``cuts.jsonl.gz`` of ``n`` feature-only cuts (features in one .npy per cut, by NumpyFilesWriter)."""
+    from lhotse import CutSet, MonoCut, NumpyFilesWriter, SupervisionSegment
+    from lhotse.features.base import Features
+
+    root = DATA / "interop" / f"lhotse-{n}"
+    manifest = root / "cuts.jsonl.gz"
+    if manifest.exists():
+        return manifest
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+
+    def cuts() -> Iterator[Any]:
+        with NumpyFilesWriter(root / "feats") as w:
+            for i in range(n):
+                frames = int(rng.integers(50, 301))
+                cid = f"utt{i:08d}"
+                key = w.write(cid, rng.standard_normal((frames, DIMS), dtype=np.float32))
+                dur = round(frames * 0.01, 2)
+                feats = Features(type="fbank", num_frames=frames, num_features=DIMS, frame_shift=0.01,
+                                 sampling_rate=16000, start=0.0, duration=dur, storage_type=w.name,
+                                 storage_path=str(w.storage_path), storage_key=key)
+                sup = SupervisionSegment(f"{cid}-s", cid, 0.0, dur, text=f"transcript of utterance {i}")
+                yield MonoCut(cid, start=0.0, duration=dur, channel=0, features=feats, supervisions=[sup])
+
+    tmp = root / "cuts.tmp.jsonl.gz"
+    CutSet.from_cuts(cuts()).to_file(tmp)
+    tmp.rename(manifest)
+    return manifest
+
+
+def _feature_bytes(manifest: str) -> int:
+    from lhotse import CutSet
+
+    return sum(c.num_frames * c.num_features * 4 for c in CutSet.from_jsonl_lazy(manifest))
+
+
+def case_import(manifest: str, out: str, nbytes: int) -> dict[str, object]:
+    import lhotse  # noqa: F401 - imported before the pass, as in the Lhotse case (it loads torch)
+
+    from seqstore.interop.lhotse import import_lhotse
+
+    with peak_private() as mem, section("pass"):
+        store = import_lhotse(manifest, out, features=True, overwrite=True, chunk_bytes=CHUNK_MB << 20)
+    t = section_time("pass")
+    return {"cuts": len(store), "MB_per_s": nbytes / 1e6 / t, "cut_per_s": len(store) / t, **mem}
+
+
+def case_lhotse_read(manifest: str) -> dict[str, object]:
+    from lhotse import CutSet
+
+    with peak_private() as mem, section("pass"):
+        n = nbytes = 0
+        for cut in CutSet.from_jsonl_lazy(manifest):
+            nbytes += cut.load_features().nbytes
+            n += 1
+    t = section_time("pass")
+    return {"cuts": n, "MB_per_s": nbytes / 1e6 / t, "cut_per_s": n / t, **mem}
+
+
+def run(quick: bool, repeats: int) -> None:
+    """Both sizes in one table with ratios (bench/interop.py calls this)."""
+    n_full = QUICK_LHOTSE_N if quick else LHOTSE_N
+    cases = []
+    for n in (n_full // 4, n_full):
+        manifest = str(ensure_lhotse(n))
+        g = f"lhotse N={n:.0e}"
+        cases.append(Case("seqstore import_lhotse", "bench._interop_lhotse:case_import",
+                          {"manifest": manifest, "out": str(DATA / "interop" / f"lhotse-{n}.seqstore"),
+                           "nbytes": _feature_bytes(manifest)}, group=g, metric="MB_per_s"))
+        cases.append(Case("Lhotse CutSet + load_features", "bench._interop_lhotse:case_lhotse_read",
+                          {"manifest": manifest}, group=g, metric="MB_per_s"))
+    res = run_cases("interop_lhotse", cases, repeats=repeats, baseline="Lhotse CutSet + load_features")
+    print_table(res, extras=["cuts", "MB_per_s", "cut_per_s", "peak_private_MB"])
+
+
+def main() -> None:
+    args = main_args(__doc__.splitlines()[0], default_repeats=3)
+    t0 = time.perf_counter()
+    run(args.quick, args.repeats)
+    print(f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

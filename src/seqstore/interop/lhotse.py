@@ -1,0 +1,409 @@
+"""Lhotse cut manifests into a store.
+
+**Import** (:func:`import_lhotse`): one record per cut of a Lhotse ``CutSet`` (an object, or JSONL
+manifests such as ``cuts.jsonl.gz`` opened lazily with ``lhotse.load_manifest_lazy``), in the
+manifest's order, the cut id as the record id. Fields:
+
+==================  =====================================  =====================================================
+field               schema                                 value
+==================  =====================================  =====================================================
+``duration``        float64 scalar                         ``cut.duration`` (seconds)
+``num_frames``      int64 scalar                           ``cut.num_frames``; -1 for a cut without features.
+                                                           Written when the first cut has features.
+``text``            uint8 ragged (None,)                   the UTF-8 texts of ``cut.supervisions`` (in the
+                                                           cut's order; supervisions without text skipped)
+                                                           joined by ``text_separator`` (default one space)
+``features``        float32/float16 ragged (None, dims)    ``cut.load_features()`` (only with ``features=True``)
+``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (only with ``audio=True``)
+``sampling_rate``   int32 scalar                           ``cut.sampling_rate`` (only with ``audio=True``)
+==================  =====================================  =====================================================
+
+Features and audio are read through Lhotse's own storage readers (``load_features`` / ``load_audio``,
+so every storage type Lhotse reads works). ``features_dtype="float16"`` casts the float32 arrays.
+``audio_dtype="float32"`` stores Lhotse's samples as they are; ``"int16"`` stores
+``round(x * 32768)`` clipped to the int16 range, which gives back the file's samples exactly for
+16-bit PCM sources. A cut of several channels (a ``MultiCut``) is, by ``channels``: ``"error"`` (the
+default) refused, ``"first"`` its first channel, ``"mix"`` the mean of its channels (computed in
+float64, then cast).
+
+Cuts are streamed: one is read at a time and records are appended in blocks of at most
+``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
+the manifest. The store is all or nothing (a hidden temporary store renamed into place, or, for a URL of
+object storage, built locally and copied there with its manifest last): a cut that
+lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
+:class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, SchemaError
+from ..io.objects import is_remote
+from ..schema import Field, Schema
+from ..store import Store, Writer, open_store
+from ..store.copy import copy
+from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, SourceFormatError, announce_total, new_store
+
+__all__ = [
+    "import_lhotse",
+    "open_cuts",
+    "LhotseCutError",
+    "MissingFeaturesError",
+    "MissingRecordingError",
+    "METADATA_KEY",
+    "CHUNK_RECORDS",
+    "FEATURE_DTYPES",
+    "AUDIO_DTYPES",
+    "CHANNEL_MODES",
+]
+
+#: Key of the import information in the store's metadata.
+METADATA_KEY = "lhotse"
+#: Cuts per appended block at most (bounds the per-block lists of small cuts).
+CHUNK_RECORDS = 1 << 14
+FEATURE_DTYPES = ("float32", "float16")
+AUDIO_DTYPES = ("float32", "int16")
+CHANNEL_MODES = ("error", "first", "mix")
+#: How a CutSet object (not a file) is named in errors.
+OBJECT_NAME = "<CutSet>"
+
+
+class LhotseCutError(SourceFormatError):
+    """A cut of a Lhotse manifest cannot be imported as asked; ``path`` is the manifest (``<CutSet>``
+    for an object), ``cut_id`` the cut."""
+
+    def __init__(self, path: str, cut_id: str, message: str) -> None:
+        super().__init__(path, None, message)
+        self.args = (f"{path}, cut {cut_id!r}: {message}",)
+        self.cut_id = cut_id
+        self._cut_message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.cut_id, self._cut_message))
+
+
+class MissingFeaturesError(LhotseCutError):
+    """``features=True``, but a cut has no features in the manifest."""
+
+
+class MissingRecordingError(LhotseCutError):
+    """``audio=True``, but a cut has no recording in the manifest."""
+
+
+# ------------------------------------------------------------------------------------------ input
+
+
+def open_cuts(path: str | os.PathLike[str]) -> Any:
+    """A lazy ``CutSet`` over the JSONL manifest ``path`` (``.jsonl``, ``.jsonl.gz``): nothing but the
+    first line is read here. FileNotFoundError for a missing file; SourceFormatError for a file that is
+    not JSONL, is empty, or holds another kind of manifest (recordings, supervisions, features)."""
+    from lhotse import CutSet, load_manifest_lazy
+
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise FileNotFoundError(f"{p}: no such Lhotse manifest (expected a cuts JSONL file such as cuts.jsonl.gz)")
+    if os.path.isdir(p):
+        raise IsADirectoryError(f"{p}: is a directory; expected a Lhotse cuts manifest file (cuts.jsonl.gz)")
+    if ".jsonl" not in os.path.basename(p):
+        raise SourceFormatError(p, None, "expected a JSONL manifest (.jsonl or .jsonl.gz), which is read lazily; "
+                                "convert another one with lhotse.load_manifest(p).to_file('cuts.jsonl.gz')")
+    try:
+        cuts = load_manifest_lazy(p)
+    except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
+        raise SourceFormatError(p, None, f"not a readable Lhotse manifest: {type(exc).__name__}: {exc}") from exc
+    if cuts is None:
+        raise SourceFormatError(p, None, "holds no cuts (empty manifest)")
+    if not isinstance(cuts, CutSet):
+        raise SourceFormatError(p, None, f"holds a {type(cuts).__name__}, not cuts; make cuts first, e.g. "
+                                "CutSet.from_manifests(recordings=..., supervisions=...)")
+    return cuts
+
+
+def _sources(cuts: Any) -> list[tuple[str, Any]]:
+    """(name for errors, iterable of cuts) for each source; manifest files are checked and opened lazily."""
+    if isinstance(cuts, (str, os.PathLike)):
+        return [(os.fspath(cuts), open_cuts(cuts))]
+    from lhotse import CutSet
+
+    if isinstance(cuts, CutSet):
+        return [(OBJECT_NAME, cuts)]
+    if isinstance(cuts, Sequence) and cuts and all(isinstance(c, (str, os.PathLike)) for c in cuts):
+        return [(os.fspath(c), open_cuts(c)) for c in cuts]
+    raise TypeError(f"import_lhotse: expected a CutSet, a manifest path or a list of paths, got {type(cuts).__name__}")
+
+
+def _known_length(sources: list[tuple[str, Any]]) -> int | None:
+    """The number of cuts when every source knows it without reading (eager CutSets), else None."""
+    total = 0
+    for _, cs in sources:
+        if getattr(cs, "is_lazy", True):
+            return None
+        total += len(cs)
+    return total
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+class _Plan:
+    """What is read from each cut and how it is stored; checks each cut against the first."""
+
+    def __init__(self, first: Any, where: str, *, features: bool, features_dtype: str, audio: bool,
+                 audio_dtype: str, channels: str, text_separator: str) -> None:
+        self.features, self.audio = features, audio
+        self.features_dtype, self.audio_dtype = np.dtype(features_dtype), np.dtype(audio_dtype)
+        self.channels, self.sep = channels, text_separator
+        self.frames = features or bool(first.has_features)
+        self.dims: int | None = None
+        if features:
+            self.check_features(first, where)
+            self.dims = int(first.num_features)
+        if audio:
+            self.check_recording(first, where)
+
+    def schema(self) -> Schema:
+        spec: dict[str, Field] = {"duration": Field("float64")}
+        if self.frames:
+            spec["num_frames"] = Field("int64")
+        spec["text"] = Field("uint8", (None,))
+        if self.features:
+            assert self.dims is not None
+            spec["features"] = Field(str(self.features_dtype), (None, self.dims))
+        if self.audio:
+            spec["audio"] = Field(str(self.audio_dtype), (None,))
+            spec["sampling_rate"] = Field("int32")
+        return Schema(spec)
+
+    def check_features(self, cut: Any, where: str) -> None:
+        if not cut.has_features:
+            raise MissingFeaturesError(where, cut.id, "has no features, but features=True was asked for; compute "
+                                       "them first (cuts.compute_and_store_features(...)) or import without features")
+
+    def check_recording(self, cut: Any, where: str) -> None:
+        if not cut.has_recording:
+            raise MissingRecordingError(where, cut.id, "has no recording, but audio=True was asked for; attach "
+                                        "recordings to the cuts or import without audio")
+
+    def text(self, cut: Any) -> bytes:
+        texts = [s.text for s in cut.supervisions if s.text is not None]
+        return self.sep.join(texts).encode("utf-8")
+
+    def load_features(self, cut: Any, where: str) -> np.ndarray[Any, Any]:
+        self.check_features(cut, where)
+        arr = np.asarray(cut.load_features())
+        if arr.ndim != 2 or arr.shape[1] != self.dims:
+            raise LhotseCutError(where, cut.id, f"features of shape {list(arr.shape)} do not fit field 'features' "
+                                 f"(frames, {self.dims}) from the first cut")
+        if arr.dtype.kind != "f":
+            raise LhotseCutError(where, cut.id, f"features are {arr.dtype}, expected floating point")
+        return arr.astype(self.features_dtype, copy=False)
+
+    def load_audio(self, cut: Any, where: str) -> np.ndarray[Any, Any]:
+        self.check_recording(cut, where)
+        arr = np.asarray(cut.load_audio())
+        if arr.ndim == 1:
+            mono = arr
+        elif arr.ndim == 2 and arr.shape[0] == 1:
+            mono = arr[0]
+        elif arr.ndim == 2 and self.channels == "first":
+            mono = arr[0]
+        elif arr.ndim == 2 and self.channels == "mix":
+            mono = arr.mean(axis=0, dtype=np.float64).astype(np.float32)
+        else:
+            raise LhotseCutError(where, cut.id, f"audio has {arr.shape[0] if arr.ndim == 2 else arr.shape} channels, "
+                                 "expected one; pass channels='first' or channels='mix' to make it mono")
+        if self.audio_dtype == np.int16:
+            return np.clip(np.rint(mono.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
+        return mono.astype(np.float32, copy=False)
+
+
+class _Block:
+    """The columns of the cuts read since the last append."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.durations: list[float] = []
+        self.frames: list[int] = []
+        self.texts: list[bytes] = []
+        self.feats: list[np.ndarray[Any, Any]] = []
+        self.audio: list[np.ndarray[Any, Any]] = []
+        self.rates: list[int] = []
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def append_to(self, writer: Writer, plan: _Plan) -> None:
+        n = len(self.ids)
+        batch: dict[str, Any] = {"duration": np.asarray(self.durations, dtype=np.float64)}
+        if plan.frames:
+            batch["num_frames"] = np.asarray(self.frames, dtype=np.int64)
+        lens = np.fromiter((len(t) for t in self.texts), dtype=np.int64, count=n)
+        batch["text"] = (np.frombuffer(b"".join(self.texts), dtype=np.uint8), lens)
+        if plan.features:
+            assert plan.dims is not None
+            flens = np.fromiter((len(a) for a in self.feats), dtype=np.int64, count=n)
+            vals = np.concatenate(self.feats) if n else np.empty((0, plan.dims), plan.features_dtype)
+            batch["features"] = (vals.reshape(-1, plan.dims), flens)
+        if plan.audio:
+            alens = np.fromiter((len(a) for a in self.audio), dtype=np.int64, count=n)
+            batch["audio"] = (np.concatenate(self.audio), alens)
+            batch["sampling_rate"] = np.asarray(self.rates, dtype=np.int32)
+        writer.append_batch(batch, ids=self.ids)
+
+
+def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _Plan, chunk_bytes: int,
+           progress: Progress | None) -> None:
+    """Stream every cut of ``sources`` into ``writer`` in blocks of about ``chunk_bytes``."""
+    block = _Block()
+
+    def flush() -> None:
+        nonlocal block
+        if len(block):
+            block.append_to(writer, plan)
+            if progress is not None:
+                progress(len(block))
+            block = _Block()
+
+    for where, cuts in sources:
+        for cut in cuts:
+            if not isinstance(getattr(cut, "id", None), str):
+                raise SourceFormatError(where, None, f"expected Lhotse cuts, got {type(cut).__name__}")
+            block.ids.append(cut.id)
+            block.durations.append(float(cut.duration))
+            text = plan.text(cut)
+            block.texts.append(text)
+            block.nbytes += len(text) + 16
+            if plan.frames:
+                block.frames.append(int(cut.num_frames) if cut.has_features else -1)
+            if plan.features:
+                f = plan.load_features(cut, where)
+                block.feats.append(f)
+                block.nbytes += f.nbytes
+            if plan.audio:
+                a = plan.load_audio(cut, where)
+                block.audio.append(a)
+                block.rates.append(int(cut.sampling_rate))
+                block.nbytes += a.nbytes
+            if block.nbytes >= chunk_bytes or len(block) >= CHUNK_RECORDS:
+                flush()
+    flush()
+
+
+def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str, Iterable[Any]]]]:
+    """The first cut (and its source's name) and the sources again as iterables that start with it
+    (each source is iterated once)."""
+    streams: list[tuple[str, Iterable[Any]]] = []
+    found: tuple[str, Any] | None = None
+    for k, (where, cs) in enumerate(sources):
+        it: Iterator[Any] = iter(cs)
+        cut = next(it, None)
+        if cut is None:
+            continue
+        found = (where, cut)
+        streams = [(where, chain([cut], it))] + list(sources[k + 1 :])
+        break
+    if found is None:
+        raise SourceFormatError(sources[0][0] if len(sources) == 1 else ", ".join(w for w, _ in sources), None,
+                                "holds no cuts")
+    return found[0], found[1], streams
+
+
+def import_lhotse(
+    cuts: Any,
+    out: str | os.PathLike[str],
+    *,
+    features: bool = False,
+    features_dtype: str = "float32",
+    audio: bool = False,
+    audio_dtype: str = "float32",
+    channels: str = "error",
+    text_separator: str = " ",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    shard_bytes: int = 1 << 30,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Store:
+    """Import Lhotse cuts into one new store at ``out``, and open it (the fields are in the module docs).
+
+    ``cuts``: a ``lhotse.CutSet`` (lazy or not), a cuts manifest path (``cuts.jsonl.gz``, opened lazily)
+    or a list of such paths (their cuts in order). ``features=True`` stores ``cut.load_features()`` as
+    ``features`` (``features_dtype`` float32 or float16); ``audio=True`` stores ``cut.load_audio()`` as
+    mono ``audio`` (``audio_dtype`` float32 or int16; ``channels`` "error", "first" or "mix" for
+    cuts of several channels) plus ``sampling_rate``. Supervision texts are joined by
+    ``text_separator``. The manifests are checked to exist and the first cut is read before anything is
+    written; the store is all or nothing. Memory O(``chunk_bytes``) whatever the number of cuts.
+    ``progress`` gets cuts (told the total only for an eager CutSet). The store's metadata under
+    ``"lhotse"`` records the manifests and the choices made.
+
+    ``out`` may be a URL of object storage (``storage_options``): the store is built in a local
+    temporary directory (``TMPDIR``; it needs the store's size) and then copied there with
+    :func:`seqstore.copy`, whose manifest is written last, so a reader never sees a partial store.
+    """
+    remote = is_remote(out)
+    if storage_options and not remote:
+        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
+    if features_dtype not in FEATURE_DTYPES:
+        raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {features_dtype!r}")
+    if audio_dtype not in AUDIO_DTYPES:
+        raise ValueError(f"audio_dtype must be one of {AUDIO_DTYPES}, got {audio_dtype!r}")
+    if channels not in CHANNEL_MODES:
+        raise ValueError(f"channels must be one of {CHANNEL_MODES}, got {channels!r}")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    sources = _sources(cuts)
+    total = _known_length(sources)
+    where, first, streams = _first_cut(sources)
+    plan = _Plan(first, where, features=features, features_dtype=features_dtype, audio=audio,
+                 audio_dtype=audio_dtype, channels=channels, text_separator=text_separator)
+    try:
+        schema = plan.schema()
+    except SchemaError as exc:
+        raise SourceFormatError(where, None, f"cut {first.id!r}: {exc}") from exc
+    meta = {
+        "manifests": [os.path.basename(w) for w, _ in sources if w != OBJECT_NAME] or None,
+        "text_separator": text_separator,
+        "num_frames": "cut.num_frames, -1 without features" if plan.frames else None,
+        "features": {"dtype": features_dtype, "dims": plan.dims,
+                     "frame_shift": getattr(first, "frame_shift", None)} if features else None,
+        "audio": {"dtype": audio_dtype, "channels": channels,
+                  "int16_scale": 32768 if audio_dtype == "int16" else None} if audio else None,
+    }
+
+    def fill(writer: Writer) -> None:
+        if total is not None:
+            announce_total(progress, total)
+        _write(writer, streams, plan, chunk_bytes, progress)
+
+    if not remote:
+        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+        return open_store(out)
+    options = dict(storage_options) if storage_options else None
+    if not overwrite and _store_at(str(out), options):
+        raise OutputExistsError(os.fspath(out))
+    with tempfile.TemporaryDirectory(prefix="seqstore-lhotse-") as staging:
+        local = os.path.join(staging, "store")
+        new_store(local, schema, fill, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+        copy(local, out, dst_options=options, overwrite=overwrite)
+    return open_store(out, storage_options=options)
+
+
+def _store_at(url: str, options: dict[str, Any] | None) -> bool:
+    """Whether a store is committed at ``url`` (a manifest there)."""
+    try:
+        open_store(url, storage_options=options)
+    except FileNotFoundError:
+        return False
+    except FormatError as exc:
+        if "does not exist" in str(exc):
+            return False
+        raise
+    return True

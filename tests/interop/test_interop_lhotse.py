@@ -1,0 +1,202 @@
+"""Lhotse cut manifests: import_lhotse and ``seqstore convert --from lhotse`` against lhotse's own
+manifests, feature storage (Fbank through NumpyFilesWriter) and audio loading, on a tiny local corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore.cli import main as cli_main
+from seqstore.interop import SourceFormatError
+from seqstore.interop.lhotse import (
+    LhotseCutError,
+    MissingFeaturesError,
+    MissingRecordingError,
+    import_lhotse,
+)
+
+lhotse: Any = pytest.importorskip("lhotse")
+sf: Any = pytest.importorskip("soundfile")
+# lhotse's Fbank (kaldi/layers.py) calls numpy functions in a way NumPy 2 deprecates
+pytestmark = pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
+
+SR = 16000
+TEXTS = {"rec0": ["hello there", "wörld ünïcode"], "rec1": [None], "rec2": [], "rec3": ["stereo talk"]}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Four recordings (three mono 16-bit WAVs, one stereo) as cuts with supervisions, Fbank features
+    stored by NumpyFilesWriter; manifests with and without features."""
+    from lhotse import CutSet, Fbank, NumpyFilesWriter, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    root = tmp_path_factory.mktemp("lhotse")
+    rng = np.random.default_rng(0)
+    recs, sups = [], []
+    for k, (name, texts) in enumerate(TEXTS.items()):
+        n = SR // 4 + 1000 * k
+        shape = (n, 2) if name == "rec3" else (n,)
+        sf.write(root / f"{name}.wav", (rng.standard_normal(shape) * 4000).astype(np.int16), SR, subtype="PCM_16")
+        rec = Recording.from_file(root / f"{name}.wav", recording_id=name)
+        recs.append(rec)
+        for j, text in enumerate(texts):
+            dur = rec.duration / max(len(texts), 1)
+            sups.append(SupervisionSegment(f"{name}-s{j}", name, j * dur, dur, channel=rec.channel_ids, text=text))
+    cuts = CutSet.from_manifests(recordings=RecordingSet.from_recordings(recs),
+                                 supervisions=SupervisionSet.from_segments(sups))
+    cuts.to_file(root / "plain.jsonl.gz")
+    with_feats = cuts.compute_and_store_features(Fbank(), storage_path=root / "feats", storage_type=NumpyFilesWriter,
+                                                 num_jobs=1)
+    with_feats.to_file(root / "cuts.jsonl.gz")
+    RecordingSet.from_recordings(recs).to_file(root / "recordings.jsonl.gz")
+    return {"root": root, "plain": root / "plain.jsonl.gz", "cuts": root / "cuts.jsonl.gz",
+            "recordings": root / "recordings.jsonl.gz"}
+
+
+def expected_audio(cut: Any, dtype: str, channels: str) -> np.ndarray:
+    x = cut.load_audio()
+    mono = x[0] if x.shape[0] == 1 or channels == "first" else x.mean(axis=0, dtype=np.float64).astype(np.float32)
+    if dtype == "int16":
+        return np.clip(np.rint(mono.astype(np.float64) * 32768), -32768, 32767).astype(np.int16)
+    return mono
+
+
+def assert_same(store: seqstore.Store, cuts: Any, *, features: str | None = "float32", audio: str | None = "float32",
+                channels: str = "first", sep: str = " ") -> None:
+    """Every cut as Lhotse reads it equals the store's record of the same number."""
+    n = 0
+    for i, cut in enumerate(cuts):
+        rec = store[i]
+        assert store.id(i) == cut.id
+        assert float(rec["duration"]) == cut.duration
+        texts = [s.text for s in cut.supervisions if s.text is not None]
+        assert bytes(rec["text"]).decode("utf-8") == sep.join(texts)
+        if "num_frames" in store.schema:
+            assert int(rec["num_frames"]) == (cut.num_frames if cut.has_features else -1)
+        if features is not None:
+            want = cut.load_features().astype(features)
+            assert rec["features"].dtype == want.dtype and np.array_equal(rec["features"], want)
+        else:
+            assert "features" not in store.schema
+        if audio is not None:
+            want = expected_audio(cut, audio, channels)
+            assert rec["audio"].dtype == want.dtype and np.array_equal(rec["audio"], want)
+            assert int(rec["sampling_rate"]) == cut.sampling_rate
+        else:
+            assert "audio" not in store.schema
+        n += 1
+    assert n == len(store) > 0
+
+
+def test_manifest_features_audio_round_trip(corpus: dict[str, Path], tmp_path: Path) -> None:
+    store = import_lhotse(corpus["cuts"], tmp_path / "s", features=True, audio=True, channels="first")
+    assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]))
+    assert store.schema["features"].inner_shape == (80,)
+    meta = store.metadata["lhotse"]
+    assert meta["manifests"] == ["cuts.jsonl.gz"] and meta["features"]["dims"] == 80
+    assert bytes(store[0]["text"]).decode() == "hello there wörld ünïcode"
+
+
+def test_cutset_object_float16_int16_mix_and_small_blocks(corpus: dict[str, Path], tmp_path: Path) -> None:
+    cuts = lhotse.CutSet.from_file(corpus["cuts"]).to_eager()
+    seen: list[int] = []
+
+    class Bar:
+        total = 0
+
+        def __call__(self, n: int) -> None:
+            seen.append(n)
+
+        def add_total(self, n: int) -> None:
+            Bar.total += n
+
+    store = import_lhotse(cuts, tmp_path / "s", features=True, features_dtype="float16", audio=True,
+                          audio_dtype="int16", channels="mix", text_separator="|", chunk_bytes=1, progress=Bar())
+    assert_same(store, cuts, features="float16", audio="int16", channels="mix", sep="|")
+    assert seen == [1, 1, 1, 1] and Bar.total == 4  # one cut per block; an eager CutSet announces its size
+    assert store.metadata["lhotse"]["manifests"] is None
+
+
+def test_without_features_and_several_manifests(corpus: dict[str, Path], tmp_path: Path) -> None:
+    store = import_lhotse(corpus["plain"], tmp_path / "plain")
+    assert "num_frames" not in store.schema
+    assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["plain"]), features=None, audio=None)
+    both = import_lhotse([corpus["cuts"], corpus["plain"]], tmp_path / "both", overwrite=True)
+    cuts = list(lhotse.CutSet.from_jsonl_lazy(corpus["cuts"])) + list(lhotse.CutSet.from_jsonl_lazy(corpus["plain"]))
+    assert_same(both, cuts, features=None, audio=None)  # num_frames: -1 for the cuts of the plain manifest
+    assert [int(both[i]["num_frames"]) for i in range(4, 8)] == [-1] * 4
+
+
+def test_missing_features_names_cut_and_leaves_nothing(corpus: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(MissingFeaturesError, match=r"plain\.jsonl\.gz, cut 'rec0-0'.*no features") as info:
+        import_lhotse(corpus["plain"], tmp_path / "s", features=True)
+    assert info.value.cut_id == "rec0-0"
+    # a later cut without features: found while writing; an existing store stays as it was
+    old = import_lhotse(corpus["plain"], tmp_path / "old")
+    cuts = lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]).subset(first=2) + lhotse.CutSet.from_jsonl_lazy(
+        corpus["plain"]).subset(last=1)
+    with pytest.raises(MissingFeaturesError, match="rec3-3"):
+        import_lhotse(cuts, old.root, features=True, overwrite=True)
+    assert len(seqstore.open(old.root)) == 4 and "features" not in seqstore.open(old.root).schema
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
+
+
+def test_missing_recording_and_channels(corpus: dict[str, Path], tmp_path: Path) -> None:
+    cuts = lhotse.CutSet.from_file(corpus["cuts"]).to_eager()
+    no_rec = lhotse.CutSet.from_cuts([cuts[0].drop_recording()])
+    with pytest.raises(MissingRecordingError, match=r"<CutSet>, cut 'rec0-0'.*no recording"):
+        import_lhotse(no_rec, tmp_path / "s", audio=True)
+    assert_same(import_lhotse(no_rec, tmp_path / "s", features=True), no_rec, audio=None)  # without audio: fine
+    with pytest.raises(LhotseCutError, match=r"cut 'rec3-3': audio has 2 channels.*channels='first'"):
+        import_lhotse(cuts, tmp_path / "t", audio=True)
+    assert not (tmp_path / "t").exists()
+
+
+def test_bad_inputs(corpus: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.jsonl.gz: no such Lhotse manifest"):
+        import_lhotse(tmp_path / "nope.jsonl.gz", tmp_path / "s")
+    with pytest.raises(SourceFormatError, match="holds a RecordingSet, not cuts"):
+        import_lhotse(corpus["recordings"], tmp_path / "s")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SourceFormatError, match="holds no cuts"):
+        import_lhotse(tmp_path / "empty.jsonl", tmp_path / "s")
+    with pytest.raises(SourceFormatError, match="expected a JSONL manifest"):
+        import_lhotse(corpus["root"] / "rec0.wav", tmp_path / "s")
+    with pytest.raises(ValueError, match="features_dtype"):
+        import_lhotse(corpus["cuts"], tmp_path / "s", features=True, features_dtype="int8")
+    import_lhotse(corpus["plain"], tmp_path / "s")
+    with pytest.raises(FileExistsError):
+        import_lhotse(corpus["plain"], tmp_path / "s")
+
+
+def test_cli(corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.seqstore"
+    assert cli_main(["convert", "--from", "lhotse", "-q", "--features", "--audio", "--audio-dtype", "int16",
+                     "--channels", "first", "--text-separator", " / ", str(corpus["cuts"]), str(out)]) == 0
+    assert_same(seqstore.open(out), lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]), audio="int16", sep=" / ")
+    assert cli_main(["convert", "--from", "lhotse", str(corpus["plain"]), str(tmp_path / "bar")]) == 0
+    assert "4 records" in capsys.readouterr().out
+    assert cli_main(["convert", "--from", "lhotse", "-q", "--features", str(corpus["plain"]),
+                     str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "cut 'rec0-0'" in err and "--features" in err and "features=True" not in err
+    assert cli_main(["convert", "--from", "lhotse", "-q", str(tmp_path / "missing.jsonl.gz"), str(tmp_path / "y")]) == 2
+    assert "missing.jsonl.gz: no such Lhotse manifest" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_into_an_s3_store(corpus: dict[str, Path], moto_s3: Any, s3_bucket: str) -> None:
+    """A URL as output: built locally, copied up with the manifest last; an existing store is refused."""
+    opts = moto_s3.storage_options()
+    url = f"s3://{s3_bucket}/cuts.seqstore"
+    store = import_lhotse(corpus["cuts"], url, features=True, storage_options=opts)
+    assert store.is_remote
+    assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]), audio=None)
+    with pytest.raises(FileExistsError, match="cuts.seqstore"):
+        import_lhotse(corpus["cuts"], url, storage_options=opts)
+    again = import_lhotse(corpus["cuts"], url, storage_options=opts, overwrite=True)
+    assert "features" not in again.schema and len(again) == len(store)
