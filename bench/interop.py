@@ -22,6 +22,8 @@ Three parts, every case in a fresh process (bench/harness.py), warm page cache:
    workers.
 4. **megatron / webdataset** imports vs ``IndexedDataset`` reads and ``WebDataset`` iteration: see
    bench/_interop_megawds.py (runnable by itself).
+5. **hf**: the Hugging Face ``datasets`` import vs ``datasets``' own iteration of the same saved dataset:
+   see bench/_interop_hf.py (runnable by itself).
 
 Usage: ``python bench/interop.py [--quick] [--repeats R] [--skip-1e7]``.
 """
@@ -196,6 +198,10 @@ def main() -> None:
     from bench import _interop_megawds  # Megatron and WebDataset imports vs their packages' reads
 
     _interop_megawds.run(args.quick, args.repeats)
+
+    from bench import _interop_hf  # Hugging Face datasets import vs datasets' own iteration
+
+    _interop_hf.run(args.quick, args.repeats)
 
 
 if __name__ == "__main__":
