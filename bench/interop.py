@@ -24,6 +24,8 @@ Three parts, every case in a fresh process (bench/harness.py), warm page cache:
    bench/_interop_megawds.py (runnable by itself).
 5. **lhotse** import (features) vs iterating the ``CutSet`` with ``load_features``: see
    bench/_interop_lhotse.py (runnable by itself).
+6. **hf**: the Hugging Face ``datasets`` import vs ``datasets``' own iteration of the same saved dataset:
+   see bench/_interop_hf.py (runnable by itself).
 
 Usage: ``python bench/interop.py [--quick] [--repeats R] [--skip-1e7]``.
 """
@@ -202,6 +204,9 @@ def main() -> None:
     from bench import _interop_lhotse  # Lhotse import vs iterating the CutSet with load_features
 
     _interop_lhotse.run(args.quick, args.repeats)
+    from bench import _interop_hf  # Hugging Face datasets import vs datasets' own iteration
+
+    _interop_hf.run(args.quick, args.repeats)
 
 
 if __name__ == "__main__":

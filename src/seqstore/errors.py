@@ -13,6 +13,7 @@ __all__ = [
     "SeqstoreError",
     "FormatError",
     "SchemaError",
+    "ColumnTypeError",
     "CorruptionError",
     "LockError",
     "RemoteError",
@@ -36,6 +37,19 @@ class FormatError(SeqstoreError):
 
 class SchemaError(SeqstoreError, ValueError):
     """A schema, record or batch does not match what the store expects."""
+
+
+class ColumnTypeError(SchemaError):
+    """A column of a source to import has a type that no seqstore field holds. ``column`` names the
+    column and ``type`` its type as the source spells it; the message also says what is supported."""
+
+    def __init__(self, message: str, column: str, type_name: str) -> None:
+        super().__init__(message)
+        self.column = column
+        self.type = type_name
+
+    def __reduce__(self) -> tuple[object, ...]:  # raised in a worker process of a parallel convert
+        return (type(self), (str(self), self.column, self.type))
 
 
 class CorruptionError(SeqstoreError):

@@ -1,12 +1,13 @@
 """Interop with other data formats: RETURNN HDF import/export and a RETURNN dataset over a store
-(:mod:`seqstore.interop.returnn`), Arrow/Parquet import (:mod:`seqstore.interop.arrow`), Lhotse cut
-manifests (:mod:`seqstore.interop.lhotse`), records as Arrow arrays for the engines' readers
-(:mod:`seqstore.interop.to_arrow`), parallel imports (:mod:`seqstore.interop._parallel`), and the
-``seqstore convert`` / ``seqstore export`` subcommands (:mod:`seqstore.interop.commands`).
+(:mod:`seqstore.interop.returnn`), Arrow/Parquet import (:mod:`seqstore.interop.arrow`), Hugging Face
+``datasets`` import (:mod:`seqstore.interop.hf`), Lhotse cut manifests (:mod:`seqstore.interop.lhotse`),
+records as Arrow arrays for the engines' readers (:mod:`seqstore.interop.to_arrow`), parallel imports
+(:mod:`seqstore.interop._parallel`), and the ``seqstore convert`` / ``seqstore export`` subcommands
+(:mod:`seqstore.interop.commands`).
 
 Optional dependencies are imported where they are used: ``h5py`` (extra ``hdf5``) for HDF,
-``pyarrow`` (extra ``arrow``) for Arrow/Parquet, RETURNN only for ``StoreDataset``, ``lhotse`` only
-for its import.
+``pyarrow`` (extra ``arrow``) for Arrow/Parquet, ``datasets`` (extra ``hf``), RETURNN only for
+``StoreDataset``, ``lhotse`` only for its import.
 """
 
 from ._common import SourceFormatError

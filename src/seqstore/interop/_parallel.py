@@ -28,7 +28,7 @@ import multiprocessing
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,7 +47,7 @@ from ._common import (
     temp_sibling,
 )
 
-__all__ = ["convert_in_parallel", "Job"]
+__all__ = ["convert_in_parallel", "write_to_url", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,53 @@ def _convert_to_url(
     storage_options: Mapping[str, Any] | None,
 ) -> None:
     """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
+
+    def produce(job_id: str) -> list[Part]:
+        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options)
+
+    _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
+                  storage_options=storage_options)
+
+
+def write_to_url(
+    url: str,
+    schema: Schema,
+    fill: Callable[[Any], None],
+    *,
+    overwrite: bool,
+    shard_bytes: int,
+    metadata: Mapping[str, Any] | None,
+    storage_options: Mapping[str, Any] | None,
+) -> None:
+    """A new store at ``url`` (object storage) from ``fill(writer)`` run in this process: the records go
+    into one part, committed once ``fill`` returns; all or nothing as :func:`convert_in_parallel`. For
+    sources that cannot be handed to worker processes (a stream, a dataset object in memory)."""
+
+    def produce(job_id: str) -> list[Part]:
+        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=storage_options)
+        try:
+            fill(w)
+            return [w.finish()]
+        except BaseException:
+            w.abort()
+            raise
+
+    _build_at_url(url, schema, produce, None, overwrite=overwrite, metadata=metadata, progress=None,
+                  storage_options=storage_options)
+
+
+def _build_at_url(
+    url: str,
+    schema: Schema,
+    produce: Callable[[str], list[Part]],
+    total: int | None,
+    *,
+    overwrite: bool,
+    metadata: Mapping[str, Any] | None,
+    progress: Progress | None,
+    storage_options: Mapping[str, Any] | None,
+) -> None:
+    """Prepare the store at ``url``, ``produce(job_id)`` its parts, commit them in order (module docs)."""
     from ..store.parts import remove_if_empty, unstage
     from ..store.writer import existing_manifest
 
@@ -157,8 +204,9 @@ def _convert_to_url(
         raise OutputExistsError(url) from None
     job_id = f"convert-{uuid.uuid4().hex[:12]}"
     try:
-        announce_total(progress, total)
-        parts = _run(url, job_id, units, shard_bytes, workers, progress, storage_options)
+        if total is not None:
+            announce_total(progress, total)
+        parts = produce(job_id)
         commit_parts(url, parts, mode="overwrite" if overwrite else "append", storage_options=storage_options)
     except BaseException:
         try:

@@ -155,8 +155,8 @@ def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
 
 def _arrow_args(group: Any) -> None:
     group.add_argument("--map", action="append", metavar="COLUMN=FIELD",
-                       help="parquet/arrow: import COLUMN as field FIELD (repeatable; default: every column)")
-    group.add_argument("--id-column", metavar="COLUMN", help="parquet/arrow: string column whose values become ids")
+                       help="parquet/arrow/hf: import COLUMN as field FIELD (repeatable; default: every column)")
+    group.add_argument("--id-column", metavar="COLUMN", help="parquet/arrow/hf: string column whose values become ids")
 
 
 # ------------------------------------------------------------------------------- export targets
@@ -273,6 +273,26 @@ def _wds_args(group: Any) -> None:
                        help="webdataset: an option of the client that reads shard URLs, e.g. allow_http=true")
 
 
+# ------------------------------------------------------------------------------- hugging face
+
+
+def _hf_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .hf import import_hf
+
+    srcs, out = _sources_and_out(args)
+    if len(srcs) != 1:
+        raise SeqstoreError("convert --from hf: give one datasets save_to_disk directory, then the output store")
+    return import_hf(srcs[0], out, split=args.split, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
+                     batch_size=args.batch_size, chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20,
+                     overwrite=args.overwrite, progress=progress, storage_options=_storage_options(args))
+
+
+def _hf_args(group: Any) -> None:
+    group.add_argument("--split", metavar="NAME", help="hf: the split to import from a DatasetDict directory")
+    group.add_argument("--batch-size", type=_positive_int, metavar="ROWS",
+                       help="hf: rows read per step (default: about --chunk-mb of rows)")
+
+
 def _megatron_export(args: argparse.Namespace, progress: Progress) -> Any:
     from .megatron import export_megatron
 
@@ -314,6 +334,8 @@ register_source("megatron", Converter("Megatron-LM indexed datasets (PREFIX.bin 
                                       _megatron_args, unit="rec"))
 register_source("webdataset", Converter("WebDataset tar shards (files, directories, {000..009} ranges, URLs)",
                                         _wds_run, _wds_args))
+register_source("hf", Converter("Hugging Face datasets save_to_disk directory (a Dataset, or --split of a "
+                                  "DatasetDict); --map/--id-column as for arrow", _hf_run, _hf_args, unit="rec"))
 register_target("megatron", Converter("PREFIX.bin + PREFIX.idx for Megatron-Core's IndexedDataset",
                                       _megatron_export, _megatron_export_args))
 register_target("webdataset", Converter("a directory of WebDataset tar shards", _wds_export, _wds_export_args,
@@ -406,6 +428,7 @@ CLI_WORDS = {
     "features=True": "--features",
     "audio=True": "--audio",
     "channels='first' or channels='mix'": "--channels first or --channels mix",
+    "split=NAME": "--split NAME",
 }
 
 

@@ -29,7 +29,7 @@ float64, then cast).
 Cuts are streamed: one is read at a time and records are appended in blocks of at most
 ``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
 the manifest. The store is all or nothing (a hidden temporary store renamed into place, or, for a URL of
-object storage, built locally and copied there with its manifest last): a cut that
+object storage, one part committed at the end): a cut that
 lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
 :class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind.
 """
@@ -37,19 +37,17 @@ lacks features or a recording that was asked for is a :class:`MissingFeaturesErr
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, SchemaError
+from ..errors import SchemaError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
-from ..store.copy import copy
-from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, SourceFormatError, announce_total, new_store
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store
 
 __all__ = [
     "import_lhotse",
@@ -344,9 +342,8 @@ def import_lhotse(
     ``progress`` gets cuts (told the total only for an eager CutSet). The store's metadata under
     ``"lhotse"`` records the manifests and the choices made.
 
-    ``out`` may be a URL of object storage (``storage_options``): the store is built in a local
-    temporary directory (``TMPDIR``; it needs the store's size) and then copied there with
-    :func:`seqstore.copy`, whose manifest is written last, so a reader never sees a partial store.
+    ``out`` may be a URL of object storage (``storage_options``): the cuts are written from this
+    process as one part and committed once, so a reader never sees a partial store.
     """
     remote = is_remote(out)
     if storage_options and not remote:
@@ -386,24 +383,9 @@ def import_lhotse(
     if not remote:
         new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
         return open_store(out)
+    from ._parallel import write_to_url
+
     options = dict(storage_options) if storage_options else None
-    if not overwrite and _store_at(str(out), options):
-        raise OutputExistsError(os.fspath(out))
-    with tempfile.TemporaryDirectory(prefix="seqstore-lhotse-") as staging:
-        local = os.path.join(staging, "store")
-        new_store(local, schema, fill, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-        copy(local, out, dst_options=options, overwrite=overwrite)
+    write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
+                 metadata={METADATA_KEY: meta}, storage_options=options)
     return open_store(out, storage_options=options)
-
-
-def _store_at(url: str, options: dict[str, Any] | None) -> bool:
-    """Whether a store is committed at ``url`` (a manifest there)."""
-    try:
-        open_store(url, storage_options=options)
-    except FileNotFoundError:
-        return False
-    except FormatError as exc:
-        if "does not exist" in str(exc):
-            return False
-        raise
-    return True

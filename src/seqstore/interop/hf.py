@@ -1,0 +1,388 @@
+"""Import Hugging Face ``datasets`` into a store: a ``Dataset``, one split of a ``DatasetDict``, a
+``save_to_disk`` directory, or an ``IterableDataset`` (streamed, never materialised).
+
+The dataset is read in its ``"arrow"`` format (``ds.select_columns(...).with_format("arrow").iter(batch_size)``):
+record batches as Arrow tables, slices of the memory-mapped files for a ``Dataset``, so nothing is
+decoded to Python objects. Each batch is converted with the Arrow importer's column code
+(:mod:`seqstore.interop.arrow`) and appended with one ``append_batch``; memory is O(batch) whatever
+the size of the dataset. Columns map to fields as follows:
+
+================================================  ==================================================
+``datasets`` feature (Arrow storage)              field
+================================================  ==================================================
+``Value`` int/uint/float/bool, ``ClassLabel``     fixed scalar, shape ``()``
+``List``/``Sequence`` of numbers, nested lists,   as :func:`~seqstore.interop.arrow.import_arrow`: ragged
+``Array2D``..``Array5D``                          ``(None,)``/``(None, k)``, fixed ``(k,)``/``(k, m)``
+``Value("string")``, ``Value("binary")``          ragged ``uint8`` ``(None,)``: the UTF-8 (or raw) bytes
+``Audio``, ``Image``                              ragged ``uint8`` ``(None,)``: the encoded file bytes
+                                                  (WAV, FLAC, PNG, ...), read with ``decode=False``
+a string or integer column named by ``id_column``  record ids
+================================================  ==================================================
+
+Any other column (``Translation``, dicts of features, ...) raises :class:`~seqstore.errors.ColumnTypeError`
+naming the column and its feature; leave it out or rename with ``columns``. Nulls are errors.
+An ``Audio``/``Image`` value stored as a path only (no embedded bytes) is read from that file.
+
+The new store is written as every importer writes one (all or nothing, interop/_common.py): a
+failure on any batch deletes it. A local ``out`` is built in a hidden sibling directory; a URL of
+object storage is written as one part committed at the end (interop/_parallel.py:
+:func:`~seqstore.interop._parallel.write_to_url`). The import runs in this process: a dataset object
+or a stream cannot be split between workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ColumnTypeError, SchemaError, SeqstoreError
+from ..io.objects import is_remote
+from ..schema import Field, Schema
+from ..store import Store, Writer, open_store
+from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total, new_store
+from .arrow import _array, _convert, _first_inner_len, _id_strings, _pa, _Plan, _plan, _storage_type
+
+__all__ = ["import_hf", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS"]
+
+#: Key of the import information (source, split, column map, features) in the store's metadata.
+METADATA_KEY = "hf"
+#: Rows per batch of an ``IterableDataset`` when ``batch_size`` is not given (its size is unknown).
+ITERABLE_BATCH_ROWS = 1024
+#: At most this many rows per batch of a ``Dataset`` (the batch otherwise holds about ``chunk_bytes``).
+MAX_BATCH_ROWS = 1 << 20
+
+SUPPORTED = (
+    "numbers (Value int/uint/float/bool, ClassLabel) -> scalar fields; lists of numbers (List, Sequence, "
+    "Array2D..5D) -> fixed or ragged fields; strings and binary -> uint8 byte fields or ids (id_column); "
+    "Audio/Image -> their encoded bytes"
+)
+
+
+class SplitError(SeqstoreError, ValueError):
+    """A ``DatasetDict`` was given without a split (or with one it does not have); ``splits`` lists
+    the splits it has."""
+
+    def __init__(self, message: str, splits: Sequence[str]) -> None:
+        super().__init__(message)
+        self.splits = list(splits)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.splits))
+
+
+def _hf() -> Any:
+    try:  # imported by name: optional, and without type information
+        return importlib.import_module("datasets")
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the Hugging Face import needs the datasets package: pip install 'seqstore[hf]'") from exc
+
+
+# ---------------------------------------------------------------------------------------- sources
+
+
+def _resolve(source: Any, split: str | None) -> tuple[Any, str]:
+    """The ``Dataset`` / ``IterableDataset`` to import and a name for it in messages."""
+    hf = _hf()
+    name = "dataset"
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not is_remote(path) and not os.path.isdir(path):
+            raise FileNotFoundError(f"{path}: no such directory (expected a datasets save_to_disk directory)")
+        try:
+            source = hf.load_from_disk(path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{path}: not a datasets save_to_disk directory ({exc})") from exc
+        name = path
+    if isinstance(source, (hf.DatasetDict, hf.IterableDatasetDict)):
+        splits = list(source)
+        if split is None:
+            raise SplitError(f"{name}: is a DatasetDict with splits {splits}; choose one with split=NAME", splits)
+        if split not in source:
+            raise SplitError(f"{name}: has no split {split!r}; its splits are {splits}", splits)
+        return source[split], f"{name}[{split}]"
+    if not isinstance(source, (hf.Dataset, hf.IterableDataset)):
+        raise TypeError(
+            "import_hf: expected a datasets.Dataset, DatasetDict, IterableDataset or the path of a save_to_disk "
+            f"directory, got {type(source).__name__}"
+        )
+    if split is not None and str(source.split) != split:
+        raise SplitError(f"{name}: split={split!r} was given, but this is one {type(source).__name__} (split "
+                         f"{source.split}), not a DatasetDict", [str(source.split)])
+    return source, name
+
+
+def _arrow_native(ds: Any) -> bool:
+    """Whether ``ds`` yields Arrow batches of its own: a ``Dataset``, or a stream over Arrow data
+    (``Dataset.to_iterable_dataset()``, Parquet/Arrow files). A stream of Python examples
+    (``from_generator``) is read as Python batches instead: ``datasets`` 5.2 builds its Arrow batches
+    example by example and fails to concatenate them when the examples' inferred types differ (an empty
+    list among full ones)."""
+    hf = _hf()
+    if isinstance(ds, hf.Dataset):
+        return True
+    return getattr(getattr(ds, "_ex_iterable", None), "iter_arrow", None) is not None
+
+
+def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, Any] | None) -> Iterator[Any]:
+    """The named columns of ``ds`` as Arrow tables of ``batch_rows`` rows (the last may be shorter),
+    from the start on every call. A stream of Python examples is converted batch by batch, to the Arrow
+    storage ``types`` of its features where it has them (else as pyarrow infers them)."""
+    sub = ds.select_columns(columns)
+    if _arrow_native(ds):
+        yield from sub.with_format("arrow").iter(batch_size=batch_rows)
+        return
+    pa = _pa()
+    for batch in sub.iter(batch_size=batch_rows):
+        yield pa.table([pa.array(batch[c], type=None if types is None else types[c]) for c in columns], names=columns)
+
+
+def _arrow_schema(ds: Any, batch_rows: int) -> Any:
+    """The Arrow schema of ``ds``: from its features, else (a stream of unknown features) as pyarrow
+    infers it from the first batch."""
+    pa = _pa()
+    if ds.features is not None:
+        return ds.features.arrow_schema
+    for batch in ds.iter(batch_size=batch_rows):
+        return pa.table({c: pa.array(v) for c, v in batch.items()}).schema
+    return pa.schema([])
+
+
+def _batch_rows(ds: Any, chunk_bytes: int, batch_size: int | None) -> int:
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        return batch_size
+    hf = _hf()
+    if isinstance(ds, hf.IterableDataset):
+        return ITERABLE_BATCH_ROWS
+    table = ds.data  # the whole table (memory-mapped for a saved dataset): its size costs no reading
+    row_bytes = max(1, int(table.nbytes) // max(1, int(table.num_rows)))
+    return int(min(max(chunk_bytes // row_bytes, 1), MAX_BATCH_ROWS))
+
+
+# ------------------------------------------------------------------------------------------ columns
+
+
+@dataclasses.dataclass(frozen=True)
+class _Column:
+    """How one column becomes a field: ``kind`` ``"arrow"`` (numbers and lists, by the Arrow importer's
+    plan), ``"bytes"`` (string/binary values) or ``"encoded"`` (the ``bytes`` of an Audio/Image struct)."""
+
+    name: str
+    field: str
+    kind: str
+    plan: _Plan
+
+
+def _is_encoded(feature: Any) -> bool:
+    hf = _hf()
+    return isinstance(feature, (hf.Audio, hf.Image))
+
+
+def _is_bytes_type(t: Any) -> bool:
+    pa = _pa()
+    t = _storage_type(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t))
+
+
+def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) -> _Column:
+    """The plan of one column; ColumnTypeError naming it, its feature and what is supported otherwise."""
+    if _is_encoded(feature):
+        return _Column(name, field, "encoded", _Plan(True, "uint8", ()))
+    if _is_bytes_type(arrow_type):
+        return _Column(name, field, "bytes", _Plan(True, "uint8", ()))
+    try:
+        return _Column(name, field, "arrow", _plan(where, name, arrow_type))
+    except SchemaError:
+        described = repr(feature) if feature is not None else str(arrow_type)
+        raise ColumnTypeError(
+            f"{where}, column {name!r}: feature {described} has no seqstore field (supported: {SUPPORTED}); "
+            "choose the columns to import with columns={column: field}", name, described,
+        ) from None
+
+
+def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """The row shape of a field (a list of variable lists: the length of the first non-empty inner list,
+    read from the first batches that have one)."""
+    shape = col.plan.shape
+    if not shape or shape[0] is not None:
+        return tuple(int(s or 0) for s in shape)
+    rest = tuple(int(s or 0) for s in shape[1:])
+    for table in _tables(ds, [col.name], batch_rows, types):
+        first = _first_inner_len(table.column(0).combine_chunks())
+        if first is not None:
+            return (first, *rest)
+    return (0, *rest)
+
+
+def _binary_values(arr: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """A string/binary array as (the bytes of all values, one length per value), without copying."""
+    pa = _pa()
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + n + 1]
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return data[int(offsets[0]) : int(offsets[-1])], np.diff(offsets).astype(np.int64)
+
+
+def _encoded_bytes(arr: Any, where: str, name: str, base: int) -> Any:
+    """The ``bytes`` child of an Audio/Image struct array; a value held as a path only is read from its file."""
+    pa = _pa()
+    kids = {arr.type.field(i).name: child for i, child in enumerate(arr.flatten())}
+    data = kids.get("bytes")
+    if data is None:
+        raise SchemaError(f"{where}, column {name!r}: Arrow type {arr.type} has no 'bytes' member")
+    if not data.null_count:
+        return data
+    paths = kids.get("path")
+    values: list[bytes | None] = data.to_pylist()
+    for i, v in enumerate(values):
+        if v is None:
+            p = paths[i].as_py() if paths is not None else None
+            if not p or not os.path.isfile(p):
+                raise SchemaError(f"{where}, column {name!r}, record {base + i}: no embedded bytes, and its path "
+                                  f"{p!r} is not a readable file (expected encoded audio/image bytes)")
+            values[i] = Path(p).read_bytes()
+    return pa.array(values, type=pa.large_binary())
+
+
+def _values(table: Any, col: _Column, inner: tuple[int, ...], where: str, base: int) -> Any:
+    """One column of a batch (records ``base``...) as ``append_batch`` takes it."""
+    rows = f"{where}, records {base}..{base + int(table.num_rows) - 1}"
+    arr = _array(table.column(col.name), rows, col.name)
+    if col.kind == "arrow":
+        return _convert(arr, col.plan, inner, rows, col.name)
+    if col.kind == "encoded":
+        arr = _encoded_bytes(arr, where, col.name, base)
+    return _binary_values(arr)
+
+
+# ------------------------------------------------------------------------------------------ import
+
+
+def import_hf(
+    source: Any,
+    out: str | os.PathLike[str],
+    *,
+    split: str | None = None,
+    columns: Mapping[str, str] | Sequence[str] | None = None,
+    id_column: str | None = None,
+    batch_size: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    shard_bytes: int = 1 << 30,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Store:
+    """Import a Hugging Face dataset into one new store at ``out``, and open it.
+
+    ``source``: a ``datasets.Dataset``, an ``IterableDataset`` (streamed batch by batch, never held
+    whole), a ``DatasetDict``/``IterableDatasetDict`` with ``split`` naming the split (without it:
+    :class:`SplitError` listing the splits), or the path of a ``save_to_disk`` directory (either kind).
+    ``columns``: ``{column: field}`` (or a list of column names) to import; default every column except
+    ``id_column``, under its own name. ``id_column``: a string or integer column whose values become
+    record ids. Column types map to fields as the module docs say; any other is a ColumnTypeError.
+
+    Records keep the dataset's order (a ``Dataset``'s indices mapping, after ``shuffle``/``select``,
+    included). Batches hold ``batch_size`` rows: by default about ``chunk_bytes`` of a ``Dataset``,
+    :data:`ITERABLE_BATCH_ROWS` of a stream. ``progress`` gets the rows of each batch (and, through
+    ``add_total``, the number of records of a ``Dataset`` up front). All or nothing; ``out`` may be a
+    URL of object storage (``storage_options`` configure its client).
+    """
+    remote = is_remote(out)
+    if storage_options and not remote:
+        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    hf = _hf()
+    ds, where = _resolve(source, split)
+    rows = _batch_rows(ds, chunk_bytes, batch_size)
+    features = ds.features
+    schema_pa = _arrow_schema(ds, rows)
+    names = list(schema_pa.names)
+    if id_column is not None and id_column not in names:
+        raise SchemaError(f"{where}: no id column {id_column!r}; columns are {names}")
+    if columns is None:
+        mapping = {c: c for c in names if c != id_column}
+    elif isinstance(columns, Mapping):
+        mapping = dict(columns)
+    else:
+        mapping = {c: c for c in columns}
+    if not mapping:
+        raise SchemaError(f"{where}: no columns to import")
+    cols: list[_Column] = []
+    for name, field in mapping.items():
+        if name not in names:
+            raise SchemaError(f"{where}: no column {name!r}; columns are {names}")
+        feature = features[name] if features is not None else None
+        cols.append(_column(where, name, field, schema_pa.field(name).type, feature))
+    if id_column is not None:
+        t = _storage_type(schema_pa.field(id_column).type)
+        pa = _pa()
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
+            raise SchemaError(f"{where}, column {id_column!r}: ids must be strings or integers, got {t}")
+    for c in cols:  # read Audio/Image as stored (bytes and path), never decoded
+        if c.kind == "encoded" and features is not None and getattr(features[c.name], "decode", False):
+            ds = ds.cast_column(c.name, dataclasses.replace(features[c.name], decode=False))
+    types = None if features is None else {n: _storage_type(schema_pa.field(n).type) for n in names}
+    inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
+    spec: dict[str, Field] = {}
+    for c in cols:
+        if c.field in spec:
+            raise SchemaError(f"two columns map to the field {c.field!r}")
+        try:
+            spec[c.field] = Field(c.plan.dtype, ((None,) if c.plan.ragged else ()) + inner[c.name])
+        except SchemaError as exc:
+            raise SchemaError(f"{where}, column {c.name!r}: {exc}") from exc
+    try:
+        schema = Schema(spec)
+    except SchemaError as exc:
+        raise SchemaError(f"{exc}; rename columns with columns={{column: field}}") from exc
+    meta = {
+        "source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
+        "columns": mapping,
+        "id_column": id_column,
+        "features": {c.name: repr(features[c.name]) if features is not None else None for c in cols},
+    }
+    total = len(ds) if isinstance(ds, hf.Dataset) else None
+    read = [c.name for c in cols] + ([id_column] if id_column is not None and id_column not in mapping else [])
+
+    def fill(writer: Writer) -> None:
+        if total is not None:
+            announce_total(progress, total)
+        base = 0
+        for table in _tables(ds, read, rows, types):
+            n = int(table.num_rows)
+            if n == 0:
+                continue
+            for c in cols:  # a stream's batches are typed one by one: each must agree with the first
+                if features is None and _column(where, c.name, c.field, table.schema.field(c.name).type,
+                                                None) != c:
+                    raise SchemaError(f"{where}, column {c.name!r}, records {base}..{base + n - 1}: Arrow type "
+                                      f"{table.schema.field(c.name).type} differs from {schema_pa.field(c.name).type}"
+                                      " of the first batch")
+            batch = {c.field: _values(table, c, inner[c.name], where, base) for c in cols}
+            ids = None if id_column is None else _id_strings(table.column(id_column), where, id_column)
+            writer.append_batch(batch, ids=ids)
+            base += n
+            if progress is not None:
+                progress(n)
+
+    if remote:
+        from ._parallel import write_to_url
+
+        write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
+                     metadata={METADATA_KEY: meta}, storage_options=storage_options)
+        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
+    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
+    return open_store(out)
