@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from ..errors import RemoteError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Schema
+from ..store import Store, open_store
 from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, prepare_store
 from ._common import (
     OutputExistsError,
@@ -43,11 +44,12 @@ from ._common import (
     announce_total,
     check_output,
     install_output,
+    new_store,
     remove_path,
     temp_sibling,
 )
 
-__all__ = ["convert_in_parallel", "write_to_url", "Job"]
+__all__ = ["convert_in_parallel", "build_store", "write_to_url", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,28 @@ def _convert_to_url(
 
     _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
                   storage_options=storage_options)
+
+
+def build_store(
+    out: str | os.PathLike[str],
+    schema: Schema,
+    fill: Callable[[Any], None],
+    *,
+    overwrite: bool,
+    shard_bytes: int,
+    metadata: Mapping[str, Any] | None,
+    storage_options: Mapping[str, Any] | None,
+) -> Store:
+    """A new store at ``out`` from ``fill(writer)`` run in this process, all or nothing, and opened: a
+    local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`), a URL
+    of object storage is written as one part committed once (:func:`write_to_url`)."""
+    options = dict(storage_options) if storage_options else None
+    if not is_remote(out):
+        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata)
+        return open_store(out)
+    write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
+                 storage_options=options)
+    return open_store(out, storage_options=options)
 
 
 def write_to_url(

@@ -26,7 +26,7 @@ An ``Audio``/``Image`` value stored as a path only (no embedded bytes) is read f
 The new store is written as every importer writes one (all or nothing, interop/_common.py): a
 failure on any batch deletes it. A local ``out`` is built in a hidden sibling directory; a URL of
 object storage is written as one part committed at the end (interop/_parallel.py:
-:func:`~seqstore.interop._parallel.write_to_url`). The import runs in this process: a dataset object
+:func:`~seqstore.interop._parallel.build_store`). The import runs in this process: a dataset object
 or a stream cannot be split between workers.
 """
 
@@ -44,8 +44,9 @@ import numpy as np
 from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
-from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total, new_store
+from ..store import Store, Writer
+from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total
+from ._parallel import build_store
 from .arrow import _array, _convert, _first_inner_len, _id_strings, _pa, _Plan, _plan, _storage_type
 
 __all__ = ["import_hf", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS"]
@@ -378,11 +379,5 @@ def import_hf(
             if progress is not None:
                 progress(n)
 
-    if remote:
-        from ._parallel import write_to_url
-
-        write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
-                     metadata={METADATA_KEY: meta}, storage_options=storage_options)
-        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+    return build_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
+                       metadata={METADATA_KEY: meta}, storage_options=storage_options)

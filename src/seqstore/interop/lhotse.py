@@ -46,8 +46,9 @@ import numpy as np
 from ..errors import SchemaError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
-from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store
+from ..store import Store, Writer
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total
+from ._parallel import build_store
 
 __all__ = [
     "import_lhotse",
@@ -380,12 +381,5 @@ def import_lhotse(
             announce_total(progress, total)
         _write(writer, streams, plan, chunk_bytes, progress)
 
-    if not remote:
-        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-        return open_store(out)
-    from ._parallel import write_to_url
-
-    options = dict(storage_options) if storage_options else None
-    write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
-                 metadata={METADATA_KEY: meta}, storage_options=options)
-    return open_store(out, storage_options=options)
+    return build_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
+                       metadata={METADATA_KEY: meta}, storage_options=storage_options)
