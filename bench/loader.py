@@ -207,8 +207,14 @@ def _loader(kind: str, mode: str, store: str, flat: str, workers: int) -> tuple[
     from torch.utils.data import DataLoader, RandomSampler
 
     from seqstore.data import StoreDataset
-    from seqstore.torch import (EpochBatchSampler, EpochSampler, IterableSeqDataset, SeqDataLoader, SeqDataset,
-                                collate_padded)
+    from seqstore.torch import (
+        EpochBatchSampler,
+        EpochSampler,
+        IterableSeqDataset,
+        SeqDataLoader,
+        SeqDataset,
+        collate_padded,
+    )
 
     b = BATCH[kind]
     ds = StoreDataset(store, ordering="random", seed=1, length_field=LENGTH_FIELD[kind])

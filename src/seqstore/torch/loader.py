@@ -20,9 +20,10 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader
 
 from ..io.objects import fork_unsafe as _fork_unsafe
+from ._direct import collate_options, direct_plan, run_ordered
 from ._mainguard import check_main_guard, start_method
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
@@ -62,9 +63,13 @@ class SeqDataLoader(DataLoader[Any]):
     ``batch_size``). All other arguments are the DataLoader's.
     """
 
-    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, threads: int = 0, **kwargs: Any) -> None:
         if args:
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"SeqDataLoader: threads must be an integer >= 0, got {threads!r}")
+        if threads and kwargs.get("num_workers", 0):
+            raise ValueError("SeqDataLoader: threads= gathers in this process; it does not go with num_workers > 0")
         if not kwargs.get("in_order", True):
             raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
         if isinstance(dataset, IterableSeqDataset):
@@ -90,6 +95,23 @@ class SeqDataLoader(DataLoader[Any]):
             )
         super().__init__(dataset, **kwargs)
         self._consumed = 0
+        self.threads = threads
+        if threads and not self._direct_possible():
+            raise ValueError(
+                "SeqDataLoader: threads= needs seqstore's own batches: a SeqDataset with sampler=EpochSampler and "
+                "batch_size, or batch_sampler=EpochBatchSampler, and collate_fn=collate_padded / PaddedCollate "
+                "(pad_value 0); or an IterableSeqDataset with batch= set"
+            )
+
+    def _direct_possible(self) -> bool:
+        ds = self.dataset
+        if isinstance(ds, IterableSeqDataset):
+            return ds.batch is not None
+        if not isinstance(ds, SeqDataset) or collate_options(self.collate_fn) is None:
+            return False
+        return isinstance(self.batch_sampler, EpochBatchSampler) or (
+            isinstance(self.sampler, EpochSampler) and self.batch_size is not None
+            and type(self.batch_sampler) is BatchSampler)
 
     def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset:
         if isinstance(self.dataset, IterableSeqDataset):
@@ -107,13 +129,23 @@ class SeqDataLoader(DataLoader[Any]):
         src = self._source()
         if isinstance(src, IterableSeqDataset):
             src.begin()
-        elif isinstance(self.dataset, SeqDataset):
-            # workers replay the batch sampler to read their next batches ahead (checked per batch)
-            self.dataset.foresee(self.batch_sampler)
         self._consumed = 0
-        if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
-            check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
-        for batch in super().__iter__():
+        plan = direct_plan(self, self.threads) if self.num_workers == 0 else None
+        batches: Iterator[Any]
+        if plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
+            arrays, gather, stream = plan
+            if self.threads:
+                batches = run_ordered(arrays, gather, self.threads)
+            else:
+                batches = stream(arrays) if stream is not None else map(gather, arrays)
+        else:
+            if isinstance(self.dataset, SeqDataset):
+                # workers replay the batch sampler to read their next batches ahead (checked per batch)
+                self.dataset.foresee(self.batch_sampler)
+            if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
+                check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
+            batches = super().__iter__()
+        for batch in batches:
             self._consumed += 1
             yield batch
         if isinstance(src, IterableSeqDataset):

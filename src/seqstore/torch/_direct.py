@@ -1,0 +1,166 @@
+"""The in-process batch path of :class:`~seqstore.torch.SeqDataLoader` (no DataLoader workers).
+
+Through ``torch.utils.data.DataLoader`` a batch of a map-style :class:`~seqstore.torch.SeqDataset`
+costs far more than its gather: the sampler yields Python ints one by one, ``BatchSampler`` makes a
+list of them, ``__getitems__`` turns the list back into an array and builds one dict of views per
+record for the collate function, which then ignores them. When every step is seqstore's own (an
+:class:`~seqstore.torch.EpochSampler` with ``batch_size`` or an
+:class:`~seqstore.torch.EpochBatchSampler`, and :func:`~seqstore.torch.collate_padded` /
+:class:`~seqstore.torch.PaddedCollate` without a ``pad_value``), the loader takes the sampler's index
+arrays and gathers each batch with one padded ``get_batch`` straight into the tensors it hands out:
+the same batches, in the same order, with the same resume state, and no per-record Python object.
+
+``threads=T`` gathers the next batches ahead on ``T`` threads of this process (in order; at most
+``2T`` batches in flight). The gather's copies run without the GIL (numba ``nogil``, NumPy's
+``take``), and a batch needs no shared-memory segment and no pickle to reach the training loop. An
+:class:`~seqstore.torch.IterableSeqDataset` that makes its own batches uses the threads the same way
+(its stream is then rank ``r``'s alone, as with ``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler
+
+from .collate import PaddedCollate, collate_gathered, collate_padded
+from .dataset import SeqDataset
+from .iterable import IterableSeqDataset
+from .sampler import EpochBatchSampler, EpochSampler
+
+__all__ = ["collate_options", "direct_plan", "rebatch", "run_ordered"]
+
+IndexArray = np.ndarray[Any, np.dtype[np.int64]]
+Batch = dict[str, torch.Tensor]
+
+
+def rebatch(chunks: Iterable[IndexArray], size: int, drop_last: bool) -> Iterator[IndexArray]:
+    """Cut a stream of index arrays into arrays of ``size`` (the last shorter unless ``drop_last``)."""
+    carry: IndexArray | None = None
+    for chunk in chunks:
+        if carry is not None and len(carry):
+            chunk = np.concatenate([carry, chunk])
+        full = len(chunk) // size * size
+        for a in range(0, full, size):
+            yield chunk[a : a + size]
+        carry = chunk[full:]
+    if carry is not None and len(carry) and not drop_last:
+        yield carry
+
+
+def collate_options(collate_fn: Any) -> tuple[tuple[str, ...] | None, bool] | None:
+    """(ragged, masks) of a seqstore collate function that the direct path reproduces, else None."""
+    if collate_fn is collate_padded:
+        return None, False
+    if isinstance(collate_fn, PaddedCollate) and collate_fn.pad_value == 0:
+        return collate_fn.ragged, bool(collate_fn.masks)
+    return None
+
+
+def _pinned(batch: Batch) -> Batch:
+    return {k: v.pin_memory() for k, v in batch.items()}
+
+
+def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Callable[[IndexArray], Batch],
+                                                    Callable[[Iterator[IndexArray]], Iterator[Batch]] | None] | None:
+    """(index arrays, gather one batch, gather a stream in order or None) when ``loader`` (a
+    ``SeqDataLoader`` without workers) can build its batches here, else None (the DataLoader does).
+
+    Call at the start of an iteration: the index arrays come from the loader's sampler (or iterable
+    dataset) exactly as the DataLoader would ask for them.
+    """
+    pin = bool(loader.pin_memory) and torch.cuda.is_available()
+    ds = loader.dataset
+    if isinstance(ds, IterableSeqDataset):
+        if ds.batch is None or threads == 0:
+            return None  # records mode, or already one gather per DataLoader step
+        it = ds
+
+        def gather_iterable(idx: IndexArray) -> Batch:
+            out = it._gather(idx, it.dataset.get_batch(idx, pad=True))
+            return _pinned(out) if pin else out
+
+        return it._indices(), gather_iterable, None
+    if not isinstance(ds, SeqDataset):
+        return None
+    options = collate_options(loader.collate_fn)
+    if options is None:
+        return None
+    ragged, masks = options
+    arrays: Iterator[IndexArray]
+    if isinstance(loader.batch_sampler, EpochBatchSampler):
+        arrays = loader.batch_sampler.iter_arrays()
+    elif (isinstance(loader.sampler, EpochSampler) and loader.batch_size is not None
+          and type(loader.batch_sampler) is BatchSampler):
+        arrays = rebatch(loader.sampler.iter_chunks(), int(loader.batch_size), bool(loader.drop_last))
+    else:
+        return None
+    inner = ds.dataset
+
+    def finish(idx: IndexArray, batch: dict[str, Any]) -> Batch:
+        values, lengths = ds.padded_batch(idx, batch)
+        out = collate_gathered(values, lengths, ragged=ragged, masks=masks)
+        return _pinned(out) if pin else out
+
+    def gather(idx: IndexArray) -> Batch:
+        return finish(idx, inner.get_batch(idx, pad=True))
+
+    stream = None
+    prefetch = getattr(inner, "prefetch", None)
+    if hasattr(inner, "iter_batches") and ds.prefetch:
+
+        def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
+            # the dataset's own read-ahead: the next ``ds.prefetch`` batches' reads in flight, each
+            # batch's pages asked for once; iter_batches pulls the index arrays ahead, so tee them
+            pending: deque[IndexArray] = deque()
+
+            def remember() -> Iterator[IndexArray]:
+                for idx in idxs:
+                    pending.append(idx)
+                    yield idx
+
+            for batch in inner.iter_batches(remember(), pad=True, prefetch=ds.prefetch):
+                yield finish(pending.popleft(), batch)
+
+    elif callable(prefetch) and ds.prefetch:
+
+        def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
+            # the reads of the next ``ds.prefetch`` batches start before this one is gathered (what the
+            # workers' read-ahead does in the DataLoader path)
+            window: deque[IndexArray] = deque()
+            for idx in idxs:
+                window.append(idx)
+                if len(window) > 1:
+                    prefetch(idx)
+                if len(window) > ds.prefetch:
+                    yield gather(window.popleft())
+            while window:
+                yield gather(window.popleft())
+
+    return arrays, gather, stream
+
+
+def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:
+    """``gather`` of every array, in order, on ``threads`` threads with at most ``2 * threads`` in flight.
+
+    An exception in a gather is raised here when its batch is due. Closing the generator cancels the
+    batches not started and waits for the running ones (milliseconds)."""
+    depth = 2 * threads
+    pending: deque[Future[Batch]] = deque()
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="seqstore-loader")
+    try:
+        for idx in arrays:
+            pending.append(pool.submit(gather, idx))
+            if len(pending) >= depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
