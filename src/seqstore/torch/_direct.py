@@ -10,8 +10,8 @@ record for the collate function, which then ignores them. When every step is seq
 arrays and gathers each batch with one padded ``get_batch`` straight into the tensors it hands out:
 the same batches, in the same order, with the same resume state, and no per-record Python object.
 
-``threads=T`` gathers the next batches ahead on ``T`` threads of this process (in order; at most
-``2T`` batches in flight). The gather's copies run without the GIL (numba ``nogil``, NumPy's
+``threads=T`` gathers the next batches on ``T`` helper threads of this process besides the loop's
+own (:func:`run_ordered`). The gather's copies run without the GIL (numba ``nogil``, NumPy's
 ``take``), and a batch needs no shared-memory segment and no pickle to reach the training loop. An
 :class:`~seqstore.torch.IterableSeqDataset` that makes its own batches uses the threads the same way
 (its stream is then rank ``r``'s alone, as with ``num_workers=0``).
@@ -19,9 +19,9 @@ the same batches, in the same order, with the same resume state, and no per-reco
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -145,22 +145,88 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Callab
     return arrays, gather, stream
 
 
-def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:
-    """``gather`` of every array, in order, on ``threads`` threads with at most ``2 * threads`` in flight.
+class _Slot:
+    """One batch of :func:`run_ordered`: its index array, then its result or exception."""
 
-    An exception in a gather is raised here when its batch is due. Closing the generator cancels the
-    batches not started and waits for the running ones (milliseconds)."""
-    depth = 2 * threads
-    pending: deque[Future[Batch]] = deque()
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="seqstore-loader")
+    __slots__ = ("idx", "done", "value", "error")
+
+    def __init__(self, idx: IndexArray) -> None:
+        self.idx = idx
+        self.done = threading.Event()
+        self.value: Batch | None = None
+        self.error: BaseException | None = None
+
+    def run(self, gather: Callable[[IndexArray], Batch]) -> None:
+        try:
+            self.value = gather(self.idx)
+        except BaseException as exc:  # noqa: BLE001 - raised in the consumer when the batch is due
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def result(self) -> Batch:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
+def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:
+    """``gather`` of every array, in order, shared between this thread and ``threads`` helper threads.
+
+    The next ``threads + 2`` batches are open at any time; helpers take the oldest batch nobody has
+    started. The consumer, while the batch it needs next is not done, gathers the oldest batch nobody
+    has started (often that very batch) instead of waiting: with no core free for the helpers the loop
+    still gathers at about the in-line rate, and a helper that is ahead hands its batch over at once.
+    The index arrays are drawn in this thread only. An exception in a gather is raised here when its
+    batch is due; closing the generator lets the running gathers finish and stops the helpers."""
+    work = threading.Condition()
+    unclaimed: deque[_Slot] = deque()
+    stopping = False
+
+    def helper() -> None:
+        while True:
+            with work:
+                while not unclaimed and not stopping:
+                    work.wait()
+                if stopping:
+                    return
+                slot = unclaimed.popleft()
+            slot.run(gather)
+
+    helpers = [threading.Thread(target=helper, name=f"seqstore-loader-{k}", daemon=True) for k in range(threads)]
+    for h in helpers:
+        h.start()
+    window: deque[_Slot] = deque()
+    it = iter(arrays)
+    more = True
     try:
-        for idx in arrays:
-            pending.append(pool.submit(gather, idx))
-            if len(pending) >= depth:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        while True:
+            while more and len(window) <= threads + 1:
+                idx = next(it, None)
+                if idx is None:
+                    more = False
+                    break
+                slot = _Slot(idx)
+                window.append(slot)
+                with work:
+                    unclaimed.append(slot)
+                    work.notify()
+            if not window:
+                return
+            slot = window.popleft()
+            while not slot.done.is_set():  # help instead of waiting: the oldest batch nobody started
+                with work:
+                    other = unclaimed.popleft() if unclaimed else None
+                if other is None:
+                    break
+                other.run(gather)
+            yield slot.result()
     finally:
-        for f in pending:
-            f.cancel()
-        pool.shutdown(wait=True)
+        with work:
+            stopping = True
+            unclaimed.clear()
+            work.notify_all()
+        for h in helpers:
+            h.join()
