@@ -13,8 +13,9 @@ Epoch order ``random`` (seed 1), rank 0 of 1. Cases, each in a fresh process:
 - ``sampler``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, collate_fn=collate_padded)``;
 - ``batch-sampler``: ``SeqDataLoader(SeqDataset, batch_sampler=EpochBatchSampler(max_seqs=B))``;
 - ``iterable``: ``SeqDataLoader(IterableSeqDataset(batch=B), batch_size=None)``;
-- ``threads``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, threads=T)`` (the
-  in-process gather path; with ``/T`` threads that gather the next batches ahead);
+- ``threads``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, threads=T)``: ``T``
+  helper threads share the gathers with the loop's thread (``threads/0`` would be ``sampler/0``);
+- ``procs``: the same with ``procs=K``: ``K`` worker processes gather into a ring of shared buffers;
 - ``memmap-peer``: what users write by hand: a ``torch.utils.data.DataLoader`` over a map-style
   dataset on ``np.memmap`` of the same bytes (one flat file per field plus offsets), ``RandomSampler``
   and a ``pad_sequence`` collate (scalars: ``default_collate`` of ints).
@@ -27,7 +28,11 @@ memory (``RssAnon``: the process's own heap, not the store's page-cache pages; a
 count includes pages still shared copy-on-write with its parent) of the main process and of the
 larger worker at the end of the walk. The ratio column is ``batches_per_s`` over ``inprocess``'s (> 1 is faster).
 
-Usage: ``python bench/loader.py [--quick] [--repeats R] [--only ragged|scalar] [--cases a,b]``.
+``--step-ms S`` sleeps S ms after each batch, a training step that leaves the CPU to the loader (a GPU
+step waits on the device): the time per batch is then at least S ms, and what counts is how much of
+the gather hides behind the step.
+
+Usage: ``python bench/loader.py [--quick] [--repeats R] [--only ragged|scalar] [--cases a,b] [--step-ms S]``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ BATCH = {"ragged": 64, "scalar": 1024}
 LENGTH_FIELD: dict[str, str | None] = {"ragged": "features", "scalar": None}
 WALK = {"ragged": 1000, "scalar": 1000}
 QUICK_WALK = {"ragged": 200, "scalar": 200}
-KINDS = ("sampler", "batch-sampler", "iterable", "threads", "memmap-peer")
+KINDS = ("sampler", "batch-sampler", "iterable", "threads", "procs", "memmap-peer")
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -232,9 +237,9 @@ def _loader(kind: str, mode: str, store: str, flat: str, workers: int) -> tuple[
     if mode == "sampler":
         return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=b, num_workers=workers,
                              collate_fn=collate_padded), None
-    if mode == "threads":
-        return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=b, threads=workers,  # type: ignore[call-arg]
-                             collate_fn=collate_padded), None
+    if mode in ("threads", "procs"):
+        return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=b, collate_fn=collate_padded,
+                             **{mode: workers}), None
     raise ValueError(mode)
 
 
@@ -261,7 +266,8 @@ def _inprocess(kind: str, store: str) -> Any:
         yield out
 
 
-def case_walk(kind: str, mode: str, store: str, flat: str, workers: int, batches: int) -> dict[str, Any]:
+def case_walk(kind: str, mode: str, store: str, flat: str, workers: int, batches: int,
+              step_ms: float = 0.0) -> dict[str, Any]:
     """Walk ``batches`` batches (after the first) of one loader; see the module docstring."""
     import torch
 
@@ -285,6 +291,8 @@ def case_walk(kind: str, mode: str, store: str, flat: str, workers: int, batches
         for _ in range(batches):
             next(it)
             n += 1
+            if step_ms:
+                time.sleep(step_ms / 1e3)  # a training step that leaves the CPU (a GPU step waits on the device)
     dt = time.perf_counter() - t1
     cpu = time.process_time() - c0 + sum(_cpu(p) - c for p, c in zip(pids, wc0))
     wanon = max((_anon(p) for p in pids), default=0)
@@ -307,6 +315,8 @@ def main() -> None:
     p.add_argument("--only", choices=("ragged", "scalar"), default=None)
     p.add_argument("--cases", default=None, help="comma-separated subset of " + ",".join(KINDS))
     p.add_argument("--workers", default="0,2", help="worker / thread counts (default 0,2)")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="sleep this long after each batch, as a training step that leaves the CPU (default 0)")
     args = p.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     sizes = QUICK_SIZES if args.quick else SIZES
@@ -319,16 +329,19 @@ def main() -> None:
             continue
         store, flat = ensure_data(kind, sizes[kind])
         warm(store, flat)
-        common = {"kind": kind, "store": str(store), "flat": str(flat), "batches": walk[kind]}
+        common = {"kind": kind, "store": str(store), "flat": str(flat), "batches": walk[kind], "step_ms": args.step_ms}
         cases.append(Case("inprocess", "bench.loader:case_walk", {**common, "mode": "inprocess", "workers": 0},
                           group=kind, metric="batches_per_s"))
         for mode in modes:
             for w in counts:
+                if mode in ("threads", "procs") and w == 0:
+                    continue  # threads=0 / procs=0 is sampler/0
                 cases.append(Case(f"{mode}/{w}", "bench.loader:case_walk", {**common, "mode": mode, "workers": w},
                                   group=kind, metric="batches_per_s"))
-    name = "loader_quick" if args.quick else "loader"
+    name = ("loader_quick" if args.quick else "loader") + (f"_step{args.step_ms:g}ms" if args.step_ms else "")
     results = run_cases(name, cases, baseline="inprocess", repeats=repeats,
-                        meta={"sizes": sizes, "batch": BATCH, "walk": walk, "load": os.getloadavg()})
+                        meta={"sizes": sizes, "batch": BATCH, "walk": walk, "step_ms": args.step_ms,
+                              "load": os.getloadavg()})
     text = print_table(results, extras=["batches_per_s", "cpu_ms_per_batch", "first_batch_s", "main_anon_mib",
                                         "worker_anon_mib"])
     text += f"\nload average before the run: {' '.join(f'{x:.2f}' for x in results['meta']['load'])}; " \

@@ -60,9 +60,12 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+PARALLEL = [{}, {"threads": 2}, {"procs": 2}]
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("threads", [0, 2])
-def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, threads: int,
+@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
+def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, par: dict[str, int],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import seqstore.torch.loader as loader_module
 
@@ -71,27 +74,30 @@ def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, thread
     monkeypatch.setattr(loader_module, "direct_plan", lambda ld, t: plans.append(real(ld, t)) or plans[-1])
     for rank in range(2):
         want = list(_loader(ds, mode, rank, 2, cls=DataLoader))
-        loader = _loader(ds, mode, rank, 2, threads=threads)
+        loader = _loader(ds, mode, rank, 2, **par)
         got = list(loader)
         assert len(got) == len(want) == len(loader) and loader.consumed == len(got)
         for a, b in zip(got, want):
             _same(a, b)
     # built here, except a self-batching iterable without threads (one gather per step already)
-    assert all((p is not None) == (threads > 0 or not mode.startswith("iter")) for p in plans) and plans
+    assert all((p is not None) == (bool(par) or not mode.startswith("iter")) for p in plans) and plans
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("threads", [0, 2])
-def test_resume_over_ranks_and_threads_is_exact(ds: StoreDataset, mode: str, threads: int) -> None:
-    """2 ranks take k batches each (more are in flight with threads), checkpoint, 1 rank resumes with
-    another thread count: the states and the remaining batches equal the DataLoader path's, and with no
+@pytest.mark.parametrize("par", [({}, {"threads": 2}), ({"threads": 2}, {}), ({"procs": 2}, {"threads": 1}),
+                                 ({}, {"procs": 2})], ids=["inline-threads", "threads-inline", "procs-threads",
+                                                           "inline-procs"])
+def test_resume_over_ranks_and_modes_is_exact(ds: StoreDataset, mode: str,
+                                              par: tuple[dict[str, int], dict[str, int]]) -> None:
+    """2 ranks take k batches each (more are in flight with threads or processes), checkpoint, 1 rank
+    resumes in another mode: the states and the remaining batches equal the DataLoader path's, and with no
     tail padding every record comes exactly once."""
     k = 3
 
-    def run(first_threads: int, then_threads: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def run(first: dict[str, int], then: dict[str, int]) -> tuple[dict[str, Any], list[np.ndarray]]:
         states, seen = [], []
         for rank in range(2):
-            loader = _loader(ds, mode, rank, 2, threads=first_threads)
+            loader = _loader(ds, mode, rank, 2, **first)
             for step, b in enumerate(loader):
                 np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())  # x[t, 0] = index
                 seen.append(b["index"].numpy())
@@ -99,13 +105,13 @@ def test_resume_over_ranks_and_threads_is_exact(ds: StoreDataset, mode: str, thr
                     break
             states.append(loader.state_dict())
         assert states[0] == states[1]
-        loader = _loader(ds, mode, 0, 1, threads=then_threads)
+        loader = _loader(ds, mode, 0, 1, **then)
         loader.load_state_dict(states[0])
         rest = [b["index"].numpy() for b in loader]
         assert loader.consumed == len(rest)
         return states[0], seen + rest
 
-    state, got = run(threads, 2 - threads)
+    state, got = run(*par)
     ref_state, ref = _reference(ds, mode, k)
     state.pop("num_workers", None)
     assert state == ref_state
@@ -214,3 +220,70 @@ def test_rebatch() -> None:
         list(range(0, 6)), list(range(6, 12)), list(range(12, 18)), [18, 19]]
     assert [len(b) for b in rebatch(iter(chunks), 6, True)] == [6, 6, 6]
     assert list(rebatch(iter([]), 3, False)) == []
+
+
+def _children() -> set[int]:
+    import os
+
+    pids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            pids |= {int(x) for x in f.read().split()}
+    return pids
+
+
+def test_procs_error_in_a_worker_is_raised_in_the_loop_and_workers_end(ds: StoreDataset) -> None:
+    bad = _Failing(ds.store)
+    before = _children()
+    loader = SeqDataLoader(SeqDataset(bad, prefetch=0), sampler=EpochSampler(bad), batch_size=4,
+                           collate_fn=collate_padded, procs=2)
+    got = 0
+    with pytest.raises(OSError, match="disk gone"):
+        for _ in loader:
+            got += 1
+    assert got == 1
+    assert _children() <= before
+
+
+def test_procs_a_killed_worker_is_an_error_in_seqstores_words(ds: StoreDataset) -> None:
+    import multiprocessing
+    import os
+    import signal
+
+    from seqstore.errors import SeqstoreError
+
+    loader = _loader(ds, "sampler", 0, 1, procs=2)
+    it = iter(loader)
+    next(it)
+    workers = [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
+    assert len(workers) == 2
+    for p in workers:
+        os.kill(p.pid, signal.SIGKILL)
+    with pytest.raises(SeqstoreError, match="exited unexpectedly"):
+        for _ in it:
+            pass
+
+
+def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset) -> None:
+    """Batches handed out as views of the shared slots are never overwritten while alive; a loop that
+    keeps every batch (or a part of one) gets copies once the worker would run out of slots."""
+    held = []
+    parts = []
+    for b in _loader(ds, "greedy", 0, 1, procs=2):
+        held.append(b)
+        parts.append(b["x"][:, 0, 0])
+    for b, p in zip(held, parts):
+        np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())
+        np.testing.assert_array_equal(p.numpy(), b["index"].numpy())
+    got = np.sort(np.concatenate([b["index"].numpy() for b in held]))
+    np.testing.assert_array_equal(got, np.arange(N))
+
+
+def test_procs_breaking_off_stops_the_workers(ds: StoreDataset) -> None:
+    before = _children()
+    loader = _loader(ds, "iter-fixed", 0, 1, procs=2)
+    for step, _b in enumerate(loader):
+        if step == 2:
+            break
+    assert loader.consumed == 3
+    assert _children() <= before

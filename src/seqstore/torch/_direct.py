@@ -33,7 +33,7 @@ from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
-__all__ = ["collate_options", "direct_plan", "rebatch", "run_ordered"]
+__all__ = ["Gatherer", "collate_options", "direct_plan", "pinned", "rebatch", "run_ordered"]
 
 IndexArray = np.ndarray[Any, np.dtype[np.int64]]
 Batch = dict[str, torch.Tensor]
@@ -62,36 +62,55 @@ def collate_options(collate_fn: Any) -> tuple[tuple[str, ...] | None, bool] | No
     return None
 
 
-def _pinned(batch: Batch) -> Batch:
+def pinned(batch: Batch) -> Batch:
+    """``batch`` in page-locked memory (for ``pin_memory=True`` where there is a device)."""
     return {k: v.pin_memory() for k, v in batch.items()}
 
 
-def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Callable[[IndexArray], Batch],
+class Gatherer:
+    """One batch of a loader from its index array: a padded ``get_batch`` and the loader's collation.
+
+    Picklable (datasets pickle small), so a worker process can get a copy. ``source``: a
+    :class:`SeqDataset` (then ``ragged`` / ``masks`` are the collate function's) or an
+    :class:`IterableSeqDataset` that makes its own batches."""
+
+    def __init__(self, source: SeqDataset | IterableSeqDataset, ragged: tuple[str, ...] | None = None,
+                 masks: bool = False) -> None:
+        self.source = source
+        self.ragged = ragged
+        self.masks = masks
+
+    def finish(self, idx: IndexArray, batch: dict[str, Any]) -> Batch:
+        """The loader's batch from ``get_batch(idx, pad=True)``'s result (no copy)."""
+        src = self.source
+        if isinstance(src, IterableSeqDataset):
+            return src._gather(idx, batch)
+        values, lengths = src.padded_batch(idx, batch)
+        return collate_gathered(values, lengths, ragged=self.ragged, masks=self.masks)
+
+    def __call__(self, idx: IndexArray) -> Batch:
+        return self.finish(idx, self.source.dataset.get_batch(idx, pad=True))
+
+
+def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gatherer,
                                                     Callable[[Iterator[IndexArray]], Iterator[Batch]] | None] | None:
-    """(index arrays, gather one batch, gather a stream in order or None) when ``loader`` (a
-    ``SeqDataLoader`` without workers) can build its batches here, else None (the DataLoader does).
+    """(index arrays, gatherer, gather a stream in order or None) when ``loader`` (a ``SeqDataLoader``
+    without DataLoader workers) can build its batches itself, else None (the DataLoader does).
 
     Call at the start of an iteration: the index arrays come from the loader's sampler (or iterable
-    dataset) exactly as the DataLoader would ask for them.
+    dataset) exactly as the DataLoader would ask for them. ``threads``: > 0 when the batches will be
+    gathered in parallel (threads or processes); then a self-batching iterable is taken too.
     """
-    pin = bool(loader.pin_memory) and torch.cuda.is_available()
     ds = loader.dataset
     if isinstance(ds, IterableSeqDataset):
         if ds.batch is None or threads == 0:
             return None  # records mode, or already one gather per DataLoader step
-        it = ds
-
-        def gather_iterable(idx: IndexArray) -> Batch:
-            out = it._gather(idx, it.dataset.get_batch(idx, pad=True))
-            return _pinned(out) if pin else out
-
-        return it._indices(), gather_iterable, None
+        return ds._indices(), Gatherer(ds), None
     if not isinstance(ds, SeqDataset):
         return None
     options = collate_options(loader.collate_fn)
     if options is None:
         return None
-    ragged, masks = options
     arrays: Iterator[IndexArray]
     if isinstance(loader.batch_sampler, EpochBatchSampler):
         arrays = loader.batch_sampler.iter_arrays()
@@ -100,16 +119,8 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Callab
         arrays = rebatch(loader.sampler.iter_chunks(), int(loader.batch_size), bool(loader.drop_last))
     else:
         return None
+    gather = Gatherer(ds, *options)
     inner = ds.dataset
-
-    def finish(idx: IndexArray, batch: dict[str, Any]) -> Batch:
-        values, lengths = ds.padded_batch(idx, batch)
-        out = collate_gathered(values, lengths, ragged=ragged, masks=masks)
-        return _pinned(out) if pin else out
-
-    def gather(idx: IndexArray) -> Batch:
-        return finish(idx, inner.get_batch(idx, pad=True))
-
     stream = None
     prefetch = getattr(inner, "prefetch", None)
     if hasattr(inner, "iter_batches") and ds.prefetch:
@@ -125,7 +136,7 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Callab
                     yield idx
 
             for batch in inner.iter_batches(remember(), pad=True, prefetch=ds.prefetch):
-                yield finish(pending.popleft(), batch)
+                yield gather.finish(pending.popleft(), batch)
 
     elif callable(prefetch) and ds.prefetch:
 

@@ -20,11 +20,13 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from ..io.objects import fork_unsafe as _fork_unsafe
-from ._direct import collate_options, direct_plan, run_ordered
+from ._direct import collate_options, direct_plan, pinned, run_ordered
 from ._mainguard import check_main_guard, start_method
+from ._ring import run_processes
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
@@ -63,13 +65,18 @@ class SeqDataLoader(DataLoader[Any]):
     ``batch_size``). All other arguments are the DataLoader's.
     """
 
-    def __init__(self, dataset: Any, *args: Any, threads: int = 0, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int = 0, **kwargs: Any) -> None:
         if args:
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-            raise ValueError(f"SeqDataLoader: threads must be an integer >= 0, got {threads!r}")
-        if threads and kwargs.get("num_workers", 0):
-            raise ValueError("SeqDataLoader: threads= gathers in this process; it does not go with num_workers > 0")
+        for name, value in (("threads", threads), ("procs", procs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SeqDataLoader: {name} must be an integer >= 0, got {value!r}")
+        if threads and procs:
+            raise ValueError("SeqDataLoader: choose threads= or procs=, not both")
+        if (threads or procs) and kwargs.get("num_workers", 0):
+            raise ValueError(f"SeqDataLoader: {'threads' if threads else 'procs'}= replaces the DataLoader's "
+                             "workers; it does not go with num_workers > 0")
+        procs_context = kwargs.pop("multiprocessing_context", None) if procs else None
         if not kwargs.get("in_order", True):
             raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
         if isinstance(dataset, IterableSeqDataset):
@@ -85,22 +92,26 @@ class SeqDataLoader(DataLoader[Any]):
                 raise ValueError(
                     f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
                 )
-        if kwargs.get("num_workers", 0) and kwargs.get("multiprocessing_context") is None and _reads_remote(dataset):
+        workers = procs or kwargs.get("num_workers", 0)
+        chosen = procs_context if procs else kwargs.get("multiprocessing_context")
+        if workers and chosen is None and _reads_remote(dataset):
             # this process reads object storage: forked workers could not (obstore's threads do not survive
             # fork()), so they start from a fresh interpreter and reopen the store from its pickle
             import multiprocessing
 
-            kwargs["multiprocessing_context"] = (
-                "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-            )
+            chosen = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+            if not procs:
+                kwargs["multiprocessing_context"] = chosen
+        self._procs_context = chosen if procs else None
         super().__init__(dataset, **kwargs)
         self._consumed = 0
         self.threads = threads
-        if threads and not self._direct_possible():
+        self.procs = procs
+        if (threads or procs) and not self._direct_possible():
             raise ValueError(
-                "SeqDataLoader: threads= needs seqstore's own batches: a SeqDataset with sampler=EpochSampler and "
-                "batch_size, or batch_sampler=EpochBatchSampler, and collate_fn=collate_padded / PaddedCollate "
-                "(pad_value 0); or an IterableSeqDataset with batch= set"
+                f"SeqDataLoader: {'threads' if threads else 'procs'}= needs seqstore's own batches: a "
+                "SeqDataset with sampler=EpochSampler and batch_size, or batch_sampler=EpochBatchSampler, and "
+                "collate_fn=collate_padded / PaddedCollate (pad_value 0); or an IterableSeqDataset with batch= set"
             )
 
     def _direct_possible(self) -> bool:
@@ -130,14 +141,21 @@ class SeqDataLoader(DataLoader[Any]):
         if isinstance(src, IterableSeqDataset):
             src.begin()
         self._consumed = 0
-        plan = direct_plan(self, self.threads) if self.num_workers == 0 else None
+        plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
         batches: Iterator[Any]
         if plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
-            if self.threads:
-                batches = run_ordered(arrays, gather, self.threads)
+            pin = bool(self.pin_memory) and torch.cuda.is_available()
+            if self.procs:
+                check_main_guard(start_method(self._procs_context), self.procs)
+                batches = run_processes(arrays, gather, self.procs, context=self._procs_context, pin=pin)
             else:
-                batches = stream(arrays) if stream is not None else map(gather, arrays)
+                if self.threads:
+                    batches = run_ordered(arrays, gather, self.threads)
+                else:
+                    batches = stream(arrays) if stream is not None else map(gather, arrays)
+                if pin:
+                    batches = map(pinned, batches)
         else:
             if isinstance(self.dataset, SeqDataset):
                 # workers replay the batch sampler to read their next batches ahead (checked per batch)
