@@ -31,6 +31,12 @@ N = 96
 MODES = ("sampler", "sampler-drop", "greedy", "bucket", "iter-fixed", "iter-greedy")
 
 
+@pytest.fixture(autouse=True)
+def parallel_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batches here are tiny: hand them to the helpers all the same (see test_small_batches_stay_inline)."""
+    monkeypatch.setattr("seqstore.torch.loader.PARALLEL_FROM_BYTES", 0)
+
+
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory: pytest.TempPathFactory) -> StoreDataset:
     p = tmp_path_factory.mktemp("direct") / "d.seqstore"
@@ -287,3 +293,17 @@ def test_procs_breaking_off_stops_the_workers(ds: StoreDataset) -> None:
             break
     assert loader.consumed == 3
     assert _children() <= before
+
+
+@pytest.mark.parametrize("par", [{"threads": 2}, {"procs": 2}])
+def test_small_batches_stay_inline(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches under PARALLEL_FROM_BYTES are gathered in the loop's thread (no helper, no worker)."""
+    import seqstore.torch.loader as loader_module
+
+    monkeypatch.setattr(loader_module, "PARALLEL_FROM_BYTES", 1 << 30)
+    started: list[str] = []
+    monkeypatch.setattr(loader_module, "run_ordered", lambda *a, **k: started.append("threads") or iter(()))
+    monkeypatch.setattr(loader_module, "run_processes", lambda *a, **k: started.append("procs") or iter(()))
+    want = [b["index"].tolist() for b in _loader(ds, "sampler", 0, 1)]
+    got = [b["index"].tolist() for b in _loader(ds, "sampler", 0, 1, **par)]
+    assert got == want and not started

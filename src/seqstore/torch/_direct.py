@@ -33,7 +33,12 @@ from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
-__all__ = ["Gatherer", "collate_options", "direct_plan", "pinned", "rebatch", "run_ordered"]
+__all__ = ["Gatherer", "collate_options", "direct_plan", "pinned", "rebatch", "run_ordered", "PARALLEL_FROM_BYTES",
+           "batch_bytes"]
+
+#: a batch smaller than this is gathered in the loop's own thread even with ``threads`` / ``procs``:
+#: handing it to a helper costs more than gathering it (measured: bench/loader.py, docs/torch.md)
+PARALLEL_FROM_BYTES = 128 << 10
 
 IndexArray = np.ndarray[Any, np.dtype[np.int64]]
 Batch = dict[str, torch.Tensor]
@@ -60,6 +65,11 @@ def collate_options(collate_fn: Any) -> tuple[tuple[str, ...] | None, bool] | No
     if isinstance(collate_fn, PaddedCollate) and collate_fn.pad_value == 0:
         return collate_fn.ragged, bool(collate_fn.masks)
     return None
+
+
+def batch_bytes(batch: Batch) -> int:
+    """Bytes of the tensors of ``batch``."""
+    return sum(t.numel() * t.element_size() for t in batch.values())
 
 
 def pinned(batch: Batch) -> Batch:

@@ -8,7 +8,7 @@ tensors into its slot of one shared-memory block made once per iteration (``K x 
 answers with the layout (name, dtype, shape, offset), a few hundred bytes. The loop copies the batch
 out of the slot into fresh tensors (page-locked with ``pin_memory``), frees the slot and sends the
 worker its next batch. A batch larger than a slot comes over the pipe instead (correct, slower);
-slots are sized at four times the first batch, which the loop gathers itself while the workers start.
+slots are sized at four times the first batch, which the loop gathers itself.
 
 Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker.
 """
@@ -138,16 +138,13 @@ def _close_lingering() -> None:
     _LINGERING[:] = still
 
 
-def run_processes(arrays: Iterator[IndexArray], gather: Gatherer, procs: int, *, depth: int = 3,
-                  context: Any = None, pin: bool = False) -> Iterator[dict[str, torch.Tensor]]:
-    """The batches of ``arrays`` in order, gathered by ``procs`` worker processes into shared slots
-    (see the module docstring). ``context``: a multiprocessing context or start method name."""
+def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], gather: Gatherer, procs: int, *,
+                  depth: int = 3, context: Any = None, pin: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    """``first`` (the first batch, gathered by the caller), then the batches of ``arrays`` in order,
+    gathered by ``procs`` worker processes into shared slots (see the module docstring). ``context``: a
+    multiprocessing context or start method name."""
     it = iter(arrays)
-    first_idx = next(it, None)
-    if first_idx is None:
-        return
     ctx: Any = multiprocessing.get_context(context) if context is None or isinstance(context, str) else context
-    first = gather(first_idx)
     size = sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in first.values())
     slot_bytes = max(4 * size, 1 << 16)
     nslots = procs * depth

@@ -16,6 +16,7 @@ before any worker starts (instead of Python's "bootstrapping phase" error in eve
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from ..io.objects import fork_unsafe as _fork_unsafe
-from ._direct import collate_options, direct_plan, pinned, run_ordered
+from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
 from ._mainguard import check_main_guard, start_method
 from ._ring import run_processes
 from .dataset import SeqDataset
@@ -146,14 +147,10 @@ class SeqDataLoader(DataLoader[Any]):
         if plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
             pin = bool(self.pin_memory) and torch.cuda.is_available()
-            if self.procs:
-                check_main_guard(start_method(self._procs_context), self.procs)
-                batches = run_processes(arrays, gather, self.procs, context=self._procs_context, pin=pin)
+            if self.threads or self.procs:
+                batches = self._parallel(arrays, gather, pin)
             else:
-                if self.threads:
-                    batches = run_ordered(arrays, gather, self.threads)
-                else:
-                    batches = stream(arrays) if stream is not None else map(gather, arrays)
+                batches = stream(arrays) if stream is not None else map(gather, arrays)
                 if pin:
                     batches = map(pinned, batches)
         else:
@@ -168,6 +165,23 @@ class SeqDataLoader(DataLoader[Any]):
             yield batch
         if isinstance(src, IterableSeqDataset):
             src.finish_epoch()
+
+    def _parallel(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
+        """Batches gathered by the helper threads / processes. The first batch is gathered here; if it is
+        smaller than ``PARALLEL_FROM_BYTES`` the rest are too (a hand-over would cost more than the gather)."""
+        first_idx = next(arrays, None)
+        if first_idx is None:
+            return
+        first = gather(first_idx)
+        if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
+            check_main_guard(start_method(self._procs_context), self.procs)
+            yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin)
+            return
+        rest: Iterator[Any] = map(gather, arrays)
+        if batch_bytes(first) >= PARALLEL_FROM_BYTES:
+            rest = run_ordered(arrays, gather, self.threads)
+        for batch in itertools.chain([first], rest):
+            yield pinned(batch) if pin else batch
 
     @property
     def consumed(self) -> int:
