@@ -64,6 +64,15 @@ class SeqDataLoader(DataLoader[Any]):
     :class:`EpochBatchSampler`, or ``dataset=`` an :class:`IterableSeqDataset` (then ``batch_size``
     must be None when the dataset batches itself; in records mode its ``group`` is set to
     ``batch_size``). All other arguments are the DataLoader's.
+
+    Without workers, a :class:`SeqDataset` batched by an ``EpochSampler`` + ``batch_size`` or an
+    ``EpochBatchSampler`` and collated by :func:`collate_padded` / :class:`PaddedCollate` (pad value
+    0) is built here from the sampler's index arrays, one padded gather per batch (the same batches
+    and states as through the DataLoader; :mod:`seqstore.torch._direct`). ``threads=T`` gathers such
+    batches (or an iterable dataset's own batches) on ``T`` helper threads besides the loop's;
+    ``procs=K`` in ``K`` worker processes that write into a ring of shared buffers
+    (:mod:`seqstore.torch._ring`). Batches under ``PARALLEL_FROM_BYTES`` (128 KiB) are gathered in the
+    loop's thread all the same. Neither goes with ``num_workers``; see docs/torch.md for which to use.
     """
 
     def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int = 0, **kwargs: Any) -> None:
