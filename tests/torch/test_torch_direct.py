@@ -307,3 +307,25 @@ def test_small_batches_stay_inline(ds: StoreDataset, par: dict[str, int], monkey
     want = [b["index"].tolist() for b in _loader(ds, "sampler", 0, 1)]
     got = [b["index"].tolist() for b in _loader(ds, "sampler", 0, 1, **par)]
     assert got == want and not started
+
+
+@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
+def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``pin_memory=True`` and a device, every batch handed out is pinned (here: a CPU-only torch, so
+    pinning is stood in for by a marked copy) and keeps its values."""
+    pinned: list[int] = []
+
+    def fake_pin(self: Any) -> Any:
+        out = self.clone()
+        pinned.append(id(out))
+        return out
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    want = [b["index"].tolist() for b in _loader(ds, "greedy", 0, 1)]
+    got = []
+    for b in _loader(ds, "greedy", 0, 1, pin_memory=True, **par):
+        assert all(id(t) in pinned for t in b.values())
+        np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())
+        got.append(b["index"].tolist())
+    assert got == want
