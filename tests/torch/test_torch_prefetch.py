@@ -40,6 +40,21 @@ class LoggingDataset(StoreDataset):
         self._log("get", indices)
         return super().get_batch(indices, pad=pad)
 
+    def iter_batches(self, batches: Any, *, pad: bool = False, prefetch: int = 2) -> Any:
+        """Logs ("ahead", batch) when the store pulls a batch to start its reads, ("get", batch) when
+        the batch is handed out."""
+        pulled: list[Any] = []
+
+        def logged() -> Any:
+            for b in batches:
+                self._log("ahead", b)
+                pulled.append(b)
+                yield b
+
+        for k, out in enumerate(super().iter_batches(logged(), pad=pad, prefetch=prefetch)):
+            self._log("get", pulled[k])
+            yield out
+
 
 def _logs(log_dir: Path) -> list[list[tuple[str, list[int]]]]:
     out = []
@@ -66,8 +81,12 @@ def test_seqdataset_workers_prefetch_their_next_batches(tmp_path: Path, workers:
     seen_gets = []
     for log in logs:
         gets = [v for k, v in log if k == "get"]
-        prefetched = [v for k, v in log if k == "prefetch"]
         seen_gets.extend(gets)
+        if workers == 0:  # built in this process: the store's iter_batches reads ahead
+            for j in range(1, min(3, len(gets))):
+                assert log.index(("ahead", gets[j])) < log.index(("get", gets[j - 1])), j
+            continue
+        prefetched = [v for k, v in log if k == "prefetch"]
         # every batch after the first is prefetched before it is gathered, in order, each once
         assert prefetched == gets[1:], (prefetched[:3], gets[:3])
         for j, g in enumerate(gets[1:], start=1):

@@ -5,7 +5,8 @@
 * :class:`EpochBatchSampler` -- length-based batches (greedy or bucketed), equal count per rank.
 * :class:`IterableSeqDataset` -- records or batches sharded over ranks x DataLoader workers.
 * :func:`collate_padded` / :class:`PaddedCollate` -- stack fixed fields, pad ragged ones + lengths/masks.
-* :class:`SeqDataLoader` -- a DataLoader that counts consumed batches for an exact ``state_dict()``.
+* :class:`SeqDataLoader` -- a DataLoader that counts consumed batches for an exact ``state_dict()``;
+  builds seqstore's own batches in its process, or on ``threads=`` / in ``procs=`` (shared buffers).
 * :class:`LengthBatching` -- the length-based batching options; :class:`StateError` -- bad states.
 
 States are O(1) dicts (epoch, global position, ordering config, dataset fingerprint) that load into

@@ -19,7 +19,10 @@ import torch
 
 from ._convert import to_tensor
 
-__all__ = ["collate_padded", "PaddedCollate", "GatheredRecords", "LENGTHS_SUFFIX", "MASK_SUFFIX", "lengths_mask"]
+__all__ = [
+    "collate_padded", "collate_gathered", "PaddedCollate", "GatheredRecords", "LENGTHS_SUFFIX", "MASK_SUFFIX",
+    "lengths_mask",
+]
 
 LENGTHS_SUFFIX = "_lengths"
 MASK_SUFFIX = "_mask"
@@ -53,6 +56,30 @@ def _put_lengths(out: dict[str, torch.Tensor], name: str, values: torch.Tensor, 
         out[name + MASK_SUFFIX] = lengths_mask(lengths, values.shape[1])
 
 
+def collate_gathered(
+    padded: dict[str, torch.Tensor],
+    lengths: dict[str, torch.Tensor],
+    *,
+    ragged: Iterable[str] | None = None,
+    masks: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The batch :func:`collate_padded` returns for a batch gathered already padded: ``padded``
+    (field -> (B, ...)) and ``lengths`` (ragged field -> int64 (B,)), as :class:`GatheredRecords`
+    carries them. O(fields) plus the masks."""
+    out: dict[str, torch.Tensor] = {}
+    names = set(lengths) if ragged is None else set(ragged)
+    if missing := names - set(padded):
+        raise KeyError(f"collate_padded: ragged field(s) {sorted(missing)} not in the records")
+    for name, value in padded.items():
+        if name in names and name in lengths:
+            _put_lengths(out, name, value, lengths[name], masks, padded)
+        elif name in names:
+            raise ValueError(f"collate_padded: field {name!r} is not ragged in this dataset")
+        else:
+            out[name] = value
+    return out
+
+
 def collate_padded(
     samples: Sequence[Mapping[str, Any]],
     *,
@@ -71,18 +98,7 @@ def collate_padded(
     if not samples:
         raise ValueError("collate_padded: empty batch")
     if isinstance(samples, GatheredRecords) and pad_value == 0:
-        out: dict[str, torch.Tensor] = {}
-        names = set(samples.lengths) if ragged is None else set(ragged)
-        if missing := names - set(samples.padded):
-            raise KeyError(f"collate_padded: ragged field(s) {sorted(missing)} not in the records")
-        for name, value in samples.padded.items():
-            if name in names and name in samples.lengths:
-                _put_lengths(out, name, value, samples.lengths[name], masks, samples.padded)
-            elif name in names:
-                raise ValueError(f"collate_padded: field {name!r} is not ragged in this dataset")
-            else:
-                out[name] = value
-        return out
+        return collate_gathered(samples.padded, samples.lengths, ragged=ragged, masks=masks)
     wanted = None if ragged is None else set(ragged)
     first = samples[0]
     out = {}

@@ -144,12 +144,7 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         if self._foresight is not None:
             for future in self._foresight.advance(idx):
                 self.dataset.prefetch(future)
-        batch = self.dataset.get_batch(idx, pad=True)
-        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
-        if self.with_index:
-            if INDEX_KEY in values:
-                raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
-            values[INDEX_KEY] = torch.from_numpy(np.where(idx < 0, idx + len(self), idx))
+        values, lengths = self.padded_batch(idx, self.dataset.get_batch(idx, pad=True))
         records = GatheredRecords()
         for b in range(len(idx)):
             rec = {}
@@ -159,6 +154,18 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         records.padded = values
         records.lengths = lengths
         return records
+
+    def padded_batch(
+        self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``get_batch(idx, pad=True)`` of the dataset -> (field -> (B, ...) tensor, ragged field ->
+        int64 lengths), this dataset's fields and ``"index"`` with ``with_index``. O(fields), no copy."""
+        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
+        if self.with_index:
+            if INDEX_KEY in values:
+                raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
+            values[INDEX_KEY] = torch.from_numpy(np.where(idx < 0, idx + len(self), idx))
+        return values, lengths
 
     @property
     def ragged_fields(self) -> tuple[str, ...]:

@@ -16,14 +16,18 @@ before any worker starts (instead of Python's "bootstrapping phase" error in eve
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import BatchSampler, DataLoader
 
 from ..io.objects import fork_unsafe as _fork_unsafe
+from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
 from ._mainguard import check_main_guard, start_method
+from ._ring import run_processes
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
@@ -60,11 +64,29 @@ class SeqDataLoader(DataLoader[Any]):
     :class:`EpochBatchSampler`, or ``dataset=`` an :class:`IterableSeqDataset` (then ``batch_size``
     must be None when the dataset batches itself; in records mode its ``group`` is set to
     ``batch_size``). All other arguments are the DataLoader's.
+
+    Without workers, a :class:`SeqDataset` batched by an ``EpochSampler`` + ``batch_size`` or an
+    ``EpochBatchSampler`` and collated by :func:`collate_padded` / :class:`PaddedCollate` (pad value
+    0) is built here from the sampler's index arrays, one padded gather per batch (the same batches
+    and states as through the DataLoader; :mod:`seqstore.torch._direct`). ``threads=T`` gathers such
+    batches (or an iterable dataset's own batches) on ``T`` helper threads besides the loop's;
+    ``procs=K`` in ``K`` worker processes that write into a ring of shared buffers
+    (:mod:`seqstore.torch._ring`). Batches under ``PARALLEL_FROM_BYTES`` (128 KiB) are gathered in the
+    loop's thread all the same. Neither goes with ``num_workers``; see docs/torch.md for which to use.
     """
 
-    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int = 0, **kwargs: Any) -> None:
         if args:
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
+        for name, value in (("threads", threads), ("procs", procs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SeqDataLoader: {name} must be an integer >= 0, got {value!r}")
+        if threads and procs:
+            raise ValueError("SeqDataLoader: choose threads= or procs=, not both")
+        if (threads or procs) and kwargs.get("num_workers", 0):
+            raise ValueError(f"SeqDataLoader: {'threads' if threads else 'procs'}= replaces the DataLoader's "
+                             "workers; it does not go with num_workers > 0")
+        procs_context = kwargs.pop("multiprocessing_context", None) if procs else None
         if not kwargs.get("in_order", True):
             raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
         if isinstance(dataset, IterableSeqDataset):
@@ -80,16 +102,37 @@ class SeqDataLoader(DataLoader[Any]):
                 raise ValueError(
                     f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
                 )
-        if kwargs.get("num_workers", 0) and kwargs.get("multiprocessing_context") is None and _reads_remote(dataset):
+        workers = procs or kwargs.get("num_workers", 0)
+        chosen = procs_context if procs else kwargs.get("multiprocessing_context")
+        if workers and chosen is None and _reads_remote(dataset):
             # this process reads object storage: forked workers could not (obstore's threads do not survive
             # fork()), so they start from a fresh interpreter and reopen the store from its pickle
             import multiprocessing
 
-            kwargs["multiprocessing_context"] = (
-                "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-            )
+            chosen = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+            if not procs:
+                kwargs["multiprocessing_context"] = chosen
+        self._procs_context = chosen if procs else None
         super().__init__(dataset, **kwargs)
         self._consumed = 0
+        self.threads = threads
+        self.procs = procs
+        if (threads or procs) and not self._direct_possible():
+            raise ValueError(
+                f"SeqDataLoader: {'threads' if threads else 'procs'}= needs seqstore's own batches: a "
+                "SeqDataset with sampler=EpochSampler and batch_size, or batch_sampler=EpochBatchSampler, and "
+                "collate_fn=collate_padded / PaddedCollate (pad_value 0); or an IterableSeqDataset with batch= set"
+            )
+
+    def _direct_possible(self) -> bool:
+        ds = self.dataset
+        if isinstance(ds, IterableSeqDataset):
+            return ds.batch is not None
+        if not isinstance(ds, SeqDataset) or collate_options(self.collate_fn) is None:
+            return False
+        return isinstance(self.batch_sampler, EpochBatchSampler) or (
+            isinstance(self.sampler, EpochSampler) and self.batch_size is not None
+            and type(self.batch_sampler) is BatchSampler)
 
     def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset:
         if isinstance(self.dataset, IterableSeqDataset):
@@ -107,17 +150,47 @@ class SeqDataLoader(DataLoader[Any]):
         src = self._source()
         if isinstance(src, IterableSeqDataset):
             src.begin()
-        elif isinstance(self.dataset, SeqDataset):
-            # workers replay the batch sampler to read their next batches ahead (checked per batch)
-            self.dataset.foresee(self.batch_sampler)
         self._consumed = 0
-        if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
-            check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
-        for batch in super().__iter__():
+        plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
+        batches: Iterator[Any]
+        if plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
+            arrays, gather, stream = plan
+            pin = bool(self.pin_memory) and torch.cuda.is_available()
+            if self.threads or self.procs:
+                batches = self._parallel(arrays, gather, pin)
+            else:
+                batches = stream(arrays) if stream is not None else map(gather, arrays)
+                if pin:
+                    batches = map(pinned, batches)
+        else:
+            if isinstance(self.dataset, SeqDataset):
+                # workers replay the batch sampler to read their next batches ahead (checked per batch)
+                self.dataset.foresee(self.batch_sampler)
+            if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
+                check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
+            batches = super().__iter__()
+        for batch in batches:
             self._consumed += 1
             yield batch
         if isinstance(src, IterableSeqDataset):
             src.finish_epoch()
+
+    def _parallel(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
+        """Batches gathered by the helper threads / processes. The first batch is gathered here; if it is
+        smaller than ``PARALLEL_FROM_BYTES`` the rest are too (a hand-over would cost more than the gather)."""
+        first_idx = next(arrays, None)
+        if first_idx is None:
+            return
+        first = gather(first_idx)
+        if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
+            check_main_guard(start_method(self._procs_context), self.procs)
+            yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin)
+            return
+        rest: Iterator[Any] = map(gather, arrays)
+        if batch_bytes(first) >= PARALLEL_FROM_BYTES:
+            rest = run_ordered(arrays, gather, self.threads)
+        for batch in itertools.chain([first], rest):
+            yield pinned(batch) if pin else batch
 
     @property
     def consumed(self) -> int:

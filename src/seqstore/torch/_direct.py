@@ -1,0 +1,253 @@
+"""The in-process batch path of :class:`~seqstore.torch.SeqDataLoader` (no DataLoader workers).
+
+Through ``torch.utils.data.DataLoader`` a batch of a map-style :class:`~seqstore.torch.SeqDataset`
+costs far more than its gather: the sampler yields Python ints one by one, ``BatchSampler`` makes a
+list of them, ``__getitems__`` turns the list back into an array and builds one dict of views per
+record for the collate function, which then ignores them. When every step is seqstore's own (an
+:class:`~seqstore.torch.EpochSampler` with ``batch_size`` or an
+:class:`~seqstore.torch.EpochBatchSampler`, and :func:`~seqstore.torch.collate_padded` /
+:class:`~seqstore.torch.PaddedCollate` without a ``pad_value``), the loader takes the sampler's index
+arrays and gathers each batch with one padded ``get_batch`` straight into the tensors it hands out:
+the same batches, in the same order, with the same resume state, and no per-record Python object.
+
+``threads=T`` gathers the next batches on ``T`` helper threads of this process besides the loop's
+own (:func:`run_ordered`). The gather's copies run without the GIL (numba ``nogil``, NumPy's
+``take``), and a batch needs no shared-memory segment and no pickle to reach the training loop. An
+:class:`~seqstore.torch.IterableSeqDataset` that makes its own batches uses the threads the same way
+(its stream is then rank ``r``'s alone, as with ``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler
+
+from .collate import PaddedCollate, collate_gathered, collate_padded
+from .dataset import SeqDataset
+from .iterable import IterableSeqDataset
+from .sampler import EpochBatchSampler, EpochSampler
+
+__all__ = ["Gatherer", "collate_options", "direct_plan", "pinned", "rebatch", "run_ordered", "PARALLEL_FROM_BYTES",
+           "batch_bytes"]
+
+#: a batch smaller than this is gathered in the loop's own thread even with ``threads`` / ``procs``:
+#: handing it to a helper costs more than gathering it (measured: bench/loader.py, docs/torch.md)
+PARALLEL_FROM_BYTES = 128 << 10
+
+IndexArray = np.ndarray[Any, np.dtype[np.int64]]
+Batch = dict[str, torch.Tensor]
+
+
+def rebatch(chunks: Iterable[IndexArray], size: int, drop_last: bool) -> Iterator[IndexArray]:
+    """Cut a stream of index arrays into arrays of ``size`` (the last shorter unless ``drop_last``)."""
+    carry: IndexArray | None = None
+    for chunk in chunks:
+        if carry is not None and len(carry):
+            chunk = np.concatenate([carry, chunk])
+        full = len(chunk) // size * size
+        for a in range(0, full, size):
+            yield chunk[a : a + size]
+        carry = chunk[full:]
+    if carry is not None and len(carry) and not drop_last:
+        yield carry
+
+
+def collate_options(collate_fn: Any) -> tuple[tuple[str, ...] | None, bool] | None:
+    """(ragged, masks) of a seqstore collate function that the direct path reproduces, else None."""
+    if collate_fn is collate_padded:
+        return None, False
+    if isinstance(collate_fn, PaddedCollate) and collate_fn.pad_value == 0:
+        return collate_fn.ragged, bool(collate_fn.masks)
+    return None
+
+
+def batch_bytes(batch: Batch) -> int:
+    """Bytes of the tensors of ``batch``."""
+    return sum(t.numel() * t.element_size() for t in batch.values())
+
+
+def pinned(batch: Batch) -> Batch:
+    """``batch`` in page-locked memory (for ``pin_memory=True`` where there is a device)."""
+    return {k: v.pin_memory() for k, v in batch.items()}
+
+
+class Gatherer:
+    """One batch of a loader from its index array: a padded ``get_batch`` and the loader's collation.
+
+    Picklable (datasets pickle small), so a worker process can get a copy. ``source``: a
+    :class:`SeqDataset` (then ``ragged`` / ``masks`` are the collate function's) or an
+    :class:`IterableSeqDataset` that makes its own batches."""
+
+    def __init__(self, source: SeqDataset | IterableSeqDataset, ragged: tuple[str, ...] | None = None,
+                 masks: bool = False) -> None:
+        self.source = source
+        self.ragged = ragged
+        self.masks = masks
+
+    def finish(self, idx: IndexArray, batch: dict[str, Any]) -> Batch:
+        """The loader's batch from ``get_batch(idx, pad=True)``'s result (no copy)."""
+        src = self.source
+        if isinstance(src, IterableSeqDataset):
+            return src._gather(idx, batch)
+        values, lengths = src.padded_batch(idx, batch)
+        return collate_gathered(values, lengths, ragged=self.ragged, masks=self.masks)
+
+    def __call__(self, idx: IndexArray) -> Batch:
+        return self.finish(idx, self.source.dataset.get_batch(idx, pad=True))
+
+
+def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gatherer,
+                                                    Callable[[Iterator[IndexArray]], Iterator[Batch]] | None] | None:
+    """(index arrays, gatherer, gather a stream in order or None) when ``loader`` (a ``SeqDataLoader``
+    without DataLoader workers) can build its batches itself, else None (the DataLoader does).
+
+    Call at the start of an iteration: the index arrays come from the loader's sampler (or iterable
+    dataset) exactly as the DataLoader would ask for them. ``threads``: > 0 when the batches will be
+    gathered in parallel (threads or processes); then a self-batching iterable is taken too.
+    """
+    ds = loader.dataset
+    if isinstance(ds, IterableSeqDataset):
+        if ds.batch is None or threads == 0:
+            return None  # records mode, or already one gather per DataLoader step
+        return ds._indices(), Gatherer(ds), None
+    if not isinstance(ds, SeqDataset):
+        return None
+    options = collate_options(loader.collate_fn)
+    if options is None:
+        return None
+    arrays: Iterator[IndexArray]
+    if isinstance(loader.batch_sampler, EpochBatchSampler):
+        arrays = loader.batch_sampler.iter_arrays()
+    elif (isinstance(loader.sampler, EpochSampler) and loader.batch_size is not None
+          and type(loader.batch_sampler) is BatchSampler):
+        arrays = rebatch(loader.sampler.iter_chunks(), int(loader.batch_size), bool(loader.drop_last))
+    else:
+        return None
+    gather = Gatherer(ds, *options)
+    inner = ds.dataset
+    stream = None
+    prefetch = getattr(inner, "prefetch", None)
+    if hasattr(inner, "iter_batches") and ds.prefetch:
+
+        def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
+            # the dataset's own read-ahead: the next ``ds.prefetch`` batches' reads in flight, each
+            # batch's pages asked for once; iter_batches pulls the index arrays ahead, so tee them
+            pending: deque[IndexArray] = deque()
+
+            def remember() -> Iterator[IndexArray]:
+                for idx in idxs:
+                    pending.append(idx)
+                    yield idx
+
+            for batch in inner.iter_batches(remember(), pad=True, prefetch=ds.prefetch):
+                yield gather.finish(pending.popleft(), batch)
+
+    elif callable(prefetch) and ds.prefetch:
+
+        def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
+            # the reads of the next ``ds.prefetch`` batches start before this one is gathered (what the
+            # workers' read-ahead does in the DataLoader path)
+            window: deque[IndexArray] = deque()
+            for idx in idxs:
+                window.append(idx)
+                if len(window) > 1:
+                    prefetch(idx)
+                if len(window) > ds.prefetch:
+                    yield gather(window.popleft())
+            while window:
+                yield gather(window.popleft())
+
+    return arrays, gather, stream
+
+
+class _Slot:
+    """One batch of :func:`run_ordered`: its index array, then its result or exception."""
+
+    __slots__ = ("idx", "done", "value", "error")
+
+    def __init__(self, idx: IndexArray) -> None:
+        self.idx = idx
+        self.done = threading.Event()
+        self.value: Batch | None = None
+        self.error: BaseException | None = None
+
+    def run(self, gather: Callable[[IndexArray], Batch]) -> None:
+        try:
+            self.value = gather(self.idx)
+        except BaseException as exc:  # noqa: BLE001 - raised in the consumer when the batch is due
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def result(self) -> Batch:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+
+def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:
+    """``gather`` of every array, in order, shared between this thread and ``threads`` helper threads.
+
+    The next ``threads + 2`` batches are open at any time; helpers take the oldest batch nobody has
+    started. The consumer, while the batch it needs next is not done, gathers the oldest batch nobody
+    has started (often that very batch) instead of waiting: with no core free for the helpers the loop
+    still gathers at about the in-line rate, and a helper that is ahead hands its batch over at once.
+    The index arrays are drawn in this thread only. An exception in a gather is raised here when its
+    batch is due; closing the generator lets the running gathers finish and stops the helpers."""
+    work = threading.Condition()
+    unclaimed: deque[_Slot] = deque()
+    stopping = False
+
+    def helper() -> None:
+        while True:
+            with work:
+                while not unclaimed and not stopping:
+                    work.wait()
+                if stopping:
+                    return
+                slot = unclaimed.popleft()
+            slot.run(gather)
+
+    helpers = [threading.Thread(target=helper, name=f"seqstore-loader-{k}", daemon=True) for k in range(threads)]
+    for h in helpers:
+        h.start()
+    window: deque[_Slot] = deque()
+    it = iter(arrays)
+    more = True
+    try:
+        while True:
+            while more and len(window) <= threads + 1:
+                idx = next(it, None)
+                if idx is None:
+                    more = False
+                    break
+                slot = _Slot(idx)
+                window.append(slot)
+                with work:
+                    unclaimed.append(slot)
+                    work.notify()
+            if not window:
+                return
+            slot = window.popleft()
+            while not slot.done.is_set():  # help instead of waiting: the oldest batch nobody started
+                with work:
+                    other = unclaimed.popleft() if unclaimed else None
+                if other is None:
+                    break
+                other.run(gather)
+            yield slot.result()
+    finally:
+        with work:
+            stopping = True
+            unclaimed.clear()
+            work.notify_all()
+        for h in helpers:
+            h.join()

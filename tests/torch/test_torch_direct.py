@@ -1,0 +1,331 @@
+"""SeqDataLoader building batches in its own process (no workers; ``threads=``): the same batches, order
+and resume states as the DataLoader path, exactly once over ranks, errors and early exits."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader  # noqa: E402
+from torch_testlib import make_store  # noqa: E402
+
+from seqstore.data import StoreDataset  # noqa: E402
+from seqstore.torch import (  # noqa: E402
+    EpochBatchSampler,
+    EpochSampler,
+    IterableSeqDataset,
+    LengthBatching,
+    PaddedCollate,
+    SeqDataLoader,
+    SeqDataset,
+    collate_padded,
+)
+from seqstore.torch._direct import rebatch  # noqa: E402
+
+N = 96
+MODES = ("sampler", "sampler-drop", "greedy", "bucket", "iter-fixed", "iter-greedy")
+
+
+@pytest.fixture(autouse=True)
+def parallel_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batches here are tiny: hand them to the helpers all the same (see test_small_batches_stay_inline)."""
+    monkeypatch.setattr("seqstore.torch.loader.PARALLEL_FROM_BYTES", 0)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory) -> StoreDataset:
+    p = tmp_path_factory.mktemp("direct") / "d.seqstore"
+    make_store(p, N, seed=5, shard_records=32)
+    return StoreDataset(p, ordering="random", seed=3)
+
+
+def _loader(ds: StoreDataset, mode: str, rank: int, world: int, cls: Any = SeqDataLoader, **kw: Any) -> Any:
+    """A loader of ``mode`` for rank ``rank`` of ``world`` (``cls``: SeqDataLoader or the plain DataLoader)."""
+    sds = SeqDataset(ds, with_index=True)
+    if mode.startswith("sampler"):
+        return cls(sds, sampler=EpochSampler(ds, rank=rank, world_size=world), batch_size=5,
+                   drop_last=mode.endswith("drop"), collate_fn=sds.collate(masks=True), **kw)
+    if mode in ("greedy", "bucket"):
+        spec = LengthBatching(max_frames=40, buckets=3 if mode == "bucket" else None, buffer_size=20)
+        return cls(sds, batch_sampler=EpochBatchSampler(ds, batching=spec, rank=rank, world_size=world),
+                   collate_fn=collate_padded, **kw)
+    batch: Any = 6 if mode == "iter-fixed" else LengthBatching(max_frames=40)
+    it = IterableSeqDataset(ds, batch=batch, rank=rank, world_size=world, with_index=True, masks=True)
+    return cls(it, batch_size=None, **kw)
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+PARALLEL = [{}, {"threads": 2}, {"procs": 2}]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
+def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, par: dict[str, int],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.torch.loader as loader_module
+
+    plans: list[Any] = []
+    real = loader_module.direct_plan
+    monkeypatch.setattr(loader_module, "direct_plan", lambda ld, t: plans.append(real(ld, t)) or plans[-1])
+    for rank in range(2):
+        want = list(_loader(ds, mode, rank, 2, cls=DataLoader))
+        loader = _loader(ds, mode, rank, 2, **par)
+        got = list(loader)
+        assert len(got) == len(want) == len(loader) and loader.consumed == len(got)
+        for a, b in zip(got, want):
+            _same(a, b)
+    # built here, except a self-batching iterable without threads (one gather per step already)
+    assert all((p is not None) == (bool(par) or not mode.startswith("iter")) for p in plans) and plans
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("par", [({}, {"threads": 2}), ({"threads": 2}, {}), ({"procs": 2}, {"threads": 1}),
+                                 ({}, {"procs": 2})], ids=["inline-threads", "threads-inline", "procs-threads",
+                                                           "inline-procs"])
+def test_resume_over_ranks_and_modes_is_exact(ds: StoreDataset, mode: str,
+                                              par: tuple[dict[str, int], dict[str, int]]) -> None:
+    """2 ranks take k batches each (more are in flight with threads or processes), checkpoint, 1 rank
+    resumes in another mode: the states and the remaining batches equal the DataLoader path's, and with no
+    tail padding every record comes exactly once."""
+    k = 3
+
+    def run(first: dict[str, int], then: dict[str, int]) -> tuple[dict[str, Any], list[np.ndarray]]:
+        states, seen = [], []
+        for rank in range(2):
+            loader = _loader(ds, mode, rank, 2, **first)
+            for step, b in enumerate(loader):
+                np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())  # x[t, 0] = index
+                seen.append(b["index"].numpy())
+                if step + 1 == k:
+                    break
+            states.append(loader.state_dict())
+        assert states[0] == states[1]
+        loader = _loader(ds, mode, 0, 1, **then)
+        loader.load_state_dict(states[0])
+        rest = [b["index"].numpy() for b in loader]
+        assert loader.consumed == len(rest)
+        return states[0], seen + rest
+
+    state, got = run(*par)
+    ref_state, ref = _reference(ds, mode, k)
+    state.pop("num_workers", None)
+    assert state == ref_state
+    assert len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(got, ref))
+    if mode in ("sampler", "iter-fixed"):  # 96 records: no padding on 2 ranks
+        np.testing.assert_array_equal(np.sort(np.concatenate(got)), np.arange(N))
+
+
+_REFERENCE: dict[str, tuple[dict[str, Any], list[np.ndarray]]] = {}
+
+
+def _reference(ds: StoreDataset, mode: str, k: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """What the DataLoader path (one worker: batches built in a worker process) gives for the same run."""
+    if mode not in _REFERENCE:
+        _REFERENCE[mode] = _reference_run(ds, mode, k)
+    state, batches = _REFERENCE[mode]
+    return dict(state), batches
+
+
+def _reference_run(ds: StoreDataset, mode: str, k: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+    states, seen = [], []
+    for rank in range(2):
+        loader = _loader(ds, mode, rank, 2, num_workers=1)
+        for step, b in enumerate(loader):
+            seen.append(b["index"].numpy())
+            if step + 1 == k:
+                break
+        states.append(loader.state_dict())
+    loader = _loader(ds, mode, 0, 1, num_workers=1)
+    loader.load_state_dict(states[0])
+    state = dict(states[0])
+    state.pop("num_workers", None)
+    rest = [b["index"].numpy() for b in loader]
+    return state, seen + rest
+
+
+def test_errors_in_seqstores_words(ds: StoreDataset) -> None:
+    sds = SeqDataset(ds)
+    with pytest.raises(ValueError, match="threads must be an integer >= 0"):
+        SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=collate_padded, threads=-1)
+    with pytest.raises(ValueError, match="does not go with num_workers"):
+        SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=collate_padded, threads=2,
+                      num_workers=2)
+    with pytest.raises(ValueError, match="threads= needs seqstore's own batches"):
+        SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=lambda b: b, threads=2)
+    with pytest.raises(ValueError, match="threads= needs seqstore's own batches"):
+        SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, threads=2,
+                      collate_fn=PaddedCollate(pad_value=-1))
+    with pytest.raises(ValueError, match="threads= needs seqstore's own batches"):
+        SeqDataLoader(IterableSeqDataset(ds), batch_size=4, threads=2)
+
+
+def test_other_collate_functions_keep_the_dataloader_path(ds: StoreDataset) -> None:
+    """A collate function the loader cannot reproduce gets the records, as before."""
+    sds = SeqDataset(ds)
+    seen: list[int] = []
+
+    def count(records: list[dict[str, Any]]) -> int:
+        seen.append(len(records))
+        return len(records)
+
+    loader = SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=7, collate_fn=count)
+    assert sum(loader) == N and seen[0] == 7
+    padded = SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=7, collate_fn=PaddedCollate(pad_value=-1))
+    b = next(iter(padded))
+    assert float(b["x"][b["x_lengths"].argmin(), -1, 0]) == -1.0
+
+
+class _Failing(StoreDataset):
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        if 7 in np.asarray(indices):
+            raise OSError("disk gone")
+        return super().get_batch(indices, pad=pad)
+
+
+def test_an_error_in_a_thread_is_raised_in_the_loop_and_threads_end(ds: StoreDataset) -> None:
+    bad = _Failing(ds.store)
+    sds = SeqDataset(bad, prefetch=0)
+    before = threading.active_count()
+    loader = SeqDataLoader(sds, sampler=EpochSampler(bad), batch_size=4, collate_fn=collate_padded, threads=2)
+    got = 0
+    with pytest.raises(OSError, match="disk gone"):
+        for _ in loader:
+            got += 1
+    assert got == 1  # batch [4, 8) fails; the batch before it came out
+    assert threading.active_count() == before
+
+
+def test_breaking_off_stops_the_threads(ds: StoreDataset) -> None:
+    before = threading.active_count()
+    loader = _loader(ds, "greedy", 0, 1, threads=3)
+    for step, _ in enumerate(loader):
+        if step == 2:
+            break
+    del _
+    import gc
+
+    gc.collect()
+    assert threading.active_count() == before
+    assert loader.consumed == 3
+
+
+def test_rebatch() -> None:
+    chunks = [np.arange(0, 7), np.arange(7, 9), np.arange(9, 20)]
+    assert [b.tolist() for b in rebatch(iter(chunks), 6, False)] == [
+        list(range(0, 6)), list(range(6, 12)), list(range(12, 18)), [18, 19]]
+    assert [len(b) for b in rebatch(iter(chunks), 6, True)] == [6, 6, 6]
+    assert list(rebatch(iter([]), 3, False)) == []
+
+
+def _children() -> set[int]:
+    import os
+
+    pids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            pids |= {int(x) for x in f.read().split()}
+    return pids
+
+
+def test_procs_error_in_a_worker_is_raised_in_the_loop_and_workers_end(ds: StoreDataset) -> None:
+    bad = _Failing(ds.store)
+    before = _children()
+    loader = SeqDataLoader(SeqDataset(bad, prefetch=0), sampler=EpochSampler(bad), batch_size=4,
+                           collate_fn=collate_padded, procs=2)
+    got = 0
+    with pytest.raises(OSError, match="disk gone"):
+        for _ in loader:
+            got += 1
+    assert got == 1
+    assert _children() <= before
+
+
+def test_procs_a_killed_worker_is_an_error_in_seqstores_words(ds: StoreDataset) -> None:
+    import multiprocessing
+    import os
+    import signal
+
+    from seqstore.errors import SeqstoreError
+
+    loader = _loader(ds, "sampler", 0, 1, procs=2)
+    it = iter(loader)
+    next(it)
+    workers = [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
+    assert len(workers) == 2
+    for p in workers:
+        os.kill(p.pid, signal.SIGKILL)
+    with pytest.raises(SeqstoreError, match="exited unexpectedly"):
+        for _ in it:
+            pass
+
+
+def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset) -> None:
+    """Batches handed out as views of the shared slots are never overwritten while alive; a loop that
+    keeps every batch (or a part of one) gets copies once the worker would run out of slots."""
+    held = []
+    parts = []
+    for b in _loader(ds, "greedy", 0, 1, procs=2):
+        held.append(b)
+        parts.append(b["x"][:, 0, 0])
+    for b, p in zip(held, parts):
+        np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())
+        np.testing.assert_array_equal(p.numpy(), b["index"].numpy())
+    got = np.sort(np.concatenate([b["index"].numpy() for b in held]))
+    np.testing.assert_array_equal(got, np.arange(N))
+
+
+def test_procs_breaking_off_stops_the_workers(ds: StoreDataset) -> None:
+    before = _children()
+    loader = _loader(ds, "iter-fixed", 0, 1, procs=2)
+    for step, _b in enumerate(loader):
+        if step == 2:
+            break
+    assert loader.consumed == 3
+    assert _children() <= before
+
+
+@pytest.mark.parametrize("par", [{"threads": 2}, {"procs": 2}])
+def test_small_batches_stay_inline(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches under PARALLEL_FROM_BYTES are gathered in the loop's thread (no helper, no worker)."""
+    import seqstore.torch.loader as loader_module
+
+    monkeypatch.setattr(loader_module, "PARALLEL_FROM_BYTES", 1 << 30)
+    started: list[str] = []
+    monkeypatch.setattr(loader_module, "run_ordered", lambda *a, **k: started.append("threads") or iter(()))
+    monkeypatch.setattr(loader_module, "run_processes", lambda *a, **k: started.append("procs") or iter(()))
+    want = [b["index"].tolist() for b in _loader(ds, "sampler", 0, 1)]
+    got = [b["index"].tolist() for b in _loader(ds, "sampler", 0, 1, **par)]
+    assert got == want and not started
+
+
+@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
+def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``pin_memory=True`` and a device, every batch handed out is pinned (here: a CPU-only torch, so
+    pinning is stood in for by a marked copy) and keeps its values."""
+    pinned: list[int] = []
+
+    def fake_pin(self: Any) -> Any:
+        out = self.clone()
+        pinned.append(id(out))
+        return out
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    want = [b["index"].tolist() for b in _loader(ds, "greedy", 0, 1)]
+    got = []
+    for b in _loader(ds, "greedy", 0, 1, pin_memory=True, **par):
+        assert all(id(t) in pinned for t in b.values())
+        np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())
+        got.append(b["index"].tolist())
+    assert got == want
