@@ -7,9 +7,13 @@ Self-contained (needs numpy, numba, torch and ``PYTHONPATH=src``)::
 
 1. Generates a store of ``--records`` sequences of 80-dim float16 features with ragged lengths
    uniform in ``[--min-len, --max-len]`` (int16 label per sequence), under ``--dir``.
-2. ``seqstore``: ``IterableSeqDataset(StoreDataset(ordering="random"), batch=B)`` -- each batch
-   gathered and zero-padded to its longest sequence in one vectorised read inside a worker --
-   through ``DataLoader(batch_size=None, num_workers=W, pin_memory=True)``.
+2. ``seqstore``, one loop per ``--modes`` entry (default ``dataloader``): ``dataloader``:
+   ``IterableSeqDataset(StoreDataset(ordering="random"), batch=B)`` -- each batch gathered and
+   zero-padded to its longest sequence in one vectorised read inside a worker -- through
+   ``DataLoader(batch_size=None, num_workers=W, pin_memory=True)``; ``inline``: ``SeqDataLoader(SeqDataset,
+   sampler=EpochSampler, batch_size=B, collate_fn=collate_padded, pin_memory=True)`` (batches built in
+   the loop's thread); ``threads:T`` / ``procs:K``: the same with ``T`` helper threads / ``K`` worker
+   processes.
 3. ``ram``: the same records zero-padded to ``--max-len`` in one ``TensorDataset`` (features,
    lengths, labels) in RAM, through ``DataLoader(batch_size=B, shuffle=True, num_workers=W,
    pin_memory=True)``.
@@ -45,7 +49,13 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import seqstore  # noqa: E402
 from seqstore.data import StoreDataset  # noqa: E402
-from seqstore.torch import IterableSeqDataset  # noqa: E402
+from seqstore.torch import (  # noqa: E402
+    EpochSampler,
+    IterableSeqDataset,
+    SeqDataLoader,
+    SeqDataset,
+    collate_padded,
+)
 
 DIM = 80
 CLASSES = 32
@@ -172,6 +182,24 @@ def run_loop(name: str, loader: Any, unpack: Any, device: torch.device, warmup: 
     }
 
 
+def seq_loader(ds: StoreDataset, mode: str, args: argparse.Namespace, pin: bool) -> Any:
+    """The seqstore loader of one mode: ``dataloader`` (``IterableSeqDataset`` through a plain
+    ``DataLoader`` with ``--workers`` processes), ``inline`` (``SeqDataLoader`` over ``SeqDataset`` +
+    ``EpochSampler``, padded batches built in the loop's thread), ``threads:T`` / ``procs:K`` (the same
+    with ``T`` helper threads / ``K`` worker processes writing into shared slots)."""
+    name, _, count = mode.partition(":")
+    if name == "dataloader":
+        it_ds = IterableSeqDataset(ds, batch=args.batch, rank=0, world_size=1)
+        return DataLoader(it_ds, batch_size=None, num_workers=args.workers, pin_memory=pin,
+                          prefetch_factor=4 if args.workers else None)
+    sds = SeqDataset(ds)
+    extra = {name: int(count or args.workers)} if name in ("threads", "procs") else {}
+    if name not in ("inline", "threads", "procs"):
+        raise SystemExit(f"--modes: unknown mode {mode!r} (dataloader, inline, threads:T, procs:K)")
+    return SeqDataLoader(sds, sampler=EpochSampler(ds, rank=0, world_size=1), batch_size=args.batch,
+                         collate_fn=collate_padded, pin_memory=pin, **extra)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cpu", action="store_true", help="run on the CPU (no pinning)")
@@ -186,6 +214,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="measured time per loop")
     p.add_argument("--max-batches", type=int, default=1_000_000)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--modes", default="dataloader",
+                   help="seqstore loaders to run, comma-separated: dataloader, inline, threads:T, procs:K")
     args = p.parse_args()
     if args.quick:
         args.records, args.min_len, args.max_len = 3000, 20, 100
@@ -204,12 +234,17 @@ def main() -> None:
           f"written in {gen_s:.1f} s; device {device}", flush=True)
 
     ds = StoreDataset(store_path, ordering="random", seed=0)
-    it_ds = IterableSeqDataset(ds, batch=args.batch, rank=0, world_size=1)
-    seq_loader = DataLoader(it_ds, batch_size=None, num_workers=args.workers, pin_memory=pin,
-                            prefetch_factor=4 if args.workers else None)
-    results = [run_loop("seqstore", seq_loader, lambda b: (b["feat"], b["feat_lengths"], b["label"]), device,
-                        args.warmup, args.seconds, args.max_batches)]
-    print(results[-1], flush=True)
+    unpack = lambda b: (b["feat"], b["feat_lengths"], b["label"])  # noqa: E731
+    results = []
+    for mode in args.modes.split(","):
+        try:
+            results.append(run_loop(f"seqstore {mode}", seq_loader(ds, mode, args, pin), unpack, device,
+                                    args.warmup, args.seconds, args.max_batches))
+        except Exception as exc:  # one failing mode must not hide the others' figures
+            print(f"seqstore {mode}: FAILED: {exc!r}", flush=True)
+            results.append({"loop": f"seqstore {mode}", "error": repr(exc), "batches_per_s": 0.0, "frames_per_s": 0.0,
+                            "wait_frac": 0.0, "gpu_idle_frac": 0.0, "batches": 0, "startup_s": 0.0})
+        print(results[-1], flush=True)
 
     t = time.perf_counter()
     ram = ram_tensors(store_path, args.max_len)
