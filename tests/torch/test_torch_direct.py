@@ -31,6 +31,11 @@ N = 96
 MODES = ("sampler", "sampler-drop", "greedy", "bucket", "iter-fixed", "iter-greedy")
 
 
+def loader_threads() -> int:
+    """Threads the loaders start (by name: other tests' threads come and go meanwhile)."""
+    return sum(1 for t in threading.enumerate() if t.name.startswith("seqstore-loader"))
+
+
 @pytest.fixture(autouse=True)
 def parallel_small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The batches here are tiny: hand them to the helpers all the same (see test_small_batches_stay_inline)."""
@@ -196,18 +201,18 @@ class _Failing(StoreDataset):
 def test_an_error_in_a_thread_is_raised_in_the_loop_and_threads_end(ds: StoreDataset) -> None:
     bad = _Failing(ds.store)
     sds = SeqDataset(bad, prefetch=0)
-    before = threading.active_count()
+    before = loader_threads()
     loader = SeqDataLoader(sds, sampler=EpochSampler(bad), batch_size=4, collate_fn=collate_padded, threads=2)
     got = 0
     with pytest.raises(OSError, match="disk gone"):
         for _ in loader:
             got += 1
     assert got == 1  # batch [4, 8) fails; the batch before it came out
-    assert threading.active_count() == before
+    assert loader_threads() == before
 
 
 def test_breaking_off_stops_the_threads(ds: StoreDataset) -> None:
-    before = threading.active_count()
+    before = loader_threads()
     loader = _loader(ds, "greedy", 0, 1, threads=3)
     for step, _ in enumerate(loader):
         if step == 2:
@@ -216,7 +221,7 @@ def test_breaking_off_stops_the_threads(ds: StoreDataset) -> None:
     import gc
 
     gc.collect()
-    assert threading.active_count() == before
+    assert loader_threads() == before
     assert loader.consumed == 3
 
 
