@@ -5,12 +5,15 @@ that costs more than the gather. Here the loop's process draws the index arrays 
 one place, so resume states are exact as without workers) and sends batch ``j`` to worker ``j mod K``
 as (slot, index array). The worker gathers it with the same :class:`~._direct.Gatherer` and copies the
 tensors into its slot of one shared-memory block made once per iteration (``K x depth`` slots), and
-answers with the layout (name, dtype, shape, offset), a few hundred bytes. The loop copies the batch
-out of the slot into fresh tensors (page-locked with ``pin_memory``), frees the slot and sends the
-worker its next batch. A batch larger than a slot comes over the pipe instead (correct, slower);
-slots are sized at four times the first batch, which the loop gathers itself.
+answers with the layout (name, dtype, shape, offset), a few hundred bytes. The loop hands out tensors
+that are views of the slot and gives the slot back to its worker once no tensor (or view of one) uses
+it any more; with ``pin_memory``, or when the loop holds so many batches that the worker would have no
+free slot, it copies the batch out instead (page-locked with ``pin_memory``) and frees the slot at
+once. A batch larger than a slot comes over the pipe instead (correct, slower); slots are sized at
+four times the first batch, which the loop gathers itself.
 
-Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker.
+Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker. The block's name
+is unlinked when the iteration ends; its memory goes when the last batch handed out as views does.
 """
 
 from __future__ import annotations
