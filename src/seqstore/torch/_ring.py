@@ -203,6 +203,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], 
         while pending:
             w, slot = pending.popleft()
             try:
+                while not conns[w].poll(1.0):  # a worker that died without its pipe closing is noticed too
+                    if not workers[w].is_alive():
+                        raise EOFError
                 msg = conns[w].recv()
             except (EOFError, OSError):
                 workers[w].join(timeout=1)
