@@ -112,6 +112,16 @@ def _status_kib() -> dict[str, int]:
     return out
 
 
+def rss_anon(pid: int | str = "self") -> int:
+    """``RssAnon`` of a process in bytes (resident anonymous memory: its heap, not mapped file pages; a
+    forked child's count includes pages it still shares copy-on-write with its parent); 0 if unknown."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _reset_peak() -> bool:
     """Reset VmHWM to the current RSS. Returns False where the kernel refuses."""
     try:

@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.harness import DATA, Case, print_table, run_cases, section  # noqa: E402
+from bench.harness import DATA, Case, print_table, rss_anon, run_cases, section  # noqa: E402
 
 SIZES = {"ragged": 200_000, "scalar": 2_000_000}
 QUICK_SIZES = {"ragged": 20_000, "scalar": 500_000}
@@ -181,15 +181,6 @@ def pad_collate(samples: list[Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- cases
 
 
-def _anon(pid: int | str = "self") -> int:
-    """RssAnon of a process (resident anonymous memory: its heap, not the store's mapped pages), bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _children() -> list[int]:
     """Pids of this process's children (the DataLoader workers)."""
     pids: list[int] = []
@@ -295,8 +286,8 @@ def case_walk(kind: str, mode: str, store: str, flat: str, workers: int, batches
                 time.sleep(step_ms / 1e3)  # a training step that leaves the CPU (a GPU step waits on the device)
     dt = time.perf_counter() - t1
     cpu = time.process_time() - c0 + sum(_cpu(p) - c for p, c in zip(pids, wc0))
-    wanon = max((_anon(p) for p in pids), default=0)
-    manon = _anon()
+    wanon = max((rss_anon(p) for p in pids), default=0)
+    manon = rss_anon()
     assert first is not None
     del it
     return {

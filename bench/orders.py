@@ -33,7 +33,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import DATA, Case, lookup, machine_line, print_table, run_cases, section, section_time  # noqa: E402
+from bench.harness import (  # noqa: E402
+    DATA,
+    Case,
+    lookup,
+    machine_line,
+    print_table,
+    rss_anon,
+    run_cases,
+    section,
+    section_time,
+)
 
 PEER_NS = (10**6, 10**7, 10**8)
 O1_NS = (10**9, 10**10)
@@ -42,15 +52,6 @@ QUICK_O1_NS = (10**10,)
 WALK = 10**7
 GRAIN_WALK = 10**5
 TAKE = 10**7
-
-
-def _rss_anon() -> int:
-    """Private resident memory of this process (bytes), from /proc/self/status RssAnon."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 # ------------------------------------------------------------------------------------------ cases
@@ -70,7 +71,7 @@ def case_seqstore_random(n: int, walk: int) -> dict[str, Any]:
         order = seq_order(n, "random", epoch=3, seed=1)
         first = order[0]
     count = min(walk, n)
-    anon0 = _rss_anon()
+    anon0 = rss_anon()
     with section("walk"):
         total = 0
         for chunk in order[:count].iter_chunks(1 << 16):
@@ -78,7 +79,7 @@ def case_seqstore_random(n: int, walk: int) -> dict[str, Any]:
     return {
         "indices_per_s": count / section_time("walk"),
         "walked": count,
-        "rss_anon_mib": (_rss_anon() - anon0) / 2**20,
+        "rss_anon_mib": (rss_anon() - anon0) / 2**20,
         "jit_load_s": jit,
         "check": first + total % 7,
     }
@@ -183,7 +184,7 @@ def case_seqstore_laplace(path: str, epoch: int) -> dict[str, Any]:
     warm = seq_order(1000, "laplace:.10", epoch=1, lengths=np.asarray(lengths[:1000]))
     for _ in warm.iter_chunks(100):
         pass
-    anon0 = _rss_anon()
+    anon0 = rss_anon()
     with section("sub_epoch"):
         order = seq_order(n, "laplace:.1000", epoch=epoch, lengths=lengths, partition_epoch=100)
         count = 0
@@ -191,7 +192,7 @@ def case_seqstore_laplace(path: str, epoch: int) -> dict[str, Any]:
         for chunk in order.iter_chunks(1 << 16):
             count += chunk.shape[0]
             check ^= int(chunk[0])
-    return {"seqs": count, "rss_anon_mib": (_rss_anon() - anon0) / 2**20, "check": check}
+    return {"seqs": count, "rss_anon_mib": (rss_anon() - anon0) / 2**20, "check": check}
 
 
 def case_returnn_laplace(path: str, epoch: int) -> dict[str, Any]:
@@ -201,12 +202,12 @@ def case_returnn_laplace(path: str, epoch: int) -> dict[str, Any]:
     lengths = np.array(np.load(path, mmap_mode="r"))  # in memory: RETURNN's fast path for arrays
     n = int(lengths.shape[0])
     ds = Dataset(seq_ordering="laplace:.1000", partition_epoch=100, random_seed_offset=0)
-    anon0 = _rss_anon()
+    anon0 = rss_anon()
     with section("sub_epoch"):
         order = ds.get_seq_order_for_epoch(epoch, n, get_seq_len=lengths.__getitem__)
         count = len(order)
         check = int(order[0])
-    return {"seqs": count, "rss_anon_mib": (_rss_anon() - anon0) / 2**20, "check": check}
+    return {"seqs": count, "rss_anon_mib": (rss_anon() - anon0) / 2**20, "check": check}
 
 
 # ------------------------------------------------------------------------------------------- main

@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.harness import DATA, Case, print_table, run_cases, section  # noqa: E402
+from bench.harness import DATA, Case, print_table, rss_anon, run_cases, section  # noqa: E402
 
 NS = (1_000_000, 100_000_000)
 QUICK_NS = (100_000, 1_000_000)
@@ -82,15 +82,6 @@ def _uss(pid: int | str = "self") -> int:
     return total
 
 
-def _anon(pid: int | str = "self") -> int:
-    """RssAnon of a process (resident anonymous memory, shared copy-on-write pages included), bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def case_load(path: str, kind: str, batches: int, workers: int = 2) -> dict[str, Any]:
     """One rank (0 of 2) walking ``batches`` batches of an epoch; see the module docstring."""
     import torch
@@ -120,14 +111,14 @@ def case_load(path: str, kind: str, batches: int, workers: int = 2) -> dict[str,
     # advice for fork servers). Freeze what exists now, in every case alike.
     gc.collect()
     gc.freeze()
-    anon0 = _anon()
+    anon0 = rss_anon()
     with section("first_batch"):
         sampler.set_epoch(1)
         iterator = iter(loader)
         first = next(iterator)
     pids = [w.pid for w in getattr(iterator, "_workers", [])]
     w0 = [_uss(p) for p in pids]
-    wa0 = [_anon(p) for p in pids]
+    wa0 = [rss_anon(p) for p in pids]
     main0 = _uss()
     # stop one batch short of the epoch's end: the workers must still be alive to be measured
     limit = min(batches, len(loader) - 1)
@@ -139,9 +130,9 @@ def case_load(path: str, kind: str, batches: int, workers: int = 2) -> dict[str,
             n += 1
     dt = time.perf_counter() - t0
     w1 = [_uss(p) for p in pids]
-    wa1 = [_anon(p) for p in pids]
+    wa1 = [rss_anon(p) for p in pids]
     main1 = _uss()
-    anon1 = _anon()
+    anon1 = rss_anon()
     assert len(next(iter(first.values()))) == BATCH
     del iterator
     return {
