@@ -302,7 +302,7 @@ def test_convert_workers_to_s3(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) 
     assert store.num_shards >= 2 and verify(url, storage_options=moto_s3.storage_options()) == []
     assert _staged(moto_s3, s3_bucket, "conv.seqstore") == {}
     again = subprocess.run(cmd + opt_args, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 2 and "already exists" in again.stderr
+    assert again.returncode == 2 and "already exists" in again.stderr, again.stderr
 
 
 def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,

@@ -590,3 +590,41 @@ def test_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, s3_buck
     assert 0 < budget.peak <= limit
     with pytest.raises(ValueError, match="max_inflight_bytes"):
         ObjectClient(f"s3://{s3_bucket}/budget", {**moto_s3.storage_options(), "max_inflight_bytes": 0})
+
+
+def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pending(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """On a remote store ``iter_batches`` keeps 16 batches in flight by default and up to 64 while the
+    store has few requests pending (dense batches: a few large requests each); an explicit ``prefetch``
+    is kept exactly, and so is the default while many requests are pending. The batches are right."""
+    local = tmp_path / "deep.seqstore"
+    rows = np.arange(12_000 * 64, dtype=np.float32).reshape(12_000, 64)
+    with ss.create(local, {"x": ss.Field("float32", (64,))}) as w:
+        w.append_batch({"x": rows})
+    url = moto_s3.upload_dir(local, s3_bucket, "deep/a.seqstore")
+    batches = [np.arange(a, a + 100) for a in range(0, 12_000, 100)]
+
+    def ahead_of(store: ss.Store, **kw: Any) -> list[int]:
+        requested = [0]
+        real = store._batch_groups
+
+        def counting(idx: Any) -> Any:
+            requested[0] += 1
+            return real(idx)
+
+        store._batch_groups = counting  # type: ignore[method-assign]
+        seen = []
+        for k, got in enumerate(store.iter_batches(iter(batches), **kw)):
+            np.testing.assert_array_equal(got["x"], rows[batches[k]])
+            seen.append(requested[0] - k - 1)
+        return seen
+
+    deep = ahead_of(_open(moto_s3, url, tmp_path / "c1"))
+    assert deep[0] == 16 and 16 < max(deep) <= 64, deep
+    assert max(ahead_of(_open(moto_s3, url, tmp_path / "c2"), prefetch=16)) == 16
+    from seqstore.io.remote_source import RemoteSource
+
+    busy = _open(moto_s3, url, tmp_path / "c3")
+    assert isinstance(busy._source, RemoteSource)
+    busy._source.deeper = lambda: False  # type: ignore[method-assign]
+    assert max(ahead_of(busy)) == 16

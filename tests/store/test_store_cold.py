@@ -169,6 +169,30 @@ def test_lookahead_requests_depth_items_ahead() -> None:
             list(lookahead([1], bad, lambda v: v))  # type: ignore[arg-type]
 
 
+def test_lookahead_grows_past_depth_while_deeper_allows() -> None:
+    """``deeper(n)`` is asked after each yield: the window grows by at most GROWTH items a time, never
+    before the first item is yielded, and stops growing as soon as ``deeper`` says no."""
+    from seqstore.io.ahead import GROWTH
+
+    requested: list[int] = []
+    ahead: list[int] = []  # items requested and not yet yielded, seen at each yield
+    allow = {"most": 10}
+
+    def request(x: int) -> int:
+        requested.append(x)
+        return x
+
+    for item, _ in lookahead(iter(range(40)), 2, request, deeper=lambda n: n < allow["most"]):
+        ahead.append(len(requested) - item - 1)
+        if item == 20:
+            allow["most"] = 0  # e.g. many requests pending now: back to the plain depth
+    assert requested == list(range(40))
+    assert ahead[0] == 2  # the first item waits for nothing beyond ``depth``
+    assert ahead[1] == 2 + GROWTH and max(ahead) == 9  # grown while deeper(n) allowed n < 10
+    assert ahead[21:28] == [8, 7, 6, 5, 4, 3, 2] and ahead[28:36] == [2] * 8  # then back to depth, one a time
+    assert all(b - a <= GROWTH for a, b in zip(ahead, ahead[1:]))
+
+
 # --------------------------------------------------------------------------------------- store
 
 

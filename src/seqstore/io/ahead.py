@@ -4,8 +4,9 @@
 pulls items from any iterable (index arrays of an epoch's batches), calls ``request(item)`` when an
 item enters a window of ``depth`` items ahead of the consumer (that is where reads are started), and
 ``ready(token)`` when the item becomes the next one to be consumed (a second stage, e.g. the value
-ranges of ragged records whose offsets the first stage asked for). Memory: ``depth + 1`` items and
-their tokens; the iterable is consumed lazily.
+ranges of ragged records whose offsets the first stage asked for). A window may grow beyond
+``depth`` while ``deeper`` allows it (a remote source: while few requests are pending). Memory: the
+window's items and their tokens; the iterable is consumed lazily.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["lookahead"]
+__all__ = ["lookahead", "GROWTH"]
+
+#: items that ``deeper`` may add to the window after each yield, at most
+GROWTH = 4
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -25,9 +29,13 @@ def lookahead(
     depth: int,
     request: Callable[[T], S],
     ready: Callable[[S], object] | None = None,
+    deeper: Callable[[int], bool] | None = None,
 ) -> Iterator[tuple[T, S]]:
     """Yield ``(item, request(item))`` in order; ``request`` runs ``depth`` items before the item is
-    yielded (at once for the first ``depth + 1``), ``ready`` just before the item before it is yielded."""
+    yielded (at once for the first ``depth + 1``), ``ready`` just before the item before it is yielded.
+    ``deeper(n)``: with ``n`` items ahead, whether to take one more ahead than ``depth``; asked after
+    each yield (at most :data:`GROWTH` more items each time, so the first item never waits behind a
+    deep window's requests); while it refuses, a window deeper than ``depth`` shrinks back."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"prefetch depth must be an integer >= 0, got {depth!r}")
     it = iter(items)
@@ -50,4 +58,11 @@ def lookahead(
         item, token, _ = window.popleft()
         next_up()
         yield item, token
-        pull()  # only now: while an item is consumed, exactly ``depth`` more are in flight
+        if len(window) <= depth:  # only now: while an item is consumed, ``depth`` more are in flight
+            pull()
+        if deeper is not None:  # or more while ``deeper`` allows; a window past ``depth`` that it does not
+            # allow any more shrinks by one item per item consumed
+            for _ in range(GROWTH):
+                if not deeper(len(window)):
+                    break
+                pull()

@@ -17,7 +17,7 @@ table, and its data files mapped from the node cache.
 
 from __future__ import annotations
 
-import bisect
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteNotFound
+from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
@@ -54,6 +54,16 @@ __all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted"
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
 
+
+
+def _settle(wave: concurrent.futures.Future[Any], answers: concurrent.futures.Future[Any]) -> None:
+    """End ``wave`` as the client's future ``answers`` ended."""
+    if answers.cancelled():
+        wave.set_exception(RemoteError("the requests were cancelled", attempts=0))
+    elif answers.exception() is not None:
+        wave.set_exception(answers.exception())
+    else:
+        wave.set_result(answers.result())
 
 
 def _digest(*parts: str) -> str:
@@ -84,6 +94,8 @@ class RemoteRoot:
         self._mirrors: list[Path] = []  # earlier manifest versions' mirrors (shards mapped before a refresh)
         self._metas: dict[str, ObjectMeta] = {}
         self._meta_lock = threading.Lock()
+        self.pending = 0  # data requests submitted and not yet answered (an estimate: read without a lock)
+        self._pending_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RemoteRoot({self.url!r}, storage_options={redact(self.storage_options)!r})"
@@ -125,31 +137,45 @@ class RemoteRoot:
             obj, a, _ = spans[i]
             obj.fill(a, data)
 
-        fut = self.client.submit(reqs, on_each, with_meta=False)
+        by_obj: dict[int, tuple[CachedObject, list[tuple[int, int]]]] = {}
         for obj, a, b in spans:
+            by_obj.setdefault(id(obj), (obj, []))[1].append((a, b))
+        # the wave's future, registered as in flight before any answer can arrive (one sort per entry)
+        wave: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        for obj, runs in by_obj.values():
             with obj.lock:
-                bisect.insort(obj.inflight, (a, b, id(fut), fut))
-
+                obj.inflight = sorted(obj.inflight + [(a, b, id(wave), wave) for a, b in runs])
         for obj, ids in chunks:
             with obj.lock:
                 for c in ids:
-                    obj.chunk_flight[c] = fut
+                    obj.chunk_flight[c] = wave
+        with self._pending_lock:
+            self.pending += len(reqs)
 
-        def done(_f: Any) -> None:
-            for obj, ids in chunks:
-                with obj.lock:
-                    for c in ids:
-                        if obj.chunk_flight.get(c) is fut:
-                            del obj.chunk_flight[c]
-            for obj, a, b in spans:
-                with obj.lock:
-                    try:
-                        obj.inflight.remove((a, b, id(fut), fut))
-                    except ValueError:
-                        pass
+        def done(answers: concurrent.futures.Future[Any]) -> None:
+            try:
+                with self._pending_lock:
+                    self.pending -= len(reqs)
+                for obj, ids in chunks:
+                    with obj.lock:
+                        for c in ids:
+                            if obj.chunk_flight.get(c) is wave:
+                                del obj.chunk_flight[c]
+                for obj, _runs in by_obj.values():  # one pass per entry, not one search per request
+                    with obj.lock:
+                        obj.inflight = [t for t in obj.inflight if t[3] is not wave]
+            finally:  # the wave ends whatever happened here: nothing waits for it forever
+                _settle(wave, answers)
 
-        fut.add_done_callback(done)
-        return fut
+        try:
+            answers = self.client.submit(reqs, on_each, with_meta=False)
+        except BaseException as exc:  # not submitted (e.g. the client's loop is gone): nothing in flight
+            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            done(failed)
+            raise
+        answers.add_done_callback(done)
+        return wave
 
     # ---------------------------------------------------------------------------------- manifest
 

@@ -32,6 +32,13 @@ __all__ = ["RemoteSource"]
 
 #: batches ``iter_batches`` keeps in flight by default: object storage answers after tens of milliseconds
 _DEPTH = 16
+#: batches it may keep in flight while few requests are pending (batches that need few, large
+#: requests, as a block-shuffled epoch's: the requests of 16 batches are too few bytes to cover the
+#: time an answer takes at network speed)
+_DEEPEST = 64
+#: "few requests pending": at most this many times ``max_requests`` (a random batch of 1024 records
+#: makes about 1000 requests: never deeper; a random_block batch a few dozen)
+_FEW = 2
 
 
 def _always_cold(starts: Any, sample: int = 16) -> bool:
@@ -81,7 +88,11 @@ class RemoteSource(ByteSource):
 
     def policy(self, readahead: str) -> ReadPolicy:
         # "readahead" governs scans only: a batch always asks, as faults would read zeros
-        return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, staged=True)
+        return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, deepest=_DEEPEST,
+                          staged=True)
+
+    def deeper(self) -> bool:
+        return self.remote.pending < _FEW * self.remote.client.max_requests
 
     def reopen(self) -> tuple[Any, dict[str, Any]]:
         return self.url, self.remote.options()

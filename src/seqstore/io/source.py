@@ -44,7 +44,9 @@ class ReadPolicy:
     sample is in memory. ``lazy``: mapped bytes read as zeros until made resident, so every access
     must :meth:`ByteSource.ensure` its ranges first. ``setup``: first touching a shard costs requests
     (:meth:`ByteSource.prepare_shards`), so a batch prepares all its new shards at once.
-    ``depth``: how many batches ``iter_batches`` keeps in flight by default. ``staged``: a batch's
+    ``depth``: how many batches ``iter_batches`` keeps in flight by default; ``deepest``: how many
+    it may keep in flight by default while the source has few requests pending
+    (:meth:`ByteSource.deeper`), e.g. the dense batches of a block-shuffled epoch. ``staged``: a batch's
     ragged value rows are asked for a few batches after its offsets (answers take tens of
     milliseconds), not only when it is next.
     """
@@ -54,6 +56,7 @@ class ReadPolicy:
     lazy: bool = False
     setup: bool = False
     depth: int = 2
+    deepest: int = 0
     staged: bool = False
 
 
@@ -115,6 +118,11 @@ class ByteSource(ABC):
     def ensure_array(self, arr: np.ndarray[Any, Any]) -> None:
         """:meth:`ensure` of every byte a view of a mapping spans."""
         return None  # default: bytes in files that a page fault reads need nothing here
+
+    def deeper(self) -> bool:
+        """Whether few enough requests are pending that ``iter_batches`` may keep more batches in flight
+        than its default depth (up to the policy's ``deepest``)."""
+        return False
 
     def request_bytes(self, path: Path) -> int:
         """Bytes per read-ahead request on the device that holds ``path``."""

@@ -89,15 +89,20 @@ class Batches(Records):
     ) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
         ``order.iter_chunks(1024)`` or :func:`seqstore.batch_indices`), with the reads of the next
-        ``prefetch`` batches already in flight while a batch is consumed (default 2; 16 for a remote store).
+        ``prefetch`` batches already in flight while a batch is consumed (default 2; for a remote store 16,
+        and up to 64 while few requests are pending: batches that each need few, large requests).
 
         Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
         batches plus what the page cache holds of the requested records (reclaimable, shared).
         """
         names = self._field_names(fields)
         active = self._ahead
+        deeper = None
         if prefetch is None:  # the source's default (object storage answers after tens of milliseconds)
             prefetch = self._depth
+            if self._deepest > prefetch:  # deeper while the source has few requests pending
+                most, source = self._deepest, self._source
+                deeper = lambda n: n < most and source.deeper()  # noqa: E731
 
         # tokens: [indices, groups, value rows requested]; a staged source requests the value rows of a
         # batch when the ``lag``-th batch after it enters the window (reading its offsets then seldom
@@ -122,7 +127,7 @@ class Batches(Records):
                     values(window.popleft())
             return token
 
-        for _batch, (idx, groups, _) in lookahead(batches, prefetch, request, values):
+        for _batch, (idx, groups, _) in lookahead(batches, prefetch, request, values, deeper):
             self._need_groups(groups, names)
             yield self._gather(idx, groups, names, pad)
 

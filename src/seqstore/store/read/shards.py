@@ -222,6 +222,7 @@ class ShardRegistry:
     _lazy: bool
     _setup: bool
     _depth: int
+    _deepest: int
     _staged: bool
 
     def __len__(self) -> int:
