@@ -117,13 +117,14 @@ def test_foresight_stops_at_a_wrong_guess(tmp_path: Path) -> None:
 def test_iterable_prefetch_keeps_batches_and_resume(tmp_path: Path, batch: int | None) -> None:
     path = tmp_path / "s"
     make_store(path, 200)
-    def make(prefetch: int) -> IterableSeqDataset:
+    def make(prefetch: int | None) -> IterableSeqDataset:
         return IterableSeqDataset(StoreDataset(path, ordering="random", seed=2), batch=batch, rank=0, world_size=1,
                                   fields=["spk"], prefetch=prefetch, with_index=True)
 
     plain, ahead = make(0), make(3)
     kw: dict[str, Any] = {"batch_size": None} if batch else {"batch_size": 8}
     a = [b["index"].tolist() for b in SeqDataLoader(plain, num_workers=2, **kw)]
+    assert [b["index"].tolist() for b in SeqDataLoader(make(None), num_workers=2, **kw)] == a  # the default
     loader = SeqDataLoader(ahead, num_workers=2, **kw)
     b = []
     for j, item in enumerate(loader):
@@ -138,6 +139,26 @@ def test_iterable_prefetch_keeps_batches_and_resume(tmp_path: Path, batch: int |
         IterableSeqDataset(StoreDataset(path), batch=4, rank=0, world_size=1, prefetch=-2)
 
 
+def test_iterable_default_prefetch_is_the_datasets_own(tmp_path: Path) -> None:
+    """``prefetch=None`` (the default) hands the choice to the dataset's ``iter_batches`` (a remote store
+    keeps more batches in flight than a local one); an explicit value is passed on as it is."""
+    path = tmp_path / "s"
+    make_store(path, 64)
+    asked: list[Any] = []
+
+    class Spy(StoreDataset):
+        def iter_batches(self, batches: Any, *, pad: bool = False, prefetch: int | None = None) -> Any:
+            asked.append(prefetch)
+            return super().iter_batches(batches, pad=pad, prefetch=prefetch)
+
+    for prefetch in (None, 5):
+        ds = IterableSeqDataset(Spy(path), batch=8, rank=0, world_size=1, prefetch=prefetch)
+        assert sum(len(b["spk"]) for b in ds) == 64
+    assert asked == [None, 5]
+    with pytest.raises(ValueError, match="prefetch must be None or an integer"):
+        IterableSeqDataset(StoreDataset(path), batch=8, rank=0, world_size=1, prefetch=1.5)  # type: ignore[arg-type]
+
+
 def test_data_layer_iter_batches(tmp_path: Path) -> None:
     path = tmp_path / "s"
     make_store(path, 120)
@@ -145,7 +166,7 @@ def test_data_layer_iter_batches(tmp_path: Path) -> None:
     combined = seqstore.ConcatDataset([child, child.filter(min_length=3)])
     order = combined.epoch_order(epoch=1)
     chunks = list(order.iter_chunks(17))
-    for prefetch in (0, 2):
+    for prefetch in (0, 2, None):
         for idx, got in zip(chunks, combined.iter_batches(iter(chunks), pad=True, prefetch=prefetch)):
             want = combined.get_batch(idx, pad=True)
             np.testing.assert_array_equal(got["x"][0], want["x"][0])

@@ -90,10 +90,12 @@ class Dataset(abc.ABC):
         have nothing to read ahead)."""
         return None
 
-    def iter_batches(self, batches: Iterable[Any], *, pad: bool = False, prefetch: int = 2) -> Iterator[dict[str, Any]]:
+    def iter_batches(
+        self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None
+    ) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (consumed lazily), with :meth:`prefetch` of
-        the next ``prefetch`` batches issued before each batch is gathered."""
-        for batch, _ in lookahead(batches, prefetch, self.prefetch):
+        the next ``prefetch`` batches (None: 2) issued before each batch is gathered."""
+        for batch, _ in lookahead(batches, 2 if prefetch is None else prefetch, self.prefetch):
             yield self.get_batch(batch, pad=pad)
 
     def cache_key(self) -> Any:
