@@ -12,7 +12,8 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   ``get_range`` of exactly their byte ranges, merged as seqstore merges them, same depth).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
   through ``SeqDataLoader`` with 1 and 2 workers sharing one node cache, ``IterableSeqDataset``'s
-  ``prefetch`` 2 (its default) and 16 (``--loader-prefetch``); MB/s from the first batch on (no CPU:
+  ``prefetch`` the dataset's choice (the default: 16 to 64 batches on a remote store) and 2
+  (``--loader-prefetch``); MB/s from the first batch on (no CPU:
   the workers are the forkserver's children).
 
 Each seqstore case runs against one or more source trees (``--src LABEL=PATH``, default this
@@ -238,6 +239,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _prefetch(value: Any) -> int | None:
+    """``--loader-prefetch`` value: ``default`` (the dataset's own choice) or a number of batches."""
+    return None if value in (None, "default") else int(value)
+
+
 def _loader(spec: dict[str, Any]) -> dict[str, Any]:
     """A ``random_block`` epoch through ``SeqDataLoader`` with ``spec["workers"]`` workers sharing one
     node cache (``IterableSeqDataset`` batches of 1024 gathered in the workers): MB/s from the first
@@ -251,7 +257,7 @@ def _loader(spec: dict[str, Any]) -> dict[str, Any]:
     ds = StoreDataset(store, ordering=ORDER, seed=SEED)
     workers = int(spec["workers"])
     loader = SeqDataLoader(
-        IterableSeqDataset(ds, batch=BATCH, fields=["x"], prefetch=int(spec.get("prefetch", 2))),
+        IterableSeqDataset(ds, batch=BATCH, fields=["x"], prefetch=_prefetch(spec.get("prefetch"))),
         batch_size=None,
         num_workers=workers,
         prefetch_factor=4 if workers else None,
@@ -308,7 +314,8 @@ def main() -> None:
     p.add_argument("--kinds", nargs="+", default=["fixed", "ragged"])
     p.add_argument("--only", nargs="+", default=["epoch", "random"])
     p.add_argument(
-        "--loader-prefetch", type=int, nargs="+", default=[2, 16], help="IterableSeqDataset prefetch (loader)"
+        "--loader-prefetch", nargs="+", default=["default", 2],
+        help="IterableSeqDataset prefetch (loader): 'default' (the dataset's choice) or a number of batches"
     )
     p.add_argument("--depth", type=int, default=64, help="requests in flight (raw and seqstore)")
     p.add_argument("--cache-parent", default="/dev/shm", help="where node caches go (default /dev/shm)")
