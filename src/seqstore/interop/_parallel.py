@@ -86,11 +86,16 @@ def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, sha
         raise
 
 
-def _context() -> Any:
+def _context(preload: Sequence[str] = ()) -> Any:
+    """The start method of the workers. The forkserver imports the parallel module, the Arrow and HDF
+    importers and ``preload`` before it forks workers; the list is the one of the process's first parallel
+    conversion (the server then keeps running), so modules named by a later conversion's ``preload`` are
+    imported by its workers themselves."""
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if "forkserver" in methods:  # workers start from a server that has these imported already
-        ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn"])
+        ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn",
+                                    *preload])
     return ctx
 
 
@@ -106,13 +111,16 @@ def convert_in_parallel(
     workers: int,
     progress: Progress | None,
     storage_options: Mapping[str, Any] | None = None,
+    preload: Sequence[str] = (),
 ) -> None:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
     ``workers`` processes; all or nothing (see the module docs). ``total`` is announced to
-    ``progress`` once the output path is checked."""
+    ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
+    once in the forkserver when it starts with this conversion, see :func:`_context`)."""
     if is_remote(out):
         _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options)
+                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,
+                        preload=preload)
         return
     root = Path(out)
     check_output(root, overwrite)
@@ -121,7 +129,7 @@ def convert_in_parallel(
     try:
         prepare_store(tmp, schema, metadata=metadata, mode="create")
         announce_total(progress, total)
-        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None)
+        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None, preload)
         commit_parts(tmp, parts)
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
@@ -144,11 +152,12 @@ def _convert_to_url(
     workers: int,
     progress: Progress | None,
     storage_options: Mapping[str, Any] | None,
+    preload: Sequence[str] = (),
 ) -> None:
     """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
 
     def produce(job_id: str) -> list[Part]:
-        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options)
+        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options, preload)
 
     _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
                   storage_options=storage_options)
@@ -253,9 +262,10 @@ def _run(
     workers: int,
     progress: Progress | None,
     storage_options: Mapping[str, Any] | None,
+    preload: Sequence[str] = (),
 ) -> list[Part]:
     """Write every unit as a part with ``workers`` processes; the parts in unit order."""
-    ctx = _context()
+    ctx = _context(preload)
     queue = ctx.Queue()
 
     def pump() -> None:  # the workers' progress into the one callback
