@@ -223,6 +223,7 @@ def tiny_units(monkeypatch: pytest.MonkeyPatch) -> None:
     import seqstore.interop.lhotse as mod
 
     monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 1)
+    monkeypatch.setattr(mod, "PARALLEL_MIN_CUTS", 1)
 
 
 def test_workers_single_manifest_same_store(corpus: dict[str, Path], tmp_path: Path, tiny_units: None) -> None:
@@ -262,28 +263,44 @@ def test_workers_several_manifests_same_store(corpus: dict[str, Path], tmp_path:
     frames = [int(c.num_frames) for c in lhotse.CutSet.from_file(corpus["cuts"])]
     assert [int(two[i]["num_frames"]) for i in range(12)] == frames + [-1] * 4 + frames
     assert two.num_shards > one.num_shards
-    # runs of about total / (2 x workers) cuts, small manifests sharing one; too few cuts: one run
-    assert mod._units([4, 0, 4], 2) == [[(0, 0, 2)], [(0, 2, 4)], [(2, 0, 2)], [(2, 2, 4)]]
+    # runs of about total / (8 x workers) cuts, MIN_UNIT_CUTS at least, small manifests sharing one
+    assert mod._units([4, 0, 4], 2) == [[(k, a, a + 1)] for k in (0, 2) for a in range(4)]
     monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 3)
     assert mod._units([4, 0, 4], 2) == [[(0, 0, 3)], [(0, 3, 4), (2, 0, 2)], [(2, 2, 4)]]
-    monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 5)
+    assert mod._units([40, 0, 4], 2) == [[(0, a, a + 3)] for a in range(0, 39, 3)] + [[(0, 39, 40), (2, 0, 2)],
+                                                                                    [(2, 2, 4)]]
+    monkeypatch.setattr(mod, "PARALLEL_MIN_CUTS", 9)  # too few cuts in all: one run
     assert mod._units([4, 0, 4], 2) == [[(0, 0, 4), (2, 0, 4)]]
 
 
-def test_worker_error_is_named_and_leaves_nothing(corpus: dict[str, Path], tmp_path: Path, tiny_units: None) -> None:
-    # the first cut has features; a cut of the second manifest has none: found by a worker
-    with pytest.raises(MissingFeaturesError, match=r"plain\.jsonl\.gz, cut 'rec0-0'.*no features") as info:
-        import_lhotse([corpus["cuts"], corpus["plain"]], tmp_path / "s", features=True, workers=2)
-    assert info.value.cut_id == "rec0-0" and info.value.path == str(corpus["plain"])
-    old = import_lhotse(corpus["plain"], tmp_path / "old")
-    bad = tmp_path / "bad.jsonl"  # a line that is not JSON, parsed by a worker
+def test_worker_error_is_named_and_leaves_nothing(corpus: dict[str, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.interop.lhotse as mod
+
+    monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 2)
+    monkeypatch.setattr(mod, "PARALLEL_MIN_CUTS", 1)
     with gzip.open(corpus["cuts"], "rt") as f:
         good = f.read().splitlines()
-    bad.write_text("\n".join(good[:3] + ["{not json"]) + "\n")
+    with gzip.open(corpus["plain"], "rt") as f:
+        plain = f.read().splitlines()
+    # the first cut has features, the second none: both in the first unit, which a worker process writes
+    # (this process takes units from the last one backwards)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([good[0], plain[1]] + good[1:] * 2) + "\n")
+    with pytest.raises(MissingFeaturesError, match=r"mixed\.jsonl, cut 'rec1-1'.*no features") as info:
+        import_lhotse(mixed, tmp_path / "s", features=True, workers=2)
+    assert info.value.cut_id == "rec1-1" and info.value.path == str(mixed)
+    assert info.value.__cause__ is not None and "Traceback" in str(info.value.__cause__)  # from the worker
+    # the same found by this process (the last manifest's cuts); an existing store stays as it was
+    old = import_lhotse(corpus["plain"], tmp_path / "old")
+    with pytest.raises(MissingFeaturesError, match=r"plain\.jsonl\.gz, cut 'rec\d-\d'.*no features"):
+        import_lhotse([corpus["cuts"], corpus["plain"]], old.root, features=True, workers=2, overwrite=True)
+    bad = tmp_path / "bad.jsonl"  # a line that is not JSON
+    bad.write_text("\n".join(good[:3] + ["{not json"] + good) + "\n")
     with pytest.raises(SourceFormatError, match=r"bad\.jsonl.*line 4: not a Lhotse cut"):
         import_lhotse(bad, old.root, features=True, workers=2, overwrite=True)
     assert len(seqstore.open(old.root)) == 4 and "features" not in seqstore.open(old.root).schema
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "mixed.jsonl", "old"]
 
 
 def test_workers_into_an_s3_store(corpus: dict[str, Path], moto_s3: Any, s3_bucket: str, tmp_path: Path,

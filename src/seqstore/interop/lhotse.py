@@ -65,6 +65,7 @@ __all__ = [
     "AUDIO_DTYPES",
     "CHANNEL_MODES",
     "MIN_UNIT_CUTS",
+    "PARALLEL_MIN_CUTS",
 ]
 
 #: Key of the import information in the store's metadata.
@@ -74,10 +75,12 @@ CHUNK_RECORDS = 1 << 14
 FEATURE_DTYPES = ("float32", "float16")
 AUDIO_DTYPES = ("float32", "int16")
 CHANNEL_MODES = ("error", "first", "mix")
-#: Cuts per unit of work of a parallel import at least: a manifest (or list) of fewer than twice as many
-#: cuts is imported in one process whatever ``workers`` is (a worker's start, about 1.3 s for importing
-#: Lhotse and torch, is not won back on fewer; docs/benchmarks.md, "Lhotse cut manifests import").
-MIN_UNIT_CUTS = 10_000
+#: Cuts per unit of work of a parallel import at least (about half a second of work each).
+MIN_UNIT_CUTS = 2_500
+#: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker starts
+#: in about 1.3 s (it imports Lhotse, which imports torch), which fewer cuts do not win back
+#: (docs/benchmarks.md, "Lhotse cut manifests import").
+PARALLEL_MIN_CUTS = 20_000
 #: Modules a parallel import's worker processes start with (imported once, in the forkserver).
 PRELOAD = ("seqstore.interop.lhotse", "lhotse")
 #: How a CutSet object (not a file) is named in errors.
@@ -364,13 +367,15 @@ def _manifest_cuts(path: str, start: int, stop: int) -> Iterator[Any]:
 
 
 def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int]]]:
-    """The manifests' lines, in order, cut into runs of about ``total / (2 x workers)`` cuts (at least
-    :data:`MIN_UNIT_CUTS`): each run, a list of (manifest, first line, end line), is one part of a
-    parallel import. Consecutive small manifests share a run; a short tail joins the run before it."""
+    """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
+    :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
+    (manifest, first line, end line), is one part of a parallel import. Small units keep the processes
+    equally busy to the end; each costs its worker a pass over the lines before it (without parsing).
+    Consecutive small manifests share a run; a short tail joins the run before it."""
     total = sum(counts)
-    if total < 2 * MIN_UNIT_CUTS:
+    if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
         return [[(k, 0, n) for k, n in enumerate(counts) if n]]
-    budget = max(MIN_UNIT_CUTS, -(-total // (2 * workers)))
+    budget = max(MIN_UNIT_CUTS, -(-total // (8 * workers)))
     units: list[list[tuple[int, int, int]]] = []
     run: list[tuple[int, int, int]] = []
     size = 0
@@ -435,12 +440,14 @@ def import_lhotse(
     ``progress`` gets cuts (told the total only for an eager CutSet). The store's metadata under
     ``"lhotse"`` records the manifests and the choices made.
 
-    ``workers > 1`` imports manifest files in that many processes: the lines of the manifests (counted
-    once here, told to ``progress`` as the total) are cut into runs of about ``cuts / (2 x workers)``
-    (at least :data:`MIN_UNIT_CUTS`), each run parsed and written by a worker as one part, the parts
-    committed in order with one commit; the records are the same, in the same order, whatever
-    ``workers`` is. Fewer than ``2 x MIN_UNIT_CUTS`` cuts, or a ``CutSet`` object (which could only be
-    handed to a worker by pickling every cut), are imported in this process.
+    ``workers > 1`` imports manifest files in that many processes, this one included: the lines of the
+    manifests (counted once here, told to ``progress`` as the total) are cut into runs of about
+    ``cuts / (8 x workers)`` (at least :data:`MIN_UNIT_CUTS`), each run parsed and written as one part,
+    by ``workers - 1`` forkserver processes from the first run on and by this process from the last run
+    backwards (so it works while they start), the parts committed in order with one commit; the records
+    are the same, in the same order, whatever ``workers`` is. Manifests of fewer than
+    :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet`` object (which could only be handed to a worker
+    by pickling every cut), are imported in this process alone.
 
     ``out`` may be a URL of object storage (``storage_options``): the cuts are written as one part per
     unit of work (one in all without workers) and committed once, so a reader never sees a partial store.
@@ -485,7 +492,8 @@ def import_lhotse(
             job = _CutsJob(paths, plan, chunk_bytes)
             convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
                                 shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                                progress=progress, storage_options=storage_options, preload=PRELOAD)
+                                progress=progress, storage_options=storage_options, preload=PRELOAD,
+                                in_driver=True)
             return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
