@@ -316,7 +316,8 @@ class _HfJob:
 
 def _file_backed(ds: Any) -> bool:
     """Whether every table of the ``Dataset`` is a memory-mapped Arrow file (a saved or cached dataset):
-    then it is handed to a worker as the files' paths, not as its data."""
+    then it is handed to a worker as the files' paths, not as its data. An indices mapping (``shuffle``,
+    ``select``) goes along as it is: a cache file's path, or 8 bytes a row when it is held in memory."""
     tables = importlib.import_module("datasets.table")
     table = ds.data
     blocks = [b for row in table.blocks for b in row] if isinstance(table, tables.ConcatenationTable) else [table]
