@@ -4,27 +4,36 @@ Every case in a fresh process (bench/harness.py), warm page cache, data written 
 bench/data/interop/. The ratio column compares throughput (``MB_per_s``, bytes of float32 features per
 second): above 1 the import is faster than Lhotse reading the data.
 
-Data (N = 2e4 cuts, ``--quick`` 5e3; also N/4 for the memory check): a ``cuts.jsonl.gz`` of
+Data (N = 2e4 and 1e5 cuts, ``--quick`` 5e3 and 2e4; memory is checked across the two): a ``cuts.jsonl.gz`` of
 feature-only cuts (no recordings), each 50..300 frames of 40 float32 features stored by Lhotse's
 ``NumpyFilesWriter`` (one ``.npy`` per cut, Lhotse's plain on-disk layout; ``LilcomChunkyWriter`` would
 need ``lilcom``), and one supervision with a short text.
 
 - ``seqstore import_lhotse``: ``import_lhotse(manifest, out, features=True)`` (the lazy manifest, every
-  cut's ``load_features()``, durations, frames, texts), ``chunk_bytes`` = 8 MiB;
+  cut's ``load_features()``, durations, frames, texts), ``chunk_bytes`` = 8 MiB, in this process, into a
+  new path (the previous repeat's store is deleted before the timed pass);
+- ``seqstore import_lhotse workers=2``: the same with ``workers=2`` (the manifest's lines cut into runs
+  written by two forkserver worker processes as parts, one commit); the time includes starting them;
 - ``Lhotse CutSet + load_features``: ``CutSet.from_jsonl_lazy(manifest)`` iterated, ``cut.load_features()``
   for every cut (what a Lhotse dataset does per cut, without batching or collation).
 
 ``peak_private_MB`` (bench/_interop_megawds.py): the peak of private memory above the start during the
-pass; flat in N means memory independent of the manifest's size.
+pass, in the driver; flat in N means memory independent of the manifest's size. ``peak_worker_MB``: the
+largest peak of private memory of one worker process (with ``workers``; all of it, its imports of Lhotse
+and torch included, as a worker has nothing before the pass).
 
 Usage: ``python bench/_interop_lhotse.py [--quick] [--repeats R]`` (bench/interop.py runs it).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +42,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from bench._interop_megawds import peak_private  # noqa: E402
-from bench.harness import DATA, Case, main_args, print_table, run_cases, section, section_time  # noqa: E402
+from bench.harness import (  # noqa: E402
+    DATA,
+    Case,
+    main_args,
+    print_table,
+    rss_anon,
+    run_cases,
+    section,
+    section_time,
+)
 
-LHOTSE_N = 20_000
-QUICK_LHOTSE_N = 5_000
+SIZES = (20_000, 100_000)
+QUICK_SIZES = (5_000, 20_000)
 DIMS = 40
 CHUNK_MB = 8
 
@@ -78,15 +96,58 @@ def _feature_bytes(manifest: str) -> int:
     return sum(c.num_frames * c.num_features * 4 for c in CutSet.from_jsonl_lazy(manifest))
 
 
-def case_import(manifest: str, out: str, nbytes: int) -> dict[str, object]:
+def _descendants(pid: int, depth: int = 8) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for k in kids:
+            out += [k, *(_descendants(k, depth - 1) if depth > 1 else [])]
+    return out
+
+
+@contextmanager
+def peak_workers() -> Iterator[dict[str, float]]:
+    """Sample the RssAnon of this process's grandchildren every 20 ms (the forkserver's workers; not the
+    forkserver itself, which only imports and forks); ``out["peak_worker_MB"]``: the largest peak of one."""
+    out: dict[str, float] = {}
+    peaks: dict[int, int] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.02):
+            children = set(_descendants(os.getpid(), depth=1))
+            for pid in _descendants(os.getpid()):
+                if pid in children:
+                    continue
+                try:
+                    peaks[pid] = max(peaks.get(pid, 0), rss_anon(pid))
+                except OSError:
+                    continue
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        t.join()
+        out["peak_worker_MB"] = max(peaks.values(), default=0) / 2**20
+
+
+def case_import(manifest: str, out: str, nbytes: int, workers: int = 1) -> dict[str, object]:
     import lhotse  # noqa: F401 - imported before the pass, as in the Lhotse case (it loads torch)
 
     from seqstore.interop.lhotse import import_lhotse
 
-    with peak_private() as mem, section("pass"):
-        store = import_lhotse(manifest, out, features=True, overwrite=True, chunk_bytes=CHUNK_MB << 20)
+    shutil.rmtree(out, ignore_errors=True)  # the last repeat's store: an import into a new path, not a replacement
+    with peak_private() as mem, peak_workers() as wmem, section("pass"):
+        store = import_lhotse(manifest, out, features=True, chunk_bytes=CHUNK_MB << 20, workers=workers)
     t = section_time("pass")
-    return {"cuts": len(store), "MB_per_s": nbytes / 1e6 / t, "cut_per_s": len(store) / t, **mem}
+    extra = wmem if workers > 1 else {}
+    return {"cuts": len(store), "MB_per_s": nbytes / 1e6 / t, "cut_per_s": len(store) / t, **mem, **extra}
 
 
 def case_lhotse_read(manifest: str) -> dict[str, object]:
@@ -103,18 +164,20 @@ def case_lhotse_read(manifest: str) -> dict[str, object]:
 
 def run(quick: bool, repeats: int) -> None:
     """Both sizes in one table with ratios (bench/interop.py calls this)."""
-    n_full = QUICK_LHOTSE_N if quick else LHOTSE_N
     cases = []
-    for n in (n_full // 4, n_full):
+    for n in QUICK_SIZES if quick else SIZES:
         manifest = str(ensure_lhotse(n))
         g = f"lhotse N={n:.0e}"
-        cases.append(Case("seqstore import_lhotse", "bench._interop_lhotse:case_import",
-                          {"manifest": manifest, "out": str(DATA / "interop" / f"lhotse-{n}.seqstore"),
-                           "nbytes": _feature_bytes(manifest)}, group=g, metric="MB_per_s"))
+        nbytes = _feature_bytes(manifest)
+        for workers in (1, 2):
+            cases.append(Case("seqstore import_lhotse" + (f" workers={workers}" if workers > 1 else ""),
+                              "bench._interop_lhotse:case_import",
+                              {"manifest": manifest, "out": str(DATA / "interop" / f"lhotse-{n}.seqstore"),
+                               "nbytes": nbytes, "workers": workers}, group=g, metric="MB_per_s"))
         cases.append(Case("Lhotse CutSet + load_features", "bench._interop_lhotse:case_lhotse_read",
                           {"manifest": manifest}, group=g, metric="MB_per_s"))
     res = run_cases("interop_lhotse", cases, repeats=repeats, baseline="Lhotse CutSet + load_features")
-    print_table(res, extras=["cuts", "MB_per_s", "cut_per_s", "peak_private_MB"])
+    print_table(res, extras=["cuts", "MB_per_s", "cut_per_s", "peak_private_MB", "peak_worker_MB"])
 
 
 def main() -> None:

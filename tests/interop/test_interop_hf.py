@@ -266,3 +266,78 @@ def test_iterable_over_arrow_data_and_an_s3_store(tmp_path: Path, moto_s3: Any, 
         import_hf(broken, f"s3://{s3_bucket}/broken.seqstore", batch_size=4, storage_options=opts)
     with pytest.raises(Exception):  # noqa: B017 - whatever the reader says, there is no store
         seqstore.open(f"s3://{s3_bucket}/broken.seqstore", storage_options=opts)
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+def _same_store(a: Any, b: Any) -> None:
+    """Same schema, ids, order and values, field by field."""
+    assert a.schema == b.schema and len(a) == len(b) > 0
+    for i in range(len(a)):
+        assert (a.id(i) if a.has_ids else None) == (b.id(i) if b.has_ids else None)
+        ra, rb = a[i], b[i]
+        for name in a.schema:
+            assert ra[name].dtype == rb[name].dtype and np.array_equal(ra[name], rb[name]), (i, name)
+
+
+@pytest.fixture
+def saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A save_to_disk directory of 60 rows in three Arrow files; units of 8 rows at least."""
+    import seqstore.interop.hf as mod
+
+    monkeypatch.setattr(mod, "MIN_UNIT_ROWS", 8)
+    path = tmp_path / "saved"
+    _dataset(60, seed=11).save_to_disk(str(path), num_shards=3)
+    assert len(list(path.glob("*.arrow"))) == 3
+    return path
+
+
+def test_workers_saved_dataset_same_store(saved: Path, tmp_path: Path) -> None:
+    one = import_hf(saved, tmp_path / "one", id_column="id", batch_size=7)
+    two = import_hf(saved, tmp_path / "two", id_column="id", batch_size=7, workers=2)
+    _same_store(one, two)
+    assert two.num_shards > one.num_shards  # written as parts (four runs of 15 rows)
+    loaded = datasets.load_from_disk(str(saved))
+    assert len(loaded.cache_files) == 3
+    _check(two, (loaded[i] for i in range(len(loaded))), loaded.features)
+    # an indices mapping over the files (shuffle): the rows in the mapping's order, whatever the workers
+    mixed = loaded.shuffle(seed=5)
+    _same_store(import_hf(mixed, tmp_path / "m1", id_column="id"), import_hf(mixed, tmp_path / "m2", id_column="id",
+                                                                              workers=3))
+    assert seqstore.open(tmp_path / "m2").id(0) == mixed[0]["id"] != loaded[0]["id"]
+    # through the CLI (its --workers default is the number of cores)
+    assert cli_main(["convert", "--from", "hf", str(saved), str(tmp_path / "cli"), "-q", "--id-column", "id",
+                     "--workers", "2", "--batch-size", "7"]) == 0
+    _same_store(one, seqstore.open(tmp_path / "cli"))
+
+
+def test_workers_in_memory_and_streams_stay_in_one_process(saved: Path, tmp_path: Path) -> None:
+    ds = _dataset(60, seed=11)  # from_dict: held in memory, not handed to workers
+    one = import_hf(ds, tmp_path / "one", id_column="id")
+    two = import_hf(ds, tmp_path / "two", id_column="id", workers=2)
+    _same_store(one, two)
+    assert two.num_shards == one.num_shards == 1
+    it = import_hf(ds.to_iterable_dataset(num_shards=3), tmp_path / "it", id_column="id", workers=2)
+    _same_store(one, it)
+    assert it.num_shards == 1
+
+
+def test_worker_error_leaves_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.interop.hf as mod
+
+    monkeypatch.setattr(mod, "MIN_UNIT_ROWS", 4)
+    path = tmp_path / "nulls"
+    datasets.Dataset.from_dict({"v": [1] * 30 + [None] + [2] * 9}).save_to_disk(str(path), num_shards=2)
+    with pytest.raises(SchemaError, match=r"records 30\.\.3\d, column 'v': has 1 null"):
+        import_hf(path, tmp_path / "out.seqstore", workers=2, batch_size=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nulls"]
+
+
+def test_workers_into_an_s3_store(saved: Path, tmp_path: Path, moto_s3: Any, s3_bucket: str) -> None:
+    opts = moto_s3.storage_options()
+    out = f"s3://{s3_bucket}/hf.seqstore"
+    one = import_hf(saved, tmp_path / "one", id_column="id")
+    two = import_hf(saved, out, id_column="id", workers=2, storage_options=opts)
+    assert two.is_remote and two.num_shards > 1
+    _same_store(one, two)

@@ -3,6 +3,7 @@ manifests, feature storage (Fbank through NumpyFilesWriter) and audio loading, o
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,117 @@ def test_into_an_s3_store(corpus: dict[str, Path], moto_s3: Any, s3_bucket: str)
         import_lhotse(corpus["cuts"], url, storage_options=opts)
     again = import_lhotse(corpus["cuts"], url, storage_options=opts, overwrite=True)
     assert "features" not in again.schema and len(again) == len(store)
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+def same_store(a: seqstore.Store, b: seqstore.Store) -> None:
+    """Same schema, ids, order and values, field by field."""
+    assert a.schema == b.schema and len(a) == len(b) > 0
+    for i in range(len(a)):
+        assert a.id(i) == b.id(i)
+        ra, rb = a[i], b[i]
+        for name in a.schema:
+            assert np.asarray(ra[name]).dtype == np.asarray(rb[name]).dtype
+            assert np.array_equal(ra[name], rb[name]), (i, name)
+
+
+@pytest.fixture
+def tiny_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Units of one cut: the tiny corpus is split as a large manifest would be."""
+    import seqstore.interop.lhotse as mod
+
+    monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 1)
+    monkeypatch.setattr(mod, "PARALLEL_MIN_CUTS", 1)
+
+
+def test_workers_single_manifest_same_store(corpus: dict[str, Path], tmp_path: Path, tiny_units: None) -> None:
+    from lhotse import CutSet
+
+    plain_jsonl = tmp_path / "cuts.jsonl"  # not compressed: read the same way
+    CutSet.from_file(corpus["cuts"]).to_file(plain_jsonl)
+    one = import_lhotse(corpus["cuts"], tmp_path / "one", features=True, audio=True, channels="first")
+    seen: list[int] = []
+
+    class Bar:
+        total = 0
+
+        def __call__(self, n: int) -> None:
+            seen.append(n)
+
+        def add_total(self, n: int) -> None:
+            Bar.total += n
+
+    for src in (corpus["cuts"], plain_jsonl):
+        two = import_lhotse(src, tmp_path / "two", features=True, audio=True, channels="first", workers=2,
+                            overwrite=True, progress=Bar())
+        same_store(one, two)
+        assert two.metadata["lhotse"] == one.metadata["lhotse"] | {"manifests": [src.name]}
+        assert two.num_shards > one.num_shards  # really written as several parts (one per cut here)
+    assert sum(seen) == 8 and Bar.total == 8  # the counted lines are announced up front
+
+
+def test_workers_several_manifests_same_store(corpus: dict[str, Path], tmp_path: Path, tiny_units: None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.interop.lhotse as mod
+
+    srcs = [corpus["cuts"], corpus["plain"], corpus["cuts"]]
+    one = import_lhotse(srcs, tmp_path / "one")
+    two = import_lhotse(srcs, tmp_path / "two", workers=2)
+    same_store(one, two)
+    frames = [int(c.num_frames) for c in lhotse.CutSet.from_file(corpus["cuts"])]
+    assert [int(two[i]["num_frames"]) for i in range(12)] == frames + [-1] * 4 + frames
+    assert two.num_shards > one.num_shards
+    # runs of about total / (8 x workers) cuts, MIN_UNIT_CUTS at least, small manifests sharing one
+    assert mod._units([4, 0, 4], 2) == [[(k, a, a + 1)] for k in (0, 2) for a in range(4)]
+    monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 3)
+    assert mod._units([4, 0, 4], 2) == [[(0, 0, 3)], [(0, 3, 4), (2, 0, 2)], [(2, 2, 4)]]
+    assert mod._units([40, 0, 4], 2) == [[(0, a, a + 3)] for a in range(0, 39, 3)] + [[(0, 39, 40), (2, 0, 2)],
+                                                                                    [(2, 2, 4)]]
+    monkeypatch.setattr(mod, "PARALLEL_MIN_CUTS", 9)  # too few cuts in all: one run
+    assert mod._units([4, 0, 4], 2) == [[(0, 0, 4), (2, 0, 4)]]
+
+
+def test_worker_error_is_named_and_leaves_nothing(corpus: dict[str, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqstore.interop.lhotse as mod
+
+    monkeypatch.setattr(mod, "MIN_UNIT_CUTS", 2)
+    monkeypatch.setattr(mod, "PARALLEL_MIN_CUTS", 1)
+    with gzip.open(corpus["cuts"], "rt") as f:
+        good = f.read().splitlines()
+    with gzip.open(corpus["plain"], "rt") as f:
+        plain = f.read().splitlines()
+    # the first cut has features, the second none: both in the first unit, which a worker process writes
+    # (this process takes units from the last one backwards)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([good[0], plain[1]] + good[1:] * 2) + "\n")
+    with pytest.raises(MissingFeaturesError, match=r"mixed\.jsonl, cut 'rec1-1'.*no features") as info:
+        import_lhotse(mixed, tmp_path / "s", features=True, workers=2)
+    assert info.value.cut_id == "rec1-1" and info.value.path == str(mixed)
+    assert info.value.__cause__ is not None and "Traceback" in str(info.value.__cause__)  # from the worker
+    # the same found by this process (the last manifest's cuts); an existing store stays as it was
+    old = import_lhotse(corpus["plain"], tmp_path / "old")
+    with pytest.raises(MissingFeaturesError, match=r"plain\.jsonl\.gz, cut 'rec\d-\d'.*no features"):
+        import_lhotse([corpus["cuts"], corpus["plain"]], old.root, features=True, workers=2, overwrite=True)
+    bad = tmp_path / "bad.jsonl"  # a line that is not JSON
+    bad.write_text("\n".join(good[:3] + ["{not json"] + good) + "\n")
+    with pytest.raises(SourceFormatError, match=r"bad\.jsonl.*line 4: not a Lhotse cut"):
+        import_lhotse(bad, old.root, features=True, workers=2, overwrite=True)
+    assert len(seqstore.open(old.root)) == 4 and "features" not in seqstore.open(old.root).schema
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "mixed.jsonl", "old"]
+
+
+def test_workers_into_an_s3_store(corpus: dict[str, Path], moto_s3: Any, s3_bucket: str, tmp_path: Path,
+                                  tiny_units: None) -> None:
+    opts = moto_s3.storage_options()
+    url = f"s3://{s3_bucket}/cuts.seqstore"
+    one = import_lhotse(corpus["cuts"], tmp_path / "one", features=True)
+    two = import_lhotse(corpus["cuts"], url, features=True, workers=2, storage_options=opts)
+    assert two.is_remote
+    same_store(one, two)
+    with pytest.raises(MissingFeaturesError, match="plain.jsonl.gz"):
+        import_lhotse([corpus["cuts"], corpus["plain"]], url, features=True, workers=2, storage_options=opts,
+                      overwrite=True)
+    same_store(one, seqstore.open(url, storage_options=opts))  # the old store stays as it was

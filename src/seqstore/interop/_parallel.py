@@ -29,7 +29,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,22 +75,27 @@ def _report(n: int) -> None:
 
 
 def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int,
-                storage_options: Mapping[str, Any] | None = None) -> Part:
-    """Worker: one unit as one part."""
+                storage_options: Mapping[str, Any] | None = None, report: Progress | None = None) -> Part:
+    """Worker (or the driver, with its own ``report``): one unit as one part."""
     w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options)
     try:
-        job.write(w, segments, _report)
+        job.write(w, segments, report or _report)
         return w.finish()
     except BaseException:
         w.abort()
         raise
 
 
-def _context() -> Any:
+def _context(preload: Sequence[str] = ()) -> Any:
+    """The start method of the workers. The forkserver imports the parallel module, the Arrow and HDF
+    importers and ``preload`` before it forks workers; the list is the one of the process's first parallel
+    conversion (the server then keeps running), so modules named by a later conversion's ``preload`` are
+    imported by its workers themselves."""
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if "forkserver" in methods:  # workers start from a server that has these imported already
-        ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn"])
+        ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn",
+                                    *preload])
     return ctx
 
 
@@ -106,13 +111,18 @@ def convert_in_parallel(
     workers: int,
     progress: Progress | None,
     storage_options: Mapping[str, Any] | None = None,
+    preload: Sequence[str] = (),
+    in_driver: bool = False,
 ) -> None:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
     ``workers`` processes; all or nothing (see the module docs). ``total`` is announced to
-    ``progress`` once the output path is checked."""
+    ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
+    once in the forkserver when it starts with this conversion, see :func:`_context`). ``in_driver``: this
+    process writes units too (one of the ``workers``; see :func:`_run`)."""
     if is_remote(out):
         _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options)
+                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,
+                        preload=preload, in_driver=in_driver)
         return
     root = Path(out)
     check_output(root, overwrite)
@@ -121,7 +131,7 @@ def convert_in_parallel(
     try:
         prepare_store(tmp, schema, metadata=metadata, mode="create")
         announce_total(progress, total)
-        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None)
+        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None, preload, in_driver)
         commit_parts(tmp, parts)
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
@@ -144,11 +154,13 @@ def _convert_to_url(
     workers: int,
     progress: Progress | None,
     storage_options: Mapping[str, Any] | None,
+    preload: Sequence[str] = (),
+    in_driver: bool = False,
 ) -> None:
     """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
 
     def produce(job_id: str) -> list[Part]:
-        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options)
+        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options, preload, in_driver)
 
     _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
                   storage_options=storage_options)
@@ -253,9 +265,17 @@ def _run(
     workers: int,
     progress: Progress | None,
     storage_options: Mapping[str, Any] | None,
+    preload: Sequence[str] = (),
+    in_driver: bool = False,
 ) -> list[Part]:
-    """Write every unit as a part with ``workers`` processes; the parts in unit order."""
-    ctx = _context()
+    """Write every unit as a part with ``workers`` processes; the parts in unit order.
+
+    ``in_driver``: this process is one of the ``workers`` (the pool has one process fewer). While the
+    pool starts (a worker that imports a heavy library takes a second or more before its first record)
+    and then alongside it, this process writes units itself, from the last one backwards, as long as
+    the pool has not taken them (a unit's future can still be cancelled); the pool's processes take
+    units from the front. For jobs whose modules the driver has imported already."""
+    ctx = _context(preload)
     queue = ctx.Queue()
 
     def pump() -> None:  # the workers' progress into the one callback
@@ -266,11 +286,17 @@ def _run(
             if progress is not None:
                 progress(n)
 
+    def report(n: int) -> None:
+        if n:
+            queue.put(n)
+
     feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
     feeder.start()
+    procs = max(1, min(workers - 1 if in_driver else workers, len(units)))
     try:
-        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(units))), mp_context=ctx,
-                                 initializer=_init, initargs=(queue,)) as pool:
+        with ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,)) as pool:
+            if in_driver:
+                return _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report)
             futures: list[Future[Part]] = [
                 pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options)
                 for k, (job, segs) in enumerate(units)
@@ -285,3 +311,71 @@ def _run(
         queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
         feeder.join()
     return parts
+
+
+def _share(
+    pool: ProcessPoolExecutor,
+    procs: int,
+    store: str,
+    job_id: str,
+    units: Sequence[tuple[Job, Any]],
+    shard_bytes: int,
+    storage_options: Mapping[str, Any] | None,
+    report: Progress,
+) -> list[Part]:
+    """The units written by ``pool`` from the front and by this process from the back (see :func:`_run`).
+
+    A thread hands the pool one unit per idle process (never more, so no unit waits in the pool's queue
+    while this process could take it); its first ``submit`` waits until the pool's first process runs,
+    which for a forkserver with heavy imports takes a second or more. This thread meanwhile takes units
+    from the last one backwards, until the two meet. The parts in unit order."""
+    lock = threading.Lock()
+    bounds = [0, len(units)]  # units [front, back) are still to be taken
+    stop = threading.Event()
+    futures: dict[int, Future[Part]] = {}
+    mine: dict[int, Part] = {}
+    failed: list[BaseException] = []
+
+    def take(front: bool) -> int | None:
+        with lock:
+            if stop.is_set() or bounds[0] >= bounds[1]:
+                return None
+            if front:
+                bounds[0] += 1
+                return bounds[0] - 1
+            bounds[1] -= 1
+            return bounds[1]
+
+    def feed() -> None:
+        running: set[Future[Part]] = set()
+        try:
+            while True:
+                while len(running) < procs and (k := take(True)) is not None:
+                    job, segs = units[k]
+                    futures[k] = pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
+                                             storage_options)
+                    running.add(futures[k])
+                if not running:
+                    return
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                if any(f.exception() is not None for f in done):
+                    stop.set()  # the driver raises it when it collects the parts
+        except BaseException as exc:  # noqa: BLE001 - raised by the driver below
+            failed.append(exc)
+            stop.set()
+
+    feeder = threading.Thread(target=feed, name="seqstore-convert-submit", daemon=True)
+    feeder.start()
+    try:
+        while (k := take(False)) is not None:
+            job, segs = units[k]
+            mine[k] = _write_unit(store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, report)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        feeder.join()
+    errors = [e for k in sorted(futures) if (e := futures[k].exception()) is not None]  # all done: joined
+    if errors or failed:
+        raise (errors or failed)[0]  # a worker's failure, the first in unit order
+    return [mine[k] if k in mine else futures[k].result() for k in range(len(units))]

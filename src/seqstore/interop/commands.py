@@ -284,7 +284,8 @@ def _hf_run(args: argparse.Namespace, progress: Progress) -> Any:
         raise SeqstoreError("convert --from hf: give one datasets save_to_disk directory, then the output store")
     return import_hf(srcs[0], out, split=args.split, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
                      batch_size=args.batch_size, chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20,
-                     overwrite=args.overwrite, progress=progress, storage_options=_storage_options(args))
+                     overwrite=args.overwrite, progress=progress, workers=args.workers,
+                     storage_options=_storage_options(args))
 
 
 def _hf_args(group: Any) -> None:
@@ -352,7 +353,7 @@ def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
     return import_lhotse(srcs, out, features=args.features, features_dtype=args.features_dtype, audio=args.audio,
                          audio_dtype=args.audio_dtype, channels=args.channels, text_separator=args.text_separator,
                          chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-                         progress=progress, storage_options=_storage_options(args))
+                         progress=progress, workers=args.workers, storage_options=_storage_options(args))
 
 
 def _lhotse_args(group: Any) -> None:
@@ -491,9 +492,9 @@ def add_subcommands(subparsers: Any) -> None:
                       help="returnn-hdf/parquet/arrow into a URL (s3://, gs://, az://): an option of its client, e.g. "
                       "endpoint=http://127.0.0.1:9000 (repeatable; credentials are better left to the environment)")
     conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
-                      help="returnn-hdf/parquet/arrow: worker processes (default: the number of cores, "
+                      help="worker processes (default: the number of cores, "
                       f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
-                      "too small to split are converted in one process")
+                      "too small to split (and hf streams) are converted in one process")
     shared: dict[Callable[[Any], None], list[str]] = {}  # options of several sources: one group naming them all
     for name, c in SOURCES.items():
         if c.add_arguments is not None:

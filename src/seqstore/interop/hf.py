@@ -26,8 +26,10 @@ An ``Audio``/``Image`` value stored as a path only (no embedded bytes) is read f
 The new store is written as every importer writes one (all or nothing, interop/_common.py): a
 failure on any batch deletes it. A local ``out`` is built in a hidden sibling directory; a URL of
 object storage is written as one part committed at the end (interop/_parallel.py:
-:func:`~seqstore.interop._parallel.build_store`). The import runs in this process: a dataset object
-or a stream cannot be split between workers.
+:func:`~seqstore.interop._parallel.build_store`). With ``workers``, a dataset of memory-mapped Arrow
+files is split into row ranges written by worker processes as parts, committed in order with one commit
+(:func:`~seqstore.interop._parallel.convert_in_parallel`); a stream or a dataset held in memory is
+imported in this process.
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ import numpy as np
 from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
-from ..store import Store, Writer
+from ..store import Store, Writer, open_store
 from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total
-from ._parallel import build_store
+from ._parallel import build_store, convert_in_parallel
 from .arrow import _array, _convert, _first_inner_len, _id_strings, _pa, _Plan, _plan, _storage_type
 
-__all__ = ["import_hf", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS"]
+__all__ = ["import_hf", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS", "MIN_UNIT_ROWS"]
 
 #: Key of the import information (source, split, column map, features) in the store's metadata.
 METADATA_KEY = "hf"
 #: Rows per batch of an ``IterableDataset`` when ``batch_size`` is not given (its size is unknown).
 ITERABLE_BATCH_ROWS = 1024
+#: Rows per unit of work of a parallel import at least (as the Arrow importer): a dataset of fewer than twice
+#: as many rows is imported in one process whatever ``workers`` is.
+MIN_UNIT_ROWS = 1 << 15
 #: At most this many rows per batch of a ``Dataset`` (the batch otherwise holds about ``chunk_bytes``).
 MAX_BATCH_ROWS = 1 << 20
 
@@ -268,6 +273,67 @@ def _values(table: Any, col: _Column, inner: tuple[int, ...], where: str, base: 
     return _binary_values(arr)
 
 
+# ------------------------------------------------------------------------------------------ writing
+
+
+@dataclasses.dataclass(frozen=True)
+class _HfJob:
+    """What writing the records needs (picklable for a parallel import: a ``Dataset`` of memory-mapped
+    files pickles as the files' paths). ``first``: the Arrow schema every batch of a stream without
+    features must agree with (None for a typed dataset)."""
+
+    ds: Any
+    where: str
+    read: list[str]
+    cols: list[_Column]
+    inner: dict[str, tuple[int, ...]]
+    rows: int
+    types: dict[str, Any] | None
+    id_column: str | None
+    first: Any
+
+    def write(self, writer: Writer, segments: tuple[int, int] | None, progress: Progress | None) -> None:
+        """Append the rows ``[a, b)`` of the dataset (``segments``; None: every row), in order."""
+        ds, base = (self.ds, 0) if segments is None else (self.ds.select(range(*segments)), segments[0])
+        where = self.where
+        for table in _tables(ds, self.read, self.rows, self.types):
+            n = int(table.num_rows)
+            if n == 0:
+                continue
+            for c in self.cols:  # a stream's batches are typed one by one: each must agree with the first
+                if self.first is not None and _column(where, c.name, c.field, table.schema.field(c.name).type,
+                                                      None) != c:
+                    raise SchemaError(f"{where}, column {c.name!r}, records {base}..{base + n - 1}: Arrow type "
+                                      f"{table.schema.field(c.name).type} differs from "
+                                      f"{self.first.field(c.name).type} of the first batch")
+            batch = {c.field: _values(table, c, self.inner[c.name], where, base) for c in self.cols}
+            ids = None if self.id_column is None else _id_strings(table.column(self.id_column), where, self.id_column)
+            writer.append_batch(batch, ids=ids)
+            base += n
+            if progress is not None:
+                progress(n)
+
+
+def _file_backed(ds: Any) -> bool:
+    """Whether every table of the ``Dataset`` is a memory-mapped Arrow file (a saved or cached dataset):
+    then it is handed to a worker as the files' paths, not as its data. An indices mapping (``shuffle``,
+    ``select``) goes along as it is: a cache file's path, or 8 bytes a row when it is held in memory."""
+    tables = importlib.import_module("datasets.table")
+    table = ds.data
+    blocks = [b for row in table.blocks for b in row] if isinstance(table, tables.ConcatenationTable) else [table]
+    return bool(blocks) and all(isinstance(b, tables.MemoryMappedTable) for b in blocks)
+
+
+def _units(rows: int, workers: int) -> list[tuple[int, int]]:
+    """Rows ``[a, b)`` of about ``rows / (2 x workers)`` each (at least :data:`MIN_UNIT_ROWS`): one part
+    each of a parallel import; one run for fewer than ``2 x MIN_UNIT_ROWS`` rows."""
+    if rows < 2 * MIN_UNIT_ROWS:
+        return [(0, rows)]
+    count = max(1, min(2 * workers, rows // MIN_UNIT_ROWS))
+    bounds = [rows * k // count for k in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 # ------------------------------------------------------------------------------------------ import
 
 
@@ -283,6 +349,7 @@ def import_hf(
     shard_bytes: int = 1 << 30,
     overwrite: bool = False,
     progress: Progress | None = None,
+    workers: int = 1,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
     """Import a Hugging Face dataset into one new store at ``out``, and open it.
@@ -299,12 +366,22 @@ def import_hf(
     :data:`ITERABLE_BATCH_ROWS` of a stream. ``progress`` gets the rows of each batch (and, through
     ``add_total``, the number of records of a ``Dataset`` up front). All or nothing; ``out`` may be a
     URL of object storage (``storage_options`` configure its client).
+
+    ``workers > 1`` imports a ``Dataset`` whose data are memory-mapped Arrow files (a ``save_to_disk``
+    directory, a dataset loaded or mapped into the cache; any number of files) in that many processes:
+    its rows, in the dataset's order, are cut into runs of about ``rows / (2 x workers)`` (at least
+    :data:`MIN_UNIT_ROWS`), each written by a worker as one part, one commit at the end; the store is the
+    same whatever ``workers`` is. An ``IterableDataset`` (a stream has no parts to hand out), a dataset
+    held in memory (``Dataset.from_dict``, ``keep_in_memory``: it would be pickled whole) and a dataset of
+    fewer than ``2 x MIN_UNIT_ROWS`` rows are imported in this process, ``workers`` notwithstanding.
     """
     remote = is_remote(out)
     if storage_options and not remote:
         raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     hf = _hf()
     ds, where = _resolve(source, split)
     rows = _batch_rows(ds, chunk_bytes, batch_size)
@@ -357,27 +434,19 @@ def import_hf(
     }
     total = len(ds) if isinstance(ds, hf.Dataset) else None
     read = [c.name for c in cols] + ([id_column] if id_column is not None and id_column not in mapping else [])
+    job = _HfJob(ds, where, read, cols, inner, rows, types, id_column, schema_pa if features is None else None)
+    if workers > 1 and isinstance(ds, hf.Dataset) and _file_backed(ds):
+        units = _units(len(ds), workers)
+        if len(units) > 1:
+            convert_in_parallel(out, schema, [(job, u) for u in units], len(ds), overwrite=overwrite,
+                                shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
+                                progress=progress, storage_options=storage_options)
+            return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
         if total is not None:
             announce_total(progress, total)
-        base = 0
-        for table in _tables(ds, read, rows, types):
-            n = int(table.num_rows)
-            if n == 0:
-                continue
-            for c in cols:  # a stream's batches are typed one by one: each must agree with the first
-                if features is None and _column(where, c.name, c.field, table.schema.field(c.name).type,
-                                                None) != c:
-                    raise SchemaError(f"{where}, column {c.name!r}, records {base}..{base + n - 1}: Arrow type "
-                                      f"{table.schema.field(c.name).type} differs from {schema_pa.field(c.name).type}"
-                                      " of the first batch")
-            batch = {c.field: _values(table, c, inner[c.name], where, base) for c in cols}
-            ids = None if id_column is None else _id_strings(table.column(id_column), where, id_column)
-            writer.append_batch(batch, ids=ids)
-            base += n
-            if progress is not None:
-                progress(n)
+        job.write(writer, None, progress)
 
     return build_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
                        metadata={METADATA_KEY: meta}, storage_options=storage_options)

@@ -29,26 +29,34 @@ float64, then cast).
 Cuts are streamed: one is read at a time and records are appended in blocks of at most
 ``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
 the manifest. The store is all or nothing (a hidden temporary store renamed into place, or, for a URL of
-object storage, one part committed at the end): a cut that
-lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
-:class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind.
+object storage, parts committed at the end): a cut that lacks features or a recording that was asked
+for is a :class:`MissingFeaturesError` / :class:`MissingRecordingError` naming the manifest and the
+cut, and leaves no store behind.
+
+With ``workers``, manifest files of at least :data:`PARALLEL_MIN_CUTS` cuts are cut into runs of lines
+written as parts by forkserver workers and by this process (interop/_parallel.py,
+``convert_in_parallel(in_driver=True)``), committed in order with one commit: the same store as without
+workers. A ``CutSet`` object is always imported in this process.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import os
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import chain
-from typing import Any
+from itertools import chain, islice
+from typing import IO, Any, cast
 
 import numpy as np
 
 from ..errors import SchemaError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
-from ..store import Store, Writer
+from ..store import Store, Writer, open_store
 from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total
-from ._parallel import build_store
+from ._parallel import build_store, convert_in_parallel
 
 __all__ = [
     "import_lhotse",
@@ -61,6 +69,8 @@ __all__ = [
     "FEATURE_DTYPES",
     "AUDIO_DTYPES",
     "CHANNEL_MODES",
+    "MIN_UNIT_CUTS",
+    "PARALLEL_MIN_CUTS",
 ]
 
 #: Key of the import information in the store's metadata.
@@ -70,6 +80,14 @@ CHUNK_RECORDS = 1 << 14
 FEATURE_DTYPES = ("float32", "float16")
 AUDIO_DTYPES = ("float32", "int16")
 CHANNEL_MODES = ("error", "first", "mix")
+#: Cuts per unit of work of a parallel import at least (about half a second of work each).
+MIN_UNIT_CUTS = 2_500
+#: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker starts
+#: in about 1.3 s (it imports Lhotse, which imports torch), which fewer cuts do not win back
+#: (docs/benchmarks.md, "Lhotse cut manifests import").
+PARALLEL_MIN_CUTS = 20_000
+#: Modules a parallel import's worker processes start with (imported once, in the forkserver).
+PRELOAD = ("seqstore.interop.lhotse", "lhotse")
 #: How a CutSet object (not a file) is named in errors.
 OBJECT_NAME = "<CutSet>"
 
@@ -315,6 +333,89 @@ def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str
     return found[0], found[1], streams
 
 
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+def _open_manifest(path: str) -> IO[bytes]:
+    """The bytes of a JSONL manifest, decompressed when its name ends in ``.gz`` (as Lhotse decides)."""
+    return cast(IO[bytes], gzip.open(path, "rb")) if path.endswith(".gz") else open(path, "rb")
+
+
+def count_cuts(path: str | os.PathLike[str]) -> int:
+    """The number of lines (one cut each) of the JSONL manifest ``path``, counted without parsing them."""
+    n, last = 0, b"\n"
+    with _open_manifest(os.fspath(path)) as f:
+        while block := f.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def _manifest_cuts(path: str, start: int, stop: int) -> Iterator[Any]:
+    """The cuts on lines ``[start, stop)`` of the manifest ``path``, parsed as Lhotse parses a lazy
+    manifest's lines; the lines before ``start`` are read past without being parsed."""
+    from lhotse.cut import Cut
+    from lhotse.serialization import decode_json_line, deserialize_item
+
+    with _open_manifest(path) as f:
+        deque(islice(f, start), maxlen=0)
+        for number, line in enumerate(islice(f, stop - start), start + 1):
+            try:
+                item = deserialize_item(decode_json_line(line))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise SourceFormatError(path, None, f"line {number}: not a Lhotse cut ({type(exc).__name__}: "
+                                        f"{exc})") from exc
+            if not isinstance(item, Cut):
+                raise SourceFormatError(path, None, f"line {number}: holds a {type(item).__name__}, not a cut")
+            yield item
+
+
+def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int]]]:
+    """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
+    :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
+    (manifest, first line, end line), is one part of a parallel import. Small units keep the processes
+    equally busy to the end; each costs its worker a pass over the lines before it (without parsing).
+    Consecutive small manifests share a run; a short tail joins the run before it."""
+    total = sum(counts)
+    if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
+        return [[(k, 0, n) for k, n in enumerate(counts) if n]]
+    budget = max(MIN_UNIT_CUTS, -(-total // (8 * workers)))
+    units: list[list[tuple[int, int, int]]] = []
+    run: list[tuple[int, int, int]] = []
+    size = 0
+    for k, n in enumerate(counts):
+        a = 0
+        while a < n:
+            b = min(n, a + budget - size)
+            run.append((k, a, b))
+            size += b - a
+            a = b
+            if size >= budget:
+                units.append(run)
+                run, size = [], 0
+    if run:
+        if units and size < budget // 2:
+            units[-1].extend(run)
+        else:
+            units.append(run)
+    return units
+
+
+@dataclasses.dataclass(frozen=True)
+class _CutsJob:
+    """What a worker of a parallel import needs (picklable): the manifests, the plan, the block size."""
+
+    manifests: list[str]
+    plan: _Plan
+    chunk_bytes: int
+
+    def write(self, writer: Writer, segments: Sequence[tuple[int, int, int]], progress: Progress | None) -> None:
+        """Append the cuts of ``segments`` ((manifest, first line, end line), in order)."""
+        runs = [(self.manifests[k], _manifest_cuts(self.manifests[k], a, b)) for k, a, b in segments]
+        _write(writer, runs, self.plan, self.chunk_bytes, progress)
+
+
 def import_lhotse(
     cuts: Any,
     out: str | os.PathLike[str],
@@ -329,6 +430,7 @@ def import_lhotse(
     shard_bytes: int = 1 << 30,
     overwrite: bool = False,
     progress: Progress | None = None,
+    workers: int = 1,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Store:
     """Import Lhotse cuts into one new store at ``out``, and open it (the fields are in the module docs).
@@ -343,8 +445,17 @@ def import_lhotse(
     ``progress`` gets cuts (told the total only for an eager CutSet). The store's metadata under
     ``"lhotse"`` records the manifests and the choices made.
 
-    ``out`` may be a URL of object storage (``storage_options``): the cuts are written from this
-    process as one part and committed once, so a reader never sees a partial store.
+    ``workers > 1`` imports manifest files in that many processes, this one included: the lines of the
+    manifests (counted once here, told to ``progress`` as the total) are cut into runs of about
+    ``cuts / (8 x workers)`` (at least :data:`MIN_UNIT_CUTS`), each run parsed and written as one part,
+    by ``workers - 1`` forkserver processes from the first run on and by this process from the last run
+    backwards (so it works while they start), the parts committed in order with one commit; the records
+    are the same, in the same order, whatever ``workers`` is. Manifests of fewer than
+    :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet`` object (which could only be handed to a worker
+    by pickling every cut), are imported in this process alone.
+
+    ``out`` may be a URL of object storage (``storage_options``): the cuts are written as one part per
+    unit of work (one in all without workers) and committed once, so a reader never sees a partial store.
     """
     remote = is_remote(out)
     if storage_options and not remote:
@@ -357,6 +468,8 @@ def import_lhotse(
         raise ValueError(f"channels must be one of {CHANNEL_MODES}, got {channels!r}")
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     sources = _sources(cuts)
     total = _known_length(sources)
     where, first, streams = _first_cut(sources)
@@ -375,6 +488,18 @@ def import_lhotse(
         "audio": {"dtype": audio_dtype, "channels": channels,
                   "int16_scale": 32768 if audio_dtype == "int16" else None} if audio else None,
     }
+
+    paths = [w for w, _ in sources if w != OBJECT_NAME]
+    if workers > 1 and paths:
+        counts = [count_cuts(p) for p in paths]
+        units = _units(counts, workers)
+        if len(units) > 1:
+            job = _CutsJob(paths, plan, chunk_bytes)
+            convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
+                                shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
+                                progress=progress, storage_options=storage_options, preload=PRELOAD,
+                                in_driver=True)
+            return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
         if total is not None:
