@@ -1,5 +1,6 @@
-"""Direct I/O (``O_DIRECT``) writes: one-page headers, the direct path taken for large aligned appends,
-buffered fallbacks (unaligned memory or file position, small appends, EINVAL, no O_DIRECT at all),
+"""Direct I/O (``O_DIRECT``) writes: one-page headers, the direct path taken for large appends (aligned
+ones from the caller's memory, others copied into aligned runs, ragged values too, the bytes after the
+last page held back), buffered fallbacks (small appends, a shard's last bytes, EINVAL, no O_DIRECT at all),
 other write errors failing the writer, ``aligned_empty``/``pwrite_all``, and the Logger's page-sized
 buffers.
 
@@ -44,7 +45,8 @@ SCHEMA = {
 }
 PACK = {"grp": ["p/a", "p/b"]}
 FIXED_FILES = ("x.npy", "grp.npy")  # written with direct I/O when asked
-OTHER_FILES = ("tok.npy", "tok.offsets.npy", "_ids.npy", "_ids.offsets.npy", "_ids.hash.npy", "_ids.hash_rows.npy")
+OTHER_FILES = ("tok.offsets.npy", "_ids.npy", "_ids.offsets.npy", "_ids.hash.npy", "_ids.hash_rows.npy")
+RAGGED_FILES = ("tok.npy",)  # written with direct I/O when asked (in page-aligned runs of 1 MiB and more)
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
 
@@ -130,7 +132,8 @@ def _cat(batches: Sequence[Batch], attr: str) -> np.ndarray:
     return np.concatenate([getattr(b, attr) for b in batches])
 
 
-def check_store(root: Path, batches: Sequence[Batch], *, header: int = PAGE_HEADER_BYTES) -> ss.Store:
+def check_store(root: Path, batches: Sequence[Batch], *, header: int = PAGE_HEADER_BYTES,
+                ragged_header: int = PAGE_HEADER_BYTES) -> ss.Store:
     """Read the store back every way (seqstore.open, np.load of every file, verify) and compare."""
     x, grp, tok, lengths = (_cat(batches, a) for a in ("x", "grp", "tok", "lengths"))
     ids = [i for b in batches for i in b.ids]
@@ -163,6 +166,8 @@ def check_store(root: Path, batches: Sequence[Batch], *, header: int = PAGE_HEAD
         np.testing.assert_array_equal(np.load(d / "_ids.offsets.npy"), offsets)
         for name in OTHER_FILES:
             assert read_header(d / name).data_offset == HEADER_BYTES, d / name
+        for name in RAGGED_FILES:
+            assert read_header(d / name).data_offset == ragged_header, d / name
         lo = hi
     assert lo == n
     assert verify(root) == []
@@ -218,8 +223,9 @@ def direct_supported(directory: Path) -> bool:
 
 def test_large_aligned_batches_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Several-MiB page-aligned batches (fixed field, packed group, ragged field, str ids) over two
-    shards read back identical; fixed files have a one-page header, the others keep 128 bytes; and
-    where the filesystem has O_DIRECT, every fixed byte went through it."""
+    shards read back identical; fixed and ragged value files have a one-page header, the others keep 128
+    bytes; and where the filesystem has O_DIRECT, every fixed byte went through it (the ragged field's
+    few KiB per shard wait for a run of 1 MiB that never comes: page cache at the shard's end)."""
     spy = PwriteSpy()
     monkeypatch.setattr(writer_mod, "pwrite_all", spy)
     rng = np.random.default_rng(0)
@@ -306,8 +312,10 @@ def test_packed_group_given_as_fields_goes_direct(tmp_path: Path, monkeypatch: p
 
 
 @pytest.mark.parametrize("alloc", [_misaligned, _np_empty], ids=["misaligned", "np.empty"])
-def test_unaligned_memory_is_written_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alloc: Alloc) -> None:
-    """Large batches from memory that is not page aligned are written through the page cache, correctly."""
+def test_unaligned_memory_is_copied_into_aligned_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      alloc: Alloc) -> None:
+    """Large batches from memory that is not page aligned are copied into an aligned buffer and written
+    directly, in whole pages back to back from the header, and read back identical."""
     monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
     spy = PwriteSpy()
     monkeypatch.setattr(writer_mod, "pwrite_all", spy)
@@ -315,16 +323,19 @@ def test_unaligned_memory_is_written_buffered(tmp_path: Path, monkeypatch: pytes
     steps: list[Step] = [make_batch(rng, 0, 600, alloc), "commit", make_batch(rng, 600, 700, alloc)]
     batches = write_store(tmp_path / "s", steps)
     check_store(tmp_path / "s", batches)
-    if not any(is_aligned(a) for b in batches for a in (b.x, b.grp)):  # np.empty may be page aligned
-        assert spy.calls == []
+    for name in FIXED_FILES:
+        writes = spy.of(name)
+        assert writes and all(n % ALIGN == 0 and off % ALIGN == 0 for n, off in writes), writes
+        assert sum(n for n, _ in writes) == sum(b.n for b in batches) * WIDTH * 4  # page rows: all direct
 
 
-def test_unaligned_row_size_goes_buffered_after_the_first_write(
+def test_unaligned_row_size_keeps_going_direct_holding_the_end_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rows of 4004 bytes: the first big append of a shard writes its whole pages directly and its tail
-    buffered; the file end is then off a page boundary, so later appends of that shard go buffered,
-    while a page-sized column of the same batches keeps going direct."""
+    """Rows of 4004 bytes: each big append writes whole pages directly and holds back the bytes after
+    the last page boundary, which go with the next append's pages (so every direct write starts where
+    the previous one ended) and, at the shard's end, through the page cache; a page-sized column of the
+    same batches goes direct as it is."""
     monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
     spy = PwriteSpy()
     monkeypatch.setattr(writer_mod, "pwrite_all", spy)
@@ -357,8 +368,9 @@ def test_unaligned_row_size_goes_buffered_after_the_first_write(
             np.testing.assert_array_equal(np.load(path, mmap_mode="r"), np.concatenate(parts[2 * k : 2 * k + 2]))
     assert verify(tmp_path / "s") == []
     body = b * row * 4 // ALIGN * ALIGN
-    assert body < b * row * 4
-    assert spy.of("y.npy") == [(body, PAGE_HEADER_BYTES)] * 2  # the first batch of each shard only
+    both = 2 * b * row * 4 // ALIGN * ALIGN
+    assert body < b * row * 4 and both < 2 * b * row * 4
+    assert spy.of("y.npy") == [(body, PAGE_HEADER_BYTES), (both - body, PAGE_HEADER_BYTES + body)] * 2
     z_bytes = b * WIDTH * 4
     assert spy.of("z.npy") == [(z_bytes, PAGE_HEADER_BYTES), (z_bytes, PAGE_HEADER_BYTES + z_bytes)] * 2
 
@@ -414,6 +426,80 @@ def test_einval_falls_back_to_buffered_writes(tmp_path: Path, monkeypatch: pytes
         assert spy.of(name) == [(700 * 4096, PAGE_HEADER_BYTES), (500 * 4096, PAGE_HEADER_BYTES)]
 
 
+@pytest.mark.parametrize("fail", [None, errno.EINVAL], ids=["direct", "einval"])
+def test_ragged_values_go_direct_in_aligned_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 fail: int | None) -> None:
+    """A ragged field's values (appends of any byte length) are written in page-aligned runs back to
+    back from the one-page header, each at least 1 MiB, with the bytes after the last page boundary
+    held back and written through the page cache at the shard's end; the store reads back identical,
+    and verifies. A direct write refused with EINVAL writes the held and the new bytes buffered."""
+    monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
+    spy = PwriteSpy(fail=fail)
+    monkeypatch.setattr(writer_mod, "pwrite_all", spy)
+    rng = np.random.default_rng(9)
+    schema = {"f": ss.Field("float32", (None, 40)), "n": ss.Field("int64")}
+    lengths = rng.integers(50, 301, 3000)
+    values = rng.standard_normal((int(lengths.sum()), 40), dtype=np.float32)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    root = tmp_path / "s"
+    with ss.create(root, schema, direct_io=True, buffer_bytes=3 << 20) as w:
+        for a in range(0, 3000, 97):  # appends of odd sizes: never a whole number of pages
+            b = min(a + 97, 3000)
+            w.append_batch({"f": (values[starts[a] : starts[b]], lengths[a:b]), "n": np.arange(a, b)})
+            if a == 1455:
+                w.commit()
+    store = ss.open(root)
+    got = store.get_batch(np.arange(3000))
+    np.testing.assert_array_equal(got["f"][0], values)
+    np.testing.assert_array_equal(got["f"][1], lengths)
+    assert verify(root) == []
+    for shard in store.manifest.shards:
+        assert read_header(root / shard.name / "f.npy").data_offset == PAGE_HEADER_BYTES
+    writes = spy.of("f.npy")
+    if fail is not None:  # one refused attempt per shard, then the page cache
+        assert len(writes) == 2
+        return
+    assert len(writes) > 4 and all(n % ALIGN == 0 and n >= 1 << 20 for n, _ in writes)
+    direct = 0
+    for n, off in writes:
+        if off == PAGE_HEADER_BYTES:  # a new shard's file
+            direct = PAGE_HEADER_BYTES
+        assert off == direct  # back to back
+        direct += n
+    total = values.nbytes
+    assert sum(n for n, _ in writes) > total - 2 * (1 << 20) * len(store.manifest.shards)
+
+
+def test_a_failed_background_direct_write_fails_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run copied into the writer's aligned buffer is written by its thread; ENOSPC there is raised by
+    the next append or the commit, the writer is then aborted, and the committed records stay intact."""
+    monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
+    rng = np.random.default_rng(10)
+    schema = {"f": ss.Field("float32", (None, 40))}
+    root = tmp_path / "s"
+
+    def batch(n: int) -> tuple[np.ndarray, np.ndarray]:
+        lengths = rng.integers(50, 301, n)
+        return rng.standard_normal((int(lengths.sum()), 40), dtype=np.float32), lengths
+
+    first = batch(300)
+    w = ss.create(root, schema, direct_io=True, buffer_bytes=1 << 20)
+    w.append_batch({"f": first})
+    w.commit()
+    spy = PwriteSpy(fail=errno.ENOSPC)
+    monkeypatch.setattr(writer_mod, "pwrite_all", spy)
+    with pytest.raises(OSError) as info:
+        for _ in range(20):
+            w.append_batch({"f": batch(300)})
+        w.commit()
+    assert info.value.errno == errno.ENOSPC and spy.calls
+    w.abort()
+    store = ss.open(root)
+    assert len(store) == 300
+    np.testing.assert_array_equal(store.get_batch(np.arange(300))["f"][0], first[0])
+    assert verify(root) == []
+
+
 def test_other_direct_write_errors_fail_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ENOSPC from a direct write propagates; the writer then refuses everything but abort(), which
     releases every file; the committed records stay intact."""
@@ -457,13 +543,13 @@ def test_filesystem_without_o_direct(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_direct_io_off_still_page_aligns_fixed_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """direct_io=False (the default of create): no direct writes, but fixed-size and packed files still
-    start their data on a page (one-page header; ragged and id files keep 128 bytes, checked there)."""
+    start their data on a page (one-page header; ragged, offsets and id files keep 128 bytes)."""
     spy = PwriteSpy()
     monkeypatch.setattr(writer_mod, "pwrite_all", spy)
     monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
     rng = np.random.default_rng(8)
     batches = write_store(tmp_path / "s", [make_batch(rng, 0, 700)], direct_io=False)
-    check_store(tmp_path / "s", batches, header=PAGE_HEADER_BYTES)
+    check_store(tmp_path / "s", batches, header=PAGE_HEADER_BYTES, ragged_header=HEADER_BYTES)
     assert spy.calls == []
 
 

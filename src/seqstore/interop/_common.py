@@ -154,8 +154,10 @@ def new_store(
     overwrite: bool = False,
     shard_bytes: int = 1 << 30,
     metadata: Mapping[str, Any] | None = None,
+    direct_io: bool = False,
 ) -> None:
-    """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing.
+    """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing. ``direct_io``:
+    the data files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`).
 
     The store is built in a hidden sibling directory ``<parent>/.<name>.tmp-<pid>-<random>`` and only
     moved to ``out`` after the writer has closed (every shard committed): an existing store (with
@@ -170,7 +172,7 @@ def new_store(
     root = Path(out)
     check_output(root, overwrite)
     tmp = temp_sibling(root, "tmp")
-    writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata)
+    writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io)
     try:
         fill(writer)
         writer.close()

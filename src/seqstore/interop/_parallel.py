@@ -75,9 +75,11 @@ def _report(n: int) -> None:
 
 
 def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int,
-                storage_options: Mapping[str, Any] | None = None, report: Progress | None = None) -> Part:
+                storage_options: Mapping[str, Any] | None = None, report: Progress | None = None,
+                direct_io: bool = False) -> Part:
     """Worker (or the driver, with its own ``report``): one unit as one part."""
-    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options)
+    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options,
+                   direct_io=direct_io)
     try:
         job.write(w, segments, report or _report)
         return w.finish()
@@ -113,16 +115,18 @@ def convert_in_parallel(
     storage_options: Mapping[str, Any] | None = None,
     preload: Sequence[str] = (),
     in_driver: bool = False,
+    direct_io: bool = False,
 ) -> None:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
     ``workers`` processes; all or nothing (see the module docs). ``total`` is announced to
     ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
     once in the forkserver when it starts with this conversion, see :func:`_context`). ``in_driver``: this
-    process writes units too (one of the ``workers``; see :func:`_run`)."""
+    process writes units too (one of the ``workers``; see :func:`_run`). ``direct_io``: the parts' data
+    files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`), not through the page cache."""
     if is_remote(out):
         _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
                         metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,
-                        preload=preload, in_driver=in_driver)
+                        preload=preload, in_driver=in_driver, direct_io=direct_io)
         return
     root = Path(out)
     check_output(root, overwrite)
@@ -131,7 +135,7 @@ def convert_in_parallel(
     try:
         prepare_store(tmp, schema, metadata=metadata, mode="create")
         announce_total(progress, total)
-        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None, preload, in_driver)
+        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None, preload, in_driver, direct_io)
         commit_parts(tmp, parts)
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
@@ -156,11 +160,13 @@ def _convert_to_url(
     storage_options: Mapping[str, Any] | None,
     preload: Sequence[str] = (),
     in_driver: bool = False,
+    direct_io: bool = False,
 ) -> None:
     """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
 
     def produce(job_id: str) -> list[Part]:
-        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options, preload, in_driver)
+        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options, preload, in_driver,
+                    direct_io)
 
     _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
                   storage_options=storage_options)
@@ -175,16 +181,19 @@ def build_store(
     shard_bytes: int,
     metadata: Mapping[str, Any] | None,
     storage_options: Mapping[str, Any] | None,
+    direct_io: bool = False,
 ) -> Store:
     """A new store at ``out`` from ``fill(writer)`` run in this process, all or nothing, and opened: a
     local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`), a URL
-    of object storage is written as one part committed once (:func:`write_to_url`)."""
+    of object storage is written as one part committed once (:func:`write_to_url`). ``direct_io``: as
+    for :func:`convert_in_parallel`."""
     options = dict(storage_options) if storage_options else None
     if not is_remote(out):
-        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata)
+        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
+                  direct_io=direct_io)
         return open_store(out)
     write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
-                 storage_options=options)
+                 storage_options=options, direct_io=direct_io)
     return open_store(out, storage_options=options)
 
 
@@ -197,13 +206,15 @@ def write_to_url(
     shard_bytes: int,
     metadata: Mapping[str, Any] | None,
     storage_options: Mapping[str, Any] | None,
+    direct_io: bool = False,
 ) -> None:
     """A new store at ``url`` (object storage) from ``fill(writer)`` run in this process: the records go
     into one part, committed once ``fill`` returns; all or nothing as :func:`convert_in_parallel`. For
     sources that cannot be handed to worker processes (a stream, a dataset object in memory)."""
 
     def produce(job_id: str) -> list[Part]:
-        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=storage_options)
+        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=storage_options,
+                       direct_io=direct_io)
         try:
             fill(w)
             return [w.finish()]
@@ -267,6 +278,7 @@ def _run(
     storage_options: Mapping[str, Any] | None,
     preload: Sequence[str] = (),
     in_driver: bool = False,
+    direct_io: bool = False,
 ) -> list[Part]:
     """Write every unit as a part with ``workers`` processes; the parts in unit order.
 
@@ -296,9 +308,10 @@ def _run(
     try:
         with ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,)) as pool:
             if in_driver:
-                return _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report)
+                return _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report, direct_io)
             futures: list[Future[Part]] = [
-                pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options)
+                pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, None,
+                            direct_io)
                 for k, (job, segs) in enumerate(units)
             ]
             try:
@@ -322,6 +335,7 @@ def _share(
     shard_bytes: int,
     storage_options: Mapping[str, Any] | None,
     report: Progress,
+    direct_io: bool = False,
 ) -> list[Part]:
     """The units written by ``pool`` from the front and by this process from the back (see :func:`_run`).
 
@@ -353,7 +367,7 @@ def _share(
                 while len(running) < procs and (k := take(True)) is not None:
                     job, segs = units[k]
                     futures[k] = pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
-                                             storage_options)
+                                             storage_options, None, direct_io)
                     running.add(futures[k])
                 if not running:
                     return
@@ -369,7 +383,8 @@ def _share(
     try:
         while (k := take(False)) is not None:
             job, segs = units[k]
-            mine[k] = _write_unit(store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, report)
+            mine[k] = _write_unit(store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, report,
+                                  direct_io)
     except BaseException:
         stop.set()
         raise

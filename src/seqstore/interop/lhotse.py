@@ -432,6 +432,7 @@ def import_lhotse(
     progress: Progress | None = None,
     workers: int = 1,
     storage_options: Mapping[str, Any] | None = None,
+    direct_io: bool = True,
 ) -> Store:
     """Import Lhotse cuts into one new store at ``out``, and open it (the fields are in the module docs).
 
@@ -456,6 +457,11 @@ def import_lhotse(
 
     ``out`` may be a URL of object storage (``storage_options``): the cuts are written as one part per
     unit of work (one in all without workers) and committed once, so a reader never sees a partial store.
+
+    ``direct_io`` (default True): the features and audio are written with ``O_DIRECT`` in page-aligned
+    runs (:class:`~seqstore.store.Writer`), not through the page cache, whose copy and page allocation
+    cost more CPU than reading the features (on the benchmark VM: 7.5 s against 2.6 s for 562 MB); the
+    new store is then not in memory until read. A filesystem without ``O_DIRECT`` writes buffered.
     """
     remote = is_remote(out)
     if storage_options and not remote:
@@ -498,7 +504,7 @@ def import_lhotse(
             convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
                                 shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
                                 progress=progress, storage_options=storage_options, preload=PRELOAD,
-                                in_driver=True)
+                                in_driver=True, direct_io=direct_io)
             return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
@@ -507,4 +513,4 @@ def import_lhotse(
         _write(writer, streams, plan, chunk_bytes, progress)
 
     return build_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
-                       metadata={METADATA_KEY: meta}, storage_options=storage_options)
+                       metadata={METADATA_KEY: meta}, storage_options=storage_options, direct_io=direct_io)

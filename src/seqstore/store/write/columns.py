@@ -31,6 +31,8 @@ DIRECT_BYTES = 4 << 20
 # With direct_io, an append of a fixed-size column at least this large bypasses the page cache.
 DIRECT_IO_BYTES = 1 << 20
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DONE: Future[int] = Future()  # what a write returns when nothing of the caller's memory is read later
+_DONE.set_result(0)
 
 
 def _row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -86,10 +88,13 @@ class _ColumnFile:
 
     Every write is a positioned ``pwrite`` on an unbuffered descriptor at the file's tracked end, so
     there is no hidden buffer a forked child could flush into the parent's file, and no file offset
-    shared with one. ``direct``: large aligned appends go through a second, ``O_DIRECT`` descriptor
-    (store/directio.py) and the header is one page, so the data starts aligned. An append that is
-    small, or whose memory or file position is not aligned, and the unaligned tail of one that is, go
-    through the page cache.
+    shared with one. ``direct``: the data goes through a second, ``O_DIRECT`` descriptor
+    (store/directio.py) in page-aligned runs of at least :data:`DIRECT_IO_BYTES`, and the header is one
+    page, so the data starts aligned. Bytes after the last page boundary written (an append's unaligned
+    end, or small appends) are held back (less than one run) and written with the next run, or through
+    the page cache by :meth:`finish`. An aligned append from page-aligned memory is written from that
+    memory; otherwise the held bytes and the append are copied into one aligned buffer first (a memory
+    copy, far cheaper than the page cache's).
     """
 
     def __init__(
@@ -101,19 +106,25 @@ class _ColumnFile:
         *,
         direct: bool = False,
         page_header: bool = False,
+        io_pool: ThreadPoolExecutor | None = None,
     ):
         self.path = path
         self.dtype = dtype
         self.inner = inner
         self.rows = 0
         self._pool = crc_pool
+        self._io = io_pool  # runs direct writes of copied runs in the background (None: written at once)
         self._crc: Future[int] | None = None
         self._header = PAGE_HEADER_BYTES if direct or page_header else HEADER_BYTES
         self._direct: int | None = None
+        self._held = bytearray()  # appended bytes not yet written (direct: after the last aligned run)
+        # two aligned buffers for runs that need a copy: the one being filled, the one being written
+        self._scratch: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None] | None = None
+        self._inflight: tuple[Future[None], Future[int], memoryview, int] | None = None  # write, CRC, run, offset
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
         try:
             _write_at(self._fd, memoryview(encode_header(dtype, (0, *inner), self._header)), 0)
-            self._pos = self._header
+            self._pos = self._header  # where the next unwritten byte goes (held bytes start here)
             if direct:
                 self._direct = open_direct(path)
         except BaseException:
@@ -121,32 +132,117 @@ class _ColumnFile:
             raise
 
     def write(self, arr: np.ndarray[Any, Any]) -> Future[int]:
-        """Append rows (``arr`` has this file's dtype and inner shape and is C-contiguous)."""
+        """Append rows (``arr`` has this file's dtype and inner shape and is C-contiguous). The returned
+        future is done once nothing reads ``arr`` any more (its checksum is taken)."""
         assert self._fd is not None
         buf = memoryview(arr.reshape(-1).view(np.uint8).data) if arr.size else memoryview(b"")
+        self.rows += arr.shape[0] if arr.ndim else 1
+        if self._direct is not None:
+            done = self._write_direct(buf, is_aligned(arr))
+            if done is not None:
+                return done
+        self._flush_held()  # bytes held back before direct I/O was refused
+        crc = self._checksum(buf)
+        _write_at(self._fd, buf, self._pos)
+        self._pos += len(buf)
+        return crc
+
+    def _checksum(self, data: memoryview) -> Future[int]:
+        """Extend the running CRC-32 with ``data`` (the next bytes of the file, in order) on the pool."""
         prev = self._crc
 
-        def chained(data: memoryview = buf) -> int:  # bound now: ``buf`` is rebound below
+        def chained() -> int:
             return zlib.crc32(data, prev.result() if prev is not None else 0)
 
         self._crc = self._pool.submit(chained)
-        body = len(buf) - len(buf) % ALIGN
-        if self._direct is not None and body >= DIRECT_IO_BYTES and self._pos % ALIGN == 0 and is_aligned(arr):
+        return self._crc
+
+    def _write_direct(self, buf: memoryview, aligned: bool) -> Future[int] | None:
+        """Append ``buf`` through the direct descriptor, holding back what follows the last page boundary
+        written. Returns a future done once ``buf`` is no longer read (see :meth:`write`), or None when
+        direct I/O turned out not to work here (then ``buf`` is not written and nothing is held back:
+        the caller writes it through the page cache).
+
+        A run straight from the caller's page-aligned memory is written before returning. Other runs
+        (held bytes and the append) are copied into one of two aligned buffers and, with an
+        ``io_pool``, written by its thread while the caller goes on (one such write in flight; its error
+        is raised by the next write or :meth:`finish`). The checksum covers the bytes written, in order."""
+        assert self._direct is not None and self._fd is not None
+        held = len(self._held)
+        total = held + len(buf)
+        if total < DIRECT_IO_BYTES:
+            self._held += buf
+            return _DONE
+        body = total - total % ALIGN
+        if not self._settle():  # the previous run's write (its buffer is the other one)
+            return None
+        if not held and aligned:  # straight from the caller's memory
+            run: memoryview = buf[:body]
+        else:
+            spare = self._scratch[1] if self._scratch else None
+            if spare is None or spare.nbytes < body:
+                spare = aligned_empty((max(body, 2 * DIRECT_IO_BYTES),), np.uint8)
+            out = memoryview(spare.data)
+            out[:held] = self._held
+            out[held:body] = buf[: body - held]
+            self._scratch = (spare, self._scratch[0] if self._scratch else None)
+            run = out[:body]
+        at = self._pos
+        crc = self._checksum(run)
+        if run.obj is not buf.obj and self._io is not None:  # a copy: written behind the caller
+            self._inflight = (self._io.submit(pwrite_all, self._direct, run, at), crc, run, at)
+            done: Future[int] = _DONE
+        else:
             try:
-                pwrite_all(self._direct, buf[:body], self._pos)
+                pwrite_all(self._direct, run, at)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                # the device wants a larger alignment than ALIGN: page cache from now on
-                log.debug("%s: direct write refused (%s); writing through the page cache", self.path, exc)
-                self._close_direct()
-                body = 0
-            self._pos += body
-            buf = buf[body:]
-        _write_at(self._fd, buf, self._pos)
-        self._pos += len(buf)
-        self.rows += arr.shape[0] if arr.ndim else 1
-        return self._crc
+                _write_at(self._fd, run, at)  # its checksum is taken already
+                self._pos += body
+                self._held = bytearray(buf[body - held :])
+                self._refused(exc)
+                return crc
+            done = crc
+        self._pos += body
+        self._held = bytearray(buf[body - held :])
+        return done
+
+    def _settle(self) -> bool:
+        """Wait for the direct write in flight (and the checksum of its run), if any. False when it was
+        refused with EINVAL: its run and the held bytes are then written through the page cache, and
+        direct I/O is off for this file."""
+        if self._inflight is None:
+            return True
+        fut, crc, run, at = self._inflight
+        self._inflight = None
+        try:
+            fut.result()
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            assert self._fd is not None
+            _write_at(self._fd, run, at)
+            self._refused(exc)
+            return False
+        finally:
+            crc.result()  # its buffer is reused next
+        return True
+
+    def _refused(self, exc: OSError) -> None:
+        """The device wants a larger alignment than ALIGN: the page cache from now on."""
+        log.debug("%s: direct write refused (%s); writing through the page cache", self.path, exc)
+        self._close_direct()
+        self._flush_held()
+
+    def _flush_held(self) -> None:
+        """Write the held-back bytes through the page cache."""
+        assert self._fd is not None
+        if self._held:
+            data, self._held = memoryview(self._held), bytearray()
+            self._checksum(data)
+            _write_at(self._fd, data, self._pos)
+            self._pos += len(data)
 
     def _close_direct(self) -> None:
         if self._direct is not None:
@@ -158,6 +254,8 @@ class _ColumnFile:
         and CRC."""
         assert self._fd is not None
         try:
+            self._settle()
+            self._flush_held()
             _write_at(self._fd, memoryview(encode_header(self.dtype, (self.rows, *self.inner), self._header)), 0)
             if sync:
                 os.fsync(self._fd)
@@ -167,7 +265,14 @@ class _ColumnFile:
         return FileInfo(self._pos, crc)
 
     def abort(self) -> None:
-        """Close the descriptors (idempotent, never raises: the file is being given up or is done)."""
+        """Close the descriptors (idempotent, never raises: the file is being given up or is done), once
+        no write is in flight on them."""
+        if self._inflight is not None:
+            fut, self._inflight = self._inflight[0], None
+            try:
+                fut.result()
+            except OSError as exc:
+                log.debug("%s: direct write failed while giving the file up (%r)", self.path, exc)
         for close in (self._close_direct, self._close_fd):
             try:
                 close()

@@ -54,11 +54,13 @@ class Writer:
     committed when it reaches ``shard_bytes`` or ``max_shard_records``, on :meth:`commit`, and on
     :meth:`close`. Leaving a ``with`` block by an exception discards what was not committed.
 
-    ``direct_io=True`` writes large appends of fixed-size columns with ``O_DIRECT`` (no copy into the
-    page cache, which is most of the CPU cost of writing GB/s; store/directio.py) where the filesystem
-    supports it. Those files get a one-page header. Appends come straight from page-aligned arrays
+    ``direct_io=True`` writes the data of every field (fixed-size and ragged values) with ``O_DIRECT``
+    in page-aligned runs (no copy into the page cache, which is most of the CPU cost of writing GB/s;
+    store/directio.py) where the filesystem supports it; offsets and ids go through the page cache.
+    Those files get a one-page header. Aligned appends come straight from page-aligned arrays
     (:func:`~seqstore.store.directio.aligned_empty`, as the Logger's buffers are) or from the writer's
-    own staging arrays.
+    own staging arrays; other appends (ragged values) are copied into an aligned buffer first, and the
+    bytes after the last page boundary wait for the next append or the shard's end.
     """
 
     def __init__(
@@ -95,6 +97,8 @@ class Writer:
         self._desc_crc = 0
         self._records_before = start.records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
+        # direct writes of copied runs (ragged values), behind the caller's next appends
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-write") if self.direct_io else None
         self._closed = False
         self._reset_buffer()
         self._shard_open = False
@@ -155,8 +159,8 @@ class Writer:
             # fixed-size data starts on a page boundary, so a record never straddles more pages than its
             # size requires (a cold random read of a 2 KiB record touches one page, not two)
             self._files[name] = _ColumnFile(
-                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io and not f.ragged,
-                page_header=not f.ragged,
+                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io, page_header=not f.ragged,
+                io_pool=self._io,
             )
             if f.ragged:
                 off = _ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self._pool)
@@ -496,7 +500,7 @@ class Writer:
                 offsets = np.cumsum(lengths) + col.rows
                 futures.append(self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False)))
             # large pieces as they are, small ones joined
-            for run in _coalesce(self._buf[name], aligned=self.direct_io and not f.ragged):
+            for run in _coalesce(self._buf[name], aligned=self.direct_io):
                 futures.append(col.write(run))
         if self._has_ids:
             data, offsets = encode_ids(self._buf_ids, first_record=0)
@@ -654,6 +658,8 @@ class Writer:
         if os.getpid() != self._pid:  # a forked child's copy: the workspace belongs to the parent
             return
         self._pool.shutdown(wait=True)
+        if self._io is not None:
+            self._io.shutdown(wait=True)
         self.target.close_writer(self._start)
 
     def __enter__(self) -> Writer:
