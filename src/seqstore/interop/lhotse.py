@@ -55,6 +55,7 @@ from ..errors import SchemaError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
+from ..store.directio import aligned_empty
 from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total
 from ._parallel import build_store, convert_in_parallel
 
@@ -257,7 +258,8 @@ class _Block:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def append_to(self, writer: Writer, plan: _Plan) -> None:
+    def append_to(self, writer: Writer, plan: _Plan, room: _Room) -> None:
+        """Append the block's cuts to ``writer``; features and audio are joined in ``room``'s buffers."""
         n = len(self.ids)
         batch: dict[str, Any] = {"duration": np.asarray(self.durations, dtype=np.float64)}
         if plan.frames:
@@ -267,24 +269,45 @@ class _Block:
         if plan.features:
             assert plan.dims is not None
             flens = np.fromiter((len(a) for a in self.feats), dtype=np.int64, count=n)
-            vals = np.concatenate(self.feats) if n else np.empty((0, plan.dims), plan.features_dtype)
-            batch["features"] = (vals.reshape(-1, plan.dims), flens)
+            vals = room.join("features", self.feats, (plan.dims,), plan.features_dtype)
+            batch["features"] = (vals, flens)
         if plan.audio:
             alens = np.fromiter((len(a) for a in self.audio), dtype=np.int64, count=n)
-            batch["audio"] = (np.concatenate(self.audio), alens)
+            batch["audio"] = (room.join("audio", self.audio, (), plan.audio_dtype), alens)
             batch["sampling_rate"] = np.asarray(self.rates, dtype=np.int32)
         writer.append_batch(batch, ids=self.ids)
+
+
+class _Room:
+    """Page-aligned buffers that the blocks' features and audio are joined in, one per field, reused from
+    block to block (the writer is done with a batch's arrays when ``append_batch`` returns): no fresh
+    memory per block, and the direct writes of a block can start from it without a copy."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray[Any, Any]] = {}
+
+    def join(self, name: str, parts: list[np.ndarray[Any, Any]], inner: tuple[int, ...], dtype: Any) -> Any:
+        rows = sum(len(a) for a in parts)
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape[0] < rows or buf.dtype != dtype:
+            buf = aligned_empty((max(rows, 2 * (0 if buf is None else buf.shape[0])), *inner), dtype)
+            self.buffers[name] = buf
+        out = buf[:rows]
+        if parts:
+            np.concatenate(parts, out=out)
+        return out
 
 
 def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _Plan, chunk_bytes: int,
            progress: Progress | None) -> None:
     """Stream every cut of ``sources`` into ``writer`` in blocks of about ``chunk_bytes``."""
     block = _Block()
+    room = _Room()
 
     def flush() -> None:
         nonlocal block
         if len(block):
-            block.append_to(writer, plan)
+            block.append_to(writer, plan, room)
             if progress is not None:
                 progress(len(block))
             block = _Block()
