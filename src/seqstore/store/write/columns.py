@@ -180,8 +180,8 @@ class _ColumnFile:
             run: memoryview = buf[:body]
         else:
             spare = self._scratch[1] if self._scratch else None
-            if spare is None or spare.nbytes < body:
-                spare = aligned_empty((max(body, 2 * DIRECT_IO_BYTES),), np.uint8)
+            if spare is None or spare.nbytes < body:  # a power of two: a few sizes in a file's life
+                spare = aligned_empty((max(1 << (body - 1).bit_length(), 2 * DIRECT_IO_BYTES),), np.uint8)
             out = memoryview(spare.data)
             out[:held] = self._held
             out[held:body] = buf[: body - held]
