@@ -93,6 +93,20 @@ def assert_same(store: seqstore.Store, cuts: Any, *, features: str | None = "flo
     assert n == len(store) > 0
 
 
+
+class _Bar:
+    """A progress callback that records the counts it is told and the totals announced."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.total = 0
+
+    def __call__(self, n: int) -> None:
+        self.seen.append(n)
+
+    def add_total(self, n: int) -> None:
+        self.total += n
+
 def test_manifest_features_audio_round_trip(corpus: dict[str, Path], tmp_path: Path) -> None:
     store = import_lhotse(corpus["cuts"], tmp_path / "s", features=True, audio=True, channels="first")
     assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]))
@@ -104,21 +118,12 @@ def test_manifest_features_audio_round_trip(corpus: dict[str, Path], tmp_path: P
 
 def test_cutset_object_float16_int16_mix_and_small_blocks(corpus: dict[str, Path], tmp_path: Path) -> None:
     cuts = lhotse.CutSet.from_file(corpus["cuts"]).to_eager()
-    seen: list[int] = []
-
-    class Bar:
-        total = 0
-
-        def __call__(self, n: int) -> None:
-            seen.append(n)
-
-        def add_total(self, n: int) -> None:
-            Bar.total += n
+    bar = _Bar()
 
     store = import_lhotse(cuts, tmp_path / "s", features=True, features_dtype="float16", audio=True,
-                          audio_dtype="int16", channels="mix", text_separator="|", chunk_bytes=1, progress=Bar())
+                          audio_dtype="int16", channels="mix", text_separator="|", chunk_bytes=1, progress=bar)
     assert_same(store, cuts, features="float16", audio="int16", channels="mix", sep="|")
-    assert seen == [1, 1, 1, 1] and Bar.total == 4  # one cut per block; an eager CutSet announces its size
+    assert bar.seen == [1, 1, 1, 1] and bar.total == 4  # one cut per block; an eager CutSet announces its size
     assert store.metadata["lhotse"]["manifests"] is None
 
 
@@ -232,24 +237,15 @@ def test_workers_single_manifest_same_store(corpus: dict[str, Path], tmp_path: P
     plain_jsonl = tmp_path / "cuts.jsonl"  # not compressed: read the same way
     CutSet.from_file(corpus["cuts"]).to_file(plain_jsonl)
     one = import_lhotse(corpus["cuts"], tmp_path / "one", features=True, audio=True, channels="first")
-    seen: list[int] = []
-
-    class Bar:
-        total = 0
-
-        def __call__(self, n: int) -> None:
-            seen.append(n)
-
-        def add_total(self, n: int) -> None:
-            Bar.total += n
+    bar = _Bar()
 
     for src in (corpus["cuts"], plain_jsonl):
         two = import_lhotse(src, tmp_path / "two", features=True, audio=True, channels="first", workers=2,
-                            overwrite=True, progress=Bar())
+                            overwrite=True, progress=bar)
         same_store(one, two)
         assert two.metadata["lhotse"] == one.metadata["lhotse"] | {"manifests": [src.name]}
         assert two.num_shards > one.num_shards  # really written as several parts (one per cut here)
-    assert sum(seen) == 8 and Bar.total == 8  # the counted lines are announced up front
+    assert sum(bar.seen) == 8 and bar.total == 8  # the counted lines are announced up front
 
 
 def test_workers_several_manifests_same_store(corpus: dict[str, Path], tmp_path: Path, tiny_units: None,
