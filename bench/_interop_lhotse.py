@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench._interop_megawds import peak_private  # noqa: E402
+from bench._interop_megawds import peak_private, sampling  # noqa: E402
 from bench.harness import (  # noqa: E402
     DATA,
     Case,
@@ -114,26 +113,21 @@ def peak_workers() -> Iterator[dict[str, float]]:
     forkserver itself, which only imports and forks); ``out["peak_worker_MB"]``: the largest peak of one."""
     out: dict[str, float] = {}
     peaks: dict[int, int] = {}
-    stop = threading.Event()
 
-    def watch() -> None:
-        while not stop.wait(0.02):
-            children = set(_descendants(os.getpid(), depth=1))
-            for pid in _descendants(os.getpid()):
-                if pid in children:
-                    continue
-                try:
-                    peaks[pid] = max(peaks.get(pid, 0), rss_anon(pid))
-                except OSError:
-                    continue
+    def sample() -> None:
+        children = set(_descendants(os.getpid(), depth=1))
+        for pid in _descendants(os.getpid()):
+            if pid in children:
+                continue
+            try:
+                peaks[pid] = max(peaks.get(pid, 0), rss_anon(pid))
+            except OSError:
+                continue
 
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
     try:
-        yield out
+        with sampling(0.02, sample):
+            yield out
     finally:
-        stop.set()
-        t.join()
         out["peak_worker_MB"] = max(peaks.values(), default=0) / 2**20
 
 

@@ -33,7 +33,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,25 +62,38 @@ def _anon_kib() -> int:
 
 
 @contextmanager
+def sampling(every: float, sample: Callable[[], None]) -> Iterator[None]:
+    """Call ``sample()`` every ``every`` seconds in a thread while the block runs, and once more at its end."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(every):
+            sample()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        sample()
+
+
+@contextmanager
 def peak_private() -> Iterator[dict[str, float]]:
     """Sample RssAnon every 5 ms in a thread; ``out["peak_private_MB"]``: the peak above the start."""
     out: dict[str, float] = {}
     base = _anon_kib()
     peak = [base]
-    stop = threading.Event()
 
-    def watch() -> None:
-        while not stop.wait(0.005):
-            peak[0] = max(peak[0], _anon_kib())
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    try:
-        yield out
-    finally:
-        stop.set()
-        t.join()
+    def sample() -> None:
         peak[0] = max(peak[0], _anon_kib())
+
+    try:
+        with sampling(0.005, sample):
+            yield out
+    finally:
         out["peak_private_MB"] = (peak[0] - base) / 1024
 
 

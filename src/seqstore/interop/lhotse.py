@@ -281,7 +281,8 @@ class _Block:
 class _Room:
     """Page-aligned buffers that the blocks' features and audio are joined in, one per field, reused from
     block to block (the writer is done with a batch's arrays when ``append_batch`` returns): no fresh
-    memory per block, and the direct writes of a block can start from it without a copy."""
+    memory per block (on the benchmark VM fresh pages are slow to fault in). The writer copies a block
+    into its own aligned runs unless nothing of the previous block is held back."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, np.ndarray[Any, Any]] = {}
