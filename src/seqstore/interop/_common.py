@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "Progress",
     "announce_total",
     "split_by_budget",
+    "runs_across",
     "new_store",
     "DEFAULT_CHUNK_BYTES",
 ]
@@ -102,6 +103,28 @@ def split_by_budget(cost: npt.NDArray[np.int64], budget: int) -> Iterator[tuple[
         b = min(max(b, a + 1), n)
         yield a, b
         a = b
+
+
+def runs_across(counts: Sequence[int], budget: int) -> list[list[tuple[int, int, int]]]:
+    """The items of consecutive sources (``counts[k]`` items in source ``k``), in order, cut into runs of
+    ``budget`` items (the last may be shorter), each a list of ``(source, first, end)`` pieces: a run may
+    span several small sources, a large source several runs. O(runs + sources)."""
+    units: list[list[tuple[int, int, int]]] = []
+    run: list[tuple[int, int, int]] = []
+    room = budget
+    for k, n in enumerate(counts):
+        a = 0
+        while a < n:
+            b = min(n, a + room)
+            run.append((k, a, b))
+            room -= b - a
+            a = b
+            if room == 0:
+                units.append(run)
+                run, room = [], budget
+    if run:
+        units.append(run)
+    return units
 
 
 def temp_sibling(root: Path, tag: str) -> Path:

@@ -56,7 +56,7 @@ from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from ..store.directio import aligned_empty
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, runs_across
 from ._parallel import build_store, convert_in_parallel
 
 __all__ = [
@@ -405,24 +405,9 @@ def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int
     if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
         return [[(k, 0, n) for k, n in enumerate(counts) if n]]
     budget = max(MIN_UNIT_CUTS, -(-total // (8 * workers)))
-    units: list[list[tuple[int, int, int]]] = []
-    run: list[tuple[int, int, int]] = []
-    size = 0
-    for k, n in enumerate(counts):
-        a = 0
-        while a < n:
-            b = min(n, a + budget - size)
-            run.append((k, a, b))
-            size += b - a
-            a = b
-            if size >= budget:
-                units.append(run)
-                run, size = [], 0
-    if run:
-        if units and size < budget // 2:
-            units[-1].extend(run)
-        else:
-            units.append(run)
+    units = runs_across(counts, budget)
+    if len(units) > 1 and sum(b - a for _, a, b in units[-1]) < budget // 2:
+        units[-2].extend(units.pop())
     return units
 
 

@@ -55,6 +55,7 @@ from ._common import (
     SourceFormatError,
     announce_total,
     new_store,
+    runs_across,
     split_by_budget,
 )
 
@@ -280,24 +281,7 @@ class _MegatronJob:
 
 def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int]]]:
     """The sources' sequences, in order, cut into about ``4 x workers`` runs of similar counts."""
-    total = sum(counts)
-    budget = max(MIN_UNIT_SEQUENCES, -(-total // (4 * max(workers, 1))))
-    units: list[list[tuple[int, int, int]]] = []
-    cur: list[tuple[int, int, int]] = []
-    room = budget
-    for k, n in enumerate(counts):
-        a = 0
-        while a < n:
-            b = min(n, a + room)
-            cur.append((k, a, b))
-            room -= b - a
-            a = b
-            if room == 0:
-                units.append(cur)
-                cur, room = [], budget
-    if cur:
-        units.append(cur)
-    return units
+    return runs_across(counts, max(MIN_UNIT_SEQUENCES, -(-sum(counts) // (4 * max(workers, 1)))))
 
 
 def import_megatron(
