@@ -17,22 +17,21 @@ need ``lilcom``), and one supervision with a short text.
 - ``Lhotse CutSet + load_features``: ``CutSet.from_jsonl_lazy(manifest)`` iterated, ``cut.load_features()``
   for every cut (what a Lhotse dataset does per cut, without batching or collation).
 
-``peak_private_MB`` (bench/_interop_megawds.py): the peak of private memory above the start during the
-pass, in the driver; flat in N means memory independent of the manifest's size. ``peak_worker_MB``: the
-largest peak of private memory of one worker process (with ``workers``; all of it, its imports of Lhotse
-and torch included, as a worker has nothing before the pass).
+``peak_private_MB`` (bench/memwatch.py, sampled every 5 ms from another process, so that sampling takes
+no time from the measured code): the peak of private memory above the start during the pass, in the
+driver; flat in N means memory independent of the manifest's size. ``peak_worker_MB``: the largest peak
+of private memory of one worker process (with ``workers``; all of it, its imports of Lhotse and torch
+included, as a worker has nothing before the pass).
 
 Usage: ``python bench/_interop_lhotse.py [--quick] [--repeats R]`` (bench/interop.py runs it).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +39,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench._interop_megawds import peak_private, sampling  # noqa: E402
+from bench._interop_megawds import peak_private  # noqa: E402
 from bench.harness import (  # noqa: E402
     DATA,
     Case,
     main_args,
     print_table,
-    rss_anon,
     run_cases,
     section,
     section_time,
 )
+from bench.memwatch import watch  # noqa: E402
 
 SIZES = (20_000, 100_000)
 QUICK_SIZES = (5_000, 20_000)
@@ -95,53 +94,16 @@ def _feature_bytes(manifest: str) -> int:
     return sum(c.num_frames * c.num_features * 4 for c in CutSet.from_jsonl_lazy(manifest))
 
 
-def _descendants(pid: int, depth: int = 8) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for k in kids:
-            out += [k, *(_descendants(k, depth - 1) if depth > 1 else [])]
-    return out
-
-
-@contextmanager
-def peak_workers() -> Iterator[dict[str, float]]:
-    """Sample the RssAnon of this process's grandchildren every 20 ms (the forkserver's workers; not the
-    forkserver itself, which only imports and forks); ``out["peak_worker_MB"]``: the largest peak of one."""
-    out: dict[str, float] = {}
-    peaks: dict[int, int] = {}
-
-    def sample() -> None:
-        children = set(_descendants(os.getpid(), depth=1))
-        for pid in _descendants(os.getpid()):
-            if pid in children:
-                continue
-            try:
-                peaks[pid] = max(peaks.get(pid, 0), rss_anon(pid))
-            except OSError:
-                continue
-
-    try:
-        with sampling(0.02, sample):
-            yield out
-    finally:
-        out["peak_worker_MB"] = max(peaks.values(), default=0) / 2**20
-
-
 def case_import(manifest: str, out: str, nbytes: int, workers: int = 1) -> dict[str, object]:
     import lhotse  # noqa: F401 - imported before the pass, as in the Lhotse case (it loads torch)
 
     from seqstore.interop.lhotse import import_lhotse
 
     shutil.rmtree(out, ignore_errors=True)  # the last repeat's store: an import into a new path, not a replacement
-    with peak_private() as mem, peak_workers() as wmem, section("pass"):
+    with watch(0.005, workers=workers > 1) as mem, section("pass"):
         store = import_lhotse(manifest, out, features=True, chunk_bytes=CHUNK_MB << 20, workers=workers)
     t = section_time("pass")
-    extra = wmem if workers > 1 else {}
-    return {"cuts": len(store), "MB_per_s": nbytes / 1e6 / t, "cut_per_s": len(store) / t, **mem, **extra}
+    return {"cuts": len(store), "MB_per_s": nbytes / 1e6 / t, "cut_per_s": len(store) / t, **mem}
 
 
 def case_lhotse_read(manifest: str) -> dict[str, object]:

@@ -17,8 +17,8 @@ payload per second): above 1 the import is faster than the package reading the d
 The imports run with ``chunk_bytes`` = 8 MiB (CHUNK_MB; the default is 64 MiB), smaller than the
 inputs, so that memory bounded by a chunk shows as flat. Each case also returns ``peak_private_MB``:
 the highest ``RssAnon`` (private memory, not counting pages of mapped files) sampled every 5 ms
-during the measured block, minus the value before it: flat in the input size means memory
-independent of N.
+from another process (bench/memwatch.py) during the measured block, minus the value before it: flat in
+the input size means memory independent of N.
 
 ``--memory-only`` runs the WebDataset import alone at S = 5e4 and 2e5 (inputs well past the 64 MiB
 the store's writer buffers), without the slow peer.
@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import struct
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from bench.harness import DATA, Case, main_args, print_table, run_cases, section, section_time  # noqa: E402
+from bench.memwatch import watch  # noqa: E402
 
 MEGATRON_N = 1_000_000
 QUICK_MEGATRON_N = 100_000
@@ -53,48 +53,12 @@ WDS_SHARDS = 8
 CHUNK_MB = 8
 
 
-def _anon_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return 0
-
-
-@contextmanager
-def sampling(every: float, sample: Callable[[], None]) -> Iterator[None]:
-    """Call ``sample()`` every ``every`` seconds in a thread while the block runs, and once more at its end."""
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(every):
-            sample()
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join()
-        sample()
-
-
 @contextmanager
 def peak_private() -> Iterator[dict[str, float]]:
-    """Sample RssAnon every 5 ms in a thread; ``out["peak_private_MB"]``: the peak above the start."""
-    out: dict[str, float] = {}
-    base = _anon_kib()
-    peak = [base]
-
-    def sample() -> None:
-        peak[0] = max(peak[0], _anon_kib())
-
-    try:
-        with sampling(0.005, sample):
-            yield out
-    finally:
-        out["peak_private_MB"] = (peak[0] - base) / 1024
+    """``out["peak_private_MB"]``: the peak of RssAnon above the start, sampled every 5 ms from another
+    process (bench/memwatch.py: a sampling thread here would take the GIL from the measured code)."""
+    with watch(0.005) as out:
+        yield out
 
 
 # ------------------------------------------------------------------------------------------ data

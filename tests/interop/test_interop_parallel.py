@@ -3,6 +3,9 @@ as one process (only shard boundaries differ); a failing worker leaves nothing."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +126,37 @@ def test_parallel_returnn_hdf_equals_one_process(tmp_path: Path, small_units: No
     _same(one, two)
     assert two.num_shards > 2
     assert two.id(120) == "corpus/seq-1-0"
+
+
+_SCRIPT = """\
+import sys
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+from seqstore.interop import arrow as arrow_mod
+arrow_mod.MIN_UNIT_RECORDS = 50
+pq.write_table(pa.table({"x": pa.array(np.arange(400))}), sys.argv[1] + "/in.parquet", row_group_size=50)
+"""
+_CALL = 'arrow_mod.import_parquet(sys.argv[1] + "/in.parquet", sys.argv[1] + "/out.seqstore", workers=2)\n'
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_parallel_conversion_from_an_unguarded_script_is_refused_first(tmp_path: Path, guarded: bool) -> None:
+    """Workers start from a forkserver and re-import the script: a conversion started by its module-level
+    code gets seqstore's MainGuardError before anything is written (not a dead pool); under the guard it runs."""
+    script = tmp_path / "convert.py"
+    script.write_text(_SCRIPT + ('if __name__ == "__main__":\n    ' + _CALL if guarded else _CALL))
+    env = dict(os.environ)
+    src = str(Path(seqstore.__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    res = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    if guarded:
+        assert res.returncode == 0, res.stderr
+        assert len(seqstore.open(tmp_path / "out.seqstore")) == 400
+        return
+    assert res.returncode == 1, res.stderr
+    err = res.stderr
+    assert "MainGuardError: a conversion with workers=2" in err and "line 6 starts them" in err, err
+    assert str(script) in err and 'if __name__ == "__main__":' in err, err
+    assert "An attempt has been made" not in err and "terminated abruptly" not in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["convert.py", "in.parquet"]  # nothing written

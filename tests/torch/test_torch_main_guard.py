@@ -71,7 +71,7 @@ def test_unguarded_script_gets_the_seqstore_error(moto_s3: MotoS3, remote_url: s
     assert res.returncode != 0, res.stdout
     assert "batches" not in res.stdout
     err = res.stderr
-    assert "seqstore.torch._mainguard.MainGuardError" in err, err
+    assert "seqstore._mainguard.MainGuardError" in err, err
     assert 'if __name__ == "__main__":' in err and "forkserver" in err and str(script) in err, err
     assert "line 14 starts them" in err, err  # the module-level line that starts the workers
     # one error, raised before any worker started: none of Python's or torch's own text
@@ -92,12 +92,12 @@ def test_guarded_script_runs_the_epoch(moto_s3: MotoS3, remote_url: str, tmp_pat
 def test_loop_in_a_guarded_function_is_not_refused(tmp_path: Path) -> None:
     """The check reads the module-level line that is running: a call under the guard passes, the same
     call at module level does not (checked in this process, no workers)."""
-    from seqstore.torch._mainguard import MainGuardError, check_main_guard
+    from seqstore._mainguard import MainGuardError, check_main_guard
 
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent("""\
         import sys
-        from seqstore.torch._mainguard import check_main_guard
+        from seqstore._mainguard import check_main_guard
 
         def main():
             check_main_guard(sys.argv[1], 2)
@@ -136,7 +136,7 @@ _SHAPES = {  # script, the line that starts the workers, whether it runs again o
 
 @pytest.mark.parametrize("shape", sorted(_SHAPES))
 def test_which_lines_run_again_on_import(tmp_path: Path, shape: str) -> None:
-    from seqstore.torch._mainguard import _verdict
+    from seqstore._mainguard import _verdict
 
     text, line, expected = _SHAPES[shape]
     script = tmp_path / "train.py"

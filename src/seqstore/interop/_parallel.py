@@ -33,6 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, Protocol
 
+from .._mainguard import check_main_guard
 from ..errors import RemoteError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Schema
@@ -88,14 +89,18 @@ def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, sha
         raise
 
 
+def _start_method() -> str:
+    """``forkserver`` where the platform has it, else ``spawn``."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 def _context(preload: Sequence[str] = ()) -> Any:
     """The start method of the workers. The forkserver imports the parallel module, the Arrow and HDF
     importers and ``preload`` before it forks workers; the list is the one of the process's first parallel
     conversion (the server then keeps running), so modules named by a later conversion's ``preload`` are
     imported by its workers themselves."""
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    if "forkserver" in methods:  # workers start from a server that has these imported already
+    ctx = multiprocessing.get_context(_start_method())
+    if ctx.get_start_method() == "forkserver":  # workers start from a server that has these imported already
         ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn",
                                     *preload])
     return ctx
@@ -122,7 +127,15 @@ def convert_in_parallel(
     ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
     once in the forkserver when it starts with this conversion, see :func:`_context`). ``in_driver``: this
     process writes units too (one of the ``workers``; see :func:`_run`). ``direct_io``: the parts' data
-    files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`), not through the page cache."""
+    files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`), not through the page cache.
+
+    Called from the module-level code of a script outside ``if __name__ == "__main__":``, it raises
+    :class:`~seqstore._mainguard.MainGuardError` before anything is written: every worker would run the
+    script again and die."""
+    procs = max(1, min(workers - 1 if in_driver else workers, len(units)))
+    check_main_guard(_start_method(), procs, who=f"a conversion with workers={workers}", builds="runs the conversion",
+                     why="conversion workers start from a forkserver, never as a fork of this process, whose "
+                     "threads and open files they would inherit")
     if is_remote(out):
         _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
                         metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,

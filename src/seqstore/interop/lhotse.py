@@ -291,7 +291,7 @@ class _Room:
         rows = sum(len(a) for a in parts)
         buf = self.buffers.get(name)
         if buf is None or buf.shape[0] < rows or buf.dtype != dtype:
-            buf = aligned_empty((max(rows, 2 * (0 if buf is None else buf.shape[0])), *inner), dtype)
+            buf = aligned_empty((rows + rows // 4, *inner), dtype)  # fresh memory is dear: a quarter spare
             self.buffers[name] = buf
         out = buf[:rows]
         if parts:

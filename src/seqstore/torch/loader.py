@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
+from .._mainguard import check_main_guard, start_method
 from ..io.objects import fork_unsafe as _fork_unsafe
 from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
-from ._mainguard import check_main_guard, start_method
 from ._ring import run_processes
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset

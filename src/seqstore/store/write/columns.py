@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 DIRECT_BYTES = 4 << 20
 # With direct_io, an append of a fixed-size column at least this large bypasses the page cache.
 DIRECT_IO_BYTES = 1 << 20
+# Scratch buffers of direct runs that need a copy are whole multiples of this.
+SCRATCH_STEP = 1 << 20
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DONE: Future[int] = Future()  # what a write returns when nothing of the caller's memory is read later
 _DONE.set_result(0)
@@ -180,8 +182,9 @@ class _ColumnFile:
             run: memoryview = buf[:body]
         else:
             spare = self._scratch[1] if self._scratch else None
-            if spare is None or spare.nbytes < body:  # a power of two: a few sizes in a file's life
-                spare = aligned_empty((max(1 << (body - 1).bit_length(), 2 * DIRECT_IO_BYTES),), np.uint8)
+            if spare is None or spare.nbytes < body:  # a quarter more, in MiB: a few sizes in a file's life
+                size = -(-(body + body // 4) // SCRATCH_STEP) * SCRATCH_STEP
+                spare = aligned_empty((max(size, 2 * DIRECT_IO_BYTES),), np.uint8)
             out = memoryview(spare.data)
             out[:held] = self._held
             out[held:body] = buf[: body - held]

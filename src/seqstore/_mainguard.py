@@ -1,16 +1,18 @@
-"""The main-guard check of :class:`~seqstore.torch.SeqDataLoader` for workers that start in a fresh
-interpreter (``spawn`` / ``forkserver``).
+"""The main-guard check for worker processes that start in a fresh interpreter (``spawn`` /
+``forkserver``): :class:`~seqstore.torch.SeqDataLoader`'s workers and the processes of a parallel
+conversion (``import_*(..., workers=N)``).
 
 Such a worker imports the script that started it (as ``__mp_main__``), which runs the script's
 module-level code again. When the loop that starts the workers is itself module-level code, outside
 ``if __name__ == "__main__":``, the re-import reaches it again and Python refuses to start processes
 from a process still bootstrapping: the worker dies with "An attempt has been made to start a new
 process before the current process has finished its bootstrapping phase" and the DataLoader reports
-"worker exited unexpectedly". This module predicts that before any worker starts: it finds the
-module-level line of ``__main__`` that the caller is executing and checks, from the script's syntax
-tree, whether that line would run again on import: it refuses only when no ``if`` surrounds it (loops,
-``with`` and ``try`` blocks do not guard), or when it sits in the branch of an ``if __name__ ...`` test
-that runs on import; an ``if`` on anything else leaves it silent (it cannot tell).
+"worker exited unexpectedly" (a process pool: "terminated abruptly"). This module predicts that before
+any worker starts: it finds the module-level line of ``__main__`` that the caller is executing and
+checks, from the script's syntax tree, whether that line would run again on import: it refuses only when
+no ``if`` surrounds it (loops, ``with`` and ``try`` blocks do not guard), or when it sits in the branch
+of an ``if __name__ ...`` test that runs on import; an ``if`` on anything else leaves it silent (it
+cannot tell).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import tokenize
 from types import FrameType
 from typing import Any
 
-from ..errors import SeqstoreError
+from .errors import SeqstoreError
 
 __all__ = ["MainGuardError", "check_main_guard", "start_method"]
 
@@ -32,7 +34,7 @@ _FRESH = ("spawn", "forkserver")
 
 
 class MainGuardError(SeqstoreError, RuntimeError):
-    """DataLoader workers would re-run the unguarded script that starts them."""
+    """Worker processes would re-run the unguarded script that starts them."""
 
 
 def start_method(context: Any) -> str:
@@ -119,10 +121,17 @@ def _module_frame(main: Any) -> FrameType | None:
     return None
 
 
-def check_main_guard(method: str, num_workers: int) -> None:
+def check_main_guard(
+    method: str,
+    num_workers: int,
+    who: str = "SeqDataLoader",
+    builds: str = "builds and iterates the loader",
+    why: str = "seqstore uses forkserver for stores on object storage, whose client threads do not survive fork()",
+) -> None:
     """Raise :class:`MainGuardError` if workers started with ``method`` would re-run the module-level
     line of the script that is starting them. Silent where it cannot tell (no script file, an
-    interactive session, a notebook, a script it cannot parse)."""
+    interactive session, a notebook, a script it cannot parse). The message names ``who`` starts the
+    workers, the code to move (``builds``) and ``why`` the start method is used."""
     if num_workers <= 0 or method not in _FRESH:
         return
     main = sys.modules.get("__main__")
@@ -139,10 +148,10 @@ def check_main_guard(method: str, num_workers: int) -> None:
         return
     if not reruns:
         return
+    counted = f"its {num_workers} worker processes start" if num_workers != 1 else "its worker process starts"
     raise MainGuardError(
-        f"SeqDataLoader: its {num_workers} worker processes start with {method!r}, which imports {path} again "
-        f"in every worker; line {line} starts them from module-level code outside "
+        f"{who}: {counted} with {method!r}, which imports {path} again in every worker; "
+        f"line {line} starts them from module-level code outside "
         'if __name__ == "__main__":, so each worker would run it again and die ("bootstrapping phase"). '
-        'Move the code that builds and iterates the loader under if __name__ == "__main__": '
-        "(seqstore uses forkserver for stores on object storage, whose client threads do not survive fork())"
+        f'Move the code that {builds} under if __name__ == "__main__": ({why})'
     )
