@@ -8,6 +8,10 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   GETs, ``max_requests`` in flight (``obstore.get_range_async``): what receiving the bytes costs.
 - ``epoch``: ``iter_batches`` of the first 131,072 records of a ``random_block:1024:16`` epoch (fixed
   and ragged), a cold node cache.
+- ``window`` (``--only epoch window``, fixed only): ``window gather, no cache``, a measurement of what a
+  reader that skips the node cache could reach on the ``epoch`` case (not seqstore's reader): each
+  ``random_block`` window's rows fetched into memory as merged runs, 4 windows in flight, batches
+  gathered from the answers with NumPy (``_window_gather``).
 - ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (and the raw
   ``get_range`` of exactly their byte ranges, merged as seqstore merges them, same depth).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
@@ -33,7 +37,7 @@ Stages (CPU seconds per GiB of values delivered; threads told apart by ``/proc/s
 - **gather**: the rest of the reading thread (the order, the batch's lookup and copy, waits' overhead).
 
 Usage: ``python bench/remote_cpu.py [--data DIR] [--repeats R] [--src LABEL=PATH ...]
-[--mode LABEL=k=v,k=v ...] [--kinds fixed ragged] [--only epoch random]``. Results: a table on
+[--mode LABEL=k=v,k=v ...] [--kinds fixed ragged] [--only epoch window random loader]``. Results: a table on
 stdout and ``bench/results/remote_cpu.json``.
 """
 
@@ -161,6 +165,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     if case == "loader":
         return _loader(spec)
+    if case == "window gather":
+        return _window_gather(spec)
     import seqstore
     from seqstore.io import nodecache, remote_fetch
 
@@ -285,6 +291,88 @@ def _loader(spec: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- parent
 
 
+def _window_gather(spec: dict[str, Any]) -> dict[str, Any]:
+    """What a reader that skips the node cache could reach on the ``epoch`` case (fixed records only; a
+    measurement, not seqstore's reader): the epoch's batches taken 16 at a time (one ``random_block``
+    window), each window's records merged into runs of adjacent rows (cut at 8 MiB) and fetched with
+    ``obstore.get_ranges_async`` into memory, 4 windows in flight on an event loop
+    thread; each batch gathered from the answers with NumPy (one fancy index per answer it draws on)."""
+    import itertools
+
+    import numpy as np
+    import obstore
+
+    import seqstore
+
+    store = _s3(spec["endpoint"])
+    n, row = spec["n"], spec["row_bytes"]
+    files = spec["shards"]  # (key, first record, records, header bytes), in record order
+    firsts = np.array([f[1] for f in files], np.int64)
+    order = seqstore.seq_order(n, ORDER, epoch=1, seed=SEED)
+    batches = list(itertools.islice(order.iter_chunks(BATCH), -(-spec["records"] // BATCH)))
+    windows = [batches[k : k + 16] for k in range(0, len(batches), 16)]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def plan(win: list[Any]) -> list[tuple[str, np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        recs = np.unique(np.concatenate(win))
+        out = []
+        shard = np.searchsorted(firsts, recs, side="right") - 1
+        for k in np.unique(shard).tolist():
+            key, first, _, header = files[k]
+            local = recs[shard == k] - first
+            cut = np.flatnonzero(np.diff(local) != 1) + 1
+            a = np.concatenate(([local[0]], local[cut]))
+            b = np.concatenate((local[cut - 1], [local[-1]])) + 1
+            most = CHUNK // row
+            pieces = -(-(b - a) // most)
+            k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece within its run
+            starts = np.repeat(a, pieces) + k * most
+            ends = np.minimum(starts + most, np.repeat(b, pieces))
+            out.append((key, starts + first, ends + first, header + starts * row))
+        return out
+
+    async def get(runs: Any) -> list[Any]:
+        return [await obstore.get_ranges_async(store, key, starts=(offs).tolist(),
+                                               ends=(offs + (e - s) * row).tolist())
+                for key, s, e, offs in runs]
+
+    def submit(w: int) -> Any:
+        runs = plan(windows[w])
+        return runs, asyncio.run_coroutine_threadsafe(get(runs), loop)
+
+    main = threading.get_native_id()
+    t_before = _threads()
+    c0, t0 = time.process_time(), time.perf_counter()
+    ahead = 4  # windows in flight
+    pending: list[Any] = [submit(w) for w in range(min(ahead, len(windows)))]
+    nbytes = records = 0
+    for w in range(len(windows)):
+        runs, fut = pending.pop(0)
+        if w + ahead < len(windows):
+            pending.append(submit(w + ahead))
+        answers = fut.result(timeout=600)
+        rs = np.concatenate([r[1] for r in runs])
+        views = [np.frombuffer(memoryview(buf), np.float32).reshape(-1, row // 4) for bufs in answers for buf in bufs]
+        for batch in windows[w]:
+            b = np.asarray(batch, np.int64)
+            which = np.searchsorted(rs, b, side="right") - 1
+            out = np.empty((len(b), row // 4), np.float32)
+            for k in np.unique(which).tolist():
+                m = which == k
+                out[m] = views[k][b[m] - rs[k]]
+            nbytes += out.nbytes
+            records += len(out)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    th = _delta(t_before, _threads())
+    loop.call_soon_threadsafe(loop.stop)
+    recv = sum(c for nm, c in th.values() if nm.startswith("tokio"))
+    reader = th.get(main, ("", 0.0))[1]
+    return {"bytes": nbytes, "records": records, "wall_s": wall, "cpu_s": cpu,
+            "stages": {"receive": recv, "gather": reader, "other threads": cpu - recv - reader}}
+
+
 def _layout(data: Path, kind: str, n: int) -> tuple[str, list[tuple[str, int]]] | None:
     root = data / "bucket"
     store = root / f"{kind}-{n}.seqstore"
@@ -292,6 +380,19 @@ def _layout(data: Path, kind: str, n: int) -> tuple[str, list[tuple[str, int]]] 
         return None
     files = [(q.relative_to(root).as_posix(), q.stat().st_size) for q in sorted(store.rglob("x.npy")) if q.is_file()]
     return f"s3://{BUCKET}/{store.relative_to(root).as_posix()}", files
+
+
+def _shards(data: Path, kind: str, n: int) -> list[tuple[str, int, int, int]]:
+    """(key of x.npy, first record, records, header bytes) of each shard, in record order."""
+    import numpy as np
+
+    root = data / "bucket"
+    out, first = [], 0
+    for q in sorted((root / f"{kind}-{n}.seqstore").glob("shard-*/x.npy")):
+        a = np.load(q, mmap_mode="r")
+        out.append((q.relative_to(root).as_posix(), first, len(a), int(a.offset)))
+        first += len(a)
+    return out
 
 
 def run_case(spec: dict[str, Any], src: str) -> dict[str, Any]:
@@ -358,6 +459,10 @@ def main() -> None:
                     {**base, "case": "raw sequential", "files": files, "bytes": ebytes, "depth": args.depth},
                 )
             )
+            if "window" in args.only and kind == "fixed":
+                cases.append((f"{kind} epoch: window gather, no cache", "",
+                              {**base, "case": "window gather", "records": epoch, "row_bytes": 2048,
+                               "shards": _shards(args.data, kind, sizes[kind])}))
             for sl, sp in srcs:
                 for ml, opts in modes:
                     cases.append(

@@ -295,6 +295,12 @@ def test_worker_error_is_named_and_leaves_nothing(corpus: dict[str, Path], tmp_p
     bad.write_text("\n".join(good[:3] + ["{not json"] + good) + "\n")
     with pytest.raises(SourceFormatError, match=r"bad\.jsonl.*line 4: not a Lhotse cut"):
         import_lhotse(bad, old.root, features=True, workers=2, overwrite=True)
+    # in one process the same line is named the same way (and a blank line, which Lhotse cannot parse either)
+    with pytest.raises(SourceFormatError, match=r"bad\.jsonl.*line 4: not a Lhotse cut"):
+        import_lhotse(bad, old.root, features=True, overwrite=True)
+    bad.write_text("\n".join(good[:2] + [""] + good) + "\n")
+    with pytest.raises(SourceFormatError, match=r"bad\.jsonl.*line 3: not a Lhotse cut"):
+        import_lhotse([corpus["cuts"], bad], old.root, features=True, overwrite=True)
     assert len(seqstore.open(old.root)) == 4 and "features" not in seqstore.open(old.root).schema
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "mixed.jsonl", "old"]
 

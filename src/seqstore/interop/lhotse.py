@@ -147,14 +147,22 @@ def open_cuts(path: str | os.PathLike[str]) -> Any:
 def _sources(cuts: Any) -> list[tuple[str, Any]]:
     """(name for errors, iterable of cuts) for each source; manifest files are checked and opened lazily."""
     if isinstance(cuts, (str, os.PathLike)):
-        return [(os.fspath(cuts), open_cuts(cuts))]
+        return [_manifest_source(cuts)]
     from lhotse import CutSet
 
     if isinstance(cuts, CutSet):
         return [(OBJECT_NAME, cuts)]
     if isinstance(cuts, Sequence) and cuts and all(isinstance(c, (str, os.PathLike)) for c in cuts):
-        return [(os.fspath(c), open_cuts(c)) for c in cuts]
+        return [_manifest_source(c) for c in cuts]
     raise TypeError(f"import_lhotse: expected a CutSet, a manifest path or a list of paths, got {type(cuts).__name__}")
+
+
+def _manifest_source(path: str | os.PathLike[str]) -> tuple[str, Iterator[Any]]:
+    """A manifest file checked (:func:`open_cuts`) and its cuts, parsed line by line as Lhotse parses
+    them, so that a line that is not a cut is an error naming the manifest and the line."""
+    p = os.fspath(path)
+    open_cuts(p)
+    return p, _manifest_cuts(p, 0, None)
 
 
 def _known_length(sources: list[tuple[str, Any]]) -> int | None:
@@ -376,15 +384,16 @@ def count_cuts(path: str | os.PathLike[str]) -> int:
     return n + (last != b"\n")
 
 
-def _manifest_cuts(path: str, start: int, stop: int) -> Iterator[Any]:
-    """The cuts on lines ``[start, stop)`` of the manifest ``path``, parsed as Lhotse parses a lazy
-    manifest's lines; the lines before ``start`` are read past without being parsed."""
+def _manifest_cuts(path: str, start: int, stop: int | None) -> Iterator[Any]:
+    """The cuts on lines ``[start, stop)`` (``stop`` None: to the end) of the manifest ``path``, parsed
+    as Lhotse parses a lazy manifest's lines; the lines before ``start`` are read past without being
+    parsed. A line that is not a cut is a :class:`SourceFormatError` naming the manifest and the line."""
     from lhotse.cut import Cut
     from lhotse.serialization import decode_json_line, deserialize_item
 
     with _open_manifest(path) as f:
         deque(islice(f, start), maxlen=0)
-        for number, line in enumerate(islice(f, stop - start), start + 1):
+        for number, line in enumerate(islice(f, None if stop is None else stop - start), start + 1):
             try:
                 item = deserialize_item(decode_json_line(line))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
