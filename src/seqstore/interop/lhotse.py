@@ -250,24 +250,75 @@ class _Plan:
         return mono.astype(np.float32, copy=False)
 
 
-class _Block:
-    """The columns of the cuts read since the last append."""
+class _Room:
+    """Page-aligned buffers, one per field (features, audio), that each cut's array is copied into as
+    soon as it is loaded, reused from block to block (the writer is done with a batch's arrays when
+    ``append_batch`` returns). Copying each array while it is fresh in the CPU's cache and dropping it
+    at once, rather than keeping a block of arrays and joining them at the end, saves a pass over memory
+    and keeps the heap from growing and shrinking by a block each time (fresh pages are slow to fault in
+    on the benchmark VM). Buffers start a quarter above ``chunk_bytes`` and grow by half when a block
+    needs more (a cut larger than that). The writer copies a block into its own aligned runs unless
+    nothing of the previous block is held back."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.buffers: dict[str, np.ndarray[Any, Any]] = {}
+
+    def put(self, name: str, at: int, arr: np.ndarray[Any, Any]) -> None:
+        """Copy ``arr`` (rows of the field's inner shape and dtype) into field ``name``'s buffer at row ``at``."""
+        n = len(arr)
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape[0] < at + n or buf.dtype != arr.dtype:
+            row = max(arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64)), 1)
+            rows = max(at + n, (self.chunk_bytes + self.chunk_bytes // 4) // row + 1)
+            if buf is not None and buf.dtype == arr.dtype:
+                rows = max(rows, buf.shape[0] + buf.shape[0] // 2)
+            grown = aligned_empty((rows, *arr.shape[1:]), arr.dtype)
+            if buf is not None and at:
+                grown[:at] = buf[:at]
+            self.buffers[name] = buf = grown
+        buf[at : at + n] = arr
+
+    def view(self, name: str, rows: int, inner: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+        """The first ``rows`` rows of field ``name``'s buffer (an empty array when nothing was put)."""
+        buf = self.buffers.get(name)
+        if buf is None:
+            return np.empty((0, *inner), dtype)
+        return buf[:rows]
+
+
+class _Block:
+    """The columns of the cuts read since the last append; features and audio are in ``room``."""
+
+    def __init__(self, room: _Room) -> None:
+        self.room = room
         self.ids: list[str] = []
         self.durations: list[float] = []
         self.frames: list[int] = []
         self.texts: list[bytes] = []
-        self.feats: list[np.ndarray[Any, Any]] = []
-        self.audio: list[np.ndarray[Any, Any]] = []
+        self.feat_lens: list[int] = []
+        self.audio_lens: list[int] = []
+        self.feat_rows = self.audio_rows = 0
         self.rates: list[int] = []
         self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def append_to(self, writer: Writer, plan: _Plan, room: _Room) -> None:
-        """Append the block's cuts to ``writer``; features and audio are joined in ``room``'s buffers."""
+    def add_features(self, arr: np.ndarray[Any, Any]) -> None:
+        self.room.put("features", self.feat_rows, arr)
+        self.feat_rows += len(arr)
+        self.feat_lens.append(len(arr))
+        self.nbytes += arr.nbytes
+
+    def add_audio(self, arr: np.ndarray[Any, Any]) -> None:
+        self.room.put("audio", self.audio_rows, arr)
+        self.audio_rows += len(arr)
+        self.audio_lens.append(len(arr))
+        self.nbytes += arr.nbytes
+
+    def append_to(self, writer: Writer, plan: _Plan) -> None:
+        """Append the block's cuts to ``writer``."""
         n = len(self.ids)
         batch: dict[str, Any] = {"duration": np.asarray(self.durations, dtype=np.float64)}
         if plan.frames:
@@ -276,50 +327,28 @@ class _Block:
         batch["text"] = (np.frombuffer(b"".join(self.texts), dtype=np.uint8), lens)
         if plan.features:
             assert plan.dims is not None
-            flens = np.fromiter((len(a) for a in self.feats), dtype=np.int64, count=n)
-            vals = room.join("features", self.feats, (plan.dims,), plan.features_dtype)
-            batch["features"] = (vals, flens)
+            vals = self.room.view("features", self.feat_rows, (plan.dims,), plan.features_dtype)
+            batch["features"] = (vals, np.asarray(self.feat_lens, dtype=np.int64))
         if plan.audio:
-            alens = np.fromiter((len(a) for a in self.audio), dtype=np.int64, count=n)
-            batch["audio"] = (room.join("audio", self.audio, (), plan.audio_dtype), alens)
+            vals = self.room.view("audio", self.audio_rows, (), plan.audio_dtype)
+            batch["audio"] = (vals, np.asarray(self.audio_lens, dtype=np.int64))
             batch["sampling_rate"] = np.asarray(self.rates, dtype=np.int32)
         writer.append_batch(batch, ids=self.ids)
-
-
-class _Room:
-    """Page-aligned buffers that the blocks' features and audio are joined in, one per field, reused from
-    block to block (the writer is done with a batch's arrays when ``append_batch`` returns): no fresh
-    memory per block (on the benchmark VM fresh pages are slow to fault in). The writer copies a block
-    into its own aligned runs unless nothing of the previous block is held back."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, np.ndarray[Any, Any]] = {}
-
-    def join(self, name: str, parts: list[np.ndarray[Any, Any]], inner: tuple[int, ...], dtype: Any) -> Any:
-        rows = sum(len(a) for a in parts)
-        buf = self.buffers.get(name)
-        if buf is None or buf.shape[0] < rows or buf.dtype != dtype:
-            buf = aligned_empty((rows + rows // 4, *inner), dtype)  # fresh memory is dear: a quarter spare
-            self.buffers[name] = buf
-        out = buf[:rows]
-        if parts:
-            np.concatenate(parts, out=out)
-        return out
 
 
 def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _Plan, chunk_bytes: int,
            progress: Progress | None) -> None:
     """Stream every cut of ``sources`` into ``writer`` in blocks of about ``chunk_bytes``."""
-    block = _Block()
-    room = _Room()
+    room = _Room(chunk_bytes)
+    block = _Block(room)
 
     def flush() -> None:
         nonlocal block
         if len(block):
-            block.append_to(writer, plan, room)
+            block.append_to(writer, plan)
             if progress is not None:
                 progress(len(block))
-            block = _Block()
+            block = _Block(room)
 
     for where, cuts in sources:
         for cut in cuts:
@@ -333,14 +362,10 @@ def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _
             if plan.frames:
                 block.frames.append(int(cut.num_frames) if cut.has_features else -1)
             if plan.features:
-                f = plan.load_features(cut, where)
-                block.feats.append(f)
-                block.nbytes += f.nbytes
+                block.add_features(plan.load_features(cut, where))
             if plan.audio:
-                a = plan.load_audio(cut, where)
-                block.audio.append(a)
+                block.add_audio(plan.load_audio(cut, where))
                 block.rates.append(int(cut.sampling_rate))
-                block.nbytes += a.nbytes
             if block.nbytes >= chunk_bytes or len(block) >= CHUNK_RECORDS:
                 flush()
     flush()

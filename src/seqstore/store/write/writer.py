@@ -492,13 +492,16 @@ class Writer:
             return
         if not self._shard_open:
             self._open_shard()
+        # the checksums of the runs that may be the caller's memory, which it may reuse once we return;
+        # arrays made here (offsets, ids) stay referenced by their checksum task: no wait for those (the
+        # checksum thread takes one file's runs in order, so a small one may queue behind a large one)
         futures: list[Future[int]] = []
         for name, f in self._units:
             col = self._files[name]
             if f.ragged:
                 lengths = np.concatenate(self._buf_lengths[name])
                 offsets = np.cumsum(lengths) + col.rows
-                futures.append(self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False)))
+                self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False))
             # large pieces as they are, small ones joined
             for run in _coalesce(self._buf[name], aligned=self.direct_io):
                 futures.append(col.write(run))
@@ -506,11 +509,11 @@ class Writer:
             data, offsets = encode_ids(self._buf_ids, first_record=0)
             ids_col = self._files[IDS]
             hashes = hash_ids(data, offsets)
-            futures.append(self._files[IDS + ".offsets"].write(offsets[1:] + ids_col.rows))
-            futures.append(ids_col.write(data))
-            futures.append(self._files[IDS + ".hash_unsorted"].write(hashes))
+            self._files[IDS + ".offsets"].write(offsets[1:] + ids_col.rows)
+            ids_col.write(data)
+            self._files[IDS + ".hash_unsorted"].write(hashes)
         for fut in futures:
-            fut.result()  # the caller may reuse its arrays once we return
+            fut.result()
         self._shard_records += self._buf_records
         self._shard_bytes += self._buf_bytes
         self._reset_buffer()
