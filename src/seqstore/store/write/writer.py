@@ -492,9 +492,9 @@ class Writer:
             return
         if not self._shard_open:
             self._open_shard()
-        # the checksums of the runs that may be the caller's memory, which it may reuse once we return;
-        # arrays made here (offsets, ids) stay referenced by their checksum task: no wait for those (the
-        # checksum thread takes one file's runs in order, so a small one may queue behind a large one)
+        # wait for the checksums of the runs that may be the caller's memory (it may reuse it once we
+        # return), not for those of arrays made here (offsets, ids), which their checksum task keeps
+        # alive: the one checksum thread takes runs in order, and a small one queues behind a large one
         futures: list[Future[int]] = []
         for name, f in self._units:
             col = self._files[name]
