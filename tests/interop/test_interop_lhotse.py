@@ -317,3 +317,26 @@ def test_workers_into_an_s3_store(corpus: dict[str, Path], moto_s3: Any, s3_buck
         import_lhotse([corpus["cuts"], corpus["plain"]], url, features=True, workers=2, storage_options=opts,
                       overwrite=True)
     same_store(one, seqstore.open(url, storage_options=opts))  # the old store stays as it was
+
+
+@pytest.mark.parametrize("trailing_newline", [True, False])
+def test_plain_manifest_runs_start_at_noted_offsets(corpus: dict[str, Path], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, trailing_newline: bool) -> None:
+    """A worker enters a plain manifest at the offset noted for the nearest line before its run: the same
+    cuts as reading past every line (gzip: no offsets, read from the start)."""
+    from seqstore.interop import lhotse as mod
+
+    monkeypatch.setattr(mod, "MARK_LINES", 3)
+    with gzip.open(corpus["cuts"], "rt") as f:
+        lines = f.read().splitlines() * 3  # 12 lines
+    plain = tmp_path / "cuts.jsonl"
+    plain.write_text("\n".join(lines) + ("\n" if trailing_newline else ""))
+    n, marks = mod._scan_manifest(str(plain))
+    assert n == len(lines) == mod.count_cuts(plain)
+    offsets = [len("\n".join(lines[:k]).encode()) + 1 for k in (3, 6, 9)]  # bytes (the texts are not ASCII)
+    assert marks is not None and marks.tolist()[:4] == [0, *offsets]
+    everything = [c.id for c in mod._manifest_cuts(str(plain), 0, None)]
+    for start, stop in [(0, 12), (2, 5), (3, 4), (5, 12), (9, None), (11, 12), (12, None)]:
+        got = [c.id for c in mod._manifest_cuts(str(plain), start, stop, marks)]
+        assert got == everything[start:stop], (start, stop)
+    assert mod._scan_manifest(str(corpus["cuts"]))[1] is None

@@ -72,6 +72,7 @@ __all__ = [
     "CHANNEL_MODES",
     "MIN_UNIT_CUTS",
     "PARALLEL_MIN_CUTS",
+    "MARK_LINES",
 ]
 
 #: Key of the import information in the store's metadata.
@@ -87,6 +88,9 @@ MIN_UNIT_CUTS = 2_500
 #: in about 1.3 s (it imports Lhotse, which imports torch), which fewer cuts do not win back
 #: (docs/benchmarks.md, "Lhotse cut manifests import").
 PARALLEL_MIN_CUTS = 20_000
+#: A plain ``.jsonl`` manifest's byte offset is noted every this many lines when its lines are counted,
+#: so that a worker of a parallel import seeks to its run (a gzip manifest is read from its start).
+MARK_LINES = 1024
 #: Modules a parallel import's worker processes start with (imported once, in the forkserver).
 PRELOAD = ("seqstore.interop.lhotse", "lhotse")
 #: How a CutSet object (not a file) is named in errors.
@@ -401,23 +405,45 @@ def _open_manifest(path: str) -> IO[bytes]:
 
 def count_cuts(path: str | os.PathLike[str]) -> int:
     """The number of lines (one cut each) of the JSONL manifest ``path``, counted without parsing them."""
+    return _scan_manifest(os.fspath(path))[0]
+
+
+def _scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
+    """The number of lines of the manifest ``path`` and, for a plain (not gzip) file, the byte offsets
+    of lines 0, :data:`MARK_LINES`, 2 x :data:`MARK_LINES`, ... (None for gzip, which cannot be entered
+    in the middle): O(lines / MARK_LINES) memory, one pass without parsing."""
     n, last = 0, b"\n"
-    with _open_manifest(os.fspath(path)) as f:
+    plain = not path.endswith(".gz")
+    marks: list[np.ndarray[Any, Any]] = [np.zeros(1, np.int64)]
+    pos = 0
+    with _open_manifest(path) as f:
         while block := f.read(1 << 20):
-            n += block.count(b"\n")
+            if plain:  # line L starts after newline L - 1; keep the lines that are multiples of MARK_LINES
+                ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+                marks.append(pos + ends[(-n - 1) % MARK_LINES :: MARK_LINES] + 1)
+                n += len(ends)
+                pos += len(block)
+            else:
+                n += block.count(b"\n")
             last = block[-1:]
-    return n + (last != b"\n")
+    return n + (last != b"\n"), np.concatenate(marks) if plain else None
 
 
-def _manifest_cuts(path: str, start: int, stop: int | None) -> Iterator[Any]:
+def _manifest_cuts(path: str, start: int, stop: int | None, marks: np.ndarray[Any, Any] | None = None) -> Iterator[Any]:
     """The cuts on lines ``[start, stop)`` (``stop`` None: to the end) of the manifest ``path``, parsed
-    as Lhotse parses a lazy manifest's lines; the lines before ``start`` are read past without being
-    parsed. A line that is not a cut is a :class:`SourceFormatError` naming the manifest and the line."""
+    as Lhotse parses a lazy manifest's lines. The lines before ``start`` are read past without being
+    parsed, from the nearest of the line offsets ``marks`` (:func:`_scan_manifest`) when given. A line
+    that is not a cut is a :class:`SourceFormatError` naming the manifest and the line."""
     from lhotse.cut import Cut
     from lhotse.serialization import decode_json_line, deserialize_item
 
     with _open_manifest(path) as f:
-        deque(islice(f, start), maxlen=0)
+        skip = start
+        if marks is not None and len(marks):
+            m = min(start // MARK_LINES, len(marks) - 1)
+            f.seek(int(marks[m]))
+            skip = start - m * MARK_LINES
+        deque(islice(f, skip), maxlen=0)
         for number, line in enumerate(islice(f, None if stop is None else stop - start), start + 1):
             try:
                 item = deserialize_item(decode_json_line(line))
@@ -433,7 +459,8 @@ def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int
     """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
     :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
     (manifest, first line, end line), is one part of a parallel import. Small units keep the processes
-    equally busy to the end; each costs its worker a pass over the lines before it (without parsing).
+    equally busy to the end; in a gzip manifest each costs its worker a pass over the lines before it
+    (without parsing), a plain one is entered at the nearest noted offset (:data:`MARK_LINES`).
     Consecutive small manifests share a run; a short tail joins the run before it."""
     total = sum(counts)
     if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
@@ -452,10 +479,11 @@ class _CutsJob:
     manifests: list[str]
     plan: _Plan
     chunk_bytes: int
+    marks: list[np.ndarray[Any, Any] | None]  # each manifest's line offsets (:func:`_scan_manifest`)
 
     def write(self, writer: Writer, segments: Sequence[tuple[int, int, int]], progress: Progress | None) -> None:
         """Append the cuts of ``segments`` ((manifest, first line, end line), in order)."""
-        runs = [(self.manifests[k], _manifest_cuts(self.manifests[k], a, b)) for k, a, b in segments]
+        runs = [(self.manifests[k], _manifest_cuts(self.manifests[k], a, b, self.marks[k])) for k, a, b in segments]
         _write(writer, runs, self.plan, self.chunk_bytes, progress)
 
 
@@ -540,10 +568,11 @@ def import_lhotse(
 
     paths = [w for w, _ in sources if w != OBJECT_NAME]
     if workers > 1 and paths:
-        counts = [count_cuts(p) for p in paths]
+        scans = [_scan_manifest(p) for p in paths]
+        counts = [n for n, _ in scans]
         units = _units(counts, workers)
         if len(units) > 1:
-            job = _CutsJob(paths, plan, chunk_bytes)
+            job = _CutsJob(paths, plan, chunk_bytes, [m for _, m in scans])
             convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
                                 shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
                                 progress=progress, storage_options=storage_options, preload=PRELOAD,
