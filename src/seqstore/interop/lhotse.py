@@ -85,9 +85,10 @@ CHANNEL_MODES = ("error", "first", "mix")
 #: Cuts per unit of work of a parallel import at least (about half a second of work each).
 MIN_UNIT_CUTS = 2_500
 #: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker starts
-#: in about 1.3 s (it imports Lhotse, which imports torch), which fewer cuts do not win back
-#: (docs/benchmarks.md, "Lhotse cut manifests import").
-PARALLEL_MIN_CUTS = 20_000
+#: after 1.3-1.7 s (it imports Lhotse, which imports torch) and its start competes with the import for
+#: the cores; on two cores two processes took 0.98-1.26x of one process's time at 20,000 cuts, 0.90-0.99x
+#: at 40,000 and 0.68x at 100,000 (docs/benchmarks.md, "Lhotse cut manifests import").
+PARALLEL_MIN_CUTS = 50_000
 #: A plain ``.jsonl`` manifest's byte offset is noted every this many lines when its lines are counted,
 #: so that a worker of a parallel import seeks to its run (a gzip manifest is read from its start).
 MARK_LINES = 1024
