@@ -3,7 +3,8 @@
 Layers, lowest first; a module may import modules of its own layer or of lower ones, never a higher one:
 
 0. ``format``: ``seqstore.format.*`` and the leaf modules everything uses: ``seqstore.errors``,
-   ``seqstore.schema``, ``seqstore._sysinfo``;
+   ``seqstore.schema``, ``seqstore._sysinfo``, ``seqstore._mainguard`` (the main-guard check of the
+   loaders' and the conversions' worker processes);
 1. ``io``: ``seqstore.io.*``;
 2. ``store``: ``seqstore.store.*``;
 3. ``order/data``: ``seqstore.order.*``, ``seqstore.data.*``;
@@ -53,6 +54,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "schema": 0,
     "_sysinfo": 0,
+    "_mainguard": 0,
     "io": 1,
     "store": 2,
     "order": 3,
