@@ -12,8 +12,8 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   reader that skips the node cache could reach on the ``epoch`` case (not seqstore's reader): each
   ``random_block`` window's rows fetched into memory as merged runs, 4 windows in flight, batches
   gathered from the answers with NumPy (``_window_gather``).
-- ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (and the raw
-  ``get_range`` of exactly their byte ranges, merged as seqstore merges them, same depth).
+- ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (seqstore only: the
+  raw ``get_range`` of the same byte ranges, at several depths, is in ``bench/remote.py``).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
   through ``SeqDataLoader`` with 1 and 2 workers sharing one node cache, ``IterableSeqDataset``'s
   ``prefetch`` the dataset's choice (the default: 16 to 64 batches on a remote store) and 2
