@@ -341,3 +341,82 @@ def test_workers_into_an_s3_store(saved: Path, tmp_path: Path, moto_s3: Any, s3_
     two = import_hf(saved, out, id_column="id", workers=2, storage_options=opts)
     assert two.is_remote and two.num_shards > 1
     _same_store(one, two)
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def _export_source(root: Path, ids: bool = True) -> seqstore.Store:
+    """50 records of every kind of field (ragged with rows, fixed 2-d, scalar, bytes, bfloat16, empty rows)."""
+    from seqstore import Field, Schema
+
+    rng = np.random.default_rng(3)
+    schema = Schema({"x": Field("float32", (None, 3)), "y": Field("int64"), "z": Field("float16", (2, 2)),
+                     "t": Field("uint8", (None,)), "b": Field("bfloat16", (None,))})
+    with seqstore.create(root, schema) as w:
+        for i in range(50):
+            n = int(rng.integers(0, 5))
+            rec = {"x": rng.standard_normal((n, 3)).astype(np.float32), "y": i - 25,
+                   "z": rng.standard_normal((2, 2)).astype(np.float16),
+                   "t": np.frombuffer(f"héllo {i}".encode(), np.uint8), "b": rng.standard_normal(n).astype(np.float32)}
+            w.append(rec, id=f"utt-{i:03d}" if ids else None)
+        w.commit()
+    return seqstore.open(root)
+
+
+def test_export_hf_loads_in_datasets_and_imports_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from seqstore.interop.hf_export import export_hf
+    from seqstore.schema import bfloat16_to_float32
+
+    st = _export_source(tmp_path / "s.seqstore")
+    seen: list[int] = []
+    out = export_hf(st, tmp_path / "hf", chunk_records=7, progress=seen.append)  # batches across records
+    assert sum(seen) == 50
+    ds = datasets.load_from_disk(str(out))
+    assert ds.column_names == ["id", "x", "y", "z", "t", "b"] and len(ds) == 50
+    assert ds.features["y"] == Value("int64") and ds.features["x"] == List(List(Value("float32"), length=3))
+    assert ds.features["z"] == List(List(Value("float16"), length=2), length=2)
+    assert ds.features["b"] == List(Value("float32"))  # bfloat16 widened
+    np_ds = ds.with_format("numpy")
+    for i in (0, 7, 13, 49):
+        rec, row = st[i], np_ds[i]
+        assert row["id"] == st.id(i)
+        for k in ("x", "y", "z", "t"):
+            np.testing.assert_array_equal(np.asarray(row[k]).reshape(np.shape(rec[k])), rec[k])
+        np.testing.assert_array_equal(np.asarray(row["b"], np.float32), bfloat16_to_float32(rec["b"]))
+    back = import_hf(out, tmp_path / "back.seqstore", id_column="id")
+    assert list(back.schema) == ["x", "y", "z", "t", "b"]
+    assert back.schema["z"].shape == (2, 2) and back.schema["x"].shape == (None, 3)
+    for i in range(50):
+        assert back.id(i) == st.id(i)
+        for k in ("x", "y", "z", "t"):
+            np.testing.assert_array_equal(back[i][k], st[i][k])
+    # the command line: chosen fields, no id column; an existing directory only with --overwrite, and only
+    # a save_to_disk directory
+    assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(tmp_path / "cli"), "--fields", "y,t",
+                     "--id-column", "none"]) == 0
+    assert datasets.load_from_disk(str(tmp_path / "cli")).column_names == ["y", "t"]
+    assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(tmp_path / "cli")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(tmp_path / "cli"), "--overwrite"]) == 0
+    assert datasets.load_from_disk(str(tmp_path / "cli")).column_names[0] == "id"
+    assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(st.root), "--overwrite"]) == 2
+    assert "not a datasets save_to_disk directory" in capsys.readouterr().err
+    assert len(seqstore.open(st.root)) == 50
+    with pytest.raises(KeyError, match="no field 'nope'"):
+        export_hf(st, tmp_path / "bad", fields=["nope"])
+    assert not (tmp_path / "bad").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back.seqstore", "cli", "hf", "s.seqstore"]
+
+
+def test_export_hf_store_without_ids_and_empty_store(tmp_path: Path) -> None:
+    from seqstore.interop.hf_export import export_hf
+
+    st = _export_source(tmp_path / "s.seqstore", ids=False)
+    ds = datasets.load_from_disk(str(export_hf(st, tmp_path / "hf", fields=["y"])))
+    assert ds.column_names == ["y"] and ds["y"] == list(range(-25, 25))
+    empty = seqstore.create(tmp_path / "e.seqstore", st.schema)
+    empty.commit()
+    empty.close()
+    ds = datasets.load_from_disk(str(export_hf(tmp_path / "e.seqstore", tmp_path / "ehf")))
+    assert len(ds) == 0 and ds.column_names == ["x", "y", "z", "t", "b"]

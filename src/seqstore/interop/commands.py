@@ -331,6 +331,22 @@ def _wds_export_args(group: Any) -> None:
                        help="webdataset: a shard ends after the record that passes this size (default 1024)")
 
 
+def _hf_export(args: argparse.Namespace, progress: Progress) -> Any:
+    from .hf_export import export_hf
+
+    fields = [f for item in args.hf_field or [] for f in item.split(",") if f] or None
+    id_column = None if args.hf_id_column.lower() == "none" else args.hf_id_column
+    return export_hf(args.store, args.out, fields=fields, id_column=id_column, overwrite=args.overwrite,
+                     progress=progress)
+
+
+def _hf_export_args(group: Any) -> None:
+    group.add_argument("--fields", dest="hf_field", action="append", metavar="A,B",
+                       help="hf: the fields to write as columns (repeatable; default: every field)")
+    group.add_argument("--id-column", dest="hf_id_column", default="id", metavar="NAME",
+                       help="hf: the column of the record ids, when the store has ids (default 'id'; 'none': no ids)")
+
+
 register_source("megatron", Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run,
                                       _megatron_args, unit="rec"))
 register_source("webdataset", Converter("WebDataset tar shards (files, directories, {000..009} ranges, URLs)",
@@ -341,6 +357,8 @@ register_target("megatron", Converter("PREFIX.bin + PREFIX.idx for Megatron-Core
                                       _megatron_export, _megatron_export_args))
 register_target("webdataset", Converter("a directory of WebDataset tar shards", _wds_export, _wds_export_args,
                                         unit="rec"))
+register_target("hf", Converter("a Hugging Face datasets save_to_disk directory (datasets.load_from_disk)",
+                                _hf_export, _hf_export_args, unit="rec"))
 
 
 # ------------------------------------------------------------------------------------------ lhotse

@@ -1,0 +1,153 @@
+"""A store as a Hugging Face ``datasets`` dataset: :func:`export_hf`.
+
+``export_hf(store, out)`` writes a ``save_to_disk`` directory that ``datasets.load_from_disk(out)``
+opens memory-mapped (and :func:`~seqstore.interop.hf.import_hf` reads back into the same fields), one
+column per field and one for the ids:
+
+==========================  ====================================================================
+field                       column (Arrow type; ``datasets`` feature)
+==========================  ====================================================================
+scalar                      its number type (``Value``); bfloat16 widened to float32
+fixed ``(d, e, ...)``       fixed-size lists, one level per axis (``Sequence(..., length=d)``)
+ragged ``(None, d, ...)``   per record, a list of its rows as fixed-size lists (``Sequence`` of those)
+ids                         a string column named ``id_column`` (default ``"id"``), when the store has ids
+==========================  ====================================================================
+
+Nothing is built per record: the records are read ``chunk_records`` at a time (``iter_batches`` of
+consecutive records, read ahead), and each column is built from the batch's flat values and lengths
+(:mod:`seqstore.interop.to_arrow`). The batches go into one Arrow stream file next to ``out``, which
+``datasets`` then lays out as the directory with its own ``save_to_disk`` (its shards,
+``dataset_info.json`` and ``state.json``), and the stream file is deleted. Memory O(``chunk_records``);
+the bytes are written twice. All or nothing: ``out`` appears complete or not at all, and an existing
+``out`` is replaced only with ``overwrite`` and only if it is a ``save_to_disk`` directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SeqstoreError
+from ..schema import Field
+from ..store import Store, open_store
+from . import to_arrow
+from ._common import OutputExistsError, Progress, announce_total, install_output, remove_path, temp_sibling
+from .hf import _hf
+from .to_arrow import _pa
+
+__all__ = ["export_hf", "CHUNK_RECORDS"]
+
+#: Records converted per step by default.
+CHUNK_RECORDS = 8192
+_HINT = "pass a smaller chunk_records"
+
+
+def _fixed(flat: Any, shape: Sequence[int]) -> Any:
+    """``flat`` (leaf values, row-major) as fixed-size lists, one level per axis of ``shape``."""
+    pa = _pa()
+    arr = flat
+    for d in reversed(shape):
+        arr = pa.FixedSizeListArray.from_arrays(arr, int(d))
+    return arr
+
+
+def _column(name: str, f: Field, got: Any) -> Any:
+    """One field of a batch (``get_batch``'s value) as an Arrow array of the batch's records."""
+    pa = _pa()
+    values, lengths = got if f.ragged else (got, None)
+    flat = pa.array(np.ascontiguousarray(to_arrow.numbers(values, f.dtype)).reshape(-1))
+    if lengths is None:
+        return _fixed(flat, f.inner_shape)  # a fixed field: its shape (no record axis)
+    rows = _fixed(flat, f.inner_shape)
+    offs = to_arrow.offsets(np.asarray(lengths, np.int64), what=f"field {name!r}", hint=_HINT)
+    return to_arrow.list_array(offs, rows)
+
+
+def _check_out(root: Path, overwrite: bool) -> None:
+    if root.exists() or root.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(root)
+        if not (root / "state.json").exists() and not (root.is_dir() and not any(root.iterdir())):
+            raise SeqstoreError(f"{root}: refusing to overwrite what is not a datasets save_to_disk directory "
+                                "(no state.json)")
+    root.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> Iterator[tuple[int, Any]]:
+    """(records, Arrow record batch) per step of ``chunk`` consecutive records; one empty batch for an
+    empty store (``datasets`` reads no table from a stream without a batch)."""
+    pa = _pa()
+    n = len(st)
+    spans = [(a, min(a + chunk, n)) for a in range(0, n, chunk)] or [(0, 0)]
+    batches = st.iter_batches((np.arange(a, b, dtype=np.int64) for a, b in spans), fields=names)
+    for (a, b), got in zip(spans, batches):
+        arrays = [_column(name, st.schema[name], got[name]) for name in names]
+        cols = list(names)
+        if id_column is not None:
+            arrays.insert(0, to_arrow.id_array(st, np.arange(a, b, dtype=np.int64), hint=_HINT))
+            cols.insert(0, id_column)
+        yield b - a, pa.RecordBatch.from_arrays(arrays, names=cols)
+
+
+def export_hf(
+    store: str | os.PathLike[str] | Store,
+    out: str | os.PathLike[str],
+    *,
+    fields: Sequence[str] | None = None,
+    id_column: str | None = "id",
+    chunk_records: int = CHUNK_RECORDS,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write ``store`` as a ``datasets`` ``save_to_disk`` directory ``out`` (the columns are in the module
+    docs); returns ``out``. ``fields``: the fields to write (default all, in schema order). ``id_column``:
+    the name of the ids' column (written when the store has ids; None: never). ``progress`` gets records.
+    Open the result with ``datasets.load_from_disk(out)``."""
+    hf = _hf()
+    st = store if isinstance(store, Store) else open_store(store)
+    names = list(st.schema) if fields is None else list(fields)
+    unknown = [n for n in names if n not in st.schema]
+    if unknown:
+        raise KeyError(f"{st.root}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")
+    if id_column is not None and not st.has_ids:
+        id_column = None
+    if id_column is not None and id_column in names:
+        raise ValueError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
+    if chunk_records < 1:
+        raise ValueError(f"chunk_records must be positive, got {chunk_records}")
+    root = Path(out)
+    _check_out(root, overwrite)
+    stream = temp_sibling(root, "arrow")
+    tmp = temp_sibling(root, "tmp")
+    announce_total(progress, len(st))
+    pa = _pa()
+    try:
+        writer = None
+        try:
+            for n, batch in _batches(st, names, id_column, chunk_records):
+                if writer is None:
+                    writer = pa.ipc.new_stream(str(stream), batch.schema)
+                writer.write_batch(batch)
+                if progress is not None and n:
+                    progress(n)
+        finally:
+            if writer is not None:
+                writer.close()
+        quiet = hf.utils.are_progress_bars_disabled()
+        hf.utils.disable_progress_bars()  # the caller's progress counted the records already
+        try:
+            ds = hf.Dataset.from_file(str(stream))
+            # one shard at least: datasets lays out an empty dataset as no shard, which it cannot load
+            ds.save_to_disk(str(tmp), num_shards=None if len(ds) else 1)
+        finally:
+            if not quiet:
+                hf.utils.enable_progress_bars()
+        install_output(tmp, root)
+    finally:
+        remove_path(stream)
+        remove_path(tmp)
+    return root
