@@ -60,14 +60,16 @@ def _column(name: str, f: Field, got: Any) -> Any:
     pa = _pa()
     values, lengths = got if f.ragged else (got, None)
     flat = pa.array(np.ascontiguousarray(to_arrow.numbers(values, f.dtype)).reshape(-1))
+    rows = _fixed(flat, f.inner_shape)  # a fixed field's records, or a ragged field's rows
     if lengths is None:
-        return _fixed(flat, f.inner_shape)  # a fixed field: its shape (no record axis)
-    rows = _fixed(flat, f.inner_shape)
+        return rows
     offs = to_arrow.offsets(np.asarray(lengths, np.int64), what=f"field {name!r}", hint=_HINT)
     return to_arrow.list_array(offs, rows)
 
 
 def _check_out(root: Path, overwrite: bool) -> None:
+    """Refuse an existing ``root`` unless ``overwrite``, and then unless it is a ``save_to_disk``
+    directory (or empty); make the parent directory."""
     if root.exists() or root.is_symlink():
         if not overwrite:
             raise OutputExistsError(root)
@@ -82,9 +84,10 @@ def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> 
     empty store (``datasets`` reads no table from a stream without a batch)."""
     pa = _pa()
     n = len(st)
-    spans = [(a, min(a + chunk, n)) for a in range(0, n, chunk)] or [(0, 0)]
-    batches = st.iter_batches((np.arange(a, b, dtype=np.int64) for a, b in spans), fields=names)
-    for (a, b), got in zip(spans, batches):
+    starts = range(0, max(n, 1), chunk)  # an empty store: one empty step
+    batches = st.iter_batches((np.arange(a, min(a + chunk, n), dtype=np.int64) for a in starts), fields=names)
+    for a, got in zip(starts, batches):
+        b = min(a + chunk, n)
         arrays = [_column(name, st.schema[name], got[name]) for name in names]
         cols = list(names)
         if id_column is not None:
