@@ -28,16 +28,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: bench.harness too
+
+from bench.harness import rss_anon  # noqa: E402
+
 
 def _anon_kib(pid: int) -> int:
+    """``RssAnon`` of ``pid`` in KiB; 0 for a process that is gone (a worker may end between samples)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
+        return rss_anon(pid) // 1024
     except OSError:
-        pass
-    return 0
+        return 0
 
 
 def _descendants(pid: int, depth: int = 8) -> list[int]:

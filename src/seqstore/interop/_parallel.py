@@ -94,6 +94,12 @@ def _start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+def _pool_size(workers: int, units: int, in_driver: bool) -> int:
+    """Processes of the pool: ``workers`` (one fewer when this process writes units too), at most one per
+    unit, at least one."""
+    return max(1, min(workers - 1 if in_driver else workers, units))
+
+
 def _context(preload: Sequence[str] = ()) -> Any:
     """The start method of the workers. The forkserver imports the parallel module, the Arrow and HDF
     importers and ``preload`` before it forks workers; the list is the one of the process's first parallel
@@ -121,9 +127,9 @@ def convert_in_parallel(
     preload: Sequence[str] = (),
     in_driver: bool = False,
     direct_io: bool = False,
-) -> None:
+) -> Store:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
-    ``workers`` processes; all or nothing (see the module docs). ``total`` is announced to
+    ``workers`` processes, all or nothing (see the module docs), and open it. ``total`` is announced to
     ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
     once in the forkserver when it starts with this conversion, see :func:`_context`). ``in_driver``: this
     process writes units too (one of the ``workers``; see :func:`_run`). ``direct_io``: the parts' data
@@ -132,15 +138,15 @@ def convert_in_parallel(
     Called from the module-level code of a script outside ``if __name__ == "__main__":``, it raises
     :class:`~seqstore._mainguard.MainGuardError` before anything is written: every worker would run the
     script again and die."""
-    procs = max(1, min(workers - 1 if in_driver else workers, len(units)))
-    check_main_guard(_start_method(), procs, who=f"a conversion with workers={workers}", builds="runs the conversion",
+    check_main_guard(_start_method(), _pool_size(workers, len(units), in_driver),
+                     who=f"a conversion with workers={workers}", builds="runs the conversion",
                      why="conversion workers start from a forkserver, never as a fork of this process, whose "
                      "threads and open files they would inherit")
     if is_remote(out):
         _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
                         metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,
                         preload=preload, in_driver=in_driver, direct_io=direct_io)
-        return
+        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
     root = Path(out)
     check_output(root, overwrite)
     tmp = temp_sibling(root, "tmp")
@@ -157,6 +163,7 @@ def convert_in_parallel(
     except BaseException:
         remove_path(tmp)
         raise
+    return open_store(root)
 
 
 def _convert_to_url(
@@ -317,7 +324,7 @@ def _run(
 
     feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
     feeder.start()
-    procs = max(1, min(workers - 1 if in_driver else workers, len(units)))
+    procs = _pool_size(workers, len(units), in_driver)
     try:
         with ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,)) as pool:
             if in_driver:

@@ -46,7 +46,7 @@ import numpy as np
 from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
-from ..store import Store, Writer, open_store
+from ..store import Store, Writer
 from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total
 from ._parallel import build_store, convert_in_parallel
 from .arrow import _array, _convert, _first_inner_len, _id_strings, _pa, _Plan, _plan, _storage_type
@@ -438,10 +438,9 @@ def import_hf(
     if workers > 1 and isinstance(ds, hf.Dataset) and _file_backed(ds):
         units = _units(len(ds), workers)
         if len(units) > 1:
-            convert_in_parallel(out, schema, [(job, u) for u in units], len(ds), overwrite=overwrite,
+            return convert_in_parallel(out, schema, [(job, u) for u in units], len(ds), overwrite=overwrite,
                                 shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
                                 progress=progress, storage_options=storage_options)
-            return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
         if total is not None:

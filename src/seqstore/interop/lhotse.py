@@ -54,7 +54,7 @@ import numpy as np
 from ..errors import SchemaError
 from ..io.objects import is_remote
 from ..schema import Field, Schema
-from ..store import Store, Writer, open_store
+from ..store import Store, Writer
 from ..store.directio import aligned_empty
 from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, runs_across
 from ._parallel import build_store, convert_in_parallel
@@ -301,26 +301,23 @@ class _Block:
         self.durations: list[float] = []
         self.frames: list[int] = []
         self.texts: list[bytes] = []
-        self.feat_lens: list[int] = []
-        self.audio_lens: list[int] = []
-        self.feat_rows = self.audio_rows = 0
+        self.lens: dict[str, list[int]] = {"features": [], "audio": []}  # each cut's rows, per field in room
+        self.rows = {"features": 0, "audio": 0}
         self.rates: list[int] = []
         self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add_features(self, arr: np.ndarray[Any, Any]) -> None:
-        self.room.put("features", self.feat_rows, arr)
-        self.feat_rows += len(arr)
-        self.feat_lens.append(len(arr))
+    def add(self, name: str, arr: np.ndarray[Any, Any]) -> None:
+        """A cut's array of field ``name`` (features or audio), copied into the room after the others."""
+        self.room.put(name, self.rows[name], arr)
+        self.rows[name] += len(arr)
+        self.lens[name].append(len(arr))
         self.nbytes += arr.nbytes
 
-    def add_audio(self, arr: np.ndarray[Any, Any]) -> None:
-        self.room.put("audio", self.audio_rows, arr)
-        self.audio_rows += len(arr)
-        self.audio_lens.append(len(arr))
-        self.nbytes += arr.nbytes
+    def _ragged(self, name: str, inner: tuple[int, ...], dtype: Any) -> tuple[Any, Any]:
+        return self.room.view(name, self.rows[name], inner, dtype), np.asarray(self.lens[name], dtype=np.int64)
 
     def append_to(self, writer: Writer, plan: _Plan) -> None:
         """Append the block's cuts to ``writer``."""
@@ -332,11 +329,9 @@ class _Block:
         batch["text"] = (np.frombuffer(b"".join(self.texts), dtype=np.uint8), lens)
         if plan.features:
             assert plan.dims is not None
-            vals = self.room.view("features", self.feat_rows, (plan.dims,), plan.features_dtype)
-            batch["features"] = (vals, np.asarray(self.feat_lens, dtype=np.int64))
+            batch["features"] = self._ragged("features", (plan.dims,), plan.features_dtype)
         if plan.audio:
-            vals = self.room.view("audio", self.audio_rows, (), plan.audio_dtype)
-            batch["audio"] = (vals, np.asarray(self.audio_lens, dtype=np.int64))
+            batch["audio"] = self._ragged("audio", (), plan.audio_dtype)
             batch["sampling_rate"] = np.asarray(self.rates, dtype=np.int32)
         writer.append_batch(batch, ids=self.ids)
 
@@ -367,9 +362,9 @@ def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _
             if plan.frames:
                 block.frames.append(int(cut.num_frames) if cut.has_features else -1)
             if plan.features:
-                block.add_features(plan.load_features(cut, where))
+                block.add("features", plan.load_features(cut, where))
             if plan.audio:
-                block.add_audio(plan.load_audio(cut, where))
+                block.add("audio", plan.load_audio(cut, where))
                 block.rates.append(int(cut.sampling_rate))
             if block.nbytes >= chunk_bytes or len(block) >= CHUNK_RECORDS:
                 flush()
@@ -393,7 +388,6 @@ def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str
         raise SourceFormatError(sources[0][0] if len(sources) == 1 else ", ".join(w for w, _ in sources), None,
                                 "holds no cuts")
     return found[0], found[1], streams
-
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -574,11 +568,10 @@ def import_lhotse(
         units = _units(counts, workers)
         if len(units) > 1:
             job = _CutsJob(paths, plan, chunk_bytes, [m for _, m in scans])
-            convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
+            return convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
                                 shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
                                 progress=progress, storage_options=storage_options, preload=PRELOAD,
                                 in_driver=True, direct_io=direct_io)
-            return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
         if total is not None:

@@ -357,10 +357,9 @@ def import_megatron(
     if len(units) > 1 or remote:
         from ._parallel import convert_in_parallel
 
-        convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
+        return convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
                             metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
                             storage_options=storage_options)
-        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:
         announce_total(progress, total)

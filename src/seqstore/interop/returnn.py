@@ -425,10 +425,9 @@ def import_hdf(
     if len(units) > 1 or remote:  # a URL: always as parts (tasks upload, one commit)
         from ._parallel import convert_in_parallel
 
-        convert_in_parallel(out, schema, units, sum(info.total_bytes for info in infos), overwrite=overwrite,
+        return convert_in_parallel(out, schema, units, sum(info.total_bytes for info in infos), overwrite=overwrite,
                             shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
                             progress=progress, storage_options=storage_options)
-        return open_store(out, storage_options=dict(storage_options) if storage_options else None)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, sum(info.total_bytes for info in infos))
