@@ -324,19 +324,50 @@ def test_plain_manifest_runs_start_at_noted_offsets(corpus: dict[str, Path], tmp
                                                     monkeypatch: pytest.MonkeyPatch, trailing_newline: bool) -> None:
     """A worker enters a plain manifest at the offset noted for the nearest line before its run: the same
     cuts as reading past every line (gzip: no offsets, read from the start)."""
-    from seqstore.interop import lhotse as mod
+    from seqstore.interop import _lhotse_manifest as mod
 
     monkeypatch.setattr(mod, "MARK_LINES", 3)
     with gzip.open(corpus["cuts"], "rt") as f:
         lines = f.read().splitlines() * 3  # 12 lines
     plain = tmp_path / "cuts.jsonl"
     plain.write_text("\n".join(lines) + ("\n" if trailing_newline else ""))
-    n, marks = mod._scan_manifest(str(plain))
+    n, marks = mod.scan_manifest(str(plain))
     assert n == len(lines) == mod.count_cuts(plain)
     offsets = [len("\n".join(lines[:k]).encode()) + 1 for k in (3, 6, 9)]  # bytes (the texts are not ASCII)
     assert marks is not None and marks.tolist()[:4] == [0, *offsets]
-    everything = [c.id for c in mod._manifest_cuts(str(plain), 0, None)]
+    everything = [c.id for c in mod.manifest_cuts(str(plain), 0, None)]
     for start, stop in [(0, 12), (2, 5), (3, 4), (5, 12), (9, None), (11, 12), (12, None)]:
-        got = [c.id for c in mod._manifest_cuts(str(plain), start, stop, marks)]
+        got = [c.id for c in mod.manifest_cuts(str(plain), start, stop, marks)]
         assert got == everything[start:stop], (start, stop)
-    assert mod._scan_manifest(str(corpus["cuts"]))[1] is None
+    assert mod.scan_manifest(str(corpus["cuts"]))[1] is None
+
+
+def test_cut_spans_and_other_cut_types_read_as_lhotse_reads_them(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """MonoCut lines are read without Lhotse's cut objects (``LeanCut``), other lines by Lhotse: cuts that
+    start inside their features, of many lengths, one a frame longer than its features (Lhotse repeats the
+    last frame), and a MixedCut give what ``cut.load_features()`` gives, with Lhotse's ``num_frames``."""
+    from lhotse import CutSet, MonoCut
+
+    from seqstore.interop import _lhotse_manifest as mod
+
+    base = [c for c in CutSet.from_file(corpus["cuts"]) if c.id.startswith(("rec0", "rec1", "rec2"))]
+    rng = np.random.default_rng(3)
+    spans = []
+    for k in range(40):
+        cut = base[k % len(base)]
+        offset = float(rng.uniform(0, cut.duration / 2))
+        spans.append(cut.truncate(offset=offset, duration=float(rng.uniform(0.011, cut.duration - offset)),
+                                  preserve_id=False))
+    longer = base[1].to_dict()
+    longer["id"], longer["duration"] = "longer", base[1].duration + base[1].frame_shift
+    manifest = tmp_path / "spans.jsonl"
+    CutSet.from_cuts([*spans, MonoCut.from_dict(longer), base[0].append(base[1])]).to_file(manifest)
+
+    parsed = list(mod.manifest_cuts(str(manifest), 0, None, lean=True))
+    assert [type(c).__name__ for c in parsed] == ["LeanCut"] * 41 + ["MixedCut"]
+    assert all(c.start > 0 for c in parsed[:40])
+    store = import_lhotse(manifest, tmp_path / "s", features=True)
+    assert_same(store, CutSet.from_file(manifest), audio=None)
+    feats = store[40]["features"]
+    assert len(feats) == base[1].num_frames + 1 and np.array_equal(feats[-1], feats[-2])
+    assert [type(c).__name__ for c in mod.manifest_cuts(str(manifest), 0, 3)] == ["MonoCut"] * 3

@@ -42,12 +42,10 @@ workers. A ``CutSet`` object is always imported in this process.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import os
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import chain, islice
-from typing import IO, Any, cast
+from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +55,7 @@ from ..schema import Field, Schema
 from ..store import Store, Writer
 from ..store.directio import aligned_empty
 from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, runs_across
+from ._lhotse_manifest import MARK_LINES, LeanCut, manifest_cuts, open_cuts, scan_manifest
 from ._parallel import build_store, convert_in_parallel
 
 __all__ = [
@@ -89,9 +88,6 @@ MIN_UNIT_CUTS = 2_500
 #: the cores; on two cores two processes took 0.98-1.26x of one process's time at 20,000 cuts, 0.90-0.99x
 #: at 40,000 and 0.68x at 100,000 (docs/benchmarks.md, "Lhotse cut manifests import").
 PARALLEL_MIN_CUTS = 50_000
-#: A plain ``.jsonl`` manifest's byte offset is noted every this many lines when its lines are counted,
-#: so that a worker of a parallel import seeks to its run (a gzip manifest is read from its start).
-MARK_LINES = 1024
 #: Modules a parallel import's worker processes start with (imported once, in the forkserver).
 PRELOAD = ("seqstore.interop.lhotse", "lhotse")
 #: How a CutSet object (not a file) is named in errors.
@@ -123,51 +119,26 @@ class MissingRecordingError(LhotseCutError):
 # ------------------------------------------------------------------------------------------ input
 
 
-def open_cuts(path: str | os.PathLike[str]) -> Any:
-    """A lazy ``CutSet`` over the JSONL manifest ``path`` (``.jsonl``, ``.jsonl.gz``): nothing but the
-    first line is read here. FileNotFoundError for a missing file; SourceFormatError for a file that is
-    not JSONL, is empty, or holds another kind of manifest (recordings, supervisions, features)."""
-    from lhotse import CutSet, load_manifest_lazy
-
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise FileNotFoundError(f"{p}: no such Lhotse manifest (expected a cuts JSONL file such as cuts.jsonl.gz)")
-    if os.path.isdir(p):
-        raise IsADirectoryError(f"{p}: is a directory; expected a Lhotse cuts manifest file (cuts.jsonl.gz)")
-    if ".jsonl" not in os.path.basename(p):
-        raise SourceFormatError(p, None, "expected a JSONL manifest (.jsonl or .jsonl.gz), which is read lazily; "
-                                "convert another one with lhotse.load_manifest(p).to_file('cuts.jsonl.gz')")
-    try:
-        cuts = load_manifest_lazy(p)
-    except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
-        raise SourceFormatError(p, None, f"not a readable Lhotse manifest: {type(exc).__name__}: {exc}") from exc
-    if cuts is None:
-        raise SourceFormatError(p, None, "holds no cuts (empty manifest)")
-    if not isinstance(cuts, CutSet):
-        raise SourceFormatError(p, None, f"holds a {type(cuts).__name__}, not cuts; make cuts first, e.g. "
-                                "CutSet.from_manifests(recordings=..., supervisions=...)")
-    return cuts
-
-
-def _sources(cuts: Any) -> list[tuple[str, Any]]:
-    """(name for errors, iterable of cuts) for each source; manifest files are checked and opened lazily."""
+def _sources(cuts: Any, lean: bool) -> list[tuple[str, Any]]:
+    """(name for errors, iterable of cuts) for each source; manifest files are checked and opened lazily
+    (``lean``: as :func:`manifest_cuts`)."""
     if isinstance(cuts, (str, os.PathLike)):
-        return [_manifest_source(cuts)]
+        return [_manifest_source(cuts, lean)]
     from lhotse import CutSet
 
     if isinstance(cuts, CutSet):
         return [(OBJECT_NAME, cuts)]
     if isinstance(cuts, Sequence) and cuts and all(isinstance(c, (str, os.PathLike)) for c in cuts):
-        return [_manifest_source(c) for c in cuts]
+        return [_manifest_source(c, lean) for c in cuts]
     raise TypeError(f"import_lhotse: expected a CutSet, a manifest path or a list of paths, got {type(cuts).__name__}")
 
 
-def _manifest_source(path: str | os.PathLike[str]) -> tuple[str, Iterator[Any]]:
+def _manifest_source(path: str | os.PathLike[str], lean: bool) -> tuple[str, Iterator[Any]]:
     """A manifest file checked (:func:`open_cuts`) and its cuts, parsed line by line as Lhotse parses
     them, so that a line that is not a cut is an error naming the manifest and the line."""
     p = os.fspath(path)
     open_cuts(p)
-    return p, _manifest_cuts(p, 0, None)
+    return p, manifest_cuts(p, 0, None, lean=lean)
 
 
 def _known_length(sources: list[tuple[str, Any]]) -> int | None:
@@ -223,6 +194,8 @@ class _Plan:
                                         "recordings to the cuts or import without audio")
 
     def text(self, cut: Any) -> bytes:
+        if isinstance(cut, LeanCut):
+            return self.sep.join(cut.texts).encode("utf-8")
         texts = [s.text for s in cut.supervisions if s.text is not None]
         return self.sep.join(texts).encode("utf-8")
 
@@ -393,63 +366,6 @@ def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str
 # ------------------------------------------------------------------------------------------ workers
 
 
-def _open_manifest(path: str) -> IO[bytes]:
-    """The bytes of a JSONL manifest, decompressed when its name ends in ``.gz`` (as Lhotse decides)."""
-    return cast(IO[bytes], gzip.open(path, "rb")) if path.endswith(".gz") else open(path, "rb")
-
-
-def count_cuts(path: str | os.PathLike[str]) -> int:
-    """The number of lines (one cut each) of the JSONL manifest ``path``, counted without parsing them."""
-    return _scan_manifest(os.fspath(path))[0]
-
-
-def _scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
-    """The number of lines of the manifest ``path`` and, for a plain (not gzip) file, the byte offsets
-    of lines 0, :data:`MARK_LINES`, 2 x :data:`MARK_LINES`, ... (None for gzip, which cannot be entered
-    in the middle): O(lines / MARK_LINES) memory, one pass without parsing."""
-    n, last = 0, b"\n"
-    plain = not path.endswith(".gz")
-    marks: list[np.ndarray[Any, Any]] = [np.zeros(1, np.int64)]
-    pos = 0
-    with _open_manifest(path) as f:
-        while block := f.read(1 << 20):
-            if plain:  # line L starts after newline L - 1; keep the lines that are multiples of MARK_LINES
-                ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
-                marks.append(pos + ends[(-n - 1) % MARK_LINES :: MARK_LINES] + 1)
-                n += len(ends)
-                pos += len(block)
-            else:
-                n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n"), np.concatenate(marks) if plain else None
-
-
-def _manifest_cuts(path: str, start: int, stop: int | None, marks: np.ndarray[Any, Any] | None = None) -> Iterator[Any]:
-    """The cuts on lines ``[start, stop)`` (``stop`` None: to the end) of the manifest ``path``, parsed
-    as Lhotse parses a lazy manifest's lines. The lines before ``start`` are read past without being
-    parsed, from the nearest of the line offsets ``marks`` (:func:`_scan_manifest`) when given. A line
-    that is not a cut is a :class:`SourceFormatError` naming the manifest and the line."""
-    from lhotse.cut import Cut
-    from lhotse.serialization import decode_json_line, deserialize_item
-
-    with _open_manifest(path) as f:
-        skip = start
-        if marks is not None and len(marks):
-            m = min(start // MARK_LINES, len(marks) - 1)
-            f.seek(int(marks[m]))
-            skip = start - m * MARK_LINES
-        deque(islice(f, skip), maxlen=0)
-        for number, line in enumerate(islice(f, None if stop is None else stop - start), start + 1):
-            try:
-                item = deserialize_item(decode_json_line(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise SourceFormatError(path, None, f"line {number}: not a Lhotse cut ({type(exc).__name__}: "
-                                        f"{exc})") from exc
-            if not isinstance(item, Cut):
-                raise SourceFormatError(path, None, f"line {number}: holds a {type(item).__name__}, not a cut")
-            yield item
-
-
 def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int]]]:
     """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
     :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
@@ -474,11 +390,12 @@ class _CutsJob:
     manifests: list[str]
     plan: _Plan
     chunk_bytes: int
-    marks: list[np.ndarray[Any, Any] | None]  # each manifest's line offsets (:func:`_scan_manifest`)
+    marks: list[np.ndarray[Any, Any] | None]  # each manifest's line offsets (:func:`scan_manifest`)
 
     def write(self, writer: Writer, segments: Sequence[tuple[int, int, int]], progress: Progress | None) -> None:
         """Append the cuts of ``segments`` ((manifest, first line, end line), in order)."""
-        runs = [(self.manifests[k], _manifest_cuts(self.manifests[k], a, b, self.marks[k])) for k, a, b in segments]
+        runs = [(self.manifests[k], manifest_cuts(self.manifests[k], a, b, self.marks[k], lean=not self.plan.audio))
+                for k, a, b in segments]
         _write(writer, runs, self.plan, self.chunk_bytes, progress)
 
 
@@ -542,7 +459,7 @@ def import_lhotse(
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    sources = _sources(cuts)
+    sources = _sources(cuts, lean=not audio)
     total = _known_length(sources)
     where, first, streams = _first_cut(sources)
     plan = _Plan(first, where, features=features, features_dtype=features_dtype, audio=audio,
@@ -563,7 +480,7 @@ def import_lhotse(
 
     paths = [w for w, _ in sources if w != OBJECT_NAME]
     if workers > 1 and paths:
-        scans = [_scan_manifest(p) for p in paths]
+        scans = [scan_manifest(p) for p in paths]
         counts = [n for n, _ in scans]
         units = _units(counts, workers)
         if len(units) > 1:
