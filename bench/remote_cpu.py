@@ -12,6 +12,10 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   reader that skips the node cache could reach on the ``epoch`` case (not seqstore's reader): each
   ``random_block`` window's rows fetched into memory as merged runs, 4 windows in flight, batches
   gathered from the answers with NumPy (``_window_gather``).
+- ``floor`` (``--only epoch floor``): ``raw sockets``, the same 8 MiB range GETs as ``raw sequential`` by
+  a minimal HTTP/1.1 client (``_raw_sockets``: ``max_requests`` keep-alive connections, one selector
+  loop, each body received with ``recv_into`` into a buffer reused for every answer, no copy after
+  the kernel's): what receiving the bytes costs this machine's kernel, the floor under any client.
 - ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (seqstore only: the
   raw ``get_range`` of the same byte ranges, at several depths, is in ``bench/remote.py``).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
@@ -37,7 +41,7 @@ Stages (CPU seconds per GiB of values delivered; threads told apart by ``/proc/s
 - **gather**: the rest of the reading thread (the order, the batch's lookup and copy, waits' overhead).
 
 Usage: ``python bench/remote_cpu.py [--data DIR] [--repeats R] [--src LABEL=PATH ...]
-[--mode LABEL=k=v,k=v ...] [--kinds fixed ragged] [--only epoch window random loader]``. Results: a table on
+[--mode LABEL=k=v,k=v ...] [--kinds fixed ragged] [--only epoch floor window random loader]``. Results: a table on
 stdout and ``bench/results/remote_cpu.json``.
 """
 
@@ -82,6 +86,13 @@ def _threads() -> dict[int, tuple[str, float]]:
             continue
         out[int(t)] = (name, (int(f[11]) + int(f[12])) / tick)
     return out
+
+
+def _system() -> float:
+    """CPU seconds this process has spent in the kernel (all threads)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
@@ -156,13 +167,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             return sum(await asyncio.gather(*(one(*r) for r in reqs)))
 
         t_before = _threads()
+        s0 = _system()
         c0, t0 = time.process_time(), time.perf_counter()
         nbytes = asyncio.run(run())
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         th = _delta(t_before, _threads())
         recv = sum(c for n, c in th.values() if n.startswith("tokio"))
-        return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "stages": {"receive": recv, "other": cpu - recv}}
+        return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "system_s": _system() - s0,
+                "stages": {"receive": recv, "other": cpu - recv}}
 
+    if case == "raw sockets":
+        return _raw_sockets(spec)
     if case == "loader":
         return _loader(spec)
     if case == "window gather":
@@ -202,6 +217,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
         main = threading.get_native_id()
         t_before = _threads()
+        s0 = _system()
         c0, t0 = time.process_time(), time.perf_counter()
         nbytes = records = 0
         for got in run():
@@ -209,6 +225,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             nbytes += x.nbytes if kind == "fixed" else x[0].nbytes
             records += len(x) if kind == "fixed" else len(x[1])
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        system = _system() - s0
         th = _delta(t_before, _threads())
         with open("/proc/self/smaps_rollup") as f:
             anon = sum(int(ln.split()[1]) for ln in f if ln.startswith("Anonymous:")) / 1024
@@ -239,6 +256,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "records": records,
         "wall_s": wall,
         "cpu_s": cpu,
+        "system_s": system,
         "stages": stages,
         "threads": by_name,
         "anon_mib": anon,
@@ -373,6 +391,77 @@ def _window_gather(spec: dict[str, Any]) -> dict[str, Any]:
             "stages": {"receive": recv, "gather": reader, "other threads": cpu - recv - reader}}
 
 
+def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``raw sequential`` requests by a minimal HTTP/1.1 client: ``depth`` keep-alive connections
+    served by one selector loop; each connection's answer is received with ``recv_into`` into its own
+    8 MiB buffer, reused for every answer (plain HTTP against the bench's nginx; no TLS, no retries)."""
+    import selectors
+    import socket
+
+    host, port = spec["endpoint"].split("//", 1)[1].rsplit(":", 1)
+    reqs = [(key, a, min(a + CHUNK, size)) for key, size in spec["files"] for a in range(0, size, CHUNK)]
+    todo, budget = [], spec["bytes"]
+    for key, a, b in reqs:
+        if budget <= 0:
+            break
+        b = min(b, a + budget)
+        todo.append((key, a, b))
+        budget -= b - a
+    todo.reverse()
+    sel = selectors.DefaultSelector()
+    conns: list[dict[str, Any]] = []
+    for _ in range(min(spec["depth"], len(todo))):
+        sock = socket.create_connection((host, int(port)))
+        sock.setblocking(False)
+        conns.append({"sock": sock, "buf": memoryview(bytearray(CHUNK))})
+
+    def send(c: dict[str, Any]) -> bool:
+        if not todo:
+            return False
+        key, a, b = todo.pop()
+        c["sock"].sendall(f"GET /{BUCKET}/{key} HTTP/1.1\r\nHost: {host}\r\nRange: bytes={a}-{b - 1}\r\n\r\n".encode())
+        c.update(want=b - a, head=b"", pos=-1)
+        sel.register(c["sock"], selectors.EVENT_READ, c)
+        return True
+
+    t_before = _threads()
+    s0 = _system()
+    c0, t0 = time.process_time(), time.perf_counter()
+    nbytes = 0
+    active = sum(send(c) for c in conns)
+    while active:
+        for key, _ in sel.select(timeout=60):
+            c = key.data
+            if c["pos"] < 0:  # the status line and headers first, then the body straight into the buffer
+                c["head"] += c["sock"].recv(65536)
+                end = c["head"].find(b"\r\n\r\n")
+                if end < 0:
+                    continue
+                if not c["head"].startswith(b"HTTP/1.1 206"):
+                    raise RuntimeError(f"unexpected answer: {c['head'][:80]!r}")
+                rest = c["head"][end + 4 :]
+                c["buf"][: len(rest)] = rest
+                c["pos"] = len(rest)
+            else:
+                got = c["sock"].recv_into(c["buf"][c["pos"] : c["want"]])
+                if not got:
+                    raise RuntimeError("connection closed in a body")
+                c["pos"] += got
+            if c["pos"] >= c["want"]:
+                nbytes += c["want"]
+                sel.unregister(c["sock"])
+                if not send(c):
+                    active -= 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    system = _system() - s0
+    for c in conns:
+        c["sock"].close()
+    th = _delta(t_before, _threads())
+    main = threading.get_native_id()
+    return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "system_s": system,
+            "stages": {"receive": th.get(main, ("", 0.0))[1], "other": cpu - th.get(main, ("", 0.0))[1]}}
+
+
 def _layout(data: Path, kind: str, n: int) -> tuple[str, list[tuple[str, int]]] | None:
     root = data / "bucket"
     store = root / f"{kind}-{n}.seqstore"
@@ -459,6 +548,9 @@ def main() -> None:
                     {**base, "case": "raw sequential", "files": files, "bytes": ebytes, "depth": args.depth},
                 )
             )
+            if "floor" in args.only:
+                cases.append((f"{kind} epoch: raw sockets (recv_into)", "",
+                              {**base, "case": "raw sockets", "files": files, "bytes": ebytes, "depth": args.depth}))
             if "window" in args.only and kind == "fixed":
                 cases.append((f"{kind} epoch: window gather, no cache", "",
                               {**base, "case": "window gather", "records": epoch, "row_bytes": 2048,
@@ -528,8 +620,8 @@ def report(runs: dict[str, list[dict[str, Any]]], load: list[float]) -> None:
     """Medians per case: MB/s (epochs) or records/s (random reads), CPU seconds per GiB and by stage."""
     med = statistics.median
     names = ["receive", "cache write", "bookkeeping", "planning", "gather", "other threads"]
-    print("| case | rate (runs) | CPU s/GiB | " + " | ".join(names) + " | anon MiB |")
-    print("|---|---|---|" + "---|" * len(names) + "---|")
+    print("| case | rate (runs) | CPU s/GiB | of it kernel | " + " | ".join(names) + " | anon MiB |")
+    print("|---|---|---|---|" + "---|" * len(names) + "---|")
     for name, rs in runs.items():
         if not rs:
             continue
@@ -541,12 +633,14 @@ def report(runs: dict[str, list[dict[str, Any]]], load: list[float]) -> None:
             rates = [r["bytes"] / r["wall_s"] / 1e6 for r in rs]
             unit = "MB/s"
         per = [r["cpu_s"] / g for r, g in zip(rs, gib) if r["cpu_s"] == r["cpu_s"]] or [float("nan")]
+        kern = [r["system_s"] / g for r, g in zip(rs, gib) if "system_s" in r]
         st = [med([r["stages"].get(k, 0.0) / g for r, g in zip(rs, gib)]) for k in names]
         if "raw" in name:
             st[-1] = med([r["stages"].get("other", 0.0) / g for r, g in zip(rs, gib)])
         anon = [r["anon_mib"] for r in rs if r.get("anon_mib") is not None]
         print(
             f"| {name} | {med(rates):,.0f} {unit} ({'/'.join(f'{x:,.0f}' for x in rates)}) | {med(per):.2f} | "
+            + (f"{med(kern):.2f} | " if kern else "- | ")
             + " | ".join(f"{v:.2f}" if v else "-" for v in st)
             + (f" | {med(anon):.0f} |" if anon else " | - |")
         )
