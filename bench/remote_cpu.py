@@ -15,7 +15,8 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
 - ``floor`` (``--only epoch floor``): ``raw sockets``, the same 8 MiB range GETs as ``raw sequential`` by
   a minimal HTTP/1.1 client (``_raw_sockets``: ``max_requests`` keep-alive connections, one selector
   loop, each body received with ``recv_into`` into a buffer reused for every answer, no copy after
-  the kernel's): what receiving the bytes costs this machine's kernel, the floor under any client.
+  the kernel's), and the same client receiving into one new file's shared mapping in ``--cache-parent``
+  (as a node cache entry would be filled): what receiving the bytes costs this machine's kernel.
 - ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (seqstore only: the
   raw ``get_range`` of the same byte ranges, at several depths, is in ``bench/remote.py``).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
@@ -414,13 +415,28 @@ def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
         sock = socket.create_connection((host, int(port)))
         sock.setblocking(False)
         conns.append({"sock": sock, "buf": memoryview(bytearray(CHUNK))})
+    mapping: Any = None
+    if spec.get("into") == "mapping":  # every answer into its place in one new file's shared mapping
+        import mmap
+        import tempfile
+
+        fd, path = tempfile.mkstemp(dir=spec["cache_parent"])
+        os.unlink(path)
+        os.ftruncate(fd, sum(b - a for _, a, b in todo))
+        mapping = mmap.mmap(fd, sum(b - a for _, a, b in todo))
+        os.close(fd)
+    at = 0
 
     def send(c: dict[str, Any]) -> bool:
+        nonlocal at
         if not todo:
             return False
         key, a, b = todo.pop()
         c["sock"].sendall(f"GET /{BUCKET}/{key} HTTP/1.1\r\nHost: {host}\r\nRange: bytes={a}-{b - 1}\r\n\r\n".encode())
         c.update(want=b - a, head=b"", pos=-1)
+        if mapping is not None:
+            c["buf"] = memoryview(mapping)[at : at + b - a]
+            at += b - a
         sel.register(c["sock"], selectors.EVENT_READ, c)
         return True
 
@@ -456,6 +472,9 @@ def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
     system = _system() - s0
     for c in conns:
         c["sock"].close()
+        c["buf"].release()
+    if mapping is not None:
+        mapping.close()
     th = _delta(t_before, _threads())
     main = threading.get_native_id()
     return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "system_s": system,
@@ -549,8 +568,10 @@ def main() -> None:
                 )
             )
             if "floor" in args.only:
-                cases.append((f"{kind} epoch: raw sockets (recv_into)", "",
-                              {**base, "case": "raw sockets", "files": files, "bytes": ebytes, "depth": args.depth}))
+                for into in ("buffer", "mapping"):
+                    cases.append((f"{kind} epoch: raw sockets (recv_into a {into})", "",
+                                  {**base, "case": "raw sockets", "files": files, "bytes": ebytes,
+                                   "depth": args.depth, "into": into}))
             if "window" in args.only and kind == "fixed":
                 cases.append((f"{kind} epoch: window gather, no cache", "",
                               {**base, "case": "window gather", "records": epoch, "row_bytes": 2048,
