@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -91,3 +92,24 @@ def test_interop_cli_registry_accepts_new_sources(tmp_path: Path) -> None:
         commands.SOURCES.pop("dummy")
     with pytest.raises(SystemExit):
         _run(["convert", "--from", "dummy", "x", "y"])
+
+
+def test_export_from_an_s3_store_with_storage_options(tmp_path: Path, moto_s3: Any, s3_bucket: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqstore export -o KEY=VALUE``: a store at a URL whose client needs options is exported like a
+    local one (here to Megatron's .bin/.idx, read back); a malformed option is a named error."""
+    from seqstore.interop.megatron import read_index
+
+    url = f"s3://{s3_bucket}/tokens.seqstore"
+    schema = seqstore.Schema({"tokens": seqstore.Field("int32", (None,))})
+    rows = [np.arange(k + 1, dtype=np.int32) * 3 for k in range(7)]
+    with seqstore.create(url, schema, storage_options=moto_s3.storage_options()) as w:
+        for r in rows:
+            w.append({"tokens": r})
+    opts = [a for k, v in moto_s3.storage_options().items() for a in ("-o", f"{k}={v}")]
+    prefix = tmp_path / "tok"
+    assert _run(["export", "--to", "megatron", url, str(prefix), "-q", *opts]) == 0
+    index = read_index(f"{prefix}.idx")
+    assert index.lengths.tolist() == [len(r) for r in rows] and index.dtype == np.int32
+    assert np.array_equal(np.fromfile(f"{prefix}.bin", np.int32), np.concatenate(rows))
+    assert _run(["export", "--to", "megatron", url, str(tmp_path / "t2"), "-q", "-o", "endpoint"]) == 2

@@ -483,6 +483,11 @@ def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
     try:
+        opts = _storage_options(args)
+        if opts is not None:  # a store at a URL that needs options of its client: opened here, handed over
+            from ..store import open_store
+
+            args.store = open_store(args.store, storage_options=opts)
         out = _with_bar(conv, args, f"export {args.target}")
     except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
         return _user_error(exc)
@@ -528,6 +533,9 @@ def add_subcommands(subparsers: Any) -> None:
     exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     exp.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows written per step (default 64)")
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    exp.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a STORE at a URL (s3://, gs://, az://, https://): an option of its client, e.g. "
+                     "endpoint=http://127.0.0.1:9000 (repeatable; credentials are better left to the environment)")
     for name, c in TARGETS.items():
         if c.add_arguments is not None:
             c.add_arguments(exp.add_argument_group(f"--to {name}"))
