@@ -25,6 +25,10 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   (``--loader-prefetch``); MB/s from the first batch on (no CPU:
   the workers are the forkserver's children).
 
+``--mode sockets=client=sockets`` runs seqstore's reader with the node cache's range requests answered
+by the minimal client of the ``floor`` case (``_SocketClient``, a measurement: plain HTTP to the bench's
+nginx, no TLS, ``If-Match`` or retries) instead of obstore.
+
 Each seqstore case runs against one or more source trees (``--src LABEL=PATH``, default this
 checkout's ``src``; e.g. ``--src before=/work/main/src --src after=src``) and modes (``--mode``: a
 storage option set, e.g. ``node_cache=none``), so before/after comparisons run in one interleaved run.
@@ -195,8 +199,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from seqstore.io import remote as remote_mod
 
     remote_mod.RemoteRoot.submit = plan_t.wrap(remote_mod.RemoteRoot.submit)  # type: ignore[method-assign]
+    options = dict(spec.get("options", {}))
+    if options.pop("client", None) == "sockets":
+        _use_socket_client(endpoint, int(options.get("max_requests", 64)))
     cache = Path(spec["cache_parent"]) / f"cache-{os.getpid()}-{time.time_ns()}"
-    store = seqstore.open(spec["url"], storage_options=_options(endpoint, spec.get("options", {})), cache_dir=cache)
+    store = seqstore.open(spec["url"], storage_options=_options(endpoint, options), cache_dir=cache)
     kind = spec["kind"]
     try:
         if case == "epoch":
@@ -232,17 +239,20 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             anon = sum(int(ln.split()[1]) for ln in f if ln.startswith("Anonymous:")) / 1024
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    recv = sum(c for n, c in th.values() if n.startswith("tokio"))
-    loop_threads = set(fill_t.by_thread) - {main}
+    # the receiving threads: obstore's runtime, or the socket client's loop (less the cache writes it makes)
+    sockets = {t for t in th if t in _SOCKET_THREADS}
+    recv = sum(c for t, (n, c) in th.items() if n.startswith("tokio") or t in sockets)
+    recv -= sum(fill_t.by_thread.get(t, 0.0) for t in sockets)
+    loop_threads = set(fill_t.by_thread) - {main} - sockets
     loop_cpu = sum(c for t, (n, c) in th.items() if t in loop_threads)
-    if not loop_threads:  # nothing written (all cached already): the loop is the other Python thread
+    if not loop_threads and not sockets:  # nothing written (all cached already): the loop is the other thread
         loop_cpu = sum(c for t, (n, c) in th.items() if t != main and not n.startswith("tokio"))
     plan = plan_t.by_thread.get(main, 0.0)
     main_cpu = th.get(main, ("", 0.0))[1]
     stages = {
         "receive": recv,
         "cache write": sum(c for t, c in fill_t.by_thread.items() if t != main),
-        "bookkeeping": loop_cpu - sum(c for t, c in fill_t.by_thread.items() if t != main),
+        "bookkeeping": loop_cpu - sum(c for t, c in fill_t.by_thread.items() if t in loop_threads),
         "planning": plan + sum(c for t, c in plan_t.by_thread.items() if t != main),
         "gather": main_cpu - plan - fill_t.by_thread.get(main, 0.0),
         "cache write on the reader": fill_t.by_thread.get(main, 0.0),
@@ -390,6 +400,116 @@ def _window_gather(spec: dict[str, Any]) -> dict[str, Any]:
     reader = th.get(main, ("", 0.0))[1]
     return {"bytes": nbytes, "records": records, "wall_s": wall, "cpu_s": cpu,
             "stages": {"receive": recv, "gather": reader, "other threads": cpu - recv - reader}}
+
+
+_SOCKET_THREADS: set[int] = set()  # native ids of _SocketClient's loop threads
+
+
+class _SocketClient:
+    """A measurement, not seqstore's client: range GETs of ``ObjectClient.submit`` answered by a minimal
+    HTTP/1.1 client (``depth`` keep-alive connections to the bench's nginx, one selector loop on its own
+    thread, each body received with ``recv_into`` into its connection's 8 MiB buffer, reused, and handed
+    to ``on_each`` as a view, which the node cache writes at once). No TLS, no ``If-Match``, no
+    retries: what seqstore's reader would cost with answers received this way (``--mode
+    sockets=client=sockets``)."""
+
+    def __init__(self, endpoint: str, depth: int) -> None:
+        import selectors
+        import socket
+
+        self.host, port = endpoint.split("//", 1)[1].rsplit(":", 1)
+        self.port = int(port)
+        self.sel = selectors.DefaultSelector()
+        self.jobs: list[Any] = []  # (path, start, end, index, wave), taken from the end
+        self.lock = threading.Lock()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.idle: list[dict[str, Any]] = []
+        for _ in range(depth):
+            sock = socket.create_connection((self.host, self.port))
+            sock.setblocking(False)
+            self.idle.append({"sock": sock, "buf": memoryview(bytearray(CHUNK))})
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def submit(self, url_of: Any, requests: Any, on_each: Any) -> Any:
+        import concurrent.futures
+
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        wave = {"left": len(requests), "future": fut, "on_each": on_each, "n": len(requests)}
+        if not requests:
+            fut.set_result([])
+            return fut
+        jobs = []
+        for i, (key, a, b, _etag) in enumerate(requests):
+            path = "/" + url_of(key).split("://", 1)[1]
+            jobs.append((path, a, b, i, wave))
+        with self.lock:
+            self.jobs[:0] = reversed(jobs)  # first submitted, first sent
+        self.wake_w.send(b"x")
+        return fut
+
+    def _start(self) -> None:
+        import selectors
+
+        while self.idle:
+            with self.lock:
+                if not self.jobs:
+                    return
+                path, a, b, i, wave = self.jobs.pop()
+            c = self.idle.pop()
+            c["sock"].sendall(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nRange: bytes={a}-{b - 1}\r\n\r\n".encode())
+            c.update(want=b - a, head=b"", pos=-1, i=i, wave=wave)
+            self.sel.register(c["sock"], selectors.EVENT_READ, c)
+
+    def _loop(self) -> None:
+        _SOCKET_THREADS.add(threading.get_native_id())
+        while True:
+            for key, _ in self.sel.select():
+                c = key.data
+                if c is None:
+                    self.wake_r.recv(4096)
+                    continue
+                if c["pos"] < 0:
+                    c["head"] += c["sock"].recv(65536)
+                    end = c["head"].find(b"\r\n\r\n")
+                    if end < 0:
+                        continue
+                    if not c["head"].startswith(b"HTTP/1.1 206"):
+                        raise RuntimeError(f"unexpected answer: {c['head'][:80]!r}")
+                    rest = c["head"][end + 4 :]
+                    c["buf"][: len(rest)] = rest
+                    c["pos"] = len(rest)
+                else:
+                    got = c["sock"].recv_into(c["buf"][c["pos"] : c["want"]])
+                    if not got:
+                        raise RuntimeError("connection closed in a body")
+                    c["pos"] += got
+                if c["pos"] >= c["want"]:
+                    self.sel.unregister(c["sock"])
+                    wave = c["wave"]
+                    wave["on_each"](c["i"], c["buf"][: c["want"]], None)
+                    wave["left"] -= 1
+                    if not wave["left"]:
+                        wave["future"].set_result([(memoryview(b""), None)] * wave["n"])
+                    self.idle.append(c)
+            self._start()
+
+
+def _use_socket_client(endpoint: str, depth: int) -> None:
+    """Route ``ObjectClient.submit``'s plain range requests (the node cache's fetches) to :class:`_SocketClient`."""
+    from seqstore.io import objects
+
+    client = _SocketClient(endpoint, depth)
+    original = objects.ObjectClient.submit
+
+    def submit(self: Any, requests: Any, on_each: Any = None, *, missing_ok: bool = False,
+               with_meta: bool = True) -> Any:
+        if on_each is None or with_meta or any(a < 0 or b < 0 for _, a, b, _ in requests):
+            return original(self, requests, on_each, missing_ok=missing_ok, with_meta=with_meta)
+        return client.submit(self.key_url, requests, on_each)
+
+    objects.ObjectClient.submit = submit  # type: ignore[method-assign]
 
 
 def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
