@@ -402,6 +402,27 @@ def _window_gather(spec: dict[str, Any]) -> dict[str, Any]:
             "stages": {"receive": recv, "gather": reader, "other threads": cpu - recv - reader}}
 
 
+def _receive(c: dict[str, Any]) -> bool:
+    """Take what connection ``c`` has ready of its answer: the status line and headers first (a 206 is
+    expected), then the body with ``recv_into`` straight into ``c["buf"]``. True once the body is whole."""
+    if c["pos"] < 0:
+        c["head"] += c["sock"].recv(65536)
+        end = c["head"].find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        if not c["head"].startswith(b"HTTP/1.1 206"):
+            raise RuntimeError(f"unexpected answer: {c['head'][:80]!r}")
+        rest = c["head"][end + 4 :]
+        c["buf"][: len(rest)] = rest
+        c["pos"] = len(rest)
+    else:
+        got = c["sock"].recv_into(c["buf"][c["pos"] : c["want"]])
+        if not got:
+            raise RuntimeError("connection closed in a body")
+        c["pos"] += got
+    return bool(c["pos"] >= c["want"])
+
+
 _SOCKET_THREADS: set[int] = set()  # native ids of _SocketClient's loop threads
 
 
@@ -470,22 +491,7 @@ class _SocketClient:
                 if c is None:
                     self.wake_r.recv(4096)
                     continue
-                if c["pos"] < 0:
-                    c["head"] += c["sock"].recv(65536)
-                    end = c["head"].find(b"\r\n\r\n")
-                    if end < 0:
-                        continue
-                    if not c["head"].startswith(b"HTTP/1.1 206"):
-                        raise RuntimeError(f"unexpected answer: {c['head'][:80]!r}")
-                    rest = c["head"][end + 4 :]
-                    c["buf"][: len(rest)] = rest
-                    c["pos"] = len(rest)
-                else:
-                    got = c["sock"].recv_into(c["buf"][c["pos"] : c["want"]])
-                    if not got:
-                        raise RuntimeError("connection closed in a body")
-                    c["pos"] += got
-                if c["pos"] >= c["want"]:
+                if _receive(c):
                     self.sel.unregister(c["sock"])
                     wave = c["wave"]
                     wave["on_each"](c["i"], c["buf"][: c["want"]], None)
@@ -568,22 +574,7 @@ def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
     while active:
         for key, _ in sel.select(timeout=60):
             c = key.data
-            if c["pos"] < 0:  # the status line and headers first, then the body straight into the buffer
-                c["head"] += c["sock"].recv(65536)
-                end = c["head"].find(b"\r\n\r\n")
-                if end < 0:
-                    continue
-                if not c["head"].startswith(b"HTTP/1.1 206"):
-                    raise RuntimeError(f"unexpected answer: {c['head'][:80]!r}")
-                rest = c["head"][end + 4 :]
-                c["buf"][: len(rest)] = rest
-                c["pos"] = len(rest)
-            else:
-                got = c["sock"].recv_into(c["buf"][c["pos"] : c["want"]])
-                if not got:
-                    raise RuntimeError("connection closed in a body")
-                c["pos"] += got
-            if c["pos"] >= c["want"]:
+            if _receive(c):
                 nbytes += c["want"]
                 sel.unregister(c["sock"])
                 if not send(c):
