@@ -94,8 +94,7 @@ def test_interop_cli_registry_accepts_new_sources(tmp_path: Path) -> None:
         _run(["convert", "--from", "dummy", "x", "y"])
 
 
-def test_export_from_an_s3_store_with_storage_options(tmp_path: Path, moto_s3: Any, s3_bucket: str,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_from_an_s3_store_with_storage_options(tmp_path: Path, moto_s3: Any, s3_bucket: str) -> None:
     """``seqstore export -o KEY=VALUE``: a store at a URL whose client needs options is exported like a
     local one (here to Megatron's .bin/.idx, read back); a malformed option is a named error."""
     from seqstore.interop.megatron import read_index

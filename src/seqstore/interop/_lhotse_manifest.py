@@ -82,7 +82,7 @@ def scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
 class LeanCut:
     """What the import reads of a ``MonoCut`` line without audio: its id, start, duration, supervision
     texts and ``lhotse.Features``, without Lhotse's cut and supervision objects (building those took
-    0.3 of the 1.7 s Lhotse spends reading 20,000 cuts with their features). The features are loaded by
+    0.3 s of the 1.7 s Lhotse spends reading 20,000 cuts with their features). The features are loaded by
     Lhotse's own ``Features.load`` (its storage readers and trimming to the cut's span), then made
     ``num_frames`` long as ``MonoCut.load_features`` does (a frame dropped or repeated at the end)."""
 
@@ -120,7 +120,7 @@ class LeanCut:
 
 #: The keys of a ``MonoCut`` line (its dataclass fields and ``type``); a line with others is parsed by Lhotse.
 MONO_KEYS = frozenset(("type", "id", "start", "duration", "channel", "supervisions", "features", "recording",
-                        "custom"))
+                       "custom"))
 
 
 def lean_cut(data: dict[str, Any], features_type: Any, frames: Any) -> LeanCut | None:
