@@ -19,7 +19,9 @@ field               schema                                 value
 ==================  =====================================  =====================================================
 
 Features and audio are read through Lhotse's own storage readers (``load_features`` / ``load_audio``,
-so every storage type Lhotse reads works). ``features_dtype="float16"`` casts the float32 arrays.
+so every storage type Lhotse reads works); without audio, a manifest's ``MonoCut`` lines skip Lhotse's
+cut objects (interop/_lhotse_manifest.py, ``LeanCut``: the features by ``Features.load``, as
+``MonoCut.load_features`` calls it). ``features_dtype="float16"`` casts the float32 arrays.
 ``audio_dtype="float32"`` stores Lhotse's samples as they are; ``"int16"`` stores
 ``round(x * 32768)`` clipped to the int16 range, which gives back the file's samples exactly for
 16-bit PCM sources. A cut of several channels (a ``MultiCut``) is, by ``channels``: ``"error"`` (the
