@@ -371,3 +371,39 @@ def test_cut_spans_and_other_cut_types_read_as_lhotse_reads_them(corpus: dict[st
     feats = store[40]["features"]
     assert len(feats) == base[1].num_frames + 1 and np.array_equal(feats[-1], feats[-2])
     assert [type(c).__name__ for c in mod.manifest_cuts(str(manifest), 0, 3)] == ["MonoCut"] * 3
+
+
+def test_gzip_runs_in_order_go_on_from_the_kept_stream(corpus: dict[str, Path], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of a gzip manifest read to its end leaves its stream for a next run at or after it (a worker
+    takes runs in order): the same cuts, one decompression from the start instead of one per run; a run
+    before it, another manifest or a rewritten file opens the file again; forget_streams closes it."""
+    from seqstore.interop import _lhotse_manifest as mod
+
+    with gzip.open(corpus["cuts"], "rt") as f:
+        lines = f.read().splitlines() * 3  # 12 lines
+    path = tmp_path / "cuts.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    opened: list[str] = []
+    real_open = mod.open_manifest
+    monkeypatch.setattr(mod, "open_manifest", lambda p: (opened.append(p), real_open(p))[1])
+    everything = [c.id for c in mod.manifest_cuts(str(path), 0, None)]
+    assert len(opened) == 1 and not mod._LEFT  # to the end (stop None): nothing kept
+    runs = [(0, 3), (3, 5), (7, 10), (10, 12)]
+    got = [[c.id for c in mod.manifest_cuts(str(path), a, b)] for a, b in runs]
+    assert got == [everything[a:b] for a, b in runs] and len(opened) == 2  # one new stream for the four
+    kept = mod._LEFT[0][3]
+    assert [c.id for c in mod.manifest_cuts(str(path), 4, 6)] == everything[4:6]  # backwards: opened again
+    assert len(opened) == 3 and kept.closed
+    with gzip.open(path, "wt") as f:  # the file changed under the kept stream: not reused
+        f.write("\n".join(lines[:8]) + "\n")
+    assert [c.id for c in mod.manifest_cuts(str(path), 6, 8)] == everything[6:8] and len(opened) == 4
+    half = mod.manifest_cuts(str(path), 0, 4)
+    next(half)
+    half.close()  # a run not read to its end keeps nothing
+    assert not mod._LEFT
+    list(mod.manifest_cuts(str(path), 0, 2))
+    left = mod._LEFT[0][3]
+    mod.forget_streams()
+    assert left.closed and not mod._LEFT

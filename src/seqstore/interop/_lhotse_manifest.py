@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import threading
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
@@ -15,7 +16,9 @@ import numpy as np
 
 from ._common import SourceFormatError
 
-__all__ = ["open_cuts", "count_cuts", "scan_manifest", "manifest_cuts", "LeanCut", "lean_cut", "MARK_LINES"]
+__all__ = [
+    "open_cuts", "count_cuts", "scan_manifest", "manifest_cuts", "forget_streams", "LeanCut", "lean_cut", "MARK_LINES",
+]
 
 #: A plain ``.jsonl`` manifest's byte offset is noted every this many lines when its lines are counted,
 #: so that a worker of a parallel import seeks to its run (a gzip manifest is read from its start).
@@ -46,6 +49,47 @@ def open_cuts(path: str | os.PathLike[str]) -> Any:
         raise SourceFormatError(p, None, f"holds a {type(cuts).__name__}, not cuts; make cuts first, e.g. "
                                 "CutSet.from_manifests(recordings=..., supervisions=...)")
     return cuts
+
+
+#: The gzip stream of the last run of lines this process read, kept for a next run that starts at or
+#: after its end (a worker of a parallel import takes runs in order): (path, file identity, next line,
+#: stream). At most one; :func:`forget_streams` closes it.
+_LEFT: list[tuple[str, tuple[int, int, int], int, IO[bytes]]] = []
+_LEFT_LOCK = threading.Lock()
+
+
+def _take_left() -> tuple[str, tuple[int, int, int], int, IO[bytes]] | None:
+    with _LEFT_LOCK:
+        return _LEFT.pop() if _LEFT else None
+
+
+def forget_streams() -> None:
+    """Close the gzip stream kept for a next run (at the end of an import)."""
+    while (left := _take_left()) is not None:
+        left[3].close()
+
+
+def _identity(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _stream_at(path: str, start: int, marks: np.ndarray[Any, Any] | None) -> tuple[IO[bytes], int]:
+    """A stream of the manifest ``path`` and how many lines to read past to reach line ``start``: the
+    kept gzip stream where it has not passed ``start`` (see :data:`_LEFT`), else the file from the
+    nearest noted offset (a plain file) or from its start (gzip)."""
+    left = _take_left()
+    if left is not None:
+        kept_path, ident, line, f = left
+        if kept_path == path and line <= start and ident == _identity(path):
+            return f, start - line
+        f.close()
+    f = open_manifest(path)
+    if marks is not None and len(marks):
+        m = min(start // MARK_LINES, len(marks) - 1)
+        f.seek(int(marks[m]))
+        return f, start - m * MARK_LINES
+    return f, start
 
 
 def open_manifest(path: str) -> IO[bytes]:
@@ -145,18 +189,17 @@ def manifest_cuts(path: str, start: int, stop: int | None, marks: np.ndarray[Any
     as Lhotse parses a lazy manifest's lines (``lean``: ``MonoCut`` lines as :class:`LeanCut`, for an
     import without audio). The lines before ``start`` are read past without being parsed, from the
     nearest of the line offsets ``marks`` (:func:`scan_manifest`) when given. A line that is not a cut
-    is a :class:`SourceFormatError` naming the manifest and the line."""
+    is a :class:`SourceFormatError` naming the manifest and the line. A gzip manifest's stream is kept
+    after a run read to its end, so that a next run at or after it goes on from there instead of
+    decompressing the lines before it again (:data:`_LEFT`)."""
     from lhotse import Features
     from lhotse.cut import Cut
     from lhotse.serialization import decode_json_line, deserialize_item
     from lhotse.utils import compute_num_frames
 
-    with open_manifest(path) as f:
-        skip = start
-        if marks is not None and len(marks):
-            m = min(start // MARK_LINES, len(marks) - 1)
-            f.seek(int(marks[m]))
-            skip = start - m * MARK_LINES
+    f, skip = _stream_at(path, start, marks)
+    kept = False
+    try:
         deque(islice(f, skip), maxlen=0)
         for number, line in enumerate(islice(f, None if stop is None else stop - start), start + 1):
             try:
@@ -170,3 +213,11 @@ def manifest_cuts(path: str, start: int, stop: int | None, marks: np.ndarray[Any
             if not isinstance(item, (Cut, LeanCut)):
                 raise SourceFormatError(path, None, f"line {number}: holds a {type(item).__name__}, not a cut")
             yield item
+        if stop is not None and marks is None and path.endswith(".gz"):  # read whole: a next run may go on
+            forget_streams()
+            with _LEFT_LOCK:
+                _LEFT.append((path, _identity(path), stop, f))
+            kept = True
+    finally:
+        if not kept:
+            f.close()

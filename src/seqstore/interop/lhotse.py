@@ -57,7 +57,7 @@ from ..schema import Field, Schema
 from ..store import Store, Writer
 from ..store.directio import aligned_empty
 from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, runs_across
-from ._lhotse_manifest import MARK_LINES, LeanCut, manifest_cuts, open_cuts, scan_manifest
+from ._lhotse_manifest import MARK_LINES, LeanCut, forget_streams, manifest_cuts, open_cuts, scan_manifest
 from ._parallel import build_store, convert_in_parallel
 
 __all__ = [
@@ -372,8 +372,9 @@ def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int
     """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
     :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
     (manifest, first line, end line), is one part of a parallel import. Small units keep the processes
-    equally busy to the end; in a gzip manifest each costs its worker a pass over the lines before it
-    (without parsing), a plain one is entered at the nearest noted offset (:data:`MARK_LINES`).
+    equally busy to the end; in a gzip manifest a worker reads past the lines before its first run
+    (without parsing) and goes on from each run to its next (runs are taken in order), a plain one is
+    entered at the nearest noted offset (:data:`MARK_LINES`).
     Consecutive small manifests share a run; a short tail joins the run before it."""
     total = sum(counts)
     if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
@@ -487,10 +488,13 @@ def import_lhotse(
         units = _units(counts, workers)
         if len(units) > 1:
             job = _CutsJob(paths, plan, chunk_bytes, [m for _, m in scans])
-            return convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
-                                shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                                progress=progress, storage_options=storage_options, preload=PRELOAD,
-                                in_driver=True, direct_io=direct_io)
+            try:
+                return convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
+                                           shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
+                                           progress=progress, storage_options=storage_options, preload=PRELOAD,
+                                           in_driver=True, direct_io=direct_io)
+            finally:
+                forget_streams()  # a gzip stream this process kept after one of its runs
 
     def fill(writer: Writer) -> None:
         if total is not None:
