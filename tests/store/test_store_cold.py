@@ -84,6 +84,19 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
 # ------------------------------------------------------------------------------------- io layer
 
 
+def test_sorted_unique_is_np_unique_of_sorted_numbers() -> None:
+    """The remote planning's distinct values of sorted chunk numbers, with and without the inverse."""
+    from seqstore.io.remote_fetch import _sorted_unique
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 3, 50, 1000):
+        a = np.sort(rng.integers(0, max(n // 3, 1), n)).astype(np.int64)
+        want, inv = np.unique(a, return_inverse=True)
+        got, got_inv = _sorted_unique(a, inverse=True)
+        assert np.array_equal(got, want) and np.array_equal(got_inv, inv), n
+        assert np.array_equal(_sorted_unique(a), want)
+
+
 def test_page_runs_align_sort_and_merge() -> None:
     s, e = page_runs([5000, 10, 4000, 9000, 70000, 300], [5001, 20, 4100, 9001, 70000, 400])
     # [10,20), [300,400), [4000,4100) -> page 0; [4000,4100) reaches page 0 only; 5000 -> page 1; 9000 -> page 2
