@@ -25,6 +25,8 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   (``--loader-prefetch``); MB/s from the first batch on (no CPU:
   the workers are the forkserver's children).
 
+``--mode warm=warm=1`` starts numba before the timed pass (its first compiled call costs a process
+about 0.15 s of CPU once, which a 256 MiB epoch would otherwise count per GiB).
 ``--mode sockets=client=sockets`` runs seqstore's reader with the node cache's range requests answered
 by the minimal client of the ``floor`` case (``_SocketClient``, a measurement: plain HTTP to the bench's
 nginx, no TLS, ``If-Match`` or retries) instead of obstore.
@@ -211,6 +213,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     options = dict(spec.get("options", {}))
     if options.pop("client", None) == "sockets":
         _use_socket_client(endpoint, int(options.get("max_requests", 64)))
+    if options.pop("warm", None):
+        _warm_numba()
     cache = Path(spec["cache_parent"]) / f"cache-{os.getpid()}-{time.time_ns()}"
     store = seqstore.open(spec["url"], storage_options=_options(endpoint, options), cache_dir=cache)
     kind = spec["kind"]
@@ -281,6 +285,19 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "threads": by_name,
         "anon_mib": anon,
     }
+
+
+def _warm_numba() -> None:
+    """Start numba before the timed pass (``--mode LABEL=warm=1``): the first call of a compiled function
+    in a process costs about 0.15 s of CPU once (numba starts its code generator), whatever follows. A
+    call of the order's kernel and of the page-run kernel, on a few records."""
+    import numpy as np
+
+    import seqstore
+    from seqstore.io.advice import page_runs
+
+    page_runs(np.zeros(1, np.int64), np.ones(1, np.int64))
+    next(iter(seqstore.seq_order(4 * BATCH, ORDER, epoch=1, seed=SEED).iter_chunks(BATCH)))
 
 
 def _prefetch(value: Any) -> int | None:
@@ -647,6 +664,8 @@ def main() -> None:
         help="IterableSeqDataset prefetch (loader): 'default' (the dataset's choice) or a number of batches"
     )
     p.add_argument("--depth", type=int, default=64, help="requests in flight (raw and seqstore)")
+    p.add_argument("--epoch-records", type=int, default=None,
+                   help=f"records of the epoch cases (default {EPOCH:,}; the raw cases read as many bytes)")
     p.add_argument("--cache-parent", default="/dev/shm", help="where node caches go (default /dev/shm)")
     args = p.parse_args()
     if args.child is not None:
@@ -667,6 +686,8 @@ def main() -> None:
     root = args.data / "bucket"
     sizes = QUICK if args.quick else SIZES
     epoch, n_random = (EPOCH_QUICK, RANDOM_QUICK) if args.quick else (EPOCH, RANDOM)
+    if args.epoch_records:
+        epoch = args.epoch_records
     repeats = args.repeats or (1 if args.quick else 3)
     depth = {"max_requests": args.depth}
     cases: list[tuple[str, str, dict[str, Any]]] = []  # (name, src, spec)
