@@ -26,7 +26,7 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   the workers are the forkserver's children).
 
 ``--mode warm=warm=1`` starts numba before the timed pass (its first compiled call costs a process
-about 0.15 s of CPU once, which a 256 MiB epoch would otherwise count per GiB).
+about 0.15 s of CPU once; measured without effect on these cases, as opening the store starts it).
 ``--mode sockets=client=sockets`` runs seqstore's reader with the node cache's range requests answered
 by the minimal client of the ``floor`` case (``_SocketClient``, a measurement: plain HTTP to the bench's
 nginx, no TLS, ``If-Match`` or retries) instead of obstore.
