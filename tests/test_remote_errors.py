@@ -216,3 +216,42 @@ def test_open_missing_azure_container(azurite: Any, tmp_path: Path) -> None:
     msg = _message_of(info.value)
     assert "container 'no-such-container-25' does not exist" in msg and "az://no-such-container-25/x.seqstore" in msg
     _clean(msg)
+
+
+_EXIT_SCRIPT = """
+import sys, time
+from seqstore.io.objects import ObjectClient
+client = ObjectClient("s3://b/x", {"endpoint": "http://127.0.0.1:%d", "allow_http": "true", "skip_signature": "true",
+                                   "virtual_hosted_style_request": "false", "connect_timeout": "2",
+                                   "retry_timeout": "0.01"})
+waves = []
+for _ in range(12):  # waves of requests that all fail together (nothing listens on the port)
+    waves.append(client.submit([("k", 0, 100, None)] * 4, lambda *a: None, with_meta=False))
+    time.sleep(0.0005)
+try:
+    waves[0].result(timeout=60)
+except Exception:
+    pass
+sys.exit(3)  # the other waves may still be failing on obstore's threads
+"""
+
+
+def test_exit_after_a_remote_error_with_requests_in_flight_keeps_its_status() -> None:
+    """A process that exits right after a request failed, while its other requests are failing on obstore's
+    threads, exits with its own status. Before the exit-time quiesce (object_obstore._quiesce_at_exit) such
+    a thread could ask for the GIL during finalization and abort the process: SIGABRT in 8 of 20 runs here."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    with socket.socket() as s:  # a port that nothing listens on: every request is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    codes = []
+    for _ in range(8):
+        done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT % port], env={**os.environ, "PYTHONPATH": str(src)},
+                              capture_output=True, text=True, timeout=120)
+        codes.append(done.returncode)
+    assert codes == [3] * 8, codes

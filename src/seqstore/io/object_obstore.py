@@ -13,6 +13,7 @@ refuses to use it with an error (:func:`fork_unsafe` tells a parent when to avoi
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import difflib
@@ -178,6 +179,39 @@ class _Loop:
                     cls._instance = _Loop()
                     cls._pid = os.getpid()
         return cls._instance
+
+
+#: seconds the exit-time quiesce (:func:`_quiesce_at_exit`) waits for cancelled requests at most
+QUIESCE_S = 2.0
+
+
+def _quiesce_at_exit() -> None:
+    """Cancel this process's requests still in flight, and let obstore's threads take note, before the
+    interpreter finalizes (an ``atexit`` handler). A tokio thread that ends a request needs the GIL to
+    hand over the answer; during finalization, on Python before 3.14, asking for it ends the thread with
+    ``pthread_exit``, which a Rust thread turns into an abort. So a process that raised a
+    :class:`RemoteError` while other requests were still in flight (a cut link: they fail together) could
+    die by SIGABRT at exit instead of exiting with its status. Cancelling the requests' tasks here, while
+    the interpreter is whole, drops their futures on obstore's side. Waits at most :data:`QUIESCE_S`."""
+    inst = _Loop._instance
+    if inst is None or _Loop._pid != os.getpid() or not inst.thread.is_alive():
+        return
+
+    async def cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=QUIESCE_S)
+        await asyncio.sleep(0.05)  # obstore's threads settle the cancelled futures (they take the GIL)
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_all(), inst.loop).result(timeout=QUIESCE_S + 1.0)
+    except BaseException:  # noqa: BLE001 - at exit: nothing left to report to
+        pass
+
+
+atexit.register(_quiesce_at_exit)
 
 
 class _ObstoreBackend(_Backend):
