@@ -15,7 +15,7 @@ for the memory check) of ``tokens`` (``List(Value("uint16"))``, 1..256 per recor
 
 ``MB_per_s`` is the size of the dataset's Arrow files over the pass; the ratio column compares with
 the numpy iteration. ``peak_private_MB`` is the peak of private memory (RssAnon) above its value
-before the pass (bench/_interop_megawds.py).
+before the pass, sampled every 5 ms from another process (bench/memwatch.py).
 
 Usage: ``python bench/_interop_hf.py [--quick] [--repeats R]`` (bench/interop.py runs it).
 """
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench._interop_megawds import peak_private  # noqa: E402
 from bench.harness import DATA, Case, main_args, print_table, run_cases, section, section_time  # noqa: E402
+from bench.memwatch import watch  # noqa: E402
 
 HF_N = 1_000_000
 QUICK_HF_N = 100_000
@@ -76,7 +76,7 @@ def case_import_hf(path: str, out: str) -> dict[str, object]:
 
     from seqstore.interop.hf import import_hf
 
-    with peak_private() as mem, section("pass"):
+    with watch(0.005) as mem, section("pass"):
         ds = datasets.load_from_disk(path)
         store = import_hf(ds, out, overwrite=True, chunk_bytes=CHUNK_MB << 20)
     t = section_time("pass")
@@ -86,7 +86,7 @@ def case_import_hf(path: str, out: str) -> dict[str, object]:
 def case_hf_iter(path: str, fmt: str) -> dict[str, object]:
     import datasets
 
-    with peak_private() as mem, section("pass"):
+    with watch(0.005) as mem, section("pass"):
         ds = datasets.load_from_disk(path)
         n = 0
         for batch in ds.with_format(fmt).iter(batch_size=BATCH):

@@ -32,8 +32,6 @@ from __future__ import annotations
 import struct
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,14 +49,6 @@ WDS_SHARDS = 8
 #: chunk_bytes of the imports here (MiB): below the inputs' sizes, so that the memory check means something
 #: (the default, 64 MiB, would hold a whole --quick input)
 CHUNK_MB = 8
-
-
-@contextmanager
-def peak_private() -> Iterator[dict[str, float]]:
-    """``out["peak_private_MB"]``: the peak of RssAnon above the start, sampled every 5 ms from another
-    process (bench/memwatch.py: a sampling thread here would take the GIL from the measured code)."""
-    with watch(0.005) as out:
-        yield out
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -116,7 +106,7 @@ def case_import_megatron(prefix: str, out: str, chunk_mb: int = CHUNK_MB) -> dic
     from seqstore.interop.megatron import import_megatron
 
     nbytes = Path(prefix + ".bin").stat().st_size
-    with peak_private() as mem, section("pass"):
+    with watch(0.005) as mem, section("pass"):
         store = import_megatron(prefix, out, overwrite=True, chunk_bytes=chunk_mb << 20)
     t = section_time("pass")
     return {"seqs": len(store), "MB_per_s": nbytes / 1e6 / t, "seq_per_s": len(store) / t, **mem}
@@ -129,7 +119,7 @@ def case_indexed_dataset(prefix: str) -> dict[str, object]:
         warnings.simplefilter("ignore")
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    with peak_private() as mem, section("pass"):
+    with watch(0.005) as mem, section("pass"):
         ds = IndexedDataset(prefix)
         nbytes = 0
         for i in range(len(ds)):
@@ -142,7 +132,7 @@ def case_import_wds(shards: list[str], out: str, workers: int, chunk_mb: int = C
     from seqstore.interop.webdataset import import_webdataset
 
     nbytes = sum(Path(p).stat().st_size for p in shards)
-    with peak_private() as mem, section("pass"):
+    with watch(0.005) as mem, section("pass"):
         store = import_webdataset(shards, out, overwrite=True, workers=workers, chunk_bytes=chunk_mb << 20)
     t = section_time("pass")
     return {"samples": len(store), "MB_per_s": nbytes / 1e6 / t, "sample_per_s": len(store) / t, **mem}
@@ -152,7 +142,7 @@ def case_wds_iter(shards: list[str], decode: bool) -> dict[str, object]:
     import webdataset as wds
 
     nbytes = sum(Path(p).stat().st_size for p in shards)
-    with peak_private() as mem, section("pass"):
+    with watch(0.005) as mem, section("pass"):
         ds = wds.WebDataset(shards, shardshuffle=False)
         if decode:
             ds = ds.decode()

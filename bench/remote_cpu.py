@@ -428,6 +428,21 @@ def _window_gather(spec: dict[str, Any]) -> dict[str, Any]:
             "stages": {"receive": recv, "gather": reader, "other threads": cpu - recv - reader}}
 
 
+def _connection(host: str, port: int) -> dict[str, Any]:
+    """A non-blocking keep-alive connection and its 8 MiB receive buffer (the raw-sockets clients)."""
+    import socket
+
+    sock = socket.create_connection((host, port))
+    sock.setblocking(False)
+    return {"sock": sock, "buf": memoryview(bytearray(CHUNK))}
+
+
+def _ask(c: dict[str, Any], host: str, path: str, a: int, b: int) -> None:
+    """Send connection ``c`` the GET of bytes ``[a, b)`` of ``path``; :func:`_receive` takes the answer."""
+    c["sock"].sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nRange: bytes={a}-{b - 1}\r\n\r\n".encode())
+    c.update(want=b - a, head=b"", pos=-1)
+
+
 def _receive(c: dict[str, Any]) -> bool:
     """Take what connection ``c`` has ready of its answer: the status line and headers first (a 206 is
     expected), then the body with ``recv_into`` straight into ``c["buf"]``. True once the body is whole."""
@@ -472,11 +487,7 @@ class _SocketClient:
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
-        self.idle: list[dict[str, Any]] = []
-        for _ in range(depth):
-            sock = socket.create_connection((self.host, self.port))
-            sock.setblocking(False)
-            self.idle.append({"sock": sock, "buf": memoryview(bytearray(CHUNK))})
+        self.idle: list[dict[str, Any]] = [_connection(self.host, self.port) for _ in range(depth)]
         threading.Thread(target=self._loop, daemon=True).start()
 
     def submit(self, url_of: Any, requests: Any, on_each: Any) -> Any:
@@ -505,8 +516,8 @@ class _SocketClient:
                     return
                 path, a, b, i, wave = self.jobs.pop()
             c = self.idle.pop()
-            c["sock"].sendall(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nRange: bytes={a}-{b - 1}\r\n\r\n".encode())
-            c.update(want=b - a, head=b"", pos=-1, i=i, wave=wave)
+            _ask(c, self.host, path, a, b)
+            c.update(i=i, wave=wave)
             self.sel.register(c["sock"], selectors.EVENT_READ, c)
 
     def _loop(self) -> None:
@@ -549,7 +560,6 @@ def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
     served by one selector loop; each connection's answer is received with ``recv_into`` into its own
     8 MiB buffer, reused for every answer (plain HTTP against the bench's nginx; no TLS, no retries)."""
     import selectors
-    import socket
 
     host, port = spec["endpoint"].split("//", 1)[1].rsplit(":", 1)
     reqs = [(key, a, min(a + CHUNK, size)) for key, size in spec["files"] for a in range(0, size, CHUNK)]
@@ -562,11 +572,7 @@ def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
         budget -= b - a
     todo.reverse()
     sel = selectors.DefaultSelector()
-    conns: list[dict[str, Any]] = []
-    for _ in range(min(spec["depth"], len(todo))):
-        sock = socket.create_connection((host, int(port)))
-        sock.setblocking(False)
-        conns.append({"sock": sock, "buf": memoryview(bytearray(CHUNK))})
+    conns = [_connection(host, int(port)) for _ in range(min(spec["depth"], len(todo)))]
     mapping: Any = None
     if spec.get("into") == "mapping":  # every answer into its place in one new file's shared mapping
         import mmap
@@ -584,8 +590,7 @@ def _raw_sockets(spec: dict[str, Any]) -> dict[str, Any]:
         if not todo:
             return False
         key, a, b = todo.pop()
-        c["sock"].sendall(f"GET /{BUCKET}/{key} HTTP/1.1\r\nHost: {host}\r\nRange: bytes={a}-{b - 1}\r\n\r\n".encode())
-        c.update(want=b - a, head=b"", pos=-1)
+        _ask(c, host, f"/{BUCKET}/{key}", a, b)
         if mapping is not None:
             c["buf"] = memoryview(mapping)[at : at + b - a]
             at += b - a

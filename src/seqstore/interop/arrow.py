@@ -411,8 +411,8 @@ def _import(
         from ._parallel import convert_in_parallel
 
         return convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                            metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
-                            storage_options=storage_options)
+                                   metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
+                                   storage_options=storage_options)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, total)

@@ -109,6 +109,13 @@ def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
     return out or None
 
 
+def _add_storage_option(parser: Any, what: str) -> None:
+    """``-o KEY=VALUE`` (read by :func:`_storage_options`) for ``what`` is at a URL."""
+    parser.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"{what}: an option of its client, e.g. endpoint=http://127.0.0.1:9000 "
+                        "(repeatable; credentials are better left to the environment)")
+
+
 def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
     paths = list(args.paths)
     if len(paths) < 2:
@@ -511,9 +518,7 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
     conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    conv.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                      help="returnn-hdf/parquet/arrow into a URL (s3://, gs://, az://): an option of its client, e.g. "
-                      "endpoint=http://127.0.0.1:9000 (repeatable; credentials are better left to the environment)")
+    _add_storage_option(conv, "returnn-hdf/parquet/arrow into a URL (s3://, gs://, az://)")
     conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
                       help="worker processes (default: the number of cores, "
                       f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
@@ -533,9 +538,7 @@ def add_subcommands(subparsers: Any) -> None:
     exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     exp.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows written per step (default 64)")
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    exp.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                     help="a STORE at a URL (s3://, gs://, az://, https://): an option of its client, e.g. "
-                     "endpoint=http://127.0.0.1:9000 (repeatable; credentials are better left to the environment)")
+    _add_storage_option(exp, "a STORE at a URL (s3://, gs://, az://, https://)")
     for name, c in TARGETS.items():
         if c.add_arguments is not None:
             c.add_arguments(exp.add_argument_group(f"--to {name}"))

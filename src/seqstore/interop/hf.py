@@ -439,8 +439,8 @@ def import_hf(
         units = _units(len(ds), workers)
         if len(units) > 1:
             return convert_in_parallel(out, schema, [(job, u) for u in units], len(ds), overwrite=overwrite,
-                                shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                                progress=progress, storage_options=storage_options)
+                                       shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
+                                       progress=progress, storage_options=storage_options)
 
     def fill(writer: Writer) -> None:
         if total is not None:

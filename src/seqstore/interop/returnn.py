@@ -426,8 +426,8 @@ def import_hdf(
         from ._parallel import convert_in_parallel
 
         return convert_in_parallel(out, schema, units, sum(info.total_bytes for info in infos), overwrite=overwrite,
-                            shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                            progress=progress, storage_options=storage_options)
+                                   shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
+                                   progress=progress, storage_options=storage_options)
 
     def fill(writer: Writer) -> None:  # called once the output path is checked too
         announce_total(progress, sum(info.total_bytes for info in infos))

@@ -525,8 +525,8 @@ def import_webdataset(
         from ._parallel import convert_in_parallel
 
         return convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                            metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
-                            storage_options=storage_options)
+                                   metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
+                                   storage_options=storage_options)
 
     def fill(writer: Writer) -> None:
         announce_total(progress, total)
