@@ -135,9 +135,10 @@ def _split_by_region(starts: Any, ends: Any) -> list[tuple[Region, np.ndarray[An
         r = regions[int(i[0])]
         return [(r, s - r.base, np.minimum(e, r.end) - r.base)]
     out = []
-    for k in np.unique(i).tolist():
-        m = i == k
-        r = regions[k]
+    order = np.argsort(i, kind="stable")  # grouped by region, each group in its given order
+    si = i[order]
+    for m in np.split(order, np.flatnonzero(si[1:] != si[:-1]) + 1):
+        r = regions[int(i[m[0]])]
         out.append((r, s[m] - r.base, np.minimum(e[m], r.end) - r.base))
     return out
 

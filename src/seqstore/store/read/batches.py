@@ -2,8 +2,9 @@
 (the next batches' reads in flight while one is consumed) and iteration in order.
 
 A batch is split by shard (:meth:`~.shards.ShardRegistry._batch_groups`); its bytes are asked for
-ahead in two stages (:mod:`.readahead`), then gathered: fixed fields with ``np.take`` per shard,
-ragged fields by a numba copy of each record's value rows (:func:`gather_rows`).
+ahead in two stages (:mod:`.readahead`), then gathered by numba copies that run without the GIL:
+fixed fields one ``memcpy`` per record straight into its place in the batch (:func:`take_rows`),
+ragged fields each record's value rows (:func:`gather_rows`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from typing import Any
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
-from ...io import lookahead
+from ...io import address, lookahead
 from ...schema import BFLOAT16, Field
 from .records import Records
 from .shards import Group, checked_bounds
 
-__all__ = ["Batches", "gather_rows"]
+__all__ = ["Batches", "gather_rows", "take_rows"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -34,6 +38,30 @@ def gather_rows(  # pragma: no cover - numba
         b = offsets[r + 1] * stride
         o = out_starts[k]
         out[o : o + (b - a)] = data[a:b]  # a slice copy: about 4x a byte loop
+
+
+@intrinsic
+def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
+    """``memcpy(dst, src, n)`` of addresses given as integers, for numba code (LLVM's memcpy)."""
+    sig = types.void(types.intp, types.intp, types.intp)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        d, s, k = args
+        ptr = ir.IntType(8).as_pointer()
+        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def take_rows(src: int, rows: Any, dst: int, pos: Any, width: int) -> None:  # pragma: no cover - numba
+    """Copy rows ``rows`` of ``width`` bytes each of the rows at address ``src`` to rows ``pos`` of the
+    rows at ``dst`` (both C-contiguous; every index in range: the caller checked them). One ``memcpy``
+    a row into its place: as fast as ``np.take`` into a new array, where ``np.take`` followed by
+    placing the rows (``res[pos] = ...``) costs 1.5x and ``np.take(..., out=)`` 2x (2 KiB rows)."""
+    for k in range(rows.shape[0]):
+        _memcpy(dst + pos[k] * width, src + rows[k] * width, width)
 
 
 class Batches(Records):
@@ -163,21 +191,18 @@ class Batches(Records):
         return out
 
     def _gather_fixed(self, name: str, f: Field, idx: Any, groups: list[Group]) -> np.ndarray[Any, Any]:
-        if len(groups) == 1 and isinstance(groups[0][1], slice):  # one shard, in batch order: one copy
-            out: np.ndarray[Any, Any] = groups[0][0].columns[name][groups[0][2]]
-            return out
         res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
-        # np.take copies whole rows: 3-4x faster than ``col[rows]``, which goes element by element
-        if len(groups) == 1:  # one shard: its rows in batch order, taken straight into the result
-            sh, pos, rows = groups[0]
-            if not isinstance(pos, slice):  # rows[k] goes to position pos[k]: put them in position order
-                shard_rows = rows
-                rows = np.empty_like(shard_rows)
-                rows[pos] = shard_rows
-            np.take(sh.columns[name], rows, axis=0, out=res)
+        width = res.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
+        if not len(idx) or not width:
             return res
-        for sh, pos, rows in groups:
-            res[pos] = np.take(sh.columns[name], rows, axis=0)
+        for sh, pos, rows in groups:  # each shard's rows straight into their places in the batch
+            col = sh.columns[name]
+            if not (col.flags.c_contiguous and col.strides[0] == width):  # (not a mapped column)
+                res[pos] = np.take(col, rows, axis=0)
+                continue
+            at = np.arange(len(idx), dtype=np.int64) if isinstance(pos, slice) else pos
+            take_rows(address(col), np.ascontiguousarray(rows, dtype=np.int64), address(res),
+                      np.ascontiguousarray(at, dtype=np.int64), width)
         return res
 
     def _gather_ragged(self, name: str, f: Field, idx: Any, groups: list[Group], pad: bool) -> tuple[Any, Any]:
