@@ -15,7 +15,6 @@ from typing import Any
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -47,8 +46,8 @@ def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no co
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         d, s, k = args
-        ptr = ir.IntType(8).as_pointer()
-        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)
+        ptr = cgutils.voidptr_t
+        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)  # type: ignore[no-untyped-call]
         return context.get_dummy_value()
 
     return sig, codegen
@@ -61,7 +60,7 @@ def take_rows(src: int, rows: Any, dst: int, pos: Any, width: int) -> None:  # p
     a row into its place: as fast as ``np.take`` into a new array, where ``np.take`` followed by
     placing the rows (``res[pos] = ...``) costs 1.5x and ``np.take(..., out=)`` 2x (2 KiB rows)."""
     for k in range(rows.shape[0]):
-        _memcpy(dst + pos[k] * width, src + rows[k] * width, width)
+        _memcpy(dst + pos[k] * width, src + rows[k] * width, width)  # type: ignore[call-arg]
 
 
 class Batches(Records):
