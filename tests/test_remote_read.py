@@ -595,8 +595,12 @@ def test_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, s3_buck
 def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pending(
         moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     """On a remote store ``iter_batches`` keeps 16 batches in flight by default and up to 64 while the
-    store has few requests pending (dense batches: a few large requests each); an explicit ``prefetch``
-    is kept exactly, and so is the default while many requests are pending. The batches are right."""
+    store has few requests pending (dense batches: a few large requests each), and it asks for their
+    reads in runs of 16 (their union): 31 batches are asked for when the first is handed out (the 17
+    it keeps in flight lie in two runs), and while few requests are pending up to 64 more than the one
+    handed out, and the rest of the run of the last. An explicit ``prefetch`` is kept exactly, batch by
+    batch; the default while many requests are pending stays at 16 (plus the rest of a run). The
+    batches are right."""
     local = tmp_path / "deep.seqstore"
     rows = np.arange(12_000 * 64, dtype=np.float32).reshape(12_000, 64)
     with ss.create(local, {"x": ss.Field("float32", (64,))}) as w:
@@ -620,11 +624,62 @@ def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pendin
         return seen
 
     deep = ahead_of(_open(moto_s3, url, tmp_path / "c1"))
-    assert deep[0] == 16 and 16 < max(deep) <= 64, deep
+    assert deep[0] == 31 and 31 < max(deep) <= 64 + 15, deep
     assert max(ahead_of(_open(moto_s3, url, tmp_path / "c2"), prefetch=16)) == 16
     from seqstore.io.remote_source import RemoteSource
 
     busy = _open(moto_s3, url, tmp_path / "c3")
     assert isinstance(busy._source, RemoteSource)
     busy._source.deeper = lambda: False  # type: ignore[method-assign]
-    assert max(ahead_of(busy)) == 16
+    assert max(ahead_of(busy)) == 31
+
+
+@pytest.mark.parametrize("kind", ["fixed", "ragged"])
+def test_a_block_shuffled_epoch_fetches_its_blocks_as_they_lie(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                               s3_proxy: FaultProxy, kind: str) -> None:
+    """``iter_batches`` of a ``random_block`` epoch whose windows do not start on batch boundaries (a short
+    block, 100-record batches): with the default depth its batches are asked for in runs, as their
+    union, so the epoch's value bytes are fetched about once (at most 1.05x the bytes of the values
+    file's pages it delivers), where batch by batch the chunks at the blocks' ends come whole (more
+    than 1.2x here); every batch equals the local store's."""
+    local = tmp_path / f"{kind}.seqstore"
+    n = 20_000 - 37
+    rng = np.random.default_rng(3)
+    if kind == "fixed":
+        rows = rng.standard_normal((n, 256)).astype(np.float32)  # 1 KiB records
+        with ss.create(local, {"x": ss.Field("float32", (256,))}) as w:
+            w.append_batch({"x": rows})
+    else:
+        lengths = rng.integers(1, 60, n)
+        values = rng.standard_normal((int(lengths.sum()), 16)).astype(np.float32)  # 64-byte rows
+        with ss.create(local, {"x": ss.Field("float32", (None, 16))}) as w:
+            w.append_batch({"x": (values, lengths)})
+    url = moto_s3.upload_dir(local, s3_bucket, f"blocks/{kind}.seqstore")
+    want = ss.open(local)
+    order = ss.seq_order(n, "random_block:512:8", epoch=1, seed=1)
+    batches = list(order.iter_chunks(100))[:120]  # 12,000 records, several windows
+    delivered = np.concatenate(batches)
+    size = local / "shard-000000" / "x.npy"
+    if kind == "fixed":
+        starts = 128 + delivered * 1024
+        ends = starts + 1024
+    else:
+        offsets = np.load(local / "shard-000000" / "x.offsets.npy")
+        header = size.stat().st_size - int(offsets[-1]) * 64
+        starts, ends = header + offsets[delivered] * 64, header + offsets[delivered + 1] * 64
+    pages = np.unique(np.concatenate([np.arange(a // 4096, -(-b // 4096)) for a, b in zip(starts, ends)]))
+    need = len(pages) * 4096
+    fetched = {}
+    for label, kw in (("runs", {}), ("batches", {"prefetch": 16})):
+        store = _open(moto_s3, url, tmp_path / f"cache-{label}", s3_proxy.url)
+        s3_proxy.clear_log()
+        for k, got in enumerate(store.iter_batches(iter(batches), **kw)):
+            ref = want.get_batch(batches[k])
+            if kind == "fixed":
+                np.testing.assert_array_equal(got["x"], ref["x"])
+            else:
+                np.testing.assert_array_equal(got["x"][0], ref["x"][0])
+                np.testing.assert_array_equal(got["x"][1], ref["x"][1])
+        fetched[label] = sum(b - a + 1 for a, b in _chunk_requests(s3_proxy))
+    assert fetched["runs"] <= 1.05 * need, (fetched, need)
+    assert fetched["batches"] > 1.2 * need, (fetched, need)

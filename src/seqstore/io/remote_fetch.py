@@ -36,7 +36,8 @@ from .nodecache import CachedObject, run_pages
 from .objects import ObjectClient
 
 __all__ = [
-    "MOST", "Region", "Requester", "Ticket", "ensure", "ensure_array", "fetch", "paged_searchsorted", "register",
+    "MOST", "Region", "Requester", "Ticket", "ensure", "ensure_array", "fetch", "fetch_runs", "paged_searchsorted",
+    "register",
     "remote_mappings",
 ]
 
@@ -44,6 +45,7 @@ MOST = 8 << 20  # bytes per request at most
 _CHUNK = 1 << 20  # an access that asks for at least 1/_DENSE of such an aligned chunk fetches it whole
 _DENSE = 16
 _EDGE = 64 << 10  # a dense run also brings the missing bytes this close to its ends (rows across the chunk edge)
+_RUN = 256 << 10  # a union's run asking this many bytes is fetched as it lies (fetch_runs); sparser ones wait
 
 
 class Requester(Protocol):
@@ -116,7 +118,10 @@ def remote_mappings() -> int:
     return len(_regions)
 
 
-def _split_by_region(starts: Any, ends: Any) -> list[tuple[Region, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+def _split_by_region(starts: Any, ends: Any, *more: Any) -> list[Any]:
+    """``(region, starts, ends, *more)`` per registered region that ranges ``[starts, ends)`` fall in:
+    offsets in the region's file, ends cut at its end, in their given order; ``more``: arrays alongside
+    the ranges, split the same way. Ranges outside every region, and empty ones, are dropped."""
     s = np.asarray(starts, dtype=np.int64).reshape(-1)
     e = np.asarray(ends, dtype=np.int64).reshape(-1)
     if not len(s) or not _regions:
@@ -131,15 +136,16 @@ def _split_by_region(starts: Any, ends: Any) -> list[tuple[Region, np.ndarray[An
     if not ok.any():
         return []
     s, e, i = s[ok], e[ok], i[ok]
+    extra = [np.asarray(m)[ok] for m in more]
     if int(i.min()) == int(i.max()):  # one region (a batch within one shard): no grouping
         r = regions[int(i[0])]
-        return [(r, s - r.base, np.minimum(e, r.end) - r.base)]
+        return [(r, s - r.base, np.minimum(e, r.end) - r.base, *extra)]
     out = []
     order = np.argsort(i, kind="stable")  # grouped by region, each group in its given order
     si = i[order]
     for m in np.split(order, np.flatnonzero(si[1:] != si[:-1]) + 1):
         r = regions[int(i[m[0]])]
-        out.append((r, s[m] - r.base, np.minimum(e[m], r.end) - r.base))
+        out.append((r, s[m] - r.base, np.minimum(e[m], r.end) - r.base, *(x[m] for x in extra)))
     return out
 
 
@@ -183,6 +189,10 @@ def _missing_requests(
     ms, me = _cut_at_chunks(ms, me)
     if obj.chunk_flight:  # every missing byte in chunks requested whole (a window's later batches): wait
         coming = _chunks_coming(obj, ms)
+        if coming is not None:
+            return [], coming, []
+    if obj.inflight:  # every missing byte in runs requested already (the batches of a union): wait
+        coming = _runs_coming(obj, ms, me)
         if coming is not None:
             return [], coming, []
     rs, re_ = _cut_at_chunks(rs, re_)
@@ -263,6 +273,63 @@ def _chunks_coming(obj: CachedObject, ms: np.ndarray[Any, Any]) -> list[Any] | N
     return futs
 
 
+def _coming(obj: CachedObject, pages: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], list[Any]]:
+    """For page offsets ``pages`` (sorted), whether a request in flight brings each, and the futures of
+    the requests that do. Requests may overlap (a union's run next to a batch's): a page is brought by
+    the request that reaches furthest among those starting at or before it. Call with ``obj.lock``."""
+    sparse = obj.inflight  # sorted by start
+    n = len(sparse)
+    fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=n)
+    fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=n)
+    reach = np.maximum.accumulate(fe)
+    who = np.maximum.accumulate(np.where(fe == reach, np.arange(n), 0))  # the request reaching that far
+    j = np.searchsorted(fs, pages, side="right") - 1
+    jj = np.maximum(j, 0)
+    brought = (j >= 0) & (reach[jj] >= np.minimum(pages + PAGE, obj.size))
+    return brought, [sparse[k][3] for k in _sorted_unique(np.sort(who[jj[brought]])).tolist()]
+
+
+def _runs_coming(obj: CachedObject, ms: np.ndarray[Any, Any], me: np.ndarray[Any, Any]) -> list[Any] | None:
+    """The futures of the requests in flight that bring every page of the missing runs ``[ms, me)``, or
+    None when a page of them is not coming."""
+    pages = run_pages(ms, me) * PAGE
+    with obj.lock:
+        brought, futures = _coming(obj, pages)
+    return futures if bool(brought.all()) else None
+
+
+def _exact_requests(
+    region: Region, s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]
+) -> tuple[list[tuple[int, int]], list[Any]]:
+    """(new byte runs to request, futures of requests in flight to wait for) for exactly the pages of
+    ``[s, e)``: those missing and not coming, merged where closer than ``coalesce_gap``, no chunk
+    taken whole (the union of a window's batches: its blocks as they lie)."""
+    obj = region.obj
+    rs, re_ = page_runs(s, e)
+    ms, me = obj.missing(rs, np.minimum(re_, obj.size))
+    if not len(ms):
+        return [], []
+    waits: list[Any] = []
+    with obj.lock:
+        if obj.chunk_flight:  # pages in chunks coming whole: wait for those
+            ms, me = _cut_at_chunks(ms, me)
+            mc = ms // _CHUNK
+            flying = np.fromiter((c in obj.chunk_flight for c in mc.tolist()), dtype=bool, count=len(mc))
+            for c in _sorted_unique(mc[flying]).tolist():
+                waits.append(obj.chunk_flight[c])
+            ms, me = ms[~flying], me[~flying]
+        if obj.inflight and len(ms):  # pages a request in flight brings: wait for it
+            pages = run_pages(ms, me) * PAGE
+            brought, futures = _coming(obj, pages)
+            waits += futures
+            pages = pages[~brought]
+            ms, me = pages, np.minimum(pages + PAGE, obj.size)
+    if not len(ms):
+        return [], waits
+    cs, ce = page_runs(ms, me, gap=region.root.client.coalesce_gap, most=MOST)
+    return list(zip(cs.tolist(), np.minimum(ce, obj.size).tolist())), waits
+
+
 def _not_coming(
     xs: np.ndarray[Any, Any], xe: np.ndarray[Any, Any], fs: np.ndarray[Any, Any], fe: np.ndarray[Any, Any], size: int
 ) -> tuple[Any, Any]:
@@ -323,16 +390,20 @@ def _cut_at_chunks(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any]) -> tuple[An
     return np.maximum(np.repeat(s, pieces), c * _CHUNK), np.minimum(np.repeat(e, pieces), (c + 1) * _CHUNK)
 
 
-def fetch(starts: Any, ends: Any) -> Ticket:
+def fetch(starts: Any, ends: Any, *, dense: bool = True) -> Ticket:
     """Start fetching whatever is not yet in the cache of the byte ranges ``[starts[i], ends[i])``
-    (absolute addresses; those outside remote mappings are ignored). Returns at once."""
+    (absolute addresses; those outside remote mappings are ignored). Returns at once. ``dense``
+    False: exactly their pages (:func:`_exact_requests`), no chunk taken whole."""
     futures: list[Any] = []
     by_root: dict[int, tuple[Requester, list[tuple[str, int, int, str | None]], list[tuple[CachedObject, int]]]] = {}
     chunks: dict[int, list[tuple[CachedObject, list[int]]]] = {}
     for region, s, e in _split_by_region(starts, ends):
         if _all_present(region.obj, s, e):  # e.g. a batch whose requests have arrived: no planning
             continue
-        runs, waits, claimed = _missing_requests(region, s, e)
+        if dense:
+            runs, waits, claimed = _missing_requests(region, s, e)
+        else:
+            (runs, waits), claimed = _exact_requests(region, s, e), []
         futures.extend(waits)
         if runs:
             root, reqs, fills = by_root.setdefault(id(region.root), (region.root, [], []))
@@ -347,6 +418,39 @@ def fetch(starts: Any, ends: Any) -> Ticket:
         futures.append(fut)
         limit = max(limit, root.client.patience())
     return Ticket(futures, limit or 600.0)
+
+
+def fetch_runs(starts: Any, ends: Any, must: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Start fetching the union of several accesses' ranges ``[starts[i], ends[i])`` as it lies: its runs
+    (ranges closer than the client's ``coalesce_gap`` joined), exactly their pages (:func:`fetch` with
+    ``dense`` False). The first ``must`` ranges are fetched whatever their run; a later range (the
+    batch a run of batches ends with) is left out where its run asks for fewer than ``_RUN`` bytes and
+    holds none of the first ``must``: the few rows of the next window's blocks a window's last batch takes, which
+    the next union brings with those blocks. Returns the ranges left out (absolute addresses); ranges
+    outside remote mappings are dropped."""
+    s0 = np.asarray(starts, dtype=np.int64).reshape(-1)
+    first = np.zeros(len(s0), dtype=bool)
+    first[:must] = True
+    keep_s: list[np.ndarray[Any, Any]] = []
+    keep_e: list[np.ndarray[Any, Any]] = []
+    left_s: list[np.ndarray[Any, Any]] = []
+    left_e: list[np.ndarray[Any, Any]] = []
+    for region, s, e, which in _split_by_region(s0, ends, first):
+        rs, re_ = page_runs(s, e, gap=region.root.client.coalesce_gap)
+        run = np.searchsorted(rs, s, side="right") - 1
+        held = np.bincount(run[which], minlength=len(rs)) > 0
+        asked = np.bincount(run, weights=(e - s).astype(np.float64), minlength=len(rs))
+        keep = held | (asked >= _RUN)
+        keep_s.append(rs[keep] + region.base)
+        keep_e.append(np.minimum(re_[keep], region.obj.size) + region.base)
+        out = ~keep[run]
+        left_s.append(s[out] + region.base)
+        left_e.append(e[out] + region.base)
+    if keep_s:
+        fetch(np.concatenate(keep_s), np.concatenate(keep_e), dense=False)
+    if not left_s:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(left_s), np.concatenate(left_e)
 
 
 def ensure(starts: Any, ends: Any) -> None:

@@ -25,7 +25,7 @@ from .mapping import map_file
 from .nodecache import budget_directory
 from .objects import fork_unsafe
 from .remote import RemoteRoot
-from .remote_fetch import ensure, ensure_array, fetch, paged_searchsorted
+from .remote_fetch import ensure, ensure_array, fetch, fetch_runs, paged_searchsorted
 from .source import ByteSource, ReadPolicy
 
 __all__ = ["RemoteSource"]
@@ -36,6 +36,10 @@ _DEPTH = 16
 #: requests, as a block-shuffled epoch's: the requests of 16 batches are too few bytes to cover the
 #: time an answer takes at network speed)
 _DEEPEST = 64
+#: batches whose first-stage reads ``iter_batches`` asks for together (the union of a block-shuffled
+#: window's batches is its blocks, fetched as they lie; asked for chunk by chunk, batch by batch, the
+#: chunks at a block's ends came whole, most of them other windows' bytes: 1.27x the bytes delivered)
+_TOGETHER = 16
 #: "few requests pending": at most this many times ``max_requests`` (a random batch of 1024 records
 #: makes about 1000 requests: never deeper; a random_block batch a few dozen)
 _FEW = 2
@@ -89,7 +93,7 @@ class RemoteSource(ByteSource):
     def policy(self, readahead: str) -> ReadPolicy:
         # "readahead" governs scans only: a batch always asks, as faults would read zeros
         return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, deepest=_DEEPEST,
-                          staged=True)
+                          staged=True, together=_TOGETHER)
 
     def deeper(self) -> bool:
         return self.remote.pending < _FEW * self.remote.client.max_requests
@@ -99,6 +103,9 @@ class RemoteSource(ByteSource):
 
     def request(self, starts: Any, ends: Any, *, most: int) -> None:
         fetch(starts, ends)
+
+    def request_runs(self, starts: Any, ends: Any, *, most: int, must: int) -> tuple[Any, Any]:
+        return fetch_runs(starts, ends, must)
 
     def request_span(self, start: int, stop: int, *, most: int) -> None:
         fetch(np.array([start], np.int64), np.array([stop], np.int64))

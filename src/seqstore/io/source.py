@@ -48,7 +48,10 @@ class ReadPolicy:
     it may keep in flight by default while the source has few requests pending
     (:meth:`ByteSource.deeper`), e.g. the dense batches of a block-shuffled epoch. ``staged``: a batch's
     ragged value rows are asked for a few batches after its offsets (answers take tens of
-    milliseconds), not only when it is next.
+    milliseconds), not only when it is next. ``together``: ``iter_batches`` asks for the first-stage
+    reads of this many consecutive batches at once, as their union's runs (:meth:`ByteSource.request_runs`):
+    the batches of a block-shuffled window each take a sample of the same blocks, and their union is
+    the blocks as they lie (0: each batch on its own).
     """
 
     ahead: bool
@@ -58,6 +61,7 @@ class ReadPolicy:
     depth: int = 2
     deepest: int = 0
     staged: bool = False
+    together: int = 0
 
 
 class ByteSource(ABC):
@@ -106,6 +110,16 @@ class ByteSource(ABC):
     def request(self, starts: Any, ends: Any, *, most: int) -> None:
         """Start making byte ranges ``[starts[i], ends[i])`` (absolute addresses in this source's
         mappings) resident, in requests of at most ``most`` bytes; return at once."""
+
+    def request_runs(self, starts: Any, ends: Any, *, most: int, must: int) -> tuple[Any, Any]:
+        """Start reading the union of several accesses' ranges (see ``ReadPolicy.together``) as it lies:
+        exactly their pages, in runs, where :meth:`request` may round a dense access up to larger units.
+        The first ``must`` ranges are asked for; later ones (the last access's) may be left out where
+        they lie apart from the rest (the few rows of the next window's blocks that a window's last batch
+        takes): they are returned (``starts``, ``ends``), to be given again, first, with the next union."""
+        self.request(starts, ends, most=most)
+        empty = np.zeros(0, np.int64)
+        return empty, empty
 
     @abstractmethod
     def request_span(self, start: int, stop: int, *, most: int) -> None:

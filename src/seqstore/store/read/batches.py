@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 from ...io import address, lookahead
 from ...schema import BFLOAT16, Field
 from .records import Records
+from .runs import BatchRuns
 from .shards import Group, checked_bounds
 
 __all__ = ["Batches", "gather_rows", "take_rows"]
@@ -134,8 +135,8 @@ class Batches(Records):
                 most, source = self._deepest, self._source
                 deeper = lambda n: n < most and source.deeper()  # noqa: E731
 
-        # tokens: [indices, groups, value rows requested]; a staged source requests the value rows of a
-        # batch when the ``lag``-th batch after it enters the window (reading its offsets then seldom
+        # tokens: [indices, groups, value rows requested(, run)]; a staged source requests the value rows
+        # of a batch when the ``lag``-th batch after it enters the window (reading its offsets then seldom
         # waits: they have had that many batches' time to arrive), others just before the batch is
         # next (the page cache answers offsets in microseconds)
         lag = max(1, prefetch // 4)
@@ -145,19 +146,32 @@ class Batches(Records):
         def values(token: list[Any]) -> None:
             if active and not token[2]:
                 token[2] = True
-                self._request_values(token[1], names)
+                if runs is not None:
+                    runs.values(token[3])
+                else:
+                    self._request_values(token[1], names)
+
+        # with the source's default depth, a source that reads runs of batches together (object storage)
+        # asks for their unions, as they lie (.runs)
+        runs = BatchRuns(self, names, self._together) if active and deeper is not None and self._together else None
 
         def request(batch: Any) -> list[Any]:
-            idx = self._norm_many(batch).reshape(-1)
-            groups = self._batch_groups(idx)
-            token = [idx, self._request(groups, names) if active else groups, False]
+            if runs is not None:  # asked for with its run of batches
+                idx, groups, run = batch
+                token = [idx, groups, False, run]
+            else:
+                idx = self._norm_many(batch).reshape(-1)
+                groups = self._batch_groups(idx)
+                token = [idx, self._request(groups, names) if active else groups, False]
             if staged:
                 window.append(token)
                 if len(window) > lag:
                     values(window.popleft())
             return token
 
-        for _batch, (idx, groups, _) in lookahead(batches, prefetch, request, values, deeper):
+        items = batches if runs is None else runs.batches(batches)
+        for _batch, token in lookahead(items, prefetch, request, values, deeper):
+            idx, groups = token[0], token[1]
             self._need_groups(groups, names)
             yield self._gather(idx, groups, names, pad)
 

@@ -223,6 +223,7 @@ class ShardRegistry:
     _setup: bool
     _depth: int
     _deepest: int
+    _together: int
     _staged: bool
 
     def __len__(self) -> int:

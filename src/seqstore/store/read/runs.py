@@ -1,0 +1,101 @@
+"""Reading runs of batches together: the union of their byte ranges asked for as it lies.
+
+On object storage (``ReadPolicy.together``) ``iter_batches`` asks for the records of ``together``
+consecutive batches at once, as the union of their ranges (:meth:`ByteSource.request_runs`), instead of
+batch by batch. The batches of a ``random_block`` window each take a sample of every block of the window;
+their union is the blocks themselves, fetched as they lie. Asked for batch by batch, a dense sample
+makes the reader take the aligned chunks it touches whole, and the chunks at a block's ends hold mostly
+other windows' rows: a quarter more bytes than the epoch delivers, in more, smaller requests.
+
+A run's last batch may take a few rows of the next window's blocks (windows need not start on a batch
+boundary); the source leaves those out of the run's union and they go first in the next run's, where the
+blocks they belong to are. Ragged fields' value rows are asked for the same way, run by run, once the
+run's offsets are resident (when the first of its batches asks for its value rows). Memory: one run's index arrays and
+groups, and the ranges left over (at most one batch's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .batches import Batches
+    from .shards import Group
+
+__all__ = ["BatchRuns"]
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+class _Run:
+    """One run of batches: their shard groups, and whether their value rows were asked for."""
+
+    __slots__ = ("groups", "values_asked")
+
+    def __init__(self, groups: list[list[Group]]) -> None:
+        self.groups = groups
+        self.values_asked = False
+
+
+class BatchRuns:
+    """The runs of ``together`` batches of one ``iter_batches`` call over ``reader``'s fields ``names``."""
+
+    def __init__(self, reader: Batches, names: list[str], together: int) -> None:
+        self.reader, self.names, self.together = reader, names, together
+        self.ragged = any(reader.schema[n].ragged for n in names)
+        self.left: tuple[Any, Any] = (_EMPTY, _EMPTY)  # first-stage ranges left for the next run's union
+        self.left_values: tuple[Any, Any] = (_EMPTY, _EMPTY)
+        self.most = 0
+
+    def batches(self, items: Iterable[Any]) -> Iterator[tuple[Any, list[Group], _Run]]:
+        """``(indices, groups, run)`` of each batch of ``items``, the first-stage reads (fixed fields'
+        records, ragged fields' offsets) of each run asked for before its first batch is handed out."""
+        r = self.reader
+        it = iter(items)
+        while True:
+            batches = list(islice(it, self.together))
+            prepared = []
+            for batch in batches:
+                idx = r._norm_many(batch).reshape(-1)
+                groups = r._batch_groups(idx)
+                prepared.append((idx, groups))
+                self.most = self.most or next((g[0].request for g in groups), 0)
+            self.left = self._ask([g for _, g in prepared], self.left, values=False, last=not batches)
+            if not batches:
+                return
+            run = _Run([g for _, g in prepared])
+            for idx, groups in prepared:
+                yield idx, groups, run
+
+    def values(self, run: _Run) -> None:
+        """Ask for the value rows of ragged fields of ``run``'s batches (once per run), their offsets
+        made resident first (asked for with the run's union: they arrive together)."""
+        if run.values_asked or not self.ragged:
+            return
+        run.values_asked = True
+        for groups in run.groups:
+            self.reader._need_groups(groups, self.names, values=False)
+        self.left_values = self._ask(run.groups, self.left_values, values=True, last=False)
+
+    def _ask(self, runs: list[list[Group]], left: tuple[Any, Any], *, values: bool, last: bool) -> tuple[Any, Any]:
+        """Ask for the union of ``left`` and the ranges of the batches ``runs`` (the last batch's may be
+        left out); ``last``: the end of the batches, everything asked for. Returns what was left out."""
+        starts: list[Any] = [left[0]]
+        ends: list[Any] = [left[1]]
+        must = len(left[0])
+        for k, groups in enumerate(runs):
+            a, b = self.reader._ranges(groups, self.names, values)
+            starts += a
+            ends += b
+            if k < len(runs) - 1:
+                must += sum(len(x) for x in a)
+        union_s, union_e = np.concatenate(starts), np.concatenate(ends)
+        if not len(union_s):
+            return _EMPTY, _EMPTY
+        return self.reader._source.request_runs(
+            union_s, union_e, most=self.most or 1, must=len(union_s) if last else must
+        )
