@@ -14,6 +14,8 @@ Requests: the page runs an access needs minus the pages present in the cache and
 in flight in this process, merged where closer than ``coalesce_gap``, cut to at most 8 MiB, all
 submitted at once to the client (at most ``max_requests`` and ``max_inflight_bytes`` in flight). An
 access that asks for much of an aligned chunk fetches the chunk whole (:func:`_missing_requests`).
+:func:`fetch_runs` fetches the union of several accesses (a run of batches) as it lies instead: exactly
+the pages of its runs, none rounded up to chunks (:func:`_exact_requests`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ other windows' rows: a quarter more bytes than the epoch delivers, in more, smal
 A run's last batch may take a few rows of the next window's blocks (windows need not start on a batch
 boundary); the source leaves those out of the run's union and they go first in the next run's, where the
 blocks they belong to are. Ragged fields' value rows are asked for the same way, run by run, once the
-run's offsets are resident (when the first of its batches asks for its value rows). Memory: one run's index arrays and
-groups, and the ranges left over (at most one batch's).
+run's offsets are resident (when the first of its batches asks for its value rows). Memory: one run's
+index arrays and groups, and the ranges left over (at most one batch's).
 """
 
 from __future__ import annotations
