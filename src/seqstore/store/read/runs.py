@@ -16,19 +16,36 @@ index arrays and groups, and the ranges left over (at most one batch's).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .batches import Batches
-    from .shards import Group
+from ...io.source import ByteSource
+from .shards import Group
 
 __all__ = ["BatchRuns"]
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+class Reader(Protocol):
+    """What reading runs needs of the store reader (:class:`~.batches.Batches`)."""
+
+    @property
+    def schema(self) -> Mapping[str, Any]: ...
+
+    @property
+    def _source(self) -> ByteSource: ...
+
+    def _norm_many(self, indices: Any) -> np.ndarray[Any, Any]: ...
+
+    def _batch_groups(self, idx: np.ndarray[Any, Any]) -> list[Group]: ...
+
+    def _ranges(self, groups: list[Group], names: list[str], values: bool) -> tuple[list[Any], list[Any]]: ...
+
+    def _need_groups(self, groups: list[Group], names: list[str], values: bool = True) -> None: ...
 
 
 class _Run:
@@ -44,7 +61,7 @@ class _Run:
 class BatchRuns:
     """The runs of ``together`` batches of one ``iter_batches`` call over ``reader``'s fields ``names``."""
 
-    def __init__(self, reader: Batches, names: list[str], together: int) -> None:
+    def __init__(self, reader: Reader, names: list[str], together: int) -> None:
         self.reader, self.names, self.together = reader, names, together
         self.ragged = any(reader.schema[n].ragged for n in names)
         self.left: tuple[Any, Any] = (_EMPTY, _EMPTY)  # first-stage ranges left for the next run's union
