@@ -129,12 +129,12 @@ def test_parallel_returnn_hdf_equals_one_process(tmp_path: Path, small_units: No
 
 
 _SCRIPT = """\
-import sys
+import os, sys
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 from seqstore.interop import arrow as arrow_mod
-arrow_mod.MIN_UNIT_RECORDS = 50
-pq.write_table(pa.table({"x": pa.array(np.arange(400))}), sys.argv[1] + "/in.parquet", row_group_size=50)
-"""
+arrow_mod.MIN_UNIT_RECORDS = 50; path = sys.argv[1] + "/in.parquet"
+if not os.path.exists(path): pq.write_table(pa.table({"x": pa.array(np.arange(400))}), path, row_group_size=50)
+"""  # (the workers import the script again: the input is not rewritten under them)
 _CALL = 'arrow_mod.import_parquet(sys.argv[1] + "/in.parquet", sys.argv[1] + "/out.seqstore", workers=2)\n'
 
 
