@@ -48,8 +48,9 @@ class ReadPolicy:
     it may keep in flight by default while the source has few requests pending
     (:meth:`ByteSource.deeper`), e.g. the dense batches of a block-shuffled epoch. ``staged``: a batch's
     ragged value rows are asked for a few batches after its offsets (answers take tens of
-    milliseconds), not only when it is next. ``together``: ``iter_batches`` asks for the first-stage
-    reads of this many consecutive batches at once, as their union's runs (:meth:`ByteSource.request_runs`):
+    milliseconds), not only when it is next. ``together``: ``iter_batches`` (with its default depth)
+    asks for the reads of this many consecutive batches at once, as their union's runs
+    (:meth:`ByteSource.request_runs`):
     the batches of a block-shuffled window each take a sample of the same blocks, and their union is
     the blocks as they lie (0: each batch on its own).
     """

@@ -121,10 +121,13 @@ class Batches(Records):
         """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
         ``order.iter_chunks(1024)`` or :func:`seqstore.batch_indices`), with the reads of the next
         ``prefetch`` batches already in flight while a batch is consumed (default 2; for a remote store 16,
-        and up to 64 while few requests are pending: batches that each need few, large requests).
+        and up to 64 while few requests are pending: batches that each need few, large requests). With
+        the default on a remote store, reads are asked for in runs of 16 batches, as the union of their
+        records (a block-shuffled window's blocks, as they lie; :mod:`.runs`).
 
         Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
-        batches plus what the page cache holds of the requested records (reclaimable, shared).
+        batches (and of a run of 16) plus what the page cache holds of the requested records
+        (reclaimable, shared).
         """
         names = self._field_names(fields)
         active = self._ahead
