@@ -173,10 +173,7 @@ class Batches(Records):
             return token
 
         items = batches if runs is None else runs.batches(batches)
-        # in runs, the first batch waits for its run's union alone: the window starts a batch short of a
-        # run (``prefetch`` + 1 batches would reach into the next run and ask for its union at once)
-        first = prefetch if runs is None else min(prefetch, self._together - 1)
-        for _batch, token in lookahead(items, first, request, values, deeper):
+        for _batch, token in lookahead(items, prefetch, request, values, deeper):
             idx, groups = token[0], token[1]
             self._need_groups(groups, names)
             yield self._gather(idx, groups, names, pad)
