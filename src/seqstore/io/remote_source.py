@@ -38,7 +38,7 @@ _DEPTH = 16
 _DEEPEST = 64
 #: batches whose first-stage reads ``iter_batches`` asks for together (the union of a block-shuffled
 #: window's batches is its blocks, fetched as they lie; asked for chunk by chunk, batch by batch, the
-#: chunks at a block's ends came whole, most of them other windows' bytes: 1.27x the bytes delivered)
+#: chunks at the ends of a block off the chunk grid came whole, most of them other windows' bytes)
 _TOGETHER = 16
 #: "few requests pending": at most this many times ``max_requests`` (a random batch of 1024 records
 #: makes about 1000 requests: never deeper; a random_block batch a few dozen)

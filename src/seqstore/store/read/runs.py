@@ -4,8 +4,9 @@ On object storage (``ReadPolicy.together``) ``iter_batches`` asks for the record
 consecutive batches at once, as the union of their ranges (:meth:`ByteSource.request_runs`), instead of
 batch by batch. The batches of a ``random_block`` window each take a sample of every block of the window;
 their union is the blocks themselves, fetched as they lie. Asked for batch by batch, a dense sample
-makes the reader take the aligned chunks it touches whole, and the chunks at a block's ends hold mostly
-other windows' rows: a quarter more bytes than the epoch delivers, in more, smaller requests.
+makes the reader take the aligned chunks it touches whole, and where a block does not start on a chunk
+boundary the chunks at its ends hold mostly other windows' rows: a quarter more bytes than the epoch
+delivered in the benchmark, in more, smaller requests.
 
 A run's last batch may take a few rows of the next window's blocks (windows need not start on a batch
 boundary); the source leaves those out of the run's union and they go first in the next run's, where the
