@@ -11,8 +11,12 @@ delivered in the benchmark, in more, smaller requests.
 A run's last batch may take a few rows of the next window's blocks (windows need not start on a batch
 boundary); the source leaves those out of the run's union and they go first in the next run's, where the
 blocks they belong to are. Ragged fields' value rows are asked for the same way, run by run, once the
-run's offsets are resident (when the first of its batches asks for its value rows). Memory: one run's
-index arrays and groups, and the ranges left over (at most one batch's).
+run's offsets are resident (when the first of its batches asks for its value rows). Where every field
+read is ragged, the first stage (offsets: 8 bytes a record) is asked for one run ahead, so that a run's
+offsets are in when its values are asked for: a reader waiting for them there does not gather the
+batches before (the ragged epoch ran at 754 MB/s with the offsets asked for a run later, 840 with them
+a run ahead). Memory: two runs' index arrays and groups, and the ranges left over (at most one
+batch's).
 """
 
 from __future__ import annotations
@@ -71,21 +75,30 @@ class BatchRuns:
 
     def batches(self, items: Iterable[Any]) -> Iterator[tuple[Any, list[Group], _Run]]:
         """``(indices, groups, run)`` of each batch of ``items``, the first-stage reads (fixed fields'
-        records, ragged fields' offsets) of each run asked for before its first batch is handed out."""
+        records, ragged fields' offsets) of each run asked for before its first batch is handed out (a
+        run earlier where all of them are offsets)."""
         r = self.reader
         it = iter(items)
+        ahead = 1 if self.ragged and all(r.schema[n].ragged for n in self.names) else 0
+        queue: list[tuple[list[tuple[Any, list[Group]]], _Run]] = []
+        done = False
         while True:
-            batches = list(islice(it, self.together))
-            prepared = []
-            for batch in batches:
-                idx = r._norm_many(batch).reshape(-1)
-                groups = r._batch_groups(idx)
-                prepared.append((idx, groups))
-                self.most = self.most or next((g[0].request for g in groups), 0)
-            self.left = self._ask([g for _, g in prepared], self.left, values=False, last=not batches)
-            if not batches:
+            while not done and len(queue) <= ahead:
+                batches = list(islice(it, self.together))
+                prepared = []
+                for batch in batches:
+                    idx = r._norm_many(batch).reshape(-1)
+                    groups = r._batch_groups(idx)
+                    prepared.append((idx, groups))
+                    self.most = self.most or next((g[0].request for g in groups), 0)
+                self.left = self._ask([g for _, g in prepared], self.left, values=False, last=not batches)
+                if not batches:
+                    done = True
+                    break
+                queue.append((prepared, _Run([g for _, g in prepared])))
+            if not queue:
                 return
-            run = _Run([g for _, g in prepared])
+            prepared, run = queue.pop(0)
             for idx, groups in prepared:
                 yield idx, groups, run
 
