@@ -599,8 +599,8 @@ def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pendin
     reads in runs of 16 (their union): 31 batches are asked for when the first is handed out (the 17
     it keeps in flight lie in two runs), and while few requests are pending up to 64 more than the one
     handed out, and the rest of the run of the last. An explicit ``prefetch`` is kept exactly, batch by
-    batch; the default while many requests are pending stays at 16 (plus the rest of a run). The
-    batches are right."""
+    batch; the default while many requests are pending stays at 16 (plus the rest of a run). Ragged
+    fields alone are asked for a run further ahead (47: their offsets). The batches are right."""
     local = tmp_path / "deep.seqstore"
     rows = np.arange(12_000 * 64, dtype=np.float32).reshape(12_000, 64)
     with ss.create(local, {"x": ss.Field("float32", (64,))}) as w:
@@ -619,7 +619,8 @@ def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pendin
         store._batch_groups = counting  # type: ignore[method-assign]
         seen = []
         for k, got in enumerate(store.iter_batches(iter(batches), **kw)):
-            np.testing.assert_array_equal(got["x"], rows[batches[k]])
+            x = got["x"] if not isinstance(got["x"], tuple) else got["x"][0].reshape(len(batches[k]), -1)
+            np.testing.assert_array_equal(x, rows[batches[k]])
             seen.append(requested[0] - k - 1)
         return seen
 
@@ -632,6 +633,13 @@ def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pendin
     assert isinstance(busy._source, RemoteSource)
     busy._source.deeper = lambda: False  # type: ignore[method-assign]
     assert max(ahead_of(busy)) == 31
+    # ragged fields alone: their offsets (the first stage) are asked for one run ahead
+    ragged = tmp_path / "deep-ragged.seqstore"
+    with ss.create(ragged, {"x": ss.Field("float32", (None, 4))}) as w:
+        w.append_batch({"x": (rows.reshape(-1, 4)[: 12_000 * 3], np.full(12_000, 3))})
+    url = moto_s3.upload_dir(ragged, s3_bucket, "deep/b.seqstore")
+    rows = rows.reshape(-1, 4)[: 12_000 * 3].reshape(12_000, 12)
+    assert ahead_of(_open(moto_s3, url, tmp_path / "c4"))[0] == 47
 
 
 @pytest.mark.parametrize("kind", ["fixed", "ragged"])
