@@ -15,8 +15,8 @@ run's offsets are resident (when the first of its batches asks for its value row
 read is ragged, the first stage (offsets: 8 bytes a record) is asked for one run ahead, so that a run's
 offsets are in when its values are asked for: a reader waiting for them there does not gather the
 batches before (the ragged epoch ran at 754 MB/s with the offsets asked for a run later, 840 with them
-a run ahead). Memory: two runs' index arrays and groups, and the ranges left over (at most one
-batch's).
+a run ahead). Memory: the index arrays and groups of two runs (three for ragged fields alone), and
+the ranges left over (at most one batch's).
 """
 
 from __future__ import annotations
