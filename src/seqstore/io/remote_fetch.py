@@ -219,14 +219,10 @@ def _missing_requests(
     gap = region.root.client.coalesce_gap
     with obj.lock:
         sparse = obj.inflight  # byte runs requested and not yet arrived, sorted by start
-        fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
-        fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
-        flight = obj.chunk_flight
+        fs, fe = _requested(obj)
         mchunk = ms // _CHUNK
-        flown = np.sort(np.fromiter(flight, np.int64, len(flight)))  # chunks requested whole, in flight
-        flying = _member(mchunk, flown)
-        for c in _sorted_unique(mchunk[flying]).tolist():  # chunks coming whole: wait for them
-            waits.append(flight[c])
+        flown, flying, coming = _chunks_flying(obj, mchunk)
+        waits += coming  # chunks coming whole: wait for them
         whole = ~flying & _member(mchunk, dense)
         if whole.any():
             a = _sorted_unique(mchunk[whole]) * _CHUNK
@@ -240,7 +236,7 @@ def _missing_requests(
             ee = np.concatenate((ws, np.minimum(we + _EDGE, obj.size)))
             es, ee = page_runs(es[ee > es], ee[ee > es])
             xs, xe = obj.missing(es, np.minimum(ee, obj.size))
-            if len(xs) and flight:
+            if len(xs) and len(flown):
                 fly = _member(xs // _CHUNK, flown)
                 xs, xe = xs[~fly], xe[~fly]
             if len(xs) and len(fs):  # nor the pages a request in flight brings (nothing waits for them)
@@ -275,16 +271,32 @@ def _chunks_coming(obj: CachedObject, ms: np.ndarray[Any, Any]) -> list[Any] | N
     return futs
 
 
+def _requested(obj: CachedObject) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Starts and ends of ``obj``'s byte runs in flight (``obj.inflight``, sorted by start). Call with
+    ``obj.lock``."""
+    sparse = obj.inflight
+    fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
+    fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
+    return fs, fe
+
+
+def _chunks_flying(obj: CachedObject, chunks: np.ndarray[Any, Any]) -> tuple[Any, Any, list[Any]]:
+    """(the chunk numbers requested whole and in flight, sorted; which of ``chunks`` (sorted) are among
+    them; the futures of those, once each). Call with ``obj.lock``."""
+    flight = obj.chunk_flight
+    flown = np.sort(np.fromiter(flight, np.int64, len(flight)))
+    flying = _member(chunks, flown)
+    return flown, flying, [flight[c] for c in _sorted_unique(chunks[flying]).tolist()]
+
+
 def _coming(obj: CachedObject, pages: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], list[Any]]:
     """For page offsets ``pages`` (sorted), whether a request in flight brings each, and the futures of
     the requests that do. Requests may overlap (a union's run next to a batch's): a page is brought by
     the request that reaches furthest among those starting at or before it. Call with ``obj.lock``."""
     sparse = obj.inflight  # sorted by start
-    n = len(sparse)
-    fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=n)
-    fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=n)
+    fs, fe = _requested(obj)
     reach = np.maximum.accumulate(fe)
-    who = np.maximum.accumulate(np.where(fe == reach, np.arange(n), 0))  # the request reaching that far
+    who = np.maximum.accumulate(np.where(fe == reach, np.arange(len(fe)), 0))  # the request reaching that far
     j = np.searchsorted(fs, pages, side="right") - 1
     jj = np.maximum(j, 0)
     brought = (j >= 0) & (reach[jj] >= np.minimum(pages + PAGE, obj.size))
@@ -315,10 +327,7 @@ def _exact_requests(
     with obj.lock:
         if obj.chunk_flight:  # pages in chunks coming whole: wait for those
             ms, me = _cut_at_chunks(ms, me)
-            mc = ms // _CHUNK
-            flying = np.fromiter((c in obj.chunk_flight for c in mc.tolist()), dtype=bool, count=len(mc))
-            for c in _sorted_unique(mc[flying]).tolist():
-                waits.append(obj.chunk_flight[c])
+            _, flying, waits = _chunks_flying(obj, ms // _CHUNK)
             ms, me = ms[~flying], me[~flying]
         if obj.inflight and len(ms):  # pages a request in flight brings: wait for it
             pages = run_pages(ms, me) * PAGE
