@@ -592,6 +592,42 @@ def test_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, s3_buck
         ObjectClient(f"s3://{s3_bucket}/budget", {**moto_s3.storage_options(), "max_inflight_bytes": 0})
 
 
+def test_the_byte_budget_gives_back_what_a_cancelled_request_held_or_waited_for() -> None:
+    """The budget behind ``max_inflight_bytes``: bytes are taken in arrival order; a request cancelled
+    while it waits leaves nothing taken and nothing queued, one granted just before its cancellation
+    gives its bytes back, and those behind a cancelled one go on."""
+    import asyncio
+
+    from seqstore.io.object_obstore import _ByteBudget
+
+    async def scenario() -> None:
+        b = _ByteBudget(10)
+        assert b.try_take(8) and b.used == 8
+        assert not b.try_take(5)  # does not fit: nothing taken
+        waiter = asyncio.ensure_future(b.take(5))
+        behind = asyncio.ensure_future(b.take(2))  # fits, but waits behind the first (arrival order)
+        await asyncio.sleep(0)
+        assert len(b._waiting) == 2 and b.used == 8
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await asyncio.sleep(0)
+        assert behind.done() and b.used == 10 and not b._waiting  # the one behind went on
+        b.release(10)
+        assert b.used == 0
+        # granted by a release, then cancelled before it ran: its bytes come back
+        assert b.try_take(10)
+        late = asyncio.ensure_future(b.take(4))
+        await asyncio.sleep(0)
+        b.release(10)  # grants the waiter (its future is done) ...
+        late.cancel()  # ... and it is cancelled before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        assert b.used == 0 and not b._waiting and b.peak == 10
+
+    asyncio.run(scenario())
+
+
 def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pending(
         moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     """On a remote store ``iter_batches`` keeps 16 batches in flight by default and up to 64 while the

@@ -124,24 +124,38 @@ class _ByteBudget:
                 self._take(m)
                 fut.set_result(None)
 
+    def try_take(self, n: int) -> bool:
+        """Take ``n`` bytes at once if nobody waits and they fit (the common case: no await, no context
+        manager); the caller gives them back with :meth:`release`."""
+        if self._waiting or not self._fits(n):
+            return False
+        self._take(n)
+        return True
+
+    def release(self, n: int) -> None:
+        self._release(n)
+
+    async def take(self, n: int) -> None:
+        """Wait, in arrival order, until ``n`` bytes fit, and take them (also on cancellation nothing is
+        left taken or queued: no await that a second cancellation could interrupt)."""
+        if self.try_take(n):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((n, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
+                self._release(n)
+            else:
+                self._waiting = [w for w in self._waiting if w[1] is not fut]
+                self._release(0)  # those behind it may fit now
+            raise
+
     @contextlib.asynccontextmanager
     async def hold(self, n: int) -> AsyncIterator[None]:
-        """``n`` bytes of the budget while the block runs, given back on exit (also on cancellation, without
-        an await that a second cancellation could interrupt)."""
-        if self._waiting or not self._fits(n):
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.append((n, fut))
-            try:
-                await fut
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
-                    self._release(n)
-                else:
-                    self._waiting = [w for w in self._waiting if w[1] is not fut]
-                    self._release(0)  # those behind it may fit now
-                raise
-        else:
-            self._take(n)
+        """``n`` bytes of the budget while the block runs, given back on exit."""
+        await self.take(n)
         try:
             yield
         finally:
@@ -400,17 +414,27 @@ class _ObstoreBackend(_Backend):
     async def _one(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True
     ) -> tuple[memoryview, ObjectMeta | None]:
-        assert self.sem is not None and self.budget is not None
+        sem, budget = self.sem, self.budget
+        assert sem is not None and budget is not None
         attempt = 0
         first = 0.0
-        url = self.c.key_url(key)
         # what the answer takes of the byte budget: its size where the range says it (a whole object or a
         # suffix: at most a small one here)
         want = end - start if 0 <= start < end else -start if start < 0 else _SMALL_BODY
         while True:
             attempt += 1
             try:
-                async with self.sem, self.budget.hold(want):
+                # the semaphore and the byte budget taken and given back by hand: this runs once per
+                # request (a random batch makes about a thousand), and two context managers cost more
+                # than the rest of the Python work of a small request
+                await sem.acquire()
+                try:
+                    if not budget.try_take(want):
+                        await budget.take(want)
+                except BaseException:
+                    sem.release()
+                    raise
+                try:
                     opts: dict[str, Any] = {}
                     if start < 0 and not self.suffix_ranges:
                         head = await self.obs.head_async(self.store, key)
@@ -432,6 +456,9 @@ class _ObstoreBackend(_Backend):
                         data = memoryview(r.bytes())
                     else:
                         data = memoryview(await r.bytes_async())
+                finally:
+                    budget.release(want)
+                    sem.release()
                 if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
                     if len(data) != end - start:
                         raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
@@ -468,7 +495,7 @@ class _ObstoreBackend(_Backend):
                 first = time.monotonic()
             delay = self.c.retry_delay(attempt, first)
             if delay is None:
-                raise self.c.gave_up(f"{url}: range {start}-{end}", attempt, first, last)
+                raise self.c.gave_up(f"{self.c.key_url(key)}: range {start}-{end}", attempt, first, last)
             await asyncio.sleep(delay)
 
     async def _all(
