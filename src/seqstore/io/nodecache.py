@@ -7,6 +7,7 @@ Layout under ``cache_dir``::
     objects/ab/<key>.data the object's bytes: a sparse file of the object's size; only fetched pages hold data
     objects/ab/<key>.bits one byte per page of .data (1: the page holds the object's bytes), after a
                           4096-byte header (magic, object size)
+    objects/ab/<key>.claims  8 bytes per page: which process is fetching it, until when (seqstore.io.claims)
     stores/...            small metadata files (manifests, shard tables, descriptors; seqstore.io.remote)
     derived/...           datasets' derived arrays (lengths, sort indexes) of remote stores
 
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .claims import Claims
 from .mapping import PAGE
 
 __all__ = [
@@ -258,7 +260,7 @@ class NodeCache:
             elif p.suffix == ".bits":
                 data = p.with_suffix(".data")
                 freed = 0
-                for q in (data, p):
+                for q in (data, p, p.with_suffix(".claims")):
                     try:
                         freed += q.stat().st_blocks * 512
                         q.unlink()
@@ -342,6 +344,8 @@ class CachedObject:
         if self._bits_map[:8] != _MAGIC:
             raise OSError(f"{self.bits_path}: not a seqstore cache page map")
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
+        # which pages other processes on the node are fetching (opened when first asked)
+        self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits)
         self._ino = os.fstat(self.fd).st_ino
         self.lock = threading.Lock()
         # byte runs requested and not yet arrived (this process), sorted: (start, end, id(future), future)
@@ -418,6 +422,8 @@ class CachedObject:
         return bool(self.bits[start // PAGE : -(-end // PAGE)].all())
 
     def close(self) -> None:
+        if hasattr(self, "claims"):
+            self.claims.close()
         fd, self.fd = self.fd, -1
         if fd >= 0:
             try:

@@ -159,11 +159,12 @@ class Ticket:
     raises the request's error). No wait is unbounded: every request has a timeout and a bounded number
     of retries, and a wait gives up (``RemoteError``) after ``limit`` seconds, longer than all of them."""
 
-    __slots__ = ("futures", "limit")
+    __slots__ = ("futures", "limit", "claimed")
 
-    def __init__(self, futures: list[Any], limit: float = 600.0) -> None:
+    def __init__(self, futures: list[Any], limit: float = 600.0, claimed: bool = False) -> None:
         self.futures = futures
         self.limit = limit
+        self.claimed = claimed  # some of the bytes are another process's to fetch (a ClaimWait among futures)
 
     def wait(self) -> None:
         deadline = time.monotonic() + self.limit
@@ -408,6 +409,7 @@ def fetch(starts: Any, ends: Any, *, dense: bool = True) -> Ticket:
     futures: list[Any] = []
     by_root: dict[int, tuple[Requester, list[tuple[str, int, int, str | None]], list[tuple[CachedObject, int]]]] = {}
     chunks: dict[int, list[tuple[CachedObject, list[int]]]] = {}
+    others = False
     for region, s, e in _split_by_region(starts, ends):
         if _all_present(region.obj, s, e):  # e.g. a batch whose requests have arrived: no planning
             continue
@@ -416,6 +418,11 @@ def fetch(starts: Any, ends: Any, *, dense: bool = True) -> Ticket:
         else:
             (runs, waits), claimed = _exact_requests(region, s, e), []
         futures.extend(waits)
+        if runs:  # what another process on the node is fetching is waited for, not fetched again
+            runs, wait = _claim(region, runs)
+            if wait is not None:
+                futures.append(wait)
+                others = True
         if runs:
             root, reqs, fills = by_root.setdefault(id(region.root), (region.root, [], []))
             for a, b in runs:
@@ -426,9 +433,34 @@ def fetch(starts: Any, ends: Any, *, dense: bool = True) -> Ticket:
     limit = 0.0
     for key, (root, reqs, fills) in by_root.items():
         fut = root.submit(reqs, fills, chunks.get(key, []))
+        fut.add_done_callback(lambda f, reqs=reqs, fills=fills: _give_back(f, reqs, fills))
         futures.append(fut)
         limit = max(limit, root.client.patience())
-    return Ticket(futures, limit or 600.0)
+    return Ticket(futures, limit or 600.0, others)
+
+
+def _claim(region: Region, runs: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], Any]:
+    """Claim the pages of ``runs`` (byte runs to request) in the node cache (:mod:`.claims`): the runs
+    of those that no other process is fetching, and a wait for the others (or None)."""
+    client = region.root.client
+    obj = region.obj
+    s = np.fromiter((a for a, _ in runs), np.int64, len(runs))
+    e = np.fromiter((b for _, b in runs), np.int64, len(runs))
+    pages = run_pages(s, e)
+    mine, wait = obj.claims.take(pages, client.timeout + client.connect_timeout)
+    if wait is None:
+        return runs, None
+    keep = pages[mine] * PAGE
+    ks, ke = page_runs(keep, np.minimum(keep + PAGE, obj.size), most=MOST)
+    return list(zip(ks.tolist(), ke.tolist())), wait
+
+
+def _give_back(wave: Any, reqs: list[tuple[str, int, int, str | None]], fills: list[tuple[CachedObject, int]]) -> None:
+    """After a wave: if it failed, the claims of its requests go back (others need not wait for them)."""
+    if wave.cancelled() or wave.exception() is None:
+        return
+    for (_, a, b, _), (obj, _) in zip(reqs, fills):
+        obj.claims.give_back(run_pages(np.array([a], np.int64), np.array([b], np.int64)))
 
 
 def fetch_runs(starts: Any, ends: Any, must: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -474,10 +506,16 @@ def ensure(starts: Any, ends: Any) -> None:
         first.wait()
     except RemoteError:  # e.g. a read-ahead request that failed: what is still missing is asked again
         pass
-    again = fetch(starts, ends)  # also what another request was expected to bring and did not
-    if not again.futures:
-        return
-    again.wait()
+    deadline = time.monotonic() + first.limit
+    while True:
+        again = fetch(starts, ends)  # also what another request was expected to bring and did not
+        if not again.futures:
+            return
+        again.wait()
+        # bytes another process claimed may still be missing (its claim ran out, it failed or exited):
+        # ask again, fetching them now unless a live process claims them again
+        if not again.claimed or time.monotonic() > deadline:
+            break
     for region, s, e in _split_by_region(starts, ends):
         rs, re_ = page_runs(s, e)
         ms, _ = region.obj.missing(rs, np.minimum(re_, region.obj.size))

@@ -1,0 +1,167 @@
+"""Pages that another process on the node is fetching: claims beside the node cache's page maps, so
+that the processes sharing a cache (DataLoader workers, the ranks of a node) fetch a page once.
+
+Each process knows its own requests in flight; without claims it knew nothing of the others'. The
+workers of a loader, and the ranks of a node, read the same bytes at about the same time: the batches
+of a ``random_block`` window are dealt out round-robin and every one of them takes rows of every block
+of the window, so each process asked for all of the window's blocks. Two DataLoader workers moved 4x the
+bytes they delivered in the benchmark, 1.5x for one worker (its read-ahead past the end).
+
+A claim is a word per page of a cache entry in ``<entry>.claims`` (8 bytes a page, beside the page map;
+sparse): the claiming process's id and a deadline (seconds since the epoch). A process about to request
+pages takes, under an exclusive ``flock`` of that file, those without a live claim (none, past its
+deadline, or its process gone), writing its own, and waits for the others: :class:`ClaimWait` polls the
+page map until they are present, their claims run out or their processes exit; then the caller asks
+again and fetches what is still missing itself. A request that fails gives its claims back. Claims are
+advice: the page map alone says what is present, so a wrong claim costs a wait or a second fetch of a
+page, never a wrong byte. The deadline is one request's time (``timeout`` + ``connect_timeout``): a
+process that dies fetching holds up the others at most that long, less where its process id is seen to
+be gone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Claims", "ClaimWait"]
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PID = 1 << 32  # a claim: pid * _PID + deadline (seconds)
+#: how often a waiter looks whether the claiming processes are still there
+_ALIVE_EVERY = 0.5
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (seen from this process: one in another pid namespace counts as gone,
+    so its claims are not waited for: a second fetch at worst). A process that exited and was not yet
+    reaped by its parent (a zombie) is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+class Claims:
+    """The claims of one cache entry's pages (``pages`` of them), in ``path``, opened on first use;
+    ``bits``: the entry's page map (what waiters poll)."""
+
+    def __init__(self, path: Path, pages: int, bits: np.ndarray[Any, Any]) -> None:
+        self.path = path
+        self.pages = pages
+        self.bits = bits
+        self._lock = threading.Lock()
+        self._words: np.ndarray[Any, Any] | None = None
+        self._fd = -1
+        self._failed = False
+
+    def _open(self) -> np.ndarray[Any, Any] | None:
+        if self._words is not None or self._failed:
+            return self._words
+        with self._lock:
+            if self._words is None and not self._failed:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+                    size = 8 * max(1, self.pages)
+                    if os.fstat(fd).st_size < size:
+                        os.ftruncate(fd, size)  # zeros: no claims (two processes extend it alike)
+                    m = mmap.mmap(fd, size)
+                    self._words = np.frombuffer(m, dtype=np.uint64, count=self.pages)
+                    self._fd = fd
+                except OSError:  # e.g. a read-only cache: no claims, each process fetches for itself
+                    self._failed = True
+        return self._words
+
+    def take(self, pages: np.ndarray[Any, Any], seconds: float) -> tuple[np.ndarray[Any, Any], ClaimWait | None]:
+        """Claim those of ``pages`` (page numbers) that no live process claims, for ``seconds``. Returns
+        (a mask of the pages now claimed by this process, a wait for the rest or None)."""
+        words = self._open()
+        if words is None or not len(pages):
+            return np.ones(len(pages), dtype=bool), None
+        me = os.getpid()
+        now = int(time.time())
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # check and claim as one step across processes
+        try:
+            held = words[pages]
+            pid = (held // _PID).astype(np.int64)
+            live = (held % _PID > now) & (pid != me)
+            if live.any():  # claims by processes that are gone do not count
+                for p in np.unique(pid[live]).tolist():
+                    if not _alive(p):
+                        live &= pid != p
+            mine = ~live
+            words[pages[mine]] = np.uint64(me * _PID + now + int(seconds) + 1)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        if mine.all():
+            return mine, None
+        until = float((held[live] % _PID).max())
+        return mine, ClaimWait(self.bits, pages[live], np.unique(pid[live]), until)
+
+    def give_back(self, pages: np.ndarray[Any, Any]) -> None:
+        """Clear this process's claims of ``pages`` (its request failed: others need not wait for it)."""
+        words = self._open()
+        if words is None or not len(pages):
+            return
+        me = os.getpid()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            held = words[pages]
+            words[pages[held // _PID == me]] = 0
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        self._words = None
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class ClaimWait:
+    """Waiting for pages other processes claimed: :meth:`result` returns once the page map ``bits`` says
+    they are present, their claims have run out (``until``) or their processes (``pids``) have exited,
+    whichever comes first; it raises ``concurrent.futures.TimeoutError`` after ``timeout`` seconds, as a
+    future does. The page map is polled (every 0.5 to 5 ms)."""
+
+    __slots__ = ("bits", "pages", "pids", "until")
+
+    def __init__(
+        self, bits: np.ndarray[Any, Any], pages: np.ndarray[Any, Any], pids: np.ndarray[Any, Any], until: float
+    ) -> None:
+        self.bits, self.pages, self.pids, self.until = bits, pages, pids, until
+
+    def result(self, timeout: float | None = None) -> None:
+        start = time.monotonic()
+        seen = start
+        delay = 0.0005
+        while True:
+            if bool(self.bits[self.pages].all()) or time.time() >= self.until:
+                return
+            now = time.monotonic()
+            if now - seen >= _ALIVE_EVERY:
+                seen = now
+                if not any(_alive(int(p)) for p in self.pids.tolist()):
+                    return
+            if timeout is not None and now - start >= timeout:
+                raise concurrent.futures.TimeoutError
+            time.sleep(delay)
+            delay = min(2 * delay, 0.005)

@@ -1,0 +1,151 @@
+"""Processes sharing a node cache fetch a page once: claims (seqstore.io.claims).
+
+The reads go through the request-counting proxy of tests/support/proxy.py in front of moto. A claim
+by a live process (here a ``sleep`` standing in for a loader worker) is waited for, not fetched again;
+once that process is gone the reader fetches the pages itself; a claim left by a process that exited
+is not waited for; and two processes that read the same records at the same moment move the bytes
+once between them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.proxy import FaultProxy
+from support.s3 import MotoS3
+
+pytest.importorskip("obstore")
+
+import seqstore as ss  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+PREFIX = "claims/main.seqstore"
+N, DIM = 4096, 256  # 1 KiB records, 4 MiB of values in one shard
+
+
+@pytest.fixture(scope="module")
+def values() -> np.ndarray[Any, Any]:
+    return np.random.default_rng(5).standard_normal((N, DIM)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def remote(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory, values: np.ndarray[Any, Any]) -> Iterator[str]:
+    local = tmp_path_factory.mktemp("claims") / "main.seqstore"
+    with ss.create(local, {"v": ss.Field("float32", (DIM,))}) as w:
+        w.append_batch({"v": values})
+    bucket = moto_s3.new_bucket("claims")
+    yield moto_s3.upload_dir(local, bucket, PREFIX)
+    moto_s3.delete_bucket(bucket)
+
+
+def _entry(store: ss.Store, cache: Path) -> Any:
+    """The region (cache entry, key) of the store's values file in node cache ``cache``, once mapped."""
+    from seqstore.io import remote_fetch
+
+    store.get_batch([0])
+    regions = [r for r in remote_fetch._lookup()[2] if r.key.endswith("v.npy") and r.obj.cache.root == cache]
+    assert len(regions) == 1, regions
+    return regions[0]
+
+
+def _claim_all(obj: Any, pid: int, seconds: float) -> None:
+    """Write claims of process ``pid`` on every page of cache entry ``obj``, as that process would."""
+    words = obj.claims._open()
+    assert words is not None
+    words[:] = np.uint64(pid * (1 << 32) + int(time.time() + seconds))
+
+
+def _gets(proxy: FaultProxy, key: str) -> list[Any]:
+    return [r for r in proxy.requests if r.method == "GET" and r.path.endswith(key)]
+
+
+def test_a_live_process_s_claim_is_waited_for_and_taken_over_once_it_exits(
+        moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url), cache_dir=tmp_path / "cache")
+        region = _entry(store, tmp_path / "cache")
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            _claim_all(region.obj, sleeper.pid, 60)
+            before = len(_gets(proxy, "v.npy"))
+            idx = np.arange(100, 3000, 7)
+            store.prefetch(idx)  # all claimed by a live process: nothing is asked for
+            time.sleep(0.3)
+            assert len(_gets(proxy, "v.npy")) == before
+            threading.Timer(0.5, sleeper.kill).start()
+            t0 = time.monotonic()
+            got = store.get_batch(idx)["v"]  # waits for the claimer, which exits: then fetched here
+            assert time.monotonic() - t0 >= 0.4
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        np.testing.assert_array_equal(got, values[idx])
+        assert len(_gets(proxy, "v.npy")) > before
+
+
+def test_the_claim_of_a_process_that_exited_is_not_waited_for(
+        moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url), cache_dir=tmp_path / "cache")
+        region = _entry(store, tmp_path / "cache")
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        _claim_all(region.obj, int(gone.stdout), 60)
+        before = len(_gets(proxy, "v.npy"))
+        idx = np.arange(0, N, 5)
+        store.prefetch(idx)  # the claimer is gone: asked for at once
+        time.sleep(0.3)
+        assert len(_gets(proxy, "v.npy")) > before
+        np.testing.assert_array_equal(store.get_batch(idx)["v"], values[idx])
+
+
+_READER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import seqstore as ss
+    url, options, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    store = ss.open(url, storage_options=options, cache_dir=cache)
+    store.get_batch([0])  # the shard set up before the common start
+    idx = np.arange(1, 4096, 2)
+    print("ready", flush=True)
+    sys.stdin.readline()  # go
+    v = store.get_batch(idx)["v"]
+    print(float(v.astype(np.float64).sum()), flush=True)
+""")
+
+
+def test_two_processes_reading_the_same_records_at_once_move_them_once(
+        moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
+    import json
+
+    with FaultProxy(moto_s3.endpoint, latency=0.3) as proxy:  # answers take long: both ask while in flight
+        options = json.dumps(moto_s3.storage_options(proxy.url))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _READER, remote, options, str(tmp_path / "cache")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for p in procs:  # both at once
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        sums = [float(p.communicate(timeout=120)[0]) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0]
+        moved = sum(r.body_bytes for r in _gets(proxy, "v.npy"))
+    want = float(values[1::2].astype(np.float64).sum())
+    assert sums == [want, want]
+    pages = values.nbytes  # every other 1 KiB record: every page of the file
+    assert moved < 1.3 * pages, (moved, pages)  # once (and the headers), not once per process
