@@ -70,3 +70,23 @@ def simulate(make: Callable[[int, int], Any], world: int, workers: int,
                 per_worker.append(list(copy.iter_indices()))
         ranks.append(round_robin(per_worker))
     return ranks
+
+
+class LoggedGatherer:
+    """A :class:`~seqstore.torch._direct.Gatherer` that appends ``prefetch K`` / ``gather K`` (K: a batch's
+    first index) to the file ``log`` as it is asked (picklable: loader workers get a copy)."""
+
+    def __init__(self, gather: Any, log: Path) -> None:
+        self.gather, self.log = gather, log
+
+    def _note(self, what: str, idx: Any) -> None:
+        with open(self.log, "a") as f:
+            f.write(f"{what} {int(idx[0])}\n")
+
+    def prefetch(self, idx: Any) -> None:
+        self._note("prefetch", idx)
+        self.gather.prefetch(idx)
+
+    def __call__(self, idx: Any) -> Any:
+        self._note("gather", idx)
+        return self.gather(idx)

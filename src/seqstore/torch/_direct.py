@@ -101,6 +101,10 @@ class Gatherer:
     def __call__(self, idx: IndexArray) -> Batch:
         return self.finish(idx, self.source.dataset.get_batch(idx, pad=True))
 
+    def prefetch(self, idx: IndexArray) -> None:
+        """Start reading the records of a later batch (its answers are awaited when it is gathered)."""
+        self.source.dataset.prefetch(idx)
+
 
 def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gatherer,
                                                     Callable[[Iterator[IndexArray]], Iterator[Batch]] | None] | None:

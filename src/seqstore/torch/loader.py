@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import itertools
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,11 +35,13 @@ from .sampler import EpochBatchSampler, EpochSampler
 __all__ = ["SeqDataLoader"]
 
 
-def _reads_remote(dataset: Any) -> bool:
-    """Whether ``dataset`` reads a remote store in a process whose object-store client cannot survive
-    fork(). Found by pickling the dataset (what a worker receives anyway; a Store pickles as its URL)."""
-    if not _fork_unsafe():
-        return False
+#: batches whose index arrays ``procs=`` workers get early from a remote store, to start their reads
+_AHEAD = 16
+
+
+def _any_store(dataset: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``dataset`` reads a store for which ``test(store)`` holds, found by pickling the dataset
+    (what a worker receives anyway; a Store pickles as its URL). False when it does not pickle."""
     from ..store import Store
 
     found = False
@@ -47,14 +49,20 @@ def _reads_remote(dataset: Any) -> bool:
     class _Probe(pickle.Pickler):
         def persistent_id(self, obj: Any) -> None:
             nonlocal found
-            if isinstance(obj, Store) and not obj.source.fork_safe:
+            if isinstance(obj, Store) and test(obj):
                 found = True
 
     try:
         _Probe(io.BytesIO()).dump(dataset)
-    except Exception:  # noqa: BLE001 - not picklable: fork it is, as before
+    except Exception:  # noqa: BLE001 - not picklable
         return False
     return found
+
+
+def _reads_remote(dataset: Any) -> bool:
+    """Whether ``dataset`` reads a remote store in a process whose object-store client cannot survive
+    fork() (not picklable: fork it is, as before)."""
+    return _fork_unsafe() and _any_store(dataset, lambda store: not store.source.fork_safe)
 
 
 class SeqDataLoader(DataLoader[Any]):
@@ -184,7 +192,9 @@ class SeqDataLoader(DataLoader[Any]):
         first = gather(first_idx)
         if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
             check_main_guard(start_method(self._procs_context), self.procs)
-            yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin)
+            ahead = _AHEAD if _any_store(self.dataset, lambda store: store.is_remote) else 0
+            yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin,
+                                     ahead=ahead)
             return
         rest: Iterator[Any] = map(gather, arrays)
         if batch_bytes(first) >= PARALLEL_FROM_BYTES:
