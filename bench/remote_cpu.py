@@ -20,10 +20,10 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
 - ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (seqstore only: the
   raw ``get_range`` of the same byte ranges, at several depths, is in ``bench/remote.py``).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
-  through ``SeqDataLoader`` with 1 and 2 workers sharing one node cache, ``IterableSeqDataset``'s
+  through ``SeqDataLoader`` with 1 and 2 DataLoader workers sharing one node cache, ``IterableSeqDataset``'s
   ``prefetch`` the dataset's choice (the default: 16 to 64 batches on a remote store) and 2
-  (``--loader-prefetch``); MB/s from the first batch on (no CPU:
-  the workers are the forkserver's children).
+  (``--loader-prefetch``), and with ``procs=1`` and ``procs=2`` (seqstore's worker processes); MB/s from
+  the first batch a worker made on (no CPU: the workers are the forkserver's children).
 
 ``--mode warm=warm=1`` starts numba before the timed pass (its first compiled call costs a process
 about 0.15 s of CPU once; measured without effect on these cases, as opening the store starts it).
@@ -317,21 +317,23 @@ def _loader(spec: dict[str, Any]) -> dict[str, Any]:
     store = seqstore.open(spec["url"], storage_options=_options(spec["endpoint"], spec["options"]), cache_dir=cache)
     ds = StoreDataset(store, ordering=ORDER, seed=SEED)
     workers = int(spec["workers"])
-    loader = SeqDataLoader(
-        IterableSeqDataset(ds, batch=BATCH, fields=["x"], prefetch=_prefetch(spec.get("prefetch"))),
-        batch_size=None,
-        num_workers=workers,
-        prefetch_factor=4 if workers else None,
-    )
+    data = IterableSeqDataset(ds, batch=BATCH, fields=["x"], prefetch=_prefetch(spec.get("prefetch")))
+    if spec.get("procs"):  # seqstore's worker processes (a ring of shared buffers)
+        loader = SeqDataLoader(data, batch_size=None, procs=workers)
+    else:
+        loader = SeqDataLoader(data, batch_size=None, num_workers=workers, prefetch_factor=4 if workers else None)
     c0 = time.process_time()
     nbytes = first = 0
     t1 = 0.0
+    # timed from the first batch a worker made (procs=: the loop makes the first one itself, before the
+    # workers start)
+    start_at = 1 if spec.get("procs") else 0
     it = iter(loader)
     try:
         for k, b in enumerate(it):
             x = b["x"]
             nbytes += x.numel() * x.element_size() if spec["kind"] == "fixed" else b["x_lengths"].sum().item() * 32
-            if not t1:
+            if k == start_at:
                 t1, first = time.perf_counter(), nbytes
             if k + 1 >= -(-spec["records"] // BATCH):
                 break
@@ -749,6 +751,14 @@ def main() -> None:
                                 },
                             )
                         )
+                    cases.append(
+                        (
+                            f"{kind} loader, procs={w}: seqstore {sl}",
+                            sp,
+                            {**base, "case": "loader", "records": 2 * epoch, "workers": w, "procs": True,
+                             "options": depth},
+                        )
+                    )
         if "random" in args.only:
             for sl, sp in srcs:
                 for ml, opts in modes:
