@@ -58,16 +58,17 @@ def _alive(pid: int) -> bool:
 
 
 class Claims:
-    """The claims of one cache entry's pages (``pages`` of them), in ``path``, opened on first use;
-    ``bits``: the entry's page map (what waiters poll)."""
+    """The claims of one cache entry's pages (``pages`` of them), in ``path``, mapped on first use;
+    ``bits``: the entry's page map (what waiters poll); ``lock_fd``: a descriptor of the entry's data
+    file, ``flock``'d while claims are checked and written (no descriptor is kept for the claims)."""
 
-    def __init__(self, path: Path, pages: int, bits: np.ndarray[Any, Any]) -> None:
+    def __init__(self, path: Path, pages: int, bits: np.ndarray[Any, Any], lock_fd: int) -> None:
         self.path = path
         self.pages = pages
         self.bits = bits
+        self._fd = lock_fd
         self._lock = threading.Lock()
         self._words: np.ndarray[Any, Any] | None = None
-        self._fd = -1
         self._failed = False
 
     def _open(self) -> np.ndarray[Any, Any] | None:
@@ -77,12 +78,14 @@ class Claims:
             if self._words is None and not self._failed:
                 try:
                     fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-                    size = 8 * max(1, self.pages)
-                    if os.fstat(fd).st_size < size:
-                        os.ftruncate(fd, size)  # zeros: no claims (two processes extend it alike)
-                    m = mmap.mmap(fd, size)
+                    try:
+                        size = 8 * max(1, self.pages)
+                        if os.fstat(fd).st_size < size:
+                            os.ftruncate(fd, size)  # zeros: no claims (two processes extend it alike)
+                        m = mmap.mmap(fd, size)
+                    finally:
+                        os.close(fd)
                     self._words = np.frombuffer(m, dtype=np.uint64, count=self.pages)
-                    self._fd = fd
                 except OSError:  # e.g. a read-only cache: no claims, each process fetches for itself
                     self._failed = True
         return self._words
@@ -95,7 +98,10 @@ class Claims:
             return np.ones(len(pages), dtype=bool), None
         me = os.getpid()
         now = int(time.time())
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # check and claim as one step across processes
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # check and claim as one step across processes
+        except OSError:  # the entry was closed meanwhile (evicted): fetch as without claims
+            return np.ones(len(pages), dtype=bool), None
         try:
             held = words[pages]
             pid = (held // _PID).astype(np.int64)
@@ -119,7 +125,10 @@ class Claims:
         if words is None or not len(pages):
             return
         me = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:  # closed meanwhile: the claims run out at their deadline
+            return
         try:
             held = words[pages]
             words[pages[held // _PID == me]] = 0
@@ -127,13 +136,9 @@ class Claims:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
+        """Stop claiming (the entry's descriptor is about to close): every page counts as this process's."""
+        self._failed = True
         self._words = None
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 class ClaimWait:

@@ -344,8 +344,8 @@ class CachedObject:
         if self._bits_map[:8] != _MAGIC:
             raise OSError(f"{self.bits_path}: not a seqstore cache page map")
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
-        # which pages other processes on the node are fetching (opened when first asked)
-        self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits)
+        # which pages other processes on the node are fetching (mapped when first asked)
+        self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits, self.fd)
         self._ino = os.fstat(self.fd).st_ino
         self.lock = threading.Lock()
         # byte runs requested and not yet arrived (this process), sorted: (start, end, id(future), future)
