@@ -9,8 +9,8 @@ bytes they delivered in the benchmark, 1.5x for one worker (its read-ahead past 
 
 A claim is a word per page of a cache entry in ``<entry>.claims`` (8 bytes a page, beside the page map;
 sparse): the claiming process's id and a deadline (seconds since the epoch). A process about to request
-pages takes, under an exclusive ``flock`` of that file, those without a live claim (none, past its
-deadline, or its process gone), writing its own, and waits for the others: :class:`ClaimWait` polls the
+pages takes, under an exclusive ``flock`` of the entry's data file, those without a live claim (none,
+past its deadline, or its process gone), writing its own, and waits for the others: :class:`ClaimWait` polls the
 page map until they are present, their claims run out or their processes exit; then the caller asks
 again and fetches what is still missing itself. A request that fails gives its claims back. Claims are
 advice: the page map alone says what is present, so a wrong claim costs a wait or a second fetch of a
