@@ -64,9 +64,10 @@ cache):
   MAX_REQUESTS in flight), direct and through each proxy.
 
 Per case: the median of ``--repeats`` runs (default 3, quick 1), the runs of all cases interleaved
-(round r runs every case once); requests, round trips and response body bytes counted by the proxy
-(``moved``); private memory (``Private_Clean + Private_Dirty``) and anonymous memory at the end; CPU
-seconds of the reading process, and of the S3 server and the proxy while it read (on one machine they
+(round r runs every case once, every other round in the reverse order); requests, round trips and
+response body bytes counted by the proxy (``moved``); private memory (``Private_Clean +
+Private_Dirty``) and anonymous memory at the end; CPU seconds of the reading process, and of the S3
+server and the proxy while it read (on one machine they
 share its cores: a reader that makes more requests or spends more CPU leaves them less). Ratios:
 random reads vs the raw ``obstore get_range`` case and vs ``lance take``; epochs vs ``server
 sequential``. Results: the tables on stdout and ``bench/results/remote[_quick].json``.
@@ -962,7 +963,10 @@ def run_interleaved(cases: list[Case], repeats: int, meta: dict[str, Any]) -> di
     runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in cases}
     t_start = time.perf_counter()
     for r in range(repeats):
-        for c in cases:
+        # every other round in the reverse order: a case that follows another reuses the memory that one
+        # has just freed, which on a VM that hands freed memory back to its host at once (free page
+        # reporting; docs/benchmarks.md) is several times cheaper to touch than memory the host supplies again
+        for c in cases if r % 2 == 0 else cases[::-1]:
             t0 = time.perf_counter()
             try:
                 runs[c.key].append(_run_once(c))
