@@ -73,7 +73,10 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) 
                 if msg is None:
                     return
                 if msg[0] == "ahead":  # (a remote store's answers take tens of milliseconds)
-                    gather.prefetch(msg[1])
+                    try:
+                        gather.prefetch(msg[1])
+                    except Exception:  # noqa: BLE001 - advice only: the batch's own gather reports the error
+                        pass
                 else:
                     jobs.append(msg)
             slot, idx = jobs.popleft()
