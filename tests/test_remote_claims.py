@@ -93,6 +93,31 @@ def test_a_live_process_s_claim_is_waited_for_and_taken_over_once_it_exits(
         assert len(_gets(proxy, "v.npy")) > before
 
 
+def test_a_claim_given_back_is_not_waited_for_to_its_deadline(
+        moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
+    """A claimer whose request failed gives its claims back and lives on: the waiter fetches the pages
+    itself, long before the claims' deadline (60 s here)."""
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url), cache_dir=tmp_path / "cache")
+        region = _entry(store, tmp_path / "cache")
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            _claim_all(region.obj, sleeper.pid, 60)
+            idx = np.arange(2000, 4000, 3)
+            got: list[Any] = []
+            reader = threading.Thread(target=lambda: got.append(store.get_batch(idx)["v"]), daemon=True)
+            reader.start()
+            time.sleep(0.3)
+            assert reader.is_alive()  # waiting for the claimer
+            region.obj.claims._open()[:] = 0  # the claimer gives its claims back (its request failed)
+            reader.join(timeout=20)
+            assert not reader.is_alive() and sleeper.poll() is None  # done while the claimer still runs
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        np.testing.assert_array_equal(got[0], values[idx])
+
+
 def test_the_claim_of_a_process_that_exited_is_not_waited_for(
         moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
     with FaultProxy(moto_s3.endpoint) as proxy:

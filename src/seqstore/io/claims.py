@@ -117,7 +117,7 @@ class Claims:
         if mine.all():
             return mine, None
         until = float((held[live] % _PID).max())
-        return mine, ClaimWait(self.bits, pages[live], np.unique(pid[live]), until)
+        return mine, ClaimWait(self.bits, words, pages[live], np.unique(pid[live]), until)
 
     def give_back(self, pages: np.ndarray[Any, Any]) -> None:
         """Clear this process's claims of ``pages`` (its request failed: others need not wait for it)."""
@@ -143,16 +143,22 @@ class Claims:
 
 class ClaimWait:
     """Waiting for pages other processes claimed: :meth:`result` returns once the page map ``bits`` says
-    they are present, their claims have run out (``until``) or their processes (``pids``) have exited,
-    whichever comes first; it raises ``concurrent.futures.TimeoutError`` after ``timeout`` seconds, as a
-    future does. The page map is polled (every 0.5 to 5 ms)."""
+    they are present, their claims (in ``words``) have run out (``until``) or been given back, or their
+    processes (``pids``) have exited, whichever comes first; it raises ``concurrent.futures.TimeoutError``
+    after ``timeout`` seconds, as a future does. The page map is polled every 0.5 to 5 ms, the claims and
+    the processes every 0.5 s."""
 
-    __slots__ = ("bits", "pages", "pids", "until")
+    __slots__ = ("bits", "words", "pages", "pids", "until")
 
-    def __init__(
-        self, bits: np.ndarray[Any, Any], pages: np.ndarray[Any, Any], pids: np.ndarray[Any, Any], until: float
-    ) -> None:
-        self.bits, self.pages, self.pids, self.until = bits, pages, pids, until
+    def __init__(self, bits: np.ndarray[Any, Any], words: np.ndarray[Any, Any], pages: np.ndarray[Any, Any],
+                 pids: np.ndarray[Any, Any], until: float) -> None:
+        self.bits, self.words, self.pages, self.pids, self.until = bits, words, pages, pids, until
+
+    def _claimed(self) -> bool:
+        """Whether a page still missing is claimed by another process, its claim not run out."""
+        missing = self.pages[self.bits[self.pages] == 0]
+        held = self.words[missing]
+        return bool(((held % _PID > int(time.time())) & (held // _PID != os.getpid())).any())
 
     def result(self, timeout: float | None = None) -> None:
         start = time.monotonic()
@@ -164,7 +170,7 @@ class ClaimWait:
             now = time.monotonic()
             if now - seen >= _ALIVE_EVERY:
                 seen = now
-                if not any(_alive(int(p)) for p in self.pids.tolist()):
+                if not self._claimed() or not any(_alive(int(p)) for p in self.pids.tolist()):
                     return
             if timeout is not None and now - start >= timeout:
                 raise concurrent.futures.TimeoutError
