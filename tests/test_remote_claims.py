@@ -30,7 +30,7 @@ import seqstore as ss  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 PREFIX = "claims/main.seqstore"
-N, DIM = 4096, 256  # 1 KiB records, 4 MiB of values in one shard
+N, DIM = 4095, 256  # 1 KiB records, 4 MiB of values in one shard, the file ending mid-page
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,31 @@ def test_a_live_process_s_claim_is_waited_for_and_taken_over_once_it_exits(
         assert len(_gets(proxy, "v.npy")) > before
 
 
+def test_pages_around_a_claim_are_fetched_up_to_the_object_s_end(
+        moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
+    """Claims by another process in the middle of a run split it; the part that ends the object ends
+    where the object does (its last page is partial), not a page later: that request would be answered
+    short and retried until it failed."""
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url, retry_timeout=3),
+                        cache_dir=tmp_path / "cache")
+        region = _entry(store, tmp_path / "cache")
+        assert region.obj.size % 4096, "the values file should end in a partial page"
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            words = region.obj.claims._open()
+            words[100:200] = np.uint64(sleeper.pid * (1 << 32) + int(time.time() + 60))
+            threading.Timer(0.5, sleeper.kill).start()
+            idx = np.arange(N)
+            got = store.get_batch(idx)["v"]
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        np.testing.assert_array_equal(got, values)
+        last = [r.byte_range[1] for r in _gets(proxy, "v.npy") if r.byte_range is not None]  # inclusive
+        assert last and max(last) < region.obj.size, (max(last), region.obj.size)  # nothing asked past the end
+
+
 def test_a_claim_given_back_is_not_waited_for_to_its_deadline(
         moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
     """A claimer whose request failed gives its claims back and lives on: the waiter fetches the pages
@@ -141,7 +166,7 @@ _READER = textwrap.dedent("""
     url, options, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     store = ss.open(url, storage_options=options, cache_dir=cache)
     store.get_batch([0])  # the shard set up before the common start
-    idx = np.arange(1, 4096, 2)
+    idx = np.arange(1, 4095, 2)
     print("ready", flush=True)
     sys.stdin.readline()  # go
     v = store.get_batch(idx)["v"]

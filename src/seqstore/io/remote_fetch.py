@@ -451,8 +451,9 @@ def _claim(region: Region, runs: list[tuple[int, int]]) -> tuple[list[tuple[int,
     if wait is None:
         return runs, None
     keep = pages[mine] * PAGE
-    ks, ke = page_runs(keep, np.minimum(keep + PAGE, obj.size), most=MOST)
-    return list(zip(ks.tolist(), ke.tolist())), wait
+    ks, ke = page_runs(keep, keep + PAGE, most=MOST)
+    return list(zip(ks.tolist(), np.minimum(ke, obj.size).tolist())), wait  # (runs are whole pages: the last
+    # one of the object ends where the object does)
 
 
 def _give_back(wave: Any, reqs: list[tuple[str, int, int, str | None]], fills: list[tuple[CachedObject, int]]) -> None:
