@@ -65,6 +65,15 @@ def _claim_all(obj: Any, pid: int, seconds: float) -> None:
     words[:] = np.uint64(pid * (1 << 32) + int(time.time() + seconds))
 
 
+def _reader_and_claimer(moto_s3: MotoS3, remote: str, proxy: FaultProxy, cache: Path,
+                        **options: Any) -> tuple[ss.Store, Any, subprocess.Popen[bytes]]:
+    """The store read through ``proxy`` with node cache ``cache``, its values file's region, and a live
+    process (a ``sleep``) to stand for another process of the node that claims pages."""
+    store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url, **options), cache_dir=cache)
+    region = _entry(store, cache)
+    return store, region, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
 def _gets(proxy: FaultProxy, key: str) -> list[Any]:
     return [r for r in proxy.requests if r.method == "GET" and r.path.endswith(key)]
 
@@ -72,9 +81,7 @@ def _gets(proxy: FaultProxy, key: str) -> list[Any]:
 def test_a_live_process_s_claim_is_waited_for_and_taken_over_once_it_exits(
         moto_s3: MotoS3, remote: str, tmp_path: Path, values: np.ndarray[Any, Any]) -> None:
     with FaultProxy(moto_s3.endpoint) as proxy:
-        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url), cache_dir=tmp_path / "cache")
-        region = _entry(store, tmp_path / "cache")
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        store, region, sleeper = _reader_and_claimer(moto_s3, remote, proxy, tmp_path / "cache")
         try:
             _claim_all(region.obj, sleeper.pid, 60)
             before = len(_gets(proxy, "v.npy"))
@@ -99,12 +106,9 @@ def test_pages_around_a_claim_are_fetched_up_to_the_object_s_end(
     where the object does (its last page is partial), not a page later: that request would be answered
     short and retried until it failed."""
     with FaultProxy(moto_s3.endpoint) as proxy:
-        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url, retry_timeout=3),
-                        cache_dir=tmp_path / "cache")
-        region = _entry(store, tmp_path / "cache")
-        assert region.obj.size % 4096, "the values file should end in a partial page"
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        store, region, sleeper = _reader_and_claimer(moto_s3, remote, proxy, tmp_path / "cache", retry_timeout=3)
         try:
+            assert region.obj.size % 4096, "the values file should end in a partial page"
             words = region.obj.claims._open()
             words[100:200] = np.uint64(sleeper.pid * (1 << 32) + int(time.time() + 60))
             threading.Timer(0.5, sleeper.kill).start()
@@ -123,9 +127,7 @@ def test_a_claim_given_back_is_not_waited_for_to_its_deadline(
     """A claimer whose request failed gives its claims back and lives on: the waiter fetches the pages
     itself, long before the claims' deadline (60 s here)."""
     with FaultProxy(moto_s3.endpoint) as proxy:
-        store = ss.open(remote, storage_options=moto_s3.storage_options(proxy.url), cache_dir=tmp_path / "cache")
-        region = _entry(store, tmp_path / "cache")
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        store, region, sleeper = _reader_and_claimer(moto_s3, remote, proxy, tmp_path / "cache")
         try:
             _claim_all(region.obj, sleeper.pid, 60)
             idx = np.arange(2000, 4000, 3)
