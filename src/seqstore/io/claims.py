@@ -22,11 +22,13 @@ be gone.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import fcntl
 import mmap
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,11 @@ def _alive(pid: int) -> bool:
             return f.read().rpartition(b")")[2].split()[0] != b"Z"
     except (OSError, IndexError):
         return True
+
+
+def _others(held: np.ndarray[Any, Any], now: int) -> np.ndarray[Any, Any]:
+    """Which claim words ``held`` are another process's, their deadlines not passed."""
+    return (held % _PID > now) & (held // _PID != os.getpid())  # type: ignore[no-any-return]
 
 
 class Claims:
@@ -98,22 +105,18 @@ class Claims:
             return np.ones(len(pages), dtype=bool), None
         me = os.getpid()
         now = int(time.time())
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)  # check and claim as one step across processes
-        except OSError:  # the entry was closed meanwhile (evicted): fetch as without claims
-            return np.ones(len(pages), dtype=bool), None
-        try:
+        with self._locked() as locked:  # check and claim as one step across processes
+            if not locked:  # the entry was closed meanwhile (evicted): fetch as without claims
+                return np.ones(len(pages), dtype=bool), None
             held = words[pages]
             pid = (held // _PID).astype(np.int64)
-            live = (held % _PID > now) & (pid != me)
+            live = _others(held, now)
             if live.any():  # claims by processes that are gone do not count
                 for p in np.unique(pid[live]).tolist():
                     if not _alive(p):
                         live &= pid != p
             mine = ~live
             words[pages[mine]] = np.uint64(me * _PID + now + int(seconds) + 1)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
         if mine.all():
             return mine, None
         until = float((held[live] % _PID).max())
@@ -124,14 +127,22 @@ class Claims:
         words = self._open()
         if words is None or not len(pages):
             return
-        me = os.getpid()
+        with self._locked() as locked:
+            if locked:  # (closed meanwhile: the claims run out at their deadline)
+                held = words[pages]
+                words[pages[held // _PID == os.getpid()]] = 0
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[bool]:
+        """An exclusive ``flock`` of the entry's data file while the block runs; yields False (and locks
+        nothing) where that descriptor is closed already."""
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except OSError:  # closed meanwhile: the claims run out at their deadline
+        except OSError:
+            yield False
             return
         try:
-            held = words[pages]
-            words[pages[held // _PID == me]] = 0
+            yield True
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -157,8 +168,7 @@ class ClaimWait:
     def _claimed(self) -> bool:
         """Whether a page still missing is claimed by another process, its claim not run out."""
         missing = self.pages[self.bits[self.pages] == 0]
-        held = self.words[missing]
-        return bool(((held % _PID > int(time.time())) & (held // _PID != os.getpid())).any())
+        return bool(_others(self.words[missing], int(time.time())).any())
 
     def result(self, timeout: float | None = None) -> None:
         start = time.monotonic()
