@@ -808,13 +808,22 @@ def _warm(paths: list[Path], pinned: list[Any]) -> tuple[float, int]:
     return time.perf_counter() - t0, max(locked, 0)
 
 
+def _epoch_records(args: Any) -> int:
+    """Records per epoch case (``--epoch-records``; ``all``: every record of the store)."""
+    if args.epoch_records is None:
+        return EPOCH_RECORDS_QUICK if args.quick else EPOCH_RECORDS
+    if args.epoch_records == "all":
+        return 1 << 62
+    return int(args.epoch_records)
+
+
 def build_cases(
     args: Any, sizes: dict[str, int], paths: dict[tuple[str, str], Path], ends: dict[str, str], streaming: Path | None
 ) -> list[Case]:
     root = args.data / "bucket"
     data = str(args.data)
     n_read = N_READ_QUICK if args.quick else N_READ
-    epoch_records = EPOCH_RECORDS_QUICK if args.quick else EPOCH_RECORDS
+    epoch_records = _epoch_records(args)
     via, control = ends["proxy"], ends["control"]
     cases: list[Case] = []
     want = set(args.only or ["server", "random", "epoch", "open"])
@@ -923,7 +932,7 @@ def build_cases(
                     Case(
                         name,
                         target,
-                        {**common, "url": store_url, "records": epoch_records, **kw},
+                        {**common, "url": store_url, "records": min(epoch_records, n), **kw},
                         group=f"{kind}-epoch",
                         metric="mb_per_s",
                         timeout=1800,
@@ -935,7 +944,8 @@ def build_cases(
                     Case(
                         "streaming epoch (py1e)",
                         "bench.remote:case_streaming",
-                        {**common, "n_read": epoch_records, "what": "epoch", "url": mds_url, "python": str(streaming)},
+                        {**common, "n_read": min(epoch_records, n), "what": "epoch", "url": mds_url,
+                         "python": str(streaming)},
                         group=f"{kind}-epoch",
                         metric="mb_per_s",
                         timeout=1800,
@@ -1080,7 +1090,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         n = meta["sizes"][kind]
         if epoch:
             lines.append(
-                f"\n{kind}: the first {meta['epoch_records']:,} records of an epoch of {n:,} through the proxy "
+                f"\n{kind}: the first {min(meta['epoch_records'], n):,} records of an epoch of {n:,} through the proxy "
                 f"(batches of {BATCH})\n"
             )
             refs = ["server sequential", REPLAY]
@@ -1216,6 +1226,13 @@ def main() -> None:
         "possible) or the bench's Python S3 server behind the Python latency proxy (--proxy)",
     )
     p.add_argument("--match", nargs="+", default=None, help="only the cases whose name contains one of these")
+    p.add_argument(
+        "--epoch-records",
+        default=None,
+        help=f"records of each epoch case: a number, or 'all' for whole epochs (default {EPOCH_RECORDS:,}, "
+        f"quick {EPOCH_RECORDS_QUICK:,}): a short epoch is dominated by what a process pays once (importing, "
+        "the first window's round trips)",
+    )
     args = p.parse_args()
     if args.server == "nginx":
         why = _remote_nginx.install()
@@ -1261,7 +1278,7 @@ def main() -> None:
         "seqstore_from": str(Path(seqstore.__file__).parent),
         "sizes": sizes,
         "n_read": N_READ_QUICK if args.quick else N_READ,
-        "epoch_records": EPOCH_RECORDS_QUICK if args.quick else EPOCH_RECORDS,
+        "epoch_records": _epoch_records(args),
         "proxy": "nginx (echo_sleep)" if args.server == "nginx" else args.proxy,
         "data": str(args.data),
         "obstore": obstore.__version__,
