@@ -175,3 +175,39 @@ def test_read_header_errors(tmp_path: Path) -> None:
     (tmp_path / "dir.npy").mkdir()
     with pytest.raises(ss.CorruptionError, match="dir.npy"):
         read_header(tmp_path / "dir.npy")
+
+
+def _saved(arr: np.ndarray) -> bytes:
+    f = io.BytesIO()
+    np.save(f, arr)
+    return f.getvalue()
+
+
+def test_plain_headers_are_parsed_without_ast(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python 3.11's ast.literal_eval can fail when threads call it at once ("AST constructor recursion
+    # depth mismatch"): a reader opening shards on threads then called a sound file corrupt
+    import ast
+
+    def refuse(text: str) -> None:
+        raise SystemError("AST constructor recursion depth mismatch (before=48, after=45)")
+
+    monkeypatch.setattr(ast, "literal_eval", refuse)
+    for arr in (np.zeros((3, 4), "<f4"), np.zeros(5, "|u1"), np.zeros((0,), ">f8"), np.zeros((), "<c16"),
+                np.zeros(2, "<U5"), np.zeros(1, "M8[ns]")):
+        h = parse_header(_saved(arr), "x.npy")
+        assert (h.dtype, h.shape) == (arr.dtype, arr.shape)
+    h = parse_header(encode_header(np.dtype("<f2"), (10**12, 7, 0)), "x.npy")
+    assert (h.dtype, h.shape) == (np.dtype("<f2"), (10**12, 7, 0))
+    with pytest.raises(ss.CorruptionError, match="x.npy: unreadable .npy header"):  # structured: ast's
+        parse_header(_saved(np.zeros(2, [("a", "<i4")])), "x.npy")
+
+
+def test_headers_parsed_on_many_threads_at_once_agree() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    structured = [("a", "<i4"), ("b", "|u1")]
+    arrays = [np.zeros((k, 3), "<f4") for k in range(40)] + [np.zeros(k, structured) for k in range(40)]
+    raws = [_saved(a) for a in arrays] * 25
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda raw: parse_header(raw, "x.npy"), raws))
+    assert [(h.dtype, h.shape) for h in got] == [(a.dtype, a.shape) for a in arrays] * 25

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -24,6 +26,16 @@ __all__ = ["HEADER_BYTES", "PAGE_HEADER_BYTES", "NpyHeader", "encode_header", "w
 HEADER_BYTES = 128
 PAGE_HEADER_BYTES = 4096
 _MAGIC = b"\x93NUMPY"
+
+#: a header of a plain dtype (not a structured one), parsed without ``ast``: on Python 3.11
+#: ``ast.literal_eval`` on several threads at once can fail ("AST constructor recursion depth
+#: mismatch"), which made readers opening shards on threads report a sound file as corrupt
+_PLAIN = re.compile(
+    r"\{'descr': '(?P<descr>[^'\\]*)', 'fortran_order': (?P<fortran>True|False), "
+    r"'shape': \((?P<shape>[0-9, ]*)\), \}\s*\Z"
+)
+#: the other headers (structured dtypes) are parsed by ``ast``, one thread at a time
+_AST_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -77,10 +89,18 @@ def parse_header(raw: bytes, path: str | os.PathLike[str]) -> NpyHeader:
     if len(raw) < start + hlen:
         raise CorruptionError(f"{path}: truncated .npy header")
     try:
-        d = ast.literal_eval(raw[start : start + hlen].decode("utf-8" if major == 3 else "latin1"))
-        dtype = np.dtype(d["descr"])
-        shape = tuple(int(s) for s in d["shape"])
-        fortran = bool(d["fortran_order"])
+        text = raw[start : start + hlen].decode("utf-8" if major == 3 else "latin1")
+        plain = _PLAIN.match(text)
+        if plain is not None:  # what seqstore and np.save write for a plain dtype
+            descr: Any = plain["descr"]
+            fortran = plain["fortran"] == "True"
+            shape = tuple(int(s) for s in plain["shape"].replace(",", " ").split())
+        else:
+            with _AST_LOCK:
+                d = ast.literal_eval(text)
+            descr, fortran = d["descr"], bool(d["fortran_order"])
+            shape = tuple(int(s) for s in d["shape"])
+        dtype = np.dtype(descr)
     except Exception as exc:  # noqa: BLE001 - anything unparsable is corruption
         raise CorruptionError(f"{path}: unreadable .npy header ({exc})") from exc
     if fortran and len(shape) > 1:
