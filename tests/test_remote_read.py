@@ -598,7 +598,7 @@ def test_the_byte_budget_gives_back_what_a_cancelled_request_held_or_waited_for(
     gives its bytes back, and those behind a cancelled one go on."""
     import asyncio
 
-    from seqstore.io.object_obstore import _ByteBudget
+    from seqstore.io.object_wave import Budget as _ByteBudget
 
     async def scenario() -> None:
         b = _ByteBudget(10)

@@ -1,7 +1,8 @@
 """The obstore back end of :class:`~seqstore.io.objects.ObjectClient`: S3, GCS, Azure Blob Storage, HTTP.
 
-Requests run as coroutines on one event loop per process (a daemon thread, ``_Loop``), at most
-``max_requests`` at once and at most ``max_inflight_bytes`` of answers held at once (``_ByteBudget``).
+Requests run on one event loop per process (a daemon thread, ``_Loop``), at most ``max_requests`` at once
+and at most ``max_inflight_bytes`` of answers held at once (:mod:`.object_wave`: a wave's small ranges
+run from callbacks, everything else as coroutines).
 Each range request retries its own transient failures (``_ObstoreBackend._one``); obstore's own retries are
 off, so the attempt count in an error is exact. obstore's exceptions and HTTP statuses are mapped here to
 seqstore's errors (``_ObstoreBackend._classify``): a configuration or URL obstore refuses is a
@@ -15,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import contextlib
 import difflib
 import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -35,7 +35,8 @@ from ..errors import (
     RemoteNotFound,
     StaleStoreError,
 )
-from .object_common import _EMPTY, SEQSTORE_OPTIONS, ClientSettings, ObjectMeta, _Backend, _Transient, check_url
+from .object_common import SEQSTORE_OPTIONS, ClientSettings, ObjectMeta, _Backend, _Transient, check_url
+from .object_wave import SMALL_BODY, Budget, Wave
 
 __all__ = ["fork_unsafe"]
 
@@ -71,8 +72,6 @@ _REFUSALS = (
 #: what a service answers for a bucket (container) that does not exist
 _NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
 
-#: answers up to this size are taken synchronously once their headers are in (see ``_ObstoreBackend._one``)
-_SMALL_BODY = 64 << 10
 
 
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
@@ -96,70 +95,6 @@ def fork_unsafe() -> bool:
     """Whether a process forked from this one now could not read object storage (obstore has started
     its runtime here): start worker processes with ``forkserver`` or ``spawn`` then."""
     return _obstore_pid is not None and _obstore_pid == os.getpid()
-
-
-class _ByteBudget:
-    """At most ``limit`` bytes of answers in flight (in the client's event loop): a request waits, in
-    arrival order, until what it may receive fits; one larger than the limit goes when nothing else is
-    in flight. ``peak``: the most bytes ever held at once."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self.peak = 0
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
-
-    def _fits(self, n: int) -> bool:
-        return self.used == 0 or self.used + n <= self.limit
-
-    def _take(self, n: int) -> None:
-        self.used += n
-        self.peak = max(self.peak, self.used)
-
-    def _release(self, n: int) -> None:
-        self.used -= n
-        while self._waiting and self._fits(self._waiting[0][0]):
-            m, fut = self._waiting.pop(0)
-            if not fut.done():
-                self._take(m)
-                fut.set_result(None)
-
-    def try_take(self, n: int) -> bool:
-        """Take ``n`` bytes at once if nobody waits and they fit (the common case: no await, no context
-        manager); the caller gives them back with :meth:`release`."""
-        if self._waiting or not self._fits(n):
-            return False
-        self._take(n)
-        return True
-
-    def release(self, n: int) -> None:
-        self._release(n)
-
-    async def take(self, n: int) -> None:
-        """Wait, in arrival order, until ``n`` bytes fit, and take them (also on cancellation nothing is
-        left taken or queued: no await that a second cancellation could interrupt)."""
-        if self.try_take(n):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((n, fut))
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
-                self._release(n)
-            else:
-                self._waiting = [w for w in self._waiting if w[1] is not fut]
-                self._release(0)  # those behind it may fit now
-            raise
-
-    @contextlib.asynccontextmanager
-    async def hold(self, n: int) -> AsyncIterator[None]:
-        """``n`` bytes of the budget while the block runs, given back on exit."""
-        await self.take(n)
-        try:
-            yield
-        finally:
-            self._release(n)
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -298,8 +233,8 @@ class _ObstoreBackend(_Backend):
                 )
         except oex.BaseError as exc:
             raise _config_error(client.url, scheme, exc, opts) from None
-        self.sem: asyncio.Semaphore | None = None
-        self.budget: _ByteBudget | None = None
+        self.slots: Budget | None = None  # requests in flight (max_requests), made in the loop
+        self.budget: Budget | None = None  # bytes of answers in flight (max_inflight_bytes)
 
     # version tags -------------------------------------------------------------------------------
     def _tag(self, m: Any) -> str:
@@ -412,27 +347,33 @@ class _ObstoreBackend(_Backend):
         return self._sync(key, fetch)  # type: ignore[no-any-return]
 
     async def _one(
-        self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True
+        self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True,
+        prior: BaseException | None = None,
     ) -> tuple[memoryview, ObjectMeta | None]:
-        sem, budget = self.sem, self.budget
-        assert sem is not None and budget is not None
+        """One request with its retries. ``prior``: how its first attempt failed (made by a wave's fast
+        path, :mod:`.object_wave`): this goes on from its second."""
+        slots, budget = self.slots, self.budget
+        assert slots is not None and budget is not None
         attempt = 0
         first = 0.0
         # what the answer takes of the byte budget: its size where the range says it (a whole object or a
         # suffix: at most a small one here)
-        want = end - start if 0 <= start < end else -start if start < 0 else _SMALL_BODY
+        want = end - start if 0 <= start < end else -start if start < 0 else SMALL_BODY
         while True:
             attempt += 1
             try:
-                # the semaphore and the byte budget taken and given back by hand: this runs once per
-                # request (a random batch makes about a thousand), and two context managers cost more
-                # than the rest of the Python work of a small request
-                await sem.acquire()
+                if prior is not None:  # the first attempt's failure, classified as any other below
+                    failed, prior = prior, None
+                    raise failed
+                # the request slot and the byte budget taken and given back by hand: two context managers
+                # cost more than the rest of the Python work of a small request
+                if not slots.try_take(1):
+                    await slots.take(1)
                 try:
                     if not budget.try_take(want):
                         await budget.take(want)
                 except BaseException:
-                    sem.release()
+                    slots.release(1)
                     raise
                 try:
                     opts: dict[str, Any] = {}
@@ -449,7 +390,7 @@ class _ObstoreBackend(_Backend):
                     if etag:
                         opts["if_match"] = self._if_match(etag)
                     r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
-                    if 0 <= start < end <= start + _SMALL_BODY:
+                    if 0 <= start < end <= start + SMALL_BODY:
                         # a small body has (nearly always) arrived with the headers: taking it without a
                         # second await costs ~90 us less CPU per request (obstore releases the GIL while
                         # it waits; a body that is late holds up this loop at most the client's timeout)
@@ -458,7 +399,7 @@ class _ObstoreBackend(_Backend):
                         data = memoryview(await r.bytes_async())
                 finally:
                     budget.release(want)
-                    sem.release()
+                    slots.release(1)
                 if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
                     if len(data) != end - start:
                         raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
@@ -505,30 +446,10 @@ class _ObstoreBackend(_Backend):
         missing_ok: bool = False,
         with_meta: bool = True,
     ) -> list[tuple[memoryview, ObjectMeta | None]]:
-        if self.sem is None:
-            self.sem = asyncio.Semaphore(self.c.max_requests)
-            self.budget = _ByteBudget(self.c.max_inflight_bytes)
-
-        async def each(i: int, r: tuple[str, int, int, str | None]) -> tuple[memoryview, ObjectMeta | None]:
-            try:
-                got = await self._one(*r, with_meta)
-            except RemoteNotFound:
-                if not missing_ok:
-                    raise
-                return memoryview(b""), None
-            if on_each is not None:
-                on_each(i, got[0], got[1])
-                return _EMPTY, got[1]  # the bytes go with the callback, not with the future's result
-            return got
-
-        tasks = [asyncio.ensure_future(each(i, r)) for i, r in enumerate(requests)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        if self.slots is None:
+            self.slots = Budget(self.c.max_requests)
+            self.budget = Budget(self.c.max_inflight_bytes)
+        return await Wave(self, requests, on_each, missing_ok, with_meta).run()
 
     def submit(
         self,
