@@ -73,7 +73,6 @@ _REFUSALS = (
 _NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
 
 
-
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
 # the parent used obstore would wait forever on its first request. The pid that started obstore's runtime
 # is kept, and a forked child refuses to use obstore with an error instead of hanging.
