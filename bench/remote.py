@@ -49,7 +49,8 @@ cache):
   per call; the calls of a batch at once); ``lance take`` (``dataset.take(batch, columns=["x"])``,
   Lance's own I/O scheduling); ``streaming dataset[i]`` (Streaming downloads each shard a sample
   lies in, whole, on first touch). All readers' values are checksummed and compared.
-- ``<kind>-epoch``: the first 131,072 records of an epoch (quick 16,384): ``server sequential``: as
+- ``<kind>-epoch``: the first 131,072 records of an epoch (quick 16,384; ``--epoch-records N``, or
+  ``all`` for whole epochs): ``server sequential``: as
   many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
   (the server's sequential throughput through the proxy: the baseline); ``seqstore
   random_block:1024:16`` (default prefetch, and 64) and ``seqstore default order``: ``iter_batches`` of the
@@ -73,7 +74,8 @@ random reads vs the raw ``obstore get_range`` case and vs ``lance take``; epochs
 sequential``. Results: the tables on stdout and ``bench/results/remote[_quick].json``.
 
 Usage: ``python bench/remote.py [--quick] [--repeats R] [--data DIR] [--server nginx|python]
-[--proxy threads|fault] [--only server random epoch open] [--match TEXT ...]`` (``--match``: only the
+[--proxy threads|fault] [--only server random epoch open] [--match TEXT ...] [--epoch-records N|all]``
+(``--match``: only the
 cases whose group/name contains one of the texts); ``--generate`` builds the data only; ``--no-streaming`` leaves
 Streaming out (otherwise its venv is created on first use, see ``bench/_remote_streaming.py``).
 """
