@@ -18,6 +18,7 @@ so a request is tried as often as the retry settings allow, no more).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -40,8 +41,9 @@ class Budget:
         self.limit = limit
         self.used = 0
         self.peak = 0
-        # (units, a future to resolve or a callback to call, the wave a callback is for)
-        self._waiting: list[tuple[int, Any, Any]] = []
+        # (units, a future to resolve or a callback to call, the wave a callback is for); a wave of
+        # random reads queues hundreds of requests for a slot
+        self._waiting: deque[tuple[int, Any, Any]] = deque()
         self._serving = False  # waiters are being served (a callback that gives units back: no recursion)
 
     def _fits(self, n: int) -> bool:
@@ -58,7 +60,7 @@ class Budget:
         self._serving = True
         try:
             while self._waiting and self._fits(self._waiting[0][0]):
-                m, waiter, _ = self._waiting.pop(0)
+                m, waiter, _ = self._waiting.popleft()
                 if isinstance(waiter, asyncio.Future):
                     if not waiter.done():
                         self._take(m)
@@ -90,7 +92,7 @@ class Budget:
     def forget(self, owner: Any) -> None:
         """Drop the callbacks ``owner`` queued (a wave that ended before they were called)."""
         if any(w[2] is owner for w in self._waiting):
-            self._waiting = [w for w in self._waiting if w[2] is not owner]
+            self._waiting = deque(w for w in self._waiting if w[2] is not owner)
             self._release(0)  # those behind them may fit now
 
     async def take(self, n: int) -> None:
@@ -106,7 +108,7 @@ class Budget:
             if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
                 self._release(n)
             else:
-                self._waiting = [w for w in self._waiting if w[1] is not fut]
+                self._waiting = deque(w for w in self._waiting if w[1] is not fut)
                 self._release(0)  # those behind it may fit now
             raise
 
