@@ -115,3 +115,31 @@ def test_queued_callbacks_that_give_their_units_back_do_not_recurse() -> None:
         assert b.used == 1 and -1 not in calls
 
     asyncio.run(scenario())
+
+
+def test_a_request_cancelled_outside_the_wave_is_asked_again(moto_s3: MotoS3, s3_bucket: str) -> None:
+    body = os.urandom(64 << 10)
+    moto_s3.put(s3_bucket, "wave/blob.bin", body)
+    client = _client(moto_s3, s3_bucket)
+    backend = client.backend  # type: ignore[attr-defined]
+    real = backend.obs
+    cancelled: list[int] = []
+
+    class CancelsTheFirst:  # obstore, but the future of the first request is cancelled by someone else
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def get_async(self, *args: object, **kwargs: object) -> object:
+            fut = real.get_async(*args, **kwargs)
+            if not cancelled:
+                cancelled.append(1)
+                fut.cancel()
+            return fut
+
+    backend.obs = CancelsTheFirst()
+    try:
+        got = _wave(client, [("blob.bin", 0, 4096, None), ("blob.bin", 8192, 12288, None)])
+    finally:
+        backend.obs = real
+    assert cancelled and [bytes(d) for d, _ in got] == [body[:4096], body[8192:12288]]
+    assert _held(client) == (0, 0, 0, 0)

@@ -222,7 +222,10 @@ class Wave:
         finally:
             budget.release(end - start)
             slots.release(1)
-        if self.done.done() or fut.cancelled():
+        if self.done.done():
+            return
+        if fut.cancelled():  # not by this wave (it cancels only once it is over): ask again
+            self._task(i, None)
             return
         if data is not None and len(data) != end - start:
             failed = _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
@@ -241,9 +244,12 @@ class Wave:
             except BaseException as exc:  # e.g. the cache write failed: the wave fails with it
                 self._fail(exc)
                 return
-            self.results[i] = (_EMPTY, meta)  # the bytes went with the callback
+            self._settle(i, (_EMPTY, meta))  # the bytes went with the callback
         else:
-            self.results[i] = (data, meta)
+            self._settle(i, (data, meta))
+
+    def _settle(self, i: int, result: tuple[memoryview, ObjectMeta | None]) -> None:
+        self.results[i] = result
         self.left -= 1
         if self.left == 0 and not self.done.done():
             self.done.set_result(self.results)
@@ -260,10 +266,7 @@ class Wave:
         except RemoteNotFound:
             if not self.missing_ok:
                 raise
-            self.results[i] = (memoryview(b""), None)
-            self.left -= 1
-            if self.left == 0 and not self.done.done():
-                self.done.set_result(self.results)
+            self._settle(i, (memoryview(b""), None))
             return
         if not self.done.done():
             self._deliver(i, data, meta)
