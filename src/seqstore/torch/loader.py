@@ -121,6 +121,9 @@ class SeqDataLoader(DataLoader[Any]):
             if not procs:
                 kwargs["multiprocessing_context"] = chosen
         self._procs_context = chosen if procs else None
+        # procs= workers on a remote store get the next batches' index arrays early; found here, once (the
+        # probe pickles the dataset: per epoch that is a copy of every array it holds)
+        self._ahead = _AHEAD if procs and _any_store(dataset, lambda store: store.is_remote) else 0
         super().__init__(dataset, **kwargs)
         self._consumed = 0
         self.threads = threads
@@ -192,9 +195,8 @@ class SeqDataLoader(DataLoader[Any]):
         first = gather(first_idx)
         if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
             check_main_guard(start_method(self._procs_context), self.procs)
-            ahead = _AHEAD if _any_store(self.dataset, lambda store: store.is_remote) else 0
             yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin,
-                                     ahead=ahead)
+                                     ahead=self._ahead)
             return
         rest: Iterator[Any] = map(gather, arrays)
         if batch_bytes(first) >= PARALLEL_FROM_BYTES:
