@@ -30,7 +30,7 @@ __all__ = [
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
 SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout",
-                    "retry_timeout")
+                    "retry_timeout", "read_once")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 _EMPTY = memoryview(b"")
@@ -145,6 +145,11 @@ class _Backend(abc.ABC):
     """What an object-store client answers (see ObjectClient, which adds the retry loop)."""
 
     conditional = False
+
+    def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
+        """An HTTP(S) URL that answers range GETs of ``key`` without this back end, and the If-Match
+        value for version tag ``tag`` (None: send none); None where there is no such URL (the default)."""
+        return None
 
     @abc.abstractmethod
     def head(self, key: str) -> ObjectMeta:

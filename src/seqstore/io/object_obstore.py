@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..errors import (
     BucketNotFound,
@@ -232,6 +232,8 @@ class _ObstoreBackend(_Backend):
                 )
         except oex.BaseError as exc:
             raise _config_error(client.url, scheme, exc, opts) from None
+        self._plain: str | None = None  # the plain URL objects' keys follow ("": none, direct reads off)
+        self._signed: dict[str, tuple[str, float]] = {}  # key -> (presigned URL, monotonic expiry)
         self.slots: Budget | None = None  # requests in flight (max_requests), made in the loop
         self.budget: Budget | None = None  # bytes of answers in flight (max_inflight_bytes)
 
@@ -253,6 +255,29 @@ class _ObstoreBackend(_Backend):
     def _if_match(self, tag: str) -> str:
         """The ETag to send as If-Match for version tag ``tag``."""
         return tag.partition("#")[0] if self.generations else tag
+
+    # direct reads ---------------------------------------------------------------------------------
+    def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
+        """The object's plain URL (an HTTP store; S3 with ``skip_signature`` and an ``endpoint``), or one
+        presigned by obstore for an hour (signed again with 10 minutes left); None with a proxy, with
+        invalid certificates allowed, or where obstore cannot sign (its reads then go through obstore)."""
+        etag = self._if_match(tag) if tag else None
+        if self._plain is None:
+            self._plain = _plain_base(self.c.url, self.c._options)
+        if self._plain == "":
+            return None
+        if self._plain:
+            return f"{self._plain}/{quote(key, safe='/~')}", etag
+        now = time.monotonic()
+        got = self._signed.get(key)
+        if got is None or got[1] - now < 600:
+            try:
+                url = self.obs.sign(self.store, "GET", key, expires_in=timedelta(hours=1))
+            except Exception:  # noqa: BLE001  # no credentials to sign with (anonymous, environment-less): not direct
+                self._plain = ""
+                return None
+            got = self._signed[key] = (str(url), now + 3600)
+        return got[0], etag
 
     # errors -------------------------------------------------------------------------------------
     def _classify(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
@@ -499,6 +524,39 @@ class _ObstoreBackend(_Backend):
 
     def copy(self, src: str, dst: str) -> None:
         self._sync(src, lambda: self.obs.copy(self.store, src, dst, overwrite=True))
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() in ("1", "true", "yes")
+
+
+def _plain_base(url: str, options: dict[str, Any]) -> str | None:
+    """The URL prefix of a store's objects that needs no signature: an HTTP store's own URL; for S3 with
+    ``skip_signature``, its endpoint and bucket (path style, or the bucket in the host name with
+    ``virtual_hosted_style_request``) and prefix. ``""``: direct reads are off (a proxy, certificates
+    not checked, or the service's own endpoint). None: the store signs its requests (presign them)."""
+    opts = {k.lower().removeprefix("aws_").removeprefix("google_").removeprefix("azure_"): v
+            for k, v in options.items()}
+    if opts.get("proxy_url") or _truthy(opts.get("allow_invalid_certificates", False)):
+        return ""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        return url.rstrip("/")
+    if scheme not in ("s3", "s3a"):
+        return None
+    if not _truthy(opts.get("skip_signature", False)):
+        return None
+    endpoint = str(opts.get("endpoint") or opts.get("endpoint_url") or "").rstrip("/")
+    if not endpoint:
+        return ""  # AWS's own endpoints (region-dependent names): left to obstore
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    if _truthy(opts.get("virtual_hosted_style_request", False)):
+        e = urlsplit(endpoint)
+        base = f"{e.scheme}://{bucket}.{e.netloc}{e.path}"
+    else:
+        base = f"{endpoint}/{bucket}"
+    return f"{base}/{quote(prefix, safe='/~')}" if prefix else base
 
 
 def _expected(start: int, end: int, size: int) -> int:

@@ -86,7 +86,9 @@ class ObjectClient:
     ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
     ``timeout`` (seconds per request, default 30), ``connect_timeout`` (default 5),
     ``retry_timeout`` (seconds of retrying a transient failure, default 120), ``max_retries`` (retries
-    at most, default None: only ``retry_timeout`` limits them).
+    at most, default None: only ``retry_timeout`` limits them), ``read_once`` (default false: the store's
+    ``iter_batches`` fetches its runs of batches into memory instead of the node cache,
+    :mod:`seqstore.store.read.stream`).
     """
 
     def __init__(self, url: str, options: Mapping[str, Any] | None = None, filesystem: Any = None) -> None:
@@ -101,6 +103,8 @@ class ObjectClient:
         retries = opts.pop("max_retries", None)
         self.max_retries: int | None = None if retries is None or retries == "" else int(retries)
         self.retry_timeout = float(opts.pop("retry_timeout", 120.0))
+        once = opts.pop("read_once", False)
+        self.read_once = once is True or str(once).lower() in ("1", "true", "yes")
         if (self.max_requests < 1 or self.max_inflight_bytes < 1 or (self.max_retries or 0) < 0 or self.timeout <= 0
                 or not self.retry_timeout >= 0):
             raise ValueError(
@@ -133,6 +137,7 @@ class ObjectClient:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_backend=None, _pid=-1, _lock=None, _failing_since=None, _last_failure=0.0)
+        state.pop("_direct", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -145,6 +150,22 @@ class ObjectClient:
 
     def key_url(self, key: str) -> str:
         return f"{self.url}/{key}"
+
+    def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
+        """A URL that answers range GETs of object ``key`` over plain HTTP(S), for
+        :class:`~seqstore.io.object_direct.DirectReader`, with the If-Match value of version tag ``tag``;
+        None where the back end has none (the reads then go through it)."""
+        return self.backend.direct(key, tag)
+
+    @property
+    def direct_reader(self) -> Any:
+        """This client's :class:`~seqstore.io.object_direct.DirectReader` (one per client and process)."""
+        reader = self.__dict__.get("_direct")
+        if reader is None or reader[0] != os.getpid():
+            from .object_direct import DirectReader
+
+            reader = self.__dict__["_direct"] = (os.getpid(), DirectReader(self))
+        return reader[1]
 
     # ----------------------------------------------------------------------------------- requests
 

@@ -26,6 +26,7 @@ from .nodecache import budget_directory
 from .objects import fork_unsafe
 from .remote import RemoteRoot
 from .remote_fetch import ensure, ensure_array, fetch, fetch_runs, paged_searchsorted
+from .remote_stream import fetch_into
 from .source import ByteSource, ReadPolicy
 
 __all__ = ["RemoteSource"]
@@ -93,7 +94,7 @@ class RemoteSource(ByteSource):
     def policy(self, readahead: str) -> ReadPolicy:
         # "readahead" governs scans only: a batch always asks, as faults would read zeros
         return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, deepest=_DEEPEST,
-                          staged=True, together=_TOGETHER)
+                          staged=True, together=_TOGETHER, stream=self.remote.client.read_once)
 
     def deeper(self) -> bool:
         return self.remote.pending < _FEW * self.remote.client.max_requests
@@ -109,6 +110,9 @@ class RemoteSource(ByteSource):
 
     def request_span(self, start: int, stop: int, *, most: int) -> None:
         fetch(np.array([start], np.int64), np.array([stop], np.int64))
+
+    def fetch_into(self, starts: Any, ends: Any, alloc: Any) -> Any:
+        return fetch_into(starts, ends, alloc)
 
     def ensure(self, starts: Any, ends: Any) -> None:
         ensure(starts, ends)

@@ -52,7 +52,9 @@ class ReadPolicy:
     asks for the reads of this many consecutive batches at once, as their union's runs
     (:meth:`ByteSource.request_runs`):
     the batches of a block-shuffled window each take a sample of the same blocks, and their union is
-    the blocks as they lie (0: each batch on its own).
+    the blocks as they lie (0: each batch on its own). ``stream``: ``iter_batches`` (with its default
+    depth) fetches those runs into memory instead (:meth:`ByteSource.fetch_into`; the ``read_once``
+    storage option).
     """
 
     ahead: bool
@@ -63,6 +65,7 @@ class ReadPolicy:
     deepest: int = 0
     staged: bool = False
     together: int = 0
+    stream: bool = False
 
 
 class ByteSource(ABC):
@@ -125,6 +128,13 @@ class ByteSource(ABC):
     @abstractmethod
     def request_span(self, start: int, stop: int, *, most: int) -> None:
         """:meth:`request` of one range (a scan's next stretch)."""
+
+    def fetch_into(self, starts: Any, ends: Any, alloc: Any) -> Any:
+        """Start fetching byte ranges ``[starts, ends)`` (addresses in this source's mappings) into a
+        buffer from ``alloc(nbytes)``, bypassing any cache; a
+        :class:`~seqstore.io.remote_stream.Part`. Only a source whose policy has ``stream`` is asked."""
+        raise NotImplementedError(f"{self.url}: this source does not fetch into memory (read_once is for "
+                                  "remote stores)")
 
     def ensure(self, starts: Any, ends: Any) -> None:
         """Return once byte ranges ``[starts[i], ends[i])`` are resident (only a ``lazy`` source needs this)."""

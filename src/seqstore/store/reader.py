@@ -72,7 +72,7 @@ class Store(Batches, IdLookup, Matrices, RaggedFields):
         policy = self._source.policy(readahead)
         self._ahead, self._probe, self._lazy = policy.ahead, policy.probe, policy.lazy
         self._setup, self._depth, self._staged = policy.setup, policy.depth, policy.staged
-        self._deepest, self._together = policy.deepest, policy.together
+        self._deepest, self._together, self._stream = policy.deepest, policy.together, policy.stream
         self._bf16 = bfloat16
         self._readahead = readahead
         self._max_mapped_opt = max_mapped_shards

@@ -13,58 +13,17 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import numba
 import numpy as np
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
 from ...io import address, lookahead
 from ...schema import BFLOAT16, Field
+from .copy import copy_via, gather_rows, take_rows
 from .records import Records
 from .runs import BatchRuns
 from .shards import Group, checked_bounds
+from .stream import stream_batches
 
 __all__ = ["Batches", "gather_rows", "take_rows"]
-
-
-@intrinsic
-def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
-    """``memcpy(dst, src, n)`` of addresses given as integers, for numba code (LLVM's memcpy)."""
-    sig = types.void(types.intp, types.intp, types.intp)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        d, s, k = args
-        ptr = cgutils.voidptr_t
-        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)  # type: ignore[no-untyped-call]
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@numba.njit(cache=True, nogil=True)
-def gather_rows(  # pragma: no cover - numba
-    data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int
-) -> None:
-    """Copy ragged records ``rows`` (as bytes, ``stride`` bytes per row) to ``out`` at ``out_starts``
-    (the offsets checked by the caller): one ``memcpy`` a record, 1.7x the speed of a slice copy."""
-    src = data.ctypes.data
-    dst = out.ctypes.data
-    for k in range(rows.shape[0]):
-        r = rows[k]
-        a = offsets[r] * stride
-        n = offsets[r + 1] * stride - a
-        if n > 0:
-            _memcpy(dst + out_starts[k], src + a, n)  # type: ignore[call-arg]
-
-
-@numba.njit(cache=True, nogil=True)
-def take_rows(src: int, rows: Any, dst: int, pos: Any, width: int) -> None:  # pragma: no cover - numba
-    """Copy rows ``rows`` of ``width`` bytes each of the rows at address ``src`` to rows ``pos`` of the
-    rows at ``dst`` (both C-contiguous; every index in range: the caller checked them). One ``memcpy``
-    a row into its place: as fast as ``np.take`` into a new array, where ``np.take`` followed by
-    placing the rows (``res[pos] = ...``) costs 1.5x and ``np.take(..., out=)`` 2x (2 KiB rows)."""
-    for k in range(rows.shape[0]):
-        _memcpy(dst + pos[k] * width, src + rows[k] * width, width)  # type: ignore[call-arg]
 
 
 class Batches(Records):
@@ -132,6 +91,10 @@ class Batches(Records):
         names = self._field_names(fields)
         active = self._ahead
         deeper = None
+        if prefetch is None and self._stream and active:  # read_once: runs fetched into memory (.stream)
+            yield from stream_batches(self, batches, names, pad, self._together or 16,
+                                      max(2, self._deepest // max(1, self._together)))
+            return
         if prefetch is None:  # the source's default (object storage answers after tens of milliseconds)
             prefetch = self._depth
             if self._deepest > prefetch:  # deeper while the source has few requests pending
@@ -193,15 +156,18 @@ class Batches(Records):
     # ------------------------------------------------------------------------------------ gather
 
     def _gather(
-        self, idx: np.ndarray[Any, Any], groups: list[Group], names: list[str], pad: bool
+        self, idx: np.ndarray[Any, Any], groups: list[Group], names: list[str], pad: bool, via: Any = None
     ) -> dict[str, Any]:
+        """The batch of records ``idx`` (split by shard into ``groups``), fields ``names``. ``via``: the
+        records' bytes are not read from the mappings but from where they were fetched into memory
+        (a table of segments, :func:`~.copy.copy_via`; a read-once epoch, :mod:`.stream`)."""
         out: dict[str, Any] = {}
         for name in names:
             f = self.schema[name]
             if f.ragged:
-                out[name] = self._gather_ragged(name, f, idx, groups, pad)
+                out[name] = self._gather_ragged(name, f, idx, groups, pad, via)
             else:
-                out[name] = self._gather_fixed(name, f, idx, groups)
+                out[name] = self._gather_fixed(name, f, idx, groups, via)
             if f.dtype == BFLOAT16 and self._bf16 != "bits":
                 if f.ragged:
                     out[name] = (self.bfloat16_view(out[name][0]), out[name][1])
@@ -209,13 +175,22 @@ class Batches(Records):
                     out[name] = self.bfloat16_view(out[name])
         return out
 
-    def _gather_fixed(self, name: str, f: Field, idx: Any, groups: list[Group]) -> np.ndarray[Any, Any]:
+    def _gather_fixed(
+        self, name: str, f: Field, idx: Any, groups: list[Group], via: Any = None
+    ) -> np.ndarray[Any, Any]:
         res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
         width = res.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
         if not len(idx) or not width:
             return res
         for sh, pos, rows in groups:  # each shard's rows straight into their places in the batch
             col = sh.columns[name]
+            if via is not None:
+                at = np.arange(len(idx), dtype=np.int64) if isinstance(pos, slice) else pos
+                r = np.asarray(rows, dtype=np.int64)
+                base, step, _ = sh.span(name)  # the rows as fetched (a packed field: a slice of each row)
+                _copy(name, base + r * step, np.full(len(r), width, np.int64),
+                      address(res) + np.asarray(at, np.int64) * width, via, sh)
+                continue
             if not (col.flags.c_contiguous and col.strides[0] == width):  # (not a mapped column)
                 res[pos] = np.take(col, rows, axis=0)
                 continue
@@ -224,11 +199,15 @@ class Batches(Records):
                       np.ascontiguousarray(at, dtype=np.int64), width)
         return res
 
-    def _gather_ragged(self, name: str, f: Field, idx: Any, groups: list[Group], pad: bool) -> tuple[Any, Any]:
+    def _gather_ragged(
+        self, name: str, f: Field, idx: Any, groups: list[Group], pad: bool, via: Any = None
+    ) -> tuple[Any, Any]:
         lengths = np.empty(len(idx), dtype=np.int64)
+        bounds = []
         for sh, pos, rows in groups:
             a, b = checked_bounds(sh, name, rows)
             lengths[pos] = b - a
+            bounds.append((a, b))
         stride = f.row_bytes
         if pad:
             t = int(lengths.max()) if len(lengths) else 0
@@ -238,9 +217,14 @@ class Batches(Records):
             ends = np.cumsum(lengths)
             flat = np.empty(int(ends[-1]) * stride if len(ends) else 0, dtype=np.uint8)
             starts = (ends - lengths) * stride
-        for sh, pos, rows in groups:
+        for (sh, pos, rows), (a, b) in zip(groups, bounds):
             col = sh.columns[name]
             data = col.reshape(-1).view(np.uint8) if col.size else np.empty(0, np.uint8)
+            if via is not None:
+                if col.size:
+                    _copy(name, address(data) + a * stride, (b - a) * stride,
+                          address(flat) + np.asarray(starts[pos], np.int64), via, sh)
+                continue
             off = sh.offsets[name]
             gather_rows(data, off, np.ascontiguousarray(rows), flat, np.ascontiguousarray(starts[pos]), stride)
         values = flat.view(f.storage_dtype)
@@ -249,3 +233,13 @@ class Batches(Records):
         else:
             values = values.reshape(int(lengths.sum()), *f.inner_shape)  # not -1: inner dims may be 0
         return values, lengths
+
+
+def _copy(name: str, src: Any, n: Any, dst: Any, via: Any, sh: Any) -> None:
+    """:func:`copy_via` of one shard's records of field ``name``; a range no fetched segment holds is a bug
+    of the run's planning, reported as such rather than read as zeros."""
+    k = copy_via(np.ascontiguousarray(src, np.int64), np.ascontiguousarray(n, np.int64),
+                 np.ascontiguousarray(dst, np.int64), *via)
+    if k >= 0:
+        raise RuntimeError(f"field {name!r} of {sh.display}: bytes at {int(src[k]):#x} (+{int(n[k])}) were not fetched "
+                           "for this read-once run (a seqstore bug; please report it)")

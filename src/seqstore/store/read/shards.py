@@ -225,6 +225,7 @@ class ShardRegistry:
     _deepest: int
     _together: int
     _staged: bool
+    _stream: bool
 
     def __len__(self) -> int:
         return self._n

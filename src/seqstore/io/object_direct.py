@@ -1,0 +1,485 @@
+"""Range answers received straight into the reader's memory: a small HTTP/1.1 client for large ranges.
+
+obstore hands every answer over in a buffer of its own (a copy after the kernel's), and a reader that
+keeps the bytes copies them once more. For ranges that go into memory the reader owns (a read-once
+epoch's runs of batches, :mod:`seqstore.store.read.stream`), :class:`DirectReader` receives each body
+with ``recv_into`` into its place: the kernel's copy is the only one. It speaks what those requests
+need and no more: ``GET`` with ``Range`` (and ``If-Match`` where the store pins versions) over
+keep-alive HTTP/1.1 connections, plain or TLS, all driven by one selector loop on its own thread; an
+answer must carry a ``Content-Length`` and be a 206 whose ``Content-Range`` is the range asked for (or a
+200 of exactly the bytes asked for). URLs come from the object client (``ObjectClient.direct_url``: the
+object's plain URL, or one presigned by obstore); a store it cannot address that way is read through
+obstore.
+
+Failures follow the object client's rules (:mod:`seqstore.io.objects`): 5xx, 408 and 429 answers, a
+connection refused, reset or closed, a body cut short and a request without progress for ``timeout``
+seconds (``connect_timeout`` while connecting) are retried with the client's backoff, within its
+``retry_timeout`` and ``max_retries``, then raised as :class:`~seqstore.errors.RemoteError` naming the URL
+and the attempts. 404 is :class:`~seqstore.errors.RemoteNotFound`, 401 and 403
+:class:`~seqstore.errors.CredentialsError`, 412 :class:`~seqstore.errors.StaleStoreError` (the object
+changed), any other answer a ``RemoteError`` naming the URL and the status. Messages never show a
+presigned URL's query (its signature).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import heapq
+import itertools
+import os
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
+
+__all__ = ["DirectReader"]
+
+_HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
+_RETRIED = frozenset((408, 429, 500, 502, 503, 504))
+
+
+class _Transient(Exception):
+    """A failure worth another attempt."""
+
+
+class _Job:
+    """One range request: bytes ``[start, end)`` of ``url`` into ``dest`` (a writable buffer of that size)."""
+
+    __slots__ = ("origin", "target", "shown", "start", "end", "etag", "dest", "wave", "attempt", "first")
+
+    def __init__(self, url: str, start: int, end: int, etag: str | None, dest: memoryview, wave: _Wave) -> None:
+        p = urlsplit(url)
+        tls = p.scheme.lower() == "https"
+        self.origin = (p.hostname or "", p.port or (443 if tls else 80), tls)
+        self.target = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        self.shown = f"{p.scheme}://{p.netloc}{p.path}"  # no query: a presigned URL's signature stays out
+        self.start, self.end, self.etag, self.dest, self.wave = start, end, etag, dest, wave
+        self.attempt = 0
+        self.first = 0.0
+
+
+class _Wave:
+    """The requests of one :meth:`DirectReader.submit`: its future ends when all are in, or at the first failure."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, n: int) -> None:
+        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.left = n
+
+
+class _Conn:
+    """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body."""
+
+    __slots__ = ("sock", "origin", "state", "out", "head", "job", "pos", "want", "deadline", "reused", "close_after")
+
+    def __init__(self, sock: socket.socket, origin: tuple[str, int, bool]) -> None:
+        self.sock: Any = sock
+        self.origin = origin
+        self.state = "connecting"
+        self.out = b""
+        self.head = b""
+        self.job: _Job | None = None
+        self.pos = 0
+        self.want = 0
+        self.deadline = 0.0
+        self.reused = False
+        self.close_after = False
+
+
+class DirectReader:
+    """Range GETs of ``client``'s objects (an :class:`~seqstore.io.objects.ObjectClient`: its timeouts,
+    retry budget and ``max_requests``, the connections this reader keeps at most) received into the
+    caller's buffers. Thread-safe; its loop thread starts with the first request and is a daemon."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.most = int(client.max_requests)
+        self._lock = threading.Lock()
+        self._queue: deque[_Job] = deque()  # jobs to start, in order
+        self._active: set[_Conn] = set()  # connections carrying a request
+        self._later: list[tuple[float, int, _Job]] = []  # (when, n, job): retries waiting out their backoff
+        self._count = itertools.count()
+        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
+        self._open = 0
+        self._addr: dict[tuple[str, int], Any] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = -1
+        self._sel: selectors.BaseSelector | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+
+    # ----------------------------------------------------------------------------------- public
+
+    def submit(
+        self, requests: Sequence[tuple[str, int, int, str | None, memoryview]]
+    ) -> concurrent.futures.Future[None]:
+        """Start ``(url, start, end, if_match, dest)`` requests: bytes ``[start, end)`` of ``url`` into
+        ``dest`` (``end - start`` bytes, writable). Returns a future that ends when every body is in,
+        or with the first request's error (the others are then dropped)."""
+        wave = _Wave(len(requests))
+        if not requests:
+            wave.future.set_result(None)
+            return wave.future
+        jobs = []
+        for url, a, b, etag, dest in requests:
+            if len(dest) != b - a or b <= a:
+                raise ValueError(f"{url}: a direct read of bytes [{a}, {b}) needs a buffer of {b - a} bytes, "
+                                 f"got {len(dest)}")
+            jobs.append(_Job(url, a, b, etag, dest, wave))
+        self._start_thread()
+        with self._lock:
+            self._queue.extend(jobs)
+        self._wake()
+        return wave.future
+
+    # ----------------------------------------------------------------------------------- loop
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                return
+            self._sel = selectors.DefaultSelector()
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+            self._idle, self._open, self._queue, self._later, self._active = {}, 0, deque(), [], set()
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._loop, name="seqstore-direct", daemon=True)
+            self._thread.start()
+
+    def _wake(self) -> None:
+        try:
+            assert self._wake_w is not None
+            self._wake_w.send(b"x")
+        except BlockingIOError:  # a wake is pending already
+            pass
+
+    def _loop(self) -> None:
+        sel = self._sel
+        assert sel is not None and self._wake_r is not None
+        active = self._active
+        while True:
+            now = time.monotonic()
+            wait = 1.0
+            if self._later:
+                wait = min(wait, max(0.0, self._later[0][0] - now))
+            for c in active:
+                wait = min(wait, max(0.0, c.deadline - now))
+            for key, _ in sel.select(wait):
+                c = key.data
+                if c is None:
+                    try:
+                        self._wake_r.recv(4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                self._step(c, active)
+            now = time.monotonic()
+            for c in [c for c in active if c.deadline <= now]:
+                what = "connecting" if c.state in ("connecting", "handshake") else "waiting for its answer"
+                limit = self.client.connect_timeout if what == "connecting" else self.client.timeout
+                self._fail(c, active, _Transient(f"no progress for {limit:g} s {what}"))
+            while self._later and self._later[0][0] <= now:
+                job = heapq.heappop(self._later)[2]
+                with self._lock:
+                    self._queue.appendleft(job)
+            self._start(active)
+
+    def _start(self, active: set[_Conn]) -> None:
+        """Give queued jobs connections: an idle one to their origin, else a new one while fewer than
+        ``most`` are open (an idle one to another origin is closed to make room)."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                job = self._queue[0]
+                if job.wave.future.done():  # its wave failed: dropped
+                    self._queue.popleft()
+                    continue
+                idle = self._idle.get(job.origin)
+                if not idle and self._open >= self.most:
+                    other = next((v for v in self._idle.values() if v), None)
+                    if other is None:
+                        return  # every connection busy
+                    self._close(other.pop(), None)
+                self._queue.popleft()
+            if idle:
+                c = idle.pop()
+                c.reused = True
+                self._ask(c, job, active)
+            else:
+                try:
+                    c = self._connect(job.origin)
+                except OSError as exc:
+                    self._retry(job, _Transient(f"cannot connect: {exc}"))
+                    continue
+                c.job = job
+                c.deadline = time.monotonic() + self.client.connect_timeout
+                active.add(c)
+                self._register(c, selectors.EVENT_WRITE)
+
+    def _connect(self, origin: tuple[str, int, bool]) -> _Conn:
+        host, port, _tls = origin
+        addr = self._addr.get((host, port))
+        if addr is None:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            addr = self._addr[(host, port)] = (family, kind, proto, sockaddr)
+        sock = socket.socket(addr[0], addr[1], addr[2])
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex(addr[3])
+        if err not in (0, errno.EINPROGRESS):
+            sock.close()
+            raise OSError(err, os.strerror(err))
+        self._open += 1
+        return _Conn(sock, origin)
+
+    def _register(self, c: _Conn, events: int) -> None:
+        assert self._sel is not None
+        try:
+            self._sel.modify(c.sock, events, c)
+        except (KeyError, ValueError):
+            self._sel.register(c.sock, events, c)
+
+    def _close(self, c: _Conn, active: set[_Conn] | None) -> None:
+        assert self._sel is not None
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+        self._open -= 1
+        if active is not None:
+            active.discard(c)
+
+    def _ask(self, c: _Conn, job: _Job, active: set[_Conn]) -> None:
+        host, port, tls = job.origin
+        hostport = host if port == (443 if tls else 80) else f"{host}:{port}"
+        lines = [f"GET {job.target} HTTP/1.1", f"Host: {hostport}", f"Range: bytes={job.start}-{job.end - 1}",
+                 "User-Agent: seqstore", "Accept-Encoding: identity"]
+        if job.etag:
+            lines.append(f"If-Match: {job.etag}")
+        c.job, c.head, c.pos, c.want = job, b"", -1, job.end - job.start
+        c.out = ("\r\n".join(lines) + "\r\n\r\n").encode()
+        c.state = "send"
+        c.deadline = time.monotonic() + self.client.timeout
+        active.add(c)
+        self._send(c, active)
+
+    # ----------------------------------------------------------------------------------- a step
+
+    def _step(self, c: _Conn, active: set[_Conn]) -> None:
+        try:
+            if c.state == "connecting":
+                err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    raise _Transient(f"cannot connect: {os.strerror(err)}")
+                if c.origin[2]:
+                    if self._ssl is None:
+                        self._ssl = ssl.create_default_context()
+                    c.sock = self._ssl.wrap_socket(c.sock, server_hostname=c.origin[0], do_handshake_on_connect=False)
+                    c.state = "handshake"
+                else:
+                    job = c.job
+                    assert job is not None
+                    self._ask(c, job, active)
+                    return
+            if c.state == "handshake":
+                try:
+                    c.sock.do_handshake()
+                except ssl.SSLWantReadError:
+                    self._register(c, selectors.EVENT_READ)
+                    return
+                except ssl.SSLWantWriteError:
+                    self._register(c, selectors.EVENT_WRITE)
+                    return
+                job = c.job
+                assert job is not None
+                self._ask(c, job, active)
+                return
+            if c.state == "send":
+                self._send(c, active)
+                return
+            self._receive(c, active)
+        except (_Transient, OSError, ssl.SSLError) as exc:
+            self._fail(c, active, exc)
+        except RemoteError as exc:
+            self._give_up(c, active, exc)
+
+    def _send(self, c: _Conn, active: set[_Conn]) -> None:
+        try:
+            while c.out:
+                n = c.sock.send(c.out)
+                c.out = c.out[n:]
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            self._register(c, selectors.EVENT_WRITE)
+            return
+        except ssl.SSLWantReadError:
+            self._register(c, selectors.EVENT_READ)
+            return
+        except (OSError, ssl.SSLError) as exc:
+            self._fail(c, active, exc)
+            return
+        c.state = "head"
+        self._register(c, selectors.EVENT_READ)
+
+    def _receive(self, c: _Conn, active: set[_Conn]) -> None:
+        job = c.job
+        assert job is not None
+        while True:
+            try:
+                if c.pos < 0:
+                    got = c.sock.recv(65536)
+                    if not got:
+                        raise _Transient("the connection closed before the answer")
+                    c.head += got
+                    if not self._parse_head(c, job):
+                        continue
+                else:
+                    n = c.sock.recv_into(job.dest[c.pos :])
+                    if not n:
+                        raise _Transient(f"the connection closed after {c.pos} of {c.want} bytes of the body")
+                    c.pos += n
+            except (BlockingIOError, ssl.SSLWantReadError):
+                return
+            c.deadline = time.monotonic() + self.client.timeout
+            if c.pos >= c.want:
+                self._done(c, active)
+                return
+
+    def _parse_head(self, c: _Conn, job: _Job) -> bool:
+        """The status line and headers, once all arrived (False before); the body bytes after them go
+        into place. Raises for an answer other than the range asked for."""
+        end = c.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(c.head) > _HEAD_MOST:
+                raise RemoteError(f"{job.shown}: an answer's headers are longer than {_HEAD_MOST} bytes",
+                                  url=job.shown, attempts=job.attempt + 1)
+            return False
+        lines = c.head[:end].decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        try:
+            status = int(parts[1])
+        except (IndexError, ValueError):
+            raise _Transient(f"not an HTTP answer: {lines[0][:80]!r}") from None
+        headers = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        rest = c.head[end + 4 :]
+        c.head = b""
+        c.close_after = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
+        size = job.end - job.start
+        if status not in (200, 206):
+            self._status(status, job)
+        if "content-length" not in headers or "chunked" in headers.get("transfer-encoding", "").lower():
+            raise RemoteError(f"{job.shown}: the answer to a range request has no Content-Length (expected "
+                              f"{size} bytes)", url=job.shown, attempts=job.attempt + 1)
+        length = int(headers["content-length"])
+        if status == 206:
+            want = f"bytes {job.start}-{job.end - 1}/"
+            if not headers.get("content-range", "").startswith(want) or length != size:
+                raise RemoteError(
+                    f"{job.shown}: asked for bytes {job.start}-{job.end - 1}, the answer is "
+                    f"Content-Range {headers.get('content-range')!r}, Content-Length {length}",
+                    url=job.shown, attempts=job.attempt + 1)
+        elif job.start != 0 or length != size:  # 200: the whole object, right only if that was asked for
+            raise RemoteError(
+                f"{job.shown}: asked for bytes {job.start}-{job.end - 1}, the server answered 200 with "
+                f"{length} bytes (it does not serve ranges)", url=job.shown, attempts=job.attempt + 1)
+        take = min(len(rest), size)
+        job.dest[:take] = rest[:take]
+        c.pos = take
+        return True
+
+    def _status(self, status: int, job: _Job) -> None:
+        if status in _RETRIED:
+            raise _Transient(f"HTTP {status}")
+        what = f"{job.shown}: HTTP {status}"
+        n = job.attempt + 1
+        if status == 404:
+            raise RemoteNotFound(f"{what}: no such object", url=job.shown, attempts=n)
+        if status in (401, 403):
+            raise CredentialsError(f"{what}: access refused (check the credentials or the presigned URL)",
+                                   url=job.shown, attempts=n)
+        if status == 412:
+            raise StaleStoreError(f"{what}: the object changed since the store was opened (If-Match "
+                                  f"{job.etag})", url=job.shown, attempts=n)
+        raise RemoteError(f"{what}: unexpected answer to a range request", url=job.shown, attempts=n)
+
+    # ----------------------------------------------------------------------------------- endings
+
+    def _done(self, c: _Conn, active: set[_Conn]) -> None:
+        job = c.job
+        assert job is not None
+        c.job = None
+        active.discard(c)
+        if c.close_after:
+            self._close(c, None)
+        else:
+            assert self._sel is not None
+            self._sel.unregister(c.sock)
+            with self._lock:
+                self._idle.setdefault(c.origin, []).append(c)
+        if self.client._failing_since is not None:
+            self.client.retry_ok()
+        wave = job.wave
+        wave.left -= 1
+        if not wave.left and not wave.future.done():
+            wave.future.set_result(None)
+
+    def _fail(self, c: _Conn, active: set[_Conn], exc: BaseException) -> None:
+        job = c.job
+        reused = c.reused and c.state in ("send", "head") and c.pos < 0 and not c.head
+        self._close(c, active)
+        if job is None:
+            return
+        if reused:  # a kept-alive connection the server had closed: asked again at once, not a failure
+            with self._lock:
+                self._queue.appendleft(job)
+            return
+        self._retry(job, exc)
+
+    def _retry(self, job: _Job, exc: BaseException) -> None:
+        job.attempt += 1
+        if job.attempt == 1:
+            job.first = time.monotonic()
+        delay = self.client.retry_delay(job.attempt, job.first)
+        if delay is None:
+            self._end_wave(job.wave, self.client.gave_up(job.shown, job.attempt, job.first, exc))
+            return
+        heapq.heappush(self._later, (time.monotonic() + delay, next(self._count), job))
+
+    def _give_up(self, c: _Conn, active: set[_Conn], exc: RemoteError) -> None:
+        job = c.job
+        self._close(c, active)
+        if self.client._failing_since is not None:
+            self.client.retry_ok()  # a definite answer: the service is up
+        if job is not None:
+            self._end_wave(job.wave, exc)
+
+    def _end_wave(self, wave: _Wave, exc: BaseException) -> None:
+        """``wave`` failed: its future raises ``exc``; its requests still in flight stop writing into
+        the caller's buffers (their connections closed), queued ones are dropped."""
+        if not wave.future.done():
+            wave.future.set_exception(exc)
+        assert self._sel is not None
+        for key in list(self._sel.get_map().values()):
+            c = key.data
+            if c is not None and c.job is not None and c.job.wave is wave:
+                c.job = None
+                self._close(c, self._active)

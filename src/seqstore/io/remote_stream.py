@@ -1,0 +1,122 @@
+"""Byte ranges of remote mappings fetched into memory the reader owns, not into the node cache.
+
+A read-once epoch (the ``read_once`` storage option) reads each run of batches once. Written into
+the node cache, every byte would be copied twice more (into the cache file, out of it into the batch)
+and would take fresh page-cache memory that the epoch never reads again. :func:`fetch_into` instead
+merges the ranges a run needs (per mapped file, ranges closer than ``coalesce_gap`` as one), receives
+the merged segments into one buffer from the caller's pool, and returns a :class:`Part`: the
+segments' addresses in the mappings, where each landed in the buffer, and a wait. Bodies are
+received with :class:`~seqstore.io.object_direct.DirectReader` (straight into the buffer) where the
+client has plain or presigned URLs for the objects, else through the client's back end (one copy
+more). The node cache is neither read nor written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import RemoteError
+from .mapping import address
+from .remote_fetch import MOST, _split_by_region
+
+__all__ = ["Part", "fetch_into", "merge_ranges"]
+
+
+def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> tuple[Any, Any, Any]:
+    """Ranges ``[s, e)`` merged where they overlap or lie at most ``gap`` bytes apart: the merged
+    starts and ends (ascending) and, for each given range, the index of the merged range holding it."""
+    if not len(s):
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    o = np.argsort(s, kind="stable")
+    ss, es = s[o], e[o]
+    reach = np.maximum.accumulate(es)
+    new = np.empty(len(ss), bool)
+    new[0] = True
+    new[1:] = ss[1:] > reach[:-1] + gap
+    first = np.flatnonzero(new)
+    ids = np.empty(len(s), np.int64)
+    ids[o] = np.cumsum(new) - 1
+    return ss[first], np.maximum.reduceat(es, first), ids
+
+
+class Part:
+    """Fetched segments: bytes of addresses ``[seg_s[j], seg_e[j])`` of the mappings land at address
+    ``seg_at[j]`` (inside ``buffer``); :meth:`wait` returns once all are in, or raises the fetch's error."""
+
+    __slots__ = ("seg_s", "seg_e", "seg_at", "buffer", "futures", "limit", "nbytes")
+
+    def __init__(self, seg_s: Any, seg_e: Any, seg_at: Any, buffer: Any, futures: list[Any], limit: float) -> None:
+        self.seg_s, self.seg_e, self.seg_at, self.buffer = seg_s, seg_e, seg_at, buffer
+        self.futures, self.limit = futures, limit
+        self.nbytes = int((seg_e - seg_s).sum()) if len(seg_s) else 0
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + self.limit
+        for f in self.futures:
+            try:
+                f.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                raise RemoteError(
+                    f"no answer from object storage within {self.limit:.0f} s (longer than every request's "
+                    "timeout and retries allow): the client's thread is stuck", attempts=0,
+                ) from None
+
+
+def fetch_into(starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, Any]]) -> Part:
+    """Start fetching the bytes of ranges ``[starts, ends)`` (absolute addresses inside remote mappings;
+    others are ignored) into a buffer of ``alloc(nbytes)`` (a C-contiguous ``uint8`` array of at least
+    that many bytes). Returns at once; the :class:`Part` says where each merged segment lands."""
+    regions = _split_by_region(starts, ends)
+    merged = []
+    total = 0
+    for region, s, e in regions:
+        gap = int(region.root.client.coalesce_gap)
+        ms, me, _ = merge_ranges(s, e, gap)
+        merged.append((region, ms, me))
+        total += int((me - ms).sum())
+    buffer = alloc(total)
+    at = address(buffer) if total else 0
+    seg_s, seg_e, seg_at = [], [], []
+    by_client: dict[int, tuple[Any, list[Any], list[Any]]] = {}  # id(client) -> (client, direct, fallback)
+    view = buffer.data.cast("B") if total else memoryview(b"")
+    off = 0
+    for region, ms, me in merged:
+        client = region.root.client
+        lens = me - ms
+        offs = off + np.concatenate(([0], np.cumsum(lens)[:-1])) if len(lens) else lens
+        seg_s.append(region.base + ms)
+        seg_e.append(region.base + me)
+        seg_at.append(at + offs)
+        off += int(lens.sum())
+        direct = client.direct(region.key, region.etag)
+        entry = by_client.setdefault(id(client), (client, [], []))
+        for a, b, o in zip(ms.tolist(), me.tolist(), offs.tolist()):
+            for p in range(a, b, MOST):  # requests of at most MOST bytes, each into its place
+                q = min(b, p + MOST)
+                dest = view[o + p - a : o + q - a]
+                if direct is not None:
+                    entry[1].append((direct[0], p, q, direct[1], dest))
+                else:
+                    entry[2].append(((region.key, p, q, region.etag), dest))
+    futures = []
+    limit = 600.0
+    for client, direct_reqs, fallback in by_client.values():
+        limit = max(limit, client.patience())
+        if direct_reqs:
+            futures.append(client.direct_reader.submit(direct_reqs))
+        if fallback:
+            dests = [d for _, d in fallback]
+
+            def on_each(i: int, data: memoryview, meta: Any, dests: list[memoryview] = dests) -> None:
+                dests[i][:] = data
+
+            futures.append(client.submit([r for r, _ in fallback], on_each, with_meta=False))
+    s_all, e_all, at_all = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (seg_s, seg_e, seg_at))
+    o = np.argsort(s_all, kind="stable")
+    return Part(s_all[o], e_all[o], at_all[o], buffer, futures, limit)

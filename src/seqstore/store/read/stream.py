@@ -1,0 +1,168 @@
+"""Read-once epochs: ``iter_batches`` with each run of batches fetched into memory, not into the node cache.
+
+With the ``read_once`` storage option, ``iter_batches`` (at its default depth) reads a remote store
+this way: the batches are taken in runs of ``together`` (16); a run's ranges (the records of fixed
+fields, the value rows of ragged fields) are merged and received into one buffer
+(:func:`seqstore.io.remote_stream.fetch_into`), and each batch is gathered from the buffers with
+:func:`~.copy.copy_via`. Ragged fields' offsets (8 bytes a record) still go through the node cache,
+asked for a run before their values are needed. ``ahead`` runs are in flight while one is gathered;
+their buffers come from a small pool and are reused, so memory is a few runs' bytes, whatever the
+epoch's length, and no byte is written to the node cache.
+
+A run's last batch may take a few records of the next window of a block-shuffled order (windows need
+not start on a batch boundary); its ranges that lie apart from every other batch's (more than 64 KiB
+from them) are left to the next run, where the blocks they belong to are fetched whole, and that
+batch is gathered from both runs' buffers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from ...io.remote_stream import Part, merge_ranges
+from .shards import Group
+
+__all__ = ["stream_batches"]
+
+_GAP = 64 << 10  # a last batch's range farther than this from every other batch's goes to the next run
+_EMPTY = np.zeros(0, np.int64)
+
+
+class _Pool:
+    """Buffers for the runs in flight, reused: memory does not follow the epoch's length."""
+
+    def __init__(self, keep: int) -> None:
+        self.free: list[np.ndarray[Any, Any]] = []
+        self.keep = keep
+
+    def alloc(self, n: int) -> np.ndarray[Any, Any]:
+        fits = [b for b in self.free if len(b) >= n]
+        if fits:
+            b = min(fits, key=len)
+            self.free.remove(b)
+            return b
+        return np.empty(-(-max(n, 1) * 5 // 4 // (1 << 20)) << 20, np.uint8)  # room to be reused by a larger run
+
+    def give_back(self, b: np.ndarray[Any, Any]) -> None:
+        self.free.append(b)
+        if len(self.free) > self.keep:
+            self.free.remove(min(self.free, key=len))
+
+
+class _Run:
+    __slots__ = ("batches", "part", "next_part", "carried")
+
+    def __init__(self, batches: list[tuple[Any, list[Group]]]) -> None:
+        self.batches = batches
+        self.part: Part | None = None
+        self.next_part: Part | None = None  # holds the ranges of the last batch left to the next run
+        self.carried = False
+
+
+def stream_batches(
+    reader: Any, batches: Iterable[Any], names: list[str], pad: bool, together: int, ahead: int
+) -> Iterator[dict[str, Any]]:
+    """The batches of ``batches`` gathered by ``reader`` (a :class:`~.batches.Batches`) from runs of
+    ``together`` fetched into memory, ``ahead`` runs in flight (see the module docstring)."""
+    fixed = [n for n in names if not reader.schema[n].ragged]
+    ragged = [n for n in names if reader.schema[n].ragged]
+    source = reader._source
+    pool = _Pool(ahead + 2)
+    it = iter(batches)
+    prepared: deque[_Run] = deque()  # runs whose offsets were asked for, not fetched yet
+    fetching: deque[_Run] = deque()  # runs fetched (in flight or in), in order
+    carry: tuple[Any, Any] = (_EMPTY, _EMPTY)
+    done = False
+
+    def prepare() -> None:
+        nonlocal done
+        got = list(islice(it, together))
+        if not got:
+            done = True
+            return
+        run = _Run([])
+        for batch in got:
+            idx = reader._norm_many(batch).reshape(-1)
+            groups = reader._batch_groups(idx)
+            if ragged:
+                reader._request(groups, ragged)  # the offsets, through the node cache
+            run.batches.append((idx, groups))
+        prepared.append(run)
+
+    def fetch(run: _Run | None) -> None:
+        """Fetch ``run``'s ranges (with those carried from the run before); None: the end, fetch what is carried."""
+        nonlocal carry
+        starts, ends, tags = [carry[0]], [carry[1]], [np.full(len(carry[0]), -1, np.int64)]
+        batches = run.batches if run is not None else []
+        for k, (_idx, groups) in enumerate(batches):
+            if ragged:
+                reader._need_groups(groups, ragged, values=False)
+            a: list[Any] = []
+            b: list[Any] = []
+            if fixed:
+                a, b = reader._ranges(groups, fixed, False)
+            if ragged:
+                ra, rb = reader._ranges(groups, ragged, True)
+                a, b = a + ra, b + rb
+            if a:
+                starts += a
+                ends += b
+                tags.append(np.full(sum(len(x) for x in a), k, np.int64))
+        s, e, t = np.concatenate(starts), np.concatenate(ends), np.concatenate(tags)
+        keep = np.ones(len(s), bool)
+        if run is not None and len(batches) == together and len(s):  # not the last run: leave the lone ranges
+            _, _, ids = merge_ranges(s, e, _GAP)
+            shared = np.zeros(int(ids.max()) + 1, bool)
+            shared[ids[t != len(batches) - 1]] = True
+            keep = shared[ids]
+        part = source.fetch_into(s[keep], e[keep], pool.alloc)
+        if fetching and fetching[-1].carried:
+            fetching[-1].next_part = part
+        carry = (s[~keep], e[~keep])
+        if run is None:
+            return
+        run.part = part
+        run.carried = bool(len(carry[0]))
+        fetching.append(run)
+
+    def fill() -> None:
+        while not done and len(prepared) < 2:  # offsets asked for a run before they are needed
+            prepare()
+        while prepared and len(fetching) < ahead:
+            fetch(prepared.popleft())
+            if not done and len(prepared) < 2:
+                prepare()
+        if done and not prepared and len(carry[0]):
+            fetch(None)
+
+    fill()
+    while fetching:
+        run = fetching[0]
+        assert run.part is not None
+        for k, (idx, groups) in enumerate(run.batches):
+            parts = [run.part]
+            if k == len(run.batches) - 1 and run.carried:
+                fill()  # the next run's fetch holds the rest of this batch
+                assert run.next_part is not None
+                parts.append(run.next_part)
+            for p in parts:
+                p.wait()
+            if len(parts) == 1:
+                via = (parts[0].seg_s, parts[0].seg_e, parts[0].seg_at)
+            else:
+                s = np.concatenate([p.seg_s for p in parts])
+                o = np.argsort(s, kind="stable")
+                via = (s[o], np.concatenate([p.seg_e for p in parts])[o], np.concatenate([p.seg_at for p in parts])[o])
+            out = reader._gather(idx, groups, names, pad, via)
+            if k == 0:
+                fill()  # the next runs' requests, before this run's batches are handed out
+            yield out
+        fetching.popleft()
+        pool.give_back(run.part.buffer)
+        run.part = run.next_part = None
+        fill()

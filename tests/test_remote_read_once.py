@@ -1,0 +1,172 @@
+"""Read-once epochs (the ``read_once`` storage option): ``iter_batches`` fetches its runs of batches into
+memory with the direct HTTP reader, not into the node cache. Every batch equals the local store's; the
+requests are presigned (credentials) or plain (``skip_signature``) range GETs; failures are retried and
+named as on the obstore path; the node cache does not grow with the epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.proxy import FaultProxy
+from support.s3 import MotoS3
+from support.stores import build_store, same_batch
+
+import seqstore as ss
+from seqstore.errors import RemoteError, RemoteNotFound, StaleStoreError
+
+pytestmark = pytest.mark.timeout(300)
+PREFIX = "once/main.seqstore"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("local") / "main.seqstore")
+
+
+@pytest.fixture(scope="module")
+def remote(moto_s3: MotoS3, local: Path) -> Iterator[str]:
+    bucket = moto_s3.new_bucket("once")
+    yield moto_s3.upload_dir(local, bucket, PREFIX)
+    moto_s3.delete_bucket(bucket)
+
+
+def _open(moto_s3: MotoS3, url: str, cache: Path, endpoint: str | None = None, **options: Any) -> ss.Store:
+    opts = moto_s3.storage_options(endpoint, read_once="true", timeout=5, connect_timeout=2, **options)
+    return ss.open(url, storage_options=opts, cache_dir=cache)
+
+
+def _epoch(store: ss.Store, local: ss.Store, order: str, batch: int, **kw: Any) -> int:
+    """Read an epoch of ``order`` with ``iter_batches`` and compare every batch with the local store's."""
+    chunks = list(ss.seq_order(len(local), order, epoch=1, seed=2).iter_chunks(batch))
+    n = 0
+    for k, got in enumerate(store.iter_batches(iter(chunks), **kw)):
+        same_batch(got, local.get_batch(chunks[k], **kw), f"{order}, batch {k}")
+        n += 1
+    assert n == len(chunks)
+    return n
+
+
+@pytest.mark.parametrize("order", ["random_block:16:4", "random", "default", "random_block:50:3"])
+def test_read_once_batches_equal_the_local_store(moto_s3: MotoS3, remote: str, local: Path, tmp_path: Path,
+                                                 order: str) -> None:
+    store = _open(moto_s3, remote, tmp_path / "cache")
+    loc = ss.open(local)
+    _epoch(store, loc, order, 7)
+    _epoch(store, loc, order, 32, pad=True)
+    _epoch(store, loc, order, 13, fields=["spk", "x"])
+
+
+def test_read_once_requests_are_presigned_range_gets_and_leave_the_cache_small(
+        moto_s3: MotoS3, remote: str, local: Path, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    cache = tmp_path / "cache"
+    store = _open(moto_s3, remote, cache, s3_proxy.url)
+    s3_proxy.clear_log()
+    _epoch(store, ss.open(local), "random_block:16:4", 16)
+    values = [r for r in s3_proxy.requests if "/x.npy" in r.target or "/tok.npy" in r.target]
+    direct = [r for r in values if "X-Amz-Signature=" in r.target]
+    assert direct, "no presigned requests of value files"
+    assert all(r.byte_range is not None for r in direct), "a direct read without a Range header"
+    # the value bytes did not go into the node cache: it holds less than after the same epoch read through it
+    plain = ss.open(remote, storage_options=moto_s3.storage_options(s3_proxy.url), cache_dir=tmp_path / "plain")
+    _epoch(plain, ss.open(local), "random_block:16:4", 16)
+
+    def held(root: Path) -> int:
+        return sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(root) for f in fs)
+
+    assert held(cache) + 40_000 < held(tmp_path / "plain"), (held(cache), held(tmp_path / "plain"))
+
+
+def test_http_store_reads_plain_urls(local: Path, tmp_path: Path) -> None:
+    """An ``http://`` store (a static web server: ranges, ETags, If-Match) is read with its own URLs."""
+    from support.http import StaticServer
+
+    with StaticServer(local.parent) as srv:
+        store = ss.open(f"{srv.url}/{local.name}", storage_options={"allow_http": "true", "read_once": "true"},
+                        cache_dir=tmp_path / "cache")
+        _epoch(store, ss.open(local), "random_block:16:4", 16)
+        _epoch(store, ss.open(local), "random", 9, pad=True)
+        assert store._source.remote.client.direct("shard-000000/x.npy", None)[0] == \
+            f"{srv.url}/{local.name}/shard-000000/x.npy"
+
+
+def test_which_stores_have_plain_urls() -> None:
+    from seqstore.io.object_obstore import _plain_base
+
+    anon = {"skip_signature": "true", "endpoint": "http://h:9000/"}
+    assert _plain_base("s3://b/p/c.seqstore", anon) == "http://h:9000/b/p/c.seqstore"
+    assert _plain_base("s3://b/c.seqstore", {**anon, "virtual_hosted_style_request": True}) == \
+        "http://b.h:9000/c.seqstore"
+    assert _plain_base("s3://b/c.seqstore", {"AWS_SKIP_SIGNATURE": "1", "aws_endpoint": "https://e"}) == \
+        "https://e/b/c.seqstore"
+    assert _plain_base("s3://b/c.seqstore", {"access_key_id": "k"}) is None  # signed: presigned URLs
+    assert _plain_base("gs://b/c.seqstore", {}) is None
+    assert _plain_base("s3://b/c.seqstore", {"skip_signature": "true"}) == ""  # AWS's own endpoints: obstore
+    assert _plain_base("https://h/c.seqstore", {"proxy_url": "http://proxy:3128"}) == ""
+    assert _plain_base("https://h/c.seqstore/", {}) == "https://h/c.seqstore"
+
+
+def test_server_errors_are_retried(moto_s3: MotoS3, remote: str, local: Path, tmp_path: Path,
+                                   s3_proxy: FaultProxy) -> None:
+    store = _open(moto_s3, remote, tmp_path / "cache", s3_proxy.url, max_retries=5)
+    failing = s3_proxy.fail(3, status=503, path="/x.npy", where=lambda r: "X-Amz-Signature=" in r.target)
+    cut = s3_proxy.truncate(2, after=10, path="/tok.npy", where=lambda r: "X-Amz-Signature=" in r.target)
+    reset = s3_proxy.reset(2, path="/emb.npy", where=lambda r: "X-Amz-Signature=" in r.target)
+    _epoch(store, ss.open(local), "random_block:16:4", 16)
+    assert failing.hits == 3 and cut.hits == 2 and reset.hits == 2
+
+
+def test_persistent_errors_raise_naming_the_url(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                s3_proxy: FaultProxy) -> None:
+    store = _open(moto_s3, remote, tmp_path / "cache", s3_proxy.url, max_retries=2)
+    s3_proxy.fail(None, status=500, path="/x.npy", where=lambda r: "X-Amz-Signature=" in r.target)
+    order = ss.seq_order(len(store), "random", epoch=1, seed=2)
+    with pytest.raises(RemoteError) as err:
+        for _ in store.iter_batches(order.iter_chunks(16)):
+            pass
+    assert "x.npy" in str(err.value) and err.value.attempts == 3, err.value
+    assert "X-Amz-Signature" not in str(err.value)  # the presigned query stays out of messages
+
+
+def test_a_missing_object_and_a_changed_one_are_named(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    a = build_store(tmp_path / "a.seqstore", seed=1)
+    b = build_store(tmp_path / "b.seqstore", seed=1, values_seed=7)
+    url = moto_s3.upload_dir(a, s3_bucket, "swap/c.seqstore")
+    store = _open(moto_s3, url, tmp_path / "cache")
+    order = ss.seq_order(len(store), "random", epoch=1, seed=3)
+    store.get_batch(np.arange(len(store)), fields=["spk"])  # shards mapped with A's ETags
+    moto_s3.replace_dir(b, s3_bucket, "swap/c.seqstore")
+    with pytest.raises((StaleStoreError, ss.CorruptionError)) as err:
+        for _ in store.iter_batches(order.iter_chunks(50)):
+            pass
+    assert "swap/c.seqstore" in str(err.value)
+    store2 = _open(moto_s3, url, tmp_path / "cache2")
+    store2.get_batch([0], fields=["spk"])
+    moto_s3.delete(s3_bucket, *[k for k in moto_s3.keys(s3_bucket, "swap/c.seqstore/") if k.endswith("/x.npy")])
+    with pytest.raises((RemoteNotFound, ss.CorruptionError)) as err2:
+        for _ in store2.iter_batches(order.iter_chunks(50)):
+            pass
+    assert "x.npy" in str(err2.value)
+
+
+def test_direct_reader_checks_the_answer(moto_s3: MotoS3, s3_bucket: str) -> None:
+    from seqstore.io.objects import ObjectClient
+
+    moto_s3.put(s3_bucket, "k/blob", bytes(range(256)) * 64)
+    client = ObjectClient(f"s3://{s3_bucket}/k", moto_s3.storage_options(timeout=5, max_retries=1))
+    url, _ = client.direct("blob", None)
+    buf = bytearray(100)
+    client.direct_reader.submit([(url, 1000, 1100, None, memoryview(buf))]).result(30)
+    assert bytes(buf) == (bytes(range(256)) * 64)[1000:1100]
+    with pytest.raises(ValueError, match="needs a buffer of 100 bytes"):
+        client.direct_reader.submit([(url, 0, 100, None, memoryview(bytearray(10)))])
+    with pytest.raises(StaleStoreError, match="changed"):
+        client.direct_reader.submit([(url, 0, 100, '"not-the-etag"', memoryview(buf))]).result(30)
+    missing, _ = client.direct("nothing-here", None)
+    with pytest.raises(RemoteNotFound, match="nothing-here"):
+        client.direct_reader.submit([(missing, 0, 100, None, memoryview(buf))]).result(30)
