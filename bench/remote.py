@@ -585,9 +585,11 @@ def case_epoch(
     data: str,
     files: list[list[Any]],
     prefetch: int | None = None,
+    read_once: bool = False,
 ) -> dict[str, Any]:
-    """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order, or
-    (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs, MAX_REQUESTS in flight."""
+    """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order (``read_once``:
+    the storage option of that name), or (``sequential``) as many bytes of the store's files, in shard order,
+    read in 8 MiB GETs, MAX_REQUESTS in flight."""
     scratch = _fresh_dir(data, "cache")
     try:
         if system == "replay":  # the data requests the seqstore random_block case made, raw
@@ -625,13 +627,14 @@ def case_epoch(
 
             import seqstore
 
-            store = seqstore.open(url, storage_options=seqstore_options(endpoint), cache_dir=scratch)
+            opts = {**seqstore_options(endpoint), **({"read_once": "true"} if read_once else {})}
+            store = seqstore.open(url, storage_options=opts, cache_dir=scratch)
             order = seqstore.seq_order(
                 n, BLOCK_ORDER if system == "random_block" else "default", epoch=1, seed=ORDER_SEED
             )
             chunks = itertools.islice(order.iter_chunks(BATCH), -(-records // BATCH))
             asked = [0]
-            if system == "random_block" and prefetch is None:
+            if system == "random_block" and prefetch is None and not read_once:
                 _record_requests(_requests_file(data, kind), asked)
             _stats(control, reset=True)
             nbytes = 0
@@ -921,6 +924,8 @@ def build_cases(
             rows = [
                 ("server sequential", "bench.remote:case_epoch", {"system": "sequential", "files": files}),
                 (f"seqstore {BLOCK_ORDER}", "bench.remote:case_epoch", {"system": "random_block", "files": files}),
+                (f"seqstore {BLOCK_ORDER}, read_once", "bench.remote:case_epoch",
+                 {"system": "random_block", "files": files, "read_once": True}),
                 (REPLAY, "bench.remote:case_epoch", {"system": "replay", "files": files}),
                 (
                     f"seqstore {BLOCK_ORDER}, prefetch 64",
@@ -1179,6 +1184,9 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                     f"CPU s per GiB {BLOCK_ORDER} / sequential "
                     f"{_ratio(cpu.get(f'seqstore {BLOCK_ORDER}'), cpu.get('server sequential'))} (target <= 1.5x)"
                 )
+                once = f"seqstore {BLOCK_ORDER}, read_once"
+                parts.append(f"read_once / sequential {_ratio(e.get(once), seq)} (target >= 0.8x), CPU s per GiB "
+                             f"{_ratio(cpu.get(once), cpu.get('server sequential'))} (target <= 1.5x)")
                 parts.append(f"with prefetch 64 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 64'), seq)}")
                 own = _ratio(e.get(f"seqstore {BLOCK_ORDER}"), e.get(REPLAY))
                 parts.append(f"{BLOCK_ORDER} / its own requests replayed raw {own}")

@@ -170,3 +170,27 @@ def test_direct_reader_checks_the_answer(moto_s3: MotoS3, s3_bucket: str) -> Non
     missing, _ = client.direct("nothing-here", None)
     with pytest.raises(RemoteNotFound, match="nothing-here"):
         client.direct_reader.submit([(missing, 0, 100, None, memoryview(buf))]).result(30)
+
+
+def test_runs_ahead_follow_max_inflight_bytes(moto_s3: MotoS3, remote: str, local: Path, tmp_path: Path) -> None:
+    """The runs fetched ahead hold at most ``max_inflight_bytes`` (but two runs at least): the smallest
+    budget still reads every batch right, reusing the buffers of the runs before."""
+    store = _open(moto_s3, remote, tmp_path / "cache", max_inflight_bytes=1)
+    assert store._source.stream_budget == 1
+    _epoch(store, ss.open(local), "random_block:16:4", 3)
+    _epoch(store, ss.open(local), "random", 5, pad=True)
+
+
+def test_buffer_pool_reuses_the_smallest_buffer_that_fits() -> None:
+    from seqstore.store.read.stream import _Pool
+
+    pool = _Pool(keep=2)
+    a, b, c = pool.alloc(3 << 20), pool.alloc(1 << 20), pool.alloc(10)
+    assert len(a) >= 3 << 20 and len(b) >= 1 << 20 and len(c) >= 10
+    for x in (a, b, c):
+        pool.give_back(x)
+    assert len(pool.free) == 2 and all(x is not c for x in pool.free)  # the smallest was dropped
+    got = pool.alloc(1 << 20)
+    assert got is b  # the smallest that fits, found by identity (numpy arrays do not compare as bools)
+    assert pool.alloc(3 << 20) is a
+    assert pool.alloc(1 << 20) is not b  # none free: a new one

@@ -44,6 +44,7 @@ __all__ = ["DirectReader"]
 
 _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
 _RETRIED = frozenset((408, 429, 500, 502, 503, 504))
+_TICK = 0.1  # seconds between checks of the requests' deadlines
 
 
 class _Transient(Exception):
@@ -169,13 +170,13 @@ class DirectReader:
         sel = self._sel
         assert sel is not None and self._wake_r is not None
         active = self._active
+        scanned = time.monotonic()
         while True:
-            now = time.monotonic()
-            wait = 1.0
+            # deadlines are checked every _TICK seconds, not on every wake (a wave keeps dozens of
+            # connections busy and wakes this loop for every piece of every body)
+            wait = _TICK
             if self._later:
-                wait = min(wait, max(0.0, self._later[0][0] - now))
-            for c in active:
-                wait = min(wait, max(0.0, c.deadline - now))
+                wait = min(wait, max(0.0, self._later[0][0] - time.monotonic()))
             for key, _ in sel.select(wait):
                 c = key.data
                 if c is None:
@@ -186,15 +187,18 @@ class DirectReader:
                     continue
                 self._step(c, active)
             now = time.monotonic()
-            for c in [c for c in active if c.deadline <= now]:
-                what = "connecting" if c.state in ("connecting", "handshake") else "waiting for its answer"
-                limit = self.client.connect_timeout if what == "connecting" else self.client.timeout
-                self._fail(c, active, _Transient(f"no progress for {limit:g} s {what}"))
+            if now - scanned >= _TICK:
+                scanned = now
+                for c in [c for c in active if c.deadline <= now]:
+                    what = "connecting" if c.state in ("connecting", "handshake") else "waiting for its answer"
+                    limit = self.client.connect_timeout if what == "connecting" else self.client.timeout
+                    self._fail(c, active, _Transient(f"no progress for {limit:g} s {what}"))
             while self._later and self._later[0][0] <= now:
                 job = heapq.heappop(self._later)[2]
                 with self._lock:
                     self._queue.appendleft(job)
-            self._start(active)
+            if self._queue:
+                self._start(active)
 
     def _start(self, active: set[_Conn]) -> None:
         """Give queued jobs connections: an idle one to their origin, else a new one while fewer than
@@ -338,6 +342,9 @@ class DirectReader:
         self._register(c, selectors.EVENT_READ)
 
     def _receive(self, c: _Conn, active: set[_Conn]) -> None:
+        """Take what the socket has of the answer: one read per readiness event (a second would mostly
+        find nothing: one more system call and exception per piece), more while TLS holds decrypted
+        bytes the selector cannot see."""
         job = c.job
         assert job is not None
         while True:
@@ -348,7 +355,9 @@ class DirectReader:
                         raise _Transient("the connection closed before the answer")
                     c.head += got
                     if not self._parse_head(c, job):
-                        continue
+                        if c.origin[2] and c.sock.pending():
+                            continue
+                        return
                 else:
                     n = c.sock.recv_into(job.dest[c.pos :])
                     if not n:
@@ -359,6 +368,8 @@ class DirectReader:
             c.deadline = time.monotonic() + self.client.timeout
             if c.pos >= c.want:
                 self._done(c, active)
+                return
+            if not (c.origin[2] and c.sock.pending()):
                 return
 
     def _parse_head(self, c: _Conn, job: _Job) -> bool:

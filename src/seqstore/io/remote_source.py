@@ -114,6 +114,11 @@ class RemoteSource(ByteSource):
     def fetch_into(self, starts: Any, ends: Any, alloc: Any) -> Any:
         return fetch_into(starts, ends, alloc)
 
+    @property
+    def stream_budget(self) -> int:
+        """Bytes a read-once ``iter_batches`` keeps fetched ahead at most: ``max_inflight_bytes``."""
+        return int(self.remote.client.max_inflight_bytes)
+
     def ensure(self, starts: Any, ends: Any) -> None:
         ensure(starts, ends)
 

@@ -136,6 +136,11 @@ class ByteSource(ABC):
         raise NotImplementedError(f"{self.url}: this source does not fetch into memory (read_once is for "
                                   "remote stores)")
 
+    @property
+    def stream_budget(self) -> int:
+        """Bytes :meth:`fetch_into` may hold ahead of the reader (a source that fetches into memory)."""
+        return 0
+
     def ensure(self, starts: Any, ends: Any) -> None:
         """Return once byte ranges ``[starts[i], ends[i])`` are resident (only a ``lazy`` source needs this)."""
         return None  # default: bytes in files that a page fault reads need nothing here

@@ -17,6 +17,7 @@ batch is gathered from both runs' buffers.
 
 from __future__ import annotations
 
+import mmap
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -34,24 +35,27 @@ _EMPTY = np.zeros(0, np.int64)
 
 
 class _Pool:
-    """Buffers for the runs in flight, reused: memory does not follow the epoch's length."""
+    """Buffers for the runs in flight, reused: memory does not follow the epoch's length (``keep``:
+    free buffers kept at most)."""
 
     def __init__(self, keep: int) -> None:
         self.free: list[np.ndarray[Any, Any]] = []
         self.keep = keep
 
     def alloc(self, n: int) -> np.ndarray[Any, Any]:
-        fits = [b for b in self.free if len(b) >= n]
+        fits = [k for k, b in enumerate(self.free) if len(b) >= n]
         if fits:
-            b = min(fits, key=len)
-            self.free.remove(b)
-            return b
-        return np.empty(-(-max(n, 1) * 5 // 4 // (1 << 20)) << 20, np.uint8)  # room to be reused by a larger run
+            return self.free.pop(min(fits, key=lambda k: len(self.free[k])))
+        size = -(-max(n, 1) * 5 // 4 // (1 << 20)) << 20  # room to be reused by a larger run
+        # an anonymous mapping of its own, not np.empty: received into, numpy's buffers cost the kernel
+        # 1.8 s per 1.9 GB where these cost 0.95-1.0 (a whole fixed epoch in the benchmark; numpy asks
+        # for transparent huge pages on large arrays, which this made no difference to on a mapping)
+        return np.frombuffer(mmap.mmap(-1, size), np.uint8)
 
     def give_back(self, b: np.ndarray[Any, Any]) -> None:
         self.free.append(b)
         if len(self.free) > self.keep:
-            self.free.remove(min(self.free, key=len))
+            self.free.pop(min(range(len(self.free)), key=lambda k: len(self.free[k])))
 
 
 class _Run:
@@ -65,14 +69,16 @@ class _Run:
 
 
 def stream_batches(
-    reader: Any, batches: Iterable[Any], names: list[str], pad: bool, together: int, ahead: int
+    reader: Any, batches: Iterable[Any], names: list[str], pad: bool, together: int, budget: int
 ) -> Iterator[dict[str, Any]]:
     """The batches of ``batches`` gathered by ``reader`` (a :class:`~.batches.Batches`) from runs of
-    ``together`` fetched into memory, ``ahead`` runs in flight (see the module docstring)."""
+    ``together`` fetched into memory, runs in flight or waiting to be gathered while they hold fewer
+    than ``budget`` bytes (at least two runs; see the module docstring)."""
     fixed = [n for n in names if not reader.schema[n].ragged]
     ragged = [n for n in names if reader.schema[n].ragged]
     source = reader._source
-    pool = _Pool(ahead + 2)
+    pool = _Pool(4)
+    held = [0]  # bytes of the runs fetched and not yet given back
     it = iter(batches)
     prepared: deque[_Run] = deque()  # runs whose offsets were asked for, not fetched yet
     fetching: deque[_Run] = deque()  # runs fetched (in flight or in), in order
@@ -127,13 +133,14 @@ def stream_batches(
         if run is None:
             return
         run.part = part
+        held[0] += part.nbytes
         run.carried = bool(len(carry[0]))
         fetching.append(run)
 
     def fill() -> None:
         while not done and len(prepared) < 2:  # offsets asked for a run before they are needed
             prepare()
-        while prepared and len(fetching) < ahead:
+        while prepared and (len(fetching) < 2 or held[0] < budget):
             fetch(prepared.popleft())
             if not done and len(prepared) < 2:
                 prepare()
@@ -163,6 +170,7 @@ def stream_batches(
                 fill()  # the next runs' requests, before this run's batches are handed out
             yield out
         fetching.popleft()
+        held[0] -= run.part.nbytes
         pool.give_back(run.part.buffer)
         run.part = run.next_part = None
         fill()
