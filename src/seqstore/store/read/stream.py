@@ -79,6 +79,7 @@ def stream_batches(
     source = reader._source
     pool = _Pool(4)
     held = [0]  # bytes of the runs fetched and not yet given back
+    out = [0]  # batches handed out
     it = iter(batches)
     prepared: deque[_Run] = deque()  # runs whose offsets were asked for, not fetched yet
     fetching: deque[_Run] = deque()  # runs fetched (in flight or in), in order
@@ -140,7 +141,9 @@ def stream_batches(
     def fill() -> None:
         while not done and len(prepared) < 2:  # offsets asked for a run before they are needed
             prepare()
-        while prepared and (len(fetching) < 2 or held[0] < budget):
+        # two runs at first, then deeper as batches go out (at most ``budget`` bytes): the first batch
+        # does not share the link with a whole window of runs asked for at once
+        while prepared and (len(fetching) < 2 or (held[0] < budget and len(fetching) < 2 + out[0] // 2)):
             fetch(prepared.popleft())
             if not done and len(prepared) < 2:
                 prepare()
@@ -165,10 +168,10 @@ def stream_batches(
                 s = np.concatenate([p.seg_s for p in parts])
                 o = np.argsort(s, kind="stable")
                 via = (s[o], np.concatenate([p.seg_e for p in parts])[o], np.concatenate([p.seg_at for p in parts])[o])
-            out = reader._gather(idx, groups, names, pad, via)
-            if k == 0:
-                fill()  # the next runs' requests, before this run's batches are handed out
-            yield out
+            batch_out = reader._gather(idx, groups, names, pad, via)
+            out[0] += 1
+            fill()  # the next runs' requests (the window deepens as batches go out)
+            yield batch_out
         fetching.popleft()
         held[0] -= run.part.nbytes
         pool.give_back(run.part.buffer)
