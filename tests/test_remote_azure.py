@@ -66,6 +66,18 @@ def test_every_read_api_equals_the_local_store(azurite: Azurite, remote: str, lo
     assert digest(again) == digest(ss.open(local))
 
 
+def test_read_once_epoch_equals_the_local_store(azurite: Azurite, remote: str, local: Path, tmp_path: Path) -> None:
+    """``read_once``: the runs of ``iter_batches`` come over URLs obstore signs with the account key (a
+    SAS), received by seqstore's direct reader, not through the node cache."""
+    store = _open(azurite, remote, tmp_path / "cache", options={"read_once": "true"})
+    got = store._source.remote.client.direct("shard-000000/x.npy", None)
+    assert got is not None and "sig=" in got[0]  # presigned: direct reads
+    loc = ss.open(local)
+    chunks = list(ss.seq_order(len(loc), "random_block:16:4", epoch=1, seed=5).iter_chunks(11))
+    for k, batch in enumerate(store.iter_batches(iter(chunks), pad=True)):
+        same_batch(batch, loc.get_batch(chunks[k], pad=True), f"batch {k}")
+
+
 @pytest.mark.parametrize("form", ["azure://{c}/{p}", "abfs://{c}@devstoreaccount1.dfs.core.windows.net/{p}"])
 def test_other_url_forms_open_the_same_store(azurite: Azurite, remote: str, local: Path, tmp_path: Path,
                                              form: str) -> None:

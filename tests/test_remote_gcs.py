@@ -17,7 +17,7 @@ import pytest
 from support.gcs import FakeGcs, XmlGcs, fake_gcs_binary
 from support.proxy import FaultProxy
 from support.races import append_rows, race, stage_parts, write_schema
-from support.stores import assert_same_reads, build_store, digest, same, same_stores, store_files
+from support.stores import assert_same_reads, build_store, digest, same, same_batch, same_stores, store_files
 
 import seqstore as ss
 from seqstore.store.verify import verify
@@ -63,6 +63,19 @@ def test_every_read_api_equals_the_local_store(fake_gcs: FakeGcs, local: Path, t
     down = ss.copy(url, tmp_path / "down.seqstore", src_options=opts)
     assert down.copied == down.shards > 1
     assert store_files(tmp_path / "down.seqstore") == store_files(local)
+
+
+def test_read_once_epoch_equals_the_local_store(fake_gcs: FakeGcs, local: Path, tmp_path: Path) -> None:
+    """``read_once`` where obstore cannot presign (the emulator's anonymous access: no key to sign with):
+    the runs come through obstore and are copied into the reader's buffers; the batches are the same."""
+    url = fake_gcs.upload_dir(local, fake_gcs.new_bucket("once"), "corpora/main.seqstore")
+    store = ss.open(url, storage_options={**fake_gcs.storage_options(), "read_once": "true"},
+                    cache_dir=tmp_path / "cache")
+    assert store._source.remote.client.direct("shard-000000/x.npy", None) is None
+    loc = ss.open(local)
+    chunks = list(ss.seq_order(len(loc), "random_block:16:4", epoch=1, seed=5).iter_chunks(11))
+    for k, batch in enumerate(store.iter_batches(iter(chunks), pad=True)):
+        same_batch(batch, loc.get_batch(chunks[k], pad=True), f"batch {k}")
 
 
 def test_replaced_store_is_never_served_stale(fake_gcs: FakeGcs, tmp_path: Path) -> None:
