@@ -885,31 +885,32 @@ def main() -> None:
                         )
                     )
         if "loader" in args.only and kind == "fixed":
+            if "epoch" not in args.only:  # the raw reads of as many bytes, for the ratio
+                cases.append((f"{kind} loader: raw sequential", "",
+                              {**base, "case": "raw sequential", "files": files, "bytes": 2 * ebytes,
+                               "depth": args.depth}))
             for sl, sp in srcs:
-                for w in (1, 2):
-                    for pf in args.loader_prefetch:
+                for ml, opts in modes:
+                    mode = f" {ml}" if len(modes) > 1 else ""
+                    for w in (1, 2):
+                        for pf in args.loader_prefetch:
+                            cases.append(
+                                (
+                                    f"{kind} loader, {w} worker{'s' if w > 1 else ''}, prefetch {pf}: "
+                                    f"seqstore {sl}{mode}",
+                                    sp,
+                                    {**base, "case": "loader", "records": 2 * epoch, "workers": w, "prefetch": pf,
+                                     "options": {**depth, **opts}},
+                                )
+                            )
                         cases.append(
                             (
-                                f"{kind} loader, {w} worker{'s' if w > 1 else ''}, prefetch {pf}: seqstore {sl}",
+                                f"{kind} loader, procs={w}: seqstore {sl}{mode}",
                                 sp,
-                                {
-                                    **base,
-                                    "case": "loader",
-                                    "records": 2 * epoch,
-                                    "workers": w,
-                                    "prefetch": pf,
-                                    "options": depth,
-                                },
+                                {**base, "case": "loader", "records": 2 * epoch, "workers": w, "procs": True,
+                                 "options": {**depth, **opts}},
                             )
                         )
-                    cases.append(
-                        (
-                            f"{kind} loader, procs={w}: seqstore {sl}",
-                            sp,
-                            {**base, "case": "loader", "records": 2 * epoch, "workers": w, "procs": True,
-                             "options": depth},
-                        )
-                    )
         if "random" in args.only:
             for sl, sp in srcs:
                 for ml, opts in modes:

@@ -18,7 +18,7 @@ from support.s3 import MotoS3
 from support.stores import build_store, same_batch
 
 import seqstore as ss
-from seqstore.errors import RemoteError, RemoteNotFound, StaleStoreError
+from seqstore.errors import ConfigError, RemoteError, RemoteNotFound, StaleStoreError
 
 pytestmark = pytest.mark.timeout(300)
 PREFIX = "once/main.seqstore"
@@ -194,3 +194,8 @@ def test_buffer_pool_reuses_the_smallest_buffer_that_fits() -> None:
     assert got is b  # the smallest that fits, found by identity (numpy arrays do not compare as bools)
     assert pool.alloc(3 << 20) is a
     assert pool.alloc(1 << 20) is not b  # none free: a new one
+
+
+def test_read_once_takes_true_or_false(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="read_once='sometimes': expected true or false"):
+        ss.open("s3://bucket/c.seqstore", storage_options={"read_once": "sometimes"}, cache_dir=tmp_path)

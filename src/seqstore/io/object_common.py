@@ -23,6 +23,7 @@ from ..errors import ConfigError, RemoteError
 
 __all__ = [
     "ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote",
+    "option_flag",
     "redact",
 ]
 
@@ -31,6 +32,9 @@ REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "htt
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
 SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout",
                     "retry_timeout", "read_once")
+_FLAGS = ("read_once",)  # seqstore's boolean options
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 _EMPTY = memoryview(b"")
@@ -73,6 +77,14 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
             what = "an integer" if kind is int else "a number of seconds"
             bound = f">= {least}" if inclusive else f"> {least}"
             raise ConfigError(f"{url}: storage option {key}={value!r}: expected {what} {bound}")
+    for key in _FLAGS:
+        if key in options and str(options[key]).strip().lower() not in _TRUE + _FALSE:
+            raise ConfigError(f"{url}: storage option {key}={options[key]!r}: expected true or false")
+
+
+def option_flag(value: Any) -> bool:
+    """A checked boolean storage option (``True``, ``"true"``, ``"1"``, ``"yes"``; the opposites)."""
+    return str(value).strip().lower() in _TRUE
 
 
 def check_url(url: str) -> None:

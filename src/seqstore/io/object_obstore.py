@@ -35,7 +35,15 @@ from ..errors import (
     RemoteNotFound,
     StaleStoreError,
 )
-from .object_common import SEQSTORE_OPTIONS, ClientSettings, ObjectMeta, _Backend, _Transient, check_url
+from .object_common import (
+    SEQSTORE_OPTIONS,
+    ClientSettings,
+    ObjectMeta,
+    _Backend,
+    _Transient,
+    check_url,
+    option_flag,
+)
 from .object_wave import SMALL_BODY, Budget, Wave
 
 __all__ = ["fork_unsafe"]
@@ -526,10 +534,6 @@ class _ObstoreBackend(_Backend):
         self._sync(src, lambda: self.obs.copy(self.store, src, dst, overwrite=True))
 
 
-def _truthy(v: Any) -> bool:
-    return v is True or str(v).lower() in ("1", "true", "yes")
-
-
 def _plain_base(url: str, options: dict[str, Any]) -> str | None:
     """The URL prefix of a store's objects that needs no signature: an HTTP store's own URL; for S3 with
     ``skip_signature``, its endpoint and bucket (path style, or the bucket in the host name with
@@ -537,7 +541,7 @@ def _plain_base(url: str, options: dict[str, Any]) -> str | None:
     not checked, or the service's own endpoint). None: the store signs its requests (presign them)."""
     opts = {k.lower().removeprefix("aws_").removeprefix("google_").removeprefix("azure_"): v
             for k, v in options.items()}
-    if opts.get("proxy_url") or _truthy(opts.get("allow_invalid_certificates", False)):
+    if opts.get("proxy_url") or option_flag(opts.get("allow_invalid_certificates", False)):
         return ""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -545,13 +549,13 @@ def _plain_base(url: str, options: dict[str, Any]) -> str | None:
         return url.rstrip("/")
     if scheme not in ("s3", "s3a"):
         return None
-    if not _truthy(opts.get("skip_signature", False)):
+    if not option_flag(opts.get("skip_signature", False)):
         return None
     endpoint = str(opts.get("endpoint") or opts.get("endpoint_url") or "").rstrip("/")
     if not endpoint:
         return ""  # AWS's own endpoints (region-dependent names): left to obstore
     bucket, prefix = parts.netloc, parts.path.strip("/")
-    if _truthy(opts.get("virtual_hosted_style_request", False)):
+    if option_flag(opts.get("virtual_hosted_style_request", False)):
         e = urlsplit(endpoint)
         base = f"{e.scheme}://{bucket}.{e.netloc}{e.path}"
     else:

@@ -54,6 +54,7 @@ from .object_common import (
     _Transient,
     check_options,
     is_remote,
+    option_flag,
     redact,
 )
 from .object_fsspec import _FsspecBackend
@@ -103,8 +104,7 @@ class ObjectClient:
         retries = opts.pop("max_retries", None)
         self.max_retries: int | None = None if retries is None or retries == "" else int(retries)
         self.retry_timeout = float(opts.pop("retry_timeout", 120.0))
-        once = opts.pop("read_once", False)
-        self.read_once = once is True or str(once).lower() in ("1", "true", "yes")
+        self.read_once = option_flag(opts.pop("read_once", False))
         if (self.max_requests < 1 or self.max_inflight_bytes < 1 or (self.max_retries or 0) < 0 or self.timeout <= 0
                 or not self.retry_timeout >= 0):
             raise ValueError(
