@@ -33,7 +33,7 @@ def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> 
     if not len(s):
         z = np.zeros(0, np.int64)
         return z, z, z
-    o = np.argsort(s, kind="stable")
+    o = np.argsort(s)  # any order of equal starts merges the same
     ss, es = s[o], e[o]
     reach = np.maximum.accumulate(es)
     new = np.empty(len(ss), bool)
