@@ -199,3 +199,43 @@ def test_buffer_pool_reuses_the_smallest_buffer_that_fits() -> None:
 def test_read_once_takes_true_or_false(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="read_once='sometimes': expected true or false"):
         ss.open("s3://bucket/c.seqstore", storage_options={"read_once": "sometimes"}, cache_dir=tmp_path)
+
+
+def test_direct_reader_over_tls(tmp_path: Path) -> None:
+    """HTTPS: the handshake, bodies of many TLS records received into place, a kept-alive connection
+    reused, and a server certificate the client does not trust refused at once."""
+    import shutil
+    import ssl
+    import subprocess
+
+    from support.http import StaticServer
+
+    from seqstore.io.objects import ObjectClient
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed (it makes the test's certificate)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    blob = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "blob").write_bytes(blob)
+    with StaticServer(tmp_path / "site") as srv:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        srv._server.socket = server_ctx.wrap_socket(srv._server.socket, server_side=True)
+        base = srv.url.replace("http://", "https://")
+        client = ObjectClient(base, {"timeout": 5, "max_retries": 1, "max_requests": 2})
+        reader = client.direct_reader
+        reader._ssl = ssl.create_default_context(cafile=str(cert))  # trust the test's certificate
+        bufs = [bytearray(b - a) for a, b in ((0, 1 << 20), (5, 2_500_005), (3_000_000, 3 << 20))]
+        reqs = [(f"{base}/blob", a, b, None, memoryview(buf))
+                for (a, b), buf in zip(((0, 1 << 20), (5, 2_500_005), (3_000_000, 3 << 20)), bufs)]
+        reader.submit(reqs).result(60)  # three requests on at most two connections: one is reused
+        for (_, a, b, _, _), buf in zip(reqs, bufs):
+            assert bytes(buf) == blob[a:b]
+        strict = ObjectClient(base, {"timeout": 5, "max_retries": 1})  # the system's CAs only
+        with pytest.raises(RemoteError, match="TLS certificate was refused") as err:
+            strict.direct_reader.submit([(f"{base}/blob", 0, 10, None, memoryview(bytearray(10)))]).result(60)
+        assert err.value.attempts == 1  # refused at once, not retried

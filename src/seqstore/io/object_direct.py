@@ -319,6 +319,10 @@ class DirectReader:
                 self._send(c, active)
                 return
             self._receive(c, active)
+        except ssl.SSLCertVerificationError as exc:  # not worth another attempt
+            shown = c.job.shown if c.job is not None else c.origin[0]
+            self._give_up(c, active, RemoteError(f"{shown}: the server's TLS certificate was refused: {exc}",
+                                                 url=shown, attempts=(c.job.attempt + 1) if c.job else 1))
         except (_Transient, OSError, ssl.SSLError) as exc:
             self._fail(c, active, exc)
         except RemoteError as exc:
