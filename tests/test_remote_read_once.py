@@ -239,3 +239,23 @@ def test_direct_reader_over_tls(tmp_path: Path) -> None:
         with pytest.raises(RemoteError, match="TLS certificate was refused") as err:
             strict.direct_reader.submit([(f"{base}/blob", 0, 10, None, memoryview(bytearray(10)))]).result(60)
         assert err.value.attempts == 1  # refused at once, not retried
+
+
+def test_direct_reader_thread_ends_when_idle(moto_s3: MotoS3, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop thread and its connections go after a while without requests, and come back for the next."""
+    from seqstore.io import object_direct
+    from seqstore.io.objects import ObjectClient
+
+    monkeypatch.setattr(object_direct, "_IDLE_END", 0.3)
+    moto_s3.put(s3_bucket, "k/blob", bytes(range(256)))
+    client = ObjectClient(f"s3://{s3_bucket}/k", moto_s3.storage_options(timeout=5))
+    url, _ = client.direct("blob", None)
+    reader = client.direct_reader
+    buf = bytearray(16)
+    reader.submit([(url, 0, 16, None, memoryview(buf))]).result(30)
+    thread = reader._thread
+    assert thread is not None and thread.is_alive()
+    thread.join(10)
+    assert not thread.is_alive() and reader._thread is None and reader._open == 0
+    reader.submit([(url, 16, 32, None, memoryview(buf))]).result(30)
+    assert bytes(buf) == bytes(range(16, 32)) and reader._thread is not None

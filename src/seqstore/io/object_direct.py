@@ -45,6 +45,7 @@ __all__ = ["DirectReader"]
 _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
 _RETRIED = frozenset((408, 429, 500, 502, 503, 504))
 _TICK = 0.1  # seconds between checks of the requests' deadlines
+_IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 
 
 class _Transient(Exception):
@@ -137,27 +138,45 @@ class DirectReader:
                 raise ValueError(f"{url}: a direct read of bytes [{a}, {b}) needs a buffer of {b - a} bytes, "
                                  f"got {len(dest)}")
             jobs.append(_Job(url, a, b, etag, dest, wave))
-        self._start_thread()
-        with self._lock:
+        with self._lock:  # the loop cannot decide to end between these two steps
             self._queue.extend(jobs)
+            self._start_thread()
         self._wake()
         return wave.future
 
     # ----------------------------------------------------------------------------------- loop
 
     def _start_thread(self) -> None:
+        """Start the loop thread unless it runs in this process (called with ``_lock`` held)."""
+        if self._thread is not None and self._pid == os.getpid():
+            return
+        if self._pid not in (-1, os.getpid()):  # used in a forked child: the parent's connections are not its own
+            self._later, self._idle, self._open, self._active = [], {}, 0, set()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, name="seqstore-direct", daemon=True)
+        self._thread.start()
+
+    def _end_thread(self) -> bool:
+        """The loop's end after ``_IDLE_END`` seconds without work: its connections closed, its thread
+        gone until the next request (a client that is dropped leaves nothing running)."""
         with self._lock:
-            if self._thread is not None and self._pid == os.getpid():
-                return
-            self._sel = selectors.DefaultSelector()
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._wake_r.setblocking(False)
-            self._wake_w.setblocking(False)
-            self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-            self._idle, self._open, self._queue, self._later, self._active = {}, 0, deque(), [], set()
-            self._pid = os.getpid()
-            self._thread = threading.Thread(target=self._loop, name="seqstore-direct", daemon=True)
-            self._thread.start()
+            if self._queue or self._later or self._active:
+                return False
+            for conns in self._idle.values():
+                for c in conns:
+                    self._close(c, None)
+            self._idle = {}
+            assert self._sel is not None and self._wake_r is not None and self._wake_w is not None
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self._thread = None
+            return True
 
     def _wake(self) -> None:
         try:
@@ -170,7 +189,7 @@ class DirectReader:
         sel = self._sel
         assert sel is not None and self._wake_r is not None
         active = self._active
-        scanned = time.monotonic()
+        scanned = busy = time.monotonic()
         while True:
             # deadlines are checked every _TICK seconds, not on every wake (a wave keeps dozens of
             # connections busy and wakes this loop for every piece of every body)
@@ -199,6 +218,10 @@ class DirectReader:
                     self._queue.appendleft(job)
             if self._queue:
                 self._start(active)
+            if self._queue or self._later or active:
+                busy = now
+            elif now - busy > _IDLE_END and self._end_thread():
+                return
 
     def _start(self, active: set[_Conn]) -> None:
         """Give queued jobs connections: an idle one to their origin, else a new one while fewer than
