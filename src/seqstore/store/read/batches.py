@@ -82,7 +82,10 @@ class Batches(Records):
         ``prefetch`` batches already in flight while a batch is consumed (default 2; for a remote store 16,
         and up to 64 while few requests are pending: batches that each need few, large requests). With
         the default on a remote store, reads are asked for in runs of 16 batches, as the union of their
-        records (a block-shuffled window's blocks, as they lie; :mod:`.runs`).
+        records (a block-shuffled window's blocks, as they lie; :mod:`.runs`). With the ``read_once``
+        storage option those runs are received into memory of the reader's own and gathered from there,
+        bypassing the node cache (:mod:`.stream`; memory: the runs fetched ahead, at most
+        ``max_inflight_bytes`` and two runs).
 
         Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
         batches (and of a run of 16) plus what the page cache holds of the requested records
