@@ -13,16 +13,13 @@ more). The node cache is neither read nor written.
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import RemoteError
 from .mapping import address
-from .remote_fetch import MOST, _split_by_region
+from .remote_fetch import MOST, Ticket, _split_by_region
 
 __all__ = ["Part", "fetch_into", "merge_ranges"]
 
@@ -47,25 +44,18 @@ def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> 
 
 class Part:
     """Fetched segments: bytes of addresses ``[seg_s[j], seg_e[j])`` of the mappings land at address
-    ``seg_at[j]`` (inside ``buffer``); :meth:`wait` returns once all are in, or raises the fetch's error."""
+    ``seg_at[j]`` (inside ``buffer``); :meth:`wait` returns once all are in, or raises the fetch's error
+    (bounded as a :class:`~seqstore.io.remote_fetch.Ticket`'s wait)."""
 
-    __slots__ = ("seg_s", "seg_e", "seg_at", "buffer", "futures", "limit", "nbytes")
+    __slots__ = ("seg_s", "seg_e", "seg_at", "buffer", "ticket", "nbytes")
 
     def __init__(self, seg_s: Any, seg_e: Any, seg_at: Any, buffer: Any, futures: list[Any], limit: float) -> None:
         self.seg_s, self.seg_e, self.seg_at, self.buffer = seg_s, seg_e, seg_at, buffer
-        self.futures, self.limit = futures, limit
+        self.ticket = Ticket(futures, limit)
         self.nbytes = int((seg_e - seg_s).sum()) if len(seg_s) else 0
 
     def wait(self) -> None:
-        deadline = time.monotonic() + self.limit
-        for f in self.futures:
-            try:
-                f.result(timeout=max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                raise RemoteError(
-                    f"no answer from object storage within {self.limit:.0f} s (longer than every request's "
-                    "timeout and retries allow): the client's thread is stuck", attempts=0,
-                ) from None
+        self.ticket.wait()
 
 
 def fetch_into(starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, Any]]) -> Part:
