@@ -295,6 +295,7 @@ class DirectReader:
 
     def _ask(self, c: _Conn, job: _Job, active: set[_Conn]) -> None:
         host, port, tls = job.origin
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address
         hostport = host if port == (443 if tls else 80) else f"{host}:{port}"
         lines = [f"GET {job.target} HTTP/1.1", f"Host: {hostport}", f"Range: bytes={job.start}-{job.end - 1}",
                  "User-Agent: seqstore", "Accept-Encoding: identity"]
