@@ -53,7 +53,8 @@ cache):
   ``all`` for whole epochs): ``server sequential``: as
   many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
   (the server's sequential throughput through the proxy: the baseline); ``seqstore
-  random_block:1024:16`` (default prefetch, and 64) and ``seqstore default order``: ``iter_batches`` of the
+  random_block:1024:16`` (default prefetch, and 64; and with the ``read_once`` storage option: runs received
+  into memory, not into the node cache) and ``seqstore default order``: ``iter_batches`` of the
   order in batches of 1024; ``obstore x64, seqstore's random_block:1024:16 requests``: the data requests the
   seqstore random_block case of the same round made, replayed raw in the same order (MAX_REQUESTS in
   flight, nothing done with the answers; MB/s of the records' bytes they brought seqstore): what that
