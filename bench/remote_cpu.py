@@ -11,7 +11,10 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
 - ``window`` (``--only epoch window``, fixed only): ``window gather, no cache``, a measurement of what a
   reader that skips the node cache could reach on the ``epoch`` case (not seqstore's reader): each
   ``random_block`` window's rows fetched into memory as merged runs, 4 windows in flight, batches
-  gathered from the answers with NumPy (``_window_gather``).
+  gathered from the answers with NumPy (``_window_gather``); and ``window gather, sockets``: the order's
+  windows fetched block by block by the minimal socket client of the ``floor`` case straight into window
+  buffers allocated once and reused, each batch gathered with one ``np.take`` (``_window_sockets``: what
+  seqstore's ``read_once`` reader was built after).
 - ``floor`` (``--only epoch floor``): ``raw sockets``, the same 8 MiB range GETs as ``raw sequential`` by
   a minimal HTTP/1.1 client (``_raw_sockets``: ``max_requests`` keep-alive connections, one selector
   loop, each body received with ``recv_into`` into a buffer reused for every answer, no copy after
@@ -23,7 +26,9 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
   through ``SeqDataLoader`` with 1 and 2 DataLoader workers sharing one node cache, ``IterableSeqDataset``'s
   ``prefetch`` the dataset's choice (the default: 16 to 64 batches on a remote store) and 2
   (``--loader-prefetch``), and with ``procs=1`` and ``procs=2`` (seqstore's worker processes); MB/s from
-  the first batch a worker made on (no CPU: the workers are the forkserver's children).
+  the first batch a worker made on (no CPU: the workers are the forkserver's children); every ``--mode``
+  (e.g. ``read_once=read_once=true``) separately, with ``raw sequential`` reads of as many bytes (twice the
+  ``--epoch-records``) unless ``epoch`` runs too.
 
 ``--mode warm=warm=1`` starts numba before the timed pass (its first compiled call costs a process
 about 0.15 s of CPU once; measured without effect on these cases, as opening the store starts it).
