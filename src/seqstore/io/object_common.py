@@ -33,8 +33,8 @@ REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "htt
 SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout",
                     "retry_timeout", "read_once")
 _FLAGS = ("read_once",)  # seqstore's boolean options
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
+_TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have always taken as true
+_FALSE = ("0", "false", "no", "")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 _EMPTY = memoryview(b"")

@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
+from .object_common import _Transient
 
 __all__ = ["DirectReader"]
 
@@ -46,10 +47,6 @@ _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
 _RETRIED = frozenset((408, 429, 500, 502, 503, 504))
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
-
-
-class _Transient(Exception):
-    """A failure worth another attempt."""
 
 
 class _Job:

@@ -211,14 +211,14 @@ class _ObstoreBackend(_Backend):
         for k in ("allow_http", "allow_invalid_certificates", "http1_only"):
             if k in opts:
                 v = opts.pop(k)
-                client_options[k] = v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+                client_options[k] = option_flag(v)
         for k in ("proxy_url", "user_agent"):
             if k in opts:
                 client_options[k] = str(opts.pop(k))
         if "allow_http" not in client_options:
             # client options given here replace those the client reads from the environment: keep this one
             env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
-            if os.environ.get(f"{env}_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
+            if option_flag(os.environ.get(f"{env}_ALLOW_HTTP", "")):
                 client_options["allow_http"] = True
         if scheme in ("az", "abfs", "abfss", "azure"):
             self.suffix_ranges = False
