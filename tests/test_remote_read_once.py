@@ -7,6 +7,7 @@ named as on the obstore path; the node cache does not grow with the epoch.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,41 @@ def test_direct_reader_thread_ends_when_idle(moto_s3: MotoS3, s3_bucket: str, mo
     assert not thread.is_alive() and reader._thread is None and reader._open == 0
     reader.submit([(url, 16, 32, None, memoryview(buf))]).result(30)
     assert bytes(buf) == bytes(range(16, 32)) and reader._thread is not None
+
+
+def test_receive_buffer_follows_rmem_max(tmp_path: Path) -> None:
+    """4 MiB where the kernel allows it, what it allows down to 1 MiB, else the kernel's own tuning (0)."""
+    from seqstore.io.object_direct import receive_buffer
+
+    f = tmp_path / "rmem_max"
+    for text, want in (("8388608\n", 4 << 20), ("4194304\n", 4 << 20), ("2097152\n", 2 << 20),
+                       ("1048576\n", 1 << 20), ("212992\n", 0), ("", 0), ("lots\n", 0)):
+        f.write_text(text)
+        assert receive_buffer(str(f)) == want, text
+    assert receive_buffer(str(tmp_path / "missing")) == 0
+
+
+def test_direct_reader_connections_ask_for_the_receive_buffer(moto_s3: MotoS3, s3_bucket: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buffer is set on every connection before it connects (Linux reports twice what was asked)."""
+    from seqstore.io import object_direct
+    from seqstore.io.objects import ObjectClient
+
+    monkeypatch.setattr(object_direct, "receive_buffer", lambda: 200_000)  # under any rmem_max
+    seen: list[int] = []
+    connect = object_direct.DirectReader._connect
+
+    def recorded(self: Any, origin: Any) -> Any:
+        c = connect(self, origin)
+        seen.append(c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        return c
+
+    monkeypatch.setattr(object_direct.DirectReader, "_connect", recorded)
+    moto_s3.put(s3_bucket, "k/blob", bytes(range(256)) * 16)
+    client = ObjectClient(f"s3://{s3_bucket}/k", moto_s3.storage_options(timeout=5))
+    url, _ = client.direct("blob", None)
+    reader = client.direct_reader
+    bufs = [bytearray(256) for _ in range(4)]
+    reader.submit([(url, 256 * k, 256 * (k + 1), None, memoryview(b)) for k, b in enumerate(bufs)]).result(30)
+    assert all(bytes(b) == bytes(range(256)) for b in bufs)
+    assert seen and all(n == 400_000 for n in seen)

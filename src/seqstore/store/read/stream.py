@@ -139,7 +139,7 @@ def stream_batches(
         fetching.append(run)
 
     def fill() -> None:
-        while not done and len(prepared) < 2:  # offsets asked for a run before they are needed
+        if not done and not prepared:  # the first run is fetched before the next is planned
             prepare()
         # two runs at first, then deeper as batches go out (at most ``budget`` bytes): the first batch
         # does not share the link with a whole window of runs asked for at once
@@ -147,6 +147,8 @@ def stream_batches(
             fetch(prepared.popleft())
             if not done and len(prepared) < 2:
                 prepare()
+        while not done and len(prepared) < 2:  # offsets asked for a run before they are needed
+            prepare()
         if done and not prepared and len(carry[0]):
             fetch(None)
 
