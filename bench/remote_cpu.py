@@ -116,6 +116,13 @@ def _system() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
+def _machine() -> float:
+    """CPU seconds every process of the machine has spent so far (all cores: ``/proc/stat``, not idle or
+    waiting for I/O): the client, its workers, nginx and the kernel's work for them alike."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
     return {t: (n, c - a.get(t, (n, 0.0))[1]) for t, (n, c) in b.items()}
 
@@ -189,13 +196,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
         t_before = _threads()
         s0 = _system()
-        c0, t0 = time.process_time(), time.perf_counter()
+        m0, c0, t0 = _machine(), time.process_time(), time.perf_counter()
         nbytes = asyncio.run(run())
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         th = _delta(t_before, _threads())
         recv = sum(c for n, c in th.values() if n.startswith("tokio"))
         return {"bytes": nbytes, "wall_s": wall, "cpu_s": cpu, "system_s": _system() - s0,
-                "stages": {"receive": recv, "other": cpu - recv}}
+                "machine_s": _machine() - m0, "stages": {"receive": recv, "other": cpu - recv}}
 
     if case == "raw sockets":
         return _raw_sockets(spec)
@@ -331,7 +338,7 @@ def _loader(spec: dict[str, Any]) -> dict[str, Any]:
         loader = SeqDataLoader(data, batch_size=None, num_workers=workers, prefetch_factor=4 if workers else None)
     c0 = time.process_time()
     nbytes = first = 0
-    t1 = 0.0
+    t1 = m1 = machine = 0.0
     # timed from the first batch a worker made (procs=: the loop makes the first one itself, before the
     # workers start)
     start_at = 1 if spec.get("procs") else 0
@@ -341,15 +348,16 @@ def _loader(spec: dict[str, Any]) -> dict[str, Any]:
             x = b["x"]
             nbytes += x.numel() * x.element_size() if spec["kind"] == "fixed" else b["x_lengths"].sum().item() * 32
             if k == start_at:
-                t1, first = time.perf_counter(), nbytes
+                t1, first, m1 = time.perf_counter(), nbytes, _machine()
             if k + 1 >= -(-spec["records"] // BATCH):
                 break
-        wall = time.perf_counter() - t1
+        wall, machine = time.perf_counter() - t1, _machine() - m1
     finally:
         del it  # the workers exit and are reaped: their CPU counts below
         shutil.rmtree(cache, ignore_errors=True)
-    del c0  # the workers are the forkserver's children, not this process's: their CPU is not counted
-    return {"bytes": nbytes - first, "records": 0, "wall_s": wall, "cpu_s": float("nan"), "stages": {}}
+    del c0  # the workers are the forkserver's children, not this process's: the machine's CPU instead
+    return {"bytes": nbytes - first, "records": 0, "wall_s": wall, "cpu_s": float("nan"), "machine_s": machine,
+            "stages": {}}
 
 
 # ----------------------------------------------------------------------------------------- parent
@@ -897,17 +905,19 @@ def main() -> None:
             for sl, sp in srcs:
                 for ml, opts in modes:
                     mode = f" {ml}" if len(modes) > 1 else ""
-                    for w in (1, 2):
+                    for w in (0, 1, 2):
                         for pf in args.loader_prefetch:
                             cases.append(
                                 (
-                                    f"{kind} loader, {w} worker{'s' if w > 1 else ''}, prefetch {pf}: "
+                                    f"{kind} loader, {w} worker{'' if w == 1 else 's'}, prefetch {pf}: "
                                     f"seqstore {sl}{mode}",
                                     sp,
                                     {**base, "case": "loader", "records": 2 * epoch, "workers": w, "prefetch": pf,
                                      "options": {**depth, **opts}},
                                 )
                             )
+                        if not w:
+                            continue
                         cases.append(
                             (
                                 f"{kind} loader, procs={w}: seqstore {sl}{mode}",
@@ -957,8 +967,9 @@ def report(runs: dict[str, list[dict[str, Any]]], load: list[float]) -> None:
     """Medians per case: MB/s (epochs) or records/s (random reads), CPU seconds per GiB and by stage."""
     med = statistics.median
     names = ["receive", "cache write", "bookkeeping", "planning", "gather", "other threads"]
-    print("| case | rate (runs) | CPU s/GiB | of it kernel | " + " | ".join(names) + " | anon MiB |")
-    print("|---|---|---|---|" + "---|" * len(names) + "---|")
+    print("| case | rate (runs) | CPU s/GiB | of it kernel | " + " | ".join(names)
+          + " | anon MiB | machine CPU s/GiB (cores busy) |")
+    print("|---|---|---|---|" + "---|" * len(names) + "---|---|")
     for name, rs in runs.items():
         if not rs:
             continue
@@ -975,11 +986,13 @@ def report(runs: dict[str, list[dict[str, Any]]], load: list[float]) -> None:
         if "raw" in name:
             st[-1] = med([r["stages"].get("other", 0.0) / g for r, g in zip(rs, gib)])
         anon = [r["anon_mib"] for r in rs if r.get("anon_mib") is not None]
+        mach = [(r["machine_s"] / g, r["machine_s"] / r["wall_s"]) for r, g in zip(rs, gib) if "machine_s" in r]
         print(
             f"| {name} | {med(rates):,.0f} {unit} ({'/'.join(f'{x:,.0f}' for x in rates)}) | {med(per):.2f} | "
             + (f"{med(kern):.2f} | " if kern else "- | ")
             + " | ".join(f"{v:.2f}" if v else "-" for v in st)
             + (f" | {med(anon):.0f} |" if anon else " | - |")
+            + (f" {med(m for m, _ in mach):.2f} ({med(b for _, b in mach):.2f}) |" if mach else " - |")
         )
     print(f"\nload average (1 min) during the run: {min(load):.1f}-{max(load):.1f}; 2 cores")
 
