@@ -183,14 +183,16 @@ def test_runs_ahead_follow_max_inflight_bytes(moto_s3: MotoS3, remote: str, loca
 
 
 def test_buffer_pool_reuses_the_smallest_buffer_that_fits() -> None:
-    from seqstore.store.read.stream import _Pool
+    from seqstore.store.read.stream import Pool
 
-    pool = _Pool(keep=2)
+    dropped: list[Any] = []
+    pool = Pool(keep=2, drop=dropped.append)
     a, b, c = pool.alloc(3 << 20), pool.alloc(1 << 20), pool.alloc(10)
     assert len(a) >= 3 << 20 and len(b) >= 1 << 20 and len(c) >= 10
     for x in (a, b, c):
         pool.give_back(x)
     assert len(pool.free) == 2 and all(x is not c for x in pool.free)  # the smallest was dropped
+    assert len(dropped) == 1 and dropped[0] is c
     got = pool.alloc(1 << 20)
     assert got is b  # the smallest that fits, found by identity (numpy arrays do not compare as bools)
     assert pool.alloc(3 << 20) is a
@@ -298,3 +300,61 @@ def test_direct_reader_connections_ask_for_the_receive_buffer(moto_s3: MotoS3, s
     reader.submit([(url, 256 * k, 256 * (k + 1), None, memoryview(b)) for k, b in enumerate(bufs)]).result(30)
     assert all(bytes(b) == bytes(range(256)) for b in bufs)
     assert seen and all(n == 400_000 for n in seen)
+
+
+def _loader_batches(store: ss.Store, **loader: Any) -> list[dict[str, Any]]:
+    from seqstore.data import StoreDataset
+    from seqstore.torch import IterableSeqDataset, SeqDataLoader
+
+    data = IterableSeqDataset(StoreDataset(store, ordering="random_block:16:4", seed=5, length_field="x"), batch=24)
+    return [{k: v.clone() for k, v in b.items()} for b in SeqDataLoader(data, batch_size=None, **loader)]
+
+
+def _run_files() -> list[str]:
+    return [f for f in os.listdir("/dev/shm") if f.startswith("seqstore-run-")]
+
+
+@pytest.mark.parametrize("keep", [1, 12])
+def test_procs_workers_gather_the_runs_the_loop_fetched_once(moto_s3: MotoS3, remote: str, local: Path,
+                                                               tmp_path: Path, s3_proxy: FaultProxy,
+                                                               monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
+    """``procs=`` on a read-once store: the loop fetches each run once into buffers the workers map, the
+    workers gather every batch from them (the same batches as without workers); keep=1: buffers dropped
+    and made again all along (the workers told to let them go)."""
+    import torch
+
+    from seqstore.torch import loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "PARALLEL_FROM_BYTES", 1)  # these batches are small: workers anyway
+    monkeypatch.setattr(loader_mod, "_RUN_BUFFERS", keep)
+    want = _loader_batches(ss.open(local))
+    store = _open(moto_s3, remote, tmp_path / "cache", s3_proxy.url)
+    s3_proxy.clear_log()
+    got = _loader_batches(store, procs=2, multiprocessing_context="forkserver")
+    assert len(got) == len(want) > 10
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert list(g) == list(w) and all(torch.equal(g[n], w[n]) for n in w), k
+    moved = sum(r.byte_range[1] - r.byte_range[0] for r in s3_proxy.requests
+                if r.byte_range is not None and "X-Amz-Signature=" in r.target)
+    values = sum(os.path.getsize(p) for p in local.rglob("*.npy") if not p.name.endswith("offsets.npy"))
+    assert 0 < moved < 1.3 * values, (moved, values)  # each byte fetched about once, not once per worker
+    assert not _run_files()
+
+
+def test_procs_read_once_closed_early_leaves_nothing(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqstore.data import StoreDataset
+    from seqstore.torch import IterableSeqDataset, SeqDataLoader
+    from seqstore.torch import loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "PARALLEL_FROM_BYTES", 1)
+    store = _open(moto_s3, remote, tmp_path / "cache")
+    data = IterableSeqDataset(StoreDataset(store, ordering="random", seed=1, length_field="x"), batch=10)
+    loader = SeqDataLoader(data, batch_size=None, procs=2, multiprocessing_context="forkserver")
+    for _ in range(2):
+        it = iter(loader)
+        first = [next(it) for _ in range(3)]
+        assert all(len(b["spk"]) == 10 for b in first)
+        del it
+        assert not _run_files()
+    assert len(list(loader)) == 40 and not _run_files()

@@ -123,6 +123,20 @@ class StoreDataset(Dataset):
         return self.store.iter_batches((as_index_array(b, n) for b in batches), fields=self.fields, pad=pad,
                                        prefetch=prefetch)
 
+    @property
+    def read_once(self) -> bool:
+        """Whether the store receives runs of batches into memory (``Store.read_once``)."""
+        return self.store.read_once
+
+    def fetch_runs(self, batches: Iterable[Any], pool: Any) -> Iterator[tuple[Any, list[Any]]]:
+        """``Store.fetch_runs`` over ``fields``: each batch's index array and the fetched parts holding it."""
+        n = self.num_seqs
+        return self.store.fetch_runs((as_index_array(b, n) for b in batches), pool, fields=self.fields)
+
+    def gather_fetched(self, idx: Any, via: Any, *, pad: bool = False, alloc: Any = None) -> dict[str, Any]:
+        """``Store.gather_fetched`` over ``fields``."""
+        return self.store.gather_fetched(idx, via, fields=self.fields, pad=pad, alloc=alloc)
+
     def ids(self, indices: Any) -> list[str]:
         """The ids of ``indices`` (O(len) Python strings; for display and debugging)."""
         return [self.store.id(int(i)) for i in np.asarray(indices).reshape(-1)]

@@ -54,6 +54,7 @@ class Requester(Protocol):
     """What fetching needs of the store a mapping belongs to (:class:`~seqstore.io.remote.RemoteRoot`):
     its client (for the request options and URLs) and a way to submit range requests into the cache."""
 
+    url: str
     client: ObjectClient
 
     def submit(
@@ -113,6 +114,11 @@ def _lookup() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[Region]]
                 regions,
             )
         return _index
+
+
+def regions() -> list[Region]:
+    """The remote files this process has mapped now."""
+    return list(_lookup()[2])
 
 
 def remote_mappings() -> int:

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from .mapping import address
-from .remote_fetch import MOST, Ticket, _split_by_region
+from .remote_fetch import MOST, Ticket, _split_by_region, regions
 
-__all__ = ["Part", "fetch_into", "merge_ranges"]
+__all__ = ["Part", "export_part", "fetch_into", "merge_ranges", "via_from"]
 
 
 def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> tuple[Any, Any, Any]:
@@ -45,17 +45,28 @@ def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> 
 class Part:
     """Fetched segments: bytes of addresses ``[seg_s[j], seg_e[j])`` of the mappings land at address
     ``seg_at[j]`` (inside ``buffer``); :meth:`wait` returns once all are in, or raises the fetch's error
-    (bounded as a :class:`~seqstore.io.remote_fetch.Ticket`'s wait)."""
+    (bounded as a :class:`~seqstore.io.remote_fetch.Ticket`'s wait).
 
-    __slots__ = ("seg_s", "seg_e", "seg_at", "buffer", "ticket", "nbytes")
+    ``users``: holders of the buffer (1, its fetcher, to begin with); :meth:`release` drops one, and the
+    last calls ``on_free(buffer)`` (the buffer may then be reused)."""
+
+    __slots__ = ("seg_s", "seg_e", "seg_at", "buffer", "ticket", "nbytes", "users", "on_free", "exported")
 
     def __init__(self, seg_s: Any, seg_e: Any, seg_at: Any, buffer: Any, futures: list[Any], limit: float) -> None:
         self.seg_s, self.seg_e, self.seg_at, self.buffer = seg_s, seg_e, seg_at, buffer
         self.ticket = Ticket(futures, limit)
         self.nbytes = int((seg_e - seg_s).sum()) if len(seg_s) else 0
+        self.users = 1
+        self.on_free: Callable[[Any], None] | None = None
+        self.exported: Any = None  # (see export_part)
 
     def wait(self) -> None:
         self.ticket.wait()
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self.on_free is not None:
+            self.on_free(self.buffer)
 
 
 def fetch_into(starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, Any]]) -> Part:
@@ -110,3 +121,44 @@ def fetch_into(starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, An
     s_all, e_all, at_all = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (seg_s, seg_e, seg_at))
     o = np.argsort(s_all, kind="stable")
     return Part(s_all[o], e_all[o], at_all[o], buffer, futures, limit)
+
+
+def export_part(part: Part) -> tuple[list[tuple[str, str]], Any, Any, Any, Any]:
+    """``part``'s segments as another process that maps the same store finds them: the objects (store
+    URL, key), and per segment its object's number in that list, its offsets in the object and its
+    offset in the buffer. Computed once per part."""
+    if part.exported is None:
+        base = address(part.buffer) if len(part.buffer) else 0
+        objects: list[tuple[str, str]] = []
+        ids, s, e, at = [], [], [], []
+        for k, (region, rs, re_, rat) in enumerate(_split_by_region(part.seg_s, part.seg_e, part.seg_at - base)):
+            objects.append((region.root.url, region.key))
+            ids.append(np.full(len(rs), k, np.int64))
+            s.append(rs)
+            e.append(re_)
+            at.append(rat)
+        z = np.zeros(0, np.int64)
+        part.exported = (objects, *(np.concatenate(x) if x else z for x in (ids, s, e, at)))
+    return part.exported  # type: ignore[no-any-return]
+
+
+def via_from(parts: list[tuple[tuple[list[tuple[str, str]], Any, Any, Any, Any], int]]) -> tuple[Any, Any, Any]:
+    """The segment table (starts, ends, buffer addresses; by start) for :func:`~seqstore.store.read.copy.copy_via`
+    in this process, from ``(export_part(p), address of p's buffer here)`` of parts fetched by another
+    process. Segments of objects not mapped here are left out: look the batch's shards up first (a
+    run's parts also hold other batches' shards)."""
+    here = {(r.root.url, r.key): r.base for r in regions()}
+    seg_s, seg_e, seg_at = [], [], []
+    for (objects, ids, s, e, at), buf in parts:
+        bases = np.array([here.get(o, -1) for o in objects], np.int64)
+        b = bases[ids] if len(ids) else ids
+        mine = b >= 0
+        seg_s.append(b[mine] + s[mine])
+        seg_e.append(b[mine] + e[mine])
+        seg_at.append(buf + at[mine])
+    if not seg_s:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    s_all = np.concatenate(seg_s)
+    o = np.argsort(s_all, kind="stable")
+    return s_all[o], np.concatenate(seg_e)[o], np.concatenate(seg_at)[o]

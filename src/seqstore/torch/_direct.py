@@ -105,6 +105,21 @@ class Gatherer:
         """Start reading the records of a later batch (its answers are awaited when it is gathered)."""
         self.source.dataset.prefetch(idx)
 
+    @property
+    def reads_once(self) -> bool:
+        """Whether the dataset is a store's opened with ``read_once`` (runs fetched into memory; see
+        :meth:`fetch_runs`)."""
+        ds = self.source.dataset
+        return bool(getattr(ds, "read_once", False)) and hasattr(ds, "fetch_runs")
+
+    def fetch_runs(self, arrays: Iterator[IndexArray], pool: Any) -> Iterator[tuple[IndexArray, list[Any]]]:
+        """The dataset's ``fetch_runs``: each batch's index array once its bytes are in ``pool``'s buffers."""
+        return self.source.dataset.fetch_runs(arrays, pool)  # type: ignore[no-any-return]
+
+    def gather_fetched(self, idx: IndexArray, via: Any, alloc: Any = None) -> Batch:
+        """The loader's batch ``idx`` from fetched bytes (``via``, ``alloc``: see ``Store.gather_fetched``)."""
+        return self.finish(idx, self.source.dataset.gather_fetched(idx, via, pad=True, alloc=alloc))
+
 
 def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gatherer,
                                                     Callable[[Iterator[IndexArray]], Iterator[Batch]] | None] | None:

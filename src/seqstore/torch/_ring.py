@@ -21,7 +21,11 @@ is unlinked when the iteration ends; its memory goes when the last batch handed 
 
 from __future__ import annotations
 
+import itertools
+import mmap
 import multiprocessing
+import os
+import secrets
 import sys
 import traceback
 from collections import deque
@@ -34,9 +38,11 @@ import numpy as np
 import torch
 
 from ..errors import SeqstoreError
+from ..io import address
+from ..io.remote_stream import export_part, via_from
 from ._direct import Gatherer, IndexArray
 
-__all__ = ["run_processes", "LoaderWorkerError"]
+__all__ = ["run_processes", "LoaderWorkerError", "RunBuffers", "shared_runs_possible"]
 
 _ALIGN = 64
 Layout = list[tuple[str, str, tuple[int, ...], int]]
@@ -62,10 +68,13 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) -> None:
     """Loop of one worker: (slot, indices) in, ("ok", layout) / ("big", layout, bytes) / ("error", exc) out;
     ("ahead", indices): a later batch, whose reads start at once. Every message waiting is taken before
-    a batch is gathered, so the reads of the batches sent ahead are in flight while it waits for its own."""
+    a batch is gathered, so the reads of the batches sent ahead are in flight while it waits for its own.
+    (slot, indices, run parts): a read-once loop's batch, gathered from its run buffers (``attach_run``);
+    ("forget", name): a run buffer no longer used."""
     torch.set_num_threads(1)
     shm = SharedMemory(name=shm_name)
-    jobs: deque[tuple[int, IndexArray]] = deque()
+    jobs: deque[tuple[Any, ...]] = deque()
+    runs: dict[str, Any] = {}  # a read-once loop's run buffers mapped here, by name
     try:
         while True:
             while not jobs or conn.poll():
@@ -77,26 +86,12 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) 
                         gather.prefetch(msg[1])
                     except Exception:  # noqa: BLE001 - advice only: the batch's own gather reports the error
                         pass
+                elif msg[0] == "forget":
+                    runs.pop(msg[1], None)
                 else:
                     jobs.append(msg)
-            slot, idx = jobs.popleft()
             try:
-                batch = gather(idx)
-                layout: Layout = []
-                pos = 0
-                for name, t in batch.items():
-                    layout.append((name, str(t.dtype), tuple(t.shape), pos))
-                    pos += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-                if pos <= slot_bytes:
-                    base = slot * slot_bytes
-                    for (_, _, _, off), t in zip(layout, batch.values()):
-                        raw = _bytes_of(t)
-                        if raw.numel():
-                            dst = torch.frombuffer(shm.buf, dtype=torch.uint8, count=raw.numel(), offset=base + off)
-                            dst.copy_(raw)
-                    conn.send(("ok", layout))
-                else:
-                    conn.send(("big", layout, [_bytes_of(t).numpy().tobytes() for t in batch.values()]))
+                conn.send(_serve(jobs.popleft(), gather, shm, slot_bytes, runs))
             except Exception as exc:  # noqa: BLE001 - sent to the loop, raised there
                 try:
                     conn.send(("error", exc))
@@ -107,6 +102,118 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) 
         return
     finally:
         shm.close()
+
+
+def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes: int,
+           runs: dict[str, Any]) -> tuple[Any, ...]:
+    """One batch of a worker into its slot of ``shm``: the answer for the loop. A read-once batch's
+    values are gathered straight into the slot; other tensors (and a batch gathered by ``gather``) are
+    copied in after them, or sent whole when they do not fit."""
+    slot, idx, *fetched = job
+    base = slot * slot_bytes
+    assert shm.buf is not None
+    block = np.frombuffer(shm.buf, np.uint8)[base : base + slot_bytes]
+    used = 0
+    if fetched:
+
+        def alloc(n: int) -> np.ndarray[Any, Any]:
+            nonlocal used
+            end = -(-(used + n) // _ALIGN) * _ALIGN
+            if end > slot_bytes:  # does not fit: a new array, copied below (or sent whole)
+                return np.empty(n, np.uint8)
+            view: np.ndarray[Any, Any] = block[used : used + n]
+            used = end
+            return view
+
+        parts = [(exported, attach_run(runs, name)) for exported, name in fetched[0]]
+        batch = gather.gather_fetched(idx, lambda: via_from(parts), alloc)
+    else:
+        batch = gather(idx)
+    start = address(block)
+    layout: Layout = []
+    placed = []  # whether the tensor lies in the slot already
+    pos = used
+    for name, t in batch.items():
+        n = t.numel() * t.element_size()
+        at = t.data_ptr() - start
+        inside = bool(n) and t.is_contiguous() and 0 <= at and at + n <= used
+        layout.append((name, str(t.dtype), tuple(t.shape), at if inside else pos))
+        placed.append(inside)
+        if not inside:
+            pos += -(-n // _ALIGN) * _ALIGN
+    if pos > slot_bytes:
+        return ("big", layout, [_bytes_of(t).numpy().tobytes() for t in batch.values()])
+    for (_, _, _, off), t, inside in zip(layout, batch.values(), placed):
+        raw = _bytes_of(t)
+        if raw.numel() and not inside:
+            torch.from_numpy(block[off : off + raw.numel()]).copy_(raw)
+    return ("ok", layout)
+
+
+_SHM_DIR = "/dev/shm"
+
+
+def shared_runs_possible() -> bool:
+    """Whether run buffers can be shared with the workers by name (a ``/dev/shm`` to put them in)."""
+    return os.path.isdir(_SHM_DIR) and os.access(_SHM_DIR, os.W_OK)
+
+
+def attach_run(runs: dict[str, Any], name: str) -> int:
+    """The address in this process of the loop's run buffer ``name`` (mapped on first use, kept in ``runs``)."""
+    got = runs.get(name)
+    if got is None:
+        fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDONLY)
+        try:  # its pages mapped at once (one call instead of a page fault each)
+            m = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        got = runs[name] = np.frombuffer(m, np.uint8)
+    return address(got)
+
+
+class RunBuffers:
+    """A read-once loop's run buffers: files in ``/dev/shm`` that the workers map by name (``make`` and
+    ``drop`` for a :class:`~seqstore.store.read.stream.Pool`). A dropped buffer's file is removed and the
+    workers are told (``tell``) to let it go; :meth:`close` removes every file left."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+        self.tell: Any = None
+        self._count = itertools.count()
+        self._tag = f"seqstore-run-{os.getpid()}-{secrets.token_hex(4)}"
+
+    def make(self, size: int) -> np.ndarray[Any, Any]:
+        name = f"{self._tag}-{next(self._count)}"
+        fd = os.open(os.path.join(_SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            buf = np.frombuffer(mmap.mmap(fd, size), np.uint8)
+        finally:
+            os.close(fd)
+        self.names[address(buf)] = name
+        return buf
+
+    def name(self, buf: np.ndarray[Any, Any]) -> str:
+        return self.names[address(buf)]
+
+    def drop(self, buf: np.ndarray[Any, Any]) -> None:
+        name = self.names.pop(address(buf), None)
+        if name is not None:
+            _unlink(name)
+            if self.tell is not None:
+                self.tell(("forget", name))
+
+    def close(self) -> None:
+        for name in self.names.values():
+            _unlink(name)
+        self.names.clear()
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(_SHM_DIR, name))
+    except FileNotFoundError:
+        pass
 
 
 def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, torch.Tensor]:
@@ -155,18 +262,20 @@ def _close_lingering() -> None:
     _LINGERING[:] = still
 
 
-def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], gather: Gatherer, procs: int, *,
+def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather: Gatherer, procs: int, *,
                   depth: int = 3, context: Any = None, pin: bool = False,
-                  ahead: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+                  ahead: int = 0, runs: RunBuffers | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """``first`` (the first batch, gathered by the caller), then the batches of ``arrays`` in order,
     gathered by ``procs`` worker processes into shared slots (see the module docstring). ``context``: a
     multiprocessing context or start method name. ``ahead``: batches past those given to the workers whose
     index arrays they get early, to start reading them (a remote store: without it every batch waits for
-    its answers, about 90 MB/s for a block-shuffled epoch in the benchmark)."""
+    its answers, about 90 MB/s for a block-shuffled epoch in the benchmark). ``runs``: ``arrays`` yields
+    ``(idx, parts)`` of a read-once store's ``fetch_runs`` into buffers of ``runs``; each worker gathers
+    its batch from them, and the parts are released once its answer is in."""
     source = iter(arrays)
     early: deque[IndexArray] = deque()  # drawn from ``source`` and sent ahead, not yet given to a worker
 
-    def drawn() -> Iterator[IndexArray]:
+    def drawn() -> Iterator[Any]:
         while True:
             if early:
                 yield early.popleft()
@@ -186,6 +295,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], 
     assert block is not None
     conns: list[Connection] = []
     workers: list[Any] = []
+    # batch j (counted after the first) goes to worker j % procs, into a slot of that worker
+    pending: deque[tuple[int, int, Any]] = deque()  # (worker, slot, parts held for it), in batch order
     try:
         for _ in range(procs):
             mine, theirs = ctx.Pipe()
@@ -195,8 +306,13 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], 
             theirs.close()
             conns.append(mine)
             workers.append(p)
-        # batch j (counted after the first) goes to worker j % procs, into a slot of that worker
-        pending: deque[tuple[int, int]] = deque()  # (worker, slot), in batch order
+        if runs is not None:
+
+            def tell(msg: Any) -> None:
+                for c in conns:
+                    c.send(msg)
+
+            runs.tell = tell
         free = [list(range(w * depth, (w + 1) * depth)) for w in range(procs)]
         lent: list[list[_Lent]] = [[] for _ in range(procs)]
         j = 0
@@ -217,12 +333,18 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], 
                 reclaim(w)
                 if not free[w]:
                     return False
-            idx = next(it, None)
-            if idx is None:
+            item = next(it, None)
+            if item is None:
                 return False
             slot = free[w].pop()
-            conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64)))
-            pending.append((w, slot))
+            if runs is not None:  # the batch's bytes are in run buffers: their names and where it lies in them
+                idx, parts = item
+                conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64),
+                               [(export_part(p), runs.name(p.buffer)) for p in parts]))
+            else:
+                idx, parts = item, ()
+                conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64)))
+            pending.append((w, slot, parts))
             j += 1
             while len(early) < ahead:  # the next ``ahead`` batches' index arrays go to their workers early
                 nxt = next(source, None)
@@ -238,12 +360,15 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], 
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
         while pending:
-            w, slot = pending.popleft()
+            w, slot, parts = pending[0]
             try:
                 while not conns[w].poll(1.0):  # a worker that died without its pipe closing is noticed too
                     if not workers[w].is_alive():
                         raise EOFError
                 msg = conns[w].recv()
+                pending.popleft()
+                for p in parts:  # the worker is done with the run buffers
+                    p.release()
             except (EOFError, OSError):
                 workers[w].join(timeout=1)
                 code = workers[w].exitcode
@@ -274,6 +399,11 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[IndexArray], 
                 pass
             yield batch
     finally:
+        if runs is not None:
+            runs.tell = None
+        for _, _, parts in pending:  # batches not answered: their run buffers are not read any more
+            for p in parts:
+                p.release()
         for c in conns:
             try:
                 c.send(None)

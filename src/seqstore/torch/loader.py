@@ -26,8 +26,9 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from .._mainguard import check_main_guard, start_method
 from ..io.objects import fork_unsafe as _fork_unsafe
+from ..store.read.stream import Pool, via_of
 from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
-from ._ring import run_processes
+from ._ring import RunBuffers, run_processes, shared_runs_possible
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
@@ -37,6 +38,20 @@ __all__ = ["SeqDataLoader"]
 
 #: batches whose index arrays ``procs=`` workers get early from a remote store, to start their reads
 _AHEAD = 16
+
+
+#: run buffers a ``procs=`` loop on a read-once store keeps for reuse (each new one costs the workers a
+#: mapping and its page faults)
+_RUN_BUFFERS = 12
+
+
+def _gather_here(gather: Gatherer, idx: Any, parts: list[Any]) -> Any:
+    """A batch of ``fetch_runs`` gathered in this process; its parts released."""
+    try:
+        return gather.gather_fetched(idx, via_of(parts))
+    finally:
+        for p in parts:
+            p.release()
 
 
 def _any_store(dataset: Any, test: Callable[[Any], bool]) -> bool:
@@ -192,6 +207,9 @@ class SeqDataLoader(DataLoader[Any]):
         first_idx = next(arrays, None)
         if first_idx is None:
             return
+        if self.procs and gather.reads_once and shared_runs_possible():
+            yield from self._parallel_read_once(itertools.chain([first_idx], arrays), gather, pin)
+            return
         first = gather(first_idx)
         if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
             check_main_guard(start_method(self._procs_context), self.procs)
@@ -203,6 +221,30 @@ class SeqDataLoader(DataLoader[Any]):
             rest = run_ordered(arrays, gather, self.threads)
         for batch in itertools.chain([first], rest):
             yield pinned(batch) if pin else batch
+
+    def _parallel_read_once(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
+        """``procs=`` on a store opened with ``read_once``: this process fetches the runs of batches once
+        (whatever the number of workers) into buffers the workers map, and each worker gathers its batches
+        from them into its slots. Small batches (under ``PARALLEL_FROM_BYTES``) are gathered here."""
+        runs = RunBuffers()
+        plan: Any = gather.fetch_runs(arrays, Pool(_RUN_BUFFERS, runs.make, runs.drop))
+        try:
+            got = next(plan, None)
+            if got is None:
+                return
+            first = _gather_here(gather, *got)
+            if batch_bytes(first) >= PARALLEL_FROM_BYTES:
+                check_main_guard(start_method(self._procs_context), self.procs)
+                yield from run_processes(first, plan, gather, self.procs, context=self._procs_context, pin=pin,
+                                         runs=runs)
+                return
+            yield pinned(first) if pin else first
+            for got in plan:
+                batch = _gather_here(gather, *got)
+                yield pinned(batch) if pin else batch
+        finally:
+            plan.close()
+            runs.close()
 
     @property
     def consumed(self) -> int:

@@ -21,7 +21,7 @@ from .copy import copy_via, gather_rows, take_rows
 from .records import Records
 from .runs import BatchRuns
 from .shards import Group, checked_bounds
-from .stream import stream_batches
+from .stream import Pool, plan_runs, stream_batches
 
 __all__ = ["Batches", "gather_rows", "take_rows"]
 
@@ -143,6 +143,44 @@ class Batches(Records):
             self._need_groups(groups, names)
             yield self._gather(idx, groups, names, pad)
 
+    @property
+    def read_once(self) -> bool:
+        """Whether :meth:`iter_batches` (at its default depth) receives runs of batches into memory instead
+        of the node cache: the ``read_once`` storage option on a remote store."""
+        return bool(self._stream and self._ahead)
+
+    def fetch_runs(
+        self, batches: Iterable[Sequence[int] | np.ndarray[Any, Any]], pool: Pool, *,
+        fields: Sequence[str] | None = None,
+    ) -> Iterator[tuple[np.ndarray[Any, Any], list[Any]]]:
+        """A read-once store: ``(idx, parts)`` of each batch of ``batches`` once its bytes are in memory,
+        fetched as :meth:`iter_batches` fetches them, into buffers from ``pool`` (a
+        :class:`~.stream.Pool`). Each part (:class:`~seqstore.io.remote_stream.Part`) is held for the
+        caller: call its ``release()`` once the batch was gathered (:meth:`gather_fetched`, in this
+        process or one that received the parts' buffers and :func:`~seqstore.io.remote_stream.export_part`)."""
+        if not self.read_once:
+            raise ValueError(f"{self.url}: fetch_runs needs a remote store opened with read_once")
+        names = self._field_names(fields)
+        for idx, _groups, parts in plan_runs(self, batches, names, self._together or 16, self._source.stream_budget,
+                                             pool, hold=True):
+            yield idx, parts
+
+    def gather_fetched(
+        self, idx: np.ndarray[Any, Any], via: Any, *, fields: Sequence[str] | None = None, pad: bool = False,
+        alloc: Any = None,
+    ) -> dict[str, Any]:
+        """``get_batch(idx, pad=pad)`` from bytes :meth:`fetch_runs` fetched: ``via`` is their segment table
+        (:func:`~.stream.via_of` of the parts), or a function that makes it once the batch's shards are
+        mapped (:func:`~seqstore.io.remote_stream.via_from`, in another process). ``alloc(n)``: where each
+        field's values go (``n`` bytes, a C-contiguous ``uint8`` array; None: new arrays)."""
+        idx = self._norm_many(idx).reshape(-1)
+        names = self._field_names(fields)
+        groups = self._batch_groups(idx)
+        ragged = [n for n in names if self.schema[n].ragged]
+        if ragged:
+            self._need_groups(groups, ragged, values=False)  # the offsets: through the node cache
+        return self._gather(idx, groups, names, pad, via() if callable(via) else via, alloc)
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
         window = 4096
         ahead = self._readahead != "never"
@@ -158,18 +196,21 @@ class Batches(Records):
     # ------------------------------------------------------------------------------------ gather
 
     def _gather(
-        self, idx: np.ndarray[Any, Any], groups: list[Group], names: list[str], pad: bool, via: Any = None
+        self, idx: np.ndarray[Any, Any], groups: list[Group], names: list[str], pad: bool, via: Any = None,
+        alloc: Any = None,
     ) -> dict[str, Any]:
         """The batch of records ``idx`` (split by shard into ``groups``), fields ``names``. ``via``: the
         records' bytes are not read from the mappings but from where they were fetched into memory
-        (a table of segments, :func:`~.copy.copy_via`; a read-once epoch, :mod:`.stream`)."""
+        (a table of segments, :func:`~.copy.copy_via`; a read-once epoch, :mod:`.stream`). ``alloc(n)``:
+        where the values go (``n`` bytes, a ``uint8`` array; None: new arrays)."""
         out: dict[str, Any] = {}
+        new = alloc or _new
         for name in names:
             f = self.schema[name]
             if f.ragged:
-                out[name] = self._gather_ragged(name, f, idx, groups, pad, via)
+                out[name] = self._gather_ragged(name, f, idx, groups, pad, via, new)
             else:
-                out[name] = self._gather_fixed(name, f, idx, groups, via)
+                out[name] = self._gather_fixed(name, f, idx, groups, via, new)
             if f.dtype == BFLOAT16 and self._bf16 != "bits":
                 if f.ragged:
                     out[name] = (self.bfloat16_view(out[name][0]), out[name][1])
@@ -178,9 +219,11 @@ class Batches(Records):
         return out
 
     def _gather_fixed(
-        self, name: str, f: Field, idx: Any, groups: list[Group], via: Any = None
+        self, name: str, f: Field, idx: Any, groups: list[Group], via: Any = None, alloc: Any = None
     ) -> np.ndarray[Any, Any]:
-        res = np.empty((len(idx), *f.inner_shape), dtype=f.storage_dtype)
+        shape = (len(idx), *f.inner_shape)
+        res = (alloc or _new)(int(np.prod(shape, dtype=np.int64)) * f.storage_dtype.itemsize).view(
+            f.storage_dtype).reshape(shape)
         width = res.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
         if not len(idx) or not width:
             return res
@@ -202,7 +245,7 @@ class Batches(Records):
         return res
 
     def _gather_ragged(
-        self, name: str, f: Field, idx: Any, groups: list[Group], pad: bool, via: Any = None
+        self, name: str, f: Field, idx: Any, groups: list[Group], pad: bool, via: Any = None, alloc: Any = None
     ) -> tuple[Any, Any]:
         lengths = np.empty(len(idx), dtype=np.int64)
         bounds = []
@@ -213,11 +256,15 @@ class Batches(Records):
         stride = f.row_bytes
         if pad:
             t = int(lengths.max()) if len(lengths) else 0
-            flat = np.zeros(len(idx) * t * stride, dtype=np.uint8)
+            if alloc is None:
+                flat = np.zeros(len(idx) * t * stride, dtype=np.uint8)
+            else:
+                flat = alloc(len(idx) * t * stride)
+                flat.fill(0)
             starts = np.arange(len(idx), dtype=np.int64) * (t * stride)
         else:
             ends = np.cumsum(lengths)
-            flat = np.empty(int(ends[-1]) * stride if len(ends) else 0, dtype=np.uint8)
+            flat = (alloc or _new)(int(ends[-1]) * stride if len(ends) else 0)
             starts = (ends - lengths) * stride
         for (sh, pos, rows), (a, b) in zip(groups, bounds):
             col = sh.columns[name]
@@ -235,6 +282,10 @@ class Batches(Records):
         else:
             values = values.reshape(int(lengths.sum()), *f.inner_shape)  # not -1: inner dims may be 0
         return values, lengths
+
+
+def _new(n: int) -> np.ndarray[Any, Any]:
+    return np.empty(n, np.uint8)
 
 
 def _copy(name: str, src: Any, n: Any, dst: Any, via: Any, sh: Any) -> None:

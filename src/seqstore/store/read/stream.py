@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import mmap
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -28,34 +28,43 @@ import numpy as np
 from ...io.remote_stream import Part, merge_ranges
 from .shards import Group
 
-__all__ = ["stream_batches"]
+__all__ = ["Pool", "anonymous", "plan_runs", "stream_batches", "via_of"]
 
 _GAP = 64 << 10  # a last batch's range farther than this from every other batch's goes to the next run
 _EMPTY = np.zeros(0, np.int64)
 
 
-class _Pool:
-    """Buffers for the runs in flight, reused: memory does not follow the epoch's length (``keep``:
-    free buffers kept at most)."""
+def anonymous(size: int) -> np.ndarray[Any, Any]:
+    """A buffer of ``size`` bytes in an anonymous mapping of its own (the default for a run's buffer)."""
+    # not np.empty: received into, numpy's buffers cost the kernel 1.8 s per 1.9 GB where these cost
+    # 0.95-1.0 (a whole fixed epoch in the benchmark; numpy asks for transparent huge pages on large
+    # arrays, which this made no difference to on a mapping)
+    return np.frombuffer(mmap.mmap(-1, size), np.uint8)
 
-    def __init__(self, keep: int) -> None:
+
+class Pool:
+    """Buffers for the runs in flight, reused: memory does not follow the epoch's length (``keep``:
+    free buffers kept at most). ``make(size)``: a new buffer (a C-contiguous ``uint8`` array; default
+    :func:`anonymous`); ``drop(buffer)``: told of a buffer no longer kept."""
+
+    def __init__(self, keep: int, make: Callable[[int], np.ndarray[Any, Any]] = anonymous,
+                 drop: Callable[[np.ndarray[Any, Any]], None] | None = None) -> None:
         self.free: list[np.ndarray[Any, Any]] = []
         self.keep = keep
+        self.make, self.drop = make, drop
 
     def alloc(self, n: int) -> np.ndarray[Any, Any]:
         fits = [k for k, b in enumerate(self.free) if len(b) >= n]
         if fits:
             return self.free.pop(min(fits, key=lambda k: len(self.free[k])))
-        size = -(-max(n, 1) * 5 // 4 // (1 << 20)) << 20  # room to be reused by a larger run
-        # an anonymous mapping of its own, not np.empty: received into, numpy's buffers cost the kernel
-        # 1.8 s per 1.9 GB where these cost 0.95-1.0 (a whole fixed epoch in the benchmark; numpy asks
-        # for transparent huge pages on large arrays, which this made no difference to on a mapping)
-        return np.frombuffer(mmap.mmap(-1, size), np.uint8)
+        return self.make(-(-max(n, 1) * 5 // 4 // (1 << 20)) << 20)  # room to be reused by a larger run
 
     def give_back(self, b: np.ndarray[Any, Any]) -> None:
         self.free.append(b)
         if len(self.free) > self.keep:
-            self.free.pop(min(range(len(self.free)), key=lambda k: len(self.free[k])))
+            gone = self.free.pop(min(range(len(self.free)), key=lambda k: len(self.free[k])))
+            if self.drop is not None:
+                self.drop(gone)
 
 
 class _Run:
@@ -68,22 +77,28 @@ class _Run:
         self.carried = False
 
 
-def stream_batches(
-    reader: Any, batches: Iterable[Any], names: list[str], pad: bool, together: int, budget: int
-) -> Iterator[dict[str, Any]]:
-    """The batches of ``batches`` gathered by ``reader`` (a :class:`~.batches.Batches`) from runs of
-    ``together`` fetched into memory, runs in flight or waiting to be gathered while they hold fewer
-    than ``budget`` bytes (at least two runs; see the module docstring)."""
+def plan_runs(
+    reader: Any, batches: Iterable[Any], names: list[str], together: int, budget: int, pool: Pool, hold: bool = False
+) -> Iterator[tuple[Any, list[Group], list[Part]]]:
+    """``(idx, groups, parts)`` of each batch of ``batches`` once its bytes are in: its records (``idx``,
+    split by shard into ``groups``) are gathered from the buffers of ``parts`` (one :class:`Part`, or two
+    for a run's last batch whose lone ranges went to the next run) by ``reader._gather(..., via_of(parts))``.
+    Runs of ``together`` batches are in flight or waiting while they hold fewer than ``budget`` bytes (at
+    least two runs; see the module docstring); their buffers come from ``pool``.
+
+    A run's buffer goes back to the pool once the generator has moved past its last batch, and, with
+    ``hold``, once every batch's consumer has called ``release()`` on each of its parts (a batch gathered
+    elsewhere, later: another process reading the buffer)."""
     fixed = [n for n in names if not reader.schema[n].ragged]
     ragged = [n for n in names if reader.schema[n].ragged]
     source = reader._source
-    pool = _Pool(4)
     held = [0]  # bytes of the runs fetched and not yet given back
     out = [0]  # batches handed out
     it = iter(batches)
     prepared: deque[_Run] = deque()  # runs whose offsets were asked for, not fetched yet
     fetching: deque[_Run] = deque()  # runs fetched (in flight or in), in order
     carry: tuple[Any, Any] = (_EMPTY, _EMPTY)
+    tail: list[Part] = []  # the fetch of what the last run carried (no run of its own)
     done = False
 
     def prepare() -> None:
@@ -128,10 +143,12 @@ def stream_batches(
             shared[ids[t != len(batches) - 1]] = True
             keep = shared[ids]
         part = source.fetch_into(s[keep], e[keep], pool.alloc)
+        part.on_free = pool.give_back
         if fetching and fetching[-1].carried:
             fetching[-1].next_part = part
         carry = (s[~keep], e[~keep])
         if run is None:
+            tail.append(part)
             return
         run.part = part
         held[0] += part.nbytes
@@ -152,30 +169,53 @@ def stream_batches(
         if done and not prepared and len(carry[0]):
             fetch(None)
 
-    fill()
-    while fetching:
-        run = fetching[0]
-        assert run.part is not None
-        for k, (idx, groups) in enumerate(run.batches):
-            parts = [run.part]
-            if k == len(run.batches) - 1 and run.carried:
-                fill()  # the next run's fetch holds the rest of this batch
-                assert run.next_part is not None
-                parts.append(run.next_part)
-            for p in parts:
-                p.wait()
-            if len(parts) == 1:
-                via = (parts[0].seg_s, parts[0].seg_e, parts[0].seg_at)
-            else:
-                s = np.concatenate([p.seg_s for p in parts])
-                o = np.argsort(s, kind="stable")
-                via = (s[o], np.concatenate([p.seg_e for p in parts])[o], np.concatenate([p.seg_at for p in parts])[o])
-            batch_out = reader._gather(idx, groups, names, pad, via)
-            out[0] += 1
-            fill()  # the next runs' requests (the window deepens as batches go out)
-            yield batch_out
-        fetching.popleft()
-        held[0] -= run.part.nbytes
-        pool.give_back(run.part.buffer)
-        run.part = run.next_part = None
+    try:
         fill()
+        while fetching:
+            run = fetching[0]
+            assert run.part is not None
+            for k, (idx, groups) in enumerate(run.batches):
+                parts = [run.part]
+                if k == len(run.batches) - 1 and run.carried:
+                    fill()  # the next run's fetch holds the rest of this batch
+                    assert run.next_part is not None
+                    parts.append(run.next_part)
+                for p in parts:
+                    p.wait()
+                    if hold:
+                        p.users += 1
+                out[0] += 1
+                fill()  # the next runs' requests (the window deepens as batches go out)
+                yield idx, groups, parts
+            fetching.popleft()
+            held[0] -= run.part.nbytes
+            run.part.release()
+            run.part = run.next_part = None
+            fill()
+    finally:  # closed early or failed: the buffers of the runs still here go back (or to their holders)
+        for run in fetching:
+            if run.part is not None:
+                run.part.release()
+            run.part = run.next_part = None
+        fetching.clear()
+        for part in tail:
+            part.release()
+
+
+def via_of(parts: list[Part]) -> tuple[Any, Any, Any]:
+    """The segment table (starts, ends, buffer addresses; by start) that ``copy_via`` reads ``parts`` through."""
+    if len(parts) == 1:
+        return parts[0].seg_s, parts[0].seg_e, parts[0].seg_at
+    s = np.concatenate([p.seg_s for p in parts])
+    o = np.argsort(s, kind="stable")
+    return s[o], np.concatenate([p.seg_e for p in parts])[o], np.concatenate([p.seg_at for p in parts])[o]
+
+
+def stream_batches(
+    reader: Any, batches: Iterable[Any], names: list[str], pad: bool, together: int, budget: int
+) -> Iterator[dict[str, Any]]:
+    """The batches of ``batches`` gathered by ``reader`` (a :class:`~.batches.Batches`) from runs of
+    ``together`` fetched into memory, runs in flight or waiting to be gathered while they hold fewer
+    than ``budget`` bytes (at least two runs; see the module docstring)."""
+    for idx, groups, parts in plan_runs(reader, batches, names, together, budget, Pool(4)):
+        yield reader._gather(idx, groups, names, pad, via_of(parts))
