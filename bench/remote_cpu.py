@@ -23,10 +23,12 @@ request (``bench/_remote_nginx.py``) and runs, each case in a fresh process, eac
 - ``random``: ``get_batch`` of 6,144 records of a random epoch in batches of 1024 (seqstore only: the
   raw ``get_range`` of the same byte ranges, at several depths, is in ``bench/remote.py``).
 - ``loader`` (``--only loader``, fixed only): the first 262,144 records of the ``random_block`` epoch
-  through ``SeqDataLoader`` with 1 and 2 DataLoader workers sharing one node cache, ``IterableSeqDataset``'s
+  through ``SeqDataLoader`` with 0, 1 and 2 DataLoader workers sharing one node cache, ``IterableSeqDataset``'s
   ``prefetch`` the dataset's choice (the default: 16 to 64 batches on a remote store) and 2
   (``--loader-prefetch``), and with ``procs=1`` and ``procs=2`` (seqstore's worker processes); MB/s from
-  the first batch a worker made on (no CPU: the workers are the forkserver's children); every ``--mode``
+  the first batch a worker made on, and the whole machine's CPU per GiB and cores busy over that span
+  (``/proc/stat``: the loader, its workers and nginx; the workers are the forkserver's children, so the
+  process's own CPU would miss them; the raw reads get the same figure); every ``--mode``
   (e.g. ``read_once=read_once=true``) separately, with ``raw sequential`` reads of as many bytes (twice the
   ``--epoch-records``) unless ``epoch`` runs too.
 

@@ -302,22 +302,29 @@ def test_direct_reader_connections_ask_for_the_receive_buffer(moto_s3: MotoS3, s
     assert seen and all(n == 400_000 for n in seen)
 
 
-def _loader_batches(store: ss.Store, **loader: Any) -> list[dict[str, Any]]:
+def _loader_batches(store: ss.Store, kind: str = "iterable", **loader: Any) -> list[dict[str, Any]]:
     from seqstore.data import StoreDataset
-    from seqstore.torch import IterableSeqDataset, SeqDataLoader
+    from seqstore.torch import EpochSampler, IterableSeqDataset, SeqDataLoader, SeqDataset
 
-    data = IterableSeqDataset(StoreDataset(store, ordering="random_block:16:4", seed=5, length_field="x"), batch=24)
-    return [{k: v.clone() for k, v in b.items()} for b in SeqDataLoader(data, batch_size=None, **loader)]
+    ds = StoreDataset(store, ordering="random_block:16:4", seed=5, length_field="x")
+    if kind == "iterable":
+        batches = SeqDataLoader(IterableSeqDataset(ds, batch=24, masks=True), batch_size=None, **loader)
+    else:  # a map-style dataset with seqstore's sampler and collation
+        sds = SeqDataset(ds, with_index=True)
+        batches = SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=20, collate_fn=sds.collate(masks=True),
+                                **loader)
+    return [{k: v.clone() for k, v in b.items()} for b in batches]
 
 
 def _run_files() -> list[str]:
     return [f for f in os.listdir("/dev/shm") if f.startswith("seqstore-run-")]
 
 
-@pytest.mark.parametrize("keep", [1, 12])
+@pytest.mark.parametrize("kind,keep", [("iterable", 1), ("iterable", 12), ("map", 12)])
 def test_procs_workers_gather_the_runs_the_loop_fetched_once(moto_s3: MotoS3, remote: str, local: Path,
                                                                tmp_path: Path, s3_proxy: FaultProxy,
-                                                               monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch, kind: str,
+                                                               keep: int) -> None:
     """``procs=`` on a read-once store: the loop fetches each run once into buffers the workers map, the
     workers gather every batch from them (the same batches as without workers); keep=1: buffers dropped
     and made again all along (the workers told to let them go)."""
@@ -327,10 +334,10 @@ def test_procs_workers_gather_the_runs_the_loop_fetched_once(moto_s3: MotoS3, re
 
     monkeypatch.setattr(loader_mod, "PARALLEL_FROM_BYTES", 1)  # these batches are small: workers anyway
     monkeypatch.setattr(loader_mod, "_RUN_BUFFERS", keep)
-    want = _loader_batches(ss.open(local))
+    want = _loader_batches(ss.open(local), kind)
     store = _open(moto_s3, remote, tmp_path / "cache", s3_proxy.url)
     s3_proxy.clear_log()
-    got = _loader_batches(store, procs=2, multiprocessing_context="forkserver")
+    got = _loader_batches(store, kind, procs=2, multiprocessing_context="forkserver")
     assert len(got) == len(want) > 10
     for k, (g, w) in enumerate(zip(got, want)):
         assert list(g) == list(w) and all(torch.equal(g[n], w[n]) for n in w), k
