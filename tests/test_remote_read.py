@@ -727,3 +727,59 @@ def test_a_block_shuffled_epoch_fetches_its_blocks_as_they_lie(moto_s3: MotoS3, 
         fetched[label] = sum(b - a + 1 for a, b in _chunk_requests(s3_proxy))
     assert fetched["runs"] <= 1.05 * need, (fetched, need)
     assert fetched["batches"] > 1.2 * need, (fetched, need)
+
+
+@pytest.mark.parametrize("direct", ["true", "false"])
+def test_node_cache_requests_go_through_the_direct_reader_where_there_are_urls(
+        moto_s3: MotoS3, remote: tuple[str, str], local: Path, tmp_path: Path, s3_proxy: FaultProxy,
+        direct: str) -> None:
+    """Random reads fill the node cache through seqstore's own HTTP client (presigned range GETs) unless
+    ``direct_reads`` is false; the cache then serves them without a request either way."""
+    _, url = remote
+    store = _open(moto_s3, url, tmp_path / "cache", s3_proxy.url, options={"direct_reads": direct})
+    loc = ss.open(local)
+    idx = np.random.default_rng(9).choice(len(store), size=80, replace=False)
+    s3_proxy.clear_log()
+    same_batch(store.get_batch(idx, pad=True), loc.get_batch(idx, pad=True), "first read")
+    # the records' pages (the files' heads, read when a shard is first looked up, go through obstore)
+    values = [r for r in s3_proxy.requests if r.byte_range is not None and r.byte_range[0] >= 4096]
+    assert values, _describe(s3_proxy)
+    signed = [r for r in values if "X-Amz-Signature=" in r.target]
+    assert len(signed) == (len(values) if direct == "true" else 0), _describe(s3_proxy)
+    s3_proxy.clear_log()
+    same_batch(store.get_batch(idx, pad=True), loc.get_batch(idx, pad=True), "from the cache")
+    assert not s3_proxy.requests, _describe(s3_proxy)
+
+
+def test_direct_reads_step_aside_for_a_proxy_in_the_environment(moto_s3: MotoS3, s3_bucket: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """obstore follows ``HTTPS_PROXY`` / ``HTTP_PROXY``; the direct reader does not, so no URL is given
+    for a host the environment proxies (``NO_PROXY`` hosts keep theirs)."""
+    from urllib.parse import urlsplit
+
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient(f"s3://{s3_bucket}/k", moto_s3.storage_options())
+    got = client.direct("blob", None)
+    assert got is not None
+    host = urlsplit(got[0]).hostname
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "")
+    assert client.direct("blob", None) is None
+    monkeypatch.setenv("NO_PROXY", str(host))
+    assert client.direct("blob", None) is not None
+
+
+def test_direct_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, s3_bucket: str) -> None:
+    """Bytes through the direct reader are counted: past ``max_inflight_bytes`` a wave goes through
+    obstore (and its budget) instead; a forked child starts from nothing."""
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient(f"s3://{s3_bucket}/k", {**moto_s3.storage_options(), "max_inflight_bytes": 1000})
+    assert client.direct_budget(1500)  # the first wave goes whatever its size
+    assert not client.direct_budget(10)
+    assert client.direct_budget(-1500) and client.direct_budget(600) and client.direct_budget(400)
+    assert not client.direct_budget(1)
+    client.direct_budget(-1000)
+    assert client.direct_budget(1000)

@@ -31,8 +31,8 @@ __all__ = [
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 #: storage_options keys that are seqstore's own (popped before the client sees the options)
 SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout",
-                    "retry_timeout", "read_once")
-_FLAGS = ("read_once",)  # seqstore's boolean options
+                    "retry_timeout", "read_once", "direct_reads")
+_FLAGS = ("read_once", "direct_reads")  # seqstore's boolean options
 _TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have always taken as true
 _FALSE = ("0", "false", "no", "")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")

@@ -41,6 +41,7 @@ import os
 import random
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -76,6 +77,16 @@ __all__ = [
 ]
 
 
+def _proxied(url: str) -> bool:
+    """Whether the environment sends requests for ``url`` through a proxy (``HTTPS_PROXY``, ``HTTP_PROXY``,
+    ``ALL_PROXY``, minus ``NO_PROXY``)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if not (proxies.get(parts.scheme.lower()) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass_environment(parts.hostname or "", proxies)  # type: ignore[attr-defined]
+
+
 class ObjectClient:
     """Requests against one store root URL (``s3://bucket/prefix/corpus.seqstore``). Keys are paths
     relative to that root (``manifest.json``, ``shard-000001/x.npy``).
@@ -89,7 +100,8 @@ class ObjectClient:
     ``retry_timeout`` (seconds of retrying a transient failure, default 120), ``max_retries`` (retries
     at most, default None: only ``retry_timeout`` limits them), ``read_once`` (default false: the store's
     ``iter_batches`` fetches its runs of batches into memory instead of the node cache,
-    :mod:`seqstore.store.read.stream`).
+    :mod:`seqstore.store.read.stream`), ``direct_reads`` (default true: range reads go through
+    :attr:`direct_reader` where the back end gives URLs for them, :meth:`direct`; false: always obstore).
     """
 
     def __init__(self, url: str, options: Mapping[str, Any] | None = None, filesystem: Any = None) -> None:
@@ -105,6 +117,7 @@ class ObjectClient:
         self.max_retries: int | None = None if retries is None or retries == "" else int(retries)
         self.retry_timeout = float(opts.pop("retry_timeout", 120.0))
         self.read_once = option_flag(opts.pop("read_once", False))
+        self.direct_reads = option_flag(opts.pop("direct_reads", True))
         if (self.max_requests < 1 or self.max_inflight_bytes < 1 or (self.max_retries or 0) < 0 or self.timeout <= 0
                 or not self.retry_timeout >= 0):
             raise ValueError(
@@ -138,6 +151,7 @@ class ObjectClient:
         state = self.__dict__.copy()
         state.update(_backend=None, _pid=-1, _lock=None, _failing_since=None, _last_failure=0.0)
         state.pop("_direct", None)
+        state.pop("_direct_bytes", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -154,8 +168,27 @@ class ObjectClient:
     def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
         """A URL that answers range GETs of object ``key`` over plain HTTP(S), for
         :class:`~seqstore.io.object_direct.DirectReader`, with the If-Match value of version tag ``tag``;
-        None where the back end has none (the reads then go through it)."""
-        return self.backend.direct(key, tag)
+        None where the back end has none, where ``direct_reads`` is off, or where the environment names a
+        proxy for the URL's host (``HTTPS_PROXY`` and the others; obstore follows them, the direct reader
+        does not): the reads then go through the back end."""
+        if not self.direct_reads:
+            return None
+        got = self.backend.direct(key, tag)
+        if got is not None and _proxied(got[0]):
+            return None
+        return got
+
+    def direct_budget(self, n: int) -> bool:
+        """Count ``n`` more bytes (negative: fewer) in flight through :attr:`direct_reader` for the node
+        cache; False (and nothing counted) when that would pass ``max_inflight_bytes``."""
+        with self._lock:
+            pid, held = self.__dict__.get("_direct_bytes", (os.getpid(), 0))
+            if pid != os.getpid():  # a forked child: the parent's requests are not its own
+                held = 0
+            if n > 0 and held and held + n > self.max_inflight_bytes:
+                return False
+            self.__dict__["_direct_bytes"] = (os.getpid(), held + n)
+            return True
 
     @property
     def direct_reader(self) -> Any:
