@@ -56,7 +56,12 @@ _META = "_remote.json"
 
 
 
-#: a wave of node-cache requests this small goes through the direct reader where the objects have URLs
+#: a wave of node-cache requests each at most _DIRECT_EACH bytes (random reads' pages), at most
+#: _DIRECT_MOST in all, goes through the direct reader where the objects have URLs. Its pages are written
+#: into the cache when the whole wave is in; a wave with large ranges (an epoch's runs, read-ahead
+#: chunks) stays with obstore, whose answers are written as each arrives, so that a batch waiting for
+#: part of it can go on early
+_DIRECT_EACH = 64 << 10
 _DIRECT_MOST = 64 << 20
 
 
@@ -185,12 +190,12 @@ class RemoteRoot:
 
     def _direct_wave(self, reqs: list[tuple[str, int, int, str | None]],
                      spans: list[tuple[CachedObject, int, int]]) -> concurrent.futures.Future[Any] | None:
-        """The requests of a wave of at most ``_DIRECT_MOST`` bytes received by the client's direct reader
+        """The requests of a wave of small ranges (see ``_DIRECT_EACH``) received by the client's direct reader
         (:mod:`.object_direct`: a fraction of obstore's CPU a request) into one buffer, and written into
         the cache entries once all are in; None where an object has no direct URL (then obstore)."""
         total = sum(b - a for _, a, b, _ in reqs)
         client = self.client
-        if not reqs or total > _DIRECT_MOST:
+        if not reqs or total > _DIRECT_MOST or max(b - a for _, a, b, _ in reqs) > _DIRECT_EACH:
             return None
         urls: dict[tuple[str, str | None], tuple[str, str | None]] = {}
         for key, _, _, etag in reqs:
