@@ -56,12 +56,13 @@ _META = "_remote.json"
 
 
 
-#: a wave of node-cache requests each at most _DIRECT_EACH bytes (random reads' pages), at most
+#: a wave of node-cache requests each at most _DIRECT_EACH bytes (random reads: pages, and neighbours
+#: merged across ``coalesce_gap``, up to 120 KiB in a wave of 1024 random 2 KiB records), at most
 #: _DIRECT_MOST in all, goes through the direct reader where the objects have URLs. Its pages are written
-#: into the cache when the whole wave is in; a wave with large ranges (an epoch's runs, read-ahead
-#: chunks) stays with obstore, whose answers are written as each arrives, so that a batch waiting for
-#: part of it can go on early
-_DIRECT_EACH = 64 << 10
+#: into the cache when the whole wave is in; a wave with larger ranges (an epoch's runs and 1 MiB chunks)
+#: stays with obstore, whose answers are written as each arrives, so that a batch waiting for part of it
+#: can go on early
+_DIRECT_EACH = 256 << 10
 _DIRECT_MOST = 64 << 20
 
 
