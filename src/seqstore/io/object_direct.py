@@ -3,7 +3,10 @@
 obstore hands every answer over in a buffer of its own (a copy after the kernel's), and a reader that
 keeps the bytes copies them once more. For ranges that go into memory the reader owns (a read-once
 epoch's runs of batches, :mod:`seqstore.store.read.stream`), :class:`DirectReader` receives each body
-with ``recv_into`` into its place: the kernel's copy is the only one. It speaks what those requests
+with ``recv_into`` into its place: the kernel's copy is the only one. It also carries the node cache's
+waves of small ranges (random reads' pages, :meth:`seqstore.io.remote.RemoteRoot.submit`), where its
+CPU per request is about a quarter of obstore's (a Python selector loop against obstore's runtime and
+its hand-over of every answer to asyncio). It speaks what those requests
 need and no more: ``GET`` with ``Range`` (and ``If-Match`` where the store pins versions) over
 keep-alive HTTP/1.1 connections, plain or TLS, all driven by one selector loop on its own thread; an
 answer must carry a ``Content-Length`` and be a 206 whose ``Content-Range`` is the range asked for (or a
