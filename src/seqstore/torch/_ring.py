@@ -15,8 +15,18 @@ four times the first batch, which the loop gathers itself.
 On a remote store the index arrays of the next batches also go to their workers early (``ahead``), so
 that their reads are in flight while the workers gather (``Store.prefetch``).
 
-Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker. The block's name
-is unlinked when the iteration ends; its memory goes when the last batch handed out as views does.
+On a store opened with ``read_once`` the workers do not read the store: the loop fetches the runs of
+batches (``Store.fetch_runs``) into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch
+``j`` as (slot, index array, where its bytes lie in which of those files). The worker maps the files
+(once each), finds the segments in its own mappings of the store (``via_from``) and gathers each field's
+values straight into its slot (``Store.gather_fetched`` with an allocator in the slot). A run's buffer
+is reused once every worker that read it answered; a buffer the loop no longer keeps is removed and the
+workers told to unmap it.
+
+Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker, and with
+``read_once`` the run buffers (bounded by ``max_inflight_bytes``, plus at most ``K x depth`` batches'
+runs held for the workers). The block's name is unlinked when the iteration ends; its memory goes when
+the last batch handed out as views does.
 """
 
 from __future__ import annotations
