@@ -365,3 +365,25 @@ def test_procs_read_once_closed_early_leaves_nothing(moto_s3: MotoS3, remote: st
         del it
         assert not _run_files()
     assert len(list(loader)) == 40 and not _run_files()
+
+
+def test_procs_read_once_without_room_in_dev_shm_reads_through_the_cache(
+        moto_s3: MotoS3, remote: str, local: Path, tmp_path: Path, s3_proxy: FaultProxy,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /dev/shm has too little room (a container's 64 MiB), ``procs=`` workers read the store
+    themselves, as without ``read_once``: the same batches, no run buffers, no direct run fetches."""
+    import torch
+
+    from seqstore.torch import _ring
+    from seqstore.torch import loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "PARALLEL_FROM_BYTES", 1)
+    monkeypatch.setattr(_ring, "SHM_NEEDED", 1 << 62)
+    assert not _ring.shared_runs_possible()
+    want = _loader_batches(ss.open(local))
+    store = _open(moto_s3, remote, tmp_path / "cache", s3_proxy.url)
+    got = _loader_batches(store, procs=2, multiprocessing_context="forkserver")
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert all(torch.equal(g[n], w[n]) for n in w)
+    assert not _run_files()

@@ -52,7 +52,7 @@ from ..io import address
 from ..io.remote_stream import export_part, via_from
 from ._direct import Gatherer, IndexArray
 
-__all__ = ["run_processes", "LoaderWorkerError", "RunBuffers", "shared_runs_possible"]
+__all__ = ["run_processes", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
 
 _ALIGN = 64
 Layout = list[tuple[str, str, tuple[int, ...], int]]
@@ -163,9 +163,19 @@ def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes
 _SHM_DIR = "/dev/shm"
 
 
+#: free space ``/dev/shm`` must have for a read-once loop to put its run buffers there (a container's
+#: default of 64 MiB does not: its workers then read through the node cache)
+SHM_NEEDED = 1 << 30
+
+
 def shared_runs_possible() -> bool:
-    """Whether run buffers can be shared with the workers by name (a ``/dev/shm`` to put them in)."""
-    return os.path.isdir(_SHM_DIR) and os.access(_SHM_DIR, os.W_OK)
+    """Whether run buffers can be shared with the workers by name: a writable ``/dev/shm`` with
+    ``SHM_NEEDED`` bytes free."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return False
+    return os.access(_SHM_DIR, os.W_OK) and st.f_bavail * st.f_frsize >= SHM_NEEDED
 
 
 def attach_run(runs: dict[str, Any], name: str) -> int:
@@ -194,9 +204,16 @@ class RunBuffers:
 
     def make(self, size: int) -> np.ndarray[Any, Any]:
         name = f"{self._tag}-{next(self._count)}"
-        fd = os.open(os.path.join(_SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        path = os.path.join(_SHM_DIR, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
+            try:  # the pages reserved now: a full /dev/shm is an error here, not a SIGBUS when written
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                os.unlink(path)
+                raise SeqstoreError(f"{_SHM_DIR} has no room for a read-once run buffer of {size} bytes "
+                                    f"({exc.strerror}); give it more (e.g. docker --shm-size) or use "
+                                    "SeqDataLoader without procs=") from None
             buf = np.frombuffer(mmap.mmap(fd, size), np.uint8)
         finally:
             os.close(fd)
