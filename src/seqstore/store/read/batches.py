@@ -204,13 +204,12 @@ class Batches(Records):
         (a table of segments, :func:`~.copy.copy_via`; a read-once epoch, :mod:`.stream`). ``alloc(n)``:
         where the values go (``n`` bytes, a ``uint8`` array; None: new arrays)."""
         out: dict[str, Any] = {}
-        new = alloc or _new
         for name in names:
             f = self.schema[name]
             if f.ragged:
-                out[name] = self._gather_ragged(name, f, idx, groups, pad, via, new)
+                out[name] = self._gather_ragged(name, f, idx, groups, pad, via, alloc)
             else:
-                out[name] = self._gather_fixed(name, f, idx, groups, via, new)
+                out[name] = self._gather_fixed(name, f, idx, groups, via, alloc)
             if f.dtype == BFLOAT16 and self._bf16 != "bits":
                 if f.ragged:
                     out[name] = (self.bfloat16_view(out[name][0]), out[name][1])
