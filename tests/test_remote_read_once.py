@@ -387,3 +387,36 @@ def test_procs_read_once_without_room_in_dev_shm_reads_through_the_cache(
     for g, w in zip(got, want):
         assert all(torch.equal(g[n], w[n]) for n in w)
     assert not _run_files()
+
+
+def test_direct_reader_survives_stale_events_and_its_own_bugs(moto_s3: MotoS3, s3_bucket: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event of a connection a failed wave closed earlier in the same round is ignored; an unexpected
+    error while reading an answer ends that wave with a ``RemoteError`` naming it, and the loop thread
+    goes on serving later requests."""
+    from seqstore.io import object_direct
+    from seqstore.io.objects import ObjectClient
+
+    moto_s3.put(s3_bucket, "k/blob", bytes(range(256)))
+    client = ObjectClient(f"s3://{s3_bucket}/k", moto_s3.storage_options(timeout=5, max_retries=1))
+    url, _ = client.direct("blob", None)
+    reader = client.direct_reader
+    stale = object_direct._Conn(socket.socket(), ("127.0.0.1", 1, False))
+    stale.state = "body"
+    reader._step(stale, set())  # no job: nothing to do (it used to trip an assertion and end the thread)
+    stale.sock.close()
+    receive = object_direct.DirectReader._receive
+    calls = [0]
+
+    def broken(self: Any, c: Any, active: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("a bug")
+        receive(self, c, active)
+
+    monkeypatch.setattr(object_direct.DirectReader, "_receive", broken)
+    buf = bytearray(16)
+    with pytest.raises(RemoteError, match="direct reader failed: ValueError: a bug"):
+        reader.submit([(url, 0, 16, None, memoryview(buf))]).result(30)
+    reader.submit([(url, 16, 32, None, memoryview(buf))]).result(30)
+    assert bytes(buf) == bytes(range(16, 32)) and reader._thread is not None and reader._thread.is_alive()

@@ -225,7 +225,13 @@ class DirectReader:
                     except BlockingIOError:
                         pass
                     continue
-                self._step(c, active)
+                try:
+                    self._step(c, active)
+                except Exception as exc:  # noqa: BLE001 - a bug here must not end the loop (every wait would stall)
+                    shown = c.job.shown if c.job is not None else c.origin[0]
+                    self._give_up(c, active, RemoteError(
+                        f"{shown}: the direct reader failed: {type(exc).__name__}: {exc} (a seqstore bug; "
+                        "please report it)", url=shown, attempts=(c.job.attempt + 1) if c.job else 1))
             now = time.monotonic()
             if now - scanned >= _TICK:
                 scanned = now
@@ -334,6 +340,8 @@ class DirectReader:
     # ----------------------------------------------------------------------------------- a step
 
     def _step(self, c: _Conn, active: set[_Conn]) -> None:
+        if c.job is None:  # an event of a connection closed earlier in the same round (its wave failed)
+            return
         try:
             if c.state == "connecting":
                 err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
