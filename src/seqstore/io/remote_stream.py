@@ -21,7 +21,7 @@ import numpy as np
 from .mapping import address
 from .remote_fetch import MOST, Ticket, _split_by_region, regions
 
-__all__ = ["Part", "export_part", "fetch_into", "merge_ranges", "via_from"]
+__all__ = ["Part", "export_part", "fetch_into", "merge_ranges", "segment_table", "via_from"]
 
 
 def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> tuple[Any, Any, Any]:
@@ -156,6 +156,12 @@ def via_from(parts: list[tuple[tuple[list[tuple[str, str]], Any, Any, Any, Any],
         seg_s.append(b[mine] + s[mine])
         seg_e.append(b[mine] + e[mine])
         seg_at.append(buf + at[mine])
+    return segment_table(seg_s, seg_e, seg_at)
+
+
+def segment_table(seg_s: list[Any], seg_e: list[Any], seg_at: list[Any]) -> tuple[Any, Any, Any]:
+    """Segment lists (starts, ends, buffer addresses; one array per part) as one table sorted by start,
+    as :func:`~seqstore.store.read.copy.copy_via` reads it."""
     if not seg_s:
         z = np.zeros(0, np.int64)
         return z, z, z

@@ -94,7 +94,7 @@ class Batches(Records):
         names = self._field_names(fields)
         active = self._ahead
         deeper = None
-        if prefetch is None and self._stream and active:  # read_once: runs fetched into memory (.stream)
+        if prefetch is None and self.read_once:  # runs fetched into memory (.stream)
             yield from stream_batches(self, batches, names, pad, self._together or 16, self._source.stream_budget)
             return
         if prefetch is None:  # the source's default (object storage answers after tens of milliseconds)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ...io.remote_stream import Part, merge_ranges
+from ...io.remote_stream import Part, merge_ranges, segment_table
 from .shards import Group
 
 __all__ = ["Pool", "anonymous", "plan_runs", "stream_batches", "via_of"]
@@ -204,11 +204,9 @@ def plan_runs(
 
 def via_of(parts: list[Part]) -> tuple[Any, Any, Any]:
     """The segment table (starts, ends, buffer addresses; by start) that ``copy_via`` reads ``parts`` through."""
-    if len(parts) == 1:
+    if len(parts) == 1:  # a part's own table is sorted already
         return parts[0].seg_s, parts[0].seg_e, parts[0].seg_at
-    s = np.concatenate([p.seg_s for p in parts])
-    o = np.argsort(s, kind="stable")
-    return s[o], np.concatenate([p.seg_e for p in parts])[o], np.concatenate([p.seg_at for p in parts])[o]
+    return segment_table([p.seg_s for p in parts], [p.seg_e for p in parts], [p.seg_at for p in parts])
 
 
 def stream_batches(
