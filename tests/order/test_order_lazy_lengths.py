@@ -112,7 +112,7 @@ def test_values_are_only_for_laplace() -> None:
 
 @pytest.mark.parametrize("span", [1, 7, 300, 70_000, 1 << 30])
 def test_sort_segments_is_a_stable_sort_both_ways(span: int) -> None:
-    from seqstore.order._kernels import sort_segments
+    from seqstore.order._sort_kernels import sort_segments
 
     rng = np.random.default_rng(span)
     sizes = rng.integers(0, 400, 30).astype(np.int64)

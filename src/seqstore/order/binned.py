@@ -27,6 +27,7 @@ import numpy as np
 
 from . import _kernels as K
 from . import _keys
+from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 from .base import IntArray, Order
 from .kinds import PermutationOrder, _check_num_seqs
@@ -209,7 +210,7 @@ class LaplaceOrder(BinnedOrder):
         else:
             kind = self.lengths.dtype.kind
             vals = np.asarray(self.lengths.gather(flat), dtype=np.float64 if kind == "f" else np.int64)
-        K.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
+        S.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
         return flat
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -258,7 +259,7 @@ class SortBinShuffleOrder(BinnedOrder):
             if self._checkpoints is None:
                 bp = self._bin_perm
                 cps = np.empty(-(-self.bins // _CHECKPOINT_EVERY) + 1, dtype=np.int64)
-                K.sbs_checkpoints(
+                S.sbs_checkpoints(
                     np.uint64(self.bins), np.uint64(self._n), bp._a, bp._b, bp._keys, np.int64(_CHECKPOINT_EVERY), cps
                 )
                 self._checkpoints = cps
@@ -269,7 +270,7 @@ class SortBinShuffleOrder(BinnedOrder):
         slots = np.empty(positions.shape[0], dtype=np.int64)
         offs = np.empty(positions.shape[0], dtype=np.int64)
         bp = self._bin_perm
-        K.sbs_locate(
+        S.sbs_locate(
             positions,
             cps,
             np.int64(_CHECKPOINT_EVERY),
@@ -293,7 +294,7 @@ class SortBinShuffleOrder(BinnedOrder):
     def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
         sidx, _ = self._state()
         flat = np.empty(total, dtype=np.int64)
-        K.sbs_bins(
+        S.sbs_bins(
             bin_ids,
             np.uint64(self._n),
             np.uint64(self.bins),

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _kernels as K
 from . import _keys
+from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 from .base import IntArray, Order
 from .sort_index import lengths_kind, sort_index
@@ -283,7 +284,7 @@ class SortedOrder(Order):
         if not self.descending:
             return np.asarray(sidx[positions], dtype=np.int64)
         out = np.empty(positions.shape[0], dtype=np.int64)
-        K.reverse_sorted_take(positions, sidx, self.lengths.array, out)
+        S.reverse_sorted_take(positions, sidx, self.lengths.array, out)
         return out
 
     def _take_range(self, start: int, stop: int) -> IntArray:

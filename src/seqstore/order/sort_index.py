@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..io.nodecache import charge
-from . import _kernels as K
+from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 
 __all__ = ["sort_index", "lengths_kind"]
@@ -195,9 +195,9 @@ def _radix_pass(
     for s, e in _chunks(n):
         d = _digits(arr, src, s, e, lo, shift, digit)
         if src is None:
-            K.place_digits(d, dummy, np.int64(s), False, cursor, out)
+            S.place_digits(d, dummy, np.int64(s), False, cursor, out)
         else:
-            K.place_digits(d, np.asarray(src[s:e]), np.int64(s), True, cursor, out)
+            S.place_digits(d, np.asarray(src[s:e]), np.int64(s), True, cursor, out)
 
 
 def _finish(array: np.ndarray | None, path: Path | None) -> npt.NDArray[np.integer[Any]]:
