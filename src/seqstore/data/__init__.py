@@ -6,7 +6,9 @@ returns), batch merging), ``store_dataset`` (:class:`StoreDataset`), ``lengths_d
 ``combined`` (:class:`CombinedDataset`: per-epoch sampling windows and one ordering over their union),
 ``meta`` (:class:`MetaDataset`: zip by id through cached row maps), ``filter`` (length filtering: the
 kept indices, cached), ``streams`` (shuffle buffer, sampling with replacement), ``batching``
-(:func:`batch_indices`, :func:`bucket_batches`), ``demo`` (the combined demo run); private helpers
+(:func:`batch_indices`, :func:`bucket_batches`), ``packing`` (:class:`PackedDataset`: documents packed
+into fixed-length sequences, lazily; plans in ``_packplan``), ``schedule`` (:class:`MixtureSchedule`,
+:class:`MixtureStream`: mixtures whose weights change by stage), ``demo`` (the combined demo run); private helpers
 ``_lengths`` (lazy lengths views), ``_orders`` (orders with lazily gathered lengths), ``_cache``
 (on-disk caches), ``_join`` (the id hash join).
 """
@@ -19,6 +21,8 @@ from .combined import CombinedDataset, CombinedOrder, weighted_sizes
 from .concat import ConcatDataset, SliceDataset
 from .lengths_dataset import LengthsDataset
 from .meta import MetaDataset
+from .packing import PackedDataset, PackedStream
+from .schedule import MixtureSchedule, MixtureStream
 from .store_dataset import StoreDataset
 from .streams import ReplacementSampler, ShuffleBuffer, sample_with_replacement, shuffle_buffer
 
@@ -36,6 +40,10 @@ __all__ = [
     "LengthsDataset",
     "LengthsView",
     "MetaDataset",
+    "MixtureSchedule",
+    "MixtureStream",
+    "PackedDataset",
+    "PackedStream",
     "ReplacementSampler",
     "ShuffleBuffer",
     "SliceDataset",

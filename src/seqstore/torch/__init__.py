@@ -7,6 +7,7 @@
 * :func:`collate_padded` / :class:`PaddedCollate` -- stack fixed fields, pad ragged ones + lengths/masks.
 * :class:`SeqDataLoader` -- a DataLoader that counts consumed batches for an exact ``state_dict()``;
   builds seqstore's own batches in its process, or on ``threads=`` / in ``procs=`` (shared buffers).
+* :class:`PackedIterableDataset` -- a ``seqstore.data.PackedDataset``'s packed batches, sharded, resumable.
 * :class:`LengthBatching` -- the length-based batching options; :class:`StateError` -- bad states.
 
 States are O(1) dicts (epoch, global position, ordering config, dataset fingerprint) that load into
@@ -19,6 +20,7 @@ from .collate import GatheredRecords, PaddedCollate, collate_padded
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .loader import SeqDataLoader
+from .packed import PackedIterableDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "GatheredRecords",
     "IterableSeqDataset",
     "LengthBatching",
+    "PackedIterableDataset",
     "PaddedCollate",
     "SeqDataLoader",
     "SeqDataset",

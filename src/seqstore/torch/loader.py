@@ -26,11 +26,12 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from .._mainguard import check_main_guard, start_method
 from ..io.objects import fork_unsafe as _fork_unsafe
-from ..store.read.stream import Pool, via_of
+from ..store import Pool
 from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
 from ._ring import RunBuffers, run_processes, shared_runs_possible
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
+from .packed import PackedIterableDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
 __all__ = ["SeqDataLoader"]
@@ -48,7 +49,7 @@ _RUN_BUFFERS = 12
 def _gather_here(gather: Gatherer, idx: Any, parts: list[Any]) -> Any:
     """A batch of ``fetch_runs`` gathered in this process; its parts released."""
     try:
-        return gather.gather_fetched(idx, via_of(parts))
+        return gather.gather_fetched(idx, parts)
     finally:
         for p in parts:
             p.release()
@@ -125,6 +126,10 @@ class SeqDataLoader(DataLoader[Any]):
                 raise ValueError(
                     f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
                 )
+        if isinstance(dataset, PackedIterableDataset):
+            if kwargs.get("persistent_workers", False) or kwargs.get("batch_size", 1) is not None:
+                raise ValueError("SeqDataLoader: a PackedIterableDataset makes its own batches and must reach its "
+                                 "workers afresh: pass batch_size=None and no persistent_workers")
         workers = procs or kwargs.get("num_workers", 0)
         chosen = procs_context if procs else kwargs.get("multiprocessing_context")
         if workers and chosen is None and _reads_remote(dataset):
@@ -160,8 +165,8 @@ class SeqDataLoader(DataLoader[Any]):
             isinstance(self.sampler, EpochSampler) and self.batch_size is not None
             and type(self.batch_sampler) is BatchSampler)
 
-    def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset:
-        if isinstance(self.dataset, IterableSeqDataset):
+    def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset | PackedIterableDataset:
+        if isinstance(self.dataset, (IterableSeqDataset, PackedIterableDataset)):
             return self.dataset
         if isinstance(self.batch_sampler, EpochBatchSampler):
             return self.batch_sampler
@@ -174,7 +179,7 @@ class SeqDataLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         src = self._source()
-        if isinstance(src, IterableSeqDataset):
+        if isinstance(src, (IterableSeqDataset, PackedIterableDataset)):
             src.begin()
         self._consumed = 0
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
@@ -200,6 +205,8 @@ class SeqDataLoader(DataLoader[Any]):
             yield batch
         if isinstance(src, IterableSeqDataset):
             src.finish_epoch()
+        elif isinstance(src, PackedIterableDataset):
+            src.finish_epoch(self.num_workers)
 
     def _parallel(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
         """Batches gathered by the helper threads / processes. The first batch is gathered here; if it is
@@ -208,7 +215,7 @@ class SeqDataLoader(DataLoader[Any]):
         if first_idx is None:
             return
         if self.procs and gather.reads_once and shared_runs_possible():
-            yield from self._parallel_read_once(itertools.chain([first_idx], arrays), gather, pin)
+            yield from self._parallel_fetched(itertools.chain([first_idx], arrays), gather, pin)
             return
         first = gather(first_idx)
         if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
@@ -222,8 +229,8 @@ class SeqDataLoader(DataLoader[Any]):
         for batch in itertools.chain([first], rest):
             yield pinned(batch) if pin else batch
 
-    def _parallel_read_once(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
-        """``procs=`` on a store opened with ``read_once``: this process fetches the runs of batches once
+    def _parallel_fetched(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
+        """``procs=`` on a read-once store: this process fetches the runs of batches once
         (whatever the number of workers) into buffers the workers map, and each worker gathers its batches
         from them into its slots. Small batches (under ``PARALLEL_FROM_BYTES``) are gathered here."""
         runs = RunBuffers()
@@ -261,7 +268,7 @@ class SeqDataLoader(DataLoader[Any]):
         if isinstance(src, EpochSampler):
             bs = self.batch_size or 1
             return src.state_dict(consumed=min(self._consumed * bs, len(src)))
-        if isinstance(src, IterableSeqDataset):
+        if isinstance(src, (IterableSeqDataset, PackedIterableDataset)):
             return src.state_dict(consumed=self._consumed, num_workers=self.num_workers)
         return src.state_dict(consumed=self._consumed)
 

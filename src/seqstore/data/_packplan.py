@@ -1,0 +1,375 @@
+"""Packing plans from document lengths alone: where each token of a packed sequence comes from.
+
+A *share* (one rank x worker of one run) walks its pending documents: a list of ranges
+``[epoch, start, stop, off]`` of positions in the document stream's epochs (``off``: tokens of the
+range's first document already used), then, when they run out, block ``share`` of ``num_shares`` of
+every following epoch (:func:`seqstore.order.block_bounds`). A :class:`Planner` pulls documents from
+that cursor and cuts them into *pieces* ``(sequence, document id, offset, count)``:
+
+* ``concat``: the documents back to back, windows of ``seq_len + 1`` tokens every ``seq_len`` tokens
+  (the last token of a window is the label of its last input, and the first input of the next);
+* ``best_fit``: documents whole, the oldest document of a window of ``window`` documents first, then
+  repeatedly the longest one that still fits (numba); longer than ``seq_len``: split (the rest stays
+  first in line) or truncated (counted).
+
+Plans read lengths only, never tokens, so the process that keeps the resume state replays what the
+workers packed. :func:`resplit` turns the states of ``S`` shares into those of ``S'`` shares with no
+document token repeated or skipped (elastic resume).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numba
+import numpy as np
+
+from ..order import block_bounds
+from ._lengths import IntArray
+
+__all__ = ["DocStream", "Planner", "fresh_shares", "resplit"]
+
+_PULL = 4096
+
+
+class DocStream(Protocol):
+    """An endless stream of documents in epochs (what packing walks)."""
+
+    def epoch_len(self, epoch: int) -> int: ...
+
+    def docs(self, epoch: int, start: int, stop: int) -> tuple[IntArray, IntArray]: ...
+
+    def source_of(self, ids: IntArray) -> IntArray: ...
+
+
+@numba.njit(cache=True, nogil=True)
+def _best_fit(lens: Any, offs: Any, nb: int, seq_len: int, window: int, split: bool,
+              nseq_max: int) -> Any:  # pragma: no cover - numba
+    # tickets 0..nb-1: the window in its order; nb..: documents waiting behind it
+    ni = lens.size - nb
+    rem = lens - offs
+    off = offs.copy()
+    order = np.empty(max(window, nb) + 1, dtype=np.int64)
+    nbuf = 0
+    for i in range(nb):
+        order[nbuf] = i
+        nbuf += 1
+    cap_p = nseq_max * (window + 1)
+    p_seq = np.empty(cap_p, dtype=np.int64)
+    p_tick = np.empty(cap_p, dtype=np.int64)
+    p_off = np.empty(cap_p, dtype=np.int64)
+    p_n = np.empty(cap_p, dtype=np.int64)
+    pads = np.zeros(nseq_max, dtype=np.int64)
+    np_ = 0
+    nxt = 0
+    trunc = 0
+    s = 0
+    while s < nseq_max:
+        while nbuf < window and nxt < ni:
+            if rem[nb + nxt] > 0:
+                order[nbuf] = nb + nxt
+                nbuf += 1
+            nxt += 1
+        if nbuf < window:
+            break  # decisions need a full window: the caller pulls more documents
+        cap = seq_len
+        t = order[0]
+        r = rem[t]
+        if r >= cap:
+            p_seq[np_] = s
+            p_tick[np_] = t
+            p_off[np_] = off[t]
+            p_n[np_] = cap
+            np_ += 1
+            if split and r > cap:
+                off[t] += cap
+                rem[t] -= cap
+            else:
+                trunc += r - cap
+                for q in range(1, nbuf):
+                    order[q - 1] = order[q]
+                nbuf -= 1
+            cap = 0
+        else:
+            p_seq[np_] = s
+            p_tick[np_] = t
+            p_off[np_] = off[t]
+            p_n[np_] = r
+            np_ += 1
+            cap -= r
+            for q in range(1, nbuf):
+                order[q - 1] = order[q]
+            nbuf -= 1
+            while cap > 0:
+                best = -1
+                best_r = 0
+                for q in range(nbuf):
+                    rq = rem[order[q]]
+                    if rq <= cap and rq > best_r:
+                        best = q
+                        best_r = rq
+                        if rq == cap:
+                            break
+                if best < 0:
+                    break
+                t = order[best]
+                p_seq[np_] = s
+                p_tick[np_] = t
+                p_off[np_] = off[t]
+                p_n[np_] = best_r
+                np_ += 1
+                cap -= best_r
+                for q in range(best + 1, nbuf):
+                    order[q - 1] = order[q]
+                nbuf -= 1
+        pads[s] = cap
+        s += 1
+    keep = order[:nbuf].copy()
+    return p_seq[:np_], p_tick[:np_], p_off[:np_], p_n[:np_], keep, off, nxt, s, pads[:s], trunc
+
+
+def _as_ranges(epoch: IntArray, pos: IntArray, off: IntArray) -> list[list[int]]:
+    """Documents (in list order) as ranges ``[epoch, start, stop, off]``: runs of consecutive positions."""
+    if len(pos) == 0:
+        return []
+    brk = np.ones(len(pos), dtype=bool)
+    brk[1:] = (epoch[1:] != epoch[:-1]) | (pos[1:] != pos[:-1] + 1) | (off[1:] != 0)
+    starts = np.flatnonzero(brk)
+    stops = np.append(starts[1:], len(pos))
+    return [[int(epoch[a]), int(pos[a]), int(pos[b - 1]) + 1, int(off[a])] for a, b in zip(starts, stops)]
+
+
+class Planner:
+    """One share's packing plan (see the module docstring). ``state`` (a share state dict or None for a
+    fresh share at ``epoch``). Holds O(window + pulled block) documents."""
+
+    def __init__(self, stream: DocStream, *, mode: str, seq_len: int, window: int, split: bool, eos: bool,
+                 share: int, num_shares: int, state: dict[str, Any]) -> None:
+        self.stream = stream
+        self.mode = mode
+        self.seq_len = int(seq_len)
+        self.window = int(window)
+        self.split = bool(split)
+        self.eos = 1 if eos else 0
+        self.share = int(share)
+        self.num_shares = int(num_shares)
+        self.ranges: list[list[int]] = [list(map(int, r)) for r in state["ranges"]]
+        self.next_epoch = int(state["next_epoch"])
+        self.stats: dict[str, Any] = {k: (list(v) if isinstance(v, list) else int(v))
+                                      for k, v in state["stats"].items()}
+        # pulled documents: epoch, position, offset, id, length (with EOS); the first ``nbuf`` form
+        # best_fit's window (in its order), the rest wait behind them
+        z = np.empty(0, dtype=np.int64)
+        self.ep, self.pos, self.off, self.ids, self.lens = z, z, z, z, z
+        self.nbuf = 0
+        buffered = int(state.get("buffered", 0))
+        if buffered:
+            self._pull(buffered)
+            self.nbuf = min(buffered, len(self.ids))
+
+    # ---------------------------------------------------------------------------------- cursor
+
+    def _pull(self, k: int) -> None:
+        """Move ``k`` more documents from the ranges (and fresh blocks) to the pulled arrays."""
+        parts: list[tuple[IntArray, ...]] = []
+        got = 0
+        empty_epochs = 0
+        while got < k:
+            if not self.ranges:
+                e = self.next_epoch
+                n = self.stream.epoch_len(e)
+                a, b = block_bounds(n, self.share, self.num_shares) if n else (0, 0)
+                self.next_epoch += 1
+                if b > a:
+                    self.ranges.append([e, a, b, 0])
+                    empty_epochs = 0
+                else:
+                    empty_epochs += 1
+                    if empty_epochs > 1000:
+                        raise ValueError(f"share {self.share} of {self.num_shares}: no documents in 1000 epochs "
+                                         f"from epoch {e - 999} on (empty dataset?)")
+                continue
+            e, a, b, o = self.ranges[0]
+            take = min(b - a, k - got)
+            ids, lens = self.stream.docs(e, a, a + take)
+            off = np.zeros(take, dtype=np.int64)
+            off[0] = o
+            parts.append((np.full(take, e, dtype=np.int64), np.arange(a, a + take, dtype=np.int64), off,
+                          np.asarray(ids, dtype=np.int64), np.asarray(lens, dtype=np.int64) + self.eos))
+            if a + take == b:
+                self.ranges.pop(0)
+            else:
+                self.ranges[0] = [e, a + take, b, 0]
+            got += take
+        if parts:
+            cols = list(zip(*parts))
+            self.ep, self.pos, self.off, self.ids, self.lens = (
+                np.concatenate([old, *new]) for old, new in
+                zip((self.ep, self.pos, self.off, self.ids, self.lens), cols))
+
+    def _drop(self, k: int) -> None:
+        self.ep, self.pos, self.off, self.ids, self.lens = (
+            a[k:] for a in (self.ep, self.pos, self.off, self.ids, self.lens))
+
+    def state(self) -> dict[str, Any]:
+        """This share's state: pulled documents first (the window in its order), then the ranges."""
+        rng = _as_ranges(self.ep[: self.nbuf], self.pos[: self.nbuf], self.off[: self.nbuf])
+        rng += _as_ranges(self.ep[self.nbuf:], self.pos[self.nbuf:], self.off[self.nbuf:])
+        return {"ranges": rng + [list(r) for r in self.ranges], "next_epoch": self.next_epoch,
+                "buffered": self.nbuf, "stats": {k: (list(v) if isinstance(v, list) else v)
+                                                 for k, v in self.stats.items()}}
+
+    # ---------------------------------------------------------------------------------- plans
+
+    def plan(self, nseq: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+        """The next ``nseq`` sequences: pieces (sequence, document id, offset, count) and each
+        sequence's padding. ``concat`` pieces cover ``seq_len + 1`` tokens per sequence."""
+        parts = []
+        done = 0
+        while done < nseq:
+            step = min(nseq - done, 1024)
+            p = self._plan_concat(step) if self.mode == "concat" else self._plan_best_fit(step)
+            parts.append((p[0] + done, *p[1:4]))
+            pads = p[4]
+            done += step
+            parts[-1] = (*parts[-1], pads)
+        cols = list(zip(*parts))
+        return tuple(np.concatenate(c) for c in cols)  # type: ignore[return-value]
+
+    def _count(self, ids: IntArray, n: IntArray) -> None:
+        st = self.stats
+        st["tokens"] += int(n.sum())
+        src = self.stream.source_of(ids)
+        st["source_tokens"] = (np.asarray(st["source_tokens"], dtype=np.int64)
+                               + np.bincount(src, weights=n, minlength=len(st["source_tokens"])).astype(np.int64)
+                               ).tolist()
+
+    def _count_docs(self, ids: IntArray) -> None:
+        st = self.stats
+        st["documents"] += len(ids)
+        src = self.stream.source_of(ids)
+        st["source_documents"] = (np.asarray(st["source_documents"], dtype=np.int64)
+                                  + np.bincount(src, minlength=len(st["source_documents"]))).tolist()
+
+    def _plan_concat(self, nseq: int) -> tuple[IntArray, ...]:
+        L = self.seq_len
+        need = nseq * L + 1
+        have = int((self.lens - self.off).sum())
+        while have < need:
+            mean = max(1.0, have / len(self.ids)) if len(self.ids) else 256.0
+            self._pull(max(64, int((need - have) / mean * 1.25) + 16))
+            have = int((self.lens - self.off).sum())
+        eff = self.lens - self.off
+        b = np.cumsum(eff)
+        a = b - eff
+        w0 = np.arange(nseq, dtype=np.int64) * L
+        w1 = w0 + L + 1
+        lo = np.searchsorted(b, w0, side="right")
+        hi = np.searchsorted(a, w1, side="left")
+        cnt = hi - lo
+        seq = np.repeat(np.arange(nseq, dtype=np.int64), cnt)
+        j = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
+        start = np.maximum(a[j], w0[seq])
+        stop = np.minimum(b[j], w1[seq])
+        keep = stop > start
+        seq, j, start, stop = seq[keep], j[keep], start[keep], stop[keep]
+        pieces = (seq, self.ids[j], self.off[j] + start - a[j], stop - start)
+        used = nseq * L
+        k = int(np.searchsorted(b, used, side="right"))
+        consumed_ids = self.ids[:k]
+        # tokens are counted as inputs: [0, used) of the stream
+        cut = np.minimum(b, used) - np.minimum(a, used)
+        self._count(self.ids[: k + 1], cut[: k + 1])
+        self._count_docs(consumed_ids)
+        if k < len(self.ids):
+            new_off = self.off[k] + used - a[k]
+            self._drop(k)
+            self.off = self.off.copy()
+            self.off[0] = new_off
+        else:
+            self._drop(k)
+        self.stats["sequences"] += nseq
+        return (*pieces, np.zeros(nseq, dtype=np.int64))
+
+    def _plan_best_fit(self, nseq: int) -> tuple[IntArray, ...]:
+        while True:
+            extra = len(self.ids) - self.nbuf
+            if extra < self.window + _PULL // 4:
+                self._pull(max(_PULL, self.window + _PULL // 4 - extra))
+            nb = self.nbuf
+            res = _best_fit(self.lens, self.off, nb, self.seq_len, self.window, self.split, nseq)
+            p_seq, p_tick, p_off, p_n, keep, offs, nxt, made, pads, trunc = res
+            if made == nseq:
+                break
+            self._pull(max(_PULL, len(self.ids)))  # documents of length 0 ate the pull: more
+        ids = self.ids[p_tick]
+        # documents finished: tickets neither kept nor split; new pulled order: window, then the rest
+        kept = np.asarray(keep, dtype=np.int64)
+        tail = np.arange(nb + int(nxt), len(self.ids), dtype=np.int64)
+        used = np.ones(len(self.ids), dtype=bool)
+        used[kept] = False
+        used[tail] = False
+        self._count_docs(self.ids[used])
+        self._count(ids, p_n)
+        new = np.concatenate([kept, tail])
+        self.ep, self.pos, self.ids, self.lens = (x[new] for x in (self.ep, self.pos, self.ids, self.lens))
+        self.off = np.asarray(offs, dtype=np.int64)[new]
+        self.nbuf = len(kept)
+        st = self.stats
+        st["sequences"] += nseq
+        st["padding"] += int(pads.sum())
+        st["truncated"] += int(trunc)
+        return p_seq, ids, p_off, p_n, pads
+
+
+def new_stats(sources: int) -> dict[str, Any]:
+    return {"sequences": 0, "tokens": 0, "documents": 0, "padding": 0, "truncated": 0,
+            "source_tokens": [0] * sources, "source_documents": [0] * sources}
+
+
+def fresh_shares(num_shares: int, epoch: int, sources: int) -> list[dict[str, Any]]:
+    """States of ``num_shares`` shares that start at the beginning of ``epoch``."""
+    return [{"ranges": [], "next_epoch": int(epoch), "buffered": 0, "stats": new_stats(sources)}
+            for _ in range(num_shares)]
+
+
+def resplit(stream: DocStream, shares: list[dict[str, Any]], num_shares: int, sources: int) -> list[dict[str, Any]]:
+    """The remaining work of ``shares`` (old share ``s`` of ``len(shares)``) re-split over ``num_shares``.
+
+    Every epoch before the latest ``next_epoch`` of any old share is made explicit (the old shares'
+    fresh blocks of those epochs become ranges), the ranges of all old shares are sorted by (epoch,
+    position) and cut into ``num_shares`` contiguous parts of near-equal document counts; afterwards
+    every new share takes its own fresh blocks. Windows' documents become ranges too (their pieces
+    already placed are skipped by their offsets). O(old shares + new shares) ranges.
+    """
+    old = len(shares)
+    top = max(int(s["next_epoch"]) for s in shares)
+    items: list[list[int]] = []
+    for s, st in enumerate(shares):
+        items += [list(map(int, r)) for r in st["ranges"]]
+        for e in range(int(st["next_epoch"]), top):
+            n = stream.epoch_len(e)
+            a, b = block_bounds(n, s, old) if n else (0, 0)
+            if b > a:
+                items.append([e, a, b, 0])
+    items.sort(key=lambda r: (r[0], r[1]))
+    total = sum(r[2] - r[1] for r in items)
+    out = fresh_shares(num_shares, top, sources)
+    # stats are totals of the run: kept on share 0
+    tot = new_stats(sources)
+    for st in shares:
+        for k, v in st["stats"].items():
+            tot[k] = [x + y for x, y in zip(tot[k], v)] if isinstance(v, list) else tot[k] + int(v)
+    out[0]["stats"] = tot
+    it = iter(items)
+    cur: list[int] | None = next(it, None)
+    for t in range(num_shares):
+        lo, hi = block_bounds(total, t, num_shares)
+        want = hi - lo
+        while want > 0 and cur is not None:
+            e, a, b, o = cur
+            take = min(b - a, want)
+            out[t]["ranges"].append([e, a, a + take, o])
+            want -= take
+            cur = [e, a + take, b, 0] if a + take < b else next(it, None)
+    return out

@@ -1,0 +1,326 @@
+"""Mixture schedules: which source the g-th sample of a training run comes from, by arithmetic.
+
+A :class:`MixtureSchedule` is a list of stages ``[(start, {source: weight}), ...]`` in samples (the
+first stage starts at 0). Inside a stage the samples are dealt to the sources by a chain of
+counting rules: source 0 takes ``C_0(m) = floor(m * u_0 / r_0 + 1/2)`` of the first ``m`` samples
+(``u_k``: source ``k``'s weight in units of 2**-24, ``r_k = u_k + ... + u_{K-1}``), source 1 the same
+share of what source 0 left, and so on; the last source takes the rest. Each rule grows by at most 1
+per sample, so both questions a loader asks are O(sources) arithmetic, vectorised over NumPy arrays:
+
+* ``assign(g)``: the source of sample ``g`` and how many samples of that source came before it;
+* ``counts(g)``: per source, the samples among ``[0, g)``.
+
+Every source's count stays within ``sources`` samples of ``g * weight`` inside a stage, so the
+proportions over any 10**6 consecutive samples are within about 1e-5 of the schedule.
+
+:class:`MixtureStream` draws documents from several datasets by a schedule: sample ``g`` of source
+``k``, the ``p``-th of that source, is position ``p mod N_k`` of the source's epoch order
+``p // N_k + 1`` (every source walks its own order, epoch after epoch). Its resume state is a list of
+segments ``(g_from, stages, base positions)``: a run resumed with another schedule starts a new segment
+where the old one stopped, with every source's position carried over, so no source repeats a sample
+within its epoch. Memory O(sources x stages x segments).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..order import Order
+from ._lengths import IntArray
+from .base import Dataset
+from .combined import CombinedDataset
+
+__all__ = ["MixtureSchedule", "MixtureStream"]
+
+_UNITS = 1 << 24
+_MAX_SAMPLE = 1 << 38  # n * units < 2**63 for every n below this
+
+
+def _quantise(weights: Mapping[str, Any], names: Sequence[str], where: str) -> IntArray:
+    unknown = [k for k in weights if k not in names]
+    if unknown:
+        raise ValueError(f"{where}: unknown source(s) {unknown}; sources are {list(names)}")
+    ws: list[float] = []
+    for name in names:
+        w = weights.get(name, 0)
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{where}: weight of {name!r} must be a number, got {w!r}")
+        if not math.isfinite(float(w)) or w < 0:
+            raise ValueError(f"{where}: weight of {name!r} must be finite and >= 0, got {w!r}")
+        ws.append(float(w))
+    total = sum(ws)
+    if total <= 0:
+        raise ValueError(f"{where}: the weights must not all be zero")
+    units = np.array([round(w / total * _UNITS) for w in ws], dtype=np.int64)
+    if units.sum() == 0:
+        units[int(np.argmax(ws))] = 1
+    return units
+
+
+def _chain_counts(n: IntArray, units: IntArray) -> IntArray:
+    """Per source, samples among the first ``n`` of a stage (``n`` int64 (B,)) -> (B, K)."""
+    k_all = len(units)
+    rest = np.cumsum(units[::-1])[::-1]
+    out = np.zeros((len(n), k_all), dtype=np.int64)
+    m = n.astype(np.int64, copy=True)
+    for k in range(k_all - 1):
+        if rest[k] == 0:
+            break
+        c = (m * units[k] + rest[k] // 2) // rest[k]
+        out[:, k] = c
+        m = m - c
+    out[:, k_all - 1] = m if rest[k_all - 1] else 0
+    return out
+
+
+def _chain_assign(n: IntArray, units: IntArray) -> tuple[IntArray, IntArray]:
+    """(source, index among that source's samples of the stage) of stage-local samples ``n``."""
+    k_all = len(units)
+    rest = np.cumsum(units[::-1])[::-1]
+    src = np.full(len(n), k_all - 1, dtype=np.int64)
+    idx = np.zeros(len(n), dtype=np.int64)
+    m = n.astype(np.int64, copy=True)
+    active = np.ones(len(n), dtype=bool)
+    for k in range(k_all - 1):
+        if rest[k] == 0 or not active.any():
+            break
+        c0 = (m * units[k] + rest[k] // 2) // rest[k]
+        c1 = ((m + 1) * units[k] + rest[k] // 2) // rest[k]
+        hit = active & (c1 > c0)
+        src[hit] = k
+        idx[hit] = c0[hit]
+        m = m - c0
+        active &= ~hit
+    idx[active] = m[active]
+    return src, idx
+
+
+class MixtureSchedule:
+    """Stages ``[(start, {source: weight}), ...]`` over ``names`` (see the module docstring).
+
+    ``start`` is in samples, the first 0, strictly increasing. A source missing from a stage has
+    weight 0 there. Weights are normalised per stage and kept to 2**-24. O(stages x sources).
+    """
+
+    def __init__(self, stages: Sequence[tuple[int, Mapping[str, float]]], names: Sequence[str]) -> None:
+        self.names = [str(n) for n in names]
+        if not self.names:
+            raise ValueError("MixtureSchedule needs at least one source")
+        if isinstance(stages, Mapping):
+            stages = [(0, stages)]
+        stages = list(stages)
+        if not stages:
+            raise ValueError("MixtureSchedule needs at least one stage (start, {source: weight})")
+        starts: list[int] = []
+        units: list[IntArray] = []
+        for i, stage in enumerate(stages):
+            if not isinstance(stage, (tuple, list)) or len(stage) != 2 or not isinstance(stage[1], Mapping):
+                raise ValueError(f"stage {i} must be (start sample, {{source: weight}}), got {stage!r}")
+            start = stage[0]
+            if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+                raise ValueError(f"stage {i}: start must be an integer >= 0 (samples), got {start!r}")
+            if i == 0 and start != 0:
+                raise ValueError(f"the first stage must start at sample 0, got {start}")
+            if starts and start <= starts[-1]:
+                raise ValueError(f"stage {i}: starts must increase, got {start} after {starts[-1]}")
+            starts.append(int(start))
+            units.append(_quantise(stage[1], self.names, f"stage {i}"))
+        self.starts = np.array(starts, dtype=np.int64)
+        self.units = np.stack(units)
+        # counts at each stage's start
+        self._base = np.zeros_like(self.units)
+        for i in range(1, len(starts)):
+            span = np.array([starts[i] - starts[i - 1]], dtype=np.int64)
+            self._base[i] = self._base[i - 1] + _chain_counts(span, self.units[i - 1])[0]
+
+    def to_json(self) -> list[list[Any]]:
+        """The stages as JSON-able ``[[start, {name: units}], ...]`` (weights as their 2**-24 units)."""
+        return [[int(s), {n: int(u) for n, u in zip(self.names, row) if u}] for s, row in zip(self.starts, self.units)]
+
+    @classmethod
+    def from_json(cls, data: Any, names: Sequence[str]) -> MixtureSchedule:
+        return cls([(int(s), dict(w)) for s, w in data], names)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MixtureSchedule) and self.to_json() == other.to_json() and self.names == other.names
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def weights(self, g: int) -> dict[str, float]:
+        """The (quantised, normalised) weights in force at sample ``g``."""
+        row = self.units[int(np.searchsorted(self.starts, g, side="right")) - 1]
+        return {n: float(u) / float(row.sum()) for n, u in zip(self.names, row)}
+
+    def _check(self, g: IntArray) -> None:
+        if g.size and (int(g.min()) < 0 or int(g.max()) >= _MAX_SAMPLE):
+            raise ValueError(f"sample numbers must be in [0, 2**38), got {int(g.min())}..{int(g.max())}")
+
+    def counts(self, g: Any) -> IntArray:
+        """Per source, the samples among ``[0, g)``: (K,) for a scalar ``g``, (B, K) for an array."""
+        arr = np.asarray(g, dtype=np.int64)
+        flat = arr.reshape(-1)
+        self._check(flat)
+        stage = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty((len(flat), len(self.names)), dtype=np.int64)
+        for i in np.unique(stage).tolist():
+            sel = stage == i
+            out[sel] = self._base[i] + _chain_counts(flat[sel] - self.starts[i], self.units[i])
+        return out[0] if arr.ndim == 0 else out.reshape(*arr.shape, len(self.names))
+
+    def assign(self, g: Any) -> tuple[IntArray, IntArray]:
+        """(source number, samples of that source before it) of samples ``g`` (int64 arrays)."""
+        flat = np.asarray(g, dtype=np.int64).reshape(-1)
+        self._check(flat)
+        stage = np.searchsorted(self.starts, flat, side="right") - 1
+        src = np.empty(len(flat), dtype=np.int64)
+        idx = np.empty(len(flat), dtype=np.int64)
+        for i in np.unique(stage).tolist():
+            sel = stage == i
+            s, j = _chain_assign(flat[sel] - self.starts[i], self.units[i])
+            src[sel] = s
+            idx[sel] = j + self._base[i][s]
+        return src, idx
+
+    def __repr__(self) -> str:
+        return f"MixtureSchedule({[(int(s), self.weights(int(s))) for s in self.starts]})"
+
+
+class MixtureStream:
+    """An endless stream of documents drawn from ``datasets`` by a :class:`MixtureSchedule`.
+
+    ``datasets``: name -> dataset (any ``seqstore.data`` dataset; each walks its own epoch orders).
+    ``stages``: ``[(start sample, {name: weight}), ...]`` or one ``{name: weight}``. The stream is cut
+    into chunks of ``chunk`` samples, its "epochs" for sharding (:class:`seqstore.data.PackedDataset`
+    shares each chunk over ranks x workers). Records are read through a :class:`CombinedDataset` of the
+    sources (``combined``): document ids are its combined indices. O(sources) memory.
+    """
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Dataset],
+        stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float],
+        *,
+        chunk: int = 1 << 16,
+    ) -> None:
+        self.combined = CombinedDataset(datasets)
+        self.names = list(self.combined.names)
+        self.schedule = MixtureSchedule(stages if not isinstance(stages, Mapping) else [(0, stages)], self.names)
+        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        self.chunk = int(chunk)
+        empty = [n for n, d in zip(self.names, self.combined.datasets) if d.num_seqs == 0]
+        if empty:
+            raise ValueError(f"MixtureStream: source(s) {empty} have no documents")
+        # segments: (first sample, schedule, positions of every source at that sample)
+        self.segments: list[tuple[int, MixtureSchedule, IntArray]] = [
+            (0, self.schedule, np.zeros(len(self.names), dtype=np.int64))]
+        self._orders: dict[tuple[int, int], Order] = {}
+
+    @property
+    def dataset(self) -> Dataset:
+        """The dataset the document ids index (the sources end to end)."""
+        return self.combined
+
+    def epoch_len(self, epoch: int) -> int:
+        return self.chunk
+
+    def identity(self) -> dict[str, Any]:
+        return {"type": "MixtureStream", "sources": self.names, "sizes": [int(n) for n in self.combined.num],
+                "chunk": self.chunk}
+
+    # -------------------------------------------------------------------------------- positions
+
+    def _segment_of(self, g: IntArray) -> IntArray:
+        starts = np.array([s for s, _, _ in self.segments], dtype=np.int64)
+        return np.searchsorted(starts, g, side="right") - 1
+
+    def positions(self, g: int) -> IntArray:
+        """Per source, how many of its samples the stream dealt before sample ``g`` (its position)."""
+        seg = int(self._segment_of(np.array([g], dtype=np.int64))[0])
+        g0, sched, base = self.segments[seg]
+        return base + sched.counts(int(g)) - sched.counts(g0)
+
+    def assign(self, g: IntArray) -> tuple[IntArray, IntArray]:
+        """(source, position in that source's stream of epochs) of samples ``g``."""
+        g = np.asarray(g, dtype=np.int64)
+        seg = self._segment_of(g)
+        src = np.empty(len(g), dtype=np.int64)
+        pos = np.empty(len(g), dtype=np.int64)
+        for i in np.unique(seg).tolist():
+            sel = seg == i
+            g0, sched, base = self.segments[i]
+            s, j = sched.assign(g[sel])
+            src[sel] = s
+            pos[sel] = j + (base - sched.counts(g0))[s]
+        return src, pos
+
+    def _order(self, k: int, epoch: int) -> Order:
+        key = (k, epoch)
+        order = self._orders.get(key)
+        if order is None:
+            if len(self._orders) > 4 * len(self.names):
+                self._orders.clear()
+            order = self._orders[key] = self.combined.datasets[k].epoch_order(epoch)
+            if len(order) != int(self.combined.num[k]):
+                raise ValueError(f"source {self.names[k]!r}: its epoch order drops documents; a mixture needs "
+                                 "orderings that visit every document once per epoch")
+        return order
+
+    def docs(self, epoch: int, start: int, stop: int) -> tuple[IntArray, IntArray]:
+        """(document ids, lengths) of positions ``[start, stop)`` of chunk ``epoch`` (1-based)."""
+        g = np.arange((epoch - 1) * self.chunk + start, (epoch - 1) * self.chunk + stop, dtype=np.int64)
+        return self.docs_at(g)
+
+    def docs_at(self, g: IntArray) -> tuple[IntArray, IntArray]:
+        src, pos = self.assign(g)
+        ids = np.empty(len(g), dtype=np.int64)
+        lens = np.empty(len(g), dtype=np.int64)
+        for k in np.unique(src).tolist():
+            sel = src == k
+            n = int(self.combined.num[k])
+            p = pos[sel]
+            local = np.empty(len(p), dtype=np.int64)
+            ep = p // n
+            for e in np.unique(ep).tolist():
+                s2 = ep == e
+                local[s2] = self._order(k, int(e) + 1).take(p[s2] % n)
+            ids[sel] = local + self.combined.start_N[k]
+            lens[sel] = self.combined.datasets[k].lengths().take(local)
+        return ids, lens
+
+    def source_of(self, ids: IntArray) -> IntArray:
+        """Source number of document ids."""
+        return np.searchsorted(self.combined.start_N, ids, side="right") - 1
+
+    # -------------------------------------------------------------------------------- state
+
+    def state(self) -> list[list[Any]]:
+        return [[int(g0), s.to_json(), [int(b) for b in base]] for g0, s, base in self.segments]
+
+    def load_state(self, segments: Any, frontier: int) -> None:
+        """Take the segments of a saved stream; if this stream's schedule differs from the last saved
+        one, it applies from sample ``frontier`` on (the first sample no share has started), every
+        source continuing from its position there."""
+        try:
+            segs = [(int(g0), MixtureSchedule.from_json(st, self.names), np.asarray(b, dtype=np.int64))
+                    for g0, st, b in segments]
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"MixtureStream: malformed schedule state: {e}") from None
+        if not segs or any(len(b) != len(self.names) for _, _, b in segs):
+            raise ValueError(f"MixtureStream: the state's segments do not match the sources {self.names}")
+        mine = self.schedule
+        self.segments = segs
+        if segs[-1][1] != mine:
+            if frontier < segs[-1][0]:
+                raise ValueError(f"MixtureStream: schedule change at sample {frontier} before the last segment")
+            base = self.positions(frontier)
+            if frontier == segs[-1][0]:
+                self.segments = segs[:-1]
+            self.segments.append((int(frontier), mine, base))
+
+    def __repr__(self) -> str:
+        return f"MixtureStream({self.names}, {self.schedule!r}, chunk={self.chunk})"

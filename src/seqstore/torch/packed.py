@@ -1,0 +1,139 @@
+"""``PackedIterableDataset``: a :class:`seqstore.data.PackedDataset` as a torch ``IterableDataset``.
+
+Each of the ``S = W x K`` streams (rank ``r`` of ``W``, DataLoader worker ``w`` of ``K``) is share
+``w * W + r`` of the packed dataset and yields batches of ``batch_size`` packed sequences (use
+``DataLoader(batch_size=None)``). The DataLoader reads a rank's workers round-robin
+(``in_order=True``), so after every rank took ``c`` batches, worker ``w``'s share made
+``ceil((c - w) / K)`` of them. ``state_dict(consumed=c, num_workers=K)`` replays the packing of all
+``S`` shares in this process from lengths alone (no token is read; incrementally from the previous
+call) and returns the packed dataset's state: the same dict on every rank, loadable into any world
+size or worker count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from ..data.packing import PackedDataset, PackedStream
+from ._convert import resolve_topology, worker_topology
+from ._state import StateError
+
+__all__ = ["PackedIterableDataset"]
+
+
+class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
+    """Batches of packed sequences of ``packed``, sharded over ranks x DataLoader workers (see the module).
+
+    ``num_batches``: batches this rank yields per iteration (None: endless; the loop stops when it
+    wants); the next iteration continues where the last finished one stopped. ``epoch``: where a run
+    without a loaded state starts (``set_epoch`` before the first iteration). A batch is a dict of
+    tensors: ``tokens``, ``labels``, ``position_ids`` int64 (B, seq_len), ``loss_mask`` bool,
+    ``cu_seqlens`` int32, ``max_seqlen`` (an int).
+    """
+
+    _kind = "PackedIterableDataset"
+
+    def __init__(self, packed: PackedDataset, *, batch_size: int, rank: int | None = None,
+                 world_size: int | None = None, num_batches: int | None = None, epoch: int = 1) -> None:
+        if not isinstance(packed, PackedDataset):
+            raise TypeError(f"{self._kind}: expected a seqstore.data.PackedDataset, got {type(packed).__name__}")
+        for name, v in (("batch_size", batch_size), ("epoch", epoch)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{self._kind}: {name} must be an integer >= 1, got {v!r}")
+        if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                        or num_batches < 0):
+            raise ValueError(f"{self._kind}: num_batches must be None or an integer >= 0, got {num_batches!r}")
+        self.packed = packed
+        self.batch_size = int(batch_size)
+        self.num_batches = num_batches
+        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
+        self.epoch = int(epoch)
+        self._state: dict[str, Any] | None = None  # resume point of the next iteration (None: fresh)
+        self._replay: tuple[int, list[PackedStream], list[int]] | None = None
+
+    # --------------------------------------------------------------------------------- iteration
+
+    def _shares(self, num_workers: int) -> list[dict[str, Any]]:
+        return self.packed.shares(self._state, self.world_size * num_workers, self.epoch)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        worker, workers = worker_topology()
+        share = worker * self.world_size + self.rank
+        total = self.world_size * workers
+        stream = self.packed.open(self._shares(workers)[share], share, total)
+        count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
+        made = 0
+        while count is None or made < count:
+            batch = stream.batch(self.batch_size)
+            made += 1
+            yield {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
+
+    # ------------------------------------------------------------------------------------- state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Where a run without a loaded state or consumed batches starts; ignored once it has a position
+        (the packed stream is endless: it goes on into the following epochs by itself)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 1:
+            raise ValueError(f"{self._kind}: epochs are 1-based, got {epoch!r}")
+        if self._state is None:
+            self.epoch = int(epoch)
+            self._replay = None
+
+    def begin(self) -> None:
+        """A new iteration starts from the current resume point (``SeqDataLoader`` calls this)."""
+        self._replay = None
+
+    def finish_epoch(self, num_workers: int = 0) -> None:
+        """An iteration of ``num_batches`` ran to its end on a DataLoader with ``num_workers`` workers:
+        the next one continues after it (``SeqDataLoader`` calls this; with a plain DataLoader, call
+        ``load_state_dict(state_dict(num_batches, num_workers=K))`` instead)."""
+        if self.num_batches is not None:
+            self._state = self.state_dict(self.num_batches, num_workers=num_workers)
+        self._replay = None
+
+    def state_dict(self, consumed: int | None = None, *, num_workers: int | None = None) -> dict[str, Any]:
+        """The state after every rank took ``consumed`` batches of this iteration from a DataLoader with
+        ``num_workers`` workers (0 counts as 1). Replays the packing of every share from lengths only."""
+        c = 0 if consumed is None else consumed
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
+            raise ValueError(f"{self._kind}: consumed must be an integer >= 0, got {consumed!r}")
+        k = max(1, int(num_workers or 0))
+        if self._replay is None or self._replay[0] != k:
+            shares = self._shares(k)
+            total = len(shares)
+            self._replay = (k, [self.packed.open(st, s, total) for s, st in enumerate(shares)], [0] * total)
+        _, streams, done = self._replay
+        for s, stream in enumerate(streams):
+            w = s // self.world_size
+            items = max(0, -(-(int(c) - w) // k))
+            if items < done[s]:
+                raise ValueError(f"{self._kind}: consumed went back from an earlier state_dict call ({c})")
+            stream.skip((items - done[s]) * self.batch_size)
+            done[s] = items
+        state = self.packed.state_dict([st.state() for st in streams])
+        state["world_size"] = self.world_size
+        state["num_workers"] = int(num_workers or 0)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (any world size / worker count; same packing config and source)."""
+        try:
+            self.packed.check_state(state)
+        except ValueError as e:
+            raise StateError(str(e)) from None
+        self._state = state
+        self._replay = None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counts of the last state (sequences, tokens, documents, padding, truncated, per source)."""
+        return dict(self._state["stats"]) if self._state is not None else {}
+
+    def __repr__(self) -> str:
+        return (f"PackedIterableDataset({self.packed!r}, batch_size={self.batch_size}, rank={self.rank}, "
+                f"world_size={self.world_size})")
