@@ -13,6 +13,7 @@ This module owns the parsing of ordering names and the epoch arithmetic. Semanti
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable
@@ -35,24 +36,9 @@ from .kinds import (
 )
 from .random_block import RandomBlockOrder
 
-__all__ = ["seq_order", "ORDERINGS", "ordering_name", "ordering_needs_lengths", "check_ordering"]
+__all__ = ["seq_order", "ORDERINGS", "ORDER_KINDS", "OrderKind", "ordering_name", "ordering_needs_lengths",
+           "check_ordering"]
 
-ORDERINGS = (
-    "default",
-    "reverse",
-    "default_every_n:K",
-    "sorted",
-    "sorted_reverse",
-    "random[:nth]",
-    "random_sample[:nth]",
-    "random_block:B:W[:nth]",
-    "laplace[:B|:.K][:nth]",
-    "sort_bin_shuffle[:B|:.K][:nth]",
-    "sort_bin_shuffle_x2[:B|:.K][:nth]",
-)
-"""The ordering names :func:`seq_order` understands (plus an explicit array or ``.npy`` path)."""
-
-_NEEDS_LENGTHS = ("sorted", "sorted_reverse", "laplace", "sort_bin_shuffle", "sort_bin_shuffle_x2")
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -117,6 +103,101 @@ def _is_explicit(ordering: Any) -> bool:
     return isinstance(ordering, str) and ordering.endswith(".npy")
 
 
+class _Build:
+    """What an order kind's ``make`` gets: the record count, the inputs of :func:`seq_order`, and the
+    random key of (seed, key epoch, stream); ``label`` collects what the order's label adds."""
+
+    def __init__(self, n: int, epoch: int, partition_epoch: int, seed: int, lengths: ArrayRef | None,
+                 sort_cache: PathLike | None, values: Any, num_values: int | None) -> None:
+        self.n, self.epoch, self.partition_epoch, self.seed = n, epoch, partition_epoch, seed
+        self.lengths, self.sort_cache, self.values, self.num_values = lengths, sort_cache, values, num_values
+        self.label = ""
+
+    def key(self, stream: str, nth: int) -> int:
+        ke = key_epoch(self.epoch, self.partition_epoch, nth)
+        self.label = f" key_epoch={ke}"
+        return master_key(self.seed, ke, stream)
+
+    def binned(self, bins: int) -> int:
+        self.label += f" bins={bins}"
+        return bins
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderKind:
+    """One ordering name: its ``syntax`` (as :data:`ORDERINGS` lists it), ``parse(args, ordering, n)``
+    checking its ``:``-separated arguments (ValueError naming ``ordering``), ``make(build, parsed)`` the
+    full order of all records, and whether it needs the records' lengths."""
+
+    syntax: str
+    parse: Callable[[list[str], str, int], tuple[Any, ...]]
+    make: Callable[[_Build, tuple[Any, ...]], Order]
+    needs_lengths: bool = False
+
+
+def _no_args(name: str) -> Callable[[list[str], str, int], tuple[Any, ...]]:
+    def parse(args: list[str], ordering: str, n: int) -> tuple[Any, ...]:
+        if args:
+            raise ValueError(f"ordering {ordering!r}: {name!r} takes no arguments")
+        return ()
+
+    return parse
+
+
+def _every_n(args: list[str], ordering: str, n: int) -> tuple[int]:
+    if len(args) != 1:
+        raise ValueError(f"ordering {ordering!r}: expected 'default_every_n:K'")
+    return (_int_arg(args[0], "K", ordering),)
+
+
+def _sorted(descending: bool) -> OrderKind:
+    def make(b: _Build, _: tuple[Any, ...]) -> Order:
+        assert b.lengths is not None
+        return SortedOrder(b.lengths, descending=descending, cache=b.sort_cache)
+
+    name = "sorted_reverse" if descending else "sorted"
+    return OrderKind(name, _no_args(name), make, needs_lengths=True)
+
+
+def _sort_bin_shuffle(within: bool) -> OrderKind:
+    def make(b: _Build, p: tuple[Any, ...]) -> Order:
+        assert b.lengths is not None
+        return SortBinShuffleOrder(b.n, b.key("sort_bin_shuffle", p[1]), b.binned(p[0]), b.lengths,
+                                   shuffle_within=within, sort_cache=b.sort_cache)
+
+    return OrderKind(f"sort_bin_shuffle{'_x2' if within else ''}[:B|:.K][:nth]",
+                     lambda args, o, n: _parse_bins(args, n, o), make, needs_lengths=True)
+
+
+def _laplace(b: _Build, p: tuple[Any, ...]) -> Order:
+    assert b.lengths is not None or b.values is not None
+    return LaplaceOrder(b.n, b.key("perm", p[1]), b.binned(p[0]), b.lengths, values=b.values, num_values=b.num_values)
+
+
+ORDER_KINDS: dict[str, OrderKind] = {
+    "default": OrderKind("default", _no_args("default"), lambda b, p: RangeOrder(b.n)),
+    "reverse": OrderKind("reverse", _no_args("reverse"), lambda b, p: RangeOrder(b.n, reverse=True)),
+    "default_every_n": OrderKind("default_every_n:K", _every_n, lambda b, p: EveryNOrder(b.n, p[0])),
+    "sorted": _sorted(False),
+    "sorted_reverse": _sorted(True),
+    "random": OrderKind("random[:nth]", lambda args, o, n: (_parse_nth(args, o),),
+                        lambda b, p: PermutationOrder(b.n, b.key("perm", p[0]))),
+    "random_sample": OrderKind("random_sample[:nth]", lambda args, o, n: (_parse_nth(args, o),),
+                               lambda b, p: SampleOrder(b.n, b.key("random_sample", p[0]))),
+    "random_block": OrderKind("random_block:B:W[:nth]", lambda args, o, n: _parse_random_block(args, o),
+                              lambda b, p: RandomBlockOrder(b.n, b.key("random_block", p[2]), p[0], p[1])),
+    "laplace": OrderKind("laplace[:B|:.K][:nth]", lambda args, o, n: _parse_bins(args, n, o), _laplace,
+                         needs_lengths=True),
+    "sort_bin_shuffle": _sort_bin_shuffle(False),
+    "sort_bin_shuffle_x2": _sort_bin_shuffle(True),
+}
+"""The orderings by name: the one place that maps a name to its order (:func:`seq_order`,
+:func:`check_ordering` and :data:`ORDERINGS` read it)."""
+
+ORDERINGS = tuple(kind.syntax for kind in ORDER_KINDS.values())
+"""The ordering names :func:`seq_order` understands (plus an explicit array or ``.npy`` path)."""
+
+
 def ordering_name(ordering: Any) -> str:
     """The base name of ``ordering``: ``"laplace"`` for ``"laplace:.1000"``, ``"sorted"`` for ``"sorted"``,
     ``"explicit"`` for an explicit order (an int array, list, range or ``.npy`` path). O(1); only splits
@@ -131,7 +212,8 @@ def ordering_name(ordering: Any) -> str:
 def ordering_needs_lengths(ordering: Any) -> bool:
     """Whether :func:`seq_order` needs ``lengths`` for ``ordering`` (``sorted*``, ``laplace*``,
     ``sort_bin_shuffle*``). O(1); raises ValueError like :func:`ordering_name`."""
-    return ordering_name(ordering) in _NEEDS_LENGTHS
+    kind = ORDER_KINDS.get(ordering_name(ordering))
+    return kind is not None and kind.needs_lengths
 
 
 def check_ordering(ordering: Any) -> None:
@@ -142,21 +224,10 @@ def check_ordering(ordering: Any) -> None:
     if not isinstance(ordering, str):
         raise ValueError(f"ordering must be a name or an explicit order, got {type(ordering).__name__}")
     name, *args = ordering.split(":")
-    if name in ("default", "reverse", "sorted", "sorted_reverse"):
-        if args:
-            raise ValueError(f"ordering {ordering!r}: {name!r} takes no arguments")
-    elif name == "default_every_n":
-        if len(args) != 1:
-            raise ValueError(f"ordering {ordering!r}: expected 'default_every_n:K'")
-        _int_arg(args[0], "K", ordering)
-    elif name in ("random", "random_sample"):
-        _parse_nth(args, ordering)
-    elif name == "random_block":
-        _parse_random_block(args, ordering)
-    elif name in ("laplace", "sort_bin_shuffle", "sort_bin_shuffle_x2"):
-        _parse_bins(args, 2, ordering)  # the syntax only: bins from .K need N
-    else:
+    kind = ORDER_KINDS.get(name)
+    if kind is None:
         raise ValueError(f"unknown ordering {ordering!r}; known: {', '.join(ORDERINGS)} or an explicit order")
+    kind.parse(args, ordering, 2)  # the syntax only: bins from .K need N
 
 
 def seq_order(
@@ -208,7 +279,7 @@ def seq_order(
         if len(lengths_ref) != n:
             raise ValueError(f"lengths has {len(lengths_ref)} entries, expected num_seqs = {n}")
 
-    label_extra = ""
+    build = _Build(n, epoch, partition_epoch, seed, lengths_ref, sort_cache, values, num_values)
     full: Order
     if _is_explicit(ordering):
         if values is not None:
@@ -222,60 +293,16 @@ def seq_order(
         if values is not None and name != "laplace":
             raise ValueError(f"values= is for 'laplace' orderings only, got ordering {ordering!r}")
         check_ordering(ordering)  # a bad name or argument is named before what the ordering needs
-        if ordering_needs_lengths(name) and lengths_ref is None and values is None:
+        kind = ORDER_KINDS[name]
+        if kind.needs_lengths and lengths_ref is None and values is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
-
-        def key(stream: str, nth: int) -> int:
-            nonlocal label_extra
-            ke = key_epoch(epoch, partition_epoch, nth)
-            label_extra = f" key_epoch={ke}"
-            return master_key(seed, ke, stream)
-
-        if name in ("default", "reverse", "sorted", "sorted_reverse") and args:
-            raise ValueError(f"ordering {ordering!r}: {name!r} takes no arguments")
-        if name == "default":
-            full = RangeOrder(n)
-        elif name == "reverse":
-            full = RangeOrder(n, reverse=True)
-        elif name == "default_every_n":
-            if len(args) != 1:
-                raise ValueError(f"ordering {ordering!r}: expected 'default_every_n:K'")
-            full = EveryNOrder(n, _int_arg(args[0], "K", ordering))
-        elif name in ("sorted", "sorted_reverse"):
-            assert lengths_ref is not None
-            full = SortedOrder(lengths_ref, descending=name == "sorted_reverse", cache=sort_cache)
-        elif name == "random":
-            full = PermutationOrder(n, key("perm", _parse_nth(args, ordering)))
-        elif name == "random_block":
-            block, window, nth = _parse_random_block(args, ordering)
-            full = RandomBlockOrder(n, key("random_block", nth), block, window)
-        elif name == "random_sample":
-            full = SampleOrder(n, key("random_sample", _parse_nth(args, ordering)))
-        elif name == "laplace":
-            assert lengths_ref is not None or values is not None
-            bins, nth = _parse_bins(args, n, ordering)
-            full = LaplaceOrder(n, key("perm", nth), bins, lengths_ref, values=values, num_values=num_values)
-            label_extra += f" bins={bins}"
-        elif name in ("sort_bin_shuffle", "sort_bin_shuffle_x2"):
-            assert lengths_ref is not None
-            bins, nth = _parse_bins(args, n, ordering)
-            full = SortBinShuffleOrder(
-                n,
-                key("sort_bin_shuffle", nth),
-                bins,
-                lengths_ref,
-                shuffle_within=name.endswith("_x2"),
-                sort_cache=sort_cache,
-            )
-            label_extra += f" bins={bins}"
-        else:
-            raise ValueError(f"unknown ordering {ordering!r}; known: {', '.join(ORDERINGS)} or an explicit order")
+        full = kind.make(build, kind.parse(args, ordering, n))
         name = ordering
 
     blocks = partition_epoch * num_shards
     block = ((epoch - 1) % partition_epoch) * num_shards + shard_index
     start, stop = block_bounds(len(full), block, blocks)
-    label = f"{name!r} epoch={epoch} seed={seed}{label_extra}"
+    label = f"{name!r} epoch={epoch} seed={seed}{build.label}"
     if partition_epoch > 1:
         label += f" partition={(epoch - 1) % partition_epoch + 1}/{partition_epoch}"
     if num_shards > 1:
