@@ -29,7 +29,7 @@ from ._lengths import IntArray
 
 __all__ = ["DocStream", "Planner", "fresh_shares", "resplit"]
 
-_PULL = 4096
+_PULL = 256
 
 
 class DocStream(Protocol):
@@ -293,15 +293,20 @@ class Planner:
 
     def _plan_best_fit(self, nseq: int) -> tuple[IntArray, ...]:
         while True:
+            # documents behind the window: enough to refill it for ``nseq`` sequences (estimated from the
+            # mean length of what was pulled), and to fill it first
             extra = len(self.ids) - self.nbuf
-            if extra < self.window + _PULL // 4:
-                self._pull(max(_PULL, self.window + _PULL // 4 - extra))
+            have = self.lens[: len(self.ids)] - self.off
+            mean = max(1.0, float(have.mean())) if len(have) else 256.0
+            want = self.window - self.nbuf + int(nseq * self.seq_len / mean * 1.1) + 16
+            if extra < want:
+                self._pull(want - extra)
             nb = self.nbuf
             res = _best_fit(self.lens, self.off, nb, self.seq_len, self.window, self.split, nseq)
             p_seq, p_tick, p_off, p_n, keep, offs, nxt, made, pads, trunc = res
             if made == nseq:
                 break
-            self._pull(max(_PULL, len(self.ids)))  # documents of length 0 ate the pull: more
+            self._pull(max(_PULL, len(self.ids)))  # short documents ate the pull: more
         ids = self.ids[p_tick]
         # documents finished: tickets neither kept nor split; new pulled order: window, then the rest
         kept = np.asarray(keep, dtype=np.int64)

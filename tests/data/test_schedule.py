@@ -1,0 +1,133 @@
+"""Mixture schedules: proportions over any 10**6 consecutive samples, counts and assignment agree,
+a schedule changed on resume continues every source with no repeat, packing over a mixture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.data import LengthsDataset, MixtureSchedule, MixtureStream, PackedDataset, StoreDataset
+
+STAGES = [(0, {"web": 0.8, "code": 0.2}), (800_000, {"web": 0.4, "curated": 0.6}),
+          (3_000_000, {"web": 1, "code": 1, "curated": 1})]
+NAMES = ["web", "code", "curated"]
+
+
+def _expected(sched: MixtureSchedule, a: int, b: int) -> np.ndarray:
+    """Samples per source in [a, b) the schedule asks for (weights x samples, stage by stage)."""
+    out = np.zeros(len(NAMES))
+    bounds = list(sched.starts) + [1 << 62]
+    for i in range(len(sched.starts)):
+        lo, hi = max(a, bounds[i]), min(b, bounds[i + 1])
+        if hi > lo:
+            w = sched.weights(int(bounds[i]))
+            out += (hi - lo) * np.array([w[n] for n in NAMES])
+    return out
+
+
+def test_proportions_within_0_1_percent_over_any_million_samples() -> None:
+    sched = MixtureSchedule(STAGES, NAMES)
+    rng = np.random.default_rng(0)
+    starts = np.concatenate([rng.integers(0, 5_000_000, 200), [0, 799_999, 800_000, 2_500_000]])
+    n = 1_000_000
+    got = sched.counts(starts + n) - sched.counts(starts)
+    for a, g in zip(starts.tolist(), got):
+        exp = _expected(sched, a, a + n)
+        assert g.sum() == n
+        assert np.abs(g - exp).max() <= 0.001 * n  # within 0.1% of the window
+        assert np.abs(g - exp).max() <= 8  # in fact a few samples
+
+
+def test_assign_agrees_with_counts() -> None:
+    sched = MixtureSchedule(STAGES, NAMES)
+    g = np.arange(790_000, 810_000)
+    src, idx = sched.assign(g)
+    before = sched.counts(790_000)
+    for k in range(3):
+        mine = idx[src == k]
+        np.testing.assert_array_equal(mine, np.arange(before[k], before[k] + len(mine)))
+    np.testing.assert_array_equal(sched.counts(810_000) - before, np.bincount(src, minlength=3))
+    assert (src[g >= 800_000] != 1).all()  # "code" has weight 0 in stage 2
+
+
+def test_bad_schedules() -> None:
+    with pytest.raises(ValueError, match="start at sample 0"):
+        MixtureSchedule([(5, {"web": 1})], NAMES)
+    with pytest.raises(ValueError, match="unknown source"):
+        MixtureSchedule([(0, {"wbe": 1})], NAMES)
+    with pytest.raises(ValueError, match="increase"):
+        MixtureSchedule([(0, {"web": 1}), (0, {"code": 1})], NAMES)
+    with pytest.raises(ValueError, match="not all be zero"):
+        MixtureSchedule([(0, {"web": 0})], NAMES)
+
+
+def _sources(sizes: dict[str, int]) -> dict[str, LengthsDataset]:
+    return {n: LengthsDataset(np.full(s, 3 + i), ordering="random", seed=i) for i, (n, s) in enumerate(sizes.items())}
+
+
+def test_schedule_change_on_resume_continues_every_source() -> None:
+    sizes = {"web": 5000, "code": 800, "curated": 1200}
+    mix = MixtureStream(_sources(sizes), [(0, {"web": 0.8, "code": 0.2})], chunk=1000)
+    packed = PackedDataset(mix, tokens="data", seq_len=32, mode="best_fit", window=8)
+    shares = packed.shares(None, 3)
+    streams = [packed.open(st, s, 3) for s, st in enumerate(shares)]
+    for k, s in enumerate(streams):
+        s.skip(40 + 17 * k)
+    state = packed.state_dict([s.state() for s in streams])
+    # resume on 2 shares with another schedule
+    mix2 = MixtureStream(_sources(sizes), [(0, {"web": 0.5, "curated": 0.5})], chunk=1000)
+    packed2 = PackedDataset(mix2, tokens="data", seq_len=32, mode="best_fit", window=8)
+    shares2 = packed2.shares(state, 2)
+    frontier = (max(st["next_epoch"] for st in state["shares"]) - 1) * 1000
+    assert len(mix2.segments) == 2 and mix2.segments[1][0] == frontier
+    # every sample the old run dealt (below the frontier) keeps its document; from the frontier on every
+    # source continues after its last old position, in the new proportions
+    g_old = np.arange(frontier)
+    np.testing.assert_array_equal(mix2.docs_at(g_old)[0], mix.docs_at(g_old)[0])
+    pos_old = mix.positions(frontier)
+    src, pos = mix2.assign(np.arange(frontier, frontier + 4000))
+    for k in range(3):
+        mine = pos[src == k]
+        np.testing.assert_array_equal(mine, np.arange(pos_old[k], pos_old[k] + len(mine)))
+    assert (src != 1).all()
+    assert abs((src == 0).mean() - 0.5) < 0.01
+    # the packed run goes on: per source, no document twice within its epoch
+    streams2 = [packed2.open(st, s, 2) for s, st in enumerate(shares2)]
+    for s in streams2:
+        s.skip(300)
+    tot = packed2.totals([s.state() for s in streams2])
+    assert set(tot["source_tokens"]) == set(NAMES)
+    assert tot["source_tokens"]["curated"] > 0 and sum(tot["source_tokens"].values()) == tot["tokens"]
+    assert tot["padding"] + tot["tokens"] == tot["sequences"] * 32
+    assert state["stats"]["source_tokens"]["curated"] == 0
+
+
+def test_positions_per_source_never_repeat_within_an_epoch() -> None:
+    sizes = {"web": 3000, "code": 700, "curated": 900}
+    mix = MixtureStream(_sources(sizes), STAGES, chunk=4096)
+    ids, _ = mix.docs_at(np.arange(0, 20_000))
+    src = mix.source_of(ids)
+    for k, (name, n) in enumerate(sizes.items()):
+        mine = ids[src == k]
+        for e in range(0, len(mine), n):  # each epoch of the source: every document once
+            block = mine[e : e + n]
+            assert len(np.unique(block)) == len(block), name
+
+
+def test_packing_over_a_mixture_reads_tokens(tmp_path: Path) -> None:
+    datasets = {}
+    for i, name in enumerate(["a", "b"]):
+        lens = np.full(300, 5)
+        path = tmp_path / f"{name}.seqstore"
+        with seqstore.create(path, {"tokens": Field("int32", (None,))}) as w:
+            w.append_batch({"tokens": (np.full(1500, i + 1, dtype=np.int32), lens)})
+        datasets[name] = StoreDataset(path, length_field="tokens", ordering="random", seed=i)
+    mix = MixtureStream(datasets, {"a": 0.25, "b": 0.75}, chunk=128)
+    packed = PackedDataset(mix, seq_len=40)
+    b = packed.open(packed.shares(None, 1)[0]).batch(30)
+    share_b = (b["tokens"] == 2).mean()
+    assert abs(share_b - 0.75) < 0.02
