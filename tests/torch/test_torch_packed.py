@@ -1,0 +1,130 @@
+"""PackedIterableDataset through SeqDataLoader and a plain DataLoader: batches, exact resume, resume on
+another world size / worker count, num_batches iterations that continue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.data import LengthsDataset, MixtureStream, PackedDataset
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from seqstore.torch import PackedIterableDataset, SeqDataLoader, StateError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 40, 1500)
+    path = tmp_path_factory.mktemp("packed") / "t.seqstore"
+    with seqstore.create(path, {"tokens": Field("int32", (None,))}) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens)})
+    return path
+
+
+def _packed(store: Path, mode: str = "best_fit") -> PackedDataset:
+    return PackedDataset(store, seq_len=32, mode=mode, eos=1 << 30, window=16, ordering="random", seed=3)
+
+
+def _take(loader: Any, n: int) -> list[dict[str, Any]]:
+    out = []
+    for i, b in enumerate(loader):
+        out.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()})
+        if i + 1 == n:
+            break
+    return out
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for k in ("tokens", "labels", "position_ids", "loss_mask", "cu_seqlens"):
+            assert torch.equal(x[k], y[k]), k
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_seqdataloader_exact_resume(store: Path, mode: str) -> None:
+    ref = _take(SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None), 9)
+    assert ref[0]["tokens"].shape == (4, 32) and ref[0]["tokens"].dtype == torch.int64
+    loader = SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None)
+    _same(_take(loader, 4), ref[:4])
+    state = loader.state_dict()
+    assert state["stats"]["sequences"] == 16
+    again = SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None)
+    again.load_state_dict(state)
+    _same(_take(again, 5), ref[4:9])
+
+
+def _share_batches(packed: PackedDataset, state: Any, share: int, shares: int, n: int) -> list[dict[str, Any]]:
+    s = packed.open(packed.shares(state, shares)[share], share, shares)
+    return [{k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in s.batch(4).items()}
+            for _ in range(n)]
+
+
+def test_workers_round_robin_then_resume_on_other_topologies(store: Path) -> None:
+    packed = _packed(store)
+    ds = PackedIterableDataset(packed, batch_size=4)
+    loader = SeqDataLoader(ds, batch_size=None, num_workers=2)
+    got = _take(loader, 5)
+    # batch j came from worker j % 2's share, its (j // 2)-th batch
+    per = [_share_batches(packed, None, s, 2, 3) for s in range(2)]
+    _same(got, [per[j % 2][j // 2] for j in range(5)])
+    state = loader.state_dict()
+    assert state["num_shares"] == 2 and state["stats"]["sequences"] == 20
+    # a plain DataLoader reports the same state when told what was consumed
+    plain = PackedIterableDataset(packed, batch_size=4)
+    _take(DataLoader(plain, batch_size=None, num_workers=2), 5)
+    assert plain.state_dict(5, num_workers=2)["shares"] == state["shares"]
+    # resume on 2 ranks without workers: each rank's stream is the re-split share's
+    for rank in range(2):
+        r = PackedIterableDataset(_packed(store), batch_size=4, rank=rank, world_size=2)
+        r.load_state_dict(state)
+        _same(_take(SeqDataLoader(r, batch_size=None), 2), _share_batches(packed, state, rank, 2, 2))
+    # and on one process: the remaining work re-split over one share
+    one = PackedIterableDataset(_packed(store), batch_size=4)
+    one.load_state_dict(state)
+    _same(_take(SeqDataLoader(one, batch_size=None), 3), _share_batches(_packed(store), state, 0, 1, 3))
+
+
+def test_ranks_agree_on_the_state_and_resume_elsewhere(store: Path) -> None:
+    packed = _packed(store, "concat")
+    ranks = [PackedIterableDataset(packed, batch_size=4, rank=r, world_size=3) for r in range(3)]
+    for r in ranks:
+        _take(SeqDataLoader(r, batch_size=None), 3)
+    states = [r.state_dict(3) for r in ranks]
+    assert states[0]["shares"] == states[1]["shares"] == states[2]["shares"]
+    nxt = PackedIterableDataset(_packed(store, "concat"), batch_size=4, rank=1, world_size=2)
+    nxt.load_state_dict(states[0])
+    _same(_take(SeqDataLoader(nxt, batch_size=None), 2), _share_batches(packed, states[0], 1, 2, 2))
+
+
+def test_num_batches_iterations_continue(store: Path) -> None:
+    ref = _take(SeqDataLoader(PackedIterableDataset(_packed(store), batch_size=4), batch_size=None), 6)
+    ds = PackedIterableDataset(_packed(store), batch_size=4, num_batches=3)
+    loader = SeqDataLoader(ds, batch_size=None)
+    first = _take(loader, 10)
+    second = _take(loader, 10)
+    assert len(first) == 3
+    _same(first + second, ref)
+
+
+def test_mixture_through_the_loader_and_bad_states(store: Path) -> None:
+    srcs = {n: LengthsDataset(np.full(400, 7), ordering="random", seed=i) for i, n in enumerate(["a", "b"])}
+    mix = MixtureStream(srcs, {"a": 1, "b": 3}, chunk=256)
+    # LengthsDataset has no tokens: plan only (state_dict replays lengths)
+    ds = PackedIterableDataset(PackedDataset(mix, tokens="data", seq_len=64, mode="best_fit"), batch_size=2)
+    st = ds.state_dict(10)
+    assert st["stats"]["sequences"] == 20
+    toks = st["stats"]["source_tokens"]
+    assert abs(toks["b"] / (toks["a"] + toks["b"]) - 0.75) < 0.05
+    with pytest.raises(StateError):
+        PackedIterableDataset(_packed(store), batch_size=4).load_state_dict(st)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        SeqDataLoader(PackedIterableDataset(_packed(store), batch_size=4), batch_size=4)
