@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptionError, open_files_exhausted
+from .checksums import CHECKS
 from .shard_info import FileInfo, ShardInfo
 from .shard_table import ShardRow
 
@@ -26,15 +27,21 @@ DESCRIPTOR = "_shard.json"
 DESCRIPTOR_FORMAT = "seqstore-shard"
 
 
-def encode_descriptor(records: int, rows: Mapping[str, int], has_ids: bool, files: Mapping[str, FileInfo]) -> bytes:
-    """The descriptor's bytes (compact UTF-8 JSON, files in sorted order)."""
-    obj = {
+def encode_descriptor(
+    records: int, rows: Mapping[str, int], has_ids: bool, files: Mapping[str, FileInfo], checks: FileInfo | None = None
+) -> bytes:
+    """The descriptor's bytes (compact UTF-8 JSON, files in sorted order). ``checks``: the shard's
+    per-record checksum file (:mod:`.checksums`), listed under its own key ``"checks"`` (readers
+    before verified reads ignore it)."""
+    obj: dict[str, Any] = {
         "format": DESCRIPTOR_FORMAT,
         "records": int(records),
         "rows": {k: int(v) for k, v in rows.items()},
         "has_ids": bool(has_ids),
         "files": {k: {"bytes": files[k].bytes, "crc32": files[k].crc32} for k in sorted(files)},
     }
+    if checks is not None:
+        obj["checks"] = {CHECKS: {"bytes": checks.bytes, "crc32": checks.crc32}}
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
@@ -75,6 +82,9 @@ def parse_descriptor(raw: bytes, where: str, name: str, row: ShardRow, expected_
         if not isinstance(has_ids, bool):
             raise ValueError(f"has_ids must be true or false, got {has_ids!r}")
         files = {str(k): FileInfo(_count(v["bytes"]), _count(v["crc32"])) for k, v in obj["files"].items()}
+        checks = {str(k): FileInfo(_count(v["bytes"]), _count(v["crc32"])) for k, v in obj.get("checks", {}).items()}
+        if set(checks) - {CHECKS}:
+            raise ValueError(f"\"checks\" may list only {CHECKS}, got {sorted(checks)}")
     except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
         raise CorruptionError(f"{path}: malformed shard descriptor ({type(exc).__name__}: {exc})") from exc
     if (records, rows, has_ids) != (row.records, row.rows, row.has_ids):
@@ -86,7 +96,8 @@ def parse_descriptor(raw: bytes, where: str, name: str, row: ShardRow, expected_
     if set(files) != want:
         missing, extra = sorted(want - set(files)), sorted(set(files) - want)
         raise CorruptionError(f"{path}: files listed do not match the schema (missing {missing}, unexpected {extra})")
-    return ShardInfo(name, records, rows, files, has_ids)
+    # the checksum file joins the shard's files (copied, fetched and verified like them)
+    return ShardInfo(name, records, rows, {**files, **checks}, has_ids)
 
 
 def _count(v: Any) -> int:

@@ -1,0 +1,177 @@
+"""Verified reads (``seqstore.open(path, verify_reads=True)``): every record a read returns is checked
+against the per-record checksums its shard was committed with (:mod:`seqstore.format.checksums`).
+
+:class:`ReadVerifier` is called once per field of a gathered batch (:meth:`ReadVerifier.field`), once
+per single record (:meth:`ReadVerifier.record`) and for ids read (:meth:`ReadVerifier.ids`). It hashes
+the bytes handed out (one numba pass over the output, no Python object per record) and compares them
+with the shard's ``_checks.npy`` rows of those records (mapped, through the store's byte source: a
+remote store fetches the rows it needs). A mismatch is a :class:`~seqstore.CorruptionError` naming the
+file, the record (global number and row in its shard) and the field. Shards written without
+checksums (by an older seqstore) are refused with a :class:`~seqstore.SeqstoreError` when first read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import CorruptionError, SeqstoreError
+from ...format.checksums import CHECKS, IDS_COLUMN, check_columns, span_checks, spans_at
+from ...format.manifest import IDS, Manifest
+from ...schema import Schema
+
+__all__ = ["ReadVerifier", "refuse_unverifiable"]
+
+
+def refuse_unverifiable(manifest: Manifest, where: str) -> None:
+    """Raise unless ``manifest``'s store can carry read checksums (version 3: its shards' descriptors
+    list them; versions 1/2 never do)."""
+    if manifest.table is None:
+        raise SeqstoreError(
+            f"{where}: verify_reads=True needs per-record checksums, which a version-{manifest.version} store "
+            "does not have; check it with `seqstore verify`, or copy its records into a new store "
+            "(seqstore.create) to read it verified"
+        )
+
+
+class ReadVerifier:
+    """Checks records read from shards of ``schema`` against their stored checksums.
+
+    ``need_rows(array, rows)`` makes rows of a mapped array resident (a lazy source: fetches them);
+    ``keep``: how many shards' checksum matrices stay mapped."""
+
+    def __init__(self, schema: Schema, need_rows: Callable[[Any, Any], None], keep: int) -> None:
+        self.schema = schema
+        self.need_rows = need_rows
+        self.keep = max(1, keep)
+        self._column = {name: c for c, name in enumerate(schema)}
+        self._mapped: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------ checksums
+
+    def _checks(self, sh: Any) -> np.ndarray[Any, Any]:
+        """Shard ``sh``'s mapped ``(n, C)`` checksum matrix."""
+        key = str(sh.path)
+        hit = self._mapped.get(key)
+        if hit is not None:
+            return hit
+        info = sh.info
+        fi = info.files.get(CHECKS)
+        if fi is None:
+            raise SeqstoreError(
+                f"{sh.display}: this shard was written without per-record checksums (by a seqstore before "
+                "verified reads), so verify_reads=True cannot check its records; open the store without "
+                "verify_reads (and check it with `seqstore verify`), or copy its records into a new store"
+            )
+        cols = len(check_columns(list(self.schema), info.has_ids))
+        got: np.ndarray[Any, Any] = sh.map_npy(sh.path / CHECKS, fi, np.dtype("<u4"), (info.records, cols))
+        with self._lock:
+            self._mapped[key] = got
+            while len(self._mapped) > self.keep:
+                self._mapped.popitem(last=False)
+        return got
+
+    def _expected(self, groups: Sequence[Any], n: int, column: int | None) -> np.ndarray[Any, Any]:
+        """The stored checksums of a batch's records (``groups``: (shard, positions, rows)) in one
+        column (None: the ids' column, the last)."""
+        want = np.empty(n, np.uint32)
+        for sh, pos, rows in groups:
+            checks = self._checks(sh)
+            self.need_rows(checks, rows)
+            want[pos] = checks[rows, checks.shape[1] - 1 if column is None else column]
+        return want
+
+    # ---------------------------------------------------------------------------------- checks
+
+    def field(self, name: str, idx: np.ndarray[Any, Any], groups: Sequence[Any], out: Any, pad: bool) -> None:
+        """Check field ``name`` of a gathered batch of records ``idx``: ``out`` as gathered (storage
+        dtype): the fixed field's array, or a ragged field's ``(values, lengths)``."""
+        n = len(idx)
+        if n == 0:
+            return
+        f = self.schema[name]
+        if f.ragged:
+            values, lengths = out
+            stride = f.row_bytes
+            lens = np.asarray(lengths, np.int64) * stride
+            if pad:
+                starts = np.arange(n, dtype=np.int64) * (values.shape[1] * stride if values.ndim > 1 else 0)
+            else:
+                starts = np.cumsum(lens) - lens
+            got = span_checks(_bytes(values), starts, lens)
+        else:
+            width = f.storage_dtype.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
+            got = span_checks(_bytes(out), np.arange(n, dtype=np.int64) * width, np.full(n, width, np.int64))
+        want = self._expected(groups, n, self._column[name])
+        if not np.array_equal(got, want):
+            self._report(name, idx, groups, got, want)
+
+    def record(self, sh: Any, row: int, i: int, rec: dict[str, Any]) -> None:
+        """Check record ``i`` (row ``row`` of shard ``sh``) as read: ``rec`` maps field names to arrays
+        in the storage dtype (views or copies)."""
+        checks = self._checks(sh)
+        rows = np.array([row], np.int64)
+        self.need_rows(checks, rows)
+        stored = checks[row]
+        for name, arr in rec.items():
+            a = np.ascontiguousarray(arr)
+            got = span_checks(_bytes(a), np.zeros(1, np.int64), np.array([a.nbytes], np.int64))
+            c = self._column[name]
+            if got[0] != stored[c]:
+                groups = [(sh, np.zeros(1, np.int64), rows)]
+                self._report(name, np.array([i], np.int64), groups, got, stored[c : c + 1])
+
+    def ids(self, idx: np.ndarray[Any, Any], groups: Sequence[Any], data: np.ndarray[Any, Any],
+            starts: Any, lens: Any) -> None:
+        """Check ids read: record ``idx[k]``'s id is the bytes ``data[starts[k] : starts[k] + lens[k]]``."""
+        if len(idx) == 0:
+            return
+        got = span_checks(_bytes(data), starts, lens)
+        want = self._expected(groups, len(idx), None)
+        if not np.array_equal(got, want):
+            self._report(IDS_COLUMN, idx, groups, got, want)
+
+    def id_at(self, sh: Any, row: int, i: int, address: int, length: int) -> None:
+        """Check the id of record ``i`` (row ``row`` of shard ``sh``): ``length`` bytes at ``address``."""
+        got = spans_at(address, np.zeros(1, np.int64), np.array([length], np.int64))
+        rows = np.array([row], np.int64)
+        want = self._expected([(sh, np.zeros(1, np.int64), rows)], 1, None)
+        if got[0] != want[0]:
+            self._report(IDS_COLUMN, np.array([i], np.int64), [(sh, np.zeros(1, np.int64), rows)], got, want)
+
+    # -------------------------------------------------------------------------------- reports
+
+    def _report(self, name: str, idx: np.ndarray[Any, Any], groups: Sequence[Any], got: np.ndarray[Any, Any],
+                want: np.ndarray[Any, Any]) -> None:
+        k = int(np.flatnonzero(got != want)[0])
+        for shard, pos, rows in groups:
+            at = np.arange(len(idx), dtype=np.int64)[pos] if isinstance(pos, slice) else np.asarray(pos)
+            hit = np.flatnonzero(at == k)
+            if len(hit):
+                row, sh = int(np.asarray(rows)[hit[0]]), shard
+                break
+        else:  # pragma: no cover - every position is in one group
+            raise AssertionError("a batch position in no group")
+        if name == IDS_COLUMN:
+            files, what = f"{IDS}.npy or {IDS}.offsets.npy", "its id"
+        elif self.schema[name].ragged:
+            files, what = f"{name}.npy or {name}.offsets.npy", f"field {name!r}"
+        else:
+            group = self.schema.group_of(name)
+            files, what = f"{group if group is not None else name}.npy", f"field {name!r}"
+        raise CorruptionError(
+            f"{sh.display}/{files}: record {int(idx[k])} (row {row} of the shard), {what}: checksum "
+            f"{int(got[k]):#010x} of the bytes read differs from the stored {int(want[k]):#010x} (the data, its "
+            f"offsets or {CHECKS} is damaged; `seqstore verify` checks the whole store)"
+        )
+
+
+def _bytes(arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``arr``'s bytes as a flat C-contiguous uint8 array (a view where it is contiguous)."""
+    a = np.ascontiguousarray(arr)
+    return a.reshape(-1).view(np.uint8) if a.size else np.zeros(0, np.uint8)
