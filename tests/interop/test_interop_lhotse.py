@@ -128,7 +128,7 @@ def test_cutset_object_float16_int16_mix_and_small_blocks(corpus: dict[str, Path
 
 
 def test_without_features_and_several_manifests(corpus: dict[str, Path], tmp_path: Path) -> None:
-    store = import_lhotse(corpus["plain"], tmp_path / "plain")
+    store = import_lhotse(corpus["plain"], tmp_path / "plain", audio=False)
     assert "num_frames" not in store.schema
     assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["plain"]), features=None, audio=None)
     both = import_lhotse([corpus["cuts"], corpus["plain"]], tmp_path / "both", overwrite=True)
@@ -142,7 +142,7 @@ def test_missing_features_names_cut_and_leaves_nothing(corpus: dict[str, Path], 
         import_lhotse(corpus["plain"], tmp_path / "s", features=True)
     assert info.value.cut_id == "rec0-0"
     # a later cut without features: found while writing; an existing store stays as it was
-    old = import_lhotse(corpus["plain"], tmp_path / "old")
+    old = import_lhotse(corpus["plain"], tmp_path / "old", audio=False)
     cuts = lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]).subset(first=2) + lhotse.CutSet.from_jsonl_lazy(
         corpus["plain"]).subset(last=1)
     with pytest.raises(MissingFeaturesError, match="rec3-3"):
@@ -174,9 +174,9 @@ def test_bad_inputs(corpus: dict[str, Path], tmp_path: Path) -> None:
         import_lhotse(corpus["root"] / "rec0.wav", tmp_path / "s")
     with pytest.raises(ValueError, match="features_dtype"):
         import_lhotse(corpus["cuts"], tmp_path / "s", features=True, features_dtype="int8")
-    import_lhotse(corpus["plain"], tmp_path / "s")
+    import_lhotse(corpus["plain"], tmp_path / "s", audio=False)
     with pytest.raises(FileExistsError):
-        import_lhotse(corpus["plain"], tmp_path / "s")
+        import_lhotse(corpus["plain"], tmp_path / "s", audio=False)
 
 
 def test_cli(corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,7 +184,7 @@ def test_cli(corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli_main(["convert", "--from", "lhotse", "-q", "--features", "--audio", "--audio-dtype", "int16",
                      "--channels", "first", "--text-separator", " / ", str(corpus["cuts"]), str(out)]) == 0
     assert_same(seqstore.open(out), lhotse.CutSet.from_jsonl_lazy(corpus["cuts"]), audio="int16", sep=" / ")
-    assert cli_main(["convert", "--from", "lhotse", str(corpus["plain"]), str(tmp_path / "bar")]) == 0
+    assert cli_main(["convert", "--from", "lhotse", "--no-audio", str(corpus["plain"]), str(tmp_path / "bar")]) == 0
     assert "4 records" in capsys.readouterr().out
     assert cli_main(["convert", "--from", "lhotse", "-q", "--features", str(corpus["plain"]),
                      str(tmp_path / "x")]) == 2
@@ -288,7 +288,7 @@ def test_worker_error_is_named_and_leaves_nothing(corpus: dict[str, Path], tmp_p
     assert info.value.cut_id == "rec1-1" and info.value.path == str(mixed)
     assert info.value.__cause__ is not None and "Traceback" in str(info.value.__cause__)  # from the worker
     # the same found by this process (the last manifest's cuts); an existing store stays as it was
-    old = import_lhotse(corpus["plain"], tmp_path / "old")
+    old = import_lhotse(corpus["plain"], tmp_path / "old", audio=False)
     with pytest.raises(MissingFeaturesError, match=r"plain\.jsonl\.gz, cut 'rec\d-\d'.*no features"):
         import_lhotse([corpus["cuts"], corpus["plain"]], old.root, features=True, workers=2, overwrite=True)
     bad = tmp_path / "bad.jsonl"  # a line that is not JSON

@@ -34,10 +34,27 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..io.objects import is_remote
-from ..schema import Field, Schema
-from ..store import Store, Writer, open_store
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, new_store, split_by_budget
+from ..store import Store, Writer
+from . import driver
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, split_by_budget
+from .arrow_columns import (
+    Plan,
+    check_id_column,
+    column_array,
+    column_map,
+    columns_schema,
+    convert_column,
+    first_inner_len,
+    fixed_shape,
+    flatten_fixed,
+    id_strings,
+    plan_column,
+    primitive_dtype,
+    pyarrow,
+    resolve_inner,
+    storage_array,
+    storage_type,
+)
 
 __all__ = ["import_arrow", "import_parquet", "arrow_sources", "METADATA_KEY"]
 
@@ -46,87 +63,11 @@ METADATA_KEY = "arrow"
 #: A parallel import gives each worker's unit at least this many records (fewer in all: one process).
 MIN_UNIT_RECORDS = 1 << 15
 
-
-def _pa() -> Any:
-    try:  # imported by name: pyarrow ships no type information, and is optional
-        pyarrow = importlib.import_module("pyarrow")
-        importlib.import_module("pyarrow.ipc")
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("Arrow/Parquet import needs pyarrow: pip install 'seqstore[arrow]'") from exc
-    return pyarrow
-
-
-# ------------------------------------------------------------------------------------------ plans
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """How one column becomes a field: ``ragged`` or fixed, numpy dtype, row/record shape (``None``
-    for an inner list length still to be read from the data), and the nesting of the Arrow type."""
-
-    ragged: bool
-    dtype: str
-    shape: tuple[int | None, ...]
-
-    def field(self) -> Field:
-        return Field(self.dtype, ((None,) if self.ragged else ()) + tuple(int(s or 0) for s in self.shape))
-
-
-def _storage_type(t: Any) -> Any:
-    pa = _pa()
-    while isinstance(t, pa.ExtensionType):
-        t = t.storage_type
-    return t
-
-
-def _primitive_dtype(t: Any) -> str | None:
-    pa = _pa()
-    t = _storage_type(t)
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return str(np.dtype(t.to_pandas_dtype()))
-    return None
-
-
-def _fixed_shape(t: Any) -> tuple[str, tuple[int, ...]] | None:
-    """(dtype, shape) of a primitive or nested fixed-size list type, else None."""
-    pa = _pa()
-    t = _storage_type(t)
-    prim = _primitive_dtype(t)
-    if prim is not None:
-        return prim, ()
-    if pa.types.is_fixed_size_list(t):
-        inner = _fixed_shape(t.value_type)
-        if inner is not None:
-            return inner[0], (int(t.list_size), *inner[1])
-    return None
-
-
-def _is_var_list(t: Any) -> bool:
-    pa = _pa()
-    t = _storage_type(t)
-    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
-
-
-def _plan(path: str, column: str, t: Any) -> _Plan:
-    """The field a column of Arrow type ``t`` becomes; SchemaError naming file and column otherwise."""
-    fixed = _fixed_shape(t)
-    if fixed is not None:
-        return _Plan(False, fixed[0], fixed[1])
-    st = _storage_type(t)
-    if _is_var_list(st):
-        inner = _fixed_shape(st.value_type)
-        if inner is not None:
-            return _Plan(True, inner[0], inner[1])
-        vt = _storage_type(st.value_type)
-        if _is_var_list(vt):
-            leaf = _fixed_shape(vt.value_type)
-            if leaf is not None:
-                return _Plan(True, leaf[0], (None, *leaf[1]))
-    raise SchemaError(
-        f"{path}, column {column!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists and lists "
-        "of those are supported; a string column can be the id column); choose columns with "
-        "columns={column: field}"
-    )
+# The column code's former private names here, which seqstore.engines still reads (arrow_columns has them public).
+_pa, _Plan, _plan, _storage_type, _primitive_dtype, _fixed_shape = pyarrow, Plan, plan_column, storage_type, \
+    primitive_dtype, fixed_shape
+_storage_array, _array, _flatten_fixed, _convert, _first_inner_len, _id_strings = storage_array, column_array, \
+    flatten_fixed, convert_column, first_inner_len, id_strings
 
 
 # ---------------------------------------------------------------------------------------- sources
@@ -147,6 +88,9 @@ def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
     state = p / "state.json"
     if state.exists():
         files = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+        if files and fmt == "parquet":
+            raise SourceFormatError(p, None, "is a Hugging Face datasets save_to_disk directory (Arrow files, not "
+                                    "Parquet); import it with import_hf")
         if files:
             return [p / f for f in files]
     ext = ".parquet" if fmt == "parquet" else ".arrow"
@@ -156,11 +100,24 @@ def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
     return found
 
 
+def _unreadable(path: str, fmt: str, exc: BaseException) -> SourceFormatError:
+    """The error for a file pyarrow cannot read as ``fmt``, naming the importer that reads it instead
+    when it is an Arrow IPC file given as Parquet (or the other way round)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    hint = ""
+    if fmt == "parquet" and (head.startswith(b"ARROW1") or head[:4] == b"\xff\xff\xff\xff"):
+        hint = "; it is an Arrow IPC file: import it with import_arrow"
+    elif fmt == "arrow" and head.startswith(b"PAR1"):
+        hint = "; it is a Parquet file: import it with import_parquet"
+    return SourceFormatError(path, None, f"cannot read as {fmt}: {exc}{hint}")
+
+
 class _Source:
     """One Arrow IPC (file or stream format, memory-mapped) or Parquet file: schema and batch iterator."""
 
     def __init__(self, path: Path, fmt: str) -> None:
-        pa = _pa()
+        pa = pyarrow()
         self.path = str(path)
         self.fmt = fmt
         try:
@@ -183,14 +140,14 @@ class _Source:
                     self._stream = True
                 self.schema = self._reader.schema
         except (OSError, pa.ArrowException) as exc:
-            raise SourceFormatError(self.path, None, f"cannot read as {fmt}: {exc}") from exc
+            raise _unreadable(self.path, fmt, exc) from exc
 
     def count_rows(self) -> int:
         """Records in the file: Parquet's footer; for Arrow IPC the record batches' lengths (metadata
         only: the mapped bodies are not read)."""
         if self.fmt == "parquet":
             return self.num_rows
-        pa = _pa()
+        pa = pyarrow()
         try:
             if self._stream:
                 self._mm.seek(0)
@@ -212,7 +169,7 @@ class _Source:
     def batches(self, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
         """Record batches of the named columns, from the start of the file on every call (or of the
         pieces ``[a, b)`` of :meth:`pieces`)."""
-        pa = _pa()
+        pa = pyarrow()
         try:
             if self.fmt == "parquet":
                 rows = int(min(max(chunk_bytes // self.row_bytes, 1), 1 << 20))
@@ -232,7 +189,7 @@ class _Source:
 
 def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
     """Tables of about ``chunk_bytes`` (whole record batches, concatenated)."""
-    pa = _pa()
+    pa = pyarrow()
     pending: list[Any] = []
     size = 0
     for b in src.batches(columns, chunk_bytes, pieces):
@@ -247,179 +204,42 @@ def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[in
         yield pa.Table.from_batches(pending)
 
 
-# -------------------------------------------------------------------------------------- converting
 
-
-def _storage_array(arr: Any) -> Any:
-    """``arr`` with extension types unwrapped (the array of their storage type)."""
-    pa = _pa()
-    while isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    return arr
-
-
-def _array(col: Any, path: str, name: str) -> Any:
-    """One contiguous Arrow array of a table column, extension types unwrapped, nulls rejected."""
-    pa = _pa()
-    arr = _storage_array(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
-    if arr.null_count:
-        raise SchemaError(f"{path}, column {name!r}: has {arr.null_count} null values; seqstore fields have no nulls")
-    return arr
-
-
-def _flatten_fixed(arr: Any, path: str, name: str) -> np.ndarray[Any, Any]:
-    """Leaf values of a primitive or (nested) fixed-size list array, flat, as numpy."""
-    pa = _pa()
-    while True:
-        arr = _storage_array(arr)
-        if not pa.types.is_fixed_size_list(arr.type):
-            break
-        if arr.null_count:
-            raise SchemaError(f"{path}, column {name!r}: has null lists")
-        arr = arr.flatten()
-    if arr.null_count:
-        raise SchemaError(f"{path}, column {name!r}: has {arr.null_count} null values")
-    return np.asarray(arr.to_numpy(zero_copy_only=False))
-
-
-def _convert(arr: Any, plan: _Plan, inner: tuple[int, ...], path: str, name: str) -> Any:
-    """A column array as ``append_batch`` wants it: (n, *shape) or a ``(values, lengths)`` pair."""
-    n = len(arr)
-    if not plan.ragged:
-        return _flatten_fixed(arr, path, name).reshape(n, *inner)
-    lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
-    values = arr.flatten()
-    if plan.shape and plan.shape[0] is None:  # list<list<...>>: every inner list must have length inner[0]
-        if values.null_count:
-            raise SchemaError(f"{path}, column {name!r}: has null inner lists")
-        inner_len = np.asarray(values.value_lengths().to_numpy(zero_copy_only=False))
-        bad = np.flatnonzero(inner_len != inner[0])
-        if len(bad):
-            raise SchemaError(
-                f"{path}, column {name!r}: inner lists have length {int(inner_len[bad[0]])} and {inner[0]}; a ragged "
-                "field needs rows of one shape"
-            )
-        values = values.flatten()
-    flat = _flatten_fixed(values, path, name)
-    return flat.reshape(int(lengths.sum()), *inner), lengths
-
-
-def _first_inner_len(arr: Any) -> int | None:
-    """The length of the first inner list of a list-of-lists array; None when its lists are all empty."""
-    values = _storage_array(_storage_array(arr).flatten())
-    if not len(values):
-        return None
-    return int(values.value_lengths()[0].as_py())
-
-
-def _discover_inner(srcs: list[_Source], col: str, plan: _Plan, chunk_bytes: int) -> tuple[int, ...]:
+def _discover_inner(srcs: list[_Source], col: str, plan: Plan, chunk_bytes: int) -> tuple[int, ...]:
     """Resolve a ``None`` inner dim (list of variable lists) from the first non-empty inner list."""
-    if not plan.shape or plan.shape[0] is not None:
-        return tuple(int(s or 0) for s in plan.shape)
-    for src in srcs:
-        for batch in src.batches([col], chunk_bytes):
-            first = _first_inner_len(batch.column(0))
-            if first is not None:
-                return (first, *(int(s or 0) for s in plan.shape[1:]))
-    return (0, *(int(s or 0) for s in plan.shape[1:]))
+    return resolve_inner(plan, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
 
 
-def _id_strings(col: Any, path: str, name: str) -> list[str]:
-    """An id column of a batch as the str ids a writer takes: strings as they are, integers in decimal;
-    SchemaError naming the column for nulls or any other type."""
-    pa = _pa()
-    arr = _array(col, path, name)
-    if pa.types.is_integer(arr.type):
-        arr = arr.cast(pa.string())
-    elif not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        raise SchemaError(f"{path}, column {name!r}: ids must be strings or integers, got {arr.type}")
-    ids: list[str] = arr.to_pylist()  # the writer's API takes Python str ids
-    return ids
-
-
-def _import(
-    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
-    fmt: str,
-    *,
-    columns: Mapping[str, str] | None,
-    id_column: str | None,
-    chunk_bytes: int,
-    shard_bytes: int,
-    overwrite: bool,
-    progress: Progress | None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
-) -> Store:
-    remote = is_remote(out)
-    if storage_options and not remote:
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    pa = _pa()
-    given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    if not given:
-        raise ValueError(f"import_{fmt}: no sources given")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    srcs = [_Source(f, fmt) for s in given for f in arrow_sources(s, fmt)]
+def _conversion(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str, *,
+    columns: Mapping[str, str] | None, id_column: str | None, chunk_bytes: int,
+) -> driver.Conversion:
+    """Check every file's schema against the first one's and plan the columns (nothing written)."""
+    srcs = [_Source(f, fmt) for s in driver.source_list(sources, f"import_{fmt}") for f in arrow_sources(s, fmt)]
     first = srcs[0]
     names = list(first.schema.names)
-    if id_column is not None and id_column not in names:
-        raise SchemaError(f"{first.path}: no id column {id_column!r}; columns are {names}")
-    mapping = dict(columns) if columns is not None else {c: c for c in names if c != id_column}
-    if not mapping:
-        raise SchemaError(f"{first.path}: no columns to import")
-    plans: dict[str, _Plan] = {}
-    for col in mapping:
-        if col not in names:
-            raise SchemaError(f"{first.path}: no column {col!r}; columns are {names}")
-        plans[col] = _plan(first.path, col, first.schema.field(col).type)
+    mapping = column_map(first.path, names, columns, id_column)
+    plans = {col: plan_column(first.path, col, first.schema.field(col).type) for col in mapping}
     if id_column is not None:
-        t = _storage_type(first.schema.field(id_column).type)
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
-            raise SchemaError(f"{first.path}, column {id_column!r}: ids must be strings or integers, got {t}")
+        check_id_column(first.path, id_column, first.schema.field(id_column).type)
     for src in srcs[1:]:  # every file must agree before anything is written
         for col in [*mapping, *([id_column] if id_column else [])]:
             if col not in src.schema.names:
                 raise SchemaError(f"{src.path}: no column {col!r} (present in {first.path})")
-            if col in plans and _plan(src.path, col, src.schema.field(col).type) != plans[col]:
+            if col in plans and plan_column(src.path, col, src.schema.field(col).type) != plans[col]:
                 raise SchemaError(
                     f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
                     f"{first.schema.field(col).type} in {first.path}"
                 )
     inner = {col: _discover_inner(srcs, col, p, chunk_bytes) for col, p in plans.items()}
-    spec: dict[str, Field] = {}
-    for col, field_name in mapping.items():
-        if field_name in spec:
-            raise SchemaError(f"two columns map to the field {field_name!r}")
-        p = plans[col]
-        try:
-            spec[field_name] = Field(p.dtype, ((None,) if p.ragged else ()) + inner[col])
-        except SchemaError as exc:
-            raise SchemaError(f"{first.path}, column {col!r}: {exc}") from exc
-    try:
-        schema = Schema(spec)
-    except SchemaError as exc:
-        raise SchemaError(f"{exc}; rename columns with columns={{column: field}}") from exc
+    schema = columns_schema(first.path, ((c, f, plans[c], inner[c]) for c, f in mapping.items()))
     meta = {
         "format": fmt, "files": [os.path.basename(s.path) for s in srcs], "columns": mapping, "id_column": id_column,
     }
-
     job = _ArrowJob(fmt, [s.path for s in srcs], mapping, plans, inner, id_column, chunk_bytes)
     total = sum(src.count_rows() for src in srcs)
-    units = [(job, segs) for segs in _arrow_units(srcs, total, workers)] if workers > 1 or remote else []
-    if len(units) > 1 or remote:  # a URL: always as parts (tasks upload, one commit)
-        from ._parallel import convert_in_parallel
-
-        return convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                                   metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
-                                   storage_options=storage_options)
-
-    def fill(writer: Writer) -> None:  # called once the output path is checked too
-        announce_total(progress, total)
-        job.write(writer, [(k, None) for k in range(len(srcs))], progress)
-
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+    return driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, None) for k in range(len(srcs))], total,
+                             lambda workers: [(job, segs) for segs in _arrow_units(srcs, total, workers)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,7 +249,7 @@ class _ArrowJob:
     fmt: str
     paths: list[str]
     mapping: dict[str, str]
-    plans: dict[str, _Plan]
+    plans: dict[str, Plan]
     inner: dict[str, tuple[int, ...]]
     id_column: str | None
     chunk_bytes: int
@@ -448,13 +268,13 @@ class _ArrowJob:
             src = _Source(Path(self.paths[k]), self.fmt)
             for table in _chunks(src, read_cols, self.chunk_bytes, pieces):
                 batch = {
-                    self.mapping[c]: _convert(_array(table.column(c), src.path, c), self.plans[c], self.inner[c],
-                                              src.path, c)
+                    self.mapping[c]: convert_column(column_array(table.column(c), src.path, c), self.plans[c],
+                                                    self.inner[c], src.path, c)
                     for c in self.mapping
                 }
                 ids = None
                 if self.id_column is not None:
-                    ids = _id_strings(table.column(self.id_column), src.path, self.id_column)
+                    ids = id_strings(table.column(self.id_column), src.path, self.id_column)
                 writer.append_batch(batch, ids=ids)
                 if progress is not None:
                     progress(int(table.num_rows))
@@ -515,9 +335,10 @@ def import_arrow(
     the workers upload their parts into the store and one commit makes them visible; a failure leaves
     no store (or the existing one, with ``overwrite``, as it was).
     """
-    return _import(sources, out, "arrow", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
-                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers,
-                   storage_options=storage_options)
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    conv = _conversion(sources, "arrow", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes)
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options)
 
 
 def import_parquet(
@@ -535,6 +356,7 @@ def import_parquet(
 ) -> Store:
     """Import Parquet files (or directories of ``.parquet`` files) into one new store at ``out``; as
     :func:`import_arrow`, reading batches of about ``chunk_bytes`` (from the row groups' sizes)."""
-    return _import(sources, out, "parquet", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes,
-                   shard_bytes=shard_bytes, overwrite=overwrite, progress=progress, workers=workers,
-                   storage_options=storage_options)
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    conv = _conversion(sources, "parquet", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes)
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options)

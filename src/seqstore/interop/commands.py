@@ -1,23 +1,28 @@
-"""The ``seqstore convert`` and ``seqstore export`` subcommands.
+"""The ``seqstore convert`` and ``seqstore export`` subcommands, built from one table of formats.
 
 ``cli.py`` registers them with :func:`add_subcommands`::
 
     from .interop.commands import add_subcommands as add_interop_subcommands
     add_interop_subcommands(sub)          # sub = parser.add_subparsers(...)
 
-Sources and targets are registries (:data:`SOURCES`, :data:`TARGETS`): a new format is one
-:func:`register_source` call (made before ``add_subcommands`` runs) with a name, a help line, an
-optional function adding its own options, and a function ``run(args, progress) -> Store``. The
-options of every source live on the one ``convert`` parser, grouped per source.
+:data:`SOURCES` (``convert --from NAME``) and :data:`TARGETS` (``export --to NAME``) map each format's
+name to a :class:`Converter`: a help line, ``run(args, progress)``, its own :class:`Option` list, the
+unit of its progress, whether it writes into a URL of object storage, and (a target) what its ``OUT``
+is. Everything the help says about the formats is generated from these tables: the ``--from``/``--to``
+lists, the option groups (an option shared by several formats is one group naming them all, its help
+prefixed with their names), which formats ``-o`` applies to, and what ``OUT`` is for each target. A new
+format is one :func:`register_source`/:func:`register_target` call made before ``add_subcommands``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -29,8 +34,10 @@ __all__ = [
     "SOURCES",
     "TARGETS",
     "Converter",
+    "Option",
     "Progress",
     "ProgressBar",
+    "SuggestingParser",
     "cli_message",
     "register_source",
     "register_target",
@@ -40,14 +47,29 @@ __all__ = [
 ]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Option:
+    """One command-line option of one or more formats: ``argparse`` flags and keywords (``help`` without
+    the formats' names, which the parser puts in front)."""
+
+    flags: tuple[str, ...]
+    kwargs: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, *flags: str, **kwargs: Any) -> Option:
+        return cls(flags, kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Converter:
     """One ``--from`` source or ``--to`` target.
 
     ``run(args, progress)`` does the work (``progress(n)`` advances the bar by ``n`` of ``unit``;
     ``progress.add_total(n)``, called once the inputs are validated, sizes it) and returns what it made
-    (a Store or a path); ``add_arguments(group)`` adds the format's own options; ``total(args)`` is an
-    up-front total for a converter that does not call ``add_total`` (None: unknown).
+    (a Store or a path); ``add_arguments(group)`` adds options by hand (prefer ``options``, whose help the
+    parser generates); ``total(args)`` is an up-front total for a converter that does not call
+    ``add_total`` (None: unknown). ``url``: a source writes its new store to a URL of object storage
+    (``-o`` options apply). ``out``: what a target's OUT is (a file, a directory, a prefix).
     """
 
     help: str
@@ -55,12 +77,9 @@ class Converter:
     add_arguments: Callable[[Any], None] | None = None
     total: Callable[[argparse.Namespace], int | None] | None = None
     unit: str = "B"
-
-
-#: ``seqstore convert --from NAME``: name -> converter.
-SOURCES: dict[str, Converter] = {}
-#: ``seqstore export --to NAME``: name -> converter.
-TARGETS: dict[str, Converter] = {}
+    options: tuple[Option, ...] = ()
+    url: bool = False
+    out: str = "a file"
 
 
 def register_source(name: str, converter: Converter) -> None:
@@ -76,16 +95,19 @@ def register_target(name: str, converter: Converter) -> None:
 # -------------------------------------------------------------------------------------- helpers
 
 
-def _parse_map(items: list[str] | None, what: str) -> dict[str, str] | None:
-    if not items:
-        return None
+def _key_values(items: list[str] | None, what: str, *, empty_value: bool = False, bare: bool = False
+                ) -> dict[str, str] | None:
+    """``NAME=VALUE`` items as a dict (None for none); SeqstoreError naming ``what`` for a malformed one.
+    ``empty_value``: ``KEY=`` is allowed (options of a client); ``bare``: ``NAME`` alone maps to itself."""
     out: dict[str, str] = {}
-    for item in items:
-        src, sep, dst = item.partition("=")
-        if not sep or not src or not dst:
-            raise SeqstoreError(f"{what} {item!r}: expected NAME=FIELD")
-        out[src] = dst
-    return out
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if bare and not eq:
+            value = key
+        elif not key or not eq or not (value or empty_value):
+            raise SeqstoreError(f"{what} {item!r}: expected {'KEY=VALUE' if empty_value else 'NAME=FIELD'}")
+        out[key] = value
+    return out or None
 
 
 def _positive_int(text: str) -> int:
@@ -100,20 +122,7 @@ def _positive_int(text: str) -> int:
 
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
     """``-o KEY=VALUE`` options of the output URL's client (None when there are none)."""
-    out: dict[str, str] = {}
-    for item in getattr(args, "storage_option", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SeqstoreError(f"--storage-option {item!r}: expected KEY=VALUE")
-        out[key] = value
-    return out or None
-
-
-def _add_storage_option(parser: Any, what: str) -> None:
-    """``-o KEY=VALUE`` (read by :func:`_storage_options`) for ``what`` is at a URL."""
-    parser.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"{what}: an option of its client, e.g. endpoint=http://127.0.0.1:9000 "
-                        "(repeatable; credentials are better left to the environment)")
+    return _key_values(getattr(args, "storage_option", None), "--storage-option", empty_value=True)
 
 
 def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -123,26 +132,32 @@ def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
     return paths[:-1], paths[-1]
 
 
-# ---------------------------------------------------------------------------------- returnn-hdf
+def _one_source(args: argparse.Namespace, what: str) -> tuple[str, str]:
+    srcs, out = _sources_and_out(args)
+    if len(srcs) != 1:
+        raise SeqstoreError(f"convert --from {args.source}: give one {what}, then the output store")
+    return srcs[0], out
+
+
+def _common(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """The keywords every importer of the table takes, from the options of ``convert``."""
+    return dict(chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
+                progress=progress, workers=args.workers, storage_options=_storage_options(args))
+
+
+def _none(value: str | None) -> str | None:
+    """An option's value, ``none`` (any case) read as None."""
+    return None if value is not None and value.lower() == "none" else value
+
+
+# ------------------------------------------------------------------------------------- sources
 
 
 def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .returnn import import_hdf
 
     srcs, out = _sources_and_out(args)
-    return import_hdf(
-        srcs, out, rename=_parse_map(args.rename, "--rename"), chunk_bytes=args.chunk_mb << 20,
-        shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress, workers=args.workers,
-        storage_options=_storage_options(args),
-    )
-
-
-def _hdf_args(group: Any) -> None:
-    group.add_argument("--rename", action="append", metavar="STREAM=FIELD",
-                       help="returnn-hdf: store stream STREAM ('inputs' or a target key) as field FIELD (repeatable)")
-
-
-# -------------------------------------------------------------------------------- parquet/arrow
+    return import_hdf(srcs, out, rename=_key_values(args.rename, "--rename"), **_common(args, progress))
 
 
 def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
@@ -150,64 +165,53 @@ def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
         from .arrow import import_arrow, import_parquet
 
         srcs, out = _sources_and_out(args)
-        fn = import_parquet if fmt == "parquet" else import_arrow
-        return fn(
-            srcs, out, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
-            chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-            progress=progress, workers=args.workers, storage_options=_storage_options(args),
-        )
+        return (import_parquet if fmt == "parquet" else import_arrow)(
+            srcs, out, columns=_key_values(args.map, "--map"), id_column=args.id_column, **_common(args, progress))
 
     return run
 
 
-def _arrow_args(group: Any) -> None:
-    group.add_argument("--map", action="append", metavar="COLUMN=FIELD",
-                       help="parquet/arrow/hf: import COLUMN as field FIELD (repeatable; default: every column)")
-    group.add_argument("--id-column", metavar="COLUMN", help="parquet/arrow/hf: string column whose values become ids")
+def _hf_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .hf import import_hf
+
+    src, out = _one_source(args, "datasets save_to_disk directory")
+    return import_hf(src, out, split=args.split, columns=_key_values(args.map, "--map"), id_column=args.id_column,
+                     batch_size=args.batch_size, **_common(args, progress))
 
 
-# ------------------------------------------------------------------------------- export targets
+def _megatron_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .megatron import import_megatron
+
+    srcs, out = _sources_and_out(args)
+    return import_megatron(srcs, out, field=args.tokens_field, **_common(args, progress))
 
 
-def _hdf_export(args: argparse.Namespace, progress: Progress) -> Any:
-    from .returnn import export_hdf
+def _wds_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .webdataset import import_webdataset
 
-    inputs: str | None = args.inputs
-    if inputs is not None and inputs.lower() == "none":
-        inputs = None
-    fields: Any = None
-    if args.field:
-        fields = {}
-        for item in args.field:
-            name, sep, key = item.partition("=")
-            fields[name] = key if sep else name
-    return export_hdf(args.store, args.out, inputs=inputs, fields=fields, chunk_bytes=args.chunk_mb << 20,
-                      overwrite=args.overwrite, progress=progress)
+    srcs, out = _sources_and_out(args)
+    return import_webdataset(srcs, out, fields=_key_values(args.ext, "--ext"), strict=not args.skip_unknown,
+                             source_options=_key_values(args.source_option, "--source-option", empty_value=True),
+                             **_common(args, progress))
 
 
-def _hdf_export_args(group: Any) -> None:
-    group.add_argument("--inputs", default="auto",
-                       help="returnn-hdf: field written as 'inputs' (default: the imported one, else 'data'; "
-                       "'none': targets only)")
-    group.add_argument("--field", action="append", metavar="FIELD[=KEY]",
-                       help="returnn-hdf: write FIELD as targets/data/KEY (repeatable; default: all other fields)")
+def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
+    from .lhotse import import_lhotse
+
+    srcs, out = _sources_and_out(args)
+    return import_lhotse(srcs, out, features=args.features, features_dtype=args.features_dtype, audio=args.audio,
+                         audio_dtype=args.audio_dtype, channels=args.channels, text_separator=args.text_separator,
+                         **_common(args, progress))
 
 
-register_source("returnn-hdf", Converter("RETURNN HDF files (SimpleHDFWriter / HDFDataset layout)", _hdf_run,
-                                         _hdf_args))
-register_source("parquet", Converter("Parquet files or directories", _arrow_run("parquet"), _arrow_args, unit="rec"))
-register_source("arrow", Converter("Arrow IPC files or directories (incl. HF datasets save_to_disk)",
-                                   _arrow_run("arrow"), _arrow_args, unit="rec"))
 def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     from ..log.logix import import_logix
     from ..store import open_store
 
-    srcs, out = _sources_and_out(args)
-    if len(srcs) != 1:
-        raise SeqstoreError("convert --from logix: give one LogIX log directory, then the output store")
-    if not os.path.exists(srcs[0]):
-        raise FileNotFoundError(f"{srcs[0]}: no such file or directory (expected a LogIX log directory)")
-    import_logix(srcs[0], out, overwrite=args.overwrite, batch_records=args.batch_records,
+    src, out = _one_source(args, "LogIX log directory")
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"{src}: no such file or directory (expected a LogIX log directory)")
+    import_logix(src, out, overwrite=args.overwrite, batch_records=args.batch_records,
                  progress=_RunningTotal(progress))
     return open_store(out)
 
@@ -227,177 +231,128 @@ class _RunningTotal:
         announce_total(self._progress, n)
 
 
-def _logix_args(group: Any) -> None:
-    group.add_argument("--batch-records", type=int, default=4096,
-                       help="logix: records read and written per step (bounds memory; default 4096)")
 
 
-register_source("logix", Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + "
-                                   "_metadata.json)", _logix_run, _logix_args, unit="rec"))
-register_target("returnn-hdf", Converter("one RETURNN HDF file for HDFDataset", _hdf_export, _hdf_export_args))
+# ------------------------------------------------------------------------------------- targets
 
 
-# --------------------------------------------------------------------------- megatron / webdataset
+def _hdf_export(args: argparse.Namespace, progress: Progress) -> Any:
+    from .returnn import export_hdf
 
-
-def _megatron_run(args: argparse.Namespace, progress: Progress) -> Any:
-    from .megatron import import_megatron
-
-    srcs, out = _sources_and_out(args)
-    return import_megatron(srcs, out, field=args.tokens_field, chunk_bytes=args.chunk_mb << 20,
-                           shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress,
-                           workers=args.workers, storage_options=_storage_options(args))
-
-
-def _megatron_args(group: Any) -> None:
-    group.add_argument("--tokens-field", default="tokens", metavar="FIELD",
-                       help="megatron: the field of the tokens (default 'tokens')")
-
-
-def _wds_run(args: argparse.Namespace, progress: Progress) -> Any:
-    from .webdataset import import_webdataset
-
-    srcs, out = _sources_and_out(args)
-    source_options: dict[str, str] = {}
-    for item in args.source_option or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SeqstoreError(f"--source-option {item!r}: expected KEY=VALUE")
-        source_options[key] = value
-    return import_webdataset(srcs, out, fields=_parse_map(args.ext, "--ext"), strict=not args.skip_unknown,
-                             chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20,
-                             overwrite=args.overwrite, progress=progress, workers=args.workers,
-                             storage_options=_storage_options(args), source_options=source_options or None)
-
-
-def _wds_args(group: Any) -> None:
-    group.add_argument("--ext", action="append", metavar="EXT=FIELD",
-                       help="webdataset: import members KEY.EXT as field FIELD (repeatable; default: every "
-                       "extension of the first sample, under its own name)")
-    group.add_argument("--skip-unknown", action="store_true",
-                       help="webdataset: skip members whose extension has no field (default: an error)")
-    group.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="webdataset: an option of the client that reads shard URLs, e.g. allow_http=true")
-
-
-# ------------------------------------------------------------------------------- hugging face
-
-
-def _hf_run(args: argparse.Namespace, progress: Progress) -> Any:
-    from .hf import import_hf
-
-    srcs, out = _sources_and_out(args)
-    if len(srcs) != 1:
-        raise SeqstoreError("convert --from hf: give one datasets save_to_disk directory, then the output store")
-    return import_hf(srcs[0], out, split=args.split, columns=_parse_map(args.map, "--map"), id_column=args.id_column,
-                     batch_size=args.batch_size, chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20,
-                     overwrite=args.overwrite, progress=progress, workers=args.workers,
-                     storage_options=_storage_options(args))
-
-
-def _hf_args(group: Any) -> None:
-    group.add_argument("--split", metavar="NAME", help="hf: the split to import from a DatasetDict directory")
-    group.add_argument("--batch-size", type=_positive_int, metavar="ROWS",
-                       help="hf: rows read per step (default: about --chunk-mb of rows)")
+    return export_hdf(args.store, args.out, inputs=_none(args.inputs), fields=_key_values(args.field, "--field",
+                      bare=True), chunk_bytes=args.chunk_mb << 20, overwrite=args.overwrite, progress=progress)
 
 
 def _megatron_export(args: argparse.Namespace, progress: Progress) -> Any:
     from .megatron import export_megatron
 
-    documents: str | None = args.documents
-    if documents is not None and documents.lower() == "none":
-        documents = None
-    return export_megatron(args.store, args.out, field=args.tokens, dtype=args.dtype, documents=documents,
+    return export_megatron(args.store, args.out, field=args.tokens, dtype=args.dtype, documents=_none(args.documents),
                            chunk_bytes=args.chunk_mb << 20, overwrite=args.overwrite, progress=progress)
-
-
-def _megatron_export_args(group: Any) -> None:
-    group.add_argument("--tokens", metavar="FIELD", help="megatron: the ragged field to write (default: the only one)")
-    group.add_argument("--dtype", help="megatron: token dtype in the files (default: the field's)")
-    group.add_argument("--documents", default="auto", metavar="FIELD",
-                       help="megatron: integer field whose changes start documents (default: the imported one; "
-                       "'none': one document per record)")
 
 
 def _wds_export(args: argparse.Namespace, progress: Progress) -> Any:
     from .webdataset import export_webdataset
 
-    exts = _parse_map(args.ext, "--ext")
-    return export_webdataset(args.store, args.out, fields=exts, keys=args.keys, shard_records=args.shard_records,
-                             shard_bytes=args.shard_mb << 20, overwrite=args.overwrite, progress=progress)
-
-
-def _wds_export_args(group: Any) -> None:
-    group.add_argument("--ext", action="append", metavar="FIELD=EXT",
-                       help="webdataset: write FIELD as members KEY.EXT (repeatable; default: every field)")
-    group.add_argument("--keys", choices=("auto", "ids", "index"), default="auto",
-                       help="webdataset: sample keys from the record ids or record numbers (default: ids if any)")
-    group.add_argument("--shard-records", type=_positive_int, default=10_000, metavar="N",
-                       help="webdataset: records per tar shard at most (default 10000)")
-    group.add_argument("--shard-mb", type=_positive_int, default=1024, metavar="MB",
-                       help="webdataset: a shard ends after the record that passes this size (default 1024)")
+    return export_webdataset(args.store, args.out, fields=_key_values(args.ext, "--ext"), keys=args.keys,
+                             shard_records=args.shard_records, shard_bytes=args.shard_mb << 20,
+                             overwrite=args.overwrite, progress=progress)
 
 
 def _hf_export(args: argparse.Namespace, progress: Progress) -> Any:
     from .hf_export import export_hf
 
     fields = [f for item in args.hf_field or [] for f in item.split(",") if f] or None
-    id_column = None if args.hf_id_column.lower() == "none" else args.hf_id_column
-    return export_hf(args.store, args.out, fields=fields, id_column=id_column, overwrite=args.overwrite,
+    return export_hf(args.store, args.out, fields=fields, id_column=_none(args.hf_id_column), overwrite=args.overwrite,
                      progress=progress)
 
 
-def _hf_export_args(group: Any) -> None:
-    group.add_argument("--fields", dest="hf_field", action="append", metavar="A,B",
-                       help="hf: the fields to write as columns (repeatable; default: every field)")
-    group.add_argument("--id-column", dest="hf_id_column", default="id", metavar="NAME",
-                       help="hf: the column of the record ids, when the store has ids (default 'id'; 'none': no ids)")
+# ------------------------------------------------------------------------------------- the table
 
+MAP = Option.of("--map", action="append", metavar="COLUMN=FIELD",
+                help="import COLUMN as field FIELD (repeatable; default: every column)")
+ID_COLUMN = Option.of("--id-column", metavar="COLUMN",
+                      help="a string or integer column whose values become the record ids")
 
-register_source("megatron", Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run,
-                                      _megatron_args, unit="rec"))
-register_source("webdataset", Converter("WebDataset tar shards (files, directories, {000..009} ranges, URLs)",
-                                        _wds_run, _wds_args))
-register_source("hf", Converter("Hugging Face datasets save_to_disk directory (a Dataset, or --split of a "
-                                  "DatasetDict); --map/--id-column as for arrow", _hf_run, _hf_args, unit="rec"))
-register_target("megatron", Converter("PREFIX.bin + PREFIX.idx for Megatron-Core's IndexedDataset",
-                                      _megatron_export, _megatron_export_args))
-register_target("webdataset", Converter("a directory of WebDataset tar shards", _wds_export, _wds_export_args,
-                                        unit="rec"))
-register_target("hf", Converter("a Hugging Face datasets save_to_disk directory (datasets.load_from_disk)",
-                                _hf_export, _hf_export_args, unit="rec"))
+#: ``seqstore convert --from NAME``: name -> converter (the order of the help).
+SOURCES: dict[str, Converter] = {
+    "returnn-hdf": Converter("RETURNN HDF files (SimpleHDFWriter / HDFDataset layout)", _hdf_run, url=True, options=(
+        Option.of("--rename", action="append", metavar="STREAM=FIELD",
+                  help="store stream STREAM ('inputs' or a target key) as field FIELD (repeatable)"),)),
+    "hf": Converter("Hugging Face datasets save_to_disk directory (a Dataset, or --split of a DatasetDict)", _hf_run,
+                    unit="rec", url=True, options=(
+        MAP, ID_COLUMN,
+        Option.of("--split", metavar="NAME", help="the split to import from a DatasetDict directory"),
+        Option.of("--batch-size", type=_positive_int, metavar="ROWS",
+                  help="rows read per step (default: about --chunk-mb of rows)"))),
+    "parquet": Converter("Parquet files or directories", _arrow_run("parquet"), unit="rec", url=True,
+                         options=(MAP, ID_COLUMN)),
+    "arrow": Converter("Arrow IPC files or directories (incl. HF datasets save_to_disk)",
+                       _arrow_run("arrow"), unit="rec", url=True,
+                       options=(MAP, ID_COLUMN)),
+    "logix": Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + _metadata.json)",
+                       _logix_run, unit="rec", options=(
+        Option.of("--batch-records", type=int, default=4096,
+                  help="records read and written per step (bounds memory; default 4096)"),)),
+    "megatron": Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run, unit="rec",
+                          url=True, options=(
+        Option.of("--tokens-field", default="tokens", metavar="FIELD", help="the field of the tokens (default "
+                  "'tokens')"),)),
+    "webdataset": Converter("WebDataset tar shards (files, directories, {000..009} ranges, URLs)", _wds_run,
+                            url=True, options=(
+        Option.of("--ext", action="append", metavar="EXT=FIELD", help="import members KEY.EXT as field FIELD "
+                  "(repeatable; default: every extension of the first sample, under its own name)"),
+        Option.of("--skip-unknown", action="store_true",
+                  help="skip members whose extension has no field (default: an error)"),
+        Option.of("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                  help="an option of the client that reads shard URLs, e.g. allow_http=true"))),
+    "lhotse": Converter("Lhotse cut manifests (cuts.jsonl.gz, read lazily)", _lhotse_run, unit="cut", url=True,
+                        options=(
+        Option.of("--features", action="store_true",
+                  help="store cut.load_features() as field 'features' (every cut needs features)"),
+        Option.of("--features-dtype", choices=("float32", "float16"), default="float32",
+                  help="dtype of 'features' (default float32, as Lhotse loads them)"),
+        Option.of("--audio", action=argparse.BooleanOptionalAction, default=None,
+                  help="store cut.load_audio() as mono field 'audio' and 'sampling_rate' (every cut needs a "
+                  "recording); default: when the first cut has a recording and no features and --features is "
+                  "not given"),
+        Option.of("--audio-dtype", choices=("float32", "int16"), default="float32",
+                  help="dtype of 'audio' (int16: samples x 32768, rounded; default float32)"),
+        Option.of("--channels", choices=("error", "first", "mix"), default="error",
+                  help="a cut of several channels is refused (default), its first channel, or their mean"),
+        Option.of("--text-separator", default=" ", metavar="SEP",
+                  help="joins the texts of a cut's supervisions in field 'text' (default one space)"))),
+}
 
-
-# ------------------------------------------------------------------------------------------ lhotse
-
-
-def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
-    from .lhotse import import_lhotse
-
-    srcs, out = _sources_and_out(args)
-    return import_lhotse(srcs, out, features=args.features, features_dtype=args.features_dtype, audio=args.audio,
-                         audio_dtype=args.audio_dtype, channels=args.channels, text_separator=args.text_separator,
-                         chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-                         progress=progress, workers=args.workers, storage_options=_storage_options(args))
-
-
-def _lhotse_args(group: Any) -> None:
-    group.add_argument("--features", action="store_true",
-                       help="lhotse: store cut.load_features() as field 'features' (every cut needs features)")
-    group.add_argument("--features-dtype", choices=("float32", "float16"), default="float32",
-                       help="lhotse: dtype of 'features' (default float32, as Lhotse loads them)")
-    group.add_argument("--audio", action="store_true",
-                       help="lhotse: store cut.load_audio() as mono field 'audio' (every cut needs a recording)")
-    group.add_argument("--audio-dtype", choices=("float32", "int16"), default="float32",
-                       help="lhotse: dtype of 'audio' (int16: samples x 32768, rounded; default float32)")
-    group.add_argument("--channels", choices=("error", "first", "mix"), default="error",
-                       help="lhotse: a cut of several channels is refused (default), its first channel, or their mean")
-    group.add_argument("--text-separator", default=" ", metavar="SEP",
-                       help="lhotse: joins the texts of a cut's supervisions in field 'text' (default one space)")
-
-
-register_source("lhotse", Converter("Lhotse cut manifests (cuts.jsonl.gz, read lazily)", _lhotse_run, _lhotse_args,
-                                    unit="cut"))
+#: ``seqstore export --to NAME``: name -> converter (the order of the help).
+TARGETS: dict[str, Converter] = {
+    "returnn-hdf": Converter("one RETURNN HDF file for HDFDataset", _hdf_export, options=(
+        Option.of("--inputs", default="auto", help="field written as 'inputs' (default: the imported one, else "
+                  "'data'; 'none': targets only)"),
+        Option.of("--field", action="append", metavar="FIELD[=KEY]",
+                  help="write FIELD as targets/data/KEY (repeatable; default: all other fields)"))),
+    "megatron": Converter("PREFIX.bin + PREFIX.idx for Megatron-Core's IndexedDataset", _megatron_export,
+                          out="a prefix (PREFIX.bin + PREFIX.idx)", options=(
+        Option.of("--tokens", metavar="FIELD", help="the ragged field to write (default: the only one)"),
+        Option.of("--dtype", help="token dtype in the files (default: the field's)"),
+        Option.of("--documents", default="auto", metavar="FIELD", help="integer field whose changes start "
+                  "documents (default: the imported one; 'none': one document per record)"))),
+    "webdataset": Converter("a directory of WebDataset tar shards", _wds_export, unit="rec", out="a directory",
+                            options=(
+        Option.of("--ext", action="append", metavar="FIELD=EXT",
+                  help="write FIELD as members KEY.EXT (repeatable; default: every field)"),
+        Option.of("--keys", choices=("auto", "ids", "index"), default="auto",
+                  help="sample keys from the record ids or record numbers (default: ids if any)"),
+        Option.of("--shard-records", type=_positive_int, default=10_000, metavar="N",
+                  help="records per tar shard at most (default 10000)"),
+        Option.of("--shard-mb", type=_positive_int, default=1024, metavar="MB",
+                  help="a shard ends after the record that passes this size (default 1024)"))),
+    "hf": Converter("a Hugging Face datasets save_to_disk directory (datasets.load_from_disk)", _hf_export,
+                    unit="rec", out="a directory", options=(
+        Option.of("--fields", dest="hf_field", action="append", metavar="A,B",
+                  help="the fields to write as columns (repeatable; default: every field)"),
+        Option.of("--id-column", dest="hf_id_column", default="id", metavar="NAME",
+                  help="the column of the record ids, when the store has ids (default 'id'; 'none': no ids)"))),
+}
 
 
 # ------------------------------------------------------------------------------------- commands
@@ -453,6 +408,10 @@ CLI_WORDS = {
     "fields={field: key}": "--field FIELD=KEY",
     "features=True": "--features",
     "audio=True": "--audio",
+    "audio=False": "--no-audio",
+    "import it with import_hf": "convert it with --from hf",
+    "import it with import_arrow": "convert it with --from arrow",
+    "import it with import_parquet": "convert it with --from parquet",
     "channels='first' or channels='mix'": "--channels first or --channels mix",
     "split=NAME": "--split NAME",
 }
@@ -503,6 +462,68 @@ def export_main(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------- parsers
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors suggest the closest spelling: for an unrecognized option, the
+    option of the chosen subcommand it most resembles; for an invalid choice, the closest choice."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _options(self) -> list[str]:
+        """This parser's option strings and those of the subcommand named in its arguments."""
+        found = [s for a in self._actions for s in a.option_strings]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for word in getattr(self, "_argv", []):
+                    if word in action.choices:
+                        found += [s for a in action.choices[word]._actions for s in a.option_strings]
+                        break
+        return found
+
+    def error(self, message: str) -> Any:
+        hints = []
+        if message.startswith("unrecognized arguments:"):
+            options = self._options()
+            for word in message.split(":", 1)[1].split():
+                if word.startswith("-") and (close := difflib.get_close_matches(word.split("=")[0], options, 1)):
+                    hints.append(f"{word}: did you mean {close[0]}?")
+        elif (bad := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)) is not None:
+            choices = re.findall(r"'([^']*)'", bad.group(2))
+            if close := difflib.get_close_matches(bad.group(1), choices, 1):
+                hints.append(f"did you mean {close[0]!r}?")
+        super().error("; ".join([message, *hints]))
+
+
+def _add_options(parser: Any, table: Mapping[str, Converter], flag: str) -> None:
+    """The formats' own options, one group per set of formats that share them, help prefixed with their
+    names (an option object listed by several formats is added once)."""
+    users: dict[Option, list[str]] = {}
+    for name, conv in table.items():
+        for option in conv.options:
+            users.setdefault(option, []).append(name)
+    groups: dict[tuple[str, ...], Any] = {}
+    for option, names in users.items():
+        key = tuple(names)
+        if key not in groups:
+            groups[key] = parser.add_argument_group(", ".join(f"{flag} {n}" for n in names))
+        kwargs = dict(option.kwargs)
+        kwargs["help"] = f"{'/'.join(names)}: {kwargs.get('help', '')}"
+        groups[key].add_argument(*option.flags, **kwargs)
+    for name, conv in table.items():
+        if conv.add_arguments is not None:
+            conv.add_arguments(parser.add_argument_group(f"{flag} {name}"))
+
+
+def _client_option(parser: Any, what: str) -> None:
+    parser.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"{what}: an option of its client, e.g. endpoint=http://127.0.0.1:9000 "
+                        "(repeatable; credentials are better left to the environment)")
+
+
 def add_subcommands(subparsers: Any) -> None:
     """Register ``convert`` and ``export`` on an ``argparse`` subparsers object (``set_defaults(func=...)``
     points at :func:`convert_main` / :func:`export_main`, as ``cli.main`` expects)."""
@@ -518,28 +539,26 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
     conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _add_storage_option(conv, "returnn-hdf/parquet/arrow into a URL (s3://, gs://, az://)")
+    urls = "/".join(n for n, c in SOURCES.items() if c.url)
+    _client_option(conv, f"an OUT at a URL (s3://, gs://, az://) for --from {urls}")
     conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
                       help="worker processes (default: the number of cores, "
                       f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
                       "too small to split (and hf streams) are converted in one process")
-    shared: dict[Callable[[Any], None], list[str]] = {}  # options of several sources: one group naming them all
-    for name, c in SOURCES.items():
-        if c.add_arguments is not None:
-            shared.setdefault(c.add_arguments, []).append(name)
-    for add_arguments, names in shared.items():
-        add_arguments(conv.add_argument_group(", ".join(f"--from {n}" for n in names)))
+    _add_options(conv, SOURCES, "--from")
     conv.set_defaults(func=convert_main)
 
     exp = subparsers.add_parser("export", help="write a store in another format (" + ", ".join(TARGETS) + ")")
     exp.add_argument("--to", dest="target", required=True, choices=list(TARGETS), help="target format")
     exp.add_argument("store", help="the store to export")
-    exp.add_argument("out", help="output file")
+    outs: dict[str, list[str]] = {}
+    for name, c in TARGETS.items():
+        outs.setdefault(c.out, []).append(name)
+    exp.add_argument("out", help="the output: " + "; ".join(f"{what} for --to {'/'.join(names)}"
+                                                           for what, names in outs.items()))
     exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     exp.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows written per step (default 64)")
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _add_storage_option(exp, "a STORE at a URL (s3://, gs://, az://, https://)")
-    for name, c in TARGETS.items():
-        if c.add_arguments is not None:
-            c.add_arguments(exp.add_argument_group(f"--to {name}"))
+    _client_option(exp, "a STORE at a URL (s3://, gs://, az://, https://)")
+    _add_options(exp, TARGETS, "--to")
     exp.set_defaults(func=export_main)

@@ -45,13 +45,24 @@ import numpy as np
 
 from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
-from ..schema import Field, Schema
 from ..store import Store, Writer
-from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total
-from ._parallel import build_store, convert_in_parallel
-from .arrow import _array, _convert, _first_inner_len, _id_strings, _pa, _Plan, _plan, _storage_type
+from . import driver
+from ._common import DEFAULT_CHUNK_BYTES, Progress
+from .arrow_columns import (
+    Plan,
+    check_id_column,
+    column_array,
+    column_map,
+    columns_schema,
+    convert_column,
+    id_strings,
+    plan_column,
+    pyarrow,
+    resolve_inner,
+    storage_type,
+)
 
-__all__ = ["import_hf", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS", "MIN_UNIT_ROWS"]
+__all__ = ["import_hf", "datasets_module", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS", "MIN_UNIT_ROWS"]
 
 #: Key of the import information (source, split, column map, features) in the store's metadata.
 METADATA_KEY = "hf"
@@ -82,7 +93,8 @@ class SplitError(SeqstoreError, ValueError):
         return (type(self), (str(self), self.splits))
 
 
-def _hf() -> Any:
+def datasets_module() -> Any:
+    """The ``datasets`` module; ImportError naming the extra to install."""
     try:  # imported by name: optional, and without type information
         return importlib.import_module("datasets")
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -94,7 +106,7 @@ def _hf() -> Any:
 
 def _resolve(source: Any, split: str | None) -> tuple[Any, str]:
     """The ``Dataset`` / ``IterableDataset`` to import and a name for it in messages."""
-    hf = _hf()
+    hf = datasets_module()
     name = "dataset"
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
@@ -129,7 +141,7 @@ def _arrow_native(ds: Any) -> bool:
     (``from_generator``) is read as Python batches instead: ``datasets`` 5.2 builds its Arrow batches
     example by example and fails to concatenate them when the examples' inferred types differ (an empty
     list among full ones)."""
-    hf = _hf()
+    hf = datasets_module()
     if isinstance(ds, hf.Dataset):
         return True
     return getattr(getattr(ds, "_ex_iterable", None), "iter_arrow", None) is not None
@@ -143,7 +155,7 @@ def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, An
     if _arrow_native(ds):
         yield from sub.with_format("arrow").iter(batch_size=batch_rows)
         return
-    pa = _pa()
+    pa = pyarrow()
     for batch in sub.iter(batch_size=batch_rows):
         yield pa.table([pa.array(batch[c], type=None if types is None else types[c]) for c in columns], names=columns)
 
@@ -151,7 +163,7 @@ def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, An
 def _arrow_schema(ds: Any, batch_rows: int) -> Any:
     """The Arrow schema of ``ds``: from its features, else (a stream of unknown features) as pyarrow
     infers it from the first batch."""
-    pa = _pa()
+    pa = pyarrow()
     if ds.features is not None:
         return ds.features.arrow_schema
     for batch in ds.iter(batch_size=batch_rows):
@@ -164,7 +176,7 @@ def _batch_rows(ds: Any, chunk_bytes: int, batch_size: int | None) -> int:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         return batch_size
-    hf = _hf()
+    hf = datasets_module()
     if isinstance(ds, hf.IterableDataset):
         return ITERABLE_BATCH_ROWS
     table = ds.data  # the whole table (memory-mapped for a saved dataset): its size costs no reading
@@ -183,17 +195,17 @@ class _Column:
     name: str
     field: str
     kind: str
-    plan: _Plan
+    plan: Plan
 
 
 def _is_encoded(feature: Any) -> bool:
-    hf = _hf()
+    hf = datasets_module()
     return isinstance(feature, (hf.Audio, hf.Image))
 
 
 def _is_bytes_type(t: Any) -> bool:
-    pa = _pa()
-    t = _storage_type(t)
+    pa = pyarrow()
+    t = storage_type(t)
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
                 or pa.types.is_large_binary(t))
 
@@ -201,11 +213,11 @@ def _is_bytes_type(t: Any) -> bool:
 def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) -> _Column:
     """The plan of one column; ColumnTypeError naming it, its feature and what is supported otherwise."""
     if _is_encoded(feature):
-        return _Column(name, field, "encoded", _Plan(True, "uint8", ()))
+        return _Column(name, field, "encoded", Plan(True, "uint8", ()))
     if _is_bytes_type(arrow_type):
-        return _Column(name, field, "bytes", _Plan(True, "uint8", ()))
+        return _Column(name, field, "bytes", Plan(True, "uint8", ()))
     try:
-        return _Column(name, field, "arrow", _plan(where, name, arrow_type))
+        return _Column(name, field, "arrow", plan_column(where, name, arrow_type))
     except SchemaError:
         described = repr(feature) if feature is not None else str(arrow_type)
         raise ColumnTypeError(
@@ -217,20 +229,12 @@ def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) ->
 def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any] | None) -> tuple[int, ...]:
     """The row shape of a field (a list of variable lists: the length of the first non-empty inner list,
     read from the first batches that have one)."""
-    shape = col.plan.shape
-    if not shape or shape[0] is not None:
-        return tuple(int(s or 0) for s in shape)
-    rest = tuple(int(s or 0) for s in shape[1:])
-    for table in _tables(ds, [col.name], batch_rows, types):
-        first = _first_inner_len(table.column(0).combine_chunks())
-        if first is not None:
-            return (first, *rest)
-    return (0, *rest)
+    return resolve_inner(col.plan, (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types)))
 
 
 def _binary_values(arr: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """A string/binary array as (the bytes of all values, one length per value), without copying."""
-    pa = _pa()
+    pa = pyarrow()
     n = len(arr)
     if n == 0:
         return np.zeros(0, np.uint8), np.zeros(0, np.int64)
@@ -243,7 +247,7 @@ def _binary_values(arr: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]
 
 def _encoded_bytes(arr: Any, where: str, name: str, base: int) -> Any:
     """The ``bytes`` child of an Audio/Image struct array; a value held as a path only is read from its file."""
-    pa = _pa()
+    pa = pyarrow()
     kids = {arr.type.field(i).name: child for i, child in enumerate(arr.flatten())}
     data = kids.get("bytes")
     if data is None:
@@ -265,9 +269,9 @@ def _encoded_bytes(arr: Any, where: str, name: str, base: int) -> Any:
 def _values(table: Any, col: _Column, inner: tuple[int, ...], where: str, base: int) -> Any:
     """One column of a batch (records ``base``...) as ``append_batch`` takes it."""
     rows = f"{where}, records {base}..{base + int(table.num_rows) - 1}"
-    arr = _array(table.column(col.name), rows, col.name)
+    arr = column_array(table.column(col.name), rows, col.name)
     if col.kind == "arrow":
-        return _convert(arr, col.plan, inner, rows, col.name)
+        return convert_column(arr, col.plan, inner, rows, col.name)
     if col.kind == "encoded":
         arr = _encoded_bytes(arr, where, col.name, base)
     return _binary_values(arr)
@@ -307,7 +311,7 @@ class _HfJob:
                                       f"{table.schema.field(c.name).type} differs from "
                                       f"{self.first.field(c.name).type} of the first batch")
             batch = {c.field: _values(table, c, self.inner[c.name], where, base) for c in self.cols}
-            ids = None if self.id_column is None else _id_strings(table.column(self.id_column), where, self.id_column)
+            ids = None if self.id_column is None else id_strings(table.column(self.id_column), where, self.id_column)
             writer.append_batch(batch, ids=ids)
             base += n
             if progress is not None:
@@ -375,57 +379,24 @@ def import_hf(
     held in memory (``Dataset.from_dict``, ``keep_in_memory``: it would be pickled whole) and a dataset of
     fewer than ``2 x MIN_UNIT_ROWS`` rows are imported in this process, ``workers`` notwithstanding.
     """
-    remote = is_remote(out)
-    if storage_options and not remote:
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    hf = _hf()
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    hf = datasets_module()
     ds, where = _resolve(source, split)
     rows = _batch_rows(ds, chunk_bytes, batch_size)
     features = ds.features
     schema_pa = _arrow_schema(ds, rows)
     names = list(schema_pa.names)
-    if id_column is not None and id_column not in names:
-        raise SchemaError(f"{where}: no id column {id_column!r}; columns are {names}")
-    if columns is None:
-        mapping = {c: c for c in names if c != id_column}
-    elif isinstance(columns, Mapping):
-        mapping = dict(columns)
-    else:
-        mapping = {c: c for c in columns}
-    if not mapping:
-        raise SchemaError(f"{where}: no columns to import")
-    cols: list[_Column] = []
-    for name, field in mapping.items():
-        if name not in names:
-            raise SchemaError(f"{where}: no column {name!r}; columns are {names}")
-        feature = features[name] if features is not None else None
-        cols.append(_column(where, name, field, schema_pa.field(name).type, feature))
+    mapping = column_map(where, names, columns, id_column)
+    cols = [_column(where, name, field, schema_pa.field(name).type, features[name] if features is not None else None)
+            for name, field in mapping.items()]
     if id_column is not None:
-        t = _storage_type(schema_pa.field(id_column).type)
-        pa = _pa()
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
-            raise SchemaError(f"{where}, column {id_column!r}: ids must be strings or integers, got {t}")
+        check_id_column(where, id_column, schema_pa.field(id_column).type)
     for c in cols:  # read Audio/Image as stored (bytes and path), never decoded
         if c.kind == "encoded" and features is not None and getattr(features[c.name], "decode", False):
             ds = ds.cast_column(c.name, dataclasses.replace(features[c.name], decode=False))
-    types = None if features is None else {n: _storage_type(schema_pa.field(n).type) for n in names}
+    types = None if features is None else {n: storage_type(schema_pa.field(n).type) for n in names}
     inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
-    spec: dict[str, Field] = {}
-    for c in cols:
-        if c.field in spec:
-            raise SchemaError(f"two columns map to the field {c.field!r}")
-        try:
-            spec[c.field] = Field(c.plan.dtype, ((None,) if c.plan.ragged else ()) + inner[c.name])
-        except SchemaError as exc:
-            raise SchemaError(f"{where}, column {c.name!r}: {exc}") from exc
-    try:
-        schema = Schema(spec)
-    except SchemaError as exc:
-        raise SchemaError(f"{exc}; rename columns with columns={{column: field}}") from exc
+    schema = columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
     meta = {
         "source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
         "columns": mapping,
@@ -435,17 +406,8 @@ def import_hf(
     total = len(ds) if isinstance(ds, hf.Dataset) else None
     read = [c.name for c in cols] + ([id_column] if id_column is not None and id_column not in mapping else [])
     job = _HfJob(ds, where, read, cols, inner, rows, types, id_column, schema_pa if features is None else None)
-    if workers > 1 and isinstance(ds, hf.Dataset) and _file_backed(ds):
-        units = _units(len(ds), workers)
-        if len(units) > 1:
-            return convert_in_parallel(out, schema, [(job, u) for u in units], len(ds), overwrite=overwrite,
-                                       shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                                       progress=progress, storage_options=storage_options)
-
-    def fill(writer: Writer) -> None:
-        if total is not None:
-            announce_total(progress, total)
-        job.write(writer, None, progress)
-
-    return build_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
-                       metadata={METADATA_KEY: meta}, storage_options=storage_options)
+    splits = isinstance(ds, hf.Dataset) and _file_backed(ds)
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, None, total,
+                             (lambda w: [(job, u) for u in _units(len(ds), w)]) if splits else None, url_as_parts=False)
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options)

@@ -36,8 +36,8 @@ from ..schema import Field
 from ..store import Store, open_store
 from . import to_arrow
 from ._common import OutputExistsError, Progress, announce_total, install_output, remove_path, temp_sibling
-from .hf import _hf
-from .to_arrow import _pa
+from .hf import datasets_module
+from .to_arrow import pyarrow_module
 
 __all__ = ["export_hf", "CHUNK_RECORDS"]
 
@@ -48,7 +48,7 @@ _HINT = "pass a smaller chunk_records"
 
 def _fixed(flat: Any, shape: Sequence[int]) -> Any:
     """``flat`` (leaf values, row-major) as fixed-size lists, one level per axis of ``shape``."""
-    pa = _pa()
+    pa = pyarrow_module()
     arr = flat
     for d in reversed(shape):
         arr = pa.FixedSizeListArray.from_arrays(arr, int(d))
@@ -57,7 +57,7 @@ def _fixed(flat: Any, shape: Sequence[int]) -> Any:
 
 def _column(name: str, f: Field, got: Any) -> Any:
     """One field of a batch (``get_batch``'s value) as an Arrow array of the batch's records."""
-    pa = _pa()
+    pa = pyarrow_module()
     values, lengths = got if f.ragged else (got, None)
     flat = pa.array(np.ascontiguousarray(to_arrow.numbers(values, f.dtype)).reshape(-1))
     rows = _fixed(flat, f.inner_shape)  # a fixed field's records, or a ragged field's rows
@@ -82,7 +82,7 @@ def _check_out(root: Path, overwrite: bool) -> None:
 def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> Iterator[tuple[int, Any]]:
     """(records, Arrow record batch) per step of ``chunk`` consecutive records; one empty batch for an
     empty store (``datasets`` reads no table from a stream without a batch)."""
-    pa = _pa()
+    pa = pyarrow_module()
     n = len(st)
     starts = range(0, max(n, 1), chunk)  # an empty store: one empty step
     batches = st.iter_batches((np.arange(a, min(a + chunk, n), dtype=np.int64) for a in starts), fields=names)
@@ -110,7 +110,7 @@ def export_hf(
     docs); returns ``out``. ``fields``: the fields to write (default all, in schema order). ``id_column``:
     the name of the ids' column (written when the store has ids; None: never). ``progress`` gets records.
     Open the result with ``datasets.load_from_disk(out)``."""
-    hf = _hf()
+    hf = datasets_module()
     st = store if isinstance(store, Store) else open_store(store)
     names = list(st.schema) if fields is None else list(fields)
     unknown = [n for n in names if n not in st.schema]
@@ -127,7 +127,7 @@ def export_hf(
     stream = temp_sibling(root, "arrow")
     tmp = temp_sibling(root, "tmp")
     announce_total(progress, len(st))
-    pa = _pa()
+    pa = pyarrow_module()
     try:
         writer = None
         try:

@@ -14,9 +14,13 @@ field               schema                                 value
                                                            cut's order; supervisions without text skipped)
                                                            joined by ``text_separator`` (default one space)
 ``features``        float32/float16 ragged (None, dims)    ``cut.load_features()`` (only with ``features=True``)
-``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (only with ``audio=True``)
-``sampling_rate``   int32 scalar                           ``cut.sampling_rate`` (only with ``audio=True``)
+``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (see below)
+``sampling_rate``   int32 scalar                           ``cut.sampling_rate`` (with ``audio``)
 ==================  =====================================  =====================================================
+
+``audio`` is stored with ``audio=True``, never with ``audio=False``, and by default (``audio=None``) when
+the first cut has a recording and no features and ``features`` is not asked for: cuts that are only
+recordings keep their samples instead of being reduced to durations and texts.
 
 Features and audio are read through Lhotse's own storage readers (``load_features`` / ``load_audio``,
 so every storage type Lhotse reads works); without audio, a manifest's ``MonoCut`` lines skip Lhotse's
@@ -44,6 +48,7 @@ workers. A ``CutSet`` object is always imported in this process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
@@ -52,13 +57,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer
 from ..store.directio import aligned_empty
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, announce_total, runs_across
+from . import driver
+from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, runs_across
 from ._lhotse_manifest import MARK_LINES, LeanCut, forget_streams, manifest_cuts, open_cuts, scan_manifest
-from ._parallel import build_store, convert_in_parallel
 
 __all__ = [
     "import_lhotse",
@@ -160,8 +164,8 @@ class _Plan:
     """What is read from each cut and how it is stored; checks each cut against the first."""
 
     def __init__(self, first: Any, where: str, *, features: bool, features_dtype: str, audio: bool,
-                 audio_dtype: str, channels: str, text_separator: str) -> None:
-        self.features, self.audio = features, audio
+                 audio_dtype: str, channels: str, text_separator: str, audio_by_default: bool = False) -> None:
+        self.features, self.audio, self.audio_by_default = features, audio, audio_by_default
         self.features_dtype, self.audio_dtype = np.dtype(features_dtype), np.dtype(audio_dtype)
         self.channels, self.sep = channels, text_separator
         self.frames = features or bool(first.has_features)
@@ -224,7 +228,9 @@ class _Plan:
             mono = arr.mean(axis=0, dtype=np.float64).astype(np.float32)
         else:
             raise LhotseCutError(where, cut.id, f"audio has {arr.shape[0] if arr.ndim == 2 else arr.shape} channels, "
-                                 "expected one; pass channels='first' or channels='mix' to make it mono")
+                                 "expected one; pass channels='first' or channels='mix' to make it mono" + (
+                                     " (or audio=False to import without audio, which cuts with recordings and "
+                                     "no features keep by default)" if self.audio_by_default else ""))
         if self.audio_dtype == np.int16:
             return np.clip(np.rint(mono.astype(np.float64) * 32768.0), -32768, 32767).astype(np.int16)
         return mono.astype(np.float32, copy=False)
@@ -387,12 +393,23 @@ def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int
 
 
 @dataclasses.dataclass(frozen=True)
+class _StreamJob:
+    """Cuts streamed in this process: ``write`` takes the sources as (name, iterable of cuts) pairs."""
+
+    plan: _Plan
+    chunk_bytes: int
+
+    def write(self, writer: Writer, streams: Iterable[tuple[str, Iterable[Any]]], progress: Progress | None) -> None:
+        _write(writer, streams, self.plan, self.chunk_bytes, progress)
+
+
+@dataclasses.dataclass(frozen=True)
 class _CutsJob:
     """What a worker of a parallel import needs (picklable): the manifests, the plan, the block size."""
 
-    manifests: list[str]
     plan: _Plan
     chunk_bytes: int
+    manifests: list[str]
     marks: list[np.ndarray[Any, Any] | None]  # each manifest's line offsets (:func:`scan_manifest`)
 
     def write(self, writer: Writer, segments: Sequence[tuple[int, int, int]], progress: Progress | None) -> None:
@@ -408,7 +425,7 @@ def import_lhotse(
     *,
     features: bool = False,
     features_dtype: str = "float32",
-    audio: bool = False,
+    audio: bool | None = None,
     audio_dtype: str = "float32",
     channels: str = "error",
     text_separator: str = " ",
@@ -426,10 +443,12 @@ def import_lhotse(
     or a list of such paths (their cuts in order). ``features=True`` stores ``cut.load_features()`` as
     ``features`` (``features_dtype`` float32 or float16); ``audio=True`` stores ``cut.load_audio()`` as
     mono ``audio`` (``audio_dtype`` float32 or int16; ``channels`` "error", "first" or "mix" for
-    cuts of several channels) plus ``sampling_rate``. Supervision texts are joined by
-    ``text_separator``. The manifests are checked to exist and the first cut is read before anything is
-    written; the store is all or nothing. Memory O(``chunk_bytes``) whatever the number of cuts.
-    ``progress`` gets cuts (told the total only for an eager CutSet). The store's metadata under
+    cuts of several channels) plus ``sampling_rate``; ``audio=None`` (the default) does so when the first
+    cut has a recording and no features and ``features`` is false, ``audio=False`` never. Supervision
+    texts are joined by ``text_separator``. The manifests are checked to exist and the first cut is read
+    before anything is written; the store is all or nothing. Memory O(``chunk_bytes``) whatever the number of cuts.
+    ``progress`` gets cuts (told the total, when it has ``add_total``, for manifests, counted by one pass
+    over their lines, and for an eager CutSet). The store's metadata under
     ``"lhotse"`` records the manifests and the choices made.
 
     ``workers > 1`` imports manifest files in that many processes, this one included: the lines of the
@@ -449,24 +468,24 @@ def import_lhotse(
     cost more CPU than reading the features (on the benchmark VM: 7.5 s against 2.6 s for 562 MB); the
     new store is then not in memory until read. A filesystem without ``O_DIRECT`` writes buffered.
     """
-    remote = is_remote(out)
-    if storage_options and not remote:
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
     if features_dtype not in FEATURE_DTYPES:
         raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {features_dtype!r}")
     if audio_dtype not in AUDIO_DTYPES:
         raise ValueError(f"audio_dtype must be one of {AUDIO_DTYPES}, got {audio_dtype!r}")
     if channels not in CHANNEL_MODES:
         raise ValueError(f"channels must be one of {CHANNEL_MODES}, got {channels!r}")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    sources = _sources(cuts, lean=not audio)
-    total = _known_length(sources)
+    sources = _sources(cuts, lean=audio is False)
     where, first, streams = _first_cut(sources)
+    by_default = audio is None
+    if audio is None:  # audio unless the cuts have features (or features are asked for) or no recordings
+        audio = not features and bool(getattr(first, "has_recording", False)) and not first.has_features
+        if not audio:  # read without Lhotse's cut objects, as with audio=False
+            sources = _sources(cuts, lean=True)
+            where, first, streams = _first_cut(sources)
     plan = _Plan(first, where, features=features, features_dtype=features_dtype, audio=audio,
-                 audio_dtype=audio_dtype, channels=channels, text_separator=text_separator)
+                 audio_dtype=audio_dtype, channels=channels, text_separator=text_separator,
+                 audio_by_default=by_default)
     try:
         schema = plan.schema()
     except SchemaError as exc:
@@ -480,26 +499,16 @@ def import_lhotse(
         "audio": {"dtype": audio_dtype, "channels": channels,
                   "int16_scale": 32768 if audio_dtype == "int16" else None} if audio else None,
     }
-
     paths = [w for w, _ in sources if w != OBJECT_NAME]
-    if workers > 1 and paths:
-        scans = [scan_manifest(p) for p in paths]
-        counts = [n for n, _ in scans]
-        units = _units(counts, workers)
-        if len(units) > 1:
-            job = _CutsJob(paths, plan, chunk_bytes, [m for _, m in scans])
-            try:
-                return convert_in_parallel(out, schema, [(job, u) for u in units], sum(counts), overwrite=overwrite,
-                                           shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                                           progress=progress, storage_options=storage_options, preload=PRELOAD,
-                                           in_driver=True, direct_io=direct_io)
-            finally:
-                forget_streams()  # a gzip stream this process kept after one of its runs
+    scans = functools.cache(lambda: [scan_manifest(p) for p in paths])  # one pass over the lines, when needed
 
-    def fill(writer: Writer) -> None:
-        if total is not None:
-            announce_total(progress, total)
-        _write(writer, streams, plan, chunk_bytes, progress)
+    def units(workers: int) -> list[tuple[_CutsJob, list[tuple[int, int, int]]]]:
+        job = _CutsJob(plan, chunk_bytes, paths, [m for _, m in scans()])
+        return [(job, u) for u in _units([n for n, _ in scans()], workers)]
 
-    return build_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes,
-                       metadata={METADATA_KEY: meta}, storage_options=storage_options, direct_io=direct_io)
+    total = (lambda: sum(n for n, _ in scans())) if paths else _known_length(sources)
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, _StreamJob(plan, chunk_bytes), streams, total,
+                             units if paths else None, url_as_parts=False, preload=PRELOAD, in_driver=True,
+                             after_parallel=forget_streams)  # a gzip stream this process kept after one of its runs
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options, direct_io=direct_io)

@@ -45,16 +45,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
+from . import driver
 from ._common import (
     DEFAULT_CHUNK_BYTES,
     OutputExistsError,
     Progress,
     SourceFormatError,
     announce_total,
-    new_store,
     runs_across,
     split_by_budget,
 )
@@ -311,14 +310,8 @@ def import_megatron(
     ``workers > 1`` converts in that many processes (runs of sequences written as parts, one commit;
     the same records in the same order). ``out`` may be a URL of object storage (``storage_options``).
     """
-    remote = is_remote(out)
-    if storage_options and not remote:
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    if not given:
-        raise ValueError("import_megatron: no sources given")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    given = driver.source_list(sources, "import_megatron")
     indexes = [read_index(s) for s in given]
     first = indexes[0]
     for ix in indexes[1:]:
@@ -353,20 +346,10 @@ def import_megatron(
     job = _MegatronJob([ix.prefix for ix in indexes], offsets, field, document_field if split_docs else None,
                        mode_field if all(multimodal) else None, chunk_bytes)
     del indexes, first
-    units = [(job, segs) for segs in _units(counts, workers)] if workers > 1 or remote else []
-    if len(units) > 1 or remote:
-        from ._parallel import convert_in_parallel
-
-        return convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                                   metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
-                                   storage_options=storage_options)
-
-    def fill(writer: Writer) -> None:
-        announce_total(progress, total)
-        job.write(writer, [(k, 0, n) for k, n in enumerate(counts)], progress)
-
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, 0, n) for k, n in enumerate(counts)], total,
+                             lambda workers: [(job, segs) for segs in _units(counts, workers)])
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options)
 
 
 # ------------------------------------------------------------------------------------------- export

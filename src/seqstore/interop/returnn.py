@@ -34,18 +34,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..io.objects import is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
-from ._common import (
-    DEFAULT_CHUNK_BYTES,
-    OutputExistsError,
-    Progress,
-    SourceFormatError,
-    announce_total,
-    new_store,
-    split_by_budget,
-)
+from . import driver
+from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, announce_total, split_by_budget
+from .returnn_hdf import VALIDATE_BLOCK, HdfFileInfo, HdfStream, decode_tag, h5py_module, inspect_hdf, read_dataset
 
 if TYPE_CHECKING:
     from ._returnn_dataset import StoreDataset as StoreDataset
@@ -56,10 +49,10 @@ __all__ = ["import_hdf", "export_hdf", "inspect_hdf", "HdfFileInfo", "HdfStream"
 METADATA_KEY = "returnn"
 
 _LENGTHS_BLOCK = 1 << 16  # sequences of seqLengths read at once while streaming
-_VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
 _TAG_COST = 64  # bytes charged per sequence in the chunk budget (its tag string and bookkeeping)
 #: A parallel import gives each worker's unit at least this many bytes of rows (less in all: one process).
 MIN_UNIT_BYTES = 16 << 20
+_read = read_dataset  # looked up when called, so a test can put a failing read in its place
 
 
 def __getattr__(name: str) -> Any:
@@ -69,201 +62,6 @@ def __getattr__(name: str) -> Any:
 
         return StoreDataset
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _h5py() -> Any:
-    try:
-        import h5py
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("RETURNN HDF import/export needs h5py: pip install 'seqstore[hdf5]'") from exc
-    return h5py
-
-
-# ---------------------------------------------------------------------------------------- inspect
-
-
-@dataclasses.dataclass(frozen=True)
-class HdfStream:
-    """One stream of a RETURNN HDF file: ``inputs`` or ``targets/data/<key>``.
-
-    ``key`` is RETURNN's data key (``"data"`` for inputs), ``dataset`` the HDF path, ``column`` its
-    column in ``seqLengths``, ``dtype``/``inner`` the row dtype and shape (``()`` for sparse/1-d),
-    ``rows`` the first-axis size, ``dim``/``ndim`` RETURNN's ``num_outputs`` entry.
-    """
-
-    key: str
-    dataset: str
-    column: int
-    dtype: str
-    inner: tuple[int, ...]
-    rows: int
-    dim: int
-    ndim: int
-
-    @property
-    def row_bytes(self) -> int:
-        return int(np.prod(self.inner, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-    @property
-    def sparse(self) -> bool:
-        return self.ndim <= 1 and np.dtype(self.dtype).kind in "iu"
-
-
-@dataclasses.dataclass(frozen=True)
-class HdfFileInfo:
-    """What :func:`inspect_hdf` found in one file: sequence count, streams, labels. O(streams + labels)."""
-
-    path: str
-    num_seqs: int
-    streams: tuple[HdfStream, ...]
-    lengths_2d: bool
-    labels: dict[str, list[str]]
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of all stream rows (what the import reads, tags not counted)."""
-        return sum(s.rows * s.row_bytes for s in self.streams)
-
-
-def _decode_tag(t: Any) -> str:
-    """A tag as RETURNN decodes it: bytes -> utf-8, cut at the first NUL."""
-    s = t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
-    return s.split("\0", 1)[0]
-
-
-def _read(ds: Any, sl: Any, path: str, name: str) -> Any:
-    """``ds[sl]``, turning HDF5 read failures into a SourceFormatError naming file and dataset."""
-    try:
-        return ds[sl]
-    except (OSError, RuntimeError, ValueError, KeyError) as exc:
-        raise SourceFormatError(path, name, f"cannot read {sl!r}: {exc}") from exc
-
-
-def _labels(fin: Any, name: str, path: str) -> list[str] | None:
-    if name not in fin:
-        return None
-    raw = _read(fin[name], (), path, name)
-    labels = [_decode_tag(x) for x in np.asarray(raw).reshape(-1).tolist()]
-    return None if labels in ([], ["dummy-label"]) else labels
-
-
-def _size_attr(fin: Any, key: str, path: str) -> tuple[int, int] | None:
-    if "targets/size" not in fin or key not in fin["targets/size"].attrs:
-        return None
-    v = np.asarray(fin["targets/size"].attrs[key])
-    if v.ndim == 0:
-        return int(v), len(fin[f"targets/data/{key}"].shape)
-    if v.shape != (2,):
-        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim], got {v.tolist()}")
-    return int(v[0]), int(v[1])
-
-
-def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> HdfFileInfo:
-    """Check that ``path`` is a well-formed RETURNN HDF file and describe it.
-
-    Reads attributes, dataset shapes and labels, and (``check_lengths``) walks ``seqLengths`` in
-    blocks of 2**20 sequences to check that every column is non-negative and sums to the first-axis
-    size of its stream. O(block) memory; reads 4-8 bytes per sequence and stream.
-
-    Raises :class:`SourceFormatError` (a :class:`seqstore.FormatError`) naming the file and dataset
-    for a missing dataset, a ``seqLengths`` shape that does not fit the streams, lengths that disagree
-    with data sizes, or a file that is not HDF5; :class:`seqstore.SchemaError` for string-valued
-    streams, which have no numeric field to go to.
-    """
-    h5py = _h5py()
-    p = str(path)
-    try:
-        fin = h5py.File(p, "r")
-    except (OSError, ValueError) as exc:
-        raise SourceFormatError(p, None, f"cannot open as an HDF5 file: {exc}") from exc
-    with fin:
-        for need in ("seqLengths", "seqTags"):
-            if need not in fin:
-                raise SourceFormatError(
-                    p, need, "missing (a RETURNN HDF file has seqLengths, seqTags, inputs and/or targets/data/<key>)"
-                )
-        has_inputs = "inputs" in fin
-        has_targets = "targets" in fin
-        keys: list[str] = []
-        if has_targets:
-            if "targets/data" not in fin:
-                raise SourceFormatError(p, "targets/data", "missing although the file has a 'targets' group")
-            size_keys = set(fin["targets/size"].attrs.keys()) if "targets/size" in fin else set()
-            keys = sorted(set(fin["targets/data"].keys()) | size_keys)
-            for k in keys:
-                if k not in fin["targets/data"] or not isinstance(fin[f"targets/data/{k}"], h5py.Dataset):
-                    raise SourceFormatError(p, f"targets/data/{k}", "missing (the key is listed in targets/size)")
-        if not has_inputs and not keys:
-            raise SourceFormatError(p, "inputs", "missing, and there are no targets/data/<key> streams either")
-        if has_inputs and "data" in keys:
-            raise SourceFormatError(p, "targets/data/data", "key 'data' is taken by 'inputs'")
-
-        sl = fin["seqLengths"]
-        lengths_2d = sl.ndim == 2
-        tags = fin["seqTags"]
-        if sl.ndim not in (1, 2) or sl.dtype.kind not in "iu":
-            raise SourceFormatError(p, "seqLengths", f"expected integer (num_seqs, C), got {sl.dtype} {sl.shape}")
-        n = int(sl.shape[0])
-        ncols = int(has_inputs) + (len(keys) if has_targets else 1)
-        if sl.ndim == 2 and sl.shape[1] != ncols:
-            what = (["inputs"] if has_inputs else []) + (keys if has_targets else ["(unused 'classes')"])
-            raise SourceFormatError(
-                p, "seqLengths", f"has {sl.shape[1]} columns, expected {ncols} (one per stream: {', '.join(what)})"
-            )
-        if tags.shape != (n,):
-            raise SourceFormatError(p, "seqTags", f"shape {tags.shape} does not match seqLengths' {n} sequences")
-
-        streams: list[HdfStream] = []
-        names = (["inputs"] if has_inputs else []) + [f"targets/data/{k}" for k in keys]
-        for col, name in enumerate(names):
-            ds = fin[name]
-            if ds.dtype.kind in "OSUV" or h5py.check_string_dtype(ds.dtype) is not None:
-                raise SchemaError(f"{p}, dataset {name!r}: holds {ds.dtype} values; seqstore fields are numeric")
-            if ds.ndim < 1:
-                raise SourceFormatError(p, name, f"expected at least one axis (rows), got shape {ds.shape}")
-            inner = tuple(int(s) for s in ds.shape[1:])
-            if name == "inputs":
-                key = "data"
-                if ds.ndim == 1:
-                    dim = int(fin.attrs.get("inputPattSize", 1))
-                    ndim = 1
-                else:
-                    dim, ndim = int(ds.shape[1]), ds.ndim
-            else:
-                key = name.rsplit("/", 1)[1]
-                given = _size_attr(fin, key, p)
-                dim, ndim = given if given else ((1 if ds.ndim == 1 else int(ds.shape[-1])), ds.ndim)
-            column = col if sl.ndim == 2 else 0
-            streams.append(HdfStream(key, name, column, str(ds.dtype), inner, int(ds.shape[0]), dim, ndim))
-
-        if check_lengths:
-            sums = np.zeros(ncols if sl.ndim == 2 else 1, dtype=np.int64)
-            for a in range(0, n, _VALIDATE_BLOCK):
-                block = np.asarray(_read(sl, slice(a, min(a + _VALIDATE_BLOCK, n)), p, "seqLengths"), dtype=np.int64)
-                block = block.reshape(len(block), -1)
-                if block.size and block.min() < 0:
-                    r, c = np.argwhere(block < 0)[0]
-                    raise SourceFormatError(p, "seqLengths", f"negative length {block[r, c]} at sequence {a + r}")
-                sums += block.sum(axis=0)
-            for s in streams:
-                if int(sums[s.column]) != s.rows:
-                    raise SourceFormatError(
-                        p,
-                        s.dataset,
-                        f"has {s.rows} rows but seqLengths column {s.column} sums to {int(sums[s.column])}: "
-                        "lengths and data disagree",
-                    )
-
-        labels: dict[str, list[str]] = {}
-        if has_inputs:
-            got = _labels(fin, "labels", p)
-            if got:
-                labels["data"] = got
-        for k in keys:
-            got = _labels(fin, f"targets/labels/{k}", p)
-            if got:
-                labels[k] = got
-    return HdfFileInfo(p, n, tuple(streams), lengths_2d, labels)
 
 
 def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tuple[Schema, dict[str, Any]]:
@@ -339,7 +137,7 @@ def _stream_file(
 ) -> None:
     """Append every sequence of one file to ``writer`` in chunks of about ``chunk_bytes`` of rows (or the
     sequences ``seqs = [a, b)``, whose rows start at ``first_rows[stream key]``)."""
-    h5py = _h5py()
+    h5py = h5py_module()
     p = info.path
     with h5py.File(p, "r") as fin:
         sl = fin["seqLengths"]
@@ -366,7 +164,7 @@ def _stream_file(
                     columns[fields[s.key]] = (values, lengths)
                     nbytes += values.nbytes
                 raw_tags = _read(tags_ds, slice(a + x, a + y), p, "seqTags")
-                ids = [_decode_tag(t) for t in raw_tags.tolist()]
+                ids = [decode_tag(t) for t in raw_tags.tolist()]
                 try:
                     writer.append_batch(columns, ids=ids)
                 except SchemaError as exc:
@@ -409,33 +207,15 @@ def import_hdf(
     records in the same order, only the shard boundaries differ. ``out`` may be a URL of object storage
     (with ``storage_options``): the workers upload their parts into the store, one commit at the end.
     """
-    remote = is_remote(out)
-    if storage_options and not remote:
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    if not paths:
-        raise ValueError("import_hdf: no source files given")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    infos = [inspect_hdf(p) for p in paths]
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    infos = [inspect_hdf(p) for p in driver.source_list(sources, "import_hdf")]
     schema, meta = _merge_schema(infos, dict(rename or {}))
-    fields = {v["hdf_key"]: name for name, v in meta["streams"].items()}
-    job = _HdfJob(list(infos), fields, chunk_bytes)
-    units = [(job, segs) for segs in _hdf_units(infos, workers)] if workers > 1 or remote else []
-    if len(units) > 1 or remote:  # a URL: always as parts (tasks upload, one commit)
-        from ._parallel import convert_in_parallel
-
-        return convert_in_parallel(out, schema, units, sum(info.total_bytes for info in infos), overwrite=overwrite,
-                                   shard_bytes=shard_bytes, metadata={METADATA_KEY: meta}, workers=workers,
-                                   progress=progress, storage_options=storage_options)
-
-    def fill(writer: Writer) -> None:  # called once the output path is checked too
-        announce_total(progress, sum(info.total_bytes for info in infos))
-        for info in infos:
-            _stream_file(info, writer, fields, chunk_bytes, progress)
-
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+    job = _HdfJob(list(infos), {v["hdf_key"]: name for name, v in meta["streams"].items()}, chunk_bytes)
+    whole = [(k, 0, info.num_seqs, None) for k, info in enumerate(infos)]
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, whole, sum(info.total_bytes for info in infos),
+                             lambda workers: [(job, segs) for segs in _hdf_units(infos, workers)])
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,10 +226,10 @@ class _HdfJob:
     fields: dict[str, str]
     chunk_bytes: int
 
-    def write(self, writer: Writer, segments: Sequence[tuple[int, int, int, dict[str, int]]],
+    def write(self, writer: Writer, segments: Sequence[tuple[int, int, int, dict[str, int] | None]],
               progress: Progress | None) -> None:
         """Append the sequences of ``segments`` (file number, first and end sequence, first row of each
-        stream), in order."""
+        stream or None for the file's first sequence), in order."""
         for k, a, b, rows in segments:
             _stream_file(self.infos[k], writer, self.fields, self.chunk_bytes, progress, (a, b), rows)
 
@@ -458,7 +238,7 @@ def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[in
     """Cut the files' sequences, in order, into about ``4 x workers`` runs of similar bytes of rows. Each
     run is a list of (file number, first sequence, end sequence, first row per stream). Reads every
     file's ``seqLengths`` once in blocks (O(block) memory)."""
-    h5py = _h5py()
+    h5py = h5py_module()
     total = sum(info.total_bytes + _TAG_COST * info.num_seqs for info in infos)
     budget = max(MIN_UNIT_BYTES, -(-total // (4 * workers)))
     units: list[list[tuple[int, int, int, dict[str, int]]]] = []
@@ -470,8 +250,8 @@ def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[in
         before = {s.key: 0 for s in info.streams}  # rows before the current block
         with h5py.File(info.path, "r") as fin:
             sl = fin["seqLengths"]
-            for a in range(0, info.num_seqs, _VALIDATE_BLOCK):
-                n = min(_VALIDATE_BLOCK, info.num_seqs - a)
+            for a in range(0, info.num_seqs, VALIDATE_BLOCK):
+                n = min(VALIDATE_BLOCK, info.num_seqs - a)
                 block = np.asarray(_read(sl, slice(a, a + n), info.path, "seqLengths"), dtype=np.int64).reshape(n, -1)
                 cost = np.full(n, _TAG_COST, dtype=np.int64)
                 for s in info.streams:
@@ -567,7 +347,7 @@ def export_hdf(
     ``progress`` is called with the bytes of rows of each chunk as written (and, through ``add_total``
     if it has one, with the bytes of all exported streams before the first chunk).
     """
-    h5py = _h5py()
+    h5py = h5py_module()
     # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1))
     st = open_store(store.root if isinstance(store, Store) else store, bfloat16="float32")
     target = Path(out)

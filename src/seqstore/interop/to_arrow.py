@@ -33,14 +33,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INT32_MAX", "numbers", "offsets", "list_array", "fixed_lists", "field_lists", "leaf_type", "string_array",
-    "id_array",
+    "id_array", "pyarrow_module",
 ]
 
 #: The most values (or bytes) an array with 32-bit offsets can hold.
 INT32_MAX = (1 << 31) - 1
 
 
-def _pa() -> Any:
+def pyarrow_module() -> Any:
     try:  # imported by name: pyarrow ships no type information, and is optional
         return importlib.import_module("pyarrow")
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -79,7 +79,7 @@ def offsets(lengths: np.ndarray[Any, Any], *, large: bool = False, what: str = "
 def list_array(offs: np.ndarray[Any, Any], values: Any, type: Any = None) -> Any:  # noqa: A002
     """A list array (``large_list`` for int64 offsets, else ``list``) over the Arrow array ``values``:
     list ``j`` holds ``values[offs[j]:offs[j + 1]]``; ``type`` (optional) is the list type."""
-    pa = _pa()
+    pa = pyarrow_module()
     cls = pa.LargeListArray if offs.dtype == np.int64 else pa.ListArray
     return cls.from_arrays(pa.array(offs), values, type=type)
 
@@ -131,7 +131,7 @@ def string_array(data: np.ndarray[Any, Any], offs: np.ndarray[Any, Any], *, larg
                  what: str = "Arrow strings", hint: str = "") -> Any:
     """A string array (``large_string`` with ``large``) whose string ``j`` is the utf-8 bytes
     ``data[offs[j]:offs[j + 1]]`` (``offs``: int64 from 0), over the buffers as they are."""
-    pa = _pa()
+    pa = pyarrow_module()
     sized = _sized(np.asarray(offs, dtype=np.int64), large, what, hint, unit="bytes")
     t = pa.large_string() if large else pa.string()
     return pa.Array.from_buffers(t, len(sized) - 1, [None, pa.py_buffer(sized),

@@ -35,20 +35,19 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import mmap
 import os
 import re
 import tarfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from ..errors import SchemaError
-from ..io.objects import client_for, is_remote
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
+from . import driver
 from ._common import (
     DEFAULT_CHUNK_BYTES,
     OutputExistsError,
@@ -56,10 +55,10 @@ from ._common import (
     SourceFormatError,
     announce_total,
     install_output,
-    new_store,
     remove_path,
     temp_sibling,
 )
+from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
 
 __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
            "INT_EXTENSIONS"]
@@ -68,238 +67,13 @@ __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expa
 METADATA_KEY = "webdataset"
 #: Extensions (last dotted part) read as a decimal integer, as webdataset's default decoder does.
 INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "id"})
-_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-_META = re.compile(r"__[^/]*__($|/)")
-_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 #: Records per appended batch at most (bounds the per-chunk lists of small samples).
 CHUNK_RECORDS = 1 << 14
-#: Bytes fetched per request when a shard is read from a URL.
-URL_BLOCK = 16 << 20
 
 
 class UnknownMemberError(SourceFormatError):
     """A tar member's extension has no field under a strict mapping; ``path`` is the shard,
     ``dataset`` the member's name."""
-
-
-def expand_shards(spec: str) -> list[str]:
-    """``"data-{000000..000009}.tar"`` -> the ten names (zero padding kept); other names as they are."""
-    m = _RANGE.search(spec)
-    if m is None:
-        return [spec]
-    a, b = m.group(1), m.group(2)
-    width = len(a) if a.startswith("0") or len(a) == len(b) else 0
-    out: list[str] = []
-    for i in range(int(a), int(b) + 1):
-        out.extend(expand_shards(spec[: m.start()] + str(i).zfill(width) + spec[m.end():]))
-    return out
-
-
-def _shards(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
-    out: list[str] = []
-    for s in sources:
-        s = os.fspath(s)
-        for p in expand_shards(s):
-            if not is_remote(p) and os.path.isdir(p):
-                found = sorted(str(q) for q in Path(p).iterdir() if q.name.endswith((".tar", ".tar.gz", ".tgz")))
-                if not found:
-                    raise SourceFormatError(p, None, "directory holds no .tar shards")
-                out.extend(found)
-            elif not is_remote(p) and not os.path.isfile(p):
-                raise FileNotFoundError(f"{p}: no such tar shard")
-            else:
-                out.append(p)
-    return out
-
-
-class _RangeReader(io.RawIOBase):
-    """A URL read front to back in blocks of URL_BLOCK bytes (each one ranged GET, pinned to the object's
-    ETag), as a file object for ``tarfile``'s stream mode."""
-
-    def __init__(self, url: str, options: Mapping[str, Any] | None) -> None:
-        base, _, self.key = url.rpartition("/")
-        self.client = client_for(base, options)
-        meta = self.client.head(self.key)
-        self.size, self.etag = int(meta.size), meta.etag or None
-        self.pos = 0
-        self.buf = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        if not len(self.buf):
-            if self.pos >= self.size:
-                return 0
-            end = min(self.size, self.pos + URL_BLOCK)
-            (data, _), = self.client.get_ranges([(self.key, self.pos, end, self.etag)])
-            self.buf = memoryview(data).cast("B")
-            self.pos = end
-        n = min(len(b), len(self.buf))
-        b[:n] = self.buf[:n]
-        self.buf = self.buf[n:]
-        return n
-
-
-def _size(path: str, options: Mapping[str, Any] | None) -> int:
-    if is_remote(path):
-        base, _, key = path.rpartition("/")
-        return int(client_for(base, options).head(key).size)
-    return os.path.getsize(path)
-
-
-class _Counter:
-    """Bytes of a shard read so far (its progress)."""
-
-    count = 0
-
-
-class _Counting(io.RawIOBase):
-    """Counts the bytes read through it into ``counter``."""
-
-    def __init__(self, raw: BinaryIO, counter: _Counter) -> None:
-        self.raw, self.counter = raw, counter
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        n = int(self.raw.readinto(b) or 0)  # type: ignore[attr-defined]
-        self.counter.count += n
-        return n
-
-    def close(self) -> None:
-        self.raw.close()
-        super().close()
-
-
-_ZERO = bytes(512)
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")
-
-
-def _octal(field: bytes) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes of 8 GiB and more)
-        return int.from_bytes(field[1:], "big", signed=field[:1] == b"\xff")
-    text = field.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text else 0
-
-
-def _pax(data: bytes) -> dict[str, str]:
-    """Records ``LEN KEY=VALUE\\n`` of a pax extended header."""
-    out: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        sp = data.index(b" ", pos)
-        n = int(data[pos:sp])
-        key, _, value = data[sp + 1 : pos + n - 1].partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += n
-    return out
-
-
-def _local_members(path: str, counter: _Counter) -> Iterator[tuple[str, bytes]]:
-    """Regular members ``(name, bytes)`` of an uncompressed local tar file, read from a memory map by
-    parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums checked."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        pos = 0
-        long_name: str | None = None
-        pax: dict[str, str] = {}
-        while pos + 512 <= size:
-            hdr = mm[pos : pos + 512]
-            if hdr == _ZERO:
-                break
-            want = _octal(hdr[148:156])
-            if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
-                raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
-            n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
-            kind = hdr[156:157]
-            start = pos + 512
-            pos = start + -(-n // 512) * 512
-            if pos > size:
-                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
-                                        f"at byte {start} runs past the end, {size})")
-            if kind == b"L":
-                long_name = mm[start : start + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                continue
-            if kind == b"x":
-                pax = _pax(mm[start : start + n])
-                continue
-            if kind == b"g":
-                continue
-            if long_name is not None:
-                name = long_name
-            elif "path" in pax:
-                name = pax["path"]
-            else:
-                name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                if hdr[257:262] == b"ustar":
-                    prefix = hdr[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
-            long_name, pax = None, {}
-            counter.count = pos
-            if kind in (b"0", b"\0", b"7"):
-                yield name, mm[start : start + n]
-        counter.count = size
-    finally:
-        mm.close()
-
-
-def _stream_members(path: str, options: Mapping[str, Any] | None, counter: _Counter) -> Iterator[tuple[str, bytes]]:
-    """Regular members of a tar stream (any compression ``tarfile`` knows; local file or URL)."""
-    raw: BinaryIO = _RangeReader(path, options) if is_remote(path) else open(path, "rb")  # type: ignore[assignment]
-    fh = _Counting(raw, counter)
-    try:
-        with tarfile.open(fileobj=io.BufferedReader(fh, 1 << 20), mode="r|*") as tf:
-            for ti in tf:
-                if ti.isreg():
-                    f = tf.extractfile(ti)
-                    assert f is not None
-                    yield ti.name, f.read()
-                tf.members = []  # type: ignore[attr-defined]  # a stream reader would otherwise keep every TarInfo
-    finally:
-        fh.close()
-
-
-def _samples(path: str, options: Mapping[str, Any] | None, counter: _Counter | None = None
-             ) -> Iterator[tuple[str, dict[str, tuple[str, bytes]]]]:
-    """The samples of one shard: ``(key, {ext: (member name, bytes)})``, in tar order."""
-    counter = counter if counter is not None else _Counter()
-    try:
-        plain = False
-        if not is_remote(path):
-            with open(path, "rb") as f:
-                plain = not f.read(6).startswith(_COMPRESSED)
-        members = _local_members(path, counter) if plain else _stream_members(path, options, counter)
-        key: str | None = None
-        cur: dict[str, tuple[str, bytes]] = {}
-        for name, data in members:
-            if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
-                continue
-            m = _KEY.match(name)
-            if m is None:
-                continue
-            k, ext = m.group(1), m.group(2).lower()
-            if k != key:
-                if key is not None:
-                    yield key, cur
-                key, cur = k, {}
-            if ext in cur:
-                raise SourceFormatError(path, name, f"key {k!r} has two members with extension .{ext}")
-            cur[ext] = (name, data)
-        if key is not None:
-            yield key, cur
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        if isinstance(exc, SourceFormatError):
-            raise
-        raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------------ plans
@@ -398,12 +172,12 @@ class _WdsJob:
         """Append the samples of the shards ``segments`` (indices into ``shards``), in order."""
         for k in segments:
             path = self.shards[k]
-            counter = _Counter()
+            counter = ByteCounter()
             reported = 0
             keys: list[str] = []
             cols: dict[str, list[Any]] = {e: [] for e in self.plans}
             size = 0
-            for key, members in _samples(path, self.options, counter):
+            for key, members in samples(path, self.options, counter):
                 for ext in members:
                     if ext not in self.plans and self.strict:
                         raise UnknownMemberError(
@@ -428,7 +202,7 @@ class _WdsJob:
             if keys:
                 self._append(writer, path, keys, cols)
             if progress is not None:
-                progress(_size(path, self.options) - reported)
+                progress(shard_size(path, self.options) - reported)
 
     def _append(self, writer: Writer, path: str, keys: list[str], cols: dict[str, list[Any]]) -> None:
         batch: dict[str, Any] = {}
@@ -485,17 +259,11 @@ def import_webdataset(
     commit). ``progress`` gets bytes of the shard files. ``out`` may be a URL of object storage
     (``storage_options``).
     """
-    remote = is_remote(out)
-    if storage_options and not remote:
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    if not given:
-        raise ValueError("import_webdataset: no sources given")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    given = driver.source_list(sources, "import_webdataset")
     opts = dict(source_options) if source_options else None
-    shards = _shards(given)
-    first = next(iter(_samples(shards[0], opts)), None)
+    shards = shard_list(given)
+    first = next(iter(samples(shards[0], opts)), None)
     if first is None:
         raise SourceFormatError(shards[0], None, "holds no samples (no member named KEY.EXT)")
     key, members = first
@@ -513,27 +281,18 @@ def import_webdataset(
         schema = Schema({p.field: p.as_field() for p in plans.values()})
     except SchemaError as exc:
         raise SchemaError(f"{exc}; name the fields with fields={{ext: field}}") from exc
-    total = sum(_size(s, opts) for s in shards)
+    total = sum(shard_size(s, opts) for s in shards)
     meta = {"shards": [s.rsplit("/", 1)[-1] for s in shards],
             "fields": {e: {"field": p.field, "kind": p.kind} for e, p in plans.items()}}
     job = _WdsJob(shards, plans, strict, chunk_bytes, opts)
-    units: list[tuple[_WdsJob, list[int]]] = []
-    if workers > 1 or remote:
-        parts = max(1, min(len(shards), 4 * workers))
-        units = [(job, [int(i) for i in run]) for run in np.array_split(np.arange(len(shards)), parts) if len(run)]
-    if len(units) > 1 or remote:
-        from ._parallel import convert_in_parallel
 
-        return convert_in_parallel(out, schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                                   metadata={METADATA_KEY: meta}, workers=workers, progress=progress,
-                                   storage_options=storage_options)
+    def units(workers: int) -> list[tuple[_WdsJob, list[int]]]:  # runs of shards, in order
+        runs = np.array_split(np.arange(len(shards)), max(1, min(len(shards), 4 * workers)))
+        return [(job, [int(i) for i in run]) for run in runs if len(run)]
 
-    def fill(writer: Writer) -> None:
-        announce_total(progress, total)
-        job.write(writer, list(range(len(shards))), progress)
-
-    new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata={METADATA_KEY: meta})
-    return open_store(out)
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, list(range(len(shards))), total, units)
+    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
+                        storage_options=storage_options)
 
 
 # ------------------------------------------------------------------------------------------- export
@@ -657,8 +416,8 @@ def export_webdataset(
             for j in range(b - a):
                 if keys == "ids":
                     key = blob[int(offs[j]) : int(offs[j + 1])].decode("utf-8", "surrogatepass")
-                    m = _KEY.match(key + ".x")
-                    if m is None or m.group(1) != key or _META.match(key):
+                    m = KEY.match(key + ".x")
+                    if m is None or m.group(1) != key or META.match(key):
                         raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its last "
                                           "path part, not __name__); pass keys='index'")
                 else:

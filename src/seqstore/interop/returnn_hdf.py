@@ -1,0 +1,214 @@
+"""The RETURNN HDF layout as the importer reads it: :func:`inspect_hdf` checks a file and describes its
+streams (:class:`HdfFileInfo`, :class:`HdfStream`); :func:`read_dataset` reads a slice of one of its
+datasets, naming the file and dataset when HDF5 fails. The layout is the one RETURNN's
+``SimpleHDFWriter`` writes and ``HDFDataset`` reads (see :mod:`seqstore.interop.returnn`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import SchemaError
+from ._common import SourceFormatError
+
+__all__ = ["inspect_hdf", "HdfFileInfo", "HdfStream", "read_dataset", "decode_tag", "h5py_module", "VALIDATE_BLOCK"]
+
+VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
+
+
+def h5py_module() -> Any:
+    """The ``h5py`` module; ImportError naming the extra to install."""
+    try:
+        import h5py
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("RETURNN HDF import/export needs h5py: pip install 'seqstore[hdf5]'") from exc
+    return h5py
+
+
+@dataclasses.dataclass(frozen=True)
+class HdfStream:
+    """One stream of a RETURNN HDF file: ``inputs`` or ``targets/data/<key>``.
+
+    ``key`` is RETURNN's data key (``"data"`` for inputs), ``dataset`` the HDF path, ``column`` its
+    column in ``seqLengths``, ``dtype``/``inner`` the row dtype and shape (``()`` for sparse/1-d),
+    ``rows`` the first-axis size, ``dim``/``ndim`` RETURNN's ``num_outputs`` entry.
+    """
+
+    key: str
+    dataset: str
+    column: int
+    dtype: str
+    inner: tuple[int, ...]
+    rows: int
+    dim: int
+    ndim: int
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.inner, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def sparse(self) -> bool:
+        return self.ndim <= 1 and np.dtype(self.dtype).kind in "iu"
+
+
+@dataclasses.dataclass(frozen=True)
+class HdfFileInfo:
+    """What :func:`inspect_hdf` found in one file: sequence count, streams, labels. O(streams + labels)."""
+
+    path: str
+    num_seqs: int
+    streams: tuple[HdfStream, ...]
+    lengths_2d: bool
+    labels: dict[str, list[str]]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all stream rows (what the import reads, tags not counted)."""
+        return sum(s.rows * s.row_bytes for s in self.streams)
+
+
+def decode_tag(t: Any) -> str:
+    """A tag as RETURNN decodes it: bytes -> utf-8, cut at the first NUL."""
+    s = t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
+    return s.split("\0", 1)[0]
+
+
+def read_dataset(ds: Any, sl: Any, path: str, name: str) -> Any:
+    """``ds[sl]``, turning HDF5 read failures into a SourceFormatError naming file and dataset."""
+    try:
+        return ds[sl]
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise SourceFormatError(path, name, f"cannot read {sl!r}: {exc}") from exc
+
+
+def _labels(fin: Any, name: str, path: str) -> list[str] | None:
+    if name not in fin:
+        return None
+    raw = read_dataset(fin[name], (), path, name)
+    labels = [decode_tag(x) for x in np.asarray(raw).reshape(-1).tolist()]
+    return None if labels in ([], ["dummy-label"]) else labels
+
+
+def _size_attr(fin: Any, key: str, path: str) -> tuple[int, int] | None:
+    if "targets/size" not in fin or key not in fin["targets/size"].attrs:
+        return None
+    v = np.asarray(fin["targets/size"].attrs[key])
+    if v.ndim == 0:
+        return int(v), len(fin[f"targets/data/{key}"].shape)
+    if v.shape != (2,):
+        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim], got {v.tolist()}")
+    return int(v[0]), int(v[1])
+
+
+def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> HdfFileInfo:
+    """Check that ``path`` is a well-formed RETURNN HDF file and describe it.
+
+    Reads attributes, dataset shapes and labels, and (``check_lengths``) walks ``seqLengths`` in
+    blocks of 2**20 sequences to check that every column is non-negative and sums to the first-axis
+    size of its stream. O(block) memory; reads 4-8 bytes per sequence and stream.
+
+    Raises :class:`SourceFormatError` (a :class:`seqstore.FormatError`) naming the file and dataset
+    for a missing dataset, a ``seqLengths`` shape that does not fit the streams, lengths that disagree
+    with data sizes, or a file that is not HDF5; :class:`seqstore.SchemaError` for string-valued
+    streams, which have no numeric field to go to.
+    """
+    h5py = h5py_module()
+    p = str(path)
+    try:
+        fin = h5py.File(p, "r")
+    except (OSError, ValueError) as exc:
+        raise SourceFormatError(p, None, f"cannot open as an HDF5 file: {exc}") from exc
+    with fin:
+        for need in ("seqLengths", "seqTags"):
+            if need not in fin:
+                raise SourceFormatError(
+                    p, need, "missing (a RETURNN HDF file has seqLengths, seqTags, inputs and/or targets/data/<key>)"
+                )
+        has_inputs = "inputs" in fin
+        has_targets = "targets" in fin
+        keys: list[str] = []
+        if has_targets:
+            if "targets/data" not in fin:
+                raise SourceFormatError(p, "targets/data", "missing although the file has a 'targets' group")
+            size_keys = set(fin["targets/size"].attrs.keys()) if "targets/size" in fin else set()
+            keys = sorted(set(fin["targets/data"].keys()) | size_keys)
+            for k in keys:
+                if k not in fin["targets/data"] or not isinstance(fin[f"targets/data/{k}"], h5py.Dataset):
+                    raise SourceFormatError(p, f"targets/data/{k}", "missing (the key is listed in targets/size)")
+        if not has_inputs and not keys:
+            raise SourceFormatError(p, "inputs", "missing, and there are no targets/data/<key> streams either")
+        if has_inputs and "data" in keys:
+            raise SourceFormatError(p, "targets/data/data", "key 'data' is taken by 'inputs'")
+
+        sl = fin["seqLengths"]
+        lengths_2d = sl.ndim == 2
+        tags = fin["seqTags"]
+        if sl.ndim not in (1, 2) or sl.dtype.kind not in "iu":
+            raise SourceFormatError(p, "seqLengths", f"expected integer (num_seqs, C), got {sl.dtype} {sl.shape}")
+        n = int(sl.shape[0])
+        ncols = int(has_inputs) + (len(keys) if has_targets else 1)
+        if sl.ndim == 2 and sl.shape[1] != ncols:
+            what = (["inputs"] if has_inputs else []) + (keys if has_targets else ["(unused 'classes')"])
+            raise SourceFormatError(
+                p, "seqLengths", f"has {sl.shape[1]} columns, expected {ncols} (one per stream: {', '.join(what)})"
+            )
+        if tags.shape != (n,):
+            raise SourceFormatError(p, "seqTags", f"shape {tags.shape} does not match seqLengths' {n} sequences")
+
+        streams: list[HdfStream] = []
+        names = (["inputs"] if has_inputs else []) + [f"targets/data/{k}" for k in keys]
+        for col, name in enumerate(names):
+            ds = fin[name]
+            if ds.dtype.kind in "OSUV" or h5py.check_string_dtype(ds.dtype) is not None:
+                raise SchemaError(f"{p}, dataset {name!r}: holds {ds.dtype} values; seqstore fields are numeric")
+            if ds.ndim < 1:
+                raise SourceFormatError(p, name, f"expected at least one axis (rows), got shape {ds.shape}")
+            inner = tuple(int(s) for s in ds.shape[1:])
+            if name == "inputs":
+                key = "data"
+                if ds.ndim == 1:
+                    dim = int(fin.attrs.get("inputPattSize", 1))
+                    ndim = 1
+                else:
+                    dim, ndim = int(ds.shape[1]), ds.ndim
+            else:
+                key = name.rsplit("/", 1)[1]
+                given = _size_attr(fin, key, p)
+                dim, ndim = given if given else ((1 if ds.ndim == 1 else int(ds.shape[-1])), ds.ndim)
+            column = col if sl.ndim == 2 else 0
+            streams.append(HdfStream(key, name, column, str(ds.dtype), inner, int(ds.shape[0]), dim, ndim))
+
+        if check_lengths:
+            sums = np.zeros(ncols if sl.ndim == 2 else 1, dtype=np.int64)
+            for a in range(0, n, VALIDATE_BLOCK):
+                rows = slice(a, min(a + VALIDATE_BLOCK, n))
+                block = np.asarray(read_dataset(sl, rows, p, "seqLengths"), dtype=np.int64)
+                block = block.reshape(len(block), -1)
+                if block.size and block.min() < 0:
+                    r, c = np.argwhere(block < 0)[0]
+                    raise SourceFormatError(p, "seqLengths", f"negative length {block[r, c]} at sequence {a + r}")
+                sums += block.sum(axis=0)
+            for s in streams:
+                if int(sums[s.column]) != s.rows:
+                    raise SourceFormatError(
+                        p,
+                        s.dataset,
+                        f"has {s.rows} rows but seqLengths column {s.column} sums to {int(sums[s.column])}: "
+                        "lengths and data disagree",
+                    )
+
+        labels: dict[str, list[str]] = {}
+        if has_inputs:
+            got = _labels(fin, "labels", p)
+            if got:
+                labels["data"] = got
+        for k in keys:
+            got = _labels(fin, f"targets/labels/{k}", p)
+            if got:
+                labels[k] = got
+    return HdfFileInfo(p, n, tuple(streams), lengths_2d, labels)

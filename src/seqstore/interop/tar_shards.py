@@ -1,0 +1,256 @@
+"""WebDataset tar shards as samples: the reading half of :mod:`seqstore.interop.webdataset`.
+
+:func:`shard_list` expands the sources (files, directories, ``{000..009}`` brace ranges, URLs);
+:func:`samples` yields each shard's samples ``(key, {ext: (member name, bytes)})`` in tar order, grouping
+members by key as ``webdataset.WebDataset`` does (``KEY`` is the name up to the first dot of its last
+path part, ``EXT`` the rest, lower-cased; ``__*__`` members are skipped). An uncompressed local shard is
+read from a memory map by parsing its 512-byte headers (ustar, GNU long names, pax; checksums checked);
+a compressed shard or a URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a
+``tarfile`` stream. A :class:`ByteCounter` tells how far into the shard the reading is (progress).
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import re
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..io.objects import client_for, is_remote
+from ._common import SourceFormatError
+
+__all__ = ["expand_shards", "shard_list", "shard_size", "samples", "ByteCounter", "KEY", "META", "URL_BLOCK"]
+
+#: A member name: (key, extension).
+KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+#: A name of WebDataset's metadata members (``__key__``...), skipped.
+META = re.compile(r"__[^/]*__($|/)")
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+#: Bytes fetched per request when a shard is read from a URL.
+URL_BLOCK = 16 << 20
+
+
+def expand_shards(spec: str) -> list[str]:
+    """``"data-{000000..000009}.tar"`` -> the ten names (zero padding kept); other names as they are."""
+    m = _RANGE.search(spec)
+    if m is None:
+        return [spec]
+    a, b = m.group(1), m.group(2)
+    width = len(a) if a.startswith("0") or len(a) == len(b) else 0
+    out: list[str] = []
+    for i in range(int(a), int(b) + 1):
+        out.extend(expand_shards(spec[: m.start()] + str(i).zfill(width) + spec[m.end():]))
+    return out
+
+
+def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The shards behind ``sources``: brace ranges expanded, a directory's ``.tar`` files by name."""
+    out: list[str] = []
+    for s in sources:
+        s = os.fspath(s)
+        for p in expand_shards(s):
+            if not is_remote(p) and os.path.isdir(p):
+                found = sorted(str(q) for q in Path(p).iterdir() if q.name.endswith((".tar", ".tar.gz", ".tgz")))
+                if not found:
+                    raise SourceFormatError(p, None, "directory holds no .tar shards")
+                out.extend(found)
+            elif not is_remote(p) and not os.path.isfile(p):
+                raise FileNotFoundError(f"{p}: no such tar shard")
+            else:
+                out.append(p)
+    return out
+
+
+class _RangeReader(io.RawIOBase):
+    """A URL read front to back in blocks of URL_BLOCK bytes (each one ranged GET, pinned to the object's
+    ETag), as a file object for ``tarfile``'s stream mode."""
+
+    def __init__(self, url: str, options: Mapping[str, Any] | None) -> None:
+        base, _, self.key = url.rpartition("/")
+        self.client = client_for(base, options)
+        meta = self.client.head(self.key)
+        self.size, self.etag = int(meta.size), meta.etag or None
+        self.pos = 0
+        self.buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if not len(self.buf):
+            if self.pos >= self.size:
+                return 0
+            end = min(self.size, self.pos + URL_BLOCK)
+            (data, _), = self.client.get_ranges([(self.key, self.pos, end, self.etag)])
+            self.buf = memoryview(data).cast("B")
+            self.pos = end
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+
+def shard_size(path: str, options: Mapping[str, Any] | None) -> int:
+    """Bytes of the shard file (a HEAD for a URL)."""
+    if is_remote(path):
+        base, _, key = path.rpartition("/")
+        return int(client_for(base, options).head(key).size)
+    return os.path.getsize(path)
+
+
+class ByteCounter:
+    """Bytes of a shard read so far (its progress)."""
+
+    count = 0
+
+
+class _Counting(io.RawIOBase):
+    """Counts the bytes read through it into ``counter``."""
+
+    def __init__(self, raw: BinaryIO, counter: ByteCounter) -> None:
+        self.raw, self.counter = raw, counter
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = int(self.raw.readinto(b) or 0)  # type: ignore[attr-defined]
+        self.counter.count += n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+_ZERO = bytes(512)
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256 (sizes of 8 GiB and more)
+        return int.from_bytes(field[1:], "big", signed=field[:1] == b"\xff")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    """Records ``LEN KEY=VALUE\\n`` of a pax extended header."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        sp = data.index(b" ", pos)
+        n = int(data[pos:sp])
+        key, _, value = data[sp + 1 : pos + n - 1].partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += n
+    return out
+
+
+def _local_members(path: str, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
+    """Regular members ``(name, bytes)`` of an uncompressed local tar file, read from a memory map by
+    parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums checked."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        pos = 0
+        long_name: str | None = None
+        pax: dict[str, str] = {}
+        while pos + 512 <= size:
+            hdr = mm[pos : pos + 512]
+            if hdr == _ZERO:
+                break
+            want = _octal(hdr[148:156])
+            if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
+            n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
+            kind = hdr[156:157]
+            start = pos + 512
+            pos = start + -(-n // 512) * 512
+            if pos > size:
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
+                                        f"at byte {start} runs past the end, {size})")
+            if kind == b"L":
+                long_name = mm[start : start + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                continue
+            if kind == b"x":
+                pax = _pax(mm[start : start + n])
+                continue
+            if kind == b"g":
+                continue
+            if long_name is not None:
+                name = long_name
+            elif "path" in pax:
+                name = pax["path"]
+            else:
+                name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                if hdr[257:262] == b"ustar":
+                    prefix = hdr[345:500].split(b"\0", 1)[0]
+                    if prefix:
+                        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+            long_name, pax = None, {}
+            counter.count = pos
+            if kind in (b"0", b"\0", b"7"):
+                yield name, mm[start : start + n]
+        counter.count = size
+    finally:
+        mm.close()
+
+
+def _stream_members(path: str, options: Mapping[str, Any] | None, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
+    """Regular members of a tar stream (any compression ``tarfile`` knows; local file or URL)."""
+    raw: BinaryIO = _RangeReader(path, options) if is_remote(path) else open(path, "rb")  # type: ignore[assignment]
+    fh = _Counting(raw, counter)
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(fh, 1 << 20), mode="r|*") as tf:
+            for ti in tf:
+                if ti.isreg():
+                    f = tf.extractfile(ti)
+                    assert f is not None
+                    yield ti.name, f.read()
+                tf.members = []  # type: ignore[attr-defined]  # a stream reader would otherwise keep every TarInfo
+    finally:
+        fh.close()
+
+
+def samples(path: str, options: Mapping[str, Any] | None, counter: ByteCounter | None = None
+             ) -> Iterator[tuple[str, dict[str, tuple[str, bytes]]]]:
+    """The samples of one shard: ``(key, {ext: (member name, bytes)})``, in tar order."""
+    counter = counter if counter is not None else ByteCounter()
+    try:
+        plain = False
+        if not is_remote(path):
+            with open(path, "rb") as f:
+                plain = not f.read(6).startswith(_COMPRESSED)
+        members = _local_members(path, counter) if plain else _stream_members(path, options, counter)
+        key: str | None = None
+        cur: dict[str, tuple[str, bytes]] = {}
+        for name, data in members:
+            if ("/" not in name and name.startswith("__") and name.endswith("__")) or META.match(name):
+                continue
+            m = KEY.match(name)
+            if m is None:
+                continue
+            k, ext = m.group(1), m.group(2).lower()
+            if k != key:
+                if key is not None:
+                    yield key, cur
+                key, cur = k, {}
+            if ext in cur:
+                raise SourceFormatError(path, name, f"key {k!r} has two members with extension .{ext}")
+            cur[ext] = (name, data)
+        if key is not None:
+            yield key, cur
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        if isinstance(exc, SourceFormatError):
+            raise
+        raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc
