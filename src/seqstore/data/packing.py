@@ -34,6 +34,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numba
 import numpy as np
 
 from ..order import Order
@@ -256,81 +257,80 @@ class PackedStream:
                            eos=p.eos, mask_eos=p.mask_eos, pad_id=p.pad_id)
 
 
-def _gather(dataset: Dataset, field: str, ids: IntArray, off: IntArray, cnt: IntArray,
-            eos: int | None) -> tuple[IntArray, np.ndarray[Any, np.dtype[np.bool_]]]:
-    """Tokens of every piece (documents with ``eos`` appended): (values, is-EOS flags). One
-    ``get_batch`` of the distinct documents; vectorised index arithmetic for the rest."""
-    total = int(cnt.sum())
+@numba.njit(cache=True, nogil=True)
+def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: Any, n: int, L: int, concat: bool,
+          eos: int, has_eos: bool, mask_eos: bool, pad_id: int) -> Any:  # pragma: no cover - numba
+    """Tokens, labels, loss mask, positions and segment starts of ``n`` sequences from their pieces, one
+    pass. ``concat``: pieces tile ``L + 1`` tokens per row (the last is only a label); else ``L`` slots,
+    the rest padding."""
+    width = L + 1 if concat else L
+    tok = np.full((n, width), pad_id, dtype=np.int64)
+    lab = np.full((n, L), -100, dtype=np.int64)
+    mask = np.zeros((n, L), dtype=np.bool_)
+    pos = np.zeros((n, L), dtype=np.int64)
+    bounds = np.empty(seq.size + 2 * n + 1, dtype=np.int64)
+    nb = 0
+    row = -1
+    c = 0
+    for p in range(seq.size + 1):
+        r = seq[p] if p < seq.size else n
+        if r != row:
+            if row >= 0 and not concat and c < L:
+                bounds[nb] = row * L + c  # the row's padding
+                nb += 1
+            for rr in range(row + 1, r):  # rows without pieces (none in practice)
+                bounds[nb] = rr * L
+                nb += 1
+            if r < n:
+                bounds[nb] = r * L
+                nb += 1
+            row = r
+            c = 0
+        if p == seq.size:
+            break
+        j = inv[p]
+        dl = vlen[j] + (1 if has_eos else 0)
+        if c > 0 and c < L:
+            bounds[nb] = row * L + c
+            nb += 1
+        for k in range(cnt[p]):
+            t = off[p] + k
+            v = vals[vstart[j] + t] if t < vlen[j] else eos
+            tok[row, c] = v
+            if c < L:
+                pos[row, c] = k
+                is_eos = has_eos and t == vlen[j]
+                if concat:
+                    mask[row, c] = not (mask_eos and is_eos)
+                elif t + 1 < dl:
+                    lab[row, c] = vals[vstart[j] + t + 1] if t + 1 < vlen[j] else eos
+                    mask[row, c] = not (mask_eos and is_eos)
+            c += 1
+    if concat:
+        for rr in range(n):
+            for cc in range(L):
+                lab[rr, cc] = tok[rr, cc + 1]
+    bounds[nb] = n * L
+    nb += 1
+    return tok[:, :L].copy() if concat else tok, lab, mask, pos, bounds[:nb]
+
+
+def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off: IntArray, cnt: IntArray,
+                n: int, L: int, *, concat: bool, eos: int | None, mask_eos: bool, pad_id: int) -> dict[str, Any]:
+    """The batch dict of ``n`` sequences from their pieces (see the module docstring): one ``get_batch``
+    of the distinct documents, then one numba pass."""
     uniq, inv = np.unique(ids, return_inverse=True)
     got = dataset.get_batch(uniq)[field]
     if not isinstance(got, tuple):
         raise ValueError(f"PackedDataset: field {field!r} is not ragged (a document's tokens)")
     vals, lens = got
-    vals = np.asarray(vals).reshape(len(vals), -1)
-    if vals.shape[1] != 1:
+    vals = np.asarray(vals)
+    if vals.ndim != 1:
         raise ValueError(f"PackedDataset: field {field!r} has rows of shape {vals.shape[1:]}; tokens must be 1-D")
-    vals = vals[:, 0]
     lens = np.asarray(lens, dtype=np.int64)
     vstart = np.cumsum(lens) - lens
-    j = np.repeat(inv.reshape(-1), cnt)
-    first = np.cumsum(cnt) - cnt
-    t = np.repeat(off - first, cnt) + np.arange(total, dtype=np.int64)
-    real = t < lens[j]
-    out = np.full(total, eos if eos is not None else 0, dtype=np.int64)
-    if vals.size:
-        out[real] = vals[vstart[j[real]] + t[real]]
-    return out, ~real
-
-
-def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off: IntArray, cnt: IntArray,
-                n: int, L: int, *, concat: bool, eos: int | None, mask_eos: bool, pad_id: int) -> dict[str, Any]:
-    """The batch dict of ``n`` sequences from their pieces (see the module docstring)."""
-    if concat:
-        vals, is_eos = _gather(dataset, field, ids, off, cnt, eos)
-        w = vals.reshape(n, L + 1)
-        tokens = np.ascontiguousarray(w[:, :-1])
-        labels = np.ascontiguousarray(w[:, 1:])
-        loss_mask = np.ones((n, L), dtype=bool)
-        if mask_eos:
-            loss_mask &= ~is_eos.reshape(n, L + 1)[:, :-1]
-        # pieces start at seq * (L + 1) + their offset in the window
-        pstart = np.cumsum(cnt) - cnt - seq * (L + 1)
-        in_row = pstart < L
-        starts = seq[in_row] * L + pstart[in_row]
-        slot = (np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        pos = slot.reshape(n, L + 1)[:, :-1]
-        # a piece that starts at row offset 0 is the row's first: positions restart there anyway
-        bounds = np.concatenate([starts, np.arange(n, dtype=np.int64) * L])
-    else:
-        # best_fit: n + 1 tokens per piece (the labels need the next one)
-        vals, is_eos = _gather(dataset, field, ids, off, cnt + 1, eos)
-        ext_first = np.cumsum(cnt + 1) - (cnt + 1)
-        lens = np.asarray(dataset.lengths().take(ids), dtype=np.int64) + (0 if eos is None else 1)
-        row_first = np.zeros(len(seq), dtype=np.int64)
-        if len(seq):
-            csum = np.cumsum(cnt) - cnt
-            seq_start = np.searchsorted(seq, np.arange(n), side="left")
-            row_first = csum - csum[np.minimum(seq_start[seq], len(seq) - 1)]
-        tot = int(cnt.sum())
-        k = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)  # slot in piece
-        src_in = np.repeat(ext_first, cnt) + k
-        dest = np.repeat(seq * L + row_first, cnt) + k
-        tok_flat = np.full(n * L, pad_id, dtype=np.int64)
-        lab_flat = np.full(n * L, IGNORE_LABEL, dtype=np.int64)
-        mask_flat = np.zeros(n * L, dtype=bool)
-        pos_flat = np.zeros(n * L, dtype=np.int64)
-        tok_flat[dest] = vals[src_in]
-        valid = (np.repeat(off, cnt) + k + 1) < np.repeat(lens, cnt)
-        lab_flat[dest[valid]] = vals[src_in[valid] + 1]
-        mask_flat[dest] = valid
-        if mask_eos:
-            mask_flat[dest[is_eos[src_in]]] = False
-        pos_flat[dest] = k
-        tokens, labels, loss_mask = tok_flat.reshape(n, L), lab_flat.reshape(n, L), mask_flat.reshape(n, L)
-        pos = pos_flat.reshape(n, L)
-        used = np.bincount(seq, weights=cnt, minlength=n).astype(np.int64)
-        pad_rows = np.flatnonzero(used < L)
-        bounds = np.concatenate([seq * L + row_first, pad_rows * L + used[pad_rows], np.arange(n) * L])
-    cu = np.unique(np.append(bounds, n * L)).astype(np.int32)
-    return {"tokens": tokens, "labels": labels, "position_ids": np.ascontiguousarray(pos, dtype=np.int64),
-            "loss_mask": loss_mask, "cu_seqlens": cu, "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0}
+    tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv.reshape(-1).astype(np.int64), seq, off, cnt, n, L,
+                                        concat, -1 if eos is None else eos, eos is not None, mask_eos, pad_id)
+    cu = np.unique(bounds).astype(np.int32)
+    return {"tokens": tok, "labels": lab, "position_ids": pos, "loss_mask": mask, "cu_seqlens": cu,
+            "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0}
