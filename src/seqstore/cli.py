@@ -21,7 +21,7 @@ from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .interop.commands import add_subcommands as add_interop_subcommands
-from .interop.commands import cli_message
+from .interop.commands import SuggestingParser, cli_message
 from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store
@@ -211,7 +211,7 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = SuggestingParser(  # a misspelled option or choice: the close match is suggested
         prog="seqstore",
         description="Inspect and check seqstore stores (info, verify), copy them between disk and object storage "
         "(copy), build them from other formats and write them back out (convert, export), and try it all on a "
