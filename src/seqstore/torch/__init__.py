@@ -14,6 +14,7 @@ States are O(1) dicts (epoch, global position, ordering config, dataset fingerpr
 any world size or worker count. Epochs are 1-based, as in :func:`seqstore.seq_order`. See docs/torch.md.
 """
 
+from . import _warm  # noqa: F401 - first: numba's start-up overlaps the torch import below
 from ._plan import LengthBatching
 from ._state import StateError
 from .collate import GatheredRecords, PaddedCollate, collate_padded

@@ -41,6 +41,7 @@ __all__ = [
     "LengthBatching",
     "fixed_total",
     "fixed_item_positions",
+    "fixed_item_blocks",
     "fixed_stream_positions",
     "select_items",
     "batch_stream",
@@ -151,6 +152,21 @@ def fixed_item_positions(
     total = fixed_total(remaining, item, world, drop_last)
     for j in range(stream, total // item, streams):
         q = np.arange(j * item, (j + 1) * item, dtype=np.int64)
+        yield _positions(q, position, remaining, length)
+
+
+def fixed_item_blocks(
+    length: int, position: int, *, item: int, world: int, streams: int, stream: int, drop_last: bool, items: int
+) -> Iterator[IntArray]:
+    """:func:`fixed_item_positions` of ``items`` consecutive items of ``stream`` at once: one int64 array
+    of ``items * item`` positions per block (the last block may hold fewer items). O(items * item) memory."""
+    remaining = max(length - position, 0)
+    total = fixed_total(remaining, item, world, drop_last)
+    within = np.arange(item, dtype=np.int64)
+    step = streams * items
+    for j0 in range(stream, total // item, step):
+        js = np.arange(j0, min(total // item, j0 + step), streams, dtype=np.int64)
+        q = (js[:, None] * item + within).reshape(-1)
         yield _positions(q, position, remaining, length)
 
 
