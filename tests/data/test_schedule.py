@@ -3,6 +3,7 @@ a schedule changed on resume continues every source with no repeat, packing over
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_schedule_change_on_resume_continues_every_source() -> None:
     streams = [packed.open(st, s, 3) for s, st in enumerate(shares)]
     for k, s in enumerate(streams):
         s.skip(40 + 17 * k)
-    state = packed.state_dict([s.state() for s in streams])
+    state = json.loads(json.dumps(packed.state_dict([s.state() for s in streams])))  # JSON-safe
     # resume on 2 shares with another schedule
     mix2 = MixtureStream(_sources(sizes), [(0, {"web": 0.5, "curated": 0.5})], chunk=1000)
     packed2 = PackedDataset(mix2, tokens="data", seq_len=32, mode="best_fit", window=8)
