@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from support.s3 import MotoS3
-from support.stores import build_store
+from support.stores import build_store, same_batch
 
 import seqstore as ss
 from seqstore.cli import main
@@ -255,3 +255,84 @@ def test_exit_after_a_remote_error_with_requests_in_flight_keeps_its_status() ->
                               capture_output=True, text=True, timeout=120)
         codes.append(done.returncode)
     assert codes == [3] * 8, codes
+
+
+# ------------------------------------------------------------------ unreachable endpoints, no credentials
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a port that nothing listens on: every connection is refused at once
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(60)  # the default retry budget is 120 s: spending it fails here
+def test_an_endpoint_that_never_answered_is_named_unreachable(tmp_path: Path) -> None:
+    """A mistyped port: ``open`` + ``get_batch`` with the default options end in a RemoteError naming the
+    endpoint as unreachable after a few attempts (before: the whole 120 s budget)."""
+    import numpy as np
+
+    endpoint = f"http://127.0.0.1:{_dead_port()}"
+    opts = {"endpoint": endpoint, "allow_http": "true", "region": "us-east-1", "access_key_id": "k",
+            "secret_access_key": "s"}
+    with pytest.raises(RemoteError) as exc:
+        ss.open("s3://some-bucket/x.seqstore", storage_options=opts, cache_dir=tmp_path / "c").get_batch(np.arange(2))
+    msg = str(exc.value)
+    assert f"the endpoint {endpoint} is unreachable" in msg and "s3://some-bucket/x.seqstore" in msg, msg
+    assert 1 < exc.value.attempts < 20, exc.value.attempts
+    _clean(msg.split("the last:")[0])
+
+
+def test_after_an_answer_a_refused_link_gets_the_whole_budget(moto_s3: MotoS3, remote: str, local: Path,
+                                                              tmp_path: Path, s3_proxy: Any) -> None:
+    """The short budget is for endpoints that never answered: once the store was read, connections reset for
+    longer than it (4.5 s) are ridden out within ``retry_timeout``."""
+    import threading
+
+    import numpy as np
+
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=5, connect_timeout=2, retry_timeout=30)
+    store = ss.open(remote, storage_options=opts, cache_dir=tmp_path / "c")
+    s3_proxy.reset(None)  # every request's connection reset, none answered
+    timer = threading.Timer(4.5, s3_proxy.clear_faults)
+    timer.start()
+    try:
+        got = store.get_batch(np.arange(len(store)), pad=True)
+    finally:
+        timer.cancel()
+    same_batch(got, ss.open(local).get_batch(np.arange(len(store)), pad=True), "after 4.5 s of resets")
+
+
+def _without_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in [k for k in os.environ if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))]:
+        monkeypatch.delenv(key)
+
+
+def test_missing_credentials_are_named(moto_s3: MotoS3, local: Path, s3_proxy: Any, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """No keys anywhere and the instance-metadata lookup refused: a CredentialsError that says no credentials
+    were found and where they come from (not "access refused (HTTP 403)": the server got no request)."""
+    from seqstore.errors import CredentialsError
+
+    _without_credentials(monkeypatch)
+    bucket = moto_s3.new_bucket()
+    # credentials are looked up at the metadata endpoint: here a port that refuses (as outside a cloud)
+    opts = {"endpoint": s3_proxy.url, "allow_http": "true", "region": "us-east-1",
+            "metadata_endpoint": f"http://127.0.0.1:{_dead_port()}"}
+    url = f"s3://{bucket}/x.seqstore"
+    with pytest.raises(CredentialsError) as exc:
+        ss.copy(local, url, dst_options=opts)
+    msg = str(exc.value)
+    for word in ("no credentials found", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "access_key_id",
+                 "skip_signature", url):
+        assert word in msg, (word, msg)
+    assert "HTTP 403" not in msg and exc.value.__cause__ is not None
+    assert s3_proxy.count() == 0  # the server never heard of it
+    argv = ["copy", str(local), url, "-q"] + [a for k, v in opts.items() for a in ("--dst-option", f"{k}={v}")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no credentials found" in err and "AWS_ACCESS_KEY_ID" in err and "HTTP 403" not in err, err

@@ -3,7 +3,7 @@
 The vocabulary: :class:`ObjectMeta` (an object's key, size and version tag), the ``_Backend`` interface
 that :class:`~seqstore.io.objects.ObjectClient` drives (one back end per URL: ``object_obstore`` for
 S3/GCS/Azure/HTTP, ``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads
-of its client), ``_Transient`` (a failure worth retrying: the client's retry loop catches it); and the URL
+of its client: its settings and its :class:`~seqstore.io.retry.RetryPolicy`); and the URL
 and option helpers: :func:`is_remote`, :func:`redact`, :data:`REMOTE_SCHEMES`, :data:`SEQSTORE_OPTIONS`,
 :func:`check_options` (seqstore's own option values) and :func:`check_url` (an object-store URL names a
 bucket), both raising :class:`~seqstore.errors.ConfigError`.
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError, RemoteError
+from ..errors import ConfigError
+from .retry import RetryPolicy
 
 __all__ = [
     "ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote",
@@ -126,10 +127,6 @@ class ObjectMeta:
     mtime: float = 0.0
 
 
-class _Transient(Exception):
-    """A failure worth retrying."""
-
-
 class ClientSettings(Protocol):
     """What a back end reads of the :class:`~seqstore.io.objects.ObjectClient` it serves."""
 
@@ -138,23 +135,16 @@ class ClientSettings(Protocol):
     max_inflight_bytes: int
     timeout: float
     connect_timeout: float
-    max_retries: int | None
-    retry_timeout: float
-    _failing_since: float | None
-    _options: dict[str, Any]
-    _filesystem: Any
+    retry: RetryPolicy
+    options: dict[str, Any]
+    filesystem: Any
 
     def key_url(self, key: str) -> str: ...
 
-    def retry_delay(self, attempt: int, first_failure: float) -> float | None: ...
-
-    def retry_ok(self) -> None: ...
-
-    def gave_up(self, what: str, attempt: int, first_failure: float, last: BaseException) -> RemoteError: ...
-
 
 class _Backend(abc.ABC):
-    """What an object-store client answers (see ObjectClient, which adds the retry loop)."""
+    """What an object-store client answers (see ObjectClient, which adds the retry policy); each method as
+    the ObjectClient method of the same name."""
 
     conditional = False
 
@@ -164,43 +154,31 @@ class _Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def head(self, key: str) -> ObjectMeta:
-        """See the ObjectClient method of the same name."""
+    def head(self, key: str) -> ObjectMeta: ...
 
     @abc.abstractmethod
-    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
-        """See the ObjectClient method of the same name."""
+    def get(self, key: str) -> tuple[memoryview, ObjectMeta]: ...
 
     @abc.abstractmethod
     def submit(
-        self,
-        requests: Sequence[tuple[str, int, int, str | None]],
-        on_each: Any,
-        missing_ok: bool = False,
+        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False,
         with_meta: bool = True,
-    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
-        """See the ObjectClient method of the same name."""
+    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]: ...
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
-        """See the ObjectClient method of the same name."""
+    def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str: ...
 
     @abc.abstractmethod
-    def put_file(self, key: str, path: str) -> str:
-        """See the ObjectClient method of the same name."""
+    def put_file(self, key: str, path: str) -> str: ...
 
     @abc.abstractmethod
-    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
-        """See the ObjectClient method of the same name."""
+    def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str: ...
 
     @abc.abstractmethod
-    def list(self, prefix: str) -> Iterator[ObjectMeta]:
-        """See the ObjectClient method of the same name."""
+    def list(self, prefix: str) -> Iterator[ObjectMeta]: ...
 
     @abc.abstractmethod
-    def delete(self, key: str) -> None:
-        """See the ObjectClient method of the same name."""
+    def delete(self, key: str) -> None: ...
 
     @abc.abstractmethod
-    def copy(self, src: str, dst: str) -> None:
-        """See the ObjectClient method of the same name."""
+    def copy(self, src: str, dst: str) -> None: ...

@@ -22,8 +22,9 @@ whole fixed epoch in the benchmark went from 1,090 to 1,380-1,500 MB/s with it, 
 (docs/remote.md, "Read-once epochs").
 
 Failures follow the object client's rules (:mod:`seqstore.io.objects`): 5xx, 408 and 429 answers, a
-connection refused, reset or closed, a body cut short and a request without progress for ``timeout``
-seconds (``connect_timeout`` while connecting) are retried with the client's backoff, within its
+connection refused, reset or closed, a body cut short, a request without progress for ``timeout``
+seconds (``connect_timeout`` while connecting) and an answer slower than 64 KiB/s on average (after its
+first ``timeout`` seconds: a server that trickles it) are retried with the client's backoff, within its
 ``retry_timeout`` and ``max_retries``, then raised as :class:`~seqstore.errors.RemoteError` naming the URL
 and the attempts. 404 is :class:`~seqstore.errors.RemoteNotFound`, 401 and 403
 :class:`~seqstore.errors.CredentialsError`, 412 :class:`~seqstore.errors.StaleStoreError` (the object
@@ -49,7 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .object_common import _Transient
+from .retry import Attempts, Transient
 
 __all__ = ["DirectReader", "receive_buffer"]
 
@@ -59,6 +60,7 @@ _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see the module docstring)
 _RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
+_LEAST_RATE = 64 << 10  # bytes/s an answer must average (after its first ``timeout`` seconds): no trickle holds it
 
 
 def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
@@ -75,7 +77,7 @@ def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
 class _Job:
     """One range request: bytes ``[start, end)`` of ``url`` into ``dest`` (a writable buffer of that size)."""
 
-    __slots__ = ("origin", "target", "shown", "start", "end", "etag", "dest", "wave", "attempt", "first")
+    __slots__ = ("origin", "target", "shown", "start", "end", "etag", "dest", "wave", "tries")
 
     def __init__(self, url: str, start: int, end: int, etag: str | None, dest: memoryview, wave: _Wave) -> None:
         p = urlsplit(url)
@@ -84,8 +86,11 @@ class _Job:
         self.target = (p.path or "/") + (f"?{p.query}" if p.query else "")
         self.shown = f"{p.scheme}://{p.netloc}{p.path}"  # no query: a presigned URL's signature stays out
         self.start, self.end, self.etag, self.dest, self.wave = start, end, etag, dest, wave
-        self.attempt = 0
-        self.first = 0.0
+        self.tries: Attempts | None = None  # its failures so far (None: none)
+
+    def attempt(self) -> int:
+        """The number of the try under way (1: the first)."""
+        return self.tries.n + 1 if self.tries is not None else 1
 
 
 class _Wave:
@@ -101,7 +106,8 @@ class _Wave:
 class _Conn:
     """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body."""
 
-    __slots__ = ("sock", "origin", "state", "out", "head", "job", "pos", "want", "deadline", "reused", "close_after")
+    __slots__ = ("sock", "origin", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
+                 "close_after")
 
     def __init__(self, sock: socket.socket, origin: tuple[str, int, bool]) -> None:
         self.sock: Any = sock
@@ -113,6 +119,7 @@ class _Conn:
         self.pos = 0
         self.want = 0
         self.deadline = 0.0
+        self.cap = 0.0  # the latest the answer may end (a server that trickles it gets this long)
         self.reused = False
         self.close_after = False
 
@@ -231,14 +238,16 @@ class DirectReader:
                     shown = c.job.shown if c.job is not None else c.origin[0]
                     self._give_up(c, active, RemoteError(
                         f"{shown}: the direct reader failed: {type(exc).__name__}: {exc} (a seqstore bug; "
-                        "please report it)", url=shown, attempts=(c.job.attempt + 1) if c.job else 1))
+                        "please report it)", url=shown, attempts=c.job.attempt() if c.job else 1))
             now = time.monotonic()
             if now - scanned >= _TICK:
                 scanned = now
                 for c in [c for c in active if c.deadline <= now]:
                     what = "connecting" if c.state in ("connecting", "handshake") else "waiting for its answer"
                     limit = self.client.connect_timeout if what == "connecting" else self.client.timeout
-                    self._fail(c, active, _Transient(f"no progress for {limit:g} s {what}"))
+                    slow = what != "connecting" and c.cap <= now
+                    self._fail(c, active, Transient(f"the answer came slower than {_LEAST_RATE >> 10} KiB/s" if slow
+                                                    else f"no progress for {limit:g} s {what}"))
             while self._later and self._later[0][0] <= now:
                 job = heapq.heappop(self._later)[2]
                 with self._lock:
@@ -276,7 +285,7 @@ class DirectReader:
                 try:
                     c = self._connect(job.origin)
                 except OSError as exc:
-                    self._retry(job, _Transient(f"cannot connect: {exc}"))
+                    self._retry(job, Transient(f"cannot connect: {exc}"))
                     continue
                 c.job = job
                 c.deadline = time.monotonic() + self.client.connect_timeout
@@ -334,6 +343,7 @@ class DirectReader:
         c.out = ("\r\n".join(lines) + "\r\n\r\n").encode()
         c.state = "send"
         c.deadline = time.monotonic() + self.client.timeout
+        c.cap = c.deadline + c.want / _LEAST_RATE
         active.add(c)
         self._send(c, active)
 
@@ -346,7 +356,7 @@ class DirectReader:
             if c.state == "connecting":
                 err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
-                    raise _Transient(f"cannot connect: {os.strerror(err)}")
+                    raise Transient(f"cannot connect: {os.strerror(err)}")
                 if c.origin[2]:
                     if self._ssl is None:
                         self._ssl = ssl.create_default_context()
@@ -377,8 +387,8 @@ class DirectReader:
         except ssl.SSLCertVerificationError as exc:  # not worth another attempt
             shown = c.job.shown if c.job is not None else c.origin[0]
             self._give_up(c, active, RemoteError(f"{shown}: the server's TLS certificate was refused: {exc}",
-                                                 url=shown, attempts=(c.job.attempt + 1) if c.job else 1))
-        except (_Transient, OSError, ssl.SSLError) as exc:
+                                                 url=shown, attempts=c.job.attempt() if c.job else 1))
+        except (Transient, OSError, ssl.SSLError) as exc:
             self._fail(c, active, exc)
         except RemoteError as exc:
             self._give_up(c, active, exc)
@@ -411,7 +421,7 @@ class DirectReader:
                 if c.pos < 0:
                     got = c.sock.recv(65536)
                     if not got:
-                        raise _Transient("the connection closed before the answer")
+                        raise Transient("the connection closed before the answer")
                     c.head += got
                     if not self._parse_head(c, job):
                         if c.origin[2] and c.sock.pending():
@@ -420,11 +430,11 @@ class DirectReader:
                 else:
                     n = c.sock.recv_into(job.dest[c.pos :])
                     if not n:
-                        raise _Transient(f"the connection closed after {c.pos} of {c.want} bytes of the body")
+                        raise Transient(f"the connection closed after {c.pos} of {c.want} bytes of the body")
                     c.pos += n
             except (BlockingIOError, ssl.SSLWantReadError):
                 return
-            c.deadline = time.monotonic() + self.client.timeout
+            c.deadline = min(time.monotonic() + self.client.timeout, c.cap)
             if c.pos >= c.want:
                 self._done(c, active)
                 return
@@ -438,14 +448,14 @@ class DirectReader:
         if end < 0:
             if len(c.head) > _HEAD_MOST:
                 raise RemoteError(f"{job.shown}: an answer's headers are longer than {_HEAD_MOST} bytes",
-                                  url=job.shown, attempts=job.attempt + 1)
+                                  url=job.shown, attempts=job.attempt())
             return False
         lines = c.head[:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         try:
             status = int(parts[1])
         except (IndexError, ValueError):
-            raise _Transient(f"not an HTTP answer: {lines[0][:80]!r}") from None
+            raise Transient(f"not an HTTP answer: {lines[0][:80]!r}", answered=True) from None
         headers = {}
         for ln in lines[1:]:
             k, _, v = ln.partition(":")
@@ -458,7 +468,7 @@ class DirectReader:
             self._status(status, job)
         if "content-length" not in headers or "chunked" in headers.get("transfer-encoding", "").lower():
             raise RemoteError(f"{job.shown}: the answer to a range request has no Content-Length (expected "
-                              f"{size} bytes)", url=job.shown, attempts=job.attempt + 1)
+                              f"{size} bytes)", url=job.shown, attempts=job.attempt())
         length = int(headers["content-length"])
         if status == 206:
             want = f"bytes {job.start}-{job.end - 1}/"
@@ -466,11 +476,11 @@ class DirectReader:
                 raise RemoteError(
                     f"{job.shown}: asked for bytes {job.start}-{job.end - 1}, the answer is "
                     f"Content-Range {headers.get('content-range')!r}, Content-Length {length}",
-                    url=job.shown, attempts=job.attempt + 1)
+                    url=job.shown, attempts=job.attempt())
         elif job.start != 0 or length != size:  # 200: the whole object, right only if that was asked for
             raise RemoteError(
                 f"{job.shown}: asked for bytes {job.start}-{job.end - 1}, the server answered 200 with "
-                f"{length} bytes (it does not serve ranges)", url=job.shown, attempts=job.attempt + 1)
+                f"{length} bytes (it does not serve ranges)", url=job.shown, attempts=job.attempt())
         take = min(len(rest), size)
         job.dest[:take] = rest[:take]
         c.pos = take
@@ -478,9 +488,9 @@ class DirectReader:
 
     def _status(self, status: int, job: _Job) -> None:
         if status in _RETRIED:
-            raise _Transient(f"HTTP {status}")
+            raise Transient(f"HTTP {status}", answered=True)
         what = f"{job.shown}: HTTP {status}"
-        n = job.attempt + 1
+        n = job.attempt()
         if status == 404:
             raise RemoteNotFound(f"{what}: no such object", url=job.shown, attempts=n)
         if status in (401, 403):
@@ -505,8 +515,7 @@ class DirectReader:
             self._sel.unregister(c.sock)
             with self._lock:
                 self._idle.setdefault(c.origin, []).append(c)
-        if self.client._failing_since is not None:
-            self.client.retry_ok()
+        self.client.retry.ok()
         wave = job.wave
         wave.left -= 1
         if not wave.left and not wave.future.done():
@@ -525,20 +534,18 @@ class DirectReader:
         self._retry(job, exc)
 
     def _retry(self, job: _Job, exc: BaseException) -> None:
-        job.attempt += 1
-        if job.attempt == 1:
-            job.first = time.monotonic()
-        delay = self.client.retry_delay(job.attempt, job.first)
-        if delay is None:
-            self._end_wave(job.wave, self.client.gave_up(job.shown, job.attempt, job.first, exc))
+        job.tries = job.tries or self.client.retry.attempts(job.shown)
+        try:
+            delay = job.tries.failed(exc)
+        except RemoteError as err:
+            self._end_wave(job.wave, err)
             return
         heapq.heappush(self._later, (time.monotonic() + delay, next(self._count), job))
 
     def _give_up(self, c: _Conn, active: set[_Conn], exc: RemoteError) -> None:
         job = c.job
         self._close(c, active)
-        if self.client._failing_since is not None:
-            self.client.retry_ok()  # a definite answer: the service is up
+        self.client.retry.ok()  # a definite answer: the service is up
         if job is not None:
             self._end_wave(job.wave, exc)
 

@@ -2,20 +2,21 @@
 or the one its URL names (``memory://``, ``hf://``...).
 
 Range requests run on a thread pool of ``max_requests`` threads; the ranges of a batch are read by one
-``cat_ranges`` call, retried as a whole on a transient failure. Missing files, refused access and OS errors
-are mapped to seqstore's errors in ``_FsspecBackend._call``. A filesystem cannot replace a file only if it
-is unchanged (If-Match), so a conditional put is refused with an error naming the URL.
+``cat_ranges`` call, retried as a whole on a transient failure (the client's retry policy). Missing files,
+refused access and OS errors are mapped to seqstore's errors in ``_FsspecBackend._call``. A filesystem
+cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with an error
+naming the URL.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound
-from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Backend, _Transient
+from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Backend
+from .retry import Transient
 
 __all__: list[str] = []
 
@@ -29,11 +30,11 @@ class _FsspecBackend(_Backend):
         except ImportError as exc:
             raise ImportError(f"{client.url}: this URL needs fsspec: pip install 'seqstore[remote]'") from exc
         self.c = client
-        if client._filesystem is not None:
-            self.fs = client._filesystem
+        if client.filesystem is not None:
+            self.fs = client.filesystem
             self.root = client.url.split("://", 1)[-1] if "://" in client.url else client.url
         else:
-            self.fs, self.root = fsspec.core.url_to_fs(client.url, **client._options)
+            self.fs, self.root = fsspec.core.url_to_fs(client.url, **client.options)
         self.root = self.root.rstrip("/")
         self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -51,7 +52,7 @@ class _FsspecBackend(_Backend):
             url = self.c.key_url(key)
             raise CredentialsError(f"{url}: access refused; check the credentials", url=url, attempts=1) from None
         except (OSError, TimeoutError, ConnectionError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
+            raise Transient(f"{type(exc).__name__}: {exc}") from None
 
     def _meta(self, key: str, info: Mapping[str, Any]) -> ObjectMeta:
         tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("mtime") or info.get("created")
@@ -106,31 +107,21 @@ class _FsspecBackend(_Backend):
         paths = [self._path(k) for k, _, _, _ in requests]
         starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
         ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
-        attempt = 0
-        first = 0.0
-        while True:
-            attempt += 1
-            try:
-                got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"))
-                out: list[tuple[memoryview, ObjectMeta | None]] = []
-                for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
-                    if isinstance(d, BaseException):
-                        self._call(k, lambda d=d: _raise(d))
-                    m = metas[k]
-                    want = max(0, min(e, m.size) - s)
-                    if len(d) != want:
-                        raise _Transient(f"{self.c.key_url(k)} range {s}-{e}: {len(d)} bytes, expected {want}")
-                    out.append((memoryview(d), m))
-                if self.c._failing_since is not None:
-                    self.c.retry_ok()
-                return out
-            except _Transient as exc:
-                if attempt == 1:
-                    first = time.monotonic()
-                delay = self.c.retry_delay(attempt, first)
-                if delay is None:
-                    raise self.c.gave_up(self.c.key_url(requests[0][0]), attempt, first, exc) from None
-                time.sleep(delay)
+
+        def attempt() -> list[tuple[memoryview, ObjectMeta | None]]:
+            got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"))
+            out: list[tuple[memoryview, ObjectMeta | None]] = []
+            for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
+                if isinstance(d, BaseException):
+                    self._call(k, lambda d=d: _raise(d))
+                m = metas[k]
+                want = max(0, min(e, m.size) - s)
+                if len(d) != want:
+                    raise Transient(f"{self.c.key_url(k)} range {s}-{e}: {len(d)} bytes, expected {want}")
+                out.append((memoryview(d), m))
+            return out
+
+        return self.c.retry.run(self.c.key_url(requests[0][0]), attempt)
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         if isinstance(mode, dict):

@@ -3,9 +3,10 @@
 Requests run on one event loop per process (a daemon thread, ``_Loop``), at most ``max_requests`` at once
 and at most ``max_inflight_bytes`` of answers held at once (:mod:`.object_wave`: a wave's small ranges
 run from callbacks, everything else as coroutines).
-Each range request retries its own transient failures (``_ObstoreBackend._one``); obstore's own retries are
-off, so the attempt count in an error is exact. obstore's exceptions and HTTP statuses are mapped here to
-seqstore's errors (``_ObstoreBackend._classify``): a configuration or URL obstore refuses is a
+Each range request retries its own transient failures (``_ObstoreBackend.fetch_range``, under the client's
+:class:`~seqstore.io.retry.RetryPolicy`); obstore's own retries are off, so the attempt count in an error
+is exact. obstore's exceptions and HTTP statuses are mapped here to
+seqstore's errors (:mod:`.object_errors`): a configuration or URL obstore refuses is a
 ``ConfigError`` naming the option (with the valid keys) or the URL, a missing bucket ``BucketNotFound``,
 and a request refused before it was sent is not retried. A process forked after obstore started its runtime
 refuses to use it with an error (:func:`fork_unsafe` tells a parent when to avoid fork).
@@ -16,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import difflib
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,59 +26,21 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..errors import (
-    BucketNotFound,
-    ConfigError,
-    ConflictError,
-    CredentialsError,
     RemoteError,
-    RemoteNotFound,
     StaleStoreError,
 )
 from .object_common import (
-    SEQSTORE_OPTIONS,
     ClientSettings,
     ObjectMeta,
     _Backend,
-    _Transient,
     check_url,
     option_flag,
 )
+from .object_errors import config_error, failure, unknown_key
 from .object_wave import SMALL_BODY, Budget, Wave
+from .retry import Attempts, Transient
 
 __all__ = ["fork_unsafe"]
-
-#: the configuration keys obstore takes for each service (its short spellings; it also accepts them with an
-#: ``aws_``/``google_``/``azure_`` prefix or in upper case), for the message that refuses an unknown key
-_SERVICE_KEYS = {
-    "S3": (
-        "access_key_id", "bucket", "checksum_algorithm", "conditional_put", "container_authorization_token_file",
-        "container_credentials_full_uri", "container_credentials_relative_uri", "copy_if_not_exists",
-        "default_region", "disable_bulk_delete", "disable_tagging", "endpoint", "metadata_endpoint", "region",
-        "request_payer", "role_arn", "role_session_name", "secret_access_key", "server_side_encryption",
-        "session_token", "skip_signature", "sse_bucket_key_enabled", "sse_kms_key_id", "sts_endpoint",
-        "unsigned_payload", "virtual_hosted_style_request", "web_identity_token_file",
-    ),
-    "GCS": ("application_credentials", "base_url", "bearer_token", "bucket", "service_account",
-            "service_account_key", "skip_signature"),
-    "Azure": (
-        "account_key", "account_name", "authority_host", "client_id", "client_secret", "container_name",
-        "credential_type", "disable_tagging", "encryption_key", "endpoint", "federated_token_file", "msi_endpoint",
-        "msi_resource_id", "object_id", "sas_key", "skip_signature", "tenant_id", "token", "use_azure_cli",
-        "use_emulator", "use_fabric_endpoint",
-    ),
-    "HTTP": (),
-}
-#: client options seqstore passes on to obstore's HTTP client (any service)
-_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "http1_only", "proxy_url", "user_agent")
-#: phrases of obstore errors raised before a request was sent (misconfiguration: retrying cannot help)
-_REFUSALS = (
-    "builder error", "URL scheme is not allowed", "Version required", "ETag required", "Missing bucket name",
-    "Missing AccessKeyId", "Missing SecretAccessKey", "Account must be specified", "Unable to recognise URL",
-    "Generating SAS", "Configuration key",
-)
-#: what a service answers for a bucket (container) that does not exist
-_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
-
 
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
 # the parent used obstore would wait forever on its first request. The pid that started obstore's runtime
@@ -102,17 +63,6 @@ def fork_unsafe() -> bool:
     """Whether a process forked from this one now could not read object storage (obstore has started
     its runtime here): start worker processes with ``forkserver`` or ``spawn`` then."""
     return _obstore_pid is not None and _obstore_pid == os.getpid()
-
-
-def _status_of(exc: BaseException) -> int | None:
-    text = str(exc)
-    for marker in ("status: ", "Status: ", "status code ", "HTTP status "):
-        i = text.find(marker)
-        if i >= 0:
-            digits = text[i + len(marker) : i + len(marker) + 3]
-            if digits.isdigit():
-                return int(digits)
-    return None
 
 
 class _Loop:
@@ -203,7 +153,7 @@ class _ObstoreBackend(_Backend):
         self.c = client
         parts = urlsplit(client.url)
         scheme = parts.scheme.lower()
-        opts = dict(client._options)
+        opts = dict(client.options)
         client_options: dict[str, Any] = {
             "timeout": timedelta(seconds=client.timeout),
             "connect_timeout": timedelta(seconds=client.connect_timeout),
@@ -228,7 +178,7 @@ class _ObstoreBackend(_Backend):
             if scheme in ("http", "https"):
                 self.conditional = False
                 if opts:  # the HTTP store takes client options only
-                    raise _unknown_key(client.url, "HTTP", next(iter(opts)))
+                    raise unknown_key(client.url, "HTTP", next(iter(opts)))
                 self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
             else:
                 if scheme == "s3a":
@@ -239,7 +189,7 @@ class _ObstoreBackend(_Backend):
                     client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
                 )
         except oex.BaseError as exc:
-            raise _config_error(client.url, scheme, exc, opts) from None
+            raise config_error(client.url, scheme, exc, opts) from None
         self._plain: str | None = None  # the plain URL objects' keys follow ("": none, direct reads off)
         self._signed: dict[str, tuple[str, float]] = {}  # key -> (presigned URL, monotonic expiry)
         self.slots: Budget | None = None  # requests in flight (max_requests), made in the loop
@@ -260,18 +210,30 @@ class _ObstoreBackend(_Backend):
             return {"e_tag": etag, "version": version or None}
         return mode
 
-    def _if_match(self, tag: str) -> str:
+    def if_match(self, tag: str) -> str:
         """The ETag to send as If-Match for version tag ``tag``."""
         return tag.partition("#")[0] if self.generations else tag
+
+    def check_tag(self, result: Any, key: str, tag: str) -> None:
+        """Raise :class:`StaleStoreError` if ``result`` (of a read asked If-Match ``tag``) is of another version
+        of ``key``: a server that ignores If-Match, or a redirect obstore followed to another host."""
+        got = result.meta.get("e_tag")
+        if got is not None and got != self.if_match(tag):
+            url = self.c.key_url(key)
+            raise StaleStoreError(
+                f"{url}: the answer is of another version of the object (ETag {got}, expected {self.if_match(tag)}): "
+                "it changed while the store was open (reopen it), or the server sent the request elsewhere",
+                url=url, attempts=1,
+            )
 
     # direct reads ---------------------------------------------------------------------------------
     def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
         """The object's plain URL (an HTTP store; S3 with ``skip_signature`` and an ``endpoint``), or one
         presigned by obstore for an hour (signed again with 10 minutes left); None with a proxy, with
         invalid certificates allowed, or where obstore cannot sign (its reads then go through obstore)."""
-        etag = self._if_match(tag) if tag else None
+        etag = self.if_match(tag) if tag else None
         if self._plain is None:
-            self._plain = _plain_base(self.c.url, self.c._options)
+            self._plain = _plain_base(self.c.url, self.c.options)
         if self._plain == "":
             return None
         if self._plain:
@@ -287,81 +249,19 @@ class _ObstoreBackend(_Backend):
             got = self._signed[key] = (str(url), now + 3600)
         return got[0], etag
 
-    # errors -------------------------------------------------------------------------------------
-    def _classify(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
-        oex = self.oex
-        url = self.c.key_url(key)
-        if isinstance(exc, oex.NotFoundError):
-            return self._not_found(exc, key)
-        if isinstance(exc, (oex.PermissionDeniedError, oex.UnauthenticatedError)):
-            return CredentialsError(
-                f"{url}: access refused ({type(exc).__name__}); check the credentials for this bucket "
-                "(environment, storage_options or the cloud SDK's configuration)",
-                url=url, attempts=1,
-            )
-        if isinstance(exc, oex.PreconditionError):
-            if conditional:
-                return StaleStoreError(
-                    f"{url}: the object changed while the store was open (its ETag no longer matches); "
-                    "reopen the store", url=url, attempts=1,
-                )
-            return ConflictError(f"{url}: conditional write refused: the object changed", url=url, attempts=1)
-        if isinstance(exc, oex.AlreadyExistsError):
-            return ConflictError(f"{url}: already exists", url=url, attempts=1)
-        if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
-            return RemoteError(
-                f"{url}: the client refused the request before sending it ({_short(exc, 160)}); for an http:// "
-                "endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)", url=url, attempts=1,
-            )
-        if isinstance(exc, oex.UnknownConfigurationKeyError):
-            return _config_error(self.c.url, urlsplit(self.c.url).scheme.lower(), exc, self.c._options)
-        if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError)):
-            return RemoteError(f"{url}: not supported by the client: {_short(exc)}", url=url, attempts=1)
-        if any(p in str(exc) for p in _REFUSALS):
-            return RemoteError(
-                f"{url}: the client refused the request before sending it: {_short(exc)}", url=url, attempts=1
-            )
-        status = _status_of(exc)
-        if status in (401, 403):
-            return CredentialsError(
-                f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1
-            )
-        if status == 404:
-            return self._not_found(exc, key)
-        if status == 412:
-            cls = StaleStoreError if conditional else ConflictError
-            return cls(f"{url}: precondition failed (the object changed)", url=url, attempts=1)
-        if status is not None and 400 <= status < 500 and status not in (408, 429):
-            return RemoteError(f"{url}: HTTP {status}: {_short(exc)}", url=url, attempts=1)
-        return _Transient(f"{type(exc).__name__}: {_short(exc)}")
-
-    def _not_found(self, exc: BaseException, key: str) -> RemoteError:
-        """A 404 on ``key``: :class:`BucketNotFound` where the service says the bucket (container) is
-        missing, else :class:`RemoteNotFound` (a HEAD answers without a body, so it cannot tell)."""
-        url = self.c.key_url(key)
-        text = str(exc)
-        if any(p in text for p in _NO_BUCKET):
-            parts = urlsplit(self.c.url)
-            named = re.search(r"<BucketName>([^<]+)</BucketName>", text)
-            bucket = named.group(1) if named else parts.netloc.partition("@")[0] or parts.netloc
-            scheme = parts.scheme.lower()
-            holder = "container" if scheme in ("az", "abfs", "abfss", "azure") else "bucket"
-            return BucketNotFound(
-                f"{holder} {bucket!r} does not exist ({url}); check the URL and the endpoint, or create the "
-                f"{holder} first", url=url, attempts=1,
-            )
-        return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
-
     # requests -----------------------------------------------------------------------------------
+    def _failure(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
+        """``exc`` in seqstore's words (:func:`.object_errors.failure`)."""
+        return failure(self.oex, exc, self.c.url, self.c.key_url(key), self.c.options, conditional)
+
     def _sync(self, key: str, fn: Any, conditional: bool = False) -> Any:
         try:
             return fn()
-        except self.oex.BaseError as exc:
-            raise self._classify(exc, key, conditional) from None
-        except FileNotFoundError as exc:  # obstore raises the builtin for a missing object
-            raise self._not_found(exc, key) from None
-        except (OSError, TimeoutError, ConnectionError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - in seqstore's words (the client's policy retries Transient)
+            err = self._failure(exc, key, conditional)
+            if err is exc:
+                raise
+            raise err from err.__cause__  # None but for a cause worth showing (no credentials found)
 
     def head(self, key: str) -> ObjectMeta:
         m = self._sync(key, lambda: self.obs.head(self.store, key))
@@ -373,12 +273,12 @@ class _ObstoreBackend(_Backend):
             data = memoryview(r.bytes())
             m = r.meta
             if len(data) != int(m["size"]):
-                raise _Transient(f"body of {len(data)} bytes, expected {m['size']} (truncated)")
+                raise Transient(f"body of {len(data)} bytes, expected {m['size']} (truncated)", answered=True)
             return data, ObjectMeta(key, int(m["size"]), self._tag(m))
 
         return self._sync(key, fetch)  # type: ignore[no-any-return]
 
-    async def _one(
+    async def fetch_range(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True,
         prior: BaseException | None = None,
     ) -> tuple[memoryview, ObjectMeta | None]:
@@ -386,13 +286,11 @@ class _ObstoreBackend(_Backend):
         path, :mod:`.object_wave`): this goes on from its second."""
         slots, budget = self.slots, self.budget
         assert slots is not None and budget is not None
-        attempt = 0
-        first = 0.0
+        tries: Attempts | None = None
         # what the answer takes of the byte budget: its size where the range says it (a whole object or a
         # suffix: at most a small one here)
         want = end - start if 0 <= start < end else -start if start < 0 else SMALL_BODY
         while True:
-            attempt += 1
             try:
                 if prior is not None:  # the first attempt's failure, classified as any other below
                     failed, prior = prior, None
@@ -420,7 +318,7 @@ class _ObstoreBackend(_Backend):
                     elif end >= 0:
                         opts["range"] = (start, end)
                     if etag:
-                        opts["if_match"] = self._if_match(etag)
+                        opts["if_match"] = self.if_match(etag)
                     r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
                     if 0 <= start < end <= start + SMALL_BODY:
                         # a small body has (nearly always) arrived with the headers: taking it without a
@@ -432,44 +330,26 @@ class _ObstoreBackend(_Backend):
                 finally:
                     budget.release(want)
                     slots.release(1)
-                if not with_meta and start >= 0 and end >= 0:  # a range inside a known object: no meta needed
-                    if len(data) != end - start:
-                        raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
-                    if self.c._failing_since is not None:
-                        self.c.retry_ok()
-                    return data, None
-                m = r.meta
-                size = int(m["size"])
-                expected = _expected(start, end, size)
+                if etag:
+                    self.check_tag(r, key, etag)
+                meta = None
+                if with_meta or start < 0 or end < 0:  # a range inside a known object needs no meta
+                    meta = ObjectMeta(key, int(r.meta["size"]), self._tag(r.meta))
+                expected = end - start if meta is None else _expected(start, end, meta.size)
                 if len(data) != expected:
-                    raise _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {expected}")
-                if self.c._failing_since is not None:
-                    self.c.retry_ok()
-                return data, ObjectMeta(key, size, self._tag(m))
-            except self.oex.BaseError as exc:
-                err = self._classify(exc, key, conditional=etag is not None)
-                if not isinstance(err, _Transient):
-                    err.attempts = attempt  # type: ignore[attr-defined]
-                    if self.c._failing_since is not None:
-                        self.c.retry_ok()  # a definite answer (or a refusal): the streak is over
-                    raise err from None
-                last: BaseException = err
-            except _Transient as exc:
-                last = exc
-            except FileNotFoundError as exc:  # obstore raises the builtin for a missing object
-                err = self._not_found(exc, key)
-                err.attempts = attempt
-                if self.c._failing_since is not None:
-                    self.c.retry_ok()
-                raise err from None
-            except (OSError, TimeoutError, ConnectionError) as exc:
-                last = _Transient(f"{type(exc).__name__}: {exc}")
-            if attempt == 1:
-                first = time.monotonic()
-            delay = self.c.retry_delay(attempt, first)
-            if delay is None:
-                raise self.c.gave_up(f"{self.c.key_url(key)}: range {start}-{end}", attempt, first, last)
-            await asyncio.sleep(delay)
+                    raise Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {expected}",
+                                    answered=True)
+                self.c.retry.ok()
+                return data, meta
+            except Exception as exc:  # noqa: BLE001 - classified: retried, raised in seqstore's words, or as is
+                err = self._failure(exc, key, conditional=etag is not None)
+                if not isinstance(err, Transient):
+                    if isinstance(err, RemoteError):
+                        err.attempts = (tries.n if tries else 0) + 1
+                        self.c.retry.ok()  # a definite answer (or a refusal): the streak is over
+                    raise err from err.__cause__
+            tries = tries or self.c.retry.attempts(f"{self.c.key_url(key)}: range {start}-{end}")
+            await asyncio.sleep(tries.failed(err))
 
     async def _all(
         self,
@@ -571,31 +451,3 @@ def _expected(start: int, end: int, size: int) -> int:
     if end < 0:
         return size
     return max(0, min(end, size) - start)
-
-
-def _unknown_key(url: str, service: str, key: str) -> ConfigError:
-    """The error for storage option ``key`` that neither seqstore nor the ``service`` client knows."""
-    valid = sorted({*_SERVICE_KEYS[service], *_CLIENT_KEYS, *SEQSTORE_OPTIONS})
-    near = difflib.get_close_matches(key.lower(), valid, n=1)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
-    return ConfigError(f"{url}: unknown storage option {key!r} for {service}{hint}; valid keys: {', '.join(valid)}")
-
-
-def _config_error(url: str, scheme: str, exc: BaseException, options: dict[str, Any]) -> ConfigError:
-    """obstore's refusal of a client configuration in seqstore's words: an unknown key with the valid ones
-    (and the nearest spelling), anything else with the URL and the client's reason."""
-    service = {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "http": "HTTP", "https": "HTTP"}.get(scheme, "Azure")
-    text = str(exc)
-    if "Configuration key" in text:
-        named = re.search(r"key: '([^']*)'", text)
-        return _unknown_key(url, service, named.group(1) if named else ", ".join(sorted(options)))
-    if "Unable to recognise URL" in text or "URL error" in text:
-        return ConfigError(f"{url}: not a URL the {service} client recognises (expected {scheme}://BUCKET/PATH)")
-    return ConfigError(f"{url}: the {service} client refused its configuration: {_short(exc, 200)}")
-
-
-def _short(exc: BaseException, most: int = 300) -> str:
-    """The message of ``exc`` on one line, without obstore's ``Debug source:`` dump, cut at ``most``."""
-    text = str(exc).split("Debug source:")[0]
-    text = " ".join(text.split())
-    return text if len(text) <= most else text[:most] + "..."

@@ -10,7 +10,7 @@ its own: it starts from a callback when a request slot is free, and its answer i
 ``on_each`` in the request's done-callback. A task, a coroutine and the awaits between them cost the
 loop about 10 us of CPU a request (a loop of 4 KiB range GETs, 256 in flight: 48-53 against 39 us of
 Python a request, 4,800-5,200 against 5,700-6,250 requests/s). Everything else runs as a task through
-the back end's coroutine (``_one``): larger ranges, suffixes, requests whose metadata is wanted, and the
+the back end's coroutine (``fetch_range``): larger ranges, suffixes, requests whose metadata is wanted, and the
 second and later attempts of any request (the fast path's failure is handed to it as the first attempt's,
 so a request is tried as often as the retry settings allow, no more).
 """
@@ -24,7 +24,8 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..errors import RemoteNotFound
-from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Transient
+from .object_common import _EMPTY, ClientSettings, ObjectMeta
+from .retry import Transient
 
 __all__ = ["Budget", "Wave", "SMALL_BODY"]
 
@@ -128,9 +129,11 @@ class Backend(Protocol):
     @property
     def store(self) -> Any: ...
 
-    def _if_match(self, tag: str) -> str: ...
+    def if_match(self, tag: str) -> str: ...
 
-    async def _one(
+    def check_tag(self, result: Any, key: str, tag: str) -> None: ...
+
+    async def fetch_range(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True,
         prior: BaseException | None = None,
     ) -> tuple[memoryview, ObjectMeta | None]: ...
@@ -193,7 +196,7 @@ class Wave:
             return
         opts: dict[str, Any] = {"range": (start, end)}
         if etag:
-            opts["if_match"] = b._if_match(etag)
+            opts["if_match"] = b.if_match(etag)
         try:
             fut = b.obs.get_async(b.store, key, options=opts)
         except Exception as exc:  # noqa: BLE001 - classified by the task, as the first attempt's failure
@@ -209,14 +212,17 @@ class Wave:
         slots, budget = b.slots, b.budget
         assert slots is not None and budget is not None
         self.flying.pop(i, None)
-        _, start, end, _ = self.requests[i]
+        key, start, end, tag = self.requests[i]
         data: memoryview | None = None
         failed: BaseException | None = None
         try:
             if not fut.cancelled():
                 failed = fut.exception()
                 if failed is None:
-                    data = memoryview(fut.result().bytes())
+                    got = fut.result()
+                    if tag:  # pinned to a version: the answer must be of it
+                        b.check_tag(got, key, tag)
+                    data = memoryview(got.bytes())
         except Exception as exc:  # noqa: BLE001 - e.g. the body cut short: the task retries it
             failed = exc
         finally:
@@ -228,12 +234,12 @@ class Wave:
             self._task(i, None)
             return
         if data is not None and len(data) != end - start:
-            failed = _Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}")
+            failed = Transient(f"range {start}-{end}: body of {len(data)} bytes, expected {end - start}",
+                               answered=True)
         if failed is not None or data is None:
             self._task(i, failed)
             return
-        if b.c._failing_since is not None:
-            b.c.retry_ok()
+        b.c.retry.ok()
         self._deliver(i, data, None)
 
     # answers, tasks, the end ------------------------------------------------------------------------
@@ -262,7 +268,7 @@ class Wave:
     async def _slow(self, i: int, prior: BaseException | None) -> None:
         key, start, end, etag = self.requests[i]
         try:
-            data, meta = await self.b._one(key, start, end, etag, self.with_meta, prior)
+            data, meta = await self.b.fetch_range(key, start, end, etag, self.with_meta, prior)
         except RemoteNotFound:
             if not self.missing_ok:
                 raise

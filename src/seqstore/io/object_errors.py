@@ -1,0 +1,200 @@
+"""obstore's errors in seqstore's words, for the obstore back end (:mod:`.object_obstore`).
+
+:func:`failure` maps an exception a request met to a seqstore error (a missing object or bucket, refused or
+missing credentials, a changed object, a refused configuration, a certificate for another host) or to a
+:class:`~seqstore.io.retry.Transient` failure to retry; :func:`config_error` and :func:`unknown_key` refuse a
+client configuration, naming the option and the valid keys. Messages never carry obstore's debug dumps.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import (
+    BucketNotFound,
+    ConfigError,
+    ConflictError,
+    CredentialsError,
+    RemoteError,
+    RemoteNotFound,
+    StaleStoreError,
+)
+from .object_common import SEQSTORE_OPTIONS
+from .retry import Transient
+
+__all__ = ["config_error", "failure", "not_found", "service_of", "short", "unknown_key"]
+
+#: the configuration keys obstore takes for each service (its short spellings; it also accepts them with an
+#: ``aws_``/``google_``/``azure_`` prefix or in upper case), for the message that refuses an unknown key
+_SERVICE_KEYS = {
+    "S3": (
+        "access_key_id", "bucket", "checksum_algorithm", "conditional_put", "container_authorization_token_file",
+        "container_credentials_full_uri", "container_credentials_relative_uri", "copy_if_not_exists",
+        "default_region", "disable_bulk_delete", "disable_tagging", "endpoint", "metadata_endpoint", "region",
+        "request_payer", "role_arn", "role_session_name", "secret_access_key", "server_side_encryption",
+        "session_token", "skip_signature", "sse_bucket_key_enabled", "sse_kms_key_id", "sts_endpoint",
+        "unsigned_payload", "virtual_hosted_style_request", "web_identity_token_file",
+    ),
+    "GCS": ("application_credentials", "base_url", "bearer_token", "bucket", "service_account",
+            "service_account_key", "skip_signature"),
+    "Azure": (
+        "account_key", "account_name", "authority_host", "client_id", "client_secret", "container_name",
+        "credential_type", "disable_tagging", "encryption_key", "endpoint", "federated_token_file", "msi_endpoint",
+        "msi_resource_id", "object_id", "sas_key", "skip_signature", "tenant_id", "token", "use_azure_cli",
+        "use_emulator", "use_fabric_endpoint",
+    ),
+    "HTTP": (),
+}
+#: client options seqstore passes on to obstore's HTTP client (any service)
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "http1_only", "proxy_url", "user_agent")
+#: phrases of obstore errors raised before a request was sent (misconfiguration: retrying cannot help)
+_REFUSALS = (
+    "builder error", "URL scheme is not allowed", "Version required", "ETag required", "Missing bucket name",
+    "Missing AccessKeyId", "Missing SecretAccessKey", "Account must be specified", "Unable to recognise URL",
+    "Generating SAS", "Configuration key",
+)
+#: what a request to the instance-metadata and container services names (where obstore looks for credentials
+#: it was not given: AWS's IMDS and ECS, GCE's metadata server, Azure's managed identity)
+_LOOKUPS = ("/latest/api/token", "/latest/meta-data/", "169.254.170.2", "computeMetadata/", "/metadata/identity/")
+#: where each service's credentials come from, for the error that says none were found
+_CREDENTIALS = {
+    "S3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary keys) in the "
+          "environment, or the storage options access_key_id and secret_access_key",
+    "GCS": "set GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT) in the environment, or the storage "
+           "option service_account or application_credentials",
+    "Azure": "set AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY) in the environment, or the storage option "
+             "account_key or sas_key",
+}
+#: what a service answers for a bucket (container) that does not exist
+_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
+
+
+
+def _status_of(exc: BaseException) -> int | None:
+    text = str(exc)
+    for marker in ("status: ", "Status: ", "status code ", "HTTP status "):
+        i = text.find(marker)
+        if i >= 0:
+            digits = text[i + len(marker) : i + len(marker) + 3]
+            if digits.isdigit():
+                return int(digits)
+    return None
+
+
+def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str, Any],
+            conditional: bool = False) -> BaseException:
+    """``exc``, met by a request for ``url`` (an object of the store at ``root``; ``options``: the client's;
+    ``oex``: obstore's exceptions module), in seqstore's words: an error to raise, a :class:`Transient` to
+    retry, or ``exc`` itself (not a failure of a request). ``conditional``: the request read a pinned version."""
+    if isinstance(exc, FileNotFoundError):  # obstore raises the builtin for a missing object
+        return not_found(exc, root, url)
+    if not isinstance(exc, oex.BaseError):
+        if isinstance(exc, (OSError, TimeoutError)) and not isinstance(exc, Transient):
+            return Transient(f"{type(exc).__name__}: {exc}")
+        return exc
+    if any(h in str(exc) for h in _LOOKUPS):  # the request was never sent: the client found no credentials
+        service = service_of(urlsplit(root).scheme.lower())
+        err = CredentialsError(
+            f"{url}: no credentials found for {service} (none given, none in the environment, and the "
+            f"lookup of instance credentials failed: {short(exc, 160)}); {_CREDENTIALS[service]}; for a "
+            "public bucket set the storage option skip_signature=true", url=url, attempts=1,
+        )
+        err.__cause__ = exc
+        return err
+    if isinstance(exc, oex.NotFoundError):
+        return not_found(exc, root, url)
+    if isinstance(exc, (oex.PermissionDeniedError, oex.UnauthenticatedError)):
+        return CredentialsError(
+            f"{url}: access refused ({type(exc).__name__}); check the credentials for this bucket "
+            "(environment, storage_options or the cloud SDK's configuration)",
+            url=url, attempts=1,
+        )
+    if isinstance(exc, oex.PreconditionError):
+        if conditional:
+            return StaleStoreError(
+                f"{url}: the object changed while the store was open (its ETag no longer matches); "
+                "reopen the store", url=url, attempts=1,
+            )
+        return ConflictError(f"{url}: conditional write refused: the object changed", url=url, attempts=1)
+    if isinstance(exc, oex.AlreadyExistsError):
+        return ConflictError(f"{url}: already exists", url=url, attempts=1)
+    if "certificate" in str(exc).lower():  # not worth another attempt
+        return RemoteError(f"{url}: the server's TLS certificate was refused ({short(exc, 200)})", url=url, attempts=1)
+    if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
+        return RemoteError(
+            f"{url}: the client refused the request before sending it ({short(exc, 160)}); for an http:// "
+            "endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)", url=url, attempts=1,
+        )
+    if isinstance(exc, oex.UnknownConfigurationKeyError):
+        return config_error(root, urlsplit(root).scheme.lower(), exc, options)
+    if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError)):
+        return RemoteError(f"{url}: not supported by the client: {short(exc)}", url=url, attempts=1)
+    if any(p in str(exc) for p in _REFUSALS):
+        return RemoteError(
+            f"{url}: the client refused the request before sending it: {short(exc)}", url=url, attempts=1
+        )
+    status = _status_of(exc)
+    if status in (401, 403):
+        return CredentialsError(
+            f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1
+        )
+    if status == 404:
+        return not_found(exc, root, url)
+    if status == 412:
+        cls = StaleStoreError if conditional else ConflictError
+        return cls(f"{url}: precondition failed (the object changed)", url=url, attempts=1)
+    if status is not None and 400 <= status < 500 and status not in (408, 429):
+        return RemoteError(f"{url}: HTTP {status}: {short(exc)}", url=url, attempts=1)
+    return Transient(f"{type(exc).__name__}: {short(exc)}", answered=status is not None)
+
+def not_found(exc: BaseException, root: str, url: str) -> RemoteError:
+    """A 404 on ``url``: :class:`BucketNotFound` where the service says the bucket (container) is
+    missing, else :class:`RemoteNotFound` (a HEAD answers without a body, so it cannot tell)."""
+    text = str(exc)
+    if any(p in text for p in _NO_BUCKET):
+        parts = urlsplit(root)
+        named = re.search(r"<BucketName>([^<]+)</BucketName>", text)
+        bucket = named.group(1) if named else parts.netloc.partition("@")[0] or parts.netloc
+        scheme = parts.scheme.lower()
+        holder = "container" if scheme in ("az", "abfs", "abfss", "azure") else "bucket"
+        return BucketNotFound(
+            f"{holder} {bucket!r} does not exist ({url}); check the URL and the endpoint, or create the "
+            f"{holder} first", url=url, attempts=1,
+        )
+    return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+
+
+def unknown_key(url: str, service: str, key: str) -> ConfigError:
+    """The error for storage option ``key`` that neither seqstore nor the ``service`` client knows."""
+    valid = sorted({*_SERVICE_KEYS[service], *_CLIENT_KEYS, *SEQSTORE_OPTIONS})
+    near = difflib.get_close_matches(key.lower(), valid, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConfigError(f"{url}: unknown storage option {key!r} for {service}{hint}; valid keys: {', '.join(valid)}")
+
+
+def config_error(url: str, scheme: str, exc: BaseException, options: dict[str, Any]) -> ConfigError:
+    """obstore's refusal of a client configuration in seqstore's words: an unknown key with the valid ones
+    (and the nearest spelling), anything else with the URL and the client's reason."""
+    service = service_of(scheme)
+    text = str(exc)
+    if "Configuration key" in text:
+        named = re.search(r"key: '([^']*)'", text)
+        return unknown_key(url, service, named.group(1) if named else ", ".join(sorted(options)))
+    if "Unable to recognise URL" in text or "URL error" in text:
+        return ConfigError(f"{url}: not a URL the {service} client recognises (expected {scheme}://BUCKET/PATH)")
+    return ConfigError(f"{url}: the {service} client refused its configuration: {short(exc, 200)}")
+
+
+def service_of(scheme: str) -> str:
+    """The service a URL scheme names (``S3``, ``GCS``, ``Azure``, ``HTTP``)."""
+    return {"s3": "S3", "s3a": "S3", "gs": "GCS", "gcs": "GCS", "http": "HTTP", "https": "HTTP"}.get(scheme, "Azure")
+
+
+def short(exc: BaseException, most: int = 300) -> str:
+    """The message of ``exc`` on one line, without obstore's ``Debug source:`` dump, cut at ``most``."""
+    text = str(exc).split("Debug source:")[0]
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[:most] + "..."

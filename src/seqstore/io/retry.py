@@ -1,0 +1,158 @@
+"""One retry policy for every object-store back end (obstore, fsspec, the direct reader, waves).
+
+A :class:`RetryPolicy` belongs to one :class:`~seqstore.io.objects.ObjectClient` and holds its settings and
+the failure streak its requests share; each failing operation counts its tries in an :class:`Attempts`.
+A transient failure (HTTP 5xx, 408, 429, a connection refused, reset or timed out, a body cut short) is
+tried again after a backoff (50 ms doubling up to :data:`MAX_BACKOFF`, jittered) within a time budget,
+``retry_timeout`` (default 120 s) counted from the first failure of the streak: while every request fails,
+requests queued behind the first (or asked again, as the reads after a failed open) give up with it
+instead of each spending a budget of their own. An answer (a success, or a definite one such as a missing
+object) ends the streak; ``max_retries`` bounds the count as well. An endpoint that has never answered
+while the client was in use (in this process or the one it was pickled in) gets :data:`UNREACHED_S`
+seconds at most, then an error naming it unreachable: the long budget is for a link that worked.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import RemoteError
+
+__all__ = ["MAX_BACKOFF", "UNREACHED_S", "Attempts", "RetryPolicy", "Transient"]
+
+#: longest wait between two attempts of a request (seconds, before jitter)
+MAX_BACKOFF = 5.0
+#: seconds an endpoint that has never answered is retried at most (counted from the first failure)
+UNREACHED_S = 3.0
+
+T = TypeVar("T")
+
+
+class Transient(Exception):
+    """A failure worth retrying; ``answered``: the server answered (an HTTP status), so it is reachable."""
+
+    def __init__(self, message: str, *, answered: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
+
+
+class RetryPolicy:
+    """The retry settings of a client for ``endpoint`` (named in the unreachable error) and the failure
+    streak its requests share. Thread-safe; pickled without the streak."""
+
+    def __init__(self, endpoint: str, *, retry_timeout: float = 120.0, max_retries: int | None = None,
+                 timeout: float = 30.0, connect_timeout: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.retry_timeout, self.max_retries = retry_timeout, max_retries
+        self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.reached = False  # the endpoint has answered at least once
+        self.failing_since: float | None = None  # monotonic time the current streak began (None: no streak)
+        self.last_failure = 0.0  # monotonic time of the streak's latest failure
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "failing_since": None, "last_failure": 0.0, "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    def attempts(self, what: str) -> Attempts:
+        """The tries of one operation on ``what`` (a URL, and the range where it is one)."""
+        return Attempts(self, what)
+
+    def ok(self) -> None:
+        """The endpoint answered a request (it succeeded, or a definite answer such as a missing object or
+        a failed precondition): it is reachable and the failure streak, if any, is over."""
+        if self.failing_since is not None or not self.reached:
+            self.reached, self.failing_since = True, None
+
+    def patience(self) -> float:
+        """Seconds a request may take at most, all its attempts and backoffs counted (plus slack)."""
+        attempt = self.timeout + self.connect_timeout
+        most = self.retry_timeout + 2 * attempt + 30.0  # the first failure, the budget, a last attempt
+        if self.max_retries is not None:
+            most = min(most, (self.max_retries + 1) * (attempt + MAX_BACKOFF * 1.5) + 30.0)
+        return most
+
+    def delay(self, attempt: int, first: float) -> float | None:
+        """After the ``attempt``-th try of an operation failed (its first failure at monotonic ``first``):
+        the seconds to wait before the next, or None when the budget of the streak is spent."""
+        now = time.monotonic()
+        with self._lock:
+            since = self.failing_since
+            if since is not None and now - self.last_failure > self.timeout + self.connect_timeout + 2 * MAX_BACKOFF:
+                since = None  # that streak's failures stopped long ago (no request ran since): a new streak
+            if since is None:
+                self.failing_since = since = first
+            self.last_failure = now
+        budget = self.retry_timeout if self.reached else min(self.retry_timeout, UNREACHED_S)
+        left = min(first, since) + budget - now
+        if left <= 0 or (self.max_retries is not None and attempt > self.max_retries):
+            return None
+        return min(left, min(MAX_BACKOFF, 0.05 * 2.0 ** min(attempt - 1, 16)) * (0.5 + random.random()))
+
+    def error(self, what: str, attempt: int, first: float, last: BaseException) -> RemoteError:
+        """The error of an operation on ``what`` that failed ``attempt`` times since ``first``."""
+        spent = time.monotonic() - first
+        if not self.reached:
+            err = RemoteError(
+                f"{what}: the endpoint {self.endpoint} is unreachable: it has not answered once ({attempt} "
+                f"attempts in {spent:.1f} s; the last: {last}); check the URL, the endpoint option and that "
+                "the server is running", url=what, attempts=attempt,
+            )
+        else:
+            err = RemoteError(
+                f"{what}: failed after {attempt} attempts in {spent:.1f} s ({last}); transient failures are "
+                f"retried for retry_timeout={self.retry_timeout:g} s"
+                + (f", max_retries={self.max_retries}" if self.max_retries is not None else ""),
+                url=what, attempts=attempt,
+            )
+        err.exhausted = True  # type: ignore[attr-defined]  # not an answer: the streak goes on (see run)
+        return err
+
+    def run(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, its :class:`Transient` failures tried again within the budget; a
+        :class:`~seqstore.errors.RemoteError` it raises is an answer (not retried, the count of tries set)."""
+        tries: Attempts | None = None
+        while True:
+            try:
+                out = fn()
+            except RemoteError as exc:  # a ConflictError on a later try may refuse our own earlier write
+                exc.attempts = max(exc.attempts, tries.n + 1 if tries else 1)
+                if not getattr(exc, "exhausted", False):
+                    self.ok()
+                raise
+            except Transient as exc:
+                tries = tries or self.attempts(what)
+                time.sleep(tries.failed(exc))
+                continue
+            self.ok()
+            return out
+
+
+class Attempts:
+    """The tries of one operation under a :class:`RetryPolicy`: :meth:`failed` after each failure."""
+
+    __slots__ = ("policy", "what", "n", "first")
+
+    def __init__(self, policy: RetryPolicy, what: str) -> None:
+        self.policy, self.what = policy, what
+        self.n = 0
+        self.first = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Count a transient failure ``exc``: the seconds to wait before the next try, or raise the
+        :class:`~seqstore.errors.RemoteError` that gives up (the budget is spent)."""
+        self.n += 1
+        if self.n == 1:
+            self.first = time.monotonic()
+        if getattr(exc, "answered", False):
+            self.policy.reached = True  # a server answered (an error status): the endpoint is there
+        delay = self.policy.delay(self.n, self.first)
+        if delay is None:
+            raise self.policy.error(self.what, self.n, self.first, exc) from None
+        return delay
