@@ -6,7 +6,8 @@ returns), batch merging), ``store_dataset`` (:class:`StoreDataset`), ``lengths_d
 ``combined`` (:class:`CombinedDataset`: per-epoch sampling windows and one ordering over their union),
 ``meta`` (:class:`MetaDataset`: zip by id through cached row maps), ``filter`` (length filtering: the
 kept indices, cached), ``streams`` (shuffle buffer, sampling with replacement), ``batching``
-(:func:`batch_indices`, :func:`bucket_batches`), ``packing`` (:class:`PackedDataset`: documents packed
+(:func:`batch_indices`, :func:`bucket_batches`), ``records`` (:func:`iter_records`: record by record
+from gathered blocks), ``packing`` (:class:`PackedDataset`: documents packed
 into fixed-length sequences, lazily; plans in ``_packplan``), ``schedule`` (:class:`MixtureSchedule`,
 :class:`MixtureStream`: mixtures whose weights change by stage), ``demo`` (the combined demo run); private helpers
 ``_lengths`` (lazy lengths views), ``_orders`` (orders with lazily gathered lengths), ``_cache``
@@ -21,6 +22,7 @@ from .combined import CombinedDataset, CombinedOrder, weighted_sizes
 from .concat import ConcatDataset, SliceDataset
 from .lengths_dataset import LengthsDataset
 from .meta import MetaDataset
+from .records import iter_records
 from .packing import PackedDataset, PackedStream
 from .schedule import MixtureSchedule, MixtureStream
 from .store_dataset import StoreDataset
@@ -51,6 +53,7 @@ __all__ = [
     "as_lengths",
     "batch_indices",
     "bucket_batches",
+    "iter_records",
     "sample_with_replacement",
     "shuffle_buffer",
     "weighted_sizes",
