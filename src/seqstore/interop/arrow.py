@@ -29,14 +29,14 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..errors import SchemaError
 from ..store import Store, Writer
 from . import driver
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, split_by_budget
+from ._common import Progress, SourceFormatError, split_by_budget
 from .arrow_columns import (
     Plan,
     check_id_column,
@@ -310,35 +310,22 @@ def import_arrow(
     *,
     columns: Mapping[str, str] | None = None,
     id_column: str | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Import Arrow IPC files (file or stream format) or directories of them (e.g. a Hugging Face
     ``Dataset.save_to_disk`` directory) into one new store at ``out``, and open it.
 
     ``columns``: ``{column: field}`` to import (default: every column except ``id_column``, under its
     own name). ``id_column``: a string (or integer) column whose values become record ids. Records keep
-    the files' order. All files' schemas are checked before the store is created; a failure while
-    streaming deletes the new store (all or nothing). Files are memory-mapped and converted in chunks
-    of about ``chunk_bytes``: O(chunk) memory. ``progress`` gets the records of each chunk (and, through
-    ``add_total`` if it has one, the number of records in all files once they are validated).
-
-    ``workers > 1`` converts in that many processes (record batches, or Parquet row groups, split into
-    about ``4 x workers`` runs in file order, each written as a part, one commit at the end;
-    docs/distributed.md): the same records in the same order, only the shard boundaries differ.
-
-    ``out`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``, with ``storage_options``):
-    the workers upload their parts into the store and one commit makes them visible; a failure leaves
-    no store (or the existing one, with ``overwrite``, as it was).
+    the files' order; all files' schemas are checked before the store is created. Files are
+    memory-mapped and converted in chunks of about ``chunk_bytes``: O(chunk) memory. ``progress`` counts
+    records. ``workers > 1``: record batches (Parquet row groups) in about ``4 x workers`` runs in file
+    order, one part each (the same records in the same order, only the shard boundaries differ). The
+    other keywords, and an ``out`` at a URL of object storage: :class:`~seqstore.interop.driver.Options`.
     """
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
-    conv = _conversion(sources, "arrow", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes)
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options)
+    opts = driver.options("import_arrow", out, options)
+    conv = _conversion(sources, "arrow", columns=columns, id_column=id_column, chunk_bytes=opts.chunk_bytes)
+    return driver.write(conv, out, opts)
 
 
 def import_parquet(
@@ -347,16 +334,10 @@ def import_parquet(
     *,
     columns: Mapping[str, str] | None = None,
     id_column: str | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Import Parquet files (or directories of ``.parquet`` files) into one new store at ``out``; as
     :func:`import_arrow`, reading batches of about ``chunk_bytes`` (from the row groups' sizes)."""
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
-    conv = _conversion(sources, "parquet", columns=columns, id_column=id_column, chunk_bytes=chunk_bytes)
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options)
+    opts = driver.options("import_parquet", out, options)
+    conv = _conversion(sources, "parquet", columns=columns, id_column=id_column, chunk_bytes=opts.chunk_bytes)
+    return driver.write(conv, out, opts)

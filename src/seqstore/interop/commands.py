@@ -30,21 +30,8 @@ from tqdm import tqdm
 from ..errors import SeqstoreError
 from ._common import Progress, announce_total
 
-__all__ = [
-    "SOURCES",
-    "TARGETS",
-    "Converter",
-    "Option",
-    "Progress",
-    "ProgressBar",
-    "SuggestingParser",
-    "cli_message",
-    "register_source",
-    "register_target",
-    "add_subcommands",
-    "convert_main",
-    "export_main",
-]
+__all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
+           "register_source", "register_target", "add_subcommands", "convert_main", "export_main"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

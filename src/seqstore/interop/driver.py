@@ -7,8 +7,10 @@ HDF streams, tar members, cut fields), names its errors, and describes the work 
 segments of everything and, where the source can be split, a function cutting it into units for
 worker processes. The driver does the rest, the same way for every format:
 
-1. :func:`check_import` refuses bad common arguments before anything is read (storage options for a
-   local path, a chunk size or worker count below 1); :func:`source_list` an empty list of sources.
+1. The keywords every importer takes (:class:`ImportOptions`: ``chunk_bytes``, ``shard_bytes``,
+   ``overwrite``, ``progress``, ``workers``, ``storage_options``) are read once by :func:`options`, which
+   refuses bad ones before anything is read (storage options for a local path, a chunk size or worker
+   count below 1, an unknown keyword); :func:`source_list` refuses an empty list of sources.
 2. :func:`write` chooses the path: units for workers (``workers > 1`` and a source that splits into
    more than one unit, or a URL for a format that writes URLs as parts) go to
    :func:`~._parallel.convert_in_parallel` (parts written by worker processes, one commit); anything
@@ -25,15 +27,44 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, Writer
-from ._common import Progress, announce_total
+from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total
 from ._parallel import Job, build_store, convert_in_parallel
 
-__all__ = ["Conversion", "check_import", "source_list", "write"]
+__all__ = ["Conversion", "ImportOptions", "Options", "options", "source_list", "write"]
+
+
+class ImportOptions(TypedDict, total=False):
+    """The keywords every ``import_*`` function takes, each optional (:class:`Options` has the defaults)."""
+
+    chunk_bytes: int
+    shard_bytes: int
+    overwrite: bool
+    progress: Progress | None
+    workers: int
+    storage_options: Mapping[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """:class:`ImportOptions` read, with their defaults. ``chunk_bytes``: bytes of rows read per step;
+    ``shard_bytes``: bytes per store shard; ``overwrite``: replace an existing ``out`` (all or nothing:
+    a failure keeps it as it was; without it an existing ``out`` is a FileExistsError); ``progress``: a
+    callable given the work of each step in the importer's unit (with an ``add_total(n)`` method, told
+    the total once the inputs are checked); ``workers``: processes, this one included where the format
+    says so (the records keep the input order whatever the number); ``storage_options``: the client
+    options of an ``out`` at a URL of object storage."""
+
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    shard_bytes: int = 1 << 30
+    overwrite: bool = False
+    progress: Progress | None = None
+    workers: int = 1
+    storage_options: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +91,21 @@ class Conversion:
     after_parallel: Callable[[], None] | None = None
 
 
-def check_import(out: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None, chunk_bytes: int,
-                 workers: int) -> None:
-    """ValueError for arguments every importer refuses, before its sources are read."""
-    if storage_options and not is_remote(out):
+def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any]) -> Options:
+    """The common keywords of ``who`` read (TypeError for an unknown one, as for any function) and checked
+    (ValueError), before its sources are read."""
+    known = {f.name for f in dataclasses.fields(Options)}
+    for name in given:
+        if name not in known:
+            raise TypeError(f"{who}() got an unexpected keyword argument {name!r}")
+    opts = Options(**given)
+    if opts.storage_options and not is_remote(out):
         raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
+    if opts.chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {opts.chunk_bytes}")
+    if opts.workers < 1:
+        raise ValueError(f"workers must be at least 1, got {opts.workers}")
+    return opts
 
 
 def source_list(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], who: str) -> list[Any]:
@@ -86,19 +123,18 @@ def _total(conv: Conversion, progress: Progress | None, needed: bool) -> int | N
     return conv.total() if needed or hasattr(progress, "add_total") else None
 
 
-def write(conv: Conversion, out: str | os.PathLike[str], *, overwrite: bool, shard_bytes: int, workers: int,
-          progress: Progress | None, storage_options: Mapping[str, Any] | None, direct_io: bool = False) -> Store:
-    """Build the store ``out`` from ``conv`` (with ``workers`` processes where it splits), all or
+def write(conv: Conversion, out: str | os.PathLike[str], opts: Options, *, direct_io: bool = False) -> Store:
+    """Build the store ``out`` from ``conv`` (with ``opts.workers`` processes where it splits), all or
     nothing, and open it (the module docs say how)."""
-    remote = is_remote(out)
+    remote, workers, progress = is_remote(out), opts.workers, opts.progress
     metadata = dict(conv.metadata)
     parts_for_url = remote and conv.url_as_parts
     units = conv.units(workers) if conv.units is not None and (workers > 1 or parts_for_url) else []
     if len(units) > 1 or parts_for_url:
         try:
             return convert_in_parallel(out, conv.schema, units, _total(conv, progress, True) or 0,
-                                       overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
-                                       workers=workers, progress=progress, storage_options=storage_options,
+                                       overwrite=opts.overwrite, shard_bytes=opts.shard_bytes, metadata=metadata,
+                                       workers=workers, progress=progress, storage_options=opts.storage_options,
                                        preload=conv.preload, in_driver=conv.in_driver, direct_io=direct_io)
         finally:
             if conv.after_parallel is not None:
@@ -110,5 +146,5 @@ def write(conv: Conversion, out: str | os.PathLike[str], *, overwrite: bool, sha
             announce_total(progress, total)
         conv.job.write(writer, conv.whole, progress)
 
-    return build_store(out, conv.schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
-                       storage_options=storage_options, direct_io=direct_io)
+    return build_store(out, conv.schema, fill, overwrite=opts.overwrite, shard_bytes=opts.shard_bytes,
+                       metadata=metadata, storage_options=opts.storage_options, direct_io=direct_io)

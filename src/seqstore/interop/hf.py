@@ -39,28 +39,15 @@ import importlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..store import Store, Writer
-from . import driver
-from ._common import DEFAULT_CHUNK_BYTES, Progress
-from .arrow_columns import (
-    Plan,
-    check_id_column,
-    column_array,
-    column_map,
-    columns_schema,
-    convert_column,
-    id_strings,
-    plan_column,
-    pyarrow,
-    resolve_inner,
-    storage_type,
-)
+from . import arrow_columns, driver
+from ._common import Progress
 
 __all__ = ["import_hf", "datasets_module", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS", "MIN_UNIT_ROWS"]
 
@@ -155,7 +142,7 @@ def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, An
     if _arrow_native(ds):
         yield from sub.with_format("arrow").iter(batch_size=batch_rows)
         return
-    pa = pyarrow()
+    pa = arrow_columns.pyarrow()
     for batch in sub.iter(batch_size=batch_rows):
         yield pa.table([pa.array(batch[c], type=None if types is None else types[c]) for c in columns], names=columns)
 
@@ -163,7 +150,7 @@ def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, An
 def _arrow_schema(ds: Any, batch_rows: int) -> Any:
     """The Arrow schema of ``ds``: from its features, else (a stream of unknown features) as pyarrow
     infers it from the first batch."""
-    pa = pyarrow()
+    pa = arrow_columns.pyarrow()
     if ds.features is not None:
         return ds.features.arrow_schema
     for batch in ds.iter(batch_size=batch_rows):
@@ -195,7 +182,7 @@ class _Column:
     name: str
     field: str
     kind: str
-    plan: Plan
+    plan: arrow_columns.Plan
 
 
 def _is_encoded(feature: Any) -> bool:
@@ -204,8 +191,8 @@ def _is_encoded(feature: Any) -> bool:
 
 
 def _is_bytes_type(t: Any) -> bool:
-    pa = pyarrow()
-    t = storage_type(t)
+    pa = arrow_columns.pyarrow()
+    t = arrow_columns.storage_type(t)
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
                 or pa.types.is_large_binary(t))
 
@@ -213,11 +200,11 @@ def _is_bytes_type(t: Any) -> bool:
 def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) -> _Column:
     """The plan of one column; ColumnTypeError naming it, its feature and what is supported otherwise."""
     if _is_encoded(feature):
-        return _Column(name, field, "encoded", Plan(True, "uint8", ()))
+        return _Column(name, field, "encoded", arrow_columns.Plan(True, "uint8", ()))
     if _is_bytes_type(arrow_type):
-        return _Column(name, field, "bytes", Plan(True, "uint8", ()))
+        return _Column(name, field, "bytes", arrow_columns.Plan(True, "uint8", ()))
     try:
-        return _Column(name, field, "arrow", plan_column(where, name, arrow_type))
+        return _Column(name, field, "arrow", arrow_columns.plan_column(where, name, arrow_type))
     except SchemaError:
         described = repr(feature) if feature is not None else str(arrow_type)
         raise ColumnTypeError(
@@ -229,12 +216,13 @@ def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) ->
 def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any] | None) -> tuple[int, ...]:
     """The row shape of a field (a list of variable lists: the length of the first non-empty inner list,
     read from the first batches that have one)."""
-    return resolve_inner(col.plan, (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types)))
+    chunks = (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types))
+    return arrow_columns.resolve_inner(col.plan, chunks)
 
 
 def _binary_values(arr: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """A string/binary array as (the bytes of all values, one length per value), without copying."""
-    pa = pyarrow()
+    pa = arrow_columns.pyarrow()
     n = len(arr)
     if n == 0:
         return np.zeros(0, np.uint8), np.zeros(0, np.int64)
@@ -247,7 +235,7 @@ def _binary_values(arr: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]
 
 def _encoded_bytes(arr: Any, where: str, name: str, base: int) -> Any:
     """The ``bytes`` child of an Audio/Image struct array; a value held as a path only is read from its file."""
-    pa = pyarrow()
+    pa = arrow_columns.pyarrow()
     kids = {arr.type.field(i).name: child for i, child in enumerate(arr.flatten())}
     data = kids.get("bytes")
     if data is None:
@@ -269,9 +257,9 @@ def _encoded_bytes(arr: Any, where: str, name: str, base: int) -> Any:
 def _values(table: Any, col: _Column, inner: tuple[int, ...], where: str, base: int) -> Any:
     """One column of a batch (records ``base``...) as ``append_batch`` takes it."""
     rows = f"{where}, records {base}..{base + int(table.num_rows) - 1}"
-    arr = column_array(table.column(col.name), rows, col.name)
+    arr = arrow_columns.column_array(table.column(col.name), rows, col.name)
     if col.kind == "arrow":
-        return convert_column(arr, col.plan, inner, rows, col.name)
+        return arrow_columns.convert_column(arr, col.plan, inner, rows, col.name)
     if col.kind == "encoded":
         arr = _encoded_bytes(arr, where, col.name, base)
     return _binary_values(arr)
@@ -311,7 +299,8 @@ class _HfJob:
                                       f"{table.schema.field(c.name).type} differs from "
                                       f"{self.first.field(c.name).type} of the first batch")
             batch = {c.field: _values(table, c, self.inner[c.name], where, base) for c in self.cols}
-            ids = None if self.id_column is None else id_strings(table.column(self.id_column), where, self.id_column)
+            ids = None if self.id_column is None else arrow_columns.id_strings(table.column(self.id_column), where,
+                                                                               self.id_column)
             writer.append_batch(batch, ids=ids)
             base += n
             if progress is not None:
@@ -349,12 +338,7 @@ def import_hf(
     columns: Mapping[str, str] | Sequence[str] | None = None,
     id_column: str | None = None,
     batch_size: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Import a Hugging Face dataset into one new store at ``out``, and open it.
 
@@ -371,32 +355,30 @@ def import_hf(
     ``add_total``, the number of records of a ``Dataset`` up front). All or nothing; ``out`` may be a
     URL of object storage (``storage_options`` configure its client).
 
-    ``workers > 1`` imports a ``Dataset`` whose data are memory-mapped Arrow files (a ``save_to_disk``
-    directory, a dataset loaded or mapped into the cache; any number of files) in that many processes:
-    its rows, in the dataset's order, are cut into runs of about ``rows / (2 x workers)`` (at least
-    :data:`MIN_UNIT_ROWS`), each written by a worker as one part, one commit at the end; the store is the
-    same whatever ``workers`` is. An ``IterableDataset`` (a stream has no parts to hand out), a dataset
-    held in memory (``Dataset.from_dict``, ``keep_in_memory``: it would be pickled whole) and a dataset of
-    fewer than ``2 x MIN_UNIT_ROWS`` rows are imported in this process, ``workers`` notwithstanding.
+    ``workers > 1`` imports a ``Dataset`` of memory-mapped Arrow files (a ``save_to_disk`` directory, a
+    dataset loaded or mapped into the cache) in runs of about ``rows / (2 x workers)`` rows (at least
+    :data:`MIN_UNIT_ROWS`), one part each; a stream, a dataset held in memory (it would be pickled whole)
+    and a small one are imported in this process. The other keywords:
+    :class:`~seqstore.interop.driver.Options`.
     """
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    opts = driver.options("import_hf", out, options)
     hf = datasets_module()
     ds, where = _resolve(source, split)
-    rows = _batch_rows(ds, chunk_bytes, batch_size)
+    rows = _batch_rows(ds, opts.chunk_bytes, batch_size)
     features = ds.features
     schema_pa = _arrow_schema(ds, rows)
     names = list(schema_pa.names)
-    mapping = column_map(where, names, columns, id_column)
+    mapping = arrow_columns.column_map(where, names, columns, id_column)
     cols = [_column(where, name, field, schema_pa.field(name).type, features[name] if features is not None else None)
             for name, field in mapping.items()]
     if id_column is not None:
-        check_id_column(where, id_column, schema_pa.field(id_column).type)
+        arrow_columns.check_id_column(where, id_column, schema_pa.field(id_column).type)
     for c in cols:  # read Audio/Image as stored (bytes and path), never decoded
         if c.kind == "encoded" and features is not None and getattr(features[c.name], "decode", False):
             ds = ds.cast_column(c.name, dataclasses.replace(features[c.name], decode=False))
-    types = None if features is None else {n: storage_type(schema_pa.field(n).type) for n in names}
+    types = None if features is None else {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}
     inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
-    schema = columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
+    schema = arrow_columns.columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
     meta = {
         "source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
         "columns": mapping,
@@ -409,5 +391,4 @@ def import_hf(
     splits = isinstance(ds, hf.Dataset) and _file_backed(ds)
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, None, total,
                              (lambda w: [(job, u) for u in _units(len(ds), w)]) if splits else None, url_as_parts=False)
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options)
+    return driver.write(conv, out, opts)

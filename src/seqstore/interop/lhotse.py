@@ -50,9 +50,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -61,7 +61,7 @@ from ..schema import Field, Schema
 from ..store import Store, Writer
 from ..store.directio import aligned_empty
 from . import driver
-from ._common import DEFAULT_CHUNK_BYTES, Progress, SourceFormatError, runs_across
+from ._common import Progress, SourceFormatError, runs_across
 from ._lhotse_manifest import MARK_LINES, LeanCut, forget_streams, manifest_cuts, open_cuts, scan_manifest
 
 __all__ = [
@@ -429,13 +429,8 @@ def import_lhotse(
     audio_dtype: str = "float32",
     channels: str = "error",
     text_separator: str = " ",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
     direct_io: bool = True,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Import Lhotse cuts into one new store at ``out``, and open it (the fields are in the module docs).
 
@@ -460,15 +455,14 @@ def import_lhotse(
     :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet`` object (which could only be handed to a worker
     by pickling every cut), are imported in this process alone.
 
-    ``out`` may be a URL of object storage (``storage_options``): the cuts are written as one part per
-    unit of work (one in all without workers) and committed once, so a reader never sees a partial store.
-
     ``direct_io`` (default True): the features and audio are written with ``O_DIRECT`` in page-aligned
     runs (:class:`~seqstore.store.Writer`), not through the page cache, whose copy and page allocation
     cost more CPU than reading the features (on the benchmark VM: 7.5 s against 2.6 s for 562 MB); the
-    new store is then not in memory until read. A filesystem without ``O_DIRECT`` writes buffered.
+    new store is then not in memory until read. A filesystem without ``O_DIRECT`` writes buffered. The
+    other keywords, and an ``out`` at a URL (the cuts written as parts committed once):
+    :class:`~seqstore.interop.driver.Options`.
     """
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    opts = driver.options("import_lhotse", out, options)
     if features_dtype not in FEATURE_DTYPES:
         raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {features_dtype!r}")
     if audio_dtype not in AUDIO_DTYPES:
@@ -503,12 +497,11 @@ def import_lhotse(
     scans = functools.cache(lambda: [scan_manifest(p) for p in paths])  # one pass over the lines, when needed
 
     def units(workers: int) -> list[tuple[_CutsJob, list[tuple[int, int, int]]]]:
-        job = _CutsJob(plan, chunk_bytes, paths, [m for _, m in scans()])
+        job = _CutsJob(plan, opts.chunk_bytes, paths, [m for _, m in scans()])
         return [(job, u) for u in _units([n for n, _ in scans()], workers)]
 
     total = (lambda: sum(n for n, _ in scans())) if paths else _known_length(sources)
-    conv = driver.Conversion(schema, {METADATA_KEY: meta}, _StreamJob(plan, chunk_bytes), streams, total,
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, _StreamJob(plan, opts.chunk_bytes), streams, total,
                              units if paths else None, url_as_parts=False, preload=PRELOAD, in_driver=True,
                              after_parallel=forget_streams)  # a gzip stream this process kept after one of its runs
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options, direct_io=direct_io)
+    return driver.write(conv, out, opts, direct_io=direct_io)

@@ -38,9 +38,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -290,12 +290,7 @@ def import_megatron(
     field: str = "tokens",
     document_field: str = "document",
     mode_field: str = "mode",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Import Megatron indexed datasets (each a ``PREFIX`` of ``PREFIX.bin`` + ``PREFIX.idx``, or
     either file's name) into one new store at ``out``, and open it.
@@ -310,7 +305,7 @@ def import_megatron(
     ``workers > 1`` converts in that many processes (runs of sequences written as parts, one commit;
     the same records in the same order). ``out`` may be a URL of object storage (``storage_options``).
     """
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    opts = driver.options("import_megatron", out, options)
     given = driver.source_list(sources, "import_megatron")
     indexes = [read_index(s) for s in given]
     first = indexes[0]
@@ -344,12 +339,11 @@ def import_megatron(
         "mode_field": mode_field if all(multimodal) else None,
     }
     job = _MegatronJob([ix.prefix for ix in indexes], offsets, field, document_field if split_docs else None,
-                       mode_field if all(multimodal) else None, chunk_bytes)
+                       mode_field if all(multimodal) else None, opts.chunk_bytes)
     del indexes, first
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, 0, n) for k, n in enumerate(counts)], total,
                              lambda workers: [(job, segs) for segs in _units(counts, workers)])
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options)
+    return driver.write(conv, out, opts)
 
 
 # ------------------------------------------------------------------------------------------- export

@@ -29,7 +29,7 @@ import os
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
@@ -178,12 +178,7 @@ def import_hdf(
     out: str | os.PathLike[str],
     *,
     rename: Mapping[str, str] | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Convert one or more RETURNN HDF files into one new store at ``out`` and open it.
 
@@ -207,15 +202,14 @@ def import_hdf(
     records in the same order, only the shard boundaries differ. ``out`` may be a URL of object storage
     (with ``storage_options``): the workers upload their parts into the store, one commit at the end.
     """
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    opts = driver.options("import_hdf", out, options)
     infos = [inspect_hdf(p) for p in driver.source_list(sources, "import_hdf")]
     schema, meta = _merge_schema(infos, dict(rename or {}))
-    job = _HdfJob(list(infos), {v["hdf_key"]: name for name, v in meta["streams"].items()}, chunk_bytes)
+    job = _HdfJob(list(infos), {v["hdf_key"]: name for name, v in meta["streams"].items()}, opts.chunk_bytes)
     whole = [(k, 0, info.num_seqs, None) for k, info in enumerate(infos)]
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, whole, sum(info.total_bytes for info in infos),
                              lambda workers: [(job, segs) for segs in _hdf_units(infos, workers)])
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options)
+    return driver.write(conv, out, opts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ import re
 import tarfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -49,7 +49,6 @@ from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
 from ._common import (
-    DEFAULT_CHUNK_BYTES,
     OutputExistsError,
     Progress,
     SourceFormatError,
@@ -236,13 +235,8 @@ def import_webdataset(
     *,
     fields: Mapping[str, str] | None = None,
     strict: bool = True,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    shard_bytes: int = 1 << 30,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-    workers: int = 1,
-    storage_options: Mapping[str, Any] | None = None,
     source_options: Mapping[str, Any] | None = None,
+    **options: Unpack[driver.ImportOptions],
 ) -> Store:
     """Import WebDataset tar shards into one new store at ``out``, and open it (see the module docs
     for how members become fields).
@@ -251,19 +245,17 @@ def import_webdataset(
     (``"data-{000..099}.tar"``) or URLs (``https://``, ``s3://``, ... read through seqstore's
     object-store client with ``source_options``). ``fields``: ``{extension: field}`` to import (default:
     every extension of the first sample, named as the extension less a final ``.npy``). ``strict``: an
-    extension without a field is an :class:`UnknownMemberError` (else skipped). Records are the samples in shard order,
-    their keys the ids; a sample without a member of some field is an error naming the shard and key.
-
-    The shards are checked to exist, and the first sample read, before anything is written; the store
-    is all or nothing. ``workers > 1`` reads that many shards at once (runs of shards as parts, one
-    commit). ``progress`` gets bytes of the shard files. ``out`` may be a URL of object storage
-    (``storage_options``).
+    extension without a field is an :class:`UnknownMemberError` (else skipped). Records are the samples
+    in shard order, their keys the ids; a sample without a member of some field is an error naming the
+    shard and key. The shards are checked to exist, and the first sample read, before anything is
+    written. ``workers > 1`` reads that many shards at once (runs of shards as parts). ``progress``
+    counts bytes of the shard files. The other keywords: :class:`~seqstore.interop.driver.Options`.
     """
-    driver.check_import(out, storage_options=storage_options, chunk_bytes=chunk_bytes, workers=workers)
+    opts = driver.options("import_webdataset", out, options)
     given = driver.source_list(sources, "import_webdataset")
-    opts = dict(source_options) if source_options else None
+    reading = dict(source_options) if source_options else None
     shards = shard_list(given)
-    first = next(iter(samples(shards[0], opts)), None)
+    first = next(iter(samples(shards[0], reading)), None)
     if first is None:
         raise SourceFormatError(shards[0], None, "holds no samples (no member named KEY.EXT)")
     key, members = first
@@ -281,18 +273,17 @@ def import_webdataset(
         schema = Schema({p.field: p.as_field() for p in plans.values()})
     except SchemaError as exc:
         raise SchemaError(f"{exc}; name the fields with fields={{ext: field}}") from exc
-    total = sum(shard_size(s, opts) for s in shards)
+    total = sum(shard_size(s, reading) for s in shards)
     meta = {"shards": [s.rsplit("/", 1)[-1] for s in shards],
             "fields": {e: {"field": p.field, "kind": p.kind} for e, p in plans.items()}}
-    job = _WdsJob(shards, plans, strict, chunk_bytes, opts)
+    job = _WdsJob(shards, plans, strict, opts.chunk_bytes, reading)
 
     def units(workers: int) -> list[tuple[_WdsJob, list[int]]]:  # runs of shards, in order
         runs = np.array_split(np.arange(len(shards)), max(1, min(len(shards), 4 * workers)))
         return [(job, [int(i) for i in run]) for run in runs if len(run)]
 
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, list(range(len(shards))), total, units)
-    return driver.write(conv, out, overwrite=overwrite, shard_bytes=shard_bytes, workers=workers, progress=progress,
-                        storage_options=storage_options)
+    return driver.write(conv, out, opts)
 
 
 # ------------------------------------------------------------------------------------------- export
