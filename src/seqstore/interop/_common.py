@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "announce_total",
     "split_by_budget",
     "runs_across",
+    "name_map",
     "new_store",
     "DEFAULT_CHUNK_BYTES",
 ]
@@ -125,6 +126,14 @@ def runs_across(counts: Sequence[int], budget: int) -> list[list[tuple[int, int,
     if run:
         units.append(run)
     return units
+
+
+def name_map(given: Mapping[str, str] | Sequence[str] | None, default: Iterable[str]) -> dict[str, str]:
+    """``given`` as ``{name: new name}``: a mapping as it is, a list of names (or None: ``default``) each
+    kept under its own name."""
+    if isinstance(given, Mapping):
+        return dict(given)
+    return {n: n for n in (default if given is None else given)}
 
 
 def temp_sibling(root: Path, tag: str) -> Path:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import SchemaError
 from ..schema import Field, Schema
+from ._common import name_map
 
 __all__ = [
     "Plan", "pyarrow", "storage_type", "primitive_dtype", "fixed_shape", "plan_column", "storage_array",
@@ -211,12 +212,7 @@ def column_map(where: str, names: Sequence[str], columns: Mapping[str, str] | Se
     column but ``id_column``; SchemaError naming ``where`` for a missing column or nothing to import."""
     if id_column is not None and id_column not in names:
         raise SchemaError(f"{where}: no id column {id_column!r}; columns are {list(names)}")
-    if columns is None:
-        mapping = {c: c for c in names if c != id_column}
-    elif isinstance(columns, Mapping):
-        mapping = dict(columns)
-    else:
-        mapping = {c: c for c in columns}
+    mapping = name_map(columns, (c for c in names if c != id_column))
     if not mapping:
         raise SchemaError(f"{where}: no columns to import")
     for c in mapping:

@@ -23,13 +23,9 @@ Any other column (``Translation``, dicts of features, ...) raises :class:`~seqst
 naming the column and its feature; leave it out or rename with ``columns``. Nulls are errors.
 An ``Audio``/``Image`` value stored as a path only (no embedded bytes) is read from that file.
 
-The new store is written as every importer writes one (all or nothing, interop/_common.py): a
-failure on any batch deletes it. A local ``out`` is built in a hidden sibling directory; a URL of
-object storage is written as one part committed at the end (interop/_parallel.py:
-:func:`~seqstore.interop._parallel.build_store`). With ``workers``, a dataset of memory-mapped Arrow
-files is split into row ranges written by worker processes as parts, committed in order with one commit
-(:func:`~seqstore.interop._parallel.convert_in_parallel`); a stream or a dataset held in memory is
-imported in this process.
+The store is written by the importer driver (interop/driver.py: all or nothing; with ``workers``, a
+dataset of memory-mapped Arrow files in row ranges written as parts by worker processes; a stream or
+a dataset held in memory in this process).
 """
 
 from __future__ import annotations

@@ -34,15 +34,12 @@ float64, then cast).
 
 Cuts are streamed: one is read at a time and records are appended in blocks of at most
 ``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
-the manifest. The store is all or nothing (a hidden temporary store renamed into place, or, for a URL of
-object storage, parts committed at the end): a cut that lacks features or a recording that was asked
-for is a :class:`MissingFeaturesError` / :class:`MissingRecordingError` naming the manifest and the
-cut, and leaves no store behind.
-
-With ``workers``, manifest files of at least :data:`PARALLEL_MIN_CUTS` cuts are cut into runs of lines
-written as parts by forkserver workers and by this process (interop/_parallel.py,
-``convert_in_parallel(in_driver=True)``), committed in order with one commit: the same store as without
-workers. A ``CutSet`` object is always imported in this process.
+the manifest. The store is written by the importer driver (interop/driver.py), all or nothing: a cut
+that lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
+:class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind. With
+``workers``, manifest files of at least :data:`PARALLEL_MIN_CUTS` cuts are cut into runs of lines
+written as parts by forkserver workers and by this process; a ``CutSet`` object is always imported in
+this process.
 """
 
 from __future__ import annotations

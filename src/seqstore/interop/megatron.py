@@ -302,8 +302,8 @@ def import_megatron(
     dtype. Every index is checked (:func:`read_index`) before the store is created; the store is all
     or nothing. Memory O(``chunk_bytes``): the files are memory-mapped. ``progress`` gets sequences.
 
-    ``workers > 1`` converts in that many processes (runs of sequences written as parts, one commit;
-    the same records in the same order). ``out`` may be a URL of object storage (``storage_options``).
+    ``workers > 1``: runs of sequences written as parts. The other keywords:
+    :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_megatron", out, options)
     given = driver.source_list(sources, "import_megatron")

@@ -37,7 +37,7 @@ from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, announce_total, split_by_budget
+from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, announce_total, name_map, split_by_budget
 from .returnn_hdf import VALIDATE_BLOCK, HdfFileInfo, HdfStream, decode_tag, h5py_module, inspect_hdf, read_dataset
 
 if TYPE_CHECKING:
@@ -194,13 +194,9 @@ def import_hdf(
     the new store is deleted. Either the whole store is there or nothing.
 
     Memory: O(``chunk_bytes``) of rows plus that chunk's tags, whatever the file sizes. One sequential
-    pass over each dataset. ``progress`` is called with the bytes of rows of each chunk written (and,
-    through ``add_total`` if it has one, with the bytes of rows of all files once they are validated).
-
-    ``workers > 1`` converts in that many processes (the sequences cut into about ``4 x workers`` runs
-    in file order, each written as a part, one commit at the end; docs/distributed.md): the same
-    records in the same order, only the shard boundaries differ. ``out`` may be a URL of object storage
-    (with ``storage_options``): the workers upload their parts into the store, one commit at the end.
+    pass over each dataset. ``progress`` counts bytes of rows. ``workers > 1``: the sequences in about
+    ``4 x workers`` runs in file order, one part each (only the shard boundaries differ). The other
+    keywords: :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_hdf", out, options)
     infos = [inspect_hdf(p) for p in driver.source_list(sources, "import_hdf")]
@@ -355,12 +351,7 @@ def export_hdf(
         inputs = recorded if recorded in schema else ("data" if "data" in schema else None)
     if inputs is not None and inputs not in schema:
         raise KeyError(f"{st.root}: no field {inputs!r} for inputs; fields are {list(schema)}")
-    if fields is None:
-        keyed = {n: n for n in schema if n != inputs}
-    elif isinstance(fields, Mapping):
-        keyed = dict(fields)
-    else:
-        keyed = {n: n for n in fields}
+    keyed = name_map(fields, (n for n in schema if n != inputs))
     for n, k in keyed.items():
         if n not in schema:
             raise KeyError(f"{st.root}: no field {n!r}; fields are {list(schema)}")
