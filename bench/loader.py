@@ -10,7 +10,10 @@ Epoch order ``random`` (seed 1), rank 0 of 1. Cases, each in a fresh process:
 
 - ``inprocess``: ``store.get_batch(order.take(...), pad=True)`` + ``torch.from_numpy`` in a plain
   loop -- the limit (ratio 1.0);
-- ``sampler``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, collate_fn=collate_padded)``;
+- ``dataloader``: what most PyTorch users write: a plain ``torch.utils.data.DataLoader(SeqDataset,
+  batch_size=B, shuffle=True, num_workers=K, collate_fn=collate_padded)`` (``RandomSampler``, seeded);
+- ``sampler``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, collate_fn=collate_padded)``
+  (``sampler/2`` is ``SeqDataLoader(..., num_workers=2)``);
 - ``batch-sampler``: ``SeqDataLoader(SeqDataset, batch_sampler=EpochBatchSampler(max_seqs=B))``;
 - ``iterable``: ``SeqDataLoader(IterableSeqDataset(batch=B), batch_size=None)``;
 - ``threads``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, threads=T)``: ``T``
@@ -30,9 +33,10 @@ larger worker at the end of the walk. The ratio column is ``batches_per_s`` over
 
 ``--step-ms S`` sleeps S ms after each batch, a training step that leaves the CPU to the loader (a GPU
 step waits on the device): the time per batch is then at least S ms, and what counts is how much of
-the gather hides behind the step.
+the gather hides behind the step. A list (``--step-ms 0,1``) runs every case once per step, each step
+a group of its own with its own ``inprocess`` baseline (``ragged step=1ms``, ...).
 
-Usage: ``python bench/loader.py [--quick] [--repeats R] [--only ragged|scalar] [--cases a,b] [--step-ms S]``.
+Usage: ``python bench/loader.py [--quick] [--repeats R] [--only ragged|scalar] [--cases a,b] [--step-ms S[,S2]]``.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ BATCH = {"ragged": 64, "scalar": 1024}
 LENGTH_FIELD: dict[str, str | None] = {"ragged": "features", "scalar": None}
 WALK = {"ragged": 1000, "scalar": 1000}
 QUICK_WALK = {"ragged": 200, "scalar": 200}
-KINDS = ("sampler", "batch-sampler", "iterable", "threads", "procs", "memmap-peer")
+KINDS = ("dataloader", "sampler", "batch-sampler", "iterable", "threads", "procs", "memmap-peer")
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -222,6 +226,10 @@ def _loader(kind: str, mode: str, store: str, flat: str, workers: int) -> tuple[
     if mode == "iterable":
         return SeqDataLoader(IterableSeqDataset(ds, batch=b), batch_size=None, num_workers=workers), None
     sds = SeqDataset(ds)
+    if mode == "dataloader":  # what most PyTorch users write
+        g = torch.Generator().manual_seed(1)
+        return DataLoader(sds, batch_size=b, shuffle=True, generator=g, num_workers=workers,
+                          collate_fn=collate_padded), None
     if mode == "batch-sampler":
         return SeqDataLoader(sds, batch_sampler=EpochBatchSampler(ds, max_seqs=b), num_workers=workers,
                              collate_fn=collate_padded), None
@@ -306,32 +314,37 @@ def main() -> None:
     p.add_argument("--only", choices=("ragged", "scalar"), default=None)
     p.add_argument("--cases", default=None, help="comma-separated subset of " + ",".join(KINDS))
     p.add_argument("--workers", default="0,2", help="worker / thread counts (default 0,2)")
-    p.add_argument("--step-ms", type=float, default=0.0,
-                   help="sleep this long after each batch, as a training step that leaves the CPU (default 0)")
+    p.add_argument("--step-ms", default="0",
+                   help="sleep this long after each batch, as a training step that leaves the CPU (default 0); "
+                        "a comma-separated list runs each case once per step")
     args = p.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     sizes = QUICK_SIZES if args.quick else SIZES
     walk = QUICK_WALK if args.quick else WALK
     modes = KINDS if args.cases is None else tuple(args.cases.split(","))
     counts = [int(x) for x in args.workers.split(",")]
+    steps = [float(x) for x in args.step_ms.split(",")]
     cases = []
     for kind in ("ragged", "scalar"):
         if args.only and kind != args.only:
             continue
         store, flat = ensure_data(kind, sizes[kind])
         warm(store, flat)
-        common = {"kind": kind, "store": str(store), "flat": str(flat), "batches": walk[kind], "step_ms": args.step_ms}
-        cases.append(Case("inprocess", "bench.loader:case_walk", {**common, "mode": "inprocess", "workers": 0},
-                          group=kind, metric="batches_per_s"))
-        for mode in modes:
-            for w in counts:
-                if mode in ("threads", "procs") and w == 0:
-                    continue  # threads=0 / procs=0 is sampler/0
-                cases.append(Case(f"{mode}/{w}", "bench.loader:case_walk", {**common, "mode": mode, "workers": w},
-                                  group=kind, metric="batches_per_s"))
-    name = ("loader_quick" if args.quick else "loader") + (f"_step{args.step_ms:g}ms" if args.step_ms else "")
+        for step in steps:
+            group = kind if len(steps) == 1 else f"{kind} step={step:g}ms"
+            common = {"kind": kind, "store": str(store), "flat": str(flat), "batches": walk[kind], "step_ms": step}
+            cases.append(Case("inprocess", "bench.loader:case_walk", {**common, "mode": "inprocess", "workers": 0},
+                              group=group, metric="batches_per_s"))
+            for mode in modes:
+                for w in counts:
+                    if mode in ("threads", "procs") and w == 0:
+                        continue  # threads=0 / procs=0 is sampler/0
+                    cases.append(Case(f"{mode}/{w}", "bench.loader:case_walk",
+                                      {**common, "mode": mode, "workers": w}, group=group, metric="batches_per_s"))
+    suffix = "" if steps == [0.0] else "_step" + "-".join(f"{s:g}" for s in steps) + "ms"
+    name = ("loader_quick" if args.quick else "loader") + suffix
     results = run_cases(name, cases, baseline="inprocess", repeats=repeats,
-                        meta={"sizes": sizes, "batch": BATCH, "walk": walk, "step_ms": args.step_ms,
+                        meta={"sizes": sizes, "batch": BATCH, "walk": walk, "step_ms": steps,
                               "load": os.getloadavg()})
     text = print_table(results, extras=["batches_per_s", "cpu_ms_per_batch", "first_batch_s", "main_anon_mib",
                                         "worker_anon_mib"])
