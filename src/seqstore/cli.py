@@ -6,10 +6,14 @@ Progress bars (tqdm, on stderr) are shown for work that reads or writes the whol
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +146,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     opts = storage_options(args)
     # a path that is no store at all (missing, not a store, a bucket that does not exist) is an error as in
     # ``info`` (exit 2, the same words); a damaged manifest is one of the problems verify reports (exit 1)
+    source = open_source(args.path, opts)
     try:
-        manifest = open_source(args.path, opts).load()
+        manifest = source.load()
     except CorruptionError:
         manifest = None
-    size = 0 if is_remote(args.path) or manifest is None else total_bytes(manifest)
+    size = 0 if source.is_remote or manifest is None else total_bytes(manifest)
     # verify() reports every byte of every listed file (header and data), so the bar ends at ``size``
     with tqdm(total=size, unit="B", unit_scale=True, desc="verify", disable=args.quiet or size == 0,
               file=sys.stderr) as bar:
@@ -179,6 +184,9 @@ def cmd_copy(args: argparse.Namespace) -> int:
             out[key.strip()] = value
         return out or None
 
+    # a local destination this copy creates is removed again when it is interrupted (main() says nothing
+    # was written); an existing one keeps the shards copied so far, which a rerun does not copy again
+    new_dst = None if is_remote(args.dst) or Path(args.dst).exists() else Path(args.dst)
     try:
         r = copy(args.src, args.dst, src_options=options(args.src_option, "--src-option"),
                  dst_options=options(args.dst_option, "--dst-option"), workers=args.workers,
@@ -186,6 +194,10 @@ def cmd_copy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"seqstore: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if new_dst is not None:
+            shutil.rmtree(new_dst, ignore_errors=True)
+        raise
     print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
           f"{_human_bytes(r.bytes)} in {r.files} file(s)")
     return 0
@@ -257,13 +269,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+INTERRUPTED = "seqstore: interrupted; nothing was written"
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the command with KeyboardInterrupt, once: the signals that follow (a
+    terminal's Ctrl-C reaches the process twice under ``timeout``, a user presses it again) are ignored
+    while the command removes what it started, so that nothing is left half-deleted, and until the
+    process has exited."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if not seen:
+            seen.append(signum)
+            raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return int(args.func(args))
+        yield
+    finally:
+        for s, handler in old.items():  # interrupted: the process is on its way out; late signals are
+            signal.signal(s, signal.SIG_IGN if seen else handler)  # ignored until it is (finalising too)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        with _interrupts():
+            args = build_parser().parse_args(argv)
+            return int(args.func(args))
     except SeqstoreError as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # every command cleans up on its way out (temporary directories, workers)
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -26,9 +26,11 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +70,12 @@ _queue: Any = None  # the worker's progress queue (set by _init)
 def _init(queue: Any) -> None:
     global _queue
     _queue = queue
+    # Ctrl-C reaches the whole process group: the driver alone decides (it ends the workers), so a
+    # worker neither stops part way on its own nor prints a traceback; its part is discarded anyway
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from ..store.write import at_exit
+
+    at_exit.disable()  # a worker ended by the driver commits nothing at exit
 
 
 def _report(n: int) -> None:
@@ -109,7 +117,61 @@ def _context(preload: Sequence[str] = ()) -> Any:
     if ctx.get_start_method() == "forkserver":  # workers start from a server that has these imported already
         ctx.set_forkserver_preload(["seqstore.interop._parallel", "seqstore.interop.arrow", "seqstore.interop.returnn",
                                     *preload])
+        from multiprocessing import forkserver
+
+        # Ctrl-C reaches the whole process group. Started while SIGINT is ignored here, the server and the
+        # resource tracker ignore it from their first instruction (an ignored signal stays ignored across
+        # exec), and so does every worker the server forks; a Ctrl-C in these few milliseconds is lost
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                forkserver.ensure_running()
+            finally:
+                signal.signal(signal.SIGINT, old)
     return ctx
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done (cleaning up after an interrupt: a second Ctrl-C
+    must not stop it part way), then arrive as they would have. In the main thread; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]  # None: not Python's
+    old = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(arrived):
+            os.kill(os.getpid(), signum)
+
+
+def _stop_pool(pool: ProcessPoolExecutor, grace_s: float = 3.0) -> None:
+    """End ``pool`` now: queued units cancelled, running workers terminated (killed when they have not
+    ended within ``grace_s``), the pool's manager thread given a bounded wait. Idempotent."""
+    # the pool's own records (3.9-3.13 have no public way to end its workers); read before the shutdown
+    # clears them, listed after it, when no submit can add a process any more
+    table: dict[Any, Any] = getattr(pool, "_processes", None) or {}
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    processes = list(table.values())
+    for p in processes:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.exitcode is None:
+            with contextlib.suppress(Exception):
+                p.kill()
+                p.join(1.0)
+    if manager is not None:
+        manager.join(grace_s)
 
 
 def convert_in_parallel(
@@ -161,7 +223,8 @@ def convert_in_parallel(
             (tmp / PARTS_DIR).rmdir()
         install_output(tmp, root)
     except BaseException:
-        remove_path(tmp)
+        with _signals_held():
+            remove_path(tmp)
         raise
     return open_store(root)
 
@@ -325,24 +388,36 @@ def _run(
     feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
     feeder.start()
     procs = _pool_size(workers, len(units), in_driver)
+    ended = False  # the pool was ended by an error or interrupt: the progress queue may be broken
     try:
-        with ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,)) as pool:
+        pool = ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,))
+        try:
             if in_driver:
-                return _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report, direct_io)
-            futures: list[Future[Part]] = [
-                pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, None,
-                            direct_io)
-                for k, (job, segs) in enumerate(units)
-            ]
-            try:
+                parts = _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report, direct_io)
+            else:
+                futures: list[Future[Part]] = []
+                for k, (job, segs) in enumerate(units):
+                    with _signals_held():  # a worker this starts is in the pool's table before an interrupt
+                        futures.append(pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
+                                                   storage_options, None, direct_io))
                 parts = [f.result() for f in futures]  # in unit order; the first failure raises
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        except BaseException:
+            # an interrupt (Ctrl-C, SIGTERM) or a failure: never wait for the units still running
+            ended = True
+            with _signals_held():
+                _stop_pool(pool)
+            raise
+        pool.shutdown(wait=True)
     finally:
-        queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
-        feeder.join()
+        with _signals_held():
+            if ended:  # a worker killed while it wrote to the queue may have left it locked
+                queue.cancel_join_thread()
+                with contextlib.suppress(Exception):
+                    queue.put_nowait(None)
+                feeder.join(1.0)
+            else:
+                queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
+                feeder.join()
     return parts
 
 
@@ -407,9 +482,11 @@ def _share(
                                   direct_io)
     except BaseException:
         stop.set()
+        with _signals_held():
+            _stop_pool(pool)  # the feeder thread may be waiting for a running unit: end it now
         raise
     finally:
-        feeder.join()
+        feeder.join(5.0 if stop.is_set() else None)  # after _stop_pool its waits end at once
     errors = [e for k in sorted(futures) if (e := futures[k].exception()) is not None]  # all done: joined
     if errors or failed:
         raise (errors or failed)[0]  # a worker's failure, the first in unit order

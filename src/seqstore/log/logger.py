@@ -50,6 +50,7 @@ from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
 from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
+from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
 from ._tensors import HostStager, ids_to_str, infer_field
 
@@ -238,6 +239,8 @@ class Logger:
         self._num_committed = 0
         self._num_logged = 0
         self._num_skipped = 0
+        self._exit_unsafe = False
+        at_exit.register(self, 0)  # committed at interpreter exit and on SIGTERM when never closed
         if schema is not None:
             self._start(Schema(schema))
         elif (existing := existing_manifest(self.path, self._storage_options)) is not None:
@@ -274,6 +277,7 @@ class Logger:
             direct_io=self._direct_io,
             storage_options=self._storage_options,
         )
+        at_exit.unregister(self._writer)  # this logger closes it
         self.schema = self._writer.schema
         self._units = self.schema.storage_units()
         self._cap = _buffer_rows(self.flush_bytes, [f.row_bytes for _, f in self._units], MAX_BUFFER_RECORDS)
@@ -363,6 +367,7 @@ class Logger:
         if self._closed:
             raise SeqstoreError(f"{self.path}: logger is closed")
 
+    @at_exit.guarded
     def log(self, ids: Any, tensors: Mapping[str, Any]) -> None:
         """Log a batch: ``ids`` (B str or int ids) and a nested dict of batch-first tensors ``(B, *shape)``.
 
@@ -548,6 +553,7 @@ class Logger:
         self._last_handoff = time.monotonic()
         buf, self._cur = self._cur, None
         if buf is not None:
+            del buf.ids[buf.n :]  # ids of rows an interrupt (Ctrl-C) kept log() from counting
             self._pending.append((buf.seq, buf.ids))
         done = threading.Event() if wait else None
         self._work.put(_Job(buf, commit, done))
@@ -556,6 +562,7 @@ class Logger:
 
     # ---------------------------------------------------------------------------------- control
 
+    @at_exit.guarded
     def flush(self) -> None:
         """Write and commit everything logged so far; returns when it is durable and visible."""
         self._check()
@@ -565,6 +572,7 @@ class Logger:
         self._check()
         self._see_commits()
 
+    @at_exit.guarded
     def close(self) -> None:
         """Commit what is pending, stop the background thread and release the store.
 
@@ -579,6 +587,7 @@ class Logger:
                 self._handoff(commit=True, wait=True)
         finally:
             self._closed = True
+            at_exit.unregister(self)
             if self._thread is not None:
                 self._work.put(_STOP)
                 self._thread.join()
@@ -593,6 +602,18 @@ class Logger:
                 self._check()
             finally:
                 self._closed = True
+
+    def _commit_at_exit(self, why: str) -> str | None:
+        """Still open at interpreter exit or SIGTERM (store/write/at_exit.py): close, committing what
+        was logged. The line to print."""
+        if self._closed:
+            return None
+        pending = self._num_logged - self._num_committed
+        try:
+            self.close()
+        except LoggerError as exc:
+            return f"seqstore: {self.path}: logger not closed at {why}; {exc}"
+        return f"seqstore: {self.path}: logger not closed at {why}; committed {pending} pending record(s)"
 
     def __enter__(self) -> Logger:
         return self

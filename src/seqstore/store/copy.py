@@ -417,14 +417,19 @@ def _run_shards(copier: _Copier, count: int, workers: int) -> None:
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="seqstore-copy") as pool:
         pending: set[concurrent.futures.Future[None]] = set()
         failed: BaseException | None = None
-        for k in range(count):
-            if len(pending) >= 2 * workers:
-                done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                failed = next((f.exception() for f in done if f.exception() is not None), None)
-                if failed is not None:
-                    break
-            pending.add(pool.submit(copier.shard, k))
-        done, _ = concurrent.futures.wait(pending)
+        try:
+            for k in range(count):
+                if len(pending) >= 2 * workers:
+                    done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                    failed = next((f.exception() for f in done if f.exception() is not None), None)
+                    if failed is not None:
+                        break
+                pending.add(pool.submit(copier.shard, k))
+            done, _ = concurrent.futures.wait(pending)
+        except BaseException:  # Ctrl-C: only the shards being copied are finished, the queued ones dropped
+            for f in pending:
+                f.cancel()
+            raise
         if failed is None:
             failed = next((f.exception() for f in done if f.exception() is not None), None)
         if failed is not None:

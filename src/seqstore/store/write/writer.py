@@ -39,8 +39,10 @@ from ...format.manifest import IDS, FileInfo, ShardInfo, fsync_dir
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
 from ..ids import encode_ids, hash_ids
+from . import at_exit
 from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, _caller_ids, _coalesce, _ColumnFile, _row_starts, write_file
 from .target import CommitTarget, Finished, IdsMismatch, Start
+from .values import ragged_column, storage_value
 
 __all__ = ["Writer"]
 
@@ -104,6 +106,8 @@ class Writer:
         self._shard_open = False
         self._ready: Finished | None = None  # a finished shard whose commit failed: committed first next time
         self._committed_records = 0
+        self._exit_unsafe = False  # an interrupt stopped an append part way (at_exit.guarded)
+        at_exit.register(self, 1)
 
     def _open(self) -> Start:
         """Make the workspace (the target locks the store or reads its state); what the writer starts from."""
@@ -231,6 +235,7 @@ class Writer:
 
     # --------------------------------------------------------------------------------------- append
 
+    @at_exit.guarded
     def append(self, record: Mapping[str, Any], id: str | None = None) -> None:  # noqa: A002
         """Append one record: a (possibly nested) dict of field name -> array-like.
 
@@ -241,7 +246,6 @@ class Writer:
         what = f"record {index}" + (f" (id {id!r})" if id is not None else "")
         if id is not None and not isinstance(id, str):
             raise SchemaError(f"record {index}: id must be a str, got {type(id).__name__} {id!r}")
-        self._check_ids(id is not None, index)
         flat = self._flatten(record, what)
         self._check_keys(flat.keys(), what)
         converted: dict[str, np.ndarray[Any, Any]] = {}
@@ -250,7 +254,7 @@ class Writer:
             if name not in flat:  # its packed group was given as a whole
                 continue
             value = flat[name]
-            arr = to_storage_array(f, value, what=f"{what}, field {name!r}")
+            arr = storage_value(f, value, f"{what}, field {name!r}")
             if f.ragged:
                 if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
                     raise SchemaError(
@@ -277,6 +281,7 @@ class Writer:
             else:
                 units[name] = converted[name] if f.ragged else converted[name][None]
             nbytes += units[name].nbytes
+        self._check_ids(id is not None, index)  # after the fields: a wrong field is the likelier mistake
         self._has_ids = id is not None
         for name, f in self._units:
             self._buf[name].append(units[name])
@@ -289,6 +294,7 @@ class Writer:
         if self._buf_full():
             self._flush()
 
+    @at_exit.guarded
     def append_batch(self, columns: Mapping[str, Any], ids: Sequence[str] | None = None) -> None:
         """Append a batch: fixed field -> stacked array (B, ...); ragged field -> list of arrays or a
         ``(values, lengths)`` pair. ``ids``: B str ids or None. All columns are validated before
@@ -321,7 +327,7 @@ class Writer:
             lengths: np.ndarray[Any, Any] | None = None
             fw = f"{what}, field {name!r}"
             if f.ragged:
-                values, lengths = self._ragged_column(f, value, fw, item)
+                values, lengths = ragged_column(f, value, fw, item)
                 n = len(lengths)
             else:
                 values = to_storage_array(f, value, what=fw)
@@ -425,43 +431,6 @@ class Writer:
             or done_records + self._buf_records >= self.max_shard_records
         )
 
-    def _ragged_column(
-        self, f: Field, value: Any, what: str, item: Callable[[int], str]
-    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        if isinstance(value, tuple) and len(value) == 2:
-            values = to_storage_array(f, value[0], what=what)
-            lengths = np.asarray(value[1])
-            if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths.size and lengths.min() < 0):
-                raise SchemaError(f"{what}: lengths must be a 1-D array of non-negative ints")
-            lengths = lengths.astype(np.int64)
-            if values.ndim != len(f.shape) or values.shape[1:] != f.inner_shape:
-                raise SchemaError(f"{what}: values must have shape (total_rows, {f.inner_shape}), got {values.shape}")
-            if int(lengths.sum()) != values.shape[0]:
-                raise SchemaError(f"{what}: lengths sum to {int(lengths.sum())} but values have {values.shape[0]} rows")
-            return values, lengths
-        if isinstance(value, np.ndarray) or not isinstance(value, Sequence):
-            raise SchemaError(f"{what}: a ragged column is a list of arrays or a (values, lengths) pair")
-        dtype, nd, inner = f.storage_dtype, len(f.shape), f.inner_shape
-        if value and all(
-            type(x) is np.ndarray and x.dtype == dtype and x.ndim == nd and x.shape[1:] == inner for x in value
-        ):  # the common case: arrays already in storage form; one concatenation, no per-item conversion
-            values = np.concatenate(value) if len(value) > 1 else value[0]
-            return values, np.fromiter((x.shape[0] for x in value), dtype=np.int64, count=len(value))
-        arrays = []
-        for k, x in enumerate(value):
-            arr = to_storage_array(f, x, what=f"{what}, batch item {k} = {item(k)}")
-            if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
-                raise SchemaError(
-                    f"{what}, batch item {k} = {item(k)}: expected rows of shape {f.inner_shape}, got {arr.shape}"
-                )
-            arrays.append(arr)
-        lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
-        if arrays:
-            values = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-        else:
-            values = np.empty((0, *f.inner_shape), dtype=f.storage_dtype)
-        return values, lengths
-
     def _pending_records(self) -> int:
         return self._buf_records + (self._shard_records if self._shard_open else 0)
 
@@ -522,6 +491,7 @@ class Writer:
 
     # --------------------------------------------------------------------------------------- commit
 
+    @at_exit.guarded
     def commit(self) -> None:
         """Make everything appended so far durable and visible to readers that open or refresh.
 
@@ -629,6 +599,7 @@ class Writer:
                 "commit cannot be written consistently. Call abort(): committed records are intact."
             )
 
+    @at_exit.guarded
     def abort(self) -> None:
         """Discard everything not yet committed and release the writer. Never fails part way: every
         file is closed and the workspace removed even when closing one of them reports an error.
@@ -644,6 +615,7 @@ class Writer:
             self._shard_open = False
             self._release()
 
+    @at_exit.guarded
     def close(self) -> None:
         """Commit what is pending and release the writer."""
         if self._closed:
@@ -658,6 +630,7 @@ class Writer:
 
     def _release(self) -> None:
         self._closed = True
+        at_exit.unregister(self)
         if os.getpid() != self._pid:  # a forked child's copy: the workspace belongs to the parent
             return
         self._pool.shutdown(wait=True)
@@ -689,6 +662,19 @@ class Writer:
             self.abort()
         except Exception:  # noqa: BLE001
             pass
+
+    def _commit_at_exit(self, why: str) -> str | None:
+        """Still open at interpreter exit or SIGTERM (store/write/at_exit.py): commit, or abort when a
+        write failed or was interrupted part way. The line to print."""
+        if self._closed or os.getpid() != self._pid:
+            return None
+        pending = self._pending_records()
+        if self._failed is not None or self._exit_unsafe:
+            self.abort()
+            return (f"seqstore: {self.target.where}: writer not closed at {why} after an interrupted or failed "
+                    f"write; {pending} uncommitted record(s) discarded")
+        self.close()
+        return f"seqstore: {self.target.where}: writer not closed at {why}; committed {pending} pending record(s)"
 
     @property
     def num_committed(self) -> int:

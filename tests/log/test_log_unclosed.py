@@ -1,0 +1,137 @@
+"""A Logger (or Writer) the script never closes: what was logged is committed at interpreter exit and
+on SIGTERM, with one line on stderr, and the workspace is removed (store/write/at_exit.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+
+REPO = Path(__file__).resolve().parents[2]
+
+LOGGER = textwrap.dedent("""\
+    import sys, time
+    import numpy as np
+    import seqstore
+
+    lg = seqstore.Logger("run.log", commit_every_s=60)
+    for b in range(10):
+        lg.log([f"ex-{b}-{k}" for k in range(10)], {"grad": np.full((10, 4), b, np.float32)})
+    if sys.argv[1] == "wait":
+        print("logged", flush=True)
+        time.sleep(60)
+""")
+
+WRITER = textwrap.dedent("""\
+    import sys, time
+    import numpy as np
+    import seqstore
+
+    w = seqstore.create("w.seqstore", {"x": seqstore.Field("int64", ())})
+    for k in range(100):
+        w.append({"x": k}, id=f"r{k}")
+    if sys.argv[1] == "wait":
+        print("written", flush=True)
+        time.sleep(60)
+""")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _run(tmp_path: Path, script: str, mode: str) -> tuple[int, str]:
+    (tmp_path / "script.py").write_text(script)
+    if mode == "exit":
+        res = subprocess.run([sys.executable, "script.py", mode], cwd=tmp_path, env=_env(), capture_output=True,
+                             text=True, timeout=120)
+        return res.returncode, res.stderr
+    proc = subprocess.Popen([sys.executable, "script.py", mode], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() in ("logged", "written")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def _no_workspace(store: Path) -> None:
+    left = [p.name for p in store.iterdir() if p.name.startswith("_tmp")]
+    assert not left or not any(any((store / n).iterdir()) for n in left), left  # an empty _tmp/ may stay
+
+
+@pytest.mark.parametrize("mode", ["exit", "sigterm"])
+def test_unclosed_logger_commits_everything(tmp_path: Path, mode: str) -> None:
+    code, err = _run(tmp_path, LOGGER, "exit" if mode == "exit" else "wait")
+    assert code == (0 if mode == "exit" else -signal.SIGTERM), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "logger not closed at" in lines[0] and "committed 100" in lines[0], err
+    store = ss.open(tmp_path / "run.log")
+    assert len(store) == 100
+    assert store.index("ex-9-9") == 99
+    assert float(store[99]["grad"][0]) == 9.0
+    _no_workspace(tmp_path / "run.log")
+
+
+@pytest.mark.parametrize("mode", ["exit", "sigterm"])
+def test_unclosed_writer_commits_everything(tmp_path: Path, mode: str) -> None:
+    code, err = _run(tmp_path, WRITER, "exit" if mode == "exit" else "wait")
+    assert code == (0 if mode == "exit" else -signal.SIGTERM), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "writer not closed at" in lines[0] and "committed 100" in lines[0], err
+    store = ss.open(tmp_path / "w.seqstore")
+    assert len(store) == 100 and int(store[42]["x"]) == 42
+    _no_workspace(tmp_path / "w.seqstore")
+
+
+def test_users_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
+    """A program with its own SIGTERM handler keeps it; its sys.exit still commits at exit."""
+    script = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda s, f: sys.exit(3))\n" + LOGGER
+    code, err = _run(tmp_path, script, "wait")
+    assert code == 3, err
+    assert "committed 100" in err
+    assert len(ss.open(tmp_path / "run.log")) == 100
+
+
+def test_interrupted_append_is_not_committed(tmp_path: Path) -> None:
+    """An append stopped part way by an interrupt: the writer cannot tell what is consistent, so at exit it
+    discards (and says so) rather than commit a half record."""
+    from seqstore.store.write import at_exit
+
+    w = ss.create(tmp_path / "s.seqstore", {"x": ss.Field("int64", ())})
+    w.append({"x": 1})
+    w.commit()
+    w.append({"x": 2})
+
+    class Boom(dict):  # a record whose reading is interrupted (as Ctrl-C would)
+        def keys(self):  # type: ignore[no-untyped-def]
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        w.append(Boom(x=3))
+    line = w._commit_at_exit("exit")
+    assert line is not None and "discarded" in line
+    assert len(ss.open(tmp_path / "s.seqstore")) == 1
+    at_exit.unregister(w)
+
+
+def test_writer_left_open_in_process_is_committed_by_finish_all(tmp_path: Path) -> None:
+    from seqstore.store.write import at_exit
+
+    w = ss.create(tmp_path / "s.seqstore", {"x": ss.Field("int64", ())})
+    w.append({"x": np.int64(5)})
+    assert w._commit_at_exit("exit") is not None
+    assert len(ss.open(tmp_path / "s.seqstore")) == 1
+    at_exit.unregister(w)
+    time.sleep(0)
