@@ -646,13 +646,13 @@ def test_iter_batches_keeps_more_batches_in_flight_while_few_requests_are_pendin
 
     def ahead_of(store: ss.Store, **kw: Any) -> list[int]:
         requested = [0]
-        real = store._batch_groups
+        real = store._shards.groups
 
         def counting(idx: Any) -> Any:
             requested[0] += 1
             return real(idx)
 
-        store._batch_groups = counting  # type: ignore[method-assign]
+        store._shards.groups = counting  # type: ignore[method-assign]
         seen = []
         for k, got in enumerate(store.iter_batches(iter(batches), **kw)):
             x = got["x"] if not isinstance(got["x"], tuple) else got["x"][0].reshape(len(batches[k]), -1)

@@ -90,7 +90,7 @@ def test_round_trip_views_and_matrix(scratch: Path) -> None:
         got = st[i]
         for name, v in r.items():
             np.testing.assert_array_equal(got[name], v)
-        sh = st._shard(st._locate(i)[0])
+        sh = st._shards.shard(st._shards.locate(i)[0])
         assert np.shares_memory(got["layer1/grad"], sh.groups["g"])  # zero-copy view of the row
     assert st.nested(3)["layer1"]["grad"].shape == (4, 4)
     full = np.stack([np.concatenate([r["layer1/grad"].ravel(), r["layer2/grad"], [r["loss"]]]) for r in recs])
@@ -135,7 +135,7 @@ def test_nested_copy_is_owned_with_one_copy_per_group(scratch: Path) -> None:
         grad = got["layer1"]["grad"]
         assert grad.flags.writeable and got["tokens"].flags.writeable and got["label"].flags.writeable
         assert grad.base is got["layer2"]["grad"].base is got["loss"].base  # one copy of the packed row
-        sh = st._shard(st._locate(i)[0])
+        sh = st._shards.shard(st._shards.locate(i)[0])
         assert not any(np.shares_memory(a, sh.groups["g"]) for a in (grad, got["loss"]))
         grad[0, 0] = 1e9  # writing the copy leaves the store alone
         assert st[i]["layer1/grad"][0, 0] == recs[i]["layer1/grad"][0, 0]

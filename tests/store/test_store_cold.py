@@ -235,7 +235,7 @@ def test_cold_batch_reads_only_its_pages(tmp_path: Path) -> None:
     want = _write(root, n=6000)
     _drop_cache(root)
     store = ss.open(root)
-    sh = store._shard(0)
+    sh = store._shards.shard(0)
     probe = np.arange(0, 6000, 97) * sh.columns["x"].strides[0] + sh.span("x")[0]
     if not any_cold(probe):
         pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
@@ -434,7 +434,7 @@ def test_scans_request_the_next_stretch(written: tuple[Path, dict[str, Any]], mo
     assert len(asked) == len(blocks) and asked == [(lo, hi) for _, lo, hi in blocks]
     asked.clear()
     np.testing.assert_array_equal(np.asarray(store.lengths("tok")), want["lengths"])
-    off = store._shard(0).offsets["tok"]
+    off = store._shards.shard(0).offsets["tok"]
     lo = int(off.__array_interface__["data"][0])
     assert asked and asked[0] == (lo, lo + off.nbytes)
     asked.clear()
@@ -534,7 +534,7 @@ def test_the_sample_looks_at_every_field(tmp_path: Path, monkeypatch: pytest.Mon
         gc.collect()
         _drop_cache(root)
         store = ss.open(root)
-        sh = store._shard(0)
+        sh = store._shards.shard(0)
         if not any_cold(np.array([sh.span("x")[0]])):
             pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
         np.asarray(store.get_batch(np.arange(2000), fields=["label"])["label"])  # label now in memory
@@ -566,7 +566,7 @@ def test_store_dataset_pickles_its_store_options(written: tuple[Path, dict[str, 
     root, _ = written
     ds = StoreDataset(ss.open(root, readahead="never", max_mapped_shards=3))
     back = pickle.loads(pickle.dumps(ds))
-    assert back.store._readahead == "never" and back.store._max_mapped == 3
+    assert back.store._readahead == "never" and back.store._shards.max_mapped == 3
     assert len(back) == len(ds)
 
 
@@ -610,7 +610,7 @@ def test_first_touch_of_a_shard_reads_no_data(tmp_path: Path) -> None:
     if not any_cold(pages, sample=len(pages)):
         pytest.skip(f"{tmp_path}: the page cache of this filesystem cannot be dropped")
     store = ss.open(root)
-    store._shard(0)
+    store._shards.shard(0)
     vec = np.zeros(1, np.uint8)
     resident = 0
     for a in pages.tolist():

@@ -7,36 +7,40 @@ is a :class:`~seqstore.CorruptionError` naming the file. Where the bytes live (a
 object storage through the node cache) is the store's :class:`~seqstore.io.source.ByteSource`,
 chosen once at open; the Store reads through it without asking which kind it is.
 
-The Store is put together from the parts in :mod:`seqstore.store.read` (one idea per module:
-shards, read-ahead, records, batches, ids, matrices, ragged fields); this module holds what ties
-them together: opening, the state of one manifest, refresh and pickling.
+The Store owns parts, each with its own state (:mod:`seqstore.store.read`): the shard map, the read
+planner, the gatherer, id lookup, matrices and ragged fields. This module holds the public methods
+(each a few calls into the parts), opening, the state of one manifest, refresh and pickling.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
-from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..errors import SeqstoreError
 from ..format.manifest import Manifest
 from ..io.source import READAHEAD_MODES, ByteSource
 from ..io.sources import open_source
-from ..schema import BFLOAT16, Schema
-from .read.batches import Batches
+from ..schema import PackedGroup, Schema
+from .read.gather import BF16_MODES, Alloc, Gatherer, present_bf16
 from .read.lookup import IdLookup
 from .read.matrix import Matrices
 from .read.ragged import Lengths, RaggedFields
-from .read.shards import Shard, mapped_shard_limit
+from .read.readahead import ReadPlanner
+from .read.runs import plan_batches
+from .read.shards import ShardMap
+from .read.stream import FetchedBatch, Pool, plan_runs, via_of
 
 __all__ = ["Store", "open_store", "Lengths"]
 
-_BF16_MODES = ("bits", "float32", "ml_dtypes")
+Indices = Sequence[int] | np.ndarray[Any, Any]
 
 
-class Store(Batches, IdLookup, Matrices, RaggedFields):
+class Store:
     """A read-only view of the shards a manifest lists. See :func:`open_store`.
 
     ``path`` may also be a :class:`~seqstore.io.source.ByteSource` (the store's bytes from elsewhere,
@@ -54,8 +58,8 @@ class Store(Batches, IdLookup, Matrices, RaggedFields):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | str | None = None,
     ) -> None:
-        if bfloat16 not in _BF16_MODES:
-            raise ValueError(f"bfloat16 must be one of {_BF16_MODES}, got {bfloat16!r}")
+        if bfloat16 not in BF16_MODES:
+            raise ValueError(f"bfloat16 must be one of {BF16_MODES}, got {bfloat16!r}")
         if readahead not in READAHEAD_MODES:
             raise ValueError(f"readahead must be one of {READAHEAD_MODES}, got {readahead!r}")
         if max_mapped_shards is not None and (isinstance(max_mapped_shards, bool) or max_mapped_shards < 1):
@@ -68,41 +72,23 @@ class Store(Batches, IdLookup, Matrices, RaggedFields):
             self._source = open_source(path, storage_options, filesystem, cache_dir, cache_bytes)
         manifest = self._source.load()
         self.root = self._source.root  # the manifest's directory (a remote store: its local mirror)
-        # how reads are planned on this source (see ReadPolicy), as plain attributes: read on every batch
-        policy = self._source.policy(readahead)
-        self._ahead, self._probe, self._lazy = policy.ahead, policy.probe, policy.lazy
-        self._setup, self._depth, self._staged = policy.setup, policy.depth, policy.staged
-        self._deepest, self._together, self._stream = policy.deepest, policy.together, policy.stream
-        self._bf16 = bfloat16
-        self._readahead = readahead
-        self._max_mapped_opt = max_mapped_shards
-        # mapped shards, least recently used first; at most self._max_mapped of them (see _shard)
-        self._shards: OrderedDict[int, Shard] = OrderedDict()
-        self._lru_lock = threading.Lock()
+        self._bf16, self._readahead = bfloat16, readahead
+        policy = self._source.policy(readahead)  # how reads are planned on this source
+        self._shards = ShardMap(self._source, manifest, max_mapped_shards, policy.setup)
+        self._planner = ReadPlanner(self._shards, policy, readahead)
+        self._gatherer = Gatherer(self._planner, bfloat16)
+        self._matrices = Matrices(self._planner, bfloat16)
+        self._ragged = RaggedFields(self._planner, self)
         self._load(manifest)
 
     def _load(self, manifest: Manifest) -> None:
-        old_table: Any = getattr(self, "_table", None)
+        self._shards.load(manifest)
         self._manifest = manifest
         self.schema: Schema = manifest.schema
-        # the shards as numpy columns: the mapped shard table of a version-3 store (nothing is built per
-        # shard, so open is O(1)); for version 1/2 a table built from the manifest's shard list
-        self._table = manifest.shard_table()
-        self._starts = self._table.starts  # (num_shards,) first record of each shard: a view, no total at the end
-        self._start_index = self._table.start_index()  # the same as Python ints, for bisect
-        self._n = self._table.total
-        # a mapped shard stays only if the new manifest lists the same shard at its position (an overwrite
-        # replaces the shards: same positions, other shards), with the same records
-        for k in list(self._shards):
-            if k >= len(self._table) or not self._same_shard(k, self._shards[k], old_table):
-                del self._shards[k]
-        self._last: tuple[int, Any] = (-1, None)  # (shard number, Shard) of the last _shard call
-        self._max_mapped = self._max_mapped_opt or mapped_shard_limit(self.schema)
-        self._runs = {}
-        self._probes = None
-        self._bf16_fields = [n for n, f in self.schema.items() if f.dtype == BFLOAT16]
-        self._id_last = manifest.id_lookup == "last"
-        self._nest_paths = None
+        self._ids = IdLookup(self._planner, manifest.id_lookup == "last")
+        self._nest_paths = [(name, tuple(name.split("/"))) for name in self.schema]
+
+    # ---------------------------------------------------------------------------------- the store
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -118,6 +104,33 @@ class Store(Batches, IdLookup, Matrices, RaggedFields):
         """Where the store's bytes come from (a :class:`~seqstore.io.source.ByteSource`)."""
         return self._source
 
+    @property
+    def is_remote(self) -> bool:
+        """Whether the store is read from object storage (through the node cache)."""
+        return self._source.is_remote
+
+    @property
+    def url(self) -> str:
+        """Where the store is: its URL for a remote store, else its path."""
+        return self._source.url
+
+    def __len__(self) -> int:
+        return self._shards.n
+
+    @property
+    def num_shards(self) -> int:
+        return self._shards.num_shards
+
+    @property
+    def mapped_shards(self) -> int:
+        """How many shards this Store holds mapped now (bounded by ``max_mapped_shards``)."""
+        return len(self._shards.mapped)
+
+    @property
+    def groups(self) -> dict[str, PackedGroup]:
+        """The store's packed groups by name (empty for a store without them)."""
+        return self.schema.groups
+
     def refresh(self) -> Store:
         """Re-read the manifest to see shards committed since open. Mapped shards are kept."""
         manifest = self._source.load()
@@ -125,30 +138,271 @@ class Store(Batches, IdLookup, Matrices, RaggedFields):
         self._load(manifest)
         return self
 
-    @property
-    def is_remote(self) -> bool:
-        """Whether the store is read from object storage (through the node cache)."""
-        return self._source.is_remote
-
     def __repr__(self) -> str:
-        return f"seqstore.Store({self.url!r}, records={self._n}, shards={self.num_shards})"
+        return f"seqstore.Store({self.url!r}, records={len(self)}, shards={self.num_shards})"
+
+    # ------------------------------------------------------------------------------------ records
+
+    def bfloat16_view(self, bits: Any) -> Any:
+        """Present stored bfloat16 bits per the store's ``bfloat16`` mode (bits/float32/ml_dtypes)."""
+        return present_bf16(bits, self._bf16)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
+        """Record ``i`` as a dict of field name -> read-only zero-copy view. O(log shards)."""
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"store[i] takes an int; use get_batch() for many records, got {type(i).__name__}")
+        return self._gatherer.record(int(i))
+
+    def nested(self, i: int, *, copy: bool = False) -> dict[str, Any]:
+        """Record ``i`` as a nested dict (``"a/b"`` -> ``{"a": {"b": ...}}``) of zero-copy views.
+
+        ``copy=True``: owned, writable arrays instead (valid after the store is closed), made with one
+        copy per packed group (the record's row) and one per other field.
+        """
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"nested(i) takes an int, got {type(i).__name__}")
+        flat = self._gatherer.record(int(i), copy)
+        out: dict[str, Any] = {}
+        for name, parts in self._nest_paths:
+            node = out
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = flat[name]
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray[Any, Any]]]:
+        window, n = 4096, len(self)
+        ahead = self._readahead != "never"
+        if ahead and n:
+            self.prefetch(np.arange(0, min(window, n), dtype=np.int64))
+        for lo in range(0, n, window):
+            hi = min(lo + window, n)
+            if ahead and hi < n:  # the next window, while this one is read
+                self.prefetch(np.arange(hi, min(hi + window, n), dtype=np.int64))
+            for i in range(lo, hi):
+                yield self[i]
+
+    # ------------------------------------------------------------------------------------ batches
+
+    def _fields(self, fields: Sequence[str] | None) -> list[str]:
+        names = list(self.schema) if fields is None else list(fields)
+        for name in names:
+            if name not in self.schema:
+                raise KeyError(f"no field {name!r} in {self.url}; fields are {list(self.schema)}")
+        return names
+
+    def get_batch(self, indices: Indices, fields: Sequence[str] | None = None, pad: bool = False) -> dict[str, Any]:
+        """Gather many records at once (vectorised; one copy).
+
+        Returns a dict: a fixed field -> array (B, *shape); a ragged field -> ``(values, lengths)``
+        where ``values`` is the rows of all B records concatenated (sum(lengths), *inner) or, with
+        ``pad=True``, zero-padded to (B, max(lengths), *inner); ``lengths`` is int64 (B,).
+
+        Records not in memory are read with all their reads in flight at once (exactly their pages;
+        for ragged fields the offsets first, then the values), not one page fault at a time; a batch
+        found in memory is gathered straight from the mapping. :meth:`iter_batches` also starts the
+        reads of the next batches while this one is consumed.
+        """
+        idx, groups = self._shards.batch(indices)
+        names = self._fields(fields)
+        self._planner.ready(groups, names)
+        return self._gatherer.batch(idx, groups, names, pad)
+
+    def prefetch(self, indices: Indices, fields: Sequence[str] | None = None) -> None:
+        """Start reading records ``indices`` (all fields, or ``fields``) into memory and return without
+        waiting for them (for ragged fields this waits for their offsets only). A later
+        :meth:`get_batch` or ``store[i]`` of those records finds them arriving or arrived. A no-op for
+        records in memory and with ``readahead="never"``."""
+        if self._planner.policy.ahead:
+            names = self._fields(fields)
+            self._planner.request_values(self._planner.request(self._shards.batch(indices)[1], names), names)
+
+    def iter_batches(
+        self, batches: Iterable[Indices], *, fields: Sequence[str] | None = None, pad: bool = False,
+        prefetch: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
+        ``order.iter_chunks(1024)`` or :func:`seqstore.batch_indices`), with the reads of the next
+        ``prefetch`` batches already in flight while a batch is consumed (default 2; for a remote store 16,
+        and up to 64 while few requests are pending: batches that each need few, large requests). With
+        the default on a remote store, reads are asked for in runs of 16 batches, as the union of their
+        records (a block-shuffled window's blocks, as they lie; :mod:`.read.runs`). With the ``read_once``
+        storage option those runs are received into memory of the reader's own and gathered from there,
+        bypassing the node cache (:mod:`.read.stream`; memory: the runs fetched ahead, at most
+        ``max_inflight_bytes`` and two runs).
+
+        Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
+        batches (and of a run of 16) plus what the page cache holds of the requested records
+        (reclaimable, shared).
+        """
+        names = self._fields(fields)
+        gather = self._gatherer.batch
+        if prefetch is None and self.read_once:  # runs fetched into memory (.read.stream)
+            for got in plan_runs(self._planner, batches, names, Pool(4)):
+                yield gather(got.idx, got.groups, names, pad, via_of(got.parts))
+            return
+        for token in plan_batches(self._planner, batches, names, prefetch):
+            yield gather(token.idx, token.groups, names, pad)
+
+    @property
+    def read_once(self) -> bool:
+        """Whether :meth:`iter_batches` (at its default depth) receives runs of batches into memory instead
+        of the node cache: the ``read_once`` storage option on a remote store."""
+        policy = self._planner.policy
+        return bool(policy.stream and policy.ahead)
+
+    fetches_runs = read_once  # (what a loader asks: whether fetch_runs may be called)
+
+    def fetch_runs(
+        self, batches: Iterable[Indices], pool: Pool, *, fields: Sequence[str] | None = None
+    ) -> Iterator[FetchedBatch]:
+        """A read-once store: ``(idx, parts)`` of each batch of ``batches`` once its bytes are in memory,
+        fetched as :meth:`iter_batches` fetches them, into buffers from ``pool`` (a
+        :class:`~.read.stream.Pool`). Each part (:class:`~seqstore.io.remote_stream.Part`) is held for the
+        caller: call its ``release()`` once the batch was gathered (:meth:`gather_fetched`, in this
+        process or one that received the parts' buffers and :func:`~seqstore.io.remote_stream.export_part`)."""
+        if not self.read_once:
+            raise ValueError(f"{self.url}: fetch_runs needs a remote store opened with read_once")
+        for got in plan_runs(self._planner, batches, self._fields(fields), pool, hold=True):
+            yield FetchedBatch(got.idx, got.parts)
+
+    def gather_fetched(
+        self, idx: np.ndarray[Any, Any], via: Any, *, fields: Sequence[str] | None = None, pad: bool = False,
+        alloc: Alloc | None = None,
+    ) -> dict[str, Any]:
+        """``get_batch(idx, pad=pad)`` from bytes :meth:`fetch_runs` fetched: ``via`` is the batch's parts
+        (this process's), their segment table (:func:`~.read.stream.via_of`), or a function that makes it once the batch's shards
+        are mapped (:func:`~seqstore.io.remote_stream.via_from`, in another process). ``alloc(n)``: where
+        each field's values go (``n`` bytes, a C-contiguous ``uint8`` array; None: new arrays)."""
+        idx, groups = self._shards.batch(idx)
+        names = self._fields(fields)
+        ragged = [n for n in names if self.schema[n].ragged]
+        if ragged:
+            self._planner.need_groups(groups, ragged, values=False)  # the offsets: through the node cache
+        via = via_of(via) if isinstance(via, list) else via() if callable(via) else via
+        return self._gatherer.batch(idx, groups, names, pad, via, alloc)
+
+    # ------------------------------------------------------- ids, matrices, ragged fields (the parts)
+
+    @property
+    def has_ids(self) -> bool:
+        return self._ids.has_ids
+
+    def id(self, i: int) -> str:
+        """The id of record ``i``."""
+        return self._ids.id(i)
+
+    def ids(
+        self, indices: Sequence[int] | np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
+        """The utf-8 ids of records ``indices`` at once, as ``(data, offsets)``: the id of
+        ``indices[j]`` is ``data[offsets[j]:offsets[j + 1]]`` (``offsets``: int64, ``len(indices) + 1``
+        of them, from 0; e.g. the buffers of an Arrow string column). No Python object per record: the
+        bytes are gathered shard by shard, and the ids of consecutive records of one shard are a
+        read-only view of the mapped file. Negative indices count from the end. KeyError when the
+        records have no ids."""
+        return self._ids.ids(indices)
+
+    def index(self, id: str) -> int:  # noqa: A002
+        """Global index of the record with id ``id``.
+
+        When an id was written more than once this is the first such record, or the last one in a
+        store created with ``id_lookup="last"`` (e.g. a log written with ``on_duplicate="keep_last"``).
+        """
+        return self._ids.index(id)
+
+    def index_many(self, ids: Sequence[str], *, missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Global indexes of many ids at once (vectorised hash search, then byte comparison).
+
+        ``missing="error"`` raises KeyError naming the first missing ids; an int fills them instead.
+        Repeated ids resolve as in :meth:`index` (first record, or last with ``id_lookup="last"``).
+        """
+        return self._ids.index_many(ids, missing=missing)
+
+    def index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Global indexes of ids given as utf-8 bytes ``qdata[qoff[i]:qoff[i+1]]`` (int64 offsets from 0),
+        -1 where absent; what :meth:`index_many` and joins between stores use. Vectorised per probed
+        index; memory O(queries + candidates)."""
+        return self._ids.index_encoded(qdata, qoff)
+
+    def matrix_columns(self, fields: Sequence[str] | str | None = None) -> dict[str, tuple[int, int]]:
+        """Column range ``[a, b)`` of each field in :meth:`matrix` (same ``fields``): for module-wise scores."""
+        return self._matrices.matrix_columns(fields)
+
+    def matrix(
+        self,
+        fields: Sequence[str] | str | None = None,
+        rows: slice | Sequence[int] | np.ndarray[Any, Any] | None = None,
+        *,
+        dtype: Any = None,
+    ) -> np.ndarray[Any, Any]:
+        """Records as one ``(R, D)`` matrix: row ``r`` is the chosen fields of a record, flattened and
+        concatenated in order (:meth:`matrix_columns` gives each field's column range).
+
+        ``fields``: fixed field names and/or packed group names (None: all fixed fields, packed
+        groups first); all must share one dtype. ``rows``: None (all), a slice, or record numbers.
+        ``dtype``: cast the result (bfloat16 bits are widened exactly when a float dtype is asked).
+
+        Zero-copy (a read-only strided view of the mapped file) when the fields are consecutive
+        columns of one packed group (or one unpacked field) and the rows are a slice inside one
+        shard; otherwise one copy, shard by shard. Use :meth:`iter_matrix` to stream a large store.
+        """
+        return self._matrices.matrix(fields, rows, dtype=dtype)
+
+    def iter_matrix(
+        self,
+        fields: Sequence[str] | str | None = None,
+        *,
+        chunk_rows: int = 1 << 16,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+        """Stream records ``[start, stop)`` as ``(first_row, block)`` pairs, ``block`` an
+        ``(r, D)`` matrix of at most ``chunk_rows`` rows that never spans two shards.
+
+        Blocks are zero-copy views of the mapped files where :meth:`matrix` would be; bfloat16 is
+        returned as stored bits (uint16) whatever the store's ``bfloat16`` mode. O(chunk) memory.
+        """
+        return self._matrices.iter_matrix(fields, chunk_rows=chunk_rows, start=start, stop=stop)
+
+    def lengths(self, field: str | None = None) -> Lengths:
+        """Lazy lengths of a ragged field (the only ragged field when ``field`` is None)."""
+        return self._ragged.lengths(field)
+
+    def iter_ragged(
+        self,
+        field: str | None = None,
+        *,
+        chunk_records: int = 1 << 16,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Stream records ``[start, stop)`` of a ragged field as ``(first_record, values, lengths)``:
+        ``values`` the rows of at most ``chunk_records`` consecutive records, a read-only zero-copy
+        view of the mapped file (``(sum(lengths), *inner)``, never spanning two shards), ``lengths``
+        int64. The ragged counterpart of :meth:`iter_matrix`: the next block is read ahead while the
+        caller works on this one. bfloat16 comes as stored bits. O(chunk) memory.
+        """
+        return self._ragged.iter_ragged(field, chunk_records=chunk_records, start=start, stop=stop)
+
+    # ------------------------------------------------------------------------------------ pickling
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as (path, options, shard count, record count): a worker process reopens the store,
         maps its own files and sees the same records as this object, even if shards were committed
         since (shards are append-only; :meth:`refresh` in the worker moves on to the newest)."""
         path, options = self._source.reopen()
-        options = {"readahead": self._readahead, "max_mapped_shards": self._max_mapped_opt, **options}
-        return (_unpickle_store, (path, self._bf16, self.num_shards, self._n, options))
+        options = {"readahead": self._readahead, "max_mapped_shards": self._shards.max_mapped_opt, **options}
+        return (_unpickle_store, (path, self._bf16, self.num_shards, len(self), options))
 
     def _pin(self, num_shards: int, records: int) -> None:
         """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw)."""
         m = self._manifest
         if m.num_shards == num_shards:
-            if self._n != records:
+            if len(self) != records:
                 raise SeqstoreError(f"{self.url}: the store was replaced since this Store was pickled")
             return
-        table = self._table.prefix(num_shards) if m.num_shards > num_shards else None
+        table = self._shards.table.prefix(num_shards) if m.num_shards > num_shards else None
         if table is None or table.total != records:
             raise SeqstoreError(
                 f"{self.url}: the store was replaced since this Store was pickled (it had {records} records in "

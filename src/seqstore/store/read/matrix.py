@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ...schema import BFLOAT16, PackedGroup, bfloat16_to_float32
-from .records import Records
+from ...schema import BFLOAT16, bfloat16_to_float32
+from .gather import present_bf16
+from .readahead import ReadPlanner
 from .shards import Shard
 
 __all__ = ["Matrices", "MatrixPlan"]
@@ -37,50 +38,47 @@ class MatrixPlan:
     bfloat16: bool
 
 
+class Matrices:
+    """Fixed fields as ``(rows, D)`` matrices, read through ``planner``; bfloat16 presented per ``bf16``."""
 
-class Matrices(Records):
-    """Fixed fields as ``(rows, D)`` matrices."""
-
-
-    @property
-    def groups(self) -> dict[str, PackedGroup]:
-        """The store's packed groups by name (empty for a store without them)."""
-        return self.schema.groups
+    def __init__(self, planner: ReadPlanner, bf16: str) -> None:
+        self.planner, self.shards, self.bf16 = planner, planner.shards, bf16
 
     def _matrix_plan(self, fields: Sequence[str] | str | None) -> MatrixPlan:
         """Resolve ``fields`` (names of fixed fields and/or packed groups; None = all fixed fields,
         groups first in column order) into copy segments of per-shard source matrices."""
         if isinstance(fields, str):
             fields = [fields]
-        groups = self.schema.groups
+        schema = self.shards.schema
+        groups = schema.groups
         names: list[str] = []
         if fields is None:
             for g in groups.values():
                 names.extend(g.fields)
-            names.extend(n for n, f in self.schema.items() if not f.ragged and self.schema.group_of(n) is None)
+            names.extend(n for n, f in schema.items() if not f.ragged and schema.group_of(n) is None)
         else:
             for item in fields:
                 if item in groups:
                     names.extend(groups[item].fields)
-                elif item in self.schema:
+                elif item in schema:
                     names.append(item)
                 else:
-                    raise KeyError(f"no field or packed group {item!r} in {self.url}; fields are {list(self.schema)}")
+                    raise KeyError(f"no field or packed group {item!r} in {self.shards.url}; fields are {list(schema)}")
         if not names:
-            raise ValueError(f"{self.url}: no fixed fields to put in a matrix")
+            raise ValueError(f"{self.shards.url}: no fixed fields to put in a matrix")
         if len(set(names)) != len(names):
             raise ValueError(f"fields {names} name a field more than once")
-        dtypes = {self.schema[n].dtype for n in names}
+        dtypes = {schema[n].dtype for n in names}
         if len(dtypes) != 1:
             raise ValueError(f"fields {names} have different dtypes {sorted(dtypes)}; a matrix has one dtype")
         segments: list[list[Any]] = []
         columns: dict[str, tuple[int, int]] = {}
         width = 0
         for name in names:
-            f = self.schema[name]
+            f = schema[name]
             if f.ragged:
                 raise ValueError(f"field {name!r} is ragged; matrix() takes fixed fields only")
-            gname = self.schema.group_of(name)
+            gname = schema.group_of(name)
             if gname is None:
                 source, (a, b) = name, (0, int(np.prod(f.inner_shape, dtype=np.int64)))
             else:
@@ -91,7 +89,7 @@ class Matrices(Records):
             else:
                 segments.append([source, a, b, width])
             width += b - a
-        f0 = self.schema[names[0]]
+        f0 = schema[names[0]]
         return MatrixPlan(
             tuple((str(sg[0]), int(sg[1]), int(sg[2]), int(sg[3])) for sg in segments),
             columns,
@@ -101,7 +99,6 @@ class Matrices(Records):
         )
 
     def matrix_columns(self, fields: Sequence[str] | str | None = None) -> dict[str, tuple[int, int]]:
-        """Column range ``[a, b)`` of each field in :meth:`matrix` (same ``fields``): for module-wise scores."""
         return dict(self._matrix_plan(fields).columns)
 
     def _source_matrix(self, sh: Shard, source: str) -> np.ndarray[Any, Any]:
@@ -112,9 +109,9 @@ class Matrices(Records):
 
     def _block(self, sh: Shard, plan: MatrixPlan, rows: slice | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Rows ``rows`` (a slice or local row numbers) of one shard: a view for one segment and a slice."""
-        if self._lazy:
+        if self.planner.lazy:
             for source, _a, _b, _ in plan.segments:
-                self._need_rows(self._source_matrix(sh, source), rows)
+                self.planner.need_rows(self._source_matrix(sh, source), rows)
         if len(plan.segments) == 1:
             source, a, b, _ = plan.segments[0]
             return self._source_matrix(sh, source)[rows, a:b]
@@ -128,7 +125,7 @@ class Matrices(Records):
         if plan.bfloat16:
             if dtype is not None and np.dtype(dtype).kind == "f":
                 return np.asarray(bfloat16_to_float32(arr), dtype=dtype)
-            arr = self.bfloat16_view(arr)
+            arr = present_bf16(arr, self.bf16)
         if dtype is not None and arr.dtype != np.dtype(dtype):
             return arr.astype(dtype)
         return arr
@@ -140,19 +137,8 @@ class Matrices(Records):
         *,
         dtype: Any = None,
     ) -> np.ndarray[Any, Any]:
-        """Records as one ``(R, D)`` matrix: row ``r`` is the chosen fields of a record, flattened and
-        concatenated in order (:meth:`matrix_columns` gives each field's column range).
-
-        ``fields``: fixed field names and/or packed group names (None: all fixed fields, packed
-        groups first); all must share one dtype. ``rows``: None (all), a slice, or record numbers.
-        ``dtype``: cast the result (bfloat16 bits are widened exactly when a float dtype is asked).
-
-        Zero-copy (a read-only strided view of the mapped file) when the fields are consecutive
-        columns of one packed group (or one unpacked field) and the rows are a slice inside one
-        shard; otherwise one copy, shard by shard. Use :meth:`iter_matrix` to stream a large store.
-        """
         plan = self._matrix_plan(fields)
-        n = self._n
+        n = self.shards.n
         if rows is None:
             rows = slice(0, n)
         if isinstance(rows, slice):
@@ -162,29 +148,29 @@ class Matrices(Records):
             count = len(range(start, stop, step))
             if count == 0:
                 return self._present(np.empty((0, plan.width), dtype=plan.storage_dtype), plan, dtype)
-            k0, r0 = self._locate(start)
-            k1, _ = self._locate(start + (count - 1) * step)
+            k0, r0 = self.shards.locate(start)
+            k1, _ = self.shards.locate(start + (count - 1) * step)
             if k0 == k1:
                 if step == 1:  # a view: ask for its first stretch only, the caller may not touch it all
                     self._scan_rows(plan, k0, r0, r0 + min(count, max(1, _VIEW_AHEAD // max(1, plan.width))))
-                block = self._block(self._shard(k0), plan, slice(r0, r0 + (count - 1) * step + 1, step))
+                block = self._block(self.shards.shard(k0), plan, slice(r0, r0 + (count - 1) * step + 1, step))
                 return self._present(block, plan, dtype)
             out = np.empty((count, plan.width), dtype=plan.storage_dtype)
             for k in range(k0, k1 + 1):
-                s_k, e_k = self._start_index[k], self._table.end(k)
+                s_k, e_k = self.shards.start_index[k], self.shards.end(k)
                 first = max(start, s_k)
                 first += (-(first - start)) % step
                 if first >= min(stop, e_k):
                     continue
                 last = min(stop, e_k)
                 pos = (first - start) // step
-                block = self._block(self._shard(k), plan, slice(first - s_k, last - s_k, step))
+                block = self._block(self.shards.shard(k), plan, slice(first - s_k, last - s_k, step))
                 out[pos : pos + len(block)] = block
             return self._present(out, plan, dtype)
-        idx = self._norm_many(rows).reshape(-1)
+        idx = self.shards.norm_many(rows).reshape(-1)
         out = np.empty((len(idx), plan.width), dtype=plan.storage_dtype)
-        for k, pos, local in self._group(idx):
-            out[pos] = self._block(self._shard(k), plan, np.asarray(local))
+        for k, pos, local in self.shards.group(idx):
+            out[pos] = self._block(self.shards.shard(k), plan, np.asarray(local))
         return self._present(out, plan, dtype)
 
     def iter_matrix(
@@ -195,36 +181,30 @@ class Matrices(Records):
         start: int = 0,
         stop: int | None = None,
     ) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
-        """Stream records ``[start, stop)`` as ``(first_row, block)`` pairs, ``block`` an
-        ``(r, D)`` matrix of at most ``chunk_rows`` rows that never spans two shards.
-
-        Blocks are zero-copy views of the mapped files where :meth:`matrix` would be; bfloat16 is
-        returned as stored bits (uint16) whatever the store's ``bfloat16`` mode. O(chunk) memory.
-        """
         if chunk_rows <= 0:
             raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
         plan = self._matrix_plan(fields)
-        stop = self._n if stop is None else min(stop, self._n)
+        stop = self.shards.n if stop is None else min(stop, self.shards.n)
         if start < 0 or start > stop:
-            raise IndexError(f"row range [{start}, {stop}) is not inside 0..{self._n}")
+            raise IndexError(f"row range [{start}, {stop}) is not inside 0..{self.shards.n}")
         pos = start
         first = True
         while pos < stop:
-            k, r = self._locate(pos)
-            end = min(stop, self._table.end(k), pos + chunk_rows)
+            k, r = self.shards.locate(pos)
+            end = min(stop, self.shards.end(k), pos + chunk_rows)
             if first:
                 self._scan_rows(plan, k, r, r + end - pos)
                 first = False
             if end < stop:  # the next block's reads run while the caller works on this one
-                nk, nr = self._locate(end)
-                self._scan_rows(plan, nk, nr, nr + min(stop, self._table.end(nk), end + chunk_rows) - end)
-            yield pos, self._block(self._shard(k), plan, slice(r, r + end - pos))
+                nk, nr = self.shards.locate(end)
+                self._scan_rows(plan, nk, nr, nr + min(stop, self.shards.end(nk), end + chunk_rows) - end)
+            yield pos, self._block(self.shards.shard(k), plan, slice(r, r + end - pos))
             pos = end
 
     def _scan_rows(self, plan: MatrixPlan, k: int, a: int, b: int) -> None:
         """Read ahead rows ``[a, b)`` of shard ``k`` in every source matrix of ``plan``."""
-        if self._readahead == "never" or b <= a:
+        if not self.planner.scans or b <= a:
             return
-        sh = self._shard(k)
+        sh = self.shards.shard(k)
         for source, _, _, _ in plan.segments:
-            self._scan_ahead(self._source_matrix(sh, source)[a:b], sh.request)
+            self.planner.scan_ahead(self._source_matrix(sh, source)[a:b], sh.request)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CorruptionError
-from .readahead import ReadAhead
+from .readahead import ReadPlanner
 from .shards import Shard, checked_bounds
 
 __all__ = ["Lengths", "RaggedFields"]
@@ -26,22 +26,24 @@ class Lengths:
     lengths; :meth:`iter_chunks` walks them in chunks; ``np.asarray(lengths)`` materialises (O(N)).
     """
 
-    def __init__(self, store: ReadAhead, field: str) -> None:
-        self._store = store
+    def __init__(self, planner: ReadPlanner, field: str, owner: Any) -> None:
+        self._planner, self._shards, self._owner = planner, planner.shards, owner
         self.field = field
         self.dtype = np.dtype(np.int64)
-        self.shape = (len(store),)
+        self.shape = (len(self._shards),)
         self.ndim = 1
 
     def __len__(self) -> int:
-        return len(self._store)
+        return len(self._shards)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the owner (a Store) reopens; its lengths of the same field
+        return (_lengths_of, (self._owner, self.field))
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, (int, np.integer)):
-            k, row = self._store._locate(self._store._norm(int(key)))
-            sh = self._store._shard(k)
+            sh, row = self._shards.record(int(key))
             off = sh.offsets[self.field]
-            self._store._need(off[row : row + 2])
+            self._planner.need(off[row : row + 2])
             a, b = int(off[row]), int(off[row + 1])
             if not 0 <= a <= b <= sh.columns[self.field].shape[0]:
                 checked_bounds(sh, self.field, np.array([row]))  # raises, naming the file
@@ -53,14 +55,14 @@ class Lengths:
 
     def take(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Lengths of records ``indices`` (any int array), as int64."""
-        store = self._store
-        idx = store._norm_many(indices)
+        planner = self._planner
+        idx = self._shards.norm_many(indices)
         flat = idx.reshape(-1)
+        groups = self._shards.groups(flat)
         out = np.empty(flat.shape, dtype=np.int64)
-        groups = store._batch_groups(flat)
-        if store._readahead != "never" and len(flat) > 1:  # cold offsets: all their reads at once
-            store._advise(groups, [self.field], values=False)
-        store._need_groups(groups, [self.field], values=False)
+        if planner.scans and len(flat) > 1:  # cold offsets: all their reads at once
+            planner.advise(groups, [self.field], values=False)
+        planner.need_groups(groups, [self.field], values=False)
         for sh, pos, rows in groups:
             a, b = checked_bounds(sh, self.field, rows)
             out[pos] = b - a
@@ -68,14 +70,14 @@ class Lengths:
 
     def iter_chunks(self, size: int = 1 << 20) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """Yield the lengths in order, in arrays of at most ``size`` (per shard, from the offsets)."""
-        ahead = self._store._readahead != "never"
-        for k in range(self._store.num_shards):
-            sh = self._store._shard(k)
+        planner = self._planner
+        for k in range(self._shards.num_shards):
+            sh = self._shards.shard(k)
             off = sh.offsets[self.field]
             for a in range(0, len(off) - 1, size):
-                if ahead:  # this chunk and the next, so the disk reads while this one is processed
-                    self._store._scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1], sh.request)
-                self._store._need(off[a : min(a + size, len(off) - 1) + 1])
+                if planner.scans:  # this chunk and the next, so the disk reads while this one is processed
+                    planner.scan_ahead(off[a : min(a + 2 * size, len(off) - 1) + 1], sh.request)
+                planner.need(off[a : min(a + size, len(off) - 1) + 1])
                 chunk = np.diff(off[a : min(a + size, len(off) - 1) + 1])
                 if chunk.size and chunk.min() < 0:  # ends are checked at open: monotone means in range
                     raise CorruptionError(f"{sh.display}/{(self.field + '.offsets.npy')}: offsets decrease")
@@ -113,22 +115,29 @@ class Lengths:
         return target
 
     def __repr__(self) -> str:
-        return f"Lengths({self._store.url}, field={self.field!r}, n={len(self)})"
+        return f"Lengths({self._shards.url}, field={self.field!r}, n={len(self)})"
 
 
-class RaggedFields(ReadAhead):
-    """Lengths and streamed values of ragged fields."""
+def _lengths_of(owner: Any, field: str) -> Lengths:
+    return owner.lengths(field)  # type: ignore[no-any-return]
+
+
+class RaggedFields:
+    """Lengths and streamed values of ragged fields, read through ``planner``; ``owner``: the Store (what a
+    pickled :class:`Lengths` reopens)."""
+
+    def __init__(self, planner: ReadPlanner, owner: Any) -> None:
+        self.planner, self.shards, self.owner = planner, planner.shards, owner
 
     def lengths(self, field: str | None = None) -> Lengths:
-        """Lazy lengths of a ragged field (the only ragged field when ``field`` is None)."""
-        ragged = [n for n, f in self.schema.items() if f.ragged]
+        ragged = [n for n, f in self.shards.schema.items() if f.ragged]
         if field is None:
             if len(ragged) != 1:
-                raise ValueError(f"{self.url}: name the ragged field; ragged fields are {ragged}")
+                raise ValueError(f"{self.shards.url}: name the ragged field; ragged fields are {ragged}")
             field = ragged[0]
         if field not in ragged:
-            raise ValueError(f"{self.url}: field {field!r} is not ragged; ragged fields are {ragged}")
-        return Lengths(self, field)
+            raise ValueError(f"{self.shards.url}: field {field!r} is not ragged; ragged fields are {ragged}")
+        return Lengths(self.planner, field, self.owner)
 
     def iter_ragged(
         self,
@@ -138,25 +147,19 @@ class RaggedFields(ReadAhead):
         start: int = 0,
         stop: int | None = None,
     ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
-        """Stream records ``[start, stop)`` of a ragged field as ``(first_record, values, lengths)``:
-        ``values`` the rows of at most ``chunk_records`` consecutive records, a read-only zero-copy
-        view of the mapped file (``(sum(lengths), *inner)``, never spanning two shards), ``lengths``
-        int64. The ragged counterpart of :meth:`iter_matrix`: the next block is read ahead while the
-        caller works on this one. bfloat16 comes as stored bits. O(chunk) memory.
-        """
         name = self.lengths(field).field  # checks that the field exists and is ragged
         if chunk_records <= 0:
             raise ValueError(f"chunk_records must be positive, got {chunk_records}")
-        stop = self._n if stop is None else min(stop, self._n)
+        stop = self.shards.n if stop is None else min(stop, self.shards.n)
         if start < 0 or start > stop:
-            raise IndexError(f"record range [{start}, {stop}) is not inside 0..{self._n}")
+            raise IndexError(f"record range [{start}, {stop}) is not inside 0..{self.shards.n}")
 
         def block(pos: int) -> tuple[Shard, int, int, int, int]:
-            k, r = self._locate(pos)
-            end = min(stop, self._table.end(k), pos + chunk_records)
-            sh = self._shard(k)
+            k, r = self.shards.locate(pos)
+            end = min(stop, self.shards.end(k), pos + chunk_records)
+            sh = self.shards.shard(k)
             off = sh.offsets[name]
-            self._need(off[r : r + end - pos + 1])
+            self.planner.need(off[r : r + end - pos + 1])
             a, b = int(off[r]), int(off[r + end - pos])
             if not 0 <= a <= b <= sh.columns[name].shape[0]:
                 checked_bounds(sh, name, np.arange(r, r + end - pos))  # raises, naming the file
@@ -165,14 +168,14 @@ class RaggedFields(ReadAhead):
         pos = start
         cur = block(pos) if pos < stop else None
         if cur is not None:
-            self._scan_ahead(cur[0].columns[name][cur[3] : cur[4]], cur[0].request)
+            self.planner.scan_ahead(cur[0].columns[name][cur[3] : cur[4]], cur[0].request)
         while cur is not None:
             sh, r, end, a, b = cur
             nxt = block(end) if end < stop else None
             if nxt is not None:  # the next block's reads run while the caller works on this one
-                self._scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
+                self.planner.scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
             lengths = np.diff(sh.offsets[name][r : r + end - pos + 1])
-            self._need(sh.columns[name][a:b])
+            self.planner.need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:
                 raise CorruptionError(f"{sh.display}/{(name + '.offsets.npy')}: offsets decrease in records "
                                       f"{pos}..{end - 1}")

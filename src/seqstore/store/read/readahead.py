@@ -1,12 +1,12 @@
-"""Read-ahead: the byte ranges an access will touch, asked for before it touches them, and waited for
-where the source needs it.
+"""The read planner (:class:`ReadPlanner`): the byte ranges an access will touch, asked for before it
+touches them, and waited for where the source needs it, as the source's read policy says.
 
-A batch's ranges come in two stages (:meth:`ReadAhead._ranges`): the records of its fixed fields and
+A batch's ranges come in two stages (:meth:`ReadPlanner.ranges`): the records of its fixed fields and
 the offsets of its ragged fields, then the value rows of its ragged fields (which need the offsets).
 The store's byte source turns them into requests (a local store: ``madvise(MADV_WILLNEED)`` of
 exactly those pages, after a ``mincore`` sample says they are not in memory; a remote store: fetches
 into the node cache). A source whose mapped bytes read as zeros until fetched (``lazy``) is also
-asked to wait for them (:meth:`ReadAhead._need_groups`) before they are read.
+asked to wait for them (:meth:`ReadPlanner.need_groups`) before they are read.
 """
 
 from __future__ import annotations
@@ -16,46 +16,62 @@ from typing import Any
 import numpy as np
 
 from ...io import address
-from .shards import Group, ShardRegistry, checked_bounds
+from ...io.source import ReadPolicy
+from .shards import Group, ShardMap, checked_bounds
 
-__all__ = ["ReadAhead"]
+__all__ = ["ReadPlanner"]
 
 #: records per field and read-ahead stage whose pages are probed with mincore (about 2 us each)
 _SAMPLE = 4
 
 
-class ReadAhead(ShardRegistry):
-    """Asking the byte source for what an access is about to read."""
+class ReadPlanner:
+    """Asking the byte source of ``shards`` for what an access is about to read, by ``policy`` (the
+    source's :class:`~seqstore.io.source.ReadPolicy` for the store's ``readahead`` mode)."""
 
-    def _need(self, *arrays: Any) -> None:
+    def __init__(self, shards: ShardMap, policy: ReadPolicy, readahead: str) -> None:
+        self.shards, self.source, self.policy = shards, shards.source, policy
+        self.lazy = policy.lazy
+        self.scans = readahead != "never"  # scans (iteration, matrices, ragged streams) read ahead
+
+    def ready(self, groups: list[Group], names: list[str]) -> None:
+        """A batch about to be gathered: its reads asked for at once (both stages) and waited for."""
+        if self.policy.ahead:
+            self.request_values(self.request(groups, names), names)
+            self.need_groups(groups, names)
+
+    def ragged(self, names: list[str]) -> bool:
+        return any(self.shards.schema[n].ragged for n in names)
+
+    def need(self, *arrays: Any) -> None:
         """A lazy source: wait until every byte of these views of mapped files is resident."""
-        if self._lazy:
+        if self.lazy:
             for arr in arrays:
-                self._source.ensure_array(arr)
+                self.source.ensure_array(arr)
 
-    def _need_groups(self, groups: list[Group], names: list[str], values: bool = True) -> None:
+    def need_groups(self, groups: list[Group], names: list[str], values: bool = True) -> None:
         """A lazy source: wait until the records of ``groups`` (offsets, then with ``values`` the value
         rows of ragged fields) are resident."""
-        if not self._lazy:
+        if not self.lazy:
             return
         for stage in (False, True) if values else (False,):
-            if stage and not any(self.schema[n].ragged for n in names):
+            if stage and not self.ragged(names):
                 break
-            starts, ends = self._ranges(groups, names, stage)
+            starts, ends = self.ranges(groups, names, stage)
             if starts:
-                self._source.ensure(np.concatenate(starts), np.concatenate(ends))
+                self.source.ensure(np.concatenate(starts), np.concatenate(ends))
 
-    def _need_rows(self, src: np.ndarray[Any, Any], rows: slice | np.ndarray[Any, Any]) -> None:
+    def need_rows(self, src: np.ndarray[Any, Any], rows: slice | np.ndarray[Any, Any]) -> None:
         """A lazy source: wait for rows ``rows`` of the 2-d view ``src`` of a mapped file."""
         if isinstance(rows, slice):
-            self._need(src[rows])
+            self.need(src[rows])
             return
         r = np.asarray(rows, dtype=np.int64).reshape(-1)
         if len(r):
             starts = address(src) + r * int(src.strides[0])
-            self._source.ensure(starts, starts + src.shape[1] * src.itemsize)
+            self.source.ensure(starts, starts + src.shape[1] * src.itemsize)
 
-    def _ranges(self, groups: list[Group], names: list[str], values: bool) -> tuple[list[Any], list[Any]]:
+    def ranges(self, groups: list[Group], names: list[str], values: bool) -> tuple[list[Any], list[Any]]:
         """Byte ranges (absolute addresses) of ``groups``' records: with ``values`` False the fixed
         fields' records and the ragged fields' offset pairs, with ``values`` True the ragged fields'
         value rows (reading their offsets)."""
@@ -80,51 +96,51 @@ class ReadAhead(ShardRegistry):
                     ends.append(s + size)
         return starts, ends
 
-    def _advise(self, groups: list[Group], names: list[str], values: bool) -> None:
-        """Request the pages of :meth:`_ranges` unless a sample finds them in memory (where the source's
+    def advise(self, groups: list[Group], names: list[str], values: bool) -> None:
+        """Request the pages of :meth:`ranges` unless a sample finds them in memory (where the source's
         policy probes): per field, ``_SAMPLE`` records (at least one) from at most as many groups, so a
         batch spread over many shards costs no more, and a field in memory cannot hide a cold one. On
         a lazy source the value rows are asked for once their offsets are resident."""
-        if values and self._lazy:
-            self._need_groups(groups, names, values=False)
-        if self._probe:
+        if values and self.lazy:
+            self.need_groups(groups, names, values=False)
+        if self.policy.probe:
             picked = groups[:: max(1, len(groups) // _SAMPLE)][:_SAMPLE]
             per = -(-_SAMPLE // max(1, len(picked)))
-            sample = [(sh, pos, rows[:: max(1, len(rows) // per)][:per]) for sh, pos, rows in picked]
+            sample = [Group(sh, pos, rows[:: max(1, len(rows) // per)][:per]) for sh, pos, rows in picked]
             probes = []
             for name in names:
-                probe, _ = self._ranges(sample, [name], values)
+                probe, _ = self.ranges(sample, [name], values)
                 if probe:
                     addrs = np.concatenate(probe)
                     probes.append(addrs[:: max(1, len(addrs) // _SAMPLE)][:_SAMPLE])
             if not probes:
                 return
             addrs = np.concatenate(probes)
-            if not self._source.any_cold(addrs, sample=len(addrs)):
+            if not self.source.any_cold(addrs, sample=len(addrs)):
                 return
-        starts, ends = self._ranges(groups, names, values)
+        starts, ends = self.ranges(groups, names, values)
         if starts:
-            self._source.request(np.concatenate(starts), np.concatenate(ends), most=groups[0][0].request)
+            self.source.request(np.concatenate(starts), np.concatenate(ends), most=groups[0][0].request)
 
-    def _request(self, groups: list[Group], names: list[str]) -> list[Group]:
+    def request(self, groups: list[Group], names: list[str]) -> list[Group]:
         """First read-ahead stage of a batch: start reading the records of its fixed fields and the
         offsets of its ragged fields. Returns ``groups``."""
-        self._advise(groups, names, values=False)
+        self.advise(groups, names, values=False)
         return groups
 
-    def _request_values(self, groups: list[Group], names: list[str]) -> None:
+    def request_values(self, groups: list[Group], names: list[str]) -> None:
         """Second stage: start reading the value rows of the batch's ragged fields (reads their offsets,
         which the first stage asked for)."""
-        if any(self.schema[n].ragged for n in names):
-            self._advise(groups, names, values=True)
+        if self.ragged(names):
+            self.advise(groups, names, values=True)
 
-    def _scan_ahead(self, block: np.ndarray[Any, Any], most: int) -> None:
+    def scan_ahead(self, block: np.ndarray[Any, Any], most: int) -> None:
         """A scan is about to read all of ``block`` (a view of a mapping): start reading it (in requests of
         ``most`` bytes), unless the source's policy probes and a sample of its pages is in memory."""
-        if block.size == 0 or self._readahead == "never":
+        if block.size == 0 or not self.scans:
             return
         first = address(block)
         last = first + block.itemsize + sum((n - 1) * st for n, st in zip(block.shape, block.strides) if st > 0)
-        if self._probe and not self._source.any_cold(np.linspace(first, last - 1, 16).astype(np.int64)):
+        if self.policy.probe and not self.source.any_cold(np.linspace(first, last - 1, 16).astype(np.int64)):
             return
-        self._source.request_span(first, last, most=most)
+        self.source.request_span(first, last, most=most)

@@ -1,4 +1,6 @@
-"""Reading runs of batches together: the union of their byte ranges asked for as it lies.
+"""Planning ``iter_batches``: each batch's reads in flight ahead of it (:func:`plan_batches`, tokens
+:class:`Planned`), and on object storage runs of batches read together, the union of their byte ranges
+asked for as it lies (:class:`BatchRuns`).
 
 On object storage (``ReadPolicy.together``) ``iter_batches`` asks for the records of ``together``
 consecutive batches at once, as the union of their ranges (:meth:`ByteSource.request_runs`), instead of
@@ -21,95 +23,133 @@ the ranges left over (at most one batch's).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from ...io.source import ByteSource
+from ...io import lookahead
+from .readahead import ReadPlanner
 from .shards import Group
 
-__all__ = ["BatchRuns"]
+__all__ = ["BatchRuns", "Planned", "plan_batches"]
 
 _EMPTY = np.zeros(0, np.int64)
 
 
-class Reader(Protocol):
-    """What reading runs needs of the store reader (:class:`~.batches.Batches`)."""
-
-    @property
-    def schema(self) -> Mapping[str, Any]: ...
-
-    @property
-    def _source(self) -> ByteSource: ...
-
-    def _norm_many(self, indices: Any) -> np.ndarray[Any, Any]: ...
-
-    def _batch_groups(self, idx: np.ndarray[Any, Any]) -> list[Group]: ...
-
-    def _ranges(self, groups: list[Group], names: list[str], values: bool) -> tuple[list[Any], list[Any]]: ...
-
-    def _need_groups(self, groups: list[Group], names: list[str], values: bool = True) -> None: ...
-
-
-class _Run:
+@dataclass(slots=True)
+class Run:
     """One run of batches: their shard groups, and whether their value rows were asked for."""
 
-    __slots__ = ("groups", "values_asked")
+    groups: list[list[Group]]
+    values_asked: bool = False
 
-    def __init__(self, groups: list[list[Group]]) -> None:
-        self.groups = groups
-        self.values_asked = False
+
+@dataclass(slots=True)
+class Planned:
+    """A batch of ``iter_batches`` whose first-stage reads were asked for: its records (``idx``, split by
+    shard into ``groups``), its run (read with other batches), whether its value rows were asked for."""
+
+    idx: np.ndarray[Any, Any]
+    groups: list[Group]
+    run: Run | None = None
+    values_asked: bool = False
+
+
+def plan_batches(planner: ReadPlanner, batches: Iterable[Any], names: list[str], prefetch: int | None
+                 ) -> Iterator[Planned]:
+    """Each batch of ``batches`` (index arrays, consumed lazily) once its bytes are resident, with the
+    reads of the next ``prefetch`` batches in flight (None: the source's default depth, deeper while the
+    source has few requests pending, and with the source's ``together`` in runs of batches)."""
+    policy, shards = planner.policy, planner.shards
+    active = policy.ahead
+    deeper = None
+    if prefetch is None:  # the source's default (object storage answers after tens of milliseconds)
+        prefetch = policy.depth
+        if policy.deepest > prefetch:  # deeper while the source has few requests pending
+            most, source = policy.deepest, planner.source
+            deeper = lambda n: n < most and source.deeper()  # noqa: E731
+    # a staged source requests the value rows of a batch when the ``lag``-th batch after it enters the
+    # window (reading its offsets then seldom waits: they have had that many batches' time to arrive),
+    # others just before the batch is next (the page cache answers offsets in microseconds)
+    lag = max(1, prefetch // 4)
+    window: deque[Planned] = deque()
+    runs = BatchRuns(planner, names, policy.together) if active and deeper is not None and policy.together else None
+
+    def values(token: Planned) -> None:
+        if active and not token.values_asked:
+            token.values_asked = True
+            if runs is not None and token.run is not None:
+                runs.values(token.run)
+            else:
+                planner.request_values(token.groups, names)
+
+    def request(batch: Any) -> Planned:
+        if isinstance(batch, Planned):  # planned with its run of batches
+            token = batch
+        else:
+            token = Planned(*shards.batch(batch))
+            if active:
+                planner.request(token.groups, names)
+        if policy.staged:
+            window.append(token)
+            if len(window) > lag:
+                values(window.popleft())
+        return token
+
+    items = batches if runs is None else runs.batches(batches)
+    for _batch, token in lookahead(items, prefetch, request, values, deeper):
+        planner.need_groups(token.groups, names)
+        yield token
 
 
 class BatchRuns:
-    """The runs of ``together`` batches of one ``iter_batches`` call over ``reader``'s fields ``names``."""
+    """The runs of ``together`` batches of one ``iter_batches`` call over fields ``names``."""
 
-    def __init__(self, reader: Reader, names: list[str], together: int) -> None:
-        self.reader, self.names, self.together = reader, names, together
-        self.ragged = any(reader.schema[n].ragged for n in names)
+    def __init__(self, planner: ReadPlanner, names: list[str], together: int) -> None:
+        self.planner, self.names, self.together = planner, names, together
+        self.ragged = planner.ragged(names)
         self.left: tuple[Any, Any] = (_EMPTY, _EMPTY)  # first-stage ranges left for the next run's union
         self.left_values: tuple[Any, Any] = (_EMPTY, _EMPTY)
         self.most = 0
 
-    def batches(self, items: Iterable[Any]) -> Iterator[tuple[Any, list[Group], _Run]]:
-        """``(indices, groups, run)`` of each batch of ``items``, the first-stage reads (fixed fields'
-        records, ragged fields' offsets) of each run asked for before its first batch is handed out (a
-        run earlier where all of them are offsets)."""
-        r = self.reader
+    def batches(self, items: Iterable[Any]) -> Iterator[Planned]:
+        """Each batch of ``items`` planned, the first-stage reads (fixed fields' records, ragged fields'
+        offsets) of each run asked for before its first batch is handed out (a run earlier where all of
+        them are offsets)."""
+        shards = self.planner.shards
         it = iter(items)
-        ahead = 1 if self.ragged and all(r.schema[n].ragged for n in self.names) else 0
-        queue: list[tuple[list[tuple[Any, list[Group]]], _Run]] = []
+        ahead = 1 if self.ragged and all(shards.schema[n].ragged for n in self.names) else 0
+        queue: deque[list[Planned]] = deque()
         done = False
         while True:
             while not done and len(queue) <= ahead:
-                batches = list(islice(it, self.together))
-                prepared = []
-                for batch in batches:
-                    idx = r._norm_many(batch).reshape(-1)
-                    groups = r._batch_groups(idx)
-                    prepared.append((idx, groups))
-                    self.most = self.most or next((g[0].request for g in groups), 0)
-                self.left = self._ask([g for _, g in prepared], self.left, values=False, last=not batches)
-                if not batches:
-                    done = True
+                got = [Planned(*shards.batch(b)) for b in islice(it, self.together)]
+                for p in got:
+                    self.most = self.most or next((g.shard.request for g in p.groups), 0)
+                self.left = self._ask([p.groups for p in got], self.left, values=False, last=not got)
+                done = not got
+                if done:
                     break
-                queue.append((prepared, _Run([g for _, g in prepared])))
+                run = Run([p.groups for p in got])
+                for p in got:
+                    p.run = run
+                queue.append(got)
             if not queue:
                 return
-            prepared, run = queue.pop(0)
-            for idx, groups in prepared:
-                yield idx, groups, run
+            yield from queue.popleft()
 
-    def values(self, run: _Run) -> None:
+    def values(self, run: Run) -> None:
         """Ask for the value rows of ragged fields of ``run``'s batches (once per run), their offsets
         made resident first (asked for with the run's union: they arrive together)."""
         if run.values_asked or not self.ragged:
             return
         run.values_asked = True
         for groups in run.groups:
-            self.reader._need_groups(groups, self.names, values=False)
+            self.planner.need_groups(groups, self.names, values=False)
         self.left_values = self._ask(run.groups, self.left_values, values=True, last=False)
 
     def _ask(self, runs: list[list[Group]], left: tuple[Any, Any], *, values: bool, last: bool) -> tuple[Any, Any]:
@@ -119,7 +159,7 @@ class BatchRuns:
         ends: list[Any] = [left[1]]
         must = len(left[0])
         for k, groups in enumerate(runs):
-            a, b = self.reader._ranges(groups, self.names, values)
+            a, b = self.planner.ranges(groups, self.names, values)
             starts += a
             ends += b
             if k < len(runs) - 1:
@@ -127,6 +167,6 @@ class BatchRuns:
         union_s, union_e = np.concatenate(starts), np.concatenate(ends)
         if not len(union_s):
             return _EMPTY, _EMPTY
-        return self.reader._source.request_runs(
+        return self.planner.source.request_runs(
             union_s, union_e, most=self.most or 1, must=len(union_s) if last else must
         )

@@ -1,4 +1,4 @@
-"""Where a record is and the shards' mapped files: the base of every part of the Store.
+"""Where a record is and the shards' mapped files: the :class:`ShardMap` part of the Store.
 
 Global index -> (shard, row) is a binary search over the shards' first records (the mapped shard
 table of a version-3 store: nothing per shard in memory). A shard's files are mapped the first time
@@ -15,7 +15,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,11 +26,7 @@ from ...io import address, holds_descriptors
 from ...io.source import ByteSource
 from ...schema import Schema
 
-__all__ = ["Shard", "Group", "ShardRegistry", "checked_bounds", "mapped_shard_limit"]
-
-#: (mapped shard, positions in the batch, local rows): one shard's part of a batch (ShardRegistry._batch_groups).
-#: Holding the shard keeps its files mapped for the whole call, whatever the LRU of mapped shards does.
-Group = tuple["Shard", Any, np.ndarray[Any, Any]]
+__all__ = ["Shard", "Group", "ShardMap", "checked_bounds", "mapped_shard_limit"]
 
 
 def mapped_shard_limit(schema: Schema) -> int:
@@ -197,74 +193,75 @@ def checked_bounds(
     return a, b
 
 
-class ShardRegistry:
-    """Locating records and mapping shards (the state every part of the Store shares is declared here;
-    ``Store.__init__`` and ``Store._load`` set it)."""
+class Group(NamedTuple):
+    """One shard's part of a batch (:meth:`ShardMap.batch`). Holding the shard keeps its files mapped for
+    the whole call, whatever the LRU of mapped shards does."""
 
-    _source: ByteSource
-    root: Path
-    schema: Schema
-    _manifest: Manifest
-    _table: ShardTable
-    _starts: np.ndarray[Any, Any]
-    _start_index: Sequence[int]
-    _n: int
-    _shards: OrderedDict[int, Shard]
-    _lru_lock: threading.Lock
-    _last: tuple[int, Any]
-    _max_mapped: int
-    _max_mapped_opt: int | None
-    _readahead: str
-    _bf16: str
-    # the source's ReadPolicy for this readahead mode, as plain attributes (read on every batch)
-    _ahead: bool
-    _probe: bool
-    _lazy: bool
-    _setup: bool
-    _depth: int
-    _deepest: int
-    _together: int
-    _staged: bool
-    _stream: bool
+    shard: Shard
+    pos: Any  #: positions in the batch (a slice for a single-shard store)
+    rows: np.ndarray[Any, Any]  #: local rows
+
+
+class ShardMap:
+    """Global index -> (shard, row) over one manifest's shard table, and the shards mapped on first touch
+    (at most ``max_mapped`` of them, least recently used dropped). :meth:`load` moves to a new manifest.
+    ``setup``: first touching a shard costs requests (the source's ``ReadPolicy.setup``), so a batch
+    prepares all its new shards at once."""
+
+    def __init__(self, source: ByteSource, manifest: Manifest, max_mapped: int | None, setup: bool) -> None:
+        self.source, self.setup = source, setup
+        self.max_mapped_opt = max_mapped
+        self.mapped: OrderedDict[int, Shard] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()  # several threads may share a Store
+        self._last: tuple[int, Any] = (-1, None)  # (shard number, Shard) of the last shard() call
+        self.load(manifest)
+
+    def load(self, manifest: Manifest) -> None:
+        """Move to ``manifest``. A mapped shard stays only if it lists the same shard at its position (an
+        overwrite replaces the shards: same positions, other shards), with the same records."""
+        old: ShardTable | None = getattr(self, "table", None)
+        self.manifest, self.schema = manifest, manifest.schema
+        # the mapped shard table of a version-3 store (nothing is built per shard, so open is O(1)); for
+        # version 1/2 a table built from the manifest's shard list
+        self.table = table = manifest.shard_table()
+        self.starts = table.starts  # (num_shards,) first record of each shard: a view, no total at the end
+        self.start_index: Sequence[int] = table.start_index()  # the same as Python ints, for bisect
+        self.n = table.total
+        for k in list(self.mapped):
+            if k >= len(table) or not self._same(k, self.mapped[k], old):
+                del self.mapped[k]
+        self._last = (-1, None)
+        self.max_mapped = self.max_mapped_opt or mapped_shard_limit(self.schema)
+
+    def _same(self, k: int, sh: Shard, old: ShardTable | None) -> bool:
+        if self.manifest.table is not None:  # a version-3 row carries the CRC of the shard's descriptor
+            return old is not None and k < len(old.data) and old.data[k].tobytes() == self.table.data[k].tobytes()
+        info = self.manifest.shards[k]
+        return info.name == sh.info.name and info.records == sh.info.records and info.files == sh.info.files
 
     def __len__(self) -> int:
-        return self._n
-
-    @property
-    def num_shards(self) -> int:
-        return len(self._table)
+        return self.n
 
     @property
     def url(self) -> str:
-        """Where the store is: its URL for a remote store, else its path."""
-        return self._source.url
+        return self.source.url
 
     @property
-    def mapped_shards(self) -> int:
-        """How many shards this Store holds mapped now (bounded by ``max_mapped_shards``)."""
-        return len(self._shards)
+    def num_shards(self) -> int:
+        return len(self.start_index)
 
-    def _same_shard(self, k: int, sh: Shard, old_table: Any) -> bool:
-        """Whether shard position ``k`` of the manifest just loaded holds mapped shard ``sh`` (a version-3
-        table row, which carries the CRC of the shard's descriptor, equal to the row it was mapped from)."""
-        m = self._manifest
-        if m.table is not None:
-            if old_table is None or k >= len(old_table.data):
-                return False
-            return bool(old_table.data[k].tobytes() == self._table.data[k].tobytes())
-        info = m.shards[k]
-        return info.name == sh.info.name and info.records == sh.info.records and info.files == sh.info.files
+    def end(self, k: int) -> int:
+        """One past the last record of shard ``k``."""
+        return self.table.end(k)
 
-    # -------------------------------------------------------------------------------- locating
-
-    def _norm(self, i: int) -> int:
-        n = self._n
+    def norm(self, i: int) -> int:
+        n = self.n
         j = i + n if i < 0 else i
         if not 0 <= j < n:
             raise IndexError(f"record index {i} out of range for a store of {n} records ({self.url})")
         return j
 
-    def _norm_many(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+    def norm_many(self, indices: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
         idx = np.asarray(indices)
         if idx.dtype.kind not in "iu":
             if idx.size == 0:
@@ -272,77 +269,82 @@ class ShardRegistry:
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
         given = idx
         idx = idx.astype(np.int64, copy=True)
-        idx[idx < 0] += self._n
-        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
-            bad = given[(idx < 0) | (idx >= self._n)][0]
-            raise IndexError(f"record index {bad} out of range for a store of {self._n} records ({self.url})")
+        idx[idx < 0] += self.n
+        if idx.size and (idx.min() < 0 or idx.max() >= self.n):
+            bad = given[(idx < 0) | (idx >= self.n)][0]
+            raise IndexError(f"record index {bad} out of range for a store of {self.n} records ({self.url})")
         return idx
 
-    def _locate(self, i: int) -> tuple[int, int]:
-        k = bisect_right(self._start_index, i) - 1
-        return k, i - self._start_index[k]
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard, local row) of global index ``i`` (in range)."""
+        k = bisect_right(self.start_index, i) - 1
+        return k, i - self.start_index[k]
 
-    def _group(self, idx: np.ndarray[Any, Any]) -> Iterator[tuple[int, Any, np.ndarray[Any, Any]]]:
+    def record(self, i: int) -> tuple[Shard, int]:
+        """The mapped shard and local row of record ``i`` (negative counts from the end; checked)."""
+        k, row = self.locate(self.norm(int(i)))
+        return self.shard(k), row
+
+    def group(self, idx: np.ndarray[Any, Any]) -> Iterator[tuple[int, Any, np.ndarray[Any, Any]]]:
         """Yield (shard, positions in idx, local rows) for each shard touched by ``idx``."""
         if self.num_shards == 1:
             yield 0, slice(None), idx
             return
-        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        shard = np.searchsorted(self.starts, idx, side="right") - 1
         order = np.argsort(shard, kind="stable")
-        s_sorted = shard[order]
-        cuts = np.flatnonzero(np.diff(s_sorted)) + 1
+        cuts = np.flatnonzero(np.diff(shard[order])) + 1
         for pos in np.split(order, cuts):
             if len(pos):
                 k = int(shard[pos[0]])
-                yield k, pos, idx[pos] - self._starts[k]
+                yield k, pos, idx[pos] - self.starts[k]
 
-    # --------------------------------------------------------------------------------- mapping
+    def batch(self, indices: Any) -> tuple[np.ndarray[Any, Any], list[Group]]:
+        """Records ``indices`` (checked) as a flat index array and its :meth:`groups`."""
+        idx = self.norm_many(indices).reshape(-1)
+        return idx, self.groups(idx)
 
-    def _shard(self, k: int) -> Shard:
-        """Shard ``k``, mapped on first touch. At most ``max_mapped_shards`` stay mapped: the least recently
-        used is dropped (its pages stay in the page cache; arrays handed out keep their own mapping alive)."""
+    def groups(self, idx: np.ndarray[Any, Any]) -> list[Group]:
+        """:meth:`group` of ``idx`` (flat, in range) with each shard mapped once for the whole batch."""
+        parts = list(self.group(idx))
+        if self.setup:
+            new = [k for k, _, _ in parts if k not in self.mapped]
+            if len(new) > 1:
+                self.source.prepare_shards(self.manifest, self.table, new)
+        return [Group(self.shard(k), pos, rows) for k, pos, rows in parts]
+
+    def shard(self, k: int) -> Shard:
+        """Shard ``k``, mapped on first touch. At most ``max_mapped`` stay mapped: the least recently used
+        is dropped (its pages stay in the page cache; arrays handed out keep their own mapping alive)."""
         last = self._last
         if last[0] == k:  # the same shard as the previous call (a single-shard store, a scan)
             hit: Shard = last[1]
             return hit
-        shards = self._shards
+        shards = self.mapped
         sh = shards.get(k)
-        if sh is not None and len(shards) * 2 < self._max_mapped:  # recency matters only once evictions near
+        if sh is not None and len(shards) * 2 < self.max_mapped:  # recency matters only once evictions near
             self._last = (k, sh)
             return sh
-        with self._lru_lock:  # several threads may share a Store
+        with self._lock:
             sh = shards.get(k)
             if sh is None:
-                sh = self._map_shard(k)
-                shards[k] = sh
-                while len(shards) > self._max_mapped:
+                sh = shards[k] = self._map(k)
+                while len(shards) > self.max_mapped:
                     shards.popitem(last=False)
             else:
                 shards.move_to_end(k)
         self._last = (k, sh)
         return sh
 
-    def _map_shard(self, k: int) -> Shard:
-        """Map shard ``k`` (its ShardInfo: version 3 reads and checks the table row and the shard's
-        descriptor here). Errors name the files as the source names them (a remote store: URLs)."""
-        source = self._source
+    def _map(self, k: int) -> Shard:
+        """Map shard ``k`` (version 3 reads and checks the table row and the shard's descriptor here).
+        Errors name the files as the source names them (a remote store: URLs)."""
+        source = self.source
         try:
-            source.prepare_shards(self._manifest, self._table, (k,))
-            info = self._manifest.shards[k]
-            return Shard(source, self.root, info, self.schema, display=source.shard_display(info.name))
+            source.prepare_shards(self.manifest, self.table, (k,))
+            info = self.manifest.shards[k]
+            return Shard(source, source.root, info, self.schema, display=source.shard_display(info.name))
         except CorruptionError as exc:
             text = source.display(str(exc))
             if text == str(exc):
                 raise
             raise CorruptionError(text) from exc.__cause__
-
-    def _batch_groups(self, idx: np.ndarray[Any, Any]) -> list[Group]:
-        """:meth:`_group` with each shard looked up (mapped) once for the whole batch (a source whose
-        shards cost requests to set up prepares the shards not mapped yet all at once)."""
-        parts = list(self._group(idx))
-        if self._setup:
-            new = [k for k, _, _ in parts if k not in self._shards]
-            if len(new) > 1:
-                self._source.prepare_shards(self._manifest, self._table, new)
-        return [(self._shard(k), pos, rows) for k, pos, rows in parts]
-

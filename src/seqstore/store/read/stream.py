@@ -1,8 +1,8 @@
 """Read-once epochs: ``iter_batches`` with each run of batches fetched into memory, not into the node cache.
 
-With the ``read_once`` storage option, ``iter_batches`` (at its default depth) reads a remote store
-this way: the batches are taken in runs of ``together`` (16); a run's ranges (the records of fixed
-fields, the value rows of ragged fields) are merged and received into one buffer
+On a read-once store (see :class:`~seqstore.io.options.StoreOptions`), ``iter_batches`` (at its
+default depth) reads a remote store this way: the batches are taken in runs of ``together`` (16); a
+run's ranges (the records of fixed fields, the value rows of ragged fields) are merged and received into one buffer
 (:func:`seqstore.io.remote_stream.fetch_into`), and each batch is gathered from the buffers with
 :func:`~.copy.copy_via`. Ragged fields' offsets (8 bytes a record) still go through the node cache,
 asked for a run before their values are needed. ``ahead`` runs are in flight while one is gathered;
@@ -20,15 +20,17 @@ from __future__ import annotations
 import mmap
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...io.remote_stream import Part, merge_ranges, segment_table
+from .readahead import ReadPlanner
 from .shards import Group
 
-__all__ = ["Pool", "anonymous", "plan_runs", "stream_batches", "via_of"]
+__all__ = ["Fetched", "FetchedBatch", "Pool", "anonymous", "plan_runs", "via_of"]
 
 _GAP = 64 << 10  # a last batch's range farther than this from every other batch's goes to the next run
 _EMPTY = np.zeros(0, np.int64)
@@ -67,31 +69,45 @@ class Pool:
                 self.drop(gone)
 
 
-class _Run:
-    __slots__ = ("batches", "part", "next_part", "carried")
+class Fetched(NamedTuple):
+    """A batch of :func:`plan_runs`: its records (``idx``, split by shard into ``groups``) and the fetched
+    runs that hold their bytes (one :class:`Part`, or two for a run's last batch whose lone ranges went
+    to the next run); gathered through ``via_of(parts)``."""
 
-    def __init__(self, batches: list[tuple[Any, list[Group]]]) -> None:
-        self.batches = batches
-        self.part: Part | None = None
-        self.next_part: Part | None = None  # holds the ranges of the last batch left to the next run
-        self.carried = False
+    idx: np.ndarray[Any, Any]
+    groups: list[Group]
+    parts: list[Part]
+
+
+class FetchedBatch(NamedTuple):
+    """A batch of ``Store.fetch_runs``: its index array and the fetched parts holding it."""
+
+    idx: np.ndarray[Any, Any]
+    parts: list[Part]
+
+
+@dataclass(slots=True)
+class _Run:
+    batches: list[tuple[Any, list[Group]]] = field(default_factory=list)
+    part: Part | None = None
+    next_part: Part | None = None  # holds the ranges of the last batch left to the next run
+    carried: bool = False
 
 
 def plan_runs(
-    reader: Any, batches: Iterable[Any], names: list[str], together: int, budget: int, pool: Pool, hold: bool = False
-) -> Iterator[tuple[Any, list[Group], list[Part]]]:
-    """``(idx, groups, parts)`` of each batch of ``batches`` once its bytes are in: its records (``idx``,
-    split by shard into ``groups``) are gathered from the buffers of ``parts`` (one :class:`Part`, or two
-    for a run's last batch whose lone ranges went to the next run) by ``reader._gather(..., via_of(parts))``.
-    Runs of ``together`` batches are in flight or waiting while they hold fewer than ``budget`` bytes (at
-    least two runs; see the module docstring); their buffers come from ``pool``.
+    planner: ReadPlanner, batches: Iterable[Any], names: list[str], pool: Pool, hold: bool = False
+) -> Iterator[Fetched]:
+    """Each batch of ``batches`` once its bytes are in (:class:`Fetched`), read in runs of the source's
+    ``together`` batches (16 by default), in flight or waiting while they hold fewer than the source's
+    ``stream_budget`` bytes (at least two runs; see the module docstring); their buffers come from ``pool``.
 
     A run's buffer goes back to the pool once the generator has moved past its last batch, and, with
     ``hold``, once every batch's consumer has called ``release()`` on each of its parts (a batch gathered
     elsewhere, later: another process reading the buffer)."""
-    fixed = [n for n in names if not reader.schema[n].ragged]
-    ragged = [n for n in names if reader.schema[n].ragged]
-    source = reader._source
+    schema, source = planner.shards.schema, planner.source
+    together, budget = planner.policy.together or 16, source.stream_budget
+    fixed = [n for n in names if not schema[n].ragged]
+    ragged = [n for n in names if schema[n].ragged]
     held = [0]  # bytes of the runs fetched and not yet given back
     out = [0]  # batches handed out
     it = iter(batches)
@@ -107,12 +123,11 @@ def plan_runs(
         if not got:
             done = True
             return
-        run = _Run([])
+        run = _Run()
         for batch in got:
-            idx = reader._norm_many(batch).reshape(-1)
-            groups = reader._batch_groups(idx)
+            idx, groups = planner.shards.batch(batch)
             if ragged:
-                reader._request(groups, ragged)  # the offsets, through the node cache
+                planner.request(groups, ragged)  # the offsets, through the node cache
             run.batches.append((idx, groups))
         prepared.append(run)
 
@@ -123,14 +138,10 @@ def plan_runs(
         batches = run.batches if run is not None else []
         for k, (_idx, groups) in enumerate(batches):
             if ragged:
-                reader._need_groups(groups, ragged, values=False)
-            a: list[Any] = []
-            b: list[Any] = []
-            if fixed:
-                a, b = reader._ranges(groups, fixed, False)
-            if ragged:
-                ra, rb = reader._ranges(groups, ragged, True)
-                a, b = a + ra, b + rb
+                planner.need_groups(groups, ragged, values=False)
+            a, b = planner.ranges(groups, fixed, False)
+            ra, rb = planner.ranges(groups, ragged, True)
+            a, b = a + ra, b + rb
             if a:
                 starts += a
                 ends += b
@@ -186,7 +197,7 @@ def plan_runs(
                         p.users += 1
                 out[0] += 1
                 fill()  # the next runs' requests (the window deepens as batches go out)
-                yield idx, groups, parts
+                yield Fetched(idx, groups, parts)
             fetching.popleft()
             held[0] -= run.part.nbytes
             run.part.release()
@@ -208,12 +219,3 @@ def via_of(parts: list[Part]) -> tuple[Any, Any, Any]:
         return parts[0].seg_s, parts[0].seg_e, parts[0].seg_at
     return segment_table([p.seg_s for p in parts], [p.seg_e for p in parts], [p.seg_at for p in parts])
 
-
-def stream_batches(
-    reader: Any, batches: Iterable[Any], names: list[str], pad: bool, together: int, budget: int
-) -> Iterator[dict[str, Any]]:
-    """The batches of ``batches`` gathered by ``reader`` (a :class:`~.batches.Batches`) from runs of
-    ``together`` fetched into memory, runs in flight or waiting to be gathered while they hold fewer
-    than ``budget`` bytes (at least two runs; see the module docstring)."""
-    for idx, groups, parts in plan_runs(reader, batches, names, together, budget, Pool(4)):
-        yield reader._gather(idx, groups, names, pad, via_of(parts))
