@@ -304,14 +304,23 @@ def _arrow_units(
     return units
 
 
-def import_arrow(
-    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
-    *,
-    columns: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-    **options: Unpack[driver.ImportOptions],
-) -> Store:
+class ArrowImportOptions(driver.ImportOptions, total=False):
+    """The keywords of :func:`import_arrow` and :func:`import_parquet`: the common ones and these two."""
+
+    columns: Mapping[str, str] | None
+    id_column: str | None
+
+
+def _import(fmt: str, sources: Any, out: str | os.PathLike[str], options: ArrowImportOptions) -> Store:
+    common = {k: v for k, v in options.items() if k not in ("columns", "id_column")}
+    opts = driver.options(f"import_{fmt}", out, common)
+    conv = _conversion(sources, fmt, columns=options.get("columns"), id_column=options.get("id_column"),
+                       chunk_bytes=opts.chunk_bytes)
+    return driver.write(conv, out, opts)
+
+
+def import_arrow(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                 **options: Unpack[ArrowImportOptions]) -> Store:
     """Import Arrow IPC files (file or stream format) or directories of them (e.g. a Hugging Face
     ``Dataset.save_to_disk`` directory) into one new store at ``out``, and open it.
 
@@ -323,21 +332,11 @@ def import_arrow(
     order, one part each (the same records in the same order, only the shard boundaries differ). The
     other keywords, and an ``out`` at a URL of object storage: :class:`~seqstore.interop.driver.Options`.
     """
-    opts = driver.options("import_arrow", out, options)
-    conv = _conversion(sources, "arrow", columns=columns, id_column=id_column, chunk_bytes=opts.chunk_bytes)
-    return driver.write(conv, out, opts)
+    return _import("arrow", sources, out, options)
 
 
-def import_parquet(
-    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
-    *,
-    columns: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-    **options: Unpack[driver.ImportOptions],
-) -> Store:
+def import_parquet(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                   **options: Unpack[ArrowImportOptions]) -> Store:
     """Import Parquet files (or directories of ``.parquet`` files) into one new store at ``out``; as
     :func:`import_arrow`, reading batches of about ``chunk_bytes`` (from the row groups' sizes)."""
-    opts = driver.options("import_parquet", out, options)
-    conv = _conversion(sources, "parquet", columns=columns, id_column=id_column, chunk_bytes=opts.chunk_bytes)
-    return driver.write(conv, out, opts)
+    return _import("parquet", sources, out, options)
