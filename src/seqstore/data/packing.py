@@ -261,65 +261,89 @@ class PackedStream:
 def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: Any, n: int, L: int, concat: bool,
           eos: int, has_eos: bool, mask_eos: bool, pad_id: int) -> Any:  # pragma: no cover - numba
     """Tokens, labels, loss mask, positions and segment starts of ``n`` sequences from their pieces, one
-    pass. ``concat``: pieces tile ``L + 1`` tokens per row (the last is only a label); else ``L`` slots,
-    the rest padding."""
+    pass over each piece's tokens. ``concat``: pieces tile ``L + 1`` tokens per row (the last is only a
+    label); else ``L`` slots, the rest padding."""
     width = L + 1 if concat else L
-    tok = np.full((n, width), pad_id, dtype=np.int64)
-    lab = np.full((n, L), -100, dtype=np.int64)
-    mask = np.zeros((n, L), dtype=np.bool_)
-    pos = np.zeros((n, L), dtype=np.int64)
+    tok = np.empty(n * width, dtype=np.int64)
+    lab = np.empty(n * L, dtype=np.int64)
+    mask = np.empty(n * L, dtype=np.bool_)
+    pos = np.empty(n * L, dtype=np.int64)
     bounds = np.empty(seq.size + 2 * n + 1, dtype=np.int64)
     nb = 0
-    row = -1
-    c = 0
-    for p in range(seq.size + 1):
-        r = seq[p] if p < seq.size else n
-        if r != row:
-            if row >= 0 and not concat and c < L:
-                bounds[nb] = row * L + c  # the row's padding
+    p = 0
+    for row in range(n):
+        base = row * width
+        lbase = row * L
+        bounds[nb] = lbase
+        nb += 1
+        c = 0
+        while p < seq.size and seq[p] == row:
+            j = inv[p]
+            m = cnt[p]
+            o = off[p]
+            src = vstart[j] + o
+            real = min(m, vlen[j] - o)
+            if real < 0:
+                real = 0
+            if 0 < c < L:
+                bounds[nb] = lbase + c
                 nb += 1
-            for rr in range(row + 1, r):  # rows without pieces (none in practice)
-                bounds[nb] = rr * L
-                nb += 1
-            if r < n:
-                bounds[nb] = r * L
-                nb += 1
-            row = r
-            c = 0
-        if p == seq.size:
-            break
-        j = inv[p]
-        dl = vlen[j] + (1 if has_eos else 0)
-        if c > 0 and c < L:
-            bounds[nb] = row * L + c
+            for k in range(real):
+                tok[base + c + k] = vals[src + k]
+            for k in range(real, m):  # the appended EOS
+                tok[base + c + k] = eos
+            top = min(m, L - c)
+            for k in range(top):
+                pos[lbase + c + k] = k
+            if concat:
+                for k in range(top):
+                    mask[lbase + c + k] = True
+                if mask_eos and has_eos and real < top:
+                    mask[lbase + c + real] = False
+            else:
+                dl = vlen[j] - o + (1 if has_eos else 0)  # tokens of the document from this piece on
+                for k in range(top):
+                    if k + 1 < dl:
+                        lab[lbase + c + k] = vals[src + k + 1] if k + 1 < vlen[j] - o else eos
+                        mask[lbase + c + k] = True
+                    else:
+                        lab[lbase + c + k] = -100
+                        mask[lbase + c + k] = False
+                if mask_eos and has_eos and real < top:
+                    mask[lbase + c + real] = False
+            c += m
+            p += 1
+        if not concat and c < L:
+            bounds[nb] = lbase + c  # the row's padding
             nb += 1
-        for k in range(cnt[p]):
-            t = off[p] + k
-            v = vals[vstart[j] + t] if t < vlen[j] else eos
-            tok[row, c] = v
-            if c < L:
-                pos[row, c] = k
-                is_eos = has_eos and t == vlen[j]
-                if concat:
-                    mask[row, c] = not (mask_eos and is_eos)
-                elif t + 1 < dl:
-                    lab[row, c] = vals[vstart[j] + t + 1] if t + 1 < vlen[j] else eos
-                    mask[row, c] = not (mask_eos and is_eos)
-            c += 1
+            for k in range(c, L):
+                tok[base + k] = pad_id
+                lab[lbase + k] = -100
+                mask[lbase + k] = False
+                pos[lbase + k] = 0
     if concat:
-        for rr in range(n):
-            for cc in range(L):
-                lab[rr, cc] = tok[rr, cc + 1]
+        for r in range(n):
+            for k in range(L):
+                lab[r * L + k] = tok[r * width + k + 1]
+        out = np.empty(n * L, dtype=np.int64)
+        for r in range(n):
+            for k in range(L):
+                out[r * L + k] = tok[r * width + k]
+        tok = out
     bounds[nb] = n * L
     nb += 1
-    return tok[:, :L].copy() if concat else tok, lab, mask, pos, bounds[:nb]
+    return tok.reshape(n, L), lab.reshape(n, L), mask.reshape(n, L), pos.reshape(n, L), bounds[:nb]
 
 
 def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off: IntArray, cnt: IntArray,
                 n: int, L: int, *, concat: bool, eos: int | None, mask_eos: bool, pad_id: int) -> dict[str, Any]:
     """The batch dict of ``n`` sequences from their pieces (see the module docstring): one ``get_batch``
     of the distinct documents, then one numba pass."""
-    uniq, inv = np.unique(ids, return_inverse=True)
+    # a document split between consecutive pieces is read once (no sort: duplicates far apart are rare)
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = ids[1:] != ids[:-1]
+    uniq = ids[first]
+    inv = np.cumsum(first) - 1
     got = dataset.get_batch(uniq)[field]
     if not isinstance(got, tuple):
         raise ValueError(f"PackedDataset: field {field!r} is not ragged (a document's tokens)")
@@ -329,8 +353,8 @@ def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off:
         raise ValueError(f"PackedDataset: field {field!r} has rows of shape {vals.shape[1:]}; tokens must be 1-D")
     lens = np.asarray(lens, dtype=np.int64)
     vstart = np.cumsum(lens) - lens
-    tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv.reshape(-1).astype(np.int64), seq, off, cnt, n, L,
+    tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv, seq, off, cnt, n, L,
                                         concat, -1 if eos is None else eos, eos is not None, mask_eos, pad_id)
-    cu = np.unique(bounds).astype(np.int32)
+    cu = bounds.astype(np.int32)
     return {"tokens": tok, "labels": lab, "position_ids": pos, "loss_mask": mask, "cu_seqlens": cu,
             "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0}
