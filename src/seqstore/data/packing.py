@@ -18,7 +18,8 @@ int64 (B, seq_len), ``loss_mask`` bool (B, seq_len), ``cu_seqlens`` int32 (bound
 (and of each row's padding) over the flattened batch, for variable-length attention) and
 ``max_seqlen``. Labels are the next token; in ``best_fit`` a document's last token and padding get
 label ``-100`` and loss mask False (in ``concat`` the last token's label is the next document's first,
-as in Megatron); ``mask_eos=True`` also masks the loss where the input is an appended EOS. Position ids
+as in Megatron; there ``tokens`` and ``labels`` are two views of one array of ``B * seq_len + 1``
+tokens); ``mask_eos=True`` also masks the loss where the input is an appended EOS. Position ids
 restart at every document (and at the start of each row).
 
 State: per share, its pending ranges ``[epoch, start, stop, offset]`` (the documents it pulled but
@@ -263,16 +264,17 @@ def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: 
     """Tokens, labels, loss mask, positions and segment starts of ``n`` sequences from their pieces, one
     pass over each piece's tokens. ``concat``: pieces tile ``L + 1`` tokens per row (the last is only a
     label); else ``L`` slots, the rest padding."""
-    width = L + 1 if concat else L
-    tok = np.empty(n * width, dtype=np.int64)
-    lab = np.empty(n * L, dtype=np.int64)
+    # concat: windows are consecutive in the stream, so row r's L + 1 tokens start at r * L and the
+    # labels are the same array one token later
+    tok = np.empty(n * L + (1 if concat else 0), dtype=np.int64)
+    lab = np.empty(0 if concat else n * L, dtype=np.int64)
     mask = np.empty(n * L, dtype=np.bool_)
     pos = np.empty(n * L, dtype=np.int64)
     bounds = np.empty(seq.size + 2 * n + 1, dtype=np.int64)
     nb = 0
     p = 0
     for row in range(n):
-        base = row * width
+        base = row * L
         lbase = row * L
         bounds[nb] = lbase
         nb += 1
@@ -321,17 +323,10 @@ def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: 
                 lab[lbase + k] = -100
                 mask[lbase + k] = False
                 pos[lbase + k] = 0
-    if concat:
-        for r in range(n):
-            for k in range(L):
-                lab[r * L + k] = tok[r * width + k + 1]
-        out = np.empty(n * L, dtype=np.int64)
-        for r in range(n):
-            for k in range(L):
-                out[r * L + k] = tok[r * width + k]
-        tok = out
     bounds[nb] = n * L
     nb += 1
+    if concat:
+        return tok[: n * L].reshape(n, L), tok[1:].reshape(n, L), mask.reshape(n, L), pos.reshape(n, L), bounds[:nb]
     return tok.reshape(n, L), lab.reshape(n, L), mask.reshape(n, L), pos.reshape(n, L), bounds[:nb]
 
 
