@@ -82,7 +82,9 @@ class Case:
     ``group`` ties a case to the baseline of the same group (e.g. ``"N=1e7"``); ``name`` need only
     be unique within its group. ``metric`` is the number the ratio column compares (``"time_s"`` of
     each section, or a numeric key the case returns); ``timeout`` bounds one run in seconds;
-    ``repeats`` overrides the run's repeat count for this case (e.g. 1 for a very slow peer).
+    ``repeats`` overrides the run's repeat count for this case (e.g. 1 for a very slow peer);
+    ``python`` runs the case under another interpreter (a peer's own venv; the case module must then
+    import nothing of seqstore).
     """
 
     name: str
@@ -92,6 +94,7 @@ class Case:
     metric: str = "time_s"
     timeout: float = 600.0
     repeats: int | None = None
+    python: str | None = None
 
     @property
     def key(self) -> str:
@@ -188,7 +191,7 @@ def _child(target: str, kwargs_json: str) -> None:
 def _run_once(case: Case) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, "-m", "bench.harness", "--child", case.target, json.dumps(case.kwargs)]
+    cmd = [case.python or sys.executable, "-m", "bench.harness", "--child", case.target, json.dumps(case.kwargs)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=case.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"case {case.key} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -320,12 +323,15 @@ def run_cases(
     repeats: int = 5,
     verbose: bool = True,
     meta: dict[str, Any] | None = None,
+    interleave: bool = False,
 ) -> dict[str, Any]:
     """Run every case ``repeats`` times (each run a fresh process), summarise, write the JSON.
 
     ``baseline`` names the case (or several) every case of the same group is compared with: the
     ratio is ``case metric / baseline metric`` per section (for times > 1 means slower; for a
-    throughput metric < 1 means slower). Returns the results dict that is also written to
+    throughput metric < 1 means slower). ``interleave``: round r runs every case once before round
+    r + 1 (a drift of the machine then touches every case alike) instead of all runs of a case in a
+    row. Returns the results dict that is also written to
     ``bench/results/<name>.json``.
     """
     keys = [c.key for c in cases]
@@ -341,20 +347,25 @@ def run_cases(
         "cases": [],
     }
     t_start = time.perf_counter()
-    for case in cases:
-        runs = []
-        n = case.repeats or repeats
-        for r in range(n):
-            t0 = time.perf_counter()
-            runs.append(_run_once(case))
-            if verbose:
-                sec = next(iter(runs[-1]["sections"].values()))
-                print(
-                    f"  {case.key:40s} run {r + 1}/{n}: {_fmt_time(sec['time_s'])} "
-                    f"(process {time.perf_counter() - t0:.1f} s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    counts = [case.repeats or repeats for case in cases]
+    all_runs: list[list[dict[str, Any]]] = [[] for _ in cases]
+    schedule = (
+        [(r, i) for r in range(max(counts, default=0)) for i in range(len(cases)) if r < counts[i]]
+        if interleave
+        else [(r, i) for i in range(len(cases)) for r in range(counts[i])]
+    )
+    for r, i in schedule:
+        case, t0 = cases[i], time.perf_counter()
+        all_runs[i].append(_run_once(case))
+        if verbose:
+            sec = next(iter(all_runs[i][-1]["sections"].values()))
+            print(
+                f"  {case.key:40s} run {r + 1}/{counts[i]}: {_fmt_time(sec['time_s'])} "
+                f"(process {time.perf_counter() - t0:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    for case, runs in zip(cases, all_runs):
         entry = {**dataclasses.asdict(case), "key": case.key, "runs": runs, "summary": _summarise(runs)}
         results["cases"].append(entry)
     results["wall_s"] = time.perf_counter() - t_start
