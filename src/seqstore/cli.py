@@ -60,7 +60,9 @@ def _length_stats(store: Any, field: str, progress: bool) -> list[str]:
         return ["    (no records)"]
     lo, hi, total = np.iinfo(np.int64).max, 0, 0
     tally: np.ndarray[Any, Any] | None = np.zeros(0, dtype=np.int64)  # tally[k]: records of length k
-    bar = tqdm(total=n, desc=f"lengths of {field}", unit="rec", unit_scale=True, disable=not progress, leave=False)
+    # the bar stays, at 100%, once done (cleared on close, its last state was rarely drawn: updates are
+    # drawn at most every 0.1 s, so a fast pass vanished at 0%)
+    bar = tqdm(total=n, desc=f"lengths of {field}", unit="rec", unit_scale=True, disable=not progress)
     for chunk in lengths.iter_chunks():
         lo, hi, total = min(lo, int(chunk.min())), max(hi, int(chunk.max())), total + int(chunk.sum())
         if tally is not None and hi < _MAX_TALLY:

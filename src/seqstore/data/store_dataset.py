@@ -50,13 +50,11 @@ class StoreDataset(Dataset):
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         schema = self.store.schema
         ragged = [n for n, f in schema.items() if f.ragged]
+        # several ragged fields and none named: fine until lengths are asked for (a map-style dataset or
+        # the default order never asks)
+        self._ambiguous = ragged if length_field is None and len(ragged) > 1 else None
         if length_field is None:
-            if len(ragged) > 1:
-                raise ValueError(
-                    f"{self.store.url}: several ragged fields {ragged}; name the one that measures length "
-                    "with length_field="
-                )
-            length_field = ragged[0] if ragged else None
+            length_field = ragged[0] if len(ragged) == 1 else None
         elif length_field not in ragged:
             raise ValueError(
                 f"{self.store.url}: length_field {length_field!r} is not a ragged field; ragged fields are {ragged}"
@@ -96,6 +94,11 @@ class StoreDataset(Dataset):
 
     def lengths(self) -> LengthsView:
         """Lazy lengths: rows of ``length_field`` per record (from the offsets), or 1 without ragged fields."""
+        if self._ambiguous:
+            raise ValueError(
+                f"{self.store.url}: several ragged fields {self._ambiguous}; name the one that measures length "
+                "with length_field="
+            )
         if self.length_field is None:
             return ConstantLengths(len(self.store), 1)
         return TakeLengths(self.store.lengths(self.length_field))

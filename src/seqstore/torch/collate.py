@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
+from ..errors import SeqstoreError
 from ._convert import to_tensor
 
 __all__ = [
-    "collate_padded", "collate_gathered", "PaddedCollate", "GatheredRecords", "LENGTHS_SUFFIX", "MASK_SUFFIX",
-    "lengths_mask",
+    "collate_padded", "collate_gathered", "PaddedCollate", "GatheredRecords", "GatheredRecord", "LENGTHS_SUFFIX",
+    "MASK_SUFFIX", "lengths_mask",
 ]
 
 LENGTHS_SUFFIX = "_lengths"
@@ -38,6 +39,41 @@ class GatheredRecords(list[dict[str, torch.Tensor]]):
 
     padded: dict[str, torch.Tensor]
     lengths: dict[str, torch.Tensor]
+
+
+class GatheredRecord(dict[str, torch.Tensor]):
+    """One record of :class:`GatheredRecords` (a dict). torch's default collate, which would stack
+    records of different lengths (and, in a DataLoader worker, fails with "Trying to resize storage
+    that is not resizable"), refuses a batch of these with ragged fields, naming :func:`collate_padded`;
+    without ragged fields it returns the gathered batch (what stacking would give)."""
+
+
+def _default_collate(batch: Sequence[Mapping[str, Any]], *, collate_fn_map: Any = None) -> dict[str, Any]:
+    lengths = getattr(batch, "lengths", None)
+    ragged = sorted(lengths) if lengths is not None else [
+        k for k, v in batch[0].items() if isinstance(v, torch.Tensor) and v.dim() and
+        any(not isinstance(r[k], torch.Tensor) or r[k].shape != v.shape for r in batch)
+    ]
+    if ragged:
+        raise SeqstoreError(
+            f"torch's default collate cannot batch the ragged field(s) {ragged} (records of different lengths); "
+            "pass collate_fn=seqstore.torch.collate_padded (or dataset.collate()) to the DataLoader: it pads them "
+            "and adds <field>_lengths"
+        )
+    padded = getattr(batch, "padded", None)
+    if padded is not None:
+        return dict(padded)
+    from torch.utils.data import default_collate
+
+    return {k: default_collate([r[k] for r in batch]) for k in batch[0]}
+
+
+try:  # torch >= 1.13: default_collate dispatches on the element's type through this table
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    default_collate_fn_map[GatheredRecord] = _default_collate
+except ImportError:  # pragma: no cover - older torch: its own stacking error
+    pass
 
 
 def lengths_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:

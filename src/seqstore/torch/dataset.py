@@ -26,20 +26,23 @@ from ..data import StoreDataset
 from ..store import Store
 from ._convert import to_tensor
 from ._foresight import Foresight
-from .collate import GatheredRecords, PaddedCollate
+from .collate import GatheredRecord, GatheredRecords, PaddedCollate
 
 __all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors"]
 
 INDEX_KEY = "index"
 
 
-def as_protocol_dataset(obj: Any, fields: Sequence[str] | None = None) -> Any:
+def as_protocol_dataset(obj: Any, fields: Sequence[str] | None = None, *, length_field: str | None = None) -> Any:
     """A seqstore dataset (protocol: ``num_seqs``, ``lengths()``, ``epoch_order``, ``get``,
-    ``get_batch``) from a store, a store path, a :class:`SeqDataset` or a protocol dataset."""
+    ``get_batch``) from a store, a store path, a :class:`SeqDataset` or a protocol dataset.
+    ``length_field``: for a store or a path, the ragged field whose rows are a record's length."""
     if isinstance(obj, SeqDataset):
         return obj.dataset
     if isinstance(obj, (Store, str, os.PathLike)):
-        return StoreDataset(obj, fields=None if fields is None else list(fields))
+        return StoreDataset(obj, fields=None if fields is None else list(fields), length_field=length_field)
+    if length_field is not None:
+        raise ValueError(f"length_field= is for a store or a store path; {type(obj).__name__} measures its own")
     missing = [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]
     if missing:
         raise TypeError(
@@ -80,8 +83,11 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     """Map-style dataset: ``ds[i]`` -> dict field -> tensor (record ``i``).
 
     ``dataset_or_store``: a :class:`seqstore.Store`, a store path, or any ``seqstore.data`` dataset.
-    ``fields``: the fields to return (default all). ``with_index``: add ``"index"`` (int64 scalar;
-    (B,) in batches), the record's index, e.g. to log per example or to check coverage.
+    ``length_field``: with a store or a path, the ragged field whose rows are a record's length (for
+    samplers that order or batch by length; a store with several ragged fields works without it until
+    lengths are asked for). ``fields``: the fields to return (default all). ``with_index``: add
+    ``"index"`` (int64 scalar; (B,) in batches), the record's index, e.g. to log per example or to check
+    coverage.
 
     Ragged fields come out as (T, *inner) tensors; use :func:`collate_padded` (or :meth:`collate`) as
     the DataLoader's ``collate_fn``. Memory O(1) plus the current batch; pickles small.
@@ -94,10 +100,11 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         *,
         with_index: bool = False,
         prefetch: int = 2,
+        length_field: str | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"SeqDataset: prefetch must be an integer >= 0, got {prefetch!r}")
-        self.dataset = as_protocol_dataset(dataset_or_store, fields)
+        self.dataset = as_protocol_dataset(dataset_or_store, fields, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)
         self.prefetch = int(prefetch)
@@ -147,7 +154,7 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         values, lengths = self.padded_batch(idx, self.dataset.get_batch(idx, pad=True))
         records = GatheredRecords()
         for b in range(len(idx)):
-            rec = {}
+            rec = GatheredRecord()
             for name, v in values.items():
                 rec[name] = v[b, : int(lengths[name][b])] if name in lengths else v[b]
             records.append(rec)

@@ -1,0 +1,49 @@
+"""Appending: field errors are reported before the missing-id error; text (str, UTF-8) and bytes are
+accepted for a ragged uint8 field (as text is imported)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+from seqstore.errors import SchemaError
+
+
+def test_field_errors_come_before_the_missing_id(tmp_path: Path) -> None:
+    with ss.create(tmp_path / "s.seqstore", {"x": ss.Field("float32", (2,))}) as w:
+        w.append({"x": np.zeros(2, np.float32)}, id="a")
+        with pytest.raises(SchemaError, match=r"unknown field\(s\) \['y'\]; missing field\(s\) \['x'\]") as e:
+            w.append({"y": np.zeros(2, np.float32)})
+        assert "id" not in str(e.value).split(";")[0]
+        with pytest.raises(SchemaError, match="expected shape"):
+            w.append({"x": np.zeros(3, np.float32)})  # a wrong shape, and no id: the shape is named
+        with pytest.raises(SchemaError, match="has no id"):
+            w.append({"x": np.zeros(2, np.float32)})  # only the id is wrong: that is named
+    assert len(ss.open(tmp_path / "s.seqstore")) == 1
+
+
+def test_text_and_bytes_into_a_ragged_uint8_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.seqstore"
+    with ss.create(path, {"text": ss.Field("uint8", (None,)), "n": ss.Field("int32", ())}) as w:
+        w.append({"text": "héllo wörld", "n": 1}, id="a")
+        w.append({"text": b"raw \xff bytes", "n": 2}, id="b")
+        w.append({"text": np.frombuffer(b"array", np.uint8), "n": 3}, id="c")
+        w.append_batch({"text": ["zwei", b"drei", bytearray(b"vier"), ""], "n": np.arange(4, dtype=np.int32)},
+                       ids=["d", "e", "f", "g"])
+    s = ss.open(path)
+    got = [bytes(s[i]["text"]) for i in range(len(s))]
+    assert got == ["héllo wörld".encode(), b"raw \xff bytes", b"array", b"zwei", b"drei", b"vier", b""]
+
+
+def test_text_is_refused_for_other_fields(tmp_path: Path) -> None:
+    schema = {"f": ss.Field("float32", (None,)), "u": ss.Field("uint8", (None, 2))}
+    with ss.create(tmp_path / "s.seqstore", schema) as w:
+        with pytest.raises(SchemaError, match="'f'"):
+            w.append({"f": "text", "u": np.zeros((1, 2), np.uint8)})
+        with pytest.raises(SchemaError, match="'u'"):
+            w.append({"f": np.zeros(1, np.float32), "u": "text"})
+        with pytest.raises(SchemaError, match="a ragged column is a list"):
+            w.append_batch({"f": [np.zeros(1, np.float32)], "u": "ab"})

@@ -1,0 +1,61 @@
+"""A plain ``DataLoader(SeqDataset(...))`` with torch's default collate: ragged fields give a seqstore
+error naming ``collate_padded`` (not torch's "Trying to resize storage that is not resizable");
+fixed fields collate as stacking would. ``SeqDataset(path, length_field=...)`` is accepted, and a
+store with several ragged fields opens without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import seqstore as ss  # noqa: E402
+from seqstore.errors import SeqstoreError  # noqa: E402
+from seqstore.torch import SeqDataset, collate_padded  # noqa: E402
+
+
+def _store(path: Path, ragged: int) -> Path:
+    schema = {"label": ss.Field("int64", ()), "emb": ss.Field("float32", (3,))}
+    for k in range(ragged):
+        schema[f"feat{k}"] = ss.Field("float32", (None, 2))
+    with ss.create(path, schema) as w:
+        for i in range(12):
+            rec = {"label": i, "emb": np.full(3, i, np.float32)}
+            for k in range(ragged):
+                rec[f"feat{k}"] = np.full((1 + (i + k) % 5, 2), i, np.float32)
+            w.append(rec)
+    return path
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_default_collate_of_ragged_fields_names_collate_padded(tmp_path: Path, workers: int) -> None:
+    ds = SeqDataset(_store(tmp_path / "s.seqstore", 1))
+    with pytest.raises(SeqstoreError, match=r"collate_padded.*") as e:
+        next(iter(DataLoader(ds, batch_size=4, num_workers=workers)))
+    assert "feat0" in str(e.value)
+    batch = next(iter(DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=collate_padded)))
+    assert batch["feat0"].shape == (4, 4, 2) and batch["feat0_lengths"].tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_default_collate_of_fixed_fields_stacks(tmp_path: Path, workers: int) -> None:
+    ds = SeqDataset(_store(tmp_path / "s.seqstore", 0))
+    batches = list(DataLoader(ds, batch_size=5, num_workers=workers))
+    assert [b["label"].tolist() for b in batches] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+    assert batches[1]["emb"].shape == (5, 3) and float(batches[1]["emb"][2, 0]) == 7.0
+
+
+def test_seqdataset_length_field_and_several_ragged_fields(tmp_path: Path) -> None:
+    path = _store(tmp_path / "s.seqstore", 2)
+    ds = SeqDataset(str(path))  # map-style: no length field needed
+    assert len(ds) == 12 and ds[3]["feat1"].shape == (5, 2)
+    with pytest.raises(ValueError, match="name the one that measures length with length_field="):
+        ds.dataset.lengths()  # asked for lengths: now the field must be named
+    ds = SeqDataset(path, length_field="feat1")
+    assert np.asarray(ds.dataset.lengths()[np.arange(3)]).tolist() == [2, 3, 4]
+    with pytest.raises(ValueError, match="not a ragged field"):
+        SeqDataset(path, length_field="label")
