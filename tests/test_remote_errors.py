@@ -336,3 +336,19 @@ def test_missing_credentials_are_named(moto_s3: MotoS3, local: Path, s3_proxy: A
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "no credentials found" in err and "AWS_ACCESS_KEY_ID" in err and "HTTP 403" not in err, err
+
+
+def test_a_pickled_client_keeps_whether_its_endpoint_answered() -> None:
+    """A worker gets the client pickled: it starts with no failure streak, and an endpoint that answered in
+    the parent keeps the whole budget there (a link cut as a worker starts is ridden out, not 'unreachable')."""
+    import pickle
+
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient("s3://b/x.seqstore", {"endpoint": "http://127.0.0.1:9", "retry_timeout": 7})
+    fresh = pickle.loads(pickle.dumps(client))
+    assert not fresh.retry.reached and fresh.retry.endpoint == "http://127.0.0.1:9"
+    client.retry.ok()
+    client.retry.failing_since = 1.0
+    worker = pickle.loads(pickle.dumps(client))
+    assert worker.retry.reached and worker.retry.failing_since is None and worker.retry.retry_timeout == 7

@@ -15,7 +15,6 @@ seconds at most, then an error naming it unreachable: the long budget is for a l
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,7 +41,8 @@ class Transient(Exception):
 
 class RetryPolicy:
     """The retry settings of a client for ``endpoint`` (named in the unreachable error) and the failure
-    streak its requests share. Thread-safe; pickled without the streak."""
+    streak its requests share. Pickled without the streak (a worker starts with none), with whether the
+    endpoint has answered."""
 
     def __init__(self, endpoint: str, *, retry_timeout: float = 120.0, max_retries: int | None = None,
                  timeout: float = 30.0, connect_timeout: float = 5.0) -> None:
@@ -52,13 +52,9 @@ class RetryPolicy:
         self.reached = False  # the endpoint has answered at least once
         self.failing_since: float | None = None  # monotonic time the current streak began (None: no streak)
         self.last_failure = 0.0  # monotonic time of the streak's latest failure
-        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "failing_since": None, "last_failure": 0.0, "_lock": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        return {**self.__dict__, "failing_since": None, "last_failure": 0.0}
 
     def attempts(self, what: str) -> Attempts:
         """The tries of one operation on ``what`` (a URL, and the range where it is one)."""
@@ -81,14 +77,13 @@ class RetryPolicy:
     def delay(self, attempt: int, first: float) -> float | None:
         """After the ``attempt``-th try of an operation failed (its first failure at monotonic ``first``):
         the seconds to wait before the next, or None when the budget of the streak is spent."""
-        now = time.monotonic()
-        with self._lock:
-            since = self.failing_since
-            if since is not None and now - self.last_failure > self.timeout + self.connect_timeout + 2 * MAX_BACKOFF:
-                since = None  # that streak's failures stopped long ago (no request ran since): a new streak
-            if since is None:
-                self.failing_since = since = first
-            self.last_failure = now
+        now = time.monotonic()  # no lock: threads that race here set times a few microseconds apart
+        since = self.failing_since
+        if since is not None and now - self.last_failure > self.timeout + self.connect_timeout + 2 * MAX_BACKOFF:
+            since = None  # that streak's failures stopped long ago (no request ran since): a new streak
+        if since is None:
+            self.failing_since = since = first
+        self.last_failure = now
         budget = self.retry_timeout if self.reached else min(self.retry_timeout, UNREACHED_S)
         left = min(first, since) + budget - now
         if left <= 0 or (self.max_retries is not None and attempt > self.max_retries):
