@@ -21,17 +21,17 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from ..io import lookahead
-from ._convert import resolve_topology, to_tensor, worker_topology
+from ._convert import resolve_topology, worker_topology
 from ._epoch import EpochCursor
-from ._plan import LengthBatching, fixed_item_positions, select_items
+from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
 from .collate import LENGTHS_SUFFIX, MASK_SUFFIX, lengths_mask
 from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields
 
-__all__ = ["IterableSeqDataset", "RECORDS_PREFETCH"]
+__all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
 
-#: items read ahead in records mode with ``prefetch=None``
-RECORDS_PREFETCH = 2
+#: records mode reads about this many records of a stream at once (whole items of ``group`` records;
+#: one item when ``group`` is larger): one ``get_batch`` per block, records handed out as views into it
+RECORDS_BLOCK = 128
 
 
 class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
@@ -41,7 +41,10 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     * ``None`` -- yield records (dict field -> tensor, ragged fields (T, ...)). Global items are
       groups of ``group`` consecutive records; set ``group`` to the DataLoader's ``batch_size`` so a
-      DataLoader batch is exactly one item (``SeqDataLoader`` does this).
+      DataLoader batch is exactly one item (``SeqDataLoader`` does this). A stream's records are
+      gathered in blocks of about :data:`RECORDS_BLOCK` (one ``get_batch`` each, the next blocks'
+      reads in flight) and handed out as views into their block: a record holds its block's memory
+      while it is referenced.
     * an int ``B`` -- yield batches of ``B`` consecutive records of the epoch order, gathered and
       padded in one vectorised ``get_batch`` (use ``DataLoader(batch_size=None)``).
     * a :class:`LengthBatching` -- yield length-based batches (greedy or bucketed) of the global order.
@@ -59,9 +62,9 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     ``init_process_group``) or the arguments. ``state_dict(consumed=k)``: ``k`` = items this rank
     took from the DataLoader since the iteration began (``SeqDataLoader`` counts them).
 
-    ``prefetch``: items whose reads are in flight while one is gathered. None (the default): the
-    dataset's own choice for batches (a store: 2 on a local disk, 16 to 64 on object storage, where
-    answers take tens of milliseconds) and :data:`RECORDS_PREFETCH` items of records; 0: none.
+    ``prefetch``: items (records mode: blocks) whose reads are in flight while one is gathered. None
+    (the default): the dataset's own choice (a store: 2 on a local disk, 16 to 64 on object storage,
+    where answers take tens of milliseconds); 0: none.
     """
 
     _kind = "IterableSeqDataset"
@@ -141,12 +144,53 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
             out[INDEX_KEY] = torch.from_numpy(np.array(idx, dtype=np.int64))
         return out
 
-    def _record(self, i: int) -> dict[str, torch.Tensor]:
-        rec = self.dataset.get(i)
-        out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
+    def _split(
+        self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """The records of an unpadded ``get_batch(idx)`` as dicts of views into its tensors (one split per
+        field, no copy)."""
+        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
+        names = list(values)
+        parts: list[Any] = []
+        for name, v in values.items():
+            if name in lengths:
+                parts.append(torch.split(v, lengths[name].tolist()))
+            else:
+                parts.append(v.unbind(0))
         if self.with_index:
-            out[INDEX_KEY] = torch.tensor(i, dtype=torch.int64)
-        return out
+            names.append(INDEX_KEY)
+            parts.append(torch.from_numpy(np.array(idx, dtype=np.int64)).unbind(0))
+        for views in zip(*parts):
+            yield dict(zip(names, views))
+
+    def _blocks(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        """Records mode: this stream's items as index arrays of whole items, about :data:`RECORDS_BLOCK`
+        records each (one ``order.take`` per block)."""
+        worker, workers = worker_topology()
+        order, start, _ = self._begin()
+        for pos in fixed_item_blocks(len(order), start, item=self._item, world=self.world_size,
+                                     streams=self.world_size * workers, stream=worker * self.world_size + self.rank,
+                                     drop_last=self.drop_last, items=max(1, RECORDS_BLOCK // self._item)):
+            yield order.take(pos)
+
+    def _gathered(self, arrays: Iterator[np.ndarray[Any, Any]], pad: bool) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """``(idx, get_batch(idx, pad=pad))`` of each index array, the next ``prefetch`` arrays' reads in
+        flight (the dataset's ``iter_batches`` where it has one)."""
+        ds = self.dataset
+        if not hasattr(ds, "iter_batches"):
+            for idx in arrays:
+                yield idx, ds.get_batch(idx, pad=pad)
+            return
+        # tee the index arrays: iter_batches pulls them ahead of what it yields
+        pending: deque[np.ndarray[Any, Any]] = deque()
+
+        def remember() -> Iterator[np.ndarray[Any, Any]]:
+            for idx in arrays:
+                pending.append(idx)
+                yield idx
+
+        for batch in ds.iter_batches(remember(), pad=pad, prefetch=self.prefetch):
+            yield pending.popleft(), batch
 
     def iter_indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """This stream's items as int64 index arrays (in a worker: this worker's stream)."""
@@ -170,33 +214,14 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
                                     drop_last=self.drop_last)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        """This worker's items; the reads of its next ``prefetch`` items are in flight meanwhile."""
-        ds = self.dataset
+        """This worker's items; the reads of its next ``prefetch`` items (records: blocks) are in flight
+        meanwhile."""
         if self.batch is None:
-            prefetch = getattr(ds, "prefetch", None)
-            depth = RECORDS_PREFETCH if self.prefetch is None else self.prefetch
-            items = lookahead(self._indices(), depth, prefetch) if prefetch and depth else (
-                (idx, None) for idx in self._indices())
-            for idx, _ in items:
-                for i in idx.tolist():
-                    yield self._record(i)
-            self._finish()
-            return
-        mine = self._indices()
-        if hasattr(ds, "iter_batches"):
-            # tee the index arrays: iter_batches pulls them ahead of what it yields
-            pending: deque[np.ndarray[Any, Any]] = deque()
-
-            def remember() -> Iterator[np.ndarray[Any, Any]]:
-                for idx in mine:
-                    pending.append(idx)
-                    yield idx
-
-            for batch in ds.iter_batches(remember(), pad=True, prefetch=self.prefetch):
-                yield self._gather(pending.popleft(), batch)
+            for idx, block in self._gathered(self._blocks(), pad=False):
+                yield from self._split(idx, block)
         else:
-            for idx in mine:
-                yield self._gather(idx, ds.get_batch(idx, pad=True))
+            for idx, batch in self._gathered(self._indices(), pad=True):
+                yield self._gather(idx, batch)
         self._finish()
 
     # ------------------------------------------------------------------------------------- state
