@@ -526,7 +526,7 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
     conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    urls = "/".join(n for n, c in SOURCES.items() if c.url)
+    urls = ", ".join(n for n, c in SOURCES.items() if c.url)
     _client_option(conv, f"an OUT at a URL (s3://, gs://, az://) for --from {urls}")
     conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
                       help="worker processes (default: the number of cores, "
