@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 import seqstore as ss
+from seqstore.format.checksums import CHECKS
 from seqstore.io.mapping import _Mapping
 from seqstore.store.ids import encode_ids, hash_ids
 
@@ -252,6 +253,15 @@ def check_files(
             else:
                 want = np.stack(parts) if parts else np.empty((0, *f.inner_shape), f.storage_dtype)
             assert_same_bits(arr, want, str(path))
+        if CHECKS in shard.files:  # per-record checksums: XXH3 of each record's bytes per field (and id)
+            checks = np.load(d / CHECKS, mmap_mode="r")
+            seen.add(d / CHECKS)
+            cols = [[np.ascontiguousarray(r[name]).tobytes() for r in recs] for name in store.schema]
+            if shard.has_ids:
+                assert ids is not None
+                cols.append([i.encode("utf-8", "surrogatepass") for i in ids[starts[k] : starts[k + 1]]])
+            want_checks = np.array([[_xxh3_low32(b) for b in col] for col in cols], np.uint32).T
+            assert_same_bits(checks, want_checks.reshape(len(recs), len(cols)), f"{d}/{CHECKS}")
         if shard.has_ids:
             assert ids is not None
             mine = list(ids[starts[k] : starts[k + 1]])
@@ -277,6 +287,13 @@ def check_files(
         assert np.all(h[1:] >= h[:-1])
     # nothing else: every .npy of the store was loaded and checked above
     assert set(npy_files(root)) == seen, sorted(set(npy_files(root)) ^ seen)
+
+
+def _xxh3_low32(data: bytes) -> int:
+    """The per-record checksum of docs/format.md section 4.1, from the reference implementation."""
+    import xxhash
+
+    return int(xxhash.xxh3_64_intdigest(data)) & 0xFFFFFFFF
 
 
 def iter_chunks(seq: Sequence[Any], sizes: Sequence[int]) -> Iterator[tuple[int, int]]:

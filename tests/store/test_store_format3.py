@@ -384,7 +384,7 @@ def test_many_single_shard_commits(scratch: Path, monkeypatch: pytest.MonkeyPatc
     assert verify(root) == []
     assert sorted(os.listdir(root / "shard-000299")) == sorted(
         [DESCRIPTOR, "x.npy", "x.offsets.npy", "meta", "_ids.npy", "_ids.offsets.npy", "_ids.hash.npy",
-         "_ids.hash_rows.npy"]
+         "_ids.hash_rows.npy", "_checks.npy"]
     )
 
 

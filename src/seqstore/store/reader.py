@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import SeqstoreError
 from ..format.manifest import Manifest
+from ..io.object_common import option_flag
 from ..io.source import READAHEAD_MODES, ByteSource
 from ..io.sources import open_source
 from ..schema import PackedGroup, Schema
@@ -34,6 +35,7 @@ from .read.readahead import ReadPlanner
 from .read.runs import plan_batches
 from .read.shards import ShardMap
 from .read.stream import FetchedBatch, Pool, plan_runs, via_of
+from .read.verify import ReadVerifier, refuse_unverifiable
 
 __all__ = ["Store", "open_store", "Lengths"]
 
@@ -53,6 +55,7 @@ class Store:
         bfloat16: str = "bits",
         readahead: str = "auto",
         max_mapped_shards: int | None = None,
+        verify_reads: bool = False,
         storage_options: dict[str, Any] | None = None,
         filesystem: Any = None,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -64,6 +67,10 @@ class Store:
             raise ValueError(f"readahead must be one of {READAHEAD_MODES}, got {readahead!r}")
         if max_mapped_shards is not None and (isinstance(max_mapped_shards, bool) or max_mapped_shards < 1):
             raise ValueError(f"max_mapped_shards must be a positive integer, got {max_mapped_shards!r}")
+        if isinstance(storage_options, dict) and "verify_reads" in storage_options:  # the Store's option
+            storage_options = dict(storage_options)
+            verify_reads = option_flag(storage_options.pop("verify_reads")) or verify_reads
+        self._verify_reads = bool(verify_reads)
         if isinstance(path, ByteSource):
             if storage_options or filesystem is not None or cache_dir is not None or cache_bytes is not None:
                 raise ValueError("a Store opened on a ByteSource takes no storage_options, filesystem or cache")
@@ -86,6 +93,11 @@ class Store:
         self._manifest = manifest
         self.schema: Schema = manifest.schema
         self._ids = IdLookup(self._planner, manifest.id_lookup == "last")
+        verify = None
+        if self._verify_reads:  # (for each manifest: a refresh may bring another schema)
+            refuse_unverifiable(manifest, self.url)
+            verify = ReadVerifier(self.schema, self._planner.need_rows, self._shards.max_mapped)
+        self._gatherer.verify = self._ids.verify = self._ragged.verify = verify
         self._nest_paths = [(name, tuple(name.split("/"))) for name in self.schema]
 
     # ---------------------------------------------------------------------------------- the store
@@ -393,6 +405,8 @@ class Store:
         since (shards are append-only; :meth:`refresh` in the worker moves on to the newest)."""
         path, options = self._source.reopen()
         options = {"readahead": self._readahead, "max_mapped_shards": self._shards.max_mapped_opt, **options}
+        if self._verify_reads:
+            options["verify_reads"] = True
         return (_unpickle_store, (path, self._bf16, self.num_shards, len(self), options))
 
     def _pin(self, num_shards: int, records: int) -> None:
@@ -434,6 +448,7 @@ def open_store(
     *,
     readahead: str = "auto",
     max_mapped_shards: int | None = None,
+    verify_reads: bool = False,
     storage_options: dict[str, Any] | None = None,
     filesystem: Any = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -456,6 +471,11 @@ def open_store(
     default from ``vm.max_map_count``, or from the open-files limit where a mapping holds a descriptor).
     A mapping holds no file descriptor on Linux, so the open-files limit does not bound the shard count.
 
+    ``verify_reads``: check every record a read returns against the checksums its shard was committed
+    with, raising :class:`~seqstore.CorruptionError` naming the file, record and field (docs/store.md,
+    "Verified reads"; for a URL also the storage option ``verify_reads``). A store without them is
+    refused: version 1/2 at open, a shard written before them when it is first read.
+
     Remote stores (docs/remote.md): ``storage_options`` configures the client (obstore's keys for S3,
     GCS and Azure, e.g. ``endpoint``, ``region``, ``access_key_id``; credentials otherwise come from the
     environment the way the cloud SDKs find them) and seqstore's requests (``max_requests``,
@@ -466,5 +486,6 @@ def open_store(
     """
     return Store(
         path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
+        verify_reads=verify_reads,
         storage_options=storage_options, filesystem=filesystem, cache_dir=cache_dir, cache_bytes=cache_bytes,
     )

@@ -20,6 +20,7 @@ from ...schema import BFLOAT16, Field, bfloat16_to_float32
 from .copy import copy_via, gather_rows, take_rows
 from .readahead import ReadPlanner
 from .shards import Group, Shard, checked_bounds
+from .verify import ReadVerifier
 
 __all__ = ["Alloc", "BF16_MODES", "Gatherer", "present_bf16"]
 
@@ -44,7 +45,10 @@ def _new(n: int) -> np.ndarray[Any, Any]:
 
 
 class Gatherer:
-    """Records of ``planner``'s shard map as arrays, bfloat16 fields presented per ``bf16``."""
+    """Records of ``planner``'s shard map as arrays, bfloat16 fields presented per ``bf16``; with a
+    ``verify`` (``verify_reads=True``) each record's bytes checked against their stored checksums."""
+
+    verify: ReadVerifier | None = None
 
     def __init__(self, planner: ReadPlanner, bf16: str) -> None:
         self.planner, self.shards, self.bf16 = planner, planner.shards, bf16
@@ -56,6 +60,8 @@ class Gatherer:
         if self.planner.lazy:
             self.planner.need_groups([Group(sh, slice(None), np.array([row], np.int64))], list(schema))
         rec = sh.record_copy(row) if copy else sh.record(row)
+        if self.verify is not None:
+            self.verify.record(sh, row, self.shards.norm(i), rec)
         if self.bf16 != "bits":
             for name in rec:
                 if schema[name].dtype == BFLOAT16:
@@ -73,10 +79,13 @@ class Gatherer:
               alloc: Alloc | None = None) -> Any:
         """Field ``name`` of the batch (see :meth:`batch`): an array, or ``(values, lengths)``."""
         f = self.shards.schema[name]
+        got: Any = self._ragged(name, f, idx, groups, pad, via, alloc) if f.ragged else self._fixed(
+            name, f, idx, groups, via, alloc)
+        if self.verify is not None:  # the bytes as gathered, before any conversion
+            self.verify.field(name, idx, groups, got, pad)
         if not f.ragged:
-            out = self._fixed(name, f, idx, groups, via, alloc)
-            return present_bf16(out, self.bf16) if f.dtype == BFLOAT16 else out
-        values, lengths = self._ragged(name, f, idx, groups, pad, via, alloc)
+            return present_bf16(got, self.bf16) if f.dtype == BFLOAT16 else got
+        values, lengths = got
         return (present_bf16(values, self.bf16) if f.dtype == BFLOAT16 else values), lengths
 
     def _fixed(self, name: str, f: Field, idx: Any, groups: list[Group], via: Any, alloc: Alloc | None

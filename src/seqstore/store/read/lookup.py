@@ -21,6 +21,7 @@ from ..ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
 from .copy import gather_rows
 from .readahead import ReadPlanner
 from .shards import Shard
+from .verify import ReadVerifier
 
 __all__ = ["IdLookup", "id_bounds"]
 
@@ -38,7 +39,11 @@ def id_bounds(sh: Shard, row: int) -> tuple[int, int]:
 
 class IdLookup:
     """Ids of records and records of ids, read through ``planner``, for one manifest (a new one: a new
-    IdLookup). ``last``: an id written more than once resolves to its last record."""
+    IdLookup). ``last``: an id written more than once resolves to its last record. With a ``verify``
+    (``verify_reads=True``) the ids read, and the candidates of a lookup, are checked against their
+    stored checksums."""
+
+    verify: ReadVerifier | None = None
 
     def __init__(self, planner: ReadPlanner, last: bool) -> None:
         self.planner, self.shards = planner, planner.shards
@@ -60,6 +65,8 @@ class IdLookup:
         self.planner.need(sh.id_offsets[row : row + 2])
         a, b = id_bounds(sh, row)
         self.planner.need(sh.ids[a:b])
+        if self.verify is not None:
+            self.verify.id_at(sh, row, self.shards.norm(i), address(sh.ids) + a if b > a else 0, b - a)
         return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
 
     def ids(
@@ -78,6 +85,8 @@ class IdLookup:
             sh = self.shards.shard(k)
             a, b = self._id_ranges(sh, local)
             counts[pos] = b - a
+            if self.verify is not None:  # the bytes handed out (copied or a view) are these
+                self.verify.ids(idx[pos], [(sh, slice(None), local)], sh.ids, a, b - a)
             groups.append((sh, pos, local, int(a[0])))
         np.cumsum(counts, out=offsets[1:])
         total = int(offsets[-1])
@@ -135,7 +144,9 @@ class IdLookup:
         ok = np.zeros(len(rows), dtype=np.bool_)
         for k, pos, local in self.shards.group(rows):
             sh = self.shards.shard(k)
-            self._id_ranges(sh, local)
+            a, b = self._id_ranges(sh, local)
+            if self.verify is not None:  # a candidate's id is checked: a lookup never answers a damaged one
+                self.verify.ids(rows[pos], [(sh, slice(None), local)], sh.ids, a, b - a)
             res = np.empty(len(local), dtype=np.bool_)
             assert sh.ids is not None and sh.id_offsets is not None
             local = np.ascontiguousarray(local)
@@ -193,6 +204,8 @@ class IdLookup:
                 if self.planner.lazy:
                     self._need_ids(sh, np.array([local], np.int64))
                 a, b = id_bounds(sh, local)
+                if self.verify is not None:  # a candidate's id is checked: a lookup never answers a damaged one
+                    self.verify.id_at(sh, local, row, address(sh.ids) + a if b > a else 0, b - a)
                 if bytes(sh.ids[a:b]) == key:
                     if not self._id_last:
                         return row
@@ -230,7 +243,8 @@ class IdLookup:
             if len(todo) == 0:
                 break
             sh = self.shards.mapped.get(_first)
-            if not self._id_last and sh is not None and rows is sh.id_rows and not self.planner.lazy:
+            if not self._id_last and sh is not None and rows is sh.id_rows and not self.planner.lazy \
+                    and self.verify is None:
                 # a shard's own index (first-id lookup): one numba pass over the hash-sorted queries
                 assert sh.ids is not None and sh.id_offsets is not None
                 qorder = todo[np.argsort(q[todo], kind="stable")]

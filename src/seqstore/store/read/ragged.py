@@ -15,6 +15,7 @@ import numpy as np
 from ...errors import CorruptionError
 from .readahead import ReadPlanner
 from .shards import Shard, checked_bounds
+from .verify import ReadVerifier
 
 __all__ = ["Lengths", "RaggedFields"]
 
@@ -124,7 +125,10 @@ def _lengths_of(owner: Any, field: str) -> Lengths:
 
 class RaggedFields:
     """Lengths and streamed values of ragged fields, read through ``planner``; ``owner``: the Store (what a
-    pickled :class:`Lengths` reopens)."""
+    pickled :class:`Lengths` reopens). With a ``verify`` (``verify_reads=True``), :meth:`iter_ragged`
+    checks each block's records against their stored checksums."""
+
+    verify: ReadVerifier | None = None
 
     def __init__(self, planner: ReadPlanner, owner: Any) -> None:
         self.planner, self.shards, self.owner = planner, planner.shards, owner
@@ -179,5 +183,9 @@ class RaggedFields:
             if lengths.size and lengths.min() < 0:
                 raise CorruptionError(f"{sh.display}/{(name + '.offsets.npy')}: offsets decrease in records "
                                       f"{pos}..{end - 1}")
+            if self.verify is not None:
+                rows = np.arange(r, r + end - pos, dtype=np.int64)
+                self.verify.field(name, rows + (pos - r), [(sh, slice(None), rows)],
+                                  (sh.columns[name][a:b], lengths), False)
             yield pos, sh.columns[name][a:b], lengths
             pos, cur = end, nxt

@@ -126,8 +126,7 @@ class ReadVerifier:
                 groups = [(sh, np.zeros(1, np.int64), rows)]
                 self._report(name, np.array([i], np.int64), groups, got, stored[c : c + 1])
 
-    def ids(self, idx: np.ndarray[Any, Any], groups: Sequence[Any], data: np.ndarray[Any, Any],
-            starts: Any, lens: Any) -> None:
+    def ids(self, idx: np.ndarray[Any, Any], groups: Sequence[Any], data: Any, starts: Any, lens: Any) -> None:
         """Check ids read: record ``idx[k]``'s id is the bytes ``data[starts[k] : starts[k] + lens[k]]``."""
         if len(idx) == 0:
             return

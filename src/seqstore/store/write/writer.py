@@ -34,12 +34,14 @@ from typing import Any
 import numpy as np
 
 from ...errors import SchemaError, SeqstoreError
+from ...format.checksums import CHECKS
 from ...format.descriptor import DESCRIPTOR, encode_descriptor
 from ...format.manifest import IDS, FileInfo, ShardInfo, fsync_dir
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
 from ..ids import encode_ids, hash_ids
 from . import at_exit
+from .checks import write_checks
 from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, _caller_ids, _coalesce, _ColumnFile, _row_starts, write_file
 from .target import CommitTarget, Finished, IdsMismatch, Start
 from .values import ragged_column, storage_value
@@ -537,9 +539,11 @@ class Writer:
                 infos[f"{IDS}{suffix}.npy"] = col.finish()
             tmp.path.unlink()
         if self._descriptors:  # version 3: the shard describes itself (immutable once committed)
-            raw = encode_descriptor(self._shard_records, rows, bool(self._has_ids), infos)
+            checks = write_checks(cur, self.schema, self._shard_records, rows, bool(self._has_ids))
+            raw = encode_descriptor(self._shard_records, rows, bool(self._has_ids), infos, checks)
             write_file(cur / DESCRIPTOR, raw)
             self._desc_crc = zlib.crc32(raw)
+            infos[CHECKS] = checks  # (under the descriptor's "checks", not "files"; moved and copied as a file)
         fsync_dir(cur)
         for sub in {p.parent for p in cur.rglob("*.npy")} - {cur}:
             fsync_dir(sub)

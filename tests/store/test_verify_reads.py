@@ -1,0 +1,209 @@
+"""Verified reads: ``seqstore.open(path, verify_reads=True)`` checks every record a read returns against
+the per-record checksums its shard was committed with (``_checks.npy``), and names the file, record
+and field of a mismatch. A flipped bit in a value file, an offsets file or an id file is caught."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from store_testlib import create_legacy, edit_shard_meta
+
+import seqstore as ss
+from seqstore.format.checksums import CHECKS, span_checks
+from seqstore.format.npy import read_header
+from seqstore.store.verify import verify
+
+SCHEMA = {
+    "x": ss.Field("float32", (4,)),
+    "t": ss.Field("int16", (None, 2)),
+    "lab": ss.Field("int64"),
+}
+N = 300
+
+
+def _record(i: int) -> dict[str, Any]:
+    return {
+        "x": np.full(4, i, np.float32),
+        "t": np.arange(2 * (1 + i % 5), dtype=np.int16).reshape(-1, 2) + i,
+        "lab": i,
+    }
+
+
+def _build(root: Path, *, packed: Any = None, ids: bool = True, shard_records: int = 128) -> Path:
+    with ss.create(root, SCHEMA, packed=packed, max_shard_records=shard_records) as w:
+        for i in range(N):
+            w.append(_record(i), id=f"rec-{i}" if ids else None)
+    return root
+
+
+def _flip(path: Path, byte: int, bit: int = 0) -> None:
+    """Flip one bit of byte ``byte`` of the data (after the ``.npy`` header) of ``path``."""
+    at = read_header(path).data_offset + byte
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 1 << bit
+    path.write_bytes(bytes(raw))
+
+
+def _shard_of(root: Path, k: int) -> Path:
+    return root / f"shard-{k:06d}"
+
+
+def test_intact_reads_are_the_same_with_and_without_verification(scratch: Path) -> None:
+    root = _build(scratch / "s")
+    plain, checked = ss.open(root), ss.open(root, verify_reads=True)
+    idx = np.array([5, 299, 0, 128, 77, 200, 5])
+    for pad in (False, True):
+        a, b = plain.get_batch(idx, pad=pad), checked.get_batch(idx, pad=pad)
+        assert np.array_equal(a["x"], b["x"]) and np.array_equal(a["lab"], b["lab"])
+        assert np.array_equal(a["t"][0], b["t"][0]) and np.array_equal(a["t"][1], b["t"][1])
+    for i in (0, 131, 299):
+        assert np.array_equal(plain[i]["t"], checked[i]["t"])
+        assert np.array_equal(checked.nested(i, copy=True)["x"], plain[i]["x"])
+        assert checked.id(i) == f"rec-{i}"
+    data, off = checked.ids(idx)
+    assert bytes(data[off[1] : off[2]]) == b"rec-299"
+    assert checked.index("rec-250") == 250
+    got = list(checked.iter_batches([np.arange(0, 150), np.arange(150, N)]))
+    assert np.array_equal(np.concatenate([g["lab"] for g in got]), np.arange(N))
+
+
+def test_the_checksums_are_xxh3_of_each_records_bytes(scratch: Path) -> None:
+    xxhash = pytest.importorskip("xxhash")
+    root = _build(scratch / "s")
+    checks = np.load(_shard_of(root, 0) / CHECKS)
+    assert checks.shape == (128, 4) and checks.dtype == np.dtype("<u4")  # x, t, lab, ids
+    rec = _record(7)
+    for c, value in enumerate([rec["x"].tobytes(), rec["t"].tobytes(), np.int64(7).tobytes(), b"rec-7"]):
+        assert int(checks[7, c]) == xxhash.xxh3_64_intdigest(value) & 0xFFFFFFFF
+    buf = np.random.default_rng(3).integers(0, 256, 5000, dtype=np.uint8)
+    for n in (*range(0, 260), 1023, 1024, 1025, 4000):
+        assert span_checks(buf, [1], [n])[0] == xxhash.xxh3_64_intdigest(buf[1 : 1 + n].tobytes()) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize(
+    ("rel", "byte", "record", "field", "named"),
+    [
+        ("x.npy", 3 * 16 + 2, 3, "x", "x.npy"),  # record 3's third value
+        ("lab.npy", 10 * 8, 10, "lab", "lab.npy"),
+        ("t.npy", 0, 0, "t", "t.npy or t.offsets.npy"),  # record 0's first row
+        ("t.offsets.npy", 2 * 8, 1, "t", "t.npy or t.offsets.npy"),  # off[2]: 3 -> 2 (records 1 and 2 move)
+    ],
+)
+def test_a_flipped_bit_in_a_value_or_offsets_file_is_caught(
+    scratch: Path, rel: str, byte: int, record: int, field: str, named: str
+) -> None:
+    root = _build(scratch / "s")
+    _flip(_shard_of(root, 0) / rel, byte)
+    plain = ss.open(root)
+    plain.get_batch([record])  # unverified: the damaged bytes are read back without a word
+    store = ss.open(root, verify_reads=True)
+    with pytest.raises(ss.CorruptionError) as exc:
+        store.get_batch([200, record, 50])
+    msg = str(exc.value)
+    assert f"shard-000000/{named}" in msg and f"record {record} " in msg and f"field {field!r}" in msg
+    with pytest.raises(ss.CorruptionError, match=f"record {record} "):
+        store[record]
+    with pytest.raises(ss.CorruptionError, match=f"field {field!r}"):
+        store.get_batch([record], pad=True)
+    with pytest.raises(ss.CorruptionError, match=f"record {record} "):
+        list(store.iter_batches([np.arange(0, 64)]))
+    if field == "t":  # streamed blocks of a ragged field are checked too
+        with pytest.raises(ss.CorruptionError, match=f"record {record} "):
+            list(store.iter_ragged("t", chunk_records=50))
+    store.get_batch([record + 100, 299])  # records elsewhere still read
+
+
+def test_bfloat16_fields_are_checked_as_stored(scratch: Path) -> None:
+    with ss.create(scratch / "b", {"w": ss.Field("bfloat16", (3,)), "v": ss.Field("bfloat16", (None,))}) as w:
+        for i in range(20):
+            w.append({"w": np.full(3, i, np.float32), "v": np.arange(i % 4, dtype=np.float32)})
+    store = ss.open(scratch / "b", bfloat16="float32", verify_reads=True)
+    got = store.get_batch(np.arange(20))
+    assert got["w"].dtype == np.float32 and got["w"][7].tolist() == [7.0, 7.0, 7.0]
+    assert store[3]["v"].tolist() == [0.0, 1.0, 2.0]
+    _flip(_shard_of(scratch / "b", 0) / "w.npy", 5 * 6)  # record 5's first value (3 x 2 bytes a record)
+    with pytest.raises(ss.CorruptionError, match="record 5 .*field 'w'"):
+        store.get_batch([5])
+
+
+def test_a_flipped_bit_in_a_packed_group_is_caught_naming_the_field(scratch: Path) -> None:
+    root = _build(scratch / "s", packed={"g": ["x"]})
+    _flip(_shard_of(root, 1) / "g.npy", 5 * 16 + 1)  # record 128 + 5 (rows of 4 float32)
+    store = ss.open(root, verify_reads=True)
+    with pytest.raises(ss.CorruptionError, match=r"shard-000001/g\.npy: record 133 \(row 5 of the shard\), field 'x'"):
+        store.get_batch([133])
+    assert store.get_batch([133], fields=["lab", "t"])["lab"][0] == 133
+
+
+@pytest.mark.parametrize(("rel", "byte"), [("_ids.npy", 5 * 6 + 1), ("_ids.offsets.npy", 7 * 8)])
+def test_a_flipped_bit_in_an_id_file_is_caught(scratch: Path, rel: str, byte: int) -> None:
+    root = _build(scratch / "s")
+    _flip(_shard_of(root, 0) / rel, byte)
+    store = ss.open(root, verify_reads=True)
+    rec = 6
+    where = rf"shard-000000/_ids\.npy or _ids\.offsets\.npy: record {rec} .*its id"
+    with pytest.raises(ss.CorruptionError, match=where):
+        store.id(rec)
+    with pytest.raises(ss.CorruptionError, match=f"record {rec} "):
+        store.ids([1, rec, 250])
+    with pytest.raises(ss.CorruptionError, match=f"record {rec} "):  # the candidate of a lookup is checked too
+        store.index(f"rec-{rec}")
+    assert store.get_batch([rec])["lab"][0] == rec  # the values are intact
+
+
+def test_a_store_without_checksums_is_refused_by_name(scratch: Path) -> None:
+    legacy = create_legacy(scratch / "v1", SCHEMA)
+    with legacy as w:
+        w.append(_record(0))
+    ss.open(scratch / "v1")[0]  # opens and reads as before
+    with pytest.raises(ss.SeqstoreError, match="version-1 store does not have"):
+        ss.open(scratch / "v1", verify_reads=True)
+    # a version-3 store whose first shard was written before verified reads (no "checks" in its descriptor)
+    root = _build(scratch / "s")
+    (_shard_of(root, 0) / CHECKS).unlink()
+    edit_shard_meta(root, 0, lambda d: d.pop("checks"))
+    assert ss.open(root)[5]["lab"] == 5
+    assert verify(root) == []
+    store = ss.open(root, verify_reads=True)
+    assert store[200]["lab"] == 200  # shard 1 has its checksums
+    with pytest.raises(ss.SeqstoreError, match="shard-000000: this shard was written without per-record checksums"):
+        store.get_batch([5])
+
+
+def test_verify_finds_a_damaged_checksum_file_and_copies_keep_it(scratch: Path) -> None:
+    root = _build(scratch / "s")
+    ss.copy(root, scratch / "c")
+    assert (_shard_of(scratch / "c", 1) / CHECKS).exists()
+    assert ss.open(scratch / "c", verify_reads=True).get_batch(np.arange(N))["lab"].sum() == N * (N - 1) // 2
+    _flip(_shard_of(root, 1) / CHECKS, 2 * 16 + 9)  # record 130's checksum of lab
+    problems = verify(root)
+    assert len(problems) == 1 and CHECKS in problems[0] and "CRC-32" in problems[0]
+    with pytest.raises(ss.CorruptionError, match=f"record 130 .*{CHECKS}"):
+        ss.open(root, verify_reads=True).get_batch([130])
+
+
+def test_a_pickled_store_keeps_verifying(scratch: Path) -> None:
+    root = _build(scratch / "s")
+    store = pickle.loads(pickle.dumps(ss.open(root, verify_reads=True)))
+    _flip(_shard_of(root, 2) / "lab.npy", 8 * 3)
+    with pytest.raises(ss.CorruptionError, match="record 259 "):
+        store.get_batch([259])
+
+
+def test_verify_reads_on_a_url(moto_s3: Any, s3_bucket: str, scratch: Path, tmp_path: Path) -> None:
+    root = _build(scratch / "s")
+    _flip(_shard_of(root, 1) / "t.npy", 40)
+    url = moto_s3.upload_dir(root, s3_bucket, "verified.seqstore")
+    plain = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "c1")
+    assert len(plain.get_batch(np.arange(128, 140))["lab"]) == 12  # unverified: no error
+    opts = moto_s3.storage_options(verify_reads="true")
+    store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c2")
+    assert np.array_equal(store.get_batch([0, 299, 5])["lab"], [0, 299, 5])
+    with pytest.raises(ss.CorruptionError) as exc:
+        store.get_batch(np.arange(120, 140))
+    assert "verified.seqstore/shard-000001/t.npy or t.offsets.npy: record" in str(exc.value)
+    assert "field 't'" in str(exc.value)
