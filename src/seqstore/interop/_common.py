@@ -10,6 +10,7 @@ behind and never touches an existing one, even with ``overwrite=True``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -33,6 +34,7 @@ __all__ = [
     "split_by_budget",
     "runs_across",
     "name_map",
+    "replaced",
     "new_store",
     "DEFAULT_CHUNK_BYTES",
 ]
@@ -178,6 +180,19 @@ def install_output(tmp: Path, root: Path) -> None:
         fsync_dir(root.parent)
 
 
+@contextlib.contextmanager
+def replaced(root: Path, tag: str = "tmp") -> Iterator[Path]:
+    """A hidden sibling of ``root`` (:func:`temp_sibling`) to build an output in: installed at ``root``
+    (:func:`install_output`) when the block ends, deleted when it raises (``root`` then as before)."""
+    tmp = temp_sibling(root, tag)
+    try:
+        yield tmp
+        install_output(tmp, root)
+    except BaseException:
+        remove_path(tmp)
+        raise
+
+
 def new_store(
     out: str | os.PathLike[str],
     schema: Schema | Mapping[str, Any],
@@ -203,19 +218,11 @@ def new_store(
     """
     root = Path(out)
     check_output(root, overwrite)
-    tmp = temp_sibling(root, "tmp")
-    writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io)
-    try:
-        fill(writer)
-        writer.close()
-    except BaseException:
+    with replaced(root) as tmp:
+        writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io)
         try:
+            fill(writer)
+            writer.close()
+        except BaseException:
             writer.abort()
-        finally:
-            remove_path(tmp)
-        raise
-    try:
-        install_output(tmp, root)
-    except BaseException:
-        remove_path(tmp)
-        raise
+            raise

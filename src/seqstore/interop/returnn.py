@@ -37,7 +37,15 @@ from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import DEFAULT_CHUNK_BYTES, OutputExistsError, Progress, announce_total, name_map, split_by_budget
+from ._common import (
+    DEFAULT_CHUNK_BYTES,
+    OutputExistsError,
+    Progress,
+    announce_total,
+    name_map,
+    replaced,
+    split_by_budget,
+)
 from .returnn_hdf import VALIDATE_BLOCK, HdfFileInfo, HdfStream, decode_tag, h5py_module, inspect_hdf, read_dataset
 
 if TYPE_CHECKING:
@@ -375,9 +383,8 @@ def export_hdf(
     dims = {n: _stream_dims(st, n, schema[n]) for n, _ in streams}
     ncols = (1 if inputs else 0) + (len(keyed) if keyed else 1)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     measured_max: dict[str, int] = {}
-    try:
+    with replaced(target) as tmp:
         with h5py.File(tmp, "w") as fout:
             dsets: dict[str, Any] = {}
             for n, hname in streams:
@@ -455,9 +462,5 @@ def export_hdf(
                     size.attrs[k] = np.array([dim_of(n), dims[n][1]], dtype=np.int64)
                     lab = labels_meta.get(n) or ["dummy-label"]
                     lab_group.create_dataset(k, data=np.array(lab, dtype=object), dtype=h5py.string_dtype("utf-8"))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return target
 

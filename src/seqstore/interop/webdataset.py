@@ -48,15 +48,7 @@ from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import (
-    OutputExistsError,
-    Progress,
-    SourceFormatError,
-    announce_total,
-    install_output,
-    remove_path,
-    temp_sibling,
-)
+from ._common import OutputExistsError, Progress, SourceFormatError, announce_total, replaced
 from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
 
 __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
@@ -384,12 +376,11 @@ def export_webdataset(
         if not root.is_dir() or any(not p.name.endswith(".tar") for p in root.iterdir()):
             raise SchemaError(f"{root}: refusing to overwrite what is not a directory of tar shards")
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(root, "tmp")
-    tmp.mkdir()
     n = len(st)
     announce_total(progress, n)
     names = list(plan)
-    try:
+    with replaced(root) as tmp:
+        tmp.mkdir()
         shard, in_shard, size = 0, 0, 0
         tf: tarfile.TarFile | None = None
         for a in range(0, n, chunk_records):
@@ -434,8 +425,4 @@ def export_webdataset(
                 progress(b - a)
         if tf is not None:
             tf.close()
-        install_output(tmp, root)
-    except BaseException:
-        remove_path(tmp)
-        raise
     return root
