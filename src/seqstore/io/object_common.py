@@ -1,6 +1,6 @@
 """What the object-store client and its back ends share.
 
-The vocabulary: :class:`ObjectMeta` (an object's key, size and version tag), the ``_Backend`` interface
+The vocabulary: :class:`ObjectMeta` (an object's key, size and version tag), the ``ObjectBackend`` interface
 that :class:`~seqstore.io.objects.ObjectClient` drives (one back end per URL: ``object_obstore`` for
 S3/GCS/Azure/HTTP, ``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads
 of its client: its settings and its :class:`~seqstore.io.retry.RetryPolicy`); and the URL
@@ -23,9 +23,8 @@ from ..errors import ConfigError
 from .retry import RetryPolicy
 
 __all__ = [
-    "ClientSettings", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote",
-    "option_flag",
-    "redact",
+    "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS",
+    "check_options", "check_url", "is_remote", "option_flag", "redact",
 ]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
@@ -38,7 +37,7 @@ _TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have a
 _FALSE = ("0", "false", "no", "")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
-_EMPTY = memoryview(b"")
+EMPTY_ANSWER = memoryview(b"")
 
 
 def is_remote(path: Any) -> bool:
@@ -142,7 +141,7 @@ class ClientSettings(Protocol):
     def key_url(self, key: str) -> str: ...
 
 
-class _Backend(abc.ABC):
+class ObjectBackend(abc.ABC):
     """What an object-store client answers (see ObjectClient, which adds the retry policy); each method as
     the ObjectClient method of the same name."""
 

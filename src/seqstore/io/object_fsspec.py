@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound
-from .object_common import _EMPTY, ClientSettings, ObjectMeta, _Backend
+from .object_common import EMPTY_ANSWER, ClientSettings, ObjectBackend, ObjectMeta
 from .retry import Transient
 
 __all__: list[str] = []
 
 
-class _FsspecBackend(_Backend):
+class _FsspecBackend(ObjectBackend):
     """Any fsspec filesystem: the one given, or the one its URL names (``memory://``, ``hf://``...)."""
 
     def __init__(self, client: ClientSettings) -> None:
@@ -92,7 +92,7 @@ class _FsspecBackend(_Backend):
                 for i, (d, m) in enumerate(got):
                     if i not in missing:  # as the obstore back end: nothing arrived, no call
                         on_each(i, d, m)
-                return [(_EMPTY, m) for _, m in got]
+                return [(EMPTY_ANSWER, m) for _, m in got]
             return got
 
         return self.pool.submit(run)

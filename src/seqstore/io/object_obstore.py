@@ -31,8 +31,8 @@ from ..errors import (
 )
 from .object_common import (
     ClientSettings,
+    ObjectBackend,
     ObjectMeta,
-    _Backend,
     check_url,
     option_flag,
 )
@@ -120,7 +120,7 @@ def _quiesce_at_exit() -> None:
 atexit.register(_quiesce_at_exit)
 
 
-class _ObstoreBackend(_Backend):
+class _ObstoreBackend(ObjectBackend):
     conditional = True
     #: whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
     #: suffix request costs a HEAD (for the size) and then a plain range request: two round trips

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..errors import RemoteNotFound
-from .object_common import _EMPTY, ClientSettings, ObjectMeta
+from .object_common import EMPTY_ANSWER, ClientSettings, ObjectMeta
 from .retry import Transient
 
 __all__ = ["Budget", "Wave", "SMALL_BODY"]
@@ -250,7 +250,7 @@ class Wave:
             except BaseException as exc:  # e.g. the cache write failed: the wave fails with it
                 self._fail(exc)
                 return
-            self._settle(i, (_EMPTY, meta))  # the bytes went with the callback
+            self._settle(i, (EMPTY_ANSWER, meta))  # the bytes went with the callback
         else:
             self._settle(i, (data, meta))
 

@@ -33,8 +33,8 @@ from ..errors import RemoteError
 from .object_common import (
     REMOTE_SCHEMES,
     SEQSTORE_OPTIONS,
+    ObjectBackend,
     ObjectMeta,
-    _Backend,
     check_options,
     is_remote,
     option_flag,
@@ -104,12 +104,12 @@ class ObjectClient:
         self.options = opts  # the back end's own options
         self.filesystem = filesystem
         self._pid = -1
-        self._backend: _Backend | None = None
+        self._backend: ObjectBackend | None = None
         self._lock = threading.Lock()
 
     # the client is rebuilt in a forked or unpickled process (sockets and event loops do not survive a fork)
     @property
-    def backend(self) -> _Backend:
+    def backend(self) -> ObjectBackend:
         if self._backend is None or self._pid != os.getpid():
             with self._lock:
                 if self._backend is None or self._pid != os.getpid():
