@@ -36,6 +36,7 @@ from seqstore.store.parts import (
     prepare_store,
 )
 from seqstore.store.verify import verify
+from seqstore.store.write import journal as journal_mod
 from seqstore.store.write import local as parts_mod
 
 SCHEMA = {"x": ss.Field("float32", (None, 3)), "y": ss.Field("int64")}
@@ -156,7 +157,7 @@ def test_a_crash_after_the_commit_point_is_finished_by_the_next_commit(
     def die(root: object, journal: object) -> None:
         raise OSError("injected crash after the manifest is saved")
 
-    monkeypatch.setattr(parts_mod, "_roll_forward", die)
+    monkeypatch.setattr(journal_mod, "roll_forward", die)
     with pytest.raises(OSError, match="injected"):
         commit_parts(store, [a])
     monkeypatch.undo()

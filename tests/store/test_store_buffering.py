@@ -11,7 +11,7 @@ import pytest
 
 import seqstore as ss
 import seqstore.store.verify
-from seqstore.store.write import writer as writer_mod
+from seqstore.store.write import columns as writer_mod
 
 
 def test_reused_caller_arrays_never_change_stored_records(tmp_path: Path, monkeypatch: object) -> None:
@@ -51,7 +51,7 @@ def test_a_failed_write_stops_the_writer_and_committed_data_stays_intact(tmp_pat
     w.append_batch({"a": np.arange(3), "b": np.arange(3)})
     w.commit()
     w.append_batch({"a": np.arange(4), "b": np.arange(4)})
-    real_write = writer_mod._ColumnFile.write
+    real_write = writer_mod.ColumnFile.write
     calls = {"n": 0}
 
     def failing(self: object, arr: np.ndarray) -> object:
@@ -60,10 +60,10 @@ def test_a_failed_write_stops_the_writer_and_committed_data_stays_intact(tmp_pat
             raise OSError(28, "No space left on device")
         return real_write(self, arr)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(writer_mod._ColumnFile, "write", failing)  # type: ignore[attr-defined]
+    monkeypatch.setattr(writer_mod.ColumnFile, "write", failing)  # type: ignore[attr-defined]
     with pytest.raises(OSError):
         w.commit()
-    monkeypatch.setattr(writer_mod._ColumnFile, "write", real_write)  # type: ignore[attr-defined]
+    monkeypatch.setattr(writer_mod.ColumnFile, "write", real_write)  # type: ignore[attr-defined]
     with pytest.raises(ss.SeqstoreError, match="abort"):
         w.commit()  # a retry must not commit columns of different lengths
     w.abort()

@@ -248,14 +248,14 @@ def test_checksum_covers_directly_written_bytes(tmp_path: Path, monkeypatch: pyt
     checksum thread gets to it only after ``write()`` has returned (the thread is held busy until then)."""
     monkeypatch.setattr(writer_mod, "open_direct", _plain_direct)
     gate = threading.Event()
-    real_write = writer_mod._ColumnFile.write
+    real_write = writer_mod.ColumnFile.write
 
     def write_then_release(self: Any, arr: np.ndarray) -> Any:
         fut = real_write(self, arr)
         gate.set()
         return fut
 
-    monkeypatch.setattr(writer_mod._ColumnFile, "write", write_then_release)
+    monkeypatch.setattr(writer_mod.ColumnFile, "write", write_then_release)
     root = tmp_path / "s"
     x = aligned_empty((1100, WIDTH), np.float32)  # more than DIRECT_BYTES: written from this array
     x[:] = np.random.default_rng(11).standard_normal(x.shape, dtype=np.float32)

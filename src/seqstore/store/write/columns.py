@@ -1,8 +1,8 @@
 """Building a shard's files: one growing ``.npy`` file per column, written with positioned writes.
 
-:class:`_ColumnFile` is one file of the shard a writer is building (provisional header, sequential
-appends, a running CRC-32, optional ``O_DIRECT`` for large aligned appends); :func:`_coalesce` joins
-small buffered pieces into large writes. store/write/writer.py's Writer drives them.
+:class:`ColumnFile` is one file of the shard a writer is building (provisional header, sequential
+appends, a running CRC-32, optional ``O_DIRECT`` for large aligned appends); :func:`coalesce` joins
+small buffered pieces into large writes. store/write/shard_files.py drives them for a Writer.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ _DONE: Future[int] = Future()  # what a write returns when nothing of the caller
 _DONE.set_result(0)
 
 
-def _row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """(B+1,) first row of each record of a ragged batch column, plus the total."""
     starts = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     return starts
 
 
-def _caller_ids(values: Any) -> set[int]:
+def caller_ids(values: Any) -> set[int]:
     """ids of the caller's objects in batch columns (arrays, list items, a pair's values)."""
     out: set[int] = set()
     for v in values:
@@ -54,7 +54,7 @@ def _caller_ids(values: Any) -> set[int]:
     return out
 
 
-def _coalesce(
+def coalesce(
     parts: list[np.ndarray[Any, Any]], target: int = DIRECT_BYTES, *, aligned: bool = False
 ) -> Iterator[np.ndarray[Any, Any]]:
     """Yield the buffered pieces of one file as C-contiguous arrays of at least ``target`` bytes where
@@ -85,7 +85,7 @@ def _coalesce(
         yield join(run)
 
 
-class _ColumnFile:
+class ColumnFile:
     """One growing ``.npy`` file of a shard: provisional header, sequential appends, running CRC-32.
 
     Every write is a positioned ``pwrite`` on an unbuffered descriptor at the file's tracked end, so

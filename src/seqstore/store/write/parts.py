@@ -30,7 +30,7 @@ Everything here goes through the store's commit target (store/write/target.py): 
 a part in ``<store>/_parts/<job>/<task>/`` (``owner.lock``, flocked while a live PartWriter writes;
 ``current/``, the shard being written; finished shards ``p000000/``, ...; ``part.json`` once
 finished) and commits parts under its lock through a journal, so a crash at any step leaves all of
-the parts committed or all of them pending (store/write/local.py); object storage stages them under
+the parts committed or all of them pending (store/write/journal.py); object storage stages them under
 the same prefix and commits with a conditional manifest write (store/write/objects.py). A part
 survives its task's process; writers' orphan clean-up never touches ``_parts/``, which only
 :func:`discard_parts` and :func:`clean_parts` (by age) empty. Once committed, a part keeps only

@@ -2,13 +2,11 @@
 
 A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
 of the current shard with large sequential writes into a private workspace directory
-(``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2 store). :meth:`Writer.commit`
-finishes the shard (final ``.npy`` headers, id index, for a version-3 store the shard's descriptor,
-fsync), then under the store's lock file
-renames it to ``shard-NNNNNN``, appends its shard-table row (version 3) and atomically replaces the
-manifest (store/write/local.py). A crash before the manifest's rename leaves only files readers never look
-at, which the next writer deletes or overwrites; a crash after it loses nothing. A store keeps the
-format version it was created with.
+(``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2 store; store/write/shard_files.py).
+:meth:`Writer.commit` finishes the shard, then under the store's lock renames it to ``shard-NNNNNN``,
+appends its shard-table row (version 3) and atomically replaces the manifest (store/write/local.py). A
+crash before the manifest's rename leaves only files readers never look at, which the next writer
+deletes or overwrites; a crash after it loses nothing. A store keeps its format version.
 
 Committing goes through the writer's commit target (store/write/target.py): the local directory
 above, or a store on object storage, to which a finished shard is uploaded (store/write/objects.py).
@@ -23,26 +21,21 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from ...errors import SchemaError, SeqstoreError
-from ...format.checksums import CHECKS
-from ...format.descriptor import DESCRIPTOR, encode_descriptor
-from ...format.manifest import IDS, FileInfo, ShardInfo, fsync_dir
+from ...format.manifest import ShardInfo
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
-from ..ids import encode_ids, hash_ids
 from . import at_exit
-from .checks import write_checks
-from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, _caller_ids, _coalesce, _ColumnFile, _row_starts, write_file
+from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts
+from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, Start
 from .values import ragged_column, storage_value
 
@@ -132,9 +125,7 @@ class Writer:
 
     def _reset_buffer(self) -> None:
         # staging arrays are free again once their data is written: keep one per unit for reuse
-        self._spare: dict[str, np.ndarray[Any, Any]] = {
-            n: st[0] for n, st in getattr(self, "_staging", {}).items()
-        }
+        self._spare: dict[str, np.ndarray[Any, Any]] = {n: st[0] for n, st in getattr(self, "_staging", {}).items()}
         self._staging: dict[str, tuple[np.ndarray[Any, Any], int, np.ndarray[Any, Any], int]] = {}
         self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._units}
         self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._units if f.ragged}
@@ -143,39 +134,10 @@ class Writer:
         self._buf_bytes = 0
 
     def _open_shard(self) -> None:
-        cur = self._workspace / "current"
-        cur.mkdir()
-        self._files: dict[str, _ColumnFile] = {}
-        try:
-            self._open_shard_files(cur)
-        except BaseException:  # e.g. out of descriptors: close what was opened, leave no current/
-            for col in self._files.values():
-                col.abort()
-            self._files = {}
-            shutil.rmtree(cur, ignore_errors=True)
-            raise
-        self._shard_records = 0
-        self._shard_bytes = 0
+        self._shard = ShardFiles(self._workspace / "current", self._units, bool(self._has_ids), self._pool, self._io,
+                                 self.direct_io)
+        self._shard_records = self._shard_bytes = 0
         self._shard_open = True
-
-    def _open_shard_files(self, cur: Path) -> None:
-        for name, f in self._units:
-            path = cur / f"{name}.npy"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # fixed-size data starts on a page boundary, so a record never straddles more pages than its
-            # size requires (a cold random read of a 2 KiB record touches one page, not two)
-            self._files[name] = _ColumnFile(
-                path, f.storage_dtype, f.inner_shape, self._pool, direct=self.direct_io, page_header=not f.ragged,
-                io_pool=self._io,
-            )
-            if f.ragged:
-                off = _ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self._pool)
-                off.write(np.zeros(1, dtype="<i8"))
-                self._files[name + ".offsets"] = off
-        if self._has_ids:
-            for suffix, dt in (("", "u1"), (".offsets", "<i8"), (".hash_unsorted", "<u8")):
-                self._files[IDS + suffix] = _ColumnFile(cur / f"{IDS}{suffix}.npy", np.dtype(dt), (), self._pool)
-            self._files[IDS + ".offsets"].write(np.zeros(1, dtype="<i8"))
 
     # ------------------------------------------------------------------------------------ validation
 
@@ -317,7 +279,7 @@ class Writer:
 
         flat = self._flatten(columns, what)
         self._check_keys(flat.keys(), what)
-        caller = _caller_ids(flat.values())
+        caller = caller_ids(flat.values())
         batch: int | None = None
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
         fixed: dict[str, np.ndarray[Any, Any]] = {}
@@ -360,7 +322,7 @@ class Writer:
             return
         self._check_ids(ids is not None, first, batch=True)
         self._has_ids = ids is not None
-        row_starts = [None if lengths is None else _row_starts(lengths) for _, lengths in prepared]
+        starts = [None if lengths is None else row_starts(lengths) for _, lengths in prepared]
         start = 0
         while start < batch:  # pieces never overflow a shard's record limit
             room = self.max_shard_records - self._pending_records()
@@ -369,7 +331,7 @@ class Writer:
             direct = piece_bytes >= DIRECT_BYTES
             if direct:  # written straight from the caller's arrays: flush what is buffered first
                 self._flush()
-            for (name, _f), (values, lengths), rows in zip(self._units, prepared, row_starts):
+            for (name, _f), (values, lengths), rows in zip(self._units, prepared, starts):
                 if rows is None:
                     self._buf[name].append(values[start:stop])
                 else:
@@ -463,28 +425,7 @@ class Writer:
             return
         if not self._shard_open:
             self._open_shard()
-        # wait for the checksums of the runs that may be the caller's memory (it may reuse it once we
-        # return), not for those of arrays made here (offsets, ids), which their checksum task keeps
-        # alive: the one checksum thread takes runs in order, and a small one queues behind a large one
-        futures: list[Future[int]] = []
-        for name, f in self._units:
-            col = self._files[name]
-            if f.ragged:
-                lengths = np.concatenate(self._buf_lengths[name])
-                offsets = np.cumsum(lengths) + col.rows
-                self._files[name + ".offsets"].write(offsets.astype("<i8", copy=False))
-            # large pieces as they are, small ones joined
-            for run in _coalesce(self._buf[name], aligned=self.direct_io):
-                futures.append(col.write(run))
-        if self._has_ids:
-            data, offsets = encode_ids(self._buf_ids, first_record=0)
-            ids_col = self._files[IDS]
-            hashes = hash_ids(data, offsets)
-            self._files[IDS + ".offsets"].write(offsets[1:] + ids_col.rows)
-            ids_col.write(data)
-            self._files[IDS + ".hash_unsorted"].write(hashes)
-        for fut in futures:
-            fut.result()
+        self._shard.write(self._buf, self._buf_lengths, self._buf_ids)
         self._shard_records += self._buf_records
         self._shard_bytes += self._buf_bytes
         self._reset_buffer()
@@ -519,35 +460,9 @@ class Writer:
             self._stats_delta[k] = self._stats_delta.get(k, 0) + v
 
     def _finish_shard_files(self) -> ShardInfo:
-        cur = self._workspace / "current"
-        infos: dict[str, FileInfo] = {}
-        rows: dict[str, int] = {}
-        for key, col in self._files.items():
-            if key == IDS + ".hash_unsorted":
-                continue
-            infos[col.path.relative_to(cur).as_posix()] = col.finish()
-            if key in self.schema and self.schema[key].ragged:
-                rows[key] = col.rows
-        if self._has_ids:
-            tmp = self._files[IDS + ".hash_unsorted"]
-            tmp.finish(sync=False)  # read back and deleted below: nothing to make durable
-            hashes = np.load(tmp.path)
-            order = np.argsort(hashes, kind="stable")
-            for suffix, arr in ((".hash", hashes[order]), (".hash_rows", order.astype("<i8"))):
-                col = _ColumnFile(cur / f"{IDS}{suffix}.npy", arr.dtype, (), self._pool)
-                col.write(np.ascontiguousarray(arr))
-                infos[f"{IDS}{suffix}.npy"] = col.finish()
-            tmp.path.unlink()
-        if self._descriptors:  # version 3: the shard describes itself (immutable once committed)
-            checks = write_checks(cur, self.schema, self._shard_records, rows, bool(self._has_ids))
-            raw = encode_descriptor(self._shard_records, rows, bool(self._has_ids), infos, checks)
-            write_file(cur / DESCRIPTOR, raw)
-            self._desc_crc = zlib.crc32(raw)
-            infos[CHECKS] = checks  # (under the descriptor's "checks", not "files"; moved and copied as a file)
-        fsync_dir(cur)
-        for sub in {p.parent for p in cur.rglob("*.npy")} - {cur}:
-            fsync_dir(sub)
-        return ShardInfo("", self._shard_records, rows, infos, bool(self._has_ids))
+        info, crc = self._shard.finish(self.schema, self._shard_records, self._descriptors)
+        self._desc_crc = self._desc_crc if crc is None else crc
+        return info
 
     def _commit_shard(self) -> None:
         with self._failing():
@@ -612,8 +527,7 @@ class Writer:
             return
         try:
             if self._shard_open and os.getpid() == self._pid:
-                for col in self._files.values():
-                    col.abort()
+                self._shard.abort()
         finally:
             self._reset_buffer()
             self._shard_open = False
