@@ -141,7 +141,10 @@ def main() -> None:
         for kind in ("random", "epoch"):
             for verify in (False, True):
                 cmd = [sys.executable, __file__, "--src", str(args.src), "--case", str(root), kind, str(int(verify))]
-                got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode:
+                    raise SystemExit(f"case {kind} (verify={verify}) failed:\n{proc.stderr}")
+                got = json.loads(proc.stdout)
                 times.setdefault((kind, verify), []).append(got["seconds"])
                 info[(kind, verify)] = got
     print(f"store: {root} ({sum(f.stat().st_size for f in root.rglob('*.npy')) / 1e9:.2f} GB); "
