@@ -135,3 +135,34 @@ def test_writer_left_open_in_process_is_committed_by_finish_all(tmp_path: Path) 
     assert len(ss.open(tmp_path / "s.seqstore")) == 1
     at_exit.unregister(w)
     time.sleep(0)
+
+
+FORKED = textwrap.dedent("""\
+    import os, sys
+    import numpy as np
+    import seqstore
+
+    lg = seqstore.Logger("run.log", commit_every_s=60)
+    lg.log([f"p-{k}" for k in range(10)], {"grad": np.zeros((10, 4), np.float32)})
+    import multiprocessing as mp
+
+    def child():
+        print("child done", flush=True)
+
+    p = mp.get_context("fork").Process(target=child)
+    p.start()
+    p.join(60)
+    print("child exit", p.exitcode, flush=True)
+""")
+
+
+def test_forked_child_leaves_the_parents_logger_alone(tmp_path: Path) -> None:
+    """A fork (a DataLoader worker) inherits the exit hook: it must neither hang on the parent's logger (its
+    background thread is not in the child) nor commit it; the parent commits once, at its own exit."""
+    (tmp_path / "script.py").write_text(FORKED)
+    res = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "child exit 0" in res.stdout
+    assert res.stderr.count("logger not closed at exit") == 1, res.stderr
+    assert len(ss.open(tmp_path / "run.log")) == 10

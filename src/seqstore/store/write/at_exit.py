@@ -37,7 +37,7 @@ __all__ = ["register", "unregister", "guarded", "finish_all", "disable"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _lock = threading.Lock()
-_open: dict[int, tuple[int, int, weakref.ref[Any]]] = {}  # id -> (tier, order, object)
+_open: dict[int, tuple[int, int, weakref.ref[Any], int]] = {}  # id -> (tier, order, object, process id)
 _order = itertools.count()
 _hooked = False
 _enabled = True
@@ -59,7 +59,7 @@ def register(obj: Any, tier: int) -> None:
     if not _enabled:
         return
     with _lock:
-        _open[id(obj)] = (tier, next(_order), weakref.ref(obj))
+        _open[id(obj)] = (tier, next(_order), weakref.ref(obj), os.getpid())
         if not _hooked:
             _hooked = True
             _hook()
@@ -90,11 +90,14 @@ def _hook() -> None:
 
 
 def finish_all(why: str = "exit") -> None:
-    """Finish every registered object still open (see the module docs). Never raises."""
+    """Finish every registered object still open (see the module docs). Never raises. A forked child
+    (a DataLoader worker) inherits the list and the exit hook: it finishes only what it opened itself,
+    never its parent's writers (whose files and threads are the parent's)."""
+    pid = os.getpid()
     with _lock:
-        entries = sorted(_open.values(), key=lambda e: (e[0], -e[1]))
+        entries = sorted((e for e in _open.values() if e[3] == pid), key=lambda e: (e[0], -e[1]))
         _open.clear()
-    for _tier, _k, ref in entries:
+    for _tier, _k, ref, _pid in entries:
         obj = ref()
         if obj is None:
             continue
