@@ -283,9 +283,10 @@ class Store:
         alloc: Alloc | None = None,
     ) -> dict[str, Any]:
         """``get_batch(idx, pad=pad)`` from bytes :meth:`fetch_runs` fetched: ``via`` is the batch's parts
-        (this process's), their segment table (:func:`~.read.stream.via_of`), or a function that makes it once the batch's shards
-        are mapped (:func:`~seqstore.io.remote_stream.via_from`, in another process). ``alloc(n)``: where
-        each field's values go (``n`` bytes, a C-contiguous ``uint8`` array; None: new arrays)."""
+        (this process's), their segment table (:func:`~.read.stream.via_of`), or a function that makes it
+        once the batch's shards are mapped (:func:`~seqstore.io.remote_stream.via_from`, in another
+        process). ``alloc(n)``: where each field's values go (``n`` bytes, a C-contiguous ``uint8`` array;
+        None: new arrays)."""
         idx, groups = self._shards.batch(idx)
         names = self._fields(fields)
         ragged = [n for n in names if self.schema[n].ragged]
@@ -298,15 +299,13 @@ class Store:
 
     @property
     def has_ids(self) -> bool:
-        return self._ids.has_ids
+        return self._shards.table.has_ids
 
     def id(self, i: int) -> str:
         """The id of record ``i``."""
         return self._ids.id(i)
 
-    def ids(
-        self, indices: Sequence[int] | np.ndarray[Any, Any]
-    ) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
+    def ids(self, indices: Indices) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
         """The utf-8 ids of records ``indices`` at once, as ``(data, offsets)``: the id of
         ``indices[j]`` is ``data[offsets[j]:offsets[j + 1]]`` (``offsets``: int64, ``len(indices) + 1``
         of them, from 0; e.g. the buffers of an Arrow string column). No Python object per record: the
@@ -329,7 +328,7 @@ class Store:
         ``missing="error"`` raises KeyError naming the first missing ids; an int fills them instead.
         Repeated ids resolve as in :meth:`index` (first record, or last with ``id_lookup="last"``).
         """
-        return self._ids.index_many(ids, missing=missing)
+        return self._ids.index_many(ids, missing)
 
     def index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Global indexes of ids given as utf-8 bytes ``qdata[qoff[i]:qoff[i+1]]`` (int64 offsets from 0),
@@ -341,13 +340,8 @@ class Store:
         """Column range ``[a, b)`` of each field in :meth:`matrix` (same ``fields``): for module-wise scores."""
         return self._matrices.matrix_columns(fields)
 
-    def matrix(
-        self,
-        fields: Sequence[str] | str | None = None,
-        rows: slice | Sequence[int] | np.ndarray[Any, Any] | None = None,
-        *,
-        dtype: Any = None,
-    ) -> np.ndarray[Any, Any]:
+    def matrix(self, fields: Sequence[str] | str | None = None, rows: slice | Indices | None = None, *,
+               dtype: Any = None) -> np.ndarray[Any, Any]:
         """Records as one ``(R, D)`` matrix: row ``r`` is the chosen fields of a record, flattened and
         concatenated in order (:meth:`matrix_columns` gives each field's column range).
 
@@ -359,43 +353,31 @@ class Store:
         columns of one packed group (or one unpacked field) and the rows are a slice inside one
         shard; otherwise one copy, shard by shard. Use :meth:`iter_matrix` to stream a large store.
         """
-        return self._matrices.matrix(fields, rows, dtype=dtype)
+        return self._matrices.matrix(fields, rows, dtype)
 
-    def iter_matrix(
-        self,
-        fields: Sequence[str] | str | None = None,
-        *,
-        chunk_rows: int = 1 << 16,
-        start: int = 0,
-        stop: int | None = None,
-    ) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+    def iter_matrix(self, fields: Sequence[str] | str | None = None, *, chunk_rows: int = 1 << 16, start: int = 0,
+                    stop: int | None = None) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
         """Stream records ``[start, stop)`` as ``(first_row, block)`` pairs, ``block`` an
         ``(r, D)`` matrix of at most ``chunk_rows`` rows that never spans two shards.
 
         Blocks are zero-copy views of the mapped files where :meth:`matrix` would be; bfloat16 is
         returned as stored bits (uint16) whatever the store's ``bfloat16`` mode. O(chunk) memory.
         """
-        return self._matrices.iter_matrix(fields, chunk_rows=chunk_rows, start=start, stop=stop)
+        return self._matrices.iter_matrix(fields, chunk_rows, start, stop)
 
     def lengths(self, field: str | None = None) -> Lengths:
         """Lazy lengths of a ragged field (the only ragged field when ``field`` is None)."""
         return self._ragged.lengths(field)
 
-    def iter_ragged(
-        self,
-        field: str | None = None,
-        *,
-        chunk_records: int = 1 << 16,
-        start: int = 0,
-        stop: int | None = None,
-    ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    def iter_ragged(self, field: str | None = None, *, chunk_records: int = 1 << 16, start: int = 0,
+                    stop: int | None = None) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
         """Stream records ``[start, stop)`` of a ragged field as ``(first_record, values, lengths)``:
         ``values`` the rows of at most ``chunk_records`` consecutive records, a read-only zero-copy
         view of the mapped file (``(sum(lengths), *inner)``, never spanning two shards), ``lengths``
         int64. The ragged counterpart of :meth:`iter_matrix`: the next block is read ahead while the
         caller works on this one. bfloat16 comes as stored bits. O(chunk) memory.
         """
-        return self._ragged.iter_ragged(field, chunk_records=chunk_records, start=start, stop=stop)
+        return self._ragged.iter_ragged(field, chunk_records, start, stop)
 
     # ------------------------------------------------------------------------------------ pickling
 

@@ -17,24 +17,13 @@ import numpy as np
 from ...errors import CorruptionError
 from ...format.manifest import IDS, IndexRun
 from ...io import address
-from ..ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
+from ..ids import encode_ids, hash_ids, id_equal, probe_sorted
 from .copy import gather_rows
 from .readahead import ReadPlanner
 from .shards import Shard
 from .verify import ReadVerifier
 
-__all__ = ["IdLookup", "id_bounds"]
-
-
-def id_bounds(sh: Shard, row: int) -> tuple[int, int]:
-    """Byte range of the id of local ``row`` in ``sh.ids``, checked to lie in range."""
-    assert sh.ids is not None and sh.id_offsets is not None
-    a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
-    if not 0 <= a <= b <= len(sh.ids):
-        raise CorruptionError(
-            f"{sh.display}/{(IDS + '.offsets.npy')}: record {row} has id offsets {a}..{b}, outside 0..{len(sh.ids)}"
-        )
-    return a, b
+__all__ = ["IdLookup"]
 
 
 class IdLookup:
@@ -49,21 +38,18 @@ class IdLookup:
         self.planner, self.shards = planner, planner.shards
         self._id_last = last
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
-        self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
-
-    @property
-    def has_ids(self) -> bool:
-        return self.shards.table.has_ids
 
     def id(self, i: int) -> str:
-        if not self.has_ids:
+        if not self.shards.table.has_ids:
             raise KeyError(f"{self.shards.url}: records have no ids")
-        k, row = self.shards.locate(self.shards.norm(int(i)))
-        sh = self.shards.shard(k)
+        sh, row = self.shards.record(i)
         sh.load_ids()
         assert sh.ids is not None and sh.id_offsets is not None
         self.planner.need(sh.id_offsets[row : row + 2])
-        a, b = id_bounds(sh, row)
+        a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
+        if not 0 <= a <= b <= len(sh.ids):
+            raise CorruptionError(f"{sh.display}/{IDS}.offsets.npy: record {row} has id offsets {a}..{b}, "
+                                  f"outside 0..{len(sh.ids)}")
         self.planner.need(sh.ids[a:b])
         if self.verify is not None:
             self.verify.id_at(sh, row, self.shards.norm(i), address(sh.ids) + a if b > a else 0, b - a)
@@ -72,7 +58,7 @@ class IdLookup:
     def ids(
         self, indices: Sequence[int] | np.ndarray[Any, Any]
     ) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
-        if not self.has_ids:
+        if not self.shards.table.has_ids:
             raise KeyError(f"{self.shards.url}: records have no ids")
         idx = self.shards.norm_many(indices).reshape(-1)
         n = len(idx)
@@ -121,12 +107,6 @@ class IdLookup:
             assert sh.id_hash is not None and sh.id_rows is not None
             yield shard, sh.id_hash, sh.id_rows, self.shards.start_index[shard]
             shard += 1
-
-    def _probe_list(self) -> list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
-        """:meth:`_probe_targets` as a list, built once per manifest (``refresh`` rebuilds it)."""
-        if self._probes is None:
-            self._probes = list(self._probe_targets())
-        return self._probes
 
     def _run_arrays(self, run: IndexRun) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
         if run.name not in self._runs:
@@ -182,41 +162,15 @@ class IdLookup:
     def index(self, id: str) -> int:  # noqa: A002
         if not isinstance(id, str):
             raise TypeError(f"ids are str, got {type(id).__name__}")
-        if not self.has_ids:
+        if not self.shards.table.has_ids:
             raise KeyError(f"id {id!r} not in {self.shards.url} (records have no ids)")
-        key = id.encode("utf-8", "surrogatepass")
-        h = np.uint64(hash_one(key))
-        found = -1
-        for _first, hashes, rows, base in self._probe_list():
-            j = int(self.shards.source.searchsorted(hashes, np.array([h]), "left")[0])
-            if self.planner.lazy:  # the run of equal hashes (almost always 0 or 1 entries)
-                k = int(self.shards.source.searchsorted(hashes, np.array([h]), "right")[0])
-                self.planner.need(hashes[j : k + 1], rows[j : k + 1])
-            while j < len(hashes) and hashes[j] == h:
-                row = int(rows[j]) + base
-                if not 0 <= row < self.shards.n:
-                    raise CorruptionError(f"{self.shards.url}: id index (from shard {_first}) names row {row}, "
-                                          "out of range")
-                k, local = self.shards.locate(row)
-                sh = self.shards.shard(k)
-                sh.load_ids()
-                assert sh.ids is not None and sh.id_offsets is not None
-                if self.planner.lazy:
-                    self._need_ids(sh, np.array([local], np.int64))
-                a, b = id_bounds(sh, local)
-                if self.verify is not None:  # a candidate's id is checked: a lookup never answers a damaged one
-                    self.verify.id_at(sh, local, row, address(sh.ids) + a if b > a else 0, b - a)
-                if bytes(sh.ids[a:b]) == key:
-                    if not self._id_last:
-                        return row
-                    found = max(found, row)
-                j += 1
-        if found >= 0:
-            return found
-        raise KeyError(f"id {id!r} not in {self.shards.url}")
+        found = int(self.index_encoded(*encode_ids([id]))[0])
+        if found < 0:
+            raise KeyError(f"id {id!r} not in {self.shards.url}")
+        return found
 
-    def index_many(self, ids: Sequence[str], *, missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
-        if not self.has_ids:
+    def index_many(self, ids: Sequence[str], missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
+        if not self.shards.table.has_ids:
             if self.shards.n == 0:
                 qn = len(ids)
                 if missing == "error" and qn:
@@ -234,7 +188,7 @@ class IdLookup:
         return result
 
     def index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        if not self.has_ids:
+        if not self.shards.table.has_ids:
             return np.full(len(qoff) - 1, -1, dtype=np.int64)
         q = hash_ids(qdata, qoff)
         result = np.full(len(q), -1, dtype=np.int64)

@@ -98,7 +98,7 @@ class Matrices:
             f0.dtype == BFLOAT16,
         )
 
-    def matrix_columns(self, fields: Sequence[str] | str | None = None) -> dict[str, tuple[int, int]]:
+    def matrix_columns(self, fields: Sequence[str] | str | None) -> dict[str, tuple[int, int]]:
         return dict(self._matrix_plan(fields).columns)
 
     def _source_matrix(self, sh: Shard, source: str) -> np.ndarray[Any, Any]:
@@ -130,13 +130,7 @@ class Matrices:
             return arr.astype(dtype)
         return arr
 
-    def matrix(
-        self,
-        fields: Sequence[str] | str | None = None,
-        rows: slice | Sequence[int] | np.ndarray[Any, Any] | None = None,
-        *,
-        dtype: Any = None,
-    ) -> np.ndarray[Any, Any]:
+    def matrix(self, fields: Sequence[str] | str | None, rows: Any, dtype: Any) -> np.ndarray[Any, Any]:
         plan = self._matrix_plan(fields)
         n = self.shards.n
         if rows is None:
@@ -144,7 +138,7 @@ class Matrices:
         if isinstance(rows, slice):
             start, stop, step = rows.indices(n)
             if step < 0:
-                return self.matrix(fields, np.arange(start, stop, step, dtype=np.int64), dtype=dtype)
+                return self.matrix(fields, np.arange(start, stop, step, dtype=np.int64), dtype)
             count = len(range(start, stop, step))
             if count == 0:
                 return self._present(np.empty((0, plan.width), dtype=plan.storage_dtype), plan, dtype)
@@ -173,14 +167,8 @@ class Matrices:
             out[pos] = self._block(self.shards.shard(k), plan, np.asarray(local))
         return self._present(out, plan, dtype)
 
-    def iter_matrix(
-        self,
-        fields: Sequence[str] | str | None = None,
-        *,
-        chunk_rows: int = 1 << 16,
-        start: int = 0,
-        stop: int | None = None,
-    ) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+    def iter_matrix(self, fields: Sequence[str] | str | None, chunk_rows: int, start: int, stop: int | None
+                    ) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
         if chunk_rows <= 0:
             raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
         plan = self._matrix_plan(fields)

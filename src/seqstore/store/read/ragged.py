@@ -143,14 +143,8 @@ class RaggedFields:
             raise ValueError(f"{self.shards.url}: field {field!r} is not ragged; ragged fields are {ragged}")
         return Lengths(self.planner, field, self.owner)
 
-    def iter_ragged(
-        self,
-        field: str | None = None,
-        *,
-        chunk_records: int = 1 << 16,
-        start: int = 0,
-        stop: int | None = None,
-    ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    def iter_ragged(self, field: str | None, chunk_records: int, start: int, stop: int | None
+                    ) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
         name = self.lengths(field).field  # checks that the field exists and is ragged
         if chunk_records <= 0:
             raise ValueError(f"chunk_records must be positive, got {chunk_records}")

@@ -71,8 +71,7 @@ class Shard:
         self.groups: dict[str, np.ndarray[Any, Any]] = {}
         n = info.records
         for gname, g in schema.groups.items():
-            rel = f"{gname}.npy"
-            mat = self.map_npy(self.path / rel, info.files.get(rel), g.storage_dtype, (n, g.width))
+            mat = self._file(f"{gname}.npy", g.storage_dtype, (n, g.width))
             self.groups[gname] = mat
             for name in g.fields:
                 a, b = g.columns[name]
@@ -81,20 +80,14 @@ class Shard:
         for name, f in schema.items():
             if name in self.columns:
                 continue
-            rel = f"{name}.npy"
+            shape: tuple[int, ...] = (n, *f.inner_shape)
             if f.ragged:
-                orel = f"{name}.offsets.npy"
-                off = self.map_npy(self.path / orel, info.files.get(orel), np.dtype("<i8"), (n + 1,))
-                rows = info.rows[name]
-                if off[0] != 0 or off[-1] != rows:
-                    raise CorruptionError(
-                        f"{self.display}/{orel}: offsets run from {off[0]} to {off[-1]}, expected 0 to {rows}"
-                    )
-                self.offsets[name] = off
-                shape: tuple[int, ...] = (rows, *f.inner_shape)
-            else:
-                shape = (n, *f.inner_shape)
-            self.columns[name] = self.map_npy(self.path / rel, info.files.get(rel), f.storage_dtype, shape)
+                off = self.offsets[name] = self._file(f"{name}.offsets.npy", "<i8", (n + 1,))
+                shape = (info.rows[name], *f.inner_shape)
+                if off[0] != 0 or off[-1] != shape[0]:
+                    raise CorruptionError(f"{self.display}/{name}.offsets.npy: offsets run from {off[0]} to "
+                                          f"{off[-1]}, expected 0 to {shape[0]}")
+            self.columns[name] = self._file(f"{name}.npy", f.storage_dtype, shape)
         self.ids: np.ndarray[Any, Any] | None = None
         self.id_offsets: np.ndarray[Any, Any] | None = None
         self.id_hash: np.ndarray[Any, Any] | None = None
@@ -159,26 +152,23 @@ class Shard:
                 out[name] = views[name].copy()
         return out
 
+    def _file(self, rel: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        return self.map_npy(self.path / rel, self.info.files.get(rel), np.dtype(dtype), shape)
+
     def load_ids(self) -> None:
         if self.ids is not None:
             return
-        info, n = self.info, self.info.records
-        files = info.files
-        off = self.map_npy(self.path / f"{IDS}.offsets.npy", files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,))
+        n = self.info.records
+        off = self._file(f"{IDS}.offsets.npy", "<i8", (n + 1,))
         if off[0] != 0:
             raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: first offset is {off[0]}, expected 0")
-        total = int(off[-1])
-        self.ids = self.map_npy(self.path / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,))
-        self.id_hash = self.map_npy(self.path / f"{IDS}.hash.npy", files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,))
-        self.id_rows = self.map_npy(
-            self.path / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"), (n,)
-        )
+        self.ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
+        self.id_hash = self._file(f"{IDS}.hash.npy", "<u8", (n,))
+        self.id_rows = self._file(f"{IDS}.hash_rows.npy", "<i8", (n,))
         self.id_offsets = off
 
 
-def checked_bounds(
-    sh: Shard, name: str, rows: np.ndarray[Any, Any]
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def checked_bounds(sh: Shard, name: str, rows: np.ndarray[Any, Any]) -> tuple[Any, Any]:
     """(start, end) offsets of local ``rows`` of ragged field ``name``, checked to lie in range."""
     off = sh.offsets[name]
     a = np.asarray(off[rows])
