@@ -132,3 +132,19 @@ def test_packing_over_a_mixture_reads_tokens(tmp_path: Path) -> None:
     b = packed.open(packed.shares(None, 1)[0]).batch(30)
     share_b = (b["tokens"] == 2).mean()
     assert abs(share_b - 0.75) < 0.02
+
+
+def test_callable_schedule_sampled_into_stages() -> None:
+    def anneal(g: int) -> dict[str, float]:  # web fades out linearly over 1e6 samples
+        f = min(g / 1_000_000, 1.0)
+        return {"web": 1 - f, "curated": f}
+
+    sched = MixtureSchedule.sampled(anneal, NAMES, every=100_000, until=2_000_000)
+    assert len(sched.starts) == 11  # 0, 1e5, ..., 1e6 (then constant)
+    assert sched.weights(550_000)["curated"] == pytest.approx(0.5, abs=1e-6)
+    got = sched.counts(1_000_000) - sched.counts(0)
+    assert abs(got[0] - 550_000) <= 30 and got[1] == 0  # sum of 1 - g/1e6 over the 10 stages
+    mix = MixtureStream(_sources({"web": 500, "code": 50, "curated": 500}), sched, chunk=1000)
+    assert mix.schedule is sched
+    with pytest.raises(ValueError, match="not a mapping"):
+        MixtureSchedule.sampled(lambda g: 0.5, NAMES, every=10, until=20)  # type: ignore[arg-type, return-value]

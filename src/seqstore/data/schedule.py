@@ -24,7 +24,7 @@ within its epoch. Memory O(sources x stages x segments).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -137,6 +137,27 @@ class MixtureSchedule:
             span = np.array([starts[i] - starts[i - 1]], dtype=np.int64)
             self._base[i] = self._base[i - 1] + _chain_counts(span, self.units[i - 1])[0]
 
+    @classmethod
+    def sampled(cls, weights: Callable[[int], Mapping[str, float]], names: Sequence[str], *, every: int,
+                until: int) -> MixtureSchedule:
+        """A schedule from a callable ``weights(g) -> {source: weight}`` evaluated at every ``every``-th
+        sample below ``until`` (after ``until`` the last value holds); equal neighbours merge into one
+        stage. O(until / every) stages."""
+        for what, v in (("every", every), ("until", until)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"MixtureSchedule.sampled: {what} must be a positive integer, got {v!r}")
+        stages: list[tuple[int, Mapping[str, float]]] = []
+        prev: Any = None
+        for g in range(0, int(until), int(every)):
+            w = weights(g)
+            if not isinstance(w, Mapping):
+                raise ValueError(f"MixtureSchedule.sampled: weights({g}) returned {w!r}, not a mapping")
+            key = _quantise(w, [str(n) for n in names], f"weights({g})").tolist()
+            if key != prev:
+                stages.append((g, dict(w)))
+                prev = key
+        return cls(stages, names)
+
     def to_json(self) -> list[list[Any]]:
         """The stages as JSON-able ``[[start, {name: units}], ...]`` (weights as their 2**-24 units)."""
         return [[int(s), {n: int(u) for n, u in zip(self.names, row) if u}] for s, row in zip(self.starts, self.units)]
@@ -193,7 +214,8 @@ class MixtureStream:
     """An endless stream of documents drawn from ``datasets`` by a :class:`MixtureSchedule`.
 
     ``datasets``: name -> dataset (any ``seqstore.data`` dataset; each walks its own epoch orders).
-    ``stages``: ``[(start sample, {name: weight}), ...]`` or one ``{name: weight}``. The stream is cut
+    ``stages``: ``[(start sample, {name: weight}), ...]``, one ``{name: weight}``, or a
+    :class:`MixtureSchedule` (e.g. :meth:`MixtureSchedule.sampled` of a callable). The stream is cut
     into chunks of ``chunk`` samples, its "epochs" for sharding (:class:`seqstore.data.PackedDataset`
     shares each chunk over ranks x workers). Records are read through a :class:`CombinedDataset` of the
     sources (``combined``): document ids are its combined indices. O(sources) memory.
@@ -202,13 +224,18 @@ class MixtureStream:
     def __init__(
         self,
         datasets: Mapping[str, Dataset],
-        stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float],
+        stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float] | MixtureSchedule,
         *,
         chunk: int = 1 << 16,
     ) -> None:
         self.combined = CombinedDataset(datasets)
         self.names = list(self.combined.names)
-        self.schedule = MixtureSchedule(stages if not isinstance(stages, Mapping) else [(0, stages)], self.names)
+        if isinstance(stages, MixtureSchedule):
+            if stages.names != self.names:
+                raise ValueError(f"MixtureStream: the schedule's sources {stages.names} are not {self.names}")
+            self.schedule = stages
+        else:
+            self.schedule = MixtureSchedule(stages if not isinstance(stages, Mapping) else [(0, stages)], self.names)
         if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.chunk = int(chunk)
