@@ -43,6 +43,7 @@ _SECRET = np.frombuffer(bytes.fromhex(
     "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364eac5ac8334d3ebc3c581a0fffa1363eb"
     "170ddd51b7f0da49d316552629d4689e2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e"
 ), np.uint8)
+_SECRET_AT = _SECRET.__array_interface__["data"][0]  # (the array lives as long as the module)
 _P32_1 = np.uint64(0x9E3779B1)
 _P32_2 = np.uint64(0x85EBCA77)
 _P32_3 = np.uint64(0xC2B2AE3D)
@@ -230,18 +231,9 @@ def _spans(base: int, starts: Any, lens: Any, out: Any, sec: int) -> None:  # pr
 def span_checks(buf: np.ndarray[Any, Any], starts: Any, lens: Any) -> np.ndarray[Any, np.dtype[np.uint32]]:
     """The checksum of each span ``buf[starts[k] : starts[k] + lens[k]]`` (byte offsets into the
     C-contiguous array ``buf``; the caller guarantees they lie inside it)."""
-    s = np.ascontiguousarray(starts, dtype=np.int64)
-    n = np.ascontiguousarray(lens, dtype=np.int64)
-    out = np.empty(len(s), np.uint32)
-    if len(s):
-        if buf.size == 0:
-            base = 0
-        else:
-            if not buf.flags.c_contiguous:
-                raise ValueError("span_checks needs a C-contiguous buffer")
-            base = buf.ctypes.data
-        _spans(base, s, n, out, _SECRET.ctypes.data)
-    return out
+    if buf.size and not buf.flags.c_contiguous:
+        raise ValueError("span_checks needs a C-contiguous buffer")
+    return spans_at(buf.__array_interface__["data"][0] if buf.size else 0, starts, lens)
 
 
 def spans_at(base: int, starts: Any, lens: Any) -> np.ndarray[Any, np.dtype[np.uint32]]:
@@ -249,7 +241,7 @@ def spans_at(base: int, starts: Any, lens: Any) -> np.ndarray[Any, np.dtype[np.u
     s = np.ascontiguousarray(starts, dtype=np.int64)
     out = np.empty(len(s), np.uint32)
     if len(s):
-        _spans(base, s, np.ascontiguousarray(lens, dtype=np.int64), out, _SECRET.ctypes.data)
+        _spans(base, s, np.ascontiguousarray(lens, dtype=np.int64), out, _SECRET_AT)
     return out
 
 

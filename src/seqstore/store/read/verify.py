@@ -50,6 +50,8 @@ class ReadVerifier:
         self.keep = max(1, keep)
         self._column = {name: c for c, name in enumerate(schema)}
         self._mapped: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
+        # (groups, [(positions, checksum rows)]) of the last batch: its fields share one read of the rows
+        self._rows: tuple[Sequence[Any], list[tuple[Any, np.ndarray[Any, Any]]]] | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------ checksums
@@ -78,12 +80,19 @@ class ReadVerifier:
 
     def _expected(self, groups: Sequence[Any], n: int, column: int | None) -> np.ndarray[Any, Any]:
         """The stored checksums of a batch's records (``groups``: (shard, positions, rows)) in one
-        column (None: the ids' column, the last)."""
+        column (None: the ids' column, the last). The rows of all columns are read once per batch
+        (the fields of a batch come with the same ``groups``)."""
+        got = self._rows
+        if got is None or got[0] is not groups:
+            table: list[tuple[Any, np.ndarray[Any, Any]]] = []
+            for sh, pos, rows in groups:
+                checks = self._checks(sh)
+                self.need_rows(checks, rows)
+                table.append((pos, checks[rows]))
+            got = self._rows = (groups, table)
         want = np.empty(n, np.uint32)
-        for sh, pos, rows in groups:
-            checks = self._checks(sh)
-            self.need_rows(checks, rows)
-            want[pos] = checks[rows, checks.shape[1] - 1 if column is None else column]
+        for pos, stored in got[1]:
+            want[pos] = stored[:, -1 if column is None else column]
         return want
 
     # ---------------------------------------------------------------------------------- checks
