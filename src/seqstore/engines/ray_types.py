@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..interop.arrow import (
-    _convert,
-    _first_inner_len,
-    _fixed_shape,
-    _flatten_fixed,
-    _id_strings,
-    _Plan,
-    _plan,
-    _storage_array,
-    _storage_type,
+from ..interop.arrow_columns import (
+    Plan,
+    convert_column,
+    first_inner_len,
+    fixed_shape,
+    flatten_fixed,
+    id_strings,
+    plan_column,
+    storage_array,
+    storage_type,
 )
 from ..schema import BFLOAT16, Field, Schema
 
@@ -55,7 +55,7 @@ def _is_bf16(field: Any) -> bool:
 
 
 def _value_dtype(t: Any, name: str) -> str:
-    fixed = _fixed_shape(t)
+    fixed = fixed_shape(t)
     if fixed is None or fixed[1]:
         raise SchemaError(f"{_WHERE}, column {name!r}: tensor elements of Arrow type {t} are not numbers")
     return fixed[0]
@@ -156,12 +156,12 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
                 return Field(_object_dtype(values), (None, *values[0].shape[1:]))
             raise SchemaError(f"{_WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
                               "shape nor one shape but the first dim")
-        st = _storage_type(t)
+        st = storage_type(t)
         if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
             raise SchemaError(f"{_WHERE}, column {name!r}: the first rows hold only empty lists (Arrow type {t}), "
                               f"which tell no dtype; pass schema={{{name!r}: Field(dtype, (None, ...))}}")
         try:
-            plan = _plan(_WHERE, name, t)
+            plan = plan_column(_WHERE, name, t)
         except SchemaError:
             raise SchemaError(
                 f"{_WHERE}, column {name!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists, lists "
@@ -171,7 +171,7 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
         dtype = plan.dtype
         shape = plan.shape
         if shape and shape[0] is None:  # list<list<T>>: the inner list length from the first rows
-            inner_len = _first_inner_len(_whole(sample, name)) if sample is not None else None
+            inner_len = first_inner_len(_whole(sample, name)) if sample is not None else None
             if inner_len is None:
                 raise SchemaError(f"{_WHERE}, column {name!r}: lists of lists and no inner list to read their "
                                   f"length from; pass schema={{{name!r}: Field(dtype, (None, k))}}")
@@ -216,13 +216,13 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
     t = arr.type
     ext = _ext(t)
     if ext in _RAY_TENSOR:
-        flat = _numpy(_storage_array(arr).flatten(), name)
+        flat = _numpy(storage_array(arr).flatten(), name)
         return flat.reshape(n, *t.shape), None
     if ext == _ARROW_TENSOR:
         if t.permutation is not None and list(t.permutation) != list(range(len(t.shape))):
             raise SchemaError(f"{_WHERE}, column {name!r}: tensors with permutation {t.permutation} are not "
                               "supported (store them row-major)")
-        return _flatten_fixed(arr.storage, _WHERE, name).reshape(n, *t.shape), None
+        return flatten_fixed(arr.storage, _WHERE, name).reshape(n, *t.shape), None
     if ext == _RAY_VAR_TENSOR:
         ndim = int(t.ndim)
         data, shapes = _var_parts(arr, ndim, name)
@@ -245,22 +245,22 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
             raise SchemaError(f"{_WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
                               "shape nor one shape but the first dim")
         return np.concatenate(values), np.array([v.shape[0] for v in values], dtype=np.int64)
-    st = _storage_type(t)
+    st = storage_type(t)
     if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
-        lengths = np.asarray(_storage_array(arr).value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
+        lengths = np.asarray(storage_array(arr).value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
         if lengths.any():  # lists of nulls
             raise SchemaError(f"{_WHERE}, column {name!r}: lists hold null values; seqstore fields have no nulls")
         return np.empty((0,)), lengths  # only empty lists: no dtype, nothing to store
-    plan = _plan(_WHERE, name, t)
+    plan = plan_column(_WHERE, name, t)
     if not plan.ragged:
-        return _flatten_fixed(arr, _WHERE, name).reshape(n, *(int(s or 0) for s in plan.shape)), None
+        return flatten_fixed(arr, _WHERE, name).reshape(n, *(int(s or 0) for s in plan.shape)), None
     inner: tuple[int, ...]
     if plan.shape and plan.shape[0] is None:
-        first = _first_inner_len(arr)
+        first = first_inner_len(arr)
         inner = (first or 0, *(int(s or 0) for s in plan.shape[1:]))
     else:
         inner = tuple(int(s or 0) for s in plan.shape)
-    values, lengths = _convert(_storage_array(arr), _Plan(True, plan.dtype, plan.shape), inner, _WHERE, name)
+    values, lengths = convert_column(storage_array(arr), Plan(True, plan.dtype, plan.shape), inner, _WHERE, name)
     return values, lengths
 
 
@@ -303,5 +303,5 @@ def block_columns(table: Any, schema: Schema, id_column: str | None) -> tuple[di
             raise SchemaError(f"{_WHERE}: block has no column {name!r} (columns {table.column_names}); "
                               f"the store's fields are {list(schema)}")
         cols[name] = _fit(name, f, _view(table.column(name), name), n)
-    ids = _id_strings(table.column(id_column), _WHERE, id_column) if id_column is not None else None
+    ids = id_strings(table.column(id_column), _WHERE, id_column) if id_column is not None else None
     return cols, ids

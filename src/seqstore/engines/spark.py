@@ -48,7 +48,7 @@ from typing import Any
 
 from ..errors import FormatError, SchemaError
 from ..format.manifest import MANIFEST
-from ..interop import arrow as _arrow
+from ..interop import arrow_columns as acols
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, open_store
@@ -151,7 +151,7 @@ class _Writer(DataSourceArrowWriter):
                 cols = {c.field_name: _column_values(batch.column(c.column), c, where) for c in self.columns}
                 ids = None
                 if self.id_column:
-                    ids = _arrow._id_strings(batch.column(self.id_column), where, self.id_column)
+                    ids = acols.id_strings(batch.column(self.id_column), where, self.id_column)
                 w.append_batch(cols, ids=ids)
             part = w.finish()
         except BaseException:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..interop import arrow as _arrow
+from ..interop import arrow_columns as acols
 from ..schema import BFLOAT16, Field, Schema
 from ..store import Store
 from .spark_options import _given_schema
@@ -55,9 +55,9 @@ class _Column:
 def _list_depth(arrow_type: Any) -> tuple[int, Any]:
     """How many list levels (variable or fixed size) wrap a leaf type, and the leaf type."""
     pa = _pa()
-    t, depth = _arrow._storage_type(arrow_type), 0
+    t, depth = acols.storage_type(arrow_type), 0
     while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        t, depth = _arrow._storage_type(t.value_type), depth + 1
+        t, depth = acols.storage_type(t.value_type), depth + 1
     return depth, t
 
 
@@ -65,24 +65,24 @@ def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
     """The field a column of this Arrow type becomes without the schema option: a number is a scalar
     field, an array a ragged field (a fixed-size list, which Spark does not make, a fixed one)."""
     depth, leaf = _list_depth(arrow_type)
-    if depth >= 2 and _arrow._primitive_dtype(leaf) is not None:
-        plan = _arrow._plan(where, column, arrow_type) if depth == 2 else None
+    if depth >= 2 and acols.primitive_dtype(leaf) is not None:
+        plan = acols.plan_column(where, column, arrow_type) if depth == 2 else None
         if plan is not None and all(s is not None for s in plan.shape):
             return plan.field()
-        example = json.dumps({column: [_arrow._primitive_dtype(leaf), [None, *([16] * (depth - 1))]]})
+        example = json.dumps({column: [acols.primitive_dtype(leaf), [None, *([16] * (depth - 1))]]})
         raise SchemaError(
             f"{where}, column {column!r}: {arrow_type} (arrays of arrays) becomes a ragged field of rows whose "
             f"shape Spark's type does not say; give the field with the schema option, e.g. "
             f".option(\"schema\", '{example}')"
         )
-    if _arrow._primitive_dtype(leaf) is None:  # a string, struct, map, ...: no field holds it
+    if acols.primitive_dtype(leaf) is None:  # a string, struct, map, ...: no field holds it
         raise SchemaError(
             f"{where}, column {column!r}: its type ({arrow_type} in Arrow) has no seqstore field (numbers, "
             "booleans and arrays of them are written, as their Spark type or the schema option says; no schema "
             "option makes this type one); a string or integer column can hold the record ids with "
             f'.option("idColumn", "{column}"); otherwise drop the column (df.drop("{column}")) before writing'
         )
-    return _arrow._plan(where, column, arrow_type).field()
+    return acols.plan_column(where, column, arrow_type).field()
 
 
 def _write_plan(
@@ -144,13 +144,13 @@ def _column_values(arr: Any, col: _Column, where: str) -> Any:
     ragged field must have the field's length, checked per level on the lengths arrays (no per-row
     Python work); the leaf values are converted by ``seqstore.interop.arrow``."""
     pa = _pa()
-    arr = _arrow._array(arr, where, col.column)
+    arr = acols.column_array(arr, where, col.column)
     f = col.field
     n = len(arr)
     lengths: np.ndarray[Any, Any] | None = None
     cur = arr
     for level, size in enumerate(f.shape):
-        cur = _arrow._storage_array(cur)
+        cur = acols.storage_array(cur)
         t = cur.type
         what = f"{where}, column {col.column!r}" + (f" (level {level + 1} of nested arrays)" if level else "")
         if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -172,11 +172,11 @@ def _column_values(arr: Any, col: _Column, where: str) -> Any:
         else:
             raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has {level} list level(s); "
                               f"field {col.field_name!r} {f} needs {len(f.shape)}")
-    cur = _arrow._storage_array(cur)
-    if _arrow._primitive_dtype(cur.type) is None:
+    cur = acols.storage_array(cur)
+    if acols.primitive_dtype(cur.type) is None:
         raise SchemaError(f"{where}, column {col.column!r}: Arrow type {arr.type} has more list levels than field "
                           f"{col.field_name!r} {f} has axes, or a leaf type that is not a number")
-    flat = _narrowed(_arrow._flatten_fixed(cur, where, col.column), f)
+    flat = _narrowed(acols.flatten_fixed(cur, where, col.column), f)
     if lengths is not None:
         return flat.reshape(int(lengths.sum()), *f.inner_shape), lengths
     return flat.reshape(n, *f.inner_shape)

@@ -44,16 +44,10 @@ from .arrow_columns import (
     column_map,
     columns_schema,
     convert_column,
-    first_inner_len,
-    fixed_shape,
-    flatten_fixed,
     id_strings,
     plan_column,
-    primitive_dtype,
     pyarrow,
     resolve_inner,
-    storage_array,
-    storage_type,
 )
 
 __all__ = ["import_arrow", "import_parquet", "arrow_sources", "METADATA_KEY"]
@@ -63,11 +57,6 @@ METADATA_KEY = "arrow"
 #: A parallel import gives each worker's unit at least this many records (fewer in all: one process).
 MIN_UNIT_RECORDS = 1 << 15
 
-# The column code's former private names here, which seqstore.engines still reads (arrow_columns has them public).
-_pa, _Plan, _plan, _storage_type, _primitive_dtype, _fixed_shape = pyarrow, Plan, plan_column, storage_type, \
-    primitive_dtype, fixed_shape
-_storage_array, _array, _flatten_fixed, _convert, _first_inner_len, _id_strings = storage_array, column_array, \
-    flatten_fixed, convert_column, first_inner_len, id_strings
 
 
 # ---------------------------------------------------------------------------------------- sources
