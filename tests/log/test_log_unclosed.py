@@ -166,3 +166,11 @@ def test_forked_child_leaves_the_parents_logger_alone(tmp_path: Path) -> None:
     assert "child exit 0" in res.stdout
     assert res.stderr.count("logger not closed at exit") == 1, res.stderr
     assert len(ss.open(tmp_path / "run.log")) == 10
+
+
+def test_logger_that_never_logged_says_nothing(tmp_path: Path) -> None:
+    script = "import seqstore\nlg = seqstore.Logger('run.log')\n"
+    (tmp_path / "script.py").write_text(script)
+    res = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stderr == "", res.stderr

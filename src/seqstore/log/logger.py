@@ -608,6 +608,9 @@ class Logger:
         was logged. The line to print."""
         if self._closed:
             return None
+        if self._thread is None:  # nothing was ever logged: nothing to commit or say
+            self.close()
+            return None
         pending = self._num_logged - self._num_committed
         try:
             self.close()
