@@ -207,3 +207,11 @@ def test_verify_reads_on_a_url(moto_s3: Any, s3_bucket: str, scratch: Path, tmp_
         store.get_batch(np.arange(120, 140))
     assert "verified.seqstore/shard-000001/t.npy or t.offsets.npy: record" in str(exc.value)
     assert "field 't'" in str(exc.value)
+    # read-once runs (iter_batches into memory of the reader's own, not the node cache): the same check
+    once = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true", read_once="true"),
+                   cache_dir=tmp_path / "c3")
+    assert once.read_once
+    got = list(once.iter_batches([np.arange(0, 100), np.arange(200, 300)]))
+    assert np.array_equal(np.concatenate([g["lab"] for g in got]), np.r_[0:100, 200:300])
+    with pytest.raises(ss.CorruptionError, match="field 't'"):
+        list(once.iter_batches([np.arange(100, 140)]))

@@ -2,22 +2,21 @@
 
 Each committed shard of a version-3 store written by this seqstore has one ``(n, C)`` ``<u4`` matrix:
 row ``i`` holds record ``i``'s checksum of every field (schema order) and, where the records have
-ids, of its id (last column). A record's checksum of a field is the low 32 bits of XXH64 (seed 0) of
-the field's stored bytes of that record: a fixed field's ``prod(shape) * itemsize`` bytes (a packed
-field: its column range of the group's row), a ragged field's value rows ``data[off[i]:off[i+1]]``,
-an id's UTF-8 bytes. XXH64 mixes in the length, so a record whose offsets moved (fewer or more rows)
-fails its check even where the bytes it now covers were intact. One row per record keeps a random
-read's checks in one page: 4 bytes per field and record (docs/format.md, section 4.1).
+ids, of its id (last column). A record's checksum of a field is the low 32 bits of XXH3-64 (seed 0,
+the default secret) of the field's stored bytes of that record: a fixed field's ``prod(shape) *
+itemsize`` bytes (a packed field: its column range of the group's row), a ragged field's value rows
+``data[off[i]:off[i+1]]``, an id's UTF-8 bytes. XXH3 mixes in the length, so a record whose offsets
+moved (fewer or more rows) fails its check even where the bytes it now covers were intact. One row
+per record keeps a random read's checks in one page: 4 bytes per field and record (docs/format.md,
+section 4.1).
 
-The hash runs in numba over addresses (no Python object per record) without the GIL; its output is
-tested against the ``xxhash`` package.
+The hash runs in numba over addresses (no Python object per record) without the GIL, long inputs in
+8-lane vector operations; its output is tested against the ``xxhash`` package.
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numba
@@ -26,10 +25,7 @@ from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import types
 from numba.extending import intrinsic
 
-from .npy import encode_header
-from .shard_info import FileInfo
-
-__all__ = ["CHECKS", "IDS_COLUMN", "check_columns", "encode_checks", "span_checks", "spans_at", "shard_checks"]
+__all__ = ["CHECKS", "IDS_COLUMN", "SECRET_AT", "check_at", "check_columns", "span_checks", "spans_at"]
 
 #: the checksum file of a shard
 CHECKS = "_checks.npy"
@@ -43,7 +39,8 @@ _SECRET = np.frombuffer(bytes.fromhex(
     "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364eac5ac8334d3ebc3c581a0fffa1363eb"
     "170ddd51b7f0da49d316552629d4689e2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e"
 ), np.uint8)
-_SECRET_AT = _SECRET.__array_interface__["data"][0]  # (the array lives as long as the module)
+#: the secret's address, for numba code (given as an argument: a compiled, cached function must not hold it)
+SECRET_AT = _SECRET.__array_interface__["data"][0]
 _P32_1 = np.uint64(0x9E3779B1)
 _P32_2 = np.uint64(0x85EBCA77)
 _P32_3 = np.uint64(0xC2B2AE3D)
@@ -222,6 +219,13 @@ def _xxh3(p: int, n: int, sec: int, acc: Any) -> Any:  # pragma: no cover - numb
 
 
 @numba.njit(nogil=True, cache=True)
+def check_at(p: int, n: int, sec: int, acc: Any) -> Any:  # pragma: no cover - numba
+    """For numba code: the checksum of the ``n`` bytes at address ``p`` (``sec``: :data:`SECRET_AT`;
+    ``acc``: scratch of 8 uint64)."""
+    return np.uint32(_xxh3(p, n, sec, acc) & _LOW32)
+
+
+@numba.njit(nogil=True, cache=True)
 def _spans(base: int, starts: Any, lens: Any, out: Any, sec: int) -> None:  # pragma: no cover - numba
     acc = np.empty(8, np.uint64)
     for k in range(starts.shape[0]):
@@ -241,55 +245,10 @@ def spans_at(base: int, starts: Any, lens: Any) -> np.ndarray[Any, np.dtype[np.u
     s = np.ascontiguousarray(starts, dtype=np.int64)
     out = np.empty(len(s), np.uint32)
     if len(s):
-        _spans(base, s, np.ascontiguousarray(lens, dtype=np.int64), out, _SECRET_AT)
+        _spans(base, s, np.ascontiguousarray(lens, dtype=np.int64), out, SECRET_AT)
     return out
 
 
 def check_columns(fields: Sequence[str], has_ids: bool) -> list[str]:
     """The columns of a shard's checksum matrix: the fields in schema order, then the ids."""
     return [*fields, IDS_COLUMN] if has_ids else list(fields)
-
-
-def shard_checks(
-    shard_dir: Path, schema: Any, records: int, rows: Mapping[str, int], has_ids: bool
-) -> np.ndarray[Any, Any]:
-    """The checksum matrix of the finished shard in ``shard_dir`` (its files as written), ``(records, C)``.
-    Reads every data file once (mapped)."""
-    cols = check_columns(list(schema), has_ids)
-    out = np.empty((records, len(cols)), np.uint32)
-    if records == 0:
-        return out
-    r = np.arange(records, dtype=np.int64)
-
-    def load(rel: str) -> np.ndarray[Any, Any]:
-        arr = np.load(shard_dir / rel, mmap_mode="r", allow_pickle=False)
-        return np.asarray(arr).reshape(-1).view(np.uint8) if arr.size else np.zeros(0, np.uint8)
-
-    for c, name in enumerate(cols[: len(schema)]):
-        f = schema[name]
-        gname = schema.group_of(name)
-        if gname is not None:
-            g = schema.groups[gname]
-            a, b = g.columns[name]
-            item = g.storage_dtype.itemsize
-            data = load(f"{gname}.npy")
-            out[:, c] = span_checks(data, r * (g.width * item) + a * item, np.full(records, (b - a) * item))
-        elif f.ragged:
-            off = np.asarray(np.load(shard_dir / f"{name}.offsets.npy", mmap_mode="r"), dtype=np.int64)
-            stride = f.row_bytes
-            out[:, c] = span_checks(load(f"{name}.npy"), off[:-1] * stride, np.diff(off) * stride)
-        else:
-            width = f.storage_dtype.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
-            out[:, c] = span_checks(load(f"{name}.npy"), r * width, np.full(records, width))
-    if has_ids:
-        off = np.asarray(np.load(shard_dir / "_ids.offsets.npy", mmap_mode="r"), dtype=np.int64)
-        out[:, -1] = span_checks(load("_ids.npy"), off[:-1], np.diff(off))
-    return out
-
-
-def encode_checks(checks: np.ndarray[Any, Any]) -> tuple[bytes, FileInfo]:
-    """The bytes of the ``.npy`` file of a shard's checksum matrix (128-byte header) and its
-    :class:`FileInfo` (size, CRC-32 of the data) for the shard's descriptor."""
-    data = np.ascontiguousarray(checks, dtype="<u4")
-    raw = encode_header(data.dtype, data.shape) + data.tobytes()
-    return raw, FileInfo(len(raw), zlib.crc32(data.data))

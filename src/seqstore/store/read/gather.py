@@ -20,7 +20,7 @@ from ...schema import BFLOAT16, Field, bfloat16_to_float32
 from .copy import copy_via, gather_rows, take_rows
 from .readahead import ReadPlanner
 from .shards import Group, Shard, checked_bounds
-from .verify import ReadVerifier
+from .verify import ReadVerifier, gather_rows_checked, spans_at, take_rows_checked
 
 __all__ = ["Alloc", "BF16_MODES", "Gatherer", "present_bf16"]
 
@@ -79,22 +79,25 @@ class Gatherer:
               alloc: Alloc | None = None) -> Any:
         """Field ``name`` of the batch (see :meth:`batch`): an array, or ``(values, lengths)``."""
         f = self.shards.schema[name]
-        got: Any = self._ragged(name, f, idx, groups, pad, via, alloc) if f.ragged else self._fixed(
-            name, f, idx, groups, via, alloc)
+        sums = None if self.verify is None else self.verify.sums(len(idx))  # the records' checksums, as copied
+        got: Any = self._ragged(name, f, idx, groups, pad, via, alloc, sums) if f.ragged else self._fixed(
+            name, f, idx, groups, via, alloc, sums)
         if self.verify is not None:  # the bytes as gathered, before any conversion
-            self.verify.field(name, idx, groups, got, pad)
+            self.verify.field(name, idx, groups, got, pad, sums)
         if not f.ragged:
             return present_bf16(got, self.bf16) if f.dtype == BFLOAT16 else got
         values, lengths = got
         return (present_bf16(values, self.bf16) if f.dtype == BFLOAT16 else values), lengths
 
-    def _fixed(self, name: str, f: Field, idx: Any, groups: list[Group], via: Any, alloc: Alloc | None
-               ) -> np.ndarray[Any, Any]:
+    def _fixed(self, name: str, f: Field, idx: Any, groups: list[Group], via: Any, alloc: Alloc | None,
+               sums: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
         shape = (len(idx), *f.inner_shape)
         res = (alloc or _new)(int(np.prod(shape, dtype=np.int64)) * f.storage_dtype.itemsize).view(
             f.storage_dtype).reshape(shape)
         width = res.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
         if not len(idx) or not width:
+            if sums is not None:
+                sums[:] = spans_at(0, np.zeros(len(idx), np.int64), np.zeros(len(idx), np.int64))
             return res
         for sh, pos, rows in groups:  # each shard's rows straight into their places in the batch
             col = sh.columns[name]
@@ -105,13 +108,19 @@ class Gatherer:
                 _copy(name, base + r * step, np.full(len(r), width, np.int64), address(res) + at * width, via, sh)
             elif not (col.flags.c_contiguous and col.strides[0] == width):  # (not a mapped column)
                 res[pos] = np.take(col, rows, axis=0)
+            elif sums is not None:  # verified: each row hashed as it is copied, while in cache
+                take_rows_checked(address(col), np.ascontiguousarray(rows, dtype=np.int64), address(res),
+                                  np.ascontiguousarray(at), width, sums, self.verify.secret)  # type: ignore[union-attr]
+                continue
             else:
                 take_rows(address(col), np.ascontiguousarray(rows, dtype=np.int64), address(res),
                           np.ascontiguousarray(at), width)
+            if sums is not None:
+                sums[at] = spans_at(address(res), at * width, np.full(len(at), width, np.int64))
         return res
 
     def _ragged(self, name: str, f: Field, idx: Any, groups: list[Group], pad: bool, via: Any,
-                alloc: Alloc | None) -> tuple[Any, Any]:
+                alloc: Alloc | None, sums: np.ndarray[Any, Any] | None = None) -> tuple[Any, Any]:
         lengths = np.empty(len(idx), dtype=np.int64)
         bounds = []
         for sh, pos, rows in groups:
@@ -134,12 +143,20 @@ class Gatherer:
         for (sh, pos, rows), (a, b) in zip(groups, bounds):
             col = sh.columns[name]
             data = col.reshape(-1).view(np.uint8) if col.size else np.empty(0, np.uint8)
+            if via is None and sums is not None:  # verified: each record hashed as it is copied, while in cache
+                at = np.arange(len(idx), dtype=np.int64) if isinstance(pos, slice) else np.asarray(pos, np.int64)
+                gather_rows_checked(data, sh.offsets[name], np.ascontiguousarray(rows), flat,
+                                    np.ascontiguousarray(starts[pos]), stride, sums, at, self.verify.secret)  # type: ignore[union-attr]
+                continue
             if via is None:
                 gather_rows(data, sh.offsets[name], np.ascontiguousarray(rows), flat,
                             np.ascontiguousarray(starts[pos]), stride)
             elif col.size:
                 _copy(name, address(data) + a * stride, (b - a) * stride,
                       address(flat) + np.asarray(starts[pos], np.int64), via, sh)
+            if sums is not None:
+                sums[pos] = spans_at(address(flat) if flat.size else 0, np.asarray(starts[pos], np.int64),
+                                     (b - a) * stride)
         values = flat.view(f.storage_dtype)
         if pad:
             return values.reshape(len(idx), longest, *f.inner_shape), lengths

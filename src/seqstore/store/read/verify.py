@@ -17,14 +17,58 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numba
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from ...errors import CorruptionError, SeqstoreError
-from ...format.checksums import CHECKS, IDS_COLUMN, check_columns, span_checks, spans_at
+from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_at, check_columns, span_checks, spans_at
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
 
-__all__ = ["ReadVerifier", "refuse_unverifiable"]
+__all__ = ["ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "spans_at", "take_rows_checked"]
+
+
+@intrinsic
+def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
+    sig = types.void(types.intp, types.intp, types.intp)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        d, s, k = args
+        ptr = cgutils.voidptr_t
+        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)  # type: ignore[no-untyped-call]
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def take_rows_checked(src: int, rows: Any, dst: int, pos: Any, width: int, sums: Any,
+                      sec: int) -> None:  # pragma: no cover - numba
+    """``take_rows`` (store/read/copy.py) that also hashes each row as copied, while it is in cache:
+    ``sums[pos[k]]`` is the checksum of row ``pos[k]`` (``sec``: ``SECRET_AT``)."""
+    acc = np.empty(8, np.uint64)
+    for k in range(rows.shape[0]):
+        d = dst + pos[k] * width
+        _memcpy(d, src + rows[k] * width, width)  # type: ignore[call-arg]
+        sums[pos[k]] = check_at(d, width, sec, acc)
+
+
+@numba.njit(nogil=True, cache=True)
+def gather_rows_checked(data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int, sums: Any,
+                        pos: Any, sec: int) -> None:  # pragma: no cover - numba
+    """``gather_rows`` (store/read/copy.py) that also hashes each record as copied: ``sums[pos[k]]``."""
+    src = data.ctypes.data
+    dst = out.ctypes.data
+    acc = np.empty(8, np.uint64)
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        a = offsets[r] * stride
+        n = offsets[r + 1] * stride - a
+        if n > 0:
+            _memcpy(dst + out_starts[k], src + a, n)  # type: ignore[call-arg]
+        sums[pos[k]] = check_at(dst + out_starts[k], max(n, 0), sec, acc)
 
 
 def refuse_unverifiable(manifest: Manifest, where: str) -> None:
@@ -97,14 +141,18 @@ class ReadVerifier:
 
     # ---------------------------------------------------------------------------------- checks
 
-    def field(self, name: str, idx: np.ndarray[Any, Any], groups: Sequence[Any], out: Any, pad: bool) -> None:
+    def field(self, name: str, idx: np.ndarray[Any, Any], groups: Sequence[Any], out: Any, pad: bool,
+              sums: np.ndarray[Any, Any] | None = None) -> None:
         """Check field ``name`` of a gathered batch of records ``idx``: ``out`` as gathered (storage
-        dtype): the fixed field's array, or a ragged field's ``(values, lengths)``."""
+        dtype): the fixed field's array, or a ragged field's ``(values, lengths)``; ``sums``: their
+        checksums where the gather took them (:func:`take_rows_checked`, :func:`gather_rows_checked`)."""
         n = len(idx)
         if n == 0:
             return
         f = self.schema[name]
-        if f.ragged:
+        if sums is not None:
+            got = sums
+        elif f.ragged:
             values, lengths = out
             stride = f.row_bytes
             lens = np.asarray(lengths, np.int64) * stride
@@ -119,6 +167,14 @@ class ReadVerifier:
         want = self._expected(groups, n, self._column[name])
         if not np.array_equal(got, want):
             self._report(name, idx, groups, got, want)
+
+    @staticmethod
+    def sums(n: int) -> np.ndarray[Any, Any]:
+        """Where a gather of ``n`` records puts their checksums."""
+        return np.empty(n, np.uint32)
+
+    #: the secret's address, for the checked gathers
+    secret = SECRET_AT
 
     def record(self, sh: Any, row: int, i: int, rec: dict[str, Any]) -> None:
         """Check record ``i`` (row ``row`` of shard ``sh``) as read: ``rec`` maps field names to arrays

@@ -134,8 +134,8 @@ class Writer:
         self._buf_bytes = 0
 
     def _open_shard(self) -> None:
-        self._shard = ShardFiles(self._workspace / "current", self._units, bool(self._has_ids), self._pool, self._io,
-                                 self.direct_io)
+        self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._has_ids), self._descriptors,
+                                 self._pool, self._io, self.direct_io)
         self._shard_records = self._shard_bytes = 0
         self._shard_open = True
 
@@ -460,7 +460,7 @@ class Writer:
             self._stats_delta[k] = self._stats_delta.get(k, 0) + v
 
     def _finish_shard_files(self) -> ShardInfo:
-        info, crc = self._shard.finish(self.schema, self._shard_records, self._descriptors)
+        info, crc = self._shard.finish(self._shard_records)
         self._desc_crc = self._desc_crc if crc is None else crc
         return info
 
