@@ -50,10 +50,8 @@ def remote(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory, values: np
 
 def _entry(store: ss.Store, cache: Path) -> Any:
     """The region (cache entry, key) of the store's values file in node cache ``cache``, once mapped."""
-    from seqstore.io import remote_fetch
-
     store.get_batch([0])
-    regions = [r for r in remote_fetch._lookup()[2] if r.key.endswith("v.npy") and r.obj.cache.root == cache]
+    regions = [r for r in store.source.fetcher.regions() if r.key.endswith("v.npy") and r.obj.cache.root == cache]
     assert len(regions) == 1, regions
     return regions[0]
 

@@ -736,7 +736,7 @@ def test_node_cache_requests_go_through_the_direct_reader_where_there_are_urls(
     """Random reads fill the node cache through seqstore's own HTTP client (presigned range GETs) unless
     ``direct_reads`` is false, in waves of at least ``_DIRECT_LEAST`` requests (this small store's waves
     have fewer: with the default they go through obstore); the cache then serves them either way."""
-    from seqstore.io import remote as remote_mod
+    from seqstore.io import remote_fetch as remote_mod
 
     if least is not None:
         monkeypatch.setattr(remote_mod, "_DIRECT_LEAST", least)

@@ -86,7 +86,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
 
 def test_sorted_unique_is_np_unique_of_sorted_numbers() -> None:
     """The remote planning's distinct values of sorted chunk numbers, with and without the inverse."""
-    from seqstore.io.remote_fetch import _sorted_unique
+    from seqstore.io.remote_plan import sorted_unique as _sorted_unique
 
     rng = np.random.default_rng(5)
     for n in (0, 1, 2, 3, 50, 1000):

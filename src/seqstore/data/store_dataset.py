@@ -9,12 +9,13 @@ arrays an ordering may need (``sorted*``: lengths and a sort index) are cached a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..io.options import StoreOptions
 from ..schema import BFLOAT16
 from ..store import Store, open_store
 from ._cache import default_cache_dir, store_fingerprint
@@ -32,6 +33,8 @@ class StoreDataset(Dataset):
     field whose row count is a sequence's length (default: the only ragged field; a store without
     ragged fields has length 1 per record). ``fields``: the fields ``get``/``get_batch`` return
     (default all). ``cache_dir``: where derived arrays are cached (default ``<store>.cache``).
+    ``storage_options``: how a store given by URL is opened (as :func:`seqstore.open` takes them, or a
+    :class:`~seqstore.io.options.StoreOptions` with the node cache's ``cache_dir`` / ``cache_bytes``).
     Memory O(1) (+ the store's O(shards)); pickles as (path, options).
     """
 
@@ -45,8 +48,14 @@ class StoreDataset(Dataset):
         length_field: str | None = None,
         fields: list[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        storage_options: StoreOptions | Mapping[str, Any] | None = None,
     ) -> None:
-        self.store = store if isinstance(store, Store) else open_store(store)
+        if isinstance(store, Store):
+            if storage_options:
+                raise ValueError(f"{store.url}: storage_options are for a store given by path or URL, not a Store")
+            self.store = store
+        else:
+            self.store = open_store(store, storage_options=storage_options)
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         schema = self.store.schema
         ragged = [n for n, f in schema.items() if f.ragged]
@@ -127,9 +136,9 @@ class StoreDataset(Dataset):
                                        prefetch=prefetch)
 
     @property
-    def read_once(self) -> bool:
-        """Whether the store receives runs of batches into memory (``Store.read_once``)."""
-        return self.store.read_once
+    def fetches_runs(self) -> bool:
+        """Whether the store receives runs of batches into memory (``Store.fetches_runs``: a read-once store)."""
+        return self.store.fetches_runs
 
     def fetch_runs(self, batches: Iterable[Any], pool: Any) -> Iterator[tuple[Any, list[Any]]]:
         """``Store.fetch_runs`` over ``fields``: each batch's index array and the fetched parts holding it."""

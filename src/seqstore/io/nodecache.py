@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import mmap
 import os
 import struct
@@ -97,6 +98,16 @@ def _parse_bytes(text: str, what: str) -> int:
     return value
 
 
+def _budget(budget: int | str | None) -> int:
+    """The byte budget ``cache_bytes`` names (None: the default)."""
+    if budget is None:
+        return default_cache_bytes()
+    value = _parse_bytes(budget, "cache_bytes") if isinstance(budget, str) else int(budget)
+    if value <= 0:
+        raise ValueError(f"cache_bytes must be positive, got {budget!r}")
+    return value
+
+
 class NodeCache:
     """The cache directory ``root`` with a byte ``budget`` (see the module docstring)."""
 
@@ -105,14 +116,7 @@ class NodeCache:
 
     def __init__(self, root: str | os.PathLike[str] | None = None, budget: int | str | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
-        if budget is None:
-            self.budget = default_cache_bytes()
-        elif isinstance(budget, str):
-            self.budget = _parse_bytes(budget, "cache_bytes")
-        else:
-            self.budget = int(budget)
-        if self.budget <= 0:
-            raise ValueError(f"cache_bytes must be positive, got {budget!r}")
+        self.budget = _budget(budget)
         try:
             (self.root / "objects").mkdir(parents=True, exist_ok=True)
             (self.root / "stores").mkdir(exist_ok=True)
@@ -129,11 +133,8 @@ class NodeCache:
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
         """One NodeCache object per (directory, budget) in a process."""
         path = Path(root) if root is not None else default_cache_dir()
-        if budget is None:
-            b = default_cache_bytes()
-        else:
-            b = budget if isinstance(budget, int) else _parse_bytes(budget, "cache_bytes")
-        key = (str(path.resolve()) if path.exists() else str(path), int(b))
+        b = _budget(budget)
+        key = (str(path.resolve()) if path.exists() else str(path), b)
         with cls._open_lock:
             got = cls._open.get(key)
             if got is None or got._pid != os.getpid():
@@ -217,22 +218,10 @@ class NodeCache:
 
     def _entries(self) -> list[tuple[float, Path]]:
         out = []
-        for sub in (self.root / "objects").iterdir():
-            if not sub.is_dir():
-                continue
-            for p in sub.glob("*.bits"):
-                try:
-                    out.append((p.stat().st_mtime, p))
-                except FileNotFoundError:
-                    pass
-        for p in (self.root / "derived").glob("*/*.npy"):  # datasets' derived arrays of remote stores
-            try:
-                out.append((p.stat().st_mtime, p))
-            except FileNotFoundError:
-                pass
-        for p in (self.root / "stores").glob("*/*"):
-            if ".tmp-" in p.name:  # being built by a process right now
-                continue
+        objects = (p for sub in (self.root / "objects").iterdir() if sub.is_dir() for p in sub.glob("*.bits"))
+        derived = (self.root / "derived").glob("*/*.npy")  # datasets' derived arrays of remote stores
+        stores = (p for p in (self.root / "stores").glob("*/*") if ".tmp-" not in p.name)  # (.tmp-: being built)
+        for p in itertools.chain(objects, derived, stores):
             try:
                 out.append((p.stat().st_mtime, p))
             except FileNotFoundError:
@@ -250,23 +239,14 @@ class NodeCache:
                 break
             if p in keep_paths:
                 continue
-            if p.suffix == ".npy":
-                try:
-                    freed = p.stat().st_blocks * 512
-                    p.unlink()
-                    used -= freed
-                except FileNotFoundError:
-                    pass
-            elif p.suffix == ".bits":
-                data = p.with_suffix(".data")
-                freed = 0
-                for q in (data, p, p.with_suffix(".claims")):
+            if p.suffix in (".npy", ".bits"):  # a derived array; a cache entry's data, page map and claims
+                for q in (p,) if p.suffix == ".npy" else (p.with_suffix(".data"), p, p.with_suffix(".claims")):
                     try:
-                        freed += q.stat().st_blocks * 512
+                        freed = q.stat().st_blocks * 512
                         q.unlink()
+                        used -= freed
                     except FileNotFoundError:
                         pass
-                used -= freed
             else:  # a store's metadata directory (stores/<url>/<manifest version>)
                 try:
                     freed = sum(f.lstat().st_blocks * 512 for f in p.rglob("*") if f.is_file() and not f.is_symlink())

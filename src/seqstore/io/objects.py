@@ -35,13 +35,12 @@ from .object_common import (
     SEQSTORE_OPTIONS,
     ObjectBackend,
     ObjectMeta,
-    check_options,
     is_remote,
-    option_flag,
     redact,
 )
 from .object_fsspec import _FsspecBackend
 from .object_obstore import _ObstoreBackend, fork_unsafe
+from .options import StoreOptions
 from .retry import MAX_BACKOFF, RetryPolicy, Transient
 
 _Transient = Transient  # the name tests simulate a transient failure with
@@ -80,29 +79,21 @@ class ObjectClient:
     ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
     ``timeout`` (seconds per request, default 30), ``connect_timeout`` (default 5),
     ``retry_timeout`` (seconds of retrying a transient failure, default 120), ``max_retries`` (retries
-    at most, default None: only ``retry_timeout`` limits them), ``read_once`` (default false: the store's
-    ``iter_batches`` fetches its runs of batches into memory instead of the node cache,
-    :mod:`seqstore.store.read.stream`), ``direct_reads`` (default true: range reads go through
-    :attr:`direct_reader` where the back end gives URLs for them, :meth:`direct`; false: always obstore).
+    at most, default None: only ``retry_timeout`` limits them) and the read path's (see
+    :class:`~seqstore.io.options.StoreOptions`), or a ``StoreOptions`` parsed from them.
     """
 
-    def __init__(self, url: str, options: Mapping[str, Any] | None = None, filesystem: Any = None) -> None:
-        opts = dict(options or {})
+    def __init__(self, url: str, options: StoreOptions | Mapping[str, Any] | None = None,
+                 filesystem: Any = None) -> None:
         self.url = url.rstrip("/")
-        check_options(self.url, opts)  # a seqstore error naming the option, not int()'s ValueError
-        self.max_requests = int(opts.pop("max_requests", 64))
-        self.max_inflight_bytes = int(opts.pop("max_inflight_bytes", 256 << 20))
-        self.coalesce_gap = int(opts.pop("coalesce_gap", 64 << 10))
-        self.timeout = float(opts.pop("timeout", 30.0))
-        self.connect_timeout = float(opts.pop("connect_timeout", 5.0))
-        retries = opts.pop("max_retries", None)
-        self.retry = RetryPolicy(_endpoint(self.url, opts), retry_timeout=float(opts.pop("retry_timeout", 120.0)),
-                                 max_retries=None if retries is None or retries == "" else int(retries),
-                                 timeout=self.timeout, connect_timeout=self.connect_timeout)
-        self.read_once = option_flag(opts.pop("read_once", False))
-        self.direct_reads = option_flag(opts.pop("direct_reads", True))
-        self.options = opts  # the back end's own options
-        self.filesystem = filesystem
+        o = StoreOptions.of(self.url, options, filesystem=filesystem)  # checked: a ConfigError names the option
+        self.max_requests, self.max_inflight_bytes = o.max_requests, o.max_inflight_bytes
+        self.coalesce_gap, self.timeout, self.connect_timeout = o.coalesce_gap, o.timeout, o.connect_timeout
+        self.direct_reads = o.direct_reads
+        self.retry = RetryPolicy(_endpoint(self.url, o.backend), retry_timeout=o.retry_timeout,
+                                 max_retries=o.max_retries, timeout=o.timeout, connect_timeout=o.connect_timeout)
+        self.options = dict(o.backend)  # the back end's own options
+        self.filesystem = o.filesystem
         self._pid = -1
         self._backend: ObjectBackend | None = None
         self._lock = threading.Lock()

@@ -11,74 +11,38 @@ table, and its data files mapped from the node cache.
   their descriptors and the first and last page of each of their files (the ``.npy`` headers, the
   last offsets, and each object's size and ETag). Data files become cache entries keyed by URL and ETag.
 - :meth:`RemoteRoot.map_npy` maps a data file's cache entry (a sparse local file) in place of the
-  object and registers the mapping with :mod:`seqstore.io.remote_fetch`, whose :func:`fetch` and
-  :func:`ensure` bring the pages an access needs (names re-exported here).
+  object and tells the store's :class:`~seqstore.io.remote_fetch.Fetcher` (:attr:`RemoteRoot.fetcher`),
+  which brings the pages an access needs.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
 import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
+from ..errors import CorruptionError, FormatError, RemoteNotFound
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
-from .nodecache import CachedObject, NodeCache
+from .nodecache import NodeCache
 from .objects import ObjectClient, ObjectMeta, redact
-from .remote_fetch import (
-    MOST,
-    Region,
-    Ticket,
-    ensure,
-    ensure_array,
-    fetch,
-    paged_searchsorted,
-    register,
-    remote_mappings,
-)
+from .options import StoreOptions
+from .remote_fetch import MOST, DirectWaves, Fetcher, Region
 
-__all__ = ["RemoteRoot", "fetch", "ensure", "ensure_array", "paged_searchsorted", "Ticket", "remote_mappings"]
+__all__ = ["RemoteRoot"]
 
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
-
-
-
-#: a wave of node-cache requests each at most _DIRECT_EACH bytes (random reads: pages, and neighbours
-#: merged across ``coalesce_gap``, up to 120 KiB in a wave of 1024 random 2 KiB records), at most
-#: _DIRECT_MOST in all, goes through the direct reader where the objects have URLs. Its pages are written
-#: into the cache when the whole wave is in; a wave with larger ranges (an epoch's runs and 1 MiB chunks)
-#: stays with obstore, whose answers are written as each arrives, so that a batch waiting for part of it
-#: can go on early
-_DIRECT_EACH = 256 << 10
-_DIRECT_MOST = 64 << 20
-#: ... and of at least this many requests: where the CPU per request matters (a random batch's wave has
-#: about 1,000; the few small requests of an epoch's waves, such as the pages at a chunk's edges, are
-#: better written into the cache one by one: a whole fixed epoch through the cache ran 5% slower with
-#: them through the direct reader, 768-802 against 816-835 MB/s)
-_DIRECT_LEAST = 32
-
-
-def _settle(wave: concurrent.futures.Future[Any], answers: concurrent.futures.Future[Any]) -> None:
-    """End ``wave`` as the client's future ``answers`` ended."""
-    if answers.cancelled():
-        wave.set_exception(RemoteError("the requests were cancelled", attempts=0))
-    elif answers.exception() is not None:
-        wave.set_exception(answers.exception())
-    else:
-        wave.set_result(answers.result())
 
 
 def _digest(*parts: str) -> str:
@@ -86,43 +50,23 @@ def _digest(*parts: str) -> str:
 
 
 class RemoteRoot:
-    """A store at ``url`` (see the module docstring). ``storage_options``: the client's options and
-    seqstore's request options (:class:`~seqstore.io.objects.ObjectClient`); ``filesystem``: an fsspec
-    filesystem instead of obstore; ``cache_dir`` / ``cache_bytes``: the node cache."""
+    """A store at ``url`` (see the module docstring), opened with ``options``: its client, node cache
+    and fetch path (:attr:`fetcher`) are made from them."""
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: Mapping[str, Any] | None = None,
-        filesystem: Any = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_bytes: int | str | None = None,
-    ) -> None:
+    def __init__(self, url: str, options: StoreOptions) -> None:
         self.url = url.rstrip("/")
-        self.storage_options = dict(storage_options or {})
-        self.filesystem = filesystem
-        self.cache_dir = cache_dir
-        self.cache_bytes = cache_bytes
-        self.client = ObjectClient(self.url, self.storage_options, filesystem)
-        self.cache = NodeCache.get(cache_dir, cache_bytes)
+        self.options = options
+        self.client = ObjectClient(self.url, options.storage_options(), options.filesystem)
+        self.cache = NodeCache.get(options.cache_dir, options.cache_bytes)
+        direct = DirectWaves(self.client) if options.direct_reads else None  # small waves: the direct reader
+        self.fetcher = Fetcher(self.client, self.cache, direct=direct)
         self.mirror: Path | None = None
         self._mirrors: list[Path] = []  # earlier manifest versions' mirrors (shards mapped before a refresh)
         self._metas: dict[str, ObjectMeta] = {}
         self._meta_lock = threading.Lock()
-        self.pending = 0  # data requests submitted and not yet answered (an estimate: read without a lock)
-        self._pending_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"RemoteRoot({self.url!r}, storage_options={redact(self.storage_options)!r})"
-
-    def options(self) -> dict[str, Any]:
-        """What reopening this root in another process needs."""
-        return {
-            "storage_options": self.storage_options,
-            "filesystem": self.filesystem,
-            "cache_dir": None if self.cache_dir is None else os.fspath(self.cache_dir),
-            "cache_bytes": self.cache_bytes,
-        }
+        return f"RemoteRoot({self.url!r}, storage_options={redact(self.options.storage_options())!r})"
 
     def digest(self) -> str:
         """A short name of this store's URL (its directory in the node cache)."""
@@ -136,109 +80,6 @@ class RemoteRoot:
             if text.startswith(m):
                 return self.url + text[len(m) :]
         return text
-
-    def submit(
-        self,
-        reqs: list[tuple[str, int, int, str | None]],
-        fills: list[tuple[CachedObject, int]],
-        chunks: Sequence[tuple[CachedObject, list[int]]] = (),
-    ) -> Any:
-        """Submit range requests whose answers are written into the cache entries ``fills``; ``chunks``:
-        the aligned chunks of cache entries these requests bring whole (in flight until they arrive)."""
-        self.cache.reserve(sum(_pages(b) - a // PAGE * PAGE for _, a, b, _ in reqs))
-        spans = [(obj, a, a + (r[2] - r[1])) for (obj, a), r in zip(fills, reqs)]
-
-        def on_each(i: int, data: memoryview, meta: ObjectMeta | None) -> None:
-            obj, a, _ = spans[i]
-            obj.fill(a, data)
-
-        by_obj: dict[int, tuple[CachedObject, list[tuple[int, int]]]] = {}
-        for obj, a, b in spans:
-            by_obj.setdefault(id(obj), (obj, []))[1].append((a, b))
-        # the wave's future, registered as in flight before any answer can arrive (one sort per entry)
-        wave: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        for obj, runs in by_obj.values():
-            with obj.lock:
-                obj.inflight = sorted(obj.inflight + [(a, b, id(wave), wave) for a, b in runs])
-        for obj, ids in chunks:
-            with obj.lock:
-                for c in ids:
-                    obj.chunk_flight[c] = wave
-        with self._pending_lock:
-            self.pending += len(reqs)
-
-        def done(answers: concurrent.futures.Future[Any]) -> None:
-            try:
-                with self._pending_lock:
-                    self.pending -= len(reqs)
-                for obj, ids in chunks:
-                    with obj.lock:
-                        for c in ids:
-                            if obj.chunk_flight.get(c) is wave:
-                                del obj.chunk_flight[c]
-                for obj, _runs in by_obj.values():  # one pass per entry, not one search per request
-                    with obj.lock:
-                        obj.inflight = [t for t in obj.inflight if t[3] is not wave]
-            finally:  # the wave ends whatever happened here: nothing waits for it forever
-                _settle(wave, answers)
-
-        try:
-            answers = self._direct_wave(reqs, spans)
-            if answers is None:
-                answers = self.client.submit(reqs, on_each, with_meta=False)
-        except BaseException as exc:  # not submitted (e.g. the client's loop is gone): nothing in flight
-            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            failed.set_exception(exc)
-            done(failed)
-            raise
-        answers.add_done_callback(done)
-        return wave
-
-    def _direct_wave(self, reqs: list[tuple[str, int, int, str | None]],
-                     spans: list[tuple[CachedObject, int, int]]) -> concurrent.futures.Future[Any] | None:
-        """The requests of a wave of small ranges (see ``_DIRECT_EACH``) received by the client's direct reader
-        (:mod:`.object_direct`: a fraction of obstore's CPU a request) into one buffer, and written into
-        the cache entries once all are in; None where an object has no direct URL (then obstore)."""
-        total = sum(b - a for _, a, b, _ in reqs)
-        client = self.client
-        if len(reqs) < _DIRECT_LEAST or total > _DIRECT_MOST or max(b - a for _, a, b, _ in reqs) > _DIRECT_EACH:
-            return None
-        urls: dict[tuple[str, str | None], tuple[str, str | None]] = {}
-        for key, _, _, etag in reqs:
-            if (key, etag) not in urls:
-                got = client.direct(key, etag)
-                if got is None:
-                    return None
-                urls[(key, etag)] = got
-        if not client.direct_budget(total):  # max_inflight_bytes in flight this way already: through obstore
-            return None
-        view = memoryview(bytearray(total))
-        jobs, places, off = [], [], 0
-        for key, a, b, etag in reqs:
-            url, tag = urls[(key, etag)]
-            jobs.append((url, a, b, tag, view[off : off + b - a]))
-            places.append(off)
-            off += b - a
-        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def fill(inner: concurrent.futures.Future[None]) -> None:
-            try:
-                inner.result()
-                for (obj, a, b), o in zip(spans, places):
-                    obj.fill(a, view[o : o + b - a])
-            except BaseException as exc:  # noqa: BLE001 - the wave's error, raised where it is awaited
-                out.set_exception(exc)
-            else:
-                out.set_result(None)
-            finally:
-                client.direct_budget(-total)
-
-        try:
-            client.direct_reader.submit(jobs).add_done_callback(fill)
-        except BaseException:
-            client.direct_budget(-total)
-            raise
-        return out
 
     # ---------------------------------------------------------------------------------- manifest
 
@@ -392,9 +233,7 @@ class RemoteRoot:
         try:
             saved = json.loads((self.mirror / name / _META).read_text())
             return {rel: ObjectMeta(f"{name}/{rel}", int(v[0]), str(v[1])) for rel, v in saved.items()}
-        except FileNotFoundError:
-            return {}
-        except (ValueError, TypeError, KeyError, IndexError, OSError, AttributeError):
+        except (ValueError, TypeError, KeyError, IndexError, OSError, AttributeError):  # none yet, or unreadable
             return {}
 
     def _meta(self, key: str) -> ObjectMeta:
@@ -444,7 +283,7 @@ class RemoteRoot:
             return empty
         raw = map_fd(obj.fd, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM, name=url)
         base = address(raw)
-        register(Region(base, base + size, obj, self, key, meta.etag), raw.base if raw.base is not None else raw)
+        self.fetcher.add(Region(base, base + size, obj, key, meta.etag), raw.base if raw.base is not None else raw)
         return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
     def fetch_descriptors(self, names: Sequence[str]) -> None:
@@ -472,10 +311,10 @@ class RemoteRoot:
                 continue
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
             ms, me = obj.missing(np.array([0], np.int64), np.array([max(meta.size, 1)], np.int64))
-            runs = [(a, min(a + MOST, int(e))) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, MOST)]
+            runs = [(a, min(a + MOST, e)) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, MOST)]
             if runs:
-                fut = self.submit([(key, a, b, meta.etag or None) for a, b in runs], [(obj, a) for a, _ in runs])
-                fut.result()
+                reqs = [(key, a, b, meta.etag or None) for a, b in runs]
+                self.fetcher.submit(reqs, [(obj, a) for a, _ in runs]).result()
             link = self.mirror / key
             link.parent.mkdir(parents=True, exist_ok=True)
             tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
@@ -493,10 +332,6 @@ class RemoteRoot:
             if mirror is not None and path.is_relative_to(mirror):
                 return path.relative_to(mirror).as_posix()
         raise ValueError(f"{path} is not in a mirror of {self.url}")
-
-    def shard_files(self, manifest: Manifest) -> list[str]:
-        """The files a shard's records need (its id files are prepared on the first id lookup)."""
-        return list(manifest.data_files())
 
 
 def _pages(n: int) -> int:

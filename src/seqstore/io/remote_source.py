@@ -1,18 +1,18 @@
 """A store on object storage as a byte source: a local mirror of its root, its files mapped from the
 node cache, and bytes fetched into the cache before they are read.
 
-The mirror and the mappings are :class:`~seqstore.io.remote.RemoteRoot`'s; the requests that fill
-the mappings are :mod:`seqstore.io.remote_fetch`'s. This module adds what a reader plans around:
-mapped pages read as zeros until fetched (every access ensures its ranges), answers take tens of
-milliseconds (reads are always asked ahead, more batches are kept in flight, a batch's ragged value
-rows are asked for early), and a shard's first touch costs one wave of requests (a batch prepares
-all its new shards in one wave). Messages name objects by URL.
+The mirror and the mappings are :class:`~seqstore.io.remote.RemoteRoot`'s; the requests that fill the
+mappings are the store's own :class:`~seqstore.io.remote_fetch.Fetcher`'s (a request goes to the
+fetcher of the source it is asked of, never looked up by address). This module adds what a reader
+plans around: mapped pages read as zeros until fetched (every access ensures its ranges), answers
+take tens of milliseconds (reads are always asked ahead, more batches are kept in flight, a batch's
+ragged value rows are asked for early), and a shard's first touch costs one wave of requests (a batch
+prepares all its new shards in one wave). Messages name objects by URL.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,9 @@ from ..format.shard_table import ShardTable
 from .mapping import map_file
 from .nodecache import budget_directory
 from .objects import fork_unsafe
+from .options import StoreOptions
 from .remote import RemoteRoot
-from .remote_fetch import ensure, ensure_array, fetch, fetch_runs, paged_searchsorted
-from .remote_stream import fetch_into
+from .remote_stream import fetch_into, segments
 from .source import ByteSource, ReadPolicy
 
 __all__ = ["RemoteSource"]
@@ -51,31 +51,20 @@ def _always_cold(starts: Any, sample: int = 16) -> bool:
     return True
 
 
-def _searchsorted(arr: np.ndarray[Any, Any], q: np.ndarray[Any, Any], side: str = "left") -> np.ndarray[Any, Any]:
-    """``np.searchsorted`` reading only the pages the search needs."""
-    if len(arr) == 0:
-        return np.searchsorted(arr, q, side=side)  # type: ignore[call-overload,no-any-return]
-    return paged_searchsorted(arr, q, side)
-
-
 class RemoteSource(ByteSource):
-    """The store at ``url`` on object storage (``storage_options``, ``filesystem``, ``cache_dir`` and
-    ``cache_bytes`` as for :func:`seqstore.open`), read through the node cache."""
+    """The store at ``url`` on object storage, opened with ``options``
+    (:class:`~seqstore.io.options.StoreOptions`), read through the node cache."""
 
     is_remote = True
     any_cold = staticmethod(_always_cold)
-    searchsorted = staticmethod(_searchsorted)
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: Mapping[str, Any] | None = None,
-        filesystem: Any = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_bytes: int | str | None = None,
-    ) -> None:
-        self.remote = RemoteRoot(url, storage_options, filesystem=filesystem, cache_dir=cache_dir,
-                                 cache_bytes=cache_bytes)
+    def __init__(self, url: str, options: StoreOptions) -> None:
+        self.options = options
+        self.remote = RemoteRoot(url, options)
+        self.fetcher = fetcher = self.remote.fetcher
+        # the fetcher's own methods (no call layer added on the read path)
+        self.ensure, self.ensure_array = fetcher.ensure, fetcher.ensure_array  # type: ignore[method-assign]
+        self.searchsorted = fetcher.searchsorted
 
     @property
     def url(self) -> str:
@@ -94,40 +83,37 @@ class RemoteSource(ByteSource):
     def policy(self, readahead: str) -> ReadPolicy:
         # "readahead" governs scans only: a batch always asks, as faults would read zeros
         return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, deepest=_DEEPEST,
-                          staged=True, together=_TOGETHER, stream=self.remote.client.read_once)
+                          staged=True, together=_TOGETHER, stream=self.options.read_once)
 
     def deeper(self) -> bool:
-        return self.remote.pending < _FEW * self.remote.client.max_requests
+        return self.fetcher.pending < _FEW * self.options.max_requests
 
     def reopen(self) -> tuple[Any, dict[str, Any]]:
-        return self.url, self.remote.options()
+        return self.url, {"storage_options": self.options}
 
     def request(self, starts: Any, ends: Any, *, most: int) -> None:
-        fetch(starts, ends)
+        self.fetcher.fetch(starts, ends)
 
     def request_runs(self, starts: Any, ends: Any, *, most: int, must: int) -> tuple[Any, Any]:
-        return fetch_runs(starts, ends, must)
+        return self.fetcher.fetch_runs(starts, ends, must)
 
     def request_span(self, start: int, stop: int, *, most: int) -> None:
-        fetch(np.array([start], np.int64), np.array([stop], np.int64))
+        self.fetcher.fetch(np.array([start], np.int64), np.array([stop], np.int64))
 
     def fetch_into(self, starts: Any, ends: Any, alloc: Any) -> Any:
-        return fetch_into(starts, ends, alloc)
+        return fetch_into(self.fetcher, starts, ends, alloc)
+
+    def segments(self, parts: list[Any]) -> tuple[Any, Any, Any]:
+        return segments(self.fetcher, parts)
 
     @property
     def stream_budget(self) -> int:
         """Bytes a read-once ``iter_batches`` keeps fetched ahead at most: ``max_inflight_bytes``."""
-        return int(self.remote.client.max_inflight_bytes)
-
-    def ensure(self, starts: Any, ends: Any) -> None:
-        ensure(starts, ends)
-
-    def ensure_array(self, arr: np.ndarray[Any, Any]) -> None:
-        ensure_array(arr)
+        return int(self.options.max_inflight_bytes)
 
     def prepare_shards(self, manifest: Manifest, table: ShardTable, shards: Iterable[int]) -> None:
         """Fetch what mapping ``shards`` needs (descriptors, file heads), one wave for all."""
-        files = self.remote.shard_files(manifest)
+        files = list(manifest.data_files())  # (a shard's id files are prepared on its first id lookup)
         todo: list[tuple[str, Sequence[str], int | None]] = []
         for k in shards:
             if manifest.table is not None:

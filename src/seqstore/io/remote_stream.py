@@ -1,14 +1,15 @@
 """Byte ranges of remote mappings fetched into memory the reader owns, not into the node cache.
 
-A read-once epoch (the ``read_once`` storage option) reads each run of batches once. Written into
-the node cache, every byte would be copied twice more (into the cache file, out of it into the batch)
-and would take fresh page-cache memory that the epoch never reads again. :func:`fetch_into` instead
-merges the ranges a run needs (per mapped file, ranges closer than ``coalesce_gap`` as one), receives
-the merged segments into one buffer from the caller's pool, and returns a :class:`Part`: the
-segments' addresses in the mappings, where each landed in the buffer, and a wait. Bodies are
-received with :class:`~seqstore.io.object_direct.DirectReader` (straight into the buffer) where the
-client has plain or presigned URLs for the objects, else through the client's back end (one copy
-more). The node cache is neither read nor written.
+A read-once epoch (a store opened so, :class:`~seqstore.io.options.StoreOptions`) reads each run of
+batches once. Written into the node cache, every byte would be copied twice more (into the cache file,
+out of it into the batch) and would take fresh page-cache memory that the epoch never reads again.
+:func:`fetch_into` instead merges the ranges a run needs (per mapped file, ranges closer than
+``coalesce_gap`` as one), receives the merged segments into one buffer from the caller's pool, and
+returns a :class:`Part`: the segments' addresses in the mappings, where each landed in the buffer, and
+a wait. Bodies are received with :class:`~seqstore.io.object_direct.DirectReader` (straight into the
+buffer) where the client has plain or presigned URLs for the objects, else through the client's back
+end (one copy more). The node cache is neither read nor written. :func:`segments`: the table a batch
+is gathered through, in this process or in another that maps the same store.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from .mapping import address
-from .remote_fetch import MOST, Ticket, _split_by_region, regions
+from .remote_fetch import MOST, Fetcher, Ticket
 
-__all__ = ["Part", "export_part", "fetch_into", "merge_ranges", "segment_table", "via_from"]
+__all__ = ["Part", "fetch_into", "merge_ranges", "segment_table", "segments"]
 
 
 def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> tuple[Any, Any, Any]:
@@ -48,11 +49,14 @@ class Part:
     (bounded as a :class:`~seqstore.io.remote_fetch.Ticket`'s wait).
 
     ``users``: holders of the buffer (1, its fetcher, to begin with); :meth:`release` drops one, and the
-    last calls ``on_free(buffer)`` (the buffer may then be reused)."""
+    last calls ``on_free(buffer)`` (the buffer may then be reused). :meth:`export`: the segments as
+    another process finds them."""
 
-    __slots__ = ("seg_s", "seg_e", "seg_at", "buffer", "ticket", "nbytes", "users", "on_free", "exported")
+    __slots__ = ("fetcher", "seg_s", "seg_e", "seg_at", "buffer", "ticket", "nbytes", "users", "on_free", "exported")
 
-    def __init__(self, seg_s: Any, seg_e: Any, seg_at: Any, buffer: Any, futures: list[Any], limit: float) -> None:
+    def __init__(self, fetcher: Fetcher, seg_s: Any, seg_e: Any, seg_at: Any, buffer: Any, futures: list[Any],
+                 limit: float) -> None:
+        self.fetcher = fetcher
         self.seg_s, self.seg_e, self.seg_at, self.buffer = seg_s, seg_e, seg_at, buffer
         self.ticket = Ticket(futures, limit)
         self.nbytes = int((seg_e - seg_s).sum()) if len(seg_s) else 0
@@ -68,27 +72,45 @@ class Part:
         if self.users == 0 and self.on_free is not None:
             self.on_free(self.buffer)
 
+    def export(self) -> tuple[list[tuple[str, str]], Any, Any, Any, Any]:
+        """The segments as another process that maps the same store finds them: the objects (store URL,
+        key), and per segment its object's number in that list, its offsets in the object and its offset
+        in the buffer. Computed once."""
+        if self.exported is None:
+            base = address(self.buffer) if len(self.buffer) else 0
+            url = self.fetcher.client.url
+            objects: list[tuple[str, str]] = []
+            ids, s, e, at = [], [], [], []
+            for k, (region, rs, re_, rat) in enumerate(self.fetcher.split(self.seg_s, self.seg_e, self.seg_at - base)):
+                objects.append((url, region.key))
+                ids.append(np.full(len(rs), k, np.int64))
+                s.append(rs)
+                e.append(re_)
+                at.append(rat)
+            z = np.zeros(0, np.int64)
+            self.exported = (objects, *(np.concatenate(x) if x else z for x in (ids, s, e, at)))
+        return self.exported  # type: ignore[no-any-return]
 
-def fetch_into(starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, Any]]) -> Part:
-    """Start fetching the bytes of ranges ``[starts, ends)`` (absolute addresses inside remote mappings;
-    others are ignored) into a buffer of ``alloc(nbytes)`` (a C-contiguous ``uint8`` array of at least
+
+def fetch_into(fetcher: Fetcher, starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, Any]]) -> Part:
+    """Start fetching the bytes of ranges ``[starts, ends)`` (absolute addresses inside ``fetcher``'s
+    mappings; others are ignored) into a buffer of ``alloc(nbytes)`` (a C-contiguous ``uint8`` array of at least
     that many bytes). Returns at once; the :class:`Part` says where each merged segment lands."""
-    regions = _split_by_region(starts, ends)
+    client = fetcher.client
     merged = []
     total = 0
-    for region, s, e in regions:
-        gap = int(region.root.client.coalesce_gap)
-        ms, me, _ = merge_ranges(s, e, gap)
+    for region, s, e in fetcher.split(starts, ends):
+        ms, me, _ = merge_ranges(s, e, int(client.coalesce_gap))
         merged.append((region, ms, me))
         total += int((me - ms).sum())
     buffer = alloc(total)
     at = address(buffer) if total else 0
     seg_s, seg_e, seg_at = [], [], []
-    by_client: dict[int, tuple[Any, list[Any], list[Any]]] = {}  # id(client) -> (client, direct, fallback)
+    direct_reqs: list[Any] = []
+    fallback: list[Any] = []
     view = buffer.data.cast("B") if total else memoryview(b"")
     off = 0
     for region, ms, me in merged:
-        client = region.root.client
         lens = me - ms
         offs = off + np.concatenate(([0], np.cumsum(lens)[:-1])) if len(lens) else lens
         seg_s.append(region.base + ms)
@@ -96,58 +118,42 @@ def fetch_into(starts: Any, ends: Any, alloc: Callable[[int], np.ndarray[Any, An
         seg_at.append(at + offs)
         off += int(lens.sum())
         direct = client.direct(region.key, region.etag)
-        entry = by_client.setdefault(id(client), (client, [], []))
         for a, b, o in zip(ms.tolist(), me.tolist(), offs.tolist()):
             for p in range(a, b, MOST):  # requests of at most MOST bytes, each into its place
                 q = min(b, p + MOST)
                 dest = view[o + p - a : o + q - a]
                 if direct is not None:
-                    entry[1].append((direct[0], p, q, direct[1], dest))
+                    direct_reqs.append((direct[0], p, q, direct[1], dest))
                 else:
-                    entry[2].append(((region.key, p, q, region.etag), dest))
+                    fallback.append(((region.key, p, q, region.etag), dest))
     futures = []
-    limit = 600.0
-    for client, direct_reqs, fallback in by_client.values():
-        limit = max(limit, client.patience())
-        if direct_reqs:
-            futures.append(client.direct_reader.submit(direct_reqs))
-        if fallback:
-            dests = [d for _, d in fallback]
+    if direct_reqs:
+        futures.append(client.direct_reader.submit(direct_reqs))
+    if fallback:
+        dests = [d for _, d in fallback]
 
-            def on_each(i: int, data: memoryview, meta: Any, dests: list[memoryview] = dests) -> None:
-                dests[i][:] = data
+        def on_each(i: int, data: memoryview, meta: Any) -> None:
+            dests[i][:] = data
 
-            futures.append(client.submit([r for r, _ in fallback], on_each, with_meta=False))
+        futures.append(client.submit([r for r, _ in fallback], on_each, with_meta=False))
     s_all, e_all, at_all = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (seg_s, seg_e, seg_at))
     o = np.argsort(s_all, kind="stable")
-    return Part(s_all[o], e_all[o], at_all[o], buffer, futures, limit)
+    limit = max(600.0, client.patience())
+    return Part(fetcher, s_all[o], e_all[o], at_all[o], buffer, futures, limit)
 
 
-def export_part(part: Part) -> tuple[list[tuple[str, str]], Any, Any, Any, Any]:
-    """``part``'s segments as another process that maps the same store finds them: the objects (store
-    URL, key), and per segment its object's number in that list, its offsets in the object and its
-    offset in the buffer. Computed once per part."""
-    if part.exported is None:
-        base = address(part.buffer) if len(part.buffer) else 0
-        objects: list[tuple[str, str]] = []
-        ids, s, e, at = [], [], [], []
-        for k, (region, rs, re_, rat) in enumerate(_split_by_region(part.seg_s, part.seg_e, part.seg_at - base)):
-            objects.append((region.root.url, region.key))
-            ids.append(np.full(len(rs), k, np.int64))
-            s.append(rs)
-            e.append(re_)
-            at.append(rat)
-        z = np.zeros(0, np.int64)
-        part.exported = (objects, *(np.concatenate(x) if x else z for x in (ids, s, e, at)))
-    return part.exported  # type: ignore[no-any-return]
-
-
-def via_from(parts: list[tuple[tuple[list[tuple[str, str]], Any, Any, Any, Any], int]]) -> tuple[Any, Any, Any]:
-    """The segment table (starts, ends, buffer addresses; by start) for :func:`~seqstore.store.read.copy.copy_via`
-    in this process, from ``(export_part(p), address of p's buffer here)`` of parts fetched by another
-    process. Segments of objects not mapped here are left out: look the batch's shards up first (a
-    run's parts also hold other batches' shards)."""
-    here = {(r.root.url, r.key): r.base for r in regions()}
+def segments(fetcher: Fetcher, parts: list[Any]) -> tuple[Any, Any, Any]:
+    """The segment table (starts, ends, buffer addresses; by start) that
+    :func:`~seqstore.store.read.copy.copy_via` reads ``parts`` through in this process: parts
+    (:class:`Part`) fetched here, or ``(p.export(), address of p's buffer here)`` of parts another
+    process fetched from the same store (``fetcher`` is this process's). Segments of objects not
+    mapped here are left out: look the batch's shards up first (a run's parts hold other batches' too)."""
+    if parts and isinstance(parts[0], Part):
+        if len(parts) == 1:  # a part's own table is sorted already
+            return parts[0].seg_s, parts[0].seg_e, parts[0].seg_at
+        return segment_table([p.seg_s for p in parts], [p.seg_e for p in parts], [p.seg_at for p in parts])
+    url = fetcher.client.url
+    here = {(url, r.key): r.base for r in fetcher.regions()}
     seg_s, seg_e, seg_at = [], [], []
     for (objects, ids, s, e, at), buf in parts:
         bases = np.array([here.get(o, -1) for o in objects], np.int64)

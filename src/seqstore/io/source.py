@@ -53,8 +53,8 @@ class ReadPolicy:
     (:meth:`ByteSource.request_runs`):
     the batches of a block-shuffled window each take a sample of the same blocks, and their union is
     the blocks as they lie (0: each batch on its own). ``stream``: ``iter_batches`` (with its default
-    depth) fetches those runs into memory instead (:meth:`ByteSource.fetch_into`; the ``read_once``
-    storage option).
+    depth) fetches those runs into memory instead (:meth:`ByteSource.fetch_into`; a read-once
+    store, :class:`~seqstore.io.options.StoreOptions`).
     """
 
     ahead: bool
@@ -133,8 +133,13 @@ class ByteSource(ABC):
         """Start fetching byte ranges ``[starts, ends)`` (addresses in this source's mappings) into a
         buffer from ``alloc(nbytes)``, bypassing any cache; a
         :class:`~seqstore.io.remote_stream.Part`. Only a source whose policy has ``stream`` is asked."""
-        raise NotImplementedError(f"{self.url}: this source does not fetch into memory (read_once is for "
-                                  "remote stores)")
+        raise NotImplementedError(f"{self.url}: this source does not fetch into memory (a read-once epoch is "
+                                  "for remote stores)")
+
+    def segments(self, parts: list[Any]) -> tuple[Any, Any, Any]:
+        """The segment table (starts, ends, buffer addresses; by start) of parts :meth:`fetch_into` fetched:
+        this process's parts, or ``(part.export(), address of its buffer here)`` of another process's."""
+        raise NotImplementedError(f"{self.url}: this source does not fetch into memory")
 
     @property
     def stream_budget(self) -> int:

@@ -2,35 +2,38 @@
 
 :func:`open_source` returns a :class:`~seqstore.io.local_source.LocalSource` for a path or a
 ``file://`` URL and a :class:`~seqstore.io.remote_source.RemoteSource` for any other URL (or when an
-fsspec ``filesystem`` is given). The remote side, and with it the object-store client, is imported
-only when a remote store is opened.
+fsspec ``filesystem`` is given), carrying its :class:`~seqstore.io.options.StoreOptions`. The remote
+side, and with it the object-store client, is imported only when a remote store is opened.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from .local_source import LocalSource
 from .objects import is_remote
+from .options import StoreOptions
 from .source import ByteSource
 
 __all__ = ["open_source"]
 
 
 def open_source(
-    path: str | os.PathLike[str],
-    storage_options: dict[str, Any] | None = None,
-    filesystem: Any = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_bytes: int | str | None = None,
+    path: str | os.PathLike[str], storage_options: StoreOptions | Mapping[str, Any] | None = None, **remote: Any
 ) -> ByteSource:
-    """The source of the store at ``path`` (arguments as for :func:`seqstore.open`). Reads nothing:
-    :meth:`~seqstore.io.source.ByteSource.load` reads the store's root."""
+    """The source of the store at ``path``; ``storage_options`` and ``remote`` (``filesystem``,
+    ``cache_dir``, ``cache_bytes``) as for :func:`seqstore.open`, or a
+    :class:`~seqstore.io.options.StoreOptions`. Reads nothing: :meth:`~seqstore.io.source.ByteSource.load`
+    reads the store's root. A local store takes no options (they are ignored)."""
+    filesystem = remote.get("filesystem")
+    if isinstance(storage_options, StoreOptions) and filesystem is None:
+        filesystem = storage_options.filesystem
     if is_remote(path) or filesystem is not None:
         from .remote_source import RemoteSource  # only remote stores load the object-store client
 
-        return RemoteSource(
-            os.fspath(path), storage_options, filesystem=filesystem, cache_dir=cache_dir, cache_bytes=cache_bytes
-        )
+        url = os.fspath(path)
+        return RemoteSource(url, StoreOptions.of(url, storage_options, **remote))
+    StoreOptions.of(os.fspath(path), None, **remote)  # (checks the keywords' names)
     return LocalSource(path)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import SeqstoreError
 from ..format.manifest import Manifest
 from ..io.object_common import option_flag
+from ..io.options import StoreOptions
 from ..io.source import READAHEAD_MODES, ByteSource
 from ..io.sources import open_source
 from ..schema import PackedGroup, Schema
@@ -56,10 +57,8 @@ class Store:
         readahead: str = "auto",
         max_mapped_shards: int | None = None,
         verify_reads: bool = False,
-        storage_options: dict[str, Any] | None = None,
-        filesystem: Any = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_bytes: int | str | None = None,
+        storage_options: StoreOptions | Mapping[str, Any] | None = None,
+        **remote: Any,
     ) -> None:
         if bfloat16 not in BF16_MODES:
             raise ValueError(f"bfloat16 must be one of {BF16_MODES}, got {bfloat16!r}")
@@ -72,11 +71,11 @@ class Store:
             verify_reads = option_flag(storage_options.pop("verify_reads")) or verify_reads
         self._verify_reads = bool(verify_reads)
         if isinstance(path, ByteSource):
-            if storage_options or filesystem is not None or cache_dir is not None or cache_bytes is not None:
+            if storage_options or any(v is not None for v in remote.values()):
                 raise ValueError("a Store opened on a ByteSource takes no storage_options, filesystem or cache")
             self._source = path
         else:
-            self._source = open_source(path, storage_options, filesystem, cache_dir, cache_bytes)
+            self._source = open_source(path, storage_options, **remote)
         manifest = self._source.load()
         self.root = self._source.root  # the manifest's directory (a remote store: its local mirror)
         self._bf16, self._readahead = bfloat16, readahead
@@ -272,7 +271,7 @@ class Store:
         fetched as :meth:`iter_batches` fetches them, into buffers from ``pool`` (a
         :class:`~.read.stream.Pool`). Each part (:class:`~seqstore.io.remote_stream.Part`) is held for the
         caller: call its ``release()`` once the batch was gathered (:meth:`gather_fetched`, in this
-        process or one that received the parts' buffers and :func:`~seqstore.io.remote_stream.export_part`)."""
+        process or one that received the parts' buffers and their ``export()``)."""
         if not self.read_once:
             raise ValueError(f"{self.url}: fetch_runs needs a remote store opened with read_once")
         for got in plan_runs(self._planner, batches, self._fields(fields), pool, hold=True):
@@ -283,16 +282,16 @@ class Store:
         alloc: Alloc | None = None,
     ) -> dict[str, Any]:
         """``get_batch(idx, pad=pad)`` from bytes :meth:`fetch_runs` fetched: ``via`` is the batch's parts
-        (this process's), their segment table (:func:`~.read.stream.via_of`), or a function that makes it
-        once the batch's shards are mapped (:func:`~seqstore.io.remote_stream.via_from`, in another
-        process). ``alloc(n)``: where each field's values go (``n`` bytes, a C-contiguous ``uint8`` array;
-        None: new arrays)."""
+        (a list: this process's parts, or ``(part.export(), address of its buffer here)`` of parts another
+        process fetched; the source finds them once the batch's shards are mapped), or their segment
+        table (:func:`~.read.stream.via_of`). ``alloc(n)``: where each field's values go (``n`` bytes, a
+        C-contiguous ``uint8`` array; None: new arrays)."""
         idx, groups = self._shards.batch(idx)
         names = self._fields(fields)
         ragged = [n for n in names if self.schema[n].ragged]
         if ragged:
             self._planner.need_groups(groups, ragged, values=False)  # the offsets: through the node cache
-        via = via_of(via) if isinstance(via, list) else via() if callable(via) else via
+        via = self._source.segments(via) if isinstance(via, list) else via() if callable(via) else via
         return self._gatherer.batch(idx, groups, names, pad, via, alloc)
 
     # ------------------------------------------------------- ids, matrices, ragged fields (the parts)
@@ -431,10 +430,8 @@ def open_store(
     readahead: str = "auto",
     max_mapped_shards: int | None = None,
     verify_reads: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    filesystem: Any = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_bytes: int | str | None = None,
+    storage_options: StoreOptions | Mapping[str, Any] | None = None,
+    **remote: Any,
 ) -> Store:
     """Open the store at ``path`` (a local path, or a URL: ``s3://``, ``gs://``, ``az://``/``abfs://``,
     ``https://``, ``file://``, or any fsspec URL) for reading. Reads the manifest only (and maps the
@@ -458,7 +455,8 @@ def open_store(
     "Verified reads"; for a URL also the storage option ``verify_reads``). A store without them is
     refused: version 1/2 at open, a shard written before them when it is first read.
 
-    Remote stores (docs/remote.md): ``storage_options`` configures the client (obstore's keys for S3,
+    Remote stores (docs/remote.md): ``storage_options`` (a mapping, or a
+    :class:`~seqstore.io.options.StoreOptions` parsed from one) configures the client (obstore's keys for S3,
     GCS and Azure, e.g. ``endpoint``, ``region``, ``access_key_id``; credentials otherwise come from the
     environment the way the cloud SDKs find them) and seqstore's requests (``max_requests``,
     ``coalesce_gap``, ``timeout``, ``retry_timeout``, ``max_retries``); ``filesystem``: an fsspec filesystem to read
@@ -466,8 +464,6 @@ def open_store(
     shares (default ``$SEQSTORE_CACHE_DIR`` or ``~/.cache/seqstore``, and ``$SEQSTORE_CACHE_BYTES`` or
     16 GiB).
     """
-    return Store(
-        path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
-        verify_reads=verify_reads,
-        storage_options=storage_options, filesystem=filesystem, cache_dir=cache_dir, cache_bytes=cache_bytes,
-    )
+    return Store(path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
+                 verify_reads=verify_reads,
+                 storage_options=storage_options, **remote)

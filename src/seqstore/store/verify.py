@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..format.manifest import IDS, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
 from ..io.local_source import map_npy
+from ..io.options import StoreOptions
 from ..io.source import ByteSource
 from ..io.sources import open_source
 from .ids import hash_ids
@@ -86,10 +87,8 @@ def verify(
     path: str | os.PathLike[str],
     progress: Callable[[int], None] | None = None,
     *,
-    storage_options: dict[str, Any] | None = None,
-    filesystem: Any = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_bytes: int | str | None = None,
+    storage_options: StoreOptions | Mapping[str, Any] | None = None,
+    **remote: Any,
 ) -> list[str]:
     """Check every committed file of the store at ``path``; return the problems found (empty if none).
 
@@ -101,7 +100,7 @@ def verify(
     each shard's objects are fetched whole into the node cache and checked there; problems name URLs.
     """
     try:
-        source = open_source(path, storage_options, filesystem, cache_dir, cache_bytes)
+        source = open_source(path, storage_options, **remote)
     except SeqstoreError as exc:
         return [str(exc)]
     try:

@@ -107,10 +107,9 @@ class Gatherer:
 
     @property
     def reads_once(self) -> bool:
-        """Whether the dataset is a store's opened with ``read_once`` (runs fetched into memory; see
-        :meth:`fetch_runs`)."""
+        """Whether the dataset is a read-once store's (runs fetched into memory; see :meth:`fetch_runs`)."""
         ds = self.source.dataset
-        return bool(getattr(ds, "read_once", False)) and hasattr(ds, "fetch_runs")
+        return bool(getattr(ds, "fetches_runs", False)) and hasattr(ds, "fetch_runs")
 
     def fetch_runs(self, arrays: Iterator[IndexArray], pool: Any) -> Iterator[tuple[IndexArray, list[Any]]]:
         """The dataset's ``fetch_runs``: each batch's index array once its bytes are in ``pool``'s buffers."""

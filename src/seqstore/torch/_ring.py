@@ -15,16 +15,16 @@ four times the first batch, which the loop gathers itself.
 On a remote store the index arrays of the next batches also go to their workers early (``ahead``), so
 that their reads are in flight while the workers gather (``Store.prefetch``).
 
-On a store opened with ``read_once`` the workers do not read the store: the loop fetches the runs of
+On a read-once store the workers do not read the store: the loop fetches the runs of
 batches (``Store.fetch_runs``) into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch
 ``j`` as (slot, index array, where its bytes lie in which of those files). The worker maps the files
-(once each), finds the segments in its own mappings of the store (``via_from``) and gathers each field's
-values straight into its slot (``Store.gather_fetched`` with an allocator in the slot). A run's buffer
+(once each) and gathers each field's values straight into its slot (``Store.gather_fetched`` with the
+batch's exported parts, found in its own mappings of the store, and an allocator in the slot). A run's buffer
 is reused once every worker that read it answered; a buffer the loop no longer keeps is removed and the
 workers told to unmap it.
 
 Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker, and with
-``read_once`` the run buffers (bounded by ``max_inflight_bytes``, plus at most ``K x depth`` batches'
+a read-once store the run buffers (bounded by ``max_inflight_bytes``, plus at most ``K x depth`` batches'
 runs held for the workers). The block's name is unlinked when the iteration ends; its memory goes when
 the last batch handed out as views does.
 """
@@ -49,7 +49,6 @@ import torch
 
 from ..errors import SeqstoreError
 from ..io import address
-from ..io.remote_stream import export_part, via_from
 from ._direct import Gatherer, IndexArray
 
 __all__ = ["run_processes", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
@@ -136,7 +135,7 @@ def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes
             return view
 
         parts = [(exported, attach_run(runs, name)) for exported, name in fetched[0]]
-        batch = gather.gather_fetched(idx, lambda: via_from(parts), alloc)
+        batch = gather.gather_fetched(idx, parts, alloc)
     else:
         batch = gather(idx)
     start = address(block)
@@ -193,7 +192,7 @@ def attach_run(runs: dict[str, Any], name: str) -> int:
 
 class RunBuffers:
     """A read-once loop's run buffers: files in ``/dev/shm`` that the workers map by name (``make`` and
-    ``drop`` for a :class:`~seqstore.store.read.stream.Pool`). A dropped buffer's file is removed and the
+    ``drop`` for a :class:`~seqstore.store.Pool`). A dropped buffer's file is removed and the
     workers are told (``tell``) to let it go; :meth:`close` removes every file left."""
 
     def __init__(self) -> None:
@@ -367,7 +366,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             if runs is not None:  # the batch's bytes are in run buffers: their names and where it lies in them
                 idx, parts = item
                 conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64),
-                               [(export_part(p), runs.name(p.buffer)) for p in parts]))
+                               [(p.export(), runs.name(p.buffer)) for p in parts]))
             else:
                 idx, parts = item, ()
                 conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64)))

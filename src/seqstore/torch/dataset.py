@@ -33,14 +33,18 @@ __all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_ten
 INDEX_KEY = "index"
 
 
-def as_protocol_dataset(obj: Any, fields: Sequence[str] | None = None, *, length_field: str | None = None) -> Any:
+def as_protocol_dataset(
+    obj: Any, fields: Sequence[str] | None = None, storage_options: Any = None, *, length_field: str | None = None
+) -> Any:
     """A seqstore dataset (protocol: ``num_seqs``, ``lengths()``, ``epoch_order``, ``get``,
-    ``get_batch``) from a store, a store path, a :class:`SeqDataset` or a protocol dataset.
-    ``length_field``: for a store or a path, the ragged field whose rows are a record's length."""
+    ``get_batch``) from a store, a store path or URL (opened with ``storage_options``), a
+    :class:`SeqDataset` or a protocol dataset. ``length_field``: for a store or a path, the ragged field
+    whose rows are a record's length."""
     if isinstance(obj, SeqDataset):
         return obj.dataset
     if isinstance(obj, (Store, str, os.PathLike)):
-        return StoreDataset(obj, fields=None if fields is None else list(fields), length_field=length_field)
+        return StoreDataset(obj, fields=None if fields is None else list(fields), storage_options=storage_options,
+                            length_field=length_field)
     if length_field is not None:
         raise ValueError(f"length_field= is for a store or a store path; {type(obj).__name__} measures its own")
     missing = [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]
@@ -82,7 +86,8 @@ def batch_to_tensors(
 class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     """Map-style dataset: ``ds[i]`` -> dict field -> tensor (record ``i``).
 
-    ``dataset_or_store``: a :class:`seqstore.Store`, a store path, or any ``seqstore.data`` dataset.
+    ``dataset_or_store``: a :class:`seqstore.Store`, a store path or URL (opened with ``storage_options``,
+    as :class:`~seqstore.data.StoreDataset` takes them), or any ``seqstore.data`` dataset.
     ``length_field``: with a store or a path, the ragged field whose rows are a record's length (for
     samplers that order or batch by length; a store with several ragged fields works without it until
     lengths are asked for). ``fields``: the fields to return (default all). ``with_index``: add
@@ -100,11 +105,12 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         *,
         with_index: bool = False,
         prefetch: int = 2,
+        storage_options: Any = None,
         length_field: str | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"SeqDataset: prefetch must be an integer >= 0, got {prefetch!r}")
-        self.dataset = as_protocol_dataset(dataset_or_store, fields, length_field=length_field)
+        self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)
         self.prefetch = int(prefetch)

@@ -64,7 +64,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     ``prefetch``: items (records mode: blocks) whose reads are in flight while one is gathered. None
     (the default): the dataset's own choice (a store: 2 on a local disk, 16 to 64 on object storage,
-    where answers take tens of milliseconds); 0: none.
+    where answers take tens of milliseconds); 0: none. ``storage_options``: how a store given by path or
+    URL is opened (as :class:`~seqstore.data.StoreDataset` takes them).
     """
 
     _kind = "IterableSeqDataset"
@@ -83,13 +84,14 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         with_index: bool = False,
         group: int = 1,
         prefetch: int | None = None,
+        storage_options: Any = None,
     ) -> None:
         if prefetch is not None and (
             isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0
         ):
             raise ValueError(f"{self._kind}: prefetch must be None or an integer >= 0, got {prefetch!r}")
         self.prefetch = None if prefetch is None else int(prefetch)
-        self.dataset = as_protocol_dataset(dataset, fields)
+        self.dataset = as_protocol_dataset(dataset, fields, storage_options)
         self.fields = None if fields is None else frozenset(fields)
         self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
         self.drop_last = bool(drop_last)

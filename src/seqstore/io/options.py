@@ -1,0 +1,160 @@
+"""How a store is opened, parsed once: :class:`StoreOptions`.
+
+Everything a caller says about reaching a store's bytes arrives in one of two shapes: the keyword
+arguments of :func:`seqstore.open` (``storage_options``, ``filesystem``, ``cache_dir``,
+``cache_bytes``) or a :class:`StoreOptions` made earlier. :meth:`StoreOptions.of` turns either into
+one frozen value, checking every option seqstore understands (a :class:`~seqstore.errors.ConfigError`
+names the option and what it takes); the source of a store carries it, the object client, the node
+cache and the fetch path read their settings from it, and a pickled store reopens with it.
+
+``storage_options`` holds two kinds of keys: the back end's own (obstore's S3/GCS/Azure/HTTP keys, or
+the fsspec filesystem's; passed through as :attr:`StoreOptions.backend`) and seqstore's
+(:data:`SEQSTORE_OPTIONS`: request limits, timeouts, retries and the read path), parsed into fields.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["SEQSTORE_OPTIONS", "StoreOptions", "check_options", "option_flag"]
+
+#: seqstore's numeric options: (kind, least value, whether the least value itself is allowed)
+_RANGES: dict[str, tuple[type, float, bool]] = {
+    "max_requests": (int, 1, True),
+    "max_inflight_bytes": (int, 1, True),
+    "coalesce_gap": (int, 0, True),
+    "timeout": (float, 0, False),
+    "connect_timeout": (float, 0, False),
+    "max_retries": (int, 0, True),
+    "retry_timeout": (float, 0, True),
+}
+#: seqstore's boolean options
+_FLAGS = ("read_once", "direct_reads")
+#: storage_options keys that are seqstore's own (taken out before the back end sees the options)
+SEQSTORE_OPTIONS = (*_RANGES, *_FLAGS)
+_TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have always taken as true
+_FALSE = ("0", "false", "no", "")
+#: the keyword arguments of ``seqstore.open`` that :meth:`StoreOptions.of` takes besides storage_options
+REMOTE_ARGS = ("filesystem", "cache_dir", "cache_bytes")
+
+
+def option_flag(value: Any) -> bool:
+    """A checked boolean storage option (``True``, ``"true"``, ``"1"``, ``"yes"``; the opposites)."""
+    return str(value).strip().lower() in _TRUE
+
+
+def check_options(url: str, options: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming the option and what it takes if one of seqstore's own options in
+    ``options`` (``max_requests``, ``timeout``, ...) is not a value in its range. Strings are accepted
+    where they spell one (``-o max_requests=16`` on the command line)."""
+    for key, (kind, least, inclusive) in _RANGES.items():
+        if key not in options:
+            continue
+        value = options[key]
+        try:
+            if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            number = kind(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError, OverflowError):
+            number = None
+        if number is None or not math.isfinite(number) or number < least or (number == least and not inclusive):
+            what = "an integer" if kind is int else "a number of seconds"
+            bound = f">= {least}" if inclusive else f"> {least}"
+            raise ConfigError(f"{url}: storage option {key}={value!r}: expected {what} {bound}")
+    for key in _FLAGS:
+        if key in options and str(options[key]).strip().lower() not in _TRUE + _FALSE:
+            raise ConfigError(f"{url}: storage option {key}={options[key]!r}: expected true or false")
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The options of one opened store (see the module docstring).
+
+    Requests: ``max_requests`` in flight per process (64); ``max_inflight_bytes`` of answers in flight
+    at most (256 MiB); ``coalesce_gap``: ranges closer than this are fetched as one (64 KiB);
+    ``timeout`` seconds per request (30), ``connect_timeout`` (5); ``retry_timeout``: seconds of
+    retrying a transient failure (120); ``max_retries``: retries at most (None: only ``retry_timeout``
+    limits them). The read path: ``read_once`` (``iter_batches`` fetches its runs of batches into
+    memory instead of the node cache), ``direct_reads`` (small range reads go through the direct reader
+    where the back end gives URLs for them; false: always the back end). ``backend``: the back end's
+    own options; ``filesystem``: an fsspec filesystem to read through; ``cache_dir`` / ``cache_bytes``:
+    the node cache (None: ``$SEQSTORE_CACHE_DIR`` / ``$SEQSTORE_CACHE_BYTES`` or their defaults)."""
+
+    backend: Mapping[str, Any] = field(default_factory=dict)
+    filesystem: Any = None
+    cache_dir: str | None = None
+    cache_bytes: int | str | None = None
+    max_requests: int = 64
+    max_inflight_bytes: int = 256 << 20
+    coalesce_gap: int = 64 << 10
+    timeout: float = 30.0
+    connect_timeout: float = 5.0
+    retry_timeout: float = 120.0
+    max_retries: int | None = None
+    read_once: bool = False
+    direct_reads: bool = True
+
+    @classmethod
+    def of(cls, url: str, storage_options: StoreOptions | Mapping[str, Any] | None = None,
+           **remote: Any) -> StoreOptions:
+        """The options of the store at ``url`` from ``storage_options`` (a mapping, or options parsed
+        already) and the keyword arguments ``filesystem``, ``cache_dir`` and ``cache_bytes``."""
+        unknown = sorted(set(remote) - set(REMOTE_ARGS))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r} (remote stores take storage_options, "
+                            f"{', '.join(REMOTE_ARGS)})")
+        given = {k: v for k, v in remote.items() if v is not None}
+        if isinstance(storage_options, StoreOptions):
+            return storage_options.replace(**given) if given else storage_options
+        opts = dict(storage_options or {})
+        check_options(url, opts)  # a seqstore error naming the option, not int()'s ValueError
+        mine: dict[str, Any] = {}
+        for key in SEQSTORE_OPTIONS:
+            if key in opts:
+                value = opts.pop(key)
+                if key in _FLAGS:
+                    mine[key] = option_flag(value)
+                elif key == "max_retries" and (value is None or value == ""):
+                    mine[key] = None
+                else:
+                    kind = _RANGES[key][0]
+                    mine[key] = kind(value.strip() if isinstance(value, str) else value)
+        if "cache_dir" in given:
+            given["cache_dir"] = os.fspath(given["cache_dir"])
+        return cls(backend=opts, **mine, **given)
+
+    def __repr__(self) -> str:  # never a credential: values whose key looks secret are shown as ***
+        from .object_common import redact
+
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+        shown.pop("backend", None)
+        return f"StoreOptions({redact(self.backend)!r}, {', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def replace(self, **changes: Any) -> StoreOptions:
+        """These options with ``changes``."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        if values.get("cache_dir") is not None:
+            values["cache_dir"] = os.fspath(values["cache_dir"])
+        return StoreOptions(**values)
+
+    @property
+    def is_default(self) -> bool:
+        """Whether nothing was given (a local store takes no options)."""
+        return self == StoreOptions()
+
+    def storage_options(self) -> dict[str, Any]:
+        """The ``storage_options`` mapping these options were parsed from (the back end's keys and
+        seqstore's keys that differ from their defaults)."""
+        out = dict(self.backend)
+        base = StoreOptions()
+        for key in SEQSTORE_OPTIONS:
+            if getattr(self, key) != getattr(base, key):
+                out[key] = getattr(self, key)
+        return out

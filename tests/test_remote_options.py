@@ -1,0 +1,108 @@
+"""One options value for a remote store (seqstore.io.options.StoreOptions) and one fetch path per store.
+
+Options are parsed and checked once, travel with the store (a pickled store reopens with them), and
+every entry point that takes a store's URL (``seqstore.open``, ``StoreDataset``, ``SeqDataset``,
+``IterableSeqDataset``) takes the same ``storage_options``. Each store fetches through its own
+``Fetcher``, which knows only that store's mappings.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.s3 import MotoS3
+
+pytest.importorskip("obstore")
+
+import seqstore as ss  # noqa: E402
+from seqstore.errors import ConfigError  # noqa: E402
+from seqstore.io import StoreOptions  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+N, DIM = 600, 16
+
+
+@pytest.fixture(scope="module")
+def values() -> np.ndarray[Any, Any]:
+    return np.random.default_rng(3).standard_normal((N, DIM)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def remote(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory, values: np.ndarray[Any, Any]) -> Iterator[str]:
+    local = tmp_path_factory.mktemp("options") / "main.seqstore"
+    with ss.create(local, {"v": ss.Field("float32", (DIM,))}, max_shard_records=200) as w:
+        w.append_batch({"v": values})
+    bucket = moto_s3.new_bucket("options")
+    yield moto_s3.upload_dir(local, bucket, "o/main.seqstore")
+    moto_s3.delete_bucket(bucket)
+
+
+def test_options_are_parsed_once_into_typed_fields() -> None:
+    opts = StoreOptions.of("s3://b/x", {"max_requests": "16", "timeout": "2.5", "read_once": "yes",
+                                        "direct_reads": "false", "region": "eu-west-1"}, cache_bytes="2G")
+    assert (opts.max_requests, opts.timeout, opts.read_once, opts.direct_reads) == (16, 2.5, True, False)
+    assert opts.backend == {"region": "eu-west-1"}  # the back end's own keys, passed through
+    assert opts.cache_bytes == "2G"
+    assert StoreOptions.of("s3://b/x", opts) is opts  # parsed already: taken as it is
+    assert StoreOptions.of("s3://b/x", opts, cache_dir="/tmp/c").cache_dir == "/tmp/c"
+    assert StoreOptions.of("s3://b/x", opts.storage_options(), cache_bytes="2G") == opts
+    with pytest.raises(ConfigError, match=r"s3://b/x: storage option max_requests='many'"):
+        StoreOptions.of("s3://b/x", {"max_requests": "many"})
+    with pytest.raises(TypeError, match="cache_size"):
+        StoreOptions.of("s3://b/x", None, cache_size=1)
+
+
+def test_a_secret_never_shows_in_the_options_repr() -> None:
+    opts = StoreOptions.of("s3://b/x", {"secret_access_key": "TOPSECRET", "region": "r"})
+    assert "TOPSECRET" not in repr(opts) and "region" in repr(opts)
+
+
+def test_the_store_carries_its_options_and_reopens_with_them(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                              values: np.ndarray[Any, Any]) -> None:
+    store = ss.open(remote, storage_options=moto_s3.storage_options(max_requests=8), cache_dir=tmp_path / "c")
+    opts = store.source.options
+    assert isinstance(opts, StoreOptions)
+    assert opts.max_requests == 8 and opts.cache_dir == str(tmp_path / "c")
+    again = pickle.loads(pickle.dumps(store))
+    assert again.source.options == opts
+    np.testing.assert_array_equal(again.get_batch([1, 599, 250])["v"], values[[1, 599, 250]])
+
+
+def test_datasets_take_the_same_storage_options(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                values: np.ndarray[Any, Any]) -> None:
+    pytest.importorskip("torch")
+    from seqstore.data import StoreDataset
+    from seqstore.torch import IterableSeqDataset, SeqDataset
+
+    opts = StoreOptions.of(remote, moto_s3.storage_options(max_requests=4), cache_dir=tmp_path / "c")
+    ds = StoreDataset(remote, storage_options=opts)
+    assert ds.store.source.options is opts
+    np.testing.assert_array_equal(ds.get_batch(np.array([3, 400]))["v"], values[[3, 400]])
+    sds = SeqDataset(remote, storage_options=moto_s3.storage_options(), with_index=True)
+    assert sds[7]["v"].numpy().tolist() == values[7].tolist()
+    it = IterableSeqDataset(remote, batch=50, storage_options=opts)
+    assert sum(len(b["v"]) for b in it) == N
+    with pytest.raises(ValueError, match="storage_options are for a store given by path or URL"):
+        StoreDataset(ds.store, storage_options=opts)
+
+
+def test_each_store_fetches_through_its_own_fetcher(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                    values: np.ndarray[Any, Any]) -> None:
+    """Two stores over the same objects and node cache: each fetcher knows its own mappings only, and an
+    address of the other store's mappings is not its business (nothing is looked up process-wide)."""
+    a = ss.open(remote, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "c")
+    b = ss.open(remote, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "c")
+    np.testing.assert_array_equal(a.get_batch([0, 590])["v"], values[[0, 590]])
+    assert a.source.fetcher is not b.source.fetcher
+    mine = a.source.fetcher.regions()
+    assert {r.key for r in mine} == {"shard-000000/v.npy", "shard-000002/v.npy"}
+    assert b.source.fetcher.regions() == []
+    ticket = b.source.fetcher.fetch(np.array([mine[0].base]), np.array([mine[0].end]))
+    assert ticket.futures == []  # not b's mapping: nothing asked
+    np.testing.assert_array_equal(b.get_batch([590, 0])["v"], values[[590, 0]])
+    assert {r.key for r in b.source.fetcher.regions()} == {"shard-000000/v.npy", "shard-000002/v.npy"}
