@@ -148,3 +148,81 @@ def test_callable_schedule_sampled_into_stages() -> None:
     assert mix.schedule is sched
     with pytest.raises(ValueError, match="not a mapping"):
         MixtureSchedule.sampled(lambda g: 0.5, NAMES, every=10, until=20)  # type: ignore[arg-type, return-value]
+
+
+TOKEN_STAGES = [(0, {"web": 0.8, "code": 0.2}), (100_000, {"web": 0.4, "curated": 0.6}), (250_000, {"code": 1})]
+
+
+def _ragged_sources() -> dict[str, LengthsDataset]:
+    sizes = {"web": 5000, "code": 800, "curated": 1200}
+    return {n: LengthsDataset(np.random.default_rng(i).integers(1, 50 * (i + 1), s), ordering="random", seed=i)
+            for i, (n, s) in enumerate(sizes.items())}
+
+
+def test_stages_in_tokens_start_where_the_documents_reach_the_token_count() -> None:
+    mix = MixtureStream(_ragged_sources(), TOKEN_STAGES, unit="tokens", chunk=1000)
+    ids, lens = mix.docs_at(np.arange(20_000))
+    cum = np.concatenate([[0], np.cumsum(lens)])  # cum[g]: tokens of samples [0, g)
+    starts = [int(np.searchsorted(cum, t, side="left")) for t, _ in TOKEN_STAGES]  # first g with cum[g] >= t
+    assert starts[0] == 0 and 0 < starts[1] < starts[2] < 20_000
+    assert mix.segments[-1][1].starts.tolist() == starts
+    src = mix.source_of(ids)
+    bounds = starts + [20_000]
+    for i, (t0, w) in enumerate(TOKEN_STAGES):
+        a, b = bounds[i], bounds[i + 1]
+        s = src[a:b]
+        for k, name in enumerate(NAMES):  # the stage's samples in its proportions
+            assert abs((s == k).sum() - w.get(name, 0) * (b - a)) <= 3, (i, name)
+        if i + 1 < len(TOKEN_STAGES):  # and its tokens: up to the next stage's token start, within a document
+            want = TOKEN_STAGES[i + 1][0] - t0
+            assert abs(int(cum[b] - cum[a]) - want) < int(lens.max())
+            assert cum[b - 1] < TOKEN_STAGES[i + 1][0] <= cum[b]
+    assert mix.tokens_before(starts[2]) == int(cum[starts[2]])
+    assert mix.tokens_before(12_345) == int(cum[12_345])
+    with pytest.raises(ValueError, match="through a MixtureStream"):
+        MixtureSchedule(TOKEN_STAGES, NAMES, unit="tokens").counts(5)
+
+
+def _packed(mix: MixtureStream) -> PackedDataset:
+    return PackedDataset(mix, tokens="data", seq_len=64, mode="best_fit", window=8)
+
+
+def test_stages_in_tokens_resume_exactly_and_change_on_resume() -> None:
+    packed = _packed(MixtureStream(_ragged_sources(), TOKEN_STAGES, unit="tokens", chunk=1000))
+    shares = packed.shares(None, 2)
+    streams = [packed.open(st, s, 2) for s, st in enumerate(shares)]
+    for k, s in enumerate(streams):
+        s.skip(1500 + 37 * k)  # past the first stage boundary (100_000 tokens)
+    state = json.loads(json.dumps(packed.state_dict([s.state() for s in streams])))
+    assert len(state["schedule"][-1][3]["stage_samples"]) == 2
+    want = [s.planner.plan(600) for s in streams]  # into the third stage (250_000 tokens)
+    # resume with the same schedule in a fresh object: the next sequences are the same
+    packed2 = _packed(MixtureStream(_ragged_sources(), TOKEN_STAGES, unit="tokens", chunk=1000))
+    got = [packed2.open(st, s, 2).planner.plan(600) for s, st in enumerate(packed2.shares(state, 2))]
+    for a, b in zip(want, got):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    # resume with another schedule in tokens: the old samples keep their documents, every source goes on
+    old = MixtureStream(_ragged_sources(), TOKEN_STAGES, unit="tokens", chunk=1000)
+    new_stages = [(0, {"web": 1}), (400_000, {"curated": 0.5, "code": 0.5})]
+    mix3 = MixtureStream(_ragged_sources(), new_stages, unit="tokens", chunk=1000)
+    _packed(mix3).shares(state, 3)
+    frontier = (max(st["next_epoch"] for st in state["shares"]) - 1) * 1000
+    assert len(mix3.segments) == 2 and mix3.segments[1][0] == frontier
+    np.testing.assert_array_equal(mix3.docs_at(np.arange(frontier))[0], old.docs_at(np.arange(frontier))[0])
+    pos_old = old.positions(frontier)
+    ids, lens = mix3.docs_at(np.arange(frontier, frontier + 30_000))
+    src, pos = mix3.assign(np.arange(frontier, frontier + 30_000))
+    for k in range(3):  # each source continues after its last old position: no repeat within its epoch
+        mine = pos[src == k]
+        np.testing.assert_array_equal(mine, np.arange(pos_old[k], pos_old[k] + len(mine)))
+    # the new stage starts where the run's documents (old and new) reach 400_000 tokens
+    t_front = mix3.tokens_before(frontier)
+    assert t_front == int(old.docs_at(np.arange(frontier))[1].sum()) < 400_000
+    cut = frontier + int(np.searchsorted(t_front + np.cumsum(lens), 400_000, side="left")) + 1
+    assert (src[: cut - frontier] == 0).all() and (src[cut - frontier :] != 0).all()
+    # and from a schedule in samples to one in tokens (the tokens before the change are walked once)
+    mix4 = MixtureStream(_ragged_sources(), new_stages, unit="tokens", chunk=1000)
+    s_state = dict(state, schedule=[[0, MixtureSchedule([(0, {"web": 1})], NAMES).to_json(), [0, 0, 0]]])
+    mix4.load_state(s_state["schedule"], 3000)
+    assert mix4.tokens_before(3000) == int(mix4.docs_at(np.arange(3000))[1].sum())

@@ -19,6 +19,11 @@ proportions over any 10**6 consecutive samples are within about 1e-5 of the sche
 segments ``(g_from, stages, base positions)``: a run resumed with another schedule starts a new segment
 where the old one stopped, with every source's position carried over, so no source repeats a sample
 within its epoch. Memory O(sources x stages x segments).
+
+Stages in tokens (``unit="tokens"``): a stage starts at the first sample whose preceding documents hold
+at least its token count. That sample depends on the lengths drawn, so the stream finds it by walking
+the lengths from the previous stage's start, lazily, as far as the samples asked for; found stages are
+stages in samples, and the walk's point (sample, tokens before it) and the found starts are in the state.
 """
 
 from __future__ import annotations
@@ -102,11 +107,16 @@ def _chain_assign(n: IntArray, units: IntArray) -> tuple[IntArray, IntArray]:
 class MixtureSchedule:
     """Stages ``[(start, {source: weight}), ...]`` over ``names`` (see the module docstring).
 
-    ``start`` is in samples, the first 0, strictly increasing. A source missing from a stage has
+    ``start`` is in samples (``unit="tokens"``: in tokens, applied through a :class:`MixtureStream`),
+    the first 0, strictly increasing. A source missing from a stage has
     weight 0 there. Weights are normalised per stage and kept to 2**-24. O(stages x sources).
     """
 
-    def __init__(self, stages: Sequence[tuple[int, Mapping[str, float]]], names: Sequence[str]) -> None:
+    def __init__(self, stages: Sequence[tuple[int, Mapping[str, float]]], names: Sequence[str], *,
+                 unit: str = "samples") -> None:
+        if unit not in ("samples", "tokens"):
+            raise ValueError(f"MixtureSchedule: unit must be 'samples' or 'tokens', got {unit!r}")
+        self.unit = unit
         self.names = [str(n) for n in names]
         if not self.names:
             raise ValueError("MixtureSchedule needs at least one source")
@@ -122,15 +132,18 @@ class MixtureSchedule:
                 raise ValueError(f"stage {i} must be (start sample, {{source: weight}}), got {stage!r}")
             start = stage[0]
             if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
-                raise ValueError(f"stage {i}: start must be an integer >= 0 (samples), got {start!r}")
+                raise ValueError(f"stage {i}: start must be an integer >= 0 ({unit}), got {start!r}")
             if i == 0 and start != 0:
-                raise ValueError(f"the first stage must start at sample 0, got {start}")
+                raise ValueError(f"the first stage must start at {unit[:-1]} 0, got {start}")
             if starts and start <= starts[-1]:
                 raise ValueError(f"stage {i}: starts must increase, got {start} after {starts[-1]}")
             starts.append(int(start))
             units.append(_quantise(stage[1], self.names, f"stage {i}"))
         self.starts = np.array(starts, dtype=np.int64)
         self.units = np.stack(units)
+        if unit == "tokens":
+            self._base = np.zeros_like(self.units)
+            return
         # counts at each stage's start
         self._base = np.zeros_like(self.units)
         for i in range(1, len(starts)):
@@ -158,13 +171,35 @@ class MixtureSchedule:
                 prev = key
         return cls(stages, names)
 
-    def to_json(self) -> list[list[Any]]:
-        """The stages as JSON-able ``[[start, {name: units}], ...]`` (weights as their 2**-24 units)."""
-        return [[int(s), {n: int(u) for n, u in zip(self.names, row) if u}] for s, row in zip(self.starts, self.units)]
+    def to_json(self) -> Any:
+        """The stages as JSON-able ``[[start, {name: units}], ...]`` (weights as their 2**-24 units);
+        a schedule in tokens as ``{"unit": "tokens", "stages": [...]}``."""
+        rows = [[int(s), {n: int(u) for n, u in zip(self.names, row) if u}] for s, row in zip(self.starts, self.units)]
+        return rows if self.unit == "samples" else {"unit": self.unit, "stages": rows}
 
     @classmethod
     def from_json(cls, data: Any, names: Sequence[str]) -> MixtureSchedule:
+        if isinstance(data, dict):
+            return cls([(int(s), dict(w)) for s, w in data["stages"]], names, unit=str(data["unit"]))
         return cls([(int(s), dict(w)) for s, w in data], names)
+
+    def _sample_stages(self, starts: Sequence[int], upto: int) -> MixtureSchedule:
+        """The first ``upto`` stages of this schedule in tokens, stage ``i`` starting at sample
+        ``starts[i]`` (non-decreasing; of equal starts the last wins; the first stage covers from 0)."""
+        keep: list[tuple[int, IntArray]] = []
+        for i in range(upto):
+            if keep and keep[-1][0] == starts[i]:
+                keep.pop()
+            keep.append((int(starts[i]), self.units[i]))
+        out = MixtureSchedule.__new__(MixtureSchedule)
+        out.unit, out.names = "samples", self.names
+        out.starts = np.array([0] + [s for s, _ in keep[1:]], dtype=np.int64)
+        out.units = np.stack([u for _, u in keep])
+        out._base = np.zeros_like(out.units)
+        for i in range(1, len(out.starts)):
+            span = np.array([out.starts[i] - out.starts[i - 1]], dtype=np.int64)
+            out._base[i] = out._base[i - 1] + _chain_counts(span, out.units[i - 1])[0]
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MixtureSchedule) and self.to_json() == other.to_json() and self.names == other.names
@@ -177,6 +212,9 @@ class MixtureSchedule:
         return {n: float(u) / float(row.sum()) for n, u in zip(self.names, row)}
 
     def _check(self, g: IntArray) -> None:
+        if self.unit != "samples":
+            raise ValueError("a schedule in tokens assigns samples only through a MixtureStream, which finds the "
+                             "sample where each stage starts as it walks the documents' lengths")
         if g.size and (int(g.min()) < 0 or int(g.max()) >= _MAX_SAMPLE):
             raise ValueError(f"sample numbers must be in [0, 2**38), got {int(g.min())}..{int(g.max())}")
 
@@ -215,7 +253,8 @@ class MixtureStream:
 
     ``datasets``: name -> dataset (any ``seqstore.data`` dataset; each walks its own epoch orders).
     ``stages``: ``[(start sample, {name: weight}), ...]``, one ``{name: weight}``, or a
-    :class:`MixtureSchedule` (e.g. :meth:`MixtureSchedule.sampled` of a callable). The stream is cut
+    :class:`MixtureSchedule` (e.g. :meth:`MixtureSchedule.sampled` of a callable); ``unit``: what the
+    stage starts count, ``"samples"`` or ``"tokens"`` (see the module docstring). The stream is cut
     into chunks of ``chunk`` samples, its "epochs" for sharding (:class:`seqstore.data.PackedDataset`
     shares each chunk over ranks x workers). Records are read through a :class:`CombinedDataset` of the
     sources (``combined``): document ids are its combined indices. O(sources) memory.
@@ -227,6 +266,7 @@ class MixtureStream:
         stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float] | MixtureSchedule,
         *,
         chunk: int = 1 << 16,
+        unit: str = "samples",
     ) -> None:
         self.combined = CombinedDataset(datasets)
         self.names = list(self.combined.names)
@@ -235,17 +275,72 @@ class MixtureStream:
                 raise ValueError(f"MixtureStream: the schedule's sources {stages.names} are not {self.names}")
             self.schedule = stages
         else:
-            self.schedule = MixtureSchedule(stages if not isinstance(stages, Mapping) else [(0, stages)], self.names)
+            self.schedule = MixtureSchedule(stages if not isinstance(stages, Mapping) else [(0, stages)], self.names,
+                                            unit=unit)
         if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.chunk = int(chunk)
         empty = [n for n, d in zip(self.names, self.combined.datasets) if d.num_seqs == 0]
         if empty:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents")
-        # segments: (first sample, schedule, positions of every source at that sample)
-        self.segments: list[tuple[int, MixtureSchedule, IntArray]] = [
-            (0, self.schedule, np.zeros(len(self.names), dtype=np.int64))]
         self._orders: dict[tuple[int, int], Order] = {}
+        # segments: (first sample, schedule in samples, positions of every source at that sample)
+        self.segments: list[tuple[int, MixtureSchedule, IntArray]] = []
+        self._walk: _Walk | None = None  # the last segment's schedule in tokens, as far as resolved
+        self._start_segment(0, 0, np.zeros(len(self.names), dtype=np.int64))
+
+    # -------------------------------------------------------------------------------- stages in tokens
+
+    def _start_segment(self, g0: int, tokens: int, base: IntArray) -> None:
+        """This stream's schedule from sample ``g0`` on (``tokens``: the documents' tokens before it)."""
+        if self.schedule.unit == "samples":
+            self._walk = None
+            self.segments.append((g0, self.schedule, base))
+            return
+        self._walk = _Walk(self.schedule, g0, tokens)
+        self.segments.append((g0, self._walk.effective(), base))
+
+    def _ensure(self, upto: int) -> None:
+        """Find the start sample of every stage in tokens that begins before sample ``upto``."""
+        w = self._walk
+        if w is not None and w.pending() and w.f < upto:
+            self._advance(upto, exact=False)
+
+    def _advance(self, upto: int, *, exact: bool) -> None:
+        """Walk the documents' lengths from the walk's sample to ``upto`` (``exact``: stop there even
+        when every stage is found, so that its token count is that of sample ``upto``)."""
+        w = self._walk
+        assert w is not None
+        while w.f < upto and (exact or w.pending()):
+            g = np.arange(w.f, min(upto, w.f + self.chunk), dtype=np.int64)
+            cum = w.t + np.cumsum(self._lengths_at(g))
+            nxt = w.next_start()
+            if nxt is not None and cum[-1] >= nxt:
+                j = int(np.searchsorted(cum, nxt, side="left"))  # samples [0, g[j]] hold >= nxt tokens
+                w.f, w.t = int(g[j]) + 1, int(cum[j])
+                w.resolve()
+                g0, _, base = self.segments[-1]
+                self.segments[-1] = (g0, w.effective(), base)
+            else:
+                w.f, w.t = int(g[-1]) + 1, int(cum[-1])
+
+    def _lengths_at(self, g: IntArray) -> IntArray:
+        return self._docs_resolved(g)[1]
+
+    def tokens_before(self, g: int) -> int:
+        """The documents' tokens (their lengths, no EOS) of samples ``[0, g)``. Cheap at or after the
+        point a schedule in tokens walked to; else a walk over the lengths of the samples before ``g``."""
+        w = self._walk
+        if w is not None and w.f <= g:
+            self._advance(g, exact=True)
+            return w.t
+        if w is not None and w.g0 <= g:  # back from the walk over resolved samples
+            lens = self._lengths_at(np.arange(g, w.f, dtype=np.int64))
+            return w.t - int(lens.sum())
+        total = 0
+        for a in range(0, g, self.chunk):
+            total += int(self._lengths_at(np.arange(a, min(g, a + self.chunk), dtype=np.int64)).sum())
+        return total
 
     @property
     def dataset(self) -> Dataset:
@@ -267,6 +362,7 @@ class MixtureStream:
 
     def positions(self, g: int) -> IntArray:
         """Per source, how many of its samples the stream dealt before sample ``g`` (its position)."""
+        self._ensure(int(g))
         seg = int(self._segment_of(np.array([g], dtype=np.int64))[0])
         g0, sched, base = self.segments[seg]
         return base + sched.counts(int(g)) - sched.counts(g0)
@@ -274,6 +370,11 @@ class MixtureStream:
     def assign(self, g: IntArray) -> tuple[IntArray, IntArray]:
         """(source, position in that source's stream of epochs) of samples ``g``."""
         g = np.asarray(g, dtype=np.int64)
+        if g.size:
+            self._ensure(int(g.max()) + 1)
+        return self._assign_resolved(g)
+
+    def _assign_resolved(self, g: IntArray) -> tuple[IntArray, IntArray]:
         seg = self._segment_of(g)
         src = np.empty(len(g), dtype=np.int64)
         pos = np.empty(len(g), dtype=np.int64)
@@ -303,7 +404,14 @@ class MixtureStream:
         return self.docs_at(g)
 
     def docs_at(self, g: IntArray) -> tuple[IntArray, IntArray]:
-        src, pos = self.assign(g)
+        """(document ids, lengths) of samples ``g``."""
+        g = np.asarray(g, dtype=np.int64)
+        if g.size:
+            self._ensure(int(g.max()) + 1)
+        return self._docs_resolved(g)
+
+    def _docs_resolved(self, g: IntArray) -> tuple[IntArray, IntArray]:
+        src, pos = self._assign_resolved(g)
         ids = np.empty(len(g), dtype=np.int64)
         lens = np.empty(len(g), dtype=np.int64)
         for k in np.unique(src).tolist():
@@ -326,28 +434,75 @@ class MixtureStream:
     # -------------------------------------------------------------------------------- state
 
     def state(self) -> list[list[Any]]:
-        return [[int(g0), s.to_json(), [int(b) for b in base]] for g0, s, base in self.segments]
+        out = [[int(g0), s.to_json(), [int(b) for b in base]] for g0, s, base in self.segments]
+        if self._walk is not None:
+            out[-1].append(self._walk.to_json())
+        return out
 
     def load_state(self, segments: Any, frontier: int) -> None:
         """Take the segments of a saved stream; if this stream's schedule differs from the last saved
         one, it applies from sample ``frontier`` on (the first sample no share has started), every
         source continuing from its position there."""
         try:
-            segs = [(int(g0), MixtureSchedule.from_json(st, self.names), np.asarray(b, dtype=np.int64))
-                    for g0, st, b in segments]
-        except (TypeError, ValueError, KeyError) as e:
+            segs = [(int(seg[0]), MixtureSchedule.from_json(seg[1], self.names), np.asarray(seg[2], dtype=np.int64))
+                    for seg in segments]
+            walk = None
+            if segments and len(segments[-1]) > 3:
+                walk = _Walk.from_json(segments[-1][3], self.names, segs[-1][0])
+        except (TypeError, ValueError, KeyError, IndexError) as e:
             raise ValueError(f"MixtureStream: malformed schedule state: {e}") from None
         if not segs or any(len(b) != len(self.names) for _, _, b in segs):
             raise ValueError(f"MixtureStream: the state's segments do not match the sources {self.names}")
         mine = self.schedule
-        self.segments = segs
-        if segs[-1][1] != mine:
+        saved = walk.schedule if walk is not None else segs[-1][1]
+        self.segments, self._walk = segs, walk
+        if saved != mine:
             if frontier < segs[-1][0]:
                 raise ValueError(f"MixtureStream: schedule change at sample {frontier} before the last segment")
             base = self.positions(frontier)
+            tokens = self.tokens_before(frontier) if mine.unit == "tokens" else 0
             if frontier == segs[-1][0]:
-                self.segments = segs[:-1]
-            self.segments.append((int(frontier), mine, base))
+                self.segments = self.segments[:-1]
+            self._start_segment(int(frontier), tokens, base)
+        else:
+            self.schedule = saved  # the walk's resolved starts carry on
 
     def __repr__(self) -> str:
         return f"MixtureStream({self.names}, {self.schedule!r}, chunk={self.chunk})"
+
+
+class _Walk:
+    """A schedule in tokens applied from sample ``g0``: the samples where its stages start, as found so
+    far (``starts``), and how far the lengths were walked (sample ``f``, ``t`` tokens before it)."""
+
+    def __init__(self, schedule: MixtureSchedule, g0: int, tokens: int, starts: list[int] | None = None,
+                 f: int | None = None, t: int | None = None) -> None:
+        self.schedule, self.g0 = schedule, int(g0)
+        self.f = self.g0 if f is None else int(f)
+        self.t = int(tokens) if t is None else int(t)
+        self.starts: list[int] = [] if starts is None else [int(s) for s in starts]
+        if starts is None:
+            self.resolve()
+
+    def pending(self) -> bool:
+        return len(self.starts) < len(self.schedule.starts)
+
+    def next_start(self) -> int | None:
+        return int(self.schedule.starts[len(self.starts)]) if self.pending() else None
+
+    def resolve(self) -> None:
+        """Every stage whose token start is reached at the walk's point starts at sample ``f``."""
+        while self.pending() and int(self.schedule.starts[len(self.starts)]) <= self.t:
+            self.starts.append(self.f)
+
+    def effective(self) -> MixtureSchedule:
+        return self.schedule._sample_stages(self.starts, len(self.starts))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.to_json(), "stage_samples": list(self.starts), "walk": [self.f, self.t]}
+
+    @classmethod
+    def from_json(cls, data: Any, names: Sequence[str], g0: int) -> _Walk:
+        sched = MixtureSchedule.from_json(data["schedule"], names)
+        f, t = data["walk"]
+        return cls(sched, g0, 0, [int(s) for s in data["stage_samples"]], int(f), int(t))
