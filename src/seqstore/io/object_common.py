@@ -5,21 +5,21 @@ that :class:`~seqstore.io.objects.ObjectClient` drives (one back end per URL: ``
 S3/GCS/Azure/HTTP, ``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads
 of its client: its settings and its :class:`~seqstore.io.retry.RetryPolicy`); and the URL
 and option helpers: :func:`is_remote`, :func:`redact`, :data:`REMOTE_SCHEMES`, :data:`SEQSTORE_OPTIONS`,
-:func:`check_options` (seqstore's own option values) and :func:`check_url` (an object-store URL names a
-bucket), both raising :class:`~seqstore.errors.ConfigError`.
+:func:`check_options` (seqstore's own option values; these three from :mod:`seqstore.io.options`) and
+:func:`check_url` (an object-store URL names a bucket), both raising :class:`~seqstore.errors.ConfigError`.
 """
 
 from __future__ import annotations
 
 import abc
 import concurrent.futures
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from .options import SEQSTORE_OPTIONS, check_options, option_flag
 from .retry import RetryPolicy
 
 __all__ = [
@@ -29,12 +29,6 @@ __all__ = [
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
-#: storage_options keys that are seqstore's own (popped before the client sees the options)
-SEQSTORE_OPTIONS = ("max_requests", "max_inflight_bytes", "coalesce_gap", "timeout", "max_retries", "connect_timeout",
-                    "retry_timeout", "read_once", "direct_reads")
-_FLAGS = ("read_once", "direct_reads")  # seqstore's boolean options
-_TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have always taken as true
-_FALSE = ("0", "false", "no", "")
 _SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 EMPTY_ANSWER = memoryview(b"")
@@ -45,46 +39,6 @@ def is_remote(path: Any) -> bool:
     if not isinstance(path, str) or "://" not in path:
         return False
     return urlsplit(path).scheme.lower() not in ("", "file")
-
-
-#: seqstore's own numeric options: (kind, least value, whether the least value itself is allowed)
-_OPTION_RANGES: dict[str, tuple[type, float, bool]] = {
-    "max_requests": (int, 1, True),
-    "max_inflight_bytes": (int, 1, True),
-    "coalesce_gap": (int, 0, True),
-    "timeout": (float, 0, False),
-    "connect_timeout": (float, 0, False),
-    "max_retries": (int, 0, True),
-    "retry_timeout": (float, 0, True),
-}
-
-
-def check_options(url: str, options: Mapping[str, Any]) -> None:
-    """Raise :class:`ConfigError` naming the option and what it takes if one of seqstore's own numeric
-    options in ``options`` (``max_requests``, ``timeout``, ...) is not a number in its range. Strings are
-    accepted where they spell one (``-o max_requests=16`` on the command line)."""
-    for key, (kind, least, inclusive) in _OPTION_RANGES.items():
-        if key not in options:
-            continue
-        value = options[key]
-        try:
-            if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            number = kind(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError, OverflowError):
-            number = None
-        if number is None or not math.isfinite(number) or number < least or (number == least and not inclusive):
-            what = "an integer" if kind is int else "a number of seconds"
-            bound = f">= {least}" if inclusive else f"> {least}"
-            raise ConfigError(f"{url}: storage option {key}={value!r}: expected {what} {bound}")
-    for key in _FLAGS:
-        if key in options and str(options[key]).strip().lower() not in _TRUE + _FALSE:
-            raise ConfigError(f"{url}: storage option {key}={options[key]!r}: expected true or false")
-
-
-def option_flag(value: Any) -> bool:
-    """A checked boolean storage option (``True``, ``"true"``, ``"1"``, ``"yes"``; the opposites)."""
-    return str(value).strip().lower() in _TRUE
 
 
 def check_url(url: str) -> None:
