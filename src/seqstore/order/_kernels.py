@@ -196,7 +196,7 @@ _BLOCK_CACHE_MASK = np.uint64(1023)  # direct-mapped cache of block-permutation 
 
 
 @njit(cache=True, nogil=True)
-def _random_block(
+def random_block(
     pos: np.ndarray,
     start: np.uint64,
     ranged: bool,
@@ -211,7 +211,8 @@ def _random_block(
     wkey: np.uint64,
     out: np.ndarray,
 ) -> None:
-    """The ``random_block`` order at positions ``start + k`` (``ranged``) or ``pos[k]``, into ``out``.
+    """``out[k]`` = the record at position ``start + k`` (``ranged``; ``pos`` is not read) or ``pos[k]`` of
+    the ``random_block`` order.
 
     Records are cut into ``nblocks`` blocks of ``bsize`` (the last one, ``nblocks - 1``, holds the
     remaining ``r = n - (nblocks-1)*bsize`` records). Slot ``t`` of the block order visits block
@@ -289,43 +290,6 @@ def _random_block(
             p = start + _U(i) if ranged else _U(pos[i])
             if p < lo or p - lo >= m:
                 break
-
-
-@njit(cache=True, nogil=True)
-def random_block_take(
-    pos: np.ndarray,
-    n: np.uint64,
-    bsize: np.uint64,
-    wsize: np.uint64,
-    nblocks: np.uint64,
-    short_slot: np.uint64,
-    ba: np.uint64,
-    bb: np.uint64,
-    bkeys: np.ndarray,
-    wkey: np.uint64,
-    out: np.ndarray,
-) -> None:
-    """``out[k]`` = the record at position ``pos[k]`` of the ``random_block`` order (see :func:`_random_block`)."""
-    _random_block(pos, _ZERO, False, n, bsize, wsize, nblocks, short_slot, ba, bb, bkeys, wkey, out)
-
-
-@njit(cache=True, nogil=True)
-def random_block_range(
-    start: np.int64,
-    n: np.uint64,
-    bsize: np.uint64,
-    wsize: np.uint64,
-    nblocks: np.uint64,
-    short_slot: np.uint64,
-    ba: np.uint64,
-    bb: np.uint64,
-    bkeys: np.ndarray,
-    wkey: np.uint64,
-    out: np.ndarray,
-) -> None:
-    """``out[k]`` = the record at position ``start + k`` of the ``random_block`` order."""
-    empty = np.empty(0, dtype=np.int64)
-    _random_block(empty, _U(start), True, n, bsize, wsize, nblocks, short_slot, ba, bb, bkeys, wkey, out)
 
 
 @njit(cache=True, nogil=True)

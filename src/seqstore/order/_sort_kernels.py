@@ -41,37 +41,37 @@ def sort_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descend
     8-bit digits on ``v - min`` (or ``max - v`` when descending): O(m) per segment. Float keys and
     wider integer spans use a stable merge sort."""
     if vals.dtype.kind == "i":
-        _sort_segments_int(flat, vals, sizes, descending)
+        _radix_segments(flat, vals, sizes, descending)
     else:
-        _sort_segments_merge(flat, vals, sizes, descending, np.zeros(sizes.shape[0], dtype=np.bool_))
+        _merge_segments(flat, vals, sizes, descending)
 
 
 @njit(cache=True, nogil=True)
-def _sort_segments_merge(
-    flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray, skip: np.ndarray
-) -> None:
-    """Merge-sort variant of :func:`sort_segments` for every segment ``k`` with ``not skip[k]``."""
+def _merge_segment(flat: np.ndarray, vals: np.ndarray, pos: int, m: int, descending: bool) -> None:
+    """Stable merge sort of ``flat[pos : pos + m]`` by ``vals`` (of ``-vals`` when ``descending``)."""
+    if m < 2:
+        return
+    seg_vals = vals[pos : pos + m].copy()
+    if descending:
+        seg_vals = -seg_vals
+    order = np.argsort(seg_vals, kind="mergesort")
+    seg = flat[pos : pos + m].copy()
+    for t in range(m):
+        flat[pos + t] = seg[order[t]]
+
+
+@njit(cache=True, nogil=True)
+def _merge_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
+    """Merge-sort variant of :func:`sort_segments`: every segment by :func:`_merge_segment`."""
     pos = 0
     for k in range(sizes.shape[0]):
-        m = sizes[k]
-        if skip[k] or m < 2:
-            pos += m
-            continue
-        seg_vals = vals[pos : pos + m].copy()
-        if descending[k]:
-            seg_vals = -seg_vals
-        order = np.argsort(seg_vals, kind="mergesort")
-        seg = flat[pos : pos + m].copy()
-        for t in range(m):
-            flat[pos + t] = seg[order[t]]
-        pos += m
+        _merge_segment(flat, vals, pos, sizes[k], descending[k])
+        pos += sizes[k]
 
 
 @njit(cache=True, nogil=True)
-def _radix_segments(
-    flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray, skip: np.ndarray
-) -> None:
-    """Radix-sort the integer segments whose keys span < 2**24 values; mark the others in ``skip``."""
+def _radix_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
+    """Radix-sort the integer segments whose keys span < 2**24 values, merge-sort the others."""
     m_max = 0
     for k in range(sizes.shape[0]):
         m_max = max(m_max, sizes[k])
@@ -94,7 +94,7 @@ def _radix_segments(
             hi = max(hi, v)
         span = hi - lo
         if span >= (1 << 24) or span < 0:
-            skip[k] = True
+            _merge_segment(flat, vals, pos, m, descending[k])
             pos += m
             continue
         for t in range(m):
@@ -122,13 +122,6 @@ def _radix_segments(
         for t in range(m):
             flat[pos + t] = src_i[t]
         pos += m
-
-
-def _sort_segments_int(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
-    skip = np.zeros(sizes.shape[0], dtype=np.bool_)
-    _radix_segments(flat, vals, sizes, descending, skip)
-    if skip.any():
-        _sort_segments_merge(flat, vals, sizes, descending, ~skip)
 
 
 @njit(cache=True, nogil=True)

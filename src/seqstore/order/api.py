@@ -32,7 +32,7 @@ from .kinds import (
     RangeOrder,
     SampleOrder,
     SortedOrder,
-    _check_num_seqs,
+    check_num_seqs,
 )
 from .random_block import RandomBlockOrder
 
@@ -262,7 +262,7 @@ def seq_order(
     ValueError naming the problem for unknown orderings, malformed arguments, missing or mis-sized
     lengths, ``epoch < 1``, ``partition_epoch < 1``, ``num_shards < 1`` or ``shard_index`` out of range.
     """
-    n = _check_num_seqs(num_seqs)
+    n = check_num_seqs(num_seqs)
     epoch = _check_int(epoch, "epoch", 1)
     partition_epoch = _check_int(partition_epoch, "partition_epoch", 1)
     num_shards = _check_int(num_shards, "num_shards", 1)

@@ -29,8 +29,8 @@ from . import _kernels as K
 from . import _keys
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
-from .base import IntArray, Order
-from .kinds import PermutationOrder, _check_num_seqs
+from .base import IntArray
+from .kinds import CountedOrder, PermutationOrder
 from .sort_index import lengths_kind, sort_index
 
 __all__ = ["BinnedOrder", "LaplaceOrder", "SortBinShuffleOrder"]
@@ -47,17 +47,17 @@ def _check_bins(bins: int) -> int:
     return int(bins)
 
 
-class BinnedOrder(Order):
+class BinnedOrder(CountedOrder):
     """An order whose positions fall into bins that are computed whole (see the module docstring).
 
     Subclasses provide :meth:`_locate` (position -> visit slot, offset in the bin), :meth:`_bin_ids`
     (visit slot -> bin id) and :meth:`_compute` (bin ids -> concatenated contents).
     """
 
-    __slots__ = ("_n", "bins", "lengths", "_cache", "_lock")
+    __slots__ = ("bins", "lengths", "_cache", "_lock")
 
     def __init__(self, num_seqs: int, bins: int, lengths: Any) -> None:
-        self._n = _check_num_seqs(num_seqs)
+        super().__init__(num_seqs)
         self.bins = _check_bins(bins)
         self.lengths = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
         lengths_kind(np.empty(0, dtype=self.lengths.dtype))
@@ -65,13 +65,6 @@ class BinnedOrder(Order):
             raise ValueError(f"lengths has {len(self.lengths)} entries, expected num_seqs = {self._n}")
         self._cache: OrderedDict[int, IntArray] = OrderedDict()
         self._lock = threading.Lock()
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
-
-    def __len__(self) -> int:
-        return self._n
 
     @abc.abstractmethod
     def _locate(self, positions: IntArray) -> tuple[IntArray, IntArray]:

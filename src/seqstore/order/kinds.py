@@ -27,29 +27,46 @@ __all__ = [
     "ExplicitOrder",
     "SortedOrder",
     "MAX_NUM_SEQS",
+    "CountedOrder",
+    "check_count",
+    "check_key",
+    "check_num_seqs",
 ]
 
 MAX_NUM_SEQS = (1 << 63) - 1
 """Largest supported number of sequences (values and positions are int64)."""
 
 
-def _check_num_seqs(num_seqs: int) -> int:
-    if isinstance(num_seqs, bool) or not isinstance(num_seqs, (int, np.integer)):
-        raise TypeError(f"num_seqs must be an integer, got {type(num_seqs).__name__}")
-    n = int(num_seqs)
-    if not 0 <= n <= MAX_NUM_SEQS:
-        raise ValueError(f"num_seqs must be in [0, 2**63 - 1], got {n}")
-    return n
+def check_count(value: Any, what: str, low: int = 0) -> int:
+    """``value`` as an int in ``[low, MAX_NUM_SEQS]``; TypeError (not an integer) or ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
+    v = int(value)
+    if not low <= v <= MAX_NUM_SEQS:
+        raise ValueError(f"{what} must be in [{low}, 2**63 - 1], got {v}")
+    return v
 
 
-class RangeOrder(Order):
-    """``default`` (0, 1, ..., N-1) or, with ``reverse``, ``reverse`` (N-1, ..., 0). O(1) memory."""
+def check_num_seqs(num_seqs: int) -> int:
+    """``num_seqs`` as an int in ``[0, 2**63 - 1]`` (TypeError / ValueError otherwise)."""
+    return check_count(num_seqs, "num_seqs")
 
-    __slots__ = ("_n", "reverse")
 
-    def __init__(self, num_seqs: int, reverse: bool = False) -> None:
-        self._n = _check_num_seqs(num_seqs)
-        self.reverse = bool(reverse)
+def check_key(key: int) -> int:
+    """A 64-bit master key as an int (ValueError outside ``[0, 2**64)``)."""
+    if not 0 <= int(key) < 1 << 64:
+        raise ValueError(f"key must be in [0, 2**64), got {key}")
+    return int(key)
+
+
+class CountedOrder(Order):
+    """Base of the orders over ``[0, num_seqs)`` that hold ``num_seqs`` (checked) and, unless a subclass
+    says otherwise, have one position per sequence."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self, num_seqs: int) -> None:
+        self._n = check_num_seqs(num_seqs)
 
     @property
     def num_seqs(self) -> int:
@@ -57,6 +74,16 @@ class RangeOrder(Order):
 
     def __len__(self) -> int:
         return self._n
+
+
+class RangeOrder(CountedOrder):
+    """``default`` (0, 1, ..., N-1) or, with ``reverse``, ``reverse`` (N-1, ..., 0). O(1) memory."""
+
+    __slots__ = ("reverse",)
+
+    def __init__(self, num_seqs: int, reverse: bool = False) -> None:
+        super().__init__(num_seqs)
+        self.reverse = bool(reverse)
 
     def _take(self, positions: IntArray) -> IntArray:
         return (self._n - 1) - positions if self.reverse else positions.copy()
@@ -73,22 +100,18 @@ class RangeOrder(Order):
         return f"RangeOrder(num_seqs={self._n}, reverse={self.reverse})"
 
 
-class EveryNOrder(Order):
+class EveryNOrder(CountedOrder):
     """``default_every_n:K``: K contiguous blocks of ``N // K`` interleaved round-robin; position
     ``j*K + i`` holds ``i*(N//K) + j``. The last ``N % K`` sequences are dropped (as in RETURNN), so
     ``len == (N // K) * K``. O(1) memory."""
 
-    __slots__ = ("_n", "k")
+    __slots__ = ("k",)
 
     def __init__(self, num_seqs: int, k: int) -> None:
-        self._n = _check_num_seqs(num_seqs)
+        super().__init__(num_seqs)
         if k < 1:
             raise ValueError(f"default_every_n needs K >= 1, got {k}")
         self.k = int(k)
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
 
     def __len__(self) -> int:
         return (self._n // self.k) * self.k
@@ -104,7 +127,7 @@ class EveryNOrder(Order):
         return f"EveryNOrder(num_seqs={self._n}, k={self.k})"
 
 
-class PermutationOrder(Order):
+class PermutationOrder(CountedOrder):
     """A keyed pseudorandom permutation of ``[0, num_seqs)`` (``random``).
 
     ``key`` is a 64-bit master key (see :func:`seqstore.order._keys.master_key`). The permutation is
@@ -114,23 +137,14 @@ class PermutationOrder(Order):
     :meth:`position_of` inverts it in O(1) per value.
     """
 
-    __slots__ = ("_n", "key", "_a", "_b", "_keys")
+    __slots__ = ("key", "_a", "_b", "_keys")
 
     def __init__(self, num_seqs: int, key: int) -> None:
-        self._n = _check_num_seqs(num_seqs)
-        if not 0 <= int(key) < 1 << 64:
-            raise ValueError(f"key must be in [0, 2**64), got {key}")
-        self.key = int(key)
+        super().__init__(num_seqs)
+        self.key = check_key(key)
         self._keys = np.array(_keys.round_keys(self.key, K.ROUNDS), dtype=np.uint64)
         a, b = _keys.split(self._n) if self._n else (1, 1)
         self._a, self._b = np.uint64(a), np.uint64(b)
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
-
-    def __len__(self) -> int:
-        return self._n
 
     def _take(self, positions: IntArray) -> IntArray:
         out = np.empty(positions.shape[0], dtype=np.int64)
@@ -159,25 +173,18 @@ class PermutationOrder(Order):
         return f"PermutationOrder(num_seqs={self._n}, key={self.key:#018x})"
 
 
-class SampleOrder(Order):
+class SampleOrder(CountedOrder):
     """``random_sample``: N i.i.d. uniform draws from ``[0, N)`` (with replacement), counter based:
     draw ``i`` is a keyed hash of ``i`` mapped to ``[0, N)`` by a 64x64-bit multiply-high (bias below
     N / 2**64). O(1) memory, random access."""
 
-    __slots__ = ("_n", "key", "_k0", "_k1")
+    __slots__ = ("key", "_k0", "_k1")
 
     def __init__(self, num_seqs: int, key: int) -> None:
-        self._n = _check_num_seqs(num_seqs)
+        super().__init__(num_seqs)
         self.key = int(key)
         self._k0 = np.uint64(_keys.child_key(self.key, 1))
         self._k1 = np.uint64(_keys.child_key(self.key, 2))
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
-
-    def __len__(self) -> int:
-        return self._n
 
     def _take(self, positions: IntArray) -> IntArray:
         out = np.empty(positions.shape[0], dtype=np.int64)
@@ -191,7 +198,7 @@ class SampleOrder(Order):
         return f"SampleOrder(num_seqs={self._n}, key={self.key:#018x})"
 
 
-class ExplicitOrder(Order):
+class ExplicitOrder(CountedOrder):
     """A given order: ``array[i]`` (an int array, a memory-mapped array or a ``.npy`` path, mapped).
 
     Its length may differ from ``num_seqs``; every value must lie in ``[0, num_seqs)``. In-memory
@@ -199,10 +206,10 @@ class ExplicitOrder(Order):
     Pickles by file reference when mapped, by value otherwise.
     """
 
-    __slots__ = ("_n", "ref")
+    __slots__ = ("ref",)
 
     def __init__(self, num_seqs: int, array: Any) -> None:
-        self._n = _check_num_seqs(num_seqs)
+        super().__init__(num_seqs)
         self.ref = array if isinstance(array, ArrayRef) else ArrayRef(array, "explicit order")
         arr = self.ref.array
         if arr.dtype.kind not in "iu" and arr.size:
@@ -217,10 +224,6 @@ class ExplicitOrder(Order):
             k = int(np.flatnonzero(bad)[0])
             where = int(positions[k]) if positions is not None else start + k
             raise ValueError(f"explicit order has value {int(values[k])} at position {where}, outside [0, {self._n})")
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
 
     def __len__(self) -> int:
         return len(self.ref)
@@ -244,7 +247,7 @@ class ExplicitOrder(Order):
         return f"ExplicitOrder(num_seqs={self._n}, {self.ref!r})"
 
 
-class SortedOrder(Order):
+class SortedOrder(CountedOrder):
     """``sorted`` (stable argsort of the lengths, ties by ascending index) or, with ``descending``,
     ``sorted_reverse`` (stable argsort of ``-lengths``: longest first, ties by ascending index).
 
@@ -254,7 +257,7 @@ class SortedOrder(Order):
     O(1) extra memory.
     """
 
-    __slots__ = ("_n", "lengths", "descending", "cache", "_sidx", "_lock")
+    __slots__ = ("lengths", "descending", "cache", "_sidx", "_lock")
 
     def __init__(self, lengths: Any, descending: bool = False, cache: PathLike | None = None) -> None:
         self.lengths = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
@@ -264,13 +267,6 @@ class SortedOrder(Order):
         self.cache = cache
         self._sidx: np.ndarray | None = None
         self._lock = threading.Lock()
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
-
-    def __len__(self) -> int:
-        return self._n
 
     def sort_index(self) -> np.ndarray:
         """The ascending stable sort index (computed or mapped on first call), shape ``(N,)``."""

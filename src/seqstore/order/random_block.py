@@ -25,21 +25,12 @@ import numpy as np
 from . import _kernels as K
 from . import _keys
 from .base import IntArray, Order
-from .kinds import MAX_NUM_SEQS, PermutationOrder, _check_num_seqs
+from .kinds import CountedOrder, PermutationOrder, check_count, check_key
 
 __all__ = ["RandomBlockOrder"]
 
 
-def _check_size(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
-    v = int(value)
-    if not 1 <= v <= MAX_NUM_SEQS:
-        raise ValueError(f"{what} must be in [1, 2**63 - 1], got {v}")
-    return v
-
-
-class RandomBlockOrder(Order):
+class RandomBlockOrder(CountedOrder):
     """``random_block:B:W``: blocks of ``block`` records in keyed random order, the records of each
     run of ``window`` consecutive visited blocks permuted together (see the module docstring).
 
@@ -49,15 +40,13 @@ class RandomBlockOrder(Order):
     ``window <= 1024``); memory O(1).
     """
 
-    __slots__ = ("_n", "key", "block", "window", "_nb", "_ba", "_bb", "_bkeys", "_wkey", "_short_slot")
+    __slots__ = ("key", "block", "window", "_nb", "_ba", "_bb", "_bkeys", "_wkey", "_short_slot")
 
     def __init__(self, num_seqs: int, key: int, block: int, window: int) -> None:
-        self._n = _check_num_seqs(num_seqs)
-        if not 0 <= int(key) < 1 << 64:
-            raise ValueError(f"key must be in [0, 2**64), got {key}")
-        self.key = int(key)
-        self.block = _check_size(block, "block size B")
-        self.window = _check_size(window, "window W")
+        super().__init__(num_seqs)
+        self.key = check_key(key)
+        self.block = check_count(block, "block size B", 1)
+        self.window = check_count(window, "window W", 1)
         self._nb = -(-self._n // self.block)
         ba, bb = _keys.split(self._nb) if self._nb else (1, 1)
         self._ba, self._bb = np.uint64(ba), np.uint64(bb)
@@ -70,13 +59,6 @@ class RandomBlockOrder(Order):
                 np.array([self._nb - 1], dtype=np.int64), np.uint64(self._nb), self._ba, self._bb, self._bkeys, slot
             )
             self._short_slot = int(slot[0])
-
-    @property
-    def num_seqs(self) -> int:
-        return self._n
-
-    def __len__(self) -> int:
-        return self._n
 
     @property
     def num_blocks(self) -> int:
@@ -106,17 +88,19 @@ class RandomBlockOrder(Order):
         """The visit order of the blocks: a lazy keyed permutation of ``[0, num_blocks)``."""
         return PermutationOrder(self._nb, _keys.child_key(self.key, 0))
 
-    def _take(self, positions: IntArray) -> IntArray:
-        out = np.empty(positions.shape[0], dtype=np.int64)
+    def _values(self, positions: IntArray, start: int, ranged: bool, size: int) -> IntArray:
+        """The order at ``positions`` or (``ranged``) at ``start .. start + size - 1``."""
+        out = np.empty(size, dtype=np.int64)
         n, b, w, nb, short = (np.uint64(v) for v in (self._n, self.block, self.window, self._nb, self._short_slot))
-        K.random_block_take(positions, n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey, out)
+        K.random_block(positions, np.uint64(start), ranged, n, b, w, nb, short, self._ba, self._bb, self._bkeys,
+                       self._wkey, out)
         return out
 
+    def _take(self, positions: IntArray) -> IntArray:
+        return self._values(positions, 0, False, positions.shape[0])
+
     def _take_range(self, start: int, stop: int) -> IntArray:
-        out = np.empty(stop - start, dtype=np.int64)
-        n, b, w, nb, short = (np.uint64(v) for v in (self._n, self.block, self.window, self._nb, self._short_slot))
-        K.random_block_range(np.int64(start), n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey, out)
-        return out
+        return self._values(np.empty(0, dtype=np.int64), start, True, stop - start)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RandomBlockOrder, (self._n, self.key, self.block, self.window))
