@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from .options import SEQSTORE_OPTIONS, check_options, option_flag
+from .options import SEQSTORE_OPTIONS, check_options, option_flag, redact
 from .retry import RetryPolicy
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
-_SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 EMPTY_ANSWER = memoryview(b"")
 
@@ -59,14 +58,6 @@ def check_url(url: str) -> None:
             f"{url}: not a valid {scheme}:// URL: it names no {holder} (expected {scheme}://{holder.upper()}/PATH"
             f"{slashes})"
         )
-
-
-def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``options`` with every value whose key looks secret replaced by ``"***"`` (for reprs and logs)."""
-    out: dict[str, Any] = {}
-    for k, v in (options or {}).items():
-        out[k] = "***" if any(w in k.lower() for w in _SECRET_WORDS) and "id" not in k.lower() else v
-    return out
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["SEQSTORE_OPTIONS", "StoreOptions", "check_options", "option_flag"]
+__all__ = ["SEQSTORE_OPTIONS", "StoreOptions", "check_options", "option_flag", "redact"]
 
 #: seqstore's numeric options: (kind, least value, whether the least value itself is allowed)
 _RANGES: dict[str, tuple[type, float, bool]] = {
@@ -40,8 +40,17 @@ _FLAGS = ("read_once", "direct_reads")
 SEQSTORE_OPTIONS = (*_RANGES, *_FLAGS)
 _TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have always taken as true
 _FALSE = ("0", "false", "no", "")
+_SECRET_WORDS = ("secret", "token", "key", "password", "credential", "sas", "signature")
 #: the keyword arguments of ``seqstore.open`` that :meth:`StoreOptions.of` takes besides storage_options
 REMOTE_ARGS = ("filesystem", "cache_dir", "cache_bytes")
+
+
+def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` with every value whose key looks secret replaced by ``"***"`` (for reprs and logs)."""
+    out: dict[str, Any] = {}
+    for k, v in (options or {}).items():
+        out[k] = "***" if any(w in k.lower() for w in _SECRET_WORDS) and "id" not in k.lower() else v
+    return out
 
 
 def option_flag(value: Any) -> bool:
@@ -130,8 +139,6 @@ class StoreOptions:
         return cls(backend=opts, **mine, **given)
 
     def __repr__(self) -> str:  # never a credential: values whose key looks secret are shown as ***
-        from .object_common import redact
-
         shown = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
         shown.pop("backend", None)
         return f"StoreOptions({redact(self.backend)!r}, {', '.join(f'{k}={v!r}' for k, v in shown.items())})"
