@@ -128,3 +128,53 @@ def test_mixture_through_the_loader_and_bad_states(store: Path) -> None:
         PackedIterableDataset(_packed(store), batch_size=4).load_state_dict(st)
     with pytest.raises(ValueError, match="batch_size=None"):
         SeqDataLoader(PackedIterableDataset(_packed(store), batch_size=4), batch_size=4)
+
+
+PARALLEL = [{"threads": 2}, {"procs": 2}]
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+@pytest.mark.parametrize("par", PARALLEL, ids=["threads", "procs"])
+def test_threads_and_procs_same_stream_and_exact_resume(store: Path, mode: str, par: dict[str, int]) -> None:
+    ref = _take(SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None), 9)
+    loader = SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None, **par)
+    got = _take(loader, 4)
+    _same(got, ref[:4])
+    assert got[0]["max_seqlen"] == ref[0]["max_seqlen"] and isinstance(got[0]["max_seqlen"], int)
+    state = loader.state_dict()
+    plain = SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None)
+    _take(plain, 4)
+    assert state == plain.state_dict()  # the same state as without workers
+    again = SeqDataLoader(PackedIterableDataset(_packed(store, mode), batch_size=4), batch_size=None, **par)
+    again.load_state_dict(state)
+    _same(_take(again, 5), ref[4:9])
+
+
+@pytest.mark.parametrize("par", PARALLEL, ids=["threads", "procs"])
+def test_threads_and_procs_num_batches_and_a_schedule_in_tokens(tmp_path: Path, par: dict[str, int]) -> None:
+    datasets = {}
+    rng = np.random.default_rng(1)
+    for i, name in enumerate(["web", "code"]):
+        lens = rng.integers(1, 30, 400)
+        path = tmp_path / f"{name}.seqstore"
+        with seqstore.create(path, {"tokens": Field("int32", (None,))}) as w:
+            w.append_batch({"tokens": (np.full(int(lens.sum()), i + 1, dtype=np.int32), lens)})
+        datasets[name] = seqstore.data.StoreDataset(path, length_field="tokens", ordering="random", seed=i)
+
+    def ds() -> PackedIterableDataset:
+        mix = MixtureStream(datasets, [(0, {"web": 1}), (400, {"code": 1})], unit="tokens", chunk=64)
+        return PackedIterableDataset(PackedDataset(mix, seq_len=32, mode="best_fit", window=8), batch_size=4,
+                                     num_batches=3)
+
+    plain = SeqDataLoader(ds(), batch_size=None)
+    ref = _take(plain, 10) + _take(plain, 10) + _take(plain, 10)  # three iterations of num_batches=3
+    loader = SeqDataLoader(ds(), batch_size=None, **par)
+    got = _take(loader, 10) + _take(loader, 10)  # two iterations of num_batches=3, the second continues
+    assert len(got) == 6
+    _same(got, ref[:6])
+    toks = torch.cat([b["tokens"].flatten() for b in got])
+    assert set(toks.unique().tolist()) == {0, 1, 2}  # web, then code after 400 tokens (0: padding)
+    state = loader.state_dict()
+    again = SeqDataLoader(ds(), batch_size=None, **par)
+    again.load_state_dict(state)
+    _same(_take(again, 10), ref[6:9])

@@ -230,6 +230,13 @@ class PackedDataset:
         while True:
             yield stream.batch(batch_size)
 
+    def build(self, plan: IntArray) -> dict[str, Any]:
+        """The batch of a :meth:`PackedStream.plan` (one ``get_batch`` of its documents, then one fill)."""
+        n, k = int(plan[0]), int(plan[1])
+        seq, ids, off, cnt = plan[2 : 2 + 4 * k].reshape(4, k)
+        return build_batch(self.dataset, self.tokens, seq, ids, off, cnt, n, self.seq_len,
+                           concat=self.mode == "concat", eos=self.eos, mask_eos=self.mask_eos, pad_id=self.pad_id)
+
     def __repr__(self) -> str:
         return f"PackedDataset({self.stream!r}, {self.config()})"
 
@@ -252,10 +259,15 @@ class PackedStream:
             self.planner.plan(int(n))
 
     def batch(self, n: int) -> dict[str, Any]:
-        p = self.packed
-        seq, ids, off, cnt, pads = self.planner.plan(int(n))
-        return build_batch(p.dataset, p.tokens, seq, ids, off, cnt, n, p.seq_len, concat=p.mode == "concat",
-                           eos=p.eos, mask_eos=p.mask_eos, pad_id=p.pad_id)
+        return self.packed.build(self.plan(n))
+
+    def plan(self, n: int) -> IntArray:
+        """The next ``n`` sequences as one int64 array (``[n, pieces, seq..., ids..., offsets...,
+        counts...]``) that :meth:`PackedDataset.build` turns into the batch: planning here, reading and
+        filling elsewhere (another thread or process) give the same batches."""
+        seq, ids, off, cnt, _ = self.planner.plan(int(n))
+        head = np.array([int(n), len(seq)], dtype=np.int64)
+        return np.concatenate([head, seq, ids, off, cnt]).astype(np.int64, copy=False)
 
 
 @numba.njit(cache=True, nogil=True)

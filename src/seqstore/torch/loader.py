@@ -152,11 +152,14 @@ class SeqDataLoader(DataLoader[Any]):
             raise ValueError(
                 f"SeqDataLoader: {'threads' if threads else 'procs'}= needs seqstore's own batches: a "
                 "SeqDataset with sampler=EpochSampler and batch_size, or batch_sampler=EpochBatchSampler, and "
-                "collate_fn=collate_padded / PaddedCollate (pad_value 0); or an IterableSeqDataset with batch= set"
+                "collate_fn=collate_padded / PaddedCollate (pad_value 0); or an IterableSeqDataset with batch= set; "
+                "or a PackedIterableDataset"
             )
 
     def _direct_possible(self) -> bool:
         ds = self.dataset
+        if isinstance(ds, PackedIterableDataset):
+            return True  # planned here, read and filled by the threads / processes (see torch/packed.py)
         if isinstance(ds, IterableSeqDataset):
             return ds.batch is not None
         if not isinstance(ds, SeqDataset) or collate_options(self.collate_fn) is None:
@@ -184,7 +187,12 @@ class SeqDataLoader(DataLoader[Any]):
         self._consumed = 0
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
         batches: Iterator[Any]
-        if plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
+        if isinstance(src, PackedIterableDataset) and (self.threads or self.procs):
+            if self.procs:
+                check_main_guard(start_method(self._procs_context), self.procs)
+            batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context,
+                                   pin=bool(self.pin_memory) and torch.cuda.is_available())
+        elif plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
             pin = bool(self.pin_memory) and torch.cuda.is_available()
             if self.threads or self.procs:

@@ -8,6 +8,13 @@ Each of the ``S = W x K`` streams (rank ``r`` of ``W``, DataLoader worker ``w`` 
 ``S`` shares in this process from lengths alone (no token is read; incrementally from the previous
 call) and returns the packed dataset's state: the same dict on every rank, loadable into any world
 size or worker count.
+
+``SeqDataLoader(threads=T)`` / ``SeqDataLoader(procs=K)`` (no DataLoader workers): the loop's process
+plans the rank's one share (``W`` shares, as with ``num_workers=0``: the same batches and states) and
+the reading and filling of each batch (``get_batch`` of its documents, the numba fill; the bulk of the
+work) run on ``T`` helper threads besides the loop's (:func:`~seqstore.torch._direct.run_ordered`) or
+in ``K`` worker processes that write into a ring of shared buffers
+(:func:`~seqstore.torch._ring.run_processes`); a batch's plan is one int64 array.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from torch.utils.data import IterableDataset
 
 from ..data.packing import PackedDataset, PackedStream
 from ._convert import resolve_topology, worker_topology
+from ._direct import run_ordered
+from ._ring import run_processes
 from ._state import StateError
 
 __all__ = ["PackedIterableDataset"]
@@ -55,6 +64,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.epoch = int(epoch)
         self._state: dict[str, Any] | None = None  # resume point of the next iteration (None: fresh)
         self._replay: tuple[int, list[PackedStream], list[int]] | None = None
+        self._ended: tuple[int, int] | None = None  # (batches, workers) of an iteration run to its end
 
     # --------------------------------------------------------------------------------- iteration
 
@@ -73,6 +83,33 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             made += 1
             yield {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
 
+    def _plans(self) -> Iterator[np.ndarray[Any, Any]]:
+        """This rank's batches as plans, as without DataLoader workers (share ``rank`` of ``world_size``)."""
+        stream = self.packed.open(self._shares(1)[self.rank], self.rank, self.world_size)
+        made = 0
+        while self.num_batches is None or made < self.num_batches:
+            yield stream.plan(self.batch_size)
+            made += 1
+
+    def parallel(self, *, threads: int = 0, procs: int = 0, context: Any = None,
+                 pin: bool = False) -> Iterator[dict[str, Any]]:
+        """This rank's batches (as :meth:`__iter__` without workers yields them) read and filled by
+        ``threads`` helper threads or ``procs`` worker processes (``context``: their start method);
+        planned here. ``SeqDataLoader(threads=, procs=)`` iterates this."""
+        plans = self._plans()
+        if procs:
+            first_plan = next(plans, None)
+            if first_plan is None:
+                return
+            ring = _Build(self.packed, ring=True)
+            for batch in run_processes(ring(first_plan), plans, ring, procs,  # type: ignore[arg-type]
+                                       context=context, pin=pin):
+                yield {**batch, "max_seqlen": int(batch["max_seqlen"])}
+            return
+        for batch in run_ordered(plans, _Build(self.packed, ring=False), threads):
+            yield {k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()} \
+                if pin else batch
+
     # ------------------------------------------------------------------------------------- state
 
     def set_epoch(self, epoch: int) -> None:
@@ -80,21 +117,25 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         (the packed stream is endless: it goes on into the following epochs by itself)."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 1:
             raise ValueError(f"{self._kind}: epochs are 1-based, got {epoch!r}")
-        if self._state is None:
+        if self._state is None and self._ended is None:
             self.epoch = int(epoch)
             self._replay = None
 
     def begin(self) -> None:
-        """A new iteration starts from the current resume point (``SeqDataLoader`` calls this)."""
+        """A new iteration starts from the current resume point (``SeqDataLoader`` calls this): after
+        the one that ran to its end, if any."""
+        if self._ended is not None:
+            self._state = self.state_dict(self._ended[0], num_workers=self._ended[1])
+            self._ended = None
         self._replay = None
 
     def finish_epoch(self, num_workers: int = 0) -> None:
         """An iteration of ``num_batches`` ran to its end on a DataLoader with ``num_workers`` workers:
-        the next one continues after it (``SeqDataLoader`` calls this; with a plain DataLoader, call
+        the next one continues after it (``SeqDataLoader`` calls this; ``state_dict(num_batches)`` still
+        answers for the iteration that ended until the next begins; with a plain DataLoader, call
         ``load_state_dict(state_dict(num_batches, num_workers=K))`` instead)."""
         if self.num_batches is not None:
-            self._state = self.state_dict(self.num_batches, num_workers=num_workers)
-        self._replay = None
+            self._ended = (self.num_batches, num_workers)
 
     def state_dict(self, consumed: int | None = None, *, num_workers: int | None = None) -> dict[str, Any]:
         """The state after every rank took ``consumed`` batches of this iteration from a DataLoader with
@@ -128,6 +169,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             raise StateError(str(e)) from None
         self._state = state
         self._replay = None
+        self._ended = None
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -137,3 +179,19 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
     def __repr__(self) -> str:
         return (f"PackedIterableDataset({self.packed!r}, batch_size={self.batch_size}, rank={self.rank}, "
                 f"world_size={self.world_size})")
+
+
+class _Build:
+    """A batch of tensors from its plan (picklable: a worker process gets a copy). ``ring``: all values
+    tensors (``max_seqlen`` 0-d), as the shared-buffer ring carries them."""
+
+    def __init__(self, packed: PackedDataset, *, ring: bool) -> None:
+        self.packed = packed
+        self.ring = ring
+
+    def __call__(self, plan: np.ndarray[Any, Any]) -> dict[str, Any]:
+        batch = self.packed.build(plan)
+        out: dict[str, Any] = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
+        if self.ring:
+            out["max_seqlen"] = torch.tensor(out["max_seqlen"], dtype=torch.int64)
+        return out
