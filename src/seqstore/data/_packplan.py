@@ -42,6 +42,24 @@ class DocStream(Protocol):
     def source_of(self, ids: IntArray) -> IntArray: ...
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _piece(pieces: Any, k: int, seq: int, ticket: int, off: int, count: int) -> int:  # pragma: no cover - numba
+    """Write piece ``k`` (a column of ``pieces``); the number of pieces after it."""
+    pieces[0, k] = seq
+    pieces[1, k] = ticket
+    pieces[2, k] = off
+    pieces[3, k] = count
+    return k + 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _drop(order: Any, nbuf: int, i: int) -> int:  # pragma: no cover - numba
+    """Remove entry ``i`` of the first ``nbuf`` of ``order`` (the rest moves up); the new count."""
+    for q in range(i + 1, nbuf):
+        order[q - 1] = order[q]
+    return nbuf - 1
+
+
 @numba.njit(cache=True, nogil=True)
 def _best_fit(lens: Any, offs: Any, nb: int, seq_len: int, window: int, split: bool,
               nseq_max: int) -> Any:  # pragma: no cover - numba
@@ -54,11 +72,7 @@ def _best_fit(lens: Any, offs: Any, nb: int, seq_len: int, window: int, split: b
     for i in range(nb):
         order[nbuf] = i
         nbuf += 1
-    cap_p = nseq_max * (window + 1)
-    p_seq = np.empty(cap_p, dtype=np.int64)
-    p_tick = np.empty(cap_p, dtype=np.int64)
-    p_off = np.empty(cap_p, dtype=np.int64)
-    p_n = np.empty(cap_p, dtype=np.int64)
+    pieces = np.empty((4, nseq_max * (window + 1)), dtype=np.int64)  # rows: sequence, ticket, offset, count
     pads = np.zeros(nseq_max, dtype=np.int64)
     np_ = 0
     nxt = 0
@@ -76,30 +90,18 @@ def _best_fit(lens: Any, offs: Any, nb: int, seq_len: int, window: int, split: b
         t = order[0]
         r = rem[t]
         if r >= cap:
-            p_seq[np_] = s
-            p_tick[np_] = t
-            p_off[np_] = off[t]
-            p_n[np_] = cap
-            np_ += 1
+            np_ = _piece(pieces, np_, s, t, off[t], cap)
             if split and r > cap:
                 off[t] += cap
                 rem[t] -= cap
             else:
                 trunc += r - cap
-                for q in range(1, nbuf):
-                    order[q - 1] = order[q]
-                nbuf -= 1
+                nbuf = _drop(order, nbuf, 0)
             cap = 0
         else:
-            p_seq[np_] = s
-            p_tick[np_] = t
-            p_off[np_] = off[t]
-            p_n[np_] = r
-            np_ += 1
+            np_ = _piece(pieces, np_, s, t, off[t], r)
             cap -= r
-            for q in range(1, nbuf):
-                order[q - 1] = order[q]
-            nbuf -= 1
+            nbuf = _drop(order, nbuf, 0)
             while cap > 0:
                 best = -1
                 best_r = 0
@@ -113,19 +115,13 @@ def _best_fit(lens: Any, offs: Any, nb: int, seq_len: int, window: int, split: b
                 if best < 0:
                     break
                 t = order[best]
-                p_seq[np_] = s
-                p_tick[np_] = t
-                p_off[np_] = off[t]
-                p_n[np_] = best_r
-                np_ += 1
+                np_ = _piece(pieces, np_, s, t, off[t], best_r)
                 cap -= best_r
-                for q in range(best + 1, nbuf):
-                    order[q - 1] = order[q]
-                nbuf -= 1
+                nbuf = _drop(order, nbuf, best)
         pads[s] = cap
         s += 1
     keep = order[:nbuf].copy()
-    return p_seq[:np_], p_tick[:np_], p_off[:np_], p_n[:np_], keep, off, nxt, s, pads[:s], trunc
+    return pieces[0, :np_], pieces[1, :np_], pieces[2, :np_], pieces[3, :np_], keep, off, nxt, s, pads[:s], trunc
 
 
 def _as_ranges(epoch: IntArray, pos: IntArray, off: IntArray) -> list[list[int]]:

@@ -38,7 +38,7 @@ import numpy as np
 from ..order import Order, ordering_name, seq_order
 from ._lengths import IntArray, LengthsView, MappedLengths, as_index_array
 from ._orders import dataset_order
-from .base import Dataset, check_order_params, merge_batches, pad_ragged
+from .base import Dataset, check_order_params
 from .concat import ConcatLengths, Split
 
 __all__ = ["CombinedDataset", "CombinedOrder", "EpochWindows", "weighted_sizes"]
@@ -386,16 +386,11 @@ class CombinedDataset(Dataset):
         return self.datasets[self.names.index(name)].get(j)
 
     def prefetch(self, indices: Any) -> None:
-        sp = Split(as_index_array(indices, self.num_seqs), self.start_N)
-        for k, pos in sp.groups():
-            self.datasets[k].prefetch(sp.local[pos])
+        Split(as_index_array(indices, self.num_seqs), self.start_N).prefetch(self.datasets)
 
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         """Records of combined indices, gathered per child and merged in request order (same fields needed)."""
-        sp = Split(as_index_array(indices, self.num_seqs), self.start_N)
-        parts = [(pos, self.datasets[k].get_batch(sp.local[pos])) for k, pos in sp.groups()]
-        batch = merge_batches(parts, len(sp.child))
-        return pad_ragged(batch) if pad else batch
+        return Split(as_index_array(indices, self.num_seqs), self.start_N).get_batch(self.datasets, pad)
 
     def __repr__(self) -> str:
         return (f"CombinedDataset({self.sampling_sizes}, ordering={self.ordering!r}, seed={self.seed}, "

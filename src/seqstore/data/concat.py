@@ -80,6 +80,18 @@ class Split:
             if b[k + 1] > b[k]:
                 yield k, self.order[b[k] : b[k + 1]]
 
+    def prefetch(self, datasets: Sequence[Dataset]) -> None:
+        """``datasets[k].prefetch`` of the local indices of each part ``k``."""
+        for k, pos in self.groups():
+            datasets[k].prefetch(self.local[pos])
+
+    def get_batch(self, datasets: Sequence[Dataset], pad: bool) -> dict[str, Any]:
+        """The records of the split values, one ``datasets[k].get_batch`` per part ``k``, merged in the
+        values' order (padded when ``pad``)."""
+        parts = [(pos, datasets[k].get_batch(self.local[pos])) for k, pos in self.groups()]
+        batch = merge_batches(parts, len(self.child))
+        return pad_ragged(batch) if pad else batch
+
 
 class ConcatLengths(LengthsView):
     """Lengths of several views end to end (``starts``: cumulative sizes, int64 (k+1,))."""
@@ -164,15 +176,10 @@ class ConcatDataset(Dataset):
         return self.datasets[c].get(j)
 
     def prefetch(self, indices: Any) -> None:
-        sp = Split(as_index_array(indices, self.num_seqs), self.starts)
-        for k, pos in sp.groups():
-            self.datasets[k].prefetch(sp.local[pos])
+        Split(as_index_array(indices, self.num_seqs), self.starts).prefetch(self.datasets)
 
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
-        sp = Split(as_index_array(indices, self.num_seqs), self.starts)
-        parts = [(pos, self.datasets[k].get_batch(sp.local[pos])) for k, pos in sp.groups()]
-        batch = merge_batches(parts, len(sp.child))
-        return pad_ragged(batch) if pad else batch
+        return Split(as_index_array(indices, self.num_seqs), self.starts).get_batch(self.datasets, pad)
 
     def __repr__(self) -> str:
         return f"ConcatDataset({len(self.datasets)} datasets, n={self.num_seqs}, ordering={self.ordering!r})"

@@ -32,6 +32,14 @@ __all__ = ["ShuffleBuffer", "ReplacementSampler", "shuffle_buffer", "sample_with
 _MASK = (1 << 64) - 1
 
 
+def _check_state(state: dict[str, Any], what: str, **mine: Any) -> None:
+    """ValueError unless ``state`` holds the values ``mine`` (a state saved by another ``what``)."""
+    if any(state[k] != v for k, v in mine.items()):
+        theirs = ", ".join(f"{k}={state[k]}" for k in mine)
+        ours = ", ".join(f"{k}={v}" for k, v in mine.items())
+        raise ValueError(f"state is for {theirs}; this {what} has {ours}")
+
+
 def _mix(seed: int, k: int) -> int:
     """Draw ``k`` of ``seed``: the order layer's splitmix64 finaliser (:func:`seqstore.order._keys.mix64`)
     of a Weyl combination of (seed, k). A 64-bit value, O(1), identical on every platform."""
@@ -105,11 +113,7 @@ class ShuffleBuffer(Iterator[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (on a buffer built over the same source, freshly created)."""
-        if state["seed"] != self.seed or state["size"] != self.size:
-            raise ValueError(
-                f"state is for seed={state['seed']}, size={state['size']}; this buffer has seed={self.seed}, "
-                f"size={self.size}"
-            )
+        _check_state(state, "buffer", seed=self.seed, size=self.size)
         self._consumed = int(state["consumed"])
         self._emitted = int(state["emitted"])
         self._exhausted = bool(state["exhausted"])
@@ -174,11 +178,7 @@ class ReplacementSampler(Iterator[int]):
         return {"seed": self.seed, "num_seqs": self.num_seqs, "position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["seed"] != self.seed or state["num_seqs"] != self.num_seqs:
-            raise ValueError(
-                f"state is for seed={state['seed']}, num_seqs={state['num_seqs']}; this sampler has "
-                f"seed={self.seed}, num_seqs={self.num_seqs}"
-            )
+        _check_state(state, "sampler", seed=self.seed, num_seqs=self.num_seqs)
         self.position = int(state["position"])
         self._block = np.empty(0, dtype=np.int64)
         self._block_start = 0
