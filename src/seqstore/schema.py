@@ -422,14 +422,14 @@ def _torch_to_numpy(value: Any) -> np.ndarray[Any, Any] | None:
         import torch
 
         arr = t.view(torch.int16).cpu().numpy().view(np.uint16)
-        return _BF16Bits(arr)
+        return BF16Bits(arr)
     return np.asarray(t.cpu().numpy())
 
 
-class _BF16Bits(np.ndarray[Any, np.dtype[np.uint16]]):
-    """uint16 array marking that its contents are already bfloat16 bits (internal)."""
+class BF16Bits(np.ndarray[Any, np.dtype[np.uint16]]):
+    """uint16 array marking that its contents are already bfloat16 bits (a torch bfloat16 tensor's values)."""
 
-    def __new__(cls, bits: np.ndarray[Any, Any]) -> _BF16Bits:
+    def __new__(cls, bits: np.ndarray[Any, Any]) -> BF16Bits:
         return bits.view(cls)
 
 
@@ -450,7 +450,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
             raise SchemaError(f"{what}: cannot convert {type(value).__name__} to an array ({exc})") from exc
     if field.dtype == BFLOAT16:
-        if isinstance(arr, _BF16Bits) or arr.dtype.name == BFLOAT16 or arr.dtype == np.uint16:
+        if isinstance(arr, BF16Bits) or arr.dtype.name == BFLOAT16 or arr.dtype == np.uint16:
             # uint16 is taken as bfloat16 bits: what a store opened with bfloat16="bits" returns
             return np.asarray(arr.view(np.uint16), order="C")
         if arr.dtype.kind in "fiub":
@@ -469,7 +469,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
     src = arr.dtype
-    if isinstance(arr, _BF16Bits):
+    if isinstance(arr, BF16Bits):
         if target.kind != "f":
             raise SchemaError(f"{what}: cannot store bfloat16 values in a {target} field")
         return np.asarray(bfloat16_to_float32(arr), dtype=target, order="C")

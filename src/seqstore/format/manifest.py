@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
@@ -128,13 +128,7 @@ class IndexRun:
     level: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "first_shard": self.first_shard,
-            "end_shard": self.end_shard,
-            "records": self.records,
-            "level": self.level,
-        }
+        return asdict(self)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import BFLOAT16, Field, _BF16Bits
+from ..schema import BFLOAT16, BF16Bits, Field
 
 __all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str"]
 
@@ -34,7 +34,7 @@ def _cpu_tensor_to_numpy(t: Any) -> np.ndarray[Any, Any]:
     if str(t.dtype) == "torch.bfloat16":
         import torch
 
-        return _BF16Bits(t.view(torch.int16).numpy().view(np.uint16))
+        return BF16Bits(t.view(torch.int16).numpy().view(np.uint16))
     return np.asarray(t.numpy())
 
 
@@ -102,7 +102,7 @@ class HostStager:
         out: dict[str, np.ndarray[Any, Any]] = {}
         for name, dst, bf16 in views:
             arr = dst.numpy()
-            out[name] = _BF16Bits(arr.view(np.uint16)) if bf16 else arr
+            out[name] = BF16Bits(arr.view(np.uint16)) if bf16 else arr
         return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,13 +224,14 @@ def similarity(
             mats = [total] + ([parts[name] for name in columns] if parts is not None else [])
             writer.append_batch({"scores": np.concatenate(mats, axis=1) if len(mats) > 1 else total})
 
+    scan = _Scan(st, q, fields, columns, chunk_rows, start, stop, per_field)
     t0 = time.perf_counter()
     try:
         if device == "cpu":
-            _scan_cpu(st, q, fields, columns, chunk_rows, start, stop, per_field, scores, per, consume)
+            _scan_cpu(scan, scores, per, consume)
         elif device.startswith("cuda"):
             want_full = scores is not None or writer is not None
-            _scan_cuda(st, q, fields, columns, chunk_rows, start, stop, per_field, device, want_full, top, consume)
+            _scan_cuda(scan, device, want_full, top, consume)
         else:
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
         out_store = None
@@ -255,23 +256,36 @@ def _widen(block: np.ndarray[Any, Any], bf16: bool) -> np.ndarray[Any, Any]:
     return block.astype(np.float32)
 
 
+@dataclass(frozen=True)
+class _Scan:
+    """What a scan reads: rows ``[start, stop)`` of ``fields`` of ``st`` in chunks of ``chunk_rows``,
+    against the queries ``q`` (``columns``: each field's column range; ``per_field``: scores per field too)."""
+
+    st: Store
+    q: np.ndarray[Any, Any]
+    fields: Sequence[str] | str | None
+    columns: dict[str, tuple[int, int]]
+    chunk_rows: int
+    start: int
+    stop: int
+    per_field: bool
+
+    def blocks(self) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+        """``(first row, block)`` per chunk (``Store.iter_matrix``)."""
+        return self.st.iter_matrix(self.fields, chunk_rows=self.chunk_rows, start=self.start, stop=self.stop)
+
+
 def _scan_cpu(
-    st: Store,
-    q: np.ndarray[Any, Any],
-    fields: Sequence[str] | str | None,
-    columns: dict[str, tuple[int, int]],
-    chunk_rows: int,
-    start: int,
-    stop: int,
-    per_field: bool,
+    scan: _Scan,
     scores: np.ndarray[Any, Any] | None,
     per: dict[str, np.ndarray[Any, Any]] | None,
     consume: Any,
 ) -> None:
+    st, q, columns, start, per_field = scan.st, scan.q, scan.columns, scan.start, scan.per_field
     bf16 = st.schema[next(iter(columns))].dtype == BFLOAT16
     qt = np.ascontiguousarray(q.T)  # (D, Q)
     qt_parts = {name: np.ascontiguousarray(qt[a:b]) for name, (a, b) in columns.items()}
-    for first, block in st.iter_matrix(fields, chunk_rows=chunk_rows, start=start, stop=stop):
+    for first, block in scan.blocks():
         x = _widen(block, bf16)
         rel = first - start
         r = x.shape[0]
@@ -292,26 +306,15 @@ def _scan_cpu(
         consume(rel, total, parts, True)
 
 
-def _scan_cuda(
-    st: Store,
-    q: np.ndarray[Any, Any],
-    fields: Sequence[str] | str | None,
-    columns: dict[str, tuple[int, int]],
-    chunk_rows: int,
-    start: int,
-    stop: int,
-    per_field: bool,
-    device: str,
-    want_full: bool,
-    top: _TopK | None,
-    consume: Any,
-) -> None:
+def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, consume: Any) -> None:
     """The CUDA scan. Per chunk k (slot k % 2): wait until slot's previous upload is done, copy the
     mapped rows into the slot's pinned buffer (parallel memcpy), upload on the copy stream, GEMM on
     the compute stream, running top-k on the GPU (no host sync), and, when all scores are wanted, an
     asynchronous download into a pinned result buffer that is consumed one chunk later."""
     import torch
 
+    st, q, columns, chunk_rows = scan.st, scan.q, scan.columns, scan.chunk_rows
+    start, per_field = scan.start, scan.per_field
     dev = torch.device(device)
     f0 = st.schema[next(iter(columns))]
     bf16 = f0.dtype == BFLOAT16
@@ -359,7 +362,7 @@ def _scan_cuda(
     best_i: Any = None
     prev: tuple[int, int, int] | None = None
     try:
-        for i, (first, block) in enumerate(st.iter_matrix(fields, chunk_rows=chunk_rows, start=start, stop=stop)):
+        for i, (first, block) in enumerate(scan.blocks()):
             slot = i % 2
             r = block.shape[0]
             copied[slot].synchronize()  # the pinned slot's previous upload has finished
