@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ray_types import _WHERE, BFLOAT16_METADATA, block_columns, infer_schema  # (imports no Ray)
+from .ray_types import BFLOAT16_METADATA, WHERE, block_columns, infer_schema  # (imports no Ray)
 
 try:
     import ray
@@ -200,7 +200,7 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
-def _given_schema(schema: Mapping[str, Any] | Schema) -> Schema:
+def given_schema(schema: Mapping[str, Any] | Schema) -> Schema:
     return schema if isinstance(schema, Schema) else Schema(schema)
 
 
@@ -251,19 +251,19 @@ def write(
         # before Ray runs anything (the inference below is a Ray job): the error is seqstore's, alone
         raise FileExistsError(f"{root}: a store already exists (mode='create'); use mode='append' or 'overwrite'")
     if schema is not None:
-        sch = _given_schema(schema)
+        sch = given_schema(schema)
         known = ds.schema(fetch_if_missing=False)  # no execution: None when Ray does not know it yet
         names = set(known.names) if known is not None else set()
         missing = [c for c in [*sch, *([id_column] if id_column else [])] if names and c not in names]
         if missing:
-            raise SchemaError(f"{_WHERE}: no column(s) {missing}; columns are {sorted(names)}")
+            raise SchemaError(f"{WHERE}: no column(s) {missing}; columns are {sorted(names)}")
     else:
         try:
             sample = ds.limit(_PEEK_ROWS).take_batch(_PEEK_ROWS, batch_format="pyarrow")
         except ValueError:  # Ray: "The dataset is empty."
             sample = None
         if sample is None or sample.num_rows == 0:
-            raise SchemaError(f"{_WHERE} is empty: no rows to infer fields from; pass schema= ({root})")
+            raise SchemaError(f"{WHERE} is empty: no rows to infer fields from; pass schema= ({root})")
         sch = infer_schema(sample.schema, sample, id_column=id_column)
     sink = _StoreDatasink(root, sch, id_column=id_column, mode=mode, shard_bytes=shard_bytes,
                           max_shard_records=max_shard_records, metadata=metadata, storage_options=storage_options)

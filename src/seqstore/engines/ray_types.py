@@ -39,7 +39,7 @@ _RAY_TENSOR = ("ray.data.arrow_tensor", "ray.data.arrow_tensor_v2")
 _RAY_VAR_TENSOR = "ray.data.arrow_variable_shaped_tensor"
 _RAY_OBJECT = "ray.data.arrow_pickled_object"
 _ARROW_TENSOR = "arrow.fixed_shape_tensor"
-_WHERE = "Ray Dataset"
+WHERE = "Ray Dataset"
 
 
 # ------------------------------------------------------------------------------------------ types
@@ -57,7 +57,7 @@ def _is_bf16(field: Any) -> bool:
 def _value_dtype(t: Any, name: str) -> str:
     fixed = fixed_shape(t)
     if fixed is None or fixed[1]:
-        raise SchemaError(f"{_WHERE}, column {name!r}: tensor elements of Arrow type {t} are not numbers")
+        raise SchemaError(f"{WHERE}, column {name!r}: tensor elements of Arrow type {t} are not numbers")
     return fixed[0]
 
 
@@ -73,13 +73,13 @@ def _whole(col: Any, name: str) -> Any:
     """One contiguous array of a column (chunks combined), its top-level nulls rejected."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if arr.null_count:
-        raise SchemaError(f"{_WHERE}, column {name!r}: has {arr.null_count} null values; seqstore fields have no nulls")
+        raise SchemaError(f"{WHERE}, column {name!r}: has {arr.null_count} null values; seqstore fields have no nulls")
     return arr
 
 
 def _numpy(arr: Any, name: str) -> np.ndarray[Any, Any]:
     if arr.null_count:
-        raise SchemaError(f"{_WHERE}, column {name!r}: has {arr.null_count} null tensor elements")
+        raise SchemaError(f"{WHERE}, column {name!r}: has {arr.null_count} null tensor elements")
     return np.asarray(arr.to_numpy(zero_copy_only=False))
 
 
@@ -87,10 +87,10 @@ def _var_parts(arr: Any, ndim: int, name: str) -> tuple[Any, np.ndarray[Any, Any
     """(flat data array, (n, ndim) int64 shapes) of a Ray variable-shaped tensor array."""
     data, shape = arr.storage.flatten()  # struct children, sliced to the array's rows
     if shape.null_count or data.null_count:
-        raise SchemaError(f"{_WHERE}, column {name!r}: has null tensors")
+        raise SchemaError(f"{WHERE}, column {name!r}: has null tensors")
     dims = np.asarray(shape.value_lengths().to_numpy(zero_copy_only=False))
     if len(dims) and (dims != ndim).any():
-        raise SchemaError(f"{_WHERE}, column {name!r}: a tensor has {int(dims[dims != ndim][0])} dims, "
+        raise SchemaError(f"{WHERE}, column {name!r}: a tensor has {int(dims[dims != ndim][0])} dims, "
                           f"its type says {ndim}")
     shapes = _numpy(shape.flatten(), name).astype(np.int64, copy=False).reshape(len(arr), ndim)
     return data.flatten(), shapes
@@ -102,7 +102,7 @@ def _objects(arr: Any, name: str) -> list[np.ndarray[Any, Any]]:
     for k, raw in enumerate(arr.storage.to_pylist()):
         value = np.asarray(pickle.loads(raw))  # noqa: S301 - the column is Ray's own pickled objects
         if value.dtype.kind not in "biuf" and value.dtype.name != BFLOAT16:
-            raise SchemaError(f"{_WHERE}, column {name!r}, row {k}: holds {type(value).__name__} of dtype "
+            raise SchemaError(f"{WHERE}, column {name!r}, row {k}: holds {type(value).__name__} of dtype "
                               f"{value.dtype}, not numbers")
         out.append(value)
     return out
@@ -134,37 +134,37 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
                 return Field(dtype, (None,))
             shapes = _var_parts(_whole(sample, name), int(t.ndim), name)[1] if sample is not None else None
             if shapes is None or not len(shapes):
-                raise SchemaError(f"{_WHERE}, column {name!r}: variable-shaped {t.ndim}-d tensors and no rows to "
+                raise SchemaError(f"{WHERE}, column {name!r}: variable-shaped {t.ndim}-d tensors and no rows to "
                                   f"read their inner dims from; pass schema={{{name!r}: Field(dtype, (None, ...))}}")
             inner = shapes[0, 1:]
             bad = np.flatnonzero((shapes[:, 1:] != inner).any(axis=1))
             if len(bad):
                 raise SchemaError(
-                    f"{_WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and {tuple(shapes[bad[0]])}; a "
+                    f"{WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and {tuple(shapes[bad[0]])}; a "
                     "ragged field varies in its first dim only"
                 )
             return Field(dtype, (None, *(int(s) for s in inner)))
         if ext == _RAY_OBJECT:
             values = _objects(_whole(sample, name), name) if sample is not None else []
             if not values:
-                raise SchemaError(f"{_WHERE}, column {name!r}: pickled objects and no rows to infer a field from; "
+                raise SchemaError(f"{WHERE}, column {name!r}: pickled objects and no rows to infer a field from; "
                                   f"pass schema={{{name!r}: Field(...)}}")
             kinds = {v.shape for v in values}
             if len(kinds) == 1:
                 return Field(_object_dtype(values), values[0].shape)
             if len({s[1:] for s in kinds}) == 1 and all(len(s) >= 1 for s in kinds):
                 return Field(_object_dtype(values), (None, *values[0].shape[1:]))
-            raise SchemaError(f"{_WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
+            raise SchemaError(f"{WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
                               "shape nor one shape but the first dim")
         st = storage_type(t)
         if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
-            raise SchemaError(f"{_WHERE}, column {name!r}: the first rows hold only empty lists (Arrow type {t}), "
+            raise SchemaError(f"{WHERE}, column {name!r}: the first rows hold only empty lists (Arrow type {t}), "
                               f"which tell no dtype; pass schema={{{name!r}: Field(dtype, (None, ...))}}")
         try:
-            plan = plan_column(_WHERE, name, t)
+            plan = plan_column(WHERE, name, t)
         except SchemaError:
             raise SchemaError(
-                f"{_WHERE}, column {name!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists, lists "
+                f"{WHERE}, column {name!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists, lists "
                 "and Ray tensors of numbers are; a string column can be the id column); pass schema= naming the "
                 "columns to write, or drop the column (ds.drop_columns)"
             ) from None
@@ -173,14 +173,14 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
         if shape and shape[0] is None:  # list<list<T>>: the inner list length from the first rows
             inner_len = first_inner_len(_whole(sample, name)) if sample is not None else None
             if inner_len is None:
-                raise SchemaError(f"{_WHERE}, column {name!r}: lists of lists and no inner list to read their "
+                raise SchemaError(f"{WHERE}, column {name!r}: lists of lists and no inner list to read their "
                                   f"length from; pass schema={{{name!r}: Field(dtype, (None, k))}}")
             shape = (inner_len, *shape[1:])
         return Field(dtype, ((None,) if plan.ragged else ()) + tuple(int(s or 0) for s in shape))
     except SchemaError as e:
-        if str(e).startswith(_WHERE):
+        if str(e).startswith(WHERE):
             raise
-        raise SchemaError(f"{_WHERE}, column {name!r}: {e}") from e
+        raise SchemaError(f"{WHERE}, column {name!r}: {e}") from e
 
 
 def infer_schema(
@@ -192,14 +192,14 @@ def infer_schema(
     :class:`SchemaError` naming the column for a type with no field."""
     names = list(arrow_schema.names)
     if id_column is not None and id_column not in names:
-        raise SchemaError(f"{_WHERE}: no id column {id_column!r}; columns are {names}")
+        raise SchemaError(f"{WHERE}: no id column {id_column!r}; columns are {names}")
     wanted = [c for c in (names if columns is None else columns) if c != id_column]
     if not wanted:
-        raise SchemaError(f"{_WHERE}: no columns to write (columns are {names}, id column {id_column!r})")
+        raise SchemaError(f"{WHERE}: no columns to write (columns are {names}, id column {id_column!r})")
     spec = {}
     for c in wanted:
         if c not in names:
-            raise SchemaError(f"{_WHERE}: no column {c!r}; columns are {names}")
+            raise SchemaError(f"{WHERE}: no column {c!r}; columns are {names}")
         col = sample.column(c) if sample is not None and c in sample.column_names else None
         spec[c] = _infer_field(c, arrow_schema.field(c), col)
     return Schema(spec)
@@ -220,9 +220,9 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
         return flat.reshape(n, *t.shape), None
     if ext == _ARROW_TENSOR:
         if t.permutation is not None and list(t.permutation) != list(range(len(t.shape))):
-            raise SchemaError(f"{_WHERE}, column {name!r}: tensors with permutation {t.permutation} are not "
+            raise SchemaError(f"{WHERE}, column {name!r}: tensors with permutation {t.permutation} are not "
                               "supported (store them row-major)")
-        return flatten_fixed(arr.storage, _WHERE, name).reshape(n, *t.shape), None
+        return flatten_fixed(arr.storage, WHERE, name).reshape(n, *t.shape), None
     if ext == _RAY_VAR_TENSOR:
         ndim = int(t.ndim)
         data, shapes = _var_parts(arr, ndim, name)
@@ -232,7 +232,7 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
         row = shapes[0, 1:] if n else np.zeros(ndim - 1, np.int64)
         bad = np.flatnonzero((shapes[:, 1:] != row).any(axis=1))
         if len(bad):
-            raise SchemaError(f"{_WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and "
+            raise SchemaError(f"{WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and "
                               f"{tuple(shapes[bad[0]])}; a ragged field varies in its first dim only")
         lengths = shapes[:, 0]
         return flat.reshape(int(lengths.sum()), *(int(s) for s in row)), lengths
@@ -242,25 +242,25 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
         if len(kinds) <= 1:
             return (np.stack(values) if values else np.empty((0,))), None
         if any(len(s) == 0 for s in kinds) or len({s[1:] for s in kinds}) != 1:
-            raise SchemaError(f"{_WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
+            raise SchemaError(f"{WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
                               "shape nor one shape but the first dim")
         return np.concatenate(values), np.array([v.shape[0] for v in values], dtype=np.int64)
     st = storage_type(t)
     if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
         lengths = np.asarray(storage_array(arr).value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
         if lengths.any():  # lists of nulls
-            raise SchemaError(f"{_WHERE}, column {name!r}: lists hold null values; seqstore fields have no nulls")
+            raise SchemaError(f"{WHERE}, column {name!r}: lists hold null values; seqstore fields have no nulls")
         return np.empty((0,)), lengths  # only empty lists: no dtype, nothing to store
-    plan = plan_column(_WHERE, name, t)
+    plan = plan_column(WHERE, name, t)
     if not plan.ragged:
-        return flatten_fixed(arr, _WHERE, name).reshape(n, *(int(s or 0) for s in plan.shape)), None
+        return flatten_fixed(arr, WHERE, name).reshape(n, *(int(s or 0) for s in plan.shape)), None
     inner: tuple[int, ...]
     if plan.shape and plan.shape[0] is None:
         first = first_inner_len(arr)
         inner = (first or 0, *(int(s or 0) for s in plan.shape[1:]))
     else:
         inner = tuple(int(s or 0) for s in plan.shape)
-    values, lengths = convert_column(storage_array(arr), Plan(True, plan.dtype, plan.shape), inner, _WHERE, name)
+    values, lengths = convert_column(storage_array(arr), Plan(True, plan.dtype, plan.shape), inner, WHERE, name)
     return values, lengths
 
 
@@ -273,23 +273,23 @@ def _fit(name: str, f: Field, view: tuple[np.ndarray[Any, Any], np.ndarray[Any, 
     if f.ragged:
         if lengths is None:  # one shape per row: (n, L, *inner) -> n rows of L each
             if values.ndim < 1 + 1 or values.shape[2:] != inner:
-                raise SchemaError(f"{_WHERE}, column {name!r}: rows of shape {values.shape[1:]} do not fit field "
+                raise SchemaError(f"{WHERE}, column {name!r}: rows of shape {values.shape[1:]} do not fit field "
                                   f"{f.shape} (ragged rows of shape {inner})")
             length = values.shape[1]
             return values.reshape(n * length, *inner), np.full(n, length, dtype=np.int64)
         if values.shape[1:] != inner:
-            raise SchemaError(f"{_WHERE}, column {name!r}: rows of shape {values.shape[1:]} do not fit field "
+            raise SchemaError(f"{WHERE}, column {name!r}: rows of shape {values.shape[1:]} do not fit field "
                               f"{f.shape} (ragged rows of shape {inner})")
         return values, lengths
     if lengths is None:
         if values.shape[1:] != inner:
-            raise SchemaError(f"{_WHERE}, column {name!r}: records of shape {values.shape[1:]} do not fit field "
+            raise SchemaError(f"{WHERE}, column {name!r}: records of shape {values.shape[1:]} do not fit field "
                               f"{f.shape}")
         return values
     bad = np.flatnonzero(lengths != (inner[0] if inner else -1))
     if len(bad) or values.shape[1:] != inner[1:]:
         k = int(bad[0]) if len(bad) else 0
-        raise SchemaError(f"{_WHERE}, column {name!r}: record {k} has shape {(int(lengths[k]), *values.shape[1:])}, "
+        raise SchemaError(f"{WHERE}, column {name!r}: record {k} has shape {(int(lengths[k]), *values.shape[1:])}, "
                           f"field {f.shape} is fixed (pass schema= with a ragged field (None, ...))")
     return values.reshape(n, *inner)
 
@@ -300,8 +300,8 @@ def block_columns(table: Any, schema: Schema, id_column: str | None) -> tuple[di
     cols = {}
     for name, f in schema.items():
         if name not in table.column_names:
-            raise SchemaError(f"{_WHERE}: block has no column {name!r} (columns {table.column_names}); "
+            raise SchemaError(f"{WHERE}: block has no column {name!r} (columns {table.column_names}); "
                               f"the store's fields are {list(schema)}")
         cols[name] = _fit(name, f, _view(table.column(name), name), n)
-    ids = id_strings(table.column(id_column), _WHERE, id_column) if id_column is not None else None
+    ids = id_strings(table.column(id_column), WHERE, id_column) if id_column is not None else None
     return cols, ids

@@ -67,16 +67,16 @@ from .spark_options import (
     READ_OPTIONS,
     STORAGE_PREFIX,
     WRITE_OPTIONS,
-    _check_options,
-    _opt_bool,
-    _opt_int,
-    _opt_json,
-    _path,
-    _storage_options,
+    check_options,
+    opt_bool,
+    opt_int,
+    opt_json,
+    option_path,
     schema_option,
+    storage_options_of,
 )
-from .spark_read import _Reader
-from .spark_types import _Column, _column_values, _write_plan, spark_schema
+from .spark_read import SparkReader
+from .spark_types import SparkColumn, column_values, spark_schema, write_plan
 
 __all__ = ["DataSource", "write", "read", "spark_schema", "schema_option", "NAME", "METADATA_KEY"]
 
@@ -116,7 +116,7 @@ class _Message(WriterCommitMessage):
 class _Writer(DataSourceArrowWriter):
     """Made on the driver by :meth:`DataSource.writer`, pickled to every write task and to the commit."""
 
-    def __init__(self, path: str, job: str, columns: list[_Column], id_column: str | None, mode: str,
+    def __init__(self, path: str, job: str, columns: list[SparkColumn], id_column: str | None, mode: str,
                  created: bool, shard_bytes: int | None, max_shard_records: int | None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.path = path
@@ -148,7 +148,7 @@ class _Writer(DataSourceArrowWriter):
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
-                cols = {c.field_name: _column_values(batch.column(c.column), c, where) for c in self.columns}
+                cols = {c.field_name: column_values(batch.column(c.column), c, where) for c in self.columns}
                 ids = None
                 if self.id_column:
                     ids = acols.id_strings(batch.column(self.id_column), where, self.id_column)
@@ -266,9 +266,9 @@ class DataSource(_SparkDataSource):
     # --- reading
 
     def _read_setup(self) -> tuple[Store, list[str] | None, str | None]:
-        path = _path(self.options)
-        _check_options(self.options, READ_OPTIONS, f"Spark read of {path}")
-        store = open_store(path, storage_options=_storage_options(self.options, path, f"Spark read of {path}"))
+        path = option_path(self.options)
+        check_options(self.options, READ_OPTIONS, f"Spark read of {path}")
+        store = open_store(path, storage_options=storage_options_of(self.options, path, f"Spark read of {path}"))
         raw = self.options.get("fields")
         fields = [s.strip() for s in str(raw).split(",") if s.strip()] if raw is not None else None
         id_column: str | None
@@ -287,11 +287,11 @@ class DataSource(_SparkDataSource):
         store, fields, id_column = self._read_setup()
         return spark_schema(store, fields, id_column)
 
-    def reader(self, schema: Any) -> _Reader:
+    def reader(self, schema: Any) -> SparkReader:
         store, _, id_column = self._read_setup()
         where = store.url
-        partition_records = _opt_int(self.options, "partitionRecords", DEFAULT_PARTITION_RECORDS, where)
-        batch_records = _opt_int(self.options, "batchRecords", None, where)
+        partition_records = opt_int(self.options, "partitionRecords", DEFAULT_PARTITION_RECORDS, where)
+        batch_records = opt_int(self.options, "batchRecords", None, where)
         if batch_records is None:
             per_record = 1
             for name in schema.fieldNames():
@@ -301,18 +301,18 @@ class DataSource(_SparkDataSource):
                     per_record += int(rows * f.row_bytes) + (8 if f.ragged else 0)
             batch_records = int(min(max(DEFAULT_BATCH_BYTES // per_record, 16), 1 << 16))
         assert partition_records is not None
-        return _Reader(store, schema, id_column, partition_records, batch_records)
+        return SparkReader(store, schema, id_column, partition_records, batch_records)
 
     # --- writing
 
     def writer(self, schema: Any, overwrite: bool) -> _Writer:
-        path = _path(self.options)
+        path = option_path(self.options)
         where = f"Spark write to {path}"
-        _check_options(self.options, WRITE_OPTIONS, where)
-        error_if_exists = _opt_bool(self.options, "errorIfExists", where)
+        check_options(self.options, WRITE_OPTIONS, where)
+        error_if_exists = opt_bool(self.options, "errorIfExists", where)
         if overwrite and error_if_exists:
             raise ValueError(f"{where}: mode overwrite and option errorIfExists contradict each other")
-        so = _storage_options(self.options, path, where)
+        so = storage_options_of(self.options, path, where)
         manifest = existing_manifest(path, so) if is_remote(path) else None
         exists = manifest is not None if is_remote(path) else _store_exists(path)
         if exists and error_if_exists:
@@ -322,8 +322,8 @@ class DataSource(_SparkDataSource):
         existing = None
         if exists and not overwrite:
             existing = manifest.schema if manifest is not None else open_store(path).schema
-        store_schema, columns, id_column = _write_plan(path, schema, self.options, existing)
-        metadata = _opt_json(self.options, "metadata", where)
+        store_schema, columns, id_column = write_plan(path, schema, self.options, existing)
+        metadata = opt_json(self.options, "metadata", where)
         if metadata is not None and not isinstance(metadata, dict):
             raise ValueError(f"{where}: option metadata must be a JSON object, got {metadata!r}")
         metadata = dict(metadata or {})
@@ -333,8 +333,8 @@ class DataSource(_SparkDataSource):
         prepare_store(path, store_schema, metadata=metadata or None, mode=mode, storage_options=so)
         return _Writer(
             path, f"spark-{uuid.uuid4().hex[:16]}", columns, id_column, "overwrite" if overwrite else "append",
-            not exists, _opt_int(self.options, "shardBytes", None, where),
-            _opt_int(self.options, "maxShardRecords", None, where), so,
+            not exists, opt_int(self.options, "shardBytes", None, where),
+            opt_int(self.options, "maxShardRecords", None, where), so,
         )
 
 

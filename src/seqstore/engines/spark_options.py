@@ -18,7 +18,7 @@ from ..schema import Schema
 __all__ = ["STORAGE_PREFIX", "READ_OPTIONS", "WRITE_OPTIONS", "schema_option"]
 
 
-def _opt_int(options: Mapping[str, str], key: str, default: int | None, where: str) -> int | None:
+def opt_int(options: Mapping[str, str], key: str, default: int | None, where: str) -> int | None:
     raw = options.get(key)
     if raw is None:
         return default
@@ -31,7 +31,7 @@ def _opt_int(options: Mapping[str, str], key: str, default: int | None, where: s
     return value
 
 
-def _opt_bool(options: Mapping[str, str], key: str, where: str) -> bool:
+def opt_bool(options: Mapping[str, str], key: str, where: str) -> bool:
     raw = str(options.get(key, "false")).strip().lower()
     if raw in ("true", "1", "yes"):
         return True
@@ -40,7 +40,7 @@ def _opt_bool(options: Mapping[str, str], key: str, where: str) -> bool:
     raise ValueError(f"{where}: option {key}={options.get(key)!r} must be true or false")
 
 
-def _opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
+def opt_json(options: Mapping[str, str], key: str, where: str) -> Any:
     raw = options.get(key)
     if raw is None:
         return None
@@ -61,7 +61,7 @@ WRITE_OPTIONS = ("path", "schema", "idColumn", "shardBytes", "maxShardRecords", 
 READ_OPTIONS = ("path", "fields", "idColumn", "partitionRecords", "batchRecords", "storageOptions")
 
 
-def _check_options(options: Mapping[str, str], known: tuple[str, ...], where: str) -> None:
+def check_options(options: Mapping[str, str], known: tuple[str, ...], where: str) -> None:
     """Refuse options the data source does not read (Spark passes any ``.option(k, v)`` on, lower-cased,
     so a misspelled one would otherwise be ignored); the message lists the known ones."""
     by_lower = {k.lower(): k for k in known}
@@ -81,11 +81,11 @@ def _check_options(options: Mapping[str, str], known: tuple[str, ...], where: st
                      + (f"; did you mean {', '.join(hints)}?" if hints else ""))
 
 
-def _storage_options(options: Mapping[str, str], path: str, where: str) -> dict[str, Any] | None:
+def storage_options_of(options: Mapping[str, str], path: str, where: str) -> dict[str, Any] | None:
     """The client options of a store at a URL: the ``storageOptions`` JSON object, then every
     ``storage.<key>`` option (None when there are none); refused for a local path."""
     out: dict[str, Any] = {}
-    obj = _opt_json(options, "storageOptions", where)
+    obj = opt_json(options, "storageOptions", where)
     if obj is not None:
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: option storageOptions must be a JSON object")
@@ -98,7 +98,7 @@ def _storage_options(options: Mapping[str, str], path: str, where: str) -> dict[
     return out or None
 
 
-def _path(options: Mapping[str, str]) -> str:
+def option_path(options: Mapping[str, str]) -> str:
     path = options.get("path")
     if not path:
         raise ValueError("seqstore data source: no path; use .save(path) / .load(path)")
@@ -111,8 +111,8 @@ def schema_option(schema: Schema | Mapping[str, Any]) -> str:
     return json.dumps((schema if isinstance(schema, Schema) else Schema(schema)).to_json())
 
 
-def _given_schema(options: Mapping[str, str], where: str) -> Schema | None:
-    obj = _opt_json(options, "schema", where)
+def given_schema(options: Mapping[str, str], where: str) -> Schema | None:
+    obj = opt_json(options, "schema", where)
     if obj is None:
         return None
     if isinstance(obj, dict):  # shorthand {"col": ["float16", [null, 16]]} besides {"col": {"dtype":, "shape":}}

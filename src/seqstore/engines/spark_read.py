@@ -14,7 +14,7 @@ from ..errors import SchemaError
 from ..interop import to_arrow
 from ..schema import Field
 from ..store import Store
-from .spark_types import _pa
+from .spark_types import import_pyarrow
 
 try:
     from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -39,7 +39,7 @@ class _Range(InputPartition):
 
 def _leaf_array(flat: np.ndarray[Any, Any], dtype: str, leaf_type: Any, what: str) -> Any:
     """A flat numpy array of stored values as an Arrow array of Spark's leaf type."""
-    pa = _pa()
+    pa = import_pyarrow()
     flat = to_arrow.numbers(flat, dtype)  # bfloat16 as float32
     target = np.dtype(leaf_type.to_pandas_dtype())
     if flat.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
@@ -58,7 +58,7 @@ def _field_array(values: np.ndarray[Any, Any], f: Field, records: int | np.ndarr
     return to_arrow.field_lists(flat, f, records, arrow_type, what=what, hint=_BATCH_HINT)
 
 
-class _Reader(DataSourceReader):
+class SparkReader(DataSourceReader):
     """Pickled to every read task with the store (which reopens there, pinned to the records seen here)."""
 
     def __init__(self, store: Store, schema: Any, id_column: str | None, partition_records: int,
@@ -91,7 +91,7 @@ class _Reader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, _Range)
-        pa = _pa()
+        pa = import_pyarrow()
         store = self.store
         arrow_schema = to_arrow_schema(self.schema)
         names = arrow_schema.names

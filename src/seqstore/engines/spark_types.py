@@ -21,7 +21,7 @@ from ..errors import SchemaError
 from ..interop import arrow_columns as acols
 from ..schema import BFLOAT16, Field, Schema
 from ..store import Store
-from .spark_options import _given_schema
+from .spark_options import given_schema
 
 try:
     from pyspark.sql import types as T
@@ -36,7 +36,7 @@ __all__ = ["FIELD_METADATA_KEY", "spark_schema"]
 FIELD_METADATA_KEY = "seqstore"
 
 
-def _pa() -> Any:
+def import_pyarrow() -> Any:
     return importlib.import_module("pyarrow")
 
 
@@ -44,7 +44,7 @@ def _pa() -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Column:
+class SparkColumn:
     """How one DataFrame column is written: the field it fills and that field."""
 
     column: str
@@ -54,7 +54,7 @@ class _Column:
 
 def _list_depth(arrow_type: Any) -> tuple[int, Any]:
     """How many list levels (variable or fixed size) wrap a leaf type, and the leaf type."""
-    pa = _pa()
+    pa = import_pyarrow()
     t, depth = acols.storage_type(arrow_type), 0
     while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         t, depth = acols.storage_type(t.value_type), depth + 1
@@ -85,9 +85,9 @@ def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
     return acols.plan_column(where, column, arrow_type).field()
 
 
-def _write_plan(
+def write_plan(
     path: str, spark_schema: Any, options: Mapping[str, str], existing: Schema | None
-) -> tuple[Schema, list[_Column], str | None]:
+) -> tuple[Schema, list[SparkColumn], str | None]:
     """The store schema of a write, how each column fills it, and the id column.
 
     A column's field is the ``schema`` option's, else (appending to or overwriting a store) the store's
@@ -100,11 +100,11 @@ def _write_plan(
     if id_column is not None:
         if id_column not in names:
             raise SchemaError(f"{where}: no id column {id_column!r}; columns are {names}")
-        pa = _pa()
+        pa = import_pyarrow()
         t = arrow_schema.field(id_column).type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
             raise SchemaError(f"{where}, column {id_column!r}: ids must be strings or integers, got {t}")
-    given = _given_schema(options, where)
+    given = given_schema(options, where)
     cols = [c for c in names if c != id_column]
     if not cols:
         raise SchemaError(f"{where}: no columns to write besides the id column")
@@ -134,16 +134,16 @@ def _write_plan(
         schema = Schema(spec, packed=packed or None)
     except SchemaError as exc:
         raise SchemaError(f"{where}: {exc}") from exc
-    return schema, [_Column(c, c, spec[c]) for c in cols], id_column
+    return schema, [SparkColumn(c, c, spec[c]) for c in cols], id_column
 
 
-def _column_values(arr: Any, col: _Column, where: str) -> Any:
+def column_values(arr: Any, col: SparkColumn, where: str) -> Any:
     """One Arrow column as ``append_batch`` wants it for its field: ``(n, *shape)`` for a fixed field,
     ``(values, lengths)`` for a ragged one. Each axis of the field is one list level of the column (a
     variable-size list, as Spark's arrays are, or a fixed-size list); every list but the outermost of a
     ragged field must have the field's length, checked per level on the lengths arrays (no per-row
     Python work); the leaf values are converted by ``seqstore.interop.arrow``."""
-    pa = _pa()
+    pa = import_pyarrow()
     arr = acols.column_array(arr, where, col.column)
     f = col.field
     n = len(arr)
