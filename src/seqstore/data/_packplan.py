@@ -30,6 +30,8 @@ from ._lengths import IntArray
 __all__ = ["DocStream", "Planner", "fresh_shares", "resplit"]
 
 _PULL = 256
+#: documents read from the stream at a time (one ``docs`` call per this many documents, not per batch)
+_PULL_MIN = 2048
 
 
 class DocStream(Protocol):
@@ -158,6 +160,7 @@ class Planner:
         z = np.empty(0, dtype=np.int64)
         self.ep, self.pos, self.off, self.ids, self.lens = z, z, z, z, z
         self.nbuf = 0
+        self._cache: tuple[int, int, IntArray, IntArray] | None = None  # (epoch, start, ids, lengths)
         buffered = int(state.get("buffered", 0))
         if buffered:
             self._pull(buffered)
@@ -187,7 +190,7 @@ class Planner:
                 continue
             e, a, b, o = self.ranges[0]
             take = min(b - a, k - got)
-            ids, lens = self.stream.docs(e, a, a + take)
+            ids, lens = self._docs(e, a, take, b)
             off = np.zeros(take, dtype=np.int64)
             off[0] = o
             parts.append((np.full(take, e, dtype=np.int64), np.arange(a, a + take, dtype=np.int64), off,
@@ -202,6 +205,17 @@ class Planner:
             self.ep, self.pos, self.off, self.ids, self.lens = (
                 np.concatenate([old, *new]) for old, new in
                 zip((self.ep, self.pos, self.off, self.ids, self.lens), cols))
+
+    def _docs(self, e: int, a: int, take: int, b: int) -> tuple[IntArray, IntArray]:
+        """``stream.docs(e, a, a + take)`` of the range ``[a, b)``, read ``_PULL_MIN`` documents at a time
+        (one ``docs`` call per block, not per batch; the state is untouched: the range still holds them)."""
+        c = self._cache
+        if c is None or c[0] != e or a < c[1] or a + take > c[1] + len(c[2]):
+            m = max(take, min(_PULL_MIN, b - a))
+            ids, lens = self.stream.docs(e, a, a + m)
+            c = self._cache = (e, a, np.asarray(ids, dtype=np.int64), np.asarray(lens, dtype=np.int64))
+        i = a - c[1]
+        return c[2][i : i + take], c[3][i : i + take]
 
     def _drop(self, k: int) -> None:
         self.ep, self.pos, self.off, self.ids, self.lens = (
@@ -220,6 +234,9 @@ class Planner:
     def plan(self, nseq: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
         """The next ``nseq`` sequences: pieces (sequence, document id, offset, count) and each
         sequence's padding. ``concat`` pieces cover ``seq_len + 1`` tokens per sequence."""
+        if nseq <= 1024:  # one step (a batch): no concatenation
+            p = self._plan_concat(nseq) if self.mode == "concat" else self._plan_best_fit(nseq)
+            return p[0], p[1], p[2], p[3], p[4]
         parts = []
         done = 0
         while done < nseq:
