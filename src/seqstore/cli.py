@@ -24,8 +24,8 @@ from . import __version__
 from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
-from .interop.commands import add_subcommands as add_interop_subcommands
 from .interop.commands import SuggestingParser, cli_message
+from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store
@@ -193,15 +193,15 @@ def cmd_copy(args: argparse.Namespace) -> int:
         r = copy(args.src, args.dst, src_options=options(args.src_option, "--src-option"),
                  dst_options=options(args.dst_option, "--dst-option"), workers=args.workers,
                  progress=not args.quiet, overwrite=args.overwrite)
+        print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
+              f"{_human_bytes(r.bytes)} in {r.files} file(s)")
     except ValueError as exc:
         print(f"seqstore: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also one that came after the copy finished: main() says nothing was written
         if new_dst is not None:
             shutil.rmtree(new_dst, ignore_errors=True)
         raise
-    print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
-          f"{_human_bytes(r.bytes)} in {r.files} file(s)")
     return 0
 
 

@@ -41,6 +41,7 @@ import json
 import os
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -411,26 +412,59 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
 
 
 def _run_shards(copier: _Copier, count: int, workers: int) -> None:
-    """Copy shards ``0 .. count-1`` with ``workers`` threads, at most ``2 * workers`` submitted at once."""
+    """Copy shards ``0 .. count-1`` with ``workers`` threads, at most ``2 * workers`` submitted at once.
+
+    The pool is driven from a thread of its own; this thread waits for it by polling a flag, with no lock
+    involved: Ctrl-C (KeyboardInterrupt here) must not land inside lock handling (an interrupted
+    ``concurrent.futures.wait`` can leave a future's lock held; an interrupted ``Thread.join`` on Python
+    3.11 marks a running thread as ended). The interrupt stops the scheduling, the queued shards are
+    dropped, the ones being copied finish, and then it is raised."""
     if count == 0:
         return
+    stop = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def drive() -> None:
+        try:
+            _schedule_shards(copier, count, workers, stop)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            outcome.append(exc)
+
+    threading.Thread(target=drive, name="seqstore-copy-driver", daemon=True).start()
+    try:
+        while not outcome:
+            time.sleep(0.02)
+    except BaseException:
+        stop.set()
+        while not outcome:  # the shards in flight finish (a few seconds at most); a second Ctrl-C waits too
+            try:
+                time.sleep(0.02)
+            except KeyboardInterrupt:
+                pass
+        raise
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def _schedule_shards(copier: _Copier, count: int, workers: int, stop: threading.Event) -> None:
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="seqstore-copy") as pool:
         pending: set[concurrent.futures.Future[None]] = set()
         failed: BaseException | None = None
-        try:
-            for k in range(count):
-                if len(pending) >= 2 * workers:
-                    done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                    failed = next((f.exception() for f in done if f.exception() is not None), None)
-                    if failed is not None:
-                        break
+        k = 0
+        while (k < count or pending) and failed is None and not stop.is_set():
+            while k < count and len(pending) < 2 * workers:
                 pending.add(pool.submit(copier.shard, k))
-            done, _ = concurrent.futures.wait(pending)
-        except BaseException:  # Ctrl-C: only the shards being copied are finished, the queued ones dropped
+                k += 1
+            done, pending = concurrent.futures.wait(pending, timeout=0.2,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            failed = next((f.exception() for f in done if f.exception() is not None), None)
+        if stop.is_set():  # interrupted: the shards being copied finish, the queued ones are dropped
             for f in pending:
                 f.cancel()
-            raise
+            return
         if failed is None:
+            done, _ = concurrent.futures.wait(pending)
             failed = next((f.exception() for f in done if f.exception() is not None), None)
         if failed is not None:
             raise failed
