@@ -310,21 +310,24 @@ def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: 
             for k in range(top):
                 pos[lbase + c + k] = k
             if concat:
-                for k in range(top):
-                    mask[lbase + c + k] = True
-                if mask_eos and has_eos and real < top:
-                    mask[lbase + c + real] = False
+                mask[lbase + c : lbase + c + top] = True
             else:
-                dl = vlen[j] - o + (1 if has_eos else 0)  # tokens of the document from this piece on
-                for k in range(top):
-                    if k + 1 < dl:
-                        lab[lbase + c + k] = vals[src + k + 1] if k + 1 < vlen[j] - o else eos
-                        mask[lbase + c + k] = True
-                    else:
-                        lab[lbase + c + k] = -100
-                        mask[lbase + c + k] = False
-                if mask_eos and has_eos and real < top:
-                    mask[lbase + c + real] = False
+                # label k: the document's next token (the input one place on), then its EOS, then -100
+                rest = vlen[j] - o  # tokens of the document from this piece on, without EOS
+                nv = max(0, min(top, rest - 1))
+                for k in range(nv):
+                    lab[lbase + c + k] = vals[src + k + 1]
+                mask[lbase + c : lbase + c + nv] = True
+                k = nv
+                if has_eos and k < top and k + 1 < rest + 1:
+                    lab[lbase + c + k] = eos
+                    mask[lbase + c + k] = True
+                    k += 1
+                for q in range(k, top):
+                    lab[lbase + c + q] = -100
+                mask[lbase + c + k : lbase + c + top] = False
+            if mask_eos and has_eos and real < top:
+                mask[lbase + c + real] = False
             c += m
             p += 1
         if not concat and c < L:
