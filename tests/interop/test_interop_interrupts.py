@@ -160,7 +160,8 @@ def _trials(work: Path, command: str, how: str, trials: int) -> None:
             pytest.fail(f"{command}: still running 10 s after {how}; group {_group(p.pid)}")
         assert time.monotonic() - sent < 10
         if (work / "out.seqstore").exists():  # the signal came after the work was done: a whole output
-            assert p.returncode in (0, -signal.SIGINT, -signal.SIGTERM) and LINE not in err, (err, sorted(os.listdir(work / "out.seqstore"))[:8])
+            left = sorted(os.listdir(work / "out.seqstore"))[:8]
+            assert p.returncode in (0, -signal.SIGINT, -signal.SIGTERM) and LINE not in err, (err, left)
             _take_complete(work, command)
             continue
         interrupted += 1
