@@ -279,7 +279,7 @@ def test_ids_held_in_python_are_bounded_by_count(scratch: Path, monkeypatch: pyt
     peak = 0
     for b in range(40):
         lg.log([f"id{b}-{k}" for k in range(32)], {"loss": np.full(32, b, np.float32)})
-        peak = max(peak, len(lg._inflight))
+        peak = max(peak, len(lg._ids))
         if b == 20:  # let the early commit land
             deadline = time.monotonic() + 10
             while lg.num_committed == 0 and time.monotonic() < deadline:

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError, SeqstoreError
-from ..format.manifest import MANIFEST
 from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
 from ..store.directio import ALIGN, aligned_empty
@@ -53,20 +52,14 @@ from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
 from ._tensors import HostStager, ids_to_str, infer_field
+from .duplicates import DUPLICATE_POLICIES, DuplicateIdError, LoggedIds
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
 
 log = logging.getLogger(__name__)
 
-DUPLICATE_POLICIES = ("keep_first", "keep_last", "error")
-
-
 class LoggerError(SeqstoreError):
     """The logger's background writer failed; the cause is chained (``__cause__``)."""
-
-
-class DuplicateIdError(SchemaError):
-    """``on_duplicate="error"`` and a logged id was logged before."""
 
 
 def default_packing(schema: Schema) -> dict[str, list[str]]:
@@ -201,8 +194,6 @@ class Logger:
         direct_io: bool = True,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if on_duplicate not in DUPLICATE_POLICIES:
-            raise ValueError(f"on_duplicate must be one of {DUPLICATE_POLICIES}, got {on_duplicate!r}")
         if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
             raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(path)
@@ -210,6 +201,7 @@ class Logger:
         self.flush_bytes = int(flush_bytes)
         self.commit_every_s = float(commit_every_s)
         self.on_duplicate = on_duplicate
+        self._ids = LoggedIds(self.path, on_duplicate)  # checks the policy's name
         self.rank = _default_rank() if rank is None else int(rank)
         self._packed = packed
         self._shard_bytes = shard_bytes
@@ -229,13 +221,8 @@ class Logger:
         self._buffers_made = 0
         self._cur: _Buffer | None = None
         self._seq = 0
-        self._inflight: dict[str, int] = {}  # id -> copies in buffers not yet visible to self._reader
-        self._commit_asked = -1  # seq of the buffer an early commit was asked for, -1: none pending
-        self._pending: list[tuple[int, list[str]]] = []  # (buffer seq, its ids), handed off, not yet visible
         self._committed_seq = -1  # written by the background thread: last buffer seq that is committed
-        self._seen_seq = -1
         self._last_handoff = time.monotonic()
-        self._manifest_sig: tuple[int, int, int] | None = None
         self._num_committed = 0
         self._num_logged = 0
         self._num_skipped = 0
@@ -395,15 +382,17 @@ class Logger:
         for name, f in schema.items():
             arr = to_storage_array(f, host[name], what=f"log(): field {name!r} of id {first!r}")
             converted[name] = arr.reshape(batch, -1) if schema.group_of(name) is not None else arr
-        self._see_commits()
-        keep, stats = self._dedup(id_list)
+        assert self._reader is not None
+        self._ids.see_commits(self._reader, self._committed_seq)
+        keep, stats, skipped = self._ids.check(self._reader, id_list)
+        self._num_skipped += skipped
         self._num_logged += len(keep) if keep is not None else batch
         self._append(converted, id_list, keep, stats)
         if time.monotonic() - self._last_handoff >= self.commit_every_s:
             self._handoff(commit=True)
-        elif len(self._inflight) > MAX_INFLIGHT_IDS and self._commit_asked < 0:
+        elif len(self._ids) > MAX_INFLIGHT_IDS and self._ids.commit_asked < 0:
             # commit early, once, until that commit is seen (the buffer handed off now, or the last one)
-            self._commit_asked = self._cur.seq if self._cur is not None else self._seq - 1
+            self._ids.commit_asked = self._cur.seq if self._cur is not None else self._seq - 1
             self._handoff(commit=True)
 
     def _check_fields(self, flat: Mapping[str, Any], ids: list[str]) -> None:
@@ -431,74 +420,6 @@ class Logger:
                     f"log(): field {name!r} of id {ids[0]!r}: expected per-example shape {f.inner_shape}, "
                     f"got {shape[1:]} (batch shape {shape})"
                 )
-
-    def _see_commits(self) -> None:
-        """Make the lookup view include what the background thread committed; drop those in-flight ids."""
-        assert self._reader is not None
-        done = self._committed_seq
-        sig = None  # a remote store: other ranks' shards are seen at this rank's next commit
-        try:  # every commit (any rank) renames a new manifest into place: a new inode
-            if isinstance(self.path, Path):
-                st = os.stat(self.path / MANIFEST)
-                sig = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except OSError:
-            sig = None
-        if done > self._seen_seq or sig != self._manifest_sig:
-            self._reader.refresh()  # also sees shards other ranks committed
-            self._manifest_sig = sig
-        if done > self._seen_seq:
-            if 0 <= self._commit_asked <= done:
-                self._commit_asked = -1
-            while self._pending and self._pending[0][0] <= done:
-                for i in self._pending.pop(0)[1]:
-                    c = self._inflight[i] - 1
-                    if c:
-                        self._inflight[i] = c
-                    else:
-                        del self._inflight[i]
-            self._seen_seq = done
-
-    def _duplicate_message(
-        self, ids: list[str], dup: np.ndarray[Any, Any], repeated: np.ndarray[Any, Any]
-    ) -> str:
-        """What ``on_duplicate="error"`` says: ids logged before (committed or in flight) and ids
-        repeated inside the batch, each named (the first 10 of each kind)."""
-        logged = list(dict.fromkeys(ids[k] for k in np.flatnonzero(dup & ~repeated)))
-        known = set(logged)
-        again = list(dict.fromkeys(ids[k] for k in np.flatnonzero(repeated) if ids[k] not in known))
-        parts = []
-        if logged:
-            parts.append(f"{len(logged)} id(s) already logged to {self.path}: {logged[:10]}")
-        if again:
-            parts.append(f"{len(again)} id(s) repeated inside this batch: {again[:10]}")
-        return f"log(): {'; '.join(parts)}; nothing of this batch was logged (on_duplicate='error')"
-
-    def _dedup(self, ids: list[str]) -> tuple[np.ndarray[Any, Any] | None, dict[str, int]]:
-        """Positions of the batch to write (None: all) and the stats delta, per ``on_duplicate``."""
-        assert self._reader is not None
-        batch = len(ids)
-        seen: set[str] = set()
-        dup = np.zeros(batch, dtype=np.bool_)
-        repeated = np.zeros(batch, dtype=np.bool_)  # an earlier position of this batch has the id
-        for k, i in enumerate(ids):
-            if i in seen:
-                dup[k] = repeated[k] = True
-            elif i in self._inflight:
-                dup[k] = True
-            seen.add(i)
-        rest = np.flatnonzero(~dup)
-        if len(rest) and len(self._reader):
-            found = self._reader.index_many([ids[k] for k in rest], missing=-1)
-            dup[rest[found >= 0]] = True
-        ndup = int(dup.sum())
-        if ndup == 0:
-            return None, {}
-        if self.on_duplicate == "error":
-            raise DuplicateIdError(self._duplicate_message(ids, dup, repeated))
-        if self.on_duplicate == "keep_last":
-            return None, {"duplicates_superseded": ndup}
-        self._num_skipped += ndup
-        return np.flatnonzero(~dup), {"duplicates_skipped": ndup}
 
     def _append(
         self,
@@ -536,8 +457,7 @@ class Logger:
                     buf.arrays[name][dst] = converted[name][src]
             chunk_ids = ids[pos : pos + take]
             buf.ids.extend(chunk_ids)
-            for i in chunk_ids:
-                self._inflight[i] = self._inflight.get(i, 0) + 1
+            self._ids.add(chunk_ids)
             buf.n += take
             pos += take
             if buf.n == buf.cap:
@@ -554,7 +474,7 @@ class Logger:
         buf, self._cur = self._cur, None
         if buf is not None:
             del buf.ids[buf.n :]  # ids of rows an interrupt (Ctrl-C) kept log() from counting
-            self._pending.append((buf.seq, buf.ids))
+            self._ids.handed_off(buf.seq, buf.ids)
         done = threading.Event() if wait else None
         self._work.put(_Job(buf, commit, done))
         if done is not None:
@@ -570,7 +490,8 @@ class Logger:
             return
         self._handoff(commit=True, wait=True)
         self._check()
-        self._see_commits()
+        assert self._reader is not None
+        self._ids.see_commits(self._reader, self._committed_seq)
 
     @at_exit.guarded
     def close(self) -> None:
