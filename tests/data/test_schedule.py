@@ -181,6 +181,13 @@ def test_stages_in_tokens_start_where_the_documents_reach_the_token_count() -> N
     assert mix.tokens_before(12_345) == int(cum[12_345])
     with pytest.raises(ValueError, match="through a MixtureStream"):
         MixtureSchedule(TOKEN_STAGES, NAMES, unit="tokens").counts(5)
+    # the same schedule from a callable of the token count
+    def at(t: int) -> dict[str, float]:
+        return dict([w for s, w in TOKEN_STAGES if s <= t][-1])
+
+    sampled = MixtureSchedule.sampled(at, NAMES, every=50_000, until=300_000, unit="tokens")
+    mix2 = MixtureStream(_ragged_sources(), sampled, chunk=1000)
+    np.testing.assert_array_equal(mix2.docs_at(np.arange(20_000))[0], ids)
 
 
 def _packed(mix: MixtureStream) -> PackedDataset:

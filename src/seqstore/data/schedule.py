@@ -152,10 +152,10 @@ class MixtureSchedule:
 
     @classmethod
     def sampled(cls, weights: Callable[[int], Mapping[str, float]], names: Sequence[str], *, every: int,
-                until: int) -> MixtureSchedule:
+                until: int, unit: str = "samples") -> MixtureSchedule:
         """A schedule from a callable ``weights(g) -> {source: weight}`` evaluated at every ``every``-th
-        sample below ``until`` (after ``until`` the last value holds); equal neighbours merge into one
-        stage. O(until / every) stages."""
+        sample (``unit="tokens"``: token) below ``until`` (after ``until`` the last value holds); equal
+        neighbours merge into one stage. O(until / every) stages."""
         for what, v in (("every", every), ("until", until)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"MixtureSchedule.sampled: {what} must be a positive integer, got {v!r}")
@@ -169,7 +169,7 @@ class MixtureSchedule:
             if key != prev:
                 stages.append((g, dict(w)))
                 prev = key
-        return cls(stages, names)
+        return cls(stages, names, unit=unit)
 
     def to_json(self) -> Any:
         """The stages as JSON-able ``[[start, {name: units}], ...]`` (weights as their 2**-24 units);
