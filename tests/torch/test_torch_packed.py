@@ -150,8 +150,8 @@ def test_threads_and_procs_same_stream_and_exact_resume(store: Path, mode: str, 
     _same(_take(again, 5), ref[4:9])
 
 
-@pytest.mark.parametrize("par", PARALLEL, ids=["threads", "procs"])
-def test_threads_and_procs_num_batches_and_a_schedule_in_tokens(tmp_path: Path, par: dict[str, int]) -> None:
+def _token_mixture(tmp_path: Path) -> Any:
+    """A maker of a packed mixture of two stores ("web": tokens 1, "code": tokens 2), code from 400 tokens on."""
     datasets = {}
     rng = np.random.default_rng(1)
     for i, name in enumerate(["web", "code"]):
@@ -161,10 +161,31 @@ def test_threads_and_procs_num_batches_and_a_schedule_in_tokens(tmp_path: Path, 
             w.append_batch({"tokens": (np.full(int(lens.sum()), i + 1, dtype=np.int32), lens)})
         datasets[name] = seqstore.data.StoreDataset(path, length_field="tokens", ordering="random", seed=i)
 
-    def ds() -> PackedIterableDataset:
+    def make() -> PackedDataset:
         mix = MixtureStream(datasets, [(0, {"web": 1}), (400, {"code": 1})], unit="tokens", chunk=64)
-        return PackedIterableDataset(PackedDataset(mix, seq_len=32, mode="best_fit", window=8), batch_size=4,
-                                     num_batches=3)
+        return PackedDataset(mix, seq_len=32, mode="best_fit", window=8)
+
+    return make
+
+
+def test_schedule_in_tokens_through_dataloader_workers(tmp_path: Path) -> None:
+    make = _token_mixture(tmp_path)
+    loader = SeqDataLoader(PackedIterableDataset(make(), batch_size=4), batch_size=None, num_workers=2)
+    got = _take(loader, 5)
+    per = [_share_batches(make(), None, s, 2, 3) for s in range(2)]
+    _same(got, [per[j % 2][j // 2] for j in range(5)])
+    state = loader.state_dict()
+    one = PackedIterableDataset(make(), batch_size=4)
+    one.load_state_dict(state)
+    _same(_take(SeqDataLoader(one, batch_size=None), 3), _share_batches(make(), state, 0, 1, 3))
+
+
+@pytest.mark.parametrize("par", PARALLEL, ids=["threads", "procs"])
+def test_threads_and_procs_num_batches_and_a_schedule_in_tokens(tmp_path: Path, par: dict[str, int]) -> None:
+    make = _token_mixture(tmp_path)
+
+    def ds() -> PackedIterableDataset:
+        return PackedIterableDataset(make(), batch_size=4, num_batches=3)
 
     plain = SeqDataLoader(ds(), batch_size=None)
     ref = _take(plain, 10) + _take(plain, 10) + _take(plain, 10)  # three iterations of num_batches=3
