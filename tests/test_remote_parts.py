@@ -321,7 +321,7 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
     with PartWriter(url, job="empty", task="t0", storage_options=opts) as pw:
         part = pw.finish()
     before = json.loads(moto_s3.get(s3_bucket, "empty-ow.seqstore/manifest.json"))["generation"]
-    real_put = objects._ObstoreBackend.put
+    real_put = objects.ObstoreBackend.put
     lost: list[str] = []
 
     def put(self: Any, key: str, data: Any, mode: Any) -> str:
@@ -331,7 +331,7 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
             raise objects._Transient("connection reset before the answer (simulated)")
         return etag
 
-    monkeypatch.setattr(objects._ObstoreBackend, "put", put)
+    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
     assert commit_parts(url, [part], mode="overwrite", storage_options=opts) == 0
     monkeypatch.undo()
     assert lost

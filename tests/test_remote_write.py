@@ -145,7 +145,7 @@ def test_lost_answer_to_create_counts_as_created(moto_s3: MotoS3, s3_bucket: str
     from seqstore.io import objects
 
     url = f"s3://{s3_bucket}/lost-create.seqstore"
-    real_put = objects._ObstoreBackend.put
+    real_put = objects.ObstoreBackend.put
     lost: list[str] = []
 
     def put(self: Any, key: str, data: Any, mode: Any) -> str:
@@ -155,7 +155,7 @@ def test_lost_answer_to_create_counts_as_created(moto_s3: MotoS3, s3_bucket: str
             raise objects._Transient("connection reset before the answer (simulated)")
         return etag
 
-    monkeypatch.setattr(objects._ObstoreBackend, "put", put)
+    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
     with ss.create(url, SCHEMA, packed=PACKED, storage_options=moto_s3.storage_options()) as w:
         cols, ids = _batch(0, 3)
         w.append_batch(cols, ids=ids)

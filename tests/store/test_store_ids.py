@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import seqstore as ss
 from seqstore.store import ids as ids_mod
-from seqstore.store.ids import _hash_kernel, _hash_numpy, encode_ids, hash_ids, hash_one
+from seqstore.store.ids import _hash_numpy, encode_ids, hash_ids, hash_kernel, hash_one
 
 MASK = (1 << 64) - 1
 
@@ -34,7 +34,7 @@ def both(data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     out_np = np.empty(len(offsets) - 1, dtype=np.uint64)
     out_k = np.full(len(offsets) - 1, 7, dtype=np.uint64)
     _hash_numpy(data, offsets, out_np)
-    _hash_kernel(data, offsets, out_k)
+    hash_kernel(data, offsets, out_k)
     return out_np, out_k
 
 
@@ -112,15 +112,15 @@ def test_numpy_hash_of_sliced_data(id_list: list[str], data_st: st.DataObject) -
 
 
 class KernelSpy:
-    """Stands in for ``_hash_kernel``: counts calls; ``signatures`` says whether it counts as loaded."""
+    """Stands in for ``hash_kernel``: counts calls; ``signatures`` says whether it counts as loaded."""
 
     def __init__(self, loaded: bool) -> None:
-        self.signatures = (list(_hash_kernel.signatures) or ["(stub)"]) if loaded else []
+        self.signatures = (list(hash_kernel.signatures) or ["(stub)"]) if loaded else []
         self.calls = 0
 
     def __call__(self, data: Any, offsets: Any, out: Any) -> None:
         self.calls += 1
-        _hash_kernel(data, offsets, out)
+        hash_kernel(data, offsets, out)
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def spies(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         counts["numpy"] += 1
         _hash_numpy(data, offsets, out)
 
-    monkeypatch.setattr(ids_mod, "_hash_kernel", kernel)
+    monkeypatch.setattr(ids_mod, "hash_kernel", kernel)
     monkeypatch.setattr(ids_mod, "_hash_numpy", numpy_spy)
     return {"counts": counts, "kernel": kernel}
 
@@ -142,7 +142,7 @@ def _batch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     id_list = [f"rank3/epoch{k % 7}/example-{k}" + "é" * (k % 4) for k in range(n)]
     data, offsets = encode_ids(id_list)
     want = np.empty(n, dtype=np.uint64)
-    _hash_kernel(data, offsets, want)
+    hash_kernel(data, offsets, want)
     return data, offsets, want
 
 
@@ -179,7 +179,7 @@ def test_one_long_id_among_short_ones_uses_the_kernel(spies: dict[str, Any]) -> 
     data, offsets = encode_ids(id_list)
     assert offsets[-1] < ids_mod.NUMPY_HASH_BYTES < _cost(offsets)
     want = np.empty(len(id_list), dtype=np.uint64)
-    _hash_kernel(data, offsets, want)
+    hash_kernel(data, offsets, want)
     np.testing.assert_array_equal(hash_ids(data, offsets), want)
     assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 1
 
@@ -187,7 +187,7 @@ def test_one_long_id_among_short_ones_uses_the_kernel(spies: dict[str, Any]) -> 
 def test_hash_ids_uses_a_loaded_kernel(spies: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the kernel is compiled/loaded in the process, small batches go to it as well."""
     kernel = KernelSpy(loaded=True)
-    monkeypatch.setattr(ids_mod, "_hash_kernel", kernel)
+    monkeypatch.setattr(ids_mod, "hash_kernel", kernel)
     data, offsets, want = _batch(50)
     np.testing.assert_array_equal(hash_ids(data, offsets), want)
     assert spies["counts"]["numpy"] == 0 and kernel.calls == 1
@@ -212,7 +212,7 @@ def test_a_long_id_uses_the_kernel(spies: dict[str, Any]) -> None:
     id_list = ["a", "x" * (ids_mod.NUMPY_HASH_LONGEST + 1)]
     data, offsets = encode_ids(id_list)
     want = np.empty(2, dtype=np.uint64)
-    _hash_kernel(data, offsets, want)
+    hash_kernel(data, offsets, want)
     np.testing.assert_array_equal(hash_ids(data, offsets), want)
     assert spies["counts"]["numpy"] == 0 and spies["kernel"].calls == 1
 
@@ -222,7 +222,7 @@ def test_the_logger_warm_up_loads_the_hash_kernel() -> None:
     import seqstore.log.logger as logger_mod
 
     logger_mod._warm_up_kernels()
-    assert ids_mod._hash_kernel.signatures
+    assert ids_mod.hash_kernel.signatures
 
 
 # ------------------------------------------------------------------------------ Store.ids

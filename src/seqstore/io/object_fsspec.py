@@ -3,7 +3,7 @@ or the one its URL names (``memory://``, ``hf://``...).
 
 Range requests run on a thread pool of ``max_requests`` threads; the ranges of a batch are read by one
 ``cat_ranges`` call, retried as a whole on a transient failure (the client's retry policy). Missing files,
-refused access and OS errors are mapped to seqstore's errors in ``_FsspecBackend._call``. A filesystem
+refused access and OS errors are mapped to seqstore's errors in ``FsspecBackend._call``. A filesystem
 cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with an error
 naming the URL.
 """
@@ -18,10 +18,10 @@ from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFoun
 from .object_common import EMPTY_ANSWER, ClientSettings, ObjectBackend, ObjectMeta
 from .retry import Transient
 
-__all__: list[str] = []
+__all__ = ["FsspecBackend"]
 
 
-class _FsspecBackend(ObjectBackend):
+class FsspecBackend(ObjectBackend):
     """Any fsspec filesystem: the one given, or the one its URL names (``memory://``, ``hf://``...)."""
 
     def __init__(self, client: ClientSettings) -> None:

@@ -3,7 +3,7 @@
 Requests run on one event loop per process (a daemon thread, ``_Loop``), at most ``max_requests`` at once
 and at most ``max_inflight_bytes`` of answers held at once (:mod:`.object_wave`: a wave's small ranges
 run from callbacks, everything else as coroutines).
-Each range request retries its own transient failures (``_ObstoreBackend.fetch_range``, under the client's
+Each range request retries its own transient failures (``ObstoreBackend.fetch_range``, under the client's
 :class:`~seqstore.io.retry.RetryPolicy`); obstore's own retries are off, so the attempt count in an error
 is exact. obstore's exceptions and HTTP statuses are mapped here to
 seqstore's errors (:mod:`.object_errors`): a configuration or URL obstore refuses is a
@@ -40,7 +40,7 @@ from .object_errors import config_error, failure, unknown_key
 from .object_wave import SMALL_BODY, Budget, Wave
 from .retry import Attempts, Transient
 
-__all__ = ["fork_unsafe"]
+__all__ = ["ObstoreBackend", "fork_unsafe"]
 
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
 # the parent used obstore would wait forever on its first request. The pid that started obstore's runtime
@@ -120,7 +120,7 @@ def _quiesce_at_exit() -> None:
 atexit.register(_quiesce_at_exit)
 
 
-class _ObstoreBackend(ObjectBackend):
+class ObstoreBackend(ObjectBackend):
     conditional = True
     #: whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
     #: suffix request costs a HEAD (for the size) and then a plain range request: two round trips

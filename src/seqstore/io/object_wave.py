@@ -115,7 +115,7 @@ class Budget:
 
 
 class Backend(Protocol):
-    """What a wave needs of the obstore back end (``seqstore.io.object_obstore._ObstoreBackend``)."""
+    """What a wave needs of the obstore back end (``seqstore.io.object_obstore.ObstoreBackend``)."""
 
     slots: Budget | None
     budget: Budget | None

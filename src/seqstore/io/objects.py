@@ -38,8 +38,8 @@ from .object_common import (
     is_remote,
     redact,
 )
-from .object_fsspec import _FsspecBackend
-from .object_obstore import _ObstoreBackend, fork_unsafe
+from .object_fsspec import FsspecBackend
+from .object_obstore import ObstoreBackend, fork_unsafe
 from .options import StoreOptions
 from .retry import MAX_BACKOFF, RetryPolicy, Transient
 
@@ -105,9 +105,9 @@ class ObjectClient:
             with self._lock:
                 if self._backend is None or self._pid != os.getpid():
                     if self.filesystem is not None or urlsplit(self.url).scheme.lower() not in REMOTE_SCHEMES:
-                        self._backend = _FsspecBackend(self)
+                        self._backend = FsspecBackend(self)
                     else:
-                        self._backend = _ObstoreBackend(self)
+                        self._backend = ObstoreBackend(self)
                     self._pid = os.getpid()
         return self._backend
 

@@ -111,10 +111,10 @@ def _default_rank() -> int:
 
 def _warm_up_kernels() -> None:
     """Call the id hashing/compare kernels once so their one-time load is not paid inside ``log``."""
-    from ..store.ids import _hash_kernel, encode_ids, id_equal
+    from ..store.ids import encode_ids, hash_kernel, id_equal
 
     data, off = encode_ids(["warm-up"])
-    _hash_kernel(data, off, np.zeros(1, dtype=np.uint64))  # directly: hash_ids would use numpy here
+    hash_kernel(data, off, np.zeros(1, dtype=np.uint64))  # directly: hash_ids would use numpy here
     res = np.zeros(1, dtype=np.bool_)
     id_equal(data, off, np.zeros(1, np.int64), data, off, np.zeros(1, np.int64), res)
 

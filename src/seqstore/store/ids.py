@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import SchemaError
 
-__all__ = ["encode_ids", "hash_ids", "hash_one", "probe_sorted", "id_equal", "FNV_OFFSET", "FNV_PRIME"]
+__all__ = ["encode_ids", "hash_ids", "hash_kernel", "hash_one", "probe_sorted", "id_equal", "FNV_OFFSET", "FNV_PRIME"]
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -51,7 +51,7 @@ def _hash_range(data: Any, a: int, b: int) -> Any:  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True)
-def _hash_kernel(data: Any, offsets: Any, out: Any) -> None:  # pragma: no cover - numba
+def hash_kernel(data: Any, offsets: Any, out: Any) -> None:  # pragma: no cover - numba
     for i in range(out.shape[0]):
         out[i] = _hash_range(data, offsets[i], offsets[i + 1])
 
@@ -76,8 +76,8 @@ def hash_ids(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.nd
         # the numpy path costs (ids x longest id) element operations plus a Python step per byte
         # position of the longest id
         longest = int(np.max(np.diff(offsets)))
-        if _hash_kernel.signatures or longest > NUMPY_HASH_LONGEST or len(out) * longest > NUMPY_HASH_BYTES:
-            _hash_kernel(data, offsets, out)
+        if hash_kernel.signatures or longest > NUMPY_HASH_LONGEST or len(out) * longest > NUMPY_HASH_BYTES:
+            hash_kernel(data, offsets, out)
         else:
             _hash_numpy(np.asarray(data), np.asarray(offsets), out)
     return out
