@@ -306,7 +306,7 @@ def test_errors_name_the_url(moto_s3: MotoS3, remote: tuple[str, str], tmp_path:
         "lengths('spk')": lambda: store.lengths("spk"),
         "index('nope')": lambda: store.index("nope"),
         "iter_ragged('spk')": lambda: list(store.iter_ragged("spk")),
-        "StoreDataset(store)": lambda: ss.StoreDataset(store),
+        "StoreDataset(store).lengths()": lambda: ss.StoreDataset(store).lengths(),
         "StoreDataset(fields=['nope'])": lambda: ss.StoreDataset(store, length_field="x", fields=["nope"]),
     }
     wrong = []
