@@ -22,8 +22,8 @@ from .combined import CombinedDataset, CombinedOrder, weighted_sizes
 from .concat import ConcatDataset, SliceDataset
 from .lengths_dataset import LengthsDataset
 from .meta import MetaDataset
-from .records import iter_records
 from .packing import PackedDataset, PackedStream
+from .records import iter_records
 from .schedule import MixtureSchedule, MixtureStream
 from .store_dataset import StoreDataset
 from .streams import ReplacementSampler, ShuffleBuffer, sample_with_replacement, shuffle_buffer
