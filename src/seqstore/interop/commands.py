@@ -17,12 +17,15 @@ format is one :func:`register_source`/:func:`register_target` call made before `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -417,35 +420,59 @@ def _user_error(exc: OSError | KeyError) -> int:
     return 2
 
 
+@contextlib.contextmanager
+def _undone_on_interrupt(out: str) -> Iterator[None]:
+    """A local output that did not exist before the command and exists when an interrupt (Ctrl-C,
+    SIGTERM) arrives is removed before the interrupt goes on: one that comes after the output was
+    installed, while the command reports, still leaves nothing (what ``cli.main`` then says). ``out``
+    and, for Megatron's prefix, ``out.bin`` / ``out.idx``."""
+    from ..io.objects import is_remote
+
+    paths = [] if is_remote(out) else [Path(out + s) for s in ("", ".bin", ".idx")]
+    new = [q for q in paths if not q.exists() and not q.is_symlink()]
+    try:
+        yield
+    except KeyboardInterrupt:
+        for q in new:
+            if q.is_dir() and not q.is_symlink():
+                shutil.rmtree(q, ignore_errors=True)
+            elif q.exists() or q.is_symlink():
+                q.unlink(missing_ok=True)
+        raise
+
+
 def convert_main(args: argparse.Namespace) -> int:
     """``seqstore convert --from FORMAT SOURCE... OUT``: build a new store from files of another format.
     Returns the exit status (0; 2 for missing/existing paths; SeqstoreError propagates to cli.main)."""
     conv = SOURCES[args.source]
-    try:
-        store = _with_bar(conv, args, f"convert {args.source}")
-    except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
-        return _user_error(exc)
-    if not args.quiet:
-        n = len(store) if hasattr(store, "__len__") else "?"
-        shards = getattr(store, "num_shards", "?")
-        print(f"{_sources_and_out(args)[1]}: {n} records, {shards} shard(s)")
+    out = _sources_and_out(args)[1]
+    with _undone_on_interrupt(out):
+        try:
+            store = _with_bar(conv, args, f"convert {args.source}")
+        except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
+            return _user_error(exc)
+        if not args.quiet:
+            n = len(store) if hasattr(store, "__len__") else "?"
+            shards = getattr(store, "num_shards", "?")
+            print(f"{out}: {n} records, {shards} shard(s)")
     return 0
 
 
 def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
-    try:
-        opts = _storage_options(args)
-        if opts is not None:  # a store at a URL that needs options of its client: opened here, handed over
-            from ..store import open_store
+    with _undone_on_interrupt(os.fspath(args.out)):
+        try:
+            opts = _storage_options(args)
+            if opts is not None:  # a store at a URL that needs options of its client: opened here, handed over
+                from ..store import open_store
 
-            args.store = open_store(args.store, storage_options=opts)
-        out = _with_bar(conv, args, f"export {args.target}")
-    except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
-        return _user_error(exc)
-    if not args.quiet:
-        print(f"wrote {out}")
+                args.store = open_store(args.store, storage_options=opts)
+            out = _with_bar(conv, args, f"export {args.target}")
+        except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
+            return _user_error(exc)
+        if not args.quiet:
+            print(f"wrote {out}")
     return 0
 
 
