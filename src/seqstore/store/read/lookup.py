@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import CorruptionError
 from ...format.manifest import IDS, IndexRun
 from ...io import address
-from ..ids import encode_ids, hash_ids, id_equal, probe_sorted
+from ..ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
 from .copy import gather_rows
 from .readahead import ReadPlanner
 from .shards import Shard
@@ -164,9 +164,36 @@ class IdLookup:
             raise TypeError(f"ids are str, got {type(id).__name__}")
         if not self.shards.table.has_ids:
             raise KeyError(f"id {id!r} not in {self.shards.url} (records have no ids)")
-        found = int(self.index_encoded(*encode_ids([id]))[0])
+        if self.planner.lazy or self.verify is not None:  # the vectorised path waits for and checks the bytes
+            found = int(self.index_encoded(*encode_ids([id]))[0])
+        else:
+            found = self._index_one(id.encode("utf-8", "surrogatepass"))
         if found < 0:
             raise KeyError(f"id {id!r} not in {self.shards.url}")
+        return found
+
+    def _index_one(self, key: bytes) -> int:
+        """One id in a local store without checks: a binary search per index and a byte comparison of
+        the (almost always one) candidate, about 10x cheaper than the vectorised path for a single id."""
+        h = np.uint64(hash_one(key))
+        found = -1
+        for first, hashes, rows, base in self._probe_targets():
+            j = int(np.searchsorted(hashes, h, "left"))
+            while j < len(hashes) and hashes[j] == h:
+                row = int(rows[j]) + base
+                if not 0 <= row < self.shards.n:
+                    raise CorruptionError(
+                        f"{self.shards.url}: id index (from shard {first}) names row {row}, out of range"
+                    )
+                k, local = self.shards.locate(row)
+                sh = self.shards.shard(k)
+                a, b = self._id_ranges(sh, np.array([local], dtype=np.int64))
+                assert sh.ids is not None
+                if bytes(sh.ids[int(a[0]) : int(b[0])]) == key:
+                    if not self._id_last:
+                        return row
+                    found = max(found, row)
+                j += 1
         return found
 
     def index_many(self, ids: Sequence[str], missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
