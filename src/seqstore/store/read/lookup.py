@@ -38,6 +38,7 @@ class IdLookup:
         self.planner, self.shards = planner, planner.shards
         self._id_last = last
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
+        self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
 
     def id(self, i: int) -> str:
         if not self.shards.table.has_ids:
@@ -173,11 +174,14 @@ class IdLookup:
         return found
 
     def _index_one(self, key: bytes) -> int:
-        """One id in a local store without checks: a binary search per index and a byte comparison of
-        the (almost always one) candidate, about 10x cheaper than the vectorised path for a single id."""
+        """One id in a local store without checks: a binary search per index (their list built once for
+        this manifest) and a byte comparison of the (almost always one) candidate; about 10x cheaper
+        than the vectorised path for a single id."""
+        if self._probes is None:
+            self._probes = list(self._probe_targets())
         h = np.uint64(hash_one(key))
         found = -1
-        for first, hashes, rows, base in self._probe_targets():
+        for first, hashes, rows, base in self._probes:
             j = int(np.searchsorted(hashes, h, "left"))
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
@@ -187,9 +191,12 @@ class IdLookup:
                     )
                 k, local = self.shards.locate(row)
                 sh = self.shards.shard(k)
-                a, b = self._id_ranges(sh, np.array([local], dtype=np.int64))
-                assert sh.ids is not None
-                if bytes(sh.ids[int(a[0]) : int(b[0])]) == key:
+                sh.load_ids()
+                assert sh.ids is not None and sh.id_offsets is not None
+                a, b = int(sh.id_offsets[local]), int(sh.id_offsets[local + 1])
+                if not 0 <= a <= b <= len(sh.ids):
+                    raise CorruptionError(f"{sh.display}/{IDS}.offsets.npy: id offsets out of range")
+                if bytes(sh.ids[a:b]) == key:
                     if not self._id_last:
                         return row
                     found = max(found, row)
