@@ -547,17 +547,17 @@ def _requests_file(data: str, kind: str) -> Path:
 def _record_requests(path: Path, asked: list[int]) -> None:
     """Record, in this child process, every data request seqstore submits (object key in the bucket, start,
     end), written to ``path`` with the asked bytes at exit (the seqstore cases exit normally)."""
-    from seqstore.io import remote
+    from seqstore.io import remote_fetch
 
     made: list[tuple[str, int, int]] = []
-    submit = remote.RemoteRoot.submit
+    submit = remote_fetch.Fetcher.submit
 
     def recording(self: Any, reqs: Any, fills: Any, chunks: Any = ()) -> Any:
         bucket = f"s3://{BUCKET}/"
         made.extend((self.client.key_url(k).removeprefix(bucket), a, b) for k, a, b, _ in reqs)
         return submit(self, reqs, fills, chunks)
 
-    remote.RemoteRoot.submit = recording  # type: ignore[method-assign]
+    remote_fetch.Fetcher.submit = recording  # type: ignore[method-assign]
     import atexit
 
     atexit.register(lambda: path.write_text(json.dumps({"requests": made, "asked": asked[0]})))

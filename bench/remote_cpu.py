@@ -51,7 +51,7 @@ Stages (CPU seconds per GiB of values delivered; threads told apart by ``/proc/s
 - **bookkeeping**: the rest of the event loop's thread (asyncio, one task per request, the retry
   wrapper, the in-flight lists);
 - **planning**: on the reading thread, ``remote_fetch``'s search of the mappings, of the missing pages
-  and of the requests to make, and submitting them (``RemoteRoot.submit``);
+  and of the requests to make, and submitting them (``Fetcher.submit``);
 - **gather**: the rest of the reading thread (the order, the batch's lookup and copy, waits' overhead).
 
 Usage: ``python bench/remote_cpu.py [--data DIR] [--repeats R] [--src LABEL=PATH ...]
@@ -221,11 +221,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     nodecache.CachedObject.fill = fill_t.wrap(nodecache.CachedObject.fill)  # type: ignore[method-assign]
     # planning: which pages are missing and which requests bring them, and submitting them (the
     # module's own functions, called through its globals)
-    for name in ("_split_by_region", "_missing_requests", "_all_present"):
+    for name in ("missing_requests", "exact_requests", "all_present"):
         setattr(remote_fetch, name, plan_t.wrap(getattr(remote_fetch, name)))
-    from seqstore.io import remote as remote_mod
-
-    remote_mod.RemoteRoot.submit = plan_t.wrap(remote_mod.RemoteRoot.submit)  # type: ignore[method-assign]
+    remote_fetch.Fetcher.submit = plan_t.wrap(remote_fetch.Fetcher.submit)  # type: ignore[method-assign]
     options = dict(spec.get("options", {}))
     if options.pop("client", None) == "sockets":
         _use_socket_client(endpoint, int(options.get("max_requests", 64)))
