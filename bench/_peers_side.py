@@ -17,14 +17,12 @@ as a user gets them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pickle
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +65,10 @@ def _importable() -> bool:
 
 
 def _streaming() -> Any:
-    """``streaming.base`` without ``streaming/__init__.py`` (see the module docstring)."""
-    if "streaming" not in sys.modules:
-        spec = importlib.util.find_spec("streaming")
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError("mosaicml-streaming is not installed")
-        pkg = types.ModuleType("streaming")
-        pkg.__path__ = list(spec.submodule_search_locations)
-        sys.modules["streaming"] = pkg
-    import streaming.base as base
+    """``streaming.base`` under an empty parent package (``bench/_remote_streaming.py`` says why)."""
+    from bench._remote_streaming import _import_streaming
 
-    return base
+    return _import_streaming()
 
 
 def _docs(flat: str) -> tuple[Any, Any]:
