@@ -52,6 +52,7 @@ class Gatherer:
 
     def __init__(self, planner: ReadPlanner, bf16: str) -> None:
         self.planner, self.shards, self.bf16 = planner, planner.shards, bf16
+        self._bf16_cache: tuple[Any, tuple[str, ...]] | None = None
 
     def record(self, i: int, copy: bool = False) -> dict[str, Any]:
         """Record ``i``: zero-copy views, or with ``copy`` owned arrays (one copy per packed group)."""
@@ -63,10 +64,17 @@ class Gatherer:
         if self.verify is not None:
             self.verify.record(sh, row, self.shards.norm(i), rec)
         if self.bf16 != "bits":
-            for name in rec:
-                if schema[name].dtype == BFLOAT16:
+            for name in self._bf16_names(schema):
+                if name in rec:
                     rec[name] = present_bf16(rec[name], self.bf16)
         return rec
+
+    def _bf16_names(self, schema: Any) -> tuple[str, ...]:
+        """The bfloat16 fields of ``schema`` (found once per schema: ``store[i]`` pays no loop for them)."""
+        cached = self._bf16_cache
+        if cached is None or cached[0] is not schema:
+            cached = self._bf16_cache = (schema, tuple(n for n, f in schema.items() if f.dtype == BFLOAT16))
+        return cached[1]
 
     def batch(self, idx: np.ndarray[Any, Any], groups: list[Group], names: list[str], pad: bool,
               via: Any = None, alloc: Alloc | None = None) -> dict[str, Any]:
