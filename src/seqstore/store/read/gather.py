@@ -56,15 +56,15 @@ class Gatherer:
 
     def record(self, i: int, copy: bool = False) -> dict[str, Any]:
         """Record ``i``: zero-copy views, or with ``copy`` owned arrays (one copy per packed group)."""
-        sh, row = self.shards.record(i)
-        schema = self.shards.schema
+        shards = self.shards
+        sh, row = shards.record(i)
         if self.planner.lazy:
-            self.planner.need_groups([Group(sh, slice(None), np.array([row], np.int64))], list(schema))
+            self.planner.need_groups([Group(sh, slice(None), np.array([row], np.int64))], list(shards.schema))
         rec = sh.record_copy(row) if copy else sh.record(row)
         if self.verify is not None:
-            self.verify.record(sh, row, self.shards.norm(i), rec)
+            self.verify.record(sh, row, shards.norm(i), rec)
         if self.bf16 != "bits":
-            for name in self._bf16_names(schema):
+            for name in self._bf16_names(shards.schema):
                 if name in rec:
                     rec[name] = present_bf16(rec[name], self.bf16)
         return rec

@@ -271,9 +271,16 @@ class ShardMap:
         return k, i - self.start_index[k]
 
     def record(self, i: int) -> tuple[Shard, int]:
-        """The mapped shard and local row of record ``i`` (negative counts from the end; checked)."""
-        k, row = self.locate(self.norm(int(i)))
-        return self.shard(k), row
+        """The mapped shard and local row of record ``i`` (negative counts from the end; checked). ``norm``
+        and ``locate`` spelled out: ``store[i]`` costs about a microsecond, and each call is a tenth of it."""
+        n, j = self.n, int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"record index {i} out of range for a store of {n} records ({self.url})")
+        starts = self.start_index
+        k = bisect_right(starts, j) - 1
+        return self.shard(k), j - starts[k]
 
     def group(self, idx: np.ndarray[Any, Any]) -> Iterator[tuple[int, Any, np.ndarray[Any, Any]]]:
         """Yield (shard, positions in idx, local rows) for each shard touched by ``idx``."""
