@@ -23,6 +23,7 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,25 +166,16 @@ def _lit_docs(a: int, flat: str) -> Any:
         yield {"tokens": tokens[offsets[i] : offsets[i + 1]]}
 
 
-def case_open(lib: str, out: str) -> dict[str, Any]:
+# ------------------------------------------------------------------------------------------ timed loops
+# shared by both sides: bench/peers.py calls them with seqstore's datasets and loaders
+
+
+def timed_epoch(make: Callable[[], Any], records: int) -> dict[str, Any]:
+    """Construction (``make()``: an iterable of samples) to the first sample, then ``records`` samples."""
     from bench.harness import section
-
-    _import(lib)
-
-    with section():
-        ds = _dataset(lib, out, True)
-    return {"records": len(ds)}
-
-
-def case_epoch(lib: str, out: str, records: int) -> dict[str, Any]:
-    """Construction to the first sample, then ``records`` samples of a shuffled epoch, one by one."""
-    from bench.harness import section
-
-    _import(lib)
 
     with section("first_sample"):
-        ds = _dataset(lib, out, True)
-        it = iter(ds)
+        it = iter(make())
         next(it)
     t0 = time.perf_counter()
     with section("epoch"):
@@ -195,13 +187,12 @@ def case_epoch(lib: str, out: str, records: int) -> dict[str, Any]:
     return {"records_per_s": (k - 1) / (time.perf_counter() - t0)}
 
 
-def case_loader(lib: str, out: str, workers: int, batches: int) -> dict[str, Any]:
+def timed_loader(make: Callable[[], Any], batches: int) -> dict[str, Any]:
+    """Construction (``make()``: a loader) to the first batch, then ``batches`` batches."""
     from bench.harness import section
 
-    _import(lib)
-
     with section("first_batch"):
-        it = iter(_loader(lib, out, workers))
+        it = iter(make())
         next(it)
     t0 = time.perf_counter()
     with section("walk"):
@@ -211,12 +202,12 @@ def case_loader(lib: str, out: str, workers: int, batches: int) -> dict[str, Any
     return {"batches_per_s": batches / (time.perf_counter() - t0)}
 
 
-def case_random(lib: str, out: str, indices: str, count: int) -> dict[str, Any]:
+def timed_random(ds: Any, indices: str, count: int) -> dict[str, Any]:
+    """``ds[i]`` for the first ``count`` positions of ``indices`` (one untimed first)."""
     import numpy as np
 
     from bench.harness import section
 
-    ds = _dataset(lib, out, False)
     idx = np.load(indices)[:count].tolist()
     ds[idx[0]]
     t0 = time.perf_counter()
@@ -226,12 +217,12 @@ def case_random(lib: str, out: str, indices: str, count: int) -> dict[str, Any]:
     return {"records_per_s": len(idx) / (time.perf_counter() - t0)}
 
 
-def case_resume_prepare(lib: str, out: str, state: str, after: int) -> dict[str, Any]:
-    """Take ``after`` batches, save the loader's state, and record the digest of the next batch."""
+def prepare_resume(make: Callable[[], Any], state: str, after: int) -> dict[str, Any]:
+    """Take ``after`` batches of ``make()``, save its state, and record the digest of the next batch."""
     from bench.harness import section
 
     with section():
-        loader = _loader(lib, out, 0)
+        loader = make()
         it = iter(loader)
         for _ in range(after):
             next(it)
@@ -241,17 +232,50 @@ def case_resume_prepare(lib: str, out: str, state: str, after: int) -> dict[str,
     return {}
 
 
-def case_resume(lib: str, out: str, state: str) -> dict[str, Any]:
-    """A fresh process: construct, load the saved state, first batch; exact if it is the recorded next batch."""
+def timed_resume(make: Callable[[], Any], state: str) -> dict[str, Any]:
+    """Construct, load the saved state, first batch; ``exact`` if it is the recorded next batch."""
     from bench.harness import section
 
     saved = pickle.loads(Path(state).read_bytes())
-    _import(lib)
     with section("first_batch"):
-        loader = _loader(lib, out, 0)
+        loader = make()
         loader.load_state_dict(saved["state"])
         batch = next(iter(loader))
     return {"exact": float(_digest(batch) == saved["ref"])}
+
+
+def case_open(lib: str, out: str) -> dict[str, Any]:
+    from bench.harness import section
+
+    _import(lib)
+    with section():
+        ds = _dataset(lib, out, True)
+    return {"records": len(ds)}
+
+
+def case_epoch(lib: str, out: str, records: int) -> dict[str, Any]:
+    """A shuffled epoch, sample by sample."""
+    _import(lib)
+    return timed_epoch(lambda: _dataset(lib, out, True), records)
+
+
+def case_loader(lib: str, out: str, workers: int, batches: int) -> dict[str, Any]:
+    _import(lib)
+    return timed_loader(lambda: _loader(lib, out, workers), batches)
+
+
+def case_random(lib: str, out: str, indices: str, count: int) -> dict[str, Any]:
+    return timed_random(_dataset(lib, out, False), indices, count)
+
+
+def case_resume_prepare(lib: str, out: str, state: str, after: int) -> dict[str, Any]:
+    return prepare_resume(lambda: _loader(lib, out, 0), state, after)
+
+
+def case_resume(lib: str, out: str, state: str) -> dict[str, Any]:
+    """A fresh process: the first batch after loading the saved state."""
+    _import(lib)
+    return timed_resume(lambda: _loader(lib, out, 0), state)
 
 
 if __name__ == "__main__":  # python bench/_peers_side.py install

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +67,8 @@ def ensure_docs(root: Path, n: int) -> Path:
     return flat
 
 
-def _pad(samples: list[Any]) -> Any:
-    """The pad collate a user writes (the same as the peers get)."""
-    import torch
-    from torch.nn.utils.rnn import pad_sequence
-
-    seqs = [torch.as_tensor(s["tokens"]) for s in samples]
-    return {"tokens": pad_sequence(seqs, batch_first=True), "lengths": torch.tensor([len(s) for s in seqs])}
-
-
 def _loader(store: str, workers: int) -> Any:
+    from bench._peers_side import _pad
     from seqstore.data import StoreDataset
     from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset
 
@@ -117,20 +108,11 @@ def case_open(out: str) -> dict[str, Any]:
 
 
 def case_epoch(out: str, records: int, ordering: str) -> dict[str, Any]:
+    from bench._peers_side import timed_epoch
     from seqstore.data import StoreDataset
     from seqstore.torch import IterableSeqDataset
 
-    with section("first_sample"):
-        it = iter(IterableSeqDataset(StoreDataset(out, ordering=ordering, seed=1)))
-        next(it)
-    t0 = time.perf_counter()
-    with section("epoch"):
-        k = 1
-        for _ in it:
-            k += 1
-            if k >= records:
-                break
-    return {"records_per_s": (k - 1) / (time.perf_counter() - t0)}
+    return timed_epoch(lambda: IterableSeqDataset(StoreDataset(out, ordering=ordering, seed=1)), records)
 
 
 def _imports() -> None:
@@ -142,61 +124,30 @@ def _imports() -> None:
 
 
 def case_loader(out: str, workers: int, batches: int) -> dict[str, Any]:
+    from bench._peers_side import timed_loader
+
     _imports()
-    with section("first_batch"):
-        it = iter(_loader(out, workers))
-        next(it)
-    t0 = time.perf_counter()
-    with section("walk"):
-        for k, _ in enumerate(it, 1):
-            if k >= batches:
-                break
-    return {"batches_per_s": batches / (time.perf_counter() - t0)}
+    return timed_loader(lambda: _loader(out, workers), batches)
 
 
 def case_random(out: str, indices: str, count: int) -> dict[str, Any]:
-    import numpy as np
-
     import seqstore
+    from bench._peers_side import timed_random
 
-    store = seqstore.open(out)
-    idx = np.load(indices)[:count].tolist()
-    store[idx[0]]
-    t0 = time.perf_counter()
-    with section():
-        for i in idx:
-            store[i]
-    return {"records_per_s": len(idx) / (time.perf_counter() - t0)}
+    return timed_random(seqstore.open(out), indices, count)
 
 
 def case_resume_prepare(out: str, state: str, after: int) -> dict[str, Any]:
-    import pickle
+    from bench._peers_side import prepare_resume
 
-    from bench._peers_side import _digest
-
-    with section():
-        loader = _loader(out, 0)
-        it = iter(loader)
-        for _ in range(after):
-            next(it)
-        st = loader.state_dict()
-        ref = _digest(next(it))
-    Path(state).write_bytes(pickle.dumps({"state": st, "ref": ref}))
-    return {}
+    return prepare_resume(lambda: _loader(out, 0), state, after)
 
 
 def case_resume(out: str, state: str) -> dict[str, Any]:
-    import pickle
+    from bench._peers_side import timed_resume
 
-    from bench._peers_side import _digest
-
-    saved = pickle.loads(Path(state).read_bytes())
     _imports()
-    with section("first_batch"):
-        loader = _loader(out, 0)
-        loader.load_state_dict(saved["state"])
-        batch = next(iter(loader))
-    return {"exact": float(_digest(batch) == saved["ref"])}
+    return timed_resume(lambda: _loader(out, 0), state)
 
 
 # ------------------------------------------------------------------------------------------ driver
