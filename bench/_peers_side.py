@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / "bench" / ".venv-peers"
-PYTHON = VENV / "bin" / "python"
 FIRST = ["numpy<2.2", "torch==2.13.0"]
 PACKAGES = [
     "boto3", "xxhash<4", "zstd<2", "brotli", "python-snappy<1", "tqdm", "catalogue<3", "transformers<5",
@@ -41,28 +39,10 @@ BATCH = 64
 
 def install(log: Any = sys.stderr) -> Path | None:
     """Create ``bench/.venv-peers`` if missing; its Python, or None (with the reason printed)."""
-    if PYTHON.exists() and _importable():
-        return PYTHON
-    try:
-        if not PYTHON.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(PYTHON), "-m", "pip", "install", "-q"]
-        print(f"installing {', '.join(PEERS)} into {VENV} (once) ...", file=log, flush=True)
-        subprocess.run([*pip, *FIRST], check=True)
-        subprocess.run([*pip, *PACKAGES, *FIRST], check=True)
-        subprocess.run([*pip, "--no-deps", *PEERS], check=True)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        print(f"peers: install failed: {exc}", file=log, flush=True)
-        return None
-    return PYTHON if _importable() else None
+    from bench._remote_streaming import install_venv
 
-
-def _importable() -> bool:
-    code = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-        "from bench._peers_side import _streaming; _streaming(); import litdata"
-    )
-    return subprocess.run([str(PYTHON), "-c", code], capture_output=True).returncode == 0
+    return install_venv(VENV, [FIRST, [*PACKAGES, *FIRST], ["--no-deps", *PEERS]],
+                        "from bench._peers_side import _streaming; _streaming(); import litdata", ", ".join(PEERS), log)
 
 
 def _streaming() -> Any:

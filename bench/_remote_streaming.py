@@ -62,27 +62,32 @@ STREAMING = "mosaicml-streaming==0.13.0"
 def install(log: Any = sys.stderr) -> Path | None:
     """Create ``bench/.venv-streaming`` with Streaming if it is missing; its Python, or None (with the
     reason printed) where it cannot be installed."""
-    if PYTHON.exists() and _importable():
-        return PYTHON
+    return install_venv(VENV, [["--no-deps", STREAMING], PACKAGES],
+                        "from bench._remote_streaming import _import_streaming; _import_streaming()", STREAMING, log)
+
+
+def install_venv(venv: Path, steps: list[list[str]], check: str, what: str, log: Any = sys.stderr) -> Path | None:
+    """A peer's own venv at ``venv``: created if missing, then ``pip install -q`` of each step in turn,
+    unless the Python code ``check`` (run there with the repository on ``sys.path``) already succeeds.
+    Its Python, or None with the reason printed."""
+    python = venv / "bin" / "python"
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); {check}"
+
+    def importable() -> bool:
+        return subprocess.run([str(python), "-c", code], capture_output=True).returncode == 0
+
+    if python.exists() and importable():
+        return python
     try:
-        if not PYTHON.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(PYTHON), "-m", "pip", "install", "-q"]
-        print(f"installing {STREAMING} into {VENV} (once) ...", file=log, flush=True)
-        subprocess.run([*pip, "--no-deps", STREAMING], check=True)
-        subprocess.run([*pip, *PACKAGES], check=True)
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        print(f"installing {what} into {venv} (once) ...", file=log, flush=True)
+        for step in steps:
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True)
     except (subprocess.CalledProcessError, OSError) as exc:
-        print(f"streaming: install failed: {exc}", file=log, flush=True)
+        print(f"{what}: install failed: {exc}", file=log, flush=True)
         return None
-    return PYTHON if _importable() else None
-
-
-def _importable() -> bool:
-    code = (
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-        "from bench._remote_streaming import _import_streaming; _import_streaming()"
-    )
-    return subprocess.run([str(PYTHON), "-c", code], capture_output=True).returncode == 0
+    return python if importable() else None
 
 
 def _import_streaming() -> Any:
