@@ -13,8 +13,9 @@ import pytest
 from store_testlib import create_legacy, edit_shard_meta
 
 import seqstore as ss
-from seqstore.format.checksums import CHECKS, span_checks
+from seqstore.format.checksums import CHECKS, SECRET_AT, span_checks
 from seqstore.format.npy import read_header
+from seqstore.store.read.verify import gather_rows_checked
 from seqstore.store.verify import verify
 
 SCHEMA = {
@@ -82,6 +83,31 @@ def test_the_checksums_are_xxh3_of_each_records_bytes(scratch: Path) -> None:
     buf = np.random.default_rng(3).integers(0, 256, 5000, dtype=np.uint8)
     for n in (*range(0, 260), 1023, 1024, 1025, 4000):
         assert span_checks(buf, [1], [n])[0] == xxhash.xxh3_64_intdigest(buf[1 : 1 + n].tobytes()) & 0xFFFFFFFF
+
+
+def test_copying_and_hashing_in_one_pass_gives_the_bytes_and_their_xxh3(scratch: Path) -> None:
+    """Verified gathers copy and hash a record in one pass: the copy is exact (nothing written outside
+    it) and its checksum is XXH3's at every length, across the 1 KiB blocks and a ragged last stripe."""
+    xxhash = pytest.importorskip("xxhash")
+    buf = np.random.default_rng(4).integers(0, 256, 70_000, dtype=np.uint8)
+    lengths = (*range(0, 300), 1023, 1024, 1025, 2048, 4033, 65_536)
+    for n in lengths:
+        out = np.zeros(n + 9, np.uint8)
+        rows = np.array([0], np.int64)
+        sums = np.zeros(1, np.uint32)
+        offsets = np.array([3, 3 + n], np.int64)  # one record of n one-byte rows, from byte 3
+        gather_rows_checked(buf, offsets, rows, out, np.array([5], np.int64), 1, sums, rows, SECRET_AT)
+        assert (out[5 : 5 + n] == buf[3 : 3 + n]).all() and not out[:5].any() and not out[5 + n :].any(), n
+        assert int(sums[0]) == xxhash.xxh3_64_intdigest(buf[3 : 3 + n].tobytes()) & 0xFFFFFFFF, n
+    # a long ragged record read verified is the same with and without verification
+    big = {"t": ss.Field("int16", (None, 2))}
+    with ss.create(scratch / "long", big) as w:
+        for i in range(20):
+            w.append({"t": np.arange(2 * (300 + 977 * i), dtype=np.int16).reshape(-1, 2)})
+    plain, checked = ss.open(scratch / "long"), ss.open(scratch / "long", verify_reads=True)
+    idx = np.array([19, 3, 0, 11, 11])
+    for a, b in zip(plain.get_batch(idx)["t"], checked.get_batch(idx)["t"]):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize(

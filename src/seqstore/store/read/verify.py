@@ -19,46 +19,31 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
 from ...errors import CorruptionError, SeqstoreError
-from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_at, check_columns, span_checks, spans_at
+from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, copy_check_at, span_checks, spans_at
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
 
 __all__ = ["ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "spans_at", "take_rows_checked"]
 
 
-@intrinsic
-def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
-    sig = types.void(types.intp, types.intp, types.intp)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        d, s, k = args
-        ptr = cgutils.voidptr_t
-        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)  # type: ignore[no-untyped-call]
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @numba.njit(nogil=True, cache=True)
 def take_rows_checked(src: int, rows: Any, dst: int, pos: Any, width: int, sums: Any,
                       sec: int) -> None:  # pragma: no cover - numba
-    """``take_rows`` (store/read/copy.py) that also hashes each row as copied, while it is in cache:
-    ``sums[pos[k]]`` is the checksum of row ``pos[k]`` (``sec``: ``SECRET_AT``)."""
+    """``take_rows`` (store/read/copy.py) that also hashes each row in the same pass as it copies it
+    (:func:`~seqstore.format.checksums.copy_check_at`): ``sums[pos[k]]`` is the checksum of row
+    ``pos[k]`` (``sec``: ``SECRET_AT``)."""
     acc = np.empty(8, np.uint64)
     for k in range(rows.shape[0]):
-        d = dst + pos[k] * width
-        _memcpy(d, src + rows[k] * width, width)  # type: ignore[call-arg]
-        sums[pos[k]] = check_at(d, width, sec, acc)
+        sums[pos[k]] = copy_check_at(src + rows[k] * width, dst + pos[k] * width, width, sec, acc)
 
 
 @numba.njit(nogil=True, cache=True)
 def gather_rows_checked(data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int, sums: Any,
                         pos: Any, sec: int) -> None:  # pragma: no cover - numba
-    """``gather_rows`` (store/read/copy.py) that also hashes each record as copied: ``sums[pos[k]]``."""
+    """``gather_rows`` (store/read/copy.py) that also hashes each record in the same pass as it copies it:
+    ``sums[pos[k]]``."""
     src = data.ctypes.data
     dst = out.ctypes.data
     acc = np.empty(8, np.uint64)
@@ -66,9 +51,7 @@ def gather_rows_checked(data: Any, offsets: Any, rows: Any, out: Any, out_starts
         r = rows[k]
         a = offsets[r] * stride
         n = offsets[r + 1] * stride - a
-        if n > 0:
-            _memcpy(dst + out_starts[k], src + a, n)  # type: ignore[call-arg]
-        sums[pos[k]] = check_at(dst + out_starts[k], max(n, 0), sec, acc)
+        sums[pos[k]] = copy_check_at(src + a, dst + out_starts[k], max(n, 0), sec, acc)
 
 
 def refuse_unverifiable(manifest: Manifest, where: str) -> None:
