@@ -201,7 +201,8 @@ def test_stages_in_tokens_resume_exactly_and_change_on_resume() -> None:
     for k, s in enumerate(streams):
         s.skip(1500 + 37 * k)  # past the first stage boundary (100_000 tokens)
     state = json.loads(json.dumps(packed.state_dict([s.state() for s in streams])))
-    assert len(state["schedule"][-1][3]["stage_samples"]) == 2
+    # the second stage's start is known (later ones may be too: planners pull documents ahead)
+    assert len(state["schedule"][-1][3]["stage_samples"]) >= 2
     want = [s.planner.plan(600) for s in streams]  # into the third stage (250_000 tokens)
     # resume with the same schedule in a fresh object: the next sequences are the same
     packed2 = _packed(MixtureStream(_ragged_sources(), TOKEN_STAGES, unit="tokens", chunk=1000))

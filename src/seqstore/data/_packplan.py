@@ -30,6 +30,8 @@ from ._lengths import IntArray
 __all__ = ["DocStream", "Planner", "fresh_shares", "resplit"]
 
 _PULL = 256
+#: documents pulled at least when a plan runs short (pulling concatenates the pulled arrays: not per batch)
+_PULL_AHEAD = 1024
 #: documents read from the stream at a time (one ``docs`` call per this many documents, not per batch)
 _PULL_MIN = 2048
 
@@ -126,6 +128,64 @@ def _best_fit(lens: Any, offs: Any, nb: int, seq_len: int, window: int, split: b
     return pieces[0, :np_], pieces[1, :np_], pieces[2, :np_], pieces[3, :np_], keep, off, nxt, s, pads[:s], trunc
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _take_then(c: Any, kept: Any, seen: int) -> Any:  # pragma: no cover - numba
+    k = len(kept)
+    o = np.empty(k + len(c) - seen, dtype=c.dtype)
+    for i in range(k):
+        o[i] = c[kept[i]]
+    o[k:] = c[seen:]
+    return o
+
+
+@numba.njit(cache=True, nogil=True)
+def _reorder(kept: Any, seen: int, ep: Any, pos: Any, ids: Any, lens: Any, offs: Any) -> Any:  # pragma: no cover
+    """The pulled arrays as their entries ``kept``, then those from ``seen`` on: the pulled order after a
+    best_fit plan (the window, then the documents behind it)."""
+    return (_take_then(ep, kept, seen), _take_then(pos, kept, seen), _take_then(ids, kept, seen),
+            _take_then(lens, kept, seen), _take_then(offs, kept, seen))
+
+
+@numba.njit(cache=True, nogil=True)
+def _mean_rest(lens: Any, offs: Any) -> float:  # pragma: no cover - numba
+    """The mean of ``lens - offs`` (at least 1; 256 when empty): tokens left per pulled document."""
+    if len(lens) == 0:
+        return 256.0
+    return max(1.0, (lens.sum() - offs.sum()) / len(lens))
+
+
+@numba.njit(cache=True, nogil=True)
+def _concat(lens: Any, offs: Any, nseq: int, seq_len: int) -> Any:  # pragma: no cover - numba
+    """``concat`` pieces of ``nseq`` windows over the pulled documents (``lens - offs`` tokens each,
+    back to back): window ``r`` covers stream tokens ``[r * seq_len, (r + 1) * seq_len + 1)``. Walking
+    the documents in order gives the pieces sorted by window (a document's last window is the next
+    one's first). Returns the pieces (4 x k: window, pulled entry, offset, count), the number ``done``
+    of documents whose input tokens (``[0, nseq * seq_len)``) are all used, and the input tokens used of
+    each document up to the partly used one (``done + 1`` entries, at most one per document)."""
+    used = nseq * seq_len
+    end = used + 1
+    pieces = np.empty((4, len(lens) + nseq + 1), dtype=np.int64)
+    cut = np.zeros(len(lens) + 1, dtype=np.int64)
+    k = 0
+    done = 0
+    a = 0
+    for d in range(len(lens)):
+        if a >= end:
+            break
+        b = a + lens[d] - offs[d]
+        r = max(0, (a - 1) // seq_len)
+        while r < nseq and r * seq_len < b:
+            s, t = max(a, r * seq_len), min(b, r * seq_len + seq_len + 1)
+            if t > s:
+                k = _piece(pieces, k, r, d, offs[d] + s - a, t - s)
+            r += 1
+        cut[d] = min(b, used) - min(a, used)
+        if b <= used:
+            done = d + 1
+        a = b
+    return pieces[:, :k], done, cut[: min(done + 1, len(lens))]
+
+
 def _as_ranges(epoch: IntArray, pos: IntArray, off: IntArray) -> list[list[int]]:
     """Documents (in list order) as ranges ``[epoch, start, stop, off]``: runs of consecutive positions."""
     if len(pos) == 0:
@@ -161,6 +221,7 @@ class Planner:
         self.ep, self.pos, self.off, self.ids, self.lens = z, z, z, z, z
         self.nbuf = 0
         self._cache: tuple[int, int, IntArray, IntArray] | None = None  # (epoch, start, ids, lengths)
+        self._mean = 256.0  # tokens left per pulled document (what a best_fit plan pulls ahead by)
         buffered = int(state.get("buffered", 0))
         if buffered:
             self._pull(buffered)
@@ -205,6 +266,7 @@ class Planner:
             self.ep, self.pos, self.off, self.ids, self.lens = (
                 np.concatenate([old, *new]) for old, new in
                 zip((self.ep, self.pos, self.off, self.ids, self.lens), cols))
+            self._mean = _mean_rest(self.lens, self.off)
 
     def _docs(self, e: int, a: int, take: int, b: int) -> tuple[IntArray, IntArray]:
         """``stream.docs(e, a, a + take)`` of the range ``[a, b)``, read ``_PULL_MIN`` documents at a time
@@ -251,7 +313,11 @@ class Planner:
 
     def _count(self, ids: IntArray, n: IntArray) -> None:
         st = self.stats
-        st["tokens"] += int(n.sum())
+        total = int(n.sum())
+        st["tokens"] += total
+        if len(st["source_tokens"]) == 1:  # one source: no lookup
+            st["source_tokens"][0] += total
+            return
         src = self.stream.source_of(ids)
         st["source_tokens"] = (np.asarray(st["source_tokens"], dtype=np.int64)
                                + np.bincount(src, weights=n, minlength=len(st["source_tokens"])).astype(np.int64)
@@ -260,6 +326,9 @@ class Planner:
     def _count_docs(self, ids: IntArray) -> None:
         st = self.stats
         st["documents"] += len(ids)
+        if len(st["source_documents"]) == 1:
+            st["source_documents"][0] += len(ids)
+            return
         src = self.stream.source_of(ids)
         st["source_documents"] = (np.asarray(st["source_documents"], dtype=np.int64)
                                   + np.bincount(src, minlength=len(st["source_documents"]))).tolist()
@@ -270,50 +339,32 @@ class Planner:
         have = int((self.lens - self.off).sum())
         while have < need:
             mean = max(1.0, have / len(self.ids)) if len(self.ids) else 256.0
-            self._pull(max(64, int((need - have) / mean * 1.25) + 16))
+            self._pull(max(_PULL_AHEAD, int((need - have) / mean * 1.25) + 16))
             have = int((self.lens - self.off).sum())
-        eff = self.lens - self.off
-        b = np.cumsum(eff)
-        a = b - eff
-        w0 = np.arange(nseq, dtype=np.int64) * L
-        w1 = w0 + L + 1
-        lo = np.searchsorted(b, w0, side="right")
-        hi = np.searchsorted(a, w1, side="left")
-        cnt = hi - lo
-        seq = np.repeat(np.arange(nseq, dtype=np.int64), cnt)
-        j = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
-        start = np.maximum(a[j], w0[seq])
-        stop = np.minimum(b[j], w1[seq])
-        keep = stop > start
-        seq, j, start, stop = seq[keep], j[keep], start[keep], stop[keep]
-        pieces = (seq, self.ids[j], self.off[j] + start - a[j], stop - start)
-        used = nseq * L
-        k = int(np.searchsorted(b, used, side="right"))
-        consumed_ids = self.ids[:k]
-        # tokens are counted as inputs: [0, used) of the stream
-        cut = np.minimum(b, used) - np.minimum(a, used)
-        self._count(self.ids[: k + 1], cut[: k + 1])
-        self._count_docs(consumed_ids)
+        pieces, k, cut = _concat(self.lens, self.off, nseq, L)
+        seq, j, off, cnt = pieces
+        ids = self.ids[j]
+        # tokens are counted as inputs: [0, nseq * L) of the stream
+        self._count(self.ids[: len(cut)], cut)
+        self._count_docs(self.ids[:k])
         if k < len(self.ids):
-            new_off = self.off[k] + used - a[k]
+            new_off = self.off[k] + cut[k]
             self._drop(k)
             self.off = self.off.copy()
             self.off[0] = new_off
         else:
             self._drop(k)
         self.stats["sequences"] += nseq
-        return (*pieces, np.zeros(nseq, dtype=np.int64))
+        return seq, ids, off, cnt, np.zeros(nseq, dtype=np.int64)
 
     def _plan_best_fit(self, nseq: int) -> tuple[IntArray, ...]:
         while True:
             # documents behind the window: enough to refill it for ``nseq`` sequences (estimated from the
             # mean length of what was pulled), and to fill it first
             extra = len(self.ids) - self.nbuf
-            have = self.lens[: len(self.ids)] - self.off
-            mean = max(1.0, float(have.mean())) if len(have) else 256.0
-            want = self.window - self.nbuf + int(nseq * self.seq_len / mean * 1.1) + 16
-            if extra < want:
-                self._pull(want - extra)
+            want = self.window - self.nbuf + int(nseq * self.seq_len / self._mean * 1.1) + 16
+            if extra < want:  # pull ahead: one pull every few dozen batches, not one per batch
+                self._pull(max(want - extra, _PULL_AHEAD))
             nb = self.nbuf
             res = _best_fit(self.lens, self.off, nb, self.seq_len, self.window, self.split, nseq)
             p_seq, p_tick, p_off, p_n, keep, offs, nxt, made, pads, trunc = res
@@ -321,17 +372,20 @@ class Planner:
                 break
             self._pull(max(_PULL, len(self.ids)))  # short documents ate the pull: more
         ids = self.ids[p_tick]
-        # documents finished: tickets neither kept nor split; new pulled order: window, then the rest
+        # documents finished: tickets before ``nb + nxt`` not kept; new pulled order: window, then the rest
         kept = np.asarray(keep, dtype=np.int64)
-        tail = np.arange(nb + int(nxt), len(self.ids), dtype=np.int64)
-        used = np.ones(len(self.ids), dtype=bool)
-        used[kept] = False
-        used[tail] = False
-        self._count_docs(self.ids[used])
+        seen = nb + int(nxt)
+        if len(self.stats["source_documents"]) == 1:
+            self.stats["documents"] += seen - len(kept)
+            self.stats["source_documents"][0] += seen - len(kept)
+        else:
+            used = np.ones(seen, dtype=bool)
+            used[kept] = False
+            self._count_docs(self.ids[:seen][used])
         self._count(ids, p_n)
-        new = np.concatenate([kept, tail])
-        self.ep, self.pos, self.ids, self.lens = (x[new] for x in (self.ep, self.pos, self.ids, self.lens))
-        self.off = np.asarray(offs, dtype=np.int64)[new]
+        self.ep, self.pos, self.ids, self.lens, self.off = _reorder(kept, seen, self.ep, self.pos, self.ids,
+                                                                   self.lens, offs)
+        self._mean = _mean_rest(self.lens, self.off)
         self.nbuf = len(kept)
         st = self.stats
         st["sequences"] += nseq

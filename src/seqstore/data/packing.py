@@ -283,6 +283,7 @@ def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: 
     mask = np.empty(n * L, dtype=np.bool_)
     pos = np.empty(n * L, dtype=np.int64)
     bounds = np.empty(seq.size + 2 * n + 1, dtype=np.int64)
+    ramp = np.arange(L + 1, dtype=np.int64)
     nb = 0
     p = 0
     for row in range(n):
@@ -302,42 +303,38 @@ def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: 
             if 0 < c < L:
                 bounds[nb] = lbase + c
                 nb += 1
-            for k in range(real):
-                tok[base + c + k] = vals[src + k]
-            for k in range(real, m):  # the appended EOS
-                tok[base + c + k] = eos
+            t0 = base + c
+            # slices, not loops of elements: numba copies and fills them as vector operations
+            tok[t0 : t0 + real] = vals[src : src + real]
+            tok[t0 + real : t0 + m] = eos  # the appended EOS
             top = min(m, L - c)
-            for k in range(top):
-                pos[lbase + c + k] = k
+            pos[t0 : t0 + top] = ramp[:top]
             if concat:
-                mask[lbase + c : lbase + c + top] = True
+                mask[t0 : t0 + top] = True
             else:
                 # label k: the document's next token (the input one place on), then its EOS, then -100
                 rest = vlen[j] - o  # tokens of the document from this piece on, without EOS
                 nv = max(0, min(top, rest - 1))
-                for k in range(nv):
-                    lab[lbase + c + k] = vals[src + k + 1]
-                mask[lbase + c : lbase + c + nv] = True
+                lab[t0 : t0 + nv] = vals[src + 1 : src + 1 + nv]
+                mask[t0 : t0 + nv] = True
                 k = nv
                 if has_eos and k < top and k + 1 < rest + 1:
-                    lab[lbase + c + k] = eos
-                    mask[lbase + c + k] = True
+                    lab[t0 + k] = eos
+                    mask[t0 + k] = True
                     k += 1
-                for q in range(k, top):
-                    lab[lbase + c + q] = -100
-                mask[lbase + c + k : lbase + c + top] = False
+                lab[t0 + k : t0 + top] = -100
+                mask[t0 + k : t0 + top] = False
             if mask_eos and has_eos and real < top:
-                mask[lbase + c + real] = False
+                mask[t0 + real] = False
             c += m
             p += 1
         if not concat and c < L:
             bounds[nb] = lbase + c  # the row's padding
             nb += 1
-            for k in range(c, L):
-                tok[base + k] = pad_id
-                lab[lbase + k] = -100
-                mask[lbase + k] = False
-                pos[lbase + k] = 0
+            tok[base + c : base + L] = pad_id
+            lab[lbase + c : lbase + L] = -100
+            mask[lbase + c : lbase + L] = False
+            pos[lbase + c : lbase + L] = 0
     bounds[nb] = n * L
     nb += 1
     if concat:
