@@ -21,7 +21,19 @@ same lognormal lengths, no token file: a 1e9-document store holds ~6.6e11 tokens
 the first packed batch's *plan* (which tokens of which documents), i.e. everything but the token reads,
 and its private memory.
 
-Usage: ``python bench/packing.py [--quick] [--repeats R] [--sizes 1e5,1e6] [--batches 200]``.
+``index-1e7`` / ``index-1e8`` (``--index``): Megatron's ``GPTDataset`` at sizes whose tokens do not fit
+on this disk: a ``.idx`` of the same lognormal lengths (written once, in chunks) and a *sparse* ``.bin``
+of the right size (``truncate``: it reads as zeros and takes no disk), so what is measured is Megatron's
+index build (document, sample and shuffle indices, cache in a fresh temporary directory) and its first
+batch; beside it, seqstore's plan of the first batch over virtual documents of the same sizes. Run with
+``--virtual 1e9`` these give the 1e9 figures and Megatron's at 1e7/1e8 in one run.
+
+``real-1e9`` (``--real 1e9``): a real store of 1e9 *short* documents (1-8 tokens, uniform: 4.5e9 tokens,
+about 21 GB with offsets and checksums, written once) so that a store of that many documents fits on
+this disk; from nothing opened to the first packed batch in hand, token reads included.
+
+Usage: ``python bench/packing.py [--quick] [--repeats R] [--sizes 1e5,1e6] [--batches 200] [--virtual 1e9]
+[--index 1e7,1e8] [--real 1e9]``.
 """
 
 from __future__ import annotations
@@ -55,8 +67,9 @@ def store_path(n: int) -> Path:
     return DATA / "packing" / f"docs-{n}.seqstore"
 
 
-def ensure_data(n: int, megatron: bool = True) -> None:
-    """Build the store (and its Megatron export) once; a ``.done`` marker says it is complete."""
+def _write_store(path: Path, n: int, chunk: int, lengths: Any, shard_records: int) -> None:
+    """Write ``n`` documents of uint16 tokens to ``path`` once (a ``.done`` marker says it is complete):
+    ``lengths(k, m)``: the lengths of chunk ``k`` (``m`` documents)."""
     import shutil
 
     import numpy as np
@@ -64,19 +77,25 @@ def ensure_data(n: int, megatron: bool = True) -> None:
     import seqstore
     from seqstore import Field
 
-    path = store_path(n)
     done = path.with_name(path.name + ".done")
-    if not done.exists():
-        if path.exists():
-            shutil.rmtree(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lens = _lengths(n)
-        with seqstore.create(path, {"tokens": Field("uint16", (None,))}, max_shard_records=1 << 20) as w:
-            for a in range(0, n, 100_000):
-                ln = lens[a : a + 100_000]
-                vals = (np.arange(int(ln.sum()), dtype=np.int64) % 50_000 + 1).astype(np.uint16)
-                w.append_batch({"tokens": (vals, ln)})
-        done.write_text("ok")
+    if done.exists():
+        return
+    if path.exists():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with seqstore.create(path, {"tokens": Field("uint16", (None,))}, max_shard_records=shard_records) as w:
+        for k, a in enumerate(range(0, n, chunk)):
+            ln = lengths(k, min(chunk, n - a))
+            vals = (np.arange(int(ln.sum()), dtype=np.int64) % 50_000 + 1).astype(np.uint16)
+            w.append_batch({"tokens": (vals, ln)})
+    done.write_text("ok")
+
+
+def ensure_data(n: int, megatron: bool = True) -> None:
+    """Build the store (and its Megatron export) once."""
+    lens = _lengths(n)
+    path = store_path(n)
+    _write_store(path, n, 100_000, lambda k, m: lens[k * 100_000 : k * 100_000 + m], 1 << 20)
     mdone = path.with_name(path.name + ".megatron.done")
     if megatron and not mdone.exists():
         from seqstore.interop.megatron import export_megatron
@@ -88,12 +107,13 @@ def ensure_data(n: int, megatron: bool = True) -> None:
 # ------------------------------------------------------------------------------------------- seqstore
 
 
-def case_seqstore(n: int, mode: str, batches: int) -> dict[str, Any]:
+def case_seqstore(n: int, mode: str, batches: int, short: bool = False) -> dict[str, Any]:
+    """seqstore's packed batches (``short``: of the real store of short documents)."""
     import seqstore
     from seqstore.data import PackedDataset
 
     with section("first"):
-        store = seqstore.open(store_path(n))
+        store = seqstore.open(short_store_path(n) if short else store_path(n))
         packed = PackedDataset(store, seq_len=SEQ, mode=mode, eos=EOS, ordering="random", seed=1)
         stream = packed.open(packed.shares(None, 1)[0])
         b = stream.batch(BATCH)
@@ -103,7 +123,7 @@ def case_seqstore(n: int, mode: str, batches: int) -> dict[str, Any]:
     st = stream.state()["stats"]
     t = _stream_time()
     return {"tokens_per_s": batches * BATCH * SEQ / t, "padding": st["padding"] / (st["sequences"] * SEQ),
-            "check": int(b["tokens"][0, 0])}
+            "documents": len(store), "check": int(b["tokens"][0, 0])}
 
 
 def _stream_time() -> float:
@@ -137,6 +157,18 @@ def case_get_batch(n: int, batches: int) -> dict[str, Any]:
         for _ in range(batches):
             toks += block()
     return {"tokens_per_s": toks / _stream_time()}
+
+
+def short_store_path(n: int) -> Path:
+    return DATA / "packing" / f"short-{n}.seqstore"
+
+
+def ensure_short_store(n: int) -> None:
+    """A store of ``n`` documents of 1-8 tokens (made once, 10^7 documents per append)."""
+    import numpy as np
+
+    _write_store(short_store_path(n), n, 10_000_000,
+                 lambda k, m: np.random.default_rng(k).integers(1, 9, m), 1 << 25)
 
 
 def case_plan_virtual(n: int, mode: str) -> dict[str, Any]:
@@ -191,6 +223,66 @@ def _megatron_config(cache: str | None) -> Any:
     return GPTDatasetConfig(random_seed=1, sequence_length=SEQ, tokenizer=Tok(65_535), reset_position_ids=True,
                             reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False,
                             path_to_cache=cache, split="100,0,0")
+
+
+def index_prefix(n: int) -> Path:
+    return DATA / "packing" / f"megatron-lengths-{n}"
+
+
+def ensure_index(n: int) -> str:
+    """A Megatron ``.idx`` of ``n`` lognormal document lengths and a sparse ``.bin`` (made once)."""
+    import struct
+
+    import numpy as np
+
+    from seqstore.interop.megatron import CODES, HEADER_BYTES, MAGIC, VERSION
+
+    prefix = index_prefix(n)
+    done = prefix.with_name(prefix.name + ".done")
+    if done.exists():
+        return str(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    idx, binp = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+    with open(idx, "wb") as f:
+        f.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES["uint16"], n, n + 1))
+    assert idx.stat().st_size == HEADER_BYTES
+    chunk = 10_000_000
+    total = 0
+    with open(idx, "ab") as f:  # lengths, then pointers (byte offsets), then document indices
+        for k, a in enumerate(range(0, n, chunk)):
+            f.write(_lengths(min(chunk, n - a), seed=k).astype("<i4").tobytes())
+        lens = np.memmap(idx, dtype="<i4", mode="r", offset=HEADER_BYTES, shape=(n,))
+        for a in range(0, n, chunk):
+            ln = np.asarray(lens[a : a + chunk], dtype=np.int64)
+            f.write(((np.cumsum(ln) - ln + total) * 2).astype("<i8").tobytes())
+            total += int(ln.sum())
+        del lens
+        for a in range(0, n + 1, chunk):
+            f.write(np.arange(a, min(a + chunk, n + 1), dtype="<i8").tobytes())
+    with open(binp, "wb") as f:
+        f.truncate(total * 2)  # sparse: no blocks on disk, zeros when read
+    done.write_text("ok")
+    return str(prefix)
+
+
+def case_megatron_index(n: int) -> dict[str, Any]:
+    """Megatron's GPTDataset over a lengths-only index (sparse tokens): index build + first batch."""
+    import numpy as np
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+        from megatron.core.datasets.utils import Split
+    prefix = str(index_prefix(n))
+    with tempfile.TemporaryDirectory() as cache:
+        with section("first"):
+            idx = IndexedDataset(prefix)
+            docs = np.arange(len(idx.document_indices) - 1, dtype=np.int32)
+            ds = GPTDataset(idx, prefix, docs, None, Split.train, _megatron_config(cache))
+            first = [ds[i] for i in range(BATCH)]
+        cached = sum(f.stat().st_size for f in Path(cache).rglob("*") if f.is_file())
+    return {"samples": len(ds), "index_bytes": cached, "check": int(first[0]["tokens"][0])}
 
 
 def case_megatron(n: int, batches: int, blended: bool = False) -> dict[str, Any]:
@@ -280,6 +372,8 @@ def main() -> None:
     p.add_argument("--sizes", default="1e5,1e6")
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--virtual", default="1e9", help="sizes of the plan-only virtual case ('' to skip)")
+    p.add_argument("--index", default="", help="sizes of Megatron's index build on lengths only ('1e7,1e8')")
+    p.add_argument("--real", default="", help="sizes of the real short-document store case ('1e9')")
     p.add_argument("--skip", default="", help="comma-separated case names to leave out")
     args = p.parse_args()
     sizes = [10**4] if args.quick else [int(float(s)) for s in args.sizes.split(",") if s]
@@ -301,13 +395,26 @@ def main() -> None:
         ]:
             if name not in skip:
                 cases.append(Case(name, f"bench.packing:{target}", {**kw, **extra}, group=g, timeout=1800))
+    for v in [int(float(s)) for s in args.index.split(",") if s]:
+        ensure_index(v)
+        cases.append(Case("megatron GPTDataset index build", "bench.packing:case_megatron_index", {"n": v},
+                          group=f"index N={v:.0e}", timeout=1800))
+        for mode in ("concat", "best_fit"):
+            cases.append(Case(f"seqstore {mode} plan only", "bench.packing:case_plan_virtual",
+                              {"n": v, "mode": mode}, group=f"index N={v:.0e}"))
+    for v in [int(float(s)) for s in args.real.split(",") if s]:
+        ensure_short_store(v)
+        for mode in ("concat", "best_fit"):
+            cases.append(Case(f"seqstore {mode}, real store", "bench.packing:case_seqstore",
+                              {"n": v, "mode": mode, "batches": 20, "short": True}, group=f"real short N={v:.0e}",
+                              timeout=1800))
     for v in [int(float(s)) for s in args.virtual.split(",") if s]:
         for mode in ("concat", "best_fit"):
             cases.append(Case(f"seqstore {mode} plan only", "bench.packing:case_plan_virtual",
                               {"n": v, "mode": mode}, group=f"virtual N={v:.0e}"))
     results = run_cases("packing_quick" if args.quick else "packing", cases, baseline="get_batch",
                         repeats=args.repeats)
-    print_table(results, sections=["first", "stream"], extras=["tokens_per_s", "padding"])
+    print_table(results, sections=["first", "stream"], extras=["tokens_per_s", "padding", "index_bytes", "documents"])
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def _mean_rest(lens: Any, offs: Any) -> float:  # pragma: no cover - numba
     """The mean of ``lens - offs`` (at least 1; 256 when empty): tokens left per pulled document."""
     if len(lens) == 0:
         return 256.0
-    return max(1.0, (lens.sum() - offs.sum()) / len(lens))
+    return float(max(1.0, (lens.sum() - offs.sum()) / len(lens)))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -25,7 +25,8 @@ from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["CHECKS", "IDS_COLUMN", "SECRET_AT", "check_at", "copy_check_at", "check_columns", "span_checks", "spans_at"]
+__all__ = ["CHECKS", "IDS_COLUMN", "SECRET_AT", "check_at", "check_columns", "copy_check_at", "memcpy_at",
+           "span_checks", "spans_at"]
 
 #: the checksum file of a shard
 CHECKS = "_checks.npy"
@@ -129,7 +130,7 @@ def _stripes_codegen(copy: bool) -> Any:
         i64 = ir.IntType(64)
         vt = ir.VectorType(i64, 8)
         a_ptr = builder.inttoptr(args[0], vt.as_pointer())
-        slot = cgutils.alloca_once_value(builder, builder.load(a_ptr, align=8))
+        slot = cgutils.alloca_once_value(builder, builder.load(a_ptr, align=8))  # type: ignore[no-untyped-call]
         mask, shift = ir.Constant(vt, [0xFFFFFFFF] * 8), ir.Constant(vt, [32] * 8)
         order = ir.Constant(ir.VectorType(ir.IntType(32), 8), [1, 0, 3, 2, 5, 4, 7, 6])
         with cgutils.for_range(builder, args[3]) as loop:
@@ -166,7 +167,8 @@ def _stripes_copy(typingctx: Any, acc: Any, p: Any, s: Any, count: Any, d: Any) 
 
 
 @intrinsic
-def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
+def memcpy_at(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
+    """For numba code: ``memcpy(dst, src, n)`` of addresses given as integers (LLVM's memcpy)."""
     sig = types.void(types.intp, types.intp, types.intp)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -202,10 +204,10 @@ def _long(p: int, n: int, sec: int, acc: Any, d: int) -> Any:  # pragma: no cove
     if d:
         _stripes_copy(at, p + q, sec, tail, d + q)  # type: ignore[call-arg]
         done = q + 64 * tail
-        _memcpy(d + done, p + done, n - done)  # type: ignore[call-arg]
+        memcpy_at(d + done, p + done, n - done)
     else:
         _stripes(at, p + q, sec, tail)  # type: ignore[call-arg]
-    _stripes(at, p + n - 64, sec + 192 - 64 - 7, 1)  # type: ignore[call-arg]
+    _stripes(at, p + n - 64, sec + 192 - 64 - 7, 1)
     s = sec + 11
     h = np.uint64(n) * _P64_1
     for j in range(0, 8, 2):
@@ -274,7 +276,7 @@ def copy_check_at(src: int, dst: int, n: int, sec: int, acc: Any) -> Any:  # pra
     if n > 240:
         return np.uint32(_long(src, n, sec, acc, dst) & _LOW32)
     if n > 0:
-        _memcpy(dst, src, n)  # type: ignore[call-arg]
+        memcpy_at(dst, src, n)  # type: ignore[call-arg]
     return np.uint32(_xxh3(dst, n, sec, acc) & _LOW32)
 
 

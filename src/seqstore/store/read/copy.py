@@ -12,24 +12,10 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba.core import cgutils, types
-from numba.extending import intrinsic
+
+from ...format.checksums import memcpy_at
 
 __all__ = ["copy_via", "gather_rows", "take_rows"]
-
-
-@intrinsic
-def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:  # pragma: no cover - numba
-    """``memcpy(dst, src, n)`` of addresses given as integers, for numba code (LLVM's memcpy)."""
-    sig = types.void(types.intp, types.intp, types.intp)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        d, s, k = args
-        ptr = cgutils.voidptr_t
-        cgutils.raw_memcpy(builder, builder.inttoptr(d, ptr), builder.inttoptr(s, ptr), k, 1)  # type: ignore[no-untyped-call]
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 @numba.njit(cache=True, nogil=True)
@@ -45,7 +31,7 @@ def gather_rows(  # pragma: no cover - numba
         a = offsets[r] * stride
         n = offsets[r + 1] * stride - a
         if n > 0:
-            _memcpy(dst + out_starts[k], src + a, n)  # type: ignore[call-arg]
+            memcpy_at(dst + out_starts[k], src + a, n)  # type: ignore[call-arg]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -55,7 +41,7 @@ def take_rows(src: int, rows: Any, dst: int, pos: Any, width: int) -> None:  # p
     a row into its place: as fast as ``np.take`` into a new array, where ``np.take`` followed by
     placing the rows (``res[pos] = ...``) costs 1.5x and ``np.take(..., out=)`` 2x (2 KiB rows)."""
     for k in range(rows.shape[0]):
-        _memcpy(dst + pos[k] * width, src + rows[k] * width, width)  # type: ignore[call-arg]
+        memcpy_at(dst + pos[k] * width, src + rows[k] * width, width)  # type: ignore[call-arg]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -76,5 +62,5 @@ def copy_via(  # pragma: no cover - numba
             j -= 1
         if j < 0:
             return k
-        _memcpy(dst[k], seg_at[j] + (a - seg_s[j]), m)  # type: ignore[call-arg]
+        memcpy_at(dst[k], seg_at[j] + (a - seg_s[j]), m)  # type: ignore[call-arg]
     return -1
