@@ -36,6 +36,8 @@ step waits on the device): the time per batch is then at least S ms, and what co
 the gather hides behind the step. A list (``--step-ms 0,1``) runs every case once per step, each step
 a group of its own with its own ``inprocess`` baseline (``ragged step=1ms``, ...).
 
+Rounds are interleaved: round r runs every case once before round r + 1 starts (medians over rounds).
+
 Usage: ``python bench/loader.py [--quick] [--repeats R] [--only ragged|scalar] [--cases a,b] [--step-ms S[,S2]]``.
 """
 
@@ -343,7 +345,7 @@ def main() -> None:
                                       {**common, "mode": mode, "workers": w}, group=group, metric="batches_per_s"))
     suffix = "" if steps == [0.0] else "_step" + "-".join(f"{s:g}" for s in steps) + "ms"
     name = ("loader_quick" if args.quick else "loader") + suffix
-    results = run_cases(name, cases, baseline="inprocess", repeats=repeats,
+    results = run_cases(name, cases, baseline="inprocess", repeats=repeats, interleave=True,
                         meta={"sizes": sizes, "batch": BATCH, "walk": walk, "step_ms": steps,
                               "load": os.getloadavg()})
     text = print_table(results, extras=["batches_per_s", "cpu_ms_per_batch", "first_batch_s", "main_anon_mib",

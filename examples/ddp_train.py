@@ -11,7 +11,7 @@ Run (CPU, gloo; on GPUs nccl is picked automatically)::
 Rank 0 generates a small store (ragged 8-dim float32 features, an int16 label) when ``--store`` does
 not exist. The model mean-pools the frames under the padding mask and classifies the label. The data
 come either from an :class:`~seqstore.torch.IterableSeqDataset` with length-based batches, sharded over
-ranks x DataLoader workers (``--mode iterable``, default), or from a map-style
+ranks (``--mode iterable``, default; ``--workers`` worker processes per rank gather them), or from a map-style
 :class:`~seqstore.torch.SeqDataset` with an :class:`~seqstore.torch.EpochSampler` (``--mode sampler``).
 Both go through :class:`~seqstore.torch.SeqDataLoader`, whose ``state_dict()`` is the global position
 of the epoch: O(1), independent of the world size. ``--log-indices DIR`` writes the record indices
@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--records", type=int, default=2000, help="records to generate if --store is missing")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--mode", choices=("iterable", "sampler"), default="iterable")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    p.add_argument("--workers", type=int, default=2, help="worker processes per rank (num_workers)")
     p.add_argument("--max-frames", type=int, default=200, help="frame budget per batch (iterable mode)")
     p.add_argument("--batch-size", type=int, default=16, help="records per batch (sampler mode)")
     p.add_argument("--stop-after", type=int, default=0, help="checkpoint and exit after this many steps")

@@ -96,8 +96,10 @@ def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, par: d
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("par", [({}, {"threads": 2}), ({"threads": 2}, {}), ({"procs": 2}, {"threads": 1}),
-                                 ({}, {"procs": 2})], ids=["inline-threads", "threads-inline", "procs-threads",
-                                                           "inline-procs"])
+                                 ({}, {"procs": 2}), ({"num_workers": 2, "procs": 0}, {"num_workers": 2}),
+                                 ({"num_workers": 2}, {})],
+                         ids=["inline-threads", "threads-inline", "procs-threads", "inline-procs",
+                              "dataloader_workers-workers", "workers-inline"])
 def test_resume_over_ranks_and_modes_is_exact(ds: StoreDataset, mode: str,
                                               par: tuple[dict[str, int], dict[str, int]]) -> None:
     """2 ranks take k batches each (more are in flight with threads or processes), checkpoint, 1 rank
@@ -145,18 +147,37 @@ def _reference(ds: StoreDataset, mode: str, k: int) -> tuple[dict[str, Any], lis
 def _reference_run(ds: StoreDataset, mode: str, k: int) -> tuple[dict[str, Any], list[np.ndarray]]:
     states, seen = [], []
     for rank in range(2):
-        loader = _loader(ds, mode, rank, 2, num_workers=1)
+        loader = _loader(ds, mode, rank, 2, num_workers=1, procs=0)
         for step, b in enumerate(loader):
             seen.append(b["index"].numpy())
             if step + 1 == k:
                 break
         states.append(loader.state_dict())
-    loader = _loader(ds, mode, 0, 1, num_workers=1)
+    loader = _loader(ds, mode, 0, 1, num_workers=1, procs=0)
     loader.load_state_dict(states[0])
     state = dict(states[0])
     state.pop("num_workers", None)
     rest = [b["index"].numpy() for b in loader]
     return state, seen + rest
+
+
+def test_num_workers_takes_seqstores_workers_for_its_own_batches(ds: StoreDataset) -> None:
+    """``num_workers=K`` on seqstore's own batches is ``procs=K`` (the DataLoader's worker options dropped);
+    the DataLoader's workers where they are asked for: ``procs=0``, a ``worker_init_fn``, a collate of the
+    user's own."""
+    for mode in ("sampler", "greedy", "iter-fixed"):
+        loader = _loader(ds, mode, 0, 1, num_workers=2, prefetch_factor=4, persistent_workers=mode != "iter-fixed")
+        assert (loader.procs, loader.num_workers) == (2, 0), mode
+        got = [b["index"].numpy() for b in loader]
+        want = [b["index"].numpy() for b in _loader(ds, mode, 0, 1)]
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert _loader(ds, "sampler", 0, 1, num_workers=2, procs=0).num_workers == 2
+    assert _loader(ds, "sampler", 0, 1, num_workers=2, worker_init_fn=lambda w: None).procs == 0
+    own = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=4, collate_fn=lambda b: b,
+                        num_workers=2)
+    assert (own.procs, own.num_workers) == (0, 2)
+    records = SeqDataLoader(IterableSeqDataset(ds), batch_size=4, collate_fn=collate_padded, num_workers=2)
+    assert (records.procs, records.num_workers) == (0, 2)  # records mode: the DataLoader's workers
 
 
 def test_errors_in_seqstores_words(ds: StoreDataset) -> None:

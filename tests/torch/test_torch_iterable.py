@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_testlib import make_store, simulate  # noqa: E402
+from torch_testlib import as_worker, make_store, simulate  # noqa: E402
 
 from seqstore.data import StoreDataset  # noqa: E402
 from seqstore.torch import IterableSeqDataset, LengthBatching, SeqDataLoader, StateError  # noqa: E402
@@ -135,14 +135,15 @@ def test_pickles_small(ds: StoreDataset) -> None:
 
 
 def test_real_workers_two_ranks_resume_one_rank(ds: StoreDataset) -> None:
-    """Real DataLoader workers (2 per simulated rank) with prefetching: break mid-epoch, checkpoint from
-    the main process (SeqDataLoader counts), resume on one rank: exactly the remaining records."""
+    """Real DataLoader workers (2 per simulated rank; ``procs=0``: the DataLoader's, not seqstore's) with
+    prefetching: break mid-epoch, checkpoint from the main process (SeqDataLoader counts), resume on one
+    rank: exactly the remaining records."""
     spec = LengthBatching(max_frames=36)
     k = 4
     states, consumed = [], []
     for r in range(2):
         it = IterableSeqDataset(ds, batch=spec, rank=r, world_size=2, with_index=True, masks=True)
-        loader = SeqDataLoader(it, batch_size=None, num_workers=2, prefetch_factor=4)
+        loader = SeqDataLoader(it, batch_size=None, num_workers=2, prefetch_factor=4, procs=0)
         for step, b in enumerate(loader):
             assert b["x"].shape[:2] == b["x_mask"].shape and b["x"].dtype == torch.float32
             np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())  # x[t, 0] = index
@@ -152,7 +153,7 @@ def test_real_workers_two_ranks_resume_one_rank(ds: StoreDataset) -> None:
         states.append(loader.state_dict())
     assert states[0] == states[1] and states[0]["num_workers"] == 2
     it1 = IterableSeqDataset(ds, batch=spec, rank=0, world_size=1, with_index=True)
-    loader1 = SeqDataLoader(it1, batch_size=None, num_workers=2)
+    loader1 = SeqDataLoader(it1, batch_size=None, num_workers=2, procs=0)
     loader1.load_state_dict(states[0])
     rest = [b["index"].numpy() for b in loader1]
     allseen = np.concatenate(consumed + rest)
@@ -166,9 +167,30 @@ def test_loader_checks_options(ds: StoreDataset) -> None:
     with pytest.raises(ValueError, match="batch_size=None"):
         SeqDataLoader(it, batch_size=2)
     with pytest.raises(ValueError, match="persistent_workers"):
-        SeqDataLoader(it, batch_size=None, num_workers=1, persistent_workers=True)
+        SeqDataLoader(it, batch_size=None, num_workers=1, persistent_workers=True, procs=0)
     with pytest.raises(ValueError, match="in_order"):
         SeqDataLoader(it, batch_size=None, in_order=False)
     rec = IterableSeqDataset(ds)
     SeqDataLoader(rec, batch_size=6)
     assert rec.group == 6 and len(rec) == -(-N // 6) * 6
+
+
+def test_several_dataloader_workers_read_through_the_node_cache(ds: StoreDataset,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that reads epochs once would have each of several DataLoader workers fetch every block of
+    a window its batches draw on: their ``iter_batches`` asks for the node cache instead (one worker, or
+    none, reads as the store does)."""
+    asked: list[Any] = []
+    real = StoreDataset.iter_batches
+
+    def spy(self: StoreDataset, batches: Any, **kw: Any) -> Any:
+        asked.append(kw.get("read_once"))
+        return real(self, batches, **kw)
+
+    monkeypatch.setattr(StoreDataset, "iter_batches", spy)
+    it = IterableSeqDataset(ds, batch=4)
+    n = len(list(it))
+    for workers in (1, 2):
+        with as_worker(0, workers):
+            assert len(list(pickle.loads(pickle.dumps(it)))) == (n if workers == 1 else (n + 1) // 2)
+    assert asked == [None, None, False]

@@ -29,7 +29,7 @@ store.get_batch([0, 1])  # this process has started the object-store client: wor
 sds = SeqDataset(ss.StoreDataset(store, ordering="random", seed=1, length_field="x",
                                  cache_dir=os.environ["T_CACHE"] + "/ds"))
 loader = SeqDataLoader(sds, sampler=EpochSampler(sds, rank=0, world_size=1), batch_size=16,
-                       num_workers=2, collate_fn=collate_padded, timeout=50)
+                       num_workers=2, procs=0, collate_fn=collate_padded, timeout=50)
 print("batches", sum(1 for _ in loader), flush=True)
 """
 

@@ -71,7 +71,7 @@ def _share_batches(packed: PackedDataset, state: Any, share: int, shares: int, n
 def test_workers_round_robin_then_resume_on_other_topologies(store: Path) -> None:
     packed = _packed(store)
     ds = PackedIterableDataset(packed, batch_size=4)
-    loader = SeqDataLoader(ds, batch_size=None, num_workers=2)
+    loader = SeqDataLoader(ds, batch_size=None, num_workers=2, procs=0)
     got = _take(loader, 5)
     # batch j came from worker j % 2's share, its (j // 2)-th batch
     per = [_share_batches(packed, None, s, 2, 3) for s in range(2)]
@@ -170,7 +170,8 @@ def _token_mixture(tmp_path: Path) -> Any:
 
 def test_schedule_in_tokens_through_dataloader_workers(tmp_path: Path) -> None:
     make = _token_mixture(tmp_path)
-    loader = SeqDataLoader(PackedIterableDataset(make(), batch_size=4), batch_size=None, num_workers=2)
+    loader = SeqDataLoader(PackedIterableDataset(make(), batch_size=4), batch_size=None, num_workers=2,
+                           procs=0)
     got = _take(loader, 5)
     per = [_share_batches(make(), None, s, 2, 3) for s in range(2)]
     _same(got, [per[j % 2][j // 2] for j in range(5)])

@@ -71,7 +71,7 @@ def test_seqdataset_workers_prefetch_their_next_batches(tmp_path: Path, workers:
     log_dir.mkdir()
     ds = LoggingDataset(path, log_dir)
     sampler = EpochBatchSampler(ds, max_seqs=16, rank=0, world_size=1)
-    loader = SeqDataLoader(SeqDataset(ds, prefetch=2), batch_sampler=sampler, num_workers=workers,
+    loader = SeqDataLoader(SeqDataset(ds, prefetch=2), batch_sampler=sampler, num_workers=workers, procs=0,
                            collate_fn=SeqDataset(ds).collate())
     want = [list(b) for b in EpochBatchSampler(ds, max_seqs=16, rank=0, world_size=1)]
     got = [batch["x_lengths"].tolist() for batch in loader]

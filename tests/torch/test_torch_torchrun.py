@@ -1,6 +1,7 @@
-"""A real ``torchrun --nproc_per_node 2`` (gloo, 2 DataLoader workers per rank) of examples/ddp_train.py:
-checkpoint mid-epoch; the checkpoint resumes on 1 rank with every index of the epoch exactly once overall;
-the ranks' records are in the simulated (deterministic) order."""
+"""A real ``torchrun --nproc_per_node 2`` (gloo, ``num_workers=2`` per rank: seqstore's own worker
+processes, as ``SeqDataLoader`` takes them for its own batches) of examples/ddp_train.py: checkpoint
+mid-epoch; the checkpoint resumes on 1 rank with every index of the epoch exactly once overall; the ranks'
+records are in the simulated (deterministic) order: each rank's stream, as without workers."""
 
 from __future__ import annotations
 
@@ -58,13 +59,13 @@ def test_torchrun_two_ranks_resume_on_one(tmp_path: Path) -> None:
     # resume 2 -> 1 rank from the checkpoint the run wrote (the example's own resume path does the same
     # with a second torchrun; one launch keeps this test short on a 2-core machine)
     state = torch.load(ckpt, weights_only=False)["data"]
-    assert state["world_size"] == 2 and state["num_workers"] == 2
+    assert state["world_size"] == 2 and state["num_workers"] == 0  # seqstore's workers: the rank's own stream
     rest = simulate(make, 1, 1, state=state)[0]
     second = np.concatenate(rest)
     seen = np.concatenate([first[0][:, 1], first[1][:, 1], second])
     np.testing.assert_array_equal(np.sort(seen), np.arange(300))  # each index exactly once overall
 
-    # deterministic: the ranks' records are what the simulated 2 ranks x 2 workers produce
-    sim = simulate(make, 2, 2)
+    # deterministic: the ranks' records are what the simulated 2 ranks produce (one stream each)
+    sim = simulate(make, 2, 1)
     for r in (0, 1):
         np.testing.assert_array_equal(first[r][:, 1], np.concatenate(sim[r][:3]))

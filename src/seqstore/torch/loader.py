@@ -81,6 +81,32 @@ def _reads_remote(dataset: Any) -> bool:
     return _fork_unsafe() and _any_store(dataset, lambda store: not store.source.fork_safe)
 
 
+def _workers_as_procs(dataset: Any, threads: int, kwargs: dict[str, Any]) -> int:
+    """``procs`` for a loader given ``num_workers=K`` and no ``procs``: ``K`` (and the DataLoader's own
+    worker options taken out of ``kwargs``) where seqstore builds the batches itself (see
+    :meth:`SeqDataLoader._direct_possible`) and no ``worker_init_fn`` asks for the DataLoader's workers;
+    else 0 (the DataLoader's workers, as asked)."""
+    workers = kwargs.get("num_workers", 0)
+    if not workers or threads or kwargs.get("worker_init_fn") is not None:
+        return 0
+    if isinstance(dataset, PackedIterableDataset):
+        ours = True
+    elif isinstance(dataset, IterableSeqDataset):
+        ours = dataset.batch is not None
+    elif isinstance(dataset, SeqDataset) and collate_options(kwargs.get("collate_fn")) is not None:
+        bs = kwargs.get("batch_sampler")
+        ours = isinstance(bs, EpochBatchSampler) or (
+            bs is None and isinstance(kwargs.get("sampler"), EpochSampler) and kwargs.get("batch_size", 1) is not None)
+    else:
+        ours = False
+    if not ours:
+        return 0
+    kwargs["num_workers"] = 0
+    for name in ("prefetch_factor", "persistent_workers"):  # the DataLoader's workers' options
+        kwargs.pop(name, None)
+    return int(workers)
+
+
 class SeqDataLoader(DataLoader[Any]):
     """``DataLoader`` with ``state_dict()`` / ``load_state_dict()`` / ``set_epoch()`` for seqstore sources.
 
@@ -97,11 +123,18 @@ class SeqDataLoader(DataLoader[Any]):
     ``procs=K`` in ``K`` worker processes that write into a ring of shared buffers
     (:mod:`seqstore.torch._ring`). Batches under ``PARALLEL_FROM_BYTES`` (128 KiB) are gathered in the
     loop's thread all the same. Neither goes with ``num_workers``; see docs/torch.md for which to use.
+
+    ``num_workers=K`` on such batches (and no ``procs``, ``threads`` or ``worker_init_fn``) is ``procs=K``:
+    seqstore's own workers take the DataLoader's place (``loader.procs == K``, ``loader.num_workers ==
+    0``; ``prefetch_factor`` and ``persistent_workers`` have nothing to apply to and are dropped). Pass
+    ``procs=0`` with ``num_workers=K`` for the DataLoader's workers.
     """
 
-    def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int = 0, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int | None = None, **kwargs: Any) -> None:
         if args:
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
+        if procs is None:  # num_workers=K: seqstore's own K worker processes where the batches are its own
+            procs = _workers_as_procs(dataset, threads, kwargs)
         for name, value in (("threads", threads), ("procs", procs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"SeqDataLoader: {name} must be an integer >= 0, got {value!r}")
