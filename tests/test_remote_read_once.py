@@ -199,6 +199,31 @@ def test_buffer_pool_reuses_the_smallest_buffer_that_fits() -> None:
     assert pool.alloc(1 << 20) is not b  # none free: a new one
 
 
+def test_read_once_by_default_where_the_store_exceeds_the_node_cache(moto_s3: MotoS3, tmp_path: Path) -> None:
+    """Without the option, epochs read once where the store's data are more bytes than the node cache's
+    budget, and through the cache where they fit; the option decides where it is given."""
+    local = build_store(tmp_path / "big.seqstore", n=3000, max_rows=200)
+    bucket = moto_s3.new_bucket("auto")
+    remote = moto_s3.upload_dir(local, bucket, "auto/big.seqstore")
+    loc = ss.open(local)
+    data = loc.manifest.data_bytes()
+    assert 1 << 20 < data < sum(f.stat().st_size for f in local.rglob("*.npy"))
+    opts = moto_s3.storage_options(timeout=5, connect_timeout=2)
+    small, big = data // 2, data * 4
+
+    def opened(budget: int, **extra: str) -> ss.Store:
+        return ss.open(remote, storage_options={**opts, **extra}, cache_dir=tmp_path / f"c{budget}{extra}",
+                       cache_bytes=budget)
+
+    store = opened(small)
+    assert store.read_once
+    _epoch(store, loc, "random_block:16:4", 7)  # the runs, received into memory
+    assert not opened(big).read_once
+    assert not opened(small, read_once="false").read_once
+    assert opened(big, read_once="true").read_once
+    moto_s3.delete_bucket(bucket)
+
+
 def test_read_once_takes_true_or_false(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="read_once='sometimes': expected true or false"):
         ss.open("s3://bucket/c.seqstore", storage_options={"read_once": "sometimes"}, cache_dir=tmp_path)

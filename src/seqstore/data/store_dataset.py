@@ -127,13 +127,15 @@ class StoreDataset(Dataset):
         self.store.prefetch(as_index_array(indices, self.num_seqs), fields=self.fields)
 
     def iter_batches(
-        self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None
+        self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
+        read_once: bool | None = None,
     ) -> Iterator[dict[str, Any]]:
         """``Store.iter_batches`` over ``fields`` (two-stage read-ahead for ragged fields; ``prefetch``
-        None: the store's default, 2 batches on a local store, 16 to 64 on a remote one)."""
+        None: the store's default, 2 batches on a local store, 16 to 64 on a remote one; ``read_once``:
+        the store's)."""
         n = self.num_seqs
         return self.store.iter_batches((as_index_array(b, n) for b in batches), fields=self.fields, pad=pad,
-                                       prefetch=prefetch)
+                                       prefetch=prefetch, read_once=read_once)
 
     @property
     def fetches_runs(self) -> bool:

@@ -189,6 +189,17 @@ class Manifest:
             return self.shards.table.rows_total(name)
         return sum(int(s.rows[name]) for s in self.shards)
 
+    def data_bytes(self) -> int:
+        """Bytes of the records' values and offsets in all shards (ids and checksums left out): what an
+        epoch over every record reads. From the schema and the shard table's totals (O(shards), in C)."""
+        n, total = self.num_records, 0
+        for name, f in self.schema.storage_units():
+            if f.ragged:
+                total += self.total_rows(name) * f.row_bytes + 8 * (n + self.num_shards)
+            else:
+                total += n * f.row_bytes
+        return total
+
     def data_files(self) -> tuple[str, ...]:
         """The files every shard has whatever its ids (relative paths): one per unpacked field and packed
         group, plus the offsets of ragged fields."""

@@ -90,8 +90,10 @@ class StoreOptions:
     ``timeout`` seconds per request (30), ``connect_timeout`` (5); ``retry_timeout``: seconds of
     retrying a transient failure (120); ``max_retries``: retries at most (None: only ``retry_timeout``
     limits them). The read path: ``read_once`` (``iter_batches`` fetches its runs of batches into
-    memory instead of the node cache), ``direct_reads`` (small range reads go through the direct reader
-    where the back end gives URLs for them; false: always the back end). ``backend``: the back end's
+    memory instead of the node cache; None, the default: where the store's data are more bytes than
+    the node cache's budget, so that an epoch would evict what it cached before a later one reads it),
+    ``direct_reads`` (small range reads go through the direct reader where the back end gives URLs for
+    them; false: always the back end). ``backend``: the back end's
     own options; ``filesystem``: an fsspec filesystem to read through; ``cache_dir`` / ``cache_bytes``:
     the node cache (None: ``$SEQSTORE_CACHE_DIR`` / ``$SEQSTORE_CACHE_BYTES`` or their defaults)."""
 
@@ -106,7 +108,7 @@ class StoreOptions:
     connect_timeout: float = 5.0
     retry_timeout: float = 120.0
     max_retries: int | None = None
-    read_once: bool = False
+    read_once: bool | None = None
     direct_reads: bool = True
 
     @classmethod

@@ -60,6 +60,7 @@ class RemoteSource(ByteSource):
 
     def __init__(self, url: str, options: StoreOptions) -> None:
         self.options = options
+        self.data_bytes = 0  # the store's values and offsets (set by load)
         self.remote = RemoteRoot(url, options)
         self.fetcher = fetcher = self.remote.fetcher
         # the fetcher's own methods (no call layer added on the read path)
@@ -72,7 +73,19 @@ class RemoteSource(ByteSource):
 
     def load(self) -> Manifest:
         self.root = self.remote.load()  # the local mirror of the manifest and the shard table
-        return Manifest.load(self.root, map_file=map_file)
+        manifest = Manifest.load(self.root, map_file=map_file)
+        self.data_bytes = manifest.data_bytes()
+        return manifest
+
+    @property
+    def read_once(self) -> bool:
+        """Whether epochs read once (runs received into memory, not the node cache): the ``read_once``
+        option, or where it is not given, whether the store's data exceed the node cache's budget (an
+        epoch would evict its own blocks before a later epoch could reuse them; read once, they cost
+        no cache writes and no copies out of it)."""
+        if self.options.read_once is not None:
+            return self.options.read_once
+        return self.data_bytes > self.remote.cache.budget
 
     def map_npy(
         self, path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...], *,
@@ -83,7 +96,7 @@ class RemoteSource(ByteSource):
     def policy(self, readahead: str) -> ReadPolicy:
         # "readahead" governs scans only: a batch always asks, as faults would read zeros
         return ReadPolicy(ahead=True, probe=False, lazy=True, setup=True, depth=_DEPTH, deepest=_DEEPEST,
-                          staged=True, together=_TOGETHER, stream=self.options.read_once)
+                          staged=True, together=_TOGETHER, stream=self.read_once)
 
     def deeper(self) -> bool:
         return self.fetcher.pending < _FEW * self.options.max_requests

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..data.store_dataset import StoreDataset
 from ._convert import resolve_topology, worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
@@ -191,7 +192,10 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
                 pending.append(idx)
                 yield idx
 
-        for batch in ds.iter_batches(remember(), pad=pad, prefetch=self.prefetch):
+        # several DataLoader workers read through the node cache: read once, each would fetch every block
+        # of a random_block window its batches draw on (SeqDataLoader's own workers fetch the runs once)
+        cached = {"read_once": False} if worker_topology()[1] > 1 and isinstance(ds, StoreDataset) else {}
+        for batch in ds.iter_batches(remember(), pad=pad, prefetch=self.prefetch, **cached):
             yield pending.popleft(), batch
 
     def iter_indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
