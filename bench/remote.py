@@ -54,7 +54,8 @@ cache):
   many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
   (the server's sequential throughput through the proxy: the baseline); ``seqstore
   random_block:1024:16`` (default prefetch, and 64; and with the ``read_once`` storage option: runs received
-  into memory, not into the node cache) and ``seqstore default order``: ``iter_batches`` of the
+  into memory, not into the node cache; and ``default, store > node cache``: default options with a node
+  cache of half the store's values, where seqstore reads once by itself) and ``seqstore default order``: ``iter_batches`` of the
   order in batches of 1024; ``obstore x64, seqstore's random_block:1024:16 requests``: the data requests the
   seqstore random_block case of the same round made, replayed raw in the same order (MAX_REQUESTS in
   flight, nothing done with the answers; MB/s of the records' bytes they brought seqstore): what that
@@ -587,9 +588,11 @@ def case_epoch(
     files: list[list[Any]],
     prefetch: int | None = None,
     read_once: bool = False,
+    small_cache: bool = False,
 ) -> dict[str, Any]:
     """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order (``read_once``:
-    the storage option of that name), or (``sequential``) as many bytes of the store's files, in shard order,
+    the storage option of that name; ``small_cache``: default options with a node cache of half the
+    store's values, as a store larger than its node's cache: seqstore then reads once by itself), or (``sequential``) as many bytes of the store's files, in shard order,
     read in 8 MiB GETs, MAX_REQUESTS in flight."""
     scratch = _fresh_dir(data, "cache")
     try:
@@ -629,7 +632,9 @@ def case_epoch(
             import seqstore
 
             opts = {**seqstore_options(endpoint), **({"read_once": "true"} if read_once else {})}
-            store = seqstore.open(url, storage_options=opts, cache_dir=scratch)
+            budget = {"cache_bytes": sum(size for _, size in files) // 2} if small_cache else {}
+            store = seqstore.open(url, storage_options=opts, cache_dir=scratch, **budget)
+            assert store.read_once == (read_once or small_cache), "the read path is not the one this case names"
             order = seqstore.seq_order(
                 n, BLOCK_ORDER if system == "random_block" else "default", epoch=1, seed=ORDER_SEED
             )
@@ -927,6 +932,8 @@ def build_cases(
                 (f"seqstore {BLOCK_ORDER}", "bench.remote:case_epoch", {"system": "random_block", "files": files}),
                 (f"seqstore {BLOCK_ORDER}, read_once", "bench.remote:case_epoch",
                  {"system": "random_block", "files": files, "read_once": True}),
+                (f"seqstore {BLOCK_ORDER}, default, store > node cache", "bench.remote:case_epoch",
+                 {"system": "random_block", "files": files, "small_cache": True}),
                 (REPLAY, "bench.remote:case_epoch", {"system": "replay", "files": files}),
                 (
                     f"seqstore {BLOCK_ORDER}, prefetch 64",
@@ -1188,6 +1195,10 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
                 once = f"seqstore {BLOCK_ORDER}, read_once"
                 parts.append(f"read_once / sequential {_ratio(e.get(once), seq)} (target >= 0.8x), CPU s per GiB "
                              f"{_ratio(cpu.get(once), cpu.get('server sequential'))} (target <= 1.5x)")
+                big = f"seqstore {BLOCK_ORDER}, default, store > node cache"
+                parts.append(f"default options, store > node cache / sequential {_ratio(e.get(big), seq)} (target "
+                             f">= 0.8x), CPU s per GiB {_ratio(cpu.get(big), cpu.get('server sequential'))} "
+                             "(target <= 1.5x)")
                 parts.append(f"with prefetch 64 {_ratio(e.get(f'seqstore {BLOCK_ORDER}, prefetch 64'), seq)}")
                 own = _ratio(e.get(f"seqstore {BLOCK_ORDER}"), e.get(REPLAY))
                 parts.append(f"{BLOCK_ORDER} / its own requests replayed raw {own}")
