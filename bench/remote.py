@@ -49,18 +49,18 @@ cache):
   per call; the calls of a batch at once); ``lance take`` (``dataset.take(batch, columns=["x"])``,
   Lance's own I/O scheduling); ``streaming dataset[i]`` (Streaming downloads each shard a sample
   lies in, whole, on first touch). All readers' values are checksummed and compared.
-- ``<kind>-epoch``: the first 131,072 records of an epoch (quick 16,384; ``--epoch-records N``, or
-  ``all`` for whole epochs): ``server sequential``: as
-  many bytes of the store's value files, in shard order, in 8 MiB range GETs, MAX_REQUESTS in flight
-  (the server's sequential throughput through the proxy: the baseline); ``seqstore
-  random_block:1024:16`` (default prefetch, and 64; and with the ``read_once`` storage option: runs received
-  into memory, not into the node cache; and ``default, store > node cache``: default options with a node
-  cache of half the store's values, where seqstore reads once by itself) and ``seqstore default order``: ``iter_batches`` of the
-  order in batches of 1024; ``obstore x64, seqstore's random_block:1024:16 requests``: the data requests the
-  seqstore random_block case of the same round made, replayed raw in the same order (MAX_REQUESTS in
-  flight, nothing done with the answers; MB/s of the records' bytes they brought seqstore): what that
-  request pattern costs apart from seqstore's processing; ``streaming epoch (py1e)``: iterating Streaming's
-  dataset with its shuffle, one process. MB/s of values delivered (``server sequential``: of file bytes).
+- ``<kind>-epoch``: the first 131,072 records of an epoch (quick 16,384; ``--epoch-records N``, or ``all``
+  for whole epochs): ``server sequential``: as many bytes of the store's value files, in shard order, in 8
+  MiB range GETs, MAX_REQUESTS in flight (the server's sequential throughput through the proxy: the
+  baseline); ``seqstore random_block:1024:16`` (default prefetch, and 64; and with the ``read_once`` storage
+  option: runs received into memory, not into the node cache; and ``default, store > node cache``: default
+  options with a node cache of half the store's values, where seqstore reads once by itself) and ``seqstore
+  default order``: ``iter_batches`` of the order in batches of 1024; ``obstore x64, seqstore's
+  random_block:1024:16 requests``: the data requests the seqstore random_block case of the same round made,
+  replayed raw in the same order (MAX_REQUESTS in flight, nothing done with the answers; MB/s of the
+  records' bytes they brought seqstore): what that request pattern costs apart from seqstore's processing;
+  ``streaming epoch (py1e)``: iterating Streaming's dataset with its shuffle, one process. MB/s of values
+  delivered (``server sequential``: of file bytes).
 - ``open``: ``seqstore.open`` then the first batch (1, 16 or 1024 records of the random order):
   times and the proxy's request and round-trip counts of each step.
 - ``server``: 8 MiB range GETs (MB/s) and 2 KiB GETs (latency one at a time, rate with
@@ -592,8 +592,9 @@ def case_epoch(
 ) -> dict[str, Any]:
     """The first ``records`` of an epoch (child process): seqstore ``iter_batches`` of the order (``read_once``:
     the storage option of that name; ``small_cache``: default options with a node cache of half the
-    store's values, as a store larger than its node's cache: seqstore then reads once by itself), or (``sequential``) as many bytes of the store's files, in shard order,
-    read in 8 MiB GETs, MAX_REQUESTS in flight."""
+    store's values, as a store larger than its node's cache: seqstore then reads once by itself), or
+    (``sequential``) as many bytes of the store's files, in shard order, read in 8 MiB GETs, MAX_REQUESTS
+    in flight."""
     scratch = _fresh_dir(data, "cache")
     try:
         if system == "replay":  # the data requests the seqstore random_block case made, raw
