@@ -12,6 +12,9 @@ Epoch order ``random`` (seed 1), rank 0 of 1. Cases, each in a fresh process:
   loop -- the limit (ratio 1.0);
 - ``dataloader``: what most PyTorch users write: a plain ``torch.utils.data.DataLoader(SeqDataset,
   batch_size=B, shuffle=True, num_workers=K, collate_fn=collate_padded)`` (``RandomSampler``, seeded);
+- ``dataloader-floor``: the same DataLoader over a dataset whose every batch is a copy of one made in
+  advance with the same shapes (ragged: 64 x 80 x 80 float16 + 64 x 30 int32): torch's own per-batch
+  cost, the floor under the ``dataloader`` rows;
 - ``sampler``: ``SeqDataLoader(SeqDataset, sampler=EpochSampler, batch_size=B, collate_fn=collate_padded)``
   (``sampler/2`` is ``SeqDataLoader(..., num_workers=2)``);
 - ``batch-sampler``: ``SeqDataLoader(SeqDataset, batch_sampler=EpochBatchSampler(max_seqs=B))``;
@@ -61,7 +64,8 @@ BATCH = {"ragged": 64, "scalar": 1024}
 LENGTH_FIELD: dict[str, str | None] = {"ragged": "features", "scalar": None}
 WALK = {"ragged": 1000, "scalar": 1000}
 QUICK_WALK = {"ragged": 200, "scalar": 200}
-KINDS = ("dataloader", "sampler", "batch-sampler", "iterable", "threads", "procs", "memmap-peer")
+KINDS = ("dataloader", "dataloader-floor", "sampler", "batch-sampler", "iterable", "threads", "procs",
+         "memmap-peer")
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -171,6 +175,37 @@ class MemmapDataset:
         return {"flat": self.flat, "kind": self.kind, "_maps": None}
 
 
+class FloorDataset:
+    """The DataLoader's own cost: every batch is one made in advance, of the size the ``kind``'s padded
+    batches have (a copy of it, as a gather would make), so what a worker does beyond that copy is
+    torch's: the sampler, the fetch, the batch pickled into shared memory and unpickled in the loop."""
+
+    def __init__(self, kind: str, n: int) -> None:
+        self.kind, self.n = kind, n
+        self._batch: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        import torch
+
+        if self._batch is None:
+            b = len(indices)
+            self._batch = ({"features": torch.zeros(b, 80, 80, dtype=torch.float16),
+                            "features_lengths": torch.full((b,), 50), "labels": torch.zeros(b, 30, dtype=torch.int32),
+                            "labels_lengths": torch.full((b,), 17)} if self.kind == "ragged"
+                           else {"v": torch.zeros(b, dtype=torch.int32)})
+        return {k: v.clone() for k, v in self._batch.items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"kind": self.kind, "n": self.n, "_batch": None}
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
 def pad_collate(samples: list[Any]) -> dict[str, Any]:
     import torch
     from torch.nn.utils.rnn import pad_sequence
@@ -227,6 +262,11 @@ def _loader(kind: str, mode: str, store: str, flat: str, workers: int) -> tuple[
                           collate_fn=pad_collate if kind == "ragged" else None), None
     if mode == "iterable":
         return SeqDataLoader(IterableSeqDataset(ds, batch=b), batch_size=None, num_workers=workers), None
+    if mode == "dataloader-floor":  # torch's per-batch cost alone, for the dataloader rows
+        g = torch.Generator().manual_seed(1)
+        floor = FloorDataset(kind, len(ds.store))
+        return DataLoader(floor, batch_size=b, shuffle=True, generator=g, num_workers=workers,
+                          collate_fn=_as_is), None
     sds = SeqDataset(ds)
     if mode == "dataloader":  # what most PyTorch users write
         g = torch.Generator().manual_seed(1)
