@@ -130,27 +130,32 @@ def _stream_time() -> float:
     return section_time("stream")
 
 
-def case_get_batch(n: int, batches: int) -> dict[str, Any]:
+def token_reads(store: Any) -> Any:
+    """The throughput baseline: a step that reads the next documents of the ``random`` order (seed 1)
+    holding about BATCH x SEQ tokens with one ``get_batch`` and returns the tokens read."""
     import numpy as np
 
-    import seqstore
     from seqstore.data import StoreDataset
 
+    order = StoreDataset(store, ordering="random", seed=1, length_field="tokens").epoch_order(1)
+    lengths = store.lengths("tokens")
+    pos = 0
+
+    def step() -> int:
+        nonlocal pos
+        ids = order.take(np.arange(pos, min(pos + 64, len(order))))
+        k = int(np.searchsorted(np.cumsum(lengths.take(ids)), BATCH * SEQ)) + 1
+        pos += k
+        return len(store.get_batch(ids[:k], fields=["tokens"])["tokens"][0])
+
+    return step
+
+
+def case_get_batch(n: int, batches: int) -> dict[str, Any]:
+    import seqstore
+
     with section("first"):
-        store = seqstore.open(store_path(n))
-        order = StoreDataset(store, ordering="random", seed=1, length_field="tokens").epoch_order(1)
-        lengths = store.lengths("tokens")
-        pos = 0
-
-        def block() -> int:
-            nonlocal pos
-            ids = order.take(np.arange(pos, min(pos + 64, len(order))))
-            ln = np.cumsum(lengths.take(ids))
-            k = int(np.searchsorted(ln, BATCH * SEQ)) + 1
-            got = store.get_batch(ids[:k], fields=["tokens"])["tokens"][0]
-            pos += k
-            return len(got)
-
+        block = token_reads(seqstore.open(store_path(n)))
         block()
     toks = 0
     with section("stream"):

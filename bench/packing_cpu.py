@@ -9,16 +9,17 @@ Run each mode in a fresh process, alternating, several times (the store of ``ben
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import seqstore
-from seqstore.data import PackedDataset, StoreDataset
+import seqstore  # noqa: E402
+from bench.packing import BATCH, SEQ, store_path, token_reads  # noqa: E402
+from seqstore.data import PackedDataset  # noqa: E402
 
-SEQ, BATCH = 2048, 8
-DEFAULT = Path(__file__).resolve().parent / "data" / "packing" / "docs-1000000.seqstore"
+DEFAULT = store_path(1_000_000)
 
 
 def main() -> None:
@@ -29,16 +30,7 @@ def main() -> None:
     args = p.parse_args()
     store = seqstore.open(args.store)
     if args.mode == "get_batch":  # the documents in the same order, ~8 x 2048 tokens per get_batch
-        order = StoreDataset(store, ordering="random", seed=1, length_field="tokens").epoch_order(1)
-        lengths = store.lengths("tokens")
-        pos = 0
-
-        def step() -> int:
-            nonlocal pos
-            ids = order.take(np.arange(pos, min(pos + 64, len(order))))
-            k = int(np.searchsorted(np.cumsum(lengths.take(ids)), BATCH * SEQ)) + 1
-            pos += k
-            return len(store.get_batch(ids[:k], fields=["tokens"])["tokens"][0])
+        step = token_reads(store)
     else:
         packed = PackedDataset(store, seq_len=SEQ, mode=args.mode, eos=0, ordering="random", seed=1)
         stream = packed.open(packed.shares(None, 1)[0])

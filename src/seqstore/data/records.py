@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["iter_records", "split_records", "RECORDS_BLOCK"]
+__all__ = ["iter_gathered", "iter_records", "split_records", "RECORDS_BLOCK"]
 
 #: records gathered at once by :func:`iter_records` (the default ``block``)
 RECORDS_BLOCK = 128
@@ -58,6 +58,27 @@ def _blocks(indices: Any, block: int) -> Iterator[np.ndarray[Any, np.dtype[np.in
         yield np.array(buf, dtype=np.int64)
 
 
+def iter_gathered(dataset: Any, arrays: Iterable[Any], *, pad: bool, prefetch: int | None,
+                  **options: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """``(idx, get_batch(idx, pad=pad))`` of each index array of ``arrays``: through the dataset's
+    ``iter_batches`` where it has one (the next ``prefetch`` arrays' reads in flight; ``options``: its
+    other keywords), else one ``get_batch`` each. ``iter_batches`` pulls the arrays ahead of what it
+    yields, so they are remembered until their batch comes."""
+    if not hasattr(dataset, "iter_batches"):
+        for idx in arrays:
+            yield idx, dataset.get_batch(idx, pad=pad)
+        return
+    pending: deque[Any] = deque()
+
+    def remember() -> Iterator[Any]:
+        for idx in arrays:
+            pending.append(idx)
+            yield idx
+
+    for batch in dataset.iter_batches(remember(), pad=pad, prefetch=prefetch, **options):
+        yield pending.popleft(), batch
+
+
 def iter_records(
     dataset: Any, indices: Any, *, block: int = RECORDS_BLOCK, prefetch: int | None = None, with_index: bool = False
 ) -> Iterator[dict[str, Any]]:
@@ -71,19 +92,7 @@ def iter_records(
     """
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
         raise ValueError(f"iter_records: block must be a positive integer, got {block!r}")
-    pending: deque[np.ndarray[Any, Any]] = deque()
-
-    def remember() -> Iterator[np.ndarray[Any, Any]]:
-        for idx in _blocks(indices, int(block)):
-            pending.append(idx)
-            yield idx
-
-    if hasattr(dataset, "iter_batches"):
-        gathered: Iterator[dict[str, Any]] = dataset.iter_batches(remember(), pad=False, prefetch=prefetch)
-    else:
-        gathered = (dataset.get_batch(idx) for idx in remember())
-    for batch in gathered:
-        idx = pending.popleft()
+    for idx, batch in iter_gathered(dataset, _blocks(indices, int(block)), pad=False, prefetch=prefetch):
         if with_index:
             if "index" in batch:
                 raise KeyError("iter_records: with_index, but the dataset already has a field named 'index'")

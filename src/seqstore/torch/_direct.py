@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler
 
+from ..data.records import iter_gathered
 from .collate import PaddedCollate, collate_gathered, collate_padded
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
@@ -155,16 +156,9 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gather
 
         def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
             # the dataset's own read-ahead: the next ``ds.prefetch`` batches' reads in flight, each
-            # batch's pages asked for once; iter_batches pulls the index arrays ahead, so tee them
-            pending: deque[IndexArray] = deque()
-
-            def remember() -> Iterator[IndexArray]:
-                for idx in idxs:
-                    pending.append(idx)
-                    yield idx
-
-            for batch in inner.iter_batches(remember(), pad=True, prefetch=ds.prefetch):
-                yield gather.finish(pending.popleft(), batch)
+            # batch's pages asked for once
+            for idx, batch in iter_gathered(inner, idxs, pad=True, prefetch=ds.prefetch):
+                yield gather.finish(idx, batch)
 
     elif callable(prefetch) and ds.prefetch:
 

@@ -13,7 +13,6 @@ records ``group`` equal to the DataLoader's ``batch_size`` (``SeqDataLoader`` ch
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..data.records import RECORDS_BLOCK, iter_gathered
 from ..data.store_dataset import StoreDataset
 from ._convert import resolve_topology, worker_topology
 from ._epoch import EpochCursor
@@ -30,9 +30,6 @@ from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
 
-#: records mode reads about this many records of a stream at once (whole items of ``group`` records;
-#: one item when ``group`` is larger): one ``get_batch`` per block, records handed out as views into it
-RECORDS_BLOCK = 128
 
 
 class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
@@ -180,23 +177,10 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         """``(idx, get_batch(idx, pad=pad))`` of each index array, the next ``prefetch`` arrays' reads in
         flight (the dataset's ``iter_batches`` where it has one)."""
         ds = self.dataset
-        if not hasattr(ds, "iter_batches"):
-            for idx in arrays:
-                yield idx, ds.get_batch(idx, pad=pad)
-            return
-        # tee the index arrays: iter_batches pulls them ahead of what it yields
-        pending: deque[np.ndarray[Any, Any]] = deque()
-
-        def remember() -> Iterator[np.ndarray[Any, Any]]:
-            for idx in arrays:
-                pending.append(idx)
-                yield idx
-
         # several DataLoader workers read through the node cache: read once, each would fetch every block
         # of a random_block window its batches draw on (SeqDataLoader's own workers fetch the runs once)
         cached = {"read_once": False} if worker_topology()[1] > 1 and isinstance(ds, StoreDataset) else {}
-        for batch in ds.iter_batches(remember(), pad=pad, prefetch=self.prefetch, **cached):
-            yield pending.popleft(), batch
+        return iter_gathered(ds, arrays, pad=pad, prefetch=self.prefetch, **cached)
 
     def iter_indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """This stream's items as int64 index arrays (in a worker: this worker's stream)."""
