@@ -275,7 +275,8 @@ class Store:
         caller: call its ``release()`` once the batch was gathered (:meth:`gather_fetched`, in this
         process or one that received the parts' buffers and their ``export()``)."""
         if not self.read_once:
-            raise ValueError(f"{self.url}: fetch_runs needs a remote store opened with read_once")
+            raise ValueError(f"{self.url}: fetch_runs needs a store that reads its epochs once (a remote store "
+                             "with read_once=true, or one bigger than its node cache)")
         for got in plan_runs(self._planner, batches, self._fields(fields), pool, hold=True):
             yield FetchedBatch(got.idx, got.parts)
 

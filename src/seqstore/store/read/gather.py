@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from ...format.checksums import spans_at
 from ...io import address
 from ...schema import BFLOAT16, Field, bfloat16_to_float32
 from .copy import copy_via, gather_rows, take_rows
 from .readahead import ReadPlanner
 from .shards import Group, Shard, checked_bounds
-from .verify import ReadVerifier, gather_rows_checked, spans_at, take_rows_checked
+from .verify import ReadVerifier, gather_rows_checked, take_rows_checked
 
 __all__ = ["Alloc", "BF16_MODES", "Gatherer", "present_bf16"]
 

@@ -25,7 +25,7 @@ from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, co
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
 
-__all__ = ["ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "spans_at", "take_rows_checked"]
+__all__ = ["ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "take_rows_checked"]
 
 
 @numba.njit(nogil=True, cache=True)
