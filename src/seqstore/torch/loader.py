@@ -81,25 +81,30 @@ def _reads_remote(dataset: Any) -> bool:
     return _fork_unsafe() and _any_store(dataset, lambda store: not store.source.fork_safe)
 
 
+def _own_batches(dataset: Any, collate_fn: Any, sampler: Any, batch_sampler: Any, batch_size: Any) -> bool:
+    """Whether seqstore can build a loader's batches itself: a packed dataset, a self-batching iterable,
+    or a :class:`SeqDataset` batched by an ``EpochBatchSampler`` or an ``EpochSampler`` + ``batch_size``
+    (the DataLoader's own ``BatchSampler``) and collated by seqstore's padding collate."""
+    if isinstance(dataset, PackedIterableDataset):
+        return True  # planned here, read and filled by the threads / processes (see torch/packed.py)
+    if isinstance(dataset, IterableSeqDataset):
+        return dataset.batch is not None
+    if not isinstance(dataset, SeqDataset) or collate_options(collate_fn) is None:
+        return False
+    return isinstance(batch_sampler, EpochBatchSampler) or (
+        isinstance(sampler, EpochSampler) and batch_size is not None
+        and (batch_sampler is None or type(batch_sampler) is BatchSampler))
+
+
 def _workers_as_procs(dataset: Any, threads: int, kwargs: dict[str, Any]) -> int:
     """``procs`` for a loader given ``num_workers=K`` and no ``procs``: ``K`` (and the DataLoader's own
-    worker options taken out of ``kwargs``) where seqstore builds the batches itself (see
-    :meth:`SeqDataLoader._direct_possible`) and no ``worker_init_fn`` asks for the DataLoader's workers;
-    else 0 (the DataLoader's workers, as asked)."""
+    worker options taken out of ``kwargs``) where seqstore builds the batches itself (:func:`_own_batches`)
+    and no ``worker_init_fn`` asks for the DataLoader's workers; else 0 (the DataLoader's workers, as asked)."""
     workers = kwargs.get("num_workers", 0)
     if not workers or threads or kwargs.get("worker_init_fn") is not None:
         return 0
-    if isinstance(dataset, PackedIterableDataset):
-        ours = True
-    elif isinstance(dataset, IterableSeqDataset):
-        ours = dataset.batch is not None
-    elif isinstance(dataset, SeqDataset) and collate_options(kwargs.get("collate_fn")) is not None:
-        bs = kwargs.get("batch_sampler")
-        ours = isinstance(bs, EpochBatchSampler) or (
-            bs is None and isinstance(kwargs.get("sampler"), EpochSampler) and kwargs.get("batch_size", 1) is not None)
-    else:
-        ours = False
-    if not ours:
+    if not _own_batches(dataset, kwargs.get("collate_fn"), kwargs.get("sampler"), kwargs.get("batch_sampler"),
+                        kwargs.get("batch_size", 1)):
         return 0
     kwargs["num_workers"] = 0
     for name in ("prefetch_factor", "persistent_workers"):  # the DataLoader's workers' options
@@ -190,16 +195,7 @@ class SeqDataLoader(DataLoader[Any]):
             )
 
     def _direct_possible(self) -> bool:
-        ds = self.dataset
-        if isinstance(ds, PackedIterableDataset):
-            return True  # planned here, read and filled by the threads / processes (see torch/packed.py)
-        if isinstance(ds, IterableSeqDataset):
-            return ds.batch is not None
-        if not isinstance(ds, SeqDataset) or collate_options(self.collate_fn) is None:
-            return False
-        return isinstance(self.batch_sampler, EpochBatchSampler) or (
-            isinstance(self.sampler, EpochSampler) and self.batch_size is not None
-            and type(self.batch_sampler) is BatchSampler)
+        return _own_batches(self.dataset, self.collate_fn, self.sampler, self.batch_sampler, self.batch_size)
 
     def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset | PackedIterableDataset:
         if isinstance(self.dataset, (IterableSeqDataset, PackedIterableDataset)):
