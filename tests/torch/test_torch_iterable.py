@@ -184,7 +184,7 @@ def test_several_dataloader_workers_read_through_the_node_cache(ds: StoreDataset
     real = StoreDataset.iter_batches
 
     def spy(self: StoreDataset, batches: Any, **kw: Any) -> Any:
-        asked.append(kw.get("read_once"))
+        asked.append(kw.get("cached"))
         return real(self, batches, **kw)
 
     monkeypatch.setattr(StoreDataset, "iter_batches", spy)
@@ -193,4 +193,4 @@ def test_several_dataloader_workers_read_through_the_node_cache(ds: StoreDataset
     for workers in (1, 2):
         with as_worker(0, workers):
             assert len(list(pickle.loads(pickle.dumps(it)))) == (n if workers == 1 else (n + 1) // 2)
-    assert asked == [None, None, False]
+    assert asked == [None, None, True]

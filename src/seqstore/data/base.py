@@ -92,10 +92,10 @@ class Dataset(abc.ABC):
 
     def iter_batches(
         self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
-        read_once: bool | None = None,
+        cached: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (consumed lazily), with :meth:`prefetch` of
-        the next ``prefetch`` batches (None: 2) issued before each batch is gathered (``read_once``: a
+        the next ``prefetch`` batches (None: 2) issued before each batch is gathered (``cached``: a
         store's, see ``Store.iter_batches``; nothing here)."""
         for batch, _ in lookahead(batches, 2 if prefetch is None else prefetch, self.prefetch):
             yield self.get_batch(batch, pad=pad)

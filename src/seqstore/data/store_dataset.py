@@ -128,14 +128,14 @@ class StoreDataset(Dataset):
 
     def iter_batches(
         self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
-        read_once: bool | None = None,
+        cached: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """``Store.iter_batches`` over ``fields`` (two-stage read-ahead for ragged fields; ``prefetch``
-        None: the store's default, 2 batches on a local store, 16 to 64 on a remote one; ``read_once``:
+        None: the store's default, 2 batches on a local store, 16 to 64 on a remote one; ``cached``:
         the store's)."""
         n = self.num_seqs
         return self.store.iter_batches((as_index_array(b, n) for b in batches), fields=self.fields, pad=pad,
-                                       prefetch=prefetch, read_once=read_once)
+                                       prefetch=prefetch, cached=cached)
 
     @property
     def fetches_runs(self) -> bool:

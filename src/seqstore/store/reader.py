@@ -230,7 +230,7 @@ class Store:
 
     def iter_batches(
         self, batches: Iterable[Indices], *, fields: Sequence[str] | None = None, pad: bool = False,
-        prefetch: int | None = None, read_once: bool | None = None,
+        prefetch: int | None = None, cached: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
         ``order.iter_chunks(1024)`` or :func:`seqstore.batch_indices`), with the reads of the next
@@ -240,8 +240,8 @@ class Store:
         records (a block-shuffled window's blocks, as they lie; :mod:`.read.runs`). With the ``read_once``
         storage option those runs are received into memory of the reader's own and gathered from there,
         bypassing the node cache (:mod:`.read.stream`; memory: the runs fetched ahead, at most
-        ``max_inflight_bytes`` and two runs). ``read_once=False``: through the node cache all the same
-        (None: as the store reads epochs, :attr:`read_once`).
+        ``max_inflight_bytes`` and two runs). ``cached=True``: through the node cache all the same (for
+        readers that share a store's blocks: each would fetch them whole).
 
         Yields the same dicts as :meth:`get_batch`. Memory: the index arrays of ``prefetch + 1``
         batches (and of a run of 16) plus what the page cache holds of the requested records
@@ -249,7 +249,7 @@ class Store:
         """
         names = self._fields(fields)
         gather = self._gatherer.batch
-        if prefetch is None and self.read_once and read_once is not False:  # runs fetched into memory (.read.stream)
+        if prefetch is None and self.read_once and not cached:  # runs fetched into memory (.read.stream)
             for got in plan_runs(self._planner, batches, names, Pool(4)):
                 yield gather(got.idx, got.groups, names, pad, via_of(got.parts))
             return

@@ -179,8 +179,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         ds = self.dataset
         # several DataLoader workers read through the node cache: read once, each would fetch every block
         # of a random_block window its batches draw on (SeqDataLoader's own workers fetch the runs once)
-        cached = {"read_once": False} if worker_topology()[1] > 1 and isinstance(ds, StoreDataset) else {}
-        return iter_gathered(ds, arrays, pad=pad, prefetch=self.prefetch, **cached)
+        shared = {"cached": True} if worker_topology()[1] > 1 and isinstance(ds, StoreDataset) else {}
+        return iter_gathered(ds, arrays, pad=pad, prefetch=self.prefetch, **shared)
 
     def iter_indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """This stream's items as int64 index arrays (in a worker: this worker's stream)."""
