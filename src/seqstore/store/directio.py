@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "aligned_empty", "open_direct", "is_aligned", "pwrite_all"]
+__all__ = ["ALIGN", "O_CLOEXEC", "aligned_empty", "open_direct", "is_aligned", "pwrite_all", "write_file"]
 
 log = logging.getLogger(__name__)
 
 ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
@@ -71,3 +72,13 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         if n <= 0:
             raise OSError(errno.EIO, f"pwrite wrote {n} bytes at offset {offset + done}")
         done += n
+
+
+def write_file(path: str | os.PathLike[str], raw: bytes) -> None:
+    """Create (or truncate) ``path`` holding ``raw`` and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
+    try:
+        pwrite_all(fd, memoryview(raw), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

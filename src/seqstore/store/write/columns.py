@@ -20,7 +20,7 @@ import numpy as np
 
 from ...format.manifest import FileInfo
 from ...format.npy import HEADER_BYTES, PAGE_HEADER_BYTES, encode_header
-from ..directio import ALIGN, aligned_empty, is_aligned, open_direct, pwrite_all
+from ..directio import ALIGN, O_CLOEXEC, aligned_empty, is_aligned, open_direct, pwrite_all
 from ..directio import pwrite_all as _write_at  # the buffered writes (pwrite_all: the direct ones)
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ DIRECT_BYTES = 4 << 20
 DIRECT_IO_BYTES = 1 << 20
 # Scratch buffers of direct runs that need a copy are whole multiples of this.
 SCRATCH_STEP = 1 << 20
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DONE: Future[int] = Future()  # what a write returns when nothing of the caller's memory is read later
 _DONE.set_result(0)
 
@@ -123,7 +122,7 @@ class ColumnFile:
         # two aligned buffers for runs that need a copy: the one being filled, the one being written
         self._scratch: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None] | None = None
         self._inflight: tuple[Future[None], Future[int], memoryview, int] | None = None  # write, CRC, run, offset
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
         try:
             _write_at(self._fd, memoryview(encode_header(dtype, (0, *inner), self._header)), 0)
             self._pos = self._header  # where the next unwritten byte goes (held bytes start here)
@@ -286,13 +285,3 @@ class ColumnFile:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
-
-
-def write_file(path: Path, raw: bytes) -> None:
-    """Create ``path`` holding ``raw`` and fsync it (a shard's descriptor)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-    try:
-        _write_at(fd, memoryview(raw), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)

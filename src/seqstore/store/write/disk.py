@@ -22,13 +22,12 @@ from ...errors import CorruptionError, LockError
 from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
 from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
-from ..directio import pwrite_all
+from ..directio import O_CLOEXEC, pwrite_all, write_file
 from .target import OWNER
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 @contextmanager
 def store_lock(root: Path) -> Iterator[None]:
@@ -64,7 +63,7 @@ def next_shard_number(manifest: Manifest) -> int:
 
 def hold_owner_lock(directory: Path) -> int:
     """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep."""
-    fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+    fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
@@ -73,7 +72,7 @@ def remove_if_dead(path: Path, *, warn: bool = False) -> bool:
     """Delete the workspace or task directory ``path`` unless a live writer holds its ``owner.lock``
     (a missing lock file counts as dead); returns whether it is gone."""
     try:
-        fd = os.open(path / OWNER, os.O_RDWR | _O_CLOEXEC)
+        fd = os.open(path / OWNER, os.O_RDWR | O_CLOEXEC)
     except FileNotFoundError:
         fd = -1
     try:
@@ -102,7 +101,7 @@ def append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: in
     fsync it (creating the file with its header for the first row). Bytes a dead writer left past the
     committed rows are overwritten."""
     path = root / TABLE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
     try:
         if committed == 0:
             pwrite_all(fd, memoryview(encode_table_header(ragged, table_id) + row), 0)
@@ -119,13 +118,7 @@ def append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: in
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` to ``path`` atomically and durably (temporary file, fsync, rename, fsync dir)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-    try:
-        pwrite_all(fd, memoryview(data), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_file(tmp, json.dumps(obj, separators=(",", ":")).encode())
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -23,8 +23,9 @@ from ...format.checksums import CHECKS, check_columns, span_checks
 from ...format.descriptor import DESCRIPTOR, encode_descriptor
 from ...format.manifest import IDS, FileInfo, ShardInfo, fsync_dir
 from ...schema import Field, Schema
+from ..directio import write_file
 from ..ids import encode_ids, hash_ids
-from .columns import ColumnFile, coalesce, write_file
+from .columns import ColumnFile, coalesce
 
 __all__ = ["ShardFiles"]
 

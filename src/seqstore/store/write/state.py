@@ -41,11 +41,8 @@ from ...format.shard_table import (
     shard_dir_name,
 )
 from ...io.objects import ObjectMeta
-from ..directio import pwrite_all
+from ..directio import O_CLOEXEC, pwrite_all
 from .disk import hold_owner_lock, remove_if_dead, store_lock
-
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
 
 # ------------------------------------------------------------------------------------ manifest
 
@@ -379,14 +376,14 @@ class LocalObjects:
         """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""
         tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
         except FileNotFoundError:  # another process's clean-up took the directory before it was locked
             with self._lock:
                 if self._tmp is not None and not self._tmp.is_dir():
                     os.close(self._owner_fd)
                     self._tmp, self._owner_fd = None, -1
             tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
         try:
             try:
                 write(fd)
