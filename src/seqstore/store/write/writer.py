@@ -214,10 +214,7 @@ class Writer:
         self._check_keys(flat.keys(), what)
         converted: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
-        for name, f in self._fields:
-            if name not in flat:  # its packed group was given as a whole
-                continue
-            value = flat[name]
+        for name, f, value in self._given(flat):
             arr = storage_value(f, value, f"{what}, field {name!r}")
             if f.ragged:
                 if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
@@ -258,6 +255,11 @@ class Writer:
         if self._buf_full():
             self._flush()
 
+    def _given(self, flat: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+        """``(name, field, value)`` of the fields in ``flat`` (a packed group given as a whole leaves its
+        fields out)."""
+        return [(name, f, flat[name]) for name, f in self._fields if name in flat]
+
     @at_exit.guarded
     def append_batch(self, columns: Mapping[str, Any], ids: Sequence[str] | None = None) -> None:
         """Append a batch: fixed field -> stacked array (B, ...); ragged field -> list of arrays or a
@@ -284,10 +286,7 @@ class Writer:
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
         fixed: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
-        for name, f in self._fields:
-            if name not in flat:  # its packed group was given as a whole
-                continue
-            value = flat[name]
+        for name, f, value in self._given(flat):
             lengths: np.ndarray[Any, Any] | None = None
             fw = f"{what}, field {name!r}"
             if f.ragged:
