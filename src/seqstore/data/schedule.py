@@ -369,10 +369,14 @@ class MixtureStream:
 
     def assign(self, g: IntArray) -> tuple[IntArray, IntArray]:
         """(source, position in that source's stream of epochs) of samples ``g``."""
+        return self._assign_resolved(self._known(g))
+
+    def _known(self, g: IntArray) -> IntArray:
+        """``g`` as int64, every stage that begins up to its largest sample found."""
         g = np.asarray(g, dtype=np.int64)
         if g.size:
             self._ensure(int(g.max()) + 1)
-        return self._assign_resolved(g)
+        return g
 
     def _assign_resolved(self, g: IntArray) -> tuple[IntArray, IntArray]:
         seg = self._segment_of(g)
@@ -405,10 +409,7 @@ class MixtureStream:
 
     def docs_at(self, g: IntArray) -> tuple[IntArray, IntArray]:
         """(document ids, lengths) of samples ``g``."""
-        g = np.asarray(g, dtype=np.int64)
-        if g.size:
-            self._ensure(int(g.max()) + 1)
-        return self._docs_resolved(g)
+        return self._docs_resolved(self._known(g))
 
     def _docs_resolved(self, g: IntArray) -> tuple[IntArray, IntArray]:
         src, pos = self._assign_resolved(g)
