@@ -165,3 +165,17 @@ def test_random_sample_distribution() -> None:
     w = seq_order(n, "random_sample", epoch=2, seed=5).to_numpy(np.int64)
     assert not np.array_equal(v, w)
     assert seq_order(10**12, "random_sample", epoch=1).take(np.arange(100)).max() < 10**12
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 12_345, 1_000_003, 2**40 + 17, 2**62 + 5])
+def test_numpy_twin_of_the_permutation_equals_the_kernel(n: int) -> None:
+    """``perm_take_numpy`` (a first batch computed before numba has started) gives the kernel's values."""
+    from seqstore.order import _kernels as K
+    from seqstore.order.kinds import PermutationOrder
+
+    order = PermutationOrder(n, 0x1234_5678_9ABC_DEF0)
+    pos = np.random.default_rng(n % 97).integers(0, n, size=5_000, dtype=np.int64)
+    want = np.empty(len(pos), dtype=np.int64)
+    K.perm_take(pos, np.uint64(n), order._a, order._b, order._keys, want)
+    got = K.perm_take_numpy(pos, np.uint64(n), order._a, order._b, order._keys)
+    assert got.dtype == np.int64 and np.array_equal(got, want)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -52,3 +53,58 @@ def test_fork_waits_for_the_thread() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # the fork hook joined it first
+
+
+FIRST_BATCH = """
+import sys, threading
+import numpy as np
+import seqstore
+from numba.core.compiler_lock import global_compiler_lock
+from seqstore._numba_start import would_wait
+from seqstore.order import _kernels as K
+from seqstore.order import seq_order
+from seqstore.store.read import copy as C
+
+held, done, timed_out = threading.Event(), threading.Event(), []
+
+def hold():  # stands in for the warm-up thread, busy loading numba
+    with global_compiler_lock:
+        held.set()
+        timed_out.append(not done.wait(60))
+
+threading.Thread(target=hold).start()
+held.wait()
+waits = would_wait(K.perm_take), would_wait(C.gather_rows)
+store = seqstore.open(sys.argv[1])
+idx = seq_order(len(store), "random", epoch=3, seed=7).take(np.arange(40, dtype=np.int64))
+first = store.get_batch(idx, pad=True)
+done.set()  # the first batch came while the lock was held: nothing waited for it
+again = seq_order(len(store), "random", epoch=3, seed=7).take(np.arange(40, dtype=np.int64))
+second = store.get_batch(again, pad=True)
+loaded = bool(K.perm_take.overloads), bool(C.gather_rows.overloads)
+def eq(a, b):
+    return all(map(eq, a, b)) if isinstance(a, tuple) else np.array_equal(a, b)
+same = (again == idx).all() and all(eq(first[k], second[k]) for k in first)
+print(waits, timed_out, loaded, bool(same))
+"""
+
+
+def test_a_first_batch_does_not_wait_for_numba_loading_on_another_thread(tmp_path: Any) -> None:
+    """While another thread holds numba's compiler lock (the warm-up loading numba), a ``random`` order's
+    take and a ragged gather are computed in NumPy instead of waiting; they equal the kernels' results."""
+    import numpy as np
+
+    import seqstore
+
+    path = tmp_path / "s.seqstore"
+    rng = np.random.default_rng(0)
+    with seqstore.create(path, {"tokens": seqstore.Field("int32", (None,)),
+                                "label": seqstore.Field("int64", ())}) as w:
+        for i in range(500):
+            w.append({"tokens": rng.integers(0, 1000, size=int(rng.integers(0, 50)), dtype=np.int32),
+                      "label": np.int64(i)})
+    env = dict(os.environ, SEQSTORE_WARMUP="0")
+    out = subprocess.run([sys.executable, "-c", FIRST_BATCH, str(path)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(True, True) [False] (True, True) True"

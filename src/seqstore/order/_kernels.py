@@ -149,6 +149,34 @@ def perm_one(x: np.uint64, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.nd
     return y
 
 
+def _feistel_numpy(x: np.ndarray, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.ndarray:
+    """:func:`_feistel` of a uint64 array in NumPy (the same wrapping uint64 arithmetic)."""
+    left = x // b
+    right = x - left * b
+    for i in range(ROUNDS):
+        m = a if (i & 1) == 0 else b
+        z = right ^ keys[i]
+        z = (z ^ (z >> _U(30))) * _C1
+        z = (z ^ (z >> _U(27))) * _C2
+        f = z ^ (z >> _U(31))
+        t = left + (((f >> _U(32)) * m + (((f & _M32) * m) >> _U(32))) >> _U(32))
+        t -= m * (t >= m).astype(np.uint64)
+        left, right = right, t
+    out: np.ndarray = left * b + right
+    return out
+
+
+def perm_take_numpy(pos: np.ndarray, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.ndarray:
+    """:func:`perm_take` in NumPy, the same values: for a first batch that must not wait for numba's
+    start-up (:mod:`seqstore._numba_start`). O(len(pos)) memory."""
+    out = _feistel_numpy(pos.astype(np.uint64), a, b, keys)
+    walk = np.flatnonzero(out >= n)
+    while walk.size:
+        out[walk] = _feistel_numpy(out[walk], a, b, keys)
+        walk = walk[out[walk] >= n]
+    return out.astype(np.int64)
+
+
 # --------------------------------------------------------------------------------------------- vector kernels
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...format.checksums import memcpy_at
 
-__all__ = ["copy_via", "gather_rows", "take_rows"]
+__all__ = ["copy_via", "gather_rows", "gather_rows_numpy", "take_rows"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -32,6 +32,15 @@ def gather_rows(  # pragma: no cover - numba
         n = offsets[r + 1] * stride - a
         if n > 0:
             memcpy_at(dst + out_starts[k], src + a, n)  # type: ignore[call-arg]
+
+
+def gather_rows_numpy(data: Any, offsets: Any, rows: Any, out: Any, out_starts: Any, stride: int) -> None:
+    """:func:`gather_rows` as slice copies: for a first batch that must not wait for numba's start-up
+    (:mod:`seqstore._numba_start`)."""
+    for k, r in enumerate(rows.tolist()):
+        a, b = int(offsets[r]) * stride, int(offsets[r + 1]) * stride
+        at = int(out_starts[k])
+        out[at : at + b - a] = data[a:b]
 
 
 @numba.njit(cache=True, nogil=True)

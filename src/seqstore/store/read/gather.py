@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from ..._numba_start import would_wait
 from ...format.checksums import spans_at
 from ...io import address
 from ...schema import BFLOAT16, Field, bfloat16_to_float32
-from .copy import copy_via, gather_rows, take_rows
+from .copy import copy_via, gather_rows, gather_rows_numpy, take_rows
 from .readahead import ReadPlanner
 from .shards import Group, Shard, checked_bounds
 from .verify import ReadVerifier, gather_rows_checked, take_rows_checked
@@ -115,7 +116,8 @@ class Gatherer:
                 base, step, _ = sh.span(name)  # the rows as fetched (a packed field: a slice of each row)
                 r = np.asarray(rows, dtype=np.int64)
                 _copy(name, base + r * step, np.full(len(r), width, np.int64), address(res) + at * width, via, sh)
-            elif not (col.flags.c_contiguous and col.strides[0] == width):  # (not a mapped column)
+            elif not (col.flags.c_contiguous and col.strides[0] == width) or would_wait(take_rows):
+                # (not a mapped column, or numba not started yet: see seqstore._numba_start)
                 res[pos] = np.take(col, rows, axis=0)
             elif sums is not None:  # verified: each row hashed as it is copied, while in cache
                 take_rows_checked(address(col), np.ascontiguousarray(rows, dtype=np.int64), address(res),
@@ -158,8 +160,9 @@ class Gatherer:
                                     np.ascontiguousarray(starts[pos]), stride, sums, at, self.verify.secret)  # type: ignore[union-attr]
                 continue
             if via is None:
-                gather_rows(data, sh.offsets[name], np.ascontiguousarray(rows), flat,
-                            np.ascontiguousarray(starts[pos]), stride)
+                copy = gather_rows_numpy if would_wait(gather_rows) else gather_rows
+                copy(data, sh.offsets[name], np.ascontiguousarray(rows), flat, np.ascontiguousarray(starts[pos]),
+                     stride)
             elif col.size:
                 _copy(name, address(data) + a * stride, (b - a) * stride,
                       address(flat) + np.asarray(starts[pos], np.int64), via, sh)
