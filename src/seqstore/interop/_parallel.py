@@ -23,6 +23,7 @@ progress through a queue, which one driver thread feeds into the single progress
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -83,11 +84,11 @@ def _report(n: int) -> None:
         _queue.put(n)
 
 
-def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int,
-                storage_options: Mapping[str, Any] | None = None, report: Progress | None = None,
-                direct_io: bool = False) -> Part:
-    """Worker (or the driver, with its own ``report``): one unit as one part."""
-    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options,
+def _write_unit(store: str, job_id: str, shard_bytes: int, storage_options: Mapping[str, Any] | None,
+                direct_io: bool, k: int, job: Job, segments: Any, report: Progress | None = None) -> Part:
+    """Worker (or the driver, with its own ``report``): unit ``k`` as one part. :func:`_run` takes it
+    with the first five arguments bound (``functools.partial``, picklable)."""
+    w = PartWriter(store, job=job_id, task=f"u{k:06d}", shard_bytes=shard_bytes, storage_options=storage_options,
                    direct_io=direct_io)
     try:
         job.write(w, segments, report or _report)
@@ -205,9 +206,14 @@ def convert_in_parallel(
                      why="conversion workers start from a forkserver, never as a fork of this process, whose "
                      "threads and open files they would inherit")
     if is_remote(out):
-        _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,
-                        preload=preload, in_driver=in_driver, direct_io=direct_io)
+        url = os.fspath(out)
+
+        def produce(job_id: str) -> list[Part]:
+            unit = functools.partial(_write_unit, url, job_id, shard_bytes, storage_options, direct_io)
+            return _run(unit, units, workers, progress, preload, in_driver)
+
+        _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
+                      storage_options=storage_options)
         return open_store(out, storage_options=dict(storage_options) if storage_options else None)
     root = Path(out)
     check_output(root, overwrite)
@@ -216,7 +222,8 @@ def convert_in_parallel(
     try:
         prepare_store(tmp, schema, metadata=metadata, mode="create")
         announce_total(progress, total)
-        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None, preload, in_driver, direct_io)
+        unit = functools.partial(_write_unit, str(tmp), job_id, shard_bytes, None, direct_io)
+        parts = _run(unit, units, workers, progress, preload, in_driver)
         commit_parts(tmp, parts)
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
@@ -227,32 +234,6 @@ def convert_in_parallel(
             remove_path(tmp)
         raise
     return open_store(root)
-
-
-def _convert_to_url(
-    url: str,
-    schema: Schema,
-    units: Sequence[tuple[Job, Any]],
-    total: int,
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    workers: int,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None,
-    preload: Sequence[str] = (),
-    in_driver: bool = False,
-    direct_io: bool = False,
-) -> None:
-    """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
-
-    def produce(job_id: str) -> list[Part]:
-        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options, preload, in_driver,
-                    direct_io)
-
-    _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
-                  storage_options=storage_options)
 
 
 def build_store(
@@ -351,19 +332,10 @@ def _build_at_url(
     discard_parts(url, job_id, storage_options=storage_options)  # the parts' committed.json records
 
 
-def _run(
-    store: str,
-    job_id: str,
-    units: Sequence[tuple[Job, Any]],
-    shard_bytes: int,
-    workers: int,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None,
-    preload: Sequence[str] = (),
-    in_driver: bool = False,
-    direct_io: bool = False,
-) -> list[Part]:
-    """Write every unit as a part with ``workers`` processes; the parts in unit order.
+def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: int, progress: Progress | None,
+         preload: Sequence[str] = (), in_driver: bool = False) -> list[Part]:
+    """Write every unit as a part (``unit(k, job, segments[, report])``: :func:`_write_unit` bound to the
+    store) with ``workers`` processes; the parts in unit order.
 
     ``in_driver``: this process is one of the ``workers`` (the pool has one process fewer). While the
     pool starts (a worker that imports a heavy library takes a second or more before its first record)
@@ -393,13 +365,12 @@ def _run(
         pool = ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,))
         try:
             if in_driver:
-                parts = _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report, direct_io)
+                parts = _share(pool, procs, unit, units, report)
             else:
                 futures: list[Future[Part]] = []
                 for k, (job, segs) in enumerate(units):
                     with _signals_held():  # a worker this starts is in the pool's table before an interrupt
-                        futures.append(pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
-                                                   storage_options, None, direct_io))
+                        futures.append(pool.submit(unit, k, job, segs))
                 parts = [f.result() for f in futures]  # in unit order; the first failure raises
         except BaseException:
             # an interrupt (Ctrl-C, SIGTERM) or a failure: never wait for the units still running
@@ -421,17 +392,8 @@ def _run(
     return parts
 
 
-def _share(
-    pool: ProcessPoolExecutor,
-    procs: int,
-    store: str,
-    job_id: str,
-    units: Sequence[tuple[Job, Any]],
-    shard_bytes: int,
-    storage_options: Mapping[str, Any] | None,
-    report: Progress,
-    direct_io: bool = False,
-) -> list[Part]:
+def _share(pool: ProcessPoolExecutor, procs: int, unit: Callable[..., Part], units: Sequence[tuple[Job, Any]],
+           report: Progress) -> list[Part]:
     """The units written by ``pool`` from the front and by this process from the back (see :func:`_run`).
 
     A thread hands the pool one unit per idle process (never more, so no unit waits in the pool's queue
@@ -460,9 +422,7 @@ def _share(
         try:
             while True:
                 while len(running) < procs and (k := take(True)) is not None:
-                    job, segs = units[k]
-                    futures[k] = pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
-                                             storage_options, None, direct_io)
+                    futures[k] = pool.submit(unit, k, *units[k])
                     running.add(futures[k])
                 if not running:
                     return
@@ -477,9 +437,7 @@ def _share(
     feeder.start()
     try:
         while (k := take(False)) is not None:
-            job, segs = units[k]
-            mine[k] = _write_unit(store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, report,
-                                  direct_io)
+            mine[k] = unit(k, *units[k], report)
     except BaseException:
         stop.set()
         with _signals_held():
