@@ -151,14 +151,20 @@ def remove_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def check_output(root: Path, overwrite: bool) -> None:
-    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and a non-empty directory that
-    is not a store in any case (SeqstoreError); make the parent directory."""
+def _not_a_store(root: Path) -> bool:
+    return root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir())
+
+
+def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _not_a_store,
+                 what: str = "a non-empty directory that is not a store",
+                 error: type[Exception] = SeqstoreError) -> None:
+    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and in any case one that is
+    not an output of this kind (``refuse(root)``: ``error``, naming ``what`` it is); make the parent directory."""
     if root.exists() or root.is_symlink():
         if not overwrite:
             raise OutputExistsError(root)
-        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
-            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        if refuse(root):
+            raise error(f"{root}: refusing to overwrite {what}")
     root.parent.mkdir(parents=True, exist_ok=True)
 
 

@@ -48,7 +48,7 @@ from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import OutputExistsError, Progress, SourceFormatError, announce_total, replaced
+from ._common import Progress, SourceFormatError, announce_total, check_output, replaced
 from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
 
 __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
@@ -370,12 +370,8 @@ def export_webdataset(
     if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
         raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
     root = Path(out)
-    if root.exists() or root.is_symlink():
-        if not overwrite:
-            raise OutputExistsError(root)
-        if not root.is_dir() or any(not p.name.endswith(".tar") for p in root.iterdir()):
-            raise SchemaError(f"{root}: refusing to overwrite what is not a directory of tar shards")
-    root.parent.mkdir(parents=True, exist_ok=True)
+    check_output(root, overwrite, lambda r: not r.is_dir() or any(not p.name.endswith(".tar") for p in r.iterdir()),
+                 "what is not a directory of tar shards", SchemaError)
     n = len(st)
     announce_total(progress, n)
     names = list(plan)
