@@ -58,7 +58,6 @@ METADATA_KEY = "arrow"
 MIN_UNIT_RECORDS = 1 << 15
 
 
-
 # ---------------------------------------------------------------------------------------- sources
 
 
@@ -193,12 +192,6 @@ def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[in
         yield pa.Table.from_batches(pending)
 
 
-
-def _discover_inner(srcs: list[_Source], col: str, plan: Plan, chunk_bytes: int) -> tuple[int, ...]:
-    """Resolve a ``None`` inner dim (list of variable lists) from the first non-empty inner list."""
-    return resolve_inner(plan, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
-
-
 def _conversion(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str, *,
     columns: Mapping[str, str] | None, id_column: str | None, chunk_bytes: int,
@@ -220,7 +213,9 @@ def _conversion(
                     f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
                     f"{first.schema.field(col).type} in {first.path}"
                 )
-    inner = {col: _discover_inner(srcs, col, p, chunk_bytes) for col, p in plans.items()}
+    # a None inner dim (a list of variable lists): the length of the first non-empty inner list
+    inner = {col: resolve_inner(p, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
+             for col, p in plans.items()}
     schema = columns_schema(first.path, ((c, f, plans[c], inner[c]) for c, f in mapping.items()))
     meta = {
         "format": fmt, "files": [os.path.basename(s.path) for s in srcs], "columns": mapping, "id_column": id_column,
@@ -283,13 +278,10 @@ def _arrow_units(
     budget = max(MIN_UNIT_RECORDS, -(-total // (4 * workers)))
     units: list[list[tuple[int, tuple[int, int] | None]]] = []
     for a, b in split_by_budget(np.asarray(rows, dtype=np.int64), budget):
-        segs: list[tuple[int, tuple[int, int] | None]] = []
+        spans: dict[int, list[int]] = {}  # file -> [first, end) of its pieces in the run (consecutive)
         for k, j in flat[a:b]:
-            if segs and segs[-1][0] == k and segs[-1][1] is not None and segs[-1][1][1] == j:
-                segs[-1] = (k, (segs[-1][1][0], j + 1))
-            else:
-                segs.append((k, (j, j + 1)))
-        units.append(segs)
+            spans.setdefault(k, [j, j])[1] = j + 1
+        units.append([(k, (first, end)) for k, (first, end) in spans.items()])
     return units
 
 

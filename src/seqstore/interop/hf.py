@@ -181,11 +181,6 @@ class _Column:
     plan: arrow_columns.Plan
 
 
-def _is_encoded(feature: Any) -> bool:
-    hf = datasets_module()
-    return isinstance(feature, (hf.Audio, hf.Image))
-
-
 def _is_bytes_type(t: Any) -> bool:
     pa = arrow_columns.pyarrow()
     t = arrow_columns.storage_type(t)
@@ -195,7 +190,8 @@ def _is_bytes_type(t: Any) -> bool:
 
 def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) -> _Column:
     """The plan of one column; ColumnTypeError naming it, its feature and what is supported otherwise."""
-    if _is_encoded(feature):
+    hf = datasets_module()
+    if isinstance(feature, (hf.Audio, hf.Image)):
         return _Column(name, field, "encoded", arrow_columns.Plan(True, "uint8", ()))
     if _is_bytes_type(arrow_type):
         return _Column(name, field, "bytes", arrow_columns.Plan(True, "uint8", ()))

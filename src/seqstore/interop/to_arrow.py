@@ -20,13 +20,13 @@ own types (Ray's tensor extension types, Spark's leaf types and column metadata)
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..schema import BFLOAT16, Field, bfloat16_to_float32
+from .arrow_columns import pyarrow as pyarrow_module
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -38,13 +38,6 @@ __all__ = [
 
 #: The most values (or bytes) an array with 32-bit offsets can hold.
 INT32_MAX = (1 << 31) - 1
-
-
-def pyarrow_module() -> Any:
-    try:  # imported by name: pyarrow ships no type information, and is optional
-        return importlib.import_module("pyarrow")
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("Arrow arrays of a store need pyarrow: pip install 'seqstore[arrow]'") from exc
 
 
 def numbers(values: np.ndarray[Any, Any], dtype: str, *, bfloat16: str = "float32") -> np.ndarray[Any, Any]:
