@@ -22,7 +22,6 @@ import dataclasses
 import difflib
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import SeqstoreError
-from ._common import Progress, announce_total
+from ._common import Progress, announce_total, remove_path
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
            "register_source", "register_target", "add_subcommands", "convert_main", "export_main"]
@@ -219,8 +218,6 @@ class _RunningTotal:
 
     def add_total(self, n: int) -> None:
         announce_total(self._progress, n)
-
-
 
 
 # ------------------------------------------------------------------------------------- targets
@@ -434,10 +431,7 @@ def _undone_on_interrupt(out: str) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         for q in new:
-            if q.is_dir() and not q.is_symlink():
-                shutil.rmtree(q, ignore_errors=True)
-            elif q.exists() or q.is_symlink():
-                q.unlink(missing_ok=True)
+            remove_path(q)
         raise
 
 

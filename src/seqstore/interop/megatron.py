@@ -36,6 +36,7 @@ documents from an integer field (a new document starts where its value changes) 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -58,15 +59,8 @@ from ._common import (
     split_by_budget,
 )
 
-__all__ = [
-    "import_megatron",
-    "export_megatron",
-    "read_index",
-    "MegatronIndex",
-    "MegatronIndexError",
-    "METADATA_KEY",
-    "MAGIC",
-]
+__all__ = ["import_megatron", "export_megatron", "read_index", "MegatronIndex", "MegatronIndexError", "METADATA_KEY",
+           "MAGIC"]
 
 #: Key of the import information in the store's metadata.
 METADATA_KEY = "megatron"
@@ -317,29 +311,26 @@ def import_megatron(
     if any(multimodal) and not all(multimodal):
         raise MegatronIndexError(indexes[multimodal.index(False)].idx_path, None,
                                  "has no sequence modes, but other sources are multimodal")
-    split_docs = not all(ix.one_per_document() for ix in indexes)
-    names = [field] + ([document_field] if split_docs else []) + ([mode_field] if all(multimodal) else [])
+    doc = None if all(ix.one_per_document() for ix in indexes) else document_field
+    mode = mode_field if all(multimodal) else None
+    names = [n for n in (field, doc, mode) if n is not None]
     if len(set(names)) != len(names):
         raise SchemaError(f"field names {names} must differ")
     spec: dict[str, Field] = {field: Field(first.dtype, (None,))}
-    if split_docs:
-        spec[document_field] = Field("int64")
-    if all(multimodal):
-        spec[mode_field] = Field("int8")
+    if doc is not None:
+        spec[doc] = Field("int64")
+    if mode is not None:
+        spec[mode] = Field("int8")
     schema = Schema(spec)
-    offsets = [0]
-    for ix in indexes[:-1]:
-        offsets.append(offsets[-1] + ix.num_documents)
+    offsets = [0, *itertools.accumulate(ix.num_documents for ix in indexes[:-1])]
     counts = [ix.num_sequences for ix in indexes]
     total = sum(counts)
     meta = {
         "files": [os.path.basename(ix.prefix) for ix in indexes], "dtype": str(first.dtype), "field": field,
         "sequences": total, "documents": sum(ix.num_documents for ix in indexes),
-        "document_field": document_field if split_docs else None,
-        "mode_field": mode_field if all(multimodal) else None,
+        "document_field": doc, "mode_field": mode,
     }
-    job = _MegatronJob([ix.prefix for ix in indexes], offsets, field, document_field if split_docs else None,
-                       mode_field if all(multimodal) else None, opts.chunk_bytes)
+    job = _MegatronJob([ix.prefix for ix in indexes], offsets, field, doc, mode, opts.chunk_bytes)
     del indexes, first
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, 0, n) for k, n in enumerate(counts)], total,
                              lambda workers: [(job, segs) for segs in _units(counts, workers)])

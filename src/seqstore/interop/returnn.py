@@ -102,6 +102,7 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     spec: dict[str, Field] = {}
     streams_meta: dict[str, Any] = {}
     inputs_field: str | None = None
+
     def name_of(key: str) -> str:
         return rename.get("inputs", "data") if key == "data" else rename.get(key, key)
 
@@ -118,16 +119,9 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
         streams_meta[name] = {"hdf_key": key, "dim": s.dim, "ndim": s.ndim, "sparse": s.sparse}
         if key == "data":
             inputs_field = name
-    labels = {}
-    for key, lab in first.labels.items():
-        labels[name_of(key)] = lab
-    meta = {
-        "format": "returnn-hdf",
-        "files": [os.path.basename(i.path) for i in infos],
-        "inputs": inputs_field,
-        "streams": streams_meta,
-        "labels": labels,
-    }
+    labels = {name_of(key): lab for key, lab in first.labels.items()}
+    meta = {"format": "returnn-hdf", "files": [os.path.basename(i.path) for i in infos], "inputs": inputs_field,
+            "streams": streams_meta, "labels": labels}
     return Schema(spec), meta
 
 
@@ -311,13 +305,6 @@ def _chunks_of_store(store: Store, fields: Sequence[str], chunk_bytes: int) -> I
             yield a + x, a + y
 
 
-def _total_rows(store: Store, name: str) -> int:
-    f = store.schema[name]
-    if not f.ragged:
-        return len(store)
-    return store.manifest.total_rows(name)
-
-
 def export_hdf(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],
@@ -390,7 +377,7 @@ def export_hdf(
             for n, hname in streams:
                 f = schema[n]
                 dt = np.dtype("float32") if f.dtype == "bfloat16" else f.storage_dtype
-                rows = _total_rows(st, n)
+                rows = st.manifest.total_rows(n) if f.ragged else n_seqs
                 dsets[n] = fout.create_dataset(hname, shape=(rows, *f.inner_shape), dtype=dt)
             seq_lengths = fout.create_dataset("seqLengths", shape=(n_seqs, ncols), dtype="int32")
             tags = fout.create_dataset("seqTags", shape=(n_seqs,), dtype=h5py.string_dtype("utf-8"))
@@ -427,10 +414,7 @@ def export_hdf(
                 if lens.size and lens.max() > np.iinfo(np.int32).max:
                     raise SchemaError(f"{st.root}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
                 seq_lengths[a:b] = lens.astype(np.int32)
-                if st.has_ids:
-                    ids = [st.id(i) for i in range(a, b)]
-                else:
-                    ids = [f"seq-{i}" for i in range(a, b)]
+                ids = [st.id(i) for i in range(a, b)] if st.has_ids else [f"seq-{i}" for i in range(a, b)]
                 tags[a:b] = np.array(ids, dtype=object)
                 if progress is not None:
                     progress(nbytes)
@@ -439,22 +423,15 @@ def export_hdf(
                 d = dims[n][0]
                 return d if d is not None else measured_max.get(n, 0) + 1
 
+            d = dim_of(inputs) if inputs else 1
+            fout.attrs.update({"inputPattSize": d, "numLabels": d, "numTimesteps": pos[inputs] if inputs else 0,
+                               "numDims": 1, "numSeqs": n_seqs})
             if inputs:
-                d = dim_of(inputs)
-                fout.attrs["inputPattSize"] = d
-                fout.attrs["numLabels"] = d
-                fout.attrs["numTimesteps"] = pos[inputs]
                 lab = labels_meta.get(inputs)
                 if lab:
                     fout.create_dataset("labels", data=np.array(lab, dtype=object), dtype=h5py.string_dtype("utf-8"))
                 else:
                     fout.create_dataset("labels", (0,), dtype="S5")
-            else:
-                fout.attrs["inputPattSize"] = 1
-                fout.attrs["numLabels"] = 1
-                fout.attrs["numTimesteps"] = 0
-            fout.attrs["numDims"] = 1
-            fout.attrs["numSeqs"] = n_seqs
             if keyed:
                 size = fout.require_group("targets/size")
                 lab_group = fout.require_group("targets/labels")

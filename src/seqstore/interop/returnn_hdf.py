@@ -203,12 +203,7 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
                     )
 
         labels: dict[str, list[str]] = {}
-        if has_inputs:
-            got = _labels(fin, "labels", p)
-            if got:
-                labels["data"] = got
-        for k in keys:
-            got = _labels(fin, f"targets/labels/{k}", p)
-            if got:
+        for k, name in ([("data", "labels")] if has_inputs else []) + [(k, f"targets/labels/{k}") for k in keys]:
+            if got := _labels(fin, name, p):
                 labels[k] = got
     return HdfFileInfo(p, n, tuple(streams), lengths_2d, labels)

@@ -248,9 +248,7 @@ def samples(path: str, options: Mapping[str, Any] | None, counter: ByteCounter |
             cur[ext] = (name, data)
         if key is not None:
             yield key, cur
+    except (FileNotFoundError, SourceFormatError):
+        raise
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        if isinstance(exc, SourceFormatError):
-            raise
         raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc

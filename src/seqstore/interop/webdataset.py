@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import re
 import tarfile
@@ -91,19 +92,14 @@ def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
     """A .npy member as an array: the plain header ``numpy.save`` writes read by one regular expression
     (a view of ``data``), anything else by ``numpy.load``."""
     if data[:6] == b"\x93NUMPY" and len(data) >= 10:
-        if data[6] == 1:
-            end = 10 + int.from_bytes(data[8:10], "little")
-        else:
-            end = 12 + int.from_bytes(data[8:12], "little")
-        m = _NPY_HEADER.match(data[12 if data[6] > 1 else 10 : end].decode("latin1"))
+        start = 10 if data[6] == 1 else 12  # the header's length: 2 bytes in version 1, 4 after
+        end = start + int.from_bytes(data[8:start], "little")
+        m = _NPY_HEADER.match(data[start:end].decode("latin1"))
         if m is not None:
-            dt = _DTYPES.get(m.group(1))
-            if dt is None:
+            if (dt := _DTYPES.get(m.group(1))) is None:
                 dt = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1)))
             shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
-            count = 1
-            for x in shape:
-                count *= x
+            count = math.prod(shape)
             if dt.kind in "biufc" and len(data) - end == count * dt.itemsize:
                 return np.frombuffer(data, dtype=dt, count=count, offset=end).reshape(shape)
     try:
@@ -287,12 +283,10 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     meta = st.metadata.get(METADATA_KEY, {})
     if isinstance(meta, dict) and isinstance(meta.get("fields"), dict):
         recorded = {v["field"]: e for e, v in meta["fields"].items() if isinstance(v, dict) and "field" in v}
-    if fields is None:
-        chosen = {n: recorded.get(n) for n in st.schema}
-    elif isinstance(fields, Mapping):
-        chosen = {n: e for n, e in fields.items()}
+    if isinstance(fields, Mapping):
+        chosen: dict[str, str | None] = dict(fields)
     else:
-        chosen = {n: recorded.get(n) for n in fields}
+        chosen = {n: recorded.get(n) for n in (st.schema if fields is None else fields)}
     out: dict[str, tuple[str, str]] = {}
     for n, ext in chosen.items():
         if n not in st.schema:
