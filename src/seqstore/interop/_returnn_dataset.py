@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -88,11 +88,12 @@ class _Tags(Sequence[str]):
         j = int(i) + len(self) if int(i) < 0 else int(i)
         if not 0 <= j < len(self):
             raise IndexError(f"tag index {i} out of range for {len(self)} sequences")
-        return self._store.id(j) if self._store.has_ids else f"seq-{j}"
+        return _tag(self._store, j)
 
-    def __iter__(self) -> Iterator[str]:
-        for k in range(len(self)):
-            yield self[k]
+
+def _tag(store: Store, idx: int) -> str:
+    """Record ``idx``'s tag: its id, ``seq-<idx>`` in a store without ids."""
+    return store.id(idx) if store.has_ids else f"seq-{idx}"
 
 
 def _rebuild(kwargs: dict[str, Any], state: dict[str, Any]) -> StoreDataset:
@@ -201,10 +202,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         if isinstance(labels, dict):
             self.labels = {k: list(v) for k, v in labels.items() if k in schema}
         self._dtypes = {n: ("float32" if f.dtype == "bfloat16" else str(np.dtype(f.dtype))) for n, f in schema.items()}
-        total = 0
-        if self._order_key is not None:
-            total = self._store.manifest.total_rows(self._order_key)
-        self._num_timesteps = total
+        self._num_timesteps = 0 if seq_order_key is None else self._store.manifest.total_rows(seq_order_key)
         self._order: Order | None = None
         self._explicit: np.ndarray[Any, Any] | None = None
 
@@ -212,12 +210,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as constructor arguments plus (epoch, sharding, explicit order): the store by path."""
-        state = {
-            "epoch": self.epoch,
-            "num_shards": self._num_shards,
-            "shard_index": self._shard_index,
-            "explicit": self._explicit,
-        }
+        state = {"epoch": self.epoch, "num_shards": self._num_shards, "shard_index": self._shard_index,
+                 "explicit": self._explicit}
         return _rebuild, (dict(self._init_kwargs), state)
 
     # --------------------------------------------------------------------------------------- orders
@@ -283,9 +277,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     @property
     def num_seqs(self) -> int:
         """Sequences in the current sub-epoch (this shard)."""
-        if self._order is None:
-            raise SeqstoreError(f"{self}: call init_seq_order first")
-        return len(self._order)
+        return len(self.get_current_seq_order())
 
     def supports_sharding(self) -> bool:
         return True
@@ -302,9 +294,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     # ----------------------------------------------------------------------------------------- data
 
     def _corpus_idx(self, seq_idx: int) -> int:
-        if self._order is None:
-            raise SeqstoreError(f"{self}: call init_seq_order first")
-        return int(self._order[seq_idx])
+        return int(self.get_current_seq_order()[seq_idx])
 
     def get_corpus_seq_idx(self, seq_idx: int) -> int:
         return self._corpus_idx(seq_idx)
@@ -338,8 +328,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         return int(self._store.lengths(self._order_key)[idx]) if self._order_key else 1
 
     def get_tag(self, sorted_seq_idx: int) -> str:
-        idx = self._corpus_idx(sorted_seq_idx)
-        return self._store.id(idx) if self._store.has_ids else f"seq-{idx}"
+        return _tag(self._store, self._corpus_idx(sorted_seq_idx))
 
     def get_all_tags(self) -> Sequence[str]:
         """Every tag of the store in corpus order, as a lazy sequence (nothing is read up front)."""
@@ -353,8 +342,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     def get_corpus_seq(self, corpus_seq_idx: int) -> DatasetSeq:
         features = {k: self._data_by_corpus_idx(corpus_seq_idx, k) for k in self._keys}
-        tag = self._store.id(corpus_seq_idx) if self._store.has_ids else f"seq-{corpus_seq_idx}"
-        return DatasetSeq(seq_idx=corpus_seq_idx, features=features, seq_tag=tag)
+        return DatasetSeq(seq_idx=corpus_seq_idx, features=features, seq_tag=_tag(self._store, corpus_seq_idx))
 
     def get_data_keys(self) -> list[str]:
         return list(self._keys)

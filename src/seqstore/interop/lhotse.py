@@ -61,21 +61,9 @@ from . import driver
 from ._common import Progress, SourceFormatError, runs_across
 from ._lhotse_manifest import MARK_LINES, LeanCut, forget_streams, manifest_cuts, open_cuts, scan_manifest
 
-__all__ = [
-    "import_lhotse",
-    "open_cuts",
-    "LhotseCutError",
-    "MissingFeaturesError",
-    "MissingRecordingError",
-    "METADATA_KEY",
-    "CHUNK_RECORDS",
-    "FEATURE_DTYPES",
-    "AUDIO_DTYPES",
-    "CHANNEL_MODES",
-    "MIN_UNIT_CUTS",
-    "PARALLEL_MIN_CUTS",
-    "MARK_LINES",
-]
+__all__ = ["import_lhotse", "open_cuts", "LhotseCutError", "MissingFeaturesError", "MissingRecordingError",
+           "METADATA_KEY", "CHUNK_RECORDS", "FEATURE_DTYPES", "AUDIO_DTYPES", "CHANNEL_MODES", "MIN_UNIT_CUTS",
+           "PARALLEL_MIN_CUTS", "MARK_LINES"]
 
 #: Key of the import information in the store's metadata.
 METADATA_KEY = "lhotse"
@@ -146,12 +134,9 @@ def _manifest_source(path: str | os.PathLike[str], lean: bool) -> tuple[str, Ite
 
 def _known_length(sources: list[tuple[str, Any]]) -> int | None:
     """The number of cuts when every source knows it without reading (eager CutSets), else None."""
-    total = 0
-    for _, cs in sources:
-        if getattr(cs, "is_lazy", True):
-            return None
-        total += len(cs)
-    return total
+    if any(getattr(cs, "is_lazy", True) for _, cs in sources):
+        return None
+    return sum(len(cs) for _, cs in sources)
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -197,9 +182,7 @@ class _Plan:
                                         "recordings to the cuts or import without audio")
 
     def text(self, cut: Any) -> bytes:
-        if isinstance(cut, LeanCut):
-            return self.sep.join(cut.texts).encode("utf-8")
-        texts = [s.text for s in cut.supervisions if s.text is not None]
+        texts = cut.texts if isinstance(cut, LeanCut) else [s.text for s in cut.supervisions if s.text is not None]
         return self.sep.join(texts).encode("utf-8")
 
     def load_features(self, cut: Any, where: str) -> np.ndarray[Any, Any]:
@@ -217,9 +200,7 @@ class _Plan:
         arr = np.asarray(cut.load_audio())
         if arr.ndim == 1:
             mono = arr
-        elif arr.ndim == 2 and arr.shape[0] == 1:
-            mono = arr[0]
-        elif arr.ndim == 2 and self.channels == "first":
+        elif arr.ndim == 2 and (arr.shape[0] == 1 or self.channels == "first"):
             mono = arr[0]
         elif arr.ndim == 2 and self.channels == "mix":
             mono = arr.mean(axis=0, dtype=np.float64).astype(np.float32)
@@ -352,20 +333,13 @@ def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _
 def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str, Iterable[Any]]]]:
     """The first cut (and its source's name) and the sources again as iterables that start with it
     (each source is iterated once)."""
-    streams: list[tuple[str, Iterable[Any]]] = []
-    found: tuple[str, Any] | None = None
     for k, (where, cs) in enumerate(sources):
         it: Iterator[Any] = iter(cs)
         cut = next(it, None)
-        if cut is None:
-            continue
-        found = (where, cut)
-        streams = [(where, chain([cut], it))] + list(sources[k + 1 :])
-        break
-    if found is None:
-        raise SourceFormatError(sources[0][0] if len(sources) == 1 else ", ".join(w for w, _ in sources), None,
-                                "holds no cuts")
-    return found[0], found[1], streams
+        if cut is not None:
+            return where, cut, [(where, chain([cut], it)), *sources[k + 1 :]]
+    raise SourceFormatError(sources[0][0] if len(sources) == 1 else ", ".join(w for w, _ in sources), None,
+                            "holds no cuts")
 
 
 # ------------------------------------------------------------------------------------------ workers
