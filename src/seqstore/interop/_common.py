@@ -1,11 +1,7 @@
-"""Shared pieces of the importers: the error type for malformed source files, byte-budget chunking,
-and the all-or-nothing write of a new store.
-
-Every importer validates all of its sources first (cheap: headers, shapes, length sums) and only then
-writes; the new store is built in a hidden temporary sibling directory and renamed into place only
-once complete, so a data-dependent failure during the write (the writer commits a shard by itself when
-it reaches ``shard_bytes``) deletes just the temporary store: a failed conversion never leaves a store
-behind and never touches an existing one, even with ``overwrite=True``.
+"""Shared pieces of the importers and exporters: the error types, progress totals, byte-budget chunking,
+and the all-or-nothing write of a new output: validated first, built in a hidden sibling and renamed
+into place once complete, so a failure during the write (the writer commits shards by itself) leaves
+nothing behind and an existing output, even with ``overwrite=True``, untouched.
 """
 
 from __future__ import annotations
@@ -50,11 +46,8 @@ Progress = Callable[[int], None]
 
 
 def announce_total(progress: Progress | None, total: int) -> None:
-    """Tell ``progress`` (if it has an ``add_total`` method) that ``total`` more units of work are coming.
-
-    Called after validation, so a progress bar built on ``add_total`` appears only once the inputs are
-    known to be good. An importer that learns its size piece by piece may call it several times.
-    """
+    """Tell ``progress`` (if it has an ``add_total`` method) that ``total`` more units of work are coming:
+    after validation, so a bar built on it appears only for good inputs; may be called several times."""
     add = getattr(progress, "add_total", None)
     if add is not None:
         add(int(total))
@@ -212,15 +205,12 @@ def new_store(
     """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing. ``direct_io``:
     the data files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`).
 
-    The store is built in a hidden sibling directory ``<parent>/.<name>.tmp-<pid>-<random>`` and only
-    moved to ``out`` after the writer has closed (every shard committed): an existing store (with
-    ``overwrite=True``) is renamed aside, the new one renamed into place, then the old one deleted. If
-    ``fill`` raises (or the final commit fails), the writer is aborted and only the temporary directory
-    is deleted, then the exception propagates: ``out`` is exactly as before (an existing store intact).
-    A crash leaves at worst a hidden ``.<name>.tmp-*`` (or, between the two renames, ``.<name>.old-*``
-    holding the previous store) next to ``out``. Raises :class:`OutputExistsError` (a FileExistsError)
-    when ``out`` exists and ``overwrite`` is false, SeqstoreError when ``out`` is a non-empty directory
-    that is not a store, both before anything is written. O(1) extra work: two renames.
+    The store is built in a hidden sibling ``<parent>/.<name>.tmp-<pid>-<random>`` and renamed into
+    place once the writer has closed (:func:`replaced`); if ``fill`` or the commit fails, the writer is
+    aborted and only the sibling deleted: ``out`` is exactly as before. A crash leaves at worst a hidden
+    ``.<name>.tmp-*`` (or ``.<name>.old-*`` holding the previous store) next to ``out``. Before anything
+    is written: :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is
+    false, SeqstoreError when it is a non-empty directory that is not a store.
     """
     root = Path(out)
     check_output(root, overwrite)

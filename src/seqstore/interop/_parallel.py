@@ -1,23 +1,17 @@
-"""Parallel conversion: the inputs' runs written by worker processes as parts, one commit at the end.
+"""Parallel conversion: the inputs' units written by worker processes as parts, one commit at the end.
 
-``convert_in_parallel`` is what ``seqstore convert --workers N`` (and ``import_*(..., workers=N)``)
-runs: the new store is prepared in a hidden sibling directory (as for a sequential conversion,
-interop/_common.py), each unit of work (a run of the inputs, in input order) is written by a worker
-process as one part (store/parts.py), the parts are committed in unit order with one commit, and
-the directory is renamed into place. So the records are in input order, whatever the number of
-workers, and a failure anywhere (a worker's exception, a worker killed) leaves nothing: the
-temporary directory, parts included, is deleted and ``out`` is as before.
+``convert_in_parallel`` is what ``import_*(..., workers=N)`` runs: each unit of work (a run of the
+inputs, in input order) is written by a worker process as one part (store/parts.py), and the parts are
+committed in unit order with one commit, so the records are in input order whatever the number of
+workers. A local ``out`` is prepared in a hidden sibling directory (as for a sequential conversion,
+interop/_common.py) renamed into place at the end; a URL of object storage (``storage_options``) is
+written in place, each part uploaded into the store's staging prefix and all committed with one
+conditional manifest write. A failure anywhere (a worker's exception, a worker killed) leaves nothing:
+the parts are discarded, a store the conversion created is deleted, an existing one is left as it was.
 
-A URL of object storage as ``out`` (``s3://``...; ``storage_options``) is written in place: the
-store is prepared there (``create``, or ``overwrite`` staging the new schema), each worker uploads
-its part into the store's staging prefix (store/write/objects.py), the parts are committed in unit
-order with one conditional manifest write, and the job's staging objects are deleted. A failure
-discards every part; a store the conversion created is deleted again, an existing one (overwrite)
-is left as it was.
-
-Workers are started with ``forkserver`` (``spawn`` where there is none): never a fork of the
-driver, whose threads and open files a forked child would inherit. Each worker reports its
-progress through a queue, which one driver thread feeds into the single progress callback.
+Workers start from a ``forkserver`` (``spawn`` where there is none), never as a fork of the driver,
+whose threads and open files they would inherit; their progress goes through a queue that one driver
+thread feeds into the single progress callback.
 """
 
 from __future__ import annotations

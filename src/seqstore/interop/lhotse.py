@@ -14,32 +14,16 @@ field               schema                                 value
                                                            cut's order; supervisions without text skipped)
                                                            joined by ``text_separator`` (default one space)
 ``features``        float32/float16 ragged (None, dims)    ``cut.load_features()`` (only with ``features=True``)
-``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (see below)
+``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (``channels``)
 ``sampling_rate``   int32 scalar                           ``cut.sampling_rate`` (with ``audio``)
 ==================  =====================================  =====================================================
 
-``audio`` is stored with ``audio=True``, never with ``audio=False``, and by default (``audio=None``) when
-the first cut has a recording and no features and ``features`` is not asked for: cuts that are only
-recordings keep their samples instead of being reduced to durations and texts.
-
 Features and audio are read through Lhotse's own storage readers (``load_features`` / ``load_audio``,
 so every storage type Lhotse reads works); without audio, a manifest's ``MonoCut`` lines skip Lhotse's
-cut objects (interop/_lhotse_manifest.py, ``LeanCut``: the features by ``Features.load``, as
-``MonoCut.load_features`` calls it). ``features_dtype="float16"`` casts the float32 arrays.
-``audio_dtype="float32"`` stores Lhotse's samples as they are; ``"int16"`` stores
-``round(x * 32768)`` clipped to the int16 range, which gives back the file's samples exactly for
-16-bit PCM sources. A cut of several channels (a ``MultiCut``) is, by ``channels``: ``"error"`` (the
-default) refused, ``"first"`` its first channel, ``"mix"`` the mean of its channels (computed in
-float64, then cast).
-
-Cuts are streamed: one is read at a time and records are appended in blocks of at most
-``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
-the manifest. The store is written by the importer driver (interop/driver.py), all or nothing: a cut
-that lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
-:class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind. With
-``workers``, manifest files of at least :data:`PARALLEL_MIN_CUTS` cuts are cut into runs of lines
-written as parts by forkserver workers and by this process; a ``CutSet`` object is always imported in
-this process.
+cut objects (:class:`~._lhotse_manifest.LeanCut`). Cuts are streamed and appended in blocks of at most
+``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with the
+manifest. The store is written by the importer driver (interop/driver.py), all or nothing. More, with
+the command line and workers: docs/interop.md, "Lhotse cut manifests".
 """
 
 from __future__ import annotations
@@ -217,12 +201,9 @@ class _Plan:
 class _Room:
     """Page-aligned buffers, one per field (features, audio), that each cut's array is copied into as
     soon as it is loaded, reused from block to block (the writer is done with a batch's arrays when
-    ``append_batch`` returns). Copying each array while it is fresh in the CPU's cache and dropping it
-    at once, rather than keeping a block of arrays and joining them at the end, saves a pass over memory
-    and keeps the heap from growing and shrinking by a block each time (fresh pages are slow to fault in
-    on the benchmark VM). Buffers start a quarter above ``chunk_bytes`` and grow by half when a block
-    needs more (a cut larger than that). The writer copies a block into its own aligned runs unless
-    nothing of the previous block is held back."""
+    ``append_batch`` returns). Copying each array while it is fresh in the cache, rather than joining a
+    block of arrays at the end, saves a pass over memory and keeps the heap from growing and shrinking
+    by a block each time. Buffers start a quarter above ``chunk_bytes`` and grow by half when needed."""
 
     def __init__(self, chunk_bytes: int) -> None:
         self.chunk_bytes = chunk_bytes
@@ -347,12 +328,9 @@ def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str
 
 def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int]]]:
     """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
-    :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
-    (manifest, first line, end line), is one part of a parallel import. Small units keep the processes
-    equally busy to the end; in a gzip manifest a worker reads past the lines before its first run
-    (without parsing) and goes on from each run to its next (runs are taken in order), a plain one is
-    entered at the nearest noted offset (:data:`MARK_LINES`).
-    Consecutive small manifests share a run; a short tail joins the run before it."""
+    :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`), each a list of (manifest,
+    first line, end line) and one part of a parallel import; small runs keep the processes equally busy
+    to the end. Consecutive small manifests share a run; a short tail joins the run before it."""
     total = sum(counts)
     if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
         return [[(k, 0, n) for k, n in enumerate(counts) if n]]
@@ -407,31 +385,32 @@ def import_lhotse(
 
     ``cuts``: a ``lhotse.CutSet`` (lazy or not), a cuts manifest path (``cuts.jsonl.gz``, opened lazily)
     or a list of such paths (their cuts in order). ``features=True`` stores ``cut.load_features()`` as
-    ``features`` (``features_dtype`` float32 or float16); ``audio=True`` stores ``cut.load_audio()`` as
-    mono ``audio`` (``audio_dtype`` float32 or int16; ``channels`` "error", "first" or "mix" for
-    cuts of several channels) plus ``sampling_rate``; ``audio=None`` (the default) does so when the first
-    cut has a recording and no features and ``features`` is false, ``audio=False`` never. Supervision
-    texts are joined by ``text_separator``. The manifests are checked to exist and the first cut is read
-    before anything is written; the store is all or nothing. Memory O(``chunk_bytes``) whatever the number of cuts.
-    ``progress`` gets cuts (told the total, when it has ``add_total``, for manifests, counted by one pass
-    over their lines, and for an eager CutSet). The store's metadata under
-    ``"lhotse"`` records the manifests and the choices made.
+    ``features`` (``features_dtype`` float32, or float16: the float32 arrays cast). ``audio=True`` stores
+    ``cut.load_audio()`` as mono ``audio`` plus ``sampling_rate``; ``audio=None`` (the default) does so
+    when the first cut has a recording and no features and ``features`` is false, ``audio=False`` never.
+    ``audio_dtype``: float32 (Lhotse's samples as they are) or int16 (``round(x * 32768)`` clipped: the
+    samples of a 16-bit PCM file exactly). ``channels``, for a cut of several channels (a ``MultiCut``):
+    ``"error"`` refuses it, ``"first"`` keeps its first channel, ``"mix"`` their mean (in float64, then
+    cast). Supervision texts are joined by ``text_separator``.
 
-    ``workers > 1`` imports manifest files in that many processes, this one included: the lines of the
-    manifests (counted once here, told to ``progress`` as the total) are cut into runs of about
-    ``cuts / (8 x workers)`` (at least :data:`MIN_UNIT_CUTS`), each run parsed and written as one part,
-    by ``workers - 1`` forkserver processes from the first run on and by this process from the last run
-    backwards (so it works while they start), the parts committed in order with one commit; the records
-    are the same, in the same order, whatever ``workers`` is. Manifests of fewer than
-    :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet`` object (which could only be handed to a worker
-    by pickling every cut), are imported in this process alone.
+    The manifests are checked to exist and the first cut is read before anything is written; a cut
+    that lacks features or a recording asked for is a :class:`MissingFeaturesError` /
+    :class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind (all or
+    nothing). Memory O(``chunk_bytes``) whatever the number of cuts. ``progress`` gets cuts (told the
+    total, when it has ``add_total``, for manifests, counted by one pass over their lines, and for an
+    eager CutSet). ``store.metadata["lhotse"]`` records the manifests and the choices made.
 
-    ``direct_io`` (default True): the features and audio are written with ``O_DIRECT`` in page-aligned
-    runs (:class:`~seqstore.store.Writer`), not through the page cache, whose copy and page allocation
-    cost more CPU than reading the features (on the benchmark VM: 7.5 s against 2.6 s for 562 MB); the
-    new store is then not in memory until read. A filesystem without ``O_DIRECT`` writes buffered. The
-    other keywords, and an ``out`` at a URL (the cuts written as parts committed once):
-    :class:`~seqstore.interop.driver.Options`.
+    ``workers > 1`` imports manifest files in that many processes, this one included: their lines are
+    cut into runs of about ``cuts / (8 x workers)`` (at least :data:`MIN_UNIT_CUTS`), each written as
+    one part, by forkserver processes from the first run on and by this process from the last run
+    backwards (so it works while they start); the records are the same, in the same order, whatever
+    ``workers`` is. Manifests of fewer than :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet``
+    object (it could only be handed to a worker by pickling every cut), are imported in this process.
+
+    ``direct_io`` (default True): features and audio are written with ``O_DIRECT`` in page-aligned runs
+    (:class:`~seqstore.store.Writer`), not through the page cache, whose copies cost more CPU than
+    reading the features; a filesystem without ``O_DIRECT`` writes buffered. The other keywords, and an
+    ``out`` at a URL: :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_lhotse", out, options)
     if features_dtype not in FEATURE_DTYPES:
