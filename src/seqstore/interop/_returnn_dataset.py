@@ -1,19 +1,10 @@
 """``StoreDataset``: a RETURNN ``Dataset`` that reads a seqstore store (imports RETURNN at module load).
 
-Reach it as ``seqstore.interop.returnn.StoreDataset``; that module imports this one only when the
-name is used, so seqstore itself never needs RETURNN. In a RETURNN config::
-
-    from seqstore.interop.returnn import StoreDataset
-    train = {"class": StoreDataset, "path": "/data/train.seqstore",
-             "seq_ordering": "laplace:.1000", "partition_epoch": 20}
-
-Per process it holds the opened store (the manifest: O(fields x shards)) and the current epoch's
-lazy :class:`seqstore.Order` (O(1), O(bin) for laplace). Epoch orders come from the data layer
-(:class:`seqstore.data.StoreDataset` over the same store and ``seq_order_key``): ``laplace`` gathers
-each bin's lengths lazily from the offsets; ``sorted*``/``sort_bin_shuffle*`` map the data layer's
-``.npy`` lengths and sort-index caches (``<store>.cache/``, or ``cache_dir``; the same files
-``seqstore.data`` and ``seqstore.torch`` use), written by the first process: no O(N) private memory,
-no O(N) work at open.
+Reach it as ``seqstore.interop.returnn.StoreDataset`` (that module imports this one only when the name
+is used, so seqstore itself never needs RETURNN); docs/interop.md has a config. Per process it holds the
+opened store (O(fields x shards)) and the current epoch's lazy :class:`seqstore.Order`. Epoch orders
+come from the data layer (:class:`seqstore.data.StoreDataset` over the same store and
+``seq_order_key``, with its lengths and sort-index caches): no O(N) private memory, no O(N) work at open.
 """
 
 from __future__ import annotations

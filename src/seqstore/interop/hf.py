@@ -22,10 +22,6 @@ a string or integer column named by ``id_column``  record ids
 Any other column (``Translation``, dicts of features, ...) raises :class:`~seqstore.errors.ColumnTypeError`
 naming the column and its feature; leave it out or rename with ``columns``. Nulls are errors.
 An ``Audio``/``Image`` value stored as a path only (no embedded bytes) is read from that file.
-
-The store is written by the importer driver (interop/driver.py: all or nothing; with ``workers``, a
-dataset of memory-mapped Arrow files in row ranges written as parts by worker processes; a stream or
-a dataset held in memory in this process).
 """
 
 from __future__ import annotations

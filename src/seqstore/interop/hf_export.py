@@ -13,11 +13,9 @@ ragged ``(None, d, ...)``   per record, a list of its rows as fixed-size lists (
 ids                         a string column named ``id_column`` (default ``"id"``), when the store has ids
 ==========================  ====================================================================
 
-Nothing is built per record: the records are read ``chunk_records`` at a time (``iter_batches`` of
-consecutive records, read ahead), and each column is built from the batch's flat values and lengths
-(:mod:`seqstore.interop.to_arrow`). The batches go into one Arrow stream file next to ``out``, which
-``datasets`` then lays out as the directory with its own ``save_to_disk`` (its shards,
-``dataset_info.json`` and ``state.json``), and the stream file is deleted. Memory O(``chunk_records``);
+Nothing is built per record: each batch of ``chunk_records`` records (read ahead) becomes columns from
+its flat values and lengths (:mod:`seqstore.interop.to_arrow`), written to one Arrow stream file next
+to ``out`` that ``datasets`` then lays out with its own ``save_to_disk``. Memory O(``chunk_records``);
 the bytes are written twice. All or nothing: ``out`` appears complete or not at all, and an existing
 ``out`` is replaced only with ``overwrite`` and only if it is a ``save_to_disk`` directory.
 """

@@ -20,17 +20,10 @@ then (multimodal only)     sequence modes, int8[N]
 
 The ``.bin`` file holds the tokens, in the dtype of the code, at the pointers.
 
-**Import** (:func:`import_megatron`): one record per sequence, the tokens as a ragged field
-(``tokens``, dtype from the index). Document boundaries are kept: where some document holds more than
-one sequence, a scalar int64 field ``document`` numbers each sequence's document (counted across all
-sources); where every document is one sequence it is left out (the record number is the document).
-A multimodal index's modes become an int8 scalar field ``mode``. The index is memory-mapped and read
-with array operations (no Python object per sequence); tokens are sliced from the memory-mapped
-``.bin`` (a chunk of consecutive sequences is one slice when they lie back to back, as Megatron's
-builder writes them, else one vectorised gather).
-
-**Export** (:func:`export_megatron`): a ragged field with 1-d rows to ``PREFIX.bin`` / ``PREFIX.idx``;
-documents from an integer field (a new document starts where its value changes) or one per record.
+**Import** (:func:`import_megatron`): one record per sequence, its tokens as a ragged field, with
+the document boundaries and a multimodal index's modes as scalar fields where there are any; the files
+are memory-mapped and read with array operations (no Python object per sequence). **Export**
+(:func:`export_megatron`): a ragged field with 1-d rows to ``PREFIX.bin`` / ``PREFIX.idx``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""RETURNN interop: import RETURNN HDF files into a store, export a store as a RETURNN HDF file, and
-:class:`StoreDataset`, a RETURNN ``Dataset`` that trains from a store.
+"""RETURNN interop: import RETURNN HDF files into a store (:func:`import_hdf`), export a store as a
+RETURNN HDF file (:func:`export_hdf`), and :class:`StoreDataset`, a RETURNN ``Dataset`` over a store.
 
-The HDF layout is the one RETURNN's ``SimpleHDFWriter`` writes and ``HDFDataset`` reads:
-
-- ``inputs``: (total_frames, dim) dense rows, or (total_frames,) ints for sparse inputs;
-- ``seqLengths``: (num_seqs, C) ints; column 0 is ``inputs`` (when there are inputs), then one column
-  per target key in sorted order (or one unused column when there is no ``targets`` group);
-- ``seqTags``: (num_seqs,) strings;
-- ``targets/data/<key>``: the concatenated rows of each extra stream; ``targets/size`` attribute
-  ``<key>`` = ``[dim, ndim]``; ``targets/labels/<key>`` label strings; ``labels``: labels of ``inputs``;
-- attributes ``numSeqs``, ``numTimesteps``, ``inputPattSize``, ``numDims``, ``numLabels``.
-
-Import (:func:`import_hdf`) maps ``inputs`` to the field ``data`` and each target key to a field of
-that name (sparse streams become 1-d ragged integer fields), tags to record ids, and keeps dims and
-labels in the store's metadata under ``"returnn"`` so that :func:`export_hdf` and
-:class:`StoreDataset` can give RETURNN the same ``num_outputs`` and labels back. Both directions
-stream in chunks of about ``chunk_bytes`` of rows: memory is bounded independently of file size, and
-nothing is done per sequence except decoding that chunk's tags.
+The HDF layout is the one RETURNN's ``SimpleHDFWriter`` writes and ``HDFDataset`` reads (docs/interop.md,
+"RETURNN HDF layout"): ``inputs``, ``seqLengths`` (one column per stream), ``seqTags``, and a stream per
+``targets/data/<key>`` with its ``targets/size`` dims and labels. The import keeps dims and labels in
+the store's metadata under ``"returnn"``, so that :func:`export_hdf` and :class:`StoreDataset` give
+RETURNN the same ``num_outputs`` and labels back. Both directions stream in chunks of about
+``chunk_bytes`` of rows: memory is bounded whatever the file size.
 
 ``h5py`` is needed for import and export (extra ``seqstore[hdf5]``); RETURNN itself only for
 :class:`StoreDataset`, imported when that name is first used.
@@ -190,15 +180,12 @@ def import_hdf(
     files' order (file 1's sequences, then file 2's, ...). Dims, sparse flags, labels and the source
     file names go to ``store.metadata["returnn"]``.
 
-    All files are validated before the store is created (:func:`inspect_hdf`: datasets present,
-    ``seqLengths`` shape and column sums against every stream's size, same streams in every file), so
-    a bad file 2 of 3 fails before anything is written; if reading fails later (a damaged HDF5 chunk),
-    the new store is deleted. Either the whole store is there or nothing.
-
-    Memory: O(``chunk_bytes``) of rows plus that chunk's tags, whatever the file sizes. One sequential
-    pass over each dataset. ``progress`` counts bytes of rows. ``workers > 1``: the sequences in about
-    ``4 x workers`` runs in file order, one part each (only the shard boundaries differ). The other
-    keywords: :class:`~seqstore.interop.driver.Options`.
+    All files are validated before the store is created (:func:`inspect_hdf`; same streams in every
+    file), so a bad file 2 of 3 fails before anything is written; a later read failure (a damaged HDF5
+    chunk) leaves no store either. Memory O(``chunk_bytes``) of rows plus that chunk's tags; one
+    sequential pass over each dataset. ``progress`` counts bytes of rows. ``workers > 1``: the sequences
+    in about ``4 x workers`` runs in file order, one part each (only the shard boundaries differ). The
+    other keywords: :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_hdf", out, options)
     infos = [inspect_hdf(p) for p in driver.source_list(sources, "import_hdf")]
@@ -327,10 +314,9 @@ def export_hdf(
     fields are written as float32. Tags are the record ids (``seq-<i>`` without ids).
 
     Written in bulk: every dataset is allocated at its final size, then filled in record chunks of
-    about ``chunk_bytes`` (one gather per chunk and field, one slice write per dataset). Memory
+    about ``chunk_bytes`` (one gather per chunk and field, one slice write per dataset): memory
     O(``chunk_bytes``). The file appears atomically (written under a temporary name, then renamed).
-    ``progress`` is called with the bytes of rows of each chunk as written (and, through ``add_total``
-    if it has one, with the bytes of all exported streams before the first chunk).
+    ``progress`` gets the bytes of rows written (their total first, through ``add_total``).
     """
     h5py = h5py_module()
     # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1))

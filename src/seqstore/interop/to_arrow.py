@@ -1,21 +1,13 @@
 """Store records as Arrow arrays: the direction opposite to the imports of :mod:`seqstore.interop.arrow`,
-shared by the readers of the engines (``seqstore.ray.read`` and the Spark data source).
-
-Nothing here is done per record: each array is built from a field's flat numpy values and offsets
-computed from lengths.
-
-- a field with a shape: one list level per axis (:func:`field_lists`). The axes of a fixed field
-  hold fixed counts (``(k, m)``: ``n`` lists of ``k`` lists of ``m`` values, :func:`fixed_lists`);
-  a ragged field's first level holds its records' lengths (:func:`offsets`, :func:`list_array`)
-  around its rows;
-- bfloat16 values: widened to float32, or kept as their uint16 bits (:func:`numbers`);
-- ids: a string column over the utf-8 bytes and offsets of :meth:`seqstore.Store.ids`
-  (:func:`id_array`, :func:`string_array`).
+shared by the readers of the engines (``seqstore.ray.read`` and the Spark data source; their own types
+stay in the engines). Nothing is done per record: each array is built from a field's flat numpy values
+and offsets computed from lengths: a field with a shape has one list level per axis
+(:func:`field_lists`), bfloat16 is widened to float32 or kept as its bits (:func:`numbers`), ids are a
+string column over :meth:`seqstore.Store.ids` (:func:`id_array`).
 
 32-bit offsets (``list``, ``string``) allow at most 2^31 - 1 values (or bytes) in one array; more is a
 ValueError that names the array and how many there were, so that the caller can cut smaller batches.
-64-bit offsets (``large=True``: ``large_list``, ``large_string``) have no such limit. The engines'
-own types (Ray's tensor extension types, Spark's leaf types and column metadata) stay in the engines.
+64-bit offsets (``large=True``: ``large_list``, ``large_string``) have no such limit.
 """
 
 from __future__ import annotations

@@ -18,14 +18,9 @@ member                                               field
 anything else (``.json``, ``.txt``, ``.jpg``, ...)   the member's bytes, ragged uint8
 ==================================================  ===============================================
 
-The fields are the extensions of the first sample (or those named by ``fields``), each named as its
-extension less a ``.npy`` ending after another part (``score.npy`` -> ``score``); every record must
-have each. ``strict`` (the default) refuses a member whose extension has no field
-(:class:`UnknownMemberError`, naming the shard, key and member); ``strict=False`` skips it.
-
-Shards are read as tar streams (local files, or URLs through seqstore's object-store client in ranged
-blocks; gzip-compressed shards too), one after another or ``workers`` at a time (runs of shards as
-parts of one commit, in shard order). Memory O(``chunk_bytes``).
+Fields and their names: :func:`import_webdataset`. Shards are read as tar streams (local files, or URLs
+through seqstore's object-store client; gzip-compressed shards too), one after another or ``workers``
+at a time (runs of shards as parts of one commit, in shard order). Memory O(``chunk_bytes``).
 
 **Export** (:func:`export_webdataset`): a store as shards ``000000.tar``, ``000001.tar``, ... in a
 directory, each record a key (its id, or its index) with one member per field.
