@@ -384,13 +384,7 @@ def export_hdf(
                 lens = np.zeros((b - a, ncols), dtype=np.int64)
                 nbytes = 0
                 for col, (n, _) in enumerate(streams):
-                    f = schema[n]
-                    if f.ragged:
-                        values, lengths = batch[n]
-                    else:
-                        values, lengths = batch[n], np.ones(b - a, dtype=np.int64)
-                    if f.dtype == "bfloat16":
-                        values = np.asarray(values, dtype=np.float32)
+                    values, lengths = batch[n] if schema[n].ragged else (batch[n], np.ones(b - a, dtype=np.int64))
                     if dims[n][0] is None and values.size:
                         measured_max[n] = max(measured_max.get(n, -1), int(values.max()))
                     dsets[n][pos[n] : pos[n] + len(values)] = values
