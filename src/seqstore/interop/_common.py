@@ -38,10 +38,9 @@ __all__ = [
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
 
-#: A progress callback: called with the amount of work just done (records or bytes: each importer and
-#: exporter documents its unit). A callback that also has an ``add_total(n)`` method is told the total
-#: amount of work, in the same unit, once the inputs are validated and before the first step (see
-#: :func:`announce_total`); the steps then add up to exactly that total on success.
+#: A progress callback, called with the work just done (each importer and exporter documents its unit);
+#: one with an ``add_total(n)`` method is told the total first (:func:`announce_total`), which the steps
+#: add up to on success.
 Progress = Callable[[int], None]
 
 

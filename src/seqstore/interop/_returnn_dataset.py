@@ -145,11 +145,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
                 raise ValueError(f"StoreDataset: option {opt}={kwargs[opt]!r} is not supported ({hint})")
         super().__init__(**kwargs)
         self._init_kwargs: dict[str, Any] = {
-            "path": str(path),
-            "cache_dir": None if cache_dir is None else str(cache_dir),
-            "seq_order_key": seq_order_key,
-            "num_outputs": num_outputs,
-            **kwargs,
+            "path": str(path), "cache_dir": None if cache_dir is None else str(cache_dir),
+            "seq_order_key": seq_order_key, "num_outputs": num_outputs, **kwargs,
         }
         self.path = str(path)
         self._store = open_store(path, bfloat16="float32")

@@ -58,9 +58,6 @@ METADATA_KEY = "arrow"
 MIN_UNIT_RECORDS = 1 << 15
 
 
-# ---------------------------------------------------------------------------------------- sources
-
-
 def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
     """The files behind ``path``: the file itself, or for a directory its ``.arrow``/``.parquet`` files —
     in ``state.json`` order for a Hugging Face ``save_to_disk`` directory, else sorted by name."""

@@ -6,12 +6,10 @@
     add_interop_subcommands(sub)          # sub = parser.add_subparsers(...)
 
 :data:`SOURCES` (``convert --from NAME``) and :data:`TARGETS` (``export --to NAME``) map each format's
-name to a :class:`Converter`: a help line, ``run(args, progress)``, its own :class:`Option` list, the
-unit of its progress, whether it writes into a URL of object storage, and (a target) what its ``OUT``
-is. Everything the help says about the formats is generated from these tables: the ``--from``/``--to``
-lists, the option groups (an option shared by several formats is one group naming them all, its help
-prefixed with their names), which formats ``-o`` applies to, and what ``OUT`` is for each target. A new
-format is one :func:`register_source`/:func:`register_target` call made before ``add_subcommands``.
+name to a :class:`Converter`. Everything the help says about the formats is generated from these tables:
+the ``--from``/``--to`` lists, the option groups (an option shared by several formats is one group, its
+help prefixed with their names), which formats ``-o`` applies to, and what ``OUT`` is for each target. A
+new format is one :func:`register_source`/:func:`register_target` call made before ``add_subcommands``.
 """
 
 from __future__ import annotations

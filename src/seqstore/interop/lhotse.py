@@ -58,10 +58,9 @@ AUDIO_DTYPES = ("float32", "int16")
 CHANNEL_MODES = ("error", "first", "mix")
 #: Cuts per unit of work of a parallel import at least (about half a second of work each).
 MIN_UNIT_CUTS = 2_500
-#: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker starts
-#: after 1.3-1.7 s (it imports Lhotse, which imports torch) and its start competes with the import for
-#: the cores; on two cores two processes took 0.98-1.26x of one process's time at 20,000 cuts, 0.90-0.99x
-#: at 40,000 and 0.68x at 100,000 (docs/benchmarks.md, "Lhotse cut manifests import").
+#: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker takes
+#: 1.3-1.7 s to start (it imports Lhotse and torch), which fewer cuts do not pay back on two cores
+#: (docs/benchmarks.md, "Lhotse cut manifests import").
 PARALLEL_MIN_CUTS = 50_000
 #: Modules a parallel import's worker processes start with (imported once, in the forkserver).
 PRELOAD = ("seqstore.interop.lhotse", "lhotse")

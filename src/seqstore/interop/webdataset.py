@@ -371,12 +371,9 @@ def export_webdataset(
         for a in range(0, n, chunk_records):
             b = min(n, a + chunk_records)
             batch = st.get_batch(np.arange(a, b), fields=names)
-            starts: dict[str, np.ndarray[Any, Any]] = {}
-            for name in names:
-                if st.schema[name].ragged:
-                    lens = batch[name][1]
-                    starts[name] = np.zeros(len(lens) + 1, dtype=np.int64)
-                    np.cumsum(lens, out=starts[name][1:])
+            # each ragged field's record offsets in the batch
+            starts = {n: np.concatenate(([0], np.cumsum(batch[n][1], dtype=np.int64))) for n in names
+                      if st.schema[n].ragged}
             if keys == "ids":
                 data, offs = st.ids(np.arange(a, b))
                 blob = bytes(data)
