@@ -23,7 +23,8 @@ from ..data import StoreDataset as _DataStoreDataset
 from ..data._cache import CacheError, default_cache_dir
 from ..data._orders import dataset_order
 from ..errors import SeqstoreError
-from ..order import Order, ordering_needs_lengths, seq_order
+from ..order import Order, ordering_needs_lengths
+from ..order import seq_order as _seq_order  # init_seq_order has a parameter named seq_order
 from ..store import Store, open_store
 
 __all__ = ["StoreDataset"]
@@ -239,9 +240,9 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         elif seq_order is not None:
             self._explicit = np.asarray(seq_order, dtype=np.int64)
         if self._explicit is not None:
-            self._order = seq_order_fn(n, self._explicit, epoch=1)
+            self._order = _seq_order(n, self._explicit, epoch=1)
         elif epoch is None:
-            self._order = seq_order_fn(n, "default", epoch=1)[0:0]
+            self._order = _seq_order(n, "default", epoch=1)[0:0]
         else:
             name = self._ordering_name(epoch)
             p, s, k = self.partition_epoch or 1, self._num_shards, self._shard_index
@@ -281,11 +282,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     # ----------------------------------------------------------------------------------------- data
 
-    def _corpus_idx(self, seq_idx: int) -> int:
-        return int(self.get_current_seq_order()[seq_idx])
-
     def get_corpus_seq_idx(self, seq_idx: int) -> int:
-        return self._corpus_idx(seq_idx)
+        return int(self.get_current_seq_order()[seq_idx])
 
     def have_corpus_seq_idx(self) -> bool:
         return True
@@ -303,20 +301,18 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     def get_data(self, seq_idx: int, key: str) -> Any:
         """Rows of field ``key`` of the ``seq_idx``-th sequence of the epoch: (T, *row) read-only view;
         a fixed field is one row, (1, *shape). O(log shards)."""
-        return self._data_by_corpus_idx(self._corpus_idx(seq_idx), key)
-
-    def _lengths_of(self, idx: int) -> dict[str, int]:
-        return {k: (int(self._store.lengths(k)[idx]) if r else 1) for k, r in self._ragged.items()}
+        return self._data_by_corpus_idx(self.get_corpus_seq_idx(seq_idx), key)
 
     def get_seq_length(self, seq_idx: int) -> NumbersDict:
-        return NumbersDict(self._lengths_of(self._corpus_idx(seq_idx)))
+        idx = self.get_corpus_seq_idx(seq_idx)
+        return NumbersDict({k: (int(self._store.lengths(k)[idx]) if r else 1) for k, r in self._ragged.items()})
 
     def get_estimated_seq_length(self, seq_idx: int) -> int:
-        idx = self._corpus_idx(seq_idx)
+        idx = self.get_corpus_seq_idx(seq_idx)
         return int(self._store.lengths(self._order_key)[idx]) if self._order_key else 1
 
     def get_tag(self, sorted_seq_idx: int) -> str:
-        return _tag(self._store, self._corpus_idx(sorted_seq_idx))
+        return _tag(self._store, self.get_corpus_seq_idx(sorted_seq_idx))
 
     def get_all_tags(self) -> Sequence[str]:
         """Every tag of the store in corpus order, as a lazy sequence (nothing is read up front)."""
@@ -352,7 +348,3 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     def __repr__(self) -> str:
         return f"<StoreDataset {self.name!r} {self.path!r} epoch={self.epoch}>"
 
-
-def seq_order_fn(num_seqs: int, ordering: Any, **kwargs: Any) -> Order:
-    """:func:`seqstore.seq_order` (a module-level alias: ``init_seq_order`` has a parameter of that name)."""
-    return seq_order(num_seqs, ordering, **kwargs)

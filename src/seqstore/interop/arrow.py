@@ -206,10 +206,8 @@ def _conversion(
             if col not in src.schema.names:
                 raise SchemaError(f"{src.path}: no column {col!r} (present in {first.path})")
             if col in plans and plan_column(src.path, col, src.schema.field(col).type) != plans[col]:
-                raise SchemaError(
-                    f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
-                    f"{first.schema.field(col).type} in {first.path}"
-                )
+                raise SchemaError(f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
+                                  f"{first.schema.field(col).type} in {first.path}")
     # a None inner dim (a list of variable lists): the length of the first non-empty inner list
     inner = {col: resolve_inner(p, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
              for col, p in plans.items()}

@@ -70,10 +70,8 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     for info in infos[1:]:
         keys = [s.key for s in info.streams]
         if sorted(keys) != sorted(by_key):
-            raise SchemaError(
-                f"{info.path}: streams {sorted(keys)} differ from {sorted(by_key)} of {first.path}; "
-                "all files of one import must have the same inputs and targets"
-            )
+            raise SchemaError(f"{info.path}: streams {sorted(keys)} differ from {sorted(by_key)} of {first.path}; "
+                              "all files of one import must have the same inputs and targets")
         for s in info.streams:
             ref = by_key[s.key]
             if s.inner != ref.inner:
@@ -337,10 +335,8 @@ def export_hdf(
         if n not in schema:
             raise KeyError(f"{st.root}: no field {n!r}; fields are {list(schema)}")
         if "/" in k or k in ("", "data") or k == inputs:
-            raise SchemaError(
-                f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
-                "pass fields={field: key} to name it"
-            )
+            raise SchemaError(f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
+                              "pass fields={field: key} to name it")
     if inputs is None and not keyed:
         raise SchemaError(f"{st.root}: nothing to export (no inputs field and no target fields)")
     streams: list[tuple[str, str]] = ([(inputs, "inputs")] if inputs else []) + [
