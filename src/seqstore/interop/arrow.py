@@ -264,17 +264,12 @@ def _arrow_units(
 ) -> list[list[tuple[int, tuple[int, int] | None]]]:
     """Cut the files' pieces, in order, into about ``4 x workers`` runs of similar row counts: each run
     (one part of a parallel convert) is a list of (file number, pieces [a, b))."""
-    flat: list[tuple[int, int]] = []  # (file, piece)
-    rows: list[int] = []
-    for k, src in enumerate(srcs):
-        for j, n in enumerate(src.pieces()):
-            flat.append((k, j))
-            rows.append(n)
+    pieces = [(k, j, n) for k, src in enumerate(srcs) for j, n in enumerate(src.pieces())]  # (file, piece, rows)
     budget = max(MIN_UNIT_RECORDS, -(-total // (4 * workers)))
     units: list[list[tuple[int, tuple[int, int] | None]]] = []
-    for a, b in split_by_budget(np.asarray(rows, dtype=np.int64), budget):
+    for a, b in split_by_budget(np.asarray([n for _, _, n in pieces], dtype=np.int64), budget):
         spans: dict[int, list[int]] = {}  # file -> [first, end) of its pieces in the run (consecutive)
-        for k, j in flat[a:b]:
+        for k, j, _ in pieces[a:b]:
             spans.setdefault(k, [j, j])[1] = j + 1
         units.append([(k, (first, end)) for k, (first, end) in spans.items()])
     return units

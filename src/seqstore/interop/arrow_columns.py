@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -193,8 +193,7 @@ def id_strings(col: Any, path: str, name: str) -> list[str]:
     check_id_column(path, name, arr.type)
     if pa.types.is_integer(arr.type):
         arr = arr.cast(pa.string())
-    ids: list[str] = arr.to_pylist()  # the writer's API takes Python str ids
-    return ids
+    return cast(list[str], arr.to_pylist())  # the writer's API takes Python str ids
 
 
 def check_id_column(where: str, name: str, t: Any) -> None:

@@ -41,10 +41,8 @@ def expand_shards(spec: str) -> list[str]:
         return [spec]
     a, b = m.group(1), m.group(2)
     width = len(a) if a.startswith("0") or len(a) == len(b) else 0
-    out: list[str] = []
-    for i in range(int(a), int(b) + 1):
-        out.extend(expand_shards(spec[: m.start()] + str(i).zfill(width) + spec[m.end():]))
-    return out
+    head, tail = spec[: m.start()], spec[m.end() :]
+    return [s for i in range(int(a), int(b) + 1) for s in expand_shards(head + str(i).zfill(width) + tail)]
 
 
 def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:

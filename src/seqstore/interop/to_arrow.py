@@ -76,16 +76,11 @@ def fixed_lists(flat: Any, shape: Sequence[int | None], n: int, type: Any = None
     ``type``: the outermost list type (the inner levels' types are its value types); default ``list``
     (``large_list`` with ``large``) of the inner arrays' types."""
     counts = [int(s or 0) for s in shape]
-    types = [type]
-    for _ in counts[1:]:
-        types.append(types[-1].value_type if types[-1] is not None else None)
-    sizes = [int(n)]  # number of lists at each level, outermost first
-    for k in counts[:-1]:
-        sizes.append(sizes[-1] * k)
+    sizes = np.cumprod([int(n), *counts[:-1]], dtype=np.int64)  # number of lists at each level, outermost first
     arr = flat
     for level in range(len(counts) - 1, -1, -1):
-        offs = np.arange(sizes[level] + 1, dtype=np.int64) * counts[level]
-        arr = list_array(_sized(offs, large, what, hint), arr, types[level])
+        offs = np.arange(int(sizes[level]) + 1, dtype=np.int64) * counts[level]
+        arr = list_array(_sized(offs, large, what, hint), arr, None if type is None else leaf_type(type, level))
     return arr
 
 
