@@ -47,7 +47,7 @@ from ._common import (
     temp_sibling,
 )
 
-__all__ = ["convert_in_parallel", "build_store", "write_to_url", "Job"]
+__all__ = ["convert_in_parallel", "build_store", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -242,36 +242,19 @@ def build_store(
     direct_io: bool = False,
 ) -> Store:
     """A new store at ``out`` from ``fill(writer)`` run in this process, all or nothing, and opened: a
-    local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`), a URL
-    of object storage is written as one part committed once (:func:`write_to_url`). ``direct_io``: as
-    for :func:`convert_in_parallel`."""
-    options = dict(storage_options) if storage_options else None
+    local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`); a URL
+    of object storage gets the records as one part, committed once ``fill`` returns (for sources that
+    cannot be handed to worker processes: a stream, a dataset object in memory). ``direct_io``: as for
+    :func:`convert_in_parallel`."""
     if not is_remote(out):
         new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
                   direct_io=direct_io)
         return open_store(out)
-    write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
-                 storage_options=options, direct_io=direct_io)
-    return open_store(out, storage_options=options)
-
-
-def write_to_url(
-    url: str,
-    schema: Schema,
-    fill: Callable[[Any], None],
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    storage_options: Mapping[str, Any] | None,
-    direct_io: bool = False,
-) -> None:
-    """A new store at ``url`` (object storage) from ``fill(writer)`` run in this process: the records go
-    into one part, committed once ``fill`` returns; all or nothing as :func:`convert_in_parallel`. For
-    sources that cannot be handed to worker processes (a stream, a dataset object in memory)."""
+    url = os.fspath(out)
+    options = dict(storage_options) if storage_options else None
 
     def produce(job_id: str) -> list[Part]:
-        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=storage_options,
+        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=options,
                        direct_io=direct_io)
         try:
             fill(w)
@@ -281,7 +264,8 @@ def write_to_url(
             raise
 
     _build_at_url(url, schema, produce, None, overwrite=overwrite, metadata=metadata, progress=None,
-                  storage_options=storage_options)
+                  storage_options=options)
+    return open_store(out, storage_options=options)
 
 
 def _build_at_url(
