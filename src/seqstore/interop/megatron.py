@@ -48,6 +48,7 @@ from ._common import (
     Progress,
     SourceFormatError,
     announce_total,
+    replaced,
     runs_across,
     split_by_budget,
 )
@@ -402,9 +403,7 @@ def export_megatron(
     announce_total(progress, total_rows * item)
     per_record = max(1, total_rows * item // max(n, 1))
     chunk_records = int(min(max(chunk_bytes // per_record, 1), BLOCK))
-    tag = f".tmp-{os.getpid()}"
-    tbin, tidx = binp.with_name(binp.name + tag), idxp.with_name(idxp.name + tag)
-    try:
+    with replaced(idxp) as tidx, replaced(binp) as tbin:  # on success .bin is renamed into place first
         with open(tbin, "wb") as fb, open(tidx, "w+b") as fi:
             fi.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[str(out_dt)], n, 0))
             fi.truncate(HEADER_BYTES + 12 * n)
@@ -458,10 +457,4 @@ def export_megatron(
             os.fsync(fb.fileno())
             fi.flush()
             os.fsync(fi.fileno())
-        os.replace(tbin, binp)
-        os.replace(tidx, idxp)
-    except BaseException:
-        tbin.unlink(missing_ok=True)
-        tidx.unlink(missing_ok=True)
-        raise
     return Path(prefix)
