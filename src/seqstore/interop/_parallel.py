@@ -313,13 +313,10 @@ def _build_at_url(
 def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: int, progress: Progress | None,
          preload: Sequence[str] = (), in_driver: bool = False) -> list[Part]:
     """Write every unit as a part (``unit(k, job, segments[, report])``: :func:`_write_unit` bound to the
-    store) with ``workers`` processes; the parts in unit order.
-
-    ``in_driver``: this process is one of the ``workers`` (the pool has one process fewer). While the
-    pool starts (a worker that imports a heavy library takes a second or more before its first record)
-    and then alongside it, this process writes units itself, from the last one backwards, as long as
-    the pool has not taken them (a unit's future can still be cancelled); the pool's processes take
-    units from the front. For jobs whose modules the driver has imported already."""
+    store) with ``workers`` processes; the parts in unit order. ``in_driver``: this process is one of the
+    ``workers`` (the pool has one process fewer) and writes units from the last one backwards while the
+    pool starts and takes them from the front (:func:`_share`); for jobs whose modules the driver has
+    imported already."""
     ctx = _context(preload)
     queue = ctx.Queue()
 
