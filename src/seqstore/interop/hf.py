@@ -367,12 +367,9 @@ def import_hf(
     types = None if features is None else {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}
     inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
     schema = arrow_columns.columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
-    meta = {
-        "source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
-        "columns": mapping,
-        "id_column": id_column,
-        "features": {c.name: repr(features[c.name]) if features is not None else None for c in cols},
-    }
+    meta = {"source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
+            "columns": mapping, "id_column": id_column,
+            "features": {c.name: repr(features[c.name]) if features is not None else None for c in cols}}
     total = len(ds) if isinstance(ds, hf.Dataset) else None
     read = [c.name for c in cols] + ([id_column] if id_column is not None and id_column not in mapping else [])
     job = _HfJob(ds, where, read, cols, inner, rows, types, id_column, schema_pa if features is None else None)
