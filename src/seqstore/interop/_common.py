@@ -191,16 +191,9 @@ def replaced(root: Path, tag: str = "tmp") -> Iterator[Path]:
         raise
 
 
-def new_store(
-    out: str | os.PathLike[str],
-    schema: Schema | Mapping[str, Any],
-    fill: Callable[[Writer], None],
-    *,
-    overwrite: bool = False,
-    shard_bytes: int = 1 << 30,
-    metadata: Mapping[str, Any] | None = None,
-    direct_io: bool = False,
-) -> None:
+def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], fill: Callable[[Writer], None], *,
+              overwrite: bool = False, shard_bytes: int = 1 << 30, metadata: Mapping[str, Any] | None = None,
+              direct_io: bool = False) -> None:
     """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing. ``direct_io``:
     the data files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`).
 

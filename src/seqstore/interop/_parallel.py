@@ -169,22 +169,10 @@ def _stop_pool(pool: ProcessPoolExecutor, grace_s: float = 3.0) -> None:
         manager.join(grace_s)
 
 
-def convert_in_parallel(
-    out: str | os.PathLike[str],
-    schema: Schema,
-    units: Sequence[tuple[Job, Any]],
-    total: int,
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    workers: int,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None = None,
-    preload: Sequence[str] = (),
-    in_driver: bool = False,
-    direct_io: bool = False,
-) -> Store:
+def convert_in_parallel(out: str | os.PathLike[str], schema: Schema, units: Sequence[tuple[Job, Any]], total: int, *,
+                        overwrite: bool, shard_bytes: int, metadata: Mapping[str, Any] | None, workers: int,
+                        progress: Progress | None, storage_options: Mapping[str, Any] | None = None,
+                        preload: Sequence[str] = (), in_driver: bool = False, direct_io: bool = False) -> Store:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
     ``workers`` processes, all or nothing (see the module docs), and open it. ``total`` is announced to
     ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
@@ -230,17 +218,9 @@ def convert_in_parallel(
     return open_store(root)
 
 
-def build_store(
-    out: str | os.PathLike[str],
-    schema: Schema,
-    fill: Callable[[Any], None],
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    storage_options: Mapping[str, Any] | None,
-    direct_io: bool = False,
-) -> Store:
+def build_store(out: str | os.PathLike[str], schema: Schema, fill: Callable[[Any], None], *, overwrite: bool,
+                shard_bytes: int, metadata: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None,
+                direct_io: bool = False) -> Store:
     """A new store at ``out`` from ``fill(writer)`` run in this process, all or nothing, and opened: a
     local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`); a URL
     of object storage gets the records as one part, committed once ``fill`` returns (for sources that
@@ -268,17 +248,9 @@ def build_store(
     return open_store(out, storage_options=options)
 
 
-def _build_at_url(
-    url: str,
-    schema: Schema,
-    produce: Callable[[str], list[Part]],
-    total: int | None,
-    *,
-    overwrite: bool,
-    metadata: Mapping[str, Any] | None,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None,
-) -> None:
+def _build_at_url(url: str, schema: Schema, produce: Callable[[str], list[Part]], total: int | None, *, overwrite: bool,
+                  metadata: Mapping[str, Any] | None, progress: Progress | None,
+                  storage_options: Mapping[str, Any] | None) -> None:
     """Prepare the store at ``url``, ``produce(job_id)`` its parts, commit them in order (module docs)."""
     from ..store.parts import remove_if_empty, unstage
     from ..store.writer import existing_manifest
