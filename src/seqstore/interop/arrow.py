@@ -233,12 +233,8 @@ class _ArrowJob:
     id_column: str | None
     chunk_bytes: int
 
-    def write(
-        self,
-        writer: Writer,
-        segments: Sequence[tuple[int, tuple[int, int] | None]],
-        progress: Progress | None,
-    ) -> None:
+    def write(self, writer: Writer, segments: Sequence[tuple[int, tuple[int, int] | None]],
+              progress: Progress | None) -> None:
         """Append the records of ``segments`` (file number, pieces ``[a, b)`` or None for all), in order.
         Each file is opened afresh and let go after its segment: a ParquetFile that was read keeps
         hundreds of MB of Arrow buffers alive (the validation's sources are not reused for this)."""
@@ -259,9 +255,7 @@ class _ArrowJob:
                     progress(int(table.num_rows))
 
 
-def _arrow_units(
-    srcs: Sequence[_Source], total: int, workers: int
-) -> list[list[tuple[int, tuple[int, int] | None]]]:
+def _arrow_units(srcs: Sequence[_Source], total: int, workers: int) -> list[list[tuple[int, tuple[int, int] | None]]]:
     """Cut the files' pieces, in order, into about ``4 x workers`` runs of similar row counts: each run
     (one part of a parallel convert) is a list of (file number, pieces [a, b))."""
     pieces = [(k, j, n) for k, src in enumerate(srcs) for j, n in enumerate(src.pieces())]  # (file, piece, rows)

@@ -116,17 +116,10 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
 # ----------------------------------------------------------------------------------------- import
 
 
-def _stream_file(
-    info: HdfFileInfo,
-    writer: Writer,
-    fields: Mapping[str, str],
-    chunk_bytes: int,
-    progress: Progress | None,
-    seqs: tuple[int, int] | None = None,
-    first_rows: Mapping[str, int] | None = None,
-) -> None:
-    """Append every sequence of one file to ``writer`` in chunks of about ``chunk_bytes`` of rows (or the
-    sequences ``seqs = [a, b)``, whose rows start at ``first_rows[stream key]``)."""
+def _stream_file(info: HdfFileInfo, writer: Writer, fields: Mapping[str, str], chunk_bytes: int,
+                 progress: Progress | None, seqs: tuple[int, int], first_rows: Mapping[str, int] | None) -> None:
+    """Append the sequences ``seqs = [a, b)`` of one file, whose rows start at ``first_rows[stream key]``
+    (None: at the file's start), to ``writer`` in chunks of about ``chunk_bytes`` of rows."""
     h5py = h5py_module()
     p = info.path
     with h5py.File(p, "r") as fin:
@@ -135,7 +128,7 @@ def _stream_file(
         data = {s.key: fin[s.dataset] for s in info.streams}
         row_pos = {s.key: int(first_rows[s.key]) if first_rows else 0 for s in info.streams}
         cost_per_row = [s.row_bytes for s in info.streams]
-        lo, n = seqs if seqs is not None else (0, info.num_seqs)
+        lo, n = seqs
         for a in range(lo, n, _LENGTHS_BLOCK):
             b = min(a + _LENGTHS_BLOCK, n)
             block = np.asarray(_read(sl, slice(a, b), p, "seqLengths"), dtype=np.int64).reshape(b - a, -1)
