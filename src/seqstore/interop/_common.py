@@ -22,18 +22,8 @@ from ..format.manifest import MANIFEST, fsync_dir
 from ..schema import Schema
 from ..store import Writer, create
 
-__all__ = [
-    "SourceFormatError",
-    "OutputExistsError",
-    "Progress",
-    "announce_total",
-    "split_by_budget",
-    "runs_across",
-    "name_map",
-    "replaced",
-    "new_store",
-    "DEFAULT_CHUNK_BYTES",
-]
+__all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
+           "name_map", "replaced", "new_store", "DEFAULT_CHUNK_BYTES"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -150,8 +140,9 @@ def _not_a_store(root: Path) -> bool:
 def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _not_a_store,
                  what: str = "a non-empty directory that is not a store",
                  error: type[Exception] = SeqstoreError) -> None:
-    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and in any case one that is
-    not an output of this kind (``refuse(root)``: ``error``, naming ``what`` it is); make the parent directory."""
+    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and even then one that
+    ``refuse(root)`` says may not be replaced (``error``: "refusing to overwrite ``what``"); make the
+    parent directory."""
     if root.exists() or root.is_symlink():
         if not overwrite:
             raise OutputExistsError(root)

@@ -1,12 +1,11 @@
 """WebDataset tar shards as samples: the reading half of :mod:`seqstore.interop.webdataset`.
 
 :func:`shard_list` expands the sources (files, directories, ``{000..009}`` brace ranges, URLs);
-:func:`samples` yields each shard's samples ``(key, {ext: (member name, bytes)})`` in tar order, grouping
-members by key as ``webdataset.WebDataset`` does (``KEY`` is the name up to the first dot of its last
-path part, ``EXT`` the rest, lower-cased; ``__*__`` members are skipped). An uncompressed local shard is
-read from a memory map by parsing its 512-byte headers (ustar, GNU long names, pax; checksums checked);
-a compressed shard or a URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a
-``tarfile`` stream. A :class:`ByteCounter` tells how far into the shard the reading is (progress).
+:func:`samples` yields each shard's samples ``(key, {ext: (member name, bytes)})`` in tar order, members
+grouped by key as the webdataset module docs say. An uncompressed local shard is read from a memory map
+by parsing its 512-byte headers (ustar, GNU long names, pax; checksums checked); a compressed shard or a
+URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a ``tarfile`` stream. A
+:class:`ByteCounter` tells how far into the shard the reading is (progress).
 """
 
 from __future__ import annotations
