@@ -433,8 +433,9 @@ def import_lhotse(
         schema = plan.schema()
     except SchemaError as exc:
         raise SourceFormatError(where, None, f"cut {first.id!r}: {exc}") from exc
+    paths = [w for w, _ in sources if w != OBJECT_NAME]
     meta = {
-        "manifests": [os.path.basename(w) for w, _ in sources if w != OBJECT_NAME] or None,
+        "manifests": [os.path.basename(p) for p in paths] or None,
         "text_separator": text_separator,
         "num_frames": "cut.num_frames, -1 without features" if plan.frames else None,
         "features": {"dtype": features_dtype, "dims": plan.dims,
@@ -442,7 +443,6 @@ def import_lhotse(
         "audio": {"dtype": audio_dtype, "channels": channels,
                   "int16_scale": 32768 if audio_dtype == "int16" else None} if audio else None,
     }
-    paths = [w for w, _ in sources if w != OBJECT_NAME]
     scans = functools.cache(lambda: [scan_manifest(p) for p in paths])  # one pass over the lines, when needed
 
     def units(workers: int) -> list[tuple[_CutsJob, list[tuple[int, int, int]]]]:
