@@ -1,11 +1,7 @@
-"""Shared pieces of the importers: the error type for malformed source files, byte-budget chunking,
-and the all-or-nothing write of a new store.
-
-Every importer validates all of its sources first (cheap: headers, shapes, length sums) and only then
-writes; the new store is built in a hidden temporary sibling directory and renamed into place only
-once complete, so a data-dependent failure during the write (the writer commits a shard by itself when
-it reaches ``shard_bytes``) deletes just the temporary store: a failed conversion never leaves a store
-behind and never touches an existing one, even with ``overwrite=True``.
+"""Shared pieces of the importers and exporters: the error types, progress totals, byte-budget chunking,
+and the all-or-nothing write of a new output: validated first, built in a hidden sibling and renamed
+into place once complete, so a failure during the write (the writer commits shards by itself) leaves
+nothing behind and an existing output, even with ``overwrite=True``, untouched.
 """
 
 from __future__ import annotations
@@ -26,35 +22,21 @@ from ..format.manifest import MANIFEST, fsync_dir
 from ..schema import Schema
 from ..store import Writer, create
 
-__all__ = [
-    "SourceFormatError",
-    "OutputExistsError",
-    "Progress",
-    "announce_total",
-    "split_by_budget",
-    "runs_across",
-    "name_map",
-    "replaced",
-    "new_store",
-    "DEFAULT_CHUNK_BYTES",
-]
+__all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
+           "name_map", "replaced", "new_store", "DEFAULT_CHUNK_BYTES"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
 
-#: A progress callback: called with the amount of work just done (records or bytes: each importer and
-#: exporter documents its unit). A callback that also has an ``add_total(n)`` method is told the total
-#: amount of work, in the same unit, once the inputs are validated and before the first step (see
-#: :func:`announce_total`); the steps then add up to exactly that total on success.
+#: A progress callback, called with the work just done (each importer and exporter documents its unit);
+#: one with an ``add_total(n)`` method is told the total first (:func:`announce_total`), which the steps
+#: add up to on success.
 Progress = Callable[[int], None]
 
 
 def announce_total(progress: Progress | None, total: int) -> None:
-    """Tell ``progress`` (if it has an ``add_total`` method) that ``total`` more units of work are coming.
-
-    Called after validation, so a progress bar built on ``add_total`` appears only once the inputs are
-    known to be good. An importer that learns its size piece by piece may call it several times.
-    """
+    """Tell ``progress`` (if it has an ``add_total`` method) that ``total`` more units of work are coming:
+    after validation, so a bar built on it appears only for good inputs; may be called several times."""
     add = getattr(progress, "add_total", None)
     if add is not None:
         add(int(total))
@@ -151,14 +133,21 @@ def remove_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def check_output(root: Path, overwrite: bool) -> None:
-    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and a non-empty directory that
-    is not a store in any case (SeqstoreError); make the parent directory."""
+def _not_a_store(root: Path) -> bool:
+    return root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir())
+
+
+def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _not_a_store,
+                 what: str = "a non-empty directory that is not a store",
+                 error: type[Exception] = SeqstoreError) -> None:
+    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and even then one that
+    ``refuse(root)`` says may not be replaced (``error``: "refusing to overwrite ``what``"); make the
+    parent directory."""
     if root.exists() or root.is_symlink():
         if not overwrite:
             raise OutputExistsError(root)
-        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
-            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        if refuse(root):
+            raise error(f"{root}: refusing to overwrite {what}")
     root.parent.mkdir(parents=True, exist_ok=True)
 
 
@@ -193,28 +182,18 @@ def replaced(root: Path, tag: str = "tmp") -> Iterator[Path]:
         raise
 
 
-def new_store(
-    out: str | os.PathLike[str],
-    schema: Schema | Mapping[str, Any],
-    fill: Callable[[Writer], None],
-    *,
-    overwrite: bool = False,
-    shard_bytes: int = 1 << 30,
-    metadata: Mapping[str, Any] | None = None,
-    direct_io: bool = False,
-) -> None:
+def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], fill: Callable[[Writer], None], *,
+              overwrite: bool = False, shard_bytes: int = 1 << 30, metadata: Mapping[str, Any] | None = None,
+              direct_io: bool = False) -> None:
     """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing. ``direct_io``:
     the data files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`).
 
-    The store is built in a hidden sibling directory ``<parent>/.<name>.tmp-<pid>-<random>`` and only
-    moved to ``out`` after the writer has closed (every shard committed): an existing store (with
-    ``overwrite=True``) is renamed aside, the new one renamed into place, then the old one deleted. If
-    ``fill`` raises (or the final commit fails), the writer is aborted and only the temporary directory
-    is deleted, then the exception propagates: ``out`` is exactly as before (an existing store intact).
-    A crash leaves at worst a hidden ``.<name>.tmp-*`` (or, between the two renames, ``.<name>.old-*``
-    holding the previous store) next to ``out``. Raises :class:`OutputExistsError` (a FileExistsError)
-    when ``out`` exists and ``overwrite`` is false, SeqstoreError when ``out`` is a non-empty directory
-    that is not a store, both before anything is written. O(1) extra work: two renames.
+    The store is built in a hidden sibling ``<parent>/.<name>.tmp-<pid>-<random>`` and renamed into
+    place once the writer has closed (:func:`replaced`); if ``fill`` or the commit fails, the writer is
+    aborted and only the sibling deleted: ``out`` is exactly as before. A crash leaves at worst a hidden
+    ``.<name>.tmp-*`` (or ``.<name>.old-*`` holding the previous store) next to ``out``. Before anything
+    is written: :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is
+    false, SeqstoreError when it is a non-empty directory that is not a store.
     """
     root = Path(out)
     check_output(root, overwrite)

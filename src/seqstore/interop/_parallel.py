@@ -1,28 +1,23 @@
-"""Parallel conversion: the inputs' runs written by worker processes as parts, one commit at the end.
+"""Parallel conversion: the inputs' units written by worker processes as parts, one commit at the end.
 
-``convert_in_parallel`` is what ``seqstore convert --workers N`` (and ``import_*(..., workers=N)``)
-runs: the new store is prepared in a hidden sibling directory (as for a sequential conversion,
-interop/_common.py), each unit of work (a run of the inputs, in input order) is written by a worker
-process as one part (store/parts.py), the parts are committed in unit order with one commit, and
-the directory is renamed into place. So the records are in input order, whatever the number of
-workers, and a failure anywhere (a worker's exception, a worker killed) leaves nothing: the
-temporary directory, parts included, is deleted and ``out`` is as before.
+``convert_in_parallel`` is what ``import_*(..., workers=N)`` runs: each unit of work (a run of the
+inputs, in input order) is written by a worker process as one part (store/parts.py), and the parts are
+committed in unit order with one commit, so the records are in input order whatever the number of
+workers. A local ``out`` is prepared in a hidden sibling directory (as for a sequential conversion,
+interop/_common.py) renamed into place at the end; a URL of object storage (``storage_options``) is
+written in place, each part uploaded into the store's staging prefix and all committed with one
+conditional manifest write. A failure anywhere (a worker's exception, a worker killed) leaves nothing:
+the parts are discarded, a store the conversion created is deleted, an existing one is left as it was.
 
-A URL of object storage as ``out`` (``s3://``...; ``storage_options``) is written in place: the
-store is prepared there (``create``, or ``overwrite`` staging the new schema), each worker uploads
-its part into the store's staging prefix (store/write/objects.py), the parts are committed in unit
-order with one conditional manifest write, and the job's staging objects are deleted. A failure
-discards every part; a store the conversion created is deleted again, an existing one (overwrite)
-is left as it was.
-
-Workers are started with ``forkserver`` (``spawn`` where there is none): never a fork of the
-driver, whose threads and open files a forked child would inherit. Each worker reports its
-progress through a queue, which one driver thread feeds into the single progress callback.
+Workers start from a ``forkserver`` (``spawn`` where there is none), never as a fork of the driver,
+whose threads and open files they would inherit; their progress goes through a queue that one driver
+thread feeds into the single progress callback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -52,7 +47,7 @@ from ._common import (
     temp_sibling,
 )
 
-__all__ = ["convert_in_parallel", "build_store", "write_to_url", "Job"]
+__all__ = ["convert_in_parallel", "build_store", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +78,11 @@ def _report(n: int) -> None:
         _queue.put(n)
 
 
-def _write_unit(store: str, job_id: str, task: str, job: Job, segments: Any, shard_bytes: int,
-                storage_options: Mapping[str, Any] | None = None, report: Progress | None = None,
-                direct_io: bool = False) -> Part:
-    """Worker (or the driver, with its own ``report``): one unit as one part."""
-    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options,
+def _write_unit(store: str, job_id: str, shard_bytes: int, storage_options: Mapping[str, Any] | None,
+                direct_io: bool, k: int, job: Job, segments: Any, report: Progress | None = None) -> Part:
+    """Worker (or the driver, with its own ``report``): unit ``k`` as one part. :func:`_run` takes it
+    with the first five arguments bound (``functools.partial``, picklable)."""
+    w = PartWriter(store, job=job_id, task=f"u{k:06d}", shard_bytes=shard_bytes, storage_options=storage_options,
                    direct_io=direct_io)
     try:
         job.write(w, segments, report or _report)
@@ -174,22 +169,10 @@ def _stop_pool(pool: ProcessPoolExecutor, grace_s: float = 3.0) -> None:
         manager.join(grace_s)
 
 
-def convert_in_parallel(
-    out: str | os.PathLike[str],
-    schema: Schema,
-    units: Sequence[tuple[Job, Any]],
-    total: int,
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    workers: int,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None = None,
-    preload: Sequence[str] = (),
-    in_driver: bool = False,
-    direct_io: bool = False,
-) -> Store:
+def convert_in_parallel(out: str | os.PathLike[str], schema: Schema, units: Sequence[tuple[Job, Any]], total: int, *,
+                        overwrite: bool, shard_bytes: int, metadata: Mapping[str, Any] | None, workers: int,
+                        progress: Progress | None, storage_options: Mapping[str, Any] | None = None,
+                        preload: Sequence[str] = (), in_driver: bool = False, direct_io: bool = False) -> Store:
     """Build the store ``out`` from ``units`` (``(job, segments)`` pairs, in record order) with
     ``workers`` processes, all or nothing (see the module docs), and open it. ``total`` is announced to
     ``progress`` once the output path is checked. ``preload``: modules the workers need (imported
@@ -205,9 +188,14 @@ def convert_in_parallel(
                      why="conversion workers start from a forkserver, never as a fork of this process, whose "
                      "threads and open files they would inherit")
     if is_remote(out):
-        _convert_to_url(os.fspath(out), schema, units, total, overwrite=overwrite, shard_bytes=shard_bytes,
-                        metadata=metadata, workers=workers, progress=progress, storage_options=storage_options,
-                        preload=preload, in_driver=in_driver, direct_io=direct_io)
+        url = os.fspath(out)
+
+        def produce(job_id: str) -> list[Part]:
+            unit = functools.partial(_write_unit, url, job_id, shard_bytes, storage_options, direct_io)
+            return _run(unit, units, workers, progress, preload, in_driver)
+
+        _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
+                      storage_options=storage_options)
         return open_store(out, storage_options=dict(storage_options) if storage_options else None)
     root = Path(out)
     check_output(root, overwrite)
@@ -216,7 +204,8 @@ def convert_in_parallel(
     try:
         prepare_store(tmp, schema, metadata=metadata, mode="create")
         announce_total(progress, total)
-        parts = _run(str(tmp), job_id, units, shard_bytes, workers, progress, None, preload, in_driver, direct_io)
+        unit = functools.partial(_write_unit, str(tmp), job_id, shard_bytes, None, direct_io)
+        parts = _run(unit, units, workers, progress, preload, in_driver)
         commit_parts(tmp, parts)
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
@@ -229,74 +218,23 @@ def convert_in_parallel(
     return open_store(root)
 
 
-def _convert_to_url(
-    url: str,
-    schema: Schema,
-    units: Sequence[tuple[Job, Any]],
-    total: int,
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    workers: int,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None,
-    preload: Sequence[str] = (),
-    in_driver: bool = False,
-    direct_io: bool = False,
-) -> None:
-    """:func:`convert_in_parallel` into a store on object storage (see the module docs)."""
-
-    def produce(job_id: str) -> list[Part]:
-        return _run(url, job_id, units, shard_bytes, workers, progress, storage_options, preload, in_driver,
-                    direct_io)
-
-    _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
-                  storage_options=storage_options)
-
-
-def build_store(
-    out: str | os.PathLike[str],
-    schema: Schema,
-    fill: Callable[[Any], None],
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    storage_options: Mapping[str, Any] | None,
-    direct_io: bool = False,
-) -> Store:
+def build_store(out: str | os.PathLike[str], schema: Schema, fill: Callable[[Any], None], *, overwrite: bool,
+                shard_bytes: int, metadata: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None,
+                direct_io: bool = False) -> Store:
     """A new store at ``out`` from ``fill(writer)`` run in this process, all or nothing, and opened: a
-    local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`), a URL
-    of object storage is written as one part committed once (:func:`write_to_url`). ``direct_io``: as
-    for :func:`convert_in_parallel`."""
-    options = dict(storage_options) if storage_options else None
+    local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`); a URL
+    of object storage gets the records as one part, committed once ``fill`` returns (for sources that
+    cannot be handed to worker processes: a stream, a dataset object in memory). ``direct_io``: as for
+    :func:`convert_in_parallel`."""
     if not is_remote(out):
         new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
                   direct_io=direct_io)
         return open_store(out)
-    write_to_url(os.fspath(out), schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
-                 storage_options=options, direct_io=direct_io)
-    return open_store(out, storage_options=options)
-
-
-def write_to_url(
-    url: str,
-    schema: Schema,
-    fill: Callable[[Any], None],
-    *,
-    overwrite: bool,
-    shard_bytes: int,
-    metadata: Mapping[str, Any] | None,
-    storage_options: Mapping[str, Any] | None,
-    direct_io: bool = False,
-) -> None:
-    """A new store at ``url`` (object storage) from ``fill(writer)`` run in this process: the records go
-    into one part, committed once ``fill`` returns; all or nothing as :func:`convert_in_parallel`. For
-    sources that cannot be handed to worker processes (a stream, a dataset object in memory)."""
+    url = os.fspath(out)
+    options = dict(storage_options) if storage_options else None
 
     def produce(job_id: str) -> list[Part]:
-        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=storage_options,
+        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=options,
                        direct_io=direct_io)
         try:
             fill(w)
@@ -306,20 +244,13 @@ def write_to_url(
             raise
 
     _build_at_url(url, schema, produce, None, overwrite=overwrite, metadata=metadata, progress=None,
-                  storage_options=storage_options)
+                  storage_options=options)
+    return open_store(out, storage_options=options)
 
 
-def _build_at_url(
-    url: str,
-    schema: Schema,
-    produce: Callable[[str], list[Part]],
-    total: int | None,
-    *,
-    overwrite: bool,
-    metadata: Mapping[str, Any] | None,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None,
-) -> None:
+def _build_at_url(url: str, schema: Schema, produce: Callable[[str], list[Part]], total: int | None, *, overwrite: bool,
+                  metadata: Mapping[str, Any] | None, progress: Progress | None,
+                  storage_options: Mapping[str, Any] | None) -> None:
     """Prepare the store at ``url``, ``produce(job_id)`` its parts, commit them in order (module docs)."""
     from ..store.parts import remove_if_empty, unstage
     from ..store.writer import existing_manifest
@@ -351,25 +282,13 @@ def _build_at_url(
     discard_parts(url, job_id, storage_options=storage_options)  # the parts' committed.json records
 
 
-def _run(
-    store: str,
-    job_id: str,
-    units: Sequence[tuple[Job, Any]],
-    shard_bytes: int,
-    workers: int,
-    progress: Progress | None,
-    storage_options: Mapping[str, Any] | None,
-    preload: Sequence[str] = (),
-    in_driver: bool = False,
-    direct_io: bool = False,
-) -> list[Part]:
-    """Write every unit as a part with ``workers`` processes; the parts in unit order.
-
-    ``in_driver``: this process is one of the ``workers`` (the pool has one process fewer). While the
-    pool starts (a worker that imports a heavy library takes a second or more before its first record)
-    and then alongside it, this process writes units itself, from the last one backwards, as long as
-    the pool has not taken them (a unit's future can still be cancelled); the pool's processes take
-    units from the front. For jobs whose modules the driver has imported already."""
+def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: int, progress: Progress | None,
+         preload: Sequence[str] = (), in_driver: bool = False) -> list[Part]:
+    """Write every unit as a part (``unit(k, job, segments[, report])``: :func:`_write_unit` bound to the
+    store) with ``workers`` processes; the parts in unit order. ``in_driver``: this process is one of the
+    ``workers`` (the pool has one process fewer) and writes units from the last one backwards while the
+    pool starts and takes them from the front (:func:`_share`); for jobs whose modules the driver has
+    imported already."""
     ctx = _context(preload)
     queue = ctx.Queue()
 
@@ -393,13 +312,12 @@ def _run(
         pool = ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,))
         try:
             if in_driver:
-                parts = _share(pool, procs, store, job_id, units, shard_bytes, storage_options, report, direct_io)
+                parts = _share(pool, procs, unit, units, report)
             else:
                 futures: list[Future[Part]] = []
                 for k, (job, segs) in enumerate(units):
                     with _signals_held():  # a worker this starts is in the pool's table before an interrupt
-                        futures.append(pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
-                                                   storage_options, None, direct_io))
+                        futures.append(pool.submit(unit, k, job, segs))
                 parts = [f.result() for f in futures]  # in unit order; the first failure raises
         except BaseException:
             # an interrupt (Ctrl-C, SIGTERM) or a failure: never wait for the units still running
@@ -421,17 +339,8 @@ def _run(
     return parts
 
 
-def _share(
-    pool: ProcessPoolExecutor,
-    procs: int,
-    store: str,
-    job_id: str,
-    units: Sequence[tuple[Job, Any]],
-    shard_bytes: int,
-    storage_options: Mapping[str, Any] | None,
-    report: Progress,
-    direct_io: bool = False,
-) -> list[Part]:
+def _share(pool: ProcessPoolExecutor, procs: int, unit: Callable[..., Part], units: Sequence[tuple[Job, Any]],
+           report: Progress) -> list[Part]:
     """The units written by ``pool`` from the front and by this process from the back (see :func:`_run`).
 
     A thread hands the pool one unit per idle process (never more, so no unit waits in the pool's queue
@@ -460,9 +369,7 @@ def _share(
         try:
             while True:
                 while len(running) < procs and (k := take(True)) is not None:
-                    job, segs = units[k]
-                    futures[k] = pool.submit(_write_unit, store, job_id, f"u{k:06d}", job, segs, shard_bytes,
-                                             storage_options, None, direct_io)
+                    futures[k] = pool.submit(unit, k, *units[k])
                     running.add(futures[k])
                 if not running:
                     return
@@ -477,9 +384,7 @@ def _share(
     feeder.start()
     try:
         while (k := take(False)) is not None:
-            job, segs = units[k]
-            mine[k] = _write_unit(store, job_id, f"u{k:06d}", job, segs, shard_bytes, storage_options, report,
-                                  direct_io)
+            mine[k] = unit(k, *units[k], report)
     except BaseException:
         stop.set()
         with _signals_held():

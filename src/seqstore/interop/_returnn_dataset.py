@@ -1,26 +1,17 @@
 """``StoreDataset``: a RETURNN ``Dataset`` that reads a seqstore store (imports RETURNN at module load).
 
-Reach it as ``seqstore.interop.returnn.StoreDataset``; that module imports this one only when the
-name is used, so seqstore itself never needs RETURNN. In a RETURNN config::
-
-    from seqstore.interop.returnn import StoreDataset
-    train = {"class": StoreDataset, "path": "/data/train.seqstore",
-             "seq_ordering": "laplace:.1000", "partition_epoch": 20}
-
-Per process it holds the opened store (the manifest: O(fields x shards)) and the current epoch's
-lazy :class:`seqstore.Order` (O(1), O(bin) for laplace). Epoch orders come from the data layer
-(:class:`seqstore.data.StoreDataset` over the same store and ``seq_order_key``): ``laplace`` gathers
-each bin's lengths lazily from the offsets; ``sorted*``/``sort_bin_shuffle*`` map the data layer's
-``.npy`` lengths and sort-index caches (``<store>.cache/``, or ``cache_dir``; the same files
-``seqstore.data`` and ``seqstore.torch`` use), written by the first process: no O(N) private memory,
-no O(N) work at open.
+Reach it as ``seqstore.interop.returnn.StoreDataset`` (that module imports this one only when the name
+is used, so seqstore itself never needs RETURNN); docs/interop.md has a config. Per process it holds the
+opened store (O(fields x shards)) and the current epoch's lazy :class:`seqstore.Order`. Epoch orders
+come from the data layer (:class:`seqstore.data.StoreDataset` over the same store and
+``seq_order_key``, with its lengths and sort-index caches): no O(N) private memory, no O(N) work at open.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -32,7 +23,8 @@ from ..data import StoreDataset as _DataStoreDataset
 from ..data._cache import CacheError, default_cache_dir
 from ..data._orders import dataset_order
 from ..errors import SeqstoreError
-from ..order import Order, ordering_needs_lengths, seq_order
+from ..order import Order, ordering_needs_lengths
+from ..order import seq_order as _seq_order  # init_seq_order has a parameter named seq_order
 from ..store import Store, open_store
 
 __all__ = ["StoreDataset"]
@@ -88,11 +80,12 @@ class _Tags(Sequence[str]):
         j = int(i) + len(self) if int(i) < 0 else int(i)
         if not 0 <= j < len(self):
             raise IndexError(f"tag index {i} out of range for {len(self)} sequences")
-        return self._store.id(j) if self._store.has_ids else f"seq-{j}"
+        return _tag(self._store, j)
 
-    def __iter__(self) -> Iterator[str]:
-        for k in range(len(self)):
-            yield self[k]
+
+def _tag(store: Store, idx: int) -> str:
+    """Record ``idx``'s tag: its id, ``seq-<idx>`` in a store without ids."""
+    return store.id(idx) if store.has_ids else f"seq-{idx}"
 
 
 def _rebuild(kwargs: dict[str, Any], state: dict[str, Any]) -> StoreDataset:
@@ -153,11 +146,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
                 raise ValueError(f"StoreDataset: option {opt}={kwargs[opt]!r} is not supported ({hint})")
         super().__init__(**kwargs)
         self._init_kwargs: dict[str, Any] = {
-            "path": str(path),
-            "cache_dir": None if cache_dir is None else str(cache_dir),
-            "seq_order_key": seq_order_key,
-            "num_outputs": num_outputs,
-            **kwargs,
+            "path": str(path), "cache_dir": None if cache_dir is None else str(cache_dir),
+            "seq_order_key": seq_order_key, "num_outputs": num_outputs, **kwargs,
         }
         self.path = str(path)
         self._store = open_store(path, bfloat16="float32")
@@ -201,10 +191,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         if isinstance(labels, dict):
             self.labels = {k: list(v) for k, v in labels.items() if k in schema}
         self._dtypes = {n: ("float32" if f.dtype == "bfloat16" else str(np.dtype(f.dtype))) for n, f in schema.items()}
-        total = 0
-        if self._order_key is not None:
-            total = self._store.manifest.total_rows(self._order_key)
-        self._num_timesteps = total
+        self._num_timesteps = 0 if seq_order_key is None else self._store.manifest.total_rows(seq_order_key)
         self._order: Order | None = None
         self._explicit: np.ndarray[Any, Any] | None = None
 
@@ -212,12 +199,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as constructor arguments plus (epoch, sharding, explicit order): the store by path."""
-        state = {
-            "epoch": self.epoch,
-            "num_shards": self._num_shards,
-            "shard_index": self._shard_index,
-            "explicit": self._explicit,
-        }
+        state = {"epoch": self.epoch, "num_shards": self._num_shards, "shard_index": self._shard_index,
+                 "explicit": self._explicit}
         return _rebuild, (dict(self._init_kwargs), state)
 
     # --------------------------------------------------------------------------------------- orders
@@ -257,9 +240,9 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         elif seq_order is not None:
             self._explicit = np.asarray(seq_order, dtype=np.int64)
         if self._explicit is not None:
-            self._order = seq_order_fn(n, self._explicit, epoch=1)
+            self._order = _seq_order(n, self._explicit, epoch=1)
         elif epoch is None:
-            self._order = seq_order_fn(n, "default", epoch=1)[0:0]
+            self._order = _seq_order(n, "default", epoch=1)[0:0]
         else:
             name = self._ordering_name(epoch)
             p, s, k = self.partition_epoch or 1, self._num_shards, self._shard_index
@@ -283,9 +266,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     @property
     def num_seqs(self) -> int:
         """Sequences in the current sub-epoch (this shard)."""
-        if self._order is None:
-            raise SeqstoreError(f"{self}: call init_seq_order first")
-        return len(self._order)
+        return len(self.get_current_seq_order())
 
     def supports_sharding(self) -> bool:
         return True
@@ -301,13 +282,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     # ----------------------------------------------------------------------------------------- data
 
-    def _corpus_idx(self, seq_idx: int) -> int:
-        if self._order is None:
-            raise SeqstoreError(f"{self}: call init_seq_order first")
-        return int(self._order[seq_idx])
-
     def get_corpus_seq_idx(self, seq_idx: int) -> int:
-        return self._corpus_idx(seq_idx)
+        return int(self.get_current_seq_order()[seq_idx])
 
     def have_corpus_seq_idx(self) -> bool:
         return True
@@ -325,21 +301,18 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     def get_data(self, seq_idx: int, key: str) -> Any:
         """Rows of field ``key`` of the ``seq_idx``-th sequence of the epoch: (T, *row) read-only view;
         a fixed field is one row, (1, *shape). O(log shards)."""
-        return self._data_by_corpus_idx(self._corpus_idx(seq_idx), key)
-
-    def _lengths_of(self, idx: int) -> dict[str, int]:
-        return {k: (int(self._store.lengths(k)[idx]) if r else 1) for k, r in self._ragged.items()}
+        return self._data_by_corpus_idx(self.get_corpus_seq_idx(seq_idx), key)
 
     def get_seq_length(self, seq_idx: int) -> NumbersDict:
-        return NumbersDict(self._lengths_of(self._corpus_idx(seq_idx)))
+        idx = self.get_corpus_seq_idx(seq_idx)
+        return NumbersDict({k: (int(self._store.lengths(k)[idx]) if r else 1) for k, r in self._ragged.items()})
 
     def get_estimated_seq_length(self, seq_idx: int) -> int:
-        idx = self._corpus_idx(seq_idx)
+        idx = self.get_corpus_seq_idx(seq_idx)
         return int(self._store.lengths(self._order_key)[idx]) if self._order_key else 1
 
     def get_tag(self, sorted_seq_idx: int) -> str:
-        idx = self._corpus_idx(sorted_seq_idx)
-        return self._store.id(idx) if self._store.has_ids else f"seq-{idx}"
+        return _tag(self._store, self.get_corpus_seq_idx(sorted_seq_idx))
 
     def get_all_tags(self) -> Sequence[str]:
         """Every tag of the store in corpus order, as a lazy sequence (nothing is read up front)."""
@@ -353,8 +326,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
 
     def get_corpus_seq(self, corpus_seq_idx: int) -> DatasetSeq:
         features = {k: self._data_by_corpus_idx(corpus_seq_idx, k) for k in self._keys}
-        tag = self._store.id(corpus_seq_idx) if self._store.has_ids else f"seq-{corpus_seq_idx}"
-        return DatasetSeq(seq_idx=corpus_seq_idx, features=features, seq_tag=tag)
+        return DatasetSeq(seq_idx=corpus_seq_idx, features=features, seq_tag=_tag(self._store, corpus_seq_idx))
 
     def get_data_keys(self) -> list[str]:
         return list(self._keys)
@@ -376,7 +348,3 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
     def __repr__(self) -> str:
         return f"<StoreDataset {self.name!r} {self.path!r} epoch={self.epoch}>"
 
-
-def seq_order_fn(num_seqs: int, ordering: Any, **kwargs: Any) -> Order:
-    """:func:`seqstore.seq_order` (a module-level alias: ``init_seq_order`` has a parameter of that name)."""
-    return seq_order(num_seqs, ordering, **kwargs)

@@ -58,10 +58,6 @@ METADATA_KEY = "arrow"
 MIN_UNIT_RECORDS = 1 << 15
 
 
-
-# ---------------------------------------------------------------------------------------- sources
-
-
 def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
     """The files behind ``path``: the file itself, or for a directory its ``.arrow``/``.parquet`` files —
     in ``state.json`` order for a Hugging Face ``save_to_disk`` directory, else sorted by name."""
@@ -193,12 +189,6 @@ def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[in
         yield pa.Table.from_batches(pending)
 
 
-
-def _discover_inner(srcs: list[_Source], col: str, plan: Plan, chunk_bytes: int) -> tuple[int, ...]:
-    """Resolve a ``None`` inner dim (list of variable lists) from the first non-empty inner list."""
-    return resolve_inner(plan, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
-
-
 def _conversion(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str, *,
     columns: Mapping[str, str] | None, id_column: str | None, chunk_bytes: int,
@@ -216,11 +206,11 @@ def _conversion(
             if col not in src.schema.names:
                 raise SchemaError(f"{src.path}: no column {col!r} (present in {first.path})")
             if col in plans and plan_column(src.path, col, src.schema.field(col).type) != plans[col]:
-                raise SchemaError(
-                    f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
-                    f"{first.schema.field(col).type} in {first.path}"
-                )
-    inner = {col: _discover_inner(srcs, col, p, chunk_bytes) for col, p in plans.items()}
+                raise SchemaError(f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
+                                  f"{first.schema.field(col).type} in {first.path}")
+    # a None inner dim (a list of variable lists): the length of the first non-empty inner list
+    inner = {col: resolve_inner(p, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
+             for col, p in plans.items()}
     schema = columns_schema(first.path, ((c, f, plans[c], inner[c]) for c, f in mapping.items()))
     meta = {
         "format": fmt, "files": [os.path.basename(s.path) for s in srcs], "columns": mapping, "id_column": id_column,
@@ -243,12 +233,8 @@ class _ArrowJob:
     id_column: str | None
     chunk_bytes: int
 
-    def write(
-        self,
-        writer: Writer,
-        segments: Sequence[tuple[int, tuple[int, int] | None]],
-        progress: Progress | None,
-    ) -> None:
+    def write(self, writer: Writer, segments: Sequence[tuple[int, tuple[int, int] | None]],
+              progress: Progress | None) -> None:
         """Append the records of ``segments`` (file number, pieces ``[a, b)`` or None for all), in order.
         Each file is opened afresh and let go after its segment: a ParquetFile that was read keeps
         hundreds of MB of Arrow buffers alive (the validation's sources are not reused for this)."""
@@ -269,27 +255,17 @@ class _ArrowJob:
                     progress(int(table.num_rows))
 
 
-def _arrow_units(
-    srcs: Sequence[_Source], total: int, workers: int
-) -> list[list[tuple[int, tuple[int, int] | None]]]:
+def _arrow_units(srcs: Sequence[_Source], total: int, workers: int) -> list[list[tuple[int, tuple[int, int] | None]]]:
     """Cut the files' pieces, in order, into about ``4 x workers`` runs of similar row counts: each run
     (one part of a parallel convert) is a list of (file number, pieces [a, b))."""
-    flat: list[tuple[int, int]] = []  # (file, piece)
-    rows: list[int] = []
-    for k, src in enumerate(srcs):
-        for j, n in enumerate(src.pieces()):
-            flat.append((k, j))
-            rows.append(n)
+    pieces = [(k, j, n) for k, src in enumerate(srcs) for j, n in enumerate(src.pieces())]  # (file, piece, rows)
     budget = max(MIN_UNIT_RECORDS, -(-total // (4 * workers)))
     units: list[list[tuple[int, tuple[int, int] | None]]] = []
-    for a, b in split_by_budget(np.asarray(rows, dtype=np.int64), budget):
-        segs: list[tuple[int, tuple[int, int] | None]] = []
-        for k, j in flat[a:b]:
-            if segs and segs[-1][0] == k and segs[-1][1] is not None and segs[-1][1][1] == j:
-                segs[-1] = (k, (segs[-1][1][0], j + 1))
-            else:
-                segs.append((k, (j, j + 1)))
-        units.append(segs)
+    for a, b in split_by_budget(np.asarray([n for _, _, n in pieces], dtype=np.int64), budget):
+        spans: dict[int, list[int]] = {}  # file -> [first, end) of its pieces in the run (consecutive)
+        for k, j, _ in pieces[a:b]:
+            spans.setdefault(k, [j, j])[1] = j + 1
+        units.append([(k, (first, end)) for k, (first, end) in spans.items()])
     return units
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def pyarrow() -> Any:
         module = importlib.import_module("pyarrow")
         importlib.import_module("pyarrow.ipc")
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("Arrow/Parquet import needs pyarrow: pip install 'seqstore[arrow]'") from exc
+        raise ImportError("Arrow/Parquet support needs pyarrow: pip install 'seqstore[arrow]'") from exc
     return module
 
 
@@ -190,12 +190,10 @@ def id_strings(col: Any, path: str, name: str) -> list[str]:
     SchemaError naming the column for nulls or any other type."""
     pa = pyarrow()
     arr = column_array(col, path, name)
+    check_id_column(path, name, arr.type)
     if pa.types.is_integer(arr.type):
         arr = arr.cast(pa.string())
-    elif not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        raise SchemaError(f"{path}, column {name!r}: ids must be strings or integers, got {arr.type}")
-    ids: list[str] = arr.to_pylist()  # the writer's API takes Python str ids
-    return ids
+    return cast(list[str], arr.to_pylist())  # the writer's API takes Python str ids
 
 
 def check_id_column(where: str, name: str, t: Any) -> None:

@@ -6,12 +6,10 @@
     add_interop_subcommands(sub)          # sub = parser.add_subparsers(...)
 
 :data:`SOURCES` (``convert --from NAME``) and :data:`TARGETS` (``export --to NAME``) map each format's
-name to a :class:`Converter`: a help line, ``run(args, progress)``, its own :class:`Option` list, the
-unit of its progress, whether it writes into a URL of object storage, and (a target) what its ``OUT``
-is. Everything the help says about the formats is generated from these tables: the ``--from``/``--to``
-lists, the option groups (an option shared by several formats is one group naming them all, its help
-prefixed with their names), which formats ``-o`` applies to, and what ``OUT`` is for each target. A new
-format is one :func:`register_source`/:func:`register_target` call made before ``add_subcommands``.
+name to a :class:`Converter`. Everything the help says about the formats is generated from these tables:
+the ``--from``/``--to`` lists, the option groups (an option shared by several formats is one group, its
+help prefixed with their names), which formats ``-o`` applies to, and what ``OUT`` is for each target. A
+new format is one :func:`register_source`/:func:`register_target` call made before ``add_subcommands``.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import dataclasses
 import difflib
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import SeqstoreError
-from ._common import Progress, announce_total
+from ._common import Progress, announce_total, remove_path
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
            "register_source", "register_target", "add_subcommands", "convert_main", "export_main"]
@@ -219,8 +216,6 @@ class _RunningTotal:
 
     def add_total(self, n: int) -> None:
         announce_total(self._progress, n)
-
-
 
 
 # ------------------------------------------------------------------------------------- targets
@@ -434,10 +429,7 @@ def _undone_on_interrupt(out: str) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         for q in new:
-            if q.is_dir() and not q.is_symlink():
-                shutil.rmtree(q, ignore_errors=True)
-            elif q.exists() or q.is_symlink():
-                q.unlink(missing_ok=True)
+            remove_path(q)
         raise
 
 

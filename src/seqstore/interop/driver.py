@@ -1,25 +1,15 @@
 """The one importer driver: every ``import_*`` function reads and plans its source, then hands the driver
-a :class:`Conversion` to write.
+a :class:`Conversion` to write (docs/interop.md, "One importer driver").
 
-A format module knows its source: it checks the files, infers the schema (its own hooks: Arrow types,
-HDF streams, tar members, cut fields), names its errors, and describes the work as a picklable job
-(``job.write(writer, segments, progress)`` appends the records of ``segments`` in order) with the
-segments of everything and, where the source can be split, a function cutting it into units for
-worker processes. The driver does the rest, the same way for every format:
-
-1. The keywords every importer takes (:class:`ImportOptions`: ``chunk_bytes``, ``shard_bytes``,
-   ``overwrite``, ``progress``, ``workers``, ``storage_options``) are read once by :func:`options`, which
-   refuses bad ones before anything is read (storage options for a local path, a chunk size or worker
-   count below 1, an unknown keyword); :func:`source_list` refuses an empty list of sources.
-2. :func:`write` chooses the path: units for workers (``workers > 1`` and a source that splits into
-   more than one unit, or a URL for a format that writes URLs as parts) go to
-   :func:`~._parallel.convert_in_parallel` (parts written by worker processes, one commit); anything
-   else is written in this process by :func:`~._parallel.build_store` (a hidden sibling renamed into
-   place, or one part committed at a URL).
-3. Progress: the total (records, bytes or cuts: the format's unit) is announced once the output path
-   is checked and before the first record; a total that costs a pass over the source (a lazy
-   manifest's lines) is only counted when the progress callback asks for totals (``add_total``).
-4. All or nothing: a failure anywhere leaves no store (an existing one, with ``overwrite``, intact).
+A format module checks its files, infers the schema, names its errors and describes the work as a
+picklable job (``job.write(writer, segments, progress)`` appends the records of ``segments`` in order)
+with, where the source splits, a function cutting it into units for worker processes. The driver does
+the rest, the same way for every format: :func:`options` reads the common keywords and refuses bad ones
+before anything is read; :func:`write` sends more than one unit (or a URL, for a format that writes URLs
+as parts) to worker processes (:func:`~._parallel.convert_in_parallel`: parts, one commit) and anything
+else to :func:`~._parallel.build_store` in this process. The progress total is announced once the
+output path is checked (a total that costs a pass over the source only when the callback has
+``add_total``). All or nothing: a failure leaves no store (an existing one, with ``overwrite``, intact).
 """
 
 from __future__ import annotations
@@ -52,12 +42,12 @@ class ImportOptions(TypedDict, total=False):
 @dataclasses.dataclass(frozen=True)
 class Options:
     """:class:`ImportOptions` read, with their defaults. ``chunk_bytes``: bytes of rows read per step;
-    ``shard_bytes``: bytes per store shard; ``overwrite``: replace an existing ``out`` (all or nothing:
-    a failure keeps it as it was; without it an existing ``out`` is a FileExistsError); ``progress``: a
-    callable given the work of each step in the importer's unit (with an ``add_total(n)`` method, told
-    the total once the inputs are checked); ``workers``: processes, this one included where the format
-    says so (the records keep the input order whatever the number); ``storage_options``: the client
-    options of an ``out`` at a URL of object storage."""
+    ``shard_bytes``: bytes per store shard; ``overwrite``: replace an existing ``out`` (a failure keeps
+    it as it was; without it an existing ``out`` is a FileExistsError); ``progress``: called with the
+    work of each step in the importer's unit (an ``add_total(n)`` method is told the total once the
+    inputs are checked); ``workers``: processes, this one included where the format says so (the
+    records keep the input order whatever the number); ``storage_options``: the client options of an
+    ``out`` at a URL of object storage."""
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     shard_bytes: int = 1 << 30

@@ -22,10 +22,6 @@ a string or integer column named by ``id_column``  record ids
 Any other column (``Translation``, dicts of features, ...) raises :class:`~seqstore.errors.ColumnTypeError`
 naming the column and its feature; leave it out or rename with ``columns``. Nulls are errors.
 An ``Audio``/``Image`` value stored as a path only (no embedded bytes) is read from that file.
-
-The store is written by the importer driver (interop/driver.py: all or nothing; with ``workers``, a
-dataset of memory-mapped Arrow files in row ranges written as parts by worker processes; a stream or
-a dataset held in memory in this process).
 """
 
 from __future__ import annotations
@@ -181,11 +177,6 @@ class _Column:
     plan: arrow_columns.Plan
 
 
-def _is_encoded(feature: Any) -> bool:
-    hf = datasets_module()
-    return isinstance(feature, (hf.Audio, hf.Image))
-
-
 def _is_bytes_type(t: Any) -> bool:
     pa = arrow_columns.pyarrow()
     t = arrow_columns.storage_type(t)
@@ -195,7 +186,8 @@ def _is_bytes_type(t: Any) -> bool:
 
 def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) -> _Column:
     """The plan of one column; ColumnTypeError naming it, its feature and what is supported otherwise."""
-    if _is_encoded(feature):
+    hf = datasets_module()
+    if isinstance(feature, (hf.Audio, hf.Image)):
         return _Column(name, field, "encoded", arrow_columns.Plan(True, "uint8", ()))
     if _is_bytes_type(arrow_type):
         return _Column(name, field, "bytes", arrow_columns.Plan(True, "uint8", ()))
@@ -375,12 +367,9 @@ def import_hf(
     types = None if features is None else {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}
     inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
     schema = arrow_columns.columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
-    meta = {
-        "source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
-        "columns": mapping,
-        "id_column": id_column,
-        "features": {c.name: repr(features[c.name]) if features is not None else None for c in cols},
-    }
+    meta = {"source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
+            "columns": mapping, "id_column": id_column,
+            "features": {c.name: repr(features[c.name]) if features is not None else None for c in cols}}
     total = len(ds) if isinstance(ds, hf.Dataset) else None
     read = [c.name for c in cols] + ([id_column] if id_column is not None and id_column not in mapping else [])
     job = _HfJob(ds, where, read, cols, inner, rows, types, id_column, schema_pa if features is None else None)

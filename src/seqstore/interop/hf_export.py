@@ -13,11 +13,9 @@ ragged ``(None, d, ...)``   per record, a list of its rows as fixed-size lists (
 ids                         a string column named ``id_column`` (default ``"id"``), when the store has ids
 ==========================  ====================================================================
 
-Nothing is built per record: the records are read ``chunk_records`` at a time (``iter_batches`` of
-consecutive records, read ahead), and each column is built from the batch's flat values and lengths
-(:mod:`seqstore.interop.to_arrow`). The batches go into one Arrow stream file next to ``out``, which
-``datasets`` then lays out as the directory with its own ``save_to_disk`` (its shards,
-``dataset_info.json`` and ``state.json``), and the stream file is deleted. Memory O(``chunk_records``);
+Nothing is built per record: each batch of ``chunk_records`` records (read ahead) becomes columns from
+its flat values and lengths (:mod:`seqstore.interop.to_arrow`), written to one Arrow stream file next
+to ``out`` that ``datasets`` then lays out with its own ``save_to_disk``. Memory O(``chunk_records``);
 the bytes are written twice. All or nothing: ``out`` appears complete or not at all, and an existing
 ``out`` is replaced only with ``overwrite`` and only if it is a ``save_to_disk`` directory.
 """
@@ -31,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SeqstoreError
 from ..schema import Field
 from ..store import Store, open_store
 from . import to_arrow
-from ._common import OutputExistsError, Progress, announce_total, install_output, remove_path, temp_sibling
+from ._common import Progress, announce_total, check_output, remove_path, replaced, temp_sibling
 from .hf import datasets_module
 from .to_arrow import pyarrow_module
 
@@ -65,18 +62,6 @@ def _column(name: str, f: Field, got: Any) -> Any:
         return rows
     offs = to_arrow.offsets(np.asarray(lengths, np.int64), what=f"field {name!r}", hint=_HINT)
     return to_arrow.list_array(offs, rows)
-
-
-def _check_out(root: Path, overwrite: bool) -> None:
-    """Refuse an existing ``root`` unless ``overwrite``, and then unless it is a ``save_to_disk``
-    directory (or empty); make the parent directory."""
-    if root.exists() or root.is_symlink():
-        if not overwrite:
-            raise OutputExistsError(root)
-        if not (root / "state.json").exists() and not (root.is_dir() and not any(root.iterdir())):
-            raise SeqstoreError(f"{root}: refusing to overwrite what is not a datasets save_to_disk directory "
-                                "(no state.json)")
-    root.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> Iterator[tuple[int, Any]]:
@@ -123,9 +108,10 @@ def export_hf(
     if chunk_records < 1:
         raise ValueError(f"chunk_records must be positive, got {chunk_records}")
     root = Path(out)
-    _check_out(root, overwrite)
+    check_output(root, overwrite,
+                 lambda r: not (r / "state.json").exists() and not (r.is_dir() and not any(r.iterdir())),
+                 "what is not a datasets save_to_disk directory (no state.json)")
     stream = temp_sibling(root, "arrow")
-    tmp = temp_sibling(root, "tmp")
     announce_total(progress, len(st))
     pa = pyarrow_module()
     try:
@@ -144,13 +130,12 @@ def export_hf(
         hf.utils.disable_progress_bars()  # the caller's progress counted the records already
         try:
             ds = hf.Dataset.from_file(str(stream))
-            # one shard at least: datasets lays out an empty dataset as no shard, which it cannot load
-            ds.save_to_disk(str(tmp), num_shards=None if len(ds) else 1)
+            with replaced(root) as tmp:
+                # one shard at least: datasets lays out an empty dataset as no shard, which it cannot load
+                ds.save_to_disk(str(tmp), num_shards=None if len(ds) else 1)
         finally:
             if not quiet:
                 hf.utils.enable_progress_bars()
-        install_output(tmp, root)
     finally:
         remove_path(stream)
-        remove_path(tmp)
     return root

@@ -14,32 +14,16 @@ field               schema                                 value
                                                            cut's order; supervisions without text skipped)
                                                            joined by ``text_separator`` (default one space)
 ``features``        float32/float16 ragged (None, dims)    ``cut.load_features()`` (only with ``features=True``)
-``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (see below)
+``audio``           float32/int16 ragged (None,)           ``cut.load_audio()`` made mono (``channels``)
 ``sampling_rate``   int32 scalar                           ``cut.sampling_rate`` (with ``audio``)
 ==================  =====================================  =====================================================
 
-``audio`` is stored with ``audio=True``, never with ``audio=False``, and by default (``audio=None``) when
-the first cut has a recording and no features and ``features`` is not asked for: cuts that are only
-recordings keep their samples instead of being reduced to durations and texts.
-
 Features and audio are read through Lhotse's own storage readers (``load_features`` / ``load_audio``,
 so every storage type Lhotse reads works); without audio, a manifest's ``MonoCut`` lines skip Lhotse's
-cut objects (interop/_lhotse_manifest.py, ``LeanCut``: the features by ``Features.load``, as
-``MonoCut.load_features`` calls it). ``features_dtype="float16"`` casts the float32 arrays.
-``audio_dtype="float32"`` stores Lhotse's samples as they are; ``"int16"`` stores
-``round(x * 32768)`` clipped to the int16 range, which gives back the file's samples exactly for
-16-bit PCM sources. A cut of several channels (a ``MultiCut``) is, by ``channels``: ``"error"`` (the
-default) refused, ``"first"`` its first channel, ``"mix"`` the mean of its channels (computed in
-float64, then cast).
-
-Cuts are streamed: one is read at a time and records are appended in blocks of at most
-``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with
-the manifest. The store is written by the importer driver (interop/driver.py), all or nothing: a cut
-that lacks features or a recording that was asked for is a :class:`MissingFeaturesError` /
-:class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind. With
-``workers``, manifest files of at least :data:`PARALLEL_MIN_CUTS` cuts are cut into runs of lines
-written as parts by forkserver workers and by this process; a ``CutSet`` object is always imported in
-this process.
+cut objects (:class:`~._lhotse_manifest.LeanCut`). Cuts are streamed and appended in blocks of at most
+``chunk_bytes`` of features and audio (or :data:`CHUNK_RECORDS` cuts), so memory does not grow with the
+manifest. The store is written by the importer driver (interop/driver.py), all or nothing. More, with
+the command line and workers: docs/interop.md, "Lhotse cut manifests".
 """
 
 from __future__ import annotations
@@ -61,21 +45,9 @@ from . import driver
 from ._common import Progress, SourceFormatError, runs_across
 from ._lhotse_manifest import MARK_LINES, LeanCut, forget_streams, manifest_cuts, open_cuts, scan_manifest
 
-__all__ = [
-    "import_lhotse",
-    "open_cuts",
-    "LhotseCutError",
-    "MissingFeaturesError",
-    "MissingRecordingError",
-    "METADATA_KEY",
-    "CHUNK_RECORDS",
-    "FEATURE_DTYPES",
-    "AUDIO_DTYPES",
-    "CHANNEL_MODES",
-    "MIN_UNIT_CUTS",
-    "PARALLEL_MIN_CUTS",
-    "MARK_LINES",
-]
+__all__ = ["import_lhotse", "open_cuts", "LhotseCutError", "MissingFeaturesError", "MissingRecordingError",
+           "METADATA_KEY", "CHUNK_RECORDS", "FEATURE_DTYPES", "AUDIO_DTYPES", "CHANNEL_MODES", "MIN_UNIT_CUTS",
+           "PARALLEL_MIN_CUTS", "MARK_LINES"]
 
 #: Key of the import information in the store's metadata.
 METADATA_KEY = "lhotse"
@@ -86,10 +58,9 @@ AUDIO_DTYPES = ("float32", "int16")
 CHANNEL_MODES = ("error", "first", "mix")
 #: Cuts per unit of work of a parallel import at least (about half a second of work each).
 MIN_UNIT_CUTS = 2_500
-#: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker starts
-#: after 1.3-1.7 s (it imports Lhotse, which imports torch) and its start competes with the import for
-#: the cores; on two cores two processes took 0.98-1.26x of one process's time at 20,000 cuts, 0.90-0.99x
-#: at 40,000 and 0.68x at 100,000 (docs/benchmarks.md, "Lhotse cut manifests import").
+#: Manifests of fewer cuts in all are imported in one process whatever ``workers`` is: a worker takes
+#: 1.3-1.7 s to start (it imports Lhotse and torch), which fewer cuts do not pay back on two cores
+#: (docs/benchmarks.md, "Lhotse cut manifests import").
 PARALLEL_MIN_CUTS = 50_000
 #: Modules a parallel import's worker processes start with (imported once, in the forkserver).
 PRELOAD = ("seqstore.interop.lhotse", "lhotse")
@@ -146,12 +117,9 @@ def _manifest_source(path: str | os.PathLike[str], lean: bool) -> tuple[str, Ite
 
 def _known_length(sources: list[tuple[str, Any]]) -> int | None:
     """The number of cuts when every source knows it without reading (eager CutSets), else None."""
-    total = 0
-    for _, cs in sources:
-        if getattr(cs, "is_lazy", True):
-            return None
-        total += len(cs)
-    return total
+    if any(getattr(cs, "is_lazy", True) for _, cs in sources):
+        return None
+    return sum(len(cs) for _, cs in sources)
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -197,9 +165,7 @@ class _Plan:
                                         "recordings to the cuts or import without audio")
 
     def text(self, cut: Any) -> bytes:
-        if isinstance(cut, LeanCut):
-            return self.sep.join(cut.texts).encode("utf-8")
-        texts = [s.text for s in cut.supervisions if s.text is not None]
+        texts = cut.texts if isinstance(cut, LeanCut) else [s.text for s in cut.supervisions if s.text is not None]
         return self.sep.join(texts).encode("utf-8")
 
     def load_features(self, cut: Any, where: str) -> np.ndarray[Any, Any]:
@@ -217,9 +183,7 @@ class _Plan:
         arr = np.asarray(cut.load_audio())
         if arr.ndim == 1:
             mono = arr
-        elif arr.ndim == 2 and arr.shape[0] == 1:
-            mono = arr[0]
-        elif arr.ndim == 2 and self.channels == "first":
+        elif arr.ndim == 2 and (arr.shape[0] == 1 or self.channels == "first"):
             mono = arr[0]
         elif arr.ndim == 2 and self.channels == "mix":
             mono = arr.mean(axis=0, dtype=np.float64).astype(np.float32)
@@ -236,12 +200,9 @@ class _Plan:
 class _Room:
     """Page-aligned buffers, one per field (features, audio), that each cut's array is copied into as
     soon as it is loaded, reused from block to block (the writer is done with a batch's arrays when
-    ``append_batch`` returns). Copying each array while it is fresh in the CPU's cache and dropping it
-    at once, rather than keeping a block of arrays and joining them at the end, saves a pass over memory
-    and keeps the heap from growing and shrinking by a block each time (fresh pages are slow to fault in
-    on the benchmark VM). Buffers start a quarter above ``chunk_bytes`` and grow by half when a block
-    needs more (a cut larger than that). The writer copies a block into its own aligned runs unless
-    nothing of the previous block is held back."""
+    ``append_batch`` returns). Copying each array while it is fresh in the cache, rather than joining a
+    block of arrays at the end, saves a pass over memory and keeps the heap from growing and shrinking
+    by a block each time. Buffers start a quarter above ``chunk_bytes`` and grow by half when needed."""
 
     def __init__(self, chunk_bytes: int) -> None:
         self.chunk_bytes = chunk_bytes
@@ -352,20 +313,13 @@ def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _
 def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str, Iterable[Any]]]]:
     """The first cut (and its source's name) and the sources again as iterables that start with it
     (each source is iterated once)."""
-    streams: list[tuple[str, Iterable[Any]]] = []
-    found: tuple[str, Any] | None = None
     for k, (where, cs) in enumerate(sources):
         it: Iterator[Any] = iter(cs)
         cut = next(it, None)
-        if cut is None:
-            continue
-        found = (where, cut)
-        streams = [(where, chain([cut], it))] + list(sources[k + 1 :])
-        break
-    if found is None:
-        raise SourceFormatError(sources[0][0] if len(sources) == 1 else ", ".join(w for w, _ in sources), None,
-                                "holds no cuts")
-    return found[0], found[1], streams
+        if cut is not None:
+            return where, cut, [(where, chain([cut], it)), *sources[k + 1 :]]
+    raise SourceFormatError(sources[0][0] if len(sources) == 1 else ", ".join(w for w, _ in sources), None,
+                            "holds no cuts")
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -373,12 +327,9 @@ def _first_cut(sources: list[tuple[str, Any]]) -> tuple[str, Any, list[tuple[str
 
 def _units(counts: Sequence[int], workers: int) -> list[list[tuple[int, int, int]]]:
     """The manifests' lines, in order, cut into runs of about ``total / (8 x workers)`` cuts (at least
-    :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`): each run, a list of
-    (manifest, first line, end line), is one part of a parallel import. Small units keep the processes
-    equally busy to the end; in a gzip manifest a worker reads past the lines before its first run
-    (without parsing) and goes on from each run to its next (runs are taken in order), a plain one is
-    entered at the nearest noted offset (:data:`MARK_LINES`).
-    Consecutive small manifests share a run; a short tail joins the run before it."""
+    :data:`MIN_UNIT_CUTS`; one run for fewer than :data:`PARALLEL_MIN_CUTS`), each a list of (manifest,
+    first line, end line) and one part of a parallel import; small runs keep the processes equally busy
+    to the end. Consecutive small manifests share a run; a short tail joins the run before it."""
     total = sum(counts)
     if total < max(PARALLEL_MIN_CUTS, 2 * MIN_UNIT_CUTS):
         return [[(k, 0, n) for k, n in enumerate(counts) if n]]
@@ -433,31 +384,32 @@ def import_lhotse(
 
     ``cuts``: a ``lhotse.CutSet`` (lazy or not), a cuts manifest path (``cuts.jsonl.gz``, opened lazily)
     or a list of such paths (their cuts in order). ``features=True`` stores ``cut.load_features()`` as
-    ``features`` (``features_dtype`` float32 or float16); ``audio=True`` stores ``cut.load_audio()`` as
-    mono ``audio`` (``audio_dtype`` float32 or int16; ``channels`` "error", "first" or "mix" for
-    cuts of several channels) plus ``sampling_rate``; ``audio=None`` (the default) does so when the first
-    cut has a recording and no features and ``features`` is false, ``audio=False`` never. Supervision
-    texts are joined by ``text_separator``. The manifests are checked to exist and the first cut is read
-    before anything is written; the store is all or nothing. Memory O(``chunk_bytes``) whatever the number of cuts.
-    ``progress`` gets cuts (told the total, when it has ``add_total``, for manifests, counted by one pass
-    over their lines, and for an eager CutSet). The store's metadata under
-    ``"lhotse"`` records the manifests and the choices made.
+    ``features`` (``features_dtype`` float32, or float16: the float32 arrays cast). ``audio=True`` stores
+    ``cut.load_audio()`` as mono ``audio`` plus ``sampling_rate``; ``audio=None`` (the default) does so
+    when the first cut has a recording and no features and ``features`` is false, ``audio=False`` never.
+    ``audio_dtype``: float32 (Lhotse's samples as they are) or int16 (``round(x * 32768)`` clipped: the
+    samples of a 16-bit PCM file exactly). ``channels``, for a cut of several channels (a ``MultiCut``):
+    ``"error"`` refuses it, ``"first"`` keeps its first channel, ``"mix"`` their mean (in float64, then
+    cast). Supervision texts are joined by ``text_separator``.
 
-    ``workers > 1`` imports manifest files in that many processes, this one included: the lines of the
-    manifests (counted once here, told to ``progress`` as the total) are cut into runs of about
-    ``cuts / (8 x workers)`` (at least :data:`MIN_UNIT_CUTS`), each run parsed and written as one part,
-    by ``workers - 1`` forkserver processes from the first run on and by this process from the last run
-    backwards (so it works while they start), the parts committed in order with one commit; the records
-    are the same, in the same order, whatever ``workers`` is. Manifests of fewer than
-    :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet`` object (which could only be handed to a worker
-    by pickling every cut), are imported in this process alone.
+    The manifests are checked to exist and the first cut is read before anything is written; a cut
+    that lacks features or a recording asked for is a :class:`MissingFeaturesError` /
+    :class:`MissingRecordingError` naming the manifest and the cut, and leaves no store behind (all or
+    nothing). Memory O(``chunk_bytes``) whatever the number of cuts. ``progress`` gets cuts (told the
+    total, when it has ``add_total``, for manifests, counted by one pass over their lines, and for an
+    eager CutSet). ``store.metadata["lhotse"]`` records the manifests and the choices made.
 
-    ``direct_io`` (default True): the features and audio are written with ``O_DIRECT`` in page-aligned
-    runs (:class:`~seqstore.store.Writer`), not through the page cache, whose copy and page allocation
-    cost more CPU than reading the features (on the benchmark VM: 7.5 s against 2.6 s for 562 MB); the
-    new store is then not in memory until read. A filesystem without ``O_DIRECT`` writes buffered. The
-    other keywords, and an ``out`` at a URL (the cuts written as parts committed once):
-    :class:`~seqstore.interop.driver.Options`.
+    ``workers > 1`` imports manifest files in that many processes, this one included: their lines are
+    cut into runs of about ``cuts / (8 x workers)`` (at least :data:`MIN_UNIT_CUTS`), each written as
+    one part, by forkserver processes from the first run on and by this process from the last run
+    backwards (so it works while they start); the records are the same, in the same order, whatever
+    ``workers`` is. Manifests of fewer than :data:`PARALLEL_MIN_CUTS` cuts in all, and a ``CutSet``
+    object (it could only be handed to a worker by pickling every cut), are imported in this process.
+
+    ``direct_io`` (default True): features and audio are written with ``O_DIRECT`` in page-aligned runs
+    (:class:`~seqstore.store.Writer`), not through the page cache, whose copies cost more CPU than
+    reading the features; a filesystem without ``O_DIRECT`` writes buffered. The other keywords, and an
+    ``out`` at a URL: :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_lhotse", out, options)
     if features_dtype not in FEATURE_DTYPES:
@@ -481,8 +433,9 @@ def import_lhotse(
         schema = plan.schema()
     except SchemaError as exc:
         raise SourceFormatError(where, None, f"cut {first.id!r}: {exc}") from exc
+    paths = [w for w, _ in sources if w != OBJECT_NAME]
     meta = {
-        "manifests": [os.path.basename(w) for w, _ in sources if w != OBJECT_NAME] or None,
+        "manifests": [os.path.basename(p) for p in paths] or None,
         "text_separator": text_separator,
         "num_frames": "cut.num_frames, -1 without features" if plan.frames else None,
         "features": {"dtype": features_dtype, "dims": plan.dims,
@@ -490,7 +443,6 @@ def import_lhotse(
         "audio": {"dtype": audio_dtype, "channels": channels,
                   "int16_scale": 32768 if audio_dtype == "int16" else None} if audio else None,
     }
-    paths = [w for w, _ in sources if w != OBJECT_NAME]
     scans = functools.cache(lambda: [scan_manifest(p) for p in paths])  # one pass over the lines, when needed
 
     def units(workers: int) -> list[tuple[_CutsJob, list[tuple[int, int, int]]]]:

@@ -20,22 +20,16 @@ then (multimodal only)     sequence modes, int8[N]
 
 The ``.bin`` file holds the tokens, in the dtype of the code, at the pointers.
 
-**Import** (:func:`import_megatron`): one record per sequence, the tokens as a ragged field
-(``tokens``, dtype from the index). Document boundaries are kept: where some document holds more than
-one sequence, a scalar int64 field ``document`` numbers each sequence's document (counted across all
-sources); where every document is one sequence it is left out (the record number is the document).
-A multimodal index's modes become an int8 scalar field ``mode``. The index is memory-mapped and read
-with array operations (no Python object per sequence); tokens are sliced from the memory-mapped
-``.bin`` (a chunk of consecutive sequences is one slice when they lie back to back, as Megatron's
-builder writes them, else one vectorised gather).
-
-**Export** (:func:`export_megatron`): a ragged field with 1-d rows to ``PREFIX.bin`` / ``PREFIX.idx``;
-documents from an integer field (a new document starts where its value changes) or one per record.
+**Import** (:func:`import_megatron`): one record per sequence, its tokens as a ragged field, with
+the document boundaries and a multimodal index's modes as scalar fields where there are any; the files
+are memory-mapped and read with array operations (no Python object per sequence). **Export**
+(:func:`export_megatron`): a ragged field with 1-d rows to ``PREFIX.bin`` / ``PREFIX.idx``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -54,19 +48,13 @@ from ._common import (
     Progress,
     SourceFormatError,
     announce_total,
+    replaced,
     runs_across,
     split_by_budget,
 )
 
-__all__ = [
-    "import_megatron",
-    "export_megatron",
-    "read_index",
-    "MegatronIndex",
-    "MegatronIndexError",
-    "METADATA_KEY",
-    "MAGIC",
-]
+__all__ = ["import_megatron", "export_megatron", "read_index", "MegatronIndex", "MegatronIndexError", "METADATA_KEY",
+           "MAGIC"]
 
 #: Key of the import information in the store's metadata.
 METADATA_KEY = "megatron"
@@ -317,29 +305,26 @@ def import_megatron(
     if any(multimodal) and not all(multimodal):
         raise MegatronIndexError(indexes[multimodal.index(False)].idx_path, None,
                                  "has no sequence modes, but other sources are multimodal")
-    split_docs = not all(ix.one_per_document() for ix in indexes)
-    names = [field] + ([document_field] if split_docs else []) + ([mode_field] if all(multimodal) else [])
+    doc = None if all(ix.one_per_document() for ix in indexes) else document_field
+    mode = mode_field if all(multimodal) else None
+    names = [n for n in (field, doc, mode) if n is not None]
     if len(set(names)) != len(names):
         raise SchemaError(f"field names {names} must differ")
     spec: dict[str, Field] = {field: Field(first.dtype, (None,))}
-    if split_docs:
-        spec[document_field] = Field("int64")
-    if all(multimodal):
-        spec[mode_field] = Field("int8")
+    if doc is not None:
+        spec[doc] = Field("int64")
+    if mode is not None:
+        spec[mode] = Field("int8")
     schema = Schema(spec)
-    offsets = [0]
-    for ix in indexes[:-1]:
-        offsets.append(offsets[-1] + ix.num_documents)
+    offsets = [0, *itertools.accumulate(ix.num_documents for ix in indexes[:-1])]
     counts = [ix.num_sequences for ix in indexes]
     total = sum(counts)
     meta = {
         "files": [os.path.basename(ix.prefix) for ix in indexes], "dtype": str(first.dtype), "field": field,
         "sequences": total, "documents": sum(ix.num_documents for ix in indexes),
-        "document_field": document_field if split_docs else None,
-        "mode_field": mode_field if all(multimodal) else None,
+        "document_field": doc, "mode_field": mode,
     }
-    job = _MegatronJob([ix.prefix for ix in indexes], offsets, field, document_field if split_docs else None,
-                       mode_field if all(multimodal) else None, opts.chunk_bytes)
+    job = _MegatronJob([ix.prefix for ix in indexes], offsets, field, doc, mode, opts.chunk_bytes)
     del indexes, first
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, 0, n) for k, n in enumerate(counts)], total,
                              lambda workers: [(job, segs) for segs in _units(counts, workers)])
@@ -418,9 +403,7 @@ def export_megatron(
     announce_total(progress, total_rows * item)
     per_record = max(1, total_rows * item // max(n, 1))
     chunk_records = int(min(max(chunk_bytes // per_record, 1), BLOCK))
-    tag = f".tmp-{os.getpid()}"
-    tbin, tidx = binp.with_name(binp.name + tag), idxp.with_name(idxp.name + tag)
-    try:
+    with replaced(idxp) as tidx, replaced(binp) as tbin:  # on success .bin is renamed into place first
         with open(tbin, "wb") as fb, open(tidx, "w+b") as fi:
             fi.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[str(out_dt)], n, 0))
             fi.truncate(HEADER_BYTES + 12 * n)
@@ -474,10 +457,4 @@ def export_megatron(
             os.fsync(fb.fileno())
             fi.flush()
             os.fsync(fi.fileno())
-        os.replace(tbin, binp)
-        os.replace(tidx, idxp)
-    except BaseException:
-        tbin.unlink(missing_ok=True)
-        tidx.unlink(missing_ok=True)
-        raise
     return Path(prefix)

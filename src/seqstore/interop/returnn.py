@@ -1,22 +1,12 @@
-"""RETURNN interop: import RETURNN HDF files into a store, export a store as a RETURNN HDF file, and
-:class:`StoreDataset`, a RETURNN ``Dataset`` that trains from a store.
+"""RETURNN interop: import RETURNN HDF files into a store (:func:`import_hdf`), export a store as a
+RETURNN HDF file (:func:`export_hdf`), and :class:`StoreDataset`, a RETURNN ``Dataset`` over a store.
 
-The HDF layout is the one RETURNN's ``SimpleHDFWriter`` writes and ``HDFDataset`` reads:
-
-- ``inputs``: (total_frames, dim) dense rows, or (total_frames,) ints for sparse inputs;
-- ``seqLengths``: (num_seqs, C) ints; column 0 is ``inputs`` (when there are inputs), then one column
-  per target key in sorted order (or one unused column when there is no ``targets`` group);
-- ``seqTags``: (num_seqs,) strings;
-- ``targets/data/<key>``: the concatenated rows of each extra stream; ``targets/size`` attribute
-  ``<key>`` = ``[dim, ndim]``; ``targets/labels/<key>`` label strings; ``labels``: labels of ``inputs``;
-- attributes ``numSeqs``, ``numTimesteps``, ``inputPattSize``, ``numDims``, ``numLabels``.
-
-Import (:func:`import_hdf`) maps ``inputs`` to the field ``data`` and each target key to a field of
-that name (sparse streams become 1-d ragged integer fields), tags to record ids, and keeps dims and
-labels in the store's metadata under ``"returnn"`` so that :func:`export_hdf` and
-:class:`StoreDataset` can give RETURNN the same ``num_outputs`` and labels back. Both directions
-stream in chunks of about ``chunk_bytes`` of rows: memory is bounded independently of file size, and
-nothing is done per sequence except decoding that chunk's tags.
+The HDF layout is the one RETURNN's ``SimpleHDFWriter`` writes and ``HDFDataset`` reads (docs/interop.md,
+"RETURNN HDF layout"): ``inputs``, ``seqLengths`` (one column per stream), ``seqTags``, and a stream per
+``targets/data/<key>`` with its ``targets/size`` dims and labels. The import keeps dims and labels in
+the store's metadata under ``"returnn"``, so that :func:`export_hdf` and :class:`StoreDataset` give
+RETURNN the same ``num_outputs`` and labels back. Both directions stream in chunks of about
+``chunk_bytes`` of rows: memory is bounded whatever the file size.
 
 ``h5py`` is needed for import and export (extra ``seqstore[hdf5]``); RETURNN itself only for
 :class:`StoreDataset`, imported when that name is first used.
@@ -80,10 +70,8 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     for info in infos[1:]:
         keys = [s.key for s in info.streams]
         if sorted(keys) != sorted(by_key):
-            raise SchemaError(
-                f"{info.path}: streams {sorted(keys)} differ from {sorted(by_key)} of {first.path}; "
-                "all files of one import must have the same inputs and targets"
-            )
+            raise SchemaError(f"{info.path}: streams {sorted(keys)} differ from {sorted(by_key)} of {first.path}; "
+                              "all files of one import must have the same inputs and targets")
         for s in info.streams:
             ref = by_key[s.key]
             if s.inner != ref.inner:
@@ -102,6 +90,7 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     spec: dict[str, Field] = {}
     streams_meta: dict[str, Any] = {}
     inputs_field: str | None = None
+
     def name_of(key: str) -> str:
         return rename.get("inputs", "data") if key == "data" else rename.get(key, key)
 
@@ -118,33 +107,19 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
         streams_meta[name] = {"hdf_key": key, "dim": s.dim, "ndim": s.ndim, "sparse": s.sparse}
         if key == "data":
             inputs_field = name
-    labels = {}
-    for key, lab in first.labels.items():
-        labels[name_of(key)] = lab
-    meta = {
-        "format": "returnn-hdf",
-        "files": [os.path.basename(i.path) for i in infos],
-        "inputs": inputs_field,
-        "streams": streams_meta,
-        "labels": labels,
-    }
+    labels = {name_of(key): lab for key, lab in first.labels.items()}
+    meta = {"format": "returnn-hdf", "files": [os.path.basename(i.path) for i in infos], "inputs": inputs_field,
+            "streams": streams_meta, "labels": labels}
     return Schema(spec), meta
 
 
 # ----------------------------------------------------------------------------------------- import
 
 
-def _stream_file(
-    info: HdfFileInfo,
-    writer: Writer,
-    fields: Mapping[str, str],
-    chunk_bytes: int,
-    progress: Progress | None,
-    seqs: tuple[int, int] | None = None,
-    first_rows: Mapping[str, int] | None = None,
-) -> None:
-    """Append every sequence of one file to ``writer`` in chunks of about ``chunk_bytes`` of rows (or the
-    sequences ``seqs = [a, b)``, whose rows start at ``first_rows[stream key]``)."""
+def _stream_file(info: HdfFileInfo, writer: Writer, fields: Mapping[str, str], chunk_bytes: int,
+                 progress: Progress | None, seqs: tuple[int, int], first_rows: Mapping[str, int] | None) -> None:
+    """Append the sequences ``seqs = [a, b)`` of one file, whose rows start at ``first_rows[stream key]``
+    (None: at the file's start), to ``writer`` in chunks of about ``chunk_bytes`` of rows."""
     h5py = h5py_module()
     p = info.path
     with h5py.File(p, "r") as fin:
@@ -153,7 +128,7 @@ def _stream_file(
         data = {s.key: fin[s.dataset] for s in info.streams}
         row_pos = {s.key: int(first_rows[s.key]) if first_rows else 0 for s in info.streams}
         cost_per_row = [s.row_bytes for s in info.streams]
-        lo, n = seqs if seqs is not None else (0, info.num_seqs)
+        lo, n = seqs
         for a in range(lo, n, _LENGTHS_BLOCK):
             b = min(a + _LENGTHS_BLOCK, n)
             block = np.asarray(_read(sl, slice(a, b), p, "seqLengths"), dtype=np.int64).reshape(b - a, -1)
@@ -196,15 +171,12 @@ def import_hdf(
     files' order (file 1's sequences, then file 2's, ...). Dims, sparse flags, labels and the source
     file names go to ``store.metadata["returnn"]``.
 
-    All files are validated before the store is created (:func:`inspect_hdf`: datasets present,
-    ``seqLengths`` shape and column sums against every stream's size, same streams in every file), so
-    a bad file 2 of 3 fails before anything is written; if reading fails later (a damaged HDF5 chunk),
-    the new store is deleted. Either the whole store is there or nothing.
-
-    Memory: O(``chunk_bytes``) of rows plus that chunk's tags, whatever the file sizes. One sequential
-    pass over each dataset. ``progress`` counts bytes of rows. ``workers > 1``: the sequences in about
-    ``4 x workers`` runs in file order, one part each (only the shard boundaries differ). The other
-    keywords: :class:`~seqstore.interop.driver.Options`.
+    All files are validated before the store is created (:func:`inspect_hdf`; same streams in every
+    file), so a bad file 2 of 3 fails before anything is written; a later read failure (a damaged HDF5
+    chunk) leaves no store either. Memory O(``chunk_bytes``) of rows plus that chunk's tags; one
+    sequential pass over each dataset. ``progress`` counts bytes of rows. ``workers > 1``: the sequences
+    in about ``4 x workers`` runs in file order, one part each (only the shard boundaries differ). The
+    other keywords: :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_hdf", out, options)
     infos = [inspect_hdf(p) for p in driver.source_list(sources, "import_hdf")]
@@ -311,13 +283,6 @@ def _chunks_of_store(store: Store, fields: Sequence[str], chunk_bytes: int) -> I
             yield a + x, a + y
 
 
-def _total_rows(store: Store, name: str) -> int:
-    f = store.schema[name]
-    if not f.ragged:
-        return len(store)
-    return store.manifest.total_rows(name)
-
-
 def export_hdf(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],
@@ -340,10 +305,9 @@ def export_hdf(
     fields are written as float32. Tags are the record ids (``seq-<i>`` without ids).
 
     Written in bulk: every dataset is allocated at its final size, then filled in record chunks of
-    about ``chunk_bytes`` (one gather per chunk and field, one slice write per dataset). Memory
+    about ``chunk_bytes`` (one gather per chunk and field, one slice write per dataset): memory
     O(``chunk_bytes``). The file appears atomically (written under a temporary name, then renamed).
-    ``progress`` is called with the bytes of rows of each chunk as written (and, through ``add_total``
-    if it has one, with the bytes of all exported streams before the first chunk).
+    ``progress`` gets the bytes of rows written (their total first, through ``add_total``).
     """
     h5py = h5py_module()
     # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1))
@@ -364,10 +328,8 @@ def export_hdf(
         if n not in schema:
             raise KeyError(f"{st.root}: no field {n!r}; fields are {list(schema)}")
         if "/" in k or k in ("", "data") or k == inputs:
-            raise SchemaError(
-                f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
-                "pass fields={field: key} to name it"
-            )
+            raise SchemaError(f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
+                              "pass fields={field: key} to name it")
     if inputs is None and not keyed:
         raise SchemaError(f"{st.root}: nothing to export (no inputs field and no target fields)")
     streams: list[tuple[str, str]] = ([(inputs, "inputs")] if inputs else []) + [
@@ -390,7 +352,7 @@ def export_hdf(
             for n, hname in streams:
                 f = schema[n]
                 dt = np.dtype("float32") if f.dtype == "bfloat16" else f.storage_dtype
-                rows = _total_rows(st, n)
+                rows = st.manifest.total_rows(n) if f.ragged else n_seqs
                 dsets[n] = fout.create_dataset(hname, shape=(rows, *f.inner_shape), dtype=dt)
             seq_lengths = fout.create_dataset("seqLengths", shape=(n_seqs, ncols), dtype="int32")
             tags = fout.create_dataset("seqTags", shape=(n_seqs,), dtype=h5py.string_dtype("utf-8"))
@@ -411,13 +373,7 @@ def export_hdf(
                 lens = np.zeros((b - a, ncols), dtype=np.int64)
                 nbytes = 0
                 for col, (n, _) in enumerate(streams):
-                    f = schema[n]
-                    if f.ragged:
-                        values, lengths = batch[n]
-                    else:
-                        values, lengths = batch[n], np.ones(b - a, dtype=np.int64)
-                    if f.dtype == "bfloat16":
-                        values = np.asarray(values, dtype=np.float32)
+                    values, lengths = batch[n] if schema[n].ragged else (batch[n], np.ones(b - a, dtype=np.int64))
                     if dims[n][0] is None and values.size:
                         measured_max[n] = max(measured_max.get(n, -1), int(values.max()))
                     dsets[n][pos[n] : pos[n] + len(values)] = values
@@ -427,10 +383,7 @@ def export_hdf(
                 if lens.size and lens.max() > np.iinfo(np.int32).max:
                     raise SchemaError(f"{st.root}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
                 seq_lengths[a:b] = lens.astype(np.int32)
-                if st.has_ids:
-                    ids = [st.id(i) for i in range(a, b)]
-                else:
-                    ids = [f"seq-{i}" for i in range(a, b)]
+                ids = [st.id(i) for i in range(a, b)] if st.has_ids else [f"seq-{i}" for i in range(a, b)]
                 tags[a:b] = np.array(ids, dtype=object)
                 if progress is not None:
                     progress(nbytes)
@@ -439,22 +392,15 @@ def export_hdf(
                 d = dims[n][0]
                 return d if d is not None else measured_max.get(n, 0) + 1
 
+            d = dim_of(inputs) if inputs else 1
+            fout.attrs.update({"inputPattSize": d, "numLabels": d, "numTimesteps": pos[inputs] if inputs else 0,
+                               "numDims": 1, "numSeqs": n_seqs})
             if inputs:
-                d = dim_of(inputs)
-                fout.attrs["inputPattSize"] = d
-                fout.attrs["numLabels"] = d
-                fout.attrs["numTimesteps"] = pos[inputs]
                 lab = labels_meta.get(inputs)
                 if lab:
                     fout.create_dataset("labels", data=np.array(lab, dtype=object), dtype=h5py.string_dtype("utf-8"))
                 else:
                     fout.create_dataset("labels", (0,), dtype="S5")
-            else:
-                fout.attrs["inputPattSize"] = 1
-                fout.attrs["numLabels"] = 1
-                fout.attrs["numTimesteps"] = 0
-            fout.attrs["numDims"] = 1
-            fout.attrs["numSeqs"] = n_seqs
             if keyed:
                 size = fout.require_group("targets/size")
                 lab_group = fout.require_group("targets/labels")

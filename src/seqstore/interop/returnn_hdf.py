@@ -171,11 +171,7 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
             inner = tuple(int(s) for s in ds.shape[1:])
             if name == "inputs":
                 key = "data"
-                if ds.ndim == 1:
-                    dim = int(fin.attrs.get("inputPattSize", 1))
-                    ndim = 1
-                else:
-                    dim, ndim = int(ds.shape[1]), ds.ndim
+                dim, ndim = (int(fin.attrs.get("inputPattSize", 1)), 1) if ds.ndim == 1 else (int(ds.shape[1]), ds.ndim)
             else:
                 key = name.rsplit("/", 1)[1]
                 given = _size_attr(fin, key, p)
@@ -195,20 +191,11 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
                 sums += block.sum(axis=0)
             for s in streams:
                 if int(sums[s.column]) != s.rows:
-                    raise SourceFormatError(
-                        p,
-                        s.dataset,
-                        f"has {s.rows} rows but seqLengths column {s.column} sums to {int(sums[s.column])}: "
-                        "lengths and data disagree",
-                    )
+                    raise SourceFormatError(p, s.dataset, f"has {s.rows} rows but seqLengths column {s.column} sums to "
+                                            f"{int(sums[s.column])}: lengths and data disagree")
 
         labels: dict[str, list[str]] = {}
-        if has_inputs:
-            got = _labels(fin, "labels", p)
-            if got:
-                labels["data"] = got
-        for k in keys:
-            got = _labels(fin, f"targets/labels/{k}", p)
-            if got:
+        for k, name in ([("data", "labels")] if has_inputs else []) + [(k, f"targets/labels/{k}") for k in keys]:
+            if got := _labels(fin, name, p):
                 labels[k] = got
     return HdfFileInfo(p, n, tuple(streams), lengths_2d, labels)

@@ -1,12 +1,11 @@
 """WebDataset tar shards as samples: the reading half of :mod:`seqstore.interop.webdataset`.
 
 :func:`shard_list` expands the sources (files, directories, ``{000..009}`` brace ranges, URLs);
-:func:`samples` yields each shard's samples ``(key, {ext: (member name, bytes)})`` in tar order, grouping
-members by key as ``webdataset.WebDataset`` does (``KEY`` is the name up to the first dot of its last
-path part, ``EXT`` the rest, lower-cased; ``__*__`` members are skipped). An uncompressed local shard is
-read from a memory map by parsing its 512-byte headers (ustar, GNU long names, pax; checksums checked);
-a compressed shard or a URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a
-``tarfile`` stream. A :class:`ByteCounter` tells how far into the shard the reading is (progress).
+:func:`samples` yields each shard's samples ``(key, {ext: (member name, bytes)})`` in tar order, members
+grouped by key as the webdataset module docs say. An uncompressed local shard is read from a memory map
+by parsing its 512-byte headers (ustar, GNU long names, pax; checksums checked); a compressed shard or a
+URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a ``tarfile`` stream. A
+:class:`ByteCounter` tells how far into the shard the reading is (progress).
 """
 
 from __future__ import annotations
@@ -41,10 +40,8 @@ def expand_shards(spec: str) -> list[str]:
         return [spec]
     a, b = m.group(1), m.group(2)
     width = len(a) if a.startswith("0") or len(a) == len(b) else 0
-    out: list[str] = []
-    for i in range(int(a), int(b) + 1):
-        out.extend(expand_shards(spec[: m.start()] + str(i).zfill(width) + spec[m.end():]))
-    return out
+    head, tail = spec[: m.start()], spec[m.end() :]
+    return [s for i in range(int(a), int(b) + 1) for s in expand_shards(head + str(i).zfill(width) + tail)]
 
 
 def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -248,9 +245,7 @@ def samples(path: str, options: Mapping[str, Any] | None, counter: ByteCounter |
             cur[ext] = (name, data)
         if key is not None:
             yield key, cur
+    except (FileNotFoundError, SourceFormatError):
+        raise
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
-        if isinstance(exc, SourceFormatError):
-            raise
         raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc

@@ -1,32 +1,24 @@
 """Store records as Arrow arrays: the direction opposite to the imports of :mod:`seqstore.interop.arrow`,
-shared by the readers of the engines (``seqstore.ray.read`` and the Spark data source).
-
-Nothing here is done per record: each array is built from a field's flat numpy values and offsets
-computed from lengths.
-
-- a field with a shape: one list level per axis (:func:`field_lists`). The axes of a fixed field
-  hold fixed counts (``(k, m)``: ``n`` lists of ``k`` lists of ``m`` values, :func:`fixed_lists`);
-  a ragged field's first level holds its records' lengths (:func:`offsets`, :func:`list_array`)
-  around its rows;
-- bfloat16 values: widened to float32, or kept as their uint16 bits (:func:`numbers`);
-- ids: a string column over the utf-8 bytes and offsets of :meth:`seqstore.Store.ids`
-  (:func:`id_array`, :func:`string_array`).
+shared by the readers of the engines (``seqstore.ray.read`` and the Spark data source; their own types
+stay in the engines). Nothing is done per record: each array is built from a field's flat numpy values
+and offsets computed from lengths: a field with a shape has one list level per axis
+(:func:`field_lists`), bfloat16 is widened to float32 or kept as its bits (:func:`numbers`), ids are a
+string column over :meth:`seqstore.Store.ids` (:func:`id_array`).
 
 32-bit offsets (``list``, ``string``) allow at most 2^31 - 1 values (or bytes) in one array; more is a
 ValueError that names the array and how many there were, so that the caller can cut smaller batches.
-64-bit offsets (``large=True``: ``large_list``, ``large_string``) have no such limit. The engines'
-own types (Ray's tensor extension types, Spark's leaf types and column metadata) stay in the engines.
+64-bit offsets (``large=True``: ``large_list``, ``large_string``) have no such limit.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..schema import BFLOAT16, Field, bfloat16_to_float32
+from .arrow_columns import pyarrow as pyarrow_module
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -38,13 +30,6 @@ __all__ = [
 
 #: The most values (or bytes) an array with 32-bit offsets can hold.
 INT32_MAX = (1 << 31) - 1
-
-
-def pyarrow_module() -> Any:
-    try:  # imported by name: pyarrow ships no type information, and is optional
-        return importlib.import_module("pyarrow")
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("Arrow arrays of a store need pyarrow: pip install 'seqstore[arrow]'") from exc
 
 
 def numbers(values: np.ndarray[Any, Any], dtype: str, *, bfloat16: str = "float32") -> np.ndarray[Any, Any]:
@@ -91,16 +76,11 @@ def fixed_lists(flat: Any, shape: Sequence[int | None], n: int, type: Any = None
     ``type``: the outermost list type (the inner levels' types are its value types); default ``list``
     (``large_list`` with ``large``) of the inner arrays' types."""
     counts = [int(s or 0) for s in shape]
-    types = [type]
-    for _ in counts[1:]:
-        types.append(types[-1].value_type if types[-1] is not None else None)
-    sizes = [int(n)]  # number of lists at each level, outermost first
-    for k in counts[:-1]:
-        sizes.append(sizes[-1] * k)
+    sizes = np.cumprod([int(n), *counts[:-1]], dtype=np.int64)  # number of lists at each level, outermost first
     arr = flat
     for level in range(len(counts) - 1, -1, -1):
-        offs = np.arange(sizes[level] + 1, dtype=np.int64) * counts[level]
-        arr = list_array(_sized(offs, large, what, hint), arr, types[level])
+        offs = np.arange(int(sizes[level]) + 1, dtype=np.int64) * counts[level]
+        arr = list_array(_sized(offs, large, what, hint), arr, None if type is None else leaf_type(type, level))
     return arr
 
 

@@ -18,14 +18,9 @@ member                                               field
 anything else (``.json``, ``.txt``, ``.jpg``, ...)   the member's bytes, ragged uint8
 ==================================================  ===============================================
 
-The fields are the extensions of the first sample (or those named by ``fields``), each named as its
-extension less a ``.npy`` ending after another part (``score.npy`` -> ``score``); every record must
-have each. ``strict`` (the default) refuses a member whose extension has no field
-(:class:`UnknownMemberError`, naming the shard, key and member); ``strict=False`` skips it.
-
-Shards are read as tar streams (local files, or URLs through seqstore's object-store client in ranged
-blocks; gzip-compressed shards too), one after another or ``workers`` at a time (runs of shards as
-parts of one commit, in shard order). Memory O(``chunk_bytes``).
+Fields and their names: :func:`import_webdataset`. Shards are read as tar streams (local files, or URLs
+through seqstore's object-store client; gzip-compressed shards too), one after another or ``workers``
+at a time (runs of shards as parts of one commit, in shard order). Memory O(``chunk_bytes``).
 
 **Export** (:func:`export_webdataset`): a store as shards ``000000.tar``, ``000001.tar``, ... in a
 directory, each record a key (its id, or its index) with one member per field.
@@ -35,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import re
 import tarfile
@@ -48,7 +44,7 @@ from ..errors import SchemaError
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import OutputExistsError, Progress, SourceFormatError, announce_total, replaced
+from ._common import Progress, SourceFormatError, announce_total, check_output, replaced
 from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
 
 __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
@@ -91,19 +87,14 @@ def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
     """A .npy member as an array: the plain header ``numpy.save`` writes read by one regular expression
     (a view of ``data``), anything else by ``numpy.load``."""
     if data[:6] == b"\x93NUMPY" and len(data) >= 10:
-        if data[6] == 1:
-            end = 10 + int.from_bytes(data[8:10], "little")
-        else:
-            end = 12 + int.from_bytes(data[8:12], "little")
-        m = _NPY_HEADER.match(data[12 if data[6] > 1 else 10 : end].decode("latin1"))
+        start = 10 if data[6] == 1 else 12  # the header's length: 2 bytes in version 1, 4 after
+        end = start + int.from_bytes(data[8:start], "little")
+        m = _NPY_HEADER.match(data[start:end].decode("latin1"))
         if m is not None:
-            dt = _DTYPES.get(m.group(1))
-            if dt is None:
+            if (dt := _DTYPES.get(m.group(1))) is None:
                 dt = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1)))
             shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
-            count = 1
-            for x in shape:
-                count *= x
+            count = math.prod(shape)
             if dt.kind in "biufc" and len(data) - end == count * dt.itemsize:
                 return np.frombuffer(data, dtype=dt, count=count, offset=end).reshape(shape)
     try:
@@ -287,12 +278,10 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     meta = st.metadata.get(METADATA_KEY, {})
     if isinstance(meta, dict) and isinstance(meta.get("fields"), dict):
         recorded = {v["field"]: e for e, v in meta["fields"].items() if isinstance(v, dict) and "field" in v}
-    if fields is None:
-        chosen = {n: recorded.get(n) for n in st.schema}
-    elif isinstance(fields, Mapping):
-        chosen = {n: e for n, e in fields.items()}
+    if isinstance(fields, Mapping):
+        chosen: dict[str, str | None] = dict(fields)
     else:
-        chosen = {n: recorded.get(n) for n in fields}
+        chosen = {n: recorded.get(n) for n in (st.schema if fields is None else fields)}
     out: dict[str, tuple[str, str]] = {}
     for n, ext in chosen.items():
         if n not in st.schema:
@@ -370,12 +359,8 @@ def export_webdataset(
     if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
         raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
     root = Path(out)
-    if root.exists() or root.is_symlink():
-        if not overwrite:
-            raise OutputExistsError(root)
-        if not root.is_dir() or any(not p.name.endswith(".tar") for p in root.iterdir()):
-            raise SchemaError(f"{root}: refusing to overwrite what is not a directory of tar shards")
-    root.parent.mkdir(parents=True, exist_ok=True)
+    check_output(root, overwrite, lambda r: not r.is_dir() or any(not p.name.endswith(".tar") for p in r.iterdir()),
+                 "what is not a directory of tar shards", SchemaError)
     n = len(st)
     announce_total(progress, n)
     names = list(plan)
@@ -386,12 +371,9 @@ def export_webdataset(
         for a in range(0, n, chunk_records):
             b = min(n, a + chunk_records)
             batch = st.get_batch(np.arange(a, b), fields=names)
-            starts: dict[str, np.ndarray[Any, Any]] = {}
-            for name in names:
-                if st.schema[name].ragged:
-                    lens = batch[name][1]
-                    starts[name] = np.zeros(len(lens) + 1, dtype=np.int64)
-                    np.cumsum(lens, out=starts[name][1:])
+            # each ragged field's record offsets in the batch
+            starts = {n: np.concatenate(([0], np.cumsum(batch[n][1], dtype=np.int64))) for n in names
+                      if st.schema[n].ragged}
             if keys == "ids":
                 data, offs = st.ids(np.arange(a, b))
                 blob = bytes(data)
