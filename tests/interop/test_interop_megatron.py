@@ -189,6 +189,15 @@ def test_export_any_ragged_integer_field_with_a_cast(tmp_path: Path) -> None:
         export_megatron(tmp_path / "t.seqstore", tmp_path / "u", field="doc")
 
 
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_export_of_bfloat16_values_is_a_named_error(tmp_path: Path, dtype: str | None) -> None:
+    with seqstore.create(tmp_path / "b.seqstore", {"x": Field("bfloat16", (None,))}) as w:
+        w.append({"x": np.ones(3, dtype=np.float32)})
+    with pytest.raises(SchemaError, match="field 'x': bfloat16 values"):
+        export_megatron(tmp_path / "b.seqstore", tmp_path / "b", dtype=dtype)
+    assert not (tmp_path / "b.bin").exists() and not (tmp_path / "b.idx").exists()
+
+
 def test_cli_convert_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build(tmp_path / "a", seed=8, docs=12)
     a = IndexedDataset(str(tmp_path / "a"))

@@ -375,12 +375,14 @@ def export_megatron(
     """
     st = store if isinstance(store, Store) else open_store(store)
     name = _ragged_field(st, field)
-    src_dt = st.schema[name].storage_dtype if st.schema[name].dtype != "bfloat16" else None
+    if st.schema[name].dtype == "bfloat16":
+        raise SchemaError(f"field {name!r}: bfloat16 values are not tokens Megatron's .idx can describe "
+                          f"(its dtypes: {', '.join(CODES)})")
+    src_dt = st.schema[name].storage_dtype
     out_dt = np.dtype(dtype) if dtype is not None else src_dt
-    if out_dt is None or str(out_dt) not in CODES:
+    if str(out_dt) not in CODES:
         raise SchemaError(f"field {name!r}: dtype {dtype or st.schema[name].dtype} is not one of Megatron's "
                           f"({', '.join(CODES)}); pass dtype=...")
-    assert src_dt is not None
     if documents == "auto":
         meta = st.metadata.get(METADATA_KEY, {})
         doc = meta.get("document_field") if isinstance(meta, dict) else None
