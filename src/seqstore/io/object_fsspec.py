@@ -71,20 +71,18 @@ class FsspecBackend(ObjectBackend):
             self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests, thread_name_prefix="seqstore-fsspec")
 
         def run() -> list[Answer]:
-            missing: set[int] = set()
             if missing_ok:
                 got: list[Answer] = []
                 for r in requests:
                     try:
                         got.extend(self.get_ranges([r]))
                     except RemoteNotFound:
-                        missing.add(len(got))
                         got.append((memoryview(b""), None))
             else:
                 got = self.get_ranges(requests)
             if on_each is not None:
                 for i, (d, m) in enumerate(got):
-                    if i not in missing:  # as the obstore back end: nothing arrived, no call
+                    if m is not None:  # (None: missing; as the obstore back end, nothing arrived, no call)
                         on_each(i, d, m)
                 return [(EMPTY_ANSWER, m) for _, m in got]
             return got

@@ -155,21 +155,18 @@ class ObstoreBackend(ObjectBackend):
             env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
             if option_flag(os.environ.get(f"{env}_ALLOW_HTTP", "")):
                 client_options["allow_http"] = True
-        if scheme in ("az", "abfs", "abfss", "azure"):
-            self.suffix_ranges = False
+        self.suffix_ranges = scheme not in ("az", "abfs", "abfss", "azure")
         self.generations = scheme in ("gs", "gcs")
         check_url(client.url)
+        if scheme in ("http", "https"):
+            self.conditional = False
+            if opts:  # the HTTP store takes client options only
+                raise unknown_key(client.url, "HTTP", next(iter(opts)))
+        client_url = urlunsplit(("s3", *parts[1:])) if scheme == "s3a" else client.url
         try:
-            if scheme in ("http", "https"):
-                self.conditional = False
-                if opts:  # the HTTP store takes client options only
-                    raise unknown_key(client.url, "HTTP", next(iter(opts)))
-                self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
-            else:
-                client_url = urlunsplit(("s3", *parts[1:])) if scheme == "s3a" else client.url
-                self.store = from_url(
-                    client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
-                )
+            self.store = from_url(
+                client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
+            )
         except oex.BaseError as exc:
             raise config_error(client.url, scheme, exc, opts) from None
         self._plain: str | None = None  # the plain URL objects' keys follow ("": none, direct reads off)
