@@ -37,9 +37,7 @@ from .object_common import (
 from .object_fsspec import FsspecBackend
 from .object_obstore import ObstoreBackend, fork_unsafe
 from .options import StoreOptions
-from .retry import MAX_BACKOFF, RetryPolicy, Transient
-
-_Transient = Transient  # the name tests simulate a transient failure with
+from .retry import MAX_BACKOFF, RetryPolicy
 
 __all__ = [
     "MAX_BACKOFF", "fork_unsafe", "ObjectClient", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "client_for",
