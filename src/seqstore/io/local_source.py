@@ -86,6 +86,7 @@ def npy_array(
         return empty
     return np.frombuffer(mapped(), dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
+
 class LocalSource(ByteSource):
     """The store in directory ``path`` (a path or a ``file://`` URL). Reads through the page cache:
     a page fault reads a missing page, so nothing needs to wait for bytes before reading them;

@@ -78,7 +78,7 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 @dataclass(frozen=True)
 class StoreOptions:
     """The options of one opened store (see the module docstring). seqstore's own keys, with their defaults
-    below, are those of docs/remote.md's table ("seqstore's own storage_options keys"): request limits
+    below, are those of the table in docs/remote.md ("URLs and set-up"): request limits
     (``max_requests``, ``max_inflight_bytes``, ``coalesce_gap``), ``timeout`` and ``connect_timeout`` per
     request, retries (``retry_timeout``, ``max_retries``: None, only ``retry_timeout`` limits them), and
     the read path (``read_once``: None, where the store's data are more bytes than the node cache's budget;
