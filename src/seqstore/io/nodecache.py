@@ -313,7 +313,7 @@ class CachedObject:
         self.lock = threading.Lock()
         # byte runs requested and not yet arrived (this process), sorted: (start, end, id(future), future)
         self.inflight: list[tuple[int, int, int, Any]] = []
-        # aligned chunks (seqstore.io.remote) requested whole and not yet arrived: chunk number -> future
+        # aligned chunks (seqstore.io.remote_plan) requested whole and not yet arrived: chunk number -> future
         self.chunk_flight: dict[int, Any] = {}
         self._touched = 0.0
         self.touch()
