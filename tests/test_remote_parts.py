@@ -310,7 +310,7 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
     """An overwrite with no records claims no shard numbers; when its manifest write lands but the answer
     is lost, the refused retry must still see the commit as its own (the manifest names its table
     object), not delete that table object and commit again."""
-    from seqstore.io import objects
+    from seqstore.io import objects, retry
 
     url = f"s3://{s3_bucket}/empty-ow.seqstore"
     opts = moto_s3.storage_options()
@@ -328,7 +328,7 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
         etag = real_put(self, key, data, mode)
         if key == "manifest.json" and isinstance(mode, dict) and not lost:
             lost.append(etag)
-            raise objects._Transient("connection reset before the answer (simulated)")
+            raise retry.Transient("connection reset before the answer (simulated)")
         return etag
 
     monkeypatch.setattr(objects.ObstoreBackend, "put", put)

@@ -142,7 +142,7 @@ def test_lost_answer_to_create_counts_as_created(moto_s3: MotoS3, s3_bucket: str
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The create reached the service but its answer was lost: the retry is refused (the manifest is
     there), and since it holds our bytes, the create succeeded."""
-    from seqstore.io import objects
+    from seqstore.io import objects, retry
 
     url = f"s3://{s3_bucket}/lost-create.seqstore"
     real_put = objects.ObstoreBackend.put
@@ -152,7 +152,7 @@ def test_lost_answer_to_create_counts_as_created(moto_s3: MotoS3, s3_bucket: str
         etag = real_put(self, key, data, mode)
         if key == "manifest.json" and mode == "create" and not lost:
             lost.append(etag)
-            raise objects._Transient("connection reset before the answer (simulated)")
+            raise retry.Transient("connection reset before the answer (simulated)")
         return etag
 
     monkeypatch.setattr(objects.ObstoreBackend, "put", put)

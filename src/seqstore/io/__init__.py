@@ -14,17 +14,6 @@ from .source import ByteSource, ReadPolicy
 from .sources import open_source
 
 __all__ = [
-    "PAGE",
-    "ByteSource",
-    "ReadPolicy",
-    "StoreOptions",
-    "address",
-    "any_cold",
-    "holds_descriptors",
-    "lookahead",
-    "map_file",
-    "open_source",
-    "page_runs",
-    "willneed",
-    "willneed_span",
+    "PAGE", "ByteSource", "ReadPolicy", "StoreOptions", "address", "any_cold", "holds_descriptors", "lookahead",
+    "map_file", "open_source", "page_runs", "willneed", "willneed_span",
 ]

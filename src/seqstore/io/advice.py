@@ -1,20 +1,15 @@
 """Read-ahead for exactly the bytes a known access will touch, and a cheap residency probe.
 
-A page fault reads one page and waits for it: a gather of B cold records through a mapping runs at
-queue depth 1. :func:`willneed` turns the byte ranges the gather is about to touch into page runs
-(page aligned, sorted, adjacent or overlapping runs merged) and asks the kernel to start reading all
-of them now (``madvise(MADV_WILLNEED)``: asynchronous, reads exactly the pages asked for, nothing
-around them). The gather that follows finds the pages arriving or arrived, so the disk sees B reads
-in flight at once. On pages already in memory the request costs a page-cache lookup and no I/O.
+A page fault reads one page and waits for it: a gather of B cold records through a mapping runs at queue
+depth 1. :func:`willneed` turns the byte ranges the gather is about to touch into merged page runs and
+asks the kernel to start reading them now (``madvise(MADV_WILLNEED)``: asynchronous, exactly the pages
+asked for), so the disk sees B reads in flight at once; on pages in memory it costs a page-cache lookup.
+:func:`any_cold` samples a few ranges with ``mincore`` so that a batch entirely in memory skips the
+requests. For files the process may not write, ``mincore`` reports only pages this process has mapped,
+so the probe errs toward "cold" (a warm batch then pays the requests, never extra I/O).
 
-:func:`any_cold` samples a few of the ranges with ``mincore`` (one page each) so that a batch that
-is entirely in memory skips the requests and keeps the plain zero-copy gather. ``mincore`` reports
-page-cache residency for files the process owns or may write; for other files the kernel reports
-only pages this process has mapped, so the probe errs toward "cold" there (a warm batch then pays
-the requests, about a microsecond per record, never extra I/O).
-
-Addresses are plain integers (absolute addresses in this process); all functions are no-ops where
-libc's ``madvise`` is not available.
+Addresses are absolute addresses in this process; all functions are no-ops where libc's ``madvise`` is
+not available.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Walking a known sequence of requests with the next ones already in flight.
 
-:func:`lookahead` is the loop behind ``Store.iter_batches`` and the datasets' ``iter_batches``: it
-pulls items from any iterable (index arrays of an epoch's batches), calls ``request(item)`` when an
-item enters a window of ``depth`` items ahead of the consumer (that is where reads are started), and
-``ready(token)`` when the item becomes the next one to be consumed (a second stage, e.g. the value
-ranges of ragged records whose offsets the first stage asked for). A window may grow beyond
-``depth`` while ``deeper`` allows it (a remote source: while few requests are pending). Memory: the
-window's items and their tokens; the iterable is consumed lazily.
+:func:`lookahead` is the loop behind ``Store.iter_batches`` and the datasets' ``iter_batches``: it pulls
+items (an epoch's batches) from any iterable lazily and starts each one's reads ``depth`` items ahead of
+the consumer (more while ``deeper`` allows: a remote source with few requests pending). Memory: the
+window's items and their tokens.
 """
 
 from __future__ import annotations

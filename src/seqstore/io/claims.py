@@ -1,22 +1,16 @@
 """Pages that another process on the node is fetching: claims beside the node cache's page maps, so
-that the processes sharing a cache (DataLoader workers, the ranks of a node) fetch a page once.
+that the processes sharing a cache (DataLoader workers, the ranks of a node) fetch a page once. (Without
+them, the workers of a ``random_block`` epoch each asked for all of a window's blocks: two workers moved
+4x the bytes they delivered in the benchmark.)
 
-Each process knows its own requests in flight; without claims it knew nothing of the others'. The
-workers of a loader, and the ranks of a node, read the same bytes at about the same time: the batches
-of a ``random_block`` window are dealt out round-robin and every one of them takes rows of every block
-of the window, so each process asked for all of the window's blocks. Two DataLoader workers moved 4x the
-bytes they delivered in the benchmark, 1.5x for one worker (its read-ahead past the end).
-
-A claim is a word per page of a cache entry in ``<entry>.claims`` (8 bytes a page, beside the page map;
-sparse): the claiming process's id and a deadline (seconds since the epoch). A process about to request
-pages takes, under an exclusive ``flock`` of the entry's data file, those without a live claim (none,
-past its deadline, or its process gone), writing its own, and waits for the others: :class:`ClaimWait` polls the
-page map until they are present, their claims run out or their processes exit; then the caller asks
-again and fetches what is still missing itself. A request that fails gives its claims back. Claims are
-advice: the page map alone says what is present, so a wrong claim costs a wait or a second fetch of a
-page, never a wrong byte. The deadline is one request's time (``timeout`` + ``connect_timeout``): a
-process that dies fetching holds up the others at most that long, less where its process id is seen to
-be gone.
+A claim is a word per page in ``<entry>.claims`` (sparse, beside the page map): the claiming process's
+id and a deadline (seconds since the epoch). A process about to request pages takes, under an exclusive
+``flock`` of the entry's data file, those without a live claim (none, past its deadline, or its process
+gone), and waits for the others (:class:`ClaimWait`); then the caller asks again and fetches what is
+still missing itself. A request that fails gives its claims back. Claims are advice: the page map alone
+says what is present, so a wrong claim costs a wait or a second fetch, never a wrong byte. The deadline
+is one request's time (``timeout`` + ``connect_timeout``): a process that dies fetching holds up the
+others at most that long.
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ _ALIVE_EVERY = 0.5
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (seen from this process: one in another pid namespace counts as gone,
-    so its claims are not waited for: a second fetch at worst). A process that exited and was not yet
-    reaped by its parent (a zombie) is gone."""
+    """Whether process ``pid`` runs and is not a zombie (one in another pid namespace counts as gone: its
+    claims are not waited for, a second fetch at worst)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -155,9 +148,8 @@ class Claims:
 class ClaimWait:
     """Waiting for pages other processes claimed: :meth:`result` returns once the page map ``bits`` says
     they are present, their claims (in ``words``) have run out (``until``) or been given back, or their
-    processes (``pids``) have exited, whichever comes first; it raises ``concurrent.futures.TimeoutError``
-    after ``timeout`` seconds, as a future does. The page map is polled every 0.5 to 5 ms, the claims and
-    the processes every 0.5 s."""
+    processes (``pids``) have exited; it raises ``concurrent.futures.TimeoutError`` after ``timeout``
+    seconds, as a future does. Polls the page map every 0.5 to 5 ms, claims and processes every 0.5 s."""
 
     __slots__ = ("bits", "words", "pages", "pids", "until")
 

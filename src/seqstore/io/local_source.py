@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..errors import CorruptionError, open_files_exhausted
 from ..format.manifest import FileInfo, Manifest
-from ..format.npy import read_header
+from ..format.npy import NpyHeader, read_header
 from .advice import request_bytes, willneed, willneed_span
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, map_file
 from .source import ByteSource, ReadPolicy
@@ -46,35 +47,44 @@ def map_npy(
         raise CorruptionError(f"{path}: cannot stat ({exc})") from exc
     if info is not None and size != info.bytes:
         raise CorruptionError(f"{path}: file has {size} bytes, manifest says {info.bytes} (truncated or replaced?)")
-    header = read_header(path)
+
+    def mapped() -> np.ndarray[Any, Any]:
+        try:
+            return map_file(path, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM)  # no descriptor held
+        except OSError as exc:
+            limit = open_files_exhausted(path, exc)
+            if limit is not None:
+                raise limit from exc
+            if exc.errno == errno.ENOMEM:
+                raise OSError(exc.errno, f"cannot map {path} ({exc.strerror}): too many mappings in this process "
+                              "(vm.max_map_count) or no address space left; open the store with a smaller "
+                              "max_mapped_shards") from exc
+            raise CorruptionError(f"{path}: cannot map ({exc})") from exc
+        except ValueError as exc:
+            raise CorruptionError(f"{path}: cannot map ({exc})") from exc
+
+    return npy_array(path, size, read_header(path), dtype, shape, mapped)
+
+
+def npy_array(
+    name: str | os.PathLike[str], size: int, header: NpyHeader, dtype: np.dtype[Any], shape: tuple[int, ...],
+    mapped: Callable[[], np.ndarray[Any, Any]],
+) -> np.ndarray[Any, Any]:
+    """The array of the ``.npy`` file ``name`` of ``size`` bytes with ``header``, after checking the header
+    against ``dtype`` and ``shape`` (a :class:`CorruptionError` names the file); ``mapped()``: the file's
+    bytes, mapped (not called for an empty array)."""
     if header.dtype != dtype:
-        raise CorruptionError(f"{path}: header dtype {header.dtype.str}, expected {dtype.str}")
+        raise CorruptionError(f"{name}: header dtype {header.dtype.str}, expected {dtype.str}")
     if header.shape != shape:
-        raise CorruptionError(f"{path}: header shape {header.shape}, expected {shape}")
+        raise CorruptionError(f"{name}: header shape {header.shape}, expected {shape}")
     if header.data_offset + header.data_bytes != size:
-        raise CorruptionError(
-            f"{path}: {size} bytes on disk but header says {header.data_offset + header.data_bytes}"
-        )
+        raise CorruptionError(f"{name}: {size} bytes but header says {header.data_offset + header.data_bytes}")
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
         empty = np.empty(shape, dtype=dtype)
         empty.flags.writeable = False
         return empty
-    try:
-        # no descriptor stays open (see seqstore.io)
-        raw = map_file(path, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM)
-    except OSError as exc:
-        limit = open_files_exhausted(path, exc)
-        if limit is not None:
-            raise limit from exc
-        if exc.errno == errno.ENOMEM:
-            raise OSError(exc.errno, f"cannot map {path} ({exc.strerror}): too many mappings in this process "
-                          "(vm.max_map_count) or no address space left; open the store with a smaller "
-                          "max_mapped_shards") from exc
-        raise CorruptionError(f"{path}: cannot map ({exc})") from exc
-    except ValueError as exc:
-        raise CorruptionError(f"{path}: cannot map ({exc})") from exc
-    return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
+    return np.frombuffer(mapped(), dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
 
 
 class LocalSource(ByteSource):

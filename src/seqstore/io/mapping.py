@@ -2,15 +2,11 @@
 
 Python's ``mmap.mmap`` keeps a duplicate of the file's descriptor for the life of the mapping, so a
 store with thousands of mapped shard files runs out of descriptors (``ulimit -n`` is often 1024).
-The kernel needs no descriptor once a file is mapped: :func:`map_file` maps through libc's ``mmap``,
-closes the descriptor at once, and returns a ``uint8`` array whose base object unmaps the region
-when the last array (or view) that uses it is garbage-collected.
+:func:`map_file` maps through libc's ``mmap``, closes the descriptor at once, and returns a ``uint8``
+array whose base object unmaps the region when the last array (or view) using it is collected.
 
-Every mapping starts advised ``MADV_RANDOM``: a cold page fault then reads that page only, instead
-of the read-around window (``read_ahead_kb``, up to megabytes) a normal mapping reads for each fault.
-Paths that know what they will touch ask for it explicitly (:mod:`seqstore.io.advice`): random
-gathers request their exact pages, sequential scans request the next stretch ahead of the reader.
-
+Every mapping starts advised ``MADV_RANDOM``: a cold fault reads that page only, not a read-around
+window of up to megabytes; paths that know what they will touch ask for it (:mod:`seqstore.io.advice`).
 Where libc's ``mmap`` cannot be called (not Linux), ``mmap.mmap`` is used and each mapping holds a
 descriptor; :func:`holds_descriptors` says which, so callers can bound how many they keep.
 """
@@ -28,17 +24,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "PAGE",
-    "MADV_NORMAL",
-    "MADV_RANDOM",
-    "MADV_SEQUENTIAL",
-    "MADV_WILLNEED",
-    "map_file",
-    "map_fd",
-    "madvise",
-    "holds_descriptors",
-    "address",
-    "libc",
+    "PAGE", "MADV_NORMAL", "MADV_RANDOM", "MADV_SEQUENTIAL", "MADV_WILLNEED", "map_file", "map_fd", "madvise",
+    "holds_descriptors", "address", "libc",
 ]
 
 PAGE = mmap.PAGESIZE
@@ -79,10 +66,6 @@ def holds_descriptors() -> bool:
     return libc is None
 
 
-def _munmap(addr: int, size: int) -> None:
-    libc.munmap(addr, size)
-
-
 class _Mapping:
     """Owner of one read-only shared mapping; numpy arrays made from it keep it alive."""
 
@@ -93,7 +76,7 @@ class _Mapping:
         self.size = size
         # not at interpreter exit: a view may still be read then (atexit handlers, daemon threads), and
         # the kernel unmaps everything when the process ends anyway
-        weakref.finalize(self, _munmap, addr, size).atexit = False
+        weakref.finalize(self, libc.munmap, addr, size).atexit = False
 
     @property
     def __array_interface__(self) -> dict[str, Any]:

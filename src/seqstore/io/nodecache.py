@@ -12,30 +12,28 @@ Layout under ``cache_dir``::
     derived/...           datasets' derived arrays (lengths, sort indexes) of remote stores
 
 An entry's key is a hash of the object's URL **and its ETag** (or generation): a replaced object is a
-new entry, so stale bytes are never served. A page is filled by ``pwrite`` of the fetched bytes and
-only then marked present, so a reader that sees the mark sees the bytes (the write is in the page
-cache before the mark is). Two processes that miss the same page both fetch it and write the same
-bytes: harmless.
+new entry, so stale bytes are never served. A page is marked present only after ``pwrite`` of its bytes,
+so a reader that sees the mark sees the bytes; two processes that fill the same page write the same bytes.
 
 Bytes are reserved before they are written: when the count would pass ``budget`` the least recently
-used entries (by the time their ``.bits`` file was last opened) are unlinked until it fits. A process
-that has an evicted entry open keeps reading and filling its own (unlinked) copy until it lets go of
-it; the disk space of such copies comes back when the last process closes them.
+used entries (by their ``.bits`` file's mtime) are unlinked until it fits. A process that has an evicted
+entry open keeps using its own (unlinked) copy; its disk space comes back when the last process closes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import itertools
 import mmap
 import os
+import shutil
 import struct
 import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +73,12 @@ def default_cache_dir() -> Path:
     env = os.environ.get("SEQSTORE_CACHE_DIR")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "seqstore"
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "seqstore"
 
 
 def default_cache_bytes() -> int:
     env = os.environ.get("SEQSTORE_CACHE_BYTES")
-    if env:
-        return _parse_bytes(env, "SEQSTORE_CACHE_BYTES")
-    return 16 << 30
+    return _parse_bytes(env, "SEQSTORE_CACHE_BYTES") if env else 16 << 30
 
 
 def _parse_bytes(text: str, what: str) -> int:
@@ -147,7 +142,7 @@ class NodeCache:
 
     # ------------------------------------------------------------------------------- accounting
 
-    @contextmanager
+    @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Exclusive against every other process and thread using this cache directory (``flock`` of a
         descriptor opened for this call: a lock held through a descriptor another thread or a forked child
@@ -189,10 +184,8 @@ class NodeCache:
         total = 0
         for dirpath, _dirs, files in os.walk(self.root):
             for name in files:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                except FileNotFoundError:
-                    pass
         return total
 
     def reserve(self, nbytes: int, keep: Any = None) -> None:
@@ -222,10 +215,8 @@ class NodeCache:
         derived = (self.root / "derived").glob("*/*.npy")  # datasets' derived arrays of remote stores
         stores = (p for p in (self.root / "stores").glob("*/*") if ".tmp-" not in p.name)  # (.tmp-: being built)
         for p in itertools.chain(objects, derived, stores):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 out.append((p.stat().st_mtime, p))
-            except FileNotFoundError:
-                pass
         out.sort()
         return out
 
@@ -241,18 +232,16 @@ class NodeCache:
                 continue
             if p.suffix in (".npy", ".bits"):  # a derived array; a cache entry's data, page map and claims
                 for q in (p,) if p.suffix == ".npy" else (p.with_suffix(".data"), p, p.with_suffix(".claims")):
-                    try:
+                    with contextlib.suppress(FileNotFoundError):
                         freed = q.stat().st_blocks * 512
                         q.unlink()
                         used -= freed
-                    except FileNotFoundError:
-                        pass
             else:  # a store's metadata directory (stores/<url>/<manifest version>)
                 try:
                     freed = sum(f.lstat().st_blocks * 512 for f in p.rglob("*") if f.is_file() and not f.is_symlink())
                 except FileNotFoundError:  # changed meanwhile: recounted at the next eviction
                     freed = 0
-                _remove_tree(p)
+                shutil.rmtree(p, ignore_errors=True)
                 used -= freed
         return max(0, used)
 
@@ -276,12 +265,6 @@ class NodeCache:
         with self._objects_lock:
             if self._objects.get(obj.name) is obj:
                 del self._objects[obj.name]
-
-
-def _remove_tree(p: Path) -> None:
-    import shutil
-
-    shutil.rmtree(p, ignore_errors=True)
 
 
 def run_pages(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -330,7 +313,7 @@ class CachedObject:
         self.lock = threading.Lock()
         # byte runs requested and not yet arrived (this process), sorted: (start, end, id(future), future)
         self.inflight: list[tuple[int, int, int, Any]] = []
-        # aligned chunks (seqstore.io.remote) requested whole and not yet arrived: chunk number -> future
+        # aligned chunks (seqstore.io.remote_plan) requested whole and not yet arrived: chunk number -> future
         self.chunk_flight: dict[int, Any] = {}
         self._touched = 0.0
         self.touch()
@@ -362,10 +345,8 @@ class CachedObject:
         now = time.monotonic()
         if now - self._touched > 1.0:
             self._touched = now
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(self.bits_path)
-            except OSError:
-                pass
 
     def missing(self, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> tuple[Any, Any]:
         """The parts of page-aligned byte runs ``[starts[i], ends[i])`` (sorted, disjoint, inside the
@@ -406,10 +387,8 @@ class CachedObject:
             self.claims.close()
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     def __del__(self) -> None:
         if getattr(self, "fd", -1) >= 0:

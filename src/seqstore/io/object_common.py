@@ -1,12 +1,10 @@
 """What the object-store client and its back ends share.
 
-The vocabulary: :class:`ObjectMeta` (an object's key, size and version tag), the ``ObjectBackend`` interface
-that :class:`~seqstore.io.objects.ObjectClient` drives (one back end per URL: ``object_obstore`` for
-S3/GCS/Azure/HTTP, ``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads
-of its client: its settings and its :class:`~seqstore.io.retry.RetryPolicy`); and the URL
-and option helpers: :func:`is_remote`, :func:`redact`, :data:`REMOTE_SCHEMES`, :data:`SEQSTORE_OPTIONS`,
-:func:`check_options` (seqstore's own option values; these three from :mod:`seqstore.io.options`) and
-:func:`check_url` (an object-store URL names a bucket), both raising :class:`~seqstore.errors.ConfigError`.
+:class:`ObjectMeta` (an object's key, size and version tag), the ``ObjectBackend`` interface that
+:class:`~seqstore.io.objects.ObjectClient` drives (``object_obstore`` for S3/GCS/Azure/HTTP,
+``object_fsspec`` for any fsspec filesystem), ``ClientSettings`` (what a back end reads of its client),
+and the URL and option helpers (:func:`check_url`, :func:`is_remote`; from :mod:`seqstore.io.options`:
+:func:`redact`, :data:`SEQSTORE_OPTIONS`, :func:`check_options`).
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ from .options import SEQSTORE_OPTIONS, check_options, option_flag, redact
 from .retry import RetryPolicy
 
 __all__ = [
-    "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS",
-    "check_options", "check_url", "is_remote", "option_flag", "redact",
+    "Answer", "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "Request",
+    "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote", "option_flag", "redact",
 ]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
@@ -71,6 +69,10 @@ class ObjectMeta:
     mtime: float = 0.0
 
 
+Request = tuple[str, int, int, str | None]  # (object key, start, end, ETag or None)
+Answer = tuple[memoryview, ObjectMeta | None]  # (the bytes, the object's meta where known)
+
+
 class ClientSettings(Protocol):
     """What a back end reads of the :class:`~seqstore.io.objects.ObjectClient` it serves."""
 
@@ -105,9 +107,8 @@ class ObjectBackend(abc.ABC):
 
     @abc.abstractmethod
     def submit(
-        self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any, missing_ok: bool = False,
-        with_meta: bool = True,
-    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]: ...
+        self, requests: Sequence[Request], on_each: Any, missing_ok: bool = False, with_meta: bool = True
+    ) -> concurrent.futures.Future[list[Answer]]: ...
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str: ...

@@ -1,40 +1,30 @@
 """Range answers received straight into the reader's memory: a small HTTP/1.1 client for large ranges.
 
-obstore hands every answer over in a buffer of its own (a copy after the kernel's), and a reader that
-keeps the bytes copies them once more. For ranges that go into memory the reader owns (a read-once
-epoch's runs of batches, :mod:`seqstore.store.read.stream`), :class:`DirectReader` receives each body
-with ``recv_into`` into its place: the kernel's copy is the only one. It also carries the node cache's
-waves of small ranges (random reads' pages, :meth:`seqstore.io.remote.RemoteRoot.submit`), where its
-CPU per request is about a quarter of obstore's (a Python selector loop against obstore's runtime and
-its hand-over of every answer to asyncio). It speaks what those requests
-need and no more: ``GET`` with ``Range`` (and ``If-Match`` where the store pins versions) over
-keep-alive HTTP/1.1 connections, plain or TLS, all driven by one selector loop on its own thread; an
-answer must carry a ``Content-Length`` and be a 206 whose ``Content-Range`` is the range asked for (or a
-200 of exactly the bytes asked for). URLs come from the object client (``ObjectClient.direct_url``: the
-object's plain URL, or one presigned by obstore); a store it cannot address that way is read through
-obstore.
+obstore hands every answer over in a buffer of its own, and a reader that keeps the bytes copies them
+once more. :class:`DirectReader` receives each body with ``recv_into`` into its place: the kernel's copy
+is the only one. It serves a read-once epoch's runs (:mod:`seqstore.store.read.stream`) and the node
+cache's waves of small ranges (:class:`~seqstore.io.remote_fetch.DirectWaves`), at about a quarter of
+obstore's CPU a request. It speaks ``GET`` with ``Range`` (and ``If-Match`` where the store pins versions)
+over keep-alive HTTP/1.1 connections, plain or TLS, driven by one selector loop on its own thread; an
+answer must carry a ``Content-Length`` and be a 206 of the range asked for (or a 200 of exactly those
+bytes). URLs come from ``ObjectClient.direct`` (plain, or presigned by obstore); other stores are read
+through obstore. Each connection asks for a 4 MiB ``SO_RCVBUF`` where ``net.core.rmem_max`` allows at
+least 1 MiB, so a body of a few MiB arrives in a read or two (docs/remote.md, "Read-once epochs").
 
-Each connection asks the kernel for a 4 MiB receive buffer (``SO_RCVBUF``, before it connects) where
-``net.core.rmem_max`` allows at least 1 MiB (else the kernel's own tuning is kept: a smaller fixed
-buffer would be worse than it). A body of a few MiB then arrives in one or two reads instead of
-dozens of window-sized pieces, each a wake-up of this loop and a window update for the server: a
-whole fixed epoch in the benchmark went from 1,090 to 1,380-1,500 MB/s with it, at less CPU
-(docs/remote.md, "Read-once epochs").
-
-Failures follow the object client's rules (:mod:`seqstore.io.objects`): 5xx, 408 and 429 answers, a
-connection refused, reset or closed, a body cut short, a request without progress for ``timeout``
-seconds (``connect_timeout`` while connecting) and an answer slower than 64 KiB/s on average (after its
-first ``timeout`` seconds: a server that trickles it) are retried with the client's backoff, within its
-``retry_timeout`` and ``max_retries``, then raised as :class:`~seqstore.errors.RemoteError` naming the URL
-and the attempts. 404 is :class:`~seqstore.errors.RemoteNotFound`, 401 and 403
-:class:`~seqstore.errors.CredentialsError`, 412 :class:`~seqstore.errors.StaleStoreError` (the object
-changed), any other answer a ``RemoteError`` naming the URL and the status. Messages never show a
-presigned URL's query (its signature).
+Failures follow the object client's rules (:mod:`seqstore.io.objects`; docs/remote.md, "Failures"):
+5xx, 408 and 429, a connection refused, reset or closed, a body cut short, no progress for ``timeout``
+seconds (``connect_timeout`` while connecting) or an answer slower than 64 KiB/s on average after its
+first ``timeout`` seconds are retried under the client's policy, then raised as
+:class:`~seqstore.errors.RemoteError` naming the URL and the attempts. 404 is
+:class:`~seqstore.errors.RemoteNotFound`, 401 and 403 :class:`~seqstore.errors.CredentialsError`, 412
+:class:`~seqstore.errors.StaleStoreError`, any other answer a ``RemoteError`` naming the status.
+Messages never show a presigned URL's query (its signature).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import heapq
 import itertools
@@ -91,6 +81,10 @@ class _Job:
     def attempt(self) -> int:
         """The number of the try under way (1: the first)."""
         return self.tries.n + 1 if self.tries is not None else 1
+
+    def error(self, what: str, kind: type[RemoteError] = RemoteError) -> RemoteError:
+        """The error ``kind`` of this request (its URL and attempts): ``what`` happened."""
+        return kind(f"{self.shown}: {what}", url=self.shown, attempts=self.attempt())
 
 
 class _Wave:
@@ -207,11 +201,9 @@ class DirectReader:
             return True
 
     def _wake(self) -> None:
-        try:
-            assert self._wake_w is not None
+        assert self._wake_w is not None
+        with contextlib.suppress(BlockingIOError):  # a wake is pending already
             self._wake_w.send(b"x")
-        except BlockingIOError:  # a wake is pending already
-            pass
 
     def _loop(self) -> None:
         sel = self._sel
@@ -227,18 +219,14 @@ class DirectReader:
             for key, _ in sel.select(wait):
                 c = key.data
                 if c is None:
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         self._wake_r.recv(4096)
-                    except BlockingIOError:
-                        pass
                     continue
                 try:
                     self._step(c, active)
                 except Exception as exc:  # noqa: BLE001 - a bug here must not end the loop (every wait would stall)
-                    shown = c.job.shown if c.job is not None else c.origin[0]
-                    self._give_up(c, active, RemoteError(
-                        f"{shown}: the direct reader failed: {type(exc).__name__}: {exc} (a seqstore bug; "
-                        "please report it)", url=shown, attempts=c.job.attempt() if c.job else 1))
+                    self._give_up(c, active, _error(c, f"the direct reader failed: {type(exc).__name__}: {exc} "
+                                                        "(a seqstore bug; please report it)"))
             now = time.monotonic()
             if now - scanned >= _TICK:
                 scanned = now
@@ -319,14 +307,10 @@ class DirectReader:
 
     def _close(self, c: _Conn, active: set[_Conn] | None) -> None:
         assert self._sel is not None
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
-        try:
+        with contextlib.suppress(OSError):
             c.sock.close()
-        except OSError:
-            pass
         self._open -= 1
         if active is not None:
             active.discard(c)
@@ -357,16 +341,13 @@ class DirectReader:
                 err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     raise Transient(f"cannot connect: {os.strerror(err)}")
-                if c.origin[2]:
-                    if self._ssl is None:
-                        self._ssl = ssl.create_default_context()
-                    c.sock = self._ssl.wrap_socket(c.sock, server_hostname=c.origin[0], do_handshake_on_connect=False)
-                    c.state = "handshake"
-                else:
-                    job = c.job
-                    assert job is not None
-                    self._ask(c, job, active)
+                if not c.origin[2]:
+                    self._ask(c, c.job, active)
                     return
+                if self._ssl is None:
+                    self._ssl = ssl.create_default_context()
+                c.sock = self._ssl.wrap_socket(c.sock, server_hostname=c.origin[0], do_handshake_on_connect=False)
+                c.state = "handshake"
             if c.state == "handshake":
                 try:
                     c.sock.do_handshake()
@@ -376,18 +357,13 @@ class DirectReader:
                 except ssl.SSLWantWriteError:
                     self._register(c, selectors.EVENT_WRITE)
                     return
-                job = c.job
-                assert job is not None
-                self._ask(c, job, active)
-                return
-            if c.state == "send":
+                self._ask(c, c.job, active)
+            elif c.state == "send":
                 self._send(c, active)
-                return
-            self._receive(c, active)
+            else:
+                self._receive(c, active)
         except ssl.SSLCertVerificationError as exc:  # not worth another attempt
-            shown = c.job.shown if c.job is not None else c.origin[0]
-            self._give_up(c, active, RemoteError(f"{shown}: the server's TLS certificate was refused: {exc}",
-                                                 url=shown, attempts=c.job.attempt() if c.job else 1))
+            self._give_up(c, active, _error(c, f"the server's TLS certificate was refused: {exc}"))
         except (Transient, OSError, ssl.SSLError) as exc:
             self._fail(c, active, exc)
         except RemoteError as exc:
@@ -447,8 +423,7 @@ class DirectReader:
         end = c.head.find(b"\r\n\r\n")
         if end < 0:
             if len(c.head) > _HEAD_MOST:
-                raise RemoteError(f"{job.shown}: an answer's headers are longer than {_HEAD_MOST} bytes",
-                                  url=job.shown, attempts=job.attempt())
+                raise job.error(f"an answer's headers are longer than {_HEAD_MOST} bytes")
             return False
         lines = c.head[:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
@@ -467,20 +442,16 @@ class DirectReader:
         if status not in (200, 206):
             self._status(status, job)
         if "content-length" not in headers or "chunked" in headers.get("transfer-encoding", "").lower():
-            raise RemoteError(f"{job.shown}: the answer to a range request has no Content-Length (expected "
-                              f"{size} bytes)", url=job.shown, attempts=job.attempt())
+            raise job.error(f"the answer to a range request has no Content-Length (expected {size} bytes)")
         length = int(headers["content-length"])
         if status == 206:
             want = f"bytes {job.start}-{job.end - 1}/"
             if not headers.get("content-range", "").startswith(want) or length != size:
-                raise RemoteError(
-                    f"{job.shown}: asked for bytes {job.start}-{job.end - 1}, the answer is "
-                    f"Content-Range {headers.get('content-range')!r}, Content-Length {length}",
-                    url=job.shown, attempts=job.attempt())
+                raise job.error(f"asked for bytes {job.start}-{job.end - 1}, the answer is Content-Range "
+                                f"{headers.get('content-range')!r}, Content-Length {length}")
         elif job.start != 0 or length != size:  # 200: the whole object, right only if that was asked for
-            raise RemoteError(
-                f"{job.shown}: asked for bytes {job.start}-{job.end - 1}, the server answered 200 with "
-                f"{length} bytes (it does not serve ranges)", url=job.shown, attempts=job.attempt())
+            raise job.error(f"asked for bytes {job.start}-{job.end - 1}, the server answered 200 with {length} "
+                            "bytes (it does not serve ranges)")
         take = min(len(rest), size)
         job.dest[:take] = rest[:take]
         c.pos = take
@@ -489,17 +460,15 @@ class DirectReader:
     def _status(self, status: int, job: _Job) -> None:
         if status in _RETRIED:
             raise Transient(f"HTTP {status}", answered=True)
-        what = f"{job.shown}: HTTP {status}"
-        n = job.attempt()
         if status == 404:
-            raise RemoteNotFound(f"{what}: no such object", url=job.shown, attempts=n)
+            raise job.error(f"HTTP {status}: no such object", RemoteNotFound)
         if status in (401, 403):
-            raise CredentialsError(f"{what}: access refused (check the credentials or the presigned URL)",
-                                   url=job.shown, attempts=n)
+            raise job.error(f"HTTP {status}: access refused (check the credentials or the presigned URL)",
+                            CredentialsError)
         if status == 412:
-            raise StaleStoreError(f"{what}: the object changed since the store was opened (If-Match "
-                                  f"{job.etag})", url=job.shown, attempts=n)
-        raise RemoteError(f"{what}: unexpected answer to a range request", url=job.shown, attempts=n)
+            raise job.error(f"HTTP {status}: the object changed since the store was opened (If-Match {job.etag})",
+                            StaleStoreError)
+        raise job.error(f"HTTP {status}: unexpected answer to a range request")
 
     # ----------------------------------------------------------------------------------- endings
 
@@ -560,3 +529,10 @@ class DirectReader:
             if c is not None and c.job is not None and c.job.wave is wave:
                 c.job = None
                 self._close(c, self._active)
+
+
+def _error(c: _Conn, what: str) -> RemoteError:
+    """A :class:`RemoteError` of the request ``c`` carries (or of its host, between requests): ``what`` happened."""
+    if c.job is not None:
+        return c.job.error(what)
+    return RemoteError(f"{c.origin[0]}: {what}", url=c.origin[0], attempts=1)

@@ -70,18 +70,18 @@ _CREDENTIALS = {
 }
 #: what a service answers for a bucket (container) that does not exist
 _NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
-
+#: where an obstore error names the HTTP status it got
+_STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
 
 
 def _status_of(exc: BaseException) -> int | None:
-    text = str(exc)
-    for marker in ("status: ", "Status: ", "status code ", "HTTP status "):
-        i = text.find(marker)
-        if i >= 0:
-            digits = text[i + len(marker) : i + len(marker) + 3]
-            if digits.isdigit():
-                return int(digits)
-    return None
+    named = _STATUS.search(str(exc))
+    return int(named.group(1)) if named else None
+
+
+def _at(kind: type[RemoteError], url: str, what: str) -> RemoteError:
+    """Error ``kind`` of one request's answer for ``url``: ``what`` happened."""
+    return kind(f"{url}: {what}", url=url, attempts=1)
 
 
 def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str, Any],
@@ -97,58 +97,45 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return exc
     if any(h in str(exc) for h in _LOOKUPS):  # the request was never sent: the client found no credentials
         service = service_of(urlsplit(root).scheme.lower())
-        err = CredentialsError(
-            f"{url}: no credentials found for {service} (none given, none in the environment, and the "
-            f"lookup of instance credentials failed: {short(exc, 160)}); {_CREDENTIALS[service]}; for a "
-            "public bucket set the storage option skip_signature=true", url=url, attempts=1,
-        )
+        err = _at(CredentialsError, url, f"no credentials found for {service} (none given, none in the environment, "
+                  f"and the lookup of instance credentials failed: {short(exc, 160)}); {_CREDENTIALS[service]}; "
+                  "for a public bucket set the storage option skip_signature=true")
         err.__cause__ = exc
         return err
     if isinstance(exc, oex.NotFoundError):
         return not_found(exc, root, url)
     if isinstance(exc, (oex.PermissionDeniedError, oex.UnauthenticatedError)):
-        return CredentialsError(
-            f"{url}: access refused ({type(exc).__name__}); check the credentials for this bucket "
-            "(environment, storage_options or the cloud SDK's configuration)",
-            url=url, attempts=1,
-        )
+        return _at(CredentialsError, url, f"access refused ({type(exc).__name__}); check the credentials for this "
+                   "bucket (environment, storage_options or the cloud SDK's configuration)")
     if isinstance(exc, oex.PreconditionError):
         if conditional:
-            return StaleStoreError(
-                f"{url}: the object changed while the store was open (its ETag no longer matches); "
-                "reopen the store", url=url, attempts=1,
-            )
-        return ConflictError(f"{url}: conditional write refused: the object changed", url=url, attempts=1)
+            return _at(StaleStoreError, url, "the object changed while the store was open (its ETag no longer "
+                       "matches); reopen the store")
+        return _at(ConflictError, url, "conditional write refused: the object changed")
     if isinstance(exc, oex.AlreadyExistsError):
-        return ConflictError(f"{url}: already exists", url=url, attempts=1)
+        return _at(ConflictError, url, "already exists")
     if "certificate" in str(exc).lower():  # not worth another attempt
-        return RemoteError(f"{url}: the server's TLS certificate was refused ({short(exc, 200)})", url=url, attempts=1)
+        return _at(RemoteError, url, f"the server's TLS certificate was refused ({short(exc, 200)})")
     if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
-        return RemoteError(
-            f"{url}: the client refused the request before sending it ({short(exc, 160)}); for an http:// "
-            "endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)", url=url, attempts=1,
-        )
+        return _at(RemoteError, url, f"the client refused the request before sending it ({short(exc, 160)}); for "
+                   "an http:// endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)")
     if isinstance(exc, oex.UnknownConfigurationKeyError):
         return config_error(root, urlsplit(root).scheme.lower(), exc, options)
     if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError)):
-        return RemoteError(f"{url}: not supported by the client: {short(exc)}", url=url, attempts=1)
+        return _at(RemoteError, url, f"not supported by the client: {short(exc)}")
     if any(p in str(exc) for p in _REFUSALS):
-        return RemoteError(
-            f"{url}: the client refused the request before sending it: {short(exc)}", url=url, attempts=1
-        )
+        return _at(RemoteError, url, f"the client refused the request before sending it: {short(exc)}")
     status = _status_of(exc)
     if status in (401, 403):
-        return CredentialsError(
-            f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1
-        )
+        return _at(CredentialsError, url, f"access refused (HTTP {status}); check the credentials")
     if status == 404:
         return not_found(exc, root, url)
     if status == 412:
-        cls = StaleStoreError if conditional else ConflictError
-        return cls(f"{url}: precondition failed (the object changed)", url=url, attempts=1)
+        return _at(StaleStoreError if conditional else ConflictError, url, "precondition failed (the object changed)")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
-        return RemoteError(f"{url}: HTTP {status}: {short(exc)}", url=url, attempts=1)
+        return _at(RemoteError, url, f"HTTP {status}: {short(exc)}")
     return Transient(f"{type(exc).__name__}: {short(exc)}", answered=status is not None)
+
 
 def not_found(exc: BaseException, root: str, url: str) -> RemoteError:
     """A 404 on ``url``: :class:`BucketNotFound` where the service says the bucket (container) is
@@ -164,7 +151,7 @@ def not_found(exc: BaseException, root: str, url: str) -> RemoteError:
             f"{holder} {bucket!r} does not exist ({url}); check the URL and the endpoint, or create the "
             f"{holder} first", url=url, attempts=1,
         )
-    return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+    return _at(RemoteNotFound, url, "no such object")
 
 
 def unknown_key(url: str, service: str, key: str) -> ConfigError:

@@ -1,11 +1,9 @@
 """The fsspec back end of :class:`~seqstore.io.objects.ObjectClient`: any fsspec filesystem, the one given
 or the one its URL names (``memory://``, ``hf://``...).
 
-Range requests run on a thread pool of ``max_requests`` threads; the ranges of a batch are read by one
-``cat_ranges`` call, retried as a whole on a transient failure (the client's retry policy). Missing files,
-refused access and OS errors are mapped to seqstore's errors in ``FsspecBackend._call``. A filesystem
-cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with an error
-naming the URL.
+Range requests run on a pool of ``max_requests`` threads; a batch's ranges are read by one ``cat_ranges``
+call, retried as a whole on a transient failure. A filesystem cannot replace a file only if it is
+unchanged (If-Match), so a conditional put is refused with an error naming the URL.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound
-from .object_common import EMPTY_ANSWER, ClientSettings, ObjectBackend, ObjectMeta
+from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request
 from .retry import Transient
 
 __all__ = ["FsspecBackend"]
@@ -32,7 +30,7 @@ class FsspecBackend(ObjectBackend):
         self.c = client
         if client.filesystem is not None:
             self.fs = client.filesystem
-            self.root = client.url.split("://", 1)[-1] if "://" in client.url else client.url
+            self.root = client.url.split("://", 1)[-1]
         else:
             self.fs, self.root = fsspec.core.url_to_fs(client.url, **client.options)
         self.root = self.root.rstrip("/")
@@ -67,50 +65,40 @@ class FsspecBackend(ObjectBackend):
         return memoryview(data), ObjectMeta(key, len(data), meta.etag)
 
     def submit(
-        self,
-        requests: Sequence[tuple[str, int, int, str | None]],
-        on_each: Any,
-        missing_ok: bool = False,
-        with_meta: bool = True,
-    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
+        self, requests: Sequence[Request], on_each: Any, missing_ok: bool = False, with_meta: bool = True
+    ) -> concurrent.futures.Future[list[Answer]]:
         if self.pool is None:
             self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests, thread_name_prefix="seqstore-fsspec")
 
-        def run() -> list[tuple[memoryview, ObjectMeta | None]]:
-            missing: set[int] = set()
+        def run() -> list[Answer]:
             if missing_ok:
-                got: list[tuple[memoryview, ObjectMeta | None]] = []
+                got: list[Answer] = []
                 for r in requests:
                     try:
                         got.extend(self.get_ranges([r]))
                     except RemoteNotFound:
-                        missing.add(len(got))
                         got.append((memoryview(b""), None))
             else:
                 got = self.get_ranges(requests)
             if on_each is not None:
                 for i, (d, m) in enumerate(got):
-                    if i not in missing:  # as the obstore back end: nothing arrived, no call
+                    if m is not None:  # (None: missing; as the obstore back end, nothing arrived, no call)
                         on_each(i, d, m)
                 return [(EMPTY_ANSWER, m) for _, m in got]
             return got
 
         return self.pool.submit(run)
 
-    def get_ranges(
-        self, requests: Sequence[tuple[str, int, int, str | None]]
-    ) -> list[tuple[memoryview, ObjectMeta | None]]:
-        metas: dict[str, ObjectMeta] = {}
-        for k, _s, _e, _ in requests:  # every answer carries the object's size and version, as obstore's do
-            if k not in metas:
-                metas[k] = self.head(k)
+    def get_ranges(self, requests: Sequence[Request]) -> list[Answer]:
+        # every answer carries the object's size and version, as obstore's do
+        metas = {k: self.head(k) for k in dict.fromkeys(k for k, _, _, _ in requests)}
         paths = [self._path(k) for k, _, _, _ in requests]
         starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
         ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
 
-        def attempt() -> list[tuple[memoryview, ObjectMeta | None]]:
+        def attempt() -> list[Answer]:
             got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"))
-            out: list[tuple[memoryview, ObjectMeta | None]] = []
+            out: list[Answer] = []
             for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
                 if isinstance(d, BaseException):
                     self._call(k, lambda d=d: _raise(d))

@@ -1,15 +1,12 @@
 """The obstore back end of :class:`~seqstore.io.objects.ObjectClient`: S3, GCS, Azure Blob Storage, HTTP.
 
-Requests run on one event loop per process (a daemon thread, ``_Loop``), at most ``max_requests`` at once
-and at most ``max_inflight_bytes`` of answers held at once (:mod:`.object_wave`: a wave's small ranges
-run from callbacks, everything else as coroutines).
-Each range request retries its own transient failures (``ObstoreBackend.fetch_range``, under the client's
+Requests run on one event loop per process (a daemon thread, ``_Loop``), at most ``max_requests`` and
+``max_inflight_bytes`` of answers at once (:mod:`.object_wave`). Each range request retries its own
+transient failures (``ObstoreBackend.fetch_range``, under the client's
 :class:`~seqstore.io.retry.RetryPolicy`); obstore's own retries are off, so the attempt count in an error
-is exact. obstore's exceptions and HTTP statuses are mapped here to
-seqstore's errors (:mod:`.object_errors`): a configuration or URL obstore refuses is a
-``ConfigError`` naming the option (with the valid keys) or the URL, a missing bucket ``BucketNotFound``,
-and a request refused before it was sent is not retried. A process forked after obstore started its runtime
-refuses to use it with an error (:func:`fork_unsafe` tells a parent when to avoid fork).
+is exact. obstore's exceptions and HTTP statuses become seqstore's errors in :mod:`.object_errors`.
+A process forked after obstore started its runtime refuses to use it with an error (:func:`fork_unsafe`
+tells a parent when to avoid fork).
 """
 
 from __future__ import annotations
@@ -17,25 +14,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from ..errors import (
-    RemoteError,
-    StaleStoreError,
-)
-from .object_common import (
-    ClientSettings,
-    ObjectBackend,
-    ObjectMeta,
-    check_url,
-    option_flag,
-)
+from ..errors import RemoteError, StaleStoreError
+from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, check_url, option_flag
 from .object_errors import config_error, failure, unknown_key
 from .object_wave import SMALL_BODY, Budget, Wave
 from .retry import Attempts, Transient
@@ -92,13 +82,11 @@ QUIESCE_S = 2.0
 
 
 def _quiesce_at_exit() -> None:
-    """Cancel this process's requests still in flight, and let obstore's threads take note, before the
-    interpreter finalizes (an ``atexit`` handler). A tokio thread that ends a request needs the GIL to
-    hand over the answer; during finalization, on Python before 3.14, asking for it ends the thread with
-    ``pthread_exit``, which a Rust thread turns into an abort. So a process that raised a
-    :class:`RemoteError` while other requests were still in flight (a cut link: they fail together) could
-    die by SIGABRT at exit instead of exiting with its status. Cancelling the requests' tasks here, while
-    the interpreter is whole, drops their futures on obstore's side. Waits at most :data:`QUIESCE_S`."""
+    """Cancel this process's requests still in flight before the interpreter finalizes (an ``atexit``
+    handler). A tokio thread that ends a request needs the GIL to hand over the answer; during
+    finalization (Python < 3.14) asking for it ends the thread with ``pthread_exit``, which Rust turns
+    into an abort: a process that raised while requests were in flight could die by SIGABRT instead of
+    exiting with its status. Waits at most :data:`QUIESCE_S`."""
     inst = _Loop._instance
     if inst is None or _Loop._pid != os.getpid() or not inst.thread.is_alive():
         return
@@ -111,10 +99,8 @@ def _quiesce_at_exit() -> None:
             await asyncio.wait(tasks, timeout=QUIESCE_S)
         await asyncio.sleep(0.05)  # obstore's threads settle the cancelled futures (they take the GIL)
 
-    try:
+    with contextlib.suppress(BaseException):  # at exit: nothing left to report to
         asyncio.run_coroutine_threadsafe(cancel_all(), inst.loop).result(timeout=QUIESCE_S + 1.0)
-    except BaseException:  # noqa: BLE001 - at exit: nothing left to report to
-        pass
 
 
 atexit.register(_quiesce_at_exit)
@@ -160,8 +146,7 @@ class ObstoreBackend(ObjectBackend):
         }
         for k in ("allow_http", "allow_invalid_certificates", "http1_only"):
             if k in opts:
-                v = opts.pop(k)
-                client_options[k] = option_flag(v)
+                client_options[k] = option_flag(opts.pop(k))
         for k in ("proxy_url", "user_agent"):
             if k in opts:
                 client_options[k] = str(opts.pop(k))
@@ -170,24 +155,18 @@ class ObstoreBackend(ObjectBackend):
             env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
             if option_flag(os.environ.get(f"{env}_ALLOW_HTTP", "")):
                 client_options["allow_http"] = True
-        if scheme in ("az", "abfs", "abfss", "azure"):
-            self.suffix_ranges = False
+        self.suffix_ranges = scheme not in ("az", "abfs", "abfss", "azure")
         self.generations = scheme in ("gs", "gcs")
         check_url(client.url)
+        if scheme in ("http", "https"):
+            self.conditional = False
+            if opts:  # the HTTP store takes client options only
+                raise unknown_key(client.url, "HTTP", next(iter(opts)))
+        client_url = urlunsplit(("s3", *parts[1:])) if scheme == "s3a" else client.url
         try:
-            if scheme in ("http", "https"):
-                self.conditional = False
-                if opts:  # the HTTP store takes client options only
-                    raise unknown_key(client.url, "HTTP", next(iter(opts)))
-                self.store = from_url(client.url, client_options=client_options, retry_config={"max_retries": 0})
-            else:
-                if scheme == "s3a":
-                    client_url = urlunsplit(("s3", *parts[1:]))
-                else:
-                    client_url = client.url
-                self.store = from_url(
-                    client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
-                )
+            self.store = from_url(
+                client_url, config=opts or None, client_options=client_options, retry_config={"max_retries": 0}
+            )
         except oex.BaseError as exc:
             raise config_error(client.url, scheme, exc, opts) from None
         self._plain: str | None = None  # the plain URL objects' keys follow ("": none, direct reads off)
@@ -281,7 +260,7 @@ class ObstoreBackend(ObjectBackend):
     async def fetch_range(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True,
         prior: BaseException | None = None,
-    ) -> tuple[memoryview, ObjectMeta | None]:
+    ) -> Answer:
         """One request with its retries. ``prior``: how its first attempt failed (made by a wave's fast
         path, :mod:`.object_wave`): this goes on from its second."""
         slots, budget = self.slots, self.budget
@@ -351,41 +330,25 @@ class ObstoreBackend(ObjectBackend):
             tries = tries or self.c.retry.attempts(f"{self.c.key_url(key)}: range {start}-{end}")
             await asyncio.sleep(tries.failed(err))
 
-    async def _all(
-        self,
-        requests: Sequence[tuple[str, int, int, str | None]],
-        on_each: Any,
-        missing_ok: bool = False,
-        with_meta: bool = True,
-    ) -> list[tuple[memoryview, ObjectMeta | None]]:
+    async def _all(self, requests: Sequence[Request], on_each: Any, missing_ok: bool, with_meta: bool) -> list[Answer]:
         if self.slots is None:
             self.slots = Budget(self.c.max_requests)
             self.budget = Budget(self.c.max_inflight_bytes)
         return await Wave(self, requests, on_each, missing_ok, with_meta).run()
 
     def submit(
-        self,
-        requests: Sequence[tuple[str, int, int, str | None]],
-        on_each: Any,
-        missing_ok: bool = False,
-        with_meta: bool = True,
-    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
-        return asyncio.run_coroutine_threadsafe(
-            self._all(requests, on_each, missing_ok, with_meta), _Loop.get().loop
-        )
+        self, requests: Sequence[Request], on_each: Any, missing_ok: bool = False, with_meta: bool = True
+    ) -> concurrent.futures.Future[list[Answer]]:
+        return asyncio.run_coroutine_threadsafe(self._all(requests, on_each, missing_ok, with_meta), _Loop.get().loop)
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
-        cond = isinstance(mode, dict)
-        r = self._sync(key, lambda: self.obs.put(self.store, key, bytes(data), mode=self._mode(mode)),
-                       conditional=False)
-        if cond and r.get("e_tag") is None:
+        r = self._sync(key, lambda: self.obs.put(self.store, key, bytes(data), mode=self._mode(mode)))
+        if isinstance(mode, dict) and r.get("e_tag") is None:
             url = self.c.key_url(key)
             raise RemoteError(f"{url}: the service returned no ETag", url=url, attempts=1)
         return self._tag(r)
 
     def put_file(self, key: str, path: str) -> str:
-        from pathlib import Path
-
         r = self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20))
         return self._tag(r)
 

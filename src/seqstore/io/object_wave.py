@@ -1,18 +1,13 @@
 """A wave of range requests on the obstore client's event loop, and the limits on what is in flight.
 
-:class:`Budget` counts something a client holds in flight, shared by all its waves: one instance counts
-requests (``max_requests``), another bytes of answers (``max_inflight_bytes``). Waiters are served in
-arrival order, whether a coroutine (:meth:`Budget.take`) or a callback (:meth:`Budget.take_or_call`).
-
-:class:`Wave` runs the requests of one ``submit``. A small range inside an object of known size (the
-requests of random reads: one a record, its body arriving with its headers) runs without a coroutine of
-its own: it starts from a callback when a request slot is free, and its answer is taken and handed to
-``on_each`` in the request's done-callback. A task, a coroutine and the awaits between them cost the
-loop about 10 us of CPU a request (a loop of 4 KiB range GETs, 256 in flight: 48-53 against 39 us of
-Python a request, 4,800-5,200 against 5,700-6,250 requests/s). Everything else runs as a task through
-the back end's coroutine (``fetch_range``): larger ranges, suffixes, requests whose metadata is wanted, and the
-second and later attempts of any request (the fast path's failure is handed to it as the first attempt's,
-so a request is tried as often as the retry settings allow, no more).
+:class:`Budget` counts what a client holds in flight, shared by all its waves: one instance requests
+(``max_requests``), another bytes of answers (``max_inflight_bytes``). :class:`Wave` runs the requests of
+one ``submit``. A small range inside an object of known size (random reads: a record, its body arriving
+with its headers) runs without a coroutine: it starts from a callback when a slot is free and is handed
+to ``on_each`` in the request's done-callback, which saves the loop about 10 us of CPU a request (4 KiB
+range GETs, 256 in flight: 5,700-6,250 requests/s, as tasks 4,800-5,200). Everything else runs as a task
+through the back end's ``fetch_range``: larger ranges, suffixes, requests whose metadata is wanted, and
+every retry (the fast path's failure counts as the first attempt's).
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..errors import RemoteNotFound
-from .object_common import EMPTY_ANSWER, ClientSettings, ObjectMeta
+from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectMeta, Request
 from .retry import Transient
 
 __all__ = ["Budget", "Wave", "SMALL_BODY"]
@@ -54,7 +49,7 @@ class Budget:
         self.used += n
         self.peak = max(self.peak, self.used)
 
-    def _release(self, n: int) -> None:
+    def release(self, n: int) -> None:
         self.used -= n
         if self._serving:  # a callback below gave units back: the loop below goes on with them
             return
@@ -79,9 +74,6 @@ class Budget:
         self._take(n)
         return True
 
-    def release(self, n: int) -> None:
-        self._release(n)
-
     def take_or_call(self, n: int, fn: Callable[[], None], owner: Any) -> None:
         """Take ``n`` and call ``fn()``: now if they fit and nobody waits, else when they do, in arrival
         order (``owner``: whose callback it is, for :meth:`forget`)."""
@@ -94,7 +86,7 @@ class Budget:
         """Drop the callbacks ``owner`` queued (a wave that ended before they were called)."""
         if any(w[2] is owner for w in self._waiting):
             self._waiting = deque(w for w in self._waiting if w[2] is not owner)
-            self._release(0)  # those behind them may fit now
+            self.release(0)  # those behind them may fit now
 
     async def take(self, n: int) -> None:
         """Wait, in arrival order, until ``n`` fit, and take them (also on cancellation nothing is left
@@ -107,10 +99,10 @@ class Budget:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # granted just before the cancellation: give it back
-                self._release(n)
+                self.release(n)
             else:
                 self._waiting = deque(w for w in self._waiting if w[1] is not fut)
-                self._release(0)  # those behind it may fit now
+                self.release(0)  # those behind it may fit now
             raise
 
 
@@ -136,7 +128,7 @@ class Backend(Protocol):
     async def fetch_range(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True,
         prior: BaseException | None = None,
-    ) -> tuple[memoryview, ObjectMeta | None]: ...
+    ) -> Answer: ...
 
 
 class Wave:
@@ -146,12 +138,7 @@ class Wave:
     ``missing_ok``: a missing object answers ``(empty, None)``."""
 
     def __init__(
-        self,
-        backend: Backend,
-        requests: Sequence[tuple[str, int, int, str | None]],
-        on_each: Any,
-        missing_ok: bool,
-        with_meta: bool,
+        self, backend: Backend, requests: Sequence[Request], on_each: Any, missing_ok: bool, with_meta: bool
     ) -> None:
         self.b, self.requests, self.on_each = backend, requests, on_each
         self.missing_ok, self.with_meta = missing_ok, with_meta
@@ -161,7 +148,7 @@ class Wave:
         self.tasks: set[asyncio.Future[Any]] = set()
         self.done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
 
-    async def run(self) -> list[tuple[memoryview, ObjectMeta | None]]:
+    async def run(self) -> list[Answer]:
         if not self.requests:
             return []
         slots = self.b.slots
@@ -254,7 +241,7 @@ class Wave:
         else:
             self._settle(i, (data, meta))
 
-    def _settle(self, i: int, result: tuple[memoryview, ObjectMeta | None]) -> None:
+    def _settle(self, i: int, result: Answer) -> None:
         self.results[i] = result
         self.left -= 1
         if self.left == 0 and not self.done.done():

@@ -2,21 +2,15 @@
 
 A store at a URL is read through :class:`ObjectClient`: ``head``, ``get`` (a whole small object),
 ``get_ranges`` (many byte ranges of many objects, all in flight at once up to ``max_requests``),
-``put`` (optionally conditional), ``put_file``, ``list`` and ``delete``. Both back ends answer the same
-calls; the store code above does not know which one it talks to.
+``put`` (optionally conditional), ``put_file``, ``list`` and ``delete``; the store code above does not
+know which back end (``object_obstore``, ``object_fsspec``) answers. What they share is ``object_common``.
 
-Failures are classified by the back end that met them (into the same errors for both) and retried under
-the client's :class:`~seqstore.io.retry.RetryPolicy` (:mod:`seqstore.io.retry`); a missing object is
-:class:`~seqstore.errors.RemoteNotFound`, refused or missing credentials
-:class:`~seqstore.errors.CredentialsError` (URL, never the secret), an object that changed under a
-conditional read :class:`~seqstore.errors.StaleStoreError`, a conditional write that lost a race
-:class:`~seqstore.errors.ConflictError`. Every request has a timeout (``timeout`` seconds, default 30),
-so no call waits forever; obstore's own retries are off, so the attempt count in an error is exact.
-
-This module holds the client (its options, the choice of back end, each request run under its retry policy);
-the back ends are ``object_obstore`` and ``object_fsspec``, what they share (:class:`ObjectMeta`, the
-back-end interface, :func:`is_remote`, :func:`redact`) is ``object_common``; the public names are
-importable from here.
+Failures are classified by the back end (into the same errors for both) and retried under the client's
+:class:`~seqstore.io.retry.RetryPolicy`: a missing object is :class:`~seqstore.errors.RemoteNotFound`,
+refused or missing credentials :class:`~seqstore.errors.CredentialsError` (URL, never the secret), an
+object that changed under a conditional read :class:`~seqstore.errors.StaleStoreError`, a conditional
+write that lost a race :class:`~seqstore.errors.ConflictError`. Every request has a timeout, so no call
+waits forever; obstore's own retries are off, so the attempt count in an error is exact.
 """
 
 from __future__ import annotations
@@ -33,28 +27,21 @@ from ..errors import RemoteError
 from .object_common import (
     REMOTE_SCHEMES,
     SEQSTORE_OPTIONS,
+    Answer,
     ObjectBackend,
     ObjectMeta,
+    Request,
     is_remote,
     redact,
 )
 from .object_fsspec import FsspecBackend
 from .object_obstore import ObstoreBackend, fork_unsafe
 from .options import StoreOptions
-from .retry import MAX_BACKOFF, RetryPolicy, Transient
-
-_Transient = Transient  # the name tests simulate a transient failure with
+from .retry import MAX_BACKOFF, RetryPolicy
 
 __all__ = [
-    "MAX_BACKOFF",
-    "fork_unsafe",
-    "ObjectClient",
-    "ObjectMeta",
-    "REMOTE_SCHEMES",
-    "SEQSTORE_OPTIONS",
-    "client_for",
-    "is_remote",
-    "redact",
+    "MAX_BACKOFF", "fork_unsafe", "ObjectClient", "ObjectMeta", "REMOTE_SCHEMES", "SEQSTORE_OPTIONS", "client_for",
+    "is_remote", "redact",
 ]
 
 
@@ -73,14 +60,8 @@ class ObjectClient:
     relative to that root (``manifest.json``, ``shard-000001/x.npy``).
 
     ``options``: the back end's configuration (obstore's S3/GCS/Azure/HTTP keys, or the fsspec
-    filesystem's) plus seqstore's own keys: ``max_requests`` (requests in flight per process, default
-    64), ``max_inflight_bytes`` (bytes of answers in flight at most, default 256 MiB: a request that
-    would pass it waits for earlier ones, one larger than it goes alone; obstore back end),
-    ``coalesce_gap`` (byte ranges closer than this are fetched as one, default 64 KiB),
-    ``timeout`` (seconds per request, default 30), ``connect_timeout`` (default 5),
-    ``retry_timeout`` (seconds of retrying a transient failure, default 120), ``max_retries`` (retries
-    at most, default None: only ``retry_timeout`` limits them) and the read path's (see
-    :class:`~seqstore.io.options.StoreOptions`), or a ``StoreOptions`` parsed from them.
+    filesystem's) plus seqstore's own keys (``max_requests``, ``max_inflight_bytes``, ``timeout``... with
+    their defaults in :class:`~seqstore.io.options.StoreOptions`), or a ``StoreOptions`` parsed from them.
     """
 
     def __init__(self, url: str, options: StoreOptions | Mapping[str, Any] | None = None,
@@ -112,11 +93,8 @@ class ObjectClient:
         return self._backend
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_backend=None, _pid=-1, _lock=None)
-        state.pop("_direct", None)
-        state.pop("_direct_bytes", None)
-        return state
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_direct", "_direct_bytes")}
+        return {**state, "_backend": None, "_pid": -1, "_lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -166,16 +144,13 @@ class ObjectClient:
     # ----------------------------------------------------------------------------------- requests
 
     def head(self, key: str) -> ObjectMeta:
-        meta: ObjectMeta = self.retry.run(self.key_url(key), lambda: self.backend.head(key))
-        return meta
+        return self.retry.run(self.key_url(key), lambda: self.backend.head(key))
 
     def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
         """The whole object ``key`` and its meta."""
         return self.retry.run(self.key_url(key), lambda: self.backend.get(key))
 
-    def get_ranges(
-        self, requests: Sequence[tuple[str, int, int, str | None]], *, missing_ok: bool = False
-    ) -> list[tuple[memoryview, ObjectMeta | None]]:
+    def get_ranges(self, requests: Sequence[Request], *, missing_ok: bool = False) -> list[Answer]:
         """``requests`` of ``(key, start, end, etag or None)``, all in flight at once (at most
         ``max_requests``); each answer is the bytes ``[start, end)`` and, where the back end reports
         it, the object's meta. With an etag the read is conditional: :class:`StaleStoreError` if the
@@ -196,20 +171,13 @@ class ObjectClient:
         return self.retry.patience()
 
     def submit(
-        self,
-        requests: Sequence[tuple[str, int, int, str | None]],
-        on_each: Any = None,
-        *,
-        missing_ok: bool = False,
-        with_meta: bool = True,
-    ) -> concurrent.futures.Future[list[tuple[memoryview, ObjectMeta | None]]]:
+        self, requests: Sequence[Request], on_each: Any = None, *, missing_ok: bool = False, with_meta: bool = True
+    ) -> concurrent.futures.Future[list[Answer]]:
         """:meth:`get_ranges` without waiting: a future of the answers. ``on_each(i, data, meta)`` is
-        called for each answer as it arrives, before the future completes (in the client's thread).
-        With ``on_each`` the future's answers carry empty bytes (the callback had them: a future held
-        for waiting does not keep every body of its requests alive).
+        called for each answer as it arrives, before the future completes (in the client's thread); the
+        future's answers then carry empty bytes (a future held for waiting keeps no bodies alive).
         ``missing_ok``: a missing object answers ``(empty, None)`` instead of raising. ``with_meta=False``:
-        ranges ``[start, end)`` inside objects of known size need no meta (None; one conversion less per
-        request on the data path)."""
+        ranges inside objects of known size answer no meta (None; one conversion less per request)."""
         return self.backend.submit(requests, on_each, missing_ok, with_meta)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
@@ -230,8 +198,7 @@ class ObjectClient:
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         """Objects under ``prefix`` (relative to the root), keys relative to the root."""
-        items = self.retry.run(self.key_url(prefix), lambda: list(self.backend.list(prefix)))
-        yield from items
+        yield from self.retry.run(self.key_url(prefix), lambda: list(self.backend.list(prefix)))
 
     def delete(self, key: str) -> None:
         self.retry.run(self.key_url(key), lambda: self.backend.delete(key))

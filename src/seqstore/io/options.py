@@ -1,19 +1,15 @@
 """How a store is opened, parsed once: :class:`StoreOptions`.
 
-Everything a caller says about reaching a store's bytes arrives in one of two shapes: the keyword
-arguments of :func:`seqstore.open` (``storage_options``, ``filesystem``, ``cache_dir``,
-``cache_bytes``) or a :class:`StoreOptions` made earlier. :meth:`StoreOptions.of` turns either into
-one frozen value, checking every option seqstore understands (a :class:`~seqstore.errors.ConfigError`
-names the option and what it takes); the source of a store carries it, the object client, the node
-cache and the fetch path read their settings from it, and a pickled store reopens with it.
-
-``storage_options`` holds two kinds of keys: the back end's own (obstore's S3/GCS/Azure/HTTP keys, or
-the fsspec filesystem's; passed through as :attr:`StoreOptions.backend`) and seqstore's
-(:data:`SEQSTORE_OPTIONS`: request limits, timeouts, retries and the read path), parsed into fields.
+:meth:`StoreOptions.of` turns the keyword arguments of :func:`seqstore.open` (``storage_options``,
+``filesystem``, ``cache_dir``, ``cache_bytes``) or a :class:`StoreOptions` made earlier into one frozen
+value, checking every option seqstore understands (a :class:`~seqstore.errors.ConfigError` names the option
+and what it takes). ``storage_options`` holds the back end's own keys (obstore's or the fsspec
+filesystem's, passed through as :attr:`StoreOptions.backend`) and seqstore's (:data:`SEQSTORE_OPTIONS`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -47,10 +43,8 @@ REMOTE_ARGS = ("filesystem", "cache_dir", "cache_bytes")
 
 def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """``options`` with every value whose key looks secret replaced by ``"***"`` (for reprs and logs)."""
-    out: dict[str, Any] = {}
-    for k, v in (options or {}).items():
-        out[k] = "***" if any(w in k.lower() for w in _SECRET_WORDS) and "id" not in k.lower() else v
-    return out
+    return {k: "***" if any(w in k.lower() for w in _SECRET_WORDS) and "id" not in k.lower() else v
+            for k, v in (options or {}).items()}
 
 
 def option_flag(value: Any) -> bool:
@@ -83,19 +77,14 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """The options of one opened store (see the module docstring).
-
-    Requests: ``max_requests`` in flight per process (64); ``max_inflight_bytes`` of answers in flight
-    at most (256 MiB); ``coalesce_gap``: ranges closer than this are fetched as one (64 KiB);
-    ``timeout`` seconds per request (30), ``connect_timeout`` (5); ``retry_timeout``: seconds of
-    retrying a transient failure (120); ``max_retries``: retries at most (None: only ``retry_timeout``
-    limits them). The read path: ``read_once`` (``iter_batches`` fetches its runs of batches into
-    memory instead of the node cache; None, the default: where the store's data are more bytes than
-    the node cache's budget, so that an epoch would evict what it cached before a later one reads it),
-    ``direct_reads`` (small range reads go through the direct reader where the back end gives URLs for
-    them; false: always the back end). ``backend``: the back end's
-    own options; ``filesystem``: an fsspec filesystem to read through; ``cache_dir`` / ``cache_bytes``:
-    the node cache (None: ``$SEQSTORE_CACHE_DIR`` / ``$SEQSTORE_CACHE_BYTES`` or their defaults)."""
+    """The options of one opened store (see the module docstring). seqstore's own keys, with their defaults
+    below, are those of the table in docs/remote.md ("URLs and set-up"): request limits
+    (``max_requests``, ``max_inflight_bytes``, ``coalesce_gap``), ``timeout`` and ``connect_timeout`` per
+    request, retries (``retry_timeout``, ``max_retries``: None, only ``retry_timeout`` limits them), and
+    the read path (``read_once``: None, where the store's data are more bytes than the node cache's budget;
+    ``direct_reads``). ``backend``: the back end's own options; ``filesystem``: an fsspec filesystem to
+    read through; ``cache_dir`` / ``cache_bytes``: the node cache (None: ``$SEQSTORE_CACHE_DIR`` /
+    ``$SEQSTORE_CACHE_BYTES`` or their defaults)."""
 
     backend: Mapping[str, Any] = field(default_factory=dict)
     filesystem: Any = None
@@ -136,9 +125,7 @@ class StoreOptions:
                 else:
                     kind = _RANGES[key][0]
                     mine[key] = kind(value.strip() if isinstance(value, str) else value)
-        if "cache_dir" in given:
-            given["cache_dir"] = os.fspath(given["cache_dir"])
-        return cls(backend=opts, **mine, **given)
+        return cls(backend=opts, **mine).replace(**given)
 
     def __repr__(self) -> str:  # never a credential: values whose key looks secret are shown as ***
         shown = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
@@ -147,11 +134,9 @@ class StoreOptions:
 
     def replace(self, **changes: Any) -> StoreOptions:
         """These options with ``changes``."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        if values.get("cache_dir") is not None:
-            values["cache_dir"] = os.fspath(values["cache_dir"])
-        return StoreOptions(**values)
+        if changes.get("cache_dir") is not None:
+            changes["cache_dir"] = os.fspath(changes["cache_dir"])
+        return dataclasses.replace(self, **changes)
 
     @property
     def is_default(self) -> bool:
@@ -161,9 +146,6 @@ class StoreOptions:
     def storage_options(self) -> dict[str, Any]:
         """The ``storage_options`` mapping these options were parsed from (the back end's keys and
         seqstore's keys that differ from their defaults)."""
-        out = dict(self.backend)
         base = StoreOptions()
-        for key in SEQSTORE_OPTIONS:
-            if getattr(self, key) != getattr(base, key):
-                out[key] = getattr(self, key)
-        return out
+        changed = {k: getattr(self, k) for k in SEQSTORE_OPTIONS if getattr(self, k) != getattr(base, k)}
+        return {**self.backend, **changed}

@@ -1,25 +1,24 @@
 """A store on object storage laid out as a local directory: the mirror of its manifest and shard
-table, and its data files mapped from the node cache.
+table, and its data files mapped from the node cache (:class:`RemoteRoot`).
 
-:class:`RemoteRoot` gives the store reader what it needs from a local directory:
-
-- :meth:`RemoteRoot.load` fetches ``manifest.json`` (one request) and the committed rows of the
-  shard table (one more), and lays them out in a small local directory of the cache (a *mirror*, one
-  per store URL and manifest version), so the reader opens it with the code it uses for local stores:
-  at most 2 round trips, nothing per shard.
-- :meth:`RemoteRoot.prepare_shards` runs when shards are first touched: one wave of requests fetches
-  their descriptors and the first and last page of each of their files (the ``.npy`` headers, the
-  last offsets, and each object's size and ETag). Data files become cache entries keyed by URL and ETag.
-- :meth:`RemoteRoot.map_npy` maps a data file's cache entry (a sparse local file) in place of the
-  object and tells the store's :class:`~seqstore.io.remote_fetch.Fetcher` (:attr:`RemoteRoot.fetcher`),
-  which brings the pages an access needs.
+- :meth:`RemoteRoot.load` fetches ``manifest.json`` and the committed rows of the shard table (at most
+  2 round trips, nothing per shard) into a small local directory of the cache (a *mirror*, one per
+  store URL and manifest version), so the reader opens it with the code it uses for local stores.
+- :meth:`RemoteRoot.prepare_shards`, when shards are first touched: one wave of requests fetches their
+  descriptors and the first and last page of each of their files (``.npy`` headers, last offsets, each
+  object's size and ETag). Data files become cache entries keyed by URL and ETag.
+- :meth:`RemoteRoot.map_npy` maps a data file's cache entry in place of the object and tells the store's
+  :class:`~seqstore.io.remote_fetch.Fetcher` (:attr:`RemoteRoot.fetcher`), which brings the pages an
+  access needs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import threading
 import zlib
 from collections.abc import Sequence
@@ -33,8 +32,10 @@ from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
+from .local_source import npy_array
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
 from .nodecache import NodeCache
+from .object_common import Request
 from .objects import ObjectClient, ObjectMeta, redact
 from .options import StoreOptions
 from .remote_fetch import MOST, DirectWaves, Fetcher, Region
@@ -75,11 +76,8 @@ class RemoteRoot:
     def display(self, path: Path | str) -> str:
         """The URL of a mirror path (for messages)."""
         text = os.fspath(path)
-        if self.mirror is not None:
-            m = os.fspath(self.mirror)
-            if text.startswith(m):
-                return self.url + text[len(m) :]
-        return text
+        m = os.fspath(self.mirror) if self.mirror is not None else None
+        return self.url + text[len(m) :] if m and text.startswith(m) else text
 
     # ---------------------------------------------------------------------------------- manifest
 
@@ -91,13 +89,11 @@ class RemoteRoot:
             raise FormatError(f"{self.url}: no seqstore store here ({MANIFEST} does not exist)") from None
         data = bytes(raw)
         version = _digest(meta.etag, str(len(data)), str(zlib.crc32(data)))
-        mirror = self.cache.root / "stores" / _digest(self.url) / version
+        mirror = self.cache.root / "stores" / self.digest() / version
         if not (mirror / MANIFEST).exists():
             self._build_mirror(mirror, data)
-        try:
+        with contextlib.suppress(OSError):
             os.utime(mirror)
-        except OSError:
-            pass
         self.cache.pin(mirror)  # never evicted while this process may read it
         if self.mirror is not None and self.mirror != mirror:
             self._mirrors.append(self.mirror)
@@ -139,8 +135,6 @@ class RemoteRoot:
                         os.replace(f, mirror / f.name)
         finally:
             if tmp.exists():
-                import shutil
-
                 shutil.rmtree(tmp, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------ shards
@@ -152,16 +146,14 @@ class RemoteRoot:
         answer also carries the object's size and ETag) and, for offsets, its last 4 KiB (the last offset,
         checked at mapping). Nothing is requested for what this node's cache already holds."""
         assert self.mirror is not None
-        reqs: list[tuple[str, int, int, str | None]] = []
-        todo: list[tuple[str, str, bool]] = []  # (key, what, known) per request
+        todo: list[tuple[Request, str, bool]] = []  # (request, what, whether the object's meta is known)
         crcs: dict[str, int] = {}
         for name, files, descriptor in shards:
             if descriptor is not None:
                 crcs[f"{name}/{DESCRIPTOR}"] = descriptor
             known = self._known(name)
             if descriptor and not (self.mirror / name / DESCRIPTOR).exists():
-                reqs.append((f"{name}/{DESCRIPTOR}", 0, -1, None))
-                todo.append((f"{name}/{DESCRIPTOR}", "descriptor", False))
+                todo.append(((f"{name}/{DESCRIPTOR}", 0, -1, None), "descriptor", False))
             for rel in files:
                 key = f"{name}/{rel}"
                 m = known.get(rel)
@@ -170,37 +162,32 @@ class RemoteRoot:
                         self._metas[key] = m
                     obj = self.cache.object(self.client.key_url(key), m.etag, m.size)
                     if not obj.present(0, min(m.size, _HEAD)):
-                        reqs.append((key, 0, min(m.size, _HEAD), m.etag or None))
-                        todo.append((key, "head", True))
+                        todo.append(((key, 0, min(m.size, _HEAD), m.etag or None), "head", True))
                     if rel.endswith(".offsets.npy") and not obj.present(max(0, m.size - 8), m.size):
                         a = max(0, m.size - _HEAD) // PAGE * PAGE
-                        reqs.append((key, a, m.size, m.etag or None))
-                        todo.append((key, "tail", True))
+                        todo.append(((key, a, m.size, m.etag or None), "tail", True))
                     continue
-                reqs.append((key, 0, _HEAD, None))
-                todo.append((key, "head", False))
+                todo.append(((key, 0, _HEAD, None), "head", False))
                 if rel.endswith(".offsets.npy"):
-                    reqs.append((key, -_HEAD, -1, None))
-                    todo.append((key, "tail", False))
-        if not reqs:
+                    todo.append(((key, -_HEAD, -1, None), "tail", False))
+        if not todo:
             return
         try:
-            got = self.client.get_ranges(reqs)
+            got = self.client.get_ranges([req for req, _, _ in todo])
         except RemoteNotFound as exc:
             raise CorruptionError(f"{exc.url}: object is missing (the shard table lists it)") from None
         fresh: dict[str, dict[str, list[Any]]] = {}
         filled = 0
-        for (key, what, _), (data, _m) in zip(todo, got):
+        for ((key, _, _, _), what, _), (data, _m) in zip(todo, got):
             if what == "descriptor" and zlib.crc32(data) != crcs[key]:
                 raise CorruptionError(
                     f"{self.client.key_url(key)}: CRC-32 {zlib.crc32(data):#010x} of the descriptor differs from "
                     f"the shard table's {crcs[key]:#010x}: the store was replaced since it was opened (reopen it) "
                     "or the object is damaged"
                 )
-        for (key, what, known_meta), req, (data, meta) in zip(todo, reqs, got):
+        for ((key, start, _, _), what, known_meta), (data, meta) in zip(todo, got):
             name, _, rel = key.partition("/")
             if what == "descriptor":
-                (self.mirror / name).mkdir(parents=True, exist_ok=True)
                 self._write(self.mirror / key, bytes(data))
                 continue
             assert meta is not None
@@ -208,7 +195,7 @@ class RemoteRoot:
             if have is not None and have.etag != meta.etag:
                 raise CorruptionError(f"{self.client.key_url(key)}: the object changed while it was read")
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
-            start = req[1] if req[1] >= 0 else max(0, meta.size - len(data))
+            start = start if start >= 0 else max(0, meta.size - len(data))
             filled += _pages(start + len(data)) - start // PAGE * PAGE
             obj.fill(start, data)
             if not known_meta:
@@ -217,15 +204,17 @@ class RemoteRoot:
                 fresh.setdefault(name, {})[rel] = [meta.size, meta.etag]
         self.cache.reserve(filled)
         for name, saved in fresh.items():
-            (self.mirror / name).mkdir(parents=True, exist_ok=True)
             merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
             merged.update(saved)
             self._write(self.mirror / name / _META, json.dumps(merged).encode())
 
     def _write(self, path: Path, data: bytes) -> None:
-        """Write a mirror file atomically, its disk space counted in the cache's budget."""
+        """Write a mirror file atomically (making its directory), its disk space counted in the cache's budget."""
         self.cache.reserve(_pages(len(data)))
-        _atomic_write(path, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
 
     def _known(self, name: str) -> dict[str, ObjectMeta]:
         """Sizes and ETags of shard ``name``'s objects this node has seen (``_remote.json`` in the mirror)."""
@@ -270,21 +259,14 @@ class RemoteRoot:
         if header.data_offset > head_len:  # a header longer than a page
             got = self.client.get_ranges([(key, 0, header.data_offset, meta.etag or None)])
             header = parse_header(bytes(got[0][0]), url)
-        if header.dtype != dtype:
-            raise CorruptionError(f"{url}: header dtype {header.dtype.str}, expected {dtype.str}")
-        if header.shape != shape:
-            raise CorruptionError(f"{url}: header shape {header.shape}, expected {shape}")
-        if header.data_offset + header.data_bytes != size:
-            raise CorruptionError(f"{url}: {size} bytes but header says {header.data_offset + header.data_bytes}")
-        count = int(np.prod(shape, dtype=np.int64))
-        if count == 0:
-            empty = np.empty(shape, dtype=dtype)
-            empty.flags.writeable = False
-            return empty
-        raw = map_fd(obj.fd, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM, name=url)
-        base = address(raw)
-        self.fetcher.add(Region(base, base + size, obj, key, meta.etag), raw.base if raw.base is not None else raw)
-        return np.frombuffer(raw, dtype=dtype, count=count, offset=header.data_offset).reshape(shape)
+
+        def mapped() -> np.ndarray[Any, Any]:
+            raw = map_fd(obj.fd, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM, name=url)
+            base = address(raw)
+            self.fetcher.add(Region(base, base + size, obj, key, meta.etag), raw.base if raw.base is not None else raw)
+            return raw
+
+        return npy_array(url, size, header, dtype, shape, mapped)
 
     def fetch_descriptors(self, names: Sequence[str]) -> None:
         """Fetch the descriptors of shards ``names`` not yet in the mirror, all in one wave (for
@@ -295,10 +277,8 @@ class RemoteRoot:
             part = todo[lo : lo + 4096]
             got = self.client.get_ranges([(f"{n}/{DESCRIPTOR}", 0, -1, None) for n in part], missing_ok=True)
             for n, (data, meta) in zip(part, got):
-                if meta is None:  # missing: the reader reports it, naming the descriptor
-                    continue
-                (self.mirror / n).mkdir(parents=True, exist_ok=True)
-                self._write(self.mirror / n / DESCRIPTOR, bytes(data))
+                if meta is not None:  # (missing: the reader reports it, naming the descriptor)
+                    self._write(self.mirror / n / DESCRIPTOR, bytes(data))
 
     def materialize(self, keys: Sequence[str]) -> None:
         """Fetch the whole objects ``keys`` into the cache and link them into the mirror under their
@@ -318,10 +298,7 @@ class RemoteRoot:
             link = self.mirror / key
             link.parent.mkdir(parents=True, exist_ok=True)
             tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
+            tmp.unlink(missing_ok=True)
             os.symlink(obj.data_path, tmp)
             os.replace(tmp, link)
 
@@ -337,9 +314,3 @@ class RemoteRoot:
 def _pages(n: int) -> int:
     """``n`` rounded up to whole pages (what a file of ``n`` bytes takes on disk)."""
     return -(-n // PAGE) * PAGE
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

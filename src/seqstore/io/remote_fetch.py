@@ -1,26 +1,24 @@
 """Fetching the bytes of one remote store's mappings into the node cache: the store's :class:`Fetcher`.
 
-A remote file's cache entry (a sparse local file) is mapped in place of the object; pages that were
-never fetched read as zeros, so nothing may read a mapped page before it is present. The store's
-:class:`Fetcher` knows its own mappings (:meth:`Fetcher.add`, by address range: no table is shared
-between stores or kept per process) and answers the reader's :meth:`~Fetcher.fetch` (start the requests,
-return at once) and :meth:`~Fetcher.ensure` (wait until present), the remote counterparts of
-``madvise(MADV_WILLNEED)``. Both take absolute addresses inside its mappings, the same ranges the local
-read-ahead computes; other addresses are ignored. Which requests an access needs is
-:mod:`seqstore.io.remote_plan`'s.
+A remote file's cache entry (a sparse local file) is mapped in place of the object; pages never fetched
+read as zeros, so nothing may read a mapped page before it is present. The store's :class:`Fetcher`
+knows its own mappings (:meth:`Fetcher.add`, by address range) and answers the reader's
+:meth:`~Fetcher.fetch` (start the requests, return at once) and :meth:`~Fetcher.ensure` (wait until
+present), the remote counterparts of ``madvise(MADV_WILLNEED)``, for absolute addresses inside its
+mappings (others are ignored).
 
-The way down, each step a layer that may be left out: the plan (pages missing from the cache, not in
-flight) -> claims (:mod:`.claims`: pages another process of the node is fetching are waited for, not
-fetched again; ``claims=False`` leaves them out) -> a wave of requests, received by the direct reader
-(:class:`DirectWaves`: a wave of many small ranges; left out where the options turn direct reads off) or else sent
-through the object client (whose back end retries each request) -> answers written into the cache.
-Nothing here calls back into the store that owns the fetcher.
+The way down, each step a layer that may be left out: the plan (:mod:`.remote_plan`: pages missing from
+the cache, not in flight) -> claims (:mod:`.claims`: pages another process of the node is fetching are
+waited for; ``claims=False`` leaves them out) -> a wave of requests, through the direct reader
+(:class:`DirectWaves`: many small ranges; off where the options turn direct reads off) or the object
+client -> answers written into the cache. Nothing here calls back into the store that owns the fetcher.
 """
 
 from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import threading
 import time
 import weakref
@@ -33,24 +31,21 @@ from ..errors import CorruptionError, RemoteError
 from .advice import page_runs
 from .mapping import PAGE, address
 from .nodecache import CachedObject, NodeCache, run_pages
+from .object_common import Request
 from .objects import ObjectClient
 from .remote_plan import MOST, all_present, exact_requests, missing_requests, paged_searchsorted
 
 __all__ = ["DirectWaves", "Fetcher", "MOST", "Region", "Ticket"]
 
 _RUN = 256 << 10  # a union's run asking this many bytes is fetched as it lies (fetch_runs); sparser ones wait
-#: a wave of requests each at most _DIRECT_EACH bytes (random reads: pages, and neighbours merged across
-#: ``coalesce_gap``, up to 120 KiB in a wave of 1024 random 2 KiB records), at most _DIRECT_MOST in all and
-#: at least _DIRECT_LEAST requests, goes through the direct reader where the objects have URLs. Its pages
-#: are written into the cache when the whole wave is in; a wave with larger ranges (an epoch's runs and
-#: 1 MiB chunks) stays with the client, whose answers are written as each arrives, so that a batch waiting
-#: for part of it can go on early; the few small requests of an epoch's waves (the pages at a chunk's
-#: edges) are better written one by one too (a whole fixed epoch ran 5% slower through the direct reader)
+#: a wave of at least _DIRECT_LEAST requests of at most _DIRECT_EACH bytes each (random reads' pages),
+#: _DIRECT_MOST in all, goes through the direct reader, written into the cache when the whole wave is in.
+#: Other waves (an epoch's runs and chunks, and the few pages at their edges) stay with the client, whose
+#: answers are written as each arrives, so a batch waiting for part of it goes on early (a whole fixed
+#: epoch ran 5% slower through the direct reader)
 _DIRECT_EACH = 256 << 10
 _DIRECT_MOST = 64 << 20
 _DIRECT_LEAST = 32
-
-Request = tuple[str, int, int, "str | None"]  # (object key, start, end, ETag or None)
 
 
 class Ticket:
@@ -88,9 +83,9 @@ class Region:
 
 class DirectWaves:
     """The layer that sends a wave of many small ranges (see ``_DIRECT_EACH``) through the client's direct
-    reader (:mod:`.object_direct`: a fraction of the back end's CPU a request) into one buffer, written
-    into the cache entries once all are in. :meth:`send` answers None for a wave it does not take (larger
-    ranges, an object without a direct URL, ``max_inflight_bytes`` in flight this way already)."""
+    reader into one buffer, written into the cache entries once all are in. :meth:`send` answers None for
+    a wave it does not take (larger ranges, an object without a direct URL, ``max_inflight_bytes`` in
+    flight this way already)."""
 
     def __init__(self, client: ObjectClient) -> None:
         self.client = client
@@ -252,8 +247,7 @@ class Fetcher:
                 obj.inflight = sorted(obj.inflight + [(a, b, id(wave), wave) for a, b in runs])
         for obj, ids in chunks:
             with obj.lock:
-                for c in ids:
-                    obj.chunk_flight[c] = wave
+                obj.chunk_flight.update(dict.fromkeys(ids, wave))
         with self._lock:
             self.pending += len(reqs)
 
@@ -340,10 +334,9 @@ class Fetcher:
     def fetch_runs(self, starts: Any, ends: Any, must: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Start fetching the union of several accesses' ranges ``[starts[i], ends[i])`` as it lies: its runs
         (ranges closer than ``coalesce_gap`` joined), exactly their pages (:meth:`fetch` with ``dense``
-        False). The first ``must`` ranges are fetched whatever their run; a later range (the batch a run of
-        batches ends with) is left out where its run asks for fewer than ``_RUN`` bytes and holds none of
-        the first ``must``: the few rows of the next window's blocks a window's last batch takes, which the
-        next union brings with those blocks. Returns the ranges left out (absolute addresses)."""
+        False). A range after the first ``must`` is left out where its run asks for fewer than ``_RUN``
+        bytes and holds none of the first ``must`` (the few rows of the next window's blocks that a
+        window's last batch takes: the next union brings them). Returns the ranges left out."""
         s0 = np.asarray(starts, dtype=np.int64).reshape(-1)
         first = np.zeros(len(s0), dtype=bool)
         first[:must] = True
@@ -371,10 +364,8 @@ class Fetcher:
         first = self.fetch(starts, ends)
         if not first.futures:  # nothing missing, nothing in flight: all present
             return
-        try:
+        with contextlib.suppress(RemoteError):  # e.g. a read-ahead request that failed: asked again below
             first.wait()
-        except RemoteError:  # e.g. a read-ahead request that failed: what is still missing is asked again
-            pass
         deadline = time.monotonic() + first.limit
         while True:
             again = self.fetch(starts, ends)  # also what another request was expected to bring and did not

@@ -2,12 +2,10 @@
 node cache, and bytes fetched into the cache before they are read.
 
 The mirror and the mappings are :class:`~seqstore.io.remote.RemoteRoot`'s; the requests that fill the
-mappings are the store's own :class:`~seqstore.io.remote_fetch.Fetcher`'s (a request goes to the
-fetcher of the source it is asked of, never looked up by address). This module adds what a reader
-plans around: mapped pages read as zeros until fetched (every access ensures its ranges), answers
-take tens of milliseconds (reads are always asked ahead, more batches are kept in flight, a batch's
-ragged value rows are asked for early), and a shard's first touch costs one wave of requests (a batch
-prepares all its new shards in one wave). Messages name objects by URL.
+mappings are the store's own :class:`~seqstore.io.remote_fetch.Fetcher`'s. This module adds what a reader
+plans around (its :class:`~seqstore.io.source.ReadPolicy`): mapped pages read as zeros until fetched,
+answers take tens of milliseconds, and a shard's first touch costs one wave of requests. Messages name
+objects by URL.
 """
 
 from __future__ import annotations
@@ -33,13 +31,11 @@ __all__ = ["RemoteSource"]
 
 #: batches ``iter_batches`` keeps in flight by default: object storage answers after tens of milliseconds
 _DEPTH = 16
-#: batches it may keep in flight while few requests are pending (batches that need few, large
-#: requests, as a block-shuffled epoch's: the requests of 16 batches are too few bytes to cover the
-#: time an answer takes at network speed)
+#: batches it may keep in flight while few requests are pending (a block-shuffled epoch's few, large
+#: requests of 16 batches are too few bytes to cover an answer's time at network speed)
 _DEEPEST = 64
-#: batches whose first-stage reads ``iter_batches`` asks for together (the union of a block-shuffled
-#: window's batches is its blocks, fetched as they lie; asked for chunk by chunk, batch by batch, the
-#: chunks at the ends of a block off the chunk grid came whole, most of them other windows' bytes)
+#: batches whose first-stage reads ``iter_batches`` asks for together (a block-shuffled window's batches:
+#: their union is its blocks, fetched as they lie, not the whole chunks at a block's ends)
 _TOGETHER = 16
 #: "few requests pending": at most this many times ``max_requests`` (a random batch of 1024 records
 #: makes about 1000 requests: never deeper; a random_block batch a few dozen)

@@ -1,15 +1,12 @@
 """Byte ranges of remote mappings fetched into memory the reader owns, not into the node cache.
 
-A read-once epoch (a store opened so, :class:`~seqstore.io.options.StoreOptions`) reads each run of
-batches once. Written into the node cache, every byte would be copied twice more (into the cache file,
-out of it into the batch) and would take fresh page-cache memory that the epoch never reads again.
-:func:`fetch_into` instead merges the ranges a run needs (per mapped file, ranges closer than
-``coalesce_gap`` as one), receives the merged segments into one buffer from the caller's pool, and
-returns a :class:`Part`: the segments' addresses in the mappings, where each landed in the buffer, and
-a wait. Bodies are received with :class:`~seqstore.io.object_direct.DirectReader` (straight into the
-buffer) where the client has plain or presigned URLs for the objects, else through the client's back
-end (one copy more). The node cache is neither read nor written. :func:`segments`: the table a batch
-is gathered through, in this process or in another that maps the same store.
+A read-once epoch (:class:`~seqstore.io.options.StoreOptions`) reads each run of batches once; through
+the node cache every byte would be copied twice more and take page-cache memory never read again.
+:func:`fetch_into` merges the ranges a run needs (per mapped file, closer than ``coalesce_gap``), receives
+the merged segments into one buffer from the caller's pool (with the
+:class:`~seqstore.io.object_direct.DirectReader` where the objects have URLs, else through the back end:
+one copy more) and returns a :class:`Part`. :func:`segments`: the table a batch is gathered through, in
+this process or in another that maps the same store.
 """
 
 from __future__ import annotations
@@ -46,11 +43,8 @@ def merge_ranges(s: np.ndarray[Any, Any], e: np.ndarray[Any, Any], gap: int) -> 
 class Part:
     """Fetched segments: bytes of addresses ``[seg_s[j], seg_e[j])`` of the mappings land at address
     ``seg_at[j]`` (inside ``buffer``); :meth:`wait` returns once all are in, or raises the fetch's error
-    (bounded as a :class:`~seqstore.io.remote_fetch.Ticket`'s wait).
-
-    ``users``: holders of the buffer (1, its fetcher, to begin with); :meth:`release` drops one, and the
-    last calls ``on_free(buffer)`` (the buffer may then be reused). :meth:`export`: the segments as
-    another process finds them."""
+    (bounded as a :class:`~seqstore.io.remote_fetch.Ticket`'s wait). ``users``: holders of the buffer
+    (1, its fetcher, to begin with); :meth:`release` drops one, and the last calls ``on_free(buffer)``."""
 
     __slots__ = ("fetcher", "seg_s", "seg_e", "seg_at", "buffer", "ticket", "nbytes", "users", "on_free", "exported")
 

@@ -2,14 +2,11 @@
 
 A :class:`RetryPolicy` belongs to one :class:`~seqstore.io.objects.ObjectClient` and holds its settings and
 the failure streak its requests share; each failing operation counts its tries in an :class:`Attempts`.
-A transient failure (HTTP 5xx, 408, 429, a connection refused, reset or timed out, a body cut short) is
-tried again after a backoff (50 ms doubling up to :data:`MAX_BACKOFF`, jittered) within a time budget,
-``retry_timeout`` (default 120 s) counted from the first failure of the streak: while every request fails,
-requests queued behind the first (or asked again, as the reads after a failed open) give up with it
-instead of each spending a budget of their own. An answer (a success, or a definite one such as a missing
-object) ends the streak; ``max_retries`` bounds the count as well. An endpoint that has never answered
-while the client was in use (in this process or the one it was pickled in) gets :data:`UNREACHED_S`
-seconds at most, then an error naming it unreachable: the long budget is for a link that worked.
+A transient failure is tried again after a backoff (50 ms doubling up to :data:`MAX_BACKOFF`, jittered)
+within ``retry_timeout`` counted from the first failure of the streak (requests queued behind a failing
+one give up with it), and at most ``max_retries`` times; an answer ends the streak. An endpoint that has
+never answered gets :data:`UNREACHED_S` seconds, then an error naming it unreachable (docs/remote.md,
+"Retries, unreachable endpoints and credentials").
 """
 
 from __future__ import annotations
@@ -94,18 +91,14 @@ class RetryPolicy:
         """The error of an operation on ``what`` that failed ``attempt`` times since ``first``."""
         spent = time.monotonic() - first
         if not self.reached:
-            err = RemoteError(
-                f"{what}: the endpoint {self.endpoint} is unreachable: it has not answered once ({attempt} "
-                f"attempts in {spent:.1f} s; the last: {last}); check the URL, the endpoint option and that "
-                "the server is running", url=what, attempts=attempt,
-            )
+            text = (f"the endpoint {self.endpoint} is unreachable: it has not answered once ({attempt} attempts in "
+                    f"{spent:.1f} s; the last: {last}); check the URL, the endpoint option and that the server is "
+                    "running")
         else:
-            err = RemoteError(
-                f"{what}: failed after {attempt} attempts in {spent:.1f} s ({last}); transient failures are "
-                f"retried for retry_timeout={self.retry_timeout:g} s"
-                + (f", max_retries={self.max_retries}" if self.max_retries is not None else ""),
-                url=what, attempts=attempt,
-            )
+            limits = f", max_retries={self.max_retries}" if self.max_retries is not None else ""
+            text = (f"failed after {attempt} attempts in {spent:.1f} s ({last}); transient failures are retried for "
+                    f"retry_timeout={self.retry_timeout:g} s{limits}")
+        err = RemoteError(f"{what}: {text}", url=what, attempts=attempt)
         err.exhausted = True  # type: ignore[attr-defined]  # not an answer: the streak goes on (see run)
         return err
 

@@ -1,18 +1,12 @@
 """Where a store's bytes live, as the reader sees it: the :class:`ByteSource` interface.
 
-A reader needs little from the place its store is kept: the store's root (``manifest.json`` and the
-shard table) loaded at open and reloaded on refresh, each committed file of a shard mapped as an
-array, byte ranges of those mappings made resident before (or while) they are read, a residency
-probe, and a name for messages and for reopening in another process. Everything else (locating
-records, gathering batches, id lookup) is the same whatever the source, so the store holds one
-source and never asks which kind it is.
-
-Where sources genuinely differ in how reads should be planned (a remote source always reads ahead,
-its mapped pages must be fetched before they are read, its shards cost requests to set up), the
-source says so in its :class:`ReadPolicy`. Sources: :class:`~seqstore.io.local_source.LocalSource`
-(a directory) and :class:`~seqstore.io.remote_source.RemoteSource` (object storage through the node
-cache); :func:`seqstore.io.sources.open_source` picks one for a path or URL. A new kind of source
-(e.g. in memory, for tests) is one subclass.
+A reader needs little from where its store is kept: the store's root (``manifest.json`` and the shard
+table) loaded at open and on refresh, each committed shard file mapped as an array, byte ranges of those
+mappings made resident before (or while) they are read, a residency probe, and a name for messages and
+for reopening in another process. Where sources differ in how reads should be planned, the source says
+so in its :class:`ReadPolicy`. Sources: :class:`~seqstore.io.local_source.LocalSource` (a directory) and
+:class:`~seqstore.io.remote_source.RemoteSource` (object storage through the node cache);
+:func:`seqstore.io.sources.open_source` picks one. A new kind of source (e.g. in memory) is one subclass.
 """
 
 from __future__ import annotations
@@ -40,21 +34,16 @@ class ReadPolicy:
     """How a reader plans its reads on one source, for one ``readahead`` mode.
 
     ``ahead``: batch reads and ``prefetch`` ask for their bytes before gathering (scans follow the
-    ``readahead`` mode alone). ``probe``: sample residency first and skip the requests when the
-    sample is in memory. ``lazy``: mapped bytes read as zeros until made resident, so every access
-    must :meth:`ByteSource.ensure` its ranges first. ``setup``: first touching a shard costs requests
-    (:meth:`ByteSource.prepare_shards`), so a batch prepares all its new shards at once.
-    ``depth``: how many batches ``iter_batches`` keeps in flight by default; ``deepest``: how many
-    it may keep in flight by default while the source has few requests pending
-    (:meth:`ByteSource.deeper`), e.g. the dense batches of a block-shuffled epoch. ``staged``: a batch's
-    ragged value rows are asked for a few batches after its offsets (answers take tens of
-    milliseconds), not only when it is next. ``together``: ``iter_batches`` (with its default depth)
+    ``readahead`` mode alone). ``probe``: sample residency first and skip the requests when the sample is
+    in memory. ``lazy``: mapped bytes read as zeros until made resident, so every access must
+    :meth:`ByteSource.ensure` its ranges first. ``setup``: first touching a shard costs requests
+    (:meth:`ByteSource.prepare_shards`), so a batch prepares all its new shards at once. ``depth``: batches
+    ``iter_batches`` keeps in flight by default; ``deepest``: how many while the source has few requests
+    pending (:meth:`ByteSource.deeper`). ``staged``: a batch's ragged value rows are asked for a few
+    batches after its offsets, not only when it is next. ``together``: ``iter_batches`` (default depth)
     asks for the reads of this many consecutive batches at once, as their union's runs
-    (:meth:`ByteSource.request_runs`):
-    the batches of a block-shuffled window each take a sample of the same blocks, and their union is
-    the blocks as they lie (0: each batch on its own). ``stream``: ``iter_batches`` (with its default
-    depth) fetches those runs into memory instead (:meth:`ByteSource.fetch_into`; a read-once
-    store, :class:`~seqstore.io.options.StoreOptions`).
+    (:meth:`ByteSource.request_runs`; 0: each batch on its own). ``stream``: it fetches those runs into
+    memory instead (:meth:`ByteSource.fetch_into`; a read-once store).
     """
 
     ahead: bool
