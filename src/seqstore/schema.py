@@ -49,14 +49,14 @@ def _normalise_dtype(dtype: Any) -> str:
         return BFLOAT16
     if getattr(dtype, "name", None) == BFLOAT16 or str(dtype) in ("torch.bfloat16", "bfloat16"):
         return BFLOAT16
-    torch_name = str(dtype)
-    if torch_name.startswith("torch."):
-        dtype = torch_name[len("torch."):]
+    if str(dtype).startswith("torch."):
+        dtype = str(dtype).removeprefix("torch.")
+    dt: np.dtype[Any] | None
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'") from exc
-    if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'")
     return str(dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str)
 
@@ -182,10 +182,6 @@ class PackedGroup:
         return hash((self.name, self.dtype, self.fields, self.width))
 
 
-def _field_width(f: Field) -> int:
-    return int(np.prod(f.inner_shape, dtype=np.int64))
-
-
 def flatten_values(tree: Mapping[str, Any], what: str) -> dict[str, Any]:
     """``{"a": {"b": x}}`` -> ``{"a/b": x}`` for a record or batch given as a nested dict; flat names
     with ``/`` pass through. Raises SchemaError naming ``what`` for non-str keys or a name given twice."""
@@ -272,7 +268,7 @@ class Schema(Mapping[str, Field]):
                     f"packed group {gname!r}: field {name!r} has dtype {f.dtype}, the group's dtype is {dtype} "
                     "(all fields of a group share one dtype)"
                 )
-            w = _field_width(f)
+            w = int(np.prod(f.inner_shape, dtype=np.int64))
             columns[name] = (pos, pos + w)
             pos += w
         assert dtype is not None
@@ -412,17 +408,13 @@ def bfloat16_to_float32(bits: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.floa
     return np.asarray(b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def _torch_to_numpy(value: Any) -> np.ndarray[Any, Any] | None:
-    """Convert a torch tensor (any device, bfloat16 included) to numpy; None if ``value`` is not one."""
-    mod = type(value).__module__
-    if not mod.startswith("torch"):
-        return None
+def torch_to_numpy(value: Any) -> np.ndarray[Any, Any]:
+    """A torch tensor (any device) as numpy; bfloat16 as :class:`BF16Bits`."""
     t = value.detach()
     if str(t.dtype) == "torch.bfloat16":
         import torch
 
-        arr = t.view(torch.int16).cpu().numpy().view(np.uint16)
-        return BF16Bits(arr)
+        return BF16Bits(t.view(torch.int16).cpu().numpy().view(np.uint16))
     return np.asarray(t.cpu().numpy())
 
 
@@ -443,8 +435,9 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
     Raises :class:`SchemaError` naming ``what`` (field, record, id) otherwise. Never copies when the
     value already has the storage dtype and is contiguous.
     """
-    arr = _torch_to_numpy(value)
-    if arr is None:
+    if type(value).__module__.startswith("torch"):
+        arr = torch_to_numpy(value)
+    else:
         try:
             arr = np.asarray(value)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
@@ -458,13 +451,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
                 bits = float32_to_bfloat16(arr)
             if arr.dtype.kind == "f" and arr.size:  # integers all fit (bfloat16 reaches 3.39e38)
                 overflow = ((bits & 0x7FFF) == 0x7F80) & ~np.isinf(np.asarray(arr)).reshape(bits.shape)
-                if overflow.any():
-                    k = int(np.argmax(overflow.reshape(-1)))
-                    at = f" (element {k} of the value)" if arr.size > 1 else ""
-                    raise SchemaError(
-                        f"{what}: value {np.asarray(arr).reshape(-1)[k].item()!r}{at} overflows dtype bfloat16 "
-                        "(largest finite 3.3895e+38)"
-                    )
+                _check_overflow(overflow, np.asarray(arr), what, "bfloat16", "3.3895e+38")
             return bits
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
@@ -488,13 +475,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         with np.errstate(over="ignore", invalid="ignore"):
             out = np.asarray(arr, dtype=target, order="C")
         overflow = np.isinf(out) & ~np.isinf(arr)  # finite values (or NaN) that became infinite
-        if overflow.any():
-            k = int(np.argmax(overflow.reshape(-1)))
-            at = f" (element {k} of the value)" if arr.size > 1 else ""
-            raise SchemaError(
-                f"{what}: value {arr.reshape(-1)[k].item()!r}{at} overflows dtype {target} "
-                f"(largest finite {np.finfo(target).max})"
-            )
+        _check_overflow(overflow, arr, what, str(target), str(np.finfo(target).max))
         return out
     return np.asarray(arr, dtype=target, order="C")
 
@@ -506,3 +487,14 @@ def _largest(dtype: np.dtype[Any]) -> float:
     if dtype.kind in "iu":
         return float(np.iinfo(dtype).max)
     return 1.0
+
+
+def _check_overflow(overflow: np.ndarray[Any, Any], arr: np.ndarray[Any, Any], what: str, dtype: str,
+                    largest: str) -> None:
+    """SchemaError naming the first value of ``arr`` that ``overflow`` marks, if any."""
+    if overflow.any():
+        k = int(np.argmax(overflow.reshape(-1)))
+        at = f" (element {k} of the value)" if arr.size > 1 else ""
+        raise SchemaError(
+            f"{what}: value {arr.reshape(-1)[k].item()!r}{at} overflows dtype {dtype} (largest finite {largest})"
+        )
