@@ -200,15 +200,13 @@ class DataSource:
     def __len__(self) -> int:
         return self._num_seqs
 
-    def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, Any]:
-        batch: dict[str, Any] = self.dataset.get_batch(idx)
-        if self.fields is not None:
-            batch = {k: batch[k] for k in self.fields}
+    def _with_index(self, out: dict[str, Any], index: np.ndarray[Any, Any]) -> dict[str, Any]:
+        """``out`` plus ``"index"`` when ``with_index`` (KeyError if the dataset has such a field)."""
         if self.with_index:
-            if INDEX_KEY in batch:
+            if INDEX_KEY in out:
                 raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}")
-            batch[INDEX_KEY] = idx.copy()
-        return batch
+            out[INDEX_KEY] = index
+        return out
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
         """Record ``i``, copied once out of the mapping (``dataset.get``: a record's own read, about 50x
@@ -216,12 +214,7 @@ class DataSource:
         j = _check_index(i, self._num_seqs)
         rec = self.dataset.get(j)
         names = rec if self.fields is None else self.fields
-        out = {k: np.array(rec[k]) for k in names}
-        if self.with_index:
-            if INDEX_KEY in out:
-                raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}")
-            out[INDEX_KEY] = np.array(j, dtype=np.int64)
-        return out
+        return self._with_index({k: np.array(rec[k]) for k in names}, np.array(j, dtype=np.int64))
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Records ``indices`` with one ``get_batch``; the records are views into the gathered batch.
@@ -231,7 +224,10 @@ class DataSource:
             bad = int(idx.min()) if int(idx.min()) < -self._num_seqs else int(idx.max())
             raise IndexError(f"seqstore.grain.DataSource index {bad} out of range for {self._num_seqs} records")
         idx = np.where(idx < 0, idx + self._num_seqs, idx)
-        batch = self._gather(idx)
+        batch: dict[str, Any] = self.dataset.get_batch(idx)
+        if self.fields is not None:
+            batch = {k: batch[k] for k in self.fields}
+        batch = self._with_index(batch, idx.copy())
         split: dict[str, Any] = {}
         for k, v in batch.items():
             if isinstance(v, tuple):
