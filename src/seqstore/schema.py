@@ -26,16 +26,8 @@ import numpy.typing as npt
 
 from .errors import SchemaError
 
-__all__ = [
-    "Field",
-    "Schema",
-    "PackedGroup",
-    "flatten_values",
-    "BFLOAT16",
-    "to_storage_array",
-    "bfloat16_to_float32",
-    "float32_to_bfloat16",
-]
+__all__ = ["Field", "Schema", "PackedGroup", "flatten_values", "BFLOAT16", "to_storage_array", "bfloat16_to_float32",
+           "float32_to_bfloat16"]
 
 BFLOAT16 = "bfloat16"
 

@@ -26,24 +26,9 @@ from .descriptor import read_descriptor
 from .shard_info import FileInfo, ShardInfo
 from .shard_table import TABLE, MapFile, ShardTable, TableState, is_table_file
 
-__all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "BASE_VERSION",
-    "ID_LOOKUPS",
-    "MANIFEST",
-    "TABLE_VERSION",
-    "FileInfo",
-    "ShardInfo",
-    "ShardList",
-    "IndexRun",
-    "Manifest",
-    "IDS",
-    "IDS_FILES",
-    "WORK_DIR",
-    "PARTS_DIR",
-    "COMMIT_JOURNAL",
-]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "BASE_VERSION", "ID_LOOKUPS", "MANIFEST", "TABLE_VERSION", "FileInfo",
+           "ShardInfo", "ShardList", "IndexRun", "Manifest", "IDS", "IDS_FILES", "WORK_DIR", "PARTS_DIR",
+           "COMMIT_JOURNAL"]
 
 FORMAT_NAME = "seqstore"
 #: The newest format version this seqstore reads and writes.

@@ -29,22 +29,9 @@ import numpy as np
 
 from ..errors import CorruptionError
 
-__all__ = [
-    "TABLE",
-    "TABLE_OBJECTS",
-    "TABLE_HEADER_BYTES",
-    "TABLE_MAGIC",
-    "FLAG_IDS",
-    "MapFile",
-    "TableState",
-    "ShardRow",
-    "ShardTable",
-    "row_dtype",
-    "encode_table_header",
-    "encode_row",
-    "is_table_file",
-    "shard_dir_name",
-]
+__all__ = ["TABLE", "TABLE_OBJECTS", "TABLE_HEADER_BYTES", "TABLE_MAGIC", "FLAG_IDS", "MapFile", "TableState",
+           "ShardRow", "ShardTable", "row_dtype", "encode_table_header", "encode_row", "is_table_file",
+           "shard_dir_name"]
 
 TABLE = "_shards.tbl"
 #: Where a store on object storage keeps its immutable, generation-specific tables.
