@@ -179,21 +179,11 @@ class Logger:
     Thread safety: call ``log``/``flush``/``close`` from one thread (the training loop).
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        schema: Mapping[str, Any] | Schema | None = None,
-        flush_bytes: int = 64 << 20,
-        commit_every_s: float = 60.0,
-        on_duplicate: str = "keep_first",
-        rank: int | None = None,
-        packed: bool | Mapping[str, list[str]] = True,
-        shard_bytes: int = 1 << 30,
-        metadata: Mapping[str, Any] | None = None,
-        direct_io: bool = True,
-        storage_options: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | Schema | None = None,
+                 flush_bytes: int = 64 << 20, commit_every_s: float = 60.0, on_duplicate: str = "keep_first",
+                 rank: int | None = None, packed: bool | Mapping[str, list[str]] = True, shard_bytes: int = 1 << 30,
+                 metadata: Mapping[str, Any] | None = None, direct_io: bool = True,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
             raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(path)
@@ -237,8 +227,8 @@ class Logger:
 
     def _start(self, schema: Schema) -> None:
         """Open/create the store for ``schema``, start the background thread. Buffers come lazily."""
-        if any(f.ragged for f in schema.values()):
-            ragged = [n for n, f in schema.items() if f.ragged]
+        ragged = [n for n, f in schema.items() if f.ragged]
+        if ragged:
             raise SchemaError(f"{self.path}: a Logger logs fixed-shape per-example tensors; ragged fields {ragged}")
         packed: Mapping[str, list[str]] | None
         if schema.groups or self._packed is False:
@@ -247,22 +237,15 @@ class Logger:
             packed = default_packing(schema)
         else:
             packed = self._packed
-        id_lookup = "last" if self.on_duplicate == "keep_last" else "first"
         existing = existing_manifest(self.path, self._storage_options)
         if existing is not None:  # an existing store decides the layout
             if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
                 raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
             schema, packed = existing.schema, None
         self._writer = open_or_create(
-            self.path,
-            schema,
-            packed=packed,
-            id_lookup=id_lookup,
-            shard_bytes=self._shard_bytes,
-            buffer_bytes=1,  # every append_batch is written through at once: no second copy
-            metadata=self._metadata,
-            direct_io=self._direct_io,
-            storage_options=self._storage_options,
+            self.path, schema, packed=packed, id_lookup="last" if self.on_duplicate == "keep_last" else "first",
+            shard_bytes=self._shard_bytes, buffer_bytes=1,  # every append_batch is written through: no second copy
+            metadata=self._metadata, direct_io=self._direct_io, storage_options=self._storage_options,
         )
         at_exit.unregister(self._writer)  # this logger closes it
         self.schema = self._writer.schema
@@ -401,11 +384,7 @@ class Logger:
         given, names = set(flat), set(self.schema)
         if given != names:
             missing, unknown = sorted(names - given), sorted(given - names)
-            msg = []
-            if missing:
-                msg.append(f"missing field(s) {missing}")
-            if unknown:
-                msg.append(f"unknown field(s) {unknown}")
+            msg = [f"{what} field(s) {v}" for what, v in (("missing", missing), ("unknown", unknown)) if v]
             who = f"id {ids[0]!r}" + (f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
             raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
         for name, f in self.schema.items():
@@ -421,13 +400,8 @@ class Logger:
                     f"got {shape[1:]} (batch shape {shape})"
                 )
 
-    def _append(
-        self,
-        converted: Mapping[str, np.ndarray[Any, Any]],
-        ids: list[str],
-        keep: np.ndarray[Any, Any] | None,
-        stats: dict[str, int],
-    ) -> None:
+    def _append(self, converted: Mapping[str, np.ndarray[Any, Any]], ids: list[str], keep: np.ndarray[Any, Any] | None,
+                stats: dict[str, int]) -> None:
         """Copy the kept rows into buffers, handing full buffers to the background thread."""
         assert self.schema is not None
         groups = self.schema.groups

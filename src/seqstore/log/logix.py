@@ -169,15 +169,9 @@ def _gather(
     return out.view(dtype)
 
 
-def import_logix(
-    logdir: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    *,
-    overwrite: bool = False,
-    batch_records: int = 4096,
-    metadata: dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> ImportReport:
+def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
+                 batch_records: int = 4096, metadata: dict[str, Any] | None = None,
+                 progress: Callable[[int], None] | None = None) -> ImportReport:
     """Convert the LogIX log in ``logdir`` into a new store at ``out``; return an :class:`ImportReport`.
 
     Record ``data_id`` becomes the record id; each logged array a field (``"fc1/grad"``). Records keep
@@ -215,12 +209,8 @@ def import_logix(
                 spec = {n: Field(dt, sh) for n, sh, dt in zip(names, r0.shapes, r0.dtypes)}
                 schema = Schema(spec)
                 signature = (r0.keys, r0.shapes, r0.dtypes)
-                meta_out = {
-                    "imported_from": "logix",
-                    "source": str(Path(logdir).resolve()),
-                    "fields": fields_map,
-                    **(metadata or {}),
-                }
+                meta_out = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": fields_map,
+                            **(metadata or {})}
                 writer = create(out, schema, packed=default_packing(schema), overwrite=overwrite, metadata=meta_out)
             for r in recs:
                 if (r.keys, r.shapes, r.dtypes) != signature:

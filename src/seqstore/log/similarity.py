@@ -150,20 +150,10 @@ class _TopK:
         return np.ascontiguousarray(r.T), np.ascontiguousarray(s.T)
 
 
-def similarity(
-    store: Store | str | os.PathLike[str],
-    queries: Any,
-    *,
-    fields: Sequence[str] | str | None = None,
-    chunk_rows: int | None = None,
-    device: str = "cpu",
-    topk: int | None = None,
-    out: str | os.PathLike[str] | None = None,
-    per_field: bool = False,
-    keep_scores: bool | None = None,
-    start: int = 0,
-    stop: int | None = None,
-) -> SimilarityResult:
+def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: Sequence[str] | str | None = None,
+               chunk_rows: int | None = None, device: str = "cpu", topk: int | None = None,
+               out: str | os.PathLike[str] | None = None, per_field: bool = False, keep_scores: bool | None = None,
+               start: int = 0, stop: int | None = None) -> SimilarityResult:
     """Dot products of records ``[start, stop)`` of ``store`` with ``queries``, one GEMM per chunk.
 
     Args:
@@ -192,9 +182,8 @@ def similarity(
         keep_scores = topk is None and out is None
     if topk is not None and topk <= 0:
         raise ValueError(f"topk must be positive, got {topk}")
-    field0 = st.schema[next(iter(columns))]
-    itemsize = field0.storage_dtype.itemsize
     if chunk_rows is None:
+        itemsize = st.schema[next(iter(columns))].storage_dtype.itemsize
         chunk_rows = max(256, _CHUNK_BYTES // max(1, width * itemsize))
     scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
     per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
@@ -275,12 +264,8 @@ class _Scan:
         return self.st.iter_matrix(self.fields, chunk_rows=self.chunk_rows, start=self.start, stop=self.stop)
 
 
-def _scan_cpu(
-    scan: _Scan,
-    scores: np.ndarray[Any, Any] | None,
-    per: dict[str, np.ndarray[Any, Any]] | None,
-    consume: Any,
-) -> None:
+def _scan_cpu(scan: _Scan, scores: np.ndarray[Any, Any] | None, per: dict[str, np.ndarray[Any, Any]] | None,
+              consume: Any) -> None:
     st, q, columns, start, per_field = scan.st, scan.q, scan.columns, scan.start, scan.per_field
     bf16 = st.schema[next(iter(columns))].dtype == BFLOAT16
     qt = np.ascontiguousarray(q.T)  # (D, Q)
@@ -290,18 +275,17 @@ def _scan_cpu(
         rel = first - start
         r = x.shape[0]
         parts: dict[str, np.ndarray[Any, Any]] | None = None
+        total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
         if per_field:
             parts = {}
             for name, (a, b) in columns.items():
                 dst = per[name][rel : rel + r] if per is not None else np.empty((r, q.shape[0]), np.float32)
                 np.matmul(x[:, a:b], qt_parts[name], out=dst)
                 parts[name] = dst
-            total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
             total[...] = 0
             for arr in parts.values():
                 total += arr
         else:
-            total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
             np.matmul(x, qt, out=total)  # BLAS sgemm; x may be a strided view of the mapped file
         consume(rel, total, parts, True)
 

@@ -78,13 +78,8 @@ def _usable_cache(path: Path, lengths: np.ndarray) -> np.ndarray | None:
         return None
     n = lengths.shape[0]
     if idx.ndim != 1 or idx.shape[0] != n or idx.dtype.kind not in "iu":
-        _log.warning(
-            "sort index cache %s has shape %s dtype %s, expected (%d,) int; recomputing it",
-            path,
-            idx.shape,
-            idx.dtype,
-            n,
-        )
+        _log.warning("sort index cache %s has shape %s dtype %s, expected (%d,) int; recomputing it", path, idx.shape,
+                     idx.dtype, n)
         return None
     if n:
         probe = np.unique(np.linspace(0, n - 1, min(n, _SPOT_CHECKS)).astype(np.int64))
