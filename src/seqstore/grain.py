@@ -1,22 +1,10 @@
 """Grain (JAX) adapters: a random-access :class:`DataSource` over a store or any seqstore dataset, and an
 :class:`EpochSampler` that feeds Grain's ``DataLoader`` a seqstore epoch order.
 
-``DataSource`` implements Grain's ``RandomAccessDataSource`` protocol (``__len__``, ``__getitem__``) and
-its batched-read extension ``_getitems`` (Grain 0.2.18 names it so; it has no ``__getitems__``).
-``_getitems`` is one ``get_batch`` of the whole batch; ``__getitem__``, which Grain 0.2.18's
-``DataLoader`` calls once per record from its read threads, is the dataset's ``get`` (a single record's
-read: a ``get_batch`` of one costs about 50x more in read planning sized for batches). Either way a
-record is copied once out of the mapping, so what a worker sends to the trainer owns its memory.
-
-``EpochSampler`` implements Grain's ``Sampler`` protocol: global position ``g`` of the run is a record
-of the epoch order of sub-epoch ``epoch + k`` (RETURNN orderings, partition epochs), computed chunk by
-chunk with ``Order.take``.
-Grain's ``DataLoader`` gives shard ``s`` of ``S`` the positions ``s, s + S, ...``, so shards are
-disjoint; its checkpoint (``get_state`` / ``set_state`` of the iterator) records positions, and the
-sampler is a pure function of the position, so a resumed run continues exactly.
-
-Both pickle small: the dataset travels as its own pickle (a store: path, options and shards seen) and
-is unpickled, i.e. opened, in the worker on first use. Nothing of size N is held or pickled.
+``DataSource`` implements Grain's ``RandomAccessDataSource`` protocol and its batched read ``_getitems``
+(Grain 0.2.18's name); ``EpochSampler`` implements Grain's ``Sampler`` protocol, a pure function of the
+global position, so Grain's checkpoints resume exactly. Both pickle small: the dataset travels as its
+own pickle and is opened in the worker on first use; nothing of size N is held or pickled.
 
 Grain is optional: ``import seqstore.grain`` works without it; :class:`DataSource` and :class:`PadBatch`
 need nothing of it; :class:`EpochSampler` does and says so (``pip install 'seqstore[grain]'``).

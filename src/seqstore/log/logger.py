@@ -1,30 +1,14 @@
-"""The training-time writer of per-example tensors: :class:`Logger`.
+"""The training-time writer of per-example tensors: :class:`Logger` (docs/logging.md).
 
 ``logger.log(ids, {"layer1": {"grad": g1}, "loss": l})`` copies a batch (batch first; torch on any
-device or numpy) into a preallocated host buffer laid out exactly as the store's files (one
-``(cap, width)`` matrix per packed group), and returns. When the buffer is full it is handed to a
-background thread that writes it into a shard with one sequential write per group and commits
-(crash-safe, docs/format.md section 7) every ``commit_every_s`` seconds, when a shard is full, and on
-:meth:`Logger.flush`/:meth:`Logger.close`.
-
-Memory is bounded: two buffers of ``flush_bytes`` (one filling, one being written); ``log`` blocks
-while both are busy. A failure of the background thread is stored and raised (as
-:class:`LoggerError`, chained to the cause) by the next ``log``/``flush``/``close`` in the training
-thread; shards committed before it stay intact and readable.
-
-Duplicate ids (``on_duplicate``):
-
-- ``"keep_first"`` (default): a record whose id is already in the store (committed by any rank
-  before this ``log`` call: the lookup view is refreshed whenever the manifest changed), in this
-  logger's in-flight buffers, or earlier in the same batch is not written;
-  ``stats["duplicates_skipped"]`` in the manifest counts them. Two ranks logging the same new id
-  while neither has committed it can both write it; ``index(id)`` then still returns the first.
-- ``"keep_last"``: every record is written; the store is created with ``id_lookup="last"`` so that
-  ``index(id)`` returns the last record written with that id (format version 2). Earlier copies stay
-  as records (they are counted in ``stats["duplicates_superseded"]``).
-- ``"error"``: a batch holding an id that is already logged, or the same id twice, raises
-  :class:`DuplicateIdError` naming the ids (as "already logged" or "repeated inside this batch") and
-  nothing of that batch is written.
+device or numpy) into a preallocated host buffer laid out as the store's files (one ``(cap, width)``
+matrix per packed group) and returns. A full buffer goes to a background thread that writes it into a
+shard and commits (crash-safe, docs/format.md section 7) every ``commit_every_s`` seconds, when a shard
+is full, and on :meth:`Logger.flush`/:meth:`Logger.close`. Memory: two buffers of ``flush_bytes``;
+``log`` blocks while both are busy. A failure of the background thread is raised (as
+:class:`LoggerError`, chained to the cause) by the next ``log``/``flush``/``close``; shards committed
+before it stay intact. ``on_duplicate`` (``"keep_first"``, ``"keep_last"``, ``"error"``) decides what
+an id that is already logged does (:mod:`seqstore.log.duplicates`; docs/logging.md has the table).
 """
 
 from __future__ import annotations
@@ -162,7 +146,9 @@ class Logger:
             rounded down to whole pages).
         commit_every_s: commit (make durable and visible) at least this often while logging, and
             earlier when more than MAX_INFLIGHT_IDS logged ids are not committed yet.
-        on_duplicate: ``"keep_first"``, ``"keep_last"`` or ``"error"`` (module docstring).
+        on_duplicate: ``"keep_first"`` (skip a record whose id is already logged or earlier in the batch),
+            ``"keep_last"`` (write every record; ``index(id)`` returns the last) or ``"error"`` (raise
+            :class:`DuplicateIdError` naming the ids; nothing of that batch is written).
         rank: this process's rank (default: ``torch.distributed.get_rank()`` when initialised, else 0);
             each rank writes its own shards into the one store and its counts go to
             ``stats["rank-<r>/records"]``.
@@ -516,9 +502,8 @@ class Logger:
     def __enter__(self) -> Logger:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     # ---------------------------------------------------------------------------------- numbers

@@ -143,9 +143,8 @@ def _field_name(key: tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
-def _gather(
-    mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int, dtype: np.dtype[Any]
-) -> np.ndarray[Any, Any]:
+def _gather(mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int,
+            dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """Rows of ``nbytes`` bytes at byte ``offsets`` of ``mm`` as an ``(n, nbytes/itemsize)`` array.
 
     A strided zero-copy view when the offsets are evenly spaced (LogIX writes records back to back);
@@ -221,12 +220,10 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                     )
             assert writer is not None and schema is not None
             # first occurrence wins: within this chunk, then against everything imported before
-            seen: set[str] = set()
-            keep = []
+            first: dict[str, int] = {}
             for k, r in enumerate(recs):
-                if r.data_id not in seen:
-                    seen.add(r.data_id)
-                    keep.append(k)
+                first.setdefault(r.data_id, k)
+            keep = list(first.values())
             if records:
                 store = open_store(out)
                 found = store.index_many([recs[k].data_id for k in keep], missing=-1)

@@ -135,18 +135,15 @@ class _TopK:
         self.merge(cs, cr)
 
     def merge(self, cs: np.ndarray[Any, Any], cr: np.ndarray[Any, Any]) -> None:
-        scores = np.concatenate([self.scores, cs], axis=0)
-        rows = np.concatenate([self.rows, cr], axis=0)
-        if scores.shape[0] > self.k:
-            order = np.lexsort((rows, -scores), axis=0)[: self.k]  # highest score, then lowest row
-            scores = np.take_along_axis(scores, order, axis=0)
-            rows = np.take_along_axis(rows, order, axis=0)
-        self.scores, self.rows = scores, rows
+        self.scores, self.rows = self._best(np.concatenate([self.scores, cs]), np.concatenate([self.rows, cr]))
+
+    def _best(self, scores: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+        """The ``k`` best ``scores`` per query and their ``rows``: highest score first, then lowest row."""
+        order = np.lexsort((rows, -scores), axis=0)[: self.k]
+        return np.take_along_axis(scores, order, axis=0), np.take_along_axis(rows, order, axis=0)
 
     def result(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        order = np.lexsort((self.rows, -self.scores), axis=0)
-        s = np.take_along_axis(self.scores, order, axis=0)
-        r = np.take_along_axis(self.rows, order, axis=0)
+        s, r = self._best(self.scores, self.rows)
         return np.ascontiguousarray(r.T), np.ascontiguousarray(s.T)
 
 
@@ -196,9 +193,8 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         meta = {"similarity_of": str(Path(st.root).resolve()), "queries": nq, "first_row": start, "columns": columns}
         writer = create(out, spec, packed={"scores": list(spec)}, metadata=meta)
 
-    def consume(
-        first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None, do_top: bool
-    ) -> None:
+    def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
+                do_top: bool) -> None:
         """Take one chunk's scores (rows first..first+r of the scan; ``parts`` per field)."""
         r = total.shape[0]
         if scores is not None and total.base is not scores:
