@@ -351,10 +351,7 @@ class Schema(Mapping[str, Field]):
                     )
                 a, b = int(cols[0]), int(cols[1])
                 members.setdefault(g, []).append((a, b, name))
-        packed: dict[str, list[str]] = {}
-        for g, items in members.items():
-            items.sort()
-            packed[g] = [name for _, _, name in items]
+        packed = {g: [name for _, _, name in sorted(items)] for g, items in members.items()}
         schema = cls(fields, packed=packed)
         for g, items in members.items():
             for a, b, name in items:

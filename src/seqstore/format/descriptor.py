@@ -27,9 +27,8 @@ DESCRIPTOR = "_shard.json"
 DESCRIPTOR_FORMAT = "seqstore-shard"
 
 
-def encode_descriptor(
-    records: int, rows: Mapping[str, int], has_ids: bool, files: Mapping[str, FileInfo], checks: FileInfo | None = None
-) -> bytes:
+def encode_descriptor(records: int, rows: Mapping[str, int], has_ids: bool, files: Mapping[str, FileInfo],
+                      checks: FileInfo | None = None) -> bytes:
     """The descriptor's bytes (compact UTF-8 JSON, files in sorted order). ``checks``: the shard's
     per-record checksum file (:mod:`.checksums`), listed under its own key ``"checks"`` (readers
     before verified reads ignore it)."""

@@ -180,9 +180,7 @@ class ShardTable:
         return cls(out, tuple(ragged), start, None)
 
     @classmethod
-    def open(
-        cls, root: Path, ragged: Sequence[str], state: TableState, map_file: MapFile | None = None
-    ) -> ShardTable:
+    def open(cls, root: Path, ragged: Sequence[str], state: TableState, map_file: MapFile | None = None) -> ShardTable:
         """Map the committed rows of ``<root>/_shards.tbl``: O(1). Checks the header, that the file
         holds every committed row, and the last row (its CRC, and that it ends at ``state.records``).
         ``map_file(path, size)`` maps the first ``size`` bytes read-only (default: ``mmap.mmap``,
