@@ -30,6 +30,7 @@ from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store
+from .store.copy import copy
 from .store.describe import describe_groups, dtype_name
 from .store.verify import total_bytes, verify
 
@@ -172,8 +173,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from .store.copy import copy
-
     # a local destination this copy creates is removed again when it is interrupted (main() says nothing
     # was written); an existing one keeps the shards copied so far, which a rerun does not copy again
     new_dst = None if is_remote(args.dst) or Path(args.dst).exists() else Path(args.dst)

@@ -317,11 +317,11 @@ class EpochSampler:
         count, index = int(shard_options.shard_count), int(shard_options.shard_index)
         if count < 1 or not 0 <= index < count:
             raise ValueError(f"EpochSampler: shard_index must be in [0, shard_count), got {index} of {count}")
-        for name, v, lo in (("epoch", epoch, 1), ("num_epochs", num_epochs, 1), ("chunk_size", chunk_size, 1)):
+        for name, v in (("epoch", epoch), ("num_epochs", num_epochs), ("chunk_size", chunk_size)):
             if v is None and name == "num_epochs":
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError(f"EpochSampler: {name} must be an integer >= {lo}, got {v!r}"
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"EpochSampler: {name} must be an integer >= 1, got {v!r}"
                                  + (" (epochs are 1-based as in RETURNN)" if name == "epoch" and v == 0 else ""))
         if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, (int, np.integer))):
             raise ValueError(f"EpochSampler: rng_seed must be an integer or None, got {rng_seed!r}")

@@ -131,22 +131,6 @@ def _check_name(name: str) -> None:
             )
 
 
-def _flatten(spec: Mapping[str, Any], prefix: str, out: dict[str, Field]) -> None:
-    for key, value in spec.items():
-        if not isinstance(key, str):
-            raise SchemaError(f"field name must be a str, got {key!r}")
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            _flatten(value, name + "/", out)
-            continue
-        if not isinstance(value, Field):
-            raise SchemaError(f"field {name!r}: expected a seqstore.Field or a nested dict, got {type(value).__name__}")
-        _check_name(name)
-        if name in out:
-            raise SchemaError(f"duplicate field name {name!r}")
-        out[name] = value
-
-
 @dataclass(frozen=True)
 class PackedGroup:
     """Fixed fields stored together as one row-major ``(n, width)`` matrix file ``<name>.npy`` per shard.
@@ -220,8 +204,12 @@ class Schema(Mapping[str, Field]):
         else:
             if not isinstance(spec, Mapping) or not spec:
                 raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
-            fields: dict[str, Field] = {}
-            _flatten(spec, "", fields)
+            fields: dict[str, Field] = flatten_values(spec, "schema")
+            for name, value in fields.items():
+                if not isinstance(value, Field):
+                    raise SchemaError(f"field {name!r}: expected a seqstore.Field or a nested dict, "
+                                      f"got {type(value).__name__}")
+                _check_name(name)
             names = sorted(fields)
             for a, b in zip(names, names[1:]):
                 if b.startswith(a + "/"):

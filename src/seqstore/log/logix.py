@@ -10,11 +10,9 @@ schemas exist and both are read:
 - AnaLog (older): one object per (data_id, module): ``data_id``, ``size`` (bytes), ``path`` (one key
   path), ``offset`` (bytes), ``shape``, ``dtype``; consecutive objects of one data_id form a record.
 
-Chunks are read in LogIX's order (rank, then chunk number), one at a time, and written in batches of
-at most ``batch_records`` records, so memory is O(one chunk's metadata + one batch), never O(log).
-The first occurrence of a ``data_id`` wins (LogIX's loader rule); later ones are skipped and counted.
-Key paths become field names joined by ``/`` (characters outside ``[A-Za-z0-9_.-]`` become ``_``;
-the mapping is kept in the store's metadata). Fields are packed one group per dtype.
+Chunks are read in LogIX's order (rank, then chunk), one at a time, and written in batches of at most
+``batch_records`` records: memory O(one chunk's metadata + one batch). Key paths become field names
+joined by ``/`` (other characters than ``[A-Za-z0-9_.-]`` become ``_``), packed one group per dtype.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""Chunked similarity scans: scores of every record of a store against Q query vectors.
+"""Chunked similarity scans: scores of every record of a store against Q query vectors (docs/logging.md).
 
 :func:`similarity` streams the store through :meth:`Store.iter_matrix` (zero-copy views of the mapped
-files for a packed group) and computes one GEMM per chunk, ``block (r, D) @ queries.T (D, Q)``:
-
-- CPU: numpy BLAS, in float32 (16-bit blocks are widened one chunk at a time); the scores are
-  written straight into the output rows (no temporary).
-- CUDA (``device="cuda"`` or ``"cuda:N"``): torch. Chunks go page cache -> pinned host buffer (a parallel
-  memcpy) -> GPU on a copy stream, double-buffered so the copy of chunk k+1 overlaps the GEMM of
-  chunk k; the GEMM runs in the stored dtype (float16/bfloat16 on tensor cores, float32 accumulate).
-
-Results: all scores ``(N, Q)`` (float32) in RAM, or written into a new store (``out``), and/or the top
-``k`` records per query, merged chunk by chunk (memory O(k x Q)); optionally per-field ("module-wise")
-scores, from each field's column range. Memory besides the results: O(chunk_rows x D).
+files for a packed group) and computes one GEMM per chunk, ``block (r, D) @ queries.T (D, Q)``: on CPU
+with numpy BLAS in float32 (16-bit blocks widened one chunk at a time, scores written straight into the
+output rows); on CUDA with torch (:func:`_scan_cuda`: pinned, double-buffered uploads overlapping the
+GEMM, which runs in the stored dtype). Results: all scores ``(N, Q)``, a new store of them (``out``),
+the running top ``k`` per query (memory O(k x Q)) and per-field scores. Memory besides the results:
+O(chunk_rows x D).
 """
 
 from __future__ import annotations
