@@ -176,7 +176,6 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
                 "and Ray tensors of numbers are; a string column can be the id column); pass schema= naming the "
                 "columns to write, or drop the column (ds.drop_columns)"
             ) from None
-        dtype = plan.dtype
         shape = plan.shape
         if shape and shape[0] is None:  # list<list<T>>: the inner list length from the first rows
             inner_len = first_inner_len(_whole(sample, name)) if sample is not None else None
@@ -184,7 +183,7 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
                 raise SchemaError(f"{WHERE}, column {name!r}: lists of lists and no inner list to read their "
                                   f"length from; pass schema={{{name!r}: Field(dtype, (None, k))}}")
             shape = (inner_len, *shape[1:])
-        return Field(dtype, ((None,) if plan.ragged else ()) + tuple(int(s or 0) for s in shape))
+        return Field(plan.dtype, ((None,) if plan.ragged else ()) + tuple(int(s or 0) for s in shape))
     except SchemaError as e:
         if str(e).startswith(WHERE):
             raise

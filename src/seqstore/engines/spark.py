@@ -210,10 +210,6 @@ def _mark_ended(path: str, job: str) -> None:
 # ---------------------------------------------------------------------------------------- data source
 
 
-def _store_exists(path: str) -> bool:
-    return (Path(path) / MANIFEST).exists()
-
-
 class DataSource(_SparkDataSource):
     """The ``"seqstore"`` Spark data source; register with ``spark.dataSource.register(DataSource)``.
 
@@ -282,7 +278,7 @@ class DataSource(_SparkDataSource):
             raise ValueError(f"{where}: mode overwrite and option errorIfExists contradict each other")
         so = storage_options_of(self.options, path, where)
         manifest = existing_manifest(path, so) if is_remote(path) else None
-        exists = manifest is not None if is_remote(path) else _store_exists(path)
+        exists = manifest is not None if is_remote(path) else (Path(path) / MANIFEST).exists()
         if exists and error_if_exists:
             raise FileExistsError(f"{path}: a store already exists (mode errorifexists); use mode append or "
                                   "overwrite")
@@ -309,10 +305,6 @@ class DataSource(_SparkDataSource):
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _register(session: Any) -> None:
-    session.dataSource.register(DataSource)
-
-
 def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
           schema: Schema | Mapping[str, Any] | None = None, id_column: str | None = None,
           shard_bytes: int | None = None, metadata: Mapping[str, Any] | None = None,
@@ -323,7 +315,7 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
     URL (``s3://``...), passed as ``storage.<key>`` options; other options are passed on as they are."""
     if mode not in ("errorifexists", "error", "append", "overwrite"):
         raise ValueError(f"mode must be 'errorifexists', 'append' or 'overwrite', got {mode!r}")
-    _register(df.sparkSession)
+    df.sparkSession.dataSource.register(DataSource)
     w = df.write.format(NAME).mode("overwrite" if mode == "overwrite" else "append")
     if mode in ("errorifexists", "error"):
         w = w.option("errorIfExists", "true")
@@ -345,7 +337,7 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
 def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | None = None,
          id_column: str | None = None, **options: Any) -> Any:
     """The store at ``path`` as a DataFrame (registers the data source in ``spark``)."""
-    _register(spark)
+    spark.dataSource.register(DataSource)
     r = spark.read.format(NAME)
     if fields is not None:
         r = r.option("fields", ",".join(fields))
