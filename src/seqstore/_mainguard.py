@@ -8,11 +8,8 @@ module-level code again. When the loop that starts the workers is itself module-
 from a process still bootstrapping: the worker dies with "An attempt has been made to start a new
 process before the current process has finished its bootstrapping phase" and the DataLoader reports
 "worker exited unexpectedly" (a process pool: "terminated abruptly"). This module predicts that before
-any worker starts: it finds the module-level line of ``__main__`` that the caller is executing and
-checks, from the script's syntax tree, whether that line would run again on import: it refuses only when
-no ``if`` surrounds it (loops, ``with`` and ``try`` blocks do not guard), or when it sits in the branch
-of an ``if __name__ ...`` test that runs on import; an ``if`` on anything else leaves it silent (it
-cannot tell).
+any worker starts, from the syntax tree of the script: whether the module-level line of ``__main__``
+that the caller is executing would run again on import (:func:`_verdict`).
 """
 
 from __future__ import annotations

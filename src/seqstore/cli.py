@@ -24,11 +24,13 @@ from . import __version__
 from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
+from .format.shard_table import TABLE
 from .interop.commands import SuggestingParser, cli_message
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store
+from .store.copy import copy
 from .store.describe import describe_groups, dtype_name
 from .store.verify import total_bytes, verify
 
@@ -98,10 +100,6 @@ def _manifest_line(root: Path) -> str:
     maps (its committed rows) when there is one."""
     size = (root / MANIFEST).stat().st_size
     line = f"{_human_bytes(size)} ({size}) {MANIFEST}"
-    try:
-        from .format.shard_table import TABLE  # format version 3
-    except ImportError:  # pragma: no cover - older format code
-        return line
     if (root / TABLE).is_file():
         tsize = (root / TABLE).stat().st_size
         line += f", shard table {_human_bytes(tsize)} ({tsize}, mapped)"
@@ -175,23 +173,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from .store.copy import copy
-
-    def options(items: list[str], flag: str) -> dict[str, Any] | None:
-        out: dict[str, Any] = {}
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise SeqstoreError(f"{flag} {item!r}: expected KEY=VALUE")
-            out[key.strip()] = value
-        return out or None
-
     # a local destination this copy creates is removed again when it is interrupted (main() says nothing
     # was written); an existing one keeps the shards copied so far, which a rerun does not copy again
     new_dst = None if is_remote(args.dst) or Path(args.dst).exists() else Path(args.dst)
     try:
-        r = copy(args.src, args.dst, src_options=options(args.src_option, "--src-option"),
-                 dst_options=options(args.dst_option, "--dst-option"), workers=args.workers,
+        r = copy(args.src, args.dst, src_options=_key_values(args.src_option, "--src-option"),
+                 dst_options=_key_values(args.dst_option, "--dst-option"), workers=args.workers,
                  progress=not args.quiet, overwrite=args.overwrite)
         print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
               f"{_human_bytes(r.bytes)} in {r.files} file(s)")
@@ -213,15 +200,20 @@ def _add_storage_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``-o KEY=VALUE`` options as a dict (None when there are none)."""
+def _key_values(items: list[str], flag: str) -> dict[str, Any] | None:
+    """``KEY=VALUE`` items of option ``flag`` as a dict (None when there are none)."""
     out: dict[str, Any] = {}
-    for item in getattr(args, "storage_option", []) or []:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SeqstoreError(f"--storage-option {item!r}: expected KEY=VALUE")
+            raise SeqstoreError(f"{flag} {item!r}: expected KEY=VALUE")
         out[key.strip()] = value
     return out or None
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``-o KEY=VALUE`` options as a dict (None when there are none)."""
+    return _key_values(getattr(args, "storage_option", []) or [], "--storage-option")
 
 
 def build_parser() -> argparse.ArgumentParser:

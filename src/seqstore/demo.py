@@ -51,11 +51,7 @@ def _line(label: str, value: str) -> None:
 def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, seed: int = 0, keep: bool = False) -> None:
     """Write (or reuse with ``keep``) the demo corpus under ``out`` and print what reading it costs."""
     root = Path(out) / "corpus.seqstore"
-    schema = {
-        "features": Field("float16", (None, dim)),
-        "labels": Field("int32", (None,)),
-        "speaker": Field("int32"),
-    }
+    schema = {"features": Field("float16", (None, dim)), "labels": Field("int32", (None,)), "speaker": Field("int32")}
     print(f"seqstore demo: {records:,} sequences of {dim} float16 features -> {root}")
     reuse = keep and (root / "manifest.json").exists() and Manifest.load(root).num_records == records
     if not reuse:

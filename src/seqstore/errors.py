@@ -9,22 +9,9 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = [
-    "SeqstoreError",
-    "FormatError",
-    "SchemaError",
-    "ColumnTypeError",
-    "CorruptionError",
-    "LockError",
-    "RemoteError",
-    "RemoteNotFound",
-    "BucketNotFound",
-    "ConfigError",
-    "CredentialsError",
-    "StaleStoreError",
-    "ConflictError",
-    "open_files_exhausted",
-]
+__all__ = ["SeqstoreError", "FormatError", "SchemaError", "ColumnTypeError", "CorruptionError", "LockError",
+           "RemoteError", "RemoteNotFound", "BucketNotFound", "ConfigError", "CredentialsError", "StaleStoreError",
+           "ConflictError", "open_files_exhausted"]
 
 
 class SeqstoreError(Exception):

@@ -1,22 +1,10 @@
 """Grain (JAX) adapters: a random-access :class:`DataSource` over a store or any seqstore dataset, and an
 :class:`EpochSampler` that feeds Grain's ``DataLoader`` a seqstore epoch order.
 
-``DataSource`` implements Grain's ``RandomAccessDataSource`` protocol (``__len__``, ``__getitem__``) and
-its batched-read extension ``_getitems`` (Grain 0.2.18 names it so; it has no ``__getitems__``).
-``_getitems`` is one ``get_batch`` of the whole batch; ``__getitem__``, which Grain 0.2.18's
-``DataLoader`` calls once per record from its read threads, is the dataset's ``get`` (a single record's
-read: a ``get_batch`` of one costs about 50x more in read planning sized for batches). Either way a
-record is copied once out of the mapping, so what a worker sends to the trainer owns its memory.
-
-``EpochSampler`` implements Grain's ``Sampler`` protocol: global position ``g`` of the run is a record
-of the epoch order of sub-epoch ``epoch + k`` (RETURNN orderings, partition epochs), computed chunk by
-chunk with ``Order.take``.
-Grain's ``DataLoader`` gives shard ``s`` of ``S`` the positions ``s, s + S, ...``, so shards are
-disjoint; its checkpoint (``get_state`` / ``set_state`` of the iterator) records positions, and the
-sampler is a pure function of the position, so a resumed run continues exactly.
-
-Both pickle small: the dataset travels as its own pickle (a store: path, options and shards seen) and
-is unpickled, i.e. opened, in the worker on first use. Nothing of size N is held or pickled.
+``DataSource`` implements Grain's ``RandomAccessDataSource`` protocol and its batched read ``_getitems``
+(Grain 0.2.18's name); ``EpochSampler`` implements Grain's ``Sampler`` protocol, a pure function of the
+global position, so Grain's checkpoints resume exactly. Both pickle small: the dataset travels as its
+own pickle and is opened in the worker on first use; nothing of size N is held or pickled.
 
 Grain is optional: ``import seqstore.grain`` works without it; :class:`DataSource` and :class:`PadBatch`
 need nothing of it; :class:`EpochSampler` does and says so (``pip install 'seqstore[grain]'``).
@@ -200,15 +188,13 @@ class DataSource:
     def __len__(self) -> int:
         return self._num_seqs
 
-    def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, Any]:
-        batch: dict[str, Any] = self.dataset.get_batch(idx)
-        if self.fields is not None:
-            batch = {k: batch[k] for k in self.fields}
+    def _with_index(self, out: dict[str, Any], index: np.ndarray[Any, Any]) -> dict[str, Any]:
+        """``out`` plus ``"index"`` when ``with_index`` (KeyError if the dataset has such a field)."""
         if self.with_index:
-            if INDEX_KEY in batch:
+            if INDEX_KEY in out:
                 raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}")
-            batch[INDEX_KEY] = idx.copy()
-        return batch
+            out[INDEX_KEY] = index
+        return out
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
         """Record ``i``, copied once out of the mapping (``dataset.get``: a record's own read, about 50x
@@ -216,12 +202,7 @@ class DataSource:
         j = _check_index(i, self._num_seqs)
         rec = self.dataset.get(j)
         names = rec if self.fields is None else self.fields
-        out = {k: np.array(rec[k]) for k in names}
-        if self.with_index:
-            if INDEX_KEY in out:
-                raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}")
-            out[INDEX_KEY] = np.array(j, dtype=np.int64)
-        return out
+        return self._with_index({k: np.array(rec[k]) for k in names}, np.array(j, dtype=np.int64))
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Records ``indices`` with one ``get_batch``; the records are views into the gathered batch.
@@ -231,7 +212,10 @@ class DataSource:
             bad = int(idx.min()) if int(idx.min()) < -self._num_seqs else int(idx.max())
             raise IndexError(f"seqstore.grain.DataSource index {bad} out of range for {self._num_seqs} records")
         idx = np.where(idx < 0, idx + self._num_seqs, idx)
-        batch = self._gather(idx)
+        batch: dict[str, Any] = self.dataset.get_batch(idx)
+        if self.fields is not None:
+            batch = {k: batch[k] for k in self.fields}
+        batch = self._with_index(batch, idx.copy())
         split: dict[str, Any] = {}
         for k, v in batch.items():
             if isinstance(v, tuple):
@@ -333,11 +317,11 @@ class EpochSampler:
         count, index = int(shard_options.shard_count), int(shard_options.shard_index)
         if count < 1 or not 0 <= index < count:
             raise ValueError(f"EpochSampler: shard_index must be in [0, shard_count), got {index} of {count}")
-        for name, v, lo in (("epoch", epoch, 1), ("num_epochs", num_epochs, 1), ("chunk_size", chunk_size, 1)):
+        for name, v in (("epoch", epoch), ("num_epochs", num_epochs), ("chunk_size", chunk_size)):
             if v is None and name == "num_epochs":
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError(f"EpochSampler: {name} must be an integer >= {lo}, got {v!r}"
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"EpochSampler: {name} must be an integer >= 1, got {v!r}"
                                  + (" (epochs are 1-based as in RETURNN)" if name == "epoch" and v == 0 else ""))
         if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, (int, np.integer))):
             raise ValueError(f"EpochSampler: rng_seed must be an integer or None, got {rng_seed!r}")

@@ -26,16 +26,8 @@ import numpy.typing as npt
 
 from .errors import SchemaError
 
-__all__ = [
-    "Field",
-    "Schema",
-    "PackedGroup",
-    "flatten_values",
-    "BFLOAT16",
-    "to_storage_array",
-    "bfloat16_to_float32",
-    "float32_to_bfloat16",
-]
+__all__ = ["Field", "Schema", "PackedGroup", "flatten_values", "BFLOAT16", "to_storage_array", "bfloat16_to_float32",
+           "float32_to_bfloat16"]
 
 BFLOAT16 = "bfloat16"
 
@@ -49,14 +41,14 @@ def _normalise_dtype(dtype: Any) -> str:
         return BFLOAT16
     if getattr(dtype, "name", None) == BFLOAT16 or str(dtype) in ("torch.bfloat16", "bfloat16"):
         return BFLOAT16
-    torch_name = str(dtype)
-    if torch_name.startswith("torch."):
-        dtype = torch_name[len("torch."):]
+    if str(dtype).startswith("torch."):
+        dtype = str(dtype).removeprefix("torch.")
+    dt: np.dtype[Any] | None
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'") from exc
-    if dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'")
     return str(dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str)
 
@@ -139,22 +131,6 @@ def _check_name(name: str) -> None:
             )
 
 
-def _flatten(spec: Mapping[str, Any], prefix: str, out: dict[str, Field]) -> None:
-    for key, value in spec.items():
-        if not isinstance(key, str):
-            raise SchemaError(f"field name must be a str, got {key!r}")
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            _flatten(value, name + "/", out)
-            continue
-        if not isinstance(value, Field):
-            raise SchemaError(f"field {name!r}: expected a seqstore.Field or a nested dict, got {type(value).__name__}")
-        _check_name(name)
-        if name in out:
-            raise SchemaError(f"duplicate field name {name!r}")
-        out[name] = value
-
-
 @dataclass(frozen=True)
 class PackedGroup:
     """Fixed fields stored together as one row-major ``(n, width)`` matrix file ``<name>.npy`` per shard.
@@ -180,10 +156,6 @@ class PackedGroup:
 
     def __hash__(self) -> int:
         return hash((self.name, self.dtype, self.fields, self.width))
-
-
-def _field_width(f: Field) -> int:
-    return int(np.prod(f.inner_shape, dtype=np.int64))
 
 
 def flatten_values(tree: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -232,8 +204,12 @@ class Schema(Mapping[str, Field]):
         else:
             if not isinstance(spec, Mapping) or not spec:
                 raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
-            fields: dict[str, Field] = {}
-            _flatten(spec, "", fields)
+            fields: dict[str, Field] = flatten_values(spec, "schema")
+            for name, value in fields.items():
+                if not isinstance(value, Field):
+                    raise SchemaError(f"field {name!r}: expected a seqstore.Field or a nested dict, "
+                                      f"got {type(value).__name__}")
+                _check_name(name)
             names = sorted(fields)
             for a, b in zip(names, names[1:]):
                 if b.startswith(a + "/"):
@@ -272,7 +248,7 @@ class Schema(Mapping[str, Field]):
                     f"packed group {gname!r}: field {name!r} has dtype {f.dtype}, the group's dtype is {dtype} "
                     "(all fields of a group share one dtype)"
                 )
-            w = _field_width(f)
+            w = int(np.prod(f.inner_shape, dtype=np.int64))
             columns[name] = (pos, pos + w)
             pos += w
         assert dtype is not None
@@ -363,10 +339,7 @@ class Schema(Mapping[str, Field]):
                     )
                 a, b = int(cols[0]), int(cols[1])
                 members.setdefault(g, []).append((a, b, name))
-        packed: dict[str, list[str]] = {}
-        for g, items in members.items():
-            items.sort()
-            packed[g] = [name for _, _, name in items]
+        packed = {g: [name for _, _, name in sorted(items)] for g, items in members.items()}
         schema = cls(fields, packed=packed)
         for g, items in members.items():
             for a, b, name in items:
@@ -412,17 +385,13 @@ def bfloat16_to_float32(bits: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.floa
     return np.asarray(b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def _torch_to_numpy(value: Any) -> np.ndarray[Any, Any] | None:
-    """Convert a torch tensor (any device, bfloat16 included) to numpy; None if ``value`` is not one."""
-    mod = type(value).__module__
-    if not mod.startswith("torch"):
-        return None
+def torch_to_numpy(value: Any) -> np.ndarray[Any, Any]:
+    """A torch tensor (any device) as numpy; bfloat16 as :class:`BF16Bits`."""
     t = value.detach()
     if str(t.dtype) == "torch.bfloat16":
         import torch
 
-        arr = t.view(torch.int16).cpu().numpy().view(np.uint16)
-        return BF16Bits(arr)
+        return BF16Bits(t.view(torch.int16).cpu().numpy().view(np.uint16))
     return np.asarray(t.cpu().numpy())
 
 
@@ -443,8 +412,9 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
     Raises :class:`SchemaError` naming ``what`` (field, record, id) otherwise. Never copies when the
     value already has the storage dtype and is contiguous.
     """
-    arr = _torch_to_numpy(value)
-    if arr is None:
+    if type(value).__module__.startswith("torch"):
+        arr = torch_to_numpy(value)
+    else:
         try:
             arr = np.asarray(value)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
@@ -458,13 +428,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
                 bits = float32_to_bfloat16(arr)
             if arr.dtype.kind == "f" and arr.size:  # integers all fit (bfloat16 reaches 3.39e38)
                 overflow = ((bits & 0x7FFF) == 0x7F80) & ~np.isinf(np.asarray(arr)).reshape(bits.shape)
-                if overflow.any():
-                    k = int(np.argmax(overflow.reshape(-1)))
-                    at = f" (element {k} of the value)" if arr.size > 1 else ""
-                    raise SchemaError(
-                        f"{what}: value {np.asarray(arr).reshape(-1)[k].item()!r}{at} overflows dtype bfloat16 "
-                        "(largest finite 3.3895e+38)"
-                    )
+                _check_overflow(overflow, np.asarray(arr), what, "bfloat16", "3.3895e+38")
             return bits
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
@@ -488,13 +452,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         with np.errstate(over="ignore", invalid="ignore"):
             out = np.asarray(arr, dtype=target, order="C")
         overflow = np.isinf(out) & ~np.isinf(arr)  # finite values (or NaN) that became infinite
-        if overflow.any():
-            k = int(np.argmax(overflow.reshape(-1)))
-            at = f" (element {k} of the value)" if arr.size > 1 else ""
-            raise SchemaError(
-                f"{what}: value {arr.reshape(-1)[k].item()!r}{at} overflows dtype {target} "
-                f"(largest finite {np.finfo(target).max})"
-            )
+        _check_overflow(overflow, arr, what, str(target), str(np.finfo(target).max))
         return out
     return np.asarray(arr, dtype=target, order="C")
 
@@ -506,3 +464,14 @@ def _largest(dtype: np.dtype[Any]) -> float:
     if dtype.kind in "iu":
         return float(np.iinfo(dtype).max)
     return 1.0
+
+
+def _check_overflow(overflow: np.ndarray[Any, Any], arr: np.ndarray[Any, Any], what: str, dtype: str,
+                    largest: str) -> None:
+    """SchemaError naming the first value of ``arr`` that ``overflow`` marks, if any."""
+    if overflow.any():
+        k = int(np.argmax(overflow.reshape(-1)))
+        at = f" (element {k} of the value)" if arr.size > 1 else ""
+        raise SchemaError(
+            f"{what}: value {arr.reshape(-1)[k].item()!r}{at} overflows dtype {dtype} (largest finite {largest})"
+        )

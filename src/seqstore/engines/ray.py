@@ -1,44 +1,19 @@
 """Ray Data: write a ``ray.data.Dataset`` into one store in parallel, read a store as a Dataset.
 
-:func:`write` runs a Ray ``Datasink``. On the driver, ``on_write_start`` prepares the store (create,
-append or overwrite; nothing becomes visible). Every write task attempt writes its blocks as its own
-uncommitted shard(s) with a :class:`~seqstore.store.parts.PartWriter` and returns a small
-:class:`~seqstore.store.parts.Part`. ``on_write_complete`` commits the reported parts in the order of
-the write tasks with one manifest commit: the rows appear all at once. A task attempt that dies or is
-retried reports nothing, so its shards are never committed (they are removed with the job's orphans);
-``on_write_failed`` removes every part of the job: a failed job leaves the store as it was.
-A URL of object storage (``s3://``..., with ``storage_options``) works the same way: each task
-attempt uploads its part into the store's staging prefix (:mod:`seqstore.store.write.objects`) and
-the driver's one conditional manifest write commits them.
+:func:`write` runs a Ray ``Datasink``. The driver prepares the store (``on_write_start``: create,
+append or overwrite; nothing becomes visible); every write task attempt writes its blocks as its own
+uncommitted part (:class:`~seqstore.store.parts.PartWriter`) and reports it; ``on_write_complete``
+commits the reported parts in the order of the write tasks with one manifest commit. Parts of
+attempts that died or were retried are never committed; ``on_write_failed`` removes every part of the
+job, so a failed job leaves the store as it was. A URL of object storage works the same way (each
+attempt uploads its part into the store's staging prefix, :mod:`seqstore.store.write.objects`).
 
-:func:`read` returns a Dataset over a ``Datasource`` whose read tasks each cover a range of records
-(the store's order) or, with ``ordering=``, a range of positions of that epoch's order: each task
-builds the lazy order itself (O(1), :mod:`seqstore.order`) and gathers its records in blocks; the
-driver holds nothing per record.
+:func:`read` returns a Dataset whose read tasks each cover a range of records or, with ``ordering=``,
+of positions of that epoch's lazy order (:mod:`seqstore.order`); the driver holds nothing per record.
 
-Columns and fields (inferred from the Arrow schema of the first block; the rows of that block decide
-the inner dimensions a type leaves open, such as the 16 of variable-shaped ``(L, 16)`` tensors):
-
-=============================================================  =========================================
-Arrow / Ray type                                               field
-=============================================================  =========================================
-integer, floating (float16 too), bool                          scalar ``()``
-``fixed_size_list`` (nested), Arrow ``fixed_shape_tensor``,    fixed shape ``(k, ...)``
-Ray's fixed-shape tensor (``ArrowTensorType``, ``...V2``)
-``list`` / ``large_list`` of those, ``list<list<T>>``,          ragged ``(None, ...)``
-Ray's variable-shaped tensor (``ndim`` dims, equal inner dims)
-``uint16`` with field metadata ``seqstore.dtype=bfloat16``      ``bfloat16`` (what :func:`read` returns)
-Ray's pickled-object column of numpy arrays (how Ray keeps     their dtype (``bfloat16`` too) and shape;
-``ml_dtypes.bfloat16`` arrays)                                 converted one record at a time
-``string`` / ``large_string`` / integer                         record ids, when named by ``id_column``
-=============================================================  =========================================
-
-A block whose column holds equal-length rows as a fixed-shape tensor writes into a ragged field (Ray
-turns a batch of equal shapes into a fixed-shape tensor), and variable-shaped tensors whose shapes all
-agree write into a fixed field. Pass ``schema=`` to fix the fields instead of inferring them.
-
-This module holds the Datasink and the Datasource (:func:`write`, :func:`read`); the inference of fields
-and the conversion of blocks (:func:`infer_schema`, :func:`block_columns`) are ``ray_types``.
+Fields are inferred from the Arrow (and Ray tensor) types of the first block and its rows, or given
+with ``schema=``: :mod:`.ray_types` (:func:`infer_schema`, :func:`block_columns`) holds that mapping,
+docs/distributed.md (section Ray) describes it.
 """
 
 from __future__ import annotations
@@ -46,11 +21,9 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,14 +39,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("seqstore.ray needs Ray Data: pip install 'seqstore[ray]'") from exc
 
 from ..data import StoreDataset
-from ..errors import SchemaError, SeqstoreError
-from ..format.manifest import Manifest
+from ..errors import SchemaError
 from ..interop import to_arrow
 from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Schema
 from ..store import Store, open_store
-from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store, remove_if_empty
 from ..store.writer import existing_manifest
 
 __all__ = ["write", "read", "infer_schema", "block_columns", "BFLOAT16_METADATA"]
@@ -101,18 +73,9 @@ else:  # Ray < 2.43: Datasink is not generic
 class _StoreDatasink(_SinkBase):
     """Writes blocks as parts of job ``self.job``; the driver commits the reported parts at once."""
 
-    def __init__(
-        self,
-        root: str,
-        schema: Schema,
-        *,
-        id_column: str | None,
-        mode: str,
-        shard_bytes: int,
-        max_shard_records: int,
-        metadata: Mapping[str, Any] | None,
-        storage_options: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, root: str, schema: Schema, *, id_column: str | None, mode: str, shard_bytes: int,
+                 max_shard_records: int, metadata: Mapping[str, Any] | None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self.root = root
         self.storage_options = dict(storage_options) if storage_options else None
         self.schema = schema
@@ -177,48 +140,15 @@ class _StoreDatasink(_SinkBase):
             if self.job not in pending_jobs(self.root, storage_options=self.storage_options):
                 break
             time.sleep(0.2)
-        if is_remote(self.root):
-            if self.mode == "create":  # the store this job created, if still empty
-                from ..store.parts import remove_if_empty
-
-                remove_if_empty(self.root, storage_options=self.storage_options)
-            return
-        if self.mode == "create" and self._created_empty():
-            shutil.rmtree(self.root, ignore_errors=True)  # the store this job created, still empty
-
-    def _created_empty(self) -> bool:
-        root = Path(self.root)
-        try:
-            return Manifest.load(root).num_shards == 0 and not pending_jobs(root)
-        except (OSError, SeqstoreError):
-            return False
+        if self.mode == "create":  # the store this job created, if still empty
+            remove_if_empty(self.root, storage_options=self.storage_options)
 
 
-def _check_mode(mode: str) -> str:
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    return mode
-
-
-def given_schema(schema: Mapping[str, Any] | Schema) -> Schema:
-    return schema if isinstance(schema, Schema) else Schema(schema)
-
-
-def write(
-    ds: Any,
-    path: str | os.PathLike[str],
-    *,
-    schema: Mapping[str, Any] | Schema | None = None,
-    id_column: str | None = None,
-    shard_bytes: int = 1 << 30,
-    max_shard_records: int = 1 << 24,
-    mode: str = "create",
-    metadata: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    preserve_order: bool = True,
-    concurrency: int | None = None,
-    ray_remote_args: Mapping[str, Any] | None = None,
-) -> int:
+def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | Schema | None = None,
+          id_column: str | None = None, shard_bytes: int = 1 << 30, max_shard_records: int = 1 << 24,
+          mode: str = "create", metadata: Mapping[str, Any] | None = None,
+          storage_options: Mapping[str, Any] | None = None, preserve_order: bool = True, concurrency: int | None = None,
+          ray_remote_args: Mapping[str, Any] | None = None) -> int:
     """Write the ``ray.data.Dataset`` ``ds`` into the store at ``path`` in parallel; return the number
     of records written.
 
@@ -241,7 +171,8 @@ def write(
     prefer credentials from the workers' environment): every write task, on any machine, uploads its
     part into the store and the driver commits them with one conditional manifest write.
     """
-    mode = _check_mode(mode)
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if storage_options and not is_remote(path):
         raise ValueError(f"{path}: storage_options are for URLs of object storage, not local paths")
     if shard_bytes <= 0 or max_shard_records <= 0:
@@ -251,7 +182,7 @@ def write(
         # before Ray runs anything (the inference below is a Ray job): the error is seqstore's, alone
         raise FileExistsError(f"{root}: a store already exists (mode='create'); use mode='append' or 'overwrite'")
     if schema is not None:
-        sch = given_schema(schema)
+        sch = Schema(schema)
         known = ds.schema(fetch_if_missing=False)  # no execution: None when Ray does not know it yet
         names = set(known.names) if known is not None else set()
         missing = [c for c in [*sch, *([id_column] if id_column else [])] if names and c not in names]
@@ -403,23 +334,11 @@ def _record_bytes(store: Store, fields: list[str], id_column: str | None) -> int
     return max(1, math.ceil(total))
 
 
-def read(
-    path: str | os.PathLike[str],
-    *,
-    fields: Sequence[str] | None = None,
-    ordering: Any = None,
-    epoch: int = 1,
-    seed: int = 0,
-    partition_epoch: int = 1,
-    length_field: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    id_column: str | None = None,
-    bfloat16: str = "bits",
-    block_records: int | None = None,
-    preserve_order: bool = True,
-    override_num_blocks: int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> Any:
+def read(path: str | os.PathLike[str], *, fields: Sequence[str] | None = None, ordering: Any = None, epoch: int = 1,
+         seed: int = 0, partition_epoch: int = 1, length_field: str | None = None,
+         cache_dir: str | os.PathLike[str] | None = None, id_column: str | None = None, bfloat16: str = "bits",
+         block_records: int | None = None, preserve_order: bool = True, override_num_blocks: int | None = None,
+         storage_options: Mapping[str, Any] | None = None) -> Any:
     """The store at ``path`` (a directory, or a URL of object storage with ``storage_options`` as
     :func:`seqstore.open` takes them) as a ``ray.data.Dataset``: one row per record.
 

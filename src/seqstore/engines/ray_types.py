@@ -108,6 +108,26 @@ def _objects(arr: Any, name: str) -> list[np.ndarray[Any, Any]]:
     return out
 
 
+def _same_inner(shapes: np.ndarray[Any, Any], name: str) -> np.ndarray[Any, Any]:
+    """The dims after the first that all rows' ``shapes`` (n >= 1, ndim) share; SchemaError otherwise."""
+    bad = np.flatnonzero((shapes[:, 1:] != shapes[0, 1:]).any(axis=1))
+    if len(bad):
+        raise SchemaError(f"{WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and "
+                          f"{tuple(shapes[bad[0]])}; a ragged field varies in its first dim only")
+    return shapes[0, 1:]
+
+
+def _objects_ragged(values: Sequence[np.ndarray[Any, Any]], name: str) -> bool:
+    """False when the arrays share one shape, True when they differ in their first dim only; else SchemaError."""
+    kinds = {v.shape for v in values}
+    if len(kinds) <= 1:
+        return False
+    if any(len(s) == 0 for s in kinds) or len({s[1:] for s in kinds}) != 1:
+        raise SchemaError(f"{WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
+                          "shape nor one shape but the first dim")
+    return True
+
+
 def _object_dtype(values: Sequence[np.ndarray[Any, Any]]) -> str:
     dt = values[0].dtype
     return BFLOAT16 if dt.name == BFLOAT16 else str(dt)
@@ -136,26 +156,14 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
             if shapes is None or not len(shapes):
                 raise SchemaError(f"{WHERE}, column {name!r}: variable-shaped {t.ndim}-d tensors and no rows to "
                                   f"read their inner dims from; pass schema={{{name!r}: Field(dtype, (None, ...))}}")
-            inner = shapes[0, 1:]
-            bad = np.flatnonzero((shapes[:, 1:] != inner).any(axis=1))
-            if len(bad):
-                raise SchemaError(
-                    f"{WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and {tuple(shapes[bad[0]])}; a "
-                    "ragged field varies in its first dim only"
-                )
-            return Field(dtype, (None, *(int(s) for s in inner)))
+            return Field(dtype, (None, *(int(s) for s in _same_inner(shapes, name))))
         if ext == _RAY_OBJECT:
             values = _objects(_whole(sample, name), name) if sample is not None else []
             if not values:
                 raise SchemaError(f"{WHERE}, column {name!r}: pickled objects and no rows to infer a field from; "
                                   f"pass schema={{{name!r}: Field(...)}}")
-            kinds = {v.shape for v in values}
-            if len(kinds) == 1:
-                return Field(_object_dtype(values), values[0].shape)
-            if len({s[1:] for s in kinds}) == 1 and all(len(s) >= 1 for s in kinds):
-                return Field(_object_dtype(values), (None, *values[0].shape[1:]))
-            raise SchemaError(f"{WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
-                              "shape nor one shape but the first dim")
+            shape = values[0].shape
+            return Field(_object_dtype(values), (None, *shape[1:]) if _objects_ragged(values, name) else shape)
         st = storage_type(t)
         if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
             raise SchemaError(f"{WHERE}, column {name!r}: the first rows hold only empty lists (Arrow type {t}), "
@@ -168,7 +176,6 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
                 "and Ray tensors of numbers are; a string column can be the id column); pass schema= naming the "
                 "columns to write, or drop the column (ds.drop_columns)"
             ) from None
-        dtype = plan.dtype
         shape = plan.shape
         if shape and shape[0] is None:  # list<list<T>>: the inner list length from the first rows
             inner_len = first_inner_len(_whole(sample, name)) if sample is not None else None
@@ -176,16 +183,15 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
                 raise SchemaError(f"{WHERE}, column {name!r}: lists of lists and no inner list to read their "
                                   f"length from; pass schema={{{name!r}: Field(dtype, (None, k))}}")
             shape = (inner_len, *shape[1:])
-        return Field(dtype, ((None,) if plan.ragged else ()) + tuple(int(s or 0) for s in shape))
+        return Field(plan.dtype, ((None,) if plan.ragged else ()) + tuple(int(s or 0) for s in shape))
     except SchemaError as e:
         if str(e).startswith(WHERE):
             raise
         raise SchemaError(f"{WHERE}, column {name!r}: {e}") from e
 
 
-def infer_schema(
-    arrow_schema: Any, sample: Any = None, *, id_column: str | None = None, columns: Sequence[str] | None = None
-) -> Schema:
+def infer_schema(arrow_schema: Any, sample: Any = None, *, id_column: str | None = None,
+                 columns: Sequence[str] | None = None) -> Schema:
     """The store schema for a Dataset's columns: ``arrow_schema`` (a ``pyarrow.Schema``) and, for types
     that leave inner dims open, the rows of ``sample`` (a ``pyarrow.Table`` of the first rows). Every
     column but ``id_column`` (or those in ``columns``) becomes a field of its own name. Raises
@@ -229,21 +235,13 @@ def _view(col: Any, name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, An
         flat = _numpy(data, name)
         if ndim == 1:
             return flat, shapes[:, 0]
-        row = shapes[0, 1:] if n else np.zeros(ndim - 1, np.int64)
-        bad = np.flatnonzero((shapes[:, 1:] != row).any(axis=1))
-        if len(bad):
-            raise SchemaError(f"{WHERE}, column {name!r}: rows have shapes {tuple(shapes[0])} and "
-                              f"{tuple(shapes[bad[0]])}; a ragged field varies in its first dim only")
+        row = _same_inner(shapes, name) if n else np.zeros(ndim - 1, np.int64)
         lengths = shapes[:, 0]
         return flat.reshape(int(lengths.sum()), *(int(s) for s in row)), lengths
     if ext == _RAY_OBJECT:
         values = _objects(arr, name)
-        kinds = {v.shape for v in values}
-        if len(kinds) <= 1:
+        if not _objects_ragged(values, name):
             return (np.stack(values) if values else np.empty((0,))), None
-        if any(len(s) == 0 for s in kinds) or len({s[1:] for s in kinds}) != 1:
-            raise SchemaError(f"{WHERE}, column {name!r}: arrays of shapes {sorted(kinds)[:3]} are neither one "
-                              "shape nor one shape but the first dim")
         return np.concatenate(values), np.array([v.shape[0] for v in values], dtype=np.int64)
     st = storage_type(t)
     if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
@@ -271,14 +269,12 @@ def _fit(name: str, f: Field, view: tuple[np.ndarray[Any, Any], np.ndarray[Any, 
     if lengths is not None and values.size == 0 and not lengths.any():
         values = np.empty((0, *inner), dtype=f.storage_dtype)  # only empty rows: any inner shape fits
     if f.ragged:
-        if lengths is None:  # one shape per row: (n, L, *inner) -> n rows of L each
-            if values.ndim < 1 + 1 or values.shape[2:] != inner:
-                raise SchemaError(f"{WHERE}, column {name!r}: rows of shape {values.shape[1:]} do not fit field "
-                                  f"{f.shape} (ragged rows of shape {inner})")
-            length = values.shape[1]
-            return values.reshape(n * length, *inner), np.full(n, length, dtype=np.int64)
-        if values.shape[1:] != inner:
-            raise SchemaError(f"{WHERE}, column {name!r}: rows of shape {values.shape[1:]} do not fit field "
+        rows = values.shape[1:]
+        if lengths is None and values.ndim >= 2:  # one shape per row: (n, L, *inner) -> n rows of L each
+            lengths = np.full(n, values.shape[1], dtype=np.int64)
+            values = values.reshape(n * values.shape[1], *values.shape[2:])
+        if lengths is None or values.shape[1:] != inner:
+            raise SchemaError(f"{WHERE}, column {name!r}: rows of shape {rows} do not fit field "
                               f"{f.shape} (ragged rows of shape {inner})")
         return values, lengths
     if lengths is None:

@@ -9,29 +9,17 @@ write tasks in parallel, with one commit on the driver, and stores are read back
     back = spark.read.format("seqstore").load("corpus.seqstore")
 
 Writing: every write task (one per partition) writes its rows as its own uncommitted part of the store
-(:class:`seqstore.store.parts.PartWriter`, tied to the job and the task attempt) and returns a commit
-message carrying the part; when every task has succeeded, ``commit`` on the driver makes all parts
-visible with one manifest commit, in partition order (so the store's record order is the DataFrame's).
-A failed or retried task attempt leaves nothing: only the parts of the attempts Spark reports are
-committed, and the others (and, when the job fails, all of them) are removed. Spark's Arrow batches
-are converted column by column (``seqstore.interop.arrow``), without a Python object per row.
+(:class:`seqstore.store.parts.PartWriter`, tied to the job and the task attempt) and returns it in its
+commit message; ``commit`` on the driver makes all parts visible with one manifest commit, in partition
+order (so the store's record order is the DataFrame's); parts of other attempts (and, when the job
+fails, all of them) are removed. Reading: one input partition per shard (split into record ranges past
+``partitionRecords``), each yielding Arrow record batches of zero-copy views of the mapped files.
 
-Reading: one input partition per shard (shards larger than ``partitionRecords`` are split into record
-ranges); every partition yields Arrow record batches built from zero-copy views of the mapped files.
-
-Spark 4 lets a Python data source be written only in the ``append`` and ``overwrite`` modes (Spark
-itself rejects ``errorifexists``, its default, and ``ignore`` with ``UNSUPPORTED_DATA_SOURCE_SAVE_MODE``
-before the source is asked), so the ``errorifexists`` semantics are the option
-``.mode("append").option("errorIfExists", "true")``, which :func:`write` sets for ``mode="errorifexists"``.
-A URL of object storage (``s3://``, ``gs://``, ``az://``) is written the same way: each write task
-uploads its part into the store's staging prefix (:mod:`seqstore.store.write.objects`) and ``commit``
-makes them visible with one conditional manifest write. The client's options come from the option
-``storageOptions`` (a JSON object) and from options named ``storage.<key>`` (one per key; Spark's
-default redaction hides the values of keys such as ``storage.secret_access_key`` in its UI and logs).
-
-This module holds the data source, the write tasks and the commit; the option parsing is
-``spark_options``, the type mapping both ways ``spark_types``, the read tasks ``spark_read``.
-See docs/distributed.md (section Spark) for the options and the type mapping.
+Spark 4 refuses the ``errorifexists`` and ``ignore`` modes for Python data sources, so
+``errorifexists`` is ``.mode("append").option("errorIfExists", "true")`` (what :func:`write` sets).
+URLs of object storage take client options from ``storageOptions`` (JSON) and ``storage.<key>``.
+The option parsing is ``spark_options``, the type mapping ``spark_types``, the read tasks
+``spark_read``; docs/distributed.md (section Spark) describes the options and the type mapping.
 """
 
 from __future__ import annotations
@@ -39,20 +27,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, SchemaError
-from ..format.manifest import MANIFEST
+from ..errors import SchemaError
+from ..format.manifest import MANIFEST, PARTS_DIR
 from ..interop import arrow_columns as acols
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, open_store
-from ..store.parts import PARTS_DIR, Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store
+from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store, remove_if_empty
 from ..store.writer import existing_manifest
 
 try:
@@ -135,11 +122,8 @@ class _Writer(DataSourceArrowWriter):
         attempt = ctx.attemptNumber() if ctx is not None else 0
         task = f"p{partition}-a{attempt}-t{ctx.taskAttemptId() if ctx is not None else uuid.uuid4().hex}"
         where = f"{self.path} (Spark partition {partition}, attempt {attempt})"
-        kwargs: dict[str, Any] = {}
-        if self.shard_bytes is not None:
-            kwargs["shard_bytes"] = self.shard_bytes
-        if self.max_shard_records is not None:
-            kwargs["max_shard_records"] = self.max_shard_records
+        sizes = {"shard_bytes": self.shard_bytes, "max_shard_records": self.max_shard_records}
+        kwargs: dict[str, Any] = {k: v for k, v in sizes.items() if v is not None}
         w = PartWriter(self.path, job=self.job, task=task, storage_options=self.storage_options, **kwargs)
         try:
             if _ended(self.path, self.job):  # checked once this attempt's part exists (see _end)
@@ -175,7 +159,7 @@ class _Writer(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._end()
         if self.created:
-            _remove_if_empty(self.path, self.storage_options)
+            remove_if_empty(self.path, storage_options=self.storage_options)
 
     def _end(self) -> None:
         """Mark the job ended, then remove every part of it that was not committed.
@@ -223,27 +207,7 @@ def _mark_ended(path: str, job: str) -> None:
             pass
 
 
-def _remove_if_empty(path: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Remove the store a failed job created, if nothing was committed to it since and no other job
-    writes parts into it."""
-    if is_remote(path):
-        from ..store.parts import remove_if_empty
-
-        remove_if_empty(path, storage_options=storage_options)
-        return
-    try:
-        store = open_store(path)
-    except (FormatError, OSError):
-        return
-    if len(store) == 0 and store.num_shards == 0 and not pending_jobs(path):
-        shutil.rmtree(path, ignore_errors=True)
-
-
 # ---------------------------------------------------------------------------------------- data source
-
-
-def _store_exists(path: str) -> bool:
-    return (Path(path) / MANIFEST).exists()
 
 
 class DataSource(_SparkDataSource):
@@ -314,7 +278,7 @@ class DataSource(_SparkDataSource):
             raise ValueError(f"{where}: mode overwrite and option errorIfExists contradict each other")
         so = storage_options_of(self.options, path, where)
         manifest = existing_manifest(path, so) if is_remote(path) else None
-        exists = manifest is not None if is_remote(path) else _store_exists(path)
+        exists = manifest is not None if is_remote(path) else (Path(path) / MANIFEST).exists()
         if exists and error_if_exists:
             raise FileExistsError(f"{path}: a store already exists (mode errorifexists); use mode append or "
                                   "overwrite")
@@ -341,10 +305,6 @@ class DataSource(_SparkDataSource):
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _register(session: Any) -> None:
-    session.dataSource.register(DataSource)
-
-
 def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
           schema: Schema | Mapping[str, Any] | None = None, id_column: str | None = None,
           shard_bytes: int | None = None, metadata: Mapping[str, Any] | None = None,
@@ -355,7 +315,7 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
     URL (``s3://``...), passed as ``storage.<key>`` options; other options are passed on as they are."""
     if mode not in ("errorifexists", "error", "append", "overwrite"):
         raise ValueError(f"mode must be 'errorifexists', 'append' or 'overwrite', got {mode!r}")
-    _register(df.sparkSession)
+    df.sparkSession.dataSource.register(DataSource)
     w = df.write.format(NAME).mode("overwrite" if mode == "overwrite" else "append")
     if mode in ("errorifexists", "error"):
         w = w.option("errorIfExists", "true")
@@ -377,7 +337,7 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
 def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | None = None,
          id_column: str | None = None, **options: Any) -> Any:
     """The store at ``path`` as a DataFrame (registers the data source in ``spark``)."""
-    _register(spark)
+    spark.dataSource.register(DataSource)
     r = spark.read.format(NAME)
     if fields is not None:
         r = r.option("fields", ",".join(fields))

@@ -85,9 +85,8 @@ def _infer_field(where: str, column: str, arrow_type: Any) -> Field:
     return acols.plan_column(where, column, arrow_type).field()
 
 
-def write_plan(
-    path: str, spark_schema: Any, options: Mapping[str, str], existing: Schema | None
-) -> tuple[Schema, list[SparkColumn], str | None]:
+def write_plan(path: str, spark_schema: Any, options: Mapping[str, str],
+               existing: Schema | None) -> tuple[Schema, list[SparkColumn], str | None]:
     """The store schema of a write, how each column fills it, and the id column.
 
     A column's field is the ``schema`` option's, else (appending to or overwriting a store) the store's

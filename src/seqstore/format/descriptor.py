@@ -27,9 +27,8 @@ DESCRIPTOR = "_shard.json"
 DESCRIPTOR_FORMAT = "seqstore-shard"
 
 
-def encode_descriptor(
-    records: int, rows: Mapping[str, int], has_ids: bool, files: Mapping[str, FileInfo], checks: FileInfo | None = None
-) -> bytes:
+def encode_descriptor(records: int, rows: Mapping[str, int], has_ids: bool, files: Mapping[str, FileInfo],
+                      checks: FileInfo | None = None) -> bytes:
     """The descriptor's bytes (compact UTF-8 JSON, files in sorted order). ``checks``: the shard's
     per-record checksum file (:mod:`.checksums`), listed under its own key ``"checks"`` (readers
     before verified reads ignore it)."""
@@ -65,11 +64,10 @@ def parse_descriptor(raw: bytes, where: str, name: str, row: ShardRow, expected_
     """Check the bytes ``raw`` of shard ``name``'s descriptor (found at ``where``, a path or URL, for
     messages) against its shard table ``row`` and the file names the schema implies, as
     :func:`read_descriptor` does, and return the shard it describes."""
-    path = where
     crc = zlib.crc32(raw)
     if crc != row.desc_crc:
         raise CorruptionError(
-            f"{path}: CRC-32 {crc:#010x} of the descriptor differs from the shard table's {row.desc_crc:#010x} "
+            f"{where}: CRC-32 {crc:#010x} of the descriptor differs from the shard table's {row.desc_crc:#010x} "
             f"({len(raw)} bytes; replaced or damaged?)"
         )
     try:
@@ -86,16 +84,16 @@ def parse_descriptor(raw: bytes, where: str, name: str, row: ShardRow, expected_
         if set(checks) - {CHECKS}:
             raise ValueError(f"\"checks\" may list only {CHECKS}, got {sorted(checks)}")
     except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
-        raise CorruptionError(f"{path}: malformed shard descriptor ({type(exc).__name__}: {exc})") from exc
+        raise CorruptionError(f"{where}: malformed shard descriptor ({type(exc).__name__}: {exc})") from exc
     if (records, rows, has_ids) != (row.records, row.rows, row.has_ids):
         raise CorruptionError(
-            f"{path}: describes {records} records, rows {rows}, ids {has_ids}; the shard table says "
+            f"{where}: describes {records} records, rows {rows}, ids {has_ids}; the shard table says "
             f"{row.records} records, rows {row.rows}, ids {row.has_ids}"
         )
     want = set(expected_files)
     if set(files) != want:
         missing, extra = sorted(want - set(files)), sorted(set(files) - want)
-        raise CorruptionError(f"{path}: files listed do not match the schema (missing {missing}, unexpected {extra})")
+        raise CorruptionError(f"{where}: files listed do not match the schema (missing {missing}, unexpected {extra})")
     # the checksum file joins the shard's files (copied, fetched and verified like them)
     return ShardInfo(name, records, rows, {**files, **checks}, has_ids)
 

@@ -26,24 +26,9 @@ from .descriptor import read_descriptor
 from .shard_info import FileInfo, ShardInfo
 from .shard_table import TABLE, MapFile, ShardTable, TableState, is_table_file
 
-__all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "BASE_VERSION",
-    "ID_LOOKUPS",
-    "MANIFEST",
-    "TABLE_VERSION",
-    "FileInfo",
-    "ShardInfo",
-    "ShardList",
-    "IndexRun",
-    "Manifest",
-    "IDS",
-    "IDS_FILES",
-    "WORK_DIR",
-    "PARTS_DIR",
-    "COMMIT_JOURNAL",
-]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "BASE_VERSION", "ID_LOOKUPS", "MANIFEST", "TABLE_VERSION", "FileInfo",
+           "ShardInfo", "ShardList", "IndexRun", "Manifest", "IDS", "IDS_FILES", "WORK_DIR", "PARTS_DIR",
+           "COMMIT_JOURNAL"]
 
 FORMAT_NAME = "seqstore"
 #: The newest format version this seqstore reads and writes.
@@ -52,8 +37,7 @@ FORMAT_VERSION = 3
 BASE_VERSION = 1
 #: The version of stores with a shard table (what new stores are created as).
 TABLE_VERSION = 3
-#: The id files of a shard whose records have ids.
-# the name stem of a shard's id files
+#: The name stem of a shard's id files (a shard whose records have ids), and those files.
 IDS = "_ids"
 IDS_FILES = ("_ids.npy", "_ids.offsets.npy", "_ids.hash.npy", "_ids.hash_rows.npy")
 #: Which record ``index(id)`` returns when an id occurs more than once: the first (default) or the last.

@@ -29,22 +29,9 @@ import numpy as np
 
 from ..errors import CorruptionError
 
-__all__ = [
-    "TABLE",
-    "TABLE_OBJECTS",
-    "TABLE_HEADER_BYTES",
-    "TABLE_MAGIC",
-    "FLAG_IDS",
-    "MapFile",
-    "TableState",
-    "ShardRow",
-    "ShardTable",
-    "row_dtype",
-    "encode_table_header",
-    "encode_row",
-    "is_table_file",
-    "shard_dir_name",
-]
+__all__ = ["TABLE", "TABLE_OBJECTS", "TABLE_HEADER_BYTES", "TABLE_MAGIC", "FLAG_IDS", "MapFile", "TableState",
+           "ShardRow", "ShardTable", "row_dtype", "encode_table_header", "encode_row", "is_table_file",
+           "shard_dir_name"]
 
 TABLE = "_shards.tbl"
 #: Where a store on object storage keeps its immutable, generation-specific tables.
@@ -193,9 +180,7 @@ class ShardTable:
         return cls(out, tuple(ragged), start, None)
 
     @classmethod
-    def open(
-        cls, root: Path, ragged: Sequence[str], state: TableState, map_file: MapFile | None = None
-    ) -> ShardTable:
+    def open(cls, root: Path, ragged: Sequence[str], state: TableState, map_file: MapFile | None = None) -> ShardTable:
         """Map the committed rows of ``<root>/_shards.tbl``: O(1). Checks the header, that the file
         holds every committed row, and the last row (its CRC, and that it ends at ``state.records``).
         ``map_file(path, size)`` maps the first ``size`` bytes read-only (default: ``mmap.mmap``,

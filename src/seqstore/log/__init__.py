@@ -14,13 +14,5 @@ from .logger import DUPLICATE_POLICIES, DuplicateIdError, Logger, LoggerError, d
 from .logix import import_logix
 from .similarity import SimilarityResult, similarity
 
-__all__ = [
-    "DUPLICATE_POLICIES",
-    "DuplicateIdError",
-    "Logger",
-    "LoggerError",
-    "SimilarityResult",
-    "default_packing",
-    "import_logix",
-    "similarity",
-]
+__all__ = ["DUPLICATE_POLICIES", "DuplicateIdError", "Logger", "LoggerError", "SimilarityResult", "default_packing",
+           "import_logix", "similarity"]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import BFLOAT16, BF16Bits, Field
+from ..schema import BFLOAT16, BF16Bits, Field, torch_to_numpy
 
 __all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str"]
 
@@ -27,15 +27,6 @@ _ALIGN = 256
 def is_torch(value: Any) -> bool:
     """True for a torch tensor (checked without importing torch)."""
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
-
-
-def _cpu_tensor_to_numpy(t: Any) -> np.ndarray[Any, Any]:
-    t = t.detach()
-    if str(t.dtype) == "torch.bfloat16":
-        import torch
-
-        return BF16Bits(t.view(torch.int16).numpy().view(np.uint16))
-    return np.asarray(t.numpy())
 
 
 class HostStager:
@@ -62,14 +53,10 @@ class HostStager:
         out: dict[str, np.ndarray[Any, Any]] = {}
         cuda: list[tuple[str, Any]] = []
         for name, v in values.items():
-            if is_torch(v):
-                dev = v.device.type
-                if dev == "cpu":
-                    out[name] = _cpu_tensor_to_numpy(v)
-                elif dev == "cuda":
-                    cuda.append((name, v.detach()))
-                else:  # mps, xla, ...: no pinned path
-                    out[name] = _cpu_tensor_to_numpy(v.detach().cpu())
+            if is_torch(v) and v.device.type == "cuda":
+                cuda.append((name, v.detach()))
+            elif is_torch(v):  # cpu, or mps, xla, ...: no pinned path
+                out[name] = torch_to_numpy(v)
             elif isinstance(v, np.ndarray):
                 out[name] = v
             else:

@@ -1,30 +1,14 @@
-"""The training-time writer of per-example tensors: :class:`Logger`.
+"""The training-time writer of per-example tensors: :class:`Logger` (docs/logging.md).
 
 ``logger.log(ids, {"layer1": {"grad": g1}, "loss": l})`` copies a batch (batch first; torch on any
-device or numpy) into a preallocated host buffer laid out exactly as the store's files (one
-``(cap, width)`` matrix per packed group), and returns. When the buffer is full it is handed to a
-background thread that writes it into a shard with one sequential write per group and commits
-(crash-safe, docs/format.md section 7) every ``commit_every_s`` seconds, when a shard is full, and on
-:meth:`Logger.flush`/:meth:`Logger.close`.
-
-Memory is bounded: two buffers of ``flush_bytes`` (one filling, one being written); ``log`` blocks
-while both are busy. A failure of the background thread is stored and raised (as
-:class:`LoggerError`, chained to the cause) by the next ``log``/``flush``/``close`` in the training
-thread; shards committed before it stay intact and readable.
-
-Duplicate ids (``on_duplicate``):
-
-- ``"keep_first"`` (default): a record whose id is already in the store (committed by any rank
-  before this ``log`` call: the lookup view is refreshed whenever the manifest changed), in this
-  logger's in-flight buffers, or earlier in the same batch is not written;
-  ``stats["duplicates_skipped"]`` in the manifest counts them. Two ranks logging the same new id
-  while neither has committed it can both write it; ``index(id)`` then still returns the first.
-- ``"keep_last"``: every record is written; the store is created with ``id_lookup="last"`` so that
-  ``index(id)`` returns the last record written with that id (format version 2). Earlier copies stay
-  as records (they are counted in ``stats["duplicates_superseded"]``).
-- ``"error"``: a batch holding an id that is already logged, or the same id twice, raises
-  :class:`DuplicateIdError` naming the ids (as "already logged" or "repeated inside this batch") and
-  nothing of that batch is written.
+device or numpy) into a preallocated host buffer laid out as the store's files (one ``(cap, width)``
+matrix per packed group) and returns. A full buffer goes to a background thread that writes it into a
+shard and commits (crash-safe, docs/format.md section 7) every ``commit_every_s`` seconds, when a shard
+is full, and on :meth:`Logger.flush`/:meth:`Logger.close`. Memory: two buffers of ``flush_bytes``;
+``log`` blocks while both are busy. A failure of the background thread is raised (as
+:class:`LoggerError`, chained to the cause) by the next ``log``/``flush``/``close``; shards committed
+before it stay intact. ``on_duplicate`` (``"keep_first"``, ``"keep_last"``, ``"error"``) decides what
+an id that is already logged does (:mod:`seqstore.log.duplicates`; docs/logging.md has the table).
 """
 
 from __future__ import annotations
@@ -162,7 +146,9 @@ class Logger:
             rounded down to whole pages).
         commit_every_s: commit (make durable and visible) at least this often while logging, and
             earlier when more than MAX_INFLIGHT_IDS logged ids are not committed yet.
-        on_duplicate: ``"keep_first"``, ``"keep_last"`` or ``"error"`` (module docstring).
+        on_duplicate: ``"keep_first"`` (skip a record whose id is already logged or earlier in the batch),
+            ``"keep_last"`` (write every record; ``index(id)`` returns the last) or ``"error"`` (raise
+            :class:`DuplicateIdError` naming the ids; nothing of that batch is written).
         rank: this process's rank (default: ``torch.distributed.get_rank()`` when initialised, else 0);
             each rank writes its own shards into the one store and its counts go to
             ``stats["rank-<r>/records"]``.
@@ -179,21 +165,11 @@ class Logger:
     Thread safety: call ``log``/``flush``/``close`` from one thread (the training loop).
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        schema: Mapping[str, Any] | Schema | None = None,
-        flush_bytes: int = 64 << 20,
-        commit_every_s: float = 60.0,
-        on_duplicate: str = "keep_first",
-        rank: int | None = None,
-        packed: bool | Mapping[str, list[str]] = True,
-        shard_bytes: int = 1 << 30,
-        metadata: Mapping[str, Any] | None = None,
-        direct_io: bool = True,
-        storage_options: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | Schema | None = None,
+                 flush_bytes: int = 64 << 20, commit_every_s: float = 60.0, on_duplicate: str = "keep_first",
+                 rank: int | None = None, packed: bool | Mapping[str, list[str]] = True, shard_bytes: int = 1 << 30,
+                 metadata: Mapping[str, Any] | None = None, direct_io: bool = True,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
             raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(path)
@@ -237,8 +213,8 @@ class Logger:
 
     def _start(self, schema: Schema) -> None:
         """Open/create the store for ``schema``, start the background thread. Buffers come lazily."""
-        if any(f.ragged for f in schema.values()):
-            ragged = [n for n, f in schema.items() if f.ragged]
+        ragged = [n for n, f in schema.items() if f.ragged]
+        if ragged:
             raise SchemaError(f"{self.path}: a Logger logs fixed-shape per-example tensors; ragged fields {ragged}")
         packed: Mapping[str, list[str]] | None
         if schema.groups or self._packed is False:
@@ -247,22 +223,15 @@ class Logger:
             packed = default_packing(schema)
         else:
             packed = self._packed
-        id_lookup = "last" if self.on_duplicate == "keep_last" else "first"
         existing = existing_manifest(self.path, self._storage_options)
         if existing is not None:  # an existing store decides the layout
             if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
                 raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
             schema, packed = existing.schema, None
         self._writer = open_or_create(
-            self.path,
-            schema,
-            packed=packed,
-            id_lookup=id_lookup,
-            shard_bytes=self._shard_bytes,
-            buffer_bytes=1,  # every append_batch is written through at once: no second copy
-            metadata=self._metadata,
-            direct_io=self._direct_io,
-            storage_options=self._storage_options,
+            self.path, schema, packed=packed, id_lookup="last" if self.on_duplicate == "keep_last" else "first",
+            shard_bytes=self._shard_bytes, buffer_bytes=1,  # every append_batch is written through: no second copy
+            metadata=self._metadata, direct_io=self._direct_io, storage_options=self._storage_options,
         )
         at_exit.unregister(self._writer)  # this logger closes it
         self.schema = self._writer.schema
@@ -401,11 +370,7 @@ class Logger:
         given, names = set(flat), set(self.schema)
         if given != names:
             missing, unknown = sorted(names - given), sorted(given - names)
-            msg = []
-            if missing:
-                msg.append(f"missing field(s) {missing}")
-            if unknown:
-                msg.append(f"unknown field(s) {unknown}")
+            msg = [f"{what} field(s) {v}" for what, v in (("missing", missing), ("unknown", unknown)) if v]
             who = f"id {ids[0]!r}" + (f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
             raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
         for name, f in self.schema.items():
@@ -421,13 +386,8 @@ class Logger:
                     f"got {shape[1:]} (batch shape {shape})"
                 )
 
-    def _append(
-        self,
-        converted: Mapping[str, np.ndarray[Any, Any]],
-        ids: list[str],
-        keep: np.ndarray[Any, Any] | None,
-        stats: dict[str, int],
-    ) -> None:
+    def _append(self, converted: Mapping[str, np.ndarray[Any, Any]], ids: list[str], keep: np.ndarray[Any, Any] | None,
+                stats: dict[str, int]) -> None:
         """Copy the kept rows into buffers, handing full buffers to the background thread."""
         assert self.schema is not None
         groups = self.schema.groups
@@ -542,9 +502,8 @@ class Logger:
     def __enter__(self) -> Logger:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     # ---------------------------------------------------------------------------------- numbers

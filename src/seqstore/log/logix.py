@@ -10,11 +10,9 @@ schemas exist and both are read:
 - AnaLog (older): one object per (data_id, module): ``data_id``, ``size`` (bytes), ``path`` (one key
   path), ``offset`` (bytes), ``shape``, ``dtype``; consecutive objects of one data_id form a record.
 
-Chunks are read in LogIX's order (rank, then chunk number), one at a time, and written in batches of
-at most ``batch_records`` records, so memory is O(one chunk's metadata + one batch), never O(log).
-The first occurrence of a ``data_id`` wins (LogIX's loader rule); later ones are skipped and counted.
-Key paths become field names joined by ``/`` (characters outside ``[A-Za-z0-9_.-]`` become ``_``;
-the mapping is kept in the store's metadata). Fields are packed one group per dtype.
+Chunks are read in LogIX's order (rank, then chunk), one at a time, and written in batches of at most
+``batch_records`` records: memory O(one chunk's metadata + one batch). Key paths become field names
+joined by ``/`` (other characters than ``[A-Za-z0-9_.-]`` become ``_``), packed one group per dtype.
 """
 
 from __future__ import annotations
@@ -143,9 +141,8 @@ def _field_name(key: tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
-def _gather(
-    mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int, dtype: np.dtype[Any]
-) -> np.ndarray[Any, Any]:
+def _gather(mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int,
+            dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """Rows of ``nbytes`` bytes at byte ``offsets`` of ``mm`` as an ``(n, nbytes/itemsize)`` array.
 
     A strided zero-copy view when the offsets are evenly spaced (LogIX writes records back to back);
@@ -169,15 +166,9 @@ def _gather(
     return out.view(dtype)
 
 
-def import_logix(
-    logdir: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    *,
-    overwrite: bool = False,
-    batch_records: int = 4096,
-    metadata: dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> ImportReport:
+def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
+                 batch_records: int = 4096, metadata: dict[str, Any] | None = None,
+                 progress: Callable[[int], None] | None = None) -> ImportReport:
     """Convert the LogIX log in ``logdir`` into a new store at ``out``; return an :class:`ImportReport`.
 
     Record ``data_id`` becomes the record id; each logged array a field (``"fc1/grad"``). Records keep
@@ -215,12 +206,8 @@ def import_logix(
                 spec = {n: Field(dt, sh) for n, sh, dt in zip(names, r0.shapes, r0.dtypes)}
                 schema = Schema(spec)
                 signature = (r0.keys, r0.shapes, r0.dtypes)
-                meta_out = {
-                    "imported_from": "logix",
-                    "source": str(Path(logdir).resolve()),
-                    "fields": fields_map,
-                    **(metadata or {}),
-                }
+                meta_out = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": fields_map,
+                            **(metadata or {})}
                 writer = create(out, schema, packed=default_packing(schema), overwrite=overwrite, metadata=meta_out)
             for r in recs:
                 if (r.keys, r.shapes, r.dtypes) != signature:
@@ -231,12 +218,10 @@ def import_logix(
                     )
             assert writer is not None and schema is not None
             # first occurrence wins: within this chunk, then against everything imported before
-            seen: set[str] = set()
-            keep = []
+            first: dict[str, int] = {}
             for k, r in enumerate(recs):
-                if r.data_id not in seen:
-                    seen.add(r.data_id)
-                    keep.append(k)
+                first.setdefault(r.data_id, k)
+            keep = list(first.values())
             if records:
                 store = open_store(out)
                 found = store.index_many([recs[k].data_id for k in keep], missing=-1)

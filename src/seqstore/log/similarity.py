@@ -1,17 +1,12 @@
-"""Chunked similarity scans: scores of every record of a store against Q query vectors.
+"""Chunked similarity scans: scores of every record of a store against Q query vectors (docs/logging.md).
 
 :func:`similarity` streams the store through :meth:`Store.iter_matrix` (zero-copy views of the mapped
-files for a packed group) and computes one GEMM per chunk, ``block (r, D) @ queries.T (D, Q)``:
-
-- CPU: numpy BLAS, in float32 (16-bit blocks are widened one chunk at a time); the scores are
-  written straight into the output rows (no temporary).
-- CUDA (``device="cuda"`` or ``"cuda:N"``): torch. Chunks go page cache -> pinned host buffer (a parallel
-  memcpy) -> GPU on a copy stream, double-buffered so the copy of chunk k+1 overlaps the GEMM of
-  chunk k; the GEMM runs in the stored dtype (float16/bfloat16 on tensor cores, float32 accumulate).
-
-Results: all scores ``(N, Q)`` (float32) in RAM, or written into a new store (``out``), and/or the top
-``k`` records per query, merged chunk by chunk (memory O(k x Q)); optionally per-field ("module-wise")
-scores, from each field's column range. Memory besides the results: O(chunk_rows x D).
+files for a packed group) and computes one GEMM per chunk, ``block (r, D) @ queries.T (D, Q)``: on CPU
+with numpy BLAS in float32 (16-bit blocks widened one chunk at a time, scores written straight into the
+output rows); on CUDA with torch (:func:`_scan_cuda`: pinned, double-buffered uploads overlapping the
+GEMM, which runs in the stored dtype). Results: all scores ``(N, Q)``, a new store of them (``out``),
+the running top ``k`` per query (memory O(k x Q)) and per-field scores. Memory besides the results:
+O(chunk_rows x D).
 """
 
 from __future__ import annotations
@@ -135,35 +130,22 @@ class _TopK:
         self.merge(cs, cr)
 
     def merge(self, cs: np.ndarray[Any, Any], cr: np.ndarray[Any, Any]) -> None:
-        scores = np.concatenate([self.scores, cs], axis=0)
-        rows = np.concatenate([self.rows, cr], axis=0)
-        if scores.shape[0] > self.k:
-            order = np.lexsort((rows, -scores), axis=0)[: self.k]  # highest score, then lowest row
-            scores = np.take_along_axis(scores, order, axis=0)
-            rows = np.take_along_axis(rows, order, axis=0)
-        self.scores, self.rows = scores, rows
+        self.scores, self.rows = self._best(np.concatenate([self.scores, cs]), np.concatenate([self.rows, cr]))
+
+    def _best(self, scores: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+        """The ``k`` best ``scores`` per query and their ``rows``: highest score first, then lowest row."""
+        order = np.lexsort((rows, -scores), axis=0)[: self.k]
+        return np.take_along_axis(scores, order, axis=0), np.take_along_axis(rows, order, axis=0)
 
     def result(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        order = np.lexsort((self.rows, -self.scores), axis=0)
-        s = np.take_along_axis(self.scores, order, axis=0)
-        r = np.take_along_axis(self.rows, order, axis=0)
+        s, r = self._best(self.scores, self.rows)
         return np.ascontiguousarray(r.T), np.ascontiguousarray(s.T)
 
 
-def similarity(
-    store: Store | str | os.PathLike[str],
-    queries: Any,
-    *,
-    fields: Sequence[str] | str | None = None,
-    chunk_rows: int | None = None,
-    device: str = "cpu",
-    topk: int | None = None,
-    out: str | os.PathLike[str] | None = None,
-    per_field: bool = False,
-    keep_scores: bool | None = None,
-    start: int = 0,
-    stop: int | None = None,
-) -> SimilarityResult:
+def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: Sequence[str] | str | None = None,
+               chunk_rows: int | None = None, device: str = "cpu", topk: int | None = None,
+               out: str | os.PathLike[str] | None = None, per_field: bool = False, keep_scores: bool | None = None,
+               start: int = 0, stop: int | None = None) -> SimilarityResult:
     """Dot products of records ``[start, stop)`` of ``store`` with ``queries``, one GEMM per chunk.
 
     Args:
@@ -192,9 +174,8 @@ def similarity(
         keep_scores = topk is None and out is None
     if topk is not None and topk <= 0:
         raise ValueError(f"topk must be positive, got {topk}")
-    field0 = st.schema[next(iter(columns))]
-    itemsize = field0.storage_dtype.itemsize
     if chunk_rows is None:
+        itemsize = st.schema[next(iter(columns))].storage_dtype.itemsize
         chunk_rows = max(256, _CHUNK_BYTES // max(1, width * itemsize))
     scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
     per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
@@ -207,9 +188,8 @@ def similarity(
         meta = {"similarity_of": str(Path(st.root).resolve()), "queries": nq, "first_row": start, "columns": columns}
         writer = create(out, spec, packed={"scores": list(spec)}, metadata=meta)
 
-    def consume(
-        first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None, do_top: bool
-    ) -> None:
+    def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
+                do_top: bool) -> None:
         """Take one chunk's scores (rows first..first+r of the scan; ``parts`` per field)."""
         r = total.shape[0]
         if scores is not None and total.base is not scores:
@@ -275,12 +255,8 @@ class _Scan:
         return self.st.iter_matrix(self.fields, chunk_rows=self.chunk_rows, start=self.start, stop=self.stop)
 
 
-def _scan_cpu(
-    scan: _Scan,
-    scores: np.ndarray[Any, Any] | None,
-    per: dict[str, np.ndarray[Any, Any]] | None,
-    consume: Any,
-) -> None:
+def _scan_cpu(scan: _Scan, scores: np.ndarray[Any, Any] | None, per: dict[str, np.ndarray[Any, Any]] | None,
+              consume: Any) -> None:
     st, q, columns, start, per_field = scan.st, scan.q, scan.columns, scan.start, scan.per_field
     bf16 = st.schema[next(iter(columns))].dtype == BFLOAT16
     qt = np.ascontiguousarray(q.T)  # (D, Q)
@@ -290,18 +266,17 @@ def _scan_cpu(
         rel = first - start
         r = x.shape[0]
         parts: dict[str, np.ndarray[Any, Any]] | None = None
+        total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
         if per_field:
             parts = {}
             for name, (a, b) in columns.items():
                 dst = per[name][rel : rel + r] if per is not None else np.empty((r, q.shape[0]), np.float32)
                 np.matmul(x[:, a:b], qt_parts[name], out=dst)
                 parts[name] = dst
-            total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
             total[...] = 0
             for arr in parts.values():
                 total += arr
         else:
-            total = scores[rel : rel + r] if scores is not None else np.empty((r, q.shape[0]), np.float32)
             np.matmul(x, qt, out=total)  # BLAS sgemm; x may be a strided view of the mapped file
         consume(rel, total, parts, True)
 

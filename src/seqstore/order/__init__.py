@@ -18,23 +18,6 @@ from .kinds import EveryNOrder, ExplicitOrder, PermutationOrder, RangeOrder, Sam
 from .random_block import RandomBlockOrder
 from .sort_index import sort_index
 
-__all__ = [
-    "ORDERINGS",
-    "BinnedOrder",
-    "EveryNOrder",
-    "ExplicitOrder",
-    "LaplaceOrder",
-    "Order",
-    "PermutationOrder",
-    "RandomBlockOrder",
-    "RangeOrder",
-    "SampleOrder",
-    "SliceOrder",
-    "SortBinShuffleOrder",
-    "SortedOrder",
-    "block_bounds",
-    "ordering_name",
-    "ordering_needs_lengths",
-    "seq_order",
-    "sort_index",
-]
+__all__ = ["ORDERINGS", "BinnedOrder", "EveryNOrder", "ExplicitOrder", "LaplaceOrder", "Order", "PermutationOrder",
+           "RandomBlockOrder", "RangeOrder", "SampleOrder", "SliceOrder", "SortBinShuffleOrder", "SortedOrder",
+           "block_bounds", "ordering_name", "ordering_needs_lengths", "seq_order", "sort_index"]

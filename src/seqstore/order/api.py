@@ -230,20 +230,9 @@ def check_ordering(ordering: Any) -> None:
     kind.parse(args, ordering, 2)  # the syntax only: bins from .K need N
 
 
-def seq_order(
-    num_seqs: int,
-    ordering: str | PathLike | Any,
-    *,
-    epoch: int,
-    seed: int = 0,
-    lengths: Any = None,
-    partition_epoch: int = 1,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    sort_cache: PathLike | None = None,
-    values: Callable[[Any], tuple[Any, Any]] | None = None,
-    num_values: int | None = None,
-) -> Order:
+def seq_order(num_seqs: int, ordering: str | PathLike | Any, *, epoch: int, seed: int = 0, lengths: Any = None,
+              partition_epoch: int = 1, shard_index: int = 0, num_shards: int = 1, sort_cache: PathLike | None = None,
+              values: Callable[[Any], tuple[Any, Any]] | None = None, num_values: int | None = None) -> Order:
     """The order of sub-epoch ``epoch`` on shard ``shard_index`` of ``num_shards``, as a lazy :class:`Order`.
 
     ``num_seqs``: N, 0 <= N < 2**63. ``ordering``: a name from :data:`ORDERINGS`, or an explicit order

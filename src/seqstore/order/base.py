@@ -96,23 +96,19 @@ class Order(Sequence[int], abc.ABC):
         Vectorised; memory O(positions) (plus O(bin) for binned orders).
         """
         pos = np.asarray(positions)
-        if pos.dtype.kind not in "iu":
-            if pos.size == 0:
-                pos = pos.astype(np.int64)
-            else:
-                raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
+        if pos.dtype.kind not in "iu" and pos.size:
+            raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
         n = len(self)
         flat = pos.reshape(-1)
-        if flat.size:
-            lo, hi = int(flat.min()), int(flat.max())
-            if lo < -n or hi >= n:
-                bad = lo if lo < -n else hi
-                raise IndexError(f"position {bad} out of range for an order of length {n}")
-            flat = flat.astype(np.int64, copy=False)
-            if lo < 0:
-                flat = np.where(flat < 0, flat + n, flat)
         if flat.size == 0:
             return np.empty(pos.shape, dtype=np.int64)
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < -n or hi >= n:
+            bad = lo if lo < -n else hi
+            raise IndexError(f"position {bad} out of range for an order of length {n}")
+        flat = flat.astype(np.int64, copy=False)
+        if lo < 0:
+            flat = np.where(flat < 0, flat + n, flat)
         return self._take(flat).reshape(pos.shape)
 
     def iter_chunks(self, size: int = 1 << 20) -> Iterator[IntArray]:

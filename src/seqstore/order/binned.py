@@ -30,21 +30,13 @@ from . import _keys
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 from .base import IntArray
-from .kinds import CountedOrder, PermutationOrder
+from .kinds import CountedOrder, PermutationOrder, check_count
 from .sort_index import lengths_kind, sort_index
 
 __all__ = ["BinnedOrder", "LaplaceOrder", "SortBinShuffleOrder"]
 
 _CACHE_BINS = 4
 _CHECKPOINT_EVERY = 1024
-
-
-def _check_bins(bins: int) -> int:
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)):
-        raise TypeError(f"bins must be an integer, got {type(bins).__name__}")
-    if not 1 <= int(bins) <= (1 << 63) - 1:
-        raise ValueError(f"number of bins must be in [1, 2**63 - 1], got {bins}")
-    return int(bins)
 
 
 class BinnedOrder(CountedOrder):
@@ -58,7 +50,7 @@ class BinnedOrder(CountedOrder):
 
     def __init__(self, num_seqs: int, bins: int, lengths: Any) -> None:
         super().__init__(num_seqs)
-        self.bins = _check_bins(bins)
+        self.bins = check_count(bins, "number of bins", 1)
         self.lengths = lengths if isinstance(lengths, ArrayRef) else ArrayRef(lengths, "lengths")
         lengths_kind(np.empty(0, dtype=self.lengths.dtype))
         if len(self.lengths) != self._n:
@@ -163,15 +155,8 @@ class LaplaceOrder(BinnedOrder):
 
     __slots__ = ("perm", "values", "_num_values")
 
-    def __init__(
-        self,
-        num_seqs: int,
-        key: int,
-        bins: int,
-        lengths: Any,
-        values: Callable[[IntArray], tuple[Any, Any]] | None = None,
-        num_values: int | None = None,
-    ) -> None:
+    def __init__(self, num_seqs: int, key: int, bins: int, lengths: Any,
+                 values: Callable[[IntArray], tuple[Any, Any]] | None = None, num_values: int | None = None) -> None:
         super().__init__(num_seqs, bins, _ByValues(num_seqs) if values is not None else lengths)
         self.perm = PermutationOrder(self._n, key)
         self.values = values
@@ -212,9 +197,8 @@ class LaplaceOrder(BinnedOrder):
         return (LaplaceOrder, (self._n, self.perm.key, self.bins, self.lengths))
 
     def __repr__(self) -> str:
-        return (
-            f"LaplaceOrder(num_seqs={self._n}, key={self.perm.key:#018x}, bins={self.bins}, lengths={self.lengths!r})"
-        )
+        return (f"LaplaceOrder(num_seqs={self._n}, key={self.perm.key:#018x}, bins={self.bins}, "
+                f"lengths={self.lengths!r})")
 
 
 class SortBinShuffleOrder(BinnedOrder):
@@ -226,15 +210,8 @@ class SortBinShuffleOrder(BinnedOrder):
 
     __slots__ = ("key", "shuffle_within", "sort_cache", "_bin_perm", "_tie_key", "_within_key", "_sidx", "_checkpoints")
 
-    def __init__(
-        self,
-        num_seqs: int,
-        key: int,
-        bins: int,
-        lengths: Any,
-        shuffle_within: bool = False,
-        sort_cache: PathLike | None = None,
-    ) -> None:
+    def __init__(self, num_seqs: int, key: int, bins: int, lengths: Any, shuffle_within: bool = False,
+                 sort_cache: PathLike | None = None) -> None:
         super().__init__(num_seqs, bins, lengths)
         self.key = int(key)
         self.shuffle_within = bool(shuffle_within)
@@ -263,18 +240,8 @@ class SortBinShuffleOrder(BinnedOrder):
         slots = np.empty(positions.shape[0], dtype=np.int64)
         offs = np.empty(positions.shape[0], dtype=np.int64)
         bp = self._bin_perm
-        S.sbs_locate(
-            positions,
-            cps,
-            np.int64(_CHECKPOINT_EVERY),
-            np.uint64(self._n),
-            np.uint64(self.bins),
-            bp._a,
-            bp._b,
-            bp._keys,
-            slots,
-            offs,
-        )
+        S.sbs_locate(positions, cps, np.int64(_CHECKPOINT_EVERY), np.uint64(self._n), np.uint64(self.bins),
+                     bp._a, bp._b, bp._keys, slots, offs)
         return slots, offs
 
     def _bin_ids(self, slots: IntArray) -> IntArray:
@@ -287,17 +254,8 @@ class SortBinShuffleOrder(BinnedOrder):
     def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
         sidx, _ = self._state()
         flat = np.empty(total, dtype=np.int64)
-        S.sbs_bins(
-            bin_ids,
-            np.uint64(self._n),
-            np.uint64(self.bins),
-            sidx,
-            self.lengths.array,
-            self._tie_key,
-            self._within_key,
-            self.shuffle_within,
-            flat,
-        )
+        S.sbs_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), sidx, self.lengths.array, self._tie_key,
+                   self._within_key, self.shuffle_within, flat)
         return flat
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -20,19 +20,8 @@ from ._arrays import ArrayRef, PathLike
 from .base import IntArray, Order
 from .sort_index import lengths_kind, sort_index
 
-__all__ = [
-    "RangeOrder",
-    "EveryNOrder",
-    "PermutationOrder",
-    "SampleOrder",
-    "ExplicitOrder",
-    "SortedOrder",
-    "MAX_NUM_SEQS",
-    "CountedOrder",
-    "check_count",
-    "check_key",
-    "check_num_seqs",
-]
+__all__ = ["RangeOrder", "EveryNOrder", "PermutationOrder", "SampleOrder", "ExplicitOrder", "SortedOrder",
+           "MAX_NUM_SEQS", "CountedOrder", "check_count", "check_key", "check_num_seqs"]
 
 MAX_NUM_SEQS = (1 << 63) - 1
 """Largest supported number of sequences (values and positions are int64)."""

@@ -1,19 +1,16 @@
-"""``random_block:B:W``: a locality-aware shuffle, O(1) memory.
+"""``random_block:B:W``: a locality-aware shuffle, O(1) memory (docs/orders.md, section random_block).
 
-Records ``[0, N)`` are cut into blocks of ``B`` consecutive records (block ``k`` = records
-``[k*B, min((k+1)*B, N))``; the last block holds the remaining ``N - (nb-1)*B`` records,
-``nb = ceil(N / B)``). The blocks are visited in the order of a keyed permutation of ``[0, nb)``;
-consecutive runs of ``W`` visited blocks form a *window* (the last window may have fewer blocks), and
-the records of each window are permuted by a second keyed permutation, one per window. So positions
-``window_bounds(w)`` of the order hold exactly the records of the ``W`` blocks of window ``w``, in
-random order: a reader touches at most ``W`` blocks per ``W*B`` consecutive positions, against about
-one block per record for ``random``.
+Records ``[0, N)`` are cut into ``nb = ceil(N / B)`` blocks of ``B`` consecutive records (the last one
+holds the remaining ``N - (nb-1)*B``), visited in the order of a keyed permutation of ``[0, nb)``; the
+records of each run of ``W`` visited blocks (a *window*; the last may have fewer blocks) are permuted
+by a second keyed permutation, one per window. So positions ``window_bounds(w)`` hold exactly the
+records of window ``w``'s blocks: a reader touches at most ``W`` blocks per ``W*B`` consecutive
+positions, against about one block per record for ``random``.
 
 Both permutations are the keyed Feistel bijection with cycle walking of ``random``
-(:mod:`seqstore.order._kernels`); keys derive from the master key of (seed, key epoch,
-``"random_block"``): the block permutation from ``child_key(master, 0)``, window ``w`` from
-``child_key(child_key(master, 1), w)``. Bijective for every N >= 0 and B, W >= 1 (N < B is one short
-block and one window: a plain keyed permutation of ``[0, N)``).
+(:mod:`seqstore.order._kernels`), keyed from the master key of (seed, key epoch, ``"random_block"``):
+the block permutation by ``child_key(master, 0)``, window ``w`` by ``child_key(child_key(master, 1), w)``.
+Bijective for every N >= 0 and B, W >= 1.
 """
 
 from __future__ import annotations

@@ -39,14 +39,10 @@ _SIGN = np.uint64(1 << 63)
 
 def lengths_kind(array: np.ndarray) -> int:
     """Code of a lengths dtype: 0 signed int, 1 unsigned int, 2 float; ValueError otherwise."""
-    kind = array.dtype.kind
-    if kind == "i":
-        return 0
-    if kind == "u":
-        return 1
-    if kind == "f":
-        return 2
-    raise ValueError(f"lengths must have an integer or float dtype, got {array.dtype}")
+    code = {"i": 0, "u": 1, "f": 2}.get(array.dtype.kind)
+    if code is None:
+        raise ValueError(f"lengths must have an integer or float dtype, got {array.dtype}")
+    return code
 
 
 def sort_keys(values: np.ndarray) -> npt.NDArray[np.uint64]:
@@ -78,13 +74,8 @@ def _usable_cache(path: Path, lengths: np.ndarray) -> np.ndarray | None:
         return None
     n = lengths.shape[0]
     if idx.ndim != 1 or idx.shape[0] != n or idx.dtype.kind not in "iu":
-        _log.warning(
-            "sort index cache %s has shape %s dtype %s, expected (%d,) int; recomputing it",
-            path,
-            idx.shape,
-            idx.dtype,
-            n,
-        )
+        _log.warning("sort index cache %s has shape %s dtype %s, expected (%d,) int; recomputing it", path, idx.shape,
+                     idx.dtype, n)
         return None
     if n:
         probe = np.unique(np.linspace(0, n - 1, min(n, _SPOT_CHECKS)).astype(np.int64))
@@ -99,9 +90,8 @@ def _usable_cache(path: Path, lengths: np.ndarray) -> np.ndarray | None:
     return idx  # type: ignore[no-any-return]
 
 
-def sort_index(
-    lengths: npt.ArrayLike | PathLike | ArrayRef, *, cache: PathLike | None = None
-) -> npt.NDArray[np.integer[Any]]:
+def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
+               cache: PathLike | None = None) -> npt.NDArray[np.integer[Any]]:
     """Stable ascending argsort of ``lengths`` (ties in ascending index order), equal to
     ``numpy.argsort(lengths, kind="stable")``.
 
@@ -167,23 +157,18 @@ def sort_index(
         return _finish(None, path)
     finally:
         for tmp in tmp_files:
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
+            tmp.unlink(missing_ok=True)
 
 
-def _digits(
-    arr: np.ndarray, src: np.ndarray | None, s: int, e: int, lo: np.uint64, shift: int, digit: int
-) -> npt.NDArray[np.int64]:
+def _digits(arr: np.ndarray, src: np.ndarray | None, s: int, e: int, lo: np.uint64, shift: int,
+            digit: int) -> npt.NDArray[np.int64]:
     rows = np.asarray(arr[s:e]) if src is None else np.asarray(arr[np.asarray(src[s:e])])
     mask = np.uint64((1 << digit) - 1)
     return (((sort_keys(rows) - lo) >> np.uint64(shift)) & mask).astype(np.int64)
 
 
-def _radix_pass(
-    arr: np.ndarray, src: np.ndarray | None, lo: np.uint64, shift: int, digit: int, out: np.ndarray
-) -> None:
+def _radix_pass(arr: np.ndarray, src: np.ndarray | None, lo: np.uint64, shift: int, digit: int,
+                out: np.ndarray) -> None:
     """One stable counting-sort pass by the digit at ``shift``: order ``src`` (identity if None) -> ``out``."""
     n = arr.shape[0]
     counts = np.zeros(1 << digit, dtype=np.int64)
