@@ -28,11 +28,27 @@ __all__ = [
     "TakeLengths",
     "as_lengths",
     "as_index_array",
+    "check_int",
+    "check_optional_int",
 ]
 
 IntArray = npt.NDArray[np.int64]
 
 _CHUNK = 1 << 20
+
+
+def check_int(value: Any, what: str, minimum: int | None = None, *, _none: str = "") -> int:
+    """``value`` as an int (a bool is not one) of at least ``minimum``; else ValueError:
+    "``what`` must be an integer [>= minimum], got ``value``"."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{what} must be {_none}an integer{bound}, got {value!r}")
+    return int(value)
+
+
+def check_optional_int(value: Any, what: str, minimum: int | None = None) -> int | None:
+    """:func:`check_int`, None passing (and named in the error)."""
+    return None if value is None else check_int(value, what, minimum, _none="None or ")
 
 
 def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:

@@ -33,7 +33,7 @@ from ..io import lookahead
 from ..order import Order
 from ..order.api import check_ordering
 from ._cache import cached_array, fingerprint, write_npy
-from ._lengths import IntArray, LengthsView, as_index_array
+from ._lengths import IntArray, LengthsView, as_index_array, check_int
 from ._orders import dataset_order
 from .filter import KeptLengths, check_bounds, kept_indices
 
@@ -45,11 +45,7 @@ def check_order_params(ordering: Any, seed: Any, partition_epoch: Any) -> tuple[
     if not isinstance(ordering, str) and not isinstance(ordering, (np.ndarray, Path, list, tuple, range)):
         raise ValueError(f"ordering must be an ordering name or an explicit order, got {type(ordering).__name__}")
     check_ordering(ordering)  # at construction, not at the first epoch_order
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    if isinstance(partition_epoch, bool) or not isinstance(partition_epoch, (int, np.integer)) or partition_epoch < 1:
-        raise ValueError(f"partition_epoch must be an integer >= 1, got {partition_epoch!r}")
-    return ordering, int(seed), int(partition_epoch)
+    return ordering, check_int(seed, "seed"), check_int(partition_epoch, "partition_epoch", 1)
 
 
 class Dataset(abc.ABC):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._cache import cached_array, fingerprint, write_npy
-from ._lengths import IntArray, LengthsView
+from ._lengths import IntArray, LengthsView, check_optional_int
 
 __all__ = ["KeptLengths", "check_bounds", "kept_indices"]
 
@@ -44,12 +44,11 @@ class KeptLengths(LengthsView):
 
 def check_bounds(min_length: Any, max_length: Any) -> tuple[int | None, int | None]:
     """Validate the length bounds (integers or None, ``min_length <= max_length``); raises ValueError."""
-    for what, v in (("min_length", min_length), ("max_length", max_length)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-            raise ValueError(f"{what} must be an integer or None, got {v!r}")
-    if min_length is not None and max_length is not None and min_length > max_length:
-        raise ValueError(f"min_length {min_length} > max_length {max_length}: nothing would be kept")
-    return (None if min_length is None else int(min_length)), (None if max_length is None else int(max_length))
+    lo = check_optional_int(min_length, "min_length")
+    hi = check_optional_int(max_length, "max_length")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"min_length {lo} > max_length {hi}: nothing would be kept")
+    return lo, hi
 
 
 def _mask(chunk: IntArray, lo: int | None, hi: int | None) -> np.ndarray[Any, Any]:

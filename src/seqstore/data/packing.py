@@ -40,7 +40,7 @@ import numpy as np
 
 from ..order import Order
 from ..store import Store
-from ._lengths import IntArray
+from ._lengths import IntArray, check_int
 from ._packplan import Planner, fresh_shares, resplit
 from .base import Dataset
 from .schedule import MixtureStream
@@ -89,12 +89,6 @@ class OrderStream:
                 "partition_epoch": int(d.partition_epoch)}
 
 
-def _check_int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"PackedDataset: {what} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 class PackedDataset:
     """Documents of ``source`` packed into sequences of ``seq_len`` tokens (see the module docstring).
 
@@ -124,9 +118,9 @@ class PackedDataset:
         if mode not in _MODES:
             raise ValueError(f"PackedDataset: mode must be one of {_MODES}, got {mode!r}")
         self.mode = mode
-        self.seq_len = _check_int(seq_len, "seq_len", 1)
-        self.window = DEFAULT_WINDOW if window is None else _check_int(window, "window", 1)
-        self.eos = None if eos is None else _check_int(eos, "eos", 0)
+        self.seq_len = check_int(seq_len, "PackedDataset: seq_len", 1)
+        self.window = DEFAULT_WINDOW if window is None else check_int(window, "PackedDataset: window", 1)
+        self.eos = None if eos is None else check_int(eos, "PackedDataset: eos", 0)
         self.split_long = bool(split_long)
         self.mask_eos = bool(mask_eos)
         self.pad_id = int(pad_id)
@@ -159,7 +153,7 @@ class PackedDataset:
 
     def fresh_state(self, epoch: int = 1, num_shares: int = 1) -> dict[str, Any]:
         """The state of a run that starts at the beginning of ``epoch`` over ``num_shares`` shares."""
-        return self.state_dict(fresh_shares(num_shares, _check_int(epoch, "epoch", 1), len(self.names)))
+        return self.state_dict(fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names)))
 
     def state_dict(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """The resume state of a run whose share ``s`` has state ``shares[s]`` (plain, JSON-safe)."""
@@ -205,7 +199,7 @@ class PackedDataset:
         as saved when the count matches, else re-split (no token repeated or skipped). With a
         :class:`MixtureStream` whose schedule differs from the saved one, the new schedule applies from
         the first sample no share had started; every source continues from its position."""
-        num_shares = _check_int(num_shares, "num_shares", 1)
+        num_shares = check_int(num_shares, "PackedDataset: num_shares", 1)
         if state is None:
             return fresh_shares(num_shares, epoch, len(self.names))
         self.check_state(state)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..order import Order, seq_order
 from ..order._keys import mix64
-from ._lengths import IntArray
+from ._lengths import IntArray, check_int
 
 __all__ = ["ShuffleBuffer", "ReplacementSampler", "shuffle_buffer", "sample_with_replacement"]
 
@@ -50,13 +50,9 @@ class ShuffleBuffer(Iterator[Any]):
     """Iterator over ``source`` shuffled through a buffer of ``size`` items (see :func:`shuffle_buffer`)."""
 
     def __init__(self, source: Iterable[Any], size: int, seed: int = 0) -> None:
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"shuffle buffer size must be a positive integer, got {size!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.source = source
-        self.size = int(size)
-        self.seed = int(seed)
+        self.size = check_int(size, "shuffle buffer size", 1)
+        self.seed = check_int(seed, "seed")
         self._buffer: list[Any] = []
         self._consumed = 0
         self._emitted = 0
@@ -137,10 +133,8 @@ class ReplacementSampler(Iterator[int]):
     def __init__(self, num_seqs: int, seed: int = 0) -> None:
         if isinstance(num_seqs, bool) or not isinstance(num_seqs, (int, np.integer)) or num_seqs < 1:
             raise ValueError(f"sampling with replacement needs at least one sequence, got num_seqs={num_seqs!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.num_seqs = int(num_seqs)
-        self.seed = int(seed)
+        self.seed = check_int(seed, "seed")
         self.position = 0
         self._block: IntArray = np.empty(0, dtype=np.int64)
         self._block_start = 0
