@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import get_worker_info
+
+from ._convert import worker_topology
 
 __all__ = ["Foresight"]
 
@@ -76,8 +77,7 @@ class Foresight:
             return []
         first = self._mine is None
         if first:
-            info = get_worker_info()
-            worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            worker, workers = worker_topology()
             replay = copy.deepcopy(self.batch_sampler, _shared(self.batch_sampler))  # not the loader's own
             self._mine = itertools.islice(iter(replay), worker, None, workers)
             for _ in range(self.depth + 1):  # this batch and the next ``depth``

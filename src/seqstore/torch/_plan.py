@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ..data._lengths import check_int, check_optional_int
 from ..data.batching import batch_indices, bucket_batches
 from ..order._keys import master_key
 
@@ -74,16 +75,11 @@ class LengthBatching:
     buffer_size: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("max_frames", "max_seqs"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise ValueError(f"LengthBatching: {name} must be a positive integer or None, got {v!r}")
+        check_optional_int(self.max_frames, "LengthBatching: max_frames", 1)
+        check_optional_int(self.max_seqs, "LengthBatching: max_seqs", 1)
         if self.max_frames is None and self.max_seqs is None:
             raise ValueError("LengthBatching needs max_frames or max_seqs (or both)")
-        if isinstance(self.buffer_size, bool) or not isinstance(self.buffer_size, (int, np.integer)) or (
-            self.buffer_size < 1
-        ):
-            raise ValueError(f"LengthBatching: buffer_size must be a positive integer, got {self.buffer_size!r}")
+        check_int(self.buffer_size, "LengthBatching: buffer_size", 1)
         if self.buckets is not None and not isinstance(self.buckets, (int, np.integer)):
             object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
 

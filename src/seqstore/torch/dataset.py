@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data import StoreDataset
+from ..data._lengths import check_int
 from ..store import Store
 from ._convert import to_tensor
 from ._foresight import Foresight
@@ -108,12 +109,10 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         storage_options: Any = None,
         length_field: str | None = None,
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"SeqDataset: prefetch must be an integer >= 0, got {prefetch!r}")
+        self.prefetch = check_int(prefetch, "SeqDataset: prefetch", 0)
         self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)
-        self.prefetch = int(prefetch)
         self._bf16 = bfloat16_fields(self.dataset)
         self._ragged: tuple[str, ...] | None = None
         self._foresight: Foresight | None = None

@@ -20,16 +20,16 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..data._lengths import check_int, check_optional_int
 from ..data.records import RECORDS_BLOCK, iter_gathered
 from ..data.store_dataset import StoreDataset
-from ._convert import resolve_topology, worker_topology
+from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
 from .collate import LENGTHS_SUFFIX, MASK_SUFFIX, lengths_mask
 from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
-
 
 
 class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
@@ -84,30 +84,23 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         prefetch: int | None = None,
         storage_options: Any = None,
     ) -> None:
-        if prefetch is not None and (
-            isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0
-        ):
-            raise ValueError(f"{self._kind}: prefetch must be None or an integer >= 0, got {prefetch!r}")
-        self.prefetch = None if prefetch is None else int(prefetch)
-        self.dataset = as_protocol_dataset(dataset, fields, storage_options)
+        self.prefetch = check_optional_int(prefetch, f"{self._kind}: prefetch", 0)
+        protocol = as_protocol_dataset(dataset, fields, storage_options)
         self.fields = None if fields is None else frozenset(fields)
-        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
-        self.drop_last = bool(drop_last)
         self.masks = bool(masks)
         self.with_index = bool(with_index)
-        self._bf16 = bfloat16_fields(self.dataset)
+        self._bf16 = bfloat16_fields(protocol)
         if batch is not None and not isinstance(batch, LengthBatching):
             if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
                 raise ValueError(f"{self._kind}: batch must be None, a positive int or a LengthBatching, got {batch!r}")
             batch = int(batch)
-        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1:
-            raise ValueError(f"{self._kind}: group must be a positive integer, got {group!r}")
+        group = check_int(group, f"{self._kind}: group", 1)
         if batch is not None and group != 1:
             raise ValueError(f"{self._kind}: group applies to records (batch=None) only")
         self.batch = batch
         spec = batch if isinstance(batch, LengthBatching) else None
-        item = batch if isinstance(batch, int) else int(group)
-        self._init_cursor(epoch, spec, item)
+        item = batch if isinstance(batch, int) else group
+        self._init_cursor(protocol, rank, world_size, drop_last, epoch, spec, item)
 
     @property
     def group(self) -> int:
@@ -118,9 +111,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     def group(self, value: int) -> None:
         if self.batch is not None:
             raise ValueError(f"{self._kind}: group applies to records (batch=None) only")
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{self._kind}: group must be a positive integer, got {value!r}")
-        self._item = int(value)
+        self._item = check_int(value, f"{self._kind}: group", 1)
         self._len_cache = None
 
     def __len__(self) -> int:
@@ -225,11 +216,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         ``set_epoch``): the main process cannot see what workers produced. ``num_workers`` is
         recorded for information.
         """
-        if consumed is None:
-            consumed = 0
-        if isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer)) or consumed < 0:
-            raise ValueError(f"{self._kind}: consumed must be a non-negative integer, got {consumed!r}")
-        return self._state_after(int(consumed) * self.world_size, num_workers)
+        k = 0 if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
+        return self._state_after(k * self.world_size, num_workers)
 
     def finish_epoch(self) -> None:
         """Tell the main-process copy that an iteration ran to its end (the next walks the whole epoch).

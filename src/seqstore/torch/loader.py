@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from .._mainguard import check_main_guard, start_method
+from ..data._lengths import check_int
 from ..io.objects import fork_unsafe as _fork_unsafe
 from ..store import Pool
 from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
@@ -140,9 +141,8 @@ class SeqDataLoader(DataLoader[Any]):
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
         if procs is None:  # num_workers=K: seqstore's own K worker processes where the batches are its own
             procs = _workers_as_procs(dataset, threads, kwargs)
-        for name, value in (("threads", threads), ("procs", procs)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"SeqDataLoader: {name} must be an integer >= 0, got {value!r}")
+        threads = check_int(threads, "SeqDataLoader: threads", 0)
+        procs = check_int(procs, "SeqDataLoader: procs", 0)
         if threads and procs:
             raise ValueError("SeqDataLoader: choose threads= or procs=, not both")
         if (threads or procs) and kwargs.get("num_workers", 0):
