@@ -72,10 +72,13 @@ def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:
 
 
 class LengthsView(abc.ABC):
-    """Lazy int64 lengths of ``len(self)`` sequences. Subclasses implement ``__len__`` and ``_take``."""
+    """Lazy int64 lengths of ``len(self)`` sequences. Subclasses implement ``_take`` and set ``n`` (the
+    number of sequences) or implement ``__len__``."""
 
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
 
     @abc.abstractmethod
     def _take(self, indices: IntArray) -> IntArray:
@@ -188,9 +191,6 @@ class ConstantLengths(LengthsView):
         self.n = int(n)
         self.value = int(value)
 
-    def __len__(self) -> int:
-        return self.n
-
     def _take(self, indices: IntArray) -> IntArray:
         return np.full(indices.shape, self.value, dtype=np.int64)
 
@@ -201,9 +201,6 @@ class FuncLengths(LengthsView):
     def __init__(self, n: int, func: Callable[[IntArray], npt.ArrayLike]) -> None:
         self.n = int(n)
         self.func = func
-
-    def __len__(self) -> int:
-        return self.n
 
     def _take(self, indices: IntArray) -> IntArray:
         return np.asarray(self.func(indices), dtype=np.int64)
@@ -217,9 +214,6 @@ class MappedLengths(LengthsView):
         self.n = int(n)
         self.index_map = index_map
 
-    def __len__(self) -> int:
-        return self.n
-
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(self.index_map(indices))
 
@@ -231,9 +225,6 @@ class OffsetLengths(LengthsView):
         self.base = base
         self.start = int(start)
         self.n = int(n)
-
-    def __len__(self) -> int:
-        return self.n
 
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(indices + self.start)

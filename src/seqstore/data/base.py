@@ -40,8 +40,13 @@ from .filter import KeptLengths, check_bounds, kept_indices
 __all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
 
 
-def check_order_params(ordering: Any, seed: Any, partition_epoch: Any) -> tuple[Any, int, int]:
-    """Validate a dataset's (ordering, seed, partition_epoch); raises ValueError naming the bad one."""
+def check_order_params(ordering: Any, seed: Any, partition_epoch: Any, base: Any = None) -> tuple[Any, int, int]:
+    """Validate a dataset's (ordering, seed, partition_epoch), each None taken from dataset ``base`` when
+    given; raises ValueError naming the bad one."""
+    if base is not None:
+        ordering = base.ordering if ordering is None else ordering
+        seed = base.seed if seed is None else seed
+        partition_epoch = base.partition_epoch if partition_epoch is None else partition_epoch
     if not isinstance(ordering, str) and not isinstance(ordering, (np.ndarray, Path, list, tuple, range)):
         raise ValueError(f"ordering must be an ordering name or an explicit order, got {type(ordering).__name__}")
     check_ordering(ordering)  # at construction, not at the first epoch_order
@@ -180,11 +185,7 @@ class FilteredDataset(Dataset):
     ) -> None:
         self.min_length, self.max_length = check_bounds(min_length, max_length)
         self.dataset = dataset
-        self.ordering, self.seed, self.partition_epoch = check_order_params(
-            dataset.ordering if ordering is None else ordering,
-            dataset.seed if seed is None else seed,
-            dataset.partition_epoch if partition_epoch is None else partition_epoch,
-        )
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else dataset.cache_dir
         self.kept = kept_indices(dataset.lengths, dataset.cache_key(), self.cache_dir, self.min_length, self.max_length)
 

@@ -43,9 +43,6 @@ class _RowLengths(LengthsView):
     def __init__(self, base: LengthsView, n: int, rows: Any, kept: Any) -> None:
         self.base, self.n, self.rows, self.kept = base, int(n), rows, kept
 
-    def __len__(self) -> int:
-        return self.n
-
     def _take(self, indices: IntArray) -> IntArray:
         r = indices if self.kept is None else np.asarray(self.kept[indices], dtype=np.int64)
         if self.rows is not None:
@@ -160,12 +157,10 @@ class MetaDataset(Dataset):
         key = fingerprint("meta", cfp, [self._fp(n) for n in others])
         d = self._dir
         sidecar = d / f"meta-{key}.json"
-        info: dict[str, Any] | None = None
-        if sidecar.exists():
-            try:
-                info = json.loads(sidecar.read_text())
-            except (OSError, ValueError):
-                info = None
+        try:
+            info: dict[str, Any] | None = json.loads(sidecar.read_text())
+        except (OSError, ValueError):  # not joined yet, or unreadable: join again
+            info = None
         paths = {n: d / f"meta-{fingerprint('rows', cfp, self._fp(n))}.rows.npy" for n in others}
         if info is not None and all(p.exists() for p in paths.values()):
             for n in others:
