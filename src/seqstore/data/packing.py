@@ -41,7 +41,7 @@ import numpy as np
 from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
-from ._packplan import Planner, fresh_shares, resplit
+from ._packplan import Planner, fresh_shares, resplit, sum_stats
 from .base import Dataset
 from .schedule import MixtureStream
 from .store_dataset import StoreDataset
@@ -166,17 +166,9 @@ class PackedDataset:
     def totals(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """Counts summed over shares: sequences, tokens (non-padding inputs), documents finished,
         padding, truncated, and per source (``source_tokens`` / ``source_documents``: name -> count)."""
-        tot: dict[str, Any] = {}
-        for st in shares:
-            for k, v in st["stats"].items():
-                if isinstance(v, list):
-                    prev = tot.get(k, [0] * len(v))
-                    tot[k] = [a + b for a, b in zip(prev, v)]
-                else:
-                    tot[k] = tot.get(k, 0) + int(v)
+        tot = sum_stats(shares, len(self.names))
         for k in ("source_tokens", "source_documents"):
-            if k in tot:
-                tot[k] = dict(zip(self.names, tot[k]))
+            tot[k] = dict(zip(self.names, tot[k]))
         return tot
 
     def check_state(self, state: Any) -> None:
