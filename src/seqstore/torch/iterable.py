@@ -26,7 +26,7 @@ from ..data.store_dataset import StoreDataset
 from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
-from .collate import LENGTHS_SUFFIX, MASK_SUFFIX, lengths_mask
+from .collate import collate_gathered
 from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
@@ -123,14 +123,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     # --------------------------------------------------------------------------------- iteration
 
     def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
-        out: dict[str, torch.Tensor] = {}
-        for name, v in values.items():
-            out[name] = v
-            if name in lengths:
-                out[name + LENGTHS_SUFFIX] = lengths[name]
-                if self.masks:
-                    out[name + MASK_SUFFIX] = lengths_mask(lengths[name], v.shape[1])
+        out = collate_gathered(*batch_to_tensors(batch, self._bf16, self.fields), masks=self.masks)
         if self.with_index:
             out[INDEX_KEY] = torch.from_numpy(np.array(idx, dtype=np.int64))
         return out
