@@ -4,13 +4,9 @@ A *share* (one rank x worker of one run) walks its pending documents: a list of 
 ``[epoch, start, stop, off]`` of positions in the document stream's epochs (``off``: tokens of the
 range's first document already used), then, when they run out, block ``share`` of ``num_shares`` of
 every following epoch (:func:`seqstore.order.block_bounds`). A :class:`Planner` pulls documents from
-that cursor and cuts them into *pieces* ``(sequence, document id, offset, count)``:
-
-* ``concat``: the documents back to back, windows of ``seq_len + 1`` tokens every ``seq_len`` tokens
-  (the last token of a window is the label of its last input, and the first input of the next);
-* ``best_fit``: documents whole, the oldest document of a window of ``window`` documents first, then
-  repeatedly the longest one that still fits (numba); longer than ``seq_len``: split (the rest stays
-  first in line) or truncated (counted).
+that cursor and cuts them into *pieces* ``(sequence, document id, offset, count)`` by the rules of
+the two modes (:mod:`seqstore.data.packing`; ``concat``: the last token of a window is the label of its
+last input and the first input of the next; ``best_fit``'s choice of the longest fitting document is numba).
 
 Plans read lengths only, never tokens, so the process that keeps the resume state replays what the
 workers packed. :func:`resplit` turns the states of ``S`` shares into those of ``S'`` shares with no
