@@ -160,18 +160,9 @@ class EpochCursor:
             position = self._iter_start
             batches = self._iter_start_batches + global_items
         ident, ordering = self._identities()
-        return make_state(
-            self._kind,
-            dataset=ident,
-            ordering=ordering,
-            epoch=self._epoch,
-            position=position,
-            batches=batches,
-            batching=None if self._spec is None else self._spec.config(),
-            num_positions=length,
-            world_size=self.world_size,
-            num_workers=num_workers,
-        )
+        return make_state(self._kind, dataset=ident, ordering=ordering, epoch=self._epoch, position=position,
+                          batches=batches, batching=None if self._spec is None else self._spec.config(),
+                          num_positions=length, world_size=self.world_size, num_workers=num_workers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from any consumer of the same dataset and ordering, saved under
