@@ -1,29 +1,20 @@
 """``CombinedDataset``: several datasets sampled per epoch, one ordering over the union, all lazy.
 
-Index spaces:
+Index spaces (the sampling rules in full: docs/datasets.md):
 
 * **combined index** ``i`` in ``[0, sum N_k)``: child ``k``'s record ``j`` is ``start_N[k] + j`` (the
   children end to end); ``get``/``get_batch``/``lengths`` and the epoch orders' values use it;
   :meth:`CombinedDataset.locate_many` maps back by one ``searchsorted`` over the O(children) offsets.
 * **union position** ``u`` in ``[0, M)``, ``M = sum K_k``, per full epoch ``e``: ``u`` in child ``k``'s
-  block ``[start_K[k], start_K[k+1])`` is window position ``w = u - start_K[k]`` of child ``k``, i.e.
-  position ``((e-1) * K_k + w) mod N_k`` of the child's own epoch order (RETURNN's ``sampling_sizes``
-  rule: consecutive windows that advance each epoch and wrap around; ``K_k > N_k`` wraps several
-  times).
+  block ``[start_K[k], start_K[k+1])`` is window position ``w = u - start_K[k]``, i.e. position
+  ``g mod N_k``, ``g = (e-1) * K_k + w``, of the child's order for epoch ``e`` (``child_epoch="same"``,
+  RETURNN's) or for epoch ``g // N_k + 1`` (``"pass"``: the child is walked pass after pass).
 
-The epoch order is ``seq_order(M, ordering, ...)`` over union positions, with partition epoch and
-shards applied to it, composed with the window map (:class:`CombinedOrder`). For ``laplace`` the
-order's ``values`` callable maps each bin's union positions to (combined index, length) in one pass
-over the children, so an epoch order costs O(children) memory plus O(bin) while walking;
-``sorted*``/``sort_bin_shuffle*`` over the union materialise the union's
-lengths (O(M), in memory; the union changes every epoch, so there is nothing to cache).
-
-Which order of the child: with ``child_epoch="same"`` (default, RETURNN's behaviour) the window of
-full epoch ``e`` is cut from the child's order for epoch ``e``; with ``child_epoch="pass"`` window
-position ``g = (e-1) * K_k + w`` is position ``g mod N_k`` of the child's order for epoch
-``g // N_k + 1``, so a random child order is walked completely, pass after pass, before any
-sequence repeats (with "same", a random child order changes every epoch and windows of different
-epochs overlap by chance). Both are identical for epoch-independent child orders (``default``).
+The epoch order is ``seq_order(M, ordering, ...)`` over union positions (partition epoch and shards
+applied to it) composed with the window map (:class:`CombinedOrder`). For ``laplace`` the order's
+``values`` callable maps a bin's union positions to (combined index, length) in one pass over the
+children: O(children) memory plus O(bin) while walking. ``sorted*``/``sort_bin_shuffle*`` over the
+union materialise its lengths (O(M), in memory: the union changes every epoch, nothing to cache).
 """
 
 from __future__ import annotations

@@ -1,31 +1,24 @@
 """``PackedDataset``: documents packed into fixed-length sequences lazily, sharded and resumable exactly.
 
-The documents come from a dataset's epoch orders (any ordering; epochs follow one another) or from a
-:class:`~seqstore.data.MixtureStream`. The stream is endless: epoch ``e + 1`` follows epoch ``e``;
-a training loop stops after as many steps as it wants. Every consumer (rank x DataLoader worker) is a
-*share*: share ``s`` of ``S`` takes block ``s`` of ``S`` contiguous blocks of every epoch's order
-(:func:`seqstore.order.block_bounds`) and packs it on its own, so nothing is built over the whole
-epoch: no document index, no sample index. Two modes:
+The documents come from a dataset's epoch orders or from a :class:`~seqstore.data.MixtureStream`; the
+stream is endless (epoch ``e + 1`` follows epoch ``e``), a training loop stops when it wants. Every
+consumer (rank x DataLoader worker) is a *share*: share ``s`` of ``S`` packs block ``s`` of ``S``
+contiguous blocks of every epoch's order (:func:`seqstore.order.block_bounds`) on its own, so nothing
+is built over the whole epoch. Modes: ``concat`` (Megatron's: the documents back to back, ``eos``
+appended when given, windows of ``seq_len + 1`` tokens every ``seq_len``; no padding) and ``best_fit``
+(whole documents, the oldest of a window of ``window`` first, then the longest that fits; longer than
+``seq_len``: split or truncated; the rest is padding).
 
-* ``concat`` (Megatron's semantics): the documents back to back (with ``eos`` appended to each when
-  given), windows of ``seq_len + 1`` tokens every ``seq_len`` tokens; no padding;
-* ``best_fit``: whole documents into sequences, the oldest of a window of ``window`` documents first,
-  then the longest that fits, until none fits; the rest is padding. Longer than ``seq_len``: split
-  (``split_long=True``, the rest packs next) or truncated (counted in the stats).
+A batch of ``B`` sequences is a dict of NumPy arrays: ``tokens`` / ``labels`` / ``position_ids`` int64
+(B, seq_len), ``loss_mask`` bool, ``cu_seqlens`` int32 (document and padding boundaries over the
+flattened batch) and ``max_seqlen``. In ``best_fit`` a document's last token and padding get label
+``-100`` and no loss (in ``concat`` the last label is the next document's first token, and ``tokens`` /
+``labels`` are two views of one array); ``mask_eos=True`` also masks the loss where the input is an
+appended EOS. Position ids restart at every document and row. Details: docs/datasets.md.
 
-A batch of ``B`` sequences is a dict of NumPy arrays: ``tokens`` / ``labels`` / ``position_ids``
-int64 (B, seq_len), ``loss_mask`` bool (B, seq_len), ``cu_seqlens`` int32 (boundaries of the documents
-(and of each row's padding) over the flattened batch, for variable-length attention) and
-``max_seqlen``. Labels are the next token; in ``best_fit`` a document's last token and padding get
-label ``-100`` and loss mask False (in ``concat`` the last token's label is the next document's first,
-as in Megatron; there ``tokens`` and ``labels`` are two views of one array of ``B * seq_len + 1``
-tokens); ``mask_eos=True`` also masks the loss where the input is an appended EOS. Position ids
-restart at every document (and at the start of each row).
-
-State: per share, its pending ranges ``[epoch, start, stop, offset]`` (the documents it pulled but
-has not finished come first: best_fit's window, in order), the next epoch it takes a fresh block of,
-and running counts (sequences, tokens, documents, padding, truncated, per source). O(share count x
-(window + ranges)). States load into the same number of shares exactly, or into another number by
+State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first), the
+next epoch it takes a fresh block of, and running counts. O(share count x (window + ranges)). States
+load into the same number of shares exactly, or into another number by
 :func:`~seqstore.data._packplan.resplit` (no token repeated or skipped).
 """
 
