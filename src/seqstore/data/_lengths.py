@@ -30,6 +30,7 @@ __all__ = [
     "as_index_array",
     "check_int",
     "check_optional_int",
+    "smallest_dtype",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -49,6 +50,11 @@ def check_int(value: Any, what: str, minimum: int | None = None, *, _none: str =
 def check_optional_int(value: Any, what: str, minimum: int | None = None) -> int | None:
     """:func:`check_int`, None passing (and named in the error)."""
     return None if value is None else check_int(value, what, minimum, _none="None or ")
+
+
+def smallest_dtype(top: int) -> Any:
+    """The smallest of uint8, uint16, uint32 and int64 that holds ``0 .. top``."""
+    return next(dt for dt in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(dt).max)
 
 
 def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:
@@ -122,9 +128,7 @@ class LengthsView(abc.ABC):
         if dtype is None:
             top = max((int(p.max()) for p in parts if p.size), default=0)
             lo = min((int(p.min()) for p in parts if p.size), default=0)
-            dtype = np.int64 if lo < 0 else next(
-                dt for dt in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(dt).max
-            )
+            dtype = np.int64 if lo < 0 else smallest_dtype(top)
         out = np.empty(len(self), dtype=dtype)
         pos = 0
         for p in parts:

@@ -33,7 +33,7 @@ from ..io import lookahead
 from ..order import Order
 from ..order.api import check_ordering
 from ._cache import cached_array, fingerprint, write_npy
-from ._lengths import IntArray, LengthsView, as_index_array, check_int
+from ._lengths import IntArray, LengthsView, as_index_array, check_int, smallest_dtype
 from ._orders import dataset_order
 from .filter import KeptLengths, check_bounds, kept_indices
 
@@ -147,12 +147,8 @@ class Dataset(abc.ABC):
             return view.to_numpy()
 
         def compute(p: Path) -> None:
-            top = 0
-            for chunk in view.iter_chunks():
-                if chunk.size:
-                    top = max(top, int(chunk.max()))
-            dt = next(d for d in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(d).max)
-            write_npy(p, view.iter_chunks(), len(view), dt)
+            top = max((int(chunk.max()) for chunk in view.iter_chunks() if chunk.size), default=0)
+            write_npy(p, view.iter_chunks(), len(view), smallest_dtype(top))
 
         return cached_array(path, compute, length=len(view))
 

@@ -128,18 +128,14 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return int(self.dataset.num_seqs)
 
-    def _check_index(self, i: Any) -> int:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        """Record ``i``: field -> tensor (one copy out of the mapping). O(record size)."""
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"SeqDataset index must be an int, got {type(i).__name__}")
         n = len(self)
         j = int(i) + n if int(i) < 0 else int(i)
         if not 0 <= j < n:
             raise IndexError(f"SeqDataset index {i} out of range for {n} records")
-        return j
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        """Record ``i``: field -> tensor (one copy out of the mapping). O(record size)."""
-        j = self._check_index(i)
         rec = self.dataset.get(j)
         out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
         if self.with_index:

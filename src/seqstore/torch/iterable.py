@@ -147,14 +147,19 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         for views in zip(*parts):
             yield dict(zip(names, views))
 
+    def _stream(self) -> tuple[int, int]:
+        """(streams, this process's stream): ranks x DataLoader workers, stream ``worker * W + rank``."""
+        worker, workers = worker_topology()
+        return self.world_size * workers, worker * self.world_size + self.rank
+
     def _blocks(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """Records mode: this stream's items as index arrays of whole items, about :data:`RECORDS_BLOCK`
         records each (one ``order.take`` per block)."""
-        worker, workers = worker_topology()
+        streams, stream = self._stream()
         order, start, _ = self._begin()
-        for pos in fixed_item_blocks(len(order), start, item=self._item, world=self.world_size,
-                                     streams=self.world_size * workers, stream=worker * self.world_size + self.rank,
-                                     drop_last=self.drop_last, items=max(1, RECORDS_BLOCK // self._item)):
+        items = max(1, RECORDS_BLOCK // self._item)
+        for pos in fixed_item_blocks(len(order), start, item=self._item, world=self.world_size, streams=streams,
+                                     stream=stream, drop_last=self.drop_last, items=items):
             yield order.take(pos)
 
     def _gathered(self, arrays: Iterator[np.ndarray[Any, Any]], pad: bool) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -174,9 +179,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     def _indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """:meth:`iter_indices` without marking the iteration finished at its end (``__iter__`` reads
         ahead of what it yields, so it marks the end only once everything was yielded)."""
-        worker, workers = worker_topology()
-        streams = self.world_size * workers
-        stream = worker * self.world_size + self.rank
+        streams, stream = self._stream()
         order, start, skip = self._begin()
         if self._spec is None:
             for pos in fixed_item_positions(len(order), start, item=self._item, world=self.world_size,

@@ -19,6 +19,7 @@ in ``K`` worker processes that write into a ring of shared buffers
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,19 +73,15 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         total = self.world_size * workers
         stream = self.packed.open(self._shares(workers)[share], share, total)
         count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
-        made = 0
-        while count is None or made < count:
+        for _ in itertools.count() if count is None else range(count):
             batch = stream.batch(self.batch_size)
-            made += 1
             yield {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
 
     def _plans(self) -> Iterator[np.ndarray[Any, Any]]:
         """This rank's batches as plans, as without DataLoader workers (share ``rank`` of ``world_size``)."""
         stream = self.packed.open(self._shares(1)[self.rank], self.rank, self.world_size)
-        made = 0
-        while self.num_batches is None or made < self.num_batches:
+        for _ in itertools.count() if self.num_batches is None else range(self.num_batches):
             yield stream.plan(self.batch_size)
-            made += 1
 
     def parallel(self, *, threads: int = 0, procs: int = 0, context: Any = None,
                  pin: bool = False) -> Iterator[dict[str, Any]]:
