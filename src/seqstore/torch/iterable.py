@@ -1,14 +1,10 @@
 """``IterableSeqDataset``: records or batches sharded over ranks x DataLoader workers, lazily.
 
-Each of the ``S = W x K`` streams (rank ``r``, worker ``w``: stream ``w * W + r``) takes every
-``S``-th global item of the epoch, starting at its stream number; the DataLoader reads a rank's
-workers round-robin, so the rank's ``k``-th item is global item ``k * W + r`` and ranks in lockstep
-have consumed a prefix (see :mod:`seqstore.torch._plan`). Every worker opens the store itself (the
-dataset pickles by path) and computes its items with ``order.take``: O(item) memory per worker.
-
-Assumptions (what makes the position after ``k`` items exact): ``DataLoader(in_order=True)`` (the
-default), no ``persistent_workers`` (workers must see ``set_epoch`` / ``load_state_dict``), and for
-records ``group`` equal to the DataLoader's ``batch_size`` (``SeqDataLoader`` checks and sets these).
+Stream ``w * W + r`` (rank ``r``, worker ``w``) takes every ``W x K``-th global item of the epoch (see
+:mod:`seqstore.torch._plan`). Every worker opens the store itself (the dataset pickles by path) and
+computes its items with ``order.take``: O(item) memory per worker. The position after ``k`` items is
+exact under the assumptions ``SeqDataLoader`` checks and sets (``in_order=True``, no
+``persistent_workers``, records ``group`` equal to the ``batch_size``).
 """
 
 from __future__ import annotations
