@@ -1,15 +1,11 @@
 """What a map-style DataLoader worker will be asked for next, so it can read it ahead.
 
-A ``DataLoader`` over a map-style dataset hands batch ``j`` of its batch sampler to worker
-``j % num_workers`` (round robin, ``in_order=True``). An :class:`EpochBatchSampler` (or a
-``BatchSampler`` over an :class:`EpochSampler`) is a pure function of its O(1) state, so a worker can
-replay its own copy of the sampler and know its next batches before they arrive. :class:`Foresight`
-does that lazily (O(1) memory beyond the sampler's own state; the replay shares the sampler's
-dataset), checks every prediction against the batch actually asked for, and stops predicting at the
-first mismatch (another sampler): a wrong guess can only cost read-ahead, never change a batch.
-
-With ``persistent_workers=True`` the workers keep the copy of the dataset they got in the first
-epoch: the replay of later epochs is not renewed, so read-ahead runs in the first epoch only.
+The DataLoader hands batch ``j`` of its batch sampler to worker ``j % num_workers``; an
+:class:`EpochBatchSampler` (or a ``BatchSampler`` over an :class:`EpochSampler`) is a pure function of
+its O(1) state, so :class:`Foresight` replays the worker's own copy of it lazily (sharing the
+sampler's dataset), checks every prediction against the batch actually asked for and stops at the
+first mismatch: a wrong guess only costs read-ahead, never changes a batch. With
+``persistent_workers=True`` this runs in the first epoch only (docs/torch.md, "Read-ahead in the workers").
 """
 
 from __future__ import annotations
