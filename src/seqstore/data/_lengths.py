@@ -153,9 +153,7 @@ class ArrayLengths(LengthsView):
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise ValueError(f"lengths must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
         self.array = arr
-
-    def __len__(self) -> int:
-        return int(self.array.shape[0])
+        self.n = int(arr.shape[0])
 
     def _take(self, indices: IntArray) -> IntArray:
         return np.asarray(self.array[indices], dtype=np.int64)

@@ -99,9 +99,7 @@ class ConcatLengths(LengthsView):
     def __init__(self, parts: Sequence[LengthsView], starts: IntArray) -> None:
         self.parts = list(parts)
         self.starts = starts
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
+        self.n = int(starts[-1])
 
     def _take(self, indices: IntArray) -> IntArray:
         sp = Split(indices, self.starts)

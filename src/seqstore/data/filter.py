@@ -29,10 +29,7 @@ class KeptLengths(LengthsView):
     """The lengths of ``base`` at the indices ``kept`` (an int64 array or memmap)."""
 
     def __init__(self, base: LengthsView, kept: Any) -> None:
-        self.base, self.kept = base, kept
-
-    def __len__(self) -> int:
-        return len(self.kept)
+        self.base, self.kept, self.n = base, kept, len(kept)
 
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(np.asarray(self.kept[indices], dtype=np.int64))
