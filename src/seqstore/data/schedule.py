@@ -181,14 +181,14 @@ class MixtureSchedule:
             return cls([(int(s), dict(w)) for s, w in data["stages"]], names, unit=str(data["unit"]))
         return cls([(int(s), dict(w)) for s, w in data], names)
 
-    def _sample_stages(self, starts: Sequence[int], upto: int) -> MixtureSchedule:
-        """The first ``upto`` stages of this schedule in tokens, stage ``i`` starting at sample
+    def _sample_stages(self, starts: Sequence[int]) -> MixtureSchedule:
+        """The first ``len(starts)`` stages of this schedule in tokens, stage ``i`` starting at sample
         ``starts[i]`` (non-decreasing; of equal starts the last wins; the first stage covers from 0)."""
         keep: list[tuple[int, IntArray]] = []
-        for i in range(upto):
-            if keep and keep[-1][0] == starts[i]:
+        for start, units in zip(starts, self.units):
+            if keep and keep[-1][0] == start:
                 keep.pop()
-            keep.append((int(starts[i]), self.units[i]))
+            keep.append((int(start), units))
         out = MixtureSchedule.__new__(MixtureSchedule)
         out.unit, out.names = "samples", self.names
         out.starts = np.array([0] + [s for s, _ in keep[1:]], dtype=np.int64)
@@ -489,7 +489,7 @@ class _Walk:
             self.starts.append(self.f)
 
     def effective(self) -> MixtureSchedule:
-        return self.schedule._sample_stages(self.starts, len(self.starts))
+        return self.schedule._sample_stages(self.starts)
 
     def to_json(self) -> dict[str, Any]:
         return {"schedule": self.schedule.to_json(), "stage_samples": list(self.starts), "walk": [self.f, self.t]}
