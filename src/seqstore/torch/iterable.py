@@ -131,12 +131,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         field, no copy)."""
         values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
         names = list(values)
-        parts: list[Any] = []
-        for name, v in values.items():
-            if name in lengths:
-                parts.append(torch.split(v, lengths[name].tolist()))
-            else:
-                parts.append(v.unbind(0))
+        parts: list[Any] = [torch.split(v, lengths[name].tolist()) if name in lengths else v.unbind(0)
+                            for name, v in values.items()]
         if self.with_index:
             names.append(INDEX_KEY)
             parts.append(torch.from_numpy(np.array(idx, dtype=np.int64)).unbind(0))
