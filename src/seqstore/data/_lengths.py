@@ -57,14 +57,14 @@ def smallest_dtype(top: int) -> Any:
     return next(dt for dt in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(dt).max)
 
 
-def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:
+def as_index_array(indices: Any, n: int) -> IntArray:
     """``indices`` (any int array-like, negative counts from the end) as a flat int64 array checked
     against ``[0, n)``. Raises IndexError naming the first bad value. O(len(indices))."""
     arr = np.asarray(indices)
     if arr.dtype.kind not in "iu":
         if arr.size == 0:
             return np.empty(0, dtype=np.int64)
-        raise TypeError(f"{what}es must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"indexes must be integers, got dtype {arr.dtype}")
     flat = arr.reshape(-1).astype(np.int64, copy=True)
     if flat.size:
         neg = flat < 0
@@ -73,7 +73,7 @@ def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:
         bad = (flat < 0) | (flat >= n)
         if bad.any():
             first = int(np.asarray(arr).reshape(-1)[int(np.flatnonzero(bad)[0])])
-            raise IndexError(f"{what} {first} out of range for {n} sequences")
+            raise IndexError(f"index {first} out of range for {n} sequences")
     return flat
 
 
