@@ -103,7 +103,7 @@ class MetaDataset(Dataset):
         if self.length_from not in self.datasets:
             raise ValueError(f"length_from {self.length_from!r} is not one of the datasets {self.names}")
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
-        self._fields_arg = None if fields is None else {k: v for k, v in fields.items()}
+        self._fields_arg = None if fields is None else dict(fields)
         self.field_map = self._resolve_fields(fields)
         ctrl = self.datasets[self.control]
         self._dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(ctrl.store)

@@ -73,9 +73,9 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         total = self.world_size * workers
         stream = self.packed.open(self._shares(workers)[share], share, total)
         count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
+        build = _Build(self.packed, ring=False)
         for _ in itertools.count() if count is None else range(count):
-            batch = stream.batch(self.batch_size)
-            yield {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
+            yield build(stream.plan(self.batch_size))
 
     def _plans(self) -> Iterator[np.ndarray[Any, Any]]:
         """This rank's batches as plans, as without DataLoader workers (share ``rank`` of ``world_size``)."""
