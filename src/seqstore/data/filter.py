@@ -1,12 +1,9 @@
 """Length filtering of an index space: the indices whose length is in ``[min_length, max_length]``.
 
-The kept indices are computed in two chunked passes over a :class:`LengthsView` (count, then fill; O(chunk)
-memory) and cached as an int64 ``.npy`` in a cache directory, keyed by the content fingerprint of the
-filtered dataset and the bounds; later opens memory-map it. Without a cache identity (in-memory lengths)
-the indices stay in memory (O(kept)). :class:`KeptLengths` is the lengths view over the kept indices.
-
-This module knows nothing of datasets; :class:`seqstore.data.FilteredDataset` (in ``base``, next to the
-``Dataset.filter`` that builds it) is the dataset over these indices.
+The kept indices are computed in two chunked passes over a :class:`LengthsView` (count, then fill;
+O(chunk) memory) and cached as an int64 ``.npy`` keyed by the content fingerprint and the bounds;
+without a cache identity they stay in memory (O(kept)). :class:`seqstore.data.FilteredDataset` (in
+``base``, next to ``Dataset.filter``) is the dataset over them; :class:`KeptLengths` their lengths.
 """
 
 from __future__ import annotations

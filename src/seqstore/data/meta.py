@@ -1,13 +1,10 @@
 """``MetaDataset``: fields of several stores that describe the same sequences, zipped by id.
 
-The *control* dataset defines the sequences and their order of indices. For every other child a
-**row map** (int64, one entry per control record: the child's row with the same id, or -1) is
-computed once by :func:`seqstore.data._join.join_rows` (vectorised hash join over the raw id files)
-and cached as ``.npy`` in the cache directory (default ``<control store>.cache/``, beside the store,
-or ``cache_dir=``), keyed by a fingerprint of both manifests (shard names, record counts and the
-CRC-32 of the id files), so a changed store is never joined from a stale map. A small JSON sidecar,
-written last, records the missing counts and marks the cache complete. Reopening maps the files:
-O(children) work and memory.
+The *control* dataset defines the sequences. For every other child a **row map** (int64 per control
+record: the child's row with the same id, or -1) is computed once by :func:`seqstore.data._join.join_rows`
+and cached as ``.npy`` (default in ``<control store>.cache/``), keyed by a fingerprint of both
+manifests; a JSON sidecar, written last, records the missing counts and marks the cache complete.
+Reopening maps the files: O(children).
 
 Missing ids: ``missing="error"`` raises naming how many control ids each child lacks and the first
 ten; ``missing="drop"`` keeps the control records every child has (their control rows, cached as
