@@ -16,19 +16,9 @@ from ._lengths import LengthsView
 __all__ = ["dataset_order"]
 
 
-def dataset_order(
-    n: int,
-    ordering: Any,
-    *,
-    epoch: int,
-    seed: int,
-    partition_epoch: int = 1,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    lengths: Callable[[], LengthsView] | None = None,
-    lengths_array: Callable[[], Any] | None = None,
-    sort_cache: Any = None,
-) -> Order:
+def dataset_order(n: int, ordering: Any, *, epoch: int, seed: int, partition_epoch: int = 1, shard_index: int = 0,
+                  num_shards: int = 1, lengths: Callable[[], LengthsView] | None = None,
+                  lengths_array: Callable[[], Any] | None = None, sort_cache: Any = None) -> Order:
     """The order of sub-epoch ``epoch`` on shard ``shard_index`` of ``num_shards`` over ``n`` sequences.
 
     Same meaning and arguments as :func:`seqstore.order.seq_order`; ``lengths`` supplies a lazy view
