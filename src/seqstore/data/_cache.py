@@ -66,11 +66,7 @@ def store_fingerprint(store: Any, files: tuple[str, ...] = ()) -> list[Any]:
     m = store.manifest
     if m.table is not None:
         return ["table", m.table.rows, m.table.records, m.table.crc32]
-    out: list[Any] = []
-    for s in m.shards:
-        crcs = [s.files[f].crc32 if f in s.files else None for f in files]
-        out.append([s.name, s.records, crcs])
-    return out
+    return [[s.name, s.records, [s.files[f].crc32 if f in s.files else None for f in files]] for s in m.shards]
 
 
 def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype: npt.DTypeLike) -> None:

@@ -28,6 +28,9 @@ __all__ = [
     "TakeLengths",
     "as_lengths",
     "as_index_array",
+    "check_int",
+    "check_optional_int",
+    "smallest_dtype",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -35,14 +38,33 @@ IntArray = npt.NDArray[np.int64]
 _CHUNK = 1 << 20
 
 
-def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:
+def check_int(value: Any, what: str, minimum: int | None = None, *, _none: str = "") -> int:
+    """``value`` as an int (a bool is not one) of at least ``minimum``; else ValueError:
+    "``what`` must be an integer [>= minimum], got ``value``"."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{what} must be {_none}an integer{bound}, got {value!r}")
+    return int(value)
+
+
+def check_optional_int(value: Any, what: str, minimum: int | None = None) -> int | None:
+    """:func:`check_int`, None passing (and named in the error)."""
+    return None if value is None else check_int(value, what, minimum, _none="None or ")
+
+
+def smallest_dtype(top: int) -> Any:
+    """The smallest of uint8, uint16, uint32 and int64 that holds ``0 .. top``."""
+    return next(dt for dt in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(dt).max)
+
+
+def as_index_array(indices: Any, n: int) -> IntArray:
     """``indices`` (any int array-like, negative counts from the end) as a flat int64 array checked
     against ``[0, n)``. Raises IndexError naming the first bad value. O(len(indices))."""
     arr = np.asarray(indices)
     if arr.dtype.kind not in "iu":
         if arr.size == 0:
             return np.empty(0, dtype=np.int64)
-        raise TypeError(f"{what}es must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"indexes must be integers, got dtype {arr.dtype}")
     flat = arr.reshape(-1).astype(np.int64, copy=True)
     if flat.size:
         neg = flat < 0
@@ -51,15 +73,18 @@ def as_index_array(indices: Any, n: int, what: str = "index") -> IntArray:
         bad = (flat < 0) | (flat >= n)
         if bad.any():
             first = int(np.asarray(arr).reshape(-1)[int(np.flatnonzero(bad)[0])])
-            raise IndexError(f"{what} {first} out of range for {n} sequences")
+            raise IndexError(f"index {first} out of range for {n} sequences")
     return flat
 
 
 class LengthsView(abc.ABC):
-    """Lazy int64 lengths of ``len(self)`` sequences. Subclasses implement ``__len__`` and ``_take``."""
+    """Lazy int64 lengths of ``len(self)`` sequences. Subclasses implement ``_take`` and set ``n`` (the
+    number of sequences) or implement ``__len__``."""
 
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
 
     @abc.abstractmethod
     def _take(self, indices: IntArray) -> IntArray:
@@ -103,9 +128,7 @@ class LengthsView(abc.ABC):
         if dtype is None:
             top = max((int(p.max()) for p in parts if p.size), default=0)
             lo = min((int(p.min()) for p in parts if p.size), default=0)
-            dtype = np.int64 if lo < 0 else next(
-                dt for dt in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(dt).max
-            )
+            dtype = np.int64 if lo < 0 else smallest_dtype(top)
         out = np.empty(len(self), dtype=dtype)
         pos = 0
         for p in parts:
@@ -130,9 +153,7 @@ class ArrayLengths(LengthsView):
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise ValueError(f"lengths must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
         self.array = arr
-
-    def __len__(self) -> int:
-        return int(self.array.shape[0])
+        self.n = int(arr.shape[0])
 
     def _take(self, indices: IntArray) -> IntArray:
         return np.asarray(self.array[indices], dtype=np.int64)
@@ -172,9 +193,6 @@ class ConstantLengths(LengthsView):
         self.n = int(n)
         self.value = int(value)
 
-    def __len__(self) -> int:
-        return self.n
-
     def _take(self, indices: IntArray) -> IntArray:
         return np.full(indices.shape, self.value, dtype=np.int64)
 
@@ -185,9 +203,6 @@ class FuncLengths(LengthsView):
     def __init__(self, n: int, func: Callable[[IntArray], npt.ArrayLike]) -> None:
         self.n = int(n)
         self.func = func
-
-    def __len__(self) -> int:
-        return self.n
 
     def _take(self, indices: IntArray) -> IntArray:
         return np.asarray(self.func(indices), dtype=np.int64)
@@ -201,9 +216,6 @@ class MappedLengths(LengthsView):
         self.n = int(n)
         self.index_map = index_map
 
-    def __len__(self) -> int:
-        return self.n
-
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(self.index_map(indices))
 
@@ -215,9 +227,6 @@ class OffsetLengths(LengthsView):
         self.base = base
         self.start = int(start)
         self.n = int(n)
-
-    def __len__(self) -> int:
-        return self.n
 
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(indices + self.start)

@@ -16,19 +16,9 @@ from ._lengths import LengthsView
 __all__ = ["dataset_order"]
 
 
-def dataset_order(
-    n: int,
-    ordering: Any,
-    *,
-    epoch: int,
-    seed: int,
-    partition_epoch: int = 1,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    lengths: Callable[[], LengthsView] | None = None,
-    lengths_array: Callable[[], Any] | None = None,
-    sort_cache: Any = None,
-) -> Order:
+def dataset_order(n: int, ordering: Any, *, epoch: int, seed: int, partition_epoch: int = 1, shard_index: int = 0,
+                  num_shards: int = 1, lengths: Callable[[], LengthsView] | None = None,
+                  lengths_array: Callable[[], Any] | None = None, sort_cache: Any = None) -> Order:
     """The order of sub-epoch ``epoch`` on shard ``shard_index`` of ``num_shards`` over ``n`` sequences.
 
     Same meaning and arguments as :func:`seqstore.order.seq_order`; ``lengths`` supplies a lazy view
@@ -37,32 +27,15 @@ def dataset_order(
     callable returning one or None, called after ``lengths_array``) is where the global sort index is
     cached. O(1) construction.
     """
-    if ordering_name(ordering) == "laplace":
-        if lengths is None:
+    arr: Any = None
+    cache = None
+    if ordering_needs_lengths(ordering):
+        laplace = ordering_name(ordering) == "laplace"
+        supply = lengths if laplace else lengths_array
+        if supply is None:
             raise ValueError(f"ordering {ordering!r} needs lengths")
-        return seq_order(
-            n,
-            ordering,
-            epoch=epoch,
-            seed=seed,
-            lengths=lengths(),
-            partition_epoch=partition_epoch,
-            shard_index=shard_index,
-            num_shards=num_shards,
-        )
-    arr = None
-    if ordering_needs_lengths(ordering):  # sorted*, sort_bin_shuffle*: an array and a global sort index
-        if lengths_array is None:
-            raise ValueError(f"ordering {ordering!r} needs lengths")
-        arr = lengths_array()
-    return seq_order(
-        n,
-        ordering,
-        epoch=epoch,
-        seed=seed,
-        lengths=arr,
-        partition_epoch=partition_epoch,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        sort_cache=(sort_cache() if callable(sort_cache) else sort_cache) if arr is not None else None,
-    )
+        arr = supply()
+        if not laplace:  # sorted*, sort_bin_shuffle*: an array and a global sort index
+            cache = sort_cache() if callable(sort_cache) else sort_cache
+    return seq_order(n, ordering, epoch=epoch, seed=seed, lengths=arr, partition_epoch=partition_epoch,
+                     shard_index=shard_index, num_shards=num_shards, sort_cache=cache)

@@ -4,13 +4,9 @@ A *share* (one rank x worker of one run) walks its pending documents: a list of 
 ``[epoch, start, stop, off]`` of positions in the document stream's epochs (``off``: tokens of the
 range's first document already used), then, when they run out, block ``share`` of ``num_shares`` of
 every following epoch (:func:`seqstore.order.block_bounds`). A :class:`Planner` pulls documents from
-that cursor and cuts them into *pieces* ``(sequence, document id, offset, count)``:
-
-* ``concat``: the documents back to back, windows of ``seq_len + 1`` tokens every ``seq_len`` tokens
-  (the last token of a window is the label of its last input, and the first input of the next);
-* ``best_fit``: documents whole, the oldest document of a window of ``window`` documents first, then
-  repeatedly the longest one that still fits (numba); longer than ``seq_len``: split (the rest stays
-  first in line) or truncated (counted).
+that cursor and cuts them into *pieces* ``(sequence, document id, offset, count)`` by the rules of
+the two modes (:mod:`seqstore.data.packing`; ``concat``: the last token of a window is the label of its
+last input and the first input of the next; ``best_fit``'s choice of the longest fitting document is numba).
 
 Plans read lengths only, never tokens, so the process that keeps the resume state replays what the
 workers packed. :func:`resplit` turns the states of ``S`` shares into those of ``S'`` shares with no
@@ -27,13 +23,17 @@ import numpy as np
 from ..order import block_bounds
 from ._lengths import IntArray
 
-__all__ = ["DocStream", "Planner", "fresh_shares", "resplit"]
+__all__ = ["DocStream", "Planner", "fresh_shares", "resplit", "sum_stats"]
 
 _PULL = 256
 #: documents pulled at least when a plan runs short (pulling concatenates the pulled arrays: not per batch)
 _PULL_AHEAD = 1024
 #: documents read from the stream at a time (one ``docs`` call per this many documents, not per batch)
 _PULL_MIN = 2048
+
+
+#: a plan: pieces' sequence, document id, offset and count, and every sequence's padding
+Plan = tuple[IntArray, IntArray, IntArray, IntArray, IntArray]
 
 
 class DocStream(Protocol):
@@ -293,47 +293,32 @@ class Planner:
 
     # ---------------------------------------------------------------------------------- plans
 
-    def plan(self, nseq: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+    def plan(self, nseq: int) -> Plan:
         """The next ``nseq`` sequences: pieces (sequence, document id, offset, count) and each
         sequence's padding. ``concat`` pieces cover ``seq_len + 1`` tokens per sequence."""
+        step = self._plan_concat if self.mode == "concat" else self._plan_best_fit
         if nseq <= 1024:  # one step (a batch): no concatenation
-            p = self._plan_concat(nseq) if self.mode == "concat" else self._plan_best_fit(nseq)
-            return p[0], p[1], p[2], p[3], p[4]
+            return step(nseq)
         parts = []
-        done = 0
-        while done < nseq:
-            step = min(nseq - done, 1024)
-            p = self._plan_concat(step) if self.mode == "concat" else self._plan_best_fit(step)
-            parts.append((p[0] + done, *p[1:4]))
-            pads = p[4]
-            done += step
-            parts[-1] = (*parts[-1], pads)
-        cols = list(zip(*parts))
-        return tuple(np.concatenate(c) for c in cols)  # type: ignore[return-value]
+        for done in range(0, nseq, 1024):
+            p = step(min(nseq - done, 1024))
+            parts.append((p[0] + done, *p[1:]))
+        return tuple(np.concatenate(c) for c in zip(*parts))  # type: ignore[return-value]
 
-    def _count(self, ids: IntArray, n: IntArray) -> None:
+    def _count(self, ids: IntArray, tokens: IntArray | None = None) -> None:
+        """Count documents ``ids`` finished or, given ``tokens``, the tokens taken from each: in total
+        and per source."""
+        key, total = ("documents", len(ids)) if tokens is None else ("tokens", int(tokens.sum()))
         st = self.stats
-        total = int(n.sum())
-        st["tokens"] += total
-        if len(st["source_tokens"]) == 1:  # one source: no lookup
-            st["source_tokens"][0] += total
+        st[key] += total
+        per_source = st["source_" + key]
+        if len(per_source) == 1:  # one source: no lookup
+            per_source[0] += total
             return
-        src = self.stream.source_of(ids)
-        st["source_tokens"] = (np.asarray(st["source_tokens"], dtype=np.int64)
-                               + np.bincount(src, weights=n, minlength=len(st["source_tokens"])).astype(np.int64)
-                               ).tolist()
+        add = np.bincount(self.stream.source_of(ids), weights=tokens, minlength=len(per_source)).astype(np.int64)
+        st["source_" + key] = (np.asarray(per_source, dtype=np.int64) + add).tolist()
 
-    def _count_docs(self, ids: IntArray) -> None:
-        st = self.stats
-        st["documents"] += len(ids)
-        if len(st["source_documents"]) == 1:
-            st["source_documents"][0] += len(ids)
-            return
-        src = self.stream.source_of(ids)
-        st["source_documents"] = (np.asarray(st["source_documents"], dtype=np.int64)
-                                  + np.bincount(src, minlength=len(st["source_documents"]))).tolist()
-
-    def _plan_concat(self, nseq: int) -> tuple[IntArray, ...]:
+    def _plan_concat(self, nseq: int) -> Plan:
         L = self.seq_len
         need = nseq * L + 1
         have = int((self.lens - self.off).sum())
@@ -346,7 +331,7 @@ class Planner:
         ids = self.ids[j]
         # tokens are counted as inputs: [0, nseq * L) of the stream
         self._count(self.ids[: len(cut)], cut)
-        self._count_docs(self.ids[:k])
+        self._count(self.ids[:k])
         if k < len(self.ids):
             new_off = self.off[k] + cut[k]
             self._drop(k)
@@ -357,7 +342,7 @@ class Planner:
         self.stats["sequences"] += nseq
         return seq, ids, off, cnt, np.zeros(nseq, dtype=np.int64)
 
-    def _plan_best_fit(self, nseq: int) -> tuple[IntArray, ...]:
+    def _plan_best_fit(self, nseq: int) -> Plan:
         while True:
             # documents behind the window: enough to refill it for ``nseq`` sequences (estimated from the
             # mean length of what was pulled), and to fill it first
@@ -381,7 +366,7 @@ class Planner:
         else:
             used = np.ones(seen, dtype=bool)
             used[kept] = False
-            self._count_docs(self.ids[:seen][used])
+            self._count(self.ids[:seen][used])
         self._count(ids, p_n)
         self.ep, self.pos, self.ids, self.lens, self.off = _reorder(kept, seen, self.ep, self.pos, self.ids,
                                                                    self.lens, offs)
@@ -397,6 +382,15 @@ class Planner:
 def new_stats(sources: int) -> dict[str, Any]:
     return {"sequences": 0, "tokens": 0, "documents": 0, "padding": 0, "truncated": 0,
             "source_tokens": [0] * sources, "source_documents": [0] * sources}
+
+
+def sum_stats(shares: list[dict[str, Any]], sources: int) -> dict[str, Any]:
+    """The counts of ``shares`` added up (the per-source ones source by source)."""
+    tot = new_stats(sources)
+    for st in shares:
+        for k, v in st["stats"].items():
+            tot[k] = [x + y for x, y in zip(tot[k], v)] if isinstance(v, list) else tot[k] + int(v)
+    return tot
 
 
 def fresh_shares(num_shares: int, epoch: int, sources: int) -> list[dict[str, Any]]:
@@ -427,12 +421,7 @@ def resplit(stream: DocStream, shares: list[dict[str, Any]], num_shares: int, so
     items.sort(key=lambda r: (r[0], r[1]))
     total = sum(r[2] - r[1] for r in items)
     out = fresh_shares(num_shares, top, sources)
-    # stats are totals of the run: kept on share 0
-    tot = new_stats(sources)
-    for st in shares:
-        for k, v in st["stats"].items():
-            tot[k] = [x + y for x, y in zip(tot[k], v)] if isinstance(v, list) else tot[k] + int(v)
-    out[0]["stats"] = tot
+    out[0]["stats"] = sum_stats(shares, sources)  # stats are totals of the run: kept on share 0
     it = iter(items)
     cur: list[int] | None = next(it, None)
     for t in range(num_shares):

@@ -33,23 +33,24 @@ from ..io import lookahead
 from ..order import Order
 from ..order.api import check_ordering
 from ._cache import cached_array, fingerprint, write_npy
-from ._lengths import IntArray, LengthsView, as_index_array
+from ._lengths import IntArray, LengthsView, as_index_array, check_int, smallest_dtype
 from ._orders import dataset_order
 from .filter import KeptLengths, check_bounds, kept_indices
 
 __all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
 
 
-def check_order_params(ordering: Any, seed: Any, partition_epoch: Any) -> tuple[Any, int, int]:
-    """Validate a dataset's (ordering, seed, partition_epoch); raises ValueError naming the bad one."""
+def check_order_params(ordering: Any, seed: Any, partition_epoch: Any, base: Any = None) -> tuple[Any, int, int]:
+    """Validate a dataset's (ordering, seed, partition_epoch), each None taken from dataset ``base`` when
+    given; raises ValueError naming the bad one."""
+    if base is not None:
+        ordering = base.ordering if ordering is None else ordering
+        seed = base.seed if seed is None else seed
+        partition_epoch = base.partition_epoch if partition_epoch is None else partition_epoch
     if not isinstance(ordering, str) and not isinstance(ordering, (np.ndarray, Path, list, tuple, range)):
         raise ValueError(f"ordering must be an ordering name or an explicit order, got {type(ordering).__name__}")
     check_ordering(ordering)  # at construction, not at the first epoch_order
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    if isinstance(partition_epoch, bool) or not isinstance(partition_epoch, (int, np.integer)) or partition_epoch < 1:
-        raise ValueError(f"partition_epoch must be an integer >= 1, got {partition_epoch!r}")
-    return ordering, int(seed), int(partition_epoch)
+    return ordering, check_int(seed, "seed"), check_int(partition_epoch, "partition_epoch", 1)
 
 
 class Dataset(abc.ABC):
@@ -146,12 +147,8 @@ class Dataset(abc.ABC):
             return view.to_numpy()
 
         def compute(p: Path) -> None:
-            top = 0
-            for chunk in view.iter_chunks():
-                if chunk.size:
-                    top = max(top, int(chunk.max()))
-            dt = next(d for d in (np.uint8, np.uint16, np.uint32, np.int64) if top <= np.iinfo(d).max)
-            write_npy(p, view.iter_chunks(), len(view), dt)
+            top = max((int(chunk.max()) for chunk in view.iter_chunks() if chunk.size), default=0)
+            write_npy(p, view.iter_chunks(), len(view), smallest_dtype(top))
 
         return cached_array(path, compute, length=len(view))
 
@@ -184,11 +181,7 @@ class FilteredDataset(Dataset):
     ) -> None:
         self.min_length, self.max_length = check_bounds(min_length, max_length)
         self.dataset = dataset
-        self.ordering, self.seed, self.partition_epoch = check_order_params(
-            dataset.ordering if ordering is None else ordering,
-            dataset.seed if seed is None else seed,
-            dataset.partition_epoch if partition_epoch is None else partition_epoch,
-        )
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else dataset.cache_dir
         self.kept = kept_indices(dataset.lengths, dataset.cache_key(), self.cache_dir, self.min_length, self.max_length)
 

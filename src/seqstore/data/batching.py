@@ -22,7 +22,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ._lengths import IntArray, LengthsView, as_lengths
+from ._lengths import IntArray, LengthsView, as_lengths, check_int
 
 __all__ = ["BatchIterator", "batch_indices", "bucket_batches"]
 
@@ -45,12 +45,15 @@ def _chunks(order: Any, size: int) -> Iterator[IntArray]:
         yield np.asarray(arr[a : a + size], dtype=np.int64)
 
 
+def _limits(max_frames: int | None, max_seqs: int | None, owner: str) -> tuple[np.int64, np.int64]:
+    """(max_frames, max_seqs) for the kernels, ``_NO_LIMIT`` for None; at least one must be given."""
+    if max_frames is None and max_seqs is None:
+        raise ValueError(f"{owner} needs max_frames or max_seqs (or both)")
+    return _limit(max_frames, "max_frames"), _limit(max_seqs, "max_seqs")
+
+
 def _limit(value: int | None, what: str) -> np.int64:
-    if value is None:
-        return _NO_LIMIT
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be a positive integer or None, got {value!r}")
-    return np.int64(value)
+    return _NO_LIMIT if value is None else np.int64(check_int(value, what, 1))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -132,9 +135,7 @@ def batch_indices(
     gathered per chunk. A batch is closed when the next sequence would break ``max_seqs`` or
     ``max_frames`` (see the module docstring). Yields int64 arrays; memory O(chunk_size + batch).
     """
-    mf, ms = _limit(max_frames, "max_frames"), _limit(max_seqs, "max_seqs")
-    if mf < 0 and ms < 0:
-        raise ValueError("batch_indices needs max_frames or max_seqs (or both)")
+    mf, ms = _limits(max_frames, max_seqs, "batch_indices")
     view = as_lengths(lengths)
     it = BatchIterator(iter(()), max_frames)
 
@@ -340,16 +341,12 @@ def bucket_batches(
     order comes out exactly once; batches obey the limits of :func:`batch_indices`. The randomness is
     a splitmix64 stream seeded by ``seed``. Memory O(buffer_size + chunk_size).
     """
-    mf, ms = _limit(max_frames, "max_frames"), _limit(max_seqs, "max_seqs")
-    if mf < 0 and ms < 0:
-        raise ValueError("bucket_batches needs max_frames or max_seqs (or both)")
-    if isinstance(buffer_size, bool) or not isinstance(buffer_size, (int, np.integer)) or buffer_size < 1:
-        raise ValueError(f"buffer_size must be a positive integer, got {buffer_size!r}")
+    mf, ms = _limits(max_frames, max_seqs, "bucket_batches")
+    cap = check_int(buffer_size, "buffer_size", 1)
     view = as_lengths(lengths)
-    edges = _boundaries(buckets, order, view, int(buffer_size))
+    edges = _boundaries(buckets, order, view, cap)
     nb = len(edges) + 1
     it = BatchIterator(iter(()), max_frames)
-    cap = int(buffer_size)
 
     def gen() -> Iterator[IntArray]:
         head = np.full(nb, -1, dtype=np.int64)

@@ -1,29 +1,20 @@
 """``CombinedDataset``: several datasets sampled per epoch, one ordering over the union, all lazy.
 
-Index spaces:
+Index spaces (the sampling rules in full: docs/datasets.md):
 
 * **combined index** ``i`` in ``[0, sum N_k)``: child ``k``'s record ``j`` is ``start_N[k] + j`` (the
   children end to end); ``get``/``get_batch``/``lengths`` and the epoch orders' values use it;
   :meth:`CombinedDataset.locate_many` maps back by one ``searchsorted`` over the O(children) offsets.
 * **union position** ``u`` in ``[0, M)``, ``M = sum K_k``, per full epoch ``e``: ``u`` in child ``k``'s
-  block ``[start_K[k], start_K[k+1])`` is window position ``w = u - start_K[k]`` of child ``k``, i.e.
-  position ``((e-1) * K_k + w) mod N_k`` of the child's own epoch order (RETURNN's ``sampling_sizes``
-  rule: consecutive windows that advance each epoch and wrap around; ``K_k > N_k`` wraps several
-  times).
+  block ``[start_K[k], start_K[k+1])`` is window position ``w = u - start_K[k]``, i.e. position
+  ``g mod N_k``, ``g = (e-1) * K_k + w``, of the child's order for epoch ``e`` (``child_epoch="same"``,
+  RETURNN's) or for epoch ``g // N_k + 1`` (``"pass"``: the child is walked pass after pass).
 
-The epoch order is ``seq_order(M, ordering, ...)`` over union positions, with partition epoch and
-shards applied to it, composed with the window map (:class:`CombinedOrder`). For ``laplace`` the
-order's ``values`` callable maps each bin's union positions to (combined index, length) in one pass
-over the children, so an epoch order costs O(children) memory plus O(bin) while walking;
-``sorted*``/``sort_bin_shuffle*`` over the union materialise the union's
-lengths (O(M), in memory; the union changes every epoch, so there is nothing to cache).
-
-Which order of the child: with ``child_epoch="same"`` (default, RETURNN's behaviour) the window of
-full epoch ``e`` is cut from the child's order for epoch ``e``; with ``child_epoch="pass"`` window
-position ``g = (e-1) * K_k + w`` is position ``g mod N_k`` of the child's order for epoch
-``g // N_k + 1``, so a random child order is walked completely, pass after pass, before any
-sequence repeats (with "same", a random child order changes every epoch and windows of different
-epochs overlap by chance). Both are identical for epoch-independent child orders (``default``).
+The epoch order is ``seq_order(M, ordering, ...)`` over union positions (partition epoch and shards
+applied to it) composed with the window map (:class:`CombinedOrder`). For ``laplace`` the order's
+``values`` callable maps a bin's union positions to (combined index, length) in one pass over the
+children: O(children) memory plus O(bin) while walking. ``sorted*``/``sort_bin_shuffle*`` over the
+union materialise its lengths (O(M), in memory: the union changes every epoch, nothing to cache).
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..order import Order, ordering_name, seq_order
-from ._lengths import IntArray, LengthsView, MappedLengths, as_index_array
+from ._lengths import IntArray, LengthsView, MappedLengths, as_index_array, check_int
 from ._orders import dataset_order
 from .base import Dataset, check_order_params
 from .concat import ConcatLengths, Split
@@ -53,8 +44,7 @@ def weighted_sizes(weights: Sequence[float], epoch_size: int) -> IntArray:
     the ``epoch_size - sum floors`` leftover units go to the largest fractional parts, ties to the lower
     child number. A zero weight gets 0. Raises ValueError for negative, non-finite or all-zero weights.
     """
-    if isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer)) or epoch_size < 0:
-        raise ValueError(f"epoch_size must be an integer >= 0, got {epoch_size!r}")
+    epoch_size = check_int(epoch_size, "epoch_size", 0)
     ws: list[Fraction] = []
     for k, w in enumerate(weights):
         if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating, Fraction)):
@@ -65,9 +55,9 @@ def weighted_sizes(weights: Sequence[float], epoch_size: int) -> IntArray:
     total = sum(ws, Fraction(0))
     if total == 0:
         raise ValueError("weights must not all be zero")
-    quotas = [w * int(epoch_size) / total for w in ws]
+    quotas = [w * epoch_size / total for w in ws]
     sizes = [math.floor(q) for q in quotas]
-    left = int(epoch_size) - sum(sizes)
+    left = epoch_size - sum(sizes)
     by_remainder = sorted(range(len(ws)), key=lambda k: (-(quotas[k] - sizes[k]), k))
     for k in by_remainder[:left]:
         sizes[k] += 1
@@ -272,10 +262,8 @@ class CombinedDataset(Dataset):
             raise ValueError("give either sampling_sizes or weights/epoch_size, not both")
         if sampling_sizes is not None:
             raw = _per_child(sampling_sizes, self.names, "sampling_sizes")
-            for name, v in zip(self.names, raw):
-                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                    raise ValueError(f"sampling_sizes[{name!r}] must be an integer >= 0, got {v!r}")
-            sizes = np.asarray([int(v) for v in raw], dtype=np.int64)
+            sizes = np.asarray([check_int(v, f"sampling_sizes[{name!r}]", 0) for name, v in zip(self.names, raw)],
+                               dtype=np.int64)
         elif weights is not None:
             if epoch_size is None:
                 raise ValueError("weights need epoch_size (the number of sequences per full epoch)")
@@ -319,9 +307,7 @@ class CombinedDataset(Dataset):
 
     def windows(self, epoch: int) -> EpochWindows:
         """The window map of (sub-)epoch ``epoch``'s full epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 1:
-            raise ValueError(f"epoch must be an integer >= 1, got {epoch!r}")
-        full = (int(epoch) - 1) // self.partition_epoch + 1
+        full = (check_int(epoch, "epoch", 1) - 1) // self.partition_epoch + 1
         return EpochWindows(self.datasets, self.sizes, self.num, full, self.child_epoch)
 
     def window(self, name: str, epoch: int) -> tuple[int, int]:
@@ -354,23 +340,13 @@ class CombinedDataset(Dataset):
         """The combined order of sub-epoch ``epoch``: values are combined indices. O(1) to build."""
         w = self.windows(epoch)
         m = w.size
-        common: dict[str, Any] = {
-            "epoch": epoch,
-            "seed": self.seed,
-            "partition_epoch": self.partition_epoch,
-            "shard_index": shard_index,
-            "num_shards": num_shards,
-        }
+        common: dict[str, Any] = {"epoch": epoch, "seed": self.seed, "partition_epoch": self.partition_epoch,
+                                  "shard_index": shard_index, "num_shards": num_shards}
         if ordering_name(self.ordering) == "laplace":  # values are combined indices: one window lookup each
             values = _WindowValues(w, [d.lengths() for d in self.datasets])
             return seq_order(m, self.ordering, **common, values=values, num_values=w.num_values)
-        union = dataset_order(
-            m,
-            self.ordering,
-            **common,
-            lengths=lambda: MappedLengths(self.lengths(), m, w.map),
-            lengths_array=lambda: MappedLengths(self.lengths(), m, w.map).to_numpy(),
-        )
+        union = dataset_order(m, self.ordering, **common, lengths=lambda: MappedLengths(self.lengths(), m, w.map),
+                              lengths_array=lambda: MappedLengths(self.lengths(), m, w.map).to_numpy())
         return CombinedOrder(union, w)
 
     def filter(self, *, min_length: int | None = None, max_length: int | None = None, cache_dir: Any = None) -> Any:

@@ -99,9 +99,7 @@ class ConcatLengths(LengthsView):
     def __init__(self, parts: Sequence[LengthsView], starts: IntArray) -> None:
         self.parts = list(parts)
         self.starts = starts
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
+        self.n = int(starts[-1])
 
     def _take(self, indices: IntArray) -> IntArray:
         sp = Split(indices, self.starts)
@@ -143,10 +141,8 @@ class ConcatDataset(Dataset):
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         self.starts = np.zeros(len(self.datasets) + 1, dtype=np.int64)
         np.cumsum([d.num_seqs for d in self.datasets], out=self.starts[1:])
-        if cache_dir is not None:
-            self.cache_dir = Path(cache_dir)
-        else:
-            self.cache_dir = next((d.cache_dir for d in self.datasets if d.cache_dir is not None), None)
+        first = next((d.cache_dir for d in self.datasets if d.cache_dir is not None), None)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else first
 
     @property
     def num_seqs(self) -> int:
@@ -200,11 +196,7 @@ class SliceDataset(Dataset):
             raise ValueError(f"SliceDataset: need 0 <= start <= stop <= {n}, got start={start}, stop={stop}")
         self.dataset = dataset
         self.start, self.stop = int(start), int(stop)
-        self.ordering, self.seed, self.partition_epoch = check_order_params(
-            dataset.ordering if ordering is None else ordering,
-            dataset.seed if seed is None else seed,
-            dataset.partition_epoch if partition_epoch is None else partition_epoch,
-        )
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset)
         self.cache_dir = dataset.cache_dir
 
     @property

@@ -1,12 +1,9 @@
 """Length filtering of an index space: the indices whose length is in ``[min_length, max_length]``.
 
-The kept indices are computed in two chunked passes over a :class:`LengthsView` (count, then fill; O(chunk)
-memory) and cached as an int64 ``.npy`` in a cache directory, keyed by the content fingerprint of the
-filtered dataset and the bounds; later opens memory-map it. Without a cache identity (in-memory lengths)
-the indices stay in memory (O(kept)). :class:`KeptLengths` is the lengths view over the kept indices.
-
-This module knows nothing of datasets; :class:`seqstore.data.FilteredDataset` (in ``base``, next to the
-``Dataset.filter`` that builds it) is the dataset over these indices.
+The kept indices are computed in two chunked passes over a :class:`LengthsView` (count, then fill;
+O(chunk) memory) and cached as an int64 ``.npy`` keyed by the content fingerprint and the bounds;
+without a cache identity they stay in memory (O(kept)). :class:`seqstore.data.FilteredDataset` (in
+``base``, next to ``Dataset.filter``) is the dataset over them; :class:`KeptLengths` their lengths.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._cache import cached_array, fingerprint, write_npy
-from ._lengths import IntArray, LengthsView
+from ._lengths import IntArray, LengthsView, check_optional_int
 
 __all__ = ["KeptLengths", "check_bounds", "kept_indices"]
 
@@ -29,10 +26,7 @@ class KeptLengths(LengthsView):
     """The lengths of ``base`` at the indices ``kept`` (an int64 array or memmap)."""
 
     def __init__(self, base: LengthsView, kept: Any) -> None:
-        self.base, self.kept = base, kept
-
-    def __len__(self) -> int:
-        return len(self.kept)
+        self.base, self.kept, self.n = base, kept, len(kept)
 
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(np.asarray(self.kept[indices], dtype=np.int64))
@@ -44,12 +38,11 @@ class KeptLengths(LengthsView):
 
 def check_bounds(min_length: Any, max_length: Any) -> tuple[int | None, int | None]:
     """Validate the length bounds (integers or None, ``min_length <= max_length``); raises ValueError."""
-    for what, v in (("min_length", min_length), ("max_length", max_length)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-            raise ValueError(f"{what} must be an integer or None, got {v!r}")
-    if min_length is not None and max_length is not None and min_length > max_length:
-        raise ValueError(f"min_length {min_length} > max_length {max_length}: nothing would be kept")
-    return (None if min_length is None else int(min_length)), (None if max_length is None else int(max_length))
+    lo = check_optional_int(min_length, "min_length")
+    hi = check_optional_int(max_length, "max_length")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"min_length {lo} > max_length {hi}: nothing would be kept")
+    return lo, hi
 
 
 def _mask(chunk: IntArray, lo: int | None, hi: int | None) -> np.ndarray[Any, Any]:

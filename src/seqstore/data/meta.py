@@ -1,13 +1,10 @@
 """``MetaDataset``: fields of several stores that describe the same sequences, zipped by id.
 
-The *control* dataset defines the sequences and their order of indices. For every other child a
-**row map** (int64, one entry per control record: the child's row with the same id, or -1) is
-computed once by :func:`seqstore.data._join.join_rows` (vectorised hash join over the raw id files)
-and cached as ``.npy`` in the cache directory (default ``<control store>.cache/``, beside the store,
-or ``cache_dir=``), keyed by a fingerprint of both manifests (shard names, record counts and the
-CRC-32 of the id files), so a changed store is never joined from a stale map. A small JSON sidecar,
-written last, records the missing counts and marks the cache complete. Reopening maps the files:
-O(children) work and memory.
+The *control* dataset defines the sequences. For every other child a **row map** (int64 per control
+record: the child's row with the same id, or -1) is computed once by :func:`seqstore.data._join.join_rows`
+and cached as ``.npy`` (default in ``<control store>.cache/``), keyed by a fingerprint of both
+manifests; a JSON sidecar, written last, records the missing counts and marks the cache complete.
+Reopening maps the files: O(children).
 
 Missing ids: ``missing="error"`` raises naming how many control ids each child lacks and the first
 ten; ``missing="drop"`` keeps the control records every child has (their control rows, cached as
@@ -42,9 +39,6 @@ class _RowLengths(LengthsView):
 
     def __init__(self, base: LengthsView, n: int, rows: Any, kept: Any) -> None:
         self.base, self.n, self.rows, self.kept = base, int(n), rows, kept
-
-    def __len__(self) -> int:
-        return self.n
 
     def _take(self, indices: IntArray) -> IntArray:
         r = indices if self.kept is None else np.asarray(self.kept[indices], dtype=np.int64)
@@ -106,7 +100,7 @@ class MetaDataset(Dataset):
         if self.length_from not in self.datasets:
             raise ValueError(f"length_from {self.length_from!r} is not one of the datasets {self.names}")
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
-        self._fields_arg = None if fields is None else {k: v for k, v in fields.items()}
+        self._fields_arg = None if fields is None else dict(fields)
         self.field_map = self._resolve_fields(fields)
         ctrl = self.datasets[self.control]
         self._dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(ctrl.store)
@@ -160,12 +154,10 @@ class MetaDataset(Dataset):
         key = fingerprint("meta", cfp, [self._fp(n) for n in others])
         d = self._dir
         sidecar = d / f"meta-{key}.json"
-        info: dict[str, Any] | None = None
-        if sidecar.exists():
-            try:
-                info = json.loads(sidecar.read_text())
-            except (OSError, ValueError):
-                info = None
+        try:
+            info: dict[str, Any] | None = json.loads(sidecar.read_text())
+        except (OSError, ValueError):  # not joined yet, or unreadable: join again
+            info = None
         paths = {n: d / f"meta-{fingerprint('rows', cfp, self._fp(n))}.rows.npy" for n in others}
         if info is not None and all(p.exists() for p in paths.values()):
             for n in others:

@@ -1,31 +1,24 @@
 """``PackedDataset``: documents packed into fixed-length sequences lazily, sharded and resumable exactly.
 
-The documents come from a dataset's epoch orders (any ordering; epochs follow one another) or from a
-:class:`~seqstore.data.MixtureStream`. The stream is endless: epoch ``e + 1`` follows epoch ``e``;
-a training loop stops after as many steps as it wants. Every consumer (rank x DataLoader worker) is a
-*share*: share ``s`` of ``S`` takes block ``s`` of ``S`` contiguous blocks of every epoch's order
-(:func:`seqstore.order.block_bounds`) and packs it on its own, so nothing is built over the whole
-epoch: no document index, no sample index. Two modes:
+The documents come from a dataset's epoch orders or from a :class:`~seqstore.data.MixtureStream`; the
+stream is endless (epoch ``e + 1`` follows epoch ``e``), a training loop stops when it wants. Every
+consumer (rank x DataLoader worker) is a *share*: share ``s`` of ``S`` packs block ``s`` of ``S``
+contiguous blocks of every epoch's order (:func:`seqstore.order.block_bounds`) on its own, so nothing
+is built over the whole epoch. Modes: ``concat`` (Megatron's: the documents back to back, ``eos``
+appended when given, windows of ``seq_len + 1`` tokens every ``seq_len``; no padding) and ``best_fit``
+(whole documents, the oldest of a window of ``window`` first, then the longest that fits; longer than
+``seq_len``: split or truncated; the rest is padding).
 
-* ``concat`` (Megatron's semantics): the documents back to back (with ``eos`` appended to each when
-  given), windows of ``seq_len + 1`` tokens every ``seq_len`` tokens; no padding;
-* ``best_fit``: whole documents into sequences, the oldest of a window of ``window`` documents first,
-  then the longest that fits, until none fits; the rest is padding. Longer than ``seq_len``: split
-  (``split_long=True``, the rest packs next) or truncated (counted in the stats).
+A batch of ``B`` sequences is a dict of NumPy arrays: ``tokens`` / ``labels`` / ``position_ids`` int64
+(B, seq_len), ``loss_mask`` bool, ``cu_seqlens`` int32 (document and padding boundaries over the
+flattened batch) and ``max_seqlen``. In ``best_fit`` a document's last token and padding get label
+``-100`` and no loss (in ``concat`` the last label is the next document's first token, and ``tokens`` /
+``labels`` are two views of one array); ``mask_eos=True`` also masks the loss where the input is an
+appended EOS. Position ids restart at every document and row. Details: docs/datasets.md.
 
-A batch of ``B`` sequences is a dict of NumPy arrays: ``tokens`` / ``labels`` / ``position_ids``
-int64 (B, seq_len), ``loss_mask`` bool (B, seq_len), ``cu_seqlens`` int32 (boundaries of the documents
-(and of each row's padding) over the flattened batch, for variable-length attention) and
-``max_seqlen``. Labels are the next token; in ``best_fit`` a document's last token and padding get
-label ``-100`` and loss mask False (in ``concat`` the last token's label is the next document's first,
-as in Megatron; there ``tokens`` and ``labels`` are two views of one array of ``B * seq_len + 1``
-tokens); ``mask_eos=True`` also masks the loss where the input is an appended EOS. Position ids
-restart at every document (and at the start of each row).
-
-State: per share, its pending ranges ``[epoch, start, stop, offset]`` (the documents it pulled but
-has not finished come first: best_fit's window, in order), the next epoch it takes a fresh block of,
-and running counts (sequences, tokens, documents, padding, truncated, per source). O(share count x
-(window + ranges)). States load into the same number of shares exactly, or into another number by
+State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first), the
+next epoch it takes a fresh block of, and running counts. O(share count x (window + ranges)). States
+load into the same number of shares exactly, or into another number by
 :func:`~seqstore.data._packplan.resplit` (no token repeated or skipped).
 """
 
@@ -40,8 +33,8 @@ import numpy as np
 
 from ..order import Order
 from ..store import Store
-from ._lengths import IntArray
-from ._packplan import Planner, fresh_shares, resplit
+from ._lengths import IntArray, check_int
+from ._packplan import Planner, fresh_shares, resplit, sum_stats
 from .base import Dataset
 from .schedule import MixtureStream
 from .store_dataset import StoreDataset
@@ -89,12 +82,6 @@ class OrderStream:
                 "partition_epoch": int(d.partition_epoch)}
 
 
-def _check_int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"PackedDataset: {what} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 class PackedDataset:
     """Documents of ``source`` packed into sequences of ``seq_len`` tokens (see the module docstring).
 
@@ -124,9 +111,9 @@ class PackedDataset:
         if mode not in _MODES:
             raise ValueError(f"PackedDataset: mode must be one of {_MODES}, got {mode!r}")
         self.mode = mode
-        self.seq_len = _check_int(seq_len, "seq_len", 1)
-        self.window = DEFAULT_WINDOW if window is None else _check_int(window, "window", 1)
-        self.eos = None if eos is None else _check_int(eos, "eos", 0)
+        self.seq_len = check_int(seq_len, "PackedDataset: seq_len", 1)
+        self.window = DEFAULT_WINDOW if window is None else check_int(window, "PackedDataset: window", 1)
+        self.eos = None if eos is None else check_int(eos, "PackedDataset: eos", 0)
         self.split_long = bool(split_long)
         self.mask_eos = bool(mask_eos)
         self.pad_id = int(pad_id)
@@ -159,7 +146,7 @@ class PackedDataset:
 
     def fresh_state(self, epoch: int = 1, num_shares: int = 1) -> dict[str, Any]:
         """The state of a run that starts at the beginning of ``epoch`` over ``num_shares`` shares."""
-        return self.state_dict(fresh_shares(num_shares, _check_int(epoch, "epoch", 1), len(self.names)))
+        return self.state_dict(fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names)))
 
     def state_dict(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """The resume state of a run whose share ``s`` has state ``shares[s]`` (plain, JSON-safe)."""
@@ -172,17 +159,9 @@ class PackedDataset:
     def totals(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """Counts summed over shares: sequences, tokens (non-padding inputs), documents finished,
         padding, truncated, and per source (``source_tokens`` / ``source_documents``: name -> count)."""
-        tot: dict[str, Any] = {}
-        for st in shares:
-            for k, v in st["stats"].items():
-                if isinstance(v, list):
-                    prev = tot.get(k, [0] * len(v))
-                    tot[k] = [a + b for a, b in zip(prev, v)]
-                else:
-                    tot[k] = tot.get(k, 0) + int(v)
+        tot = sum_stats(shares, len(self.names))
         for k in ("source_tokens", "source_documents"):
-            if k in tot:
-                tot[k] = dict(zip(self.names, tot[k]))
+            tot[k] = dict(zip(self.names, tot[k]))
         return tot
 
     def check_state(self, state: Any) -> None:
@@ -205,7 +184,7 @@ class PackedDataset:
         as saved when the count matches, else re-split (no token repeated or skipped). With a
         :class:`MixtureStream` whose schedule differs from the saved one, the new schedule applies from
         the first sample no share had started; every source continues from its position."""
-        num_shares = _check_int(num_shares, "num_shares", 1)
+        num_shares = check_int(num_shares, "PackedDataset: num_shares", 1)
         if state is None:
             return fresh_shares(num_shares, epoch, len(self.names))
         self.check_state(state)

@@ -8,11 +8,14 @@ and hands out each record as a dict of NumPy views into its block.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
+
+from ._lengths import check_int
 
 __all__ = ["iter_gathered", "iter_records", "split_records", "RECORDS_BLOCK"]
 
@@ -48,13 +51,8 @@ def _blocks(indices: Any, block: int) -> Iterator[np.ndarray[Any, np.dtype[np.in
         for lo in range(0, len(arr), block):
             yield arr[lo: lo + block]
         return
-    buf: list[int] = []
-    for i in indices:
-        buf.append(int(i))
-        if len(buf) == block:
-            yield np.array(buf, dtype=np.int64)
-            buf = []
-    if buf:
+    it = iter(indices)
+    while buf := list(itertools.islice(it, block)):
         yield np.array(buf, dtype=np.int64)
 
 
@@ -90,9 +88,8 @@ def iter_records(
     blocks whose reads are in flight (None: the dataset's default). A record holds its block's memory
     while it is referenced; views are writable and belong to the caller. Memory O(block x prefetch).
     """
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"iter_records: block must be a positive integer, got {block!r}")
-    for idx, batch in iter_gathered(dataset, _blocks(indices, int(block)), pad=False, prefetch=prefetch):
+    block = check_int(block, "iter_records: block", 1)
+    for idx, batch in iter_gathered(dataset, _blocks(indices, block), pad=False, prefetch=prefetch):
         if with_index:
             if "index" in batch:
                 raise KeyError("iter_records: with_index, but the dataset already has a field named 'index'")

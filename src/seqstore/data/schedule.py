@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..order import Order
-from ._lengths import IntArray
+from ._lengths import IntArray, check_int
 from .base import Dataset
 from .combined import CombinedDataset
 
@@ -112,8 +112,8 @@ class MixtureSchedule:
     weight 0 there. Weights are normalised per stage and kept to 2**-24. O(stages x sources).
     """
 
-    def __init__(self, stages: Sequence[tuple[int, Mapping[str, float]]], names: Sequence[str], *,
-                 unit: str = "samples") -> None:
+    def __init__(self, stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float],
+                 names: Sequence[str], *, unit: str = "samples") -> None:
         if unit not in ("samples", "tokens"):
             raise ValueError(f"MixtureSchedule: unit must be 'samples' or 'tokens', got {unit!r}")
         self.unit = unit
@@ -130,25 +130,24 @@ class MixtureSchedule:
         for i, stage in enumerate(stages):
             if not isinstance(stage, (tuple, list)) or len(stage) != 2 or not isinstance(stage[1], Mapping):
                 raise ValueError(f"stage {i} must be (start sample, {{source: weight}}), got {stage!r}")
-            start = stage[0]
-            if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
-                raise ValueError(f"stage {i}: start must be an integer >= 0 ({unit}), got {start!r}")
+            start = check_int(stage[0], f"stage {i}: start ({unit})", 0)
             if i == 0 and start != 0:
                 raise ValueError(f"the first stage must start at {unit[:-1]} 0, got {start}")
             if starts and start <= starts[-1]:
                 raise ValueError(f"stage {i}: starts must increase, got {start} after {starts[-1]}")
-            starts.append(int(start))
+            starts.append(start)
             units.append(_quantise(stage[1], self.names, f"stage {i}"))
         self.starts = np.array(starts, dtype=np.int64)
         self.units = np.stack(units)
-        if unit == "tokens":
-            self._base = np.zeros_like(self.units)
-            return
-        # counts at each stage's start
+        self._set_bases()
+
+    def _set_bases(self) -> None:
+        """Per stage, each source's count at the stage's start (zeros in tokens: only samples count)."""
         self._base = np.zeros_like(self.units)
-        for i in range(1, len(starts)):
-            span = np.array([starts[i] - starts[i - 1]], dtype=np.int64)
-            self._base[i] = self._base[i - 1] + _chain_counts(span, self.units[i - 1])[0]
+        if self.unit == "samples":
+            for i in range(1, len(self.starts)):
+                span = self.starts[i : i + 1] - self.starts[i - 1]
+                self._base[i] = self._base[i - 1] + _chain_counts(span, self.units[i - 1])[0]
 
     @classmethod
     def sampled(cls, weights: Callable[[int], Mapping[str, float]], names: Sequence[str], *, every: int,
@@ -156,12 +155,11 @@ class MixtureSchedule:
         """A schedule from a callable ``weights(g) -> {source: weight}`` evaluated at every ``every``-th
         sample (``unit="tokens"``: token) below ``until`` (after ``until`` the last value holds); equal
         neighbours merge into one stage. O(until / every) stages."""
-        for what, v in (("every", every), ("until", until)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"MixtureSchedule.sampled: {what} must be a positive integer, got {v!r}")
+        every = check_int(every, "MixtureSchedule.sampled: every", 1)
+        until = check_int(until, "MixtureSchedule.sampled: until", 1)
         stages: list[tuple[int, Mapping[str, float]]] = []
         prev: Any = None
-        for g in range(0, int(until), int(every)):
+        for g in range(0, until, every):
             w = weights(g)
             if not isinstance(w, Mapping):
                 raise ValueError(f"MixtureSchedule.sampled: weights({g}) returned {w!r}, not a mapping")
@@ -183,22 +181,19 @@ class MixtureSchedule:
             return cls([(int(s), dict(w)) for s, w in data["stages"]], names, unit=str(data["unit"]))
         return cls([(int(s), dict(w)) for s, w in data], names)
 
-    def _sample_stages(self, starts: Sequence[int], upto: int) -> MixtureSchedule:
-        """The first ``upto`` stages of this schedule in tokens, stage ``i`` starting at sample
+    def _sample_stages(self, starts: Sequence[int]) -> MixtureSchedule:
+        """The first ``len(starts)`` stages of this schedule in tokens, stage ``i`` starting at sample
         ``starts[i]`` (non-decreasing; of equal starts the last wins; the first stage covers from 0)."""
         keep: list[tuple[int, IntArray]] = []
-        for i in range(upto):
-            if keep and keep[-1][0] == starts[i]:
+        for start, units in zip(starts, self.units):
+            if keep and keep[-1][0] == start:
                 keep.pop()
-            keep.append((int(starts[i]), self.units[i]))
+            keep.append((int(start), units))
         out = MixtureSchedule.__new__(MixtureSchedule)
         out.unit, out.names = "samples", self.names
         out.starts = np.array([0] + [s for s, _ in keep[1:]], dtype=np.int64)
         out.units = np.stack([u for _, u in keep])
-        out._base = np.zeros_like(out.units)
-        for i in range(1, len(out.starts)):
-            span = np.array([out.starts[i] - out.starts[i - 1]], dtype=np.int64)
-            out._base[i] = out._base[i - 1] + _chain_counts(span, out.units[i - 1])[0]
+        out._set_bases()
         return out
 
     def __eq__(self, other: object) -> bool:
@@ -275,11 +270,8 @@ class MixtureStream:
                 raise ValueError(f"MixtureStream: the schedule's sources {stages.names} are not {self.names}")
             self.schedule = stages
         else:
-            self.schedule = MixtureSchedule(stages if not isinstance(stages, Mapping) else [(0, stages)], self.names,
-                                            unit=unit)
-        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-        self.chunk = int(chunk)
+            self.schedule = MixtureSchedule(stages, self.names, unit=unit)
+        self.chunk = check_int(chunk, "chunk", 1)
         empty = [n for n, d in zip(self.names, self.combined.datasets) if d.num_seqs == 0]
         if empty:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents")
@@ -497,7 +489,7 @@ class _Walk:
             self.starts.append(self.f)
 
     def effective(self) -> MixtureSchedule:
-        return self.schedule._sample_stages(self.starts, len(self.starts))
+        return self.schedule._sample_stages(self.starts)
 
     def to_json(self) -> dict[str, Any]:
         return {"schedule": self.schedule.to_json(), "stage_samples": list(self.starts), "walk": [self.f, self.t]}

@@ -1,18 +1,8 @@
 """Streams: a tf.data-style shuffle buffer over any iterable, and endless sampling with replacement.
 
-Both are deterministic functions of their seed and resumable exactly through
-``state_dict()`` / ``load_state_dict()``; their randomness is counter-based (draw ``k`` is a hash of
-(seed, k)), so the state is a few integers.
-
-* :func:`shuffle_buffer`: the state is (items consumed from the source, items emitted, the buffered
-  items themselves: O(size), by design) plus the source's own state when the source is resumable
-  (has ``state_dict``). On resume the source is repositioned: a resumable source by its state, a
-  sliceable sequence (an :class:`~seqstore.order.Order`, array, range, list) by slicing at the consumed
-  count (O(1) for orders), any other iterable by skipping the consumed items (O(consumed) time, O(1)
-  memory; pass an order or a resumable stream to avoid it).
-* :func:`sample_with_replacement`: index ``k`` of the endless stream is position ``k mod N`` of
-  ``seq_order(N, "random_sample", epoch=k // N + 1, seed=seed)``; the state is ``k``. O(1) memory
-  (plus a block of prefetched indices).
+Both are deterministic functions of their seed and resumable exactly through ``state_dict()`` /
+``load_state_dict()``; their randomness is counter-based (draw ``k`` is a hash of (seed, k)), so the
+state is a few integers (plus, for :func:`shuffle_buffer`, the buffered items: O(size), by design).
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ import numpy as np
 
 from ..order import Order, seq_order
 from ..order._keys import mix64
-from ._lengths import IntArray
+from ._lengths import IntArray, check_int
 
 __all__ = ["ShuffleBuffer", "ReplacementSampler", "shuffle_buffer", "sample_with_replacement"]
 
@@ -50,13 +40,9 @@ class ShuffleBuffer(Iterator[Any]):
     """Iterator over ``source`` shuffled through a buffer of ``size`` items (see :func:`shuffle_buffer`)."""
 
     def __init__(self, source: Iterable[Any], size: int, seed: int = 0) -> None:
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"shuffle buffer size must be a positive integer, got {size!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.source = source
-        self.size = int(size)
-        self.seed = int(seed)
+        self.size = check_int(size, "shuffle buffer size", 1)
+        self.seed = check_int(seed, "seed")
         self._buffer: list[Any] = []
         self._consumed = 0
         self._emitted = 0
@@ -125,7 +111,10 @@ class ShuffleBuffer(Iterator[Any]):
 def shuffle_buffer(iterable: Iterable[Any], size: int, seed: int = 0) -> ShuffleBuffer:
     """Shuffle ``iterable`` through a buffer of ``size`` items (tf.data's ``shuffle``): fill the buffer,
     then repeatedly emit a uniformly random buffered item and refill from the source. Deterministic in
-    ``seed``; resumable (see the module docstring). Memory O(size)."""
+    ``seed``. Memory O(size). The state adds the source's own where the source has ``state_dict``; on
+    resume such a source is restored from it, a sliceable one (an :class:`~seqstore.order.Order`, array,
+    range, list) sliced at the consumed count (O(1) for orders), any other iterable skipped forward
+    (O(consumed) time, O(1) memory)."""
     return ShuffleBuffer(iterable, size, seed)
 
 
@@ -137,10 +126,8 @@ class ReplacementSampler(Iterator[int]):
     def __init__(self, num_seqs: int, seed: int = 0) -> None:
         if isinstance(num_seqs, bool) or not isinstance(num_seqs, (int, np.integer)) or num_seqs < 1:
             raise ValueError(f"sampling with replacement needs at least one sequence, got num_seqs={num_seqs!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.num_seqs = int(num_seqs)
-        self.seed = int(seed)
+        self.seed = check_int(seed, "seed")
         self.position = 0
         self._block: IntArray = np.empty(0, dtype=np.int64)
         self._block_start = 0
@@ -186,7 +173,8 @@ class ReplacementSampler(Iterator[int]):
 
 def sample_with_replacement(dataset: Any, seed: int = 0) -> ReplacementSampler:
     """Endless uniform sampling with replacement of indices of ``dataset`` (a Dataset, anything with
-    ``num_seqs`` or ``len``, or an int N). Deterministic in ``seed``; state is one position."""
+    ``num_seqs`` or ``len``, or an int N): draw ``k`` is position ``k mod N`` of
+    ``seq_order(N, "random_sample", epoch=k // N + 1, seed=seed)``, so the state is ``k``. O(1) memory."""
     n = dataset if isinstance(dataset, (int, np.integer)) else getattr(dataset, "num_seqs", None)
     if n is None:
         n = len(dataset)

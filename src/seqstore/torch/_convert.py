@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
+from ..data._lengths import check_int
+
 __all__ = ["to_tensor", "resolve_topology", "worker_topology"]
 
 
@@ -43,14 +45,10 @@ def resolve_topology(rank: int | None, world_size: int | None, owner: str) -> tu
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:
         rank = dist.get_rank() if initialised else 0
-    for name, v in (("rank", rank), ("world_size", world_size)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"{owner}: {name} must be an integer, got {v!r}")
-    if world_size < 1:
-        raise ValueError(f"{owner}: world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
+    world_size = check_int(world_size, f"{owner}: world_size", 1)
+    if not 0 <= check_int(rank, f"{owner}: rank") < world_size:
         raise ValueError(f"{owner}: rank must be in [0, {world_size}), got {rank}")
-    return int(rank), int(world_size)
+    return int(rank), world_size
 
 
 def worker_topology() -> tuple[int, int]:

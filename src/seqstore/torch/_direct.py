@@ -1,20 +1,16 @@
 """The in-process batch path of :class:`~seqstore.torch.SeqDataLoader` (no DataLoader workers).
 
-Through ``torch.utils.data.DataLoader`` a batch of a map-style :class:`~seqstore.torch.SeqDataset`
-costs far more than its gather: the sampler yields Python ints one by one, ``BatchSampler`` makes a
-list of them, ``__getitems__`` turns the list back into an array and builds one dict of views per
-record for the collate function, which then ignores them. When every step is seqstore's own (an
-:class:`~seqstore.torch.EpochSampler` with ``batch_size`` or an
-:class:`~seqstore.torch.EpochBatchSampler`, and :func:`~seqstore.torch.collate_padded` /
-:class:`~seqstore.torch.PaddedCollate` without a ``pad_value``), the loader takes the sampler's index
-arrays and gathers each batch with one padded ``get_batch`` straight into the tensors it hands out:
-the same batches, in the same order, with the same resume state, and no per-record Python object.
+Through a ``DataLoader`` a batch of a :class:`~seqstore.torch.SeqDataset` costs far more than its
+gather (a Python int per record from the sampler, a list per batch, a dict of views per record for a
+collate function that ignores them). When every step is seqstore's own (an
+:class:`~seqstore.torch.EpochSampler` with ``batch_size`` or an :class:`~seqstore.torch.EpochBatchSampler`,
+and :func:`~seqstore.torch.collate_padded` / :class:`~seqstore.torch.PaddedCollate` with pad value 0),
+the loader takes the sampler's index arrays and gathers each batch with one padded ``get_batch``
+straight into the tensors it hands out: the same batches, order and resume state.
 
-``threads=T`` gathers the next batches on ``T`` helper threads of this process besides the loop's
-own (:func:`run_ordered`). The gather's copies run without the GIL (numba ``nogil``, NumPy's
-``take``), and a batch needs no shared-memory segment and no pickle to reach the training loop. An
-:class:`~seqstore.torch.IterableSeqDataset` that makes its own batches uses the threads the same way
-(its stream is then rank ``r``'s alone, as with ``num_workers=0``).
+``threads=T`` gathers the next batches on ``T`` helper threads besides the loop's (:func:`run_ordered`;
+the copies run without the GIL, and a batch needs no shared memory or pickle); an
+:class:`~seqstore.torch.IterableSeqDataset` that makes its own batches uses them the same way.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import operator
 from typing import Any
 
 from ..order import Order
+from ._convert import resolve_topology
 from ._plan import GreedyCursor, LengthBatching, batch_stream, bucket_seed, fixed_total
 from ._state import StateError, check_state, dataset_identity, make_state, ordering_config
 
@@ -39,19 +40,18 @@ def check_epoch(epoch: Any, owner: str) -> int:
 class EpochCursor:
     """Epoch, resume point and state handling (a base class; see the module docstring).
 
-    Subclasses set ``dataset``, ``rank``, ``world_size``, ``drop_last`` through :meth:`_init_cursor`
-    and count what they yield in ``_yielded``. ``item`` is the number of records per item for
-    fixed-size items; ``spec`` the length-based batching (then ``item`` is unused).
+    Subclasses set ``dataset`` (a protocol dataset), ``rank``, ``world_size``, ``drop_last`` through
+    :meth:`_init_cursor` and count what they yield in ``_yielded``. ``item`` is the number of records
+    per item for fixed-size items; ``spec`` the length-based batching (then ``item`` is unused).
     """
 
     _kind = "EpochCursor"
 
-    dataset: Any
-    rank: int
-    world_size: int
-    drop_last: bool
-
-    def _init_cursor(self, epoch: int, spec: LengthBatching | None, item: int) -> None:
+    def _init_cursor(self, dataset: Any, rank: int | None, world_size: int | None, drop_last: bool, epoch: int,
+                     spec: LengthBatching | None, item: int) -> None:
+        self.dataset = dataset
+        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
+        self.drop_last = bool(drop_last)
         self._epoch = check_epoch(epoch, self._kind)
         self._spec = spec
         self._item = int(item)
@@ -160,18 +160,9 @@ class EpochCursor:
             position = self._iter_start
             batches = self._iter_start_batches + global_items
         ident, ordering = self._identities()
-        return make_state(
-            self._kind,
-            dataset=ident,
-            ordering=ordering,
-            epoch=self._epoch,
-            position=position,
-            batches=batches,
-            batching=None if self._spec is None else self._spec.config(),
-            num_positions=length,
-            world_size=self.world_size,
-            num_workers=num_workers,
-        )
+        return make_state(self._kind, dataset=ident, ordering=ordering, epoch=self._epoch, position=position,
+                          batches=batches, batching=None if self._spec is None else self._spec.config(),
+                          num_positions=length, world_size=self.world_size, num_workers=num_workers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from any consumer of the same dataset and ordering, saved under

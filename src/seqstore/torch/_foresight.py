@@ -1,15 +1,11 @@
 """What a map-style DataLoader worker will be asked for next, so it can read it ahead.
 
-A ``DataLoader`` over a map-style dataset hands batch ``j`` of its batch sampler to worker
-``j % num_workers`` (round robin, ``in_order=True``). An :class:`EpochBatchSampler` (or a
-``BatchSampler`` over an :class:`EpochSampler`) is a pure function of its O(1) state, so a worker can
-replay its own copy of the sampler and know its next batches before they arrive. :class:`Foresight`
-does that lazily (O(1) memory beyond the sampler's own state; the replay shares the sampler's
-dataset), checks every prediction against the batch actually asked for, and stops predicting at the
-first mismatch (another sampler): a wrong guess can only cost read-ahead, never change a batch.
-
-With ``persistent_workers=True`` the workers keep the copy of the dataset they got in the first
-epoch: the replay of later epochs is not renewed, so read-ahead runs in the first epoch only.
+The DataLoader hands batch ``j`` of its batch sampler to worker ``j % num_workers``; an
+:class:`EpochBatchSampler` (or a ``BatchSampler`` over an :class:`EpochSampler`) is a pure function of
+its O(1) state, so :class:`Foresight` replays the worker's own copy of it lazily (sharing the
+sampler's dataset), checks every prediction against the batch actually asked for and stops at the
+first mismatch: a wrong guess only costs read-ahead, never changes a batch. With
+``persistent_workers=True`` this runs in the first epoch only (docs/torch.md, "Read-ahead in the workers").
 """
 
 from __future__ import annotations
@@ -21,7 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import get_worker_info
+
+from ._convert import worker_topology
 
 __all__ = ["Foresight"]
 
@@ -76,8 +73,7 @@ class Foresight:
             return []
         first = self._mine is None
         if first:
-            info = get_worker_info()
-            worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            worker, workers = worker_topology()
             replay = copy.deepcopy(self.batch_sampler, _shared(self.batch_sampler))  # not the loader's own
             self._mine = itertools.islice(iter(replay), worker, None, workers)
             for _ in range(self.depth + 1):  # this batch and the next ``depth``

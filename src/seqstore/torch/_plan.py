@@ -1,27 +1,16 @@
 """Position arithmetic shared by the samplers and the iterable dataset (no torch in here).
 
-Everything is expressed over the *global* epoch order ``order`` (length ``L``) and a resume point
-``position`` (records of ``order`` already consumed, a prefix). Consumers are ``S = W x K`` streams:
-``W`` ranks times ``K`` DataLoader workers (``K = 1`` for a sampler, which runs in the main process).
-Stream ``s = worker * W + rank``.
+Everything is expressed over the *global* epoch order (length ``L``) from a resume point ``position``
+(records of the order already consumed, a prefix). Consumers are ``S = W x K`` streams: rank ``r`` of
+``W`` times DataLoader worker ``w`` of ``K`` (``K = 1`` for a sampler) is stream ``w * W + r``. Global
+*item* ``j`` (a record, ``B`` consecutive records, or a length-based batch), counted from the resume
+point, goes to stream ``j mod S``; a DataLoader reads a rank's workers round-robin, so the rank's
+``k``-th item is global item ``k * W + r`` and ranks in lockstep have together consumed a prefix.
 
-*Items* are what a consumer hands to the training loop one at a time: single records, groups of
-``B`` consecutive records (fixed-size batches) or length-based batches. Global item ``j`` (counted
-from the resume point) goes to stream ``j mod S``. A rank reads its ``K`` workers round-robin (what
-``torch.utils.data.DataLoader`` does with ``in_order=True``), so its ``k``-th item is global item
-``k * W + rank``: after every rank took ``k`` items, together they took items ``[0, k * W)`` -- a prefix.
-
-The tail is padded or dropped so that every rank gets the same number of items:
-
-* fixed-size items (``B`` records, ``B = 1`` for single records): the remaining ``rem = L - position``
-  records are extended to ``ceil(rem / (B*W)) * B*W`` (padding position ``q >= rem`` reads order
-  position ``(q - rem) mod L``: repeats from the start of the epoch order, like
-  ``DistributedSampler``) or cut to ``floor(rem / (B*W)) * B*W`` (``drop_last``). Every item is full.
-* length-based batches (count unknown until the scan ends): the batch stream is extended to a
-  multiple of ``W`` batches by repeating its first batches, or cut to one (``drop_last``, with a
-  look-ahead of at most ``W - 1`` batches).
-
-Memory: O(chunk) positions at a time; O(W) held batches for padding / look-ahead.
+The tail is padded so that every rank gets the same number of items (fixed-size items: by repeating the
+epoch order from its start, like ``DistributedSampler``; length-based batches: by repeating the first
+batches), or cut (``drop_last``). docs/torch.md ("How positions are split") has the details. Memory:
+O(chunk) positions at a time; O(W) held batches for padding / look-ahead.
 """
 
 from __future__ import annotations
@@ -34,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ..data._lengths import check_int, check_optional_int
 from ..data.batching import batch_indices, bucket_batches
 from ..order._keys import master_key
 
@@ -74,16 +64,11 @@ class LengthBatching:
     buffer_size: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("max_frames", "max_seqs"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise ValueError(f"LengthBatching: {name} must be a positive integer or None, got {v!r}")
+        check_optional_int(self.max_frames, "LengthBatching: max_frames", 1)
+        check_optional_int(self.max_seqs, "LengthBatching: max_seqs", 1)
         if self.max_frames is None and self.max_seqs is None:
             raise ValueError("LengthBatching needs max_frames or max_seqs (or both)")
-        if isinstance(self.buffer_size, bool) or not isinstance(self.buffer_size, (int, np.integer)) or (
-            self.buffer_size < 1
-        ):
-            raise ValueError(f"LengthBatching: buffer_size must be a positive integer, got {self.buffer_size!r}")
+        check_int(self.buffer_size, "LengthBatching: buffer_size", 1)
         if self.buckets is not None and not isinstance(self.buckets, (int, np.integer)):
             object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
 

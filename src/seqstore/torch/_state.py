@@ -46,11 +46,8 @@ def _ordering_repr(ordering: Any) -> Any:
 
 def ordering_config(dataset: Any) -> dict[str, Any]:
     """{"ordering", "seed", "partition_epoch"} of a protocol dataset."""
-    return {
-        "ordering": _ordering_repr(getattr(dataset, "ordering", "default")),
-        "seed": int(getattr(dataset, "seed", 0)),
-        "partition_epoch": int(getattr(dataset, "partition_epoch", 1)),
-    }
+    return {"ordering": _ordering_repr(getattr(dataset, "ordering", "default")),
+            "seed": int(getattr(dataset, "seed", 0)), "partition_epoch": int(getattr(dataset, "partition_epoch", 1))}
 
 
 def dataset_identity(dataset: Any) -> dict[str, Any]:
@@ -61,40 +58,17 @@ def dataset_identity(dataset: Any) -> dict[str, Any]:
     key_fn = getattr(dataset, "cache_key", None)
     key = key_fn() if callable(key_fn) else None
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    return {
-        "type": kind,
-        "num_seqs": int(dataset.num_seqs),
-        "fingerprint": fingerprint("torch.state", kind, int(dataset.num_seqs), key),
-    }
+    n = int(dataset.num_seqs)
+    return {"type": kind, "num_seqs": n, "fingerprint": fingerprint("torch.state", kind, n, key)}
 
 
-def make_state(
-    kind: str,
-    *,
-    dataset: dict[str, Any],
-    ordering: dict[str, Any],
-    epoch: int,
-    position: int,
-    batches: int,
-    batching: dict[str, Any] | None,
-    num_positions: int,
-    world_size: int,
-    num_workers: int | None = None,
-) -> dict[str, Any]:
+def make_state(kind: str, *, dataset: dict[str, Any], ordering: dict[str, Any], epoch: int, position: int,
+               batches: int, batching: dict[str, Any] | None, num_positions: int, world_size: int,
+               num_workers: int | None = None) -> dict[str, Any]:
     """Assemble a state dict (plain ints, strings and dicts: ``torch.save``/JSON safe)."""
-    return {
-        "format": FORMAT,
-        "kind": kind,
-        "epoch": int(epoch),
-        "position": int(position),
-        "batches": int(batches),
-        "batching": batching,
-        "num_positions": int(num_positions),
-        "ordering": dict(ordering),
-        "dataset": dict(dataset),
-        "world_size": int(world_size),
-        "num_workers": num_workers,
-    }
+    return {"format": FORMAT, "kind": kind, "epoch": int(epoch), "position": int(position), "batches": int(batches),
+            "batching": batching, "num_positions": int(num_positions), "ordering": dict(ordering),
+            "dataset": dict(dataset), "world_size": int(world_size), "num_workers": num_workers}
 
 
 def _int(state: dict[str, Any], key: str, minimum: int) -> int:
@@ -104,14 +78,8 @@ def _int(state: dict[str, Any], key: str, minimum: int) -> int:
     return int(v)
 
 
-def check_state(
-    state: Any,
-    *,
-    dataset: dict[str, Any],
-    ordering: dict[str, Any],
-    batching: dict[str, Any] | None,
-    owner: str,
-) -> tuple[int, int, int]:
+def check_state(state: Any, *, dataset: dict[str, Any], ordering: dict[str, Any], batching: dict[str, Any] | None,
+                owner: str) -> tuple[int, int, int]:
     """Validate ``state`` against this consumer; return (epoch, position, batches).
 
     Raises :class:`StateError` naming what differs: format, dataset (type, size or fingerprint),
@@ -125,9 +93,7 @@ def check_state(
     theirs = state.get("dataset")
     if not isinstance(theirs, dict):
         raise StateError(f"{owner}: state has no dataset identity")
-    if theirs.get("num_seqs") != dataset["num_seqs"] or theirs.get("fingerprint") != dataset["fingerprint"] or (
-        theirs.get("type") != dataset["type"]
-    ):
+    if any(theirs.get(k) != dataset[k] for k in ("num_seqs", "fingerprint", "type")):
         raise StateError(
             f"{owner}: state was saved for a different dataset ({theirs.get('type')}, "
             f"{theirs.get('num_seqs')} sequences, fingerprint {theirs.get('fingerprint')}); this is "
@@ -143,10 +109,7 @@ def check_state(
     _int(state, "num_positions", 0)
     if position > state["num_positions"]:
         raise StateError(f"{owner}: state position {position} is past the epoch's {state['num_positions']} positions")
-    if batches:
-        if state.get("batching") != batching:
-            raise StateError(
-                f"{owner}: state counts {batches} batches of batching {state.get('batching')}; "
-                f"this consumer batches with {batching}"
-            )
+    if batches and state.get("batching") != batching:
+        raise StateError(f"{owner}: state counts {batches} batches of batching {state.get('batching')}; "
+                         f"this consumer batches with {batching}")
     return epoch, position, batches

@@ -11,6 +11,7 @@ ends at once waits for it (well under a second).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -29,10 +30,8 @@ def warm_up() -> None:
 
 
 def _run() -> None:
-    try:
+    with contextlib.suppress(Exception):  # best effort: the first real call reports what is wrong
         warm_up()
-    except Exception:  # noqa: BLE001 - best effort: the first real call reports what is wrong
-        pass
 
 
 def start_warmup() -> None:

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data import StoreDataset
+from ..data._lengths import check_int
 from ..store import Store
 from ._convert import to_tensor
 from ._foresight import Foresight
@@ -108,12 +109,10 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         storage_options: Any = None,
         length_field: str | None = None,
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"SeqDataset: prefetch must be an integer >= 0, got {prefetch!r}")
+        self.prefetch = check_int(prefetch, "SeqDataset: prefetch", 0)
         self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)
-        self.prefetch = int(prefetch)
         self._bf16 = bfloat16_fields(self.dataset)
         self._ragged: tuple[str, ...] | None = None
         self._foresight: Foresight | None = None
@@ -129,18 +128,14 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return int(self.dataset.num_seqs)
 
-    def _check_index(self, i: Any) -> int:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        """Record ``i``: field -> tensor (one copy out of the mapping). O(record size)."""
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"SeqDataset index must be an int, got {type(i).__name__}")
         n = len(self)
         j = int(i) + n if int(i) < 0 else int(i)
         if not 0 <= j < n:
             raise IndexError(f"SeqDataset index {i} out of range for {n} records")
-        return j
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        """Record ``i``: field -> tensor (one copy out of the mapping). O(record size)."""
-        j = self._check_index(i)
         rec = self.dataset.get(j)
         out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
         if self.with_index:

@@ -1,14 +1,10 @@
 """``IterableSeqDataset``: records or batches sharded over ranks x DataLoader workers, lazily.
 
-Each of the ``S = W x K`` streams (rank ``r``, worker ``w``: stream ``w * W + r``) takes every
-``S``-th global item of the epoch, starting at its stream number; the DataLoader reads a rank's
-workers round-robin, so the rank's ``k``-th item is global item ``k * W + r`` and ranks in lockstep
-have consumed a prefix (see :mod:`seqstore.torch._plan`). Every worker opens the store itself (the
-dataset pickles by path) and computes its items with ``order.take``: O(item) memory per worker.
-
-Assumptions (what makes the position after ``k`` items exact): ``DataLoader(in_order=True)`` (the
-default), no ``persistent_workers`` (workers must see ``set_epoch`` / ``load_state_dict``), and for
-records ``group`` equal to the DataLoader's ``batch_size`` (``SeqDataLoader`` checks and sets these).
+Stream ``w * W + r`` (rank ``r``, worker ``w``) takes every ``W x K``-th global item of the epoch (see
+:mod:`seqstore.torch._plan`). Every worker opens the store itself (the dataset pickles by path) and
+computes its items with ``order.take``: O(item) memory per worker. The position after ``k`` items is
+exact under the assumptions ``SeqDataLoader`` checks and sets (``in_order=True``, no
+``persistent_workers``, records ``group`` equal to the ``batch_size``).
 """
 
 from __future__ import annotations
@@ -20,16 +16,16 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..data._lengths import check_int, check_optional_int
 from ..data.records import RECORDS_BLOCK, iter_gathered
 from ..data.store_dataset import StoreDataset
-from ._convert import resolve_topology, worker_topology
+from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
-from .collate import LENGTHS_SUFFIX, MASK_SUFFIX, lengths_mask
+from .collate import collate_gathered
 from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
-
 
 
 class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
@@ -84,30 +80,23 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         prefetch: int | None = None,
         storage_options: Any = None,
     ) -> None:
-        if prefetch is not None and (
-            isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0
-        ):
-            raise ValueError(f"{self._kind}: prefetch must be None or an integer >= 0, got {prefetch!r}")
-        self.prefetch = None if prefetch is None else int(prefetch)
-        self.dataset = as_protocol_dataset(dataset, fields, storage_options)
+        self.prefetch = check_optional_int(prefetch, f"{self._kind}: prefetch", 0)
+        protocol = as_protocol_dataset(dataset, fields, storage_options)
         self.fields = None if fields is None else frozenset(fields)
-        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
-        self.drop_last = bool(drop_last)
         self.masks = bool(masks)
         self.with_index = bool(with_index)
-        self._bf16 = bfloat16_fields(self.dataset)
+        self._bf16 = bfloat16_fields(protocol)
         if batch is not None and not isinstance(batch, LengthBatching):
             if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
                 raise ValueError(f"{self._kind}: batch must be None, a positive int or a LengthBatching, got {batch!r}")
             batch = int(batch)
-        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1:
-            raise ValueError(f"{self._kind}: group must be a positive integer, got {group!r}")
+        group = check_int(group, f"{self._kind}: group", 1)
         if batch is not None and group != 1:
             raise ValueError(f"{self._kind}: group applies to records (batch=None) only")
         self.batch = batch
         spec = batch if isinstance(batch, LengthBatching) else None
-        item = batch if isinstance(batch, int) else int(group)
-        self._init_cursor(epoch, spec, item)
+        item = batch if isinstance(batch, int) else group
+        self._init_cursor(protocol, rank, world_size, drop_last, epoch, spec, item)
 
     @property
     def group(self) -> int:
@@ -118,9 +107,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     def group(self, value: int) -> None:
         if self.batch is not None:
             raise ValueError(f"{self._kind}: group applies to records (batch=None) only")
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{self._kind}: group must be a positive integer, got {value!r}")
-        self._item = int(value)
+        self._item = check_int(value, f"{self._kind}: group", 1)
         self._len_cache = None
 
     def __len__(self) -> int:
@@ -132,14 +119,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     # --------------------------------------------------------------------------------- iteration
 
     def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
-        out: dict[str, torch.Tensor] = {}
-        for name, v in values.items():
-            out[name] = v
-            if name in lengths:
-                out[name + LENGTHS_SUFFIX] = lengths[name]
-                if self.masks:
-                    out[name + MASK_SUFFIX] = lengths_mask(lengths[name], v.shape[1])
+        out = collate_gathered(*batch_to_tensors(batch, self._bf16, self.fields), masks=self.masks)
         if self.with_index:
             out[INDEX_KEY] = torch.from_numpy(np.array(idx, dtype=np.int64))
         return out
@@ -151,26 +131,27 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         field, no copy)."""
         values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
         names = list(values)
-        parts: list[Any] = []
-        for name, v in values.items():
-            if name in lengths:
-                parts.append(torch.split(v, lengths[name].tolist()))
-            else:
-                parts.append(v.unbind(0))
+        parts: list[Any] = [torch.split(v, lengths[name].tolist()) if name in lengths else v.unbind(0)
+                            for name, v in values.items()]
         if self.with_index:
             names.append(INDEX_KEY)
             parts.append(torch.from_numpy(np.array(idx, dtype=np.int64)).unbind(0))
         for views in zip(*parts):
             yield dict(zip(names, views))
 
+    def _stream(self) -> tuple[int, int]:
+        """(streams, this process's stream): ranks x DataLoader workers, stream ``worker * W + rank``."""
+        worker, workers = worker_topology()
+        return self.world_size * workers, worker * self.world_size + self.rank
+
     def _blocks(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """Records mode: this stream's items as index arrays of whole items, about :data:`RECORDS_BLOCK`
         records each (one ``order.take`` per block)."""
-        worker, workers = worker_topology()
+        streams, stream = self._stream()
         order, start, _ = self._begin()
-        for pos in fixed_item_blocks(len(order), start, item=self._item, world=self.world_size,
-                                     streams=self.world_size * workers, stream=worker * self.world_size + self.rank,
-                                     drop_last=self.drop_last, items=max(1, RECORDS_BLOCK // self._item)):
+        items = max(1, RECORDS_BLOCK // self._item)
+        for pos in fixed_item_blocks(len(order), start, item=self._item, world=self.world_size, streams=streams,
+                                     stream=stream, drop_last=self.drop_last, items=items):
             yield order.take(pos)
 
     def _gathered(self, arrays: Iterator[np.ndarray[Any, Any]], pad: bool) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -190,9 +171,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     def _indices(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """:meth:`iter_indices` without marking the iteration finished at its end (``__iter__`` reads
         ahead of what it yields, so it marks the end only once everything was yielded)."""
-        worker, workers = worker_topology()
-        streams = self.world_size * workers
-        stream = worker * self.world_size + self.rank
+        streams, stream = self._stream()
         order, start, skip = self._begin()
         if self._spec is None:
             for pos in fixed_item_positions(len(order), start, item=self._item, world=self.world_size,
@@ -225,11 +204,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         ``set_epoch``): the main process cannot see what workers produced. ``num_workers`` is
         recorded for information.
         """
-        if consumed is None:
-            consumed = 0
-        if isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer)) or consumed < 0:
-            raise ValueError(f"{self._kind}: consumed must be a non-negative integer, got {consumed!r}")
-        return self._state_after(int(consumed) * self.world_size, num_workers)
+        k = 0 if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
+        return self._state_after(k * self.world_size, num_workers)
 
     def finish_epoch(self) -> None:
         """Tell the main-process copy that an iteration ran to its end (the next walks the whole epoch).

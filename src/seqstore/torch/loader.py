@@ -1,16 +1,13 @@
 """``SeqDataLoader``: a ``torch.utils.data.DataLoader`` that counts what the training loop consumed.
 
-The samplers and the iterable dataset know their resume state only given how many items this rank
-has *consumed* (taken out of the DataLoader), not how many were produced: workers and prefetching
-run ahead. ``SeqDataLoader`` counts the batches it hands out, so ``loader.state_dict()`` is exact
-with any ``num_workers`` / ``prefetch_factor``. It also checks the DataLoader options the position
-arithmetic relies on (``in_order=True``; no ``persistent_workers`` with an iterable dataset) and sets
-the record grouping of an :class:`~seqstore.torch.IterableSeqDataset` to the batch size. In a process
-that reads object storage it starts its workers with ``forkserver`` (or ``spawn``), not ``fork``:
-the object-store client's threads do not survive ``fork()``. Workers that start in a fresh
-interpreter import the script again, so a script whose loop is not under
-``if __name__ == "__main__":`` is refused with a :class:`~seqstore.errors.SeqstoreError` that says so
-before any worker starts (instead of Python's "bootstrapping phase" error in every worker).
+The samplers and the iterable dataset know their resume state only from the items this rank has
+*consumed* (workers and prefetching run ahead), so ``SeqDataLoader`` counts the batches it hands out:
+``loader.state_dict()`` is exact with any ``num_workers`` / ``prefetch_factor``. It checks the options
+the position arithmetic relies on (``in_order=True``; no ``persistent_workers`` with an iterable
+dataset). Where the process reads object storage its workers start with ``forkserver`` (or ``spawn``):
+the client's threads do not survive ``fork()``. Such workers import the script again, so a script
+whose loop is not under ``if __name__ == "__main__":`` is refused with a
+:class:`~seqstore.errors.SeqstoreError` before any worker starts (see docs/torch.md).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from .._mainguard import check_main_guard, start_method
+from ..data._lengths import check_int
 from ..io.objects import fork_unsafe as _fork_unsafe
 from ..store import Pool
 from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
@@ -140,9 +138,8 @@ class SeqDataLoader(DataLoader[Any]):
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
         if procs is None:  # num_workers=K: seqstore's own K worker processes where the batches are its own
             procs = _workers_as_procs(dataset, threads, kwargs)
-        for name, value in (("threads", threads), ("procs", procs)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"SeqDataLoader: {name} must be an integer >= 0, got {value!r}")
+        threads = check_int(threads, "SeqDataLoader: threads", 0)
+        procs = check_int(procs, "SeqDataLoader: procs", 0)
         if threads and procs:
             raise ValueError("SeqDataLoader: choose threads= or procs=, not both")
         if (threads or procs) and kwargs.get("num_workers", 0):
@@ -186,16 +183,14 @@ class SeqDataLoader(DataLoader[Any]):
         self._consumed = 0
         self.threads = threads
         self.procs = procs
-        if (threads or procs) and not self._direct_possible():
+        if (threads or procs) and not _own_batches(self.dataset, self.collate_fn, self.sampler, self.batch_sampler,
+                                                   self.batch_size):
             raise ValueError(
                 f"SeqDataLoader: {'threads' if threads else 'procs'}= needs seqstore's own batches: a "
                 "SeqDataset with sampler=EpochSampler and batch_size, or batch_sampler=EpochBatchSampler, and "
                 "collate_fn=collate_padded / PaddedCollate (pad_value 0); or an IterableSeqDataset with batch= set; "
                 "or a PackedIterableDataset"
             )
-
-    def _direct_possible(self) -> bool:
-        return _own_batches(self.dataset, self.collate_fn, self.sampler, self.batch_sampler, self.batch_size)
 
     def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset | PackedIterableDataset:
         if isinstance(self.dataset, (IterableSeqDataset, PackedIterableDataset)):
@@ -215,15 +210,14 @@ class SeqDataLoader(DataLoader[Any]):
             src.begin()
         self._consumed = 0
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
+        pin = bool(self.pin_memory) and torch.cuda.is_available()
         batches: Iterator[Any]
         if isinstance(src, PackedIterableDataset) and (self.threads or self.procs):
             if self.procs:
                 check_main_guard(start_method(self._procs_context), self.procs)
-            batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context,
-                                   pin=bool(self.pin_memory) and torch.cuda.is_available())
+            batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context, pin=pin)
         elif plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
-            pin = bool(self.pin_memory) and torch.cuda.is_available()
             if self.threads or self.procs:
                 batches = self._parallel(arrays, gather, pin)
             else:

@@ -19,6 +19,7 @@ in ``K`` worker processes that write into a ring of shared buffers
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..data._lengths import check_int, check_optional_int
 from ..data.packing import PackedDataset, PackedStream
 from ._convert import resolve_topology, worker_topology
 from ._direct import run_ordered
@@ -51,17 +53,11 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                  world_size: int | None = None, num_batches: int | None = None, epoch: int = 1) -> None:
         if not isinstance(packed, PackedDataset):
             raise TypeError(f"{self._kind}: expected a seqstore.data.PackedDataset, got {type(packed).__name__}")
-        for name, v in (("batch_size", batch_size), ("epoch", epoch)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{self._kind}: {name} must be an integer >= 1, got {v!r}")
-        if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
-                                        or num_batches < 0):
-            raise ValueError(f"{self._kind}: num_batches must be None or an integer >= 0, got {num_batches!r}")
         self.packed = packed
-        self.batch_size = int(batch_size)
-        self.num_batches = num_batches
+        self.batch_size = check_int(batch_size, f"{self._kind}: batch_size", 1)
+        self.epoch = check_int(epoch, f"{self._kind}: epoch", 1)
+        self.num_batches = check_optional_int(num_batches, f"{self._kind}: num_batches", 0)
         self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
-        self.epoch = int(epoch)
         self._state: dict[str, Any] | None = None  # resume point of the next iteration (None: fresh)
         self._replay: tuple[int, list[PackedStream], list[int]] | None = None
         self._ended: tuple[int, int] | None = None  # (batches, workers) of an iteration run to its end
@@ -77,19 +73,15 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         total = self.world_size * workers
         stream = self.packed.open(self._shares(workers)[share], share, total)
         count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
-        made = 0
-        while count is None or made < count:
-            batch = stream.batch(self.batch_size)
-            made += 1
-            yield {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
+        build = _Build(self.packed, ring=False)
+        for _ in itertools.count() if count is None else range(count):
+            yield build(stream.plan(self.batch_size))
 
     def _plans(self) -> Iterator[np.ndarray[Any, Any]]:
         """This rank's batches as plans, as without DataLoader workers (share ``rank`` of ``world_size``)."""
         stream = self.packed.open(self._shares(1)[self.rank], self.rank, self.world_size)
-        made = 0
-        while self.num_batches is None or made < self.num_batches:
+        for _ in itertools.count() if self.num_batches is None else range(self.num_batches):
             yield stream.plan(self.batch_size)
-            made += 1
 
     def parallel(self, *, threads: int = 0, procs: int = 0, context: Any = None,
                  pin: bool = False) -> Iterator[dict[str, Any]]:
@@ -115,10 +107,9 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
     def set_epoch(self, epoch: int) -> None:
         """Where a run without a loaded state or consumed batches starts; ignored once it has a position
         (the packed stream is endless: it goes on into the following epochs by itself)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 1:
-            raise ValueError(f"{self._kind}: epochs are 1-based, got {epoch!r}")
+        epoch = check_int(epoch, f"{self._kind}: epoch (1-based)", 1)
         if self._state is None and self._ended is None:
-            self.epoch = int(epoch)
+            self.epoch = epoch
             self._replay = None
 
     def begin(self) -> None:
@@ -140,9 +131,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
     def state_dict(self, consumed: int | None = None, *, num_workers: int | None = None) -> dict[str, Any]:
         """The state after every rank took ``consumed`` batches of this iteration from a DataLoader with
         ``num_workers`` workers (0 counts as 1). Replays the packing of every share from lengths only."""
-        c = 0 if consumed is None else consumed
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
-            raise ValueError(f"{self._kind}: consumed must be an integer >= 0, got {consumed!r}")
+        c = 0 if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
         k = max(1, int(num_workers or 0))
         if self._replay is None or self._replay[0] != k:
             shares = self._shares(k)
@@ -151,7 +140,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         _, streams, done = self._replay
         for s, stream in enumerate(streams):
             w = s // self.world_size
-            items = max(0, -(-(int(c) - w) // k))
+            items = max(0, -(-(c - w) // k))
             if items < done[s]:
                 raise ValueError(f"{self._kind}: consumed went back from an earlier state_dict call ({c})")
             stream.skip((items - done[s]) * self.batch_size)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from ._convert import resolve_topology
+from ..data._lengths import check_int
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_stream_positions, select_items
 from .dataset import as_protocol_dataset
@@ -23,15 +23,22 @@ from .dataset import as_protocol_dataset
 __all__ = ["EpochSampler", "EpochBatchSampler"]
 
 
-def _consumed(value: Any, default: int, owner: str) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{owner}: consumed must be a non-negative integer, got {value!r}")
-    return int(value)
+class _RankSampler(EpochCursor):
+    """What the two samplers share: their length and their state, both in this rank's items."""
+
+    def __len__(self) -> int:
+        """Items (indices or batches) this rank yields from the resume point, the same on every rank."""
+        return self._items_per_rank()
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Resume state after every rank took ``consumed`` items (indices or batches) of the current
+        iteration (default: what this sampler yielded). O(1); greedy batching: index arithmetic over
+        the batches since the last call."""
+        k = self._yielded if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
+        return self._state_after(k * self.world_size)
 
 
-class EpochSampler(EpochCursor, Sampler[int]):
+class EpochSampler(_RankSampler, Sampler[int]):
     """Indices of this rank's share of an epoch, lazily (a ``DistributedSampler`` without the O(N) list).
 
     ``dataset``: a seqstore dataset, :class:`~seqstore.torch.SeqDataset`, store or store path; its
@@ -61,17 +68,8 @@ class EpochSampler(EpochCursor, Sampler[int]):
         epoch: int = 1,
         chunk_size: int = 1 << 15,
     ) -> None:
-        self.dataset = as_protocol_dataset(dataset)
-        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
-        self.drop_last = bool(drop_last)
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"{self._kind}: chunk_size must be a positive integer, got {chunk_size!r}")
-        self.chunk_size = chunk_size
-        self._init_cursor(epoch, None, 1)
-
-    def __len__(self) -> int:
-        """Indices this rank yields from the resume point: ceil or floor of remaining / world_size."""
-        return self._items_per_rank()
+        self.chunk_size = check_int(chunk_size, f"{self._kind}: chunk_size", 1)
+        self._init_cursor(as_protocol_dataset(dataset), rank, world_size, drop_last, epoch, None, 1)
 
     def _chunks(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         order, start, _ = self._begin()
@@ -93,17 +91,12 @@ class EpochSampler(EpochCursor, Sampler[int]):
                 self._yielded += 1
                 yield i
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Resume state after every rank took ``consumed`` indices of the current iteration. O(1)."""
-        k = _consumed(consumed, self._yielded, self._kind)
-        return self._state_after(k * self.world_size)
-
     def __repr__(self) -> str:
         return (f"EpochSampler({self.dataset!r}, rank={self.rank}, world_size={self.world_size}, "
                 f"epoch={self.epoch}, start={self._start}, drop_last={self.drop_last})")
 
 
-class EpochBatchSampler(EpochCursor, Sampler[list[int]]):
+class EpochBatchSampler(_RankSampler, Sampler[list[int]]):
     """Length-based batches of an epoch (``DataLoader(batch_sampler=...)``), the same number on every rank.
 
     The global batch stream is :func:`seqstore.data.batch_indices` (greedy, in order) or, with
@@ -136,18 +129,10 @@ class EpochBatchSampler(EpochCursor, Sampler[list[int]]):
         drop_last: bool = False,
         epoch: int = 1,
     ) -> None:
-        self.dataset = as_protocol_dataset(dataset)
-        self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
-        self.drop_last = bool(drop_last)
-        spec = batching if batching is not None else LengthBatching(
+        self.batching = batching if batching is not None else LengthBatching(
             max_frames=max_frames, max_seqs=max_seqs, padded=padded, buckets=buckets, buffer_size=buffer_size
         )
-        self.batching = spec
-        self._init_cursor(epoch, spec, 1)
-
-    def __len__(self) -> int:
-        """Batches this rank yields from the resume point (same on every rank)."""
-        return self._items_per_rank()
+        self._init_cursor(as_protocol_dataset(dataset), rank, world_size, drop_last, epoch, self.batching, 1)
 
     def iter_arrays(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """This rank's batches as int64 index arrays."""
@@ -162,14 +147,6 @@ class EpochBatchSampler(EpochCursor, Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         for b in self.iter_arrays():
             yield b.tolist()
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Resume state after every rank took ``consumed`` batches of the current iteration.
-
-        Greedy: O(batches since the last call) index arithmetic, then O(1) to resume.
-        """
-        k = _consumed(consumed, self._yielded, self._kind)
-        return self._state_after(k * self.world_size)
 
     def __repr__(self) -> str:
         return (f"EpochBatchSampler({self.dataset!r}, {self.batching}, rank={self.rank}, "
