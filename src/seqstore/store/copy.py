@@ -470,4 +470,3 @@ def _copy_runs(copier: _Copier, s: StoreState) -> bytes:
     obj = json.loads(s.raw)
     obj["index_runs"] = [r for r in obj.get("index_runs", []) if r.get("name") not in dropped]
     return json.dumps(obj, separators=(",", ":")).encode()
-

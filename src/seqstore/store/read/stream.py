@@ -218,4 +218,3 @@ def via_of(parts: list[Part]) -> tuple[Any, Any, Any]:
     if len(parts) == 1:  # a part's own table is sorted already
         return parts[0].seg_s, parts[0].seg_e, parts[0].seg_at
     return segment_table([p.seg_s for p in parts], [p.seg_e for p in parts], [p.seg_at for p in parts])
-
