@@ -76,6 +76,7 @@ from .target import (
     Start,
     check_part,
     check_parts_kinds,
+    check_v3,
 )
 
 log = logging.getLogger(__name__)
@@ -208,8 +209,7 @@ class ObjectTarget(CommitTarget):
             raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist); the driver "
                               "makes it with prepare_store() before the tasks start")
         manifest = parse_manifest(raw, client.key_url(MANIFEST))
-        if manifest.table is None:
-            raise FormatError(f"{self.where}: a version-{manifest.version} store; parts need a version-3 store")
+        check_v3(self.where, manifest)
         if ended is not None:
             raise SeqstoreError(f"{self.where}: job {job!r} was committed or discarded already; task attempt "
                                 f"{task!r} writes nothing (on object storage a job id names one job: give "

@@ -22,7 +22,7 @@ from ...format.shard_table import TABLE_OBJECTS, TableState, encode_row, encode_
 from ...io.objects import ObjectClient
 from ...schema import Schema
 from .state import StoreState, read_state
-from .target import STAGED, PartShard, add_stats
+from .target import STAGED, PartShard, add_stats, check_v3
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +146,7 @@ def read_v3(client: ObjectClient, known: StoreState | None = None) -> StoreState
     state = read_state(client, known=known)
     if state is None:
         raise FormatError(f"{client.url}: no seqstore store here ({MANIFEST} does not exist)")
-    if not state.v3:
-        raise FormatError(f"{client.url}: a version-{state.manifest.version} store; parts need a version-3 store "
-                          "(one created by this seqstore)")
+    check_v3(client.url, state.manifest)
     return state
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import CorruptionError, SchemaError, SeqstoreError
+from ...errors import CorruptionError, FormatError, SchemaError, SeqstoreError
 from ...format.manifest import ID_LOOKUPS, Manifest, ShardInfo
 from ...format.npy import HEADER_BYTES, encode_header
 from ...format.shard_table import TableState
@@ -190,6 +190,15 @@ def checked_schema(
                 f"field {name!r}: shape {f.shape} has too many dimensions for a {HEADER_BYTES}-byte .npy header"
             ) from None
     return sch
+
+
+def check_v3(where: str, manifest: Manifest) -> None:
+    """Parts need a version-3 store."""
+    if manifest.table is None:
+        raise FormatError(
+            f"{where}: a version-{manifest.version} store; parts need a version-3 store (one created by this "
+            "seqstore). Convert it or write a new store."
+        )
 
 
 def check_parts_kinds(where: str, kinds: set[bool], store_has_ids: bool | None) -> None:
