@@ -413,13 +413,8 @@ class Store:
         self._load(dataclasses.replace(m, shards=m.shards[:num_shards], index_runs=runs, table=state))
 
 
-def _unpickle_store(
-    path: Any,
-    bfloat16: str,
-    num_shards: int | None = None,
-    records: int | None = None,
-    options: dict[str, Any] | None = None,
-) -> Store:
+def _unpickle_store(path: Any, bfloat16: str, num_shards: int | None = None, records: int | None = None,
+                    options: dict[str, Any] | None = None) -> Store:
     store = Store(path, bfloat16=bfloat16, **(options or {}))
     if num_shards is not None and records is not None:
         store._pin(num_shards, records)
@@ -468,5 +463,4 @@ def open_store(
     16 GiB).
     """
     return Store(path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
-                 verify_reads=verify_reads,
-                 storage_options=storage_options, **remote)
+                 verify_reads=verify_reads, storage_options=storage_options, **remote)

@@ -48,12 +48,6 @@ def _crc_of_data(path: Path, offset: int, progress: Callable[[int], None] | None
                 progress(len(chunk))
 
 
-def _chunks(arr: np.ndarray[Any, Any], overlap: int = 0) -> Iterator[np.ndarray[Any, Any]]:
-    step = CHUNK // max(arr.itemsize, 1)
-    for a in range(0, len(arr), step):
-        yield arr[a : a + step + overlap]
-
-
 def _check_monotone(off: np.ndarray[Any, Any], path: Path, limit: int) -> str | None:
     if len(off) == 0 or off[0] != 0:
         return f"{path}: first offset is {off[0] if len(off) else 'missing'}, expected 0"

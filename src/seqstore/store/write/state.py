@@ -1,15 +1,10 @@
 """A store's commit state read straight from its objects, without the node cache: ``manifest.json``
 and, for version 3, the committed rows of the shard table, checked. What ``seqstore copy``
-(store/copy.py) and the object-storage commit target (store/write/objects.py) work from.
+(store/copy.py) and the object-storage commit target (store/write/objects.py) work from, through an
+:class:`~seqstore.io.objects.ObjectClient` or :class:`LocalObjects` (the same calls on a directory).
 
-The objects are read through an :class:`~seqstore.io.objects.ObjectClient`, or through
-:class:`LocalObjects`, the same calls on a local directory, so copy code is the same for every
-pair of ends.
-
-:func:`read_state` costs two requests (the manifest; then the table's header and committed rows in
-one wave). Given the state it read before, it fetches only the rows committed since, and checks that
-the rows it keeps and the new ones together have the CRC-32 the new manifest records, so a writer
-that refreshes before each commit transfers O(new rows), not O(shards).
+:func:`read_state` costs two requests; given the state it read before, it fetches only the rows
+committed since (checked with the old ones against the new manifest's CRC-32): O(new rows).
 """
 
 from __future__ import annotations

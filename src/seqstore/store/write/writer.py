@@ -1,19 +1,13 @@
 """Writing stores: buffered, crash-safe appends of records into immutable shards.
 
-A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
-of the current shard with large sequential writes into a private workspace directory
-(``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2 store; store/write/shard_files.py).
-:meth:`Writer.commit` finishes the shard, then under the store's lock renames it to ``shard-NNNNNN``,
-appends its shard-table row (version 3) and atomically replaces the manifest (store/write/local.py). A
-crash before the manifest's rename leaves only files readers never look at, which the next writer
-deletes or overwrites; a crash after it loses nothing. A store keeps its format version.
-
-Committing goes through the writer's commit target (store/write/target.py): the local directory
-above, or a store on object storage, to which a finished shard is uploaded (store/write/objects.py).
-
-Packed groups (docs/format.md, version 2) are buffered and written as one ``(n, width)`` matrix per
-group; :meth:`Writer.append_batch` also takes a group's whole ``(B, width)`` matrix under the group's
-name, which is written without any per-field copy.
+A :class:`Writer` validates records against the schema, buffers them by bytes, and writes the current
+shard into a private workspace (``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2
+store; store/write/shard_files.py). :meth:`Writer.commit` finishes the shard and hands it to the
+writer's commit target (store/write/target.py: a local directory, or object storage), which makes it
+visible with one manifest replacement (docs/format.md, section 7): a crash before that loses only
+the uncommitted records, a crash after it nothing. A store keeps its format version. Packed groups
+are buffered and written as one ``(n, width)`` matrix per group; :meth:`Writer.append_batch` also
+takes a group's whole ``(B, width)`` matrix under the group's name (no per-field copy).
 """
 
 from __future__ import annotations
@@ -404,8 +398,17 @@ class Writer:
 
         If writing fails part way (disk full, I/O error), the shard's files no longer agree with each
         other: the writer is marked failed and only :meth:`abort` is allowed (committed data is safe)."""
+        if self._buf_records == 0:
+            return
         with self._failing():
-            self._write_buffer()
+            if not self._shard_open:
+                self._open_shard()
+            self._shard.write(self._buf, self._buf_lengths, self._buf_ids)
+            self._shard_records += self._buf_records
+            self._shard_bytes += self._buf_bytes
+            self._reset_buffer()
+            if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
+                self._commit_shard()
 
     @contextmanager
     def _failing(self) -> Iterator[None]:
@@ -418,18 +421,6 @@ class Writer:
         except BaseException as exc:
             self._failed = exc
             raise
-
-    def _write_buffer(self) -> None:
-        if self._buf_records == 0:
-            return
-        if not self._shard_open:
-            self._open_shard()
-        self._shard.write(self._buf, self._buf_lengths, self._buf_ids)
-        self._shard_records += self._buf_records
-        self._shard_bytes += self._buf_bytes
-        self._reset_buffer()
-        if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
-            self._commit_shard()
 
     # --------------------------------------------------------------------------------------- commit
 
