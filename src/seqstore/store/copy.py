@@ -342,9 +342,7 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
     if not d_objs.conditional_writes() and isinstance(mode, dict):
         mode = "overwrite"
 
-    bar = None
-    if progress:
-        bar = tqdm(total=s.num_shards, unit="shard", desc="copy", file=sys.stderr)
+    bar = tqdm(total=s.num_shards, unit="shard", desc="copy", file=sys.stderr) if progress else None
     copier = _Copier(s_objs, d_objs, s, bar)
     try:
         _run_shards(copier, s.num_shards, workers)
