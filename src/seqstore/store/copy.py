@@ -218,10 +218,9 @@ class _Copier:
 
     def _complete_v3(self, name: str, dkey: str, desc: bytes, files: Mapping[str, FileInfo]) -> bool:
         try:
-            there = bytes(self.dst.get(dkey)[0])
+            if bytes(self.dst.get(dkey)[0]) != desc:
+                return False
         except RemoteNotFound:
-            return False
-        if there != desc:
             return False
         sizes = self._sizes(name)
         return all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items())

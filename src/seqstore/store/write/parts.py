@@ -229,11 +229,7 @@ class PartWriter(Writer):
                     self.target.where, self.task)
         self.abort()
 
-    def _release(self) -> None:
-        self._closed = True
-        if os.getpid() != self._pid:  # a forked child's copy: the files belong to the parent
-            return
-        self._pool.shutdown(wait=True)
+    def _close_target(self) -> None:
         self.target.close_part(self._start, self._part)
 
     def __enter__(self) -> PartWriter:

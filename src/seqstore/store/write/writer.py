@@ -544,6 +544,9 @@ class Writer:
         self._pool.shutdown(wait=True)
         if self._io is not None:
             self._io.shutdown(wait=True)
+        self._close_target()
+
+    def _close_target(self) -> None:
         self.target.close_writer(self._start)
 
     def __enter__(self) -> Writer:
