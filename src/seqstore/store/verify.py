@@ -224,30 +224,29 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
 def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
     problems: list[str] = []
     n = info.records
+
+    def mapped(rel: str, dtype: Any, shape: tuple[int, ...], sequential: bool = True) -> np.ndarray[Any, Any]:
+        return map_npy(sdir / rel, info.files.get(rel), np.dtype(dtype), shape, sequential=sequential)
+
     for name, f in schema.storage_units():
         if not f.ragged:
-            map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (n, *f.inner_shape))
+            mapped(f"{name}.npy", f.storage_dtype, (n, *f.inner_shape), sequential=False)
             continue
         rows = info.rows[name]
-        p = sdir / f"{name}.offsets.npy"
-        off = map_npy(p, info.files.get(f"{name}.offsets.npy"), np.dtype("<i8"), (n + 1,), sequential=True)
-        msg = _check_monotone(off, p, rows)
+        msg = _check_monotone(mapped(f"{name}.offsets.npy", "<i8", (n + 1,)), sdir / f"{name}.offsets.npy", rows)
         if msg:
             problems.append(msg)
-        map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (rows, *f.inner_shape))
+        mapped(f"{name}.npy", f.storage_dtype, (rows, *f.inner_shape), sequential=False)
     if info.has_ids:
-        p = sdir / f"{IDS}.offsets.npy"
-        off = map_npy(p, info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,), sequential=True)
+        off = mapped(f"{IDS}.offsets.npy", "<i8", (n + 1,))
         total = int(off[-1]) if n + 1 else 0
-        msg = _check_monotone(off, p, total)
+        msg = _check_monotone(off, sdir / f"{IDS}.offsets.npy", total)
         if msg:
             problems.append(msg)
             return problems
-        data = map_npy(sdir / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,), sequential=True)
-        h = map_npy(sdir / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,),
-                    sequential=True)
-        rows_ = map_npy(sdir / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"),
-                        (n,), sequential=True)
+        data = mapped(f"{IDS}.npy", "u1", (total,))
+        h = mapped(f"{IDS}.hash.npy", "<u8", (n,))
+        rows_ = mapped(f"{IDS}.hash_rows.npy", "<i8", (n,))
         if n:
             if n > 1 and (np.asarray(h[1:]) < np.asarray(h[:-1])).any():  # (np.diff of uint64 wraps)
                 problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")

@@ -186,10 +186,10 @@ class ReadVerifier:
     def id_at(self, sh: Any, row: int, i: int, address: int, length: int) -> None:
         """Check the id of record ``i`` (row ``row`` of shard ``sh``): ``length`` bytes at ``address``."""
         got = spans_at(address, np.zeros(1, np.int64), np.array([length], np.int64))
-        rows = np.array([row], np.int64)
-        want = self._expected([(sh, np.zeros(1, np.int64), rows)], 1, None)
+        groups = [(sh, np.zeros(1, np.int64), np.array([row], np.int64))]
+        want = self._expected(groups, 1, None)
         if got[0] != want[0]:
-            self._report(IDS_COLUMN, np.array([i], np.int64), [(sh, np.zeros(1, np.int64), rows)], got, want)
+            self._report(IDS_COLUMN, np.array([i], np.int64), groups, got, want)
 
     # -------------------------------------------------------------------------------- reports
 
