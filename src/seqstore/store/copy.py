@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import json
 import os
 import sys
@@ -372,10 +373,8 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
             if name not in kept:
                 for suffix in (".hash.npy", ".rows.npy"):
-                    try:
+                    with contextlib.suppress(OSError, SeqstoreError):
                         d_objs.delete(f"{name}{suffix}")
-                    except (OSError, SeqstoreError):
-                        pass
     finally:
         if bar is not None:
             bar.close()

@@ -338,10 +338,7 @@ class LocalObjects:
                 yield ObjectMeta(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
 
     def delete(self, key: str) -> None:
-        try:
-            self._path(key).unlink()
-        except FileNotFoundError:
-            pass
+        self._path(key).unlink(missing_ok=True)
 
     # writes -------------------------------------------------------------------------------------
 
