@@ -1,13 +1,7 @@
-"""Full integrity check of a store: checksums, headers, offsets and id indexes.
+"""Full integrity check of a store (``seqstore verify``): every check of docs/format.md, section 8.
 
 :func:`verify` reads every byte of every committed file once (chunked, O(chunk) memory) and returns
 a list of problems, each naming the file and what is wrong. An empty list means the store is intact.
-Packed groups are checked as their ``(n, width)`` matrix files. In a version-3 store the shard table
-is checked row by row (CRC-32 of each row and of all committed rows against ``manifest.json``,
-starts continuing one another, increasing shard numbers, one ids flag) and each shard's descriptor
-against its row and the files. Merged id-index runs (``_index/``) are checked too: sorted, rows in
-range and ascending among equal hashes, and holding exactly the (hash, row) pairs of the shard
-indexes they cover (compared by an order-independent fingerprint).
 """
 
 from __future__ import annotations
