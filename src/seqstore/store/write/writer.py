@@ -45,13 +45,10 @@ class Writer:
     committed when it reaches ``shard_bytes`` or ``max_shard_records``, on :meth:`commit`, and on
     :meth:`close`. Leaving a ``with`` block by an exception discards what was not committed.
 
-    ``direct_io=True`` writes the data of every field (fixed-size and ragged values) with ``O_DIRECT``
-    in page-aligned runs (no copy into the page cache, which is most of the CPU cost of writing GB/s;
-    store/directio.py) where the filesystem supports it; offsets and ids go through the page cache.
-    Those files get a one-page header. Aligned appends come straight from page-aligned arrays
-    (:func:`~seqstore.store.directio.aligned_empty`, as the Logger's buffers are) or from the writer's
-    own staging arrays; other appends (ragged values) are copied into an aligned buffer first, and the
-    bytes after the last page boundary wait for the next append or the shard's end.
+    ``direct_io=True`` writes the data of every field with ``O_DIRECT`` in page-aligned runs (no copy
+    into the page cache, which is most of the CPU cost of writing GB/s) where the filesystem supports
+    it; offsets and ids go through the page cache. docs/store.md says how appends are aligned
+    (:func:`~seqstore.store.directio.aligned_empty`) or copied, and what waits for the shard's end.
     """
 
     def __init__(
