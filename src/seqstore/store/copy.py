@@ -455,11 +455,9 @@ def _copy_runs(copier: _Copier, s: StoreState) -> bytes:
             except RemoteNotFound:
                 dropped.append(run.name)
                 break
-            try:
+            with contextlib.suppress(RemoteNotFound):
                 if copier.dst.head(key).size == size:
                     continue
-            except RemoteNotFound:
-                pass
             copier.copy_file(key, size, None)
     if not dropped:
         return s.raw
