@@ -1,42 +1,24 @@
-"""``seqstore.copy``: copy a store from a local directory to object storage, back, or between two
-object stores (or two directories), shard by shard in parallel, resumable, checksummed on arrival,
-and with the manifest written last.
+"""``seqstore.copy``: copy a store between local directories and object storage, shard by shard in
+parallel, resumable, checksummed on arrival (docs/remote.md, "Copying stores", says what is copied,
+checked and skipped).
 
-The source is walked through what it commits, never by listing it: ``manifest.json``, the committed
-rows of the shard table (version 3) and each shard's descriptor ``_shard.json`` (version 3) or the
-manifest's shard list (versions 1/2) name every file with its size and the CRC-32 of its data bytes.
-Per shard, in a pool of ``workers`` threads:
-
-1. version 3: the source descriptor is read and checked against its table row. If the destination
-   already has the same descriptor bytes and every file of the shard with the size the descriptor
-   gives, the shard is complete there and is skipped (a resumed copy). The descriptor is written
-   last in every shard, and every file is written atomically and only after its CRC was checked, so
-   a descriptor at the destination means the files beside it were checked when they were written;
-   the size check catches files changed since by hand. Versions 1/2 have no descriptor: a shard whose
-   files all have the right sizes is read back and its CRCs checked instead of copied again.
-2. every file is streamed in 8 MiB chunks (at most a few in flight per file: O(1) memory per shard
-   in flight) and the CRC-32 of its data bytes (after the ``.npy`` header) is computed from the very
-   bytes sent. A mismatch, or a size other than the descriptor's, raises ``CorruptionError`` naming
-   the source file before the destination object is completed (a streamed multipart upload is not
-   completed; a local file is not renamed into place), so nothing unchecked ever lands.
-
-Then the merged id-index runs the manifest lists, then (version 3) the shard table's committed rows,
-then ``manifest.json``: a reader opening the destination during the copy sees the store that was
-there before, or no store, never a partial one. The manifest is written with a conditional write
-(``If-Match`` on the ETag read at the start, or create-only when there was none; under the store's
-lock for a local directory): a copy never silently replaces a commit made meanwhile.
-
-A destination that already holds a store is updated in place only when that store is a prefix of
-the source (same schema, its committed shards the source's first ones: a copy of an older state of
-the same store), so that readers of the old store keep working while the copy runs. Anything else
-needs ``overwrite=True``, which first deletes the destination's manifest (readers then see no store
-until the copy ends).
+The source is walked through what it commits (manifest, table rows, descriptors), never listed. Order
+of writes: each shard's files, each checked against its CRC-32 before it is completed (a streamed
+upload is not completed, a local file not renamed into place), then its descriptor last, so a
+descriptor at the destination means the files beside it were checked (a resumed copy skips that
+shard after a size check). Then the index runs, the table rows, and ``manifest.json`` last, written
+conditionally (``If-Match`` on the ETag read at the start, create-only when there was none; under the
+store's lock locally): a reader sees the old store or none, never a partial one, and a commit made
+meanwhile is never silently replaced. A destination store is updated in place only when it is a
+prefix of the source (its readers keep working); anything else needs ``overwrite=True``, which first
+deletes the destination's manifest.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import json
 import os
 import sys
@@ -208,46 +190,38 @@ class _Copier:
     def shard(self, k: int) -> None:
         s = self.s
         name = s.name(k)
+        dkey = f"{name}/{DESCRIPTOR}"
         if s.v3:
             row = s.row(k)
-            dkey = f"{name}/{DESCRIPTOR}"
             try:
                 desc = bytes(self.src.get(dkey)[0])
             except RemoteNotFound:
                 raise CorruptionError(f"{self.src.key_url(dkey)}: shard descriptor is missing (the shard table "
                                       f"lists {name})") from None
             files = parse_descriptor(desc, self.src.key_url(dkey), name, row, s.expected_files(row.has_ids)).files
-            if self._complete_v3(name, dkey, desc, files):
-                self._skip()
-                return
-            for rel, fi in sorted(files.items()):
-                self.copy_file(f"{name}/{rel}", fi.bytes, fi.crc32)
-            self.dst.put(dkey, desc)  # last: the shard is complete at the destination
-            self._count(1, len(desc))
+            complete = self._complete_v3(name, dkey, desc, files)
         else:
             files = s.manifest.shards[k].files
-            if self._complete_v12(name, files):
-                self._skip()
-                return
+            complete = self._complete_v12(name, files)
+        if not complete:
             for rel, fi in sorted(files.items()):
                 self.copy_file(f"{name}/{rel}", fi.bytes, fi.crc32)
+            if s.v3:
+                self.dst.put(dkey, desc)  # last: the shard is complete at the destination
+                self._count(1, len(desc))
         with self.lock:
-            self.copied += 1
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def _skip(self) -> None:
-        with self.lock:
-            self.skipped += 1
+            if complete:
+                self.skipped += 1
+            else:
+                self.copied += 1
         if self.bar is not None:
             self.bar.update(1)
 
     def _complete_v3(self, name: str, dkey: str, desc: bytes, files: Mapping[str, FileInfo]) -> bool:
         try:
-            there = bytes(self.dst.get(dkey)[0])
+            if bytes(self.dst.get(dkey)[0]) != desc:
+                return False
         except RemoteNotFound:
-            return False
-        if there != desc:
             return False
         sizes = self._sizes(name)
         return all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items())
@@ -368,16 +342,14 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
     if not d_objs.conditional_writes() and isinstance(mode, dict):
         mode = "overwrite"
 
-    bar = None
-    if progress:
-        bar = tqdm(total=s.num_shards, unit="shard", desc="copy", file=sys.stderr)
+    bar = tqdm(total=s.num_shards, unit="shard", desc="copy", file=sys.stderr) if progress else None
     copier = _Copier(s_objs, d_objs, s, bar)
     try:
         _run_shards(copier, s.num_shards, workers)
         manifest_raw = _copy_runs(copier, s)
         if s.v3 and s.num_shards:
             key = TABLE if isinstance(d_objs, LocalObjects) else s.table_key
-            table = s.header + s.rows_bytes()
+            table = s.header + s.rows.tobytes()
             if key != s.table_key:  # a local store appends to _shards.tbl in place: name it
                 obj = json.loads(manifest_raw)
                 obj["shard_table"]["file"] = key
@@ -401,10 +373,8 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
             if name not in kept:
                 for suffix in (".hash.npy", ".rows.npy"):
-                    try:
+                    with contextlib.suppress(OSError, SeqstoreError):
                         d_objs.delete(f"{name}{suffix}")
-                    except (OSError, SeqstoreError):
-                        pass
     finally:
         if bar is not None:
             bar.close()
@@ -485,15 +455,12 @@ def _copy_runs(copier: _Copier, s: StoreState) -> bytes:
             except RemoteNotFound:
                 dropped.append(run.name)
                 break
-            try:
+            with contextlib.suppress(RemoteNotFound):
                 if copier.dst.head(key).size == size:
                     continue
-            except RemoteNotFound:
-                pass
             copier.copy_file(key, size, None)
     if not dropped:
         return s.raw
     obj = json.loads(s.raw)
     obj["index_runs"] = [r for r in obj.get("index_runs", []) if r.get("name") not in dropped]
     return json.dumps(obj, separators=(",", ":")).encode()
-

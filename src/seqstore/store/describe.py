@@ -22,12 +22,10 @@ def describe_groups(schema: Schema) -> list[str]:
 
     Empty when the schema packs nothing. O(fields).
     """
-    lines: list[str] = []
-    groups = schema.groups
-    if not groups:
-        return lines
-    lines.append("packed groups")
-    for g in groups.values():
+    if not schema.groups:
+        return []
+    lines = ["packed groups"]
+    for g in schema.groups.values():
         lines.append(f"  {g.name}.npy  {dtype_name(g.dtype):<9} (n, {g.width})  {len(g.fields)} field(s)")
         width = max(len(n) for n in g.fields)
         for name in g.fields:

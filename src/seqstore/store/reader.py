@@ -1,15 +1,11 @@
 """Reading stores: :func:`open_store` (``seqstore.open``) and the public :class:`Store`.
 
-Opening reads the manifest only (and maps the shard table of a version-3 store): O(1) in the number
-of shards. A shard's files are mapped the first time one of its records is touched, after cheap
-checks (file size, ``.npy`` header, the first and last offsets) against the manifest; every failure
-is a :class:`~seqstore.CorruptionError` naming the file. Where the bytes live (a local directory,
-object storage through the node cache) is the store's :class:`~seqstore.io.source.ByteSource`,
-chosen once at open; the Store reads through it without asking which kind it is.
-
-The Store owns parts, each with its own state (:mod:`seqstore.store.read`): the shard map, the read
-planner, the gatherer, id lookup, matrices and ragged fields. This module holds the public methods
-(each a few calls into the parts), opening, the state of one manifest, refresh and pickling.
+Where the bytes live is the store's :class:`~seqstore.io.source.ByteSource`, chosen once at open; the
+Store reads through it without asking which kind it is. The Store owns parts, each with its own state
+(:mod:`seqstore.store.read`; docs/architecture.md); this module holds the public methods (each a few
+calls into the parts), opening, the state of one manifest, refresh and pickling. A shard's files are
+mapped on first touch, after cheap checks against the manifest (a :class:`~seqstore.CorruptionError`
+naming the file on failure).
 """
 
 from __future__ import annotations
@@ -413,13 +409,8 @@ class Store:
         self._load(dataclasses.replace(m, shards=m.shards[:num_shards], index_runs=runs, table=state))
 
 
-def _unpickle_store(
-    path: Any,
-    bfloat16: str,
-    num_shards: int | None = None,
-    records: int | None = None,
-    options: dict[str, Any] | None = None,
-) -> Store:
+def _unpickle_store(path: Any, bfloat16: str, num_shards: int | None = None, records: int | None = None,
+                    options: dict[str, Any] | None = None) -> Store:
     store = Store(path, bfloat16=bfloat16, **(options or {}))
     if num_shards is not None and records is not None:
         store._pin(num_shards, records)
@@ -468,5 +459,4 @@ def open_store(
     16 GiB).
     """
     return Store(path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
-                 verify_reads=verify_reads,
-                 storage_options=storage_options, **remote)
+                 verify_reads=verify_reads, storage_options=storage_options, **remote)

@@ -1,13 +1,7 @@
-"""Full integrity check of a store: checksums, headers, offsets and id indexes.
+"""Full integrity check of a store (``seqstore verify``): every check of docs/format.md, section 8.
 
 :func:`verify` reads every byte of every committed file once (chunked, O(chunk) memory) and returns
 a list of problems, each naming the file and what is wrong. An empty list means the store is intact.
-Packed groups are checked as their ``(n, width)`` matrix files. In a version-3 store the shard table
-is checked row by row (CRC-32 of each row and of all committed rows against ``manifest.json``,
-starts continuing one another, increasing shard numbers, one ids flag) and each shard's descriptor
-against its row and the files. Merged id-index runs (``_index/``) are checked too: sorted, rows in
-range and ascending among equal hashes, and holding exactly the (hash, row) pairs of the shard
-indexes they cover (compared by an order-independent fingerprint).
 """
 
 from __future__ import annotations
@@ -46,12 +40,6 @@ def _crc_of_data(path: Path, offset: int, progress: Callable[[int], None] | None
             crc = zlib.crc32(chunk, crc)
             if progress is not None:
                 progress(len(chunk))
-
-
-def _chunks(arr: np.ndarray[Any, Any], overlap: int = 0) -> Iterator[np.ndarray[Any, Any]]:
-    step = CHUNK // max(arr.itemsize, 1)
-    for a in range(0, len(arr), step):
-        yield arr[a : a + step + overlap]
 
 
 def _check_monotone(off: np.ndarray[Any, Any], path: Path, limit: int) -> str | None:
@@ -230,30 +218,29 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
 def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
     problems: list[str] = []
     n = info.records
+
+    def mapped(rel: str, dtype: Any, shape: tuple[int, ...], sequential: bool = True) -> np.ndarray[Any, Any]:
+        return map_npy(sdir / rel, info.files.get(rel), np.dtype(dtype), shape, sequential=sequential)
+
     for name, f in schema.storage_units():
         if not f.ragged:
-            map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (n, *f.inner_shape))
+            mapped(f"{name}.npy", f.storage_dtype, (n, *f.inner_shape), sequential=False)
             continue
         rows = info.rows[name]
-        p = sdir / f"{name}.offsets.npy"
-        off = map_npy(p, info.files.get(f"{name}.offsets.npy"), np.dtype("<i8"), (n + 1,), sequential=True)
-        msg = _check_monotone(off, p, rows)
+        msg = _check_monotone(mapped(f"{name}.offsets.npy", "<i8", (n + 1,)), sdir / f"{name}.offsets.npy", rows)
         if msg:
             problems.append(msg)
-        map_npy(sdir / f"{name}.npy", info.files.get(f"{name}.npy"), f.storage_dtype, (rows, *f.inner_shape))
+        mapped(f"{name}.npy", f.storage_dtype, (rows, *f.inner_shape), sequential=False)
     if info.has_ids:
-        p = sdir / f"{IDS}.offsets.npy"
-        off = map_npy(p, info.files.get(f"{IDS}.offsets.npy"), np.dtype("<i8"), (n + 1,), sequential=True)
+        off = mapped(f"{IDS}.offsets.npy", "<i8", (n + 1,))
         total = int(off[-1]) if n + 1 else 0
-        msg = _check_monotone(off, p, total)
+        msg = _check_monotone(off, sdir / f"{IDS}.offsets.npy", total)
         if msg:
             problems.append(msg)
             return problems
-        data = map_npy(sdir / f"{IDS}.npy", info.files.get(f"{IDS}.npy"), np.dtype("u1"), (total,), sequential=True)
-        h = map_npy(sdir / f"{IDS}.hash.npy", info.files.get(f"{IDS}.hash.npy"), np.dtype("<u8"), (n,),
-                    sequential=True)
-        rows_ = map_npy(sdir / f"{IDS}.hash_rows.npy", info.files.get(f"{IDS}.hash_rows.npy"), np.dtype("<i8"),
-                        (n,), sequential=True)
+        data = mapped(f"{IDS}.npy", "u1", (total,))
+        h = mapped(f"{IDS}.hash.npy", "<u8", (n,))
+        rows_ = mapped(f"{IDS}.hash_rows.npy", "<i8", (n,))
         if n:
             if n > 1 and (np.asarray(h[1:]) < np.asarray(h[:-1])).any():  # (np.diff of uint64 wraps)
                 problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")

@@ -90,13 +90,8 @@ class Matrices:
                 segments.append([source, a, b, width])
             width += b - a
         f0 = schema[names[0]]
-        return MatrixPlan(
-            tuple((str(sg[0]), int(sg[1]), int(sg[2]), int(sg[3])) for sg in segments),
-            columns,
-            width,
-            f0.storage_dtype,
-            f0.dtype == BFLOAT16,
-        )
+        return MatrixPlan(tuple((str(sg[0]), int(sg[1]), int(sg[2]), int(sg[3])) for sg in segments), columns, width,
+                          f0.storage_dtype, f0.dtype == BFLOAT16)
 
     def matrix_columns(self, fields: Sequence[str] | str | None) -> dict[str, tuple[int, int]]:
         return dict(self._matrix_plan(fields).columns)

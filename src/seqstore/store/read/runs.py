@@ -2,23 +2,15 @@
 :class:`Planned`), and on object storage runs of batches read together, the union of their byte ranges
 asked for as it lies (:class:`BatchRuns`).
 
-On object storage (``ReadPolicy.together``) ``iter_batches`` asks for the records of ``together``
-consecutive batches at once, as the union of their ranges (:meth:`ByteSource.request_runs`), instead of
-batch by batch. The batches of a ``random_block`` window each take a sample of every block of the window;
-their union is the blocks themselves, fetched as they lie. Asked for batch by batch, a dense sample
-makes the reader take the aligned chunks it touches whole, and where a block does not start on a chunk
-boundary the chunks at its ends hold mostly other windows' rows: a quarter more bytes than the epoch
-delivered in the benchmark, in more, smaller requests.
-
-A run's last batch may take a few rows of the next window's blocks (windows need not start on a batch
-boundary); the source leaves those out of the run's union and they go first in the next run's, where the
-blocks they belong to are. Ragged fields' value rows are asked for the same way, run by run, once the
-run's offsets are resident (when the first of its batches asks for its value rows). Where every field
-read is ragged, the first stage (offsets: 8 bytes a record) is asked for one run ahead, so that a run's
-offsets are in when its values are asked for: a reader waiting for them there does not gather the
-batches before (the ragged epoch ran at 754 MB/s with the offsets asked for a run later, 840 with them
-a run ahead). Memory: the index arrays and groups of two runs (three for ragged fields alone), and
-the ranges left over (at most one batch's).
+On object storage (``ReadPolicy.together``) the records of ``together`` consecutive batches are asked
+for at once, as the union of their ranges (:meth:`ByteSource.request_runs`): docs/remote.md says why
+(a block-shuffled window's union is its blocks, fetched as they lie, where batch by batch the chunks at
+a block's ends would be taken whole) and how a run's last batch leaves a few rows of the next window's
+blocks to the next run. Ragged fields' value rows are asked for run by run once the run's offsets are
+resident; where every field read is ragged, the offsets are asked for one run ahead, so that a reader
+waiting for them does not hold up the batches before (754 against 840 MB/s in docs/benchmarks.md).
+Memory: the index arrays and groups of two runs (three for ragged fields alone), and the ranges left
+over (at most one batch's).
 """
 
 from __future__ import annotations

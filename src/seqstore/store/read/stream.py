@@ -1,18 +1,12 @@
-"""Read-once epochs: ``iter_batches`` with each run of batches fetched into memory, not into the node cache.
+"""Read-once epochs: ``iter_batches`` with each run of batches fetched into memory, not into the node cache
+(docs/remote.md, "Read-once epochs").
 
-On a read-once store (see :class:`~seqstore.io.options.StoreOptions`), ``iter_batches`` (at its
-default depth) reads a remote store this way: the batches are taken in runs of ``together`` (16); a
-run's ranges (the records of fixed fields, the value rows of ragged fields) are merged and received into one buffer
-(:func:`seqstore.io.remote_stream.fetch_into`), and each batch is gathered from the buffers with
-:func:`~.copy.copy_via`. Ragged fields' offsets (8 bytes a record) still go through the node cache,
-asked for a run before their values are needed. ``ahead`` runs are in flight while one is gathered;
-their buffers come from a small pool and are reused, so memory is a few runs' bytes, whatever the
-epoch's length, and no byte is written to the node cache.
-
-A run's last batch may take a few records of the next window of a block-shuffled order (windows need
-not start on a batch boundary); its ranges that lie apart from every other batch's (more than 64 KiB
-from them) are left to the next run, where the blocks they belong to are fetched whole, and that
-batch is gathered from both runs' buffers.
+A run's ranges (the records of fixed fields, the value rows of ragged fields) are merged and received
+into one buffer (:func:`seqstore.io.remote_stream.fetch_into`), and each batch is gathered from the
+buffers with :func:`~.copy.copy_via`; ragged fields' offsets still go through the node cache, a run
+ahead. ``ahead`` runs are in flight while one is gathered, in buffers from a small reused pool, so
+memory is a few runs' bytes whatever the epoch's length. A run's last batch leaves its ranges that lie
+more than 64 KiB from every other batch's to the next run, and is gathered from both runs' buffers.
 """
 
 from __future__ import annotations
@@ -218,4 +212,3 @@ def via_of(parts: list[Part]) -> tuple[Any, Any, Any]:
     if len(parts) == 1:  # a part's own table is sorted already
         return parts[0].seg_s, parts[0].seg_e, parts[0].seg_at
     return segment_table([p.seg_s for p in parts], [p.seg_e for p in parts], [p.seg_at for p in parts])
-

@@ -1,13 +1,8 @@
-"""Verified reads (``seqstore.open(path, verify_reads=True)``): every record a read returns is checked
-against the per-record checksums its shard was committed with (:mod:`seqstore.format.checksums`).
-
-:class:`ReadVerifier` is called once per field of a gathered batch (:meth:`ReadVerifier.field`), once
-per single record (:meth:`ReadVerifier.record`) and for ids read (:meth:`ReadVerifier.ids`). It hashes
-the bytes handed out (one numba pass over the output, no Python object per record) and compares them
-with the shard's ``_checks.npy`` rows of those records (mapped, through the store's byte source: a
-remote store fetches the rows it needs). A mismatch is a :class:`~seqstore.CorruptionError` naming the
-file, the record (global number and row in its shard) and the field. Shards written without
-checksums (by an older seqstore) are refused with a :class:`~seqstore.SeqstoreError` when first read.
+"""Verified reads (``seqstore.open(path, verify_reads=True)``; docs/store.md, "Verified reads"): every
+record a read returns is checked against the per-record checksums its shard was committed with
+(:mod:`seqstore.format.checksums`). :class:`ReadVerifier` hashes the bytes handed out (one numba pass
+over the output) and compares them with the shard's ``_checks.npy`` rows of those records, mapped
+through the store's byte source (a remote store fetches the rows it needs).
 """
 
 from __future__ import annotations
@@ -186,10 +181,10 @@ class ReadVerifier:
     def id_at(self, sh: Any, row: int, i: int, address: int, length: int) -> None:
         """Check the id of record ``i`` (row ``row`` of shard ``sh``): ``length`` bytes at ``address``."""
         got = spans_at(address, np.zeros(1, np.int64), np.array([length], np.int64))
-        rows = np.array([row], np.int64)
-        want = self._expected([(sh, np.zeros(1, np.int64), rows)], 1, None)
+        groups = [(sh, np.zeros(1, np.int64), np.array([row], np.int64))]
+        want = self._expected(groups, 1, None)
         if got[0] != want[0]:
-            self._report(IDS_COLUMN, np.array([i], np.int64), [(sh, np.zeros(1, np.int64), rows)], got, want)
+            self._report(IDS_COLUMN, np.array([i], np.int64), groups, got, want)
 
     # -------------------------------------------------------------------------------- reports
 

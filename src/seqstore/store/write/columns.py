@@ -263,8 +263,7 @@ class ColumnFile:
                 os.fsync(self._fd)
         finally:
             self.abort()  # closes both descriptors
-        crc = self._crc.result() if self._crc is not None else 0
-        return FileInfo(self._pos, crc)
+        return FileInfo(self._pos, self._crc.result() if self._crc is not None else 0)
 
     def abort(self) -> None:
         """Close the descriptors (idempotent, never raises: the file is being given up or is done), once

@@ -60,7 +60,6 @@ def next_shard_number(manifest: Manifest) -> int:
     return max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
 
 
-
 def hold_owner_lock(directory: Path) -> int:
     """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep."""
     fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
@@ -95,7 +94,6 @@ def workspace_path(root: Path, manifest: Manifest, token: str) -> Path:
     return root / WORK_DIR / token if manifest.table is not None else root / f"_tmp-{token}"
 
 
-
 def append_row(root: Path, committed: int, row: bytes, ragged: int, table_id: int = 0) -> None:
     """Write ``row`` (one row, or several rows back to back) at the committed end of the shard table and
     fsync it (creating the file with its header for the first row). Bytes a dead writer left past the
@@ -124,7 +122,6 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------ id-index runs
-
 
 
 INDEX_DIR = "_index"

@@ -34,7 +34,7 @@ from ...format.shard_table import (
     shard_dir_name,
 )
 from ...schema import Schema
-from ..directio import pwrite_all
+from ..directio import write_file
 from .disk import append_row, maybe_merge_index, next_shard_number, remove_if_dead, write_json
 from .target import COMMITTED_FILE, OWNER, PART_FILE, STAGED, Part, PartShard, check_part
 
@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def unlink_superseded(root: Path, superseded: list[Path]) -> None:
@@ -152,12 +151,7 @@ def commit_local_parts(
             fsync_dir(parts_dir)
         (root / WORK_DIR).mkdir(exist_ok=True)
         new_table = root / WORK_DIR / f".{TABLE}.tmp-{os.getpid()}"
-        fd = os.open(new_table, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-        try:
-            pwrite_all(fd, memoryview(encode_table_header(len(ragged), state.id) + bytes(rows)), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_file(new_table, encode_table_header(len(ragged), state.id) + bytes(rows))
         manifest.index_runs = []
         manifest.schema = schema
         if staged is not None:

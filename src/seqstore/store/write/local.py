@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import FormatError, SeqstoreError
+from ...errors import SeqstoreError
 from ...format.manifest import MANIFEST, PARTS_DIR, WORK_DIR, Manifest, ShardInfo, fsync_dir
 from ...format.shard_table import (
     encode_row,
@@ -64,6 +64,7 @@ from .target import (
     Start,
     add_stats,
     check_parts_kinds,
+    check_v3,
 )
 
 log = logging.getLogger(__name__)
@@ -193,17 +194,13 @@ class LocalTarget(CommitTarget):
         """The manifest (version 3 required), once a commit of parts that died part way is settled."""
         self._recovered()
         manifest = Manifest.load(self.root)
-        if manifest.table is None:
-            raise FormatError(
-                f"{self.root}: a version-{manifest.version} store; parts need a version-3 store (one created by "
-                "this seqstore). Convert it or write a new store."
-            )
+        check_v3(self.where, manifest)
         return manifest
 
     def open_part(self, job: str, task: str) -> Start:
         manifest = self._parts_manifest()
         staged = self.staged()
-        schema = _staged_schema(staged) if staged is not None else manifest.schema
+        schema = Schema.from_json(staged["schema"]) if staged is not None else manifest.schema
         parts = self.root / PARTS_DIR
         job_dir = parts / job
         task_dir = job_dir / task
@@ -260,7 +257,7 @@ class LocalTarget(CommitTarget):
             recover_batch_commit(root)
             manifest = self._parts_manifest()
             staged = self.staged()
-            schema = _staged_schema(staged) if overwrite and staged is not None else manifest.schema
+            schema = Schema.from_json(staged["schema"]) if overwrite and staged is not None else manifest.schema
             entries = check_local_parts(root, plist, schema)
             check_parts_kinds(self.where, {sh.has_ids for _, sh in entries},
                               manifest.has_ids if manifest.num_shards and not overwrite else None)
@@ -292,10 +289,6 @@ class LocalTarget(CommitTarget):
                 if now - newest >= older_than and discard_job(job_dir):
                     removed.append(job)
         return removed
-
-
-def _staged_schema(staged: Mapping[str, Any]) -> Schema:
-    return Schema.from_json(staged["schema"])
 
 
 def clean_orphans(root: Path, manifest: Manifest) -> None:

@@ -2,62 +2,25 @@
 :func:`~seqstore.create`, :func:`~seqstore.append_to` and ``open_or_create`` with a URL (and so
 ``seqstore.Logger``) and the parts of a distributed write commit through.
 
-A :class:`~seqstore.store.write.writer.Writer` on a URL builds its shards in a local
-staging directory (a temporary directory, or under ``staging_dir``; it holds at most the shard being
-written and one finished shard), exactly as a local writer builds them: buffered appends, final
-``.npy`` headers, CRC-32s, id index, descriptor. Committing a finished shard (docs/format.md,
-section 7.2) then:
+A writer on a URL builds its shards in a local staging directory exactly as a local writer does (it
+holds at most the shard being written and one finished shard). Committing one follows docs/format.md,
+section 7.2: read the state (store/write/state.py), claim a shard number with a create-only write of
+its descriptor, upload the files, write a new table object and replace ``manifest.json`` with
+``If-Match`` (the commit point); a lost race re-reads the state and retries (moving the shard above a
+higher number another writer committed), at most ``MAX_COMMIT_ATTEMPTS`` times, then
+:class:`~seqstore.errors.ConflictError`; a write whose answer was lost is recognised by its row in the
+new state, so a shard is never committed twice. Old tables beyond ``KEEP_TABLES`` generations go.
+The claim-upload-commit loop is store/write/remote.py's :class:`~seqstore.store.write.remote.Commit`.
+A back end without conditional writes (HTTP, fsspec URLs) is refused: write locally and ``seqstore copy``.
 
-1. reads ``manifest.json`` and its ETag, and the shard-table rows committed since this writer last
-   read them (store/write/state.py; one or two requests);
-2. claims a shard number: creates ``shard-NNNNNN/_shard.json`` (the descriptor) with a create-only
-   write, ``N`` the last committed row's number + 1 (or above this writer's own last number). A
-   conflict means another writer holds ``N`` (committed, in progress, or dead): it tries ``N + 1``.
-   Two writers therefore never write into the same shard directory;
-3. uploads the shard's files into ``shard-NNNNNN/`` (in parallel; large files as multipart uploads);
-4. writes a new, immutable shard table ``_shards/<generation>-<writer>.tbl`` (the committed rows and
-   this shard's row; a table on object storage cannot be appended in place) and replaces
-   ``manifest.json`` with a conditional write: ``If-Match`` the ETag read in 1. This is the commit:
-   readers see the shard from here on, never before;
-5. if the write loses (another writer committed in between, so the ETag changed), it reads the new
-   state and tries 4 again with the new rows. If the other writer committed a shard with a higher
-   number than ours (numbers must increase from row to row), it first claims a new number above it,
-   uploads the files there and deletes the old claim. At most ``MAX_COMMIT_ATTEMPTS`` tries, then
-   :class:`~seqstore.errors.ConflictError`. A write whose answer was lost (retried, then refused) is
-   recognised by finding its row in the new state, so a shard is never committed twice;
-6. deletes shard tables older than the last ``KEEP_TABLES`` generations (a reader that read an older
-   manifest has fetched its table already, within its open).
-
-So two writers racing on one store lose none of each other's shards. A writer that dies leaves a
-claimed directory no table row names (and maybe a table object no manifest names): garbage that
-readers never look at and that costs later claims one request.
-
-Steps 2-5 are store/write/remote.py's :class:`~seqstore.store.write.remote.Commit`. Where the
-service or the fsspec filesystem has no conditional write (HTTP, fsspec URLs), writing is refused:
-write locally and ``seqstore copy``.
-
-Parts (docs/format.md, section 7.3). A task attempt builds its shards locally as any writer does and
-uploads each finished one under the store's staging prefix ``_parts/<job>/<task>/p<k>/`` (the files,
-then the descriptor), then ``part.json`` (create-only) last. The driver's ``commit_parts``:
-
-1. reads the manifest and the committed table rows, and in one wave every part's ``part.json``
-   (which must equal the Part given), its markers and every staged descriptor (checked against the
-   CRC-32 in the Part): O(parts + shards) small requests;
-2. claims final shard numbers above the last committed one, in the order of the parts, and writes
-   ``commit.json`` into each part (the numbers its shards got);
-3. copies every staged file to its ``shard-NNNNNN/`` inside the service (server-side copy; files over
-   :data:`COPY_LIMIT` and back ends without a copy are streamed through the driver instead);
-4. writes one table object with all the new rows and replaces ``manifest.json`` conditionally (the
-   commit point; retried as above);
-5. writes ``committed.json`` into each part and deletes the part's staged objects.
-
-All of the parts appear at once or none does. A driver that dies before 4 leaves claimed shard
-directories that no table row names; calling ``commit_parts`` again with the same parts commits them,
-or, when the manifest shows the numbers their ``commit.json`` records, says they were committed (never
-twice). ``discard_parts`` first writes ``_parts/.ended/<job>`` (a task attempt still running checks
-it after each shard it uploads and when it finishes, and then deletes what it wrote), then deletes
-every object under ``_parts/<job>/``. Object storage has no lock that shows a live writer, so call it
-once the job's tasks have stopped.
+Parts follow section 7.3: a task attempt uploads each finished shard under ``_parts/<job>/<task>/p<k>/``
+(files, then descriptor) and ``part.json`` (create-only) last; ``commit_parts`` checks every part in one
+wave, claims numbers and records them in each part's ``commit.json``, copies the staged files inside the
+service (streamed through the driver above :data:`COPY_LIMIT` or without a server-side copy), commits
+once, then writes ``committed.json`` and deletes the staged objects. All parts appear at once or none
+does. ``discard_parts`` writes ``_parts/.ended/<job>`` first (a running attempt checks it and deletes
+what it wrote), then deletes ``_parts/<job>/``: with no lock to show a live writer, call it once the
+job's tasks have stopped.
 """
 
 from __future__ import annotations
@@ -113,6 +76,7 @@ from .target import (
     Start,
     check_part,
     check_parts_kinds,
+    check_v3,
 )
 
 log = logging.getLogger(__name__)
@@ -196,7 +160,7 @@ class ObjectTarget(CommitTarget):
         return state
 
     def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
-        """Steps 1-6 of the module docs for ``shard`` (None: only the ``stats`` deltas)."""
+        """docs/format.md 7.2 for ``shard`` (None: only the ``stats`` deltas)."""
         assert self._state is not None
         info = shard.info if shard is not None else ShardInfo("", 0, {}, {}, False)
 
@@ -245,8 +209,7 @@ class ObjectTarget(CommitTarget):
             raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist); the driver "
                               "makes it with prepare_store() before the tasks start")
         manifest = parse_manifest(raw, client.key_url(MANIFEST))
-        if manifest.table is None:
-            raise FormatError(f"{self.where}: a version-{manifest.version} store; parts need a version-3 store")
+        check_v3(self.where, manifest)
         if ended is not None:
             raise SeqstoreError(f"{self.where}: job {job!r} was committed or discarded already; task attempt "
                                 f"{task!r} writes nothing (on object storage a job id names one job: give "
@@ -338,9 +301,8 @@ class ObjectTarget(CommitTarget):
 # ---------------------------------------------------------------------------------- commit of parts
 
 
-
 def commit_remote_parts(client: ObjectClient, plist: list[Part], overwrite: bool, workers: int = WORKERS) -> int:
-    """Steps 1-5 of the module docs: every shard of ``plist`` in one manifest commit, in order."""
+    """docs/format.md 7.3: every shard of ``plist`` in one manifest commit, in order."""
     state = read_v3(client)
     staged_raw = get_many(client, [STAGED_KEY])[0] if overwrite else None
     staged = json.loads(staged_raw) if staged_raw is not None else None
@@ -359,10 +321,9 @@ class _Entry:
     desc: bytes
 
 
-
 def _check_parts(client: ObjectClient, state: StoreState, plist: list[Part], schema: Schema) -> list[_Entry]:
     """One wave: each part's ``part.json``, ``committed.json`` and ``commit.json``, each shard's
-    descriptor; the checks of the module docs. A part whose earlier commit reached its commit point
+    descriptor; the checks of docs/format.md 7.3, step 1. A part whose earlier commit reached its commit point
     (its ``commit.json`` numbers are committed rows) is marked committed and reported."""
     keys: list[str] = []
     for p in plist:
@@ -417,7 +378,7 @@ def _finish_parts(client: ObjectClient, plist: Sequence[Part], generation: int, 
 
 def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], schema: Schema,
             staged: Mapping[str, Any] | None, overwrite: bool, state: StoreState, workers: int) -> int:
-    """Steps 2-5 of the module docs."""
+    """Steps 2-6 of docs/format.md 7.3."""
     records = sum(e.shard.records for e in entries)
     if not entries and not overwrite:
         _finish_parts(client, plist, state.manifest.generation, workers)
@@ -484,6 +445,3 @@ def _copy(client: ObjectClient, src: str, dst: str, size: int) -> None:
             yield bytes(data)
 
     client.put_stream(dst, chunks)
-
-
-# ------------------------------------------------------------------------------------- clean-up

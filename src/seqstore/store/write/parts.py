@@ -26,16 +26,11 @@ Driver, once the tasks reported::
     # on failure instead: discard_parts(path, parts or job_id): nothing of the job remains
 
 A URL of object storage (``s3://``, ``gs://``, ``az://``) takes ``storage_options`` in every call.
-Everything here goes through the store's commit target (store/write/target.py): a local store keeps
-a part in ``<store>/_parts/<job>/<task>/`` (``owner.lock``, flocked while a live PartWriter writes;
-``current/``, the shard being written; finished shards ``p000000/``, ...; ``part.json`` once
-finished) and commits parts under its lock through a journal, so a crash at any step leaves all of
-the parts committed or all of them pending (store/write/journal.py); object storage stages them under
-the same prefix and commits with a conditional manifest write (store/write/objects.py). A part
-survives its task's process; writers' orphan clean-up never touches ``_parts/``, which only
-:func:`discard_parts` and :func:`clean_parts` (by age) empty. Once committed, a part keeps only
-``committed.json`` (committing it again is a clear error) until its job is discarded. Everything the
-driver does is O(parts + shards), never O(records).
+Everything goes through the store's commit target (store/write/target.py). The parts area's layout
+and the commit protocols, crash-safe locally through a journal and with a conditional manifest write
+on object storage, are docs/format.md sections 1, 7.1 and 7.3. A part survives its task's process;
+only :func:`discard_parts` and :func:`clean_parts` (by age) empty ``_parts/``. Everything the driver
+does is O(parts + shards), never O(records).
 """
 
 from __future__ import annotations
@@ -46,10 +41,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...errors import FormatError, RemoteError, SchemaError, SeqstoreError
-from ...format.manifest import MANIFEST, PARTS_DIR, Manifest
+from ...format.manifest import MANIFEST, PARTS_DIR
 from ...schema import Schema
 from .api import open_target
-from .target import MODES, Part, PartShard, Start, as_part, check_name, checked_schema, new_manifest, schema_crc
+from .target import (
+    MODES,
+    Part,
+    PartShard,
+    Start,
+    as_part,
+    check_name,
+    check_v3,
+    checked_schema,
+    new_manifest,
+    schema_crc,
+)
 from .writer import Writer
 
 __all__ = [
@@ -108,7 +114,7 @@ def prepare_store(
             raise FormatError(f"{where}: {MANIFEST} appeared and disappeared again (the store is being deleted?)")
     elif mode == "create":
         raise FileExistsError(f"{where}: a store already exists (mode='create'); use mode='append' or 'overwrite'")
-    _check_v3(where, manifest)
+    check_v3(where, manifest)
     if mode == "append":
         if manifest.schema != sch:
             raise SchemaError(f"{where}: existing store has schema {manifest.schema!r}, the job writes {sch!r}")
@@ -121,14 +127,6 @@ def prepare_store(
         return
     target.set_staged({"schema": sch.to_json(), "id_lookup": id_lookup,
                        "metadata": None if metadata is None else dict(metadata)})
-
-
-def _check_v3(where: str, manifest: Manifest) -> None:
-    if manifest.table is None:
-        raise FormatError(
-            f"{where}: a version-{manifest.version} store; parts need a version-3 store (one created by this "
-            "seqstore). Convert it or write a new store."
-        )
 
 
 class PartWriter(Writer):
@@ -231,11 +229,7 @@ class PartWriter(Writer):
                     self.target.where, self.task)
         self.abort()
 
-    def _release(self) -> None:
-        self._closed = True
-        if os.getpid() != self._pid:  # a forked child's copy: the files belong to the parent
-            return
-        self._pool.shutdown(wait=True)
+    def _close_target(self) -> None:
         self.target.close_part(self._start, self._part)
 
     def __enter__(self) -> PartWriter:

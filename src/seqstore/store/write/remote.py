@@ -22,7 +22,7 @@ from ...format.shard_table import TABLE_OBJECTS, TableState, encode_row, encode_
 from ...io.objects import ObjectClient
 from ...schema import Schema
 from .state import StoreState, read_state
-from .target import STAGED, PartShard, add_stats
+from .target import STAGED, PartShard, add_stats, check_v3
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +141,12 @@ def list_keys(client: ObjectClient, prefix: str) -> list[str]:
     return [m.key for m in client.list(prefix.rstrip("/")) if m.key.startswith(head)]
 
 
-
-
 def read_v3(client: ObjectClient, known: StoreState | None = None) -> StoreState:
     """The store's state; a missing store or one older than version 3 is an error."""
     state = read_state(client, known=known)
     if state is None:
         raise FormatError(f"{client.url}: no seqstore store here ({MANIFEST} does not exist)")
-    if not state.v3:
-        raise FormatError(f"{client.url}: a version-{state.manifest.version} store; parts need a version-3 store "
-                          "(one created by this seqstore)")
+    check_v3(client.url, state.manifest)
     return state
 
 
@@ -189,7 +185,6 @@ def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int
     return numbers
 
 
-
 def clean_tables(client: ObjectClient, generation: int, current: str, workers: int = WORKERS) -> None:
     """Delete table objects of generations older than the last KEEP_TABLES (never the current one)."""
     try:
@@ -215,7 +210,6 @@ def job_times(client: ObjectClient) -> dict[str, float]:
     return out
 
 
-
 def delete_old_marks(client: ObjectClient, workers: int = WORKERS) -> None:
     """Delete end marks older than ENDED_KEEP_S (one listing of ``_parts/.ended/``)."""
     now = time.time()
@@ -227,9 +221,8 @@ def delete_old_marks(client: ObjectClient, workers: int = WORKERS) -> None:
     delete_all(client, marks, workers)
 
 
-
 class Commit:
-    """One conditional commit of finished shards, in order (steps 2-5 of store/write/objects.py's docs):
+    """One conditional commit of finished shards, in order (docs/format.md 7.2 and 7.3, steps 2-5):
     claim numbers, ``place(numbers)`` the files, write a table object, replace the manifest If-Match;
     after a lost race ``refresh``, ``check`` and move above a higher number committed meanwhile.
     ``stats``: deltas for the manifest's stats; ``overwrite``: the table lists only these shards and

@@ -1,15 +1,10 @@
 """A store's commit state read straight from its objects, without the node cache: ``manifest.json``
 and, for version 3, the committed rows of the shard table, checked. What ``seqstore copy``
-(store/copy.py) and the object-storage commit target (store/write/objects.py) work from.
+(store/copy.py) and the object-storage commit target (store/write/objects.py) work from, through an
+:class:`~seqstore.io.objects.ObjectClient` or :class:`LocalObjects` (the same calls on a directory).
 
-The objects are read through an :class:`~seqstore.io.objects.ObjectClient`, or through
-:class:`LocalObjects`, the same calls on a local directory, so copy code is the same for every
-pair of ends.
-
-:func:`read_state` costs two requests (the manifest; then the table's header and committed rows in
-one wave). Given the state it read before, it fetches only the rows committed since, and checks that
-the rows it keeps and the new ones together have the CRC-32 the new manifest records, so a writer
-that refreshes before each commit transfers O(new rows), not O(shards).
+:func:`read_state` costs two requests; given the state it read before, it fetches only the rows
+committed since (checked with the old ones against the new manifest's CRC-32): O(new rows).
 """
 
 from __future__ import annotations
@@ -131,9 +126,6 @@ class StoreState:
     def expected_files(self, has_ids: bool) -> tuple[str, ...]:
         return self.manifest.data_files() + (IDS_FILES if has_ids else ())
 
-    def rows_bytes(self) -> bytes:
-        return self.rows.tobytes()
-
 
 def _bodies_crc(buf: bytes, row_bytes: int, crc: int) -> int:
     """CRC-32 (continuing ``crc``) of rows back to back in ``buf``, each without its last 4 bytes."""
@@ -203,18 +195,15 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         return dataclasses.replace(known, etag=meta.etag)
     where = objects.key_url(MANIFEST)
     manifest = parse_manifest(raw, where)
-    if manifest.table is None:
-        return StoreState(raw, meta.etag, manifest, b"", np.zeros(0, row_dtype(len(manifest.ragged))))
     dt = row_dtype(len(manifest.ragged))
     state = manifest.table
-    count = state.rows
-    if count == 0:
-        if state.records:
+    if state is None or state.rows == 0:
+        if state is not None and state.records:
             raise CorruptionError(f"{where}: 0 shard-table rows but {state.records} records")
         return StoreState(raw, meta.etag, manifest, b"", np.zeros(0, dt))
+    count = state.rows
     key = state.file
     turl = objects.key_url(key)
-    table_id = state.id
     usable = (
         known is not None and known.manifest.table is not None and 0 < len(known.rows) <= count
         and known.rows.dtype == dt and known.manifest.schema == manifest.schema
@@ -231,7 +220,7 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         except RemoteNotFound:
             raise CorruptionError(f"{turl}: shard table is missing (manifest.json lists {count} rows)") from None
         header = bytes(got[0][0])
-        _check_header(header, turl, len(manifest.ragged), table_id)
+        _check_header(header, turl, len(manifest.ragged), state.id)
         new_raw = bytes(got[1][0]) if len(got) > 1 else b""
         if len(new_raw) != (count - len(have)) * dt.itemsize:
             raise CorruptionError(
@@ -258,8 +247,6 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
 
 
 # ------------------------------------------------------------------------------------ local objects
-
-
 
 
 def _content_tag(data: bytes) -> str:
@@ -292,18 +279,21 @@ class LocalObjects:
     def _path(self, key: str) -> Path:
         return self.root / key
 
+    def _missing(self, key: str) -> RemoteNotFound:
+        return RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1)
+
     def head(self, key: str) -> ObjectMeta:
         try:
             st = os.stat(self._path(key))
         except FileNotFoundError:
-            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+            raise self._missing(key) from None
         return ObjectMeta(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}")
 
     def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
         try:
             data = self._path(key).read_bytes()
         except FileNotFoundError:
-            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+            raise self._missing(key) from None
         return memoryview(data), ObjectMeta(key, len(data), _content_tag(data))
 
     def get_ranges(self, requests: Sequence[tuple[str, int, int, str | None]]) -> list[tuple[memoryview, ObjectMeta]]:
@@ -331,7 +321,7 @@ class LocalObjects:
         try:
             f = open(self._path(key), "rb")
         except FileNotFoundError:
-            raise RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1) from None
+            raise self._missing(key) from None
         with f:
             while True:
                 data = f.read(chunk)
@@ -348,29 +338,23 @@ class LocalObjects:
                 yield ObjectMeta(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
 
     def delete(self, key: str) -> None:
-        try:
-            self._path(key).unlink()
-        except FileNotFoundError:
-            pass
+        self._path(key).unlink(missing_ok=True)
 
     # writes -------------------------------------------------------------------------------------
 
     def _workdir(self) -> Path:
         with self._lock:
-            return self._make_workdir()
-
-    def _make_workdir(self) -> Path:
-        if self._tmp is None:
-            work = self.root / WORK_DIR
-            work.mkdir(parents=True, exist_ok=True)
-            for entry in list(os.scandir(work)):  # temporary directories of copies that died
-                if entry.name.startswith("copy-") and entry.is_dir():
-                    remove_if_dead(Path(entry.path))
-            tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            tmp.mkdir()
-            self._owner_fd = hold_owner_lock(tmp)
-            self._tmp = tmp
-        return self._tmp
+            if self._tmp is None:
+                work = self.root / WORK_DIR
+                work.mkdir(parents=True, exist_ok=True)
+                for entry in list(os.scandir(work)):  # temporary directories of copies that died
+                    if entry.name.startswith("copy-") and entry.is_dir():
+                        remove_if_dead(Path(entry.path))
+                tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                tmp.mkdir()
+                self._owner_fd = hold_owner_lock(tmp)
+                self._tmp = tmp
+            return self._tmp
 
     def _install(self, key: str, write: Callable[[int], None]) -> str:
         """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""

@@ -1,12 +1,10 @@
 """The commit-target interface: where a writer's finished shards go and how they become visible.
 
 A writer (:class:`~seqstore.store.write.writer.Writer`, :class:`~seqstore.store.write.parts.PartWriter`)
-always builds its shards in a local directory; committing them is the target's business. There are
-two targets: a local store directory (store/write/local.py: commit lock, rename, fsync, table append,
-manifest replace) and a store on object storage (store/write/objects.py: claim a shard number,
-upload, conditional manifest and table generation). :func:`~seqstore.store.write.api.open_target`
-picks one for a path or URL. This module also holds the small values both sides share: the
-:class:`Part` description of a distributed write's task attempt, and the checks of names and schemas.
+always builds its shards in a local directory; committing them is the target's business:
+store/write/local.py (a directory) or store/write/objects.py (object storage), picked by
+:func:`~seqstore.store.write.api.open_target`. Also the values both share: :class:`Part`, and the
+checks of names and schemas.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import CorruptionError, SchemaError, SeqstoreError
+from ...errors import CorruptionError, FormatError, SchemaError, SeqstoreError
 from ...format.manifest import ID_LOOKUPS, Manifest, ShardInfo
 from ...format.npy import HEADER_BYTES, encode_header
 from ...format.shard_table import TableState
@@ -190,6 +188,15 @@ def checked_schema(
                 f"field {name!r}: shape {f.shape} has too many dimensions for a {HEADER_BYTES}-byte .npy header"
             ) from None
     return sch
+
+
+def check_v3(where: str, manifest: Manifest) -> None:
+    """Parts need a version-3 store."""
+    if manifest.table is None:
+        raise FormatError(
+            f"{where}: a version-{manifest.version} store; parts need a version-3 store (one created by this "
+            "seqstore). Convert it or write a new store."
+        )
 
 
 def check_parts_kinds(where: str, kinds: set[bool], store_has_ids: bool | None) -> None:

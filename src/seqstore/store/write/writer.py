@@ -1,19 +1,13 @@
 """Writing stores: buffered, crash-safe appends of records into immutable shards.
 
-A :class:`Writer` validates records against the schema, buffers them by bytes, and writes each field
-of the current shard with large sequential writes into a private workspace directory
-(``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2 store; store/write/shard_files.py).
-:meth:`Writer.commit` finishes the shard, then under the store's lock renames it to ``shard-NNNNNN``,
-appends its shard-table row (version 3) and atomically replaces the manifest (store/write/local.py). A
-crash before the manifest's rename leaves only files readers never look at, which the next writer
-deletes or overwrites; a crash after it loses nothing. A store keeps its format version.
-
-Committing goes through the writer's commit target (store/write/target.py): the local directory
-above, or a store on object storage, to which a finished shard is uploaded (store/write/objects.py).
-
-Packed groups (docs/format.md, version 2) are buffered and written as one ``(n, width)`` matrix per
-group; :meth:`Writer.append_batch` also takes a group's whole ``(B, width)`` matrix under the group's
-name, which is written without any per-field copy.
+A :class:`Writer` validates records against the schema, buffers them by bytes, and writes the current
+shard into a private workspace (``_tmp/<token>/current``; ``_tmp-<token>/current`` in a version-1/2
+store; store/write/shard_files.py). :meth:`Writer.commit` finishes the shard and hands it to the
+writer's commit target (store/write/target.py: a local directory, or object storage), which makes it
+visible with one manifest replacement (docs/format.md, section 7): a crash before that loses only
+the uncommitted records, a crash after it nothing. A store keeps its format version. Packed groups
+are buffered and written as one ``(n, width)`` matrix per group; :meth:`Writer.append_batch` also
+takes a group's whole ``(B, width)`` matrix under the group's name (no per-field copy).
 """
 
 from __future__ import annotations
@@ -51,13 +45,10 @@ class Writer:
     committed when it reaches ``shard_bytes`` or ``max_shard_records``, on :meth:`commit`, and on
     :meth:`close`. Leaving a ``with`` block by an exception discards what was not committed.
 
-    ``direct_io=True`` writes the data of every field (fixed-size and ragged values) with ``O_DIRECT``
-    in page-aligned runs (no copy into the page cache, which is most of the CPU cost of writing GB/s;
-    store/directio.py) where the filesystem supports it; offsets and ids go through the page cache.
-    Those files get a one-page header. Aligned appends come straight from page-aligned arrays
-    (:func:`~seqstore.store.directio.aligned_empty`, as the Logger's buffers are) or from the writer's
-    own staging arrays; other appends (ragged values) are copied into an aligned buffer first, and the
-    bytes after the last page boundary wait for the next append or the shard's end.
+    ``direct_io=True`` writes the data of every field with ``O_DIRECT`` in page-aligned runs (no copy
+    into the page cache, which is most of the CPU cost of writing GB/s) where the filesystem supports
+    it; offsets and ids go through the page cache. docs/store.md says how appends are aligned
+    (:func:`~seqstore.store.directio.aligned_empty`) or copied, and what waits for the shard's end.
     """
 
     def __init__(
@@ -404,8 +395,17 @@ class Writer:
 
         If writing fails part way (disk full, I/O error), the shard's files no longer agree with each
         other: the writer is marked failed and only :meth:`abort` is allowed (committed data is safe)."""
+        if self._buf_records == 0:
+            return
         with self._failing():
-            self._write_buffer()
+            if not self._shard_open:
+                self._open_shard()
+            self._shard.write(self._buf, self._buf_lengths, self._buf_ids)
+            self._shard_records += self._buf_records
+            self._shard_bytes += self._buf_bytes
+            self._reset_buffer()
+            if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
+                self._commit_shard()
 
     @contextmanager
     def _failing(self) -> Iterator[None]:
@@ -418,18 +418,6 @@ class Writer:
         except BaseException as exc:
             self._failed = exc
             raise
-
-    def _write_buffer(self) -> None:
-        if self._buf_records == 0:
-            return
-        if not self._shard_open:
-            self._open_shard()
-        self._shard.write(self._buf, self._buf_lengths, self._buf_ids)
-        self._shard_records += self._buf_records
-        self._shard_bytes += self._buf_bytes
-        self._reset_buffer()
-        if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
-            self._commit_shard()
 
     # --------------------------------------------------------------------------------------- commit
 
@@ -553,6 +541,9 @@ class Writer:
         self._pool.shutdown(wait=True)
         if self._io is not None:
             self._io.shutdown(wait=True)
+        self._close_target()
+
+    def _close_target(self) -> None:
         self.target.close_writer(self._start)
 
     def __enter__(self) -> Writer:
