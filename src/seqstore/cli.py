@@ -31,18 +31,10 @@ from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store
 from .store.copy import copy
-from .store.describe import describe_groups, dtype_name
+from .store.describe import describe_groups, dtype_name, human_bytes
 from .store.verify import total_bytes, verify
 
 __all__ = ["main"]
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 #: the longest record whose length ``info`` counts exactly in one pass (one int64 counter per length)
@@ -99,10 +91,10 @@ def _manifest_line(root: Path) -> str:
     """Size of what an open reads: ``manifest.json``, plus the binary shard table a version-3 store
     maps (its committed rows) when there is one."""
     size = (root / MANIFEST).stat().st_size
-    line = f"{_human_bytes(size)} ({size}) {MANIFEST}"
+    line = f"{human_bytes(size)} ({size}) {MANIFEST}"
     if (root / TABLE).is_file():
         tsize = (root / TABLE).stat().st_size
-        line += f", shard table {_human_bytes(tsize)} ({tsize}, mapped)"
+        line += f", shard table {human_bytes(tsize)} ({tsize}, mapped)"
     return line
 
 
@@ -118,7 +110,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"store     {store.url}")
     print(f"records   {len(store)}")
     print(f"shards    {store.num_shards}")
-    print(f"bytes     {_human_bytes(total_bytes(m))} ({total_bytes(m)})")
+    print(f"bytes     {human_bytes(total_bytes(m))} ({total_bytes(m)})")
     print(f"ids       {'yes' if store.has_ids else 'no'}")
     print(f"format    version {m.version}" + (f", id lookup {m.id_lookup}" if m.version >= 2 else ""))
     print(f"manifest  {_manifest_line(Path(store.root))}")
@@ -181,7 +173,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
                  dst_options=_key_values(args.dst_option, "--dst-option"), workers=args.workers,
                  progress=not args.quiet, overwrite=args.overwrite)
         print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
-              f"{_human_bytes(r.bytes)} in {r.files} file(s)")
+              f"{human_bytes(r.bytes)} in {r.files} file(s)")
     except ValueError as exc:
         print(f"seqstore: error: {exc}", file=sys.stderr)
         return 2

@@ -225,26 +225,7 @@ class Manifest:
             raise FormatError(f"{path}: missing; {root} is not a seqstore store") from None
         except OSError as exc:
             raise FormatError(f"{path}: cannot read ({exc})") from exc
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptionError(f"{path}: not valid JSON ({exc})") from exc
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-            raise FormatError(f"{path}: not a seqstore manifest (expected \"format\": \"{FORMAT_NAME}\")")
-        version = obj.get("version")
-        if not isinstance(version, int):
-            raise CorruptionError(f"{path}: \"version\" must be an integer, got {version!r}")
-        if version < 1:
-            raise CorruptionError(f"{path}: \"version\" must be a positive integer, got {version}")
-        if version > FORMAT_VERSION:
-            raise FormatError(
-                f"{path}: store format version {version} is newer than this seqstore reads "
-                f"(up to {FORMAT_VERSION}); upgrade seqstore"
-            )
-        try:
-            manifest = cls._from_json(obj, version)
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise CorruptionError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+        manifest = cls.parse(raw, str(path))
         if manifest.table is not None:  # map the committed rows of the shard table: O(1)
             try:
                 table = ShardTable.open(Path(root), manifest.ragged, manifest.table, map_file)
@@ -260,11 +241,33 @@ class Manifest:
                     time.sleep(0.005)
                 raise
             manifest.shards = ShardList(Path(root), table, manifest.data_files(), IDS_FILES)
+        return manifest
+
+    @classmethod
+    def parse(cls, raw: bytes, where: str) -> Manifest:
+        """Validate and parse the bytes of a ``manifest.json`` found at ``where`` (a path or URL, for
+        messages) without opening its shard table (a version-3 result's ``shards`` are empty until
+        :meth:`load` maps the table). FormatError: not a manifest, or a newer format version;
+        CorruptionError: not valid."""
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptionError(f"{where}: not valid JSON ({exc})") from exc
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+            raise FormatError(f"{where}: not a seqstore manifest (expected \"format\": \"{FORMAT_NAME}\")")
+        version = obj.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CorruptionError(f"{where}: \"version\" must be a positive integer, got {version!r}")
+        if version > FORMAT_VERSION:
+            raise FormatError(f"{where}: store format version {version} is newer than this seqstore reads "
+                              f"(up to {FORMAT_VERSION}); upgrade seqstore")
+        try:
+            manifest = cls._from_json(obj, version)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise CorruptionError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from exc
         if manifest.version > version:
-            raise CorruptionError(
-                f"{path}: says version {version} but uses version-{manifest.version} features "
-                "(packed groups or \"id_lookup\": \"last\")"
-            )
+            raise CorruptionError(f"{where}: says version {version} but uses version-{manifest.version} features "
+                                  "(packed groups or \"id_lookup\": \"last\")")
         return manifest
 
     @classmethod

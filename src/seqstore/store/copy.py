@@ -34,10 +34,11 @@ from tqdm import tqdm
 
 from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound, SeqstoreError
 from ..format.descriptor import DESCRIPTOR, parse_descriptor
-from ..format.manifest import MANIFEST, FileInfo
+from ..format.manifest import MANIFEST, FileInfo, Manifest
 from ..format.shard_table import TABLE
+from .describe import human_bytes
 from .write.api import open_target
-from .write.state import LocalObjects, StoreState, parse_manifest, read_state
+from .write.state import LocalObjects, StoreState, read_state
 
 __all__ = ["CHUNK", "CopyResult", "copy"]
 
@@ -166,7 +167,7 @@ class _Copier:
             self.files += files
             self.bytes += nbytes
         if self.bar is not None:
-            self.bar.set_postfix_str(f"{_human(self.bytes)}", refresh=False)
+            self.bar.set_postfix_str(f"{human_bytes(self.bytes)}", refresh=False)
 
     def copy_file(self, key: str, size: int, crc: int | None) -> None:
         where = self.src.key_url(key)
@@ -240,14 +241,6 @@ class _Copier:
             except (CorruptionError, RemoteNotFound):
                 return False
         return True
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _is_prefix(d: StoreState, s: StoreState) -> bool:
@@ -369,7 +362,7 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                 "copied shards are in place but the store was not replaced: run the copy again"
             ) from None
         copier._count(2 if key else 1, len(table) + len(manifest_raw))
-        kept = {r.name for r in parse_manifest(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
+        kept = {r.name for r in Manifest.parse(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
         for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
             if name not in kept:
                 for suffix in (".hash.npy", ".rows.npy"):

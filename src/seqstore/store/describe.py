@@ -1,4 +1,5 @@
-"""Text descriptions of a store's layout for ``seqstore info``: packed groups and their column ranges."""
+"""Text descriptions of a store for people (``seqstore info``, ``copy``'s progress): sizes, packed groups
+and their column ranges."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import numpy as np
 
 from ..schema import Schema
 
-__all__ = ["describe_groups", "dtype_name"]
+__all__ = ["describe_groups", "dtype_name", "human_bytes"]
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in binary units: ``512 B``, ``1.5 KiB``, ... ``3.0 TiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def dtype_name(dtype: str) -> str:

@@ -64,7 +64,7 @@ from .remote import (
     prefix,
     read_v3,
 )
-from .state import StoreState, parse_manifest, read_state
+from .state import StoreState, read_state
 from .target import (
     COMMITTED_FILE,
     PART_FILE,
@@ -208,7 +208,7 @@ class ObjectTarget(CommitTarget):
         if raw is None:
             raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist); the driver "
                               "makes it with prepare_store() before the tasks start")
-        manifest = parse_manifest(raw, client.key_url(MANIFEST))
+        manifest = Manifest.parse(raw, client.key_url(MANIFEST))
         check_v3(self.where, manifest)
         if ended is not None:
             raise SeqstoreError(f"{self.where}: job {job!r} was committed or discarded already; task attempt "

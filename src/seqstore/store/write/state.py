@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import shutil
 import socket
@@ -26,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ConflictError, CorruptionError, FormatError, RemoteNotFound
-from ...format.manifest import FORMAT_NAME, FORMAT_VERSION, IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
+from ...errors import ConflictError, CorruptionError, RemoteNotFound
+from ...format.manifest import IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
 from ...format.shard_table import (
     TABLE_HEADER_BYTES,
     TABLE_MAGIC,
@@ -40,33 +39,6 @@ from ..directio import O_CLOEXEC, pwrite_all
 from .disk import hold_owner_lock, remove_if_dead, store_lock
 
 # ------------------------------------------------------------------------------------ manifest
-
-
-def parse_manifest(raw: bytes, where: str) -> Manifest:
-    """Validate and parse the bytes of a ``manifest.json`` found at ``where`` (a URL or path, for
-    messages), as :meth:`Manifest.load` does, without opening the shard table (a version-3 result has
-    an empty ``shards``; the rows come from :func:`read_state`)."""
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptionError(f"{where}: not valid JSON ({exc})") from exc
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
-        raise FormatError(f"{where}: not a seqstore manifest (expected \"format\": \"{FORMAT_NAME}\")")
-    version = obj.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CorruptionError(f"{where}: \"version\" must be a positive integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise FormatError(
-            f"{where}: store format version {version} is newer than this seqstore reads (up to {FORMAT_VERSION}); "
-            "upgrade seqstore"
-        )
-    try:
-        manifest = Manifest._from_json(obj, version)
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise CorruptionError(f"{where}: malformed manifest ({type(exc).__name__}: {exc})") from exc
-    if manifest.version > version:
-        raise CorruptionError(f"{where}: says version {version} but uses version-{manifest.version} features")
-    return manifest
 
 
 # --------------------------------------------------------------------------------------- state
@@ -194,7 +166,7 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
     if known is not None and raw == known.raw:  # unchanged (a new ETag at most: the same bytes rewritten)
         return dataclasses.replace(known, etag=meta.etag)
     where = objects.key_url(MANIFEST)
-    manifest = parse_manifest(raw, where)
+    manifest = Manifest.parse(raw, where)
     dt = row_dtype(len(manifest.ragged))
     state = manifest.table
     if state is None or state.rows == 0:
