@@ -4,7 +4,8 @@ Layers, lowest first; a module may import modules of its own layer or of lower o
 
 0. ``format``: ``seqstore.format.*`` and the leaf modules everything uses: ``seqstore.errors``,
    ``seqstore.schema``, ``seqstore._sysinfo``, ``seqstore._mainguard`` (the main-guard check of the
-   loaders' and the conversions' worker processes);
+   loaders' and the conversions' worker processes), ``seqstore._numba_start`` (whether a kernel would wait
+   for numba's start-up on another thread);
 1. ``io``: ``seqstore.io.*``;
 2. ``store``: ``seqstore.store.*``;
 3. ``order/data``: ``seqstore.order.*``, ``seqstore.data.*``;
@@ -55,6 +56,7 @@ LAYERS: dict[str, int] = {
     "schema": 0,
     "_sysinfo": 0,
     "_mainguard": 0,
+    "_numba_start": 0,
     "io": 1,
     "store": 2,
     "order": 3,
