@@ -72,13 +72,15 @@ def hold():  # stands in for the warm-up thread, busy loading numba
         held.set()
         timed_out.append(not done.wait(60))
 
-threading.Thread(target=hold).start()
+holder = threading.Thread(target=hold)
+holder.start()
 held.wait()
 waits = would_wait(K.perm_take), would_wait(C.gather_rows)
 store = seqstore.open(sys.argv[1])
 idx = seq_order(len(store), "random", epoch=3, seed=7).take(np.arange(40, dtype=np.int64))
 first = store.get_batch(idx, pad=True)
 done.set()  # the first batch came while the lock was held: nothing waited for it
+holder.join()
 again = seq_order(len(store), "random", epoch=3, seed=7).take(np.arange(40, dtype=np.int64))
 second = store.get_batch(again, pad=True)
 loaded = bool(K.perm_take.overloads), bool(C.gather_rows.overloads)
