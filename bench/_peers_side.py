@@ -167,6 +167,15 @@ def timed_epoch(make: Callable[[], Any], records: int) -> dict[str, Any]:
     return {"records_per_s": (k - 1) / section_time("epoch")}
 
 
+def settle() -> None:
+    """Wait for what a library still starts in the background after its first batch, so that a walk
+    measures the steady state: seqstore's numba warm-up thread, whose end a first batch taken at once
+    after the import no longer waits for (the batches in the meantime share the GIL with it)."""
+    warm = sys.modules.get("seqstore.torch._warm")
+    if warm is not None:
+        warm.wait_warmup()
+
+
 def timed_loader(make: Callable[[], Any], batches: int) -> dict[str, Any]:
     """Construction (``make()``: a loader) to the first batch, then ``batches`` batches."""
     from bench.harness import section, section_time
@@ -174,6 +183,7 @@ def timed_loader(make: Callable[[], Any], batches: int) -> dict[str, Any]:
     with section("first_batch"):
         it = iter(make())
         next(it)
+    settle()
     with section("walk"):
         for k, _ in enumerate(it, 1):
             if k >= batches:

@@ -56,6 +56,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench._peers_side import settle  # noqa: E402
 from bench.harness import DATA, Case, print_table, rss_anon, run_cases, section  # noqa: E402
 
 SIZES = {"ragged": 200_000, "scalar": 2_000_000}
@@ -323,6 +324,7 @@ def case_walk(kind: str, mode: str, store: str, flat: str, workers: int, batches
     it = iter(loader)
     first = next(it)
     first_s = time.perf_counter() - t0
+    settle()  # the walk measures the steady state (bench._peers_side.settle)
     pids = _children()
     wc0 = [_cpu(p) for p in pids]
     c0 = time.process_time()

@@ -60,11 +60,13 @@ import sys, threading
 import numpy as np
 import seqstore
 from numba.core.compiler_lock import global_compiler_lock
+import seqstore._numba_start as start
 from seqstore._numba_start import would_wait
 from seqstore.order import _kernels as K
 from seqstore.order import seq_order
 from seqstore.store.read import copy as C
 
+start.GRACE_S = 600  # this test's steps may take long on a busy machine: the grace is tested on its own
 held, done, timed_out = threading.Event(), threading.Event(), []
 
 def hold():  # stands in for the warm-up thread, busy loading numba
@@ -110,3 +112,64 @@ def test_a_first_batch_does_not_wait_for_numba_loading_on_another_thread(tmp_pat
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(True, True) [False] (True, True) True"
+
+
+GRACE = """
+import threading, time
+import numba
+import seqstore._numba_start as start
+from numba.core.compiler_lock import global_compiler_lock
+
+@numba.njit
+def never_loaded(x):
+    return x
+
+held, done = threading.Event(), threading.Event()
+
+def hold():
+    with global_compiler_lock:
+        held.set()
+        done.wait(60)
+
+holder = threading.Thread(target=hold)
+holder.start()
+held.wait()
+first = start.would_wait(never_loaded)
+time.sleep(start.GRACE_S + 0.05)
+later = start.would_wait(never_loaded)
+done.set()
+holder.join()
+print(first, later)
+"""
+
+
+def test_callers_wait_for_numba_after_the_grace() -> None:
+    """Past ``GRACE_S`` after the first call that did not wait, callers wait (a loop that went on in
+    NumPy would keep the GIL from the thread loading numba)."""
+    out = subprocess.run([sys.executable, "-c", GRACE], env=dict(os.environ, SEQSTORE_WARMUP="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True False"
+
+
+def test_the_warm_up_thread_counts_as_starting_numba() -> None:
+    """While the registered warm-up thread is alive, a kernel not loaded yet would wait for it, even
+    before the thread takes numba's lock."""
+    code = (
+        "import threading\n"
+        "import numba\n"
+        "import seqstore._numba_start as start\n"
+        "go = threading.Event()\n"
+        "t = threading.Thread(target=go.wait)\n"
+        "t.start()\n"
+        "start.loading_on(t)\n"
+        "f = numba.njit(lambda x: x)\n"
+        "alive = start.would_wait(f)\n"
+        "go.set()\n"
+        "t.join()\n"
+        "print(alive, start.would_wait(f))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SEQSTORE_WARMUP="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True False"

@@ -15,6 +15,8 @@ import contextlib
 import os
 import threading
 
+from .._numba_start import loading_on
+
 __all__ = ["start_warmup", "wait_warmup", "warm_up"]
 
 _thread: threading.Thread | None = None
@@ -42,6 +44,7 @@ def start_warmup() -> None:
     _thread = threading.Thread(target=_run, name="seqstore-warmup")
     os.register_at_fork(before=wait_warmup)
     _thread.start()
+    loading_on(_thread)  # a first batch computes in NumPy meanwhile (seqstore._numba_start)
 
 
 def wait_warmup() -> None:
