@@ -227,8 +227,11 @@ def _children() -> list[int]:
     """Pids of this process's children (the DataLoader workers)."""
     pids: list[int] = []
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/children") as f:
-            pids += [int(x) for x in f.read().split()]
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
     return pids
 
 
