@@ -641,7 +641,7 @@ def case_epoch(
             )
             chunks = itertools.islice(order.iter_chunks(BATCH), -(-records // BATCH))
             asked = [0]
-            if system == "random_block" and prefetch is None and not read_once:
+            if system == "random_block" and prefetch is None and not read_once and not small_cache:
                 _record_requests(_requests_file(data, kind), asked)
             _stats(control, reset=True)
             nbytes = 0
