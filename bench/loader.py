@@ -57,7 +57,7 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench._peers_side import settle  # noqa: E402
-from bench.harness import DATA, Case, print_table, rss_anon, run_cases, section  # noqa: E402
+from bench.harness import DATA, Case, print_table, rss_anon, run_cases, section, warm  # noqa: E402
 
 SIZES = {"ragged": 200_000, "scalar": 2_000_000}
 QUICK_SIZES = {"ragged": 20_000, "scalar": 500_000}
@@ -120,16 +120,6 @@ def ensure_data(kind: str, n: int) -> tuple[Path, Path]:
             np.save(flat / f"{name}.offsets.npy", np.concatenate([[0], np.cumsum(ln)]).astype(np.int64))
     done.touch()
     return store_path, flat
-
-
-def warm(*paths: Path) -> None:
-    """Read every file under ``paths`` once (the page cache then holds them)."""
-    for root in paths:
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    while f.read(16 << 20):
-                        pass
 
 
 # ------------------------------------------------------------------------------------- the peer

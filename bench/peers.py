@@ -7,8 +7,8 @@ own layout: a seqstore store (one ragged field ``tokens``), Streaming's MDS shar
 (``ndarray:int32``), LitData's ``optimize`` chunks. The peers run in their own venv
 (``bench/.venv-peers``, see ``bench/_peers_side.py``), installed on first use.
 
-Cases (every run a fresh process; rounds interleaved, medians of ``--repeats``), with the peers'
-defaults as a user gets them:
+Cases (every run a fresh process; rounds interleaved, medians of ``--repeats``; every layout read once
+before them, so the page cache holds it), with the peers' defaults as a user gets them:
 
 - ``write``: the whole data set written (seqstore ``append_batch`` of 10,000 documents a call;
   Streaming ``MDSWriter.write`` per document; LitData ``optimize`` with one worker);
@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.harness import Case, print_table, run_cases, section  # noqa: E402
+from bench.harness import Case, print_table, run_cases, section, warm  # noqa: E402
 
 DEFAULT_DATA = Path(os.environ.get("SEQSTORE_PEERS_DATA", "/work/bench-data/peers"))
 GROUPS = ("write", "open", "epoch", "loader", "random", "resume")
@@ -219,6 +219,7 @@ def main() -> None:
         cases += [case(lib, lib, "case_resume", "resume", out=outs[lib], state=str(root / f"{lib}.state"))
                   for lib in libs]
     baselines = ["litdata", "streaming"] if py is not None else None
+    warm(*(Path(outs[lib]) for lib in libs))  # the read cases are warm: every layout in the page cache
     results = run_cases("peers", cases, baseline=baselines, repeats=repeats, interleave=True,
                         meta={"docs": n, "records": records})
     print(f"\n{n:,} documents (int32 tokens, lognormal lengths, median 300); ratios: case / peer "
