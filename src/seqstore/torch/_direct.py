@@ -116,6 +116,14 @@ class Gatherer:
         """The loader's batch ``idx`` from fetched bytes (``via``, ``alloc``: see ``Store.gather_fetched``)."""
         return self.finish(idx, self.source.dataset.gather_fetched(idx, via, pad=True, alloc=alloc))
 
+    def gather_released(self, idx: IndexArray, parts: list[Any]) -> Batch:
+        """The batch ``idx`` of ``fetch_runs`` gathered in this process; its parts released."""
+        try:
+            return self.gather_fetched(idx, parts)
+        finally:
+            for p in parts:
+                p.release()
+
 
 def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gatherer,
                                                     Callable[[Iterator[IndexArray]], Iterator[Batch]] | None] | None:

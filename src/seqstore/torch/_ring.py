@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import secrets
 import sys
+import time
 import traceback
 from collections import deque
 from collections.abc import Iterator
@@ -49,9 +50,9 @@ import torch
 
 from ..errors import SeqstoreError
 from ..io import address
-from ._direct import Gatherer, IndexArray
+from ._direct import Gatherer, IndexArray, pinned
 
-__all__ = ["run_processes", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
+__all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
 
 _ALIGN = 64
 Layout = list[tuple[str, str, tuple[int, ...], int]]
@@ -288,16 +289,68 @@ def _close_lingering() -> None:
     _LINGERING[:] = still
 
 
+class Chooser:
+    """Who gathers the next batches of :func:`run_processes`: the workers, or the loop's own process.
+
+    Where the training loop takes batches faster than the workers deliver them (no step, few cores), a
+    batch gathered in the loop's process costs it less than the wait for a worker's: then it gathers them
+    itself and the workers rest. The sides are compared by what the loop sees, the time from one batch
+    to the next, over windows of ``window`` batches. It starts with the loop's process, tries the workers
+    for a window, and keeps the faster side for ``stay`` windows, twice as long each time a trial confirms
+    it (at most ``longest``); then the other side is tried again (a step that appears, or other work on
+    the machine, moves the balance). The workers' side is not tried against unless the loop waited on
+    them for more than a fifth of a window."""
+
+    def __init__(self, window: int = 32, stay: int = 8, longest: int = 256) -> None:
+        self.window, self.stay, self.longest = window, stay, longest
+        self.here = True  # whether the loop's process gathers the batches
+        self.trial = False  # whether the current window tries ``here`` against the other side
+        self.left = 1  # windows before the other side may be tried
+        self.hold = stay  # windows the side that won the last trial is kept
+        self.last: dict[bool, float] = {}  # seconds per batch of the last window of each side
+        self.restart()
+
+    def restart(self) -> None:
+        """The side changed hands: count from the next batch on."""
+        self.count, self.spent, self.waited = 0, 0.0, 0.0
+
+    def tick(self, spent: float, waited: float) -> None:
+        """One batch of the current side: ``spent`` seconds since the previous one, ``waited`` of them
+        spent waiting on a worker."""
+        self.count += 1
+        self.spent += spent
+        self.waited += waited
+        if self.count < self.window:
+            return
+        per, busy = self.spent / self.count, self.waited > self.spent / 5
+        self.restart()
+        self.last[self.here] = per
+        if self.trial:  # keep the faster side
+            self.trial = False
+            if per >= self.last.get(not self.here, float("inf")):  # confirmed: kept longer each time
+                self.here = not self.here
+                self.left, self.hold = self.hold, min(2 * self.hold, self.longest)
+            else:
+                self.left = self.hold = self.stay
+            return
+        self.left -= 1
+        if self.left <= 0 and (self.here or busy):
+            self.here, self.trial = not self.here, True
+
+
 def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather: Gatherer, procs: int, *,
                   depth: int = 3, context: Any = None, pin: bool = False,
-                  ahead: int = 0, runs: RunBuffers | None = None) -> Iterator[dict[str, torch.Tensor]]:
+                  ahead: int = 0, runs: RunBuffers | None = None,
+                  chooser: Chooser | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """``first`` (the first batch, gathered by the caller), then the batches of ``arrays`` in order,
     gathered by ``procs`` worker processes into shared slots (see the module docstring). ``context``: a
     multiprocessing context or start method name. ``ahead``: batches past those given to the workers whose
     index arrays they get early, to start reading them (a remote store: without it every batch waits for
     its answers, about 90 MB/s for a block-shuffled epoch in the benchmark). ``runs``: ``arrays`` yields
     ``(idx, parts)`` of a read-once store's ``fetch_runs`` into buffers of ``runs``; each worker gathers
-    its batch from them, and the parts are released once its answer is in."""
+    its batch from them, and the parts are released once its answer is in. ``chooser``: who gathers the
+    batches (a :class:`Chooser` by default; None with ``ahead``, where the loop's process would wait out each
+    batch's round trips itself)."""
     source = iter(arrays)
     early: deque[IndexArray] = deque()  # drawn from ``source`` and sent ahead, not yet given to a worker
 
@@ -385,12 +438,39 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             pass
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
-        while pending:
+        if chooser is None and not ahead:
+            chooser = Chooser()
+        here = chooser is not None and chooser.here  # (the batches the workers were given come first)
+        resumed = time.perf_counter()
+        while True:
+            waited = 0.0
+            if not pending:
+                if not here:
+                    break  # (the workers are given batches as long as there are any)
+                item = next(it, None)
+                if item is None:
+                    break
+                batch = gather.gather_released(*item) if runs is not None else gather(item)
+                if pin:
+                    batch = pinned(batch)
+                now = time.perf_counter()
+                assert chooser is not None
+                chooser.tick(now - resumed, 0.0)
+                if not chooser.here:  # back to the workers: their pipeline fills again
+                    here = False
+                    chooser.restart()
+                    while send_next():
+                        pass
+                yield batch
+                resumed = time.perf_counter()
+                continue
             w, slot, parts = pending[0]
             try:
+                start = time.perf_counter()
                 while not conns[w].poll(1.0):  # a worker that died without its pipe closing is noticed too
                     if not workers[w].is_alive():
                         raise EOFError
+                waited = time.perf_counter() - start
                 msg = conns[w].recv()
                 pending.popleft()
                 for p in parts:  # the worker is done with the run buffers
@@ -421,9 +501,16 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     t = torch.frombuffer(bytearray(raw), dtype=dt) if raw else torch.empty(0, dtype=dt)
                     batch[name] = t.reshape(shape)
                 free[w].append(slot)
-            while send_next():
-                pass
+            if chooser is not None and not here:
+                chooser.tick(time.perf_counter() - resumed, waited)
+                if chooser.here:  # the loop's process gathers the batches after those the workers hold
+                    here = True
+                    chooser.restart()
+            if not here:
+                while send_next():
+                    pass
             yield batch
+            resumed = time.perf_counter()
     finally:
         if runs is not None:
             runs.tell = None

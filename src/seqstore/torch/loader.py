@@ -44,15 +44,6 @@ _AHEAD = 16
 _RUN_BUFFERS = 12
 
 
-def _gather_here(gather: Gatherer, idx: Any, parts: list[Any]) -> Any:
-    """A batch of ``fetch_runs`` gathered in this process; its parts released."""
-    try:
-        return gather.gather_fetched(idx, parts)
-    finally:
-        for p in parts:
-            p.release()
-
-
 def _any_store(dataset: Any, test: Callable[[Any], bool]) -> bool:
     """Whether ``dataset`` reads a store for which ``test(store)`` holds, found by pickling the dataset
     (what a worker receives anyway; a Store pickles as its URL). False when it does not pickle."""
@@ -270,7 +261,7 @@ class SeqDataLoader(DataLoader[Any]):
             got = next(plan, None)
             if got is None:
                 return
-            first = _gather_here(gather, *got)
+            first = gather.gather_released(*got)
             if batch_bytes(first) >= PARALLEL_FROM_BYTES:
                 check_main_guard(start_method(self._procs_context), self.procs)
                 yield from run_processes(first, plan, gather, self.procs, context=self._procs_context, pin=pin,
@@ -278,7 +269,7 @@ class SeqDataLoader(DataLoader[Any]):
                 return
             yield pinned(first) if pin else first
             for got in plan:
-                batch = _gather_here(gather, *got)
+                batch = gather.gather_released(*got)
                 yield pinned(batch) if pin else batch
         finally:
             plan.close()

@@ -1,0 +1,91 @@
+"""``SeqDataLoader(procs=K)`` / ``num_workers=K``: the loop's own process gathers the batches where that is
+faster than waiting on the workers (:class:`seqstore.torch._ring.Chooser`), and the batches stay the same."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_testlib import make_store  # noqa: E402
+
+import seqstore  # noqa: E402
+from seqstore.data import StoreDataset  # noqa: E402
+from seqstore.torch import IterableSeqDataset  # noqa: E402
+from seqstore.torch._direct import Gatherer  # noqa: E402
+from seqstore.torch._ring import Chooser, run_processes  # noqa: E402
+
+
+def _windows(ch: Chooser, here: float, workers: float, waited: float, count: int) -> list[bool]:
+    """The side of each of ``count`` windows when a batch costs ``here`` / ``workers`` seconds (of which
+    ``waited`` on the workers' side is waiting for them)."""
+    sides = []
+    for _ in range(count):
+        sides.append(ch.here)
+        for _ in range(ch.window):
+            ch.tick(here, 0.0) if ch.here else ch.tick(workers, waited)
+    return sides
+
+
+def test_the_faster_side_is_kept_and_the_other_tried_less_and_less_often() -> None:
+    ch = Chooser(window=4, stay=2, longest=8)
+    sides = _windows(ch, here=1.0, workers=2.0, waited=1.5, count=40)
+    assert sides[0] is True and sides[1] is False  # it starts in place and tries the workers once
+    trials = [k for k, s in enumerate(sides) if not s]
+    assert len(trials) >= 3
+    gaps = np.diff(trials)
+    assert list(gaps[:3]) == [3, 5, 9]  # the loser is tried after 2, 4, then 8 windows (at most 8)
+    assert all(g == 9 for g in gaps[3:])
+
+
+def test_workers_that_keep_ahead_of_the_loop_keep_the_batches() -> None:
+    ch = Chooser(window=4, stay=2, longest=8)
+    sides = _windows(ch, here=2.0, workers=1.0, waited=0.0, count=40)
+    assert sides[:2] == [True, False]
+    assert not any(sides[2:])  # the loop never waited on them: nothing to try against
+
+
+def test_workers_the_loop_waits_on_are_tried_against_again() -> None:
+    ch = Chooser(window=4, stay=2, longest=8)
+    sides = _windows(ch, here=2.0, workers=1.0, waited=0.5, count=20)
+    assert sides[2:4] == [False, False] and sides[4] is True  # kept, then tried against the loop's process
+    assert sides.count(True) < sides.count(False)
+
+
+class _PidGatherer:
+    """A gatherer that notes which process gathered each batch (picklable: the workers get a copy)."""
+
+    def __init__(self, gather: Gatherer, log: Path) -> None:
+        self.gather, self.log = gather, log
+
+    def __call__(self, idx: Any) -> Any:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {int(idx[0])}\n")
+        return self.gather(idx)
+
+
+def test_batches_from_either_side_come_in_order_and_equal(tmp_path: Path) -> None:
+    make_store(tmp_path / "s.seqstore", 400)
+    ds = IterableSeqDataset(StoreDataset(seqstore.open(tmp_path / "s.seqstore")), batch=8)
+    plain = Gatherer(ds)
+    arrays = [np.arange(a, a + 8, dtype=np.int64) for a in range(0, 400, 8)]
+    want = [plain(a) for a in arrays]
+    log = tmp_path / "log"
+    gather = _PidGatherer(plain, log)
+    got = list(run_processes(want[0], iter(arrays[1:]), gather, 2,  # type: ignore[arg-type]
+                             chooser=Chooser(window=2, stay=1, longest=1)))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and all(torch.equal(g[k], w[k]) for k in w)
+    by = {}
+    for line in log.read_text().split("\n")[:-1]:
+        pid, first = line.split()
+        by[int(first)] = int(pid)
+    assert sorted(by) == [int(a[0]) for a in arrays[1:]]  # each batch gathered once
+    here = [k for k, pid in by.items() if pid == os.getpid()]
+    assert here and len(here) < len(by)  # some batches in this process, the others in the workers
