@@ -351,6 +351,8 @@ def main() -> None:
     p.add_argument("--only", choices=("ragged", "scalar"), default=None)
     p.add_argument("--cases", default=None, help="comma-separated subset of " + ",".join(KINDS))
     p.add_argument("--workers", default="0,2", help="worker / thread counts (default 0,2)")
+    p.add_argument("--batches", type=int, default=None,
+                   help="batches walked after the first (default 1000, quick 200; a ragged epoch is 3,125)")
     p.add_argument("--step-ms", default="0",
                    help="sleep this long after each batch, as a training step that leaves the CPU (default 0); "
                         "a comma-separated list runs each case once per step")
@@ -358,6 +360,8 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     sizes = QUICK_SIZES if args.quick else SIZES
     walk = QUICK_WALK if args.quick else WALK
+    if args.batches:
+        walk = {kind: args.batches for kind in walk}
     modes = KINDS if args.cases is None else tuple(args.cases.split(","))
     counts = [int(x) for x in args.workers.split(",")]
     steps = [float(x) for x in args.step_ms.split(",")]

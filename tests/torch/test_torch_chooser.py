@@ -33,7 +33,7 @@ def _windows(ch: Chooser, here: float, workers: float, waited: float, count: int
 
 
 def test_the_faster_side_is_kept_and_the_other_tried_less_and_less_often() -> None:
-    ch = Chooser(window=4, stay=2, longest=8)
+    ch = Chooser(window=4, stay=2, longest=8, first=1)
     sides = _windows(ch, here=1.0, workers=2.0, waited=1.5, count=40)
     assert sides[0] is True and sides[1] is False  # it starts in place and tries the workers once
     trials = [k for k, s in enumerate(sides) if not s]
@@ -44,14 +44,19 @@ def test_the_faster_side_is_kept_and_the_other_tried_less_and_less_often() -> No
 
 
 def test_workers_that_keep_ahead_of_the_loop_keep_the_batches() -> None:
-    ch = Chooser(window=4, stay=2, longest=8)
+    ch = Chooser(window=4, stay=2, longest=8, first=1)
     sides = _windows(ch, here=2.0, workers=1.0, waited=0.0, count=40)
     assert sides[:2] == [True, False]
     assert not any(sides[2:])  # the loop never waited on them: nothing to try against
 
 
-def test_workers_the_loop_waits_on_are_tried_against_again() -> None:
+def test_the_first_windows_are_the_loops_own() -> None:
     ch = Chooser(window=4, stay=2, longest=8)
+    assert _windows(ch, here=2.0, workers=1.0, waited=0.0, count=6) == [True] * 4 + [False] * 2
+
+
+def test_workers_the_loop_waits_on_are_tried_against_again() -> None:
+    ch = Chooser(window=4, stay=2, longest=8, first=1)
     sides = _windows(ch, here=2.0, workers=1.0, waited=0.5, count=20)
     assert sides[2:4] == [False, False] and sides[4] is True  # kept, then tried against the loop's process
     assert sides.count(True) < sides.count(False)
@@ -78,7 +83,7 @@ def test_batches_from_either_side_come_in_order_and_equal(tmp_path: Path) -> Non
     log = tmp_path / "log"
     gather = _PidGatherer(plain, log)
     got = list(run_processes(want[0], iter(arrays[1:]), gather, 2,  # type: ignore[arg-type]
-                             chooser=Chooser(window=2, stay=1, longest=1)))
+                             chooser=Chooser(window=2, stay=1, longest=1, first=1)))
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.keys() == w.keys() and all(torch.equal(g[k], w[k]) for k in w)
