@@ -659,3 +659,34 @@ def test_iter_ragged_streams_zero_copy_blocks(written: tuple[Path, dict[str, Any
         next(store.iter_ragged("tok", chunk_records=0))
     with pytest.raises(IndexError, match="record range"):
         next(store.iter_ragged("tok", start=10, stop=5))
+
+
+def test_probes_thin_out_while_batches_are_in_memory_and_come_back_when_cold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After runs of warm samples the residency probe skips accesses (as many as the run is long, at
+    most 32); a cold sample ends the run: the batch's pages are requested and every access probed again."""
+    import seqstore.io.local_source as source_mod
+    from seqstore.store.read import readahead
+
+    root = tmp_path / "s"
+    _write(root, n=2000, max_shard_records=500)
+    store = ss.open(root)
+    cold = [False]
+    probes: list[int] = []
+    requested: list[int] = []
+    monkeypatch.setattr(store.source, "any_cold", lambda a, **kw: probes.append(len(a)) or cold[0])
+    monkeypatch.setattr(source_mod, "willneed", lambda s, e, **kw: requested.append(len(s)) or 0)
+    idx = np.random.default_rng(1).permutation(2000)[:64]
+    for _ in range(200):
+        store.get_batch(idx)
+    # two accesses a batch (records, then ragged values): 400; the first _WARM_RUN probed each, then fewer
+    assert readahead._WARM_RUN <= len(probes) < 400 // 8, len(probes)
+    assert not requested
+    cold[0] = True
+    probes.clear()
+    for _ in range(40):  # within _SKIP_MOST accesses a probe finds it cold
+        store.get_batch(idx)
+    assert probes and requested
+    n = len(probes)
+    store.get_batch(idx)
+    assert len(probes) == n + 2  # cold: each access probed again
