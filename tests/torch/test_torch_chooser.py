@@ -21,14 +21,16 @@ from seqstore.torch._direct import Gatherer  # noqa: E402
 from seqstore.torch._ring import Chooser, run_processes  # noqa: E402
 
 
-def _windows(ch: Chooser, here: float, workers: float, waited: float, count: int) -> list[bool]:
+def _windows(ch: Chooser, here: float, workers: float, waited: float, count: int, gathering: float = 0.0,
+             idle: float = 0.0) -> list[bool]:
     """The side of each of ``count`` windows when a batch costs ``here`` / ``workers`` seconds (of which
-    ``waited`` on the workers' side is waiting for them)."""
+    ``waited`` on the workers' side is waiting for them, and ``gathering`` on the loop's side is its
+    gather, ``idle`` of that off the CPU)."""
     sides = []
     for _ in range(count):
         sides.append(ch.here)
         for _ in range(ch.window):
-            ch.tick(here, 0.0) if ch.here else ch.tick(workers, waited)
+            ch.tick(here, gathering, idle) if ch.here else ch.tick(workers, waited)
     return sides
 
 
@@ -51,7 +53,7 @@ def test_workers_that_keep_ahead_of_the_loop_keep_the_batches() -> None:
 
 
 def test_the_first_windows_are_the_loops_own() -> None:
-    ch = Chooser(window=4, stay=2, longest=8)
+    ch = Chooser(window=4, stay=2, longest=8, first=4)
     assert _windows(ch, here=2.0, workers=1.0, waited=0.0, count=6) == [True] * 4 + [False] * 2
 
 
@@ -94,3 +96,15 @@ def test_batches_from_either_side_come_in_order_and_equal(tmp_path: Path) -> Non
     assert sorted(by) == [int(a[0]) for a in arrays[1:]]  # each batch gathered once
     here = [k for k, pid in by.items() if pid == os.getpid()]
     assert here and len(here) < len(by)  # some batches in this process, the others in the workers
+
+
+def test_without_a_spare_core_a_loop_that_only_gathers_does_not_try_the_workers() -> None:
+    # no step: the whole time between batches is the gather, on the CPU
+    ch = Chooser(window=4, stay=2, longest=8, first=1, spare=False)
+    assert not any(not side for side in _windows(ch, here=1.0, workers=0.5, waited=0.4, count=30, gathering=1.0))
+    # a step outside the loader (half the time), a gather waiting on the disk, or a spare core: tried
+    for kw in ({"gathering": 0.5}, {"gathering": 1.0, "idle": 0.5}):
+        ch = Chooser(window=4, stay=2, longest=8, first=1, spare=False)
+        assert _windows(ch, here=1.0, workers=0.5, waited=0.4, count=4, **kw)[1:3] == [False, False]
+    ch = Chooser(window=4, stay=2, longest=8, first=1, spare=True)
+    assert _windows(ch, here=1.0, workers=0.5, waited=0.4, count=4, gathering=1.0)[1] is False

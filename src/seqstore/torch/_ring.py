@@ -296,14 +296,19 @@ class Chooser:
     batch gathered in the loop's process costs it less than the wait for a worker's: then it gathers them
     itself and the workers rest. The sides are compared by what the loop sees, the time from one batch
     to the next, over windows of ``window`` batches. It starts with the loop's process for ``first``
-    windows (its first batches fill its page tables: a fresh mapping costs a page fault per 64 KiB, about
-    14 us here), tries the workers for a window, and keeps the faster side for ``stay`` windows, twice as
+    windows, tries the workers for a window, and keeps the faster side for ``stay`` windows, twice as
     long each time a trial confirms it (at most ``longest``); then the other side is tried again (a step
-    that appears, or other work on the machine, moves the balance). The workers' side is not tried
-    against unless the loop waited on them for more than a fifth of a window."""
+    that appears, or other work on the machine, moves the balance).
 
-    def __init__(self, window: int = 32, stay: int = 8, longest: int = 256, first: int = 4) -> None:
-        self.window, self.stay, self.longest = window, stay, longest
+    A side is only tried where it could win. The loop's process: where the loop waited on the workers
+    for more than a fifth of a window. The workers: where there is a core for them besides the loop's
+    (``spare``), where the loop spends more than a fifth of a window outside (a training step the workers
+    can hide), or where the loop's own gathers spend more than a fifth of their time waiting (on the
+    disk: the workers' reads would overlap). Otherwise the workers only add a hand-over to the same CPU."""
+
+    def __init__(self, window: int = 32, stay: int = 8, longest: int = 256, first: int = 1,
+                 spare: bool = True) -> None:
+        self.window, self.stay, self.longest, self.spare = window, stay, longest, spare
         self.here = True  # whether the loop's process gathers the batches
         self.trial = False  # whether the current window tries ``here`` against the other side
         self.left = first  # windows before the other side may be tried
@@ -313,17 +318,22 @@ class Chooser:
 
     def restart(self) -> None:
         """The side changed hands: count from the next batch on."""
-        self.count, self.spent, self.waited = 0, 0.0, 0.0
+        self.count, self.spent, self.busy, self.idle = 0, 0.0, 0.0, 0.0
 
-    def tick(self, spent: float, waited: float) -> None:
-        """One batch of the current side: ``spent`` seconds since the previous one, ``waited`` of them
-        spent waiting on a worker."""
+    def tick(self, spent: float, busy: float, idle: float = 0.0) -> None:
+        """One batch of the current side: ``spent`` seconds since the previous one, ``busy`` of them in the
+        loader (waiting on a worker, or gathering here), ``idle`` of those not on this thread's CPU."""
         self.count += 1
         self.spent += spent
-        self.waited += waited
+        self.busy += busy
+        self.idle += idle
         if self.count < self.window:
             return
-        per, busy = self.spent / self.count, self.waited > self.spent / 5
+        per = self.spent / self.count
+        if self.here:
+            worth = self.spare or self.spent - self.busy > self.spent / 5 or self.idle > self.busy / 5
+        else:
+            worth = self.busy > self.spent / 5
         self.restart()
         self.last[self.here] = per
         if self.trial:  # keep the faster side
@@ -335,8 +345,16 @@ class Chooser:
                 self.left = self.hold = self.stay
             return
         self.left -= 1
-        if self.left <= 0 and (self.here or busy):
+        if self.left <= 0 and worth:
             self.here, self.trial = not self.here, True
+
+
+def _cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather: Gatherer, procs: int, *,
@@ -440,9 +458,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
         if chooser is None and not ahead:
-            chooser = Chooser()
+            chooser = Chooser(spare=_cores() > procs)
         here = chooser is not None and chooser.here  # (the batches the workers were given come first)
-        resumed = time.perf_counter()
+        handed = time.perf_counter()  # when the last batch went to the loop (the time between includes its step)
         while True:
             waited = 0.0
             if not pending:
@@ -451,19 +469,20 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 item = next(it, None)
                 if item is None:
                     break
+                start, cpu = time.perf_counter(), time.thread_time()
                 batch = gather.gather_released(*item) if runs is not None else gather(item)
                 if pin:
                     batch = pinned(batch)
                 now = time.perf_counter()
                 assert chooser is not None
-                chooser.tick(now - resumed, 0.0)
+                chooser.tick(now - handed, now - start, now - start - (time.thread_time() - cpu))
                 if not chooser.here:  # back to the workers: their pipeline fills again
                     here = False
                     chooser.restart()
                     while send_next():
                         pass
+                handed = time.perf_counter()
                 yield batch
-                resumed = time.perf_counter()
                 continue
             w, slot, parts = pending[0]
             try:
@@ -503,15 +522,15 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     batch[name] = t.reshape(shape)
                 free[w].append(slot)
             if chooser is not None and not here:
-                chooser.tick(time.perf_counter() - resumed, waited)
+                chooser.tick(time.perf_counter() - handed, waited)
                 if chooser.here:  # the loop's process gathers the batches after those the workers hold
                     here = True
                     chooser.restart()
             if not here:
                 while send_next():
                     pass
+            handed = time.perf_counter()
             yield batch
-            resumed = time.perf_counter()
     finally:
         if runs is not None:
             runs.tell = None
