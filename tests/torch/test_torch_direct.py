@@ -291,6 +291,35 @@ def test_procs_a_killed_worker_is_an_error_in_seqstores_words(ds: StoreDataset) 
     assert len(workers) == 2
     for p in workers:
         os.kill(p.pid, signal.SIGKILL)
+    for p in workers:  # dead before the next batch: noticed whichever process gathers it (ring.Chooser)
+        p.join(timeout=10)
+    with pytest.raises(SeqstoreError, match="exited unexpectedly"):
+        for _ in it:
+            pass
+
+
+def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+
+    from seqstore.errors import SeqstoreError
+    from seqstore.torch import _ring
+
+    class Workers(_ring.Chooser):  # the workers gather every batch
+        def __init__(self) -> None:
+            super().__init__()
+            self.here = False
+
+        def tick(self, *args: float) -> None:
+            pass
+
+    monkeypatch.setattr(_ring, "Chooser", lambda **kw: Workers())
+    loader = _loader(ds, "sampler", 0, 1, procs=2)
+    it = iter(loader)
+    next(it)
+    pids = [p.pid for p in _ring.multiprocessing.active_children() if p.name == "seqstore-loader"]
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
     with pytest.raises(SeqstoreError, match="exited unexpectedly"):
         for _ in it:
             pass

@@ -424,6 +424,11 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     still.append(entry)
             lent[w] = still
 
+        def exited(w: int) -> LoaderWorkerError:
+            workers[w].join(timeout=1)
+            return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
+                                     f"(exit code {workers[w].exitcode})")
+
         def send_next() -> bool:
             nonlocal j
             w = j % procs
@@ -453,19 +458,22 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 early.append(nxt)
             return True
 
-        while send_next():
+        if chooser is None and not ahead:
+            chooser = Chooser(spare=_cores() > procs)
+        here = chooser is not None and chooser.here
+        while not here and send_next():
             pass
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
-        if chooser is None and not ahead:
-            chooser = Chooser(spare=_cores() > procs)
-        here = chooser is not None and chooser.here  # (the batches the workers were given come first)
         handed = time.perf_counter()  # when the last batch went to the loop (the time between includes its step)
         while True:
             waited = 0.0
             if not pending:
                 if not here:
                     break  # (the workers are given batches as long as there are any)
+                for w, p in enumerate(workers):  # a worker that died while resting is an error all the same
+                    if not p.is_alive():
+                        raise exited(w)
                 item = next(it, None)
                 if item is None:
                     break
@@ -496,10 +504,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 for p in parts:  # the worker is done with the run buffers
                     p.release()
             except (EOFError, OSError):
-                workers[w].join(timeout=1)
-                code = workers[w].exitcode
-                raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
-                                        f"(exit code {code})") from None
+                raise exited(w) from None
             if msg[0] == "error":
                 raise msg[1]
             if msg[0] == "ok":
