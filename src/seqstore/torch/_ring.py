@@ -316,13 +316,17 @@ class Chooser:
         self.last: dict[bool, float] = {}  # seconds per batch of the last window of each side
         self.restart()
 
-    def restart(self) -> None:
-        """The side changed hands: count from the next batch on."""
-        self.count, self.spent, self.busy, self.idle = 0, 0.0, 0.0, 0.0
+    def restart(self, skip: int = 0) -> None:
+        """Count a new window from the batch after the next ``skip`` (the workers' first batches after they
+        were resting: the pipeline fills)."""
+        self.count, self.spent, self.busy, self.idle, self.ignore = 0, 0.0, 0.0, 0.0, skip
 
     def tick(self, spent: float, busy: float, idle: float = 0.0) -> None:
         """One batch of the current side: ``spent`` seconds since the previous one, ``busy`` of them in the
         loader (waiting on a worker, or gathering here), ``idle`` of those not on this thread's CPU."""
+        if self.ignore:
+            self.ignore -= 1
+            return
         self.count += 1
         self.spent += spent
         self.busy += busy
@@ -466,15 +470,18 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
         handed = time.perf_counter()  # when the last batch went to the loop (the time between includes its step)
+        rested = 0  # batches gathered here
         while True:
             waited = 0.0
             if not pending:
                 if not here:
                     break  # (the workers are given batches as long as there are any)
-                for w, p in enumerate(workers):  # a worker that died while resting is an error all the same
-                    if not p.is_alive():
-                        raise exited(w)
                 item = next(it, None)
+                rested += 1
+                if item is None or rested % 32 == 0:  # a worker that died resting is an error all the same
+                    for w, p in enumerate(workers):
+                        if not p.is_alive():
+                            raise exited(w)
                 if item is None:
                     break
                 start, cpu = time.perf_counter(), time.thread_time()
@@ -484,11 +491,11 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 now = time.perf_counter()
                 assert chooser is not None
                 chooser.tick(now - handed, now - start, now - start - (time.thread_time() - cpu))
-                if not chooser.here:  # back to the workers: their pipeline fills again
+                if not chooser.here:  # to the workers: their first batches, the pipeline filling, not counted
                     here = False
-                    chooser.restart()
                     while send_next():
                         pass
+                    chooser.restart(skip=len(pending))
                 handed = time.perf_counter()
                 yield batch
                 continue
@@ -530,7 +537,6 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 chooser.tick(time.perf_counter() - handed, waited)
                 if chooser.here:  # the loop's process gathers the batches after those the workers hold
                     here = True
-                    chooser.restart()
             if not here:
                 while send_next():
                     pass
