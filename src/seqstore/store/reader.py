@@ -220,7 +220,7 @@ class Store:
         waiting for them (for ragged fields this waits for their offsets only). A later
         :meth:`get_batch` or ``store[i]`` of those records finds them arriving or arrived. A no-op for
         records in memory and with ``readahead="never"``."""
-        if self._planner.policy.ahead:
+        if self._planner.policy.ahead and not self._planner.skipping():
             names = self._fields(fields)
             self._planner.request_values(self._planner.request(self._shards.batch(indices)[1], names), names)
 

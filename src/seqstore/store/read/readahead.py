@@ -43,6 +43,14 @@ class ReadPlanner:
         self.warm_run = 0  # probes in a row that found the sample in memory
         self.skip = 0  # accesses left to go unprobed (see _WARM_RUN)
 
+    def skipping(self) -> bool:
+        """Whether the next access goes unprobed and unrequested, the data having been found in memory
+        (see ``_WARM_RUN``); it counts as one such access. For callers that can skip their own work too."""
+        if self.skip and self.policy.probe:
+            self.skip -= 1
+            return True
+        return False
+
     def ready(self, groups: list[Group], names: list[str]) -> None:
         """A batch about to be gathered: its reads asked for at once (both stages) and waited for."""
         if self.policy.ahead:
