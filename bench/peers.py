@@ -162,6 +162,8 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS))
     p.add_argument("--no-peers", action="store_true", help="seqstore only")
+    p.add_argument("--loader-batches", type=int, default=300,
+                   help="batches the loader cases walk after the first (default 300)")
     args = p.parse_args()
     n = args.docs or (100_000 if args.quick else 1_000_000)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -208,7 +210,8 @@ def main() -> None:
                 cases.append(case(lib, lib, "case_epoch", "epoch", out=outs[lib], records=records))
         if "loader" in args.only:
             for w in (0, 2):
-                cases.append(case(lib, lib, "case_loader", f"loader/{w}", out=outs[lib], workers=w, batches=300))
+                cases.append(case(lib, lib, "case_loader", f"loader/{w}", out=outs[lib], workers=w,
+                                  batches=args.loader_batches))
         if "random" in args.only:
             cases.append(case(lib, lib, "case_random", "random", out=outs[lib], indices=str(indices),
                               count=1_000 if lib == "litdata" else 20_000))
