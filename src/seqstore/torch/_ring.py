@@ -12,8 +12,13 @@ free slot, it copies the batch out instead (page-locked with ``pin_memory``) and
 once. A batch larger than a slot comes over the pipe instead (correct, slower); slots are sized at
 four times the first batch, which the loop gathers itself.
 
+Who gathers is measured (:class:`Chooser`): where the loop's process gathers a batch in less time than it
+waits for a worker's (no training step, no spare core), it gathers the batches itself and the workers get
+none until they are tried again; the batches and their order are the same either way.
+
 On a remote store the index arrays of the next batches also go to their workers early (``ahead``), so
-that their reads are in flight while the workers gather (``Store.prefetch``).
+that their reads are in flight while the workers gather (``Store.prefetch``); there the workers always
+gather.
 
 On a read-once store the workers do not read the store: the loop fetches the runs of
 batches (``Store.fetch_runs``) into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch
