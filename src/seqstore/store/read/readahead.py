@@ -26,7 +26,7 @@ _SAMPLE = 4
 
 #: probes in a row that found an access's sample in memory after which the probes thin out: the next
 #: comes after as many skipped accesses as that run is long, at most ``_SKIP_MOST`` (a probe costs about
-#: 55 us, a fifth of a warm batch of 64 records; data evicted meanwhile are read by page faults for at
+#: 25-50 us, a third of a warm batch of 64 records; data evicted meanwhile are read by page faults for at
 #: most that many accesses, then requested again)
 _WARM_RUN = 8
 _SKIP_MOST = 32
