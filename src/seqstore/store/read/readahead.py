@@ -122,8 +122,7 @@ class ReadPlanner:
         if values and self.lazy:
             self.need_groups(groups, names, values=False)
         if self.policy.probe:
-            if self.skip:
-                self.skip -= 1
+            if self.skipping():
                 return
             picked = groups[:: max(1, len(groups) // _SAMPLE)][:_SAMPLE]
             per = -(-_SAMPLE // max(1, len(picked)))
