@@ -79,6 +79,42 @@ def test_collate_general_path_equals_gathered_path(store: Path) -> None:
     assert torch.equal(filled["x"][out["x_mask"]], out["x"][out["x_mask"]])
 
 
+def test_gathered_records_are_views_of_one_unpadded_gather(store: Path) -> None:
+    """``__getitems__`` gathers once, unpadded: each record's ragged rows are a view into the batch's
+    values; the padded batch is made only when asked and equals the store's padded gather."""
+    ds = SeqDataset(store, with_index=True)
+    idx = [7, 0, 55, 31, 89]
+    got = ds.__getitems__(idx)
+    assert "_padded" not in got.__dict__
+    raw = seqstore.open(store).get_batch(np.array(idx), pad=True)
+    values, lens = raw["x"]
+    assert got.values["x"].shape == (int(lens.sum()), 3)
+    base = got.values["x"].untyped_storage().data_ptr()
+    for b, rec in enumerate(got):
+        assert rec["x"].untyped_storage().data_ptr() == base  # a view, not a copy
+        np.testing.assert_array_equal(rec["x"].numpy(), values[b, : lens[b]])
+        assert int(rec["index"]) == idx[b]
+    padded = got.padded
+    assert padded is got.padded  # made once
+    np.testing.assert_array_equal(padded["x"].numpy(), values)
+    np.testing.assert_array_equal(padded["spk"].numpy(), raw["spk"])
+    assert padded["index"].tolist() == idx
+
+
+def test_pad_rows() -> None:
+    from seqstore.torch.collate import pad_rows
+
+    lengths = torch.tensor([2, 0, 3])
+    values = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    out = pad_rows(values, lengths, pad_value=-1)
+    assert out.shape == (3, 3, 2)
+    assert out[0, :2].tolist() == values[:2].tolist() and out[2].tolist() == values[2:].tolist()
+    assert bool((out[1] == -1).all()) and bool((out[0, 2] == -1).all())
+    assert pad_rows(values.to(torch.bfloat16), lengths).dtype == torch.bfloat16
+    assert pad_rows(torch.zeros(0, 4), torch.tensor([0, 0])).shape == (2, 0, 4)
+    assert pad_rows(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64)).shape == (0, 0, 4)
+
+
 def test_collate_errors_and_options() -> None:
     with pytest.raises(ValueError, match="empty"):
         collate_padded([])

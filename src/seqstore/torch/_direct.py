@@ -92,7 +92,7 @@ class Gatherer:
         src = self.source
         if isinstance(src, IterableSeqDataset):
             return src._gather(idx, batch)
-        values, lengths = src.padded_batch(idx, batch)
+        values, lengths = src.batch_tensors(idx, batch)
         return collate_gathered(values, lengths, ragged=self.ragged, masks=self.masks)
 
     def __call__(self, idx: IndexArray) -> Batch:

@@ -6,8 +6,9 @@ tensors: a fixed field -> (B, *shape); a ragged field ``name`` -> ``name`` zero-
 (B,), and with ``masks=True`` ``name + "_mask"`` bool (B, T), True on real rows. The result is a
 dict of CPU tensors, so ``DataLoader(pin_memory=True)`` pins it.
 
-A batch gathered by :meth:`seqstore.torch.SeqDataset.__getitems__` arrives already padded in one
-vectorised gather; collation then only adds lengths and masks (no per-record copy).
+A batch gathered by :meth:`seqstore.torch.SeqDataset.__getitems__` arrives gathered in one vectorised
+read; collation then pads each ragged field with one masked copy and adds lengths and masks (no
+per-record copy).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ._convert import to_tensor
 
 __all__ = [
     "collate_padded", "collate_gathered", "PaddedCollate", "GatheredRecords", "GatheredRecord", "LENGTHS_SUFFIX",
-    "MASK_SUFFIX", "lengths_mask",
+    "MASK_SUFFIX", "lengths_mask", "pad_rows",
 ]
 
 LENGTHS_SUFFIX = "_lengths"
@@ -30,15 +31,35 @@ MASK_SUFFIX = "_mask"
 
 
 class GatheredRecords(list[dict[str, torch.Tensor]]):
-    """A list of records that also carries the whole batch, gathered and padded at once.
+    """A list of records that also carries the whole batch, gathered at once.
 
-    ``padded``: field -> tensor (B, ...) (ragged fields zero-padded to (B, T, ...)); ``lengths``:
-    ragged field -> int64 (B,). The records are views into ``padded``. Any collate function sees a
-    plain list of records; :func:`collate_padded` uses ``padded`` directly.
+    ``values``: field -> tensor, a fixed field (B, ...), a ragged field its records' rows end to end
+    (sum of T, ...); ``lengths``: ragged field -> int64 (B,). The records are views into ``values``.
+    ``padded``: field -> (B, ...) with the ragged fields zero-padded to (B, T, ...), made on first use
+    (one masked copy a field). Any collate function sees a plain list of records; :func:`collate_padded`
+    uses ``padded`` directly.
     """
 
-    padded: dict[str, torch.Tensor]
+    values: dict[str, torch.Tensor]
     lengths: dict[str, torch.Tensor]
+
+    @property
+    def padded(self) -> dict[str, torch.Tensor]:
+        made: dict[str, torch.Tensor] | None = self.__dict__.get("_padded")
+        if made is None:
+            made = {k: pad_rows(v, self.lengths[k]) if k in self.lengths else v for k, v in self.values.items()}
+            self.__dict__["_padded"] = made
+        return made
+
+
+def pad_rows(values: torch.Tensor, lengths: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
+    """Records' rows end to end (``values``: (sum of ``lengths``, ...)) -> (B, T, ...) padded with
+    ``pad_value``, T the longest record. One masked copy: O(B x T x inner)."""
+    longest = int(lengths.max()) if len(lengths) else 0
+    out = values.new_full((len(lengths), longest, *values.shape[1:]), pad_value)
+    if values.shape[0]:
+        out[lengths_mask(lengths, longest)] = values
+    return out
 
 
 class GatheredRecord(dict[str, torch.Tensor]):
