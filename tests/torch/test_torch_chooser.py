@@ -108,3 +108,37 @@ def test_without_a_spare_core_a_loop_that_only_gathers_does_not_try_the_workers(
         assert _windows(ch, here=1.0, workers=0.5, waited=0.4, count=4, **kw)[1:3] == [False, False]
     ch = Chooser(window=4, stay=2, longest=8, first=1, spare=True)
     assert _windows(ch, here=1.0, workers=0.5, waited=0.4, count=4, gathering=1.0)[1] is False
+
+
+def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    """A script that ends while holding a ``procs=2`` loader's iterator: the ring's block is unlinked at
+    exit, so nothing is left in /dev/shm and the resource tracker reports no leak."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.seqstore"
+    make_store(path, 400, seed=3)
+    script = tmp_path / "open_at_exit.py"
+    script.write_text(
+        "import sys\n"
+        "from seqstore.data import StoreDataset\n"
+        "from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded\n"
+        "if __name__ == '__main__':\n"
+        "    ds = StoreDataset(sys.argv[1], ordering='random', seed=1)\n"
+        "    import seqstore.torch.loader\n"
+        "    seqstore.torch.loader.PARALLEL_FROM_BYTES = 0  # these batches are small: workers anyway\n"
+        "    it = iter(SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=4, procs=2,\n"
+        "                            collate_fn=collate_padded))\n"
+        "    for _ in range(30):\n"
+        "        next(it)\n"
+        "    print('blocks', sorted(n for n in __import__('os').listdir('/dev/shm') if n.startswith('psm_')))\n"
+    )
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    seen = done.stdout.split("blocks", 1)[1]
+    assert "psm_" in seen, done.stdout  # the loop had its block while it ran
+    assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before

@@ -36,6 +36,7 @@ the last batch handed out as views does.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import multiprocessing
@@ -44,6 +45,7 @@ import secrets
 import sys
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -280,6 +282,15 @@ class _Lent:
         return sys.getrefcount(self.holder[0]) <= 2
 
 
+class _Open:
+    """The referent of a running loop's at-exit finalizer (held by the loop's frame until it ends)."""
+
+
+def _unlink_block(shm: SharedMemory) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shm.unlink()
+
+
 #: blocks of finished iterations whose batches the training loop still holds (closed once it lets go)
 _LINGERING: list[SharedMemory] = []
 
@@ -398,6 +409,10 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     slot_bytes = max(4 * size, 1 << 16)
     nslots = procs * depth
     shm = SharedMemory(create=True, size=slot_bytes * nslots)
+    # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
+    # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
+    opened = _Open()  # lives as long as this frame
+    at_exit = weakref.finalize(opened, _unlink_block, shm)
     block = shm.buf
     assert block is not None
     conns: list[Connection] = []
@@ -565,7 +580,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 p.join()
         for c in conns:
             c.close()
-        shm.unlink()  # the name goes now; the memory when the last batch handed out as views does
+        if at_exit.detach() is not None:  # not unlinked at exit already
+            shm.unlink()  # the name goes now; the memory when the last batch handed out as views does
         try:
             _LINGERING.append(shm)
             _close_lingering()
