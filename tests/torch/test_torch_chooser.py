@@ -142,3 +142,25 @@ def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path)
     assert "psm_" in seen, done.stdout  # the loop had its block while it ran
     assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before
+
+
+def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> None:
+    """A read-once loop's run buffers are files in /dev/shm that no resource tracker knows: a script that
+    ends without closing them still leaves none behind."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "runs_at_exit.py"
+    script.write_text(
+        "from seqstore.torch._ring import RunBuffers\n"
+        "runs = RunBuffers()\n"
+        "kept, dropped = runs.make(1 << 16), runs.make(1 << 16)\n"
+        "runs.drop(dropped)\n"
+        "print(runs.name(kept))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    name = done.stdout.strip()
+    assert name.startswith("seqstore-run-")
+    assert not os.path.exists(os.path.join("/dev/shm", name))

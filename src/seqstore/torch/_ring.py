@@ -201,13 +201,15 @@ def attach_run(runs: dict[str, Any], name: str) -> int:
 class RunBuffers:
     """A read-once loop's run buffers: files in ``/dev/shm`` that the workers map by name (``make`` and
     ``drop`` for a :class:`~seqstore.store.Pool`). A dropped buffer's file is removed and the
-    workers are told (``tell``) to let it go; :meth:`close` removes every file left."""
+    workers are told (``tell``) to let it go; :meth:`close` removes every file left (as does the
+    interpreter's exit, for a loop left open until then: nothing else would remove them)."""
 
     def __init__(self) -> None:
         self.names: dict[int, str] = {}
         self.tell: Any = None
         self._count = itertools.count()
         self._tag = f"seqstore-run-{os.getpid()}-{secrets.token_hex(4)}"
+        weakref.finalize(self, _unlink_all, self.names)  # at exit, or when dropped unclosed
 
     def make(self, size: int) -> np.ndarray[Any, Any]:
         name = f"{self._tag}-{next(self._count)}"
@@ -238,9 +240,13 @@ class RunBuffers:
                 self.tell(("forget", name))
 
     def close(self) -> None:
-        for name in self.names.values():
-            _unlink(name)
-        self.names.clear()
+        _unlink_all(self.names)
+
+
+def _unlink_all(names: dict[int, str]) -> None:
+    for name in names.values():
+        _unlink(name)
+    names.clear()
 
 
 def _unlink(name: str) -> None:
