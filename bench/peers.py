@@ -18,7 +18,8 @@ before them, so the page cache holds it), with the peers' defaults as a user get
   then ``--records`` records; seqstore with ``random`` (every record anywhere) and ``random_block:256:1``
   (runs of 256 neighbours, the locality LitData's chunk shuffle gives);
 - ``loader/W``: batches of 64 with a pad collate a user writes (``pad_sequence``) and ``W`` workers:
-  ``SeqDataLoader(SeqDataset, sampler=EpochSampler)`` vs the peers' ``StreamingDataLoader``;
+  ``SeqDataLoader(SeqDataset, sampler=EpochSampler)`` vs the peers' ``StreamingDataLoader``; seqstore
+  with ``random`` and with ``random_block:256:1`` (as in ``epoch``);
 - ``random``: ``ds[i]`` for random positions (seqstore ``store[i]``; LitData is given fewer: about
   1,000 records/s);
 - ``resume``: a fresh process constructs the loader, loads a state saved after 20 batches and takes
@@ -67,12 +68,12 @@ def ensure_docs(root: Path, n: int) -> Path:
     return flat
 
 
-def _loader(store: str, workers: int) -> Any:
+def _loader(store: str, workers: int, ordering: str = "random") -> Any:
     from bench._peers_side import _pad
     from seqstore.data import StoreDataset
     from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset
 
-    ds = StoreDataset(store, ordering="random", seed=1)
+    ds = StoreDataset(store, ordering=ordering, seed=1)
     return SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=BATCH, num_workers=workers,
                          collate_fn=_pad)
 
@@ -123,11 +124,11 @@ def _imports() -> None:
     import seqstore.torch  # noqa: F401
 
 
-def case_loader(out: str, workers: int, batches: int) -> dict[str, Any]:
+def case_loader(out: str, workers: int, batches: int, ordering: str = "random") -> dict[str, Any]:
     from bench._peers_side import timed_loader
 
     _imports()
-    return timed_loader(lambda: _loader(out, workers), batches)
+    return timed_loader(lambda: _loader(out, workers, ordering), batches)
 
 
 def case_random(out: str, indices: str, count: int) -> dict[str, Any]:
@@ -212,6 +213,10 @@ def main() -> None:
             for w in (0, 2):
                 cases.append(case(lib, lib, "case_loader", f"loader/{w}", out=outs[lib], workers=w,
                                   batches=args.loader_batches))
+                if lib == "seqstore":  # LitData's locality (its chunk shuffle), as in the epoch group
+                    cases.append(case(lib, "seqstore random_block:256:1", "case_loader", f"loader/{w}",
+                                      out=outs[lib], workers=w, batches=args.loader_batches,
+                                      ordering="random_block:256:1"))
         if "random" in args.only:
             cases.append(case(lib, lib, "case_random", "random", out=outs[lib], indices=str(indices),
                               count=1_000 if lib == "litdata" else 20_000))

@@ -328,3 +328,26 @@ def test_returnn_dataset_seq_ordering(tmp_path: Path) -> None:
     ds.init_seq_order(epoch=3)
     want = seq_order(n, spec, epoch=3, seed=5, partition_epoch=2, shard_index=1, num_shards=3)
     assert list(ds.get_current_seq_order()) == list(want)
+
+
+@pytest.mark.parametrize(("n", "block", "window"), [(1, 1, 1), (7, 3, 2), (1000, 256, 1), (10_001, 64, 4),
+                                                    (123_457, 1000, 16), (2**40 + 3, 4096, 8)])
+def test_numpy_twins_equal_the_kernels(n: int, block: int, window: int) -> None:
+    """``random_block_numpy`` and ``perm_inverse_numpy`` (a first batch computed before numba has started)
+    give the kernels' values, the short last block included."""
+    from seqstore.order import _kernels as K
+
+    order = RandomBlockOrder(n, 0x0F1E_2D3C_4B5A_6978, block, window)
+    rng = np.random.default_rng(n % 101)
+    pos = rng.integers(0, n, size=4_000, dtype=np.int64)
+    pos[:2] = [0, n - 1]
+    args = [np.uint64(v) for v in (n, block, window, order.num_blocks, order._short_slot)]
+    want = np.empty(len(pos), dtype=np.int64)
+    K.random_block(pos, np.uint64(0), False, *args, order._ba, order._bb, order._bkeys, order._wkey, want)
+    got = K.random_block_numpy(pos, *args, order._ba, order._bb, order._bkeys, order._wkey)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    blocks = rng.integers(0, order.num_blocks, size=500, dtype=np.int64)
+    want = np.empty(len(blocks), dtype=np.int64)
+    nb = np.uint64(order.num_blocks)
+    K.perm_inverse(blocks, nb, order._ba, order._bb, order._bkeys, want)
+    assert np.array_equal(K.perm_inverse_numpy(blocks, nb, order._ba, order._bb, order._bkeys), want)

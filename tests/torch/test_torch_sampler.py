@@ -231,3 +231,19 @@ def test_argument_errors(store: Path) -> None:
     with pytest.raises(ValueError, match="max_frames or max_seqs"):
         EpochBatchSampler(ds)
     assert EpochSampler(str(store), rank=0, world_size=1).dataset.num_seqs == N  # a path works too
+
+
+def test_the_first_chunk_is_small_and_the_chunks_are_the_order() -> None:
+    """An epoch's first positions are computed on their own (the first batches do not wait for a whole
+    chunk); the chunks together are still this rank's share of the order."""
+    from seqstore.order import seq_order
+    from seqstore.torch.sampler import _FIRST_CHUNK
+
+    n = 6 * _FIRST_CHUNK + 77  # rank 1 of 2: positions 1, 3, ..., n (padded like DistributedSampler)
+    ds = LengthsDataset(np.ones(n, np.int64), ordering="random_block:16:2", seed=4)
+    s = EpochSampler(ds, rank=1, world_size=2, chunk_size=2 * _FIRST_CHUNK)
+    chunks = list(s.iter_chunks())
+    assert [len(c) for c in chunks] == [_FIRST_CHUNK, _FIRST_CHUNK, (n + 1) // 2 - 2 * _FIRST_CHUNK]
+    want = seq_order(n, "random_block:16:2", epoch=1, seed=4).to_numpy()[np.arange(1, n + 1, 2) % n]
+    assert np.array_equal(np.concatenate(chunks), want)
+    assert list(EpochSampler(ds, rank=1, world_size=2, chunk_size=2 * _FIRST_CHUNK)) == want.tolist()

@@ -30,14 +30,20 @@ sub-permutations (tie runs, inside bins) from :func:`child_key` of a parent key 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit
+
+from . import _keys
 
 __all__ = ["ROUNDS"]
 
 ROUNDS = 8
 """Feistel rounds of the permutation (the issue asks for at least 6)."""
+#: positions a take computes with the NumPy twins below rather than wait for numba's start-up on another
+#: thread (:mod:`seqstore._numba_start`)
+NUMPY_TAKE = 1 << 16
 
 _U = np.uint64
 _M32 = np.uint64(0xFFFFFFFF)
@@ -149,32 +155,89 @@ def perm_one(x: np.uint64, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.nd
     return y
 
 
-def _feistel_numpy(x: np.ndarray, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.ndarray:
-    """:func:`_feistel` of a uint64 array in NumPy (the same wrapping uint64 arithmetic)."""
+def _mix_numpy(z: np.ndarray, m: np.uint64) -> np.ndarray:
+    """``_mulhi_small(mix64(z), m)`` of a uint64 array in NumPy (the same wrapping uint64 arithmetic)."""
+    z = (z ^ (z >> _U(30))) * _C1
+    z = (z ^ (z >> _U(27))) * _C2
+    f = z ^ (z >> _U(31))
+    out: np.ndarray = ((f >> _U(32)) * m + (((f & _M32) * m) >> _U(32))) >> _U(32)
+    return out
+
+
+def _feistel_numpy(x: np.ndarray, a: Any, b: Any, keys: np.ndarray) -> np.ndarray:
+    """:func:`_feistel` of a uint64 array in NumPy; ``a``, ``b`` scalars or arrays like ``x``, ``keys``
+    ``(ROUNDS,)`` or ``(ROUNDS, len(x))`` (each entry its own network)."""
     left = x // b
     right = x - left * b
     for i in range(ROUNDS):
         m = a if (i & 1) == 0 else b
-        z = right ^ keys[i]
-        z = (z ^ (z >> _U(30))) * _C1
-        z = (z ^ (z >> _U(27))) * _C2
-        f = z ^ (z >> _U(31))
-        t = left + (((f >> _U(32)) * m + (((f & _M32) * m) >> _U(32))) >> _U(32))
+        t = left + _mix_numpy(right ^ keys[i], m)
         t -= m * (t >= m).astype(np.uint64)
         left, right = right, t
     out: np.ndarray = left * b + right
     return out
 
 
-def perm_take_numpy(pos: np.ndarray, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.ndarray:
-    """:func:`perm_take` in NumPy, the same values: for a first batch that must not wait for numba's
-    start-up (:mod:`seqstore._numba_start`). O(len(pos)) memory."""
-    out = _feistel_numpy(pos.astype(np.uint64), a, b, keys)
-    walk = np.flatnonzero(out >= n)
+def _feistel_inv_numpy(y: np.ndarray, a: Any, b: Any, keys: np.ndarray) -> np.ndarray:
+    """:func:`_feistel_inv` of a uint64 array in NumPy (arguments as :func:`_feistel_numpy`'s)."""
+    left = y // b
+    right = y - left * b
+    for i in range(ROUNDS - 1, -1, -1):
+        m = a if (i & 1) == 0 else b
+        f = _mix_numpy(left ^ keys[i], m)
+        left, right = right + m * (right < f).astype(np.uint64) - f, left
+    out: np.ndarray = left * b + right
+    return out
+
+
+def _walked(x: np.ndarray, n: Any, a: Any, b: Any, keys: np.ndarray, step: Any) -> np.ndarray:
+    """``step`` (a network of :func:`_feistel_numpy`'s arguments) again on each entry still ``>= n``
+    (cycle walking, in NumPy); ``n``, ``a``, ``b``, ``keys`` scalars or per entry."""
+    def at(v: Any, k: np.ndarray) -> Any:
+        return v[k] if isinstance(v, np.ndarray) and v.ndim else v
+
+    walk = np.flatnonzero(x >= n)
     while walk.size:
-        out[walk] = _feistel_numpy(out[walk], a, b, keys)
-        walk = walk[out[walk] >= n]
-    return out.astype(np.int64)
+        x[walk] = step(x[walk], at(a, walk), at(b, walk), keys if keys.ndim == 1 else keys[:, walk])
+        walk = walk[x[walk] >= at(n, walk)]
+    return x.astype(np.int64)
+
+
+def perm_take_numpy(pos: np.ndarray, n: Any, a: Any, b: Any, keys: np.ndarray) -> np.ndarray:
+    """:func:`perm_take` in NumPy, the same values: for a first batch that must not wait for numba's
+    start-up (:mod:`seqstore._numba_start`). ``n``, ``a``, ``b``, ``keys`` as :func:`_walked`'s. O(len(pos))
+    memory."""
+    return _walked(_feistel_numpy(pos.astype(np.uint64), a, b, keys), n, a, b, keys, _feistel_numpy)
+
+
+def perm_inverse_numpy(values: np.ndarray, n: np.uint64, a: np.uint64, b: np.uint64, keys: np.ndarray) -> np.ndarray:
+    """:func:`perm_inverse` in NumPy, the same positions (see :func:`perm_take_numpy`)."""
+    return _walked(_feistel_inv_numpy(values.astype(np.uint64), a, b, keys), n, a, b, keys, _feistel_inv_numpy)
+
+
+def random_block_numpy(pos: np.ndarray, n: np.uint64, bsize: np.uint64, wsize: np.uint64, nblocks: np.uint64,
+                       short_slot: np.uint64, ba: np.uint64, bb: np.uint64, bkeys: np.ndarray,
+                       wkey: np.uint64) -> np.ndarray:
+    """:func:`random_block` of positions ``pos`` in NumPy, the same values (see :func:`perm_take_numpy`):
+    each window's parameters once (a Python step per window the positions fall in), the networks of all
+    positions at once."""
+    r = n - (nblocks - _ONE) * bsize
+    cut = short_slot * bsize + r
+    pad = bsize - r
+    p = pos.astype(np.uint64)
+    wins, which = np.unique(np.where(p < cut, p, p + pad) // bsize // wsize, return_inverse=True)
+    first = wins * wsize
+    vs, ve = first * bsize, (first + np.minimum(wsize, nblocks - first)) * bsize
+    lo = np.where(vs < cut, vs, vs - pad)
+    m = np.where(ve < cut, ve, ve - pad) - lo
+    ab = np.array([_keys.split(int(k)) for k in m.tolist()], dtype=np.uint64).reshape(-1, 2)
+    keys = np.array([_keys.round_keys(_keys.child_key(int(wkey), w), ROUNDS) for w in wins.tolist()],
+                    dtype=np.uint64).reshape(-1, ROUNDS).T[:, which]
+    q = lo[which] + perm_take_numpy(p - lo[which], m[which], ab[which, 0], ab[which, 1], keys).astype(np.uint64)
+    v = np.where(q < cut, q, q + pad)
+    t = v // bsize
+    out: np.ndarray = perm_take_numpy(t, nblocks, ba, bb, bkeys) * np.int64(bsize) + (v - t * bsize).astype(np.int64)
+    return out
 
 
 # --------------------------------------------------------------------------------------------- vector kernels

@@ -25,8 +25,6 @@ __all__ = ["RangeOrder", "EveryNOrder", "PermutationOrder", "SampleOrder", "Expl
 
 MAX_NUM_SEQS = (1 << 63) - 1
 """Largest supported number of sequences (values and positions are int64)."""
-#: positions a ``random`` take computes in NumPy rather than wait for numba's start-up on another thread
-_NUMPY_TAKE = 1 << 16
 
 
 def check_count(value: Any, what: str, low: int = 0) -> int:
@@ -139,7 +137,7 @@ class PermutationOrder(CountedOrder):
         self._a, self._b = np.uint64(a), np.uint64(b)
 
     def _take(self, positions: IntArray) -> IntArray:
-        if positions.shape[0] <= _NUMPY_TAKE and would_wait(K.perm_take):  # a first batch
+        if positions.shape[0] <= K.NUMPY_TAKE and would_wait(K.perm_take):  # a first batch
             return K.perm_take_numpy(positions, np.uint64(self._n), self._a, self._b, self._keys)
         out = np.empty(positions.shape[0], dtype=np.int64)
         K.perm_take(positions, np.uint64(self._n), self._a, self._b, self._keys, out)

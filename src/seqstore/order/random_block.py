@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._numba_start import would_wait
 from . import _kernels as K
 from . import _keys
 from .base import IntArray, Order
@@ -51,10 +52,12 @@ class RandomBlockOrder(CountedOrder):
         self._wkey = np.uint64(_keys.child_key(self.key, 1))
         self._short_slot = 0
         if self._nb:
-            slot = np.empty(1, dtype=np.int64)
-            K.perm_inverse(
-                np.array([self._nb - 1], dtype=np.int64), np.uint64(self._nb), self._ba, self._bb, self._bkeys, slot
-            )
+            last = np.array([self._nb - 1], dtype=np.int64)
+            if would_wait(K.perm_inverse):  # a first epoch order, while numba starts on another thread
+                slot = K.perm_inverse_numpy(last, np.uint64(self._nb), self._ba, self._bb, self._bkeys)
+            else:
+                slot = np.empty(1, dtype=np.int64)
+                K.perm_inverse(last, np.uint64(self._nb), self._ba, self._bb, self._bkeys, slot)
             self._short_slot = int(slot[0])
 
     @property
@@ -87,8 +90,10 @@ class RandomBlockOrder(CountedOrder):
 
     def _values(self, positions: IntArray, start: int, ranged: bool, size: int) -> IntArray:
         """The order at ``positions`` or (``ranged``) at ``start .. start + size - 1``."""
-        out = np.empty(size, dtype=np.int64)
         n, b, w, nb, short = (np.uint64(v) for v in (self._n, self.block, self.window, self._nb, self._short_slot))
+        if not ranged and size <= K.NUMPY_TAKE and would_wait(K.random_block):  # a first batch
+            return K.random_block_numpy(positions, n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey)
+        out = np.empty(size, dtype=np.int64)
         K.random_block(positions, np.uint64(start), ranged, n, b, w, nb, short, self._ba, self._bb, self._bkeys,
                        self._wkey, out)
         return out

@@ -22,6 +22,10 @@ from .dataset import as_protocol_dataset
 
 __all__ = ["EpochSampler", "EpochBatchSampler"]
 
+#: positions of an epoch's first chunk: computed first on their own, so that the first batches do not wait
+#: for a whole chunk's order (computed in NumPy while numba starts, see seqstore._numba_start)
+_FIRST_CHUNK = 1024
+
 
 class _RankSampler(EpochCursor):
     """What the two samplers share: their length and their state, both in this rank's items."""
@@ -73,8 +77,13 @@ class EpochSampler(_RankSampler, Sampler[int]):
 
     def _chunks(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         order, start, _ = self._begin()
+        first = True
         for pos in fixed_stream_positions(len(order), start, world=self.world_size, streams=self.world_size,
                                           stream=self.rank, drop_last=self.drop_last, chunk=self.chunk_size):
+            if first and len(pos) > _FIRST_CHUNK:  # the first batches come before the rest is computed
+                yield order.take(pos[:_FIRST_CHUNK])
+                pos = pos[_FIRST_CHUNK:]
+            first = False
             yield order.take(pos)
         self._finish()
 
