@@ -344,8 +344,10 @@ def test_numpy_twins_equal_the_kernels(n: int, block: int, window: int) -> None:
     args = [np.uint64(v) for v in (n, block, window, order.num_blocks, order._short_slot)]
     want = np.empty(len(pos), dtype=np.int64)
     K.random_block(pos, np.uint64(0), False, *args, order._ba, order._bb, order._bkeys, order._wkey, want)
-    got = K.random_block_numpy(pos, *args, order._ba, order._bb, order._bkeys, order._wkey)
-    assert got.dtype == np.int64 and np.array_equal(got, want)
+    got = K.random_block_numpy(pos, *args, order._ba, order._bb, order._bkeys, order._wkey, most=len(pos))
+    assert got is not None and got.dtype == np.int64 and np.array_equal(got, want)
+    if order.num_windows > 1:  # positions over more windows than allowed: no twin
+        assert K.random_block_numpy(pos, *args, order._ba, order._bb, order._bkeys, order._wkey, most=1) is None
     blocks = rng.integers(0, order.num_blocks, size=500, dtype=np.int64)
     want = np.empty(len(blocks), dtype=np.int64)
     nb = np.uint64(order.num_blocks)

@@ -217,15 +217,17 @@ def perm_inverse_numpy(values: np.ndarray, n: np.uint64, a: np.uint64, b: np.uin
 
 def random_block_numpy(pos: np.ndarray, n: np.uint64, bsize: np.uint64, wsize: np.uint64, nblocks: np.uint64,
                        short_slot: np.uint64, ba: np.uint64, bb: np.uint64, bkeys: np.ndarray,
-                       wkey: np.uint64) -> np.ndarray:
+                       wkey: np.uint64, most: int = 1024) -> np.ndarray | None:
     """:func:`random_block` of positions ``pos`` in NumPy, the same values (see :func:`perm_take_numpy`):
-    each window's parameters once (a Python step per window the positions fall in), the networks of all
-    positions at once."""
+    each window's parameters once (a Python step of ~10 us per window the positions fall in), the networks
+    of all positions at once. None where the positions fall in more than ``most`` windows."""
     r = n - (nblocks - _ONE) * bsize
     cut = short_slot * bsize + r
     pad = bsize - r
     p = pos.astype(np.uint64)
     wins, which = np.unique(np.where(p < cut, p, p + pad) // bsize // wsize, return_inverse=True)
+    if len(wins) > most:
+        return None
     first = wins * wsize
     vs, ve = first * bsize, (first + np.minimum(wsize, nblocks - first)) * bsize
     lo = np.where(vs < cut, vs, vs - pad)

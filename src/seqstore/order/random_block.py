@@ -92,7 +92,9 @@ class RandomBlockOrder(CountedOrder):
         """The order at ``positions`` or (``ranged``) at ``start .. start + size - 1``."""
         n, b, w, nb, short = (np.uint64(v) for v in (self._n, self.block, self.window, self._nb, self._short_slot))
         if not ranged and size <= K.NUMPY_TAKE and would_wait(K.random_block):  # a first batch
-            return K.random_block_numpy(positions, n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey)
+            got = K.random_block_numpy(positions, n, b, w, nb, short, self._ba, self._bb, self._bkeys, self._wkey)
+            if got is not None:  # else too many windows to walk in Python: the kernel, once numba is up
+                return got
         out = np.empty(size, dtype=np.int64)
         K.random_block(positions, np.uint64(start), ranged, n, b, w, nb, short, self._ba, self._bb, self._bkeys,
                        self._wkey, out)
