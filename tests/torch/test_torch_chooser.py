@@ -1,5 +1,6 @@
 """``SeqDataLoader(procs=K)`` / ``num_workers=K``: the loop's own process gathers the batches where that is
-faster than waiting on the workers (:class:`seqstore.torch._ring.Chooser`), and the batches stay the same."""
+faster than waiting on the workers (:class:`seqstore.torch._ring.Chooser`), and the batches stay the same;
+a loop left open until the interpreter exits leaves nothing in /dev/shm."""
 
 from __future__ import annotations
 
