@@ -51,6 +51,10 @@ class GatheredRecords(list[dict[str, torch.Tensor]]):
             self.__dict__["_padded"] = made
         return made
 
+    @padded.setter
+    def padded(self, value: dict[str, torch.Tensor]) -> None:
+        self.__dict__["_padded"] = value
+
 
 def pad_rows(values: torch.Tensor, lengths: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
     """Records' rows end to end (``values``: (sum of ``lengths``, ...)) -> (B, T, ...) padded with
