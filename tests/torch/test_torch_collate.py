@@ -99,6 +99,8 @@ def test_gathered_records_are_views_of_one_unpadded_gather(store: Path) -> None:
     np.testing.assert_array_equal(padded["x"].numpy(), values)
     np.testing.assert_array_equal(padded["spk"].numpy(), raw["spk"])
     assert padded["index"].tolist() == idx
+    got.padded = {**padded, "x": padded["x"] + 1}  # still settable: collate_padded takes what was set
+    assert torch.equal(collate_padded(got)["x"], padded["x"] + 1)
 
 
 def test_pad_rows() -> None:
