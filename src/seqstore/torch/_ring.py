@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import mmap
 import multiprocessing
 import os
 import secrets
+import select
 import sys
 import time
 import traceback
@@ -69,10 +71,16 @@ class LoaderWorkerError(SeqstoreError, RuntimeError):
     """A loader worker process failed without an exception that could come back, or exited."""
 
 
+_DTYPES: dict[str, torch.dtype] = {}
+
+
 def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise LoaderWorkerError(f"loader worker sent an unknown dtype {name!r}")
+    dt = _DTYPES.get(name)
+    if dt is None:
+        dt = getattr(torch, name.removeprefix("torch."), None)
+        if not isinstance(dt, torch.dtype):
+            raise LoaderWorkerError(f"loader worker sent an unknown dtype {name!r}")
+        _DTYPES[name] = dt
     return dt
 
 
@@ -127,6 +135,8 @@ def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes
     values are gathered straight into the slot; other tensors (and a batch gathered by ``gather``) are
     copied in after them, or sent whole when they do not fit."""
     slot, idx, *fetched = job
+    if isinstance(idx, bytes):
+        idx = np.frombuffer(idx, np.int64)
     base = slot * slot_bytes
     assert shm.buf is not None
     block = np.frombuffer(shm.buf, np.uint8)[base : base + slot_bytes]
@@ -261,11 +271,13 @@ def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, tor
     out: dict[str, torch.Tensor] = {}
     for name, dtype, shape, off in layout:
         dt = _dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dt).element_size()
+        n = math.prod(shape)
         if n == 0:
             out[name] = torch.empty(shape, dtype=dt)
             continue
-        t = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=base + off).view(dt).view(shape)
+        t = torch.frombuffer(buf, dtype=dt, count=n, offset=base + off)
+        if len(shape) != 1:
+            t = t.view(shape)
         out[name] = t.clone().pin_memory() if pin else t
     return out
 
@@ -442,6 +454,10 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
 
             runs.tell = tell
         free = [list(range(w * depth, (w + 1) * depth)) for w in range(procs)]
+        pollers = []  # one each: Connection.poll builds a selector a call
+        for c in conns:
+            pollers.append(select.poll())
+            pollers[-1].register(c.fileno(), select.POLLIN)
         lent: list[list[_Lent]] = [[] for _ in range(procs)]
         j = 0
 
@@ -475,8 +491,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64),
                                [(p.export(), runs.name(p.buffer)) for p in parts]))
             else:
-                idx, parts = item, ()
-                conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64)))
+                idx, parts = item, ()  # (raw bytes: a pickled array costs more than the gather's hand-over)
+                conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64).tobytes()))
             pending.append((w, slot, parts))
             j += 1
             while len(early) < ahead:  # the next ``ahead`` batches' index arrays go to their workers early
@@ -528,7 +544,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             w, slot, parts = pending[0]
             try:
                 start = time.perf_counter()
-                while not conns[w].poll(1.0):  # a worker that died without its pipe closing is noticed too
+                while not pollers[w].poll(1000):  # a worker that died without its pipe closing is noticed too
                     if not workers[w].is_alive():
                         raise EOFError
                 waited = time.perf_counter() - start
