@@ -165,3 +165,43 @@ def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> 
     name = done.stdout.strip()
     assert name.startswith("seqstore-run-")
     assert not os.path.exists(os.path.join("/dev/shm", name))
+
+
+def test_a_script_that_ends_holding_a_batch_lent_from_a_slot_exits_quietly(tmp_path: Path) -> None:
+    """The batches a worker gathered are views of the ring's block; a script that ends while it still
+    holds one (and the loop) exits with nothing on stderr and nothing left in /dev/shm."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.seqstore"
+    make_store(path, 400, seed=3)
+    script = tmp_path / "hold_at_exit.py"
+    script.write_text(
+        "import sys\n"
+        "import seqstore.torch._ring as ring\n"
+        "from seqstore.data import StoreDataset\n"
+        "from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded\n"
+        "plain = ring.Chooser.__init__\n"
+        "def workers_only(self, *a, **k):  # the workers gather every batch: each comes as views of a slot\n"
+        "    plain(self, *a, **k)\n"
+        "    self.here, self.left = False, 10**9\n"
+        "ring.Chooser.__init__ = workers_only\n"
+        "import seqstore.torch.loader\n"
+        "seqstore.torch.loader.PARALLEL_FROM_BYTES = 0  # these batches are small: workers anyway\n"
+        "ds = StoreDataset(sys.argv[1], ordering='random', seed=1)\n"
+        "it = iter(SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=4, num_workers=2,\n"
+        "                        collate_fn=collate_padded))\n"
+        "for _ in range(10):\n"
+        "    held = next(it)\n"
+        "ptr = held['x'].data_ptr()\n"
+        "maps = [line.split()[0].split('-') for line in open('/proc/self/maps') if '/dev/shm/psm_' in line]\n"
+        "print('lent', any(int(lo, 16) <= ptr < int(hi, 16) for lo, hi in maps))\n"
+    )
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert "lent True" in done.stdout, done.stdout
+    assert done.stderr.strip() == "", done.stderr
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before

@@ -300,6 +300,18 @@ class _Lent:
         return sys.getrefcount(self.holder[0]) <= 2
 
 
+class _Block(SharedMemory):
+    """The ring's block in the loop's process. Batches handed out as views may outlive it (a script that
+    ends holding one): its buffer is then still exported when the interpreter collects it, which
+    ``SharedMemory.__del__`` would report as an ignored ``BufferError``; the mapping goes with the views."""
+
+    def __del__(self) -> None:
+        try:  # (no module globals here: at shutdown they may be gone)
+            super().__del__()
+        except BufferError:
+            pass
+
+
 class _Open:
     """The referent of a running loop's at-exit finalizer (held by the loop's frame until it ends)."""
 
@@ -426,7 +438,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     size = sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in first.values())
     slot_bytes = max(4 * size, 1 << 16)
     nslots = procs * depth
-    shm = SharedMemory(create=True, size=slot_bytes * nslots)
+    shm = _Block(create=True, size=slot_bytes * nslots)
     # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
     # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
     opened = _Open()  # lives as long as this frame
