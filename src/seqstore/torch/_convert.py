@@ -28,7 +28,7 @@ def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
     arr = np.asarray(value)
-    if arr.dtype.name == "bfloat16":  # ml_dtypes
+    if arr.dtype.type.__name__ == "bfloat16":  # ml_dtypes (``dtype.name`` builds a string each time)
         arr = arr.view(np.uint16)
         bfloat16 = True
     if not arr.flags.writeable or not arr.flags.aligned or arr.dtype.byteorder == ">":
