@@ -338,7 +338,7 @@ class ShardTable:
         return problems
 
 
-def check_table_header(raw: bytes, path: Path, ragged: int, table_id: int | None = None) -> None:
+def check_table_header(raw: bytes, path: str | Path, ragged: int, table_id: int | None = None) -> None:
     """Check the 64-byte header against the schema's number of ragged fields (and ``table_id``, the id
     the manifest names, unless None)."""
     if len(raw) < TABLE_HEADER_BYTES:

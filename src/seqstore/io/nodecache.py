@@ -174,11 +174,6 @@ class NodeCache:
         finally:
             os.close(fd)
 
-    def usage(self) -> int:
-        """Bytes the cache holds by its own count (data pages fetched plus metadata files)."""
-        with self.locked():
-            return self._read_usage()
-
     def disk_usage(self) -> int:
         """Bytes the cache's files take on disk now (allocated blocks), counted file by file."""
         total = 0
@@ -188,7 +183,7 @@ class NodeCache:
                     total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
         return total
 
-    def reserve(self, nbytes: int, keep: Any = None) -> None:
+    def reserve(self, nbytes: int) -> None:
         """Count ``nbytes`` more, evicting least recently used entries first so the count stays within
         the budget. Raises ValueError if ``nbytes`` alone is more than the budget."""
         if nbytes <= 0:
@@ -202,7 +197,7 @@ class NodeCache:
             used = self._read_usage() + PAGE  # the usage file itself
             if used + nbytes > self.budget:
                 # down to 90% of the budget, so the next reservations need no eviction pass
-                used = self._evict(min(self.budget - nbytes, self.budget * 9 // 10), keep)
+                used = self._evict(min(self.budget - nbytes, self.budget * 9 // 10))
             self._write_usage(used + nbytes - PAGE)
 
     def pin(self, path: Path) -> None:
@@ -220,15 +215,14 @@ class NodeCache:
         out.sort()
         return out
 
-    def _evict(self, target: int, keep: Any) -> int:
+    def _evict(self, target: int) -> int:
         """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
         Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
         used = self.disk_usage()
-        keep_paths = set(keep or ()) | self._pinned
         for _mtime, p in self._entries():
             if used <= target:
                 break
-            if p in keep_paths:
+            if p in self._pinned:
                 continue
             if p.suffix in (".npy", ".bits"):  # a derived array; a cache entry's data, page map and claims
                 for q in (p,) if p.suffix == ".npy" else (p.with_suffix(".data"), p, p.with_suffix(".claims")):
@@ -260,11 +254,6 @@ class NodeCache:
             got = CachedObject(self, name, url, size)
             self._objects[name] = got
             return got
-
-    def forget(self, obj: CachedObject) -> None:
-        with self._objects_lock:
-            if self._objects.get(obj.name) is obj:
-                del self._objects[obj.name]
 
 
 def run_pages(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

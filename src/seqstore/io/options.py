@@ -120,8 +120,6 @@ class StoreOptions:
                 value = opts.pop(key)
                 if key in _FLAGS:
                     mine[key] = option_flag(value)
-                elif key == "max_retries" and (value is None or value == ""):
-                    mine[key] = None
                 else:
                     kind = _RANGES[key][0]
                     mine[key] = kind(value.strip() if isinstance(value, str) else value)
@@ -137,11 +135,6 @@ class StoreOptions:
         if changes.get("cache_dir") is not None:
             changes["cache_dir"] = os.fspath(changes["cache_dir"])
         return dataclasses.replace(self, **changes)
-
-    @property
-    def is_default(self) -> bool:
-        """Whether nothing was given (a local store takes no options)."""
-        return self == StoreOptions()
 
     def storage_options(self) -> dict[str, Any]:
         """The ``storage_options`` mapping these options were parsed from (the back end's keys and

@@ -14,7 +14,6 @@ import dataclasses
 import os
 import shutil
 import socket
-import struct
 import threading
 import uuid
 import zlib
@@ -27,21 +26,10 @@ import numpy as np
 
 from ...errors import ConflictError, CorruptionError, RemoteNotFound
 from ...format.manifest import IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_dir
-from ...format.shard_table import (
-    TABLE_HEADER_BYTES,
-    TABLE_MAGIC,
-    ShardRow,
-    row_dtype,
-    shard_dir_name,
-)
+from ...format.shard_table import TABLE_HEADER_BYTES, ShardRow, check_table_header, row_dtype, shard_dir_name
 from ...io.objects import ObjectMeta
 from ..directio import O_CLOEXEC, pwrite_all
 from .disk import hold_owner_lock, remove_if_dead, store_lock
-
-# ------------------------------------------------------------------------------------ manifest
-
-
-# --------------------------------------------------------------------------------------- state
 
 
 @dataclass
@@ -106,22 +94,6 @@ def _bodies_crc(buf: bytes, row_bytes: int, crc: int) -> int:
         return crc
     arr = np.frombuffer(buf, dtype=np.uint8).reshape(n, row_bytes)[:, :-4]
     return zlib.crc32(np.ascontiguousarray(arr).data, crc)
-
-
-def _check_header(raw: bytes, where: str, ragged: int, table_id: int) -> None:
-    if len(raw) < TABLE_HEADER_BYTES:
-        raise CorruptionError(f"{where}: {len(raw)} bytes, shorter than the {TABLE_HEADER_BYTES}-byte header")
-    magic, layout, row_bytes, n_ragged = struct.unpack_from("<8sIII", raw)
-    want = row_dtype(ragged).itemsize
-    if magic != TABLE_MAGIC or layout != 1:
-        raise CorruptionError(f"{where}: not a shard table of layout 1 (magic {magic!r}, layout {layout})")
-    if n_ragged != ragged or row_bytes != want:
-        raise CorruptionError(
-            f"{where}: header says {n_ragged} ragged fields and {row_bytes}-byte rows, expected {ragged} and {want}"
-        )
-    got_id = struct.unpack_from("<Q", raw, 24)[0]
-    if got_id != table_id:
-        raise CorruptionError(f"{where}: table id {got_id}, manifest.json names table id {table_id}")
 
 
 def _check_rows(new: np.ndarray[Any, Any], raw: bytes, where: str, first: int, prev: np.ndarray[Any, Any] | None,
@@ -192,7 +164,7 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         except RemoteNotFound:
             raise CorruptionError(f"{turl}: shard table is missing (manifest.json lists {count} rows)") from None
         header = bytes(got[0][0])
-        _check_header(header, turl, len(manifest.ragged), state.id)
+        check_table_header(header, turl, len(manifest.ragged), state.id)
         new_raw = bytes(got[1][0]) if len(got) > 1 else b""
         if len(new_raw) != (count - len(have)) * dt.itemsize:
             raise CorruptionError(
