@@ -286,6 +286,8 @@ def test_procs_a_killed_worker_is_an_error_in_seqstores_words(ds: StoreDataset) 
 
     loader = _loader(ds, "sampler", 0, 1, procs=2)
     it = iter(loader)
+    next(it)  # the first batch comes before the workers start
+    assert not [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
     next(it)
     workers = [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
     assert len(workers) == 2

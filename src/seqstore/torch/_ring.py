@@ -449,7 +449,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     workers: list[Any] = []
     # batch j (counted after the first) goes to worker j % procs, into a slot of that worker
     pending: deque[tuple[int, int, Any]] = deque()  # (worker, slot, parts held for it), in batch order
-    try:
+    pollers: list[Any] = []  # one a worker: Connection.poll builds a selector a call
+
+    def start_workers() -> None:
         for _ in range(procs):
             mine, theirs = ctx.Pipe()
             p = ctx.Process(target=_worker, args=(theirs, gather, shm.name, slot_bytes), daemon=True,
@@ -458,6 +460,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             theirs.close()
             conns.append(mine)
             workers.append(p)
+            pollers.append(select.poll())
+            pollers[-1].register(mine.fileno(), select.POLLIN)
         if runs is not None:
 
             def tell(msg: Any) -> None:
@@ -465,11 +469,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     c.send(msg)
 
             runs.tell = tell
+
+    try:
         free = [list(range(w * depth, (w + 1) * depth)) for w in range(procs)]
-        pollers = []  # one each: Connection.poll builds a selector a call
-        for c in conns:
-            pollers.append(select.poll())
-            pollers[-1].register(c.fileno(), select.POLLIN)
         lent: list[list[_Lent]] = [[] for _ in range(procs)]
         j = 0
 
@@ -519,10 +521,14 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         if chooser is None and not ahead:
             chooser = Chooser(spare=_cores() > procs)
         here = chooser is not None and chooser.here
-        while not here and send_next():
-            pass
+        if not here:  # the workers gather the next batches while the loop takes the first
+            start_workers()
+            while send_next():
+                pass
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
+        if here:  # (started once the first batch is out: a fork waits for numba's start-up, see _warm)
+            start_workers()
         handed = time.perf_counter()  # when the last batch went to the loop (the time between includes its step)
         rested = 0  # batches gathered here
         while True:
