@@ -9,7 +9,8 @@ __all__ = ["Chooser", "cores"]
 
 
 class Chooser:
-    """Who gathers the next batches of :func:`run_processes`: the workers, or the loop's own process.
+    """Who gathers the next batches of :func:`~seqstore.torch._ring.run_processes`: the workers, or the
+    loop's own process.
 
     Where the training loop takes batches faster than the workers deliver them (no step, few cores), a
     batch gathered in the loop's process costs it less than the wait for a worker's: then it gathers them
