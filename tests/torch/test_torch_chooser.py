@@ -111,12 +111,24 @@ def test_without_a_spare_core_a_loop_that_only_gathers_does_not_try_the_workers(
     assert _windows(ch, here=1.0, workers=0.5, waited=0.4, count=4, gathering=1.0)[1] is False
 
 
-def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
-    """A script that ends while holding a ``procs=2`` loader's iterator: the ring's block is unlinked at
-    exit, so nothing is left in /dev/shm and the resource tracker reports no leak."""
+def _run_script(script: Path, *args: str) -> Any:
+    """Run ``script`` in a fresh interpreter with this one's path; check that it succeeded and left no
+    block of its own in /dev/shm. Returns the completed process."""
     import subprocess
     import sys
 
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before
+    return done
+
+
+def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    """A script that ends while holding a ``procs=2`` loader's iterator: the ring's block is unlinked at
+    exit, so nothing is left in /dev/shm and the resource tracker reports no leak."""
     path = tmp_path / "s.seqstore"
     make_store(path, 400, seed=3)
     script = tmp_path / "open_at_exit.py"
@@ -134,15 +146,10 @@ def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path)
         "        next(it)\n"
         "    print('blocks', sorted(n for n in __import__('os').listdir('/dev/shm') if n.startswith('psm_')))\n"
     )
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120,
-                          env=env)
-    assert done.returncode == 0, done.stderr
+    done = _run_script(script, str(path))
     seen = done.stdout.split("blocks", 1)[1]
     assert "psm_" in seen, done.stdout  # the loop had its block while it ran
     assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before
 
 
 def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> None:
@@ -170,9 +177,6 @@ def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> 
 def test_a_script_that_ends_holding_a_batch_lent_from_a_slot_exits_quietly(tmp_path: Path) -> None:
     """The batches a worker gathered are views of the ring's block; a script that ends while it still
     holds one (and the loop) exits with nothing on stderr and nothing left in /dev/shm."""
-    import subprocess
-    import sys
-
     path = tmp_path / "s.seqstore"
     make_store(path, 400, seed=3)
     script = tmp_path / "hold_at_exit.py"
@@ -197,11 +201,6 @@ def test_a_script_that_ends_holding_a_batch_lent_from_a_slot_exits_quietly(tmp_p
         "maps = [line.split()[0].split('-') for line in open('/proc/self/maps') if '/dev/shm/psm_' in line]\n"
         "print('lent', any(int(lo, 16) <= ptr < int(hi, 16) for lo, hi in maps))\n"
     )
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120,
-                          env=env)
-    assert done.returncode == 0, done.stderr
+    done = _run_script(script, str(path))
     assert "lent True" in done.stdout, done.stdout
     assert done.stderr.strip() == "", done.stderr
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before
