@@ -37,6 +37,7 @@ the last batch handed out as views does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import mmap
@@ -72,16 +73,11 @@ class LoaderWorkerError(SeqstoreError, RuntimeError):
     """A loader worker process failed without an exception that could come back, or exited."""
 
 
-_DTYPES: dict[str, torch.dtype] = {}
-
-
+@functools.cache
 def _dtype(name: str) -> torch.dtype:
-    dt = _DTYPES.get(name)
-    if dt is None:
-        dt = getattr(torch, name.removeprefix("torch."), None)
-        if not isinstance(dt, torch.dtype):
-            raise LoaderWorkerError(f"loader worker sent an unknown dtype {name!r}")
-        _DTYPES[name] = dt
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise LoaderWorkerError(f"loader worker sent an unknown dtype {name!r}")
     return dt
 
 

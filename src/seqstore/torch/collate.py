@@ -13,6 +13,7 @@ per-record copy).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,17 +44,9 @@ class GatheredRecords(list[dict[str, torch.Tensor]]):
     values: dict[str, torch.Tensor]
     lengths: dict[str, torch.Tensor]
 
-    @property
-    def padded(self) -> dict[str, torch.Tensor]:
-        made: dict[str, torch.Tensor] | None = self.__dict__.get("_padded")
-        if made is None:
-            made = {k: pad_rows(v, self.lengths[k]) if k in self.lengths else v for k, v in self.values.items()}
-            self.__dict__["_padded"] = made
-        return made
-
-    @padded.setter
-    def padded(self, value: dict[str, torch.Tensor]) -> None:
-        self.__dict__["_padded"] = value
+    @functools.cached_property
+    def padded(self) -> dict[str, torch.Tensor]:  # (a cached_property: it can also be set)
+        return {k: pad_rows(v, self.lengths[k]) if k in self.lengths else v for k, v in self.values.items()}
 
 
 def pad_rows(values: torch.Tensor, lengths: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
