@@ -36,10 +36,11 @@ def _sources(n: int) -> dict[str, object]:
         "generator": lambda: (i for i in range(n)),
         "resumable": lambda: _Resumable(n),
         "list": lambda: list(range(n)),
+        "array": lambda: np.arange(n),
     }
 
 
-@pytest.mark.parametrize("kind", ["order", "generator", "resumable", "list"])
+@pytest.mark.parametrize("kind", ["order", "generator", "resumable", "list", "array"])
 def test_shuffle_buffer_resumes_exactly(kind: str) -> None:
     rng = np.random.default_rng(3)
     for n, size in ((0, 3), (1, 1), (57, 1), (200, 16), (500, 1000)):

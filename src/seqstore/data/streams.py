@@ -85,7 +85,8 @@ class ShuffleBuffer(Iterator[Any]):
         return item
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact position: counts, a copy of the buffered items (O(size)) and the source's state."""
+        """The exact position: counts, a copy of the buffered items (O(size); NumPy scalars as Python
+        numbers) and the source's state."""
         src_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
         return {
             "seed": self.seed,
@@ -93,7 +94,8 @@ class ShuffleBuffer(Iterator[Any]):
             "consumed": self._consumed,
             "emitted": self._emitted,
             "exhausted": self._exhausted,
-            "buffer": list(self._buffer),
+            # NumPy scalars (an array source yields them) as Python numbers: the state survives JSON
+            "buffer": [x.item() if isinstance(x, np.generic) else x for x in self._buffer],
             "source": src_state,
         }
 
