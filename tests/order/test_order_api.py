@@ -179,6 +179,17 @@ def test_repr_is_useful() -> None:
     assert "PermutationOrder" in repr(o[1:5]) and "[" in repr(o[::2])
 
 
+@pytest.mark.parametrize("ordering", ALL)
+def test_empty_orders_print_and_read(ordering: str) -> None:
+    """N = 0, the empty shard of N < num_shards and an empty slice: repr and empty reads work."""
+    empties = [_order(0, ordering), _order(1, ordering, shard_index=1, num_shards=2), _order(50, ordering)[7:7]]
+    for o in empties:
+        assert len(o) == 0 and list(o) == [] and o == []
+        assert "Order" in repr(o)
+        assert o.to_numpy().shape == (0,)
+        assert o.take(np.empty(0, dtype=np.int64)).shape == (0,)
+
+
 def test_equality_semantics() -> None:
     a = seq_order(50, "random", epoch=1)
     b = seq_order(50, "random", epoch=1)

@@ -79,6 +79,8 @@ class BinnedOrder(CountedOrder):
         return starts, sizes
 
     def _take(self, positions: IntArray) -> IntArray:
+        if positions.shape[0] == 0:  # no bin to gather from (an empty order's repr, an empty range)
+            return np.empty(0, dtype=np.int64)
         slots, offs = self._locate(positions)
         if slots.shape[0] > 1 and bool(np.all(slots[1:] >= slots[:-1])):
             first = np.empty(slots.shape[0], dtype=bool)
