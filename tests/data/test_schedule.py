@@ -107,6 +107,29 @@ def test_schedule_change_on_resume_continues_every_source() -> None:
     assert state["stats"]["source_tokens"]["curated"] == 0
 
 
+def test_resume_with_the_same_schedule_is_exact_for_any_weights() -> None:
+    """A schedule read back from a state keeps its units exactly (here weights whose units, quantised
+    again, would move by one), so the same schedule resumes as it was, not as a change."""
+    weights = {"web": 0.7579544029403025, "code": 0.420571580830845, "curated": 0.25891675029296335}
+    sched = MixtureSchedule(weights, NAMES)
+    assert MixtureSchedule.from_json(json.loads(json.dumps(sched.to_json())), NAMES) == sched
+    sizes = {"web": 5000, "code": 800, "curated": 1200}
+    packed = PackedDataset(MixtureStream(_sources(sizes), weights, chunk=1000), tokens="data", seq_len=32,
+                           mode="best_fit", window=8)
+    streams = [packed.open(st, s, 2) for s, st in enumerate(packed.shares(None, 2))]
+    for k, s in enumerate(streams):
+        s.skip(3000 + 17 * k)
+    state = json.loads(json.dumps(packed.state_dict([s.state() for s in streams])))
+    want = [s.planner.plan(400) for s in streams]
+    mix2 = MixtureStream(_sources(sizes), weights, chunk=1000)
+    packed2 = PackedDataset(mix2, tokens="data", seq_len=32, mode="best_fit", window=8)
+    got = [packed2.open(st, s, 2).planner.plan(400) for s, st in enumerate(packed2.shares(state, 2))]
+    assert len(mix2.segments) == 1  # not taken for a change of schedule
+    for a, b in zip(want, got):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_positions_per_source_never_repeat_within_an_epoch() -> None:
     sizes = {"web": 3000, "code": 700, "curated": 900}
     mix = MixtureStream(_sources(sizes), STAGES, chunk=4096)

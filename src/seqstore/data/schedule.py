@@ -177,9 +177,13 @@ class MixtureSchedule:
 
     @classmethod
     def from_json(cls, data: Any, names: Sequence[str]) -> MixtureSchedule:
-        if isinstance(data, dict):
-            return cls([(int(s), dict(w)) for s, w in data["stages"]], names, unit=str(data["unit"]))
-        return cls([(int(s), dict(w)) for s, w in data], names)
+        """The schedule of :meth:`to_json`, with exactly the saved units (quantising them again can move
+        one by a unit, as they need not sum to 2**24, and so change which source a sample comes from)."""
+        rows, unit = (data["stages"], str(data["unit"])) if isinstance(data, dict) else (data, "samples")
+        out = cls([(int(s), dict(w)) for s, w in rows], names, unit=unit)
+        out.units = np.array([[int(w.get(n, 0)) for n in out.names] for _, w in rows], dtype=np.int64)
+        out._set_bases()
+        return out
 
     def _sample_stages(self, starts: Sequence[int]) -> MixtureSchedule:
         """The first ``len(starts)`` stages of this schedule in tokens, stage ``i`` starting at sample
