@@ -192,3 +192,14 @@ def test_concat_dataset() -> None:
     np.testing.assert_array_equal(np.asarray(c.lengths()), [3, 1, 2, 9, 8])
     np.testing.assert_array_equal(c.epoch_order(1).to_numpy(), [1, 2, 0, 4, 3])
     np.testing.assert_array_equal(c.get_batch([4, 0, 3])["length"], [8, 3, 9])
+
+
+def test_get_batch_of_no_indices_has_the_fields() -> None:
+    """An empty index array gives every field with no rows, as a single child's get_batch does."""
+    a = LengthsDataset(np.array([3, 1, 2]))
+    b = LengthsDataset(np.array([9, 8]))
+    empty = np.empty(0, dtype=np.int64)
+    for ds in (ConcatDataset([a, b]), CombinedDataset({"a": a, "b": b}, sampling_sizes=[2, 0])):
+        for pad in (False, True):
+            got = ds.get_batch(empty, pad=pad)
+            assert list(got) == ["length"] and got["length"].shape == (0,)

@@ -89,6 +89,8 @@ class Split:
         """The records of the split values, one ``datasets[k].get_batch`` per part ``k``, merged in the
         values' order (padded when ``pad``)."""
         parts = [(pos, datasets[k].get_batch(self.local[pos])) for k, pos in self.groups()]
+        if not parts:  # no values: the fields with no rows, from the first part
+            parts = [(self.local, datasets[0].get_batch(self.local))]
         batch = merge_batches(parts, len(self.child))
         return pad_ragged(batch) if pad else batch
 
