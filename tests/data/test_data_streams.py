@@ -56,6 +56,7 @@ def test_shuffle_buffer_resumes_exactly(kind: str) -> None:
             state = json.loads(json.dumps(sb.state_dict()))  # survives a JSON round trip
             resumed = shuffle_buffer(make(), size, seed=9)  # type: ignore[operator]
             resumed.load_state_dict(state)
+            assert resumed.state_dict() == state  # saved again before the next item: the same state
             assert head + list(resumed) == full
     assert list(shuffle_buffer(range(50), 10, seed=1)) != list(shuffle_buffer(range(50), 10, seed=2))
 

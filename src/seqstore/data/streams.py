@@ -87,7 +87,10 @@ class ShuffleBuffer(Iterator[Any]):
     def state_dict(self) -> dict[str, Any]:
         """The exact position: counts, a copy of the buffered items (O(size); NumPy scalars as Python
         numbers) and the source's state."""
-        src_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
+        if self._it is None and self._source_state is not None:
+            src_state = self._source_state  # loaded, not yet restored into the source (the first item does)
+        else:
+            src_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
         return {
             "seed": self.seed,
             "size": self.size,
