@@ -64,6 +64,8 @@ def test_bad_schedules() -> None:
         MixtureSchedule([(0, {"web": 1}), (0, {"code": 1})], NAMES)
     with pytest.raises(ValueError, match="not all be zero"):
         MixtureSchedule([(0, {"web": 0})], NAMES)
+    with pytest.raises(ValueError, match="units must be in"):  # a saved state holds units of 2**-24
+        MixtureSchedule.from_json([[0, {"web": 1 << 40}]], NAMES)
 
 
 def _sources(sizes: dict[str, int]) -> dict[str, LengthsDataset]:

@@ -182,6 +182,8 @@ class MixtureSchedule:
         rows, unit = (data["stages"], str(data["unit"])) if isinstance(data, dict) else (data, "samples")
         out = cls([(int(s), dict(w)) for s, w in rows], names, unit=unit)
         out.units = np.array([[int(w.get(n, 0)) for n in out.names] for _, w in rows], dtype=np.int64)
+        if (out.units < 0).any() or (out.units > _UNITS).any():
+            raise ValueError(f"schedule units must be in [0, 2**24], got {out.units.tolist()}")
         out._set_bases()
         return out
 
