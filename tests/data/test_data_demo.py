@@ -24,3 +24,14 @@ def test_run_combined_demo(tmp_path: Path) -> None:
     for ep in res["epochs"]:
         assert ep["sequences"] == n // 2 and ep["batches"] > 0 and ep["batches_per_s"] > 0
     assert any("batches/s" in line for line in lines)
+
+
+def test_demo_counts_frames_of_the_length_field(tmp_path: Path) -> None:
+    """Frames are the rows of the length field, whatever field comes first in the schema."""
+    n = 300
+    schema = {"spk": Field("int16"), "features": Field("float32", (None, 2))}
+    with seqstore.create(tmp_path / "s.seqstore", schema) as w:
+        w.append_batch({"spk": np.zeros(n, np.int16), "features": (np.zeros((7 * n, 2), np.float32), np.full(n, 7))})
+    res = run_combined_demo(tmp_path / "s.seqstore", epochs=1, max_frames=100, out=lambda line: None)
+    ep = res["epochs"][0]
+    assert ep["sequences"] == n // 2 and ep["frames"] == 7 * ep["sequences"]

@@ -81,8 +81,8 @@ def run_combined_demo(
         batches = batch_indices(order, lengths, max_frames=max_frames, max_seqs=max_seqs)
         for idx in batches:
             batch = combined.get_batch(idx)
-            first = next(iter(batch.values()))
-            lens = first[1] if isinstance(first, tuple) else np.ones(len(idx), dtype=np.int64)
+            field = batch.get(store_ds.length_field) if store_ds.length_field is not None else None
+            lens = field[1] if isinstance(field, tuple) else np.ones(len(idx), dtype=np.int64)
             nb += 1
             seqs += len(idx)
             frames += int(lens.sum())
