@@ -239,3 +239,35 @@ def test_bad_state_is_refused(tmp_path: Path) -> None:
         a.shares({"format": "x"}, 1)
     with pytest.raises(ValueError, match="mode"):
         PackedDataset(path, mode="greedy")
+
+
+@pytest.mark.timeout(30)  # it planned forever (and its memory grew) before
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_documents_without_tokens_are_an_error_not_a_hang(tmp_path: Path, mode: str) -> None:
+    """Every document empty and no EOS: nothing to pack, a ValueError naming the share (as for a share
+    with no documents), not an endless pull. Empty documents among others still pack."""
+    path = _store(tmp_path / "s.seqstore", np.zeros(50, dtype=np.int64))
+    packed = PackedDataset(path, seq_len=16, mode=mode, window=4)
+    with pytest.raises(ValueError, match="share 0 of 1: no token in its documents of 16 epochs"):
+        packed.open(packed.shares(None, 1)[0]).batch(2)
+    batch = PackedDataset(path, seq_len=16, mode=mode, window=4, eos=7).open(packed.shares(None, 1)[0]).batch(2)
+    # documents of only their EOS (best_fit: the window's 4 in a row, then padding)
+    assert (batch["tokens"] == 7).sum() == (2 * 16 if mode == "concat" else 2 * 4)
+    # a share whose block holds only empty documents, epoch after epoch (default order)
+    lens = np.array([3] * 20 + [0] * 20, dtype=np.int64)
+    planners = [_planner(_FixedStream(lens), st, s, 2, mode, 8, window=4) for s, st in enumerate(fresh_shares(2, 1, 1))]
+    assert planners[0].plan(3)[3].sum() == (3 * 9 if mode == "concat" else 3 * 6)  # 2 documents a row
+    with pytest.raises(ValueError, match="share 1 of 2: no token"):
+        planners[1].plan(1)
+    # sparse documents (one in 200 has tokens) still pack: a few epochs, no error
+    lens = np.zeros(200, dtype=np.int64)
+    lens[17] = 5
+    pl = _planner(LenStream(lens), fresh_shares(1, 1, 1)[0], 0, 1, mode, 16, window=2)
+    assert pl.plan(2)[3].sum() == (2 * 17 if mode == "concat" else 2 * 10)  # window 2: 2 documents a row
+
+
+class _FixedStream(LenStream):
+    """``LenStream`` in the same (stored) order every epoch."""
+
+    def docs(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(start, stop) + (epoch - 1) * len(self.lens), self.lens[start:stop]

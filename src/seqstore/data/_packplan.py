@@ -30,6 +30,8 @@ _PULL = 256
 _PULL_AHEAD = 1024
 #: documents read from the stream at a time (one ``docs`` call per this many documents, not per batch)
 _PULL_MIN = 2048
+#: a share whose blocks of this many epochs in a row hold no token has nothing to pack: an error
+_DRY_EPOCHS = 16
 
 
 #: a plan: pieces' sequence, document id, offset and count, and every sequence's padding
@@ -222,6 +224,7 @@ class Planner:
         self.nbuf = 0
         self._cache: tuple[int, int, IntArray, IntArray] | None = None  # (epoch, start, ids, lengths)
         self._mean = 256.0  # tokens left per pulled document (what a best_fit plan pulls ahead by)
+        self._dry = 0  # fresh blocks taken since the last document with a token was pulled
         buffered = int(state.get("buffered", 0))
         if buffered:
             self._pull(buffered)
@@ -243,6 +246,12 @@ class Planner:
                 if b > a:
                     self.ranges.append([e, a, b, 0])
                     empty_epochs = 0
+                    self._dry += 1
+                    if self._dry > _DRY_EPOCHS:  # empty documents (and no EOS) do not fill a sequence
+                        raise ValueError(f"share {self.share} of {self.num_shares}: no token in its documents of "
+                                         f"{_DRY_EPOCHS} epochs in a row (epochs {e - _DRY_EPOCHS} to {e - 1}): "
+                                         "packing needs documents with tokens (every document empty? then "
+                                         "pass an eos token)")
                 else:
                     empty_epochs += 1
                     if empty_epochs > 1000:
@@ -254,8 +263,11 @@ class Planner:
             ids, lens = self._docs(e, a, take, b)
             off = np.zeros(take, dtype=np.int64)
             off[0] = o
+            lens = np.asarray(lens, dtype=np.int64) + self.eos
+            if int(lens.sum()) > o:
+                self._dry = 0
             parts.append((np.full(take, e, dtype=np.int64), np.arange(a, a + take, dtype=np.int64), off,
-                          np.asarray(ids, dtype=np.int64), np.asarray(lens, dtype=np.int64) + self.eos))
+                          np.asarray(ids, dtype=np.int64), lens))
             if a + take == b:
                 self.ranges.pop(0)
             else:
@@ -266,6 +278,11 @@ class Planner:
             self.ep, self.pos, self.off, self.ids, self.lens = (
                 np.concatenate([old, *new]) for old, new in
                 zip((self.ep, self.pos, self.off, self.ids, self.lens), cols))
+            if self.nbuf == 0 and not (self.lens > self.off).any():
+                # only documents with no token left: every plan finishes them before any token (as a
+                # finished plan would count them); dropped now so that a dry run does not grow
+                self._count(self.ids)
+                self._drop(len(self.ids))
             self._mean = _mean_rest(self.lens, self.off)
 
     def _docs(self, e: int, a: int, take: int, b: int) -> tuple[IntArray, IntArray]:
