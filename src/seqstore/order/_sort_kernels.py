@@ -7,14 +7,42 @@ everything here is integer arithmetic or a stable sort, so every machine compute
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ._kernels import ROUNDS, bin_start, child_key, perm_one, round_keys, split
 
 _U = np.uint64
 _ONE = np.uint64(1)
 _ZERO = np.uint64(0)
+_F16_BITS = np.dtype([("bits", np.uint16)])
+
+
+def kernel_lengths(lengths: np.ndarray) -> np.ndarray:
+    """``lengths`` as the kernels below read them: float16 (which numba cannot load) as a view of its
+    bits that :func:`length_at` turns into order-preserving keys; other dtypes as they are. O(1)."""
+    return lengths.view(_F16_BITS) if lengths.dtype == np.float16 else lengths
+
+
+def length_at(lengths: np.ndarray, i: int) -> Any:  # pragma: no cover - numba uses the overload
+    """``lengths[i]`` (of :func:`kernel_lengths`'s array), comparable with the others' values."""
+    return lengths[i]
+
+
+@overload(length_at)
+def _length_at(lengths: Any, i: Any) -> Any:
+    if isinstance(lengths.dtype, types.Record):  # float16 bits: x >= 0 is ordered by its bits, x < 0
+        def key(lengths: Any, i: Any) -> Any:  # by minus its magnitude's bits (-0.0 ties with 0.0)
+            b = np.int64(lengths[i].bits)
+            return b if b < 0x8000 else 0x8000 - b
+        return key
+
+    def value(lengths: Any, i: Any) -> Any:  # (numba wants the annotations of _length_at)
+        return lengths[i]
+    return value
 
 
 @njit(cache=True, nogil=True)
@@ -192,11 +220,11 @@ def sbs_locate(
 @njit(cache=True, nogil=True)
 def _run_first(sidx: np.ndarray, lengths: np.ndarray, hi: np.int64) -> np.int64:
     """First position ``q <= hi`` of the sorted index whose length equals that at ``hi`` (bisection)."""
-    v = lengths[sidx[hi]]
+    v = length_at(lengths, sidx[hi])
     lo = np.int64(0)
     while lo < hi:
         mid = (lo + hi) // 2
-        if lengths[sidx[mid]] < v:
+        if length_at(lengths, sidx[mid]) < v:
             lo = mid + 1
         else:
             hi = mid
@@ -204,12 +232,12 @@ def _run_first(sidx: np.ndarray, lengths: np.ndarray, hi: np.int64) -> np.int64:
 
 
 @njit(cache=True, nogil=True)
-def _run_end(sidx: np.ndarray, lengths: np.ndarray, lo: np.int64, n: np.int64, v: float) -> np.int64:
+def _run_end(sidx: np.ndarray, lengths: np.ndarray, lo: np.int64, n: np.int64, v: Any) -> np.int64:
     """First position ``q >= lo`` of the sorted index whose length exceeds ``v``, else ``n`` (bisection)."""
     hi = n
     while lo < hi:
         mid = (lo + hi) // 2
-        if lengths[sidx[mid]] > v:
+        if length_at(lengths, sidx[mid]) > v:
             hi = mid
         else:
             lo = mid + 1
@@ -231,10 +259,10 @@ def tie_shuffled_range(
     rk = np.empty(ROUNDS, dtype=np.uint64)
     p = s
     while p < e:
-        v = lengths[sidx[p]]
+        v = length_at(lengths, sidx[p])
         r0 = _run_first(sidx, lengths, p) if p == s else p
         q = p + 1
-        while q < e and lengths[sidx[q]] == v:
+        while q < e and length_at(lengths, sidx[q]) == v:
             q += 1
         r1 = _run_end(sidx, lengths, q, n, v) if q == e else q
         nrun = _U(r1 - r0)
@@ -293,5 +321,5 @@ def reverse_sorted_take(pos: np.ndarray, sidx: np.ndarray, lengths: np.ndarray, 
         q = n - 1 - pos[i]
         if not (r0 <= q < r1):
             r0 = _run_first(sidx, lengths, q)
-            r1 = _run_end(sidx, lengths, q + 1, n, lengths[sidx[q]])
+            r1 = _run_end(sidx, lengths, q + 1, n, length_at(lengths, sidx[q]))
         out[i] = sidx[r0 + (pos[i] - (n - r1))]

@@ -256,7 +256,8 @@ class SortBinShuffleOrder(BinnedOrder):
     def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
         sidx, _ = self._state()
         flat = np.empty(total, dtype=np.int64)
-        S.sbs_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), sidx, self.lengths.array, self._tie_key,
+        S.sbs_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), sidx, S.kernel_lengths(self.lengths.array),
+                   self._tie_key,
                    self._within_key, self.shuffle_within, flat)
         return flat
 

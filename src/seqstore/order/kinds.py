@@ -272,7 +272,7 @@ class SortedOrder(CountedOrder):
         if not self.descending:
             return np.asarray(sidx[positions], dtype=np.int64)
         out = np.empty(positions.shape[0], dtype=np.int64)
-        S.reverse_sorted_take(positions, sidx, self.lengths.array, out)
+        S.reverse_sorted_take(positions, sidx, S.kernel_lengths(self.lengths.array), out)
         return out
 
     def _take_range(self, start: int, stop: int) -> IntArray:
