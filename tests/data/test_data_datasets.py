@@ -13,6 +13,7 @@ import seqstore
 from seqstore import Field
 from seqstore.data import (
     ArrayLengths,
+    FilteredDataset,
     FuncLengths,
     LengthsDataset,
     SliceDataset,
@@ -167,3 +168,22 @@ def test_ordering_name_helpers_are_shared() -> None:
     with pytest.raises(ValueError, match="ordering must be a name or an explicit order"):
         ordering_name(3.5)
     assert not hasattr(_orders, "_NEEDS_ARRAY") and _orders.ordering_name is ordering_name
+
+
+def test_explicit_base_order_is_not_taken_over(tmp_path: Path) -> None:
+    """A FilteredDataset / SliceDataset does not apply its base's explicit order (values: base indices) to
+    its own indices (an error for values past its size, else silently another order): it asks for an
+    ordering; a name is taken over as before."""
+    lens = np.arange(1, 11)
+    ds = LengthsDataset(lens, ordering=np.array([4, 0]))
+    make = {"FilteredDataset": lambda **kw: FilteredDataset(ds, min_length=6, **kw),
+            "SliceDataset": lambda **kw: SliceDataset(ds, 2, 7, **kw)}
+    for who, new in make.items():
+        with pytest.raises(ValueError, match=f"{who}: the ordering of LengthsDataset.* is an explicit order"):
+            new()
+        np.testing.assert_array_equal(new(ordering=np.array([3, 1])).epoch_order(1).to_numpy(), [3, 1])
+    with pytest.raises(ValueError, match="explicit order"):
+        ds.filter(max_length=5)
+    named = LengthsDataset(lens, ordering="sorted_reverse")
+    np.testing.assert_array_equal(named.filter(max_length=5).epoch_order(1).to_numpy(), [4, 3, 2, 1, 0])
+    np.testing.assert_array_equal(SliceDataset(named, 2, 7).epoch_order(1).to_numpy(), [4, 3, 2, 1, 0])

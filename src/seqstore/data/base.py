@@ -40,10 +40,16 @@ from .filter import KeptLengths, check_bounds, kept_indices
 __all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
 
 
-def check_order_params(ordering: Any, seed: Any, partition_epoch: Any, base: Any = None) -> tuple[Any, int, int]:
+def check_order_params(ordering: Any, seed: Any, partition_epoch: Any, base: Any = None,
+                       who: str = "dataset") -> tuple[Any, int, int]:
     """Validate a dataset's (ordering, seed, partition_epoch), each None taken from dataset ``base`` when
-    given; raises ValueError naming the bad one."""
+    given; raises ValueError naming the bad one. ``who`` (the dataset over ``base``, by name) cannot take
+    an explicit order from ``base``: its values are ``base``'s indices, not ``who``'s."""
     if base is not None:
+        if ordering is None and not isinstance(base.ordering, str):
+            raise ValueError(f"{who}: the ordering of {base!r} is an explicit order of its own indices, which "
+                             f"are not the indices of the {who} over it; give it an ordering ({who}(dataset, ..., "
+                             f"ordering=...): a name, or an explicit order of the {who}'s indices)")
         ordering = base.ordering if ordering is None else ordering
         seed = base.seed if seed is None else seed
         partition_epoch = base.partition_epoch if partition_epoch is None else partition_epoch
@@ -181,7 +187,8 @@ class FilteredDataset(Dataset):
     ) -> None:
         self.min_length, self.max_length = check_bounds(min_length, max_length)
         self.dataset = dataset
-        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset)
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset,
+                                                                            "FilteredDataset")
         self.cache_dir = Path(cache_dir) if cache_dir is not None else dataset.cache_dir
         self.kept = kept_indices(dataset.lengths, dataset.cache_key(), self.cache_dir, self.min_length, self.max_length)
 

@@ -198,7 +198,8 @@ class SliceDataset(Dataset):
             raise ValueError(f"SliceDataset: need 0 <= start <= stop <= {n}, got start={start}, stop={stop}")
         self.dataset = dataset
         self.start, self.stop = int(start), int(stop)
-        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset)
+        self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset,
+                                                                            "SliceDataset")
         self.cache_dir = dataset.cache_dir
 
     @property
