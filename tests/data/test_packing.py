@@ -271,3 +271,23 @@ class _FixedStream(LenStream):
 
     def docs(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         return np.arange(start, stop) + (epoch - 1) * len(self.lens), self.lens[start:stop]
+
+
+def test_length_field_is_checked_through_wrappers(tmp_path: Path) -> None:
+    """A filter, slice, concatenation or mixture over a store measuring lengths in another field is refused
+    like the store itself (it packed silently wrong: token id -1 filled the gaps)."""
+    from seqstore.data import CombinedDataset, ConcatDataset, MixtureStream, SliceDataset
+
+    path = tmp_path / "s.seqstore"
+    with seqstore.create(path, {"tokens": Field("int32", (None,)), "other": Field("int32", (None,))}) as w:
+        w.append_batch({"tokens": (np.arange(1, 15, dtype=np.int32), np.array([3, 5, 2, 4])),
+                        "other": (np.zeros(40, dtype=np.int32), np.full(4, 10))})
+    good = StoreDataset(path, length_field="tokens")
+    wrong = StoreDataset(path, length_field="other")
+    for src in (wrong, wrong.filter(min_length=1), SliceDataset(wrong, 0, 4), ConcatDataset([good, wrong]),
+                CombinedDataset({"a": good, "b": SliceDataset(wrong, 1, 3)}),
+                MixtureStream({"a": good, "b": wrong.filter(max_length=20)}, [(0, {"a": 0.5, "b": 0.5})])):
+        with pytest.raises(ValueError, match="measures lengths in field 'other', not the token field 'tokens'"):
+            PackedDataset(src, seq_len=8)
+    p = PackedDataset(ConcatDataset([good.filter(min_length=3), SliceDataset(good, 0, 2)]), seq_len=8)
+    assert (p.open(p.shares(None, 1)[0]).batch(2)["tokens"] > 0).all()

@@ -35,7 +35,9 @@ from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
 from ._packplan import Planner, fresh_shares, resplit, sum_stats
-from .base import Dataset
+from .base import Dataset, FilteredDataset
+from .combined import CombinedDataset
+from .concat import ConcatDataset, SliceDataset
 from .schedule import MixtureStream
 from .store_dataset import StoreDataset
 
@@ -130,11 +132,13 @@ class PackedDataset:
         else:
             raise TypeError(f"PackedDataset: source must be a store, a path, a seqstore.data Dataset or a "
                             f"MixtureStream, got {type(source).__name__}")
-        for d in datasets:
-            lf = getattr(d, "length_field", tokens)
-            if lf != tokens:
-                raise ValueError(f"PackedDataset: {d!r} measures lengths in field {lf!r}, not the token field "
-                                 f"{tokens!r}; open it with length_field={tokens!r}")
+        for top in datasets:
+            for d in _length_sources(top):
+                lf = getattr(d, "length_field", tokens)
+                if lf != tokens:
+                    inside = "" if d is top else f" (inside {top!r})"
+                    raise ValueError(f"PackedDataset: {d!r}{inside} measures lengths in field {lf!r}, not the token "
+                                     f"field {tokens!r}; open it with length_field={tokens!r}")
         self.dataset: Dataset = self.stream.dataset
         self.names = list(self.stream.names)
 
@@ -218,6 +222,18 @@ class PackedDataset:
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.stream!r}, {self.config()})"
+
+
+def _length_sources(dataset: Dataset) -> Iterator[Dataset]:
+    """The datasets whose lengths ``dataset``'s are: itself, or through a filter, a slice, a concatenation
+    or a combination (lengths passed on unchanged) those of its children. O(children)."""
+    if isinstance(dataset, (FilteredDataset, SliceDataset)):
+        yield from _length_sources(dataset.dataset)
+    elif isinstance(dataset, (ConcatDataset, CombinedDataset)):
+        for child in dataset.datasets:
+            yield from _length_sources(child)
+    else:
+        yield dataset
 
 
 class PackedStream:
