@@ -112,3 +112,25 @@ def test_export_from_an_s3_store_with_storage_options(tmp_path: Path, moto_s3: A
     assert index.lengths.tolist() == [len(r) for r in rows] and index.dtype == np.int32
     assert np.array_equal(np.fromfile(f"{prefix}.bin", np.int32), np.concatenate(rows))
     assert _run(["export", "--to", "megatron", url, str(tmp_path / "t2"), "-q", "-o", "endpoint"]) == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["convert", "--from", "parquet", "--chunk-mb", "0"],
+    ["convert", "--from", "parquet", "--shard-mb", "0"],
+    ["convert", "--from", "parquet", "--chunk-mb", "-1"],
+    ["convert", "--from", "logix", "--batch-records", "0"],
+    ["export", "--to", "megatron", "--chunk-mb", "0"],
+])
+def test_cli_sizes_below_one_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              argv: list[str]) -> None:
+    """A size option of 0 or less is refused by the parser (exit 2, naming the option), not a traceback
+    from deep in the importer after the sources were read."""
+    from seqstore.cli import main
+
+    paths = [str(tmp_path / "src"), str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, *paths, "-q"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert argv[3] in err and "expected a positive integer" in err
+    assert not (tmp_path / "out").exists()

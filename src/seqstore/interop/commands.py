@@ -276,7 +276,7 @@ SOURCES: dict[str, Converter] = {
                        options=(MAP, ID_COLUMN)),
     "logix": Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + _metadata.json)",
                        _logix_run, unit="rec", options=(
-        Option.of("--batch-records", type=int, default=4096,
+        Option.of("--batch-records", type=_positive_int, default=4096,
                   help="records read and written per step (bounds memory; default 4096)"),)),
     "megatron": Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run, unit="rec",
                           url=True, options=(
@@ -542,8 +542,8 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--from", dest="source", required=True, choices=list(SOURCES), help="source format")
     conv.add_argument("paths", nargs="+", metavar="SOURCE... OUT", help="source files/directories, then the new store")
     conv.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    conv.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows read per step (default 64)")
-    conv.add_argument("--shard-mb", type=int, default=1024, help="MiB per store shard (default 1024)")
+    conv.add_argument("--chunk-mb", type=_positive_int, default=64, help="MiB of rows read per step (default 64)")
+    conv.add_argument("--shard-mb", type=_positive_int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     urls = ", ".join(n for n, c in SOURCES.items() if c.url)
     _client_option(conv, f"an OUT at a URL (s3://, gs://, az://) for --from {urls}")
@@ -563,7 +563,7 @@ def add_subcommands(subparsers: Any) -> None:
     exp.add_argument("out", help="the output: " + "; ".join(f"{what} for --to {'/'.join(names)}"
                                                            for what, names in outs.items()))
     exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    exp.add_argument("--chunk-mb", type=int, default=64, help="MiB of rows written per step (default 64)")
+    exp.add_argument("--chunk-mb", type=_positive_int, default=64, help="MiB of rows written per step (default 64)")
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _client_option(exp, "a STORE at a URL (s3://, gs://, az://, https://)")
     _add_options(exp, TARGETS, "--to")
