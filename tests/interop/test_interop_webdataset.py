@@ -121,6 +121,22 @@ def test_missing_member_and_bad_data_are_named_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "x.seqstore").exists()
 
 
+def test_a_shard_cut_inside_a_header_is_an_error(tmp_path: Path) -> None:
+    """A shard whose last bytes are the start of a member's header (a download cut short) names the
+    shard; its samples before the cut are not imported as if they were the whole shard."""
+    with wds.TarWriter(str(tmp_path / "a.tar")) as w:
+        for k in range(3):
+            w.write({"__key__": f"k{k}", "cls": k, "txt": f"sample {k}"})
+    whole = (tmp_path / "a.tar").read_bytes()
+    heads = [i for i in range(0, len(whole), 512) if whole[i : i + 3] == b"k2."]
+    (tmp_path / "cut.tar").write_bytes(whole[: heads[0] + 100])
+    with pytest.raises(SourceFormatError, match=r"cut\.tar.*truncated"):
+        import_webdataset(tmp_path / "cut.tar", tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+    (tmp_path / "padded.tar").write_bytes(whole[: len(whole) - 100])  # cut in the zero padding: nothing lost
+    assert len(import_webdataset(tmp_path / "padded.tar", tmp_path / "y.seqstore")) == 3
+
+
 def test_import_from_http_urls(tmp_path: Path) -> None:
     from support.http import StaticServer
 

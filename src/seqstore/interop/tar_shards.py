@@ -196,6 +196,10 @@ def _local_members(path: str, counter: ByteCounter) -> Iterator[tuple[str, bytes
             counter.count = pos
             if kind in (b"0", b"\0", b"7"):
                 yield name, mm[start : start + n]
+        else:  # the end of the file, not an end-of-archive block: what is left must be zero padding
+            if mm[pos:size].count(0) != size - pos:
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a header at byte {pos} "
+                                        f"is cut short by the end of the file, {size})")
         counter.count = size
     finally:
         mm.close()
