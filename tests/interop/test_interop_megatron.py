@@ -189,6 +189,19 @@ def test_export_any_ragged_integer_field_with_a_cast(tmp_path: Path) -> None:
         export_megatron(tmp_path / "t.seqstore", tmp_path / "u", field="doc")
 
 
+@pytest.mark.parametrize(("src", "dst", "value"), [("uint32", "int32", 3_000_000_000), ("uint16", "int16", 40_000),
+                                                   ("int16", "uint16", -1), ("uint64", "int64", 1 << 63)])
+def test_export_cast_that_changes_the_sign_is_refused(tmp_path: Path, src: str, dst: str, value: int) -> None:
+    """A cast between signed and unsigned integers of one size wraps values past the target's range
+    (3e9 as int32 is -1294967296), which casts back to the same bits: it is refused like any lossy cast."""
+    with seqstore.create(tmp_path / "t.seqstore", {"ids": Field(src, (None,))}) as w:
+        w.append({"ids": np.array([1, 2], dtype=src)})
+        w.append({"ids": np.array([5, value], dtype=src)})
+    with pytest.raises(SchemaError, match=r"records 0\.\.1 hold values that .* cannot represent"):
+        export_megatron(tmp_path / "t.seqstore", tmp_path / "u", dtype=dst)
+    assert not (tmp_path / "u.bin").exists() and not (tmp_path / "u.idx").exists()
+
+
 @pytest.mark.parametrize("dtype", [None, "float32"])
 def test_export_of_bfloat16_values_is_a_named_error(tmp_path: Path, dtype: str | None) -> None:
     with seqstore.create(tmp_path / "b.seqstore", {"x": Field("bfloat16", (None,))}) as w:

@@ -423,7 +423,8 @@ def export_megatron(
                 vals = np.asarray(values)
                 if vals.dtype != out_dt:
                     cast = vals.astype(out_dt)
-                    if not np.array_equal(cast.astype(vals.dtype), vals):
+                    # the signs too: between signed and unsigned integers of one size a wrap casts back
+                    if not (np.array_equal(cast.astype(vals.dtype), vals) and np.array_equal(cast < 0, vals < 0)):
                         raise SchemaError(f"field {name!r}: records {first}..{b - 1} hold values that {out_dt} "
                                           "cannot represent; pick a wider dtype")
                     vals = cast
