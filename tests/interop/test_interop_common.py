@@ -86,6 +86,25 @@ def test_refusals_happen_before_anything_is_written(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["data", "s.seqstore"]
 
 
+def test_overwrite_never_replaces_a_file(tmp_path: Path) -> None:
+    """``overwrite=True`` replaces a store, never a file: a source file named as the output by mistake
+    (``convert --from parquet a.parquet b.parquet --overwrite``, OUT forgotten) is refused and kept."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    from seqstore.interop.arrow import import_parquet
+
+    pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": [4, 5]}), tmp_path / "b.parquet")
+    kept = (tmp_path / "b.parquet").read_bytes()
+    for workers in (1, 2):
+        with pytest.raises(seqstore.SeqstoreError, match="refusing to overwrite.*not a store"):
+            import_parquet(tmp_path / "a.parquet", tmp_path / "b.parquet", overwrite=True, workers=workers)
+        assert (tmp_path / "b.parquet").read_bytes() == kept
+    with pytest.raises(seqstore.SeqstoreError, match="not a store"):
+        _common.new_store(tmp_path / "b.parquet", SCHEMA, _fill(1), overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["a.parquet", "b.parquet"]
+
+
 def test_failed_rename_into_place_restores_the_old_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "s.seqstore"
     _old(out)

@@ -134,11 +134,12 @@ def remove_path(path: Path) -> None:
 
 
 def _not_a_store(root: Path) -> bool:
-    return root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir())
+    """A file (a source named as the output by mistake), or a non-empty directory without a manifest."""
+    return not root.is_dir() or (not (root / MANIFEST).exists() and any(root.iterdir()))
 
 
 def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _not_a_store,
-                 what: str = "a non-empty directory that is not a store",
+                 what: str = "what is not a store (a file, or a non-empty directory without a manifest)",
                  error: type[Exception] = SeqstoreError) -> None:
     """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and even then one that
     ``refuse(root)`` says may not be replaced (``error``: "refusing to overwrite ``what``"); make the
@@ -193,7 +194,7 @@ def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], f
     aborted and only the sibling deleted: ``out`` is exactly as before. A crash leaves at worst a hidden
     ``.<name>.tmp-*`` (or ``.<name>.old-*`` holding the previous store) next to ``out``. Before anything
     is written: :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is
-    false, SeqstoreError when it is a non-empty directory that is not a store.
+    false, SeqstoreError when it is not a store (a file, or a non-empty directory without a manifest).
     """
     root = Path(out)
     check_output(root, overwrite)
