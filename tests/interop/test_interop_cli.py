@@ -134,3 +134,27 @@ def test_cli_sizes_below_one_are_usage_errors(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert argv[3] in err and "expected a positive integer" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["export", "--to", "megatron", "{store}", "{tmp}/m", "--dtype", "int33"], "dtype int33 is not one of Megatron's"),
+    (["export", "--to", "hf", "{store}", "{tmp}/h"], "'id' is also a field's name; pass another --id-column"),
+    (["convert", "--from", "parquet", "{tmp}/t.parquet", "{tmp}/o", "-o", "endpoint=http://127.0.0.1:9"],
+     "-o options are for URLs of object storage"),
+])
+def test_cli_bad_option_values_are_named_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                argv: list[str], words: str) -> None:
+    """An option value the library refuses is ``seqstore: error: ...`` with exit 2, not a traceback."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from seqstore.cli import main
+
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "t.parquet")
+    store = tmp_path / "s.seqstore"
+    with seqstore.create(store, {"tokens": seqstore.Field("int32", (None,)), "id": seqstore.Field("int64")}) as w:
+        w.append({"tokens": np.arange(3, dtype=np.int32), "id": 7}, id="r0")
+    assert main([a.format(store=store, tmp=tmp_path) for a in argv] + ["-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and words in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore", "t.parquet"]

@@ -399,6 +399,9 @@ CLI_WORDS = {
     "import it with import_parquet": "convert it with --from parquet",
     "channels='first' or channels='mix'": "--channels first or --channels mix",
     "split=NAME": "--split NAME",
+    "pass another id_column (or None)": "pass another --id-column (or --id-column none)",
+    "storage_options are for URLs": "-o options are for URLs",
+    "; pass dtype=...": "; pass --dtype ...",
 }
 
 

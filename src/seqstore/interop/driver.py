@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
+from ..errors import ConfigError
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, Writer
@@ -90,7 +91,7 @@ def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any]) -> 
             raise TypeError(f"{who}() got an unexpected keyword argument {name!r}")
     opts = Options(**given)
     if opts.storage_options and not is_remote(out):
-        raise ValueError(f"{out}: storage_options are for URLs of object storage, not local paths")
+        raise ConfigError(f"{out}: storage_options are for URLs of object storage, not local paths")
     if opts.chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {opts.chunk_bytes}")
     if opts.workers < 1:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SchemaError
 from ..schema import Field
 from ..store import Store, open_store
 from . import to_arrow
@@ -104,7 +105,7 @@ def export_hf(
     if id_column is not None and not st.has_ids:
         id_column = None
     if id_column is not None and id_column in names:
-        raise ValueError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
+        raise SchemaError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
     if chunk_records < 1:
         raise ValueError(f"chunk_records must be positive, got {chunk_records}")
     root = Path(out)

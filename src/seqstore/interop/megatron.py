@@ -379,10 +379,14 @@ def export_megatron(
         raise SchemaError(f"field {name!r}: bfloat16 values are not tokens Megatron's .idx can describe "
                           f"(its dtypes: {', '.join(CODES)})")
     src_dt = st.schema[name].storage_dtype
-    out_dt = np.dtype(dtype) if dtype is not None else src_dt
-    if str(out_dt) not in CODES:
+    try:
+        known = str(np.dtype(dtype) if dtype is not None else src_dt)
+    except TypeError:  # not a numpy dtype at all: the same error as for one Megatron has no code for
+        known = ""
+    if known not in CODES:
         raise SchemaError(f"field {name!r}: dtype {dtype or st.schema[name].dtype} is not one of Megatron's "
                           f"({', '.join(CODES)}); pass dtype=...")
+    out_dt = np.dtype(known)
     if documents == "auto":
         meta = st.metadata.get(METADATA_KEY, {})
         doc = meta.get("document_field") if isinstance(meta, dict) else None
