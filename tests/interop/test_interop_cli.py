@@ -114,6 +114,27 @@ def test_export_from_an_s3_store_with_storage_options(tmp_path: Path, moto_s3: A
     assert _run(["export", "--to", "megatron", url, str(tmp_path / "t2"), "-q", "-o", "endpoint"]) == 2
 
 
+def test_export_returnn_hdf_from_an_s3_store_with_storage_options(tmp_path: Path, moto_s3: Any,
+                                                                  s3_bucket: str) -> None:
+    """``export --to returnn-hdf`` of a store at a URL whose client needs options: export_hdf reopens the
+    store to read bfloat16 as float32, and must reopen it at its URL with its options (not its local
+    cache directory, which holds no shard until read)."""
+    h5py = pytest.importorskip("h5py")
+    url = f"s3://{s3_bucket}/feat.seqstore"
+    schema = seqstore.Schema({"data": seqstore.Field("float32", (None, 3)), "bf": seqstore.Field("bfloat16", (None,))})
+    rows = [np.full((k + 1, 3), k, np.float32) for k in range(5)]
+    with seqstore.create(url, schema, storage_options=moto_s3.storage_options()) as w:
+        for r in rows:
+            w.append({"data": r, "bf": np.arange(len(r), dtype=np.float32)})
+    opts = [a for k, v in moto_s3.storage_options().items() for a in ("-o", f"{k}={v}")]
+    out = tmp_path / "feat.hdf"
+    assert _run(["export", "--to", "returnn-hdf", url, str(out), "-q", *opts]) == 0
+    with h5py.File(out, "r") as f:
+        assert np.array_equal(f["inputs"][:], np.concatenate(rows))
+        assert f["targets/data/bf"].dtype == np.float32
+        assert np.array_equal(f["targets/data/bf"][:], np.concatenate([np.arange(len(r)) for r in rows]))
+
+
 @pytest.mark.parametrize("argv", [
     ["convert", "--from", "parquet", "--chunk-mb", "0"],
     ["convert", "--from", "parquet", "--shard-mb", "0"],

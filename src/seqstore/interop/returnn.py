@@ -310,8 +310,10 @@ def export_hdf(
     ``progress`` gets the bytes of rows written (their total first, through ``add_total``).
     """
     h5py = h5py_module()
-    # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1))
-    st = open_store(store.root if isinstance(store, Store) else store, bfloat16="float32")
+    # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1); one at a URL
+    # at its URL with its client's options, as a pickled Store is)
+    path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
+    st = open_store(path, bfloat16="float32", **reopen)
     target = Path(out)
     if target.exists() and not overwrite:
         raise OutputExistsError(target)
