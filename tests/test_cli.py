@@ -77,3 +77,13 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     lengths = np.load(tmp_path / "features.lengths.npy")
     assert lengths.tolist() == np.asarray(store.lengths("features")).tolist()
     assert 10 <= lengths.min() and lengths.max() <= 200
+
+
+@pytest.mark.parametrize("records", ["0", "-3"])
+def test_demo_needs_at_least_one_record(tmp_path: Path, capsys: pytest.CaptureFixture[str], records: str) -> None:
+    """``demo --records 0`` is a usage error before anything is written, not an IndexError after the
+    empty corpus was written."""
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--records", records, "--out", str(tmp_path / "d")])
+    assert exc.value.code == 2
+    assert "--records" in capsys.readouterr().err and not (tmp_path / "d").exists()

@@ -25,7 +25,7 @@ from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .format.shard_table import TABLE
-from .interop.commands import SuggestingParser, cli_message
+from .interop.commands import SuggestingParser, _positive_int, cli_message
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
 from .io.sources import open_source
@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.set_defaults(func=cmd_verify)
 
     demo = sub.add_parser("demo", help="generate a speech-like corpus, write it, open it and read it")
-    demo.add_argument("--records", type=int, default=1_000_000, help="number of sequences (default 1,000,000)")
+    demo.add_argument("--records", type=_positive_int, default=1_000_000,
+                      help="number of sequences (default 1,000,000)")
     demo.add_argument("--dim", type=int, default=16, help="feature dimension (default 16)")
     demo.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
     demo.add_argument("--seed", type=int, default=0,
