@@ -205,6 +205,13 @@ def test_expand_shards() -> None:
     assert expand_shards("plain.tar") == ["plain.tar"]
 
 
+def test_a_brace_range_that_names_no_shard_is_a_named_error(tmp_path: Path) -> None:
+    """``a-{5..1}.tar`` (the bounds swapped) expands to nothing: an error naming it, not an IndexError."""
+    with pytest.raises(SourceFormatError, match=r"a-\{5\.\.1\}\.tar.*names no shards"):
+        import_webdataset(str(tmp_path / "a-{5..1}.tar"), tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+
+
 def test_cli_convert_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     urls = write_shards(tmp_path / "shards", shards=2, per=4, extra={5: "wav"})
     out = tmp_path / "c.seqstore"

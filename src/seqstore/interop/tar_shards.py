@@ -49,7 +49,10 @@ def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
     out: list[str] = []
     for s in sources:
         s = os.fspath(s)
-        for p in expand_shards(s):
+        names = expand_shards(s)
+        if not names:
+            raise SourceFormatError(s, None, "names no shards (a brace range {A..B} needs A <= B)")
+        for p in names:
             if not is_remote(p) and os.path.isdir(p):
                 found = sorted(str(q) for q in Path(p).iterdir() if q.name.endswith((".tar", ".tar.gz", ".tgz")))
                 if not found:
