@@ -85,6 +85,25 @@ def test_interop_import_rename(tmp_path: Path) -> None:
     assert sorted(ds.get_data_keys()) == ["align", "classes", "data", "speaker"]
 
 
+def test_interop_import_rename_by_the_listed_stream_names(tmp_path: Path) -> None:
+    """The names the rename error lists are the ones it takes: ``data`` (the key of ``inputs``, and its
+    field's default name) renames the inputs like ``inputs`` does; ``inputs`` in a file without inputs
+    is an unknown stream, not silently ignored."""
+    write_returnn_hdf(tmp_path / "a.hdf", n=5)
+    with pytest.raises(seqstore.SchemaError, match=r"streams are \['align', 'classes', 'data', 'spk'\]"):
+        rt.import_hdf(tmp_path / "a.hdf", tmp_path / "x.seqstore", rename={"nope": "x"})
+    store = rt.import_hdf(tmp_path / "a.hdf", tmp_path / "r.seqstore", rename={"data": "feat"})
+    assert set(store.schema) == {"feat", "classes", "align", "spk"}
+    assert store.metadata["returnn"]["inputs"] == "feat"
+    with h5py.File(tmp_path / "t.hdf", "w") as f:  # targets only
+        f.create_dataset("seqLengths", data=np.array([[2], [1]], dtype=np.int32))
+        f.create_dataset("seqTags", data=np.array(["s0", "s1"], dtype=object), dtype=h5py.string_dtype())
+        f.create_dataset("targets/data/classes", data=np.arange(3, dtype=np.int32))
+    with pytest.raises(seqstore.SchemaError, match=r"no stream\(s\) \['inputs'\]"):
+        rt.import_hdf(tmp_path / "t.hdf", tmp_path / "t.seqstore", rename={"inputs": "feat"})
+    assert not (tmp_path / "x.seqstore").exists() and not (tmp_path / "t.seqstore").exists()
+
+
 def _compare_hdf_datasets(a: HDFDataset, b: HDFDataset) -> None:
     assert a.num_seqs == b.num_seqs
     assert sorted(a.get_data_keys()) == sorted(b.get_data_keys())

@@ -84,7 +84,8 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
                     f"{info.path}, dataset {s.dataset!r}: dtype {dt} does not go with {dtypes[s.key]} of {first.path}"
                 )
             dtypes[s.key] = np.promote_types(dtypes[s.key], dt)
-    unknown = set(rename) - set(by_key) - {"inputs"}
+    # "inputs" (the HDF dataset) or "data" (its key, as the stream list below says) renames the inputs
+    unknown = set(rename) - set(by_key) - ({"inputs"} if "data" in by_key else set())
     if unknown:
         raise SchemaError(f"rename: no stream(s) {sorted(unknown)} in {first.path}; streams are {sorted(by_key)}")
     spec: dict[str, Field] = {}
@@ -92,7 +93,7 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     inputs_field: str | None = None
 
     def name_of(key: str) -> str:
-        return rename.get("inputs", "data") if key == "data" else rename.get(key, key)
+        return rename.get("inputs", rename.get("data", "data")) if key == "data" else rename.get(key, key)
 
     for key, s in by_key.items():
         name = name_of(key)
@@ -167,9 +168,9 @@ def import_hdf(
 
     Fields: ``data`` for ``inputs`` ((None, dim) dense or (None,) sparse ints) and one field per
     ``targets/data/<key>`` ((None,) or (None, *row)); dtypes as in the files. ``rename`` maps a stream
-    (``"inputs"`` or a target key) to another field name. Tags become record ids; records keep the
-    files' order (file 1's sequences, then file 2's, ...). Dims, sparse flags, labels and the source
-    file names go to ``store.metadata["returnn"]``.
+    (``"inputs"``, or its key ``"data"``, or a target key) to another field name. Tags become record
+    ids; records keep the files' order (file 1's sequences, then file 2's, ...). Dims, sparse flags,
+    labels and the source file names go to ``store.metadata["returnn"]``.
 
     All files are validated before the store is created (:func:`inspect_hdf`; same streams in every
     file), so a bad file 2 of 3 fails before anything is written; a later read failure (a damaged HDF5
