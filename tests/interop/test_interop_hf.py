@@ -168,6 +168,23 @@ def test_iterable_dataset_streamed_in_batches(tmp_path: Path) -> None:
     assert [bytes(store[i]["s"]).decode() for i in range(10)] == [str(r["s"]) for r in plain]
 
 
+def test_stream_without_features_later_batches_take_the_first_batchs_types(tmp_path: Path) -> None:
+    """A stream of Python examples without declared features: pyarrow infers each batch's types from
+    its examples, so a later batch of empty lists only (``list<null>``) or of whole numbers in a float
+    column (``int64``) would not match; they are converted to the types of the first batch."""
+    examples = [{"t": [1, 2], "x": 1.5}, {"t": [], "x": 2}, {"t": [3], "x": 0.25}, {"t": [], "x": 4}]
+    plain = datasets.IterableDataset.from_generator(lambda: iter(examples))
+    assert plain.features is None
+    store = import_hf(plain, tmp_path / "s.seqstore", batch_size=1)
+    assert np.dtype(store.schema["t"].dtype) == np.int64 and np.dtype(store.schema["x"].dtype) == np.float64
+    assert [store[i]["t"].tolist() for i in range(4)] == [e["t"] for e in examples]
+    assert [float(store[i]["x"]) for i in range(4)] == [e["x"] for e in examples]
+    bad = datasets.IterableDataset.from_generator(lambda: iter([{"x": 1.5}, {"x": "many"}]))
+    with pytest.raises(SchemaError, match="column 'x'.*double"):
+        import_hf(bad, tmp_path / "b.seqstore", batch_size=1)
+    assert not (tmp_path / "b.seqstore").exists()
+
+
 def test_failed_stream_leaves_no_store(tmp_path: Path) -> None:
     def gen() -> Iterator[dict[str, Any]]:
         for i in range(30):

@@ -126,17 +126,26 @@ def _arrow_native(ds: Any) -> bool:
     return getattr(getattr(ds, "_ex_iterable", None), "iter_arrow", None) is not None
 
 
-def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, Any] | None) -> Iterator[Any]:
+def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, Any]) -> Iterator[Any]:
     """The named columns of ``ds`` as Arrow tables of ``batch_rows`` rows (the last may be shorter),
-    from the start on every call. A stream of Python examples is converted batch by batch, to the Arrow
-    storage ``types`` of its features where it has them (else as pyarrow infers them)."""
+    from the start on every call. A stream of Python examples is converted batch by batch to the Arrow
+    storage ``types`` (of its features, or inferred from its first batch: a batch's own inference would
+    differ for a batch of empty lists, or of whole numbers in a float column); SchemaError naming the
+    column for a value that does not convert."""
     sub = ds.select_columns(columns)
     if _arrow_native(ds):
         yield from sub.with_format("arrow").iter(batch_size=batch_rows)
         return
     pa = arrow_columns.pyarrow()
     for batch in sub.iter(batch_size=batch_rows):
-        yield pa.table([pa.array(batch[c], type=None if types is None else types[c]) for c in columns], names=columns)
+        arrays = []
+        for c in columns:
+            try:
+                arrays.append(pa.array(batch[c], type=types[c]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise SchemaError(f"column {c!r}: a batch of examples does not convert to {types[c]}, the type "
+                                  f"of the first batch or the features ({exc})") from exc
+        yield pa.table(arrays, names=columns)
 
 
 def _arrow_schema(ds: Any, batch_rows: int) -> Any:
@@ -201,7 +210,7 @@ def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) ->
         ) from None
 
 
-def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any] | None) -> tuple[int, ...]:
+def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any]) -> tuple[int, ...]:
     """The row shape of a field (a list of variable lists: the length of the first non-empty inner list,
     read from the first batches that have one)."""
     chunks = (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types))
@@ -268,7 +277,7 @@ class _HfJob:
     cols: list[_Column]
     inner: dict[str, tuple[int, ...]]
     rows: int
-    types: dict[str, Any] | None
+    types: dict[str, Any]
     id_column: str | None
     first: Any
 
@@ -364,7 +373,7 @@ def import_hf(
     for c in cols:  # read Audio/Image as stored (bytes and path), never decoded
         if c.kind == "encoded" and features is not None and getattr(features[c.name], "decode", False):
             ds = ds.cast_column(c.name, dataclasses.replace(features[c.name], decode=False))
-    types = None if features is None else {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}
+    types = {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}  # features', or the first batch's
     inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
     schema = arrow_columns.columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
     meta = {"source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
