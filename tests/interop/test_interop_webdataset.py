@@ -113,6 +113,11 @@ def test_missing_member_and_bad_data_are_named_errors(tmp_path: Path) -> None:
         w.write({"__key__": "k1", "cls": "seven"})
     with pytest.raises(SourceFormatError, match=r"b\.tar.*k1\.cls.*decimal integer"):
         import_webdataset(root / "b.tar", tmp_path / "x.seqstore")
+    with wds.TarWriter(str(root / "e.tar")) as w:  # an integer member past int64 (a 64-bit unsigned hash)
+        w.write({"__key__": "k0", "id": 5})
+        w.write({"__key__": "k1", "id": 18446744073709551615})
+    with pytest.raises(SourceFormatError, match=r"e\.tar.*k1\.id.*18446744073709551615.*int64"):
+        import_webdataset(root / "e.tar", tmp_path / "x.seqstore")
     (root / "c.tar").write_bytes(b"not a tar file" * 100)
     with pytest.raises(SourceFormatError, match=r"c\.tar.*tar shard"):
         import_webdataset(root / "c.tar", tmp_path / "x.seqstore")

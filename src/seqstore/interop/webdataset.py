@@ -103,11 +103,18 @@ def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
         raise SourceFormatError(path, member, f"not a .npy array: {exc}") from exc
 
 
+_INT64 = np.iinfo(np.int64)
+
+
 def _int(path: str, member: str, data: bytes) -> int:
     try:
-        return int(data.decode("utf-8"))
+        value = int(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise SourceFormatError(path, member, f"expected a decimal integer, got {data[:40]!r}") from exc
+    if not _INT64.min <= value <= _INT64.max:
+        raise SourceFormatError(path, member, f"{value} does not fit in int64, the dtype of an integer member's "
+                                "field")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
