@@ -118,6 +118,11 @@ def test_missing_member_and_bad_data_are_named_errors(tmp_path: Path) -> None:
         w.write({"__key__": "k1", "id": 18446744073709551615})
     with pytest.raises(SourceFormatError, match=r"e\.tar.*k1\.id.*18446744073709551615.*int64"):
         import_webdataset(root / "e.tar", tmp_path / "x.seqstore")
+    with wds.TarWriter(str(root / "f.tar")) as w:  # a later array of a dtype no field holds
+        w.write({"__key__": "k0", "npy": np.arange(3.0)})
+        w.write({"__key__": "k1", "npy": np.array(["abc"])})
+    with pytest.raises(SourceFormatError, match=r"f\.tar.*k1\.npy.*<U3.*does not fit field 'npy'"):
+        import_webdataset(root / "f.tar", tmp_path / "x.seqstore")
     (root / "c.tar").write_bytes(b"not a tar file" * 100)
     with pytest.raises(SourceFormatError, match=r"c\.tar.*tar shard"):
         import_webdataset(root / "c.tar", tmp_path / "x.seqstore")

@@ -147,6 +147,14 @@ def _plan(path: str, ext: str, field: str, member: str, data: bytes) -> _Plan:
     return _Plan(ext, field, kind, str(Field(arr.dtype).dtype), shape)
 
 
+def _field_dtype(a: np.ndarray[Any, Any]) -> str | None:
+    """The dtype of the field an array's values go to; None when no field holds them."""
+    try:
+        return str(Field(a.dtype).dtype)
+    except SchemaError:
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class _WdsJob:
     """What a conversion needs to turn samples into appends (picklable, for parallel workers)."""
@@ -207,7 +215,7 @@ class _WdsJob:
                 arrays = [_load_npy(path, m, d) for m, d in items]
                 want = plan.as_field()
                 for (m, _), a in zip(items, arrays):
-                    if str(Field(a.dtype).dtype) != want.dtype or (a.ndim == 0) != (not plan.shape) or (
+                    if _field_dtype(a) != want.dtype or (a.ndim == 0) != (not plan.shape) or (
                             a.ndim and a.shape[1:] != want.inner_shape):
                         raise SourceFormatError(path, m, f"array {a.dtype}{list(a.shape)} does not fit field "
                                                 f"{plan.field!r} ({want}, from the first sample)")
