@@ -215,6 +215,23 @@ def test_expand_shards() -> None:
     assert expand_shards("plain.tar") == ["plain.tar"]
 
 
+def test_empty_shards_before_the_first_sample(tmp_path: Path) -> None:
+    """The fields come from the first sample of the first shard that has one: an empty shard at the
+    front (a writer that opened a shard and wrote nothing) is not mistaken for an empty input."""
+    root = tmp_path / "s"
+    root.mkdir()
+    with wds.TarWriter(str(root / "000000.tar")):
+        pass
+    with wds.TarWriter(str(root / "000001.tar")) as w:
+        w.write({"__key__": "k0", "cls": 1, "txt": "a"})
+        w.write({"__key__": "k1", "cls": 2, "txt": "b"})
+    store = import_webdataset(root, tmp_path / "x.seqstore")
+    assert len(store) == 2 and set(store.schema) == {"cls", "txt"} and store.id(1) == "k1"
+    with pytest.raises(SourceFormatError, match=r"000000\.tar.*holds no samples"):
+        import_webdataset(root / "000000.tar", tmp_path / "y.seqstore")
+    assert not (tmp_path / "y.seqstore").exists()
+
+
 def test_a_brace_range_that_names_no_shard_is_a_named_error(tmp_path: Path) -> None:
     """``a-{5..1}.tar`` (the bounds swapped) expands to nothing: an error naming it, not an IndexError."""
     with pytest.raises(SourceFormatError, match=r"a-\{5\.\.1\}\.tar.*names no shards"):

@@ -253,18 +253,22 @@ def import_webdataset(
     given = driver.source_list(sources, "import_webdataset")
     reading = dict(source_options) if source_options else None
     shards = shard_list(given)
-    first = next(iter(samples(shards[0], reading)), None)
+    first, where = None, shards[0]
+    for where in shards:  # the first sample (empty shards before it hold no records)
+        if (first := next(iter(samples(where, reading)), None)) is not None:
+            break
     if first is None:
-        raise SourceFormatError(shards[0], None, "holds no samples (no member named KEY.EXT)")
+        every = shards[0] if len(shards) == 1 else f"{shards[0]} ... {shards[-1]} (all {len(shards)} shards)"
+        raise SourceFormatError(every, None, "holds no samples (no member named KEY.EXT)")
     key, members = first
     mapping = dict(fields) if fields is not None else {ext: _default_field(ext) for ext in members}
     plans: dict[str, _Plan] = {}
     for ext, field in mapping.items():
         if ext not in members:
-            raise SourceFormatError(shards[0], None, f"first sample {key!r} has no .{ext} member; its extensions are "
+            raise SourceFormatError(where, None, f"first sample {key!r} has no .{ext} member; its extensions are "
                                     f"{sorted(members)}")
         name, data = members[ext]
-        plans[ext] = _plan(shards[0], ext, field, name, data)
+        plans[ext] = _plan(where, ext, field, name, data)
     if len({p.field for p in plans.values()}) != len(plans):
         raise SchemaError(f"two extensions map to one field: {mapping}")
     try:
