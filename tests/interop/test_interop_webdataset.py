@@ -215,6 +215,35 @@ def test_expand_shards() -> None:
     assert expand_shards("plain.tar") == ["plain.tar"]
 
 
+def test_a_damaged_gzip_shard_is_an_error_not_a_shorter_shard(tmp_path: Path) -> None:
+    """A compressed shard is read as a stream: one cut short (a truncated download) or with a damaged
+    member header names the shard, wherever the damage is, instead of ending the shard early."""
+    import gzip
+
+    with wds.TarWriter(str(tmp_path / "a.tar")) as w:
+        for k in range(200):
+            w.write({"__key__": f"k{k:04d}", "cls": k, "txt": f"sample {k} " * 50})
+    whole = (tmp_path / "a.tar").read_bytes()
+    packed = gzip.compress(whole)
+    for end in [int(len(packed) * f) for f in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)] + [len(packed) - 3]:
+        (tmp_path / "cut.tar.gz").write_bytes(packed[:end])
+        with pytest.raises(SourceFormatError, match=r"cut\.tar\.gz"):
+            import_webdataset(tmp_path / "cut.tar.gz", tmp_path / "x.seqstore")
+    crc = bytearray(packed)
+    crc[-6] ^= 0xFF  # the gzip trailer's CRC-32: the tar itself reads fine, the stream is damaged
+    (tmp_path / "crc.tar.gz").write_bytes(bytes(crc))
+    with pytest.raises(SourceFormatError, match=r"crc\.tar\.gz.*CRC"):
+        import_webdataset(tmp_path / "crc.tar.gz", tmp_path / "x.seqstore")
+    damaged = bytearray(whole)
+    damaged[whole.index(b"k0100.txt") + 200] ^= 1  # inside the header of sample 100's first member
+    (tmp_path / "bad.tar.gz").write_bytes(gzip.compress(bytes(damaged)))
+    with pytest.raises(SourceFormatError, match=r"bad\.tar\.gz.*header checksum"):
+        import_webdataset(tmp_path / "bad.tar.gz", tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+    (tmp_path / "ok.tar.gz").write_bytes(packed)
+    assert len(import_webdataset(tmp_path / "ok.tar.gz", tmp_path / "ok.seqstore")) == 200
+
+
 def test_empty_shards_before_the_first_sample(tmp_path: Path) -> None:
     """The fields come from the first sample of the first shard that has one: an empty shard at the
     front (a writer that opened a shard and wrote nothing) is not mistaken for an empty input."""

@@ -4,17 +4,21 @@
 :func:`samples` yields each shard's samples ``(key, {ext: (member name, bytes)})`` in tar order, members
 grouped by key as the webdataset module docs say. An uncompressed local shard is read from a memory map
 by parsing its 512-byte headers (ustar, GNU long names, pax; checksums checked); a compressed shard or a
-URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a ``tarfile`` stream. A
-:class:`ByteCounter` tells how far into the shard the reading is (progress).
+URL (seqstore's object-store client, ranged blocks pinned to the ETag) as a stream (gzip, bzip2 or xz
+decompressed) with the same header parsing, so that a shard cut short or damaged is an error, never a
+shorter shard. A :class:`ByteCounter` tells how far into the shard the reading is (progress).
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import mmap
 import os
 import re
-import tarfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -67,7 +71,7 @@ def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
 
 class _RangeReader(io.RawIOBase):
     """A URL read front to back in blocks of URL_BLOCK bytes (each one ranged GET, pinned to the object's
-    ETag), as a file object for ``tarfile``'s stream mode."""
+    ETag), as a file object for the stream reader."""
 
     def __init__(self, url: str, options: Mapping[str, Any] | None) -> None:
         base, _, self.key = url.rpartition("/")
@@ -128,7 +132,7 @@ class _Counting(io.RawIOBase):
 
 
 _ZERO = bytes(512)
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")  # gzip, bzip2, xz, zstd
 
 
 def _octal(field: bytes) -> int:
@@ -151,6 +155,35 @@ def _pax(data: bytes) -> dict[str, str]:
     return out
 
 
+def _header(path: str, hdr: bytes, pos: int, pax: Mapping[str, str], long_name: str | None) -> tuple[str, bytes, int]:
+    """(name, type flag, size) of the 512-byte member header ``hdr`` at byte ``pos`` of the tar: the name
+    from a preceding GNU long name or pax ``path`` when there is one, the size from a pax ``size``;
+    SourceFormatError for a bad checksum."""
+    want = _octal(hdr[148:156])
+    if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+        raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
+    n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
+    if long_name is not None:
+        name = long_name
+    elif "path" in pax:
+        name = pax["path"]
+    else:
+        name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if hdr[257:262] == b"ustar":
+            prefix = hdr[345:500].split(b"\0", 1)[0]
+            if prefix:
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+    return name, hdr[156:157], n
+
+
+def _long_name(data: bytes) -> str:
+    return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+#: Type flags of the members that are files (regular, old regular, contiguous).
+_REGULAR = (b"0", b"\0", b"7")
+
+
 def _local_members(path: str, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
     """Regular members ``(name, bytes)`` of an uncompressed local tar file, read from a memory map by
     parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums checked."""
@@ -167,37 +200,23 @@ def _local_members(path: str, counter: ByteCounter) -> Iterator[tuple[str, bytes
             hdr = mm[pos : pos + 512]
             if hdr == _ZERO:
                 break
-            want = _octal(hdr[148:156])
-            if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
-                raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
-            n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
-            kind = hdr[156:157]
+            name, kind, n = _header(path, hdr, pos, pax, long_name)
             start = pos + 512
             pos = start + -(-n // 512) * 512
             if pos > size:
                 raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
                                         f"at byte {start} runs past the end, {size})")
             if kind == b"L":
-                long_name = mm[start : start + n].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                long_name = _long_name(mm[start : start + n])
                 continue
             if kind == b"x":
                 pax = _pax(mm[start : start + n])
                 continue
             if kind == b"g":
                 continue
-            if long_name is not None:
-                name = long_name
-            elif "path" in pax:
-                name = pax["path"]
-            else:
-                name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                if hdr[257:262] == b"ustar":
-                    prefix = hdr[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
             long_name, pax = None, {}
             counter.count = pos
-            if kind in (b"0", b"\0", b"7"):
+            if kind in _REGULAR:
                 yield name, mm[start : start + n]
         else:  # the end of the file, not an end-of-archive block: what is left must be zero padding
             if mm[pos:size].count(0) != size - pos:
@@ -208,18 +227,59 @@ def _local_members(path: str, counter: ByteCounter) -> Iterator[tuple[str, bytes
         mm.close()
 
 
+def _decompressed(fh: Any, path: str) -> BinaryIO:
+    """The tar bytes of a shard stream: gzip, bzip2 and xz decompressed (their readers check the stream's
+    end and checksum, so a cut or damaged file is an error), an uncompressed stream as it is."""
+    head = fh.peek(6)[:6]
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(fh)  # type: ignore[return-value]
+    if head.startswith(b"\xfd7zXZ"):
+        return lzma.LZMAFile(fh)  # type: ignore[return-value]
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        raise SourceFormatError(path, None, "cannot read as a tar shard: zstd-compressed (gzip, bzip2 and xz are read)")
+    return fh  # type: ignore[no-any-return]
+
+
 def _stream_members(path: str, options: Mapping[str, Any] | None, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
-    """Regular members of a tar stream (any compression ``tarfile`` knows; local file or URL)."""
+    """Regular members of a tar stream (a compressed local file, or a URL), read front to back with the
+    header parsing of :func:`_local_members`: a header or member cut short by the end of the stream, or
+    a damaged header, is an error naming the shard (not the end of the shard)."""
     raw: BinaryIO = _RangeReader(path, options) if is_remote(path) else open(path, "rb")  # type: ignore[assignment]
-    fh = _Counting(raw, counter)
+    fh = io.BufferedReader(_Counting(raw, counter), 1 << 20)
     try:
-        with tarfile.open(fileobj=io.BufferedReader(fh, 1 << 20), mode="r|*") as tf:
-            for ti in tf:
-                if ti.isreg():
-                    f = tf.extractfile(ti)
-                    assert f is not None
-                    yield ti.name, f.read()
-                tf.members = []  # type: ignore[attr-defined]  # a stream reader would otherwise keep every TarInfo
+        f = _decompressed(fh, path)
+        pos = 0
+        long_name: str | None = None
+        pax: dict[str, str] = {}
+        while True:
+            hdr = f.read(512)
+            if len(hdr) < 512 or hdr == _ZERO:  # the end: of the stream, or an end-of-archive block
+                if hdr.count(0) != len(hdr):
+                    raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a header at byte "
+                                            f"{pos} of the tar is cut short by the end of the stream)")
+                while f is not fh and f.read(1 << 20):  # to the compressed stream's end: its checksum is checked
+                    pass
+                return
+            name, kind, n = _header(path, hdr, pos, pax, long_name)
+            data = f.read(n)
+            pad = -n % 512
+            if len(data) < n or len(f.read(pad)) < pad:
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
+                                        f"at byte {pos + 512} of the tar runs past the end of the stream)")
+            pos += 512 + n + pad
+            if kind == b"L":
+                long_name = _long_name(data)
+                continue
+            if kind == b"x":
+                pax = _pax(data)
+                continue
+            if kind == b"g":
+                continue
+            long_name, pax = None, {}
+            if kind in _REGULAR:
+                yield name, data
     finally:
         fh.close()
 
@@ -254,5 +314,5 @@ def samples(path: str, options: Mapping[str, Any] | None, counter: ByteCounter |
             yield key, cur
     except (FileNotFoundError, SourceFormatError):
         raise
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+    except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as exc:  # damaged compressed data too
         raise SourceFormatError(path, None, f"cannot read as a tar shard: {exc}") from exc
