@@ -179,6 +179,32 @@ def test_bad_inputs(corpus: dict[str, Path], tmp_path: Path) -> None:
         import_lhotse(corpus["plain"], tmp_path / "s", audio=False)
 
 
+class _Counting:
+    """A progress callback with ``add_total``: the import then counts the manifest's lines first."""
+
+    def __init__(self) -> None:
+        self.total = self.done = 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+
+    def add_total(self, n: int) -> None:
+        self.total += n
+
+
+def test_a_cut_short_gzip_manifest_is_a_named_error(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """A ``.jsonl.gz`` manifest cut short (a partial copy) names the manifest, whether its lines are
+    counted first (a progress bar) or only read, instead of a bare EOFError from gzip."""
+    lines = gzip.decompress(corpus["plain"].read_bytes())
+    packed = gzip.compress(lines * 500)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    for progress in (None, _Counting()):
+        with pytest.raises(SourceFormatError, match=r"cut\.jsonl\.gz.*ended before the end-of-stream marker"):
+            import_lhotse(cut, tmp_path / "s", audio=False, progress=progress)
+        assert not (tmp_path / "s").exists()
+
+
 def test_cli(corpus: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli.seqstore"
     assert cli_main(["convert", "--from", "lhotse", "-q", "--features", "--audio", "--audio-dtype", "int16",

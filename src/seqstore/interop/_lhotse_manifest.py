@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import os
 import threading
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
@@ -111,7 +112,7 @@ def scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
     marks: list[np.ndarray[Any, Any]] = [np.zeros(1, np.int64)]
     pos = 0
     with open_manifest(path) as f:
-        while block := f.read(1 << 20):
+        while block := _read(f, 1 << 20, path):
             if plain:  # line L starts after newline L - 1; keep the lines that are multiples of MARK_LINES
                 ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
                 marks.append(pos + ends[(-n - 1) % MARK_LINES :: MARK_LINES] + 1)
@@ -121,6 +122,35 @@ def scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
                 n += block.count(b"\n")
             last = block[-1:]
     return n + (last != b"\n"), np.concatenate(marks) if plain else None
+
+
+#: What reading a damaged or cut-short manifest raises (gzip: EOFError, BadGzipFile, zlib.error).
+_READ_ERRORS = (EOFError, OSError, zlib.error)
+
+
+def _unreadable(path: str, exc: BaseException) -> SourceFormatError:
+    return SourceFormatError(path, None, f"cannot read the manifest: {exc}")
+
+
+def _read(f: IO[bytes], n: int, path: str) -> bytes:
+    """``f.read(n)`` of the manifest ``path``; SourceFormatError naming it for a damaged or cut-short file."""
+    try:
+        return f.read(n)
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _lines(f: IO[bytes], path: str) -> Iterator[bytes]:
+    """The lines of the manifest stream ``f`` (left open: a gzip stream may be kept for a next run); read
+    errors as :func:`_read` says."""
+    while True:
+        try:
+            line = f.readline()
+        except _READ_ERRORS as exc:
+            raise _unreadable(path, exc) from exc
+        if not line:
+            return
+        yield line
 
 
 class LeanCut:
@@ -200,8 +230,11 @@ def manifest_cuts(path: str, start: int, stop: int | None, marks: np.ndarray[Any
     f, skip = _stream_at(path, start, marks)
     kept = False
     try:
-        deque(islice(f, skip), maxlen=0)
-        for number, line in enumerate(islice(f, None if stop is None else stop - start), start + 1):
+        try:
+            deque(islice(f, skip), maxlen=0)
+        except _READ_ERRORS as exc:
+            raise _unreadable(path, exc) from exc
+        for number, line in enumerate(islice(_lines(f, path), None if stop is None else stop - start), start + 1):
             try:
                 data = decode_json_line(line)
                 item = lean_cut(data, Features, compute_num_frames) if lean else None
