@@ -147,3 +147,29 @@ def test_interop_arrow_errors(tmp_path: Path) -> None:
         import_parquet([tmp_path / "t.parquet", tmp_path / "z.parquet"], tmp_path / "o.seqstore", id_column="id",
                        columns={"label": "label"})
     assert not (tmp_path / "o.seqstore").exists()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "stream"])
+def test_interop_more_files_than_open_file_limit(tmp_path: Path, fmt: str) -> None:
+    """A directory of more files than the open-files limit (Hugging Face datasets ship thousands of
+    Parquet shards; 1024 is a common soft limit): each file is opened only while it is read."""
+    import os
+    import resource
+
+    d = tmp_path / "many"
+    d.mkdir()
+    n = 160
+    for i in range(n):
+        t = pa.table({"x": pa.array([i, i + 1], pa.int32())})
+        if fmt == "parquet":
+            pq.write_table(t, d / f"{i:04d}.parquet")
+        else:
+            with (pa.ipc.new_file if fmt == "arrow" else pa.ipc.new_stream)(str(d / f"{i:04d}.arrow"), t.schema) as w:
+                w.write_table(t)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 96, hard))
+    try:
+        store = (import_parquet if fmt == "parquet" else import_arrow)(d, tmp_path / "s.seqstore")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(store) == 2 * n and int(store[2 * n - 1]["x"]) == n

@@ -23,6 +23,7 @@ column; pick columns with ``columns={"col": "field"}`` (CLI ``--map col=field``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -99,75 +100,85 @@ def _unreadable(path: str, fmt: str, exc: BaseException) -> SourceFormatError:
 
 
 class _Source:
-    """One Arrow IPC (file or stream format, memory-mapped) or Parquet file: schema and batch iterator."""
+    """One Arrow IPC (file or stream format, memory-mapped) or Parquet file: schema and batch iterator.
+
+    The file is open only while it is read (:meth:`_opened`): a directory of more files than the
+    open-files limit is validated and imported one file at a time."""
 
     def __init__(self, path: Path, fmt: str) -> None:
         pa = pyarrow()
         self.path = str(path)
         self.fmt = fmt
+        self._stream = False
         try:
             if fmt == "parquet":
-                pq = importlib.import_module("pyarrow.parquet")
-                self._pf = pq.ParquetFile(self.path)
-                self.schema = self._pf.schema_arrow
-                md = self._pf.metadata
+                with self._opened() as pf:
+                    self.schema = pf.schema_arrow
+                    self._md = md = pf.metadata
                 self.num_rows = int(md.num_rows)
                 size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
                 self.row_bytes = max(1, size // max(1, self.num_rows))
             else:
-                self._mm = pa.memory_map(self.path, "r")
                 try:
-                    self._reader: Any = pa.ipc.open_file(self._mm)
-                    self._stream = False
+                    with self._opened() as reader:
+                        self.schema = reader.schema
                 except pa.ArrowInvalid:
-                    self._mm.seek(0)
-                    self._reader = pa.ipc.open_stream(self._mm)
                     self._stream = True
-                self.schema = self._reader.schema
+                    with self._opened() as reader:
+                        self.schema = reader.schema
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(self.path, fmt, exc) from exc
+
+    @contextlib.contextmanager
+    def _opened(self) -> Iterator[Any]:
+        """The file opened: a ParquetFile, or an IPC file or stream reader over a memory map (the record
+        batches read keep the mapping alive after it is closed)."""
+        pa = pyarrow()
+        if self.fmt == "parquet":
+            with importlib.import_module("pyarrow.parquet").ParquetFile(self.path) as pf:
+                yield pf
+            return
+        with pa.memory_map(self.path, "r") as mm:
+            yield pa.ipc.open_stream(mm) if self._stream else pa.ipc.open_file(mm)
 
     def count_rows(self) -> int:
         """Records in the file: Parquet's footer; for Arrow IPC the record batches' lengths (metadata
         only: the mapped bodies are not read)."""
         if self.fmt == "parquet":
             return self.num_rows
-        pa = pyarrow()
-        try:
-            if self._stream:
-                self._mm.seek(0)
-                return sum(b.num_rows for b in pa.ipc.open_stream(self._mm))
-            return sum(self._reader.get_batch(i).num_rows for i in range(self._reader.num_record_batches))
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
+        return sum(self.pieces())
 
     def pieces(self) -> list[int]:
         """Rows of each piece the file can be read by on its own (parallel convert): Parquet row groups,
         Arrow IPC file record batches; an IPC stream is one piece (it can only be read from the start)."""
         if self.fmt == "parquet":
-            md = self._pf.metadata
-            return [int(md.row_group(i).num_rows) for i in range(md.num_row_groups)]
-        if self._stream:
-            return [self.count_rows()]
-        return [int(self._reader.get_batch(i).num_rows) for i in range(self._reader.num_record_batches)]
+            return [int(self._md.row_group(i).num_rows) for i in range(self._md.num_row_groups)]
+        pa = pyarrow()
+        try:
+            with self._opened() as reader:
+                if self._stream:
+                    return [sum(b.num_rows for b in reader)]
+                return [int(reader.get_batch(i).num_rows) for i in range(reader.num_record_batches)]
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
 
     def batches(self, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
         """Record batches of the named columns, from the start of the file on every call (or of the
         pieces ``[a, b)`` of :meth:`pieces`)."""
         pa = pyarrow()
         try:
-            if self.fmt == "parquet":
-                rows = int(min(max(chunk_bytes // self.row_bytes, 1), 1 << 20))
-                groups = None if pieces is None else list(range(*pieces))
-                yield from self._pf.iter_batches(batch_size=rows, columns=columns, row_groups=groups)
-            elif self._stream:  # a stream reader is single-pass: every walk starts a new one on the mapping
-                self._mm.seek(0)
-                for b in pa.ipc.open_stream(self._mm):
-                    yield b.select(columns)
-            else:
-                a, b = (0, self._reader.num_record_batches) if pieces is None else pieces
-                for i in range(a, b):
-                    yield self._reader.get_batch(i).select(columns)
+            with self._opened() as reader:
+                if self.fmt == "parquet":
+                    rows = int(min(max(chunk_bytes // self.row_bytes, 1), 1 << 20))
+                    groups = None if pieces is None else list(range(*pieces))
+                    yield from reader.iter_batches(batch_size=rows, columns=columns, row_groups=groups)
+                elif self._stream:
+                    for b in reader:
+                        yield b.select(columns)
+                else:
+                    a, b = (0, reader.num_record_batches) if pieces is None else pieces
+                    for i in range(a, b):
+                        yield reader.get_batch(i).select(columns)
         except (OSError, pa.ArrowException) as exc:
             raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
 
