@@ -104,6 +104,20 @@ def test_interop_import_rename_by_the_listed_stream_names(tmp_path: Path) -> Non
     assert not (tmp_path / "x.seqstore").exists() and not (tmp_path / "t.seqstore").exists()
 
 
+def test_interop_export_overwrite_never_replaces_a_directory(tmp_path: Path) -> None:
+    """``overwrite=True`` replaces an HDF file, never a directory: the store itself given as the output
+    (``seqstore export --to returnn-hdf S S --overwrite``) or any other directory is refused and kept."""
+    make_store(tmp_path / "s.seqstore", n=4)
+    other = tmp_path / "keep"
+    other.mkdir()
+    (other / "a.txt").write_text("x")
+    for target in (tmp_path / "s.seqstore", other):
+        with pytest.raises(seqstore.SeqstoreError, match="refusing to overwrite a directory"):
+            rt.export_hdf(tmp_path / "s.seqstore", target, overwrite=True)
+    assert len(seqstore.open(tmp_path / "s.seqstore")) == 4 and (other / "a.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "s.seqstore"]
+
+
 def _compare_hdf_datasets(a: HDFDataset, b: HDFDataset) -> None:
     assert a.num_seqs == b.num_seqs
     assert sorted(a.get_data_keys()) == sorted(b.get_data_keys())

@@ -29,9 +29,9 @@ from ..store import Store, Writer, open_store
 from . import driver
 from ._common import (
     DEFAULT_CHUNK_BYTES,
-    OutputExistsError,
     Progress,
     announce_total,
+    check_output,
     name_map,
     replaced,
     split_by_budget,
@@ -316,8 +316,6 @@ def export_hdf(
     path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
     st = open_store(path, bfloat16="float32", **reopen)
     target = Path(out)
-    if target.exists() and not overwrite:
-        raise OutputExistsError(target)
     schema = st.schema
     meta = st.metadata.get(METADATA_KEY, {})
     meta = meta if isinstance(meta, dict) else {}
@@ -347,7 +345,7 @@ def export_hdf(
     labels_meta = meta.get("labels", {}) if isinstance(meta.get("labels", {}), dict) else {}
     dims = {n: _stream_dims(st, n, schema[n]) for n, _ in streams}
     ncols = (1 if inputs else 0) + (len(keyed) if keyed else 1)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    check_output(target, overwrite, lambda r: r.is_dir(), "a directory (the output is one HDF5 file)")
     measured_max: dict[str, int] = {}
     with replaced(target) as tmp:
         with h5py.File(tmp, "w") as fout:
