@@ -196,3 +196,33 @@ def test_verify_sees_an_unsorted_shard_index(tmp_path: Path) -> None:
         edit_shard_meta(root, 0, lambda s, name=name, crc=crc: s["files"][name].update(crc32=crc))
     problems = verify(root)
     assert any("hashes are not sorted" in p for p in problems), problems
+
+
+class _SlicingInterrupted(list):  # type: ignore[type-arg]
+    """ids whose slicing is interrupted, as a Ctrl-C arriving while the writer buffers a batch would be."""
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            raise KeyboardInterrupt
+        return list.__getitem__(self, k)
+
+
+def test_an_interrupted_append_fails_the_writer_instead_of_a_garbled_commit(tmp_path: Path) -> None:
+    """Ctrl-C caught by the program in the middle of buffering a batch: an explicit close() must not try to
+    commit buffers that no longer agree (it used to fail inside numpy); the writer says an earlier write
+    failed, abort() works, and what was committed stays."""
+    root = tmp_path / "s"
+    schema = {"a": ss.Field("int32"), "b": ss.Field("float32", (None,))}
+    w = ss.create(root, schema)
+    w.append_batch({"a": np.arange(3), "b": [np.ones(2, np.float32)] * 3}, ids=["x", "y", "z"])
+    w.commit()
+    w.append_batch({"a": np.arange(2), "b": [np.ones(2, np.float32)] * 2}, ids=["p", "q"])
+    with pytest.raises(KeyboardInterrupt):
+        w.append_batch({"a": np.arange(2), "b": [np.ones(2, np.float32)] * 2}, ids=_SlicingInterrupted(["r", "s"]))
+    with pytest.raises(ss.SeqstoreError, match="earlier write failed"):
+        w.close()
+    w.abort()
+    assert workspaces(root) == []
+    store = ss.open(root)
+    assert len(store) == 3 and [store.id(i) for i in range(3)] == ["x", "y", "z"]
+    assert verify(root) == []

@@ -235,14 +235,18 @@ class Writer:
             nbytes += units[name].nbytes
         self._check_ids(id is not None, index)  # after the fields: a wrong field is the likelier mistake
         self._has_ids = id is not None
-        for name, f in self._units:
-            self._buf[name].append(units[name])
-            if f.ragged:
-                self._buf_lengths[name].append(np.array([units[name].shape[0]], dtype=np.int64))
-        if id is not None:
-            self._buf_ids.append(id)
-        self._buf_records += 1
-        self._buf_bytes += nbytes
+        try:
+            for name, f in self._units:
+                self._buf[name].append(units[name])
+                if f.ragged:
+                    self._buf_lengths[name].append(np.array([units[name].shape[0]], dtype=np.int64))
+            if id is not None:
+                self._buf_ids.append(id)
+            self._buf_records += 1
+            self._buf_bytes += nbytes
+        except BaseException as exc:  # an interrupt (Ctrl-C) part way: the buffers no longer agree
+            self._failed = exc
+            raise
         if self._buf_full():
             self._flush()
 
@@ -314,30 +318,35 @@ class Writer:
         self._has_ids = ids is not None
         starts = [None if lengths is None else row_starts(lengths) for _, lengths in prepared]
         start = 0
-        while start < batch:  # pieces never overflow a shard's record limit
-            room = self.max_shard_records - self._pending_records()
-            stop = min(batch, start + max(room, 1))
-            piece_bytes = nbytes * (stop - start) // batch
-            direct = piece_bytes >= DIRECT_BYTES
-            if direct:  # written straight from the caller's arrays: flush what is buffered first
-                self._flush()
-            for (name, _f), (values, lengths), rows in zip(self._units, prepared, starts):
-                if rows is None:
-                    self._buf[name].append(values[start:stop])
-                else:
-                    assert lengths is not None
-                    self._buf[name].append(values[rows[start] : rows[stop]])
-                    self._buf_lengths[name].append(lengths[start:stop])
-            if ids is not None:
-                self._buf_ids.extend(ids[start:stop])
-            self._buf_records += stop - start
-            self._buf_bytes += piece_bytes
-            if direct or self._buf_full():
-                self._flush()
-            else:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
-                for name, _ in self._units:
-                    self._stage(name, caller)
-            start = stop
+        try:  # an interrupt (Ctrl-C) part way leaves buffers that no longer agree: the writer fails
+            while start < batch:  # pieces never overflow a shard's record limit
+                room = self.max_shard_records - self._pending_records()
+                stop = min(batch, start + max(room, 1))
+                piece_bytes = nbytes * (stop - start) // batch
+                direct = piece_bytes >= DIRECT_BYTES
+                if direct:  # written straight from the caller's arrays: flush what is buffered first
+                    self._flush()
+                for (name, _f), (values, lengths), rows in zip(self._units, prepared, starts):
+                    if rows is None:
+                        self._buf[name].append(values[start:stop])
+                    else:
+                        assert lengths is not None
+                        self._buf[name].append(values[rows[start] : rows[stop]])
+                        self._buf_lengths[name].append(lengths[start:stop])
+                if ids is not None:
+                    self._buf_ids.extend(ids[start:stop])
+                self._buf_records += stop - start
+                self._buf_bytes += piece_bytes
+                if direct or self._buf_full():
+                    self._flush()
+                else:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
+                    for name, _ in self._units:
+                        self._stage(name, caller)
+                start = stop
+        except BaseException as exc:
+            if self._failed is None and not isinstance(exc, SeqstoreError):
+                self._failed = exc
+            raise
 
     def _stage(self, name: str, caller: set[int]) -> None:
         """Move the piece just buffered for unit ``name`` out of the caller's memory with one copy into
