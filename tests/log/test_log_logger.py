@@ -290,3 +290,18 @@ def test_ids_held_in_python_are_bounded_by_count(scratch: Path, monkeypatch: pyt
     lg.close()
     st = ss.open(scratch / "log")
     assert len(st) == 1280 and st.index("id39-31") == 1279 and verify(scratch / "log") == []
+
+
+def test_ids_array_of_bytes_or_floats_is_refused_not_stringified(scratch: Path) -> None:
+    """A numpy array of bytes ids (as h5py or Arrow give them) or a float tensor used to be stored as
+    "b'ex0'" and "0.0"; a list of the same values was refused. Both are now a SchemaError naming the id."""
+    _, t = _batch(0, 2)
+    with Logger(scratch / "log", flush_bytes=4096) as lg:
+        with pytest.raises(ss.SchemaError, match="bytes b'ex0'"):
+            lg.log(np.array([b"ex0", b"ex1"]), t)
+        with pytest.raises(ss.SchemaError, match="float 0.0"):
+            lg.log(torch.tensor([0.0, 1.0]), t)
+        lg.log(np.array(["ex0", "ex1"]), t)
+        lg.log(np.array([7, 8]), t)
+    st = ss.open(scratch / "log")
+    assert [st.id(i) for i in range(len(st))] == ["ex0", "ex1", "7", "8"]

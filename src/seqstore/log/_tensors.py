@@ -122,7 +122,9 @@ def ids_to_str(ids: Any) -> list[str]:
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1:
             raise SchemaError(f"log(): ids must be 1-D, got shape {ids.shape}")
-        return [str(x) for x in ids.tolist()]
+        if ids.dtype.kind in "iuU":
+            return [str(x) for x in ids.tolist()]
+        ids = ids.tolist()  # bytes, floats, bools, objects: each checked below
     out = []
     for x in ids:
         if isinstance(x, str):
