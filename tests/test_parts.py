@@ -148,6 +148,32 @@ def test_a_crash_before_the_commit_point_commits_nothing_and_is_undone(
     assert not list((store / "_tmp").glob(".*tbl*"))
 
 
+def test_a_stats_only_commit_settles_a_crashed_commit_of_parts_first(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that commits only stats deltas after a commit of parts died before its commit point: the
+    generation it saves used to leave the journal matching neither side, and every later writer failed
+    with CorruptionError."""
+    prepare_store(store, SCHEMA)
+    commit_parts(store, [write_part(store, "j0", "a", range(100, 103))])
+    a = write_part(store, "j", "a", range(10))
+    live = ss.append_to(store)
+
+    def die(self: Manifest, root: object) -> None:
+        raise OSError("injected crash before the manifest is saved")
+
+    monkeypatch.setattr(Manifest, "save", die)
+    with pytest.raises(OSError, match="injected"):
+        commit_parts(store, [a])
+    monkeypatch.undo()
+    live.add_stats({"seen": 1})
+    live.close()
+    assert ss.open(store).manifest.stats["seen"] == 1
+    assert commit_parts(store, [a]) == 10
+    assert contents(store)[0] == [100, 101, 102, *range(10)]
+    assert verify(store) == []
+
+
 def test_a_crash_after_the_commit_point_is_finished_by_the_next_commit(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

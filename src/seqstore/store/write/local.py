@@ -137,6 +137,7 @@ class LocalTarget(CommitTarget):
         root = self.root
         if shard is None:
             with store_lock(root):
+                recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
                 manifest = Manifest.load(root)
                 add_stats(manifest.stats, stats)
                 manifest.generation += 1
