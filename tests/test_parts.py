@@ -392,3 +392,18 @@ def test_readers_opening_during_overwrites_see_the_old_or_the_new_store(store: P
     assert len(seen) >= 2
     assert contents(store)[0] == list(range(7000, 7000 + 59))
     assert verify(store) == []
+
+
+def test_a_part_writer_left_open_at_exit_says_it_discarded_its_records(store: Path) -> None:
+    """At exit a PartWriter that was never finished is discarded (only the driver commits); the line on stderr
+    used to say "committed 5 pending record(s)" (the plain Writer's words)."""
+    from seqstore.store.write import at_exit
+
+    prepare_store(store, SCHEMA)
+    w = PartWriter(store, job="j", task="t", max_shard_records=3)
+    w.append_batch({"x": [np.zeros((1, 3), np.float32)] * 5, "y": np.arange(5)})
+    line = w._commit_at_exit("exit")
+    at_exit.unregister(w)
+    assert line is not None and "not finished at exit; 5 record(s) discarded" in line, line
+    assert "committed" not in line
+    assert not (store / PARTS_DIR / "j" / "t").exists() and len(ss.open(store)) == 0

@@ -232,6 +232,16 @@ class PartWriter(Writer):
     def _close_target(self) -> None:
         self.target.close_part(self._start, self._part)
 
+    def _commit_at_exit(self, why: str) -> str | None:
+        """Still open at interpreter exit or SIGTERM: a part is never committed here (only the driver
+        commits, and it never got this part's description): discarded, as :meth:`close` does."""
+        if self._closed or os.getpid() != self._pid:
+            return None
+        records = self._committed_records + self._pending_records()
+        self.abort()
+        return (f"seqstore: {self.target.where}: PartWriter of task {self.task!r} not finished at {why}; "
+                f"{records} record(s) discarded")
+
     def __enter__(self) -> PartWriter:
         return self
 
