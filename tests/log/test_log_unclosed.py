@@ -168,6 +168,48 @@ def test_forked_child_leaves_the_parents_logger_alone(tmp_path: Path) -> None:
     assert len(ss.open(tmp_path / "run.log")) == 10
 
 
+FORKED_USES = textwrap.dedent("""\
+    import os, signal
+    import numpy as np
+    import seqstore
+
+    lg = seqstore.Logger("run.log", flush_bytes=4096, commit_every_s=60)
+    lg.log([f"p-{k}" for k in range(10)], {"grad": np.zeros((10, 4), np.float32)})
+    import multiprocessing as mp
+
+    def child():
+        signal.alarm(20)  # a hang is the failure
+        for call in (lambda: lg.log([f"c-{k}" for k in range(500)], {"grad": np.zeros((500, 4), np.float32)}),
+                     lg.flush):
+            try:
+                call()
+                print("child: no error", flush=True)
+            except seqstore.SeqstoreError as exc:
+                print("child:", exc, flush=True)
+        lg.close()
+        print("child closed", flush=True)
+
+    p = mp.get_context("fork").Process(target=child)
+    p.start()
+    p.join(60)
+    print("child exit", p.exitcode, flush=True)
+    lg.close()
+""")
+
+
+def test_forked_child_using_the_parents_logger_gets_an_error_not_a_hang(tmp_path: Path) -> None:
+    """A forked child that calls log/flush/close on the parent's logger: there is no background thread in the
+    child, so these used to block forever; now log and flush raise naming the owner process, close returns,
+    and the parent's log is untouched."""
+    (tmp_path / "script.py").write_text(FORKED_USES)
+    res = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("a forked child cannot use it") == 2, res.stdout
+    assert "child closed" in res.stdout and "child exit 0" in res.stdout, res.stdout
+    assert len(ss.open(tmp_path / "run.log")) == 10
+
+
 def test_logger_that_never_logged_says_nothing(tmp_path: Path) -> None:
     script = "import seqstore\nlg = seqstore.Logger('run.log')\n"
     (tmp_path / "script.py").write_text(script)

@@ -203,6 +203,7 @@ class Logger:
         self._num_logged = 0
         self._num_skipped = 0
         self._exit_unsafe = False
+        self._pid = os.getpid()
         at_exit.register(self, 0)  # committed at interpreter exit and on SIGTERM when never closed
         if schema is not None:
             self._start(Schema(schema))
@@ -315,6 +316,9 @@ class Logger:
     # ---------------------------------------------------------------------------------- logging
 
     def _check(self) -> None:
+        if os.getpid() != self._pid:  # its background thread is not in a forked child: calls would block
+            raise SeqstoreError(f"{self.path}: this logger belongs to process {self._pid}; a forked child cannot "
+                                "use it (open a Logger of its own in the child)")
         if self._error is not None:
             raise LoggerError(
                 f"{self.path}: the background writer failed ({type(self._error).__name__}: {self._error}); "
@@ -461,6 +465,9 @@ class Logger:
         before the failure is discarded; committed shards stay). Idempotent.
         """
         if self._closed:
+            return
+        if os.getpid() != self._pid:  # a forked child's copy: the thread, buffers and writer are the parent's
+            self._closed = True
             return
         self._closing = True
         try:
