@@ -73,11 +73,11 @@ class LoggedIds:
                 self.commit_asked = -1
             while self._pending and self._pending[0][0] <= committed_seq:
                 for i in self._pending.pop(0)[1]:
-                    c = self.inflight[i] - 1
-                    if c:
+                    c = self.inflight.get(i, 0) - 1  # 0: an interrupt kept add() from counting it
+                    if c > 0:
                         self.inflight[i] = c
                     else:
-                        del self.inflight[i]
+                        self.inflight.pop(i, None)
             self._seen_seq = committed_seq
 
     def check(self, view: Store, ids: list[str]) -> tuple[np.ndarray[Any, Any] | None, dict[str, int], int]:

@@ -421,8 +421,10 @@ class Logger:
                     buf.arrays[name][dst] = converted[name][src]
             chunk_ids = ids[pos : pos + take]
             buf.ids.extend(chunk_ids)
-            self._ids.add(chunk_ids)
             buf.n += take
+            # only then in flight: an interrupt (Ctrl-C) before this point must not leave ids marked as
+            # logged whose rows were never counted (keep_first would drop them when logged again)
+            self._ids.add(chunk_ids)
             pos += take
             if buf.n == buf.cap:
                 self._handoff(commit=False)
