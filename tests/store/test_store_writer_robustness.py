@@ -226,3 +226,40 @@ def test_an_interrupted_append_fails_the_writer_instead_of_a_garbled_commit(tmp_
     store = ss.open(root)
     assert len(store) == 3 and [store.id(i) for i in range(3)] == ["x", "y", "z"]
     assert verify(root) == []
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_close_after_a_failed_write_closes_the_shards_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_io: bool
+) -> None:
+    """A disk full part way, then close() (or the end of a ``with`` block whose body caught the error): close
+    refuses to commit, and used to keep the shard's files open after deleting them, so the full disk got
+    none of their space back while the process lived."""
+    root = tmp_path / "s"
+    with ss.create(root, SCHEMA, direct_io=direct_io) as w:
+        w.append_batch(_batch(3))
+    real = writer_mod._write_at
+    calls = {"n": 0}
+    for how in ("close", "with"):
+        w = ss.append_to(root, buffer_bytes=1, direct_io=direct_io)
+        w.append_batch(_batch(2, 2.0))
+        calls["n"] = 0
+
+        def full_disk(fd: int, data: memoryview, offset: int) -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(fd, data, offset)
+
+        monkeypatch.setattr(writer_mod, "_write_at", full_disk)
+        with pytest.raises(ss.SeqstoreError, match="earlier write failed"):
+            with w:
+                with pytest.raises(OSError, match="No space"):
+                    w.append_batch(_batch(4, 3.0))
+                    w.commit()
+                if how == "close":
+                    w.close()
+        monkeypatch.undo()
+        assert fds_under(root) == [] and not workspaces(root), how
+    st = ss.open(root)
+    assert len(st) == 3 and verify(root) == []

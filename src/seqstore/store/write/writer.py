@@ -540,7 +540,7 @@ class Writer:
         try:
             self.commit()
         finally:
-            self._release()
+            self.abort()  # releases the writer; after a failed commit it also closes the shard's files
 
     def _release(self) -> None:
         self._closed = True
