@@ -387,3 +387,19 @@ def test_ids_as_array_or_tuple(scratch: Path) -> None:
     store = ss.open(root)
     assert [store.id(i) for i in range(5)] == ["r0", "r1", "r2", "r3", "r4"]
     assert isinstance(store.id(0), str) and store.index("r2") == 2
+
+
+def test_add_stats_takes_numpy_numbers_and_refuses_nan(scratch: Path) -> None:
+    """A count summed with NumPy (np.int64) was refused as "not a number"; a NaN or inf was taken and then
+    stuck in the manifest's stat for good. Now NumPy numbers are stored as JSON numbers and non-finite ones
+    are refused, naming the key."""
+    lengths = np.array([3, 4], dtype=np.int64)
+    with ss.create(scratch / "s", {"x": ss.Field("int32", (None,))}) as w:
+        w.append_batch({"x": [np.zeros(3, np.int32), np.zeros(4, np.int32)]})
+        w.add_stats({"tokens": lengths.sum(), "loss": np.float32(0.5), "n": 1})
+        for bad in (float("nan"), np.float64("inf"), True, "3"):
+            with pytest.raises(TypeError, match="'bad' must be a finite int or float"):
+                w.add_stats({"bad": bad})
+        w.add_stats({"tokens": np.uint8(1)})
+    stats = ss.open(scratch / "s").manifest.stats
+    assert stats == {"tokens": 8, "loss": 0.5, "n": 1} and type(stats["tokens"]) is int

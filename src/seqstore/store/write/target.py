@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import re
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ...errors import CorruptionError, FormatError, SchemaError, SeqstoreError
 from ...format.manifest import ID_LOOKUPS, Manifest, ShardInfo
@@ -206,6 +210,14 @@ def check_parts_kinds(where: str, kinds: set[bool], store_has_ids: bool | None) 
     if kinds and store_has_ids is not None and kinds != {store_has_ids}:
         want = "with" if store_has_ids else "without"
         raise SchemaError(f"{where}: the store's records are written {want} ids; the parts' are the other kind")
+
+
+def stats_number(key: str, value: Any) -> int | float:
+    """A stats delta as a JSON number: any finite real number (NumPy's too, as a sum of a column gives),
+    not a bool (TypeError naming the key otherwise: a NaN or inf would stick in the stat for good)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TypeError(f"stats delta {key!r} must be a finite int or float, got {value!r}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def add_stats(stats: dict[str, Any], delta: Mapping[str, float]) -> None:

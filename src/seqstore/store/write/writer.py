@@ -30,7 +30,7 @@ from ..directio import aligned_empty
 from . import at_exit
 from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts
 from .shard_files import ShardFiles
-from .target import CommitTarget, Finished, IdsMismatch, Start
+from .target import CommitTarget, Finished, IdsMismatch, Start, stats_number
 from .values import ragged_column, storage_value
 
 __all__ = ["Writer"]
@@ -451,9 +451,7 @@ class Writer:
         :meth:`commit` saves pending deltas even when no records are pending.
         """
         for k, v in delta.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                raise TypeError(f"stats delta {k!r} must be a number, got {v!r}")
-            self._stats_delta[k] = self._stats_delta.get(k, 0) + v
+            self._stats_delta[k] = self._stats_delta.get(k, 0) + stats_number(k, v)
 
     def _finish_shard_files(self) -> ShardInfo:
         info, crc = self._shard.finish(self._shard_records)
