@@ -403,3 +403,17 @@ def test_add_stats_takes_numpy_numbers_and_refuses_nan(scratch: Path) -> None:
         w.add_stats({"tokens": np.uint8(1)})
     stats = ss.open(scratch / "s").manifest.stats
     assert stats == {"tokens": 8, "loss": 0.5, "n": 1} and type(stats["tokens"]) is int
+
+
+def test_open_or_create_on_a_path_that_is_not_a_store_names_it(scratch: Path) -> None:
+    """open_or_create (and so a Logger) pointed at a directory of other files, or at a file: the error used
+    to be the rename's own OSError naming a hidden temporary directory ("Directory not empty: '.x.tmp-...'")."""
+    from seqstore.store.writer import open_or_create
+
+    (scratch / "out").mkdir()
+    (scratch / "out" / "ckpt.pt").write_bytes(b"x")
+    for path in (scratch / "out", scratch / "out" / "ckpt.pt"):
+        with pytest.raises(FileExistsError, match=rf"^{path}: exists and is not a seqstore store"):
+            open_or_create(path, {"x": ss.Field("int32")})
+    assert sorted(p.name for p in scratch.iterdir()) == ["out"]
+    assert [p.name for p in (scratch / "out").iterdir()] == ["ckpt.pt"]

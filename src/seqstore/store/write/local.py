@@ -12,6 +12,7 @@ A distributed write's parts live in ``_parts/<job>/<task>/`` and are committed t
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -339,8 +340,8 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
 def install_new_store(root: Path, manifest: Manifest) -> bool:
     """Create an empty store with ``manifest`` at ``root`` unless one is there; safe when several
     processes call it at once: the store is prepared in a hidden sibling directory and renamed into
-    place, so exactly one caller creates it. Returns whether this call created it. An existing non-empty
-    directory that is not a store raises (OSError from the rename)."""
+    place, so exactly one caller creates it. Returns whether this call created it. A file, or a non-empty
+    directory that is not a store, is FileExistsError naming ``root``."""
     created = False
     if not (root / MANIFEST).exists():
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -352,7 +353,7 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
                 os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
                 fsync_dir(root.parent)
                 created = True
-            except OSError:
+            except OSError as exc:
                 if not (root / MANIFEST).exists():
                     # a non-empty directory that is not a store, or one still being created: wait briefly
                     for _ in range(50):
@@ -360,7 +361,10 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
                         if (root / MANIFEST).exists():
                             break
                     else:
-                        raise
+                        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                            raise
+                        raise FileExistsError(f"{root}: exists and is not a seqstore store (a file, or a non-empty "
+                                              f"directory without {MANIFEST}); give a new or empty path") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return created
