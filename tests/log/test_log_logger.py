@@ -349,3 +349,19 @@ def test_a_batch_interrupted_while_buffered_can_be_logged_again(scratch: Path, s
     ids = [st.id(i) for i in range(len(st))]
     assert set(ids) == {"a", "b", "c", "d", "e"}, ids
     assert verify(scratch / "log") == []
+
+
+def test_an_empty_batch_is_a_no_op_and_its_errors_are_schema_errors(scratch: Path) -> None:
+    """log([], ...) once the schema is known (a batch whose examples were all filtered out) used to fail with
+    numpy's "cannot reshape array of size 0" for packed fields, and with IndexError for a wrong field."""
+    with Logger(scratch / "log", flush_bytes=4096) as lg:
+        ids, t = _batch(0, 3)
+        lg.log(ids, t)
+        empty = {"fc1": {"grad": torch.zeros(0, 8, 8)}, "fc2": {"grad": torch.zeros(0, 5)}, "loss": torch.zeros(0)}
+        lg.log([], empty)
+        with pytest.raises(ss.SchemaError, match=r"an empty batch: missing field\(s\) \['loss'\]"):
+            lg.log([], {"fc1": empty["fc1"], "fc2": empty["fc2"]})
+        with pytest.raises(ss.SchemaError, match=r"field 'fc2/grad' of id None: expected per-example shape \(5,\)"):
+            lg.log([], {**empty, "fc2": {"grad": torch.zeros(0, 6)}})
+        lg.log(*_batch(3, 2))
+    assert len(ss.open(scratch / "log")) == 5 and lg.num_logged == 5

@@ -354,7 +354,7 @@ class Logger:
         converted: dict[str, np.ndarray[Any, Any]] = {}
         for name, f in schema.items():
             arr = to_storage_array(f, host[name], what=f"log(): field {name!r} of id {first!r}")
-            converted[name] = arr.reshape(batch, -1) if schema.group_of(name) is not None else arr
+            converted[name] = arr.reshape(batch, math.prod(f.inner_shape)) if schema.group_of(name) is not None else arr
         assert self._reader is not None
         self._ids.see_commits(self._reader, self._committed_seq)
         keep, stats, skipped = self._ids.check(self._reader, id_list)
@@ -375,7 +375,8 @@ class Logger:
         if given != names:
             missing, unknown = sorted(names - given), sorted(given - names)
             msg = [f"{what} field(s) {v}" for what, v in (("missing", missing), ("unknown", unknown)) if v]
-            who = f"id {ids[0]!r}" + (f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
+            who = (f"id {ids[0]!r}" if ids else "an empty batch") + (
+                f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
             raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
         for name, f in self.schema.items():
             shape = tuple(int(s) for s in np.shape(flat[name]))
@@ -386,8 +387,8 @@ class Logger:
                 )
             if shape[1:] != f.inner_shape:
                 raise SchemaError(
-                    f"log(): field {name!r} of id {ids[0]!r}: expected per-example shape {f.inner_shape}, "
-                    f"got {shape[1:]} (batch shape {shape})"
+                    f"log(): field {name!r} of id {ids[0] if ids else None!r}: expected per-example shape "
+                    f"{f.inner_shape}, got {shape[1:]} (batch shape {shape})"
                 )
 
     def _append(self, converted: Mapping[str, np.ndarray[Any, Any]], ids: list[str], keep: np.ndarray[Any, Any] | None,
