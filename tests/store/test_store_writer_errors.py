@@ -417,3 +417,13 @@ def test_open_or_create_on_a_path_that_is_not_a_store_names_it(scratch: Path) ->
             open_or_create(path, {"x": ss.Field("int32")})
     assert sorted(p.name for p in scratch.iterdir()) == ["out"]
     assert [p.name for p in (scratch / "out").iterdir()] == ["ckpt.pt"]
+
+
+def test_create_overwrite_never_deletes_a_file_that_is_not_a_store(scratch: Path) -> None:
+    """overwrite=True refused a directory that is not a store but deleted a file at the path (a typo'd path
+    cost the user's file) and made a store in its place."""
+    precious = scratch / "data.bin"
+    precious.write_text("keep me")
+    with pytest.raises(ss.SeqstoreError, match="refusing to overwrite a file that is not a store"):
+        ss.create(precious, {"x": ss.Field("int8")}, overwrite=True)
+    assert precious.read_text() == "keep me"

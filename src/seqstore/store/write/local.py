@@ -95,9 +95,11 @@ class LocalTarget(CommitTarget):
 
     def delete_store(self) -> None:
         root = self.root
-        if root.is_dir() and not (root / MANIFEST).exists() and any(root.iterdir()):
+        if not root.is_dir():
+            raise SeqstoreError(f"{root}: refusing to overwrite a file that is not a store")
+        if not (root / MANIFEST).exists() and any(root.iterdir()):
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
-        shutil.rmtree(root) if root.is_dir() else root.unlink()
+        shutil.rmtree(root)
 
     def create(self, manifest: Manifest, *, overwrite: bool) -> None:
         if self.root.exists():
