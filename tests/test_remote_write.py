@@ -294,3 +294,22 @@ def test_back_ends_without_conditional_writes_are_refused(tmp_path: Path) -> Non
     import fsspec.implementations.memory as mem
 
     assert not any("a.seqstore" in k for k in mem.MemoryFileSystem.store)
+
+
+def test_no_store_is_made_among_objects_that_are_not_one(moto_s3: MotoS3, s3_bucket: str) -> None:
+    """A prefix holding other objects: create, open_or_create and prepare_store used to write a manifest among
+    them (a directory is refused), and deleting that store later (remove_if_empty after a failed job, or
+    create(overwrite=True)) deleted the user's objects too."""
+    from seqstore.store.parts import remove_if_empty
+
+    opts = moto_s3.storage_options()
+    moto_s3.put(s3_bucket, "data/precious.txt", b"keep me")
+    url = f"s3://{s3_bucket}/data"
+    schema = {"x": ss.Field("int32")}
+    for make in (lambda: ss.create(url, schema, storage_options=opts),
+                 lambda: remote_writer.open_or_create(url, schema, storage_options=opts),
+                 lambda: prepare_store(url, schema, mode="create", storage_options=opts)):
+        with pytest.raises(ss.SeqstoreError, match="holds objects that are not a seqstore store"):
+            make()
+    assert remove_if_empty(url, storage_options=opts) is False
+    assert moto_s3.keys(s3_bucket, "") == {"data/precious.txt": 7}

@@ -123,7 +123,19 @@ class ObjectTarget(CommitTarget):
             raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
 
     def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
+        # as in a directory, never among objects that are not a store: deleting the store would take them along
+        if not self._has_manifest() and next(iter(self.client.list("")), None) is not None:
+            if not self._has_manifest():  # (and another process did not just create the store)
+                raise SeqstoreError(f"{self.where}: holds objects that are not a seqstore store (no {MANIFEST}); "
+                                    "give a new or empty prefix")
         return install_manifest(self.client, json.dumps(manifest.to_json(), separators=(",", ":")).encode())
+
+    def _has_manifest(self) -> bool:
+        try:
+            self.client.head(MANIFEST)
+        except RemoteNotFound:
+            return False
+        return True
 
     def _staging(self, schema: Schema, id_lookup: str, records: int, has_ids: bool | None, what: str) -> Start:
         if self.staging_dir is not None:
