@@ -427,3 +427,14 @@ def test_create_overwrite_never_deletes_a_file_that_is_not_a_store(scratch: Path
     with pytest.raises(ss.SeqstoreError, match="refusing to overwrite a file that is not a store"):
         ss.create(precious, {"x": ss.Field("int8")}, overwrite=True)
     assert precious.read_text() == "keep me"
+
+
+def test_a_one_dimensional_ragged_fields_shape_is_written_as_a_tuple(scratch: Path) -> None:
+    w = ss.create(scratch / "s", {"tokens": ss.Field("int32", (None,)), "feat": ss.Field("float32", (None, 3))})
+    with pytest.raises(ss.SchemaError) as info:
+        w.append({"tokens": np.zeros((2, 3), np.int32), "feat": np.zeros((2, 3), np.float32)})
+    assert "field 'tokens': expected shape (n,), got (2, 3)" in str(info.value)
+    with pytest.raises(ss.SchemaError) as info:
+        w.append({"tokens": np.zeros(2, np.int32), "feat": np.zeros((2, 4), np.float32)})
+    assert "field 'feat': expected shape (n, 3), got (2, 4)" in str(info.value)
+    w.abort()

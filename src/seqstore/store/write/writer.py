@@ -209,10 +209,8 @@ class Writer:
             arr = storage_value(f, value, f"{what}, field {name!r}")
             if f.ragged:
                 if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
-                    raise SchemaError(
-                        f"{what}, field {name!r}: expected shape (n, {', '.join(map(str, f.inner_shape))})"
-                        .replace(", )", ")") + f", got {arr.shape}"
-                    )
+                    dims = ", ".join(["n", *map(str, f.inner_shape)]) + ("" if f.inner_shape else ",")
+                    raise SchemaError(f"{what}, field {name!r}: expected shape ({dims}), got {arr.shape}")
             elif arr.shape != f.inner_shape:
                 raise SchemaError(f"{what}, field {name!r}: expected shape {f.inner_shape}, got {arr.shape}")
             # buffered until the next flush: must not share memory the caller may overwrite
