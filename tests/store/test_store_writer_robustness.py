@@ -263,3 +263,25 @@ def test_close_after_a_failed_write_closes_the_shards_files(
         assert fds_under(root) == [] and not workspaces(root), how
     st = ss.open(root)
     assert len(st) == 3 and verify(root) == []
+
+
+def test_a_shard_whose_commit_failed_is_counted_as_pending(tmp_path: Path) -> None:
+    """A full shard whose commit failed (the lock file unusable for a moment) stays pending and is committed
+    first next time: the record numbers of later appends and the at-exit line count its records."""
+    from seqstore.store.write import at_exit
+
+    root = tmp_path / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=4)
+    (root / ".lock").unlink(missing_ok=True)
+    (root / ".lock").mkdir()  # open(O_RDWR) of a directory fails: the commit cannot take the lock
+    with pytest.raises(ss.SeqstoreError, match="lock"):
+        for i in range(4):
+            w.append({"x": i})  # the fourth fills the shard, which is committed at once
+    (root / ".lock").rmdir()
+    w.append({"x": 4})
+    with pytest.raises(ss.SchemaError, match="record 5"):
+        w.append({"x": 1.5})
+    line = w._commit_at_exit("exit")
+    assert line is not None and "committed 5 pending record(s)" in line, line
+    assert ss.open(root).get_batch(np.arange(5), fields=["x"])["x"].tolist() == [0, 1, 2, 3, 4]
+    at_exit.unregister(w)

@@ -237,7 +237,7 @@ class PartWriter(Writer):
         commits, and it never got this part's description): discarded, as :meth:`close` does."""
         if self._closed or os.getpid() != self._pid:
             return None
-        records = self._committed_records + self._pending_records()
+        records = self._committed_records + self._uncommitted_records()
         self.abort()
         return (f"seqstore: {self.target.where}: PartWriter of task {self.task!r} not finished at {why}; "
                 f"{records} record(s) discarded")

@@ -197,7 +197,7 @@ class Writer:
         Raises SchemaError naming the field, record number and id; a rejected record leaves nothing.
         """
         self._check_open()
-        index = self._records_before + self._committed_records + self._pending_records()
+        index = self._records_before + self._committed_records + self._uncommitted_records()
         what = f"record {index}" + (f" (id {id!r})" if id is not None else "")
         if id is not None and not isinstance(id, str):
             raise SchemaError(f"record {index}: id must be a str, got {type(id).__name__} {id!r}")
@@ -260,7 +260,7 @@ class Writer:
         anything is buffered; a rejected batch leaves nothing behind.
         """
         self._check_open()
-        first = self._records_before + self._committed_records + self._pending_records()
+        first = self._records_before + self._committed_records + self._uncommitted_records()
         if ids is not None:
             if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
                 raise SchemaError(f"batch starting at record {first}: ids must be a sequence of str, got {ids!r}")
@@ -393,7 +393,12 @@ class Writer:
         )
 
     def _pending_records(self) -> int:
+        """Records of the buffer and of the shard being written."""
         return self._buf_records + (self._shard_records if self._shard_open else 0)
+
+    def _uncommitted_records(self) -> int:
+        """Every record appended and not committed: also a finished shard whose commit failed."""
+        return self._pending_records() + (self._ready.info.records if self._ready is not None else 0)
 
     # ---------------------------------------------------------------------------------------- flush
 
@@ -581,7 +586,7 @@ class Writer:
         write failed or was interrupted part way. The line to print."""
         if self._closed or os.getpid() != self._pid:
             return None
-        pending = self._pending_records()
+        pending = self._uncommitted_records()
         if self._failed is not None or self._exit_unsafe:
             self.abort()
             return (f"seqstore: {self.target.where}: writer not closed at {why} after an interrupted or failed "
