@@ -285,3 +285,28 @@ def test_a_shard_whose_commit_failed_is_counted_as_pending(tmp_path: Path) -> No
     assert line is not None and "committed 5 pending record(s)" in line, line
     assert ss.open(root).get_batch(np.arange(5), fields=["x"])["x"].tolist() == [0, 1, 2, 3, 4]
     at_exit.unregister(w)
+
+
+def test_every_directory_of_a_shard_with_deeply_nested_fields_is_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Field "a/b/c" lives in current/a/b/c.npy: the entry "b" of current/a must be made durable too, or a
+    power cut after the commit could lose the field's directory."""
+    from seqstore.store.write import shard_files
+
+    synced: list[Path] = []
+    real = shard_files.fsync_dir
+
+    def recording(path: Any) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(shard_files, "fsync_dir", recording)
+    root = tmp_path / "s"
+    schema = {"a": {"b": {"c": ss.Field("float32", (2,)), "r": ss.Field("int8", (None,))}}, "x": ss.Field("int8")}
+    with ss.create(root, schema) as w:
+        w.append({"a": {"b": {"c": np.zeros(2, np.float32), "r": np.ones(3, np.int8)}}, "x": 1})
+    current = next(p for p in synced if p.name == "current")
+    assert {p.relative_to(current).as_posix() for p in synced if p.is_relative_to(current)} >= {".", "a", "a/b"}
+    assert sorted(p.relative_to(root).as_posix() for p in (root / "shard-000000").rglob("*") if p.is_dir()) == [
+        "shard-000000/a", "shard-000000/a/b"]

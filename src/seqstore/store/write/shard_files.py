@@ -158,8 +158,9 @@ class ShardFiles:
             write_file(self.cur / DESCRIPTOR, raw)
             crc = zlib.crc32(raw)
             infos[CHECKS] = checks  # (under the descriptor's "checks", not "files"; moved and copied as a file)
-        fsync_dir(self.cur)
-        for sub in {p.parent for p in self.cur.rglob("*.npy")} - {self.cur}:
+        # every directory of the shard (a field "a/b/c" made current/a and current/a/b), the deepest first
+        dirs = {d for p in self.cur.rglob("*.npy") for d in p.parents if d == self.cur or self.cur in d.parents}
+        for sub in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
             fsync_dir(sub)
         return ShardInfo("", records, rows, infos, self.has_ids), crc
 
