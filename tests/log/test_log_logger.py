@@ -187,7 +187,8 @@ def test_background_failure_surfaces_and_committed_records_survive(scratch: Path
         lg.log(*_batch(5000, 1))
     with pytest.raises(LoggerError):
         lg.close()
-    lg.close()  # idempotent
+    with pytest.raises(LoggerError, match="No space left"):  # and again by every later call
+        lg.close()
     del real
     st = ss.open(scratch / "log")
     assert len(st) == 10 and verify(scratch / "log") == []
@@ -207,6 +208,29 @@ def test_failure_at_close_is_raised(scratch: Path) -> None:
     with pytest.raises(LoggerError, match="disk gone"):
         lg.close()
     assert len(ss.open(scratch / "log")) == 0
+
+
+def test_a_failure_is_raised_again_by_every_later_close(scratch: Path) -> None:
+    """docs/logging.md: the failure is raised by the next call "and again by every later call"; a
+    second close after a clean one does nothing."""
+    lg = Logger(scratch / "log")
+    lg.log(*_batch(0, 3))
+
+    def failing(buf: Any) -> None:
+        raise RuntimeError("disk gone")
+
+    lg._write_buffer = failing  # type: ignore[method-assign]
+    for _ in range(3):
+        with pytest.raises(LoggerError, match="disk gone") as info:
+            lg.close()
+        assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(LoggerError, match="disk gone"):
+        lg.log(*_batch(3, 1))
+    ok = Logger(scratch / "ok")
+    ok.log(*_batch(0, 3))
+    ok.close()
+    ok.close()
+    assert len(ss.open(scratch / "ok")) == 3
 
 
 def test_memory_is_bounded_and_log_blocks(scratch: Path) -> None:

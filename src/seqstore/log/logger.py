@@ -319,13 +319,17 @@ class Logger:
         if os.getpid() != self._pid:  # its background thread is not in a forked child: calls would block
             raise SeqstoreError(f"{self.path}: this logger belongs to process {self._pid}; a forked child cannot "
                                 "use it (open a Logger of its own in the child)")
+        self._raise_failure()
+        if self._closed:
+            raise SeqstoreError(f"{self.path}: logger is closed")
+
+    def _raise_failure(self) -> None:
+        """Raise the background writer's failure (every call after it, ``close`` included)."""
         if self._error is not None:
             raise LoggerError(
                 f"{self.path}: the background writer failed ({type(self._error).__name__}: {self._error}); "
                 f"records committed before the failure ({self._num_committed} by this logger) are intact"
             ) from self._error
-        if self._closed:
-            raise SeqstoreError(f"{self.path}: logger is closed")
 
     @at_exit.guarded
     def log(self, ids: Any, tensors: Mapping[str, Any]) -> None:
@@ -465,9 +469,12 @@ class Logger:
         """Commit what is pending, stop the background thread and release the store.
 
         Raises :class:`LoggerError` if the background writer failed (then what was not committed
-        before the failure is discarded; committed shards stay). Idempotent.
+        before the failure is discarded; committed shards stay), and again at every later call, as
+        ``log`` and ``flush`` do. After a clean close, a second one does nothing.
         """
         if self._closed:
+            if os.getpid() == self._pid:
+                self._raise_failure()
             return
         if os.getpid() != self._pid:  # a forked child's copy: the thread, buffers and writer are the parent's
             self._closed = True
@@ -487,12 +494,7 @@ class Logger:
                     self._writer.close()
                 else:
                     self._writer.abort()
-        if self._error is not None:
-            self._closed = False  # let _check report the failure, then stay closed
-            try:
-                self._check()
-            finally:
-                self._closed = True
+        self._raise_failure()
 
     def _commit_at_exit(self, why: str) -> str | None:
         """Still open at interpreter exit or SIGTERM (store/write/at_exit.py): close, committing what
