@@ -276,6 +276,24 @@ def test_commit_every_s(scratch: Path) -> None:
     lg.close()
 
 
+def test_records_logged_before_a_pause_are_committed_without_another_log(scratch: Path) -> None:
+    """A pause with no log() call (evaluation): the partly filled buffer is committed after about
+    commit_every_s, not left until the next log(); logging goes on normally after it."""
+    lg = Logger(scratch / "log", commit_every_s=0.2)
+    lg.log(*_batch(0, 3))
+    lg.log(["ex1", "ex3"], _batch(3, 2)[1])  # keep_first: ex1 skipped (in flight), ex3 kept
+    deadline = time.monotonic() + 10
+    while lg.num_committed < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = ss.open(scratch / "log")
+    assert lg.num_committed == 4 and len(st) == 4 and st.manifest.stats.get("duplicates_skipped") == 1
+    lg.log(["ex0", "ex3", "ex9"], _batch(9, 3)[1])  # ex0, ex3 committed now: skipped
+    lg.close()
+    st = ss.open(scratch / "log")
+    assert [st.id(i) for i in range(len(st))] == ["ex0", "ex1", "ex2", "ex3", "ex9"]
+    assert st.manifest.stats["duplicates_skipped"] == 3 and verify(scratch / "log") == []
+
+
 def test_a_background_start_failure_is_raised_not_hung(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import seqstore.log.logger as logger_mod
 

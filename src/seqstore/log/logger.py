@@ -4,7 +4,8 @@
 device or numpy) into a preallocated host buffer laid out as the store's files (one ``(cap, width)``
 matrix per packed group) and returns. A full buffer goes to a background thread that writes it into a
 shard and commits (crash-safe, docs/format.md section 7) every ``commit_every_s`` seconds, when a shard
-is full, and on :meth:`Logger.flush`/:meth:`Logger.close`. Memory: two buffers of ``flush_bytes``;
+is full, and on :meth:`Logger.flush`/:meth:`Logger.close`; during a pause in logging it takes the partly
+filled buffer itself once nothing was handed off for ``commit_every_s``. Memory: two buffers of ``flush_bytes``;
 ``log`` blocks while both are busy. A failure of the background thread is raised (as
 :class:`LoggerError`, chained to the cause) by the next ``log``/``flush``/``close``; shards committed
 before it stay intact. ``on_duplicate`` (``"keep_first"``, ``"keep_last"``, ``"error"``) decides what
@@ -144,8 +145,9 @@ class Logger:
         flush_bytes: bytes of one host buffer (two exist at most). A buffer holds
             about ``flush_bytes // record_bytes`` records (at least one, at most MAX_BUFFER_RECORDS;
             rounded down to whole pages).
-        commit_every_s: commit (make durable and visible) at least this often while logging, and
-            earlier when more than MAX_INFLIGHT_IDS logged ids are not committed yet.
+        commit_every_s: commit (make durable and visible) at least this often while logging, also
+            during a pause with no ``log`` call (a crash loses at most about this many seconds of
+            logging), and earlier when more than MAX_INFLIGHT_IDS logged ids are not committed yet.
         on_duplicate: ``"keep_first"`` (skip a record whose id is already logged or earlier in the batch),
             ``"keep_last"`` (write every record; ``index(id)`` returns the last) or ``"error"`` (raise
             :class:`DuplicateIdError` naming the ids; nothing of that batch is written).
@@ -196,6 +198,9 @@ class Logger:
         self._free: queue.Queue[_Buffer] = queue.Queue()
         self._buffers_made = 0
         self._cur: _Buffer | None = None
+        # held by log/flush/close while they use the current buffer and the in-flight ids, and by the
+        # background thread while it takes a buffer that a pause in logging left waiting (_idle_job)
+        self._lock = threading.Lock()
         self._seq = 0
         self._committed_seq = -1  # written by the background thread: last buffer seq that is committed
         self._last_handoff = time.monotonic()
@@ -269,10 +274,11 @@ class Logger:
         written_seq = -1
         dirty = False
         while True:
+            job: _Job | None
             try:
                 job = self._work.get(timeout=max(0.05, min(self.commit_every_s, 1.0)))
             except queue.Empty:
-                job = None
+                job = self._idle_job()
             if job is _STOP:
                 return
             try:
@@ -303,6 +309,23 @@ class Logger:
                         self._free.put(job.buffer)
                     if job.done is not None:
                         job.done.set()
+
+    def _idle_job(self) -> _Job | None:
+        """Nothing handed off for ``commit_every_s`` (a pause in logging: evaluation, a checkpoint): take
+        the training thread's partly filled buffer, to be written and committed now rather than at the
+        next ``log``. Never waits: while a ``log``/``flush``/``close`` runs, it hands off itself."""
+        if self._error is not None or time.monotonic() - self._last_handoff < self.commit_every_s:
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            cur = self._cur
+            # a job queued meanwhile is older than the current buffer: buffers are written in order
+            if cur is None or not (cur.n or cur.stats) or not self._work.empty():
+                return None
+            return _Job(self._detach(), True)
+        finally:
+            self._lock.release()
 
     def _write_buffer(self, buf: _Buffer) -> None:
         """Write one buffer's records into the current shard (no commit). Runs in the background thread."""
@@ -360,17 +383,18 @@ class Logger:
             arr = to_storage_array(f, host[name], what=f"log(): field {name!r} of id {first!r}")
             converted[name] = arr.reshape(batch, math.prod(f.inner_shape)) if schema.group_of(name) is not None else arr
         assert self._reader is not None
-        self._ids.see_commits(self._reader, self._committed_seq)
-        keep, stats, skipped = self._ids.check(self._reader, id_list)
-        self._num_skipped += skipped
-        self._num_logged += len(keep) if keep is not None else batch
-        self._append(converted, id_list, keep, stats)
-        if time.monotonic() - self._last_handoff >= self.commit_every_s:
-            self._handoff(commit=True)
-        elif len(self._ids) > MAX_INFLIGHT_IDS and self._ids.commit_asked < 0:
-            # commit early, once, until that commit is seen (the buffer handed off now, or the last one)
-            self._ids.commit_asked = self._cur.seq if self._cur is not None else self._seq - 1
-            self._handoff(commit=True)
+        with self._lock:
+            self._ids.see_commits(self._reader, self._committed_seq)
+            keep, stats, skipped = self._ids.check(self._reader, id_list)
+            self._num_skipped += skipped
+            self._num_logged += len(keep) if keep is not None else batch
+            self._append(converted, id_list, keep, stats)
+            if time.monotonic() - self._last_handoff >= self.commit_every_s:
+                self._handoff(commit=True)
+            elif len(self._ids) > MAX_INFLIGHT_IDS and self._ids.commit_asked < 0:
+                # commit early, once, until that commit is seen (the buffer handed off now, or the last one)
+                self._ids.commit_asked = self._cur.seq if self._cur is not None else self._seq - 1
+                self._handoff(commit=True)
 
     def _check_fields(self, flat: Mapping[str, Any], ids: list[str]) -> None:
         assert self.schema is not None
@@ -440,16 +464,20 @@ class Logger:
             buf.stats[k] = buf.stats.get(k, 0) + v
 
     def _handoff(self, *, commit: bool, wait: bool = False) -> None:
-        """Give the current buffer (possibly empty) to the background thread."""
+        """Give the current buffer (possibly empty) to the background thread. Called holding the lock."""
+        done = threading.Event() if wait else None
+        self._work.put(_Job(self._detach(), commit, done))
+        if done is not None:
+            done.wait()
+
+    def _detach(self) -> _Buffer | None:
+        """Take the current buffer away for writing; its ids are in flight from now on. Under the lock."""
         self._last_handoff = time.monotonic()
         buf, self._cur = self._cur, None
         if buf is not None:
             del buf.ids[buf.n :]  # ids of rows an interrupt (Ctrl-C) kept log() from counting
             self._ids.handed_off(buf.seq, buf.ids)
-        done = threading.Event() if wait else None
-        self._work.put(_Job(buf, commit, done))
-        if done is not None:
-            done.wait()
+        return buf
 
     # ---------------------------------------------------------------------------------- control
 
@@ -459,10 +487,11 @@ class Logger:
         self._check()
         if self._thread is None:
             return
-        self._handoff(commit=True, wait=True)
-        self._check()
-        assert self._reader is not None
-        self._ids.see_commits(self._reader, self._committed_seq)
+        with self._lock:
+            self._handoff(commit=True, wait=True)
+            self._check()
+            assert self._reader is not None
+            self._ids.see_commits(self._reader, self._committed_seq)
 
     @at_exit.guarded
     def close(self) -> None:
@@ -482,7 +511,8 @@ class Logger:
         self._closing = True
         try:
             if self._thread is not None and self._error is None:
-                self._handoff(commit=True, wait=True)
+                with self._lock:
+                    self._handoff(commit=True, wait=True)
         finally:
             self._closed = True
             at_exit.unregister(self)
