@@ -310,3 +310,28 @@ def test_every_directory_of_a_shard_with_deeply_nested_fields_is_fsynced(
     assert {p.relative_to(current).as_posix() for p in synced if p.is_relative_to(current)} >= {".", "a", "a/b"}
     assert sorted(p.relative_to(root).as_posix() for p in (root / "shard-000000").rglob("*") if p.is_dir()) == [
         "shard-000000/a", "shard-000000/a/b"]
+
+
+def test_a_copy_to_a_local_directory_fsyncs_every_directory_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """seqstore copy into a local directory: shard-000000/a/ (made for field "a/b/c") is fsynced too."""
+    from seqstore.store.copy import copy
+    from seqstore.store.write import state
+
+    synced: list[Path] = []
+    real = state.fsync_dir
+
+    def recording(path: Any) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(state, "fsync_dir", recording)
+    with ss.create(tmp_path / "s", {"a": {"b": {"c": ss.Field("float32", (2,))}}, "x": ss.Field("int8")}) as w:
+        w.append({"a": {"b": {"c": np.zeros(2, np.float32)}}, "x": 1})
+    dst = tmp_path / "t"
+    copy(tmp_path / "s", dst)
+    made = {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_dir()} - {"_tmp"}
+    assert made == {"shard-000000", "shard-000000/a", "shard-000000/a/b"}
+    assert {p.relative_to(dst).as_posix() for p in synced if p.is_relative_to(dst)} >= made | {"."}
+    assert len(ss.open(dst)) == 1 and verify(dst) == []
