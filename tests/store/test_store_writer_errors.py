@@ -438,3 +438,14 @@ def test_a_one_dimensional_ragged_fields_shape_is_written_as_a_tuple(scratch: Pa
         w.append({"tokens": np.zeros(2, np.int32), "feat": np.zeros((2, 4), np.float32)})
     assert "field 'feat': expected shape (n, 3), got (2, 4)" in str(info.value)
     w.abort()
+
+
+def test_append_batch_names_a_fixed_fields_stacked_shape_plainly(scratch: Path) -> None:
+    w = ss.create(scratch / "s", {"emb": ss.Field("float32", (2,)), "y": ss.Field("int8")})
+    with pytest.raises(ss.SchemaError) as info:
+        w.append_batch({"emb": np.zeros((3, 4), np.float32), "y": np.zeros(3, np.int8)})
+    assert "field 'emb': expected shape (B, 2) stacked, got (3, 4)" in str(info.value)
+    with pytest.raises(ss.SchemaError) as info:
+        w.append_batch({"emb": np.zeros((3, 2), np.float32), "y": np.zeros((3, 1), np.int8)})
+    assert "field 'y': expected shape (B,) stacked, got (3, 1)" in str(info.value)
+    w.abort()

@@ -288,7 +288,8 @@ class Writer:
             else:
                 values = to_storage_array(f, value, what=fw)
                 if values.ndim != 1 + len(f.inner_shape) or values.shape[1:] != f.inner_shape:
-                    raise SchemaError(f"{fw}: expected shape (B, {f.inner_shape}) stacked, got {values.shape}")
+                    dims = ", ".join(["B", *map(str, f.inner_shape)]) + ("" if f.inner_shape else ",")
+                    raise SchemaError(f"{fw}: expected shape ({dims}) stacked, got {values.shape}")
                 n = values.shape[0]
             if batch is None:
                 batch = n
