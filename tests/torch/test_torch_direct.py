@@ -246,6 +246,24 @@ def test_breaking_off_stops_the_threads(ds: StoreDataset) -> None:
     assert loader.consumed == 3
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_new_epoch_is_saved_at_its_start(ds: StoreDataset, mode: str) -> None:
+    """``set_epoch(e + 1)`` after epoch ``e`` ran: a checkpoint taken before the new epoch's first batch
+    names its start, and resuming from it gives the whole epoch (not an epoch counted as consumed)."""
+    loader = _loader(ds, mode, 0, 1)
+    assert sum(1 for _ in loader) > 0
+    loader.set_epoch(2)
+    state = loader.state_dict()
+    assert (state["epoch"], state["position"], state["batches"]) == (2, 0, 0)
+    resumed = _loader(ds, mode, 0, 1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    fresh = _loader(ds, mode, 0, 1)
+    fresh.set_epoch(2)
+    got, want = [b["index"].numpy() for b in resumed], [b["index"].numpy() for b in fresh]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 def test_rebatch() -> None:
     chunks = [np.arange(0, 7), np.arange(7, 9), np.arange(9, 20)]
     assert [b.tolist() for b in rebatch(iter(chunks), 6, False)] == [

@@ -281,8 +281,13 @@ class SeqDataLoader(DataLoader[Any]):
         return self._consumed
 
     def set_epoch(self, epoch: int) -> None:
-        """``set_epoch`` of the source (1-based epochs)."""
-        self._source().set_epoch(epoch)
+        """``set_epoch`` of the source (1-based epochs). Another epoch than the source's starts with nothing
+        consumed: a ``state_dict()`` before its first batch is its start."""
+        src = self._source()
+        before = src.epoch
+        src.set_epoch(epoch)
+        if src.epoch != before:  # (a packed stream with a position keeps its epoch: it goes on from there)
+            self._consumed = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The source's resume state after the batches handed out so far in this iteration. O(1)."""
