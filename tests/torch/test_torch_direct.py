@@ -318,14 +318,11 @@ def test_procs_a_killed_worker_is_an_error_in_seqstores_words(ds: StoreDataset) 
             pass
 
 
-def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-    import signal
-
-    from seqstore.errors import SeqstoreError
+def _workers_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``procs=`` workers gather every batch after the first (not the loop's process: ring.Chooser)."""
     from seqstore.torch import _ring
 
-    class Workers(_ring.Chooser):  # the workers gather every batch
+    class Workers(_ring.Chooser):
         def __init__(self) -> None:
             super().__init__()
             self.here = False
@@ -334,6 +331,47 @@ def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, mo
             pass
 
     monkeypatch.setattr(_ring, "Chooser", lambda **kw: Workers())
+
+
+class _ReadError(Exception):
+    """An exception made with two arguments: its pickle cannot make it again (it calls ``_ReadError(text)``)."""
+
+    def __init__(self, path: str, code: int) -> None:
+        super().__init__(f"cannot read {path}: code {code}")
+
+
+class _FailingOddly(StoreDataset):
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        if 7 in np.asarray(indices):
+            raise _ReadError("shard 3", 5)
+        return super().get_batch(indices, pad=pad)
+
+
+def test_procs_an_error_the_loop_cannot_unpickle_comes_as_its_text(ds: StoreDataset,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's exception that does not survive the pipe is a LoaderWorkerError with its type and text
+    (not the TypeError of unpickling it in the loop)."""
+    from seqstore.torch._ring import LoaderWorkerError
+
+    _workers_gather(monkeypatch)
+    bad = _FailingOddly(ds.store)
+    loader = SeqDataLoader(SeqDataset(bad, prefetch=0), sampler=EpochSampler(bad), batch_size=4,
+                           collate_fn=collate_padded, procs=2)
+    got = 0
+    with pytest.raises(LoaderWorkerError, match="_ReadError: cannot read shard 3: code 5"):
+        for _ in loader:
+            got += 1
+    assert got == 1
+
+
+def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+
+    from seqstore.errors import SeqstoreError
+    from seqstore.torch import _ring
+
+    _workers_gather(monkeypatch)
     loader = _loader(ds, "sampler", 0, 1, procs=2)
     it = iter(loader)
     next(it)

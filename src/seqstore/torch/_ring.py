@@ -43,6 +43,7 @@ import math
 import mmap
 import multiprocessing
 import os
+import pickle
 import secrets
 import select
 import sys
@@ -116,8 +117,9 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) 
                 conn.send(_serve(jobs.popleft(), gather, shm, slot_bytes, runs))
             except Exception as exc:  # noqa: BLE001 - sent to the loop, raised there
                 try:
+                    pickle.loads(pickle.dumps(exc))  # (the loop's recv would fail on one that cannot be made again)
                     conn.send(("error", exc))
-                except Exception:  # noqa: BLE001 - not picklable: its text then
+                except Exception:  # noqa: BLE001 - not picklable, or not unpicklable: its text then
                     conn.send(("error", LoaderWorkerError(
                         f"loader worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
     except (EOFError, KeyboardInterrupt):
