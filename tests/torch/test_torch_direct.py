@@ -398,6 +398,26 @@ def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset) -> N
     np.testing.assert_array_equal(got, np.arange(N))
 
 
+def _mapped_blocks() -> set[str]:
+    """The shared-memory blocks mapped in this process (by file name)."""
+    with open("/proc/self/maps") as f:
+        return {line.split(None, 5)[5].strip() for line in f if "/psm_" in line}
+
+
+def test_procs_a_finished_loops_block_goes_with_its_last_batch(ds: StoreDataset,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring's block stays mapped while a batch handed out as its views lives, and goes with the last
+    one (not kept until another loop ends, which held two blocks through every epoch after the first)."""
+    _workers_gather(monkeypatch)
+    before = _mapped_blocks()
+    for batch in _loader(ds, "greedy", 0, 1, procs=2):  # noqa: B007 - the variable keeps the last batch
+        pass
+    assert _mapped_blocks() - before  # the last batch is a view of the block
+    np.testing.assert_array_equal(batch["x"][:, 0, 0].numpy(), batch["index"].numpy())
+    del batch
+    assert not _mapped_blocks() - before
+
+
 def test_procs_breaking_off_stops_the_workers(ds: StoreDataset) -> None:
     before = _children()
     loader = _loader(ds, "iter-fixed", 0, 1, procs=2)

@@ -320,20 +320,6 @@ def _unlink_block(shm: SharedMemory) -> None:
         shm.unlink()
 
 
-#: blocks of finished iterations whose batches the training loop still holds (closed once it lets go)
-_LINGERING: list[SharedMemory] = []
-
-
-def _close_lingering() -> None:
-    still = []
-    for shm in _LINGERING:
-        try:
-            shm.close()
-        except BufferError:  # batches of it still alive
-            still.append(shm)
-    _LINGERING[:] = still
-
-
 def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather: Gatherer, procs: int, *,
                   depth: int = 3, context: Any = None, pin: bool = False,
                   ahead: int = 0, runs: RunBuffers | None = None,
@@ -549,8 +535,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             c.close()
         if at_exit.detach() is not None:  # not unlinked at exit already
             shm.unlink()  # the name goes now; the memory when the last batch handed out as views does
-        try:
-            _LINGERING.append(shm)
-            _close_lingering()
-        except (AttributeError, TypeError):  # a loop left open until interpreter shutdown: globals are gone
+        try:  # unmapped now, or else by the last batch handed out as views of it (their memoryviews hold it)
+            shm.close()
+        except BufferError:
             pass
