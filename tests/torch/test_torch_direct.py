@@ -274,7 +274,9 @@ def test_rebatch() -> None:
 
 def _children() -> set[int]:
     import os
+    from multiprocessing import resource_tracker
 
+    resource_tracker.ensure_running()  # (started with the first shared block, it stays as long as this process)
     pids: set[int] = set()
     for tid in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{tid}/children") as f:
@@ -282,7 +284,11 @@ def _children() -> set[int]:
     return pids
 
 
-def test_procs_error_in_a_worker_is_raised_in_the_loop_and_workers_end(ds: StoreDataset) -> None:
+@pytest.mark.parametrize("workers_gather", [False, True], ids=["loop-gathers", "workers-gather"])
+def test_procs_error_in_a_worker_is_raised_in_the_loop_and_workers_end(ds: StoreDataset, workers_gather: bool,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if workers_gather:  # (else the loop's process gathers these few batches itself: ring.Chooser)
+        _workers_gather(monkeypatch)
     bad = _Failing(ds.store)
     before = _children()
     loader = SeqDataLoader(SeqDataset(bad, prefetch=0), sampler=EpochSampler(bad), batch_size=4,
@@ -383,9 +389,10 @@ def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, mo
             pass
 
 
-def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset) -> None:
+def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches handed out as views of the shared slots are never overwritten while alive; a loop that
     keeps every batch (or a part of one) gets copies once the worker would run out of slots."""
+    _workers_gather(monkeypatch)  # (else the loop's process gathers these few batches itself: ring.Chooser)
     held = []
     parts = []
     for b in _loader(ds, "greedy", 0, 1, procs=2):
