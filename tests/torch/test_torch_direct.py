@@ -469,3 +469,33 @@ def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monk
         np.testing.assert_array_equal(b["x"][:, 0, 0].numpy(), b["index"].numpy())
         got.append(b["index"].tolist())
     assert got == want
+
+
+class _Growing:
+    """A batch of ``idx[0]`` KiB (float64 values ``idx[0]``); picklable, so the ring's workers get a copy."""
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        return {"x": torch.full((int(idx[0]) * 128,), float(idx[0]), dtype=torch.float64)}
+
+
+def test_procs_pin_memory_pins_batches_larger_than_their_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch larger than its slot (four times the first batch) comes over the pipe; with pin_memory it is
+    pinned like every other batch (CPU-only torch: pinning stood in for by a marked copy)."""
+    from seqstore.torch._ring import run_processes
+
+    pinned: list[int] = []
+
+    def fake_pin(self: Any) -> Any:
+        out = self.clone()
+        pinned.append(id(out))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    _workers_gather(monkeypatch)
+    gather = _Growing()
+    sizes = [2, 3, 100, 200, 4]  # KiB; the slots hold 64 KiB
+    got = list(run_processes(gather(np.array([1])), iter([np.array([k]) for k in sizes]), gather, 2,  # type: ignore[arg-type]
+                             pin=True))
+    assert [int(b["x"][0]) for b in got] == [1, *sizes]
+    for b in got:
+        assert id(b["x"]) in pinned and b["x"].shape == (int(b["x"][0]) * 128,)

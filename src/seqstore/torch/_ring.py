@@ -504,7 +504,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 for (name, dtype, shape, _), raw in zip(msg[1], msg[2]):
                     dt = _dtype(dtype)
                     t = torch.frombuffer(bytearray(raw), dtype=dt) if raw else torch.empty(0, dtype=dt)
-                    batch[name] = t.reshape(shape)
+                    batch[name] = t.reshape(shape).pin_memory() if pin else t.reshape(shape)
                 free[w].append(slot)
             if chooser is not None and not here:
                 chooser.tick(time.perf_counter() - handed, waited)
