@@ -103,6 +103,53 @@ def test_gathered_records_are_views_of_one_unpadded_gather(store: Path) -> None:
     assert torch.equal(collate_padded(got)["x"], padded["x"] + 1)
 
 
+def test_records_changed_by_a_collate_function_are_what_is_collated(store: Path) -> None:
+    """A collate function of the user's own that changes the gathered records before it calls
+    collate_padded (or torch's default collate) gets the records as changed: a field replaced, records
+    dropped, reordered or added, a field added; not the batch as it was gathered."""
+    ds = SeqDataset(store, with_index=True)
+    idx = [7, 0, 55, 31, 89, 12]
+
+    def collated(change: object) -> dict[str, torch.Tensor]:
+        records = ds.__getitems__(idx)
+        change(records)  # type: ignore[operator]
+        return collate_padded(records, ragged=["x"], masks=True)
+
+    def plain(records: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return collate_padded([dict(r) for r in records], ragged=["x"], masks=True)
+
+    def negate(records: list[dict[str, torch.Tensor]]) -> None:
+        for r in records:
+            r["x"] = -r["x"]
+
+    def short_only(records: list[dict[str, torch.Tensor]]) -> None:
+        records[:] = [r for r in records if len(r["x"]) <= 6]
+
+    def add_a_field(records: list[dict[str, torch.Tensor]]) -> None:
+        for r in records:
+            r["y"] = r["x"].sum(0)
+
+    changes = [negate, short_only, add_a_field, lambda rs: rs.pop(), lambda rs: rs.reverse(),
+               lambda rs: rs.append(dict(rs[0]))]
+    for change in changes:
+        records = ds.__getitems__(idx)
+        change(records)
+        want = plain(records)
+        got = collated(change)
+        assert got.keys() == want.keys(), change
+        assert all(torch.equal(got[k], want[k]) for k in want), change
+    unchanged = collated(lambda rs: None)
+    assert torch.equal(unchanged["index"], torch.tensor(idx))
+
+    fixed = SeqDataset(store, fields=["spk"])  # no ragged field: torch's default collate takes the batch
+    records = fixed.__getitems__(idx)
+    for r in records:
+        r["spk"] = r["spk"] + 100
+    from torch.utils.data import default_collate
+
+    assert default_collate(records)["spk"].tolist() == [i % 7 + 100 for i in idx]
+
+
 def test_pad_rows() -> None:
     from seqstore.torch.collate import pad_rows
 

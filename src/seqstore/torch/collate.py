@@ -14,6 +14,7 @@ per-record copy).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,15 +39,29 @@ class GatheredRecords(list[dict[str, torch.Tensor]]):
     (sum of T, ...); ``lengths``: ragged field -> int64 (B,). The records are views into ``values``.
     ``padded``: field -> (B, ...) with the ragged fields zero-padded to (B, T, ...), made on first use
     (one masked copy a field). Any collate function sees a plain list of records; :func:`collate_padded`
-    uses ``padded`` directly.
+    uses ``padded`` directly while the records are as gathered (:meth:`intact`), else the records.
     """
 
     values: dict[str, torch.Tensor]
     lengths: dict[str, torch.Tensor]
+    views: dict[str, Sequence[torch.Tensor]]  # field -> each record's view, as the records were made
+    size: int  # records as made
 
     @functools.cached_property
     def padded(self) -> dict[str, torch.Tensor]:  # (a cached_property: it can also be set)
         return {k: pad_rows(v, self.lengths[k]) if k in self.lengths else v for k, v in self.values.items()}
+
+    def intact(self) -> bool:
+        """Whether these are still the records as gathered (none dropped, added, replaced or reordered, each
+        with the views it was made with), so that the gathered batch is theirs: a collate function of the
+        user's own may have changed them. Identity tests in C loops, O(records x fields)."""
+        if len(self) != self.size or not all(map(len(self.views).__eq__, map(len, self))):
+            return False
+        try:
+            return all(all(map(operator.is_, map(operator.itemgetter(name), self), views))
+                       for name, views in self.views.items())
+        except KeyError:  # a field taken out of a record and another put in
+            return False
 
 
 def pad_rows(values: torch.Tensor, lengths: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
@@ -67,8 +82,8 @@ class GatheredRecord(dict[str, torch.Tensor]):
 
 
 def _default_collate(batch: Sequence[Mapping[str, Any]], *, collate_fn_map: Any = None) -> dict[str, Any]:
-    lengths = getattr(batch, "lengths", None)
-    ragged = sorted(lengths) if lengths is not None else [
+    gathered = batch if isinstance(batch, GatheredRecords) and batch.intact() else None
+    ragged = sorted(gathered.lengths) if gathered is not None else [
         k for k, v in batch[0].items() if isinstance(v, torch.Tensor) and v.dim() and
         any(not isinstance(r[k], torch.Tensor) or r[k].shape != v.shape for r in batch)
     ]
@@ -78,9 +93,8 @@ def _default_collate(batch: Sequence[Mapping[str, Any]], *, collate_fn_map: Any 
             "pass collate_fn=seqstore.torch.collate_padded (or dataset.collate()) to the DataLoader: it pads them "
             "and adds <field>_lengths"
         )
-    padded = getattr(batch, "padded", None)
-    if padded is not None:
-        return dict(padded)
+    if gathered is not None:
+        return dict(gathered.padded)
     from torch.utils.data import default_collate
 
     return {k: default_collate([r[k] for r in batch]) for k in batch[0]}
@@ -151,7 +165,7 @@ def collate_padded(
     """
     if not samples:
         raise ValueError("collate_padded: empty batch")
-    if isinstance(samples, GatheredRecords) and pad_value == 0:
+    if isinstance(samples, GatheredRecords) and pad_value == 0 and samples.intact():
         return collate_gathered(samples.padded, samples.lengths, ragged=ragged, masks=masks)
     wanted = None if ragged is None else set(ragged)
     first = samples[0]

@@ -162,6 +162,8 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
             records.extend(GatheredRecord() for _ in range(len(idx)))
         records.values = values
         records.lengths = lengths
+        records.views = dict(zip(names, columns))
+        records.size = len(idx)
         return records
 
     def batch_tensors(
