@@ -194,3 +194,19 @@ def test_several_dataloader_workers_read_through_the_node_cache(ds: StoreDataset
         with as_worker(0, workers):
             assert len(list(pickle.loads(pickle.dumps(it)))) == (n if workers == 1 else (n + 1) // 2)
     assert asked == [None, None, True]
+
+
+@pytest.mark.parametrize("batch", [None, 2], ids=["records", "batches"])
+def test_with_index_refuses_a_field_named_index(tmp_path: Path, batch: int | None) -> None:
+    """``with_index=True`` over a dataset with a field named ``index`` is a KeyError naming it (as for
+    SeqDataset), not the field's values silently replaced by the record indices."""
+    import seqstore
+    from seqstore import Field
+
+    path = tmp_path / "i.seqstore"
+    with seqstore.create(path, {"x": Field("float32", (None,)), "index": Field("int32")}) as w:
+        w.append_batch({"x": (np.arange(10, dtype=np.float32), np.full(5, 2)),
+                        "index": np.arange(100, 105, dtype=np.int32)})
+    with pytest.raises(KeyError, match="already has a field named 'index'"):
+        next(iter(IterableSeqDataset(path, batch=batch, with_index=True)))
+    assert int(next(iter(IterableSeqDataset(path, batch=batch)))["index"].reshape(-1)[0]) == 100

@@ -118,10 +118,17 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     # --------------------------------------------------------------------------------- iteration
 
+    @staticmethod
+    def _index(idx: np.ndarray[Any, np.dtype[np.int64]], names: Any) -> torch.Tensor:
+        """``with_index``'s tensor of ``idx``; a KeyError where the dataset has a field of that name."""
+        if INDEX_KEY in names:
+            raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
+        return torch.from_numpy(np.array(idx, dtype=np.int64))
+
     def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         out = collate_gathered(*batch_to_tensors(batch, self._bf16, self.fields), masks=self.masks)
         if self.with_index:
-            out[INDEX_KEY] = torch.from_numpy(np.array(idx, dtype=np.int64))
+            out[INDEX_KEY] = self._index(idx, out)
         return out
 
     def _split(
@@ -134,8 +141,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         parts: list[Any] = [torch.split(v, lengths[name].tolist()) if name in lengths else v.unbind(0)
                             for name, v in values.items()]
         if self.with_index:
+            parts.append(self._index(idx, names).unbind(0))
             names.append(INDEX_KEY)
-            parts.append(torch.from_numpy(np.array(idx, dtype=np.int64)).unbind(0))
         for views in zip(*parts):
             yield dict(zip(names, views))
 
