@@ -273,3 +273,18 @@ def test_meta_renamed_bfloat16_fields_are_bfloat16(tmp_path: Path) -> None:
         out = collate_padded(ds.__getitems__([0, 3]))
         assert out["a_w"].dtype == torch.bfloat16 and out["a_w"].tolist() == [[1.5, 1.5]] * 2
         assert out["w"].dtype != torch.bfloat16 and out["w"].tolist() == [[7, 7]] * 2
+
+
+def test_with_index_refuses_a_field_named_index_record_by_record(tmp_path: Path) -> None:
+    """``SeqDataset(with_index=True)[i]`` over a store with a field named ``index`` is the KeyError its
+    batches raise, not the field's value silently replaced by ``i``."""
+    from seqstore import Field
+
+    path = tmp_path / "i.seqstore"
+    with seqstore.create(path, {"x": Field("float32", (None,)), "index": Field("int32")}) as w:
+        w.append_batch({"x": (np.arange(10, dtype=np.float32), np.full(5, 2)),
+                        "index": np.arange(100, 105, dtype=np.int32)})
+    for get in (lambda ds: ds[3], lambda ds: ds.__getitems__([3])):
+        with pytest.raises(KeyError, match="already has a field named 'index'"):
+            get(SeqDataset(path, with_index=True))
+    assert int(SeqDataset(path)[3]["index"]) == 103

@@ -29,9 +29,15 @@ from ._convert import to_tensor
 from ._foresight import Foresight
 from .collate import GatheredRecord, GatheredRecords, PaddedCollate
 
-__all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors"]
+__all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors", "check_index_free"]
 
 INDEX_KEY = "index"
+
+
+def check_index_free(names: Any) -> None:
+    """``with_index``: a KeyError where the dataset has a field named ``"index"`` already."""
+    if INDEX_KEY in names:
+        raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
 
 
 def as_protocol_dataset(
@@ -139,6 +145,7 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         rec = self.dataset.get(j)
         out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
         if self.with_index:
+            check_index_free(out)
             out[INDEX_KEY] = torch.tensor(j, dtype=torch.int64)
         return out
 
@@ -173,8 +180,7 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         lengths), this dataset's fields and ``"index"`` with ``with_index``. O(fields), no copy."""
         values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
         if self.with_index:
-            if INDEX_KEY in values:
-                raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
+            check_index_free(values)
             values[INDEX_KEY] = torch.from_numpy(np.where(idx < 0, idx + len(self), idx))
         return values, lengths
 

@@ -23,7 +23,7 @@ from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
 from .collate import collate_gathered
-from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields
+from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields, check_index_free
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
 
@@ -121,8 +121,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     @staticmethod
     def _index(idx: np.ndarray[Any, np.dtype[np.int64]], names: Any) -> torch.Tensor:
         """``with_index``'s tensor of ``idx``; a KeyError where the dataset has a field of that name."""
-        if INDEX_KEY in names:
-            raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
+        check_index_free(names)
         return torch.from_numpy(np.array(idx, dtype=np.int64))
 
     def _gather(self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]) -> dict[str, torch.Tensor]:
