@@ -499,3 +499,22 @@ def test_procs_pin_memory_pins_batches_larger_than_their_slot(monkeypatch: pytes
     assert [int(b["x"][0]) for b in got] == [1, *sizes]
     for b in got:
         assert id(b["x"]) in pinned and b["x"].shape == (int(b["x"][0]) * 128,)
+
+
+def test_procs_closing_with_large_batches_in_flight_lets_the_workers_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop closed while workers are sending batches larger than their slot (over the pipe, more than it
+    holds) ends its workers at once: they see the loop gone and exit by themselves, not blocked on a send
+    until they are terminated."""
+    import multiprocessing
+
+    from seqstore.torch._ring import run_processes
+
+    _workers_gather(monkeypatch)
+    gather = _Growing()
+    batches = run_processes(gather(np.array([1])), iter([np.array([8000])] * 20), gather, 2)  # type: ignore[arg-type]
+    next(batches)
+    assert int(next(batches)["x"][0]) == 8000
+    workers = [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
+    assert len(workers) == 2
+    batches.close()
+    assert [p.exitcode for p in workers] == [0, 0]

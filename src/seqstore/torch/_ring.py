@@ -526,8 +526,13 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 c.send(None)
             except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
                 pass
-        for p in workers:
-            p.join(timeout=5)
+        for w, p in enumerate(workers):
+            try:  # the answers nobody will use, read until the worker ends (one larger than the pipe holds would
+                # block it); a worker silent for 5 s is ended below
+                while pollers[w].poll(5000):
+                    conns[w].recv()
+            except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
+                p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
                 p.join()
