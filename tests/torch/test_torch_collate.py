@@ -18,6 +18,7 @@ from seqstore.data import LengthsDataset, StoreDataset  # noqa: E402
 from seqstore.torch import (  # noqa: E402
     EpochBatchSampler,
     EpochSampler,
+    GatheredRecords,
     PaddedCollate,
     SeqDataLoader,
     SeqDataset,
@@ -140,6 +141,9 @@ def test_records_changed_by_a_collate_function_are_what_is_collated(store: Path)
         assert all(torch.equal(got[k], want[k]) for k in want), change
     unchanged = collated(lambda rs: None)
     assert torch.equal(unchanged["index"], torch.tensor(idx))
+    by_hand = GatheredRecords([{"a": torch.zeros(2)}, {"a": torch.zeros(3)}])  # no views: taken as it is
+    by_hand.values, by_hand.lengths = {"a": torch.ones(5)}, {"a": torch.tensor([2, 3])}
+    assert collate_padded(by_hand)["a"].tolist() == [[1, 1, 0], [1, 1, 1]]
 
     fixed = SeqDataset(store, fields=["spk"])  # no ragged field: torch's default collate takes the batch
     records = fixed.__getitems__(idx)

@@ -54,12 +54,16 @@ class GatheredRecords(list[dict[str, torch.Tensor]]):
     def intact(self) -> bool:
         """Whether these are still the records as gathered (none dropped, added, replaced or reordered, each
         with the views it was made with), so that the gathered batch is theirs: a collate function of the
-        user's own may have changed them. Identity tests in C loops, O(records x fields)."""
-        if len(self) != self.size or not all(map(len(self.views).__eq__, map(len, self))):
+        user's own may have changed them. Identity tests in C loops, O(records x fields). A list made
+        without ``views`` (by hand) is taken as it is."""
+        fields = self.__dict__.get("views")
+        if fields is None:
+            return True
+        if len(self) != self.size or not all(map(len(fields).__eq__, map(len, self))):
             return False
         try:
             return all(all(map(operator.is_, map(operator.itemgetter(name), self), views))
-                       for name, views in self.views.items())
+                       for name, views in fields.items())
         except KeyError:  # a field taken out of a record and another put in
             return False
 
