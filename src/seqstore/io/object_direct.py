@@ -443,7 +443,10 @@ class DirectReader:
             self._status(status, job)
         if "content-length" not in headers or "chunked" in headers.get("transfer-encoding", "").lower():
             raise job.error(f"the answer to a range request has no Content-Length (expected {size} bytes)")
-        length = int(headers["content-length"])
+        shown = headers["content-length"]
+        if not (shown.isascii() and shown.isdigit()):
+            raise job.error(f"the answer's Content-Length {shown[:40]!r} is not a byte count (expected {size})")
+        length = int(shown)
         if status == 206:
             want = f"bytes {job.start}-{job.end - 1}/"
             if not headers.get("content-range", "").startswith(want) or length != size:
