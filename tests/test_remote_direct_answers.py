@@ -114,3 +114,48 @@ def test_a_content_length_that_is_not_a_number_is_named(serve: Callable[[Answer]
     text = str(err.value)
     assert "Content-Length '12abc'" in text and "/b/blob" in text and "seqstore bug" not in text, text
 
+
+class Switch:
+    """Answers nothing (reads until the client closes) while ``silent`` is set, else the right bytes
+    after ``delay`` seconds (so that a wave's requests overlap)."""
+
+    def __init__(self) -> None:
+        self.silent = threading.Event()
+        self.delay = 0.0
+
+    def __call__(self, conn: socket.socket, a: int, b: int) -> bool:
+        if self.silent.is_set():
+            while conn.recv(65536):
+                pass
+            return False
+        threading.Event().wait(self.delay)
+        return _right(conn, a, b)
+
+
+def _wave(server: RawServer, client: ObjectClient, n: int) -> list[bytearray]:
+    bufs = [bytearray(100) for _ in range(n)]
+    reqs = [(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf)) for i, buf in enumerate(bufs)]
+    client.direct_reader.submit(reqs).result(30)
+    return bufs
+
+
+def test_connections_stay_within_max_requests_after_a_wave_times_out(serve: Callable[[Answer], RawServer]) -> None:
+    """A wave whose requests all time out together ends at the first one's error; the connections it
+    closed are counted once, so the next waves still open at most ``max_requests``."""
+    switch = Switch()
+    server = serve(switch)
+    client = _client(server, max_retries=0, max_requests=2)
+    for _ in range(3):
+        switch.silent.set()
+        with pytest.raises(RemoteError):
+            _wave(server, client, 4)
+    switch.silent.clear()
+    for _ in range(200):  # the server's side of the closed connections gone
+        if server.open == 0:
+            break
+        threading.Event().wait(0.05)
+    server.most = 0
+    switch.delay = 0.2
+    bufs = _wave(server, client, 12)
+    assert [bytes(b) for b in bufs] == [DATA[100 * i : 100 * i + 100] for i in range(12)]
+    assert server.most <= 2, f"{server.most} connections at once with max_requests=2"

@@ -98,7 +98,8 @@ class _Wave:
 
 
 class _Conn:
-    """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body."""
+    """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body,
+    closed."""
 
     __slots__ = ("sock", "origin", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
                  "close_after")
@@ -306,14 +307,18 @@ class DirectReader:
             self._sel.register(c.sock, events, c)
 
     def _close(self, c: _Conn, active: set[_Conn] | None) -> None:
+        """Close ``c`` (once: a connection its failed wave closed may still be met in the same round)."""
         assert self._sel is not None
+        if active is not None:
+            active.discard(c)
+        if c.state == "closed":
+            return
+        c.state = "closed"
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(c.sock)
         with contextlib.suppress(OSError):
             c.sock.close()
         self._open -= 1
-        if active is not None:
-            active.discard(c)
 
     def _ask(self, c: _Conn, job: _Job, active: set[_Conn]) -> None:
         host, port, tls = job.origin
