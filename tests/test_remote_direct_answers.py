@@ -139,6 +139,16 @@ def _wave(server: RawServer, client: ObjectClient, n: int) -> list[bytearray]:
     return bufs
 
 
+def test_a_server_that_never_answers_is_named_silent_not_slow(serve: Callable[[Answer], RawServer]) -> None:
+    switch = Switch()
+    switch.silent.set()
+    server = serve(switch)
+    client = _client(server, max_retries=0)
+    with pytest.raises(RemoteError) as err:
+        _wave(server, client, 1)
+    assert "no progress for 1 s waiting for its answer" in str(err.value), str(err.value)
+
+
 def test_connections_stay_within_max_requests_after_a_wave_times_out(serve: Callable[[Answer], RawServer]) -> None:
     """A wave whose requests all time out together ends at the first one's error; the connections it
     closed are counted once, so the next waves still open at most ``max_requests``."""

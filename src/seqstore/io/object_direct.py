@@ -234,7 +234,7 @@ class DirectReader:
                 for c in [c for c in active if c.deadline <= now]:
                     what = "connecting" if c.state in ("connecting", "handshake") else "waiting for its answer"
                     limit = self.client.connect_timeout if what == "connecting" else self.client.timeout
-                    slow = what != "connecting" and c.cap <= now
+                    slow = what != "connecting" and c.deadline >= c.cap  # the cap, not a pause, ran out
                     self._fail(c, active, Transient(f"the answer came slower than {_LEAST_RATE >> 10} KiB/s" if slow
                                                     else f"no progress for {limit:g} s {what}"))
             while self._later and self._later[0][0] <= now:
