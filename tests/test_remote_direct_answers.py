@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from seqstore.errors import RemoteError
+from seqstore.errors import RemoteError, StaleStoreError
 from seqstore.io.objects import ObjectClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -169,3 +169,21 @@ def test_connections_stay_within_max_requests_after_a_wave_times_out(serve: Call
     bufs = _wave(server, client, 12)
     assert [bytes(b) for b in bufs] == [DATA[100 * i : 100 * i + 100] for i in range(12)]
     assert server.most <= 2, f"{server.most} connections at once with max_requests=2"
+
+
+def test_an_answer_of_another_version_is_stale(serve: Callable[[Answer], RawServer]) -> None:
+    """A server that ignores If-Match answers the range of the object's new version: refused by its ETag."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(_head(a, b).replace(b"\r\n\r\n", b'\r\nETag: "v2"\r\n\r\n') + DATA[a:b])
+        return True
+
+    server = serve(answer)
+    client = _client(server, max_retries=1)
+    url = f"{server.url}/b/blob"
+    with pytest.raises(StaleStoreError, match='another version of the object .ETag "v2", expected "v1"') as err:
+        client.direct_reader.submit([(url, 0, 100, '"v1"', memoryview(bytearray(100)))]).result(30)
+    assert err.value.url == url
+    buf = bytearray(100)
+    client.direct_reader.submit([(url, 0, 100, '"v2"', memoryview(buf))]).result(30)
+    client.direct_reader.submit([(url, 100, 200, None, memoryview(buf))]).result(30)  # no version asked
+    assert bytes(buf) == DATA[100:200]

@@ -21,7 +21,7 @@ from support.hostile import MODES, HostileServer, self_signed
 from support.stores import same_batch
 
 import seqstore as ss
-from seqstore.errors import RemoteError, SeqstoreError
+from seqstore.errors import RemoteError, SeqstoreError, StaleStoreError
 
 pytestmark = pytest.mark.timeout(20)
 BUCKET = "hostile"
@@ -129,3 +129,27 @@ def test_a_certificate_for_another_name_is_refused(tls_server: tuple[HostileServ
     text = _message(exc.value)
     assert "certificate" in text.lower(), text
     _clean(text)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_an_object_replaced_behind_a_server_that_ignores_if_match_is_stale(local: Path, tmp_path: Path,
+                                                                            path: str) -> None:
+    """The value file is replaced (same size, other bytes) after the store was opened, on a server that
+    answers ranges of the new version whatever If-Match says: every path refuses the answer by its ETag
+    (StaleStoreError) instead of returning the new version's bytes."""
+    import shutil
+
+    root = tmp_path / "site"
+    shutil.copytree(local, root)
+    with HostileServer(root, BUCKET) as server:
+        store = ss.open(f"s3://{BUCKET}/main.seqstore", storage_options=_options(server, path),
+                        cache_dir=tmp_path / "cache")
+        store.get_batch([0])
+        for file in (root / "main.seqstore").rglob("v.npy"):
+            data = file.read_bytes()
+            file.write_bytes(data[:128] + bytes(len(data) - 128))
+        server._files.clear()  # serve the new bytes
+        rows = np.arange(3, 40000, 1024)  # a row every MiB: pages not fetched before
+        with pytest.raises(StaleStoreError, match="another version") as exc:
+            list(store.iter_batches([rows])) if path.startswith("once") else store.get_batch(rows)
+        _clean(_message(exc.value))

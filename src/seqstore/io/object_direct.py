@@ -7,9 +7,10 @@ cache's waves of small ranges (:class:`~seqstore.io.remote_fetch.DirectWaves`), 
 obstore's CPU a request. It speaks ``GET`` with ``Range`` (and ``If-Match`` where the store pins versions)
 over keep-alive HTTP/1.1 connections, plain or TLS, driven by one selector loop on its own thread; an
 answer must carry a ``Content-Length`` and be a 206 of the range asked for (or a 200 of exactly those
-bytes). URLs come from ``ObjectClient.direct`` (plain, or presigned by obstore); other stores are read
-through obstore. Each connection asks for a 4 MiB ``SO_RCVBUF`` where ``net.core.rmem_max`` allows at
-least 1 MiB, so a body of a few MiB arrives in a read or two (docs/remote.md, "Read-once epochs").
+bytes), of the version asked for where it names its ``ETag``. URLs come from ``ObjectClient.direct``
+(plain, or presigned by obstore); other stores are read through obstore. Each connection asks for a
+4 MiB ``SO_RCVBUF`` where ``net.core.rmem_max`` allows at least 1 MiB, so a body of a few MiB arrives
+in a read or two (docs/remote.md, "Read-once epochs").
 
 Failures follow the object client's rules (:mod:`seqstore.io.objects`; docs/remote.md, "Failures"):
 5xx, 408 and 429, a connection refused, reset or closed, a body cut short, no progress for ``timeout``
@@ -446,6 +447,10 @@ class DirectReader:
         size = job.end - job.start
         if status not in (200, 206):
             self._status(status, job)
+        tag = headers.get("etag")
+        if job.etag and tag is not None and tag != job.etag:  # a server that ignores If-Match
+            raise job.error(f"the answer is of another version of the object (ETag {tag}, expected {job.etag}): it "
+                            "changed while the store was open (reopen it)", StaleStoreError)
         if "content-length" not in headers or "chunked" in headers.get("transfer-encoding", "").lower():
             raise job.error(f"the answer to a range request has no Content-Length (expected {size} bytes)")
         shown = headers["content-length"]
