@@ -295,6 +295,32 @@ def test_file_url_and_fsspec_filesystem(local: Path, tmp_path: Path) -> None:
         mem.rm("/remote-test", recursive=True)
 
 
+def test_a_file_replaced_behind_an_fsspec_store_is_stale(tmp_path: Path) -> None:
+    """A value file replaced (same size, other bytes) after the store was opened through fsspec: its reads
+    asked the version the store was opened with, so they raise StaleStoreError, never the new bytes."""
+    fsspec = pytest.importorskip("fsspec")
+    from seqstore.errors import StaleStoreError
+
+    local = tmp_path / "main.seqstore"
+    with ss.create(local, {"v": ss.Field("float32", (256,))}) as w:
+        w.append_batch({"v": np.arange(4000 * 256, dtype=np.float32).reshape(4000, 256)})
+    mem = fsspec.filesystem("memory")
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            mem.pipe(f"/replaced/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    try:
+        store = ss.open("memory://replaced/main.seqstore", cache_dir=tmp_path / "c")
+        store.get_batch([0])
+        for key in mem.find("/replaced"):
+            if key.endswith("/v.npy"):
+                data = mem.cat_file(key)
+                mem.pipe(key, data[:128] + bytes(len(data) - 128))
+        with pytest.raises(StaleStoreError, match="v.npy"):
+            store.get_batch([3000])
+    finally:
+        mem.rm("/replaced", recursive=True)
+
+
 def test_errors_name_the_url(moto_s3: MotoS3, remote: tuple[str, str], tmp_path: Path) -> None:
     """Errors about a remote store name its URL (not the node cache's directory behind it)."""
     _, url = remote

@@ -2,8 +2,10 @@
 or the one its URL names (``memory://``, ``hf://``...).
 
 Range requests run on a pool of ``max_requests`` threads; a batch's ranges are read by one ``cat_ranges``
-call, retried as a whole on a transient failure. A filesystem cannot replace a file only if it is
-unchanged (If-Match), so a conditional put is refused with an error naming the URL.
+call, retried as a whole on a transient failure; a range asked of a version (the tag the file's info gave:
+ETag, generation or time) raises :class:`~seqstore.errors.StaleStoreError` once the file is another. A
+filesystem cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with
+an error naming the URL.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import concurrent.futures
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound
+from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request
 from .retry import Transient
 
@@ -92,6 +94,11 @@ class FsspecBackend(ObjectBackend):
     def get_ranges(self, requests: Sequence[Request]) -> list[Answer]:
         # every answer carries the object's size and version, as obstore's do
         metas = {k: self.head(k) for k in dict.fromkeys(k for k, _, _, _ in requests)}
+        for k, _, _, tag in requests:
+            if tag and metas[k].etag != tag:  # a read pinned to a version the file no longer is
+                url = self.c.key_url(k)
+                raise StaleStoreError(f"{url}: the object changed while the store was open (version "
+                                      f"{metas[k].etag}, expected {tag}); reopen the store", url=url, attempts=1)
         paths = [self._path(k) for k, _, _, _ in requests]
         starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
         ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
