@@ -199,3 +199,46 @@ def test_two_processes_reading_the_same_records_at_once_move_them_once(
     assert sums == [want, want]
     pages = values.nbytes  # every other 1 KiB record: every page of the file
     assert moved < 1.3 * pages, (moved, pages)  # once (and the headers), not once per process
+
+
+_FULL_DISK = """
+import errno, os, sys
+import numpy as np
+from seqstore.io.nodecache import NodeCache
+
+root = sys.argv[1]
+cache = NodeCache(os.path.join(root, "cache"), 1 << 30)
+obj = cache.object("s3://bucket/key", '"tag"', 64 << 20)  # 16384 pages: claims and page map mostly holes
+fd = os.open(os.path.join(root, "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+mine, wait = obj.claims.take(np.arange(9000, 9010), 10.0)  # a write into a hole of the claims file
+assert mine.all() and wait is None
+obj.claims.give_back(np.arange(9000, 9010))
+os.ftruncate(fd, 0)  # room for one page of data, none for the page map's next block
+os.write(fd, bytes(4096 * (os.statvfs(root).f_bavail - 1)))
+obj.fill(12000 * 4096, memoryview(bytes(4096)))
+assert obj.present(12000 * 4096, 12001 * 4096)
+print("alive")
+"""
+
+
+def test_a_full_cache_disk_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """On a cache file system with no room left, claiming pages and marking a fetched page present write
+    into holes of mapped files: that must raise (or fall back), never end the process with SIGBUS. Runs in
+    a mount namespace of its own with a 1 MiB tmpfs (skipped where user namespaces are not allowed)."""
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    shell = f'mount -t tmpfs -o size=1m tmpfs "{disk}" && exec "{sys.executable}" "{script}" "{disk}"'
+    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])

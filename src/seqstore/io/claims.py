@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -32,6 +33,7 @@ __all__ = ["Claims", "ClaimWait"]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _PID = 1 << 32  # a claim: pid * _PID + deadline (seconds)
+_BLOCK = 512  # claim words in a 4 KiB block of the claims file (given disk space before a first write)
 #: how often a waiter looks whether the claiming processes are still there
 _ALIVE_EVERY = 0.5
 
@@ -69,6 +71,7 @@ class Claims:
         self._fd = lock_fd
         self._lock = threading.Lock()
         self._words: np.ndarray[Any, Any] | None = None
+        self._ready = np.zeros(-(-max(1, pages) // _BLOCK), dtype=bool)  # blocks with disk space (this process knows)
         self._failed = False
 
     def _open(self) -> np.ndarray[Any, Any] | None:
@@ -99,8 +102,8 @@ class Claims:
         me = os.getpid()
         now = int(time.time())
         with self._locked() as locked:  # check and claim as one step across processes
-            if not locked:  # the entry was closed meanwhile (evicted): fetch as without claims
-                return np.ones(len(pages), dtype=bool), None
+            if not locked or not self._allocate(pages):  # the entry was closed meanwhile (evicted), or no
+                return np.ones(len(pages), dtype=bool), None  # room on the cache's disk: fetch as without claims
             held = words[pages]
             pid = (held // _PID).astype(np.int64)
             live = _others(held, now)
@@ -115,9 +118,32 @@ class Claims:
         until = float((held[live] % _PID).max())
         return mine, ClaimWait(self.bits, words, pages[live], np.unique(pid[live]), until)
 
+    def _allocate(self, pages: np.ndarray[Any, Any]) -> bool:
+        """Give the blocks of the claims file that hold the words of ``pages`` their disk space before they
+        are touched through the mapping (where a write into a hole of a full file system, and on tmpfs a
+        read, is a SIGBUS, not an error). False where the disk has no room."""
+        blocks = np.unique(pages // _BLOCK)
+        new = blocks[~self._ready[blocks]]
+        if not len(new):
+            return True
+        size = 8 * max(1, self.pages)
+        try:
+            fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
+            try:
+                for b in new.tolist():
+                    os.posix_fallocate(fd, b * _BLOCK * 8, min(_BLOCK * 8, size - b * _BLOCK * 8))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # (a file system without fallocate: as before)
+                return False
+        self._ready[new] = True
+        return True
+
     def give_back(self, pages: np.ndarray[Any, Any]) -> None:
         """Clear this process's claims of ``pages`` (its request failed: others need not wait for it)."""
         words = self._open()
+        pages = pages[self._ready[pages // _BLOCK]]  # (this process claimed none in blocks it never touched)
         if words is None or not len(pages):
             return
         with self._locked() as locked:

@@ -23,6 +23,7 @@ entry open keeps using its own (unlinked) copy; its disk space comes back when t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import itertools
@@ -319,6 +320,12 @@ class CachedObject:
         with open(bits_tmp, "wb") as f:
             f.write(_MAGIC + struct.pack("<q", self.size))
             f.truncate(_HEADER + self.pages)
+            try:  # its disk space now: pages are marked through the mapping, where a hole on a full file
+                # system is a SIGBUS instead of an error (ENOSPC here is one)
+                os.posix_fallocate(f.fileno(), 0, _HEADER + self.pages)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # (a file system without fallocate)
+                    raise
         os.replace(data_tmp, self.data_path)
         os.replace(bits_tmp, self.bits_path)
 
