@@ -1,13 +1,18 @@
 """The direct HTTP reader (seqstore.io.object_direct) against a raw server whose answers each test writes:
 malformed headers are named as the server's fault, the connections it keeps stay within ``max_requests``
-after a wave fails, and a server that never answers is named as silent, not as slow.
+after a wave fails, a server that never answers is named as silent, not as slow, an answer of another
+version is refused, and a host whose name moves to another address is found there.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,11 +30,12 @@ class RawServer:
     """Range GETs on 127.0.0.1 (a free port), each answered by ``answer``; counts the connections open at
     once (``most``)."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, host: str = "127.0.0.1", port: int = 0) -> None:
         self.answer = answer
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock = socket.create_server((host, port))
         self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
         self.open = self.most = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -39,7 +45,7 @@ class RawServer:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
-        self.sock.close()
+        self.sock.close()  # (after the accept loop ended: no connection is accepted any more)
 
     def _accept(self) -> None:
         while not self.stop.is_set():
@@ -83,6 +89,11 @@ def _head(a: int, b: int, length: str | None = None) -> bytes:
 def _right(conn: socket.socket, a: int, b: int) -> bool:
     conn.sendall(_head(a, b) + DATA[a:b])
     return True
+
+
+def _closing(conn: socket.socket, a: int, b: int) -> bool:
+    conn.sendall(_head(a, b).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") + DATA[a:b])
+    return False
 
 
 @pytest.fixture
@@ -187,3 +198,48 @@ def test_an_answer_of_another_version_is_stale(serve: Callable[[Answer], RawServ
     client.direct_reader.submit([(url, 0, 100, '"v2"', memoryview(buf))]).result(30)
     client.direct_reader.submit([(url, 100, 200, None, memoryview(buf))]).result(30)  # no version asked
     assert bytes(buf) == DATA[100:200]
+
+
+_MOVED = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from test_remote_direct_answers import DATA, RawServer, _closing
+from seqstore.io.objects import ObjectClient
+
+hosts = sys.argv[1]
+old = RawServer(_closing, "127.0.0.2")
+with open(hosts, "w") as f:
+    f.write("127.0.0.2 seqstore-moved.test\\n")
+client = ObjectClient(f"http://seqstore-moved.test:{old.port}/b", {"timeout": 1, "connect_timeout": 1,
+                                                                  "retry_timeout": 3})
+url = f"http://seqstore-moved.test:{old.port}/b/blob"
+buf = bytearray(100)
+client.direct_reader.submit([(url, 0, 100, None, memoryview(buf))]).result(30)
+assert bytes(buf) == DATA[:100]
+old.close()  # (its answer closed the connection: the next request connects again)
+new = RawServer(_closing, "127.0.0.3", old.port)
+with open(hosts, "w") as f:
+    f.write("127.0.0.3 seqstore-moved.test\\n")
+client.direct_reader.submit([(url, 100, 200, None, memoryview(buf))]).result(30)
+assert bytes(buf) == DATA[100:200]
+print("found")
+"""
+
+
+def test_a_host_that_moved_to_another_address_is_looked_up_again(tmp_path: Path) -> None:
+    """The name of the endpoint now names another address (the old one refuses): a failed connection
+    forgets the address it went to, so a retry looks the name up again. Runs in a user and mount
+    namespace of its own, with /etc/hosts replaced by a file the test writes (skipped where user
+    namespaces are not allowed)."""
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    script, hosts = tmp_path / "moved.py", tmp_path / "hosts"
+    script.write_text(_MOVED)
+    hosts.write_text("")
+    shell = (f'mount --bind "{hosts}" /etc/hosts && exec "{sys.executable}" "{script}" "{hosts}" '
+             f'"{Path(__file__).parent}"')
+    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert got.returncode == 0 and "found" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])

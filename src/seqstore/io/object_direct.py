@@ -275,6 +275,7 @@ class DirectReader:
                 try:
                     c = self._connect(job.origin)
                 except OSError as exc:
+                    self._addr.pop(job.origin[:2], None)
                     self._retry(job, Transient(f"cannot connect: {exc}"))
                     continue
                 c.job = job
@@ -506,6 +507,8 @@ class DirectReader:
     def _fail(self, c: _Conn, active: set[_Conn], exc: BaseException) -> None:
         job = c.job
         reused = c.reused and c.state in ("send", "head") and c.pos < 0 and not c.head
+        if c.state == "connecting":  # the address may be gone (the name now names another): looked up again
+            self._addr.pop(c.origin[:2], None)
         self._close(c, active)
         if job is None:
             return
