@@ -126,6 +126,21 @@ def test_a_content_length_that_is_not_a_number_is_named(serve: Callable[[Answer]
     assert "Content-Length '12abc'" in text and "/b/blob" in text and "seqstore bug" not in text, text
 
 
+
+def test_interim_answers_before_the_answer_are_skipped(serve: Callable[[Answer], RawServer]) -> None:
+    """1xx answers (103 Early Hints, an unasked 100 Continue) come before the final one, which a client
+    must read on to (RFC 9110, 15.2): the bytes are those of the final 206."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </b/other>; rel=preload\r\n\r\n")
+        return _right(conn, a, b)
+
+    server = serve(answer)
+    client = _client(server, max_retries=1)
+    bufs = [bytearray(100), bytearray(100)]
+    client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))
+                                 for i, buf in enumerate(bufs)]).result(30)
+    assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]
+
 class Switch:
     """Answers nothing (reads until the client closes) while ``silent`` is set, else the right bytes
     after ``delay`` seconds (so that a wave's requests overlap)."""

@@ -426,18 +426,23 @@ class DirectReader:
 
     def _parse_head(self, c: _Conn, job: _Job) -> bool:
         """The status line and headers, once all arrived (False before); the body bytes after them go
-        into place. Raises for an answer other than the range asked for."""
-        end = c.head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(c.head) > _HEAD_MOST:
-                raise job.error(f"an answer's headers are longer than {_HEAD_MOST} bytes")
-            return False
-        lines = c.head[:end].decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        try:
-            status = int(parts[1])
-        except (IndexError, ValueError):
-            raise Transient(f"not an HTTP answer: {lines[0][:80]!r}", answered=True) from None
+        into place. Raises for an answer other than the range asked for. Interim (1xx) answers before
+        it are skipped."""
+        while True:
+            end = c.head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(c.head) > _HEAD_MOST:
+                    raise job.error(f"an answer's headers are longer than {_HEAD_MOST} bytes")
+                return False
+            lines = c.head[:end].decode("latin-1").split("\r\n")
+            parts = lines[0].split(" ", 2)
+            try:
+                status = int(parts[1])
+            except (IndexError, ValueError):
+                raise Transient(f"not an HTTP answer: {lines[0][:80]!r}", answered=True) from None
+            if not 100 <= status < 200 or status == 101:  # (101: a protocol switch, never asked for)
+                break
+            c.head = c.head[end + 4 :]  # 100 Continue, 103 Early Hints: the answer follows
         headers = {}
         for ln in lines[1:]:
             k, _, v = ln.partition(":")
