@@ -242,3 +242,36 @@ def test_a_full_cache_disk_is_an_error_not_a_crash(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_an_entry_made_again_between_the_opens_of_its_files_is_not_mixed_up(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process makes the same cache entry anew (both found none at once, or it was evicted and made
+    again) just after this one opened the data file and before it opened the page map: the renames swap
+    both files. The pages this process then marks present must be in the data file that page map
+    belongs to; else every other process reads zeros as fetched bytes."""
+    from seqstore.io import nodecache
+    from seqstore.io.mapping import PAGE
+
+    url, tag, size = "s3://bucket/key", '"tag"', 1 << 20
+    mine, other = nodecache.NodeCache(tmp_path, 1 << 30), nodecache.NodeCache(tmp_path, 1 << 30)
+    real_open = os.open
+    made: list[Any] = []
+
+    def open_then_race(path: Any, flags: int, *more: Any) -> int:
+        fd = real_open(path, flags, *more)
+        if str(path).endswith(".data") and not made:
+            made.append(path)
+            racer = object.__new__(nodecache.CachedObject)  # the other process, in the middle of its _create
+            racer.cache, racer.size, racer.pages = other, size, size // PAGE
+            racer.data_path, racer.bits_path = Path(path), Path(str(path)[: -len(".data")] + ".bits")
+            nodecache.CachedObject._create(racer, Path(path).parent)
+        return fd
+
+    monkeypatch.setattr(nodecache.os, "open", open_then_race)
+    entry = mine.object(url, tag, size)
+    monkeypatch.setattr(nodecache.os, "open", real_open)
+    assert made
+    entry.fill(0, memoryview(b"\7" * PAGE))  # a page this process fetched
+    seen = nodecache.NodeCache(tmp_path, 1 << 30).object(url, tag, size)  # a third process
+    assert not seen.present(0, PAGE) or os.pread(seen.fd, PAGE, 0) == b"\7" * PAGE, "a page marked, its bytes zeros"

@@ -6,7 +6,7 @@ Layout under ``cache_dir``::
     usage                 8 bytes: the bytes the cache holds (little-endian int64)
     objects/ab/<key>.data the object's bytes: a sparse file of the object's size; only fetched pages hold data
     objects/ab/<key>.bits one byte per page of .data (1: the page holds the object's bytes), after a
-                          4096-byte header (magic, object size)
+                          4096-byte header (magic, object size, the inode number of the .data it belongs to)
     objects/ab/<key>.claims  8 bytes per page: which process is fetching it, until when (seqstore.io.claims)
     stores/...            small metadata files (manifests, shard tables, descriptors; seqstore.io.remote)
     derived/...           datasets' derived arrays (lengths, sort indexes) of remote stores
@@ -280,22 +280,11 @@ class CachedObject:
         self.pages = -(-self.size // PAGE)
         if not self.bits_path.exists():
             self._create(sub)
-        try:
-            self.fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
-            bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
-        except FileNotFoundError:  # evicted between the check and the open: make it again
-            self._create(sub)
-            self.fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
-            bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
-        try:
-            st = os.fstat(bfd)
-            if st.st_size != _HEADER + self.pages:
-                raise OSError(f"{self.bits_path}: {st.st_size} bytes, expected {_HEADER + self.pages}")
-            self._bits_map = mmap.mmap(bfd, st.st_size)
-        finally:
-            os.close(bfd)
-        if self._bits_map[:8] != _MAGIC:
-            raise OSError(f"{self.bits_path}: not a seqstore cache page map")
+        for _ in range(8):  # the data file and the page map of one making of the entry (see _open)
+            if self._open(sub):
+                break
+        else:
+            raise OSError(f"{self.bits_path}: the cache entry is made anew faster than it can be opened")
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
         # which pages other processes on the node are fetching (mapped when first asked)
         self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits, self.fd)
@@ -308,6 +297,41 @@ class CachedObject:
         self._touched = 0.0
         self.touch()
 
+    def _open(self, sub: Path) -> bool:
+        """Open the data file and map the page map; False (nothing kept open) where they are not of one
+        making: the entry was made anew between the two opens (another process made it at the same
+        time, or evicted it and made it again), and pages marked here would be absent from its data."""
+        try:
+            fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
+        except FileNotFoundError:  # evicted between the check and the open: make it again
+            self._create(sub)
+            return False
+        try:
+            bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
+        except FileNotFoundError:
+            os.close(fd)
+            return False
+        try:
+            st = os.fstat(bfd)
+            if st.st_size != _HEADER + self.pages:
+                raise OSError(f"{self.bits_path}: {st.st_size} bytes, expected {_HEADER + self.pages}")
+            bits_map = mmap.mmap(bfd, st.st_size)
+        except OSError:
+            os.close(fd)
+            raise
+        finally:
+            os.close(bfd)
+        if bits_map[:8] != _MAGIC:
+            os.close(fd)
+            raise OSError(f"{self.bits_path}: not a seqstore cache page map")
+        ino = struct.unpack_from("<Q", bits_map, 16)[0]  # the data file's (0: a page map of an older seqstore)
+        if ino and ino != os.fstat(fd).st_ino:
+            bits_map.close()
+            os.close(fd)
+            return False
+        self.fd, self._bits_map = fd, bits_map
+        return True
+
     def _create(self, sub: Path) -> None:
         """Create the data and page-map files under temporary names and rename them in (bits last:
         an entry exists once its page map does)."""
@@ -316,9 +340,10 @@ class CachedObject:
         bits_tmp = sub / (self.bits_path.name + tag)
         with open(data_tmp, "wb") as f:
             f.truncate(self.size)
+            ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
         self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE)  # the page map's disk space
         with open(bits_tmp, "wb") as f:
-            f.write(_MAGIC + struct.pack("<q", self.size))
+            f.write(_MAGIC + struct.pack("<qQ", self.size, ino))
             f.truncate(_HEADER + self.pages)
             try:  # its disk space now: pages are marked through the mapping, where a hole on a full file
                 # system is a SIGBUS instead of an error (ENOSPC here is one)
