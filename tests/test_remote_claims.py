@@ -275,3 +275,18 @@ def test_an_entry_made_again_between_the_opens_of_its_files_is_not_mixed_up(tmp_
     entry.fill(0, memoryview(b"\7" * PAGE))  # a page this process fetched
     seen = nodecache.NodeCache(tmp_path, 1 << 30).object(url, tag, size)  # a third process
     assert not seen.present(0, PAGE) or os.pread(seen.fd, PAGE, 0) == b"\7" * PAGE, "a page marked, its bytes zeros"
+
+
+def test_claims_of_a_fetch_that_could_not_start_are_given_back(moto_s3: MotoS3, remote: str, tmp_path: Path) -> None:
+    """A fetch that fails before its requests are sent (here: it needs more bytes at once than the cache's
+    budget) leaves no claims behind: other processes would wait for them until their deadline."""
+    cache = tmp_path / "cache"
+    store = ss.open(remote, storage_options=moto_s3.storage_options(), cache_dir=cache, cache_bytes=1 << 20)
+    region = _entry(store, cache)
+    with pytest.raises(ValueError, match="cache budget"):
+        store.get_batch(np.arange(N))  # 4 MiB of values at once
+    words = region.obj.claims._open()
+    assert words is not None
+    absent = region.obj.bits == 0  # (pages fetched keep their claims until the deadline: they are present)
+    assert absent.any()
+    assert not (words[absent] // (1 << 32) == os.getpid()).any(), "claims left by a fetch that never started"

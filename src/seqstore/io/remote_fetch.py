@@ -312,7 +312,12 @@ class Fetcher:
                     chunks.append((obj, claimed))
         if not reqs:
             return Ticket(futures, 600.0, others)
-        wave = self.submit(reqs, fills, chunks)
+        try:
+            wave = self.submit(reqs, fills, chunks)
+        except BaseException:
+            if self.claims:  # nothing was sent: others need not wait for these pages
+                _release(reqs, fills)
+            raise
         if self.claims:
             wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
         futures.append(wave)
@@ -406,5 +411,10 @@ def _give_back(wave: Any, reqs: list[Request], fills: list[tuple[CachedObject, i
     """After a wave: if it failed, the claims of its requests go back (others need not wait for them)."""
     if wave.cancelled() or wave.exception() is None:
         return
+    _release(reqs, fills)
+
+
+def _release(reqs: list[Request], fills: list[tuple[CachedObject, int]]) -> None:
+    """Give back the claims of requests ``reqs`` (into the cache entries of ``fills``)."""
     for (_, a, b, _), (obj, _) in zip(reqs, fills):
         obj.claims.give_back(run_pages(np.array([a], np.int64), np.array([b], np.int64)))
