@@ -222,6 +222,13 @@ os.ftruncate(fd, 0)  # room for one page of data, none for the page map's next b
 os.write(fd, bytes(4096 * (os.statvfs(root).f_bavail - 1)))
 obj.fill(12000 * 4096, memoryview(bytes(4096)))
 assert obj.present(12000 * 4096, 12001 * 4096)
+try:  # no room for another page: an error naming the cache's file
+    obj.fill(13000 * 4096, memoryview(bytes(4096)))
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC and str(obj.data_path) in str(exc), str(exc)
+else:
+    raise AssertionError("a page written to a full disk")
+assert not obj.present(13000 * 4096, 13001 * 4096)
 print("alive")
 """
 

@@ -389,8 +389,12 @@ class CachedObject:
         view = memoryview(data).cast("B")
         n = len(view)
         done = 0
-        while done < n:
-            done += os.pwrite(self.fd, view[done:], start + done)
+        try:
+            while done < n:
+                done += os.pwrite(self.fd, view[done:], start + done)
+        except OSError as exc:  # e.g. a full disk: say which (the node cache's, not the store's)
+            raise OSError(exc.errno, f"{exc.strerror}: cannot write the node cache's copy of {self.url}; free space "
+                          f"under {self.cache.root} or lower cache_bytes", str(self.data_path)) from None
         first = -(-start // PAGE)
         end = start + n
         last = end // PAGE if end < self.size else self.pages
