@@ -249,3 +249,30 @@ def test_forbidden_is_credentials_error_naming_the_url_not_the_secret(moto_s3: M
         store.get_batch([395, 396])
     assert "/shard-000003/" in exc.value.url and url in str(exc.value)
     _no_secret(exc.value)
+
+
+def test_materialize_gives_up_when_the_client_thread_is_stuck(moto_s3: MotoS3, remote: tuple[str, str],
+                                                              local: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``verify``'s whole-object fetch waits no longer than the client's patience: a RemoteError naming
+    the object, never a hang, when the thread that runs the requests is stuck."""
+    import threading
+
+    from seqstore.io.object_obstore import _Loop
+
+    _, url = remote
+    store = ss.open(url, storage_options=moto_s3.storage_options(max_retries=RETRIES), cache_dir=tmp_path / "c")
+    root = store._source.remote
+    big = max((p for p in (local / "shard-000000").iterdir() if p.suffix == ".npy"), key=lambda p: p.stat().st_size)
+    key = f"shard-000000/{big.name}"
+    assert big.stat().st_size > 4096  # more than the head that opening fetches
+    root._meta(key)  # its head is in; the rest is fetched by materialize
+    monkeypatch.setattr(root.client, "patience", lambda: 1.0)
+    stuck = threading.Event()
+    _Loop.get().loop.call_soon_threadsafe(stuck.wait, 20)  # the requests' thread blocks
+    try:
+        with pytest.raises(RemoteError) as exc:
+            root.materialize([key])
+    finally:
+        stuck.set()
+    assert key in str(exc.value) and url in exc.value.url

@@ -14,6 +14,7 @@ table, and its data files mapped from the node cache (:class:`RemoteRoot`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteNotFound
+from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
@@ -294,7 +295,15 @@ class RemoteRoot:
             runs = [(a, min(a + MOST, e)) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, MOST)]
             if runs:
                 reqs = [(key, a, b, meta.etag or None) for a, b in runs]
-                self.fetcher.submit(reqs, [(obj, a) for a, _ in runs]).result()
+                wave = self.fetcher.submit(reqs, [(obj, a) for a, _ in runs])
+                try:  # bounded like every other wait (a stuck client thread must not hang ``verify``)
+                    wave.result(timeout=self.client.patience())
+                except concurrent.futures.TimeoutError:
+                    raise RemoteError(
+                        f"{self.client.key_url(key)}: no answer within {self.client.patience():.0f} s (longer than "
+                        "every request's timeout and retries allow): the client's thread is stuck",
+                        url=self.client.key_url(key), attempts=0,
+                    ) from None
             link = self.mirror / key
             link.parent.mkdir(parents=True, exist_ok=True)
             tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
