@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound
+from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound, StaleStoreError
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
@@ -36,7 +36,7 @@ from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
 from .local_source import npy_array
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
 from .nodecache import NodeCache
-from .object_common import Request
+from .object_common import Answer, Request
 from .objects import ObjectClient, ObjectMeta, redact
 from .options import StoreOptions
 from .remote_fetch import MOST, DirectWaves, Fetcher, Region
@@ -62,6 +62,7 @@ class RemoteRoot:
         self.cache = NodeCache.get(options.cache_dir, options.cache_bytes)
         direct = DirectWaves(self.client) if options.direct_reads else None  # small waves: the direct reader
         self.fetcher = Fetcher(self.client, self.cache, direct=direct)
+        self.fetcher.on_changed = self._forget
         self.mirror: Path | None = None
         self._mirrors: list[Path] = []  # earlier manifest versions' mirrors (shards mapped before a refresh)
         self._metas: dict[str, ObjectMeta] = {}
@@ -174,7 +175,7 @@ class RemoteRoot:
         if not todo:
             return
         try:
-            got = self.client.get_ranges([req for req, _, _ in todo])
+            got = self._get_ranges([req for req, _, _ in todo])
         except RemoteNotFound as exc:
             raise CorruptionError(f"{exc.url}: object is missing (the shard table lists it)") from None
         fresh: dict[str, dict[str, list[Any]]] = {}
@@ -226,6 +227,34 @@ class RemoteRoot:
         except (ValueError, TypeError, KeyError, IndexError, OSError, AttributeError):  # none yet, or unreadable
             return {}
 
+    def _get_ranges(self, reqs: list[Request]) -> list[Answer]:
+        """The client's ``get_ranges``; where an object has changed, its saved meta is forgotten first."""
+        try:
+            return self.client.get_ranges(reqs)
+        except StaleStoreError:
+            self._forget([key for key, _, _, etag in reqs if etag])
+            raise
+
+    def _forget(self, keys: Sequence[str]) -> None:
+        """Drop the sizes and ETags of objects ``keys``, which a read found changed, from the mirror's
+        ``_remote.json``: the next open of the store learns them anew and reads the objects as they now are
+        (new cache entries: an entry's name holds the ETag), while this one, whose mappings hold the old
+        ones, goes on raising StaleStoreError for them."""
+        if self.mirror is None:
+            return
+        drop: dict[str, list[str]] = {}
+        for key in keys:
+            parts = key.split("/")
+            for i in range(1, len(parts)):  # the shard's name may hold a '/' (a merged id index's run)
+                drop.setdefault("/".join(parts[:i]), []).append("/".join(parts[i:]))
+        with self._meta_lock:
+            for name, rels in drop.items():
+                known = self._known(name)
+                if any(rel in known for rel in rels):
+                    saved = {rel: [m.size, m.etag] for rel, m in known.items() if rel not in rels}
+                    with contextlib.suppress(OSError):  # (not written: the next open asks If-Match, fails again)
+                        self._write(self.mirror / name / _META, json.dumps(saved).encode())
+
     def _meta(self, key: str) -> ObjectMeta:
         m = self._metas.get(key)
         if m is None:
@@ -254,11 +283,11 @@ class RemoteRoot:
         obj = self.cache.object(url, meta.etag, size)
         head_len = min(size, _HEAD)
         if not obj.present(0, head_len):
-            got = self.client.get_ranges([(key, 0, head_len, meta.etag or None)])
+            got = self._get_ranges([(key, 0, head_len, meta.etag or None)])
             obj.fill(0, got[0][0])
         header = parse_header(os.pread(obj.fd, head_len, 0), url)
         if header.data_offset > head_len:  # a header longer than a page
-            got = self.client.get_ranges([(key, 0, header.data_offset, meta.etag or None)])
+            got = self._get_ranges([(key, 0, header.data_offset, meta.etag or None)])
             header = parse_header(bytes(got[0][0]), url)
 
         def mapped() -> np.ndarray[Any, Any]:

@@ -22,12 +22,12 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, RemoteError
+from ..errors import CorruptionError, RemoteError, StaleStoreError
 from .advice import page_runs
 from .mapping import PAGE, address
 from .nodecache import CachedObject, NodeCache, run_pages
@@ -159,6 +159,8 @@ class Fetcher:
     def __init__(self, client: ObjectClient, cache: NodeCache, *, claims: bool = True,
                  direct: DirectWaves | None = None) -> None:
         self.client, self.cache, self.claims, self.direct = client, cache, claims, direct
+        #: told the keys of objects a read found changed (a StaleStoreError), before the error is raised
+        self.on_changed: Callable[[list[str]], None] | None = None
         self.pending = 0  # data requests submitted and not yet answered (an estimate: read without a lock)
         self._lock = threading.Lock()
         self._bases: list[int] = []  # sorted
@@ -255,6 +257,8 @@ class Fetcher:
             try:
                 with self._lock:
                     self.pending -= len(reqs)
+                if not answers.cancelled() and isinstance(answers.exception(), StaleStoreError):
+                    self.changed(r[0] for r in reqs)
                 for obj, ids in chunks:
                     with obj.lock:
                         for c in ids:
@@ -277,6 +281,11 @@ class Fetcher:
             raise
         answers.add_done_callback(done)
         return wave
+
+    def changed(self, keys: Iterable[str]) -> None:
+        """A read of objects ``keys`` failed as the object changed (StaleStoreError): tell ``on_changed``."""
+        if self.on_changed is not None:
+            self.on_changed(sorted(set(keys)))
 
     # ------------------------------------------------------------------------------- fetching
 

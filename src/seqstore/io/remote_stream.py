@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import StaleStoreError
 from .mapping import address
 from .remote_fetch import MOST, Fetcher, Ticket
 
@@ -59,7 +60,11 @@ class Part:
         self.exported: Any = None  # (see export_part)
 
     def wait(self) -> None:
-        self.ticket.wait()
+        try:
+            self.ticket.wait()
+        except StaleStoreError:
+            self.fetcher.changed(r.key for r, _, _ in self.fetcher.split(self.seg_s, self.seg_e))
+            raise
 
     def release(self) -> None:
         self.users -= 1
