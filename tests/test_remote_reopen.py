@@ -4,6 +4,7 @@ sizes and ETags the node saved for the object are not taken for the object as it
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -52,3 +53,30 @@ def test_reopen_after_a_data_file_was_replaced_reads_the_new_object(moto_s3: Mot
     with pytest.raises(StaleStoreError):  # the store opened before the change still refuses
         tail(old)
 
+
+@pytest.mark.parametrize("direct_reads", [True, False])
+def test_http_server_without_etags_never_mixes_a_replaced_file(tmp_path: Path, direct_reads: bool) -> None:
+    """A static web server that sends Last-Modified but no ETag: a file replaced (same size, other bytes,
+    a later modification time) is told apart from the one cached by its Last-Modified, so the open store
+    raises StaleStoreError and a reopened one reads only the new bytes, never old cached pages among them."""
+    from support.http import StaticServer
+
+    served = tmp_path / "www"
+    served.mkdir()
+    a = _local(served / "main.seqstore", 0.0)
+    b = _local(tmp_path / "b.seqstore", 0.5)
+    (rel,) = [p.relative_to(b).as_posix() for p in b.rglob("v.npy")]
+    opts = {"allow_http": "true", "max_retries": 1, "direct_reads": direct_reads}
+    with StaticServer(served, etags=False) as srv:
+        url = f"{srv.url}/main.seqstore"
+        old = ss.open(url, storage_options=opts, cache_dir=tmp_path / "cache")
+        assert old.get_batch([0])["v"][0, 0] == 0.0  # the file's first pages are in the node cache
+        target = a / rel
+        before = target.stat().st_mtime
+        target.write_bytes((b / rel).read_bytes())
+        os.utime(target, (before + 10, before + 10))  # replaced: a later Last-Modified (whole seconds)
+        with pytest.raises(StaleStoreError, match="v.npy"):
+            old.get_batch(np.arange(ROWS - 64, ROWS))
+        new = ss.open(url, storage_options=opts, cache_dir=tmp_path / "cache")
+        got = new.get_batch(np.arange(ROWS))["v"]
+        np.testing.assert_array_equal(got, np.arange(ROWS * 256, dtype=np.float32).reshape(ROWS, 256) + 0.5)

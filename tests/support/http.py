@@ -3,8 +3,9 @@
 ``StaticServer(root)`` serves the files under ``root`` at ``http://127.0.0.1:PORT/<relative path>``:
 ``GET`` and ``HEAD``, single ``Range: bytes=a-b`` / ``a-`` / ``-n`` requests (206 with
 ``Content-Range``; 416 past the end), ``ETag`` (size and mtime in nanoseconds) and ``Last-Modified``,
-``If-Match`` / ``If-None-Match`` (412 / 304), keep-alive. Bodies are sent from the file in chunks,
-never read whole. Nothing else (no listing, no writes): what a static web server offers.
+``If-Match`` / ``If-None-Match`` (412 / 304), keep-alive (``etags=False``: no ``ETag`` header). Bodies
+are sent from the file in chunks, never read whole. Nothing else (no listing, no writes): what a static
+web server offers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _CHUNK = 256 * 1024
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root: Path
+    etags = True  # False: no ETag header (a server that sends Last-Modified only)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -50,6 +52,8 @@ class _Handler(BaseHTTPRequestHandler):
         etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
         common = {"ETag": etag, "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
                   "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        if not self.etags:
+            del common["ETag"]
         if "If-Match" in self.headers and self.headers["If-Match"] not in (etag, "*"):
             self._fail(412, common)
             return
@@ -97,8 +101,8 @@ class _Server(ThreadingHTTPServer):
 class StaticServer:
     """Serve ``root`` read-only on 127.0.0.1 (a free port). ``with StaticServer(root) as s: s.url``."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        handler = type("Handler", (_Handler,), {"root": Path(root).resolve()})
+    def __init__(self, root: str | os.PathLike[str], *, etags: bool = True) -> None:
+        handler = type("Handler", (_Handler,), {"root": Path(root).resolve(), "etags": etags})
         self._server = _Server(("127.0.0.1", 0), handler)
         self._thread: threading.Thread | None = None
 

@@ -30,7 +30,11 @@ from .object_errors import config_error, failure, unknown_key
 from .object_wave import SMALL_BODY, Budget, Wave
 from .retry import Attempts, Transient
 
-__all__ = ["ObstoreBackend", "fork_unsafe"]
+__all__ = ["ObstoreBackend", "UNSENT", "fork_unsafe"]
+
+#: the start of a version tag made of an object's Last-Modified and size, where it has no ETag (a plain HTTP
+#: server's file): it keys the object's cache entry and is checked on answers, never sent as If-Match
+UNSENT = "last-modified:"
 
 # obstore runs its requests on a tokio runtime whose threads do not survive fork(): a child forked after
 # the parent used obstore would wait forever on its first request. The pid that started obstore's runtime
@@ -176,11 +180,17 @@ class ObstoreBackend(ObjectBackend):
 
     # version tags -------------------------------------------------------------------------------
     def _tag(self, m: Any) -> str:
-        """The version tag of an object from obstore's meta (or a put's result)."""
+        """The version tag of an object from obstore's meta (or a put's result). An object with neither
+        ETag nor version (an HTTP server that sends no ETag) is told by its Last-Modified and size: a tag
+        (:data:`UNSENT`...) that keys its cache entry and is checked on every answer, never sent."""
         etag, version = m.get("e_tag"), m.get("version")
         if self.generations and etag and version:
             return f"{etag}#{version}"
-        return str(etag or version or "")
+        if etag or version:
+            return str(etag or version)
+        modified = m.get("last_modified")
+        stamp = modified.timestamp() if modified is not None else 0.0
+        return f"{UNSENT}{stamp:.6f}/{int(m['size'])}" if stamp and "size" in m else ""
 
     def _mode(self, mode: str | dict[str, Any]) -> Any:
         """obstore's put mode for seqstore's (``{"e_tag": tag}``: replace only that version)."""
@@ -190,12 +200,21 @@ class ObstoreBackend(ObjectBackend):
         return mode
 
     def if_match(self, tag: str) -> str:
-        """The ETag to send as If-Match for version tag ``tag``."""
+        """The ETag to send as If-Match for version tag ``tag`` ("": none, a tag of Last-Modified)."""
+        if tag.startswith(UNSENT):
+            return ""
         return tag.partition("#")[0] if self.generations else tag
 
     def check_tag(self, result: Any, key: str, tag: str) -> None:
         """Raise :class:`StaleStoreError` if ``result`` (of a read asked If-Match ``tag``) is of another version
         of ``key``: a server that ignores If-Match, or a redirect obstore followed to another host."""
+        if tag.startswith(UNSENT):  # no ETag: the answer's Last-Modified and size must be those pinned
+            if self._tag(result.meta) != tag:
+                url = self.c.key_url(key)
+                raise StaleStoreError(f"{url}: the object changed while the store was open (Last-Modified and "
+                                      f"size {self._tag(result.meta)[len(UNSENT):]}, expected "
+                                      f"{tag[len(UNSENT):]}); reopen the store", url=url, attempts=1)
+            return
         got = result.meta.get("e_tag")
         if got is not None and got != self.if_match(tag):
             url = self.c.key_url(key)
@@ -210,6 +229,8 @@ class ObstoreBackend(ObjectBackend):
         """The object's plain URL (an HTTP store; S3 with ``skip_signature`` and an ``endpoint``), or one
         presigned by obstore for an hour (signed again with 10 minutes left); None with a proxy, with
         invalid certificates allowed, or where obstore cannot sign (its reads then go through obstore)."""
+        if tag and tag.startswith(UNSENT):
+            return None  # the direct reader checks ETags only: these reads go through obstore (checked)
         etag = self.if_match(tag) if tag else None
         if self._plain is None:
             self._plain = _plain_base(self.c.url, self.c.options)
@@ -296,8 +317,8 @@ class ObstoreBackend(ObjectBackend):
                         opts["range"] = {"suffix": -start}
                     elif end >= 0:
                         opts["range"] = (start, end)
-                    if etag:
-                        opts["if_match"] = self.if_match(etag)
+                    if etag and (sent := self.if_match(etag)):
+                        opts["if_match"] = sent
                     r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
                     if 0 <= start < end <= start + SMALL_BODY:
                         # a small body has (nearly always) arrived with the headers: taking it without a

@@ -182,8 +182,8 @@ class Wave:
             self._task(i, None)
             return
         opts: dict[str, Any] = {"range": (start, end)}
-        if etag:
-            opts["if_match"] = b.if_match(etag)
+        if etag and (sent := b.if_match(etag)):
+            opts["if_match"] = sent
         try:
             fut = b.obs.get_async(b.store, key, options=opts)
         except Exception as exc:  # noqa: BLE001 - classified by the task, as the first attempt's failure
