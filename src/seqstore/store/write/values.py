@@ -14,7 +14,7 @@ import numpy as np
 from ...errors import SchemaError
 from ...schema import Field, to_storage_array
 
-__all__ = ["storage_value", "ragged_column"]
+__all__ = ["storage_value", "ragged_column", "shape_text"]
 
 _TEXT = (str, bytes, bytearray, memoryview)
 
@@ -69,3 +69,8 @@ def ragged_column(
     else:
         values = np.empty((0, *f.inner_shape), dtype=f.storage_dtype)
     return values, lengths
+
+
+def shape_text(lead: str, inner: tuple[int, ...]) -> str:
+    """A shape for messages, its first axis named ``lead``: ``(n,)``, ``(B, 2)``."""
+    return "(" + ", ".join([lead, *map(str, inner)]) + ("" if inner else ",") + ")"

@@ -31,7 +31,7 @@ from . import at_exit
 from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts
 from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, Start, stats_number
-from .values import ragged_column, storage_value
+from .values import ragged_column, shape_text, storage_value
 
 __all__ = ["Writer"]
 
@@ -209,8 +209,8 @@ class Writer:
             arr = storage_value(f, value, f"{what}, field {name!r}")
             if f.ragged:
                 if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
-                    dims = ", ".join(["n", *map(str, f.inner_shape)]) + ("" if f.inner_shape else ",")
-                    raise SchemaError(f"{what}, field {name!r}: expected shape ({dims}), got {arr.shape}")
+                    raise SchemaError(f"{what}, field {name!r}: expected shape {shape_text('n', f.inner_shape)}, "
+                                      f"got {arr.shape}")
             elif arr.shape != f.inner_shape:
                 raise SchemaError(f"{what}, field {name!r}: expected shape {f.inner_shape}, got {arr.shape}")
             # buffered until the next flush: must not share memory the caller may overwrite
@@ -288,8 +288,8 @@ class Writer:
             else:
                 values = to_storage_array(f, value, what=fw)
                 if values.ndim != 1 + len(f.inner_shape) or values.shape[1:] != f.inner_shape:
-                    dims = ", ".join(["B", *map(str, f.inner_shape)]) + ("" if f.inner_shape else ",")
-                    raise SchemaError(f"{fw}: expected shape ({dims}) stacked, got {values.shape}")
+                    want = shape_text("B", f.inner_shape)
+                    raise SchemaError(f"{fw}: expected shape {want} stacked, got {values.shape}")
                 n = values.shape[0]
             if batch is None:
                 batch = n
@@ -393,8 +393,7 @@ class Writer:
             or done_records + self._buf_records >= self.max_shard_records
         )
 
-    def _pending_records(self) -> int:
-        """Records of the buffer and of the shard being written."""
+    def _pending_records(self) -> int:  # the buffer's records and the open shard's
         return self._buf_records + (self._shard_records if self._shard_open else 0)
 
     def _uncommitted_records(self) -> int:
