@@ -300,6 +300,33 @@ def test_interop_different_streams_across_files(tmp_path: Path) -> None:
         rt.import_hdf([a, b], tmp_path / "o.seqstore")
 
 
+def _classes_hdf(path: Path, values: np.ndarray) -> None:
+    """A targets-only file: one sequence of length 1 per value of ``classes``."""
+    with h5py.File(path, "w") as f:
+        f.create_dataset("seqLengths", data=np.ones((len(values), 1), dtype=np.int32))
+        f.create_dataset("seqTags", data=np.array([f"{path.stem}-{i}" for i in range(len(values))], dtype=object),
+                         dtype=h5py.string_dtype())
+        f.create_dataset("targets/data/classes", data=values)
+
+
+def test_interop_signed_and_unsigned_int64_across_files_is_refused(tmp_path: Path) -> None:
+    """int64 in one file and uint64 in another have no common integer dtype: numpy promotes them to
+    float64, which would round values past 2**53 silently. The import refuses, naming both files and
+    dtypes; a pair that an integer dtype holds (int8 with uint16: int32) is still merged exactly."""
+    a, b, c = tmp_path / "a.hdf", tmp_path / "b.hdf", tmp_path / "c.hdf"
+    _classes_hdf(a, np.array([-1, 2], dtype=np.int64))
+    _classes_hdf(b, np.array([2**63 + 1, 2**53 + 1], dtype=np.uint64))
+    with pytest.raises(seqstore.SchemaError, match=r"b\.hdf.*targets/data/classes.*uint64 and int64 of .*a\.hdf") as e:
+        rt.import_hdf([a, b], tmp_path / "o.seqstore")
+    assert "float64" in str(e.value)
+    assert not (tmp_path / "o.seqstore").exists()
+    _classes_hdf(a, np.array([-1, 2], dtype=np.int8))
+    _classes_hdf(c, np.array([65535, 7], dtype=np.uint16))
+    store = rt.import_hdf([a, c], tmp_path / "ok.seqstore")
+    assert np.dtype(store.schema["classes"].dtype) == np.int32
+    assert [int(store[i]["classes"][0]) for i in range(4)] == [-1, 2, 65535, 7]
+
+
 def test_interop_failure_while_streaming_deletes_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_returnn_hdf(tmp_path / "a.hdf", n=60)
     real = rt._read

@@ -63,10 +63,12 @@ def __getattr__(name: str) -> Any:
 
 
 def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tuple[Schema, dict[str, Any]]:
-    """One schema for all files (same streams and row shapes; dtypes promoted within a kind)."""
+    """One schema for all files (same streams and row shapes; dtypes promoted within a kind, signed with
+    unsigned integers only to an integer dtype that holds both)."""
     first = infos[0]
     by_key: dict[str, HdfStream] = {s.key: s for s in first.streams}
     dtypes = {k: np.dtype(s.dtype) for k, s in by_key.items()}
+    seen = {k: {dt: first.path} for k, dt in dtypes.items()}  # per stream: each dtype and its first file
     for info in infos[1:]:
         keys = [s.key for s in info.streams]
         if sorted(keys) != sorted(by_key):
@@ -83,7 +85,17 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
                 raise SchemaError(
                     f"{info.path}, dataset {s.dataset!r}: dtype {dt} does not go with {dtypes[s.key]} of {first.path}"
                 )
-            dtypes[s.key] = np.promote_types(dtypes[s.key], dt)
+            merged = np.promote_types(dtypes[s.key], dt)
+            if merged.kind == "f" and dt.kind in "iu":
+                # int64 with uint64 promotes to float64: values past 2**53 would be rounded silently
+                other = next(d for d in seen[s.key] if d.kind != dt.kind)
+                raise SchemaError(
+                    f"{info.path}, dataset {s.dataset!r}: dtype {dt} and {other} of {seen[s.key][other]} "
+                    f"have no common integer dtype (numpy would promote them to {merged}, losing values); "
+                    "convert the files to one dtype first"
+                )
+            seen[s.key].setdefault(dt, info.path)
+            dtypes[s.key] = merged
     # "inputs" (the HDF dataset) or "data" (its key, as the stream list below says) renames the inputs
     unknown = set(rename) - set(by_key) - ({"inputs"} if "data" in by_key else set())
     if unknown:
