@@ -51,7 +51,7 @@ class _OrderLengths(_DataStoreDataset):
         try:
             return super().lengths_array()
         except CacheError as exc:
-            log.warning("%s: %s; computing lengths in memory (O(N))", self.store.root, exc)
+            log.warning("%s: %s; computing lengths in memory (O(N))", self.store.url, exc)
             self._in_memory = True
             return self.lengths().to_numpy()
 

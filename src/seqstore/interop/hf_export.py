@@ -101,7 +101,7 @@ def export_hf(
     names = list(st.schema) if fields is None else list(fields)
     unknown = [n for n in names if n not in st.schema]
     if unknown:
-        raise KeyError(f"{st.root}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")
+        raise KeyError(f"{st.url}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")
     if id_column is not None and not st.has_ids:
         id_column = None
     if id_column is not None and id_column in names:

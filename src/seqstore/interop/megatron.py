@@ -338,12 +338,12 @@ def _ragged_field(st: Store, field: str | None) -> str:
     ragged = [n for n, f in st.schema.items() if f.ragged and not f.inner_shape]
     if field is None:
         if len(ragged) != 1:
-            raise SchemaError(f"{st.root}: name the field to export; ragged fields with 1-d rows are {ragged}")
+            raise SchemaError(f"{st.url}: name the field to export; ragged fields with 1-d rows are {ragged}")
         return ragged[0]
     if field not in st.schema:
-        raise KeyError(f"{st.root}: no field {field!r}; fields are {list(st.schema)}")
+        raise KeyError(f"{st.url}: no field {field!r}; fields are {list(st.schema)}")
     if field not in ragged:
-        raise SchemaError(f"{st.root}, field {field!r}: {st.schema[field]} is not ragged with 1-d rows; a Megatron "
+        raise SchemaError(f"{st.url}, field {field!r}: {st.schema[field]} is not ragged with 1-d rows; a Megatron "
                           "dataset holds sequences of scalar tokens")
     return field
 
@@ -393,7 +393,7 @@ def export_megatron(
         documents = doc if doc in st.schema else None
     if documents is not None:
         if documents not in st.schema:
-            raise KeyError(f"{st.root}: no field {documents!r} for documents; fields are {list(st.schema)}")
+            raise KeyError(f"{st.url}: no field {documents!r} for documents; fields are {list(st.schema)}")
         f = st.schema[documents]
         if f.ragged or f.inner_shape or np.dtype(f.storage_dtype).kind not in "iub":
             raise SchemaError(f"field {documents!r}: documents need an integer scalar field, got {f}")

@@ -335,16 +335,16 @@ def export_hdf(
         recorded = meta.get("inputs")
         inputs = recorded if recorded in schema else ("data" if "data" in schema else None)
     if inputs is not None and inputs not in schema:
-        raise KeyError(f"{st.root}: no field {inputs!r} for inputs; fields are {list(schema)}")
+        raise KeyError(f"{st.url}: no field {inputs!r} for inputs; fields are {list(schema)}")
     keyed = name_map(fields, (n for n in schema if n != inputs))
     for n, k in keyed.items():
         if n not in schema:
-            raise KeyError(f"{st.root}: no field {n!r}; fields are {list(schema)}")
+            raise KeyError(f"{st.url}: no field {n!r}; fields are {list(schema)}")
         if "/" in k or k in ("", "data") or k == inputs:
             raise SchemaError(f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
                               "pass fields={field: key} to name it")
     if inputs is None and not keyed:
-        raise SchemaError(f"{st.root}: nothing to export (no inputs field and no target fields)")
+        raise SchemaError(f"{st.url}: nothing to export (no inputs field and no target fields)")
     streams: list[tuple[str, str]] = ([(inputs, "inputs")] if inputs else []) + [
         (n, f"targets/data/{k}") for n, k in sorted(keyed.items(), key=lambda kv: kv[1])
     ]
@@ -394,7 +394,7 @@ def export_hdf(
                     lens[:, col] = lengths
                     nbytes += len(values) * row_out[n]
                 if lens.size and lens.max() > np.iinfo(np.int32).max:
-                    raise SchemaError(f"{st.root}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
+                    raise SchemaError(f"{st.url}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
                 seq_lengths[a:b] = lens.astype(np.int32)
                 ids = [st.id(i) for i in range(a, b)] if st.has_ids else [f"seq-{i}" for i in range(a, b)]
                 tags[a:b] = np.array(ids, dtype=object)

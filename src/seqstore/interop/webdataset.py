@@ -304,7 +304,7 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     out: dict[str, tuple[str, str]] = {}
     for n, ext in chosen.items():
         if n not in st.schema:
-            raise KeyError(f"{st.root}: no field {n!r}; fields are {list(st.schema)}")
+            raise KeyError(f"{st.url}: no field {n!r}; fields are {list(st.schema)}")
         f = st.schema[n]
         if ext is None:
             byte_like = f.ragged and not f.inner_shape and f.dtype == "|u1"
@@ -374,7 +374,7 @@ def export_webdataset(
     if keys not in ("ids", "index"):
         raise ValueError(f"keys must be 'auto', 'ids' or 'index', got {keys!r}")
     if keys == "ids" and not st.has_ids:
-        raise KeyError(f"{st.root}: records have no ids; pass keys='index'")
+        raise KeyError(f"{st.url}: records have no ids; pass keys='index'")
     if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
         raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
     root = Path(out)
