@@ -162,6 +162,15 @@ def test_cli_sizes_below_one_are_usage_errors(tmp_path: Path, capsys: pytest.Cap
     (["export", "--to", "hf", "{store}", "{tmp}/h"], "'id' is also a field's name; pass another --id-column"),
     (["convert", "--from", "parquet", "{tmp}/t.parquet", "{tmp}/o", "-o", "endpoint=http://127.0.0.1:9"],
      "-o options are for URLs of object storage"),
+    # options a format would ignore are refused, naming the formats they are for
+    (["export", "--to", "webdataset", "{store}", "{tmp}/w", "--chunk-mb", "1"],
+     "export --to webdataset: --chunk-mb does not apply (it is for --to returnn-hdf, megatron)"),
+    (["export", "--to", "hf", "{store}", "{tmp}/h", "--chunk-mb", "1", "--id-column", "none"],
+     "export --to hf: --chunk-mb does not apply"),
+    (["convert", "--from", "logix", "{tmp}/logs", "{tmp}/o", "--chunk-mb", "1"],
+     "convert --from logix: --chunk-mb does not apply"),
+    (["convert", "--from", "logix", "{tmp}/logs", "{tmp}/o", "-o", "endpoint=http://127.0.0.1:9"],
+     "convert --from logix: -o does not apply (a local store; -o is for --from returnn-hdf"),
 ])
 def test_cli_bad_option_values_are_named_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 argv: list[str], words: str) -> None:
@@ -179,3 +188,37 @@ def test_cli_bad_option_values_are_named_errors(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert err.startswith("seqstore: error:") and words in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore", "t.parquet"]
+
+
+def test_cli_unwritable_output_is_a_named_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An OUT under a regular file (NotADirectoryError) or in a directory the process may not write
+    (PermissionError) is ``seqstore: error: ...`` naming the path, with exit 2, not a traceback."""
+    pa = pytest.importorskip("pyarrow")
+    import os
+
+    import pyarrow.parquet as pq
+
+    from seqstore.cli import main
+
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "t.parquet")
+    (tmp_path / "plain").write_text("not a directory")
+    if os.geteuid() == 0:  # root may write anywhere but in /sys
+        locked = Path("/sys")
+        if not locked.is_dir():
+            pytest.skip("no /sys to be refused in as root")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+    store = tmp_path / "s.seqstore"
+    with seqstore.create(store, {"tokens": seqstore.Field("int32", (None,))}) as w:
+        w.append({"tokens": np.arange(3, dtype=np.int32)})
+    cases = [
+        (["convert", "--from", "parquet", str(tmp_path / "t.parquet"), str(tmp_path / "plain/sub/o.seqstore")],
+         f"Not a directory: '{tmp_path / 'plain/sub'}'"),
+        (["convert", "--from", "parquet", str(tmp_path / "t.parquet"), str(locked / "o.seqstore")], f"{locked}/"),
+        (["export", "--to", "megatron", str(store), str(locked / "m")], f"{locked}/"),
+    ]
+    for argv, words in cases:
+        assert main([*argv, "-q", "--workers", "1"] if argv[0] == "convert" else [*argv, "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("seqstore: error:") and words in err and "Traceback" not in err, err

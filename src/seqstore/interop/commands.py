@@ -56,7 +56,8 @@ class Converter:
     (a Store or a path); ``add_arguments(group)`` adds options by hand (prefer ``options``, whose help the
     parser generates); ``total(args)`` is an up-front total for a converter that does not call
     ``add_total`` (None: unknown). ``url``: a source writes its new store to a URL of object storage
-    (``-o`` options apply). ``out``: what a target's OUT is (a file, a directory, a prefix).
+    (``-o`` applies). ``out``: what a target's OUT is (a file, a directory, a prefix). ``chunked``: whether
+    ``--chunk-mb`` applies (``-o`` and ``--chunk-mb`` are refused where they do not).
     """
 
     help: str
@@ -67,6 +68,7 @@ class Converter:
     options: tuple[Option, ...] = ()
     url: bool = False
     out: str = "a file"
+    chunked: bool = True
 
 
 def register_source(name: str, converter: Converter) -> None:
@@ -124,6 +126,19 @@ def _one_source(args: argparse.Namespace, what: str) -> tuple[str, str]:
     if len(srcs) != 1:
         raise SeqstoreError(f"convert --from {args.source}: give one {what}, then the output store")
     return srcs[0], out
+
+
+def _check_options(args: argparse.Namespace, command: str) -> None:
+    """Refuse an option the chosen format would ignore (a usage error); give ``--chunk-mb`` its default, 64."""
+    flag, table, name = ("--from", SOURCES, args.source) if command == "convert" else ("--to", TARGETS, args.target)
+    if args.chunk_mb is None:
+        args.chunk_mb = 64
+    elif not table[name].chunked:
+        users = ", ".join(n for n, c in table.items() if c.chunked)
+        raise SeqstoreError(f"{command} {flag} {name}: --chunk-mb does not apply (it is for {flag} {users})")
+    if command == "convert" and not table[name].url and _storage_options(args):
+        users = ", ".join(n for n, c in table.items() if c.url)
+        raise SeqstoreError(f"convert --from {name}: -o does not apply (a local store; -o is for --from {users})")
 
 
 def _common(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -275,7 +290,7 @@ SOURCES: dict[str, Converter] = {
                        _arrow_run("arrow"), unit="rec", url=True,
                        options=(MAP, ID_COLUMN)),
     "logix": Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + _metadata.json)",
-                       _logix_run, unit="rec", options=(
+                       _logix_run, unit="rec", chunked=False, options=(
         Option.of("--batch-records", type=_positive_int, default=4096,
                   help="records read and written per step (bounds memory; default 4096)"),)),
     "megatron": Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run, unit="rec",
@@ -322,7 +337,7 @@ TARGETS: dict[str, Converter] = {
         Option.of("--documents", default="auto", metavar="FIELD", help="integer field whose changes start "
                   "documents (default: the imported one; 'none': one document per record)"))),
     "webdataset": Converter("a directory of WebDataset tar shards", _wds_export, unit="rec", out="a directory",
-                            options=(
+                            chunked=False, options=(
         Option.of("--ext", action="append", metavar="FIELD=EXT",
                   help="write FIELD as members KEY.EXT (repeatable; default: every field)"),
         Option.of("--keys", choices=("auto", "ids", "index"), default="auto",
@@ -332,7 +347,7 @@ TARGETS: dict[str, Converter] = {
         Option.of("--shard-mb", type=_positive_int, default=1024, metavar="MB",
                   help="a shard ends after the record that passes this size (default 1024)"))),
     "hf": Converter("a Hugging Face datasets save_to_disk directory (datasets.load_from_disk)", _hf_export,
-                    unit="rec", out="a directory", options=(
+                    unit="rec", out="a directory", chunked=False, options=(
         Option.of("--fields", dest="hf_field", action="append", metavar="A,B",
                   help="the fields to write as columns (repeatable; default: every field)"),
         Option.of("--id-column", dest="hf_id_column", default="id", metavar="NAME",
@@ -413,6 +428,9 @@ def cli_message(exc: BaseException) -> str:
     return msg
 
 
+_USER_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError, KeyError)
+
+
 def _user_error(exc: OSError | KeyError) -> int:
     print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
     return 2
@@ -441,10 +459,11 @@ def convert_main(args: argparse.Namespace) -> int:
     Returns the exit status (0; 2 for missing/existing paths; SeqstoreError propagates to cli.main)."""
     conv = SOURCES[args.source]
     out = _sources_and_out(args)[1]
+    _check_options(args, "convert")
     with _undone_on_interrupt(out):
         try:
             store = _with_bar(conv, args, f"convert {args.source}")
-        except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
+        except _USER_ERRORS as exc:
             return _user_error(exc)
         if not args.quiet:
             n = len(store) if hasattr(store, "__len__") else "?"
@@ -456,6 +475,7 @@ def convert_main(args: argparse.Namespace) -> int:
 def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
+    _check_options(args, "export")
     with _undone_on_interrupt(os.fspath(args.out)):
         try:
             opts = _storage_options(args)
@@ -464,7 +484,7 @@ def export_main(args: argparse.Namespace) -> int:
 
                 args.store = open_store(args.store, storage_options=opts)
             out = _with_bar(conv, args, f"export {args.target}")
-        except (FileNotFoundError, FileExistsError, IsADirectoryError, KeyError) as exc:
+        except _USER_ERRORS as exc:
             return _user_error(exc)
         if not args.quiet:
             print(f"wrote {out}")
@@ -533,6 +553,11 @@ def _client_option(parser: Any, what: str) -> None:
                         "(repeatable; credentials are better left to the environment)")
 
 
+def _unchunked(flag: str, table: Mapping[str, Converter]) -> str:
+    names = [n for n, c in table.items() if not c.chunked]
+    return f"; not for {flag} {', '.join(names)}" if names else ""
+
+
 def add_subcommands(subparsers: Any) -> None:
     """Register ``convert`` and ``export`` on an ``argparse`` subparsers object (``set_defaults(func=...)``
     points at :func:`convert_main` / :func:`export_main`, as ``cli.main`` expects)."""
@@ -545,7 +570,8 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--from", dest="source", required=True, choices=list(SOURCES), help="source format")
     conv.add_argument("paths", nargs="+", metavar="SOURCE... OUT", help="source files/directories, then the new store")
     conv.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    conv.add_argument("--chunk-mb", type=_positive_int, default=64, help="MiB of rows read per step (default 64)")
+    conv.add_argument("--chunk-mb", type=_positive_int, metavar="CHUNK_MB", help="MiB of rows read per step "
+                      f"(default 64{_unchunked('--from', SOURCES)})")
     conv.add_argument("--shard-mb", type=_positive_int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     urls = ", ".join(n for n, c in SOURCES.items() if c.url)
@@ -566,7 +592,8 @@ def add_subcommands(subparsers: Any) -> None:
     exp.add_argument("out", help="the output: " + "; ".join(f"{what} for --to {'/'.join(names)}"
                                                            for what, names in outs.items()))
     exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    exp.add_argument("--chunk-mb", type=_positive_int, default=64, help="MiB of rows written per step (default 64)")
+    exp.add_argument("--chunk-mb", type=_positive_int, metavar="CHUNK_MB", help="MiB of rows written per step "
+                     f"(default 64{_unchunked('--to', TARGETS)})")
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _client_option(exp, "a STORE at a URL (s3://, gs://, az://, https://)")
     _add_options(exp, TARGETS, "--to")
