@@ -49,6 +49,32 @@ def test_import_generated_analog_and_errors(scratch: Path) -> None:
         import_logix(scratch / "out", scratch / "out3")
 
 
+def test_import_fails_in_a_later_chunk_all_or_nothing(scratch: Path) -> None:
+    """A log whose last chunk is malformed fails after two chunks were written: like the other
+    importers, nothing is left at ``out`` (no readable prefix), an existing store replaced with
+    ``overwrite`` is kept as it was, no hidden temporary is left, and a re-run once the log is
+    fixed works without ``overwrite``."""
+    write_analog(scratch / "logs")
+    meta = scratch / "logs" / "log_rank_1_chunk_0_metadata.json"
+    good = meta.read_text()
+    meta.write_text(good[: len(good) // 2])  # truncated JSON: the third chunk of three
+    with pytest.raises(ss.FormatError, match="log_rank_1_chunk_0_metadata.json"):
+        import_logix(scratch / "logs", scratch / "new")
+    assert not (scratch / "new").exists()
+    with ss.create(scratch / "old", {"x": ss.Field("int32")}) as w:
+        w.append({"x": 5}, id="kept")
+    with pytest.raises(ss.FormatError, match="log_rank_1_chunk_0_metadata.json"):
+        import_logix(scratch / "logs", scratch / "old", overwrite=True)
+    st = ss.open(scratch / "old")
+    assert len(st) == 1 and st.id(0) == "kept" and list(st.schema) == ["x"]
+    assert sorted(p.name for p in scratch.iterdir()) == ["logs", "old"]
+    meta.write_text(good)
+    import_logix(scratch / "logs", scratch / "new")
+    _check(scratch / "new")
+    import_logix(scratch / "logs", scratch / "old", overwrite=True)
+    _check(scratch / "old")
+
+
 @pytest.mark.skipif(not have_logix(), reason="LogIX source not importable (put logix-ai 0.1.1 on PYTHONPATH)")
 def test_import_matches_logix_loader_record_by_record(scratch: Path) -> None:
     from logix.logging.log_loader import LogDataset

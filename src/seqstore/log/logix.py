@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, SchemaError
+from ..interop._common import check_output, replaced
+from ..io.object_common import is_remote
 from ..schema import Field, Schema
 from ..store.reader import open_store
 from ..store.writer import create
@@ -172,8 +174,11 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     """Convert the LogIX log in ``logdir`` into a new store at ``out``; return an :class:`ImportReport`.
 
     Record ``data_id`` becomes the record id; each logged array a field (``"fc1/grad"``). Records keep
-    LogIX's order (rank, chunk, position); a repeated ``data_id`` keeps its first occurrence. Every
-    chunk is committed once written, so an interrupted import leaves a valid prefix. Raises
+    LogIX's order (rank, chunk, position); a repeated ``data_id`` keeps its first occurrence. All or
+    nothing, like the other importers: the store is built in a hidden sibling of ``out`` (committed
+    chunk by chunk there, for the duplicate check) and renamed into place at the end, so a failure
+    leaves ``out`` as it was (an existing store, with ``overwrite``, intact); a URL ``out`` is written
+    in place, chunk by chunk (a failure leaves a readable prefix). Raises
     :class:`~seqstore.FormatError` for a missing/malformed chunk and :class:`~seqstore.SchemaError`
     when records disagree on modules, shapes or dtypes. ``progress`` is called with the running total
     of records imported (not an increment); if it has an ``add_total(n)`` method, that is called with
@@ -181,6 +186,18 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     """
     t0 = time.perf_counter()
     chunks = find_logix_chunks(logdir)
+    args = (chunks, logdir, batch_records, metadata, progress, t0)
+    if is_remote(out):
+        return _import_into(out, overwrite, *args)
+    check_output(Path(out), overwrite)  # an existing out without overwrite: refused before anything is read
+    with replaced(Path(out)) as tmp:  # renamed onto out when the block ends, deleted if it raises
+        return _import_into(tmp, False, *args)
+
+
+def _import_into(out: str | os.PathLike[str], overwrite: bool, chunks: list[tuple[int, int, Path, Path]],
+                 logdir: str | os.PathLike[str], batch_records: int, metadata: dict[str, Any] | None,
+                 progress: Callable[[int], None] | None, t0: float) -> ImportReport:
+    """:func:`import_logix`'s work: the records of ``chunks`` into the new store ``out``."""
     writer = None
     schema: Schema | None = None
     names: list[str] = []
