@@ -1,15 +1,13 @@
 """Shared pieces of the importers and exporters: the error types, progress totals, byte-budget chunking,
-and the all-or-nothing write of a new output: validated first, built in a hidden sibling and renamed
-into place once complete, so a failure during the write (the writer commits shards by itself) leaves
-nothing behind and an existing output, even with ``overwrite=True``, untouched.
+and the all-or-nothing write of a new store (:func:`new_store`, over ``store/write/outputs.py``): validated
+first, built in a hidden sibling and renamed into place once complete, so a failure during the write (the
+writer commits shards by itself) leaves nothing behind and an existing output, even with
+``overwrite=True``, untouched.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,13 +15,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError, SeqstoreError
-from ..format.manifest import MANIFEST, fsync_dir
+from ..errors import FormatError
 from ..schema import Schema
 from ..store import Writer, create
+from ..store.write.outputs import (  # (re-exported: the importers take them from here)
+    OutputExistsError,
+    check_output,
+    install_output,
+    remove_path,
+    replaced,
+    temp_sibling,
+)
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
-           "name_map", "replaced", "new_store", "DEFAULT_CHUNK_BYTES"]
+           "name_map", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output", "install_output", "remove_path",
+           "temp_sibling"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -40,17 +46,6 @@ def announce_total(progress: Progress | None, total: int) -> None:
     add = getattr(progress, "add_total", None)
     if add is not None:
         add(int(total))
-
-
-class OutputExistsError(FileExistsError):
-    """The output of a conversion already exists and ``overwrite`` was not given; ``path`` names it.
-
-    The message speaks Python (``overwrite=True``); the command line says ``--overwrite`` instead.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(f"{path}: already exists (pass overwrite=True to replace it)")
-        self.path = str(path)
 
 
 class SourceFormatError(FormatError):
@@ -118,69 +113,6 @@ def name_map(given: Mapping[str, str] | Sequence[str] | None, default: Iterable[
     if isinstance(given, Mapping):
         return dict(given)
     return {n: n for n in (default if given is None else given)}
-
-
-def temp_sibling(root: Path, tag: str) -> Path:
-    """``<parent>/.<name>.<tag>-<pid>-<random>``: a hidden sibling of ``root`` (same file system, so a
-    rename onto ``root`` is atomic)."""
-    return root.with_name(f".{root.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _not_a_store(root: Path) -> bool:
-    """A file (a source named as the output by mistake), or a non-empty directory without a manifest."""
-    return not root.is_dir() or (not (root / MANIFEST).exists() and any(root.iterdir()))
-
-
-def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _not_a_store,
-                 what: str = "what is not a store (a file, or a non-empty directory without a manifest)",
-                 error: type[Exception] = SeqstoreError) -> None:
-    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and even then one that
-    ``refuse(root)`` says may not be replaced (``error``: "refusing to overwrite ``what``"); make the
-    parent directory."""
-    if root.exists() or root.is_symlink():
-        if not overwrite:
-            raise OutputExistsError(root)
-        if refuse(root):
-            raise error(f"{root}: refusing to overwrite {what}")
-    root.parent.mkdir(parents=True, exist_ok=True)
-
-
-def install_output(tmp: Path, root: Path) -> None:
-    """Move the finished store ``tmp`` to ``root``: an existing ``root`` is renamed aside, ``tmp`` renamed
-    into place, then the old one deleted (put back if the second rename fails)."""
-    if root.exists() or root.is_symlink():
-        old = temp_sibling(root, "old")
-        os.replace(root, old)
-        try:
-            os.replace(tmp, root)
-        except BaseException:
-            os.replace(old, root)  # put the previous store back
-            raise
-        fsync_dir(root.parent)
-        remove_path(old)
-    else:
-        os.replace(tmp, root)
-        fsync_dir(root.parent)
-
-
-@contextlib.contextmanager
-def replaced(root: Path, tag: str = "tmp") -> Iterator[Path]:
-    """A hidden sibling of ``root`` (:func:`temp_sibling`) to build an output in: installed at ``root``
-    (:func:`install_output`) when the block ends, deleted when it raises (``root`` then as before)."""
-    tmp = temp_sibling(root, tag)
-    try:
-        yield tmp
-        install_output(tmp, root)
-    except BaseException:
-        remove_path(tmp)
-        raise
 
 
 def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], fill: Callable[[Writer], None], *,

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, SchemaError
-from ..interop._common import check_output, replaced
 from ..io.object_common import is_remote
 from ..schema import Field, Schema
 from ..store.reader import open_store
+from ..store.write.outputs import check_output, replaced
 from ..store.writer import create
 from .logger import default_packing
 

@@ -1,0 +1,93 @@
+"""A new output built beside its place and installed whole: a hidden sibling to build it in, renamed
+onto the output's path once complete (the previous output, if any, renamed aside first and deleted after),
+and deleted if building fails, so the path holds the old output or the new one, never a part. The
+importers, exporters and the LogIX import write through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ...errors import SeqstoreError
+from ...format.manifest import MANIFEST, fsync_dir
+
+__all__ = ["OutputExistsError", "temp_sibling", "remove_path", "check_output", "install_output", "replaced"]
+
+
+class OutputExistsError(FileExistsError):
+    """The output of a conversion already exists and ``overwrite`` was not given; ``path`` names it.
+
+    The message speaks Python (``overwrite=True``); the command line says ``--overwrite`` instead.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(f"{path}: already exists (pass overwrite=True to replace it)")
+        self.path = str(path)
+
+
+def temp_sibling(root: Path, tag: str) -> Path:
+    """``<parent>/.<name>.<tag>-<pid>-<random>``: a hidden sibling of ``root`` (same file system, so a
+    rename onto ``root`` is atomic)."""
+    return root.with_name(f".{root.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _not_a_store(root: Path) -> bool:
+    """A file (a source named as the output by mistake), or a non-empty directory without a manifest."""
+    return not root.is_dir() or (not (root / MANIFEST).exists() and any(root.iterdir()))
+
+
+def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _not_a_store,
+                 what: str = "what is not a store (a file, or a non-empty directory without a manifest)",
+                 error: type[Exception] = SeqstoreError) -> None:
+    """Refuse an existing ``root`` unless ``overwrite`` (OutputExistsError), and even then one that
+    ``refuse(root)`` says may not be replaced (``error``: "refusing to overwrite ``what``"); make the
+    parent directory."""
+    if root.exists() or root.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(root)
+        if refuse(root):
+            raise error(f"{root}: refusing to overwrite {what}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+
+
+def install_output(tmp: Path, root: Path) -> None:
+    """Move the finished store ``tmp`` to ``root``: an existing ``root`` is renamed aside, ``tmp`` renamed
+    into place, then the old one deleted (put back if the second rename fails)."""
+    if root.exists() or root.is_symlink():
+        old = temp_sibling(root, "old")
+        os.replace(root, old)
+        try:
+            os.replace(tmp, root)
+        except BaseException:
+            os.replace(old, root)  # put the previous store back
+            raise
+        fsync_dir(root.parent)
+        remove_path(old)
+    else:
+        os.replace(tmp, root)
+        fsync_dir(root.parent)
+
+
+@contextlib.contextmanager
+def replaced(root: Path, tag: str = "tmp") -> Iterator[Path]:
+    """A hidden sibling of ``root`` (:func:`temp_sibling`) to build an output in: installed at ``root``
+    (:func:`install_output`) when the block ends, deleted when it raises (``root`` then as before)."""
+    tmp = temp_sibling(root, tag)
+    try:
+        yield tmp
+        install_output(tmp, root)
+    except BaseException:
+        remove_path(tmp)
+        raise
