@@ -518,3 +518,57 @@ def test_procs_closing_with_large_batches_in_flight_lets_the_workers_end(monkeyp
     assert len(workers) == 2
     batches.close()
     assert [p.exitcode for p in workers] == [0, 0]
+
+
+_BOTH_LARGE = '''
+import sys
+
+import numpy as np
+import torch
+
+from seqstore.torch import _ring
+from seqstore.torch._ring import run_processes
+
+
+class Workers(_ring.Chooser):  # the workers gather every batch after the first
+    def __init__(self) -> None:
+        super().__init__()
+        self.here = False
+
+    def tick(self, *args: float) -> None:
+        pass
+
+
+def gather(idx: np.ndarray) -> dict:  # a batch of idx[0] KiB, whatever the number of indices
+    return {"x": torch.full((int(idx[0]) * 128,), float(idx[0]), dtype=torch.float64)}
+
+
+if __name__ == "__main__":
+    arrays = [np.full(40000, 512 + k) for k in range(12)]  # 320 kB each; batches of 512 KiB, slots of 64 KiB
+    got = [int(b["x"][0]) for b in run_processes(gather(np.array([1])), iter(arrays), gather, 2, chooser=Workers())]
+    print(got)
+'''
+
+
+def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_deadlock(tmp_path: Any) -> None:
+    """An index array larger than the pipe holds, sent to a worker that is itself sending a batch larger than
+    its slot (over the pipe, more than it holds): each side waited for the other to read, forever. The
+    worker now reads what the loop sends while its large answer goes out."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "both_large.py"
+    script.write_text(_BOTH_LARGE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too
+        proc.communicate()
+        pytest.fail("the loop and a worker each waited on the other to read")
+    assert proc.returncode == 0, err
+    assert out.strip() == str([1, *range(512, 524)])

@@ -46,13 +46,15 @@ import os
 import pickle
 import secrets
 import select
+import struct
 import sys
 import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -98,23 +100,36 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) 
     shm = SharedMemory(name=shm_name)
     jobs: deque[tuple[Any, ...]] = deque()
     runs: dict[str, Any] = {}  # a read-once loop's run buffers mapped here, by name
+    stop = False
+
+    def take(msg: Any) -> None:
+        nonlocal stop
+        if msg is None:
+            stop = True
+        elif msg[0] == "ahead":  # (a remote store's answers take tens of milliseconds)
+            try:
+                gather.prefetch(msg[1])
+            except Exception:  # noqa: BLE001 - advice only: the batch's own gather reports the error
+                pass
+        elif msg[0] == "forget":
+            runs.pop(msg[1], None)
+        else:
+            jobs.append(msg)
+
     try:
         while True:
             while not jobs or conn.poll():
-                msg = conn.recv()
-                if msg is None:
+                take(conn.recv())
+                if stop:
                     return
-                if msg[0] == "ahead":  # (a remote store's answers take tens of milliseconds)
-                    try:
-                        gather.prefetch(msg[1])
-                    except Exception:  # noqa: BLE001 - advice only: the batch's own gather reports the error
-                        pass
-                elif msg[0] == "forget":
-                    runs.pop(msg[1], None)
-                else:
-                    jobs.append(msg)
             try:
-                conn.send(_serve(jobs.popleft(), gather, shm, slot_bytes, runs))
+                answer = _serve(jobs.popleft(), gather, shm, slot_bytes, runs)
+                if answer[0] == "big":
+                    _send_taking(conn, answer, take)
+                    if stop:
+                        return
+                else:
+                    conn.send(answer)
             except Exception as exc:  # noqa: BLE001 - sent to the loop, raised there
                 try:
                     pickle.loads(pickle.dumps(exc))  # (the loop's recv would fail on one that cannot be made again)
@@ -126,6 +141,33 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) 
         return
     finally:
         shm.close()
+
+
+def _send_taking(conn: Connection, answer: tuple[Any, ...], take: Callable[[Any], None]) -> None:
+    """``conn.send(answer)`` for an answer that may be larger than the pipe holds, passing every message
+    the loop sends meanwhile to ``take``: the loop may itself be blocked sending this worker a message
+    larger than the pipe holds (a large index array), and each would wait for the other to read. (The
+    bytes on the pipe are those of ``Connection.send``; the loop sends each message whole, so one that
+    has begun is read at once.)"""
+    data = ForkingPickler.dumps(answer)
+    n = len(data)
+    head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    fd = conn.fileno()
+    ready = select.poll()
+    ready.register(fd, select.POLLIN | select.POLLOUT)
+    os.set_blocking(fd, False)
+    try:
+        for buf in (memoryview(head), memoryview(data).cast("B")):
+            while len(buf):
+                try:
+                    buf = buf[os.write(fd, buf):]
+                except BlockingIOError:
+                    if any(ev & select.POLLIN for _, ev in ready.poll()):  # the loop sends: its message in whole
+                        os.set_blocking(fd, True)
+                        take(conn.recv())
+                        os.set_blocking(fd, False)
+    finally:
+        os.set_blocking(fd, True)
 
 
 def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes: int,
