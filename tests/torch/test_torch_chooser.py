@@ -111,19 +111,37 @@ def test_without_a_spare_core_a_loop_that_only_gathers_does_not_try_the_workers(
     assert _windows(ch, here=1.0, workers=0.5, waited=0.4, count=4, gathering=1.0)[1] is False
 
 
-def _run_script(script: Path, *args: str) -> Any:
-    """Run ``script`` in a fresh interpreter with this one's path; check that it succeeded and left no
-    block of its own in /dev/shm. Returns the completed process."""
+# put before a script's own lines: the names of the shared-memory blocks its process (and those it forks)
+# makes, one a line in the file $SEQSTORE_TEST_BLOCKS (other processes on the machine make and keep theirs)
+_RECORD_BLOCKS = """\
+import os as _os
+from multiprocessing import shared_memory as _shared_memory
+_make = _shared_memory.SharedMemory.__init__
+def _make_recorded(self, *args, **kwargs):
+    _make(self, *args, **kwargs)
+    if kwargs.get("create", len(args) > 1 and args[1]):
+        with open(_os.environ["SEQSTORE_TEST_BLOCKS"], "a") as f:
+            f.write(self.name + "\\n")
+_shared_memory.SharedMemory.__init__ = _make_recorded
+"""
+
+
+def _run_script(script: Path, *args: str) -> tuple[Any, list[str]]:
+    """Run ``script`` in a fresh interpreter with this one's path; check that it succeeded, made blocks
+    in /dev/shm and left none of them behind. Returns the completed process and the names of its blocks."""
     import subprocess
     import sys
 
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    script.write_text(_RECORD_BLOCKS + script.read_text())
+    made = script.with_suffix(".blocks")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "SEQSTORE_TEST_BLOCKS": str(made)}
     done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
                           env=env)
     assert done.returncode == 0, done.stderr
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} <= before
-    return done
+    names = made.read_text().split() if made.exists() else []
+    assert names, "the script made no block in /dev/shm"
+    assert [n for n in names if os.path.exists(os.path.join("/dev/shm", n))] == []
+    return done, names
 
 
 def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
@@ -146,9 +164,9 @@ def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path)
         "        next(it)\n"
         "    print('blocks', sorted(n for n in __import__('os').listdir('/dev/shm') if n.startswith('psm_')))\n"
     )
-    done = _run_script(script, str(path))
+    done, names = _run_script(script, str(path))
     seen = done.stdout.split("blocks", 1)[1]
-    assert "psm_" in seen, done.stdout  # the loop had its block while it ran
+    assert all(n in seen for n in names), done.stdout  # the loop had its block while it ran
     assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
@@ -201,6 +219,6 @@ def test_a_script_that_ends_holding_a_batch_lent_from_a_slot_exits_quietly(tmp_p
         "maps = [line.split()[0].split('-') for line in open('/proc/self/maps') if '/dev/shm/psm_' in line]\n"
         "print('lent', any(int(lo, 16) <= ptr < int(hi, 16) for lo, hi in maps))\n"
     )
-    done = _run_script(script, str(path))
+    done, _ = _run_script(script, str(path))
     assert "lent True" in done.stdout, done.stdout
     assert done.stderr.strip() == "", done.stderr
