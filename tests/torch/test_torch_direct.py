@@ -572,3 +572,43 @@ def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_dead
         pytest.fail("the loop and a worker each waited on the other to read")
     assert proc.returncode == 0, err
     assert out.strip() == str([1, *range(512, 524)])
+
+
+def test_threads_ctrl_c_in_a_gather_of_the_loops_thread_is_raised_at_once() -> None:
+    """The loop's thread gathers later batches while it waits for the next one; a KeyboardInterrupt there
+    (Ctrl-C) is raised at once, not kept with that batch while the earlier ones are still handed out.
+    Ordinary exceptions still come when their batch is due."""
+    from seqstore.torch._direct import run_ordered
+
+    helper_busy, interrupted = threading.Event(), threading.Event()
+
+    def gather(idx: np.ndarray) -> dict[str, Any]:
+        if threading.current_thread() is threading.main_thread():
+            if not interrupted.is_set():
+                interrupted.set()
+                raise KeyboardInterrupt
+        else:  # the helper holds batch 0 until the loop's thread was interrupted
+            helper_busy.set()
+            interrupted.wait(10)
+        return {"x": torch.from_numpy(idx)}
+
+    def arrays() -> Any:
+        yield np.array([0])
+        helper_busy.wait(10)  # batch 0 is the helper's: the loop's thread takes batch 1 while it waits
+        for k in range(1, 6):
+            yield np.array([k])
+
+    batches = run_ordered(arrays(), gather, 1)
+    with pytest.raises(KeyboardInterrupt):
+        next(batches)
+
+    def failing(idx: np.ndarray) -> dict[str, Any]:
+        if int(idx[0]) == 3:
+            raise ValueError("batch 3")
+        return {"x": torch.from_numpy(idx)}
+
+    got = []
+    with pytest.raises(ValueError, match="batch 3"):
+        for b in run_ordered(iter([np.array([k]) for k in range(6)]), failing, 2):
+            got.append(int(b["x"][0]))
+    assert got == [0, 1, 2]

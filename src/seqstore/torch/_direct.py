@@ -196,8 +196,11 @@ class _Slot:
     def run(self, gather: Callable[[IndexArray], Batch]) -> None:
         try:
             self.value = gather(self.idx)
-        except BaseException as exc:  # noqa: BLE001 - raised in the consumer when the batch is due
+        except Exception as exc:  # noqa: BLE001 - raised in the consumer when the batch is due
             self.error = exc
+        except BaseException as exc:  # Ctrl-C (SystemExit): at once in the loop's thread; kept for the batch too
+            self.error = exc
+            raise
         finally:
             self.done.set()
 
@@ -217,7 +220,8 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
     has started (often that very batch) instead of waiting: with no core free for the helpers the loop
     still gathers at about the in-line rate, and a helper that is ahead hands its batch over at once.
     The index arrays are drawn in this thread only. An exception in a gather is raised here when its
-    batch is due; closing the generator lets the running gathers finish and stops the helpers."""
+    batch is due (a KeyboardInterrupt in a gather of this thread at once); closing the generator lets
+    the running gathers finish and stops the helpers."""
     work = threading.Condition()
     unclaimed: deque[_Slot] = deque()
     stopping = False
