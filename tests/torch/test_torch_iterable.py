@@ -210,3 +210,15 @@ def test_with_index_refuses_a_field_named_index(tmp_path: Path, batch: int | Non
     with pytest.raises(KeyError, match="already has a field named 'index'"):
         next(iter(IterableSeqDataset(path, batch=batch, with_index=True)))
     assert int(next(iter(IterableSeqDataset(path, batch=batch)))["index"].reshape(-1)[0]) == 100
+
+
+def test_records_without_fields_are_empty_records(ds: StoreDataset) -> None:
+    """``fields=[]`` without ``with_index``: records mode yields one empty record per record of the epoch
+    (as SeqDataset gives for the same arguments, and as ``len`` says), not an empty epoch."""
+    from seqstore.torch import SeqDataset
+
+    it = IterableSeqDataset(ds, fields=[])
+    records = list(it)
+    assert records == [{}] * N == [SeqDataset(ds, fields=[])[i] for i in range(N)]
+    assert len(records) == len(it)
+    assert [sorted(r) for r in IterableSeqDataset(ds, fields=[], with_index=True)] == [["index"]] * N

@@ -142,6 +142,9 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         if self.with_index:
             parts.append(self._index(idx, names).unbind(0))
             names.append(INDEX_KEY)
+        if not parts:  # no fields: one empty record per index (as SeqDataset gives)
+            yield from ({} for _ in range(len(idx)))
+            return
         for views in zip(*parts):
             yield dict(zip(names, views))
 
