@@ -80,6 +80,7 @@ def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, par: d
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import seqstore.torch.loader as loader_module
 
+    _workers_gather(monkeypatch)  # (else the loop's process gathers these few batches itself: ring.Chooser)
     plans: list[Any] = []
     real = loader_module.direct_plan
     monkeypatch.setattr(loader_module, "direct_plan", lambda ld, t: plans.append(real(ld, t)) or plans[-1])
@@ -101,10 +102,12 @@ def test_same_batches_as_the_dataloader_path(ds: StoreDataset, mode: str, par: d
                          ids=["inline-threads", "threads-inline", "procs-threads", "inline-procs",
                               "dataloader_workers-workers", "workers-inline"])
 def test_resume_over_ranks_and_modes_is_exact(ds: StoreDataset, mode: str,
-                                              par: tuple[dict[str, int], dict[str, int]]) -> None:
+                                              par: tuple[dict[str, int], dict[str, int]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """2 ranks take k batches each (more are in flight with threads or processes), checkpoint, 1 rank
     resumes in another mode: the states and the remaining batches equal the DataLoader path's, and with no
     tail padding every record comes exactly once."""
+    _workers_gather(monkeypatch)  # (else the loop's process gathers these few batches itself: ring.Chooser)
     k = 3
 
     def run(first: dict[str, int], then: dict[str, int]) -> tuple[dict[str, Any], list[np.ndarray]]:
