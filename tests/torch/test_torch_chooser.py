@@ -222,3 +222,55 @@ def test_a_script_that_ends_holding_a_batch_lent_from_a_slot_exits_quietly(tmp_p
     done, _ = _run_script(script, str(path))
     assert "lent True" in done.stdout, done.stdout
     assert done.stderr.strip() == "", done.stderr
+
+
+def test_workers_of_a_loop_killed_by_sigkill_end(tmp_path: Path) -> None:
+    """A loop's process killed with SIGKILL (the OOM killer) runs no clean-up: its forked workers, which hold
+    copies of the loop's end of their pipes and so never see it close, still end on their own."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "s.seqstore"
+    make_store(path, 400, seed=3)
+    script = tmp_path / "killed.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import multiprocessing\n"
+        "from seqstore.data import StoreDataset\n"
+        "from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded\n"
+        "if __name__ == '__main__':\n"
+        "    ds = StoreDataset(sys.argv[1], ordering='random', seed=1)\n"
+        "    import seqstore.torch.loader\n"
+        "    seqstore.torch.loader.PARALLEL_FROM_BYTES = 0\n"
+        "    it = iter(SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=4, procs=2,\n"
+        "                            collate_fn=collate_padded, multiprocessing_context='fork'))\n"
+        "    for _ in range(40):\n"
+        "        next(it)\n"
+        "    print(' '.join(str(p.pid) for p in multiprocessing.active_children()), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "w") as o, open(err, "w") as e:  # (files: the workers hold them too, a pipe would not end)
+        done = subprocess.run([sys.executable, str(script), str(path)], stdout=o, stderr=e, timeout=120, env=env)
+    assert done.returncode == -signal.SIGKILL, err.read_text()
+    pids = [int(p) for p in out.read_text().split()]
+    assert pids, out.read_text()
+    deadline = time.monotonic() + 30
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if os.path.exists(f"/proc/{p}") and "Z" not in _state(p)]
+    for p in alive:  # (not left behind by a failing test)
+        os.kill(p, signal.SIGKILL)
+    assert alive == [], "workers outlived their loop's process"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -90,12 +90,17 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
-def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int) -> None:
+def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, inherited: list[int]) -> None:
     """Loop of one worker: (slot, indices) in, ("ok", layout) / ("big", layout, bytes) / ("error", exc) out;
     ("ahead", indices): a later batch, whose reads start at once. Every message waiting is taken before
     a batch is gathered, so the reads of the batches sent ahead are in flight while it waits for its own.
     (slot, indices, run parts): a read-once loop's batch, gathered from its run buffers (``attach_run``);
-    ("forget", name): a run buffer no longer used."""
+    ("forget", name): a run buffer no longer used. ``inherited``: the loop's ends of the pipes, which a
+    forked worker holds copies of; closed first, so that the loop's process ending, even by SIGKILL,
+    ends the pipe for the worker (else it would wait for a message for ever)."""
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
     torch.set_num_threads(1)
     shm = SharedMemory(name=shm_name)
     jobs: deque[tuple[Any, ...]] = deque()
@@ -407,9 +412,11 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     pollers: list[Any] = []  # one a worker: Connection.poll builds a selector a call
 
     def start_workers() -> None:
+        forked = ctx.get_start_method() == "fork"  # (spawned and forkserver workers hold only their own end)
         for _ in range(procs):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(theirs, gather, shm.name, slot_bytes), daemon=True,
+            inherited = [c.fileno() for c in (*conns, mine)] if forked else []
+            p = ctx.Process(target=_worker, args=(theirs, gather, shm.name, slot_bytes, inherited), daemon=True,
                             name="seqstore-loader")
             p.start()
             theirs.close()
