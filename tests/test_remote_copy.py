@@ -270,6 +270,26 @@ def test_destination_with_another_store_needs_overwrite(moto_s3: MotoS3, s3_buck
         ss.copy(a, a)
 
 
+def test_overwrite_replaces_index_runs_of_the_same_name_and_size(tmp_path: Path) -> None:
+    """The replaced store's merged id-index run has the name and size of the new store's (same shard
+    positions, same record counts) but other ids: it must be copied again, not kept, or lookups of the
+    new store's ids miss."""
+
+    def ids_store(path: Path, tag: str) -> Path:
+        with ss.create(path, {"v": ss.Field("int64")}, max_shard_records=4) as w:
+            w.append_batch({"v": np.arange(40)}, ids=[f"{tag}-{i}" for i in range(40)])
+        return path
+
+    a, b = ids_store(tmp_path / "a.seqstore", "a"), ids_store(tmp_path / "b.seqstore", "b")
+    runs = ss.open(b).manifest.index_runs
+    assert runs and runs == ss.open(a).manifest.index_runs
+    dst = tmp_path / "dst.seqstore"
+    ss.copy(a, dst)
+    ss.copy(b, dst, overwrite=True)
+    assert ss.open(dst).index_many(["b-5", "b-31", "b-39"]).tolist() == [5, 31, 39]
+    assert verify(dst) == []
+
+
 def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from seqstore.cli import main
 

@@ -339,7 +339,7 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
     copier = _Copier(s_objs, d_objs, s, bar)
     try:
         _run_shards(copier, s.num_shards, workers)
-        manifest_raw = _copy_runs(copier, s)
+        manifest_raw = _copy_runs(copier, s, set(old_runs))
         if s.v3 and s.num_shards:
             key = TABLE if isinstance(d_objs, LocalObjects) else s.table_key
             table = s.header + s.rows.tobytes()
@@ -433,12 +433,14 @@ def _schedule_shards(copier: _Copier, count: int, workers: int, stop: threading.
             raise failed
 
 
-def _copy_runs(copier: _Copier, s: StoreState) -> bytes:
-    """Copy the merged id-index runs the manifest lists (skipping those already there with the same
-    size: a run's name fixes the shards it covers, so in a prefix-compatible destination the same name
-    and size is the same run). A run whose files vanished from the source (merged into a bigger run by
-    a writer since the manifest was read) is left out of the copy's manifest: runs are an accelerator,
-    the shards' own indexes are authoritative. Returns the manifest bytes to write."""
+def _copy_runs(copier: _Copier, s: StoreState, present: set[str]) -> bytes:
+    """Copy the merged id-index runs the manifest lists, skipping those of ``present`` (the runs an
+    earlier state of the source at the destination lists) already there with the same size: a run's
+    name fixes the shards it covers, so there the same name and size is the same run. Any other file
+    of that name (a replaced store's run, an interrupted copy's) may hold other ids: it is sent again.
+    A run whose files vanished from the source (merged into a bigger run by a writer since the manifest
+    was read) is left out of the copy's manifest: runs are an accelerator, the shards' own indexes are
+    authoritative. Returns the manifest bytes to write."""
     dropped = []
     for run in s.manifest.index_runs:
         for suffix in (".hash.npy", ".rows.npy"):
@@ -449,7 +451,7 @@ def _copy_runs(copier: _Copier, s: StoreState) -> bytes:
                 dropped.append(run.name)
                 break
             with contextlib.suppress(RemoteNotFound):
-                if copier.dst.head(key).size == size:
+                if run.name in present and copier.dst.head(key).size == size:
                     continue
             copier.copy_file(key, size, None)
     if not dropped:
