@@ -270,6 +270,29 @@ def test_unpickling_a_replaced_store_is_an_error(scratch: Path) -> None:
         pickle.loads(blob)
 
 
+def test_unpickling_a_store_replaced_by_one_of_the_same_shape_is_an_error(scratch: Path) -> None:
+    """A store overwritten by another with as many records in the same shards (or with those shards
+    first and more after) is a replaced store too, not the pickled object's view of it."""
+    root = scratch / "s"
+
+    def write(first: int, n: int) -> None:
+        with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=4, overwrite=True) as w:
+            w.append_batch({"v": np.arange(first, first + n)})
+
+    for grown in (8, 12):
+        write(0, 8)
+        blob = pickle.dumps(ss.open(root))
+        write(1000, grown)
+        with pytest.raises(ss.SeqstoreError, match="replaced"):
+            pickle.loads(blob)
+    write(0, 8)
+    blob = pickle.dumps(ss.open(root))
+    with ss.append_to(root, max_shard_records=4) as w:  # grown, not replaced: the pickled view
+        w.append_batch({"v": np.arange(8, 12)})
+    again = pickle.loads(blob)
+    assert len(again) == 8 and int(again[7]["v"]) == 7
+
+
 def test_store_in_spawned_process(scratch: Path) -> None:
     root = scratch / "s"
     _write_child_store(root, 30, max_shard_records=8)

@@ -380,40 +380,44 @@ class Store:
     # ------------------------------------------------------------------------------------ pickling
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as (path, options, shard count, record count): a worker process reopens the store,
-        maps its own files and sees the same records as this object, even if shards were committed
-        since (shards are append-only; :meth:`refresh` in the worker moves on to the newest)."""
+        """Pickle as (path, options, shard count, record count, and for a version-3 store the CRC-32 of
+        its shard table's rows): a worker process reopens the store, maps its own files and sees the
+        same records as this object, even if shards were committed since (shards are append-only;
+        :meth:`refresh` in the worker moves on to the newest)."""
         path, options = self._source.reopen()
         options = {"readahead": self._readahead, "max_mapped_shards": self._shards.max_mapped_opt, **options}
         if self._verify_reads:
             options["verify_reads"] = True
-        return (_unpickle_store, (path, self._bf16, self.num_shards, len(self), options))
+        rows_crc = None if self._manifest.table is None else self._manifest.table.crc32
+        return (_unpickle_store, (path, self._bf16, self.num_shards, len(self), options, rows_crc))
 
-    def _pin(self, num_shards: int, records: int) -> None:
-        """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw)."""
+    def _pin(self, num_shards: int, records: int, rows_crc: int | None = None) -> None:
+        """Restrict this view to the first ``num_shards`` shards (what a pickled Store saw; ``rows_crc``:
+        the CRC-32 of those rows of a version-3 shard table, which a store replaced since does not have)."""
         m = self._manifest
         if m.num_shards == num_shards:
-            if len(self) != records:
+            if len(self) != records or (rows_crc is not None and (m.table is None or m.table.crc32 != rows_crc)):
                 raise SeqstoreError(f"{self.url}: the store was replaced since this Store was pickled")
             return
         table = self._shards.table.prefix(num_shards) if m.num_shards > num_shards else None
-        if table is None or table.total != records:
+        crc = None if table is None or m.table is None else table.crc32()
+        if table is None or table.total != records or (rows_crc is not None and crc != rows_crc):
             raise SeqstoreError(
                 f"{self.url}: the store was replaced since this Store was pickled (it had {records} records in "
                 f"{num_shards} shards, it now has {m.num_records} in {m.num_shards})"
             )
         runs = [r for r in m.index_runs if r.end_shard <= num_shards]  # others fall back to shard indexes
         state = m.table
-        if state is not None:  # version 3: the first rows of the shard table
-            state = dataclasses.replace(state, rows=num_shards, records=records, crc32=table.crc32())
+        if state is not None and crc is not None:  # version 3: the first rows of the shard table
+            state = dataclasses.replace(state, rows=num_shards, records=records, crc32=crc)
         self._load(dataclasses.replace(m, shards=m.shards[:num_shards], index_runs=runs, table=state))
 
 
 def _unpickle_store(path: Any, bfloat16: str, num_shards: int | None = None, records: int | None = None,
-                    options: dict[str, Any] | None = None) -> Store:
+                    options: dict[str, Any] | None = None, rows_crc: int | None = None) -> Store:
     store = Store(path, bfloat16=bfloat16, **(options or {}))
     if num_shards is not None and records is not None:
-        store._pin(num_shards, records)
+        store._pin(num_shards, records, rows_crc)
     return store
 
 
