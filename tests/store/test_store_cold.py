@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -346,6 +347,30 @@ def test_mapped_shards_are_bounded(tmp_path: Path) -> None:
     assert store.mapped_shards <= 4
     with pytest.raises(ValueError, match="max_mapped_shards"):
         ss.open(root, max_mapped_shards=0)
+
+
+def test_index_keeps_the_mapped_shards_bounded_without_merged_runs(tmp_path: Path) -> None:
+    """A store whose manifest lists no merged id-index runs (as a remote writer leaves it, and a local
+    copy of such a store) has every shard probed by its own index: index() maps them through the
+    bounded set of mapped shards, as index_many() does, rather than keeping every shard's index mapped."""
+    root = tmp_path / "s"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=2) as w:
+        w.append_batch({"v": np.arange(80)}, ids=[f"id-{i}" for i in range(80)])
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["index_runs"]
+    manifest["index_runs"] = []  # runs are an accelerator: the shards' own indexes answer alike
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+    def mapped_indexes() -> int:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        return sum(str(root) in line and "_ids.hash" in line for line in maps)
+
+    store = ss.open(root, max_mapped_shards=4)
+    assert [store.index(f"id-{i}") for i in (79, 0, 41)] == [79, 0, 41]
+    assert store.mapped_shards <= 4 and mapped_indexes() <= 2 * 4
+    with pytest.raises(KeyError):
+        store.index("id-80")
+    assert mapped_indexes() <= 2 * 4
 
 
 _CHILD = textwrap.dedent(

@@ -38,7 +38,7 @@ class IdLookup:
         self.planner, self.shards = planner, planner.shards
         self._id_last = last
         self._runs: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None] = {}
-        self._probes: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]] | None = None
+        self._probes: list[tuple[int, Any, Any, int]] | None = None
 
     def id(self, i: int) -> str:
         if not self.shards.table.has_ids:
@@ -88,26 +88,38 @@ class IdLookup:
                          np.ascontiguousarray(offsets[:-1][pos]), 1)
         return data, offsets
 
-    def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
-        """Yield (first shard, sorted hashes, rows, row base) for every index to probe, in shard order.
-
-        Rows of a merged run are global (base 0); rows of a shard index are local (base = shard start).
-        A merged run whose files were superseded after this manifest was read falls back to its shards.
-        """
+    def _probe_plan(self) -> Iterator[tuple[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None]]:
+        """Yield (first shard, a merged run's (hashes, rows)) for every run to probe and (shard, None) for
+        every shard probed by its own index, in shard order. A merged run whose files were superseded
+        after this manifest was read falls back to its shards."""
         shard = 0
         runs: list[IndexRun] = list(self.shards.manifest.index_runs)
         while shard < self.shards.num_shards:
             run = next((r for r in runs if r.first_shard == shard), None)
             arrays = self._run_arrays(run) if run is not None else None
             if run is not None and arrays is not None:
-                yield shard, arrays[0], arrays[1], 0
+                yield shard, arrays
                 shard = run.end_shard
                 continue
-            sh = self.shards.shard(shard)
-            sh.load_ids()
-            assert sh.id_hash is not None and sh.id_rows is not None
-            yield shard, sh.id_hash, sh.id_rows, self.shards.start_index[shard]
+            yield shard, None
             shard += 1
+
+    def _target(self, shard: int, arrays: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None
+                ) -> tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
+        """(first shard, sorted hashes, rows, row base) of one entry of :meth:`_probe_plan`: rows of a
+        merged run are global (base 0), rows of a shard index local (base = shard start); a shard is
+        mapped now (through the bounded set of mapped shards)."""
+        if arrays is not None:
+            return shard, arrays[0], arrays[1], 0
+        sh = self.shards.shard(shard)
+        sh.load_ids()
+        assert sh.id_hash is not None and sh.id_rows is not None
+        return shard, sh.id_hash, sh.id_rows, self.shards.start_index[shard]
+
+    def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
+        """Yield (first shard, sorted hashes, rows, row base) for every index to probe, in shard order."""
+        for shard, arrays in self._probe_plan():
+            yield self._target(shard, arrays)
 
     def _run_arrays(self, run: IndexRun) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
         if run.name not in self._runs:
@@ -175,13 +187,17 @@ class IdLookup:
 
     def _index_one(self, key: bytes) -> int:
         """One id in a local store without checks: a binary search per index (their list built once for
-        this manifest) and a byte comparison of the (almost always one) candidate; about 10x cheaper
-        than the vectorised path for a single id."""
-        if self._probes is None:
-            self._probes = list(self._probe_targets())
+        this manifest; shards not in a merged run are mapped as they are probed, so their indexes stay
+        within ``max_mapped_shards``) and a byte comparison of the (almost always one) candidate; about
+        10x cheaper than the vectorised path for a single id."""
+        if self._probes is None:  # a shard probed by its own index: (shard, None, None, 0)
+            self._probes = [self._target(k, arrays) if arrays is not None else (k, None, None, 0)
+                            for k, arrays in self._probe_plan()]
         h = np.uint64(hash_one(key))
         found = -1
         for first, hashes, rows, base in self._probes:
+            if hashes is None:
+                first, hashes, rows, base = self._target(first, None)
             j = int(np.searchsorted(hashes, h, "left"))
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
