@@ -114,6 +114,22 @@ def test_lengths_object(scratch: Path) -> None:
     assert "Lengths" in repr(lengths)
 
 
+def test_lengths_save_refuses_a_dtype_that_cannot_hold_them(scratch: Path) -> None:
+    """Lengths.save(dtype=...) with an integer dtype too small for the longest record raises, naming the
+    record, instead of writing wrapped-around lengths (300 as uint8 would read back as 44)."""
+    root = scratch / "s"
+    with ss.create(root, {"t": ss.Field("int32", (None,))}, max_shard_records=2) as w:
+        for n in (3, 0, 5, 300, 7):
+            w.append({"t": np.zeros(n, np.int32)})
+    lengths = ss.open(root).lengths()
+    assert np.load(lengths.save(scratch / "auto.npy")).dtype == np.uint16
+    np.testing.assert_array_equal(np.load(lengths.save(scratch / "i2.npy", dtype=np.int16)), [3, 0, 5, 300, 7])
+    for small in (np.uint8, np.int8):
+        with pytest.raises(ValueError, match="record 3"):
+            lengths.save(scratch / "small.npy", dtype=small)
+        assert not (scratch / "small.npy").exists() and not list(scratch.glob(".small.npy.tmp-*"))
+
+
 def test_get_batch_details(scratch: Path) -> None:
     root = scratch / "s"
     _write_child_store(root, 12, max_shard_records=5)

@@ -96,7 +96,8 @@ class Lengths:
     def save(self, path: str | os.PathLike[str], dtype: Any = None) -> Path:
         """Write the lengths to a ``.npy`` file (two chunked passes; O(chunk) memory) and return its path.
 
-        ``dtype`` defaults to the smallest unsigned integer type that holds the longest record. The file
+        ``dtype`` defaults to the smallest unsigned integer type that holds the longest record; an
+        integer ``dtype`` that cannot hold a record's length is a ValueError naming the record. The file
         is written under a temporary name and renamed, so a reader never sees a partial file. Map it with
         ``np.load(path, mmap_mode="r")`` or pass the path as ``lengths`` to :func:`seqstore.seq_order`.
         """
@@ -104,13 +105,24 @@ class Lengths:
         if dtype is None:
             longest = max((int(c.max()) for c in self.iter_chunks() if c.size), default=0)
             dtype = next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if longest <= np.iinfo(t).max)
+        dt = np.dtype(dtype)
+        most = int(np.iinfo(dt).max) if dt.kind in "iu" else None
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(len(self),))
-        pos = 0
-        for chunk in self.iter_chunks():
-            out[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        out.flush()
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dt, shape=(len(self),))
+        try:
+            pos = 0
+            for chunk in self.iter_chunks():
+                if most is not None and chunk.size and int(chunk.max()) > most:
+                    at = pos + int(np.argmax(chunk > most))
+                    raise ValueError(f"{self._shards.url}: record {at} of field {self.field!r} has length "
+                                     f"{int(chunk[at - pos])}, more than dtype {dt} holds ({most})")
+                out[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+            out.flush()
+        except BaseException:
+            del out
+            tmp.unlink(missing_ok=True)
+            raise
         del out
         os.replace(tmp, target)
         return target
