@@ -212,6 +212,24 @@ def test_verify_finds_a_damaged_checksum_file_and_copies_keep_it(scratch: Path) 
         ss.open(root, verify_reads=True).get_batch([130])
 
 
+@pytest.mark.parametrize("old, new", [(b"'<u4'", b"'<i4'"), (b"(172, 4)", b"(172, 3)")])
+def test_verify_finds_a_damaged_header_of_the_checksum_file(scratch: Path, old: bytes, new: bytes) -> None:
+    """The CRC-32 covers the data after the header: a damaged header of _checks.npy (its dtype or shape)
+    keeps size and CRC, and must be found by the structural check as in every other file, since
+    verified reads refuse the file."""
+    root = _build(scratch / "s")
+    path = _shard_of(root, 2) / CHECKS  # shard 2: records 256..299, 44 of them
+    raw = path.read_bytes()
+    at = read_header(path).data_offset
+    old, new = old.replace(b"172", b"44"), new.replace(b"172", b"44")
+    assert old in raw[:at]
+    path.write_bytes(raw[:at].replace(old, new, 1) + raw[at:])
+    with pytest.raises(ss.CorruptionError, match=CHECKS):
+        ss.open(root, verify_reads=True).get_batch([260])
+    problems = verify(root)
+    assert len(problems) == 1 and str(path) in problems[0], problems
+
+
 def test_a_pickled_store_keeps_verifying(scratch: Path) -> None:
     root = _build(scratch / "s")
     store = pickle.loads(pickle.dumps(ss.open(root, verify_reads=True)))

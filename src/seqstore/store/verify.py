@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SeqstoreError
+from ..format.checksums import CHECKS, check_columns
 from ..format.manifest import IDS, IndexRun, Manifest, ShardInfo
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
@@ -231,6 +232,8 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
         if msg:
             problems.append(msg)
         mapped(f"{name}.npy", f.storage_dtype, (rows, *f.inner_shape), sequential=False)
+    if CHECKS in info.files:  # per-record checksums: one column per field, and one for the ids
+        mapped(CHECKS, "<u4", (n, len(check_columns(list(schema), info.has_ids))), sequential=False)
     if info.has_ids:
         off = mapped(f"{IDS}.offsets.npy", "<i8", (n + 1,))
         total = int(off[-1]) if n + 1 else 0
