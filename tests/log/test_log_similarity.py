@@ -74,3 +74,17 @@ def test_per_field_fields_ranges_and_out_store(scratch: Path) -> None:
         similarity(st, {"m1": {"grad": q1}})
     with pytest.raises(ValueError, match="device"):
         similarity(st, np.zeros((2, 22), np.float32), device="tpu")
+
+
+def test_topk_ties_keep_the_lowest_records(scratch: Path) -> None:
+    """Records with equal scores: top-k takes the lowest record numbers, as documented, whatever the chunking."""
+    x = np.zeros((600, 4), np.float32)
+    x[100:400:3] = 1.0  # 100 records tie at the best score, the rest tie at 0
+    with Logger(scratch / "t", schema={"g": ss.Field("float32", (4,))}) as lg:
+        lg.log([f"r{i}" for i in range(600)], {"g": x})
+    q = np.array([[1, 1, 1, 1], [-1, -1, -1, -1]], np.float32)
+    ref = np.argsort(-(x @ q.T), axis=0, kind="stable")[:5].T
+    for chunk_rows in (None, 64, 7):
+        res = similarity(scratch / "t", q, topk=5, chunk_rows=chunk_rows)
+        np.testing.assert_array_equal(res.top_rows, ref)
+    assert ref.tolist() == [[100, 103, 106, 109, 112], [0, 1, 2, 3, 4]]

@@ -124,6 +124,12 @@ class _TopK:
             part = np.argpartition(s, r - self.k, axis=0)[r - self.k :]
             cs = np.take_along_axis(s, part, axis=0)
             cr = part.astype(np.int64) + start
+            kth = cs.min(axis=0)  # argpartition keeps any of the rows tied at the k-th score: keep the lowest
+            for j in np.flatnonzero(np.count_nonzero(s >= kth, axis=0) > self.k).tolist():
+                col = s[:, j]
+                rows = np.flatnonzero(col > kth[j])
+                rows = np.concatenate([rows, np.flatnonzero(col == kth[j])[: self.k - len(rows)]])
+                cs[:, j], cr[:, j] = col[rows], rows + start
         else:
             cs = np.array(s, dtype=np.float32)
             cr = np.broadcast_to(np.arange(start, start + r, dtype=np.int64)[:, None], s.shape)
