@@ -88,3 +88,19 @@ def test_topk_ties_keep_the_lowest_records(scratch: Path) -> None:
         res = similarity(scratch / "t", q, topk=5, chunk_rows=chunk_rows)
         np.testing.assert_array_equal(res.top_rows, ref)
     assert ref.tolist() == [[100, 103, 106, 109, 112], [0, 1, 2, 3, 4]]
+
+
+def test_dict_queries_for_a_scalar_field(scratch: Path) -> None:
+    """A dict of queries gives each field as (Q, *shape): a scalar field (the loss) as (Q,), not one query."""
+    rng = np.random.default_rng(4)
+    g, loss = rng.standard_normal((20, 4)).astype(np.float32), rng.standard_normal(20).astype(np.float32)
+    schema = {"layer1": {"grad": ss.Field("float32", (4,))}, "loss": ss.Field("float32")}
+    with Logger(scratch / "l", schema=schema) as lg:
+        lg.log([f"i{i}" for i in range(20)], {"layer1": {"grad": g}, "loss": loss})
+    qg, ql = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    res = similarity(scratch / "l", {"layer1": {"grad": qg}, "loss": ql}, per_field=True)
+    assert res.scores is not None and res.per_field is not None
+    np.testing.assert_allclose(res.per_field["loss"], loss[:, None] * ql[None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res.scores, g @ qg.T + loss[:, None] * ql[None], rtol=1e-5, atol=1e-5)
+    one = similarity(scratch / "l", {"layer1": {"grad": qg[0]}, "loss": ql[0]})  # one query, no Q axis
+    np.testing.assert_allclose(one.scores, res.scores[:, :1], rtol=1e-5, atol=1e-5)

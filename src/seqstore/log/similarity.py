@@ -79,7 +79,8 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
         parts = {}
         for name, (a, b) in columns.items():
             arr = _as_float32(flat[name])
-            arr = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
+            single = arr.ndim == len(store.schema[name].shape)  # one query, without the Q axis
+            arr = arr.reshape(1, -1) if single else arr.reshape(arr.shape[0], -1)
             if arr.shape[1] != b - a:
                 raise ValueError(
                     f"similarity(): query field {name!r} has {arr.shape[1]} values per query, expected {b - a}"
