@@ -161,3 +161,13 @@ def test_missing_grain_is_named(monkeypatch: pytest.MonkeyPatch, store: seqstore
     assert int(source[1]["tag"]) == 1001
     with pytest.raises(sg.GrainMissingError, match=r"pip install 'seqstore\[grain\]'"):
         sg.EpochSampler(source)
+
+
+def test_data_source_over_a_store_dataset_of_some_fields(store: seqstore.Store) -> None:
+    """A StoreDataset of some fields returns only those: the source says so, and refuses another field at once."""
+    ds = seqstore.StoreDataset(store, fields=["tag"])
+    source = sg.DataSource(ds)
+    assert source.ragged_fields == () and set(source[0]) == {"tag"}
+    assert source.batch_fn()(source._getitems([0, 1]))["tag"].tolist() == [1000, 1001]  # noqa: SLF001
+    with pytest.raises(KeyError, match=r"no field\(s\) \['x'\]; fields are \['tag'\]"):
+        sg.DataSource(ds, fields=["x"])

@@ -160,10 +160,10 @@ class DataSource:
                 raise TypeError("seqstore.grain.DataSource: fields must be a sequence of names, not a string")
             fields = list(fields)
             if isinstance(ds, StoreDataset):
-                names = set(ds.store.schema)
+                names = ds.field_names  # a StoreDataset of some fields returns only those
                 unknown = [f for f in fields if f not in names]
                 if unknown:
-                    raise KeyError(f"{ds.store.url}: no field(s) {unknown}; fields are {list(ds.store.schema)}")
+                    raise KeyError(f"{ds.store.url}: no field(s) {unknown}; fields are {names}")
                 if ds.fields is None:  # gather only these fields
                     ds = copy.copy(ds)
                     ds.fields = list(fields)
@@ -235,7 +235,9 @@ class DataSource:
 
 def _ragged_fields(dataset: Any, fields: tuple[str, ...] | None) -> tuple[str, ...]:
     store = getattr(dataset, "store", None)
-    if isinstance(store, Store):
+    if isinstance(dataset, StoreDataset):
+        names = [n for n in dataset.field_names if dataset.store.schema[n].ragged]
+    elif isinstance(store, Store):
         names = [n for n, f in store.schema.items() if f.ragged]
     elif int(dataset.num_seqs):
         names = [n for n, v in dataset.get_batch(np.zeros(1, np.int64)).items() if isinstance(v, tuple)]
