@@ -104,3 +104,18 @@ def test_dict_queries_for_a_scalar_field(scratch: Path) -> None:
     np.testing.assert_allclose(res.scores, g @ qg.T + loss[:, None] * ql[None], rtol=1e-5, atol=1e-5)
     one = similarity(scratch / "l", {"layer1": {"grad": qg[0]}, "loss": ql[0]})  # one query, no Q axis
     np.testing.assert_allclose(one.scores, res.scores[:, :1], rtol=1e-5, atol=1e-5)
+
+
+def test_topk_ranks_nan_scores_last_whatever_the_chunking(scratch: Path) -> None:
+    """Records whose scores are NaN (a diverged step's gradients) rank below every number: they neither
+    push better records of their chunk out of the top k nor appear before them."""
+    x = np.arange(40, dtype=np.float32)[:, None].repeat(2, 1)
+    x[[1, 4, 7, 30, 38]] = np.nan
+    with Logger(scratch / "n", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log([f"r{i}" for i in range(40)], {"g": x})
+    q = np.array([[1, 0]], np.float32)
+    for chunk_rows in (None, 5, 8):
+        res = similarity(scratch / "n", q, topk=4, chunk_rows=chunk_rows)
+        assert res.top_rows.tolist() == [[39, 37, 36, 35]], chunk_rows
+    everything = similarity(scratch / "n", q, topk=40, chunk_rows=8)
+    assert everything.top_rows[0, -5:].tolist() == [1, 4, 7, 30, 38]

@@ -39,7 +39,7 @@ class SimilarityResult:
         scores: ``(N, Q)`` float32, ``scores[i, q] = <record i, query q>``; None when not kept.
         per_field: field -> ``(N, Q)`` float32 scores over that field's columns only (``per_field=True``).
         top_rows: ``(Q, k)`` int64 record numbers of the k highest scores per query, best first
-            (ties: lower record first); None without ``topk``.
+            (ties: lower record first; NaN scores rank last); None without ``topk``.
         top_scores: ``(Q, k)`` float32 scores of ``top_rows``.
         out: the store the scores were written to (``out=``): one record per scanned record, field
             ``"score"`` (Q,) and, with ``per_field``, ``"by_field/<field>"`` (Q,), packed as group ``"scores"``.
@@ -122,15 +122,17 @@ class _TopK:
     def add(self, s: np.ndarray[Any, Any], start: int) -> None:
         r = s.shape[0]
         if r > self.k:
-            part = np.argpartition(s, r - self.k, axis=0)[r - self.k :]
+            # the k best rows, NaN scores ranked below every number (as the merge ranks them)
+            key = np.where(np.isnan(s), -np.inf, s) if np.isnan(s).any() else s
+            part = np.argpartition(key, r - self.k, axis=0)[r - self.k :]
+            kth = np.take_along_axis(key, part, axis=0).min(axis=0)
+            # argpartition keeps any of the rows tied at the k-th score: keep the lowest
+            for j in np.flatnonzero(np.count_nonzero(key >= kth, axis=0) > self.k).tolist():
+                col = key[:, j]
+                rows = np.flatnonzero(col > kth[j])
+                part[:, j] = np.concatenate([rows, np.flatnonzero(col == kth[j])[: self.k - len(rows)]])
             cs = np.take_along_axis(s, part, axis=0)
             cr = part.astype(np.int64) + start
-            kth = cs.min(axis=0)  # argpartition keeps any of the rows tied at the k-th score: keep the lowest
-            for j in np.flatnonzero(np.count_nonzero(s >= kth, axis=0) > self.k).tolist():
-                col = s[:, j]
-                rows = np.flatnonzero(col > kth[j])
-                rows = np.concatenate([rows, np.flatnonzero(col == kth[j])[: self.k - len(rows)]])
-                cs[:, j], cr[:, j] = col[rows], rows + start
         else:
             cs = np.array(s, dtype=np.float32)
             cr = np.broadcast_to(np.arange(start, start + r, dtype=np.int64)[:, None], s.shape)
