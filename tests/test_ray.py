@@ -395,3 +395,28 @@ def test_append_with_another_schema_fails_on_the_driver(ray_local: None, tmp_pat
     err = capfd.readouterr().err
     assert "Ray Data or Ray Core internal" not in err and "Traceback" not in err, err
     _check_exactly_once(path, range(100))
+
+
+def _fail_on_row(row: dict[str, Any]) -> dict[str, Any]:
+    if int(row["x"]) == 7:
+        raise ValueError("injected failure at row 7")
+    return row
+
+
+def test_failed_overwrite_with_another_schema_leaves_the_store_writable(ray_local: None, tmp_path: Path) -> None:
+    """An overwrite job with a new schema that fails leaves the store as it was, its schema included:
+    a later append of the store's own schema works and so does a plain writer."""
+    path = tmp_path / "s.seqstore"
+    assert sray.write(ray.data.from_items([{"x": i} for i in range(5)]), path) == 5
+    failing = ray.data.from_items([{"x": i} for i in range(10)]).map(_fail_on_row)
+    with pytest.raises(Exception, match="injected failure at row 7"):
+        sray.write(failing, path, schema={"x": Field("float32")}, mode="overwrite")
+    assert seqstore.open(path).schema["x"].dtype == "<i8"
+    assert sray.write(ray.data.from_items([{"x": i} for i in range(5, 8)]), path, mode="append") == 3
+    st = seqstore.open(path)
+    assert st.get_batch(np.arange(len(st)), fields=["x"])["x"].tolist() == list(range(8))
+    # an append or overwrite job that created the store and failed leaves none behind, as a create does
+    for mode in ("append", "overwrite"):
+        with pytest.raises(Exception, match="injected failure at row 7"):
+            sray.write(failing, tmp_path / f"{mode}.seqstore", schema={"x": Field("int64")}, mode=mode)
+        assert not (tmp_path / f"{mode}.seqstore").exists()

@@ -45,7 +45,16 @@ from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Schema
 from ..store import Store, open_store
-from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store, remove_if_empty
+from ..store.parts import (
+    Part,
+    PartWriter,
+    commit_parts,
+    discard_parts,
+    pending_jobs,
+    prepare_store,
+    remove_if_empty,
+    unstage,
+)
 from ..store.writer import existing_manifest
 
 __all__ = ["write", "read", "infer_schema", "block_columns", "BFLOAT16_METADATA"]
@@ -86,6 +95,7 @@ class _StoreDatasink(_SinkBase):
         self.metadata = dict(metadata) if metadata is not None else None
         self.job = f"ray-{uuid.uuid4().hex[:16]}"
         self._prepared = False
+        self._created = False  # no store was there before this job: removed again if the job fails
         self._ended = False  # on_write_complete or on_write_failed ran
         self.records = 0
 
@@ -94,6 +104,7 @@ class _StoreDatasink(_SinkBase):
 
     def _prepare(self) -> None:
         if not self._prepared:
+            self._created = existing_manifest(self.root, self.storage_options) is None
             prepare_store(self.root, self.schema, metadata=self.metadata, mode=self.mode,
                           storage_options=self.storage_options)
             self._prepared = True
@@ -140,8 +151,10 @@ class _StoreDatasink(_SinkBase):
             if self.job not in pending_jobs(self.root, storage_options=self.storage_options):
                 break
             time.sleep(0.2)
-        if self.mode == "create":  # the store this job created, if still empty
+        if self._created:  # the store this job created, if still empty
             remove_if_empty(self.root, storage_options=self.storage_options)
+        elif self.mode == "overwrite":  # the schema and metadata it staged for its commit
+            unstage(self.root, storage_options=self.storage_options)
 
 
 def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | Schema | None = None,
