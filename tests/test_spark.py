@@ -564,3 +564,24 @@ def test_string_column_error_names_spark_options(spark: Any, tmp_path: Path) -> 
     assert "column 'name'" in msg and '.option("idColumn", "name")' in msg and 'df.drop("name")' in msg, msg
     assert "schema option" in msg and "columns={" not in msg, msg
     assert not (tmp_path / "s").exists()
+
+
+def test_failed_overwrite_with_another_schema_leaves_the_store_writable(spark: Any, tmp_path: Path) -> None:
+    """An overwrite with a new schema that fails leaves the store as it was, its schema included: a later
+    append of the store's own schema commits."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        old = tmp_path / "old"
+        _write(_frame(spark, n=100), old, idColumn="key", schema=MAT_SCHEMA)
+        df = _frame(spark)
+        failing = df.mapInArrow(_fail_partition(1, attempts=99), df.schema)
+        with pytest.raises((Py4JJavaError, PySparkException)):
+            _write(failing, old, mode="overwrite", idColumn="key", schema=json.dumps({"mat": ["float32", [None, 2]]}))
+        _check_rows(old, 100)
+        _write(_frame(spark, n=100), old, idColumn="key", schema=MAT_SCHEMA)
+        assert len(seqstore.open(old)) == 200 and _leftovers(old) == []
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")

@@ -39,7 +39,16 @@ from ..interop import arrow_columns as acols
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, open_store
-from ..store.parts import Part, PartWriter, commit_parts, discard_parts, pending_jobs, prepare_store, remove_if_empty
+from ..store.parts import (
+    Part,
+    PartWriter,
+    commit_parts,
+    discard_parts,
+    pending_jobs,
+    prepare_store,
+    remove_if_empty,
+    unstage,
+)
 from ..store.writer import existing_manifest
 
 try:
@@ -160,6 +169,8 @@ class _Writer(DataSourceArrowWriter):
         self._end()
         if self.created:
             remove_if_empty(self.path, storage_options=self.storage_options)
+        elif self.mode == "overwrite":  # the schema and metadata the job staged for its commit
+            unstage(self.path, storage_options=self.storage_options)
 
     def _end(self) -> None:
         """Mark the job ended, then remove every part of it that was not committed.
