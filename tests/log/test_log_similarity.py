@@ -119,3 +119,14 @@ def test_topk_ranks_nan_scores_last_whatever_the_chunking(scratch: Path) -> None
         assert res.top_rows.tolist() == [[39, 37, 36, 35]], chunk_rows
     everything = similarity(scratch / "n", q, topk=40, chunk_rows=8)
     assert everything.top_rows[0, -5:].tolist() == [1, 4, 7, 30, 38]
+
+
+def test_dict_queries_flattened_per_query(scratch: Path) -> None:
+    """A field's queries may also come flattened, (Q, prod(shape)), as the matrix columns are."""
+    x = _store(scratch / "s", 50, "float32")
+    q1 = np.random.default_rng(5).standard_normal((4, 15)).astype(np.float32)
+    q2 = np.random.default_rng(6).standard_normal((4, 7)).astype(np.float32)
+    res = similarity(scratch / "s", {"m1": {"grad": q1}, "m2": {"grad": q2}})
+    np.testing.assert_allclose(res.scores, x @ np.concatenate([q1, q2], 1).T, rtol=1e-5, atol=1e-4)
+    one = similarity(scratch / "s", {"m1": {"grad": q1[0].reshape(3, 5)}, "m2": {"grad": q2[0]}})
+    np.testing.assert_allclose(one.scores, res.scores[:, :1], rtol=1e-5, atol=1e-5)

@@ -79,7 +79,7 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
         parts = {}
         for name, (a, b) in columns.items():
             arr = _as_float32(flat[name])
-            single = arr.ndim == len(store.schema[name].shape)  # one query, without the Q axis
+            single = arr.shape == store.schema[name].shape  # one query, without the Q axis
             arr = arr.reshape(1, -1) if single else arr.reshape(arr.shape[0], -1)
             if arr.shape[1] != b - a:
                 raise ValueError(
