@@ -16,7 +16,7 @@ lists) to a field's storage dtype, including ``bfloat16`` which is stored as its
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -156,6 +156,13 @@ class PackedGroup:
 
     def __hash__(self) -> int:
         return hash((self.name, self.dtype, self.fields, self.width))
+
+
+def field_list(fields: str | Iterable[str] | None) -> list[str] | None:
+    """``fields`` as a list of names (None stays None): a str is one field's name, not its letters."""
+    if fields is None:
+        return None
+    return [fields] if isinstance(fields, str) else list(fields)
 
 
 def flatten_values(tree: Mapping[str, Any], what: str) -> dict[str, Any]:

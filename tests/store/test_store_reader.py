@@ -398,3 +398,36 @@ def test_fixed_field_gathers_equal_numpy_indexing(scratch: Path, shard_records: 
             assert got[k].dtype == v.dtype and got[k].shape == (len(idx), *v.shape[1:])
             np.testing.assert_array_equal(got[k], v[idx])
             assert got[k].flags.writeable and got[k].flags.c_contiguous
+
+
+def test_fields_given_as_one_string_mean_one_field(scratch: Path) -> None:
+    # a str is one field's name (as in pandas/HF), not a sequence of one-letter names
+    root = scratch / "s"
+    with ss.create(root, {"feats": ss.Field("float32", (2,)), "tokens": ss.Field("int32", (None,))}) as w:
+        for i in range(5):
+            w.append({"feats": np.full(2, i, np.float32), "tokens": np.arange(i, dtype=np.int32)})
+    store = ss.open(root)
+    idx = np.arange(5)
+    assert list(store.get_batch(idx, fields="feats")) == ["feats"]
+    np.testing.assert_array_equal(store.get_batch(idx, fields="feats")["feats"][:, 0], np.arange(5))
+    store.prefetch(idx, fields="tokens")
+    (got,) = store.iter_batches([idx], fields="tokens")
+    assert list(got) == ["tokens"]
+    np.testing.assert_array_equal(got["tokens"][1], np.arange(5))
+    ds = ss.data.StoreDataset(store, fields="feats")  # type: ignore[arg-type]
+    assert ds.field_names == ["feats"] and list(ds.get(3)) == ["feats"]
+    with pytest.raises(KeyError, match="'feat'"):
+        store.get_batch(idx, fields="feat")
+
+
+def test_torch_datasets_take_one_field_as_a_string(scratch: Path) -> None:
+    pytest.importorskip("torch")
+    from seqstore.torch import IterableSeqDataset, SeqDataset
+
+    root = scratch / "s"
+    with ss.create(root, {"feats": ss.Field("float32", (2,)), "other": ss.Field("int32", ())}) as w:
+        for i in range(4):
+            w.append({"feats": np.full(2, i, np.float32), "other": np.int32(i)})
+    assert list(SeqDataset(root, "feats")[2]) == ["feats"]
+    (batch,) = IterableSeqDataset(root, batch=4, fields="feats")
+    assert list(batch) == ["feats"]

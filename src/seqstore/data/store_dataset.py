@@ -9,14 +9,14 @@ arrays an ordering may need (``sorted*``: lengths and a sort index) are cached a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..io.options import StoreOptions
-from ..schema import BFLOAT16
+from ..schema import BFLOAT16, field_list
 from ..store import Store, open_store
 from ._cache import default_cache_dir, store_fingerprint
 from ._lengths import ConstantLengths, LengthsView, TakeLengths, as_index_array
@@ -46,7 +46,7 @@ class StoreDataset(Dataset):
         seed: int = 0,
         partition_epoch: int = 1,
         length_field: str | None = None,
-        fields: list[str] | None = None,
+        fields: Sequence[str] | str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         storage_options: StoreOptions | Mapping[str, Any] | None = None,
     ) -> None:
@@ -69,6 +69,7 @@ class StoreDataset(Dataset):
                 f"{self.store.url}: length_field {length_field!r} is not a ragged field; ragged fields are {ragged}"
             )
         self.length_field = length_field
+        fields = field_list(fields)
         if fields is not None:
             unknown = [f for f in fields if f not in schema]
             if unknown:

@@ -23,7 +23,7 @@ from ..io.object_common import option_flag
 from ..io.options import StoreOptions
 from ..io.source import READAHEAD_MODES, ByteSource
 from ..io.sources import open_source
-from ..schema import PackedGroup, Schema
+from ..schema import PackedGroup, Schema, field_list
 from .read.gather import BF16_MODES, Alloc, Gatherer, present_bf16
 from .read.lookup import IdLookup
 from .read.matrix import Matrices
@@ -191,14 +191,18 @@ class Store:
 
     # ------------------------------------------------------------------------------------ batches
 
-    def _fields(self, fields: Sequence[str] | None) -> list[str]:
-        names = list(self.schema) if fields is None else list(fields)
+    def _fields(self, fields: Sequence[str] | str | None) -> list[str]:
+        names = field_list(fields)
+        if names is None:
+            names = list(self.schema)
         for name in names:
             if name not in self.schema:
                 raise KeyError(f"no field {name!r} in {self.url}; fields are {list(self.schema)}")
         return names
 
-    def get_batch(self, indices: Indices, fields: Sequence[str] | None = None, pad: bool = False) -> dict[str, Any]:
+    def get_batch(
+        self, indices: Indices, fields: Sequence[str] | str | None = None, pad: bool = False
+    ) -> dict[str, Any]:
         """Gather many records at once (vectorised; one copy).
 
         Returns a dict: a fixed field -> array (B, *shape); a ragged field -> ``(values, lengths)``
@@ -215,7 +219,7 @@ class Store:
         self._planner.ready(groups, names)
         return self._gatherer.batch(idx, groups, names, pad)
 
-    def prefetch(self, indices: Indices, fields: Sequence[str] | None = None) -> None:
+    def prefetch(self, indices: Indices, fields: Sequence[str] | str | None = None) -> None:
         """Start reading records ``indices`` (all fields, or ``fields``) into memory and return without
         waiting for them (for ragged fields this waits for their offsets only). A later
         :meth:`get_batch` or ``store[i]`` of those records finds them arriving or arrived. A no-op for
@@ -225,7 +229,7 @@ class Store:
             self._planner.request_values(self._planner.request(self._shards.batch(indices)[1], names), names)
 
     def iter_batches(
-        self, batches: Iterable[Indices], *, fields: Sequence[str] | None = None, pad: bool = False,
+        self, batches: Iterable[Indices], *, fields: Sequence[str] | str | None = None, pad: bool = False,
         prefetch: int | None = None, cached: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (any iterable, consumed lazily: e.g.
@@ -263,7 +267,7 @@ class Store:
     fetches_runs = read_once  # (what a loader asks: whether fetch_runs may be called)
 
     def fetch_runs(
-        self, batches: Iterable[Indices], pool: Pool, *, fields: Sequence[str] | None = None
+        self, batches: Iterable[Indices], pool: Pool, *, fields: Sequence[str] | str | None = None
     ) -> Iterator[FetchedBatch]:
         """A read-once store: ``(idx, parts)`` of each batch of ``batches`` once its bytes are in memory,
         fetched as :meth:`iter_batches` fetches them, into buffers from ``pool`` (a
@@ -277,7 +281,7 @@ class Store:
             yield FetchedBatch(got.idx, got.parts)
 
     def gather_fetched(
-        self, idx: np.ndarray[Any, Any], via: Any, *, fields: Sequence[str] | None = None, pad: bool = False,
+        self, idx: np.ndarray[Any, Any], via: Any, *, fields: Sequence[str] | str | None = None, pad: bool = False,
         alloc: Alloc | None = None,
     ) -> dict[str, Any]:
         """``get_batch(idx, pad=pad)`` from bytes :meth:`fetch_runs` fetched: ``via`` is the batch's parts

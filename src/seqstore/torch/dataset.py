@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from ..data import StoreDataset
 from ..data._lengths import check_int
+from ..schema import field_list
 from ..store import Store
 from ._convert import to_tensor
 from ._foresight import Foresight
@@ -41,16 +42,17 @@ def check_index_free(names: Any) -> None:
 
 
 def as_protocol_dataset(
-    obj: Any, fields: Sequence[str] | None = None, storage_options: Any = None, *, length_field: str | None = None
+    obj: Any, fields: Sequence[str] | str | None = None, storage_options: Any = None, *, length_field: str | None = None
 ) -> Any:
     """A seqstore dataset (protocol: ``num_seqs``, ``lengths()``, ``epoch_order``, ``get``,
     ``get_batch``) from a store, a store path or URL (opened with ``storage_options``), a
     :class:`SeqDataset` or a protocol dataset. ``length_field``: for a store or a path, the ragged field
     whose rows are a record's length."""
+    fields = field_list(fields)
     if isinstance(obj, SeqDataset):
         return obj.dataset
     if isinstance(obj, (Store, str, os.PathLike)):
-        return StoreDataset(obj, fields=None if fields is None else list(fields), storage_options=storage_options,
+        return StoreDataset(obj, fields=fields, storage_options=storage_options,
                             length_field=length_field)
     if length_field is not None:
         raise ValueError(f"length_field= is for a store or a store path; {type(obj).__name__} measures its own")
@@ -108,7 +110,7 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     def __init__(
         self,
         dataset_or_store: Any,
-        fields: Sequence[str] | None = None,
+        fields: Sequence[str] | str | None = None,
         *,
         with_index: bool = False,
         prefetch: int = 2,
@@ -116,6 +118,7 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         length_field: str | None = None,
     ) -> None:
         self.prefetch = check_int(prefetch, "SeqDataset: prefetch", 0)
+        fields = field_list(fields)
         self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)

@@ -19,6 +19,7 @@ from torch.utils.data import IterableDataset
 from ..data._lengths import check_int, check_optional_int
 from ..data.records import RECORDS_BLOCK, iter_gathered
 from ..data.store_dataset import StoreDataset
+from ..schema import field_list
 from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
@@ -69,7 +70,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         dataset: Any,
         *,
         batch: int | LengthBatching | None = None,
-        fields: Sequence[str] | None = None,
+        fields: Sequence[str] | str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
@@ -81,6 +82,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         storage_options: Any = None,
     ) -> None:
         self.prefetch = check_optional_int(prefetch, f"{self._kind}: prefetch", 0)
+        fields = field_list(fields)
         protocol = as_protocol_dataset(dataset, fields, storage_options)
         self.fields = None if fields is None else frozenset(fields)
         self.masks = bool(masks)
