@@ -294,3 +294,30 @@ def test_store_ids_of_a_remote_store(moto_s3: Any, s3_bucket: str, tmp_path: Pat
     fresh = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache2")
     data, offsets = fresh.ids(np.arange(4000, 5000))  # one shard's records in a row: a view of the cache
     assert _decoded(data, offsets) == names[4000:5000]
+
+
+def test_store_ids_and_index_many_of_an_empty_store(tmp_path: Path) -> None:
+    """A store of 0 records: ids([]) is empty (as index_many([]) is); an index is out of range."""
+    with ss.create(tmp_path / "s", {"v": ss.Field("int32", (None,))}):
+        pass
+    store = ss.open(tmp_path / "s")
+    data, offsets = store.ids([])
+    assert len(data) == 0 and offsets.tolist() == [0]
+    with pytest.raises(IndexError, match="out of range"):
+        store.ids([0])
+    with pytest.raises(IndexError, match="out of range"):
+        store.id(0)
+    assert store.index_many([]).tolist() == []
+    assert store.index_many(["a"], missing=np.int64(-7)).tolist() == [-7]
+
+
+def test_index_many_checks_missing_up_front(tmp_path: Path) -> None:
+    """missing= other than "error" or an int: a ValueError naming the allowed values, whether or not an
+    id is missing (before: int()'s ValueError, and only when one was)."""
+    names = _ids_store(tmp_path / "s", 6, shard=4)
+    store = ss.open(tmp_path / "s")
+    for bad in ("skip", None, 1.5, True):
+        for query in (names[:2], ["absent"], []):
+            with pytest.raises(ValueError, match="missing.*'error' or an int"):
+                store.index_many(query, missing=bad)  # type: ignore[arg-type]
+    assert store.index_many(["absent", names[1]], missing=np.int32(-2)).tolist() == [-2, 1]

@@ -41,7 +41,7 @@ class IdLookup:
         self._probes: list[tuple[int, Any, Any, int]] | None = None
 
     def id(self, i: int) -> str:
-        if not self.shards.table.has_ids:
+        if not self.shards.table.has_ids and self.shards.n:  # an empty store: IndexError below
             raise KeyError(f"{self.shards.url}: records have no ids")
         sh, row = self.shards.record(i)
         sh.load_ids()
@@ -59,7 +59,7 @@ class IdLookup:
     def ids(
         self, indices: Sequence[int] | np.ndarray[Any, Any]
     ) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
-        if not self.shards.table.has_ids:
+        if not self.shards.table.has_ids and self.shards.n:  # an empty store: any index is out of range
             raise KeyError(f"{self.shards.url}: records have no ids")
         idx = self.shards.norm_many(indices).reshape(-1)
         n = len(idx)
@@ -220,12 +220,15 @@ class IdLookup:
         return found
 
     def index_many(self, ids: Sequence[str], missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
+        fill = isinstance(missing, (int, np.integer)) and not isinstance(missing, (bool, np.bool_))
+        if not fill and not (isinstance(missing, str) and missing == "error"):
+            raise ValueError(f"index_many: missing must be 'error' or an int to fill missing ids with, got {missing!r}")
         if not self.shards.table.has_ids:
             if self.shards.n == 0:
                 qn = len(ids)
                 if missing == "error" and qn:
                     raise KeyError(f"id {ids[0]!r} not in {self.shards.url} (store is empty)")
-                return np.full(qn, missing if isinstance(missing, int) else -1, dtype=np.int64)
+                return np.full(qn, -1 if missing == "error" else int(missing), dtype=np.int64)
             raise KeyError(f"{self.shards.url}: records have no ids")
         qdata, qoff = encode_ids(ids)
         result = self.index_encoded(qdata, qoff)
