@@ -321,3 +321,18 @@ def test_index_many_checks_missing_up_front(tmp_path: Path) -> None:
             with pytest.raises(ValueError, match="missing.*'error' or an int"):
                 store.index_many(query, missing=bad)  # type: ignore[arg-type]
     assert store.index_many(["absent", names[1]], missing=np.int32(-2)).tolist() == [-2, 1]
+
+
+def test_lookups_of_non_str_ids_name_the_query_position_and_type(tmp_path: Path) -> None:
+    """index_many with an int among the ids: a TypeError naming its position in the query and its type
+    (not "record 0", which is a writer's word); index(5) says that an int id is stored as its decimal
+    string (docs/logging.md), so the lookup is index("5")."""
+    names = _ids_store(tmp_path / "s", 6, shard=4)
+    store = ss.open(tmp_path / "s")
+    with pytest.raises(TypeError, match=r"id 1 of the query.*int 5.*decimal string.*index\('5'\)"):
+        store.index_many([names[0], 5])
+    with pytest.raises(TypeError, match=r"id 0 of the query.*bytes b'x'") as info:
+        store.index_many([b"x"])  # type: ignore[list-item]
+    assert "decimal" not in str(info.value)
+    with pytest.raises(TypeError, match=r"s: ids are str, got int 5.*decimal string.*index\('5'\)"):
+        store.index(5)  # type: ignore[arg-type]

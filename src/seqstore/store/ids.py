@@ -15,20 +15,34 @@ import numpy as np
 
 from ..errors import SchemaError
 
-__all__ = ["encode_ids", "hash_ids", "hash_kernel", "hash_one", "probe_sorted", "id_equal", "FNV_OFFSET", "FNV_PRIME"]
+__all__ = ["encode_ids", "not_str_id", "hash_ids", "hash_kernel", "hash_one", "probe_sorted", "id_equal", "FNV_OFFSET",
+           "FNV_PRIME"]
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 
 
-def encode_ids(ids: Sequence[Any], *, first_record: int = 0) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+def not_str_id(id: Any) -> str:  # noqa: A002
+    """What a lookup's error says of an id that is not a str: its type and value, and for an int how a
+    log stores it (docs/logging.md: as its decimal string)."""
+    said = f"got {type(id).__name__} {id!r}"
+    if isinstance(id, (int, np.integer)) and not isinstance(id, (bool, np.bool_)):
+        said += f" (an int id is stored as its decimal string: look it up as index('{int(id)}'))"
+    return said
+
+
+def encode_ids(ids: Sequence[Any], *, first_record: int = 0, query: bool = False
+               ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Encode a sequence of str ids as (uint8 bytes, int64 offsets of len(ids)+1).
 
-    Raises SchemaError naming the first non-str id and its record number.
+    Raises SchemaError naming the first non-str id and its record number; for ``query`` (ids to look
+    up) a TypeError naming its position in the query.
     """
     encoded = []
     for k, s in enumerate(ids):
         if not isinstance(s, str):
+            if query:
+                raise TypeError(f"id {k} of the query: ids are str, {not_str_id(s)}")
             raise SchemaError(f"record {first_record + k}: id must be a str, got {type(s).__name__} {s!r}")
         encoded.append(s.encode("utf-8", "surrogatepass"))
     lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))

@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import CorruptionError
 from ...format.manifest import IDS, IndexRun
 from ...io import address
-from ..ids import encode_ids, hash_ids, hash_one, id_equal, probe_sorted
+from ..ids import encode_ids, hash_ids, hash_one, id_equal, not_str_id, probe_sorted
 from .copy import gather_rows
 from .readahead import ReadPlanner
 from .shards import Shard
@@ -174,7 +174,7 @@ class IdLookup:
 
     def index(self, id: str) -> int:  # noqa: A002
         if not isinstance(id, str):
-            raise TypeError(f"ids are str, got {type(id).__name__}")
+            raise TypeError(f"{self.shards.url}: ids are str, {not_str_id(id)}")
         if not self.shards.table.has_ids:
             raise KeyError(f"id {id!r} not in {self.shards.url} (records have no ids)")
         if self.planner.lazy or self.verify is not None:  # the vectorised path waits for and checks the bytes
@@ -230,7 +230,7 @@ class IdLookup:
                     raise KeyError(f"id {ids[0]!r} not in {self.shards.url} (store is empty)")
                 return np.full(qn, -1 if missing == "error" else int(missing), dtype=np.int64)
             raise KeyError(f"{self.shards.url}: records have no ids")
-        qdata, qoff = encode_ids(ids)
+        qdata, qoff = encode_ids(ids, query=True)
         result = self.index_encoded(qdata, qoff)
         todo = np.flatnonzero(result < 0)
         if len(todo):
