@@ -171,3 +171,18 @@ def test_data_source_over_a_store_dataset_of_some_fields(store: seqstore.Store) 
     assert source.batch_fn()(source._getitems([0, 1]))["tag"].tolist() == [1000, 1001]  # noqa: SLF001
     with pytest.raises(KeyError, match=r"no field\(s\) \['x'\]; fields are \['tag'\]"):
         sg.DataSource(ds, fields=["x"])
+
+
+def test_with_index_and_a_field_named_index_fails_at_construction(tmp_path: Path) -> None:
+    """A dataset field named "index" with with_index=True: the KeyError comes from DataSource() (before:
+    only when a record was read, inside Grain's workers); a choice of fields without it is fine."""
+    with seqstore.create(tmp_path / "s", {"index": seqstore.Field("int64"), "x": seqstore.Field("float32")}) as w:
+        for i in range(3):
+            w.append({"index": i, "x": float(i)})
+    store = seqstore.open(tmp_path / "s")
+    concat = seqstore.data.ConcatDataset([seqstore.StoreDataset(store)] * 2)
+    for source in (store, seqstore.StoreDataset(store), concat):
+        with pytest.raises(KeyError, match="with_index.*'index'"):
+            sg.DataSource(source, with_index=True)
+    assert int(sg.DataSource(store, fields=["x"], with_index=True)[2]["index"]) == 2
+    assert int(sg.DataSource(store)[2]["index"]) == 2  # without with_index the field is returned

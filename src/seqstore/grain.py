@@ -169,6 +169,9 @@ class DataSource:
                     ds.fields = list(fields)
         self.fields: tuple[str, ...] | None = None if fields is None else tuple(fields)
         self.with_index = bool(with_index)
+        if self.with_index and INDEX_KEY in _field_names(ds, self.fields):  # here, not in Grain's workers
+            raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}; "
+                           "pass fields= without it")
         self._num_seqs = int(ds.num_seqs)
         self._ragged: tuple[str, ...] = _ragged_fields(ds, self.fields)
         shown = None if self.fields is None else list(self.fields)
@@ -231,6 +234,18 @@ class DataSource:
 
     def __repr__(self) -> str:
         return self._repr
+
+
+def _field_names(dataset: Any, fields: tuple[str, ...] | None) -> list[str]:
+    """The names of the fields a record of ``dataset`` is returned with (``fields`` when given)."""
+    store = getattr(dataset, "store", None)
+    if fields is not None:
+        return list(fields)
+    if isinstance(dataset, StoreDataset):
+        return dataset.field_names
+    if isinstance(store, Store):
+        return list(store.schema)
+    return list(dataset.get_batch(np.zeros(1, np.int64))) if int(dataset.num_seqs) else []
 
 
 def _ragged_fields(dataset: Any, fields: tuple[str, ...] | None) -> tuple[str, ...]:
