@@ -122,3 +122,25 @@ def test_failed_rename_into_place_restores_the_old_store(tmp_path: Path, monkeyp
     store = seqstore.open(out)
     assert len(store) == 1 and store.id(0) == "old-0"
     assert os.listdir(tmp_path) == ["s.seqstore"]
+
+
+def test_exporters_take_one_field_as_a_string(tmp_path: Path) -> None:
+    """``fields="data"`` is the field ``data`` in every exporter and engine schema, not the fields d, a, t, a."""
+    from interop_testlib import make_store
+
+    from seqstore.engines.spark_types import spark_schema
+    from seqstore.interop.hf_export import export_hf
+    from seqstore.interop.webdataset import export_webdataset
+
+    make_store(tmp_path / "s.seqstore", n=5)
+    store = seqstore.open(tmp_path / "s.seqstore")
+    assert [f.name for f in spark_schema(store, fields="speaker").fields] == ["speaker"]
+    export_hf(store, tmp_path / "hf", fields="speaker")
+    import datasets
+
+    assert datasets.load_from_disk(str(tmp_path / "hf")).column_names == ["id", "speaker"]  # (the ids too)
+    export_webdataset(store, tmp_path / "wds", fields="speaker")
+    import tarfile
+
+    names = [m.name for t in sorted((tmp_path / "wds").glob("*.tar")) for m in tarfile.open(t).getmembers()]
+    assert names and all(n.endswith(".speaker.npy") or ".speaker." in n for n in names), names[:4]

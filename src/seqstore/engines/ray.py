@@ -43,7 +43,7 @@ from ..errors import SchemaError
 from ..interop import to_arrow
 from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
-from ..schema import BFLOAT16, Schema
+from ..schema import BFLOAT16, Schema, field_list
 from ..store import Store, open_store
 from ..store.parts import (
     Part,
@@ -372,7 +372,7 @@ def read(path: str | os.PathLike[str], *, fields: Sequence[str] | None = None, o
     if block_records is not None and block_records <= 0:
         raise ValueError(f"block_records must be positive, got {block_records}")
     store = open_store(path, storage_options=dict(storage_options) if storage_options else None)
-    names = list(store.schema) if fields is None else list(fields)
+    names = list(store.schema) if fields is None else field_list(fields) or []
     for name in names:
         if name not in store.schema:
             raise KeyError(f"no field {name!r} in {store.url}; fields are {list(store.schema)}")

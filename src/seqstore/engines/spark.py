@@ -37,7 +37,7 @@ from ..errors import SchemaError
 from ..format.manifest import MANIFEST, PARTS_DIR
 from ..interop import arrow_columns as acols
 from ..io.objects import is_remote
-from ..schema import Schema
+from ..schema import Schema, field_list
 from ..store import Store, open_store
 from ..store.parts import (
     Part,
@@ -351,7 +351,7 @@ def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | No
     spark.dataSource.register(DataSource)
     r = spark.read.format(NAME)
     if fields is not None:
-        r = r.option("fields", ",".join(fields))
+        r = r.option("fields", ",".join(field_list(fields) or []))
     if id_column is not None:
         r = r.option("idColumn", id_column)
     for k, v in options.items():

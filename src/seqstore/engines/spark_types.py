@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import SchemaError
 from ..interop import arrow_columns as acols
-from ..schema import BFLOAT16, Field, Schema
+from ..schema import BFLOAT16, Field, Schema, field_list
 from ..store import Store
 from .spark_options import given_schema
 
@@ -221,7 +221,7 @@ def spark_schema(store: Store, fields: Sequence[str] | None = None, id_column: s
     per-record shape as arrays, nested once per axis, ragged or not; the field itself in the column's
     metadata under ``"seqstore"``, as JSON), and the ids as a string column ``id_column`` first when the store has
     ids and ``id_column`` is given."""
-    names = list(store.schema) if fields is None else list(fields)
+    names = list(store.schema) if fields is None else field_list(fields) or []
     out = []
     if id_column is not None and store.has_ids:
         out.append(T.StructField(id_column, T.StringType(), nullable=False))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import Field
+from ..schema import Field, field_list
 from ..store import Store, open_store
 from . import to_arrow
 from ._common import Progress, announce_total, check_output, remove_path, replaced, temp_sibling
@@ -98,7 +98,7 @@ def export_hf(
     Open the result with ``datasets.load_from_disk(out)``."""
     hf = datasets_module()
     st = store if isinstance(store, Store) else open_store(store)
-    names = list(st.schema) if fields is None else list(fields)
+    names = list(st.schema) if fields is None else field_list(fields) or []
     unknown = [n for n in names if n not in st.schema]
     if unknown:
         raise KeyError(f"{st.url}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")

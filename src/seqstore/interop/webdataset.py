@@ -41,7 +41,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import Field, Schema
+from ..schema import Field, Schema, field_list
 from ..store import Store, Writer, open_store
 from . import driver
 from ._common import Progress, SourceFormatError, announce_total, check_output, replaced
@@ -300,7 +300,7 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     if isinstance(fields, Mapping):
         chosen: dict[str, str | None] = dict(fields)
     else:
-        chosen = {n: recorded.get(n) for n in (st.schema if fields is None else fields)}
+        chosen = {n: recorded.get(n) for n in (st.schema if fields is None else field_list(fields) or [])}
     out: dict[str, tuple[str, str]] = {}
     for n, ext in chosen.items():
         if n not in st.schema:
