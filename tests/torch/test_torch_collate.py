@@ -288,7 +288,14 @@ def test_with_index_refuses_a_field_named_index_record_by_record(tmp_path: Path)
     with seqstore.create(path, {"x": Field("float32", (None,)), "index": Field("int32")}) as w:
         w.append_batch({"x": (np.arange(10, dtype=np.float32), np.full(5, 2)),
                         "index": np.arange(100, 105, dtype=np.int32)})
+    with pytest.raises(KeyError, match="already has a field named 'index'"):  # when made, not in a worker
+        SeqDataset(path, with_index=True)
+
+    from seqstore.data import ConcatDataset, StoreDataset
+
+    unknown = ConcatDataset([StoreDataset(path)])  # its field names are known from its records only
+    assert not hasattr(unknown, "field_names") and not hasattr(unknown, "store")
     for get in (lambda ds: ds[3], lambda ds: ds.__getitems__([3])):
         with pytest.raises(KeyError, match="already has a field named 'index'"):
-            get(SeqDataset(path, with_index=True))
+            get(SeqDataset(unknown, with_index=True))
     assert int(SeqDataset(path)[3]["index"]) == 103

@@ -30,7 +30,8 @@ from ._convert import to_tensor
 from ._foresight import Foresight
 from .collate import GatheredRecord, GatheredRecords, PaddedCollate
 
-__all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors", "check_index_free"]
+__all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors", "check_index_free",
+           "check_index_free_at_start"]
 
 INDEX_KEY = "index"
 
@@ -39,6 +40,16 @@ def check_index_free(names: Any) -> None:
     """``with_index``: a KeyError where the dataset has a field named ``"index"`` already."""
     if INDEX_KEY in names:
         raise KeyError(f"with_index: the dataset already has a field named {INDEX_KEY!r}")
+
+
+def check_index_free_at_start(dataset: Any, fields: Any) -> None:
+    """:func:`check_index_free` when a dataset is made, where its field names are known without a read
+    (``fields`` given, a ``StoreDataset``, a store); else each record's or batch's names are checked."""
+    names = fields if fields is not None else getattr(dataset, "field_names", None)
+    if names is None and hasattr(getattr(dataset, "store", None), "schema"):
+        names = list(dataset.store.schema)
+    if names is not None:
+        check_index_free(names)
 
 
 def as_protocol_dataset(
@@ -122,6 +133,8 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)
+        if self.with_index:  # here, not in the DataLoader's workers
+            check_index_free_at_start(self.dataset, self.fields)
         self._bf16 = bfloat16_fields(self.dataset)
         self._ragged: tuple[str, ...] | None = None
         self._foresight: Foresight | None = None

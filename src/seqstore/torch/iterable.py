@@ -24,7 +24,14 @@ from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
 from .collate import collate_gathered
-from .dataset import INDEX_KEY, as_protocol_dataset, batch_to_tensors, bfloat16_fields, check_index_free
+from .dataset import (
+    INDEX_KEY,
+    as_protocol_dataset,
+    batch_to_tensors,
+    bfloat16_fields,
+    check_index_free,
+    check_index_free_at_start,
+)
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
 
@@ -87,6 +94,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         self.fields = None if fields is None else frozenset(fields)
         self.masks = bool(masks)
         self.with_index = bool(with_index)
+        if self.with_index:  # here, not in the DataLoader's workers
+            check_index_free_at_start(protocol, self.fields)
         self._bf16 = bfloat16_fields(protocol)
         if batch is not None and not isinstance(batch, LengthBatching):
             if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
