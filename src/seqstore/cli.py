@@ -25,7 +25,7 @@ from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .format.shard_table import TABLE
-from .interop.commands import SuggestingParser, cli_message
+from .interop.commands import SuggestingParser, cli_message, positive_int
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
 from .io.sources import open_source
@@ -208,17 +208,6 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     return _key_values(getattr(args, "storage_option", []) or [], "--storage-option")
 
 
-def _records(text: str) -> int:
-    """``--records``: a positive integer (argparse's usage error otherwise)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = SuggestingParser(  # a misspelled option or choice: the close match is suggested
         prog="seqstore",
@@ -243,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver.set_defaults(func=cmd_verify)
 
     demo = sub.add_parser("demo", help="generate a speech-like corpus, write it, open it and read it")
-    demo.add_argument("--records", type=_records, default=1_000_000,
+    demo.add_argument("--records", type=positive_int, default=1_000_000,
                       help="number of sequences (default 1,000,000)")
     demo.add_argument("--dim", type=int, default=16, help="feature dimension (default 16)")
     demo.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")

@@ -31,7 +31,7 @@ from ..errors import SeqstoreError
 from ._common import Progress, announce_total, remove_path
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
-           "register_source", "register_target", "add_subcommands", "convert_main", "export_main"]
+           "register_source", "register_target", "add_subcommands", "convert_main", "export_main", "positive_int"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -99,7 +99,7 @@ def _key_values(items: list[str] | None, what: str, *, empty_value: bool = False
     return out or None
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:  # an option's positive integer (argparse's usage error otherwise)
     try:
         n = int(text)
     except ValueError:
@@ -282,7 +282,7 @@ SOURCES: dict[str, Converter] = {
                     unit="rec", url=True, options=(
         MAP, ID_COLUMN,
         Option.of("--split", metavar="NAME", help="the split to import from a DatasetDict directory"),
-        Option.of("--batch-size", type=_positive_int, metavar="ROWS",
+        Option.of("--batch-size", type=positive_int, metavar="ROWS",
                   help="rows read per step (default: about --chunk-mb of rows)"))),
     "parquet": Converter("Parquet files or directories", _arrow_run("parquet"), unit="rec", url=True,
                          options=(MAP, ID_COLUMN)),
@@ -291,7 +291,7 @@ SOURCES: dict[str, Converter] = {
                        options=(MAP, ID_COLUMN)),
     "logix": Converter("LogIX / AnaLog per-example log directory (log_rank_R_chunk_C.mmap + _metadata.json)",
                        _logix_run, unit="rec", chunked=False, options=(
-        Option.of("--batch-records", type=_positive_int, default=4096,
+        Option.of("--batch-records", type=positive_int, default=4096,
                   help="records read and written per step (bounds memory; default 4096)"),)),
     "megatron": Converter("Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx)", _megatron_run, unit="rec",
                           url=True, options=(
@@ -342,9 +342,9 @@ TARGETS: dict[str, Converter] = {
                   help="write FIELD as members KEY.EXT (repeatable; default: every field)"),
         Option.of("--keys", choices=("auto", "ids", "index"), default="auto",
                   help="sample keys from the record ids or record numbers (default: ids if any)"),
-        Option.of("--shard-records", type=_positive_int, default=10_000, metavar="N",
+        Option.of("--shard-records", type=positive_int, default=10_000, metavar="N",
                   help="records per tar shard at most (default 10000)"),
-        Option.of("--shard-mb", type=_positive_int, default=1024, metavar="MB",
+        Option.of("--shard-mb", type=positive_int, default=1024, metavar="MB",
                   help="a shard ends after the record that passes this size (default 1024)"))),
     "hf": Converter("a Hugging Face datasets save_to_disk directory (datasets.load_from_disk)", _hf_export,
                     unit="rec", out="a directory", chunked=False, options=(
@@ -570,13 +570,13 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("--from", dest="source", required=True, choices=list(SOURCES), help="source format")
     conv.add_argument("paths", nargs="+", metavar="SOURCE... OUT", help="source files/directories, then the new store")
     conv.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    conv.add_argument("--chunk-mb", type=_positive_int, metavar="CHUNK_MB", help="MiB of rows read per step "
+    conv.add_argument("--chunk-mb", type=positive_int, metavar="CHUNK_MB", help="MiB of rows read per step "
                       f"(default 64{_unchunked('--from', SOURCES)})")
-    conv.add_argument("--shard-mb", type=_positive_int, default=1024, help="MiB per store shard (default 1024)")
+    conv.add_argument("--shard-mb", type=positive_int, default=1024, help="MiB per store shard (default 1024)")
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     urls = ", ".join(n for n, c in SOURCES.items() if c.url)
     _client_option(conv, f"an OUT at a URL (s3://, gs://, az://) for --from {urls}")
-    conv.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
+    conv.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                       help="worker processes (default: the number of cores, "
                       f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
                       "too small to split (and hf streams) are converted in one process")
@@ -592,7 +592,7 @@ def add_subcommands(subparsers: Any) -> None:
     exp.add_argument("out", help="the output: " + "; ".join(f"{what} for --to {'/'.join(names)}"
                                                            for what, names in outs.items()))
     exp.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    exp.add_argument("--chunk-mb", type=_positive_int, metavar="CHUNK_MB", help="MiB of rows written per step "
+    exp.add_argument("--chunk-mb", type=positive_int, metavar="CHUNK_MB", help="MiB of rows written per step "
                      f"(default 64{_unchunked('--to', TARGETS)})")
     exp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _client_option(exp, "a STORE at a URL (s3://, gs://, az://, https://)")
