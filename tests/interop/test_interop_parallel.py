@@ -161,3 +161,39 @@ def test_parallel_conversion_from_an_unguarded_script_is_refused_first(tmp_path:
     assert "An attempt has been made" not in err and "terminated abruptly" not in err, err
     assert err.count("Traceback (most recent call last)") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["convert.py", "in.parquet"]  # nothing written
+
+
+_BROKEN_BAR = """\
+import sys
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+from seqstore.interop import arrow as arrow_mod
+
+def bar(n):
+    raise RuntimeError("the progress bar broke")
+
+if __name__ == "__main__":
+    arrow_mod.MIN_UNIT_RECORDS = 50
+    d = sys.argv[1]
+    pq.write_table(pa.table({"x": pa.array(np.arange(20000))}), d + "/in.parquet", row_group_size=2000)
+    try:  # chunk_bytes=8: one progress message per record, far more than the queue's pipe holds
+        arrow_mod.import_parquet(d + "/in.parquet", d + "/out.seqstore", workers=2, chunk_bytes=8, progress=bar)
+    except RuntimeError as exc:
+        print("raised:", exc)
+        sys.exit(3)
+"""
+
+
+def test_a_failing_progress_callback_fails_the_conversion_instead_of_hanging(tmp_path: Path) -> None:
+    """The callback raised in the thread that reads the workers' progress, which then stopped reading: the
+    queue's pipe filled, the workers could not exit and the conversion waited for them for ever. Now the
+    queue is read to the end and the conversion fails with the callback's error, leaving nothing."""
+    script = tmp_path / "convert.py"
+    script.write_text(_BROKEN_BAR)
+    env = dict(os.environ)
+    src = str(Path(seqstore.__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    res = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 3, res.stderr
+    assert "raised: the progress bar broke" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["convert.py", "in.parquet"]  # nothing written

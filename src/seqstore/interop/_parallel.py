@@ -291,14 +291,18 @@ def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: i
     imported already."""
     ctx = _context(preload)
     queue = ctx.Queue()
+    broken: list[BaseException] = []  # the progress callback's error: the conversion fails with it
 
     def pump() -> None:  # the workers' progress into the one callback
-        while True:
+        while True:  # read to the end even after the callback failed: a full queue blocks the workers' exit
             n = queue.get()
             if n is None:
                 return
-            if progress is not None:
-                progress(n)
+            if progress is not None and not broken:
+                try:
+                    progress(n)
+                except BaseException as exc:  # noqa: BLE001 - raised by the driver below
+                    broken.append(exc)
 
     def report(n: int) -> None:
         if n:
@@ -336,6 +340,8 @@ def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: i
             else:
                 queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
                 feeder.join()
+    if broken:
+        raise broken[0]
     return parts
 
 
