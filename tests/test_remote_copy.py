@@ -338,3 +338,40 @@ def test_version2_store_round_trip_resume_and_no_remote_writer(moto_s3: MotoS3, 
     assert (r.skipped, r.copied) == (2, 1) and store_files(back) == store_files(src)
     with pytest.raises(SeqstoreError, match="version-3 stores only"):
         ss.append_to(url, storage_options=opts)
+
+
+def test_copy_gives_up_when_the_client_thread_is_stuck(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file read from object storage in several chunks waits for each chunk no longer than the client's
+    patience: a RemoteError naming the object, never a hang, when the thread that runs the requests is stuck
+    (each chunk after an object's first waited for its request with no bound)."""
+    import threading
+
+    from seqstore.errors import RemoteError
+    from seqstore.io.object_obstore import _Loop
+    from seqstore.io.objects import ObjectClient
+    from seqstore.store import copy as copy_mod
+
+    src = build(tmp_path / "src.seqstore")
+    url = f"s3://{s3_bucket}/stuck/a.seqstore"
+    opts = moto_s3.storage_options()
+    ss.copy(src, url, dst_options=opts)
+    monkeypatch.setattr(copy_mod, "CHUNK", 256)  # the shards' files are read in several chunks
+    monkeypatch.setattr(ObjectClient, "patience", lambda self: 1.0)
+    stuck, blocked = threading.Event(), threading.Event()
+    submit = ObjectClient.submit
+
+    def stick_after_the_first_chunk(self: ObjectClient, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        if requests and requests[0][1] > 0 and not stuck.is_set():  # a chunk after an object's first
+            stuck.set()
+            blocked.clear()
+            _Loop.get().loop.call_soon_threadsafe(blocked.wait, 30)  # the requests' thread blocks
+        return submit(self, requests, *args, **kwargs)
+
+    monkeypatch.setattr(ObjectClient, "submit", stick_after_the_first_chunk)
+    try:
+        with pytest.raises(RemoteError, match="no answer within") as exc:
+            ss.copy(url, tmp_path / "back.seqstore", src_options=opts, workers=1)
+    finally:
+        blocked.set()
+    assert exc.value.url.startswith(url + "/shard-")
