@@ -335,3 +335,18 @@ def test_a_copy_to_a_local_directory_fsyncs_every_directory_it_made(
     assert made == {"shard-000000", "shard-000000/a", "shard-000000/a/b"}
     assert {p.relative_to(dst).as_posix() for p in synced if p.is_relative_to(dst)} >= made | {"."}
     assert len(ss.open(dst)) == 1 and verify(dst) == []
+
+
+def test_a_local_commit_of_top_level_files_fsyncs_the_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LocalObjects.commit of keys at the top (the shard table, manifest.json) makes their renames durable:
+    the store's root is fsynced."""
+    from seqstore.store.write import state
+
+    synced: list[Path] = []
+    monkeypatch.setattr(state, "fsync_dir", lambda path: synced.append(Path(path)))
+    objects = state.LocalObjects(tmp_path / "s")
+    try:
+        objects.commit([("_table.bin", b"x")], b"{}", "overwrite")
+    finally:
+        objects.close()
+    assert tmp_path / "s" in synced

@@ -325,7 +325,7 @@ class LocalObjects:
             tmp.unlink(missing_ok=True)
             raise
         with self._lock:  # every directory the key may have made (shard-000000/a/ for a field "a/b/c")
-            self._dirs.update(d for d in (dst.parent, *dst.parent.parents) if self.root in d.parents)
+            self._dirs.update(d for d in (dst.parent, *dst.parent.parents) if d == self.root or self.root in d.parents)
         st = os.stat(dst)
         return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
 
