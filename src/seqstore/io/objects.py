@@ -157,18 +157,23 @@ class ObjectClient:
         object changed. Each request is retried on its own."""
         if not requests:
             return []
-        fut = self.submit(list(requests), missing_ok=missing_ok)
-        try:
-            return fut.result(timeout=self.patience())
-        except concurrent.futures.TimeoutError:
-            raise RemoteError(
-                f"{self.url}: no answer within {self.patience():.0f} s (longer than every request's timeout and "
-                "retries allow): the client's thread is stuck", url=self.url, attempts=0,
-            ) from None
+        answers: list[Answer] = self.answer(self.submit(list(requests), missing_ok=missing_ok), self.url, len(requests))
+        return answers
 
     def patience(self) -> float:
         """Seconds a request may take at most, all its attempts and backoffs counted (plus slack)."""
         return self.retry.patience()
+
+    def answer(self, fut: concurrent.futures.Future[Any], url: str, requests: int = 1) -> Any:
+        """The result of ``fut`` (``requests`` requests submitted), waited for at most as long as they may
+        take, ``max_requests`` at a time, every attempt counted: else the client's thread is stuck, a
+        RemoteError naming ``url``."""
+        limit = self.patience() * -(-max(requests, 1) // self.max_requests)
+        try:
+            return fut.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            raise RemoteError(f"{url}: no answer within {limit:.0f} s (longer than every request's timeout and "
+                              "retries allow): the client's thread is stuck", url=url, attempts=0) from None
 
     def submit(
         self, requests: Sequence[Request], on_each: Any = None, *, missing_ok: bool = False, with_meta: bool = True

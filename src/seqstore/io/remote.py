@@ -14,7 +14,6 @@ table, and its data files mapped from the node cache (:class:`RemoteRoot`).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError, FormatError, RemoteError, RemoteNotFound, StaleStoreError
+from ..errors import CorruptionError, FormatError, RemoteNotFound, StaleStoreError
 from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
@@ -325,14 +324,7 @@ class RemoteRoot:
             if runs:
                 reqs = [(key, a, b, meta.etag or None) for a, b in runs]
                 wave = self.fetcher.submit(reqs, [(obj, a) for a, _ in runs])
-                try:  # bounded like every other wait (a stuck client thread must not hang ``verify``)
-                    wave.result(timeout=self.client.patience())
-                except concurrent.futures.TimeoutError:
-                    raise RemoteError(
-                        f"{self.client.key_url(key)}: no answer within {self.client.patience():.0f} s (longer than "
-                        "every request's timeout and retries allow): the client's thread is stuck",
-                        url=self.client.key_url(key), attempts=0,
-                    ) from None
+                self.client.answer(wave, self.client.key_url(key), len(reqs))  # (bounded: ``verify`` never hangs)
             link = self.mirror / key
             link.parent.mkdir(parents=True, exist_ok=True)
             tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")

@@ -32,7 +32,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..errors import ConflictError, CorruptionError, FormatError, RemoteError, RemoteNotFound, SeqstoreError
+from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound, SeqstoreError
 from ..format.descriptor import DESCRIPTOR, parse_descriptor
 from ..format.manifest import MANIFEST, FileInfo, Manifest
 from ..format.shard_table import TABLE
@@ -147,13 +147,7 @@ def _read_chunks(objs: Any, key: str, size: int) -> Iterator[bytes | memoryview]
                 end = min(pos + CHUNK, size)
                 pending.append(objs.submit([(key, pos, end, etag)]))  # conditional: the same object
                 pos = end
-            try:  # bounded as the client's own waits: a request's thread that is stuck is an error
-                answers = pending.popleft().result(timeout=objs.patience())
-            except concurrent.futures.TimeoutError:
-                raise RemoteError(
-                    f"{objs.key_url(key)}: no answer within {objs.patience():.0f} s (longer than every request's "
-                    "timeout and retries allow): the client's thread is stuck", url=objs.key_url(key), attempts=0,
-                ) from None
+            answers = objs.answer(pending.popleft(), objs.key_url(key))  # bounded: a stuck thread is an error
             yield answers[0][0]
     finally:
         for f in pending:
