@@ -280,9 +280,10 @@ class CachedObject:
         self.pages = -(-self.size // PAGE)
         if not self.bits_path.exists():
             self._create(sub)
-        for _ in range(8):  # the data file and the page map of one making of the entry (see _open)
+        for attempt in range(8):  # the data file and the page map of one making of the entry (see _open)
             if self._open(sub):
                 break
+            time.sleep(0.005 * (1 << attempt))  # (another process between its two renames: 1.3 s in all)
         else:
             raise OSError(f"{self.bits_path}: the cache entry is made anew faster than it can be opened")
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)

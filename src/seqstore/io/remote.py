@@ -204,10 +204,11 @@ class RemoteRoot:
                     self._metas[key] = ObjectMeta(key, meta.size, meta.etag)
                 fresh.setdefault(name, {})[rel] = [meta.size, meta.etag]
         self.cache.reserve(filled)
-        for name, saved in fresh.items():
-            merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
-            merged.update(saved)
-            self._write(self.mirror / name / _META, json.dumps(merged).encode())
+        with self._meta_lock:  # (as _forget: a merge must not write back what it drops)
+            for name, saved in fresh.items():
+                merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
+                merged.update(saved)
+                self._write(self.mirror / name / _META, json.dumps(merged).encode())
 
     def _write(self, path: Path, data: bytes) -> None:
         """Write a mirror file atomically (making its directory), its disk space counted in the cache's budget."""
