@@ -274,3 +274,32 @@ def _state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_an_answer_sent_without_blocking_is_what_connection_send_sends() -> None:
+    """A worker's answer larger than the pipe holds goes out with the ring's own non-blocking writes: the
+    bytes must be those ``Connection.send`` writes (the loop reads them with ``recv``), so a Python whose
+    framing differs fails here rather than in a training loop."""
+    import multiprocessing
+    import threading
+
+    from seqstore.torch._ring import _send_taking
+
+    small = ("big", [("x", "float32", (3,), 0)], b"\1\2\3")
+    raw = []
+    for send in (lambda c: c.send(small), lambda c: _send_taking(c, small, lambda m: None)):
+        a, b = multiprocessing.Pipe()
+        send(a)
+        raw.append(os.read(b.fileno(), 1 << 16))
+        a.close()
+        b.close()
+    assert raw[0] == raw[1]
+
+    large = ("big", [("x", "uint8", (1 << 21,), 0)], bytes(range(256)) * (1 << 13))  # past a pipe's 64 KiB
+    a, b = multiprocessing.Pipe()
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(b.recv()))
+    reader.start()
+    _send_taking(a, large, lambda m: None)
+    reader.join(timeout=60)
+    assert got == [large]
