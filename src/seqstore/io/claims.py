@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import errno
 import fcntl
 import mmap
 import os
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .mapping import allocate
 
 __all__ = ["Claims", "ClaimWait"]
 
@@ -131,12 +132,11 @@ class Claims:
             fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
             try:
                 for b in new.tolist():
-                    os.posix_fallocate(fd, b * _BLOCK * 8, min(_BLOCK * 8, size - b * _BLOCK * 8))
+                    allocate(fd, b * _BLOCK * 8, min(_BLOCK * 8, size - b * _BLOCK * 8))
             finally:
                 os.close(fd)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # (a file system without fallocate: as before)
-                return False
+        except OSError:
+            return False
         self._ready[new] = True
         return True
 

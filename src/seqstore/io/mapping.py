@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = [
     "PAGE", "MADV_NORMAL", "MADV_RANDOM", "MADV_SEQUENTIAL", "MADV_WILLNEED", "map_file", "map_fd", "madvise",
-    "holds_descriptors", "address", "libc",
+    "holds_descriptors", "address", "libc", "allocate",
 ]
 
 PAGE = mmap.PAGESIZE
@@ -131,3 +131,14 @@ def madvise(addr: int, length: int, advice: int) -> bool:
     if libc is None or length <= 0:
         return False
     return bool(libc.madvise(addr, length, advice) == 0)
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Give bytes ``[offset, offset + length)`` of file ``fd`` their disk space now (``posix_fallocate``):
+    a write through a mapping into a hole of a full file system is a SIGBUS, where this is an OSError
+    (ENOSPC). A file system without it (EOPNOTSUPP, EINVAL) is left as it is."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise

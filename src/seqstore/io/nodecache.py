@@ -23,7 +23,6 @@ entry open keeps using its own (unlinked) copy; its disk space comes back when t
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import itertools
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .claims import Claims
-from .mapping import PAGE
+from .mapping import PAGE, allocate
 
 __all__ = [
     "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "run_pages",
@@ -346,12 +345,7 @@ class CachedObject:
         with open(bits_tmp, "wb") as f:
             f.write(_MAGIC + struct.pack("<qQ", self.size, ino))
             f.truncate(_HEADER + self.pages)
-            try:  # its disk space now: pages are marked through the mapping, where a hole on a full file
-                # system is a SIGBUS instead of an error (ENOSPC here is one)
-                os.posix_fallocate(f.fileno(), 0, _HEADER + self.pages)
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # (a file system without fallocate)
-                    raise
+            allocate(f.fileno(), 0, _HEADER + self.pages)  # pages are marked through the mapping
         os.replace(data_tmp, self.data_path)
         os.replace(bits_tmp, self.bits_path)
 
