@@ -126,12 +126,12 @@ def _arrow_native(ds: Any) -> bool:
     return getattr(getattr(ds, "_ex_iterable", None), "iter_arrow", None) is not None
 
 
-def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, Any]) -> Iterator[Any]:
+def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, Any], where: str) -> Iterator[Any]:
     """The named columns of ``ds`` as Arrow tables of ``batch_rows`` rows (the last may be shorter),
     from the start on every call. A stream of Python examples is converted batch by batch to the Arrow
     storage ``types`` (of its features, or inferred from its first batch: a batch's own inference would
     differ for a batch of empty lists, or of whole numbers in a float column); SchemaError naming the
-    column for a value that does not convert."""
+    source ``where`` and the column for a value that does not convert."""
     sub = ds.select_columns(columns)
     if _arrow_native(ds):
         yield from sub.with_format("arrow").iter(batch_size=batch_rows)
@@ -143,8 +143,8 @@ def _tables(ds: Any, columns: list[str], batch_rows: int, types: Mapping[str, An
             try:
                 arrays.append(pa.array(batch[c], type=types[c]))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                raise SchemaError(f"column {c!r}: a batch of examples does not convert to {types[c]}, the type "
-                                  f"of the first batch or the features ({exc})") from exc
+                raise SchemaError(f"{where}, column {c!r}: a batch of examples does not convert to {types[c]}, "
+                                  f"the type of the first batch or the features ({exc})") from exc
         yield pa.table(arrays, names=columns)
 
 
@@ -210,10 +210,10 @@ def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) ->
         ) from None
 
 
-def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any]) -> tuple[int, ...]:
+def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any], where: str) -> tuple[int, ...]:
     """The row shape of a field (a list of variable lists: the length of the first non-empty inner list,
     read from the first batches that have one)."""
-    chunks = (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types))
+    chunks = (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types, where))
     return arrow_columns.resolve_inner(col.plan, chunks)
 
 
@@ -285,7 +285,7 @@ class _HfJob:
         """Append the rows ``[a, b)`` of the dataset (``segments``; None: every row), in order."""
         ds, base = (self.ds, 0) if segments is None else (self.ds.select(range(*segments)), segments[0])
         where = self.where
-        for table in _tables(ds, self.read, self.rows, self.types):
+        for table in _tables(ds, self.read, self.rows, self.types, where):
             n = int(table.num_rows)
             if n == 0:
                 continue
@@ -374,7 +374,7 @@ def import_hf(
         if c.kind == "encoded" and features is not None and getattr(features[c.name], "decode", False):
             ds = ds.cast_column(c.name, dataclasses.replace(features[c.name], decode=False))
     types = {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}  # features', or the first batch's
-    inner = {c.name: _discover_inner(ds, c, rows, types) for c in cols}
+    inner = {c.name: _discover_inner(ds, c, rows, types, where) for c in cols}
     schema = arrow_columns.columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
     meta = {"source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
             "columns": mapping, "id_column": id_column,
