@@ -287,6 +287,19 @@ def test_a_shard_whose_commit_failed_is_counted_as_pending(tmp_path: Path) -> No
     at_exit.unregister(w)
 
 
+def _record_fsyncs(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Path]:
+    """The directories ``module``'s ``fsync_dir`` is called with from now on (each still fsynced)."""
+    synced: list[Path] = []
+    real = module.fsync_dir
+
+    def recording(path: Any) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(module, "fsync_dir", recording)
+    return synced
+
+
 def test_every_directory_of_a_shard_with_deeply_nested_fields_is_fsynced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -294,14 +307,7 @@ def test_every_directory_of_a_shard_with_deeply_nested_fields_is_fsynced(
     power cut after the commit could lose the field's directory."""
     from seqstore.store.write import shard_files
 
-    synced: list[Path] = []
-    real = shard_files.fsync_dir
-
-    def recording(path: Any) -> None:
-        synced.append(Path(path))
-        real(path)
-
-    monkeypatch.setattr(shard_files, "fsync_dir", recording)
+    synced = _record_fsyncs(monkeypatch, shard_files)
     root = tmp_path / "s"
     schema = {"a": {"b": {"c": ss.Field("float32", (2,)), "r": ss.Field("int8", (None,))}}, "x": ss.Field("int8")}
     with ss.create(root, schema) as w:
@@ -319,14 +325,7 @@ def test_a_copy_to_a_local_directory_fsyncs_every_directory_it_made(
     from seqstore.store.copy import copy
     from seqstore.store.write import state
 
-    synced: list[Path] = []
-    real = state.fsync_dir
-
-    def recording(path: Any) -> None:
-        synced.append(Path(path))
-        real(path)
-
-    monkeypatch.setattr(state, "fsync_dir", recording)
+    synced = _record_fsyncs(monkeypatch, state)
     with ss.create(tmp_path / "s", {"a": {"b": {"c": ss.Field("float32", (2,))}}, "x": ss.Field("int8")}) as w:
         w.append({"a": {"b": {"c": np.zeros(2, np.float32)}}, "x": 1})
     dst = tmp_path / "t"
@@ -342,8 +341,7 @@ def test_a_local_commit_of_top_level_files_fsyncs_the_root(tmp_path: Path, monke
     the store's root is fsynced."""
     from seqstore.store.write import state
 
-    synced: list[Path] = []
-    monkeypatch.setattr(state, "fsync_dir", lambda path: synced.append(Path(path)))
+    synced = _record_fsyncs(monkeypatch, state)
     objects = state.LocalObjects(tmp_path / "s")
     try:
         objects.commit([("_table.bin", b"x")], b"{}", "overwrite")
