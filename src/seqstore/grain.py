@@ -169,11 +169,13 @@ class DataSource:
                     ds.fields = list(fields)
         self.fields: tuple[str, ...] | None = None if fields is None else tuple(fields)
         self.with_index = bool(with_index)
-        if self.with_index and INDEX_KEY in _field_names(ds, self.fields):  # here, not in Grain's workers
+        kinds = _fields(ds)
+        if self.with_index and INDEX_KEY in (kinds if self.fields is None else self.fields):  # (not in the workers)
             raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}; "
                            "pass fields= without it")
         self._num_seqs = int(ds.num_seqs)
-        self._ragged: tuple[str, ...] = _ragged_fields(ds, self.fields)
+        self._ragged: tuple[str, ...] = tuple(n for n, ragged in kinds.items()
+                                              if ragged and (self.fields is None or n in self.fields))
         shown = None if self.fields is None else list(self.fields)
         self._repr = f"seqstore.grain.DataSource({_identity(ds)}, fields={shown}, with_index={self.with_index})"
         self._lazy = _Lazy(ds)
@@ -236,29 +238,17 @@ class DataSource:
         return self._repr
 
 
-def _field_names(dataset: Any, fields: tuple[str, ...] | None) -> list[str]:
-    """The names of the fields a record of ``dataset`` is returned with (``fields`` when given)."""
+def _fields(dataset: Any) -> dict[str, bool]:
+    """Field name -> whether it is ragged, for the fields a record of ``dataset`` is returned with: from the
+    store's schema where there is one, else from one record."""
     store = getattr(dataset, "store", None)
-    if fields is not None:
-        return list(fields)
     if isinstance(dataset, StoreDataset):
-        return dataset.field_names
+        return {n: dataset.store.schema[n].ragged for n in dataset.field_names}
     if isinstance(store, Store):
-        return list(store.schema)
-    return list(dataset.get_batch(np.zeros(1, np.int64))) if int(dataset.num_seqs) else []
-
-
-def _ragged_fields(dataset: Any, fields: tuple[str, ...] | None) -> tuple[str, ...]:
-    store = getattr(dataset, "store", None)
-    if isinstance(dataset, StoreDataset):
-        names = [n for n in dataset.field_names if dataset.store.schema[n].ragged]
-    elif isinstance(store, Store):
-        names = [n for n, f in store.schema.items() if f.ragged]
-    elif int(dataset.num_seqs):
-        names = [n for n, v in dataset.get_batch(np.zeros(1, np.int64)).items() if isinstance(v, tuple)]
-    else:
-        names = []
-    return tuple(n for n in names if fields is None or n in fields)
+        return {n: f.ragged for n, f in store.schema.items()}
+    if not int(dataset.num_seqs):
+        return {}
+    return {n: isinstance(v, tuple) for n, v in dataset.get_batch(np.zeros(1, np.int64)).items()}
 
 
 class PadBatch:
