@@ -113,11 +113,6 @@ class EpochWindows:
             self._orders[key] = order
         return order
 
-    def locate_union(self, u: IntArray) -> tuple[IntArray, IntArray]:
-        """(child, window position) of union positions ``u``."""
-        sp = Split(np.asarray(u, dtype=np.int64), self.start_K)
-        return sp.child, sp.local
-
     def _child_local(self, k: int, w: IntArray) -> IntArray:
         """Index in child ``k`` of window positions ``w``."""
         n = int(self.N[k])
@@ -330,11 +325,6 @@ class CombinedDataset(Dataset):
     def lengths(self) -> LengthsView:
         """Lengths over the combined index space (children end to end), lazy."""
         return ConcatLengths([d.lengths() for d in self.datasets], self.start_N)
-
-    def union_lengths(self, epoch: int) -> LengthsView:
-        """Lengths over the union positions of ``epoch``'s full epoch, lazy."""
-        w = self.windows(epoch)
-        return MappedLengths(self.lengths(), w.size, w.map)
 
     def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Order:
         """The combined order of sub-epoch ``epoch``: values are combined indices. O(1) to build."""

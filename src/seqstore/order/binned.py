@@ -249,10 +249,6 @@ class SortBinShuffleOrder(BinnedOrder):
     def _bin_ids(self, slots: IntArray) -> IntArray:
         return self._bin_perm._take(slots)
 
-    def visit_order(self) -> PermutationOrder:
-        """The bins' visiting order: slot ``k`` visits bin ``visit_order()[k]``."""
-        return self._bin_perm
-
     def _compute(self, bin_ids: IntArray, total: int) -> IntArray:
         sidx, _ = self._state()
         flat = np.empty(total, dtype=np.int64)
