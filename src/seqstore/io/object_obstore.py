@@ -274,7 +274,8 @@ class ObstoreBackend(ObjectBackend):
             m = r.meta
             if len(data) != int(m["size"]):
                 raise Transient(f"body of {len(data)} bytes, expected {m['size']} (truncated)", answered=True)
-            return data, ObjectMeta(key, int(m["size"]), self._tag(m))
+            modified = m.get("last_modified")  # (the manifest's version: a new upload, a new mirror)
+            return data, ObjectMeta(key, int(m["size"]), self._tag(m), modified.timestamp() if modified else 0.0)
 
         return self._sync(key, fetch)  # type: ignore[no-any-return]
 

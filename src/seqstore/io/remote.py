@@ -89,7 +89,9 @@ class RemoteRoot:
         except RemoteNotFound:
             raise FormatError(f"{self.url}: no seqstore store here ({MANIFEST} does not exist)") from None
         data = bytes(raw)
-        version = _digest(meta.etag, str(len(data)), str(zlib.crc32(data)))
+        # a store uploaded again puts its manifest again (a later Last-Modified, though the same bytes and
+        # ETag): a new mirror, so the sizes and ETags the node saved of the objects before are not pinned
+        version = _digest(meta.etag, str(len(data)), str(zlib.crc32(data)), f"{meta.mtime:.6f}")
         mirror = self.cache.root / "stores" / self.digest() / version
         if not (mirror / MANIFEST).exists():
             self._build_mirror(mirror, data)
