@@ -215,6 +215,23 @@ def test_an_answer_of_another_version_is_stale(serve: Callable[[Answer], RawServ
     assert bytes(buf) == DATA[100:200]
 
 
+def test_a_failed_precondition_names_the_url_and_says_reopen(serve: Callable[[Answer], RawServer]) -> None:
+    """A 412 to a read pinned to an ETag: the object at the URL changed since the store was opened, and the
+    message says what to do about it (reopen the store)."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n")
+        return True
+
+    server = serve(answer)
+    url = f"{server.url}/b/blob"
+    with pytest.raises(StaleStoreError) as err:
+        _client(server, max_retries=1).direct_reader.submit([(url, 0, 100, '"v1"', memoryview(bytearray(100)))]
+                                                            ).result(30)
+    text = str(err.value)
+    assert err.value.url == url and text.startswith(url), text
+    assert "changed since the store was opened" in text and "reopen the store" in text, text
+
+
 _MOVED = """
 import sys
 sys.path.insert(0, sys.argv[2])

@@ -485,8 +485,8 @@ class DirectReader:
             raise job.error(f"HTTP {status}: access refused (check the credentials or the presigned URL)",
                             CredentialsError)
         if status == 412:
-            raise job.error(f"HTTP {status}: the object changed since the store was opened (If-Match {job.etag})",
-                            StaleStoreError)
+            raise job.error(f"HTTP {status}: the object changed since the store was opened (If-Match {job.etag} "
+                            "no longer matches); reopen the store", StaleStoreError)
         raise job.error(f"HTTP {status}: unexpected answer to a range request")
 
     # ----------------------------------------------------------------------------------- endings
