@@ -276,3 +276,34 @@ def test_materialize_gives_up_when_the_client_thread_is_stuck(moto_s3: MotoS3, r
     finally:
         stuck.set()
     assert key in str(exc.value) and url in exc.value.url
+
+
+def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -> None:
+    """An fsspec back end (here ``ftp://``) whose server accepts connections and never answers: its calls
+    are bounded by the store's ``timeout``, retried within the budget, then a RemoteError naming the
+    endpoint, not the filesystem's own exception after its own timeout (or never)."""
+    import socket
+    import threading
+
+    pytest.importorskip("fsspec")
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])  # accepted, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    endpoint = f"ftp://127.0.0.1:{server.getsockname()[1]}"
+    opts = {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
+    try:
+        with pytest.raises(RemoteError) as err:
+            ss.open(f"{endpoint}/s.seqstore", storage_options=opts, cache_dir=tmp_path / "cache")
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value

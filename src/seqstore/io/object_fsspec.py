@@ -4,6 +4,8 @@ or the one its URL names (``memory://``, ``hf://``...).
 Range requests run on a pool of ``max_requests`` threads; a batch's ranges are read by one ``cat_ranges``
 call, retried as a whole on a transient failure; a range asked of a version (the tag the file's info gave:
 ETag, generation or time) raises :class:`~seqstore.errors.StaleStoreError` once the file is another. A
+filesystem's own timeouts may be long or none: each read call (and the filesystem's making) is waited for
+at most ``timeout + connect_timeout`` per request, then retried as a transient failure. A
 filesystem cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with
 an error naming the URL.
 """
@@ -11,6 +13,7 @@ an error naming the URL.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +37,7 @@ class FsspecBackend(ObjectBackend):
             self.fs = client.filesystem
             self.root = client.url.split("://", 1)[-1]
         else:
-            self.fs, self.root = fsspec.core.url_to_fs(client.url, **client.options)
+            self.fs, self.root = self._call("", lambda: fsspec.core.url_to_fs(client.url, **client.options))
         self.root = self.root.rstrip("/")
         self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -42,9 +45,11 @@ class FsspecBackend(ObjectBackend):
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
-    def _call(self, key: str, fn: Any) -> Any:
+    def _call(self, key: str, fn: Any, calls: int = 1) -> Any:
+        """``fn()``, ``calls`` requests of the filesystem (0: an upload, as long as its bytes take), in
+        seqstore's words: its failures and a call that does not return in time are :class:`Transient`."""
         try:
-            return fn()
+            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout)) if calls else fn()
         except FileNotFoundError:
             url = self.c.key_url(key)
             raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
@@ -104,7 +109,8 @@ class FsspecBackend(ObjectBackend):
         ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
 
         def attempt() -> list[Answer]:
-            got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"))
+            got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"),
+                             len(paths))
             out: list[Answer] = []
             for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
                 if isinstance(d, BaseException):
@@ -128,11 +134,11 @@ class FsspecBackend(ObjectBackend):
         if mode == "create" and self._call(key, lambda: self.fs.exists(self._path(key))):
             url = self.c.key_url(key)
             raise ConflictError(f"{url}: already exists", url=url, attempts=1)
-        self._call(key, lambda: self.fs.pipe_file(self._path(key), bytes(data)))
+        self._call(key, lambda: self.fs.pipe_file(self._path(key), bytes(data)), 0)
         return self.head(key).etag
 
     def put_file(self, key: str, path: str) -> str:
-        self._call(key, lambda: self.fs.put_file(path, self._path(key)))
+        self._call(key, lambda: self.fs.put_file(path, self._path(key)), 0)
         return self.head(key).etag
 
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
@@ -153,12 +159,12 @@ class FsspecBackend(ObjectBackend):
                 raise
             f.close()
 
-        self._call(key, write)
+        self._call(key, write, 0)
         return self.head(key).etag
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         base = self._path(prefix)
-        found = self._call(prefix, lambda: self.fs.find(base, detail=True) if self.fs.exists(base) else {})
+        found = self._call(prefix, lambda: self.fs.find(base, detail=True) if self.fs.exists(base) else {}, 0)
         for p, info in sorted(found.items()):
             rel = p[len(self.root) + 1 :] if p.startswith(self.root + "/") else p
             yield self._meta(rel, info)
@@ -167,8 +173,32 @@ class FsspecBackend(ObjectBackend):
         self._call(key, lambda: self.fs.rm_file(self._path(key)))
 
     def copy(self, src: str, dst: str) -> None:
-        self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)))
+        self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)), 0)
 
 
 def _raise(exc: BaseException) -> None:
     raise exc
+
+
+def _bounded(fn: Callable[[], Any], limit: float) -> Any:
+    """``fn()`` in a daemon thread of its own, waited for at most ``limit`` seconds: a call that has not
+    returned by then is a :class:`Transient` failure (the thread is left to end with the filesystem's own
+    timeout, if it has one; it keeps no process from exiting)."""
+    out: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            out.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="seqstore-fsspec-call", daemon=True).start()
+    if not done.wait(limit):
+        raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout)")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
