@@ -352,3 +352,21 @@ def test_a_pickled_client_keeps_whether_its_endpoint_answered() -> None:
     client.retry.failing_since = 1.0
     worker = pickle.loads(pickle.dumps(client))
     assert worker.retry.reached and worker.retry.failing_since is None and worker.retry.retry_timeout == 7
+
+
+@pytest.mark.parametrize("damage", ["manifest", "table"])
+def test_a_damaged_manifest_or_shard_table_is_named_by_its_url(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                               damage: str) -> None:
+    """A remote store's manifest that is not JSON, or its shard table cut short: the CorruptionError names
+    the object's URL, not the path of the node cache's copy of it."""
+    local = build_store(tmp_path / "a.seqstore", seed=1)
+    url = moto_s3.upload_dir(local, s3_bucket, "damaged/s.seqstore")
+    if damage == "manifest":
+        name, data = "manifest.json", b"{not json"
+    else:
+        name, data = "_shards.tbl", (local / "_shards.tbl").read_bytes()[:-40]
+    moto_s3.put(s3_bucket, f"damaged/s.seqstore/{name}", data)
+    with pytest.raises(ss.CorruptionError) as err:
+        ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache").get_batch([0])
+    assert str(err.value).startswith(f"{url}/{name}: "), err.value
+    assert str(tmp_path / "cache") not in str(err.value), err.value

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptionError
+from ..errors import CorruptionError, FormatError
 from ..format.manifest import FileInfo, Manifest
 from ..format.shard_table import ShardTable
 from .mapping import map_file
@@ -69,7 +69,13 @@ class RemoteSource(ByteSource):
 
     def load(self) -> Manifest:
         self.root = self.remote.load()  # the local mirror of the manifest and the shard table
-        manifest = Manifest.load(self.root, map_file=map_file)
+        try:
+            manifest = Manifest.load(self.root, map_file=map_file)
+        except (CorruptionError, FormatError) as exc:  # named by URL, not by the mirror's path
+            text = self.display(str(exc))
+            if text == str(exc):
+                raise
+            raise type(exc)(text) from exc.__cause__
         self.data_bytes = manifest.data_bytes()
         return manifest
 
