@@ -307,3 +307,20 @@ def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -
         for conn in held:
             conn.close()
     assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
+
+
+def test_a_failing_lookup_of_an_object_through_fsspec_is_retried_then_named(tmp_path: Path) -> None:
+    """Through an fsspec filesystem, the lookup of an object's size and version that a range read makes
+    first fails (here: its shard directory became a file): it is retried like the read itself, then a
+    RemoteError naming the object, never the back end's internal retry signal."""
+    fsspec = pytest.importorskip("fsspec")
+    store = build_store(tmp_path / "s.seqstore", seed=3)
+    opened = ss.open(str(store), filesystem=fsspec.filesystem("file"), cache_dir=tmp_path / "cache",
+                     storage_options={"max_retries": 1, "retry_timeout": 2})
+    import shutil
+
+    shutil.rmtree(store / "shard-000000")
+    (store / "shard-000000").write_bytes(b"not a directory")
+    with pytest.raises(RemoteError) as err:
+        opened.get_batch([0])
+    assert "shard-000000/" in str(err.value) and err.value.attempts == 2, err.value

@@ -97,24 +97,24 @@ class FsspecBackend(ObjectBackend):
         return self.pool.submit(run)
 
     def get_ranges(self, requests: Sequence[Request]) -> list[Answer]:
-        # every answer carries the object's size and version, as obstore's do
-        metas = {k: self.head(k) for k in dict.fromkeys(k for k, _, _, _ in requests)}
-        for k, _, _, tag in requests:
-            if tag and metas[k].etag != tag:  # a read pinned to a version the file no longer is
-                url = self.c.key_url(k)
-                raise StaleStoreError(f"{url}: the object changed while the store was open (version "
-                                      f"{metas[k].etag}, expected {tag}); reopen the store", url=url, attempts=1)
         paths = [self._path(k) for k, _, _, _ in requests]
-        starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
-        ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
 
-        def attempt() -> list[Answer]:
+        def attempt() -> list[Answer]:  # (the lookups too: their failures are retried as the read's)
+            # every answer carries the object's size and version, as obstore's do
+            metas = {k: self.head(k) for k in dict.fromkeys(k for k, _, _, _ in requests)}
+            for k, _, _, tag in requests:
+                if tag and metas[k].etag != tag:  # a read pinned to a version the file no longer is
+                    url = self.c.key_url(k)
+                    raise StaleStoreError(f"{url}: the object changed while the store was open (version "
+                                          f"{metas[k].etag}, expected {tag}); reopen the store", url=url, attempts=1)
+            starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
+            ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
             got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"),
                              len(paths))
             out: list[Answer] = []
             for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
                 if isinstance(d, BaseException):
-                    self._call(k, lambda d=d: _raise(d))
+                    self._call(k, lambda d=d: _raise(d), 0)  # (in seqstore's words; nothing to wait for)
                 m = metas[k]
                 want = max(0, min(e, m.size) - s)
                 if len(d) != want:
