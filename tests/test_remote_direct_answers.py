@@ -275,3 +275,37 @@ def test_a_host_that_moved_to_another_address_is_looked_up_again(tmp_path: Path)
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert got.returncode == 0 and "found" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+_TWO = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from test_remote_direct_answers import DATA, RawServer, _right
+from seqstore.io.objects import ObjectClient
+
+server = RawServer(_right, "127.0.0.9")  # (127.0.0.2, nearer to the source address, is sorted first: it refuses)
+client = ObjectClient(f"http://seqstore-two.test:{server.port}/b", {"timeout": 1, "connect_timeout": 1,
+                                                                   "retry_timeout": 3})
+buf = bytearray(100)
+client.direct_reader.submit([(f"http://seqstore-two.test:{server.port}/b/blob", 0, 100, None, memoryview(buf))]
+                            ).result(30)
+assert bytes(buf) == DATA[:100]
+print("found")
+"""
+
+
+def test_a_host_with_two_addresses_is_reached_at_the_one_that_answers(tmp_path: Path) -> None:
+    """The endpoint's name has two addresses and the first refuses (a dual-stack name whose IPv6 address
+    nothing listens on, as ``localhost`` often is): the direct reader connects to the next address, as
+    obstore does, instead of calling the endpoint unreachable. Runs with /etc/hosts replaced, as above."""
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    script, hosts = tmp_path / "two.py", tmp_path / "hosts"
+    script.write_text(_TWO)
+    hosts.write_text("127.0.0.2 seqstore-two.test\n127.0.0.9 seqstore-two.test\n")
+    shell = f'mount --bind "{hosts}" /etc/hosts && exec "{sys.executable}" "{script}" "{Path(__file__).parent}"'
+    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert got.returncode == 0 and "found" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])

@@ -102,12 +102,13 @@ class _Conn:
     """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body,
     closed."""
 
-    __slots__ = ("sock", "origin", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
+    __slots__ = ("sock", "origin", "addr", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
                  "close_after")
 
-    def __init__(self, sock: socket.socket, origin: tuple[str, int, bool]) -> None:
+    def __init__(self, sock: socket.socket, origin: tuple[str, int, bool], addr: Any = None) -> None:
         self.sock: Any = sock
         self.origin = origin
+        self.addr = addr  # the address of the origin's host it connects to
         self.state = "connecting"
         self.out = b""
         self.head = b""
@@ -135,7 +136,7 @@ class DirectReader:
         self._count = itertools.count()
         self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
         self._open = 0
-        self._addr: dict[tuple[str, int], Any] = {}
+        self._addr: dict[tuple[str, int], list[Any]] = {}  # (host, port) -> addresses not yet found refusing
         self._ssl: ssl.SSLContext | None = None
         self._thread: threading.Thread | None = None
         self._pid = -1
@@ -275,7 +276,6 @@ class DirectReader:
                 try:
                     c = self._connect(job.origin)
                 except OSError as exc:
-                    self._addr.pop(job.origin[:2], None)
                     self._retry(job, Transient(f"cannot connect: {exc}"))
                     continue
                 c.job = job
@@ -285,10 +285,11 @@ class DirectReader:
 
     def _connect(self, origin: tuple[str, int, bool]) -> _Conn:
         host, port, _tls = origin
-        addr = self._addr.get((host, port))
-        if addr is None:
-            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-            addr = self._addr[(host, port)] = (family, kind, proto, sockaddr)
+        addrs = self._addr.get((host, port))
+        if not addrs:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addrs = self._addr[(host, port)] = [(family, kind, proto, sa) for family, kind, proto, _, sa in found]
+        addr = addrs[0]
         sock = socket.socket(addr[0], addr[1], addr[2])
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -297,9 +298,20 @@ class DirectReader:
         err = sock.connect_ex(addr[3])
         if err not in (0, errno.EINPROGRESS):
             sock.close()
+            self._refused(origin, addr)
             raise OSError(err, os.strerror(err))
         self._open += 1
-        return _Conn(sock, origin)
+        return _Conn(sock, origin, addr)
+
+    def _refused(self, origin: tuple[str, int, bool], addr: Any) -> None:
+        """A connection to ``addr``, an address of ``origin``'s host, failed: the next one goes to the host's
+        next address (a dual-stack name whose IPv6 address nothing listens on); after the last, the name
+        is looked up again (it may name another address now)."""
+        addrs = self._addr.get(origin[:2])
+        if addrs is not None and addr in addrs:
+            addrs.remove(addr)
+            if not addrs:
+                del self._addr[origin[:2]]
 
     def _register(self, c: _Conn, events: int) -> None:
         assert self._sel is not None
@@ -512,8 +524,8 @@ class DirectReader:
     def _fail(self, c: _Conn, active: set[_Conn], exc: BaseException) -> None:
         job = c.job
         reused = c.reused and c.state in ("send", "head") and c.pos < 0 and not c.head
-        if c.state == "connecting":  # the address may be gone (the name now names another): looked up again
-            self._addr.pop(c.origin[:2], None)
+        if c.state == "connecting":  # the host's next address next time (or the name looked up again)
+            self._refused(c.origin, c.addr)
         self._close(c, active)
         if job is None:
             return
