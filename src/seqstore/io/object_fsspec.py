@@ -33,6 +33,7 @@ class FsspecBackend(ObjectBackend):
         except ImportError as exc:
             raise ImportError(f"{client.url}: this URL needs fsspec: pip install 'seqstore[remote]'") from exc
         self.c = client
+        self.local = False  # (until the filesystem is known: making it is bounded)
         if client.filesystem is not None:
             self.fs = client.filesystem
             self.root = client.url.split("://", 1)[-1]
@@ -41,6 +42,8 @@ class FsspecBackend(ObjectBackend):
         self.root = self.root.rstrip("/")
         self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.local = protocols <= {"file", "local", "memory"}  # answers at once: its calls need no bound
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -49,7 +52,9 @@ class FsspecBackend(ObjectBackend):
         """``fn()``, ``calls`` requests of the filesystem (0: an upload, as long as its bytes take), in
         seqstore's words: its failures and a call that does not return in time are :class:`Transient`."""
         try:
-            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout)) if calls else fn()
+            if not calls or self.local:
+                return fn()
+            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout))
         except FileNotFoundError:
             url = self.c.key_url(key)
             raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
