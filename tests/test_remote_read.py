@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -293,6 +294,24 @@ def test_file_url_and_fsspec_filesystem(local: Path, tmp_path: Path) -> None:
         assert digest(via_fs) == digest(loc)
     finally:
         mem.rm("/remote-test", recursive=True)
+
+
+def test_a_node_cache_removed_under_a_process_is_made_again(local: Path, tmp_path: Path) -> None:
+    """The node cache's directory removed (``rm -rf ~/.cache/seqstore``) while a process that read a store
+    through it runs: a store opened afterwards in that process makes the directory again and reads."""
+    fsspec = pytest.importorskip("fsspec")
+    mem = fsspec.filesystem("memory")
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            mem.pipe(f"/cleared/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    cache = tmp_path / "cache"
+    try:
+        ss.open("memory://cleared/main.seqstore", cache_dir=cache).get_batch([0])
+        shutil.rmtree(cache)
+        again = ss.open("memory://cleared/main.seqstore", cache_dir=cache)
+        assert digest(again) == digest(ss.open(local))
+    finally:
+        mem.rm("/cleared", recursive=True)
 
 
 def test_a_file_replaced_behind_an_fsspec_store_is_stale(tmp_path: Path) -> None:

@@ -126,13 +126,14 @@ class NodeCache:
 
     @classmethod
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
-        """One NodeCache object per (directory, budget) in a process."""
+        """One NodeCache object per (directory, budget) in a process (made again where its directory was
+        removed meanwhile: the new one makes it again)."""
         path = Path(root) if root is not None else default_cache_dir()
         b = _budget(budget)
         key = (str(path.resolve()) if path.exists() else str(path), b)
         with cls._open_lock:
             got = cls._open.get(key)
-            if got is None or got._pid != os.getpid():
+            if got is None or got._pid != os.getpid() or not (got.root / "objects").is_dir():
                 got = cls(path, b)
                 got._pid = os.getpid()
                 cls._open[key] = got
