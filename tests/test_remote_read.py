@@ -417,6 +417,22 @@ def test_cache_never_exceeds_its_budget(moto_s3: MotoS3, s3_bucket: str, tmp_pat
         del os.environ["SEQSTORE_CACHE_BYTES"]
 
 
+def test_a_store_refreshed_again_and_again_stays_within_the_budget(moto_s3: MotoS3, s3_bucket: str,
+                                                                   tmp_path: Path) -> None:
+    """A process that follows a growing store (append, refresh, read; many times) keeps within
+    ``cache_bytes``: the mirrors of the manifest versions it has moved on from may be evicted."""
+    url, opts = f"s3://{s3_bucket}/followed.seqstore", moto_s3.storage_options()
+    with ss.create(url, {"v": ss.Field("int64")}, storage_options=opts) as w:
+        w.append_batch({"v": np.arange(10)})
+    budget, cache = 128 << 10, tmp_path / "cache"
+    store = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    for k in range(1, 30):
+        with ss.append_to(url, storage_options=opts) as w:
+            w.append_batch({"v": np.arange(10 * k, 10 * k + 10)})
+        same(store.refresh().get_batch(np.arange(len(store)))["v"], np.arange(10 * k + 10), f"refresh {k}")
+        assert _disk_bytes(cache) <= budget, f"the cache holds {_disk_bytes(cache)} bytes after refresh {k}"
+
+
 def test_derived_arrays_of_a_remote_dataset_stay_within_the_budget(moto_s3: MotoS3, s3_bucket: str,
                                                                      tmp_path: Path) -> None:
     """StoreDataset's derived arrays (lengths, sort index: O(N)) of a remote store, where it keeps them by

@@ -205,6 +205,10 @@ class NodeCache:
         """Keep the metadata directory ``path`` (under ``stores/``) out of this process's evictions."""
         self._pinned.add(Path(path))
 
+    def unpin(self, path: Path) -> None:
+        """Let this process's evictions take metadata directory ``path`` again (:meth:`pin`)."""
+        self._pinned.discard(Path(path))
+
     def _entries(self) -> list[tuple[float, Path]]:
         out = []
         objects = (p for sub in (self.root / "objects").iterdir() if sub.is_dir() for p in sub.glob("*.bits"))
@@ -342,7 +346,8 @@ class CachedObject:
         with open(data_tmp, "wb") as f:
             f.truncate(self.size)
             ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
-        self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE)  # the page map's disk space
+        # the page map's disk space, and the claims file's (8 bytes a page, its blocks given space as claimed)
+        self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE)
         with open(bits_tmp, "wb") as f:
             f.write(_MAGIC + struct.pack("<qQ", self.size, ino))
             f.truncate(_HEADER + self.pages)
