@@ -42,8 +42,9 @@ class FsspecBackend(ObjectBackend):
         self.root = self.root.rstrip("/")
         self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
-        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
-        self.local = protocols <= {"file", "local", "memory"}  # answers at once: its calls need no bound
+        named = getattr(self.fs, "protocol", ())
+        protocols = {named} if isinstance(named, str) else set(named)
+        self.local = bool(protocols) and protocols <= {"file", "local", "memory"}  # answers at once: no bound
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
