@@ -504,6 +504,35 @@ def test_procs_pin_memory_pins_batches_larger_than_their_slot(monkeypatch: pytes
         assert id(b["x"]) in pinned and b["x"].shape == (int(b["x"][0]) * 128,)
 
 
+class _WithEmpty:
+    """A batch of 64 KiB and an empty ragged field (B, 0, 3); picklable."""
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        return {"x": torch.full((8192,), float(idx[0]), dtype=torch.float64), "y": torch.zeros((4, 0, 3))}
+
+
+def test_procs_pin_memory_pins_empty_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pin_memory every tensor of a batch from the ring is pinned, a zero-element one (an empty ragged
+    field) too (CPU-only torch: pinning stood in for by a marked copy)."""
+    from seqstore.torch._ring import run_processes
+
+    pinned: list[int] = []
+
+    def fake_pin(self: Any) -> Any:
+        out = self.clone()
+        pinned.append(id(out))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    _workers_gather(monkeypatch)
+    gather = _WithEmpty()
+    got = list(run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 7)]), gather, 2,  # type: ignore[arg-type]
+                             pin=True))
+    assert [int(b["x"][0]) for b in got] == list(range(7))
+    for b in got:
+        assert id(b["x"]) in pinned and id(b["y"]) in pinned and b["y"].shape == (4, 0, 3)
+
+
 def test_procs_closing_with_large_batches_in_flight_lets_the_workers_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """A loop closed while workers are sending batches larger than their slot (over the pipe, more than it
     holds) ends its workers at once: they see the loop gone and exit by themselves, not blocked on a send

@@ -313,18 +313,16 @@ def _unlink(name: str) -> None:
 
 
 def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, torch.Tensor]:
-    """The batch at ``base`` of ``buf``: tensors over ``buf`` itself (``pin``: copies, page-locked)."""
+    """The batch at ``base`` of ``buf``: tensors over ``buf`` itself (``pin``: copies, page-locked; one copy
+    each, an empty tensor pinned too)."""
     out: dict[str, torch.Tensor] = {}
     for name, dtype, shape, off in layout:
         dt = _dtype(dtype)
         n = math.prod(shape)
-        if n == 0:
-            out[name] = torch.empty(shape, dtype=dt)
-            continue
-        t = torch.frombuffer(buf, dtype=dt, count=n, offset=base + off)
+        t = torch.frombuffer(buf, dtype=dt, count=n, offset=base + off) if n else torch.empty(shape, dtype=dt)
         if len(shape) != 1:
             t = t.view(shape)
-        out[name] = t.clone().pin_memory() if pin else t
+        out[name] = t.pin_memory() if pin else t
     return out
 
 
