@@ -327,6 +327,38 @@ def test_procs_a_killed_worker_is_an_error_in_seqstores_words(ds: StoreDataset) 
             pass
 
 
+def test_procs_workers_that_died_resting_are_an_error_in_seqstores_words() -> None:
+    """Workers that died while the loop's process gathered (ring.Chooser), then given batches again: the
+    send to a worker that is gone raised a bare BrokenPipeError; it is a LoaderWorkerError naming it."""
+    import os
+    import signal
+
+    from seqstore.torch import _ring
+    from seqstore.torch._ring import LoaderWorkerError, run_processes
+
+    class Turns(_ring.Chooser):  # the loop's process gathers the first batches, then the workers
+        def __init__(self) -> None:
+            super().__init__()
+            self.ticks = 0
+
+        def tick(self, *args: float) -> None:
+            self.ticks += 1
+            self.here = self.ticks < 3
+
+    gather = _Growing()
+    it = run_processes(gather(np.array([1])), iter([np.array([k]) for k in range(2, 40)]), gather, 2,  # type: ignore[arg-type]
+                       chooser=Turns())
+    assert [int(next(it)["x"][0]) for _ in range(2)] == [1, 2]  # the workers started after the first
+    workers = [p for p in _ring.multiprocessing.active_children() if p.name == "seqstore-loader"]
+    assert len(workers) == 2
+    for p in workers:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(timeout=10)
+    with pytest.raises(LoaderWorkerError, match="exited unexpectedly"):
+        for _ in it:
+            pass
+
+
 def _workers_gather(monkeypatch: pytest.MonkeyPatch) -> None:
     """``procs=`` workers gather every batch after the first (not the loop's process: ring.Chooser)."""
     from seqstore.torch import _ring

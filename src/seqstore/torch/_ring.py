@@ -409,6 +409,17 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     pending: deque[tuple[int, int, Any]] = deque()  # (worker, slot, parts held for it), in batch order
     pollers: list[Any] = []  # one a worker: Connection.poll builds a selector a call
 
+    def exited(w: int) -> LoaderWorkerError:
+        workers[w].join(timeout=1)
+        return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
+                                 f"(exit code {workers[w].exitcode})")
+
+    def post(w: int, msg: Any) -> None:  # a worker gone (its pipe broken: one that died resting) is named
+        try:
+            conns[w].send(msg)
+        except OSError:
+            raise exited(w) from None
+
     def start_workers() -> None:
         forked = ctx.get_start_method() == "fork"  # (spawned and forkserver workers hold only their own end)
         for _ in range(procs):
@@ -425,8 +436,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         if runs is not None:
 
             def tell(msg: Any) -> None:
-                for c in conns:
-                    c.send(msg)
+                for w in range(procs):
+                    post(w, msg)
 
             runs.tell = tell
 
@@ -444,11 +455,6 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     still.append(entry)
             lent[w] = still
 
-        def exited(w: int) -> LoaderWorkerError:
-            workers[w].join(timeout=1)
-            return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
-                                     f"(exit code {workers[w].exitcode})")
-
         def send_next() -> bool:
             nonlocal j
             w = j % procs
@@ -462,11 +468,11 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             slot = free[w].pop()
             if runs is not None:  # the batch's bytes are in run buffers: their names and where it lies in them
                 idx, parts = item
-                conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64),
-                               [(p.export(), runs.name(p.buffer)) for p in parts]))
+                post(w, (slot, np.ascontiguousarray(idx, dtype=np.int64),
+                         [(p.export(), runs.name(p.buffer)) for p in parts]))
             else:
                 idx, parts = item, ()  # (raw bytes: a pickled array costs more than the gather's hand-over)
-                conns[w].send((slot, np.ascontiguousarray(idx, dtype=np.int64).tobytes()))
+                post(w, (slot, np.ascontiguousarray(idx, dtype=np.int64).tobytes()))
             pending.append((w, slot, parts))
             j += 1
             while len(early) < ahead:  # the next ``ahead`` batches' index arrays go to their workers early
@@ -474,7 +480,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 if nxt is None:
                     break
                 nxt = np.ascontiguousarray(nxt, dtype=np.int64)
-                conns[(j + len(early)) % procs].send(("ahead", nxt))
+                post((j + len(early)) % procs, ("ahead", nxt))
                 early.append(nxt)
             return True
 
