@@ -197,3 +197,41 @@ def test_a_failing_progress_callback_fails_the_conversion_instead_of_hanging(tmp
     assert res.returncode == 3, res.stderr
     assert "raised: the progress bar broke" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["convert.py", "in.parquet"]  # nothing written
+
+
+def test_a_failed_conversion_leaves_no_semaphore_to_a_progress_thread(tmp_path: Path, small_units: None) -> None:
+    """The workers' progress went through a multiprocessing queue (named semaphores) read by a daemon
+    thread; a conversion ended by an error or Ctrl-C waits for that thread one second only, and when it
+    ended later (a slow progress callback, a loaded machine) it dropped the queue while the interpreter was
+    exiting: the semaphores' cleanup was cut off, and the resource tracker warned of leaked semaphores.
+    The conversion now leaves no semaphore of its own behind once it raised, whatever that thread does."""
+    import gc
+    import threading
+    from multiprocessing.synchronize import SemLock
+
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(_table(0, 300, 0), src / "a.parquet", row_group_size=50)
+    bad = _table(300, 300, 1)
+    score = pa.array([None if i == 250 else 0.5 for i in range(300)], type=pa.float32())
+    pq.write_table(bad.set_column(bad.schema.get_field_index("score"), "score", score), src / "b.parquet",
+                   row_group_size=50)
+    release = threading.Event()
+
+    def slow_bar(n: int) -> None:  # the progress thread is busy until the test is done
+        release.wait(60)
+
+    try:
+        gc.collect()
+        before = {id(o) for o in gc.get_objects() if isinstance(o, SemLock)}
+        failed = False
+        try:
+            import_parquet(src, tmp_path / "out.seqstore", id_column="id", workers=2, progress=slow_bar)
+        except SchemaError:
+            failed = True
+        assert failed
+        gc.collect()
+        left = [o for o in gc.get_objects() if isinstance(o, SemLock) and id(o) not in before]
+        assert not left, left
+    finally:
+        release.set()

@@ -10,7 +10,7 @@ conditional manifest write. A failure anywhere (a worker's exception, a worker k
 the parts are discarded, a store the conversion created is deleted, an existing one is left as it was.
 
 Workers start from a ``forkserver`` (``spawn`` where there is none), never as a fork of the driver,
-whose threads and open files they would inherit; their progress goes through a queue that one driver
+whose threads and open files they would inherit; their progress goes through a pipe that one driver
 thread feeds into the single progress callback.
 """
 
@@ -59,12 +59,12 @@ class Job(Protocol):
     def write(self, writer: Any, segments: Any, progress: Progress | None) -> None: ...
 
 
-_queue: Any = None  # the worker's progress queue (set by _init)
+_progress: Any = None  # the worker's end of the progress pipe (set by _init)
 
 
-def _init(queue: Any) -> None:
-    global _queue
-    _queue = queue
+def _init(progress: Any) -> None:
+    global _progress
+    _progress = progress
     # Ctrl-C reaches the whole process group: the driver alone decides (it ends the workers), so a
     # worker neither stops part way on its own nor prints a traceback; its part is discarded anyway
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -75,7 +75,7 @@ def _init(queue: Any) -> None:
 
 def _report(n: int) -> None:
     if n:
-        _queue.put(n)
+        _progress.send(n)
 
 
 def _write_unit(store: str, job_id: str, shard_bytes: int, storage_options: Mapping[str, Any] | None,
@@ -290,30 +290,32 @@ def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: i
     pool starts and takes them from the front (:func:`_share`); for jobs whose modules the driver has
     imported already."""
     ctx = _context(preload)
-    queue = ctx.Queue()
+    # the workers' progress: each message is one write of a few bytes to a pipe, whole even when its writer
+    # is killed (a queue's lock could be left held), and nothing that needs cleaning up at exit (a queue's
+    # named semaphores, released by whichever thread drops it last: the one below, maybe as the
+    # interpreter exits, cutting the cleanup off)
+    reader, writer = ctx.Pipe(duplex=False)
     broken: list[BaseException] = []  # the progress callback's error: the conversion fails with it
 
-    def pump() -> None:  # the workers' progress into the one callback
-        while True:  # read to the end even after the callback failed: a full queue blocks the workers' exit
-            n = queue.get()
-            if n is None:
-                return
-            if progress is not None and not broken:
-                try:
-                    progress(n)
-                except BaseException as exc:  # noqa: BLE001 - raised by the driver below
-                    broken.append(exc)
+    def pump() -> None:  # the workers' progress into the one callback, until None (or every writing end closed)
+        with contextlib.suppress(EOFError):  # read to the end even after the callback failed: a full pipe
+            while (n := reader.recv()) is not None:  # blocks the workers
+                if progress is not None and not broken:
+                    try:
+                        progress(n)
+                    except BaseException as exc:  # noqa: BLE001 - raised by the driver below
+                        broken.append(exc)
 
     def report(n: int) -> None:
         if n:
-            queue.put(n)
+            writer.send(n)
 
     feeder = threading.Thread(target=pump, name="seqstore-convert-progress", daemon=True)
     feeder.start()
     procs = _pool_size(workers, len(units), in_driver)
-    ended = False  # the pool was ended by an error or interrupt: the progress queue may be broken
+    ended = False  # the pool was ended by an error or interrupt
     try:
-        pool = ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(queue,))
+        pool = ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(writer,))
         try:
             if in_driver:
                 parts = _share(pool, procs, unit, units, report)
@@ -331,15 +333,12 @@ def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: i
             raise
         pool.shutdown(wait=True)
     finally:
-        with _signals_held():
-            if ended:  # a worker killed while it wrote to the queue may have left it locked
-                queue.cancel_join_thread()
-                with contextlib.suppress(Exception):
-                    queue.put_nowait(None)
-                feeder.join(1.0)
-            else:
-                queue.put(None)  # after the pool's shutdown: every worker has flushed its queue
-                feeder.join()
+        with _signals_held():  # (after the pool's shutdown: every worker's progress is in the pipe)
+            if ended:  # the callback may be stuck with the pipe full: no waiting for it beyond a second
+                os.set_blocking(writer.fileno(), False)
+            with contextlib.suppress(BlockingIOError):
+                writer.send(None)
+            feeder.join(1.0 if ended else None)
     if broken:
         raise broken[0]
     return parts
