@@ -638,6 +638,58 @@ def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_dead
     assert out.strip() == str([1, *range(512, 524)])
 
 
+_LOOP_KILLED = '''
+import os
+import time
+
+import numpy as np
+import torch
+
+from seqstore.torch import _ring
+from seqstore.torch._ring import run_processes
+
+
+class Workers(_ring.Chooser):  # the workers gather every batch after the first
+    def __init__(self) -> None:
+        super().__init__()
+        self.here = False
+
+    def tick(self, *args: float) -> None:
+        pass
+
+
+def gather(idx: np.ndarray) -> dict:  # slow: the workers are gathering when the loop's process is killed
+    time.sleep(0.5)
+    return {"x": torch.full((1024,), float(idx[0]))}
+
+
+if __name__ == "__main__":
+    batches = run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 40)]), gather, 2,
+                            chooser=Workers())
+    next(batches)
+    next(batches)
+    time.sleep(0.2)
+    os.kill(os.getpid(), 9)
+'''
+
+
+def test_procs_workers_end_quietly_when_the_loops_process_is_killed(tmp_path: Any) -> None:
+    """The loop's process killed (SIGKILL: the OOM killer, a preempted job) while its workers gather: each
+    worker, failing to send its batch, took the broken pipe for an error of its gather, failed to send that
+    too and printed three chained BrokenPipeError tracebacks. Now it sees the loop gone and ends quietly."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "loop_killed.py"
+    script.write_text(_LOOP_KILLED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)  # (its stderr ends once the workers have: they hold it too)
+    assert proc.returncode == -9
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
 def test_threads_ctrl_c_in_a_gather_of_the_loops_thread_is_raised_at_once() -> None:
     """The loop's thread gathers later batches while it waits for the next one; a KeyboardInterrupt there
     (Ctrl-C) is raised at once, not kept with that batch while the earlier ones are still handed out.

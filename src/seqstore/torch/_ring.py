@@ -129,20 +129,20 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
                     return
             try:
                 answer = _serve(jobs.popleft(), gather, shm, slot_bytes, runs)
-                if answer[0] == "big":
-                    _send_taking(conn, answer, take)
-                    if stop:
-                        return
-                else:
-                    conn.send(answer)
             except Exception as exc:  # noqa: BLE001 - sent to the loop, raised there
+                answer = ("error", exc)
                 try:
                     pickle.loads(pickle.dumps(exc))  # (the loop's recv would fail on one that cannot be made again)
-                    conn.send(("error", exc))
                 except Exception:  # noqa: BLE001 - not picklable, or not unpicklable: its text then
-                    conn.send(("error", LoaderWorkerError(
-                        f"loader worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")))
-    except (EOFError, KeyboardInterrupt):
+                    answer = ("error", LoaderWorkerError(
+                        f"loader worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+            if answer[0] == "big":
+                _send_taking(conn, answer, take)
+                if stop:
+                    return
+            else:
+                conn.send(answer)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):  # (a broken pipe: the loop's process is gone)
         return
     finally:
         shm.close()
