@@ -194,3 +194,42 @@ def test_an_iteration_broken_off_near_its_end_keeps_the_resume_point(tmp_path: P
     assert first == full[2 : len(full) - 1]  # all but the last
     assert [b["index"].tolist() for b in ds] == full[2:]  # starts at the resume point again
     assert [b["index"].tolist() for b in ds] == full  # that one ran to its end: the whole epoch next
+
+
+@pytest.mark.parametrize("kind", ["sampler", "batch_sampler"])
+@pytest.mark.parametrize("par", [{}, {"num_workers": 2, "procs": 0}], ids=["inline", "dataloader_workers"])
+def test_a_loader_broken_off_near_its_end_keeps_the_samplers_resume_point(tmp_path: Path, kind: str,
+                                                                           par: dict[str, int]) -> None:
+    """The same for a sampler under SeqDataLoader: its read-ahead (the dataset's prefetch, the DataLoader's
+    workers) pulled the sampler's last indices before their batches were handed out, which marked the
+    iteration finished: broken off there, the next iteration walked the whole epoch instead of starting at
+    the resume point again."""
+    from seqstore.torch import collate_padded
+
+    path = tmp_path / "s"
+    make_store(path, 80)
+
+    def make() -> SeqDataLoader:
+        ds = StoreDataset(path, ordering="random", seed=5)
+        sds = SeqDataset(ds, with_index=True)
+        if kind == "sampler":
+            return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=8, collate_fn=collate_padded, **par)
+        return SeqDataLoader(sds, batch_sampler=EpochBatchSampler(ds, max_frames=60), collate_fn=collate_padded,
+                             **par)
+
+    full = [b["index"].tolist() for b in make()]
+    before = make()
+    batches = iter(before)
+    next(batches), next(batches)
+    state = before.state_dict()
+    del batches
+    loader = make()
+    loader.load_state_dict(state)
+    first = []
+    for j, b in enumerate(loader):
+        first.append(b["index"].tolist())
+        if j == len(full) - 4:  # stop before the last batch, whose indices the read-ahead pulled already
+            break
+    assert first == full[2 : len(full) - 1]
+    assert [b["index"].tolist() for b in loader] == full[2:]  # starts at the resume point again
+    assert [b["index"].tolist() for b in loader] == full  # that one ran to its end: the whole epoch next

@@ -111,6 +111,12 @@ class EpochCursor:
         self._start_batches = 0
         self._len_cache = None
 
+    def _broken_off(self) -> None:
+        """An iteration that began ended before its end: the next one starts at its resume point again, also
+        where read-ahead had pulled its last items already (which marked it finished)."""
+        self._start = self._iter_start
+        self._start_batches = self._iter_start_batches
+
     def _batch_iter(self, order: Order, position: int, skip: int) -> Any:
         assert self._spec is not None
         return batch_stream(order, self.dataset.lengths(), self._spec, position=position, skip=skip,

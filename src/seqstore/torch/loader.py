@@ -222,9 +222,15 @@ class SeqDataLoader(DataLoader[Any]):
             if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
                 check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
             batches = super().__iter__()
-        for batch in batches:
-            self._consumed += 1
-            yield batch
+        ended = False
+        try:
+            for batch in batches:
+                self._consumed += 1
+                yield batch
+            ended = True
+        finally:  # broken off after its first batch (a sampler reads the epoch's indices ahead of its batches)
+            if not ended and self._consumed and isinstance(src, (EpochSampler, EpochBatchSampler)):
+                src._broken_off()
         if isinstance(src, IterableSeqDataset):
             src.finish_epoch()
         elif isinstance(src, PackedIterableDataset):
