@@ -638,6 +638,65 @@ def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_dead
     assert out.strip() == str([1, *range(512, 524)])
 
 
+_LARGE_ERROR = '''
+import numpy as np
+import torch
+
+from seqstore.torch import _ring
+from seqstore.torch._ring import run_processes
+
+
+class Workers(_ring.Chooser):  # the workers gather every batch after the first
+    def __init__(self) -> None:
+        super().__init__()
+        self.here = False
+
+    def tick(self, *args: float) -> None:
+        pass
+
+
+def gather(idx: np.ndarray) -> dict:  # an error larger than the pipe holds from batch 520 on
+    if int(idx[0]) >= 520:
+        raise ValueError("bad batch " + "x" * 300_000)
+    return {"x": torch.full((16,), float(idx[0]), dtype=torch.float64)}
+
+
+if __name__ == "__main__":
+    arrays = [np.full(40000, 512 + k) for k in range(30)]  # 320 kB each: more than the pipe holds
+    got = []
+    try:
+        for b in run_processes(gather(np.array([1])), iter(arrays), gather, 2, chooser=Workers()):
+            got.append(int(b["x"][0]))
+    except ValueError as e:
+        print(str(e)[:9], got)
+'''
+
+
+def test_procs_an_error_larger_than_the_pipe_is_raised_without_deadlock(tmp_path: Any) -> None:
+    """A worker sending an error larger than the pipe holds (a long message) while the loop sent it an index
+    array larger than the pipe holds: each waited for the other to read, for ever (only batches larger than
+    their slot were sent while reading). The error is raised in the loop, the workers end quietly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "large_error.py"
+    script.write_text(_LARGE_ERROR)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too
+        proc.communicate()
+        pytest.fail("the loop and a worker each waited on the other to read")
+    assert proc.returncode == 0, err
+    assert out.strip() == "bad batch " + str(list(range(512, 520))).replace("[", "[1, ")
+    assert "Traceback" not in err, err
+
+
 _LOOP_KILLED = '''
 import os
 import time

@@ -136,12 +136,13 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
                 except Exception:  # noqa: BLE001 - not picklable, or not unpicklable: its text then
                     answer = ("error", LoaderWorkerError(
                         f"loader worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-            if answer[0] == "big":
+            if answer[0] != "ok":  # a batch or an error that may be larger than the pipe holds
                 _send_taking(conn, answer, take)
-                if stop:
-                    return
             else:
                 conn.send(answer)
+            del answer  # (an error's traceback holds the slot's memory, which shm.close() below needs free)
+            if stop:
+                return
     except (EOFError, BrokenPipeError, KeyboardInterrupt):  # (a broken pipe: the loop's process is gone)
         return
     finally:
@@ -313,8 +314,7 @@ def _unlink(name: str) -> None:
 
 
 def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, torch.Tensor]:
-    """The batch at ``base`` of ``buf``: tensors over ``buf`` itself (``pin``: copies, page-locked; one copy
-    each, an empty tensor pinned too)."""
+    """The batch at ``base`` of ``buf``: tensors over ``buf`` itself (``pin``: page-locked copies, one each)."""
     out: dict[str, torch.Tensor] = {}
     for name, dtype, shape, off in layout:
         dt = _dtype(dtype)
