@@ -111,7 +111,7 @@ class EpochCursor:
         self._start_batches = 0
         self._len_cache = None
 
-    def _broken_off(self) -> None:
+    def broken_off(self) -> None:
         """An iteration that began ended before its end: the next one starts at its resume point again, also
         where read-ahead had pulled its last items already (which marked it finished)."""
         self._start = self._iter_start

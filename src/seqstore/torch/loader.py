@@ -230,7 +230,7 @@ class SeqDataLoader(DataLoader[Any]):
             ended = True
         finally:  # broken off after its first batch (a sampler reads the epoch's indices ahead of its batches)
             if not ended and self._consumed and isinstance(src, (EpochSampler, EpochBatchSampler)):
-                src._broken_off()
+                src.broken_off()
         if isinstance(src, IterableSeqDataset):
             src.finish_epoch()
         elif isinstance(src, PackedIterableDataset):
