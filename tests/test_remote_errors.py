@@ -370,3 +370,23 @@ def test_a_damaged_manifest_or_shard_table_is_named_by_its_url(moto_s3: MotoS3, 
         ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache").get_batch([0])
     assert str(err.value).startswith(f"{url}/{name}: "), err.value
     assert str(tmp_path / "cache") not in str(err.value), err.value
+
+
+def test_a_wait_that_gets_no_answer_and_a_cancelled_wave_name_the_store() -> None:
+    """The two errors of the fetch path that no request raises (a wait past every timeout, a cancelled wave)
+    name the store's URL, as every other remote error does."""
+    import concurrent.futures
+
+    from seqstore.io.remote_fetch import Ticket, _settle
+
+    url = "s3://bucket/corpus.seqstore"
+    never: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    with pytest.raises(RemoteError, match="^s3://bucket/corpus.seqstore: no answer") as got:
+        Ticket([never], 0.05, url=url).wait()
+    assert got.value.url == url
+    answers: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    answers.cancel()
+    wave: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    _settle(wave, answers, url)
+    assert isinstance(wave.exception(), RemoteError)
+    assert str(wave.exception()).startswith(url + ": the requests were cancelled")

@@ -53,12 +53,13 @@ class Ticket:
     the request's error). No wait is unbounded: every request has a timeout and a bounded number of
     retries, and a wait gives up (``RemoteError``) after ``limit`` seconds, longer than all of them."""
 
-    __slots__ = ("futures", "limit", "claimed")
+    __slots__ = ("futures", "limit", "claimed", "url")
 
-    def __init__(self, futures: list[Any], limit: float = 600.0, claimed: bool = False) -> None:
+    def __init__(self, futures: list[Any], limit: float = 600.0, claimed: bool = False, url: str = "") -> None:
         self.futures = futures
         self.limit = limit
         self.claimed = claimed  # some of the bytes are another process's to fetch (a ClaimWait among futures)
+        self.url = url  # the store's, for the error
 
     def wait(self) -> None:
         deadline = time.monotonic() + self.limit
@@ -67,8 +68,8 @@ class Ticket:
                 f.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
                 raise RemoteError(
-                    f"no answer from object storage within {self.limit:.0f} s (longer than every request's "
-                    "timeout and retries allow): the client's thread is stuck", attempts=0,
+                    f"{self.url}: no answer from object storage within {self.limit:.0f} s (longer than every "
+                    "request's timeout and retries allow): the client's thread is stuck", url=self.url, attempts=0,
                 ) from None
 
 
@@ -134,10 +135,10 @@ class DirectWaves:
         return out
 
 
-def _settle(wave: concurrent.futures.Future[Any], answers: concurrent.futures.Future[Any]) -> None:
-    """End ``wave`` as the client's future ``answers`` ended."""
+def _settle(wave: concurrent.futures.Future[Any], answers: concurrent.futures.Future[Any], url: str) -> None:
+    """End ``wave`` as the client's future ``answers`` ended (``url``: the store's)."""
     if answers.cancelled():
-        wave.set_exception(RemoteError("the requests were cancelled", attempts=0))
+        wave.set_exception(RemoteError(f"{url}: the requests were cancelled", url=url, attempts=0))
     elif answers.exception() is not None:
         wave.set_exception(answers.exception())
     else:
@@ -268,7 +269,7 @@ class Fetcher:
                     with obj.lock:
                         obj.inflight = [t for t in obj.inflight if t[3] is not wave]
             finally:  # the wave ends whatever happened here: nothing waits for it forever
-                _settle(wave, answers)
+                _settle(wave, answers, self.client.url)
 
         try:
             answers = None if self.direct is None else self.direct.send(reqs, spans)
@@ -320,7 +321,7 @@ class Fetcher:
                 if claimed:
                     chunks.append((obj, claimed))
         if not reqs:
-            return Ticket(futures, 600.0, others)
+            return Ticket(futures, 600.0, others, self.client.url)
         try:
             wave = self.submit(reqs, fills, chunks)
         except BaseException:
@@ -330,7 +331,7 @@ class Fetcher:
         if self.claims:
             wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
         futures.append(wave)
-        return Ticket(futures, self.client.patience(), others)
+        return Ticket(futures, self.client.patience(), others, self.client.url)
 
     def _claim(self, obj: CachedObject, runs: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], Any]:
         """Claim the pages of ``runs`` (byte runs to request) in the node cache (:mod:`.claims`): the runs

@@ -53,7 +53,7 @@ class Part:
                  limit: float) -> None:
         self.fetcher = fetcher
         self.seg_s, self.seg_e, self.seg_at, self.buffer = seg_s, seg_e, seg_at, buffer
-        self.ticket = Ticket(futures, limit)
+        self.ticket = Ticket(futures, limit, url=fetcher.client.url)
         self.nbytes = int((seg_e - seg_s).sum()) if len(seg_s) else 0
         self.users = 1
         self.on_free: Callable[[Any], None] | None = None
