@@ -46,3 +46,55 @@ def test_two_writer_processes(scratch: Path) -> None:
     assert not workspaces(root)
     # shards of 5 records with commits every 7 appends: each writer committed several shards
     assert store.num_shards >= 1 + 2 * 8
+
+
+_PAUSED_CREATE = '''
+import sys, time, os
+from pathlib import Path
+import seqstore as ss
+path, ready, go = sys.argv[1:4]
+
+def hook(event, args):  # pause create() just before it writes its manifest, until the test says go
+    if event == "open" and isinstance(args[0], str) and ".manifest.json.tmp-" in args[0] and not os.path.exists(ready):
+        Path(ready).touch()
+        while not os.path.exists(go):
+            time.sleep(0.01)
+
+sys.addaudithook(hook)
+try:
+    ss.create(path, {"x": ss.Field("int64")}).close()
+    print("created")
+except FileExistsError as exc:
+    print("FileExistsError", exc)
+'''
+
+
+def test_create_racing_open_or_create_in_another_process_loses_nothing(scratch: Path) -> None:
+    """create() made the store's directory and then wrote its manifest into it: an open_or_create in
+    another process between the two took the empty directory as its own (its rename replaces an empty
+    directory), committed records, and create then wrote an empty manifest over them (the records lost,
+    both callers told they created the store). Exactly one may create it; the other appends or is told."""
+    import subprocess
+    import sys
+    import time
+
+    from seqstore.store.writer import open_or_create
+
+    path, ready, go = scratch / "s", scratch / "ready", scratch / "go"
+    src = Path(ss.__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED_CREATE, str(path), str(ready), str(go)],
+                            env={**__import__("os").environ, "PYTHONPATH": str(src)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        with open_or_create(path, {"x": ss.Field("int64")}) as w:  # while create is paused
+            w.append_batch({"x": np.arange(5)})
+    finally:
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert ss.open(path).get_batch(np.arange(5), fields=["x"])["x"].tolist() == list(range(5))
+    assert out.startswith("FileExistsError"), out

@@ -106,8 +106,8 @@ class LocalTarget(CommitTarget):
             if not overwrite:
                 raise FileExistsError(f"{self.root}: already exists (pass overwrite=True to replace it)")
             self.delete_store()
-        self.root.mkdir(parents=True)
-        manifest.save(self.root)
+        if not install_new_store(self.root, manifest):  # atomic: never a directory without its manifest
+            raise FileExistsError(f"{self.root}: already exists (another process created a store here first)")
 
     def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
         root = self.root
