@@ -250,6 +250,35 @@ def test_lost_answer_to_the_commit_is_not_committed_twice(moto_s3: MotoS3, s3_bu
     assert len(store) == 7 and store.num_shards == 1
 
 
+def test_lost_answer_to_a_stats_only_commit_adds_the_stats_once(moto_s3: MotoS3, s3_bucket: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit of stats deltas alone reached the service but its answer was lost; the retry was refused
+    (the ETag changed: by our own write). Nothing told the commit it went through, so it was made again
+    on top of itself and every delta counted twice."""
+    from seqstore.io import objects, retry
+
+    url = f"s3://{s3_bucket}/lost-stats.seqstore"
+    opts = moto_s3.storage_options()
+    w = ss.create(url, SCHEMA, packed=PACKED, storage_options=opts)
+    real_put = objects.ObstoreBackend.put
+    lost: list[str] = []
+
+    def put(self: Any, key: str, data: Any, mode: Any) -> str:
+        etag = real_put(self, key, data, mode)
+        if key == "manifest.json" and isinstance(mode, dict) and not lost:
+            lost.append(etag)
+            raise retry.Transient("connection reset before the answer (simulated)")
+        return etag
+
+    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
+    w.add_stats({"tokens": 7, "loss": 0.5})
+    w.commit()
+    w.close()
+    stats = ss.open(url, storage_options=opts).manifest.stats
+    assert stats == {"tokens": 7, "loss": 0.5}
+    assert lost and w.conflicts == 0
+
+
 # ------------------------------------------------------------------------------------ Logger
 
 

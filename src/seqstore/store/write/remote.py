@@ -255,12 +255,15 @@ class Commit:
                 try:
                     sent = True
                     etag = self.c.put(MANIFEST, raw, mode={"e_tag": state.etag})
-                except ConflictError:
+                except ConflictError as exc:
                     state = self.refresh(state)
                     ours = (self.shards or self.overwrite) and state.v3 and state.table_key == tkey
                     if ours or (self.numbers and self.numbers[0] in state.rows["number"]):
                         return state  # ours went through; its answer was lost and the retry refused
-                    # (an overwrite with no shards has no numbers: the manifest naming our table object tells)
+                    # (an overwrite with no shards has no numbers: the manifest naming our table object tells;
+                    # stats alone have neither: the manifest there being the bytes a retried write sent does)
+                    if exc.attempts > 1 and state.raw == raw:
+                        return state
                     sent = False
                     if self.shards or self.overwrite:  # a table object of its own
                         delete_quietly(self.c, tkey)
