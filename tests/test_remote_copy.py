@@ -230,6 +230,25 @@ def test_damaged_local_source_is_caught_and_nothing_lands(moto_s3: MotoS3, s3_bu
     assert "bad.seqstore/shard-000001/_shard.json" not in keys
 
 
+@pytest.mark.parametrize(("rel", "old", "new"), [("spk.npy", b"(20,)", b"(30,)"),
+                                                 ("spk.npy", b"'<i8'", b"'<f8'"),
+                                                 ("x.offsets.npy", b"(21,)", b"(12,)")])
+def test_damaged_npy_header_is_caught_and_nothing_lands(tmp_path: Path, rel: str, old: bytes, new: bytes) -> None:
+    """The CRC-32 covers a file's data, not its .npy header: a header whose shape or dtype was damaged
+    (same length, so the offset of the data is unchanged) was copied as it was, and the destination's
+    reads then failed. The header is checked against what the store says the file holds."""
+    src = build(tmp_path / "src.seqstore", n=60)
+    path = src / "shard-000001" / rel
+    raw = path.read_bytes()
+    assert raw.count(old) == 1
+    path.write_bytes(raw.replace(old, new))
+    dst = tmp_path / "dst.seqstore"
+    with pytest.raises(CorruptionError) as exc:
+        ss.copy(src, dst, workers=1)
+    assert f"shard-000001/{rel}: header" in str(exc.value)
+    assert not (dst / "shard-000001" / rel).exists() and not (dst / "manifest.json").exists()
+
+
 def test_damaged_remote_object_is_caught_on_arrival(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     src = build(tmp_path / "src.seqstore", n=60)
     url = moto_s3.upload_dir(src, s3_bucket, "up.seqstore")

@@ -30,12 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound, SeqstoreError
 from ..format.descriptor import DESCRIPTOR, parse_descriptor
-from ..format.manifest import MANIFEST, FileInfo, Manifest
+from ..format.manifest import MANIFEST, FileInfo, Manifest, ShardInfo
+from ..format.npy import NpyHeader, parse_header
 from ..format.shard_table import TABLE
+from ..schema import Schema
 from .describe import human_bytes
 from .write.api import open_target
 from .write.state import LocalObjects, StoreState, read_state
@@ -69,10 +72,13 @@ def _objects(location: str | os.PathLike[str], options: Mapping[str, Any] | None
 
 class _DataCrc:
     """CRC-32 of a ``.npy`` file's data bytes (everything after its header), fed the file in order;
-    :meth:`finish` checks it and the size against what the store records."""
+    :meth:`finish` checks it and the size against what the store records. The header (not under the
+    CRC) must describe the data that follows it and, where ``layout`` gives them, the dtype and shape
+    the store says the file holds."""
 
-    def __init__(self, where: str, size: int, crc: int | None) -> None:
-        self.where, self.size, self.want = where, size, crc
+    def __init__(self, where: str, size: int, crc: int | None,
+                 layout: tuple[np.dtype[Any], tuple[int, ...]] | None = None) -> None:
+        self.where, self.size, self.want, self.layout = where, size, crc, layout
         self.head = bytearray()
         self.offset: int | None = None
         self.crc = 0
@@ -82,30 +88,49 @@ class _DataCrc:
         self.seen += len(chunk)
         if self.seen > self.size:
             raise CorruptionError(f"{self.where}: more than the {self.size} bytes the store records")
-        if self.want is None:
-            return
         if self.offset is not None:
-            self.crc = zlib.crc32(chunk, self.crc)
+            if self.want is not None:
+                self.crc = zlib.crc32(chunk, self.crc)
             return
         self.head += chunk
         off = _data_offset(self.head, self.where)
         if off is not None and len(self.head) >= off:
+            self._check_header(parse_header(bytes(self.head[:off]), self.where))
             self.crc = zlib.crc32(memoryview(self.head)[off:])
             self.offset = off
             self.head = bytearray()
 
+    def _check_header(self, h: NpyHeader) -> None:
+        if self.layout is not None and (h.dtype, h.shape) != self.layout:
+            dtype, shape = self.layout
+            raise CorruptionError(f"{self.where}: header says dtype {h.dtype.str} shape {h.shape}, the store records "
+                                  f"dtype {dtype.str} shape {shape}; nothing was written for this file")
+        if h.data_offset + h.data_bytes != self.size:
+            raise CorruptionError(f"{self.where}: header describes {h.data_offset + h.data_bytes} bytes, the store "
+                                  f"records {self.size}; nothing was written for this file")
+
     def finish(self) -> None:
         if self.seen != self.size:
             raise CorruptionError(f"{self.where}: {self.seen} bytes, the store records {self.size} (truncated?)")
-        if self.want is None:
-            return
         if self.offset is None:
             raise CorruptionError(f"{self.where}: truncated .npy header")
+        if self.want is None:
+            return
         if self.crc != self.want:
             raise CorruptionError(
                 f"{self.where}: CRC-32 {self.crc:#010x} of the data differs from the store's {self.want:#010x} "
                 "(damaged in storage or in transit); nothing was written for this file"
             )
+
+
+def _layout(schema: Schema, info: ShardInfo) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+    """The dtype and shape of each field's (and packed group's) files in a shard of ``info.records`` records."""
+    n, out = info.records, {}
+    for name, f in schema.storage_units():
+        out[f"{name}.npy"] = (f.storage_dtype, (info.rows[name] if f.ragged else n, *f.inner_shape))
+        if f.ragged:
+            out[f"{name}.offsets.npy"] = (np.dtype("<i8"), (n + 1,))
+    return out
 
 
 def _data_offset(head: bytes | bytearray, where: str) -> int | None:
@@ -170,11 +195,12 @@ class _Copier:
         if self.bar is not None:
             self.bar.set_postfix_str(f"{human_bytes(self.bytes)}", refresh=False)
 
-    def copy_file(self, key: str, size: int, crc: int | None) -> None:
+    def copy_file(self, key: str, size: int, crc: int | None,
+                  layout: tuple[np.dtype[Any], tuple[int, ...]] | None = None) -> None:
         where = self.src.key_url(key)
 
         def chunks() -> Iterator[bytes]:
-            acc = _DataCrc(where, size, crc)
+            acc = _DataCrc(where, size, crc, layout)
             for c in _read_chunks(self.src, key, size):
                 acc.update(c)
                 yield bytes(c)
@@ -200,14 +226,15 @@ class _Copier:
             except RemoteNotFound:
                 raise CorruptionError(f"{self.src.key_url(dkey)}: shard descriptor is missing (the shard table "
                                       f"lists {name})") from None
-            files = parse_descriptor(desc, self.src.key_url(dkey), name, row, s.expected_files(row.has_ids)).files
-            complete = self._complete_v3(name, dkey, desc, files)
+            info = parse_descriptor(desc, self.src.key_url(dkey), name, row, s.expected_files(row.has_ids))
+            complete = self._complete_v3(name, dkey, desc, info.files)
         else:
-            files = s.manifest.shards[k].files
-            complete = self._complete_v12(name, files)
+            info = s.manifest.shards[k]
+            complete = self._complete_v12(name, info.files)
         if not complete:
-            for rel, fi in sorted(files.items()):
-                self.copy_file(f"{name}/{rel}", fi.bytes, fi.crc32)
+            layout = _layout(s.manifest.schema, info)
+            for rel, fi in sorted(info.files.items()):
+                self.copy_file(f"{name}/{rel}", fi.bytes, fi.crc32, layout.get(rel))
             if s.v3:
                 self.dst.put(dkey, desc)  # last: the shard is complete at the destination
                 self._count(1, len(desc))
