@@ -306,6 +306,25 @@ def test_overwrite_with_another_schema_installs_it_at_the_commit(store: Path) ->
     assert not s.has_ids and verify(store) == []
 
 
+def test_a_writer_of_the_old_schema_cannot_commit_into_the_overwritten_store(store: Path) -> None:
+    """A plain writer opened before an overwrite job installed another schema committed its shard into
+    the new store as it was (files of the old dtype under the new schema): every read of it failed.
+    Its commit is refused, naming the store and both schemas, and the store stays readable."""
+    prepare_store(store, SCHEMA)
+    w = ss.append_to(store)
+    w.append_batch({"x": [np.zeros((1, 3), np.float32)] * 2, "y": np.arange(2)}, ids=["a", "b"])
+    other = {"x": ss.Field("float16", (None, 3)), "y": ss.Field("int32")}
+    prepare_store(store, other, mode="overwrite")
+    p = PartWriter(store, job="j", task="a")
+    p.append_batch({"x": [np.ones((2, 3), np.float16)], "y": np.arange(1, dtype=np.int32)}, ids=["c"])
+    commit_parts(store, [p.finish()], mode="overwrite")
+    with pytest.raises(SchemaError, match=rf"^{store}: the store's schema is now .*'<f2'.*, this writer's .*'<f4'"):
+        w.commit()
+    w.abort()
+    s = ss.open(store)
+    assert len(s) == 1 and s[0]["x"].tolist() == [[1.0] * 3] * 2 and verify(store) == []
+
+
 def test_append_checks_the_schema_and_the_ids(store: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         prepare_store(store, SCHEMA, mode="upsert")

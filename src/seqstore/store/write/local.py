@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import SeqstoreError
+from ...errors import SchemaError, SeqstoreError
 from ...format.manifest import MANIFEST, PARTS_DIR, WORK_DIR, Manifest, ShardInfo, fsync_dir
 from ...format.shard_table import (
     encode_row,
@@ -77,6 +77,7 @@ class LocalTarget(CommitTarget):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.where = str(root)
+        self._schema: Schema | None = None  # the schema the writer opened with
 
     def objects(self) -> LocalObjects:
         return LocalObjects(self.root)
@@ -132,6 +133,7 @@ class LocalTarget(CommitTarget):
             workspace = workspace_path(root, manifest, token)
             workspace.mkdir(parents=workspace.parent != root)
             fd = hold_owner_lock(workspace)
+        self._schema = manifest.schema
         return Start(manifest.schema, manifest.id_lookup, manifest.num_records,
                      manifest.has_ids if manifest.num_shards else None, manifest.table is not None, root, workspace,
                      fd)
@@ -150,6 +152,9 @@ class LocalTarget(CommitTarget):
         with store_lock(root):
             recover_batch_commit(root)
             manifest = Manifest.load(root)
+            if manifest.schema != self._schema:  # an overwrite (commit_parts) installed another since
+                raise SchemaError(f"{root}: the store's schema is now {manifest.schema!r}, this writer's "
+                                  f"{self._schema!r}; nothing was committed")
             if manifest.num_shards and manifest.has_ids != pending.has_ids:
                 raise IdsMismatch(manifest.has_ids)
             number = next_shard_number(manifest)
