@@ -67,6 +67,29 @@ def test_success_replaces_and_builds_in_a_temporary_sibling(tmp_path: Path, monk
     assert len(seqstore.open(tmp_path / "sub" / "fresh.seqstore")) == 1
 
 
+def test_a_store_made_at_the_path_while_building_is_never_replaced(tmp_path: Path) -> None:
+    """Without overwrite, out was checked only before the (possibly hours long) build: a store another
+    process created at out meanwhile was renamed aside and deleted when the new one was installed. It is
+    kept, the build is refused with OutputExistsError, and nothing of the build remains."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "s.seqstore"
+    src = Path(seqstore.__file__).resolve().parents[1]
+    other = (f"import seqstore as ss, numpy as np\nwith ss.create({str(out)!r}, {{'x': ss.Field('int32', (None,))}})"
+             " as w:\n    w.append({'x': np.zeros(2, np.int32)}, id='theirs')")
+
+    def fill(w: seqstore.Writer) -> None:
+        _fill(2)(w)
+        subprocess.run([sys.executable, "-c", other], check=True, env={**os.environ, "PYTHONPATH": str(src)})
+
+    with pytest.raises(_common.OutputExistsError, match=str(out)):
+        _common.new_store(out, SCHEMA, fill)
+    store = seqstore.open(out)
+    assert len(store) == 1 and store.id(0) == "theirs"
+    assert os.listdir(tmp_path) == ["s.seqstore"]
+
+
 def test_refusals_happen_before_anything_is_written(tmp_path: Path) -> None:
     out = tmp_path / "s.seqstore"
     _old(out)

@@ -62,10 +62,13 @@ def check_output(root: Path, overwrite: bool, refuse: Callable[[Path], bool] = _
     root.parent.mkdir(parents=True, exist_ok=True)
 
 
-def install_output(tmp: Path, root: Path) -> None:
+def install_output(tmp: Path, root: Path, *, replace: bool = True) -> None:
     """Move the finished store ``tmp`` to ``root``: an existing ``root`` is renamed aside, ``tmp`` renamed
-    into place, then the old one deleted (put back if the second rename fails)."""
+    into place, then the old one deleted (put back if the second rename fails). ``replace=False``: an
+    existing ``root`` is OutputExistsError instead."""
     if root.exists() or root.is_symlink():
+        if not replace:
+            raise OutputExistsError(root)
         old = temp_sibling(root, "old")
         os.replace(root, old)
         try:
@@ -83,11 +86,14 @@ def install_output(tmp: Path, root: Path) -> None:
 @contextlib.contextmanager
 def replaced(root: Path, tag: str = "tmp") -> Iterator[Path]:
     """A hidden sibling of ``root`` (:func:`temp_sibling`) to build an output in: installed at ``root``
-    (:func:`install_output`) when the block ends, deleted when it raises (``root`` then as before)."""
+    (:func:`install_output`) when the block ends, deleted when it raises (``root`` then as before). Only
+    what was at ``root`` when the block began may be replaced: something made there meanwhile (another
+    process's output) is OutputExistsError."""
     tmp = temp_sibling(root, tag)
+    existed = root.exists() or root.is_symlink()
     try:
         yield tmp
-        install_output(tmp, root)
+        install_output(tmp, root, replace=existed)
     except BaseException:
         remove_path(tmp)
         raise
