@@ -263,6 +263,44 @@ def test_damaged_remote_object_is_caught_on_arrival(moto_s3: MotoS3, s3_bucket: 
     assert not (dst / "shard-000002" / "x.npy").exists() and not (dst / "manifest.json").exists()
 
 
+_COPY_WITH_A_WRITER = """
+import subprocess, sys, time
+from pathlib import Path
+import seqstore as ss
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+shard, started = dst / "shard-000002", []
+
+def blocked(pid):  # waiting for a lock (/proc/locks marks a blocked request with ->)
+    return any("->" in line and f" {pid} " in line for line in Path("/proc/locks").read_text().splitlines())
+
+def hook(event, args):  # a writer opens the destination once the copy has put a file of its first new shard
+    if event == "os.mkdir" and not started and str(args[0]) == str(shard) and shard.is_dir() and any(shard.iterdir()):
+        code = f"import seqstore as ss; ss.append_to({str(dst)!r}).abort()"
+        started.append(subprocess.Popen([sys.executable, "-c", code]))
+        while started[0].poll() is None and not blocked(started[0].pid):
+            time.sleep(0.01)
+
+sys.addaudithook(hook)
+ss.copy(src, dst, workers=1)
+assert started and started[0].wait(timeout=120) == 0
+"""
+
+
+def test_a_writer_opening_a_local_destination_during_a_copy_breaks_nothing(tmp_path: Path) -> None:
+    """A writer opening the destination removes the uncommitted directory of the store's next shard
+    number (a dead writer's): during a copy that was the copy's first new shard, half written, and the
+    copy then committed the shard without the files it had put before. The copy holds the store's lock
+    throughout, so writers wait for it."""
+    src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
+    build(src, n=40, shard_records=20)
+    ss.copy(src, dst)
+    grow(src, 40, 40)
+    env = dict(os.environ, PYTHONPATH=str(SRC_ROOT))
+    subprocess.run([sys.executable, "-c", _COPY_WITH_A_WRITER, str(src), str(dst)], env=env, check=True, timeout=300)
+    assert verify(dst) == []
+    assert digest(ss.open(dst)) == digest(ss.open(src))
+
+
 # ---------------------------------------------------------------------------- other stores
 
 

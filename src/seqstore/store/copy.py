@@ -7,11 +7,11 @@ of writes: each shard's files, each checked against its CRC-32 before it is comp
 upload is not completed, a local file not renamed into place), then its descriptor last, so a
 descriptor at the destination means the files beside it were checked (a resumed copy skips that
 shard after a size check). Then the index runs, the table rows, and ``manifest.json`` last, written
-conditionally (``If-Match`` on the ETag read at the start, create-only when there was none; under the
-store's lock locally): a reader sees the old store or none, never a partial one, and a commit made
-meanwhile is never silently replaced. A destination store is updated in place only when it is a
-prefix of the source (its readers keep working); anything else needs ``overwrite=True``, which first
-deletes the destination's manifest.
+conditionally (``If-Match`` on the ETag read at the start, create-only when there was none; locally
+the copy holds the store's lock throughout, so the destination's writers wait for it): a reader sees
+the old store or none, never a partial one, and a commit made meanwhile is never silently replaced.
+A destination store is updated in place only when it is a prefix of the source (its readers keep
+working); anything else needs ``overwrite=True``, which first deletes the destination's manifest.
 """
 
 from __future__ import annotations
@@ -320,7 +320,10 @@ def copy(
         s = read_state(s_objs)
         if s is None:
             raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
-        return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
+        if not isinstance(d_objs, LocalObjects):
+            return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
+        with d_objs.locked():  # writers of the destination wait for the copy
+            return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
     finally:
         for objs in (s_objs, d_objs):
             if isinstance(objs, LocalObjects):

@@ -10,6 +10,7 @@ committed since (checked with the old ones against the new manifest's CRC-32): O
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -213,6 +214,7 @@ class LocalObjects:
         self._owner_fd = -1
         self._dirs: set[Path] = set()
         self._lock = threading.Lock()  # copies write from several threads
+        self._held = False  # the store's commit lock is held throughout (:meth:`locked`)
 
     def key_url(self, key: str) -> str:
         return str(self.root / key)
@@ -329,14 +331,29 @@ class LocalObjects:
         st = os.stat(dst)
         return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's commit lock for the whole block (a copy into the store: a writer neither
+        commits into the shard numbers it fills nor removes them as a dead writer's meanwhile)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with store_lock(self.root):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
+
+    def _commit_lock(self) -> contextlib.AbstractContextManager[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return contextlib.nullcontext() if self._held else store_lock(self.root)
+
     def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
         def write(fd: int) -> None:
             pwrite_all(fd, memoryview(data), 0)
 
         if mode == "overwrite":
             return self._install(key, write)
-        self.root.mkdir(parents=True, exist_ok=True)
-        with store_lock(self.root):
+        with self._commit_lock():
             self._check_mode(key, mode)
             self._install(key, write)
             self.sync()
@@ -346,8 +363,7 @@ class LocalObjects:
         """Under the store's lock: check ``manifest.json`` as ``mode`` says (``"create"``: there is none;
         ``{"e_tag": tag}``: its content tag is ``tag``; ``"overwrite"``: anything), then replace each of
         ``files`` and then the manifest, atomically each, and fsync the directories."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with store_lock(self.root):
+        with self._commit_lock():
             self._check_mode(MANIFEST, mode)
             for key, data in [*files, (MANIFEST, manifest)]:
                 view = memoryview(data)
