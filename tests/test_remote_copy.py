@@ -267,7 +267,7 @@ _COPY_WITH_A_WRITER = """
 import subprocess, sys, time
 from pathlib import Path
 import seqstore as ss
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+src, dst, code = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 shard, started = dst / "shard-000002", []
 
 def blocked(pid):  # waiting for a lock (/proc/locks marks a blocked request with ->)
@@ -275,7 +275,6 @@ def blocked(pid):  # waiting for a lock (/proc/locks marks a blocked request wit
 
 def hook(event, args):  # a writer opens the destination once the copy has put a file of its first new shard
     if event == "os.mkdir" and not started and str(args[0]) == str(shard) and shard.is_dir() and any(shard.iterdir()):
-        code = f"import seqstore as ss; ss.append_to({str(dst)!r}).abort()"
         started.append(subprocess.Popen([sys.executable, "-c", code]))
         while started[0].poll() is None and not blocked(started[0].pid):
             time.sleep(0.01)
@@ -286,19 +285,28 @@ assert started and started[0].wait(timeout=120) == 0
 """
 
 
-def test_a_writer_opening_a_local_destination_during_a_copy_breaks_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("commits", [False, True])
+def test_a_writer_of_a_local_destination_during_a_copy_breaks_nothing(tmp_path: Path, commits: bool) -> None:
     """A writer opening the destination removes the uncommitted directory of the store's next shard
     number (a dead writer's): during a copy that was the copy's first new shard, half written, and the
-    copy then committed the shard without the files it had put before. The copy holds the store's lock
-    throughout, so writers wait for it."""
+    copy then committed the shard without the files it had put before. A writer committing took that
+    number too, and the copy overwrote the files of its committed shard (the store no longer opened).
+    The copy holds the store's lock throughout, so writers wait for it."""
     src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
-    build(src, n=40, shard_records=20)
+    with ss.create(src, {"v": ss.Field("int64")}, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10)})
     ss.copy(src, dst)
-    grow(src, 40, 40)
+    with ss.append_to(src, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10, 20)})
+    writes = "w.append_batch({'v': np.arange(100, 105)})" if commits else "pass"
+    code = f"import seqstore as ss, numpy as np\nwith ss.append_to({str(dst)!r}) as w:\n    {writes}"
     env = dict(os.environ, PYTHONPATH=str(SRC_ROOT))
-    subprocess.run([sys.executable, "-c", _COPY_WITH_A_WRITER, str(src), str(dst)], env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, "-c", _COPY_WITH_A_WRITER, str(src), str(dst), code], env=env, check=True,
+                   timeout=300)
     assert verify(dst) == []
-    assert digest(ss.open(dst)) == digest(ss.open(src))
+    store = ss.open(dst)
+    want = [*range(20), *(range(100, 105) if commits else [])]
+    assert store.get_batch(np.arange(len(store)), fields=["v"])["v"].tolist() == want
 
 
 # ---------------------------------------------------------------------------- other stores
