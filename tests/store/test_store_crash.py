@@ -173,3 +173,38 @@ def test_live_writer_workspace_is_not_cleaned(scratch: Path) -> None:
     b.close()
     a.close()
     _check_prefix(root, 3)
+
+
+_KILLED_OVERWRITE = """
+import os, signal, sys
+import seqstore as ss
+path, at = sys.argv[1], int(sys.argv[2])
+removed = [0]
+
+def hook(event, args):  # SIGKILL the process at its at-th file removal
+    if event == "os.remove":
+        removed[0] += 1
+        if removed[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(hook)
+ss.create(path, {"v": ss.Field("int32")}, overwrite=True).close()
+"""
+
+
+@pytest.mark.parametrize("at", [3, 40])
+def test_create_overwrite_killed_while_deleting_leaves_no_half_store(scratch: Path, at: int) -> None:
+    """create(overwrite=True) deleted the old store file by file in place: killed part way, the path held
+    a manifest whose shard table was gone (readers: CorruptionError), or shards without a manifest, which
+    create(overwrite=True) then refused as "not a store" (the user had to delete it by hand). The old
+    store is moved aside first: the path holds it whole or nothing."""
+    root = scratch / "s"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=2) as w:
+        w.append_batch({"v": np.arange(60)})
+    proc = subprocess.run([sys.executable, "-c", _KILLED_OVERWRITE, str(root), str(at)], timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])})
+    assert proc.returncode == -signal.SIGKILL
+    assert not root.exists()
+    with ss.create(root, {"v": ss.Field("int32")}, overwrite=True) as w:
+        w.append({"v": 7})
+    assert ss.open(root).get_batch(np.arange(1), fields=["v"])["v"].tolist() == [7]

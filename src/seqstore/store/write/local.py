@@ -52,6 +52,7 @@ from .journal import (
     recover_batch_commit,
     unlink_superseded,
 )
+from .outputs import temp_sibling
 from .state import LocalObjects
 from .target import (
     COMMITTED_FILE,
@@ -100,7 +101,10 @@ class LocalTarget(CommitTarget):
             raise SeqstoreError(f"{root}: refusing to overwrite a file that is not a store")
         if not (root / MANIFEST).exists() and any(root.iterdir()):
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
-        shutil.rmtree(root)
+        old = temp_sibling(root, "deleted")
+        os.rename(root, old)  # first: killed while deleting, the path holds the whole store or nothing
+        fsync_dir(root.parent)
+        shutil.rmtree(old)
 
     def create(self, manifest: Manifest, *, overwrite: bool) -> None:
         if self.root.exists():
