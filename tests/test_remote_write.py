@@ -342,3 +342,35 @@ def test_no_store_is_made_among_objects_that_are_not_one(moto_s3: MotoS3, s3_buc
             make()
     assert remove_if_empty(url, storage_options=opts) is False
     assert moto_s3.keys(s3_bucket, "") == {"data/precious.txt": 7}
+
+
+def test_overwrite_after_an_interrupted_deletion_goes_through(moto_s3: MotoS3, s3_bucket: str,
+                                                               s3_proxy: FaultProxy) -> None:
+    """create(overwrite=True) deletes the manifest first, then the store's objects: when that stopped part
+    way (a delete refused, a killed process), the shards left without a manifest made every later
+    create(overwrite=True) refuse the prefix as "objects that are not a seqstore store"; the user had to
+    delete them by hand. What is left of a store is deleted like a store."""
+    url = f"s3://{s3_bucket}/half.seqstore"
+    opts = moto_s3.storage_options()
+    with ss.create(url, SCHEMA, packed=PACKED, storage_options=opts, max_shard_records=4) as w:
+        cols, ids = _batch(0, 12)
+        w.append_batch(cols, ids=ids)
+    deletes: list[Any] = []
+
+    def later_delete(req: Any) -> bool:  # (S3 deletes go as POST ?delete) the manifest's first, then the rest
+        if "delete" not in req.target:
+            return False
+        deletes.append(req)
+        return len(deletes) > 1
+
+    s3_proxy.forbid(method="POST", where=later_delete)
+    with pytest.raises(ss.SeqstoreError):
+        ss.create(url, {"y": ss.Field("int8")}, overwrite=True, storage_options=moto_s3.storage_options(s3_proxy.url))
+    s3_proxy.clear_faults()
+    s3_proxy.clear_faults()
+    assert "half.seqstore/manifest.json" not in moto_s3.keys(s3_bucket, "half.seqstore/")
+    with ss.create(url, {"y": ss.Field("int8")}, overwrite=True, storage_options=opts) as w:
+        w.append({"y": 3})
+    store = ss.open(url, storage_options=opts)
+    assert len(store) == 1 and store.schema == ss.Schema({"y": ss.Field("int8")})
+    assert not any("shard-000002" in k for k in moto_s3.keys(s3_bucket, "half.seqstore/"))

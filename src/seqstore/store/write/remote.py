@@ -33,6 +33,8 @@ MAX_CLAIMS = 4096
 #: Generations of shard-table objects kept (older ones are deleted after a commit).
 KEEP_TABLES = 3
 _TABLE_GENERATION = re.compile(r"_shards/(\d+)-[A-Za-z0-9]+\.tbl\Z")
+#: The keys of a store's objects other than its manifest.
+_STORE_OBJECT = re.compile(r"(shard-[0-9]{6,}|_shards|_index|_parts)/|_shards\.tbl\Z")
 #: streamed through the committing process (O(chunk) memory).
 COPY_LIMIT = 5 << 30
 #: Chunk of a streamed copy.
@@ -96,16 +98,19 @@ def install_manifest(client: ObjectClient, raw: bytes) -> bool:
 
 def delete_store(client: ObjectClient) -> None:
     """Delete the store at ``client``'s URL: its manifest first (readers see no store from then on),
-    then every object under the URL."""
+    then every object under the URL. Without a manifest, only what is left of a store (a deletion or
+    copy that stopped part way) is deleted; other objects are refused."""
     try:
         client.get(MANIFEST)
     except RemoteNotFound:
-        if next(iter(client.list("")), None) is not None:
+        other = next((m.key for m in client.list("") if not _STORE_OBJECT.match(m.key)), None)
+        if other is not None:
             raise SeqstoreError(
-                f"{client.url}: refusing to overwrite objects that are not a seqstore store (no {MANIFEST})"
+                f"{client.url}: refusing to overwrite objects that are not a seqstore store (no {MANIFEST}; "
+                f"{other} is not a store's)"
             ) from None
-        return
-    client.delete(MANIFEST)
+    else:
+        client.delete(MANIFEST)
     for meta in client.list(""):
         delete_quietly(client, meta.key)
 
