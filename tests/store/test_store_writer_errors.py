@@ -429,6 +429,14 @@ def test_create_overwrite_never_deletes_a_file_that_is_not_a_store(scratch: Path
     assert precious.read_text() == "keep me"
 
 
+def test_create_overwrite_through_a_symbolic_link_is_refused_and_changes_nothing(scratch: Path) -> None:
+    ss.create(scratch / "real", {"x": ss.Field("int8")}).close()
+    (scratch / "link").symlink_to(scratch / "real")
+    with pytest.raises(ss.SeqstoreError, match="refusing to overwrite a symbolic link"):
+        ss.create(scratch / "link", {"x": ss.Field("int8")}, overwrite=True)
+    assert sorted(p.name for p in scratch.iterdir()) == ["link", "real"] and ss.open(scratch / "link") is not None
+
+
 def test_a_one_dimensional_ragged_fields_shape_is_written_as_a_tuple(scratch: Path) -> None:
     w = ss.create(scratch / "s", {"tokens": ss.Field("int32", (None,)), "feat": ss.Field("float32", (None, 3))})
     with pytest.raises(ss.SchemaError) as info:

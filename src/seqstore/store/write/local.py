@@ -101,6 +101,8 @@ class LocalTarget(CommitTarget):
             raise SeqstoreError(f"{root}: refusing to overwrite a file that is not a store")
         if not (root / MANIFEST).exists() and any(root.iterdir()):
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        if root.is_symlink():  # (rmtree refused one too) moving the link aside would leave its store
+            raise SeqstoreError(f"{root}: refusing to overwrite a symbolic link (give the store's own path)")
         old = temp_sibling(root, "deleted")
         os.rename(root, old)  # first: killed while deleting, the path holds the whole store or nothing
         fsync_dir(root.parent)
