@@ -274,6 +274,41 @@ def test_driver_died_after_the_commit_point(moto_s3: MotoS3, s3_bucket: str, tmp
         "crash.seqstore/_parts/cr/t0/committed.json", "crash.seqstore/_parts/cr/t1/committed.json"]
 
 
+def test_two_drivers_committing_the_same_parts_at_once_commit_them_once(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two drivers commit the same parts at once (the first, thought dead, was retried), and the one
+    that wins dies right after its commit point: the other lost the race, took the new rows for another
+    writer's, moved its shards above them and committed the parts a second time (every record twice).
+    It finds its parts' shards among the rows committed meanwhile and commits nothing."""
+    url = f"s3://{s3_bucket}/twice.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    parts = [_task(url, opts, "tw", f"t{k}", 4 * k, 4, tmp_path) for k in range(2)]
+    other: list[str] = []
+
+    def die(*args: Any) -> None:
+        raise KeyboardInterrupt("driver killed")
+
+    def other_driver_first(req: Any) -> bool:
+        if req.method == "PUT" and req.path.endswith("/manifest.json") and not other:
+            other.append("started")
+            with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+                m.setattr(remote_commit, "_finish_parts", die)  # past its commit point
+                commit_parts(url, parts, storage_options=opts)
+        return False  # then forward the request
+
+    s3_proxy.fail(None, where=other_driver_first)
+    with pytest.raises(SeqstoreError, match="committed meanwhile by another commit_parts"):
+        commit_parts(url, parts, storage_options=moto_s3.storage_options(s3_proxy.url))
+    assert other
+    s3_proxy.clear_faults()
+    with pytest.raises(SeqstoreError, match="already committed"):  # and later, as after any commit
+        commit_parts(url, parts, storage_options=opts)
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert sorted(store.id(i) for i in range(len(store))) == sorted(_batch(0, 8)[1])
+    assert verify(url, storage_options=opts) == []
+
+
 # ----------------------------------------------------------------------------------- convert
 
 

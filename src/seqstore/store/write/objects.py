@@ -37,6 +37,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...errors import ConflictError, FormatError, RemoteError, RemoteNotFound, SchemaError, SeqstoreError
 from ...format.descriptor import DESCRIPTOR
 from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
@@ -396,6 +398,7 @@ def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], sche
         _finish_parts(client, plist, state.manifest.generation, workers)
         return 0
     token = uuid.uuid4().hex[:12]
+    base, crcs = state.num_shards, np.array([e.shard.desc_crc for e in entries], dtype="<u4")
 
     def place(numbers: list[int]) -> None:
         """Record the numbers in each part's ``commit.json``, copy the staged files there."""
@@ -427,6 +430,11 @@ def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], sche
             want = "with" if state.has_ids else "without"
             raise SchemaError(f"{client.url}: another writer committed records {want} ids first; the parts' are the "
                               "other kind; nothing was committed")
+        if _holds_run(state.rows["desc_crc"][base:], crcs):  # another driver committed these parts meanwhile
+            _finish_parts(client, plist, state.manifest.generation, workers)
+            raise SeqstoreError(f"{client.url}: the parts' shards were committed meanwhile by another commit_parts of "
+                                f"them (manifest generation {state.manifest.generation}); nothing was committed by "
+                                "this call")
 
     state = Commit(client, [e.shard for e in entries], [e.desc for e in entries], place=place,
                    refresh=lambda known: read_v3(client, known=known), check=check,
@@ -440,6 +448,14 @@ def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], sche
     log.debug("%s: committed %d parts (%d shards, %d records) as generation %d", client.url, len(plist),
               len(entries), records, m.generation)
     return records
+
+
+def _holds_run(values: np.ndarray[Any, Any], run: np.ndarray[Any, Any]) -> bool:
+    """Whether ``run`` occurs in ``values`` as consecutive items."""
+    k = len(run)
+    if not k or len(values) < k:
+        return False
+    return any(np.array_equal(values[i : i + k], run) for i in np.flatnonzero(values[: len(values) - k + 1] == run[0]))
 
 
 def _copy(client: ObjectClient, src: str, dst: str, size: int) -> None:
