@@ -235,3 +235,27 @@ def test_a_failed_conversion_leaves_no_semaphore_to_a_progress_thread(tmp_path: 
         assert not left, left
     finally:
         release.set()
+
+
+def test_a_store_made_at_the_path_during_a_parallel_conversion_is_never_replaced(tmp_path: Path,
+                                                                                 small_units: None) -> None:
+    """Without overwrite, the output path was checked only before the workers ran: a store another process
+    made there meanwhile was renamed aside and deleted when the conversion installed its own. It is kept;
+    the conversion raises OutputExistsError and leaves nothing of its own."""
+    from seqstore.interop._common import OutputExistsError
+
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(_table(0, 300, 0), src / "a.parquet", row_group_size=50)
+    out = tmp_path / "out.seqstore"
+
+    def theirs(n: int) -> None:  # someone else's store appears at out while the workers write
+        if not out.exists():
+            with seqstore.create(out, {"x": seqstore.Field("int32")}) as w:
+                w.append({"x": 7}, id="theirs")
+
+    with pytest.raises(OutputExistsError, match=str(out)):
+        import_parquet(src, out, id_column="id", workers=2, progress=theirs)
+    store = seqstore.open(out)
+    assert len(store) == 1 and store.id(0) == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out.seqstore"]

@@ -210,7 +210,7 @@ def convert_in_parallel(out: str | os.PathLike[str], schema: Schema, units: Sequ
         discard_parts(tmp, job_id)  # the parts' committed.json records
         with contextlib.suppress(OSError):
             (tmp / PARTS_DIR).rmdir()
-        install_output(tmp, root)
+        install_output(tmp, root, replace=overwrite)  # (without overwrite: not what appeared meanwhile)
     except BaseException:
         with _signals_held():
             remove_path(tmp)
