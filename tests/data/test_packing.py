@@ -291,3 +291,22 @@ def test_length_field_is_checked_through_wrappers(tmp_path: Path) -> None:
             PackedDataset(src, seq_len=8)
     p = PackedDataset(ConcatDataset([good.filter(min_length=3), SliceDataset(good, 0, 2)]), seq_len=8)
     assert (p.open(p.shares(None, 1)[0]).batch(2)["tokens"] > 0).all()
+
+
+def test_meta_dataset_packs_the_tokens_its_lengths_measure(tmp_path: Path) -> None:
+    """A meta dataset whose lengths come from another child than the token field's is refused (it packed
+    audio frame counts of token documents: token id -1 filled the gaps); renamed token fields work."""
+    from seqstore.data import MetaDataset
+
+    ids = [f"u{i}" for i in range(4)]
+    with seqstore.create(tmp_path / "text.seqstore", {"tokens": Field("int32", (None,))}) as w:
+        w.append_batch({"tokens": (np.arange(1, 15, dtype=np.int32), np.array([3, 5, 2, 4]))}, ids=ids)
+    with seqstore.create(tmp_path / "audio.seqstore", {"frames": Field("float32", (None,))}) as w:
+        w.append_batch({"frames": (np.zeros(40, dtype=np.float32), np.full(4, 10))}, ids=ids)
+    kids = {"audio": StoreDataset(tmp_path / "audio.seqstore"), "text": StoreDataset(tmp_path / "text.seqstore")}
+    with pytest.raises(ValueError, match="takes its lengths from 'audio', which does not give the token field"):
+        PackedDataset(MetaDataset(kids), seq_len=8)
+    meta = MetaDataset(kids, length_from="text", fields={"text": {"tokens": "tok"}})
+    p = PackedDataset(meta, tokens="tok", seq_len=8, mode="best_fit", window=1)
+    got = p.open(p.shares(None, 1)[0]).batch(2)["tokens"]
+    np.testing.assert_array_equal(got[got != 0], np.arange(1, 15)[: int((got != 0).sum())])

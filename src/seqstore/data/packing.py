@@ -38,6 +38,7 @@ from ._packplan import Planner, fresh_shares, resplit, sum_stats
 from .base import Dataset, FilteredDataset
 from .combined import CombinedDataset
 from .concat import ConcatDataset, SliceDataset
+from .meta import MetaDataset
 from .schedule import MixtureStream
 from .store_dataset import StoreDataset
 
@@ -133,12 +134,12 @@ class PackedDataset:
             raise TypeError(f"PackedDataset: source must be a store, a path, a seqstore.data Dataset or a "
                             f"MixtureStream, got {type(source).__name__}")
         for top in datasets:
-            for d in _length_sources(top):
-                lf = getattr(d, "length_field", tokens)
-                if lf != tokens:
+            for d, field in _length_sources(top, tokens):
+                lf = getattr(d, "length_field", field)
+                if lf != field:
                     inside = "" if d is top else f" (inside {top!r})"
                     raise ValueError(f"PackedDataset: {d!r}{inside} measures lengths in field {lf!r}, not the token "
-                                     f"field {tokens!r}; open it with length_field={tokens!r}")
+                                     f"field {field!r}; open it with length_field={field!r}")
         self.dataset: Dataset = self.stream.dataset
         self.names = list(self.stream.names)
 
@@ -224,16 +225,25 @@ class PackedDataset:
         return f"PackedDataset({self.stream!r}, {self.config()})"
 
 
-def _length_sources(dataset: Dataset) -> Iterator[Dataset]:
-    """The datasets whose lengths ``dataset``'s are: itself, or through a filter, a slice, a concatenation
-    or a combination (lengths passed on unchanged) those of its children. O(children)."""
+def _length_sources(dataset: Dataset, field: str) -> Iterator[tuple[Dataset, str]]:
+    """The datasets whose lengths ``dataset``'s are, with the name there of its token field ``field``:
+    itself, or through a filter, a slice, a concatenation or a combination (lengths passed on unchanged)
+    those of its children, or a meta dataset's ``length_from`` child (which must give ``field``).
+    O(children)."""
     if isinstance(dataset, (FilteredDataset, SliceDataset)):
-        yield from _length_sources(dataset.dataset)
+        yield from _length_sources(dataset.dataset, field)
     elif isinstance(dataset, (ConcatDataset, CombinedDataset)):
         for child in dataset.datasets:
-            yield from _length_sources(child)
+            yield from _length_sources(child, field)
+    elif isinstance(dataset, MetaDataset):
+        name = dataset.length_from
+        src = [s for s, out in dataset.field_map[name].items() if out == field]
+        if not src:
+            raise ValueError(f"PackedDataset: {dataset!r} takes its lengths from {name!r}, which does not give the "
+                             f"token field {field!r}; pass length_from= the child that gives it")
+        yield from _length_sources(dataset.datasets[name], src[0])
     else:
-        yield dataset
+        yield dataset, field
 
 
 class PackedStream:
