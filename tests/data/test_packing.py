@@ -273,6 +273,30 @@ class _FixedStream(LenStream):
         return np.arange(start, stop) + (epoch - 1) * len(self.lens), self.lens[start:stop]
 
 
+def test_best_fit_holds_its_window_not_every_empty_document_passed() -> None:
+    """Fewer documents with tokens per epoch than the window: filling it passes every empty document of
+    an epoch and more; the planner held all of them (its memory grew with the dataset), now it holds
+    the window and one pull."""
+    from seqstore.data._packplan import _PULL_MAX
+
+    class Watched(_FixedStream):
+        held = 0  # the most documents the planner held when it read more
+
+        def docs(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+            self.held = max(self.held, len(pl.ids))
+            return super().docs(epoch, start, stop)
+
+    lens = np.zeros(1_000_000, dtype=np.int64)
+    lens[np.linspace(0, len(lens) - 1, 50).astype(np.int64)] = 5
+    stream = Watched(lens)
+    pl = _planner(stream, fresh_shares(1, 1, 1)[0], 0, 1, "best_fit", 16, window=64)
+    seq, ids, off, cnt, pads = pl.plan(6)
+    np.testing.assert_array_equal(cnt, 5)  # 3 whole documents a sequence
+    assert len(ids) == 18 and (pads == 1).all()
+    assert max(stream.held, len(pl.ids)) <= 64 + 2 * _PULL_MAX
+    assert pl.state()["stats"]["documents"] >= len(lens)  # the empty ones of epoch 1 passed and counted
+
+
 def test_length_field_is_checked_through_wrappers(tmp_path: Path) -> None:
     """A filter, slice, concatenation or mixture over a store measuring lengths in another field is refused
     like the store itself (it packed silently wrong: token id -1 filled the gaps)."""

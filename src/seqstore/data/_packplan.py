@@ -26,6 +26,8 @@ from ._lengths import IntArray
 __all__ = ["DocStream", "Planner", "fresh_shares", "resplit", "sum_stats"]
 
 _PULL = 256
+#: at most this many documents pulled at once when best_fit's window runs dry (documents without tokens)
+_PULL_MAX = 1 << 16
 #: documents pulled at least when a plan runs short (pulling concatenates the pulled arrays: not per batch)
 _PULL_AHEAD = 1024
 #: documents read from the stream at a time (one ``docs`` call per this many documents, not per batch)
@@ -360,19 +362,34 @@ class Planner:
         return seq, ids, off, cnt, np.zeros(nseq, dtype=np.int64)
 
     def _plan_best_fit(self, nseq: int) -> Plan:
-        while True:
-            # documents behind the window: enough to refill it for ``nseq`` sequences (estimated from the
+        parts: list[Plan] = []
+        done, more = 0, _PULL
+        while done < nseq:
+            # documents behind the window: enough to refill it for the sequences left (estimated from the
             # mean length of what was pulled), and to fill it first
             extra = len(self.ids) - self.nbuf
-            want = self.window - self.nbuf + int(nseq * self.seq_len / self._mean * 1.1) + 16
+            want = self.window - self.nbuf + int((nseq - done) * self.seq_len / self._mean * 1.1) + 16
             if extra < want:  # pull ahead: one pull every few dozen batches, not one per batch
                 self._pull(max(want - extra, _PULL_AHEAD))
-            nb = self.nbuf
-            res = _best_fit(self.lens, self.off, nb, self.seq_len, self.window, self.split, nseq)
-            p_seq, p_tick, p_off, p_n, keep, offs, nxt, made, pads, trunc = res
-            if made == nseq:
-                break
-            self._pull(max(_PULL, len(self.ids)))  # short documents ate the pull: more
+            made, plan = self._best_fit_step(nseq - done)
+            if made:
+                parts.append((plan[0] + done, *plan[1:]))
+                done += made
+            if done < nseq:
+                # short documents ate the pull: the window took all of it (as any later plan would) and the
+                # rest was dropped, so pulling more holds the window and one pull, not every document passed
+                self._pull(more)
+                more = min(2 * more, _PULL_MAX)
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(np.concatenate(c) for c in zip(*parts))  # type: ignore[return-value]
+
+    def _best_fit_step(self, nseq: int) -> tuple[int, Plan]:
+        """Up to ``nseq`` sequences from the pulled documents (fewer where the window runs dry: it then
+        holds every pulled document with a token left); the number made and their plan."""
+        nb = self.nbuf
+        res = _best_fit(self.lens, self.off, nb, self.seq_len, self.window, self.split, nseq)
+        p_seq, p_tick, p_off, p_n, keep, offs, nxt, made, pads, trunc = res
         ids = self.ids[p_tick]
         # documents finished: tickets before ``nb + nxt`` not kept; new pulled order: window, then the rest
         kept = np.asarray(keep, dtype=np.int64)
@@ -390,10 +407,10 @@ class Planner:
         self._mean = _mean_rest(self.lens, self.off)
         self.nbuf = len(kept)
         st = self.stats
-        st["sequences"] += nseq
+        st["sequences"] += int(made)
         st["padding"] += int(pads.sum())
         st["truncated"] += int(trunc)
-        return p_seq, ids, p_off, p_n, pads
+        return int(made), (p_seq, ids, p_off, p_n, pads)
 
 
 def new_stats(sources: int) -> dict[str, Any]:
