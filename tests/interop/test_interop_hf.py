@@ -437,3 +437,28 @@ def test_export_hf_store_without_ids_and_empty_store(tmp_path: Path) -> None:
     empty.close()
     ds = datasets.load_from_disk(str(export_hf(tmp_path / "e.seqstore", tmp_path / "ehf")))
     assert len(ds) == 0 and ds.column_names == ["x", "y", "z", "t", "b"]
+
+
+def test_export_hf_cuts_steps_at_the_list_column_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of chunk_records records whose ragged field has more rows than an Arrow list column holds
+    (2^31 - 1, here lowered to 10) is cut into smaller steps (the export failed, asking for a smaller
+    chunk_records that the CLI cannot pass); one record over the limit is refused naming its field."""
+    from seqstore import Field
+    from seqstore.interop import to_arrow
+    from seqstore.interop.hf_export import export_hf
+
+    monkeypatch.setattr(to_arrow, "INT32_MAX", 10)
+    lens = np.array([3, 0, 6, 5, 5, 1, 4, 4, 2, 6] * 5)
+    vals = np.arange(int(lens.sum()) * 2, dtype=np.int32).reshape(-1, 2)
+    with seqstore.create(tmp_path / "s.seqstore", {"x": Field("int32", (None, 2)), "y": Field("int64")}) as w:
+        w.append_batch({"x": (vals, lens), "y": np.arange(50)}, ids=[f"u{i}" for i in range(50)])
+    st = seqstore.open(tmp_path / "s.seqstore")
+    ds = datasets.load_from_disk(str(export_hf(st, tmp_path / "hf"))).with_format("numpy")
+    assert len(ds) == 50 and list(ds["y"]) == list(range(50)) and ds[49]["id"] == "u49"
+    for i in range(50):
+        np.testing.assert_array_equal(np.array(ds[i]["x"].tolist(), dtype=np.int32).reshape(-1, 2), st[i]["x"])
+    with seqstore.create(tmp_path / "big.seqstore", {"x": Field("int32", (None,))}) as w:
+        w.append_batch({"x": (np.arange(14, dtype=np.int32), np.array([2, 12]))})
+    with pytest.raises(ValueError, match=r"field 'x': 12 values in one Arrow array \(more than 2\^31 - 1\); a "
+                       "datasets list column holds at most that many in one record"):
+        export_hf(tmp_path / "big.seqstore", tmp_path / "hf2")

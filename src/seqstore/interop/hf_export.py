@@ -13,7 +13,8 @@ ragged ``(None, d, ...)``   per record, a list of its rows as fixed-size lists (
 ids                         a string column named ``id_column`` (default ``"id"``), when the store has ids
 ==========================  ====================================================================
 
-Nothing is built per record: each batch of ``chunk_records`` records (read ahead) becomes columns from
+Nothing is built per record: each batch of ``chunk_records`` records (fewer where a ragged field's rows
+would pass the 2^31 - 1 of a list column; read ahead) becomes columns from
 its flat values and lengths (:mod:`seqstore.interop.to_arrow`), written to one Arrow stream file next
 to ``out`` that ``datasets`` then lays out with its own ``save_to_disk``. Memory O(``chunk_records``);
 the bytes are written twice. All or nothing: ``out`` appears complete or not at all, and an existing
@@ -22,6 +23,7 @@ the bytes are written twice. All or nothing: ``out`` appears complete or not at 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,7 +43,7 @@ __all__ = ["export_hf", "CHUNK_RECORDS"]
 
 #: Records converted per step by default.
 CHUNK_RECORDS = 8192
-_HINT = "pass a smaller chunk_records"
+_HINT = "; a datasets list column holds at most that many in one record"
 
 
 def _fixed(flat: Any, shape: Sequence[int]) -> Any:
@@ -65,15 +67,31 @@ def _column(name: str, f: Field, got: Any) -> Any:
     return to_arrow.list_array(offs, rows)
 
 
-def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> Iterator[tuple[int, Any]]:
-    """(records, Arrow record batch) per step of ``chunk`` consecutive records; one empty batch for an
-    empty store (``datasets`` reads no table from a stream without a batch)."""
-    pa = pyarrow_module()
+def _steps(st: Store, names: list[str], chunk: int) -> Iterator[tuple[int, int]]:
+    """The records ``[a, b)`` of each step: at most ``chunk``, and of each ragged field at most the rows a
+    list column's 32-bit offsets hold (``INT32_MAX``; a record with more alone, and refused); one empty
+    step for an empty store. O(chunk) per step (the lengths of its records)."""
     n = len(st)
-    starts = range(0, max(n, 1), chunk)  # an empty store: one empty step
-    batches = st.iter_batches((np.arange(a, min(a + chunk, n), dtype=np.int64) for a in starts), fields=names)
-    for a, got in zip(starts, batches):
+    ragged = [name for name in names if st.schema[name].ragged]
+    a = 0
+    while True:
         b = min(a + chunk, n)
+        for name in ragged if b > a else ():
+            rows = np.cumsum(st.lengths(name)[a:b])
+            b = a + max(1, int(np.searchsorted(rows, to_arrow.INT32_MAX, side="right")))
+        yield a, b
+        a = b
+        if a >= n:
+            return
+
+
+def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> Iterator[tuple[int, Any]]:
+    """(records, Arrow record batch) per step of :func:`_steps` (one empty batch for an empty store:
+    ``datasets`` reads no table from a stream without a batch)."""
+    pa = pyarrow_module()
+    steps, ahead = itertools.tee(_steps(st, names, chunk))  # the reads run ahead of the batches built
+    batches = st.iter_batches((np.arange(a, b, dtype=np.int64) for a, b in ahead), fields=names)
+    for (a, b), got in zip(steps, batches):
         arrays = [_column(name, st.schema[name], got[name]) for name in names]
         cols = list(names)
         if id_column is not None:
