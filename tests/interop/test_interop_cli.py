@@ -171,6 +171,8 @@ def test_cli_sizes_below_one_are_usage_errors(tmp_path: Path, capsys: pytest.Cap
      "convert --from logix: --chunk-mb does not apply"),
     (["convert", "--from", "logix", "{tmp}/logs", "{tmp}/o", "-o", "endpoint=http://127.0.0.1:9"],
      "convert --from logix: -o does not apply (a local store; -o is for --from returnn-hdf"),
+    (["convert", "--from", "logix", "{tmp}/logs", "{tmp}/o", "--workers", "2"],  # was accepted and unused
+     "convert --from logix: --workers does not apply (a LogIX log is imported in one process)"),
 ])
 def test_cli_bad_option_values_are_named_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 argv: list[str], words: str) -> None:

@@ -144,7 +144,7 @@ def _check_options(args: argparse.Namespace, command: str) -> None:
 def _common(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """The keywords every importer of the table takes, from the options of ``convert``."""
     return dict(chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
-                progress=progress, workers=args.workers, storage_options=_storage_options(args))
+                progress=progress, workers=args.workers or os.cpu_count() or 1, storage_options=_storage_options(args))
 
 
 def _none(value: str | None) -> str | None:
@@ -211,10 +211,12 @@ def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     from ..store import open_store
 
     src, out = _one_source(args, "LogIX log directory")
+    if args.workers is not None:
+        raise SeqstoreError("convert --from logix: --workers does not apply (a LogIX log is imported in one process)")
     if not os.path.exists(src):
         raise FileNotFoundError(f"{src}: no such file or directory (expected a LogIX log directory)")
     import_logix(src, out, overwrite=args.overwrite, batch_records=args.batch_records,
-                 progress=_RunningTotal(progress))
+                 shard_bytes=args.shard_mb << 20, progress=_RunningTotal(progress))
     return open_store(out)
 
 
@@ -279,8 +281,7 @@ SOURCES: dict[str, Converter] = {
         Option.of("--rename", action="append", metavar="STREAM=FIELD",
                   help="store stream STREAM ('inputs' or a target key) as field FIELD (repeatable)"),)),
     "hf": Converter("Hugging Face datasets save_to_disk directory (a Dataset, or --split of a DatasetDict)", _hf_run,
-                    unit="rec", url=True, options=(
-        MAP, ID_COLUMN,
+                    unit="rec", url=True, options=(MAP, ID_COLUMN,
         Option.of("--split", metavar="NAME", help="the split to import from a DatasetDict directory"),
         Option.of("--batch-size", type=positive_int, metavar="ROWS",
                   help="rows read per step (default: about --chunk-mb of rows)"))),
@@ -576,10 +577,9 @@ def add_subcommands(subparsers: Any) -> None:
     conv.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     urls = ", ".join(n for n, c in SOURCES.items() if c.url)
     _client_option(conv, f"an OUT at a URL (s3://, gs://, az://) for --from {urls}")
-    conv.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                      help="worker processes (default: the number of cores, "
-                      f"{os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
-                      "too small to split (and hf streams) are converted in one process")
+    conv.add_argument("--workers", type=positive_int, metavar="N", help="worker processes (default: the number of "
+                      f"cores, {os.cpu_count() or 1} here); the records keep the input order whatever N; inputs "
+                      "too small to split (and hf streams) are converted in one process; not for --from logix")
     _add_options(conv, SOURCES, "--from")
     conv.set_defaults(func=convert_main)
 

@@ -170,7 +170,7 @@ def _gather(mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int
 
 def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
                  batch_records: int = 4096, metadata: dict[str, Any] | None = None,
-                 progress: Callable[[int], None] | None = None) -> ImportReport:
+                 progress: Callable[[int], None] | None = None, shard_bytes: int = 1 << 30) -> ImportReport:
     """Convert the LogIX log in ``logdir`` into a new store at ``out``; return an :class:`ImportReport`.
 
     Record ``data_id`` becomes the record id; each logged array a field (``"fc1/grad"``). Records keep
@@ -182,11 +182,12 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     :class:`~seqstore.FormatError` for a missing/malformed chunk and :class:`~seqstore.SchemaError`
     when records disagree on modules, shapes or dtypes. ``progress`` is called with the running total
     of records imported (not an increment); if it has an ``add_total(n)`` method, that is called with
-    the records each chunk will add (duplicates excluded) before they are written.
+    the records each chunk will add (duplicates excluded) before they are written. ``shard_bytes``: the
+    store's shard size, as for the other importers.
     """
     t0 = time.perf_counter()
     chunks = find_logix_chunks(logdir)
-    args = (chunks, logdir, batch_records, metadata, progress, t0)
+    args = (chunks, logdir, batch_records, metadata, progress, t0, shard_bytes)
     if is_remote(out):
         return _import_into(out, overwrite, *args)
     check_output(Path(out), overwrite)  # an existing out without overwrite: refused before anything is read
@@ -196,7 +197,7 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
 def _import_into(out: str | os.PathLike[str], overwrite: bool, chunks: list[tuple[int, int, Path, Path]],
                  logdir: str | os.PathLike[str], batch_records: int, metadata: dict[str, Any] | None,
-                 progress: Callable[[int], None] | None, t0: float) -> ImportReport:
+                 progress: Callable[[int], None] | None, t0: float, shard_bytes: int) -> ImportReport:
     """:func:`import_logix`'s work: the records of ``chunks`` into the new store ``out``."""
     writer = None
     schema: Schema | None = None
@@ -225,7 +226,8 @@ def _import_into(out: str | os.PathLike[str], overwrite: bool, chunks: list[tupl
                 signature = (r0.keys, r0.shapes, r0.dtypes)
                 meta_out = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": fields_map,
                             **(metadata or {})}
-                writer = create(out, schema, packed=default_packing(schema), overwrite=overwrite, metadata=meta_out)
+                writer = create(out, schema, packed=default_packing(schema), overwrite=overwrite, metadata=meta_out,
+                                shard_bytes=shard_bytes)
             for r in recs:
                 if (r.keys, r.shapes, r.dtypes) != signature:
                     raise SchemaError(
