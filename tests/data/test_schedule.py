@@ -259,3 +259,28 @@ def test_stages_in_tokens_resume_exactly_and_change_on_resume() -> None:
     s_state = dict(state, schedule=[[0, MixtureSchedule([(0, {"web": 1})], NAMES).to_json(), [0, 0, 0]]])
     mix4.load_state(s_state["schedule"], 3000)
     assert mix4.tokens_before(3000) == int(mix4.docs_at(np.arange(3000))[1].sum())
+
+
+def test_packed_mixture_state_is_refused_by_sources_in_another_order(tmp_path: Path) -> None:
+    """A packed mixture's state records its sources' epoch orders: resuming with a source in another
+    order (here another seed) is refused, as for a single dataset (it resumed silently, repeating and
+    skipping documents); the same sources resume, and a state saved without the orders still loads."""
+    for name, base in (("a", 1000), ("b", 5000)):
+        with seqstore.create(tmp_path / f"{name}.seqstore", {"tokens": Field("int32", (None,))}) as w:
+            w.append_batch({"tokens": (np.arange(base, base + 400, dtype=np.int32), np.full(100, 4))})
+
+    def packed(seed: int) -> PackedDataset:
+        src = {n: StoreDataset(tmp_path / f"{n}.seqstore", ordering="random", seed=seed) for n in ("a", "b")}
+        return PackedDataset(MixtureStream(src, {"a": 0.5, "b": 0.5}, chunk=64), seq_len=8)
+
+    p = packed(1)
+    s = p.open(p.shares(None, 1)[0])
+    s.batch(2)
+    state = p.state_dict([s.state()])
+    with pytest.raises(ValueError, match="the state is of another source"):
+        packed(2).shares(state, 1)
+    want = p.open(p.shares(state, 1)[0]).batch(1)["tokens"]
+    again = packed(1)
+    np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(1)["tokens"], want)
+    del state["source"]["orders"]
+    np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(1)["tokens"], want)

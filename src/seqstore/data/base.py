@@ -37,7 +37,8 @@ from ._lengths import IntArray, LengthsView, as_index_array, check_int, smallest
 from ._orders import dataset_order
 from .filter import KeptLengths, check_bounds, kept_indices
 
-__all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
+__all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params",
+           "order_identity"]
 
 
 def check_order_params(ordering: Any, seed: Any, partition_epoch: Any, base: Any = None,
@@ -232,6 +233,15 @@ def _rebuild_filtered(dataset: Dataset, lo: int | None, hi: int | None, cache_di
                       seed: int, partition_epoch: int) -> FilteredDataset:
     return FilteredDataset(dataset, min_length=lo, max_length=hi, cache_dir=cache_dir, ordering=ordering, seed=seed,
                            partition_epoch=partition_epoch)
+
+
+def order_identity(dataset: Dataset) -> dict[str, Any]:
+    """What a resume state records of ``dataset``'s epoch orders (JSON-able): its type, size, content key
+    and order parameters; a state is refused by a dataset whose identity differs."""
+    d = dataset
+    return {"type": f"{type(d).__module__}.{type(d).__qualname__}", "num_seqs": int(d.num_seqs),
+            "key": d.cache_key(), "ordering": str(d.ordering), "seed": int(d.seed),
+            "partition_epoch": int(d.partition_epoch)}
 
 
 def pad_batch(values: np.ndarray[Any, Any], lengths: IntArray) -> np.ndarray[Any, Any]:

@@ -35,7 +35,7 @@ from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
 from ._packplan import Planner, fresh_shares, resplit, sum_stats
-from .base import Dataset, FilteredDataset
+from .base import Dataset, FilteredDataset, order_identity
 from .combined import CombinedDataset
 from .concat import ConcatDataset, SliceDataset
 from .meta import MetaDataset
@@ -79,10 +79,7 @@ class OrderStream:
         return np.zeros(len(ids), dtype=np.int64)
 
     def identity(self) -> dict[str, Any]:
-        d = self.dataset
-        return {"type": f"{type(d).__module__}.{type(d).__qualname__}", "num_seqs": int(d.num_seqs),
-                "key": d.cache_key(), "ordering": str(d.ordering), "seed": int(d.seed),
-                "partition_epoch": int(d.partition_epoch)}
+        return order_identity(self.dataset)
 
 
 class PackedDataset:
@@ -178,6 +175,8 @@ class PackedDataset:
                              f"{self.config()}")
         src = state.get("source")
         mine = self.stream.identity()
+        if isinstance(src, dict) and "orders" not in src:  # a mixture's state saved before it recorded them
+            mine.pop("orders", None)
         if src != mine:
             raise ValueError(f"PackedDataset: the state is of another source ({src}), this one is {mine}")
         shares = state.get("shares")

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..order import Order
 from ._lengths import IntArray, check_int
-from .base import Dataset
+from .base import Dataset, order_identity
 from .combined import CombinedDataset
 
 __all__ = ["MixtureSchedule", "MixtureStream"]
@@ -349,8 +349,10 @@ class MixtureStream:
         return self.chunk
 
     def identity(self) -> dict[str, Any]:
+        """What a resume state records of this stream: its sources, their sizes and epoch orders
+        (:func:`~seqstore.data.base.order_identity`), and the chunk."""
         return {"type": "MixtureStream", "sources": self.names, "sizes": [int(n) for n in self.combined.num],
-                "chunk": self.chunk}
+                "chunk": self.chunk, "orders": [order_identity(d) for d in self.combined.datasets]}
 
     # -------------------------------------------------------------------------------- positions
 
