@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,3 +118,35 @@ def test_convert_logix_shard_mb_sizes_the_shards(scratch: Path) -> None:
     for i in (0, 9_999, 19_999):
         assert st.id(i) == f"ex{i}"
         np.testing.assert_array_equal(st.nested(i)["head"]["grad"], values_for(f"ex{i}")["head"])
+
+
+def test_import_to_a_url_is_all_or_nothing(scratch: Path, moto_s3: Any, s3_bucket: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log that fails in its last chunk leaves nothing at a URL of object storage, and an existing
+    store there (``overwrite=True``) as it was (the URL was written in place, chunk by chunk: the chunks
+    before the failure became a readable store, replacing the old one); a good log then imports."""
+    for k, v in moto_s3.env().items():
+        monkeypatch.setenv(k, v)
+    write_analog(scratch / "logs")
+    meta = scratch / "logs" / "log_rank_1_chunk_0_metadata.json"
+    good = meta.read_text()
+    meta.write_text(good[: len(good) // 2])
+    new, old = f"s3://{s3_bucket}/new.seqstore", f"s3://{s3_bucket}/old.seqstore"
+    with pytest.raises(ss.FormatError, match="log_rank_1_chunk_0_metadata.json"):
+        import_logix(scratch / "logs", new)
+    with pytest.raises(ss.FormatError, match="no such store|does not exist"):
+        ss.open(new)
+    with ss.create(old, {"x": ss.Field("int32")}) as w:
+        w.append({"x": 5}, id="kept")
+    with pytest.raises(FileExistsError):
+        import_logix(scratch / "logs", old)
+    with pytest.raises(ss.FormatError, match="log_rank_1_chunk_0_metadata.json"):
+        import_logix(scratch / "logs", old, overwrite=True)
+    st = ss.open(old)
+    assert len(st) == 1 and st.id(0) == "kept" and list(st.schema) == ["x"]
+    meta.write_text(good)
+    report = import_logix(scratch / "logs", old, overwrite=True)
+    assert report.records == len(EXPECTED_IDS)
+    st = ss.open(old)
+    assert [st.id(i) for i in range(len(st))] == EXPECTED_IDS and st.manifest.stats["duplicates_skipped"] == 3
+    np.testing.assert_array_equal(st.nested(7)["fc1"]["grad"], values_for("ex7", 0)["fc1"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ import numpy as np
 from ..errors import FormatError, SchemaError
 from ..io.object_common import is_remote
 from ..schema import Field, Schema
+from ..store.copy import copy
 from ..store.reader import open_store
-from ..store.write.outputs import check_output, replaced
+from ..store.write.api import existing_manifest
+from ..store.write.outputs import OutputExistsError, check_output, replaced
 from ..store.writer import create
 from .logger import default_packing
 
@@ -177,8 +180,9 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     LogIX's order (rank, chunk, position); a repeated ``data_id`` keeps its first occurrence. All or
     nothing, like the other importers: the store is built in a hidden sibling of ``out`` (committed
     chunk by chunk there, for the duplicate check) and renamed into place at the end, so a failure
-    leaves ``out`` as it was (an existing store, with ``overwrite``, intact); a URL ``out`` is written
-    in place, chunk by chunk (a failure leaves a readable prefix). Raises
+    leaves ``out`` as it was (an existing store, with ``overwrite``, intact); a URL ``out`` is built in
+    a local temporary directory (room for the store needed there) and copied to the URL once complete
+    (:func:`seqstore.copy`: its manifest last), so a log that fails leaves the URL untouched. Raises
     :class:`~seqstore.FormatError` for a missing/malformed chunk and :class:`~seqstore.SchemaError`
     when records disagree on modules, shapes or dtypes. ``progress`` is called with the running total
     of records imported (not an increment); if it has an ``add_total(n)`` method, that is called with
@@ -189,13 +193,18 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     chunks = find_logix_chunks(logdir)
     args = (chunks, logdir, batch_records, metadata, progress, t0, shard_bytes)
     if is_remote(out):
-        return _import_into(out, overwrite, *args)
+        if not overwrite and existing_manifest(out) is not None:
+            raise OutputExistsError(os.fspath(out))
+        with tempfile.TemporaryDirectory(prefix="seqstore-logix-") as tmp:  # the log first, then the upload
+            report = _import_into(Path(tmp) / "store", *args)
+            copy(Path(tmp) / "store", out, overwrite=overwrite)
+        return report
     check_output(Path(out), overwrite)  # an existing out without overwrite: refused before anything is read
     with replaced(Path(out)) as tmp:  # renamed onto out when the block ends, deleted if it raises
-        return _import_into(tmp, False, *args)
+        return _import_into(tmp, *args)
 
 
-def _import_into(out: str | os.PathLike[str], overwrite: bool, chunks: list[tuple[int, int, Path, Path]],
+def _import_into(out: str | os.PathLike[str], chunks: list[tuple[int, int, Path, Path]],
                  logdir: str | os.PathLike[str], batch_records: int, metadata: dict[str, Any] | None,
                  progress: Callable[[int], None] | None, t0: float, shard_bytes: int) -> ImportReport:
     """:func:`import_logix`'s work: the records of ``chunks`` into the new store ``out``."""
@@ -226,7 +235,7 @@ def _import_into(out: str | os.PathLike[str], overwrite: bool, chunks: list[tupl
                 signature = (r0.keys, r0.shapes, r0.dtypes)
                 meta_out = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": fields_map,
                             **(metadata or {})}
-                writer = create(out, schema, packed=default_packing(schema), overwrite=overwrite, metadata=meta_out,
+                writer = create(out, schema, packed=default_packing(schema), metadata=meta_out,
                                 shard_bytes=shard_bytes)
             for r in recs:
                 if (r.keys, r.shapes, r.dtypes) != signature:
