@@ -334,3 +334,33 @@ def test_meta_dataset_packs_the_tokens_its_lengths_measure(tmp_path: Path) -> No
     p = PackedDataset(meta, tokens="tok", seq_len=8, mode="best_fit", window=1)
     got = p.open(p.shares(None, 1)[0]).batch(2)["tokens"]
     np.testing.assert_array_equal(got[got != 0], np.arange(1, 15)[: int((got != 0).sum())])
+
+
+def test_packed_combination_state_is_refused_with_other_windows(tmp_path: Path) -> None:
+    """A packed CombinedDataset's state records what its windows are cut from: resuming with another
+    child order (seed) or other weights is refused (both resumed silently, drawing other documents);
+    the same combination resumes, and a state saved before these were recorded still loads."""
+    from seqstore.data import CombinedDataset
+
+    for name, base in (("a", 1000), ("b", 5000)):
+        with seqstore.create(tmp_path / f"{name}.seqstore", {"tokens": Field("int32", (None,))}) as w:
+            w.append_batch({"tokens": (np.arange(base, base + 400, dtype=np.int32), np.full(100, 4))})
+
+    def packed(seed: int, wa: float = 0.5) -> PackedDataset:
+        kids = {n: StoreDataset(tmp_path / f"{n}.seqstore", ordering="random", seed=seed) for n in ("a", "b")}
+        return PackedDataset(CombinedDataset(kids, weights={"a": wa, "b": 1 - wa}, epoch_size=100,
+                                             ordering="random", seed=3), seq_len=8)
+
+    p = packed(1)
+    s = p.open(p.shares(None, 1)[0])
+    s.batch(2)
+    state = p.state_dict([s.state()])
+    for other in (packed(2), packed(1, 0.9)):
+        with pytest.raises(ValueError, match="the state is of another source"):
+            other.shares(state, 1)
+    want = p.open(p.shares(state, 1)[0]).batch(3)["tokens"]
+    again = packed(1)
+    np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(3)["tokens"], want)
+    for k in ("sizes", "child_epoch", "children"):
+        del state["source"][k]
+    np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(3)["tokens"], want)

@@ -37,8 +37,7 @@ from ._lengths import IntArray, LengthsView, as_index_array, check_int, smallest
 from ._orders import dataset_order
 from .filter import KeptLengths, check_bounds, kept_indices
 
-__all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params",
-           "order_identity"]
+__all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
 
 
 def check_order_params(ordering: Any, seed: Any, partition_epoch: Any, base: Any = None,
@@ -116,6 +115,14 @@ class Dataset(abc.ABC):
         """Names, as ``get``/``get_batch`` return them, of the fields stored as bfloat16 (returned as uint16
         bits unless the store was opened with another ``bfloat16`` mode). Default: none. O(fields)."""
         return frozenset()
+
+    def order_identity(self) -> dict[str, Any]:
+        """What a resume state records of this dataset's epoch orders (JSON-able): its type, size, content
+        key and order parameters (a combination adds what its children's windows depend on); a state is
+        refused by a dataset whose identity differs."""
+        return {"type": f"{type(self).__module__}.{type(self).__qualname__}", "num_seqs": int(self.num_seqs),
+                "key": self.cache_key(), "ordering": str(self.ordering), "seed": int(self.seed),
+                "partition_epoch": int(self.partition_epoch)}
 
     def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Order:
         """The lazy order of sub-epoch ``epoch`` (1-based) on shard ``shard_index`` of ``num_shards``.
@@ -233,15 +240,6 @@ def _rebuild_filtered(dataset: Dataset, lo: int | None, hi: int | None, cache_di
                       seed: int, partition_epoch: int) -> FilteredDataset:
     return FilteredDataset(dataset, min_length=lo, max_length=hi, cache_dir=cache_dir, ordering=ordering, seed=seed,
                            partition_epoch=partition_epoch)
-
-
-def order_identity(dataset: Dataset) -> dict[str, Any]:
-    """What a resume state records of ``dataset``'s epoch orders (JSON-able): its type, size, content key
-    and order parameters; a state is refused by a dataset whose identity differs."""
-    d = dataset
-    return {"type": f"{type(d).__module__}.{type(d).__qualname__}", "num_seqs": int(d.num_seqs),
-            "key": d.cache_key(), "ordering": str(d.ordering), "seed": int(d.seed),
-            "partition_epoch": int(d.partition_epoch)}
 
 
 def pad_batch(values: np.ndarray[Any, Any], lengths: IntArray) -> np.ndarray[Any, Any]:

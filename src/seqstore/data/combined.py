@@ -300,6 +300,11 @@ class CombinedDataset(Dataset):
     def bfloat16_fields(self) -> frozenset[str]:
         return frozenset().union(*(d.bfloat16_fields() for d in self.datasets))
 
+    def order_identity(self) -> dict[str, Any]:
+        """The union's order parameters, and the sampling sizes and child orders its windows are cut from."""
+        return {**super().order_identity(), "sizes": self.sizes.tolist(), "child_epoch": self.child_epoch,
+                "children": [d.order_identity() for d in self.datasets]}
+
     def windows(self, epoch: int) -> EpochWindows:
         """The window map of (sub-)epoch ``epoch``'s full epoch."""
         full = (check_int(epoch, "epoch", 1) - 1) // self.partition_epoch + 1

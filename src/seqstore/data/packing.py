@@ -35,7 +35,7 @@ from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
 from ._packplan import Planner, fresh_shares, resplit, sum_stats
-from .base import Dataset, FilteredDataset, order_identity
+from .base import Dataset, FilteredDataset
 from .combined import CombinedDataset
 from .concat import ConcatDataset, SliceDataset
 from .meta import MetaDataset
@@ -79,7 +79,7 @@ class OrderStream:
         return np.zeros(len(ids), dtype=np.int64)
 
     def identity(self) -> dict[str, Any]:
-        return order_identity(self.dataset)
+        return self.dataset.order_identity()
 
 
 class PackedDataset:
@@ -175,8 +175,9 @@ class PackedDataset:
                              f"{self.config()}")
         src = state.get("source")
         mine = self.stream.identity()
-        if isinstance(src, dict) and "orders" not in src:  # a mixture's state saved before it recorded them
-            mine.pop("orders", None)
+        for later in ("orders", "sizes", "child_epoch", "children"):  # recorded since: not in older states
+            if isinstance(src, dict) and later not in src:
+                mine.pop(later, None)
         if src != mine:
             raise ValueError(f"PackedDataset: the state is of another source ({src}), this one is {mine}")
         shares = state.get("shares")

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..order import Order
 from ._lengths import IntArray, check_int
-from .base import Dataset, order_identity
+from .base import Dataset
 from .combined import CombinedDataset
 
 __all__ = ["MixtureSchedule", "MixtureStream"]
@@ -350,9 +350,9 @@ class MixtureStream:
 
     def identity(self) -> dict[str, Any]:
         """What a resume state records of this stream: its sources, their sizes and epoch orders
-        (:func:`~seqstore.data.base.order_identity`), and the chunk."""
+        (:meth:`~seqstore.data.Dataset.order_identity`), and the chunk."""
         return {"type": "MixtureStream", "sources": self.names, "sizes": [int(n) for n in self.combined.num],
-                "chunk": self.chunk, "orders": [order_identity(d) for d in self.combined.datasets]}
+                "chunk": self.chunk, "orders": [d.order_identity() for d in self.combined.datasets]}
 
     # -------------------------------------------------------------------------------- positions
 
