@@ -197,6 +197,22 @@ def test_export_a_plain_store(tmp_path: Path) -> None:
         export_webdataset(st, tmp_path / "p.seqstore", overwrite=True, fields={"label": "cls"})
 
 
+def test_export_writes_bfloat16_as_float32(tmp_path: Path) -> None:
+    """bfloat16 fields become float32 arrays in the members (they were their uint16 bits, which every
+    reader took for integers); a bfloat16 scalar cannot be an integer member."""
+    vals = np.array([1.5, -2, 0.25, 3], np.float32)
+    with seqstore.create(tmp_path / "b.seqstore", {"emb": Field("bfloat16", (4,)), "x": Field("bfloat16", (None,)),
+                                                   "s": Field("bfloat16")}) as w:
+        w.append({"emb": vals, "x": vals[:2], "s": 0.5}, id="a")
+    st = seqstore.open(tmp_path / "b.seqstore")  # bfloat16 as its bits
+    out = export_webdataset(st, tmp_path / "o")
+    [smp] = list(wds.WebDataset(str(out / "000000.tar"), shardshuffle=False).decode())
+    assert smp["emb.npy"].dtype == np.float32 and np.array_equal(smp["emb.npy"], vals)
+    assert np.array_equal(smp["x.npy"], vals[:2]) and smp["s.npy"] == np.float32(0.5)
+    with pytest.raises(SchemaError, match=".cls members hold one integer"):
+        export_webdataset(st, tmp_path / "o2", fields={"s": "cls"})
+
+
 def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
     with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
         w.append({"label": 1}, id="a")

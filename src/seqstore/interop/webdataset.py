@@ -313,7 +313,8 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
             raise SchemaError(f"field {n!r}: {ext!r} cannot be a tar member extension (lower case, no '/'); "
                               "pass fields={field: ext}")
         kind = _kind(ext)
-        if kind == "int" and (f.ragged or f.inner_shape or np.dtype(f.storage_dtype).kind not in "iub"):
+        if kind == "int" and (f.ragged or f.inner_shape or f.dtype == "bfloat16"
+                              or np.dtype(f.storage_dtype).kind not in "iub"):
             raise SchemaError(f"field {n!r}: .{ext} members hold one integer; the field is {f}")
         if kind == "bytes" and not (f.ragged and not f.inner_shape and f.dtype == "|u1"):
             raise SchemaError(f"field {n!r}: .{ext} members hold bytes, which need a ragged uint8 field; the field "
@@ -358,7 +359,8 @@ def export_webdataset(
     Each record is a sample with one member per field: ``fields`` picks them (a list, or a mapping
     field -> extension); by default every field, with the extension :func:`import_webdataset`
     recorded, else the field's name when that already says how to read it (``.npy``, an integer
-    extension such as ``.cls``, or any name for a ragged uint8 field: its bytes), else ``NAME.npy``.
+    extension such as ``.cls``, or any name for a ragged uint8 field: its bytes), else ``NAME.npy``;
+    bfloat16 values are written as float32.
     ``keys``: ``"ids"`` (the record ids; an id with a ``.`` in its last path part cannot be a key),
     ``"index"`` (the record number, 9 digits) or ``"auto"`` (ids when the store has them). A shard
     holds at most ``shard_records`` records and ends after the record that passes ``shard_bytes``.
@@ -367,7 +369,9 @@ def export_webdataset(
     nothing; an existing ``out`` is replaced with ``overwrite`` only if it holds nothing but tar
     files). Memory O(``chunk_records``). ``progress`` gets records.
     """
-    st = store if isinstance(store, Store) else open_store(store)
+    # bfloat16 as float32, which a member's reader knows (a Store in "bits" mode is reopened: O(1))
+    path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
+    st = open_store(path, bfloat16="float32", **reopen)
     plan = _export_plan(st, fields)
     if keys == "auto":
         keys = "ids" if st.has_ids else "index"
