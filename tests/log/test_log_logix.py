@@ -150,3 +150,16 @@ def test_import_to_a_url_is_all_or_nothing(scratch: Path, moto_s3: Any, s3_bucke
     st = ss.open(old)
     assert [st.id(i) for i in range(len(st))] == EXPECTED_IDS and st.manifest.stats["duplicates_skipped"] == 3
     np.testing.assert_array_equal(st.nested(7)["fc1"]["grad"], values_for("ex7", 0)["fc1"])
+
+
+def test_a_truncated_chunk_file_is_named_with_its_record(scratch: Path) -> None:
+    """A chunk file shorter than its metadata says: a FormatError naming the file and the first record
+    whose values lie outside it (it named neither), and nothing is left at ``out``."""
+    import os
+
+    write_analog(scratch / "logs")
+    data = scratch / "logs" / "log_rank_0_chunk_1.mmap"
+    os.truncate(data, data.stat().st_size - 1000)
+    with pytest.raises(ss.FormatError, match=r"log_rank_0_chunk_1\.mmap: data_id 'ex29': its values lie outside"):
+        import_logix(scratch / "logs", scratch / "out")
+    assert not (scratch / "out").exists()

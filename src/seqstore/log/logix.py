@@ -151,13 +151,11 @@ def _gather(mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int
     """Rows of ``nbytes`` bytes at byte ``offsets`` of ``mm`` as an ``(n, nbytes/itemsize)`` array.
 
     A strided zero-copy view when the offsets are evenly spaced (LogIX writes records back to back);
-    else one copy per row.
+    else one copy per row. The caller checked that the rows lie inside ``mm``.
     """
     n = len(offsets)
     if n == 0:
         return np.empty((0, nbytes // dtype.itemsize), dtype=dtype)
-    if offsets.min() < 0 or offsets.max() + nbytes > len(mm):
-        raise FormatError(f"record offsets point past the end of the chunk file ({len(mm)} bytes)")
     step = int(offsets[1] - offsets[0]) if n > 1 else nbytes
     if n == 1 or (step >= nbytes and np.all(np.diff(offsets) == step)):
         o0 = int(offsets[0])
@@ -260,6 +258,12 @@ def _import_into(out: str | os.PathLike[str], chunks: list[tuple[int, int, Path,
                 add_total(len(keep))
             mm = np.memmap(data_path, dtype=np.uint8, mode="r") if data_path.stat().st_size else np.empty(0, np.uint8)
             offsets = np.array([r.offsets for r in recs], dtype=np.int64)  # (records, fields)
+            ends = offsets + np.array([schema[n].row_bytes for n in names], dtype=np.int64)
+            bad = np.asarray(keep, dtype=np.int64)
+            bad = bad[((offsets[bad] < 0) | (ends[bad] > len(mm))).any(axis=1)]
+            if len(bad):
+                raise FormatError(f"{data_path}: data_id {recs[int(bad[0])].data_id!r}: its values lie outside the "
+                                  f"file ({len(mm)} bytes; {len(bad)} record(s) of this chunk do)")
             for a in range(0, len(keep), batch_records):
                 sel = np.array(keep[a : a + batch_records], dtype=np.int64)
                 cols = {}
