@@ -163,3 +163,23 @@ def test_a_truncated_chunk_file_is_named_with_its_record(scratch: Path) -> None:
     with pytest.raises(ss.FormatError, match=r"log_rank_0_chunk_1\.mmap: data_id 'ex29': its values lie outside"):
         import_logix(scratch / "logs", scratch / "out")
     assert not (scratch / "out").exists()
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [("shape", None, "KeyError: 'shape'"),
+                                                   ("dtype", "float99", "TypeError"), ("offset", "x", "ValueError")])
+def test_a_malformed_metadata_entry_is_named(scratch: Path, key: str, value: Any, why: str) -> None:
+    """A metadata entry without a key or with a value of the wrong kind: a FormatError naming the file and
+    the entry (it was a bare KeyError, TypeError or ValueError naming neither)."""
+    import json
+
+    write_analog(scratch / "logs")
+    meta = scratch / "logs" / "log_rank_0_chunk_1_metadata.json"
+    entries = json.loads(meta.read_text())
+    if value is None:
+        del entries[4][key]
+    else:
+        entries[4][key] = value
+    meta.write_text(json.dumps(entries))
+    with pytest.raises(ss.FormatError, match=rf"log_rank_0_chunk_1_metadata\.json: metadata entry 4 is malformed "
+                       rf"\({why}"):
+        import_logix(scratch / "logs", scratch / "out")

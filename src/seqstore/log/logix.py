@@ -97,11 +97,20 @@ class _Record:
 
 
 def _records(meta: Any, path: Path) -> Iterator[_Record]:
-    """Normalise either metadata schema to one :class:`_Record` per record."""
+    """Normalise either metadata schema to one :class:`_Record` per record; an entry that lacks a key or
+    holds a value of the wrong kind is a FormatError naming the file and the entry."""
+    at = [0]  # the entry being read
+    try:
+        yield from _parse(meta, path, at)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise FormatError(f"{path}: metadata entry {at[0]} is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def _parse(meta: Any, path: Path, at: list[int]) -> Iterator[_Record]:
     if not isinstance(meta, list):
         raise FormatError(f"{path}: expected a JSON list of records")
     if meta and "block_size" in meta[0]:  # LogIX: one object per record
-        for e in meta:
+        for at[0], e in enumerate(meta):
             keys = [tuple(str(k) for k in p) for p in e["path"]]
             shapes = [tuple(int(s) for s in sh) for sh in e["shape"]]
             itemsize = np.dtype(e["dtype"]).itemsize
@@ -116,7 +125,7 @@ def _records(meta: Any, path: Path) -> Iterator[_Record]:
             yield _Record(str(e["data_id"]), offs, keys, shapes, [str(e["dtype"])] * len(keys))
         return
     current: _Record | None = None  # AnaLog: one object per (data_id, module), grouped by data_id
-    for e in meta:
+    for at[0], e in enumerate(meta):
         did = str(e["data_id"])
         key = tuple(str(k) for k in e["path"])
         if current is None or current.data_id != did or key in current.keys:
