@@ -364,3 +364,14 @@ def test_packed_combination_state_is_refused_with_other_windows(tmp_path: Path) 
     for k in ("sizes", "child_epoch", "children"):
         del state["source"][k]
     np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(3)["tokens"], want)
+
+
+def test_a_token_field_of_floats_is_refused(tmp_path: Path) -> None:
+    """A float or bfloat16 field given as the token field is a ValueError naming it (floats were cut to
+    integers and bfloat16 packed as its bits, silently)."""
+    for dt in ("float32", "bfloat16"):
+        with seqstore.create(tmp_path / f"{dt}.seqstore", {"audio": Field(dt, (None,))}) as w:
+            w.append_batch({"audio": (np.linspace(-1, 1, 40).astype(np.float32), np.full(4, 10))})
+        with pytest.raises(ValueError, match=f"field 'audio' holds {dt} values; tokens must be integers"):
+            p = PackedDataset(tmp_path / f"{dt}.seqstore", tokens="audio", seq_len=8)
+            p.open(p.shares(None, 1)[0]).batch(1)

@@ -138,6 +138,8 @@ class PackedDataset:
                     raise ValueError(f"PackedDataset: {d!r}{inside} measures lengths in field {lf!r}, not the token "
                                      f"field {field!r}; open it with length_field={field!r}")
         self.dataset: Dataset = self.stream.dataset
+        if tokens in self.dataset.bfloat16_fields():
+            raise ValueError(f"PackedDataset: field {tokens!r} holds bfloat16 values; tokens must be integers")
         self.names = list(self.stream.names)
 
     # -------------------------------------------------------------------------------- state
@@ -363,6 +365,8 @@ def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off:
     vals = np.asarray(vals)
     if vals.ndim != 1:
         raise ValueError(f"PackedDataset: field {field!r} has rows of shape {vals.shape[1:]}; tokens must be 1-D")
+    if vals.dtype.kind not in "iu":
+        raise ValueError(f"PackedDataset: field {field!r} holds {vals.dtype} values; tokens must be integers")
     lens = np.asarray(lens, dtype=np.int64)
     vstart = np.cumsum(lens) - lens
     tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv, seq, off, cnt, n, L,
