@@ -313,6 +313,11 @@ def test_length_field_is_checked_through_wrappers(tmp_path: Path) -> None:
                 MixtureStream({"a": good, "b": wrong.filter(max_length=20)}, [(0, {"a": 0.5, "b": 0.5})])):
         with pytest.raises(ValueError, match="measures lengths in field 'other', not the token field 'tokens'"):
             PackedDataset(src, seq_len=8)
+    # a store dataset that does not return the token field (a KeyError at the first batch before)
+    for src in (StoreDataset(path, length_field="tokens", fields=["other"]),
+                ConcatDataset([good, StoreDataset(path, length_field="tokens", fields=["other"])])):
+        with pytest.raises(ValueError, match=r"does not return the token field 'tokens' \(its fields: \['other'\]\)"):
+            PackedDataset(src, seq_len=8)
     p = PackedDataset(ConcatDataset([good.filter(min_length=3), SliceDataset(good, 0, 2)]), seq_len=8)
     assert (p.open(p.shares(None, 1)[0]).batch(2)["tokens"] > 0).all()
 

@@ -133,8 +133,12 @@ class PackedDataset:
         for top in datasets:
             for d, field in _length_sources(top, tokens):
                 lf = getattr(d, "length_field", field)
+                inside = "" if d is top else f" (inside {top!r})"
+                names = getattr(d, "field_names", None)
+                if names is not None and field not in names:
+                    raise ValueError(f"PackedDataset: {d!r}{inside} does not return the token field {field!r} "
+                                     f"(its fields: {names})")
                 if lf != field:
-                    inside = "" if d is top else f" (inside {top!r})"
                     raise ValueError(f"PackedDataset: {d!r}{inside} measures lengths in field {lf!r}, not the token "
                                      f"field {field!r}; open it with length_field={field!r}")
         self.dataset: Dataset = self.stream.dataset
