@@ -273,10 +273,11 @@ class _FixedStream(LenStream):
         return np.arange(start, stop) + (epoch - 1) * len(self.lens), self.lens[start:stop]
 
 
-def test_best_fit_holds_its_window_not_every_empty_document_passed() -> None:
-    """Fewer documents with tokens per epoch than the window: filling it passes every empty document of
-    an epoch and more; the planner held all of them (its memory grew with the dataset), now it holds
-    the window and one pull."""
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_packing_does_not_hold_every_empty_document_it_passes(mode: str) -> None:
+    """Fewer documents with tokens per epoch than a plan needs (best_fit: than its window): the plan
+    passes every empty document of an epoch and more; the planner held all of them (its memory grew with
+    the dataset), now it holds the documents with tokens and one pull."""
     from seqstore.data._packplan import _PULL_MAX
 
     class Watched(_FixedStream):
@@ -289,12 +290,17 @@ def test_best_fit_holds_its_window_not_every_empty_document_passed() -> None:
     lens = np.zeros(1_000_000, dtype=np.int64)
     lens[np.linspace(0, len(lens) - 1, 50).astype(np.int64)] = 5
     stream = Watched(lens)
-    pl = _planner(stream, fresh_shares(1, 1, 1)[0], 0, 1, "best_fit", 16, window=64)
+    pl = _planner(stream, fresh_shares(1, 1, 1)[0], 0, 1, mode, 16, window=64)
     seq, ids, off, cnt, pads = pl.plan(6)
-    np.testing.assert_array_equal(cnt, 5)  # 3 whole documents a sequence
-    assert len(ids) == 18 and (pads == 1).all()
+    if mode == "best_fit":
+        np.testing.assert_array_equal(cnt, 5)  # 3 whole documents a sequence
+        assert len(ids) == 18 and (pads == 1).all()
+    else:
+        assert cnt.sum() == 6 * 17 and len(np.unique(ids)) == 20  # 97 tokens: 20 documents
     assert max(stream.held, len(pl.ids)) <= 64 + 2 * _PULL_MAX
-    assert pl.state()["stats"]["documents"] >= len(lens)  # the empty ones of epoch 1 passed and counted
+    st = pl.state()["stats"]
+    assert st["documents"] >= (len(lens) if mode == "best_fit" else len(lens) // 3)  # the empty ones counted
+
 
 
 def test_length_field_is_checked_through_wrappers(tmp_path: Path) -> None:

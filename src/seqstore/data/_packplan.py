@@ -341,10 +341,20 @@ class Planner:
         L = self.seq_len
         need = nseq * L + 1
         have = int((self.lens - self.off).sum())
+        passed = len(self.ids)  # documents pulled for this plan, the empty ones dropped below included
         while have < need:
-            mean = max(1.0, have / len(self.ids)) if len(self.ids) else 256.0
-            self._pull(max(_PULL_AHEAD, int((need - have) / mean * 1.25) + 16))
+            mean = max(1.0, have / passed) if passed else 256.0
+            more = max(_PULL_AHEAD, int((need - have) / mean * 1.25) + 16)
+            self._pull(more)
+            passed += more
             have = int((self.lens - self.off).sum())
+            if have < need:
+                # the plan passes every document pulled so far: the empty ones are finished (and dropped, so
+                # that sparse documents with tokens do not make it hold every empty one it passes)
+                empty = self.lens <= self.off
+                self._count(self.ids[empty])
+                self.ep, self.pos, self.off, self.ids, self.lens = (
+                    a[~empty] for a in (self.ep, self.pos, self.off, self.ids, self.lens))
         pieces, k, cut = _concat(self.lens, self.off, nseq, L)
         seq, j, off, cnt = pieces
         ids = self.ids[j]
