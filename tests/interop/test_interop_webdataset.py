@@ -213,6 +213,24 @@ def test_export_writes_bfloat16_as_float32(tmp_path: Path) -> None:
         export_webdataset(st, tmp_path / "o2", fields={"s": "cls"})
 
 
+def test_export_of_more_shards_than_the_digits_hold_keeps_the_order(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """More shards than their numbers' digits hold (10**6, here lowered to 10): every name gets as many
+    digits as the last, so a directory read in name order (as import_webdataset reads one) keeps the
+    records' order ("10.tar" sorted before "2.tar" before)."""
+    import seqstore.interop.webdataset as mod
+
+    monkeypatch.setattr(mod, "SHARD_DIGITS", 1)
+    with seqstore.create(tmp_path / "s.seqstore", {"label": Field("int32")}) as w:
+        w.append_batch({"label": np.arange(25, dtype=np.int32)})
+    out = export_webdataset(tmp_path / "s.seqstore", tmp_path / "o", fields={"label": "cls"}, shard_records=2)
+    assert sorted(p.name for p in out.iterdir()) == [f"{k:02d}.tar" for k in range(13)]
+    back = import_webdataset(out, tmp_path / "back.seqstore")
+    assert [int(back[i]["cls"]) for i in range(len(back))] == list(range(25))
+    few = export_webdataset(tmp_path / "s.seqstore", tmp_path / "o2", fields={"label": "cls"}, shard_records=5)
+    assert sorted(p.name for p in few.iterdir()) == [f"{k}.tar" for k in range(5)]
+
+
 def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
     with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
         w.append({"label": 1}, id="a")

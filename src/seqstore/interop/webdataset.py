@@ -325,6 +325,10 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     return out
 
 
+#: digits of the exported shards' numbers (more where there are more shards than these hold)
+SHARD_DIGITS = 6
+
+
 def _member(kind: str, value: Any) -> bytes:
     if kind == "int":
         return str(int(value)).encode()
@@ -410,7 +414,7 @@ def export_webdataset(
                 else:
                     key = f"{a + j:09d}"
                 if tf is None:
-                    tf = tarfile.open(tmp / f"{shard:06d}.tar", "w", format=tarfile.USTAR_FORMAT
+                    tf = tarfile.open(tmp / f"{shard:0{SHARD_DIGITS}d}.tar", "w", format=tarfile.USTAR_FORMAT
                                       if keys == "index" else tarfile.PAX_FORMAT)
                 for name in names:
                     ext, kind = plan[name]
@@ -430,4 +434,9 @@ def export_webdataset(
                 progress(b - a)
         if tf is not None:
             tf.close()
+            shard += 1
+        wide = len(str(max(shard - 1, 0)))
+        if wide > SHARD_DIGITS:  # more names than the digits hold: all as wide, so that their order is by name
+            for k in range(shard):
+                os.replace(tmp / f"{k:0{SHARD_DIGITS}d}.tar", tmp / f"{k:0{wide}d}.tar")
     return root
