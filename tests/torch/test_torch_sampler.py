@@ -247,3 +247,27 @@ def test_the_first_chunk_is_small_and_the_chunks_are_the_order() -> None:
     want = seq_order(n, "random_block:16:2", epoch=1, seed=4).to_numpy()[np.arange(1, n + 1, 2) % n]
     assert np.array_equal(np.concatenate(chunks), want)
     assert list(EpochSampler(ds, rank=1, world_size=2, chunk_size=2 * _FIRST_CHUNK)) == want.tolist()
+
+
+def test_combined_state_refused_when_children_orders_or_sizes_differ() -> None:
+    from seqstore.data import CombinedDataset
+
+    def make(child_seed: int = 1, weights: tuple[int, int] = (1, 1), child_epoch: str = "same") -> CombinedDataset:
+        a = LengthsDataset(np.arange(1, 51), ordering="random", seed=child_seed)
+        b = LengthsDataset(np.arange(1, 31), ordering="random", seed=2)
+        return CombinedDataset({"a": a, "b": b}, weights={"a": weights[0], "b": weights[1]}, epoch_size=40,
+                               ordering="random", seed=5, child_epoch=child_epoch)
+
+    s = EpochSampler(make(), rank=0, world_size=1)
+    it = iter(s)
+    taken = [next(it) for _ in range(10)]
+    state = s.state_dict()
+    for kw, what in (({"child_seed": 9}, "children"), ({"weights": (3, 1)}, "sizes"),
+                     ({"child_epoch": "pass"}, "child_epoch")):
+        with pytest.raises(StateError, match=f"ordering config.*differs: \\['{what}'\\]"):
+            EpochSampler(make(**kw), rank=0, world_size=1).load_state_dict(state)  # type: ignore[arg-type]
+    same = EpochSampler(make(), rank=0, world_size=1)
+    same.load_state_dict(state)
+    assert taken + list(same) == list(EpochSampler(make(), rank=0, world_size=1))
+    old = {**state, "ordering": {k: state["ordering"][k] for k in ("ordering", "seed", "partition_epoch")}}
+    EpochSampler(make(), rank=0, world_size=1).load_state_dict(old)  # a state saved before these keys loads

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..data._cache import fingerprint
+from ..data.base import Dataset
 from ..errors import SeqstoreError
 from ..order import ordering_name
 
@@ -44,10 +45,18 @@ def _ordering_repr(ordering: Any) -> Any:
     return f"{tag}:{len(arr)}:{h.hexdigest()}"
 
 
+_ORDERING_KEYS = ("ordering", "seed", "partition_epoch")
+
+
 def ordering_config(dataset: Any) -> dict[str, Any]:
-    """{"ordering", "seed", "partition_epoch"} of a protocol dataset."""
-    return {"ordering": _ordering_repr(getattr(dataset, "ordering", "default")),
-            "seed": int(getattr(dataset, "seed", 0)), "partition_epoch": int(getattr(dataset, "partition_epoch", 1))}
+    """{"ordering", "seed", "partition_epoch"} of a protocol dataset, plus what its ``order_identity()``
+    adds to a plain dataset's (a combination's sampling sizes, child_epoch and children's orders)."""
+    config = {"ordering": _ordering_repr(getattr(dataset, "ordering", "default")),
+              "seed": int(getattr(dataset, "seed", 0)), "partition_epoch": int(getattr(dataset, "partition_epoch", 1))}
+    if isinstance(dataset, Dataset):
+        plain = Dataset.order_identity(dataset)
+        config.update((k, v) for k, v in dataset.order_identity().items() if k not in plain)
+    return config
 
 
 def dataset_identity(dataset: Any) -> dict[str, Any]:
@@ -99,9 +108,14 @@ def check_state(state: Any, *, dataset: dict[str, Any], ordering: dict[str, Any]
             f"{theirs.get('num_seqs')} sequences, fingerprint {theirs.get('fingerprint')}); this is "
             f"{dataset['type']} with {dataset['num_seqs']} sequences, fingerprint {dataset['fingerprint']}"
         )
-    if state.get("ordering") != ordering:
+    saved = state.get("ordering")
+    if isinstance(saved, dict):  # keys added to the config since (a combination's): not in older states
+        ordering = {k: v for k, v in ordering.items() if k in _ORDERING_KEYS or k in saved}
+    if saved != ordering:
+        differ = sorted(k for k in {*ordering, *(saved if isinstance(saved, dict) else ())}
+                        if not isinstance(saved, dict) or saved.get(k) != ordering.get(k))
         raise StateError(
-            f"{owner}: state was saved with ordering config {state.get('ordering')}; this dataset has {ordering}"
+            f"{owner}: state was saved with ordering config {saved}; this dataset has {ordering} (differs: {differ})"
         )
     epoch = _int(state, "epoch", 1)
     position = _int(state, "position", 0)
