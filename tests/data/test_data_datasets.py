@@ -187,3 +187,13 @@ def test_explicit_base_order_is_not_taken_over(tmp_path: Path) -> None:
     named = LengthsDataset(lens, ordering="sorted_reverse")
     np.testing.assert_array_equal(named.filter(max_length=5).epoch_order(1).to_numpy(), [4, 3, 2, 1, 0])
     np.testing.assert_array_equal(SliceDataset(named, 2, 7).epoch_order(1).to_numpy(), [4, 3, 2, 1, 0])
+
+
+@pytest.mark.parametrize("big", [2**63, 2**64 - 1])
+def test_uint64_index_past_int64_is_an_index_error(big: int) -> None:
+    ds = LengthsDataset(np.arange(1, 11))
+    idx = np.array([3, big], dtype=np.uint64)
+    for call in (lambda: ds.get_batch(idx), lambda: ds.lengths()[idx], lambda: ds.lengths().take(idx)):
+        with pytest.raises(IndexError, match=f"index {big} out of range for 10 sequences"):
+            call()
+    assert ds.get_batch(np.array([9], dtype=np.uint64))["length"].tolist() == [10]

@@ -65,6 +65,10 @@ def as_index_array(indices: Any, n: int) -> IntArray:
         if arr.size == 0:
             return np.empty(0, dtype=np.int64)
         raise TypeError(f"indexes must be integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size:  # 2**63 and above would wrap to negative (from the end)
+        over = np.flatnonzero(arr.reshape(-1) >= np.uint64(n))
+        if over.size:
+            raise IndexError(f"index {int(arr.reshape(-1)[over[0]])} out of range for {n} sequences")
     flat = arr.reshape(-1).astype(np.int64, copy=True)
     if flat.size:
         neg = flat < 0
