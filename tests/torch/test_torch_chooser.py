@@ -170,6 +170,39 @@ def test_a_loop_left_open_at_exit_leaves_no_shared_memory_behind(tmp_path: Path)
     assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+def test_a_second_ctrl_c_while_the_workers_end_is_ignored_quietly(tmp_path: Path) -> None:
+    """Ctrl-C in the training step ends the loop; a second one while it waits for its workers to end
+    (here: stopped, as busy ones would be) neither cuts the clean-up short nor prints "Exception ignored"."""
+    path = tmp_path / "s.seqstore"
+    make_store(path, 400, seed=3)
+    script = tmp_path / "second_ctrl_c.py"
+    script.write_text(
+        "import multiprocessing, os, signal, sys, threading\n"
+        "from seqstore.data import StoreDataset\n"
+        "from seqstore.torch import IterableSeqDataset, SeqDataLoader\n"
+        "if __name__ == '__main__':\n"
+        "    import seqstore.torch.loader\n"
+        "    seqstore.torch.loader.PARALLEL_FROM_BYTES = 0  # these batches are small: workers anyway\n"
+        "    loader = SeqDataLoader(IterableSeqDataset(StoreDataset(sys.argv[1]), batch=4), batch_size=None, procs=2)\n"
+        "    try:\n"
+        "        for i, _ in enumerate(loader):\n"
+        "            if i == 5:\n"
+        "                kids = multiprocessing.active_children()\n"
+        "                assert len(kids) == 2, kids\n"
+        "                for k in kids:\n"
+        "                    os.kill(k.pid, signal.SIGSTOP)\n"
+        "                threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "                threading.Timer(3.0, lambda: [os.kill(k.pid, signal.SIGCONT) for k in kids]).start()\n"
+        "                raise KeyboardInterrupt  # the first Ctrl-C\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('interrupted', len(multiprocessing.active_children()))\n"
+    )
+    done, names = _run_script(script, str(path))
+    assert "interrupted 0" in done.stdout, done.stdout  # the workers were ended before the loop let go
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert names  # the loop had its block (and _run_script checked that none is left)
+
+
 def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> None:
     """A read-once loop's run buffers are files in /dev/shm that no resource tracker knows: a script that
     ends without closing them still leaves none behind."""

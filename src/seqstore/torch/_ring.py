@@ -17,8 +17,7 @@ waits for a worker's (no training step, no spare core), it gathers the batches i
 none until they are tried again; the batches and their order are the same either way.
 
 On a remote store the index arrays of the next batches also go to their workers early (``ahead``), so
-that their reads are in flight while the workers gather (``Store.prefetch``); there the workers always
-gather.
+that their reads are in flight while the workers gather (``Store.prefetch``); there the workers always gather.
 
 On a read-once store the workers do not read the store: the loop fetches the runs of
 batches (``Store.fetch_runs``) into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch
@@ -65,6 +64,7 @@ from ..errors import SeqstoreError
 from ..io import address
 from ._chooser import Chooser, cores
 from ._direct import Gatherer, IndexArray, pinned
+from ._signals import InterruptsIgnored
 
 __all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
 
@@ -345,9 +345,8 @@ class _Lent:
 
 
 class _Block(SharedMemory):
-    """The ring's block in the loop's process. Batches handed out as views may outlive it (a script that
-    ends holding one): its buffer is then still exported when the interpreter collects it, which
-    ``SharedMemory.__del__`` would report as an ignored ``BufferError``; the mapping goes with the views."""
+    """The ring's block in the loop's process. Batches handed out as views may outlive it (a script ending
+    holding one): ``SharedMemory.__del__`` would then report an ignored ``BufferError``; the mapping goes with them."""
 
     def __del__(self) -> None:
         try:  # (no module globals here: at shutdown they may be gone)
@@ -399,7 +398,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     shm = _Block(create=True, size=slot_bytes * nslots)
     # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
     # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
-    opened = _Open()  # lives as long as this frame
+    opened, quiet = _Open(), InterruptsIgnored()  # live as long as this frame
     at_exit = weakref.finalize(opened, _unlink_block, shm)
     block = shm.buf
     assert block is not None
@@ -568,32 +567,33 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     pass
             handed = time.perf_counter()
             yield batch
-    finally:
-        if runs is not None:
-            runs.tell = None
-        for _, _, parts in pending:  # batches not answered: their run buffers are not read any more
-            for p in parts:
-                p.release()
-        for c in conns:
-            try:
-                c.send(None)
-            except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
+    finally:  # a second Ctrl-C while the workers end is ignored (see _signals)
+        with quiet:
+            if runs is not None:
+                runs.tell = None
+            for _, _, parts in pending:  # batches not answered: their run buffers are not read any more
+                for p in parts:
+                    p.release()
+            for c in conns:
+                try:
+                    c.send(None)
+                except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
+                    pass
+            for w, p in enumerate(workers):
+                try:  # the answers nobody will use, read until the worker ends (one larger than the pipe holds would
+                    # block it); a worker silent for 5 s is ended below
+                    while pollers[w].poll(5000):
+                        conns[w].recv()
+                except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
+                    p.join(timeout=5)
+                if p.is_alive():
+                    p.terminate()
+                    p.join()
+            for c in conns:
+                c.close()
+            if at_exit.detach() is not None:  # not unlinked at exit already
+                shm.unlink()  # the name goes now; the memory when the last batch handed out as views does
+            try:  # unmapped now, or else by the last batch handed out as views of it (their memoryviews hold it)
+                shm.close()
+            except BufferError:
                 pass
-        for w, p in enumerate(workers):
-            try:  # the answers nobody will use, read until the worker ends (one larger than the pipe holds would
-                # block it); a worker silent for 5 s is ended below
-                while pollers[w].poll(5000):
-                    conns[w].recv()
-            except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
-                p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-        for c in conns:
-            c.close()
-        if at_exit.detach() is not None:  # not unlinked at exit already
-            shm.unlink()  # the name goes now; the memory when the last batch handed out as views does
-        try:  # unmapped now, or else by the last batch handed out as views of it (their memoryviews hold it)
-            shm.close()
-        except BufferError:
-            pass
