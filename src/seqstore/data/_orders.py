@@ -7,13 +7,34 @@ an array; the dataset supplies one (a cached ``.npy`` where it can, else in memo
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..order import Order, ordering_name, ordering_needs_lengths, seq_order
 from ._lengths import LengthsView
 
-__all__ = ["dataset_order"]
+__all__ = ["dataset_order", "ordering_key"]
+
+
+def ordering_key(ordering: Any) -> Any:
+    """What a resume state records of ``ordering``: the ordering itself, or for an explicit order (an
+    array, or a ``.npy`` path) ``explicit[-file]:<length>:<digest of its values>`` (O(len) once)."""
+    if ordering_name(ordering) != "explicit":
+        return ordering
+    if isinstance(ordering, (str, os.PathLike)):
+        arr = np.load(os.fspath(ordering), mmap_mode="r")
+        tag = "explicit-file"
+    else:
+        arr = np.asarray(ordering)
+        tag = "explicit"
+    h = hashlib.blake2b(digest_size=8)
+    for a in range(0, len(arr), 1 << 20):
+        h.update(np.ascontiguousarray(arr[a : a + (1 << 20)], dtype=np.int64).tobytes())
+    return f"{tag}:{len(arr)}:{h.hexdigest()}"
 
 
 def dataset_order(n: int, ordering: Any, *, epoch: int, seed: int, partition_epoch: int = 1, shard_index: int = 0,

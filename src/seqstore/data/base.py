@@ -34,7 +34,7 @@ from ..order import Order
 from ..order.api import check_ordering
 from ._cache import cached_array, fingerprint, write_npy
 from ._lengths import IntArray, LengthsView, as_index_array, check_int, smallest_dtype
-from ._orders import dataset_order
+from ._orders import dataset_order, ordering_key
 from .filter import KeptLengths, check_bounds, kept_indices
 
 __all__ = ["Dataset", "FilteredDataset", "merge_batches", "pad_batch", "pad_ragged", "check_order_params"]
@@ -121,7 +121,7 @@ class Dataset(abc.ABC):
         key and order parameters (a combination adds what its children's windows depend on); a state is
         refused by a dataset whose identity differs."""
         return {"type": f"{type(self).__module__}.{type(self).__qualname__}", "num_seqs": int(self.num_seqs),
-                "key": self.cache_key(), "ordering": str(self.ordering), "seed": int(self.seed),
+                "key": self.cache_key(), "ordering": str(ordering_key(self.ordering)), "seed": int(self.seed),
                 "partition_epoch": int(self.partition_epoch)}
 
     def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Order:

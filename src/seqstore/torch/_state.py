@@ -9,16 +9,14 @@ count, the batching config. It does not depend on the world size or the number o
 
 from __future__ import annotations
 
-import hashlib
-import os
 from typing import Any
 
 import numpy as np
 
 from ..data._cache import fingerprint
+from ..data._orders import ordering_key
 from ..data.base import Dataset
 from ..errors import SeqstoreError
-from ..order import ordering_name
 
 __all__ = ["StateError", "FORMAT", "dataset_identity", "ordering_config", "make_state", "check_state"]
 
@@ -29,29 +27,13 @@ class StateError(SeqstoreError, ValueError):
     """A resume state does not fit this sampler or dataset (other data, ordering, batching or format)."""
 
 
-def _ordering_repr(ordering: Any) -> Any:
-    """JSON form of an ordering: its name, or a digest of an explicit order (O(len) once)."""
-    if ordering_name(ordering) != "explicit":
-        return ordering
-    if isinstance(ordering, (str, os.PathLike)):
-        arr = np.load(os.fspath(ordering), mmap_mode="r")
-        tag = "explicit-file"
-    else:
-        arr = np.asarray(ordering)
-        tag = "explicit"
-    h = hashlib.blake2b(digest_size=8)
-    for a in range(0, len(arr), 1 << 20):
-        h.update(np.ascontiguousarray(arr[a : a + (1 << 20)], dtype=np.int64).tobytes())
-    return f"{tag}:{len(arr)}:{h.hexdigest()}"
-
-
 _ORDERING_KEYS = ("ordering", "seed", "partition_epoch")
 
 
 def ordering_config(dataset: Any) -> dict[str, Any]:
     """{"ordering", "seed", "partition_epoch"} of a protocol dataset, plus what its ``order_identity()``
     adds to a plain dataset's (a combination's sampling sizes, child_epoch and children's orders)."""
-    config = {"ordering": _ordering_repr(getattr(dataset, "ordering", "default")),
+    config = {"ordering": ordering_key(getattr(dataset, "ordering", "default")),
               "seed": int(getattr(dataset, "seed", 0)), "partition_epoch": int(getattr(dataset, "partition_epoch", 1))}
     if isinstance(dataset, Dataset):
         plain = Dataset.order_identity(dataset)
