@@ -91,3 +91,17 @@ def test_shuffle_draws_use_the_order_layers_mix64() -> None:
         for k in (0, 1, 12345):
             assert _mix(seed, k) == mix64((seed * 0xD1B54A32D192ED03 + (k + 1) * 0x9E3779B97F4A7C15) & mask)
     assert _mix(0, 0) == 0xE220A8397B1DCDAF  # golden: the value before the refactor
+
+
+def test_a_state_that_is_not_one_is_a_value_error_naming_what_is_expected() -> None:
+    for bad in ({}, {"format": "seqstore.torch.state/v1", "position": 3}, [1, 2]):
+        with pytest.raises(ValueError, match="not a sampler state: a dict with \\['seed', 'num_seqs', 'position'\\]"):
+            sample_with_replacement(10, seed=1).load_state_dict(bad)  # type: ignore[arg-type]
+    for pos in (-3, 2.5, "4"):
+        with pytest.raises(ValueError, match="sampler state\\['position'\\] must be an integer >= 0"):
+            sample_with_replacement(10, seed=1).load_state_dict({"seed": 1, "num_seqs": 10, "position": pos})
+    state = shuffle_buffer(range(20), 4, seed=1).state_dict()
+    with pytest.raises(ValueError, match="buffer state\\['consumed'\\] must be an integer >= 0, got -2"):
+        shuffle_buffer(range(20), 4, seed=1).load_state_dict({**state, "consumed": -2})  # read range[-2:] before
+    with pytest.raises(ValueError, match="not a buffer state"):
+        shuffle_buffer(range(20), 4, seed=1).load_state_dict({"seed": 1, "size": 4})

@@ -22,8 +22,13 @@ __all__ = ["ShuffleBuffer", "ReplacementSampler", "shuffle_buffer", "sample_with
 _MASK = (1 << 64) - 1
 
 
-def _check_state(state: dict[str, Any], what: str, **mine: Any) -> None:
-    """ValueError unless ``state`` holds the values ``mine`` (a state saved by another ``what``)."""
+def _check_state(state: dict[str, Any], what: str, counts: tuple[str, ...], **mine: Any) -> None:
+    """ValueError unless ``state`` is a dict holding the values ``mine`` (else a state saved by another
+    ``what``) and integers >= 0 under ``counts``."""
+    if not isinstance(state, dict) or any(k not in state for k in (*mine, *counts)):
+        raise ValueError(f"not a {what} state: a dict with {[*mine, *counts]} from its state_dict() expected")
+    for k in counts:
+        check_int(state[k], f"{what} state[{k!r}]", 0)
     if any(state[k] != v for k, v in mine.items()):
         theirs = ", ".join(f"{k}={state[k]}" for k in mine)
         ours = ", ".join(f"{k}={v}" for k, v in mine.items())
@@ -104,7 +109,7 @@ class ShuffleBuffer(Iterator[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (on a buffer built over the same source, freshly created)."""
-        _check_state(state, "buffer", seed=self.seed, size=self.size)
+        _check_state(state, "buffer", ("consumed", "emitted"), seed=self.seed, size=self.size)
         self._consumed = int(state["consumed"])
         self._emitted = int(state["emitted"])
         self._exhausted = bool(state["exhausted"])
@@ -170,7 +175,7 @@ class ReplacementSampler(Iterator[int]):
         return {"seed": self.seed, "num_seqs": self.num_seqs, "position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_state(state, "sampler", seed=self.seed, num_seqs=self.num_seqs)
+        _check_state(state, "sampler", ("position",), seed=self.seed, num_seqs=self.num_seqs)
         self.position = int(state["position"])
         self._block = np.empty(0, dtype=np.int64)
         self._block_start = 0
