@@ -336,3 +336,15 @@ def test_lookups_of_non_str_ids_name_the_query_position_and_type(tmp_path: Path)
     assert "decimal" not in str(info.value)
     with pytest.raises(TypeError, match=r"s: ids are str, got int 5.*decimal string.*index\('5'\)"):
         store.index(5)  # type: ignore[arg-type]
+
+
+def test_uint64_indices_past_int64_are_out_of_range(tmp_path: Path) -> None:
+    """A uint64 index of 2**63 or more wrapped to a negative int64 and was read counted from the end
+    (2**64 - 1 gave the last record); it is an IndexError naming the index, in every batch read."""
+    _ids_store(tmp_path / "s", 6, shard=4)
+    store = ss.open(tmp_path / "s")
+    big = np.array([1, 2**64 - 1], dtype=np.uint64)
+    for read in (store.get_batch, store.ids):
+        with pytest.raises(IndexError, match=f"record index {2**64 - 1} out of range"):
+            read(big)
+    assert _decoded(*store.ids(np.array([5], dtype=np.uint64))) == [store.id(5)]  # (in range: as before)

@@ -258,6 +258,9 @@ class ShardMap:
                 return idx.astype(np.int64)
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
         given = idx
+        if idx.dtype.kind == "u" and idx.size and idx.max() >= self.n:  # (2**63 and up would wrap to negative)
+            raise IndexError(f"record index {given[given >= self.n][0]} out of range for a store of {self.n} "
+                             f"records ({self.url})")
         idx = idx.astype(np.int64, copy=True)
         idx[idx < 0] += self.n
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
