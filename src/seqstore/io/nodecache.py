@@ -235,12 +235,19 @@ class NodeCache:
                         freed = q.stat().st_blocks * 512
                         q.unlink()
                         used -= freed
-            else:  # a store's metadata directory (stores/<url>/<manifest version>)
+            else:  # a store's metadata directory (stores/<url>/<manifest version>): renamed out of the way
+                # first (a name _entries skips), so a process opening it sees it whole or not at all
+                gone = p.with_name(f"{p.name}.tmp-evicted-{os.getpid()}-{threading.get_ident()}")
                 try:
-                    freed = sum(f.lstat().st_blocks * 512 for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+                    os.rename(p, gone)
+                except FileNotFoundError:
+                    continue
+                try:
+                    files = [f for f in gone.rglob("*") if f.is_file() and not f.is_symlink()]
+                    freed = sum(f.lstat().st_blocks * 512 for f in files)
                 except FileNotFoundError:  # changed meanwhile: recounted at the next eviction
                     freed = 0
-                shutil.rmtree(p, ignore_errors=True)
+                shutil.rmtree(gone, ignore_errors=True)
                 used -= freed
         return max(0, used)
 

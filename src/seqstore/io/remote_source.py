@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptionError, FormatError
-from ..format.manifest import FileInfo, Manifest
+from ..format.manifest import MANIFEST, FileInfo, Manifest
 from ..format.shard_table import ShardTable
 from .mapping import map_file
 from .nodecache import budget_directory
@@ -68,16 +68,26 @@ class RemoteSource(ByteSource):
         return self.remote.url
 
     def load(self) -> Manifest:
-        self.root = self.remote.load()  # the local mirror of the manifest and the shard table
+        for _ in range(8):
+            self.root = self.remote.load()  # the local mirror of the manifest and the shard table
+            with self.remote.cache.locked():  # (an eviction, which takes this lock, waits until it is read)
+                if (self.root / MANIFEST).exists():  # else another process evicted it since: made again
+                    manifest = self._manifest()
+                    break
+        else:
+            raise OSError(f"{self.url}: its copy in the node cache {self.remote.cache.root} is evicted as fast as "
+                          "it is made; raise cache_bytes")
+        self.data_bytes = manifest.data_bytes()
+        return manifest
+
+    def _manifest(self) -> Manifest:
         try:
-            manifest = Manifest.load(self.root, map_file=map_file)
+            return Manifest.load(self.root, map_file=map_file)
         except (CorruptionError, FormatError) as exc:  # named by URL, not by the mirror's path
             text = self.display(str(exc))
             if text == str(exc):
                 raise
             raise type(exc)(text) from exc.__cause__
-        self.data_bytes = manifest.data_bytes()
-        return manifest
 
     @property
     def read_once(self) -> bool:

@@ -1,0 +1,65 @@
+"""The node cache's eviction of a store's mirror (stores/<url>/<version>) by one process while another
+opens that store: the opener sees the mirror whole or makes it again, never a manifest without its
+shard table nor a mirror gone between its check and its read."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.s3 import MotoS3
+
+pytest.importorskip("seqstore.io.remote")
+
+import seqstore as ss  # noqa: E402
+from seqstore.io.nodecache import NodeCache  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_opening_a_store_while_another_process_evicts_its_mirror(moto_s3: MotoS3, s3_bucket: str,
+                                                                 tmp_path: Path) -> None:
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
+        w.append_batch({"v": np.arange(100)})
+    url = moto_s3.upload_dir(root, s3_bucket, "evict/s.seqstore")
+    opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
+    ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    other = NodeCache(cache, budget)  # as another process sees the cache: this process's pins do not hold there
+    stop = threading.Event()
+
+    def evict() -> None:
+        while not stop.is_set():
+            with other.locked():
+                other._evict(0)
+            stop.wait(0.001)  # (a pass now and then, as other processes' reservations make them)
+
+    errors: list[str] = []
+
+    def open_many() -> None:
+        for _ in range(150):
+            try:
+                store = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+                assert len(store) == 100
+            except Exception as exc:  # noqa: BLE001 (collected: every kind of failure is the defect)
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the threads interleave finely (as processes would)
+    try:
+        evictor = threading.Thread(target=evict)
+        evictor.start()
+        openers = [threading.Thread(target=open_many) for _ in range(3)]
+        for t in openers:
+            t.start()
+        for t in openers:
+            t.join()
+    finally:
+        stop.set()
+        evictor.join()
+        sys.setswitchinterval(interval)
+    assert not errors, f"{len(errors)} of 450 opens failed, e.g. {errors[0]}"
+    assert not [p for p in (cache / "stores").glob("*/*") if ".tmp-" in p.name], "an evicted mirror was left"
