@@ -426,6 +426,19 @@ def test_export_hf_loads_in_datasets_and_imports_back(tmp_path: Path, capsys: py
     assert sorted(p.name for p in tmp_path.iterdir()) == ["back.seqstore", "cli", "hf", "s.seqstore"]
 
 
+def test_export_hf_refuses_a_field_named_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fields=["y", "y"] (or --fields y,y) is refused naming the field, before anything is written (it failed
+    in pyarrow, with no word of the store or of which argument)."""
+    from seqstore.interop.hf_export import export_hf
+
+    st = _export_source(tmp_path / "s.seqstore")
+    with pytest.raises(SchemaError, match="'y' is named twice in fields"):
+        export_hf(st, tmp_path / "hf", fields=["y", "t", "y"])
+    assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(tmp_path / "cli"), "--fields", "y,y"]) == 2
+    assert "'y' is named twice in fields" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore"]
+
+
 def test_export_hf_store_without_ids_and_empty_store(tmp_path: Path) -> None:
     from seqstore.interop.hf_export import export_hf
 

@@ -120,6 +120,9 @@ def export_hf(
     unknown = [n for n in names if n not in st.schema]
     if unknown:
         raise KeyError(f"{st.url}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")
+    twice = [n for k, n in enumerate(names) if n in names[:k]]
+    if twice:
+        raise SchemaError(f"{st.url}: field {twice[0]!r} is named twice in fields; name each field once")
     if id_column is not None and not st.has_ids:
         id_column = None
     if id_column is not None and id_column in names:
