@@ -205,6 +205,33 @@ def test_create_overwrite_killed_while_deleting_leaves_no_half_store(scratch: Pa
                           env={**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])})
     assert proc.returncode == -signal.SIGKILL
     assert not root.exists()
+    assert [p.name.startswith(".s.deleted-") for p in scratch.iterdir()] == [True]  # the killed one's
     with ss.create(root, {"v": ss.Field("int32")}, overwrite=True) as w:
         w.append({"v": 7})
     assert ss.open(root).get_batch(np.arange(1), fields=["v"])["v"].tolist() == [7]
+    assert [p.name for p in scratch.iterdir()] == ["s"], "the killed overwrite's old store was left for ever"
+
+
+def test_leftovers_of_killed_overwrites_go_but_not_one_being_deleted(scratch: Path) -> None:
+    """open_or_create (and create) of a path remove what overwrites of it killed part way left (hidden
+    '.<name>.deleted-*' siblings), but not one a live overwrite is deleting (it holds its owner.lock)."""
+    from seqstore.store.write.disk import hold_owner_lock
+    from seqstore.store.writer import open_or_create
+
+    root = scratch / "s"
+    for k in range(3):
+        with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=2, overwrite=k > 0) as w:
+            w.append_batch({"v": np.arange(6)})
+        if k < 2:
+            os.rename(root, scratch / f".s.deleted-{k}")  # what an overwrite killed after its rename leaves
+    live = scratch / ".s.deleted-live"
+    os.rename(root, live)
+    fd = hold_owner_lock(live)  # as the overwrite deleting it holds it
+    try:
+        open_or_create(root, {"v": ss.Field("int64")}).close()
+        assert sorted(p.name for p in scratch.iterdir()) == [".s.deleted-live", "s"]
+    finally:
+        os.close(fd)
+    ss.create(root, {"v": ss.Field("int64")}, overwrite=True).close()
+    assert [p.name for p in scratch.iterdir()] == ["s"]
+    assert len(ss.open(root)) == 0

@@ -12,7 +12,9 @@ A distributed write's parts live in ``_parts/<job>/<task>/`` and are committed t
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import json
 import logging
 import os
@@ -56,6 +58,7 @@ from .outputs import temp_sibling
 from .state import LocalObjects
 from .target import (
     COMMITTED_FILE,
+    OWNER,
     PART_FILE,
     STAGED,
     CommitTarget,
@@ -70,6 +73,8 @@ from .target import (
 )
 
 log = logging.getLogger(__name__)
+
+DELETED = "deleted"  # the tag of an old store's hidden sibling name while an overwrite deletes it
 
 
 class LocalTarget(CommitTarget):
@@ -103,12 +108,32 @@ class LocalTarget(CommitTarget):
             raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
         if root.is_symlink():  # (rmtree refused one too) moving the link aside would leave its store
             raise SeqstoreError(f"{root}: refusing to overwrite a symbolic link (give the store's own path)")
-        old = temp_sibling(root, "deleted")
-        os.rename(root, old)  # first: killed while deleting, the path holds the whole store or nothing
-        fsync_dir(root.parent)
-        shutil.rmtree(old)
+        # the owner.lock held while the old store is deleted: one a process killed part way left (no lock
+        # held) is removed by the next create of this path (remove_dead_deletions); a live one is not
+        fd = hold_owner_lock(root)
+        try:
+            old = temp_sibling(root, DELETED)
+            try:
+                os.rename(root, old)  # first: killed while deleting, the path holds the whole store or nothing
+            except OSError:
+                (root / OWNER).unlink(missing_ok=True)
+                raise
+            fsync_dir(root.parent)
+            for child in old.iterdir():  # the lock last: without it the directory counts as a dead one's
+                if child.name == OWNER:
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+            (old / OWNER).unlink()
+            with contextlib.suppress(FileNotFoundError):  # (removed meanwhile by remove_dead_deletions)
+                old.rmdir()
+        finally:
+            os.close(fd)
 
     def create(self, manifest: Manifest, *, overwrite: bool) -> None:
+        remove_dead_deletions(self.root)
         if self.root.exists():
             if not overwrite:
                 raise FileExistsError(f"{self.root}: already exists (pass overwrite=True to replace it)")
@@ -118,6 +143,7 @@ class LocalTarget(CommitTarget):
 
     def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
         root = self.root
+        remove_dead_deletions(root)
         if strict and not (root / MANIFEST).exists() and root.exists() and (not root.is_dir() or any(root.iterdir())):
             raise SeqstoreError(f"{root}: exists and is not a store (a file or a non-empty directory)")
         return install_new_store(root, manifest)
@@ -348,6 +374,14 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
             run_name = f"{INDEX_DIR}/{path.name.split('.', 1)[0]}"
             if run_name not in runs:
                 path.unlink(missing_ok=True)
+
+
+def remove_dead_deletions(root: Path) -> None:
+    """Delete the old stores that overwrites of ``root`` killed part way left (hidden siblings
+    ``.<name>.deleted-*``), except those a live overwrite is deleting (it holds their ``owner.lock``)."""
+    with contextlib.suppress(OSError):  # (an unreadable parent: the create reports it)
+        for old in root.parent.glob(f".{glob.escape(root.name)}.{DELETED}-*"):
+            remove_if_dead(old)
 
 
 def install_new_store(root: Path, manifest: Manifest) -> bool:
