@@ -63,3 +63,38 @@ def test_opening_a_store_while_another_process_evicts_its_mirror(moto_s3: MotoS3
         sys.setswitchinterval(interval)
     assert not errors, f"{len(errors)} of 450 opens failed, e.g. {errors[0]}"
     assert not [p for p in (cache / "stores").glob("*/*") if ".tmp-" in p.name], "an evicted mirror was left"
+
+
+def test_a_store_being_read_keeps_its_mirror_while_another_process_evicts(moto_s3: MotoS3, s3_bucket: str,
+                                                                          tmp_path: Path) -> None:
+    """An open store's mirror was pinned in its own process only: another process's eviction took it, and
+    the store's next shard failed ("shard descriptor is missing") though the remote store is fine."""
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=4) as w:
+        w.append_batch({"v": np.arange(200)})
+    url = moto_s3.upload_dir(root, s3_bucket, "pinned/s.seqstore")
+    opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
+    store = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    other = NodeCache(cache, budget)  # another process's view of the cache
+    stop = threading.Event()
+
+    def evict() -> None:
+        while not stop.is_set():
+            with other.locked():
+                other._evict(0)
+            stop.wait(0.001)
+
+    evictor = threading.Thread(target=evict)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    evictor.start()
+    try:
+        for k in range(0, 200, 4):  # a shard at a time
+            assert store.get_batch(np.arange(k, k + 4))["v"].tolist() == list(range(k, k + 4))
+    finally:
+        stop.set()
+        evictor.join()
+        sys.setswitchinterval(interval)
+    with other.locked():  # and not even by an eviction pass of its own
+        other._evict(0)
+    assert store.get_batch(np.arange(200))["v"].tolist() == list(range(200))

@@ -9,6 +9,7 @@ Layout under ``cache_dir``::
                           4096-byte header (magic, object size, the inode number of the .data it belongs to)
     objects/ab/<key>.claims  8 bytes per page: which process is fetching it, until when (seqstore.io.claims)
     stores/...            small metadata files (manifests, shard tables, descriptors; seqstore.io.remote)
+    stores/<url>/<v>/.pin flock'd shared by each process reading that metadata: eviction passes it by
     derived/...           datasets' derived arrays (lengths, sort indexes) of remote stores
 
 An entry's key is a hash of the object's URL **and its ETag** (or generation): a replaced object is a
@@ -49,6 +50,7 @@ __all__ = [
 _MAGIC = b"SQCACHE1"
 _HEADER = 4096
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PIN = ".pin"  # in a store's metadata directory: flock'd shared by each process reading it (NodeCache.pin)
 
 
 #: directories whose files count against a node cache's budget (a remote store's derived arrays):
@@ -122,7 +124,7 @@ class NodeCache:
         # open entries of this process; an entry stays open while a mapping of it is alive
         self._objects: weakref.WeakValueDictionary[str, CachedObject] = weakref.WeakValueDictionary()
         self._objects_lock = threading.Lock()
-        self._pinned: set[Path] = set()  # store metadata directories this process reads
+        self._pinned: dict[Path, int] = {}  # store metadata directories this process reads -> .pin descriptor
 
     @classmethod
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
@@ -202,12 +204,31 @@ class NodeCache:
             self._write_usage(used + nbytes - PAGE)
 
     def pin(self, path: Path) -> None:
-        """Keep the metadata directory ``path`` (under ``stores/``) out of this process's evictions."""
-        self._pinned.add(Path(path))
+        """Keep the metadata directory ``path`` (under ``stores/``) out of every process's evictions: a
+        shared ``flock`` of its ``.pin`` file, held until :meth:`unpin` (nothing where it is gone: the
+        opener, finding it gone, makes it again)."""
+        path = Path(path)
+        if path in self._pinned:  # (held: no process evicts it meanwhile)
+            return
+        for _ in range(8):
+            try:
+                fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                return
+            fcntl.flock(fd, fcntl.LOCK_SH)  # (waits while an eviction of it holds it)
+            try:
+                if os.stat(path / _PIN).st_ino == os.fstat(fd).st_ino:  # not one an eviction took meanwhile
+                    self._pinned[path] = fd
+                    return
+            except FileNotFoundError:
+                pass
+            os.close(fd)
 
     def unpin(self, path: Path) -> None:
-        """Let this process's evictions take metadata directory ``path`` again (:meth:`pin`)."""
-        self._pinned.discard(Path(path))
+        """Let evictions take metadata directory ``path`` again (:meth:`pin`)."""
+        fd = self._pinned.pop(Path(path), -1)
+        if fd >= 0:
+            os.close(fd)
 
     def _entries(self) -> list[tuple[float, Path]]:
         out = []
@@ -239,9 +260,16 @@ class NodeCache:
                 # first (a name _entries skips), so a process opening it sees it whole or not at all
                 gone = p.with_name(f"{p.name}.tmp-evicted-{os.getpid()}-{threading.get_ident()}")
                 try:
-                    os.rename(p, gone)
+                    pin = os.open(p / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
                 except FileNotFoundError:
                     continue
+                try:
+                    fcntl.flock(pin, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.rename(p, gone)
+                except (BlockingIOError, FileNotFoundError):  # a process reads it (pin), or it went meanwhile
+                    continue
+                finally:
+                    os.close(pin)
                 try:
                     files = [f for f in gone.rglob("*") if f.is_file() and not f.is_symlink()]
                     freed = sum(f.lstat().st_blocks * 512 for f in files)

@@ -97,7 +97,7 @@ class RemoteRoot:
             self._build_mirror(mirror, data)
         with contextlib.suppress(OSError):
             os.utime(mirror)
-        self.cache.pin(mirror)  # never evicted while this process may read it
+        self.cache.pin(mirror)  # never evicted (by any process on the node) while this process may read it
         if self.mirror is not None and self.mirror != mirror:
             self._mirrors.append(self.mirror)  # (its paths name the shards mapped before; nothing is read there)
             self.cache.unpin(self.mirror)  # else every refresh of a growing store keeps one more past the budget
