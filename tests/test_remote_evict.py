@@ -4,6 +4,10 @@ shard table nor a mirror gone between its check and its read."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -98,3 +102,46 @@ def test_a_store_being_read_keeps_its_mirror_while_another_process_evicts(moto_s
     with other.locked():  # and not even by an eviction pass of its own
         other._evict(0)
     assert store.get_batch(np.arange(200))["v"].tolist() == list(range(200))
+
+
+_OPEN = """
+import json, sys
+import numpy as np, seqstore as ss
+url, opts, cache = json.loads(sys.argv[1])
+assert len(ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=1 << 20)) == 100
+"""
+
+_KILLED_EVICTION = """
+import os, signal, sys
+from seqstore.io.nodecache import NodeCache
+cache = NodeCache(sys.argv[1], 1 << 20)
+
+def hook(event, args):  # SIGKILL the process at its first file removal (in the evicted mirror)
+    if event == "os.remove":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(hook)
+with cache.locked():
+    cache._evict(0)
+"""
+
+
+def test_a_mirror_whose_eviction_was_killed_is_deleted_by_the_next(moto_s3: MotoS3, s3_bucket: str,
+                                                                 tmp_path: Path) -> None:
+    """An eviction killed while deleting a store's mirror left it (renamed aside, a name eviction passes
+    by) for ever: its disk space counted against the budget and could never be evicted."""
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
+        w.append_batch({"v": np.arange(100)})
+    url = moto_s3.upload_dir(root, s3_bucket, "killed/s.seqstore")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])}
+    arg = json.dumps([url, moto_s3.storage_options(), str(cache)])
+    subprocess.run([sys.executable, "-c", _OPEN, arg], check=True, timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_EVICTION, str(cache)], timeout=120, env=env)
+    assert proc.returncode == -signal.SIGKILL
+    assert [p.name for p in (cache / "stores").glob("*/*")] != []  # what the killed one left
+    other = NodeCache(cache, 1 << 20)
+    with other.locked():
+        other._evict(0)
+    assert [p.name for p in (cache / "stores").glob("*/*")] == []

@@ -50,6 +50,7 @@ __all__ = [
 _MAGIC = b"SQCACHE1"
 _HEADER = 4096
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_EVICTED = ".tmp-evicted-"  # a store's metadata directory being deleted (renamed so; _entries skips .tmp-)
 _PIN = ".pin"  # in a store's metadata directory: flock'd shared by each process reading it (NodeCache.pin)
 
 
@@ -244,6 +245,8 @@ class NodeCache:
     def _evict(self, target: int) -> int:
         """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
         Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
+        for p in (self.root / "stores").glob(f"*/*{_EVICTED}*"):  # left by an eviction killed part way (a
+            shutil.rmtree(p, ignore_errors=True)  # live one, holding this lock, deletes its own before it ends)
         used = self.disk_usage()
         for _mtime, p in self._entries():
             if used <= target:
@@ -258,7 +261,7 @@ class NodeCache:
                         used -= freed
             else:  # a store's metadata directory (stores/<url>/<manifest version>): renamed out of the way
                 # first (a name _entries skips), so a process opening it sees it whole or not at all
-                gone = p.with_name(f"{p.name}.tmp-evicted-{os.getpid()}-{threading.get_ident()}")
+                gone = p.with_name(f"{p.name}{_EVICTED}{os.getpid()}-{threading.get_ident()}")
                 try:
                     pin = os.open(p / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
                 except FileNotFoundError:
