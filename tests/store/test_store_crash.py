@@ -235,3 +235,31 @@ def test_leftovers_of_killed_overwrites_go_but_not_one_being_deleted(scratch: Pa
     ss.create(root, {"v": ss.Field("int64")}, overwrite=True).close()
     assert [p.name for p in scratch.iterdir()] == ["s"]
     assert len(ss.open(root)) == 0
+
+
+def test_two_overwrites_at_once_one_wins_and_nothing_is_left(scratch: Path) -> None:
+    """Two create(overwrite=True) of one path at once: one replaces the store, the other is refused
+    (never deletes the store the first just made), and no old store is left beside it."""
+    import threading
+
+    root = scratch / "s"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=1) as w:
+        w.append_batch({"v": np.arange(300)})
+    got: list[str] = []
+
+    def overwrite(k: int) -> None:
+        try:
+            with ss.create(root, {"v": ss.Field("int64")}, overwrite=True) as w:
+                w.append({"v": k})
+            got.append(f"ok {k}")
+        except FileExistsError:
+            got.append("refused")
+
+    threads = [threading.Thread(target=overwrite, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got)[0].startswith("ok") and sorted(got)[1] == "refused", got
+    assert [p.name for p in scratch.iterdir()] == ["s"]
+    assert ss.open(root).get_batch(np.arange(1))["v"].tolist() == [int(sorted(got)[0][3:])]

@@ -110,8 +110,16 @@ class LocalTarget(CommitTarget):
             raise SeqstoreError(f"{root}: refusing to overwrite a symbolic link (give the store's own path)")
         # the owner.lock held while the old store is deleted: one a process killed part way left (no lock
         # held) is removed by the next create of this path (remove_dead_deletions); a live one is not
-        fd = hold_owner_lock(root)
         try:
+            fd = hold_owner_lock(root)
+        except FileNotFoundError:
+            return  # another overwrite moved it away meanwhile
+        try:
+            try:
+                if os.stat(root / OWNER).st_ino != os.fstat(fd).st_ino:
+                    return  # another overwrite deleted it while this one waited for its lock (its store is new)
+            except FileNotFoundError:
+                return
             old = temp_sibling(root, DELETED)
             try:
                 os.rename(root, old)  # first: killed while deleting, the path holds the whole store or nothing
