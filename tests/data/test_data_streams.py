@@ -105,3 +105,11 @@ def test_a_state_that_is_not_one_is_a_value_error_naming_what_is_expected() -> N
         shuffle_buffer(range(20), 4, seed=1).load_state_dict({**state, "consumed": -2})  # read range[-2:] before
     with pytest.raises(ValueError, match="not a buffer state"):
         shuffle_buffer(range(20), 4, seed=1).load_state_dict({"seed": 1, "size": 4})
+    # its buffer and end flag: a string was taken for a buffer of its letters, a missing flag a KeyError
+    bad = (("buffer", "abc"), ("buffer", 5), ("buffer", [1, 2, 3, 4, 5]), ("exhausted", "no"), ("exhausted", None))
+    for key, value in bad:
+        with pytest.raises(ValueError, match=f"buffer state\\[{key!r}\\] must be"):
+            shuffle_buffer(range(20), 4, seed=1).load_state_dict({**state, key: value})
+    without = {k: v for k, v in state.items() if k != "exhausted"}
+    with pytest.raises(ValueError, match="buffer state\\['exhausted'\\] must be"):
+        shuffle_buffer(range(20), 4, seed=1).load_state_dict(without)

@@ -110,6 +110,12 @@ class ShuffleBuffer(Iterator[Any]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (on a buffer built over the same source, freshly created)."""
         _check_state(state, "buffer", ("consumed", "emitted"), seed=self.seed, size=self.size)
+        buf = state.get("buffer")
+        if not isinstance(buf, list) or len(buf) > self.size:
+            got = f"a list of {len(buf)}" if isinstance(buf, list) else f"a {type(buf).__name__}"
+            raise ValueError(f"buffer state['buffer'] must be a list of at most {self.size} items, got {got}")
+        if not isinstance(state.get("exhausted"), bool):
+            raise ValueError(f"buffer state['exhausted'] must be a bool, got {state.get('exhausted')!r}")
         self._consumed = int(state["consumed"])
         self._emitted = int(state["emitted"])
         self._exhausted = bool(state["exhausted"])
