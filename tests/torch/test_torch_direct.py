@@ -584,8 +584,11 @@ def test_procs_closing_with_large_batches_in_flight_lets_the_workers_end(monkeyp
     assert [p.exitcode for p in workers] == [0, 0]
 
 
-_BOTH_LARGE = '''
+#: the start of the scripts below: the workers gather every batch after the first
+_WORKERS = '''
+import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -601,7 +604,9 @@ class Workers(_ring.Chooser):  # the workers gather every batch after the first
 
     def tick(self, *args: float) -> None:
         pass
+'''
 
+_BOTH_LARGE = _WORKERS + '''
 
 def gather(idx: np.ndarray) -> dict:  # a batch of idx[0] KiB, whatever the number of indices
     return {"x": torch.full((int(idx[0]) * 128,), float(idx[0]), dtype=torch.float64)}
@@ -614,17 +619,15 @@ if __name__ == "__main__":
 '''
 
 
-def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_deadlock(tmp_path: Any) -> None:
-    """An index array larger than the pipe holds, sent to a worker that is itself sending a batch larger than
-    its slot (over the pipe, more than it holds): each side waited for the other to read, forever. The
-    worker now reads what the loop sends while its large answer goes out."""
+def _run_without_deadlock(script: Any, text: str) -> tuple[Any, str, str]:
+    """Run ``text`` as the script ``script`` in a session of its own: (process, stdout, stderr); a run past
+    two minutes (the loop and a worker each waiting on the other to read) kills its whole group and fails."""
     import os
     import signal
     import subprocess
     import sys
 
-    script = tmp_path / "both_large.py"
-    script.write_text(_BOTH_LARGE)
+    script.write_text(text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
@@ -634,26 +637,19 @@ def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_dead
         os.killpg(proc.pid, signal.SIGKILL)  # the workers too
         proc.communicate()
         pytest.fail("the loop and a worker each waited on the other to read")
+    return proc, out, err
+
+
+def test_procs_large_index_arrays_and_batches_larger_than_their_slot_do_not_deadlock(tmp_path: Any) -> None:
+    """An index array larger than the pipe holds, sent to a worker that is itself sending a batch larger than
+    its slot (over the pipe, more than it holds): each side waited for the other to read, forever. The
+    worker now reads what the loop sends while its large answer goes out."""
+    proc, out, err = _run_without_deadlock(tmp_path / "both_large.py", _BOTH_LARGE)
     assert proc.returncode == 0, err
     assert out.strip() == str([1, *range(512, 524)])
 
 
-_LARGE_ERROR = '''
-import numpy as np
-import torch
-
-from seqstore.torch import _ring
-from seqstore.torch._ring import run_processes
-
-
-class Workers(_ring.Chooser):  # the workers gather every batch after the first
-    def __init__(self) -> None:
-        super().__init__()
-        self.here = False
-
-    def tick(self, *args: float) -> None:
-        pass
-
+_LARGE_ERROR = _WORKERS + '''
 
 def gather(idx: np.ndarray) -> dict:  # an error larger than the pipe holds from batch 520 on
     if int(idx[0]) >= 520:
@@ -676,46 +672,13 @@ def test_procs_an_error_larger_than_the_pipe_is_raised_without_deadlock(tmp_path
     """A worker sending an error larger than the pipe holds (a long message) while the loop sent it an index
     array larger than the pipe holds: each waited for the other to read, for ever (only batches larger than
     their slot were sent while reading). The error is raised in the loop, the workers end quietly."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    script = tmp_path / "large_error.py"
-    script.write_text(_LARGE_ERROR)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the workers too
-        proc.communicate()
-        pytest.fail("the loop and a worker each waited on the other to read")
+    proc, out, err = _run_without_deadlock(tmp_path / "large_error.py", _LARGE_ERROR)
     assert proc.returncode == 0, err
     assert out.strip() == "bad batch " + str(list(range(512, 520))).replace("[", "[1, ")
     assert "Traceback" not in err, err
 
 
-_LOOP_KILLED = '''
-import os
-import time
-
-import numpy as np
-import torch
-
-from seqstore.torch import _ring
-from seqstore.torch._ring import run_processes
-
-
-class Workers(_ring.Chooser):  # the workers gather every batch after the first
-    def __init__(self) -> None:
-        super().__init__()
-        self.here = False
-
-    def tick(self, *args: float) -> None:
-        pass
-
+_LOOP_KILLED = _WORKERS + '''
 
 def gather(idx: np.ndarray) -> dict:  # slow: the workers are gathering when the loop's process is killed
     time.sleep(0.5)
