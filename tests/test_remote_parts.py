@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from support.races import lose_manifest_answer
 from support.stores import same_stores as _same
 
 import seqstore as ss
@@ -345,8 +346,6 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
     """An overwrite with no records claims no shard numbers; when its manifest write lands but the answer
     is lost, the refused retry must still see the commit as its own (the manifest names its table
     object), not delete that table object and commit again."""
-    from seqstore.io import objects, retry
-
     url = f"s3://{s3_bucket}/empty-ow.seqstore"
     opts = moto_s3.storage_options()
     with ss.create(url, SCHEMA, storage_options=opts) as w:
@@ -356,17 +355,7 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
     with PartWriter(url, job="empty", task="t0", storage_options=opts) as pw:
         part = pw.finish()
     before = json.loads(moto_s3.get(s3_bucket, "empty-ow.seqstore/manifest.json"))["generation"]
-    real_put = objects.ObstoreBackend.put
-    lost: list[str] = []
-
-    def put(self: Any, key: str, data: Any, mode: Any) -> str:
-        etag = real_put(self, key, data, mode)
-        if key == "manifest.json" and isinstance(mode, dict) and not lost:
-            lost.append(etag)
-            raise retry.Transient("connection reset before the answer (simulated)")
-        return etag
-
-    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
+    lost = lose_manifest_answer(monkeypatch, lambda mode: isinstance(mode, dict))
     assert commit_parts(url, [part], mode="overwrite", storage_options=opts) == 0
     monkeypatch.undo()
     assert lost

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from support.races import commit_after
+from support.races import commit_after, lose_manifest_answer
 from support.stores import same_stores as _same
 
 import seqstore as ss
@@ -142,20 +142,8 @@ def test_lost_answer_to_create_counts_as_created(moto_s3: MotoS3, s3_bucket: str
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The create reached the service but its answer was lost: the retry is refused (the manifest is
     there), and since it holds our bytes, the create succeeded."""
-    from seqstore.io import objects, retry
-
     url = f"s3://{s3_bucket}/lost-create.seqstore"
-    real_put = objects.ObstoreBackend.put
-    lost: list[str] = []
-
-    def put(self: Any, key: str, data: Any, mode: Any) -> str:
-        etag = real_put(self, key, data, mode)
-        if key == "manifest.json" and mode == "create" and not lost:
-            lost.append(etag)
-            raise retry.Transient("connection reset before the answer (simulated)")
-        return etag
-
-    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
+    lost = lose_manifest_answer(monkeypatch, lambda mode: mode == "create")
     with ss.create(url, SCHEMA, packed=PACKED, storage_options=moto_s3.storage_options()) as w:
         cols, ids = _batch(0, 3)
         w.append_batch(cols, ids=ids)
@@ -255,22 +243,10 @@ def test_lost_answer_to_a_stats_only_commit_adds_the_stats_once(moto_s3: MotoS3,
     """A commit of stats deltas alone reached the service but its answer was lost; the retry was refused
     (the ETag changed: by our own write). Nothing told the commit it went through, so it was made again
     on top of itself and every delta counted twice."""
-    from seqstore.io import objects, retry
-
     url = f"s3://{s3_bucket}/lost-stats.seqstore"
     opts = moto_s3.storage_options()
     w = ss.create(url, SCHEMA, packed=PACKED, storage_options=opts)
-    real_put = objects.ObstoreBackend.put
-    lost: list[str] = []
-
-    def put(self: Any, key: str, data: Any, mode: Any) -> str:
-        etag = real_put(self, key, data, mode)
-        if key == "manifest.json" and isinstance(mode, dict) and not lost:
-            lost.append(etag)
-            raise retry.Transient("connection reset before the answer (simulated)")
-        return etag
-
-    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
+    lost = lose_manifest_answer(monkeypatch, lambda mode: isinstance(mode, dict))
     w.add_stats({"tokens": 7, "loss": 0.5})
     w.commit()
     w.close()

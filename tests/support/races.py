@@ -75,3 +75,23 @@ def stage_parts(url: str, options: dict[str, Any], staging: Any) -> list[Any]:
             append_rows(w, first, n)
             parts.append(w.finish())
     return parts
+
+
+def lose_manifest_answer(monkeypatch: Any, which: Any) -> list[str]:
+    """The first ``manifest.json`` write whose mode passes ``which(mode)`` reaches the service (obstore
+    back end), then its answer is lost (a transient failure, as a connection reset would give): returns
+    the list that receives its ETag when that happened."""
+    from seqstore.io import objects, retry
+
+    real_put = objects.ObstoreBackend.put
+    lost: list[str] = []
+
+    def put(self: Any, key: str, data: Any, mode: Any) -> str:
+        etag = real_put(self, key, data, mode)
+        if key == "manifest.json" and which(mode) and not lost:
+            lost.append(etag)
+            raise retry.Transient("connection reset before the answer (simulated)")
+        return etag
+
+    monkeypatch.setattr(objects.ObstoreBackend, "put", put)
+    return lost
