@@ -35,16 +35,7 @@ def test_abort_after_a_failed_write_releases_everything(
         w.append_batch(_batch(3))
     w = ss.append_to(root, buffer_bytes=1, direct_io=direct_io)
     w.append_batch(_batch(2, 2.0))
-    calls = {"n": 0}
-    real = writer_mod._write_at
-
-    def full_disk(fd: int, data: memoryview, offset: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(fd, data, offset)
-
-    monkeypatch.setattr(writer_mod, "_write_at", full_disk)
+    _disk_full_at_the_second_write(monkeypatch)
     with pytest.raises(OSError, match="No space"):
         w.append_batch(_batch(4, 3.0))
         w.commit()  # direct_io: small appends wait in memory for a whole run of pages; the commit writes them
@@ -56,6 +47,20 @@ def test_abort_after_a_failed_write_releases_everything(
     st = ss.open(root)
     assert len(st) == 3 and verify(root) == []
 
+
+
+def _disk_full_at_the_second_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's second data write from now on fails with ENOSPC (a disk full part way); the others pass."""
+    calls = {"n": 0}
+    real = writer_mod._write_at
+
+    def full_disk(fd: int, data: memoryview, offset: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(writer_mod, "_write_at", full_disk)
 
 def test_a_failure_while_opening_a_shard_leaks_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
@@ -238,20 +243,10 @@ def test_close_after_a_failed_write_closes_the_shards_files(
     root = tmp_path / "s"
     with ss.create(root, SCHEMA, direct_io=direct_io) as w:
         w.append_batch(_batch(3))
-    real = writer_mod._write_at
-    calls = {"n": 0}
     for how in ("close", "with"):
         w = ss.append_to(root, buffer_bytes=1, direct_io=direct_io)
         w.append_batch(_batch(2, 2.0))
-        calls["n"] = 0
-
-        def full_disk(fd: int, data: memoryview, offset: int) -> None:
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            real(fd, data, offset)
-
-        monkeypatch.setattr(writer_mod, "_write_at", full_disk)
+        _disk_full_at_the_second_write(monkeypatch)
         with pytest.raises(ss.SeqstoreError, match="earlier write failed"):
             with w:
                 with pytest.raises(OSError, match="No space"):
