@@ -182,6 +182,22 @@ def test_interop_export_no_ids_targets_only_and_bfloat16(tmp_path: Path) -> None
         rt.export_hdf(tmp_path / "t.seqstore", tmp_path / "x.hdf", inputs="tok", fields={"emb": "a/b"})
 
 
+def test_interop_export_refuses_a_field_or_key_named_twice(tmp_path: Path) -> None:
+    """fields=["tok", "tok"] was written once without a word, two fields given one key failed in h5py
+    ("name already exists", naming neither), and fields="emb" was taken as the fields 'e', 'm', 'b'."""
+    schema = {"tok": seqstore.Field("int16", (None,)), "emb": seqstore.Field("float32", (None, 2))}
+    with seqstore.create(tmp_path / "t.seqstore", schema) as w:
+        w.append({"tok": np.arange(3, dtype=np.int16), "emb": np.zeros((3, 2), np.float32)})
+    src = tmp_path / "t.seqstore"
+    with pytest.raises(seqstore.SchemaError, match="'tok' is named twice in fields"):
+        rt.export_hdf(src, tmp_path / "x.hdf", inputs=None, fields=["tok", "emb", "tok"])
+    with pytest.raises(seqstore.SchemaError, match="'k' is named twice in fields"):
+        rt.export_hdf(src, tmp_path / "x.hdf", inputs=None, fields={"tok": "k", "emb": "k"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.seqstore"]
+    out = rt.export_hdf(src, tmp_path / "x.hdf", inputs="tok", fields="emb")
+    np.testing.assert_array_equal(_hdf_dataset(out).get_data(0, "emb"), np.zeros((3, 2), np.float32))
+
+
 # ---------------------------------------------------------------------------------- malformed
 
 

@@ -243,6 +243,15 @@ def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
                                                                                                     "000000001"]
 
 
+def test_export_refuses_a_field_named_twice(tmp_path: Path) -> None:
+    """fields=["label", "label"] wrote the field once without a word; it is refused naming the field."""
+    with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
+        w.append({"label": 1})
+    with pytest.raises(SchemaError, match="'label' is named twice in fields"):
+        export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields=["label", "label"])
+    assert not (tmp_path / "o").exists()
+
+
 def test_expand_shards() -> None:
     assert expand_shards("a-{08..10}.tar") == ["a-08.tar", "a-09.tar", "a-10.tar"]
     assert expand_shards("a-{1..2}-{0..1}.tar") == ["a-1-0.tar", "a-1-1.tar", "a-2-0.tar", "a-2-1.tar"]

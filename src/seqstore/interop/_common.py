@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError
-from ..schema import Schema
+from ..errors import FormatError, SchemaError
+from ..schema import Schema, field_list
 from ..store import Writer, create
 from ..store.write.outputs import (  # (re-exported: the importers take them from here)
     OutputExistsError,
@@ -28,8 +28,8 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 )
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
-           "name_map", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output", "install_output", "remove_path",
-           "temp_sibling"]
+           "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
+           "install_output", "remove_path", "temp_sibling"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -108,11 +108,18 @@ def runs_across(counts: Sequence[int], budget: int) -> list[list[tuple[int, int,
 
 
 def name_map(given: Mapping[str, str] | Sequence[str] | None, default: Iterable[str]) -> dict[str, str]:
-    """``given`` as ``{name: new name}``: a mapping as it is, a list of names (or None: ``default``) each
-    kept under its own name."""
+    """``given`` as ``{name: new name}``: a mapping as it is, a list of names (a str: one name; None:
+    ``default``) each kept under its own name."""
     if isinstance(given, Mapping):
         return dict(given)
-    return {n: n for n in (default if given is None else given)}
+    return {n: n for n in (default if given is None else field_list(given) or [])}
+
+
+def check_named_once(where: str, names: Sequence[str], what: str = "field") -> None:
+    """SchemaError naming ``where`` and the first of ``names`` (given in ``fields=``) that is there twice."""
+    twice = [n for k, n in enumerate(names) if n in names[:k]]
+    if twice:
+        raise SchemaError(f"{where}: {what} {twice[0]!r} is named twice in fields; name each {what} once")
 
 
 def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], fill: Callable[[Writer], None], *,

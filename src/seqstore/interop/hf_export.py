@@ -35,7 +35,7 @@ from ..errors import SchemaError
 from ..schema import Field, field_list
 from ..store import Store, open_store
 from . import to_arrow
-from ._common import Progress, announce_total, check_output, remove_path, replaced, temp_sibling
+from ._common import Progress, announce_total, check_named_once, check_output, remove_path, replaced, temp_sibling
 from .hf import datasets_module
 from .to_arrow import pyarrow_module
 
@@ -120,9 +120,7 @@ def export_hf(
     unknown = [n for n in names if n not in st.schema]
     if unknown:
         raise KeyError(f"{st.url}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")
-    twice = [n for k, n in enumerate(names) if n in names[:k]]
-    if twice:
-        raise SchemaError(f"{st.url}: field {twice[0]!r} is named twice in fields; name each field once")
+    check_named_once(st.url, names)
     if id_column is not None and not st.has_ids:
         id_column = None
     if id_column is not None and id_column in names:

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any, Unpack
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import Field, Schema
+from ..schema import Field, Schema, field_list
 from ..store import Store, Writer, open_store
 from . import driver
 from ._common import (
     DEFAULT_CHUNK_BYTES,
     Progress,
     announce_total,
+    check_named_once,
     check_output,
     name_map,
     replaced,
@@ -336,7 +337,10 @@ def export_hdf(
         inputs = recorded if recorded in schema else ("data" if "data" in schema else None)
     if inputs is not None and inputs not in schema:
         raise KeyError(f"{st.url}: no field {inputs!r} for inputs; fields are {list(schema)}")
+    if fields is not None and not isinstance(fields, Mapping):
+        check_named_once(st.url, field_list(fields) or [])
     keyed = name_map(fields, (n for n in schema if n != inputs))
+    check_named_once(st.url, list(keyed.values()), "target key")
     for n, k in keyed.items():
         if n not in schema:
             raise KeyError(f"{st.url}: no field {n!r}; fields are {list(schema)}")

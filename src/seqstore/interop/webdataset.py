@@ -44,7 +44,7 @@ from ..errors import SchemaError
 from ..schema import Field, Schema, field_list
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import Progress, SourceFormatError, announce_total, check_output, replaced
+from ._common import Progress, SourceFormatError, announce_total, check_named_once, check_output, replaced
 from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
 
 __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
@@ -300,7 +300,9 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     if isinstance(fields, Mapping):
         chosen: dict[str, str | None] = dict(fields)
     else:
-        chosen = {n: recorded.get(n) for n in (st.schema if fields is None else field_list(fields) or [])}
+        names = list(st.schema) if fields is None else field_list(fields) or []
+        check_named_once(st.url, names)
+        chosen = {n: recorded.get(n) for n in names}
     out: dict[str, tuple[str, str]] = {}
     for n, ext in chosen.items():
         if n not in st.schema:
