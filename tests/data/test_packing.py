@@ -386,3 +386,39 @@ def test_a_token_field_of_floats_is_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=f"field 'audio' holds {dt} values; tokens must be integers"):
             p = PackedDataset(tmp_path / f"{dt}.seqstore", tokens="audio", seq_len=8)
             p.open(p.shares(None, 1)[0]).batch(1)
+
+
+def test_an_explicit_order_is_digested_once_not_at_every_state_dict(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state records a digest of an explicit ordering's values, which was computed again at every
+    state_dict and every resume check (seconds for a 1e8-long order): now once per array, and per
+    version of a .npy file (a rewritten file is digested again and tells its states apart)."""
+    import hashlib
+    import types
+
+    import seqstore.data._orders as orders
+
+    digested: list[int] = []
+
+    def blake2b(**kw: Any) -> Any:
+        digested.append(1)
+        return hashlib.blake2b(**kw)
+
+    monkeypatch.setattr(orders, "hashlib", types.SimpleNamespace(blake2b=blake2b))
+    path = _store(tmp_path / "s.seqstore", np.full(20, 3))
+    order = np.arange(20)[::-1].copy()
+    packed = PackedDataset(StoreDataset(path, ordering=order), seq_len=8)
+    shares = packed.shares(None, 2)
+    first = packed.state_dict(shares)
+    assert packed.state_dict(shares) == first
+    packed.shares(first, 2)
+    assert len(digested) == 1
+    again = PackedDataset(StoreDataset(path, ordering=order.copy()), seq_len=8)  # equal values: the same state
+    assert again.state_dict(again.shares(first, 2)) == first and len(digested) == 2
+    np.save(tmp_path / "o.npy", order)
+    on_file = PackedDataset(StoreDataset(path, ordering=tmp_path / "o.npy"), seq_len=8)
+    saved = on_file.state_dict(shares)
+    assert on_file.state_dict(shares) == saved and len(digested) == 3
+    np.save(tmp_path / "o.npy", np.arange(19))
+    with pytest.raises(ValueError, match="the state is of another source"):
+        on_file.shares(saved, 2)

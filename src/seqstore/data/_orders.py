@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,15 +23,33 @@ __all__ = ["dataset_order", "ordering_key"]
 
 def ordering_key(ordering: Any) -> Any:
     """What a resume state records of ``ordering``: the ordering itself, or for an explicit order (an
-    array, or a ``.npy`` path) ``explicit[-file]:<length>:<digest of its values>`` (O(len) once)."""
+    array, or a ``.npy`` path) ``explicit[-file]:<length>:<digest of its values>``: O(len) once per array
+    (which is not to be changed in place once given) or per file version (path, size, mtime), then O(1)."""
     if ordering_name(ordering) != "explicit":
         return ordering
     if isinstance(ordering, (str, os.PathLike)):
-        arr = np.load(os.fspath(ordering), mmap_mode="r")
-        tag = "explicit-file"
+        st = os.stat(ordering)
+        memo: Any = (os.fspath(ordering), st.st_size, st.st_mtime_ns, st.st_ino)
     else:
-        arr = np.asarray(ordering)
-        tag = "explicit"
+        memo = id(ordering) if isinstance(ordering, np.ndarray) else None
+    key = _DIGESTS.get(memo)
+    if key is None:
+        if isinstance(ordering, (str, os.PathLike)):
+            key = _digest("explicit-file", np.load(os.fspath(ordering), mmap_mode="r"))
+        else:
+            key = _digest("explicit", np.asarray(ordering))
+            if memo is not None:  # an array's entry goes with it (before its id can be another's)
+                weakref.finalize(ordering, _DIGESTS.pop, memo, None)
+        if memo is not None:
+            _DIGESTS[memo] = key
+    return key
+
+
+#: ordering_key's digests by (path, size, mtime, inode) of a file, or id() of a live array
+_DIGESTS: dict[Any, str] = {}
+
+
+def _digest(tag: str, arr: Any) -> str:
     h = hashlib.blake2b(digest_size=8)
     for a in range(0, len(arr), 1 << 20):
         h.update(np.ascontiguousarray(arr[a : a + (1 << 20)], dtype=np.int64).tobytes())
