@@ -252,6 +252,16 @@ def test_export_refuses_a_field_named_twice(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("fields", [[], {}])
+def test_export_of_no_field_is_refused(tmp_path: Path, fields: Any) -> None:
+    """fields=[] wrote a tar with no sample for the store's records (a sample is its members)."""
+    with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
+        w.append({"label": 1})
+    with pytest.raises(SchemaError, match="no fields to export"):
+        export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields=fields)
+    assert not (tmp_path / "o").exists()
+
+
 def test_expand_shards() -> None:
     assert expand_shards("a-{08..10}.tar") == ["a-08.tar", "a-09.tar", "a-10.tar"]
     assert expand_shards("a-{1..2}-{0..1}.tar") == ["a-1-0.tar", "a-1-1.tar", "a-2-0.tar", "a-2-1.tar"]

@@ -324,6 +324,8 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
         out[n] = (ext, kind)
     if len({e for e, _ in out.values()}) != len(out):
         raise SchemaError(f"two fields map to one extension: {out}")
+    if not out:
+        raise SchemaError(f"{st.url}: no fields to export (a sample without a member is no WebDataset sample)")
     return out
 
 
