@@ -173,6 +173,13 @@ def test_cli_sizes_below_one_are_usage_errors(tmp_path: Path, capsys: pytest.Cap
      "convert --from logix: -o does not apply (a local store; -o is for --from returnn-hdf"),
     (["convert", "--from", "logix", "{tmp}/logs", "{tmp}/o", "--workers", "2"],  # was accepted and unused
      "convert --from logix: --workers does not apply (a LogIX log is imported in one process)"),
+    # a name given twice: the last won, or a field was written once, without a word
+    (["export", "--to", "webdataset", "{store}", "{tmp}/w", "--ext", "id=cls", "--ext", "id=txt"],
+     "--ext 'id=txt': expected each name once"),
+    (["export", "--to", "returnn-hdf", "{store}", "{tmp}/r.hdf", "--field", "id", "--field", "id"],
+     "--field 'id': expected each name once"),
+    (["convert", "--from", "parquet", "{tmp}/t.parquet", "{tmp}/o", "--map", "x=a", "--map", "x=b"],
+     "--map 'x=b': expected each name once"),
 ])
 def test_cli_bad_option_values_are_named_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 argv: list[str], words: str) -> None:

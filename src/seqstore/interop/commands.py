@@ -86,15 +86,15 @@ def register_target(name: str, converter: Converter) -> None:
 
 def _key_values(items: list[str] | None, what: str, *, empty_value: bool = False, bare: bool = False
                 ) -> dict[str, str] | None:
-    """``NAME=VALUE`` items as a dict (None for none); SeqstoreError naming ``what`` for a malformed one.
-    ``empty_value``: ``KEY=`` is allowed (options of a client); ``bare``: ``NAME`` alone maps to itself."""
+    """``NAME=VALUE`` items as a dict (None for none); SeqstoreError naming ``what`` for a malformed one or a
+    repeated name. ``empty_value``: ``KEY=`` is allowed (options of a client); ``bare``: ``NAME`` maps to itself."""
     out: dict[str, str] = {}
     for item in items or []:
         key, eq, value = item.partition("=")
-        if bare and not eq:
-            value = key
-        elif not key or not eq or not (value or empty_value):
-            raise SeqstoreError(f"{what} {item!r}: expected {'KEY=VALUE' if empty_value else 'NAME=FIELD'}")
+        value = value if eq or not bare else key
+        if key in out or not key or not (eq or bare) or not (value or empty_value):
+            expected = "each name once" if key in out else "KEY=VALUE" if empty_value else "NAME=FIELD"
+            raise SeqstoreError(f"{what} {item!r}: expected {expected}")
         out[key] = value
     return out or None
 
