@@ -239,6 +239,13 @@ def test_bad_state_is_refused(tmp_path: Path) -> None:
         a.shares({"format": "x"}, 1)
     with pytest.raises(ValueError, match="mode"):
         PackedDataset(path, mode="greedy")
+    # a first epoch below 1 (0-based counting) or not an integer: refused here, not taken (1.5 as 1) or met
+    # at the first batch as "sample numbers must be in [0, 2**38)" (over a mixture)
+    for epoch in (0, -3, 1.5):
+        with pytest.raises(ValueError, match="PackedDataset: epoch must be an integer >= 1"):
+            a.shares(None, 2, epoch=epoch)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="PackedDataset: epoch must be an integer >= 1"):
+            next(a.iter_batches(2, epoch=epoch))  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(30)  # it planned forever (and its memory grew) before
