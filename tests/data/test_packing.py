@@ -429,3 +429,19 @@ def test_an_explicit_order_is_digested_once_not_at_every_state_dict(tmp_path: Pa
     np.save(tmp_path / "o.npy", np.arange(19))
     with pytest.raises(ValueError, match="the state is of another source"):
         on_file.shares(saved, 2)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_batch_of_no_sequence_is_empty_and_a_negative_one_is_refused(tmp_path: Path, mode: str) -> None:
+    """batch(0) is an empty batch in both modes (best_fit failed with "not enough values to unpack"); a
+    negative count is a ValueError naming it, before the share's counts change (concat counted -1
+    sequences, then failed in NumPy)."""
+    packed = PackedDataset(_store(tmp_path / "s.seqstore", np.full(10, 10)), seq_len=8, mode=mode)
+    stream = packed.open(packed.shares(None, 1)[0])
+    before = stream.state()
+    batch = stream.batch(0)
+    assert batch["tokens"].shape == (0, 8) and stream.state() == before
+    with pytest.raises(ValueError, match="PackedStream: number of sequences must be an integer >= 0, got -1"):
+        stream.batch(-1)
+    assert stream.state() == before
+    np.testing.assert_array_equal(stream.batch(2)["tokens"], packed.open(before).batch(2)["tokens"])

@@ -316,6 +316,8 @@ class Planner:
         """The next ``nseq`` sequences: pieces (sequence, document id, offset, count) and each
         sequence's padding. ``concat`` pieces cover ``seq_len + 1`` tokens per sequence."""
         step = self._plan_concat if self.mode == "concat" else self._plan_best_fit
+        if nseq == 0:  # nothing to plan, nothing pulled (best_fit's steps hold at least one sequence)
+            return tuple(np.empty(0, dtype=np.int64) for _ in range(5))  # type: ignore[return-value]
         if nseq <= 1024:  # one step (a batch): no concatenation
             return step(nseq)
         parts = []

@@ -276,7 +276,7 @@ class PackedStream:
         """The next ``n`` sequences as one int64 array (``[n, pieces, seq..., ids..., offsets...,
         counts...]``) that :meth:`PackedDataset.build` turns into the batch: planning here, reading and
         filling elsewhere (another thread or process) give the same batches."""
-        seq, ids, off, cnt, _ = self.planner.plan(int(n))
+        seq, ids, off, cnt, _ = self.planner.plan(check_int(n, "PackedStream: number of sequences", 0))
         head = np.array([int(n), len(seq)], dtype=np.int64)
         return np.concatenate([head, seq, ids, off, cnt]).astype(np.int64, copy=False)
 
