@@ -439,6 +439,18 @@ def test_export_hf_refuses_a_field_named_twice(tmp_path: Path, capsys: pytest.Ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore"]
 
 
+def test_export_hf_of_no_column_is_refused(tmp_path: Path) -> None:
+    """fields=[] with no id column (a store without ids, or id_column=None) has nothing to write: refused
+    naming the store (it failed in datasets: "Please pass `features` or at least one example")."""
+    from seqstore.interop.hf_export import export_hf
+
+    st = _export_source(tmp_path / "s.seqstore", ids=False)
+    for kw in ({}, {"id_column": None}):
+        with pytest.raises(SchemaError, match="s.seqstore: nothing to export"):
+            export_hf(st, tmp_path / "hf", fields=[], **kw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore"]
+
+
 def test_export_hf_store_without_ids_and_empty_store(tmp_path: Path) -> None:
     from seqstore.interop.hf_export import export_hf
 

@@ -123,6 +123,8 @@ def export_hf(
     check_named_once(st.url, names)
     if id_column is not None and not st.has_ids:
         id_column = None
+    if id_column is None and not names:
+        raise SchemaError(f"{st.url}: nothing to export (no fields and no id column)")
     if id_column is not None and id_column in names:
         raise SchemaError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
     if chunk_records < 1:
