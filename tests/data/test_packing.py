@@ -445,3 +445,13 @@ def test_a_batch_of_no_sequence_is_empty_and_a_negative_one_is_refused(tmp_path:
         stream.batch(-1)
     assert stream.state() == before
     np.testing.assert_array_equal(stream.batch(2)["tokens"], packed.open(before).batch(2)["tokens"])
+
+
+def test_a_share_with_no_document_says_why(tmp_path: Path) -> None:
+    """More shares than an epoch has documents: a share whose block is empty in every epoch has nothing to
+    pack; its error names that cause (it asked "empty dataset?" of a dataset that was not empty)."""
+    packed = PackedDataset(_store(tmp_path / "s.seqstore", np.full(2, 5)), seq_len=4)
+    shares = packed.shares(None, 3)
+    assert packed.open(shares[0], 0, 3).batch(1)["tokens"].shape == (1, 4)
+    with pytest.raises(ValueError, match=r"share 2 of 3: .*an epoch has fewer documents than the 3 shares"):
+        packed.open(shares[2], 2, 3).batch(1)

@@ -258,7 +258,8 @@ class Planner:
                     empty_epochs += 1
                     if empty_epochs > 1000:
                         raise ValueError(f"share {self.share} of {self.num_shares}: no documents in 1000 epochs "
-                                         f"from epoch {e - 999} on (empty dataset?)")
+                                         f"from epoch {e - 999} on (the dataset is empty, or an epoch has fewer "
+                                         f"documents than the {self.num_shares} shares)")
                 continue
             e, a, b, o = self.ranges[0]
             take = min(b - a, k - got)
