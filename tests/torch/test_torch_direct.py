@@ -750,3 +750,58 @@ def test_threads_ctrl_c_in_a_gather_of_the_loops_thread_is_raised_at_once() -> N
         for b in run_ordered(iter([np.array([k]) for k in range(6)]), failing, 2):
             got.append(int(b["x"][0]))
     assert got == [0, 1, 2]
+
+
+_SECOND_CTRL_C = '''
+import os
+import signal
+import sys
+import threading
+import time
+
+from seqstore.data import StoreDataset
+from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded
+
+
+class Slow(StoreDataset):  # the helper threads are busy with a gather when the loop is interrupted
+    def get_batch(self, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(3)
+        return super().get_batch(*args, **kwargs)
+
+
+if __name__ == "__main__":
+    import seqstore.torch.loader
+    seqstore.torch.loader.PARALLEL_FROM_BYTES = 0  # these batches are small: the helpers anyway
+    ds = Slow(sys.argv[1], ordering="random", seed=1)
+    loader = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=4, threads=2,
+                           collate_fn=collate_padded)
+    try:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # the second Ctrl-C
+                os.kill(os.getpid(), signal.SIGINT)  # the first, in the training step
+                time.sleep(60)
+    except KeyboardInterrupt:
+        print("interrupted", sum(t.name.startswith("seqstore-loader") for t in threading.enumerate()))
+'''
+
+
+def test_threads_a_second_ctrl_c_while_the_helpers_end_is_ignored_quietly(tmp_path: Any) -> None:
+    """Ctrl-C in the training step ends a threads= loop; a second one while it waits for its helper threads
+    to finish their gathers cut that wait short (a helper left running) and, the generator being closed by
+    the garbage collector, printed "Exception ignored in generator" with a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.seqstore"
+    make_store(path, 200, seed=3)
+    script = tmp_path / "second_ctrl_c.py"
+    script.write_text(_SECOND_CTRL_C)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["interrupted", "0"], done.stdout  # the helpers ended before the loop let go
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import BatchSampler
 
 from ..data.records import iter_gathered
+from ._signals import InterruptsIgnored
 from .collate import PaddedCollate, collate_gathered, collate_padded
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
@@ -221,8 +222,8 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
     still gathers at about the in-line rate, and a helper that is ahead hands its batch over at once.
     The index arrays are drawn in this thread only. An exception in a gather is raised here when its
     batch is due (a KeyboardInterrupt in a gather of this thread at once); closing the generator lets
-    the running gathers finish and stops the helpers."""
-    work = threading.Condition()
+    the running gathers finish and stops the helpers (a second Ctrl-C meanwhile is ignored, see _signals)."""
+    work, quiet = threading.Condition(), InterruptsIgnored()
     unclaimed: deque[_Slot] = deque()
     stopping = False
 
@@ -269,5 +270,6 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
             stopping = True
             unclaimed.clear()
             work.notify_all()
-        for h in helpers:
-            h.join()
+        with quiet:
+            for h in helpers:
+                h.join()
