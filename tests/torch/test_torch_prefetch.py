@@ -233,3 +233,46 @@ def test_a_loader_broken_off_near_its_end_keeps_the_samplers_resume_point(tmp_pa
     assert first == full[2 : len(full) - 1]
     assert [b["index"].tolist() for b in loader] == full[2:]  # starts at the resume point again
     assert [b["index"].tolist() for b in loader] == full  # that one ran to its end: the whole epoch next
+
+
+class _FailingCollate:
+    """collate_padded, or an OSError (a read that failed) while ``fail`` is set; picklable for the workers."""
+
+    fail = False
+
+    def __call__(self, samples: Any) -> Any:
+        from seqstore.torch import collate_padded
+
+        if self.fail:
+            raise OSError("read failed")
+        return collate_padded(samples)
+
+
+def test_a_loader_that_fails_before_its_first_batch_keeps_the_samplers_resume_point(tmp_path: Path) -> None:
+    """The DataLoader's workers pulled every index of a resumed epoch's last batches before the first came
+    back, which marked the iteration finished; when the first batch failed (a read error, Ctrl-C while
+    waiting for it) the next iteration walked the whole epoch instead of starting at the resume point."""
+    path = tmp_path / "s"
+    make_store(path, 80)
+    collate = _FailingCollate()
+
+    def make() -> SeqDataLoader:
+        ds = StoreDataset(path, ordering="random", seed=5)
+        return SeqDataLoader(SeqDataset(ds, with_index=True), sampler=EpochSampler(ds), batch_size=8,
+                             collate_fn=collate, num_workers=2)
+
+    full = [b["index"].tolist() for b in make()]
+    before = make()
+    batches = iter(before)
+    for _ in range(7):
+        next(batches)
+    state = before.state_dict()
+    del batches
+    loader = make()
+    loader.load_state_dict(state)
+    collate.fail = True
+    with pytest.raises(OSError, match="read failed"):
+        next(iter(loader))
+    collate.fail = False
+    assert [b["index"].tolist() for b in loader] == full[7:]  # starts at the resume point again
+    assert [b["index"].tolist() for b in loader] == full

@@ -105,6 +105,11 @@ class EpochCursor:
         self._cursor = None
         return self.epoch_order(), self._start, self._start_batches
 
+    def begin(self) -> None:
+        """Tell the main-process copy that a new iteration starts from the current resume point
+        (``SeqDataLoader`` calls this)."""
+        self._begin()
+
     def _finish(self) -> None:
         """An iteration ran to its end: the next one walks the whole epoch again."""
         self._start = 0

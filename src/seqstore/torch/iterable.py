@@ -232,10 +232,6 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         ``SeqDataLoader`` calls this; with a plain DataLoader call ``set_epoch`` every epoch."""
         self._finish()
 
-    def begin(self) -> None:
-        """Tell the main-process copy that a new iteration starts from the current resume point."""
-        self._begin()
-
     def __repr__(self) -> str:
         return (f"IterableSeqDataset({self.dataset!r}, batch={self.batch!r}, rank={self.rank}, "
                 f"world_size={self.world_size}, epoch={self.epoch}, start={self._start})")

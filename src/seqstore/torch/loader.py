@@ -197,8 +197,7 @@ class SeqDataLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         src = self._source()
-        if isinstance(src, (IterableSeqDataset, PackedIterableDataset)):
-            src.begin()
+        src.begin()
         self._consumed = 0
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
         pin = bool(self.pin_memory) and torch.cuda.is_available()
@@ -228,8 +227,8 @@ class SeqDataLoader(DataLoader[Any]):
                 self._consumed += 1
                 yield batch
             ended = True
-        finally:  # broken off after its first batch (a sampler reads the epoch's indices ahead of its batches)
-            if not ended and self._consumed and isinstance(src, (EpochSampler, EpochBatchSampler)):
+        finally:  # broken off (a sampler reads the epoch's indices ahead of its batches)
+            if not ended and isinstance(src, (EpochSampler, EpochBatchSampler)):
                 src.broken_off()
         if isinstance(src, IterableSeqDataset):
             src.finish_epoch()
