@@ -311,16 +311,18 @@ def _state(pid: int) -> str:
 
 def test_an_answer_sent_without_blocking_is_what_connection_send_sends() -> None:
     """A worker's answer larger than the pipe holds goes out with the ring's own non-blocking writes: the
-    bytes must be those ``Connection.send`` writes (the loop reads them with ``recv``), so a Python whose
-    framing differs fails here rather than in a training loop."""
+    bytes must be those ``Connection.send`` writes (the loop reads them with ``recv``; the pickle is protocol
+    5's), so a Python whose framing differs fails here rather than in a training loop."""
     import multiprocessing
     import threading
+    from multiprocessing.reduction import ForkingPickler
 
     from seqstore.torch._ring import _send_taking
 
     small = ("big", [("x", "float32", (3,), 0)], b"\1\2\3")
     raw = []
-    for send in (lambda c: c.send(small), lambda c: _send_taking(c, small, lambda m: None)):
+    for send in (lambda c: c.send_bytes(ForkingPickler.dumps(small, 5)),
+                 lambda c: _send_taking(c, small, lambda m: None)):
         a, b = multiprocessing.Pipe()
         send(a)
         raw.append(os.read(b.fileno(), 1 << 16))

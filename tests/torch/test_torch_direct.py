@@ -536,6 +536,34 @@ def test_procs_pin_memory_pins_batches_larger_than_their_slot(monkeypatch: pytes
         assert id(b["x"]) in pinned and b["x"].shape == (int(b["x"][0]) * 128,)
 
 
+@pytest.mark.parametrize("pin", [False, True], ids=["plain", "pin_memory"])
+def test_procs_a_batch_larger_than_its_slot_is_held_once(monkeypatch: pytest.MonkeyPatch, pin: bool) -> None:
+    """A batch larger than its slot comes over the pipe; the loop copied the bytes it received into a new
+    buffer (and that into page-locked memory with pin_memory) and held both while the batch was out: twice
+    the batch. Now the batch's tensors lie in the bytes received (one copy into page-locked memory)."""
+    import tracemalloc
+
+    from seqstore.torch._ring import run_processes
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())  # (CPU-only torch)
+    _workers_gather(monkeypatch)
+    gather = _Growing()
+    size = 8000 * 1024  # bytes of the batch of index 8000; the slots hold 64 KiB
+    batches = run_processes(gather(np.array([1])), iter([np.array([2]), np.array([8000])]), gather, 2,  # type: ignore[arg-type]
+                            pin=pin)
+    tracemalloc.start()
+    try:
+        next(batches), next(batches)
+        before = tracemalloc.get_traced_memory()[0]
+        big = next(batches)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert int(big["x"][0]) == 8000 and big["x"].shape == (8000 * 128,)
+    assert held < 1.5 * size, held
+    batches.close()
+
+
 class _WithEmpty:
     """A batch of 64 KiB and an empty ragged field (B, 0, 3); picklable."""
 

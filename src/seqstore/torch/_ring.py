@@ -155,7 +155,7 @@ def _send_taking(conn: Connection, answer: tuple[Any, ...], take: Callable[[Any]
     larger than the pipe holds (a large index array), and each would wait for the other to read. (The
     bytes on the pipe are those of ``Connection.send``; the loop sends each message whole, so one that
     has begun is read at once.)"""
-    data = ForkingPickler.dumps(answer)
+    data = ForkingPickler.dumps(answer, 5)  # (protocol 5: a bytearray comes back as one, not bytes to copy)
     n = len(data)
     head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
     fd = conn.fileno()
@@ -216,7 +216,7 @@ def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes
         if not inside:
             pos += -(-n // _ALIGN) * _ALIGN
     if pos > slot_bytes:
-        return ("big", layout, [_bytes_of(t).numpy().tobytes() for t in batch.values()])
+        return ("big", layout, [bytearray(_bytes_of(t).numpy()) for t in batch.values()])
     for (_, _, _, off), t, inside in zip(layout, batch.values(), placed):
         raw = _bytes_of(t)
         if raw.numel() and not inside:
@@ -555,7 +555,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 batch = {}
                 for (name, dtype, shape, _), raw in zip(msg[1], msg[2]):
                     dt = _dtype(dtype)
-                    t = torch.frombuffer(bytearray(raw), dtype=dt) if raw else torch.empty(0, dtype=dt)
+                    t = torch.frombuffer(raw, dtype=dt) if raw else torch.empty(0, dtype=dt)
                     batch[name] = t.reshape(shape).pin_memory() if pin else t.reshape(shape)
                 free[w].append(slot)
             if chooser is not None and not here:
