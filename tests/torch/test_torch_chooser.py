@@ -203,6 +203,35 @@ def test_a_second_ctrl_c_while_the_workers_end_is_ignored_quietly(tmp_path: Path
     assert names  # the loop had its block (and _run_script checked that none is left)
 
 
+def _ones(idx: np.ndarray) -> dict[str, Any]:
+    return {"x": torch.full((1024,), float(idx[0]))}
+
+
+def test_ctrl_c_just_after_the_block_is_made_leaves_nothing_in_dev_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C right after the ring's block was made, before its unlink at exit was arranged, left the block's
+    name in /dev/shm for as long as the process ran (then the resource tracker's warning about a leak)."""
+    import signal
+
+    from seqstore.torch import _ring
+
+    made: list[str] = []
+
+    class Interrupted(_ring._Block):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self.name)
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C now
+
+    monkeypatch.setattr(_ring, "_Block", Interrupted)
+    batches = run_processes(_ones(np.array([0])), iter([np.array([k]) for k in range(1, 5)]), _ones, 2)  # type: ignore[arg-type]
+    try:
+        assert [int(b["x"][0]) for b in batches] == [0, 1, 2, 3, 4]
+    except KeyboardInterrupt:
+        pass
+    del batches
+    assert made and not os.path.exists(os.path.join("/dev/shm", made[0].lstrip("/")))
+
+
 def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> None:
     """A read-once loop's run buffers are files in /dev/shm that no resource tracker knows: a script that
     ends without closing them still leaves none behind."""

@@ -395,11 +395,12 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     size = sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in first.values())
     slot_bytes = max(4 * size, 1 << 16)
     nslots = procs * depth
-    shm = _Block(create=True, size=slot_bytes * nslots)
     # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
     # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
     opened, quiet = _Open(), InterruptsIgnored()  # live as long as this frame
-    at_exit = weakref.finalize(opened, _unlink_block, shm)
+    with quiet:  # (a Ctrl-C between the two would leave the name in /dev/shm)
+        shm = _Block(create=True, size=slot_bytes * nslots)
+        at_exit = weakref.finalize(opened, _unlink_block, shm)
     block = shm.buf
     assert block is not None
     conns: list[Connection] = []
