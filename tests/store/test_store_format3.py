@@ -188,6 +188,23 @@ def test_a_damaged_row_is_named_when_its_shard_is_touched(root: Path) -> None:
     assert any("committed rows differs from manifest.json" in p for p in problems), problems
 
 
+@pytest.mark.parametrize("read", ["item", "batch", "id", "matrix", "iter_matrix"])
+def test_a_damaged_start_of_row_0_is_named_not_a_crash(root: Path, read: str) -> None:
+    """Row 0's start damaged to above the records asked for: finding their shard gave -1, and reads failed
+    with AttributeError ('NoneType' object has no attribute ...) instead of naming the damaged row."""
+    _flip(root / TABLE, TABLE_HEADER_BYTES + 8 + 2)  # row 0's start becomes 65536
+    store = ss.open(root)
+    reads = {
+        "item": lambda: store[1],
+        "batch": lambda: store.get_batch([1, 2]),
+        "id": lambda: store.id(1),
+        "matrix": lambda: store.matrix("meta/k"),
+        "iter_matrix": lambda: list(store.iter_matrix("meta/k", chunk_rows=2)),
+    }
+    with pytest.raises(ss.CorruptionError, match=rf"{TABLE} row 0: CRC-32 .* differs"):
+        reads[read]()
+
+
 def test_a_damaged_last_row_fails_at_open(root: Path) -> None:
     _flip(root / TABLE, TABLE_HEADER_BYTES + 2 * ROW + 3)
     with pytest.raises(ss.CorruptionError, match=rf"{TABLE} row 2: CRC-32"):

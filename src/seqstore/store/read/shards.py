@@ -269,8 +269,9 @@ class ShardMap:
         return idx
 
     def locate(self, i: int) -> tuple[int, int]:
-        """(shard, local row) of global index ``i`` (in range)."""
-        k = bisect_right(self.start_index, i) - 1
+        """(shard, local row) of global index ``i`` (in range). The search starts after row 0: a row 0
+        whose start is damaged still gives shard 0, whose check names the damage (never shard -1)."""
+        k = bisect_right(self.start_index, i, 1) - 1
         return k, i - self.start_index[k]
 
     def record(self, i: int) -> tuple[Shard, int]:
@@ -282,7 +283,7 @@ class ShardMap:
         if not 0 <= j < n:
             raise IndexError(f"record index {i} out of range for a store of {n} records ({self.url})")
         starts = self.start_index
-        k = bisect_right(starts, j) - 1
+        k = bisect_right(starts, j, 1) - 1  # (as in locate)
         return self.shard(k), j - starts[k]
 
     def group(self, idx: np.ndarray[Any, Any]) -> Iterator[tuple[int, Any, np.ndarray[Any, Any]]]:
@@ -290,7 +291,7 @@ class ShardMap:
         if self.num_shards == 1:
             yield 0, slice(None), idx
             return
-        shard = np.searchsorted(self.starts, idx, side="right") - 1
+        shard = np.searchsorted(self.starts[1:], idx, side="right")  # (as in locate)
         order = np.argsort(shard, kind="stable")
         cuts = np.flatnonzero(np.diff(shard[order])) + 1
         for pos in np.split(order, cuts):
