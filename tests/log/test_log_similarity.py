@@ -130,3 +130,14 @@ def test_dict_queries_flattened_per_query(scratch: Path) -> None:
     np.testing.assert_allclose(res.scores, x @ np.concatenate([q1, q2], 1).T, rtol=1e-5, atol=1e-4)
     one = similarity(scratch / "s", {"m1": {"grad": q1[0].reshape(3, 5)}, "m2": {"grad": q2[0]}})
     np.testing.assert_allclose(one.scores, res.scores[:, :1], rtol=1e-5, atol=1e-5)
+
+
+def test_topk_ranks_nan_below_minus_infinity_whatever_the_chunking(scratch: Path) -> None:
+    """NaN scores rank below every number, -inf included: a chunk whose k-th best score was -inf took its
+    NaN rows in place of its -inf rows (the lowest rows among the ties), so the answer depended on the chunking."""
+    x = np.array([[np.nan], [np.nan], [-np.inf], [-np.inf], [1.0]], np.float32)
+    with Logger(scratch / "n", schema={"g": ss.Field("float32", (1,))}) as lg:
+        lg.log([f"r{i}" for i in range(5)], {"g": x})
+    for chunk_rows in (None, 2, 3):
+        res = similarity(scratch / "n", np.ones((1, 1), np.float32), topk=3, chunk_rows=chunk_rows)
+        assert res.top_rows.tolist() == [[4, 2, 3]], chunk_rows

@@ -130,7 +130,9 @@ class _TopK:
             for j in np.flatnonzero(np.count_nonzero(key >= kth, axis=0) > self.k).tolist():
                 col = key[:, j]
                 rows = np.flatnonzero(col > kth[j])
-                part[:, j] = np.concatenate([rows, np.flatnonzero(col == kth[j])[: self.k - len(rows)]])
+                tied = np.flatnonzero(col == kth[j])
+                tied = tied[np.argsort(np.isnan(s[tied, j]), kind="stable")]  # a NaN (keyed -inf) after a -inf
+                part[:, j] = np.concatenate([rows, tied[: self.k - len(rows)]])
             cs = np.take_along_axis(s, part, axis=0)
             cr = part.astype(np.int64) + start
         else:
