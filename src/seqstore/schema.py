@@ -423,7 +423,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         arr = torch_to_numpy(value)
     else:
         try:
-            arr = np.asarray(value)
+            arr = value if isinstance(value, BF16Bits) else np.asarray(value)  # (asarray drops the mark)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
             raise SchemaError(f"{what}: cannot convert {type(value).__name__} to an array ({exc})") from exc
     if field.dtype == BFLOAT16:
@@ -443,7 +443,8 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
     if isinstance(arr, BF16Bits):
         if target.kind != "f":
             raise SchemaError(f"{what}: cannot store bfloat16 values in a {target} field")
-        return np.asarray(bfloat16_to_float32(arr), dtype=target, order="C")
+        arr = bfloat16_to_float32(arr)  # then as float32 (float16: range-checked)
+        src = arr.dtype
     if src == target:
         return np.asarray(arr, order="C")
     if src.kind not in _NUMERIC_KINDS:

@@ -71,6 +71,22 @@ def test_numpy_int_and_explicit_schema(scratch: Path) -> None:
     assert st.index("6") == 6 and st[6]["label"] == 8 and st[0]["emb"].dtype == np.float32
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_a_bfloat16_tensor_logged_into_a_wider_float_field_keeps_its_values(scratch: Path, dtype: str) -> None:
+    """A bfloat16 tensor into a float32/float16/float64 field: its raw bits were stored as numbers (1.5 became
+    16320.0); an integer field refuses it, naming the field."""
+    schema = {"g": ss.Field(dtype, (3,)), "n": ss.Field("int32", (3,))}
+    n = torch.ones(1, 3, dtype=torch.int32)
+    with Logger(scratch / "log", schema=schema) as lg:
+        lg.log(["a"], {"g": torch.full((1, 3), 1.5, dtype=torch.bfloat16), "n": n})
+        with pytest.raises(ss.SchemaError, match="field 'n' of id 'b': cannot store bfloat16 values in a int32"):
+            lg.log(["b"], {"g": torch.ones(1, 3), "n": torch.ones(1, 3, dtype=torch.bfloat16)})
+        if dtype == "float16":
+            with pytest.raises(ss.SchemaError, match="field 'g' of id 'c': value 99840.0 .* overflows dtype float16"):
+                lg.log(["c"], {"g": torch.full((1, 3), 1e5, dtype=torch.bfloat16), "n": n})
+    assert ss.open(scratch / "log")[0]["g"].tolist() == [1.5, 1.5, 1.5]
+
+
 def test_schema_errors_name_id_and_field(scratch: Path) -> None:
     with Logger(scratch / "log") as lg:
         ids, t = _batch(0, 4)
