@@ -128,6 +128,17 @@ def test_schema_mismatch_with_existing_log(scratch: Path) -> None:
         Logger(scratch / "log", schema={"other": ss.Field("float32")})
 
 
+@pytest.mark.parametrize("policy", ["keep_first", "error"])  # (keep_last is refused at open: id_lookup "first")
+def test_a_store_whose_records_have_no_ids_is_a_schema_error(scratch: Path, policy: str) -> None:
+    """Logging into an existing store written without ids raised KeyError from the id lookup of every log()."""
+    with ss.create(scratch / "log", {"g": ss.Field("float32", (2,))}) as w:
+        w.append({"g": np.zeros(2, np.float32)})
+    with Logger(scratch / "log", on_duplicate=policy) as lg:
+        with pytest.raises(ss.SchemaError, match=r"log\(\): .*/log: its records have no ids; a Logger logs"):
+            lg.log(["a"], {"g": np.ones((1, 2), np.float32)})
+    assert len(ss.open(scratch / "log")) == 1 and verify(scratch / "log") == []
+
+
 @pytest.mark.parametrize("policy", ["keep_first", "keep_last", "error"])
 def test_duplicate_policies(scratch: Path, policy: str) -> None:
     lg = Logger(scratch / "log", on_duplicate=policy, flush_bytes=2048)

@@ -94,6 +94,9 @@ class LoggedIds:
             seen.add(i)
         rest = np.flatnonzero(~dup)
         if len(rest) and len(view):
+            if not view.manifest.has_ids:
+                raise SchemaError(f"log(): {self.path}: its records have no ids; a Logger logs an id with every "
+                                  "record (log into a new store)")
             found = view.index_many([ids[k] for k in rest], missing=-1)
             dup[rest[found >= 0]] = True
         ndup = int(dup.sum())
