@@ -128,6 +128,24 @@ def test_schema_mismatch_with_existing_log(scratch: Path) -> None:
         Logger(scratch / "log", schema={"other": ss.Field("float32")})
 
 
+def test_a_relative_path_stays_where_it_was_after_a_chdir(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Logger given a relative path, then os.chdir (as some launchers do): its next log() failed with "no
+    such store", and a logger not started yet created its store in the new directory."""
+    (scratch / "elsewhere").mkdir()
+    monkeypatch.chdir(scratch)
+    started = Logger("run.log", schema={"g": ss.Field("float32", (2,))})
+    lazy = Logger("lazy.log")
+    started.log(["a"], {"g": np.ones((1, 2), np.float32)})
+    started.flush()
+    monkeypatch.chdir(scratch / "elsewhere")
+    started.log(["b", "a"], {"g": np.ones((2, 2), np.float32)})
+    lazy.log(["c"], {"g": np.ones((1, 2), np.float32)})
+    started.close()
+    lazy.close()
+    assert [ss.open(scratch / "run.log").id(i) for i in range(2)] == ["a", "b"]
+    assert len(ss.open(scratch / "lazy.log")) == 1 and not any((scratch / "elsewhere").iterdir())
+
+
 @pytest.mark.parametrize("policy", ["keep_first", "error"])  # (keep_last is refused at open: id_lookup "first")
 def test_a_store_whose_records_have_no_ids_is_a_schema_error(scratch: Path, policy: str) -> None:
     """Logging into an existing store written without ids raised KeyError from the id lookup of every log()."""

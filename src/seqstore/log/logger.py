@@ -174,7 +174,7 @@ class Logger:
                  storage_options: Mapping[str, Any] | None = None) -> None:
         if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
             raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
-        self.path: Path | str = os.fspath(path) if is_remote(path) else Path(path)
+        self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = int(flush_bytes)
         self.commit_every_s = float(commit_every_s)
