@@ -373,6 +373,18 @@ def test_middle_offset_damage_reported_per_record(store_root: Path) -> None:
     assert store.get_batch([0, 1, 4], pad=True)["x"][1].tolist() == [0, 1, 4]
 
 
+def test_an_id_damaged_into_invalid_utf8_is_named(store_root: Path) -> None:
+    """A flipped bit that leaves an id's bytes invalid UTF-8: id(i) raised a bare UnicodeDecodeError."""
+    path = shard(store_root, 1) / "_ids.npy"
+    raw = bytearray(path.read_bytes())
+    raw[HEADER_BYTES + len(IDS[5]) + 1] = 0xB5  # inside record 6's id ("w0-6"): a lone continuation byte
+    path.write_bytes(bytes(raw))
+    store = ss.open(store_root)
+    assert store.id(5) == IDS[5]
+    with pytest.raises(ss.CorruptionError, match=r"shard-000001/_ids.npy: record 6 \(row 1 of the shard\): its id"):
+        store.id(6)
+
+
 def test_lost_index_run_falls_back_to_shards(scratch: Path) -> None:
     root = scratch / "s"
     with ss.create(root, CHILD_SCHEMA, max_shard_records=1) as w:

@@ -54,7 +54,11 @@ class IdLookup:
         self.planner.need(sh.ids[a:b])
         if self.verify is not None:
             self.verify.id_at(sh, row, self.shards.norm(i), address(sh.ids) + a if b > a else 0, b - a)
-        return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
+        try:
+            return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as exc:  # (a damage that leaves valid UTF-8: only verify_reads sees it)
+            raise CorruptionError(f"{sh.display}/{IDS}.npy: record {self.shards.norm(i)} (row {row} of the shard): "
+                                  f"its id's bytes are not UTF-8 ({exc.reason}): damaged") from None
 
     def ids(
         self, indices: Sequence[int] | np.ndarray[Any, Any]
