@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import shutil
 import signal
 import sys
@@ -287,7 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _interrupts():
             args = build_parser().parse_args(argv)
-            return int(args.func(args))
+            status = int(args.func(args))
+            sys.stdout.flush()  # a reader that stopped early (seqstore info | head) is seen here, not at exit
+            return status
+    except BrokenPipeError:  # stop quietly, as cat does; nothing more is written to the closed pipe
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except SeqstoreError as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2

@@ -1,0 +1,39 @@
+"""The ``seqstore`` command on odd arguments: one line and exit status 2 for a user's mistake, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import seqstore as ss
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "s.seqstore"
+    with ss.create(path, {"x": ss.Field("float32", (None, 2))}) as w:
+        for i in range(5):
+            w.append({"x": np.ones((i, 2))}, id=f"r{i}")
+    return path
+
+
+@pytest.mark.parametrize("argv", [["info", "-q"], ["verify", "-q"]])
+def test_a_reader_that_stops_early_is_no_traceback(store: Path, argv: list[str]) -> None:
+    """``seqstore info STORE | head -1``: the reader closes the pipe; the command ended with a
+    BrokenPipeError traceback (or Python's 'Exception ignored' at exit). It stops quietly."""
+    for unbuffered in (False, True):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        if unbuffered:
+            env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen([sys.executable, "-m", "seqstore.cli", *argv, str(store)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # before the command writes anything
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, err
+        assert "Traceback" not in err and "BrokenPipeError" not in err, err
