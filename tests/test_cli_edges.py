@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import seqstore as ss
+from seqstore.cli import main
 
 
 @pytest.fixture()
@@ -20,6 +21,16 @@ def store(tmp_path: Path) -> Path:
         for i in range(5):
             w.append({"x": np.ones((i, 2))}, id=f"r{i}")
     return path
+
+
+def test_copy_from_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqstore copy FILE DST`` printed a NotADirectoryError traceback (exit 1)."""
+    src = tmp_path / "notes.txt"
+    src.write_text("hi")
+    assert main(["copy", str(src), str(tmp_path / "dst"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and "notes.txt" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "dst").exists()
 
 
 @pytest.mark.parametrize("argv", [["info", "-q"], ["verify", "-q"]])

@@ -175,8 +175,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
                  progress=not args.quiet, overwrite=args.overwrite)
         print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
               f"{human_bytes(r.bytes)} in {r.files} file(s)")
-    except ValueError as exc:
-        print(f"seqstore: error: {exc}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        print(f"seqstore: error: {exc}", file=sys.stderr)  # (a file where the store was expected, ...)
         return 2
     except KeyboardInterrupt:  # also one that came after the copy finished: main() says nothing was written
         if new_dst is not None:
