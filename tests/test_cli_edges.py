@@ -48,3 +48,14 @@ def test_a_reader_that_stops_early_is_no_traceback(store: Path, argv: list[str])
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=120) == 141, err
         assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("target", ["hf", "webdataset", "returnn-hdf", "megatron"])
+def test_export_to_a_url_is_refused(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    """``export`` writes local files only; an OUT of s3://b/x wrote a local directory named 's3:'."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--to", target, str(store), "s3://bucket/out", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "s3://bucket/out" in err and "URL" in err, err
+    assert not (tmp_path / "s3:").exists()

@@ -28,6 +28,8 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import SeqstoreError
+from ..io.objects import is_remote
+from ..store import open_store
 from ._common import Progress, announce_total, remove_path
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
@@ -208,7 +210,6 @@ def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
 
 def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     from ..log.logix import import_logix
-    from ..store import open_store
 
     src, out = _one_source(args, "LogIX log directory")
     if args.workers is not None:
@@ -443,8 +444,6 @@ def _undone_on_interrupt(out: str) -> Iterator[None]:
     SIGTERM) arrives is removed before the interrupt goes on: one that comes after the output was
     installed, while the command reports, still leaves nothing (what ``cli.main`` then says). ``out``
     and, for Megatron's prefix, ``out.bin`` / ``out.idx``."""
-    from ..io.objects import is_remote
-
     paths = [] if is_remote(out) else [Path(out + s) for s in ("", ".bin", ".idx")]
     new = [q for q in paths if not q.exists() and not q.is_symlink()]
     try:
@@ -477,12 +476,12 @@ def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
     _check_options(args, "export")
+    if is_remote(os.fspath(args.out)):
+        raise SeqstoreError(f"export --to {args.target}: OUT {args.out} is a URL; export writes local files only")
     with _undone_on_interrupt(os.fspath(args.out)):
         try:
             opts = _storage_options(args)
             if opts is not None:  # a store at a URL that needs options of its client: opened here, handed over
-                from ..store import open_store
-
                 args.store = open_store(args.store, storage_options=opts)
             out = _with_bar(conv, args, f"export {args.target}")
         except _USER_ERRORS as exc:
