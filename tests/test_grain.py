@@ -186,3 +186,13 @@ def test_with_index_and_a_field_named_index_fails_at_construction(tmp_path: Path
             sg.DataSource(source, with_index=True)
     assert int(sg.DataSource(store, fields=["x"], with_index=True)[2]["index"]) == 2
     assert int(sg.DataSource(store)[2]["index"]) == 2  # without with_index the field is returned
+
+
+@pytest.mark.parametrize("seed", [-1, -5])
+def test_a_negative_rng_seed_fails_at_construction(store: seqstore.Store, seed: int) -> None:
+    """A negative rng_seed was taken, and sampler[g] failed in the workers for g < -seed ("key must be
+    positive", from numpy's Philox) while later positions worked; it is refused up front, as Grain's own
+    samplers refuse a negative seed."""
+    pytest.importorskip("grain")
+    with pytest.raises(ValueError, match="rng_seed"):
+        sg.EpochSampler(store, rng_seed=seed)

@@ -330,8 +330,9 @@ class EpochSampler:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"EpochSampler: {name} must be an integer >= 1, got {v!r}"
                                  + (" (epochs are 1-based as in RETURNN)" if name == "epoch" and v == 0 else ""))
-        if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, (int, np.integer))):
-            raise ValueError(f"EpochSampler: rng_seed must be an integer or None, got {rng_seed!r}")
+        if rng_seed is not None and (isinstance(rng_seed, bool) or not isinstance(rng_seed, (int, np.integer))
+                                     or rng_seed < 0):  # (a Philox key is rng_seed + position)
+            raise ValueError(f"EpochSampler: rng_seed must be a non-negative integer or None, got {rng_seed!r}")
         self._shard_options = shard_options  # the attribute grain.DataLoader reads when it gets none
         self._count = count
         self._drop = bool(shard_options.drop_remainder)
