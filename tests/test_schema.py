@@ -203,3 +203,16 @@ def test_infinities_nan_and_values_that_fit_still_narrow() -> None:
     bits = to_storage_array(ss.Field("bfloat16", (None,)), np.array([np.inf, 3e38]), what="r")
     assert bits[0] == 0x7F80 and bits[1] != 0x7F80
     assert to_storage_array(ss.Field("float16"), np.int64(65504), what="r") == 65504
+
+
+def test_torch_bfloat16_into_a_float16_field_is_checked_for_overflow() -> None:
+    """A torch bfloat16 value too large for float16 became inf silently (numpy's cast warning only); like
+    every other narrowing to a float field it is an error naming the value, and values that fit convert."""
+    torch = pytest.importorskip("torch")
+    f = ss.Field("float16", (None,))
+    with pytest.raises(ss.SchemaError, match="overflows dtype float16") as info:
+        to_storage_array(f, torch.tensor([1.0, 1e10], dtype=torch.bfloat16), what="record 3, field 'f'")
+    assert "record 3, field 'f'" in str(info.value) and "element 1" in str(info.value)
+    got = to_storage_array(f, torch.tensor([1.5, -np.inf, 60000.0], dtype=torch.bfloat16), what="r")
+    assert got.dtype == np.float16 and got[0] == 1.5 and np.isneginf(got[1]) and got[2] == 59904  # (bfloat16's)
+    assert to_storage_array(ss.Field("float64"), torch.tensor(2.5, dtype=torch.bfloat16), what="r") == 2.5

@@ -439,12 +439,11 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
             return bits
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
-    src = arr.dtype
     if isinstance(arr, BF16Bits):
         if target.kind != "f":
             raise SchemaError(f"{what}: cannot store bfloat16 values in a {target} field")
-        arr = bfloat16_to_float32(arr)  # then as float32 (float16: range-checked)
-        src = arr.dtype
+        arr = bfloat16_to_float32(arr)  # exact; float16 is then checked for overflow as any float32
+    src = arr.dtype
     if src == target:
         return np.asarray(arr, order="C")
     if src.kind not in _NUMERIC_KINDS:
