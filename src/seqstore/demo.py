@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ._sysinfo import rss_bytes
 from .data.demo import run_combined_demo
+from .errors import SeqstoreError
 from .format.manifest import Manifest
 from .order import seq_order
 from .schema import Field
@@ -50,6 +51,8 @@ def _line(label: str, value: str) -> None:
 
 def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, seed: int = 0, keep: bool = False) -> None:
     """Write (or reuse with ``keep``) the demo corpus under ``out`` and print what reading it costs."""
+    if records < 3:  # (its combined dataset splits the corpus into three parts)
+        raise SeqstoreError(f"demo: the corpus needs at least 3 records (--records), got {records}")
     root = Path(out) / "corpus.seqstore"
     schema = {"features": Field("float16", (None, dim)), "labels": Field("int32", (None,)), "speaker": Field("int32")}
     print(f"seqstore demo: {records:,} sequences of {dim} float16 features -> {root}")
