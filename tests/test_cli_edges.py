@@ -59,3 +59,13 @@ def test_export_to_a_url_is_refused(store: Path, tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert "s3://bucket/out" in err and "URL" in err, err
     assert not (tmp_path / "s3:").exists()
+
+
+def test_demo_out_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``demo --out FILE`` ended in a FileExistsError traceback (exit 1)."""
+    out = tmp_path / "notes.txt"
+    out.write_text("hi")
+    assert main(["demo", "--records", "3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and "notes.txt" in err and len(err.splitlines()) == 1
+    assert out.read_text() == "hi"

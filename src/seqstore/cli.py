@@ -175,8 +175,8 @@ def cmd_copy(args: argparse.Namespace) -> int:
                  progress=not args.quiet, overwrite=args.overwrite)
         print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
               f"{human_bytes(r.bytes)} in {r.files} file(s)")
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
-        print(f"seqstore: error: {exc}", file=sys.stderr)  # (a file where the store was expected, ...)
+    except ValueError as exc:
+        print(f"seqstore: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # also one that came after the copy finished: main() says nothing was written
         if new_dst is not None:
@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 INTERRUPTED = "seqstore: interrupted; nothing was written"
 
+#: a path that is not what the command expected (a file where a directory goes, ...): the user's mistake
+_PATH_ERRORS = (FileExistsError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
 
 @contextlib.contextmanager
 def _interrupts() -> Iterator[None]:
@@ -295,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except SeqstoreError as exc:
+    except (SeqstoreError, *_PATH_ERRORS) as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # every command cleans up on its way out (temporary directories, workers)
