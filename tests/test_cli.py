@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +102,21 @@ def test_demo_of_fewer_than_three_records_is_refused_up_front(tmp_path: Path, ca
     err = capsys.readouterr().err
     assert "at least 3 records" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "d").exists()
+
+
+def test_demo_interrupted_while_writing_leaves_no_partial_corpus(tmp_path: Path) -> None:
+    """Ctrl-C while the demo writes its corpus: the command said 'nothing was written' but left the
+    committed part of the corpus (and the --out directory it made) behind."""
+    out = tmp_path / "d"
+    proc = subprocess.Popen([sys.executable, "-m", "seqstore.cli", "demo", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    seen = b""
+    while b"write:" not in seen and proc.poll() is None:
+        seen += os.read(proc.stderr.fileno(), 1 << 16)
+    time.sleep(1.0)  # some of the 1,000,000 records are written (seconds more to go)
+    proc.send_signal(signal.SIGINT)
+    err = (seen + proc.stderr.read()).decode(errors="replace")
+    assert proc.wait(timeout=120) == 130, err
+    assert "seqstore: interrupted; nothing was written" in err and "Traceback" not in err, err
+    assert not out.exists()

@@ -63,13 +63,18 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
         rng = np.random.default_rng(seed)
         t0 = time.perf_counter()
         gen_s = 0.0
-        with create(root, schema) as w, tqdm(total=records, unit="seq", unit_scale=True, desc="write") as bar:
-            for first in range(0, records, BATCH):
-                g = time.perf_counter()
-                cols, ids = generate_batch(rng, first, min(BATCH, records - first), dim)
-                gen_s += time.perf_counter() - g
-                w.append_batch(cols, ids=ids)
-                bar.update(len(ids))
+        new_out = not Path(out).exists()
+        try:
+            with create(root, schema) as w, tqdm(total=records, unit="seq", unit_scale=True, desc="write") as bar:
+                for first in range(0, records, BATCH):
+                    g = time.perf_counter()
+                    cols, ids = generate_batch(rng, first, min(BATCH, records - first), dim)
+                    gen_s += time.perf_counter() - g
+                    w.append_batch(cols, ids=ids)
+                    bar.update(len(ids))
+        except BaseException:  # an interrupted (Ctrl-C) or failed write leaves no partial corpus behind
+            shutil.rmtree(out if new_out else root, ignore_errors=True)
+            raise
         write_s = time.perf_counter() - t0 - gen_s
         nbytes = total_bytes(Manifest.load(root))
         print("write")
