@@ -585,3 +585,13 @@ def test_failed_overwrite_with_another_schema_leaves_the_store_writable(spark: A
         assert len(seqstore.open(old)) == 200 and _leftovers(old) == []
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def test_read_an_empty_store(spark: Any, tmp_path: Path) -> None:
+    """A store without records has no shard, so no input partition: Spark then reads one partition of its
+    own (``InputPartition(None)``), which failed the reader's assertion in every task."""
+    path = tmp_path / "empty.seqstore"
+    with seqstore.create(path, {"feat": seqstore.Field("float32", (None, 2)), "label": seqstore.Field("int32")}):
+        pass
+    df = spark.read.format("seqstore").load(str(path))
+    assert df.columns == ["feat", "label"] and df.count() == 0 and df.collect() == []

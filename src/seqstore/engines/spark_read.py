@@ -87,7 +87,7 @@ class SparkReader(DataSourceReader):
         for s, e in zip(starts.tolist(), ends.tolist()):  # O(shards): Spark keeps a partition per shard anyway
             for a in range(s, e, step):
                 out.append(_Range(a, min(e, a + step)))
-        return out
+        return out or [_Range(0, 0)]  # (no shard: Spark would read an empty list as one partition of None)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, _Range)
