@@ -120,3 +120,18 @@ def test_demo_interrupted_while_writing_leaves_no_partial_corpus(tmp_path: Path)
     assert proc.wait(timeout=120) == 130, err
     assert "seqstore: interrupted; nothing was written" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("option, value", [("--seed", "-1"), ("--dim", "-2"), ("--dim", "0")])
+def test_demo_negative_seed_or_dim_is_refused_naming_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                option: str, value: str) -> None:
+    """``demo --seed -1`` ended in numpy's traceback ('expected non-negative integer'); ``--dim -2`` in an
+    error about a 'field shape' the user never gave. Each is one line naming the option, nothing written."""
+    try:
+        status = main(["demo", "--records", "3", option, value, "--out", str(tmp_path / "d")])
+    except SystemExit as exc:  # argparse's usage error
+        status = int(exc.code or 0)
+    assert status == 2
+    err = capsys.readouterr().err
+    assert option in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()

@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="generate a speech-like corpus, write it, open it and read it")
     demo.add_argument("--records", type=positive_int, default=1_000_000,
                       help="number of sequences (default 1,000,000)")
-    demo.add_argument("--dim", type=int, default=16, help="feature dimension (default 16)")
+    demo.add_argument("--dim", type=positive_int, default=16, help="feature dimension (default 16)")
     demo.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
     demo.add_argument("--seed", type=int, default=0,
                       help="random seed of the generated corpus and of the read patterns (default 0)")

@@ -53,6 +53,8 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
     """Write (or reuse with ``keep``) the demo corpus under ``out`` and print what reading it costs."""
     if records < 3:  # (its combined dataset splits the corpus into three parts)
         raise SeqstoreError(f"demo: the corpus needs at least 3 records (--records), got {records}")
+    if seed < 0:  # (numpy's generators take none)
+        raise SeqstoreError(f"demo: --seed must be a non-negative integer, got {seed}")
     root = Path(out) / "corpus.seqstore"
     schema = {"features": Field("float16", (None, dim)), "labels": Field("int32", (None,)), "speaker": Field("int32")}
     print(f"seqstore demo: {records:,} sequences of {dim} float16 features -> {root}")
