@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pickle
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import seqstore
+from seqstore import Field
 from seqstore.data import (
     CombinedDataset,
     ConcatDataset,
@@ -229,3 +232,26 @@ def test_order_identity_tells_explicit_orders_apart() -> None:
         next(it)
     with pytest.raises(StateError, match="differs: \\['children'\\]"):
         EpochSampler(make(p2), rank=0, world_size=1).load_state_dict(s.state_dict())
+
+
+def test_a_field_bfloat16_in_one_child_and_not_in_another_is_refused(tmp_path: Path) -> None:
+    """A field stored as bfloat16 in one store and as float32 in another: the first gives uint16 bits, and
+    a concatenation or mixture merged them with the other's numbers into one float32 array (0.5 read as
+    16128.0) and called the whole field bfloat16. Both are refused, naming the field and the children."""
+    for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
+        with seqstore.create(tmp_path / name, {"x": Field(dtype, (None,))}) as w:
+            for i in range(4):
+                w.append({"x": np.arange(i + 1, dtype=np.float32) + 0.5})
+    f32, bf16 = StoreDataset(tmp_path / "f32"), StoreDataset(tmp_path / "bf16")
+    with pytest.raises(ValueError, match=r"ConcatDataset: field 'x' is bfloat16 .* in \['1'\] but not in \['0'\]"):
+        ConcatDataset([f32, bf16])
+    with pytest.raises(ValueError, match=r"CombinedDataset: field 'x' is bfloat16 .* in \['b'\] but not in \['a'\]"):
+        CombinedDataset({"a": f32, "b": bf16})
+    # read as float32, the bfloat16 store merges with the other
+    as_f32 = StoreDataset(seqstore.open(tmp_path / "bf16", bfloat16="float32"))
+    both = ConcatDataset([f32, as_f32])
+    assert both.bfloat16_fields() == frozenset()
+    values, lengths = both.get_batch(np.arange(8))["x"]
+    assert lengths.tolist() == [1, 2, 3, 4] * 2
+    np.testing.assert_array_equal(values[:10], values[10:])
+    assert ConcatDataset([bf16, bf16]).bfloat16_fields() == {"x"}

@@ -30,7 +30,7 @@ from ..order import Order, ordering_name, seq_order
 from ._lengths import IntArray, LengthsView, MappedLengths, as_index_array, check_int
 from ._orders import dataset_order
 from .base import Dataset, check_order_params
-from .concat import ConcatLengths, Split
+from .concat import ConcatLengths, Split, joint_bfloat16_fields
 
 __all__ = ["CombinedDataset", "CombinedOrder", "EpochWindows", "weighted_sizes"]
 
@@ -245,6 +245,7 @@ class CombinedDataset(Dataset):
                     f"CombinedDataset: dataset {name!r} has partition_epoch={d.partition_epoch}; children must have "
                     "partition_epoch=1 (set partition_epoch on the CombinedDataset)"
                 )
+        self.bf16 = joint_bfloat16_fields(self.datasets, self.names, "CombinedDataset")
         if child_epoch not in _CHILD_EPOCHS:
             raise ValueError(f"child_epoch must be one of {_CHILD_EPOCHS}, got {child_epoch!r}")
         self.child_epoch = child_epoch
@@ -298,7 +299,7 @@ class CombinedDataset(Dataset):
         return None if any(k is None for k in keys) else ["combined", keys]
 
     def bfloat16_fields(self) -> frozenset[str]:
-        return frozenset().union(*(d.bfloat16_fields() for d in self.datasets))
+        return self.bf16
 
     def order_identity(self) -> dict[str, Any]:
         """The union's order parameters, and the sampling sizes and child orders its windows are cut from."""

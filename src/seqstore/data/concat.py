@@ -95,6 +95,21 @@ class Split:
         return pad_ragged(batch) if pad else batch
 
 
+def joint_bfloat16_fields(datasets: Sequence[Dataset], names: Sequence[str], who: str) -> frozenset[str]:
+    """The bfloat16 fields of ``datasets`` (named ``names``) merged into one dataset; ValueError where a field
+    is bfloat16 bits in some and not in others (bits next to numbers would merge into wrong values)."""
+    each = [d.bfloat16_fields() for d in datasets]
+    joint = frozenset().union(*each)
+    for field in sorted(joint):
+        bits = [n for n, f in zip(names, each) if field in f]
+        if len(bits) < len(each):
+            other = [n for n, f in zip(names, each) if field not in f]
+            raise ValueError(f"{who}: field {field!r} is bfloat16 (uint16 bits) in {bits} but not in {other}; "
+                             "their records cannot be merged (open the stores with one bfloat16= mode, or give the "
+                             "field one dtype in every dataset)")
+    return joint
+
+
 class ConcatLengths(LengthsView):
     """Lengths of several views end to end (``starts``: cumulative sizes, int64 (k+1,))."""
 
@@ -140,6 +155,7 @@ class ConcatDataset(Dataset):
         for k, d in enumerate(self.datasets):
             if not isinstance(d, Dataset):
                 raise TypeError(f"ConcatDataset: item {k} is a {type(d).__name__}, not a seqstore.data Dataset")
+        self.bf16 = joint_bfloat16_fields(self.datasets, [str(k) for k in range(len(self.datasets))], "ConcatDataset")
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         self.starts = np.zeros(len(self.datasets) + 1, dtype=np.int64)
         np.cumsum([d.num_seqs for d in self.datasets], out=self.starts[1:])
@@ -155,7 +171,7 @@ class ConcatDataset(Dataset):
         return None if any(k is None for k in keys) else ["concat", keys]
 
     def bfloat16_fields(self) -> frozenset[str]:
-        return frozenset().union(*(d.bfloat16_fields() for d in self.datasets))
+        return self.bf16
 
     def locate_many(self, indices: Any) -> tuple[IntArray, IntArray]:
         """(child number, index in the child) of each index. Vectorised, O(len)."""

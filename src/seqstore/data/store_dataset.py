@@ -93,7 +93,10 @@ class StoreDataset(Dataset):
         return list(self.store.schema) if self.fields is None else list(self.fields)
 
     def bfloat16_fields(self) -> frozenset[str]:
-        """The returned fields whose schema dtype is bfloat16 (uint16 bits with the default store mode)."""
+        """The returned fields whose schema dtype is bfloat16, where the store returns them as uint16 bits (its
+        default ``bfloat16`` mode)."""
+        if self.store.bfloat16 != "bits":
+            return frozenset()
         schema = self.store.schema
         return frozenset(n for n in self.field_names if schema[n].dtype == BFLOAT16)
 

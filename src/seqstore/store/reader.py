@@ -117,6 +117,11 @@ class Store:
         return self._source.is_remote
 
     @property
+    def bfloat16(self) -> str:
+        """How bfloat16 fields are returned: ``"bits"`` (uint16), ``"float32"`` or ``"ml_dtypes"`` (see :func:`open`)."""
+        return self._bf16
+
+    @property
     def url(self) -> str:
         """Where the store is: its URL for a remote store, else its path."""
         return self._source.url
