@@ -197,3 +197,13 @@ def test_uint64_index_past_int64_is_an_index_error(big: int) -> None:
         with pytest.raises(IndexError, match=f"index {big} out of range for 10 sequences"):
             call()
     assert ds.get_batch(np.array([9], dtype=np.uint64))["length"].tolist() == [10]
+
+
+def test_a_negative_length_is_refused_where_lengths_are_cached(tmp_path: Path) -> None:
+    """The lengths cache takes the smallest unsigned dtype: a negative length wrapped into a huge one, so a
+    ``sorted`` order with ``cache_dir`` differed from the same order without it. It is a ValueError."""
+    np.save(tmp_path / "lengths.npy", np.array([3, -1, 2], dtype=np.int64))
+    assert LengthsDataset(tmp_path / "lengths.npy", ordering="sorted").epoch_order(1).to_numpy().tolist() == [1, 2, 0]
+    cached = LengthsDataset(tmp_path / "lengths.npy", ordering="sorted", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"a sequence length is negative \(-1\)"):
+        cached.epoch_order(1)

@@ -161,7 +161,12 @@ class Dataset(abc.ABC):
             return view.to_numpy()
 
         def compute(p: Path) -> None:
-            top = max((int(chunk.max()) for chunk in view.iter_chunks() if chunk.size), default=0)
+            low, top = 0, 0
+            for chunk in view.iter_chunks():
+                if chunk.size:
+                    low, top = min(low, int(chunk.min())), max(top, int(chunk.max()))
+            if low < 0:  # (an unsigned cache would wrap it into a huge length)
+                raise ValueError(f"{self!r}: a sequence length is negative ({low}); lengths must be >= 0")
             write_npy(p, view.iter_chunks(), len(view), smallest_dtype(top))
 
         return cached_array(path, compute, length=len(view))
