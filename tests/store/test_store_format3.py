@@ -205,6 +205,16 @@ def test_a_damaged_start_of_row_0_is_named_not_a_crash(root: Path, read: str) ->
         reads[read]()
 
 
+def test_a_damaged_ids_flag_of_row_0_is_named_not_taken_for_no_ids(root: Path) -> None:
+    """Row 0's flags decide whether the records have ids: a flipped bit there made the store answer "records
+    have no ids" (KeyError from id(), has_ids False, so exports fell back to record numbers) without a check."""
+    _flip(root / TABLE, TABLE_HEADER_BYTES + 24)  # row 0's flags: the ids bit
+    store = ss.open(root)
+    for read in (lambda: store.has_ids, lambda: store.id(5), lambda: store.index("r5")):
+        with pytest.raises(ss.CorruptionError, match=rf"{TABLE} row 0: CRC-32 .* differs"):
+            read()
+
+
 def test_a_damaged_last_row_fails_at_open(root: Path) -> None:
     _flip(root / TABLE, TABLE_HEADER_BYTES + 2 * ROW + 3)
     with pytest.raises(ss.CorruptionError, match=rf"{TABLE} row 2: CRC-32"):

@@ -159,6 +159,7 @@ class ShardTable:
         self.ragged = ragged
         self.total = total
         self.path = path
+        self._has_ids: bool | None = None
 
     # ------------------------------------------------------------------------------------ build
 
@@ -240,8 +241,13 @@ class ShardTable:
 
     @property
     def has_ids(self) -> bool:
-        """Whether the records have ids (False for a table without rows)."""
-        return bool(len(self.data)) and bool(int(self.data["flags"][0]) & FLAG_IDS)
+        """Whether the records have ids (False for a table without rows): row 0's flag. A set flag is
+        checked where ids are read (against the shard's row and descriptor); an unset one is the answer
+        itself, so its row is checked (once): a damaged flag is named rather than read as "no ids"."""
+        if self._has_ids is None:
+            flag = bool(len(self.data)) and bool(int(self.data["flags"][0]) & FLAG_IDS)
+            self._has_ids = flag or (bool(len(self.data)) and self.row(0, chain=False).has_ids)
+        return self._has_ids
 
     def start_index(self) -> Sequence[int]:
         """The ``start`` column as a sequence of Python ints for :func:`bisect.bisect_right` (a strided
