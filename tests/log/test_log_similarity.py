@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -141,3 +142,15 @@ def test_topk_ranks_nan_below_minus_infinity_whatever_the_chunking(scratch: Path
     for chunk_rows in (None, 2, 3):
         res = similarity(scratch / "n", np.ones((1, 1), np.float32), topk=3, chunk_rows=chunk_rows)
         assert res.top_rows.tolist() == [[4, 2, 3]], chunk_rows
+
+
+def test_scores_of_a_remote_store_name_its_url(moto_s3: Any, s3_bucket: str, scratch: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The out store's metadata "similarity_of" named the node cache's mirror directory of a remote store."""
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(scratch / "cache"))
+    url = f"s3://{s3_bucket}/log.seqstore"
+    opts = moto_s3.storage_options()
+    with Logger(url, storage_options=opts) as lg:
+        lg.log(["a", "b"], {"g": np.ones((2, 3), np.float32)})
+    res = similarity(ss.open(url, storage_options=opts), np.ones((1, 3), np.float32), out=scratch / "scores")
+    assert res.out is not None and res.out.metadata["similarity_of"] == url

@@ -196,7 +196,8 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         spec: dict[str, Any] = {"score": Field("float32", (nq,))}
         if per_field:
             spec.update({f"by_field/{name}": Field("float32", (nq,)) for name in columns})
-        meta = {"similarity_of": str(Path(st.root).resolve()), "queries": nq, "first_row": start, "columns": columns}
+        of = st.url if st.is_remote else str(Path(st.root).resolve())  # (a remote root is the cache's mirror)
+        meta = {"similarity_of": of, "queries": nq, "first_row": start, "columns": columns}
         writer = create(out, spec, packed={"scores": list(spec)}, metadata=meta)
 
     def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
