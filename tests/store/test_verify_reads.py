@@ -181,6 +181,26 @@ def test_a_flipped_bit_in_an_id_file_is_caught(scratch: Path, rel: str, byte: in
     assert store.get_batch([rec])["lab"][0] == rec  # the values are intact
 
 
+def test_a_damaged_index_entry_of_a_last_id_store_is_named_not_answered_with_an_older_copy(scratch: Path) -> None:
+    """id_lookup "last" (a keep_last log): a flipped bit in the shard index that holds an id's last copy
+    made the lookup miss that copy and answer the older one; a candidate whose id does not have the hash it
+    was found under is now a damaged index, named."""
+    root = scratch / "s"
+    with ss.create(root, SCHEMA, id_lookup="last", max_shard_records=4) as w:
+        for i, name in enumerate(["a", "dup", "b", "c", "d", "dup", "e", "f"]):
+            w.append(_record(i), id=name)
+    path = _shard_of(root, 1) / "_ids.hash_rows.npy"
+    rows = np.load(path)
+    j = int(np.flatnonzero(rows == 1)[0])  # the entry of "dup" (row 1 of shard 1, record 5)
+    _flip(path, 8 * j)  # now it names row 0 (record 4, id "d")
+    store = ss.open(root, verify_reads=True)
+    assert store.index("a") == 0 and store.index("e") == 6
+    with pytest.raises(ss.CorruptionError, match="id index .* names record 4 for an id of another hash"):
+        store.index("dup")
+    with pytest.raises(ss.CorruptionError, match="id index"):
+        store.index_many(["dup"])
+
+
 def test_a_store_without_checksums_is_refused_by_name(scratch: Path) -> None:
     legacy = create_legacy(scratch / "v1", SCHEMA)
     with legacy as w:

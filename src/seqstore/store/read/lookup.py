@@ -151,6 +151,19 @@ class IdLookup:
             ok[pos] = res
         return ok
 
+    def _misses(self, rows: np.ndarray[Any, Any], hashes: np.ndarray[Any, Any], first: int) -> None:
+        """Candidates (global ``rows``) found under ``hashes`` whose ids were not the query: a true hash
+        collision, or a damaged index entry, which a last-id lookup would otherwise pass over for an
+        older copy of the id. Rare, so checked one by one."""
+        for k, pos, local in self.shards.group(rows):
+            sh = self.shards.shard(k)
+            a, b = self._id_ranges(sh, local)
+            assert sh.ids is not None
+            for r, h, x, y in zip(rows[pos].tolist(), hashes[pos].tolist(), a.tolist(), b.tolist()):
+                if hash_one(bytes(sh.ids[x:y])) != h:
+                    raise CorruptionError(f"{self.shards.url}: id index (from shard {first}) names record {r} for an "
+                                          "id of another hash (damaged; `seqstore verify` checks the indexes)")
+
     def _id_ranges(self, sh: Shard, local: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Byte ranges ``(a, b)`` of the ids of local rows ``local`` of ``sh`` in ``sh.ids`` (mapped, and on a
         lazy source made resident), checked to lie in range."""
@@ -280,6 +293,8 @@ class IdLookup:
             if (cand_rows < 0).any() or (cand_rows >= self.shards.n).any():
                 raise CorruptionError(f"{self.shards.url}: id index (from shard {_first}) names rows out of range")
             ok = self._verify(cand_rows, qdata, qoff, cq)
+            if not ok.all():
+                self._misses(cand_rows[~ok], q[cq[~ok]], _first)
             if not ok.any():
                 continue
             found_q, found_r = cq[ok], cand_rows[ok]
