@@ -233,6 +233,8 @@ class IdLookup:
                     if not self._id_last:
                         return row
                     found = max(found, row)
+                else:
+                    self._misses(np.array([row]), np.array([h]), first)
                 j += 1
         return found
 
