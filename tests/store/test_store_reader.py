@@ -431,3 +431,24 @@ def test_torch_datasets_take_one_field_as_a_string(scratch: Path) -> None:
     assert list(SeqDataset(root, "feats")[2]) == ["feats"]
     (batch,) = IterableSeqDataset(root, batch=4, fields="feats")
     assert list(batch) == ["feats"]
+
+
+def test_a_relative_path_is_the_store_it_named_after_a_chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store opened, or a writer made, by a relative path kept it relative: after ``os.chdir`` the store
+    mapped its shards from the new directory (a store of the same name there: 'CRC-32 ... differs', or
+    its records), and the writer's commit failed with FileNotFoundError, losing its records."""
+    for where, value in (("one", 1), ("two", 2)):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        with ss.create("s", {"x": ss.Field("int32", (3,))}) as w:
+            for _ in range(4):
+                w.append({"x": np.full(3, value, np.int32)})
+    monkeypatch.chdir(tmp_path / "one")
+    store = ss.open("s")
+    writer = ss.create("w", {"x": ss.Field("int32", (3,))})
+    monkeypatch.chdir(tmp_path / "two")
+    assert store[0]["x"].tolist() == [1, 1, 1] and store.get_batch([3])["x"].tolist() == [[1, 1, 1]]
+    assert store.url == str(tmp_path / "one" / "s")
+    writer.append({"x": np.zeros(3, np.int32)})
+    writer.close()
+    assert len(ss.open(tmp_path / "one" / "w")) == 1 and not (tmp_path / "two" / "w").exists()

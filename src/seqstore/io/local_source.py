@@ -26,10 +26,11 @@ __all__ = ["LocalSource", "map_npy", "local_path"]
 
 
 def local_path(path: str | os.PathLike[str]) -> Path:
-    """A local store's directory from its path or a ``file://`` URL."""
+    """A local store's directory, absolute (a later ``os.chdir`` does not move it), from its path or a
+    ``file://`` URL."""
     if isinstance(path, str) and path.startswith("file://"):
         path = path[len("file://") :]
-    return Path(path)
+    return Path(path).absolute()
 
 
 def map_npy(

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ...errors import SchemaError
 from ...format.manifest import Manifest
+from ...io.local_source import local_path
 from ...io.objects import ObjectClient, is_remote
 from ...schema import Schema
 from .local import LocalTarget
@@ -50,7 +50,7 @@ def open_target(
         raise ValueError(f"{text}: storage_options and staging_dir are for URLs of object storage, not local paths")
     if filesystem is not None:
         writing_client(text, None, filesystem)  # refuses: fsspec has no conditional write
-    return LocalTarget(Path(text[len("file://") :] if text.startswith("file://") else text))
+    return LocalTarget(local_path(text))
 
 
 def create(
