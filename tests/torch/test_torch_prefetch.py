@@ -276,3 +276,40 @@ def test_a_loader_that_fails_before_its_first_batch_keeps_the_samplers_resume_po
     collate.fail = False
     assert [b["index"].tolist() for b in loader] == full[7:]  # starts at the resume point again
     assert [b["index"].tolist() for b in loader] == full
+
+
+@pytest.mark.parametrize("kind", ["sampler", "batch_sampler"])
+@pytest.mark.parametrize("par", [{}, {"threads": 2}, {"procs": 2}, {"num_workers": 2, "procs": 0}],
+                         ids=["inline", "threads", "procs", "dataloader_workers"])
+def test_len_of_a_resumed_loader_holds_until_its_iteration_ends(tmp_path: Path, kind: str, par: dict[str, int],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """len(loader) in a resumed epoch is the batches left from the resume point until the iteration ends,
+    then the whole epoch's. Read-ahead pulled the sampler's last indices before their batches were handed
+    out, which marked the iteration finished: len() jumped to the whole epoch's with batches still to come
+    (a loop that looks for its last step with len() missed it)."""
+    from seqstore.torch import collate_padded
+
+    monkeypatch.setattr("seqstore.torch.loader.PARALLEL_FROM_BYTES", 0)  # the threads / processes all the same
+    path = tmp_path / "s"
+    make_store(path, 80)
+
+    def make() -> SeqDataLoader:
+        ds = StoreDataset(path, ordering="random", seed=5)
+        sds = SeqDataset(ds, with_index=True)
+        if kind == "sampler":
+            return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=8, collate_fn=collate_padded, **par)
+        return SeqDataLoader(sds, batch_sampler=EpochBatchSampler(ds, max_frames=60), collate_fn=collate_padded,
+                             **par)
+
+    full = len(make())
+    before = make()
+    batches = iter(before)
+    next(batches), next(batches), next(batches)
+    state = before.state_dict()
+    del batches
+    loader = make()
+    loader.load_state_dict(state)
+    assert len(loader) == full - 3
+    seen = [len(loader) for _ in loader]
+    assert seen == [full - 3] * (full - 3)
+    assert len(loader) == full  # that one ran to its end: the whole epoch next

@@ -58,6 +58,7 @@ class EpochCursor:
         self._order: tuple[int, Order] | None = None
         self._identity: dict[str, Any] | None = None
         self._ordering: dict[str, Any] | None = None
+        self._by_loader = False  # an iteration runs under SeqDataLoader, which says when it ends
         self._reset(0, 0)
 
     def _reset(self, position: int, batches: int) -> None:
@@ -107,18 +108,27 @@ class EpochCursor:
 
     def begin(self) -> None:
         """Tell the main-process copy that a new iteration starts from the current resume point
-        (``SeqDataLoader`` calls this)."""
+        (``SeqDataLoader`` calls this, and :meth:`finish_epoch` or :meth:`broken_off` at its end: its
+        read-ahead pulls the last items before the loop has them)."""
         self._begin()
+        self._by_loader = True
 
     def _finish(self) -> None:
-        """An iteration ran to its end: the next one walks the whole epoch again."""
+        """The items of an iteration ran out: its end, unless ``SeqDataLoader`` says when that is."""
+        if not self._by_loader:
+            self.finish_epoch()
+
+    def finish_epoch(self) -> None:
+        """An iteration ran to its end: the next one walks the whole epoch again (``SeqDataLoader`` calls
+        this; with a plain DataLoader and an ``IterableSeqDataset`` call ``set_epoch`` every epoch)."""
+        self._by_loader = False
         self._start = 0
         self._start_batches = 0
         self._len_cache = None
 
     def broken_off(self) -> None:
-        """An iteration that began ended before its end: the next one starts at its resume point again, also
-        where read-ahead had pulled its last items already (which marked it finished)."""
+        """An iteration that began ended before its end: the next one starts at its resume point again."""
+        self._by_loader = False
         self._start = self._iter_start
         self._start_batches = self._iter_start_batches
 

@@ -227,11 +227,6 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         k = 0 if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
         return self._state_after(k * self.world_size, num_workers)
 
-    def finish_epoch(self) -> None:
-        """Tell the main-process copy that an iteration ran to its end (the next walks the whole epoch).
-        ``SeqDataLoader`` calls this; with a plain DataLoader call ``set_epoch`` every epoch."""
-        self._finish()
-
     def __repr__(self) -> str:
         return (f"IterableSeqDataset({self.dataset!r}, batch={self.batch!r}, rank={self.rank}, "
                 f"world_size={self.world_size}, epoch={self.epoch}, start={self._start})")

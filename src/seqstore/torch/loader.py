@@ -227,13 +227,13 @@ class SeqDataLoader(DataLoader[Any]):
                 self._consumed += 1
                 yield batch
             ended = True
-        finally:  # broken off (a sampler reads the epoch's indices ahead of its batches)
-            if not ended and isinstance(src, (EpochSampler, EpochBatchSampler)):
+        finally:  # broken off: the next iteration starts at this one's resume point again
+            if not ended and not isinstance(src, PackedIterableDataset):
                 src.broken_off()
-        if isinstance(src, IterableSeqDataset):
-            src.finish_epoch()
-        elif isinstance(src, PackedIterableDataset):
+        if isinstance(src, PackedIterableDataset):
             src.finish_epoch(self.num_workers)
+        else:
+            src.finish_epoch()
 
     def _parallel(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
         """Batches gathered by the helper threads / processes. The first batch is gathered here; if it is
