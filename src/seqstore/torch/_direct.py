@@ -139,7 +139,8 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gather
     if isinstance(ds, IterableSeqDataset):
         if ds.batch is None or threads == 0:
             return None  # records mode, or already one gather per DataLoader step
-        return ds._indices(), Gatherer(ds), None
+        own = Gatherer(ds)  # stream: what the DataLoader would iterate, the next batches' reads in flight
+        return ds._indices(), own, lambda idxs: (own.finish(idx, b) for idx, b in ds._gathered(idxs, pad=True))
     if not isinstance(ds, SeqDataset):
         return None
     options = collate_options(loader.collate_fn)

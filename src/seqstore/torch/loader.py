@@ -209,7 +209,7 @@ class SeqDataLoader(DataLoader[Any]):
         elif plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
             if self.threads or self.procs:
-                batches = self._parallel(arrays, gather, pin)
+                batches = self._parallel(arrays, gather, stream, pin)
             else:
                 batches = stream(arrays) if stream is not None else map(gather, arrays)
                 if pin:
@@ -235,9 +235,11 @@ class SeqDataLoader(DataLoader[Any]):
         else:
             src.finish_epoch()
 
-    def _parallel(self, arrays: Iterator[Any], gather: Gatherer, pin: bool) -> Iterator[Any]:
+    def _parallel(self, arrays: Iterator[Any], gather: Gatherer,
+                  stream: Callable[[Iterator[Any]], Iterator[Any]] | None, pin: bool) -> Iterator[Any]:
         """Batches gathered by the helper threads / processes. The first batch is gathered here; if it is
-        smaller than ``PARALLEL_FROM_BYTES`` the rest are too (a hand-over would cost more than the gather)."""
+        smaller than ``PARALLEL_FROM_BYTES`` the rest are too (a hand-over would cost more than the gather),
+        by ``stream`` where there is one (the read-ahead of the loop without helpers)."""
         first_idx = next(arrays, None)
         if first_idx is None:
             return
@@ -250,9 +252,10 @@ class SeqDataLoader(DataLoader[Any]):
             yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin,
                                      ahead=self._ahead)
             return
-        rest: Iterator[Any] = map(gather, arrays)
         if batch_bytes(first) >= PARALLEL_FROM_BYTES:
-            rest = run_ordered(arrays, gather, self.threads)
+            rest: Iterator[Any] = run_ordered(arrays, gather, self.threads)
+        else:
+            rest = map(gather, arrays) if stream is None else stream(arrays)
         for batch in itertools.chain([first], rest):
             yield pinned(batch) if pin else batch
 
