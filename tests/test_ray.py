@@ -420,3 +420,18 @@ def test_failed_overwrite_with_another_schema_leaves_the_store_writable(ray_loca
         with pytest.raises(Exception, match="injected failure at row 7"):
             sray.write(failing, tmp_path / f"{mode}.seqstore", schema={"x": Field("int64")}, mode=mode)
         assert not (tmp_path / f"{mode}.seqstore").exists()
+
+
+def test_a_dataset_without_blocks_creates_and_overwrites(ray_local: None, tmp_path: Path) -> None:
+    """``ray.data.range(0)`` starts no write task, so no part reaches the commit: the commit of nothing
+    failed with a FileNotFoundError (the store's _parts directory had never been made), for a new store
+    and for an overwrite, which must leave the store empty."""
+    schema = {"id": Field("int64")}
+    path = tmp_path / "s.seqstore"
+    assert sray.write(ray.data.range(0), path, schema=schema) == 0
+    assert len(seqstore.open(path)) == 0
+    assert sray.write(ray.data.range(5), path, schema=schema, mode="append") == 5
+    assert sray.write(ray.data.range(0), path, schema=schema, mode="append") == 0
+    assert len(seqstore.open(path)) == 5
+    assert sray.write(ray.data.range(0), path, schema=schema, mode="overwrite") == 0
+    assert len(seqstore.open(path)) == 0 and pending_jobs(path) == []
