@@ -435,3 +435,21 @@ def test_a_dataset_without_blocks_creates_and_overwrites(ray_local: None, tmp_pa
     assert len(seqstore.open(path)) == 5
     assert sray.write(ray.data.range(0), path, schema=schema, mode="overwrite") == 0
     assert len(seqstore.open(path)) == 0 and pending_jobs(path) == []
+
+
+def _extra_from_400(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    i = batch["id"]
+    return {"a": i} if i[0] < 400 else {"a": i, "extra": i * 10}
+
+
+def test_a_column_that_appears_after_the_first_rows_is_an_error(ray_local: None, tmp_path: Path) -> None:
+    """Fields are inferred from the first 256 rows, every column becoming a field; a column that only
+    blocks after those have was dropped without a word (600 records written, 'extra' lost). It fails
+    the job naming the column (nothing written); with schema= the columns not named are left out."""
+    ds = ray.data.range(600, override_num_blocks=3).map_batches(_extra_from_400)
+    path = tmp_path / "s.seqstore"
+    with pytest.raises(Exception, match="extra") as info:
+        sray.write(ds, path)
+    assert "schema=" in str(info.value)
+    assert not path.exists()
+    assert sray.write(ds, path, schema={"a": Field("int64")}) == 600

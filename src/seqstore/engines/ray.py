@@ -84,8 +84,9 @@ class _StoreDatasink(_SinkBase):
 
     def __init__(self, root: str, schema: Schema, *, id_column: str | None, mode: str, shard_bytes: int,
                  max_shard_records: int, metadata: Mapping[str, Any] | None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, every_column: bool = False) -> None:
         self.root = root
+        self.every_column = every_column  # an inferred schema: every column of every block is a field
         self.storage_options = dict(storage_options) if storage_options else None
         self.schema = schema
         self.id_column = id_column
@@ -122,7 +123,7 @@ class _StoreDatasink(_SinkBase):
                 table = BlockAccessor.for_block(block).to_arrow()
                 if table.num_rows == 0:
                     continue
-                cols, ids = block_columns(table, self.schema, self.id_column)
+                cols, ids = block_columns(table, self.schema, self.id_column, every_column=self.every_column)
                 writer.append_batch(cols, ids=ids)
             part = writer.finish()
         except BaseException:
@@ -205,15 +206,20 @@ def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | 
         if missing:
             raise SchemaError(f"{WHERE}: no column(s) {missing}; columns are {sorted(names)}")
     else:
+        options = ds.context.execution_options
+        before, options.preserve_order = options.preserve_order, True  # the first rows, not the first done
         try:
             sample = ds.limit(_PEEK_ROWS).take_batch(_PEEK_ROWS, batch_format="pyarrow")
         except ValueError:  # Ray: "The dataset is empty."
             sample = None
+        finally:
+            options.preserve_order = before
         if sample is None or sample.num_rows == 0:
             raise SchemaError(f"{WHERE} is empty: no rows to infer fields from; pass schema= ({root})")
         sch = infer_schema(sample.schema, sample, id_column=id_column)
     sink = _StoreDatasink(root, sch, id_column=id_column, mode=mode, shard_bytes=shard_bytes,
-                          max_shard_records=max_shard_records, metadata=metadata, storage_options=storage_options)
+                          max_shard_records=max_shard_records, metadata=metadata, storage_options=storage_options,
+                          every_column=schema is None)
     # the target is checked (mode, an existing store's schema) and made ready here on the driver: an error
     # is raised to the caller as it is, not from inside Ray's execution (which logs it as an internal error)
     sink._prepare()

@@ -290,9 +290,15 @@ def _fit(name: str, f: Field, view: tuple[np.ndarray[Any, Any], np.ndarray[Any, 
     return values.reshape(n, *inner)
 
 
-def block_columns(table: Any, schema: Schema, id_column: str | None) -> tuple[dict[str, Any], list[str] | None]:
-    """One block (a ``pyarrow.Table``) as ``append_batch`` arguments: (columns, ids)."""
+def block_columns(table: Any, schema: Schema, id_column: str | None, *, every_column: bool = False
+                  ) -> tuple[dict[str, Any], list[str] | None]:
+    """One block (a ``pyarrow.Table``) as ``append_batch`` arguments: (columns, ids). ``every_column``
+    (an inferred schema): a column that is neither a field nor the id column is a SchemaError."""
     n = table.num_rows
+    extra = [c for c in table.column_names if c not in schema and c != id_column] if every_column else []
+    if extra:
+        raise SchemaError(f"{WHERE}: a block has column(s) {extra}, which the first rows (the fields inferred: "
+                          f"{list(schema)}) lack; pass schema= naming the columns to write")
     cols = {}
     for name, f in schema.items():
         if name not in table.column_names:
