@@ -172,8 +172,8 @@ def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | 
     Every write task writes its blocks as shard(s) of its own (``shard_bytes`` / ``max_shard_records``
     bound one shard); the driver commits the tasks' shards with one manifest commit when the whole
     Dataset is written: the rows appear at once, or, when the job fails, not at all (the job's shards
-    are removed). ``mode``: ``"create"`` (a new store; an existing path is an error), ``"append"`` (the
-    store must exist with the same schema) or ``"overwrite"`` (the commit replaces all records).
+    are removed). ``mode``: ``"create"`` (a new store; an existing path is an error), ``"append"`` (a
+    store there must have the same schema; none is created) or ``"overwrite"`` (the commit replaces all records).
 
     ``schema``: the fields, ``{column: Field}`` (each a column of ``ds``); default: inferred from the
     first block (see the module docstring), every column but ``id_column``. ``id_column``: a string (or
