@@ -173,7 +173,8 @@ def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | 
     bound one shard); the driver commits the tasks' shards with one manifest commit when the whole
     Dataset is written: the rows appear at once, or, when the job fails, not at all (the job's shards
     are removed). ``mode``: ``"create"`` (a new store; an existing path is an error), ``"append"`` (a
-    store there must have the same schema; a missing one is created) or ``"overwrite"`` (the commit replaces all records).
+    store there must have the same schema; a missing one is created) or ``"overwrite"`` (the commit
+    replaces all records).
 
     ``schema``: the fields, ``{column: Field}`` (each a column of ``ds``); default: inferred from the
     first block (see the module docstring), every column but ``id_column``. ``id_column``: a string (or
