@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -216,3 +218,15 @@ def test_torch_bfloat16_into_a_float16_field_is_checked_for_overflow() -> None:
     got = to_storage_array(f, torch.tensor([1.5, -np.inf, 60000.0], dtype=torch.bfloat16), what="r")
     assert got.dtype == np.float16 and got[0] == 1.5 and np.isneginf(got[1]) and got[2] == 59904  # (bfloat16's)
     assert to_storage_array(ss.Field("float64"), torch.tensor(2.5, dtype=torch.bfloat16), what="r") == 2.5
+
+
+@pytest.mark.parametrize("spec", [{"a": {}}, {"a": {"b": {}}}])
+def test_a_spec_of_only_empty_groups_is_no_schema(tmp_path: Path, spec: dict) -> None:
+    """``{"a": {}}`` flattens to no field at all: it was taken as an empty schema, and ``create`` then wrote
+    a store whose manifest no open can read ('malformed manifest'). It is refused as ``{}`` is, and
+    nothing is written."""
+    with pytest.raises(ss.SchemaError, match="non-empty"):
+        ss.Schema(spec)
+    with pytest.raises(ss.SchemaError, match="non-empty"):
+        ss.create(tmp_path / "s.seqstore", spec)
+    assert not (tmp_path / "s.seqstore").exists()

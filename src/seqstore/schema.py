@@ -212,6 +212,8 @@ class Schema(Mapping[str, Field]):
             if not isinstance(spec, Mapping) or not spec:
                 raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
             fields: dict[str, Field] = flatten_values(spec, "schema")
+            if not fields:  # only empty groups: {"a": {}}
+                raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
             for name, value in fields.items():
                 if not isinstance(value, Field):
                     raise SchemaError(f"field {name!r}: expected a seqstore.Field or a nested dict, "
