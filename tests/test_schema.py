@@ -230,3 +230,10 @@ def test_a_spec_of_only_empty_groups_is_no_schema(tmp_path: Path, spec: dict) ->
     with pytest.raises(ss.SchemaError, match="non-empty"):
         ss.create(tmp_path / "s.seqstore", spec)
     assert not (tmp_path / "s.seqstore").exists()
+
+
+def test_a_dtype_of_none_is_refused() -> None:
+    """``Field(None)`` became a float64 field (numpy reads dtype None as its default float); a dtype left
+    unset is an error, as any other value that names no dtype."""
+    with pytest.raises(ss.SchemaError, match="unsupported dtype None"):
+        ss.Field(None, (None, 3))

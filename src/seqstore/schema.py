@@ -45,7 +45,7 @@ def _normalise_dtype(dtype: Any) -> str:
         dtype = str(dtype).removeprefix("torch.")
     dt: np.dtype[Any] | None
     try:
-        dt = np.dtype(dtype)
+        dt = None if dtype is None else np.dtype(dtype)  # (numpy reads None as float64)
     except TypeError:
         dt = None
     if dt is None or dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
