@@ -453,3 +453,13 @@ def test_a_column_that_appears_after_the_first_rows_is_an_error(ray_local: None,
     assert "schema=" in str(info.value)
     assert not path.exists()
     assert sray.write(ds, path, schema={"a": Field("int64")}) == 600
+
+
+def test_read_a_field_named_twice_fails_on_the_driver(tmp_path: Path) -> None:
+    """``read(path, fields=["a", "a"])`` returned a Dataset whose every read task then failed with
+    pyarrow's 'Field "a" exists 2 times in schema'; it is a ValueError at once, naming the field."""
+    path = tmp_path / "s.seqstore"
+    with seqstore.create(path, {"a": Field("int32"), "b": Field("int32")}) as w:
+        w.append({"a": 1, "b": 2})
+    with pytest.raises(ValueError, match=r"\['a'\] named twice"):
+        sray.read(path, fields=["a", "b", "a"])

@@ -386,6 +386,9 @@ def read(path: str | os.PathLike[str], *, fields: Sequence[str] | None = None, o
     for name in names:
         if name not in store.schema:
             raise KeyError(f"no field {name!r} in {store.url}; fields are {list(store.schema)}")
+    twice = sorted({n for n in names if names.count(n) > 1})  # (a block's columns would clash)
+    if twice:
+        raise ValueError(f"{store.url}: fields {twice} named twice; name each field once")
     if id_column is not None:
         if not store.has_ids and len(store):
             raise KeyError(f"{store.url}: records have no ids (id_column={id_column!r})")
