@@ -118,7 +118,7 @@ class Store:
 
     @property
     def bfloat16(self) -> str:
-        """How bfloat16 fields are returned: ``"bits"`` (uint16), ``"float32"`` or ``"ml_dtypes"`` (see :func:`open`)."""
+        """How bfloat16 fields are returned: ``"bits"`` (uint16), ``"float32"`` or ``"ml_dtypes"`` (``open``'s)."""
         return self._bf16
 
     @property
