@@ -256,6 +256,24 @@ def test_gathered_fast_path_raises_for_missing_ragged_names(store: Path) -> None
     assert collate_padded(batch, ragged=["x"])["x_lengths"].shape == (3,)
 
 
+def test_gathered_fast_path_refuses_a_ragged_field_left_out_of_ragged(store: Path) -> None:
+    """A ragged field not named in ``ragged=`` whose records differ in length: the general path refuses it,
+    the fast path (a SeqDataset batch; the loaders without workers) padded it and left out its lengths,
+    so the padding read as data. Now both refuse it; records of one length are stacked by both."""
+    ds = SeqDataset(store, fields=["x", "spk"])
+    lens = np.asarray(seqstore.open(store).lengths("x"))
+    uneven = [int(i) for i in np.flatnonzero(lens != lens[0])[:2]] + [0]
+    even = [int(i) for i in np.flatnonzero(lens == lens[0])[:2]]
+    for records in (ds.__getitems__(uneven), list(ds.__getitems__(uneven))):
+        with pytest.raises(ValueError, match="field 'x' has records of shapes"):
+            collate_padded(records, ragged=())
+    with pytest.raises(ValueError, match="field 'x' has records of shapes"):
+        next(iter(SeqDataLoader(ds, sampler=EpochSampler(ds), batch_size=N, collate_fn=PaddedCollate(()))))
+    fast = collate_padded(ds.__getitems__(even), ragged=())
+    general = collate_padded(list(ds.__getitems__(even)), ragged=())
+    assert fast.keys() == general.keys() == {"x", "spk"} and torch.equal(fast["x"], general["x"])
+
+
 def test_meta_renamed_bfloat16_fields_are_bfloat16(tmp_path: Path) -> None:
     """bfloat16 is decided by the dataset's output names: a renamed bfloat16 field stays bfloat16, and
     another child's uint16 field with the child-level name of the bfloat16 field stays uint16."""

@@ -148,6 +148,9 @@ def collate_gathered(
         elif name in names:
             raise ValueError(f"collate_padded: field {name!r} is not ragged in this dataset")
         else:
+            if name in lengths and len(lengths[name]) and bool((lengths[name] != lengths[name][0]).any()):
+                shapes = sorted({(n, *value.shape[2:]) for n in lengths[name].tolist()})
+                raise ValueError(f"collate_padded: field {name!r} has records of shapes {shapes}")
             out[name] = value
     return out
 
