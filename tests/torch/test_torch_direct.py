@@ -190,6 +190,10 @@ def test_errors_in_seqstores_words(ds: StoreDataset) -> None:
     with pytest.raises(ValueError, match="does not go with num_workers"):
         SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=collate_padded, threads=2,
                       num_workers=2)
+    for mode in ("threads", "procs"):  # its workers never called a worker_init_fn
+        with pytest.raises(ValueError, match=f"{mode}= replaces .* or a worker_init_fn"):
+            SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=collate_padded,
+                          worker_init_fn=lambda w: None, **{mode: 2})
     with pytest.raises(ValueError, match="threads= needs seqstore's own batches"):
         SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=lambda b: b, threads=2)
     with pytest.raises(ValueError, match="threads= needs seqstore's own batches"):

@@ -133,9 +133,9 @@ class SeqDataLoader(DataLoader[Any]):
         procs = check_int(procs, "SeqDataLoader: procs", 0)
         if threads and procs:
             raise ValueError("SeqDataLoader: choose threads= or procs=, not both")
-        if (threads or procs) and kwargs.get("num_workers", 0):
+        if (threads or procs) and (kwargs.get("num_workers", 0) or kwargs.get("worker_init_fn") is not None):
             raise ValueError(f"SeqDataLoader: {'threads' if threads else 'procs'}= replaces the DataLoader's "
-                             "workers; it does not go with num_workers > 0")
+                             "workers; it does not go with num_workers > 0 or a worker_init_fn")
         procs_context = kwargs.pop("multiprocessing_context", None) if procs else None
         if not kwargs.get("in_order", True):
             raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
