@@ -595,3 +595,14 @@ def test_read_an_empty_store(spark: Any, tmp_path: Path) -> None:
         pass
     df = spark.read.format("seqstore").load(str(path))
     assert df.columns == ["feat", "label"] and df.count() == 0 and df.collect() == []
+
+
+def test_read_a_field_named_twice_names_it(spark: Any, typed_store: Path) -> None:
+    """``fields=u8,u8`` failed in every read task with "KeyError: 'Column u8 does not exist in schema'"; it
+    is refused when the DataFrame is defined, naming the field."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    with pytest.raises((Py4JJavaError, PySparkException)) as err:
+        spark.read.format("seqstore").option("fields", "u8,tok,u8").load(str(typed_store)).collect()
+    assert "['u8'] named twice" in str(err.value)

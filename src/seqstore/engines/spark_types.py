@@ -222,6 +222,9 @@ def spark_schema(store: Store, fields: Sequence[str] | None = None, id_column: s
     metadata under ``"seqstore"``, as JSON), and the ids as a string column ``id_column`` first when the store has
     ids and ``id_column`` is given."""
     names = list(store.schema) if fields is None else field_list(fields) or []
+    twice = sorted({n for n in names if names.count(n) > 1})  # (Spark's columns would clash)
+    if twice:
+        raise SchemaError(f"{store.root}: fields {twice} named twice; name each field once")
     out = []
     if id_column is not None and store.has_ids:
         out.append(T.StructField(id_column, T.StringType(), nullable=False))
