@@ -390,3 +390,17 @@ def test_a_wait_that_gets_no_answer_and_a_cancelled_wave_name_the_store() -> Non
     _settle(wave, answers, url)
     assert isinstance(wave.exception(), RemoteError)
     assert str(wave.exception()).startswith(url + ": the requests were cancelled")
+
+
+@pytest.mark.parametrize("tail", ["#1.seqstore", "?v=1"])
+def test_an_object_store_url_with_a_query_or_fragment_is_refused(tail: str, moto_s3: MotoS3, tmp_path: Path) -> None:
+    """A '#' or '?' in an s3:// URL cut the key there: ``s3://b/a#1.seqstore`` and ``s3://b/a#2.seqstore``
+    were one store at ``a/``. Such a URL is a ConfigError naming it, before anything is read or written."""
+    bucket = moto_s3.new_bucket()
+    url = f"s3://{bucket}/a{tail}"
+    with pytest.raises(ConfigError) as info:
+        ss.create(url, {"x": ss.Field("int32", ())}, storage_options=moto_s3.storage_options())
+    assert url in str(info.value) and "'?' or '#'" in str(info.value)
+    with pytest.raises(ConfigError, match="'\\?' or '#'"):
+        ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "c")
+    assert moto_s3.keys(bucket) == {}

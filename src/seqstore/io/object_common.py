@@ -40,7 +40,7 @@ def is_remote(path: Any) -> bool:
 
 def check_url(url: str) -> None:
     """Raise :class:`ConfigError` naming ``url`` if it is an object-store URL without a bucket
-    (``s3:///x``, ``gs://``) or an http(s) URL without a host."""
+    (``s3:///x``, ``gs://``) or with a '?' or '#', or an http(s) URL without a host."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in REMOTE_SCHEMES:
@@ -49,6 +49,8 @@ def check_url(url: str) -> None:
         if not parts.hostname:
             raise ConfigError(f"{url}: not a valid URL: no host (expected {scheme}://HOST/PATH)")
         return
+    if "?" in url or "#" in url:  # urlsplit would cut the key there: two names, one store
+        raise ConfigError(f"{url}: a {scheme}:// store's URL may not hold '?' or '#' (a query or fragment)")
     if not parts.netloc or parts.netloc.startswith("@"):
         holder = "container" if scheme in ("az", "abfs", "abfss", "azure") else "bucket"
         slashes = f"; {scheme}:/// has one slash too many" if url.lower().startswith(f"{scheme}:///") else ""

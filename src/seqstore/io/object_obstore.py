@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..errors import RemoteError, StaleStoreError
-from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, check_url, option_flag
+from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, option_flag
 from .object_errors import config_error, failure, unknown_key
 from .object_wave import SMALL_BODY, Budget, Wave
 from .retry import Attempts, Transient
@@ -161,7 +161,6 @@ class ObstoreBackend(ObjectBackend):
                 client_options["allow_http"] = True
         self.suffix_ranges = scheme not in ("az", "abfs", "abfss", "azure")
         self.generations = scheme in ("gs", "gcs")
-        check_url(client.url)
         if scheme in ("http", "https"):
             self.conditional = False
             if opts:  # the HTTP store takes client options only

@@ -31,6 +31,7 @@ from .object_common import (
     ObjectBackend,
     ObjectMeta,
     Request,
+    check_url,
     is_remote,
     redact,
 )
@@ -67,6 +68,7 @@ class ObjectClient:
     def __init__(self, url: str, options: StoreOptions | Mapping[str, Any] | None = None,
                  filesystem: Any = None) -> None:
         self.url = url.rstrip("/")
+        check_url(self.url)
         o = StoreOptions.of(self.url, options, filesystem=filesystem)  # checked: a ConfigError names the option
         self.max_requests, self.max_inflight_bytes = o.max_requests, o.max_inflight_bytes
         self.coalesce_gap, self.timeout, self.connect_timeout = o.coalesce_gap, o.timeout, o.connect_timeout
