@@ -426,3 +426,15 @@ def test_a_part_writer_left_open_at_exit_says_it_discarded_its_records(store: Pa
     assert line is not None and "not finished at exit; 5 record(s) discarded" in line, line
     assert "committed" not in line
     assert not (store / PARTS_DIR / "j" / "t").exists() and len(ss.open(store)) == 0
+
+
+def test_a_commit_of_no_part_appends_nothing_or_overwrites_to_an_empty_store(store: Path) -> None:
+    """A job whose tasks wrote no part (an empty input) commits an empty list: on a store where no part
+    was ever staged, that failed with FileNotFoundError (the journal's ``_parts`` directory was missing)."""
+    with ss.create(store, SCHEMA) as w:
+        w.append({"x": np.full((3, 3), 7, np.float32), "y": 7})
+    assert commit_parts(store, []) == 0
+    assert contents(store)[0] == [7]
+    prepare_store(store, SCHEMA, mode="overwrite")
+    assert commit_parts(store, [], mode="overwrite") == 0
+    assert len(ss.open(store)) == 0 and verify(store).ok

@@ -136,6 +136,7 @@ def commit_local_parts(
         "first_number": first_number,
         "staged": staged is not None,
     }
+    parts_dir.mkdir(exist_ok=True)  # (no part ever staged here: a commit of none)
     write_json(parts_dir / JOURNAL, journal)
     for src_rel, dst in moves:
         target = root / dst
