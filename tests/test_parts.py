@@ -437,4 +437,4 @@ def test_a_commit_of_no_part_appends_nothing_or_overwrites_to_an_empty_store(sto
     assert contents(store)[0] == [7]
     prepare_store(store, SCHEMA, mode="overwrite")
     assert commit_parts(store, [], mode="overwrite") == 0
-    assert len(ss.open(store)) == 0 and verify(store).ok
+    assert len(ss.open(store)) == 0 and verify(store) == []
