@@ -73,6 +73,21 @@ def test_interop_cli_convert_parquet_map(tmp_path: Path) -> None:
                  "--map", "bad", "-q"]) == 2
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_interop_cli_convert_to_a_file_url(workers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OUT given as a file:// URL (as ``create`` takes it) was made as a directory ``file:`` under the
+    working directory, and the command then failed with 'no such store'."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"toks": pa.array([[1, 2], [], [3]], pa.list_(pa.int64()))}), tmp_path / "t.parquet")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "t.seqstore"
+    assert _run(["convert", "--from", "parquet", str(tmp_path / "t.parquet"), f"file://{out}", "-q",
+                 "--workers", workers]) == 0
+    assert len(seqstore.open(out)) == 3 and not (tmp_path / "file:").exists()
+
+
 def test_interop_cli_registry_accepts_new_sources(tmp_path: Path) -> None:
     seen = {}
 

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import FormatError, SchemaError
+from ..io.local_source import local_path
 from ..schema import Schema, field_list
 from ..store import Writer, create
 from ..store.write.outputs import (  # (re-exported: the importers take them from here)
@@ -135,7 +136,7 @@ def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], f
     is written: :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is
     false, SeqstoreError when it is not a store (a file, or a non-empty directory without a manifest).
     """
-    root = Path(out)
+    root = local_path(out)  # (a file:// URL, as create takes it)
     check_output(root, overwrite)
     with replaced(root) as tmp:
         writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io)

@@ -27,11 +27,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from pathlib import Path
 from typing import Any, Protocol
 
 from .._mainguard import check_main_guard
 from ..errors import RemoteError, SeqstoreError
+from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, open_store
@@ -197,7 +197,7 @@ def convert_in_parallel(out: str | os.PathLike[str], schema: Schema, units: Sequ
         _build_at_url(url, schema, produce, total, overwrite=overwrite, metadata=metadata, progress=progress,
                       storage_options=storage_options)
         return open_store(out, storage_options=dict(storage_options) if storage_options else None)
-    root = Path(out)
+    root = local_path(out)
     check_output(root, overwrite)
     tmp = temp_sibling(root, "tmp")
     job_id = f"convert-{uuid.uuid4().hex[:12]}"
