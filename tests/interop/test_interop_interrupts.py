@@ -29,7 +29,9 @@ import pyarrow.parquet as pq  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 LINE = "seqstore: interrupted; nothing was written"
 
-# the CLI as the console script runs it; small inputs still cut into several units of work
+# the CLI as the console script runs it; small inputs still cut into several units of work. It starts
+# the command once the test says "go" on its stdin (anything else, or the pipe closed: it exits), so the
+# next trial's interpreter starts up while the test waits for the previous one to end
 RUNNER = textwrap.dedent("""\
     import sys
 
@@ -38,6 +40,8 @@ RUNNER = textwrap.dedent("""\
         arrow.MIN_UNIT_RECORDS = 200
         from seqstore.cli import main
         print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            sys.exit(0)
         sys.exit(main(sys.argv[1:]))
 """)
 
@@ -94,12 +98,24 @@ def _group(pgid: int) -> list[str]:
     return found
 
 
-def _start(work: Path, command: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "run.py", *COMMANDS[command]], cwd=work, env=_env(), text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    assert p.stdout is not None
+def _spawn(work: Path, command: str) -> subprocess.Popen[str]:
+    """The command's interpreter, started (it imports, says "ready", then waits for :func:`_go`)."""
+    return subprocess.Popen([sys.executable, "run.py", *COMMANDS[command]], cwd=work, env=_env(), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _go(p: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    """Once ``p``'s interpreter is up (it said "ready"), start its command."""
+    assert p.stdout is not None and p.stdin is not None
     assert p.stdout.readline().strip() == "ready"
+    p.stdin.write("go\n")
+    p.stdin.flush()  # (communicate() closes it)
     return p
+
+
+def _start(work: Path, command: str) -> subprocess.Popen[str]:
+    return _go(_spawn(work, command))
 
 
 def _clean(work: Path, p: subprocess.Popen[str]) -> None:
@@ -141,33 +157,43 @@ def _trials(work: Path, command: str, how: str, trials: int) -> None:
     took = _duration(work, command)
     rng = random.Random(zlib.crc32(f"{command} {how} {trials}".encode()))
     interrupted = 0
-    for _ in range(trials):
-        p = _start(work, command)
-        time.sleep(rng.uniform(0.0, 0.6 * took))  # took includes the interpreter's exit
-        sent = time.monotonic()
-        if how == "sigterm":
-            os.kill(p.pid, signal.SIGTERM)
-        else:
-            os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the group
-            if how == "double-sigint":
-                time.sleep(rng.uniform(0.0, 0.2))
-                os.kill(p.pid, signal.SIGINT)  # and the one `timeout` passes on
-        try:
-            _, err = p.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            pytest.fail(f"{command}: still running 10 s after {how}; group {_group(p.pid)}")
-        assert time.monotonic() - sent < 10
-        if (work / "out.seqstore").exists():  # the signal came after the work was done: a whole output
-            left = sorted(os.listdir(work / "out.seqstore"))[:8]
-            assert p.returncode in (0, -signal.SIGINT, -signal.SIGTERM) and LINE not in err, (err, left)
-            _take_complete(work, command)
-            continue
-        interrupted += 1
-        assert p.returncode == 130, err
-        assert err.strip().splitlines() == [LINE], err
-        _clean(work, p)
+    nxt: subprocess.Popen[str] | None = _spawn(work, command)
+    try:
+        for trial in range(trials):
+            assert nxt is not None
+            p = _go(nxt)
+            nxt = None
+            time.sleep(rng.uniform(0.0, 0.6 * took))  # took includes the interpreter's exit
+            sent = time.monotonic()
+            if how == "sigterm":
+                os.kill(p.pid, signal.SIGTERM)
+            else:
+                os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the group
+                if how == "double-sigint":
+                    time.sleep(rng.uniform(0.0, 0.2))
+                    os.kill(p.pid, signal.SIGINT)  # and the one `timeout` passes on
+            if trial + 1 < trials:  # the next trial's interpreter (its own session) starts up meanwhile
+                nxt = _spawn(work, command)
+            try:
+                _, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+                pytest.fail(f"{command}: still running 10 s after {how}; group {_group(p.pid)}")
+            assert time.monotonic() - sent < 10
+            if (work / "out.seqstore").exists():  # the signal came after the work was done: a whole output
+                left = sorted(os.listdir(work / "out.seqstore"))[:8]
+                assert p.returncode in (0, -signal.SIGINT, -signal.SIGTERM) and LINE not in err, (err, left)
+                _take_complete(work, command)
+                continue
+            interrupted += 1
+            assert p.returncode == 130, err
+            assert err.strip().splitlines() == [LINE], err
+            _clean(work, p)
+    finally:
+        if nxt is not None:  # a failed trial: the next one's interpreter, which never got its "go"
+            nxt.kill()
+            nxt.communicate()
     assert interrupted >= max(1, trials // 2), f"only {interrupted} of {trials} runs were interrupted"
 
 
