@@ -3,7 +3,9 @@ replacing runs (their files go only after the manifest that drops them is saved)
 
 from __future__ import annotations
 
+import shutil
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,21 @@ def _write(root: Path, first: int, n: int, **kw: Any) -> None:
             w.append({"x": i}, id=f"id-{i}")
 
 
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, int], None]:
+    """``written(root, n)``: at ``root``, a copy of the store ``_write(.., 0, n)`` makes (each written once
+    per module: its many one-record shards are many commits; a test changes its own copy only)."""
+    made: dict[int, Path] = {}
+
+    def copy(root: Path, n: int) -> None:
+        if n not in made:
+            made[n] = tmp_path_factory.mktemp(f"written-{n}") / "s"
+            _write(made[n], 0, n)
+        shutil.copytree(made[n], root, symlinks=True)
+
+    return copy
+
+
 def _check(root: Path, n: int) -> None:
     store = ss.open(root)
     assert len(store) == n
@@ -95,9 +112,10 @@ def _check(root: Path, n: int) -> None:
     assert verify(root) == []
 
 
-def test_a_higher_level_merge_reads_only_the_runs_it_replaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_higher_level_merge_reads_only_the_runs_it_replaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             written: Callable[[Path, int], None]) -> None:
     root = tmp_path / "s"
-    _write(root, 0, 63)  # 63 shards: seven level-1 runs and 7 shards not yet merged
+    written(root, 63)  # 63 shards: seven level-1 runs and 7 shards not yet merged
     assert [r.level for r in Manifest.load(root).index_runs] == [1] * 7
     loaded: list[str] = []
     real_load = np.load
@@ -117,10 +135,10 @@ def test_a_higher_level_merge_reads_only_the_runs_it_replaces(tmp_path: Path, mo
 
 
 def test_replaced_runs_are_deleted_only_after_the_manifest_is_saved(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: Callable[[Path, int], None]
 ) -> None:
     root = tmp_path / "s"
-    _write(root, 0, 63)
+    written(root, 63)
     before = sorted(p.name for p in (root / "_index").iterdir())
     assert len(before) == 14
 
@@ -140,9 +158,9 @@ def test_replaced_runs_are_deleted_only_after_the_manifest_is_saved(
     _check(root, 64)
 
 
-def test_a_lost_run_is_rebuilt_from_its_shards(tmp_path: Path) -> None:
+def test_a_lost_run_is_rebuilt_from_its_shards(tmp_path: Path, written: Callable[[Path, int], None]) -> None:
     root = tmp_path / "s"
-    _write(root, 0, 63)
+    written(root, 63)
     runs = Manifest.load(root).index_runs
     (root / f"{runs[2].name}.hash.npy").unlink()  # e.g. deleted by hand
     (root / f"{runs[4].name}.rows.npy").write_bytes(b"junk")
@@ -177,9 +195,10 @@ def _rewrite(path: Path, edit: Any) -> None:
         ("hash", lambda a: a.__setitem__(slice(None), np.sort(a ^ np.uint64(1))), "pairs differ"),
     ],
 )
-def test_verify_checks_merged_runs(tmp_path: Path, file: str, edit: Any, match: str) -> None:
+def test_verify_checks_merged_runs(tmp_path: Path, file: str, edit: Any, match: str,
+                                   written: Callable[[Path, int], None]) -> None:
     root = tmp_path / "s"
-    _write(root, 0, 9)  # one level-1 run over shards 0..7
+    written(root, 9)  # one level-1 run over shards 0..7
     assert verify(root) == []
     hash_path, rows_path = _run_files(root)
     _rewrite(hash_path if file == "hash" else rows_path, edit)
