@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import zlib
 from pathlib import Path
 from typing import Any
@@ -89,14 +90,22 @@ def test_a_failure_while_opening_a_shard_leaks_nothing(tmp_path: Path, monkeypat
     assert len(ss.open(root)) == 2 and verify(root) == [] and fds_under(root) == []
 
 
-def test_failing_to_delete_superseded_runs_does_not_fail_the_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    root = tmp_path / "s"
-    schema = {"v": ss.Field("int32")}
-    with ss.create(root, schema, max_shard_records=1) as w:
+@pytest.fixture(scope="module")
+def seven_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """63 one-record shards (ids id0..id62): seven level-1 index runs, the next shard merges them. Written
+    once per module (63 commits); each test works on its own copy."""
+    root = tmp_path_factory.mktemp("seven-runs") / "s"
+    with ss.create(root, {"v": ss.Field("int32")}, max_shard_records=1) as w:
         for i in range(63):
             w.append({"v": i}, id=f"id{i}")
+    return root
+
+
+def test_failing_to_delete_superseded_runs_does_not_fail_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seven_runs: Path
+) -> None:
+    root = tmp_path / "s"
+    shutil.copytree(seven_runs, root, symlinks=True)
     real_unlink = Path.unlink
 
     def refuse(self: Path, missing_ok: bool = False) -> None:
@@ -130,12 +139,9 @@ def test_an_unsorted_index_source_is_an_error_not_a_hang() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_damaged_run_is_rebuilt_from_its_shards_at_merge(tmp_path: Path) -> None:
+def test_a_damaged_run_is_rebuilt_from_its_shards_at_merge(tmp_path: Path, seven_runs: Path) -> None:
     root = tmp_path / "s"
-    schema = {"v": ss.Field("int32")}
-    with ss.create(root, schema, max_shard_records=1) as w:
-        for i in range(63):
-            w.append({"v": i}, id=f"id{i}")
+    shutil.copytree(seven_runs, root, symlinks=True)
     run = Manifest.load(root).index_runs[3]
     path = root / f"{run.name}.hash.npy"
     h = np.load(path)
