@@ -293,9 +293,10 @@ def test_infer_schema_from_arrow_and_ray_types() -> None:
 # ------------------------------------------------------------------------------------- reading
 
 
-@pytest.fixture
-def written(ray_local: None, tmp_path: Path) -> Path:
-    path = tmp_path / "s.seqstore"
+@pytest.fixture(scope="module")
+def written(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store written by Ray once per module; the tests only read it."""
+    path = tmp_path_factory.mktemp("ray-written") / "s.seqstore"
     sray.write(_dataset(600, 3), path, id_column="key", max_shard_records=128)
     return path
 
