@@ -1,5 +1,5 @@
 """Fixtures shared by every test folder: moto's S3 server, a bucket per test, a fault-injecting proxy;
-Azurite (the Azure Blob Storage emulator) and a container per test.
+Azurite (the Azure Blob Storage emulator) and a container per test; one local SparkSession.
 
 moto, obstore and Azurite are imported or started only when a test asks for these fixtures (the tests that
 need them skip when they are not installed), so the rest of the suite neither waits for nor requires them.
@@ -7,8 +7,10 @@ need them skip when they are not installed), so the rest of the suite neither wa
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -64,3 +66,34 @@ def azurite() -> Iterator[Azurite]:
 def az_container(azurite: Azurite) -> str:
     """A fresh, empty container on the session's Azurite (in memory: dropped with the process)."""
     return azurite.new_container()
+
+
+@pytest.fixture(scope="session")
+def spark_session() -> Iterator[Any]:
+    """One local SparkSession for the whole run, seqstore's data source registered: tests/test_spark.py's,
+    and the one docs/distributed.md's example gets from ``SparkSession.builder...getOrCreate()``
+    (tests/test_docs_examples.py), so the run starts one Spark context and one set of Spark's Python
+    workers, not two. local[2,2]: two threads, a failed task is retried once (test_spark's retry tests)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import seqstore.spark
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # made elsewhere with other settings (no retries): this one is the run's
+        active.stop()
+    session = (
+        SparkSession.builder.master("local[2,2]")  # 2 threads; a failed task is retried once
+        .appName("seqstore-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(seqstore.spark.DataSource)
+    yield session
+    session.stop()

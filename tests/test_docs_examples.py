@@ -165,8 +165,15 @@ FILES = [p for p in DOCS if python_blocks(p)]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(REPO)) for p in FILES])
-def test_docs_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docs_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                request: pytest.FixtureRequest) -> None:
     monkeypatch.chdir(tmp_path)
+    if any("SparkSession" in b.code for b in python_blocks(path)):
+        # the example's SparkSession.builder...getOrCreate() gets the run's session (tests/conftest.py),
+        # which tests/test_spark.py uses too: one Spark context and one set of Python workers per run.
+        # Started here, in this directory, as the example would start it: its relative paths are resolved
+        # by Spark's processes, in the directory they started in
+        request.getfixturevalue("spark_session")
     environ = dict(os.environ)  # s3_corpus sets AWS_* and SEQSTORE_CACHE_DIR: restored below
     try:
         _run_file(path)

@@ -1,6 +1,7 @@
 """seqstore.spark: the "seqstore" Spark 4 data source, with a real SparkSession (local[2], task retries).
 
-One SparkSession for the whole test run (session-scoped fixture); each test writes its own stores.
+One SparkSession for the whole test run (tests/conftest.py's session-scoped fixture, which
+docs/distributed.md's example also runs on); each test writes its own stores.
 """
 
 from __future__ import annotations
@@ -55,33 +56,13 @@ PARTITIONS = 4
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+def spark(spark_session: Any) -> Any:
+    """The run's SparkSession (tests/conftest.py: local[2,2], a failed task retried once)."""
     from pyspark import cloudpickle
-    from pyspark.sql import SparkSession
-
-    import seqstore.spark
 
     # the UDFs below go to Spark's Python workers by value (this module is not importable there)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    active = SparkSession.getActiveSession()
-    if active is not None:  # e.g. docs/distributed.md's example (tests/test_docs_examples.py): no retries there
-        active.stop()
-    session = (
-        SparkSession.builder.master("local[2,2]")  # 2 threads; a failed task is retried once
-        .appName("seqstore-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(seqstore.spark.DataSource)
-    yield session
-    session.stop()
+    return spark_session
 
 
 def _frame(spark: Any, n: int = N, partitions: int = PARTITIONS, width: int = 0) -> Any:
