@@ -167,3 +167,20 @@ def test_exporters_take_one_field_as_a_string(tmp_path: Path) -> None:
 
     names = [m.name for t in sorted((tmp_path / "wds").glob("*.tar")) for m in tarfile.open(t).getmembers()]
     assert names and all(n.endswith(".speaker.npy") or ".speaker." in n for n in names), names[:4]
+
+
+@pytest.mark.parametrize("name", ["export_hdf", "export_megatron", "export_hf", "export_webdataset"])
+def test_an_exporter_given_a_url_refuses_it(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exporter called with an object-store URL as its output wrote a local directory named 's3:' (only
+    the command line refused it); every exporter now refuses it, naming the URL, before writing."""
+    import importlib
+
+    module = {"export_hdf": "returnn", "export_megatron": "megatron", "export_hf": "hf_export",
+              "export_webdataset": "webdataset"}[name]
+    export = getattr(importlib.import_module(f"seqstore.interop.{module}"), name)
+    with seqstore.create(tmp_path / "s", SCHEMA) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)}, id="a")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(seqstore.errors.SeqstoreError, match=f"{name}: s3://b/out is a URL; .* local files only"):
+        export(tmp_path / "s", "s3://b/out")
+    assert sorted(os.listdir(tmp_path)) == ["s"]

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError, SchemaError
+from ..errors import FormatError, SchemaError, SeqstoreError
 from ..io.local_source import local_path
+from ..io.objects import is_remote
 from ..schema import Schema, field_list
 from ..store import Writer, create
 from ..store.write.outputs import (  # (re-exported: the importers take them from here)
@@ -30,7 +31,7 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
-           "install_output", "remove_path", "temp_sibling"]
+           "install_output", "remove_path", "temp_sibling", "local_output"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -114,6 +115,14 @@ def name_map(given: Mapping[str, str] | Sequence[str] | None, default: Iterable[
     if isinstance(given, Mapping):
         return dict(given)
     return {n: n for n in (default if given is None else field_list(given) or [])}
+
+
+def local_output(out: str | os.PathLike[str], what: str) -> Path:
+    """The local path ``out`` an exporter writes (a ``file://`` URL as its path); SeqstoreError naming
+    ``what`` for a URL of object storage (it was made as a local directory named ``s3:``)."""
+    if is_remote(os.fspath(out)):
+        raise SeqstoreError(f"{what}: {os.fspath(out)} is a URL; {what} writes local files only")
+    return local_path(out)
 
 
 def check_named_once(where: str, names: Sequence[str], what: str = "field") -> None:

@@ -35,7 +35,16 @@ from ..errors import SchemaError
 from ..schema import Field, field_list
 from ..store import Store, open_store
 from . import to_arrow
-from ._common import Progress, announce_total, check_named_once, check_output, remove_path, replaced, temp_sibling
+from ._common import (
+    Progress,
+    announce_total,
+    check_named_once,
+    check_output,
+    local_output,
+    remove_path,
+    replaced,
+    temp_sibling,
+)
 from .hf import datasets_module
 from .to_arrow import pyarrow_module
 
@@ -129,7 +138,7 @@ def export_hf(
         raise SchemaError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
     if chunk_records < 1:
         raise ValueError(f"chunk_records must be positive, got {chunk_records}")
-    root = Path(out)
+    root = local_output(out, "export_hf")
     check_output(root, overwrite,
                  lambda r: not (r / "state.json").exists() and not (r.is_dir() and not any(r.iterdir())),
                  "what is not a datasets save_to_disk directory (no state.json)")

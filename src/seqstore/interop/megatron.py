@@ -48,6 +48,7 @@ from ._common import (
     Progress,
     SourceFormatError,
     announce_total,
+    local_output,
     replaced,
     runs_across,
     split_by_budget,
@@ -397,7 +398,7 @@ def export_megatron(
         f = st.schema[documents]
         if f.ragged or f.inner_shape or np.dtype(f.storage_dtype).kind not in "iub":
             raise SchemaError(f"field {documents!r}: documents need an integer scalar field, got {f}")
-    prefix = _prefix(out)
+    prefix = _prefix(local_output(out, "export_megatron"))
     binp, idxp = Path(prefix + ".bin"), Path(prefix + ".idx")
     for p in (binp, idxp):
         if p.exists() and not overwrite:

@@ -33,6 +33,7 @@ from ._common import (
     announce_total,
     check_named_once,
     check_output,
+    local_output,
     name_map,
     replaced,
     split_by_budget,
@@ -328,7 +329,7 @@ def export_hdf(
     # at its URL with its client's options, as a pickled Store is)
     path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
     st = open_store(path, bfloat16="float32", **reopen)
-    target = Path(out)
+    target = local_output(out, "export_hdf")
     schema = st.schema
     meta = st.metadata.get(METADATA_KEY, {})
     meta = meta if isinstance(meta, dict) else {}

@@ -44,7 +44,15 @@ from ..errors import SchemaError
 from ..schema import Field, Schema, field_list
 from ..store import Store, Writer, open_store
 from . import driver
-from ._common import Progress, SourceFormatError, announce_total, check_named_once, check_output, replaced
+from ._common import (
+    Progress,
+    SourceFormatError,
+    announce_total,
+    check_named_once,
+    check_output,
+    local_output,
+    replaced,
+)
 from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
 
 __all__ = ["import_webdataset", "export_webdataset", "UnknownMemberError", "expand_shards", "METADATA_KEY",
@@ -389,7 +397,7 @@ def export_webdataset(
         raise KeyError(f"{st.url}: records have no ids; pass keys='index'")
     if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
         raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
-    root = Path(out)
+    root = local_output(out, "export_webdataset")
     check_output(root, overwrite, lambda r: not r.is_dir() or any(not p.name.endswith(".tar") for p in r.iterdir()),
                  "what is not a directory of tar shards", SchemaError)
     n = len(st)
