@@ -4,6 +4,7 @@ shard table nor a mirror gone between its check and its read."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -145,3 +146,73 @@ def test_a_mirror_whose_eviction_was_killed_is_deleted_by_the_next(moto_s3: Moto
     with other.locked():
         other._evict(0)
     assert [p.name for p in (cache / "stores").glob("*/*")] == []
+
+
+def _pin_descriptors(cache: Path) -> int:
+    """.pin files under ``cache`` this process holds open."""
+    fds = [os.path.realpath(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")]
+    return sum(1 for f in fds if f.startswith(str(cache.resolve())) and f.endswith("/.pin"))
+
+
+def test_threads_opening_and_dropping_stores_leave_the_mirror_evictable(moto_s3: MotoS3, s3_bucket: str,
+                                                                        tmp_path: Path) -> None:
+    """Two threads opening one store at once each pinned its mirror and the process kept one of the two
+    .pin descriptors: the other stayed open (its shared flock held) for ever, so no eviction on the node
+    could take that mirror."""
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
+        w.append_batch({"v": np.arange(100)})
+    url = moto_s3.upload_dir(root, s3_bucket, "threads/s.seqstore")
+    opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
+    ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    start = threading.Barrier(4)
+
+    def open_many() -> None:
+        start.wait()
+        for _ in range(25):
+            assert len(ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)) == 100
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=open_many) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    gc.collect()
+    assert _pin_descriptors(cache) == 0
+    other = NodeCache(cache, budget)
+    with other.locked():
+        other._evict(0)
+    assert list((cache / "stores").glob("*/*")) == []
+
+
+def test_a_dropped_store_lets_other_processes_evict_its_mirror(moto_s3: MotoS3, s3_bucket: str,
+                                                               tmp_path: Path) -> None:
+    """A store dropped (del, garbage-collected) kept its mirror pinned until the process exited, and a
+    second store of the same URL in the process lost its pin when the first was refreshed or dropped."""
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
+        w.append_batch({"v": np.arange(100)})
+    url = moto_s3.upload_dir(root, s3_bucket, "dropped/s.seqstore")
+    opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
+    other = NodeCache(cache, budget)  # another process's view of the cache
+
+    def evicted() -> bool:
+        with other.locked():
+            other._evict(0)
+        return list((cache / "stores").glob("*/*")) == []
+
+    first = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    second = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    del first
+    gc.collect()
+    assert not evicted()  # (the second store still reads it)
+    assert second.get_batch(np.arange(100))["v"].tolist() == list(range(100))
+    del second
+    gc.collect()
+    assert evicted()
+    assert _pin_descriptors(cache) == 0

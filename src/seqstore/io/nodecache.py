@@ -9,7 +9,7 @@ Layout under ``cache_dir``::
                           4096-byte header (magic, object size, the inode number of the .data it belongs to)
     objects/ab/<key>.claims  8 bytes per page: which process is fetching it, until when (seqstore.io.claims)
     stores/...            small metadata files (manifests, shard tables, descriptors; seqstore.io.remote)
-    stores/<url>/<v>/.pin flock'd shared by each process reading that metadata: eviction passes it by
+    stores/<url>/<v>/.pin flock'd shared by each open store reading that metadata: eviction passes it by
     derived/...           datasets' derived arrays (lengths, sort indexes) of remote stores
 
 An entry's key is a hash of the object's URL **and its ETag** (or generation): a replaced object is a
@@ -51,7 +51,7 @@ _MAGIC = b"SQCACHE1"
 _HEADER = 4096
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _EVICTED = ".tmp-evicted-"  # a store's metadata directory being deleted (renamed so; _entries skips .tmp-)
-_PIN = ".pin"  # in a store's metadata directory: flock'd shared by each process reading it (NodeCache.pin)
+_PIN = ".pin"  # in a store's metadata directory: flock'd shared by each open store reading it (NodeCache.pin)
 
 
 #: directories whose files count against a node cache's budget (a remote store's derived arrays):
@@ -125,7 +125,6 @@ class NodeCache:
         # open entries of this process; an entry stays open while a mapping of it is alive
         self._objects: weakref.WeakValueDictionary[str, CachedObject] = weakref.WeakValueDictionary()
         self._objects_lock = threading.Lock()
-        self._pinned: dict[Path, int] = {}  # store metadata directories this process reads -> .pin descriptor
 
     @classmethod
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
@@ -204,30 +203,29 @@ class NodeCache:
                 used = self._evict(min(self.budget - nbytes, self.budget * 9 // 10))
             self._write_usage(used + nbytes - PAGE)
 
-    def pin(self, path: Path) -> None:
+    def pin(self, path: Path) -> int:
         """Keep the metadata directory ``path`` (under ``stores/``) out of every process's evictions: a
-        shared ``flock`` of its ``.pin`` file, held until :meth:`unpin` (nothing where it is gone: the
-        opener, finding it gone, makes it again)."""
+        shared ``flock`` of its ``.pin`` file through a descriptor of its own, returned, held until
+        :meth:`unpin` closes it (-1, nothing held, where it is gone: the opener, finding it gone, makes it
+        again)."""
         path = Path(path)
-        if path in self._pinned:  # (held: no process evicts it meanwhile)
-            return
         for _ in range(8):
             try:
                 fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
             except FileNotFoundError:
-                return
+                return -1
             fcntl.flock(fd, fcntl.LOCK_SH)  # (waits while an eviction of it holds it)
             try:
                 if os.stat(path / _PIN).st_ino == os.fstat(fd).st_ino:  # not one an eviction took meanwhile
-                    self._pinned[path] = fd
-                    return
+                    return fd
             except FileNotFoundError:
                 pass
             os.close(fd)
+        return -1
 
-    def unpin(self, path: Path) -> None:
-        """Let evictions take metadata directory ``path`` again (:meth:`pin`)."""
-        fd = self._pinned.pop(Path(path), -1)
+    @staticmethod
+    def unpin(fd: int) -> None:
+        """Let evictions take a metadata directory again (the descriptor :meth:`pin` returned)."""
         if fd >= 0:
             os.close(fd)
 
@@ -251,8 +249,6 @@ class NodeCache:
         for _mtime, p in self._entries():
             if used <= target:
                 break
-            if p in self._pinned:
-                continue
             if p.suffix in (".npy", ".bits"):  # a derived array; a cache entry's data, page map and claims
                 for q in (p,) if p.suffix == ".npy" else (p.with_suffix(".data"), p, p.with_suffix(".claims")):
                     with contextlib.suppress(FileNotFoundError):
@@ -269,7 +265,7 @@ class NodeCache:
                 try:
                     fcntl.flock(pin, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     os.rename(p, gone)
-                except (BlockingIOError, FileNotFoundError):  # a process reads it (pin), or it went meanwhile
+                except (BlockingIOError, FileNotFoundError):  # a store reads it (pin), or it went meanwhile
                     continue
                 finally:
                     os.close(pin)

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import threading
+import weakref
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,7 @@ class RemoteRoot:
         self._mirrors: list[Path] = []  # earlier manifest versions' mirrors (shards mapped before a refresh)
         self._metas: dict[str, ObjectMeta] = {}
         self._meta_lock = threading.Lock()
+        self._unpin: weakref.finalize[Any, Any] | None = None  # of the mirror pinned, when dropped or refreshed
 
     def __repr__(self) -> str:
         return f"RemoteRoot({self.url!r}, storage_options={redact(self.options.storage_options())!r})"
@@ -97,10 +99,12 @@ class RemoteRoot:
             self._build_mirror(mirror, data)
         with contextlib.suppress(OSError):
             os.utime(mirror)
-        self.cache.pin(mirror)  # never evicted (by any process on the node) while this process may read it
+        pin = self.cache.pin(mirror)  # never evicted (by any process on the node) while this store may read it
         if self.mirror is not None and self.mirror != mirror:
             self._mirrors.append(self.mirror)  # (its paths name the shards mapped before; nothing is read there)
-            self.cache.unpin(self.mirror)  # else every refresh of a growing store keeps one more past the budget
+        if self._unpin is not None:
+            self._unpin()  # else every refresh of a growing store keeps one more past the budget
+        self._unpin = weakref.finalize(self, NodeCache.unpin, pin)
         self.mirror = mirror
         self._metas = {}
         return mirror
