@@ -216,3 +216,43 @@ def test_a_dropped_store_lets_other_processes_evict_its_mirror(moto_s3: MotoS3, 
     gc.collect()
     assert evicted()
     assert _pin_descriptors(cache) == 0
+
+
+_KILLED_BUILD = """
+import json, os, signal, sys
+import seqstore as ss
+url, opts, cache = json.loads(sys.argv[1])
+
+def hook(event, args):  # SIGKILL the process as it writes the manifest into the mirror it builds
+    if event == "open" and ".tmp-" in str(args[0]) and str(args[0]).endswith("manifest.json"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(hook)
+ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=1 << 20)
+"""
+
+
+def test_a_mirror_whose_building_was_killed_is_deleted_by_the_next_eviction(moto_s3: MotoS3, s3_bucket: str,
+                                                                           tmp_path: Path) -> None:
+    """A process killed while building a store's mirror left its .tmp- directory for ever: a name eviction
+    passes by, its disk space counted against the budget. A mirror being built is kept."""
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
+        w.append_batch({"v": np.arange(100)})
+    url = moto_s3.upload_dir(root, s3_bucket, "killed-build/s.seqstore")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])}
+    arg = json.dumps([url, moto_s3.storage_options(), str(cache)])
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, arg], timeout=120, env=env)
+    assert proc.returncode == -signal.SIGKILL
+    left = [p for p in (cache / "stores").glob("*/*") if ".tmp-" in p.name]
+    assert len(left) == 1  # what the killed one left
+    other = NodeCache(cache, 1 << 20)
+    with other.locked():
+        other._evict(0)
+    assert list((cache / "stores").glob("*/*")) == []
+    with other.building(left[0]):  # one being built (another process's, alive)
+        with other.locked():
+            other._evict(0)
+        assert list((cache / "stores").glob("*/*")) == left
+    assert list((cache / "stores").glob("*/*")) == []

@@ -229,6 +229,22 @@ class NodeCache:
         if fd >= 0:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def building(self, tmp: Path) -> Iterator[None]:
+        """Make directory ``tmp`` (a ``.tmp-`` name under ``stores/``) for the ``with`` block, and delete it
+        after: held meanwhile (a ``flock`` of it, taken under :meth:`locked`), as evictions delete such
+        directories that no process holds."""
+        with self.locked():
+            tmp.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            os.close(fd)
+
     def _entries(self) -> list[tuple[float, Path]]:
         out = []
         objects = (p for sub in (self.root / "objects").iterdir() if sub.is_dir() for p in sub.glob("*.bits"))
@@ -243,8 +259,9 @@ class NodeCache:
     def _evict(self, target: int) -> int:
         """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
         Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
-        for p in (self.root / "stores").glob(f"*/*{_EVICTED}*"):  # left by an eviction killed part way (a
-            shutil.rmtree(p, ignore_errors=True)  # live one, holding this lock, deletes its own before it ends)
+        for p in (self.root / "stores").glob("*/*.tmp-*"):  # left by an eviction killed part way (a live one,
+            if _EVICTED in p.name or _abandoned(p):  # holding this lock, deletes its own before it ends), or by
+                shutil.rmtree(p, ignore_errors=True)  # a process killed building a mirror (see building)
         used = self.disk_usage()
         for _mtime, p in self._entries():
             if used <= target:
@@ -293,6 +310,21 @@ class NodeCache:
             got = CachedObject(self, name, url, size)
             self._objects[name] = got
             return got
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether no process holds directory ``path`` (:meth:`NodeCache.building`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def run_pages(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import threading
 import weakref
 import zlib
@@ -111,8 +110,7 @@ class RemoteRoot:
 
     def _build_mirror(self, mirror: Path, manifest_bytes: bytes) -> None:
         tmp = mirror.with_name(f"{mirror.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        try:
+        with self.cache.building(tmp):  # (deleted by the next eviction if this process is killed here)
             (tmp / MANIFEST).write_bytes(manifest_bytes)
             need = 0
             table = TABLE  # or the immutable _shards/<name>.tbl a remote writer's commit names
@@ -141,9 +139,6 @@ class RemoteRoot:
                     mirror.mkdir(parents=True, exist_ok=True)
                     for f in tmp.iterdir():
                         os.replace(f, mirror / f.name)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------ shards
 
