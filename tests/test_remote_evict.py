@@ -256,3 +256,34 @@ def test_a_mirror_whose_building_was_killed_is_deleted_by_the_next_eviction(moto
             other._evict(0)
         assert list((cache / "stores").glob("*/*")) == left
     assert list((cache / "stores").glob("*/*")) == []
+
+
+def test_opening_cache_entries_while_another_process_evicts_them(tmp_path: Path) -> None:
+    """An entry evicted between its check and its open was made again, then slept on before it was opened
+    (the retry's backoff): evicted again meanwhile, eight times, the open failed ("the cache entry is made
+    anew faster than it can be opened") though each making was whole."""
+    cache = NodeCache(tmp_path / "cache", 1 << 20)
+    other = NodeCache(tmp_path / "cache", 1 << 20)  # another process's view of the cache
+    stop = threading.Event()
+
+    def evict() -> None:
+        while not stop.is_set():
+            with other.locked():
+                other._evict(0)
+
+    evictor = threading.Thread(target=evict)
+    errors: list[str] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    evictor.start()
+    try:
+        for i in range(2000):
+            try:
+                cache.object(f"s3://bucket/object-{i % 5}", "etag", 100_000)
+            except OSError as exc:
+                errors.append(str(exc))
+    finally:
+        stop.set()
+        evictor.join()
+        sys.setswitchinterval(interval)
+    assert not errors, f"{len(errors)} of 2000 opens failed, e.g. {errors[0]}"

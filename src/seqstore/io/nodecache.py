@@ -374,9 +374,12 @@ class CachedObject:
         time, or evicted it and made it again), and pages marked here would be absent from its data."""
         try:
             fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
-        except FileNotFoundError:  # evicted between the check and the open: make it again
+        except FileNotFoundError:  # evicted between the check and the open: make it again, open it at once
             self._create(sub)
-            return False
+            try:
+                fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
+            except FileNotFoundError:
+                return False
         try:
             bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
         except FileNotFoundError:
