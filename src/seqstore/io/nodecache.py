@@ -232,11 +232,11 @@ class NodeCache:
     @contextlib.contextmanager
     def building(self, tmp: Path) -> Iterator[None]:
         """Make directory ``tmp`` (a ``.tmp-`` name under ``stores/``) for the ``with`` block, and delete it
-        after: held meanwhile (a ``flock`` of it, taken under :meth:`locked`), as evictions delete such
-        directories that no process holds."""
+        after: held meanwhile (an exclusive ``flock`` of its ``.pin``, taken under :meth:`locked`), as
+        evictions delete such directories that no process holds."""
         with self.locked():
             tmp.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+            fd = os.open(tmp / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
@@ -315,7 +315,7 @@ class NodeCache:
 def _abandoned(path: Path) -> bool:
     """Whether no process holds directory ``path`` (:meth:`NodeCache.building`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+        fd = os.open(path / _PIN, os.O_RDWR | _O_CLOEXEC)
     except OSError:
         return False
     try:
