@@ -263,3 +263,45 @@ def test_two_overwrites_at_once_one_wins_and_nothing_is_left(scratch: Path) -> N
     assert sorted(got)[0].startswith("ok") and sorted(got)[1] == "refused", got
     assert [p.name for p in scratch.iterdir()] == ["s"]
     assert ss.open(root).get_batch(np.arange(1))["v"].tolist() == [int(sorted(got)[0][3:])]
+
+
+_KILLED_CREATE = """
+import os, signal, sys
+import seqstore as ss
+path = sys.argv[1]
+
+def hook(event, args):  # SIGKILL the process as it writes the manifest into the store it prepares
+    path = str(args[0]) if event == "open" else ""
+    if os.path.basename(os.path.dirname(path)).startswith(".s.") and "manifest" in os.path.basename(path):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(hook)
+ss.create(path, {"v": ss.Field("int32")}).close()
+"""
+
+
+def test_a_create_killed_before_its_store_is_in_place_leaves_nothing_for_ever(scratch: Path) -> None:
+    """A create killed between the making of the hidden sibling it prepares the new store in and its rename
+    left that sibling for ever; the next create (or open_or_create) of the path deletes it, but not one a
+    live create holds."""
+    from seqstore.store.write.disk import hold_owner_lock
+    from seqstore.store.writer import open_or_create
+
+    root = scratch / "s"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(root)], timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])})
+    assert proc.returncode == -signal.SIGKILL
+    left = list(scratch.iterdir())
+    assert [p.name.startswith(".s.") for p in left] == [True]  # the killed one's
+    with ss.create(root, {"v": ss.Field("int32")}) as w:
+        w.append({"v": 7})
+    assert [p.name for p in scratch.iterdir()] == ["s"], "the killed create's sibling was left for ever"
+    os.mkdir(left[0])
+    fd = hold_owner_lock(left[0])  # as a live create holds the sibling it prepares
+    try:
+        open_or_create(root, {"v": ss.Field("int32")}).close()
+        assert sorted(p.name for p in scratch.iterdir()) == [left[0].name, "s"]
+    finally:
+        os.close(fd)
+    open_or_create(root, {"v": ss.Field("int32")}).close()
+    assert [p.name for p in scratch.iterdir()] == ["s"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import glob
 import json
 import logging
@@ -35,6 +36,7 @@ from ...format.shard_table import (
     shard_dir_name,
 )
 from ...schema import Schema
+from ..directio import O_CLOEXEC
 from .disk import (
     INDEX_DIR,
     append_row,
@@ -75,6 +77,7 @@ from .target import (
 log = logging.getLogger(__name__)
 
 DELETED = "deleted"  # the tag of an old store's hidden sibling name while an overwrite deletes it
+NEW = "new"  # the tag of a new store's hidden sibling name while a create prepares it (install_new_store)
 
 
 class LocalTarget(CommitTarget):
@@ -385,11 +388,40 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
 
 
 def remove_dead_deletions(root: Path) -> None:
-    """Delete the old stores that overwrites of ``root`` killed part way left (hidden siblings
-    ``.<name>.deleted-*``), except those a live overwrite is deleting (it holds their ``owner.lock``)."""
+    """Delete the hidden siblings that overwrites and creates of ``root`` killed part way left: old stores
+    (``.<name>.deleted-*``), except those a live overwrite is deleting (it holds their ``owner.lock``), and
+    new ones (``.<name>.new-*``), except those a live create holds (:func:`install_new_store`)."""
     with contextlib.suppress(OSError):  # (an unreadable parent: the create reports it)
         for old in root.parent.glob(f".{glob.escape(root.name)}.{DELETED}-*"):
             remove_if_dead(old)
+        for new in root.parent.glob(f".{glob.escape(root.name)}.{NEW}-*"):
+            try:
+                fd = os.open(new / OWNER, os.O_RDWR | O_CLOEXEC)
+            except OSError:  # (gone meanwhile)
+                continue
+            try:  # (held while it is deleted: a create that opened it, waiting for its flock, then finds it gone)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(new, ignore_errors=True)
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def _held_sibling(root: Path) -> tuple[Path, int]:
+    """A new hidden sibling directory of ``root`` and the descriptor of its ``owner.lock``, held so that no
+    create of the path deletes it (:func:`remove_dead_deletions`; made anew where one did before the flock)."""
+    while True:
+        tmp = root.parent / f".{root.name}.{NEW}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            fd = hold_owner_lock(tmp)
+        except FileNotFoundError:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(tmp / OWNER).st_ino == os.fstat(fd).st_ino:
+                return tmp, fd
+        os.close(fd)
 
 
 def install_new_store(root: Path, manifest: Manifest) -> bool:
@@ -400,10 +432,10 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
     created = False
     if not (root / MANIFEST).exists():
         root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = root.parent / f".{root.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp, held = _held_sibling(root)
         try:
             manifest.save(tmp)
+            (tmp / OWNER).unlink()  # (not into the store; held, unlinked, until the store is in place)
             try:
                 os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
                 fsync_dir(root.parent)
@@ -422,4 +454,5 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
                                               f"directory without {MANIFEST}); give a new or empty path") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            os.close(held)
     return created
