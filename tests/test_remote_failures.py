@@ -309,6 +309,58 @@ def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -
     assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
 
 
+@pytest.mark.parametrize("chunk", [None, 256])
+def test_an_upload_to_a_silent_fsspec_endpoint_raises_a_named_error(tmp_path: Path, chunk: int | None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy to an fsspec URL (here ``webhdfs://``, whose requests have no timeout of their own) whose
+    server answers lookups but never answers an upload: each upload (a whole object, or a streamed one's
+    chunks: ``chunk``) is bounded like a read, retried, then a RemoteError naming the object; it hung."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pytest.importorskip("requests")
+    from seqstore.store import copy as copy_mod
+
+    if chunk is not None:
+        monkeypatch.setattr(copy_mod, "CHUNK", chunk)  # the shards' files are streamed in several chunks
+    released = threading.Event()
+
+    class WebHdfs(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, status: int, obj: Any) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # every lookup: no such file
+            self._answer(404, {"RemoteException": {"exception": "FileNotFoundException", "message": "none"}})
+
+        def do_PUT(self) -> None:
+            if "op=CREATE" in self.path:
+                released.wait()  # an upload: accepted, never answered
+            else:
+                self._answer(200, {"boolean": True})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebHdfs)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"webhdfs://127.0.0.1:{server.server_address[1]}/dst.seqstore"
+    opts = {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
+    try:
+        with pytest.raises(RemoteError) as err:
+            ss.copy(build_store(tmp_path / "s.seqstore", seed=5), url, dst_options=opts, workers=1)
+    finally:
+        released.set()
+        server.shutdown()
+        server.server_close()
+    assert err.value.url.startswith(f"{url}/shard-") and err.value.attempts == 2, err.value
+
+
 def test_a_failing_lookup_of_an_object_through_fsspec_is_retried_then_named(tmp_path: Path) -> None:
     """Through an fsspec filesystem, the lookup of an object's size and version that a range read makes
     first fails (here: its shard directory became a file): it is retried like the read itself, then a

@@ -4,8 +4,9 @@ or the one its URL names (``memory://``, ``hf://``...).
 Range requests run on a pool of ``max_requests`` threads; a batch's ranges are read by one ``cat_ranges``
 call, retried as a whole on a transient failure; a range asked of a version (the tag the file's info gave:
 ETag, generation or time) raises :class:`~seqstore.errors.StaleStoreError` once the file is another. A
-filesystem's own timeouts may be long or none: each read call (and the filesystem's making) is waited for
-at most ``timeout + connect_timeout`` per request, then retried as a transient failure. A
+filesystem's own timeouts may be long or none: each call (and the filesystem's making) is waited for at most
+``timeout + connect_timeout`` per request, plus the time the bytes it uploads take at 64 KiB/s, then
+retried as a transient failure (a listing, of an unknown number of requests, is not bounded). A
 filesystem cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with
 an error naming the URL.
 """
@@ -13,6 +14,7 @@ an error naming the URL.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,6 +24,8 @@ from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, 
 from .retry import Transient
 
 __all__ = ["FsspecBackend"]
+
+_LEAST_RATE = 64 << 10  # bytes/s an upload must average (as the direct reader's answers) before it is cut
 
 
 class FsspecBackend(ObjectBackend):
@@ -49,13 +53,13 @@ class FsspecBackend(ObjectBackend):
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
-    def _call(self, key: str, fn: Any, calls: int = 1) -> Any:
-        """``fn()``, ``calls`` requests of the filesystem (0: an upload, as long as its bytes take), in
+    def _call(self, key: str, fn: Any, calls: int = 1, upload: int = 0) -> Any:
+        """``fn()``, ``calls`` requests of the filesystem (0: not bounded) that upload ``upload`` bytes, in
         seqstore's words: its failures and a call that does not return in time are :class:`Transient`."""
         try:
             if not calls or self.local:
                 return fn()
-            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout))
+            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout) + upload / _LEAST_RATE)
         except FileNotFoundError:
             url = self.c.key_url(key)
             raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
@@ -140,30 +144,37 @@ class FsspecBackend(ObjectBackend):
         if mode == "create" and self._call(key, lambda: self.fs.exists(self._path(key))):
             url = self.c.key_url(key)
             raise ConflictError(f"{url}: already exists", url=url, attempts=1)
-        self._call(key, lambda: self.fs.pipe_file(self._path(key), bytes(data)), 0)
+        self._call(key, lambda: self.fs.pipe_file(self._path(key), bytes(data)), 1, len(data))
         return self.head(key).etag
 
     def put_file(self, key: str, path: str) -> str:
-        self._call(key, lambda: self.fs.put_file(path, self._path(key)), 0)
+        self._call(key, lambda: self.fs.put_file(path, self._path(key)), 1, os.path.getsize(path))
         return self.head(key).etag
 
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
         def write() -> None:
-            f = self.fs.open(self._path(key), "wb")
+            f = self._call(key, lambda: self.fs.open(self._path(key), "wb"))
+            sent = 0
+
+            def held() -> int:  # bytes a write or the close may upload: what the file buffers (at most all)
+                buffer: Any = getattr(f, "buffer", None)
+                return int(buffer.tell()) if hasattr(buffer, "tell") else sent
+
             try:
                 for c in chunks():
-                    f.write(c)
+                    sent += len(c)
+                    self._call(key, lambda c=c: f.write(c), 1, held() + len(c))
             except BaseException:
                 try:  # leave no partial object
                     if hasattr(f, "discard"):
                         f.discard()
                     else:
-                        f.close()
-                    self.fs.rm_file(self._path(key))
+                        self._call(key, f.close, 1, held())
+                    self._call(key, lambda: self.fs.rm_file(self._path(key)))
                 except Exception:  # noqa: BLE001 - the iterator's error is the one to report
                     pass
                 raise
-            f.close()
+            self._call(key, f.close, 1, held())
 
         self._call(key, write, 0)
         return self.head(key).etag
@@ -179,7 +190,7 @@ class FsspecBackend(ObjectBackend):
         self._call(key, lambda: self.fs.rm_file(self._path(key)))
 
     def copy(self, src: str, dst: str) -> None:
-        self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)), 0)
+        self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)), 1, self.head(src).size)
 
 
 def _raise(exc: BaseException) -> None:
@@ -203,7 +214,7 @@ def _bounded(fn: Callable[[], Any], limit: float) -> Any:
 
     threading.Thread(target=run, name="seqstore-fsspec-call", daemon=True).start()
     if not done.wait(limit):
-        raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout)")
+        raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout a request, and 64 KiB/s uploaded)")
     ok, value = out[0]
     if not ok:
         raise value
