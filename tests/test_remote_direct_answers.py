@@ -258,22 +258,30 @@ print("found")
 """
 
 
+def _with_hosts(tmp_path: Path, code: str, hosts_text: str, *, pass_hosts: bool = False
+                ) -> subprocess.CompletedProcess[str]:
+    """Python ``code`` run in a user and mount namespace of its own whose /etc/hosts is a file holding
+    ``hosts_text``; its arguments: that file (``pass_hosts``), then this directory. Skips where user
+    namespaces are not allowed."""
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    script, hosts = tmp_path / "script.py", tmp_path / "hosts"
+    script.write_text(code)
+    hosts.write_text(hosts_text)
+    args = f'"{hosts}" "{Path(__file__).parent}"' if pass_hosts else f'"{Path(__file__).parent}"'
+    shell = f'mount --bind "{hosts}" /etc/hosts && exec "{sys.executable}" "{script}" {args}'
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
 def test_a_host_that_moved_to_another_address_is_looked_up_again(tmp_path: Path) -> None:
     """The name of the endpoint now names another address (the old one refuses): a failed connection
     forgets the address it went to, so a retry looks the name up again. Runs in a user and mount
     namespace of its own, with /etc/hosts replaced by a file the test writes (skipped where user
     namespaces are not allowed)."""
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
-    script, hosts = tmp_path / "moved.py", tmp_path / "hosts"
-    script.write_text(_MOVED)
-    hosts.write_text("")
-    shell = (f'mount --bind "{hosts}" /etc/hosts && exec "{sys.executable}" "{script}" "{hosts}" '
-             f'"{Path(__file__).parent}"')
-    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    got = _with_hosts(tmp_path, _MOVED, "", pass_hosts=True)
     assert got.returncode == 0 and "found" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
 
 
@@ -298,14 +306,5 @@ def test_a_host_with_two_addresses_is_reached_at_the_one_that_answers(tmp_path: 
     """The endpoint's name has two addresses and the first refuses (a dual-stack name whose IPv6 address
     nothing listens on, as ``localhost`` often is): the direct reader connects to the next address, as
     obstore does, instead of calling the endpoint unreachable. Runs with /etc/hosts replaced, as above."""
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
-    script, hosts = tmp_path / "two.py", tmp_path / "hosts"
-    script.write_text(_TWO)
-    hosts.write_text("127.0.0.2 seqstore-two.test\n127.0.0.9 seqstore-two.test\n")
-    shell = f'mount --bind "{hosts}" /etc/hosts && exec "{sys.executable}" "{script}" "{Path(__file__).parent}"'
-    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    got = _with_hosts(tmp_path, _TWO, "127.0.0.2 seqstore-two.test\n127.0.0.9 seqstore-two.test\n")
     assert got.returncode == 0 and "found" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])

@@ -25,12 +25,31 @@ from seqstore.io.nodecache import NodeCache  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+def _uploaded(moto_s3: MotoS3, bucket: str, tmp_path: Path, prefix: str, records: int = 100,
+              per_shard: int = 10) -> str:
+    """The URL of a store of ``records`` int64 values 0, 1, ... (``per_shard`` a shard), written under
+    ``tmp_path`` and uploaded to ``s3://bucket/<prefix>/s.seqstore``."""
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=per_shard) as w:
+        w.append_batch({"v": np.arange(records)})
+    return moto_s3.upload_dir(root, bucket, f"{prefix}/s.seqstore")
+
+
+def _evict_all(cache: NodeCache) -> list[Path]:
+    """Evict all that ``cache`` (another process's view of a node cache) may take; the mirrors left."""
+    with cache.locked():
+        cache._evict(0)
+    return list((cache.root / "stores").glob("*/*"))
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a child Python that imports this seqstore."""
+    return {**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])}
+
+
 def test_opening_a_store_while_another_process_evicts_its_mirror(moto_s3: MotoS3, s3_bucket: str,
                                                                  tmp_path: Path) -> None:
-    root = tmp_path / "s.seqstore"
-    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
-        w.append_batch({"v": np.arange(100)})
-    url = moto_s3.upload_dir(root, s3_bucket, "evict/s.seqstore")
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "evict")
     opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
     ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
     other = NodeCache(cache, budget)  # as another process sees the cache: this process's pins do not hold there
@@ -74,10 +93,7 @@ def test_a_store_being_read_keeps_its_mirror_while_another_process_evicts(moto_s
                                                                           tmp_path: Path) -> None:
     """An open store's mirror was pinned in its own process only: another process's eviction took it, and
     the store's next shard failed ("shard descriptor is missing") though the remote store is fine."""
-    root = tmp_path / "s.seqstore"
-    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=4) as w:
-        w.append_batch({"v": np.arange(200)})
-    url = moto_s3.upload_dir(root, s3_bucket, "pinned/s.seqstore")
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "pinned", records=200, per_shard=4)
     opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
     store = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
     other = NodeCache(cache, budget)  # another process's view of the cache
@@ -100,8 +116,7 @@ def test_a_store_being_read_keeps_its_mirror_while_another_process_evicts(moto_s
         stop.set()
         evictor.join()
         sys.setswitchinterval(interval)
-    with other.locked():  # and not even by an eviction pass of its own
-        other._evict(0)
+    _evict_all(other)  # and not even by an eviction pass of its own
     assert store.get_batch(np.arange(200))["v"].tolist() == list(range(200))
 
 
@@ -131,21 +146,15 @@ def test_a_mirror_whose_eviction_was_killed_is_deleted_by_the_next(moto_s3: Moto
                                                                  tmp_path: Path) -> None:
     """An eviction killed while deleting a store's mirror left it (renamed aside, a name eviction passes
     by) for ever: its disk space counted against the budget and could never be evicted."""
-    root = tmp_path / "s.seqstore"
-    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
-        w.append_batch({"v": np.arange(100)})
-    url = moto_s3.upload_dir(root, s3_bucket, "killed/s.seqstore")
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "killed")
     cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])}
+    env = _child_env()
     arg = json.dumps([url, moto_s3.storage_options(), str(cache)])
     subprocess.run([sys.executable, "-c", _OPEN, arg], check=True, timeout=120, env=env)
     proc = subprocess.run([sys.executable, "-c", _KILLED_EVICTION, str(cache)], timeout=120, env=env)
     assert proc.returncode == -signal.SIGKILL
     assert [p.name for p in (cache / "stores").glob("*/*")] != []  # what the killed one left
-    other = NodeCache(cache, 1 << 20)
-    with other.locked():
-        other._evict(0)
-    assert [p.name for p in (cache / "stores").glob("*/*")] == []
+    assert _evict_all(NodeCache(cache, 1 << 20)) == []
 
 
 def _pin_descriptors(cache: Path) -> int:
@@ -159,10 +168,7 @@ def test_threads_opening_and_dropping_stores_leave_the_mirror_evictable(moto_s3:
     """Two threads opening one store at once each pinned its mirror and the process kept one of the two
     .pin descriptors: the other stayed open (its shared flock held) for ever, so no eviction on the node
     could take that mirror."""
-    root = tmp_path / "s.seqstore"
-    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
-        w.append_batch({"v": np.arange(100)})
-    url = moto_s3.upload_dir(root, s3_bucket, "threads/s.seqstore")
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "threads")
     opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
     ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
     start = threading.Barrier(4)
@@ -184,27 +190,19 @@ def test_threads_opening_and_dropping_stores_leave_the_mirror_evictable(moto_s3:
         sys.setswitchinterval(interval)
     gc.collect()
     assert _pin_descriptors(cache) == 0
-    other = NodeCache(cache, budget)
-    with other.locked():
-        other._evict(0)
-    assert list((cache / "stores").glob("*/*")) == []
+    assert _evict_all(NodeCache(cache, budget)) == []
 
 
 def test_a_dropped_store_lets_other_processes_evict_its_mirror(moto_s3: MotoS3, s3_bucket: str,
                                                                tmp_path: Path) -> None:
     """A store dropped (del, garbage-collected) kept its mirror pinned until the process exited, and a
     second store of the same URL in the process lost its pin when the first was refreshed or dropped."""
-    root = tmp_path / "s.seqstore"
-    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
-        w.append_batch({"v": np.arange(100)})
-    url = moto_s3.upload_dir(root, s3_bucket, "dropped/s.seqstore")
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "dropped")
     opts, cache, budget = moto_s3.storage_options(), tmp_path / "cache", 1 << 20
     other = NodeCache(cache, budget)  # another process's view of the cache
 
     def evicted() -> bool:
-        with other.locked():
-            other._evict(0)
-        return list((cache / "stores").glob("*/*")) == []
+        return _evict_all(other) == []
 
     first = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
     second = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
@@ -236,25 +234,18 @@ def test_a_mirror_whose_building_was_killed_is_deleted_by_the_next_eviction(moto
                                                                            tmp_path: Path) -> None:
     """A process killed while building a store's mirror left its .tmp- directory for ever: a name eviction
     passes by, its disk space counted against the budget. A mirror being built is kept."""
-    root = tmp_path / "s.seqstore"
-    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
-        w.append_batch({"v": np.arange(100)})
-    url = moto_s3.upload_dir(root, s3_bucket, "killed-build/s.seqstore")
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "killed-build")
     cache = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": str(Path(ss.__file__).resolve().parents[1])}
+    env = _child_env()
     arg = json.dumps([url, moto_s3.storage_options(), str(cache)])
     proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, arg], timeout=120, env=env)
     assert proc.returncode == -signal.SIGKILL
     left = [p for p in (cache / "stores").glob("*/*") if ".tmp-" in p.name]
     assert len(left) == 1  # what the killed one left
     other = NodeCache(cache, 1 << 20)
-    with other.locked():
-        other._evict(0)
-    assert list((cache / "stores").glob("*/*")) == []
+    assert _evict_all(other) == []
     with other.building(left[0]):  # one being built (another process's, alive)
-        with other.locked():
-            other._evict(0)
-        assert list((cache / "stores").glob("*/*")) == left
+        assert _evict_all(other) == left
     assert list((cache / "stores").glob("*/*")) == []
 
 

@@ -488,10 +488,8 @@ def test_small_batches_stay_inline(ds: StoreDataset, par: dict[str, int], monkey
     assert got == want and not started
 
 
-@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
-def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``pin_memory=True`` and a device, every batch handed out is pinned (here: a CPU-only torch, so
-    pinning is stood in for by a marked copy) and keeps its values."""
+def _fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``Tensor.pin_memory`` stood in for (a CPU-only torch) by a copy whose id goes into the list returned."""
     pinned: list[int] = []
 
     def fake_pin(self: Any) -> Any:
@@ -499,8 +497,16 @@ def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monk
         pinned.append(id(out))
         return out
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    return pinned
+
+
+@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
+def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``pin_memory=True`` and a device, every batch handed out is pinned (here: a CPU-only torch, so
+    pinning is stood in for by a marked copy) and keeps its values."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pinned = _fake_pinning(monkeypatch)
     want = [b["index"].tolist() for b in _loader(ds, "greedy", 0, 1)]
     got = []
     for b in _loader(ds, "greedy", 0, 1, pin_memory=True, **par):
@@ -522,14 +528,7 @@ def test_procs_pin_memory_pins_batches_larger_than_their_slot(monkeypatch: pytes
     pinned like every other batch (CPU-only torch: pinning stood in for by a marked copy)."""
     from seqstore.torch._ring import run_processes
 
-    pinned: list[int] = []
-
-    def fake_pin(self: Any) -> Any:
-        out = self.clone()
-        pinned.append(id(out))
-        return out
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    pinned = _fake_pinning(monkeypatch)
     _workers_gather(monkeypatch)
     gather = _Growing()
     sizes = [2, 3, 100, 200, 4]  # KiB; the slots hold 64 KiB
@@ -580,14 +579,7 @@ def test_procs_pin_memory_pins_empty_tensors(monkeypatch: pytest.MonkeyPatch) ->
     field) too (CPU-only torch: pinning stood in for by a marked copy)."""
     from seqstore.torch._ring import run_processes
 
-    pinned: list[int] = []
-
-    def fake_pin(self: Any) -> Any:
-        out = self.clone()
-        pinned.append(id(out))
-        return out
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    pinned = _fake_pinning(monkeypatch)
     _workers_gather(monkeypatch)
     gather = _WithEmpty()
     got = list(run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 7)]), gather, 2,  # type: ignore[arg-type]

@@ -3,8 +3,10 @@ exactly what they were, and a wrong prediction only stops the read-ahead."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +198,32 @@ def test_an_iteration_broken_off_near_its_end_keeps_the_resume_point(tmp_path: P
     assert [b["index"].tolist() for b in ds] == full  # that one ran to its end: the whole epoch next
 
 
+def _loader(path: Path, kind: str, collate: Any = None, **par: Any) -> SeqDataLoader:
+    """A loader of the store at ``path`` with indices (random order, seed 5), batched by an EpochSampler (8
+    records, ``kind="sampler"``) or an EpochBatchSampler (60 frames); ``collate``: collate_padded by default."""
+    from seqstore.torch import collate_padded
+
+    ds = StoreDataset(path, ordering="random", seed=5)
+    sds = SeqDataset(ds, with_index=True)
+    collate = collate or collate_padded
+    if kind == "sampler":
+        return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=8, collate_fn=collate, **par)
+    return SeqDataLoader(sds, batch_sampler=EpochBatchSampler(ds, max_frames=60), collate_fn=collate, **par)
+
+
+def _resumed(make: Callable[[], SeqDataLoader], taken: int) -> SeqDataLoader:
+    """A new loader of ``make`` given the state of another after its first ``taken`` batches."""
+    before = make()
+    batches = iter(before)
+    for _ in range(taken):
+        next(batches)
+    state = before.state_dict()
+    del batches
+    loader = make()
+    loader.load_state_dict(state)
+    return loader
+
+
 @pytest.mark.parametrize("kind", ["sampler", "batch_sampler"])
 @pytest.mark.parametrize("par", [{}, {"num_workers": 2, "procs": 0}], ids=["inline", "dataloader_workers"])
 def test_a_loader_broken_off_near_its_end_keeps_the_samplers_resume_point(tmp_path: Path, kind: str,
@@ -204,27 +232,13 @@ def test_a_loader_broken_off_near_its_end_keeps_the_samplers_resume_point(tmp_pa
     workers) pulled the sampler's last indices before their batches were handed out, which marked the
     iteration finished: broken off there, the next iteration walked the whole epoch instead of starting at
     the resume point again."""
-    from seqstore.torch import collate_padded
-
     path = tmp_path / "s"
     make_store(path, 80)
 
-    def make() -> SeqDataLoader:
-        ds = StoreDataset(path, ordering="random", seed=5)
-        sds = SeqDataset(ds, with_index=True)
-        if kind == "sampler":
-            return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=8, collate_fn=collate_padded, **par)
-        return SeqDataLoader(sds, batch_sampler=EpochBatchSampler(ds, max_frames=60), collate_fn=collate_padded,
-                             **par)
+    make = functools.partial(_loader, path, kind, **par)
 
     full = [b["index"].tolist() for b in make()]
-    before = make()
-    batches = iter(before)
-    next(batches), next(batches)
-    state = before.state_dict()
-    del batches
-    loader = make()
-    loader.load_state_dict(state)
+    loader = _resumed(make, 2)
     first = []
     for j, b in enumerate(loader):
         first.append(b["index"].tolist())
@@ -256,20 +270,9 @@ def test_a_loader_that_fails_before_its_first_batch_keeps_the_samplers_resume_po
     make_store(path, 80)
     collate = _FailingCollate()
 
-    def make() -> SeqDataLoader:
-        ds = StoreDataset(path, ordering="random", seed=5)
-        return SeqDataLoader(SeqDataset(ds, with_index=True), sampler=EpochSampler(ds), batch_size=8,
-                             collate_fn=collate, num_workers=2)
-
+    make = functools.partial(_loader, path, "sampler", collate, num_workers=2)
     full = [b["index"].tolist() for b in make()]
-    before = make()
-    batches = iter(before)
-    for _ in range(7):
-        next(batches)
-    state = before.state_dict()
-    del batches
-    loader = make()
-    loader.load_state_dict(state)
+    loader = _resumed(make, 7)
     collate.fail = True
     with pytest.raises(OSError, match="read failed"):
         next(iter(loader))
@@ -287,28 +290,14 @@ def test_len_of_a_resumed_loader_holds_until_its_iteration_ends(tmp_path: Path, 
     then the whole epoch's. Read-ahead pulled the sampler's last indices before their batches were handed
     out, which marked the iteration finished: len() jumped to the whole epoch's with batches still to come
     (a loop that looks for its last step with len() missed it)."""
-    from seqstore.torch import collate_padded
-
     monkeypatch.setattr("seqstore.torch.loader.PARALLEL_FROM_BYTES", 0)  # the threads / processes all the same
     path = tmp_path / "s"
     make_store(path, 80)
 
-    def make() -> SeqDataLoader:
-        ds = StoreDataset(path, ordering="random", seed=5)
-        sds = SeqDataset(ds, with_index=True)
-        if kind == "sampler":
-            return SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=8, collate_fn=collate_padded, **par)
-        return SeqDataLoader(sds, batch_sampler=EpochBatchSampler(ds, max_frames=60), collate_fn=collate_padded,
-                             **par)
+    make = functools.partial(_loader, path, kind, **par)
 
     full = len(make())
-    before = make()
-    batches = iter(before)
-    next(batches), next(batches), next(batches)
-    state = before.state_dict()
-    del batches
-    loader = make()
-    loader.load_state_dict(state)
+    loader = _resumed(make, 3)
     assert len(loader) == full - 3
     seen = [len(loader) for _ in loader]
     assert seen == [full - 3] * (full - 3)
