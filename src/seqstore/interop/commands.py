@@ -476,8 +476,6 @@ def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
     _check_options(args, "export")
-    if is_remote(os.fspath(args.out)):
-        raise SeqstoreError(f"export --to {args.target}: OUT {args.out} is a URL; export writes local files only")
     with _undone_on_interrupt(os.fspath(args.out)):
         try:
             opts = _storage_options(args)

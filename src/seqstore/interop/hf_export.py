@@ -124,6 +124,7 @@ def export_hf(
     the name of the ids' column (written when the store has ids; None: never). ``progress`` gets records.
     Open the result with ``datasets.load_from_disk(out)``."""
     hf = datasets_module()
+    root = local_output(out, "export_hf")
     st = store if isinstance(store, Store) else open_store(store)
     names = list(st.schema) if fields is None else field_list(fields) or []
     unknown = [n for n in names if n not in st.schema]
@@ -138,7 +139,6 @@ def export_hf(
         raise SchemaError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
     if chunk_records < 1:
         raise ValueError(f"chunk_records must be positive, got {chunk_records}")
-    root = local_output(out, "export_hf")
     check_output(root, overwrite,
                  lambda r: not (r / "state.json").exists() and not (r.is_dir() and not any(r.iterdir())),
                  "what is not a datasets save_to_disk directory (no state.json)")

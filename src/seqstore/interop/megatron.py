@@ -374,6 +374,7 @@ def export_megatron(
     Both files are written in one pass in chunks of about ``chunk_bytes`` (O(chunk) memory) under
     temporary names and renamed into place at the end (``.bin`` first). ``progress`` gets bytes of tokens.
     """
+    prefix = _prefix(local_output(out, "export_megatron"))
     st = store if isinstance(store, Store) else open_store(store)
     name = _ragged_field(st, field)
     if st.schema[name].dtype == "bfloat16":
@@ -398,7 +399,6 @@ def export_megatron(
         f = st.schema[documents]
         if f.ragged or f.inner_shape or np.dtype(f.storage_dtype).kind not in "iub":
             raise SchemaError(f"field {documents!r}: documents need an integer scalar field, got {f}")
-    prefix = _prefix(local_output(out, "export_megatron"))
     binp, idxp = Path(prefix + ".bin"), Path(prefix + ".idx")
     for p in (binp, idxp):
         if p.exists() and not overwrite:

@@ -325,11 +325,11 @@ def export_hdf(
     ``progress`` gets the bytes of rows written (their total first, through ``add_total``).
     """
     h5py = h5py_module()
+    target = local_output(out, "export_hdf")
     # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1); one at a URL
     # at its URL with its client's options, as a pickled Store is)
     path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
     st = open_store(path, bfloat16="float32", **reopen)
-    target = local_output(out, "export_hdf")
     schema = st.schema
     meta = st.metadata.get(METADATA_KEY, {})
     meta = meta if isinstance(meta, dict) else {}

@@ -385,6 +385,7 @@ def export_webdataset(
     nothing; an existing ``out`` is replaced with ``overwrite`` only if it holds nothing but tar
     files). Memory O(``chunk_records``). ``progress`` gets records.
     """
+    root = local_output(out, "export_webdataset")
     # bfloat16 as float32, which a member's reader knows (a Store in "bits" mode is reopened: O(1))
     path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
     st = open_store(path, bfloat16="float32", **reopen)
@@ -397,7 +398,6 @@ def export_webdataset(
         raise KeyError(f"{st.url}: records have no ids; pass keys='index'")
     if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
         raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
-    root = local_output(out, "export_webdataset")
     check_output(root, overwrite, lambda r: not r.is_dir() or any(not p.name.endswith(".tar") for p in r.iterdir()),
                  "what is not a directory of tar shards", SchemaError)
     n = len(st)
