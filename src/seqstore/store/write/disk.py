@@ -67,24 +67,27 @@ def hold_owner_lock(directory: Path) -> int:
     return fd
 
 
-def remove_if_dead(path: Path, *, warn: bool = False) -> bool:
-    """Delete the workspace or task directory ``path`` unless a live writer holds its ``owner.lock``
-    (a missing lock file counts as dead); returns whether it is gone."""
+def remove_if_dead(path: Path, *, warn: bool = False, missing_is_dead: bool = True) -> bool:
+    """Delete the workspace or task directory ``path`` unless a live writer holds its ``owner.lock`` (a
+    missing lock file counts as dead unless ``missing_is_dead`` is false); returns whether it is gone. It
+    is deleted under the lock: one who opened the lock file and waits for it then finds it gone."""
     try:
         fd = os.open(path / OWNER, os.O_RDWR | O_CLOEXEC)
     except FileNotFoundError:
+        if not missing_is_dead:
+            return False
         fd = -1
     try:
         if fd >= 0:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if warn:
+            log.warning("removing workspace of a dead writer %s", path)
+        shutil.rmtree(path, ignore_errors=True)
     except BlockingIOError:
         return False  # a live writer owns it
     finally:
         if fd >= 0:
             os.close(fd)
-    if warn:
-        log.warning("removing workspace of a dead writer %s", path)
-    shutil.rmtree(path, ignore_errors=True)
     return not path.exists()
 
 

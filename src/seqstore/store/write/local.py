@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import glob
 import json
 import logging
@@ -36,7 +35,6 @@ from ...format.shard_table import (
     shard_dir_name,
 )
 from ...schema import Schema
-from ..directio import O_CLOEXEC
 from .disk import (
     INDEX_DIR,
     append_row,
@@ -394,18 +392,8 @@ def remove_dead_deletions(root: Path) -> None:
     with contextlib.suppress(OSError):  # (an unreadable parent: the create reports it)
         for old in root.parent.glob(f".{glob.escape(root.name)}.{DELETED}-*"):
             remove_if_dead(old)
-        for new in root.parent.glob(f".{glob.escape(root.name)}.{NEW}-*"):
-            try:
-                fd = os.open(new / OWNER, os.O_RDWR | O_CLOEXEC)
-            except OSError:  # (gone meanwhile)
-                continue
-            try:  # (held while it is deleted: a create that opened it, waiting for its flock, then finds it gone)
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                shutil.rmtree(new, ignore_errors=True)
-            except BlockingIOError:
-                pass
-            finally:
-                os.close(fd)
+        for new in root.parent.glob(f".{glob.escape(root.name)}.{NEW}-*"):  # (no lock: about to be renamed in)
+            remove_if_dead(new, missing_is_dead=False)
 
 
 def _held_sibling(root: Path) -> tuple[Path, int]:
