@@ -19,7 +19,7 @@ from ..errors import FormatError, SchemaError, SeqstoreError
 from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..schema import Schema, field_list
-from ..store import Writer, create
+from ..store import Store, Writer, create, open_store
 from ..store.write.outputs import (  # (re-exported: the importers take them from here)
     OutputExistsError,
     check_output,
@@ -31,7 +31,7 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
-           "install_output", "remove_path", "temp_sibling", "local_output"]
+           "install_output", "remove_path", "temp_sibling", "local_output", "read_as_float32"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -123,6 +123,14 @@ def local_output(out: str | os.PathLike[str], what: str) -> Path:
     if is_remote(os.fspath(out)):
         raise SeqstoreError(f"{what}: {os.fspath(out)} is a URL; {what} writes local files only")
     return local_path(out)
+
+
+def read_as_float32(store: str | os.PathLike[str] | Store) -> Store:
+    """``store`` (a path, URL or Store) opened with bfloat16 fields read as float32, as exporters whose
+    formats know no bfloat16 write them: a Store in another mode is reopened (O(1); one at a URL with its
+    client's options, as a pickled Store is)."""
+    path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
+    return open_store(path, bfloat16="float32", **reopen)
 
 
 def check_named_once(where: str, names: Sequence[str], what: str = "field") -> None:

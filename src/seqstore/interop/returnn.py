@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import SchemaError
 from ..schema import Field, Schema, field_list
-from ..store import Store, Writer, open_store
+from ..store import Store, Writer
 from . import driver
 from ._common import (
     DEFAULT_CHUNK_BYTES,
@@ -35,6 +35,7 @@ from ._common import (
     check_output,
     local_output,
     name_map,
+    read_as_float32,
     replaced,
     split_by_budget,
 )
@@ -326,10 +327,7 @@ def export_hdf(
     """
     h5py = h5py_module()
     target = local_output(out, "export_hdf")
-    # bfloat16 fields are read as float32 (a Store given in "bits" mode is reopened: O(1); one at a URL
-    # at its URL with its client's options, as a pickled Store is)
-    path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
-    st = open_store(path, bfloat16="float32", **reopen)
+    st = read_as_float32(store)
     schema = st.schema
     meta = st.metadata.get(METADATA_KEY, {})
     meta = meta if isinstance(meta, dict) else {}

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import SchemaError
 from ..schema import Field, Schema, field_list
-from ..store import Store, Writer, open_store
+from ..store import Store, Writer
 from . import driver
 from ._common import (
     Progress,
@@ -51,6 +51,7 @@ from ._common import (
     check_named_once,
     check_output,
     local_output,
+    read_as_float32,
     replaced,
 )
 from .tar_shards import KEY, META, ByteCounter, expand_shards, samples, shard_list, shard_size
@@ -386,9 +387,7 @@ def export_webdataset(
     files). Memory O(``chunk_records``). ``progress`` gets records.
     """
     root = local_output(out, "export_webdataset")
-    # bfloat16 as float32, which a member's reader knows (a Store in "bits" mode is reopened: O(1))
-    path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
-    st = open_store(path, bfloat16="float32", **reopen)
+    st = read_as_float32(store)  # (bfloat16 as float32, which a member's reader knows)
     plan = _export_plan(st, fields)
     if keys == "auto":
         keys = "ids" if st.has_ids else "index"
