@@ -135,10 +135,7 @@ class _StoreDatasink(_SinkBase):
         self._ended = True
         self._prepare()  # an empty dataset starts no write task
         reported = sorted((r for r in write_result.write_returns if r is not None), key=lambda r: r[0])
-        parts = [part for _, part in reported]
-        if not parts:  # no write task: one empty part, so that there is a commit (an overwrite empties the store)
-            parts = [PartWriter(self.root, job=self.job, task="driver", storage_options=self.storage_options).finish()]
-        self.records = commit_parts(self.root, parts,
+        self.records = commit_parts(self.root, [part for _, part in reported],  # (none: an overwrite empties it)
                                     mode="overwrite" if self.mode == "overwrite" else "append",
                                     storage_options=self.storage_options)
         # attempts that died or were retried, never reported
