@@ -363,3 +363,17 @@ def test_lost_answer_to_an_empty_overwrite_counts_as_committed(moto_s3: MotoS3, 
     assert manifest["generation"] == before + 1  # one commit, not a second one after a "conflict"
     assert len(_open(url, moto_s3, tmp_path / "c")) == 0
     assert verify(url, storage_options=opts) == []
+
+
+def test_a_commit_of_no_part_appends_nothing_or_overwrites_to_an_empty_store(moto_s3: MotoS3, s3_bucket: str,
+                                                                             tmp_path: Path) -> None:
+    """A job whose tasks wrote no part (an empty input) commits an empty list, at a URL as locally."""
+    url, opts = f"s3://{s3_bucket}/none.seqstore", moto_s3.storage_options()
+    with ss.create(url, SCHEMA, storage_options=opts) as w:
+        cols, ids = _batch(0, 3)
+        w.append_batch(cols, ids=ids)
+    assert commit_parts(url, [], storage_options=opts) == 0
+    assert len(_open(url, moto_s3, tmp_path / "c1")) == 3
+    prepare_store(url, SCHEMA, mode="overwrite", storage_options=opts)
+    assert commit_parts(url, [], mode="overwrite", storage_options=opts) == 0
+    assert len(_open(url, moto_s3, tmp_path / "c2")) == 0
