@@ -284,3 +284,20 @@ def test_packed_mixture_state_is_refused_by_sources_in_another_order(tmp_path: P
     np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(1)["tokens"], want)
     del state["source"]["orders"]
     np.testing.assert_array_equal(again.open(again.shares(state, 1)[0]).batch(1)["tokens"], want)
+
+
+def test_an_empty_source_is_accepted_while_its_weight_is_zero(tmp_path: Path) -> None:
+    """A source with no documents (a store to be filled later) may be in a mixture that gives it no
+    weight; a schedule that weights it is refused when made, naming the source."""
+    for name, n in (("web", 100), ("later", 0)):
+        with seqstore.create(tmp_path / f"{name}.seqstore", {"tokens": Field("int32", (None,))}) as w:
+            if n:
+                w.append_batch({"tokens": (np.full(4 * n, 7, dtype=np.int32), np.full(n, 4))})
+    src = {n: StoreDataset(tmp_path / f"{n}.seqstore", ordering="random", seed=1) for n in ("web", "later")}
+    packed = PackedDataset(MixtureStream(src, {"web": 1.0}, chunk=64), seq_len=8)
+    s = packed.open(packed.shares(None, 1)[0])
+    assert (s.batch(3)["tokens"] == 7).all()
+    state = packed.state_dict([s.state()])
+    assert state["stats"]["source_documents"] == {"web": 6, "later": 0}
+    with pytest.raises(ValueError, match=r"\['later'\] have no documents but a weight > 0"):
+        MixtureStream(src, [(0, {"web": 1.0}), (1000, {"web": 1, "later": 1})])

@@ -278,9 +278,10 @@ class MixtureStream:
         else:
             self.schedule = MixtureSchedule(stages, self.names, unit=unit)
         self.chunk = check_int(chunk, "chunk", 1)
-        empty = [n for n, d in zip(self.names, self.combined.datasets) if d.num_seqs == 0]
+        weighted = self.schedule.units.any(axis=0).tolist()
+        empty = [n for n, d, w in zip(self.names, self.combined.datasets, weighted) if d.num_seqs == 0 and w]
         if empty:
-            raise ValueError(f"MixtureStream: source(s) {empty} have no documents")
+            raise ValueError(f"MixtureStream: source(s) {empty} have no documents but a weight > 0 in the schedule")
         self._orders: dict[tuple[int, int], Order] = {}
         # segments: (first sample, schedule in samples, positions of every source at that sample)
         self.segments: list[tuple[int, MixtureSchedule, IntArray]] = []
