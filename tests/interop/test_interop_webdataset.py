@@ -3,8 +3,10 @@ TarWriter and WebDataset reader."""
 
 from __future__ import annotations
 
+import gc
 import io
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +243,20 @@ def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
     out = export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields={"label": "cls"}, keys="index")
     assert [s["__key__"] for s in wds.WebDataset(str(out / "000000.tar"), shardshuffle=False)] == ["000000000",
                                                                                                     "000000001"]
+
+
+def test_export_that_fails_on_a_record_leaves_no_shard_open(tmp_path: Path) -> None:
+    """The shard being written when a record is refused is closed (it was left to the garbage
+    collector, open while the error was held: a ResourceWarning)."""
+    with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
+        w.append({"label": 1}, id="a")
+        w.append({"label": 2}, id="b.c")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(SchemaError, match=r"record 1: id 'b\.c'"):
+            export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields={"label": "cls"})
+        gc.collect()
+    assert [str(c.message) for c in caught if issubclass(c.category, ResourceWarning)] == []
 
 
 def test_export_refuses_a_field_named_twice(tmp_path: Path) -> None:

@@ -406,46 +406,48 @@ def export_webdataset(
         tmp.mkdir()
         shard, in_shard, size = 0, 0, 0
         tf: tarfile.TarFile | None = None
-        for a in range(0, n, chunk_records):
-            b = min(n, a + chunk_records)
-            batch = st.get_batch(np.arange(a, b), fields=names)
-            # each ragged field's record offsets in the batch
-            starts = {n: np.concatenate(([0], np.cumsum(batch[n][1], dtype=np.int64))) for n in names
-                      if st.schema[n].ragged}
-            if keys == "ids":
-                data, offs = st.ids(np.arange(a, b))
-                blob = bytes(data)
-            for j in range(b - a):
+        try:
+            for a in range(0, n, chunk_records):
+                b = min(n, a + chunk_records)
+                batch = st.get_batch(np.arange(a, b), fields=names)
+                # each ragged field's record offsets in the batch
+                starts = {n: np.concatenate(([0], np.cumsum(batch[n][1], dtype=np.int64))) for n in names
+                          if st.schema[n].ragged}
                 if keys == "ids":
-                    key = blob[int(offs[j]) : int(offs[j + 1])].decode("utf-8", "surrogatepass")
-                    m = KEY.match(key + ".x")
-                    if m is None or m.group(1) != key or META.match(key):
-                        raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its last "
-                                          "path part, not __name__); pass keys='index'")
-                else:
-                    key = f"{a + j:09d}"
-                if tf is None:
-                    tf = tarfile.open(tmp / f"{shard:0{SHARD_DIGITS}d}.tar", "w", format=tarfile.USTAR_FORMAT
-                                      if keys == "index" else tarfile.PAX_FORMAT)
-                for name in names:
-                    ext, kind = plan[name]
-                    if name in starts:
-                        s0, s1 = int(starts[name][j]), int(starts[name][j + 1])
-                        value = batch[name][0][s0:s1]
+                    data, offs = st.ids(np.arange(a, b))
+                    blob = bytes(data)
+                for j in range(b - a):
+                    if keys == "ids":
+                        key = blob[int(offs[j]) : int(offs[j + 1])].decode("utf-8", "surrogatepass")
+                        m = KEY.match(key + ".x")
+                        if m is None or m.group(1) != key or META.match(key):
+                            raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its "
+                                              "last path part, not __name__); pass keys='index'")
                     else:
-                        value = batch[name][j]
-                    data_j = _member(kind, value)
-                    _add(tf, f"{key}.{ext}", data_j)
-                    size += len(data_j)
-                in_shard += 1
-                if in_shard >= shard_records or size >= shard_bytes:
-                    tf.close()
-                    tf, shard, in_shard, size = None, shard + 1, 0, 0
-            if progress is not None:
-                progress(b - a)
-        if tf is not None:
-            tf.close()
-            shard += 1
+                        key = f"{a + j:09d}"
+                    if tf is None:
+                        tf = tarfile.open(tmp / f"{shard:0{SHARD_DIGITS}d}.tar", "w", format=tarfile.USTAR_FORMAT
+                                          if keys == "index" else tarfile.PAX_FORMAT)
+                    for name in names:
+                        ext, kind = plan[name]
+                        if name in starts:
+                            s0, s1 = int(starts[name][j]), int(starts[name][j + 1])
+                            value = batch[name][0][s0:s1]
+                        else:
+                            value = batch[name][j]
+                        data_j = _member(kind, value)
+                        _add(tf, f"{key}.{ext}", data_j)
+                        size += len(data_j)
+                    in_shard += 1
+                    if in_shard >= shard_records or size >= shard_bytes:
+                        tf.close()
+                        tf, shard, in_shard, size = None, shard + 1, 0, 0
+                if progress is not None:
+                    progress(b - a)
+        finally:
+            if tf is not None:
+                tf.close()
+                shard += 1
         wide = len(str(max(shard - 1, 0)))
         if wide > SHARD_DIGITS:  # more names than the digits hold: all as wide, so that their order is by name
             for k in range(shard):
