@@ -278,8 +278,9 @@ class MixtureStream:
         else:
             self.schedule = MixtureSchedule(stages, self.names, unit=unit)
         self.chunk = check_int(chunk, "chunk", 1)
-        weighted = self.schedule.units.any(axis=0).tolist()
-        empty = [n for n, d, w in zip(self.names, self.combined.datasets, weighted) if d.num_seqs == 0 and w]
+        weighted = self.schedule.units.max(axis=0) > 0
+        empty = [n for k, (n, d) in enumerate(zip(self.names, self.combined.datasets)) if d.num_seqs == 0
+                 and weighted[k]]
         if empty:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents but a weight > 0 in the schedule")
         self._orders: dict[tuple[int, int], Order] = {}
