@@ -451,6 +451,21 @@ def test_export_hf_of_no_column_is_refused(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore"]
 
 
+def test_export_hf_of_a_complex_field_is_refused_naming_it(tmp_path: Path) -> None:
+    """Arrow has no complex numbers: a complex field is refused naming it, before anything is written
+    (pyarrow's "Unsupported numpy type 14" named neither); the other fields export."""
+    from seqstore.interop.hf_export import export_hf
+
+    with seqstore.create(tmp_path / "c.seqstore", {"z": seqstore.Field("complex64", (None,)),
+                                                   "y": seqstore.Field("int32")}) as w:
+        w.append_batch({"z": (np.arange(4).astype(np.complex64), np.array([1, 3])), "y": np.array([5, 6])})
+    with pytest.raises(SchemaError, match="c.seqstore: field 'z' is complex64"):
+        export_hf(tmp_path / "c.seqstore", tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.seqstore"]
+    out = export_hf(tmp_path / "c.seqstore", tmp_path / "hf", fields=["y"])
+    assert datasets.load_from_disk(str(out))["y"] == [5, 6]
+
+
 def test_export_hf_store_without_ids_and_empty_store(tmp_path: Path) -> None:
     from seqstore.interop.hf_export import export_hf
 

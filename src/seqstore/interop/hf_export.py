@@ -131,6 +131,10 @@ def export_hf(
     if unknown:
         raise KeyError(f"{st.url}: no field {unknown[0]!r} (fields: {', '.join(st.schema)})")
     check_named_once(st.url, names)
+    for name in names:
+        if (dt := np.dtype(st.schema[name].storage_dtype)).kind == "c":
+            raise SchemaError(f"{st.url}: field {name!r} is {dt.name}, and Arrow (so datasets) has no complex "
+                              "numbers; leave it out with fields=")
     if id_column is not None and not st.has_ids:
         id_column = None
     if id_column is None and not names:
