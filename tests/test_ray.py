@@ -464,3 +464,15 @@ def test_read_a_field_named_twice_fails_on_the_driver(tmp_path: Path) -> None:
         w.append({"a": 1, "b": 2})
     with pytest.raises(ValueError, match=r"\['a'\] named twice"):
         sray.read(path, fields=["a", "b", "a"])
+
+
+def test_read_of_no_column_is_refused(ray_local: None, tmp_path: Path) -> None:
+    """``read(path, fields=[])`` (no id column) has no column, and a Ray Dataset has no rows without one:
+    ``count()`` (from the tasks' metadata) said 5 while the rows read were 0. It is refused, naming the
+    store; the ids alone read one row per record."""
+    path = tmp_path / "s.seqstore"
+    with seqstore.create(path, {"a": Field("int32")}) as w:
+        w.append_batch({"a": np.arange(5, dtype=np.int32)}, ids=[f"r{i}" for i in range(5)])
+    with pytest.raises(ValueError, match=r"s\.seqstore: nothing to read"):
+        sray.read(path, fields=[])
+    assert len(sray.read(path, fields=[], id_column="id").take_all()) == 5

@@ -386,6 +386,8 @@ def read(path: str | os.PathLike[str], *, fields: Sequence[str] | None = None, o
     twice = sorted({n for n in names if names.count(n) > 1})  # (a block's columns would clash)
     if twice:
         raise ValueError(f"{store.url}: fields {twice} named twice; name each field once")
+    if not names and id_column is None:  # Ray has no rows without a column
+        raise ValueError(f"{store.url}: nothing to read (no fields and no id_column)")
     if id_column is not None:
         if not store.has_ids and len(store):
             raise KeyError(f"{store.url}: records have no ids (id_column={id_column!r})")
