@@ -138,6 +138,18 @@ def test_data_source_reads_through_get_batch_and_pickles_small(tmp_path: Path, s
     assert int(copy[7]["tag"]) == 1007 and repr(copy) == repr(source)
 
 
+def test_float_indices_are_refused_not_truncated(store: seqstore.Store) -> None:
+    """A float index is a TypeError in the batched read as in ``source[i]`` (``_getitems([1.7])`` read
+    record 1: the indices were cast to int64)."""
+    source = sg.DataSource(store)
+    with pytest.raises(TypeError, match="must be an int"):
+        source[1.7]  # type: ignore[index]
+    for bad in ([1.7], np.array([0.0, 2.0]), [True]):
+        with pytest.raises(TypeError, match="must be ints"):
+            source._getitems(bad)  # noqa: SLF001 - Grain's batched-read protocol
+    assert source._getitems([]) == [] and int(source._getitems(np.array([2], np.uint8))[0]["tag"]) == 1002  # noqa: SLF001
+
+
 def test_bad_store_and_bad_arguments_fail_clearly(tmp_path: Path, store: seqstore.Store) -> None:
     pytest.importorskip("grain")
     with pytest.raises(FormatError, match="no such store"):

@@ -212,7 +212,10 @@ class DataSource:
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Records ``indices`` with one ``get_batch``; the records are views into the gathered batch.
         O(batch elements)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices)
+        if idx.size and idx.dtype.kind not in "iu":
+            raise TypeError(f"seqstore.grain.DataSource indices must be ints, got {idx.dtype}")
+        idx = idx.astype(np.int64).reshape(-1)
         if idx.size and (int(idx.min()) < -self._num_seqs or int(idx.max()) >= self._num_seqs):
             bad = int(idx.min()) if int(idx.min()) < -self._num_seqs else int(idx.max())
             raise IndexError(f"seqstore.grain.DataSource index {bad} out of range for {self._num_seqs} records")
