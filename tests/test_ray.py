@@ -476,3 +476,13 @@ def test_read_of_no_column_is_refused(ray_local: None, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"s\.seqstore: nothing to read"):
         sray.read(path, fields=[])
     assert len(sray.read(path, fields=[], id_column="id").take_all()) == 5
+
+
+def test_read_of_a_complex_field_is_refused_naming_it(tmp_path: Path) -> None:
+    """Arrow has no complex numbers: a complex field is a ValueError on the driver naming it (every read
+    task failed with pyarrow's "Unsupported numpy type 14", naming neither field nor store)."""
+    path = tmp_path / "s.seqstore"
+    with seqstore.create(path, {"z": Field("complex64"), "y": Field("int32")}) as w:
+        w.append_batch({"z": np.arange(3).astype(np.complex64), "y": np.arange(3, dtype=np.int32)})
+    with pytest.raises(ValueError, match=r"s\.seqstore: field 'z' is complex64"):
+        sray.read(path)

@@ -383,6 +383,9 @@ def read(path: str | os.PathLike[str], *, fields: Sequence[str] | None = None, o
     for name in names:
         if name not in store.schema:
             raise KeyError(f"no field {name!r} in {store.url}; fields are {list(store.schema)}")
+        if (dt := np.dtype(store.schema[name].storage_dtype)).kind == "c":
+            raise ValueError(f"{store.url}: field {name!r} is {dt.name}, and Arrow (so Ray Data) has no complex "
+                             "numbers; leave it out with fields=")
     twice = sorted({n for n in names if names.count(n) > 1})  # (a block's columns would clash)
     if twice:
         raise ValueError(f"{store.url}: fields {twice} named twice; name each field once")
