@@ -53,6 +53,14 @@ def test_arrays_lists_and_other_datasets(ds: StoreDataset) -> None:
         next(iter_records(ds, idx, block=0))
 
 
+def test_float_indices_are_refused_not_truncated(ds: StoreDataset) -> None:
+    """Indices of floats are a TypeError, as in ``get_batch`` (they were cast to int64: 1.7 read record 1)."""
+    for given in (np.array([0.0, 1.7]), [1.7], iter([2.5])):
+        with pytest.raises(TypeError, match="integers"):
+            next(iter_records(ds, given))
+    assert [int(r["y"]) for r in iter_records(ds, np.array([2, 1], dtype=np.uint8))] == [2, 1]
+
+
 def test_views_share_their_block(ds: StoreDataset) -> None:
     a, b = iter_records(ds, [3, 4], block=2)
     assert a["x"].base is not None and a["x"].base is b["x"].base  # rows of one gathered array

@@ -40,6 +40,12 @@ def split_records(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield dict(zip(names, views))
 
 
+def _ints(arr: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"iter_records: indices must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
 def _blocks(indices: Any, block: int) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
     chunks = getattr(indices, "iter_chunks", None)
     if callable(chunks):  # a lazy Order: computed a block at a time
@@ -47,13 +53,13 @@ def _blocks(indices: Any, block: int) -> Iterator[np.ndarray[Any, np.dtype[np.in
             yield np.asarray(c, dtype=np.int64)
         return
     if isinstance(indices, np.ndarray) or not isinstance(indices, Iterable):
-        arr = np.asarray(indices, dtype=np.int64).reshape(-1)
+        arr = _ints(np.asarray(indices).reshape(-1))
         for lo in range(0, len(arr), block):
             yield arr[lo: lo + block]
         return
     it = iter(indices)
     while buf := list(itertools.islice(it, block)):
-        yield np.array(buf, dtype=np.int64)
+        yield _ints(np.array(buf))
 
 
 def iter_gathered(dataset: Any, arrays: Iterable[Any], *, pad: bool, prefetch: int | None,
