@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +94,34 @@ def test_multi_pass_cache_to_disk(tmp_path: Path) -> None:
     got = sort_index(values, cache=tmp_path / "s.npy")
     assert np.array_equal(got, np.argsort(values, kind="stable"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npy"]
+
+
+_THREADS = """
+import sys, threading
+import numpy as np
+from seqstore.order import sort_index
+values = np.random.default_rng(0).integers(0, 1 << 30, 2_000_000)
+want = np.argsort(values, kind="stable")
+for trial in range(3):
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(sort_index(values, cache=f"{sys.argv[1]}/s{trial}.npy")))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(np.array_equal(g, want) for g in got)
+"""
+
+
+def test_threads_computing_one_cache_at_once(tmp_path: Path) -> None:
+    """Threads of one process computing the same cached index wrote the same temporary files (named by
+    the process id): one truncated what another had mapped (the process died of SIGBUS) or renamed it
+    away under it. Each now has its own; the index is right in every thread."""
+    run = subprocess.run([sys.executable, "-c", _THREADS, str(tmp_path)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0.npy", "s1.npy", "s2.npy"]
 
 
 def test_sorted_orders_use_cache(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,7 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
     def new_buffer(tag: str) -> np.ndarray:
         if path is None:
             return np.empty(n, dtype=dtype)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{tag}.tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.{tag}.tmp")
         charge(tmp, n * np.dtype(dtype).itemsize + 4096)  # where a node cache's budget covers the directory
         tmp_files.append(tmp)
         return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
@@ -190,7 +191,7 @@ def _finish(array: np.ndarray | None, path: Path | None) -> npt.NDArray[np.integ
         assert array is not None
         return array
     if array is not None:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp.npy")
         charge(tmp, array.nbytes + 4096)
         np.save(tmp, array)
         os.replace(tmp, path)
