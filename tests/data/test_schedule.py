@@ -301,3 +301,11 @@ def test_an_empty_source_is_accepted_while_its_weight_is_zero(tmp_path: Path) ->
     assert state["stats"]["source_documents"] == {"web": 6, "later": 0}
     with pytest.raises(ValueError, match=r"\['later'\] have no documents but a weight > 0"):
         MixtureStream(src, [(0, {"web": 1.0}), (1000, {"web": 1, "later": 1})])
+
+
+def test_a_source_with_a_partition_epoch_is_refused_naming_the_mixture() -> None:
+    """A source's sub-epochs hold part of its documents; the error named a CombinedDataset the user never
+    made and said to set partition_epoch on it."""
+    src = {"web": LengthsDataset(np.full(10, 3), partition_epoch=2), "code": LengthsDataset(np.full(10, 3))}
+    with pytest.raises(ValueError, match=r"MixtureStream: source\(s\) with partition_epoch \{'web': 2\}"):
+        MixtureStream(src, {"web": 1, "code": 1})

@@ -269,6 +269,11 @@ class MixtureStream:
         chunk: int = 1 << 16,
         unit: str = "samples",
     ) -> None:
+        parted = {n: d.partition_epoch for n, d in (datasets.items() if isinstance(datasets, Mapping) else ())
+                  if getattr(d, "partition_epoch", 1) != 1}
+        if parted:
+            raise ValueError(f"MixtureStream: source(s) with partition_epoch {parted}; every source walks whole "
+                             "epochs of its documents (open them with partition_epoch=1)")
         self.combined = CombinedDataset(datasets)
         self.names = list(self.combined.names)
         if isinstance(stages, MixtureSchedule):
