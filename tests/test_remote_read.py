@@ -232,6 +232,39 @@ def test_torch_loaders_with_helpers_read_small_batches_ahead(moto_s3: MotoS3, s3
         assert got <= alone + 2 + alone // 8, (par, got, alone)  # (+ the first batch, gathered before the stream)
 
 
+def test_packed_procs_workers_read_ahead_on_a_remote_store(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                            s3_proxy: FaultProxy) -> None:
+    """A PackedIterableDataset under procs= on a remote store: its workers get the plans of the next
+    batches early and start reading their documents, as a SeqDataset's do; before, each batch waited out
+    its own round trips (52 for these 60 batches, against 61 without workers and 17 now). The batches are
+    those of the loop without workers."""
+    pytest.importorskip("torch")
+    import torch
+
+    from seqstore.data import PackedDataset
+    from seqstore.torch import PackedIterableDataset, SeqDataLoader
+
+    lens = np.random.default_rng(0).integers(1, 400, 6000)
+    local = tmp_path / "t.seqstore"
+    with ss.create(local, {"tokens": ss.Field("int32", (None,))}, max_shard_records=1000) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens)})
+    url = moto_s3.upload_dir(local, s3_bucket, "packed/t.seqstore")
+    s3_proxy.latency = 0.02  # (requests sent together overlap for certain)
+
+    def batches(cache: str, **par: int) -> tuple[list[torch.Tensor], int]:
+        store = _open(moto_s3, url, tmp_path / cache, s3_proxy.url)
+        packed = PackedDataset(store, seq_len=512, mode="best_fit", eos=1 << 30, window=16, ordering="random", seed=3)
+        loader = SeqDataLoader(PackedIterableDataset(packed, batch_size=8, num_batches=60), batch_size=None, **par)
+        s3_proxy.clear_log()
+        got = [b["tokens"].clone() for b in loader]
+        return got, s3_proxy.round_trips()
+
+    alone, alone_trips = batches("alone")
+    got, trips = batches("procs", procs=2)
+    assert len(got) == len(alone) == 60 and all(torch.equal(a, b) for a, b in zip(got, alone))
+    assert trips <= alone_trips // 2, (trips, alone_trips)
+
+
 def test_returnn_adapter_on_a_url(moto_s3: MotoS3, remote: tuple[str, str], local: Path, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("returnn")

@@ -205,7 +205,8 @@ class SeqDataLoader(DataLoader[Any]):
         if isinstance(src, PackedIterableDataset) and (self.threads or self.procs):
             if self.procs:
                 check_main_guard(start_method(self._procs_context), self.procs)
-            batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context, pin=pin)
+            batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context, pin=pin,
+                                   ahead=self._ahead)
         elif plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
             if self.threads or self.procs:

@@ -84,10 +84,12 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             yield stream.plan(self.batch_size)
 
     def parallel(self, *, threads: int = 0, procs: int = 0, context: Any = None,
-                 pin: bool = False) -> Iterator[dict[str, Any]]:
+                 pin: bool = False, ahead: int = 0) -> Iterator[dict[str, Any]]:
         """This rank's batches (as :meth:`__iter__` without workers yields them) read and filled by
-        ``threads`` helper threads or ``procs`` worker processes (``context``: their start method);
-        planned here. ``SeqDataLoader(threads=, procs=)`` iterates this."""
+        ``threads`` helper threads or ``procs`` worker processes (``context``: their start method;
+        ``ahead``: the plans of the next batches they get early, to start reading their documents, see
+        :func:`~seqstore.torch._ring.run_processes`); planned here. ``SeqDataLoader(threads=, procs=)``
+        iterates this."""
         plans = self._plans()
         if procs:
             first_plan = next(plans, None)
@@ -95,7 +97,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                 return
             ring = _Build(self.packed, ring=True)
             for batch in run_processes(ring(first_plan), plans, ring, procs,  # type: ignore[arg-type]
-                                       context=context, pin=pin):
+                                       context=context, pin=pin, ahead=ahead):
                 yield {**batch, "max_seqlen": int(batch["max_seqlen"])}
             return
         for batch in run_ordered(plans, _Build(self.packed, ring=False), threads):
@@ -184,3 +186,8 @@ class _Build:
         if self.ring:
             out["max_seqlen"] = torch.tensor(out["max_seqlen"], dtype=torch.int64)
         return out
+
+    def prefetch(self, plan: np.ndarray[Any, Any]) -> None:
+        """Start reading the documents of a later batch's plan."""
+        k = int(plan[1])
+        self.packed.dataset.prefetch(np.unique(plan[2 + k : 2 + 2 * k]))
