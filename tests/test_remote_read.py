@@ -232,6 +232,41 @@ def test_torch_loaders_with_helpers_read_small_batches_ahead(moto_s3: MotoS3, s3
         assert got <= alone + 2 + alone // 8, (par, got, alone)  # (+ the first batch, gathered before the stream)
 
 
+@pytest.mark.parametrize("par", [{}, {"num_workers": 2}], ids=["inline", "workers"])
+def test_seqdataset_at_its_default_prefetch_reads_in_runs_as_the_iterable_does(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy, par: dict[str, int]) -> None:
+    """A SeqDataset at its default prefetch lets the store choose its read-ahead, as an IterableSeqDataset
+    does (runs of batches on object storage): it passed its own 2 down, so that an epoch of these small
+    batches made 32 round trips (35 with num_workers=2, which is procs=2) against the iterable's 7. The
+    batches are the same."""
+    pytest.importorskip("torch")
+    import torch
+
+    from seqstore.torch import EpochSampler, IterableSeqDataset, SeqDataLoader, SeqDataset, collate_padded
+
+    local = build_store(tmp_path / "s.seqstore", n=3000, max_rows=40, shard_records=500)
+    url = moto_s3.upload_dir(local, s3_bucket, "runs/s.seqstore")
+    s3_proxy.latency = 0.02  # (requests sent together overlap for certain)
+
+    def epoch(kind: str) -> tuple[list[dict[str, torch.Tensor]], int]:
+        ds = ss.StoreDataset(_open(moto_s3, url, tmp_path / kind, s3_proxy.url), ordering="random", seed=2)
+        if kind == "iterable":
+            loader = SeqDataLoader(IterableSeqDataset(ds, batch=8), batch_size=None)
+        else:
+            sds = SeqDataset(ds)
+            loader = SeqDataLoader(sds, sampler=EpochSampler(sds), batch_size=8, collate_fn=collate_padded, **par)
+        s3_proxy.clear_log()
+        got = [{k: v.clone() for k, v in b.items()} for b in loader]
+        return got, s3_proxy.round_trips()
+
+    want, iterable = epoch("iterable")
+    got, trips = epoch("map")
+    assert len(got) == len(want) == 375
+    for k, (g, w) in enumerate(zip(got, want)):
+        tensors_equal(g, w, f"batch {k}")
+    assert trips <= iterable + 2 + iterable // 8, (trips, iterable)
+
+
 def test_packed_procs_workers_read_ahead_on_a_remote_store(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
                                                             s3_proxy: FaultProxy) -> None:
     """A PackedIterableDataset under procs= on a remote store: its workers get the plans of the next

@@ -158,25 +158,25 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gather
     inner = ds.dataset
     stream = None
     prefetch = getattr(inner, "prefetch", None)
-    if hasattr(inner, "iter_batches") and ds.prefetch:
+    if hasattr(inner, "iter_batches") and ds.prefetch != 0:
 
         def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
-            # the dataset's own read-ahead: the next ``ds.prefetch`` batches' reads in flight, each
-            # batch's pages asked for once
+            # the dataset's own read-ahead (its own depth for None): the next batches' reads in flight,
+            # each batch's pages asked for once
             for idx, batch in iter_gathered(inner, idxs, pad=True, prefetch=ds.prefetch):
                 yield gather.finish(idx, batch)
 
-    elif callable(prefetch) and ds.prefetch:
+    elif callable(prefetch) and ds.depth:
 
         def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
-            # the reads of the next ``ds.prefetch`` batches start before this one is gathered (what the
+            # the reads of the next ``ds.depth`` batches start before this one is gathered (what the
             # workers' read-ahead does in the DataLoader path)
             window: deque[IndexArray] = deque()
             for idx in idxs:
                 window.append(idx)
                 if len(window) > 1:
                     prefetch(idx)
-                if len(window) > ds.prefetch:
+                if len(window) > ds.depth:
                     yield gather(window.popleft())
             while window:
                 yield gather(window.popleft())
