@@ -428,6 +428,27 @@ def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, mo
             pass
 
 
+@pytest.mark.timeout(120)
+def test_procs_a_worker_stuck_past_the_timeout_is_an_error(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``num_workers=K`` with the DataLoader's ``timeout=``: seqstore's workers replace the DataLoader's, and a
+    worker that gives no batch for that long is a LoaderWorkerError, as the DataLoader raises one; the timeout
+    was dropped, so a stuck worker (alive, silent) was waited for for ever."""
+    import time
+
+    from seqstore.torch import _ring
+    from seqstore.torch._ring import LoaderWorkerError
+
+    _workers_gather(monkeypatch)
+    monkeypatch.setattr(_ring, "_serve", lambda *args: time.sleep(600))  # (the workers are forked)
+    loader = _loader(ds, "sampler", 0, 1, num_workers=2, timeout=2)
+    assert loader.procs == 2
+    got = 0
+    with pytest.raises(LoaderWorkerError, match="no batch in 2s"):
+        for _ in loader:
+            got += 1
+    assert got == 1  # the first batch, gathered in the loop's process
+
+
 def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches handed out as views of the shared slots are never overwritten while alive; a loop that
     keeps every batch (or a part of one) gets copies once the worker would run out of slots."""

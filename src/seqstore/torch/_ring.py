@@ -112,10 +112,8 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
         if msg is None:
             stop = True
         elif msg[0] == "ahead":  # (a remote store's answers take tens of milliseconds)
-            try:
+            with contextlib.suppress(Exception):  # advice only: the batch's own gather reports the error
                 gather.prefetch(msg[1])
-            except Exception:  # noqa: BLE001 - advice only: the batch's own gather reports the error
-                pass
         elif msg[0] == "forget":
             runs.pop(msg[1], None)
         else:
@@ -365,9 +363,8 @@ def _unlink_block(shm: SharedMemory) -> None:
 
 
 def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather: Gatherer, procs: int, *,
-                  depth: int = 3, context: Any = None, pin: bool = False,
-                  ahead: int = 0, runs: RunBuffers | None = None,
-                  chooser: Chooser | None = None) -> Iterator[dict[str, torch.Tensor]]:
+                  depth: int = 3, context: Any = None, pin: bool = False, ahead: int = 0, timeout: float = 0,
+                  runs: RunBuffers | None = None, chooser: Chooser | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """``first`` (the first batch, gathered by the caller), then the batches of ``arrays`` in order,
     gathered by ``procs`` worker processes into shared slots (see the module docstring). ``context``: a
     multiprocessing context or start method name. ``ahead``: batches past those given to the workers whose
@@ -376,7 +373,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     ``(idx, parts)`` of a read-once store's ``fetch_runs`` into buffers of ``runs``; each worker gathers
     its batch from them, and the parts are released once its answer is in. ``chooser``: who gathers the
     batches (a :class:`Chooser` by default; None with ``ahead``, where the loop's process would wait out each
-    batch's round trips itself)."""
+    batch's round trips itself). ``timeout``: seconds a worker may take to answer (0: no limit)."""
     source = iter(arrays)
     early: deque[IndexArray] = deque()  # drawn from ``source`` and sent ahead, not yet given to a worker
 
@@ -531,6 +528,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 while not pollers[w].poll(1000):  # a worker that died without its pipe closing is noticed too
                     if not workers[w].is_alive():
                         raise EOFError
+                    if 0 < timeout < time.perf_counter() - start:
+                        raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) gave no batch in {timeout}s")
                 waited = time.perf_counter() - start
                 msg = conns[w].recv()
                 pending.popleft()

@@ -120,8 +120,9 @@ class SeqDataLoader(DataLoader[Any]):
 
     ``num_workers=K`` on such batches (and no ``procs``, ``threads`` or ``worker_init_fn``) is ``procs=K``:
     seqstore's own workers take the DataLoader's place (``loader.procs == K``, ``loader.num_workers ==
-    0``; ``prefetch_factor`` and ``persistent_workers`` have nothing to apply to and are dropped). Pass
-    ``procs=0`` with ``num_workers=K`` for the DataLoader's workers.
+    0``; ``prefetch_factor`` and ``persistent_workers`` have nothing to apply to and are dropped;
+    ``timeout`` bounds the wait for each worker's batch, as for the DataLoader's). Pass ``procs=0`` with
+    ``num_workers=K`` for the DataLoader's workers.
     """
 
     def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int | None = None, **kwargs: Any) -> None:
@@ -206,7 +207,7 @@ class SeqDataLoader(DataLoader[Any]):
             if self.procs:
                 check_main_guard(start_method(self._procs_context), self.procs)
             batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context, pin=pin,
-                                   ahead=self._ahead)
+                                   ahead=self._ahead, timeout=self.timeout)
         elif plan is not None:  # built here, straight from the sampler's index arrays (see _direct)
             arrays, gather, stream = plan
             if self.threads or self.procs:
@@ -251,7 +252,7 @@ class SeqDataLoader(DataLoader[Any]):
         if self.procs and batch_bytes(first) >= PARALLEL_FROM_BYTES:
             check_main_guard(start_method(self._procs_context), self.procs)
             yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin,
-                                     ahead=self._ahead)
+                                     ahead=self._ahead, timeout=self.timeout)
             return
         if batch_bytes(first) >= PARALLEL_FROM_BYTES:
             rest: Iterator[Any] = run_ordered(arrays, gather, self.threads)
@@ -274,7 +275,7 @@ class SeqDataLoader(DataLoader[Any]):
             if batch_bytes(first) >= PARALLEL_FROM_BYTES:
                 check_main_guard(start_method(self._procs_context), self.procs)
                 yield from run_processes(first, plan, gather, self.procs, context=self._procs_context, pin=pin,
-                                         runs=runs)
+                                         runs=runs, timeout=self.timeout)
                 return
             yield pinned(first) if pin else first
             for got in plan:

@@ -84,11 +84,12 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             yield stream.plan(self.batch_size)
 
     def parallel(self, *, threads: int = 0, procs: int = 0, context: Any = None,
-                 pin: bool = False, ahead: int = 0) -> Iterator[dict[str, Any]]:
+                 pin: bool = False, ahead: int = 0, timeout: float = 0) -> Iterator[dict[str, Any]]:
         """This rank's batches (as :meth:`__iter__` without workers yields them) read and filled by
         ``threads`` helper threads or ``procs`` worker processes (``context``: their start method;
-        ``ahead``: the plans of the next batches they get early, to start reading their documents, see
-        :func:`~seqstore.torch._ring.run_processes`); planned here. ``SeqDataLoader(threads=, procs=)``
+        ``ahead``: the plans of the next batches they get early, to start reading their documents;
+        ``timeout``: seconds a worker may take to answer; see :func:`~seqstore.torch._ring.run_processes`);
+        planned here. ``SeqDataLoader(threads=, procs=)``
         iterates this."""
         plans = self._plans()
         if procs:
@@ -97,7 +98,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                 return
             ring = _Build(self.packed, ring=True)
             for batch in run_processes(ring(first_plan), plans, ring, procs,  # type: ignore[arg-type]
-                                       context=context, pin=pin, ahead=ahead):
+                                       context=context, pin=pin, ahead=ahead, timeout=timeout):
                 yield {**batch, "max_seqlen": int(batch["max_seqlen"])}
             return
         for batch in run_ordered(plans, _Build(self.packed, ring=False), threads):
