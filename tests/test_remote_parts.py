@@ -377,3 +377,26 @@ def test_a_commit_of_no_part_appends_nothing_or_overwrites_to_an_empty_store(mot
     prepare_store(url, SCHEMA, mode="overwrite", storage_options=opts)
     assert commit_parts(url, [], mode="overwrite", storage_options=opts) == 0
     assert len(_open(url, moto_s3, tmp_path / "c2")) == 0
+
+
+def test_a_failed_commit_s_numbers_taken_by_another_writer_are_not_the_parts(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """A commit_parts failed after it had recorded its claimed numbers in the parts' commit.json (the
+    copies into the shards were refused) and gave the numbers back; another writer then committed
+    shards with those numbers. The repeated commit_parts took that writer's shards for its parts',
+    reported them committed by an earlier commit_parts and deleted their staged objects: lost."""
+    url = f"s3://{s3_bucket}/reuse.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    parts = [_task(url, opts, "re", f"t{k}", 4 * k, 4, tmp_path) for k in range(2)]
+    s3_proxy.forbid(None, method="PUT", where=lambda req: "x-amz-copy-source" in req.headers)
+    with pytest.raises(SeqstoreError):
+        commit_parts(url, parts, storage_options=moto_s3.storage_options(s3_proxy.url))
+    s3_proxy.clear_faults()
+    with ss.append_to(url, storage_options=opts, max_shard_records=1) as other:
+        cols, ids = _batch(500, 2)
+        other.append_batch(cols, ids=ids)  # shards 0 and 1: the numbers the failed commit had given t0
+    assert commit_parts(url, parts, storage_options=opts) == 8
+    store = _open(url, moto_s3, tmp_path / "c")
+    _same(store, _local(tmp_path, "l.seqstore", [(500, 2), (0, 8)]))
+    assert verify(url, storage_options=opts) == []

@@ -338,7 +338,7 @@ class _Entry:
 def _check_parts(client: ObjectClient, state: StoreState, plist: list[Part], schema: Schema) -> list[_Entry]:
     """One wave: each part's ``part.json``, ``committed.json`` and ``commit.json``, each shard's
     descriptor; the checks of docs/format.md 7.3, step 1. A part whose earlier commit reached its commit point
-    (its ``commit.json`` numbers are committed rows) is marked committed and reported."""
+    (its ``commit.json`` numbers are committed rows of its shards' descriptors) is marked committed and reported."""
     keys: list[str] = []
     for p in plist:
         pre = prefix(p.job, p.task)
@@ -346,12 +346,14 @@ def _check_parts(client: ObjectClient, state: StoreState, plist: list[Part], sch
         keys += [f"{pre}/{sh.dir}/{DESCRIPTOR}" for sh in p.shards]
     got = iter(get_many(client, keys))
     answers = [(p, next(got), next(got), next(got), [next(got) for _ in p.shards]) for p in plist]
-    committed = set(state.rows["number"].tolist())
+    committed = dict(zip(state.rows["number"].tolist(), state.rows["desc_crc"].tolist()))
     earlier = []  # parts an earlier commit_parts committed, whose driver stopped before marking them
     for p, desc, done, marker, _ in answers:
         if desc is not None and done is None and marker is not None:
             numbers = [int(n) for n in json.loads(marker)["numbers"]]
-            if numbers and all(n in committed for n in numbers):
+            # the rows must be these shards': a failed commit gave its numbers back to other writers
+            if numbers and len(numbers) == len(p.shards) and all(
+                    committed.get(n) == sh.desc_crc for n, sh in zip(numbers, p.shards)):
                 earlier.append(p)
     if earlier:
         gen = state.manifest.generation
