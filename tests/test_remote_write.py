@@ -7,6 +7,7 @@ back ends without conditional writes are refused with an error that says to writ
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -350,3 +351,49 @@ def test_overwrite_after_an_interrupted_deletion_goes_through(moto_s3: MotoS3, s
     store = ss.open(url, storage_options=opts)
     assert len(store) == 1 and store.schema == ss.Schema({"y": ss.Field("int8")})
     assert not any("shard-000002" in k for k in moto_s3.keys(s3_bucket, "half.seqstore/"))
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import sys, json
+    import numpy as np
+    import seqstore as ss
+    url, staging, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    w = ss.append_to(url, storage_options=opts, staging_dir=staging, buffer_bytes=1)
+    for i in range(5):
+        w.append({"x": np.zeros((2, 3), np.float32), "spk": i, "g/a": np.zeros(2, np.float16),
+                  "g/b": np.zeros(3, np.float16)}, id=f"k{i}")
+    print("written", flush=True)
+    sys.stdin.read()  # killed here, its shard in the staging directory
+""")
+
+
+def test_a_killed_writer_s_staging_directory_is_removed_by_the_next_writer(moto_s3: MotoS3, s3_bucket: str,
+                                                                           tmp_path: Path) -> None:
+    """A writer on a URL SIGKILLed with a shard in its local staging directory left that directory (up to
+    two shards) for good: every killed run of a job leaked its disk space. The next writer that stages in
+    the same directory removes a dead writer's, never a live one's."""
+    import json
+
+    url = f"s3://{s3_bucket}/killed.seqstore"
+    opts = moto_s3.storage_options()
+    staging = tmp_path / "staging"
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    env = dict(os.environ, PYTHONPATH=str(SRC_ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, url, str(staging), json.dumps(opts)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "written", proc.stderr
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    [dead] = list(staging.iterdir())
+    assert any(p.suffix == ".npy" for p in dead.rglob("*"))
+    live = ss.append_to(url, storage_options=opts, staging_dir=staging)
+    assert not dead.exists()
+    [mine] = list(staging.iterdir())
+    with ss.append_to(url, storage_options=opts, staging_dir=staging) as w:  # a live writer's is kept
+        cols, ids = _batch(0, 3)
+        w.append_batch(cols, ids=ids)
+        assert mine.exists()
+    live.close()
+    assert list(staging.iterdir()) == [] and len(_open(url, moto_s3, tmp_path / "c")) == 3

@@ -25,6 +25,7 @@ job's tasks have stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -45,6 +46,7 @@ from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
 from ...format.shard_table import shard_dir_name
 from ...io.objects import ObjectClient
 from ...schema import Schema
+from .disk import hold_owner_lock, remove_if_dead
 from .remote import (
     COMMITTING_FILE,
     COPY_LIMIT,
@@ -69,6 +71,7 @@ from .remote import (
 from .state import StoreState, read_state
 from .target import (
     COMMITTED_FILE,
+    OWNER,
     PART_FILE,
     CommitTarget,
     Finished,
@@ -140,10 +143,18 @@ class ObjectTarget(CommitTarget):
         return True
 
     def _staging(self, schema: Schema, id_lookup: str, records: int, has_ids: bool | None, what: str) -> Start:
-        if self.staging_dir is not None:
-            Path(self.staging_dir).mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=self.staging_dir))
-        return Start(schema, id_lookup, records, has_ids, True, stage, stage, -1)
+        """A new staging directory holding an flock on its ``owner.lock``; those of killed writers go."""
+        base = Path(self.staging_dir if self.staging_dir is not None else tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        for old in base.glob(f"seqstore-{what}-*"):
+            remove_if_dead(old, missing_is_dead=False)  # (no lock yet: one being made)
+        while True:
+            stage = Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=base))
+            fd = hold_owner_lock(stage)
+            with contextlib.suppress(FileNotFoundError):  # else removed before it was locked: anew
+                if os.stat(stage / OWNER).st_ino == os.fstat(fd).st_ino:
+                    return Start(schema, id_lookup, records, has_ids, True, stage, stage, fd)
+            os.close(fd)
 
     # --------------------------------------------------------------------------------- one writer
 
@@ -162,6 +173,7 @@ class ObjectTarget(CommitTarget):
 
     def close_writer(self, start: Start) -> None:
         shutil.rmtree(start.workspace, ignore_errors=True)
+        os.close(start.owner_fd)
 
     def _refresh(self, known: StoreState) -> StoreState:
         """The store's state now (only new rows fetched); it must still be this store."""
@@ -271,6 +283,7 @@ class ObjectTarget(CommitTarget):
 
     def close_part(self, start: Start, part: Part | None) -> None:
         shutil.rmtree(start.workspace, ignore_errors=True)
+        os.close(start.owner_fd)
         if part is None:
             self._delete_part()
 
