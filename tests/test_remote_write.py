@@ -397,3 +397,28 @@ def test_a_killed_writer_s_staging_directory_is_removed_by_the_next_writer(moto_
         assert mine.exists()
     live.close()
     assert list(staging.iterdir()) == [] and len(_open(url, moto_s3, tmp_path / "c")) == 3
+
+
+def test_a_commit_that_went_through_unanswered_is_not_made_again(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                                 s3_proxy: FaultProxy) -> None:
+    """The committing write of manifest.json took effect, but no answer to it came back before the retries
+    gave up (RemoteError; the writer keeps its shard for the next commit). That next commit (here close())
+    claimed a new number and committed the shard again: every record and stats delta counted twice."""
+    url = f"s3://{s3_bucket}/unanswered.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    w = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1))
+    cols, ids = _batch(0, 5)
+    w.append_batch(cols, ids=ids)
+    w.add_stats({"n": 5})
+    rule = s3_proxy.lose(None, method="PUT", path="manifest.json")
+    with pytest.raises(RemoteError):
+        w.commit()
+    s3_proxy.clear_faults()
+    assert rule.hits == 2 and len(_open(url, moto_s3, tmp_path / "c1")) == 5  # the first try went through
+    w.add_stats({"n": 2})
+    w.close()
+    store = _open(url, moto_s3, tmp_path / "c2")
+    assert len(store) == 5 and store.num_shards == 1 and store.manifest.stats == {"n": 7}
+    assert sorted(store.id(i) for i in range(5)) == ids
+    assert verify(url, storage_options=opts) == []

@@ -21,6 +21,8 @@ Faults, set at any time from any thread, each a :class:`Rule` matched in the ord
   of the response were forwarded.
 - :meth:`FaultProxy.truncate`: the response's head is forwarded unchanged (so ``Content-Length`` still
   promises the whole body), then ``after`` bytes of body, then the connection is closed (FIN).
+- :meth:`FaultProxy.lose`: the request is forwarded and the server answers it (so it takes effect), then
+  the connection is reset instead of passing the answer on: a write that happened, its answer lost.
 - :meth:`FaultProxy.stall`: never answer (``after=None``), or forward the head and ``after`` body bytes
   and then send nothing more; the connection stays open until the client gives up or the proxy stops.
 
@@ -360,6 +362,11 @@ class FaultProxy:
         """Reset the connection (TCP RST) at the request, or after ``after`` response body bytes."""
         return self._add(Rule("reset", times, after=after, method=method, path=path, where=where))
 
+    def lose(self, times: int | None = 1, *, method: str | None = None, path: str | None = None,
+             where: Match | None = None) -> Rule:
+        """Forward matching requests, then reset the connection instead of passing the server's answer on."""
+        return self._add(Rule("lose", times, method=method, path=path, where=where))
+
     def truncate(self, times: int | None = 1, *, after: int = 0, method: str | None = None,
                  path: str | None = None, where: Match | None = None) -> Rule:
         """Forward the head and ``after`` body bytes of matching responses, then close the connection."""
@@ -523,7 +530,8 @@ class FaultProxy:
         if self.latency > 0:
             await asyncio.sleep(self.latency)
         rule = self._take(rec, on_body=False)
-        if rule is not None:
+        lose = rule is not None and rule.kind == "lose"
+        if rule is not None and not lose:
             if rule.kind in ("fail", "forbid"):
                 if not expects:  # read the body, else closing with unread data would reset the client
                     await _copy_request_body(creader, None, headers)
@@ -585,6 +593,10 @@ class FaultProxy:
                 continue
             break
         rec.status = status
+        if lose:
+            uwriter.transport.abort()
+            _reset(cwriter)
+            raise _Closed
         rheaders = _parse_headers(rhead[:-4].split(b"\r\n")[1:])
         close_after = (
             rheaders.get("connection", "").lower() == "close" or rhead.startswith(b"HTTP/1.0")

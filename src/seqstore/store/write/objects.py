@@ -107,6 +107,8 @@ class ObjectTarget(CommitTarget):
         self._state: StoreState | None = None
         self._token = uuid.uuid4().hex[:12]
         self._next_claim = 0
+        # a shard whose commit may have gone through: its number, descriptor CRC and the stats sent with it
+        self._unsure: tuple[int, int, dict[str, float]] | None = None
         self._job = self._task = self._prefix = ""
 
     def objects(self) -> ObjectClient:
@@ -196,6 +198,16 @@ class ObjectTarget(CommitTarget):
 
         state = self._refresh(self._state)
         check(state)
+        if shard is not None and self._unsure is not None:
+            number, crc, sent = self._unsure
+            k = int(np.searchsorted(state.rows["number"], number))
+            if crc == shard.desc_crc and k < len(state.rows) and int(state.rows["number"][k]) == number:
+                rest = {key: v - sent.get(key, 0) for key, v in stats.items() if v != sent.get(key, 0)}
+                if rest:
+                    self.publish(None, rest)
+                self._unsure, self._next_claim = None, number + 1
+                return shard_dir_name(number)
+            self._unsure = None
         shards, descs = [], []
         if shard is not None:
             files = {rel: (f.bytes, f.crc32) for rel, f in info.files.items()}
@@ -212,6 +224,10 @@ class ObjectTarget(CommitTarget):
                         token=self._token, stats=stats, floor=self._next_claim)
         try:
             self._state = commit.run(state)
+        except BaseException:
+            if shard is not None and commit.unsure:
+                self._unsure = (commit.numbers[0], shard.desc_crc, dict(stats))
+            raise
         finally:
             self.conflicts += commit.conflicts
             self.renumbered += commit.renumbered

@@ -247,6 +247,7 @@ class Commit:
         self.numbers: list[int] = []
         self.conflicts = 0
         self.renumbered = 0
+        self.unsure = False  # run raised after a manifest write that may have gone through (claims kept)
 
     def run(self, state: StoreState) -> StoreState:
         """Commit; returns the store's state with the commit in it."""
@@ -289,6 +290,7 @@ class Commit:
         except BaseException:
             if not sent and self.numbers:
                 self._unplace(self.numbers)
+            self.unsure = sent
             raise
 
     def _place(self, first: int) -> None:
