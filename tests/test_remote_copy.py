@@ -440,3 +440,21 @@ def test_copy_gives_up_when_the_client_thread_is_stuck(moto_s3: MotoS3, s3_bucke
     finally:
         blocked.set()
     assert exc.value.url.startswith(url + "/shard-")
+
+
+@pytest.mark.parametrize("update", [False, True])
+def test_a_manifest_write_that_went_through_unanswered_completes_the_copy(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy, update: bool) -> None:
+    """The copy's conditional write of manifest.json took effect but its answer was lost; the retry was
+    refused (the manifest there was the copy's own by then) and the copy reported that another writer had
+    committed meanwhile and that it had to be run again, though the store was complete."""
+    src = build(tmp_path / "src.seqstore", n=60)
+    url = f"s3://{s3_bucket}/lost.seqstore"
+    opts = moto_s3.storage_options()
+    if update:
+        ss.copy(src, url, dst_options=opts)
+        grow(src, 60, 30)
+    rule = s3_proxy.lose(1, method="PUT", path="lost.seqstore/manifest.json")
+    r = ss.copy(src, url, dst_options=moto_s3.storage_options(s3_proxy.url))
+    assert rule.hits == 1 and r.shards == (5 if update else 3)
+    assert objects(moto_s3, s3_bucket, "lost.seqstore") == store_files(src)

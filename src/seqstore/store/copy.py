@@ -387,11 +387,12 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                 if key:
                     d_objs.put(key, table)
                 d_objs.put(MANIFEST, manifest_raw, mode=mode)
-        except ConflictError:
-            raise SeqstoreError(
-                f"{dst_text}: its manifest changed while the copy ran (another writer or copy committed); the "
-                "copied shards are in place but the store was not replaced: run the copy again"
-            ) from None
+        except ConflictError as exc:
+            if not (exc.attempts > 1 and _holds(d_objs, manifest_raw)):  # (else a retry refused by our own write)
+                raise SeqstoreError(
+                    f"{dst_text}: its manifest changed while the copy ran (another writer or copy committed); the "
+                    "copied shards are in place but the store was not replaced: run the copy again"
+                ) from None
         copier._count(2 if key else 1, len(table) + len(manifest_raw))
         kept = {r.name for r in Manifest.parse(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
         for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
@@ -403,6 +404,14 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         if bar is not None:
             bar.close()
     return CopyResult(src_text, dst_text, s.num_shards, copier.copied, copier.skipped, copier.files, copier.bytes)
+
+
+def _holds(objs: Any, manifest_raw: bytes) -> bool:
+    """Whether ``manifest.json`` at ``objs`` is ``manifest_raw``."""
+    try:
+        return bytes(objs.get(MANIFEST)[0]) == manifest_raw
+    except RemoteNotFound:
+        return False
 
 
 def _run_shards(copier: _Copier, count: int, workers: int) -> None:
