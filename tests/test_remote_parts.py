@@ -400,3 +400,18 @@ def test_a_failed_commit_s_numbers_taken_by_another_writer_are_not_the_parts(
     store = _open(url, moto_s3, tmp_path / "c")
     _same(store, _local(tmp_path, "l.seqstore", [(500, 2), (0, 8)]))
     assert verify(url, storage_options=opts) == []
+
+
+def test_a_finish_that_went_through_unanswered_keeps_the_part(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                              s3_proxy: FaultProxy) -> None:
+    """The create-only write of part.json took effect but its answer was lost; the retry was refused (the
+    file was there: its own) and finish() reported another writer of the same task attempt and deleted
+    the part it had just finished."""
+    url = f"s3://{s3_bucket}/fin.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    rule = s3_proxy.lose(1, method="PUT", path="/part.json")
+    part = _task(url, moto_s3.storage_options(s3_proxy.url), "fin", "t0", 0, 6, tmp_path)
+    assert rule.hits == 1
+    assert commit_parts(url, [part], storage_options=opts) == 6
+    _same(_open(url, moto_s3, tmp_path / "c"), _local(tmp_path, "l.seqstore", [(0, 6)]))

@@ -282,14 +282,16 @@ class ObjectTarget(CommitTarget):
 
     def finish_part(self, start: Start, part: Part) -> None:
         """Upload ``part.json`` last (create-only); the attempt's objects go when that fails."""
+        key, raw = f"{self._prefix}/{PART_FILE}", json.dumps(part.to_json()).encode()
         try:
             try:
-                self.client.put(f"{self._prefix}/{PART_FILE}", json.dumps(part.to_json()).encode(), mode="create")
-            except ConflictError:
-                raise SeqstoreError(
-                    f"{self.client.key_url(self._prefix)}: another writer finished task attempt {self._task!r} of "
-                    f"job {self._job!r} too; each attempt needs its own task id"
-                ) from None
+                self.client.put(key, raw, mode="create")
+            except ConflictError as exc:
+                if exc.attempts <= 1 or get_many(self.client, [key])[0] != raw:  # (else a retry our own write refused)
+                    raise SeqstoreError(
+                        f"{self.client.key_url(self._prefix)}: another writer finished task attempt {self._task!r} "
+                        f"of job {self._job!r} too; each attempt needs its own task id"
+                    ) from None
             if self._ended():
                 raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded before task "
                                     f"attempt {self._task!r} finished; its part was removed")
