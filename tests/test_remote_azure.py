@@ -191,6 +191,23 @@ def test_writers_commit_conditionally_and_racing_writers_lose_no_shard(azurite: 
     assert verify(url, storage_options=opts) == []
 
 
+def test_an_overwrite_whose_delete_went_through_unanswered_goes_on(azurite: Azurite, az_container: str,
+                                                                   tmp_path: Path) -> None:
+    """create(overwrite=True) deletes the old manifest first: that delete took effect but its answer was
+    lost, and the retry was answered 404 (the service, unlike S3, refuses to delete a missing blob), so the
+    overwrite failed with RemoteNotFound naming the manifest it had itself deleted."""
+    url = f"az://{az_container}/del.seqstore"
+    opts = azurite.storage_options()
+    with ss.create(url, SCHEMA, storage_options=opts) as w:
+        append_rows(w, 0, 3)
+    with FaultProxy(azurite.endpoint) as proxy:
+        rule = proxy.lose(1, method="POST", path="comp=batch")  # obstore deletes a blob with a batch request
+        with ss.create(url, SCHEMA, overwrite=True, storage_options=azurite.storage_options(proxy.url)) as w:
+            append_rows(w, 10, 2)
+        assert rule.hits == 1
+    assert [_open(azurite, url, tmp_path / "c").id(i) for i in range(2)] == row_ids(10, 2)
+
+
 # ------------------------------------------------------------------------------------ errors
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import RemoteError
+from ..errors import RemoteError, RemoteNotFound
 from .object_common import (
     REMOTE_SCHEMES,
     SEQSTORE_OPTIONS,
@@ -208,7 +208,13 @@ class ObjectClient:
         yield from self.retry.run(self.key_url(prefix), lambda: list(self.backend.list(prefix)))
 
     def delete(self, key: str) -> None:
-        self.retry.run(self.key_url(key), lambda: self.backend.delete(key))
+        """Delete object ``key``; RemoteNotFound where the service says it is not there, but not on a retry:
+        the try before (its answer lost) deleted it."""
+        try:
+            self.retry.run(self.key_url(key), lambda: self.backend.delete(key))
+        except RemoteNotFound as exc:
+            if exc.attempts <= 1:
+                raise
 
     def copy(self, src: str, dst: str) -> None:
         """Copy object ``src`` to ``dst`` (keys under this root) inside the service, without moving the
