@@ -422,3 +422,39 @@ def test_a_commit_that_went_through_unanswered_is_not_made_again(moto_s3: MotoS3
     assert len(store) == 5 and store.num_shards == 1 and store.manifest.stats == {"n": 7}
     assert sorted(store.id(i) for i in range(5)) == ids
     assert verify(url, storage_options=opts) == []
+
+
+def test_a_table_deleted_by_newer_commits_between_two_requests_is_no_corruption(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """B read the manifest and, before its request for the shard table that manifest names came, A committed
+    three times and deleted that table (commits keep the last few). B's commit failed with CorruptionError
+    ("shard table is missing") though nothing was damaged: the manifest had moved on."""
+    url = f"s3://{s3_bucket}/tables.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    a = ss.append_to(url, storage_options=opts)
+    b = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url))
+    cols, ids = _batch(0, 2)
+    a.append_batch(cols, ids=ids)
+    a.commit()  # B's next commit reads the table again
+    fired: list[int] = []
+
+    def three_commits_first(req: Any) -> bool:
+        if req.method == "GET" and "/_shards/" in req.path and not fired:
+            fired.append(1)
+            for k in range(3):
+                cols, ids = _batch(10 + k, 1)
+                a.append_batch(cols, ids=ids)
+                a.commit()
+        return False  # then forward the request
+
+    s3_proxy.fail(None, where=three_commits_first)
+    cols, ids = _batch(100, 2)
+    b.append_batch(cols, ids=ids)
+    b.commit()
+    s3_proxy.clear_faults()
+    a.close()
+    b.close()
+    assert fired
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert sorted(store.id(i) for i in range(len(store))) == [f"r{i:05d}" for i in (0, 1, 10, 11, 12, 100, 101)]

@@ -163,6 +163,8 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         try:
             got = objects.get_ranges(reqs)
         except RemoteNotFound:
+            if _manifest(objects) != raw:  # newer commits deleted that table meanwhile (or the store went)
+                return read_state(objects, known=known)
             raise CorruptionError(f"{turl}: shard table is missing (manifest.json lists {count} rows)") from None
         header = bytes(got[0][0])
         check_table_header(header, turl, len(manifest.ragged), state.id)
@@ -189,6 +191,13 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         rows.flags.writeable = False
         return StoreState(raw, meta.etag, manifest, header, rows)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _manifest(objects: Any) -> bytes | None:
+    try:
+        return bytes(objects.get(MANIFEST)[0])
+    except RemoteNotFound:
+        return None
 
 
 # ------------------------------------------------------------------------------------ local objects
