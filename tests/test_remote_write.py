@@ -458,3 +458,19 @@ def test_a_table_deleted_by_newer_commits_between_two_requests_is_no_corruption(
     assert fired
     store = _open(url, moto_s3, tmp_path / "c")
     assert sorted(store.id(i) for i in range(len(store))) == [f"r{i:05d}" for i in (0, 1, 10, 11, 12, 100, 101)]
+
+
+def test_a_staging_directory_that_cannot_be_checked_is_left_alone(moto_s3: MotoS3, s3_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    """Another user's staging directory in a shared $TMPDIR cannot be opened (mode 0700): looking for
+    dead writers' directories must not make opening a writer fail (here the owner.lock that cannot be
+    opened is a directory, which root cannot open either)."""
+    url = f"s3://{s3_bucket}/shared.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    other = tmp_path / "staging" / "seqstore-staging-other"
+    (other / "owner.lock").mkdir(parents=True)
+    with ss.append_to(url, storage_options=opts, staging_dir=tmp_path / "staging") as w:
+        cols, ids = _batch(0, 3)
+        w.append_batch(cols, ids=ids)
+    assert other.is_dir() and len(_open(url, moto_s3, tmp_path / "c")) == 3

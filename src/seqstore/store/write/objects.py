@@ -149,7 +149,8 @@ class ObjectTarget(CommitTarget):
         base = Path(self.staging_dir if self.staging_dir is not None else tempfile.gettempdir())
         base.mkdir(parents=True, exist_ok=True)
         for old in base.glob(f"seqstore-{what}-*"):
-            remove_if_dead(old, missing_is_dead=False)  # (no lock yet: one being made)
+            with contextlib.suppress(OSError):  # (another user's)
+                remove_if_dead(old, missing_is_dead=False)  # (no lock yet: one being made)
         while True:
             stage = Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=base))
             fd = hold_owner_lock(stage)
