@@ -6,6 +6,7 @@ named as on the obstore path; the node cache does not grow with the epoch.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -445,3 +446,19 @@ def test_direct_reader_survives_stale_events_and_its_own_bugs(moto_s3: MotoS3, s
         reader.submit([(url, 0, 16, None, memoryview(buf))]).result(30)
     reader.submit([(url, 16, 32, None, memoryview(buf))]).result(30)
     assert bytes(buf) == bytes(range(16, 32)) and reader._thread is not None and reader._thread.is_alive()
+
+
+def test_plain_urls_name_the_objects_obstore_reads_where_the_store_url_holds_escapes(
+        moto_s3: MotoS3, s3_bucket: str, local: Path, tmp_path: Path) -> None:
+    """obstore decodes ``%20`` in an ``s3://`` URL's path (the store ``s3://b/a%20b`` is the objects under
+    ``a b/``): the plain URLs of ``skip_signature`` reads name those objects, not ``a%20b/...``."""
+    from seqstore.io.object_obstore import _plain_base
+
+    moto_s3.upload_dir(local, s3_bucket, "sp ace/c+d.seqstore")
+    anyone = {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{s3_bucket}/*"}
+    moto_s3.boto3().put_bucket_policy(Bucket=s3_bucket, Policy=json.dumps({"Version": "2012-10-17",
+                                                                          "Statement": [anyone]}))
+    store = _open(moto_s3, f"s3://{s3_bucket}/sp%20ace/c+d.seqstore", tmp_path / "cache", skip_signature="true")
+    _epoch(store, ss.open(local), "random_block:16:4", 16)
+    anon = {"skip_signature": "true", "endpoint": "http://h:9000"}
+    assert _plain_base("s3://b/a%20b/c+d.seqstore", anon) == "http://h:9000/b/a%20b/c%2Bd.seqstore"

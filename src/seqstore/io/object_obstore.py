@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from ..errors import RemoteError, StaleStoreError
 from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, option_flag
@@ -424,7 +424,7 @@ def _plain_base(url: str, options: dict[str, Any]) -> str | None:
         base = f"{e.scheme}://{bucket}.{e.netloc}{e.path}"
     else:
         base = f"{endpoint}/{bucket}"
-    return f"{base}/{quote(prefix, safe='/~')}" if prefix else base
+    return f"{base}/{quote(unquote(prefix), safe='/~')}" if prefix else base  # (obstore decodes the URL's path)
 
 
 def _expected(start: int, end: int, size: int) -> int:
