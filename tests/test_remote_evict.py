@@ -4,6 +4,7 @@ shard table nor a mirror gone between its check and its read."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
@@ -278,3 +279,36 @@ def test_opening_cache_entries_while_another_process_evicts_them(tmp_path: Path)
         evictor.join()
         sys.setswitchinterval(interval)
     assert not errors, f"{len(errors)} of 2000 opens failed, e.g. {errors[0]}"
+
+
+_KILLED_ENTRY = """
+import os, signal, sys
+from seqstore.io.nodecache import NodeCache
+cache, tmp = sys.argv[1], sys.argv[2]
+
+def hook(event, args):  # SIGKILL the process as it renames one of a new cache entry's files into place
+    if event == "os.rename" and tmp in str(args[0]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(hook)
+NodeCache(cache, 1 << 20).object("s3://bucket/object", "etag", 1 << 26)
+"""
+
+
+@pytest.mark.parametrize("at", [".data.tmp-", ".bits.tmp-"])
+def test_a_cache_entry_whose_making_was_killed_is_deleted_by_the_next_eviction(tmp_path: Path, at: str) -> None:
+    """A process killed while making a cache entry left its temporary files (the page map's disk space
+    counted against the budget) for ever: no eviction took them. One being made is kept."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_ENTRY, str(cache), at], timeout=120, env=_child_env())
+    assert proc.returncode == -signal.SIGKILL
+    left = sorted((cache / "objects").glob("*/*.tmp-*"))
+    assert any(".bits.tmp-" in p.name for p in left), left  # what the killed one left
+    other = NodeCache(cache, 1 << 20)
+    with open(next(p for p in left if ".bits.tmp-" in p.name), "rb") as held:  # one being made (alive)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _evict_all(other)
+        assert sorted((cache / "objects").glob("*/*.tmp-*")) == left
+    _evict_all(other)
+    assert list((cache / "objects").glob("*/*.tmp-*")) == []
+    assert other.disk_usage() <= 4096

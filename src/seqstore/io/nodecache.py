@@ -260,8 +260,12 @@ class NodeCache:
         """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
         Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
         for p in (self.root / "stores").glob("*/*.tmp-*"):  # left by an eviction killed part way (a live one,
-            if _EVICTED in p.name or _abandoned(p):  # holding this lock, deletes its own before it ends), or by
-                shutil.rmtree(p, ignore_errors=True)  # a process killed building a mirror (see building)
+            if _EVICTED in p.name or _abandoned(p / _PIN):  # holding this lock, deletes its own before it ends),
+                shutil.rmtree(p, ignore_errors=True)  # or by a process killed building a mirror (see building)
+        for p in (self.root / "objects").glob("*/*.bits.tmp-*"):  # by a process killed making an entry (_create)
+            if _abandoned(p):
+                p.with_name(p.name.replace(".bits.tmp-", ".data.tmp-")).unlink(missing_ok=True)
+                p.unlink(missing_ok=True)
         used = self.disk_usage()
         for _mtime, p in self._entries():
             if used <= target:
@@ -313,9 +317,10 @@ class NodeCache:
 
 
 def _abandoned(path: Path) -> bool:
-    """Whether no process holds directory ``path`` (:meth:`NodeCache.building`)."""
+    """Whether no process holds file ``path`` (a ``.pin`` of :meth:`NodeCache.building`, a temporary page
+    map of :meth:`CachedObject._create`)."""
     try:
-        fd = os.open(path / _PIN, os.O_RDWR | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -408,21 +413,26 @@ class CachedObject:
 
     def _create(self, sub: Path) -> None:
         """Create the data and page-map files under temporary names and rename them in (bits last:
-        an entry exists once its page map does)."""
+        an entry exists once its page map does). The temporary page map is made first, under the lock,
+        and flock'd until both are renamed: evictions delete the temporary files of a making no process
+        holds (:func:`_abandoned`)."""
         tag = f".tmp-{os.getpid()}-{threading.get_ident()}"
         data_tmp = sub / (self.data_path.name + tag)
         bits_tmp = sub / (self.bits_path.name + tag)
-        with open(data_tmp, "wb") as f:
-            f.truncate(self.size)
-            ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
-        # the page map's disk space, and the claims file's (8 bytes a page, its blocks given space as claimed)
-        self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE)
-        with open(bits_tmp, "wb") as f:
-            f.write(_MAGIC + struct.pack("<qQ", self.size, ino))
-            f.truncate(_HEADER + self.pages)
-            allocate(f.fileno(), 0, _HEADER + self.pages)  # pages are marked through the mapping
-        os.replace(data_tmp, self.data_path)
-        os.replace(bits_tmp, self.bits_path)
+        with self.cache.locked():
+            bits = open(bits_tmp, "wb")  # noqa: SIM115  # (closed by the with block below)
+            fcntl.flock(bits.fileno(), fcntl.LOCK_EX)
+        with bits:
+            with open(data_tmp, "wb") as f:
+                f.truncate(self.size)
+                ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
+            # the page map's disk space, and the claims file's (8 bytes a page, its blocks given space as claimed)
+            self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE)
+            bits.write(_MAGIC + struct.pack("<qQ", self.size, ino))
+            bits.truncate(_HEADER + self.pages)
+            allocate(bits.fileno(), 0, _HEADER + self.pages)  # pages are marked through the mapping
+            os.replace(data_tmp, self.data_path)
+            os.replace(bits_tmp, self.bits_path)
 
     def alive(self) -> bool:
         """Whether this entry is still the one in the cache directory (not evicted)."""
