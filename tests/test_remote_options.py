@@ -106,3 +106,16 @@ def test_each_store_fetches_through_its_own_fetcher(moto_s3: MotoS3, remote: str
     assert ticket.futures == []  # not b's mapping: nothing asked
     np.testing.assert_array_equal(b.get_batch([590, 0])["v"], values[[590, 0]])
     assert {r.key for r in b.source.fetcher.regions()} == {"shard-000000/v.npy", "shard-000002/v.npy"}
+
+
+@pytest.mark.parametrize("text", ["inf", "1e400", "nan", "-2G"])
+def test_a_cache_budget_that_is_no_byte_count_is_named(text: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SEQSTORE_CACHE_BYTES=inf`` (or ``cache_bytes="inf"``) raised a bare OverflowError naming neither."""
+    from seqstore.io.nodecache import NodeCache, default_cache_bytes
+
+    monkeypatch.setenv("SEQSTORE_CACHE_BYTES", text)
+    with pytest.raises(ValueError, match="SEQSTORE_CACHE_BYTES"):
+        default_cache_bytes()
+    with pytest.raises(ValueError, match="cache_bytes"):
+        NodeCache(tmp_path / "cache", text)

@@ -89,7 +89,7 @@ def _parse_bytes(text: str, what: str) -> int:
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
     try:
         value = int(float(t[:-1] if t[-1:] in "KMGT" else t) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # (OverflowError: inf)
         raise ValueError(f"{what}: expected a byte count such as 10G or 500000000, got {text!r}") from None
     if value <= 0:
         raise ValueError(f"{what}: must be positive, got {text!r}")
