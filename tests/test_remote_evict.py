@@ -309,6 +309,7 @@ def test_a_cache_entry_whose_making_was_killed_is_deleted_by_the_next_eviction(t
         fcntl.flock(held, fcntl.LOCK_EX)
         _evict_all(other)
         assert sorted((cache / "objects").glob("*/*.tmp-*")) == left
+    before = other.disk_usage()
     _evict_all(other)
     assert list((cache / "objects").glob("*/*.tmp-*")) == []
-    assert other.disk_usage() <= 4096
+    assert other.disk_usage() <= before - (4096 + (1 << 26) // 4096)  # the page map's blocks came back
