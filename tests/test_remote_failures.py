@@ -8,6 +8,7 @@ that every test ends in seconds; pytest-timeout stops a test that hangs.
 
 from __future__ import annotations
 
+import shutil
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -376,3 +377,64 @@ def test_a_failing_lookup_of_an_object_through_fsspec_is_retried_then_named(tmp_
     with pytest.raises(RemoteError) as err:
         opened.get_batch([0])
     assert "shard-000000/" in str(err.value) and err.value.attempts == 2, err.value
+
+
+
+def test_a_listing_through_a_silent_fsspec_endpoint_raises_a_named_error(tmp_path: Path) -> None:
+    """A copy run again to an fsspec URL (``webhdfs://``: requests without a timeout of their own) that
+    holds the store already, whose server answers lookups and reads but never a listing: the listing
+    of a shard's objects (are they all there?) hung for ever; each of its requests is now bounded like
+    a read, retried, then a RemoteError naming the shard."""
+    import json
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pytest.importorskip("requests")
+    src = build_store(tmp_path / "s.seqstore", seed=5)
+    served = tmp_path / "served"
+    shutil.copytree(src, served / "dst.seqstore")  # a copy that ran before
+    released = threading.Event()
+
+    class WebHdfs(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            parts = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(parts.query))
+            path = served / urllib.parse.unquote(parts.path).removeprefix("/webhdfs/v1/")
+            if query["op"] == "LISTSTATUS":
+                released.wait()  # a listing: accepted, never answered
+            elif not path.exists():
+                self._answer(404, json.dumps({"RemoteException": {"exception": "FileNotFoundException",
+                                                                  "message": "none"}}).encode())
+            elif query["op"] == "GETFILESTATUS":
+                kind = "DIRECTORY" if path.is_dir() else "FILE"
+                size = 0 if path.is_dir() else path.stat().st_size
+                status = {"type": kind, "length": size, "modificationTime": int(path.stat().st_mtime * 1000)}
+                self._answer(200, json.dumps({"FileStatus": status}).encode())
+            else:  # OPEN
+                start = int(query.get("offset", 0))
+                data = path.read_bytes()[start:]
+                self._answer(200, data[: int(query["length"])] if "length" in query else data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebHdfs)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"webhdfs://127.0.0.1:{server.server_address[1]}/dst.seqstore"
+    opts = {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
+    try:
+        with pytest.raises(RemoteError) as err:
+            ss.copy(src, url, dst_options=opts, workers=1)
+    finally:
+        released.set()
+        server.shutdown()
+        server.server_close()
+    assert err.value.url.startswith(f"{url}/shard-") and err.value.attempts == 2, err.value

@@ -6,7 +6,8 @@ call, retried as a whole on a transient failure; a range asked of a version (the
 ETag, generation or time) raises :class:`~seqstore.errors.StaleStoreError` once the file is another. A
 filesystem's own timeouts may be long or none: each call (and the filesystem's making) is waited for at most
 ``timeout + connect_timeout`` per request, plus the time the bytes it uploads take at 64 KiB/s, then
-retried as a transient failure (a listing, of an unknown number of requests, is not bounded). A
+retried as a transient failure (a listing folder by folder where the filesystem's ``find`` walks; one of its
+own, of an unknown number of requests, is not bounded). A
 filesystem cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with
 an error naming the URL.
 """
@@ -49,6 +50,7 @@ class FsspecBackend(ObjectBackend):
         named = getattr(self.fs, "protocol", ())
         protocols = {named} if isinstance(named, str) else set(named)
         self.local = bool(protocols) and protocols <= {"file", "local", "memory"}  # answers at once: no bound
+        self.walks = type(self.fs).find is fsspec.AbstractFileSystem.find  # (a listing: one call a folder)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -181,7 +183,15 @@ class FsspecBackend(ObjectBackend):
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         base = self._path(prefix)
-        found = self._call(prefix, lambda: self.fs.find(base, detail=True) if self.fs.exists(base) else {}, 0)
+        if not self._call(prefix, lambda: self.fs.exists(base)):
+            return
+        if self.walks:  # fsspec's own find: its walk, a folder listed (a request) at a time, each bounded
+            found: dict[str, Any] = {}
+            walk = self.fs.walk(base, detail=True)
+            while (step := self._call(prefix, lambda: next(walk, None))) is not None:
+                found.update({info["name"]: info for info in step[2].values()})
+        else:
+            found = self._call(prefix, lambda: self.fs.find(base, detail=True), 0)
         for p, info in sorted(found.items()):
             rel = p[len(self.root) + 1 :] if p.startswith(self.root + "/") else p
             yield self._meta(rel, info)
