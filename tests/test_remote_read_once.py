@@ -462,3 +462,16 @@ def test_plain_urls_name_the_objects_obstore_reads_where_the_store_url_holds_esc
     _epoch(store, ss.open(local), "random_block:16:4", 16)
     anon = {"skip_signature": "true", "endpoint": "http://h:9000"}
     assert _plain_base("s3://b/a%20b/c+d.seqstore", anon) == "http://h:9000/b/a%20b/c%2Bd.seqstore"
+
+
+def test_an_http_store_whose_url_holds_a_space_is_read_by_the_direct_reader(tmp_path: Path) -> None:
+    """obstore sends ``http://h/my data ü/x`` as ``/my%20data%20%C3%BC/x``; the direct reader sent the space
+    as it was, a request line the server refused (HTTP 400: every read-once epoch of such a store failed)."""
+    from support.http import StaticServer
+
+    served = tmp_path / "served"
+    local = build_store(served / "my data ü" / "x+y.seqstore", seed=1)
+    with StaticServer(served) as srv:
+        store = ss.open(f"{srv.url}/my data ü/x+y.seqstore", cache_dir=tmp_path / "cache",
+                        storage_options={"allow_http": "true", "read_once": "true", "timeout": 5, "max_retries": 1})
+        _epoch(store, ss.open(local), "random_block:16:4", 16)

@@ -409,8 +409,8 @@ def _plain_base(url: str, options: dict[str, Any]) -> str | None:
         return ""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme in ("http", "https"):
-        return url.rstrip("/")
+    if scheme in ("http", "https"):  # its path escaped where a URL may not hold a character (as obstore sends it)
+        return urlunsplit(parts._replace(path=quote(parts.path, safe="/%:@!$&'()*+,;=~"))).rstrip("/")
     if scheme not in ("s3", "s3a"):
         return None
     if not option_flag(opts.get("skip_signature", False)):
