@@ -41,7 +41,7 @@ from ..format.shard_table import TABLE
 from ..schema import Schema
 from .describe import human_bytes
 from .write.api import open_target
-from .write.state import LocalObjects, StoreState, read_state
+from .write.state import LocalObjects, StoreState, manifest_bytes, read_state
 
 __all__ = ["CHUNK", "CopyResult", "copy"]
 
@@ -388,7 +388,7 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                     d_objs.put(key, table)
                 d_objs.put(MANIFEST, manifest_raw, mode=mode)
         except ConflictError as exc:
-            if not (exc.attempts > 1 and _holds(d_objs, manifest_raw)):  # (else a retry refused by our own write)
+            if not (exc.attempts > 1 and manifest_bytes(d_objs) == manifest_raw):  # (else our own write, retried)
                 raise SeqstoreError(
                     f"{dst_text}: its manifest changed while the copy ran (another writer or copy committed); the "
                     "copied shards are in place but the store was not replaced: run the copy again"
@@ -404,14 +404,6 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         if bar is not None:
             bar.close()
     return CopyResult(src_text, dst_text, s.num_shards, copier.copied, copier.skipped, copier.files, copier.bytes)
-
-
-def _holds(objs: Any, manifest_raw: bytes) -> bool:
-    """Whether ``manifest.json`` at ``objs`` is ``manifest_raw``."""
-    try:
-        return bytes(objs.get(MANIFEST)[0]) == manifest_raw
-    except RemoteNotFound:
-        return False
 
 
 def _run_shards(copier: _Copier, count: int, workers: int) -> None:

@@ -163,7 +163,7 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
         try:
             got = objects.get_ranges(reqs)
         except RemoteNotFound:
-            if _manifest(objects) != raw:  # newer commits deleted that table meanwhile (or the store went)
+            if manifest_bytes(objects) != raw:  # newer commits deleted that table meanwhile (or the store went)
                 return read_state(objects, known=known)
             raise CorruptionError(f"{turl}: shard table is missing (manifest.json lists {count} rows)") from None
         header = bytes(got[0][0])
@@ -193,7 +193,8 @@ def read_state(objects: Any, *, known: StoreState | None = None) -> StoreState |
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _manifest(objects: Any) -> bytes | None:
+def manifest_bytes(objects: Any) -> bytes | None:
+    """The bytes of ``manifest.json`` at ``objects`` now; None where there is none."""
     try:
         return bytes(objects.get(MANIFEST)[0])
     except RemoteNotFound:
