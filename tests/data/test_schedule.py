@@ -55,6 +55,17 @@ def test_assign_agrees_with_counts() -> None:
     assert (src[g >= 800_000] != 1).all()  # "code" has weight 0 in stage 2
 
 
+def test_sample_numbers_that_are_not_integers_are_refused() -> None:
+    sched = MixtureSchedule(STAGES, NAMES)
+    for bad in (2.7, np.array([1.7, 3.0]), np.array([True, False])):
+        with pytest.raises(TypeError, match="sample numbers must be integers"):
+            sched.counts(bad)
+        with pytest.raises(TypeError, match="sample numbers must be integers"):
+            sched.assign(bad)
+    assert sched.counts(np.array([], dtype=np.float64)).shape == (0, 3)
+    np.testing.assert_array_equal(sched.assign(np.array([5], dtype=np.uint32))[0], sched.assign([5])[0])
+
+
 def test_bad_schedules() -> None:
     with pytest.raises(ValueError, match="start at sample 0"):
         MixtureSchedule([(5, {"web": 1})], NAMES)

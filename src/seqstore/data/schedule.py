@@ -66,6 +66,13 @@ def _quantise(weights: Mapping[str, Any], names: Sequence[str], where: str) -> I
     return units
 
 
+def _samples(g: Any) -> IntArray:
+    arr = np.asarray(g)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"sample numbers must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
 def _chain_counts(n: IntArray, units: IntArray) -> IntArray:
     """Per source, samples among the first ``n`` of a stage (``n`` int64 (B,)) -> (B, K)."""
     k_all = len(units)
@@ -221,7 +228,7 @@ class MixtureSchedule:
 
     def counts(self, g: Any) -> IntArray:
         """Per source, the samples among ``[0, g)``: (K,) for a scalar ``g``, (B, K) for an array."""
-        arr = np.asarray(g, dtype=np.int64)
+        arr = _samples(g)
         flat = arr.reshape(-1)
         self._check(flat)
         stage = np.searchsorted(self.starts, flat, side="right") - 1
@@ -233,7 +240,7 @@ class MixtureSchedule:
 
     def assign(self, g: Any) -> tuple[IntArray, IntArray]:
         """(source number, samples of that source before it) of samples ``g`` (int64 arrays)."""
-        flat = np.asarray(g, dtype=np.int64).reshape(-1)
+        flat = _samples(g).reshape(-1)
         self._check(flat)
         stage = np.searchsorted(self.starts, flat, side="right") - 1
         src = np.empty(len(flat), dtype=np.int64)
