@@ -243,6 +243,14 @@ def test_plain_dataloader_and_generic_dataset() -> None:
     assert sorted(got.tolist()) == list(range(1, 11))
 
 
+def test_getitems_refuses_indices_that_are_not_integers(store: Path) -> None:
+    ds = SeqDataset(store, with_index=True)
+    for bad in ([1.7, 2.2], np.array([True, False]), [0, 1.5]):
+        with pytest.raises(TypeError, match="SeqDataset indices must be integers"):
+            ds.__getitems__(bad)
+    assert [int(r["index"]) for r in ds.__getitems__(np.array([1, -1], dtype=np.int32))] == [1, N - 1]
+
+
 def test_gathered_fast_path_raises_for_missing_ragged_names(store: Path) -> None:
     """The fast path (a SeqDataset batch) and the general path agree: an unknown ragged name is a KeyError."""
     ds = SeqDataset(store)

@@ -178,7 +178,10 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         Returns a list of records (views into the batch) that also carries the batch, padded on first
         use, for :func:`collate_padded`. O(batch elements).
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices).reshape(-1)
+        if idx.size and idx.dtype.kind not in "iu":
+            raise TypeError(f"SeqDataset indices must be integers, got dtype {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False)
         if self._foresight is not None:
             for future in self._foresight.advance(idx):
                 self.dataset.prefetch(future)
