@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from seqstore.interop import driver
@@ -28,6 +29,16 @@ def test_common_keywords_are_checked_before_the_sources_are_read(importer: Any, 
     with pytest.raises(ValueError, match="no sources given"):
         importer([], tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["chunk_bytes", "shard_bytes", "workers"])
+def test_size_and_worker_keywords_must_be_integers(name: str) -> None:
+    for bad in (True, 2.5, "4"):
+        with pytest.raises(ValueError, match=f"import_x: {name} must be an integer, got {bad!r}"):
+            driver.options("import_x", "out", {name: bad})
+    with pytest.raises(ValueError, match=f"{name} must be (positive|at least 1), got 0"):
+        driver.options("import_x", "out", {name: 0})
+    assert getattr(driver.options("import_x", "out", {name: np.int64(3)}), name) == 3
 
 
 def test_options_defaults() -> None:

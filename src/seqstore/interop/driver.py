@@ -15,6 +15,7 @@ output path is checked (a total that costs a pass over the source only when the 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
@@ -92,10 +93,12 @@ def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any]) -> 
     opts = Options(**given)
     if opts.storage_options and not is_remote(out):
         raise ConfigError(f"{out}: storage_options are for URLs of object storage, not local paths")
-    if opts.chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {opts.chunk_bytes}")
-    if opts.workers < 1:
-        raise ValueError(f"workers must be at least 1, got {opts.workers}")
+    for name in ("chunk_bytes", "shard_bytes", "workers"):
+        value = getattr(opts, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{who}: {name} must be an integer, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be {'at least 1' if name == 'workers' else 'positive'}, got {value}")
     return opts
 
 
