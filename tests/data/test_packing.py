@@ -248,6 +248,22 @@ def test_bad_state_is_refused(tmp_path: Path) -> None:
             next(a.iter_batches(2, epoch=epoch))  # type: ignore[arg-type]
 
 
+def test_split_long_is_free_to_change_on_resume_in_concat_mode(tmp_path: Path) -> None:
+    """split_long has no effect in concat mode (documents run back to back), so a resume with it changed
+    is the same run; in best_fit it changes the packing and is refused."""
+    path = _store(tmp_path / "s.seqstore", np.arange(1, 60) % 40 + 1)
+    a = PackedDataset(path, seq_len=16, split_long=True)
+    s = a.open(a.shares(None, 1)[0])
+    s.batch(3)
+    state = a.state_dict([s.state()])
+    want = a.open(a.shares(state, 1)[0]).batch(3)["tokens"]
+    b = PackedDataset(path, seq_len=16, split_long=False)
+    np.testing.assert_array_equal(b.open(b.shares(state, 1)[0]).batch(3)["tokens"], want)
+    fit = PackedDataset(path, seq_len=16, mode="best_fit", split_long=True).fresh_state()
+    with pytest.raises(ValueError, match="made with"):
+        PackedDataset(path, seq_len=16, mode="best_fit", split_long=False).shares(fit, 1)
+
+
 @pytest.mark.timeout(30)  # it planned forever (and its memory grew) before
 @pytest.mark.parametrize("mode", ["concat", "best_fit"])
 def test_documents_without_tokens_are_an_error_not_a_hang(tmp_path: Path, mode: str) -> None:

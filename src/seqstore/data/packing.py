@@ -176,7 +176,10 @@ class PackedDataset:
         """Raise ValueError naming what in ``state`` does not fit this dataset."""
         if not isinstance(state, dict) or state.get("format") != PACKED_FORMAT:
             raise ValueError(f"PackedDataset: not a packed-dataset state (format {PACKED_FORMAT!r} expected)")
-        if state.get("config") != self.config():
+        saved = state.get("config")
+        if self.mode == "concat" and isinstance(saved, dict):  # split_long has no effect in concat
+            saved = {**saved, "split_long": self.split_long}
+        if saved != self.config():
             raise ValueError(f"PackedDataset: the state was made with {state.get('config')}, this dataset is "
                              f"{self.config()}")
         src = state.get("source")
