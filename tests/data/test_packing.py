@@ -3,6 +3,7 @@ elastic resume from random cut points, padding on lognormal lengths."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +446,23 @@ def test_an_explicit_order_is_digested_once_not_at_every_state_dict(tmp_path: Pa
     np.save(tmp_path / "o.npy", np.arange(19))
     with pytest.raises(ValueError, match="the state is of another source"):
         on_file.shares(saved, 2)
+
+
+def test_an_order_file_rewritten_with_its_old_mtime_is_digested_again(tmp_path: Path) -> None:
+    """A .npy order replaced in place by one of the same size whose mtime is the old one (``cp -p``,
+    ``touch -r``, ``rsync --inplace``) is another order: a state of the old one is
+    refused, not resumed over the new one."""
+    path = _store(tmp_path / "s.seqstore", np.full(20, 3))
+    order = tmp_path / "o.npy"
+    np.save(order, np.arange(20))
+    packed = PackedDataset(StoreDataset(path, ordering=order), seq_len=8)
+    saved = packed.state_dict(packed.shares(None, 2))
+    before = os.stat(order)
+    np.save(order, np.arange(20)[::-1].copy())
+    os.utime(order, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(order).st_size == before.st_size
+    with pytest.raises(ValueError, match="the state is of another source"):
+        PackedDataset(StoreDataset(path, ordering=order), seq_len=8).shares(saved, 2)
 
 
 @pytest.mark.parametrize("mode", ["concat", "best_fit"])

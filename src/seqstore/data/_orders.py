@@ -24,12 +24,12 @@ __all__ = ["dataset_order", "ordering_key"]
 def ordering_key(ordering: Any) -> Any:
     """What a resume state records of ``ordering``: the ordering itself, or for an explicit order (an
     array, or a ``.npy`` path) ``explicit[-file]:<length>:<digest of its values>``: O(len) once per array
-    (which is not to be changed in place once given) or per file version (path, size, mtime), then O(1)."""
+    (which is not to be changed in place once given) or per file version (path, size, mtime, ctime), then O(1)."""
     if ordering_name(ordering) != "explicit":
         return ordering
     if isinstance(ordering, (str, os.PathLike)):
         st = os.stat(ordering)
-        memo: Any = (os.fspath(ordering), st.st_size, st.st_mtime_ns, st.st_ino)
+        memo: Any = (os.fspath(ordering), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     else:
         memo = id(ordering) if isinstance(ordering, np.ndarray) else None
     key = _DIGESTS.get(memo)
@@ -45,7 +45,7 @@ def ordering_key(ordering: Any) -> Any:
     return key
 
 
-#: ordering_key's digests by (path, size, mtime, inode) of a file, or id() of a live array
+#: ordering_key's digests by (path, size, mtime, ctime, inode) of a file, or id() of a live array
 _DIGESTS: dict[Any, str] = {}
 
 
