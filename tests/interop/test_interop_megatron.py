@@ -152,6 +152,21 @@ def test_truncated_index_and_short_bin_are_named_errors(tmp_path: Path) -> None:
         read_index(tmp_path / "nope")
 
 
+def test_a_pointer_whose_end_overflows_is_a_named_error(tmp_path: Path) -> None:
+    """A pointer near 2**63: pointer + length wrapped negative and passed the check "inside .bin"; the
+    import then failed in NumPy with an IndexError naming neither file nor sequence."""
+    build(tmp_path / "x", docs=5)
+    n = read_index(tmp_path / "x").num_sequences
+    data = bytearray((tmp_path / "x.idx").read_bytes())
+    at = mg.HEADER_BYTES + 4 * n + 8 * (n - 1)  # the last sequence's pointer (and length: one uint16)
+    data[at : at + 8] = struct.pack("<q", (1 << 63) - 2)
+    data[mg.HEADER_BYTES + 4 * (n - 1) : mg.HEADER_BYTES + 4 * n] = struct.pack("<i", 1)
+    (tmp_path / "x.idx").write_bytes(bytes(data))
+    with pytest.raises(MegatronIndexError, match=rf"x\.bin.*sequence {n - 1} \(pointer {(1 << 63) - 2}.*not inside"):
+        import_megatron(tmp_path / "x", tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+
+
 def test_export_is_read_by_indexed_dataset(tmp_path: Path) -> None:
     build(tmp_path / "a", dtype=np.uint16, seed=5, docs=25)
     a = IndexedDataset(str(tmp_path / "a"))

@@ -186,7 +186,7 @@ def _check(ix: MegatronIndex) -> None:
         if lens.size and int(lens.min()) < 0:
             k = a + int(np.argmin(lens))
             raise MegatronIndexError(ix.idx_path, None, f"sequence {k} has length {int(lens[k - a])}")
-        bad = np.flatnonzero((ptr < 0) | (ptr % item != 0) | (ptr + lens * item > ix.bin_bytes))
+        bad = np.flatnonzero((ptr < 0) | (ptr % item != 0) | (ptr > ix.bin_bytes - lens * item))  # (no overflow)
         if len(bad):
             k = int(bad[0])
             raise MegatronIndexError(
