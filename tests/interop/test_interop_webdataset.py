@@ -4,6 +4,7 @@ TarWriter and WebDataset reader."""
 from __future__ import annotations
 
 import gc
+import gzip
 import io
 import tarfile
 import warnings
@@ -147,6 +148,34 @@ def test_a_shard_cut_inside_a_header_is_an_error(tmp_path: Path) -> None:
     assert not (tmp_path / "x.seqstore").exists()
     (tmp_path / "padded.tar").write_bytes(whole[: len(whole) - 100])  # cut in the zero padding: nothing lost
     assert len(import_webdataset(tmp_path / "padded.tar", tmp_path / "y.seqstore")) == 3
+
+
+def _member(name: bytes, data: bytes, kind: bytes = b"0", size: int | None = None) -> bytes:
+    """A ustar member (header with its checksum, data, padding) written by hand, so that it can lie."""
+    h = bytearray(512)
+    h[: len(name)] = name
+    h[100:108] = b"0000644\0"
+    h[124:136] = b"%011o\0" % (len(data) if size is None else size)
+    h[156:157] = kind
+    h[257:265] = b"ustar\x0000"
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h) + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.timeout(60)  # both looped forever before
+@pytest.mark.parametrize(("pax", "words"), [(b"14 size=-1536\n", "size -1536"), (b"0 a=b\n", "pax record")])
+def test_a_negative_member_size_or_empty_pax_record_is_an_error_not_a_hang(tmp_path: Path, pax: bytes,
+                                                                           words: str) -> None:
+    """A pax header giving a member a negative size sent the reader back to an earlier header (forever,
+    for a member that is not a file); a pax record of length 0 never advanced. Both name the shard."""
+    tar = (_member(b"pax", pax, b"x") + _member(b"dir", b"", b"5") + _member(b"k0.txt", b"a")
+           + _member(b"k1.txt", b"b") + bytes(1024))
+    for name, data in (("h.tar", tar), ("h.tar.gz", gzip.compress(tar))):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(SourceFormatError, match=rf"h\.tar.*{words}"):
+            import_webdataset(tmp_path / name, tmp_path / "x.seqstore")
+        assert not (tmp_path / "x.seqstore").exists()
 
 
 def test_import_from_http_urls(tmp_path: Path) -> None:

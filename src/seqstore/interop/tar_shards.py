@@ -149,6 +149,8 @@ def _pax(data: bytes) -> dict[str, str]:
     while pos < len(data):
         sp = data.index(b" ", pos)
         n = int(data[pos:sp])
+        if n <= sp - pos:
+            raise ValueError(f"a pax record of length {n} at byte {pos} of its header")
         key, _, value = data[sp + 1 : pos + n - 1].partition(b"=")
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += n
@@ -163,6 +165,8 @@ def _header(path: str, hdr: bytes, pos: int, pax: Mapping[str, str], long_name: 
     if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
         raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
     n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
+    if n < 0:
+        raise SourceFormatError(path, None, f"cannot read as a tar shard: member size {n} in the header at byte {pos}")
     if long_name is not None:
         name = long_name
     elif "path" in pax:
