@@ -225,6 +225,12 @@ def _broken(tmp_path: Path, how: str) -> Path:
             sl[2, 1] = -1
             sl[3, 1] += 1
             f["seqLengths"][...] = sl
+        elif how == "lengths_wrap":  # int64 lengths whose sum wraps around to the rows of the data
+            sl = f["seqLengths"][...].astype(np.int64)
+            sl[2, 0] += sl[0, 0] + sl[1, 0] + 2
+            sl[0, 0] = sl[1, 0] = (1 << 63) - 1
+            del f["seqLengths"]
+            f.create_dataset("seqLengths", data=sl)
         elif how == "columns":
             sl = f["seqLengths"][...]
             del f["seqLengths"]
@@ -247,6 +253,7 @@ def _broken(tmp_path: Path, how: str) -> Path:
         ("lengths_too_long", "inputs", "disagree"),
         ("target_rows_short", "targets/data/classes", "disagree"),
         ("negative", "seqLengths", "negative length -1 at sequence 2"),
+        ("lengths_wrap", "seqLengths", f"length {(1 << 63) - 1} at sequence 0 is more than the"),
         ("columns", "seqLengths", "has 2 columns, expected 4"),
         ("tags_short", "seqTags", "does not match"),
         ("missing_target", "targets/data/align", "missing"),

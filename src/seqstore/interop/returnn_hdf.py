@@ -181,6 +181,7 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
 
         if check_lengths:
             sums = np.zeros(ncols if sl.ndim == 2 else 1, dtype=np.int64)
+            most = max(s.rows for s in streams)  # (a length above it could make the sums wrap around)
             for a in range(0, n, VALIDATE_BLOCK):
                 rows = slice(a, min(a + VALIDATE_BLOCK, n))
                 block = np.asarray(read_dataset(sl, rows, p, "seqLengths"), dtype=np.int64)
@@ -188,6 +189,10 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
                 if block.size and block.min() < 0:
                     r, c = np.argwhere(block < 0)[0]
                     raise SourceFormatError(p, "seqLengths", f"negative length {block[r, c]} at sequence {a + r}")
+                if block.size and block.max() > most:
+                    r, c = np.argwhere(block > most)[0]
+                    raise SourceFormatError(p, "seqLengths", f"length {block[r, c]} at sequence {a + r} is more than "
+                                            f"the {most} rows of the data")
                 sums += block.sum(axis=0)
             for s in streams:
                 if int(sums[s.column]) != s.rows:
