@@ -84,6 +84,25 @@ def test_interop_arrow_ipc_round_trip(tmp_path: Path, kind: str) -> None:
     _check(store, d)
 
 
+def test_an_arrow_stream_cut_at_a_record_batch_is_an_error_not_fewer_records(tmp_path: Path) -> None:
+    """An IPC stream file ends with an end-of-stream marker; one cut short at the end of a record batch
+    (a copy or download that stopped) read as a whole, shorter stream, and its store silently lacked
+    the rest."""
+    t = pa.table({"x": pa.array(np.arange(30, dtype=np.int64))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as writer:
+        for b in t.to_batches(max_chunksize=10):
+            writer.write_batch(b)
+    whole = sink.getvalue().to_pybytes()
+    for name, data in (("eos.arrow", whole[:-8]), ("batch.arrow", whole[: whole.rfind(b"\xff\xff\xff\xff", 0, -8)])):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(SourceFormatError, match=rf"{name}.*end-of-stream marker"):
+            import_arrow(tmp_path / name, tmp_path / "o.seqstore")
+        assert not (tmp_path / "o.seqstore").exists()
+    (tmp_path / "whole.arrow").write_bytes(whole)
+    assert len(import_arrow(tmp_path / "whole.arrow", tmp_path / "o.seqstore")) == 30
+
+
 def test_interop_column_map_and_int_ids(tmp_path: Path) -> None:
     d = _data(30)
     t = _table(d).append_column("num", pa.array(np.arange(30) * 7))

@@ -99,6 +99,18 @@ def _unreadable(path: str, fmt: str, exc: BaseException) -> SourceFormatError:
     return SourceFormatError(path, None, f"cannot read as {fmt}: {exc}{hint}")
 
 
+def _check_stream_end(path: str) -> None:
+    """An Arrow IPC stream file ends with an end-of-stream marker (4 zero bytes before Arrow 0.15): one
+    without was cut short, maybe at the end of a record batch, where a reader takes it for the end."""
+    with open(path, "rb") as f:
+        modern = f.read(4) == b"\xff\xff\xff\xff"
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 8))
+        tail = f.read(8)
+    if tail[-4:] != bytes(4) or (modern and tail[:4] != b"\xff\xff\xff\xff"):
+        raise SourceFormatError(path, None, "cannot read as arrow: the IPC stream has no end-of-stream marker "
+                                "(the file was cut short)")
+
+
 class _Source:
     """One Arrow IPC (file or stream format, memory-mapped) or Parquet file: schema and batch iterator.
 
@@ -126,6 +138,7 @@ class _Source:
                     self._stream = True
                     with self._opened() as reader:
                         self.schema = reader.schema
+                    _check_stream_end(self.path)
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(self.path, fmt, exc) from exc
 
