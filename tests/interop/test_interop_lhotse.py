@@ -162,6 +162,27 @@ def test_missing_recording_and_channels(corpus: dict[str, Path], tmp_path: Path)
     assert not (tmp_path / "t").exists()
 
 
+def test_a_missing_audio_or_feature_file_names_the_manifest_and_cut(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """Lhotse's own error for a recording or feature file that is gone named that file only, not the
+    manifest or the cut that refers to it."""
+    cuts = lhotse.CutSet.from_file(corpus["cuts"]).to_eager()
+    gone = tmp_path / "gone.wav"
+    gone.write_bytes((corpus["root"] / "rec1.wav").read_bytes())
+    rec = lhotse.Recording.from_file(gone, recording_id="rec1")
+    gone.unlink()
+    cut = cuts[1]
+    lhotse.CutSet.from_cuts([cuts[0], lhotse.utils.fastcopy(cut, recording=rec)]).to_file(tmp_path / "m.jsonl")
+    with pytest.raises(LhotseCutError, match=rf"m\.jsonl, cut '{cut.id}': cannot load its audio: .*gone\.wav"):
+        import_lhotse(tmp_path / "m.jsonl", tmp_path / "s", audio=True)
+    assert not (tmp_path / "s").exists()
+    moved = lhotse.utils.fastcopy(cut.features, storage_path=str(tmp_path / "nowhere"))
+    feats = lhotse.utils.fastcopy(cut, features=moved)
+    lhotse.CutSet.from_cuts([cuts[0], feats]).to_file(tmp_path / "f.jsonl")
+    with pytest.raises(LhotseCutError, match=rf"f\.jsonl, cut '{cut.id}': cannot load its features"):
+        import_lhotse(tmp_path / "f.jsonl", tmp_path / "s", features=True)
+    assert not (tmp_path / "s").exists()
+
+
 def test_bad_inputs(corpus: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.jsonl.gz: no such Lhotse manifest"):
         import_lhotse(tmp_path / "nope.jsonl.gz", tmp_path / "s")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any, Unpack
 
@@ -125,6 +125,15 @@ def _known_length(sources: list[tuple[str, Any]]) -> int | None:
 # ------------------------------------------------------------------------------------------ plan
 
 
+def _loaded(cut: Any, where: str, what: str, load: Callable[[], Any]) -> np.ndarray[Any, Any]:
+    """``load()`` as an array; Lhotse's failure to read a cut's file (a missing or damaged recording or
+    feature file) as a LhotseCutError naming the manifest and the cut."""
+    try:
+        return np.asarray(load())
+    except Exception as exc:  # Lhotse's readers raise their own kinds (AudioLoadingError, OSError, ...)
+        raise LhotseCutError(where, cut.id, f"cannot load its {what}: {type(exc).__name__}: {exc}") from exc
+
+
 class _Plan:
     """What is read from each cut and how it is stored; checks each cut against the first."""
 
@@ -170,7 +179,7 @@ class _Plan:
 
     def load_features(self, cut: Any, where: str) -> np.ndarray[Any, Any]:
         self.check_features(cut, where)
-        arr = np.asarray(cut.load_features())
+        arr = _loaded(cut, where, "features", cut.load_features)
         if arr.ndim != 2 or arr.shape[1] != self.dims:
             raise LhotseCutError(where, cut.id, f"features of shape {list(arr.shape)} do not fit field 'features' "
                                  f"(frames, {self.dims}) from the first cut")
@@ -180,7 +189,7 @@ class _Plan:
 
     def load_audio(self, cut: Any, where: str) -> np.ndarray[Any, Any]:
         self.check_recording(cut, where)
-        arr = np.asarray(cut.load_audio())
+        arr = _loaded(cut, where, "audio", cut.load_audio)
         if arr.ndim == 1:
             mono = arr
         elif arr.ndim == 2 and (arr.shape[0] == 1 or self.channels == "first"):
