@@ -4,6 +4,7 @@ manifests, feature storage (Fbank through NumpyFilesWriter) and audio loading, o
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,25 @@ def test_a_missing_audio_or_feature_file_names_the_manifest_and_cut(corpus: dict
     lhotse.CutSet.from_cuts([cuts[0], feats]).to_file(tmp_path / "f.jsonl")
     with pytest.raises(LhotseCutError, match=rf"f\.jsonl, cut '{cut.id}': cannot load its features"):
         import_lhotse(tmp_path / "f.jsonl", tmp_path / "s", features=True)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(("change", "words"), [({"duration": "abc"}, "could not convert string to float: 'abc'"),
+                                              ({"duration": None}, "float"),
+                                              ({"supervisions": [{"id": "s", "recording_id": "r", "start": 0.0,
+                                                                 "duration": 1.0, "channel": 0, "text": 5}]},
+                                               "expected str instance, int found")])
+def test_a_cut_of_unreadable_duration_or_text_names_the_manifest_and_cut(tmp_path: Path, change: dict[str, Any],
+                                                                         words: str) -> None:
+    """A duration that is not a number or a supervision text that is not a string failed in float() or
+    str.join, a bare ValueError/TypeError naming neither the manifest nor the cut."""
+    def line(i: int, **kw: Any) -> str:
+        return json.dumps({"id": f"c{i}", "start": 0.0, "duration": 1.0, "channel": 0, "supervisions": [],
+                           "type": "MonoCut", **kw})
+
+    (tmp_path / "m.jsonl").write_text(f"{line(0)}\n{line(1, **change)}\n{line(2)}\n")
+    with pytest.raises(LhotseCutError, match=rf"m\.jsonl, cut 'c1': cannot read its duration and texts: .*{words}"):
+        import_lhotse(tmp_path / "m.jsonl", tmp_path / "s")
     assert not (tmp_path / "s").exists()
 
 

@@ -302,9 +302,12 @@ def _write(writer: Writer, sources: Iterable[tuple[str, Iterable[Any]]], plan: _
         for cut in cuts:
             if not isinstance(getattr(cut, "id", None), str):
                 raise SourceFormatError(where, None, f"expected Lhotse cuts, got {type(cut).__name__}")
+            try:
+                duration, text = float(cut.duration), plan.text(cut)
+            except (TypeError, ValueError) as exc:  # e.g. a duration of "abc" or None, a text of 5
+                raise LhotseCutError(where, cut.id, f"cannot read its duration and texts: {exc}") from exc
             block.ids.append(cut.id)
-            block.durations.append(float(cut.duration))
-            text = plan.text(cut)
+            block.durations.append(duration)
             block.texts.append(text)
             block.nbytes += len(text) + 16
             if plan.frames:
