@@ -178,6 +178,21 @@ def test_a_negative_member_size_or_empty_pax_record_is_an_error_not_a_hang(tmp_p
         assert not (tmp_path / "x.seqstore").exists()
 
 
+def test_a_npy_member_with_a_lying_header_names_the_shard_and_member(tmp_path: Path) -> None:
+    """A .npy header of an unknown dtype was a bare TypeError; one claiming far more values than follow
+    made numpy.load allocate them all (a MemoryError for 36 TiB)."""
+    buf = io.BytesIO()
+    np.save(buf, np.arange(3, dtype=np.int32))
+    good = buf.getvalue()
+    for name, bad, words in (("descr", good.replace(b"'<i4'", b"'<q9'"), "data type '<q9' not understood"),
+                             ("count", good.replace(b"(3,)", b"(9999999999999,)"), r"its header says shape "
+                              r"\(9999999999999,\) of int32, 39999999999996 bytes, but \d+ bytes follow")):
+        (tmp_path / f"{name}.tar").write_bytes(_member(b"k0.npy", good) + _member(b"k1.npy", bad) + bytes(1024))
+        with pytest.raises(SourceFormatError, match=rf"{name}\.tar.*k1\.npy.*not a \.npy array: {words}"):
+            import_webdataset(tmp_path / f"{name}.tar", tmp_path / "x.seqstore")
+        assert not (tmp_path / "x.seqstore").exists()
+
+
 def test_import_from_http_urls(tmp_path: Path) -> None:
     from support.http import StaticServer
 

@@ -100,10 +100,16 @@ def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
         end = start + int.from_bytes(data[8:start], "little")
         m = _NPY_HEADER.match(data[start:end].decode("latin1"))
         if m is not None:
-            if (dt := _DTYPES.get(m.group(1))) is None:
-                dt = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1)))
+            try:
+                if (dt := _DTYPES.get(m.group(1))) is None:
+                    dt = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1)))
+            except TypeError as exc:
+                raise SourceFormatError(path, member, f"not a .npy array: {exc}") from exc
             shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
             count = math.prod(shape)
+            if dt.kind in "biufc" and len(data) - end < count * dt.itemsize:  # (numpy.load would allocate it all)
+                raise SourceFormatError(path, member, f"not a .npy array: its header says shape {shape} of {dt}, "
+                                        f"{count * dt.itemsize} bytes, but {len(data) - end} bytes follow")
             if dt.kind in "biufc" and len(data) - end == count * dt.itemsize:
                 return np.frombuffer(data, dtype=dt, count=count, offset=end).reshape(shape)
     try:
