@@ -80,6 +80,17 @@ def test_store_dataset(tmp_path: Path) -> None:
         StoreDataset(tmp_path / "c.seqstore", length_field="spk")
 
 
+def test_store_dataset_get_refuses_an_index_that_is_not_an_int(tmp_path: Path) -> None:
+    """get(1.7) read record 1 (an int() cast) and get(True) record 1, where the other datasets' get and
+    every get_batch refuse them."""
+    _make(tmp_path / "c.seqstore", 10, np.random.default_rng(0))
+    ds = StoreDataset(tmp_path / "c.seqstore")
+    for bad in (1.7, True, np.float64(2.0)):
+        with pytest.raises(TypeError, match="StoreDataset index must be an int"):
+            ds.get(bad)  # type: ignore[arg-type]
+    assert ds.get(np.int32(-1))["spk"] == ds.get(9)["spk"]
+
+
 def test_filtered_dataset(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     lens = _make(tmp_path / "f.seqstore", 3000, rng)

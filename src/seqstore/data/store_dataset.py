@@ -118,6 +118,8 @@ class StoreDataset(Dataset):
 
     def get(self, i: int) -> dict[str, Any]:
         """Record ``i`` as zero-copy views (only ``fields`` when given)."""
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"StoreDataset index must be an int, got {type(i).__name__}")
         rec = self.store[int(i)]
         return rec if self.fields is None else {k: rec[k] for k in self.fields}
 
