@@ -130,6 +130,9 @@ def test_slice_and_lengths_dataset(tmp_path: Path) -> None:
     assert len(o) == 10**12 and 0 <= o[123456789] < 10**12  # O(bin), no array of 1e12
     with pytest.raises(IndexError):
         sl.get_batch([10])
+    for start, stop in ((1.5, 3), (True, 3), (0, 2.9)):  # were cut to integers (1.5 as 1) or taken as 1
+        with pytest.raises(ValueError, match="SliceDataset: (start|stop) must be an integer"):
+            SliceDataset(ds, start, stop)  # type: ignore[arg-type]
 
 
 def test_concat_of_stores_in_different_directories_caches(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ._lengths import IntArray, LengthsView, OffsetLengths, as_index_array
+from ._lengths import IntArray, LengthsView, OffsetLengths, as_index_array, check_int
 from .base import Dataset, check_order_params, merge_batches, pad_ragged
 
 __all__ = ["ConcatDataset", "SliceDataset", "ConcatLengths", "Split"]
@@ -210,6 +210,7 @@ class SliceDataset(Dataset):
         partition_epoch: int | None = None,
     ) -> None:
         n = dataset.num_seqs
+        start, stop = check_int(start, "SliceDataset: start"), check_int(stop, "SliceDataset: stop")
         if not 0 <= start <= stop <= n:
             raise ValueError(f"SliceDataset: need 0 <= start <= stop <= {n}, got start={start}, stop={stop}")
         self.dataset = dataset
