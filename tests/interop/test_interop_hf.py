@@ -260,6 +260,10 @@ def test_nulls_and_bad_arguments_are_errors(tmp_path: Path) -> None:
         import_hf(ds, tmp_path / "out.seqstore", id_column="nope")
     with pytest.raises(TypeError, match="expected a datasets.Dataset"):
         import_hf([1, 2, 3], tmp_path / "out.seqstore")
+    ok = datasets.Dataset.from_dict({"v": [1, 2, 3]})
+    for bad in (2.5, True, 0):  # 2.5 failed deep in datasets ("'float' object cannot be interpreted ..."), True ran
+        with pytest.raises(ValueError, match=f"batch_size must be a positive integer, got {bad!r}"):
+            import_hf(ok, tmp_path / "out.seqstore", batch_size=bad)  # type: ignore[arg-type]
     assert not (tmp_path / "out.seqstore").exists()
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -161,9 +162,9 @@ def _arrow_schema(ds: Any, batch_rows: int) -> Any:
 
 def _batch_rows(ds: Any, chunk_bytes: int, batch_size: int | None) -> int:
     if batch_size is not None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        return batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return int(batch_size)
     hf = datasets_module()
     if isinstance(ds, hf.IterableDataset):
         return ITERABLE_BATCH_ROWS
