@@ -241,6 +241,8 @@ def _broken(tmp_path: Path, how: str) -> Path:
             f.create_dataset("seqTags", data=tags[:-1], dtype=h5py.string_dtype())
         elif how == "missing_target":
             del f["targets/data/align"]
+        elif how == "size_text":  # a num_outputs entry that is not numbers (was a bare ValueError from int())
+            f["targets/size"].attrs["align"] = "abc"
     return p
 
 
@@ -257,6 +259,7 @@ def _broken(tmp_path: Path, how: str) -> Path:
         ("columns", "seqLengths", "has 2 columns, expected 4"),
         ("tags_short", "seqTags", "does not match"),
         ("missing_target", "targets/data/align", "missing"),
+        ("size_text", "targets/size", "attribute 'align' should be [dim, ndim] (numbers), got 'abc'"),
     ],
 )
 def test_interop_malformed_hdf_clear_error(tmp_path: Path, how: str, dataset: str, words: str) -> None:

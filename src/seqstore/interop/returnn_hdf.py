@@ -98,10 +98,11 @@ def _size_attr(fin: Any, key: str, path: str) -> tuple[int, int] | None:
     if "targets/size" not in fin or key not in fin["targets/size"].attrs:
         return None
     v = np.asarray(fin["targets/size"].attrs[key])
+    if v.dtype.kind not in "iuf" or v.shape not in ((), (2,)):
+        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim] (numbers), got "
+                                f"{v.tolist()!r}")
     if v.ndim == 0:
         return int(v), len(fin[f"targets/data/{key}"].shape)
-    if v.shape != (2,):
-        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim], got {v.tolist()}")
     return int(v[0]), int(v[1])
 
 
