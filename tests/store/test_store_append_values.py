@@ -10,6 +10,7 @@ import pytest
 
 import seqstore as ss
 from seqstore.errors import SchemaError
+from seqstore.store.verify import verify
 
 
 def test_field_errors_come_before_the_missing_id(tmp_path: Path) -> None:
@@ -47,3 +48,15 @@ def test_text_is_refused_for_other_fields(tmp_path: Path) -> None:
             w.append({"f": np.zeros(1, np.float32), "u": "text"})
         with pytest.raises(SchemaError, match="a ragged column is a list"):
             w.append_batch({"f": [np.zeros(1, np.float32)], "u": "ab"})
+
+
+@pytest.mark.parametrize("lengths", [np.array([2**63 - 1, 2**63 - 1, 7]), np.array([2**64 - 1, 6, 0], np.uint64)])
+def test_lengths_that_sum_to_the_rows_only_by_overflow_are_refused(tmp_path: Path, lengths: np.ndarray) -> None:
+    path = tmp_path / "o.seqstore"
+    with ss.create(path, {"x": ss.Field("int32", (None,))}) as w:
+        w.append_batch({"x": ([1, 2], np.array([2]))})
+        with pytest.raises(SchemaError, match="more rows than the values' 5"):
+            w.append_batch({"x": (np.arange(5, dtype=np.int32), lengths)})
+    s = ss.open(path)
+    assert len(s) == 1 and s[0]["x"].tolist() == [1, 2]
+    assert verify(path) == []

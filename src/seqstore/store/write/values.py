@@ -41,9 +41,12 @@ def ragged_column(
         lengths = np.asarray(value[1])
         if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths.size and lengths.min() < 0):
             raise SchemaError(f"{what}: lengths must be a 1-D array of non-negative ints")
-        lengths = lengths.astype(np.int64)
         if values.ndim != len(f.shape) or values.shape[1:] != f.inner_shape:
             raise SchemaError(f"{what}: values must have shape (total_rows, {f.inner_shape}), got {values.shape}")
+        if lengths.size and int(lengths.max()) > values.shape[0]:  # (else the int64 sum below could wrap)
+            raise SchemaError(f"{what}: a length of {int(lengths.max())} is more rows than the values' "
+                              f"{values.shape[0]}")
+        lengths = lengths.astype(np.int64)
         if int(lengths.sum()) != values.shape[0]:
             raise SchemaError(f"{what}: lengths sum to {int(lengths.sum())} but values have {values.shape[0]} rows")
         return values, lengths
