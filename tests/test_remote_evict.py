@@ -313,3 +313,38 @@ def test_a_cache_entry_whose_making_was_killed_is_deleted_by_the_next_eviction(t
     _evict_all(other)
     assert list((cache / "objects").glob("*/*.tmp-*")) == []
     assert other.disk_usage() <= before - (4096 + (1 << 26) // 4096)  # the page map's blocks came back
+
+
+_KILLED_DERIVED = """
+import os, signal, sys
+import numpy as np
+from seqstore.data._cache import write_npy
+from seqstore.io.nodecache import NodeCache, budget_directory
+cache = NodeCache(sys.argv[1], 1 << 24)
+derived = cache.root / "derived" / "store"
+budget_directory(derived, cache)
+
+def chunks():  # SIGKILL the process part way through writing the derived array
+    yield np.arange(1 << 18)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+write_npy(derived / "lengths.npy", chunks(), 1 << 19, np.int64)
+"""
+
+
+def test_a_derived_array_whose_writing_was_killed_is_deleted_by_the_next_eviction(tmp_path: Path) -> None:
+    """A process killed while writing a remote store's derived array (lengths) left its temporary file,
+    counted against the budget, for ever: no eviction took it. One being written is kept."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_DERIVED, str(cache)], timeout=120, env=_child_env())
+    assert proc.returncode == -signal.SIGKILL
+    left = sorted((cache / "derived").glob("*/.*.tmp-*"))
+    assert len(left) == 1, left
+    other = NodeCache(cache, 1 << 24)
+    with open(left[0], "rb") as held:  # one being written (alive)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _evict_all(other)
+        assert sorted((cache / "derived").glob("*/.*.tmp-*")) == left
+    _evict_all(other)
+    assert list((cache / "derived").glob("*/.*.tmp-*")) == []
+    assert other.disk_usage() <= 4096

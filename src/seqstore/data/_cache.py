@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SeqstoreError
-from ..io.nodecache import charge
+from ..io.nodecache import charge, temporary
 
 __all__ = [
     "CacheError", "default_cache_dir", "fingerprint", "store_fingerprint", "cached_array", "write_npy", "load_npy",
@@ -76,14 +75,13 @@ def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".tmp-", dir=path.parent)
+        fd, tmp = temporary(path)  # (held until renamed: an eviction deletes only a dead process's)
     except OSError as exc:
         raise CacheError(
             f"cannot write cache file {path} ({exc}); pass cache_dir= to put the cache somewhere writable"
         ) from exc
-    os.close(fd)
-    charge(path, length * np.dtype(dtype).itemsize + 4096)  # counted where a node cache's budget covers it
     try:
+        charge(path, length * np.dtype(dtype).itemsize + 4096)  # counted where a node cache's budget covers it
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(length,))
         pos = 0
         for chunk in chunks:
@@ -93,13 +91,14 @@ def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype
             raise RuntimeError(f"cache file {path}: got {pos} values, expected {length}")
         out.flush()
         del out
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        os.fsync(fd)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
 
 
 def load_npy(path: Path) -> np.ndarray[Any, Any]:

@@ -31,6 +31,7 @@ import mmap
 import os
 import shutil
 import struct
+import tempfile
 import threading
 import time
 import weakref
@@ -44,7 +45,8 @@ from .claims import Claims
 from .mapping import PAGE, allocate
 
 __all__ = [
-    "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "run_pages",
+    "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
+    "run_pages",
 ]
 
 _MAGIC = b"SQCACHE1"
@@ -70,6 +72,17 @@ def charge(path: str | os.PathLike[str], nbytes: int) -> None:
     cache = _budgeted.get(os.fspath(Path(path).parent))
     if cache is not None:
         cache.reserve(-(-int(nbytes) // PAGE) * PAGE)
+
+
+def temporary(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """A new temporary file ``.<name>.tmp-*`` beside ``path`` and its descriptor, flock'd until closed;
+    made under the lock of the node cache whose budget covers its directory, as evictions delete those
+    (``derived/*/.*.npy.tmp-*``) that no process holds."""
+    parent, cache = Path(path).parent, _budgeted.get(os.fspath(Path(path).parent))
+    with cache.locked() if cache is not None else contextlib.nullcontext():
+        fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.tmp-", dir=parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd, tmp
 
 
 def default_cache_dir() -> Path:
@@ -266,6 +279,9 @@ class NodeCache:
             if _abandoned(p):
                 p.with_name(p.name.replace(".bits.tmp-", ".data.tmp-")).unlink(missing_ok=True)
                 p.unlink(missing_ok=True)
+        for p in (self.root / "derived").glob("*/.*.npy.tmp-*"):  # by a process killed writing one (temporary)
+            if _abandoned(p):
+                p.unlink(missing_ok=True)
         used = self.disk_usage()
         for _mtime, p in self._entries():
             if used <= target:
@@ -318,7 +334,7 @@ class NodeCache:
 
 def _abandoned(path: Path) -> bool:
     """Whether no process holds file ``path`` (a ``.pin`` of :meth:`NodeCache.building`, a temporary page
-    map of :meth:`CachedObject._create`)."""
+    map of :meth:`CachedObject._create`, a derived array's :func:`temporary`)."""
     try:
         fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
     except OSError:
