@@ -348,3 +348,33 @@ def test_a_derived_array_whose_writing_was_killed_is_deleted_by_the_next_evictio
     _evict_all(other)
     assert list((cache / "derived").glob("*/.*.tmp-*")) == []
     assert other.disk_usage() <= 4096
+
+
+_KILLED_BUILDING = """
+import os, signal, sys
+from pathlib import Path
+from seqstore.io.nodecache import NodeCache
+
+def hook(event, args):  # SIGKILL the process after it made the directory, as it opens its .pin
+    if event == "open" and str(args[0]).endswith(".pin"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+cache = NodeCache(sys.argv[1], 1 << 20)
+sys.addaudithook(hook)
+with cache.building(cache.root / "stores" / "url" / "v1.tmp-1-1"):
+    pass
+"""
+
+
+def test_a_mirror_directory_whose_making_was_killed_before_its_pin_is_deleted_by_the_next_eviction(
+        tmp_path: Path) -> None:
+    """A process killed between making a mirror's temporary directory and its .pin left the directory
+    for ever: no eviction took it. One being built (its .pin held) is kept."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILDING, str(cache)], timeout=120, env=_child_env())
+    assert proc.returncode == -signal.SIGKILL
+    assert [p.name for p in (cache / "stores" / "url").iterdir()] == ["v1.tmp-1-1"]
+    other = NodeCache(cache, 1 << 20)
+    with other.building(cache / "stores" / "url" / "v2.tmp-2-2"):
+        _evict_all(other)
+        assert [p.name for p in (cache / "stores" / "url").iterdir()] == ["v2.tmp-2-2"]

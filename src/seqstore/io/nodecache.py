@@ -275,6 +275,9 @@ class NodeCache:
         for p in (self.root / "stores").glob("*/*.tmp-*"):  # left by an eviction killed part way (a live one,
             if _EVICTED in p.name or _abandoned(p / _PIN):  # holding this lock, deletes its own before it ends),
                 shutil.rmtree(p, ignore_errors=True)  # or by a process killed building a mirror (see building)
+            else:  # empty: killed in building between its mkdir and its .pin (made under this lock)
+                with contextlib.suppress(OSError):
+                    p.rmdir()
         for p in (self.root / "objects").glob("*/*.bits.tmp-*"):  # by a process killed making an entry (_create)
             if _abandoned(p):
                 p.with_name(p.name.replace(".bits.tmp-", ".data.tmp-")).unlink(missing_ok=True)
