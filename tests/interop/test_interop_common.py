@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +187,47 @@ def test_an_exporter_given_a_url_refuses_it(name: str, tmp_path: Path, monkeypat
     with pytest.raises(seqstore.errors.SeqstoreError, match=f"{name}: s3://b/out is a URL; .* local files only"):
         export(tmp_path / "s", "s3://b/out")
     assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
+_KILLED_CONVERSION = """
+import os, signal, sys
+import numpy as np
+from seqstore import Field
+from seqstore.interop import _common
+out, at = sys.argv[1], sys.argv[2]
+
+def hook(event, args):  # SIGKILL the conversion as it renames its new store onto out (the old one aside)
+    if at == "rename" and event == "os.rename" and str(args[1]) == out:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def fill(w):
+    w.append({"x": np.full(3, 7, np.int32)}, id="new-0")
+    w.commit()
+    if at == "fill":  # or while it writes the new store
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sys.addaudithook(hook)
+_common.new_store(out, {"x": Field("int32", (None,))}, fill, overwrite=True)
+"""
+
+
+@pytest.mark.parametrize("at", ["fill", "rename"])
+def test_a_conversion_killed_leaves_nothing_after_the_next_one(tmp_path: Path, at: str) -> None:
+    """A conversion killed (SIGKILL) while building left its hidden sibling for ever, and killed between
+    its two renames no store at all at the path (the old one hidden aside): the next conversion of the path
+    puts the old store back and deletes what the dead one left; one being built is kept."""
+    out = tmp_path / "s.seqstore"
+    _old(out)
+    env = {**os.environ, "PYTHONPATH": str(Path(seqstore.__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", _KILLED_CONVERSION, str(out), at], timeout=120, env=env)
+    assert proc.returncode == -signal.SIGKILL
+    left = os.listdir(tmp_path)
+    assert len(left) > 1 and ("s.seqstore" in left) == (at == "fill"), left
+    with _common.replaced(tmp_path / "t.seqstore") as live:  # another conversion, alive meanwhile
+        live.mkdir()
+        with pytest.raises(_common.OutputExistsError):  # the old store is back at the path
+            _common.new_store(out, SCHEMA, _fill(1))
+        assert live.is_dir()
+    store = seqstore.open(out)
+    assert len(store) == 1 and store.id(0) == "old-0"
+    assert sorted(os.listdir(tmp_path)) == ["s.seqstore", "t.seqstore"]

@@ -121,7 +121,7 @@ class LocalTarget(CommitTarget):
                     return  # another overwrite deleted it while this one waited for its lock (its store is new)
             except FileNotFoundError:
                 return
-            old = temp_sibling(root, DELETED)
+            old = temp_sibling(root, DELETED, held=False)
             try:
                 os.rename(root, old)  # first: killed while deleting, the path holds the whole store or nothing
             except OSError:
