@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -457,3 +460,41 @@ def test_append_batch_names_a_fixed_fields_stacked_shape_plainly(scratch: Path) 
         w.append_batch({"emb": np.zeros((3, 2), np.float32), "y": np.zeros((3, 1), np.int8)})
     assert "field 'y': expected shape (B,) stacked, got (3, 1)" in str(info.value)
     w.abort()
+
+
+_FULL_DISK = """
+import errno, sys
+import numpy as np
+import seqstore as ss
+root = sys.argv[1] + "/s.seqstore"
+w = ss.create(root, {"v": ss.Field("int64", (None,))})
+try:
+    for _ in range(100):
+        w.append({"v": np.arange(20000)})
+        w.commit()
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+    print(exc)
+    w.abort()
+else:
+    raise AssertionError("100 commits of 160 kB fit a 2 MiB disk")
+"""
+
+
+def test_a_full_disk_during_a_commit_names_the_store_and_its_workspace(tmp_path: Path) -> None:
+    """A commit on a full disk raised a bare ``[Errno 28] No space left on device``, naming neither the
+    store nor where it was writing. Runs in a mount namespace of its own with a 2 MiB tmpfs (skipped where
+    user namespaces are not allowed)."""
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
+    shell = f'mount -t tmpfs -o size=2m tmpfs "{disk}" && exec "{sys.executable}" "{script}" "{disk}"'
+    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert got.returncode == 0, (got.stdout, got.stderr[-2000:])
+    assert f"{disk}/s.seqstore" in got.stdout and "/_tmp/" in got.stdout, got.stdout

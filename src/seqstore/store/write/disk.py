@@ -6,6 +6,7 @@ into a run of the next level (``_index/``)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -89,6 +90,17 @@ def remove_if_dead(path: Path, *, warn: bool = False, missing_is_dead: bool = Tr
         if fd >= 0:
             os.close(fd)
     return not path.exists()
+
+
+def named_full_disk(exc: BaseException, where: str, workspace: Path) -> BaseException:
+    """``exc``; where it says the disk is full (or the quota used up), an OSError that also names the store
+    ``where`` and the directory its writer was writing under."""
+    if not isinstance(exc, OSError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    named = OSError(exc.errno, f"{exc.strerror}: cannot write the store {where} (writing under {workspace}); "
+                    "free space there (the records committed before are intact)", exc.filename)
+    named.__cause__ = exc
+    return named
 
 
 def workspace_path(root: Path, manifest: Manifest, token: str) -> Path:

@@ -27,7 +27,7 @@ from ...errors import SchemaError, SeqstoreError
 from ...format.manifest import ShardInfo
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
-from . import at_exit
+from . import at_exit, disk
 from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts
 from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, Start, stats_number
@@ -429,7 +429,7 @@ class Writer:
             raise
         except BaseException as exc:
             self._failed = exc
-            raise
+            raise disk.named_full_disk(exc, self.target.where, self._workspace)  # noqa: B904  # (exc, or caused by it)
 
     # --------------------------------------------------------------------------------------- commit
 
