@@ -75,11 +75,13 @@ def charge(path: str | os.PathLike[str], nbytes: int) -> None:
 
 
 def temporary(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """A new temporary file ``.<name>.tmp-*`` beside ``path`` and its descriptor, flock'd until closed;
-    made under the lock of the node cache whose budget covers its directory, as evictions delete those
-    (``derived/*/.*.npy.tmp-*``) that no process holds."""
+    """A new temporary file ``.<name>.tmp-*`` beside ``path`` and its descriptor. Where a node cache's
+    budget covers its directory it is made under that cache's lock and flock'd until closed, as evictions
+    delete those (``derived/*/.*.npy.tmp-*``) that no process holds."""
     parent, cache = Path(path).parent, _budgeted.get(os.fspath(Path(path).parent))
-    with cache.locked() if cache is not None else contextlib.nullcontext():
+    if cache is None:
+        return tempfile.mkstemp(prefix=f".{Path(path).name}.tmp-", dir=parent)
+    with cache.locked():
         fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.tmp-", dir=parent)
         fcntl.flock(fd, fcntl.LOCK_EX)
     return fd, tmp
