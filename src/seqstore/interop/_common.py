@@ -148,8 +148,9 @@ def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], f
 
     The store is built in a hidden sibling ``<parent>/.<name>.tmp-<pid>-<random>`` and renamed into
     place once the writer has closed (:func:`replaced`); if ``fill`` or the commit fails, the writer is
-    aborted and only the sibling deleted: ``out`` is exactly as before. A crash leaves at worst a hidden
-    ``.<name>.tmp-*`` (or ``.<name>.old-*`` holding the previous store) next to ``out``. Before anything
+    aborted and only the sibling deleted: ``out`` is exactly as before. A kill leaves at worst a hidden
+    ``.<name>.tmp-*`` (or ``.<name>.old-*`` holding the previous store) next to ``out``, which the next
+    conversion to ``out`` deletes (or puts back) once no process holds it. Before anything
     is written: :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is
     false, SeqstoreError when it is not a store (a file, or a non-empty directory without a manifest).
     """
