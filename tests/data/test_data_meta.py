@@ -194,3 +194,18 @@ def test_join_uses_the_stores_id_hash() -> None:
     data, off = store_ids.encode_ids(["a", "bb", "ccc", "dddd"])
     # a slice of an id file: offsets not starting at 0, hashed exactly like the whole file
     np.testing.assert_array_equal(id_hashes(data[1:], off[1:]), store_ids.hash_ids(data, off)[1:])
+
+
+def test_a_join_whose_kept_rows_were_deleted_is_made_again(tmp_path: Path) -> None:
+    """A node cache may evict any derived file: the kept rows of a missing='drop' join too."""
+    rng = np.random.default_rng(3)
+    a = _store(tmp_path / "a.seqstore", [f"u-{i}" for i in range(40)], "feat", rng)
+    b = _store(tmp_path / "b.seqstore", [f"u-{i}" for i in range(0, 40, 3)], "text", rng)
+    first = MetaDataset({"a": a, "b": b}, missing="drop", cache_dir=tmp_path / "cache")
+    want = first.rows("b", np.arange(first.num_seqs))
+    (kept,) = (tmp_path / "cache").rglob("meta-*.kept.npy")
+    kept.unlink()
+    again = MetaDataset({"a": a, "b": b}, missing="drop", cache_dir=tmp_path / "cache")
+    assert again.num_seqs == first.num_seqs == 14
+    np.testing.assert_array_equal(again.rows("b", np.arange(again.num_seqs)), want)
+    assert kept.exists()

@@ -159,7 +159,9 @@ class MetaDataset(Dataset):
         except (OSError, ValueError):  # not joined yet, or unreadable: join again
             info = None
         paths = {n: d / f"meta-{fingerprint('rows', cfp, self._fp(n))}.rows.npy" for n in others}
-        if info is not None and all(p.exists() for p in paths.values()):
+        kept_path = d / f"meta-{key}.kept.npy"
+        # (a node cache may have evicted any of them)
+        if info is not None and all(p.exists() for p in paths.values()) and ("kept" not in info or kept_path.exists()):
             for n in others:
                 self._rows[n] = load_npy(paths[n])
         else:
@@ -176,7 +178,6 @@ class MetaDataset(Dataset):
                 info["missing"][n] = stats["missing"]
                 info["first_missing"][n] = stats["first"]
             if self.missing == "drop" or any(info["missing"].values()):
-                kept_path = d / f"meta-{key}.kept.npy"
                 count = sum(len(c) for c in self._kept_chunks())
                 write_npy(kept_path, self._kept_chunks(), count, np.int64)
                 info["kept"] = count
@@ -190,7 +191,7 @@ class MetaDataset(Dataset):
             raise KeyError("MetaDataset: missing ids: " + "; ".join(parts) + "; pass missing='drop' to keep the "
                            "intersection")
         if missing:
-            self._kept = load_npy(d / f"meta-{key}.kept.npy")
+            self._kept = load_npy(kept_path)
 
     @staticmethod
     def _counting(chunks: Iterator[IntArray], stats: dict[str, Any]) -> Iterator[IntArray]:
