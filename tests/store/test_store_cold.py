@@ -4,6 +4,8 @@ prefetch, scans, descriptor-free mappings and the bound on mapped shards.
 Cold cases drop the page cache of the store's files with ``posix_fadvise(POSIX_FADV_DONTNEED)``
 before the store is opened (pages a live mapping holds cannot be dropped); where the filesystem keeps
 them anyway (tmpfs, some overlays) the values are still compared, only the "it was cold" checks skip.
+The tests of descriptors and mapped shards drop no cache: they write their many-shard stores to the
+tmpfs ``scratch`` directory, where a shard's commit costs no fsync wait.
 """
 
 from __future__ import annotations
@@ -331,8 +333,8 @@ def test_packed_store_cold(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- descriptors and maps
 
 
-def test_mapped_shards_are_bounded(tmp_path: Path) -> None:
-    root = tmp_path / "s"
+def test_mapped_shards_are_bounded(scratch: Path) -> None:
+    root = scratch / "s"
     want = _write(root, n=1200, max_shard_records=40)  # 30 shards
     store = ss.open(root, max_mapped_shards=4)
     assert store.num_shards == 30
@@ -349,11 +351,11 @@ def test_mapped_shards_are_bounded(tmp_path: Path) -> None:
         ss.open(root, max_mapped_shards=0)
 
 
-def test_index_keeps_the_mapped_shards_bounded_without_merged_runs(tmp_path: Path) -> None:
+def test_index_keeps_the_mapped_shards_bounded_without_merged_runs(scratch: Path) -> None:
     """A store whose manifest lists no merged id-index runs (as a remote writer leaves it, and a local
     copy of such a store) has every shard probed by its own index: index() maps them through the
     bounded set of mapped shards, as index_many() does, rather than keeping every shard's index mapped."""
-    root = tmp_path / "s"
+    root = scratch / "s"
     with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=2) as w:
         w.append_batch({"v": np.arange(80)}, ids=[f"id-{i}" for i in range(80)])
     manifest = json.loads((root / "manifest.json").read_text())
@@ -398,12 +400,12 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_random_epoch_and_index_many_under_a_small_open_files_limit(tmp_path: Path) -> None:
+def test_random_epoch_and_index_many_under_a_small_open_files_limit(scratch: Path) -> None:
     """More shard files than the open-files limit allows descriptors: a random epoch and a lookup of
     every third id still work, and the descriptors the process holds stay flat."""
     if holds_descriptors():
         pytest.skip("mappings hold descriptors here (no libc mmap)")
-    root = tmp_path / "s"
+    root = scratch / "s"
     n = 2400
     _write(root, n=n, max_shard_records=8)  # 300 shards x 8 files each: 2,400 files
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(n), "64"], capture_output=True, text=True,
@@ -470,9 +472,9 @@ def test_scans_request_the_next_stretch(written: tuple[Path, dict[str, Any]], mo
 # ---------------------------------------------------------------------------- review findings
 
 
-def test_views_are_readable_at_interpreter_exit(tmp_path: Path) -> None:
+def test_views_are_readable_at_interpreter_exit(scratch: Path) -> None:
     """Mappings are not unmapped by exit-time finalizers while an atexit handler still reads a view."""
-    root = tmp_path / "s"
+    root = scratch / "s"
     _write(root, n=50)
     code = textwrap.dedent(
         f"""
@@ -490,10 +492,10 @@ def test_views_are_readable_at_interpreter_exit(tmp_path: Path) -> None:
     assert proc.stdout.split()[1] == "21"
 
 
-def test_a_batch_maps_each_shard_once_whatever_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_maps_each_shard_once_whatever_the_limit(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import seqstore.store.read.shards as shards_mod
 
-    root = tmp_path / "s"
+    root = scratch / "s"
     want = _write(root, n=400, max_shard_records=10)  # 40 shards
     made: list[str] = []
     real = shards_mod.Shard
@@ -516,10 +518,10 @@ def test_a_batch_maps_each_shard_once_whatever_the_limit(tmp_path: Path, monkeyp
     assert store.mapped_shards <= 3
 
 
-def test_a_store_shared_by_threads(tmp_path: Path) -> None:
+def test_a_store_shared_by_threads(scratch: Path) -> None:
     import threading
 
-    root = tmp_path / "s"
+    root = scratch / "s"
     want = _write(root, n=300, max_shard_records=10)  # 30 shards
     store = ss.open(root, max_mapped_shards=2)
     errors: list[BaseException] = []
@@ -595,9 +597,9 @@ def test_store_dataset_pickles_its_store_options(written: tuple[Path, dict[str, 
     assert len(back) == len(ds)
 
 
-def test_too_many_open_files_is_not_corruption(tmp_path: Path) -> None:
+def test_too_many_open_files_is_not_corruption(scratch: Path) -> None:
     """Running out of descriptors while a shard is first touched is an OSError naming the limit."""
-    root = tmp_path / "s"
+    root = scratch / "s"
     _write(root, n=40, max_shard_records=10)
     code = textwrap.dedent(
         f"""
