@@ -194,10 +194,10 @@ def test_stalled_server_times_out(moto_s3: MotoS3, remote: tuple[str, str], tmp_
     _, url = remote
     s3_proxy.stall(None, path="manifest.json")
     with pytest.raises(RemoteError) as exc:
-        _open(moto_s3, url, s3_proxy, tmp_path / "c0", timeout=1)
+        _open(moto_s3, url, s3_proxy, tmp_path / "c0", timeout=0.5)  # each stalled attempt is waited out: short
     assert exc.value.attempts == RETRIES + 1 and "manifest.json" in exc.value.url
     s3_proxy.clear_faults()
-    store = _open(moto_s3, url, s3_proxy, tmp_path / "c1", timeout=1)
+    store = _open(moto_s3, url, s3_proxy, tmp_path / "c1", timeout=0.5)
     s3_proxy.stall(None, path="/shard-000001/")  # never answers
     with pytest.raises(RemoteError) as exc:
         store.get_batch(np.arange(130, 140))
@@ -299,7 +299,7 @@ def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -
 
     threading.Thread(target=accept, daemon=True).start()
     endpoint = f"ftp://127.0.0.1:{server.getsockname()[1]}"
-    opts = {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
+    opts = {"timeout": 0.5, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
     try:
         with pytest.raises(RemoteError) as err:
             ss.open(f"{endpoint}/s.seqstore", storage_options=opts, cache_dir=tmp_path / "cache")
@@ -351,7 +351,7 @@ def test_an_upload_to_a_silent_fsspec_endpoint_raises_a_named_error(tmp_path: Pa
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"webhdfs://127.0.0.1:{server.server_address[1]}/dst.seqstore"
-    opts = {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
+    opts = {"timeout": 0.5, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
     try:
         with pytest.raises(RemoteError) as err:
             ss.copy(build_store(tmp_path / "s.seqstore", seed=5), url, dst_options=opts, workers=1)
