@@ -305,3 +305,27 @@ def test_a_create_killed_before_its_store_is_in_place_leaves_nothing_for_ever(sc
         os.close(fd)
     open_or_create(root, {"v": ss.Field("int32")}).close()
     assert [p.name for p in scratch.iterdir()] == ["s"]
+
+
+_MOVE_AT_LISTDIR: list[Path] = []  # armed by the test below: the audit hook lives as long as the process
+
+
+def _move_at_listdir(event: str, args: tuple[object, ...]) -> None:
+    if event == "os.listdir" and _MOVE_AT_LISTDIR and str(args[0]) == str(_MOVE_AT_LISTDIR[0]):
+        root = _MOVE_AT_LISTDIR.pop()
+        os.rename(root, root.with_name(f".{root.name}.deleted-other"))
+
+
+def test_an_overwrite_whose_directory_another_overwrite_moves_away_goes_on(scratch: Path) -> None:
+    """The other create(overwrite=True) moves the path aside between this one's checks of it: this one
+    makes its store (it was a FileNotFoundError from the check that the directory is empty)."""
+    root = scratch / "s"
+    root.mkdir()  # an empty directory, which overwrite=True may replace
+    if not getattr(sys, "_seqstore_test_listdir_hook", False):
+        sys.addaudithook(_move_at_listdir)
+        sys._seqstore_test_listdir_hook = True  # type: ignore[attr-defined]
+    _MOVE_AT_LISTDIR.append(root)
+    with ss.create(root, {"v": ss.Field("int64")}, overwrite=True) as w:
+        w.append({"v": 7})
+    assert not _MOVE_AT_LISTDIR
+    assert ss.open(root).get_batch(np.arange(1))["v"].tolist() == [7]

@@ -105,8 +105,11 @@ class LocalTarget(CommitTarget):
         root = self.root
         if not root.is_dir():
             raise SeqstoreError(f"{root}: refusing to overwrite a file that is not a store")
-        if not (root / MANIFEST).exists() and any(root.iterdir()):
-            raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        try:
+            if not (root / MANIFEST).exists() and any(root.iterdir()):
+                raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
+        except FileNotFoundError:
+            return  # another overwrite moved it away meanwhile
         if root.is_symlink():  # (rmtree refused one too) moving the link aside would leave its store
             raise SeqstoreError(f"{root}: refusing to overwrite a symbolic link (give the store's own path)")
         # the owner.lock held while the old store is deleted: one a process killed part way left (no lock
