@@ -97,3 +97,15 @@ def spark_session() -> Iterator[Any]:
     session.dataSource.register(seqstore.spark.DataSource)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forkserver_with_torch() -> None:
+    """Start this run's forkserver (as seqstore's parallel conversions start it: Ctrl-C ignored) with torch
+    and seqstore.torch imported, so that loader workers forked from it (``multiprocessing_context=
+    "forkserver"``) do not each import torch. A user's script gets the same, as the server imports its
+    ``__main__``, which imports torch."""
+    if "forkserver" in __import__("multiprocessing").get_all_start_methods():
+        from seqstore.interop._parallel import _context
+
+        _context(["torch", "seqstore.torch"])
