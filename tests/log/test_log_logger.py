@@ -452,3 +452,22 @@ def test_an_empty_batch_is_a_no_op_and_its_errors_are_schema_errors(scratch: Pat
             lg.log([], {**empty, "fc2": {"grad": torch.zeros(0, 6)}})
         lg.log(*_batch(3, 2))
     assert len(ss.open(scratch / "log")) == 5 and lg.num_logged == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_tensor_into_a_float_field(scratch: Path, dtype: torch.dtype) -> None:
+    """A float8 tensor (numpy has no float8 dtype) logged into a float32, float16 or bfloat16 field is stored
+    exactly (it was a bare TypeError from torch's .numpy()); into an int field it is a SchemaError naming
+    the field; with no schema the inference names the field and the dtype."""
+    x = torch.tensor([[0.5, -2.0], [448.0 if dtype == torch.float8_e4m3fn else 57344.0, 0.0]]).to(dtype)
+    for k, fdtype in enumerate(("float32", "float16", "bfloat16")):
+        with Logger(scratch / f"log{k}", schema={"x": ss.Field(fdtype, (2,))}) as lg:
+            lg.log(["a", "b"], {"x": x})
+        got = ss.open(scratch / f"log{k}", bfloat16="float32").get_batch([0, 1])["x"]
+        np.testing.assert_array_equal(got.astype(np.float32), x.float().numpy())
+    with Logger(scratch / "int", schema={"x": ss.Field("int32", (2,))}) as lg:
+        with pytest.raises(ss.SchemaError, match="field 'x'"):
+            lg.log(["a", "b"], {"x": x})
+    with Logger(scratch / "inferred") as lg:
+        with pytest.raises(ss.SchemaError, match="field 'x'.*float8"):
+            lg.log(["a", "b"], {"x": x})

@@ -53,6 +53,8 @@ class HostStager:
         out: dict[str, np.ndarray[Any, Any]] = {}
         cuda: list[tuple[str, Any]] = []
         for name, v in values.items():
+            if is_torch(v) and v.dtype.is_floating_point and v.element_size() == 1:
+                v = v.float()  # float8, which numpy lacks: float32 holds each value exactly
             if is_torch(v) and v.device.type == "cuda":
                 cuda.append((name, v.detach()))
             elif is_torch(v):  # cpu, or mps, xla, ...: no pinned path
