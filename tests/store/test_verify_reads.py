@@ -201,6 +201,54 @@ def test_a_damaged_index_entry_of_a_last_id_store_is_named_not_answered_with_an_
             store.index_many(["dup"])
 
 
+def test_a_damaged_index_entry_of_a_first_id_store_is_named_on_every_lookup_path(scratch: Path) -> None:
+    """id_lookup "first": an index entry that names the row of another id made the numba fast path (a
+    local store's own shard index, index_many without verify_reads) answer KeyError, as if the id were
+    not stored, where the other paths name the damage; and an index row out of range named the store, not
+    the file. Both now name the shard's _ids.hash_rows.npy."""
+    root = scratch / "s"
+    with ss.create(root, SCHEMA, max_shard_records=4) as w:
+        for i, name in enumerate(["a", "b", "c", "d", "e", "f"]):
+            w.append(_record(i), id=name)
+    path = _shard_of(root, 0) / "_ids.hash_rows.npy"
+    rows = np.load(path)
+    j = int(np.flatnonzero(rows == 1)[0])  # the entry of "b" (row 1 of shard 0)
+    _flip(path, 8 * j + 1)  # now it names row 257 (out of range)
+    for store in (ss.open(root), ss.open(root, verify_reads=True)):
+        with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash_rows.npy"):
+            store.index_many(["b"])
+    _flip(path, 8 * j + 1)
+    _flip(path, 8 * j)  # now it names row 0 (id "a")
+    for store in (ss.open(root), ss.open(root, verify_reads=True)):
+        assert store.index_many(["a", "e"]).tolist() == [0, 4]
+        for lookup in (store.index, lambda i, s=store: s.index_many([i])):
+            with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash_rows.npy"):
+                lookup("b")
+
+
+@pytest.mark.parametrize("lookup", ["first", "last"])
+def test_an_index_entry_naming_the_other_copy_of_its_id_is_damage_not_an_answer(scratch: Path, lookup: str) -> None:
+    """An id stored twice in one shard (a keep_last log): a damaged index entry that names the row of the
+    other copy (both entries of that hash now name one row) made every lookup answer the wrong copy (the
+    older one of a keep_last log), with or without verify_reads. The rows of one hash must ascend."""
+    root = scratch / "s"
+    with ss.create(root, SCHEMA, id_lookup=lookup) as w:
+        for i, name in enumerate(["dup", "a", "b", "dup", "c"]):
+            w.append(_record(i), id=name)
+    path = _shard_of(root, 0) / "_ids.hash_rows.npy"
+    rows = np.load(path)
+    j = int(np.flatnonzero(rows == (3 if lookup == "last" else 0))[0])  # the entry of the copy looked up
+    raw = bytearray(path.read_bytes())  # make it name the other copy of "dup"
+    at = read_header(path).data_offset + 8 * j
+    raw[at : at + 8] = np.int64(0 if lookup == "last" else 3).tobytes()
+    path.write_bytes(bytes(raw))
+    for store in (ss.open(root), ss.open(root, verify_reads=True)):
+        assert store.index("a") == 1 and store.index_many(["c", "b"]).tolist() == [4, 2]
+        for find in (store.index, lambda i, s=store: int(s.index_many([i])[0])):
+            with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash_rows.npy: .*one hash out of order"):
+                find("dup")
+
+
 def test_a_store_without_checksums_is_refused_by_name(scratch: Path) -> None:
     legacy = create_legacy(scratch / "v1", SCHEMA)
     with legacy as w:

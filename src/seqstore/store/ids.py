@@ -145,11 +145,12 @@ def id_equal(
 @numba.njit(cache=True, nogil=True)
 def probe_sorted(
     qh: Any, qorder: Any, hashes: Any, rows: Any, sdata: Any, soff: Any, qdata: Any, qoff: Any, base: Any, result: Any
-) -> bool:  # pragma: no cover - numba
+) -> int:  # pragma: no cover - numba
     """For queries ``qorder`` (sorted by their hashes ``qh``) find the lowest local row of one shard's
     sorted hash index whose id bytes equal the query's, and write ``row + base`` to ``result``.
-    Sorted queries let each binary search start where the previous one ended. Returns False (and
-    stops) if the index names a row outside the shard: the caller reports corruption."""
+    Sorted queries let each binary search start where the previous one ended. Returns -1, or (and
+    stops at) the position of an entry that is damaged: its row is outside the shard or not above the
+    previous row of its hash, its row's id offsets are out of range, or its row's id has another hash."""
     n = hashes.shape[0]
     n_rows = soff.shape[0] - 1
     j = 0
@@ -168,12 +169,16 @@ def probe_sorted(
         b0 = qoff[q]
         b1 = qoff[q + 1]
         k = lo
+        prev = -1
         while k < n and hashes[k] == h:
             r = rows[k]
-            if r < 0 or r >= n_rows:
-                return False
+            if r <= prev or r >= n_rows:
+                return k
+            prev = r
             a0 = soff[r]
             a1 = soff[r + 1]
+            if a0 < 0 or a1 < a0 or a1 > sdata.shape[0]:
+                return k
             if a1 - a0 == b1 - b0:
                 eq = True
                 for x in range(a1 - a0):
@@ -182,6 +187,14 @@ def probe_sorted(
                         break
                 if eq:
                     result[q] = r + base
+                    k += 1
+                    while k < n and hashes[k] == h:  # the rest of the run: a damaged entry may name this row too
+                        if rows[k] <= prev:
+                            return k
+                        prev = rows[k]
+                        k += 1
                     break
+            if _hash_range(sdata, a0, a1) != h:
+                return k
             k += 1
-    return True
+    return -1

@@ -25,6 +25,8 @@ from .verify import ReadVerifier
 
 __all__ = ["IdLookup"]
 
+_DISORDER = "the rows of one hash out of order (or one row twice)"
+
 
 class IdLookup:
     """Ids of records and records of ids, read through ``planner``, for one manifest (a new one: a new
@@ -161,8 +163,29 @@ class IdLookup:
             assert sh.ids is not None
             for r, h, x, y in zip(rows[pos].tolist(), hashes[pos].tolist(), a.tolist(), b.tolist()):
                 if hash_one(bytes(sh.ids[x:y])) != h:
-                    raise CorruptionError(f"{self.shards.url}: id index (from shard {first}) names record {r} for an "
-                                          "id of another hash (damaged; `seqstore verify` checks the indexes)")
+                    raise CorruptionError(f"{self._index_file(first)}: id index (from shard {first}) names record {r} "
+                                          "for an id of another hash (damaged; `seqstore verify` checks the indexes)")
+
+    def _index_file(self, first: int) -> str:
+        """The rows file of the index probed from shard ``first``: a merged run's, else the shard's own."""
+        run = next((r for r in self.shards.manifest.index_runs if r.first_shard == first and self._runs.get(r.name)),
+                   None)
+        if run is not None:
+            return f"{self.shards.url}/{run.name}.rows.npy"
+        return f"{self.shards.shard(first).display}/{IDS}.hash_rows.npy"
+
+    def _damaged(self, first: int, what: str) -> CorruptionError:
+        return CorruptionError(f"{self._index_file(first)}: id index (from shard {first}) names {what} "
+                               f"(damaged; `seqstore verify` checks the indexes)")
+
+    def _checked_entry(self, first: int, sh: Shard, hashes: Any, rows: Any, k: int, base: int) -> None:
+        """Raise naming what is wrong with entry ``k`` of shard ``sh``'s own index (found by the fast probe)."""
+        r = int(rows[k])
+        if not 0 <= r < sh.info.records:
+            raise self._damaged(first, f"row {r}, outside the shard's {sh.info.records} records")
+        self._id_ranges(sh, np.array([r]))
+        self._misses(np.array([r + base]), hashes[k : k + 1], first)
+        raise self._damaged(first, _DISORDER)
 
     def _id_ranges(self, sh: Shard, local: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Byte ranges ``(a, b)`` of the ids of local rows ``local`` of ``sh`` in ``sh.ids`` (mapped, and on a
@@ -216,12 +239,14 @@ class IdLookup:
             if hashes is None:
                 first, hashes, rows, base = self._target(first, None)
             j = int(np.searchsorted(hashes, h, "left"))
+            prev = -1
             while j < len(hashes) and hashes[j] == h:
                 row = int(rows[j]) + base
                 if not 0 <= row < self.shards.n:
-                    raise CorruptionError(
-                        f"{self.shards.url}: id index (from shard {first}) names row {row}, out of range"
-                    )
+                    raise self._damaged(first, f"row {row}, out of range")
+                if row <= prev:
+                    raise self._damaged(first, _DISORDER)
+                prev = row
                 k, local = self.shards.locate(row)
                 sh = self.shards.shard(k)
                 sh.load_ids()
@@ -230,12 +255,12 @@ class IdLookup:
                 if not 0 <= a <= b <= len(sh.ids):
                     raise CorruptionError(f"{sh.display}/{IDS}.offsets.npy: id offsets out of range")
                 if bytes(sh.ids[a:b]) == key:
-                    if not self._id_last:
-                        return row
-                    found = max(found, row)
+                    found = max(found, row) if self._id_last or found < 0 else found
                 else:
                     self._misses(np.array([row]), np.array([h]), first)
                 j += 1
+            if found >= 0 and not self._id_last:
+                return found
         return found
 
     def index_many(self, ids: Sequence[str], missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -274,9 +299,9 @@ class IdLookup:
                 # a shard's own index (first-id lookup): one numba pass over the hash-sorted queries
                 assert sh.ids is not None and sh.id_offsets is not None
                 qorder = todo[np.argsort(q[todo], kind="stable")]
-                fine = probe_sorted(q, qorder, hashes, rows, sh.ids, sh.id_offsets, qdata, qoff, np.int64(base), result)
-                if not fine:
-                    raise CorruptionError(f"{sh.display}/{(IDS + '.hash_rows.npy')}: names rows outside the shard")
+                bad = probe_sorted(q, qorder, hashes, rows, sh.ids, sh.id_offsets, qdata, qoff, np.int64(base), result)
+                if bad >= 0:  # the checked path names what is wrong with that entry
+                    self._checked_entry(_first, sh, hashes, rows, bad, base)
                 todo = todo[result[todo] < 0]
                 continue
             qh = q[todo]
@@ -293,7 +318,9 @@ class IdLookup:
                 self.planner.need_rows(rows.reshape(-1, 1), run_starts + within)
             cand_rows = np.asarray(rows[run_starts + within]) + base
             if (cand_rows < 0).any() or (cand_rows >= self.shards.n).any():
-                raise CorruptionError(f"{self.shards.url}: id index (from shard {_first}) names rows out of range")
+                raise self._damaged(_first, "rows out of range")
+            if ((cq[1:] == cq[:-1]) & (cand_rows[1:] <= cand_rows[:-1])).any():
+                raise self._damaged(_first, _DISORDER)
             ok = self._verify(cand_rows, qdata, qoff, cq)
             if not ok.all():
                 self._misses(cand_rows[~ok], q[cq[~ok]], _first)
