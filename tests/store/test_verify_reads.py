@@ -205,7 +205,7 @@ def test_a_damaged_index_entry_of_a_first_id_store_is_named_on_every_lookup_path
     """id_lookup "first": an index entry that names the row of another id made the numba fast path (a
     local store's own shard index, index_many without verify_reads) answer KeyError, as if the id were
     not stored, where the other paths name the damage; and an index row out of range named the store, not
-    the file. Both now name the shard's _ids.hash_rows.npy."""
+    the file. Both now name the shard's index files."""
     root = scratch / "s"
     with ss.create(root, SCHEMA, max_shard_records=4) as w:
         for i, name in enumerate(["a", "b", "c", "d", "e", "f"]):
@@ -215,14 +215,14 @@ def test_a_damaged_index_entry_of_a_first_id_store_is_named_on_every_lookup_path
     j = int(np.flatnonzero(rows == 1)[0])  # the entry of "b" (row 1 of shard 0)
     _flip(path, 8 * j + 1)  # now it names row 257 (out of range)
     for store in (ss.open(root), ss.open(root, verify_reads=True)):
-        with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash_rows.npy"):
+        with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash.npy or _ids.hash_rows.npy"):
             store.index_many(["b"])
     _flip(path, 8 * j + 1)
     _flip(path, 8 * j)  # now it names row 0 (id "a")
     for store in (ss.open(root), ss.open(root, verify_reads=True)):
         assert store.index_many(["a", "e"]).tolist() == [0, 4]
         for lookup in (store.index, lambda i, s=store: s.index_many([i])):
-            with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash_rows.npy"):
+            with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash.npy or _ids.hash_rows.npy"):
                 lookup("b")
 
 
@@ -245,7 +245,7 @@ def test_an_index_entry_naming_the_other_copy_of_its_id_is_damage_not_an_answer(
     for store in (ss.open(root), ss.open(root, verify_reads=True)):
         assert store.index("a") == 1 and store.index_many(["c", "b"]).tolist() == [4, 2]
         for find in (store.index, lambda i, s=store: int(s.index_many([i])[0])):
-            with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash_rows.npy: .*one hash out of order"):
+            with pytest.raises(ss.CorruptionError, match="_ids.hash_rows.npy: .*one hash out of order"):
                 find("dup")
 
 

@@ -167,12 +167,12 @@ class IdLookup:
                                           "for an id of another hash (damaged; `seqstore verify` checks the indexes)")
 
     def _index_file(self, first: int) -> str:
-        """The rows file of the index probed from shard ``first``: a merged run's, else the shard's own."""
+        """The files of the index probed from shard ``first``: a merged run's, else the shard's own."""
         run = next((r for r in self.shards.manifest.index_runs if r.first_shard == first and self._runs.get(r.name)),
                    None)
         if run is not None:
-            return f"{self.shards.url}/{run.name}.rows.npy"
-        return f"{self.shards.shard(first).display}/{IDS}.hash_rows.npy"
+            return f"{self.shards.url}/{run.name}.hash.npy or .rows.npy"
+        return f"{self.shards.shard(first).display}/{IDS}.hash.npy or {IDS}.hash_rows.npy"
 
     def _damaged(self, first: int, what: str) -> CorruptionError:
         return CorruptionError(f"{self._index_file(first)}: id index (from shard {first}) names {what} "
