@@ -216,3 +216,58 @@ def test_logger_that_never_logged_says_nothing(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and res.stderr == "", res.stderr
+
+
+INTERRUPTED_CLOSE = textwrap.dedent("""\
+    import os, signal, sys, threading, time
+    import numpy as np
+    import seqstore
+
+    lg = seqstore.Logger("run.log", flush_bytes=1 << 25, commit_every_s=60, direct_io=False)
+    for b in range(80):
+        lg.log([f"ex-{b}-{k}" for k in range(100)], {"grad": np.full((100, 1024), b, np.float32)})
+    main = threading.main_thread().ident
+
+    def where():
+        f, names = sys._current_frames().get(main), []
+        while f is not None:
+            names.append(f.f_code.co_name)
+            f = f.f_back
+        return names
+
+    def interrupter():  # a real SIGINT while the main thread waits inside close(), twice
+        for _ in range(2):
+            while "close" not in where() or where()[0] not in ("wait", "_wait_for_tstate_lock", "join"):
+                time.sleep(0.0001)
+            seen = where()
+            os.kill(os.getpid(), signal.SIGINT)
+            while where() == seen:
+                time.sleep(0.0001)
+
+    threading.Thread(target=interrupter, daemon=True).start()
+    interrupts = 0
+    for _ in range(10):
+        try:
+            lg.close()
+            break
+        except KeyboardInterrupt:
+            interrupts += 1
+    left = os.listdir(os.path.join("run.log", "_tmp"))
+    with seqstore.Logger("run.log") as again:
+        again.log(["one-more"], {"grad": np.zeros((1, 1024), np.float32)})
+    print(interrupts, len(left), len(seqstore.open("run.log")), flush=True)
+""")
+
+
+def test_close_interrupted_by_ctrl_c_is_finished_by_the_next_close(tmp_path: Path) -> None:
+    """Ctrl-C during Logger.close(): the first interrupt ended close() part way (a second one, while it
+    stopped the background thread, left the store's writer open) and a second close() did nothing: the
+    writer's workspace stayed, and when the interrupt came before the last buffer was handed off, its
+    records were lost without a word. Now close() can be called again and finishes the job."""
+    (tmp_path / "script.py").write_text(INTERRUPTED_CLOSE)
+    res = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    interrupts, workspaces, records = (int(x) for x in res.stdout.split())
+    assert interrupts >= 1 and workspaces == 0 and records == 8001, res.stdout
+    _no_workspace(tmp_path / "run.log")

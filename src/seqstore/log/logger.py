@@ -193,6 +193,7 @@ class Logger:
         self._error: BaseException | None = None
         self._closed = False
         self._closing = False
+        self._stopping = False  # close() has asked the background thread to stop
         self._thread: threading.Thread | None = None
         self._work: queue.Queue[_Job] = queue.Queue()
         self._free: queue.Queue[_Buffer] = queue.Queue()
@@ -343,7 +344,7 @@ class Logger:
             raise SeqstoreError(f"{self.path}: this logger belongs to process {self._pid}; a forked child cannot "
                                 "use it (open a Logger of its own in the child)")
         self._raise_failure()
-        if self._closed:
+        if self._closed or self._closing:
             raise SeqstoreError(f"{self.path}: logger is closed")
 
     def _raise_failure(self) -> None:
@@ -499,7 +500,8 @@ class Logger:
 
         Raises :class:`LoggerError` if the background writer failed (then what was not committed
         before the failure is discarded; committed shards stay), and again at every later call, as
-        ``log`` and ``flush`` do. After a clean close, a second one does nothing.
+        ``log`` and ``flush`` do. After a clean close, a second one does nothing. An interrupt (Ctrl-C)
+        leaves the logger closing: a second ``close`` (or the interpreter's exit) finishes it.
         """
         if self._closed:
             if os.getpid() == self._pid:
@@ -509,21 +511,21 @@ class Logger:
             self._closed = True
             return
         self._closing = True
-        try:
-            if self._thread is not None and self._error is None:
-                with self._lock:
-                    self._handoff(commit=True, wait=True)
-        finally:
-            self._closed = True
-            at_exit.unregister(self)
-            if self._thread is not None:
-                self._work.put(_STOP)
-                self._thread.join()
-            if self._writer is not None:
-                if self._error is None:
-                    self._writer.close()
-                else:
-                    self._writer.abort()
+        # each step may be redone: an interrupt anywhere leaves the rest to the next close (or the exit hook)
+        if self._thread is not None and self._error is None and not self._stopping:
+            with self._lock:
+                self._handoff(commit=True, wait=True)
+        if self._thread is not None:
+            self._stopping = True
+            self._work.put(_STOP)  # a second one (a close resumed) is never read
+            self._thread.join()
+        if self._writer is not None:
+            if self._error is None:
+                self._writer.close()
+            else:
+                self._writer.abort()
+        self._closed = True
+        at_exit.unregister(self)
         self._raise_failure()
 
     def _commit_at_exit(self, why: str) -> str | None:
