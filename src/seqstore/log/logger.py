@@ -388,7 +388,6 @@ class Logger:
             self._ids.see_commits(self._reader, self._committed_seq)
             keep, stats, skipped = self._ids.check(self._reader, id_list)
             self._num_skipped += skipped
-            self._num_logged += len(keep) if keep is not None else batch
             self._append(converted, id_list, keep, stats)
             if time.monotonic() - self._last_handoff >= self.commit_every_s:
                 self._handoff(commit=True)
@@ -452,6 +451,7 @@ class Logger:
             chunk_ids = ids[pos : pos + take]
             buf.ids.extend(chunk_ids)
             buf.n += take
+            self._num_logged += take
             # only then in flight: an interrupt (Ctrl-C) before this point must not leave ids marked as
             # logged whose rows were never counted (keep_first would drop them when logged again)
             self._ids.add(chunk_ids)
