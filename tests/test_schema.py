@@ -237,3 +237,12 @@ def test_a_dtype_of_none_is_refused() -> None:
     unset is an error, as any other value that names no dtype."""
     with pytest.raises(ss.SchemaError, match="unsupported dtype None"):
         ss.Field(None, (None, 3))
+
+
+@pytest.mark.parametrize("dtype", [",f4", "f4,(", "(2"])
+def test_a_dtype_string_numpy_cannot_parse_is_a_schema_error(dtype: str) -> None:
+    """numpy parses a dtype string with a comma as a Python expression: ``np.dtype(",f4")`` raises
+    SyntaxError, which reached the caller bare (and from a manifest whose dtype had one flipped byte:
+    "<f4" -> ",f4", instead of a CorruptionError naming manifest.json)."""
+    with pytest.raises(ss.SchemaError, match="unsupported dtype"):
+        ss.Field(dtype)

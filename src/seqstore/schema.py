@@ -46,7 +46,7 @@ def _normalise_dtype(dtype: Any) -> str:
     dt: np.dtype[Any] | None
     try:
         dt = None if dtype is None else np.dtype(dtype)  # (numpy reads None as float64)
-    except TypeError:
+    except (TypeError, SyntaxError):  # (numpy parses a string with a comma as Python)
         dt = None
     if dt is None or dt.kind not in _NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
         raise SchemaError(f"unsupported dtype {dtype!r}: expected a numpy numeric dtype, bool or 'bfloat16'")

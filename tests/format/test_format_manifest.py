@@ -71,6 +71,7 @@ def _good() -> dict[str, Any]:
         (lambda m: m.pop("schema"), ss.CorruptionError),
         (lambda m: m.update(schema={}), ss.CorruptionError),
         (lambda m: m.update(schema={"x": {"dtype": "float16"}}), ss.CorruptionError),
+        (lambda m: m["schema"]["x"].update(dtype=",f2"), ss.CorruptionError),  # numpy: a SyntaxError
         (lambda m: m.pop("shards"), ss.CorruptionError),
         (lambda m: m.update(shards={"a": 1}), ss.CorruptionError),
         (lambda m: m["shards"][0].pop("records"), ss.CorruptionError),
