@@ -231,13 +231,19 @@ INTERRUPTED_CLOSE = textwrap.dedent("""\
     def where():
         f, names = sys._current_frames().get(main), []
         while f is not None:
-            names.append(f.f_code.co_name)
+            names.append((f.f_code.co_name, os.path.basename(f.f_code.co_filename)))
             f = f.f_back
         return names
 
-    def interrupter():  # a real SIGINT while the main thread waits inside close(), twice
+    def waits_in_logger_close():  # in a wait of threading called from Logger.close (or its _handoff)
+        frames = where()
+        own = [f for f in frames if f[1] != "threading.py"]
+        return frames and frames[0][1] == "threading.py" and own and own[0] in (("close", "logger.py"),
+                                                                                ("_handoff", "logger.py"))
+
+    def interrupter():  # a real SIGINT while the main thread waits inside Logger.close(), twice
         for _ in range(2):
-            while "close" not in where() or where()[0] not in ("wait", "_wait_for_tstate_lock", "join"):
+            while not waits_in_logger_close():
                 time.sleep(0.0001)
             seen = where()
             os.kill(os.getpid(), signal.SIGINT)
