@@ -339,3 +339,72 @@ def test_num_logged_counts_what_went_in_when_log_calls_are_interrupted(tmp_path:
     assert res.returncode == 0, res.stderr
     interrupts, logged, committed, records = (int(x) for x in res.stdout.split())
     assert interrupts > 0 and logged == committed == records == 2400, res.stdout
+
+
+INTERRUPTED_FIRST_LOG = textwrap.dedent("""\
+    import os, signal, sys, threading, time
+    import numpy as np
+    import seqstore
+
+    armed = False  # Python's own SIGINT handler, but only while a seqstore call runs (never in this script)
+
+    def on_sigint(signum, frame):
+        if armed:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    main = threading.main_thread().ident
+    starting = True
+    budget = 0  # interrupts left for this trial
+
+    def opening():  # inside Logger._start, where it opens its reader of the store
+        f, names = sys._current_frames().get(main), set()
+        while f is not None:
+            names.add((f.f_code.co_name, os.path.basename(f.f_code.co_filename)))
+            f = f.f_back
+        return ("_start", "logger.py") in names and any(file == "reader.py" for _, file in names)
+
+    def interrupter():  # a real SIGINT when the main thread is seen opening the store, a few per trial
+        global budget
+        while starting:
+            if budget > 0 and opening():
+                budget -= 1
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.001)
+            time.sleep(0.0001)
+
+    th = threading.Thread(target=interrupter, daemon=True)
+    th.start()
+    interrupts = 0
+    for trial in range(5):
+        lg = seqstore.Logger(f"run{trial}.log", commit_every_s=60, direct_io=False)
+        budget = 3
+        while True:
+            try:
+                armed = True
+                lg.log([f"ex-0-{k}" for k in range(10)], {"grad": np.zeros((10, 4), np.float32)})
+                armed = False
+                break
+            except KeyboardInterrupt:
+                armed = False
+                interrupts += 1
+        if trial == 4:
+            starting = False
+            th.join()
+        for b in range(1, 10):
+            lg.log([f"ex-{b}-{k}" for k in range(10)], {"grad": np.full((10, 4), b, np.float32)})
+        lg.close()
+    print(interrupts, *(len(seqstore.open(f"run{t}.log")) for t in range(5)), flush=True)
+""")
+
+
+def test_first_log_interrupted_while_it_opens_the_store_is_finished_by_the_next(tmp_path: Path) -> None:
+    """The first log() opens the store (schema inferred) and starts the background thread: a Ctrl-C in
+    there left the logger with a schema but no reader or thread, and every later log() failed with a bare
+    AssertionError. Now the next log() finishes the start and logs."""
+    (tmp_path / "script.py").write_text(INTERRUPTED_FIRST_LOG)
+    res = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    interrupts, *records = (int(x) for x in res.stdout.split())
+    assert interrupts > 0 and records == [100] * 5, res.stdout

@@ -230,23 +230,27 @@ class Logger:
             packed = default_packing(schema)
         else:
             packed = self._packed
-        existing = existing_manifest(self.path, self._storage_options)
-        if existing is not None:  # an existing store decides the layout
-            if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
-                raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
-            schema, packed = existing.schema, None
-        self._writer = open_or_create(
-            self.path, schema, packed=packed, id_lookup="last" if self.on_duplicate == "keep_last" else "first",
-            shard_bytes=self._shard_bytes, buffer_bytes=1,  # every append_batch is written through: no second copy
-            metadata=self._metadata, direct_io=self._direct_io, storage_options=self._storage_options,
-        )
+        # each step is skipped when done: an interrupt (Ctrl-C) in the first log() leaves the next to finish
+        if self._writer is None:
+            existing = existing_manifest(self.path, self._storage_options)
+            if existing is not None:  # an existing store decides the layout
+                if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
+                    raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
+                schema, packed = existing.schema, None
+            self._writer = open_or_create(
+                self.path, schema, packed=packed, id_lookup="last" if self.on_duplicate == "keep_last" else "first",
+                shard_bytes=self._shard_bytes, buffer_bytes=1,  # every append_batch is written through: no second copy
+                metadata=self._metadata, direct_io=self._direct_io, storage_options=self._storage_options,
+            )
         at_exit.unregister(self._writer)  # this logger closes it
-        self.schema = self._writer.schema
-        self._units = self.schema.storage_units()
+        self._units = self._writer.schema.storage_units()
         self._cap = _buffer_rows(self.flush_bytes, [f.row_bytes for _, f in self._units], MAX_BUFFER_RECORDS)
-        self._reader = Store(self.path, storage_options=self._storage_options)
-        self._thread = threading.Thread(target=self._run, name=f"seqstore-logger-{self.rank}", daemon=True)
-        self._thread.start()
+        if self._reader is None:
+            self._reader = Store(self.path, storage_options=self._storage_options)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"seqstore-logger-{self.rank}", daemon=True)
+            self._thread.start()
+        self.schema = self._writer.schema  # last: log() starts again while it is None
 
     def _new_buffer(self) -> _Buffer:
         # page aligned, so that full buffers can be written with direct I/O
