@@ -83,9 +83,10 @@ class LoggedGatherer:
         with open(self.log, "a") as f:
             f.write(f"{what} {int(idx[0])}\n")
 
-    def prefetch(self, idx: Any) -> None:
-        self._note("prefetch", idx)
-        self.gather.prefetch(idx)
+    def prefetch(self, run: list[Any]) -> None:
+        for idx in run:
+            self._note("prefetch", idx)
+        self.gather.prefetch(run)
 
     def __call__(self, idx: Any) -> Any:
         self._note("gather", idx)

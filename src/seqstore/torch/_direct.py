@@ -15,6 +15,7 @@ the copies run without the GIL, and a batch needs no shared memory or pickle); a
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -32,7 +33,7 @@ from .iterable import IterableSeqDataset
 from .sampler import EpochBatchSampler, EpochSampler
 
 __all__ = ["Gatherer", "collate_options", "direct_plan", "pinned", "rebatch", "run_ordered", "PARALLEL_FROM_BYTES",
-           "batch_bytes"]
+           "batch_bytes", "ahead_in_runs"]
 
 #: a batch smaller than this is gathered in the loop's own thread even with ``threads`` / ``procs``:
 #: handing it to a helper costs more than gathering it (measured: bench/loader.py, docs/torch.md)
@@ -99,9 +100,9 @@ class Gatherer:
     def __call__(self, idx: IndexArray) -> Batch:
         return self.finish(idx, self.source.dataset.get_batch(idx, pad=True))
 
-    def prefetch(self, idx: IndexArray) -> None:
-        """Start reading the records of a later batch (its answers are awaited when it is gathered)."""
-        self.source.dataset.prefetch(idx)
+    def prefetch(self, run: list[IndexArray]) -> None:
+        """Start reading the records of later batches (their answers are awaited when they are gathered)."""
+        self.source.dataset.prefetch(np.concatenate(run))
 
     @property
     def reads_once(self) -> bool:
@@ -212,6 +213,25 @@ class _Slot:
             raise self.error
         assert self.value is not None
         return self.value
+
+
+def ahead_in_runs(items: Iterable[Any], prefetch: Callable[[list[Any]], None], size: int) -> Iterator[Any]:
+    """``items`` (index arrays, or packed plans) as they come, the reads of each run of ``size`` of them
+    asked for at once (``prefetch`` of the run, as a remote store's ``iter_batches`` asks for its runs), the
+    next run's as soon as the first item of a run is drawn. Memory: the items of two runs."""
+    it = iter(items)
+    runs: deque[list[Any]] = deque()
+
+    def draw() -> None:
+        run = list(itertools.islice(it, size))
+        if run:
+            prefetch(run)
+            runs.append(run)
+
+    draw()
+    while runs:
+        draw()
+        yield from runs.popleft()
 
 
 def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:

@@ -16,8 +16,9 @@ Who gathers is measured (:class:`Chooser`): where the loop's process gathers a b
 waits for a worker's (no training step, no spare core), it gathers the batches itself and the workers get
 none until they are tried again; the batches and their order are the same either way.
 
-On a remote store the index arrays of the next batches also go to their workers early (``ahead``), so
-that their reads are in flight while the workers gather (``Store.prefetch``); there the workers always gather.
+On a remote store the index arrays of the next runs of batches also go to their workers early
+(``ahead``), so that their reads are in flight while the workers gather (one ``Store.prefetch`` of a
+worker's batches of a run); there the workers always gather.
 
 On a read-once store the workers do not read the store: the loop fetches the runs of
 batches (``Store.fetch_runs``) into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch
@@ -63,7 +64,7 @@ import torch
 from ..errors import SeqstoreError
 from ..io import address
 from ._chooser import Chooser, cores
-from ._direct import Gatherer, IndexArray, pinned
+from ._direct import Gatherer, ahead_in_runs, pinned
 from ._signals import InterruptsIgnored
 
 __all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
@@ -92,8 +93,8 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 
 def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, inherited: list[int]) -> None:
     """Loop of one worker: (slot, indices) in, ("ok", layout) / ("big", layout, bytes) / ("error", exc) out;
-    ("ahead", indices): a later batch, whose reads start at once. Every message waiting is taken before
-    a batch is gathered, so the reads of the batches sent ahead are in flight while it waits for its own.
+    ("ahead", run): later batches' index arrays, whose reads start at once. Every message waiting is taken
+    before a batch is gathered, so the reads of the batches sent ahead are in flight while it waits for its own.
     (slot, indices, run parts): a read-once loop's batch, gathered from its run buffers (``attach_run``);
     ("forget", name): a run buffer no longer used. ``inherited``: the loop's ends of the pipes, which a
     forked worker holds copies of; closed first, so that the loop's process ending, even by SIGKILL,
@@ -367,27 +368,23 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                   runs: RunBuffers | None = None, chooser: Chooser | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """``first`` (the first batch, gathered by the caller), then the batches of ``arrays`` in order,
     gathered by ``procs`` worker processes into shared slots (see the module docstring). ``context``: a
-    multiprocessing context or start method name. ``ahead``: batches past those given to the workers whose
-    index arrays they get early, to start reading them (a remote store: without it every batch waits for
-    its answers, about 90 MB/s for a block-shuffled epoch in the benchmark). ``runs``: ``arrays`` yields
-    ``(idx, parts)`` of a read-once store's ``fetch_runs`` into buffers of ``runs``; each worker gathers
-    its batch from them, and the parts are released once its answer is in. ``chooser``: who gathers the
+    multiprocessing context or start method name. ``ahead``: batches in a run whose index arrays a worker gets
+    early (a run before its first batch is given out), to start reading them (a remote store: without it
+    every batch waits for its answers, about 90 MB/s for a block-shuffled epoch in the benchmark). ``runs``:
+    ``arrays`` yields ``(idx, parts)`` of a read-once store's ``fetch_runs`` into buffers of ``runs``; each
+    worker gathers its batch from them, and the parts are released once its answer is in. ``chooser``: who gathers the
     batches (a :class:`Chooser` by default; None with ``ahead``, where the loop's process would wait out each
     batch's round trips itself). ``timeout``: seconds a worker may take to answer (0: no limit)."""
-    source = iter(arrays)
-    early: deque[IndexArray] = deque()  # drawn from ``source`` and sent ahead, not yet given to a worker
+    sent = 0  # batches sent ahead: batch j (counted after the first) is worker j % procs's
 
-    def drawn() -> Iterator[Any]:
-        while True:
-            if early:
-                yield early.popleft()
-                continue
-            idx = next(source, None)
-            if idx is None:
-                return
-            yield idx
+    def send_ahead(run: list[Any]) -> None:  # each worker gets its own batches of the run, as one
+        nonlocal sent
+        for w in range(procs):
+            if mine := run[(w - sent) % procs :: procs]:
+                post(w, ("ahead", mine))
+        sent += len(run)
 
-    it = drawn()
+    it = ahead_in_runs(arrays, send_ahead, ahead) if ahead else iter(arrays)
     ctx: Any = multiprocessing.get_context(context) if context is None or isinstance(context, str) else context
     size = sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in first.values())
     slot_bytes = max(4 * size, 1 << 16)
@@ -472,13 +469,6 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 post(w, (slot, np.ascontiguousarray(idx, dtype=np.int64).tobytes()))
             pending.append((w, slot, parts))
             j += 1
-            while len(early) < ahead:  # the next ``ahead`` batches' index arrays go to their workers early
-                nxt = next(source, None)
-                if nxt is None:
-                    break
-                nxt = np.ascontiguousarray(nxt, dtype=np.int64)
-                post((j + len(early)) % procs, ("ahead", nxt))
-                early.append(nxt)
             return True
 
         if chooser is None and not ahead:

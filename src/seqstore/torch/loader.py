@@ -25,7 +25,16 @@ from .._mainguard import check_main_guard, start_method
 from ..data._lengths import check_int
 from ..io.objects import fork_unsafe as _fork_unsafe
 from ..store import Pool
-from ._direct import PARALLEL_FROM_BYTES, Gatherer, batch_bytes, collate_options, direct_plan, pinned, run_ordered
+from ._direct import (
+    PARALLEL_FROM_BYTES,
+    Gatherer,
+    ahead_in_runs,
+    batch_bytes,
+    collate_options,
+    direct_plan,
+    pinned,
+    run_ordered,
+)
 from ._ring import RunBuffers, run_processes, shared_runs_possible
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
@@ -168,9 +177,9 @@ class SeqDataLoader(DataLoader[Any]):
             if not procs:
                 kwargs["multiprocessing_context"] = chosen
         self._procs_context = chosen if procs else None
-        # procs= workers on a remote store get the next batches' index arrays early; found here, once (the
+        # threads= / procs= on a remote store read the next runs of batches early; found here, once (the
         # probe pickles the dataset: per epoch that is a copy of every array it holds)
-        self._ahead = _AHEAD if procs and _any_store(dataset, lambda store: store.is_remote) else 0
+        self._ahead = _AHEAD if (procs or threads) and _any_store(dataset, lambda store: store.is_remote) else 0
         super().__init__(dataset, **kwargs)
         self._consumed = 0
         self.threads = threads
@@ -254,8 +263,9 @@ class SeqDataLoader(DataLoader[Any]):
             yield from run_processes(first, arrays, gather, self.procs, context=self._procs_context, pin=pin,
                                      ahead=self._ahead, timeout=self.timeout)
             return
-        if batch_bytes(first) >= PARALLEL_FROM_BYTES:
-            rest: Iterator[Any] = run_ordered(arrays, gather, self.threads)
+        if batch_bytes(first) >= PARALLEL_FROM_BYTES:  # (a remote store's reads asked for in runs, as inline)
+            ahead = ahead_in_runs(arrays, gather.prefetch, self._ahead) if self._ahead else arrays
+            rest: Iterator[Any] = run_ordered(ahead, gather, self.threads)
         else:
             rest = map(gather, arrays) if stream is None else stream(arrays)
         for batch in itertools.chain([first], rest):

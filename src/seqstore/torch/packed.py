@@ -188,7 +188,6 @@ class _Build:
             out["max_seqlen"] = torch.tensor(out["max_seqlen"], dtype=torch.int64)
         return out
 
-    def prefetch(self, plan: np.ndarray[Any, Any]) -> None:
-        """Start reading the documents of a later batch's plan."""
-        k = int(plan[1])
-        self.packed.dataset.prefetch(np.unique(plan[2 + k : 2 + 2 * k]))
+    def prefetch(self, plans: list[np.ndarray[Any, Any]]) -> None:
+        """Start reading the documents of later batches' plans."""
+        self.packed.dataset.prefetch(np.unique(np.concatenate([p[2 + int(p[1]) : 2 + 2 * int(p[1])] for p in plans])))
