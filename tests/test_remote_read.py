@@ -333,6 +333,44 @@ def test_packed_procs_workers_read_ahead_on_a_remote_store(moto_s3: MotoS3, s3_b
     assert trips <= alone_trips // 2, (trips, alone_trips)
 
 
+@pytest.mark.parametrize("par", [{}, {"procs": 2}], ids=["inline", "procs"])
+def test_packed_batches_read_only_the_token_field(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                  s3_proxy: FaultProxy, par: dict[str, int]) -> None:
+    """A PackedDataset over a StoreDataset (all its fields) read every field of the documents it packs,
+    the batches and the workers' read-ahead alike, to keep the token field only. Now only the token field
+    is read (of ``feat`` the heads of its files that mapping a shard reads); the batches are the same."""
+    pytest.importorskip("torch")
+    import torch
+
+    from seqstore.data import PackedDataset
+    from seqstore.torch import PackedIterableDataset, SeqDataLoader
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 200, 3000)
+    local = tmp_path / "t.seqstore"
+    schema = {"tokens": ss.Field("int32", (None,)), "feat": ss.Field("float32", (None, 4))}
+    with ss.create(local, schema, max_shard_records=1000) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens),
+                        "feat": (rng.standard_normal((int(lens.sum()), 4)).astype(np.float32), lens)})
+    url = moto_s3.upload_dir(local, s3_bucket, "fields/t.seqstore")
+
+    def batches(store: Any, **par: int) -> list[torch.Tensor]:
+        ds = ss.StoreDataset(store, length_field="tokens", ordering="random", seed=3)
+        packed = PackedDataset(ds, seq_len=256, mode="best_fit", eos=1 << 30, window=16)
+        loader = SeqDataLoader(PackedIterableDataset(packed, batch_size=8, num_batches=20), batch_size=None, **par)
+        got = [b["tokens"].clone() for b in loader]
+        assert ds.fields is None  # (the dataset given is left as it was)
+        return got
+
+    want = batches(ss.open(local))
+    store = _open(moto_s3, url, tmp_path / "cache", s3_proxy.url)
+    s3_proxy.clear_log()
+    got = batches(store, **par)
+    assert len(got) == len(want) == 20 and all(torch.equal(a, b) for a, b in zip(got, want))
+    # (mapping a shard reads the head of each of its files: no value of ``feat`` past it)
+    assert not [r.byte_range for r in s3_proxy.requests if "/feat" in r.path and (r.byte_range or (0,))[0] > 0]
+
+
 def test_returnn_adapter_on_a_url(moto_s3: MotoS3, remote: tuple[str, str], local: Path, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("returnn")

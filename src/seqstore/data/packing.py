@@ -142,6 +142,7 @@ class PackedDataset:
                     raise ValueError(f"PackedDataset: {d!r}{inside} measures lengths in field {lf!r}, not the token "
                                      f"field {field!r}; open it with length_field={field!r}")
         self.dataset: Dataset = self.stream.dataset
+        self.reader = _reading_only(self.dataset, tokens)  # (what builds the batches and reads them ahead)
         if tokens in self.dataset.bfloat16_fields():
             raise ValueError(f"PackedDataset: field {tokens!r} holds bfloat16 values; tokens must be integers")
         self.names = list(self.stream.names)
@@ -227,11 +228,28 @@ class PackedDataset:
         """The batch of a :meth:`PackedStream.plan` (one ``get_batch`` of its documents, then one fill)."""
         n, k = int(plan[0]), int(plan[1])
         seq, ids, off, cnt = plan[2 : 2 + 4 * k].reshape(4, k)
-        return build_batch(self.dataset, self.tokens, seq, ids, off, cnt, n, self.seq_len,
+        return build_batch(self.reader, self.tokens, seq, ids, off, cnt, n, self.seq_len,
                            concat=self.mode == "concat", eos=self.eos, mask_eos=self.mask_eos, pad_id=self.pad_id)
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.stream!r}, {self.config()})"
+
+
+def _reading_only(dataset: Dataset, field: str) -> Dataset:
+    """``dataset`` whose ``get_batch`` and ``prefetch`` read ``field`` alone where a store dataset's fields
+    can be chosen (also under a concatenation, combination, filter or slice): a copy, ``dataset`` is kept."""
+    attrs: dict[str, Any] = {}
+    if isinstance(dataset, StoreDataset) and dataset.field_names != [field]:
+        attrs["fields"] = [field]
+    elif isinstance(dataset, (ConcatDataset, CombinedDataset)):
+        attrs["datasets"] = [_reading_only(d, field) for d in dataset.datasets]
+    elif isinstance(dataset, (FilteredDataset, SliceDataset)):
+        attrs["dataset"] = _reading_only(dataset.dataset, field)
+    if not attrs:
+        return dataset
+    copy = object.__new__(type(dataset))  # (no __init__: nothing recomputed)
+    copy.__dict__.update(vars(dataset), **attrs)
+    return copy
 
 
 def _length_sources(dataset: Dataset, field: str) -> Iterator[tuple[Dataset, str]]:

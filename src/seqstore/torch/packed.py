@@ -190,4 +190,4 @@ class _Build:
 
     def prefetch(self, plans: list[np.ndarray[Any, Any]]) -> None:
         """Start reading the documents of later batches' plans."""
-        self.packed.dataset.prefetch(np.unique(np.concatenate([p[2 + int(p[1]) : 2 + 2 * int(p[1])] for p in plans])))
+        self.packed.reader.prefetch(np.unique(np.concatenate([p[2 + int(p[1]) : 2 + 2 * int(p[1])] for p in plans])))
