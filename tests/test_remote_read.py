@@ -300,12 +300,13 @@ def test_seqdataset_at_its_default_prefetch_reads_in_runs_as_the_iterable_does(
     assert trips <= iterable + 2 + iterable // 8, (trips, iterable)
 
 
-def test_packed_procs_workers_read_ahead_on_a_remote_store(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
-                                                            s3_proxy: FaultProxy) -> None:
-    """A PackedIterableDataset under procs= on a remote store: its workers get the plans of the next
-    batches early and start reading their documents, as a SeqDataset's do; before, each batch waited out
-    its own round trips (52 for these 60 batches, against 61 without workers and 17 now). The batches are
-    those of the loop without workers."""
+@pytest.mark.parametrize("par", [{"procs": 2}, {"threads": 2}], ids=["procs", "threads"])
+def test_packed_helpers_read_ahead_on_a_remote_store(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                     s3_proxy: FaultProxy, par: dict[str, int]) -> None:
+    """A PackedIterableDataset under procs= / threads= on a remote store: the documents of the next runs of
+    batches are asked for early, as a SeqDataset's are; before, each batch waited out its own round trips
+    (procs=: 52 for these 60 batches, threads=: 27, against 61 without helpers; 5 and 2 now). The batches
+    are those of the loop without workers."""
     pytest.importorskip("torch")
     import torch
 
@@ -328,9 +329,9 @@ def test_packed_procs_workers_read_ahead_on_a_remote_store(moto_s3: MotoS3, s3_b
         return got, s3_proxy.round_trips()
 
     alone, alone_trips = batches("alone")
-    got, trips = batches("procs", procs=2)
+    got, trips = batches("helpers", **par)
     assert len(got) == len(alone) == 60 and all(torch.equal(a, b) for a, b in zip(got, alone))
-    assert trips <= alone_trips // 2, (trips, alone_trips)
+    assert trips <= alone_trips // 3, (trips, alone_trips)
 
 
 @pytest.mark.parametrize("par", [{}, {"procs": 2}], ids=["inline", "procs"])

@@ -30,7 +30,7 @@ from torch.utils.data import IterableDataset
 from ..data._lengths import check_int, check_optional_int
 from ..data.packing import PackedDataset, PackedStream
 from ._convert import resolve_topology, worker_topology
-from ._direct import run_ordered
+from ._direct import ahead_in_runs, run_ordered
 from ._ring import run_processes
 from ._state import StateError
 
@@ -87,7 +87,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                  pin: bool = False, ahead: int = 0, timeout: float = 0) -> Iterator[dict[str, Any]]:
         """This rank's batches (as :meth:`__iter__` without workers yields them) read and filled by
         ``threads`` helper threads or ``procs`` worker processes (``context``: their start method;
-        ``ahead``: the plans of the next batches they get early, to start reading their documents;
+        ``ahead``: the batches in a run whose documents are asked for a run early;
         ``timeout``: seconds a worker may take to answer; see :func:`~seqstore.torch._ring.run_processes`);
         planned here. ``SeqDataLoader(threads=, procs=)``
         iterates this."""
@@ -101,7 +101,8 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                                        context=context, pin=pin, ahead=ahead, timeout=timeout):
                 yield {**batch, "max_seqlen": int(batch["max_seqlen"])}
             return
-        for batch in run_ordered(plans, _Build(self.packed, ring=False), threads):
+        build = _Build(self.packed, ring=False)
+        for batch in run_ordered(ahead_in_runs(plans, build.prefetch, ahead) if ahead else plans, build, threads):
             yield {k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()} \
                 if pin else batch
 
