@@ -130,8 +130,10 @@ class PackedDataset:
         else:
             raise TypeError(f"PackedDataset: source must be a store, a path, a seqstore.data Dataset or a "
                             f"MixtureStream, got {type(source).__name__}")
+        self.remote = False  # whether the documents are read from object storage
         for top in datasets:
             for d, field in _length_sources(top, tokens):
+                self.remote |= isinstance(d, StoreDataset) and d.store.is_remote
                 lf = getattr(d, "length_field", field)
                 inside = "" if d is top else f" (inside {top!r})"
                 names = getattr(d, "field_names", None)

@@ -37,6 +37,10 @@ from ._state import StateError
 __all__ = ["PackedIterableDataset"]
 
 
+#: batches whose documents are asked for together on object storage without helpers (a run, as in iter_batches)
+_RUN = 16
+
+
 class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
     """Batches of packed sequences of ``packed``, sharded over ranks x DataLoader workers (see the module).
 
@@ -74,8 +78,9 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         stream = self.packed.open(self._shares(workers)[share], share, total)
         count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
         build = _Build(self.packed, ring=False)
-        for _ in itertools.count() if count is None else range(count):
-            yield build(stream.plan(self.batch_size))
+        plans = (stream.plan(self.batch_size) for _ in (itertools.count() if count is None else range(count)))
+        for plan in ahead_in_runs(plans, build.prefetch, _RUN) if self.packed.remote else plans:
+            yield build(plan)
 
     def _plans(self) -> Iterator[np.ndarray[Any, Any]]:
         """This rank's batches as plans, as without DataLoader workers (share ``rank`` of ``world_size``)."""
