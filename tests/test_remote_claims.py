@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from support.proxy import FaultProxy
 from support.s3 import MotoS3
+from support.tmpfs import run_on_small_tmpfs
 
 pytest.importorskip("obstore")
 
@@ -237,17 +238,7 @@ def test_a_full_cache_disk_is_an_error_not_a_crash(tmp_path: Path) -> None:
     """On a cache file system with no room left, claiming pages and marking a fetched page present write
     into holes of mapped files: that must raise (or fall back), never end the process with SIGBUS. Runs in
     a mount namespace of its own with a 1 MiB tmpfs (skipped where user namespaces are not allowed)."""
-    script = tmp_path / "full.py"
-    script.write_text(_FULL_DISK)
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
-    shell = f'mount -t tmpfs -o size=1m tmpfs "{disk}" && exec "{sys.executable}" "{script}" "{disk}"'
-    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    disk, got = run_on_small_tmpfs(_FULL_DISK, tmp_path, "1m")
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
 
 

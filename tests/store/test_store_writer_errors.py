@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from store_testlib import workspaces
+from support.tmpfs import run_on_small_tmpfs
 
 import seqstore as ss
 
@@ -485,16 +483,6 @@ def test_a_full_disk_during_a_commit_names_the_store_and_its_workspace(tmp_path:
     """A commit on a full disk raised a bare ``[Errno 28] No space left on device``, naming neither the
     store nor where it was writing. Runs in a mount namespace of its own with a 2 MiB tmpfs (skipped where
     user namespaces are not allowed)."""
-    script = tmp_path / "full.py"
-    script.write_text(_FULL_DISK)
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
-    shell = f'mount -t tmpfs -o size=2m tmpfs "{disk}" && exec "{sys.executable}" "{script}" "{disk}"'
-    got = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    disk, got = run_on_small_tmpfs(_FULL_DISK, tmp_path, "2m")
     assert got.returncode == 0, (got.stdout, got.stderr[-2000:])
     assert f"{disk}/s.seqstore" in got.stdout and "/_tmp/" in got.stdout, got.stdout
