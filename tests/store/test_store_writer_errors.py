@@ -486,3 +486,34 @@ def test_a_full_disk_during_a_commit_names_the_store_and_its_workspace(tmp_path:
     disk, got = run_on_small_tmpfs(_FULL_DISK, tmp_path, "2m")
     assert got.returncode == 0, (got.stdout, got.stderr[-2000:])
     assert f"{disk}/s.seqstore" in got.stdout and "/_tmp/" in got.stdout, got.stdout
+
+
+_FULL_DISK_AT_CREATE = """
+import errno, os, sys
+import seqstore as ss
+with open(sys.argv[1] + "/filler", "wb") as f:  # the disk full before the store is made
+    try:
+        while True:
+            f.write(bytes(1 << 16))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+try:
+    ss.create(sys.argv[1] + "/s.seqstore", {"v": ss.Field("int64")})
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+    print(exc)
+else:
+    raise AssertionError("a store was made on a full disk")
+print(sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_a_full_disk_at_create_names_the_store(tmp_path: Path) -> None:
+    """``create`` on a full disk raised a bare ``[Errno 28]`` (its manifest is written before any writer
+    exists) and leaves nothing beside the filler."""
+    disk, got = run_on_small_tmpfs(_FULL_DISK_AT_CREATE, tmp_path, "1m")
+    assert got.returncode == 0, (got.stdout, got.stderr[-2000:])
+    assert f"cannot write the store {disk}/s.seqstore" in got.stdout, got.stdout
+    assert got.stdout.splitlines()[-1] == "['filler']", got.stdout

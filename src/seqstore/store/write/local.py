@@ -40,6 +40,7 @@ from .disk import (
     append_row,
     hold_owner_lock,
     maybe_merge_index,
+    named_full_disk,
     next_shard_number,
     remove_if_dead,
     store_lock,
@@ -419,7 +420,14 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
     """Create an empty store with ``manifest`` at ``root`` unless one is there; safe when several
     processes call it at once: the store is prepared in a hidden sibling directory and renamed into
     place, so exactly one caller creates it. Returns whether this call created it. A file, or a non-empty
-    directory that is not a store, is FileExistsError naming ``root``."""
+    directory that is not a store, is FileExistsError naming ``root``; a full disk an OSError naming it."""
+    try:
+        return _install(root, manifest)
+    except OSError as exc:
+        raise named_full_disk(exc, str(root), root.parent)  # noqa: B904  # (exc, or caused by it)
+
+
+def _install(root: Path, manifest: Manifest) -> bool:
     created = False
     if not (root / MANIFEST).exists():
         root.parent.mkdir(parents=True, exist_ok=True)
