@@ -87,7 +87,7 @@ class Writer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
         # direct writes of copied runs (ragged values), behind the caller's next appends
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-write") if self.direct_io else None
-        self._closed = False
+        self._closed = self._target_closed = False
         self._reset_buffer()
         self._shard_open = False
         self._ready: Finished | None = None  # a finished shard whose commit failed: committed first next time
@@ -111,8 +111,6 @@ class Writer:
     def renumbered(self) -> int:
         """Shards this writer had to move to a higher number (object storage)."""
         return self.target.renumbered
-
-    # ------------------------------------------------------------------------------------- buffers
 
     def _reset_buffer(self) -> None:
         # staging arrays are free again once their data is written: keep one per unit for reuse
@@ -400,8 +398,6 @@ class Writer:
         """Every record appended and not committed: also a finished shard whose commit failed."""
         return self._pending_records() + (self._ready.info.records if self._ready is not None else 0)
 
-    # ---------------------------------------------------------------------------------------- flush
-
     def _flush(self) -> None:
         """Write the buffer to the current shard (no commit). Splits the shard when it is full.
 
@@ -527,7 +523,7 @@ class Writer:
                 self._shard.abort()
         finally:
             self._reset_buffer()
-            self._shard_open = False
+            self._shard_open, self._ready = False, None  # (a ready shard's directory is in the workspace)
             self._release()
 
     @at_exit.guarded
@@ -544,14 +540,18 @@ class Writer:
             self.abort()  # releases the writer; after a failed commit it also closes the shard's files
 
     def _release(self) -> None:
+        # closed once all is done: interrupted (Ctrl-C), a second close/abort finishes it; a forked child's
+        if os.getpid() == self._pid:  # copy only marks itself closed (the workspace is the parent's)
+            try:
+                self._pool.shutdown(wait=True)
+                if self._io is not None:
+                    self._io.shutdown(wait=True)
+            finally:
+                if not self._target_closed:
+                    self._close_target()
+                self._target_closed = True
         self._closed = True
         at_exit.unregister(self)
-        if os.getpid() != self._pid:  # a forked child's copy: the workspace belongs to the parent
-            return
-        self._pool.shutdown(wait=True)
-        if self._io is not None:
-            self._io.shutdown(wait=True)
-        self._close_target()
 
     def _close_target(self) -> None:
         self.target.close_writer(self._start)
@@ -559,9 +559,8 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is None:
             self.close()
         else:
