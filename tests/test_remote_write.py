@@ -474,3 +474,22 @@ def test_a_staging_directory_that_cannot_be_checked_is_left_alone(moto_s3: MotoS
         cols, ids = _batch(0, 3)
         w.append_batch(cols, ids=ids)
     assert other.is_dir() and len(_open(url, moto_s3, tmp_path / "c")) == 3
+
+
+def test_a_stats_only_commit_that_went_through_unanswered_adds_the_stats_once(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """A commit of stats deltas alone took effect, but no answer came back before the retries gave up
+    (RemoteError; the deltas stay pending). The next commit sent them again: every delta counted twice."""
+    url = f"s3://{s3_bucket}/unanswered-stats.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    w = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1))
+    w.add_stats({"n": 5})
+    rule = s3_proxy.lose(None, method="PUT", path="manifest.json")
+    with pytest.raises(RemoteError):
+        w.commit()
+    s3_proxy.clear_faults()
+    assert rule.hits == 2 and _open(url, moto_s3, tmp_path / "c1").manifest.stats == {"n": 5}  # it went through
+    w.add_stats({"n": 2})
+    w.close()
+    assert _open(url, moto_s3, tmp_path / "c2").manifest.stats == {"n": 7}

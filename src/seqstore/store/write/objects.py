@@ -109,6 +109,8 @@ class ObjectTarget(CommitTarget):
         self._next_claim = 0
         # a shard whose commit may have gone through: its number, descriptor CRC and the stats sent with it
         self._unsure: tuple[int, int, dict[str, float]] | None = None
+        # a commit of stats alone whose write may have gone through: the manifest bytes sent, the stats
+        self._unsure_stats: tuple[bytes, dict[str, float]] | None = None
         self._job = self._task = self._prefix = ""
 
     def objects(self) -> ObjectClient:
@@ -199,6 +201,13 @@ class ObjectTarget(CommitTarget):
 
         state = self._refresh(self._state)
         check(state)
+        if self._unsure_stats is not None:
+            raw, sent = self._unsure_stats
+            self._unsure_stats = None
+            if state.raw == raw:  # it went through (and nothing was committed since): not again
+                stats = {key: v - sent.get(key, 0) for key, v in stats.items() if v != sent.get(key, 0)}
+                if shard is None and not stats:
+                    return ""
         if shard is not None and self._unsure is not None:
             number, crc, sent = self._unsure
             k = int(np.searchsorted(state.rows["number"], number))
@@ -228,6 +237,8 @@ class ObjectTarget(CommitTarget):
         except BaseException:
             if shard is not None and commit.unsure:
                 self._unsure = (commit.numbers[0], shard.desc_crc, dict(stats))
+            elif commit.unsure:
+                self._unsure_stats = (commit.sent, dict(stats))
             raise
         finally:
             self.conflicts += commit.conflicts

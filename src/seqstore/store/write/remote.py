@@ -248,6 +248,7 @@ class Commit:
         self.conflicts = 0
         self.renumbered = 0
         self.unsure = False  # run raised after a manifest write that may have gone through (claims kept)
+        self.sent = b""  # the manifest bytes of the last write tried
 
     def run(self, state: StoreState) -> StoreState:
         """Commit; returns the store's state with the commit in it."""
@@ -259,7 +260,7 @@ class Commit:
                 tkey, new, header, rows = self._next(state)
                 raw = json.dumps(new.to_json(), separators=(",", ":")).encode()
                 try:
-                    sent = True
+                    sent, self.sent = True, raw
                     etag = self.c.put(MANIFEST, raw, mode={"e_tag": state.etag})
                 except ConflictError as exc:
                     state = self.refresh(state)
