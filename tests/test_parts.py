@@ -292,8 +292,9 @@ def test_overwrite_with_another_schema_installs_it_at_the_commit(store: Path) ->
     other = {"tokens": ss.Field("int32", (None,))}
     prepare_store(store, other, mode="overwrite", metadata={"v": 2})
     assert ss.open(store).schema == ss.Schema(SCHEMA)  # staged only: readers see the old store
-    with pytest.raises(SchemaError, match="existing store has schema"):
+    with pytest.raises(SchemaError, match="existing store has schema") as exc:
         prepare_store(store, other, mode="append")
+    assert "field 'tokens' only in the job" in str(exc.value), exc.value
     w = PartWriter(store, job="j2", task="a")
     w.append_batch({"tokens": [np.arange(3), np.arange(1)]})
     part = w.finish()

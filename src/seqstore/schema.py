@@ -374,6 +374,19 @@ class Schema(Mapping[str, Field]):
 # ---------------------------------------------------------------------------------------------- values
 
 
+def schema_difference(have: Schema, want: Schema, names: tuple[str, str] = ("the store", "the schema given")) -> str:
+    """How ``want`` differs from ``have``, field by field (for errors): the fields only one has, those
+    whose dtype or shape differ, and packed groups that differ; ``names`` name the two sides."""
+    a, b = names
+    out = [f"field {k!r} only in {a}" for k in have if k not in want]
+    out += [f"field {k!r} only in {b}" for k in want if k not in have]
+    out += [f"field {k!r}: {have[k]!r} in {a}, {want[k]!r} in {b}" for k in have if k in want and have[k] != want[k]]
+    ga, gb = ({k: g.fields for k, g in s.groups.items()} for s in (have, want))
+    out += [f"packed group {k!r}: {list(ga[k]) if k in ga else None} in {a}, {list(gb[k]) if k in gb else None} in {b}"
+            for k in sorted(set(ga) | set(gb)) if ga.get(k) != gb.get(k)]
+    return "; ".join(out) or "no difference"
+
+
 def float32_to_bfloat16(x: npt.ArrayLike) -> np.ndarray[Any, np.dtype[np.uint16]]:
     """Round float values to bfloat16 (round to nearest even; NaN stays NaN) and return the uint16 bits."""
     f = np.asarray(x, dtype=np.float32, order="C")

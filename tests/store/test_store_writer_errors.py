@@ -517,3 +517,22 @@ def test_a_full_disk_at_create_names_the_store(tmp_path: Path) -> None:
     assert got.returncode == 0, (got.stdout, got.stderr[-2000:])
     assert f"cannot write the store {disk}/s.seqstore" in got.stdout, got.stdout
     assert got.stdout.splitlines()[-1] == "['filler']", got.stdout
+
+
+def test_open_or_create_with_another_schema_names_the_fields_that_differ(scratch: Path) -> None:
+    """open_or_create on a store whose schema differs in one field of many: the error printed both schemas
+    whole and left the reader to find the difference; it now names each field that differs and how."""
+    from seqstore.store.writer import open_or_create
+
+    root = scratch / "s"
+    fields = {f"f{k:02d}": ss.Field("float32", (4,)) for k in range(30)}
+    open_or_create(root, fields).close()
+    other = dict(fields, f17=ss.Field("float16", (4,)), extra=ss.Field("int8"))
+    del other["f03"]
+    with pytest.raises(ss.SchemaError) as exc:
+        open_or_create(root, other)
+    text = str(exc.value)
+    assert str(root) in text and "existing store has schema" in text
+    assert f"field 'f17': {fields['f17']!r} in the store, {other['f17']!r} in the schema given" in text
+    assert "field 'f03' only in the store" in text and "field 'extra' only in the schema given" in text
+    assert workspaces(root) == []

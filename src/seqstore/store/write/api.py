@@ -12,7 +12,7 @@ from ...errors import SchemaError
 from ...format.manifest import Manifest
 from ...io.local_source import local_path
 from ...io.objects import ObjectClient, is_remote
-from ...schema import Schema
+from ...schema import Schema, schema_difference
 from .local import LocalTarget
 from .objects import ObjectTarget
 from .remote import writing_client
@@ -117,9 +117,10 @@ def open_or_create(
     have = writer._start
     if have.schema != sch or have.id_lookup != id_lookup:
         writer.abort()
-        what = f"schema {have.schema!r}" if have.schema != sch else f"id_lookup {have.id_lookup!r}"
-        want = f"{sch!r}" if have.schema != sch else f"{id_lookup!r}"
-        raise SchemaError(f"{target.where}: existing store has {what}, expected {want}")
+        if have.schema != sch:
+            raise SchemaError(f"{target.where}: existing store has schema other than the one given: "
+                              f"{schema_difference(have.schema, sch)}")
+        raise SchemaError(f"{target.where}: existing store has id_lookup {have.id_lookup!r}, expected {id_lookup!r}")
     return writer
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from ...errors import FormatError, RemoteError, SchemaError, SeqstoreError
 from ...format.manifest import MANIFEST, PARTS_DIR
-from ...schema import Schema
+from ...schema import Schema, schema_difference
 from .api import open_target
 from .target import (
     MODES,
@@ -117,7 +117,8 @@ def prepare_store(
     check_v3(where, manifest)
     if mode == "append":
         if manifest.schema != sch:
-            raise SchemaError(f"{where}: existing store has schema {manifest.schema!r}, the job writes {sch!r}")
+            raise SchemaError(f"{where}: existing store has schema other than the job writes: "
+                              f"{schema_difference(manifest.schema, sch, ('the store', 'the job'))}")
         if manifest.id_lookup != id_lookup:
             raise SchemaError(f"{where}: existing store has id_lookup {manifest.id_lookup!r}, expected {id_lookup!r}")
         return
