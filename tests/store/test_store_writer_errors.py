@@ -536,3 +536,15 @@ def test_open_or_create_with_another_schema_names_the_fields_that_differ(scratch
     assert f"field 'f17': {fields['f17']!r} in the store, {other['f17']!r} in the schema given" in text
     assert "field 'f03' only in the store" in text and "field 'extra' only in the schema given" in text
     assert workspaces(root) == []
+
+
+def test_add_stats_on_a_closed_writer_is_an_error(scratch: Path) -> None:
+    """add_stats after close() (or abort()) was accepted and the deltas silently never reached the manifest;
+    it now says the writer is closed, as append and commit do."""
+    root = scratch / "s"
+    w = ss.create(root, {"x": ss.Field("int32")})
+    w.add_stats({"n": 1})
+    w.close()
+    with pytest.raises(ss.SeqstoreError, match="writer is closed"):
+        w.add_stats({"n": 2})
+    assert ss.open(root).manifest.stats == {"n": 1}

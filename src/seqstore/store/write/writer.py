@@ -449,6 +449,7 @@ class Writer:
         Deltas from several writers of one store add up (they are applied under the commit lock);
         :meth:`commit` saves pending deltas even when no records are pending.
         """
+        self._check_open()
         for k, v in delta.items():
             self._stats_delta[k] = self._stats_delta.get(k, 0) + stats_number(k, v)
 
