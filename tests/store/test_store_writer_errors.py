@@ -548,3 +548,14 @@ def test_add_stats_on_a_closed_writer_is_an_error(scratch: Path) -> None:
     with pytest.raises(ss.SeqstoreError, match="writer is closed"):
         w.add_stats({"n": 2})
     assert ss.open(root).manifest.stats == {"n": 1}
+
+
+def test_a_rejected_stats_delta_adds_none_of_its_keys(scratch: Path) -> None:
+    """add_stats with a bad value (NaN) after good ones raised TypeError but kept the keys before it, which
+    the next commit then added: a rejected call must leave nothing behind, as a rejected append does."""
+    root = scratch / "s"
+    with ss.create(root, {"x": ss.Field("int32")}) as w:
+        with pytest.raises(TypeError, match="'bad'"):
+            w.add_stats({"good": 1, "bad": float("nan")})
+        w.add_stats({"other": 2})
+    assert ss.open(root).manifest.stats == {"other": 2}

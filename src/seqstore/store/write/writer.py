@@ -450,8 +450,8 @@ class Writer:
         :meth:`commit` saves pending deltas even when no records are pending.
         """
         self._check_open()
-        for k, v in delta.items():
-            self._stats_delta[k] = self._stats_delta.get(k, 0) + stats_number(k, v)
+        for k, v in {k: stats_number(k, v) for k, v in delta.items()}.items():  # all checked first
+            self._stats_delta[k] = self._stats_delta.get(k, 0) + v
 
     def _finish_shard_files(self) -> ShardInfo:
         info, crc = self._shard.finish(self._shard_records)
