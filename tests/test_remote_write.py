@@ -493,3 +493,28 @@ def test_a_stats_only_commit_that_went_through_unanswered_adds_the_stats_once(
     w.add_stats({"n": 2})
     w.close()
     assert _open(url, moto_s3, tmp_path / "c2").manifest.stats == {"n": 7}
+
+
+def test_a_commit_that_failed_unanswered_leaves_no_objects_once_retried(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """The committing write of manifest.json failed without effect, but the writer could not know (RemoteError):
+    it kept the shard's claimed number and uploaded files, and the next commit put the shard at the next
+    number, leaving the first copy's objects in the bucket for good. Once the retry is committed (so the
+    first write can never take effect any more), they are deleted."""
+    url = f"s3://{s3_bucket}/unlanded.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    w = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1))
+    cols, ids = _batch(0, 5)
+    w.append_batch(cols, ids=ids)
+    s3_proxy.fail(None, method="PUT", path="manifest.json")  # answered 503, never forwarded
+    with pytest.raises(RemoteError):
+        w.commit()
+    s3_proxy.clear_faults()
+    assert len(_open(url, moto_s3, tmp_path / "c1")) == 0
+    w.close()
+    store = _open(url, moto_s3, tmp_path / "c2")
+    assert len(store) == 5 and store.num_shards == 1
+    shard_dirs = {k.split("/")[1] for k in moto_s3.keys(s3_bucket, "unlanded.seqstore/shard-")}
+    assert shard_dirs == {"shard-000001"}, shard_dirs  # (number 0 was claimed by the first try)
+    assert verify(url, storage_options=opts) == []

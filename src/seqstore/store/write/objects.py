@@ -201,6 +201,7 @@ class ObjectTarget(CommitTarget):
 
         state = self._refresh(self._state)
         check(state)
+        stale: list[str] = []  # the objects of an earlier try of this shard that did not commit it
         if self._unsure_stats is not None:
             raw, sent = self._unsure_stats
             self._unsure_stats = None
@@ -218,6 +219,9 @@ class ObjectTarget(CommitTarget):
                 self._unsure, self._next_claim = None, number + 1
                 return shard_dir_name(number)
             self._unsure = None
+            if crc == shard.desc_crc:  # its objects go once this commit makes that write unable to land
+                stale = [f"{shard_dir_name(number)}/{rel}" for rel in sorted(shard.info.files)]
+                stale.append(f"{shard_dir_name(number)}/{DESCRIPTOR}")  # (the claim last)
         shards, descs = [], []
         if shard is not None:
             files = {rel: (f.bytes, f.crc32) for rel, f in info.files.items()}
@@ -243,6 +247,9 @@ class ObjectTarget(CommitTarget):
         finally:
             self.conflicts += commit.conflicts
             self.renumbered += commit.renumbered
+        if stale:
+            delete_all(self.client, stale[:-1], self.upload_workers)
+            delete_quietly(self.client, stale[-1])
         if shard is None:
             return ""
         self._next_claim = commit.numbers[0] + 1
