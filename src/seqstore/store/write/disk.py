@@ -145,7 +145,8 @@ MERGE_CHUNK = 1 << 18
 
 
 def merge_sorted_runs(
-    sources: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]], chunk: int = MERGE_CHUNK
+    sources: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]], chunk: int = MERGE_CHUNK,
+    names: Sequence[str] = (),
 ) -> Iterator[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
     """Merge runs sorted by hash, ``(hashes, rows, row base)`` each, into ``(hashes, rows + base)``
     chunks in hash order. Equal hashes keep the order of the sources (and within a source their own
@@ -153,7 +154,8 @@ def merge_sorted_runs(
 
     Each round takes, from every source, the entries up to a cut: the smallest of the sources'
     ``chunk``-th next hashes, and all entries equal to it, so no tie is split across rounds. Memory
-    is O(sources x chunk) whatever the runs' lengths (they may be memory-mapped).
+    is O(sources x chunk) whatever the runs' lengths (they may be memory-mapped). ``names``: the sources'
+    files, for the ValueError raised on one that is not sorted.
     """
     pos = [0] * len(sources)
     while True:
@@ -167,7 +169,8 @@ def merge_sorted_runs(
             end = pos[j] + int(np.searchsorted(h[pos[j] :], cut, side="right"))
             part = np.asarray(h[pos[j] : end])
             if len(part) > 1 and (part[1:] < part[:-1]).any():
-                raise ValueError(f"index source {j} is not sorted by hash (near entry {pos[j]})")
+                raise ValueError(f"{names[j] if j < len(names) else f'index source {j}'} is not sorted by hash "
+                                 f"(near entry {pos[j]})")
             parts_h.append(part)
             parts_r.append(np.asarray(r[pos[j] : end], dtype=np.int64) + base)
             pos[j] = end
@@ -197,8 +200,9 @@ def maybe_merge_index(
     """
     superseded: list[Path] = []
     covered = manifest.index_runs[-1].end_shard if manifest.index_runs else 0
-    if count - covered >= MERGE_FANIN:
-        _merge(root, manifest, covered, count, locate, level=1, replaces=[], tag=tag)
+    if count - covered >= MERGE_FANIN and not _merge(root, manifest, covered, count, locate, level=1, replaces=[],
+                                                      tag=tag):
+        return superseded
     while True:
         runs = manifest.index_runs
         if len(runs) < MERGE_FANIN:
@@ -207,8 +211,9 @@ def maybe_merge_index(
         level = tail[0].level
         if any(r.level != level for r in tail):
             return superseded
-        _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1, replaces=tail,
-               tag=tag)
+        if not _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1,
+                      replaces=tail, tag=tag):
+            return superseded
         superseded += [root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
 
 
@@ -222,12 +227,36 @@ def _merge(
     level: int,
     replaces: list[IndexRun],
     tag: str = "",
-) -> None:
+) -> bool:
+    """Write the run of shards ``first .. end-1`` and list it in ``manifest`` (in place of ``replaces``).
+    A shard index that cannot be read or is not sorted (a damaged committed shard: verify names it)
+    leaves no run and returns False with a warning, so that the commit still goes through."""
+    name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}{tag}"
+    try:
+        _write_run(root, manifest, first, end, locate, level, replaces, name)
+    except (OSError, ValueError, CorruptionError) as exc:
+        if all(r.name != name for r in manifest.index_runs):
+            for suffix in (".hash.npy", ".rows.npy"):
+                (root / f"{name}{suffix}").unlink(missing_ok=True)
+        log.warning("%s: no merged id-index run for shards %d..%d this time (%s); lookups probe those shards' "
+                    "own indexes. Run seqstore verify on the store", root, first, end - 1, exc)
+        return False
+    return True
+
+
+def _write_run(root: Path, manifest: Manifest, first: int, end: int, locate: Callable[[int], tuple[str, int]],
+               level: int, replaces: list[IndexRun], name: str) -> None:
+    names: list[str] = []
+
     def shard_index(k: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]:
-        name, start = locate(k)
-        d = root / name
-        h = np.load(d / f"{IDS}.hash.npy", mmap_mode="r")
-        return h, np.load(d / f"{IDS}.hash_rows.npy", mmap_mode="r"), start
+        shard, start = locate(k)
+        d = root / shard
+        names.append(str(d / f"{IDS}.hash.npy"))
+        try:
+            h = np.load(d / f"{IDS}.hash.npy", mmap_mode="r")
+            return h, np.load(d / f"{IDS}.hash_rows.npy", mmap_mode="r"), start
+        except ValueError as exc:  # (a damaged header: numpy's message names no file)
+            raise ValueError(f"{d}: {exc}") from exc
 
     sources: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], int]] = []
     if not replaces:
@@ -243,17 +272,17 @@ def _merge(
                 if (part[1:] < part[:-1]).any():
                     raise ValueError("hashes are not sorted")
             sources.append((h, rows, 0))
+            names.append(str(root / f"{r.name}.hash.npy"))
         except (OSError, ValueError) as exc:  # lost or damaged: rebuild that range from its shards
             log.warning("%s: index run %s unusable (%s); merging its shards' indexes", root, r.name, exc)
             sources += [shard_index(k) for k in range(r.first_shard, r.end_shard)]
     total = sum(len(h) for h, _, _ in sources)
     (root / INDEX_DIR).mkdir(exist_ok=True)
-    name = f"{INDEX_DIR}/run-{first:06d}-{end:06d}{tag}"
     with open(root / f"{name}.hash.npy", "wb") as fh, open(root / f"{name}.rows.npy", "wb") as fr:
         fh.write(encode_header(np.dtype("<u8"), (total,)))
         fr.write(encode_header(np.dtype("<i8"), (total,)))
         written = 0
-        for hashes, rows in merge_sorted_runs(sources):
+        for hashes, rows in merge_sorted_runs(sources, names=names):
             fh.write(hashes.astype("<u8", copy=False).data)
             fr.write(rows.astype("<i8", copy=False).data)
             written += len(hashes)
