@@ -43,3 +43,24 @@ def test_an_interrupted_release_can_be_finished(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(ss.SeqstoreError, match="closed"):
         w.append({"x": 1})
     assert len(ss.open(root)) == 5
+
+
+def test_a_part_writers_interrupted_finish_is_released_by_finishing_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C while PartWriter.finish() released the writer (after part.json was written): calling finish()
+    again returned the part but left the writer holding its task directory's lock, and close() then warned
+    that the finished part's records were discarded. Now the second finish() completes the release."""
+    from seqstore.store.parts import PartWriter, commit_parts, prepare_store
+
+    root = tmp_path / "s"
+    prepare_store(root, {"x": ss.Field("int64", ())})
+    w = PartWriter(root, job="j", task="a")
+    w.append_batch({"x": np.arange(4)})
+    _interrupt_once(monkeypatch, w._pool)
+    with pytest.raises(KeyboardInterrupt):
+        w.finish()
+    part = w.finish()
+    w.close()
+    assert "discarded" not in caplog.text
+    assert fds_under(root) == []
+    assert commit_parts(root, [part]) == 4 and len(ss.open(root)) == 4

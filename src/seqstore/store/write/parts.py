@@ -196,6 +196,8 @@ class PartWriter(Writer):
         the driver (again on a second call). No commit: readers see nothing of it until
         :func:`commit_parts`."""
         if self._part is not None:
+            if not self._closed:  # an interrupted release: finish it
+                self._release()
             return self._part
         self._check_open()
         self._flush()
@@ -226,8 +228,9 @@ class PartWriter(Writer):
         """Release the writer; a part not finished is discarded (as :meth:`abort`)."""
         if self._closed:
             return
-        log.warning("%s: PartWriter of task %r closed without finish(); its records are discarded",
-                    self.target.where, self.task)
+        if self._part is None:
+            log.warning("%s: PartWriter of task %r closed without finish(); its records are discarded",
+                        self.target.where, self.task)
         self.abort()
 
     def _close_target(self) -> None:
@@ -237,6 +240,9 @@ class PartWriter(Writer):
         """Still open at interpreter exit or SIGTERM: a part is never committed here (only the driver
         commits, and it never got this part's description): discarded, as :meth:`close` does."""
         if self._closed or os.getpid() != self._pid:
+            return None
+        if self._part is not None:  # finished; only its release was interrupted
+            self.abort()
             return None
         records = self._committed_records + self._uncommitted_records()
         self.abort()
