@@ -16,7 +16,7 @@ lists) to a field's storage dtype, including ``bfloat16`` which is stored as its
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -424,15 +424,17 @@ class BF16Bits(np.ndarray[Any, np.dtype[np.uint16]]):
         return bits.view(cls)
 
 
-def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, Any]:
+def to_storage_array(field: Field, value: Any, *, what: str, item: Callable[[int], str] | None = None
+                     ) -> np.ndarray[Any, Any]:
     """Convert one record's (or one stacked batch's) value to the field's storage dtype.
 
     Accepts numpy arrays, torch tensors (any device, bfloat16 included), Python scalars and lists.
     For a bfloat16 field, uint16 values are bfloat16 bits (as read back with ``bfloat16="bits"``);
     other numbers are rounded to bfloat16.
     Casts only within a kind or to a wider kind (``same_kind``); integer narrowing is range-checked.
-    Raises :class:`SchemaError` naming ``what`` (field, record, id) otherwise. Never copies when the
-    value already has the storage dtype and is contiguous.
+    Raises :class:`SchemaError` naming ``what`` (field, record, id) otherwise; for a stacked batch,
+    ``item(k)`` names its record ``k`` where a value of it does not fit. Never copies when the value
+    already has the storage dtype and is contiguous.
     """
     if type(value).__module__.startswith("torch"):
         arr = torch_to_numpy(value)
@@ -450,7 +452,7 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
                 bits = float32_to_bfloat16(arr)
             if arr.dtype.kind == "f" and arr.size:  # integers all fit (bfloat16 reaches 3.39e38)
                 overflow = ((bits & 0x7FFF) == 0x7F80) & ~np.isinf(np.asarray(arr)).reshape(bits.shape)
-                _check_overflow(overflow, np.asarray(arr), what, "bfloat16", "3.3895e+38")
+                _check_overflow(overflow, np.asarray(arr), what, "bfloat16", "3.3895e+38", item)
             return bits
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
@@ -469,12 +471,13 @@ def to_storage_array(field: Field, value: Any, *, what: str) -> np.ndarray[Any, 
         info = np.iinfo(target)
         lo, hi = arr.min(), arr.max()
         if lo < info.min or hi > info.max:
-            raise SchemaError(f"{what}: values [{lo}, {hi}] do not fit dtype {target}")
+            at = "" if item is None else f" (the first at {_record(arr, lo if lo < info.min else hi, item)})"
+            raise SchemaError(f"{what}: values [{lo}, {hi}] do not fit dtype {target}{at}")
     if target.kind in "fc" and arr.size and _largest(src) > float(np.finfo(target).max):
         with np.errstate(over="ignore", invalid="ignore"):
             out = np.asarray(arr, dtype=target, order="C")
         overflow = np.isinf(out) & ~np.isinf(arr)  # finite values (or NaN) that became infinite
-        _check_overflow(overflow, arr, what, str(target), str(np.finfo(target).max))
+        _check_overflow(overflow, arr, what, str(target), str(np.finfo(target).max), item)
         return out
     return np.asarray(arr, dtype=target, order="C")
 
@@ -488,12 +491,21 @@ def _largest(dtype: np.dtype[Any]) -> float:
     return 1.0
 
 
+def _record(arr: np.ndarray[Any, Any], value: Any, item: Callable[[int], str]) -> str:
+    """``item`` of the record (row of the stacked batch ``arr``) that holds the first ``value``."""
+    k = int(np.argmax(arr.reshape(-1) == value))
+    return item(k // max(1, arr.size // max(1, arr.shape[0])) if arr.ndim else 0)
+
+
 def _check_overflow(overflow: np.ndarray[Any, Any], arr: np.ndarray[Any, Any], what: str, dtype: str,
-                    largest: str) -> None:
-    """SchemaError naming the first value of ``arr`` that ``overflow`` marks, if any."""
+                    largest: str, item: Callable[[int], str] | None = None) -> None:
+    """SchemaError naming the first value of ``arr`` that ``overflow`` marks, if any (and with ``item``,
+    the batch's record that holds it)."""
     if overflow.any():
         k = int(np.argmax(overflow.reshape(-1)))
         at = f" (element {k} of the value)" if arr.size > 1 else ""
+        if item is not None and arr.ndim:
+            at = f" of {item(k // max(1, arr.size // max(1, arr.shape[0])))}"
         raise SchemaError(
             f"{what}: value {arr.reshape(-1)[k].item()!r}{at} overflows dtype {dtype} (largest finite {largest})"
         )

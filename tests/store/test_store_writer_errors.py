@@ -559,3 +559,20 @@ def test_a_rejected_stats_delta_adds_none_of_its_keys(scratch: Path) -> None:
             w.add_stats({"good": 1, "bad": float("nan")})
         w.add_stats({"other": 2})
     assert ss.open(root).manifest.stats == {"other": 2}
+
+
+def test_a_value_out_of_range_in_a_batch_names_its_record(scratch: Path) -> None:
+    """A value that does not fit the field's dtype in the middle of a large batch: the error named only the
+    batch's first record (and a flat element number), leaving the caller to search the batch. It now names
+    the record (and its id) that holds the first such value."""
+    root = scratch / "s"
+    with ss.create(root, {"i": ss.Field("int16", (2,)), "f": ss.Field("float16")}) as w:
+        w.append_batch({"i": np.zeros((3, 2), np.int64), "f": np.zeros(3)}, ids=["a", "b", "c"])
+        ints = np.zeros((1000, 2), np.int64)
+        ints[700, 1] = 40000
+        with pytest.raises(ss.SchemaError, match=r"record 703 \(id 'r700'\)"):
+            w.append_batch({"i": ints, "f": np.zeros(1000)}, ids=[f"r{k}" for k in range(1000)])
+        floats = np.zeros(1000)
+        floats[12] = 1e6
+        with pytest.raises(ss.SchemaError, match=r"record 15 \(id 'r12'\)"):
+            w.append_batch({"i": np.zeros((1000, 2), np.int64), "f": floats}, ids=[f"r{k}" for k in range(1000)])

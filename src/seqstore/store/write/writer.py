@@ -284,7 +284,7 @@ class Writer:
                 values, lengths = ragged_column(f, value, fw, item)
                 n = len(lengths)
             else:
-                values = to_storage_array(f, value, what=fw)
+                values = to_storage_array(f, value, what=fw, item=item)
                 if values.ndim != 1 + len(f.inner_shape) or values.shape[1:] != f.inner_shape:
                     want = shape_text("B", f.inner_shape)
                     raise SchemaError(f"{fw}: expected shape {want} stacked, got {values.shape}")
