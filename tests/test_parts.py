@@ -326,6 +326,23 @@ def test_a_writer_of_the_old_schema_cannot_commit_into_the_overwritten_store(sto
     assert len(s) == 1 and s[0]["x"].tolist() == [[1.0] * 3] * 2 and verify(store) == []
 
 
+def test_stats_of_a_writer_of_the_old_schema_are_not_added_to_the_overwritten_store(store: Path) -> None:
+    """A writer opened before an overwrite job installed another schema: its shard's commit was refused, but a
+    commit of its stats deltas alone went through, adding counts of the old records to the new store's stats."""
+    prepare_store(store, SCHEMA)
+    w = ss.append_to(store)
+    w.add_stats({"tokens": 10})
+    other = {"x": ss.Field("float16", (None, 3)), "y": ss.Field("int32")}
+    prepare_store(store, other, mode="overwrite")
+    p = PartWriter(store, job="j", task="a")
+    p.append_batch({"x": [np.ones((2, 3), np.float16)], "y": np.arange(1, dtype=np.int32)}, ids=["c"])
+    commit_parts(store, [p.finish()], mode="overwrite")
+    with pytest.raises(SchemaError, match=rf"^{store}: the store's schema is now "):
+        w.commit()
+    w.abort()
+    assert ss.open(store).manifest.stats == {} and verify(store) == []
+
+
 def test_append_checks_the_schema_and_the_ids(store: Path) -> None:
     with pytest.raises(ValueError, match="mode"):
         prepare_store(store, SCHEMA, mode="upsert")

@@ -189,6 +189,7 @@ class LocalTarget(CommitTarget):
             with store_lock(root):
                 recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
                 manifest = Manifest.load(root)
+                self._check_schema(manifest)
                 add_stats(manifest.stats, stats)
                 manifest.generation += 1
                 manifest.save(root)
@@ -197,9 +198,7 @@ class LocalTarget(CommitTarget):
         with store_lock(root):
             recover_batch_commit(root)
             manifest = Manifest.load(root)
-            if manifest.schema != self._schema:  # an overwrite (commit_parts) installed another since
-                raise SchemaError(f"{root}: the store's schema is now {manifest.schema!r}, this writer's "
-                                  f"{self._schema!r}; nothing was committed")
+            self._check_schema(manifest)
             if manifest.num_shards and manifest.has_ids != pending.has_ids:
                 raise IdsMismatch(manifest.has_ids)
             number = next_shard_number(manifest)
@@ -237,6 +236,11 @@ class LocalTarget(CommitTarget):
             manifest.save(root)
             unlink_superseded(root, superseded)
         return name
+
+    def _check_schema(self, manifest: Manifest) -> None:
+        if manifest.schema != self._schema:  # an overwrite (commit_parts) installed another since
+            raise SchemaError(f"{self.root}: the store's schema is now {manifest.schema!r}, this writer's "
+                              f"{self._schema!r}; nothing was committed")
 
     def close_writer(self, start: Start) -> None:
         shutil.rmtree(start.workspace, ignore_errors=True)
