@@ -24,6 +24,7 @@ load into the same number of shares exactly, or into another number by
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from ..io import lookahead
 from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
@@ -48,6 +50,8 @@ PACKED_FORMAT = "seqstore.packed/v1"
 IGNORE_LABEL = -100
 _MODES = ("concat", "best_fit")
 DEFAULT_WINDOW = 256
+#: batches whose documents are asked for together on object storage (one run in flight while one is built)
+_RUN = 16
 
 
 class OrderStream:
@@ -221,10 +225,22 @@ class PackedDataset:
 
     def iter_batches(self, batch_size: int, *, state: dict[str, Any] | None = None, share: int = 0,
                      num_shares: int = 1, epoch: int = 1) -> Iterator[dict[str, Any]]:
-        """Endless batches of share ``share`` of ``num_shares`` (from ``state`` or the start of ``epoch``)."""
+        """Endless batches of share ``share`` of ``num_shares`` (from ``state`` or the start of ``epoch``).
+        On object storage the documents of the next run of batches are asked for while a run is built."""
         stream = self.open(self.shares(state, num_shares, epoch)[share], share, num_shares)
-        while True:
-            yield stream.batch(batch_size)
+        if not self.remote:
+            while True:
+                yield stream.batch(batch_size)
+        runs = ([stream.plan(batch_size) for _ in range(_RUN)] for _ in itertools.count())
+        for run, _ in lookahead(runs, 1, self.prefetch):
+            for plan in run:
+                yield self.build(plan)
+
+    def prefetch(self, plans: list[IntArray]) -> None:
+        """Start reading the documents of :meth:`PackedStream.plan` arrays ``plans`` (later batches)."""
+        ids = [p[2 + int(p[1]) : 2 + 2 * int(p[1])] for p in plans]
+        if ids:
+            self.reader.prefetch(np.unique(np.concatenate(ids)))
 
     def build(self, plan: IntArray) -> dict[str, Any]:
         """The batch of a :meth:`PackedStream.plan` (one ``get_batch`` of its documents, then one fill)."""

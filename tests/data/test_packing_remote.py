@@ -1,0 +1,61 @@
+"""Packed batches on a remote store (moto behind the fault proxy, which counts round trips): the documents
+of later batches are asked for ahead, and only the fields packing needs are read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.proxy import FaultProxy
+from support.s3 import MotoS3
+
+pytest.importorskip("seqstore.io.remote")
+
+import seqstore as ss  # noqa: E402
+from seqstore.data import PackedDataset  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "env-cache"))
+
+
+def _token_store(path: Path, n: int = 3000, seed: int = 0) -> Path:
+    lens = np.random.default_rng(seed).integers(1, 300, n)
+    with ss.create(path, {"tokens": ss.Field("int32", (None,))}, max_shard_records=500) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens)})
+    return path
+
+
+def _open(moto_s3: MotoS3, url: str, cache: Path, proxy: FaultProxy) -> ss.Store:
+    return ss.open(url, storage_options=moto_s3.storage_options(proxy.url), cache_dir=cache)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_iter_batches_reads_ahead_on_a_remote_store(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                    s3_proxy: FaultProxy, mode: str) -> None:
+    """``PackedDataset.iter_batches`` on a remote store built each batch from a read it waited for (one round
+    trip or more per batch); now the documents of a run of batches are asked for together, a run ahead.
+    The batches are those of the local store."""
+    local = _token_store(tmp_path / "t.seqstore")
+    url = moto_s3.upload_dir(local, s3_bucket, f"iter/{mode}.seqstore")
+    s3_proxy.latency = 0.01
+
+    def batches(store: Any, count: int = 32) -> list[np.ndarray[Any, Any]]:
+        packed = PackedDataset(store, seq_len=256, mode=mode, eos=1 << 30, window=16, ordering="random", seed=3)
+        it = packed.iter_batches(4)
+        return [next(it)["tokens"].copy() for _ in range(count)]
+
+    want = batches(ss.open(local))
+    store = _open(moto_s3, url, tmp_path / "cache", s3_proxy)
+    s3_proxy.clear_log()
+    got = batches(store)
+    trips = s3_proxy.round_trips()
+    assert len(got) == len(want) == 32
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")
+    assert trips <= 32 // 4, trips
