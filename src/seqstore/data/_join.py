@@ -1,24 +1,23 @@
-"""Vectorised id join between stores, straight from the on-disk id files (no Python string per id).
+"""Vectorised id join between stores, from the stores' id files (no Python string per id).
 
 :func:`join_rows` yields, chunk by chunk of the *control* store's records, the global row of the
 record with the same id in the *target* store (-1 where there is none). The control's ids are read
-straight from its ``_ids.npy`` / ``_ids.offsets.npy`` (zero-copy slices per chunk, offsets rebased
-once) and looked up with the target's :meth:`~seqstore.Store.index_encoded`, the same vectorised
-hash search and byte comparison as ``Store.index_many``: memory O(chunk) plus the mapped files.
+with :meth:`~seqstore.Store.ids` (a chunk within one shard: a zero-copy slice of its mapped
+``_ids.npy``; a remote store fetches the shards first) and looked up with the target's
+:meth:`~seqstore.Store.index_encoded`, the same vectorised hash search and byte comparison as
+``Store.index_many``: memory O(chunk) plus the mapped files.
 Duplicate ids resolve as ``Store.index`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..store import Store
 from ..store.ids import hash_ids
-from ._cache import load_npy
 from ._lengths import IntArray
 
 __all__ = ["join_rows", "id_hashes"]
@@ -44,21 +43,13 @@ def join_rows(control: Store, target: Store, chunk: int = CHUNK) -> Iterator[Int
 
     Both stores need ids (a store with no records is fine). O(chunk) memory per step.
     """
-    croot = Path(control.root)
     tgt = target if len(target) else None
-    for s in control.manifest.shards:
-        if s.records == 0:
+    n = len(control)
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        if tgt is None:
+            yield np.full(b - a, -1, dtype=np.int64)
             continue
-        if not s.has_ids:
-            raise KeyError(f"{croot}: records have no ids; MetaDataset joins by id")
-        ids = load_npy(croot / s.name / "_ids.npy")
-        off = load_npy(croot / s.name / "_ids.offsets.npy")
-        for a in range(0, s.records, chunk):
-            b = min(a + chunk, s.records)
-            raw = np.asarray(off[a : b + 1])
-            if tgt is None:
-                yield np.full(b - a, -1, dtype=np.int64)
-                continue
-            qdata = ids[int(raw[0]) : int(raw[-1])]
-            qoff = _rebased(raw)
-            yield tgt.index_encoded(np.asarray(qdata), qoff)
+        # through the store (a remote store fetches the shards it maps; no shard's files are opened by path)
+        qdata, qoff = control.ids(np.arange(a, b, dtype=np.int64))
+        yield tgt.index_encoded(np.asarray(qdata), qoff)
