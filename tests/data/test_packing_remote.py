@@ -99,3 +99,28 @@ def test_a_meta_dataset_over_remote_stores(moto_s3: MotoS3, s3_bucket: str, tmp_
         for a, b in zip(g[k], w[k]):
             np.testing.assert_array_equal(a, b, err_msg=k)
 
+
+
+def test_a_meta_dataset_under_packing_reads_the_token_field_alone(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                                 s3_proxy: FaultProxy) -> None:
+    """A PackedDataset over a MetaDataset read every field of every child for the documents it packs (the
+    other children's fields and the control's other fields too); now only the token field is read (of the
+    others, the heads of the files that mapping a shard reads). The batches are those of the local stores."""
+    urls = _meta_stores(moto_s3, s3_bucket, tmp_path, "pack")
+
+    def batches(stores: dict[str, Any], cache: Path) -> list[np.ndarray[Any, Any]]:
+        children = {"a": ss.StoreDataset(stores["a"], length_field="tokens"), "b": ss.StoreDataset(stores["b"])}
+        meta = ss.MetaDataset(children, ordering="random", seed=2, cache_dir=cache)
+        packed = PackedDataset(meta, seq_len=256, mode="best_fit", eos=1 << 30, window=16)
+        stream = packed.open(packed.shares(None, 1)[0])
+        return [stream.batch(4)["tokens"].copy() for _ in range(12)]
+
+    want = batches({k: ss.open(tmp_path / f"{k}.seqstore") for k in "ab"}, tmp_path / "meta-local")
+    stores = {k: _open(moto_s3, u, tmp_path / f"cache-{k}", s3_proxy) for k, u in urls.items()}
+    s3_proxy.clear_log()
+    got = batches(stores, tmp_path / "meta-remote")
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")
+    values = [r.path for r in s3_proxy.requests
+              if ("/feat" in r.path or "/extra" in r.path) and (r.byte_range or (0,))[0] > 0]
+    assert not values, values

@@ -255,7 +255,8 @@ class PackedDataset:
 
 def _reading_only(dataset: Dataset, field: str) -> Dataset:
     """``dataset`` whose ``get_batch`` and ``prefetch`` read ``field`` alone where a store dataset's fields
-    can be chosen (also under a concatenation, combination, filter or slice): a copy, ``dataset`` is kept."""
+    can be chosen (also under a concatenation, combination, filter or slice, and a meta dataset's children):
+    a copy, ``dataset`` is kept."""
     attrs: dict[str, Any] = {}
     if isinstance(dataset, StoreDataset) and dataset.field_names != [field]:
         attrs["fields"] = [field]
@@ -263,6 +264,13 @@ def _reading_only(dataset: Dataset, field: str) -> Dataset:
         attrs["datasets"] = [_reading_only(d, field) for d in dataset.datasets]
     elif isinstance(dataset, (FilteredDataset, SliceDataset)):
         attrs["dataset"] = _reading_only(dataset.dataset, field)
+    elif isinstance(dataset, MetaDataset):
+        # the child that gives ``field`` reads that field alone, the others nothing (also in a pickled copy,
+        # which is rebuilt from ``_fields_arg``)
+        only = {name: {src: dst for src, dst in m.items() if dst == field} for name, m in dataset.field_map.items()}
+        if only != dataset.field_map:
+            attrs["field_map"] = only
+            attrs["_fields_arg"] = only
     if not attrs:
         return dataset
     copy = object.__new__(type(dataset))  # (no __init__: nothing recomputed)
