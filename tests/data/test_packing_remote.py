@@ -124,3 +124,57 @@ def test_a_meta_dataset_under_packing_reads_the_token_field_alone(moto_s3: MotoS
     values = [r.path for r in s3_proxy.requests
               if ("/feat" in r.path or "/extra" in r.path) and (r.byte_range or (0,))[0] > 0]
     assert not values, values
+
+
+def _merged(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its ranges that continue one another as one (how far a planner pulled ahead splits
+    them in different places: the same documents)."""
+    out: list[list[int]] = []
+    for e, a, b, o in state["ranges"]:
+        if out and out[-1][0] == e and out[-1][2] == a and o == 0:
+            out[-1][2] = b
+        else:
+            out.append([e, a, b, o])
+    return {**state, "ranges": out}
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_stream_batches_read_ahead_and_keep_exact_states(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                         s3_proxy: FaultProxy, mode: str) -> None:
+    """``PackedStream.batch`` on a remote store waited out each batch's reads (one round trip or more per
+    batch); now it plans a run of batches ahead and asks for their documents together. What it hands out
+    is unchanged: the batches and, after each, ``state()`` are the local store's; ``skip`` and ``plan``
+    after batches continue from the last batch handed out, not from the plans made ahead."""
+    local = _token_store(tmp_path / "t.seqstore", seed=4)
+    url = moto_s3.upload_dir(local, s3_bucket, f"stream/{mode}.seqstore")
+    s3_proxy.latency = 0.01
+
+    def run(store: Any) -> tuple[list[np.ndarray[Any, Any]], list[dict[str, Any]], list[np.ndarray[Any, Any]]]:
+        packed = PackedDataset(store, seq_len=256, mode=mode, eos=1 << 30, window=16, ordering="random", seed=3)
+        stream = packed.open(packed.shares(None, 1)[0])
+        got, states = [], []
+        for _ in range(32):
+            got.append(stream.batch(4)["tokens"].copy())
+            states.append(stream.state())
+        got.append(stream.batch(3)["tokens"].copy())  # another size
+        states.append(stream.state())
+        stream.skip(5)
+        states.append(stream.state())
+        plans = [stream.plan(2), stream.plan(4)]
+        states.append(stream.state())
+        got.append(stream.batch(4)["tokens"].copy())
+        states.append(stream.state())
+        return got, states, plans
+
+    want = run(ss.open(local))
+    store = _open(moto_s3, url, tmp_path / "cache", s3_proxy)
+    s3_proxy.clear_log()
+    got = run(store)
+    trips = s3_proxy.round_trips()
+    assert len(got[0]) == len(want[0]) == 34
+    for k, (g, w) in enumerate(zip(got[0], want[0])):
+        np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")
+    assert [_merged(st) for st in got[1]] == [_merged(st) for st in want[1]]
+    for g, w in zip(got[2], want[2]):
+        np.testing.assert_array_equal(g, w)
+    assert trips <= 34 // 4, trips

@@ -24,15 +24,15 @@ load into the same number of shares exactly, or into another number by
 
 from __future__ import annotations
 
-import itertools
+import copy
 import os
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import numba
 import numpy as np
 
-from ..io import lookahead
 from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
@@ -226,15 +226,11 @@ class PackedDataset:
     def iter_batches(self, batch_size: int, *, state: dict[str, Any] | None = None, share: int = 0,
                      num_shares: int = 1, epoch: int = 1) -> Iterator[dict[str, Any]]:
         """Endless batches of share ``share`` of ``num_shares`` (from ``state`` or the start of ``epoch``).
-        On object storage the documents of the next run of batches are asked for while a run is built."""
+        On object storage the documents of the next run of batches are asked for while a run is built
+        (see :meth:`PackedStream.batch`)."""
         stream = self.open(self.shares(state, num_shares, epoch)[share], share, num_shares)
-        if not self.remote:
-            while True:
-                yield stream.batch(batch_size)
-        runs = ([stream.plan(batch_size) for _ in range(_RUN)] for _ in itertools.count())
-        for run, _ in lookahead(runs, 1, self.prefetch):
-            for plan in run:
-                yield self.build(plan)
+        while True:
+            yield stream.batch(batch_size)
 
     def prefetch(self, plans: list[IntArray]) -> None:
         """Start reading the documents of :meth:`PackedStream.plan` arrays ``plans`` (later batches)."""
@@ -301,28 +297,67 @@ def _length_sources(dataset: Dataset, field: str) -> Iterator[tuple[Dataset, str
 
 class PackedStream:
     """One share's packed sequences: ``batch(B)`` gathers the next ``B`` (one ``get_batch`` of their
-    documents), ``skip(n)`` plans ``n`` without reading tokens, ``state()`` is the share's state."""
+    documents), ``skip(n)`` plans ``n`` without reading tokens, ``state()`` is the share's state.
+
+    On object storage ``batch(B)`` plans runs of batches ahead and asks for the documents of the next run
+    while a run is handed out; ``state()``, ``skip`` and ``plan`` still answer for the batches handed out
+    (the plans made ahead are dropped when anything but ``batch(B)`` of the same ``B`` follows)."""
 
     def __init__(self, packed: PackedDataset, state: dict[str, Any], share: int, num_shares: int) -> None:
         self.packed = packed
-        self.planner = Planner(packed.stream, mode=packed.mode, seq_len=packed.seq_len, window=packed.window,
-                               split=packed.split_long, eos=packed.eos is not None, share=share,
-                               num_shares=num_shares, state=state)
+        self._where = (share, num_shares)
+        self.planner = self._planner(state)
+        # (object storage) plans made ahead and the share's state after each; the state after the last
+        # batch handed out while there are any
+        self._ahead: deque[tuple[IntArray, dict[str, Any]]] = deque()
+        self._handed: dict[str, Any] | None = None
+
+    def _planner(self, state: dict[str, Any]) -> Planner:
+        p = self.packed
+        return Planner(p.stream, mode=p.mode, seq_len=p.seq_len, window=p.window, split=p.split_long,
+                       eos=p.eos is not None, share=self._where[0], num_shares=self._where[1], state=state)
+
+    def _drop_ahead(self) -> None:
+        """Forget the plans made ahead: the planner goes back to after the last batch handed out."""
+        if self._handed is not None:
+            self.planner = self._planner(self._handed)
+        self._ahead.clear()
+        self._handed = None
 
     def state(self) -> dict[str, Any]:
+        if self._handed is not None:
+            return copy.deepcopy(self._handed)
         return self.planner.state()
 
     def skip(self, n: int) -> None:
         if n > 0:
+            self._drop_ahead()
             self.planner.plan(int(n))
 
     def batch(self, n: int) -> dict[str, Any]:
-        return self.packed.build(self.plan(n))
+        if not self.packed.remote:
+            return self.packed.build(self.plan(n))
+        n = check_int(n, "PackedStream: number of sequences", 0)
+        if self._ahead and int(self._ahead[0][0][0]) != n:
+            self._drop_ahead()
+        while len(self._ahead) <= _RUN:  # the run handed out next is planned, and the one after it
+            run = []
+            for _ in range(_RUN):
+                plan = self._plan(n)
+                self._ahead.append((plan, self.planner.state()))
+                run.append(plan)
+            self.packed.prefetch(run)
+        plan, self._handed = self._ahead.popleft()
+        return self.packed.build(plan)
 
     def plan(self, n: int) -> IntArray:
         """The next ``n`` sequences as one int64 array (``[n, pieces, seq..., ids..., offsets...,
         counts...]``) that :meth:`PackedDataset.build` turns into the batch: planning here, reading and
         filling elsewhere (another thread or process) give the same batches."""
+        self._drop_ahead()
+        return self._plan(n)
+
+    def _plan(self, n: int) -> IntArray:
         seq, ids, off, cnt, _ = self.planner.plan(check_int(n, "PackedStream: number of sequences", 0))
         head = np.array([int(n), len(seq)], dtype=np.int64)
         return np.concatenate([head, seq, ids, off, cnt]).astype(np.int64, copy=False)
