@@ -489,3 +489,17 @@ def test_a_share_with_no_document_says_why(tmp_path: Path) -> None:
     assert packed.open(shares[0], 0, 3).batch(1)["tokens"].shape == (1, 4)
     with pytest.raises(ValueError, match=r"share 2 of 3: .*an epoch has fewer documents than the 3 shares"):
         packed.open(shares[2], 2, 3).batch(1)
+
+
+def test_a_batch_of_a_source_without_the_token_field_names_it() -> None:
+    """A source whose records do not hold the token field (a LengthsDataset: lengths only, which packing
+    plans from) plans and skips, but its batch raised a bare KeyError 'tokens'; now a ValueError names
+    the field, the source and the fields it has."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.array([5, 7, 3])), seq_len=4)
+    stream = packed.open(packed.shares(None, 1)[0])
+    stream.skip(2)
+    assert stream.state()["stats"]["tokens"] == 8
+    with pytest.raises(ValueError, match=r"PackedDataset: LengthsDataset\(n=3.*gave no field 'tokens' .*\['length'\]"):
+        stream.batch(1)

@@ -444,7 +444,11 @@ def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off:
     first[1:] = ids[1:] != ids[:-1]
     uniq = ids[first]
     inv = np.cumsum(first) - 1
-    got = dataset.get_batch(uniq)[field]
+    records = dataset.get_batch(uniq)
+    if field not in records:
+        raise ValueError(f"PackedDataset: {dataset!r} gave no field {field!r} (the token field) in its records; its "
+                         f"fields: {sorted(records)}")
+    got = records[field]
     if not isinstance(got, tuple):
         raise ValueError(f"PackedDataset: field {field!r} is not ragged (a document's tokens)")
     vals, lens = got
