@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -320,3 +321,28 @@ def test_a_source_with_a_partition_epoch_is_refused_naming_the_mixture() -> None
     src = {"web": LengthsDataset(np.full(10, 3), partition_epoch=2), "code": LengthsDataset(np.full(10, 3))}
     with pytest.raises(ValueError, match=r"MixtureStream: source\(s\) with partition_epoch \{'web': 2\}"):
         MixtureStream(src, {"web": 1, "code": 1})
+
+
+def test_a_fresh_start_after_a_resume_with_another_schedule_follows_its_own_schedule() -> None:
+    """``shares(state)`` with a changed schedule put the old run's segments into the stream; a fresh start
+    afterwards (``shares(None)``, as a new run or a loader without a loaded state asks) still dealt the
+    old run's samples below the frontier by the old schedule, and its state carried the old segments.
+    Now a fresh start is the stream's own schedule from sample 0, as on a new stream."""
+    sizes = {"web": 5000, "code": 800, "curated": 1200}
+    old = PackedDataset(MixtureStream(_sources(sizes), [(0, {"web": 0.8, "code": 0.2})], chunk=1000),
+                        tokens="data", seq_len=32, mode="concat")
+    stream = old.open(old.shares(None, 1)[0])
+    stream.skip(200)
+    state = json.loads(json.dumps(old.state_dict([stream.state()])))
+
+    def fresh(packed: PackedDataset) -> tuple[np.ndarray, Any]:
+        s = packed.open(packed.shares(None, 1)[0])
+        return s.plan(400), packed.state_dict([s.state()])
+
+    new_stages = [(0, {"web": 0.5, "curated": 0.5})]
+    packed = PackedDataset(MixtureStream(_sources(sizes), new_stages, chunk=1000), tokens="data", seq_len=32)
+    packed.shares(state, 1)  # a resume with the change
+    want = fresh(PackedDataset(MixtureStream(_sources(sizes), new_stages, chunk=1000), tokens="data", seq_len=32))
+    got = fresh(packed)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]

@@ -207,6 +207,8 @@ class PackedDataset:
         the first sample no share had started; every source continues from its position."""
         num_shares = check_int(num_shares, "PackedDataset: num_shares", 1)
         if state is None:
+            if isinstance(self.stream, MixtureStream):
+                self.stream.reset()  # (a state loaded before brought its segments)
             return fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names))
         self.check_state(state)
         old = [dict(s) for s in state["shares"]]

@@ -299,7 +299,15 @@ class MixtureStream:
         # segments: (first sample, schedule in samples, positions of every source at that sample)
         self.segments: list[tuple[int, MixtureSchedule, IntArray]] = []
         self._walk: _Walk | None = None  # the last segment's schedule in tokens, as far as resolved
+        self._own = self.schedule
+        self._loaded = False  # whether the segments are a loaded state's (not this stream's own from 0)
         self._start_segment(0, 0, np.zeros(len(self.names), dtype=np.int64))
+
+    def reset(self) -> None:
+        """Back to this stream's own schedule from sample 0 (a fresh run), after :meth:`load_state`."""
+        if self._loaded:
+            self.schedule, self.segments, self._loaded = self._own, [], False
+            self._start_segment(0, 0, np.zeros(len(self.names), dtype=np.int64))
 
     # -------------------------------------------------------------------------------- stages in tokens
 
@@ -468,9 +476,9 @@ class MixtureStream:
             raise ValueError(f"MixtureStream: malformed schedule state: {e}") from None
         if not segs or any(len(b) != len(self.names) for _, _, b in segs):
             raise ValueError(f"MixtureStream: the state's segments do not match the sources {self.names}")
-        mine = self.schedule
+        mine = self.schedule = self._own
         saved = walk.schedule if walk is not None else segs[-1][1]
-        self.segments, self._walk = segs, walk
+        self.segments, self._walk, self._loaded = segs, walk, True
         if saved != mine:
             if frontier < segs[-1][0]:
                 raise ValueError(f"MixtureStream: schedule change at sample {frontier} before the last segment")
