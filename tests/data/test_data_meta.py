@@ -209,3 +209,44 @@ def test_a_join_whose_kept_rows_were_deleted_is_made_again(tmp_path: Path) -> No
     assert again.num_seqs == first.num_seqs == 14
     np.testing.assert_array_equal(again.rows("b", np.arange(again.num_seqs)), want)
     assert kept.exists()
+
+
+_FULL_CACHE = r"""
+import os, sys
+from pathlib import Path
+import seqstore as ss
+from seqstore.data import CacheError
+disk = Path(sys.argv[1])
+store = ss.StoreDataset(os.environ["META_STORE"])
+with open(disk / "filler", "wb") as f:  # no room left
+    try:
+        while True:
+            f.write(bytes(1 << 16))
+            f.flush()
+    except OSError:
+        pass
+try:
+    ss.MetaDataset({"a": store}, cache_dir=disk / "cache")
+except CacheError as exc:
+    print("CacheError", exc)
+except BaseException as exc:
+    print("other", type(exc).__name__, exc)
+else:
+    print("no error")
+print("left", sorted(p.name for p in (disk / "cache").iterdir()))
+"""
+
+
+def test_a_join_on_a_full_cache_disk_names_the_file_and_leaves_nothing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The join's sidecar on a cache file system with no room left raised a bare OSError and left its
+    temporary file behind; now a CacheError names the file (and the cache_dir= way out), and nothing is left.
+    Runs on a small tmpfs of its own (skipped where user namespaces are not allowed)."""
+    from support.tmpfs import run_on_small_tmpfs
+
+    _store(tmp_path / "a.seqstore", [f"u{i}" for i in range(20)], "feat", np.random.default_rng(0))
+    monkeypatch.setenv("META_STORE", str(tmp_path / "a.seqstore"))
+    disk, got = run_on_small_tmpfs(_FULL_CACHE, tmp_path, "256k")
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "CacheError" in got.stdout and "meta-" in got.stdout and "cache_dir=" in got.stdout, got.stdout
+    assert "left []" in got.stdout, got.stdout

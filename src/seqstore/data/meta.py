@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..io.nodecache import temporary
 from ._cache import CacheError, default_cache_dir, fingerprint, load_npy, store_fingerprint, write_npy
 from ._join import join_rows
 from ._lengths import IntArray, LengthsView, as_index_array
@@ -48,12 +48,23 @@ class _RowLengths(LengthsView):
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` atomically; CacheError naming the file when it cannot be written
+    (its temporary file removed)."""
+    tmp = None
+    try:
+        fd, tmp = temporary(path)
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CacheError(f"cannot write cache file {path} ({exc}); pass cache_dir= to put the cache somewhere "
+                             "writable") from exc
+        raise
 
 
 class MetaDataset(Dataset):
