@@ -503,3 +503,29 @@ def test_a_batch_of_a_source_without_the_token_field_names_it() -> None:
     assert stream.state()["stats"]["tokens"] == 8
     with pytest.raises(ValueError, match=r"PackedDataset: LengthsDataset\(n=3.*gave no field 'tokens' .*\['length'\]"):
         stream.batch(1)
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda s: s.pop("ranges"), r"share 1: no 'ranges'"),
+    (lambda s: s.__setitem__("ranges", [[1, 2]]), r"share 1: range 0 .* \[epoch, start, stop, offset\]"),
+    (lambda s: s.__setitem__("ranges", [[1, 9, 3, 0]]), r"share 1: range 0 .* start <= stop"),
+    (lambda s: s.__setitem__("next_epoch", "a"), r"share 1: next_epoch must be an integer >= 1, got 'a'"),
+    (lambda s: s["stats"].pop("tokens"), r"share 1: stats .*'tokens'"),
+    (lambda s: s.__setitem__("buffered", 10**6), r"share 1: buffered must be an integer >= 0 and at most"),
+    (lambda s: s.__setitem__("stats", {**s["stats"], "source_tokens": [1, 2]}), r"share 1: stats .*source_tokens"),
+])
+def test_a_damaged_share_state_is_refused_naming_what(damage: Any, what: str) -> None:
+    """A state whose share entries are damaged (a key missing, a range of 2 numbers, a word for a number)
+    failed later with a bare KeyError / TypeError / 'not enough values to unpack'; now ``shares`` (and so
+    a loader's load_state_dict) refuses it with a ValueError naming the share and what is wrong."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.arange(1, 100)), seq_len=8, mode="best_fit", window=4)
+    streams = [packed.open(st, s, 2) for s, st in enumerate(packed.shares(None, 2))]
+    for s in streams:
+        s.skip(5)
+    state = packed.state_dict([s.state() for s in streams])
+    packed.shares(state, 2)  # (as saved: fine)
+    damage(state["shares"][1])
+    with pytest.raises(ValueError, match="PackedDataset: malformed state: " + what):
+        packed.shares(state, 2)

@@ -36,7 +36,7 @@ import numpy as np
 from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
-from ._packplan import Planner, fresh_shares, resplit, sum_stats
+from ._packplan import Planner, fresh_shares, new_stats, resplit, sum_stats
 from .base import Dataset, FilteredDataset
 from .combined import CombinedDataset
 from .concat import ConcatDataset, SliceDataset
@@ -199,6 +199,8 @@ class PackedDataset:
         shares = state.get("shares")
         if not isinstance(shares, list) or len(shares) != state.get("num_shares") or not shares:
             raise ValueError("PackedDataset: malformed state (shares)")
+        for k, share in enumerate(shares):
+            _check_share(share, k, len(self.names))
 
     def shares(self, state: dict[str, Any] | None, num_shares: int, epoch: int = 1) -> list[dict[str, Any]]:
         """Share states for ``num_shares`` shares from ``state`` (None: a fresh start at ``epoch``):
@@ -249,6 +251,45 @@ class PackedDataset:
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.stream!r}, {self.config()})"
+
+
+def _check_share(share: Any, k: int, sources: int) -> None:
+    """ValueError naming what of share state ``share`` (share ``k``) is not as a planner writes it."""
+    where = f"PackedDataset: malformed state: share {k}"
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    if not isinstance(share, dict):
+        raise ValueError(f"{where} is a {type(share).__name__}, not a dict")
+    for key in ("ranges", "next_epoch", "stats"):
+        if key not in share:
+            raise ValueError(f"{where}: no {key!r}")
+    check_int(share["next_epoch"], f"{where}: next_epoch", 1)
+    ranges = share["ranges"]
+    if not isinstance(ranges, list):
+        raise ValueError(f"{where}: ranges must be a list, got {type(ranges).__name__}")
+    docs = 0
+    for i, r in enumerate(ranges):
+        if not (isinstance(r, list) and len(r) == 4 and all(whole(v) for v in r)):
+            raise ValueError(f"{where}: range {i} is {r!r}, not [epoch, start, stop, offset] (integers)")
+        if r[0] < 1 or not 0 <= r[1] <= r[2] or r[3] < 0:
+            raise ValueError(f"{where}: range {i} is {r!r}; expected epoch >= 1, 0 <= start <= stop, offset >= 0")
+        docs += r[2] - r[1]
+    buffered = share.get("buffered", 0)
+    if not whole(buffered) or not 0 <= buffered <= docs:
+        raise ValueError(f"{where}: buffered must be an integer >= 0 and at most the {docs} documents of its "
+                         f"ranges, got {buffered!r}")
+    stats, want = share["stats"], new_stats(sources)
+    if not isinstance(stats, dict) or set(stats) != set(want):
+        got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
+        raise ValueError(f"{where}: stats must have the counts {sorted(want)}, got {got}")
+    for key, v in stats.items():
+        ok = (isinstance(v, list) and len(v) == sources and all(whole(x) for x in v)) if isinstance(want[key], list) \
+            else whole(v)
+        if not ok:
+            expected = f"{sources} integers (one per source)" if isinstance(want[key], list) else "an integer"
+            raise ValueError(f"{where}: stats {key!r} is {v!r}; expected {expected}")
 
 
 def _reading_only(dataset: Dataset, field: str) -> Dataset:
