@@ -529,3 +529,18 @@ def test_a_damaged_share_state_is_refused_naming_what(damage: Any, what: str) ->
     damage(state["shares"][1])
     with pytest.raises(ValueError, match="PackedDataset: malformed state: " + what):
         packed.shares(state, 2)
+
+
+def test_a_share_outside_the_shares_is_refused_naming_it() -> None:
+    """``iter_batches(share=3, num_shares=2)`` raised a bare IndexError ("list index out of range") and
+    ``open`` a ValueError about a "block index"; both now name the share and the shares there are."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.full(100, 3)), seq_len=8)
+    for share in (2, 3, -1):
+        with pytest.raises(ValueError, match=rf"PackedDataset: share must be in \[0, 2\), got {share}"):
+            next(packed.iter_batches(2, share=share, num_shares=2))
+        with pytest.raises(ValueError, match=rf"PackedDataset: share must be in \[0, 2\), got {share}"):
+            packed.open(packed.fresh_state()["shares"][0], share, 2)
+    with pytest.raises(ValueError, match="PackedDataset: num_shares must be an integer >= 1, got 0"):
+        packed.open(packed.fresh_state()["shares"][0], 0, 0)

@@ -225,6 +225,7 @@ class PackedDataset:
 
     def open(self, share_state: dict[str, Any], share: int = 0, num_shares: int = 1) -> PackedStream:
         """A :class:`PackedStream` for share ``share`` of ``num_shares`` from its state."""
+        _check_share_number(share, num_shares)
         return PackedStream(self, share_state, share, num_shares)
 
     def iter_batches(self, batch_size: int, *, state: dict[str, Any] | None = None, share: int = 0,
@@ -232,6 +233,7 @@ class PackedDataset:
         """Endless batches of share ``share`` of ``num_shares`` (from ``state`` or the start of ``epoch``).
         On object storage the documents of the next run of batches are asked for while a run is built
         (see :meth:`PackedStream.batch`)."""
+        _check_share_number(share, num_shares)
         stream = self.open(self.shares(state, num_shares, epoch)[share], share, num_shares)
         while True:
             yield stream.batch(batch_size)
@@ -251,6 +253,12 @@ class PackedDataset:
 
     def __repr__(self) -> str:
         return f"PackedDataset({self.stream!r}, {self.config()})"
+
+
+def _check_share_number(share: Any, num_shares: Any) -> None:
+    n = check_int(num_shares, "PackedDataset: num_shares", 1)
+    if isinstance(share, bool) or not isinstance(share, (int, np.integer)) or not 0 <= share < n:
+        raise ValueError(f"PackedDataset: share must be in [0, {n}), got {share!r}")
 
 
 def _check_share(share: Any, k: int, sources: int) -> None:
