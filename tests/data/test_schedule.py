@@ -346,3 +346,15 @@ def test_a_fresh_start_after_a_resume_with_another_schedule_follows_its_own_sche
     got = fresh(packed)
     np.testing.assert_array_equal(got[0], want[0])
     assert got[1] == want[1]
+
+
+def test_unit_tokens_with_a_schedule_in_samples_is_refused() -> None:
+    """``MixtureStream(d, MixtureSchedule(stages, names), unit="tokens")`` silently ran the schedule in
+    samples (the unit was ignored when a schedule was given); now the contradiction is a ValueError."""
+    src = _sources({"web": 100, "code": 50})
+    stages = [(0, {"web": 1.0}), (10_000, {"code": 1.0})]
+    with pytest.raises(ValueError, match=r"MixtureStream: unit='tokens', but the schedule given counts samples"):
+        MixtureStream(src, MixtureSchedule(stages, ["web", "code"]), unit="tokens")
+    tok = MixtureSchedule(stages, ["web", "code"], unit="tokens")
+    assert MixtureStream(src, tok).schedule.unit == "tokens"  # (the default unit takes the schedule's)
+    assert MixtureStream(src, tok, unit="tokens").schedule.unit == "tokens"

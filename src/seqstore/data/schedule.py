@@ -284,6 +284,9 @@ class MixtureStream:
         self.combined = CombinedDataset(datasets)
         self.names = list(self.combined.names)
         if isinstance(stages, MixtureSchedule):
+            if unit != "samples" and unit != stages.unit:  # (the default takes the schedule's own unit)
+                raise ValueError(f"MixtureStream: unit={unit!r}, but the schedule given counts {stages.unit}; make "
+                                 f"it with MixtureSchedule(..., unit={unit!r})")
             if stages.names != self.names:
                 raise ValueError(f"MixtureStream: the schedule's sources {stages.names} are not {self.names}")
             self.schedule = stages
