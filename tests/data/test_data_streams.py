@@ -113,3 +113,12 @@ def test_a_state_that_is_not_one_is_a_value_error_naming_what_is_expected() -> N
     without = {k: v for k, v in state.items() if k != "exhausted"}
     with pytest.raises(ValueError, match="buffer state\\['exhausted'\\] must be"):
         shuffle_buffer(range(20), 4, seed=1).load_state_dict(without)
+
+
+@pytest.mark.parametrize("count", [2.5, -1, "3", True])
+def test_take_with_a_count_that_is_not_an_integer_ge_0_is_a_value_error_and_does_not_move(count: object) -> None:
+    sampler = sample_with_replacement(10, seed=3)
+    with pytest.raises(ValueError, match="take count must be an integer >= 0"):
+        sampler.take(count)  # type: ignore[arg-type]
+    assert sampler.position == 0
+    assert sampler.take(np.int64(2)).tolist() == sample_with_replacement(10, seed=3).take(2).tolist()

@@ -149,8 +149,10 @@ class ReplacementSampler(Iterator[int]):
         self._block_start = 0
 
     def take(self, count: int) -> IntArray:
-        """The next ``count`` indices as an int64 array (vectorised), advancing the position."""
-        out = np.empty(int(count), dtype=np.int64)
+        """The next ``count`` indices as an int64 array (vectorised), advancing the position.
+        ValueError unless ``count`` is an integer >= 0 (a bool or float is not one)."""
+        count = check_int(count, "take count", 0)
+        out = np.empty(count, dtype=np.int64)
         filled = 0
         n = self.num_seqs
         while filled < count:
