@@ -189,6 +189,29 @@ def test_an_exporter_given_a_url_refuses_it(name: str, tmp_path: Path, monkeypat
     assert sorted(os.listdir(tmp_path)) == ["s"]
 
 
+
+_SIZES = [("export_hdf", "returnn", "chunk_bytes"), ("export_megatron", "megatron", "chunk_bytes"),
+          ("export_hf", "hf_export", "chunk_records"), ("export_webdataset", "webdataset", "chunk_records"),
+          ("export_webdataset", "webdataset", "shard_records"), ("export_webdataset", "webdataset", "shard_bytes")]
+
+
+@pytest.mark.parametrize("value", [0, -4, 1.5, "8", True, None])
+@pytest.mark.parametrize(("name", "module", "keyword"), _SIZES)
+def test_an_exporters_size_that_is_not_an_integer_ge_1_is_a_value_error_naming_it(
+        name: str, module: str, keyword: str, value: Any, tmp_path: Path) -> None:
+    """A size keyword of an exporter (chunk_bytes=1.5, chunk_records="8", 0, True, ...) was used as it
+    came: a bare TypeError from deep inside, or silently a size of 1; it is now refused, by name, before
+    anything is written."""
+    import importlib
+
+    export = getattr(importlib.import_module(f"seqstore.interop.{module}"), name)
+    with seqstore.create(tmp_path / "s", SCHEMA) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)}, id="a")
+    with pytest.raises(ValueError, match=f"{name}: {keyword} must be an integer >= 1, got {value!r}"):
+        export(tmp_path / "s", tmp_path / "out", **{keyword: value})
+    assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
 _KILLED_CONVERSION = """
 import os, signal, sys
 import numpy as np

@@ -7,6 +7,7 @@ writer commits shards by itself) leaves nothing behind and an existing output, e
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
-           "install_output", "remove_path", "temp_sibling", "local_output", "read_as_float32"]
+           "install_output", "remove_path", "temp_sibling", "local_output", "read_as_float32", "check_size"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -131,6 +132,14 @@ def read_as_float32(store: str | os.PathLike[str] | Store) -> Store:
     client's options, as a pickled Store is)."""
     path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
     return open_store(path, bfloat16="float32", **reopen)
+
+
+def check_size(who: str, name: str, value: Any) -> int:
+    """``value`` of the keyword ``name`` of ``who`` (a chunk or shard size) as an int; ValueError naming
+    both unless it is an integer >= 1 (a bool or float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{who}: {name} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def check_named_once(where: str, names: Sequence[str], what: str = "field") -> None:

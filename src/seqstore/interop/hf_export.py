@@ -40,6 +40,7 @@ from ._common import (
     announce_total,
     check_named_once,
     check_output,
+    check_size,
     local_output,
     remove_path,
     replaced,
@@ -141,8 +142,7 @@ def export_hf(
         raise SchemaError(f"{st.url}: nothing to export (no fields and no id column)")
     if id_column is not None and id_column in names:
         raise SchemaError(f"id_column {id_column!r} is also a field's name; pass another id_column (or None)")
-    if chunk_records < 1:
-        raise ValueError(f"chunk_records must be positive, got {chunk_records}")
+    chunk_records = check_size("export_hf", "chunk_records", chunk_records)
     check_output(root, overwrite,
                  lambda r: not (r / "state.json").exists() and not (r.is_dir() and not any(r.iterdir())),
                  "what is not a datasets save_to_disk directory (no state.json)")

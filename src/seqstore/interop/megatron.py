@@ -48,6 +48,7 @@ from ._common import (
     Progress,
     SourceFormatError,
     announce_total,
+    check_size,
     local_output,
     replaced,
     runs_across,
@@ -375,6 +376,7 @@ def export_megatron(
     temporary names and renamed into place at the end (``.bin`` first). ``progress`` gets bytes of tokens.
     """
     prefix = _prefix(local_output(out, "export_megatron"))
+    chunk_bytes = check_size("export_megatron", "chunk_bytes", chunk_bytes)
     st = store if isinstance(store, Store) else open_store(store)
     name = _ragged_field(st, field)
     if st.schema[name].dtype == "bfloat16":

@@ -33,6 +33,7 @@ from ._common import (
     announce_total,
     check_named_once,
     check_output,
+    check_size,
     local_output,
     name_map,
     read_as_float32,
@@ -327,6 +328,7 @@ def export_hdf(
     """
     h5py = h5py_module()
     target = local_output(out, "export_hdf")
+    chunk_bytes = check_size("export_hdf", "chunk_bytes", chunk_bytes)
     st = read_as_float32(store)
     schema = st.schema
     meta = st.metadata.get(METADATA_KEY, {})

@@ -50,6 +50,7 @@ from ._common import (
     announce_total,
     check_named_once,
     check_output,
+    check_size,
     local_output,
     read_as_float32,
     replaced,
@@ -401,8 +402,9 @@ def export_webdataset(
         raise ValueError(f"keys must be 'auto', 'ids' or 'index', got {keys!r}")
     if keys == "ids" and not st.has_ids:
         raise KeyError(f"{st.url}: records have no ids; pass keys='index'")
-    if shard_records < 1 or shard_bytes < 1 or chunk_records < 1:
-        raise ValueError("shard_records, shard_bytes and chunk_records must be positive")
+    shard_records = check_size("export_webdataset", "shard_records", shard_records)
+    shard_bytes = check_size("export_webdataset", "shard_bytes", shard_bytes)
+    chunk_records = check_size("export_webdataset", "chunk_records", chunk_records)
     check_output(root, overwrite, lambda r: not r.is_dir() or any(not p.name.endswith(".tar") for p in r.iterdir()),
                  "what is not a directory of tar shards", SchemaError)
     n = len(st)
