@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -243,6 +244,8 @@ def _broken(tmp_path: Path, how: str) -> Path:
             del f["targets/data/align"]
         elif how == "size_text":  # a num_outputs entry that is not numbers (was a bare ValueError from int())
             f["targets/size"].attrs["align"] = "abc"
+        elif how == "size_nan":
+            f["targets/size"].attrs["align"] = np.array([np.nan, 2.0])
     return p
 
 
@@ -259,7 +262,8 @@ def _broken(tmp_path: Path, how: str) -> Path:
         ("columns", "seqLengths", "has 2 columns, expected 4"),
         ("tags_short", "seqTags", "does not match"),
         ("missing_target", "targets/data/align", "missing"),
-        ("size_text", "targets/size", "attribute 'align' should be [dim, ndim] (numbers), got 'abc'"),
+        ("size_text", "targets/size", "attribute 'align' should be [dim, ndim] (whole numbers >= 0), got 'abc'"),
+        ("size_nan", "targets/size", "attribute 'align' should be [dim, ndim] (whole numbers >= 0), got [nan, 2.0]"),
     ],
 )
 def test_interop_malformed_hdf_clear_error(tmp_path: Path, how: str, dataset: str, words: str) -> None:
@@ -401,3 +405,17 @@ def test_interop_failed_overwrite_keeps_the_existing_store(tmp_path: Path, monke
     store = rt.import_hdf(tmp_path / "a.hdf", out, chunk_bytes=200, shard_bytes=1000, overwrite=True)
     assert len(store) == 60 and len(seqstore.open(out)) == 60
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.hdf", "o.seqstore"]
+
+
+@pytest.mark.parametrize("value", ["abc", b"xyz", np.array([3, 4]), np.nan, -2])
+def test_interop_input_patt_size_that_is_not_a_count_is_a_named_error(tmp_path: Path, value: Any) -> None:
+    """The dim of sparse inputs (the file attribute inputPattSize) that is text, several numbers, NaN or
+    negative was a bare ValueError/TypeError from int() (or a negative dim in the store's metadata)."""
+    p = tmp_path / "patt.hdf"
+    write_returnn_hdf(p, n=6, dim=None)
+    with h5py.File(p, "r+") as f:
+        f.attrs["inputPattSize"] = value
+    with pytest.raises(SourceFormatError, match="attribute 'inputPattSize'") as err:
+        rt.import_hdf(p, tmp_path / "o.seqstore")
+    assert str(p) in str(err.value) and err.value.dataset == "inputs"
+    assert not (tmp_path / "o.seqstore").exists()

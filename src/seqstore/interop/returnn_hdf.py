@@ -94,13 +94,29 @@ def _labels(fin: Any, name: str, path: str) -> list[str] | None:
     return None if labels in ([], ["dummy-label"]) else labels
 
 
+def _counts(v: Any) -> bool:
+    """Whether the array ``v`` holds numbers that are whole and >= 0 (RETURNN's dims)."""
+    if v.dtype.kind in "iu":
+        return bool(np.all(v >= 0))
+    return v.dtype.kind == "f" and bool(np.all(np.isfinite(v) & (v >= 0) & (v == np.floor(v))))
+
+
+def _patt_size(fin: Any, path: str) -> int:
+    """The file attribute ``inputPattSize`` (the dim of sparse inputs; 1 when absent)."""
+    v = np.asarray(fin.attrs.get("inputPattSize", 1))
+    if v.shape != () or not _counts(v):
+        raise SourceFormatError(path, "inputs", "file attribute 'inputPattSize' (the dim of the sparse inputs) "
+                                f"should be a whole number >= 0, got {v.tolist()!r}")
+    return int(v)
+
+
 def _size_attr(fin: Any, key: str, path: str) -> tuple[int, int] | None:
     if "targets/size" not in fin or key not in fin["targets/size"].attrs:
         return None
     v = np.asarray(fin["targets/size"].attrs[key])
-    if v.dtype.kind not in "iuf" or v.shape not in ((), (2,)):
-        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim] (numbers), got "
-                                f"{v.tolist()!r}")
+    if v.shape not in ((), (2,)) or not _counts(v):
+        raise SourceFormatError(path, "targets/size", f"attribute {key!r} should be [dim, ndim] (whole numbers "
+                                f">= 0), got {v.tolist()!r}")
     if v.ndim == 0:
         return int(v), len(fin[f"targets/data/{key}"].shape)
     return int(v[0]), int(v[1])
@@ -172,7 +188,7 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
             inner = tuple(int(s) for s in ds.shape[1:])
             if name == "inputs":
                 key = "data"
-                dim, ndim = (int(fin.attrs.get("inputPattSize", 1)), 1) if ds.ndim == 1 else (int(ds.shape[1]), ds.ndim)
+                dim, ndim = (_patt_size(fin, p), 1) if ds.ndim == 1 else (int(ds.shape[1]), ds.ndim)
             else:
                 key = name.rsplit("/", 1)[1]
                 given = _size_attr(fin, key, p)
