@@ -193,6 +193,35 @@ def test_a_npy_member_with_a_lying_header_names_the_shard_and_member(tmp_path: P
         assert not (tmp_path / "x.seqstore").exists()
 
 
+def _npy(header: str, version: int = 1) -> bytes:
+    """A .npy file of ``header`` (padded as numpy pads it) and 16 bytes of data."""
+    h = header.encode("latin1")
+    size = 2 if version == 1 else 4
+    h += b" " * (-(6 + 2 + size + len(h) + 1) % 64) + b"\n"
+    return b"\x93NUMPY" + bytes([version, 0]) + len(h).to_bytes(size, "little") + h + bytes(16)
+
+
+@pytest.mark.parametrize(("header", "version"), [
+    ("{'descr': '<f8', 'fortran_order': True, 'shape': (1000000000000, 3), }", 1),
+    ("{'shape': (1000000000000,), 'fortran_order': False, 'descr': '<i4'}", 1),
+    ("{'descr': [('a', '<i8')], 'fortran_order': False, 'shape': (1000000000000,), }", 2),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }", 3),
+])
+def test_a_npy_member_of_another_header_layout_claiming_a_huge_shape_is_a_named_error(
+        tmp_path: Path, header: str, version: int) -> None:
+    """A .npy header numpy.save does not write itself (Fortran order, keys in another order, a structured
+    dtype, a version 2 or 3 header) went to numpy.load, which allocated the whole declared shape first: a
+    bare MemoryError (or gigabytes of address space) for a member of a few bytes."""
+    buf = io.BytesIO()
+    np.save(buf, np.arange(3, dtype=np.int32))
+    (tmp_path / "h.tar").write_bytes(_member(b"k0.npy", buf.getvalue()) + _member(b"k1.npy", _npy(header, version))
+                                     + bytes(1024))
+    with pytest.raises(SourceFormatError, match=r"h\.tar.*k1\.npy.*not a \.npy array: its header says shape "
+                       r"\(1000000000000.*but 16 bytes follow"):
+        import_webdataset(tmp_path / "h.tar", tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+
+
 def test_import_from_http_urls(tmp_path: Path) -> None:
     from support.http import StaticServer
 

@@ -93,9 +93,19 @@ _NPY_HEADER = re.compile(r"^\{'descr': '([^']+)', 'fortran_order': False, 'shape
 _DTYPES: dict[str, np.dtype[Any]] = {}
 
 
+def _check_room(path: str, member: str, shape: tuple[int, ...], dt: np.dtype[Any], follow: int) -> None:
+    """SourceFormatError unless the ``follow`` bytes after a .npy header hold the ``shape`` of ``dt`` it
+    declares (numpy.load allocates all of it before reading)."""
+    need = math.prod(shape) * dt.itemsize
+    if follow < need:
+        raise SourceFormatError(path, member, f"not a .npy array: its header says shape {shape} of {dt}, "
+                                f"{need} bytes, but {follow} bytes follow")
+
+
 def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
     """A .npy member as an array: the plain header ``numpy.save`` writes read by one regular expression
-    (a view of ``data``), anything else by ``numpy.load``."""
+    (a view of ``data``), anything else by ``numpy.load`` once numpy's header reader has shown that the
+    data it declares is there."""
     if data[:6] == b"\x93NUMPY" and len(data) >= 10:
         start = 10 if data[6] == 1 else 12  # the header's length: 2 bytes in version 1, 4 after
         end = start + int.from_bytes(data[8:start], "little")
@@ -107,15 +117,19 @@ def _load_npy(path: str, member: str, data: bytes) -> np.ndarray[Any, Any]:
             except TypeError as exc:
                 raise SourceFormatError(path, member, f"not a .npy array: {exc}") from exc
             shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
-            count = math.prod(shape)
-            if dt.kind in "biufc" and len(data) - end < count * dt.itemsize:  # (numpy.load would allocate it all)
-                raise SourceFormatError(path, member, f"not a .npy array: its header says shape {shape} of {dt}, "
-                                        f"{count * dt.itemsize} bytes, but {len(data) - end} bytes follow")
-            if dt.kind in "biufc" and len(data) - end == count * dt.itemsize:
-                return np.frombuffer(data, dtype=dt, count=count, offset=end).reshape(shape)
+            if dt.kind in "biufc":
+                _check_room(path, member, shape, dt, len(data) - end)
+                if len(data) - end == math.prod(shape) * dt.itemsize:
+                    return np.frombuffer(data, dtype=dt, count=math.prod(shape), offset=end).reshape(shape)
+    fp = io.BytesIO(data)
     try:
+        version = np.lib.format.read_magic(fp)
+        # (a version 3 header is a version 2 one in UTF-8: read as Latin-1 its shape and sizes are the same)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dt = read(fp)
+        _check_room(path, member, tuple(shape), dt, len(data) - fp.tell())
         return np.load(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, TypeError, SyntaxError) as exc:
         raise SourceFormatError(path, member, f"not a .npy array: {exc}") from exc
 
 
