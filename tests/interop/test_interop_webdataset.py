@@ -178,6 +178,22 @@ def test_a_negative_member_size_or_empty_pax_record_is_an_error_not_a_hang(tmp_p
         assert not (tmp_path / "x.seqstore").exists()
 
 
+@pytest.mark.parametrize("kind", [b"0", b"L", b"x"])
+def test_a_compressed_shard_whose_header_declares_terabytes_is_a_named_error(tmp_path: Path, kind: bytes) -> None:
+    """A member header in a compressed shard (or one at a URL, read as a stream too) declaring 10 TB made the
+    reader ask for all of it in one read, which allocates the whole size first: a bare MemoryError."""
+    h = bytearray(_member(b"k1.txt" if kind == b"0" else b"hdr", b"", kind)[:512])
+    h[124:136] = b"\x80" + (10**13).to_bytes(11, "big")  # GNU base-256: the size 10 TB
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    huge = bytes(h) + b"b" + bytes(511)
+    tar = _member(b"k0.txt", b"a") + huge + bytes(1024)
+    (tmp_path / "h.tar.gz").write_bytes(gzip.compress(tar))
+    with pytest.raises(SourceFormatError, match=r"h\.tar\.gz.*truncated \(a member of \d+ bytes .* runs past"):
+        import_webdataset(tmp_path / "h.tar.gz", tmp_path / "x.seqstore")
+    assert not (tmp_path / "x.seqstore").exists()
+
+
 def test_a_npy_member_with_a_lying_header_names_the_shard_and_member(tmp_path: Path) -> None:
     """A .npy header of an unknown dtype was a bare TypeError; one claiming far more values than follow
     made numpy.load allocate them all (a MemoryError for 36 TiB)."""

@@ -246,6 +246,23 @@ def _decompressed(fh: Any, path: str) -> BinaryIO:
     return fh  # type: ignore[no-any-return]
 
 
+#: Bytes asked of a stream per read of a member's data.
+_READ_BLOCK = 16 << 20
+
+
+def _read_upto(f: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f`` (fewer at its end), read in blocks of :data:`_READ_BLOCK`: one read of
+    ``n`` bytes allocates them all first, so a header declaring terabytes would fail with a MemoryError
+    instead of reaching the end of the stream."""
+    if n <= _READ_BLOCK:
+        return f.read(n)
+    parts: list[bytes] = []
+    while n > 0 and (part := f.read(min(n, _READ_BLOCK))):
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
 def _stream_members(path: str, options: Mapping[str, Any] | None, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
     """Regular members of a tar stream (a compressed local file, or a URL), read front to back with the
     header parsing of :func:`_local_members`: a header or member cut short by the end of the stream, or
@@ -267,7 +284,7 @@ def _stream_members(path: str, options: Mapping[str, Any] | None, counter: ByteC
                     pass
                 return
             name, kind, n = _header(path, hdr, pos, pax, long_name)
-            data = f.read(n)
+            data = _read_upto(f, n)
             pad = -n % 512
             if len(data) < n or len(f.read(pad)) < pad:
                 raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
