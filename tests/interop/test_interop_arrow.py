@@ -139,6 +139,30 @@ def test_interop_hf_datasets_save_to_disk(tmp_path: Path) -> None:
     import_arrow(tmp_path / "dd" / "train", tmp_path / "dd.seqstore", id_column="id")
 
 
+@pytest.mark.parametrize(("name", "text", "words"), [
+    ("state.json", "{not json", "not JSON"),
+    ("state.json", "[1, 2]", "expected a JSON object"),
+    ("state.json", '{"_data_files": "a.arrow"}', "_data_files should be a list of {\"filename\": NAME}"),
+    ("state.json", '{"_data_files": ["a.arrow"]}', "_data_files should be a list of {\"filename\": NAME}"),
+    ("state.json", '{"_data_files": [{"filename": "../x.arrow"}]}', "_data_files should be a list of"),
+    ("dataset_dict.json", "{bad", "not JSON"),
+    ("dataset_dict.json", '{"splits": 3}', "splits should be a list of names"),
+])
+def test_a_damaged_save_to_disk_json_is_a_named_error(tmp_path: Path, name: str, text: str, words: str) -> None:
+    """A state.json or dataset_dict.json that is not JSON, or not of the layout datasets writes, was a bare
+    JSONDecodeError, AttributeError or TypeError naming no file."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    table = pa.table({"x": [1, 2, 3]})
+    with pa.OSFile(str(d / "data-00000-of-00001.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    (d / name).write_text(text)
+    with pytest.raises(SourceFormatError) as err:
+        import_arrow(d, tmp_path / "o.seqstore")
+    assert str(d / name) in str(err.value) and words in str(err.value), str(err.value)
+    assert not (tmp_path / "o.seqstore").exists()
+
+
 def test_interop_arrow_errors(tmp_path: Path) -> None:
     d = _data(20)
     pq.write_table(_table(d), tmp_path / "t.parquet")

@@ -59,6 +59,22 @@ METADATA_KEY = "arrow"
 MIN_UNIT_RECORDS = 1 << 15
 
 
+def _plain(name: str) -> bool:
+    """Whether ``name`` is a file name of its directory (not empty, no path separator, not ``..``)."""
+    return name not in ("", ".", "..") and "/" not in name and os.sep not in name
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in the file ``path``; SourceFormatError naming it for anything else."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SourceFormatError(path, None, f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise SourceFormatError(path, None, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
     """The files behind ``path``: the file itself, or for a directory its ``.arrow``/``.parquet`` files —
     in ``state.json`` order for a Hugging Face ``save_to_disk`` directory, else sorted by name."""
@@ -68,12 +84,19 @@ def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
             raise FileNotFoundError(f"{p}: no such file or directory")
         return [p]
     if (p / "dataset_dict.json").exists():
-        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _json_object(p / "dataset_dict.json").get("splits", [])
+        if not isinstance(splits, list) or not all(isinstance(x, str) and _plain(x) for x in splits):
+            raise SourceFormatError(p / "dataset_dict.json", None, f"splits should be a list of names, got {splits!r}")
         example = p / (splits or ["train"])[0]
         raise SourceFormatError(p, None, f"is a DatasetDict; import one split directory, e.g. {example}")
     state = p / "state.json"
     if state.exists():
-        files = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+        listed = _json_object(state).get("_data_files", [])
+        if not isinstance(listed, list) or not all(
+                isinstance(f, dict) and isinstance(f.get("filename"), str) and _plain(f["filename"]) for f in listed):
+            raise SourceFormatError(state, None, '_data_files should be a list of {"filename": NAME} (files of the '
+                                    f"directory), got {listed!r:.200}")
+        files = [f["filename"] for f in listed]
         if files and fmt == "parquet":
             raise SourceFormatError(p, None, "is a Hugging Face datasets save_to_disk directory (Arrow files, not "
                                     "Parquet); import it with import_hf")
