@@ -212,6 +212,23 @@ def test_an_exporters_size_that_is_not_an_integer_ge_1_is_a_value_error_naming_i
     assert sorted(os.listdir(tmp_path)) == ["s"]
 
 
+
+@pytest.mark.parametrize("suffix", [".bin", ".idx"])
+def test_export_megatron_with_overwrite_never_replaces_a_directory(tmp_path: Path, suffix: str) -> None:
+    """export_megatron(..., overwrite=True) replaced a directory at PREFIX.bin or PREFIX.idx (and all in it)
+    by its file; like the other exporters it now refuses to overwrite what it does not write, before writing."""
+    from seqstore.interop.megatron import export_megatron
+
+    with seqstore.create(tmp_path / "s", SCHEMA) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)})
+    (tmp_path / f"out{suffix}").mkdir()
+    (tmp_path / f"out{suffix}" / "keep.txt").write_text("mine")
+    with pytest.raises(seqstore.errors.SeqstoreError, match=rf"out\{suffix}: refusing to overwrite a directory"):
+        export_megatron(tmp_path / "s", tmp_path / "out", overwrite=True)
+    assert (tmp_path / f"out{suffix}" / "keep.txt").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == sorted(["s", f"out{suffix}"])
+
+
 _KILLED_CONVERSION = """
 import os, signal, sys
 import numpy as np

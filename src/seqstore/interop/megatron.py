@@ -44,10 +44,10 @@ from ..store import Store, Writer, open_store
 from . import driver
 from ._common import (
     DEFAULT_CHUNK_BYTES,
-    OutputExistsError,
     Progress,
     SourceFormatError,
     announce_total,
+    check_output,
     check_size,
     local_output,
     replaced,
@@ -402,10 +402,9 @@ def export_megatron(
         if f.ragged or f.inner_shape or np.dtype(f.storage_dtype).kind not in "iub":
             raise SchemaError(f"field {documents!r}: documents need an integer scalar field, got {f}")
     binp, idxp = Path(prefix + ".bin"), Path(prefix + ".idx")
-    for p in (binp, idxp):
-        if p.exists() and not overwrite:
-            raise OutputExistsError(p)
-    binp.parent.mkdir(parents=True, exist_ok=True)
+    for p in (binp, idxp):  # (the files, never a directory, even with overwrite)
+        check_output(p, overwrite, lambda r: r.is_dir() and not r.is_symlink(),
+                     "a directory (a Megatron dataset is two files)")
     n = len(st)
     item = out_dt.itemsize
     total_rows = st.manifest.total_rows(name) if n else 0
