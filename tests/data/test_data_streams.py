@@ -122,3 +122,10 @@ def test_take_with_a_count_that_is_not_an_integer_ge_0_is_a_value_error_and_does
         sampler.take(count)  # type: ignore[arg-type]
     assert sampler.position == 0
     assert sampler.take(np.int64(2)).tolist() == sample_with_replacement(10, seed=3).take(2).tolist()
+
+
+@pytest.mark.parametrize("dataset", [True, 2.5, "10", None])
+def test_sample_with_replacement_of_what_has_no_size_is_a_value_error(dataset: object) -> None:
+    """A bool was taken as N = 1 (int(True)), and a float or string was a bare TypeError from len()."""
+    with pytest.raises(ValueError, match="sampling with replacement needs"):
+        sample_with_replacement(dataset)

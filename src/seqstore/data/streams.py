@@ -193,7 +193,12 @@ def sample_with_replacement(dataset: Any, seed: int = 0) -> ReplacementSampler:
     """Endless uniform sampling with replacement of indices of ``dataset`` (a Dataset, anything with
     ``num_seqs`` or ``len``, or an int N): draw ``k`` is position ``k mod N`` of
     ``seq_order(N, "random_sample", epoch=k // N + 1, seed=seed)``, so the state is ``k``. O(1) memory."""
-    n = dataset if isinstance(dataset, (int, np.integer)) else getattr(dataset, "num_seqs", None)
-    if n is None:
+    n: Any
+    if isinstance(dataset, (int, np.integer)):
+        n = dataset  # (a bool too, which the sampler refuses)
+    elif (n := getattr(dataset, "num_seqs", None)) is None:
+        if isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__len__"):
+            raise ValueError("sampling with replacement needs a dataset, something with num_seqs or len, or an "
+                             f"int N; got {type(dataset).__name__} {dataset!r:.60}")
         n = len(dataset)
-    return ReplacementSampler(int(n), seed)
+    return ReplacementSampler(n, seed)
