@@ -203,6 +203,27 @@ def test_a_cut_of_unreadable_duration_or_text_names_the_manifest_and_cut(tmp_pat
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("num_features", ["abc", None, 4.5, True, float("nan")])
+def test_a_first_cut_of_unreadable_num_features_names_the_manifest_and_cut(tmp_path: Path, num_features: Any) -> None:
+    """With features=True, a first cut whose features' num_features is not a whole number was a bare
+    ValueError/TypeError from int() (4.5 was taken as 4)."""
+    np.save(tmp_path / "f0.npy", np.ones((100, 4), np.float32))
+
+    def line(i: int, dims: Any) -> str:
+        feats = {"type": "fbank", "num_frames": 100, "num_features": dims, "frame_shift": 0.01, "sampling_rate": SR,
+                 "start": 0.0, "duration": 1.0, "storage_type": "numpy_files", "storage_path": str(tmp_path),
+                 "storage_key": "f0.npy"}
+        return json.dumps({"id": f"c{i}", "start": 0.0, "duration": 1.0, "channel": 0, "supervisions": [],
+                           "features": feats, "type": "MonoCut"})
+
+    (tmp_path / "m.jsonl").write_text(f"{line(0, num_features)}\n{line(1, 4)}\n")
+    with pytest.raises(LhotseCutError, match=rf"m\.jsonl, cut 'c0': its features' num_features .*{num_features!r}"):
+        import_lhotse(tmp_path / "m.jsonl", tmp_path / "s", features=True)
+    assert not (tmp_path / "s").exists()
+    assert list(import_lhotse(tmp_path / "m.jsonl", tmp_path / "s2", features=False).schema) == [
+        "duration", "num_frames", "text"]
+
+
 def test_bad_inputs(corpus: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.jsonl.gz: no such Lhotse manifest"):
         import_lhotse(tmp_path / "nope.jsonl.gz", tmp_path / "s")

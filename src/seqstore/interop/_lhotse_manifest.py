@@ -172,8 +172,9 @@ class LeanCut:
         return self.features is not None
 
     @property
-    def num_features(self) -> int:
-        return int(self.features.num_features)
+    def num_features(self) -> Any:
+        """As the manifest has it (a ``MonoCut``'s ``num_features`` is not converted either)."""
+        return self.features.num_features
 
     @property
     def frame_shift(self) -> float | None:

@@ -146,7 +146,12 @@ class _Plan:
         self.dims: int | None = None
         if features:
             self.check_features(first, where)
-            self.dims = int(first.num_features)
+            dims = first.num_features
+            whole = isinstance(dims, (int, np.integer)) or (isinstance(dims, float) and dims.is_integer())
+            if isinstance(dims, bool) or not whole:
+                raise LhotseCutError(where, first.id, f"its features' num_features should be a whole number, got "
+                                     f"{dims!r}")
+            self.dims = int(dims)
         if audio:
             self.check_recording(first, where)
 
