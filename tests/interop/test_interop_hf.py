@@ -4,6 +4,7 @@ record of every import is compared, field by field, with what ``datasets`` itsel
 from __future__ import annotations
 
 import io
+import re
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +144,24 @@ def test_saved_directory_through_the_cli(tmp_path: Path, capsys: pytest.CaptureF
     v = seqstore.open(tmp_path / "v.seqstore")
     assert set(v.schema) == {"n", "text"} and len(v) == 6 and not v.has_ids
     assert cli_main(["convert", "--from", "hf", str(tmp_path / "nope"), str(tmp_path / "y.seqstore"), "-q"]) == 2
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("state.json", b"{bad"), ("state.json", b"[]"), ("dataset_info.json", b"{bad"),
+    ("data-00000-of-00001.arrow", b"junk" * 10),
+])
+def test_a_damaged_saved_directory_is_a_named_error(tmp_path: Path, name: str, data: bytes) -> None:
+    """datasets' own failure to load a damaged save_to_disk directory (a bare JSONDecodeError, TypeError or
+    ArrowInvalid naming no file) is a SourceFormatError naming the directory."""
+    from seqstore.interop import SourceFormatError
+
+    datasets.Dataset.from_dict({"x": [1, 2, 3]}).save_to_disk(str(tmp_path / "hf"))
+    (tmp_path / "hf" / name).write_bytes(data)
+    where = re.escape(str(tmp_path / "hf"))
+    with pytest.raises(SourceFormatError, match=rf"{where}: not a readable datasets save_to_disk") as err:
+        import_hf(tmp_path / "hf", tmp_path / "o")
+    assert type(err.value.__cause__).__name__ in str(err.value)
+    assert not (tmp_path / "o").exists()
 
 
 def test_iterable_dataset_streamed_in_batches(tmp_path: Path) -> None:

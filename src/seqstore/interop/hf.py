@@ -40,7 +40,7 @@ from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..store import Store, Writer
 from . import arrow_columns, driver
-from ._common import Progress
+from ._common import Progress, SourceFormatError
 
 __all__ = ["import_hf", "datasets_module", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS", "MIN_UNIT_ROWS"]
 
@@ -92,10 +92,15 @@ def _resolve(source: Any, split: str | None) -> tuple[Any, str]:
         path = os.fspath(source)
         if not is_remote(path) and not os.path.isdir(path):
             raise FileNotFoundError(f"{path}: no such directory (expected a datasets save_to_disk directory)")
+        pa = arrow_columns.pyarrow()
         try:
             source = hf.load_from_disk(path)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{path}: not a datasets save_to_disk directory ({exc})") from exc
+        except (ValueError, TypeError, KeyError, AttributeError, OSError, pa.ArrowException) as exc:
+            # (a damaged state.json, dataset_info.json or Arrow file: datasets' error names none of them)
+            raise SourceFormatError(path, None, f"not a readable datasets save_to_disk directory: "
+                                    f"{type(exc).__name__}: {exc}") from exc
         name = path
     if isinstance(source, (hf.DatasetDict, hf.IterableDatasetDict)):
         splits = list(source)
