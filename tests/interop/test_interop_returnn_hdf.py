@@ -203,7 +203,7 @@ def test_interop_export_refuses_a_field_or_key_named_twice(tmp_path: Path) -> No
 
 
 def _broken(tmp_path: Path, how: str) -> Path:
-    p = tmp_path / f"{how}.hdf"
+    p = tmp_path / f"{how.replace('/', '_')}.hdf"
     write_returnn_hdf(p, n=20, seed=5)
     with h5py.File(p, "r+") as f:
         if how == "no_tags":
@@ -244,6 +244,15 @@ def _broken(tmp_path: Path, how: str) -> Path:
             del f["targets/data/align"]
         elif how == "size_text":  # a num_outputs entry that is not numbers (was a bare ValueError from int())
             f["targets/size"].attrs["align"] = "abc"
+        elif how == "targets_dataset":  # each was a bare AttributeError (a group or dataset where the other is)
+            del f["targets"]
+            f.create_dataset("targets", data=np.zeros(3))
+        elif how == "data_dataset":
+            del f["targets/data"]
+            f["targets"].create_dataset("data", data=np.zeros(3))
+        elif how in ("inputs", "seqLengths", "seqTags", "labels", "targets/data/classes"):
+            del f[how]
+            f.create_group(how)
         elif how == "size_nan":
             f["targets/size"].attrs["align"] = np.array([np.nan, 2.0])
     return p
@@ -262,6 +271,13 @@ def _broken(tmp_path: Path, how: str) -> Path:
         ("columns", "seqLengths", "has 2 columns, expected 4"),
         ("tags_short", "seqTags", "does not match"),
         ("missing_target", "targets/data/align", "missing"),
+        ("targets_dataset", "targets", "is a dataset; a RETURNN HDF file's 'targets' is a group"),
+        ("data_dataset", "targets/data", "is a dataset; expected a group"),
+        ("inputs", "inputs", "is a Group, expected an HDF dataset"),
+        ("seqLengths", "seqLengths", "is a Group, expected an HDF dataset"),
+        ("seqTags", "seqTags", "is a Group, expected an HDF dataset"),
+        ("labels", "labels", "is a Group, expected an HDF dataset"),
+        ("targets/data/classes", "targets/data/classes", "is a Group, expected an HDF dataset"),
         ("size_text", "targets/size", "attribute 'align' should be [dim, ndim] (whole numbers >= 0), got 'abc'"),
         ("size_nan", "targets/size", "attribute 'align' should be [dim, ndim] (whole numbers >= 0), got [nan, 2.0]"),
     ],

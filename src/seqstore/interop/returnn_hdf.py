@@ -86,10 +86,19 @@ def read_dataset(ds: Any, sl: Any, path: str, name: str) -> Any:
         raise SourceFormatError(path, name, f"cannot read {sl!r}: {exc}") from exc
 
 
+def _dataset(fin: Any, name: str, path: str) -> Any:
+    """The HDF dataset ``name`` of ``fin``; SourceFormatError naming it when it is a group (or a link to
+    nothing), which the importer cannot read as one."""
+    obj = fin.get(name)
+    if not isinstance(obj, h5py_module().Dataset):
+        raise SourceFormatError(path, name, f"is a {type(obj).__name__}, expected an HDF dataset")
+    return obj
+
+
 def _labels(fin: Any, name: str, path: str) -> list[str] | None:
     if name not in fin:
         return None
-    raw = read_dataset(fin[name], (), path, name)
+    raw = read_dataset(_dataset(fin, name, path), (), path, name)
     labels = [decode_tag(x) for x in np.asarray(raw).reshape(-1).tolist()]
     return None if labels in ([], ["dummy-label"]) else labels
 
@@ -150,21 +159,26 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
         has_targets = "targets" in fin
         keys: list[str] = []
         if has_targets:
+            if not isinstance(fin["targets"], h5py.Group):
+                raise SourceFormatError(p, "targets", "is a dataset; a RETURNN HDF file's 'targets' is a group")
             if "targets/data" not in fin:
                 raise SourceFormatError(p, "targets/data", "missing although the file has a 'targets' group")
+            if not isinstance(fin["targets/data"], h5py.Group):
+                raise SourceFormatError(p, "targets/data", "is a dataset; expected a group of one dataset per key")
             size_keys = set(fin["targets/size"].attrs.keys()) if "targets/size" in fin else set()
             keys = sorted(set(fin["targets/data"].keys()) | size_keys)
             for k in keys:
-                if k not in fin["targets/data"] or not isinstance(fin[f"targets/data/{k}"], h5py.Dataset):
+                if k not in fin["targets/data"]:
                     raise SourceFormatError(p, f"targets/data/{k}", "missing (the key is listed in targets/size)")
+                _dataset(fin, f"targets/data/{k}", p)
         if not has_inputs and not keys:
             raise SourceFormatError(p, "inputs", "missing, and there are no targets/data/<key> streams either")
         if has_inputs and "data" in keys:
             raise SourceFormatError(p, "targets/data/data", "key 'data' is taken by 'inputs'")
 
-        sl = fin["seqLengths"]
+        sl = _dataset(fin, "seqLengths", p)
         lengths_2d = sl.ndim == 2
-        tags = fin["seqTags"]
+        tags = _dataset(fin, "seqTags", p)
         if sl.ndim not in (1, 2) or sl.dtype.kind not in "iu":
             raise SourceFormatError(p, "seqLengths", f"expected integer (num_seqs, C), got {sl.dtype} {sl.shape}")
         n = int(sl.shape[0])
@@ -180,7 +194,7 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
         streams: list[HdfStream] = []
         names = (["inputs"] if has_inputs else []) + [f"targets/data/{k}" for k in keys]
         for col, name in enumerate(names):
-            ds = fin[name]
+            ds = _dataset(fin, name, p)
             if ds.dtype.kind in "OSUV" or h5py.check_string_dtype(ds.dtype) is not None:
                 raise SchemaError(f"{p}, dataset {name!r}: holds {ds.dtype} values; seqstore fields are numeric")
             if ds.ndim < 1:
