@@ -229,6 +229,25 @@ def test_export_megatron_with_overwrite_never_replaces_a_directory(tmp_path: Pat
     assert sorted(os.listdir(tmp_path)) == sorted(["s", f"out{suffix}"])
 
 
+
+@pytest.mark.parametrize(("name", "module", "kwargs", "words"), [
+    ("export_hdf", "returnn", {"fields": {"x": 5}}, "field 'x': 5 cannot be an HDF target key"),
+    ("export_webdataset", "webdataset", {"fields": {"x": 5}}, "field 'x': 5 cannot be a tar member extension"),
+    ("export_hf", "hf_export", {"id_column": 5}, "id_column must be a str or None, got 5"),
+])
+def test_an_exporters_name_that_is_not_a_string_is_a_named_error(tmp_path: Path, name: str, module: str,
+                                                                   kwargs: dict[str, Any], words: str) -> None:
+    """A target key, extension or id column given as a number was a bare TypeError from deep inside."""
+    import importlib
+
+    export = getattr(importlib.import_module(f"seqstore.interop.{module}"), name)
+    with seqstore.create(tmp_path / "s", SCHEMA) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)}, id="a")
+    with pytest.raises((seqstore.errors.SchemaError, ValueError), match=words):
+        export(tmp_path / "s", tmp_path / "out", **kwargs)
+    assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
 _KILLED_CONVERSION = """
 import os, signal, sys
 import numpy as np

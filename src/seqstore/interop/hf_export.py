@@ -136,6 +136,8 @@ def export_hf(
         if (dt := np.dtype(st.schema[name].storage_dtype)).kind == "c":
             raise SchemaError(f"{st.url}: field {name!r} is {dt.name}, and Arrow (so datasets) has no complex "
                               "numbers; leave it out with fields=")
+    if id_column is not None and not isinstance(id_column, str):
+        raise ValueError(f"id_column must be a str or None, got {id_column!r}")
     if id_column is not None and not st.has_ids:
         id_column = None
     if id_column is None and not names:

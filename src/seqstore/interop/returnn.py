@@ -345,7 +345,7 @@ def export_hdf(
     for n, k in keyed.items():
         if n not in schema:
             raise KeyError(f"{st.url}: no field {n!r}; fields are {list(schema)}")
-        if "/" in k or k in ("", "data") or k == inputs:
+        if not isinstance(k, str) or "/" in k or k in ("", "data") or k == inputs:
             raise SchemaError(f"field {n!r}: {k!r} cannot be an HDF target key (no '/', not 'data'); "
                               "pass fields={field: key} to name it")
     if inputs is None and not keyed:

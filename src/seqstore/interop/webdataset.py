@@ -341,7 +341,7 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
         if ext is None:
             byte_like = f.ragged and not f.inner_shape and f.dtype == "|u1"
             ext = n if (_kind(n) != "bytes" or byte_like) else f"{n}.npy"
-        if "/" in ext or not ext or ext != ext.lower():
+        if not isinstance(ext, str) or "/" in ext or not ext or ext != ext.lower():
             raise SchemaError(f"field {n!r}: {ext!r} cannot be a tar member extension (lower case, no '/'); "
                               "pass fields={field: ext}")
         kind = _kind(ext)
