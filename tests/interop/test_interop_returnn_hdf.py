@@ -435,3 +435,22 @@ def test_interop_input_patt_size_that_is_not_a_count_is_a_named_error(tmp_path: 
         rt.import_hdf(p, tmp_path / "o.seqstore")
     assert str(p) in str(err.value) and err.value.dataset == "inputs"
     assert not (tmp_path / "o.seqstore").exists()
+
+
+@pytest.mark.parametrize("streams", [{"x": {"dim": "abc"}}, {"x": {"dim": 3, "ndim": None}}, {"x": {"dim": 2.5}},
+                                     ["x"], {"x": {"dim": -1}}])
+def test_interop_export_with_malformed_returnn_metadata(tmp_path: Path, streams: Any) -> None:
+    """The store's metadata["returnn"]["streams"] (written by import_hdf, but a store's metadata is the
+    user's) with a dim that is not a whole number was a bare ValueError/TypeError (a list of streams an
+    AttributeError); such an entry is now a SchemaError naming the store and field, a list is ignored."""
+    with seqstore.create(tmp_path / "s", {"x": seqstore.Field("int32", (None,))},
+                         metadata={"returnn": {"streams": streams}}) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)})
+    if isinstance(streams, list):
+        rt.export_hdf(tmp_path / "s", tmp_path / "o.hdf", inputs="x")
+        with h5py.File(tmp_path / "o.hdf", "r") as f:
+            assert f.attrs["inputPattSize"] == 3
+        return
+    with pytest.raises(seqstore.SchemaError, match=r"s: metadata\['returnn'\]\['streams'\]\['x'\] .* whole numbers"):
+        rt.export_hdf(tmp_path / "s", tmp_path / "o.hdf", inputs="x")
+    assert not (tmp_path / "o.hdf").exists()

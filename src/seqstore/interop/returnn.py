@@ -272,12 +272,17 @@ def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[in
 def _stream_dims(store: Store, name: str, f: Field) -> tuple[int | None, int, bool]:
     """(dim or None if it must be measured, ndim, sparse) of a field for RETURNN."""
     meta = store.metadata.get(METADATA_KEY, {})
-    given = meta.get("streams", {}).get(name) if isinstance(meta, dict) else None
+    streams = meta.get("streams", {}) if isinstance(meta, dict) else None
+    given = streams.get(name) if isinstance(streams, dict) else None
     inner = f.inner_shape
     ndim = 1 + len(inner)
     sparse = ndim == 1 and np.dtype(f.storage_dtype).kind in "iu" and f.dtype != "bfloat16"
     if isinstance(given, dict) and "dim" in given:
-        return int(given["dim"]), int(given.get("ndim", ndim)), bool(given.get("sparse", sparse))
+        dim, nd = given["dim"], given.get("ndim", ndim)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (dim, nd)):
+            raise SchemaError(f"{store.url}: metadata[{METADATA_KEY!r}]['streams'][{name!r}] has dim {dim!r} and "
+                              f"ndim {nd!r}; RETURNN's num_outputs need whole numbers >= 0")
+        return dim, nd, bool(given.get("sparse", sparse))
     if sparse:
         return None, ndim, True
     return (inner[-1] if inner else 1), ndim, False
