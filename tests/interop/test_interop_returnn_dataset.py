@@ -242,3 +242,14 @@ def test_interop_dataset_on_imported_hdf(tmp_path: Path) -> None:
         assert ref.get_tag(i) == ds.get_tag(i)
         for k in ref.get_data_keys():
             np.testing.assert_array_equal(ref.get_data(i, k), ds.get_data(i, k))
+
+
+@pytest.mark.parametrize("streams", [{"x": {"dim": "abc"}}, {"x": {"dim": 3, "ndim": None}}, {"x": {"dim": 2.5}}])
+def test_interop_dataset_malformed_returnn_metadata_is_a_named_error(tmp_path: Path, streams: dict) -> None:
+    """A dim in the store's metadata["returnn"]["streams"] that is not a whole number was a bare
+    ValueError/TypeError from int() (2.5 was taken as 2); it is a SchemaError naming the store and field."""
+    with seqstore.create(tmp_path / "s", {"x": seqstore.Field("int32", (None,))},
+                         metadata={"returnn": {"streams": streams}}) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)})
+    with pytest.raises(seqstore.SchemaError, match=r"metadata\['returnn'\]\['streams'\]\['x'\] .* whole numbers"):
+        StoreDataset(str(tmp_path / "s"))

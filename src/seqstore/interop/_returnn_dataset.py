@@ -26,6 +26,7 @@ from ..errors import SeqstoreError
 from ..order import Order, ordering_needs_lengths
 from ..order import seq_order as _seq_order  # init_seq_order has a parameter named seq_order
 from ..store import Store, open_store
+from .returnn_hdf import recorded_dims
 
 __all__ = ["StoreDataset"]
 
@@ -179,7 +180,7 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
             dim = inner[-1] if inner else 1
             given = streams.get(n)
             if isinstance(given, dict) and "dim" in given:
-                dim, ndim = int(given["dim"]), int(given.get("ndim", ndim))
+                dim, ndim = recorded_dims(self._store.url, n, given, ndim)
             outs[n] = (dim, ndim)
         for k, v in (num_outputs or {}).items():
             if k not in schema:

@@ -40,7 +40,16 @@ from ._common import (
     replaced,
     split_by_budget,
 )
-from .returnn_hdf import VALIDATE_BLOCK, HdfFileInfo, HdfStream, decode_tag, h5py_module, inspect_hdf, read_dataset
+from .returnn_hdf import (
+    VALIDATE_BLOCK,
+    HdfFileInfo,
+    HdfStream,
+    decode_tag,
+    h5py_module,
+    inspect_hdf,
+    read_dataset,
+    recorded_dims,
+)
 
 if TYPE_CHECKING:
     from ._returnn_dataset import StoreDataset as StoreDataset
@@ -278,10 +287,7 @@ def _stream_dims(store: Store, name: str, f: Field) -> tuple[int | None, int, bo
     ndim = 1 + len(inner)
     sparse = ndim == 1 and np.dtype(f.storage_dtype).kind in "iu" and f.dtype != "bfloat16"
     if isinstance(given, dict) and "dim" in given:
-        dim, nd = given["dim"], given.get("ndim", ndim)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (dim, nd)):
-            raise SchemaError(f"{store.url}: metadata[{METADATA_KEY!r}]['streams'][{name!r}] has dim {dim!r} and "
-                              f"ndim {nd!r}; RETURNN's num_outputs need whole numbers >= 0")
+        dim, nd = recorded_dims(store.url, name, given, ndim)
         return dim, nd, bool(given.get("sparse", sparse))
     if sparse:
         return None, ndim, True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,8 @@ import numpy as np
 from ..errors import SchemaError
 from ._common import SourceFormatError
 
-__all__ = ["inspect_hdf", "HdfFileInfo", "HdfStream", "read_dataset", "decode_tag", "h5py_module", "VALIDATE_BLOCK"]
+__all__ = ["inspect_hdf", "HdfFileInfo", "HdfStream", "read_dataset", "decode_tag", "h5py_module", "VALIDATE_BLOCK",
+           "recorded_dims"]
 
 VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
 
@@ -70,6 +72,17 @@ class HdfFileInfo:
     def total_bytes(self) -> int:
         """Bytes of all stream rows (what the import reads, tags not counted)."""
         return sum(s.rows * s.row_bytes for s in self.streams)
+
+
+def recorded_dims(url: str, name: str, given: Mapping[str, Any], ndim: int) -> tuple[int, int]:
+    """(dim, ndim) of field ``name`` as the store ``url`` records them in ``metadata["returnn"]["streams"]``
+    (``given``: the field's entry, ``ndim`` when it has none); SchemaError naming both unless whole
+    numbers >= 0."""
+    dim, nd = given["dim"], given.get("ndim", ndim)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (dim, nd)):
+        raise SchemaError(f"{url}: metadata['returnn']['streams'][{name!r}] has dim {dim!r} and ndim {nd!r}; "
+                          "RETURNN's num_outputs need whole numbers >= 0")
+    return dim, nd
 
 
 def decode_tag(t: Any) -> str:
