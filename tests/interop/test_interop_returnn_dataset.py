@@ -253,3 +253,13 @@ def test_interop_dataset_malformed_returnn_metadata_is_a_named_error(tmp_path: P
         w.append({"x": np.arange(3, dtype=np.int32)})
     with pytest.raises(seqstore.SchemaError, match=r"metadata\['returnn'\]\['streams'\]\['x'\] .* whole numbers"):
         StoreDataset(str(tmp_path / "s"))
+
+
+@pytest.mark.parametrize("given", [5, (2.5, 1), ("a", 1), (3,), None])
+def test_interop_dataset_num_outputs_not_two_whole_numbers_is_a_value_error(tmp_path: Path, given: object) -> None:
+    """num_outputs={key: value} with a value that is not (dim, ndim) was a bare TypeError/ValueError from
+    indexing or int() (and (2.5, 1) was taken as (2, 1))."""
+    with seqstore.create(tmp_path / "s", {"x": seqstore.Field("int32", (None,))}) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)})
+    with pytest.raises(ValueError, match=r"num_outputs\['x'\] must be \(dim, ndim\), two whole numbers >= 0"):
+        StoreDataset(str(tmp_path / "s"), num_outputs={"x": given})

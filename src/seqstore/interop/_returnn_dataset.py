@@ -185,7 +185,11 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         for k, v in (num_outputs or {}).items():
             if k not in schema:
                 raise KeyError(f"num_outputs: no field {k!r} in {self.path}; fields are {self._keys}")
-            outs[k] = (int(v[0]), int(v[1]))
+            pair = list(v) if isinstance(v, (tuple, list)) else []
+            if len(pair) != 2 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0
+                                         for x in pair):
+                raise ValueError(f"num_outputs[{k!r}] must be (dim, ndim), two whole numbers >= 0, got {v!r}")
+            outs[k] = (int(pair[0]), int(pair[1]))
         self.num_outputs = outs
         self.num_inputs = outs["data"][0] if "data" in outs else 0
         labels = meta.get("labels", {})
