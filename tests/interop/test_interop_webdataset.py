@@ -194,6 +194,32 @@ def test_a_compressed_shard_whose_header_declares_terabytes_is_a_named_error(tmp
     assert not (tmp_path / "x.seqstore").exists()
 
 
+_WIDE_RANGE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))  # (the names of a billion shards need far more)
+from seqstore.interop.webdataset import import_webdataset
+try:
+    import_webdataset(sys.argv[1] + "/x-{000000000..999999999}.tar", sys.argv[1] + "/out")
+except BaseException as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_brace_range_mistyped_too_wide_fails_at_its_first_missing_shard(tmp_path: Path) -> None:
+    """Every name of a brace range was listed before the first was checked: a range a billion shards wide
+    built gigabytes of names (a MemoryError, or swapping) before saying that its first shard is missing."""
+    import os
+    import subprocess
+    import sys
+
+    src = Path(seqstore.__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _WIDE_RANGE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(src)})
+    assert proc.stdout.startswith(f"FileNotFoundError {tmp_path}/x-000000000.tar: no such tar shard"), (
+        proc.stdout + proc.stderr[-2000:])
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def test_a_npy_member_with_a_lying_header_names_the_shard_and_member(tmp_path: Path) -> None:
     """A .npy header of an unknown dtype was a bare TypeError; one claiming far more values than follow
     made numpy.load allocate them all (a MemoryError for 36 TiB)."""

@@ -37,26 +37,34 @@ _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 URL_BLOCK = 16 << 20
 
 
-def expand_shards(spec: str) -> list[str]:
-    """``"data-{000000..000009}.tar"`` -> the ten names (zero padding kept); other names as they are."""
+def _expanded(spec: str) -> Iterator[str]:
+    """The names of :func:`expand_shards`, one at a time."""
     m = _RANGE.search(spec)
     if m is None:
-        return [spec]
+        yield spec
+        return
     a, b = m.group(1), m.group(2)
     width = len(a) if a.startswith("0") or len(a) == len(b) else 0
     head, tail = spec[: m.start()], spec[m.end() :]
-    return [s for i in range(int(a), int(b) + 1) for s in expand_shards(head + str(i).zfill(width) + tail)]
+    for i in range(int(a), int(b) + 1):
+        yield from _expanded(head + str(i).zfill(width) + tail)
+
+
+def expand_shards(spec: str) -> list[str]:
+    """``"data-{000000..000009}.tar"`` -> the ten names (zero padding kept); other names as they are."""
+    return list(_expanded(spec))
 
 
 def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
-    """The shards behind ``sources``: brace ranges expanded, a directory's ``.tar`` files by name."""
+    """The shards behind ``sources``: brace ranges expanded, a directory's ``.tar`` files by name. The
+    names of a range are checked as they are made, so a range mistyped too wide fails at its first
+    missing local shard instead of listing every name first."""
     out: list[str] = []
     for s in sources:
         s = os.fspath(s)
-        names = expand_shards(s)
-        if not names:
-            raise SourceFormatError(s, None, "names no shards (a brace range {A..B} needs A <= B)")
-        for p in names:
+        named = False
+        for p in _expanded(s):
+            named = True
             if not is_remote(p) and os.path.isdir(p):
                 found = sorted(str(q) for q in Path(p).iterdir() if q.name.endswith((".tar", ".tar.gz", ".tgz")))
                 if not found:
@@ -66,6 +74,8 @@ def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
                 raise FileNotFoundError(f"{p}: no such tar shard")
             else:
                 out.append(p)
+        if not named:
+            raise SourceFormatError(s, None, "names no shards (a brace range {A..B} needs A <= B)")
     return out
 
 
