@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import importlib
 import json
 import os
 import signal
@@ -378,3 +379,64 @@ def test_a_mirror_directory_whose_making_was_killed_before_its_pin_is_deleted_by
     with other.building(cache / "stores" / "url" / "v2.tmp-2-2"):
         _evict_all(other)
         assert [p.name for p in (cache / "stores" / "url").iterdir()] == ["v2.tmp-2-2"]
+
+
+_KILLED_SORT = """
+import importlib, os, signal, sys
+import numpy as np
+si = importlib.import_module("seqstore.order.sort_index")
+from seqstore.io.nodecache import NodeCache, budget_directory
+cache = NodeCache(sys.argv[1], 1 << 24)
+derived = cache.root / "derived" / "store"
+derived.mkdir(parents=True)
+budget_directory(derived, cache)
+passes = []
+
+def radix_pass(*args):  # SIGKILL the process in the second pass (its output and scratch files made)
+    passes.append(1)
+    if len(passes) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(*args)
+
+real, si._radix_pass = si._radix_pass, radix_pass
+si.sort_index(np.arange(100_000, dtype=np.int64) * 100, cache=derived / "sortidx-1.npy")  # (two passes)
+"""
+
+
+def test_a_sort_index_whose_computing_was_killed_is_deleted_by_the_next_eviction(tmp_path: Path) -> None:
+    """A process killed while computing a remote store's sort index left its output and scratch files
+    (``*.out.tmp``, ``*.scratch.tmp``), counted against the budget, for ever: no eviction took them."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_SORT, str(cache)], timeout=120, env=_child_env())
+    assert proc.returncode == -signal.SIGKILL
+    derived = cache / "derived" / "store"
+    assert len(list(derived.iterdir())) == 2, list(derived.iterdir())  # what the killed one left
+    other = NodeCache(cache, 1 << 24)
+    _evict_all(other)
+    assert list(derived.iterdir()) == []
+    assert other.disk_usage() <= 4096
+
+
+def test_a_sort_index_being_computed_keeps_its_files_while_another_process_evicts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evictions between the passes of a remote store's sort index leave the files it is writing."""
+    from seqstore.io.nodecache import budget_directory
+
+    si = importlib.import_module("seqstore.order.sort_index")
+
+    cache = NodeCache(tmp_path / "cache", 1 << 24)
+    derived = cache.root / "derived" / "store"
+    derived.mkdir(parents=True)
+    budget_directory(derived, cache)
+    other = NodeCache(tmp_path / "cache", 1 << 24)  # another process's view of the cache
+    real = si._radix_pass
+
+    def radix_pass(*args: object) -> None:
+        _evict_all(other)
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(si, "_radix_pass", radix_pass)
+    lengths = np.arange(100_000, dtype=np.int64)[::-1] * 100
+    got = si.sort_index(lengths, cache=derived / "sortidx-1.npy")
+    assert np.array_equal(got, np.argsort(lengths, kind="stable"))
+    assert [p.name for p in derived.iterdir()] == ["sortidx-1.npy"]

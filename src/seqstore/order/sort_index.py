@@ -13,10 +13,10 @@ calls (any process) memory-map it instead of sorting again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..io.nodecache import charge
+from ..io.nodecache import charge, temporary
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 
@@ -130,18 +130,21 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
     digit = math.ceil(bits / passes)
 
     tmp_files: list[Path] = []
+    tmp_fds: list[int] = []
 
-    def new_buffer(tag: str) -> np.ndarray:
+    def new_buffer() -> np.ndarray:
         if path is None:
             return np.empty(n, dtype=dtype)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.{tag}.tmp")
-        charge(tmp, n * np.dtype(dtype).itemsize + 4096)  # where a node cache's budget covers the directory
-        tmp_files.append(tmp)
+        # (held open until the end: in a node cache's derived/, evictions delete only a dead process's)
+        fd, tmp = temporary(path)
+        tmp_fds.append(fd)
+        tmp_files.append(Path(tmp))
+        charge(path, n * np.dtype(dtype).itemsize + 4096)  # where a node cache's budget covers the directory
         return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
 
     try:
-        out = new_buffer("out")
-        scratch = new_buffer("scratch") if passes > 1 else out
+        out = new_buffer()
+        scratch = new_buffer() if passes > 1 else out
         src: np.ndarray | None = None
         for i in range(passes):
             dst = (out, scratch)[(passes - 1 - i) % 2]
@@ -159,6 +162,8 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
     finally:
         for tmp in tmp_files:
             tmp.unlink(missing_ok=True)
+        for fd in tmp_fds:
+            os.close(fd)
 
 
 def _digits(arr: np.ndarray, src: np.ndarray | None, s: int, e: int, lo: np.uint64, shift: int,
@@ -191,8 +196,16 @@ def _finish(array: np.ndarray | None, path: Path | None) -> npt.NDArray[np.integ
         assert array is not None
         return array
     if array is not None:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp.npy")
-        charge(tmp, array.nbytes + 4096)
-        np.save(tmp, array)
-        os.replace(tmp, path)
+        fd, tmp = temporary(path)  # (a name no eviction takes for a cached array; held until renamed)
+        try:
+            charge(path, array.nbytes + 4096)
+            with open(tmp, "wb") as f:
+                np.save(f, array)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
     return np.load(path, mmap_mode="r", allow_pickle=False)  # type: ignore[no-any-return]
