@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..io.mapping import allocate
 from ..io.nodecache import charge, temporary
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
@@ -140,7 +141,13 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
         tmp_fds.append(fd)
         tmp_files.append(Path(tmp))
         charge(path, n * np.dtype(dtype).itemsize + 4096)  # where a node cache's budget covers the directory
-        return np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
+        buf = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
+        try:  # its disk space now: a write through the mapping into a hole of a full disk is a SIGBUS
+            allocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror}: cannot write the sort index {path} ({os.fstat(fd).st_size} "
+                          f"bytes); free space under {path.parent}", str(path)) from None
+        return buf
 
     try:
         out = new_buffer()
