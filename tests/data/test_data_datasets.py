@@ -221,3 +221,31 @@ def test_a_negative_length_is_refused_where_lengths_are_cached(tmp_path: Path) -
     cached = LengthsDataset(tmp_path / "lengths.npy", ordering="sorted", cache_dir=tmp_path)
     with pytest.raises(ValueError, match=r"a sequence length is negative \(-1\)"):
         cached.epoch_order(1)
+
+
+_FULL_DISK = """
+import os, sys
+import numpy as np
+from pathlib import Path
+from seqstore.data._cache import CacheError, write_npy
+
+path = Path(sys.argv[1]) / "cache" / "lengths.npy"
+try:
+    write_npy(path, iter([np.arange(1 << 20)]), 1 << 20, np.int64)  # 8 MiB
+except CacheError as exc:
+    assert str(path) in str(exc) and "No space left" in str(exc), str(exc)
+else:
+    raise AssertionError("a derived array written to a full disk")
+assert os.listdir(path.parent) == [], os.listdir(path.parent)  # no temporary left
+print("alive")
+"""
+
+
+def test_a_derived_array_on_a_full_disk_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """A derived array (lengths, row maps, kept rows) is written through a mapping of a sparse file: on a
+    file system with no room left the first write into a hole ended the process with SIGBUS. Runs on a
+    2 MiB tmpfs of its own (skipped where user namespaces are not allowed)."""
+    from support.tmpfs import run_on_small_tmpfs
+
+    _disk, got = run_on_small_tmpfs(_FULL_DISK, tmp_path, "2m")
+    assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import SeqstoreError
+from ..io.mapping import allocate
 from ..io.nodecache import charge, temporary
 
 __all__ = [
@@ -83,6 +84,11 @@ def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype
     try:
         charge(path, length * np.dtype(dtype).itemsize + 4096)  # counted where a node cache's budget covers it
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=(length,))
+        try:  # its disk space now: a write through the mapping into a hole of a full disk is a SIGBUS
+            allocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as exc:
+            raise CacheError(f"cannot write cache file {path} ({exc}); free space there or pass cache_dir= to put "
+                             "the cache elsewhere") from exc
         pos = 0
         for chunk in chunks:
             out[pos : pos + len(chunk)] = chunk
