@@ -242,6 +242,39 @@ def test_a_full_cache_disk_is_an_error_not_a_crash(tmp_path: Path) -> None:
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
 
 
+_FULL_DISK_ENTRY = """
+import errno, os, sys
+from seqstore.io.nodecache import NodeCache
+
+root = sys.argv[1]
+cache = NodeCache(os.path.join(root, "cache"), 1 << 30)
+fd = os.open(os.path.join(root, "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+os.ftruncate(fd, os.fstat(fd).st_size - 8 * 4096)  # room for a few pages, not for a 64 KiB page map
+try:
+    cache.object("s3://bucket/key", '"tag"', 1 << 28)
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC and "s3://bucket/key" in str(exc) and str(cache.root) in str(exc), str(exc)
+else:
+    raise AssertionError("a cache entry made on a full disk")
+left = [f for _, _, files in os.walk(os.path.join(root, "cache", "objects")) for f in files]
+assert left == [], left  # its temporary files are gone
+print("alive")
+"""
+
+
+def test_a_cache_entry_that_does_not_fit_on_the_disk_is_a_named_error(tmp_path: Path) -> None:
+    """Making a cache entry whose page map finds no room on the cache's file system raised a bare
+    ``OSError(28, 'No space left on device')``, naming neither the object nor the cache, and left its
+    temporary files behind."""
+    disk, got = run_on_small_tmpfs(_FULL_DISK_ENTRY, tmp_path, "1m")
+    assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
 def test_an_entry_made_again_between_the_opens_of_its_files_is_not_mixed_up(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process makes the same cache entry anew (both found none at once, or it was evicted and made

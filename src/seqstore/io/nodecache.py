@@ -444,14 +444,22 @@ class CachedObject:
             bits = open(bits_tmp, "wb")  # noqa: SIM115  # (closed by the with block below)
             fcntl.flock(bits.fileno(), fcntl.LOCK_EX)
         with bits:
-            with open(data_tmp, "wb") as f:
-                f.truncate(self.size)
-                ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
-            # the page map's disk space, and the claims file's (8 bytes a page, its blocks given space as claimed)
-            self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE)
-            bits.write(_MAGIC + struct.pack("<qQ", self.size, ino))
-            bits.truncate(_HEADER + self.pages)
-            allocate(bits.fileno(), 0, _HEADER + self.pages)  # pages are marked through the mapping
+            try:
+                with open(data_tmp, "wb") as f:
+                    f.truncate(self.size)
+                    ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
+                # the page map's disk space, and the claims file's (8 bytes a page, given space as claimed)
+                self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE)
+                bits.write(_MAGIC + struct.pack("<qQ", self.size, ino))
+                bits.truncate(_HEADER + self.pages)
+                allocate(bits.fileno(), 0, _HEADER + self.pages)  # pages are marked through the mapping
+            except OSError as exc:  # e.g. a full disk: say which (the node cache's, not the store's)
+                data_tmp.unlink(missing_ok=True)
+                bits_tmp.unlink(missing_ok=True)
+                if exc.filename is not None:
+                    raise
+                raise OSError(exc.errno, f"{exc.strerror}: cannot make the node cache's entry of {self.url}; free "
+                              f"space under {self.cache.root} or lower cache_bytes", str(self.bits_path)) from None
             os.replace(data_tmp, self.data_path)
             os.replace(bits_tmp, self.bits_path)
 
