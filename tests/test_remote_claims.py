@@ -321,3 +321,25 @@ def test_claims_of_a_fetch_that_could_not_start_are_given_back(moto_s3: MotoS3, 
     absent = region.obj.bits == 0  # (pages fetched keep their claims until the deadline: they are present)
     assert absent.any()
     assert not (words[absent] // (1 << 32) == os.getpid()).any(), "claims left by a fetch that never started"
+
+
+@pytest.mark.parametrize("damage", ["empty", "short", "magic"])
+def test_a_damaged_page_map_is_made_again_not_an_error_for_ever(tmp_path: Path, damage: str) -> None:
+    """A cache entry's page map left damaged (empty or cut short, as a power cut after its rename can leave
+    it, or overwritten) made every open of the object raise until someone deleted the cache by hand: it
+    is only a copy, so it is dropped and made again, empty, and nothing of it is served."""
+    from seqstore.io.nodecache import NodeCache
+
+    url, tag, size = "s3://bucket/key", '"tag"', 1 << 20
+    obj = NodeCache(tmp_path, 1 << 30).object(url, tag, size)
+    obj.fill(0, memoryview(bytes(range(256)) * 64))
+    assert obj.present(0, 16384)
+    bits = obj.bits_path
+    obj.close()
+    raw = bits.read_bytes()
+    bits.write_bytes({"empty": b"", "short": raw[:4096], "magic": b"X" * 8 + raw[8:]}[damage])
+    again = NodeCache(tmp_path, 1 << 30).object(url, tag, size)  # (another process's view of the cache)
+    assert not again.present(0, 4096)
+    assert again.missing(np.array([0]), np.array([size]))[0].tolist() == [0]
+    again.fill(0, memoryview(bytes(4096)))
+    assert again.present(0, 4096)

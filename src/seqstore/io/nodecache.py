@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import hashlib
 import itertools
+import logging
 import mmap
 import os
 import shutil
@@ -48,6 +49,8 @@ __all__ = [
     "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
     "run_pages",
 ]
+
+_log = logging.getLogger(__name__)
 
 _MAGIC = b"SQCACHE1"
 _HEADER = 4096
@@ -413,17 +416,17 @@ class CachedObject:
             return False
         try:
             st = os.fstat(bfd)
-            if st.st_size != _HEADER + self.pages:
-                raise OSError(f"{self.bits_path}: {st.st_size} bytes, expected {_HEADER + self.pages}")
-            bits_map = mmap.mmap(bfd, st.st_size)
+            whole = st.st_size == _HEADER + self.pages and os.pread(bfd, 8, 0) == _MAGIC
+            bits_map = mmap.mmap(bfd, st.st_size) if whole else None
         except OSError:
             os.close(fd)
             raise
         finally:
             os.close(bfd)
-        if bits_map[:8] != _MAGIC:
+        if bits_map is None:  # damaged (e.g. cut short by a power cut after its rename): made again
             os.close(fd)
-            raise OSError(f"{self.bits_path}: not a seqstore cache page map")
+            self._drop_damaged(st)
+            return False
         ino = struct.unpack_from("<Q", bits_map, 16)[0]  # the data file's (0: a page map of an older seqstore)
         if ino and ino != os.fstat(fd).st_ino:
             bits_map.close()
@@ -431,6 +434,25 @@ class CachedObject:
             return False
         self.fd, self._bits_map = fd, bits_map
         return True
+
+    def _drop_damaged(self, st: os.stat_result) -> None:
+        """Delete this entry, whose page map (``st``: its status) is not whole, unless it was made anew
+        meanwhile: it is only a copy, made again empty by the next open."""
+        with self.cache.locked():
+            try:
+                now = os.stat(self.bits_path)
+            except FileNotFoundError:
+                return
+            if (now.st_ino, now.st_size) != (st.st_ino, st.st_size):
+                return
+            _log.warning("%s: the node cache's page map of %s is damaged (%d bytes, expected %d, or not a page "
+                         "map); dropping the entry (it is fetched again)", self.bits_path, self.url, st.st_size,
+                         _HEADER + self.pages)
+            self.data_path.unlink(missing_ok=True)  # (in eviction's order: data, page map, claims)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.bits_path).st_ino == st.st_ino:  # (not one made meanwhile)
+                    self.bits_path.unlink()
+                    self.bits_path.with_suffix(".claims").unlink(missing_ok=True)
 
     def _create(self, sub: Path) -> None:
         """Create the data and page-map files under temporary names and rename them in (bits last:
