@@ -15,6 +15,7 @@ pytest.importorskip("seqstore.io.remote")
 
 import seqstore as ss  # noqa: E402
 from seqstore.errors import StaleStoreError  # noqa: E402
+from seqstore.store.verify import verify  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 ROWS = 2000
@@ -108,3 +109,23 @@ def test_first_reopen_after_a_reupload_with_new_etags_reads_the_store(moto_s3: M
     new = ss.open(url, storage_options=opts, cache_dir=cache)
     want = np.arange(ROWS * 256, dtype=np.float32).reshape(ROWS, 256)
     np.testing.assert_array_equal(new.get_batch(np.arange(ROWS))["v"], want)
+
+
+@pytest.mark.parametrize("damage", ["empty", "other"])
+def test_a_damaged_descriptor_in_the_node_cache_is_fetched_again(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                                 damage: str) -> None:
+    """The node cache's copy of a shard's descriptor left damaged (empty after a power cut, or overwritten):
+    every later open read it and raised CorruptionError naming the store's descriptor, which is intact, until
+    the cache was deleted by hand. Its CRC-32 is in the shard table: a copy that does not match is fetched
+    again."""
+    url = moto_s3.upload_dir(_local(tmp_path / "a.seqstore", 0.0), s3_bucket, "desc/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([7])["v"][0, 0] == 7 * 256
+    (copy,) = (cache / "stores").glob("*/*/shard-*/_shard.json")
+    copy.write_bytes(b"" if damage == "empty" else copy.read_bytes().replace(b'"records"', b'"Records"'))
+    for _ in range(2):
+        store = ss.open(url, storage_options=opts, cache_dir=cache)
+        assert store.get_batch([7])["v"][0, 0] == 7 * 256
+    copy.write_bytes(b"")
+    assert verify(url, storage_options=opts, cache_dir=cache) == []  # (fetches every descriptor at once)

@@ -155,7 +155,7 @@ class RemoteRoot:
             if descriptor is not None:
                 crcs[f"{name}/{DESCRIPTOR}"] = descriptor
             known = self._known(name)
-            if descriptor and not (self.mirror / name / DESCRIPTOR).exists():
+            if descriptor and not _intact(self.mirror / name / DESCRIPTOR, descriptor):
                 todo.append(((f"{name}/{DESCRIPTOR}", 0, -1, None), "descriptor", False))
             for rel in files:
                 key = f"{name}/{rel}"
@@ -300,11 +300,13 @@ class RemoteRoot:
 
         return npy_array(url, size, header, dtype, shape, mapped)
 
-    def fetch_descriptors(self, names: Sequence[str]) -> None:
-        """Fetch the descriptors of shards ``names`` not yet in the mirror, all in one wave (for
-        ``info`` and ``verify``, which read every shard's descriptor)."""
+    def fetch_descriptors(self, names: Sequence[str], crcs: Sequence[int] | None = None) -> None:
+        """Fetch the descriptors of shards ``names`` not yet in the mirror (or, where their CRC-32s
+        ``crcs`` are given, whose copy there does not have it), all in one wave (for ``info`` and
+        ``verify``, which read every shard's descriptor)."""
         assert self.mirror is not None
-        todo = [n for n in names if not (self.mirror / n / DESCRIPTOR).exists()]
+        have = [None] * len(names) if crcs is None else crcs
+        todo = [n for n, crc in zip(names, have) if not _intact(self.mirror / n / DESCRIPTOR, crc)]
         for lo in range(0, len(todo), 4096):
             part = todo[lo : lo + 4096]
             got = self.client.get_ranges([(f"{n}/{DESCRIPTOR}", 0, -1, None) for n in part], missing_ok=True)
@@ -342,6 +344,17 @@ class RemoteRoot:
             if mirror is not None and path.is_relative_to(mirror):
                 return path.relative_to(mirror).as_posix()
         raise ValueError(f"{path} is not in a mirror of {self.url}")
+
+
+def _intact(path: Path, crc: int | None) -> bool:
+    """Whether the node's copy ``path`` of a descriptor exists and, where its CRC-32 ``crc`` is known,
+    has it (a copy left damaged, e.g. empty after a power cut, is fetched again, not blamed on the store)."""
+    if crc is None:
+        return path.exists()
+    try:
+        return zlib.crc32(path.read_bytes()) == crc
+    except OSError:
+        return False
 
 
 def _pages(n: int) -> int:

@@ -160,7 +160,8 @@ class RemoteSource(ByteSource):
     def fetch_descriptors(self, manifest: Manifest) -> None:
         if manifest.table is not None:  # version 3: every shard's descriptor, in one wave
             table = manifest.shard_table()
-            self.remote.fetch_descriptors([table.row(k, chain=False).name for k in range(len(table))])
+            rows = [table.row(k, chain=False) for k in range(len(table))]
+            self.remote.fetch_descriptors([r.name for r in rows], [r.desc_crc for r in rows])
 
     def materialize(self, keys: Sequence[str]) -> None:
         self.remote.materialize(keys)
