@@ -129,3 +129,21 @@ def test_a_damaged_descriptor_in_the_node_cache_is_fetched_again(moto_s3: MotoS3
         assert store.get_batch([7])["v"][0, 0] == 7 * 256
     copy.write_bytes(b"")
     assert verify(url, storage_options=opts, cache_dir=cache) == []  # (fetches every descriptor at once)
+
+
+@pytest.mark.parametrize("damage", ["manifest.json", "table"])
+def test_a_damaged_manifest_or_shard_table_in_the_node_cache_is_written_again(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, damage: str) -> None:
+    """The node cache's copy of the manifest or of the shard table left empty (as a power cut can leave a
+    file written without fsync): every later open raised, naming the store's intact objects, until the
+    cache was deleted by hand."""
+    url = moto_s3.upload_dir(_local(tmp_path / "a.seqstore", 0.0), s3_bucket, "mirror/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([7])["v"][0, 0] == 7 * 256
+    (mirror,) = (cache / "stores").glob("*/*")
+    (copy,) = mirror.glob("*.tbl" if damage == "table" else damage)
+    copy.write_bytes(b"")
+    for _ in range(2):
+        store = ss.open(url, storage_options=opts, cache_dir=cache)
+        assert store.get_batch([7])["v"][0, 0] == 7 * 256

@@ -96,6 +96,8 @@ class RemoteRoot:
         mirror = self.cache.root / "stores" / self.digest() / version
         if not (mirror / MANIFEST).exists():
             self._build_mirror(mirror, data)
+        else:
+            self._repair_mirror(mirror, data)
         with contextlib.suppress(OSError):
             os.utime(mirror)
         pin = self.cache.pin(mirror)  # never evicted (by any process on the node) while this store may read it
@@ -108,29 +110,53 @@ class RemoteRoot:
         self._metas = {}
         return mirror
 
+    def _table(self, manifest_bytes: bytes) -> tuple[str, int]:
+        """The shard table's name and the bytes of it that manifest ``manifest_bytes`` commits (0: none)."""
+        try:
+            obj = json.loads(manifest_bytes)
+            m = Manifest._from_json(obj, int(obj["version"]))
+            if m.table is not None and m.table.rows > 0:  # (the immutable _shards/<name>.tbl of a remote writer)
+                return m.table.file, TABLE_HEADER_BYTES + m.table.rows * row_dtype(len(m.ragged)).itemsize
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            pass  # the reader reports the malformed manifest, naming it
+        return TABLE, 0
+
+    def _get_table(self, table: str, need: int) -> bytes:
+        try:
+            got = self.client.get_ranges([(table, 0, need, None)])
+        except RemoteNotFound:
+            raise CorruptionError(f"{self.url}/{table}: shard table is missing (the manifest lists rows)") from None
+        return bytes(got[0][0])
+
+    def _repair_mirror(self, mirror: Path, manifest_bytes: bytes) -> None:
+        """Write again the copies of the manifest and the shard table in ``mirror`` that are not what they
+        must be (left empty or cut short, e.g. by a power cut: written without fsync), not blaming the
+        store for them. Other processes may read the mirror: each is replaced whole, with the same bytes."""
+        table, need = self._table(manifest_bytes)
+        try:
+            same = (mirror / MANIFEST).read_bytes() == manifest_bytes
+            whole = not need or (mirror / table).stat().st_size == need
+        except OSError:  # evicted meanwhile (the caller makes it again), or the table's copy is missing
+            same, whole = (mirror / MANIFEST).exists(), False
+        if same and whole:
+            return
+        got = None if whole else self._get_table(table, need)
+        with self.cache.locked():  # (an eviction, which takes this lock, does not take it meanwhile)
+            if not (mirror / MANIFEST).exists():
+                return
+            if not same:
+                self._write(mirror / MANIFEST, manifest_bytes, reserve=False)
+            if got is not None:
+                self._write(mirror / table, got, reserve=False)
+
     def _build_mirror(self, mirror: Path, manifest_bytes: bytes) -> None:
         tmp = mirror.with_name(f"{mirror.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         with self.cache.building(tmp):  # (deleted by the next eviction if this process is killed here)
             (tmp / MANIFEST).write_bytes(manifest_bytes)
-            need = 0
-            table = TABLE  # or the immutable _shards/<name>.tbl a remote writer's commit names
-            try:
-                obj = json.loads(manifest_bytes)
-                m = Manifest._from_json(obj, int(obj["version"]))
-                if m.table is not None and m.table.rows > 0:
-                    need = TABLE_HEADER_BYTES + m.table.rows * row_dtype(len(m.ragged)).itemsize
-                    table = m.table.file
-            except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
-                need = 0  # the reader reports the malformed manifest, naming it
+            table, need = self._table(manifest_bytes)
             if need:
-                try:
-                    got = self.client.get_ranges([(table, 0, need, None)])
-                except RemoteNotFound:
-                    raise CorruptionError(
-                        f"{self.url}/{table}: shard table is missing (the manifest lists rows)"
-                    ) from None
                 (tmp / table).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / table).write_bytes(got[0][0])
+                (tmp / table).write_bytes(self._get_table(table, need))
             self.cache.reserve(_pages(len(manifest_bytes)) + _pages(need))
             try:
                 os.rename(tmp, mirror)
@@ -212,9 +238,11 @@ class RemoteRoot:
                 merged.update(saved)
                 self._write(self.mirror / name / _META, json.dumps(merged).encode())
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """Write a mirror file atomically (making its directory), its disk space counted in the cache's budget."""
-        self.cache.reserve(_pages(len(data)))
+    def _write(self, path: Path, data: bytes, *, reserve: bool = True) -> None:
+        """Write a mirror file atomically (making its directory), its disk space counted in the cache's
+        budget (``reserve`` False: not counted again, for a copy written again in place of one counted)."""
+        if reserve:
+            self.cache.reserve(_pages(len(data)))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         tmp.write_bytes(data)
