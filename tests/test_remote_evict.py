@@ -440,3 +440,40 @@ def test_a_sort_index_being_computed_keeps_its_files_while_another_process_evict
     got = si.sort_index(lengths, cache=derived / "sortidx-1.npy")
     assert np.array_equal(got, np.argsort(lengths, kind="stable"))
     assert [p.name for p in derived.iterdir()] == ["sortidx-1.npy"]
+
+
+def test_a_derived_array_in_use_is_not_evicted_before_entries_used_less_recently(tmp_path: Path) -> None:
+    """Evictions take the least recently used first, by each file's mtime; a derived array (lengths, a
+    sort index) kept its writing's mtime however often it was opened again, so one read by every epoch
+    went before entries untouched since, and each later open computed it again (O(N))."""
+    from seqstore.data._cache import cached_array, write_npy
+    from seqstore.io.nodecache import budget_directory
+
+    si = importlib.import_module("seqstore.order.sort_index")
+    cache = NodeCache(tmp_path / "cache", 1 << 24)
+    derived = cache.root / "derived" / "store"
+    derived.mkdir(parents=True)
+    budget_directory(derived, cache)
+    lengths = np.arange(50_000, dtype=np.int64)[::-1]
+
+    def compute(p: Path) -> None:
+        write_npy(p, iter([lengths]), len(lengths), np.int64)
+
+    made = [cached_array(derived / "lengths-1.npy", compute), si.sort_index(lengths, cache=derived / "sortidx-1.npy")]
+    obj = cache.object("s3://bucket/object", "etag", 1 << 20)
+    obj.fill(0, memoryview(bytes(1 << 20)))
+    now = os.stat(obj.bits_path).st_mtime
+    for p in derived.iterdir():  # written long ago
+        os.utime(p, (now - 100, now - 100))
+    os.utime(obj.bits_path, (now - 50, now - 50))  # used since
+    del made
+
+    def fail(p: Path) -> None:
+        raise AssertionError(f"{p} computed again")
+
+    again = [cached_array(derived / "lengths-1.npy", fail), si.sort_index(lengths, cache=derived / "sortidx-1.npy")]
+    assert np.array_equal(again[1], np.argsort(lengths, kind="stable"))
+    with cache.locked():
+        cache._evict(cache.disk_usage() - 1)  # room for one more byte: the least recently used goes
+    assert not obj.bits_path.exists()
+    assert sorted(p.name for p in derived.iterdir()) == ["lengths-1.npy", "sortidx-1.npy"]

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ..errors import SeqstoreError
 from ..io.mapping import allocate
-from ..io.nodecache import charge, temporary
+from ..io.nodecache import charge, temporary, used
 
 __all__ = [
     "CacheError", "default_cache_dir", "fingerprint", "store_fingerprint", "cached_array", "write_npy", "load_npy",
@@ -129,6 +129,7 @@ def cached_array(
         try:
             arr = load_npy(path)
             if arr.ndim == 1 and (length is None or arr.shape[0] == length):
+                used(path)  # (in a node cache: recently used, not the first to evict)
                 return arr
         except (OSError, ValueError):
             pass

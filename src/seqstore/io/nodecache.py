@@ -47,7 +47,7 @@ from .mapping import PAGE, allocate
 
 __all__ = [
     "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
-    "run_pages",
+    "used", "run_pages",
 ]
 
 _log = logging.getLogger(__name__)
@@ -75,6 +75,14 @@ def charge(path: str | os.PathLike[str], nbytes: int) -> None:
     cache = _budgeted.get(os.fspath(Path(path).parent))
     if cache is not None:
         cache.reserve(-(-int(nbytes) // PAGE) * PAGE)
+
+
+def used(path: str | os.PathLike[str]) -> None:
+    """A file at ``path`` was opened again: where a node cache's budget covers its directory, mark it
+    recently used (evictions take the least recently used first, by mtime); nothing for other directories."""
+    if os.fspath(Path(path).parent) in _budgeted:
+        with contextlib.suppress(OSError):
+            os.utime(path)
 
 
 def temporary(path: str | os.PathLike[str]) -> tuple[int, str]:

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..io.mapping import allocate
-from ..io.nodecache import charge, temporary
+from ..io.nodecache import charge, temporary, used
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 
@@ -114,6 +114,7 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
     if path is not None and path.exists():
         found = _usable_cache(path, arr)
         if found is not None:
+            used(path)  # (in a node cache: recently used, not the first to evict)
             return found
     dtype = _index_dtype(n)
     if n == 0:
