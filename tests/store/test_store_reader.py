@@ -452,3 +452,33 @@ def test_a_relative_path_is_the_store_it_named_after_a_chdir(tmp_path: Path, mon
     writer.append({"x": np.zeros(3, np.int32)})
     writer.close()
     assert len(ss.open(tmp_path / "one" / "w")) == 1 and not (tmp_path / "two" / "w").exists()
+
+
+_FULL_DISK = """
+import errno, os, sys
+import seqstore as ss
+
+target = os.path.join(sys.argv[1], "lengths.npy")
+try:
+    ss.open({store!r}).lengths().save(target, dtype="uint64")  # 2.4 MB
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC and target in str(exc), str(exc)
+else:
+    raise AssertionError("lengths saved to a full disk")
+assert os.listdir(sys.argv[1]) == [], os.listdir(sys.argv[1])  # no temporary left
+print("alive")
+"""
+
+
+def test_lengths_saved_to_a_full_disk_are_an_error_not_a_crash(scratch: Path, tmp_path: Path) -> None:
+    """Lengths.save writes through a mapping of a sparse file: on a file system with no room left the first
+    write into a hole ended the process with SIGBUS. Runs on a 1 MiB tmpfs of its own (skipped where user
+    namespaces are not allowed)."""
+    from support.tmpfs import run_on_small_tmpfs
+
+    root = scratch / "s"
+    n = 300_000
+    with ss.create(root, {"t": ss.Field("int8", (None,))}) as w:
+        w.append_batch({"t": (np.zeros(n, np.int8), np.ones(n, np.int64))})
+    _disk, got = run_on_small_tmpfs(_FULL_DISK.format(store=str(root)), tmp_path, "1m")
+    assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
