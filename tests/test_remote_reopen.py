@@ -147,3 +147,28 @@ def test_a_damaged_manifest_or_shard_table_in_the_node_cache_is_written_again(
     for _ in range(2):
         store = ss.open(url, storage_options=opts, cache_dir=cache)
         assert store.get_batch([7])["v"][0, 0] == 7 * 256
+
+
+def test_verify_fetches_again_a_node_cache_copy_that_fails_its_crc(moto_s3: MotoS3, s3_bucket: str,
+                                                                   tmp_path: Path) -> None:
+    """``seqstore verify URL`` checks the objects through the node cache: a damaged copy there (a flipped
+    bit, pages a power cut left as zeros) was reported as the store's object being damaged, though it is
+    intact, and stayed so. A file whose copy fails its CRC-32 is fetched again and checked once more; the
+    store's own damage is still reported."""
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "verify/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert verify(url, storage_options=opts, cache_dir=cache) == []
+    data = max((cache / "objects").glob("*/*.data"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[8192 + 100] ^= 1
+    data.write_bytes(bytes(raw))
+    assert verify(url, storage_options=opts, cache_dir=cache) == []
+    assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([7])["v"][0, 0] == 7 * 256
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("v.npy")]
+    flipped = bytearray((root / rel).read_bytes())
+    flipped[-1] ^= 1
+    moto_s3.put(s3_bucket, f"verify/main.seqstore/{rel}", bytes(flipped))  # the store's own damage
+    (problem,) = verify(url, storage_options=opts, cache_dir=tmp_path / "other")
+    assert "v.npy: CRC-32" in problem

@@ -365,6 +365,14 @@ class RemoteRoot:
             os.symlink(obj.data_path, tmp)
             os.replace(tmp, link)
 
+    def refetch(self, keys: Sequence[str]) -> None:
+        """Mark every page of the node cache's entries of objects ``keys`` absent and :meth:`materialize`
+        them again: their bytes are fetched anew, over a copy found damaged (for every process on the node)."""
+        for key in keys:
+            meta = self._meta(key)
+            self.cache.object(self.client.key_url(key), meta.etag, meta.size).bits[:] = 0
+        self.materialize(keys)
+
     def _key(self, path: Path) -> str:
         """The object key of mirror path ``path`` (of this manifest version's mirror or an earlier one:
         a Store that refreshed keeps the shards it had mapped)."""

@@ -166,6 +166,10 @@ class RemoteSource(ByteSource):
     def materialize(self, keys: Sequence[str]) -> None:
         self.remote.materialize(keys)
 
+    def refetch(self, keys: Sequence[str]) -> bool:
+        self.remote.refetch(keys)
+        return True
+
     def derived_dir(self) -> Path | None:
         path: Path = self.remote.cache.root / "derived" / self.remote.digest()
         budget_directory(path, self.remote.cache)  # what datasets write there counts in the cache's budget

@@ -174,6 +174,12 @@ class ByteSource(ABC):
         (``verify`` reads them as files; a local store has them already)."""
         return None  # default: bytes in files that a page fault reads need nothing here
 
+    def refetch(self, keys: Sequence[str]) -> bool:
+        """Drop this node's copies of the files ``keys`` that :meth:`materialize` made and fetch them again
+        (``verify``, finding a copy damaged, checks the store's own bytes); False where the files are the
+        store's own (a local store: nothing to fetch again)."""
+        return False
+
     def derived_dir(self) -> Path | None:
         """Where files derived from the store (lengths, row maps) go by default, or None: next to the
         store (the caller's default)."""
