@@ -165,6 +165,8 @@ def test_verify_fetches_again_a_node_cache_copy_that_fails_its_crc(moto_s3: Moto
     raw[8192 + 100] ^= 1
     data.write_bytes(bytes(raw))
     assert verify(url, storage_options=opts, cache_dir=cache) == []
+    data.write_bytes(b"X" * 6 + data.read_bytes()[6:])  # its .npy header's magic
+    assert verify(url, storage_options=opts, cache_dir=cache) == []
     assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([7])["v"][0, 0] == 7 * 256
     (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("v.npy")]
     flipped = bytearray((root / rel).read_bytes())

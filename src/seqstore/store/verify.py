@@ -131,21 +131,22 @@ def _verify_root(
             if size != fi.bytes:
                 problems.append(f"{p}: file has {size} bytes, manifest says {fi.bytes}")
                 continue
+            fetched = False  # (a remote store's file: maybe only the node cache's copy is damaged)
             try:
-                header = read_header(p)
+                try:
+                    header = read_header(p)
+                except SeqstoreError:
+                    if not source.refetch([f"{info.name}/{rel}"]):
+                        raise
+                    fetched, header = True, read_header(p)
+                if progress is not None:  # the header counts too: a sound file reports exactly fi.bytes
+                    progress(header.data_offset)
+                crc = _crc_of_data(p, header.data_offset, progress)
+                if crc != fi.crc32 and not fetched and source.refetch([f"{info.name}/{rel}"]):
+                    crc = _crc_of_data(p, header.data_offset, None)
             except SeqstoreError as exc:
                 problems.append(str(exc))
                 continue
-            if progress is not None:  # the header counts too: a sound file reports exactly fi.bytes
-                progress(header.data_offset)
-            crc = _crc_of_data(p, header.data_offset, progress)
-            if crc != fi.crc32:  # a remote store's: maybe only the node cache's copy is damaged; checked again
-                try:
-                    if source.refetch([f"{info.name}/{rel}"]):
-                        crc = _crc_of_data(p, header.data_offset, None)
-                except SeqstoreError as exc:
-                    problems.append(str(exc))
-                    continue
             if crc != fi.crc32:
                 problems.append(f"{p}: CRC-32 {crc:#010x} of the data differs from the manifest's {fi.crc32:#010x}")
         if any(str(sdir) in q for q in problems):
