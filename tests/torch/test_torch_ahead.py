@@ -4,6 +4,7 @@ that a remote store's reads of those batches are in flight while a worker gather
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,3 +39,25 @@ def test_workers_start_the_reads_of_the_batches_sent_ahead_before_they_gather_th
     for a in arrays[1:]:
         assert where[f"prefetch {a[0]}"] < where[f"gather {a[0]}"], a[0]
     assert sum(line.startswith("prefetch") for line in lines) == len(arrays) - 1
+
+
+@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}])
+def test_a_failed_read_ahead_surfaces_at_its_own_batch_after_the_earlier_ones(
+        helpers: dict[str, int], moto_s3: Any, s3_bucket: str, s3_proxy: Any, tmp_path: Path) -> None:
+    """The runs of batches read ahead on a remote store: a read that is refused (shard 6, records 1200
+    on) is raised where its batch is due, after the 24 batches before it were handed out, not when the
+    read-ahead asked for it."""
+    from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded
+
+    make_store(tmp_path / "s.seqstore", 2000, shard_records=200, max_len=400)
+    url = moto_s3.upload_dir(tmp_path / "s.seqstore", s3_bucket, "a/s.seqstore")
+    store = seqstore.open(url, storage_options=moto_s3.storage_options(s3_proxy.url), cache_dir=tmp_path / "c")
+    ds = StoreDataset(store, ordering="default")
+    s3_proxy.forbid(path="shard-000006")
+    loader = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=50, collate_fn=collate_padded,
+                           **helpers)
+    got = []
+    with pytest.raises(seqstore.errors.SeqstoreError, match="shard-000006"):
+        for batch in loader:
+            got.append(int(batch["x"][0, 0, 0]))
+    assert got == list(range(0, 1200, 50))

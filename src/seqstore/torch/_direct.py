@@ -15,6 +15,7 @@ the copies run without the GIL, and a batch needs no shared memory or pickle); a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections import deque
@@ -218,14 +219,18 @@ class _Slot:
 def ahead_in_runs(items: Iterable[Any], prefetch: Callable[[list[Any]], None], size: int) -> Iterator[Any]:
     """``items`` (index arrays, or packed plans) as they come, the reads of each run of ``size`` of them
     asked for at once (``prefetch`` of the run, as a remote store's ``iter_batches`` asks for its runs), the
-    next run's as soon as the first item of a run is drawn. Memory: the items of two runs."""
+    next run's as soon as the first item of a run is drawn. Memory: the items of two runs. A failed
+    ``prefetch`` is advice lost, not raised: the run is drawn ahead of the batches still being handed out,
+    and the read that failed is asked for again by its own batch's gather, which raises where that batch
+    is due (as a worker process does with the runs sent to it)."""
     it = iter(items)
     runs: deque[list[Any]] = deque()
 
     def draw() -> None:
         run = list(itertools.islice(it, size))
         if run:
-            prefetch(run)
+            with contextlib.suppress(Exception):
+                prefetch(run)
             runs.append(run)
 
     draw()
