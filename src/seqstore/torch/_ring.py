@@ -144,8 +144,9 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
                 return
     except (EOFError, BrokenPipeError, KeyboardInterrupt):  # (a broken pipe: the loop's process is gone)
         return
-    finally:
-        shm.close()
+    finally:  # an error still referenced after it was sent (a remote read's, seen) holds a slot's array in
+        with contextlib.suppress(BufferError):  # its traceback: the block's mapping then goes with the process
+            shm.close()
 
 
 def _send_taking(conn: Connection, answer: tuple[Any, ...], take: Callable[[Any], None]) -> None:
