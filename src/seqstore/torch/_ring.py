@@ -53,6 +53,7 @@ import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
@@ -259,7 +260,7 @@ class RunBuffers:
     """A read-once loop's run buffers: files in ``/dev/shm`` that the workers map by name (``make`` and
     ``drop`` for a :class:`~seqstore.store.Pool`). A dropped buffer's file is removed and the
     workers are told (``tell``) to let it go; :meth:`close` removes every file left (as does the
-    interpreter's exit, for a loop left open until then: nothing else would remove them)."""
+    interpreter's exit, for a loop left open until then, and the resource tracker, for a process killed)."""
 
     def __init__(self) -> None:
         self.names: dict[int, str] = {}
@@ -283,6 +284,9 @@ class RunBuffers:
             buf = np.frombuffer(mmap.mmap(fd, size), np.uint8)
         finally:
             os.close(fd)
+        # a process killed (SIGKILL, the OOM killer) runs no exit handler: multiprocessing's resource
+        # tracker then removes the file, as it does the ring's block (a POSIX shared memory name is the file's)
+        resource_tracker.register("/" + name, "shared_memory")
         self.names[address(buf)] = name
         return buf
 
@@ -311,6 +315,8 @@ def _unlink(name: str) -> None:
         os.unlink(os.path.join(_SHM_DIR, name))
     except FileNotFoundError:
         pass
+    with contextlib.suppress(Exception):  # (interpreter shutdown)
+        resource_tracker.unregister("/" + name, "shared_memory")
 
 
 def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, torch.Tensor]:
