@@ -61,3 +61,28 @@ def test_a_failed_read_ahead_surfaces_at_its_own_batch_after_the_earlier_ones(
         for batch in loader:
             got.append(int(batch["x"][0, 0, 0]))
     assert got == list(range(0, 1200, 50))
+
+
+@pytest.mark.parametrize("here", [False, True])
+def test_an_error_drawing_a_later_batch_comes_after_the_batches_before_it(tmp_path: Path, here: bool) -> None:
+    """The ring draws the workers' next batches ahead of those it hands out (a read-once store's runs
+    are fetched as they are drawn): a draw that fails is raised where its batch is due, after every batch
+    drawn before it was handed out, whoever gathers them."""
+    from seqstore.errors import SeqstoreError
+    from seqstore.torch._chooser import Chooser
+
+    make_store(tmp_path / "s.seqstore", 400, max_len=400)
+    gather = Gatherer(IterableSeqDataset(StoreDataset(seqstore.open(tmp_path / "s.seqstore")), batch=8))
+    arrays = [np.arange(a, a + 8, dtype=np.int64) for a in range(0, 400, 8)]
+
+    def drawn() -> Any:
+        yield from arrays[1:11]
+        raise SeqstoreError("the fetch of batch 11 failed")
+
+    chooser = Chooser(window=1 << 30)  # (never changes sides)
+    chooser.here = here
+    got = []
+    with pytest.raises(SeqstoreError, match="batch 11"):
+        for batch in run_processes(gather(arrays[0]), drawn(), gather, 2, context="forkserver", chooser=chooser):
+            got.append(int(batch["x"][0, 0, 0]))
+    assert got == [int(a[0]) for a in arrays[:11]]

@@ -1,37 +1,34 @@
 """Worker processes that gather into a ring of shared buffers (``SeqDataLoader(procs=K)``).
 
-A DataLoader worker hands every batch over in a new shared-memory segment and a pickle; on a few cores
-that costs more than the gather. Here the loop's process draws the index arrays (the sampler stays in
-one place, so resume states are exact as without workers) and sends batch ``j`` to worker ``j mod K``
-as (slot, index array). The worker gathers it with the same :class:`~._direct.Gatherer` and copies the
-tensors into its slot of one shared-memory block made once per iteration (``K x depth`` slots), and
-answers with the layout (name, dtype, shape, offset), a few hundred bytes. The loop hands out tensors
-that are views of the slot and gives the slot back to its worker once no tensor (or view of one) uses
-it any more; with ``pin_memory``, or when the loop holds so many batches that the worker would have no
-free slot, it copies the batch out instead (page-locked with ``pin_memory``) and frees the slot at
-once. A batch larger than a slot comes over the pipe instead (correct, slower); slots are sized at
-four times the first batch, which the loop gathers itself.
+A DataLoader worker hands every batch over in a new shared-memory segment and a pickle; on a few cores that costs
+more than the gather. Here the loop's process draws the index arrays (the sampler stays in one place, so resume
+states are exact as without workers) and sends batch ``j`` to worker ``j mod K`` as (slot, index array). The worker
+gathers it with the same :class:`~._direct.Gatherer` and copies the tensors into its slot of one shared-memory block
+made once per iteration (``K x depth`` slots), and answers with the layout (name, dtype, shape, offset), a few
+hundred bytes. The loop hands out tensors that are views of the slot and gives the slot back to its worker once no
+tensor (or view of one) uses it any more; with ``pin_memory``, or when the loop holds so many batches that the
+worker would have no free slot, it copies the batch out instead (page-locked with ``pin_memory``) and frees the slot
+at once. A batch larger than a slot comes over the pipe instead (correct, slower); slots are sized at four times the
+first batch, which the loop gathers itself.
 
-Who gathers is measured (:class:`Chooser`): where the loop's process gathers a batch in less time than it
-waits for a worker's (no training step, no spare core), it gathers the batches itself and the workers get
-none until they are tried again; the batches and their order are the same either way.
+Who gathers is measured (:class:`Chooser`): where the loop's process gathers a batch in less time than it waits for
+a worker's (no training step, no spare core), it gathers the batches itself and the workers get none until they are
+tried again; the batches and their order are the same either way.
 
-On a remote store the index arrays of the next runs of batches also go to their workers early
-(``ahead``), so that their reads are in flight while the workers gather (one ``Store.prefetch`` of a
-worker's batches of a run); there the workers always gather.
+On a remote store the index arrays of the next runs of batches also go to their workers early (``ahead``), so that
+their reads are in flight while the workers gather (one ``Store.prefetch`` of a worker's batches of a run); there
+the workers always gather.
 
-On a read-once store the workers do not read the store: the loop fetches the runs of
-batches (``Store.fetch_runs``) into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch
-``j`` as (slot, index array, where its bytes lie in which of those files). The worker maps the files
-(once each) and gathers each field's values straight into its slot (``Store.gather_fetched`` with the
-batch's exported parts, found in its own mappings of the store, and an allocator in the slot). A run's buffer
-is reused once every worker that read it answered; a buffer the loop no longer keeps is removed and the
-workers told to unmap it.
+On a read-once store the workers do not read the store: the loop fetches the runs of batches (``Store.fetch_runs``)
+into files in ``/dev/shm`` (:class:`RunBuffers`, reused), and sends batch ``j`` as (slot, index array, where its
+bytes lie in which of those files). The worker maps the files (once each) and gathers each field's values straight
+into its slot (``Store.gather_fetched`` with the batch's exported parts, found in its own mappings of the store, and
+an allocator in the slot). A run's buffer is reused once every worker that read it answered; a buffer the loop no
+longer keeps is removed and the workers told to unmap it.
 
-Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker, and with
-a read-once store the run buffers (bounded by ``max_inflight_bytes``, plus at most ``K x depth`` batches'
-runs held for the workers). The block's name is unlinked when the iteration ends; its memory goes when
-the last batch handed out as views does.
+Memory: the block (``K x depth x slot`` bytes, flat in N) plus one batch per worker, and with a read-once store the
+run buffers (bounded by ``max_inflight_bytes``, plus at most ``K x depth`` batches' runs held for the workers). The
+block's name is unlinked when the iteration ends; its memory goes when the last batch handed out as views does.
 """
 
 from __future__ import annotations
@@ -446,6 +443,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         free = [list(range(w * depth, (w + 1) * depth)) for w in range(procs)]
         lent: list[list[_Lent]] = [[] for _ in range(procs)]
         j = 0
+        failed: list[Exception] = []  # the error that ended the drawing of the batches ahead (a fetch's)
 
         def reclaim(w: int) -> None:
             still = []
@@ -463,7 +461,11 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 reclaim(w)
                 if not free[w]:
                     return False
-            item = next(it, None)
+            try:
+                item = None if failed else next(it, None)
+            except Exception as exc:  # noqa: BLE001 - raised where its batch is due, after those drawn before it
+                failed.append(exc)
+                return False
             if item is None:
                 return False
             slot = free[w].pop()
@@ -494,6 +496,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         while True:
             waited = 0.0
             if not pending:
+                if failed:
+                    raise failed[0]
                 if not here:
                     break  # (the workers are given batches as long as there are any)
                 item = next(it, None)
