@@ -865,3 +865,26 @@ def test_threads_a_second_ctrl_c_while_the_helpers_end_is_ignored_quietly(tmp_pa
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["interrupted", "0"], done.stdout  # the helpers ended before the loop let go
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_an_error_drawing_a_later_batch_comes_after_the_batches_before_it() -> None:
+    """threads= draws the next batches (and, on a remote store, runs of them: ahead_in_runs) ahead of
+    those it hands out: a draw that fails is raised where its batch is due, after the batches before it."""
+    from seqstore.errors import SeqstoreError
+    from seqstore.torch._direct import ahead_in_runs, run_ordered
+
+    def drawn() -> Any:
+        yield from (np.full(4, k, np.int64) for k in range(10))
+        raise SeqstoreError("planning batch 10 failed")
+
+    def gather(idx: Any) -> dict[str, Any]:
+        return {"x": torch.from_numpy(idx)}
+
+    for make in (lambda: run_ordered(drawn(), gather, 2),
+                 lambda: run_ordered(ahead_in_runs(drawn(), lambda run: None, 4), gather, 2),
+                 lambda: map(gather, ahead_in_runs(drawn(), lambda run: None, 4))):
+        got = []
+        with pytest.raises(SeqstoreError, match="batch 10"):
+            for batch in make():
+                got.append(int(batch["x"][0]))
+        assert got == list(range(10))

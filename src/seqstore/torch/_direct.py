@@ -225,9 +225,14 @@ def ahead_in_runs(items: Iterable[Any], prefetch: Callable[[list[Any]], None], s
     is due (as a worker process does with the runs sent to it)."""
     it = iter(items)
     runs: deque[list[Any]] = deque()
+    failed: list[Exception] = []  # an error drawing the items: raised after those drawn before it
 
     def draw() -> None:
-        run = list(itertools.islice(it, size))
+        run: list[Any] = []
+        try:
+            run.extend(itertools.islice(it, size))
+        except Exception as exc:  # noqa: BLE001 - raised below, in its place
+            failed.append(exc)
         if run:
             with contextlib.suppress(Exception):
                 prefetch(run)
@@ -235,8 +240,11 @@ def ahead_in_runs(items: Iterable[Any], prefetch: Callable[[list[Any]], None], s
 
     draw()
     while runs:
-        draw()
+        if not failed:
+            draw()
         yield from runs.popleft()
+    if failed:
+        raise failed[0]
 
 
 def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:
@@ -246,9 +254,10 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
     started. The consumer, while the batch it needs next is not done, gathers the oldest batch nobody
     has started (often that very batch) instead of waiting: with no core free for the helpers the loop
     still gathers at about the in-line rate, and a helper that is ahead hands its batch over at once.
-    The index arrays are drawn in this thread only. An exception in a gather is raised here when its
-    batch is due (a KeyboardInterrupt in a gather of this thread at once); closing the generator lets
-    the running gathers finish and stops the helpers (a second Ctrl-C meanwhile is ignored, see _signals)."""
+    The index arrays are drawn in this thread only. An exception in a gather (or in drawing its index
+    array) is raised here when its batch is due (a KeyboardInterrupt in a gather of this thread at once);
+    closing the generator lets the running gathers finish and stops the helpers (a second Ctrl-C
+    meanwhile is ignored, see _signals)."""
     work, quiet = threading.Condition(), InterruptsIgnored()
     unclaimed: deque[_Slot] = deque()
     stopping = False
@@ -272,7 +281,14 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
     try:
         while True:
             while more and len(window) <= threads + 1:
-                idx = next(it, None)
+                try:
+                    idx = next(it, None)
+                except Exception as exc:  # noqa: BLE001 - raised when its batch is due, after those drawn before it
+                    slot, more = _Slot(np.empty(0, np.int64)), False
+                    slot.error = exc
+                    slot.done.set()
+                    window.append(slot)
+                    break
                 if idx is None:
                     more = False
                     break
