@@ -41,12 +41,19 @@ def test_workers_start_the_reads_of_the_batches_sent_ahead_before_they_gather_th
     assert sum(line.startswith("prefetch") for line in lines) == len(arrays) - 1
 
 
-@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}])
+def _own_collate(records: Any) -> Any:  # (not seqstore's: the DataLoader's path, with the dataset's read-ahead)
+    from seqstore.torch import collate_padded
+
+    return collate_padded(records)
+
+
+@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}, {"collate_fn": _own_collate}])
 def test_a_failed_read_ahead_surfaces_at_its_own_batch_after_the_earlier_ones(
         helpers: dict[str, int], moto_s3: Any, s3_bucket: str, s3_proxy: Any, tmp_path: Path) -> None:
-    """The runs of batches read ahead on a remote store: a read that is refused (shard 6, records 1200
-    on) is raised where its batch is due, after the 24 batches before it were handed out, not when the
-    read-ahead asked for it."""
+    """The batches read ahead on a remote store (in runs with threads= / procs=; by SeqDataset's replay
+    of the sampler on the DataLoader's path): a read that is refused (shard 6, records 1200 on) is raised
+    where its batch is due, after the 24 batches before it were handed out, not when the read-ahead asked
+    for it."""
     from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded
 
     make_store(tmp_path / "s.seqstore", 2000, shard_records=200, max_len=400)
@@ -54,8 +61,8 @@ def test_a_failed_read_ahead_surfaces_at_its_own_batch_after_the_earlier_ones(
     store = seqstore.open(url, storage_options=moto_s3.storage_options(s3_proxy.url), cache_dir=tmp_path / "c")
     ds = StoreDataset(store, ordering="default")
     s3_proxy.forbid(path="shard-000006")
-    loader = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=50, collate_fn=collate_padded,
-                           **helpers)
+    loader = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=50,
+                           **{"collate_fn": collate_padded, **helpers})
     got = []
     with pytest.raises(seqstore.errors.SeqstoreError, match="shard-000006"):
         for batch in loader:

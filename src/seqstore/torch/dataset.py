@@ -13,6 +13,7 @@ gathers one batch, starts the reads of its next ``prefetch`` batches (:mod:`seqs
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from collections.abc import Sequence
@@ -184,7 +185,9 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         idx = idx.astype(np.int64, copy=False)
         if self._foresight is not None:
             for future in self._foresight.advance(idx):
-                self.dataset.prefetch(future)
+                # advice only: a read that fails here is asked for again by its own batch, which raises then
+                with contextlib.suppress(Exception):  # (not now, in place of this batch and those before it)
+                    self.dataset.prefetch(future)
         values, lengths = self.batch_tensors(idx, self.dataset.get_batch(idx))
         # each field's per-record views at once: a ragged field split by its lengths, a fixed one unbound
         columns = [torch.split(v, lengths[name].tolist()) if name in lengths else v.unbind(0)
