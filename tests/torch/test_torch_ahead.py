@@ -47,19 +47,34 @@ def _own_collate(records: Any) -> Any:  # (not seqstore's: the DataLoader's path
     return collate_padded(records)
 
 
-@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}, {"collate_fn": _own_collate}])
+class _OwnDataset:
+    """A dataset of one's own over a store's (the protocol's methods, no ``iter_batches``): the loader
+    asks for its next batches' reads itself (``prefetch``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("iter_batches", "__getstate__", "__setstate__"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}, {"collate_fn": _own_collate}, {"own": True}])
 def test_a_failed_read_ahead_surfaces_at_its_own_batch_after_the_earlier_ones(
-        helpers: dict[str, int], moto_s3: Any, s3_bucket: str, s3_proxy: Any, tmp_path: Path) -> None:
+        helpers: dict[str, Any], moto_s3: Any, s3_bucket: str, s3_proxy: Any, tmp_path: Path) -> None:
     """The batches read ahead on a remote store (in runs with threads= / procs=; by SeqDataset's replay
-    of the sampler on the DataLoader's path): a read that is refused (shard 6, records 1200 on) is raised
-    where its batch is due, after the 24 batches before it were handed out, not when the read-ahead asked
-    for it."""
+    of the sampler on the DataLoader's path; by the loader for a dataset without ``iter_batches``): a read
+    that is refused (shard 6, records 1200 on) is raised where its batch is due, after the 24 batches
+    before it were handed out, not when the read-ahead asked for it."""
     from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded
 
     make_store(tmp_path / "s.seqstore", 2000, shard_records=200, max_len=400)
     url = moto_s3.upload_dir(tmp_path / "s.seqstore", s3_bucket, "a/s.seqstore")
     store = seqstore.open(url, storage_options=moto_s3.storage_options(s3_proxy.url), cache_dir=tmp_path / "c")
-    ds = StoreDataset(store, ordering="default")
+    ds: Any = StoreDataset(store, ordering="default")
+    if helpers.pop("own", False):
+        ds = _OwnDataset(ds)
     s3_proxy.forbid(path="shard-000006")
     loader = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=50,
                            **{"collate_fn": collate_padded, **helpers})

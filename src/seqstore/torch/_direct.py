@@ -172,12 +172,14 @@ def direct_plan(loader: Any, threads: int) -> tuple[Iterator[IndexArray], Gather
 
         def stream(idxs: Iterator[IndexArray]) -> Iterator[Batch]:
             # the reads of the next ``ds.depth`` batches start before this one is gathered (what the
-            # workers' read-ahead does in the DataLoader path)
+            # workers' read-ahead does in the DataLoader path); advice only: a read that fails is raised
+            # by its own batch's gather, where that batch is due
             window: deque[IndexArray] = deque()
             for idx in idxs:
                 window.append(idx)
                 if len(window) > 1:
-                    prefetch(idx)
+                    with contextlib.suppress(Exception):
+                        prefetch(idx)
                 if len(window) > ds.depth:
                     yield gather(window.popleft())
             while window:
