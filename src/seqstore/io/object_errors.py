@@ -70,6 +70,12 @@ _CREDENTIALS = {
 }
 #: what a service answers for a bucket (container) that does not exist
 _NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
+#: phrases of obstore errors about an answer that came but was wrong (a body cut short, another range, a
+#: header missing, a redirect that went nowhere): the server answered, so the endpoint is reachable
+_ANSWERED = (
+    "response body error", "error decoding response body", "Content-Range", "Content-Length Header missing",
+    "Requested ", "Wanted range", "error following redirect", "Header missing", "header not present",
+)
 #: where an obstore error names the HTTP status it got
 _STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
 
@@ -134,7 +140,8 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(StaleStoreError if conditional else ConflictError, url, "precondition failed (the object changed)")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
         return _at(RemoteError, url, f"HTTP {status}: {short(exc)}")
-    return Transient(f"{type(exc).__name__}: {short(exc)}", answered=status is not None)
+    answered = status is not None or any(p in str(exc) for p in _ANSWERED)
+    return Transient(f"{type(exc).__name__}: {short(exc)}", answered=answered)
 
 
 def not_found(exc: BaseException, root: str, url: str) -> RemoteError:

@@ -1,0 +1,68 @@
+"""A server that answers, but badly, is not an unreachable endpoint: both range readers (the direct reader
+and obstore) against the raw server of tests/test_remote_direct_answers.py. The short budget and the
+"unreachable ... check that the server is running" message are for endpoints that never answered; one
+whose answers arrive cut short or of another range has answered, and its error says what was wrong.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+
+import pytest
+from test_remote_direct_answers import DATA, Answer, RawServer, _head
+
+from seqstore.errors import RemoteError
+from seqstore.io.objects import ObjectClient
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _cut(conn: socket.socket, a: int, b: int) -> bool:
+    """The right head, half the body, then the connection closed."""
+    conn.sendall(_head(a, b) + DATA[a : a + (b - a) // 2])
+    return False
+
+
+def _reset(conn: socket.socket, a: int, b: int) -> bool:
+    """The right head, a few bytes of the body, then the connection reset."""
+    conn.sendall(_head(a, b) + DATA[a : a + 10])
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    return False
+
+
+def _other_range(conn: socket.socket, a: int, b: int) -> bool:
+    """A 206 of the range one byte further on, its Content-Range saying so."""
+    conn.sendall(_head(a + 1, b + 1) + DATA[a + 1 : b + 1])
+    return True
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Answer], RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(answer: Answer) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+@pytest.mark.parametrize("answer", [_cut, _reset, _other_range], ids=["cut", "reset", "other-range"])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "obstore"])
+def test_a_bad_answer_is_not_named_unreachable(serve: Callable[[Answer], RawServer], answer: Answer,
+                                               direct: bool) -> None:
+    server = serve(answer)
+    client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 30,
+                                             "max_retries": 2, "allow_http": "true"})
+    url = f"{server.url}/b/blob"
+    with pytest.raises(RemoteError) as err:
+        if direct:
+            client.direct_reader.submit([(url, 100, 200, None, memoryview(bytearray(100)))]).result(30)
+        else:
+            client.get_ranges([("blob", 100, 200, None)])
+    text = str(err.value)
+    assert url in text and "unreachable" not in text and "has not answered" not in text, text
+    assert 1 <= err.value.attempts <= 3, text
