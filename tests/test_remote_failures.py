@@ -310,6 +310,41 @@ def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -
     assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
 
 
+def test_an_fsspec_endpoint_that_answers_garbage_raises_a_named_error(tmp_path: Path) -> None:
+    """``hf://`` through an endpoint whose server answers every request with a status line of garbage:
+    the HTTP library's own failure (httpx's ``RemoteProtocolError``, not an ``OSError``) is a network
+    failure like any other: retried within the budget, then a RemoteError naming the store's URL."""
+    import socket
+    import threading
+
+    pytest.importorskip("huggingface_hub")
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        while True:
+            try:
+                conn = server.accept()[0]
+            except OSError:
+                return
+            try:
+                conn.recv(65536)
+                conn.sendall(b"\x16\x03garbage, not HTTP at all\r\n\r\n")
+            except OSError:
+                pass
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    url = "hf://datasets/someone/data/s.seqstore"
+    opts = {"endpoint": f"http://127.0.0.1:{server.getsockname()[1]}", "timeout": 1, "connect_timeout": 1,
+            "retry_timeout": 2, "max_retries": 1}
+    try:
+        with pytest.raises(RemoteError) as err:
+            ss.open(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    finally:
+        server.close()
+    assert url in str(err.value) and err.value.attempts == 2, err.value
+
+
 @pytest.mark.parametrize("chunk", [None, 256])
 def test_an_upload_to_a_silent_fsspec_endpoint_raises_a_named_error(tmp_path: Path, chunk: int | None,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,6 +70,11 @@ class FsspecBackend(ObjectBackend):
             raise CredentialsError(f"{url}: access refused; check the credentials", url=url, attempts=1) from None
         except (OSError, TimeoutError, ConnectionError) as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            kind = _network(exc)
+            if not kind:
+                raise
+            raise Transient(f"{type(exc).__name__}: {exc}", answered=kind == "answered") from None
 
     def _meta(self, key: str, info: Mapping[str, Any]) -> ObjectMeta:
         tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("mtime") or info.get("created")
@@ -201,6 +206,20 @@ class FsspecBackend(ObjectBackend):
 
     def copy(self, src: str, dst: str) -> None:
         self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)), 1, self.head(src).size)
+
+
+def _network(exc: BaseException) -> str:
+    """Whether ``exc`` is an HTTP library's failure to get an answer that is not an ``OSError``: httpx's
+    ``TransportError`` (``hf://``: a connection reset, a timeout, an answer that is not HTTP) or aiohttp's
+    connection and payload errors (fsspec's ``http://``); not an answer with a status. ``"answered"``
+    where the server sent an answer that was bad (not HTTP, a body cut short), ``"failed"`` for the others,
+    ``""`` for other exceptions."""
+    names = {(k.__module__.partition(".")[0], k.__name__) for k in type(exc).__mro__}
+    httpx = {n for lib, n in names if lib.startswith("httpx")}
+    aiohttp = {n for lib, n in names if lib == "aiohttp"}
+    if "ProtocolError" in httpx or "DecodingError" in httpx or "ClientPayloadError" in aiohttp:
+        return "answered"
+    return "failed" if "TransportError" in httpx or "ClientConnectionError" in aiohttp else ""
 
 
 def _raise(exc: BaseException) -> None:
