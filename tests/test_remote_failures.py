@@ -345,6 +345,47 @@ def test_an_fsspec_endpoint_that_answers_garbage_raises_a_named_error(tmp_path: 
     assert url in str(err.value) and err.value.attempts == 2, err.value
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_fsspec_refusal_is_a_credentials_error_at_once(tmp_path: Path, status: int) -> None:
+    """``hf://`` through an endpoint that refuses every request (401, 403): the library's error carries the
+    HTTP status (an ``OSError``, as its network failures are), which is an answer, not a failure to retry
+    for the whole budget and then call the endpoint unreachable: a CredentialsError naming the URL."""
+    import socket
+    import threading
+
+    pytest.importorskip("huggingface_hub")
+    server = socket.create_server(("127.0.0.1", 0))
+    asked: list[int] = []
+
+    def answer() -> None:
+        body = b'{"error": "refused"}'
+        while True:
+            try:
+                conn = server.accept()[0]
+            except OSError:
+                return
+            try:
+                conn.recv(65536)
+                asked.append(1)
+                conn.sendall(f"HTTP/1.1 {status} Refused\r\nContent-Type: application/json\r\nContent-Length: "
+                             f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            except OSError:
+                pass
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    url = "hf://datasets/someone/data/s.seqstore"
+    opts = {"endpoint": f"http://127.0.0.1:{server.getsockname()[1]}", "timeout": 1, "connect_timeout": 1,
+            "retry_timeout": 30}
+    try:
+        with pytest.raises(CredentialsError) as err:
+            ss.open(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    finally:
+        server.close()
+    assert url in str(err.value) and err.value.attempts == 1 and len(asked) < 3, (err.value, len(asked))
+    assert "unreachable" not in str(err.value), err.value
+
+
 @pytest.mark.parametrize("chunk", [None, 256])
 def test_an_upload_to_a_silent_fsspec_endpoint_raises_a_named_error(tmp_path: Path, chunk: int | None,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:

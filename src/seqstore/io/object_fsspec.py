@@ -68,10 +68,11 @@ class FsspecBackend(ObjectBackend):
         except PermissionError:
             url = self.c.key_url(key)
             raise CredentialsError(f"{url}: access refused; check the credentials", url=url, attempts=1) from None
-        except (OSError, TimeoutError, ConnectionError) as exc:
-            raise Transient(f"{type(exc).__name__}: {exc}") from None
         except Exception as exc:
-            kind = _network(exc)
+            status = _status(exc)
+            if status is not None:
+                raise _refusal(self.c.key_url(key), status, exc) from None
+            kind = _network(exc) or ("failed" if isinstance(exc, (OSError, TimeoutError)) else "")
             if not kind:
                 raise
             raise Transient(f"{type(exc).__name__}: {exc}", answered=kind == "answered") from None
@@ -206,6 +207,29 @@ class FsspecBackend(ObjectBackend):
 
     def copy(self, src: str, dst: str) -> None:
         self._call(src, lambda: self.fs.copy(self._path(src), self._path(dst)), 1, self.head(src).size)
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an HTTP library's error carries (requests' and httpx's ``response.status_code``,
+    aiohttp's ``status``; an ``OSError`` such as huggingface_hub's ``HfHubHTTPError`` too), else None."""
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None) if response is not None else None
+    if code is None and type(exc).__module__.startswith("aiohttp"):
+        code = getattr(exc, "status", None)
+    return code if isinstance(code, int) and 100 <= code < 600 else None
+
+
+def _refusal(url: str, status: int, exc: BaseException) -> BaseException:
+    """The answer ``status`` to a request for ``url`` in seqstore's words: 401/403 a CredentialsError,
+    404 a RemoteNotFound, another 4xx a RemoteError (all at once), 5xx, 408 and 429 a Transient to retry."""
+    if status in (401, 403):
+        return CredentialsError(f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1)
+    if status == 404:
+        return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+    what = " ".join(str(exc).split())[:300]
+    if 400 <= status < 500 and status not in (408, 429):
+        return RemoteError(f"{url}: HTTP {status}: {what}", url=url, attempts=1)
+    return Transient(f"HTTP {status}: {type(exc).__name__}: {what}", answered=True)
 
 
 def _network(exc: BaseException) -> str:
