@@ -6,6 +6,7 @@ whose answers arrive cut short or of another range has answered, and its error s
 
 from __future__ import annotations
 
+import gzip
 import socket
 from collections.abc import Callable, Iterator
 
@@ -66,3 +67,24 @@ def test_a_bad_answer_is_not_named_unreachable(serve: Callable[[Answer], RawServ
     text = str(err.value)
     assert url in text and "unreachable" not in text and "has not answered" not in text, text
     assert 1 <= err.value.attempts <= 3, text
+
+
+def test_an_answer_in_a_transfer_coding_is_refused_not_taken_as_the_bytes(serve: Callable[[Answer], RawServer]
+                                                                          ) -> None:
+    """A 206 whose body is in a transfer coding other than chunked (gzip), with a Content-Length as well:
+    the coding decides how the body ends (RFC 9112, 6.3), not the Content-Length, and the bytes are not
+    the range's. The direct reader refuses it, naming the URL, instead of taking the coded bytes."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        coded = gzip.compress(DATA[a:b])
+        body = (coded + bytes(b - a))[: b - a]  # as many bytes as the Content-Length says
+        conn.sendall(_head(a, b).replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: gzip\r\n\r\n") + body)
+        return False
+
+    server = serve(answer)
+    client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2,
+                                             "max_retries": 1})
+    url = f"{server.url}/b/blob"
+    buf = bytearray(100)
+    with pytest.raises(RemoteError, match="Transfer-Encoding") as err:
+        client.direct_reader.submit([(url, 100, 200, None, memoryview(buf))]).result(30)
+    assert url in str(err.value), err.value

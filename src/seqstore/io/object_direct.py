@@ -469,7 +469,11 @@ class DirectReader:
         if job.etag and tag is not None and tag != job.etag:  # a server that ignores If-Match
             raise job.error(f"the answer is of another version of the object (ETag {tag}, expected {job.etag}): it "
                             "changed while the store was open (reopen it)", StaleStoreError)
-        if "content-length" not in headers or "chunked" in headers.get("transfer-encoding", "").lower():
+        coding = headers.get("transfer-encoding", "identity").lower()
+        if coding != "identity":  # (it, not a Content-Length, says where the body ends: RFC 9112, 6.3)
+            raise job.error(f"the answer to a range request is sent in Transfer-Encoding {coding[:40]!r}, not "
+                            f"as {size} bytes with a Content-Length")
+        if "content-length" not in headers:
             raise job.error(f"the answer to a range request has no Content-Length (expected {size} bytes)")
         shown = headers["content-length"]
         if not (shown.isascii() and shown.isdigit()):
