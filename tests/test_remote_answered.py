@@ -88,3 +88,32 @@ def test_an_answer_in_a_transfer_coding_is_refused_not_taken_as_the_bytes(serve:
     with pytest.raises(RemoteError, match="Transfer-Encoding") as err:
         client.direct_reader.submit([(url, 100, 200, None, memoryview(buf))]).result(30)
     assert url in str(err.value), err.value
+
+
+def _huge_headers(conn: socket.socket, a: int, b: int) -> bool:
+    """The right answer with 1 MiB of header lines."""
+    filler = "".join(f"X-Filler-{i}: {'y' * 1000}\r\n" for i in range(1024)).encode()
+    conn.sendall(_head(a, b).replace(b"\r\n\r\n", b"\r\n" + filler + b"\r\n") + DATA[a:b])
+    return True
+
+
+def _garbage(conn: socket.socket, a: int, b: int) -> bool:
+    """A status line of garbage."""
+    conn.sendall(b"\x16\x03garbage, not HTTP at all\r\n\r\n")
+    return False
+
+
+@pytest.mark.parametrize(("answer", "said", "attempts"), [(_huge_headers, "headers are larger", 1),
+                                                        (_garbage, "not HTTP", 3)], ids=["huge-headers", "garbage"])
+def test_an_answer_obstore_cannot_parse_is_named(serve: Callable[[Answer], RawServer], answer: Answer, said: str,
+                                                 attempts: int) -> None:
+    """obstore's error for an answer it cannot parse says only "error sending request": the error says
+    what was wrong with the answer (headers over the client's bound are refused at once, as the direct
+    reader does; garbage is retried), not that the endpoint is unreachable."""
+    server = serve(answer)
+    client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 30,
+                                             "max_retries": 2, "allow_http": "true"})
+    with pytest.raises(RemoteError) as err:
+        client.get_ranges([("blob", 100, 200, None)])
+    text = str(err.value)
+    assert said in text and "unreachable" not in text and err.value.attempts == attempts, text

@@ -76,6 +76,8 @@ _ANSWERED = (
     "response body error", "error decoding response body", "Content-Range", "Content-Length Header missing",
     "Requested ", "Wanted range", "error following redirect", "Header missing", "header not present",
 )
+#: where obstore's debug dump names the part of an answer that could not be parsed (hyper's ``Parse(...)``)
+_PARSE = re.compile(r"hyper::Error\(\s*Parse\(\s*(\w+)")
 #: where an obstore error names the HTTP status it got
 _STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
 
@@ -140,6 +142,13 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(StaleStoreError if conditional else ConflictError, url, "precondition failed (the object changed)")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
         return _at(RemoteError, url, f"HTTP {status}: {short(exc)}")
+    parse = _PARSE.search(str(exc))  # (in the debug dump: the message says only "error sending request")
+    if parse and parse.group(1) == "TooLarge":  # as the direct reader, not retried
+        return _at(RemoteError, url, "the answer's headers are larger than the client takes (a server that is not "
+                   "an object store, or one that misbehaves)")
+    if parse:
+        return Transient(f"the answer is not HTTP the client can read ({parse.group(1)}): {short(exc, 160)}",
+                         answered=True)
     answered = status is not None or any(p in str(exc) for p in _ANSWERED)
     return Transient(f"{type(exc).__name__}: {short(exc)}", answered=answered)
 
