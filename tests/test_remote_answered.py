@@ -117,3 +117,18 @@ def test_an_answer_obstore_cannot_parse_is_named(serve: Callable[[Answer], RawSe
         client.get_ranges([("blob", 100, 200, None)])
     text = str(err.value)
     assert said in text and "unreachable" not in text and err.value.attempts == attempts, text
+
+
+def test_a_redirect_loop_is_named_at_once(serve: Callable[[Answer], RawServer]) -> None:
+    """Every range request redirected to itself: obstore follows the redirects until its limit; retrying
+    cannot end the loop, so it is a RemoteError at once that says so (the direct reader follows none)."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /b/blob\r\nContent-Length: 0\r\n\r\n")
+        return True
+
+    server = serve(answer)
+    client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 30,
+                                             "max_retries": 2, "allow_http": "true"})
+    with pytest.raises(RemoteError, match="redirect") as err:
+        client.get_ranges([("blob", 100, 200, None)])
+    assert err.value.attempts == 1 and f"{server.url}/b/blob" in str(err.value), err.value

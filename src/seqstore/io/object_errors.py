@@ -71,10 +71,10 @@ _CREDENTIALS = {
 #: what a service answers for a bucket (container) that does not exist
 _NO_BUCKET = ("NoSuchBucket", "ContainerNotFound", "bucket does not exist", "container does not exist")
 #: phrases of obstore errors about an answer that came but was wrong (a body cut short, another range, a
-#: header missing, a redirect that went nowhere): the server answered, so the endpoint is reachable
+#: header missing): the server answered, so the endpoint is reachable
 _ANSWERED = (
     "response body error", "error decoding response body", "Content-Range", "Content-Length Header missing",
-    "Requested ", "Wanted range", "error following redirect", "Header missing", "header not present",
+    "Requested ", "Wanted range", "Header missing", "header not present",
 )
 #: where obstore's debug dump names the part of an answer that could not be parsed (hyper's ``Parse(...)``)
 _PARSE = re.compile(r"hyper::Error\(\s*Parse\(\s*(\w+)")
@@ -142,6 +142,9 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(StaleStoreError if conditional else ConflictError, url, "precondition failed (the object changed)")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
         return _at(RemoteError, url, f"HTTP {status}: {short(exc)}")
+    if "error following redirect" in str(exc):  # retrying cannot end a loop
+        return _at(RemoteError, url, "the server's redirects lead nowhere (a loop, more than the client follows, "
+                   f"or to a URL it cannot ask): {short(exc, 160)}")
     parse = _PARSE.search(str(exc))  # (in the debug dump: the message says only "error sending request")
     if parse and parse.group(1) == "TooLarge":  # as the direct reader, not retried
         return _at(RemoteError, url, "the answer's headers are larger than the client takes (a server that is not "
