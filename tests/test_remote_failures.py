@@ -514,3 +514,53 @@ def test_a_listing_through_a_silent_fsspec_endpoint_raises_a_named_error(tmp_pat
         server.shutdown()
         server.server_close()
     assert err.value.url.startswith(f"{url}/shard-") and err.value.attempts == 2, err.value
+
+
+def test_a_large_range_through_fsspec_arriving_steadily_is_not_cut(tmp_path: Path) -> None:
+    """A range read through an fsspec URL (``webhdfs://``) whose answer arrives at about 160 KiB/s, faster
+    than the 64 KiB/s the store's timeouts promise to wait for, but longer than ``timeout`` +
+    ``connect_timeout`` in all: its call is given the time its bytes take at 64 KiB/s, as an upload's
+    and as the direct reader's answers are, instead of being cut and retried until the budget ends."""
+    import json
+    import threading
+    import time
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pytest.importorskip("requests")
+    pytest.importorskip("fsspec")
+    data = np.random.default_rng(9).integers(0, 255, 512 << 10, dtype=np.uint8).tobytes()
+
+    class WebHdfs(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+            if query["op"] == "GETFILESTATUS":
+                body = json.dumps({"FileStatus": {"type": "FILE", "length": len(data),
+                                                  "modificationTime": 1000}}).encode()
+            else:  # OPEN: the bytes asked for, 16 KiB every 0.1 s
+                start = int(query.get("offset", 0))
+                body = data[start : start + int(query.get("length", len(data)))]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for i in range(0, len(body), 16 << 10):
+                if i:
+                    time.sleep(0.1)
+                self.wfile.write(body[i : i + (16 << 10)])
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebHdfs)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient(f"webhdfs://127.0.0.1:{server.server_address[1]}/d",
+                          {"timeout": 0.5, "connect_timeout": 0.5, "retry_timeout": 2, "max_retries": 1})
+    try:
+        got = client.get_ranges([("blob", 0, len(data), None)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert bytes(got[0][0]) == data

@@ -5,7 +5,7 @@ Range requests run on a pool of ``max_requests`` threads; a batch's ranges are r
 call, retried as a whole on a transient failure; a range asked of a version (the tag the file's info gave:
 ETag, generation or time) raises :class:`~seqstore.errors.StaleStoreError` once the file is another. A
 filesystem's own timeouts may be long or none: each call (and the filesystem's making) is waited for at most
-``timeout + connect_timeout`` per request, plus the time the bytes it uploads take at 64 KiB/s, then
+``timeout + connect_timeout`` per request, plus the time the bytes it moves (up or down) take at 64 KiB/s, then
 retried as a transient failure (a listing folder by folder where the filesystem's ``find`` walks; one of its
 own, of an unknown number of requests, is not bounded). A
 filesystem cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with
@@ -26,7 +26,7 @@ from .retry import Transient
 
 __all__ = ["FsspecBackend"]
 
-_LEAST_RATE = 64 << 10  # bytes/s an upload must average (as the direct reader's answers) before it is cut
+_LEAST_RATE = 64 << 10  # bytes/s a transfer must average (as the direct reader's answers) before it is cut
 
 
 class FsspecBackend(ObjectBackend):
@@ -55,13 +55,13 @@ class FsspecBackend(ObjectBackend):
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
-    def _call(self, key: str, fn: Any, calls: int = 1, upload: int = 0) -> Any:
-        """``fn()``, ``calls`` requests of the filesystem (0: not bounded) that upload ``upload`` bytes, in
+    def _call(self, key: str, fn: Any, calls: int = 1, moved: int = 0) -> Any:
+        """``fn()``, ``calls`` requests of the filesystem (0: not bounded) that move ``moved`` bytes, in
         seqstore's words: its failures and a call that does not return in time are :class:`Transient`."""
         try:
             if not calls or self.local:
                 return fn()
-            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout) + upload / _LEAST_RATE)
+            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout) + moved / _LEAST_RATE)
         except FileNotFoundError:
             url = self.c.key_url(key)
             raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
@@ -86,7 +86,7 @@ class FsspecBackend(ObjectBackend):
 
     def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
         meta = self.head(key)
-        data = self._call(key, lambda: self.fs.cat_file(self._path(key)))
+        data = self._call(key, lambda: self.fs.cat_file(self._path(key)), 1, meta.size)
         return memoryview(data), ObjectMeta(key, len(data), meta.etag)
 
     def submit(
@@ -128,7 +128,7 @@ class FsspecBackend(ObjectBackend):
             starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
             ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
             got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"),
-                             len(paths))
+                             len(paths), sum(max(0, e - s) for s, e in zip(starts, ends)))
             out: list[Answer] = []
             for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
                 if isinstance(d, BaseException):
@@ -267,7 +267,7 @@ def _bounded(fn: Callable[[], Any], limit: float) -> Any:
 
     threading.Thread(target=run, name="seqstore-fsspec-call", daemon=True).start()
     if not done.wait(limit):
-        raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout a request, and 64 KiB/s uploaded)")
+        raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout a request, and 64 KiB/s moved)")
     ok, value = out[0]
     if not ok:
         raise value
