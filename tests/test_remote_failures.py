@@ -564,3 +564,47 @@ def test_a_large_range_through_fsspec_arriving_steadily_is_not_cut(tmp_path: Pat
         server.shutdown()
         server.server_close()
     assert bytes(got[0][0]) == data
+
+
+def test_an_fsspec_endpoint_whose_lookups_answer_is_not_named_unreachable(tmp_path: Path) -> None:
+    """Through ``webhdfs://``, an object's lookup answers but its reads never do: the endpoint has answered
+    (the lookups), so the reads' error says they failed, not that the endpoint is unreachable."""
+    import json
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pytest.importorskip("requests")
+    pytest.importorskip("fsspec")
+    released = threading.Event()
+
+    class WebHdfs(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+            if query["op"] != "GETFILESTATUS":
+                released.wait()  # a read: accepted, never answered
+                return
+            body = json.dumps({"FileStatus": {"type": "FILE", "length": 1000, "modificationTime": 1000}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WebHdfs)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient(f"webhdfs://127.0.0.1:{server.server_address[1]}/d",
+                          {"timeout": 0.5, "connect_timeout": 0.5, "retry_timeout": 30, "max_retries": 1})
+    try:
+        with pytest.raises(RemoteError) as err:
+            client.get_ranges([("blob", 0, 100, None)])
+    finally:
+        released.set()
+        server.shutdown()
+        server.server_close()
+    assert "unreachable" not in str(err.value) and err.value.attempts == 2, err.value

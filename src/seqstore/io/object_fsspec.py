@@ -39,12 +39,14 @@ class FsspecBackend(ObjectBackend):
             raise ImportError(f"{client.url}: this URL needs fsspec: pip install 'seqstore[remote]'") from exc
         self.c = client
         self.local = False  # (until the filesystem is known: making it is bounded)
+        self.made = False  # the filesystem is made (making it may send no request: no answer to count)
         if client.filesystem is not None:
             self.fs = client.filesystem
             self.root = client.url.split("://", 1)[-1]
         else:
             self.fs, self.root = self._call("", lambda: fsspec.core.url_to_fs(client.url, **client.options))
         self.root = self.root.rstrip("/")
+        self.made = True
         self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         named = getattr(self.fs, "protocol", ())
@@ -61,7 +63,10 @@ class FsspecBackend(ObjectBackend):
         try:
             if not calls or self.local:
                 return fn()
-            return _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout) + moved / _LEAST_RATE)
+            out = _bounded(fn, calls * (self.c.timeout + self.c.connect_timeout) + moved / _LEAST_RATE)
+            if self.made:  # a request answered (a lookup before a read that fails: the endpoint is there)
+                self.c.retry.reached = True
+            return out
         except FileNotFoundError:
             url = self.c.key_url(key)
             raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
