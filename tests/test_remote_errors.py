@@ -109,6 +109,17 @@ def test_url_without_bucket_names_the_url(url: str) -> None:
     _clean(str(info.value))
 
 
+@pytest.mark.parametrize("url", ["http://user:hunter2-pw@127.0.0.1:9/b/x.seqstore", "https://user@host.test/x"])
+def test_credentials_in_an_http_url_are_refused_without_showing_them(url: str, tmp_path: Path) -> None:
+    """``http://user:password@host/...``: neither obstore nor the direct reader sends them (a 401 would
+    follow), and every error would show the password with the URL: a ConfigError at once that says so
+    and shows the URL without the password."""
+    with pytest.raises(ConfigError, match="credentials in the URL") as info:
+        ss.open(url, cache_dir=tmp_path / "c")
+    msg = _message_of(info.value)
+    assert "hunter2-pw" not in msg and url.split("//")[1].split("@")[1] in msg, msg
+
+
 def test_open_url_without_bucket(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         ss.open("s3:///x.seqstore", cache_dir=tmp_path / "c")

@@ -40,7 +40,8 @@ def is_remote(path: Any) -> bool:
 
 def check_url(url: str) -> None:
     """Raise :class:`ConfigError` naming ``url`` if it is an object-store URL without a bucket
-    (``s3:///x``, ``gs://``) or with a '?' or '#', or an http(s) URL without a host."""
+    (``s3:///x``, ``gs://``) or with a '?' or '#', or an http(s) URL without a host or with credentials
+    (``user:password@``, named without them)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in REMOTE_SCHEMES:
@@ -48,6 +49,11 @@ def check_url(url: str) -> None:
     if scheme in ("http", "https"):
         if not parts.hostname:
             raise ConfigError(f"{url}: not a valid URL: no host (expected {scheme}://HOST/PATH)")
+        if parts.username is not None or parts.password is not None:  # shown without the password
+            shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+            raise ConfigError(f"{shown}: credentials in the URL (user:password@) are not sent by the client, and "
+                              "every error would show them; give the URL without them (a server that wants a "
+                              "password is not supported: use a presigned or public URL)")
         return
     if "?" in url or "#" in url:  # urlsplit would cut the key there: two names, one store
         raise ConfigError(f"{url}: a {scheme}:// store's URL may not hold '?' or '#' (a query or fragment)")
