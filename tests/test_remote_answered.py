@@ -132,3 +132,23 @@ def test_a_redirect_loop_is_named_at_once(serve: Callable[[Answer], RawServer]) 
     with pytest.raises(RemoteError, match="redirect") as err:
         client.get_ranges([("blob", 100, 200, None)])
     assert err.value.attempts == 1 and f"{server.url}/b/blob" in str(err.value), err.value
+
+
+def test_two_content_lengths_that_differ_are_refused(serve: Callable[[Answer], RawServer]) -> None:
+    """A 206 with two Content-Length headers that differ (RFC 9112, 6.3: an error; a proxy that joined two
+    answers): which one frames the body cannot be known, so the answer is refused, naming the URL,
+    instead of the last one's count of bytes taken as the range."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        half = (b - a) // 2
+        conn.sendall((f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b - 1}/{len(DATA)}\r\n"
+                      f"Content-Length: {half}\r\nContent-Length: {b - a}\r\n\r\n").encode()
+                     + DATA[a : a + half] + bytes(b - a - half))
+        return False
+
+    server = serve(answer)
+    client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2,
+                                             "max_retries": 1})
+    url = f"{server.url}/b/blob"
+    with pytest.raises(RemoteError, match="Content-Length") as err:
+        client.direct_reader.submit([(url, 100, 200, None, memoryview(bytearray(100)))]).result(30)
+    assert url in str(err.value), err.value

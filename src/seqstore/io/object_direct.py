@@ -455,10 +455,13 @@ class DirectReader:
             if not 100 <= status < 200 or status == 101:  # (101: a protocol switch, never asked for)
                 break
             c.head = c.head[end + 4 :]  # 100 Continue, 103 Early Hints: the answer follows
-        headers = {}
+        headers: dict[str, str] = {}
         for ln in lines[1:]:
             k, _, v = ln.partition(":")
-            headers[k.strip().lower()] = v.strip()
+            k, v = k.strip().lower(), v.strip()
+            if k == "content-length" and headers.get(k, v) != v:  # which one frames the body? (RFC 9112, 6.3)
+                raise job.error(f"the answer has two Content-Lengths, {headers[k][:40]!r} and {v[:40]!r}")
+            headers[k] = v
         rest = c.head[end + 4 :]
         c.head = b""
         c.close_after = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
