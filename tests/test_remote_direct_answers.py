@@ -308,3 +308,16 @@ def test_a_host_with_two_addresses_is_reached_at_the_one_that_answers(tmp_path: 
     obstore does, instead of calling the endpoint unreachable. Runs with /etc/hosts replaced, as above."""
     got = _with_hosts(tmp_path, _TWO, "127.0.0.2 seqstore-two.test\n127.0.0.9 seqstore-two.test\n")
     assert got.returncode == 0 and "found" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_a_host_name_the_resolver_refuses_fails_its_wave_not_the_reader(serve: Callable[[Answer], RawServer]) -> None:
+    """A URL whose host name has a label over 63 characters: the resolver refuses it with a UnicodeError
+    (not an OSError), which ended the reader's loop thread, so that wave and every later one waited for
+    ever. It is the wave's RemoteError naming the URL, and the reader goes on serving other waves."""
+    server = serve(_right)
+    client = _client(server, max_retries=1)
+    bad = f"http://{'a' * 70}.test:{server.port}/b/blob"
+    with pytest.raises(RemoteError) as err:
+        client.direct_reader.submit([(bad, 0, 100, None, memoryview(bytearray(100)))]).result(30)
+    assert err.value.url == bad and "seqstore bug" not in str(err.value), err.value
+    assert [bytes(b) for b in _wave(server, client, 2)] == [DATA[:100], DATA[100:200]]

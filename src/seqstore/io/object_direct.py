@@ -278,6 +278,9 @@ class DirectReader:
                 except OSError as exc:
                     self._retry(job, Transient(f"cannot connect: {exc}"))
                     continue
+                except ValueError as exc:  # a host name the resolver refuses (UnicodeError): no retry helps
+                    self._end_wave(job.wave, job.error(f"cannot connect: not a host name: {exc}"))
+                    continue
                 c.job = job
                 c.deadline = time.monotonic() + self.client.connect_timeout
                 active.add(c)
