@@ -358,3 +358,15 @@ def test_unit_tokens_with_a_schedule_in_samples_is_refused() -> None:
     tok = MixtureSchedule(stages, ["web", "code"], unit="tokens")
     assert MixtureStream(src, tok).schedule.unit == "tokens"  # (the default unit takes the schedule's)
     assert MixtureStream(src, tok, unit="tokens").schedule.unit == "tokens"
+
+
+def test_a_chunk_smaller_than_the_shares_names_chunk() -> None:
+    """A mixture's "epochs" are its chunks: with ``chunk`` under the number of shares, a share whose block
+    of every chunk is empty has nothing to pack. Its error names ``chunk`` and the share count at once
+    (it walked 1000 chunks, then spoke of epochs and an empty dataset)."""
+    mix = MixtureStream(_sources({"web": 50, "code": 20}), {"web": 0.5, "code": 0.5}, chunk=3)
+    packed = PackedDataset(mix, tokens="data", seq_len=8, mode="concat")
+    shares = packed.shares(None, 4)
+    assert packed.open(shares[2], 2, 4).skip(2) is None  # a share with one document per chunk packs
+    with pytest.raises(ValueError, match=r"share 3 of 4: .*MixtureStream chunk=3.*at least the 4 shares"):
+        packed.open(shares[3], 3, 4).skip(1)

@@ -200,3 +200,21 @@ def test_threads_and_procs_num_batches_and_a_schedule_in_tokens(tmp_path: Path, 
     again = SeqDataLoader(ds(), batch_size=None, **par)
     again.load_state_dict(state)
     _same(_take(again, 10), ref[6:9])
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_state_dict_with_more_shares_than_documents_names_the_counts(mode: str) -> None:
+    """A small set read by more ranks x workers than an epoch has documents: a share whose block is empty in
+    every epoch cannot make a batch (it would yield fewer than its rank's others and break the round-robin
+    the state counts on), so the replay of ``state_dict`` says so at once, naming the counts and the
+    setting to change; it walked 1000 epoch orders first and blamed an empty dataset."""
+    packed = PackedDataset(LengthsDataset(np.array([5, 7, 3])), tokens="data", seq_len=4, mode=mode)
+    ds = PackedIterableDataset(packed, batch_size=1, rank=1, world_size=2)
+    assert ds.state_dict(1, num_workers=2)["stats"]["sequences"] == 2  # worker 1 (shares 2, 3) made nothing yet
+    with pytest.raises(ValueError, match=r"share 3 of 4: .*fewer documents than the 4 shares "
+                                         r"\(ranks x DataLoader workers\).*at most 3 documents"):
+        ds.state_dict(2, num_workers=2)
+    # with partition epochs the blocks cycle: a share empty in some sub-epochs only still packs
+    parted = PackedDataset(LengthsDataset(np.full(10, 4), partition_epoch=3), tokens="data", seq_len=4, mode=mode)
+    st = PackedIterableDataset(parted, batch_size=1, world_size=4, rank=0).state_dict(3, num_workers=1)
+    assert st["stats"]["sequences"] == 12

@@ -36,12 +36,20 @@ _PULL_MIN = 2048
 _DRY_EPOCHS = 16
 
 
+#: epochs in a row whose block for a share is empty before it is an error, for a stream that does not
+#: say after how many epochs its epoch lengths repeat (``epoch_period``)
+_EMPTY_EPOCHS = 1000
+
+
 #: a plan: pieces' sequence, document id, offset and count, and every sequence's padding
 Plan = tuple[IntArray, IntArray, IntArray, IntArray, IntArray]
 
 
 class DocStream(Protocol):
-    """An endless stream of documents in epochs (what packing walks)."""
+    """An endless stream of documents in epochs (what packing walks). Optional: ``epoch_period()``, the
+    number of epochs after which the epoch lengths repeat (a share whose block is empty in that many
+    epochs in a row has no document ever: an error at once), and ``no_documents(span, longest, shares)``,
+    the reason of that error in the stream's words (the setting to change)."""
 
     def epoch_len(self, epoch: int) -> int: ...
 
@@ -227,6 +235,8 @@ class Planner:
         self._cache: tuple[int, int, IntArray, IntArray] | None = None  # (epoch, start, ids, lengths)
         self._mean = 256.0  # tokens left per pulled document (what a best_fit plan pulls ahead by)
         self._dry = 0  # fresh blocks taken since the last document with a token was pulled
+        period = getattr(stream, "epoch_period", None)
+        self._period = int(period()) if period is not None else _EMPTY_EPOCHS
         buffered = int(state.get("buffered", 0))
         if buffered:
             self._pull(buffered)
@@ -238,7 +248,7 @@ class Planner:
         """Move ``k`` more documents from the ranges (and fresh blocks) to the pulled arrays."""
         parts: list[tuple[IntArray, ...]] = []
         got = 0
-        empty_epochs = 0
+        empty_epochs = longest = 0  # fresh blocks in a row with no document; the longest of their epochs
         while got < k:
             if not self.ranges:
                 e = self.next_epoch
@@ -256,10 +266,9 @@ class Planner:
                                          "pass an eos token)")
                 else:
                     empty_epochs += 1
-                    if empty_epochs > 1000:
-                        raise ValueError(f"share {self.share} of {self.num_shares}: no documents in 1000 epochs "
-                                         f"from epoch {e - 999} on (the dataset is empty, or an epoch has fewer "
-                                         f"documents than the {self.num_shares} shares)")
+                    longest = max(longest, n)
+                    if empty_epochs >= self._period:  # a whole cycle of epoch lengths: empty for good
+                        raise ValueError(self._no_documents(e + 1 - empty_epochs, e, longest))
                 continue
             e, a, b, o = self.ranges[0]
             take = min(b - a, k - got)
@@ -287,6 +296,16 @@ class Planner:
                 self._count(self.ids)
                 self._drop(len(self.ids))
             self._mean = _mean_rest(self.lens, self.off)
+
+    def _no_documents(self, first: int, last: int, longest: int) -> str:
+        """The error of a share whose block is empty in every epoch (those from ``first`` to ``last``, a
+        cycle of the stream's epoch lengths, have at most ``longest`` documents): what to change."""
+        span = f"epoch {first}" if first == last else f"epochs {first} to {last}"
+        say = getattr(self.stream, "no_documents", None)
+        why = say(span, longest, self.num_shares) if say is not None else (
+            f"no documents in {span} (the dataset is empty, or an epoch has fewer documents than the "
+            f"{self.num_shares} shares)")
+        return f"share {self.share} of {self.num_shares}: {why}"
 
     def _docs(self, e: int, a: int, take: int, b: int) -> tuple[IntArray, IntArray]:
         """``stream.docs(e, a, a + take)`` of the range ``[a, b)``, read ``_PULL_MIN`` documents at a time

@@ -75,6 +75,15 @@ class OrderStream:
     def epoch_len(self, epoch: int) -> int:
         return len(self._order(epoch))
 
+    def epoch_period(self) -> int:
+        """Epoch lengths repeat every ``partition_epoch`` (sub-)epochs (the full epoch's size is fixed)."""
+        return max(1, int(getattr(self.dataset, "partition_epoch", 1)))
+
+    def no_documents(self, span: str, longest: int, num_shares: int) -> str:
+        return (f"no documents in its block of any epoch: an epoch has fewer documents than the {num_shares} "
+                f"shares (ranks x DataLoader workers) that split it ({span}, a cycle of partition epochs: at most "
+                f"{longest} documents each); read it with at most {longest} ranks x workers")
+
     def docs(self, epoch: int, start: int, stop: int) -> tuple[IntArray, IntArray]:
         arr = self._order(epoch).take(np.arange(start, stop, dtype=np.int64))
         return arr, self._lengths.take(arr)

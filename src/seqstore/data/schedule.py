@@ -373,6 +373,15 @@ class MixtureStream:
     def epoch_len(self, epoch: int) -> int:
         return self.chunk
 
+    def epoch_period(self) -> int:
+        """Every chunk has ``chunk`` samples."""
+        return 1
+
+    def no_documents(self, span: str, longest: int, num_shares: int) -> str:
+        return (f"no documents in its block of any chunk ({span}): MixtureStream chunk={self.chunk} has fewer "
+                f"samples than the {num_shares} shares (ranks x DataLoader workers) that split every chunk; pass a "
+                f"chunk of at least the {num_shares} shares")
+
     def identity(self) -> dict[str, Any]:
         """What a resume state records of this stream: its sources, their sizes and epoch orders
         (:meth:`~seqstore.data.Dataset.order_identity`), and the chunk."""
