@@ -544,3 +544,25 @@ def test_a_share_outside_the_shares_is_refused_naming_it() -> None:
             packed.open(packed.fresh_state()["shares"][0], share, 2)
     with pytest.raises(ValueError, match="PackedDataset: num_shares must be an integer >= 1, got 0"):
         packed.open(packed.fresh_state()["shares"][0], 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_an_empty_dataset_fails_at_its_first_batch_naming_it(tmp_path: Path, mode: str) -> None:
+    """A PackedDataset over no documents builds (lengths-only planning uses need no document) but its first
+    batch is a ValueError naming the dataset and saying it is empty, after one epoch order (it built 1000
+    and spoke of shares)."""
+    from seqstore.data import LengthsDataset
+
+    built = []
+
+    class Counted(LengthsDataset):
+        def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Any:
+            built.append(epoch)
+            return super().epoch_order(epoch, shard_index, num_shards)
+
+    packed = PackedDataset(Counted(np.zeros(0, dtype=np.int64)), tokens="data", seq_len=4, mode=mode)
+    stream = packed.open(packed.shares(None, 1)[0])
+    with pytest.raises(ValueError, match=r"share 0 of 1: the dataset LengthsDataset\(n=0, .*\) has no documents "
+                                         r"\(epoch 1\)"):
+        stream.plan(1)
+    assert len(built) <= 2

@@ -80,6 +80,8 @@ class OrderStream:
         return max(1, int(getattr(self.dataset, "partition_epoch", 1)))
 
     def no_documents(self, span: str, longest: int, num_shares: int) -> str:
+        if longest == 0:
+            return f"the dataset {self.dataset!r} has no documents ({span}): nothing to pack"
         return (f"no documents in its block of any epoch: an epoch has fewer documents than the {num_shares} "
                 f"shares (ranks x DataLoader workers) that split it ({span}, a cycle of partition epochs: at most "
                 f"{longest} documents each); read it with at most {longest} ranks x workers")
