@@ -195,5 +195,5 @@ class _Build:
         return out
 
     def prefetch(self, plans: list[np.ndarray[Any, Any]]) -> None:
-        """Start reading the documents of later batches' plans."""
-        self.packed.reader.prefetch(np.unique(np.concatenate([p[2 + int(p[1]) : 2 + 2 * int(p[1])] for p in plans])))
+        """Start reading the documents of later batches' plans (:meth:`PackedDataset.prefetch`)."""
+        self.packed.prefetch(plans)
