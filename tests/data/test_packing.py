@@ -566,3 +566,19 @@ def test_an_empty_dataset_fails_at_its_first_batch_naming_it(tmp_path: Path, mod
                                          r"\(epoch 1\)"):
         stream.plan(1)
     assert len(built) <= 2
+
+
+def test_skip_refuses_what_batch_refuses() -> None:
+    """``PackedStream.skip`` took 2.5 as 2 and True as 1 sequences, ignored -1 and raised a bare TypeError on
+    "3"; now each is a ValueError naming the argument (as ``batch`` / ``plan`` do) and the state is kept."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.full(100, 7)), tokens="data", seq_len=8)
+    stream = packed.open(packed.shares(None, 1)[0])
+    before = stream.state()
+    for bad in (-1, "3", 2.5, True):
+        with pytest.raises(ValueError, match=r"PackedStream: number of sequences to skip must be an integer >= 0"):
+            stream.skip(bad)  # type: ignore[arg-type]
+        assert stream.state() == before
+    stream.skip(np.int64(3))
+    assert stream.state()["stats"]["sequences"] == 3

@@ -392,9 +392,10 @@ class PackedStream:
         return self.planner.state()
 
     def skip(self, n: int) -> None:
+        n = check_int(n, "PackedStream: number of sequences to skip", 0)
         if n > 0:
             self._drop_ahead()
-            self.planner.plan(int(n))
+            self.planner.plan(n)
 
     def batch(self, n: int) -> dict[str, Any]:
         if not self.packed.remote:
