@@ -218,3 +218,18 @@ def test_state_dict_with_more_shares_than_documents_names_the_counts(mode: str) 
     parted = PackedDataset(LengthsDataset(np.full(10, 4), partition_epoch=3), tokens="data", seq_len=4, mode=mode)
     st = PackedIterableDataset(parted, batch_size=1, world_size=4, rank=0).state_dict(3, num_workers=1)
     assert st["stats"]["sequences"] == 12
+
+
+def test_state_dict_refuses_a_worker_count_that_is_not_one() -> None:
+    """``num_workers`` decides how the replay splits the consumed batches between the workers' shares:
+    -2 was taken as 1 worker, 2.5 as 2 and "2" as 2 (a state of another split, silently); now each is a
+    ValueError naming ``num_workers`` (None and 0 still mean no DataLoader workers)."""
+    packed = PackedDataset(LengthsDataset(np.full(200, 7)), tokens="data", seq_len=8)
+    ds = PackedIterableDataset(packed, batch_size=2)
+    for bad in (-2, 2.5, "2", True):
+        with pytest.raises(ValueError, match=r"PackedIterableDataset: num_workers must be None or an integer >= 0"):
+            ds.state_dict(3, num_workers=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"PackedIterableDataset: num_workers must be None or an integer >= 0"):
+            ds.finish_epoch(bad)  # type: ignore[arg-type]
+    assert ds.state_dict(3, num_workers=None)["shares"] == ds.state_dict(3, num_workers=0)["shares"]
+    assert ds.state_dict(4, num_workers=np.int64(2))["num_workers"] == 2

@@ -134,14 +134,16 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         the next one continues after it (``SeqDataLoader`` calls this; ``state_dict(num_batches)`` still
         answers for the iteration that ended until the next begins; with a plain DataLoader, call
         ``load_state_dict(state_dict(num_batches, num_workers=K))`` instead)."""
+        k = check_optional_int(num_workers, f"{self._kind}: num_workers", 0) or 0
         if self.num_batches is not None:
-            self._ended = (self.num_batches, num_workers)
+            self._ended = (self.num_batches, k)
 
     def state_dict(self, consumed: int | None = None, *, num_workers: int | None = None) -> dict[str, Any]:
         """The state after every rank took ``consumed`` batches of this iteration from a DataLoader with
         ``num_workers`` workers (0 counts as 1). Replays the packing of every share from lengths only."""
         c = 0 if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
-        k = max(1, int(num_workers or 0))
+        workers = check_optional_int(num_workers, f"{self._kind}: num_workers", 0) or 0
+        k = max(1, workers)
         if self._replay is None or self._replay[0] != k:
             shares = self._shares(k)
             total = len(shares)
@@ -156,7 +158,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             done[s] = items
         state = self.packed.state_dict([st.state() for st in streams])
         state["world_size"] = self.world_size
-        state["num_workers"] = int(num_workers or 0)
+        state["num_workers"] = workers
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
