@@ -582,3 +582,17 @@ def test_skip_refuses_what_batch_refuses() -> None:
         assert stream.state() == before
     stream.skip(np.int64(3))
     assert stream.state()["stats"]["sequences"] == 3
+
+
+def test_pad_id_and_tokens_are_checked() -> None:
+    """``pad_id`` went through ``int()``: 2.5 padded with 2, True with 1, "x" and None were bare errors; a
+    ``tokens`` that is not a name was accepted. Now each is a ValueError naming the argument."""
+    from seqstore.data import LengthsDataset
+
+    ds = LengthsDataset(np.full(10, 7))
+    for bad in (2.5, True, "x", None):
+        with pytest.raises(ValueError, match=r"PackedDataset: pad_id must be an integer, got"):
+            PackedDataset(ds, tokens="data", pad_id=bad)
+    with pytest.raises(ValueError, match=r"PackedDataset: tokens must be a field name \(a str\), got 5"):
+        PackedDataset(ds, tokens=5)  # type: ignore[arg-type]
+    assert PackedDataset(ds, tokens="data", pad_id=np.int32(-1)).pad_id == -1

@@ -131,7 +131,9 @@ class PackedDataset:
         self.eos = None if eos is None else check_int(eos, "PackedDataset: eos", 0)
         self.split_long = bool(split_long)
         self.mask_eos = bool(mask_eos)
-        self.pad_id = int(pad_id)
+        self.pad_id = check_int(pad_id, "PackedDataset: pad_id")
+        if not isinstance(tokens, str):
+            raise ValueError(f"PackedDataset: tokens must be a field name (a str), got {tokens!r}")
         self.tokens = tokens
         if isinstance(source, (Store, str, os.PathLike)):
             source = StoreDataset(source, ordering=ordering, seed=seed, length_field=tokens, fields=[tokens])
