@@ -596,3 +596,16 @@ def test_pad_id_and_tokens_are_checked() -> None:
     with pytest.raises(ValueError, match=r"PackedDataset: tokens must be a field name \(a str\), got 5"):
         PackedDataset(ds, tokens=5)  # type: ignore[arg-type]
     assert PackedDataset(ds, tokens="data", pad_id=np.int32(-1)).pad_id == -1
+
+
+def test_fresh_state_checks_its_share_count() -> None:
+    """``fresh_state(num_shares=0)`` (or -1) returned a state of no share that loading then called malformed,
+    and 2.5 was a bare TypeError; now each is a ValueError naming num_shares."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.full(10, 7)), tokens="data", seq_len=4)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=r"PackedDataset: num_shares must be an integer >= 1, got"):
+            packed.fresh_state(num_shares=bad)  # type: ignore[arg-type]
+    state = packed.fresh_state(2, num_shares=np.int64(3))
+    assert state["num_shares"] == 3 and len(packed.shares(state, 3, 2)) == 3

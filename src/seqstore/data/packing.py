@@ -174,7 +174,8 @@ class PackedDataset:
 
     def fresh_state(self, epoch: int = 1, num_shares: int = 1) -> dict[str, Any]:
         """The state of a run that starts at the beginning of ``epoch`` over ``num_shares`` shares."""
-        return self.state_dict(fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names)))
+        shares = check_int(num_shares, "PackedDataset: num_shares", 1)
+        return self.state_dict(fresh_shares(shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names)))
 
     def state_dict(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """The resume state of a run whose share ``s`` has state ``shares[s]`` (plain, JSON-safe)."""
