@@ -609,3 +609,19 @@ def test_fresh_state_checks_its_share_count() -> None:
             packed.fresh_state(num_shares=bad)  # type: ignore[arg-type]
     state = packed.fresh_state(2, num_shares=np.int64(3))
     assert state["num_shares"] == 3 and len(packed.shares(state, 3, 2)) == 3
+
+
+def test_open_names_what_is_wrong_with_a_share_state() -> None:
+    """``open`` of a whole packed state (not one share's), of None or of a share state with a short range
+    raised a bare KeyError / TypeError / unpacking error; now a ValueError says what it expected."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.full(16, 30)), tokens="data", seq_len=8)
+    with pytest.raises(ValueError, match=r"PackedDataset.open: .*one share's state.*a whole packed state"):
+        packed.open(packed.fresh_state())
+    with pytest.raises(ValueError, match=r"malformed state: share 0 is a NoneType, not a dict"):
+        packed.open(None)  # type: ignore[arg-type]
+    short = {"ranges": [[1, 0, 3]], "next_epoch": 1, "stats": packed.fresh_state()["shares"][0]["stats"]}
+    with pytest.raises(ValueError, match=r"share 1: range 0 is \[1, 0, 3\], not \[epoch, start, stop, offset\]"):
+        packed.open(short, 1, 2)
+    assert packed.open(packed.fresh_state()["shares"][0]).plan(1)[0] == 1

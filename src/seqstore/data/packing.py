@@ -240,6 +240,10 @@ class PackedDataset:
     def open(self, share_state: dict[str, Any], share: int = 0, num_shares: int = 1) -> PackedStream:
         """A :class:`PackedStream` for share ``share`` of ``num_shares`` from its state."""
         _check_share_number(share, num_shares)
+        if isinstance(share_state, dict) and "shares" in share_state:
+            raise ValueError("PackedDataset.open: expected one share's state (packed.shares(state, S)[share]), "
+                             "got a whole packed state")
+        _check_share(share_state, int(share), len(self.names))
         return PackedStream(self, share_state, share, num_shares)
 
     def iter_batches(self, batch_size: int, *, state: dict[str, Any] | None = None, share: int = 0,
