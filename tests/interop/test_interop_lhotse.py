@@ -241,6 +241,20 @@ def test_bad_inputs(corpus: dict[str, Path], tmp_path: Path) -> None:
         import_lhotse(corpus["plain"], tmp_path / "s", audio=False)
 
 
+def test_empty_manifests_among_others_are_skipped(corpus: dict[str, Path], tmp_path: Path) -> None:
+    """An empty manifest in a list of manifests was an error ("holds no cuts") though the others hold
+    cuts; it is skipped, and only a list of empty manifests is an error naming them all."""
+    (tmp_path / "empty.jsonl").write_text("")
+    with gzip.open(tmp_path / "empty.jsonl.gz", "wt") as f:
+        f.write("")
+    store = import_lhotse([tmp_path / "empty.jsonl", corpus["plain"], tmp_path / "empty.jsonl.gz"], tmp_path / "s",
+                          audio=False)
+    assert_same(store, lhotse.CutSet.from_jsonl_lazy(corpus["plain"]), features=None, audio=None)
+    with pytest.raises(SourceFormatError, match=r"empty\.jsonl, .*empty\.jsonl\.gz: holds no cuts"):
+        import_lhotse([tmp_path / "empty.jsonl", tmp_path / "empty.jsonl.gz"], tmp_path / "s2")
+    assert not (tmp_path / "s2").exists()
+
+
 class _Counting:
     """A progress callback with ``add_total``: the import then counts the manifest's lines first."""
 

@@ -26,10 +26,11 @@ __all__ = [
 MARK_LINES = 1024
 
 
-def open_cuts(path: str | os.PathLike[str]) -> Any:
+def open_cuts(path: str | os.PathLike[str], *, empty_ok: bool = False) -> Any:
     """A lazy ``CutSet`` over the JSONL manifest ``path`` (``.jsonl``, ``.jsonl.gz``): nothing but the
     first line is read here. FileNotFoundError for a missing file; SourceFormatError for a file that is
-    not JSONL, is empty, or holds another kind of manifest (recordings, supervisions, features)."""
+    not JSONL, is empty (None with ``empty_ok``), or holds another kind of manifest (recordings,
+    supervisions, features)."""
     from lhotse import CutSet, load_manifest_lazy
 
     p = os.fspath(path)
@@ -45,6 +46,8 @@ def open_cuts(path: str | os.PathLike[str]) -> Any:
     except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
         raise SourceFormatError(p, None, f"not a readable Lhotse manifest: {type(exc).__name__}: {exc}") from exc
     if cuts is None:
+        if empty_ok:
+            return None
         raise SourceFormatError(p, None, "holds no cuts (empty manifest)")
     if not isinstance(cuts, CutSet):
         raise SourceFormatError(p, None, f"holds a {type(cuts).__name__}, not cuts; make cuts first, e.g. "

@@ -109,9 +109,10 @@ def _sources(cuts: Any, lean: bool) -> list[tuple[str, Any]]:
 
 def _manifest_source(path: str | os.PathLike[str], lean: bool) -> tuple[str, Iterator[Any]]:
     """A manifest file checked (:func:`open_cuts`) and its cuts, parsed line by line as Lhotse parses
-    them, so that a line that is not a cut is an error naming the manifest and the line."""
+    them, so that a line that is not a cut is an error naming the manifest and the line. An empty
+    manifest has no cuts (skipped; :func:`_first_cut` names the manifests when all are empty)."""
     p = os.fspath(path)
-    open_cuts(p)
+    open_cuts(p, empty_ok=True)
     return p, manifest_cuts(p, 0, None, lean=lean)
 
 
