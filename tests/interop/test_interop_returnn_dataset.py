@@ -263,3 +263,21 @@ def test_interop_dataset_num_outputs_not_two_whole_numbers_is_a_value_error(tmp_
         w.append({"x": np.arange(3, dtype=np.int32)})
     with pytest.raises(ValueError, match=r"num_outputs\['x'\] must be \(dim, ndim\), two whole numbers >= 0"):
         StoreDataset(str(tmp_path / "s"), num_outputs={"x": given})
+
+
+@pytest.mark.parametrize("labels", [5, "abc", [1, 2], {"a": 1}])
+def test_interop_returnn_labels_not_a_list_of_strings_is_a_named_error(tmp_path: Path, labels: object) -> None:
+    """metadata["returnn"]["labels"][field] that is not a list of strings was a bare TypeError from list()
+    (and a string was taken as its letters); StoreDataset and export_hdf name the store, field and what
+    was expected."""
+    with seqstore.create(tmp_path / "s", {"data": seqstore.Field("int32", (None,))},
+                         metadata={"returnn": {"labels": {"data": labels}}}) as w:
+        w.append({"data": np.arange(3, dtype=np.int32)})
+    want = r"metadata\['returnn'\]\['labels'\]\['data'\] .*expected a list of strings"
+    with pytest.raises(seqstore.SchemaError, match=want):
+        StoreDataset(str(tmp_path / "s"))
+    from seqstore.interop.returnn import export_hdf
+
+    with pytest.raises(seqstore.SchemaError, match=want):
+        export_hdf(tmp_path / "s", tmp_path / "r.hdf")
+    assert not (tmp_path / "r.hdf").exists()

@@ -26,7 +26,7 @@ from ..errors import SeqstoreError
 from ..order import Order, ordering_needs_lengths
 from ..order import seq_order as _seq_order  # init_seq_order has a parameter named seq_order
 from ..store import Store, open_store
-from .returnn_hdf import recorded_dims
+from .returnn_hdf import recorded_dims, recorded_labels
 
 __all__ = ["StoreDataset"]
 
@@ -192,9 +192,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
             outs[k] = (int(pair[0]), int(pair[1]))
         self.num_outputs = outs
         self.num_inputs = outs["data"][0] if "data" in outs else 0
-        labels = meta.get("labels", {})
-        if isinstance(labels, dict):
-            self.labels = {k: list(v) for k, v in labels.items() if k in schema}
+        if labels := recorded_labels(self._store.url, meta, schema):
+            self.labels = labels
         self._dtypes = {n: ("float32" if f.dtype == "bfloat16" else str(np.dtype(f.dtype))) for n, f in schema.items()}
         self._num_timesteps = 0 if seq_order_key is None else self._store.manifest.total_rows(seq_order_key)
         self._order: Order | None = None

@@ -49,6 +49,7 @@ from .returnn_hdf import (
     inspect_hdf,
     read_dataset,
     recorded_dims,
+    recorded_labels,
 )
 
 if TYPE_CHECKING:
@@ -370,7 +371,7 @@ def export_hdf(
                 f"field {n!r}: rows of shape {schema[n].inner_shape}; RETURNN HDF streams have 1-d or 2-d rows"
             )
     n_seqs = len(st)
-    labels_meta = meta.get("labels", {}) if isinstance(meta.get("labels", {}), dict) else {}
+    labels_meta = recorded_labels(st.url, meta, schema)
     dims = {n: _stream_dims(st, n, schema[n]) for n, _ in streams}
     ncols = (1 if inputs else 0) + (len(keyed) if keyed else 1)
     check_output(target, overwrite, lambda r: r.is_dir(), "a directory (the output is one HDF5 file)")

@@ -17,7 +17,7 @@ from ..errors import SchemaError
 from ._common import SourceFormatError
 
 __all__ = ["inspect_hdf", "HdfFileInfo", "HdfStream", "read_dataset", "decode_tag", "h5py_module", "VALIDATE_BLOCK",
-           "recorded_dims"]
+           "recorded_dims", "recorded_labels"]
 
 VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
 
@@ -83,6 +83,24 @@ def recorded_dims(url: str, name: str, given: Mapping[str, Any], ndim: int) -> t
         raise SchemaError(f"{url}: metadata['returnn']['streams'][{name!r}] has dim {dim!r} and ndim {nd!r}; "
                           "RETURNN's num_outputs need whole numbers >= 0")
     return dim, nd
+
+
+def recorded_labels(url: str, meta: Mapping[str, Any], fields: Any) -> dict[str, list[str]]:
+    """The labels of the ``fields`` as the store ``url`` records them in ``metadata["returnn"]["labels"]``
+    (``meta``: ``metadata["returnn"]``; nothing when it has none); SchemaError naming the store and the
+    field unless each is a list of strings."""
+    labels = meta.get("labels", {})
+    if not isinstance(labels, Mapping):
+        return {}
+    out: dict[str, list[str]] = {}
+    for k, v in labels.items():
+        if k not in fields:
+            continue
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+            raise SchemaError(f"{url}: metadata['returnn']['labels'][{k!r}] is {v!r}; expected a list of strings "
+                              "(the stream's label names)")
+        out[k] = list(v)
+    return out
 
 
 def decode_tag(t: Any) -> str:
