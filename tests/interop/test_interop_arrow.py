@@ -145,12 +145,14 @@ def test_interop_hf_datasets_save_to_disk(tmp_path: Path) -> None:
     ("state.json", '{"_data_files": "a.arrow"}', "_data_files should be a list of {\"filename\": NAME}"),
     ("state.json", '{"_data_files": ["a.arrow"]}', "_data_files should be a list of {\"filename\": NAME}"),
     ("state.json", '{"_data_files": [{"filename": "../x.arrow"}]}', "_data_files should be a list of"),
+    ("state.json", '{"_data_files": [{"filename": "data-00000-of-00001.arrow"}, '
+     '{"filename": "data-00000-of-00001.arrow"}]}', "_data_files lists 'data-00000-of-00001.arrow' twice"),
     ("dataset_dict.json", "{bad", "not JSON"),
     ("dataset_dict.json", '{"splits": 3}', "splits should be a list of names"),
 ])
 def test_a_damaged_save_to_disk_json_is_a_named_error(tmp_path: Path, name: str, text: str, words: str) -> None:
     """A state.json or dataset_dict.json that is not JSON, or not of the layout datasets writes, was a bare
-    JSONDecodeError, AttributeError or TypeError naming no file."""
+    JSONDecodeError, AttributeError or TypeError naming no file (and a file listed twice was imported twice)."""
     d = tmp_path / "hf"
     d.mkdir()
     table = pa.table({"x": [1, 2, 3]})

@@ -97,6 +97,10 @@ def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
             raise SourceFormatError(state, None, '_data_files should be a list of {"filename": NAME} (files of the '
                                     f"directory), got {listed!r:.200}")
         files = [f["filename"] for f in listed]
+        if len(set(files)) < len(files):  # datasets would read it twice: its records twice
+            twice = next(f for k, f in enumerate(files) if f in files[:k])
+            raise SourceFormatError(state, None, f"_data_files lists {twice!r} twice; each file of the dataset "
+                                    "should be listed once")
         if files and fmt == "parquet":
             raise SourceFormatError(p, None, "is a Hugging Face datasets save_to_disk directory (Arrow files, not "
                                     "Parquet); import it with import_hf")
