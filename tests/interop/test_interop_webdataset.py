@@ -512,3 +512,28 @@ def test_s3_shards_into_an_s3_store(tmp_path: Path, moto_s3: Any, s3_bucket: str
                            storage_options=opts)
     assert st.is_remote and len(st) == 10
     assert_same(st, [str(tmp_path / "shards" / f"{i:06d}.tar") for i in range(2)])
+
+
+def test_a_header_with_the_signed_checksum_is_read_as_tarfile_reads_it(tmp_path: Path) -> None:
+    """Some old tar writers sum a header's bytes as signed chars; Python's tarfile accepts that sum, the
+    shard reader called it a bad header checksum. A header with bytes >= 128 (a UTF-8 owner name) is
+    given the signed sum; both tarfile and the import read the shard."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for k in range(3):
+            data = f"sample {k}".encode()
+            info = tarfile.TarInfo(f"k{k}.txt")
+            info.size, info.uname = len(data), "j\u00f6rg"
+            tf.addfile(info, io.BytesIO(data))
+    whole = bytearray(buf.getvalue())
+    for pos in (i for i in range(0, len(whole), 512) if whole[i + 257 : i + 262] == b"ustar"):
+        h = whole[pos : pos + 512]
+        h[148:156] = b" " * 8
+        signed = sum(b - 256 if b >= 128 else b for b in h)
+        assert signed != sum(h)
+        whole[pos + 148 : pos + 156] = b"%06o\0 " % signed
+    (tmp_path / "signed.tar").write_bytes(bytes(whole))
+    with tarfile.open(tmp_path / "signed.tar") as tf:
+        assert [m.name for m in tf.getmembers()] == ["k0.txt", "k1.txt", "k2.txt"]
+    store = import_webdataset(tmp_path / "signed.tar", tmp_path / "s.seqstore")
+    assert [bytes(store[i]["txt"]).decode() for i in range(3)] == [f"sample {k}" for k in range(3)]

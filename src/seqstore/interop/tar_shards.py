@@ -170,9 +170,11 @@ def _pax(data: bytes) -> dict[str, str]:
 def _header(path: str, hdr: bytes, pos: int, pax: Mapping[str, str], long_name: str | None) -> tuple[str, bytes, int]:
     """(name, type flag, size) of the 512-byte member header ``hdr`` at byte ``pos`` of the tar: the name
     from a preceding GNU long name or pax ``path`` when there is one, the size from a pax ``size``;
-    SourceFormatError for a bad checksum."""
+    SourceFormatError for a bad checksum (neither the unsigned nor the signed sum of its bytes)."""
     want = _octal(hdr[148:156])
-    if want != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+    unsigned = sum(hdr[:148]) + 256 + sum(hdr[156:])
+    # the bytes summed as signed chars (some old tar writers; Python's tarfile accepts either sum)
+    if want != unsigned and want != unsigned - 256 * sum(b >= 128 for b in hdr[:148] + hdr[156:]):
         raise SourceFormatError(path, None, f"cannot read as a tar shard: bad header checksum at byte {pos}")
     n = int(pax["size"]) if "size" in pax else _octal(hdr[124:136])
     if n < 0:
