@@ -241,3 +241,51 @@ def test_cli_convert_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[st
     _write_header(tmp_path / "a.idx", version=3)
     assert cli_main(["convert", "--from", "megatron", str(tmp_path / "a"), str(tmp_path / "c.seqstore")]) == 2
     assert "version 3" in capsys.readouterr().err
+
+
+_KILLED_EXPORT = """
+import os, signal, sys
+import numpy as np
+import seqstore
+from seqstore.interop.megatron import export_megatron
+
+prefix = sys.argv[1]
+real = os.replace
+
+def replace(src, dst, *a, **k):  # killed at the first rename of (or onto) PREFIX.idx: .bin is installed
+    if prefix + ".idx" in (os.fspath(src), os.fspath(dst)):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst, *a, **k)
+
+os.replace = replace
+with seqstore.create(prefix + ".store", {"tokens": seqstore.Field("int32", (None,))}) as w:
+    for k in range(200):
+        w.append({"tokens": np.arange(k % 7 + 1, dtype=np.int32)})
+export_megatron(prefix + ".store", prefix, overwrite=True)
+"""
+
+
+def test_a_kill_between_the_renames_never_leaves_an_old_idx_beside_a_new_bin(tmp_path: Path) -> None:
+    """export_megatron renamed .bin into place, then .idx: killed between the two with overwrite, the new
+    .bin lay beside the old .idx, which read_index took for a dataset (the old sequences read from the new
+    tokens). The old .idx is now removed before the new .bin is installed: a half-installed pair is not
+    readable as a pair, and the next export with overwrite installs both."""
+    import os
+    import subprocess
+    import sys
+
+    prefix = tmp_path / "ds"
+    with seqstore.create(tmp_path / "old.store", {"tokens": Field("int32", (None,))}) as w:
+        for k in range(5):
+            w.append({"tokens": np.full(3, k, np.int32)})
+    export_megatron(tmp_path / "old.store", prefix)
+    src = Path(seqstore.__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(prefix)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(src)})
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert os.path.getsize(f"{prefix}.bin") > 5 * 3 * 4  # the new tokens are in place
+    with pytest.raises((FileNotFoundError, MegatronIndexError)):
+        read_index(prefix)
+    export_megatron(tmp_path / "ds.store", prefix, overwrite=True)
+    assert read_index(prefix).num_sequences == 200
+    assert sorted(os.listdir(tmp_path)) == ["ds.bin", "ds.idx", "ds.store", "old.store"]

@@ -39,6 +39,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from ..errors import SchemaError
+from ..format.manifest import fsync_dir
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
@@ -373,7 +374,9 @@ def export_megatron(
     None: one document per record. Sequences longer than 2**31-1 tokens are refused (int32 lengths).
 
     Both files are written in one pass in chunks of about ``chunk_bytes`` (O(chunk) memory) under
-    temporary names and renamed into place at the end (``.bin`` first). ``progress`` gets bytes of tokens.
+    temporary names and installed at the end: an existing ``.idx`` deleted, then ``.bin`` renamed into
+    place, then ``.idx`` (killed part way, a new ``.bin`` is never left beside an old ``.idx``; export
+    again with ``overwrite``). ``progress`` gets bytes of tokens.
     """
     prefix = _prefix(local_output(out, "export_megatron"))
     chunk_bytes = check_size("export_megatron", "chunk_bytes", chunk_bytes)
@@ -411,7 +414,10 @@ def export_megatron(
     announce_total(progress, total_rows * item)
     per_record = max(1, total_rows * item // max(n, 1))
     chunk_records = int(min(max(chunk_bytes // per_record, 1), BLOCK))
-    with replaced(idxp) as tidx, replaced(binp) as tbin:  # on success .bin is renamed into place first
+    # on success the old .idx is deleted, then .bin renamed into place, then .idx: killed between those
+    # steps, what is left is never a new .bin beside an old .idx (readable as a pair of wrong sequences)
+    had_idx = idxp.exists() or idxp.is_symlink()  # (checked: overwrite was given)
+    with replaced(idxp) as tidx, replaced(binp) as tbin:
         with open(tbin, "wb") as fb, open(tidx, "w+b") as fi:
             fi.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[str(out_dt)], n, 0))
             fi.truncate(HEADER_BYTES + 12 * n)
@@ -466,4 +472,7 @@ def export_megatron(
             os.fsync(fb.fileno())
             fi.flush()
             os.fsync(fi.fileno())
+        if had_idx:
+            idxp.unlink(missing_ok=True)
+            fsync_dir(idxp.parent)
     return Path(prefix)
