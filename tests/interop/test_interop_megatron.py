@@ -289,3 +289,22 @@ def test_a_kill_between_the_renames_never_leaves_an_old_idx_beside_a_new_bin(tmp
     export_megatron(tmp_path / "ds.store", prefix, overwrite=True)
     assert read_index(prefix).num_sequences == 200
     assert sorted(os.listdir(tmp_path)) == ["ds.bin", "ds.idx", "ds.store", "old.store"]
+
+
+@pytest.mark.parametrize("given", ["b", "b.bin", "b.idx"])
+def test_cli_export_interrupted_after_the_install_leaves_no_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  given: str) -> None:
+    """An interrupt that comes after export --to megatron installed its pair (while it reports) removes
+    the new files; for OUT given as PREFIX.bin or PREFIX.idx the paths were made from OUT as typed
+    (b.bin.idx, ...), so the new b.idx (or b.bin) was left."""
+    import seqstore.interop.commands as commands
+
+    with seqstore.create(tmp_path / "s", {"tokens": Field("int32", (None,))}) as w:
+        w.append({"tokens": np.arange(4, dtype=np.int32)})
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "print", interrupted, raising=False)
+    assert cli_main(["export", "--to", "megatron", str(tmp_path / "s"), str(tmp_path / given)]) == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]

@@ -439,12 +439,14 @@ def _user_error(exc: OSError | KeyError) -> int:
 
 
 @contextlib.contextmanager
-def _undone_on_interrupt(out: str) -> Iterator[None]:
+def _undone_on_interrupt(out: str, *, pair: bool = False) -> Iterator[None]:
     """A local output that did not exist before the command and exists when an interrupt (Ctrl-C,
     SIGTERM) arrives is removed before the interrupt goes on: one that comes after the output was
     installed, while the command reports, still leaves nothing (what ``cli.main`` then says). ``out``
-    and, for Megatron's prefix, ``out.bin`` / ``out.idx``."""
-    paths = [] if is_remote(out) else [Path(out + s) for s in ("", ".bin", ".idx")]
+    and, for Megatron's prefix (``pair``), ``PREFIX.bin`` / ``PREFIX.idx``, PREFIX being ``out`` less a
+    trailing ``.bin`` / ``.idx`` (as export_megatron takes it)."""
+    prefix = out[:-4] if pair and out.endswith((".bin", ".idx")) else out
+    paths = [] if is_remote(out) else [Path(out), *(Path(prefix + s) for s in (".bin", ".idx") if pair)]
     new = [q for q in paths if not q.exists() and not q.is_symlink()]
     try:
         yield
@@ -476,7 +478,7 @@ def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
     _check_options(args, "export")
-    with _undone_on_interrupt(os.fspath(args.out)):
+    with _undone_on_interrupt(os.fspath(args.out), pair=args.target == "megatron"):
         try:
             opts = _storage_options(args)
             if opts is not None:  # a store at a URL that needs options of its client: opened here, handed over
