@@ -454,3 +454,14 @@ def test_interop_export_with_malformed_returnn_metadata(tmp_path: Path, streams:
     with pytest.raises(seqstore.SchemaError, match=r"s: metadata\['returnn'\]\['streams'\]\['x'\] .* whole numbers"):
         rt.export_hdf(tmp_path / "s", tmp_path / "o.hdf", inputs="x")
     assert not (tmp_path / "o.hdf").exists()
+
+
+def test_files_of_different_dims_are_a_named_error(tmp_path: Path) -> None:
+    """Files whose streams have other dims (num_outputs; here a sparse vocabulary of 30 and one of 50)
+    were imported with the first file's dims, so the store claimed dim 30 for values up to 49 (RETURNN's
+    HDFDataset refuses such files); it is a SchemaError naming both files and the stream."""
+    write_returnn_hdf(tmp_path / "a.hdf", n=4, dim=None, vocab=30)
+    write_returnn_hdf(tmp_path / "b.hdf", n=4, dim=None, vocab=50, seed=1)
+    with pytest.raises(seqstore.SchemaError, match=r"b\.hdf, dataset 'inputs': dim 50 .* but dim 30 .* in .*a\.hdf"):
+        rt.import_hdf([tmp_path / "a.hdf", tmp_path / "b.hdf"], tmp_path / "s")
+    assert not (tmp_path / "s").exists()

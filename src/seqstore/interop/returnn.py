@@ -77,8 +77,8 @@ def __getattr__(name: str) -> Any:
 
 
 def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tuple[Schema, dict[str, Any]]:
-    """One schema for all files (same streams and row shapes; dtypes promoted within a kind, signed with
-    unsigned integers only to an integer dtype that holds both)."""
+    """One schema for all files (same streams, row shapes and dims; dtypes promoted within a kind, signed
+    with unsigned integers only to an integer dtype that holds both)."""
     first = infos[0]
     by_key: dict[str, HdfStream] = {s.key: s for s in first.streams}
     dtypes = {k: np.dtype(s.dtype) for k, s in by_key.items()}
@@ -93,6 +93,11 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
             if s.inner != ref.inner:
                 raise SchemaError(
                     f"{info.path}, dataset {s.dataset!r}: rows of shape {s.inner} but {ref.inner} in {first.path}"
+                )
+            if (s.dim, s.ndim) != (ref.dim, ref.ndim):  # (RETURNN's HDFDataset refuses them too)
+                raise SchemaError(
+                    f"{info.path}, dataset {s.dataset!r}: dim {s.dim} and ndim {s.ndim} (num_outputs) but dim "
+                    f"{ref.dim} and ndim {ref.ndim} in {first.path}; all files of one import must have the same dims"
                 )
             dt = np.dtype(s.dtype)
             if dt.kind != dtypes[s.key].kind and not {dt.kind, dtypes[s.key].kind} <= {"i", "u"}:
