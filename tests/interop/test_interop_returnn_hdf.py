@@ -465,3 +465,16 @@ def test_files_of_different_dims_are_a_named_error(tmp_path: Path) -> None:
     with pytest.raises(seqstore.SchemaError, match=r"b\.hdf, dataset 'inputs': dim 50 .* but dim 30 .* in .*a\.hdf"):
         rt.import_hdf([tmp_path / "a.hdf", tmp_path / "b.hdf"], tmp_path / "s")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("recorded", [["data"], {"a": 1}, 5])
+def test_a_recorded_inputs_that_is_not_a_name_is_a_named_error(tmp_path: Path, recorded: Any) -> None:
+    """export_hdf(inputs="auto") with metadata["returnn"]["inputs"] that is not a field name (a list) was a
+    bare TypeError (unhashable type); it is a SchemaError naming the store and the metadata key."""
+    with seqstore.create(tmp_path / "s", {"data": seqstore.Field("int32", (None,))},
+                         metadata={"returnn": {"inputs": recorded}}) as w:
+        w.append({"data": np.arange(3, dtype=np.int32)})
+    with pytest.raises(seqstore.SchemaError, match=r"s: metadata\['returnn'\]\['inputs'\] is .*expected a field name"):
+        rt.export_hdf(tmp_path / "s", tmp_path / "r.hdf")
+    assert not (tmp_path / "r.hdf").exists()
+    rt.export_hdf(tmp_path / "s", tmp_path / "r.hdf", inputs="data")

@@ -352,6 +352,9 @@ def export_hdf(
     meta = meta if isinstance(meta, dict) else {}
     if inputs == "auto":
         recorded = meta.get("inputs")
+        if recorded is not None and not isinstance(recorded, str):
+            raise SchemaError(f"{st.url}: metadata['returnn']['inputs'] is {recorded!r:.100}; expected a field name "
+                              "(or None); pass inputs=")
         inputs = recorded if recorded in schema else ("data" if "data" in schema else None)
     if inputs is not None and inputs not in schema:
         raise KeyError(f"{st.url}: no field {inputs!r} for inputs; fields are {list(schema)}")
