@@ -308,3 +308,16 @@ def test_cli_export_interrupted_after_the_install_leaves_no_pair(tmp_path: Path,
     monkeypatch.setattr(commands, "print", interrupted, raising=False)
     assert cli_main(["export", "--to", "megatron", str(tmp_path / "s"), str(tmp_path / given)]) == 130
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+@pytest.mark.parametrize("recorded", [["doc"], {"a": 1}, 5])
+def test_a_recorded_document_field_that_is_not_a_name_is_a_named_error(tmp_path: Path, recorded: Any) -> None:
+    """export_megatron(documents="auto") with metadata["megatron"]["document_field"] that is not a field
+    name (a list) was a bare TypeError (unhashable type); it is a SchemaError naming the store and key."""
+    with seqstore.create(tmp_path / "s", {"tokens": Field("int32", (None,))},
+                         metadata={"megatron": {"document_field": recorded}}) as w:
+        w.append({"tokens": np.arange(3, dtype=np.int32)})
+    with pytest.raises(SchemaError, match=r"s: metadata\['megatron'\]\['document_field'\] is .*expected a field name"):
+        export_megatron(tmp_path / "s", tmp_path / "m")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+    export_megatron(tmp_path / "s", tmp_path / "m", documents=None)

@@ -397,6 +397,9 @@ def export_megatron(
     if documents == "auto":
         meta = st.metadata.get(METADATA_KEY, {})
         doc = meta.get("document_field") if isinstance(meta, dict) else None
+        if doc is not None and not isinstance(doc, str):
+            raise SchemaError(f"{st.url}: metadata['megatron']['document_field'] is {doc!r:.100}; expected a field "
+                              "name (or None); pass documents=")
         documents = doc if doc in st.schema else None
     if documents is not None:
         if documents not in st.schema:
