@@ -537,3 +537,17 @@ def test_a_header_with_the_signed_checksum_is_read_as_tarfile_reads_it(tmp_path:
         assert [m.name for m in tf.getmembers()] == ["k0.txt", "k1.txt", "k2.txt"]
     store = import_webdataset(tmp_path / "signed.tar", tmp_path / "s.seqstore")
     assert [bytes(store[i]["txt"]).decode() for i in range(3)] == [f"sample {k}" for k in range(3)]
+
+
+@pytest.mark.parametrize("recorded", [["txt"], {"a": 1}, 5])
+def test_a_recorded_field_that_is_not_a_name_is_a_named_error(tmp_path: Path, recorded: Any) -> None:
+    """export_webdataset with metadata["webdataset"]["fields"][ext]["field"] that is not a field name (a
+    list) was a bare TypeError (unhashable type); it is a SchemaError naming the store and the entry."""
+    with seqstore.create(tmp_path / "s", {"txt": Field("uint8", (None,))},
+                         metadata={"webdataset": {"fields": {"txt": {"field": recorded}}}}) as w:
+        w.append({"txt": np.frombuffer(b"abc", np.uint8)})
+    with pytest.raises(SchemaError, match=r"s: metadata\['webdataset'\]\['fields'\]\['txt'\]\['field'\] is .*"
+                       "expected a field name"):
+        export_webdataset(tmp_path / "s", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+    export_webdataset(tmp_path / "s", tmp_path / "out", fields={"txt": "txt"})

@@ -325,8 +325,13 @@ def _export_plan(st: Store, fields: Sequence[str] | Mapping[str, str] | None) ->
     """field -> (extension, kind) of each exported field."""
     recorded: dict[str, str] = {}
     meta = st.metadata.get(METADATA_KEY, {})
-    if isinstance(meta, dict) and isinstance(meta.get("fields"), dict):
-        recorded = {v["field"]: e for e, v in meta["fields"].items() if isinstance(v, dict) and "field" in v}
+    if not isinstance(fields, Mapping) and isinstance(meta, dict) and isinstance(meta.get("fields"), dict):
+        for e, v in meta["fields"].items():
+            if isinstance(v, dict) and "field" in v:
+                if not isinstance(v["field"], str):
+                    raise SchemaError(f"{st.url}: metadata['webdataset']['fields'][{e!r}]['field'] is "
+                                      f"{v['field']!r:.100}; expected a field name; pass fields={{field: extension}}")
+                recorded[v["field"]] = e
     if isinstance(fields, Mapping):
         chosen: dict[str, str | None] = dict(fields)
     else:
