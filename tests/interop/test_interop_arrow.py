@@ -165,6 +165,20 @@ def test_a_damaged_save_to_disk_json_is_a_named_error(tmp_path: Path, name: str,
     assert not (tmp_path / "o.seqstore").exists()
 
 
+def test_a_data_file_missing_from_a_save_to_disk_directory_names_state_json(tmp_path: Path) -> None:
+    """A file listed in state.json's _data_files but missing from the directory was a bare OS error from
+    deep in the reader ("[Errno 2] No such file or directory"); it names the file and state.json."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    table = pa.table({"x": [1, 2, 3]})
+    with pa.OSFile(str(d / "a.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    (d / "state.json").write_text('{"_data_files": [{"filename": "a.arrow"}, {"filename": "b.arrow"}]}')
+    with pytest.raises(FileNotFoundError, match=r"hf/b\.arrow: no such file, but .*hf/state\.json lists it"):
+        import_arrow(d, tmp_path / "o.seqstore")
+    assert not (tmp_path / "o.seqstore").exists()
+
+
 def test_interop_arrow_errors(tmp_path: Path) -> None:
     d = _data(20)
     pq.write_table(_table(d), tmp_path / "t.parquet")

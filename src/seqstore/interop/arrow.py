@@ -104,6 +104,10 @@ def arrow_sources(path: str | os.PathLike[str], fmt: str) -> list[Path]:
         if files and fmt == "parquet":
             raise SourceFormatError(p, None, "is a Hugging Face datasets save_to_disk directory (Arrow files, not "
                                     "Parquet); import it with import_hf")
+        for f in files:
+            if not (p / f).is_file():
+                raise FileNotFoundError(f"{p / f}: no such file, but {state} lists it in _data_files (a partial "
+                                        "copy of the save_to_disk directory?)")
         if files:
             return [p / f for f in files]
     ext = ".parquet" if fmt == "parquet" else ".arrow"
