@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.tmpfs import run_on_small_tmpfs
 
 import seqstore
 from seqstore import Field
@@ -321,3 +322,34 @@ def test_a_recorded_document_field_that_is_not_a_name_is_a_named_error(tmp_path:
         export_megatron(tmp_path / "s", tmp_path / "m")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
     export_megatron(tmp_path / "s", tmp_path / "m", documents=None)
+
+
+_FULL_DISK_EXPORT = """
+import errno, os, sys
+import numpy as np
+import seqstore as ss
+from seqstore.interop.megatron import export_megatron
+store = sys.argv[2]
+with ss.create(store, {"tokens": ss.Field("int32", (None,))}) as w:
+    w.append_batch({"tokens": (np.ones(300_000, np.int32), np.ones(300_000, np.int64))})
+try:
+    export_megatron(store, sys.argv[1] + "/out")  # .idx: 12 bytes a record, 3.6 MB on a 2 MB disk
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+    print(exc)
+else:
+    raise AssertionError("exported onto a full disk")
+print(sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_an_export_onto_a_full_disk_is_an_error_naming_the_file_not_a_crash(tmp_path: Path) -> None:
+    """The .idx is written through a mapping of a file truncated to its size: on a full disk the first
+    write into its hole was a SIGBUS that killed the process; it is an ENOSPC naming the file, and the
+    temporaries are gone."""
+    store = tmp_path / "s.seqstore"
+    script = _FULL_DISK_EXPORT.replace("sys.argv[2]", repr(str(store)))
+    disk, got = run_on_small_tmpfs(script, tmp_path, "2m")
+    assert got.returncode == 0, (got.returncode, got.stdout, got.stderr[-2000:])
+    assert f"{disk}/out.idx" in got.stdout, got.stdout
+    assert got.stdout.splitlines()[-1] == "[]", got.stdout
