@@ -335,8 +335,12 @@ class Logger:
     def _write_buffer(self, buf: _Buffer) -> None:
         """Write one buffer's records into the current shard (no commit). Runs in the background thread."""
         assert self._writer is not None
-        if buf.stats:
-            self._writer.add_stats(buf.stats)
+        stats = dict(buf.stats)
+        if buf.n:  # the rows that went in, exactly (an interrupted log() counts only those)
+            key = f"rank-{self.rank}/records"
+            stats[key] = stats.get(key, 0) + buf.n
+        if stats:
+            self._writer.add_stats(stats)
         if buf.n:
             columns = {name: arr[: buf.n] for name, arr in buf.arrays.items()}
             self._writer.append_batch(columns, ids=buf.ids)
@@ -391,8 +395,7 @@ class Logger:
         with self._lock:
             self._ids.see_commits(self._reader, self._committed_seq)
             keep, stats, skipped = self._ids.check(self._reader, id_list)
-            self._num_skipped += skipped
-            self._append(converted, id_list, keep, stats)
+            self._append(converted, id_list, keep, stats, skipped)
             if time.monotonic() - self._last_handoff >= self.commit_every_s:
                 self._handoff(commit=True)
             elif len(self._ids) > MAX_INFLIGHT_IDS and self._ids.commit_asked < 0:
@@ -424,8 +427,10 @@ class Logger:
                 )
 
     def _append(self, converted: Mapping[str, np.ndarray[Any, Any]], ids: list[str], keep: np.ndarray[Any, Any] | None,
-                stats: dict[str, int]) -> None:
-        """Copy the kept rows into buffers, handing full buffers to the background thread."""
+                stats: dict[str, int], skipped: int) -> None:
+        """Copy the kept rows into buffers, handing full buffers to the background thread. The batch's
+        duplicate counts go in with its last rows (the record counts are the buffers' own), so that a
+        batch stopped by an interrupt before that and logged again is counted once."""
         assert self.schema is not None
         groups = self.schema.groups
         if keep is not None:
@@ -433,9 +438,9 @@ class Logger:
         total = len(ids)
         if self._cur is None:
             self._cur = self._take_buffer()
-        self._merge_stats(self._cur, stats)
-        if total:
-            self._merge_stats(self._cur, {f"rank-{self.rank}/records": total})
+        if not total:
+            self._count_duplicates(self._cur, stats, skipped)
+            return
         pos = 0
         while pos < total:
             buf = self._cur
@@ -460,13 +465,15 @@ class Logger:
             # logged whose rows were never counted (keep_first would drop them when logged again)
             self._ids.add(chunk_ids)
             pos += take
+            if pos == total:
+                self._count_duplicates(buf, stats, skipped)
             if buf.n == buf.cap:
                 self._handoff(commit=False)
 
-    @staticmethod
-    def _merge_stats(buf: _Buffer, stats: Mapping[str, int]) -> None:
+    def _count_duplicates(self, buf: _Buffer, stats: Mapping[str, int], skipped: int) -> None:
         for k, v in stats.items():
             buf.stats[k] = buf.stats.get(k, 0) + v
+        self._num_skipped += skipped
 
     def _handoff(self, *, commit: bool, wait: bool = False) -> None:
         """Give the current buffer (possibly empty) to the background thread. Called holding the lock."""
