@@ -11,6 +11,7 @@ treats them as bfloat16 (not as integers).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 from ..errors import SchemaError
 from ..schema import BFLOAT16, BF16Bits, Field, torch_to_numpy
 
-__all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str"]
+__all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str", "default_rank"]
 
 _ALIGN = 256
 
@@ -136,3 +137,15 @@ def ids_to_str(ids: Any) -> list[str]:
         else:
             raise SchemaError(f"log(): an id must be a str or an int, got {type(x).__name__} {x!r}")
     return out
+
+
+def default_rank() -> int:
+    """``torch.distributed.get_rank()`` when a process group is initialised, else 0.
+
+    torch is not imported for this: a process that uses torch.distributed has imported it already.
+    """
+    if "torch" not in sys.modules:
+        return 0
+    import torch.distributed as dist
+
+    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0

@@ -52,8 +52,10 @@ class LoggedIds:
             self.inflight[i] = self.inflight.get(i, 0) + 1
 
     def handed_off(self, seq: int, ids: list[str]) -> None:
-        """The buffer ``seq`` holding ``ids`` went to the background writer."""
-        self._pending.append((seq, ids))
+        """The buffer ``seq`` holding ``ids`` went to the background writer (a repeated call for the
+        same buffer, after an interrupted handoff, changes nothing)."""
+        if not (self._pending and self._pending[-1][0] == seq):
+            self._pending.append((seq, ids))
 
     def see_commits(self, view: Store, committed_seq: int) -> None:
         """Make ``view`` include what was committed up to buffer ``committed_seq`` (and what other ranks

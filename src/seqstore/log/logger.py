@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +35,7 @@ from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
-from ._tensors import HostStager, ids_to_str, infer_field
+from ._tensors import HostStager, default_rank, ids_to_str, infer_field
 from .duplicates import DUPLICATE_POLICIES, DuplicateIdError, LoggedIds
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
@@ -82,18 +81,6 @@ def _buffer_rows(flush_bytes: int, row_bytes: list[int], max_rows: int = MAX_BUF
     return cap - cap % step if cap >= step else cap
 
 
-def _default_rank() -> int:
-    """``torch.distributed.get_rank()`` when a process group is initialised, else 0.
-
-    torch is not imported for this: a process that uses torch.distributed has imported it already.
-    """
-    if "torch" not in sys.modules:
-        return 0
-    import torch.distributed as dist
-
-    return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
-
-
 def _warm_up_kernels() -> None:
     """Call the id hashing/compare kernels once so their one-time load is not paid inside ``log``."""
     from ..store.ids import encode_ids, hash_kernel, id_equal
@@ -127,6 +114,7 @@ class _Job:
     buffer: _Buffer | None
     commit: bool
     done: threading.Event | None = None
+    taken: bool = False  # by the background thread: a job queued twice (an interrupted handoff) runs once
 
 
 _STOP = _Job(None, False)
@@ -180,7 +168,7 @@ class Logger:
         self.commit_every_s = float(commit_every_s)
         self.on_duplicate = on_duplicate
         self._ids = LoggedIds(self.path, on_duplicate)  # checks the policy's name
-        self.rank = _default_rank() if rank is None else int(rank)
+        self.rank = default_rank() if rank is None else int(rank)
         self._packed = packed
         self._shard_bytes = shard_bytes
         self._metadata = dict(metadata or {})
@@ -195,7 +183,9 @@ class Logger:
         self._closing = False
         self._stopping = False  # close() has asked the background thread to stop
         self._thread: threading.Thread | None = None
-        self._work: queue.Queue[_Job] = queue.Queue()
+        # SimpleQueue: its put is one C call, which an interrupt (Ctrl-C) cannot stop half way
+        self._work: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._outgoing: _Job | None = None  # a handoff an interrupt stopped before it was queued
         self._free: queue.Queue[_Buffer] = queue.Queue()
         self._buffers_made = 0
         self._cur: _Buffer | None = None
@@ -286,6 +276,10 @@ class Logger:
                 job = self._idle_job()
             if job is _STOP:
                 return
+            if job is not None:
+                if job.taken:  # queued again by a handoff resumed after an interrupt
+                    continue
+                job.taken = True
             try:
                 if self._error is None:
                     if job is not None and job.buffer is not None:
@@ -324,11 +318,16 @@ class Logger:
         if not self._lock.acquire(blocking=False):
             return None
         try:
+            if self._outgoing is not None:  # a handoff interrupted in the training thread: queue it now
+                self._resume_handoff()
+                return None
             cur = self._cur
             # a job queued meanwhile is older than the current buffer: buffers are written in order
             if cur is None or not (cur.n or cur.stats) or not self._work.empty():
                 return None
-            return _Job(self._detach(), True)
+            buf = self._detach()
+            self._cur = None
+            return _Job(buf, True)
         finally:
             self._lock.release()
 
@@ -393,6 +392,7 @@ class Logger:
             converted[name] = arr.reshape(batch, math.prod(f.inner_shape)) if schema.group_of(name) is not None else arr
         assert self._reader is not None
         with self._lock:
+            self._resume_handoff()
             self._ids.see_commits(self._reader, self._committed_seq)
             keep, stats, skipped = self._ids.check(self._reader, id_list)
             self._append(converted, id_list, keep, stats, skipped)
@@ -476,16 +476,33 @@ class Logger:
         self._num_skipped += skipped
 
     def _handoff(self, *, commit: bool, wait: bool = False) -> None:
-        """Give the current buffer (possibly empty) to the background thread. Called holding the lock."""
+        """Give the current buffer (possibly empty) to the background thread. Called holding the lock. An
+        interrupt (Ctrl-C) may stop it anywhere: before ``_outgoing`` is set nothing was given (the buffer
+        stays current), after it the next call under the lock, or the idle background thread, queues it."""
+        self._resume_handoff()
         done = threading.Event() if wait else None
-        self._work.put(_Job(self._detach(), commit, done))
+        job = _Job(self._detach(), commit, done)
+        self._outgoing = job
+        self._resume_handoff()
         if done is not None:
             done.wait()
 
+    def _resume_handoff(self) -> None:
+        """Queue the handoff in ``_outgoing`` and take its buffer away. Under the lock; redone whole when
+        interrupted (a job queued twice runs once)."""
+        job = self._outgoing
+        if job is None:
+            return
+        if job.buffer is not None and self._cur is job.buffer:
+            self._cur = None
+        self._work.put(job)
+        self._outgoing = None
+
     def _detach(self) -> _Buffer | None:
-        """Take the current buffer away for writing; its ids are in flight from now on. Under the lock."""
+        """The current buffer, about to be handed off: its ids are in flight from now on. Under the
+        lock; the buffer stays current (the caller takes it away); may be repeated for one buffer."""
         self._last_handoff = time.monotonic()
-        buf, self._cur = self._cur, None
+        buf = self._cur
         if buf is not None:
             del buf.ids[buf.n :]  # ids of rows an interrupt (Ctrl-C) kept log() from counting
             self._ids.handed_off(buf.seq, buf.ids)
