@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import BFLOAT16, BF16Bits, Field, torch_to_numpy
+from ..schema import BFLOAT16, BF16Bits, Field, Schema, torch_to_numpy
 
-__all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str", "default_rank"]
+__all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str", "default_rank", "default_packing"]
 
 _ALIGN = 256
 
@@ -149,3 +149,19 @@ def default_rank() -> int:
     import torch.distributed as dist
 
     return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+
+
+def default_packing(schema: Schema) -> dict[str, list[str]]:
+    """Pack every fixed field, one group per dtype: ``"packed"`` when there is one dtype, else
+    ``"packed-<dtype>"`` (``packed-float32``, ``packed-bfloat16``, ...), fields in schema order."""
+    by_dtype: dict[str, list[str]] = {}
+    for name, f in schema.items():
+        if not f.ragged:
+            by_dtype.setdefault(f.dtype, []).append(name)
+    out: dict[str, list[str]] = {}
+    for dtype, names in by_dtype.items():
+        gname = "packed" if len(by_dtype) == 1 else f"packed-{dtype if dtype == BFLOAT16 else np.dtype(dtype).name}"
+        while gname in schema:
+            gname += "_"
+        out[gname] = names
+    return out

@@ -30,12 +30,12 @@ import numpy as np
 
 from ..errors import SchemaError, SeqstoreError
 from ..io.objects import is_remote
-from ..schema import BFLOAT16, Field, Schema, flatten_values, to_storage_array
+from ..schema import Field, Schema, flatten_values, to_storage_array
 from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
-from ._tensors import HostStager, default_rank, ids_to_str, infer_field
+from ._tensors import HostStager, default_packing, default_rank, ids_to_str, infer_field
 from .duplicates import DUPLICATE_POLICIES, DuplicateIdError, LoggedIds
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
@@ -44,22 +44,6 @@ log = logging.getLogger(__name__)
 
 class LoggerError(SeqstoreError):
     """The logger's background writer failed; the cause is chained (``__cause__``)."""
-
-
-def default_packing(schema: Schema) -> dict[str, list[str]]:
-    """Pack every fixed field, one group per dtype: ``"packed"`` when there is one dtype, else
-    ``"packed-<dtype>"`` (``packed-float32``, ``packed-bfloat16``, ...), fields in schema order."""
-    by_dtype: dict[str, list[str]] = {}
-    for name, f in schema.items():
-        if not f.ragged:
-            by_dtype.setdefault(f.dtype, []).append(name)
-    out: dict[str, list[str]] = {}
-    for dtype, names in by_dtype.items():
-        gname = "packed" if len(by_dtype) == 1 else f"packed-{dtype if dtype == BFLOAT16 else np.dtype(dtype).name}"
-        while gname in schema:
-            gname += "_"
-        out[gname] = names
-    return out
 
 
 # A buffer's ids are Python strings until written, and the ids of written but uncommitted buffers
@@ -101,6 +85,7 @@ class _Buffer:
     ids: list[str] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     seq: int = 0
+    free: bool = False  # set by the background thread when written
 
     def reset(self, seq: int) -> None:
         self.n = 0
@@ -186,8 +171,9 @@ class Logger:
         # SimpleQueue: its put is one C call, which an interrupt (Ctrl-C) cannot stop half way
         self._work: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._outgoing: _Job | None = None  # a handoff an interrupt stopped before it was queued
-        self._free: queue.Queue[_Buffer] = queue.Queue()
-        self._buffers_made = 0
+        self._buffers: list[_Buffer] = []  # made so far (two at most)
+        self._returned = threading.Event()  # set by the background thread when a buffer becomes free
+        self._spare: _Buffer | None = None  # a free buffer being made current (see _take_buffer)
         self._cur: _Buffer | None = None
         # held by log/flush/close while they use the current buffer and the in-flight ids, and by the
         # background thread while it takes a buffer that a pause in logging left waiting (_idle_job)
@@ -248,17 +234,25 @@ class Logger:
         return _Buffer(arrays, self._cap)
 
     def _take_buffer(self) -> _Buffer:
-        """A free buffer; makes at most two, then blocks until the background thread returns one."""
-        try:
-            buf = self._free.get_nowait()
-        except queue.Empty:
-            if self._buffers_made < 2:
-                self._buffers_made += 1
-                buf = self._new_buffer()
+        """Make a free buffer current; makes at most two, then blocks until the background thread frees
+        one. An interrupt (Ctrl-C) anywhere loses no buffer: the next call finishes with ``_spare``."""
+        while self._spare is None:
+            self._returned.clear()
+            spare = next((b for b in self._buffers if b.free), None)
+            if spare is not None:
+                self._spare = spare
+            elif len(self._buffers) < 2:
+                spare = self._new_buffer()
+                spare.free = True
+                self._buffers.append(spare)
             else:
-                buf = self._free.get()
+                self._returned.wait()
+        buf = self._spare
+        buf.free = False
         buf.reset(self._seq)
         self._seq += 1
+        self._cur = buf
+        self._spare = None  # (an interrupt before this: _detach clears it)
         return buf
 
     # ------------------------------------------------------------------------------- background
@@ -305,7 +299,8 @@ class Logger:
             finally:
                 if job is not None:
                     if job.buffer is not None:
-                        self._free.put(job.buffer)
+                        job.buffer.free = True
+                        self._returned.set()
                     if job.done is not None:
                         job.done.set()
 
@@ -436,16 +431,15 @@ class Logger:
         if keep is not None:
             ids = [ids[k] for k in keep]
         total = len(ids)
-        if self._cur is None:
-            self._cur = self._take_buffer()
+        cur = self._cur if self._cur is not None else self._take_buffer()
         if not total:
-            self._count_duplicates(self._cur, stats, skipped)
+            self._count_duplicates(cur, stats, skipped)
             return
         pos = 0
         while pos < total:
             buf = self._cur
             if buf is None:
-                buf = self._cur = self._take_buffer()
+                buf = self._take_buffer()
             take = min(total - pos, buf.cap - buf.n)
             src = slice(pos, pos + take) if keep is None else keep[pos : pos + take]
             dst = slice(buf.n, buf.n + take)
@@ -504,6 +498,8 @@ class Logger:
         self._last_handoff = time.monotonic()
         buf = self._cur
         if buf is not None:
+            if self._spare is buf:  # _take_buffer was interrupted after making it current
+                self._spare = None
             del buf.ids[buf.n :]  # ids of rows an interrupt (Ctrl-C) kept log() from counting
             self._ids.handed_off(buf.seq, buf.ids)
         return buf
