@@ -154,3 +154,19 @@ def test_scores_of_a_remote_store_name_its_url(moto_s3: Any, s3_bucket: str, scr
         lg.log(["a", "b"], {"g": np.ones((2, 3), np.float32)})
     res = similarity(ss.open(url, storage_options=opts), np.ones((1, 3), np.float32), out=scratch / "scores")
     assert res.out is not None and res.out.metadata["similarity_of"] == url
+
+
+def test_the_device_top_k_ranks_nan_scores_last() -> None:
+    """The GPU scan's running top-k (run here on CPU tensors: the same torch calls): ``torch.topk`` takes
+    NaN for the largest score, so a chunk with k NaN scores pushed out the best rows before the final
+    sort put NaN last; NaN now ranks below every number, and the scores kept are the real ones."""
+    torch = pytest.importorskip("torch")
+    from seqstore.log.similarity import _device_topk
+
+    nan = float("nan")
+    scores = torch.tensor([[nan, 1.0], [5.0, nan], [nan, 3.0], [2.0, -float("inf")], [nan, nan]])
+    v, ix = _device_topk(scores, 2)
+    assert ix[:, 0].tolist() == [1, 3] and v[:, 0].tolist() == [5.0, 2.0]
+    assert ix[:, 1].tolist() == [2, 0] and v[:, 1].tolist() == [3.0, 1.0]
+    v, ix = _device_topk(scores, 9)  # more than the rows: every row, the NaN ones last with their NaN
+    assert v.shape == (5, 2) and ix[:2, 0].tolist() == [1, 3] and bool(torch.isnan(v[2:, 0]).all())

@@ -368,12 +368,11 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
                 parts = []
                 total = (x @ qt).float()
             if top is not None:
-                k = min(top.k, r)
-                v, ix = torch.topk(total, k, dim=0)
+                v, ix = _device_topk(total, top.k)
                 ix = ix + first
                 if best_v is not None:
                     v, ix = torch.cat([best_v, v]), torch.cat([best_i, ix])
-                    v, sel = torch.topk(v, min(top.k, v.shape[0]), dim=0)
+                    v, sel = _device_topk(v, top.k)
                     ix = torch.gather(ix, 0, sel)
                 best_v, best_i = v, ix
             if want_full:
@@ -391,3 +390,14 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
             top.merge(best_v.cpu().numpy(), best_i.cpu().numpy().astype(np.int64))
     finally:
         pool.shutdown(wait=True)
+
+
+def _device_topk(scores: Any, k: int) -> tuple[Any, Any]:
+    """``torch.topk`` of a ``(r, Q)`` tensor along its rows (the ``min(k, r)`` best per query and their
+    positions), with NaN scores ranked below every number as :class:`_TopK` ranks them (``torch.topk``
+    takes NaN for the largest value, so ``k`` NaN scores in a chunk pushed the best rows out)."""
+    import torch
+
+    keyed = torch.where(torch.isnan(scores), float("-inf"), scores)
+    _, ix = torch.topk(keyed, min(k, scores.shape[0]), dim=0)
+    return torch.gather(scores, 0, ix), ix
