@@ -327,3 +327,57 @@ def test_verify_reads_on_a_url(moto_s3: Any, s3_bucket: str, scratch: Path, tmp_
     assert np.array_equal(np.concatenate([g["lab"] for g in got]), np.r_[0:100, 200:300])
     with pytest.raises(ss.CorruptionError, match="field 't'"):
         list(once.iter_batches([np.arange(100, 140)]))
+
+
+def _cached_copy(cache: Path, original: Path) -> Path:
+    """The node cache's data file holding the object whose bytes are ``original``'s."""
+    want = original.read_bytes()
+    (hit,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == want]
+    return hit
+
+
+def _damage_copy(copy: Path, original: Path, byte: int) -> None:
+    raw = bytearray(copy.read_bytes())
+    raw[read_header(original).data_offset + byte] ^= 1
+    with open(copy, "r+b") as f:  # in place: the reader's mapping of the copy sees the damage
+        f.write(bytes(raw))
+
+
+def test_a_damaged_node_cache_copy_is_fetched_again_by_a_verified_read(moto_s3: Any, s3_bucket: str, scratch: Path,
+                                                                      tmp_path: Path) -> None:
+    """A verified read of a remote store whose node-cache copy of a shard's file is damaged (the store's
+    object intact) raised CorruptionError blaming the remote object on every read, until the cache was
+    deleted by hand. The shard's files are fetched again once and the read retried; the store's own
+    damage still raises (test_verify_reads_on_a_url)."""
+    root = _build(scratch / "s")
+    url = moto_s3.upload_dir(root, s3_bucket, "recached.seqstore")
+    cache = tmp_path / "c"
+    store = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true"), cache_dir=cache)
+    assert len(store.get_batch(np.arange(N))["lab"]) == N  # every object whole in the node cache
+    plain = ss.open(root)
+    t_file, checks = _shard_of(root, 1) / "t.npy", _shard_of(root, 1) / CHECKS
+    t_copy, checks_copy = _cached_copy(cache, t_file), _cached_copy(cache, checks)
+
+    def same(got: Any, idx: Any) -> bool:
+        want = plain.get_batch(idx)
+        return all(np.array_equal(np.asarray(got[k][0] if isinstance(got[k], tuple) else got[k]),
+                                  np.asarray(want[k][0] if isinstance(want[k], tuple) else want[k])) for k in want)
+
+    _damage_copy(t_copy, t_file, 40)
+    assert same(store.get_batch(np.arange(120, 140)), np.arange(120, 140))
+    _damage_copy(t_copy, t_file, 40)  # (row 10 of the shard's t: record 131's)
+    assert np.array_equal(store[131]["t"], plain[131]["t"])
+    _damage_copy(checks_copy, checks, 4 * 4 * 3)  # (record 131's checksum of x)
+    got = list(store.iter_batches([np.arange(128, 160), np.arange(160, 200)]))
+    assert same(got[0], np.arange(128, 160)) and same(got[1], np.arange(160, 200))
+    # a new Store on the same node cache finds the copy damaged again: fetched again, read
+    _damage_copy(t_copy, t_file, 40)
+    again = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true"), cache_dir=cache)
+    assert same(again.get_batch(np.arange(120, 140)), np.arange(120, 140))
+    # read-once runs: the values come from the store, the checksums through the node cache
+    once = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true", read_once="true"),
+                   cache_dir=cache)
+    assert once.read_once
+    _damage_copy(checks_copy, checks, 4 * 4 * 3)
+    (got1,) = list(once.iter_batches([np.arange(100, 140)]))
+    assert same(got1, np.arange(100, 140))

@@ -91,7 +91,7 @@ class Store:
         verify = None
         if self._verify_reads:  # (for each manifest: a refresh may bring another schema)
             refuse_unverifiable(manifest, self.url)
-            verify = ReadVerifier(self.schema, self._planner.need_rows, self._shards.max_mapped)
+            verify = ReadVerifier(self.schema, self._planner.need_rows, self._shards.max_mapped, self._source.refetch)
         self._gatherer.verify = self._ids.verify = self._ragged.verify = verify
         self._nest_paths = [(name, tuple(name.split("/"))) for name in self.schema]
 

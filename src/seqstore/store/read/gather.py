@@ -58,6 +58,11 @@ class Gatherer:
 
     def record(self, i: int, copy: bool = False) -> dict[str, Any]:
         """Record ``i``: zero-copy views, or with ``copy`` owned arrays (one copy per packed group)."""
+        if self.verify is not None:  # (a copy in the node cache failing its checksum: fetched again, read again)
+            return self.verify.checked(lambda: self._record(i, copy))
+        return self._record(i, copy)
+
+    def _record(self, i: int, copy: bool) -> dict[str, Any]:
         shards = self.shards
         sh, row = shards.record(i)
         if self.planner.lazy:
@@ -83,7 +88,16 @@ class Gatherer:
         """The batch of records ``idx`` (split by shard into ``groups``), fields ``names`` (see
         ``Store.get_batch``). ``via``: the records' bytes are read not from the mappings but from where
         they were fetched into memory (a table of segments, :func:`~.copy.copy_via`)."""
-        return {name: self.field(name, idx, groups, pad, via, alloc) for name in names}
+        if self.verify is None:
+            return {name: self.field(name, idx, groups, pad, via, alloc) for name in names}
+
+        def again() -> dict[str, Any]:  # the node's copies fetched anew: read through them (runs were
+            if via is not None:  # planned with the offsets found damaged, maybe)
+                self.planner.ready(groups, names)
+            return {name: self.field(name, idx, groups, pad, None, alloc) for name in names}
+
+        return self.verify.checked(lambda: {name: self.field(name, idx, groups, pad, via, alloc) for name in names},
+                                   again)
 
     def field(self, name: str, idx: np.ndarray[Any, Any], groups: list[Group], pad: bool, via: Any = None,
               alloc: Alloc | None = None) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numba
 import numpy as np
@@ -20,7 +20,18 @@ from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, co
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
 
-__all__ = ["ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "take_rows_checked"]
+__all__ = ["ReadMismatch", "ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "take_rows_checked"]
+
+T = TypeVar("T")
+
+
+class ReadMismatch(CorruptionError):
+    """A record read differs from its stored checksum; ``keys``: the files (relative to the store) of
+    the shard involved: the field's, and the checksums'."""
+
+    def __init__(self, message: str, keys: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.keys = list(keys)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -64,11 +75,15 @@ class ReadVerifier:
     """Checks records read from shards of ``schema`` against their stored checksums.
 
     ``need_rows(array, rows)`` makes rows of a mapped array resident (a lazy source: fetches them);
-    ``keep``: how many shards' checksum matrices stay mapped."""
+    ``keep``: how many shards' checksum matrices stay mapped; ``refetch(keys)``: fetch the node's copies
+    of the store's files ``keys`` again, False where the files are the store's own
+    (:meth:`~seqstore.io.source.ByteSource.refetch`)."""
 
-    def __init__(self, schema: Schema, need_rows: Callable[[Any, Any], None], keep: int) -> None:
+    def __init__(self, schema: Schema, need_rows: Callable[[Any, Any], None], keep: int,
+                 refetch: Callable[[Sequence[str]], bool] | None = None) -> None:
         self.schema = schema
         self.need_rows = need_rows
+        self.refetch = refetch
         self.keep = max(1, keep)
         self._column = {name: c for c, name in enumerate(schema)}
         self._mapped: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()
@@ -116,6 +131,18 @@ class ReadVerifier:
         for pos, stored in got[1]:
             want[pos] = stored[:, -1 if column is None else column]
         return want
+
+    def checked(self, read: Callable[[], T], again: Callable[[], T] | None = None) -> T:
+        """``read()``, and where a record it read fails its checksum and the source fetched the files
+        involved anew (a remote store: maybe only the node cache's copy was damaged), once more
+        (``again()`` where given); a read failing again, or a local store's, raises."""
+        try:
+            return read()
+        except ReadMismatch as exc:
+            if not exc.keys or self.refetch is None or not self.refetch(exc.keys):
+                raise
+        self._rows = None  # (the stored checksums of the last batch: maybe read from the damaged copy)
+        return (again or read)()
 
     # ---------------------------------------------------------------------------------- checks
 
@@ -200,16 +227,17 @@ class ReadVerifier:
         else:  # pragma: no cover - every position is in one group
             raise AssertionError("a batch position in no group")
         if name == IDS_COLUMN:
-            files, what = f"{IDS}.npy or {IDS}.offsets.npy", "its id"
+            rels, what = [f"{IDS}.npy", f"{IDS}.offsets.npy"], "its id"
         elif self.schema[name].ragged:
-            files, what = f"{name}.npy or {name}.offsets.npy", f"field {name!r}"
+            rels, what = [f"{name}.npy", f"{name}.offsets.npy"], f"field {name!r}"
         else:
             group = self.schema.group_of(name)
-            files, what = f"{group if group is not None else name}.npy", f"field {name!r}"
-        raise CorruptionError(
-            f"{sh.display}/{files}: record {int(idx[k])} (row {row} of the shard), {what}: checksum "
+            rels, what = [f"{group if group is not None else name}.npy"], f"field {name!r}"
+        keys = [f"{sh.info.name}/{rel}" for rel in (*rels, CHECKS) if rel in sh.info.files]
+        raise ReadMismatch(
+            f"{sh.display}/{' or '.join(rels)}: record {int(idx[k])} (row {row} of the shard), {what}: checksum "
             f"{int(got[k]):#010x} of the bytes read differs from the stored {int(want[k]):#010x} (the data, its "
-            f"offsets or {CHECKS} is damaged; `seqstore verify` checks the whole store)"
+            f"offsets or {CHECKS} is damaged; `seqstore verify` checks the whole store)", keys
         )
 
 
