@@ -381,3 +381,30 @@ def test_a_damaged_node_cache_copy_is_fetched_again_by_a_verified_read(moto_s3: 
     _damage_copy(checks_copy, checks, 4 * 4 * 3)
     (got1,) = list(once.iter_batches([np.arange(100, 140)]))
     assert same(got1, np.arange(100, 140))
+
+
+def test_a_damaged_node_cache_copy_of_ids_or_ragged_values_is_fetched_again(moto_s3: Any, s3_bucket: str,
+                                                                            scratch: Path, tmp_path: Path) -> None:
+    """As above for the reads of ids (``id``, ``ids``, ``index``) and ``iter_ragged``: a damaged node-cache
+    copy is fetched again once instead of failing every read."""
+    root = _build(scratch / "s")
+    url = moto_s3.upload_dir(root, s3_bucket, "recached-ids.seqstore")
+    cache = tmp_path / "c"
+    store = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true"), cache_dir=cache)
+    assert len(store.ids(np.arange(N))[1]) == N + 1 and len(store.get_batch(np.arange(N))["lab"]) == N
+    ids_file, t_file = _shard_of(root, 1) / "_ids.npy", _shard_of(root, 1) / "t.npy"
+    ids_copy, t_copy = _cached_copy(cache, ids_file), _cached_copy(cache, t_file)
+    _damage_copy(ids_copy, ids_file, 0)  # (record 128's id, "rec-128")
+    assert store.id(128) == "rec-128"
+    _damage_copy(ids_copy, ids_file, 0)
+    data, off = store.ids([128, 129])
+    assert bytes(data[off[0] : off[1]]) == b"rec-128"
+    _damage_copy(ids_copy, ids_file, 0)
+    assert store.index("rec-128") == 128
+    _damage_copy(ids_copy, ids_file, 0)
+    assert list(store.index_many(["rec-128", "rec-5"])) == [128, 5]
+    _damage_copy(t_copy, t_file, 40)
+    plain = ss.open(root)
+    for (pos, values, lengths), (_, want, want_lengths) in zip(store.iter_ragged("t", chunk_records=64),
+                                                             plain.iter_ragged("t", chunk_records=64)):
+        assert np.array_equal(values, want) and np.array_equal(lengths, want_lengths), pos

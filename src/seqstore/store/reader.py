@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,8 @@ from .read.runs import plan_batches
 from .read.shards import ShardMap
 from .read.stream import FetchedBatch, Pool, plan_runs, via_of
 from .read.verify import ReadVerifier, refuse_unverifiable
+
+T = TypeVar("T")
 
 __all__ = ["Store", "open_store", "Lengths"]
 
@@ -304,13 +306,18 @@ class Store:
 
     # ------------------------------------------------------- ids, matrices, ragged fields (the parts)
 
+    def _checked(self, read: Callable[[], T]) -> T:
+        """``read()`` of ids; verified, a node-cache copy failing its checksums is fetched again, read again."""
+        verify = self._ids.verify
+        return read() if verify is None else verify.checked(read)
+
     @property
     def has_ids(self) -> bool:
         return self._shards.table.has_ids
 
     def id(self, i: int) -> str:
         """The id of record ``i``."""
-        return self._ids.id(i)
+        return self._checked(lambda: self._ids.id(i))
 
     def ids(self, indices: Indices) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
         """The utf-8 ids of records ``indices`` at once, as ``(data, offsets)``: the id of
@@ -319,7 +326,7 @@ class Store:
         bytes are gathered shard by shard, and the ids of consecutive records of one shard are a
         read-only view of the mapped file. Negative indices count from the end. KeyError when the
         records have no ids."""
-        return self._ids.ids(indices)
+        return self._checked(lambda: self._ids.ids(indices))
 
     def index(self, id: str) -> int:  # noqa: A002
         """Global index of the record with id ``id``.
@@ -327,7 +334,7 @@ class Store:
         When an id was written more than once this is the first such record, or the last one in a
         store created with ``id_lookup="last"`` (e.g. a log written with ``on_duplicate="keep_last"``).
         """
-        return self._ids.index(id)
+        return self._checked(lambda: self._ids.index(id))
 
     def index_many(self, ids: Sequence[str], *, missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
         """Global indexes of many ids at once (vectorised hash search, then byte comparison).
@@ -335,13 +342,13 @@ class Store:
         ``missing="error"`` raises KeyError naming the first missing ids; an int fills them instead.
         Repeated ids resolve as in :meth:`index` (first record, or last with ``id_lookup="last"``).
         """
-        return self._ids.index_many(ids, missing)
+        return self._checked(lambda: self._ids.index_many(ids, missing))
 
     def index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Global indexes of ids given as utf-8 bytes ``qdata[qoff[i]:qoff[i+1]]`` (int64 offsets from 0),
         -1 where absent; what :meth:`index_many` and joins between stores use. Vectorised per probed
         index; memory O(queries + candidates)."""
-        return self._ids.index_encoded(qdata, qoff)
+        return self._checked(lambda: self._ids.index_encoded(qdata, qoff))
 
     def matrix_columns(self, fields: Sequence[str] | str | None = None) -> dict[str, tuple[int, int]]:
         """Column range ``[a, b)`` of each field in :meth:`matrix` (same ``fields``): for module-wise scores."""

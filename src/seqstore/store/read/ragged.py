@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -186,19 +187,32 @@ class RaggedFields:
         cur = block(pos) if pos < stop else None
         if cur is not None:
             self.planner.scan_ahead(cur[0].columns[name][cur[3] : cur[4]], cur[0].request)
-        while cur is not None:
-            sh, r, end, a, b = cur
-            nxt = block(end) if end < stop else None
-            if nxt is not None:  # the next block's reads run while the caller works on this one
-                self.planner.scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
-            lengths = np.diff(sh.offsets[name][r : r + end - pos + 1])
+
+        def read(at: int, got: tuple[Any, int, int, int, int]) -> tuple[Any, int, Any]:
+            """The block ``got`` of records from ``at``: (values, its end, lengths), checked."""
+            sh, r, end, a, b = got
+            lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
             self.planner.need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:
                 raise CorruptionError(f"{sh.display}/{(name + '.offsets.npy')}: offsets decrease in records "
-                                      f"{pos}..{end - 1}")
+                                      f"{at}..{end - 1}")
             if self.verify is not None:
-                rows = np.arange(r, r + end - pos, dtype=np.int64)
-                self.verify.field(name, rows + (pos - r), [(sh, slice(None), rows)],
+                rows = np.arange(r, r + end - at, dtype=np.int64)
+                self.verify.field(name, rows + (at - r), [(sh, slice(None), rows)],
                                   (sh.columns[name][a:b], lengths), False)
-            yield pos, sh.columns[name][a:b], lengths
+            return sh.columns[name][a:b], end, lengths
+
+        def reread(at: int) -> tuple[Any, int, Any]:
+            return read(at, block(at))
+
+        while cur is not None:
+            end = cur[2]
+            nxt = block(end) if end < stop else None
+            if nxt is not None:  # the next block's reads run while the caller works on this one
+                self.planner.scan_ahead(nxt[0].columns[name][nxt[3] : nxt[4]], nxt[0].request)
+            if self.verify is None:
+                values, end, lengths = read(pos, cur)
+            else:  # a node-cache copy failing its checksums: fetched again, the block read again (its offsets too)
+                values, end, lengths = self.verify.checked(partial(read, pos, cur), partial(reread, pos))
+            yield pos, values, lengths
             pos, cur = end, nxt
