@@ -250,3 +250,33 @@ def test_a_join_on_a_full_cache_disk_names_the_file_and_leaves_nothing(tmp_path:
     assert got.returncode == 0, got.stderr[-2000:]
     assert "CacheError" in got.stdout and "meta-" in got.stdout and "cache_dir=" in got.stdout, got.stdout
     assert "left []" in got.stdout, got.stdout
+
+
+def test_a_reused_row_map_in_a_node_cache_is_marked_used(tmp_path: Path) -> None:
+    """A MetaDataset's row maps (and kept rows) in a node cache's derived directory kept their writing's
+    mtime however often they were reused, so evictions took them first though every open used them, and
+    the next open joined the stores again (O(N)). Reusing one marks it recently used, as cached arrays are."""
+    from seqstore.io.nodecache import NodeCache, budget_directory
+
+    rng = np.random.default_rng(0)
+    a = _store(tmp_path / "a.seqstore", [f"u-{i}" for i in range(300)], "feat", rng)
+    b = _store(tmp_path / "b.seqstore", [f"u-{i}" for i in range(0, 300, 2)], "text", rng)
+    cache = NodeCache(tmp_path / "cache", 1 << 24)
+    derived = cache.root / "derived" / "meta"
+    derived.mkdir(parents=True)
+    budget_directory(derived, cache)
+    MetaDataset({"a": a, "b": b}, missing="drop", cache_dir=derived)
+    made = sorted(p.name for p in derived.glob("*.npy"))
+    assert len(made) == 2  # the row map of b and the kept rows
+    obj = cache.object("s3://bucket/object", "etag", 1 << 20)
+    obj.fill(0, memoryview(bytes(1 << 20)))
+    now = os.stat(obj.bits_path).st_mtime
+    for p in derived.iterdir():  # written long ago
+        os.utime(p, (now - 100, now - 100))
+    os.utime(obj.bits_path, (now - 50, now - 50))  # used since
+    again = MetaDataset({"a": a, "b": b}, missing="drop", cache_dir=derived)  # reuses them
+    assert len(again) == 150
+    with cache.locked():
+        cache._evict(cache.disk_usage() - 1)  # room for one more byte: the least recently used goes
+    assert not obj.bits_path.exists()
+    assert sorted(p.name for p in derived.glob("*.npy")) == made

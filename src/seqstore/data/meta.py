@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io.nodecache import temporary
+from ..io.nodecache import temporary, used
 from ._cache import CacheError, default_cache_dir, fingerprint, load_npy, store_fingerprint, write_npy
 from ._join import join_rows
 from ._lengths import IntArray, LengthsView, as_index_array
@@ -175,6 +175,9 @@ class MetaDataset(Dataset):
         if info is not None and all(p.exists() for p in paths.values()) and ("kept" not in info or kept_path.exists()):
             for n in others:
                 self._rows[n] = load_npy(paths[n])
+                used(paths[n])  # (in a node cache: recently used, not the first to evict)
+            if "kept" in info:
+                used(kept_path)
         else:
             info = {"records": self._n, "missing": {}, "first_missing": {}}
             try:
