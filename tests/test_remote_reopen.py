@@ -174,3 +174,30 @@ def test_verify_fetches_again_a_node_cache_copy_that_fails_its_crc(moto_s3: Moto
     moto_s3.put(s3_bucket, f"verify/main.seqstore/{rel}", bytes(flipped))  # the store's own damage
     (problem,) = verify(url, storage_options=opts, cache_dir=tmp_path / "other")
     assert "v.npy: CRC-32" in problem
+
+
+def test_a_damaged_npy_header_in_the_node_cache_is_fetched_again(moto_s3: MotoS3, s3_bucket: str,
+                                                                 tmp_path: Path) -> None:
+    """A remote data file's ``.npy`` header is read from the node cache's copy once there: a copy whose
+    header was damaged (a flipped bit on the node's disk) made every open of the shard raise
+    CorruptionError naming the intact object, until the cache was deleted by hand. The header is fetched
+    again once and checked anew; the store's own damage still raises."""
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "head/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([7])["v"][0, 0] == 7 * 256
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("v.npy")]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes()[:128] == original[:128]]
+    at = original.index(b"256")  # the shape's inner dimension
+    with open(copy, "r+b") as f:
+        f.seek(at)
+        f.write(b"257")
+    for _ in range(2):
+        assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([7])["v"][0, 0] == 7 * 256
+    damaged = bytearray(original)
+    damaged[at : at + 3] = b"257"
+    moto_s3.put(s3_bucket, f"head/main.seqstore/{rel}", bytes(damaged))  # the store's own damage
+    with pytest.raises(ss.CorruptionError, match="header shape"):
+        ss.open(url, storage_options=opts, cache_dir=tmp_path / "other").get_batch([7])

@@ -312,13 +312,17 @@ class RemoteRoot:
             )
         obj = self.cache.object(url, meta.etag, size)
         head_len = min(size, _HEAD)
-        if not obj.present(0, head_len):
+
+        def fetch_head() -> None:  # (over the node's copy, for every process on the node)
             got = self._get_ranges([(key, 0, head_len, meta.etag or None)])
             obj.fill(0, got[0][0])
-        header = parse_header(os.pread(obj.fd, head_len, 0), url)
-        if header.data_offset > head_len:  # a header longer than a page
-            got = self._get_ranges([(key, 0, header.data_offset, meta.etag or None)])
-            header = parse_header(bytes(got[0][0]), url)
+
+        def checked() -> np.ndarray[Any, Any]:
+            header = parse_header(os.pread(obj.fd, head_len, 0), url)
+            if header.data_offset > head_len:  # a header longer than a page
+                got = self._get_ranges([(key, 0, header.data_offset, meta.etag or None)])
+                header = parse_header(bytes(got[0][0]), url)
+            return npy_array(url, size, header, dtype, shape, mapped)
 
         def mapped() -> np.ndarray[Any, Any]:
             raw = map_fd(obj.fd, size, advice=MADV_SEQUENTIAL if sequential else MADV_RANDOM, name=url)
@@ -326,7 +330,14 @@ class RemoteRoot:
             self.fetcher.add(Region(base, base + size, obj, key, meta.etag), raw.base if raw.base is not None else raw)
             return raw
 
-        return npy_array(url, size, header, dtype, shape, mapped)
+        if not obj.present(0, head_len):
+            fetch_head()
+            return checked()
+        try:
+            return checked()
+        except CorruptionError:  # the header as the node cache holds it: maybe only that copy is damaged
+            fetch_head()
+        return checked()
 
     def fetch_descriptors(self, names: Sequence[str], crcs: Sequence[int] | None = None) -> None:
         """Fetch the descriptors of shards ``names`` not yet in the mirror (or, where their CRC-32s
