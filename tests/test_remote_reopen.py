@@ -15,6 +15,7 @@ pytest.importorskip("seqstore.io.remote")
 
 import seqstore as ss  # noqa: E402
 from seqstore.errors import StaleStoreError  # noqa: E402
+from seqstore.format.npy import read_header  # noqa: E402
 from seqstore.store.verify import verify  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -201,3 +202,42 @@ def test_a_damaged_npy_header_in_the_node_cache_is_fetched_again(moto_s3: MotoS3
     moto_s3.put(s3_bucket, f"head/main.seqstore/{rel}", bytes(damaged))  # the store's own damage
     with pytest.raises(ss.CorruptionError, match="header shape"):
         ss.open(url, storage_options=opts, cache_dir=tmp_path / "other").get_batch([7])
+
+
+def test_damaged_offsets_ends_in_the_node_cache_are_fetched_again(moto_s3: MotoS3, s3_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    """Mapping a shard checks that a ragged field's offsets run from 0 to its row count; on a remote store
+    those are read from the node cache's copy, and a damaged copy made every read of the shard raise
+    CorruptionError naming the intact object, for ever. The offsets are fetched again once and checked
+    anew; the store's own damage still raises."""
+    root = tmp_path / "r.seqstore"
+    with ss.create(root, {"t": ss.Field("int32", (None,))}) as w:
+        for i in range(100):
+            w.append({"t": np.arange(i % 7, dtype=np.int32) + i}, id=f"r{i}")
+    url = moto_s3.upload_dir(root, s3_bucket, "offs/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([8])["t"][0].tolist() == [8]
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("t.offsets.npy")]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data")
+               if p.stat().st_size == len(original) and p.read_bytes()[-8:] == original[-8:]]
+    with open(copy, "r+b") as f:
+        f.seek(len(original) - 8)
+        f.write(np.array([12345], "<i8").tobytes())
+    for _ in range(2):
+        assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch([8])["t"][0].tolist() == [8]
+    assert ss.open(url, storage_options=opts, cache_dir=cache).id(8) == "r8"
+    (ids_rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.offsets.npy")]
+    ids_original = (root / ids_rel).read_bytes()
+    at = read_header(root / ids_rel).data_offset  # the first id offset, 0
+    (ids_copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes()[:at + 16] == ids_original[:at + 16]
+                   and p.stat().st_size == len(ids_original)]
+    with open(ids_copy, "r+b") as f:
+        f.seek(at)
+        f.write(np.array([3], "<i8").tobytes())
+    assert ss.open(url, storage_options=opts, cache_dir=cache).id(8) == "r8"
+    damaged = original[:-8] + np.array([12345], "<i8").tobytes()
+    moto_s3.put(s3_bucket, f"offs/main.seqstore/{rel}", damaged)  # the store's own damage
+    with pytest.raises(ss.CorruptionError, match="offsets run from"):
+        ss.open(url, storage_options=opts, cache_dir=tmp_path / "other").get_batch([8])

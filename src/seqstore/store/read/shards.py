@@ -56,7 +56,7 @@ class Shard:
 
     __slots__ = (
         "path", "display", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash",
-        "id_rows", "_plan", "_copy_plan", "_spans", "request",
+        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch",
     )
 
     def __init__(
@@ -65,6 +65,7 @@ class Shard:
         self.path = root / info.name
         self.display = str(self.path) if display is None else display  # the shard's place in messages
         self.map_npy = source.map_npy
+        self.refetch = source.refetch
         self.info = info
         self.columns: dict[str, np.ndarray[Any, Any]] = {}
         self.offsets: dict[str, np.ndarray[Any, Any]] = {}
@@ -84,7 +85,10 @@ class Shard:
             if f.ragged:
                 off = self.offsets[name] = self._file(f"{name}.offsets.npy", "<i8", (n + 1,))
                 shape = (info.rows[name], *f.inner_shape)
-                if off[0] != 0 or off[-1] != shape[0]:
+                bad = off[0] != 0 or off[-1] != shape[0]
+                if bad and self._fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe
+                    bad = off[0] != 0 or off[-1] != shape[0]  # alone damaged; fetched anew, seen by the mapping)
+                if bad:
                     raise CorruptionError(f"{self.display}/{name}.offsets.npy: offsets run from {off[0]} to "
                                           f"{off[-1]}, expected 0 to {shape[0]}")
             self.columns[name] = self._file(f"{name}.npy", f.storage_dtype, shape)
@@ -155,12 +159,16 @@ class Shard:
     def _file(self, rel: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return self.map_npy(self.path / rel, self.info.files.get(rel), np.dtype(dtype), shape)
 
+    def _fetch_again(self, rel: str) -> bool:
+        """Fetch the node's copy of this shard's file ``rel`` again (False: a local store's own file)."""
+        return self.refetch([f"{self.info.name}/{rel}"])
+
     def load_ids(self) -> None:
         if self.ids is not None:
             return
         n = self.info.records
         off = self._file(f"{IDS}.offsets.npy", "<i8", (n + 1,))
-        if off[0] != 0:
+        if off[0] != 0 and not (self._fetch_again(f"{IDS}.offsets.npy") and off[0] == 0):  # (as a field's offsets)
             raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: first offset is {off[0]}, expected 0")
         self.ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
         self.id_hash = self._file(f"{IDS}.hash.npy", "<u8", (n,))
