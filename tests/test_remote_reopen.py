@@ -241,3 +241,38 @@ def test_damaged_offsets_ends_in_the_node_cache_are_fetched_again(moto_s3: MotoS
     moto_s3.put(s3_bucket, f"offs/main.seqstore/{rel}", damaged)  # the store's own damage
     with pytest.raises(ss.CorruptionError, match="offsets run from"):
         ss.open(url, storage_options=opts, cache_dir=tmp_path / "other").get_batch([8])
+
+
+def test_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS3, s3_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    """A ragged field's offsets entry damaged in the node cache's copy (out of range) made every read of
+    that record raise CorruptionError naming the intact object, for ever; the copy is fetched again once
+    and the offsets checked anew."""
+    root = tmp_path / "r.seqstore"
+    with ss.create(root, {"t": ss.Field("int32", (None,))}) as w:
+        for i in range(100):
+            w.append({"t": np.arange(1 + i % 7, dtype=np.int32) + i})
+    url = moto_s3.upload_dir(root, s3_bucket, "mid/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch(np.arange(100))["t"][1].sum() > 0
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("t.offsets.npy")]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    at = read_header(root / rel).data_offset + 8 * 51  # the end of record 50
+
+    def damage() -> None:
+        with open(copy, "r+b") as f:
+            f.seek(at)
+            f.write(np.array([1 << 40], "<i8").tobytes())
+
+    def fresh() -> ss.Store:
+        damage()
+        return ss.open(url, storage_options=opts, cache_dir=cache)
+
+    assert fresh().get_batch([50])["t"][0].tolist() == list(range(50, 52))
+    assert fresh()[50]["t"].tolist() == list(range(50, 52))
+    (got,) = list(fresh().iter_batches([np.arange(40, 60)]))
+    assert got["t"][1].tolist() == [1 + i % 7 for i in range(40, 60)]
+    blocks = list(fresh().iter_ragged("t", chunk_records=30))
+    assert np.concatenate([b[2] for b in blocks]).tolist() == [1 + i % 7 for i in range(100)]

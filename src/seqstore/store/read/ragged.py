@@ -48,8 +48,8 @@ class Lengths:
             off = sh.offsets[self.field]
             self._planner.need(off[row : row + 2])
             a, b = int(off[row]), int(off[row + 1])
-            if not 0 <= a <= b <= sh.columns[self.field].shape[0]:
-                checked_bounds(sh, self.field, np.array([row]))  # raises, naming the file
+            if not 0 <= a <= b <= sh.columns[self.field].shape[0]:  # raises, naming the file, unless a node-cache
+                a, b = (int(v[0]) for v in checked_bounds(sh, self.field, np.array([row])))  # copy fetched anew
             return b - a
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
@@ -179,8 +179,9 @@ class RaggedFields:
             off = sh.offsets[name]
             self.planner.need(off[r : r + end - pos + 1])
             a, b = int(off[r]), int(off[r + end - pos])
-            if not 0 <= a <= b <= sh.columns[name].shape[0]:
-                checked_bounds(sh, name, np.arange(r, r + end - pos))  # raises, naming the file
+            if not 0 <= a <= b <= sh.columns[name].shape[0]:  # raises, naming the file, unless a node-cache
+                checked_bounds(sh, name, np.arange(r, r + end - pos))  # copy fetched anew is sound
+                a, b = int(off[r]), int(off[r + end - pos])
             return sh, r, end, a, b
 
         pos = start
@@ -192,6 +193,8 @@ class RaggedFields:
             """The block ``got`` of records from ``at``: (values, its end, lengths), checked."""
             sh, r, end, a, b = got
             lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
+            if lengths.size and lengths.min() < 0 and sh.fetch_again(f"{name}.offsets.npy"):  # (a node-cache copy)
+                lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
             self.planner.need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:
                 raise CorruptionError(f"{sh.display}/{(name + '.offsets.npy')}: offsets decrease in records "

@@ -56,7 +56,7 @@ class Shard:
 
     __slots__ = (
         "path", "display", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash",
-        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch",
+        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch", "_fetched",
     )
 
     def __init__(
@@ -66,6 +66,7 @@ class Shard:
         self.display = str(self.path) if display is None else display  # the shard's place in messages
         self.map_npy = source.map_npy
         self.refetch = source.refetch
+        self._fetched: set[str] = set()  # files whose node-cache copy was fetched again (once at most)
         self.info = info
         self.columns: dict[str, np.ndarray[Any, Any]] = {}
         self.offsets: dict[str, np.ndarray[Any, Any]] = {}
@@ -86,7 +87,7 @@ class Shard:
                 off = self.offsets[name] = self._file(f"{name}.offsets.npy", "<i8", (n + 1,))
                 shape = (info.rows[name], *f.inner_shape)
                 bad = off[0] != 0 or off[-1] != shape[0]
-                if bad and self._fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe
+                if bad and self.fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe
                     bad = off[0] != 0 or off[-1] != shape[0]  # alone damaged; fetched anew, seen by the mapping)
                 if bad:
                     raise CorruptionError(f"{self.display}/{name}.offsets.npy: offsets run from {off[0]} to "
@@ -134,6 +135,8 @@ class Shard:
             else:
                 a = int(off[row])
                 b = int(off[row + 1])
+                if not 0 <= a <= b <= col.shape[0] and self.fetch_again(f"{name}.offsets.npy"):
+                    a, b = int(off[row]), int(off[row + 1])  # (a remote store's copy, fetched anew)
                 if not 0 <= a <= b <= col.shape[0]:
                     raise CorruptionError(
                         f"{self.display}/{name}.offsets.npy: record {row} has offsets {a}..{b}, "
@@ -159,8 +162,12 @@ class Shard:
     def _file(self, rel: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return self.map_npy(self.path / rel, self.info.files.get(rel), np.dtype(dtype), shape)
 
-    def _fetch_again(self, rel: str) -> bool:
-        """Fetch the node's copy of this shard's file ``rel`` again (False: a local store's own file)."""
+    def fetch_again(self, rel: str) -> bool:
+        """Fetch the node's copy of this shard's file ``rel`` again, the first time this shard finds it
+        damaged (False: not again, or a local store's own file)."""
+        if rel in self._fetched:
+            return False
+        self._fetched.add(rel)
         return self.refetch([f"{self.info.name}/{rel}"])
 
     def load_ids(self) -> None:
@@ -168,7 +175,7 @@ class Shard:
             return
         n = self.info.records
         off = self._file(f"{IDS}.offsets.npy", "<i8", (n + 1,))
-        if off[0] != 0 and not (self._fetch_again(f"{IDS}.offsets.npy") and off[0] == 0):  # (as a field's offsets)
+        if off[0] != 0 and not (self.fetch_again(f"{IDS}.offsets.npy") and off[0] == 0):  # (as a field's offsets)
             raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: first offset is {off[0]}, expected 0")
         self.ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
         self.id_hash = self._file(f"{IDS}.hash.npy", "<u8", (n,))
@@ -182,6 +189,9 @@ def checked_bounds(sh: Shard, name: str, rows: np.ndarray[Any, Any]) -> tuple[An
     a = np.asarray(off[rows])
     b = np.asarray(off[rows + 1])
     bad = (a < 0) | (b < a) | (b > sh.columns[name].shape[0])
+    if bad.any() and sh.fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe alone
+        a, b = np.asarray(off[rows]), np.asarray(off[rows + 1])  # damaged; fetched anew, seen by the mapping)
+        bad = (a < 0) | (b < a) | (b > sh.columns[name].shape[0])
     if bad.any():
         r = int(np.asarray(rows).reshape(-1)[np.flatnonzero(np.asarray(bad).reshape(-1))[0]])
         raise CorruptionError(
