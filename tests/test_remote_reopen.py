@@ -276,3 +276,31 @@ def test_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS
     assert got["t"][1].tolist() == [1 + i % 7 for i in range(40, 60)]
     blocks = list(fresh().iter_ragged("t", chunk_records=30))
     assert np.concatenate([b[2] for b in blocks]).tolist() == [1 + i % 7 for i in range(100)]
+
+
+def test_id_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS3, s3_bucket: str,
+                                                                     tmp_path: Path) -> None:
+    """As for a field's offsets: an id offset damaged out of range in the node cache's copy made every
+    ``id``/``ids`` of that record raise CorruptionError blaming the intact object; fetched again once."""
+    root = tmp_path / "i.seqstore"
+    with ss.create(root, {"v": ss.Field("int32")}) as w:
+        for i in range(100):
+            w.append({"v": i}, id=f"rec-{i}")
+    url = moto_s3.upload_dir(root, s3_bucket, "ids/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert len(ss.open(url, storage_options=opts, cache_dir=cache).ids(np.arange(100))[0]) > 0
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.offsets.npy")]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    at = read_header(root / rel).data_offset + 8 * 51  # the end of record 50's id
+
+    def fresh() -> ss.Store:
+        with open(copy, "r+b") as f:
+            f.seek(at)
+            f.write(np.array([1 << 40], "<i8").tobytes())
+        return ss.open(url, storage_options=opts, cache_dir=cache)
+
+    assert fresh().id(50) == "rec-50"
+    data, off = fresh().ids([49, 50])
+    assert bytes(data[off[1] : off[2]]) == b"rec-50"
