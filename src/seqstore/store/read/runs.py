@@ -9,6 +9,8 @@ a block's ends would be taken whole) and how a run's last batch leaves a few row
 blocks to the next run. Ragged fields' value rows are asked for run by run once the run's offsets are
 resident; where every field read is ragged, the offsets are asked for one run ahead, so that a reader
 waiting for them does not hold up the batches before (754 against 840 MB/s in docs/benchmarks.md).
+What is asked for ahead is advice: a request that fails is dropped (the batch's own wait asks again and
+raises), and a later batch that cannot be planned (its shard not mapped) raises when it is due.
 Memory: the index arrays and groups of two runs (three for ragged fields alone), and the ranges left
 over (at most one batch's).
 """
@@ -49,6 +51,24 @@ class Planned:
     groups: list[Group]
     run: Run | None = None
     values_asked: bool = False
+    error: Exception | None = None  # planning it failed: raised when it is due, after the batches before
+
+
+def _plan(shards: Any, batch: Any) -> Planned:
+    """``batch`` planned (its shards mapped), or where that fails a token that raises the error when due."""
+    try:
+        return Planned(*shards.batch(batch))
+    except Exception as exc:  # noqa: BLE001 - raised where the batch is due (plan_batches)
+        return Planned(_EMPTY, [], error=exc)
+
+
+def _advice(ask: Any, *args: Any, **kw: Any) -> Any:
+    """``ask(*args, **kw)``, a read asked for ahead; a failure is dropped: the batch's own wait asks again
+    for what did not arrive and raises then (None returned)."""
+    try:
+        return ask(*args, **kw)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def plan_batches(planner: ReadPlanner, batches: Iterable[Any], names: list[str], prefetch: int | None
@@ -75,17 +95,17 @@ def plan_batches(planner: ReadPlanner, batches: Iterable[Any], names: list[str],
         if active and not token.values_asked:
             token.values_asked = True
             if runs is not None and token.run is not None:
-                runs.values(token.run)
+                _advice(runs.values, token.run)
             else:
-                planner.request_values(token.groups, names)
+                _advice(planner.request_values, token.groups, names)
 
     def request(batch: Any) -> Planned:
         if isinstance(batch, Planned):  # planned with its run of batches
             token = batch
         else:
-            token = Planned(*shards.batch(batch))
-            if active:
-                planner.request(token.groups, names)
+            token = _plan(shards, batch)
+            if active and token.error is None:
+                _advice(planner.request, token.groups, names)
         if policy.staged:
             window.append(token)
             if len(window) > lag:
@@ -94,6 +114,8 @@ def plan_batches(planner: ReadPlanner, batches: Iterable[Any], names: list[str],
 
     items = batches if runs is None else runs.batches(batches)
     for _batch, token in lookahead(items, prefetch, request, values, deeper):
+        if token.error is not None:
+            raise token.error
         planner.need_groups(token.groups, names)
         yield token
 
@@ -119,12 +141,18 @@ class BatchRuns:
         done = False
         while True:
             while not done and len(queue) <= ahead:
-                got = [Planned(*shards.batch(b)) for b in islice(it, self.together)]
+                got: list[Planned] = []
+                for b in islice(it, self.together):
+                    got.append(_plan(shards, b))
+                    if got[-1].error is not None:  # the last batch planned: it raises when due
+                        done = True
+                        break
                 for p in got:
                     self.most = self.most or next((g.shard.request for g in p.groups), 0)
-                self.left = self._ask([p.groups for p in got], self.left, values=False, last=not got)
-                done = not got
-                if done:
+                left = _advice(self._ask, [p.groups for p in got], self.left, values=False, last=not got or done)
+                self.left = (_EMPTY, _EMPTY) if left is None else left
+                if not got:
+                    done = True
                     break
                 run = Run([p.groups for p in got])
                 for p in got:
@@ -142,7 +170,8 @@ class BatchRuns:
         run.values_asked = True
         for groups in run.groups:
             self.planner.need_groups(groups, self.names, values=False)
-        self.left_values = self._ask(run.groups, self.left_values, values=True, last=False)
+        left, self.left_values = self.left_values, (_EMPTY, _EMPTY)  # (dropped with the request if it fails)
+        self.left_values = self._ask(run.groups, left, values=True, last=False)
 
     def _ask(self, runs: list[list[Group]], left: tuple[Any, Any], *, values: bool, last: bool) -> tuple[Any, Any]:
         """Ask for the union of ``left`` and the ranges of the batches ``runs`` (the last batch's may be

@@ -1,0 +1,48 @@
+"""A remote store's read-ahead is advice: ``Store.iter_batches`` asks for the reads of later batches (and
+of runs of batches) before they are due, and a read that fails then is raised where its own batch is
+due, after every batch before it was handed out, naming the shard as always."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.proxy import FaultProxy
+from support.s3 import MotoS3
+
+import seqstore as ss
+from seqstore.schema import Field
+
+pytestmark = pytest.mark.timeout(300)
+
+N, SHARD, BATCH = 2400, 100, 50  # 24 shards, 48 batches in order
+
+
+def _store(path: Path) -> Path:
+    lens = np.arange(N) % 5 + 1
+    x = np.repeat(np.arange(N), lens).astype(np.float32)[:, None]
+    with ss.create(path, {"x": Field("float32", (None, 1)), "k": Field("int64")}, max_shard_records=SHARD) as w:
+        w.append_batch({"x": (x, lens), "k": np.arange(N, dtype=np.int64)})
+    return path
+
+
+def _batches() -> Any:
+    return (np.arange(a, a + BATCH, dtype=np.int64) for a in range(0, N, BATCH))
+
+
+@pytest.mark.parametrize("options", [{}], ids=["cached"])
+@pytest.mark.parametrize("fields", [None, "k", "x"], ids=["all", "fixed", "ragged"])
+def test_a_refused_shard_raises_at_its_first_batch_after_the_batches_before_it(
+        moto_s3: MotoS3, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, options: dict[str, Any],
+        fields: str | None) -> None:
+    url = moto_s3.upload_dir(_store(tmp_path / "s.seqstore"), s3_bucket, "a/s.seqstore")
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=5, connect_timeout=2, **options)
+    store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")
+    s3_proxy.forbid(path="shard-000012")
+    got = []
+    with pytest.raises(ss.errors.SeqstoreError, match="shard-000012"):
+        for batch in store.iter_batches(_batches(), fields=fields):
+            got.append(int(batch["k"][0]) if "k" in batch else int(batch["x"][0][0, 0]))
+    assert got == list(range(0, 1200, BATCH))
