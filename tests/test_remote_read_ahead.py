@@ -32,7 +32,7 @@ def _batches() -> Any:
     return (np.arange(a, a + BATCH, dtype=np.int64) for a in range(0, N, BATCH))
 
 
-@pytest.mark.parametrize("options", [{}], ids=["cached"])
+@pytest.mark.parametrize("options", [{}, {"read_once": "true"}], ids=["cached", "read_once"])
 @pytest.mark.parametrize("fields", [None, "k", "x"], ids=["all", "fixed", "ragged"])
 def test_a_refused_shard_raises_at_its_first_batch_after_the_batches_before_it(
         moto_s3: MotoS3, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, options: dict[str, Any],

@@ -7,10 +7,13 @@ buffers with :func:`~.copy.copy_via`; ragged fields' offsets still go through th
 ahead. ``ahead`` runs are in flight while one is gathered, in buffers from a small reused pool, so
 memory is a few runs' bytes whatever the epoch's length. A run's last batch leaves its ranges that lie
 more than 64 KiB from every other batch's to the next run, and is gathered from both runs' buffers.
+A batch ahead that cannot be planned (its shard not mapped, its offsets not read) ends the runs before
+it, and raises once the batches before it were handed out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -109,6 +112,7 @@ def plan_runs(
     fetching: deque[_Run] = deque()  # runs fetched (in flight or in), in order
     carry: tuple[Any, Any] = (_EMPTY, _EMPTY)
     tail: list[Part] = []  # the fetch of what the last run carried (no run of its own)
+    failed: list[Exception] = []  # a batch that could not be planned: raised after the batches before it
     done = False
 
     def prepare() -> None:
@@ -119,28 +123,47 @@ def plan_runs(
             return
         run = _Run()
         for batch in got:
-            idx, groups = planner.shards.batch(batch)
-            if ragged:
-                planner.request(groups, ragged)  # the offsets, through the node cache
+            try:
+                idx, groups = planner.shards.batch(batch)
+            except Exception as exc:  # noqa: BLE001 - raised where this batch is due, after those before it
+                failed.append(exc)
+                done = True
+                break
+            if ragged:  # the offsets, through the node cache (advice: fetch() waits for them, raising then)
+                with contextlib.suppress(Exception):
+                    planner.request(groups, ragged)
             run.batches.append((idx, groups))
-        prepared.append(run)
+        if run.batches:
+            prepared.append(run)
 
     def fetch(run: _Run | None) -> None:
         """Fetch ``run``'s ranges (with those carried from the run before); None: the end, fetch what is carried."""
-        nonlocal carry
+        nonlocal carry, done
         starts, ends, tags = [carry[0]], [carry[1]], [np.full(len(carry[0]), -1, np.int64)]
         batches = run.batches if run is not None else []
         for k, (_idx, groups) in enumerate(batches):
-            if ragged:
-                planner.need_groups(groups, ragged, values=False)
-            a, b = planner.ranges(groups, fixed, False)
-            ra, rb = planner.ranges(groups, ragged, True)
+            try:
+                if ragged:
+                    planner.need_groups(groups, ragged, values=False)
+                a, b = planner.ranges(groups, fixed, False)
+                ra, rb = planner.ranges(groups, ragged, True)
+            except Exception as exc:  # noqa: BLE001 - batch k's offsets: the run ends before it, which raises when due
+                failed[:] = [exc]  # (before any later run's)
+                done = True
+                prepared.clear()
+                assert run is not None
+                batches = run.batches = run.batches[:k]
+                break
             a, b = a + ra, b + rb
             if a:
                 starts += a
                 ends += b
                 tags.append(np.full(sum(len(x) for x in a), k, np.int64))
+        if run is not None and not batches:  # (its first batch failed) what the run before carried, alone
+            run = None
         s, e, t = np.concatenate(starts), np.concatenate(ends), np.concatenate(tags)
+        if run is None and not len(s):
+            return
         keep = np.ones(len(s), bool)
         if run is not None and len(batches) == together and len(s):  # not the last run: leave the lone ranges
             _, _, ids = merge_ranges(s, e, _GAP)
@@ -197,6 +220,8 @@ def plan_runs(
             run.part.release()
             run.part = run.next_part = None
             fill()
+        if failed:
+            raise failed[0]
     finally:  # closed early or failed: the buffers of the runs still here go back (or to their holders)
         for run in fetching:
             if run.part is not None:
