@@ -60,18 +60,21 @@ class _OwnDataset:
         return getattr(self._inner, name)
 
 
-@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}, {"collate_fn": _own_collate}, {"own": True}])
+@pytest.mark.parametrize("helpers", [{"threads": 2}, {"procs": 2}, {"collate_fn": _own_collate}, {"own": True}, {},
+                                     {"once": True}, {"once": True, "procs": 2}])
 def test_a_failed_read_ahead_surfaces_at_its_own_batch_after_the_earlier_ones(
         helpers: dict[str, Any], moto_s3: Any, s3_bucket: str, s3_proxy: Any, tmp_path: Path) -> None:
     """The batches read ahead on a remote store (in runs with threads= / procs=; by SeqDataset's replay
     of the sampler on the DataLoader's path; by the loader for a dataset without ``iter_batches``): a read
     that is refused (shard 6, records 1200 on) is raised where its batch is due, after the 24 batches
-    before it were handed out, not when the read-ahead asked for it."""
+    before it were handed out, not when the read-ahead asked for it; so without helpers (the store's own
+    read-ahead), and on a read-once store (runs of batches fetched into memory)."""
     from seqstore.torch import EpochSampler, SeqDataLoader, SeqDataset, collate_padded
 
     make_store(tmp_path / "s.seqstore", 2000, shard_records=200, max_len=400)
     url = moto_s3.upload_dir(tmp_path / "s.seqstore", s3_bucket, "a/s.seqstore")
-    store = seqstore.open(url, storage_options=moto_s3.storage_options(s3_proxy.url), cache_dir=tmp_path / "c")
+    once = {"read_once": "true"} if helpers.pop("once", False) else {}
+    store = seqstore.open(url, storage_options=moto_s3.storage_options(s3_proxy.url, **once), cache_dir=tmp_path / "c")
     ds: Any = StoreDataset(store, ordering="default")
     if helpers.pop("own", False):
         ds = _OwnDataset(ds)
