@@ -46,3 +46,21 @@ def test_a_refused_shard_raises_at_its_first_batch_after_the_batches_before_it(
         for batch in store.iter_batches(_batches(), fields=fields):
             got.append(int(batch["k"][0]) if "k" in batch else int(batch["x"][0][0, 0]))
     assert got == list(range(0, 1200, BATCH))
+
+
+@pytest.mark.parametrize("fields", [None, "k", "x"], ids=["all", "fixed", "ragged"])
+def test_read_once_a_run_with_a_refused_range_hands_out_its_batches_before_it(
+        moto_s3: MotoS3, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, fields: str | None) -> None:
+    """Every shard mapped first, so only the data ranges of shard 12 are refused: the run of 16 batches
+    that holds its first batch (batches 16-31, records 800-1599) fails as one fetch, and its batches before
+    shard 12 are still handed out, each read by itself, and the first that needs shard 12 raises."""
+    url = moto_s3.upload_dir(_store(tmp_path / "s.seqstore"), s3_bucket, "a/s.seqstore")
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=5, connect_timeout=2, read_once="true")
+    store = ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")
+    store.get_batch(np.arange(0, N, SHARD), fields=fields)
+    s3_proxy.forbid(path="shard-000012")
+    got = []
+    with pytest.raises(ss.errors.SeqstoreError, match="shard-000012"):
+        for batch in store.iter_batches(_batches(), fields=fields):
+            got.append(int(batch["k"][0]) if "k" in batch else int(batch["x"][0][0, 0]))
+    assert got == list(range(0, 1200, BATCH))

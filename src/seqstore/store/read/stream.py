@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...errors import StaleStoreError
 from ...io.remote_stream import Part, merge_ranges, segment_table
 from .readahead import ReadPlanner
 from .shards import Group
@@ -197,6 +198,21 @@ def plan_runs(
         if done and not prepared and len(carry[0]):
             fetch(None)
 
+    def alone(groups: list[Group]) -> Part:
+        """The bytes of one batch fetched by themselves (its offsets are in the node cache), waited for."""
+        a, b = planner.ranges(groups, fixed, False)
+        ra, rb = planner.ranges(groups, ragged, True)
+        a, b = a + ra, b + rb
+        part: Part = source.fetch_into(np.concatenate(a) if a else _EMPTY, np.concatenate(b) if b else _EMPTY,
+                                       pool.alloc)
+        part.on_free = pool.give_back
+        try:
+            part.wait()
+        except BaseException:
+            part.release()
+            raise
+        return part
+
     try:
         fill()
         while fetching:
@@ -208,13 +224,25 @@ def plan_runs(
                     fill()  # the next run's fetch holds the rest of this batch
                     assert run.next_part is not None
                     parts.append(run.next_part)
-                for p in parts:
-                    p.wait()
-                    if hold:
+                own = None
+                try:
+                    for p in parts:
+                        p.wait()
+                except StaleStoreError:
+                    raise
+                except Exception:  # noqa: BLE001 - a range of the run failed, maybe another batch's:
+                    own = alone(groups)  # this batch fetches its own, raising if that fails too
+                    parts = [own]
+                if hold:
+                    for p in parts:
                         p.users += 1
                 out[0] += 1
                 fill()  # the next runs' requests (the window deepens as batches go out)
-                yield Fetched(idx, groups, parts)
+                try:
+                    yield Fetched(idx, groups, parts)
+                finally:
+                    if own is not None:
+                        own.release()
             fetching.popleft()
             held[0] -= run.part.nbytes
             run.part.release()
