@@ -64,3 +64,20 @@ def test_read_once_a_run_with_a_refused_range_hands_out_its_batches_before_it(
         for batch in store.iter_batches(_batches(), fields=fields):
             got.append(int(batch["k"][0]) if "k" in batch else int(batch["x"][0][0, 0]))
     assert got == list(range(0, 1200, BATCH))
+
+
+def test_a_dataset_without_iter_batches_of_its_own_raises_at_the_refused_shards_batch(
+        moto_s3: MotoS3, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path) -> None:
+    """Dataset.iter_batches (a slice of a store's dataset here) asks for the next 2 batches' reads ahead
+    (``prefetch``): that advice failing is not the error of the batch handed out before them."""
+    from seqstore.data import SliceDataset, StoreDataset
+
+    url = moto_s3.upload_dir(_store(tmp_path / "s.seqstore"), s3_bucket, "a/s.seqstore")
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=5, connect_timeout=2)
+    ds = SliceDataset(StoreDataset(ss.open(url, storage_options=opts, cache_dir=tmp_path / "c")), 0, N)
+    s3_proxy.forbid(path="shard-000012")
+    got = []
+    with pytest.raises(ss.errors.SeqstoreError, match="shard-000012"):
+        for batch in ds.iter_batches(_batches()):
+            got.append(int(batch["k"][0]))
+    assert got == list(range(0, 1200, BATCH))

@@ -22,6 +22,7 @@ Datasets hold O(1) state (or O(children)) plus memory-mapped files, and pickle s
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -104,8 +105,14 @@ class Dataset(abc.ABC):
         """``get_batch`` of each index array of ``batches`` (consumed lazily), with :meth:`prefetch` of
         the next ``prefetch`` batches (None: 2) issued before each batch is gathered (``cached``: a
         store's, see ``Store.iter_batches``; nothing here)."""
-        for batch, _ in lookahead(batches, 2 if prefetch is None else prefetch, self.prefetch):
+        for batch, _ in lookahead(batches, 2 if prefetch is None else prefetch, self._advise):
             yield self.get_batch(batch, pad=pad)
+
+    def _advise(self, batch: Any) -> None:
+        """:meth:`prefetch` of a batch ahead, as advice: a read that fails is asked for again by that
+        batch's ``get_batch``, which raises where it is due (not in place of the batches before it)."""
+        with contextlib.suppress(Exception):
+            self.prefetch(batch)
 
     def cache_key(self) -> Any:
         """JSON-encodable identity of the content (for cache file names), or None if unknown."""
