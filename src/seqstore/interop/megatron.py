@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import SchemaError
 from ..format.manifest import fsync_dir
-from ..io.mapping import allocate
+from ..io.mapping import allocate_whole
 from ..schema import Field, Schema
 from ..store import Store, Writer, open_store
 from . import driver
@@ -425,10 +425,8 @@ def export_megatron(
         with open(tbin, "wb") as fb, open(tidx, "w+b") as fi:
             fi.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[str(out_dt)], n, 0))
             fi.truncate(HEADER_BYTES + 12 * n)
-            try:  # its disk space now: on a full disk a write into the mapping's hole would be a SIGBUS
-                allocate(fi.fileno(), 0, HEADER_BYTES + 12 * n)
-            except OSError as exc:
-                raise OSError(exc.errno, f"{exc.strerror}: cannot write {idxp}", str(tidx)) from exc
+            # its disk space now: on a full disk a write into the mapping's hole would be a SIGBUS
+            allocate_whole(fi.fileno(), HEADER_BYTES + 12 * n, f"cannot write {idxp}", str(tidx))
             lens_mm = np.memmap(tidx, dtype="<i4", mode="r+", offset=HEADER_BYTES, shape=(n,)) if n else None
             ptr_mm = np.memmap(tidx, dtype="<i8", mode="r+", offset=HEADER_BYTES + 4 * n, shape=(n,)) if n else None
             fi.seek(HEADER_BYTES + 12 * n)

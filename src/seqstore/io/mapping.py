@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = [
     "PAGE", "MADV_NORMAL", "MADV_RANDOM", "MADV_SEQUENTIAL", "MADV_WILLNEED", "map_file", "map_fd", "madvise",
-    "holds_descriptors", "address", "libc", "allocate",
+    "holds_descriptors", "address", "libc", "allocate", "allocate_whole",
 ]
 
 PAGE = mmap.PAGESIZE
@@ -142,3 +142,12 @@ def allocate(fd: int, offset: int, length: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
+
+
+def allocate_whole(fd: int, length: int, what: str, filename: str) -> None:
+    """:func:`allocate` of bytes ``[0, length)`` of a file about to be written through a mapping; a full
+    disk is an OSError (its errno kept) saying ``what`` could not be done, naming ``filename``."""
+    try:
+        allocate(fd, 0, length)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror}: {what}", filename) from exc

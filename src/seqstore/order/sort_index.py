@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..io.mapping import allocate
+from ..io.mapping import allocate_whole
 from ..io.nodecache import charge, temporary, used
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
@@ -143,11 +143,9 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
         tmp_files.append(Path(tmp))
         charge(path, n * np.dtype(dtype).itemsize + 4096)  # where a node cache's budget covers the directory
         buf = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n,))
-        try:  # its disk space now: a write through the mapping into a hole of a full disk is a SIGBUS
-            allocate(fd, 0, os.fstat(fd).st_size)
-        except OSError as exc:
-            raise OSError(exc.errno, f"{exc.strerror}: cannot write the sort index {path} ({os.fstat(fd).st_size} "
-                          f"bytes); free space under {path.parent}", str(path)) from None
+        size = os.fstat(fd).st_size  # its disk space now: a write into a hole of a full disk is a SIGBUS
+        allocate_whole(fd, size, f"cannot write the sort index {path} ({size} bytes); free space under {path.parent}",
+                       str(path))
         return buf
 
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CorruptionError
-from ...io.mapping import allocate
+from ...io.mapping import allocate_whole
 from .readahead import ReadPlanner
 from .shards import Shard, checked_bounds
 from .verify import ReadVerifier
@@ -112,12 +112,9 @@ class Lengths:
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dt, shape=(len(self),))
         try:
-            with open(tmp, "r+b") as f:  # its disk space now: a write through the mapping into a hole of a full
-                try:  # disk is a SIGBUS
-                    allocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
-                except OSError as exc:
-                    raise OSError(exc.errno, f"{exc.strerror}: cannot save the lengths to {target}",
-                                  str(target)) from None
+            with open(tmp, "r+b") as f:  # its disk space now: a write into a hole of a full disk is a SIGBUS
+                allocate_whole(f.fileno(), os.fstat(f.fileno()).st_size, f"cannot save the lengths to {target}",
+                               str(target))
             pos = 0
             for chunk in self.iter_chunks():
                 if most is not None and chunk.size and int(chunk.max()) > most:
