@@ -109,3 +109,17 @@ def _forkserver_with_torch() -> None:
         from seqstore.interop._parallel import _context
 
         _context(["torch", "seqstore.torch"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _short_dataloader_worker_joins() -> None:
+    """torch's DataLoader iterator, once a worker raised, no longer reaches its workers with the final
+    signal: when it is collected it waits ``MP_STATUS_CHECK_INTERVAL`` (5 s) for each worker to end, then
+    kills them (torch 2.13, also without seqstore). Tests that check an error leave such iterators behind
+    and paid 10 s each wherever the garbage collector happened to run; the wait is 0.2 s here (what is
+    checked does not change: the workers are gone either way)."""
+    try:
+        import torch.utils.data._utils as torch_data_utils
+    except ImportError:
+        return
+    torch_data_utils.MP_STATUS_CHECK_INTERVAL = 0.2
