@@ -403,8 +403,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     assert block is not None
     conns: list[Connection] = []
     workers: list[Any] = []
-    # batch j (counted after the first) goes to worker j % procs, into a slot of that worker
-    pending: deque[tuple[int, int, Any]] = deque()  # (worker, slot, parts held for it), in batch order
+    pending: deque[tuple[int, int, Any]] = deque()  # (worker, slot, parts held for it), in batch order: batch j
+    # (counted after the first) goes to worker j % procs, into a slot of that worker
     pollers: list[Any] = []  # one a worker: Connection.poll builds a selector a call
 
     def exited(w: int) -> LoaderWorkerError:
@@ -442,7 +442,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     try:
         free = [list(range(w * depth, (w + 1) * depth)) for w in range(procs)]
         lent: list[list[_Lent]] = [[] for _ in range(procs)]
-        j = 0
+        j, stuck = 0, -1  # stuck: the worker that gave no batch within ``timeout``, ended at once at the end
         failed: list[Exception] = []  # the error that ended the drawing of the batches ahead (a fetch's)
 
         def reclaim(w: int) -> None:
@@ -530,6 +530,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     if not workers[w].is_alive():
                         raise EOFError
                     if 0 < timeout < time.perf_counter() - start:
+                        stuck = w
                         raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) gave no batch in {timeout}s")
                 waited = time.perf_counter() - start
                 msg = conns[w].recv()
@@ -542,9 +543,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 raise msg[1]
             if msg[0] == "ok":
                 reclaim(w)
-                # hand out views of the slot unless the loop holds so many batches that the worker would
-                # be left without a slot to gather into: then a copy, and the slot is free at once
-                if pin or len(lent[w]) >= depth - 1:
+                if pin or len(lent[w]) >= depth - 1:  # views of the slot unless the loop holds so many batches
+                    # that the worker would be left without a slot to gather into: a copy, the slot free at once
                     batch = _batch_from(msg[1], block, slot * slot_bytes, pin=True) if pin else {
                         k: v.clone() for k, v in _batch_from(msg[1], block, slot * slot_bytes, False).items()}
                     free[w].append(slot)
@@ -580,10 +580,10 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     c.send(None)
                 except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
                     pass
-            for w, p in enumerate(workers):
-                try:  # the answers nobody will use, read until the worker ends (one larger than the pipe holds would
-                    # block it); a worker silent for 5 s is ended below
-                    while pollers[w].poll(5000):
+            end = time.monotonic() + 5  # the answers nobody will use, read until each worker ends (one larger than
+            for w, p in enumerate(workers):  # the pipe holds would block it); those silent for 5 s in all are ended
+                try:
+                    while w != stuck and pollers[w].poll(max(0, int((end - time.monotonic()) * 1000))):
                         conns[w].recv()
                 except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
                     p.join(timeout=5)
