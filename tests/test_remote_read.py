@@ -685,7 +685,7 @@ def test_replaced_store_never_serves_stale_bytes(moto_s3: MotoS3, s3_bucket: str
     # disagrees with the old manifest's checksums)
     from seqstore.errors import StaleStoreError
 
-    for i in range(len(la)):
+    for i in range(0, len(la), 3):  # (every third record: each of the 4 shards, many pages)
         try:
             got = old.get_batch([i])
         except (StaleStoreError, ss.CorruptionError) as exc:

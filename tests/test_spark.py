@@ -293,7 +293,7 @@ def test_write_to_s3(spark: Any, moto_s3: Any, s3_bucket: str, tmp_path: Path) -
     assert store.num_shards >= PARTITIONS
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     try:
-        failing = _frame(spark)  # partition 1 fails after 5 batches of 50 rows, in every attempt
+        failing = _frame(spark, n=1200)  # partition 1 (of 300 rows) fails after 5 batches of 50, in every attempt
         failing = failing.mapInArrow(_fail_partition(1, attempts=99), failing.schema)
         with pytest.raises((Py4JJavaError, PySparkException), match="injected failure in partition 1"):
             _write(failing, url, idColumn="key", maxShardRecords="60", storageOptions=json.dumps(secret), **client)

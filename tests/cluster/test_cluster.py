@@ -316,7 +316,7 @@ def _progress(tmp_path: Path, node: int) -> int:
         return 0
 
 
-@pytest.mark.parametrize("side", ["switch", "host"])
+@pytest.mark.parametrize("side", [pytest.param("switch", marks=pytest.mark.slow), "host"])  # (slow: time)
 def test_link_cut_mid_epoch_stalls_and_continues(cluster: cl.Cluster, storage: Storage, tmp_path: Path,
                                                  side: str) -> None:
     """Node 1's link cut for 4 s mid-epoch: at the switch (its packets vanish: requests stall, connects
@@ -438,7 +438,7 @@ def test_node_killed_mid_epoch_resumes_on_the_survivor(cluster: cl.Cluster, stor
     _exactly_once_padded(before + after, _all_ids(), 2, f"4 ranks to step {step}, then 2 ranks on the survivor")
 
 
-@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("where", [pytest.param("before", marks=pytest.mark.slow), "after"])  # (slow: time)
 def test_writers_on_two_nodes_one_killed_mid_commit(cluster: cl.Cluster, storage: Storage, tmp_path: Path,
                                                     where: str) -> None:
     """Two nodes append to one s3:// store, committing after every batch of 20 records; node 1 is killed
