@@ -247,7 +247,7 @@ def test_failed_job_leaves_nothing(spark: Any, tmp_path: Path) -> None:
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
     try:
         new = tmp_path / "new"
-        df = _frame(spark)
+        df = _frame(spark, n=1200)  # partition 1 (of 300 rows) fails after 5 batches of 50
         failing = df.mapInArrow(_fail_partition(1, attempts=99), df.schema)
         with pytest.raises((Py4JJavaError, PySparkException)) as err:
             _write(failing, new, idColumn="key", schema=MAT_SCHEMA, maxShardRecords="60")
