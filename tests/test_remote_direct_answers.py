@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,53 @@ def test_a_failed_precondition_names_the_url_and_says_reopen(serve: Callable[[An
     text = str(err.value)
     assert err.value.url == url and text.startswith(url), text
     assert "changed since the store was opened" in text and "reopen the store" in text, text
+
+
+class Throttle:
+    """Refuses range requests with ``status`` (and ``Retry-After: retry_after()`` where given) while
+    ``refusing`` is set, for ``gate`` seconds after its first refusal and ``times`` times at most (None:
+    no limit), else answers them right after ``delay`` seconds; counts its refusals."""
+
+    def __init__(self, status: int = 503, *, retry_after: Callable[[], str] | None = None,
+                 gate: float | None = None, times: int | None = None, refusing: bool = True) -> None:
+        self.status, self.retry_after, self.gate, self.times = status, retry_after, gate, times
+        self.refusing = refusing
+        self.delay = 0.0
+        self.refused = 0
+        self.first: float | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self, conn: socket.socket, a: int, b: int) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            if self.refusing and self.first is None:
+                self.first = now
+            refuse = (self.refusing and (self.gate is None or now - (self.first or now) < self.gate)
+                      and (self.times is None or self.refused < self.times))
+            self.refused += refuse
+        if not refuse:
+            threading.Event().wait(self.delay)
+            return _right(conn, a, b)
+        extra = f"Retry-After: {self.retry_after()}\r\n" if self.retry_after is not None else ""
+        conn.sendall(f"HTTP/1.1 {self.status} Refused\r\n{extra}Content-Length: 0\r\n\r\n".encode())
+        return True  # (kept alive, as S3 does with its 503 SlowDown)
+
+
+def test_an_error_status_on_a_kept_alive_connection_is_an_attempt(serve: Callable[[Answer], RawServer]) -> None:
+    """A 503 on a connection kept alive from earlier answers was taken for a connection the server had
+    closed while idle: the request was asked again at once on the next idle connection, uncounted and
+    without a backoff, so a throttling server got a request for each idle connection. Each refusal is
+    one attempt."""
+    throttle = Throttle(refusing=False)
+    server = serve(throttle)
+    client = _client(server, max_retries=1, max_requests=8)
+    throttle.delay = 0.2  # the wave's requests overlap: 8 connections, kept alive after it
+    _wave(server, client, 8)
+    throttle.refusing = True
+    with pytest.raises(RemoteError) as err:
+        _wave(server, client, 1)
+    assert "HTTP 503" in str(err.value), err.value
+    assert throttle.refused == err.value.attempts == 2, (throttle.refused, err.value)
 
 
 _MOVED = """

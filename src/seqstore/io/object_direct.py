@@ -533,8 +533,9 @@ class DirectReader:
 
     def _fail(self, c: _Conn, active: set[_Conn], exc: BaseException) -> None:
         job = c.job
-        reused = c.reused and c.state in ("send", "head") and c.pos < 0 and not c.head
-        if c.state == "head" and (c.pos >= 0 or c.head) and not getattr(exc, "answered", False):
+        answered = getattr(exc, "answered", False)  # (an error status: the server did answer on it)
+        reused = c.reused and c.state in ("send", "head") and c.pos < 0 and not c.head and not answered
+        if c.state == "head" and (c.pos >= 0 or c.head) and not answered:
             exc = Transient(str(exc), answered=True)  # bytes of an answer came: the endpoint is there
         if c.state == "connecting":  # the host's next address next time (or the name looked up again)
             self._refused(c.origin, c.addr)
