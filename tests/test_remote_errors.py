@@ -220,6 +220,25 @@ def test_network_failure_is_still_retried(moto_s3: MotoS3, s3_bucket: str, monke
     assert len(calls) > 1 and info.value.attempts == len(calls)  # retried (how often: the retry policy)
 
 
+def test_a_failure_under_a_path_that_says_certificate_is_retried(moto_s3: MotoS3, s3_bucket: str,
+                                                                s3_proxy: Any) -> None:
+    """obstore's message names the URL (and an S3 error body the key): a 503 or a reset connection for an
+    object whose path holds the word "certificate" was taken for a refused TLS certificate and raised at
+    once. Both are retried, as anywhere else."""
+    from seqstore.io.objects import ObjectClient
+
+    moto_s3.put(s3_bucket, "certificates/scan.bin", b"scan" * 25)
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=2, connect_timeout=1, retry_timeout=5)
+    client = ObjectClient(f"s3://{s3_bucket}/certificates", opts)
+    s3_proxy.fail(1, status=503, path="/certificates/")
+    s3_proxy.reset(1, path="/certificates/")
+    data, _ = client.get("scan.bin")
+    assert bytes(data) == b"scan" * 25
+    s3_proxy.fail(1, status=503, path="/certificates/")
+    [(got, _)] = client.get_ranges([("scan.bin", 4, 12, None)])
+    assert bytes(got) == (b"scan" * 25)[4:12]
+
+
 def test_open_missing_azure_container(azurite: Any, tmp_path: Path) -> None:
     with pytest.raises(BucketNotFound) as info:
         ss.open("az://no-such-container-25/x.seqstore", storage_options=azurite.storage_options(),

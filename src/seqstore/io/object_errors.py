@@ -80,6 +80,9 @@ _ANSWERED = (
 _PARSE = re.compile(r"hyper::Error\(\s*Parse\(\s*(\w+)")
 #: where an obstore error names the HTTP status it got
 _STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
+#: the names an obstore error quotes (URLs, and in its debug dump paths, keys, hosts in double quotes): text
+#: of the store's, not obstore's words about the failure
+_NAMES = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*|\"(?:[^\"\\]|\\.)*\"")
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -122,7 +125,10 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(ConflictError, url, "conditional write refused: the object changed")
     if isinstance(exc, oex.AlreadyExistsError):
         return _at(ConflictError, url, "already exists")
-    if "certificate" in str(exc).lower():  # not worth another attempt
+    status = _status_of(exc)
+    # not worth another attempt; a TLS failure comes before any answer (a status), and the word must be
+    # obstore's, not a bucket's or key's ("s3://b/certificates/...": its 503s were not retried)
+    if status is None and "certificate" in _NAMES.sub(" ", str(exc)).lower():
         return _at(RemoteError, url, f"the server's TLS certificate was refused ({short(exc, 200)})")
     if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
         return _at(RemoteError, url, f"the client refused the request before sending it ({short(exc, 160)}); for "
@@ -133,7 +139,6 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(RemoteError, url, f"not supported by the client: {short(exc)}")
     if any(p in str(exc) for p in _REFUSALS):
         return _at(RemoteError, url, f"the client refused the request before sending it: {short(exc)}")
-    status = _status_of(exc)
     if status in (401, 403):
         return _at(CredentialsError, url, f"access refused (HTTP {status}); check the credentials")
     if status == 404:
