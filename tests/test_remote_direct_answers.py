@@ -280,6 +280,17 @@ def test_an_error_status_on_a_kept_alive_connection_is_an_attempt(serve: Callabl
     assert throttle.refused == err.value.attempts == 2, (throttle.refused, err.value)
 
 
+@pytest.mark.parametrize("status", [507, 520, 599])
+def test_every_5xx_is_retried(serve: Callable[[Answer], RawServer], status: int) -> None:
+    """docs/remote.md: an HTTP 5xx is retried, as obstore and fsspec do. The direct reader retried 500, 502,
+    503 and 504 only: a CDN's 520 (or 522, 524) or a 507 raised at once as an unexpected answer."""
+    throttle = Throttle(status, times=1)
+    server = serve(throttle)
+    client = _client(server, max_retries=2)
+    assert [bytes(b) for b in _wave(server, client, 2)] == [DATA[:100], DATA[100:200]]
+    assert throttle.refused == 1
+
+
 _MOVED = """
 import sys
 sys.path.insert(0, sys.argv[2])

@@ -46,7 +46,7 @@ from .retry import Attempts, Transient
 __all__ = ["DirectReader", "receive_buffer"]
 
 _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
-_RETRIED = frozenset((408, 429, 500, 502, 503, 504))
+_RETRIED = frozenset((408, 429))  # and every 5xx (docs/remote.md, "Failures"), as the other back ends
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see the module docstring)
@@ -499,7 +499,7 @@ class DirectReader:
         return True
 
     def _status(self, status: int, job: _Job) -> None:
-        if status in _RETRIED:
+        if status in _RETRIED or 500 <= status < 600:
             raise Transient(f"HTTP {status}", answered=True)
         if status == 404:
             raise job.error(f"HTTP {status}: no such object", RemoteNotFound)
