@@ -6,6 +6,7 @@ version is refused, and a host whose name moves to another address is found ther
 
 from __future__ import annotations
 
+import email.utils
 import os
 import socket
 import subprocess
@@ -289,6 +290,33 @@ def test_every_5xx_is_retried(serve: Callable[[Answer], RawServer], status: int)
     client = _client(server, max_retries=2)
     assert [bytes(b) for b in _wave(server, client, 2)] == [DATA[:100], DATA[100:200]]
     assert throttle.refused == 1
+
+
+@pytest.mark.parametrize("form", ["seconds", "date"])
+def test_a_retry_after_within_the_budget_is_waited_for(serve: Callable[[Answer], RawServer], form: str) -> None:
+    """A throttling server's 503 asks for a second (Retry-After, as a number or as an HTTP date) and refuses
+    what comes sooner: the client waits for it, and its second attempt is answered, instead of spending
+    both attempts within a tenth of a second, both refused."""
+    def when() -> str:
+        return "1" if form == "seconds" else email.utils.formatdate(time.time() + 2, usegmt=True)
+
+    throttle = Throttle(retry_after=when, gate=0.8)
+    server = serve(throttle)
+    client = _client(server, max_retries=1)
+    assert [bytes(b) for b in _wave(server, client, 1)] == [DATA[:100]]
+    assert throttle.refused == 1
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_retry_after_past_the_budget_gives_up_at_once(serve: Callable[[Answer], RawServer], status: int) -> None:
+    """A refusal that asks for an hour, with 2 s of retry budget: no attempt within the budget can be
+    answered, so the error comes at once and names the Retry-After, instead of 2 s of refused requests."""
+    throttle = Throttle(status, retry_after=lambda: "3600")
+    server = serve(throttle)
+    with pytest.raises(RemoteError) as err:
+        _wave(server, _client(server), 1)
+    assert f"HTTP {status}, Retry-After 3600 s" in str(err.value), err.value
+    assert throttle.refused == 1 and err.value.attempts == 1, (throttle.refused, err.value)
 
 
 _MOVED = """

@@ -15,7 +15,8 @@ in a read or two (docs/remote.md, "Read-once epochs").
 Failures follow the object client's rules (:mod:`seqstore.io.objects`; docs/remote.md, "Failures"):
 5xx, 408 and 429, a connection refused, reset or closed, a body cut short, no progress for ``timeout``
 seconds (``connect_timeout`` while connecting) or an answer slower than 64 KiB/s on average after its
-first ``timeout`` seconds are retried under the client's policy, then raised as
+first ``timeout`` seconds are retried under the client's policy (the next try no sooner than a
+``Retry-After`` asks; at once an error where that is past the retry budget), then raised as
 :class:`~seqstore.errors.RemoteError` naming the URL and the attempts. 404 is
 :class:`~seqstore.errors.RemoteNotFound`, 401 and 403 :class:`~seqstore.errors.CredentialsError`, 412
 :class:`~seqstore.errors.StaleStoreError`, any other answer a ``RemoteError`` naming the status.
@@ -41,7 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .retry import Attempts, Transient
+from .retry import Attempts, Transient, parse_retry_after
 
 __all__ = ["DirectReader", "receive_buffer"]
 
@@ -470,7 +471,7 @@ class DirectReader:
         c.close_after = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
         size = job.end - job.start
         if status not in (200, 206):
-            self._status(status, job)
+            self._status(status, job, headers.get("retry-after"))
         tag = headers.get("etag")
         if job.etag and tag is not None and tag != job.etag:  # a server that ignores If-Match
             raise job.error(f"the answer is of another version of the object (ETag {tag}, expected {job.etag}): it "
@@ -498,9 +499,11 @@ class DirectReader:
         c.pos = take
         return True
 
-    def _status(self, status: int, job: _Job) -> None:
-        if status in _RETRIED or 500 <= status < 600:
-            raise Transient(f"HTTP {status}", answered=True)
+    def _status(self, status: int, job: _Job, wait: str | None) -> None:
+        if status in _RETRIED or 500 <= status < 600:  # (the next try waits for a Retry-After)
+            after = parse_retry_after(wait)
+            raise Transient(f"HTTP {status}" + (f", Retry-After {after:.0f} s" if after is not None else ""),
+                            answered=True, retry_after=after)
         if status == 404:
             raise job.error(f"HTTP {status}: no such object", RemoteNotFound)
         if status in (401, 403):

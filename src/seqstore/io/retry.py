@@ -11,14 +11,16 @@ never answered gets :data:`UNREACHED_S` seconds, then an error naming it unreach
 
 from __future__ import annotations
 
+import email.utils
 import random
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from ..errors import RemoteError
 
-__all__ = ["MAX_BACKOFF", "UNREACHED_S", "Attempts", "RetryPolicy", "Transient"]
+__all__ = ["MAX_BACKOFF", "UNREACHED_S", "Attempts", "RetryPolicy", "Transient", "parse_retry_after"]
 
 #: longest wait between two attempts of a request (seconds, before jitter)
 MAX_BACKOFF = 5.0
@@ -29,11 +31,28 @@ T = TypeVar("T")
 
 
 class Transient(Exception):
-    """A failure worth retrying; ``answered``: the server answered (an HTTP status), so it is reachable."""
+    """A failure worth retrying; ``answered``: the server answered (an HTTP status), so it is reachable;
+    ``retry_after``: the seconds its ``Retry-After`` asked the client to wait before the next try (None: none)."""
 
-    def __init__(self, message: str, *, answered: bool = False) -> None:
+    def __init__(self, message: str, *, answered: bool = False, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.answered = answered
+        self.retry_after = retry_after
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """The seconds a ``Retry-After`` header value asks for (delay-seconds or an HTTP date, RFC 9110 10.2.3;
+    a date past: 0), or None where there is none or it is neither."""
+    value = (value or "").strip()
+    if value.isascii() and value.isdigit():
+        return float(int(value)) if len(value) < 10 else 1e9
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # (an HTTP date is in GMT)
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 class RetryPolicy:
@@ -71,9 +90,11 @@ class RetryPolicy:
             most = min(most, (self.max_retries + 1) * (attempt + MAX_BACKOFF * 1.5) + 30.0)
         return most
 
-    def delay(self, attempt: int, first: float) -> float | None:
+    def delay(self, attempt: int, first: float, after: float | None = None) -> float | None:
         """After the ``attempt``-th try of an operation failed (its first failure at monotonic ``first``):
-        the seconds to wait before the next, or None when the budget of the streak is spent."""
+        the seconds to wait before the next, or None when the budget of the streak is spent. ``after``:
+        the seconds the server asked for (``Retry-After``): waited for at least, or None (give up now,
+        not hammer it) where they go past the budget."""
         now = time.monotonic()  # no lock: threads that race here set times a few microseconds apart
         since = self.failing_since
         if since is not None and now - self.last_failure > self.timeout + self.connect_timeout + 2 * MAX_BACKOFF:
@@ -83,9 +104,10 @@ class RetryPolicy:
         self.last_failure = now
         budget = self.retry_timeout if self.reached else min(self.retry_timeout, UNREACHED_S)
         left = min(first, since) + budget - now
-        if left <= 0 or (self.max_retries is not None and attempt > self.max_retries):
+        if left <= 0 or (self.max_retries is not None and attempt > self.max_retries) or (after or 0.0) > left:
             return None
-        return min(left, min(MAX_BACKOFF, 0.05 * 2.0 ** min(attempt - 1, 16)) * (0.5 + random.random()))
+        backoff = min(left, min(MAX_BACKOFF, 0.05 * 2.0 ** min(attempt - 1, 16)) * (0.5 + random.random()))
+        return backoff if after is None else max(backoff, after)
 
     def error(self, what: str, attempt: int, first: float, last: BaseException) -> RemoteError:
         """The error of an operation on ``what`` that failed ``attempt`` times since ``first``."""
@@ -140,7 +162,7 @@ class Attempts:
             self.first = time.monotonic()
         if getattr(exc, "answered", False):
             self.policy.reached = True  # a server answered (an error status): the endpoint is there
-        delay = self.policy.delay(self.n, self.first)
+        delay = self.policy.delay(self.n, self.first, getattr(exc, "retry_after", None))
         if delay is None:
             raise self.policy.error(self.what, self.n, self.first, exc) from None
         return delay
