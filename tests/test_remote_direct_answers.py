@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -345,21 +346,25 @@ print("found")
 """
 
 
-def _with_hosts(tmp_path: Path, code: str, hosts_text: str, *, pass_hosts: bool = False
-                ) -> subprocess.CompletedProcess[str]:
+def _with_hosts(tmp_path: Path, code: str, hosts_text: str, *, pass_hosts: bool = False,
+                resolv_text: str | None = None) -> subprocess.CompletedProcess[str]:
     """Python ``code`` run in a user and mount namespace of its own whose /etc/hosts is a file holding
-    ``hosts_text``; its arguments: that file (``pass_hosts``), then this directory. Skips where user
-    namespaces are not allowed."""
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    ``hosts_text``; its arguments: that file (``pass_hosts``), then this directory. ``resolv_text``: the
+    namespace's /etc/resolv.conf too, in a network namespace of its own (loopback only). Skips where user
+    (and network) namespaces are not allowed."""
+    spaces = ["--user", "--map-root-user", "--mount"] + (["--net"] if resolv_text is not None else [])
+    probe = subprocess.run(["unshare", *spaces, "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no user namespaces here: {probe.stderr.decode().strip()}")
-    script, hosts = tmp_path / "script.py", tmp_path / "hosts"
+    script, hosts, resolv = tmp_path / "script.py", tmp_path / "hosts", tmp_path / "resolv.conf"
     script.write_text(code)
     hosts.write_text(hosts_text)
     args = f'"{hosts}" "{Path(__file__).parent}"' if pass_hosts else f'"{Path(__file__).parent}"'
     shell = f'mount --bind "{hosts}" /etc/hosts && exec "{sys.executable}" "{script}" {args}'
-    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=60,
+    if resolv_text is not None:
+        resolv.write_text(resolv_text)
+        shell = f'ip link set lo up && mount --bind "{resolv}" /etc/resolv.conf && {shell}'
+    return subprocess.run(["unshare", *spaces, "sh", "-c", shell], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 
@@ -408,3 +413,39 @@ def test_a_host_name_the_resolver_refuses_fails_its_wave_not_the_reader(serve: C
         client.direct_reader.submit([(bad, 0, 100, None, memoryview(bytearray(100)))]).result(30)
     assert err.value.url == bad and "seqstore bug" not in str(err.value), err.value
     assert [bytes(b) for b in _wave(server, client, 2)] == [DATA[:100], DATA[100:200]]
+
+
+_STALLED = """
+import socket, sys
+sys.path.insert(0, sys.argv[1])
+from test_remote_direct_answers import DATA, RawServer, _right
+from seqstore.errors import RemoteError
+from seqstore.io.objects import ObjectClient
+
+dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dns.bind(("127.0.0.1", 53))  # the resolver's server: it takes the questions and never answers
+server = RawServer(_right)
+client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 0.5, "retry_timeout": 1})
+stalled = client.direct_reader.submit([(f"http://seqstore-stalled.test:{server.port}/b/blob", 0, 100, None,
+                                        memoryview(bytearray(100)))])
+buf = bytearray(100)
+client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(buf))]).result(10)
+assert bytes(buf) == DATA[:100]
+try:
+    stalled.result(10)
+except RemoteError as exc:
+    print("named:", exc)
+"""
+
+
+def test_a_lookup_that_hangs_holds_up_no_other_request(tmp_path: Path) -> None:
+    """A DNS server that never answers: the lookup of one host's name ran on the reader's loop thread,
+    so a request to another host, by its address, waited for the resolver's timeout (20 s here) too.
+    That request is answered at once, and the one whose name cannot be looked up fails within its
+    budget, naming the resolver. Runs in a network namespace of its own, with /etc/resolv.conf
+    replaced (skipped where user namespaces are not allowed)."""
+    if shutil.which("ip") is None:
+        pytest.skip("the ip command is not installed (it brings the namespace's loopback up)")
+    got = _with_hosts(tmp_path, _STALLED, "", resolv_text="nameserver 127.0.0.1\noptions timeout:20 attempts:1\n")
+    assert got.returncode == 0 and "named:" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+    assert "resolver" in got.stdout and "seqstore-stalled.test" in got.stdout, got.stdout

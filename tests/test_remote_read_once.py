@@ -427,7 +427,7 @@ def test_direct_reader_survives_stale_events_and_its_own_bugs(moto_s3: MotoS3, s
     client = ObjectClient(f"s3://{s3_bucket}/k", moto_s3.storage_options(timeout=5, max_retries=1))
     url, _ = client.direct("blob", None)
     reader = client.direct_reader
-    stale = object_direct._Conn(socket.socket(), ("127.0.0.1", 1, False))
+    stale = object_direct.Conn(socket.socket(), ("127.0.0.1", 1, False))
     stale.state = "body"
     reader._step(stale, set())  # no job: nothing to do (it used to trip an assertion and end the thread)
     stale.sock.close()

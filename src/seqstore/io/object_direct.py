@@ -39,10 +39,10 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .retry import Attempts, Transient, parse_retry_after
+from .object_links import Conn, Job, Lookups, Wave, receive_buffer
+from .retry import Transient, parse_retry_after
 
 __all__ = ["DirectReader", "receive_buffer"]
 
@@ -50,76 +50,7 @@ _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
 _RETRIED = frozenset((408, 429))  # and every 5xx (docs/remote.md, "Failures"), as the other back ends
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
-_RCVBUF = 4 << 20  # socket receive buffer asked for (see the module docstring)
-_RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
 _LEAST_RATE = 64 << 10  # bytes/s an answer must average (after its first ``timeout`` seconds): no trickle holds it
-
-
-def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
-    """The ``SO_RCVBUF`` a connection asks for: ``min(4 MiB, rmem_max)``, or 0 (the kernel's tuning) when
-    ``rmem_max`` is under 1 MiB or cannot be read."""
-    try:
-        with open(path) as f:
-            most = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return min(_RCVBUF, most) if most >= _RCVBUF_LEAST else 0
-
-
-class _Job:
-    """One range request: bytes ``[start, end)`` of ``url`` into ``dest`` (a writable buffer of that size)."""
-
-    __slots__ = ("origin", "target", "shown", "start", "end", "etag", "dest", "wave", "tries")
-
-    def __init__(self, url: str, start: int, end: int, etag: str | None, dest: memoryview, wave: _Wave) -> None:
-        p = urlsplit(url)
-        tls = p.scheme.lower() == "https"
-        self.origin = (p.hostname or "", p.port or (443 if tls else 80), tls)
-        self.target = (p.path or "/") + (f"?{p.query}" if p.query else "")
-        self.shown = f"{p.scheme}://{p.netloc}{p.path}"  # no query: a presigned URL's signature stays out
-        self.start, self.end, self.etag, self.dest, self.wave = start, end, etag, dest, wave
-        self.tries: Attempts | None = None  # its failures so far (None: none)
-
-    def attempt(self) -> int:
-        """The number of the try under way (1: the first)."""
-        return self.tries.n + 1 if self.tries is not None else 1
-
-    def error(self, what: str, kind: type[RemoteError] = RemoteError) -> RemoteError:
-        """The error ``kind`` of this request (its URL and attempts): ``what`` happened."""
-        return kind(f"{self.shown}: {what}", url=self.shown, attempts=self.attempt())
-
-
-class _Wave:
-    """The requests of one :meth:`DirectReader.submit`: its future ends when all are in, or at the first failure."""
-
-    __slots__ = ("future", "left")
-
-    def __init__(self, n: int) -> None:
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self.left = n
-
-
-class _Conn:
-    """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body,
-    closed."""
-
-    __slots__ = ("sock", "origin", "addr", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
-                 "close_after")
-
-    def __init__(self, sock: socket.socket, origin: tuple[str, int, bool], addr: Any = None) -> None:
-        self.sock: Any = sock
-        self.origin = origin
-        self.addr = addr  # the address of the origin's host it connects to
-        self.state = "connecting"
-        self.out = b""
-        self.head = b""
-        self.job: _Job | None = None
-        self.pos = 0
-        self.want = 0
-        self.deadline = 0.0
-        self.cap = 0.0  # the latest the answer may end (a server that trickles it gets this long)
-        self.reused = False
-        self.close_after = False
 
 
 class DirectReader:
@@ -131,13 +62,15 @@ class DirectReader:
         self.client = client
         self.most = int(client.max_requests)
         self._lock = threading.Lock()
-        self._queue: deque[_Job] = deque()  # jobs to start, in order
-        self._active: set[_Conn] = set()  # connections carrying a request
-        self._later: list[tuple[float, int, _Job]] = []  # (when, n, job): retries waiting out their backoff
+        self._queue: deque[Job] = deque()  # jobs to start, in order
+        self._active: set[Conn] = set()  # connections carrying a request
+        self._later: list[tuple[float, int, Job]] = []  # (when, n, job): retries waiting out their backoff
         self._count = itertools.count()
-        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
+        self._idle: dict[tuple[str, int, bool], list[Conn]] = {}
         self._open = 0
         self._addr: dict[tuple[str, int], list[Any]] = {}  # (host, port) -> addresses not yet found refusing
+        self._parked: dict[tuple[str, int], list[tuple[float, Job]]] = {}  # (deadline, job)s awaiting a lookup
+        self._lookups = Lookups(self._looked_up)
         self._ssl: ssl.SSLContext | None = None
         self._thread: threading.Thread | None = None
         self._pid = -1
@@ -154,7 +87,7 @@ class DirectReader:
         """Start ``(url, start, end, if_match, dest)`` requests: bytes ``[start, end)`` of ``url`` into
         ``dest`` (``end - start`` bytes, writable). Returns a future that ends when every body is in,
         or with the first request's error (the others are then dropped)."""
-        wave = _Wave(len(requests))
+        wave = Wave(len(requests))
         if not requests:
             wave.future.set_result(None)
             return wave.future
@@ -163,7 +96,7 @@ class DirectReader:
             if len(dest) != b - a or b <= a:
                 raise ValueError(f"{url}: a direct read of bytes [{a}, {b}) needs a buffer of {b - a} bytes, "
                                  f"got {len(dest)}")
-            jobs.append(_Job(url, a, b, etag, dest, wave))
+            jobs.append(Job(url, a, b, etag, dest, wave))
         with self._lock:  # the loop cannot decide to end between these two steps
             self._queue.extend(jobs)
             self._start_thread()
@@ -178,6 +111,7 @@ class DirectReader:
             return
         if self._pid not in (-1, os.getpid()):  # used in a forked child: the parent's connections are not its own
             self._later, self._idle, self._open, self._active = [], {}, 0, set()
+            self._parked, self._lookups = {}, Lookups(self._looked_up)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -191,7 +125,7 @@ class DirectReader:
         """The loop's end after ``_IDLE_END`` seconds without work: its connections closed, its thread
         gone until the next request (a client that is dropped leaves nothing running)."""
         with self._lock:
-            if self._queue or self._later or self._active:
+            if self._queue or self._later or self._active or self._parked:
                 return False
             for conns in self._idle.values():
                 for c in conns:
@@ -208,6 +142,12 @@ class DirectReader:
         assert self._wake_w is not None
         with contextlib.suppress(BlockingIOError):  # a wake is pending already
             self._wake_w.send(b"x")
+
+    def _looked_up(self) -> None:
+        """A lookup ended (called in its thread): the loop takes it (if the loop ended, its next start)."""
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                self._wake()
 
     def _loop(self) -> None:
         sel = self._sel
@@ -240,18 +180,21 @@ class DirectReader:
                     slow = what != "connecting" and c.deadline >= c.cap  # the cap, not a pause, ran out
                     self._fail(c, active, Transient(f"the answer came slower than {_LEAST_RATE >> 10} KiB/s" if slow
                                                     else f"no progress for {limit:g} s {what}"))
+                self._overdue(now)
+            for name, got in self._lookups.take().items():
+                self._found(name, got)
             while self._later and self._later[0][0] <= now:
                 job = heapq.heappop(self._later)[2]
                 with self._lock:
                     self._queue.appendleft(job)
             if self._queue:
                 self._start(active)
-            if self._queue or self._later or active:
+            if self._queue or self._later or active or self._parked:
                 busy = now
             elif now - busy > _IDLE_END and self._end_thread():
                 return
 
-    def _start(self, active: set[_Conn]) -> None:
+    def _start(self, active: set[Conn]) -> None:
         """Give queued jobs connections: an idle one to their origin, else a new one while fewer than
         ``most`` are open (an idle one to another origin is closed to make room)."""
         while True:
@@ -273,39 +216,63 @@ class DirectReader:
                 c = idle.pop()
                 c.reused = True
                 self._ask(c, job, active)
+            elif not self._addr.get(job.origin[:2]):  # its host's name looked up first, in a thread
+                deadline = time.monotonic() + self.client.connect_timeout
+                self._parked.setdefault(job.origin[:2], []).append((deadline, job))
+                self._lookups.start(job.origin[:2])
             else:
                 try:
                     c = self._connect(job.origin)
                 except OSError as exc:
                     self._retry(job, Transient(f"cannot connect: {exc}"))
                     continue
-                except ValueError as exc:  # a host name the resolver refuses (UnicodeError): no retry helps
-                    self._end_wave(job.wave, job.error(f"cannot connect: not a host name: {exc}"))
-                    continue
                 c.job = job
                 c.deadline = time.monotonic() + self.client.connect_timeout
                 active.add(c)
                 self._register(c, selectors.EVENT_WRITE)
 
-    def _connect(self, origin: tuple[str, int, bool]) -> _Conn:
-        host, port, _tls = origin
-        addrs = self._addr.get((host, port))
-        if not addrs:
-            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            addrs = self._addr[(host, port)] = [(family, kind, proto, sa) for family, kind, proto, _, sa in found]
-        addr = addrs[0]
+    def _found(self, name: tuple[str, int], got: list[Any] | BaseException) -> None:
+        """The lookup of ``name`` ended: the requests parked for it go first in the queue, or fail as it did."""
+        jobs = [job for _, job in self._parked.pop(name, [])]
+        if isinstance(got, list) and got:
+            self._addr[name] = got
+            with self._lock:
+                self._queue.extendleft(reversed(jobs))
+            return
+        for job in jobs:
+            if isinstance(got, ValueError):  # a host name the resolver refuses (UnicodeError): no retry helps
+                self._end_wave(job.wave, job.error(f"cannot connect: not a host name: {got}"))
+            else:
+                self._retry(job, Transient(f"cannot connect: {got or 'the name has no address'}"))
+
+    def _overdue(self, now: float) -> None:
+        """Requests that waited ``connect_timeout`` for their host's lookup fail as a connection that timed
+        out (retried; the lookup goes on, and a retry waits for it again)."""
+        for name, parked in list(self._parked.items()):
+            while parked and parked[0][0] <= now:
+                self._retry(parked.pop(0)[1], Transient(f"cannot connect: no answer from the resolver for {name[0]} "
+                                                        f"within {self.client.connect_timeout:g} s"))
+            if not parked:
+                del self._parked[name]
+
+    def _connect(self, origin: tuple[str, int, bool]) -> Conn:
+        addr = self._addr[origin[:2]][0]
         sock = socket.socket(addr[0], addr[1], addr[2])
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._rcvbuf:  # before connecting: the window scale is agreed on in the handshake
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._rcvbuf)
-        err = sock.connect_ex(addr[3])
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._rcvbuf:  # before connecting: the window scale is agreed on in the handshake
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._rcvbuf)
+            err = sock.connect_ex(addr[3])
+        except BaseException:
+            sock.close()
+            raise
         if err not in (0, errno.EINPROGRESS):
             sock.close()
             self._refused(origin, addr)
             raise OSError(err, os.strerror(err))
         self._open += 1
-        return _Conn(sock, origin, addr)
+        return Conn(sock, origin, addr)
 
     def _refused(self, origin: tuple[str, int, bool], addr: Any) -> None:
         """A connection to ``addr``, an address of ``origin``'s host, failed: the next one goes to the host's
@@ -317,14 +284,14 @@ class DirectReader:
             if not addrs:
                 del self._addr[origin[:2]]
 
-    def _register(self, c: _Conn, events: int) -> None:
+    def _register(self, c: Conn, events: int) -> None:
         assert self._sel is not None
         try:
             self._sel.modify(c.sock, events, c)
         except (KeyError, ValueError):
             self._sel.register(c.sock, events, c)
 
-    def _close(self, c: _Conn, active: set[_Conn] | None) -> None:
+    def _close(self, c: Conn, active: set[Conn] | None) -> None:
         """Close ``c`` (once: a connection its failed wave closed may still be met in the same round)."""
         assert self._sel is not None
         if active is not None:
@@ -338,7 +305,7 @@ class DirectReader:
             c.sock.close()
         self._open -= 1
 
-    def _ask(self, c: _Conn, job: _Job, active: set[_Conn]) -> None:
+    def _ask(self, c: Conn, job: Job, active: set[Conn]) -> None:
         host, port, tls = job.origin
         host = f"[{host}]" if ":" in host else host  # an IPv6 address
         hostport = host if port == (443 if tls else 80) else f"{host}:{port}"
@@ -356,7 +323,7 @@ class DirectReader:
 
     # ----------------------------------------------------------------------------------- a step
 
-    def _step(self, c: _Conn, active: set[_Conn]) -> None:
+    def _step(self, c: Conn, active: set[Conn]) -> None:
         if c.job is None:  # an event of a connection closed earlier in the same round (its wave failed)
             return
         try:
@@ -392,7 +359,7 @@ class DirectReader:
         except RemoteError as exc:
             self._give_up(c, active, exc)
 
-    def _send(self, c: _Conn, active: set[_Conn]) -> None:
+    def _send(self, c: Conn, active: set[Conn]) -> None:
         try:
             while c.out:
                 n = c.sock.send(c.out)
@@ -409,7 +376,7 @@ class DirectReader:
         c.state = "head"
         self._register(c, selectors.EVENT_READ)
 
-    def _receive(self, c: _Conn, active: set[_Conn]) -> None:
+    def _receive(self, c: Conn, active: set[Conn]) -> None:
         """Take what the socket has of the answer: one read per readiness event (a second would mostly
         find nothing: one more system call and exception per piece), more while TLS holds decrypted
         bytes the selector cannot see."""
@@ -440,7 +407,7 @@ class DirectReader:
             if not (c.origin[2] and c.sock.pending()):
                 return
 
-    def _parse_head(self, c: _Conn, job: _Job) -> bool:
+    def _parse_head(self, c: Conn, job: Job) -> bool:
         """The status line and headers, once all arrived (False before); the body bytes after them go
         into place. Raises for an answer other than the range asked for. Interim (1xx) answers before
         it are skipped."""
@@ -499,7 +466,7 @@ class DirectReader:
         c.pos = take
         return True
 
-    def _status(self, status: int, job: _Job, wait: str | None) -> None:
+    def _status(self, status: int, job: Job, wait: str | None) -> None:
         if status in _RETRIED or 500 <= status < 600:  # (the next try waits for a Retry-After)
             after = parse_retry_after(wait)
             raise Transient(f"HTTP {status}" + (f", Retry-After {after:.0f} s" if after is not None else ""),
@@ -516,7 +483,7 @@ class DirectReader:
 
     # ----------------------------------------------------------------------------------- endings
 
-    def _done(self, c: _Conn, active: set[_Conn]) -> None:
+    def _done(self, c: Conn, active: set[Conn]) -> None:
         job = c.job
         assert job is not None
         c.job = None
@@ -534,7 +501,7 @@ class DirectReader:
         if not wave.left and not wave.future.done():
             wave.future.set_result(None)
 
-    def _fail(self, c: _Conn, active: set[_Conn], exc: BaseException) -> None:
+    def _fail(self, c: Conn, active: set[Conn], exc: BaseException) -> None:
         job = c.job
         answered = getattr(exc, "answered", False)  # (an error status: the server did answer on it)
         reused = c.reused and c.state in ("send", "head") and c.pos < 0 and not c.head and not answered
@@ -551,7 +518,7 @@ class DirectReader:
             return
         self._retry(job, exc)
 
-    def _retry(self, job: _Job, exc: BaseException) -> None:
+    def _retry(self, job: Job, exc: BaseException) -> None:
         job.tries = job.tries or self.client.retry.attempts(job.shown)
         try:
             delay = job.tries.failed(exc)
@@ -560,14 +527,14 @@ class DirectReader:
             return
         heapq.heappush(self._later, (time.monotonic() + delay, next(self._count), job))
 
-    def _give_up(self, c: _Conn, active: set[_Conn], exc: RemoteError) -> None:
+    def _give_up(self, c: Conn, active: set[Conn], exc: RemoteError) -> None:
         job = c.job
         self._close(c, active)
         self.client.retry.ok()  # a definite answer: the service is up
         if job is not None:
             self._end_wave(job.wave, exc)
 
-    def _end_wave(self, wave: _Wave, exc: BaseException) -> None:
+    def _end_wave(self, wave: Wave, exc: BaseException) -> None:
         """``wave`` failed: its future raises ``exc``; its requests still in flight stop writing into
         the caller's buffers (their connections closed), queued ones are dropped."""
         if not wave.future.done():
@@ -580,7 +547,7 @@ class DirectReader:
                 self._close(c, self._active)
 
 
-def _error(c: _Conn, what: str) -> RemoteError:
+def _error(c: Conn, what: str) -> RemoteError:
     """A :class:`RemoteError` of the request ``c`` carries (or of its host, between requests): ``what`` happened."""
     if c.job is not None:
         return c.job.error(what)

@@ -1,0 +1,129 @@
+"""The direct reader's parts below its loop (:mod:`.object_direct`): the requests of a wave, the connections
+that carry them, the receive buffer each asks for, and host names looked up off the loop thread.
+
+``getaddrinfo`` blocks for as long as the resolver takes (seconds to minutes where a DNS server does not
+answer); on the reader's loop thread it held up every request in flight, their deadlines too.
+:class:`Lookups` runs each lookup in a daemon thread of its own, one a name at a time, and tells the loop
+when one ends; the loop parks the requests that wait for it, each for ``connect_timeout`` at most (a
+lookup that never ends leaves its thread, not the requests, waiting).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import RemoteError
+from .retry import Attempts
+
+__all__ = ["Conn", "Job", "Lookups", "Wave", "receive_buffer"]
+
+_RCVBUF = 4 << 20  # socket receive buffer asked for (see :mod:`.object_direct`)
+_RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
+
+
+def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
+    """The ``SO_RCVBUF`` a connection asks for: ``min(4 MiB, rmem_max)``, or 0 (the kernel's tuning) when
+    ``rmem_max`` is under 1 MiB or cannot be read."""
+    try:
+        with open(path) as f:
+            most = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return min(_RCVBUF, most) if most >= _RCVBUF_LEAST else 0
+
+
+class Job:
+    """One range request: bytes ``[start, end)`` of ``url`` into ``dest`` (a writable buffer of that size)."""
+
+    __slots__ = ("origin", "target", "shown", "start", "end", "etag", "dest", "wave", "tries")
+
+    def __init__(self, url: str, start: int, end: int, etag: str | None, dest: memoryview, wave: Wave) -> None:
+        p = urlsplit(url)
+        tls = p.scheme.lower() == "https"
+        self.origin = (p.hostname or "", p.port or (443 if tls else 80), tls)
+        self.target = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        self.shown = f"{p.scheme}://{p.netloc}{p.path}"  # no query: a presigned URL's signature stays out
+        self.start, self.end, self.etag, self.dest, self.wave = start, end, etag, dest, wave
+        self.tries: Attempts | None = None  # its failures so far (None: none)
+
+    def attempt(self) -> int:
+        """The number of the try under way (1: the first)."""
+        return self.tries.n + 1 if self.tries is not None else 1
+
+    def error(self, what: str, kind: type[RemoteError] = RemoteError) -> RemoteError:
+        """The error ``kind`` of this request (its URL and attempts): ``what`` happened."""
+        return kind(f"{self.shown}: {what}", url=self.shown, attempts=self.attempt())
+
+
+class Wave:
+    """The requests of one :meth:`DirectReader.submit`: its future ends when all are in, or at the first failure."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, n: int) -> None:
+        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.left = n
+
+
+class Conn:
+    """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body,
+    closed."""
+
+    __slots__ = ("sock", "origin", "addr", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
+                 "close_after")
+
+    def __init__(self, sock: socket.socket, origin: tuple[str, int, bool], addr: Any = None) -> None:
+        self.sock: Any = sock
+        self.origin = origin
+        self.addr = addr  # the address of the origin's host it connects to
+        self.state = "connecting"
+        self.out = b""
+        self.head = b""
+        self.job: Job | None = None
+        self.pos = 0
+        self.want = 0
+        self.deadline = 0.0
+        self.cap = 0.0  # the latest the answer may end (a server that trickles it gets this long)
+        self.reused = False
+        self.close_after = False
+
+
+class Lookups:
+    """Lookups of ``(host, port)`` names: :meth:`start` one (unless it runs), :meth:`take` those ended
+    since (each its addresses, ``(family, type, proto, sockaddr)`` tuples, or the exception it raised);
+    ``wake()`` is called from the lookup's thread when one ends."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, int]] = set()
+        self._ended: dict[tuple[str, int], list[Any] | BaseException] = {}
+
+    def start(self, name: tuple[str, int]) -> None:
+        with self._lock:
+            if name in self._running:
+                return
+            self._running.add(name)
+        threading.Thread(target=self._run, args=(name,), name="seqstore-lookup", daemon=True).start()
+
+    def take(self) -> dict[tuple[str, int], list[Any] | BaseException]:
+        with self._lock:
+            ended, self._ended = self._ended, {}
+        return ended
+
+    def _run(self, name: tuple[str, int]) -> None:
+        got: list[Any] | BaseException
+        try:
+            found = socket.getaddrinfo(name[0], name[1], type=socket.SOCK_STREAM)
+            got = [(family, kind, proto, sa) for family, kind, proto, _, sa in found]
+        except Exception as exc:  # noqa: BLE001 - the loop fails or retries the requests that wait for it
+            got = exc
+        with self._lock:
+            self._running.discard(name)
+            self._ended[name] = got
+        self._wake()
