@@ -349,3 +349,32 @@ def test_a_local_commit_of_top_level_files_fsyncs_the_root(tmp_path: Path, monke
     finally:
         objects.close()
     assert tmp_path / "s" in synced
+
+
+def test_a_close_whose_commit_failed_can_be_called_again(tmp_path: Path) -> None:
+    """close() could not commit (the lock file unusable for a moment; at a URL: the network down): it
+    released the writer all the same and discarded the records it had just failed to commit, and a second
+    close() returned without a word. The writer now stays open: close() again commits, abort() discards."""
+    root = tmp_path / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())})
+    for i in range(3):
+        w.append({"x": i})
+    (root / ".lock").unlink(missing_ok=True)
+    (root / ".lock").mkdir()
+    with pytest.raises(ss.SeqstoreError, match="lock"):
+        w.close()
+    (root / ".lock").rmdir()
+    w.close()
+    assert ss.open(root).get_batch(np.arange(3), fields=["x"])["x"].tolist() == [0, 1, 2]
+    assert fds_under(root) == [] and not workspaces(root)
+    w.close()  # closed: nothing more to do
+    w2 = ss.append_to(root)
+    w2.append({"x": 3})
+    (root / ".lock").unlink()
+    (root / ".lock").mkdir()
+    with pytest.raises(ss.SeqstoreError, match="lock"):
+        w2.close()
+    w2.abort()  # gives the records up
+    (root / ".lock").rmdir()
+    assert len(ss.open(root)) == 3 and fds_under(root) == [] and not workspaces(root)
+

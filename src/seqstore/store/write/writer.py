@@ -64,9 +64,7 @@ class Writer:
             raise ValueError("shard_bytes, buffer_bytes and max_shard_records must be positive")
         self.target = target
         self.direct_io = bool(direct_io)
-        self.shard_bytes = shard_bytes
-        self.buffer_bytes = buffer_bytes
-        self.max_shard_records = max_shard_records
+        self.shard_bytes, self.buffer_bytes, self.max_shard_records = shard_bytes, buffer_bytes, max_shard_records
         self._pid = os.getpid()
         self._failed: BaseException | None = None
         start = self._start = self._open()
@@ -529,7 +527,9 @@ class Writer:
 
     @at_exit.guarded
     def close(self) -> None:
-        """Commit what is pending and release the writer."""
+        """Commit what is pending and release the writer. A commit that fails with the records intact (a
+        named error: the network or the lock file unusable for a while) leaves the writer open with them:
+        close() again commits them, abort() gives them up. A failed write or an interrupt aborts."""
         if self._closed:
             return
         if os.getpid() != self._pid:  # a forked child's copy: committing would take the parent's shard
@@ -537,8 +537,11 @@ class Writer:
             return
         try:
             self.commit()
-        finally:
-            self.abort()  # releases the writer; after a failed commit it also closes the shard's files
+        except BaseException:
+            if self._failed is not None or self._exit_unsafe:
+                self.abort()  # releases the writer and closes the shard's files
+            raise
+        self.abort()  # (nothing is pending any more) releases the writer
 
     def _release(self) -> None:
         # closed once all is done: interrupted (Ctrl-C), a second close/abort finishes it; a forked child's
@@ -562,10 +565,7 @@ class Writer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
+        (self.close if exc_type is None else self.abort)()  # commits on a normal exit, discards on an exception
 
     def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
         # os.getpid is bound at definition: a writer still referenced at interpreter exit is finalised
