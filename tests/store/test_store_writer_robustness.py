@@ -378,3 +378,24 @@ def test_a_close_whose_commit_failed_can_be_called_again(tmp_path: Path) -> None
     (root / ".lock").rmdir()
     assert len(ss.open(root)) == 3 and fds_under(root) == [] and not workspaces(root)
 
+
+
+def test_a_writer_whose_store_was_replaced_says_so(tmp_path: Path) -> None:
+    """create(path, overwrite=True) deleted the store (and the workspaces in it) while a writer on it was
+    open: that writer's next commit failed with a bare FileNotFoundError naming a file of its workspace,
+    and a writer holding only stats deltas added them to the new store."""
+    root = tmp_path / "s"
+    w = ss.create(root, SCHEMA)
+    w.append_batch(_batch(2))
+    stats_only = ss.append_to(root)
+    stats_only.add_stats({"seen": 2})
+    ss.create(root, SCHEMA, overwrite=True).close()
+    with pytest.raises(ss.SeqstoreError, match=f"{root}.*deleted or replaced.*2 record"):
+        w.commit()
+    with pytest.raises(ss.SeqstoreError, match=f"{root}.*deleted or replaced"):
+        stats_only.commit()
+    w.abort()
+    stats_only.abort()
+    st = ss.open(root)
+    assert len(st) == 0 and "seen" not in st.manifest.stats
+    assert fds_under(root) == [] and not workspaces(root)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptionError, LockError
+from ...errors import CorruptionError, LockError, SeqstoreError
 from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
 from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
@@ -101,6 +101,21 @@ def named_full_disk(exc: BaseException, where: str, workspace: Path) -> BaseExce
                     "free space there (the records committed before are intact)", exc.filename)
     named.__cause__ = exc
     return named
+
+
+def write_error(exc: BaseException, where: str, workspace: Path, pending: int) -> BaseException:
+    """``exc``, raised while a writer of the store ``where`` wrote under ``workspace`` with ``pending``
+    records not committed, named: a SeqstoreError where the workspace itself is gone (deleted while the
+    writer was open, as ``create(..., overwrite=True)`` of the store deletes it), else :func:`named_full_disk`."""
+    if isinstance(exc, FileNotFoundError) and not workspace.is_dir():
+        gone = SeqstoreError(
+            f"{where}: the workspace of this writer, {workspace}, was deleted while the writer was open (the store "
+            "deleted or replaced, as create(..., overwrite=True) does, or its staging directory removed); the "
+            f"{pending} record(s) appended since its last commit are lost and nothing was committed. Call abort()"
+        )
+        gone.__cause__ = exc
+        return gone
+    return named_full_disk(exc, where, workspace)
 
 
 def workspace_path(root: Path, manifest: Manifest, token: str) -> Path:

@@ -117,8 +117,7 @@ class Writer:
         self._buf: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, _ in self._units}
         self._buf_lengths: dict[str, list[np.ndarray[Any, Any]]] = {n: [] for n, f in self._units if f.ragged}
         self._buf_ids: list[str] = []
-        self._buf_records = 0
-        self._buf_bytes = 0
+        self._buf_records = self._buf_bytes = 0
 
     def _open_shard(self) -> None:
         self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._has_ids), self._descriptors,
@@ -423,7 +422,7 @@ class Writer:
             raise
         except BaseException as exc:
             self._failed = exc
-            raise disk.named_full_disk(exc, self.target.where, self._workspace)  # noqa: B904  # (exc, or caused by it)
+            raise disk.write_error(exc, self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
 
     # --------------------------------------------------------------------------------------- commit
 
@@ -473,6 +472,8 @@ class Writer:
     def _publish(self) -> None:
         """Commit the finished shard (if any) and the stats deltas through the target."""
         ready, delta = self._ready, dict(self._stats_delta)
+        if not self._workspace.is_dir():  # (never into a store made anew at the path meanwhile: _failing names it)
+            raise FileNotFoundError(f"the writer's workspace {self._workspace} is gone")
         try:
             name = self.target.publish(ready, delta)
         except IdsMismatch as exc:
@@ -568,8 +569,7 @@ class Writer:
         (self.close if exc_type is None else self.abort)()  # commits on a normal exit, discards on an exception
 
     def __del__(self, _getpid: Callable[[], int] = os.getpid) -> None:
-        # os.getpid is bound at definition: a writer still referenced at interpreter exit is finalised
-        # after module globals (os among them) may have been cleared
+        # (os.getpid bound at definition: a writer alive at exit is finalised after module globals may be cleared)
         if getattr(self, "_closed", True):
             return  # closed (or half built): nothing to release
         if getattr(self, "_pid", None) != _getpid():
