@@ -23,7 +23,7 @@ from support.races import lose_manifest_answer
 from support.stores import same_stores as _same
 
 import seqstore as ss
-from seqstore.errors import FormatError, SchemaError, SeqstoreError
+from seqstore.errors import FormatError, RemoteError, SchemaError, SeqstoreError
 from seqstore.store import parts as remote_parts
 from seqstore.store.parts import PartWriter, clean_parts, commit_parts, discard_parts, pending_jobs, prepare_store
 from seqstore.store.verify import verify
@@ -415,3 +415,27 @@ def test_a_finish_that_went_through_unanswered_keeps_the_part(moto_s3: MotoS3, s
     assert rule.hits == 1
     assert commit_parts(url, [part], storage_options=opts) == 6
     _same(_open(url, moto_s3, tmp_path / "c"), _local(tmp_path, "l.seqstore", [(0, 6)]))
+
+
+def test_a_part_shard_whose_upload_failed_is_uploaded_by_the_next_call(moto_s3: MotoS3, s3_bucket: str,
+                                                                       tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """Uploading a finished shard of a part failed (RemoteError). The PartWriter had counted the shard as in
+    the part already: its next shard could not be started (its directory was still there) and a finish()
+    returned a part listing the shard that was never uploaded, so the driver's commit_parts failed."""
+    url = f"s3://{s3_bucket}/stage.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    w = PartWriter(url, job="st", task="t0", storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1),
+                   staging_dir=tmp_path / "staging", max_shard_records=4)
+    s3_proxy.fail(None, method="PUT", path="/p000000/_shard.json")
+    cols, ids = _batch(0, 4)
+    with pytest.raises(RemoteError):
+        w.append_batch(cols, ids=ids)  # the shard is full: finished and uploaded at once
+    s3_proxy.clear_faults()
+    cols, ids = _batch(4, 3)
+    w.append_batch(cols, ids=ids)
+    part = w.finish()
+    assert part.records == 7 and len(part.shards) == 2
+    assert commit_parts(url, [part], storage_options=opts) == 7
+    _same(_open(url, moto_s3, tmp_path / "c"), _local(tmp_path, "l.seqstore", [(0, 7)]))
+    assert list((tmp_path / "staging").iterdir()) == []

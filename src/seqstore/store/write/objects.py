@@ -289,15 +289,15 @@ class ObjectTarget(CommitTarget):
 
     def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
         """Upload the finished shard into the staging prefix (the files, then the descriptor) and drop
-        the local copy."""
+        the local copy (kept when this raises: a PartWriter calls again with it)."""
         dst = f"{self._prefix}/{shard.dir}"
         parallel(lambda rel: self.client.put_file(f"{dst}/{rel}", current / rel), sorted(shard.files),
                  self.upload_workers)
         self.client.put(f"{dst}/{DESCRIPTOR}", (current / DESCRIPTOR).read_bytes())
-        shutil.rmtree(current, ignore_errors=True)
         if self._ended():
             raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded while task attempt "
                                 f"{self._task!r} was writing; it writes nothing")
+        shutil.rmtree(current, ignore_errors=True)
 
     def finish_part(self, start: Start, part: Part) -> None:
         """Upload ``part.json`` last (create-only); the attempt's objects go when that fails."""

@@ -46,6 +46,7 @@ from ...schema import Schema, schema_difference
 from .api import open_target
 from .target import (
     MODES,
+    Finished,
     Part,
     PartShard,
     Start,
@@ -180,15 +181,31 @@ class PartWriter(Writer):
         return f"seqstore.{t.kind}PartWriter({t.where!r}, job={self.job!r}, task={self.task!r})"
 
     def _commit_shard_files(self) -> None:
-        """Finish the current shard and keep it in the part as ``p<k>`` (no store commit)."""
+        """Finish the current shard and keep it in the part as ``p<k>`` (no store commit). A finished
+        shard that could not be staged before (an upload that failed) is staged first."""
+        self._stage_ready()
+        if not self._shard_open:
+            return
         pending = self._finish_shard_files()
-        files = {k: (v.bytes, v.crc32) for k, v in pending.files.items()}
-        shard = PartShard(f"p{len(self._part_shards):06d}", pending.records, dict(pending.rows), pending.has_ids,
-                          files, self._desc_crc)
-        self._part_shards.append(shard)
-        self._committed_records += pending.records
+        ready = self._workspace / "ready"
+        os.rename(self._workspace / "current", ready)
+        self._ready = Finished(ready, pending, self._desc_crc)
         self._shard_open = False
-        self.target.stage_shard(self._start, self._workspace / "current", shard)
+        self._stage_ready()
+
+    def _stage_ready(self) -> None:
+        """Keep the finished shard ``self._ready`` in the part (moved into it, or uploaded); it counts
+        as the part's only once that succeeded, so a failure can be retried by the next call."""
+        ready = self._ready
+        if ready is None:
+            return
+        info = ready.info
+        shard = PartShard(f"p{len(self._part_shards):06d}", info.records, dict(info.rows), info.has_ids,
+                          {k: (v.bytes, v.crc32) for k, v in info.files.items()}, ready.desc_crc)
+        self.target.stage_shard(self._start, ready.path, shard)
+        self._part_shards.append(shard)
+        self._committed_records += info.records
+        self._ready = None
 
     def finish(self) -> Part:
         """Finish the part: write what is buffered, finish the last shard, make everything durable
@@ -201,7 +218,7 @@ class PartWriter(Writer):
             return self._part
         self._check_open()
         self._flush()
-        if self._shard_open:
+        if self._shard_open or self._ready is not None:
             self._commit_shard()
         part = Part(self.job, self.task, sum(s.records for s in self._part_shards), tuple(self._part_shards),
                     self._schema_crc)
