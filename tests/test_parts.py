@@ -456,3 +456,32 @@ def test_a_commit_of_no_part_appends_nothing_or_overwrites_to_an_empty_store(sto
     prepare_store(store, SCHEMA, mode="overwrite")
     assert commit_parts(store, [], mode="overwrite") == 0
     assert len(ss.open(store)) == 0 and verify(store) == []
+
+
+def test_temporaries_of_a_driver_that_died_writing_the_journal_or_the_staged_schema_go(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that died (here: failed) between writing ``_parts/..commit.json.tmp-PID`` (or
+    ``..staged.json.tmp-PID``) and renaming it left that file for good: no later commit, discard or
+    writer removed it. The next commit_parts (or discard_parts, clean_parts) under the store's lock does."""
+    prepare_store(store, SCHEMA)
+    a = write_part(store, "j", "a", range(5))
+    real = os.replace
+
+    def die(src: object, dst: object) -> None:
+        if Path(str(dst)).name in (parts_mod.JOURNAL, ".staged.json"):
+            raise OSError("injected crash before the rename")
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", die)
+    with pytest.raises(OSError, match="injected"):
+        commit_parts(store, [a])
+    with pytest.raises(OSError, match="injected"):
+        prepare_store(store, {"y": ss.Field("int64")}, mode="overwrite")
+    monkeypatch.undo()
+    left = sorted(p.name for p in (store / PARTS_DIR).glob(".*.tmp-*"))
+    assert len(left) == 2, left  # the state dead drivers leave
+    assert commit_parts(store, [a]) == 5
+    assert sorted(p.name for p in (store / PARTS_DIR).glob(".*.tmp-*")) == []
+    assert contents(store)[0] == list(range(5))
+    assert verify(store) == []

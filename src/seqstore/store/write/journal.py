@@ -40,7 +40,7 @@ from .target import COMMITTED_FILE, OWNER, PART_FILE, STAGED, Part, PartShard, c
 
 __all__ = [
     "JOURNAL", "OLD_TABLE", "check_local_parts", "commit_local_parts", "discard_job", "recover_batch_commit",
-    "recover_journal", "roll_forward", "unlink_superseded",
+    "recover_journal", "remove_dead_temporaries", "roll_forward", "unlink_superseded",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,14 @@ def recover_batch_commit(root: Path) -> bool:
         return False
     recover_journal(root)
     return True
+
+
+def remove_dead_temporaries(root: Path) -> None:
+    """Delete the temporary files ``_parts/.<name>.tmp-<pid>`` of the journal and of the staged schema
+    that a driver which died before renaming them left (they are written under the store's lock, which
+    the caller holds: none is a live one's). One listing of ``_parts/``: O(jobs)."""
+    for tmp in (root / PARTS_DIR).glob(".*.tmp-*"):
+        tmp.unlink(missing_ok=True)
 
 
 def check_local_parts(root: Path, plist: list[Part], schema: Schema) -> list[tuple[Path, PartShard]]:

@@ -53,6 +53,7 @@ from .journal import (
     commit_local_parts,
     discard_job,
     recover_batch_commit,
+    remove_dead_temporaries,
     unlink_superseded,
 )
 from .outputs import temp_sibling
@@ -313,6 +314,7 @@ class LocalTarget(CommitTarget):
         root = self.root
         with store_lock(root):
             recover_batch_commit(root)
+            remove_dead_temporaries(root)
             manifest = self._parts_manifest()
             staged = self.staged()
             schema = Schema.from_json(staged["schema"]) if overwrite and staged is not None else manifest.schema
@@ -326,6 +328,7 @@ class LocalTarget(CommitTarget):
     def discard_jobs(self, jobs: Iterable[str]) -> None:
         with store_lock(self.root):
             recover_batch_commit(self.root)
+            remove_dead_temporaries(self.root)
             for job in sorted(jobs):
                 discard_job(self.root / PARTS_DIR / job)
 
@@ -340,6 +343,7 @@ class LocalTarget(CommitTarget):
         removed = []
         with store_lock(self.root):
             recover_batch_commit(self.root)
+            remove_dead_temporaries(self.root)
             for job in self.pending_jobs():
                 job_dir = self.root / PARTS_DIR / job
                 newest = max((p.stat().st_mtime for p in [job_dir, *job_dir.glob("*"), *job_dir.glob("*/*")]),
