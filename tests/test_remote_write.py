@@ -518,3 +518,24 @@ def test_a_commit_that_failed_unanswered_leaves_no_objects_once_retried(
     shard_dirs = {k.split("/")[1] for k in moto_s3.keys(s3_bucket, "unlanded.seqstore/shard-")}
     assert shard_dirs == {"shard-000001"}, shard_dirs  # (number 0 was claimed by the first try)
     assert verify(url, storage_options=opts) == []
+
+
+def test_a_claim_that_went_through_unanswered_leaves_no_descriptor(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                                    s3_proxy: FaultProxy) -> None:
+    """The create-only write of a shard's descriptor (the claim of its number) took effect but its answer was
+    lost; the retry was refused (by that first write) and the commit took the next number, leaving the first
+    claim's descriptor in the bucket for good: a shard directory no table lists."""
+    url = f"s3://{s3_bucket}/claim.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, SCHEMA, packed=PACKED, storage_options=opts).close()
+    w = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url))
+    cols, ids = _batch(0, 5)
+    w.append_batch(cols, ids=ids)
+    rule = s3_proxy.lose(1, method="PUT", path="/_shard.json")
+    w.close()
+    assert rule.hits == 1
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert len(store) == 5 and store.num_shards == 1
+    shard_dirs = {k.split("/")[1] for k in moto_s3.keys(s3_bucket, "claim.seqstore/shard-")}
+    assert shard_dirs == {"shard-000001"}, shard_dirs  # (number 0 is the lost claim's)
+    assert verify(url, storage_options=opts) == []

@@ -155,10 +155,13 @@ def read_v3(client: ObjectClient, known: StoreState | None = None) -> StoreState
     return state
 
 
-def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int) -> list[int]:
+def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int,
+          lost: list[int] | None = None) -> list[int]:
     """Claim increasing shard numbers from ``first`` on for the descriptors ``descs`` (in order):
     create-only writes of ``shard-<n>/_shard.json``, a wave at a time. Where a number is taken, the
-    claims after it in the wave are given back and the rest tried above it."""
+    claims after it in the wave are given back and the rest tried above it. A number whose claim was
+    refused to a retry while it holds our descriptor's bytes (the first try's answer was lost: likely
+    ours) counts as taken too, and goes into ``lost`` for the commit to delete once that is safe."""
     numbers: list[int] = []
     base = first
     tried = 0
@@ -167,10 +170,13 @@ def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int
         cand = list(range(base, base + len(rest)))
 
         def put(i: int, cand: list[int] = cand, rest: Sequence[bytes] = rest) -> bool:
+            key = f"{shard_dir_name(cand[i])}/{DESCRIPTOR}"
             try:
-                client.put(f"{shard_dir_name(cand[i])}/{DESCRIPTOR}", rest[i], mode="create")
+                client.put(key, rest[i], mode="create")
                 return True
-            except ConflictError:
+            except ConflictError as exc:
+                if lost is not None and exc.attempts > 1 and get_many(client, [key])[0] == rest[i]:
+                    lost.append(cand[i])
                 return False
 
         ok = parallel(put, list(range(len(rest))), workers)
@@ -245,6 +251,7 @@ class Commit:
         self.overwrite, self.schema, self.staged = overwrite, schema, staged
         self.workers = max(1, workers)
         self.numbers: list[int] = []
+        self.lost: list[int] = []  # numbers whose claim answered "taken" to a retry of our own claim
         self.conflicts = 0
         self.renumbered = 0
         self.unsure = False  # run raised after a manifest write that may have gone through (claims kept)
@@ -252,6 +259,17 @@ class Commit:
 
     def run(self, state: StoreState) -> StoreState:
         """Commit; returns the store's state with the commit in it."""
+        state = self._run(state)
+        if self.lost and not self.overwrite:  # (an overwrite's table does not show the numbers it replaced)
+            # claims of ours whose answers were lost, below the shards just committed and not committed
+            # themselves: no commit can list them any more (a commit moves above a higher committed number;
+            # an overwrite job runs with no other writer), so their descriptors go
+            stale = [n for n in self.lost if n not in set(self.numbers) and n not in state.rows["number"]]
+            if stale and (not self.numbers or max(stale) < self.numbers[0]):
+                delete_all(self.c, [f"{shard_dir_name(n)}/{DESCRIPTOR}" for n in stale], self.workers)
+        return state
+
+    def _run(self, state: StoreState) -> StoreState:
         sent = False  # a manifest write whose fate is unknown: the claims must stay
         try:
             if self.shards:
@@ -295,7 +313,7 @@ class Commit:
             raise
 
     def _place(self, first: int) -> None:
-        self.numbers = claim(self.c, first, self.descs, self.workers)
+        self.numbers = claim(self.c, first, self.descs, self.workers, self.lost)
         self.place(self.numbers)
 
     def _next(self, state: StoreState) -> tuple[str, Manifest, bytes, np.ndarray[Any, Any]]:
