@@ -439,3 +439,25 @@ def test_a_part_shard_whose_upload_failed_is_uploaded_by_the_next_call(moto_s3: 
     assert commit_parts(url, [part], storage_options=opts) == 7
     _same(_open(url, moto_s3, tmp_path / "c"), _local(tmp_path, "l.seqstore", [(0, 7)]))
     assert list((tmp_path / "staging").iterdir()) == []
+
+
+def test_a_finish_that_failed_on_the_network_can_be_called_again(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                                  s3_proxy: FaultProxy) -> None:
+    """The write of part.json failed (RemoteError): finish() deleted every object of the part and raised, but
+    left the writer usable, so a second finish() wrote part.json for shards that were gone and returned
+    that part; the driver's commit_parts then failed on the missing shards."""
+    url = f"s3://{s3_bucket}/fin2.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    w = PartWriter(url, job="f2", task="t0", storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1),
+                   staging_dir=tmp_path / "staging", max_shard_records=4)
+    cols, ids = _batch(0, 6)
+    w.append_batch(cols, ids=ids)
+    s3_proxy.fail(None, method="PUT", path="/part.json")
+    with pytest.raises(RemoteError):
+        w.finish()
+    s3_proxy.clear_faults()
+    part = w.finish()
+    assert part.records == 6
+    assert commit_parts(url, [part], storage_options=opts) == 6
+    _same(_open(url, moto_s3, tmp_path / "c"), _local(tmp_path, "l.seqstore", [(0, 6)]))

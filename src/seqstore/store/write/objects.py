@@ -300,23 +300,23 @@ class ObjectTarget(CommitTarget):
         shutil.rmtree(current, ignore_errors=True)
 
     def finish_part(self, start: Start, part: Part) -> None:
-        """Upload ``part.json`` last (create-only); the attempt's objects go when that fails."""
+        """Upload ``part.json`` last (create-only). Another attempt's ``part.json`` there, or the job ended:
+        the attempt's objects go. A request that failed (RemoteError) leaves them for a second call."""
         key, raw = f"{self._prefix}/{PART_FILE}", json.dumps(part.to_json()).encode()
         try:
-            try:
-                self.client.put(key, raw, mode="create")
-            except ConflictError as exc:
-                if exc.attempts <= 1 or get_many(self.client, [key])[0] != raw:  # (else a retry our own write refused)
-                    raise SeqstoreError(
-                        f"{self.client.key_url(self._prefix)}: another writer finished task attempt {self._task!r} "
-                        f"of job {self._job!r} too; each attempt needs its own task id"
-                    ) from None
-            if self._ended():
-                raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded before task "
-                                    f"attempt {self._task!r} finished; its part was removed")
-        except BaseException:
+            self.client.put(key, raw, mode="create")
+        except ConflictError:
+            # ours when it holds our bytes: written by an earlier try whose answer was lost, or an earlier call
+            if get_many(self.client, [key])[0] != raw:
+                self._delete_part()
+                raise SeqstoreError(
+                    f"{self.client.key_url(self._prefix)}: another writer finished task attempt {self._task!r} "
+                    f"of job {self._job!r} too; each attempt needs its own task id"
+                ) from None
+        if self._ended():
             self._delete_part()
-            raise
+            raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded before task "
+                                f"attempt {self._task!r} finished; its part was removed")
 
     def close_part(self, start: Start, part: Part | None) -> None:
         shutil.rmtree(start.workspace, ignore_errors=True)
