@@ -485,3 +485,28 @@ def test_temporaries_of_a_driver_that_died_writing_the_journal_or_the_staged_sch
     assert sorted(p.name for p in (store / PARTS_DIR).glob(".*.tmp-*")) == []
     assert contents(store)[0] == list(range(5))
     assert verify(store) == []
+
+
+def test_a_driver_that_died_saving_the_manifest_leaves_no_temporary_manifest(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written only by commit_parts has no ``_tmp/``: the commit wrote its temporary manifest at the top
+    of the store (docs/format.md: in ``_tmp/`` for version 3), where no writer's clean-up looks, so a driver
+    that died between writing and renaming it left ``.manifest.json.tmp-PID`` there for good."""
+    prepare_store(store, SCHEMA)
+    a = write_part(store, "j", "a", range(5))
+    real = os.replace
+
+    def die(src: object, dst: object) -> None:
+        if Path(str(dst)).name == "manifest.json":
+            raise OSError("injected crash before the rename")
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", die)
+    with pytest.raises(OSError, match="injected"):
+        commit_parts(store, [a])
+    monkeypatch.undo()
+    ss.append_to(store).abort()  # a writer opening cleans up after dead ones (and undoes the commit)
+    assert sorted(p.name for p in [*store.glob(".manifest.json.tmp-*"), *store.glob("_tmp/.*")]) == []
+    assert commit_parts(store, [a]) == 5
+    assert contents(store)[0] == list(range(5))

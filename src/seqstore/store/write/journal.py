@@ -145,6 +145,8 @@ def commit_local_parts(
         "staged": staged is not None,
     }
     parts_dir.mkdir(exist_ok=True)  # (no part ever staged here: a commit of none)
+    # where the temporary manifest (and an overwrite's new table) is written, and a dead one's swept
+    (root / WORK_DIR).mkdir(exist_ok=True)  # (a store written only by commit_parts has none yet)
     write_json(parts_dir / JOURNAL, journal)
     for src_rel, dst in moves:
         target = root / dst
@@ -158,7 +160,6 @@ def commit_local_parts(
             (parts_dir / OLD_TABLE).unlink(missing_ok=True)
             os.link(root / TABLE, parts_dir / OLD_TABLE)
             fsync_dir(parts_dir)
-        (root / WORK_DIR).mkdir(exist_ok=True)
         new_table = root / WORK_DIR / f".{TABLE}.tmp-{os.getpid()}"
         write_file(new_table, encode_table_header(len(ragged), state.id) + bytes(rows))
         manifest.index_runs = []
