@@ -174,6 +174,10 @@ def test_a_stats_only_commit_settles_a_crashed_commit_of_parts_first(
     assert verify(store) == []
 
 
+class _Crash(BaseException):
+    """The driver process dying at that point (no ``Exception``: nothing handles it)."""
+
+
 def test_a_crash_after_the_commit_point_is_finished_by_the_next_commit(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,10 +185,10 @@ def test_a_crash_after_the_commit_point_is_finished_by_the_next_commit(
     a = write_part(store, "j", "a", range(6))
 
     def die(root: object, journal: object) -> None:
-        raise OSError("injected crash after the manifest is saved")
+        raise _Crash("injected crash after the manifest is saved")
 
     monkeypatch.setattr(journal_mod, "roll_forward", die)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(_Crash, match="injected"):
         commit_parts(store, [a])
     monkeypatch.undo()
     assert contents(store)[0] == list(range(6))  # committed
@@ -510,3 +514,28 @@ def test_a_driver_that_died_saving_the_manifest_leaves_no_temporary_manifest(
     assert sorted(p.name for p in [*store.glob(".manifest.json.tmp-*"), *store.glob("_tmp/.*")]) == []
     assert commit_parts(store, [a]) == 5
     assert contents(store)[0] == list(range(5))
+
+
+def test_an_error_after_the_commit_point_does_not_report_a_committed_commit_as_failed(
+    store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Marking the parts committed failed after the manifest was saved (here: no space for committed.json):
+    commit_parts raised OSError though every record was committed, so a driver that took the error at its
+    word (all or nothing) discarded the job and ran it again, committing its records twice."""
+    prepare_store(store, SCHEMA)
+    a = write_part(store, "j", "a", range(6))
+    real = journal_mod.write_json
+
+    def full(path: Path, obj: object) -> None:
+        if path.name == "committed.json":
+            raise OSError(28, "No space left on device (injected)")
+        real(path, obj)
+
+    monkeypatch.setattr(journal_mod, "write_json", full)
+    assert commit_parts(store, [a]) == 6  # committed: said so, with a warning about the rest
+    monkeypatch.undo()
+    assert "committed" in caplog.text and "No space" in caplog.text
+    assert contents(store)[0] == list(range(6))
+    with pytest.raises(SeqstoreError, match="already committed"):
+        commit_parts(store, [a])  # the next holder of the lock finishes it
+    assert not (store / PARTS_DIR / parts_mod.JOURNAL).exists()

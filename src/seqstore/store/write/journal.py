@@ -188,7 +188,11 @@ def commit_local_parts(
     manifest.generation = generation
     manifest.save(root)  # the commit point
     unlink_superseded(root, superseded)
-    roll_forward(root, journal)
+    try:
+        roll_forward(root, journal)
+    except Exception as exc:  # noqa: BLE001 - committed all the same: an error would say it was not
+        log.warning("%s: committed (manifest generation %d), but could not finish marking the parts committed "
+                    "(%r); the next commit, writer or discard_parts of the store finishes it", root, generation, exc)
     return sum(sh.records for _, sh in entries)
 
 
