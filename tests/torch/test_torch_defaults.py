@@ -59,3 +59,21 @@ def test_seqdataset_length_field_and_several_ragged_fields(tmp_path: Path) -> No
     assert np.asarray(ds.dataset.lengths()[np.arange(3)]).tolist() == [2, 3, 4]
     with pytest.raises(ValueError, match="not a ragged field"):
         SeqDataset(path, length_field="label")
+
+
+def test_collate_of_a_store_dataset_with_fields_pads_only_the_fields_it_returns(tmp_path: Path) -> None:
+    """``SeqDataset(StoreDataset(path, fields=[...]))``: ``ragged_fields`` named every ragged field of the store,
+    so ``collate()`` asked for one the records lack and every batch was a KeyError; it names the dataset's own."""
+    from torch.utils.data import DataLoader
+
+    from seqstore.data import StoreDataset
+    from seqstore.torch import EpochSampler, SeqDataLoader
+
+    path = _store(tmp_path / "s.seqstore", 2)
+    sds = SeqDataset(StoreDataset(path, fields=["label", "feat1"]))
+    assert sds.ragged_fields == ("feat1",)
+    want = {"label", "feat1", "feat1_lengths"}
+    for loader in (DataLoader(sds, batch_size=4, collate_fn=sds.collate()),
+                   SeqDataLoader(sds, sampler=EpochSampler(sds), batch_size=4, collate_fn=sds.collate())):
+        batch = next(iter(loader))
+        assert set(batch) == want and batch["feat1_lengths"].tolist() == [2, 3, 4, 5]

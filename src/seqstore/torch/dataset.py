@@ -215,11 +215,13 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
 
     @property
     def ragged_fields(self) -> tuple[str, ...]:
-        """The ragged fields (from the store schema, else from a one-record batch; cached)."""
+        """The ragged fields (from the store schema, else from a one-record batch; cached): those the dataset
+        returns (a ``StoreDataset`` made with ``fields=`` returns those alone)."""
         if self._ragged is None:
             store = getattr(self.dataset, "store", None)
             if isinstance(store, Store):
-                names = [n for n, f in store.schema.items() if f.ragged]
+                returned = getattr(self.dataset, "field_names", None)
+                names = [n for n, f in store.schema.items() if f.ragged and (returned is None or n in returned)]
             elif len(self):
                 names = [n for n, v in self.dataset.get_batch(np.zeros(1, np.int64)).items() if isinstance(v, tuple)]
             else:
