@@ -271,3 +271,25 @@ def test_combined_state_refused_when_children_orders_or_sizes_differ() -> None:
     assert taken + list(same) == list(EpochSampler(make(), rank=0, world_size=1))
     old = {**state, "ordering": {k: state["ordering"][k] for k in ("ordering", "seed", "partition_epoch")}}
     EpochSampler(make(), rank=0, world_size=1).load_state_dict(old)  # a state saved before these keys loads
+
+
+def test_length_batching_of_numpy_integers_saves_plain_states(store: Path) -> None:
+    """``LengthBatching`` accepts NumPy integers but kept them: a state carried NumPy scalars (not JSON, and
+    refused by ``torch.load``'s default ``weights_only``), and ``buckets=np.int64(3)`` made ``config()`` (every
+    ``state_dict``) a TypeError. The options are plain ints now, the same batches as with Python ints."""
+    import io
+    import json
+
+    ds = StoreDataset(store, ordering="random", seed=3)
+    spec = LengthBatching(max_frames=np.int64(40), max_seqs=np.int32(6), buckets=np.int64(3), buffer_size=np.uint16(20))
+    plain = LengthBatching(max_frames=40, max_seqs=6, buckets=3, buffer_size=20)
+    assert spec == plain and spec.config() == plain.config()
+    assert all(type(v) in (int, bool) for v in spec.config().values())
+    sampler = EpochBatchSampler(ds, batching=spec, rank=0, world_size=2)
+    assert list(sampler) == list(EpochBatchSampler(ds, batching=plain, rank=0, world_size=2))
+    state = sampler.state_dict(consumed=2)
+    assert json.loads(json.dumps(state)) == state
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    assert torch.load(buf) == state

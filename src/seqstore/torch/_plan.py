@@ -64,13 +64,16 @@ class LengthBatching:
     buffer_size: int = 10_000
 
     def __post_init__(self) -> None:
-        check_optional_int(self.max_frames, "LengthBatching: max_frames", 1)
-        check_optional_int(self.max_seqs, "LengthBatching: max_seqs", 1)
+        # plain ints kept (NumPy integers are accepted): a resume state records config(), JSON and torch.load safe
+        for name in ("max_frames", "max_seqs"):
+            object.__setattr__(self, name, check_optional_int(getattr(self, name), f"LengthBatching: {name}", 1))
         if self.max_frames is None and self.max_seqs is None:
             raise ValueError("LengthBatching needs max_frames or max_seqs (or both)")
-        check_int(self.buffer_size, "LengthBatching: buffer_size", 1)
-        if self.buckets is not None and not isinstance(self.buckets, (int, np.integer)):
-            object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
+        object.__setattr__(self, "buffer_size", check_int(self.buffer_size, "LengthBatching: buffer_size", 1))
+        if self.buckets is not None:
+            buckets = self.buckets
+            object.__setattr__(self, "buckets", int(buckets) if isinstance(buckets, (int, np.integer))
+                               else tuple(int(b) for b in buckets))
 
     @property
     def greedy(self) -> bool:
