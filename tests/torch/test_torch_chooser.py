@@ -232,6 +232,26 @@ def test_ctrl_c_just_after_the_block_is_made_leaves_nothing_in_dev_shm(monkeypat
     assert made and not os.path.exists(os.path.join("/dev/shm", made[0].lstrip("/")))
 
 
+@pytest.mark.parametrize("where", ["posix_fallocate", "mmap"])
+def test_a_run_buffer_interrupted_while_it_is_made_leaves_nothing_in_dev_shm(monkeypatch: pytest.MonkeyPatch,
+                                                                            where: str) -> None:
+    """A Ctrl-C (or a failed mapping) while a read-once loop's run buffer was made -- its pages reserved, then
+    mapped -- left the new file in /dev/shm, known to no clean-up, until reboot; it is removed now."""
+    from seqstore.torch import _ring
+
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt if where == "posix_fallocate" else OSError(12, "Cannot allocate memory")
+
+    runs = _ring.RunBuffers()
+    target = _ring.os if where == "posix_fallocate" else _ring.mmap
+    monkeypatch.setattr(target, where, interrupted)
+    with pytest.raises(KeyboardInterrupt if where == "posix_fallocate" else OSError):
+        runs.make(1 << 16)
+    monkeypatch.undo()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(runs._tag)]
+    runs.close()
+
+
 def test_read_once_run_buffers_left_open_are_removed_at_exit(tmp_path: Path) -> None:
     """A read-once loop's run buffers are files in /dev/shm that no resource tracker knows: a script that
     ends without closing them still leaves none behind."""

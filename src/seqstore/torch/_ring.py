@@ -224,7 +224,6 @@ def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes
 
 _SHM_DIR = "/dev/shm"
 
-
 #: free space ``/dev/shm`` must have for a read-once loop to put its run buffers there (a container's
 #: default of 64 MiB does not: its workers then read through the node cache)
 SHM_NEEDED = 1 << 30
@@ -274,15 +273,16 @@ class RunBuffers:
             try:  # the pages reserved now: a full /dev/shm is an error here, not a SIGBUS when written
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
-                os.unlink(path)
                 raise SeqstoreError(f"{_SHM_DIR} has no room for a read-once run buffer of {size} bytes "
                                     f"({exc.strerror}); give it more (e.g. docker --shm-size) or use "
                                     "SeqDataLoader without procs=") from None
             buf = np.frombuffer(mmap.mmap(fd, size), np.uint8)
+        except BaseException:  # (a Ctrl-C meanwhile, a mapping refused too) the file is nobody's yet
+            os.unlink(path)
+            raise
         finally:
             os.close(fd)
-        # a process killed (SIGKILL, the OOM killer) runs no exit handler: multiprocessing's resource
-        # tracker then removes the file, as it does the ring's block (a POSIX shared memory name is the file's)
+        # a process killed (SIGKILL, OOM) runs no exit handler: the resource tracker removes the file, as the block
         resource_tracker.register("/" + name, "shared_memory")
         self.names[address(buf)] = name
         return buf
