@@ -428,6 +428,29 @@ def test_procs_a_worker_killed_while_it_gathers_is_an_error(ds: StoreDataset, mo
             pass
 
 
+def test_procs_a_worker_killed_by_sigbus_names_dev_shm(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker writing into the ring's shared block dies of SIGBUS where /dev/shm has no room for the page (a
+    container's 64 MiB): the error said only "exit code -7"; it names the signal, /dev/shm and the block's size."""
+    import faulthandler
+    import os
+    import signal
+
+    from seqstore.torch import _ring
+
+    def bus_error(*args: Any) -> None:  # (the workers are forked: they run this)
+        faulthandler.disable()  # (pytest's would print the worker's stack)
+        os.kill(os.getpid(), signal.SIGBUS)
+
+    _workers_gather(monkeypatch)
+    monkeypatch.setattr(_ring, "_serve", bus_error)
+    loader = _loader(ds, "sampler", 0, 1, procs=2)
+    got = 0
+    with pytest.raises(_ring.LoaderWorkerError, match=r"code -7: killed by SIGBUS.* /dev/shm .*block of \d+ bytes"):
+        for _ in loader:
+            got += 1
+    assert got == 1  # the first batch, gathered in the loop's process
+
+
 @pytest.mark.timeout(120)
 def test_procs_a_worker_stuck_past_the_timeout_is_an_error(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
     """``num_workers=K`` with the DataLoader's ``timeout=``: seqstore's workers replace the DataLoader's, and a

@@ -63,7 +63,7 @@ from ..errors import SeqstoreError
 from ..io import address
 from ._chooser import Chooser, cores
 from ._direct import Gatherer, ahead_in_runs, pinned
-from ._signals import InterruptsIgnored
+from ._signals import InterruptsIgnored, killed_by
 
 __all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
 
@@ -410,7 +410,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     def exited(w: int) -> LoaderWorkerError:
         workers[w].join(timeout=1)
         return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
-                                 f"(exit code {workers[w].exitcode})")
+                                 f"(exit code {workers[w].exitcode}{killed_by(workers[w].exitcode, shm.size)})")
 
     def post(w: int, msg: Any) -> None:  # a worker gone (its pipe broken: one that died resting) is named
         try:

@@ -1,12 +1,13 @@
-"""Ctrl-C held off while a loop cleans up after itself."""
+"""Ctrl-C held off while a loop cleans up after itself; what a worker's exit by a signal says."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
 
-__all__ = ["InterruptsIgnored"]
+__all__ = ["InterruptsIgnored", "killed_by"]
 
 
 class InterruptsIgnored:
@@ -38,3 +39,26 @@ class InterruptsIgnored:
                 self._signal(self._sigint, old)
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
+
+
+def killed_by(exitcode: int | None, shared: int) -> str:
+    """The words a worker's exit code adds to its error: the signal that ended it (a negative code), and for
+    SIGBUS -- what a process gets that writes to shared memory ``/dev/shm`` has no room for (a container's
+    64 MiB) -- ``/dev/shm``'s free space, the ``shared`` bytes of the loop's shared block and what to do;
+    "" for a process that exited by itself."""
+    if exitcode is None or exitcode >= 0:
+        return ""
+    try:
+        sig = signal.Signals(-exitcode)
+    except ValueError:
+        return ""
+    if sig.name != "SIGBUS":
+        return f": killed by {sig.name}"
+    try:
+        st = os.statvfs("/dev/shm")
+        free = f"{st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = "not there"
+    return (f": killed by SIGBUS, as a process is that writes to shared memory /dev/shm has no room for (/dev/shm: "
+            f"{free}; the loop's shared block of {shared} bytes); give /dev/shm more room (e.g. docker run "
+            "--shm-size=2g), or use fewer procs= or threads=")
