@@ -77,3 +77,21 @@ def test_collate_of_a_store_dataset_with_fields_pads_only_the_fields_it_returns(
                    SeqDataLoader(sds, sampler=EpochSampler(sds), batch_size=4, collate_fn=sds.collate())):
         batch = next(iter(loader))
         assert set(batch) == want and batch["feat1_lengths"].tolist() == [2, 3, 4, 5]
+
+
+def test_fields_a_store_dataset_does_not_return_are_a_key_error(tmp_path: Path) -> None:
+    """``SeqDataset`` / ``IterableSeqDataset(StoreDataset(path, fields=[...]), fields=[...])`` asking for a field
+    the store dataset does not return gave records without it (every record ``{}`` here), silently; it is a
+    KeyError naming the field, as for a field the store lacks."""
+    from seqstore.data import StoreDataset
+    from seqstore.torch import IterableSeqDataset
+
+    path = _store(tmp_path / "s.seqstore", 1)
+    narrow = StoreDataset(path, fields=["feat0"])
+    for make in (SeqDataset, IterableSeqDataset):
+        with pytest.raises(KeyError, match=r"'label'.*feat0"):
+            make(narrow, fields=["label"])
+        with pytest.raises(KeyError, match="nope"):
+            make(StoreDataset(path), fields=["nope"])
+    assert list(SeqDataset(narrow, fields=["feat0"])[3]) == ["feat0"]
+    assert list(SeqDataset(StoreDataset(path), fields=["label"])[3]) == ["label"]

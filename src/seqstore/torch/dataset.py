@@ -73,9 +73,13 @@ def as_protocol_dataset(
         raise TypeError(
             f"expected a seqstore Store, a store path or a seqstore.data dataset; {type(obj).__name__} lacks {missing}"
         )
-    if fields is not None and isinstance(obj, StoreDataset) and obj.fields is None:
-        obj = copy.copy(obj)
-        obj.fields = list(fields)
+    if fields is not None and isinstance(obj, StoreDataset):
+        have = obj.field_names  # (a field it does not return would be left out of every record, silently)
+        if missing := [f for f in fields if f not in have]:
+            raise KeyError(f"{obj.store.url}: the dataset returns no field(s) {missing}; it returns {have}")
+        if obj.fields is None:
+            obj = copy.copy(obj)
+            obj.fields = list(fields)
     return obj
 
 
