@@ -293,3 +293,15 @@ def test_length_batching_of_numpy_integers_saves_plain_states(store: Path) -> No
     torch.save(state, buf)
     buf.seek(0)
     assert torch.load(buf) == state
+
+
+def test_a_refused_state_leaves_the_consumer_as_it_was(store: Path) -> None:
+    """A state refused for its epoch length (``StateError``) had already moved the sampler to the state's
+    epoch: a loop that caught the error and went on walked another epoch's order. Nothing changes now."""
+    ds = StoreDataset(store, ordering="random", seed=3)
+    s = EpochSampler(ds, rank=0, world_size=1, epoch=2)
+    want = list(s)
+    state = EpochSampler(ds, rank=0, world_size=1, epoch=5).state_dict(consumed=7)
+    with pytest.raises(StateError, match="positions"):
+        s.load_state_dict({**state, "num_positions": N + 5})
+    assert s.epoch == 2 and list(s) == want

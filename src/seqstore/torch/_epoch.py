@@ -197,12 +197,12 @@ class EpochCursor:
                                                owner=self._kind)
         if batches and self._spec is None:
             raise StateError(f"{self._kind}: state counts {batches} length-based batches; this consumer has none")
-        self._epoch = epoch
-        self._order = None
-        length = len(self.epoch_order())
-        if length != state["num_positions"]:
+        order = self.dataset.epoch_order(epoch)  # (a refused state changes nothing)
+        if len(order) != state["num_positions"]:
             raise StateError(
-                f"{self._kind}: epoch {epoch} of this dataset has {length} positions, the state says "
+                f"{self._kind}: epoch {epoch} of this dataset has {len(order)} positions, the state says "
                 f"{state['num_positions']} (different partition or data)"
             )
+        self._epoch = epoch
+        self._order = (epoch, order)
         self._reset(position, batches)
