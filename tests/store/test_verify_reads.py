@@ -408,3 +408,33 @@ def test_a_damaged_node_cache_copy_of_ids_or_ragged_values_is_fetched_again(moto
     for (pos, values, lengths), (_, want, want_lengths) in zip(store.iter_ragged("t", chunk_records=64),
                                                              plain.iter_ragged("t", chunk_records=64)):
         assert np.array_equal(values, want) and np.array_equal(lengths, want_lengths), pos
+
+
+def _same_batch(got: Any, want: Any) -> bool:
+    def arr(v: Any) -> Any:
+        return np.asarray(v[0] if isinstance(v, tuple) else v)
+
+    return all(np.array_equal(arr(got[k]), arr(want[k])) for k in want)
+
+
+def test_a_verified_read_fetches_again_every_damaged_node_cache_copy_it_meets(moto_s3: Any, s3_bucket: str,
+                                                                             scratch: Path, tmp_path: Path) -> None:
+    """A batch whose node-cache copies of several fields' files were damaged fetched again only the first
+    failing field's files, then raised CorruptionError for the next field (blaming the remote object, which
+    is intact); the next read fetched that one. Each damaged copy the retried read meets is fetched again."""
+    root = _build(scratch / "s")
+    url = moto_s3.upload_dir(root, s3_bucket, "recached-fields.seqstore")
+    cache = tmp_path / "c"
+    store = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true"), cache_dir=cache)
+    assert len(store.get_batch(np.arange(N))["lab"]) == N  # every object whole in the node cache
+    plain = ss.open(root)
+    for rel, byte in (("x.npy", 16 * 3), ("t.npy", 40), ("lab.npy", 8 * 3)):  # (each record 131's)
+        original = _shard_of(root, 1) / rel
+        _damage_copy(_cached_copy(cache, original), original, byte)
+    idx = np.arange(120, 140)
+    assert _same_batch(store.get_batch(idx), plain.get_batch(idx))
+    for rel, byte in (("x.npy", 16 * 3), ("lab.npy", 8 * 3)):
+        original = _shard_of(root, 1) / rel
+        _damage_copy(_cached_copy(cache, original), original, byte)
+    assert all(np.array_equal(store[131][k], plain[131][k]) for k in ("x", "t", "lab"))
+

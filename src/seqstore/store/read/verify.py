@@ -135,14 +135,20 @@ class ReadVerifier:
     def checked(self, read: Callable[[], T], again: Callable[[], T] | None = None) -> T:
         """``read()``, and where a record it read fails its checksum and the source fetched the files
         involved anew (a remote store: maybe only the node cache's copy was damaged), once more
-        (``again()`` where given); a read failing again, or a local store's, raises."""
-        try:
-            return read()
-        except ReadMismatch as exc:
-            if not exc.keys or self.refetch is None or not self.refetch(exc.keys):
-                raise
-        self._rows = None  # (the stored checksums of the last batch: maybe read from the damaged copy)
-        return (again or read)()
+        (``again()`` where given), as long as each failure names a file not yet fetched anew (a batch
+        may meet several damaged copies, one field's after another's); a read failing again on files
+        fetched anew already, or a local store's, raises."""
+        fetched: set[str] = set()
+        while True:
+            try:
+                return read()
+            except ReadMismatch as exc:
+                new = [k for k in exc.keys if k not in fetched]
+                if not new or self.refetch is None or not self.refetch(new):
+                    raise
+                fetched.update(new)
+            self._rows = None  # (the stored checksums of the last batch: maybe read from the damaged copy)
+            read = again or read
 
     # ---------------------------------------------------------------------------------- checks
 
