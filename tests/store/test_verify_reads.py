@@ -438,3 +438,25 @@ def test_a_verified_read_fetches_again_every_damaged_node_cache_copy_it_meets(mo
         _damage_copy(_cached_copy(cache, original), original, byte)
     assert all(np.array_equal(store[131][k], plain[131][k]) for k in ("x", "t", "lab"))
 
+
+def test_a_damaged_copy_still_mapped_after_its_eviction_is_fetched_again_by_a_verified_read(
+        moto_s3: Any, s3_bucket: str, scratch: Path, tmp_path: Path) -> None:
+    """A store keeps reading its own copy of a node-cache entry that another process evicted. When that
+    copy was damaged, the verified read fetched the object again into a new entry, read the old mapping
+    again and raised CorruptionError, on every read of the record. The mapped copy is fetched again too."""
+    from seqstore.io.nodecache import NodeCache
+
+    root = _build(scratch / "s")
+    url = moto_s3.upload_dir(root, s3_bucket, "recached-evicted.seqstore")
+    cache = tmp_path / "c"
+    store = ss.open(url, storage_options=moto_s3.storage_options(verify_reads="true"), cache_dir=cache)
+    assert len(store.get_batch(np.arange(N))["lab"]) == N  # every object whole in the node cache
+    t_file = _shard_of(root, 1) / "t.npy"
+    t_copy = _cached_copy(cache, t_file)
+    _damage_copy(t_copy, t_file, 40)  # (record 131's)
+    NodeCache(cache, 1 << 20).reserve(1 << 20)  # another process's eviction: every entry goes
+    assert not t_copy.exists()
+    plain = ss.open(root)
+    idx = np.arange(120, 140)
+    assert _same_batch(store.get_batch(idx), plain.get_batch(idx))
+    assert np.array_equal(store[131]["t"], plain[131]["t"])

@@ -378,11 +378,21 @@ class RemoteRoot:
 
     def refetch(self, keys: Sequence[str]) -> None:
         """Mark every page of the node cache's entries of objects ``keys`` absent and :meth:`materialize`
-        them again: their bytes are fetched anew, over a copy found damaged (for every process on the node)."""
+        them again: their bytes are fetched anew, over a copy found damaged (for every process on the node).
+        A copy this process still maps that is no longer the entry (evicted since, or made anew by another
+        process) is fetched again too: a read retried after this reads through the mapping it has."""
+        stale = []
         for key in keys:
             meta = self._meta(key)
-            self.cache.object(self.client.key_url(key), meta.etag, meta.size).bits[:] = 0
+            entry = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
+            entry.bits[:] = 0
+            for region in self.fetcher.regions():
+                if region.key == key and region.etag == meta.etag and region.obj is not entry:
+                    region.obj.bits[:] = 0
+                    stale.append(region)
         self.materialize(keys)
+        for region in stale:
+            self.fetcher.ensure(np.array([region.base], np.int64), np.array([region.end], np.int64))
 
     def _key(self, path: Path) -> str:
         """The object key of mirror path ``path`` (of this manifest version's mirror or an earlier one:
