@@ -477,3 +477,20 @@ def test_a_derived_array_in_use_is_not_evicted_before_entries_used_less_recently
         cache._evict(cache.disk_usage() - 1)  # room for one more byte: the least recently used goes
     assert not obj.bits_path.exists()
     assert sorted(p.name for p in derived.iterdir()) == ["lengths-1.npy", "sortidx-1.npy"]
+
+
+def test_claims_on_an_entry_another_process_evicted_leave_no_file_behind(tmp_path: Path) -> None:
+    """A process that keeps reading an entry another process evicted fetches its missing pages into its
+    own (unlinked) copy. Its first claim of them made the entry's claims file anew in the cache directory,
+    beside no page map: no eviction deleted or counted it, and a new making of the entry shared it (its
+    readers waited on claims of pages that went into the old copy). That copy is claimed by nobody now."""
+    cache = NodeCache(tmp_path / "cache", 1 << 30)
+    obj = cache.object("s3://bucket/key", '"tag"', 1 << 20)
+    _evict_all(NodeCache(tmp_path / "cache", 1 << 30))  # (another process's)
+    assert not obj.alive()
+    mine, wait = obj.claims.take(np.arange(4), 30.0)
+    assert mine.all() and wait is None
+    assert [p.name for p in (tmp_path / "cache" / "objects").rglob("*") if p.is_file()] == []
+    again = cache.object("s3://bucket/key", '"tag"', 1 << 20)  # made anew: claims as before
+    mine, wait = again.claims.take(np.arange(4), 30.0)
+    assert mine.all() and wait is None and again.claims.path.exists()

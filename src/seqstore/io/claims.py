@@ -22,7 +22,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,12 @@ class Claims:
     ``bits``: the entry's page map (what waiters poll); ``lock_fd``: a descriptor of the entry's data
     file, ``flock``'d while claims are checked and written (no descriptor is kept for the claims)."""
 
-    def __init__(self, path: Path, pages: int, bits: np.ndarray[Any, Any], lock_fd: int) -> None:
+    def __init__(self, path: Path, pages: int, bits: np.ndarray[Any, Any], lock_fd: int,
+                 make: Callable[[], bool] | None = None) -> None:
         self.path = path
+        # makes the claims file where there is none; False (none made) where the entry is no longer in the
+        # cache directory: a file made then would be left behind (None: made as it is needed)
+        self._make = make
         self.pages = pages
         self.bits = bits
         self._fd = lock_fd
@@ -81,7 +85,12 @@ class Claims:
         with self._lock:
             if self._words is None and not self._failed:
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+                    try:
+                        fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
+                    except FileNotFoundError:
+                        if self._make is not None and not self._make():
+                            raise  # (an evicted entry: the copy is this process's alone, nobody to share with)
+                        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
                     try:
                         size = 8 * max(1, self.pages)
                         if os.fstat(fd).st_size < size:
@@ -90,7 +99,7 @@ class Claims:
                     finally:
                         os.close(fd)
                     self._words = np.frombuffer(m, dtype=np.uint64, count=self.pages)
-                except OSError:  # e.g. a read-only cache: no claims, each process fetches for itself
+                except OSError:  # e.g. a read-only cache, an evicted entry: no claims, each process fetches for itself
                     self._failed = True
         return self._words
 

@@ -395,7 +395,7 @@ class CachedObject:
             raise OSError(f"{self.bits_path}: the cache entry is made anew faster than it can be opened")
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
         # which pages other processes on the node are fetching (mapped when first asked)
-        self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits, self.fd)
+        self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits, self.fd, self._make_claims)
         self._ino = os.fstat(self.fd).st_ino
         self.lock = threading.Lock()
         # byte runs requested and not yet arrived (this process), sorted: (start, end, id(future), future)
@@ -492,6 +492,17 @@ class CachedObject:
                               f"space under {self.cache.root} or lower cache_bytes", str(self.bits_path)) from None
             os.replace(data_tmp, self.data_path)
             os.replace(bits_tmp, self.bits_path)
+
+    def _make_claims(self) -> bool:
+        """Make this entry's (empty) claims file, under the cache's lock, while the entry is still the one in
+        the directory; False where it is not (evicted, or made anew): a claims file made then would be
+        left beside no page map, which no eviction deletes, or be shared with another making's pages."""
+        with self.cache.locked():
+            if not self.alive():
+                return False
+            fd = os.open(self.bits_path.with_suffix(".claims"), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            os.close(fd)
+            return True
 
     def alive(self) -> bool:
         """Whether this entry is still the one in the cache directory (not evicted)."""
