@@ -511,6 +511,42 @@ def test_a_file_replaced_behind_an_fsspec_store_is_stale(tmp_path: Path) -> None
         mem.rm("/replaced", recursive=True)
 
 
+def test_a_file_replaced_while_an_fsspec_read_is_under_way_is_stale(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value file replaced after the fsspec back end looked its version up and before it read the bytes:
+    the read answered the new bytes as the version the store pinned, and the node cache kept them in that
+    version's entry (for every later reader). A pinned read's version is looked up after its bytes."""
+    fsspec = pytest.importorskip("fsspec")
+    from seqstore.errors import StaleStoreError
+
+    local = tmp_path / "main.seqstore"
+    with ss.create(local, {"v": ss.Field("float32", (256,))}) as w:
+        w.append_batch({"v": np.arange(4000 * 256, dtype=np.float32).reshape(4000, 256)})
+    mem = fsspec.filesystem("memory")
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            mem.pipe(f"/racing/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    real = mem.cat_ranges
+
+    def replaced_first(paths: list[str], *args: Any, **kwargs: Any) -> Any:  # another writer, at this moment
+        for key in paths:
+            if key.endswith("/v.npy"):
+                data = mem.cat_file(key)
+                mem.pipe(key, data[:128] + bytes(len(data) - 128))
+                monkeypatch.setattr(mem, "cat_ranges", real)
+        return real(paths, *args, **kwargs)
+
+    try:
+        store = ss.open("racing/main.seqstore", filesystem=mem, cache_dir=tmp_path / "c")
+        assert store.get_batch([0])["v"][0, 1] == 1.0
+        monkeypatch.setattr(mem, "cat_ranges", replaced_first)
+        with pytest.raises(StaleStoreError, match="v.npy"):
+            store.get_batch([3000])
+        assert mem.cat_ranges is real  # (the file was replaced during the read)
+    finally:
+        mem.rm("/racing", recursive=True)
+
+
 def test_errors_name_the_url(moto_s3: MotoS3, remote: tuple[str, str], tmp_path: Path) -> None:
     """Errors about a remote store name its URL (not the node cache's directory behind it)."""
     _, url = remote

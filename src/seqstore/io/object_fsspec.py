@@ -123,17 +123,20 @@ class FsspecBackend(ObjectBackend):
         paths = [self._path(k) for k, _, _, _ in requests]
 
         def attempt() -> list[Answer]:  # (the lookups too: their failures are retried as the read's)
-            # every answer carries the object's size and version, as obstore's do
-            metas = {k: self.head(k) for k in dict.fromkeys(k for k, _, _, _ in requests)}
-            for k, _, _, tag in requests:
-                if tag and metas[k].etag != tag:  # a read pinned to a version the file no longer is
-                    url = self.c.key_url(k)
-                    raise StaleStoreError(f"{url}: the object changed while the store was open (version "
-                                          f"{metas[k].etag}, expected {tag}); reopen the store", url=url, attempts=1)
+            # every answer carries the object's size and version, as obstore's do. A filesystem reads no
+            # version it is asked for (no If-Match): a pinned read's version is looked up after its bytes
+            # are read (a file replaced between a lookup and the read would pass its new bytes off as the
+            # version pinned); before it where the read needs the size (a suffix, a whole file) or is unpinned
+            keys = list(dict.fromkeys(k for k, _, _, _ in requests))
+            before = {k for k, s, e, tag in requests if s < 0 or e < 0 or not tag}
+            metas = {k: self.head(k) for k in keys if k in before}
+            self._pinned(requests, metas)
             starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
             ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
             got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"),
                              len(paths), sum(max(0, e - s) for s, e in zip(starts, ends)))
+            metas.update({k: self.head(k) for k in dict.fromkeys(k for k, _, _, tag in requests if tag)})
+            self._pinned(requests, metas)
             out: list[Answer] = []
             for (k, _, _, _), s, e, d in zip(requests, starts, ends, got):
                 if isinstance(d, BaseException):
@@ -146,6 +149,16 @@ class FsspecBackend(ObjectBackend):
             return out
 
         return self.c.retry.run(self.c.key_url(requests[0][0]), attempt)
+
+    def _pinned(self, requests: Sequence[Request], metas: Mapping[str, ObjectMeta]) -> None:
+        """Raise :class:`StaleStoreError` where a request pinned to a version finds the file (``metas``: the
+        versions looked up) another."""
+        for k, _, _, tag in requests:
+            m = metas.get(k)
+            if tag and m is not None and m.etag != tag:
+                url = self.c.key_url(k)
+                raise StaleStoreError(f"{url}: the object changed while the store was open (version {m.etag}, "
+                                      f"expected {tag}); reopen the store", url=url, attempts=1)
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         if isinstance(mode, dict):
