@@ -547,6 +547,48 @@ def test_a_file_replaced_while_an_fsspec_read_is_under_way_is_stale(tmp_path: Pa
         mem.rm("/racing", recursive=True)
 
 
+def test_a_store_rebuilt_on_a_filesystem_that_versions_files_by_blob_id_is_read_anew(tmp_path: Path) -> None:
+    """A filesystem whose file info carries a content id and no time (huggingface_hub's ``hf://``: a git
+    ``blob_id``) gave every file an empty version: the node cache's entry of a file named the URL alone, so a
+    store rebuilt there (the same sizes, other values) was read with the old bytes the cache held, its new
+    bytes only where a page had not been fetched before. The blob id versions the file."""
+    fsspec = pytest.importorskip("fsspec")
+    import hashlib
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class HubLike(MemoryFileSystem):  # info as huggingface_hub's HfFileSystem answers it
+        protocol = "hublike"
+
+        def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+            out = dict(super().info(path, **kwargs))
+            out.pop("created", None)
+            if out["type"] == "file":
+                out["blob_id"] = hashlib.sha1(self.cat_file(path)).hexdigest()
+            return out
+
+    fs = HubLike()
+
+    def put(values: Any) -> Any:
+        local = tmp_path / f"s{int(values[0, 0])}" / "main.seqstore"
+        with ss.create(local, {"v": ss.Field("float32", (256,))}) as w:
+            w.append_batch({"v": values})
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                fs.pipe(f"/hub/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+        return values
+
+    old = put(np.arange(2000 * 256, dtype=np.float32).reshape(2000, 256))
+    try:
+        first = ss.open("hub/main.seqstore", filesystem=fs, cache_dir=tmp_path / "c")
+        assert np.array_equal(first.get_batch(np.arange(2000))["v"], old)
+        new = put(old + 1)
+        again = ss.open("hub/main.seqstore", filesystem=fs, cache_dir=tmp_path / "c")
+        assert np.array_equal(again.get_batch(np.arange(2000))["v"], new)
+    finally:
+        fsspec.filesystem("memory").rm("/hub", recursive=True)
+
+
 def test_errors_name_the_url(moto_s3: MotoS3, remote: tuple[str, str], tmp_path: Path) -> None:
     """Errors about a remote store name its URL (not the node cache's directory behind it)."""
     _, url = remote

@@ -27,6 +27,10 @@ from .retry import Transient
 __all__ = ["FsspecBackend"]
 
 _LEAST_RATE = 64 << 10  # bytes/s a transfer must average (as the direct reader's answers) before it is cut
+#: fields of a filesystem's file info that name the file's version, in the order they are taken: ETags
+#: (s3fs, gcsfs, adlfs, fsspec's HTTP), a generation (gcsfs), a content id (huggingface_hub's git blob id),
+#: else a time (local files, memory, SFTP; an HTTP server's Last-Modified)
+_VERSIONS = ("ETag", "etag", "generation", "blob_id", "mtime", "created", "Last-Modified", "LastModified")
 
 
 class FsspecBackend(ObjectBackend):
@@ -83,8 +87,10 @@ class FsspecBackend(ObjectBackend):
             raise Transient(f"{type(exc).__name__}: {exc}", answered=kind == "answered") from None
 
     def _meta(self, key: str, info: Mapping[str, Any]) -> ObjectMeta:
-        tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("mtime") or info.get("created")
-        return ObjectMeta(key, int(info.get("size") or 0), str(tag or ""))
+        """``key``'s size and version tag from the filesystem's ``info``: the first of its fields that
+        names the version (:data:`_VERSIONS`; "": none, the file is not told from a replaced one)."""
+        tag = next((info[f] for f in _VERSIONS if info.get(f)), "")
+        return ObjectMeta(key, int(info.get("size") or 0), str(tag))
 
     def head(self, key: str) -> ObjectMeta:
         return self._meta(key, self._call(key, lambda: self.fs.info(self._path(key))))
