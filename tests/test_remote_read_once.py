@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ from support.s3 import MotoS3
 from support.stores import build_store, same_batch
 
 import seqstore as ss
-from seqstore.errors import ConfigError, RemoteError, RemoteNotFound, StaleStoreError
+from seqstore.errors import ConfigError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 
 pytestmark = pytest.mark.timeout(300)
 PREFIX = "once/main.seqstore"
@@ -133,6 +135,39 @@ def test_persistent_errors_raise_naming_the_url(moto_s3: MotoS3, remote: str, tm
             pass
     assert "x.npy" in str(err.value) and err.value.attempts == 3, err.value
     assert "X-Amz-Signature" not in str(err.value)  # the presigned query stays out of messages
+
+
+def _query(target: str, name: str) -> str:
+    """Parameter ``name`` of a request target's query ("" where it has none)."""
+    return dict(parse_qsl(target.partition("?")[2])).get(name, "")
+
+
+def test_a_presigned_url_refused_once_its_credentials_expired_is_signed_anew(
+        moto_s3: MotoS3, remote: str, local: Path, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """A presigned URL is kept for up to 50 minutes, but temporary credentials (an instance role, a web
+    identity) may expire before it does: the service then refuses every URL signed with them (S3: 400
+    ExpiredToken or 403), though obstore has fresh credentials. The epoch after they rotated failed with
+    CredentialsError. A refused presigned URL is signed anew and asked once more; a URL refused again
+    raises, naming the object and not the signature."""
+    store = _open(moto_s3, remote, tmp_path / "cache", s3_proxy.url)
+    _epoch(store, ss.open(local), "random_block:16:4", 16)
+    signed = [r for r in s3_proxy.requests if "X-Amz-Signature=" in r.target]
+    assert signed
+    expired = {_query(r.target, "X-Amz-Signature") for r in signed}  # every URL signed so far
+    latest = max(_query(r.target, "X-Amz-Date") for r in signed)
+    while time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) <= latest:  # (a signature names its second: a URL
+        time.sleep(0.05)  # signed anew in the same second would be the same URL; the epoch took longer)
+    refused = s3_proxy.forbid(path="/x.npy", where=lambda r: _query(r.target, "X-Amz-Signature") in expired)
+    ended = s3_proxy.fail(None, status=400, path="/tok.npy",
+                          where=lambda r: _query(r.target, "X-Amz-Signature") in expired)
+    _epoch(store, ss.open(local), "random_block:16:4", 16)
+    assert refused.hits and ended.hits
+    s3_proxy.clear_faults()
+    s3_proxy.forbid(None, path="/x.npy", where=lambda r: "X-Amz-Signature=" in r.target)
+    with pytest.raises(CredentialsError) as err:
+        _epoch(store, ss.open(local), "random_block:16:4", 16)
+    assert "x.npy: HTTP 403: access refused, also at a URL signed anew" in str(err.value), err.value
+    assert "X-Amz-Signature" not in str(err.value)
 
 
 def test_a_missing_object_and_a_changed_one_are_named(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:

@@ -107,6 +107,11 @@ class ObjectBackend(abc.ABC):
         value for version tag ``tag`` (None: send none); None where there is no such URL (the default)."""
         return None
 
+    def resign(self, url: str) -> str | None:
+        """A URL signed anew in place of ``url``, a presigned URL :meth:`direct` gave that the service
+        refused; None where ``url`` is not one this back end signed (the default)."""
+        return None
+
     @abc.abstractmethod
     def head(self, key: str) -> ObjectMeta: ...
 

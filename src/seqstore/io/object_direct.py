@@ -19,7 +19,9 @@ first ``timeout`` seconds are retried under the client's policy (the next try no
 ``Retry-After`` asks; at once an error where that is past the retry budget), then raised as
 :class:`~seqstore.errors.RemoteError` naming the URL and the attempts. 404 is
 :class:`~seqstore.errors.RemoteNotFound`, 401 and 403 :class:`~seqstore.errors.CredentialsError`, 412
-:class:`~seqstore.errors.StaleStoreError`, any other answer a ``RemoteError`` naming the status.
+:class:`~seqstore.errors.StaleStoreError`, any other answer a ``RemoteError`` naming the status. A
+presigned URL that is refused (400, 401, 403: the temporary credentials it was signed with may have
+expired since) is first signed anew by the client and asked once more.
 Messages never show a presigned URL's query (its signature).
 """
 
@@ -473,12 +475,16 @@ class DirectReader:
                             answered=True, retry_after=after)
         if status == 404:
             raise job.error(f"HTTP {status}: no such object", RemoteNotFound)
-        if status in (401, 403):
-            raise job.error(f"HTTP {status}: access refused (check the credentials or the presigned URL)",
-                            CredentialsError)
         if status == 412:
             raise job.error(f"HTTP {status}: the object changed since the store was opened (If-Match {job.etag} "
                             "no longer matches); reopen the store", StaleStoreError)
+        # a presigned URL refused (S3: 400 ExpiredToken, 403; GCS: 400; Azure: 403): the temporary credentials
+        # it was signed with may have expired since; it is asked once more, signed anew (_resign)
+        job.refused = status in (400, 401, 403) and "?" in job.target and not job.resigned
+        if status in (401, 403):
+            again = ", also at a URL signed anew" if job.resigned else ""
+            raise job.error(f"HTTP {status}: access refused{again} (check the credentials or the presigned URL)",
+                            CredentialsError)
         raise job.error(f"HTTP {status}: unexpected answer to a range request")
 
     # ----------------------------------------------------------------------------------- endings
@@ -531,8 +537,26 @@ class DirectReader:
         job = c.job
         self._close(c, active)
         self.client.retry.ok()  # a definite answer: the service is up
-        if job is not None:
+        if job is not None and not (job.refused and self._resign(job)):
             self._end_wave(job.wave, exc)
+
+    def _resign(self, job: Job) -> bool:
+        """The service refused ``job``'s presigned URL, signed with temporary credentials that may have
+        expired since (they rotate; a URL is kept for up to 50 minutes): ask again, once, at a URL the
+        client signs anew. False where it signs none."""
+        if job.resigned:
+            return False
+        job.resigned = True
+        try:
+            url = self.client.resign(job.url)
+        except Exception:  # noqa: BLE001 - no URL signed anew: the refusal is what to report
+            return False
+        if url is None:
+            return False
+        job.aim(url)
+        with self._lock:
+            self._queue.appendleft(job)
+        return True
 
     def _end_wave(self, wave: Wave, exc: BaseException) -> None:
         """``wave`` failed: its future raises ``exc``; its requests still in flight stop writing into

@@ -40,16 +40,24 @@ def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
 class Job:
     """One range request: bytes ``[start, end)`` of ``url`` into ``dest`` (a writable buffer of that size)."""
 
-    __slots__ = ("origin", "target", "shown", "start", "end", "etag", "dest", "wave", "tries")
+    __slots__ = ("url", "origin", "target", "shown", "start", "end", "etag", "dest", "wave", "tries", "resigned",
+                 "refused")
 
     def __init__(self, url: str, start: int, end: int, etag: str | None, dest: memoryview, wave: Wave) -> None:
+        self.aim(url)
+        self.start, self.end, self.etag, self.dest, self.wave = start, end, etag, dest, wave
+        self.tries: Attempts | None = None  # its failures so far (None: none)
+        self.resigned = False  # its URL was signed anew once already (see DirectReader._resign)
+        self.refused = False  # its presigned URL was refused (400, 401, 403): it may be asked again signed anew
+
+    def aim(self, url: str) -> None:
+        """Ask ``url`` (from now on)."""
         p = urlsplit(url)
         tls = p.scheme.lower() == "https"
+        self.url = url
         self.origin = (p.hostname or "", p.port or (443 if tls else 80), tls)
         self.target = (p.path or "/") + (f"?{p.query}" if p.query else "")
         self.shown = f"{p.scheme}://{p.netloc}{p.path}"  # no query: a presigned URL's signature stays out
-        self.start, self.end, self.etag, self.dest, self.wave = start, end, etag, dest, wave
-        self.tries: Attempts | None = None  # its failures so far (None: none)
 
     def attempt(self) -> int:
         """The number of the try under way (1: the first)."""

@@ -174,6 +174,8 @@ class ObstoreBackend(ObjectBackend):
             raise config_error(client.url, scheme, exc, opts) from None
         self._plain: str | None = None  # the plain URL objects' keys follow ("": none, direct reads off)
         self._signed: dict[str, tuple[str, float]] = {}  # key -> (presigned URL, monotonic expiry)
+        self._signed_keys: dict[str, str] = {}  # presigned URL -> key (the URLs in _signed)
+        self._sign_lock = threading.Lock()
         self.slots: Budget | None = None  # requests in flight (max_requests), made in the loop
         self.budget: Budget | None = None  # bytes of answers in flight (max_inflight_bytes)
 
@@ -237,16 +239,42 @@ class ObstoreBackend(ObjectBackend):
             return None
         if self._plain:
             return f"{self._plain}/{quote(key, safe='/~')}", etag
-        now = time.monotonic()
         got = self._signed.get(key)
-        if got is None or got[1] - now < 600:
+        if got is None or got[1] - time.monotonic() < 600:
             try:
-                url = self.obs.sign(self.store, "GET", key, expires_in=timedelta(hours=1))
+                return self._sign(key), etag
             except Exception:  # noqa: BLE001  # no credentials to sign with (anonymous, environment-less): not direct
                 self._plain = ""
                 return None
-            got = self._signed[key] = (str(url), now + 3600)
         return got[0], etag
+
+    def _sign(self, key: str) -> str:
+        """A URL of ``key`` presigned now for an hour (kept for reuse until 10 minutes are left)."""
+        now = time.monotonic()
+        url = str(self.obs.sign(self.store, "GET", key, expires_in=timedelta(hours=1)))
+        with self._sign_lock:
+            old = self._signed.get(key)
+            if old is not None and old[0] != url:
+                self._signed_keys.pop(old[0], None)
+            self._signed[key] = (url, now + 3600)
+            self._signed_keys[url] = key
+        return url
+
+    def resign(self, url: str) -> str | None:
+        """A URL signed anew in place of presigned ``url``, which the service refused: the temporary
+        credentials it was signed with may have expired since (obstore's credentials are fresh); the URL
+        already signed anew where another refused request asked first. None: not a URL signed here."""
+        with self._sign_lock:
+            key = self._signed_keys.get(url)
+            got = self._signed.get(key) if key is not None else None
+        if key is None:
+            return None
+        if got is not None and got[0] != url:
+            return got[0]
+        try:
+            return self._sign(key)
+        except Exception:  # noqa: BLE001 - cannot sign now (no credentials): the refusal stands
+            return None
 
     # requests -----------------------------------------------------------------------------------
     def _failure(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:

@@ -121,6 +121,12 @@ class ObjectClient:
             return None
         return got
 
+    def resign(self, url: str) -> str | None:
+        """A URL in place of ``url`` (one :meth:`direct` gave) that the service refused: signed anew, as the
+        credentials it was signed with may have expired since (temporary credentials rotate, and a
+        presigned URL is kept for up to 50 minutes); None where ``url`` is not a URL the back end signed."""
+        return self.backend.resign(url)
+
     def direct_budget(self, n: int) -> bool:
         """Count ``n`` more bytes (negative: fewer) in flight through :attr:`direct_reader` for the node
         cache; False (and nothing counted) when that would pass ``max_inflight_bytes``."""
