@@ -329,16 +329,17 @@ import errno, os, sys
 import numpy as np
 import seqstore as ss
 from seqstore.interop.megatron import export_megatron
-store = sys.argv[2]
-with ss.create(store, {"tokens": ss.Field("int32", (None,))}) as w:
-    w.append_batch({"tokens": (np.ones(300_000, np.int32), np.ones(300_000, np.int64))})
-try:
-    export_megatron(store, sys.argv[1] + "/out")  # .idx: 12 bytes a record, 3.6 MB on a 2 MB disk
-except OSError as exc:
-    assert exc.errno == errno.ENOSPC, exc
-    print(exc)
-else:
-    raise AssertionError("exported onto a full disk")
+for name, lengths in (("idx", np.ones(300_000, np.int64)), ("bin", np.full(4, 250_000, np.int64))):
+    store = STORE + name
+    with ss.create(store, {"tokens": ss.Field("int32", (None,))}) as w:
+        w.append_batch({"tokens": (np.ones(int(lengths.sum()), np.int32), lengths)})
+    try:  # .idx: 12 bytes a record, 3.6 MB; .bin: 4 MB; on a 2 MB disk
+        export_megatron(store, sys.argv[1] + "/" + name, chunk_bytes=1 << 20)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+        print(exc)
+    else:
+        raise AssertionError("exported onto a full disk")
 print(sorted(os.listdir(sys.argv[1])))
 """
 
@@ -346,10 +347,13 @@ print(sorted(os.listdir(sys.argv[1])))
 def test_an_export_onto_a_full_disk_is_an_error_naming_the_file_not_a_crash(tmp_path: Path) -> None:
     """The .idx is written through a mapping of a file truncated to its size: on a full disk the first
     write into its hole was a SIGBUS that killed the process; it is an ENOSPC naming the file, and the
-    temporaries are gone."""
-    store = tmp_path / "s.seqstore"
-    script = _FULL_DISK_EXPORT.replace("sys.argv[2]", repr(str(store)))
+    temporaries are gone. A few long sequences (the .idx fits, the .bin does not): the .bin's write
+    failed with the bare '[Errno 28] No space left on device', naming no file; it names PREFIX.bin and
+    the bytes it needs."""
+    script = _FULL_DISK_EXPORT.replace("STORE", repr(str(tmp_path / "s-")))
     disk, got = run_on_small_tmpfs(script, tmp_path, "2m")
     assert got.returncode == 0, (got.returncode, got.stdout, got.stderr[-2000:])
-    assert f"{disk}/out.idx" in got.stdout, got.stdout
-    assert got.stdout.splitlines()[-1] == "[]", got.stdout
+    idx, bin_, listed = got.stdout.splitlines()
+    assert f"{disk}/idx.idx" in idx, got.stdout
+    assert f"cannot write {disk}/bin.bin (4000000 bytes)" in bin_, got.stdout
+    assert listed == "[]", got.stdout

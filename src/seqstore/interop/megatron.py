@@ -28,7 +28,9 @@ are memory-mapped and read with array operations (no Python object per sequence)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import itertools
 import os
 import struct
@@ -352,6 +354,19 @@ def _ragged_field(st: Store, field: str | None) -> str:
     return field
 
 
+@contextlib.contextmanager
+def _naming_full_disk(target: Path, tmp: Path, need: str) -> Iterator[None]:
+    """Writes of the file ``target`` (as ``tmp``) that need ``need``: an OSError of a full disk (or quota)
+    that names no file is raised again naming both, with what the file needs."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or exc.filename is not None:
+            raise
+        raise OSError(exc.errno, f"{exc.strerror}: cannot write {target} ({need}); free space under "
+                      f"{target.parent}", str(tmp)) from exc
+
+
 def export_megatron(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],
@@ -421,12 +436,16 @@ def export_megatron(
     # on success the old .idx is deleted, then .bin renamed into place, then .idx: killed between those
     # steps, what is left is never a new .bin beside an old .idx (readable as a pair of wrong sequences)
     had_idx = idxp.exists() or idxp.is_symlink()  # (checked: overwrite was given)
+    bin_need = f"{total_rows * item} bytes"
+    idx_need = f"{HEADER_BYTES + 12 * n} bytes and 8 per document"
     with replaced(idxp) as tidx, replaced(binp) as tbin:
-        with open(tbin, "wb") as fb, open(tidx, "w+b") as fi:
+        # (an error of a full disk names its file, also one of the closing flush)
+        with _naming_full_disk(binp, tbin, bin_need), open(tbin, "wb") as fb, \
+                _naming_full_disk(idxp, tidx, idx_need), open(tidx, "w+b") as fi:
             fi.write(MAGIC + struct.pack("<QBQQ", VERSION, CODES[str(out_dt)], n, 0))
             fi.truncate(HEADER_BYTES + 12 * n)
             # its disk space now: on a full disk a write into the mapping's hole would be a SIGBUS
-            allocate_whole(fi.fileno(), HEADER_BYTES + 12 * n, f"cannot write {idxp}", str(tidx))
+            allocate_whole(fi.fileno(), HEADER_BYTES + 12 * n, f"cannot write {idxp} ({idx_need})", str(tidx))
             lens_mm = np.memmap(tidx, dtype="<i4", mode="r+", offset=HEADER_BYTES, shape=(n,)) if n else None
             ptr_mm = np.memmap(tidx, dtype="<i8", mode="r+", offset=HEADER_BYTES + 4 * n, shape=(n,)) if n else None
             fi.seek(HEADER_BYTES + 12 * n)
@@ -446,7 +465,8 @@ def export_megatron(
                         raise SchemaError(f"field {name!r}: records {first}..{b - 1} hold values that {out_dt} "
                                           "cannot represent; pick a wider dtype")
                     vals = cast
-                fb.write(np.ascontiguousarray(vals).reshape(-1).view(np.uint8).data)
+                with _naming_full_disk(binp, tbin, bin_need):  # (inside the .idx's: named as the .bin's)
+                    fb.write(np.ascontiguousarray(vals).reshape(-1).view(np.uint8).data)
                 assert lens_mm is not None and ptr_mm is not None
                 lens_mm[first:b] = lens
                 ends = np.cumsum(lens * item) + pos
@@ -474,8 +494,9 @@ def export_megatron(
                 if mm is not None:
                     mm.flush()
             del lens_mm, ptr_mm
-            fb.flush()
-            os.fsync(fb.fileno())
+            with _naming_full_disk(binp, tbin, bin_need):  # (inside the .idx's: named as the .bin's)
+                fb.flush()
+                os.fsync(fb.fileno())
             fi.flush()
             os.fsync(fi.fileno())
         if had_idx:
