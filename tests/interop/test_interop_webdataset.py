@@ -220,6 +220,39 @@ def test_a_brace_range_mistyped_too_wide_fails_at_its_first_missing_shard(tmp_pa
     assert sorted(os.listdir(tmp_path)) == []
 
 
+_WIDE_URL_RANGE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))  # (the names of a billion shards need far more)
+from seqstore.interop.webdataset import import_webdataset
+try:
+    import_webdataset(sys.argv[1] + "/x-{000000000..999999999}.tar", sys.argv[2] + "/out",
+                      source_options={"allow_http": "true"})
+except BaseException as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_url_brace_range_mistyped_too_wide_fails_at_its_first_missing_shard(tmp_path: Path) -> None:
+    """The names of a brace range of URLs were all listed before any was asked for: a range a billion
+    shards wide built gigabytes of names (a MemoryError) where a local one fails at its first missing
+    shard. Each URL is now asked for (HEAD) as its name is made."""
+    import os
+    import subprocess
+    import sys
+
+    from support.http import StaticServer
+
+    write_shards(tmp_path / "shards", shards=1, per=2)
+    (tmp_path / "shards" / "000000.tar").rename(tmp_path / "shards" / "x-000000000.tar")
+    (tmp_path / "out").mkdir()
+    src = Path(seqstore.__file__).resolve().parents[1]
+    with StaticServer(tmp_path / "shards") as srv:
+        proc = subprocess.run([sys.executable, "-c", _WIDE_URL_RANGE, srv.url, str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(src)})
+    assert proc.stdout.startswith(f"RemoteNotFound {srv.url}/x-000000001.tar"), proc.stdout + proc.stderr[-2000:]
+    assert os.listdir(tmp_path / "out") == []
+
+
 def test_a_npy_member_with_a_lying_header_names_the_shard_and_member(tmp_path: Path) -> None:
     """A .npy header of an unknown dtype was a bare TypeError; one claiming far more values than follow
     made numpy.load allocate them all (a MemoryError for 36 TiB)."""

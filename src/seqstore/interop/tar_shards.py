@@ -55,25 +55,29 @@ def expand_shards(spec: str) -> list[str]:
     return list(_expanded(spec))
 
 
-def shard_list(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
-    """The shards behind ``sources``: brace ranges expanded, a directory's ``.tar`` files by name. The
-    names of a range are checked as they are made, so a range mistyped too wide fails at its first
-    missing local shard instead of listing every name first."""
-    out: list[str] = []
+def shard_list(sources: Sequence[str | os.PathLike[str]], options: Mapping[str, Any] | None = None
+               ) -> list[tuple[str, int]]:
+    """The shards behind ``sources`` with their sizes in bytes: brace ranges expanded, a directory's
+    ``.tar`` files by name. The names of a range are checked as they are made (a local file by its
+    ``stat``, a URL by a HEAD with the client ``options``), so a range mistyped too wide fails at its
+    first missing shard instead of listing every name first."""
+    out: list[tuple[str, int]] = []
     for s in sources:
         s = os.fspath(s)
         named = False
         for p in _expanded(s):
             named = True
-            if not is_remote(p) and os.path.isdir(p):
+            if is_remote(p):
+                out.append((p, shard_size(p, options)))
+            elif os.path.isdir(p):
                 found = sorted(str(q) for q in Path(p).iterdir() if q.name.endswith((".tar", ".tar.gz", ".tgz")))
                 if not found:
                     raise SourceFormatError(p, None, "directory holds no .tar shards")
-                out.extend(found)
-            elif not is_remote(p) and not os.path.isfile(p):
+                out.extend((q, os.path.getsize(q)) for q in found)
+            elif not os.path.isfile(p):
                 raise FileNotFoundError(f"{p}: no such tar shard")
             else:
-                out.append(p)
+                out.append((p, os.path.getsize(p)))
         if not named:
             raise SourceFormatError(s, None, "names no shards (a brace range {A..B} needs A <= B)")
     return out

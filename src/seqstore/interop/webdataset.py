@@ -282,7 +282,8 @@ def import_webdataset(
     opts = driver.options("import_webdataset", out, options)
     given = driver.source_list(sources, "import_webdataset")
     reading = dict(source_options) if source_options else None
-    shards = shard_list(given)
+    listed = shard_list(given, reading)  # (a URL's size by a HEAD as its name is made)
+    shards = [name for name, _ in listed]
     first, where = None, shards[0]
     for where in shards:  # the first sample (empty shards before it hold no records)
         if (first := next(iter(samples(where, reading)), None)) is not None:
@@ -305,7 +306,7 @@ def import_webdataset(
         schema = Schema({p.field: p.as_field() for p in plans.values()})
     except SchemaError as exc:
         raise SchemaError(f"{exc}; name the fields with fields={{ext: field}}") from exc
-    total = sum(shard_size(s, reading) for s in shards)
+    total = sum(size for _, size in listed)
     meta = {"shards": [s.rsplit("/", 1)[-1] for s in shards],
             "fields": {e: {"field": p.field, "kind": p.kind} for e, p in plans.items()}}
     job = _WdsJob(shards, plans, strict, opts.chunk_bytes, reading)
