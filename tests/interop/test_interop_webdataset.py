@@ -393,6 +393,26 @@ def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
                                                                                                     "000000001"]
 
 
+def test_export_refuses_an_id_repeated_in_a_row(tmp_path: Path) -> None:
+    """A store may hold an id twice; two records of one id in a row were written as members of one key
+    next to each other, which webdataset reads as one sample with a duplicate member (a ValueError) and
+    the import refuses: the export wrote shards that cannot be read back. It is refused naming the
+    records and the id; the same id apart, or with keys='index', exports."""
+    with seqstore.create(tmp_path / "s", {"txt": Field("uint8", (None,))}) as w:
+        for i, key in enumerate(["a", "b", "b", "c"]):
+            w.append({"txt": np.frombuffer(f"t{i}".encode(), np.uint8)}, id=key)
+    with pytest.raises(SchemaError, match=r"records 1 and 2: id 'b' twice in a row.*keys='index'"):
+        export_webdataset(tmp_path / "s", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+    out = export_webdataset(tmp_path / "s", tmp_path / "out", keys="index")
+    assert len(list(wds.WebDataset(str(out / "000000.tar"), shardshuffle=False))) == 4
+    with seqstore.create(tmp_path / "apart", {"txt": Field("uint8", (None,))}) as w:
+        for i, key in enumerate(["a", "b", "a"]):
+            w.append({"txt": np.frombuffer(f"t{i}".encode(), np.uint8)}, id=key)
+    out = export_webdataset(tmp_path / "apart", tmp_path / "out2")
+    assert [s["__key__"] for s in wds.WebDataset(str(out / "000000.tar"), shardshuffle=False)] == ["a", "b", "a"]
+
+
 def test_export_that_fails_on_a_record_leaves_no_shard_open(tmp_path: Path) -> None:
     """The shard being written when a record is refused is closed (it was left to the garbage
     collector, open while the error was held: a ResourceWarning)."""

@@ -405,7 +405,8 @@ def export_webdataset(
     recorded, else the field's name when that already says how to read it (``.npy``, an integer
     extension such as ``.cls``, or any name for a ragged uint8 field: its bytes), else ``NAME.npy``;
     bfloat16 values are written as float32.
-    ``keys``: ``"ids"`` (the record ids; an id with a ``.`` in its last path part cannot be a key),
+    ``keys``: ``"ids"`` (the record ids; an id with a ``.`` in its last path part cannot be a key, nor
+    one repeated in the next record, whose members a reader would join to the first's),
     ``"index"`` (the record number, 9 digits) or ``"auto"`` (ids when the store has them). A shard
     holds at most ``shard_records`` records and ends after the record that passes ``shard_bytes``.
 
@@ -434,6 +435,7 @@ def export_webdataset(
         tmp.mkdir()
         shard, in_shard, size = 0, 0, 0
         tf: tarfile.TarFile | None = None
+        last_key = ""  # the key of the record before, in the shard open
         try:
             for a in range(0, n, chunk_records):
                 b = min(n, a + chunk_records)
@@ -451,6 +453,11 @@ def export_webdataset(
                         if m is None or m.group(1) != key or META.match(key):
                             raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its "
                                               "last path part, not __name__); pass keys='index'")
+                        if tf is not None and key == last_key:  # (in one shard: a reader joins them)
+                            raise SchemaError(f"{st.url}: records {a + j - 1} and {a + j}: id {key!r} twice in a row; "
+                                              "WebDataset reads the members of adjacent samples of one key as one "
+                                              "sample, so they cannot be two; pass keys='index'")
+                        last_key = key
                     else:
                         key = f"{a + j:09d}"
                     if tf is None:
