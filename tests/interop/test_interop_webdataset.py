@@ -393,6 +393,20 @@ def test_export_refuses_an_id_with_a_dot(tmp_path: Path) -> None:
                                                                                                     "000000001"]
 
 
+def test_export_refuses_an_id_with_a_nul(tmp_path: Path) -> None:
+    """A tar header's name ends at its first NUL: an id 'b\\0c' was written as a member that every reader
+    names 'b' (no extension), so webdataset and import_webdataset skipped it and the record was silently
+    lost. Such an id is refused naming the record."""
+    with seqstore.create(tmp_path / "d.seqstore", {"txt": Field("uint8", (None,))}) as w:
+        for key in ("a", "b\0c", "d"):
+            w.append({"txt": np.frombuffer(key.encode(), np.uint8)}, id=key)
+    with pytest.raises(SchemaError, match=r"record 1: id 'b\\x00c' cannot be a WebDataset key.*keys='index'"):
+        export_webdataset(tmp_path / "d.seqstore", tmp_path / "o")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.seqstore"]
+    out = export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", keys="index")
+    assert len(list(wds.WebDataset(str(out / "000000.tar"), shardshuffle=False))) == 3
+
+
 def test_export_refuses_an_id_repeated_in_a_row(tmp_path: Path) -> None:
     """A store may hold an id twice; two records of one id in a row were written as members of one key
     next to each other, which webdataset reads as one sample with a duplicate member (a ValueError) and
