@@ -183,6 +183,18 @@ def test_interop_export_no_ids_targets_only_and_bfloat16(tmp_path: Path) -> None
         rt.export_hdf(tmp_path / "t.seqstore", tmp_path / "x.hdf", inputs="tok", fields={"emb": "a/b"})
 
 
+def test_interop_export_refuses_an_id_with_a_nul(tmp_path: Path) -> None:
+    """An id holding a NUL failed part way through the export with h5py's bare 'VLEN strings do not
+    support embedded NULLs', naming neither store nor record (RETURNN cuts a tag at its NUL anyway); it
+    is a SchemaError naming the record, and no file is left."""
+    with seqstore.create(tmp_path / "s", {"data": seqstore.Field("float32", (None, 2))}) as w:
+        for key in ("a", "b\0c"):
+            w.append({"data": np.ones((2, 2), np.float32)}, id=key)
+    with pytest.raises(seqstore.errors.SchemaError, match=r"s: record 1: id 'b\\x00c' holds a NUL"):
+        rt.export_hdf(tmp_path / "s", tmp_path / "o.hdf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
 def test_interop_export_refuses_a_field_or_key_named_twice(tmp_path: Path) -> None:
     """fields=["tok", "tok"] was written once without a word, two fields given one key failed in h5py
     ("name already exists", naming neither), and fields="emb" was taken as the fields 'e', 'm', 'b'."""

@@ -422,6 +422,9 @@ def export_hdf(
                     raise SchemaError(f"{st.url}: a record of records {a}..{b - 1} has more than 2**31-1 rows")
                 seq_lengths[a:b] = lens.astype(np.int32)
                 ids = [st.id(i) for i in range(a, b)] if st.has_ids else [f"seq-{i}" for i in range(a, b)]
+                if (bad := next((j for j, t in enumerate(ids) if "\0" in t), None)) is not None:
+                    raise SchemaError(f"{st.url}: record {a + bad}: id {ids[bad]!r} holds a NUL, which an HDF tag "
+                                      "cannot (h5py refuses it, and RETURNN cuts a tag at its first NUL)")
                 tags[a:b] = np.array(ids, dtype=object)
                 if progress is not None:
                     progress(nbytes)
