@@ -208,6 +208,24 @@ def test_interop_arrow_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "o.seqstore").exists()
 
 
+def test_a_column_name_twice_is_a_named_error(tmp_path: Path) -> None:
+    """A file whose schema names a column twice (Arrow and Parquet allow it) failed with pyarrow's bare
+    KeyError 'Column x does not exist in schema', naming neither file nor the repeat; it is a SchemaError
+    naming both, also in a later file. Leaving the repeated column out imports the others."""
+    twice = pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4]), pa.array([5, 6]), pa.array(["a", "b"])],
+                                 names=["x", "x", "y", "id"])
+    once = pa.table({"x": pa.array([7]), "y": pa.array([8]), "id": pa.array(["c"])})
+    pq.write_table(twice, tmp_path / "b.parquet")
+    pq.write_table(once, tmp_path / "a.parquet")
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    for sources, kw in (([b], {}), ([a, b], {"id_column": "id"}), ([b], {"id_column": "x"})):
+        with pytest.raises(seqstore.SchemaError, match=r"b\.parquet: column 'x' is there 2 times"):
+            import_parquet(sources, tmp_path / "out", **kw)
+    assert not (tmp_path / "out").exists()
+    store = import_parquet(tmp_path / "b.parquet", tmp_path / "out", columns=["y"], id_column="id")
+    assert int(store[1]["y"]) == 6 and store.id(1) == "b"
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "arrow", "stream"])
 def test_interop_more_files_than_open_file_limit(tmp_path: Path, fmt: str) -> None:
     """A directory of more files than the open-files limit (Hugging Face datasets ship thousands of

@@ -41,6 +41,7 @@ from ._common import Progress, SourceFormatError, split_by_budget
 from .arrow_columns import (
     Plan,
     check_id_column,
+    check_unique,
     column_array,
     column_map,
     columns_schema,
@@ -260,6 +261,7 @@ def _conversion(
         for col in [*mapping, *([id_column] if id_column else [])]:
             if col not in src.schema.names:
                 raise SchemaError(f"{src.path}: no column {col!r} (present in {first.path})")
+            check_unique(src.path, src.schema.names, [col])
             if col in plans and plan_column(src.path, col, src.schema.field(col).type) != plans[col]:
                 raise SchemaError(f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
                                   f"{first.schema.field(col).type} in {first.path}")

@@ -24,7 +24,7 @@ from ._common import name_map
 __all__ = [
     "Plan", "pyarrow", "storage_type", "primitive_dtype", "fixed_shape", "plan_column", "storage_array",
     "column_array", "flatten_fixed", "convert_column", "first_inner_len", "id_strings", "check_id_column",
-    "column_map", "columns_schema", "resolve_inner",
+    "column_map", "check_unique", "columns_schema", "resolve_inner",
 ]
 
 
@@ -216,7 +216,17 @@ def column_map(where: str, names: Sequence[str], columns: Mapping[str, str] | Se
     for c in mapping:
         if c not in names:
             raise SchemaError(f"{where}: no column {c!r}; columns are {list(names)}")
+    check_unique(where, names, [*mapping, *([id_column] if id_column is not None else [])])
     return mapping
+
+
+def check_unique(where: str, names: Sequence[str], chosen: Iterable[str]) -> None:
+    """SchemaError naming ``where`` for a column of ``chosen`` that ``names`` (a schema's) holds more than
+    once: Arrow and Parquet allow that, and it cannot be read by its name."""
+    for c in chosen:
+        if (k := list(names).count(c)) > 1:
+            raise SchemaError(f"{where}: column {c!r} is there {k} times; a column to import needs a name of its "
+                              "own (choose the others with columns={column: field})")
 
 
 def columns_schema(where: str, columns: Iterable[tuple[str, str, Plan, tuple[int, ...]]]) -> Schema:
