@@ -537,6 +537,21 @@ def test_cli_convert_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert [g["cls"] for g in got] == [int(st[i]["label"]) for i in range(8)]
 
 
+def test_cli_messages_name_the_options_of_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The webdataset errors told a command-line user to pass keys='index', strict=False and
+    fields={ext: field}, Python arguments the commands do not have; they name --keys index,
+    --skip-unknown and --ext EXT=FIELD."""
+    urls = write_shards(tmp_path / "shards", shards=1, per=4, extra={2: "wav"})
+    assert cli_main(["convert", "--from", "webdataset", *urls, str(tmp_path / "c"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "map it with --ext EXT=FIELD or pass --skip-unknown to skip such members" in err, err
+    with seqstore.create(tmp_path / "d", {"txt": Field("uint8", (None,))}) as w:
+        w.append({"txt": np.frombuffer(b"x", np.uint8)}, id="b.c")
+    assert cli_main(["export", "--to", "webdataset", str(tmp_path / "d"), str(tmp_path / "o"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --keys index" in err and "keys='index'" not in err, err
+
+
 def test_tar_members_not_samples_are_skipped(tmp_path: Path) -> None:
     """``__meta__`` members and directories are not samples (as webdataset skips them)."""
     path = tmp_path / "m.tar"

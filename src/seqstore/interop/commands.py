@@ -419,6 +419,10 @@ CLI_WORDS = {
     "pass another id_column (or None)": "pass another --id-column (or --id-column none)",
     "storage_options are for URLs": "-o options are for URLs",
     "; pass dtype=...": "; pass --dtype ...",
+    "pass keys='index'": "pass --keys index",
+    "pass strict=False": "pass --skip-unknown",
+    "fields={ext: field}": "--ext EXT=FIELD",
+    "fields={field: ext}": "--ext FIELD=EXT",
 }
 
 
