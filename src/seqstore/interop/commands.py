@@ -131,13 +131,14 @@ def _one_source(args: argparse.Namespace, what: str) -> tuple[str, str]:
 
 
 def _check_options(args: argparse.Namespace, command: str) -> None:
-    """Refuse an option the chosen format would ignore (a usage error); give ``--chunk-mb`` its default, 64."""
+    """Refuse an option the chosen format would ignore (a usage error): ``--chunk-mb``, or another format's
+    own option given a value other than its default; give ``--chunk-mb`` its default, 64."""
     flag, table, name = ("--from", SOURCES, args.source) if command == "convert" else ("--to", TARGETS, args.target)
-    if args.chunk_mb is None:
-        args.chunk_mb = 64
-    elif not table[name].chunked:
-        users = ", ".join(n for n, c in table.items() if c.chunked)
-        raise SeqstoreError(f"{command} {flag} {name}: --chunk-mb does not apply (it is for {flag} {users})")
+    for opt, users, used in [("--chunk-mb", [n for n, c in table.items() if c.chunked], args.chunk_mb is not None)] + [
+            (opt, users, getattr(args, dest) != was) for dest, (opt, users, was) in args.format_options.items()]:
+        if used and name not in users:
+            raise SeqstoreError(f"{command} {flag} {name}: {opt} does not apply (it is for {flag} {', '.join(users)})")
+    args.chunk_mb = 64 if args.chunk_mb is None else args.chunk_mb
     if command == "convert" and not table[name].url and _storage_options(args):
         users = ", ".join(n for n, c in table.items() if c.url)
         raise SeqstoreError(f"convert --from {name}: -o does not apply (a local store; -o is for --from {users})")
@@ -539,13 +540,13 @@ def _add_options(parser: Any, table: Mapping[str, Converter], flag: str) -> None
         for option in conv.options:
             users.setdefault(option, []).append(name)
     groups: dict[tuple[str, ...], Any] = {}
+    parser.set_defaults(format_options={})  # dest -> (option, its formats, its default), for _check_options
     for option, names in users.items():
         key = tuple(names)
-        if key not in groups:
-            groups[key] = parser.add_argument_group(", ".join(f"{flag} {n}" for n in names))
-        kwargs = dict(option.kwargs)
-        kwargs["help"] = f"{'/'.join(names)}: {kwargs.get('help', '')}"
-        groups[key].add_argument(*option.flags, **kwargs)
+        groups[key] = groups.get(key) or parser.add_argument_group(", ".join(f"{flag} {n}" for n in names))
+        kwargs = {**option.kwargs, "help": f"{'/'.join(names)}: {option.kwargs.get('help', '')}"}
+        action = groups[key].add_argument(*option.flags, **kwargs)
+        parser.get_default("format_options")[action.dest] = (max(option.flags, key=len), names, action.default)
     for name, conv in table.items():
         if conv.add_arguments is not None:
             conv.add_arguments(parser.add_argument_group(f"{flag} {name}"))
