@@ -173,14 +173,44 @@ class Order(Sequence[int], abc.ABC):
     def __reversed__(self) -> Iterator[int]:
         return iter(self[::-1])
 
-    def __contains__(self, value: object) -> bool:
+    def _member(self, value: object) -> int | None:
+        """``value`` as a sequence index the order may hold, or None: not an integer (bools included) or
+        outside ``[0, num_seqs)``."""
         try:
             v = _as_index(value, "value")
         except TypeError:
-            return False
-        if not 0 <= v < self.num_seqs:
-            return False
-        return any(bool((chunk == v).any()) for chunk in self.iter_chunks())
+            return None
+        return v if 0 <= v < self.num_seqs else None
+
+    def __contains__(self, value: object) -> bool:
+        v = self._member(value)
+        return v is not None and any(bool((chunk == v).any()) for chunk in self.iter_chunks())
+
+    def index(self, value: Any, start: Any = 0, stop: Any = None) -> int:
+        """The first position of ``value`` in ``self[start:stop]``, counted from the start of the order (as
+        ``list.index``); ValueError naming ``value`` when it is not there. Vectorised, chunk by chunk:
+        O(positions searched) time, O(chunk) memory (``Sequence.index`` took one Python call per position)."""
+        lo, hi, _ = slice(start, stop).indices(len(self))
+        v = self._member(value)
+        found = None if v is None or lo >= hi else self._find(v, lo, hi)
+        if found is None:
+            raise ValueError(f"{value!r} is not in the order")
+        return found
+
+    def _find(self, value: int, lo: int, hi: int) -> int | None:
+        """First position of ``value`` in ``[lo, hi)`` (``0 <= lo < hi <= len``), or None."""
+        pos = lo
+        for chunk in self[lo:hi].iter_chunks():
+            hit = np.flatnonzero(chunk == value)
+            if hit.size:
+                return pos + int(hit[0])
+            pos += chunk.shape[0]
+        return None
+
+    def count(self, value: Any) -> int:
+        """How many positions hold ``value`` (0 for anything that is not a sequence index). Vectorised."""
+        v = self._member(value)
+        return 0 if v is None else sum(int(np.count_nonzero(chunk == v)) for chunk in self.iter_chunks())
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (str, bytes, bytearray)):

@@ -158,6 +158,16 @@ class PermutationOrder(CountedOrder):
         K.perm_inverse(flat, np.uint64(self._n), self._a, self._b, self._keys, out)
         return out.reshape(vals.shape)
 
+    def _find(self, value: int, lo: int, hi: int) -> int | None:
+        p = int(self.position_of(np.array([value], dtype=np.int64))[0])  # a bijection: O(1)
+        return p if lo <= p < hi else None
+
+    def count(self, value: Any) -> int:
+        return int(self._member(value) is not None)
+
+    def __contains__(self, value: object) -> bool:
+        return self._member(value) is not None
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (PermutationOrder, (self._n, self.key))
 
