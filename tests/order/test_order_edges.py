@@ -1,4 +1,4 @@
-"""Edges of the Order API: searching an order."""
+"""Edges of the Order API: searching an order, non-integer arguments of the order kinds' own methods."""
 
 from __future__ import annotations
 
@@ -41,3 +41,26 @@ def test_index_of_a_permutation_is_its_inverse() -> None:
     with pytest.raises(ValueError, match="is not in the order"):
         base.index(int(values[1]), 6)
     assert int(values[2]) in base and 10**12 not in base and True not in base
+
+
+def test_position_of_refuses_values_that_are_no_integers() -> None:
+    """A float or bool value used to be truncated to an integer: the position of another sequence."""
+    perm = seq_order(100, "random", epoch=1).base  # type: ignore[attr-defined]
+    assert perm.position_of(np.array([perm[7]], dtype=np.uint8)).tolist() == [7]
+    assert perm.position_of([]).shape == (0,)
+    for bad in ([1.7], np.array([2.0]), [True, False]):
+        with pytest.raises(TypeError, match="values must be integers"):
+            perm.position_of(bad)
+    with pytest.raises(ValueError, match=r"values must be in \[0, 100\)"):
+        perm.position_of(np.array([2**64 - 1], dtype=np.uint64))
+
+
+def test_window_bounds_refuses_a_window_that_is_no_integer() -> None:
+    """``window_bounds(0.5)`` returned float bounds; ``window_bounds(True)`` was window 1."""
+    rb = seq_order(100, "random_block:4:3", epoch=1).base  # type: ignore[attr-defined]
+    assert rb.window_bounds(np.int64(1)) == rb.window_bounds(1) == (12, 24)
+    for bad in (0.5, 1.0, True, "1"):
+        with pytest.raises(TypeError, match="window must be an integer"):
+            rb.window_bounds(bad)
+    with pytest.raises(ValueError, match=r"window must be in \[0, 9\)"):
+        rb.window_bounds(9)

@@ -150,10 +150,13 @@ class PermutationOrder(CountedOrder):
 
     def position_of(self, values: Any) -> IntArray:
         """Inverse permutation: the position of each value (int array-like in ``[0, N)``), int64, O(1) each."""
-        vals = np.asarray(values, dtype=np.int64)
+        vals = np.asarray(values)
+        if vals.dtype.kind not in "iu" and vals.size:  # (a float was truncated: another sequence's position)
+            raise TypeError(f"values must be integers, got dtype {vals.dtype}")
         flat = vals.reshape(-1)
         if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self._n):
             raise ValueError(f"values must be in [0, {self._n})")
+        flat = flat.astype(np.int64, copy=False)
         out = np.empty(flat.shape[0], dtype=np.int64)
         K.perm_inverse(flat, np.uint64(self._n), self._a, self._b, self._keys, out)
         return out.reshape(vals.shape)

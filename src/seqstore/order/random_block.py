@@ -80,6 +80,9 @@ class RandomBlockOrder(CountedOrder):
     def window_bounds(self, w: int) -> tuple[int, int]:
         """``[start, stop)``: the positions of window ``w`` (``0 <= w < num_windows``), which hold exactly
         the records of the blocks ``block_order()[w*W : (w+1)*W]``. O(1)."""
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):  # (0.5 gave float bounds, True window 1)
+            raise TypeError(f"window must be an integer, got {type(w).__name__}")
+        w = int(w)
         if not 0 <= w < self.num_windows:
             raise ValueError(f"window must be in [0, {self.num_windows}), got {w}")
         return self._real(w * self.window), self._real(min((w + 1) * self.window, self._nb))
