@@ -1,4 +1,5 @@
-"""Edges of the Order API: searching an order, non-integer arguments of the order kinds' own methods."""
+"""Edges of the Order API: searching an order, non-integer arguments of the order kinds'
+own methods, and what a laplace ``values`` callable returns."""
 
 from __future__ import annotations
 
@@ -64,3 +65,29 @@ def test_window_bounds_refuses_a_window_that_is_no_integer() -> None:
             rb.window_bounds(bad)
     with pytest.raises(ValueError, match=r"window must be in \[0, 9\)"):
         rb.window_bounds(9)
+
+
+class _Values:
+    """A laplace ``values`` callable: position -> (value, length), with ``scale`` for values out of range
+    and ``short`` for a callable that answers fewer entries than asked."""
+
+    def __init__(self, scale: int = 1, short: int = 0) -> None:
+        self.scale, self.short = scale, short
+
+    def __call__(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = pos[: len(pos) - self.short]
+        return pos * self.scale, pos % 7
+
+
+def test_laplace_values_are_checked_against_num_values() -> None:
+    good = seq_order(40, "laplace:4", epoch=1, values=_Values(3), num_values=120)
+    assert sorted(good.to_numpy(np.int64).tolist()) == list(range(0, 120, 3))
+    with pytest.raises(ValueError, match=r"values callable returned \d+ .*outside \[0, 100\)"):
+        seq_order(40, "laplace:4", epoch=1, values=_Values(3), num_values=100).to_numpy()
+    with pytest.raises(ValueError, match=r"returned 39 values \(int64\) and 39 lengths for 40 positions"):
+        seq_order(40, "laplace", epoch=1, values=_Values(short=1)).to_numpy()
+    for bad in (-1, 1.5, True, "9"):
+        with pytest.raises((TypeError, ValueError), match="num_values"):
+            seq_order(40, "laplace", epoch=1, values=_Values(), num_values=bad)
+    with pytest.raises(ValueError, match="num_values= goes with values="):
+        seq_order(40, "random", epoch=1, num_values=40)

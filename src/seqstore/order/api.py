@@ -268,6 +268,8 @@ def seq_order(num_seqs: int, ordering: str | PathLike | Any, *, epoch: int, seed
         if len(lengths_ref) != n:
             raise ValueError(f"lengths has {len(lengths_ref)} entries, expected num_seqs = {n}")
 
+    if num_values is not None and values is None:
+        raise ValueError("num_values= goes with values= (the range of what a laplace values callable returns)")
     build = _Build(n, epoch, partition_epoch, seed, lengths_ref, sort_cache, values, num_values)
     full: Order
     if _is_explicit(ordering):

@@ -162,7 +162,7 @@ class LaplaceOrder(BinnedOrder):
         super().__init__(num_seqs, bins, _ByValues(num_seqs) if values is not None else lengths)
         self.perm = PermutationOrder(self._n, key)
         self.values = values
-        self._num_values = self._n if num_values is None else int(num_values)
+        self._num_values = self._n if num_values is None else check_count(num_values, "num_values")
 
     @property
     def num_seqs(self) -> int:
@@ -183,15 +183,28 @@ class LaplaceOrder(BinnedOrder):
         p = self.perm
         K.perm_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), p._a, p._b, p._keys, flat)
         if self.values is not None:
-            mapped, lens = self.values(flat)
-            flat = np.ascontiguousarray(mapped, dtype=np.int64)
-            lens = np.asarray(lens)
+            flat, lens = self._mapped(flat)
             vals = np.asarray(lens, dtype=np.float64 if lens.dtype.kind == "f" else np.int64)
         else:
             kind = self.lengths.dtype.kind
             vals = np.asarray(self.lengths.gather(flat), dtype=np.float64 if kind == "f" else np.int64)
         S.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
         return flat
+
+    def _mapped(self, positions: IntArray) -> tuple[IntArray, np.ndarray]:
+        """``values(positions)`` checked: as many integer values in ``[0, num_values)`` and lengths as positions
+        (a value out of range went into ``to_numpy``'s narrower dtype as another sequence's index)."""
+        assert self.values is not None
+        got, lens = (np.asarray(a) for a in self.values(positions))
+        if got.shape != positions.shape or lens.shape != positions.shape or got.dtype.kind not in "iu":
+            raise ValueError(f"laplace values callable returned {got.size} values ({got.dtype}) and {lens.size} "
+                             f"lengths for {positions.size} positions; expected as many of each, integer values")
+        bad = np.flatnonzero((got < 0) | (got >= self._num_values))
+        if bad.size:
+            k = int(bad[0])
+            raise ValueError(f"laplace values callable returned {int(got[k])} for position {int(positions[k])}, "
+                             f"outside [0, {self._num_values}) (num_values)")
+        return np.ascontiguousarray(got, dtype=np.int64), lens
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.values is not None:
