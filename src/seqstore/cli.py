@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("copy", help="copy a store between local disk and object storage (resumable, checked)")
     cp.add_argument("src", help="the store to copy: a directory or URL (s3://, gs://, az://, ...)")
     cp.add_argument("dst", help="where to copy it: a directory or URL")
-    cp.add_argument("--workers", type=int, default=8, help="shards copied at once (default 8)")
+    cp.add_argument("--workers", type=positive_int, default=8, metavar="N", help="shards copied at once (default 8)")
     for end in ("src", "dst"):
         cp.add_argument(f"--{end}-option", action="append", default=[], metavar="KEY=VALUE",
                         help=f"a client option of the {end} URL, e.g. endpoint=http://127.0.0.1:9000 (repeatable)")

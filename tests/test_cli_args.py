@@ -1,0 +1,21 @@
+"""``seqstore copy --workers``: 0, a negative or a non-number is a usage error naming the option (exit 2),
+as for ``convert --workers``, before anything is opened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seqstore.cli import main
+
+
+@pytest.mark.parametrize("workers", ["0", "-3", "x"])
+def test_copy_workers_below_one_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 workers: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["copy", str(tmp_path / "src"), str(tmp_path / "dst"), "--workers", workers, "-q"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and f"expected a positive integer, got '{workers}'" in err, err
+    assert list(tmp_path.iterdir()) == []
