@@ -19,3 +19,20 @@ def test_copy_workers_below_one_is_a_usage_error(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert "--workers" in err and f"expected a positive integer, got '{workers}'" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_storage_options_for_a_local_store_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       command: str) -> None:
+    """``seqstore info ./store -o endpoint=...`` ignored the option (``copy`` and ``convert`` refuse it)."""
+    import numpy as np
+
+    import seqstore as ss
+
+    path = tmp_path / "s.seqstore"
+    with ss.create(path, {"x": ss.Field("float32", (None, 2))}) as w:
+        w.append({"x": np.ones((2, 2))})
+    assert main([command, str(path), "-q", "-o", "endpoint=http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and "-o options are for URLs of object storage" in err, err
+    assert main([command, str(path), "-q"]) == 0

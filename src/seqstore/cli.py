@@ -205,8 +205,13 @@ def _key_values(items: list[str], flag: str) -> dict[str, Any] | None:
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``-o KEY=VALUE`` options as a dict (None when there are none)."""
-    return _key_values(getattr(args, "storage_option", []) or [], "--storage-option")
+    """``-o KEY=VALUE`` options as a dict (None when there are none); refused for a local ``args.path``, which
+    would ignore them (as ``copy`` and ``convert`` refuse them)."""
+    opts = _key_values(getattr(args, "storage_option", []) or [], "--storage-option")
+    path = getattr(args, "path", None)
+    if opts and path is not None and not is_remote(path):
+        raise SeqstoreError(f"{path}: -o options are for URLs of object storage, not local paths")
+    return opts
 
 
 def build_parser() -> argparse.ArgumentParser:
