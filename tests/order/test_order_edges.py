@@ -91,3 +91,14 @@ def test_laplace_values_are_checked_against_num_values() -> None:
             seq_order(40, "laplace", epoch=1, values=_Values(), num_values=bad)
     with pytest.raises(ValueError, match="num_values= goes with values="):
         seq_order(40, "random", epoch=1, num_values=40)
+
+
+@pytest.mark.parametrize("ordering", [f"laplace:{2**63}", f"sort_bin_shuffle:{2**64}:2",
+                                      f"sort_bin_shuffle_x2:{2**70}"])
+def test_a_bin_count_past_int64_is_refused_when_the_ordering_is_checked(ordering: str) -> None:
+    """check_ordering (what datasets call up front) let it through; seq_order then failed without the name."""
+    from seqstore.order.api import check_ordering
+
+    for check in (lambda: check_ordering(ordering), lambda: seq_order(10, ordering, epoch=1, lengths=np.ones(10))):
+        with pytest.raises(ValueError, match=rf"ordering '{ordering}': number of bins must be <= 2\*\*63 - 1"):
+            check()

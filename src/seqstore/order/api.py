@@ -71,6 +71,8 @@ def _parse_bins(args: list[str], num_seqs: int, ordering: str) -> tuple[int, int
             bins = max(num_seqs // per_bin, 2)
         else:
             bins = _int_arg(args[0], "number of bins", ordering)
+            if bins > (1 << 63) - 1:  # (else refused later, by the order, without the ordering's name)
+                raise ValueError(f"ordering {ordering!r}: number of bins must be <= 2**63 - 1, got {bins}")
     nth = _int_arg(args[1], "nth", ordering) if len(args) == 2 else 1
     return bins, nth
 
