@@ -3,6 +3,7 @@ of later batches are asked for ahead, and only the fields packing needs are read
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,35 @@ def test_stream_batches_read_ahead_and_keep_exact_states(moto_s3: MotoS3, s3_buc
     for g, w in zip(got[2], want[2]):
         np.testing.assert_array_equal(g, w)
     assert trips <= 34 // 4, trips
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_refused_shard_fails_the_batch_that_needs_it_after_the_runs_planned_ahead(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy, mode: str) -> None:
+    """``PackedStream.batch`` on a remote store plans two runs of 16 batches ahead, and the planner read the
+    lengths of 2048 documents at once: a refused shard (its offsets too) among them failed batch 0. Now
+    the batches before the first one that needs the shard's documents are handed out (those of the
+    local store, as many as a local store without that shard's offsets gives), then the error names it."""
+    lens = np.random.default_rng(0).integers(1, 40, 1000)
+    local = tmp_path / "t.seqstore"
+    with ss.create(local, {"tokens": ss.Field("int32", (None,))}, max_shard_records=100) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens)})
+    url = moto_s3.upload_dir(local, s3_bucket, f"refused/{mode}.seqstore")
+    shutil.copytree(local, tmp_path / "bad.seqstore")
+    (tmp_path / "bad.seqstore" / "shard-000003" / "tokens.offsets.npy").unlink()
+
+    def until_error(store: Any) -> list[np.ndarray[Any, Any]]:
+        packed = PackedDataset(store, seq_len=32, mode=mode, eos=1 << 30, window=8)
+        stream = packed.open(packed.shares(None, 1)[0])
+        got = []
+        with pytest.raises(ss.errors.SeqstoreError, match="shard-000003"):
+            while True:
+                got.append(stream.batch(2)["tokens"].copy())
+        return got
+
+    want = until_error(ss.open(tmp_path / "bad.seqstore"))
+    s3_proxy.forbid(path="shard-000003")
+    got = until_error(_open(moto_s3, url, tmp_path / "cache", s3_proxy))
+    assert len(got) == len(want) > 32
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")

@@ -235,6 +235,7 @@ class Planner:
         self._cache: tuple[int, int, IntArray, IntArray] | None = None  # (epoch, start, ids, lengths)
         self._mean = 256.0  # tokens left per pulled document (what a best_fit plan pulls ahead by)
         self._dry = 0  # fresh blocks taken since the last document with a token was pulled
+        self._wall: tuple[int, int] | None = None  # (epoch, position) of a document not read ahead: it failed
         period = getattr(stream, "epoch_period", None)
         self._period = int(period()) if period is not None else _EMPTY_EPOCHS
         buffered = int(state.get("buffered", 0))
@@ -244,8 +245,13 @@ class Planner:
 
     # ---------------------------------------------------------------------------------- cursor
 
-    def _pull(self, k: int) -> None:
-        """Move ``k`` more documents from the ranges (and fresh blocks) to the pulled arrays."""
+    def _pull(self, k: int, need: int | None = None) -> int:
+        """Move up to ``k`` more documents from the ranges (and fresh blocks) to the pulled arrays; the
+        number moved. The first ``need`` (default: all ``k``) are needed now: a failure to read their
+        lengths is raised (:meth:`plan` then undoes the pull). The rest are read ahead: a document whose
+        length cannot be read (a refused shard) ends the pull before it, and the plan that needs it reads it
+        then (and raises there), so the plans before it are made."""
+        need = k if need is None else need
         parts: list[tuple[IntArray, ...]] = []
         got = 0
         empty_epochs = longest = 0  # fresh blocks in a row with no document; the longest of their epochs
@@ -271,8 +277,17 @@ class Planner:
                         raise ValueError(self._no_documents(e + 1 - empty_epochs, e, longest))
                 continue
             e, a, b, o = self.ranges[0]
-            take = min(b - a, k - got)
-            ids, lens = self._docs(e, a, take, b)
+            if got < need:
+                take = min(b - a, need - got)
+                ids, lens = self._docs(e, a, take, b)
+                w = self._wall
+                if w is not None and w[0] == e and a <= w[1] < a + take:
+                    self._wall = None  # read after all (the failure has passed)
+            else:
+                take = self._readable(e, a, min(b - a, k - got), b)
+                if take == 0:
+                    break
+                ids, lens = self._docs(e, a, take, b)
             off = np.zeros(take, dtype=np.int64)
             off[0] = o
             lens = np.asarray(lens, dtype=np.int64) + self.eos
@@ -296,6 +311,32 @@ class Planner:
                 self._count(self.ids)
                 self._drop(len(self.ids))
             self._mean = _mean_rest(self.lens, self.off)
+        return got
+
+    def _readable(self, e: int, a: int, take: int, b: int) -> int:
+        """How many of the ``take`` documents from position ``a`` of epoch ``e`` (range ``[a, b)``) to read
+        ahead: those before the first whose length cannot be read, which is found by bisection when a read
+        fails and then not read ahead again (``_wall``) until a plan needs it."""
+        w = self._wall
+        if w is not None and w[0] == e and a <= w[1]:
+            take = min(take, w[1] - a)
+        if take == 0:
+            return 0
+        try:
+            self._docs(e, a, take, b)
+            return take
+        except Exception:  # noqa: BLE001 - read again, and raised, by the plan that needs the document
+            pass
+        lo, hi = 0, take  # documents [a, a + lo) can be read, [a, a + hi) cannot
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                self._docs(e, a, mid, a + mid)
+                lo = mid
+            except Exception:  # noqa: BLE001 - as above
+                hi = mid
+        self._wall = (e, a + lo)
+        return lo
 
     def _no_documents(self, first: int, last: int, longest: int) -> str:
         """The error of a share whose block is empty in every epoch (those from ``first`` to ``last``, a
@@ -309,11 +350,21 @@ class Planner:
 
     def _docs(self, e: int, a: int, take: int, b: int) -> tuple[IntArray, IntArray]:
         """``stream.docs(e, a, a + take)`` of the range ``[a, b)``, read ``_PULL_MIN`` documents at a time
-        (one ``docs`` call per block, not per batch; the state is untouched: the range still holds them)."""
+        (one ``docs`` call per block, not per batch; the state is untouched: the range still holds them); the
+        ``take`` documents alone where reading the block fails."""
         c = self._cache
         if c is None or c[0] != e or a < c[1] or a + take > c[1] + len(c[2]):
             m = max(take, min(_PULL_MIN, b - a))
-            ids, lens = self.stream.docs(e, a, a + m)
+            w = self._wall
+            if w is not None and w[0] == e and a <= w[1]:
+                m = max(take, min(m, w[1] - a))  # not across a document whose length could not be read
+            try:
+                ids, lens = self.stream.docs(e, a, a + m)
+            except Exception:
+                if m == take:
+                    raise
+                m = take  # the documents asked for alone: the failure may be in those read ahead
+                ids, lens = self.stream.docs(e, a, a + m)
             c = self._cache = (e, a, np.asarray(ids, dtype=np.int64), np.asarray(lens, dtype=np.int64))
         i = a - c[1]
         return c[2][i : i + take], c[3][i : i + take]
@@ -338,13 +389,29 @@ class Planner:
         step = self._plan_concat if self.mode == "concat" else self._plan_best_fit
         if nseq == 0:  # nothing to plan, nothing pulled (best_fit's steps hold at least one sequence)
             return tuple(np.empty(0, dtype=np.int64) for _ in range(5))  # type: ignore[return-value]
-        if nseq <= 1024:  # one step (a batch): no concatenation
-            return step(nseq)
-        parts = []
-        for done in range(0, nseq, 1024):
-            p = step(min(nseq - done, 1024))
-            parts.append((p[0] + done, *p[1:]))
-        return tuple(np.concatenate(c) for c in zip(*parts))  # type: ignore[return-value]
+        before = self._mark()
+        try:
+            if nseq <= 1024:  # one step (a batch): no concatenation
+                return step(nseq)
+            parts = []
+            for done in range(0, nseq, 1024):
+                p = step(min(nseq - done, 1024))
+                parts.append((p[0] + done, *p[1:]))
+            return tuple(np.concatenate(c) for c in zip(*parts))  # type: ignore[return-value]
+        except BaseException:  # (a read refused, Ctrl-C): the plan never happened, the next one asks again
+            self._restore(before)
+            raise
+
+    def _mark(self) -> tuple[Any, ...]:
+        """What a plan changes, to go back to where it failed (the pulled arrays are replaced, never
+        written in place: kept as they are). O(ranges + sources)."""
+        return (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, [list(r) for r in self.ranges],
+                self.next_epoch, {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()},
+                self._mean, self._dry)
+
+    def _restore(self, mark: tuple[Any, ...]) -> None:
+        (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, self.ranges, self.next_epoch, self.stats,
+         self._mean, self._dry) = mark
 
     def _count(self, ids: IntArray, tokens: IntArray | None = None) -> None:
         """Count documents ``ids`` finished or, given ``tokens``, the tokens taken from each: in total
@@ -367,8 +434,7 @@ class Planner:
         while have < need:
             mean = max(1.0, have / passed) if passed else 256.0
             more = max(_PULL_AHEAD, int((need - have) / mean * 1.25) + 16)
-            self._pull(more)
-            passed += more
+            passed += self._pull(more, 1)  # one more is needed; the rest is read ahead
             have = int((self.lens - self.off).sum())
             if have < need:
                 # the plan passes every document pulled so far: the empty ones are finished (and dropped, so
@@ -402,7 +468,7 @@ class Planner:
             extra = len(self.ids) - self.nbuf
             want = self.window - self.nbuf + int((nseq - done) * self.seq_len / self._mean * 1.1) + 16
             if extra < want:  # pull ahead: one pull every few dozen batches, not one per batch
-                self._pull(max(want - extra, _PULL_AHEAD))
+                self._pull(max(want - extra, _PULL_AHEAD), 0)  # (an estimate: none is needed yet)
             made, plan = self._best_fit_step(nseq - done)
             if made:
                 parts.append((plan[0] + done, *plan[1:]))
@@ -410,7 +476,7 @@ class Planner:
             if done < nseq:
                 # short documents ate the pull: the window took all of it (as any later plan would) and the
                 # rest was dropped, so pulling more holds the window and one pull, not every document passed
-                self._pull(more)
+                self._pull(more, 1)  # the window ran dry: one more is needed
                 more = min(2 * more, _PULL_MAX)
         if len(parts) == 1:
             return parts[0]

@@ -24,6 +24,7 @@ load into the same number of shares exactly, or into another number by
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from collections import deque
@@ -370,7 +371,9 @@ class PackedStream:
 
     On object storage ``batch(B)`` plans runs of batches ahead and asks for the documents of the next run
     while a run is handed out; ``state()``, ``skip`` and ``plan`` still answer for the batches handed out
-    (the plans made ahead are dropped when anything but ``batch(B)`` of the same ``B`` follows)."""
+    (the plans made ahead are dropped when anything but ``batch(B)`` of the same ``B`` follows). Lengths
+    that cannot be read (a refused shard) are raised by the batch whose plan needs them, after the ones
+    before it (the planner reads ahead only up to them)."""
 
     def __init__(self, packed: PackedDataset, state: dict[str, Any], share: int, num_shares: int) -> None:
         self.packed = packed
@@ -380,6 +383,7 @@ class PackedStream:
         # batch handed out while there are any
         self._ahead: deque[tuple[IntArray, dict[str, Any]]] = deque()
         self._handed: dict[str, Any] | None = None
+        self._stalled = False  # a plan made ahead failed: planned again (and raised) when its batch is due
 
     def _planner(self, state: dict[str, Any]) -> Planner:
         p = self.packed
@@ -392,6 +396,7 @@ class PackedStream:
             self.planner = self._planner(self._handed)
         self._ahead.clear()
         self._handed = None
+        self._stalled = False
 
     def state(self) -> dict[str, Any]:
         if self._handed is not None:
@@ -410,13 +415,25 @@ class PackedStream:
         n = check_int(n, "PackedStream: number of sequences", 0)
         if self._ahead and int(self._ahead[0][0][0]) != n:
             self._drop_ahead()
-        while len(self._ahead) <= _RUN:  # the run handed out next is planned, and the one after it
+        if not self._ahead:
+            self._stalled = False
+        while len(self._ahead) <= _RUN and not self._stalled:  # the run handed out next, and the one after it
             run = []
             for _ in range(_RUN):
-                plan = self._plan(n)
+                try:
+                    plan = self._plan(n)
+                except Exception:
+                    if not self._ahead:
+                        raise  # the batch due now
+                    # a later batch's documents (their lengths) cannot be read: the batches planned before it
+                    # are handed out first (the planner is back after the last of them)
+                    self._stalled = True
+                    break
                 self._ahead.append((plan, self.planner.state()))
                 run.append(plan)
-            self.packed.prefetch(run)
+            if run:
+                with contextlib.suppress(Exception):  # advice: a read that fails is asked for again by build
+                    self.packed.prefetch(run)
         plan, self._handed = self._ahead.popleft()
         return self.packed.build(plan)
 

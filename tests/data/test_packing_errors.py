@@ -1,0 +1,143 @@
+"""PackedDataset when the lengths of some documents cannot be read (a shard's offsets missing or refused):
+the plans read lengths ahead of the batch they make, and the error comes at the batch that needs them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.data import PackedDataset
+from seqstore.data._packplan import Planner, fresh_shares
+
+EOS = 1 << 30
+L, B, WINDOW = 32, 2, 8
+BAD = 300  # the first record of shard 3 (100 records a shard)
+
+
+def _sharded(path: Path, n: int = 1000, seed: int = 0) -> np.ndarray:
+    lens = np.random.default_rng(seed).integers(1, 40, n)
+    with seqstore.create(path, {"tokens": Field("int32", (None,))}, max_shard_records=100) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens)})
+    return lens
+
+
+def _packed(store: Any, mode: str) -> PackedDataset:
+    return PackedDataset(store, seq_len=L, mode=mode, eos=EOS, window=WINDOW)
+
+
+def _reference(store: Any, lens: np.ndarray, mode: str, count: int) -> tuple[list[np.ndarray], list[int]]:
+    """The first ``count`` batches of the intact store and after each the last document (in the default
+    order: its position) any batch so far drew on."""
+    packed = _packed(store, mode)
+    stream = packed.open(packed.shares(None, 1)[0])
+    start = np.cumsum(lens) - lens
+    toks, last = [], []
+    top = 0
+    for _ in range(count):
+        b = stream.batch(B)
+        toks.append(b["tokens"].copy())
+        t = b["tokens"].reshape(-1)
+        top = max(top, int(np.searchsorted(start, t[t != EOS], side="right").max()) - 1)
+        last.append(top)
+    return toks, last
+
+
+def _resumed(store: Any, mode: str, state: dict[str, Any]) -> np.ndarray:
+    """The first batch of a stream over ``store`` from share state ``state``."""
+    packed = _packed(store, mode)
+    return packed.open(state).batch(B)["tokens"]
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_shard_without_lengths_fails_the_batch_that_needs_it_not_the_first(tmp_path: Path, mode: str) -> None:
+    """The planner pulled the lengths of the next 1024 (and read 2048) documents at the first batch: a shard
+    among them whose offsets could not be read failed batch 0, though the batches before its documents
+    need none of them. Now the documents read ahead stop before it and the error comes at the first batch
+    that needs its documents; asked again it comes again; ``state()`` is still the state after the last
+    batch handed out."""
+    lens = _sharded(tmp_path / "t.seqstore")
+    good = seqstore.open(tmp_path / "t.seqstore")
+    want, last = _reference(good, lens, mode, 120)
+    shutil.copytree(tmp_path / "t.seqstore", tmp_path / "bad.seqstore")
+    (tmp_path / "bad.seqstore" / "shard-000003" / "tokens.offsets.npy").unlink()
+    packed = _packed(seqstore.open(tmp_path / "bad.seqstore"), mode)
+    stream = packed.open(packed.shares(None, 1)[0])
+    got = []
+    with pytest.raises(Exception, match="shard-000003") as first:
+        while True:
+            got.append(stream.batch(B)["tokens"].copy())
+    assert got, f"batch 0 failed: {first.value!r}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")
+    if mode == "concat":
+        assert len(got) == int((lens[:BAD] + 1).sum() - 1) // (B * L)
+    else:  # at least every batch whose documents and a window of documents after them lie before the shard
+        assert len(got) >= sum(d + WINDOW < BAD for d in last) > 0
+    assert len(got) < len(want)
+    np.testing.assert_array_equal(_resumed(good, mode, stream.state()), want[len(got)])
+    with pytest.raises(type(first.value), match="shard-000003"):
+        stream.batch(B)
+    np.testing.assert_array_equal(_resumed(good, mode, stream.state()), want[len(got)])
+
+
+class _Refusing:
+    """Documents of given lengths in order, one epoch after another; reading the length of a document at
+    position ``bad`` or later of epoch 1 raises while ``refuse`` is set. Counts the reads."""
+
+    names = ["data"]
+
+    def __init__(self, lens: np.ndarray, bad: int) -> None:
+        self.lens = np.asarray(lens, dtype=np.int64)
+        self.bad = bad
+        self.refuse = True
+        self.reads = self.failed = 0
+
+    def epoch_len(self, epoch: int) -> int:
+        return len(self.lens)
+
+    def docs(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        self.reads += 1
+        if self.refuse and epoch == 1 and stop > self.bad:
+            self.failed += 1
+            raise OSError(f"document {self.bad} refused")
+        pos = np.arange(start, stop, dtype=np.int64)
+        return pos + (epoch - 1) * len(self.lens), self.lens[pos]
+
+    def source_of(self, ids: np.ndarray) -> np.ndarray:
+        return np.zeros(len(ids), dtype=np.int64)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_plan_that_fails_changes_nothing_and_the_reads_ahead_are_few(mode: str) -> None:
+    """A plan whose documents cannot be read raises and leaves the planner where it was: once they can be
+    read, the plans go on as if nothing had failed (no sequence skipped, none made twice). Reading ahead
+    finds where the readable documents end once (a bisection), not at every plan."""
+    lens = np.random.default_rng(3).integers(1, 40, 5000)
+    ref = Planner(_Refusing(lens, 10**9), mode=mode, seq_len=L, window=WINDOW, split=True, eos=True, share=0,
+                  num_shares=1, state=fresh_shares(1, 1, 1)[0])
+    want = [ref.plan(B) for _ in range(400)]
+    stream = _Refusing(lens, 600)
+    pl = Planner(stream, mode=mode, seq_len=L, window=WINDOW, split=True, eos=True, share=0, num_shares=1,
+                 state=fresh_shares(1, 1, 1)[0])
+    got = []
+    with pytest.raises(OSError, match="refused"):
+        while True:
+            got.append(pl.plan(B))
+    assert 0 < len(got) < len(want)
+    assert stream.failed <= 16, stream.failed  # (a bisection of 2048 documents: 11 reads)
+    before = pl.state()
+    with pytest.raises(OSError, match="refused"):
+        pl.plan(B)
+    assert pl.state() == before
+    stream.refuse = False
+    got += [pl.plan(B) for _ in range(400 - len(got))]
+    for k, (g, w) in enumerate(zip(got, want)):
+        for a, b in zip(g, w):
+            np.testing.assert_array_equal(a, b, err_msg=f"plan {k}")
+    assert pl.state()["stats"] == ref.state()["stats"]
