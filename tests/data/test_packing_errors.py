@@ -141,3 +141,38 @@ def test_a_plan_that_fails_changes_nothing_and_the_reads_ahead_are_few(mode: str
         for a, b in zip(g, w):
             np.testing.assert_array_equal(a, b, err_msg=f"plan {k}")
     assert pl.state()["stats"] == ref.state()["stats"]
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_batch_whose_tokens_cannot_be_read_is_not_skipped(tmp_path: Path, mode: str) -> None:
+    """``PackedStream.batch`` planned the batch, then read its documents: when the read failed (here a
+    verified read of damaged tokens) the plan stayed made, so ``state()`` after the error was the state
+    after the batch never handed out, and the next ``batch()`` went on after it: a training loop that
+    retried, or saved ``state()`` and resumed, lost the batch. Now the failed batch is not counted: it
+    is made again."""
+    lens = _sharded(tmp_path / "t.seqstore")
+    good = seqstore.open(tmp_path / "t.seqstore")
+    want, _ = _reference(good, lens, mode, 150)
+    shutil.copytree(tmp_path / "t.seqstore", tmp_path / "bad.seqstore")
+    values = tmp_path / "bad.seqstore" / "shard-000003" / "tokens.npy"
+    with open(values, "r+b") as f:  # the last tokens of record 399 (its checksum no longer matches)
+        f.seek(-8, 2)
+        kept = f.read()
+        f.seek(-8, 2)
+        f.write(b"\xff" * 8)
+    packed = _packed(seqstore.open(tmp_path / "bad.seqstore", verify_reads=True), mode)
+    stream = packed.open(packed.shares(None, 1)[0])
+    got = []
+    with pytest.raises(seqstore.errors.SeqstoreError, match="record 399"):
+        while True:
+            got.append(stream.batch(B)["tokens"].copy())
+    assert 0 < len(got) < len(want)
+    np.testing.assert_array_equal(_resumed(good, mode, stream.state()), want[len(got)])
+    with pytest.raises(seqstore.errors.SeqstoreError, match="record 399"):
+        stream.batch(B)
+    np.testing.assert_array_equal(_resumed(good, mode, stream.state()), want[len(got)])
+    with open(values, "r+b") as f:
+        f.seek(-8, 2)
+        f.write(kept)
+    for k in range(len(got), len(got) + 3):
+        np.testing.assert_array_equal(stream.batch(B)["tokens"], want[k], err_msg=f"batch {k}")

@@ -211,3 +211,39 @@ def test_a_refused_shard_fails_the_batch_that_needs_it_after_the_runs_planned_ah
     assert len(got) == len(want) > 32
     for k, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_batch_whose_tokens_are_refused_is_made_again_not_skipped(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy, mode: str) -> None:
+    """A remote stream's batch whose documents' tokens could not be read (a shard's values refused) was
+    taken from the plans made ahead before it was read: ``state()`` after the error was after it and the
+    next ``batch()`` handed out the one after it. Now it stays the next batch: ``state()`` is before it,
+    and once the reads are answered again the stream goes on with it (the local store's batches)."""
+    lens = np.random.default_rng(0).integers(1, 40, 1000)
+    local = tmp_path / "t.seqstore"
+    with ss.create(local, {"tokens": ss.Field("int32", (None,))}, max_shard_records=100) as w:
+        w.append_batch({"tokens": (np.arange(int(lens.sum()), dtype=np.int32), lens)})
+    url = moto_s3.upload_dir(local, s3_bucket, f"values/{mode}.seqstore")
+
+    def open_stream(store: Any, state: Any = None) -> Any:
+        packed = PackedDataset(store, seq_len=32, mode=mode, eos=1 << 30, window=8)
+        return packed.open(state if state is not None else packed.shares(None, 1)[0])
+
+    ref = open_stream(ss.open(local))
+    want = [ref.batch(2)["tokens"].copy() for _ in range(150)]
+    store = _open(moto_s3, url, tmp_path / "cache", s3_proxy)
+    s3_proxy.forbid(path="shard-000003/tokens.npy", where=lambda r: (r.byte_range or (0,))[0] > 0)
+    stream = open_stream(store)
+    got = []
+    with pytest.raises(ss.errors.SeqstoreError, match="shard-000003"):
+        while True:
+            got.append(stream.batch(2)["tokens"].copy())
+    assert 0 < len(got) < len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"batch {k}")
+    state = stream.state()
+    np.testing.assert_array_equal(open_stream(ss.open(local), state).batch(2)["tokens"], want[len(got)])
+    s3_proxy.clear_faults()
+    for k in range(len(got), len(got) + 3):
+        np.testing.assert_array_equal(stream.batch(2)["tokens"], want[k], err_msg=f"batch {k}")

@@ -389,7 +389,7 @@ class Planner:
         step = self._plan_concat if self.mode == "concat" else self._plan_best_fit
         if nseq == 0:  # nothing to plan, nothing pulled (best_fit's steps hold at least one sequence)
             return tuple(np.empty(0, dtype=np.int64) for _ in range(5))  # type: ignore[return-value]
-        before = self._mark()
+        before = self.mark()
         try:
             if nseq <= 1024:  # one step (a batch): no concatenation
                 return step(nseq)
@@ -399,17 +399,18 @@ class Planner:
                 parts.append((p[0] + done, *p[1:]))
             return tuple(np.concatenate(c) for c in zip(*parts))  # type: ignore[return-value]
         except BaseException:  # (a read refused, Ctrl-C): the plan never happened, the next one asks again
-            self._restore(before)
+            self.restore(before)
             raise
 
-    def _mark(self) -> tuple[Any, ...]:
-        """What a plan changes, to go back to where it failed (the pulled arrays are replaced, never
-        written in place: kept as they are). O(ranges + sources)."""
+    def mark(self) -> tuple[Any, ...]:
+        """What a plan changes, for :meth:`restore` to go back to (a plan that failed, or whose batch could
+        not be read; the pulled arrays are replaced, never written in place: kept as they are).
+        O(ranges + sources)."""
         return (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, [list(r) for r in self.ranges],
                 self.next_epoch, {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()},
                 self._mean, self._dry)
 
-    def _restore(self, mark: tuple[Any, ...]) -> None:
+    def restore(self, mark: tuple[Any, ...]) -> None:
         (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, self.ranges, self.next_epoch, self.stats,
          self._mean, self._dry) = mark
 

@@ -410,13 +410,24 @@ class PackedStream:
             self.planner.plan(n)
 
     def batch(self, n: int) -> dict[str, Any]:
-        if not self.packed.remote:
-            return self.packed.build(self.plan(n))
+        """The next ``n`` sequences. A batch whose documents cannot be read raises and is not handed out:
+        ``state()`` stays before it and the next call makes it again."""
         n = check_int(n, "PackedStream: number of sequences", 0)
+        if not self.packed.remote:
+            self._drop_ahead()
+            before = self.planner.mark()
+            plan = self._plan(n)
+            try:
+                return self.packed.build(plan)
+            except BaseException:
+                self.planner.restore(before)
+                raise
         if self._ahead and int(self._ahead[0][0][0]) != n:
             self._drop_ahead()
         if not self._ahead:
             self._stalled = False
+        if self._handed is None:  # the state before the batches planned ahead, until one is handed out
+            self._handed = self.planner.state()
         while len(self._ahead) <= _RUN and not self._stalled:  # the run handed out next, and the one after it
             run = []
             for _ in range(_RUN):
@@ -434,8 +445,11 @@ class PackedStream:
             if run:
                 with contextlib.suppress(Exception):  # advice: a read that fails is asked for again by build
                     self.packed.prefetch(run)
-        plan, self._handed = self._ahead.popleft()
-        return self.packed.build(plan)
+        plan, after = self._ahead[0]
+        batch = self.packed.build(plan)  # (raises with the batch still ahead: made again by the next call)
+        self._ahead.popleft()
+        self._handed = after
+        return batch
 
     def plan(self, n: int) -> IntArray:
         """The next ``n`` sequences as one int64 array (``[n, pieces, seq..., ids..., offsets...,
