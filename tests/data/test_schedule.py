@@ -370,3 +370,27 @@ def test_a_chunk_smaller_than_the_shares_names_chunk() -> None:
     assert packed.open(shares[2], 2, 4).skip(2) is None  # a share with one document per chunk packs
     with pytest.raises(ValueError, match=r"share 3 of 4: .*MixtureStream chunk=3.*at least the 4 shares"):
         packed.open(shares[3], 3, 4).skip(1)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_schedule_changed_on_resume_applies_after_the_chunk_in_progress(mode: str) -> None:
+    """Every plan read at least 1024 documents ahead, taking as many chunks as that needed (here 40 chunks
+    of 50 samples at the first sequence), and the first chunk no share had taken, where a schedule changed
+    on resume applies, went with them: the change came about 2000 samples after those handed out. Now
+    reading ahead stays in the chunks a share has taken: the change applies from the chunk after the one
+    in progress."""
+    sizes = {"web": 5000, "code": 800, "curated": 1200}
+    mix = MixtureStream(_sources(sizes), [(0, {"web": 0.8, "code": 0.2})], chunk=50)
+    packed = PackedDataset(mix, tokens="data", seq_len=32, mode=mode, window=8)
+    streams = [packed.open(st, s, 2) for s, st in enumerate(packed.shares(None, 2))]
+    for s in streams:
+        s.skip(1)  # ~10 documents of the 25 of its block of chunk 1 (a window of 8 more in best_fit)
+    state = json.loads(json.dumps(packed.state_dict([s.state() for s in streams])))
+    assert [st["next_epoch"] for st in state["shares"]] == [2, 2]
+    mix2 = MixtureStream(_sources(sizes), [(0, {"web": 0.5, "curated": 0.5})], chunk=50)
+    packed2 = PackedDataset(mix2, tokens="data", seq_len=32, mode=mode, window=8)
+    streams2 = [packed2.open(st, s, 2) for s, st in enumerate(packed2.shares(state, 2))]
+    assert [g0 for g0, _, _ in mix2.segments] == [0, 50]
+    for s in streams2:
+        s.skip(20)
+    assert packed2.totals([s.state() for s in streams2])["source_documents"]["curated"] > 0

@@ -248,15 +248,18 @@ class Planner:
     def _pull(self, k: int, need: int | None = None) -> int:
         """Move up to ``k`` more documents from the ranges (and fresh blocks) to the pulled arrays; the
         number moved. The first ``need`` (default: all ``k``) are needed now: a failure to read their
-        lengths is raised (:meth:`plan` then undoes the pull). The rest are read ahead: a document whose
-        length cannot be read (a refused shard) ends the pull before it, and the plan that needs it reads it
-        then (and raises there), so the plans before it are made."""
+        lengths is raised (:meth:`plan` then undoes the pull). The rest are read ahead, in the blocks already
+        taken (the next epoch's block is taken when a document of it is needed: how far the share has gone,
+        where a mixture's changed schedule starts): a document whose length cannot be read (a refused
+        shard) ends the pull before it, and the plan that needs it reads it then (and raises there)."""
         need = k if need is None else need
         parts: list[tuple[IntArray, ...]] = []
         got = 0
         empty_epochs = longest = 0  # fresh blocks in a row with no document; the longest of their epochs
         while got < k:
             if not self.ranges:
+                if got >= need:
+                    break  # reading ahead stays in the blocks taken: the next epoch's is taken when needed
                 e = self.next_epoch
                 n = self.stream.epoch_len(e)
                 a, b = block_bounds(n, self.share, self.num_shares) if n else (0, 0)
