@@ -625,3 +625,17 @@ def test_open_names_what_is_wrong_with_a_share_state() -> None:
     with pytest.raises(ValueError, match=r"share 1: range 0 is \[1, 0, 3\], not \[epoch, start, stop, offset\]"):
         packed.open(short, 1, 2)
     assert packed.open(packed.fresh_state()["shares"][0]).plan(1)[0] == 1
+
+
+def test_an_order_given_with_a_dataset_source_is_refused_not_ignored(tmp_path: Path) -> None:
+    """``ordering=`` / ``seed=`` pick the document order of a store; with a dataset (or a mixture) as the
+    source they were ignored without a word, so ``ordering="random"`` packed the documents unshuffled.
+    Now they are a ValueError that says where the order goes; a store still takes them."""
+    path = _store(tmp_path / "s.seqstore", np.arange(1, 50))
+    ds = StoreDataset(path, length_field="tokens")
+    for kw in ({"ordering": "random"}, {"seed": 3}, {"ordering": np.arange(49)}):
+        with pytest.raises(ValueError, match="its own order"):
+            PackedDataset(ds, seq_len=8, **kw)
+    PackedDataset(ds, seq_len=8, ordering="default", seed=0)
+    shuffled = PackedDataset(path, seq_len=8, ordering="random", seed=3)
+    assert shuffled.dataset.ordering == "random" and shuffled.dataset.seed == 3

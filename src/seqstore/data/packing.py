@@ -103,7 +103,8 @@ class PackedDataset:
 
     ``source``: a store (or its path), any ``seqstore.data`` dataset whose lengths are the token
     field's, or a :class:`MixtureStream`. ``tokens``: the ragged 1-D token field. ``ordering`` /
-    ``seed``: the document order when ``source`` is a store (else the dataset's own). ``mode``:
+    ``seed``: the document order when ``source`` is a store (a dataset packs in its own: other values
+    are a ValueError). ``mode``:
     ``"concat"`` or ``"best_fit"``; ``eos``: a token id appended to every document (None: none);
     ``window``: best_fit's window in documents (default 256); ``split_long``: split documents longer
     than ``seq_len`` (default) or truncate them; ``pad_id``: the token of padding. O(1) memory.
@@ -138,6 +139,11 @@ class PackedDataset:
         self.tokens = tokens
         if isinstance(source, (Store, str, os.PathLike)):
             source = StoreDataset(source, ordering=ordering, seed=seed, length_field=tokens, fields=[tokens])
+        elif not (isinstance(ordering, str) and ordering == "default") or isinstance(seed, bool) or seed != 0:
+            # (they were ignored: the documents came in the dataset's own order, unshuffled by default)
+            raise ValueError(f"PackedDataset: ordering= and seed= are the document order of a store (given as a "
+                             f"Store or a path); a {type(source).__name__} packs in its own order: make it with "
+                             f"ordering=..., seed=... instead (got ordering={ordering!r:.60}, seed={seed!r})")
         self.stream: MixtureStream | OrderStream
         if isinstance(source, MixtureStream):
             self.stream = source
