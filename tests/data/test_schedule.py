@@ -394,3 +394,21 @@ def test_a_schedule_changed_on_resume_applies_after_the_chunk_in_progress(mode: 
     for s in streams2:
         s.skip(20)
     assert packed2.totals([s.state() for s in streams2])["source_documents"]["curated"] > 0
+
+
+def test_stream_sample_numbers_that_are_not_integers_are_refused() -> None:
+    """``MixtureStream.assign`` / ``docs_at`` cast the sample numbers to int64, so 1.5 read sample 1 (and
+    1e12, a float, a sample out of range) without a word, where ``MixtureSchedule.assign`` refuses them; now
+    they are refused alike, naming the dtype."""
+    mix = MixtureStream(_sources({"web": 100, "code": 50}), {"web": 0.5, "code": 0.5})
+    for bad in (np.array([1.5]), [0.0, 2.0], np.array([True])):
+        with pytest.raises(TypeError, match="must be integers"):
+            mix.docs_at(bad)
+        with pytest.raises(TypeError, match="must be integers"):
+            mix.assign(bad)
+    for bad in (1.5, True, -1):
+        with pytest.raises(ValueError, match="must be an integer >= 0"):
+            mix.positions(bad)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(mix.positions(np.int64(10)), mix.positions(10))
+    np.testing.assert_array_equal(mix.docs_at([0, 1])[0], mix.docs_at(np.array([0, 1], dtype=np.uint8))[0])
+    assert len(mix.docs_at([])[0]) == 0

@@ -396,7 +396,8 @@ class MixtureStream:
 
     def positions(self, g: int) -> IntArray:
         """Per source, how many of its samples the stream dealt before sample ``g`` (its position)."""
-        self._ensure(int(g))
+        g = check_int(g, "MixtureStream.positions: the sample number", 0)
+        self._ensure(g)
         seg = int(self._segment_of(np.array([g], dtype=np.int64))[0])
         g0, sched, base = self.segments[seg]
         return base + sched.counts(int(g)) - sched.counts(g0)
@@ -407,7 +408,7 @@ class MixtureStream:
 
     def _known(self, g: IntArray) -> IntArray:
         """``g`` as int64, every stage that begins up to its largest sample found."""
-        g = np.asarray(g, dtype=np.int64)
+        g = _samples(g)  # (integers: a float is refused, not cut to the sample below it)
         if g.size:
             self._ensure(int(g.max()) + 1)
         return g
