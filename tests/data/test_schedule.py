@@ -412,3 +412,14 @@ def test_stream_sample_numbers_that_are_not_integers_are_refused() -> None:
     np.testing.assert_array_equal(mix.positions(np.int64(10)), mix.positions(10))
     np.testing.assert_array_equal(mix.docs_at([0, 1])[0], mix.docs_at(np.array([0, 1], dtype=np.uint8))[0])
     assert len(mix.docs_at([])[0]) == 0
+
+
+@pytest.mark.parametrize("stages", [None, 3, 0.5, "web", object()])
+def test_stages_that_are_not_a_list_or_weights_are_a_value_error_naming_them(stages: Any) -> None:
+    """``MixtureSchedule`` / ``MixtureStream`` with stages that are neither ``{source: weight}`` nor a
+    list of ``(start, {source: weight})`` raised a bare TypeError ("'NoneType' object is not iterable");
+    now a ValueError saying what is expected."""
+    with pytest.raises(ValueError, match=r"stages must be"):
+        MixtureSchedule(stages, NAMES)
+    with pytest.raises(ValueError, match=r"stages must be"):
+        MixtureStream(_sources({"web": 10, "code": 10, "curated": 10}), stages)

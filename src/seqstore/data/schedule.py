@@ -29,7 +29,7 @@ stages in samples, and the walk's point (sample, tokens before it) and the found
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,6 +129,9 @@ class MixtureSchedule:
             raise ValueError("MixtureSchedule needs at least one source")
         if isinstance(stages, Mapping):
             stages = [(0, stages)]
+        elif isinstance(stages, (str, bytes)) or not isinstance(stages, Iterable):
+            raise ValueError(f"MixtureSchedule: stages must be {{source: weight}} or a list of (start, {{source: "
+                             f"weight}}), got {type(stages).__name__} {stages!r:.60}")
         stages = list(stages)
         if not stages:
             raise ValueError("MixtureSchedule needs at least one stage (start, {source: weight})")
