@@ -129,3 +129,19 @@ def test_sample_with_replacement_of_what_has_no_size_is_a_value_error(dataset: o
     """A bool was taken as N = 1 (int(True)), and a float or string was a bare TypeError from len()."""
     with pytest.raises(ValueError, match="sampling with replacement needs"):
         sample_with_replacement(dataset)
+
+
+def test_a_buffer_state_whose_counts_do_not_add_up_is_refused() -> None:
+    """Every item taken from the source was emitted or is in the buffer; a state where that does not hold
+    (hand-edited, or its buffer cut) was taken as it was, and the stream resumed at a wrong place (items
+    skipped or given twice) without a word. Now it is a ValueError naming the counts."""
+    buf = shuffle_buffer(range(20), 4, seed=1)
+    [next(buf) for _ in range(5)]
+    state = buf.state_dict()
+    assert state["consumed"] == state["emitted"] + len(state["buffer"])
+    for change in ({"emitted": 9}, {"consumed": 3}, {"buffer": state["buffer"][:1]}):
+        with pytest.raises(ValueError, match="consumed .* emitted"):
+            shuffle_buffer(range(20), 4, seed=1).load_state_dict({**state, **change})
+    again = shuffle_buffer(range(20), 4, seed=1)
+    again.load_state_dict(state)
+    assert list(again) == list(buf)

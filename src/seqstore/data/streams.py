@@ -116,6 +116,9 @@ class ShuffleBuffer(Iterator[Any]):
             raise ValueError(f"buffer state['buffer'] must be a list of at most {self.size} items, got {got}")
         if not isinstance(state.get("exhausted"), bool):
             raise ValueError(f"buffer state['exhausted'] must be a bool, got {state.get('exhausted')!r}")
+        if int(state["consumed"]) != int(state["emitted"]) + len(buf):  # (every item taken is emitted or buffered)
+            raise ValueError(f"buffer state: consumed ({state['consumed']}) must be the items emitted "
+                             f"({state['emitted']}) plus those buffered ({len(buf)})")
         self._consumed = int(state["consumed"])
         self._emitted = int(state["emitted"])
         self._exhausted = bool(state["exhausted"])
