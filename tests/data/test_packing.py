@@ -639,3 +639,16 @@ def test_an_order_given_with_a_dataset_source_is_refused_not_ignored(tmp_path: P
     PackedDataset(ds, seq_len=8, ordering="default", seed=0)
     shuffled = PackedDataset(path, seq_len=8, ordering="random", seed=3)
     assert shuffled.dataset.ordering == "random" and shuffled.dataset.seed == 3
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_share_state_with_an_empty_range_packs_the_others(mode: str) -> None:
+    """A share state may hold a range ``[epoch, a, a, offset]`` (``open`` accepts start == stop); its plan
+    raised a bare IndexError. An empty range has no document: the plan goes on with the ranges after it."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.full(16, 30)), tokens="data", seq_len=8, mode=mode, window=4)
+    stats = packed.fresh_state()["shares"][0]["stats"]
+    want = packed.open({"ranges": [[1, 2, 9, 0]], "next_epoch": 2, "stats": stats}).plan(6)
+    got = packed.open({"ranges": [[1, 2, 2, 5], [1, 2, 9, 0], [1, 9, 9, 0]], "next_epoch": 2, "stats": stats}).plan(6)
+    np.testing.assert_array_equal(got, want)

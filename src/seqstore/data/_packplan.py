@@ -223,7 +223,8 @@ class Planner:
         self.eos = 1 if eos else 0
         self.share = int(share)
         self.num_shares = int(num_shares)
-        self.ranges: list[list[int]] = [list(map(int, r)) for r in state["ranges"]]
+        # (a range of no document, start == stop, which a state may hold, is dropped: nothing to pull from it)
+        self.ranges: list[list[int]] = [list(map(int, r)) for r in state["ranges"] if int(r[2]) > int(r[1])]
         self.next_epoch = int(state["next_epoch"])
         self.stats: dict[str, Any] = {k: (list(v) if isinstance(v, list) else int(v))
                                       for k, v in state["stats"].items()}
