@@ -170,3 +170,30 @@ def test_the_device_top_k_ranks_nan_scores_last() -> None:
     assert ix[:, 1].tolist() == [2, 0] and v[:, 1].tolist() == [3.0, 1.0]
     v, ix = _device_topk(scores, 9)  # more than the rows: every row, the NaN ones last with their NaN
     assert v.shape == (5, 2) and ix[:2, 0].tolist() == [1, 3] and bool(torch.isnan(v[2:, 0]).all())
+
+
+def test_the_device_top_k_breaks_ties_as_the_cpu_scan_does() -> None:
+    """The GPU scan's running top-k (run on CPU tensors: the same torch calls) kept whichever rows
+    ``torch.topk`` returned among scores tied at the k-th place, and took NaN rows for -inf ones (both
+    keyed -inf): the records differed from the CPU scan's (ties: the lowest record; NaN below -inf)."""
+    torch = pytest.importorskip("torch")
+    from seqstore.log.similarity import _device_running_topk, _TopK
+
+    rng = np.random.default_rng(7)
+    s = rng.integers(0, 3, size=(300, 5)).astype(np.float32)  # three values: ties everywhere
+    s[rng.random(s.shape) < 0.2] = -np.inf
+    s[rng.random(s.shape) < 0.2] = np.nan
+    s[:, 4] = np.where(np.arange(300) % 2, np.nan, -np.inf)  # only -inf and NaN
+    for k, chunk in ((4, 37), (50, 64), (7, 300), (400, 128)):
+        cpu, dev = _TopK(k, 5), _TopK(k, 5)
+        best: Any = None
+        for a in range(0, 300, chunk):
+            cpu.add(s[a : a + chunk], a)
+            best = _device_running_topk(best, torch.from_numpy(s[a : a + chunk]), a, k)
+        dev.merge(best[0].numpy(), best[1].numpy().astype(np.int64))
+        (cpu_rows, cpu_scores), (dev_rows, dev_scores) = cpu.result(), dev.result()
+        np.testing.assert_array_equal(dev_rows, cpu_rows, err_msg=f"k={k} chunk={chunk}")
+        np.testing.assert_array_equal(dev_scores, cpu_scores)
+        keyed = np.where(np.isnan(s), -np.inf, s)
+        ref = np.lexsort((np.arange(300)[:, None].repeat(5, 1), np.isnan(s), -keyed), axis=0)[:k].T
+        np.testing.assert_array_equal(cpu_rows, ref)

@@ -345,8 +345,7 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
         parts = {name: res[:, nq * (j + 1) : nq * (j + 2)] for j, name in enumerate(names)} if per_field else None
         consume(rel, res[:, :nq], parts, False)
 
-    best_v: Any = None
-    best_i: Any = None
+    best: tuple[Any, Any] | None = None
     prev: tuple[int, int, int] | None = None
     try:
         for i, (first, block) in enumerate(scan.blocks()):
@@ -368,13 +367,7 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
                 parts = []
                 total = (x @ qt).float()
             if top is not None:
-                v, ix = _device_topk(total, top.k)
-                ix = ix + first
-                if best_v is not None:
-                    v, ix = torch.cat([best_v, v]), torch.cat([best_i, ix])
-                    v, sel = _device_topk(v, top.k)
-                    ix = torch.gather(ix, 0, sel)
-                best_v, best_i = v, ix
+                best = _device_running_topk(best, total, first, top.k)
             if want_full:
                 out = torch.cat([total, *parts], dim=1) if parts else total
                 results[slot][:r].copy_(out, non_blocking=True)
@@ -386,18 +379,46 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
         if prev is not None and want_full:
             finish(*prev)
         torch.cuda.synchronize(dev)
-        if top is not None and best_v is not None:
-            top.merge(best_v.cpu().numpy(), best_i.cpu().numpy().astype(np.int64))
+        if top is not None and best is not None:
+            top.merge(best[0].cpu().numpy(), best[1].cpu().numpy().astype(np.int64))
     finally:
         pool.shutdown(wait=True)
 
 
-def _device_topk(scores: Any, k: int) -> tuple[Any, Any]:
-    """``torch.topk`` of a ``(r, Q)`` tensor along its rows (the ``min(k, r)`` best per query and their
-    positions), with NaN scores ranked below every number as :class:`_TopK` ranks them (``torch.topk``
-    takes NaN for the largest value, so ``k`` NaN scores in a chunk pushed the best rows out)."""
+def _device_running_topk(best: tuple[Any, Any] | None, scores: Any, first: int, k: int) -> tuple[Any, Any]:
+    """The GPU scan's running top-k after the chunk ``scores`` (``(r, Q)``, records ``first``..): ``(values,
+    records)`` of the ``k`` best so far per query, ranked as :class:`_TopK` ranks them. The kept rows go
+    before the chunk's (their records are lower, and among equal scores they are in record order), so
+    :func:`_device_topk`'s ties, broken by position, are broken by record number."""
     import torch
 
-    keyed = torch.where(torch.isnan(scores), float("-inf"), scores)
-    _, ix = torch.topk(keyed, min(k, scores.shape[0]), dim=0)
-    return torch.gather(scores, 0, ix), ix
+    v, ix = _device_topk(scores, k)
+    ix = ix + first
+    if best is not None:
+        v, sel = _device_topk(torch.cat([best[0], v]), k)
+        ix = torch.gather(torch.cat([best[1], ix]), 0, sel)
+    return v, ix
+
+
+def _device_topk(scores: Any, k: int) -> tuple[Any, Any]:
+    """The ``min(k, r)`` best of a ``(r, Q)`` tensor per query and their positions, best first, as
+    :class:`_TopK` ranks them: higher score first, NaN below every number (-inf included), then the lower
+    position. ``torch.topk`` takes NaN for the largest value and returns any of the rows tied at the k-th
+    place, so it only finds the k-th best value here; the rows are chosen from it, with no host sync."""
+    import torch
+
+    kk = min(k, scores.shape[0])
+    nan = torch.isnan(scores)
+    keyed = torch.where(nan, float("-inf"), scores)
+    kth = torch.topk(keyed, kk, dim=0).values[-1:]  # (1, Q)
+    above, tied = keyed > kth, keyed == kth
+    room = kk - above.sum(0, keepdim=True)  # rows to take among those tied at the k-th value
+    numbers, nans = tied & ~nan, tied & nan  # (NaN rows tie only with -inf and rank below them)
+    take = above | (numbers & (torch.cumsum(numbers, 0, dtype=torch.int32) <= room))
+    take |= nans & (torch.cumsum(nans, 0, dtype=torch.int32) <= room - numbers.sum(0, keepdim=True))
+    rank = torch.arange(scores.shape[0], 0, -1, dtype=torch.int32, device=scores.device)[:, None]  # lower first
+    pos = torch.topk(torch.where(take, rank, 0), kk, dim=0).indices  # the kk taken, in position order
+    # best first: stable sorts keep position order among equal keys (numbers before NaN, then by value)
+    pos = torch.gather(pos, 0, torch.sort(torch.gather(nan, 0, pos).to(torch.uint8), dim=0, stable=True).indices)
+    pos = torch.gather(pos, 0, torch.sort(torch.gather(keyed, 0, pos), dim=0, descending=True, stable=True).indices)
+    return torch.gather(scores, 0, pos), pos
