@@ -471,3 +471,18 @@ def test_float8_tensor_into_a_float_field(scratch: Path, dtype: torch.dtype) -> 
     with Logger(scratch / "inferred") as lg:
         with pytest.raises(ss.SchemaError, match="field 'x'.*float8"):
             lg.log(["a", "b"], {"x": x})
+
+
+@pytest.mark.parametrize(("first", "then"), [("keep_first", "keep_last"), ("keep_last", "keep_first"),
+                                             ("keep_last", "error")])
+def test_reopening_a_log_with_another_on_duplicate_names_the_policies(scratch: Path, first: str, then: str) -> None:
+    """The refusal said "existing store has id_lookup 'first', expected 'last'": an argument the Logger
+    does not have; it names on_duplicate, the log's and the one given, and nothing is changed."""
+    with Logger(scratch / "log", on_duplicate=first) as lg:
+        lg.log(["a"], {"g": np.ones((1, 2), np.float32)})
+    with pytest.raises(ss.SchemaError) as err:
+        Logger(scratch / "log", on_duplicate=then)
+    msg = str(err.value)
+    assert "id_lookup" not in msg and f"on_duplicate={then!r}" in msg, msg
+    assert ("on_duplicate='keep_last'" if first == "keep_last" else "'keep_first' or 'error'") in msg, msg
+    assert len(ss.open(scratch / "log")) == 1 and verify(scratch / "log") == []

@@ -43,6 +43,20 @@ class LoggedIds:
         self._seen_seq = -1
         self._manifest_sig: tuple[int, int, int] | None = None
 
+    @property
+    def lookup(self) -> str:
+        """The store's ``id_lookup`` under this policy: ``index(id)`` gives the last record under keep_last."""
+        return "last" if self.policy == "keep_last" else "first"
+
+    def check_lookup(self, have: str) -> None:
+        """:class:`SchemaError` when an existing store's ``id_lookup`` is not :attr:`lookup`."""
+        if have != self.lookup:
+            made_by = "on_duplicate='keep_last'" if have == "last" else "on_duplicate 'keep_first' or 'error'"
+            raise SchemaError(
+                f"{self.path}: this log was written with {made_by} (index(id) returns the {have} record of an "
+                f"id), a Logger with on_duplicate={self.policy!r} cannot add to it; open it with {made_by} or "
+                "log into a new store")
+
     def __len__(self) -> int:
         return len(self.inflight)
 

@@ -212,10 +212,11 @@ class Logger:
             if existing is not None:  # an existing store decides the layout
                 if Schema(existing.schema, packed={}) != Schema(schema, packed={}):
                     raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
+                self._ids.check_lookup(existing.id_lookup)
                 schema, packed = existing.schema, None
             self._writer = open_or_create(
-                self.path, schema, packed=packed, id_lookup="last" if self.on_duplicate == "keep_last" else "first",
-                shard_bytes=self._shard_bytes, buffer_bytes=1,  # every append_batch is written through: no second copy
+                self.path, schema, packed=packed, id_lookup=self._ids.lookup, shard_bytes=self._shard_bytes,
+                buffer_bytes=1,  # every append_batch is written through: no second copy
                 metadata=self._metadata, direct_io=self._direct_io, storage_options=self._storage_options,
             )
         at_exit.unregister(self._writer)  # this logger closes it
