@@ -197,3 +197,21 @@ def test_the_device_top_k_breaks_ties_as_the_cpu_scan_does() -> None:
         keyed = np.where(np.isnan(s), -np.inf, s)
         ref = np.lexsort((np.arange(300)[:, None].repeat(5, 1), np.isnan(s), -keyed), axis=0)[:k].T
         np.testing.assert_array_equal(cpu_rows, ref)
+
+
+def test_complex_records_or_queries_are_refused_not_taken_as_their_real_part(scratch: Path) -> None:
+    """A Logger stores complex64 tensors, but similarity() cast complex blocks and queries to float32:
+    the imaginary parts were dropped (a ComplexWarning at most) and the scores were those of the real
+    parts. Both are refused, naming the fields or the queries."""
+    torch = pytest.importorskip("torch")
+    z = (np.arange(6, dtype=np.float32).reshape(3, 2) * (1 + 1j)).astype(np.complex64)
+    with Logger(scratch / "c", schema={"z": ss.Field("complex64", (2,)), "r": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b", "c"], {"z": z, "r": z.real.copy()})
+    with pytest.raises(ValueError, match=r"similarity\(\): .*field\(s\) \['z'\] .*complex64"):
+        similarity(scratch / "c", np.ones((1, 2), np.float32), fields="z")
+    for q in (np.ones((1, 2), np.complex64), torch.ones((1, 2), dtype=torch.complex64)):
+        with pytest.raises(ValueError, match=r"similarity\(\): .*queries .*complex64"):
+            similarity(scratch / "c", q, fields="r")
+    with pytest.raises(ValueError, match=r"similarity\(\): .*queries .*complex64"):
+        similarity(scratch / "c", {"r": np.ones((1, 2), np.complex64)}, fields="r")
+    assert similarity(scratch / "c", np.ones((1, 2), np.float32), fields="r").scores[:, 0].tolist() == [1, 5, 9]

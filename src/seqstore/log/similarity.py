@@ -104,8 +104,14 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
 
 def _as_float32(x: Any) -> np.ndarray[Any, Any]:
     if is_torch(x):
+        if x.is_complex():
+            raise ValueError(f"similarity(): the queries are {str(x.dtype).removeprefix('torch.')}; scores are real "
+                             "dot products (pass the real and imaginary parts as real columns)")
         x = x.detach().float().cpu().numpy()
     arr = np.asarray(x)
+    if arr.dtype.kind == "c":  # (a cast to float32 would drop the imaginary parts)
+        raise ValueError(f"similarity(): the queries are {arr.dtype}; scores are real dot products (pass the real "
+                         "and imaginary parts as real columns)")
     if arr.dtype.name == BFLOAT16:
         return bfloat16_to_float32(arr)
     return np.asarray(arr, dtype=np.float32)
@@ -164,7 +170,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         queries: ``(Q, D)`` (numpy or torch) in the column order of ``store.matrix(fields)``, or a
             (nested) dict field -> ``(Q, *shape)``.
         fields: fixed fields and/or packed groups to use (None: all fixed fields, see
-            :meth:`Store.matrix`); they must share one dtype.
+            :meth:`Store.matrix`); they must share one real dtype (complex fields or queries: ValueError).
         chunk_rows: rows per GEMM (default: about 64 MiB of stored data).
         device: ``"cpu"`` (numpy BLAS) or ``"cuda[:N]"`` (torch).
         topk: also return the ``topk`` best records per query.
@@ -176,8 +182,11 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     what is kept (``N x Q x 4`` bytes per kept score matrix).
     """
     st = store if isinstance(store, Store) else open_store(store)
-    q = _queries_matrix(st, queries, fields)
     columns = st.matrix_columns(fields)
+    if (dt := st.schema[next(iter(columns))].storage_dtype).kind == "c":
+        raise ValueError(f"similarity(): {st.url}: field(s) {list(columns)} are {dt}; scores are real dot "
+                         "products of real fields (log the real and imaginary parts as fields of their own)")
+    q = _queries_matrix(st, queries, fields)
     nq, width = q.shape
     stop = len(st) if stop is None else min(stop, len(st))
     n = max(0, stop - start)
