@@ -486,3 +486,15 @@ def test_reopening_a_log_with_another_on_duplicate_names_the_policies(scratch: P
     assert "id_lookup" not in msg and f"on_duplicate={then!r}" in msg, msg
     assert ("on_duplicate='keep_last'" if first == "keep_last" else "'keep_first' or 'error'") in msg, msg
     assert len(ss.open(scratch / "log")) == 1 and verify(scratch / "log") == []
+
+
+def test_complex_tensors_round_trip(scratch: Path) -> None:
+    """complex64/complex128 (numpy or torch) are logged as they are and read back exactly (docs/logging.md)."""
+    z = (np.arange(12, dtype=np.float32).reshape(3, 4) * (1 - 2j)).astype(np.complex64)
+    with Logger(scratch / "log") as lg:
+        lg.log(["a", "b", "c"], {"z": z, "t": torch.from_numpy(z.astype(np.complex128)), "r": z.real.copy()})
+    st = ss.open(scratch / "log")
+    assert st.schema["z"].dtype == "<c8" and st.schema["t"].dtype == "<c16" and len(st.groups) == 3
+    np.testing.assert_array_equal(st.matrix("z"), z)
+    np.testing.assert_array_equal(st.nested(1, copy=True)["t"], z[1])
+    assert st[2]["z"].dtype == np.complex64 and st.index("c") == 2
