@@ -457,7 +457,7 @@ def to_storage_array(field: Field, value: Any, *, what: str, item: Callable[[int
         raise SchemaError(f"{what}: cannot store dtype {arr.dtype} in a bfloat16 field")
     target = field.storage_dtype
     if isinstance(arr, BF16Bits):
-        if target.kind != "f":
+        if target.kind not in "fc":
             raise SchemaError(f"{what}: cannot store bfloat16 values in a {target} field")
         arr = bfloat16_to_float32(arr)  # exact; float16 is then checked for overflow as any float32
     src = arr.dtype

@@ -71,10 +71,10 @@ def test_numpy_int_and_explicit_schema(scratch: Path) -> None:
     assert st.index("6") == 6 and st[6]["label"] == 8 and st[0]["emb"].dtype == np.float32
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "complex64", "complex128"])
 def test_a_bfloat16_tensor_logged_into_a_wider_float_field_keeps_its_values(scratch: Path, dtype: str) -> None:
     """A bfloat16 tensor into a float32/float16/float64 field: its raw bits were stored as numbers (1.5 became
-    16320.0); an integer field refuses it, naming the field."""
+    16320.0); an integer field refuses it, naming the field. A complex field, which takes float32, refused it."""
     schema = {"g": ss.Field(dtype, (3,)), "n": ss.Field("int32", (3,))}
     n = torch.ones(1, 3, dtype=torch.int32)
     with Logger(scratch / "log", schema=schema) as lg:
