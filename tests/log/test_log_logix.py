@@ -183,3 +183,20 @@ def test_a_malformed_metadata_entry_is_named(scratch: Path, key: str, value: Any
     with pytest.raises(ss.FormatError, match=rf"log_rank_0_chunk_1_metadata\.json: metadata entry 4 is malformed "
                        rf"\({why}"):
         import_logix(scratch / "logs", scratch / "out")
+
+
+@pytest.mark.parametrize("dtype", ["<U4", "datetime64[s]"])
+def test_a_first_record_of_an_unsupported_dtype_is_named(scratch: Path, dtype: str) -> None:
+    """The first record decides the schema: a dtype seqstore cannot store (its size matching its shape) was
+    a SchemaError naming neither the file nor the record."""
+    import json
+
+    shutil.copytree(DATA / "logix_0.1.1", scratch / "logs")
+    meta = scratch / "logs" / "log_rank_0_chunk_0_metadata.json"
+    entries = json.loads(meta.read_text())
+    entries[0]["dtype"] = dtype
+    meta.write_text(json.dumps(entries))
+    with pytest.raises(ss.SchemaError, match=rf"log_rank_0_chunk_0_metadata\.json: data_id '{entries[0]['data_id']}'"
+                       r", fc1/grad: unsupported dtype"):
+        import_logix(scratch / "logs", scratch / "out")
+    assert not (scratch / "out").exists()

@@ -237,7 +237,12 @@ def _import_into(out: str | os.PathLike[str], chunks: list[tuple[int, int, Path,
                 if len(set(names)) != len(names):
                     raise SchemaError(f"{meta_path}: module paths {r0.keys} collide after renaming to {names}")
                 fields_map = {n: "/".join(k) for n, k in zip(names, r0.keys)}
-                spec = {n: Field(dt, sh) for n, sh, dt in zip(names, r0.shapes, r0.dtypes)}
+                spec = {}
+                for n, key, sh, dt in zip(names, r0.keys, r0.shapes, r0.dtypes):
+                    try:
+                        spec[n] = Field(dt, sh)
+                    except SchemaError as exc:
+                        raise SchemaError(f"{meta_path}: data_id {r0.data_id!r}, {'/'.join(key)}: {exc}") from None
                 schema = Schema(spec)
                 signature = (r0.keys, r0.shapes, r0.dtypes)
                 meta_out = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": fields_map,
