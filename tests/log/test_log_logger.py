@@ -498,3 +498,15 @@ def test_complex_tensors_round_trip(scratch: Path) -> None:
     np.testing.assert_array_equal(st.matrix("z"), z)
     np.testing.assert_array_equal(st.nested(1, copy=True)["t"], z[1])
     assert st[2]["z"].dtype == np.complex64 and st.index("c") == 2
+
+
+def test_a_value_of_rows_of_different_lengths_is_a_schema_error_naming_the_field(scratch: Path) -> None:
+    """A field given as a list of rows of different lengths raised numpy's bare ValueError ("inhomogeneous
+    shape"), naming neither the field nor the batch, both when it inferred the schema and after."""
+    with Logger(scratch / "log") as lg:
+        with pytest.raises(ss.SchemaError, match=r"log\(\): field 'g' .*id 'a'.*inhomogeneous"):
+            lg.log(["a", "b"], {"g": [[1.0, 2.0], [3.0]]})
+        lg.log(["a", "b"], {"g": [[1.0, 2.0], [3.0, 4.0]]})
+        with pytest.raises(ss.SchemaError, match=r"log\(\): field 'g' .*id 'c'.*inhomogeneous"):
+            lg.log(["c", "d"], {"g": [[1.0, 2.0], [3.0]]})
+    assert len(ss.open(scratch / "log")) == 2

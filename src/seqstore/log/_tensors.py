@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import SchemaError
 from ..schema import BFLOAT16, BF16Bits, Field, Schema, torch_to_numpy
 
-__all__ = ["is_torch", "HostStager", "infer_field", "ids_to_str", "default_rank", "default_packing"]
+__all__ = ["is_torch", "HostStager", "as_array", "infer_field", "ids_to_str", "default_rank", "default_packing"]
 
 _ALIGN = 256
 
@@ -103,7 +103,7 @@ def infer_field(name: str, value: Any, batch: int, first_id: str) -> Field:
         dtype: Any = BFLOAT16 if tdt == BFLOAT16 else tdt
         shape = tuple(int(s) for s in value.shape)
     else:
-        arr = np.asarray(value)
+        arr = as_array(name, value, first_id)
         dtype, shape = arr.dtype, arr.shape
     if len(shape) == 0 or shape[0] != batch:
         raise SchemaError(
@@ -114,6 +114,15 @@ def infer_field(name: str, value: Any, batch: int, first_id: str) -> Field:
         return Field(dtype, shape[1:])
     except SchemaError as exc:
         raise SchemaError(f"log(): field {name!r} (id {first_id!r}): {exc}") from None
+
+
+def as_array(name: str, value: Any, first_id: str) -> np.ndarray[Any, Any]:
+    """``np.asarray(value)``; a value numpy cannot make an array of (rows of different lengths) is a
+    :class:`SchemaError` naming the field and the batch."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise SchemaError(f"log(): field {name!r} (batch starting at id {first_id!r}): not an array ({exc})") from None
 
 
 def ids_to_str(ids: Any) -> list[str]:

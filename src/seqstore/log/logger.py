@@ -35,7 +35,7 @@ from ..store.directio import ALIGN, aligned_empty
 from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
-from ._tensors import HostStager, default_packing, default_rank, ids_to_str, infer_field
+from ._tensors import HostStager, as_array, default_packing, default_rank, ids_to_str, infer_field
 from .duplicates import DUPLICATE_POLICIES, DuplicateIdError, LoggedIds
 
 __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
@@ -410,7 +410,8 @@ class Logger:
                 f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
             raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
         for name, f in self.schema.items():
-            shape = tuple(int(s) for s in np.shape(flat[name]))
+            v = flat[name] if hasattr(flat[name], "shape") else as_array(name, flat[name], ids[0] if ids else "<none>")
+            shape = tuple(int(s) for s in v.shape)
             if len(shape) == 0 or shape[0] != batch:
                 raise SchemaError(
                     f"log(): field {name!r}: got {shape[0] if shape else 'a scalar'} rows for {batch} ids "
