@@ -510,3 +510,13 @@ def test_a_value_of_rows_of_different_lengths_is_a_schema_error_naming_the_field
         with pytest.raises(ss.SchemaError, match=r"log\(\): field 'g' .*id 'c'.*inhomogeneous"):
             lg.log(["c", "d"], {"g": [[1.0, 2.0], [3.0]]})
     assert len(ss.open(scratch / "log")) == 2
+
+
+@pytest.mark.parametrize("ids", [None, 7, 2.5])
+def test_ids_that_are_not_a_sequence_are_a_schema_error(scratch: Path, ids: Any) -> None:
+    """ids=None or one int/float instead of a list raised a bare TypeError ("'NoneType' object is not iterable")."""
+    with Logger(scratch / "log") as lg:
+        with pytest.raises(ss.SchemaError, match=r"log\(\): ids must be a sequence .*got "):
+            lg.log(ids, {"g": np.zeros((1, 2), np.float32)})
+        lg.log([7], {"g": np.zeros((1, 2), np.float32)})
+    assert ss.open(scratch / "log").id(0) == "7"

@@ -137,6 +137,8 @@ def ids_to_str(ids: Any) -> list[str]:
         if ids.dtype.kind in "iuU":
             return [str(x) for x in ids.tolist()]
         ids = ids.tolist()  # bytes, floats, bools, objects: each checked below
+    if not hasattr(ids, "__iter__"):
+        raise SchemaError(f"log(): ids must be a sequence (one per example), got {type(ids).__name__} {ids!r}")
     out = []
     for x in ids:
         if isinstance(x, str):
