@@ -215,3 +215,13 @@ def test_complex_records_or_queries_are_refused_not_taken_as_their_real_part(scr
     with pytest.raises(ValueError, match=r"similarity\(\): .*queries .*complex64"):
         similarity(scratch / "c", {"r": np.ones((1, 2), np.complex64)}, fields="r")
     assert similarity(scratch / "c", np.ones((1, 2), np.float32), fields="r").scores[:, 0].tolist() == [1, 5, 9]
+
+
+def test_queries_numpy_cannot_convert_are_named(scratch: Path) -> None:
+    """Queries given as rows of different lengths or as strings raised numpy's bare ValueError ("inhomogeneous
+    shape", "could not convert string to float"), without saying that the queries were at fault."""
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b"], {"g": np.ones((2, 2), np.float32)})
+    for q in ([[1.0, 2.0], [1.0]], np.array([["a", "b"]]), {"g": [[1.0, 2.0], [3.0]]}):
+        with pytest.raises(ValueError, match=r"similarity\(\): the queries .*(inhomogeneous|string)"):
+            similarity(scratch / "l", q)

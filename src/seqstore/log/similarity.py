@@ -108,13 +108,18 @@ def _as_float32(x: Any) -> np.ndarray[Any, Any]:
             raise ValueError(f"similarity(): the queries are {str(x.dtype).removeprefix('torch.')}; scores are real "
                              "dot products (pass the real and imaginary parts as real columns)")
         x = x.detach().float().cpu().numpy()
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "cV":  # (complex and bfloat16: below)
+            return np.asarray(arr, dtype=np.float32)
+    except (ValueError, TypeError) as exc:  # rows of different lengths, strings
+        raise ValueError(f"similarity(): the queries are not an array of numbers ({exc})") from None
+    if arr.dtype.name == BFLOAT16:
+        return bfloat16_to_float32(arr)
     if arr.dtype.kind == "c":  # (a cast to float32 would drop the imaginary parts)
         raise ValueError(f"similarity(): the queries are {arr.dtype}; scores are real dot products (pass the real "
                          "and imaginary parts as real columns)")
-    if arr.dtype.name == BFLOAT16:
-        return bfloat16_to_float32(arr)
-    return np.asarray(arr, dtype=np.float32)
+    raise ValueError(f"similarity(): the queries are not an array of numbers (dtype {arr.dtype})")
 
 
 class _TopK:
