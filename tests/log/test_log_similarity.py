@@ -225,3 +225,13 @@ def test_queries_numpy_cannot_convert_are_named(scratch: Path) -> None:
     for q in ([[1.0, 2.0], [1.0]], np.array([["a", "b"]]), {"g": [[1.0, 2.0], [3.0]]}):
         with pytest.raises(ValueError, match=r"similarity\(\): the queries .*(inhomogeneous|string)"):
             similarity(scratch / "l", q)
+
+
+@pytest.mark.parametrize("topk", [2.5, "3", 0])
+def test_topk_that_is_not_a_positive_int_is_named(scratch: Path, topk: Any) -> None:
+    """topk=2.5 raised numpy's "Partition index must be integer" from inside the scan (and "3" a TypeError
+    comparing str and int); a ValueError names topk and what it was."""
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b", "c"], {"g": np.ones((3, 2), np.float32)})
+    with pytest.raises(ValueError, match=rf"topk must be a positive int, got {topk!r}"):
+        similarity(scratch / "l", np.ones((1, 2), np.float32), topk=topk)

@@ -197,8 +197,8 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     n = max(0, stop - start)
     if keep_scores is None:
         keep_scores = topk is None and out is None
-    if topk is not None and topk <= 0:
-        raise ValueError(f"topk must be positive, got {topk}")
+    if topk is not None and (not isinstance(topk, (int, np.integer)) or isinstance(topk, bool) or topk <= 0):
+        raise ValueError(f"similarity(): topk must be a positive int, got {topk!r}")
     if chunk_rows is None:
         itemsize = st.schema[next(iter(columns))].storage_dtype.itemsize
         chunk_rows = max(256, _CHUNK_BYTES // max(1, width * itemsize))
