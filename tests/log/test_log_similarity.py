@@ -235,3 +235,26 @@ def test_topk_that_is_not_a_positive_int_is_named(scratch: Path, topk: Any) -> N
         lg.log(["a", "b", "c"], {"g": np.ones((3, 2), np.float32)})
     with pytest.raises(ValueError, match=rf"topk must be a positive int, got {topk!r}"):
         similarity(scratch / "l", np.ones((1, 2), np.float32), topk=topk)
+
+
+def test_a_scan_that_fails_leaves_nothing_at_out(scratch: Path) -> None:
+    """A scan with ``out=`` that failed part way (here a damaged shard) left an empty store at ``out``, and
+    the next call with the same ``out`` was refused as "already exists" (similarity has no overwrite):
+    ``out`` is now built aside and put in place only when the scan ends."""
+    import os
+
+    with Logger(scratch / "l", flush_bytes=1024, shard_bytes=2048, direct_io=False) as lg:
+        for b in range(8):
+            lg.log([f"x{b}-{k}" for k in range(16)], {"g": np.ones((16, 8), np.float32)})
+    assert ss.open(scratch / "l").num_shards == 2
+    damaged = scratch / "l" / "shard-000001" / "packed.npy"
+    good = damaged.read_bytes()
+    os.truncate(damaged, 200)
+    with pytest.raises(ss.SeqstoreError, match="packed.npy"):
+        similarity(scratch / "l", np.ones((1, 8), np.float32), out=scratch / "o", chunk_rows=8)
+    assert sorted(p.name for p in scratch.iterdir()) == ["l"]
+    damaged.write_bytes(good)
+    res = similarity(scratch / "l", np.ones((1, 8), np.float32), out=scratch / "o", chunk_rows=8)
+    assert res.out is not None and len(res.out) == 128 and res.out.matrix("score")[:, 0].tolist() == [8.0] * 128
+    with pytest.raises(FileExistsError):
+        similarity(scratch / "l", np.ones((1, 8), np.float32), out=scratch / "o")

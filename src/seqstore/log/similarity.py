@@ -15,14 +15,17 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, bfloat16_to_float32
 from ..store.reader import Store, open_store
+from ..store.write.outputs import check_output, replaced
 from ..store.writer import create
 from ._tensors import is_torch
 
@@ -205,49 +208,53 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
     per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
     top = _TopK(topk, nq) if topk is not None else None
-    writer = None
-    if out is not None:
-        spec: dict[str, Any] = {"score": Field("float32", (nq,))}
-        if per_field:
-            spec.update({f"by_field/{name}": Field("float32", (nq,)) for name in columns})
-        of = st.url if st.is_remote else str(Path(st.root).resolve())  # (a remote root is the cache's mirror)
-        meta = {"similarity_of": of, "queries": nq, "first_row": start, "columns": columns}
-        writer = create(out, spec, packed={"scores": list(spec)}, metadata=meta)
+    with ExitStack() as aside:
+        writer = None
+        if out is not None:
+            spec: dict[str, Any] = {"score": Field("float32", (nq,))}
+            if per_field:
+                spec.update({f"by_field/{name}": Field("float32", (nq,)) for name in columns})
+            of = st.url if st.is_remote else str(Path(st.root).resolve())  # (a remote root is the cache's mirror)
+            meta = {"similarity_of": of, "queries": nq, "first_row": start, "columns": columns}
+            target: Any = out
+            if not is_remote(out):  # built aside, put at out when the scan ends: a failure leaves nothing there
+                check_output(Path(out), False)
+                target = aside.enter_context(replaced(Path(out)))
+            writer = create(target, spec, packed={"scores": list(spec)}, metadata=meta)
 
-    def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
-                do_top: bool) -> None:
-        """Take one chunk's scores (rows first..first+r of the scan; ``parts`` per field)."""
-        r = total.shape[0]
-        if scores is not None and total.base is not scores:
-            scores[first : first + r] = total
-        if per is not None and parts is not None:
-            for name, arr in parts.items():
-                if arr.base is not per[name]:
-                    per[name][first : first + r] = arr
-        if top is not None and do_top:
-            top.add(total, start + first)
-        if writer is not None:
-            mats = [total] + ([parts[name] for name in columns] if parts is not None else [])
-            writer.append_batch({"scores": np.concatenate(mats, axis=1) if len(mats) > 1 else total})
+        def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
+                    do_top: bool) -> None:
+            """Take one chunk's scores (rows first..first+r of the scan; ``parts`` per field)."""
+            r = total.shape[0]
+            if scores is not None and total.base is not scores:
+                scores[first : first + r] = total
+            if per is not None and parts is not None:
+                for name, arr in parts.items():
+                    if arr.base is not per[name]:
+                        per[name][first : first + r] = arr
+            if top is not None and do_top:
+                top.add(total, start + first)
+            if writer is not None:
+                mats = [total] + ([parts[name] for name in columns] if parts is not None else [])
+                writer.append_batch({"scores": np.concatenate(mats, axis=1) if len(mats) > 1 else total})
 
-    scan = _Scan(st, q, fields, columns, chunk_rows, start, stop, per_field)
-    t0 = time.perf_counter()
-    try:
-        if device == "cpu":
-            _scan_cpu(scan, scores, per, consume)
-        elif device.startswith("cuda"):
-            want_full = scores is not None or writer is not None
-            _scan_cuda(scan, device, want_full, top, consume)
-        else:
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
-        out_store = None
-        if writer is not None:
-            writer.close()
-            out_store = open_store(out)  # type: ignore[arg-type]
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
+        scan = _Scan(st, q, fields, columns, chunk_rows, start, stop, per_field)
+        t0 = time.perf_counter()
+        try:
+            if device == "cpu":
+                _scan_cpu(scan, scores, per, consume)
+            elif device.startswith("cuda"):
+                want_full = scores is not None or writer is not None
+                _scan_cuda(scan, device, want_full, top, consume)
+            else:
+                raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+            if writer is not None:
+                writer.close()
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+    out_store = open_store(out) if out is not None else None
     seconds = time.perf_counter() - t0
     top_rows, top_scores = top.result() if top is not None else (None, None)
     return SimilarityResult(scores, per, top_rows, top_scores, out_store, columns, n, seconds)
