@@ -258,3 +258,17 @@ def test_a_scan_that_fails_leaves_nothing_at_out(scratch: Path) -> None:
     assert res.out is not None and len(res.out) == 128 and res.out.matrix("score")[:, 0].tolist() == [8.0] * 128
     with pytest.raises(FileExistsError):
         similarity(scratch / "l", np.ones((1, 8), np.float32), out=scratch / "o")
+
+
+def test_dict_queries_naming_a_field_the_store_lacks_are_refused(scratch: Path) -> None:
+    """A dict of queries with a name the store does not have (a typo, "grads" for "grad") was ignored
+    silently; it is a ValueError naming it. Queries for fields the store has but ``fields`` leaves out
+    are still ignored."""
+    with Logger(scratch / "l", schema={"m": {"grad": ss.Field("float32", (2,))}, "loss": ss.Field("float32")}) as lg:
+        lg.log(["a", "b"], {"m": {"grad": np.ones((2, 2), np.float32)}, "loss": np.ones(2, np.float32)})
+    q = {"m": {"grad": np.ones((1, 2), np.float32), "grads": np.ones((1, 2), np.float32)},
+         "loss": np.ones(1, np.float32)}
+    with pytest.raises(ValueError, match=r"similarity\(\): queries name field\(s\) \['m/grads'\] that .*/l lacks"):
+        similarity(scratch / "l", q)
+    del q["m"]["grads"]
+    assert similarity(scratch / "l", q, fields="m/grad").scores.tolist() == [[2.0], [2.0]]

@@ -75,6 +75,10 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
         from ..schema import flatten_values
 
         flat = flatten_values(queries, "similarity(): queries")
+        unknown = sorted(set(flat) - set(store.schema))
+        if unknown:  # (a field the store has but ``fields`` leaves out is not scanned: its queries are ignored)
+            raise ValueError(f"similarity(): queries name field(s) {unknown} that {store.url} lacks; its fields are "
+                             f"{list(store.schema)}")
         missing = sorted(set(columns) - set(flat))
         if missing:
             raise ValueError(f"similarity(): queries lack field(s) {missing}; the scanned fields are {list(columns)}")
