@@ -272,3 +272,16 @@ def test_dict_queries_naming_a_field_the_store_lacks_are_refused(scratch: Path) 
         similarity(scratch / "l", q)
     del q["m"]["grads"]
     assert similarity(scratch / "l", q, fields="m/grad").scores.tolist() == [[2.0], [2.0]]
+
+
+def test_device_cuda_without_a_cuda_device_is_named(scratch: Path) -> None:
+    """device="cuda" where torch has no CUDA raised torch's AssertionError ("Torch not compiled with CUDA
+    enabled") from inside the scan, after ``out`` was made; a ValueError names the device, before anything is made."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a"], {"g": np.ones((1, 2), np.float32)})
+    with pytest.raises(ValueError, match=r"similarity\(\): device='cuda', but torch finds no CUDA device"):
+        similarity(scratch / "l", np.ones((1, 2), np.float32), device="cuda", out=scratch / "o")
+    assert not (scratch / "o").exists()

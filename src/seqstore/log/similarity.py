@@ -204,6 +204,13 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     n = max(0, stop - start)
     if keep_scores is None:
         keep_scores = topk is None and out is None
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"similarity(): device={device!r}, but torch finds no CUDA device (use device='cpu')")
+    elif device != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
     if topk is not None and (not isinstance(topk, (int, np.integer)) or isinstance(topk, bool) or topk <= 0):
         raise ValueError(f"similarity(): topk must be a positive int, got {topk!r}")
     if chunk_rows is None:
@@ -247,11 +254,9 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         try:
             if device == "cpu":
                 _scan_cpu(scan, scores, per, consume)
-            elif device.startswith("cuda"):
+            else:
                 want_full = scores is not None or writer is not None
                 _scan_cuda(scan, device, want_full, top, consume)
-            else:
-                raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
             if writer is not None:
                 writer.close()
         except BaseException:
