@@ -393,9 +393,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     size = sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in first.values())
     slot_bytes = max(4 * size, 1 << 16)
     nslots = procs * depth
-    # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
-    # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
-    opened, quiet = _Open(), InterruptsIgnored()  # live as long as this frame
+    # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker reports it
+    # as leaked (the daemon workers are ended by multiprocessing's own exit handler; clock: time's, gone by then)
+    opened, quiet, clock = _Open(), InterruptsIgnored(), time.monotonic  # live as long as this frame
     with quiet:  # (a Ctrl-C between the two would leave the name in /dev/shm)
         shm = _Block(create=True, size=slot_bytes * nslots)
         at_exit = weakref.finalize(opened, _unlink_block, shm)
@@ -580,10 +580,10 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     c.send(None)
                 except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
                     pass
-            end = time.monotonic() + 5  # the answers nobody will use, read until each worker ends (one larger than
+            end = clock() + 5  # the answers nobody will use, read until each worker ends (one larger than
             for w, p in enumerate(workers):  # the pipe holds would block it); those silent for 5 s in all are ended
                 try:
-                    while w != stuck and pollers[w].poll(max(0, int((end - time.monotonic()) * 1000))):
+                    while w != stuck and pollers[w].poll(max(0, int((end - clock()) * 1000))):
                         conns[w].recv()
                 except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
                     p.join(timeout=5)
