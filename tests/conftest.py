@@ -123,3 +123,46 @@ def _short_dataloader_worker_joins() -> None:
     except ImportError:
         return
     torch_data_utils.MP_STATUS_CHECK_INTERVAL = 0.2
+
+
+#: Tests that take several seconds each and repeat a check that a faster test of the default run makes along
+#: another path (another back end, signal, node fault or loader mode): ``make test-slow`` runs them, with the
+#: long scale tests, so that the default run stays under 15 minutes. Ids as pytest prints them under tests/.
+LONG_VARIANTS = frozenset({
+    "cluster/test_cluster.py::test_node_killed_mid_epoch_resumes_on_the_survivor",
+    "cluster/test_cluster.py::test_object_store_restarted_mid_epoch",
+    "cluster/test_cluster.py::test_link_cut_right_after_open_is_ridden_out",
+    "cluster/test_cluster.py::test_slowdown_503_on_a_fraction_of_requests",
+    "test_spark.py::test_write_errors_name_the_column",
+    "test_spark.py::test_task_killed_mid_write_is_retried_exactly_once",
+    "test_spark.py::test_failed_overwrite_with_another_schema_leaves_the_store_writable",
+    "test_ray.py::test_create_onto_an_existing_store_prints_only_the_seqstore_error",
+    "test_ray.py::test_write_task_killed_mid_write_is_retried_exactly_once",
+    "test_remote_errors.py::test_exit_after_a_remote_error_with_requests_in_flight_keeps_its_status",
+    "test_remote_errors.py::test_after_an_answer_a_refused_link_gets_the_whole_budget",
+    "test_remote_retry_budget.py::test_an_outage_shorter_than_the_budget_is_ridden_out",
+    "test_remote_failures.py::test_a_listing_through_a_silent_fsspec_endpoint_raises_a_named_error",
+    "test_remote_failures.py::test_an_upload_to_a_silent_fsspec_endpoint_raises_a_named_error[256]",
+    "test_remote_parts.py::test_convert_workers_to_s3",
+    "test_remote_read.py::test_torch_loaders_with_helpers_read_small_batches_ahead[map]",
+    "test_remote_read.py::test_seqdataset_at_its_default_prefetch_reads_in_runs_as_the_iterable_does[workers]",
+    "test_remote_read.py::test_packed_batches_read_ahead_on_a_remote_store[procs]",
+    "test_remote_hostile.py::test_a_bad_answer_is_a_named_error_or_the_right_bytes[once-direct-trickle]",
+    "test_remote_hostile.py::test_a_bad_answer_is_a_named_error_or_the_right_bytes[once-direct-silent]",
+    "test_remote_hostile.py::test_a_bad_answer_is_a_named_error_or_the_right_bytes[once-obstore-silent]",
+    "torch/test_torch_worker_errors.py::test_workers_end_quietly_after_a_refused_read",
+    "torch/test_torch_run_buffers.py::test_run_buffers_go_when_the_loop_is_killed",
+    "torch/test_torch_chooser.py::test_a_second_ctrl_c_while_the_workers_end_is_ignored_quietly",
+    "torch/test_torch_direct.py::test_threads_a_second_ctrl_c_while_the_helpers_end_is_ignored_quietly",
+    "interop/test_interop_parallel.py::test_a_failing_progress_callback_fails_the_conversion_instead_of_hanging",
+    # SIGTERM and the double Ctrl-C: 20 trials each in test_interrupt_leaves_nothing_20_trials (slow as well)
+    *(f"interop/test_interop_interrupts.py::test_interrupt_leaves_nothing[{c}-{how}]"
+      for c in ("convert", "copy", "export") for how in ("double-sigint", "sigterm")),
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m 'not slow' deselects)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.partition("tests/")[2] in LONG_VARIANTS:
+            item.add_marker(pytest.mark.slow)
