@@ -133,6 +133,9 @@ LONG_VARIANTS = frozenset({
     "cluster/test_cluster.py::test_object_store_restarted_mid_epoch",
     "cluster/test_cluster.py::test_link_cut_right_after_open_is_ridden_out",
     "cluster/test_cluster.py::test_slowdown_503_on_a_fraction_of_requests",
+    "cluster/test_cluster.py::test_link_cut_mid_epoch_stalls_and_continues[host]",
+    "test_spark.py::test_write_to_s3",  # (test_ray.py::test_write_to_s3 writes parts to S3 in the default run)
+    "data/test_packing.py::test_concat_equals_numpy_concatenation_at_1e5_documents",
     "test_spark.py::test_write_errors_name_the_column",
     "test_spark.py::test_task_killed_mid_write_is_retried_exactly_once",
     "test_spark.py::test_failed_overwrite_with_another_schema_leaves_the_store_writable",

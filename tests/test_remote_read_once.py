@@ -253,7 +253,7 @@ def test_read_once_by_default_where_the_store_exceeds_the_node_cache(moto_s3: Mo
 
     store = opened(small)
     assert store.read_once
-    _epoch(store, loc, "random_block:16:4", 7)  # the runs, received into memory
+    _epoch(store, loc, "random_block:16:4", 64)  # the runs, received into memory
     assert not opened(big).read_once
     assert not opened(small, read_once="false").read_once
     assert opened(big, read_once="true").read_once
