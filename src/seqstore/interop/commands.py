@@ -31,6 +31,7 @@ from ..errors import SeqstoreError
 from ..io.objects import is_remote
 from ..store import open_store
 from ._common import Progress, announce_total, remove_path
+from .cli_words import cli_message
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
            "register_source", "register_target", "add_subcommands", "convert_main", "export_main", "positive_int"]
@@ -401,38 +402,6 @@ def _with_bar(conv: Converter, args: argparse.Namespace, desc: str) -> Any:
         return conv.run(args, bar)
     finally:
         bar.close()
-
-
-#: Python spellings in library messages -> the command line's options (errors of the commands speak CLI).
-CLI_WORDS = {
-    "pass overwrite=True": "pass --overwrite",
-    "columns={column: field}": "--map COLUMN=FIELD",
-    "rename={stream: field}": "--rename STREAM=FIELD",
-    "fields={field: key}": "--field FIELD=KEY",
-    "features=True": "--features",
-    "audio=True": "--audio",
-    "audio=False": "--no-audio",
-    "import it with import_hf": "convert it with --from hf",
-    "import it with import_arrow": "convert it with --from arrow",
-    "import it with import_parquet": "convert it with --from parquet",
-    "channels='first' or channels='mix'": "--channels first or --channels mix",
-    "split=NAME": "--split NAME",
-    "pass another id_column (or None)": "pass another --id-column (or --id-column none)",
-    "storage_options are for URLs": "-o options are for URLs",
-    "; pass dtype=...": "; pass --dtype ...",
-    "pass keys='index'": "pass --keys index",
-    "pass strict=False": "pass --skip-unknown",
-    "fields={ext: field}": "--ext EXT=FIELD",
-    "fields={field: ext}": "--ext FIELD=EXT",
-}
-
-
-def cli_message(exc: BaseException) -> str:
-    """The message of an error raised by the library, with its Python option names in CLI spelling."""
-    msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-    for py, cli in CLI_WORDS.items():
-        msg = msg.replace(py, cli)
-    return msg
 
 
 _USER_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError, KeyError)
