@@ -36,6 +36,49 @@ _DONE: Future[int] = Future()  # what a write returns when nothing of the caller
 _DONE.set_result(0)
 
 
+def stage(
+    parts: list[np.ndarray[Any, Any]],
+    staging: dict[str, tuple[np.ndarray[Any, Any], int, np.ndarray[Any, Any], int]],
+    spare: dict[str, np.ndarray[Any, Any]],
+    name: str,
+    caller: set[int],
+    direct_io: bool,
+) -> None:
+    """Move the piece just buffered (the last of ``parts``, unit ``name``'s buffer) out of the caller's
+    memory with one copy into a staging array of about DIRECT_BYTES (``staging[name]``; reused across
+    flushes through ``spare``). Consecutive pieces fill the same staging array, so a flush writes a few
+    large runs and copies nothing again."""
+    piece = parts.pop()
+    if piece.base is None and id(piece) not in caller:
+        parts.append(piece)  # converted by the writer: already private
+        staging.pop(name, None)
+        return
+    rows = piece.shape[0]
+    if rows == 0 or piece.nbytes == 0:
+        parts.append(piece.copy())  # nothing to stage
+        return
+    staged = staging.get(name)
+    if staged is not None and parts and parts[-1] is staged[2] and staged[1] + rows <= staged[0].shape[0]:
+        arr, used, _, first = staged
+        arr[used : used + rows] = piece
+        view = arr[first : used + rows]
+        parts[-1] = view
+        staging[name] = (arr, used + rows, view, first)
+        return
+    row_bytes = max(piece.nbytes // rows, 1)
+    capacity = max(rows, DIRECT_BYTES // row_bytes)
+    reuse = spare.pop(name, None)
+    if reuse is not None and reuse.shape[0] >= capacity and reuse.dtype == piece.dtype:
+        arr = reuse
+    else:
+        shape = (capacity, *piece.shape[1:])
+        arr = aligned_empty(shape, piece.dtype) if direct_io else np.empty(shape, dtype=piece.dtype)
+    arr[:rows] = piece
+    view = arr[:rows]
+    parts.append(view)
+    staging[name] = (arr, rows, view, 0)
+
+
 def row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """(B+1,) first row of each record of a ragged batch column, plus the total."""
     starts = np.zeros(len(lengths) + 1, dtype=np.int64)

@@ -28,7 +28,7 @@ from ...format.manifest import ShardInfo
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
 from . import at_exit, disk
-from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts
+from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts, stage
 from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, Start, stats_number
 from .values import ragged_column, shape_text, storage_value
@@ -335,47 +335,12 @@ class Writer:
                     self._flush()
                 else:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
                     for name, _ in self._units:
-                        self._stage(name, caller)
+                        stage(self._buf[name], self._staging, self._spare, name, caller, self.direct_io)
                 start = stop
         except BaseException as exc:
             if self._failed is None and not isinstance(exc, SeqstoreError):
                 self._failed = exc
             raise
-
-    def _stage(self, name: str, caller: set[int]) -> None:
-        """Move the piece just buffered for unit ``name`` out of the caller's memory with one copy into
-        a staging array of about DIRECT_BYTES (reused across flushes). Consecutive pieces fill the same
-        staging array, so a flush writes a few large runs and copies nothing again."""
-        parts = self._buf[name]
-        piece = parts.pop()
-        if piece.base is None and id(piece) not in caller:
-            parts.append(piece)  # converted by us: already private
-            self._staging.pop(name, None)
-            return
-        rows = piece.shape[0]
-        if rows == 0 or piece.nbytes == 0:
-            parts.append(piece.copy())  # nothing to stage
-            return
-        staged = self._staging.get(name)
-        if staged is not None and parts and parts[-1] is staged[2] and staged[1] + rows <= staged[0].shape[0]:
-            arr, used, _, first = staged
-            arr[used : used + rows] = piece
-            view = arr[first : used + rows]
-            parts[-1] = view
-            self._staging[name] = (arr, used + rows, view, first)
-            return
-        row_bytes = max(piece.nbytes // rows, 1)
-        capacity = max(rows, DIRECT_BYTES // row_bytes)
-        spare = self._spare.pop(name, None)
-        if spare is not None and spare.shape[0] >= capacity and spare.dtype == piece.dtype:
-            arr = spare
-        else:
-            shape = (capacity, *piece.shape[1:])
-            arr = aligned_empty(shape, piece.dtype) if self.direct_io else np.empty(shape, dtype=piece.dtype)
-        arr[:rows] = piece
-        view = arr[:rows]
-        parts.append(view)
-        self._staging[name] = (arr, rows, view, 0)
 
     def _buf_full(self) -> bool:
         """Flush when the buffer is full or the shard it goes into would be."""
