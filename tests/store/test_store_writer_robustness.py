@@ -399,3 +399,50 @@ def test_a_writer_whose_store_was_replaced_says_so(tmp_path: Path) -> None:
     st = ss.open(root)
     assert len(st) == 0 and "seen" not in st.manifest.stats
     assert fds_under(root) == [] and not workspaces(root)
+
+
+def test_a_commit_that_fails_after_its_shard_is_in_the_store_keeps_the_records(tmp_path: Path) -> None:
+    """A local commit renamed the finished shard into the store and then could not save the manifest (a full
+    disk; here its temporary file's path is taken by a directory): the writer was marked failed and its
+    records lost, though the shard was whole. The shard now goes back to the writer's workspace, the writer
+    stays open, and its next commit commits it first (here a full shard's own commit, from append)."""
+    root = tmp_path / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
+    for i in range(3):
+        w.append({"x": i})
+    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
+    blocker.mkdir()
+    with pytest.raises(OSError):
+        w.append({"x": 3})  # the shard of records 2, 3 is full: committed here
+    assert len(ss.open(root)) == 2 and not (root / "shard-000001").exists()
+    blocker.rmdir()
+    w.append({"x": 4})
+    w.close()
+    assert ss.open(root).get_batch(np.arange(5), fields=["x"])["x"].tolist() == [0, 1, 2, 3, 4]
+    assert verify(root) == [] and fds_under(root) == [] and not workspaces(root)
+
+
+def test_a_full_disk_at_the_shard_tables_row_keeps_the_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard table's row could not be written (ENOSPC) after the shard was renamed into the store: the
+    records were lost and the writer unusable. Now the error names the store, the writer goes on, and the
+    shard is committed (before the next one) once there is room."""
+    from seqstore.store.write import disk
+
+    root = tmp_path / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())})
+    w.append({"x": 0})
+    w.commit()
+    w.append({"x": 1})
+
+    def full(fd: int, data: memoryview, offset: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(disk, "pwrite_all", full)
+        with pytest.raises(OSError, match=f"cannot write the store {root}"):
+            w.commit()
+    assert len(ss.open(root)) == 1
+    w.append({"x": 2})
+    w.close()
+    assert ss.open(root).get_batch(np.arange(3), fields=["x"])["x"].tolist() == [0, 1, 2]
+    assert verify(root) == [] and fds_under(root) == [] and not workspaces(root)

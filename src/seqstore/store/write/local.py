@@ -66,6 +66,7 @@ from .target import (
     CommitTarget,
     Finished,
     IdsMismatch,
+    NotCommitted,
     Part,
     PartShard,
     Start,
@@ -208,34 +209,48 @@ class LocalTarget(CommitTarget):
             if target.exists():  # renamed by a writer that died before saving the manifest
                 shutil.rmtree(target)
             os.rename(shard.path, target)
-            fsync_dir(root)
-            if manifest.table is not None:
-                table, start = manifest.shard_table(), manifest.table.records
-                row = encode_row(number, start, pending.records, pending.has_ids,
-                                 [pending.rows[r] for r in manifest.ragged], shard.desc_crc)
-                append_row(root, manifest.table.rows, row, len(manifest.ragged), manifest.table.id)
-                count = manifest.table.rows + 1
-                manifest.table = manifest.table.after(row, pending.records)
+            generation = manifest.generation + 1  # the one _record saves
+            try:
+                return self._record(manifest, shard, number, name, stats)
+            except Exception as exc:
+                if _saved(root, generation):
+                    raise  # committed: the manifest lists the shard
+                # nothing committed (a full disk at the table's row or the manifest): the shard goes back to
+                # the workspace and the writer keeps it for its next commit
+                os.rename(target, shard.path)
+                raise NotCommitted(exc) from exc
 
-                def locate(k: int) -> tuple[str, int]:
-                    if k == count - 1:
-                        return name, start
-                    return shard_dir_name(int(table.data["number"][k])), int(table.starts[k])
-            else:
-                shards = list(manifest.shards) + [ShardInfo(name, pending.records, pending.rows, pending.files,
-                                                            pending.has_ids)]
-                manifest.shards = shards
-                count = len(shards)
-                starts = np.concatenate([[0], np.cumsum([s.records for s in shards], dtype=np.int64)])
+    def _record(self, manifest: Manifest, shard: Finished, number: int, name: str, stats: Mapping[str, float]) -> str:
+        """Record the shard renamed into the store as ``name`` and save the manifest (under the lock)."""
+        root, pending = self.root, shard.info
+        fsync_dir(root)
+        if manifest.table is not None:
+            table, start = manifest.shard_table(), manifest.table.records
+            row = encode_row(number, start, pending.records, pending.has_ids,
+                             [pending.rows[r] for r in manifest.ragged], shard.desc_crc)
+            append_row(root, manifest.table.rows, row, len(manifest.ragged), manifest.table.id)
+            count = manifest.table.rows + 1
+            manifest.table = manifest.table.after(row, pending.records)
 
-                def locate(k: int) -> tuple[str, int]:
-                    return shards[k].name, int(starts[k])
+            def locate(k: int) -> tuple[str, int]:
+                if k == count - 1:
+                    return name, start
+                return shard_dir_name(int(table.data["number"][k])), int(table.starts[k])
+        else:
+            shards = list(manifest.shards) + [ShardInfo(name, pending.records, pending.rows, pending.files,
+                                                        pending.has_ids)]
+            manifest.shards = shards
+            count = len(shards)
+            starts = np.concatenate([[0], np.cumsum([s.records for s in shards], dtype=np.int64)])
 
-            manifest.generation += 1
-            add_stats(manifest.stats, stats)
-            superseded = maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
-            manifest.save(root)
-            unlink_superseded(root, superseded)
+            def locate(k: int) -> tuple[str, int]:
+                return shards[k].name, int(starts[k])
+
+        manifest.generation += 1
+        add_stats(manifest.stats, stats)
+        superseded = maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
+        manifest.save(root)
+        unlink_superseded(root, superseded)
         return name
 
     def _check_schema(self, manifest: Manifest) -> None:
@@ -395,6 +410,16 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
             run_name = f"{INDEX_DIR}/{path.name.split('.', 1)[0]}"
             if run_name not in runs:
                 path.unlink(missing_ok=True)
+
+
+def _saved(root: Path, generation: int) -> bool:
+    """Whether ``manifest.json`` of ``root`` has ``generation`` (its save got as far as the rename), or cannot
+    be read (then the commit may have happened: nothing is undone)."""
+    path = root / MANIFEST
+    try:
+        return Manifest.parse(path.read_bytes(), str(path)).generation == generation
+    except Exception:  # noqa: BLE001
+        return True
 
 
 def remove_dead_deletions(root: Path) -> None:

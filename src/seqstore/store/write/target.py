@@ -48,6 +48,15 @@ class IdsMismatch(Exception):
         self.has_ids = has_ids
 
 
+class NotCommitted(Exception):
+    """A commit step failed after the target had moved the finished shard and nothing was committed: the
+    shard is back where it was, so the writer stays usable and commits it again. ``error``: what failed."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 @dataclasses.dataclass
 class Start:
     """What a writer starts from: the schema it writes, the store's ``id_lookup``, the records committed

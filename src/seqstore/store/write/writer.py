@@ -30,7 +30,7 @@ from ..directio import aligned_empty
 from . import at_exit, disk
 from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts, stage
 from .shard_files import ShardFiles
-from .target import CommitTarget, Finished, IdsMismatch, Start, stats_number
+from .target import CommitTarget, Finished, IdsMismatch, NotCommitted, Start, stats_number
 from .values import ragged_column, shape_text, storage_value
 
 __all__ = ["Writer"]
@@ -375,7 +375,7 @@ class Writer:
             self._shard_bytes += self._buf_bytes
             self._reset_buffer()
             if self._shard_bytes >= self.shard_bytes or self._shard_records >= self.max_shard_records:
-                self._commit_shard()
+                self._commit_shard_files()  # (inside _failing already)
 
     @contextmanager
     def _failing(self) -> Iterator[None]:
@@ -385,6 +385,8 @@ class Writer:
             yield
         except SeqstoreError:
             raise
+        except NotCommitted as exc:  # the finished shard intact: the next commit (or close()) retries it
+            raise disk.write_error(exc.error, self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
         except BaseException as exc:
             self._failed = exc
             raise disk.write_error(exc, self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
