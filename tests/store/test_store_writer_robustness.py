@@ -446,3 +446,22 @@ def test_a_full_disk_at_the_shard_tables_row_keeps_the_records(tmp_path: Path, m
     w.close()
     assert ss.open(root).get_batch(np.arange(3), fields=["x"])["x"].tolist() == [0, 1, 2]
     assert verify(root) == [] and fds_under(root) == [] and not workspaces(root)
+
+
+def test_a_second_close_after_a_failed_write_raises_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() after a failed write raised once and discarded the uncommitted records; a second close()
+    returned without a word, as if they had been committed. It now raises the same error again."""
+    root = tmp_path / "s"
+    w = ss.create(root, SCHEMA, buffer_bytes=1)
+    w.append_batch(_batch(2))
+    _disk_full_at_the_second_write(monkeypatch)
+    with pytest.raises(OSError, match="No space"):
+        w.append_batch(_batch(2, 2.0))
+    monkeypatch.undo()
+    with pytest.raises(ss.SeqstoreError, match="earlier write failed") as first:
+        w.close()
+    with pytest.raises(ss.SeqstoreError, match="earlier write failed") as second:
+        w.close()
+    assert second.value is first.value
+    w.abort()  # (abort stays quiet: discarding is what it is for)
+    assert len(ss.open(root)) == 0 and fds_under(root) == [] and not workspaces(root)

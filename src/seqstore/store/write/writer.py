@@ -67,6 +67,7 @@ class Writer:
         self.shard_bytes, self.buffer_bytes, self.max_shard_records = shard_bytes, buffer_bytes, max_shard_records
         self._pid = os.getpid()
         self._failed: BaseException | None = None
+        self._close_error: Exception | None = None  # what a close() that discarded the records raised
         start = self._start = self._open()
         self.root = start.root  #: the store's directory, or the local staging directory of a store at a URL
         self._workspace = start.workspace
@@ -497,16 +498,21 @@ class Writer:
     def close(self) -> None:
         """Commit what is pending and release the writer. A commit that fails with the records intact (a
         named error: the network or the lock file unusable for a while) leaves the writer open with them:
-        close() again commits them, abort() gives them up. A failed write or an interrupt aborts."""
+        close() again commits them, abort() gives them up. A failed write or an interrupt aborts (the
+        records are discarded), and a later close() raises the same error again."""
         if self._closed:
+            if self._close_error is not None:  # the records were discarded: never a quiet second close()
+                raise self._close_error
             return
         if os.getpid() != self._pid:  # a forked child's copy: committing would take the parent's shard
             self._closed = True
             return
         try:
             self.commit()
-        except BaseException:
+        except BaseException as exc:
             if self._failed is not None or self._exit_unsafe:
+                self._close_error = exc if isinstance(exc, Exception) else SeqstoreError(
+                    f"{self.target.where}: close() was interrupted ({exc!r}); the uncommitted records were discarded")
                 self.abort()  # releases the writer and closes the shard's files
             raise
         self.abort()  # (nothing is pending any more) releases the writer
