@@ -465,3 +465,23 @@ def test_a_second_close_after_a_failed_write_raises_again(tmp_path: Path, monkey
     assert second.value is first.value
     w.abort()  # (abort stays quiet: discarding is what it is for)
     assert len(ss.open(root)) == 0 and fds_under(root) == [] and not workspaces(root)
+
+
+def test_a_full_disk_at_a_commit_of_stats_only_keeps_the_writer(tmp_path: Path) -> None:
+    """A commit of add_stats deltas alone whose manifest could not be saved (a full disk; here the temporary
+    file's path is taken by a directory) marked the writer failed: close() then discarded the deltas and
+    its records appended since. Nothing was changed, so the writer now stays usable and commits them later."""
+    root = tmp_path / "s"
+    ss.create(root, {"x": ss.Field("int64", ())}).close()
+    w = ss.append_to(root)
+    w.add_stats({"seen": 2})
+    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
+    blocker.mkdir()
+    with pytest.raises(OSError):
+        w.commit()
+    blocker.rmdir()
+    w.append({"x": 7})
+    w.close()
+    st = ss.open(root)
+    assert st.manifest.stats["seen"] == 2 and st.get_batch(np.arange(1), fields=["x"])["x"].tolist() == [7]
+    assert fds_under(root) == [] and not workspaces(root)

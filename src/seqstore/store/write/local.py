@@ -194,7 +194,12 @@ class LocalTarget(CommitTarget):
                 self._check_schema(manifest)
                 add_stats(manifest.stats, stats)
                 manifest.generation += 1
-                manifest.save(root)
+                try:
+                    manifest.save(root)
+                except Exception as exc:
+                    if _saved(root, manifest.generation):
+                        raise
+                    raise NotCommitted(exc) from exc  # (a full disk) the deltas stay the writer's
             return ""
         pending = shard.info
         with store_lock(root):
