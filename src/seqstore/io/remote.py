@@ -152,11 +152,15 @@ class RemoteRoot:
     def _build_mirror(self, mirror: Path, manifest_bytes: bytes) -> None:
         tmp = mirror.with_name(f"{mirror.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         with self.cache.building(tmp):  # (deleted by the next eviction if this process is killed here)
-            (tmp / MANIFEST).write_bytes(manifest_bytes)
             table, need = self._table(manifest_bytes)
-            if need:
-                (tmp / table).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / table).write_bytes(self._get_table(table, need))
+            got = self._get_table(table, need) if need else b""
+            try:
+                (tmp / MANIFEST).write_bytes(manifest_bytes)
+                if need:
+                    (tmp / table).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / table).write_bytes(got)
+            except OSError as exc:
+                raise self._disk_error(exc, mirror / MANIFEST) from None
             self.cache.reserve(_pages(len(manifest_bytes)) + _pages(need))
             try:
                 os.rename(tmp, mirror)
@@ -243,10 +247,20 @@ class RemoteRoot:
         budget (``reserve`` False: not counted again, for a copy written again in place of one counted)."""
         if reserve:
             self.cache.reserve(_pages(len(data)))
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # e.g. a full disk: no part-written copy left, and say which (the node cache's)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise self._disk_error(exc, path) from None
+
+    def _disk_error(self, exc: OSError, path: Path) -> OSError:
+        """``exc``, met writing mirror file ``path``, as an error naming the store and the node cache."""
+        return OSError(exc.errno, f"{exc.strerror}: cannot write the node cache's copy of {self.display(path)} "
+                       f"(store {self.url}); free space under {self.cache.root} or lower cache_bytes", str(path))
 
     def _known(self, name: str) -> dict[str, ObjectMeta]:
         """Sizes and ETags of shard ``name``'s objects this node has seen (``_remote.json`` in the mirror)."""

@@ -1,0 +1,78 @@
+"""Errors of a remote store's node cache: a full cache disk, an entry that cannot be opened, a copy
+fetched again that does not fit the budget. Each names the store's URL and the cache, and leaves no
+temporary file behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.s3 import MotoS3
+from support.tmpfs import run_on_small_tmpfs
+
+pytest.importorskip("seqstore.io.remote")
+
+import seqstore as ss  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _uploaded(moto_s3: MotoS3, bucket: str, tmp_path: Path, prefix: str, records: int = 40) -> str:
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=10) as w:
+        w.append_batch({"v": np.arange(records)})
+    return moto_s3.upload_dir(root, bucket, f"{prefix}/s.seqstore")
+
+
+_FULL_MIRROR = """
+import errno, json, os, sys
+import seqstore as ss
+
+root = sys.argv[1]
+url, opts = json.loads(%r)
+cache = os.path.join(root, "cache")
+fd = os.open(os.path.join(root, "filler"), os.O_WRONLY | os.O_CREAT)
+
+
+def fill():
+    try:
+        while True:
+            os.write(fd, bytes(4096))
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+
+
+def refused(call, what):
+    try:
+        call()
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC and url in str(exc) and cache in str(exc), repr(exc)
+    else:
+        raise AssertionError(what + " written to a full disk")
+    left = [f for d, _, files in os.walk(os.path.join(cache, "stores")) for f in files + d.split(os.sep)
+            if ".tmp-" in f]
+    assert left == [], left
+
+
+os.makedirs(cache)
+fill()
+refused(lambda: ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=1 << 30), "a store's mirror")
+os.ftruncate(fd, 0)
+store = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=1 << 30)
+fill()
+refused(lambda: store.get_batch([0]), "a shard's metadata")
+print("alive")
+"""
+
+
+def test_a_mirror_file_written_on_a_full_cache_disk_is_a_named_error_and_leaves_nothing(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """Writing a shard's descriptor or saved object sizes into the store's mirror on a full cache disk
+    raised a bare ``OSError(28)`` naming a temporary file, and left that ``.<name>.tmp-*`` file in the
+    mirror for ever (no eviction deletes it)."""
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "full")
+    script = _FULL_MIRROR % json.dumps([url, moto_s3.storage_options()])
+    _disk, got = run_on_small_tmpfs(script, tmp_path, "1m")
+    assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
