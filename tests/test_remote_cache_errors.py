@@ -5,7 +5,9 @@ temporary file behind."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,3 +78,30 @@ def test_a_mirror_file_written_on_a_full_cache_disk_is_a_named_error_and_leaves_
     script = _FULL_MIRROR % json.dumps([url, moto_s3.storage_options()])
     _disk, got = run_on_small_tmpfs(script, tmp_path, "1m")
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_an_entry_made_anew_at_every_open_is_an_error_naming_the_object(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process makes a cache entry anew between the opens of its two files, every time: the error
+    named only the hashed page-map path, not the object whose entry it is."""
+    from seqstore.io import nodecache
+    from seqstore.io.mapping import PAGE
+
+    url, tag, size = "s3://bucket/racy-key", '"tag"', 1 << 16
+    mine, other = nodecache.NodeCache(tmp_path, 1 << 30), nodecache.NodeCache(tmp_path, 1 << 30)
+    real_open = os.open
+
+    def open_then_race(path: Any, flags: int, *more: Any) -> int:
+        fd = real_open(path, flags, *more)
+        if str(path).endswith(".data"):  # the other process, making the entry anew between the two opens
+            racer = object.__new__(nodecache.CachedObject)
+            racer.cache, racer.size, racer.pages = other, size, size // PAGE
+            racer.data_path, racer.bits_path = Path(path), Path(str(path)[: -len(".data")] + ".bits")
+            nodecache.CachedObject._create(racer, Path(path).parent)
+        return fd
+
+    monkeypatch.setattr(nodecache.os, "open", open_then_race)
+    monkeypatch.setattr(nodecache.time, "sleep", lambda s: None)
+    with pytest.raises(OSError, match="made anew") as got:
+        mine.object(url, tag, size)
+    assert url in str(got.value) and str(tmp_path) in str(got.value)

@@ -392,7 +392,9 @@ class CachedObject:
                 break
             time.sleep(0.005 * (1 << attempt))  # (another process between its two renames: 1.3 s in all)
         else:
-            raise OSError(f"{self.bits_path}: the cache entry is made anew faster than it can be opened")
+            raise OSError(f"{self.url}: its node cache entry ({self.bits_path}, under {cache.root}) was made anew "
+                          "by another process each time it was opened, 8 times; try again, or give this process a "
+                          "cache_dir of its own")
         self.bits = np.frombuffer(self._bits_map, dtype=np.uint8, count=self.pages, offset=_HEADER)
         # which pages other processes on the node are fetching (mapped when first asked)
         self.claims = Claims(sub / f"{name}.claims", self.pages, self.bits, self.fd, self._make_claims)
