@@ -105,3 +105,33 @@ def test_an_entry_made_anew_at_every_open_is_an_error_naming_the_object(tmp_path
     with pytest.raises(OSError, match="made anew") as got:
         mine.object(url, tag, size)
     assert url in str(got.value) and str(tmp_path) in str(got.value)
+
+
+def test_a_shard_mapped_again_after_its_object_changed_is_a_stale_store_error(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """A shard read before its object was replaced, dropped from the mapped shards and mapped again: the
+    object's new ETag differs from the one read before. That was a ``CorruptionError`` saying only "the
+    object changed while it was read"; docs/remote.md promises ``StaleStoreError`` (reopen the store)."""
+    from seqstore.errors import StaleStoreError
+    from seqstore.format.npy import read_header
+
+    root = tmp_path / "s.seqstore"
+    with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=1000) as w:
+        w.append_batch({"v": np.arange(2000)})
+    url = moto_s3.upload_dir(root, s3_bucket, "changed/s.seqstore")
+    opts, cache = moto_s3.storage_options(), tmp_path / "cache"
+    store = ss.open(url, storage_options=opts, cache_dir=cache, max_mapped_shards=1)
+    assert int(store.get_batch([0])["v"][0]) == 0
+    name = store.manifest.shards[0].name
+    raw = bytearray((root / name / "v.npy").read_bytes())
+    at = read_header(root / name / "v.npy").data_offset
+    raw[at : at + 8] = np.array([7], "<i8").tobytes()  # record 0 is 7 now: other bytes, the same size
+    moto_s3.put(s3_bucket, f"changed/s.seqstore/{name}/v.npy", bytes(raw))
+    with pytest.raises(StaleStoreError):
+        store.get_batch([999])  # a page not fetched yet, asked for at the ETag read before
+    store.get_batch([1500])  # shard 0 dropped
+    with pytest.raises(StaleStoreError, match="reopen") as got:
+        store.get_batch([0])  # mapped again: the object's ETag is not the one read before
+    assert f"{url}/{name}/v.npy" in str(got.value)
+    again = ss.open(url, storage_options=opts, cache_dir=cache, max_mapped_shards=1)
+    assert int(again.get_batch([0])["v"][0]) == 7

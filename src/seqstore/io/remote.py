@@ -225,8 +225,10 @@ class RemoteRoot:
                 continue
             assert meta is not None
             have = self._metas.get(key)
-            if have is not None and have.etag != meta.etag:
-                raise CorruptionError(f"{self.client.key_url(key)}: the object changed while it was read")
+            if have is not None and have.etag != meta.etag:  # (e.g. a shard mapped again after the change)
+                url = self.client.key_url(key)
+                raise StaleStoreError(f"{url}: the object changed while the store was open (ETag {meta.etag}, "
+                                      f"expected {have.etag}, as read before); reopen the store", url=url, attempts=1)
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
             start = start if start >= 0 else max(0, meta.size - len(data))
             filled += _pages(start + len(data)) - start // PAGE * PAGE
