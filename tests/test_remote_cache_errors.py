@@ -135,3 +135,34 @@ def test_a_shard_mapped_again_after_its_object_changed_is_a_stale_store_error(
     assert f"{url}/{name}/v.npy" in str(got.value)
     again = ss.open(url, storage_options=opts, cache_dir=cache, max_mapped_shards=1)
     assert int(again.get_batch([0])["v"][0]) == 7
+
+
+def test_damaged_offsets_of_an_object_larger_than_the_cache_are_fetched_again(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """A ragged field's offsets damaged in the node cache's copy are fetched again once; where the offsets
+    object is larger than ``cache_bytes`` that raised ValueError ("bytes are needed at once but the cache
+    budget is ..."): the whole object was fetched in one wave. Only the pages the copy held are fetched
+    again, in waves within the budget."""
+    n, budget = 200_000, 1 << 20  # 1.6 MB of offsets
+    root = tmp_path / "big.seqstore"
+    with ss.create(root, {"t": ss.Field("int8", (None,))}, max_shard_records=n) as w:
+        w.append_batch({"t": (np.arange(n, dtype=np.int64).astype(np.int8), np.ones(n, np.int64))})
+    url = moto_s3.upload_dir(root, s3_bucket, "bigoffs/s.seqstore")
+    opts, cache = moto_s3.storage_options(max_retries=1), tmp_path / "cache"
+    first = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    assert first.get_batch([8])["t"][0].tolist() == [8]
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("t.offsets.npy")]
+    size = (root / rel).stat().st_size
+    assert size > budget
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.stat().st_size == size]
+    with open(copy, "r+b") as f:
+        f.seek(size - 8)
+        f.write(np.array([12345], "<i8").tobytes())
+    store = ss.open(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    values, lengths = store.get_batch([8, n - 1])["t"]
+    assert values.tolist() == [8, int(np.int64(n - 1).astype(np.int8))] and lengths.tolist() == [1, 1]
+    from seqstore.store.verify import verify
+
+    with pytest.raises(ValueError, match="cache_bytes") as refused:  # a whole file it cannot hold: named
+        verify(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
+    assert f"{url}/{rel}" in str(refused.value)

@@ -378,13 +378,15 @@ class RemoteRoot:
                 meta = self._meta(key)
             except CorruptionError:
                 continue
+            if _pages(meta.size) > self.cache.budget:  # (its own pages would be evicted as it is written)
+                raise ValueError(
+                    f"{self.client.key_url(key)}: {meta.size} bytes, more than the node cache's budget "
+                    f"({self.cache.budget} bytes, {self.cache.root}) holds whole; raise cache_bytes (or "
+                    "SEQSTORE_CACHE_BYTES) to read it as a whole file"
+                )
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
-            ms, me = obj.missing(np.array([0], np.int64), np.array([max(meta.size, 1)], np.int64))
-            runs = [(a, min(a + MOST, e)) for s0, e in zip(ms.tolist(), me.tolist()) for a in range(s0, e, MOST)]
-            if runs:
-                reqs = [(key, a, b, meta.etag or None) for a, b in runs]
-                wave = self.fetcher.submit(reqs, [(obj, a) for a, _ in runs])
-                self.client.answer(wave, self.client.key_url(key), len(reqs))  # (bounded: ``verify`` never hangs)
+            whole = np.array([0], np.int64), np.array([max(meta.size, 1)], np.int64)
+            self._fill(key, meta.etag, obj, *obj.missing(*whole))  # (bounded: ``verify`` never hangs)
             link = self.mirror / key
             link.parent.mkdir(parents=True, exist_ok=True)
             tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
@@ -393,22 +395,41 @@ class RemoteRoot:
             os.replace(tmp, link)
 
     def refetch(self, keys: Sequence[str]) -> None:
-        """Mark every page of the node cache's entries of objects ``keys`` absent and :meth:`materialize`
-        them again: their bytes are fetched anew, over a copy found damaged (for every process on the node).
-        A copy this process still maps that is no longer the entry (evicted since, or made anew by another
-        process) is fetched again too: a read retried after this reads through the mapping it has."""
-        stale = []
+        """Mark every page of the node cache's entries of objects ``keys`` absent and fetch them again:
+        their bytes are fetched anew, over a copy found damaged (for every process on the node), and
+        :meth:`materialize` links them. A copy this process still maps that is no longer the entry (evicted
+        since, or made anew by another process) is fetched again too: a read retried after this reads
+        through the mapping it has. An object larger than half the cache's budget is not made whole (it
+        would not fit): only the pages each copy held are fetched again, the rest as reads need them."""
         for key in keys:
             meta = self._meta(key)
             entry = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
-            entry.bits[:] = 0
-            for region in self.fetcher.regions():
-                if region.key == key and region.etag == meta.etag and region.obj is not entry:
-                    region.obj.bits[:] = 0
-                    stale.append(region)
-        self.materialize(keys)
-        for region in stale:
-            self.fetcher.ensure(np.array([region.base], np.int64), np.array([region.end], np.int64))
+            copies = {id(entry): entry}
+            copies.update((id(r.obj), r.obj) for r in self.fetcher.regions() if r.key == key and r.etag == meta.etag)
+            fits = _pages(meta.size) <= self.cache.budget // 2
+            for obj in copies.values():
+                runs = (np.array([0], np.int64), np.array([meta.size], np.int64)) if fits else _held(obj)
+                obj.bits[:] = 0
+                self._fill(key, meta.etag, obj, *runs)
+            if fits:
+                self.materialize([key])
+
+    def _fill(self, key: str, etag: str, obj: Any, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> None:
+        """Fetch byte runs ``[starts[i], ends[i])`` of object ``key`` into its cache entry ``obj``, in waves
+        that each fit the cache's budget (one wave where it is large), waiting for each (bounded: no hang)."""
+        step = max(PAGE, min(MOST, self.cache.budget // 4) // PAGE * PAGE)
+        most = max(step, self.cache.budget // 4)  # bytes a wave asks for at most
+        runs = [(a, min(a + step, e)) for s0, e in zip(starts.tolist(), ends.tolist()) for a in range(s0, e, step)]
+        lo = 0
+        while lo < len(runs):
+            hi, total = lo + 1, runs[lo][1] - runs[lo][0]
+            while hi < len(runs) and total + runs[hi][1] - runs[hi][0] <= most:
+                total += runs[hi][1] - runs[hi][0]
+                hi += 1
+            reqs = [(key, a, b, etag or None) for a, b in runs[lo:hi]]
+            wave = self.fetcher.submit(reqs, [(obj, a) for a, _ in runs[lo:hi]])
+            self.client.answer(wave, self.client.key_url(key), len(reqs))
+            lo = hi
 
     def _key(self, path: Path) -> str:
         """The object key of mirror path ``path`` (of this manifest version's mirror or an earlier one:
@@ -428,6 +449,17 @@ def _intact(path: Path, crc: int | None) -> bool:
         return zlib.crc32(path.read_bytes()) == crc
     except OSError:
         return False
+
+
+def _held(obj: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The byte runs of the pages cache entry ``obj`` holds (page-aligned, the last clamped to its size)."""
+    pages = np.flatnonzero(obj.bits)
+    if len(pages) == 0:
+        return pages, pages
+    cut = np.flatnonzero(np.diff(pages) != 1) + 1
+    firsts = np.concatenate(([pages[0]], pages[cut]))
+    lasts = np.concatenate((pages[cut - 1], [pages[-1]])) + 1
+    return firsts * PAGE, np.minimum(lasts * PAGE, obj.size)
 
 
 def _pages(n: int) -> int:
