@@ -652,3 +652,20 @@ def test_a_share_state_with_an_empty_range_packs_the_others(mode: str) -> None:
     want = packed.open({"ranges": [[1, 2, 9, 0]], "next_epoch": 2, "stats": stats}).plan(6)
     got = packed.open({"ranges": [[1, 2, 2, 5], [1, 2, 9, 0], [1, 9, 9, 0]], "next_epoch": 2, "stats": stats}).plan(6)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_share_range_past_its_epoch_is_refused_naming_it() -> None:
+    """A (hand-made or damaged) share state whose range reaches past its epoch's documents was accepted,
+    and the first plan failed with a bare IndexError from inside the order; ``shares`` and ``open`` now
+    refuse it with a ValueError naming the share, the range and the epoch's size."""
+    from seqstore.data import LengthsDataset
+
+    packed = PackedDataset(LengthsDataset(np.arange(1, 100)), seq_len=8)
+    state = packed.fresh_state(num_shares=2)
+    state["shares"][1]["ranges"] = [[1, 40, 500, 0]]
+    state["shares"][1]["next_epoch"] = 2
+    what = r"malformed state: share 1: range 0 is \[1, 40, 500, 0\], but epoch 1 has 99 documents"
+    with pytest.raises(ValueError, match=what):
+        packed.shares(state, 2)
+    with pytest.raises(ValueError, match=what):
+        packed.open(state["shares"][1], 1, 2)

@@ -222,6 +222,15 @@ class PackedDataset:
             raise ValueError("PackedDataset: malformed state (shares)")
         for k, share in enumerate(shares):
             _check_share(share, k, len(self.names))
+            self._check_ranges(share, k)
+
+    def _check_ranges(self, share: dict[str, Any], k: int) -> None:
+        """ValueError naming a range of share ``k`` that reaches past its epoch's documents (O(ranges))."""
+        for i, (e, _, stop, _) in enumerate(share["ranges"]):
+            n = self.stream.epoch_len(int(e))
+            if stop > n:
+                raise ValueError(f"PackedDataset: malformed state: share {k}: range {i} is {share['ranges'][i]!r}, "
+                                 f"but epoch {e} has {n} documents (stop must be at most {n})")
 
     def shares(self, state: dict[str, Any] | None, num_shares: int, epoch: int = 1) -> list[dict[str, Any]]:
         """Share states for ``num_shares`` shares from ``state`` (None: a fresh start at ``epoch``):
@@ -251,6 +260,7 @@ class PackedDataset:
             raise ValueError("PackedDataset.open: expected one share's state (packed.shares(state, S)[share]), "
                              "got a whole packed state")
         _check_share(share_state, int(share), len(self.names))
+        self._check_ranges(share_state, int(share))
         return PackedStream(self, share_state, share, num_shares)
 
     def iter_batches(self, batch_size: int, *, state: dict[str, Any] | None = None, share: int = 0,
