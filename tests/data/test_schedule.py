@@ -423,3 +423,19 @@ def test_stages_that_are_not_a_list_or_weights_are_a_value_error_naming_them(sta
         MixtureSchedule(stages, NAMES)
     with pytest.raises(ValueError, match=r"stages must be"):
         MixtureStream(_sources({"web": 10, "code": 10, "curated": 10}), stages)
+
+
+@pytest.mark.parametrize("segments, what", [
+    ([[0, {"web": 1}, [-5, 0, 0]]], r"segment 0 starts at sample 0 with positions \[-5, 0, 0\]"),
+    ([[3, {"web": 1}, [0, 0, 0]]], r"segment 0 starts at sample 3"),
+    ([[0, {"code": 1}, [0, 0, 0]], [0, {"web": 1}, [0, 0, 0]]], r"segment 1 starts at sample 0, not after"),
+    ([[0, {"code": 1}, [0, 0, 0]], [9, {"web": 1}, [-1, 0, 0]]], r"segment 1 has positions \[-1, 0, 0\]"),
+])
+def test_a_hand_made_schedule_state_with_impossible_positions_is_refused(segments: Any, what: str) -> None:
+    """A schedule state whose segments no stream writes (a negative position, a first segment not at sample
+    0, starts out of order) was taken, and the stream then dealt from negative positions (documents of
+    epoch 0 or a wrong segment); ``load_state`` now refuses it naming the segment."""
+    mix = MixtureStream(_ragged_sources(), [(0, {"web": 1})], chunk=100)
+    state = [[g0, MixtureSchedule([(0, w)], NAMES).to_json(), base] for g0, w, base in segments]
+    with pytest.raises(ValueError, match="MixtureStream: malformed schedule state: " + what):
+        mix.load_state(state, 0)

@@ -492,6 +492,7 @@ class MixtureStream:
             raise ValueError(f"MixtureStream: malformed schedule state: {e}") from None
         if not segs or any(len(b) != len(self.names) for _, _, b in segs):
             raise ValueError(f"MixtureStream: the state's segments do not match the sources {self.names}")
+        _check_segments(segs)
         mine = self.schedule = self._own
         saved = walk.schedule if walk is not None else segs[-1][1]
         self.segments, self._walk, self._loaded = segs, walk, True
@@ -508,6 +509,22 @@ class MixtureStream:
 
     def __repr__(self) -> str:
         return f"MixtureStream({self.names}, {self.schedule!r}, chunk={self.chunk})"
+
+
+def _check_segments(segs: list[tuple[int, MixtureSchedule, IntArray]]) -> None:
+    """ValueError naming the first segment of a loaded state that no stream writes: the first starts at
+    sample 0 with every position 0, starts increase, positions are >= 0 and never go back. O(segments)."""
+    for i, (g0, _, base) in enumerate(segs):
+        if i == 0 and (g0 != 0 or base.any()):
+            raise ValueError(f"MixtureStream: malformed schedule state: segment 0 starts at sample {g0} with "
+                             f"positions {base.tolist()}; expected sample 0 with every position 0")
+        if i and g0 <= segs[i - 1][0]:
+            raise ValueError(f"MixtureStream: malformed schedule state: segment {i} starts at sample {g0}, not "
+                             f"after segment {i - 1} (sample {segs[i - 1][0]})")
+        if i and (base < segs[i - 1][2]).any():
+            raise ValueError(f"MixtureStream: malformed schedule state: segment {i} has positions {base.tolist()}, "
+                             f"before those of segment {i - 1} ({segs[i - 1][2].tolist()}); positions are >= 0 "
+                             "and never go back")
 
 
 class _Walk:
