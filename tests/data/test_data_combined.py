@@ -255,3 +255,21 @@ def test_a_field_bfloat16_in_one_child_and_not_in_another_is_refused(tmp_path: P
     assert lengths.tolist() == [1, 2, 3, 4] * 2
     np.testing.assert_array_equal(values[:10], values[10:])
     assert ConcatDataset([bf16, bf16]).bfloat16_fields() == {"x"}
+
+
+def test_pass_mode_keeps_a_bounded_number_of_child_orders() -> None:
+    """With ``child_epoch="pass"`` an epoch much larger than a child walks the child pass after pass; the
+    window map kept every pass's order (memory growing with the epoch size); it keeps a bounded number
+    now, and the positions are those of each pass's order."""
+    small = LengthsDataset(np.arange(1, 4), ordering="random", seed=3)
+    big = LengthsDataset(np.arange(1, 11), ordering="random", seed=4)
+    ds = CombinedDataset({"s": small, "b": big}, sampling_sizes={"s": 600, "b": 10}, child_epoch="pass")
+    order = ds.epoch_order(2)
+    got = order.to_numpy()
+    windows = order.windows
+    assert len(windows._orders) <= 64  # 200 passes of "s" were touched
+    sel = got < 3
+    w = np.arange(600) + 600  # epoch 2: window positions 600..1199 of "s", i.e. passes 200..399
+    want = np.concatenate([small.epoch_order(int(g) // 3 + 1).to_numpy()[[int(g) % 3]] for g in w])
+    assert sorted(got[sel].tolist()) == sorted(want.tolist())
+    np.testing.assert_array_equal(windows.map(np.arange(600)), want)

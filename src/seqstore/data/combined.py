@@ -35,6 +35,8 @@ from .concat import ConcatLengths, Split, joint_bfloat16_fields
 __all__ = ["CombinedDataset", "CombinedOrder", "EpochWindows", "weighted_sizes"]
 
 _CHILD_EPOCHS = ("same", "pass")
+#: child orders an EpochWindows keeps per child (bounded: a child walked pass after pass has one per pass)
+_KEPT_ORDERS = 16
 
 
 def weighted_sizes(weights: Sequence[float], epoch_size: int) -> IntArray:
@@ -68,8 +70,8 @@ class EpochWindows:
     """The window map of one full epoch: union position -> combined index (vectorised, O(children)).
 
     Holds the children, their sizes ``N``, sampling sizes ``K`` and both cumulative offset arrays; child
-    orders are built on first use (O(children) of them with ``child_epoch="same"``, one per pass
-    touched with ``"pass"``).
+    orders are built on first use and at most ``16 x children`` of them are kept (``child_epoch="same"``
+    needs one per child; ``"pass"`` one per pass touched, rebuilt when asked for again).
     """
 
     def __init__(
@@ -110,6 +112,10 @@ class EpochWindows:
                     f"child {k}: its epoch order has {len(order)} positions for {int(self.N[k])} sequences "
                     "(orderings that drop sequences, like default_every_n, cannot be sampled by windows)"
                 )
+            if len(self._orders) >= _KEPT_ORDERS * len(self.datasets):
+                # ("pass": an epoch much larger than a child walks many of its passes, one order each; the
+                # passes are visited in order, so the old ones are not asked for again soon)
+                self._orders.clear()
             self._orders[key] = order
         return order
 
