@@ -510,6 +510,7 @@ def test_a_batch_of_a_source_without_the_token_field_names_it() -> None:
     (lambda s: s.__setitem__("ranges", [[1, 2]]), r"share 1: range 0 .* \[epoch, start, stop, offset\]"),
     (lambda s: s.__setitem__("ranges", [[1, 9, 3, 0]]), r"share 1: range 0 .* start <= stop"),
     (lambda s: s.__setitem__("next_epoch", "a"), r"share 1: next_epoch must be an integer >= 1, got 'a'"),
+    (lambda s: s.__setitem__("ranges", [[s["next_epoch"], 0, 60, 0]]), r"share 1: range 0 .* not before next_epoch"),
     (lambda s: s["stats"].pop("tokens"), r"share 1: stats .*'tokens'"),
     (lambda s: s.__setitem__("buffered", 10**6), r"share 1: buffered must be an integer >= 0 and at most"),
     (lambda s: s.__setitem__("stats", {**s["stats"], "source_tokens": [1, 2]}), r"share 1: stats .*source_tokens"),

@@ -308,7 +308,7 @@ def _check_share(share: Any, k: int, sources: int) -> None:
     for key in ("ranges", "next_epoch", "stats"):
         if key not in share:
             raise ValueError(f"{where}: no {key!r}")
-    check_int(share["next_epoch"], f"{where}: next_epoch", 1)
+    nxt = check_int(share["next_epoch"], f"{where}: next_epoch", 1)
     ranges = share["ranges"]
     if not isinstance(ranges, list):
         raise ValueError(f"{where}: ranges must be a list, got {type(ranges).__name__}")
@@ -318,6 +318,9 @@ def _check_share(share: Any, k: int, sources: int) -> None:
             raise ValueError(f"{where}: range {i} is {r!r}, not [epoch, start, stop, offset] (integers)")
         if r[0] < 1 or not 0 <= r[1] <= r[2] or r[3] < 0:
             raise ValueError(f"{where}: range {i} is {r!r}; expected epoch >= 1, 0 <= start <= stop, offset >= 0")
+        if r[0] >= nxt:  # (its block of that epoch would be taken again: its documents packed twice)
+            raise ValueError(f"{where}: range {i} is {r!r}, of an epoch not before next_epoch {nxt}; a share's "
+                             "ranges are of the epochs it took blocks of")
         docs += r[2] - r[1]
     buffered = share.get("buffered", 0)
     if not whole(buffered) or not 0 <= buffered <= docs:
