@@ -249,3 +249,16 @@ def test_a_derived_array_on_a_full_disk_is_an_error_not_a_crash(tmp_path: Path) 
 
     _disk, got = run_on_small_tmpfs(_FULL_DISK, tmp_path, "2m")
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_lengths_dataset_get_refuses_what_get_batch_refuses() -> None:
+    """``LengthsDataset.get`` cut a float index to an int (1.5 gave record 1), took a bool or a str
+    ("1") as an index, and named -7 for index -10 of 3; it refuses them as ``get_batch`` and the other
+    datasets do, naming the index given."""
+    d = LengthsDataset(np.array([3, 4, 5]))
+    assert d.get(1)["length"] == 4 and d.get(-1)["length"] == 5 and d.get(np.int32(0))["length"] == 3
+    for bad in (1.5, True, "1"):
+        with pytest.raises(TypeError, match="indexes must be integers"):
+            d.get(bad)  # type: ignore[arg-type]
+    with pytest.raises(IndexError, match="index -10 out of range for 3 sequences"):
+        d.get(-10)

@@ -60,7 +60,8 @@ class LengthsDataset(Dataset):
         return self._lengths
 
     def get(self, i: int) -> dict[str, Any]:
-        return {"length": np.int64(self._lengths[int(i) if int(i) >= 0 else int(i) + self.num_seqs])}
+        # (as get_batch and the other datasets: a float, bool or str index is refused, not cut to an int)
+        return {"length": self._lengths._take(as_index_array(i, self.num_seqs))[0]}
 
     def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
         return {"length": self._lengths._take(as_index_array(indices, self.num_seqs))}
