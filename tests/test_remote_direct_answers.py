@@ -449,3 +449,22 @@ def test_a_lookup_that_hangs_holds_up_no_other_request(tmp_path: Path) -> None:
     got = _with_hosts(tmp_path, _STALLED, "", resolv_text="nameserver 127.0.0.1\noptions timeout:20 attempts:1\n")
     assert got.returncode == 0 and "named:" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
     assert "resolver" in got.stdout and "seqstore-stalled.test" in got.stdout, got.stdout
+
+
+def test_bytes_past_the_content_length_close_the_connection(serve: Callable[[Answer], RawServer]) -> None:
+    """A server that sends more than its Content-Length (here more than one read holds, ending in an answer
+    to the range asked next): the bytes past the body in the read that took the headers were dropped and
+    the connection kept, so the next request on it took the rest of them for its answer, and got the
+    stray answer's bytes. Such a connection is closed: the next request is asked on a new one."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        stray = b"\xff" * 100_000 + _head(b, b + 100) + b"\xee" * 100
+        conn.sendall(_head(a, b) + DATA[a:b] + stray)
+        return True
+
+    server = serve(answer)
+    client = _client(server, max_retries=0, max_requests=1)
+    bufs = [bytearray(100), bytearray(100), bytearray(100)]
+    for i, buf in enumerate(bufs):
+        client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))]
+                                    ).result(30)
+    assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200], DATA[200:300]]

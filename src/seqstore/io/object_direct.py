@@ -466,6 +466,8 @@ class DirectReader:
         take = min(len(rest), size)
         job.dest[:take] = rest[:take]
         c.pos = take
+        if len(rest) > size:  # bytes past its Content-Length: never read as the next request's answer
+            c.close_after = True
         return True
 
     def _status(self, status: int, job: Job, wait: str | None) -> None:
