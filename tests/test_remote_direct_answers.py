@@ -468,3 +468,25 @@ def test_bytes_past_the_content_length_close_the_connection(serve: Callable[[Ans
         client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))]
                                     ).result(30)
     assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200], DATA[200:300]]
+
+
+def test_a_loop_that_ends_on_an_error_fails_its_waves_and_starts_again(serve: Callable[[Answer], RawServer],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error that escaped the reader's loop (here: no thread could be started for a host's lookup, as at
+    the system's thread limit) ended its thread for good: the wave it carried never ended, and every
+    later wave waited out its caller's limit, since the thread was never started again. The waves in
+    flight fail with a RemoteError naming the URL and the error, and the next wave starts a new loop."""
+    server = serve(_right)
+    client = _client(server, max_retries=0)
+    reader = client.direct_reader
+
+    def no_thread(name: tuple[str, int]) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(reader._lookups, "start", no_thread)
+    with pytest.raises(RemoteError, match="can't start new thread") as err:
+        reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(5)
+    assert err.value.url == f"{server.url}/b/blob", err.value
+    monkeypatch.undo()
+    assert [bytes(b) for b in _wave(server, client, 2)] == [DATA[:100], DATA[100:200]]
+

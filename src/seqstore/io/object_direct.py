@@ -42,14 +42,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
+from ..errors import RemoteError, StaleStoreError
 from .object_links import Conn, Job, Lookups, Wave, receive_buffer
-from .retry import Transient, parse_retry_after
+from .retry import Transient
 
 __all__ = ["DirectReader", "receive_buffer"]
 
 _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
-_RETRIED = frozenset((408, 429))  # and every 5xx (docs/remote.md, "Failures"), as the other back ends
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 _LEAST_RATE = 64 << 10  # bytes/s an answer must average (after its first ``timeout`` seconds): no trickle holds it
@@ -109,7 +108,7 @@ class DirectReader:
 
     def _start_thread(self) -> None:
         """Start the loop thread unless it runs in this process (called with ``_lock`` held)."""
-        if self._thread is not None and self._pid == os.getpid():
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
             return
         if self._pid not in (-1, os.getpid()):  # used in a forked child: the parent's connections are not its own
             self._later, self._idle, self._open, self._active = [], {}, 0, set()
@@ -142,7 +141,7 @@ class DirectReader:
 
     def _wake(self) -> None:
         assert self._wake_w is not None
-        with contextlib.suppress(BlockingIOError):  # a wake is pending already
+        with contextlib.suppress(OSError):  # a wake is pending already (or the loop ended on an error: closed)
             self._wake_w.send(b"x")
 
     def _looked_up(self) -> None:
@@ -152,6 +151,32 @@ class DirectReader:
                 self._wake()
 
     def _loop(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - raised to the callers of the requests it carried
+            self._crashed(exc)
+
+    def _crashed(self, exc: BaseException) -> None:
+        """The loop ended on an unexpected error: each request it had fails with a RemoteError naming
+        that error (none waits for ever), its connections are closed, and the next request starts it anew."""
+        with self._lock:
+            jobs = [*self._queue, *(j for _, _, j in self._later), *(j for p in self._parked.values() for _, j in p),
+                    *(c.job for c in self._active if c.job is not None)]
+            for c in [*self._active, *(c for conns in self._idle.values() for c in conns)]:
+                self._close(c, None)
+            self._queue.clear()
+            self._active.clear()
+            self._later, self._parked, self._idle = [], {}, {}
+            for s in (self._sel, self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    s.close()  # type: ignore[union-attr]
+            self._thread = None
+        what = f"the direct reader's loop ended on {type(exc).__name__}: {exc} (the next request starts it again)"
+        for job in jobs:
+            if not job.wave.future.done():
+                job.wave.future.set_exception(job.error(what))
+
+    def _run(self) -> None:
         sel = self._sel
         assert sel is not None and self._wake_r is not None
         active = self._active
@@ -440,7 +465,7 @@ class DirectReader:
         c.close_after = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
         size = job.end - job.start
         if status not in (200, 206):
-            self._status(status, job, headers.get("retry-after"))
+            raise job.status_error(status, headers.get("retry-after"))
         tag = headers.get("etag")
         if job.etag and tag is not None and tag != job.etag:  # a server that ignores If-Match
             raise job.error(f"the answer is of another version of the object (ETag {tag}, expected {job.etag}): it "
@@ -469,25 +494,6 @@ class DirectReader:
         if len(rest) > size:  # bytes past its Content-Length: never read as the next request's answer
             c.close_after = True
         return True
-
-    def _status(self, status: int, job: Job, wait: str | None) -> None:
-        if status in _RETRIED or 500 <= status < 600:  # (the next try waits for a Retry-After)
-            after = parse_retry_after(wait)
-            raise Transient(f"HTTP {status}" + (f", Retry-After {after:.0f} s" if after is not None else ""),
-                            answered=True, retry_after=after)
-        if status == 404:
-            raise job.error(f"HTTP {status}: no such object", RemoteNotFound)
-        if status == 412:
-            raise job.error(f"HTTP {status}: the object changed since the store was opened (If-Match {job.etag} "
-                            "no longer matches); reopen the store", StaleStoreError)
-        # a presigned URL refused (S3: 400 ExpiredToken, 403; GCS: 400; Azure: 403): the temporary credentials
-        # it was signed with may have expired since; it is asked once more, signed anew (_resign)
-        job.refused = status in (400, 401, 403) and "?" in job.target and not job.resigned
-        if status in (401, 403):
-            again = ", also at a URL signed anew" if job.resigned else ""
-            raise job.error(f"HTTP {status}: access refused{again} (check the credentials or the presigned URL)",
-                            CredentialsError)
-        raise job.error(f"HTTP {status}: unexpected answer to a range request")
 
     # ----------------------------------------------------------------------------------- endings
 

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import RemoteError
-from .retry import Attempts
+from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
+from .retry import Attempts, Transient, parse_retry_after
 
 __all__ = ["Conn", "Job", "Lookups", "Wave", "receive_buffer"]
 
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see :mod:`.object_direct`)
 _RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
+_RETRIED = frozenset((408, 429))  # and every 5xx (docs/remote.md, "Failures"), as the other back ends
 
 
 def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
@@ -66,6 +67,27 @@ class Job:
     def error(self, what: str, kind: type[RemoteError] = RemoteError) -> RemoteError:
         """The error ``kind`` of this request (its URL and attempts): ``what`` happened."""
         return kind(f"{self.shown}: {what}", url=self.shown, attempts=self.attempt())
+
+    def status_error(self, status: int, wait: str | None) -> Exception:
+        """The error of an answer with ``status`` (not 200 or 206; ``wait``: its Retry-After): a
+        :class:`Transient` one where it is retried, else the RemoteError that names it."""
+        if status in _RETRIED or 500 <= status < 600:  # (the next try waits for a Retry-After)
+            after = parse_retry_after(wait)
+            return Transient(f"HTTP {status}" + (f", Retry-After {after:.0f} s" if after is not None else ""),
+                             answered=True, retry_after=after)
+        if status == 404:
+            return self.error(f"HTTP {status}: no such object", RemoteNotFound)
+        if status == 412:
+            return self.error(f"HTTP {status}: the object changed since the store was opened (If-Match {self.etag} "
+                              "no longer matches); reopen the store", StaleStoreError)
+        # a presigned URL refused (S3: 400 ExpiredToken, 403; GCS: 400; Azure: 403): the temporary credentials
+        # it was signed with may have expired since; it is asked once more, signed anew (DirectReader._resign)
+        self.refused = status in (400, 401, 403) and "?" in self.target and not self.resigned
+        if status in (401, 403):
+            again = ", also at a URL signed anew" if self.resigned else ""
+            return self.error(f"HTTP {status}: access refused{again} (check the credentials or the presigned URL)",
+                              CredentialsError)
+        return self.error(f"HTTP {status}: unexpected answer to a range request")
 
 
 class Wave:
