@@ -490,3 +490,39 @@ def test_a_loop_that_ends_on_an_error_fails_its_waves_and_starts_again(serve: Ca
     monkeypatch.undo()
     assert [bytes(b) for b in _wave(server, client, 2)] == [DATA[:100], DATA[100:200]]
 
+
+
+def test_requests_waiting_for_a_lookup_go_with_their_failed_wave(serve: Callable[[Answer], RawServer],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wave failed (a 404) while another of its requests waited for its host's name to be looked up: that
+    one was still retried when its ``connect_timeout`` ran out, a failure that started the client's
+    failure streak (its later requests got less of the retry budget). It is dropped with its wave."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+        return True
+
+    server = serve(answer)
+    looked_up = socket.getaddrinfo
+    release = threading.Event()
+
+    def slow(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "seqstore-slow.test":
+            release.wait(10)
+            host = "127.0.0.1"
+        return looked_up(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    client = _client(server, max_retries=3, connect_timeout=0.3)
+    reader = client.direct_reader
+    try:
+        with pytest.raises(RemoteError, match="no such object"):
+            reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100))),
+                           (f"http://seqstore-slow.test:{server.port}/b/blob", 100, 200, None,
+                            memoryview(bytearray(100)))]).result(10)
+        for _ in range(100):  # until nothing waits for a lookup or a backoff
+            if not reader._parked and not reader._later:
+                break
+            threading.Event().wait(0.03)
+        assert client.retry.failing_since is None, "a request of the failed wave was retried"
+    finally:
+        release.set()

@@ -267,6 +267,8 @@ class DirectReader:
                 self._queue.extendleft(reversed(jobs))
             return
         for job in jobs:
+            if job.wave.future.done():  # its wave failed meanwhile: dropped
+                continue
             if isinstance(got, ValueError):  # a host name the resolver refuses (UnicodeError): no retry helps
                 self._end_wave(job.wave, job.error(f"cannot connect: not a host name: {got}"))
             else:
@@ -280,7 +282,7 @@ class DirectReader:
                 self._retry(parked.pop(0)[1], Transient(f"cannot connect: no answer from the resolver for {name[0]} "
                                                         f"within {self.client.connect_timeout:g} s"))
             if not parked:
-                del self._parked[name]
+                self._parked.pop(name, None)  # (a failed wave's _end_wave may have taken it)
 
     def _connect(self, origin: tuple[str, int, bool]) -> Conn:
         addr = self._addr[origin[:2]][0]
@@ -568,9 +570,17 @@ class DirectReader:
 
     def _end_wave(self, wave: Wave, exc: BaseException) -> None:
         """``wave`` failed: its future raises ``exc``; its requests still in flight stop writing into
-        the caller's buffers (their connections closed), queued ones are dropped."""
+        the caller's buffers (their connections closed), queued ones and those waiting
+        for a lookup or a backoff are dropped."""
         if not wave.future.done():
             wave.future.set_exception(exc)
+        for name, parked in list(self._parked.items()):  # those waiting for their host's lookup, or a backoff
+            parked[:] = [p for p in parked if p[1].wave is not wave]
+            if not parked:
+                del self._parked[name]
+        if any(job.wave is wave for _, _, job in self._later):
+            self._later = [x for x in self._later if x[2].wave is not wave]
+            heapq.heapify(self._later)
         assert self._sel is not None
         for key in list(self._sel.get_map().values()):
             c = key.data
