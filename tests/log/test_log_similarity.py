@@ -285,3 +285,29 @@ def test_device_cuda_without_a_cuda_device_is_named(scratch: Path) -> None:
     with pytest.raises(ValueError, match=r"similarity\(\): device='cuda', but torch finds no CUDA device"):
         similarity(scratch / "l", np.ones((1, 2), np.float32), device="cuda", out=scratch / "o")
     assert not (scratch / "o").exists()
+
+
+def test_a_scan_that_fails_leaves_nothing_at_an_out_url(moto_s3: Any, s3_bucket: str, scratch: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out=<URL>``: the store was made at the URL before the scan, so a scan that failed part way (here a
+    damaged shard) left an empty store there, and the next call with that URL was refused as "already
+    exists". The scores are built in a local temporary directory and copied to the URL when the scan ends."""
+    import os
+
+    for k, v in {**moto_s3.env(), "SEQSTORE_CACHE_DIR": str(scratch / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    with Logger(scratch / "l", flush_bytes=1024, shard_bytes=2048, direct_io=False) as lg:
+        for b in range(8):
+            lg.log([f"x{b}-{k}" for k in range(16)], {"g": np.ones((16, 8), np.float32)})
+    damaged = scratch / "l" / "shard-000001" / "packed.npy"
+    good = damaged.read_bytes()
+    os.truncate(damaged, 200)
+    url = f"s3://{s3_bucket}/scores.seqstore"
+    with pytest.raises(ss.SeqstoreError, match="packed.npy"):
+        similarity(scratch / "l", np.ones((1, 8), np.float32), out=url, chunk_rows=8)
+    assert moto_s3.keys(s3_bucket) == {}
+    damaged.write_bytes(good)
+    res = similarity(scratch / "l", np.ones((1, 8), np.float32), out=url, chunk_rows=8)
+    assert res.out is not None and len(res.out) == 128 and res.out.matrix("score")[:, 0].tolist() == [8.0] * 128
+    with pytest.raises(FileExistsError):
+        similarity(scratch / "l", np.ones((1, 8), np.float32), out=url)

@@ -12,6 +12,7 @@ O(chunk_rows x D).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +25,10 @@ import numpy as np
 
 from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, bfloat16_to_float32
+from ..store.copy import copy
 from ..store.reader import Store, open_store
-from ..store.write.outputs import check_output, replaced
+from ..store.write.api import existing_manifest
+from ..store.write.outputs import OutputExistsError, check_output, replaced
 from ..store.writer import create
 from ._tensors import is_torch
 
@@ -186,7 +189,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         chunk_rows: rows per GEMM (default: about 64 MiB of stored data).
         device: ``"cpu"`` (numpy BLAS) or ``"cuda[:N]"`` (torch).
         topk: also return the ``topk`` best records per query.
-        out: write the scores into a new store at this path (see :class:`SimilarityResult`).
+        out: write the scores into a new store at this path or URL (see :class:`SimilarityResult`).
         per_field: also compute each field's own scores (module-wise); the total is their sum.
         keep_scores: keep all ``(N, Q)`` scores in RAM. Default: True unless ``topk`` or ``out`` is given.
 
@@ -219,6 +222,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
     per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
     top = _TopK(topk, nq) if topk is not None else None
+    remote_out = out is not None and is_remote(out)
     with ExitStack() as aside:
         writer = None
         if out is not None:
@@ -227,8 +231,12 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
                 spec.update({f"by_field/{name}": Field("float32", (nq,)) for name in columns})
             of = st.url if st.is_remote else str(Path(st.root).resolve())  # (a remote root is the cache's mirror)
             meta = {"similarity_of": of, "queries": nq, "first_row": start, "columns": columns}
-            target: Any = out
-            if not is_remote(out):  # built aside, put at out when the scan ends: a failure leaves nothing there
+            # built aside, put at out when the scan ends: a failure leaves nothing there
+            if remote_out:  # a local temporary directory, copied to the URL (manifest last) once complete
+                if existing_manifest(out) is not None:
+                    raise OutputExistsError(os.fspath(out))
+                target = Path(aside.enter_context(tempfile.TemporaryDirectory(prefix="seqstore-scores-"))) / "store"
+            else:
                 check_output(Path(out), False)
                 target = aside.enter_context(replaced(Path(out)))
             writer = create(target, spec, packed={"scores": list(spec)}, metadata=meta)
@@ -259,6 +267,8 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
                 _scan_cuda(scan, device, want_full, top, consume)
             if writer is not None:
                 writer.close()
+                if remote_out:
+                    copy(target, os.fspath(out))  # type: ignore[arg-type]
         except BaseException:
             if writer is not None:
                 writer.abort()
