@@ -526,3 +526,17 @@ def test_requests_waiting_for_a_lookup_go_with_their_failed_wave(serve: Callable
         assert client.retry.failing_since is None, "a request of the failed wave was retried"
     finally:
         release.set()
+
+
+def test_a_status_line_that_does_not_begin_with_http_is_not_an_answer(serve: Callable[[Answer], RawServer]) -> None:
+    """A status line with bytes before its ``HTTP/`` (stray bytes a server left on a kept-alive connection)
+    was taken for an answer as long as its second word was a number: the body after it went into the
+    caller's buffer. It is named as not an HTTP answer."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(b"\xff\xff" + _head(a, b) + DATA[a:b])
+        return True
+
+    server = serve(answer)
+    client = _client(server, max_retries=0)
+    with pytest.raises(RemoteError, match="not an HTTP answer"):
+        client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)

@@ -449,6 +449,8 @@ class DirectReader:
             lines = c.head[:end].decode("latin-1").split("\r\n")
             parts = lines[0].split(" ", 2)
             try:
+                if not parts[0].startswith("HTTP/"):  # (bytes before it: not the start of an answer)
+                    raise ValueError(parts[0])
                 status = int(parts[1])
             except (IndexError, ValueError):
                 raise Transient(f"not an HTTP answer: {lines[0][:80]!r}", answered=True) from None
