@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +71,26 @@ def test_demo_out_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert err.startswith("seqstore: error:") and "notes.txt" in err and len(err.splitlines()) == 1
     assert out.read_text() == "hi"
+
+
+def test_a_write_that_fails_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An OSError that is not about the paths given (a full disk; here the file-size limit, EFBIG)
+    during ``export`` ended in a Python traceback. It is one line naming OUT, exit status 1, and the
+    export leaves nothing behind."""
+    src = tmp_path / "t.seqstore"
+    with ss.create(src, {"tokens": ss.Field("int32", (None,))}) as w:
+        for _ in range(8):
+            w.append({"tokens": np.arange(4096, dtype=np.int32)})
+    out = tmp_path / "out"
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (the write fails instead of killing us)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, old_limit[1]))
+    try:
+        status = main(["export", "--to", "megatron", str(src), str(out), "-q"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert err.startswith("seqstore: error:") and len(err.splitlines()) == 1 and str(out) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.seqstore"]

@@ -292,7 +292,15 @@ def _interrupts() -> Iterator[None]:
             signal.signal(s, signal.SIG_IGN if seen else handler)  # ignored until it is (finalising too)
 
 
+def _output(args: argparse.Namespace | None) -> str | None:
+    """What the command writes (convert's OUT, export's OUT, copy's DST, demo's --out); None for the others."""
+    if args is None or args.command not in ("convert", "export", "copy", "demo"):
+        return None
+    return str(args.paths[-1] if args.command == "convert" else args.dst if args.command == "copy" else args.out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args: argparse.Namespace | None = None
     try:
         with _interrupts():
             args = build_parser().parse_args(argv)
@@ -306,6 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SeqstoreError, *_PATH_ERRORS) as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk, a file too large, an I/O error: not the user's mistake (exit 1)
+        out = _output(args)
+        where = f"{out}: " if out is not None and exc.filename is None else ""
+        print(f"seqstore: error: {where}{cli_message(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # every command cleans up on its way out (temporary directories, workers)
         print(INTERRUPTED, file=sys.stderr)
         return 130
