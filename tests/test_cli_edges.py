@@ -94,3 +94,15 @@ def test_a_write_that_fails_is_one_line_and_exit_1(tmp_path: Path, capsys: pytes
     assert status == 1, err
     assert err.startswith("seqstore: error:") and len(err.splitlines()) == 1 and str(out) in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.seqstore"]
+
+
+def test_copy_options_for_a_local_end_name_the_option(store: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqstore copy DIR DST --src-option K=V``: the library's ValueError was printed as it was
+    ('source DIR: storage options were given for a local path'), naming no option of the command."""
+    for flag, argv in (("--src-option", [str(store), str(tmp_path / "dst")]),
+                       ("--dst-option", [str(store), str(tmp_path / "dst")])):
+        assert main(["copy", *argv, flag, "endpoint=http://127.0.0.1:9", "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("seqstore: error:") and flag in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "dst").exists()

@@ -169,14 +169,19 @@ def cmd_copy(args: argparse.Namespace) -> int:
     # a local destination this copy creates is removed again when it is interrupted (main() says nothing
     # was written); an existing one keeps the shards copied so far, which a rerun does not copy again
     new_dst = None if is_remote(args.dst) or Path(args.dst).exists() else Path(args.dst)
+    options: dict[str, dict[str, Any] | None] = {}
+    for end in ("src", "dst"):  # (the library's message would name neither option)
+        options[end] = _key_values(getattr(args, f"{end}_option"), f"--{end}-option")
+        if options[end] and not is_remote(getattr(args, end)):
+            raise SeqstoreError(f"{getattr(args, end)}: --{end}-option options are for URLs of object storage, "
+                                "not local paths")
     try:
-        r = copy(args.src, args.dst, src_options=_key_values(args.src_option, "--src-option"),
-                 dst_options=_key_values(args.dst_option, "--dst-option"), workers=args.workers,
+        r = copy(args.src, args.dst, src_options=options["src"], dst_options=options["dst"], workers=args.workers,
                  progress=not args.quiet, overwrite=args.overwrite)
         print(f"{args.dst}: {r.shards} shard(s): {r.copied} copied, {r.skipped} already there; "
               f"{human_bytes(r.bytes)} in {r.files} file(s)")
     except ValueError as exc:
-        print(f"seqstore: error: {exc}", file=sys.stderr)
+        print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # also one that came after the copy finished: main() says nothing was written
         if new_dst is not None:
