@@ -407,6 +407,18 @@ def test_export_refuses_an_id_with_a_nul(tmp_path: Path) -> None:
     assert len(list(wds.WebDataset(str(out / "000000.tar"), shardshuffle=False))) == 3
 
 
+@pytest.mark.parametrize("key", ["../x", "a/../../x", "/abs/x"])
+def test_export_refuses_an_id_that_climbs_out_of_the_directory(tmp_path: Path, key: str) -> None:
+    """An id '../x' or '/abs/x' was written as a tar member of that name, which a tar extraction puts
+    outside the directory it extracts in. Such an id is refused naming the record."""
+    with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
+        w.append({"label": 1}, id="a/b")
+        w.append({"label": 2}, id=key)
+    with pytest.raises(SchemaError, match=r"record 1: id .* cannot be a WebDataset key.*'\.\.'"):
+        export_webdataset(tmp_path / "d.seqstore", tmp_path / "o", fields={"label": "cls"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.seqstore"]
+
+
 def test_export_refuses_an_id_repeated_in_a_row(tmp_path: Path) -> None:
     """A store may hold an id twice; two records of one id in a row were written as members of one key
     next to each other, which webdataset reads as one sample with a duplicate member (a ValueError) and

@@ -405,8 +405,9 @@ def export_webdataset(
     recorded, else the field's name when that already says how to read it (``.npy``, an integer
     extension such as ``.cls``, or any name for a ragged uint8 field: its bytes), else ``NAME.npy``;
     bfloat16 values are written as float32.
-    ``keys``: ``"ids"`` (the record ids; an id with a ``.`` in its last path part or a NUL (where a tar
-    member's name ends) cannot be a key, nor
+    ``keys``: ``"ids"`` (the record ids; an id with a ``.`` in its last path part, a NUL (where a tar
+    member's name ends), a leading ``/`` or a ``..`` part (a name that climbs out of the directory a
+    tar is extracted in) cannot be a key, nor
     one repeated in the next record, whose members a reader would join to the first's),
     ``"index"`` (the record number, 9 digits) or ``"auto"`` (ids when the store has them). A shard
     holds at most ``shard_records`` records and ends after the record that passes ``shard_bytes``.
@@ -451,9 +452,11 @@ def export_webdataset(
                     if keys == "ids":
                         key = blob[int(offs[j]) : int(offs[j + 1])].decode("utf-8", "surrogatepass")
                         m = KEY.match(key + ".x")
-                        if m is None or m.group(1) != key or META.match(key) or "\0" in key:
+                        if (m is None or m.group(1) != key or META.match(key) or "\0" in key
+                                or key.startswith("/") or ".." in key.split("/")):  # (out of the directory)
                             raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its "
-                                              "last path part, no NUL, not __name__); pass keys='index'")
+                                              "last path part, no NUL, not __name__, neither absolute nor with a "
+                                              "'..' part); pass keys='index'")
                         if tf is not None and key == last_key:  # (in one shard: a reader joins them)
                             raise SchemaError(f"{st.url}: records {a + j - 1} and {a + j}: id {key!r} twice in a row; "
                                               "WebDataset reads the members of adjacent samples of one key as one "
