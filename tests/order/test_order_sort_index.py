@@ -165,3 +165,19 @@ def test_a_sort_index_cache_on_a_full_disk_is_an_error_not_a_crash(tmp_path: Pat
 
     _disk, got = run_on_small_tmpfs(_FULL_DISK, tmp_path, "2m")
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_a_sort_cache_in_a_missing_directory_names_the_cache(tmp_path: Path) -> None:
+    """A ``sort_cache`` whose directory does not exist failed with a FileNotFoundError naming a temporary
+    file ('.sidx.npy.tmp-...') the user never gave. The error names the cache and its directory, and
+    nothing is created."""
+    cache = tmp_path / "nowhere" / "sidx.npy"
+    lengths = np.array([3, 1, 2], dtype=np.int32)
+    for n in (3, 0):
+        with pytest.raises(FileNotFoundError, match=r"sort cache .*sidx\.npy.*nowhere.*does not exist") as info:
+            sort_index(lengths[:n], cache=cache)
+        assert ".tmp-" not in str(info.value)
+    o = seq_order(3, "sorted", epoch=1, lengths=lengths, sort_cache=cache)
+    with pytest.raises(FileNotFoundError, match="sort cache"):
+        o.to_numpy(np.int64)
+    assert list(tmp_path.iterdir()) == []

@@ -111,6 +111,9 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
     lengths_kind(np.empty(0, dtype=arr.dtype))
     n = int(arr.shape[0])
     path = None if cache is None else Path(os.fspath(cache))
+    if path is not None and not path.parent.is_dir():  # (else: an error naming a temporary file beside it)
+        raise FileNotFoundError(f"sort cache {path}: its directory {path.parent} does not exist (expected the path of "
+                                "a .npy file in an existing directory)")
     if path is not None and path.exists():
         found = _usable_cache(path, arr)
         if found is not None:
