@@ -82,6 +82,23 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert 10 <= lengths.min() and lengths.max() <= 200
 
 
+def test_demo_keep_writes_a_corpus_of_another_dim_anew(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``demo --keep --dim 3`` over a corpus of dim 2 reused it (the same --records) while printing
+    '3 float16 features', so every figure was about another corpus. A corpus of another schema is
+    written anew."""
+    from seqstore.demo import generate_batch
+
+    corpus = tmp_path / "corpus.seqstore"  # the corpus of ``demo --records 3 --dim 2``
+    schema = {"features": ss.Field("float16", (None, 2)), "labels": ss.Field("int32", (None,)),
+              "speaker": ss.Field("int32")}
+    with ss.create(corpus, schema) as w:
+        columns, ids = generate_batch(np.random.default_rng(0), 0, 3, 2)
+        w.append_batch(columns, ids=ids)
+    assert main(["demo", "--records", "3", "--dim", "3", "--out", str(tmp_path), "--keep"]) == 0
+    assert "reusing the existing corpus" not in capsys.readouterr().out
+    assert ss.open(corpus).schema["features"].shape == (None, 3)
+
+
 @pytest.mark.parametrize("records", ["0", "-3"])
 def test_demo_needs_at_least_one_record(tmp_path: Path, capsys: pytest.CaptureFixture[str], records: str) -> None:
     """``demo --records 0`` is a usage error before anything is written, not an IndexError after the

@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
     demo.add_argument("--seed", type=int, default=0,
                       help="random seed of the generated corpus and of the read patterns (default 0)")
-    demo.add_argument("--keep", action="store_true", help="reuse the corpus in --out if it is already there")
+    demo.add_argument("--keep", action="store_true", help="reuse the corpus in --out if it is already there "
+                      "(one of these --records and --dim; another is written anew)")
     demo.set_defaults(func=cmd_demo)
 
     cp = sub.add_parser("copy", help="copy a store between local disk and object storage (resumable, checked)")

@@ -25,7 +25,7 @@ from .data.demo import run_combined_demo
 from .errors import SeqstoreError
 from .format.manifest import Manifest
 from .order import seq_order
-from .schema import Field
+from .schema import Field, Schema
 from .store import create, open_store
 from .store.verify import total_bytes
 
@@ -45,6 +45,14 @@ def generate_batch(rng: np.random.Generator, first: int, count: int, dim: int) -
     return columns, ids
 
 
+def _reusable(root: Path, records: int, schema: Schema) -> bool:
+    """Whether the corpus at ``root`` is one of ``records`` records of ``schema`` (``--keep`` reuses it)."""
+    if not (root / "manifest.json").exists():
+        return False
+    m = Manifest.load(root)
+    return m.num_records == records and m.schema == schema
+
+
 def _line(label: str, value: str) -> None:
     print(f"  {label:<34} {value}")
 
@@ -58,7 +66,7 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
     root = Path(out) / "corpus.seqstore"
     schema = {"features": Field("float16", (None, dim)), "labels": Field("int32", (None,)), "speaker": Field("int32")}
     print(f"seqstore demo: {records:,} sequences of {dim} float16 features -> {root}")
-    reuse = keep and (root / "manifest.json").exists() and Manifest.load(root).num_records == records
+    reuse = keep and _reusable(root, records, Schema(schema))
     if not reuse:
         if root.exists():
             shutil.rmtree(root)
