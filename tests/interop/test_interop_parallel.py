@@ -259,3 +259,20 @@ def test_a_store_made_at_the_path_during_a_parallel_conversion_is_never_replaced
     store = seqstore.open(out)
     assert len(store) == 1 and store.id(0) == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out.seqstore"]
+
+
+def test_a_worker_killed_by_the_os_is_an_error_naming_its_unit(tmp_path: Path) -> None:
+    """A worker ended by the operating system (out of memory: SIGKILL) surfaced as a bare
+    BrokenProcessPool ('A process in the process pool was terminated abruptly...'), naming no unit
+    and no input. It is a SeqstoreError naming the units not written and their inputs; nothing is left."""
+    from support.jobs import KillingJob
+
+    from seqstore.errors import SeqstoreError
+    from seqstore.interop._parallel import convert_in_parallel
+
+    job = KillingJob(victim=1)
+    with pytest.raises(SeqstoreError, match=r"worker process ended abruptly.*unit 2 of 3 \(input-1\)"):
+        convert_in_parallel(tmp_path / "out.seqstore", seqstore.Schema({"x": seqstore.Field("int64")}),
+                            [(job, k) for k in range(3)], 3, overwrite=False, shard_bytes=1 << 20, metadata=None,
+                            workers=2, progress=None)
+    assert list(tmp_path.iterdir()) == []

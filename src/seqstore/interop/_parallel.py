@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from .._mainguard import check_main_guard
@@ -54,9 +55,30 @@ log = logging.getLogger(__name__)
 
 class Job(Protocol):
     """A picklable description of a conversion whose ``write(writer, unit, progress)`` appends the
-    records of one unit of work to ``writer`` (calling ``progress(n)`` as it goes)."""
+    records of one unit of work to ``writer`` (calling ``progress(n)`` as it goes). A job may also have
+    ``describe(segments) -> str``, the inputs of a unit, which an error about the unit names."""
 
     def write(self, writer: Any, segments: Any, progress: Progress | None) -> None: ...
+
+
+def _killed(exc: BaseException, units: Sequence[tuple[Job, Any]], futures: Mapping[int, Future[Part]]) -> BaseException:
+    """``exc``, or for a pool that broke (a worker killed by the operating system, out of memory or by a
+    signal: the bare BrokenProcessPool names nothing) an error naming the units that were not written."""
+    if not isinstance(exc, BrokenProcessPool):
+        return exc
+    wait(list(futures.values()), timeout=5.0)  # (the pool's thread fails them all at once, one by one)
+    lost = [k for k in sorted(futures) if futures[k].done() and not futures[k].cancelled()
+            and isinstance(futures[k].exception(), BrokenProcessPool)]
+    names = []
+    for k in lost[:3]:
+        describe = getattr(units[k][0], "describe", None)
+        names.append(f"unit {k + 1} of {len(units)}" + (f" ({describe(units[k][1])})" if callable(describe) else ""))
+    more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+    what = f" while writing one of the units not finished: {'; '.join(names)}{more}" if names else ""
+    err = SeqstoreError(f"a conversion worker process ended abruptly (killed by the operating system, e.g. for "
+                        f"lack of memory, or by a signal){what}; nothing was written")
+    err.__cause__ = exc
+    return err
 
 
 _progress: Any = None  # the worker's end of the progress pipe (set by _init)
@@ -324,7 +346,10 @@ def _run(unit: Callable[..., Part], units: Sequence[tuple[Job, Any]], workers: i
                 for k, (job, segs) in enumerate(units):
                     with _signals_held():  # a worker this starts is in the pool's table before an interrupt
                         futures.append(pool.submit(unit, k, job, segs))
-                parts = [f.result() for f in futures]  # in unit order; the first failure raises
+                try:
+                    parts = [f.result() for f in futures]  # in unit order; the first failure raises
+                except BrokenProcessPool as exc:
+                    raise _killed(exc, units, dict(enumerate(futures)))  # noqa: B904 - its cause is set
         except BaseException:
             # an interrupt (Ctrl-C, SIGTERM) or a failure: never wait for the units still running
             ended = True
@@ -399,5 +424,6 @@ def _share(pool: ProcessPoolExecutor, procs: int, unit: Callable[..., Part], uni
         feeder.join(5.0 if stop.is_set() else None)  # after _stop_pool its waits end at once
     errors = [e for k in sorted(futures) if (e := futures[k].exception()) is not None]  # all done: joined
     if errors or failed:
-        raise (errors or failed)[0]  # a worker's failure, the first in unit order
+        first = (errors or failed)[0]  # a worker's failure, the first in unit order
+        raise _killed(first, units, futures)
     return [mine[k] if k in mine else futures[k].result() for k in range(len(units))]

@@ -290,6 +290,9 @@ class _ArrowJob:
     id_column: str | None
     chunk_bytes: int
 
+    def describe(self, segments: Sequence[tuple[int, tuple[int, int] | None]]) -> str:
+        return ", ".join(dict.fromkeys(self.paths[k] for k, _ in segments))
+
     def write(self, writer: Writer, segments: Sequence[tuple[int, tuple[int, int] | None]],
               progress: Progress | None) -> None:
         """Append the records of ``segments`` (file number, pieces ``[a, b)`` or None for all), in order.

@@ -287,6 +287,9 @@ class _HfJob:
     id_column: str | None
     first: Any
 
+    def describe(self, segments: tuple[int, int] | None) -> str:
+        return self.where if segments is None else f"{self.where} rows {segments[0]}..{segments[1] - 1}"
+
     def write(self, writer: Writer, segments: tuple[int, int] | None, progress: Progress | None) -> None:
         """Append the rows ``[a, b)`` of the dataset (``segments``; None: every row), in order."""
         ds, base = (self.ds, 0) if segments is None else (self.ds.select(range(*segments)), segments[0])

@@ -378,6 +378,9 @@ class _CutsJob:
     manifests: list[str]
     marks: list[np.ndarray[Any, Any] | None]  # each manifest's line offsets (:func:`scan_manifest`)
 
+    def describe(self, segments: Sequence[tuple[int, int, int]]) -> str:
+        return ", ".join(f"{self.manifests[k]} cuts {a}..{b - 1}" for k, a, b in segments)
+
     def write(self, writer: Writer, segments: Sequence[tuple[int, int, int]], progress: Progress | None) -> None:
         """Append the cuts of ``segments`` ((manifest, first line, end line), in order)."""
         runs = [(self.manifests[k], manifest_cuts(self.manifests[k], a, b, self.marks[k], lean=not self.plan.audio))

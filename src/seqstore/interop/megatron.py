@@ -252,6 +252,9 @@ class _MegatronJob:
     mode_field: str | None
     chunk_bytes: int
 
+    def describe(self, segments: Sequence[tuple[int, int, int]]) -> str:
+        return ", ".join(f"{self.prefixes[k]} sequences {a}..{b - 1}" for k, a, b in segments)
+
     def write(self, writer: Writer, segments: Sequence[tuple[int, int, int]], progress: Progress | None) -> None:
         """Append sequences ``[a, b)`` of source ``k`` for each ``(k, a, b)`` of ``segments``, in order."""
         for k, a, b in segments:

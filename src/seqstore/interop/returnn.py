@@ -228,6 +228,9 @@ class _HdfJob:
     fields: dict[str, str]
     chunk_bytes: int
 
+    def describe(self, segments: Sequence[tuple[int, int, int, dict[str, int] | None]]) -> str:
+        return ", ".join(f"{self.infos[k].path} sequences {a}..{b - 1}" for k, a, b, _ in segments)
+
     def write(self, writer: Writer, segments: Sequence[tuple[int, int, int, dict[str, int] | None]],
               progress: Progress | None) -> None:
         """Append the sequences of ``segments`` (file number, first and end sequence, first row of each

@@ -195,6 +195,9 @@ class _WdsJob:
     chunk_bytes: int
     options: dict[str, Any] | None
 
+    def describe(self, segments: Sequence[int]) -> str:
+        return ", ".join(self.shards[k] for k in segments)
+
     def write(self, writer: Writer, segments: Sequence[int], progress: Progress | None) -> None:
         """Append the samples of the shards ``segments`` (indices into ``shards``), in order."""
         for k in segments:
