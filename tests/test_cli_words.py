@@ -106,3 +106,33 @@ def test_convert_logix_missing_path_says_it_does_not_exist(tmp_path: Path,
     assert main(["convert", "--from", "logix", str(missing), str(tmp_path / "out.seqstore"), "-q"]) == 2
     err = capsys.readouterr().err
     assert str(missing) in err and "no such file or directory" in err and "not a directory" not in err
+
+
+@pytest.mark.parametrize("target, metadata, option", [
+    ("megatron", {"megatron": {"document_field": 5}}, "--documents"),
+    ("returnn-hdf", {"returnn": {"inputs": 5}}, "--inputs"),
+])
+def test_export_errors_name_the_options_of_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            target: str, metadata: dict[str, object],
+                                                            option: str) -> None:
+    """A store whose recorded metadata names no field: ``export`` ended its one line with the library's
+    keyword ('pass documents=', 'pass inputs='), which the command line has no spelling for."""
+    path = tmp_path / "m.seqstore"
+    with ss.create(path, {"tokens": ss.Field("int32", (None,))}, metadata=metadata) as w:
+        w.append({"tokens": np.arange(3, dtype=np.int32)})
+    assert main(["export", "--to", target, str(path), str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"pass {option} FIELD (or {option} none)" in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.seqstore"]
+
+
+def test_export_hf_of_a_complex_field_names_the_fields_option(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """'leave it out with fields=' spoke Python to a user of ``export --to hf``: it names ``--fields``."""
+    pytest.importorskip("datasets")
+    path = tmp_path / "c.seqstore"
+    with ss.create(path, {"z": ss.Field("complex64", (None,)), "y": ss.Field("int32")}) as w:
+        w.append_batch({"z": (np.arange(4).astype(np.complex64), np.array([1, 3])), "y": np.array([5, 6])})
+    assert main(["export", "--to", "hf", str(path), str(tmp_path / "hf"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "leave it out with --fields A,B" in err and len(err.splitlines()) == 1, err

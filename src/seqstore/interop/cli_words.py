@@ -27,6 +27,9 @@ CLI_WORDS = {
     "pass strict=False": "pass --skip-unknown",
     "fields={ext: field}": "--ext EXT=FIELD",
     "fields={field: ext}": "--ext FIELD=EXT",
+    "pass documents=": "pass --documents FIELD (or --documents none)",
+    "pass inputs=": "pass --inputs FIELD (or --inputs none)",
+    "leave it out with fields=": "leave it out with --fields A,B",
 }
 
 
