@@ -106,3 +106,16 @@ def test_copy_options_for_a_local_end_name_the_option(store: Path, tmp_path: Pat
         err = capsys.readouterr().err
         assert err.startswith("seqstore: error:") and flag in err and len(err.splitlines()) == 1, err
         assert not (tmp_path / "dst").exists()
+
+
+def test_export_refuses_storage_options_for_a_local_store(store: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqstore export STORE OUT -o KEY=VALUE`` with a local STORE ignored the option silently (a
+    local store takes none), where ``info`` and ``verify`` refuse it; it is refused before anything is
+    written."""
+    out = tmp_path / "out"
+    assert main(["export", "--to", "webdataset", str(store), str(out), "-o", "endpoint=http://127.0.0.1:9",
+                 "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and "-o options are for URLs" in err and str(store) in err, err
+    assert not out.exists()

@@ -456,6 +456,8 @@ def export_main(args: argparse.Namespace) -> int:
         try:
             opts = _storage_options(args)
             if opts is not None:  # a store at a URL that needs options of its client: opened here, handed over
+                if not is_remote(args.store):  # (a local store would ignore them, as info and verify refuse them)
+                    raise SeqstoreError(f"{args.store}: -o options are for URLs of object storage, not local paths")
                 args.store = open_store(args.store, storage_options=opts)
             out = _with_bar(conv, args, f"export {args.target}")
         except _USER_ERRORS as exc:
