@@ -138,3 +138,19 @@ def test_prefetch_zero_and_a_dataset_without_iter_batches(ds: StoreDataset, tmp_
     assert [int(r["index"]) for r in IterableSeqDataset(ds, with_index=True, prefetch=0)] == want
     plain = [int(r["index"]) for r in IterableSeqDataset(GetBatchOnly(ds), with_index=True)]
     assert plain == want
+
+
+def test_two_loaders_sharing_a_records_dataset_keep_their_own_group(ds: StoreDataset) -> None:
+    """A second SeqDataLoader with another batch_size over the same records-mode dataset does not change
+    the first one's items: its state after 5 batches of 4 is position 20, not 5 items of the other's 6."""
+    it = IterableSeqDataset(ds, with_index=True)
+    first = SeqDataLoader(it, batch_size=4, collate_fn=collate_padded)
+    SeqDataLoader(it, batch_size=6, collate_fn=collate_padded)
+    seen = np.concatenate([b["index"].numpy() for b in itertools.islice(first, 5)])
+    np.testing.assert_array_equal(seen, ds.epoch_order(1).to_numpy()[:20])
+    state = first.state_dict()
+    assert state["position"] == 20
+    again = SeqDataLoader(IterableSeqDataset(ds, with_index=True), batch_size=4, collate_fn=collate_padded)
+    again.load_state_dict(state)
+    rest = np.concatenate([b["index"].numpy() for b in again])
+    np.testing.assert_array_equal(rest[: N - 20], ds.epoch_order(1).to_numpy()[20:])

@@ -137,6 +137,7 @@ class SeqDataLoader(DataLoader[Any]):
     def __init__(self, dataset: Any, *args: Any, threads: int = 0, procs: int | None = None, **kwargs: Any) -> None:
         if args:
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
+        self._group: int | None = None  # records mode: the dataset's group (this loader's batch_size)
         if procs is None:  # num_workers=K: seqstore's own K worker processes where the batches are its own
             procs = _workers_as_procs(dataset, threads, kwargs)
         threads = check_int(threads, "SeqDataLoader: threads", 0)
@@ -156,8 +157,8 @@ class SeqDataLoader(DataLoader[Any]):
                     "workers (set_epoch / load_state_dict would not reach them)"
                 )
             bs = kwargs.get("batch_size", 1)
-            if dataset.batch is None:
-                dataset.group = 1 if bs is None else int(bs)
+            if dataset.batch is None:  # (set again where it counts: another loader may share the dataset)
+                self._group = dataset.group = 1 if bs is None else int(bs)
             elif bs is not None:
                 raise ValueError(
                     f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
@@ -194,8 +195,11 @@ class SeqDataLoader(DataLoader[Any]):
             )
 
     def _source(self) -> EpochSampler | EpochBatchSampler | IterableSeqDataset | PackedIterableDataset:
-        if isinstance(self.dataset, (IterableSeqDataset, PackedIterableDataset)):
-            return self.dataset
+        ds = self.dataset
+        if isinstance(ds, IterableSeqDataset) and self._group is not None and ds.group != self._group:
+            ds.group = self._group  # records mode: this loader's batch size (another loader may share the dataset)
+        if isinstance(ds, (IterableSeqDataset, PackedIterableDataset)):
+            return ds
         if isinstance(self.batch_sampler, EpochBatchSampler):
             return self.batch_sampler
         if isinstance(self.sampler, EpochSampler):
@@ -294,6 +298,11 @@ class SeqDataLoader(DataLoader[Any]):
         finally:
             plan.close()
             runs.close()
+
+    def __len__(self) -> int:
+        if isinstance(self.dataset, IterableSeqDataset):
+            self._source()  # (records mode: counted in this loader's group)
+        return super().__len__()
 
     @property
     def consumed(self) -> int:
