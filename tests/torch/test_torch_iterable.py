@@ -223,3 +223,18 @@ def test_records_without_fields_are_empty_records(ds: StoreDataset) -> None:
     assert records == [{}] * N == [SeqDataset(ds, fields=[])[i] for i in range(N)]
     assert len(records) == len(it)
     assert [sorted(r) for r in IterableSeqDataset(ds, fields=[], with_index=True)] == [["index"]] * N
+
+
+def test_a_wrapped_seqdataset_keeps_its_fields_and_index(ds: StoreDataset) -> None:
+    """IterableSeqDataset(SeqDataset(..., fields=[...], with_index=True)) returns the SeqDataset's fields and
+    index (not every field of the dataset it wraps); fields= beyond them is a KeyError naming them."""
+    from seqstore.torch import SeqDataset
+
+    wide = StoreDataset(ds.store, fields=["x", "spk"])
+    narrow = SeqDataset(wide, fields=["x"], with_index=True)
+    rec = next(iter(IterableSeqDataset(narrow)))
+    assert sorted(rec) == ["index", "x"]
+    batch = next(iter(IterableSeqDataset(narrow, batch=4)))
+    assert sorted(batch) == ["index", "x", "x_lengths"]
+    with pytest.raises(KeyError, match="spk"):
+        IterableSeqDataset(narrow, fields=["spk"])

@@ -26,6 +26,7 @@ from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, sele
 from .collate import collate_gathered
 from .dataset import (
     INDEX_KEY,
+    SeqDataset,
     as_protocol_dataset,
     batch_to_tensors,
     bfloat16_fields,
@@ -34,6 +35,18 @@ from .dataset import (
 )
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
+
+
+def _within(wrapped: SeqDataset, fields: list[str] | None, owner: str) -> list[str] | None:
+    """The fields to return from a :class:`SeqDataset`: its own when none are given (not every field of the
+    dataset it wraps), else ``fields``, which must be among its own (a KeyError naming those that are not)."""
+    if wrapped.fields is None:
+        return fields
+    if fields is None:
+        return sorted(wrapped.fields)
+    if missing := [f for f in fields if f not in wrapped.fields]:
+        raise KeyError(f"{owner}: the SeqDataset returns no field(s) {missing}; it returns {sorted(wrapped.fields)}")
+    return fields
 
 
 class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
@@ -90,6 +103,9 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
     ) -> None:
         self.prefetch = check_optional_int(prefetch, f"{self._kind}: prefetch", 0)
         fields = field_list(fields)
+        if isinstance(dataset, SeqDataset):  # what it returns: its fields (or fewer) and its index
+            fields = _within(dataset, fields, self._kind)
+            with_index = bool(with_index) or dataset.with_index
         protocol = as_protocol_dataset(dataset, fields, storage_options)
         self.fields = None if fields is None else frozenset(fields)
         self.masks = bool(masks)
