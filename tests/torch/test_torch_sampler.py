@@ -305,3 +305,23 @@ def test_a_refused_state_leaves_the_consumer_as_it_was(store: Path) -> None:
     with pytest.raises(StateError, match="positions"):
         s.load_state_dict({**state, "num_positions": N + 5})
     assert s.epoch == 2 and list(s) == want
+
+
+def test_built_before_init_process_group_under_a_launcher_is_refused(store: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun (WORLD_SIZE=2 in the environment) with torch.distributed not initialised yet, a sampler
+    (or iterable dataset) without rank= / world_size= would be rank 0 of 1 on every process, each taking the
+    whole epoch: refused, naming init_process_group. Given both, or WORLD_SIZE=1, it is built as asked."""
+    from seqstore.torch import IterableSeqDataset
+
+    ds = StoreDataset(store)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for make in (lambda **kw: EpochSampler(ds, **kw), lambda **kw: EpochBatchSampler(ds, max_seqs=4, **kw),
+                 lambda **kw: IterableSeqDataset(ds, **kw)):
+        with pytest.raises(ValueError, match="WORLD_SIZE=2.*init_process_group"):
+            make()
+        with pytest.raises(ValueError, match="init_process_group"):
+            make(rank=1)
+        assert make(rank=1, world_size=2).world_size == 2
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert EpochSampler(ds).world_size == 1

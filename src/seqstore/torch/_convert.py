@@ -8,6 +8,7 @@ fresh and writable: no copy). bfloat16 fields (stored as uint16 bits, or ``ml_dt
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -39,8 +40,19 @@ def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
 
 
 def resolve_topology(rank: int | None, world_size: int | None, owner: str) -> tuple[int, int]:
-    """(rank, world size): the given values, else torch.distributed's when initialised, else (0, 1)."""
+    """(rank, world size): the given values, else torch.distributed's when initialised, else (0, 1); a
+    ValueError where a launcher started this process as one of several (``WORLD_SIZE`` > 1) and
+    torch.distributed is not initialised yet (each process would take the whole epoch as rank 0 of 1)."""
     initialised = dist.is_available() and dist.is_initialized()
+    launched = os.environ.get("WORLD_SIZE", "").strip()
+    if not initialised and (rank is None or world_size is None) and launched.isdigit() and int(launched) > 1:
+        # torchrun (or another launcher) started this process as one of several: rank 0 of 1 would make every
+        # process take the whole epoch, silently
+        raise ValueError(
+            f"{owner}: this process is one of WORLD_SIZE={launched} (set by torchrun or another launcher), but "
+            "torch.distributed is not initialised: build it after torch.distributed.init_process_group(), "
+            "or pass rank= and world_size="
+        )
     if world_size is None:
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:

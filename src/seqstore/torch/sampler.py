@@ -47,7 +47,8 @@ class EpochSampler(_RankSampler, Sampler[int]):
 
     ``dataset``: a seqstore dataset, :class:`~seqstore.torch.SeqDataset`, store or store path; its
     ``ordering``, ``seed`` and ``partition_epoch`` define the order. ``rank`` / ``world_size``: from
-    ``torch.distributed`` when initialised, else 0 / 1. ``epoch``: the first (sub-)epoch, 1-based.
+    ``torch.distributed`` at construction when initialised, else 0 / 1 (a ValueError under a launcher's
+    ``WORLD_SIZE`` > 1: build it after ``init_process_group``). ``epoch``: the first (sub-)epoch, 1-based.
 
     Rank ``r`` yields global positions ``start + r + k*W``. The remaining ``L - start`` positions are
     padded to a multiple of ``W`` by repeating the epoch order from its start (like
