@@ -237,13 +237,13 @@ def test_a_run_buffer_interrupted_while_it_is_made_leaves_nothing_in_dev_shm(mon
                                                                             where: str) -> None:
     """A Ctrl-C (or a failed mapping) while a read-once loop's run buffer was made -- its pages reserved, then
     mapped -- left the new file in /dev/shm, known to no clean-up, until reboot; it is removed now."""
-    from seqstore.torch import _ring
+    from seqstore.torch import _runs
 
     def interrupted(*args: Any) -> Any:
         raise KeyboardInterrupt if where == "posix_fallocate" else OSError(12, "Cannot allocate memory")
 
-    runs = _ring.RunBuffers()
-    target = _ring.os if where == "posix_fallocate" else _ring.mmap
+    runs = _runs.RunBuffers()
+    target = _runs.os if where == "posix_fallocate" else _runs.mmap
     monkeypatch.setattr(target, where, interrupted)
     with pytest.raises(KeyboardInterrupt if where == "posix_fallocate" else OSError):
         runs.make(1 << 16)

@@ -35,13 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
-import mmap
 import multiprocessing
 import os
 import pickle
-import secrets
 import select
 import struct
 import sys
@@ -50,7 +47,6 @@ import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
@@ -63,6 +59,7 @@ from ..errors import SeqstoreError
 from ..io import address
 from ._chooser import Chooser, cores
 from ._direct import Gatherer, ahead_in_runs, pinned
+from ._runs import SHM_DIR, RunBuffers, attach_run
 from ._signals import InterruptsIgnored, killed_by
 
 __all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
@@ -222,8 +219,6 @@ def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes
     return ("ok", layout)
 
 
-_SHM_DIR = "/dev/shm"
-
 #: free space ``/dev/shm`` must have for a read-once loop to put its run buffers there (a container's
 #: default of 64 MiB does not: its workers then read through the node cache)
 SHM_NEEDED = 1 << 30
@@ -233,87 +228,10 @@ def shared_runs_possible() -> bool:
     """Whether run buffers can be shared with the workers by name: a writable ``/dev/shm`` with
     ``SHM_NEEDED`` bytes free."""
     try:
-        st = os.statvfs(_SHM_DIR)
+        st = os.statvfs(SHM_DIR)
     except OSError:
         return False
-    return os.access(_SHM_DIR, os.W_OK) and st.f_bavail * st.f_frsize >= SHM_NEEDED
-
-
-def attach_run(runs: dict[str, Any], name: str) -> int:
-    """The address in this process of the loop's run buffer ``name`` (mapped on first use, kept in ``runs``)."""
-    got = runs.get(name)
-    if got is None:
-        fd = os.open(os.path.join(_SHM_DIR, name), os.O_RDONLY)
-        try:  # its pages mapped at once (one call instead of a page fault each)
-            m = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        got = runs[name] = np.frombuffer(m, np.uint8)
-    return address(got)
-
-
-class RunBuffers:
-    """A read-once loop's run buffers: files in ``/dev/shm`` that the workers map by name (``make`` and
-    ``drop`` for a :class:`~seqstore.store.Pool`). A dropped buffer's file is removed and the
-    workers are told (``tell``) to let it go; :meth:`close` removes every file left (as does the
-    interpreter's exit, for a loop left open until then, and the resource tracker, for a process killed)."""
-
-    def __init__(self) -> None:
-        self.names: dict[int, str] = {}
-        self.tell: Any = None
-        self._count = itertools.count()
-        self._tag = f"seqstore-run-{os.getpid()}-{secrets.token_hex(4)}"
-        weakref.finalize(self, _unlink_all, self.names)  # at exit, or when dropped unclosed
-
-    def make(self, size: int) -> np.ndarray[Any, Any]:
-        name = f"{self._tag}-{next(self._count)}"
-        path = os.path.join(_SHM_DIR, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            try:  # the pages reserved now: a full /dev/shm is an error here, not a SIGBUS when written
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                raise SeqstoreError(f"{_SHM_DIR} has no room for a read-once run buffer of {size} bytes "
-                                    f"({exc.strerror}); give it more (e.g. docker --shm-size) or use "
-                                    "SeqDataLoader without procs=") from None
-            buf = np.frombuffer(mmap.mmap(fd, size), np.uint8)
-        except BaseException:  # (a Ctrl-C meanwhile, a mapping refused too) the file is nobody's yet
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        # a process killed (SIGKILL, OOM) runs no exit handler: the resource tracker removes the file, as the block
-        resource_tracker.register("/" + name, "shared_memory")
-        self.names[address(buf)] = name
-        return buf
-
-    def name(self, buf: np.ndarray[Any, Any]) -> str:
-        return self.names[address(buf)]
-
-    def drop(self, buf: np.ndarray[Any, Any]) -> None:
-        name = self.names.pop(address(buf), None)
-        if name is not None:
-            _unlink(name)
-            if self.tell is not None:
-                self.tell(("forget", name))
-
-    def close(self) -> None:
-        _unlink_all(self.names)
-
-
-def _unlink_all(names: dict[int, str]) -> None:
-    for name in names.values():
-        _unlink(name)
-    names.clear()
-
-
-def _unlink(name: str) -> None:
-    try:
-        os.unlink(os.path.join(_SHM_DIR, name))
-    except FileNotFoundError:
-        pass
-    with contextlib.suppress(Exception):  # (interpreter shutdown)
-        resource_tracker.unregister("/" + name, "shared_memory")
+    return os.access(SHM_DIR, os.W_OK) and st.f_bavail * st.f_frsize >= SHM_NEEDED
 
 
 def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, torch.Tensor]:
