@@ -746,6 +746,33 @@ def test_procs_an_error_larger_than_the_pipe_is_raised_without_deadlock(tmp_path
     assert "Traceback" not in err, err
 
 
+_STUCK_WITH_A_FULL_PIPE = _WORKERS + '''
+
+def gather(idx: np.ndarray) -> dict:  # worker 0 is stuck in its first batch
+    if int(idx[0]) == 512:
+        time.sleep(600)
+    return {"x": torch.full((16,), float(idx[0]), dtype=torch.float64)}
+
+
+if __name__ == "__main__":
+    arrays = [np.full(40000, 512 + k) for k in range(12)]  # 320 kB each: more than the pipe holds
+    try:
+        for b in run_processes(gather(np.array([1])), iter(arrays), gather, 2, chooser=Workers(), timeout=1):
+            pass
+    except _ring.LoaderWorkerError as e:
+        print(e)
+'''
+
+
+def test_procs_timeout_covers_a_send_to_a_stuck_worker_whose_pipe_is_full(tmp_path: Any) -> None:
+    """``timeout=`` bounded only the wait for a worker's answer: an index array larger than the pipe holds, sent
+    to a worker stuck in its batch, waited for ever. The send is bounded too: a LoaderWorkerError naming the
+    worker, and the stuck worker is ended."""
+    proc, out, err = _run_without_deadlock(tmp_path / "stuck_full_pipe.py", _STUCK_WITH_A_FULL_PIPE)
+    assert proc.returncode == 0, err
+    assert "loader worker 0" in out and "in 1s" in out, out
+
+
 _LOOP_KILLED = _WORKERS + '''
 
 def gather(idx: np.ndarray) -> dict:  # slow: the workers are gathering when the loop's process is killed

@@ -150,12 +150,20 @@ def _send_taking(conn: Connection, answer: tuple[Any, ...], take: Callable[[Any]
     larger than the pipe holds (a large index array), and each would wait for the other to read. (The
     bytes on the pipe are those of ``Connection.send``; the loop sends each message whole, so one that
     has begun is read at once.)"""
-    data = ForkingPickler.dumps(answer, 5)  # (protocol 5: a bytearray comes back as one, not bytes to copy)
+    _send_bounded(conn, answer, take=take)
+
+
+def _send_bounded(conn: Connection, msg: Any, *, take: Callable[[Any], None] | None = None,
+                  until: float | None = None) -> bool:
+    """``conn.send(msg)`` written without blocking: while the pipe is full, messages coming the other way go
+    to ``take`` (where given), and at ``until`` (``time.monotonic()``) the send gives up: False, the message
+    written in part (the pipe is of no use after that)."""
+    data = ForkingPickler.dumps(msg, 5)  # (protocol 5: a bytearray comes back as one, not bytes to copy)
     n = len(data)
     head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
     fd = conn.fileno()
     ready = select.poll()
-    ready.register(fd, select.POLLIN | select.POLLOUT)
+    ready.register(fd, (select.POLLIN if take is not None else 0) | select.POLLOUT)
     os.set_blocking(fd, False)
     try:
         for buf in (memoryview(head), memoryview(data).cast("B")):
@@ -163,12 +171,17 @@ def _send_taking(conn: Connection, answer: tuple[Any, ...], take: Callable[[Any]
                 try:
                     buf = buf[os.write(fd, buf):]
                 except BlockingIOError:
-                    if any(ev & select.POLLIN for _, ev in ready.poll()):  # the loop sends: its message in whole
+                    wait = -1 if until is None else max(0, math.ceil((until - time.monotonic()) * 1000))
+                    events = ready.poll(wait)
+                    if take is not None and any(ev & select.POLLIN for _, ev in events):  # its message in whole
                         os.set_blocking(fd, True)
                         take(conn.recv())
                         os.set_blocking(fd, False)
+                    elif not events and until is not None and time.monotonic() >= until:
+                        return False
     finally:
         os.set_blocking(fd, True)
+    return True
 
 
 def _serve(job: tuple[Any, ...], gather: Gatherer, shm: SharedMemory, slot_bytes: int,
@@ -311,9 +324,10 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     size = sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in first.values())
     slot_bytes = max(4 * size, 1 << 16)
     nslots = procs * depth
-    # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker reports it
-    # as leaked (the daemon workers are ended by multiprocessing's own exit handler; clock: time's, gone by then)
-    opened, quiet, clock = _Open(), InterruptsIgnored(), time.monotonic  # live as long as this frame
+    # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
+    # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
+    opened, quiet = _Open(), InterruptsIgnored()  # live as long as this frame
+    monotonic, send_bounded = time.monotonic, _send_bounded  # (the clean-up may run at shutdown, globals gone)
     with quiet:  # (a Ctrl-C between the two would leave the name in /dev/shm)
         shm = _Block(create=True, size=slot_bytes * nslots)
         at_exit = weakref.finalize(opened, _unlink_block, shm)
@@ -330,9 +344,17 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
                                  f"(exit code {workers[w].exitcode}{killed_by(workers[w].exitcode, shm.size)})")
 
+    stuck = -1  # the worker that gave no batch (or took no message) within ``timeout``: ended at once at the end
+
     def post(w: int, msg: Any) -> None:  # a worker gone (its pipe broken: one that died resting) is named
+        nonlocal stuck
         try:
-            conns[w].send(msg)
+            if timeout <= 0:
+                conns[w].send(msg)
+            elif not _send_bounded(conns[w], msg, until=time.monotonic() + timeout):  # its pipe stayed full
+                stuck = w
+                raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) took nothing sent to it in "
+                                        f"{timeout}s (busy with a batch, its pipe full)")
         except OSError:
             raise exited(w) from None
 
@@ -360,7 +382,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     try:
         free = [list(range(w * depth, (w + 1) * depth)) for w in range(procs)]
         lent: list[list[_Lent]] = [[] for _ in range(procs)]
-        j, stuck = 0, -1  # stuck: the worker that gave no batch within ``timeout``, ended at once at the end
+        j = 0
         failed: list[Exception] = []  # the error that ended the drawing of the batches ahead (a fetch's)
 
         def reclaim(w: int) -> None:
@@ -493,15 +515,17 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             for _, _, parts in pending:  # batches not answered: their run buffers are not read any more
                 for p in parts:
                     p.release()
-            for c in conns:
+            end = monotonic() + 5  # (a worker stuck in a batch with its pipe full would not take the end)
+            told = [False] * len(conns)
+            for w, c in enumerate(conns):
                 try:
-                    c.send(None)
+                    told[w] = w != stuck and send_bounded(c, None, until=end)
                 except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
                     pass
-            end = clock() + 5  # the answers nobody will use, read until each worker ends (one larger than
-            for w, p in enumerate(workers):  # the pipe holds would block it); those silent for 5 s in all are ended
+            # the answers nobody will use, read until each worker ends (one larger than the pipe holds would
+            for w, p in enumerate(workers):  # block it); those silent for 5 s in all, or not told, are ended
                 try:
-                    while w != stuck and pollers[w].poll(max(0, int((end - clock()) * 1000))):
+                    while told[w] and pollers[w].poll(max(0, int((end - monotonic()) * 1000))):
                         conns[w].recv()
                 except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
                     p.join(timeout=5)
