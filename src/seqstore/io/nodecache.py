@@ -527,12 +527,19 @@ class CachedObject:
         if len(starts) == 0:
             return starts, ends
         pages = run_pages(starts, ends)
-        absent = pages[self.bits[pages] == 0]
-        if len(absent) == 0:
-            return absent, absent
-        cut = np.flatnonzero(np.diff(absent) != 1) + 1
-        firsts = np.concatenate(([absent[0]], absent[cut]))
-        lasts = np.concatenate((absent[cut - 1], [absent[-1]])) + 1
+        return self._runs(pages[self.bits[pages] == 0])
+
+    def held(self) -> tuple[Any, Any]:
+        """The page-aligned byte runs of the pages present (the last clamped to the size)."""
+        return self._runs(np.flatnonzero(self.bits))
+
+    def _runs(self, pages: np.ndarray[Any, Any]) -> tuple[Any, Any]:
+        """Sorted page numbers ``pages`` as page-aligned byte runs of consecutive pages (clamped to the size)."""
+        if len(pages) == 0:
+            return pages, pages
+        cut = np.flatnonzero(np.diff(pages) != 1) + 1
+        firsts = np.concatenate(([pages[0]], pages[cut]))
+        lasts = np.concatenate((pages[cut - 1], [pages[-1]])) + 1
         return firsts * PAGE, np.minimum(lasts * PAGE, self.size)
 
     def fill(self, start: int, data: memoryview) -> None:

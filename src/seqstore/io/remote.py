@@ -408,7 +408,7 @@ class RemoteRoot:
             copies.update((id(r.obj), r.obj) for r in self.fetcher.regions() if r.key == key and r.etag == meta.etag)
             fits = _pages(meta.size) <= self.cache.budget // 2
             for obj in copies.values():
-                runs = (np.array([0], np.int64), np.array([meta.size], np.int64)) if fits else _held(obj)
+                runs = (np.array([0], np.int64), np.array([meta.size], np.int64)) if fits else obj.held()
                 obj.bits[:] = 0
                 self._fill(key, meta.etag, obj, *runs)
             if fits:
@@ -449,17 +449,6 @@ def _intact(path: Path, crc: int | None) -> bool:
         return zlib.crc32(path.read_bytes()) == crc
     except OSError:
         return False
-
-
-def _held(obj: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """The byte runs of the pages cache entry ``obj`` holds (page-aligned, the last clamped to its size)."""
-    pages = np.flatnonzero(obj.bits)
-    if len(pages) == 0:
-        return pages, pages
-    cut = np.flatnonzero(np.diff(pages) != 1) + 1
-    firsts = np.concatenate(([pages[0]], pages[cut]))
-    lasts = np.concatenate((pages[cut - 1], [pages[-1]])) + 1
-    return firsts * PAGE, np.minimum(lasts * PAGE, obj.size)
 
 
 def _pages(n: int) -> int:
