@@ -118,9 +118,7 @@ def load_npy(path: Path) -> np.ndarray[Any, Any]:
     return arr
 
 
-def cached_array(
-    path: Path, compute: Callable[[Path], None], *, length: int | None = None
-) -> npt.NDArray[Any]:
+def cached_array(path: Path, compute: Callable[[Path], None], *, length: int | None = None) -> npt.NDArray[Any]:
     """Memory-map ``.npy`` ``path``, first calling ``compute(path)`` to write it if it does not exist.
 
     ``length``, when given, is checked against the file (a damaged or foreign file is recomputed).

@@ -120,15 +120,8 @@ class BatchIterator:
         return batch
 
 
-def batch_indices(
-    order: Any,
-    lengths: Any,
-    *,
-    max_frames: int | None = None,
-    max_seqs: int | None = None,
-    padded: bool = True,
-    chunk_size: int = _CHUNK,
-) -> BatchIterator:
+def batch_indices(order: Any, lengths: Any, *, max_frames: int | None = None, max_seqs: int | None = None,
+                  padded: bool = True, chunk_size: int = _CHUNK) -> BatchIterator:
     """Greedy batches of ``order`` (an Order or 1-D int array of indices), in order.
 
     ``lengths``: the lengths of the index space (a LengthsView, store ``Lengths``, array or memmap),
@@ -319,18 +312,9 @@ def _boundaries(buckets: Any, order: Any, view: LengthsView, buffer_size: int) -
     return edges
 
 
-def bucket_batches(
-    order: Any,
-    lengths: Any,
-    *,
-    buckets: Any,
-    buffer_size: int,
-    max_frames: int | None = None,
-    max_seqs: int | None = None,
-    padded: bool = True,
-    seed: int = 0,
-    chunk_size: int = _CHUNK,
-) -> BatchIterator:
+def bucket_batches(order: Any, lengths: Any, *, buckets: Any, buffer_size: int, max_frames: int | None = None,
+                   max_seqs: int | None = None, padded: bool = True, seed: int = 0,
+                   chunk_size: int = _CHUNK) -> BatchIterator:
     """Length-bucketed batches from a bounded buffer, deterministic (Lhotse's dynamic bucketing idea).
 
     ``buckets``: ascending length boundaries (bucket ``k`` holds ``boundaries[k-1] <= length <

@@ -140,15 +140,8 @@ class ConcatDataset(Dataset):
     fingerprints of all children, so any directory is safe). Memory O(children).
     """
 
-    def __init__(
-        self,
-        datasets: Sequence[Dataset],
-        *,
-        ordering: Any = "default",
-        seed: int = 0,
-        partition_epoch: int = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
+    def __init__(self, datasets: Sequence[Dataset], *, ordering: Any = "default", seed: int = 0,
+                 partition_epoch: int = 1, cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
             raise ValueError("ConcatDataset needs at least one dataset")
@@ -205,10 +198,8 @@ class SliceDataset(Dataset):
     Takes the base's ordering parameters unless given.
     """
 
-    def __init__(
-        self, dataset: Dataset, start: int, stop: int, *, ordering: Any = None, seed: int | None = None,
-        partition_epoch: int | None = None,
-    ) -> None:
+    def __init__(self, dataset: Dataset, start: int, stop: int, *, ordering: Any = None, seed: int | None = None,
+                 partition_epoch: int | None = None) -> None:
         n = dataset.num_seqs
         start, stop = check_int(start, "SliceDataset: start"), check_int(stop, "SliceDataset: stop")
         if not 0 <= start <= stop <= n:

@@ -23,21 +23,11 @@ from .store_dataset import StoreDataset
 __all__ = ["run_combined_demo"]
 
 
-def run_combined_demo(
-    store_path: str | os.PathLike[str],
-    *,
-    epochs: int = 2,
-    ordering: str = "laplace:.1000",
-    weights: tuple[float, float, float] = (0.5, 0.3, 0.2),
-    epoch_fraction: float = 0.5,
-    max_frames: int = 20_000,
-    max_seqs: int | None = None,
-    partition_epoch: int = 1,
-    seed: int = 0,
-    length_field: str | None = None,
-    max_batches: int | None = None,
-    out: Callable[[str], None] = print,
-) -> dict[str, Any]:
+def run_combined_demo(store_path: str | os.PathLike[str], *, epochs: int = 2, ordering: str = "laplace:.1000",
+                      weights: tuple[float, float, float] = (0.5, 0.3, 0.2), epoch_fraction: float = 0.5,
+                      max_frames: int = 20_000, max_seqs: int | None = None, partition_epoch: int = 1, seed: int = 0,
+                      length_field: str | None = None, max_batches: int | None = None,
+                      out: Callable[[str], None] = print) -> dict[str, Any]:
     """Split the store at ``store_path`` into three contiguous parts (``weights`` of its records), sample
     ``epoch_fraction`` of the corpus per epoch from them in proportion to ``weights`` (each part in its own
     random order, windows advancing per epoch), order the union with ``ordering``, cut it into batches of at
@@ -51,10 +41,8 @@ def run_combined_demo(
     w = np.asarray(weights, dtype=np.float64)
     cuts = np.concatenate([[0], np.round(np.cumsum(w / w.sum()) * n).astype(np.int64)])
     cuts[-1] = n
-    parts = {
-        f"part{k}": SliceDataset(store_ds, int(cuts[k]), int(cuts[k + 1]), ordering="random", seed=seed + k)
-        for k in range(len(w))
-    }
+    parts = {f"part{k}": SliceDataset(store_ds, int(cuts[k]), int(cuts[k + 1]), ordering="random", seed=seed + k)
+             for k in range(len(w))}
     combined = CombinedDataset(parts, weights=list(w), epoch_size=int(n * epoch_fraction), ordering=ordering,
                                seed=seed, partition_epoch=partition_epoch)
     out(f"seqstore combined demo: {n:,} records of {store_path} split into "
@@ -89,19 +77,9 @@ def run_combined_demo(
             if max_batches is not None and nb >= max_batches:
                 break
         secs = max(time.perf_counter() - t1, 1e-9)
-        r = {
-            "epoch": epoch,
-            "order_build_s": build_s,
-            "batches": nb,
-            "sequences": seqs,
-            "frames": frames,
-            "seconds": secs,
-            "batches_per_s": nb / secs,
-            "seqs_per_s": seqs / secs,
-            "frames_per_s": frames / secs,
-            "overlong": batches.overlong,
-            "rss_anon_growth": rss_bytes()[0] - rss0,
-        }
+        r = {"epoch": epoch, "order_build_s": build_s, "batches": nb, "sequences": seqs, "frames": frames,
+             "seconds": secs, "batches_per_s": nb / secs, "seqs_per_s": seqs / secs, "frames_per_s": frames / secs,
+             "overlong": batches.overlong, "rss_anon_growth": rss_bytes()[0] - rss0}
         results.append(r)
         out(f"  epoch {epoch}: order built in {build_s * 1e3:.2f} ms; {nb:,} batches, {seqs:,} sequences, "
             f"{frames:,} frames in {secs:.2f} s -> {r['batches_per_s']:,.0f} batches/s, "

@@ -61,9 +61,8 @@ def _kept_chunks(lengths: Callable[[], LengthsView], lo: int | None, hi: int | N
         base += len(chunk)
 
 
-def kept_indices(
-    lengths: Callable[[], LengthsView], key: Any, cache_dir: Path | None, lo: int | None, hi: int | None
-) -> Any:
+def kept_indices(lengths: Callable[[], LengthsView], key: Any, cache_dir: Path | None, lo: int | None,
+                 hi: int | None) -> Any:
     """The ascending int64 indices ``i`` with ``lo <= lengths()[i] <= hi`` (a bound of None is open).
 
     ``key`` is the content identity of the lengths' owner (None: unknown); with a key and a

@@ -110,21 +110,9 @@ class PackedDataset:
     than ``seq_len`` (default) or truncate them; ``pad_id``: the token of padding. O(1) memory.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        *,
-        tokens: str = "tokens",
-        seq_len: int = 2048,
-        mode: str = "concat",
-        eos: int | None = None,
-        window: int | None = None,
-        split_long: bool = True,
-        mask_eos: bool = False,
-        pad_id: int = 0,
-        ordering: Any = "default",
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, source: Any, *, tokens: str = "tokens", seq_len: int = 2048, mode: str = "concat",
+                 eos: int | None = None, window: int | None = None, split_long: bool = True, mask_eos: bool = False,
+                 pad_id: int = 0, ordering: Any = "default", seed: int = 0) -> None:
         if mode not in _MODES:
             raise ValueError(f"PackedDataset: mode must be one of {_MODES}, got {mode!r}")
         self.mode = mode

@@ -83,9 +83,8 @@ def iter_gathered(dataset: Any, arrays: Iterable[Any], *, pad: bool, prefetch: i
         yield pending.popleft(), batch
 
 
-def iter_records(
-    dataset: Any, indices: Any, *, block: int = RECORDS_BLOCK, prefetch: int | None = None, with_index: bool = False
-) -> Iterator[dict[str, Any]]:
+def iter_records(dataset: Any, indices: Any, *, block: int = RECORDS_BLOCK, prefetch: int | None = None,
+                 with_index: bool = False) -> Iterator[dict[str, Any]]:
     """Records ``indices`` of ``dataset`` in that order, each a dict field -> NumPy view into its block
     (a ragged field: its (T, ...) rows; ``"index"``: the record's index with ``with_index``).
 

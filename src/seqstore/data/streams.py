@@ -96,16 +96,10 @@ class ShuffleBuffer(Iterator[Any]):
             src_state = self._source_state  # loaded, not yet restored into the source (the first item does)
         else:
             src_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
-        return {
-            "seed": self.seed,
-            "size": self.size,
-            "consumed": self._consumed,
-            "emitted": self._emitted,
-            "exhausted": self._exhausted,
-            # NumPy scalars (an array source yields them) as Python numbers: the state survives JSON
-            "buffer": [x.item() if isinstance(x, np.generic) else x for x in self._buffer],
-            "source": src_state,
-        }
+        # NumPy scalars (an array source yields them) as Python numbers: the state survives JSON
+        return {"seed": self.seed, "size": self.size, "consumed": self._consumed, "emitted": self._emitted,
+                "exhausted": self._exhausted,
+                "buffer": [x.item() if isinstance(x, np.generic) else x for x in self._buffer], "source": src_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (on a buffer built over the same source, freshly created)."""
