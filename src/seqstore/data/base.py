@@ -25,6 +25,7 @@ import abc
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,8 @@ class Dataset(abc.ABC):
         have nothing to read ahead)."""
         return None
 
-    def iter_batches(
-        self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
-        cached: bool = False,
-    ) -> Iterator[dict[str, Any]]:
+    def iter_batches(self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
+                     cached: bool = False) -> Iterator[dict[str, Any]]:
         """``get_batch`` of each index array of ``batches`` (consumed lazily), with :meth:`prefetch` of
         the next ``prefetch`` batches (None: 2) issued before each batch is gathered (``cached``: a
         store's, see ``Store.iter_batches``; nothing here)."""
@@ -137,18 +136,9 @@ class Dataset(abc.ABC):
         Values are indices in ``[0, num_seqs)``. O(1) to build (``sorted*`` / ``sort_bin_shuffle*``
         need the lengths array and a global sort index: cached on disk where ``cache_dir`` is set).
         """
-        return dataset_order(
-            self.num_seqs,
-            self.ordering,
-            epoch=epoch,
-            seed=self.seed,
-            partition_epoch=self.partition_epoch,
-            shard_index=shard_index,
-            num_shards=num_shards,
-            lengths=self.lengths,
-            lengths_array=self.lengths_array,
-            sort_cache=self._sort_cache,
-        )
+        return dataset_order(self.num_seqs, self.ordering, epoch=epoch, seed=self.seed,
+                             partition_epoch=self.partition_epoch, shard_index=shard_index, num_shards=num_shards,
+                             lengths=self.lengths, lengths_array=self.lengths_array, sort_cache=self._sort_cache)
 
     def _cache_path(self, kind: str, *extra: Any) -> Path | None:
         key = self.cache_key()
@@ -178,9 +168,8 @@ class Dataset(abc.ABC):
 
         return cached_array(path, compute, length=len(view))
 
-    def filter(
-        self, *, min_length: int | None = None, max_length: int | None = None, cache_dir: Any = None
-    ) -> FilteredDataset:
+    def filter(self, *, min_length: int | None = None, max_length: int | None = None,
+               cache_dir: Any = None) -> FilteredDataset:
         """The sequences with ``min_length <= length <= max_length`` (see :class:`FilteredDataset`)."""
         return FilteredDataset(self, min_length=min_length, max_length=max_length, cache_dir=cache_dir)
 
@@ -194,17 +183,9 @@ class FilteredDataset(Dataset):
     here, next to :meth:`Dataset.filter`, because each of the two needs the other.
     """
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        min_length: int | None = None,
-        max_length: int | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        ordering: Any = None,
-        seed: int | None = None,
-        partition_epoch: int | None = None,
-    ) -> None:
+    def __init__(self, dataset: Dataset, *, min_length: int | None = None, max_length: int | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, ordering: Any = None, seed: int | None = None,
+                 partition_epoch: int | None = None) -> None:
         self.min_length, self.max_length = check_bounds(min_length, max_length)
         self.dataset = dataset
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch, dataset,
@@ -213,9 +194,9 @@ class FilteredDataset(Dataset):
         self.kept = kept_indices(dataset.lengths, dataset.cache_key(), self.cache_dir, self.min_length, self.max_length)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_filtered, (self.dataset, self.min_length, self.max_length,
-                                    None if self.cache_dir is None else str(self.cache_dir), self.ordering,
-                                    self.seed, self.partition_epoch))
+        return (partial(FilteredDataset, self.dataset, min_length=self.min_length, max_length=self.max_length,
+                        cache_dir=None if self.cache_dir is None else str(self.cache_dir), ordering=self.ordering,
+                        seed=self.seed, partition_epoch=self.partition_epoch), ())
 
     @property
     def num_seqs(self) -> int:
@@ -246,12 +227,6 @@ class FilteredDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"FilteredDataset({self.dataset!r}, {self.min_length}..{self.max_length}, kept={self.num_seqs})"
-
-
-def _rebuild_filtered(dataset: Dataset, lo: int | None, hi: int | None, cache_dir: str | None, ordering: Any,
-                      seed: int, partition_epoch: int) -> FilteredDataset:
-    return FilteredDataset(dataset, min_length=lo, max_length=hi, cache_dir=cache_dir, ordering=ordering, seed=seed,
-                           partition_epoch=partition_epoch)
 
 
 def pad_batch(values: np.ndarray[Any, Any], lengths: IntArray) -> np.ndarray[Any, Any]:

@@ -8,6 +8,7 @@ from the index). ``get(i)`` returns ``{"length": int64 scalar array}``.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,8 @@ class LengthsDataset(Dataset):
     A path pickles as the path; an array or view pickles by value. Memory: that of ``lengths``.
     """
 
-    def __init__(
-        self,
-        lengths: Any,
-        *,
-        ordering: Any = "default",
-        seed: int = 0,
-        partition_epoch: int = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
+    def __init__(self, lengths: Any, *, ordering: Any = "default", seed: int = 0, partition_epoch: int = 1,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         self._path: str | None = None
         if isinstance(lengths, (str, os.PathLike)):
             self._path = os.fspath(lengths)
@@ -44,7 +38,8 @@ class LengthsDataset(Dataset):
 
     def __reduce__(self) -> tuple[Any, ...]:
         src: Any = self._path if self._path is not None else self._lengths
-        return (_rebuild, (src, self.ordering, self.seed, self.partition_epoch, self.cache_dir))
+        return (partial(LengthsDataset, src, ordering=self.ordering, seed=self.seed,
+                        partition_epoch=self.partition_epoch, cache_dir=self.cache_dir), ())
 
     @property
     def num_seqs(self) -> int:
@@ -68,7 +63,3 @@ class LengthsDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"LengthsDataset(n={self.num_seqs}, ordering={self.ordering!r}, seed={self.seed})"
-
-
-def _rebuild(src: Any, ordering: Any, seed: int, partition_epoch: int, cache_dir: Any) -> LengthsDataset:
-    return LengthsDataset(src, ordering=ordering, seed=seed, partition_epoch=partition_epoch, cache_dir=cache_dir)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +79,10 @@ class MetaDataset(Dataset):
     Memory O(children); row maps are memory-mapped.
     """
 
-    def __init__(
-        self,
-        datasets: Mapping[str, StoreDataset],
-        *,
-        control: str | None = None,
-        missing: str = "error",
-        fields: Mapping[str, Sequence[str] | Mapping[str, str]] | None = None,
-        length_from: str | None = None,
-        ordering: Any = "default",
-        seed: int = 0,
-        partition_epoch: int = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
+    def __init__(self, datasets: Mapping[str, StoreDataset], *, control: str | None = None, missing: str = "error",
+                 fields: Mapping[str, Sequence[str] | Mapping[str, str]] | None = None, length_from: str | None = None,
+                 ordering: Any = "default", seed: int = 0, partition_epoch: int = 1,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         if not isinstance(datasets, Mapping) or not datasets:
             raise ValueError("MetaDataset needs a non-empty mapping name -> StoreDataset")
         self.datasets = dict(datasets)
@@ -147,10 +139,9 @@ class MetaDataset(Dataset):
                 raise KeyError(f"fields[{name!r}]: no field(s) {bad} in {d.store.root}; fields are {have}")
             for src, dst in mapping.items():
                 if dst in owner:
-                    raise ValueError(
-                        f"field name clash: {dst!r} comes from both {owner[dst]!r} and {name!r}; rename one, e.g. "
-                        f"fields={{{name!r}: {{{src!r}: '{name}/{src}'}}}}, or leave it out with a list"
-                    )
+                    raise ValueError(f"field name clash: {dst!r} comes from both {owner[dst]!r} and {name!r}; rename "
+                                     f"one, e.g. fields={{{name!r}: {{{src!r}: '{name}/{src}'}}}}, or leave it out "
+                                     "with a list")
                 owner[dst] = name
             out[name] = mapping
         return out
@@ -227,8 +218,9 @@ class MetaDataset(Dataset):
             yield np.flatnonzero(ok) + a
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.datasets, self.control, self.missing, self._fields_arg, self.length_from,
-                           self.ordering, self.seed, self.partition_epoch, str(self._dir)))
+        return (partial(MetaDataset, self.datasets, control=self.control, missing=self.missing, fields=self._fields_arg,
+                        length_from=self.length_from, ordering=self.ordering, seed=self.seed,
+                        partition_epoch=self.partition_epoch, cache_dir=str(self._dir)), ())
 
     # ------------------------------------------------------------------------------- protocol
 
@@ -297,9 +289,3 @@ class MetaDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"MetaDataset({self.names}, control={self.control!r}, n={self.num_seqs}, missing={self.missing!r})"
-
-
-def _rebuild(datasets: Any, control: str, missing: str, fields: Any, length_from: str, ordering: Any, seed: int,
-             partition_epoch: int, cache_dir: str) -> MetaDataset:
-    return MetaDataset(datasets, control=control, missing=missing, fields=fields, length_from=length_from,
-                       ordering=ordering, seed=seed, partition_epoch=partition_epoch, cache_dir=cache_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +39,10 @@ class StoreDataset(Dataset):
     Memory O(1) (+ the store's O(shards)); pickles as (path, options).
     """
 
-    def __init__(
-        self,
-        store: Store | str | os.PathLike[str],
-        *,
-        ordering: Any = "default",
-        seed: int = 0,
-        partition_epoch: int = 1,
-        length_field: str | None = None,
-        fields: Sequence[str] | str | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        storage_options: StoreOptions | Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, store: Store | str | os.PathLike[str], *, ordering: Any = "default", seed: int = 0,
+                 partition_epoch: int = 1, length_field: str | None = None, fields: Sequence[str] | str | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None,
+                 storage_options: StoreOptions | Mapping[str, Any] | None = None) -> None:
         if isinstance(store, Store):
             if storage_options:
                 raise ValueError(f"{store.url}: storage_options are for a store given by path or URL, not a Store")
@@ -65,9 +58,8 @@ class StoreDataset(Dataset):
         if length_field is None:
             length_field = ragged[0] if len(ragged) == 1 else None
         elif length_field not in ragged:
-            raise ValueError(
-                f"{self.store.url}: length_field {length_field!r} is not a ragged field; ragged fields are {ragged}"
-            )
+            raise ValueError(f"{self.store.url}: length_field {length_field!r} is not a ragged field; ragged fields "
+                             f"are {ragged}")
         self.length_field = length_field
         fields = field_list(fields)
         if fields is not None:
@@ -80,8 +72,9 @@ class StoreDataset(Dataset):
     def __reduce__(self) -> tuple[Any, ...]:
         # the Store pickles as its path, options and the shards it saw: a worker reopens it with the same
         # read-ahead options and the same records, even if shards were committed since
-        return (_rebuild, (self.store, self.ordering, self.seed, self.partition_epoch,
-                           self.length_field, self.fields, str(self.cache_dir)))
+        return (partial(StoreDataset, self.store, ordering=self.ordering, seed=self.seed,
+                        partition_epoch=self.partition_epoch, length_field=self.length_field, fields=self.fields,
+                        cache_dir=str(self.cache_dir)), ())
 
     @property
     def num_seqs(self) -> int:
@@ -108,10 +101,8 @@ class StoreDataset(Dataset):
     def lengths(self) -> LengthsView:
         """Lazy lengths: rows of ``length_field`` per record (from the offsets), or 1 without ragged fields."""
         if self._ambiguous:
-            raise ValueError(
-                f"{self.store.url}: several ragged fields {self._ambiguous}; name the one that measures length "
-                "with length_field="
-            )
+            raise ValueError(f"{self.store.url}: several ragged fields {self._ambiguous}; name the one that measures "
+                             "length with length_field=")
         if self.length_field is None:
             return ConstantLengths(len(self.store), 1)
         return TakeLengths(self.store.lengths(self.length_field))
@@ -132,10 +123,8 @@ class StoreDataset(Dataset):
         """``Store.prefetch`` of ``indices`` over ``fields``."""
         self.store.prefetch(as_index_array(indices, self.num_seqs), fields=self.fields)
 
-    def iter_batches(
-        self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
-        cached: bool = False,
-    ) -> Iterator[dict[str, Any]]:
+    def iter_batches(self, batches: Iterable[Any], *, pad: bool = False, prefetch: int | None = None,
+                     cached: bool = False) -> Iterator[dict[str, Any]]:
         """``Store.iter_batches`` over ``fields`` (two-stage read-ahead for ragged fields; ``prefetch``
         None: the store's default, 2 batches on a local store, 16 to 64 on a remote one; ``cached``:
         the store's)."""
@@ -165,8 +154,3 @@ class StoreDataset(Dataset):
         return (f"StoreDataset({str(self.store.root)!r}, n={self.num_seqs}, ordering={self.ordering!r}, "
                 f"seed={self.seed}, partition_epoch={self.partition_epoch})")
 
-
-def _rebuild(store: Store | str, ordering: Any, seed: int, partition_epoch: int, length_field: str | None,
-             fields: list[str] | None, cache_dir: str) -> StoreDataset:
-    return StoreDataset(store, ordering=ordering, seed=seed, partition_epoch=partition_epoch,
-                        length_field=length_field, fields=fields, cache_dir=cache_dir)
