@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -74,9 +75,8 @@ class EpochWindows:
     needs one per child; ``"pass"`` one per pass touched, rebuilt when asked for again).
     """
 
-    def __init__(
-        self, datasets: Sequence[Dataset], sizes: IntArray, num: IntArray, full_epoch: int, child_epoch: str
-    ) -> None:
+    def __init__(self, datasets: Sequence[Dataset], sizes: IntArray, num: IntArray, full_epoch: int,
+                 child_epoch: str) -> None:
         self.datasets = list(datasets)
         self.K = np.asarray(sizes, dtype=np.int64)
         self.N = np.asarray(num, dtype=np.int64)
@@ -108,10 +108,9 @@ class EpochWindows:
         if order is None:
             order = self.datasets[k].epoch_order(epoch)
             if len(order) != int(self.N[k]):
-                raise ValueError(
-                    f"child {k}: its epoch order has {len(order)} positions for {int(self.N[k])} sequences "
-                    "(orderings that drop sequences, like default_every_n, cannot be sampled by windows)"
-                )
+                raise ValueError(f"child {k}: its epoch order has {len(order)} positions for {int(self.N[k])} "
+                                 "sequences (orderings that drop sequences, like default_every_n, cannot be sampled by "
+                                 "windows)")
             if len(self._orders) >= _KEPT_ORDERS * len(self.datasets):
                 # ("pass": an epoch much larger than a child walks many of its passes, one order each; the
                 # passes are visited in order, so the old ones are not asked for again soon)
@@ -120,7 +119,6 @@ class EpochWindows:
         return order
 
     def _child_local(self, k: int, w: IntArray) -> IntArray:
-        """Index in child ``k`` of window positions ``w``."""
         n = int(self.N[k])
         g = w + self.window_start(k)
         if self.child_epoch == "same":
@@ -155,17 +153,6 @@ class EpochWindows:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (EpochWindows, (self.datasets, self.K, self.N, self.full_epoch, self.child_epoch))
-
-
-class _WindowValues:
-    """Picklable ``u -> (combined index, length)`` given to a laplace ``seq_order`` as ``values``."""
-
-    def __init__(self, windows: EpochWindows, lengths: list[LengthsView]) -> None:
-        self.windows = windows
-        self.lengths = lengths
-
-    def __call__(self, u: IntArray) -> tuple[IntArray, IntArray]:
-        return self.windows.map_lengths(u, self.lengths)
 
 
 class CombinedOrder(Order):
@@ -227,18 +214,10 @@ class CombinedDataset(Dataset):
     order a window is cut from (``"same"``, RETURNN's, or ``"pass"``). Memory O(children).
     """
 
-    def __init__(
-        self,
-        datasets: Mapping[str, Dataset],
-        *,
-        sampling_sizes: Mapping[str, int] | Sequence[int] | None = None,
-        weights: Mapping[str, float] | Sequence[float] | None = None,
-        epoch_size: int | None = None,
-        ordering: Any = "default",
-        seed: int = 0,
-        partition_epoch: int = 1,
-        child_epoch: str = "same",
-    ) -> None:
+    def __init__(self, datasets: Mapping[str, Dataset], *,
+                 sampling_sizes: Mapping[str, int] | Sequence[int] | None = None,
+                 weights: Mapping[str, float] | Sequence[float] | None = None, epoch_size: int | None = None,
+                 ordering: Any = "default", seed: int = 0, partition_epoch: int = 1, child_epoch: str = "same") -> None:
         if not isinstance(datasets, Mapping) or not datasets:
             raise ValueError("CombinedDataset needs a non-empty mapping name -> dataset")
         self.names = [str(k) for k in datasets]
@@ -247,10 +226,8 @@ class CombinedDataset(Dataset):
             if not isinstance(d, Dataset):
                 raise TypeError(f"CombinedDataset: {name!r} is a {type(d).__name__}, not a seqstore.data Dataset")
             if d.partition_epoch != 1:
-                raise ValueError(
-                    f"CombinedDataset: dataset {name!r} has partition_epoch={d.partition_epoch}; children must have "
-                    "partition_epoch=1 (set partition_epoch on the CombinedDataset)"
-                )
+                raise ValueError(f"CombinedDataset: dataset {name!r} has partition_epoch={d.partition_epoch}; children "
+                                 "must have partition_epoch=1 (set partition_epoch on the CombinedDataset)")
         self.bf16 = joint_bfloat16_fields(self.datasets, self.names, "CombinedDataset")
         if child_epoch not in _CHILD_EPOCHS:
             raise ValueError(f"child_epoch must be one of {_CHILD_EPOCHS}, got {child_epoch!r}")
@@ -278,10 +255,8 @@ class CombinedDataset(Dataset):
             sizes = self.num.copy()
         empty = [(n, int(k)) for n, k, m in zip(self.names, sizes, self.num) if k > 0 and m == 0]
         if empty:
-            raise ValueError(
-                "cannot sample from empty dataset(s): "
-                + ", ".join(f"{n!r} (0 sequences, {k} requested per epoch)" for n, k in empty)
-            )
+            raise ValueError("cannot sample from empty dataset(s): "
+                             + ", ".join(f"{n!r} (0 sequences, {k} requested per epoch)" for n, k in empty))
         self.sizes = sizes
 
     # ------------------------------------------------------------------------------ structure
@@ -345,7 +320,8 @@ class CombinedDataset(Dataset):
         common: dict[str, Any] = {"epoch": epoch, "seed": self.seed, "partition_epoch": self.partition_epoch,
                                   "shard_index": shard_index, "num_shards": num_shards}
         if ordering_name(self.ordering) == "laplace":  # values are combined indices: one window lookup each
-            values = _WindowValues(w, [d.lengths() for d in self.datasets])
+            # (picklable: a bound method of the picklable window map)
+            values = partial(w.map_lengths, lengths=[d.lengths() for d in self.datasets])
             return seq_order(m, self.ordering, **common, values=values, num_values=w.num_values)
         union = dataset_order(m, self.ordering, **common, lengths=lambda: MappedLengths(self.lengths(), m, w.map),
                               lengths_array=lambda: MappedLengths(self.lengths(), m, w.map).to_numpy())
@@ -354,10 +330,8 @@ class CombinedDataset(Dataset):
     def filter(self, *, min_length: int | None = None, max_length: int | None = None, cache_dir: Any = None) -> Any:
         """Not supported: a filter over combined indices would lose the sampling windows. Filter the
         children (``child.filter(...)``) and combine the filtered datasets."""
-        raise TypeError(
-            "CombinedDataset.filter would drop the per-epoch sampling; filter the children instead: "
-            "CombinedDataset({name: ds.filter(min_length=..., max_length=...), ...}, ...)"
-        )
+        raise TypeError("CombinedDataset.filter would drop the per-epoch sampling; filter the children instead: "
+                        "CombinedDataset({name: ds.filter(min_length=..., max_length=...), ...}, ...)")
 
     def get(self, i: int) -> dict[str, Any]:
         name, j = self.locate(i)
