@@ -271,14 +271,9 @@ class MixtureStream:
     sources (``combined``): document ids are its combined indices. O(sources) memory.
     """
 
-    def __init__(
-        self,
-        datasets: Mapping[str, Dataset],
-        stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float] | MixtureSchedule,
-        *,
-        chunk: int = 1 << 16,
-        unit: str = "samples",
-    ) -> None:
+    def __init__(self, datasets: Mapping[str, Dataset],
+                 stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float] | MixtureSchedule, *,
+                 chunk: int = 1 << 16, unit: str = "samples") -> None:
         parted = {n: d.partition_epoch for n, d in (datasets.items() if isinstance(datasets, Mapping) else ())
                   if getattr(d, "partition_epoch", 1) != 1}
         if parted:
@@ -297,8 +292,7 @@ class MixtureStream:
             self.schedule = MixtureSchedule(stages, self.names, unit=unit)
         self.chunk = check_int(chunk, "chunk", 1)
         weighted = self.schedule.units.max(axis=0) > 0
-        empty = [n for k, (n, d) in enumerate(zip(self.names, self.combined.datasets)) if d.num_seqs == 0
-                 and weighted[k]]
+        empty = [n for n, d, w in zip(self.names, self.combined.datasets, weighted) if d.num_seqs == 0 and w]
         if empty:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents but a weight > 0 in the schedule")
         self._orders: dict[tuple[int, int], Order] = {}
@@ -363,10 +357,8 @@ class MixtureStream:
         if w is not None and w.g0 <= g:  # back from the walk over resolved samples
             lens = self._lengths_at(np.arange(g, w.f, dtype=np.int64))
             return w.t - int(lens.sum())
-        total = 0
-        for a in range(0, g, self.chunk):
-            total += int(self._lengths_at(np.arange(a, min(g, a + self.chunk), dtype=np.int64)).sum())
-        return total
+        return sum(int(self._lengths_at(np.arange(a, min(g, a + self.chunk), dtype=np.int64)).sum())
+                   for a in range(0, g, self.chunk))
 
     @property
     def dataset(self) -> Dataset:
