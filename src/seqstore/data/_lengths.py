@@ -18,19 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "ArrayLengths",
-    "ConstantLengths",
-    "FuncLengths",
-    "IntArray",
-    "LengthsView",
-    "MappedLengths",
-    "OffsetLengths",
-    "TakeLengths",
-    "as_lengths",
-    "as_index_array",
-    "check_int",
-    "check_optional_int",
-    "smallest_dtype",
+    "ArrayLengths", "ConstantLengths", "FuncLengths", "IntArray", "LengthsView", "MappedLengths", "OffsetLengths",
+    "TakeLengths", "as_lengths", "as_index_array", "check_int", "check_optional_int", "smallest_dtype",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -133,12 +122,7 @@ class LengthsView(abc.ABC):
             top = max((int(p.max()) for p in parts if p.size), default=0)
             lo = min((int(p.min()) for p in parts if p.size), default=0)
             dtype = np.int64 if lo < 0 else smallest_dtype(top)
-        out = np.empty(len(self), dtype=dtype)
-        pos = 0
-        for p in parts:
-            out[pos : pos + len(p)] = p
-            pos += len(p)
-        return out
+        return np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.empty(0, dtype=dtype)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> npt.NDArray[Any]:
         return self.to_numpy(dtype)
