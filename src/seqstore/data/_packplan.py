@@ -34,13 +34,9 @@ _PULL_AHEAD = 1024
 _PULL_MIN = 2048
 #: a share whose blocks of this many epochs in a row hold no token has nothing to pack: an error
 _DRY_EPOCHS = 16
-
-
 #: epochs in a row whose block for a share is empty before it is an error, for a stream that does not
 #: say after how many epochs its epoch lengths repeat (``epoch_period``)
 _EMPTY_EPOCHS = 1000
-
-
 #: a plan: pieces' sequence, document id, offset and count, and every sequence's padding
 Plan = tuple[IntArray, IntArray, IntArray, IntArray, IntArray]
 
@@ -454,13 +450,10 @@ class Planner:
         # tokens are counted as inputs: [0, nseq * L) of the stream
         self._count(self.ids[: len(cut)], cut)
         self._count(self.ids[:k])
-        if k < len(self.ids):
-            new_off = self.off[k] + cut[k]
-            self._drop(k)
+        self._drop(k)
+        if len(self.ids):  # the partly used document (cut has an entry for it)
             self.off = self.off.copy()
-            self.off[0] = new_off
-        else:
-            self._drop(k)
+            self.off[0] += cut[k]
         self.stats["sequences"] += nseq
         return seq, ids, off, cnt, np.zeros(nseq, dtype=np.int64)
 
