@@ -25,17 +25,12 @@ __all__ = ["join_rows", "id_hashes"]
 CHUNK = 1 << 18
 
 
-def _rebased(offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """int64 ``offsets - offsets[0]``: offsets of a slice of ids into that slice's own bytes."""
-    off = np.asarray(offsets, dtype=np.int64)
-    return off - off[0] if len(off) else off
-
-
 def id_hashes(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """The format's 64-bit hash of ids ``data[offsets[i]-offsets[0] : offsets[i+1]-offsets[0]]``
     (``offsets`` of a slice of an id file, ``data`` that slice's bytes): :func:`seqstore.store.ids.hash_ids`
     on the rebased offsets. O(bytes)."""
-    return hash_ids(data, _rebased(offsets))
+    off = np.asarray(offsets, dtype=np.int64)
+    return hash_ids(data, off - off[0] if len(off) else off)
 
 
 def join_rows(control: Store, target: Store, chunk: int = CHUNK) -> Iterator[IntArray]:
