@@ -17,6 +17,7 @@ joined by ``/`` (other characters than ``[A-Za-z0-9_.-]`` become ``_``), packed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -198,17 +199,26 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     """
     t0 = time.perf_counter()
     chunks = find_logix_chunks(logdir)
-    args = (chunks, logdir, batch_records, metadata, progress, t0, shard_bytes)
-    if is_remote(out):
-        if not overwrite and existing_manifest(out) is not None:
-            raise OutputExistsError(os.fspath(out))
-        with tempfile.TemporaryDirectory(prefix="seqstore-logix-") as tmp:  # the log first, then the upload
-            report = _import_into(Path(tmp) / "store", *args)
-            copy(Path(tmp) / "store", out, overwrite=overwrite)
-        return report
-    check_output(Path(out), overwrite)  # an existing out without overwrite: refused before anything is read
-    with replaced(Path(out)) as tmp:  # renamed onto out when the block ends, deleted if it raises
-        return _import_into(tmp, *args)
+    with built_aside(out, overwrite, "seqstore-logix-") as tmp:  # out refused before anything is read
+        return _import_into(tmp, chunks, logdir, batch_records, metadata, progress, t0, shard_bytes)
+
+
+@contextlib.contextmanager
+def built_aside(out: str | os.PathLike[str], overwrite: bool, prefix: str) -> Iterator[Path]:
+    """Where to build the new store ``out``, put at ``out`` when the block ends and deleted if it raises,
+    so a failure leaves ``out`` as it was. A local ``out``: a hidden sibling, renamed into place; a URL:
+    a local temporary directory (named ``prefix...``), copied to the URL (:func:`seqstore.copy`: its
+    manifest last). An existing store at ``out`` is refused at once unless ``overwrite``."""
+    if not is_remote(out):
+        check_output(Path(out), overwrite)
+        with replaced(Path(out)) as tmp:
+            yield tmp
+        return
+    if not overwrite and existing_manifest(out) is not None:
+        raise OutputExistsError(os.fspath(out))
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp) / "store"
+        copy(Path(tmp) / "store", out, overwrite=overwrite)
 
 
 def _import_into(out: str | os.PathLike[str], chunks: list[tuple[int, int, Path, Path]],

@@ -12,7 +12,6 @@ O(chunk_rows x D).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,14 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ..io.objects import is_remote
 from ..schema import BFLOAT16, Field, bfloat16_to_float32
-from ..store.copy import copy
 from ..store.reader import Store, open_store
-from ..store.write.api import existing_manifest
-from ..store.write.outputs import OutputExistsError, check_output, replaced
 from ..store.writer import create
 from ._tensors import is_torch
+from .logix import built_aside
 
 __all__ = ["similarity", "SimilarityResult"]
 
@@ -217,12 +213,10 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     if topk is not None and (not isinstance(topk, (int, np.integer)) or isinstance(topk, bool) or topk <= 0):
         raise ValueError(f"similarity(): topk must be a positive int, got {topk!r}")
     if chunk_rows is None:
-        itemsize = st.schema[next(iter(columns))].storage_dtype.itemsize
-        chunk_rows = max(256, _CHUNK_BYTES // max(1, width * itemsize))
+        chunk_rows = max(256, _CHUNK_BYTES // max(1, width * dt.itemsize))
     scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
     per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
     top = _TopK(topk, nq) if topk is not None else None
-    remote_out = out is not None and is_remote(out)
     with ExitStack() as aside:
         writer = None
         if out is not None:
@@ -232,13 +226,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
             of = st.url if st.is_remote else str(Path(st.root).resolve())  # (a remote root is the cache's mirror)
             meta = {"similarity_of": of, "queries": nq, "first_row": start, "columns": columns}
             # built aside, put at out when the scan ends: a failure leaves nothing there
-            if remote_out:  # a local temporary directory, copied to the URL (manifest last) once complete
-                if existing_manifest(out) is not None:
-                    raise OutputExistsError(os.fspath(out))
-                target = Path(aside.enter_context(tempfile.TemporaryDirectory(prefix="seqstore-scores-"))) / "store"
-            else:
-                check_output(Path(out), False)
-                target = aside.enter_context(replaced(Path(out)))
+            target = aside.enter_context(built_aside(out, False, "seqstore-scores-"))
             writer = create(target, spec, packed={"scores": list(spec)}, metadata=meta)
 
         def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
@@ -267,8 +255,6 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
                 _scan_cuda(scan, device, want_full, top, consume)
             if writer is not None:
                 writer.close()
-                if remote_out:
-                    copy(target, os.fspath(out))  # type: ignore[arg-type]
         except BaseException:
             if writer is not None:
                 writer.abort()
@@ -281,11 +267,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
 
 def _widen(block: np.ndarray[Any, Any], bf16: bool) -> np.ndarray[Any, Any]:
     """A float32 version of a stored block (the block itself when it is float32 already)."""
-    if bf16:
-        return bfloat16_to_float32(block)
-    if block.dtype == np.float32:
-        return block
-    return block.astype(np.float32)
+    return bfloat16_to_float32(block) if bf16 else block.astype(np.float32, copy=False)
 
 
 @dataclass(frozen=True)
@@ -349,10 +331,7 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
         raw_dtype, compute = torch.int16, torch.bfloat16
     else:
         raw_dtype = torch.from_numpy(np.empty(0, dtype=f0.storage_dtype)).dtype
-        if raw_dtype in (torch.float16, torch.float32, torch.float64):
-            compute = raw_dtype
-        else:
-            compute = torch.float32
+        compute = raw_dtype if raw_dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
     nq, width = q.shape
     ncols = nq * (1 + (len(columns) if per_field else 0))
     qt = torch.from_numpy(q).to(dev).to(compute).t().contiguous()  # (D, Q)
