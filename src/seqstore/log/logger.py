@@ -184,7 +184,6 @@ class Logger:
         self._num_committed = 0
         self._num_logged = 0
         self._num_skipped = 0
-        self._exit_unsafe = False
         self._pid = os.getpid()
         at_exit.register(self, 0)  # committed at interpreter exit and on SIGTERM when never closed
         if schema is not None:
@@ -199,13 +198,8 @@ class Logger:
         ragged = [n for n, f in schema.items() if f.ragged]
         if ragged:
             raise SchemaError(f"{self.path}: a Logger logs fixed-shape per-example tensors; ragged fields {ragged}")
-        packed: Mapping[str, list[str]] | None
-        if schema.groups or self._packed is False:
-            packed = None
-        elif self._packed is True:
-            packed = default_packing(schema)
-        else:
-            packed = self._packed
+        packed = None if schema.groups or self._packed is False else (
+            default_packing(schema) if self._packed is True else self._packed)
         # each step is skipped when done: an interrupt (Ctrl-C) in the first log() leaves the next to finish
         if self._writer is None:
             existing = existing_manifest(self.path, self._storage_options)
@@ -439,9 +433,7 @@ class Logger:
             return
         pos = 0
         while pos < total:
-            buf = self._cur
-            if buf is None:
-                buf = self._take_buffer()
+            buf = self._cur if self._cur is not None else self._take_buffer()
             take = min(total - pos, buf.cap - buf.n)
             src = slice(pos, pos + take) if keep is None else keep[pos : pos + take]
             dst = slice(buf.n, buf.n + take)
