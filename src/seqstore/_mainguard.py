@@ -95,14 +95,10 @@ def _verdict(path: str, mtime_ns: int, line: int) -> bool | None:
                 body = node.orelse  # an elif chain: the next test decides
                 continue
             return None
-        children: list[ast.stmt] = []
-        for name in ("body", "orelse", "finalbody"):
-            children.extend(getattr(node, name, None) or [])
-        for handler in getattr(node, "handlers", None) or []:
-            children.extend(handler.body)
-        for case in getattr(node, "cases", None) or []:
-            children.extend(case.body)
-        inner = [n for n in children if isinstance(n, ast.stmt) and _within(n, line)]
+        # a loop's, with's, try's or match's statements: its bodies, else, finally, handlers and cases
+        blocks = [getattr(node, name, None) or [] for name in ("body", "orelse", "finalbody")]
+        blocks += [h.body for h in [*(getattr(node, "handlers", None) or []), *(getattr(node, "cases", None) or [])]]
+        inner = [n for block in blocks for n in block if isinstance(n, ast.stmt) and _within(n, line)]
         if not inner:
             return True  # the header line of a loop, with or try
         body = inner
