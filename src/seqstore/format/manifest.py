@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -87,10 +87,6 @@ class ShardList(Sequence[ShardInfo]):
         row = self.table.row(j)
         expected = self._files + (self._ids if row.has_ids else ())
         return read_descriptor(self.root / row.name, row, expected)
-
-    def __iter__(self) -> Iterator[ShardInfo]:
-        for k in range(len(self)):
-            yield self[k]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ShardList):
