@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import BFLOAT16, Field, bfloat16_to_float32
+from ..schema import BFLOAT16, Field, bfloat16_to_float32, flatten_values
 from ..store.reader import Store, open_store
 from ..store.writer import create
 from ._tensors import is_torch
@@ -71,8 +71,6 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
     columns = store.matrix_columns(fields)
     width = max(b for _, b in columns.values())
     if isinstance(queries, Mapping):
-        from ..schema import flatten_values
-
         flat = flatten_values(queries, "similarity(): queries")
         unknown = sorted(set(flat) - set(store.schema))
         if unknown:  # (a field the store has but ``fields`` leaves out is not scanned: its queries are ignored)
