@@ -49,11 +49,6 @@ def _ext(t: Any) -> str | None:
     return str(t.extension_name) if isinstance(t, pa.ExtensionType) else None
 
 
-def _is_bf16(field: Any) -> bool:
-    md = field.metadata or {}
-    return bool(md.get(b"seqstore.dtype") == b"bfloat16")
-
-
 def _value_dtype(t: Any, name: str) -> str:
     fixed = fixed_shape(t)
     if fixed is None or fixed[1]:
@@ -128,17 +123,12 @@ def _objects_ragged(values: Sequence[np.ndarray[Any, Any]], name: str) -> bool:
     return True
 
 
-def _object_dtype(values: Sequence[np.ndarray[Any, Any]]) -> str:
-    dt = values[0].dtype
-    return BFLOAT16 if dt.name == BFLOAT16 else str(dt)
-
-
 def _infer_field(name: str, field: Any, sample: Any) -> Field:
     """The field of one column: from its Arrow type, and from the rows of ``sample`` (an array of the
     first rows, or None) where the type leaves inner dimensions open. A uint16 column marked with
     :data:`BFLOAT16_METADATA` is bfloat16."""
     f = _infer_type(name, field.type, sample)
-    if _is_bf16(field) and f.dtype == "<u2":
+    if (field.metadata or {}).get(b"seqstore.dtype") == b"bfloat16" and f.dtype == "<u2":
         return Field(BFLOAT16, f.shape)
     return f
 
@@ -162,8 +152,9 @@ def _infer_type(name: str, t: Any, sample: Any) -> Field:
             if not values:
                 raise SchemaError(f"{WHERE}, column {name!r}: pickled objects and no rows to infer a field from; "
                                   f"pass schema={{{name!r}: Field(...)}}")
-            shape = values[0].shape
-            return Field(_object_dtype(values), (None, *shape[1:]) if _objects_ragged(values, name) else shape)
+            dt, shape = values[0].dtype, values[0].shape
+            dtype = BFLOAT16 if dt.name == BFLOAT16 else str(dt)
+            return Field(dtype, (None, *shape[1:]) if _objects_ragged(values, name) else shape)
         st = storage_type(t)
         if (pa.types.is_list(st) or pa.types.is_large_list(st)) and pa.types.is_null(st.value_type):
             raise SchemaError(f"{WHERE}, column {name!r}: the first rows hold only empty lists (Arrow type {t}), "

@@ -195,9 +195,8 @@ def _ended_mark(path: str, job: str) -> Path:
 
 
 def _ended(path: str, job: str) -> bool:
-    if is_remote(path):  # the remote parts keep their own end marks (store/write/objects.py)
-        return False
-    return _ended_mark(path, job).exists()
+    # (a URL: the remote parts keep their own end marks, store/write/objects.py)
+    return not is_remote(path) and _ended_mark(path, job).exists()
 
 
 def _mark_ended(path: str, job: str) -> None:
