@@ -263,11 +263,6 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     return SimilarityResult(scores, per, top_rows, top_scores, out_store, columns, n, seconds)
 
 
-def _widen(block: np.ndarray[Any, Any], bf16: bool) -> np.ndarray[Any, Any]:
-    """A float32 version of a stored block (the block itself when it is float32 already)."""
-    return bfloat16_to_float32(block) if bf16 else block.astype(np.float32, copy=False)
-
-
 @dataclass(frozen=True)
 class _Scan:
     """What a scan reads: rows ``[start, stop)`` of ``fields`` of ``st`` in chunks of ``chunk_rows``,
@@ -294,7 +289,7 @@ def _scan_cpu(scan: _Scan, scores: np.ndarray[Any, Any] | None, per: dict[str, n
     qt = np.ascontiguousarray(q.T)  # (D, Q)
     qt_parts = {name: np.ascontiguousarray(qt[a:b]) for name, (a, b) in columns.items()}
     for first, block in scan.blocks():
-        x = _widen(block, bf16)
+        x = bfloat16_to_float32(block) if bf16 else block.astype(np.float32, copy=False)  # (float32: the block)
         rel = first - start
         r = x.shape[0]
         parts: dict[str, np.ndarray[Any, Any]] | None = None
