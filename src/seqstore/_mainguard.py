@@ -44,10 +44,6 @@ def start_method(context: Any) -> str:
     return str(context.get_start_method())
 
 
-def _reads_name(test: ast.expr) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
-
-
 def _runs_as_main_only(test: ast.expr) -> bool | None:
     """For a test of ``__name__``: True when its true branch runs only as ``__main__`` (``== "__main__"``),
     False when only elsewhere (``!= "__main__"``), None when it cannot tell."""
@@ -83,7 +79,7 @@ def _verdict(path: str, mtime_ns: int, line: int) -> bool | None:
             in_else = any(_within(n, line) for n in node.orelse)
             if not (in_body or in_else):
                 return True  # the line of the test itself
-            if _reads_name(node.test):
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):  # a test of __name__
                 main_only = _runs_as_main_only(node.test)
                 if main_only is None:
                     return None
