@@ -60,10 +60,8 @@ class HostStager:
                 cuda.append((name, v.detach()))
             elif is_torch(v):  # cpu, or mps, xla, ...: no pinned path
                 out[name] = torch_to_numpy(v)
-            elif isinstance(v, np.ndarray):
-                out[name] = v
             else:
-                out[name] = np.asarray(v)
+                out[name] = v if isinstance(v, np.ndarray) else np.asarray(v)
         if cuda:
             out.update(self._stage_cuda(cuda))
         return out
