@@ -65,11 +65,6 @@ class CopyResult:
     bytes: int
 
 
-def _objects(location: str | os.PathLike[str], options: Mapping[str, Any] | None, what: str) -> Any:
-    """An object client on ``location``: a LocalObjects for a local path, else an ObjectClient."""
-    return open_target(location, options, writing=False, what=what).objects()
-
-
 class _DataCrc:
     """CRC-32 of a ``.npy`` file's data bytes (everything after its header), fed the file in order;
     :meth:`finish` checks it and the size against what the store records. The header (not under the
@@ -114,9 +109,7 @@ class _DataCrc:
             raise CorruptionError(f"{self.where}: {self.seen} bytes, the store records {self.size} (truncated?)")
         if self.offset is None:
             raise CorruptionError(f"{self.where}: truncated .npy header")
-        if self.want is None:
-            return
-        if self.crc != self.want:
+        if self.want is not None and self.crc != self.want:
             raise CorruptionError(
                 f"{self.where}: CRC-32 {self.crc:#010x} of the data differs from the store's {self.want:#010x} "
                 "(damaged in storage or in transit); nothing was written for this file"
@@ -148,16 +141,12 @@ def _data_offset(head: bytes | bytearray, where: str) -> int | None:
 
 def _read_chunks(objs: Any, key: str, size: int) -> Iterator[bytes | memoryview]:
     """The bytes of ``key`` in order, in chunks of at most CHUNK; checks the object's size is ``size``."""
-    if isinstance(objs, LocalObjects):
+    if isinstance(objs, LocalObjects) or size == 0:
         actual = objs.head(key).size
         if actual != size:
             raise CorruptionError(f"{objs.key_url(key)}: {actual} bytes, the store records {size}")
-        yield from objs.read_chunks(key, CHUNK)
-        return
-    if size == 0:
-        meta = objs.head(key)
-        if meta.size:
-            raise CorruptionError(f"{objs.key_url(key)}: {meta.size} bytes, the store records 0")
+        if isinstance(objs, LocalObjects):
+            yield from objs.read_chunks(key, CHUNK)
         return
     data, meta = objs.get_ranges([(key, 0, min(CHUNK, size), None)])[0]
     if meta is not None and meta.size != size:
@@ -183,10 +172,7 @@ class _Copier:
     def __init__(self, src: Any, dst: Any, state: StoreState, bar: Any) -> None:
         self.src, self.dst, self.s, self.bar = src, dst, state, bar
         self.lock = threading.Lock()
-        self.files = 0
-        self.bytes = 0
-        self.copied = 0
-        self.skipped = 0
+        self.files = self.bytes = self.copied = self.skipped = 0
 
     def _count(self, files: int, nbytes: int) -> None:
         with self.lock:
@@ -212,8 +198,9 @@ class _Copier:
             self.dst.put_stream(key, chunks)
         self._count(1, size)
 
-    def _sizes(self, name: str) -> dict[str, int]:
-        return {m.key: m.size for m in self.dst.list(f"{name}/")}
+    def _sizes_match(self, name: str, files: Mapping[str, FileInfo]) -> bool:
+        sizes = {m.key: m.size for m in self.dst.list(f"{name}/")}
+        return all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items())
 
     def shard(self, k: int) -> None:
         s = self.s
@@ -239,10 +226,8 @@ class _Copier:
                 self.dst.put(dkey, desc)  # last: the shard is complete at the destination
                 self._count(1, len(desc))
         with self.lock:
-            if complete:
-                self.skipped += 1
-            else:
-                self.copied += 1
+            self.skipped += complete
+            self.copied += not complete
         if self.bar is not None:
             self.bar.update(1)
 
@@ -252,12 +237,10 @@ class _Copier:
                 return False
         except RemoteNotFound:
             return False
-        sizes = self._sizes(name)
-        return all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items())
+        return self._sizes_match(name, files)
 
     def _complete_v12(self, name: str, files: Mapping[str, FileInfo]) -> bool:
-        sizes = self._sizes(name)
-        if not all(sizes.get(f"{name}/{rel}") == fi.bytes for rel, fi in files.items()):
+        if not self._sizes_match(name, files):
             return False
         for rel, fi in files.items():  # no descriptor marks the shard complete: check what is there
             key = f"{name}/{rel}"
@@ -307,22 +290,18 @@ def copy(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     src_text, dst_text = os.fspath(src), os.fspath(dst)
-    s_objs = _objects(src, src_options, "source")
-    d_objs = _objects(dst, dst_options, "destination")
-    if isinstance(s_objs, LocalObjects) and isinstance(d_objs, LocalObjects):
-        if s_objs.root.resolve() == d_objs.root.resolve():
-            raise ValueError(f"{src_text}: source and destination are the same store")
-    elif not isinstance(s_objs, LocalObjects) and not isinstance(d_objs, LocalObjects) and s_objs.url == d_objs.url:
+    s_objs = open_target(src, src_options, writing=False, what="source").objects()  # LocalObjects or ObjectClient
+    d_objs = open_target(dst, dst_options, writing=False, what="destination").objects()
+    local = isinstance(s_objs, LocalObjects), isinstance(d_objs, LocalObjects)
+    if s_objs.root.resolve() == d_objs.root.resolve() if all(local) else not any(local) and s_objs.url == d_objs.url:
         raise ValueError(f"{src_text}: source and destination are the same store")
     try:
-        if isinstance(d_objs, LocalObjects):
+        if local[1]:
             _check_local_destination(d_objs.root)
         s = read_state(s_objs)
         if s is None:
             raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
-        if not isinstance(d_objs, LocalObjects):
-            return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
-        with d_objs.locked():  # writers of the destination wait for the copy
+        with d_objs.locked() if local[1] else contextlib.nullcontext():  # writers of the destination wait for it
             return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
     finally:
         for objs in (s_objs, d_objs):
@@ -458,10 +437,7 @@ def _schedule_shards(copier: _Copier, count: int, workers: int, stop: threading.
             for f in pending:
                 f.cancel()
             return
-        if failed is None:
-            done, _ = concurrent.futures.wait(pending)
-            failed = next((f.exception() for f in done if f.exception() is not None), None)
-        if failed is not None:
+        if failed is not None:  # (else every shard was copied: nothing is pending)
             raise failed
 
 
