@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import SeqstoreError
 from ..format.checksums import CHECKS, check_columns
-from ..format.manifest import IDS, IndexRun, Manifest, ShardInfo
+from ..format.manifest import IDS, IndexRun, Manifest
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
 from ..io.local_source import map_npy
@@ -62,16 +62,6 @@ def total_bytes(manifest: Manifest) -> int:
     return sum(fi.bytes for s in manifest.shards for fi in s.files.values())
 
 
-def _shard_infos(manifest: Manifest, problems: list[str]) -> Iterator[ShardInfo]:
-    """Every shard's ShardInfo; a version-3 shard whose table row or descriptor is bad is reported
-    in ``problems`` and skipped."""
-    for k in range(manifest.num_shards):
-        try:
-            yield manifest.shards[k]
-        except SeqstoreError as exc:
-            problems.append(str(exc))
-
-
 def verify(
     path: str | os.PathLike[str],
     progress: Callable[[int], None] | None = None,
@@ -108,7 +98,12 @@ def _verify_root(
     schema = manifest.schema
     if manifest.table is not None:
         problems.extend(manifest.shard_table().check_all(manifest.table.crc32))
-    for info in _shard_infos(manifest, problems):
+    for k in range(manifest.num_shards):
+        try:
+            info = manifest.shards[k]
+        except SeqstoreError as exc:  # a version-3 shard whose table row or descriptor is bad
+            problems.append(str(exc))
+            continue
         sdir = root / info.name
         try:  # a remote store: its objects, whole, into the node cache, linked into the mirror
             source.materialize([f"{info.name}/{rel}" for rel in info.files])
@@ -192,6 +187,7 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
     h = map_npy(hp, None, np.dtype("<u8"), (run.records,), sequential=True)
     r = map_npy(rp, None, np.dtype("<i8"), (run.records,), sequential=True)
     table = manifest.shard_table()
+    shards = f"{run.first_shard}..{run.end_shard - 1}"
     lo = int(table.starts[run.first_shard])
     hi = table.end(run.end_shard - 1)
     if run.records != hi - lo:
@@ -212,7 +208,6 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
                 break
         rc = rc[:step] if a + step < run.records else rc
         if ((rc < lo) | (rc >= hi)).any():
-            shards = f"{run.first_shard}..{run.end_shard - 1}"
             problems.append(f"{rp}: rows outside {lo}..{hi - 1}, the records of shards {shards}")
             break
         got = (got + _pair_fingerprint(hc[: len(rc)], rc)) % (1 << 64)
@@ -229,7 +224,6 @@ def _check_index_run(root: Path, manifest: Manifest, run: IndexRun) -> list[str]
             want = (want + _pair_fingerprint(sh[a : a + step], np.asarray(sr[a : a + step]) + start)) % (1 << 64)
         start += int(table.records[k])
     if got != want:
-        shards = f"{run.first_shard}..{run.end_shard - 1}"
         problems.append(f"{hp}: the run's (hash, row) pairs differ from those of shards {shards}")
     return problems
 
@@ -260,17 +254,17 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
             problems.append(msg)
             return problems
         data = mapped(f"{IDS}.npy", "u1", (total,))
-        h = mapped(f"{IDS}.hash.npy", "<u8", (n,))
-        rows_ = mapped(f"{IDS}.hash_rows.npy", "<i8", (n,))
+        h = np.asarray(mapped(f"{IDS}.hash.npy", "<u8", (n,)))
+        rows_ = np.asarray(mapped(f"{IDS}.hash_rows.npy", "<i8", (n,)))
+        hp, rp = sdir / f"{IDS}.hash.npy", sdir / f"{IDS}.hash_rows.npy"
         if n:
-            if n > 1 and (np.asarray(h[1:]) < np.asarray(h[:-1])).any():  # (np.diff of uint64 wraps)
-                problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes are not sorted")
-            hs, rs = np.asarray(h), np.asarray(rows_)
-            tie = hs[1:] == hs[:-1]
+            if n > 1 and (h[1:] < h[:-1]).any():  # (np.diff of uint64 wraps)
+                problems.append(f"{hp}: hashes are not sorted")
+            tie = h[1:] == h[:-1]
             if not np.array_equal(np.sort(rows_), np.arange(n)):
-                problems.append(f"{sdir / (IDS + '.hash_rows.npy')}: rows are not a permutation of 0..{n - 1}")
-            elif (rs[1:][tie] <= rs[:-1][tie]).any():
-                problems.append(f"{sdir / (IDS + '.hash_rows.npy')}: rows are not ascending among equal hashes")
+                problems.append(f"{rp}: rows are not a permutation of 0..{n - 1}")
+            elif (rows_[1:][tie] <= rows_[:-1][tie]).any():
+                problems.append(f"{rp}: rows are not ascending among equal hashes")
             elif not np.array_equal(hash_ids(np.asarray(data), np.asarray(off))[rows_], h):
-                problems.append(f"{sdir / (IDS + '.hash.npy')}: hashes do not match the ids")
+                problems.append(f"{hp}: hashes do not match the ids")
     return problems
