@@ -124,11 +124,6 @@ class IdLookup:
         assert sh.id_hash is not None and sh.id_rows is not None
         return shard, sh.id_hash, sh.id_rows, self.shards.start_index[shard]
 
-    def _probe_targets(self) -> Iterator[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]]:
-        """Yield (first shard, sorted hashes, rows, row base) for every index to probe, in shard order."""
-        for shard, arrays in self._probe_plan():
-            yield self._target(shard, arrays)
-
     def _run_arrays(self, run: IndexRun) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
         if run.name not in self._runs:
             source = self.shards.source
@@ -165,8 +160,7 @@ class IdLookup:
             assert sh.ids is not None
             for r, h, x, y in zip(rows[pos].tolist(), hashes[pos].tolist(), a.tolist(), b.tolist()):
                 if hash_one(bytes(sh.ids[x:y])) != h:
-                    raise CorruptionError(f"{self._index_file(first)}: id index (from shard {first}) names record {r} "
-                                          "for an id of another hash (damaged; `seqstore verify` checks the indexes)")
+                    raise self._damaged(first, f"record {r} for an id of another hash")
 
     def _index_file(self, first: int) -> str:
         """The files of the index probed from shard ``first``: a merged run's, else the shard's own."""
@@ -196,8 +190,7 @@ class IdLookup:
         assert sh.ids is not None and sh.id_offsets is not None
         if self.planner.lazy:
             self._need_ids(sh, local)
-        a = np.asarray(sh.id_offsets[local])
-        b = np.asarray(sh.id_offsets[local + 1])
+        a, b = np.asarray(sh.id_offsets[local]), np.asarray(sh.id_offsets[local + 1])
         if ((a < 0) | (b < a) | (b > len(sh.ids))).any() and sh.fetch_again(f"{IDS}.offsets.npy"):
             if self.planner.lazy:  # (a remote store's node-cache copy, fetched anew: the ids it points at)
                 self._need_ids(sh, local)
@@ -212,8 +205,7 @@ class IdLookup:
         assert sh.ids is not None and sh.id_offsets is not None
         base = address(sh.id_offsets)
         ensure(base + local * 8, base + local * 8 + 16)
-        a = np.asarray(sh.id_offsets[local])
-        b = np.asarray(sh.id_offsets[local + 1])
+        a, b = np.asarray(sh.id_offsets[local]), np.asarray(sh.id_offsets[local + 1])
         ok = (a >= 0) & (b >= a) & (b <= len(sh.ids))
         if ok.any() and len(sh.ids):
             ensure(address(sh.ids) + a[ok], address(sh.ids) + b[ok])
@@ -296,7 +288,7 @@ class IdLookup:
         q = hash_ids(qdata, qoff)
         result = np.full(len(q), -1, dtype=np.int64)
         todo = np.arange(len(q), dtype=np.int64)
-        for _first, hashes, rows, base in self._probe_targets():
+        for _first, hashes, rows, base in (self._target(k, arrays) for k, arrays in self._probe_plan()):
             if len(todo) == 0:
                 break
             sh = self.shards.mapped.get(_first)
