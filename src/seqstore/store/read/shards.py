@@ -73,12 +73,10 @@ class Shard:
         self.groups: dict[str, np.ndarray[Any, Any]] = {}
         n = info.records
         for gname, g in schema.groups.items():
-            mat = self._file(f"{gname}.npy", g.storage_dtype, (n, g.width))
-            self.groups[gname] = mat
+            mat = self.groups[gname] = self._file(f"{gname}.npy", g.storage_dtype, (n, g.width))
             for name in g.fields:
                 a, b = g.columns[name]
-                view = mat[:, a:b].reshape(n, *schema[name].inner_shape)  # splits the contiguous axis: a view
-                self.columns[name] = view
+                self.columns[name] = mat[:, a:b].reshape(n, *schema[name].inner_shape)  # a view
         for name, f in schema.items():
             if name in self.columns:
                 continue
@@ -115,16 +113,11 @@ class Shard:
         row, address of the offsets)`` for a ragged one. Address 0: nothing mapped (an empty file)."""
         got = self._spans.get(name)
         if got is None:
-            col = self.columns[name]
-            off = self.offsets.get(name)
+            col, off = self.columns[name], self.offsets.get(name)
             base = address(col) if col.size else 0
-            if off is None:
-                inner = col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
-                got = (base, int(col.strides[0]) if col.ndim else inner, inner)
-            else:
-                row = col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
-                got = (base, row, address(off))
-            self._spans[name] = got
+            row = col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
+            step = row if off is not None or not col.ndim else int(col.strides[0])
+            got = self._spans[name] = (base, step, row if off is None else address(off))
         return got
 
     def record(self, row: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -186,8 +179,7 @@ class Shard:
 def checked_bounds(sh: Shard, name: str, rows: np.ndarray[Any, Any]) -> tuple[Any, Any]:
     """(start, end) offsets of local ``rows`` of ragged field ``name``, checked to lie in range."""
     off = sh.offsets[name]
-    a = np.asarray(off[rows])
-    b = np.asarray(off[rows + 1])
+    a, b = np.asarray(off[rows]), np.asarray(off[rows + 1])
     bad = (a < 0) | (b < a) | (b > sh.columns[name].shape[0])
     if bad.any() and sh.fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe alone
         a, b = np.asarray(off[rows]), np.asarray(off[rows + 1])  # damaged; fetched anew, seen by the mapping)
