@@ -171,13 +171,11 @@ class Matrices:
         if start < 0 or start > stop:
             raise IndexError(f"row range [{start}, {stop}) is not inside 0..{self.shards.n}")
         pos = start
-        first = True
         while pos < stop:
             k, r = self.shards.locate(pos)
             end = min(stop, self.shards.end(k), pos + chunk_rows)
-            if first:
+            if pos == start:
                 self._scan_rows(plan, k, r, r + end - pos)
-                first = False
             if end < stop:  # the next block's reads run while the caller works on this one
                 nk, nr = self.shards.locate(end)
                 self._scan_rows(plan, nk, nr, nr + min(stop, self.shards.end(nk), end + chunk_rows) - end)
