@@ -195,8 +195,7 @@ class ReadVerifier:
         self.need_rows(checks, rows)
         stored = checks[row]
         for name, arr in rec.items():
-            a = np.ascontiguousarray(arr)
-            got = span_checks(_bytes(a), np.zeros(1, np.int64), np.array([a.nbytes], np.int64))
+            got = span_checks(_bytes(arr), np.zeros(1, np.int64), np.array([arr.nbytes], np.int64))
             c = self._column[name]
             if got[0] != stored[c]:
                 groups = [(sh, np.zeros(1, np.int64), rows)]
