@@ -248,7 +248,7 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
         mapped(CHECKS, "<u4", (n, len(check_columns(list(schema), info.has_ids))), sequential=False)
     if info.has_ids:
         off = mapped(f"{IDS}.offsets.npy", "<i8", (n + 1,))
-        total = int(off[-1]) if n + 1 else 0
+        total = int(off[-1])  # (n + 1 offsets: never empty)
         msg = _check_monotone(off, sdir / f"{IDS}.offsets.npy", total)
         if msg:
             problems.append(msg)
