@@ -76,8 +76,7 @@ class _DataCrc:
         self.where, self.size, self.want, self.layout = where, size, crc, layout
         self.head = bytearray()
         self.offset: int | None = None
-        self.crc = 0
-        self.seen = 0
+        self.crc = self.seen = 0
 
     def update(self, chunk: bytes | memoryview) -> None:
         self.seen += len(chunk)
