@@ -267,10 +267,9 @@ class IdLookup:
             raise ValueError(f"index_many: missing must be 'error' or an int to fill missing ids with, got {missing!r}")
         if not self.shards.table.has_ids:
             if self.shards.n == 0:
-                qn = len(ids)
-                if missing == "error" and qn:
+                if missing == "error" and len(ids):
                     raise KeyError(f"id {ids[0]!r} not in {self.shards.url} (store is empty)")
-                return np.full(qn, -1 if missing == "error" else int(missing), dtype=np.int64)
+                return np.full(len(ids), -1 if missing == "error" else int(missing), dtype=np.int64)
             raise KeyError(f"{self.shards.url}: records have no ids")
         qdata, qoff = encode_ids(ids, query=True)
         result = self.index_encoded(qdata, qoff)
