@@ -100,28 +100,32 @@ def _report(n: int) -> None:
         _progress.send(n)
 
 
-def _write_unit(store: str, job_id: str, shard_bytes: int, storage_options: Mapping[str, Any] | None,
-                direct_io: bool, k: int, job: Job, segments: Any, report: Progress | None = None) -> Part:
-    """Worker (or the driver, with its own ``report``): unit ``k`` as one part. :func:`_run` takes it
-    with the first five arguments bound (``functools.partial``, picklable)."""
-    w = PartWriter(store, job=job_id, task=f"u{k:06d}", shard_bytes=shard_bytes, storage_options=storage_options,
+def _part(store: str, job_id: str, task: str, shard_bytes: int, storage_options: Mapping[str, Any] | None,
+          direct_io: bool, fill: Callable[[PartWriter], None]) -> Part:
+    """``fill(writer)`` as the part ``task`` of ``store``, finished (aborted when ``fill`` fails)."""
+    w = PartWriter(store, job=job_id, task=task, shard_bytes=shard_bytes, storage_options=storage_options,
                    direct_io=direct_io)
     try:
-        job.write(w, segments, report or _report)
+        fill(w)
         return w.finish()
     except BaseException:
         w.abort()
         raise
 
 
+def _write_unit(store: str, job_id: str, shard_bytes: int, storage_options: Mapping[str, Any] | None,
+                direct_io: bool, k: int, job: Job, segments: Any, report: Progress | None = None) -> Part:
+    """Worker (or the driver, with its own ``report``): unit ``k`` as one part. :func:`_run` takes it
+    with the first five arguments bound (``functools.partial``, picklable)."""
+    return _part(store, job_id, f"u{k:06d}", shard_bytes, storage_options, direct_io,
+                 lambda w: job.write(w, segments, report or _report))
+
+
 def _start_method() -> str:
-    """``forkserver`` where the platform has it, else ``spawn``."""
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def _pool_size(workers: int, units: int, in_driver: bool) -> int:
-    """Processes of the pool: ``workers`` (one fewer when this process writes units too), at most one per
-    unit, at least one."""
     return max(1, min(workers - 1 if in_driver else workers, units))
 
 
@@ -256,14 +260,7 @@ def build_store(out: str | os.PathLike[str], schema: Schema, fill: Callable[[Any
     options = dict(storage_options) if storage_options else None
 
     def produce(job_id: str) -> list[Part]:
-        w = PartWriter(url, job=job_id, task="u000000", shard_bytes=shard_bytes, storage_options=options,
-                       direct_io=direct_io)
-        try:
-            fill(w)
-            return [w.finish()]
-        except BaseException:
-            w.abort()
-            raise
+        return [_part(url, job_id, "u000000", shard_bytes, options, direct_io, fill)]
 
     _build_at_url(url, schema, produce, None, overwrite=overwrite, metadata=metadata, progress=None,
                   storage_options=options)
