@@ -112,8 +112,7 @@ def positive_int(text: str) -> int:  # an option's positive integer (argparse's 
     return n
 
 
-def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:
-    """``-o KEY=VALUE`` options of the output URL's client (None when there are none)."""
+def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:  # -o KEY=VALUE (None: none)
     return _key_values(getattr(args, "storage_option", None), "--storage-option", empty_value=True)
 
 
@@ -145,14 +144,12 @@ def _check_options(args: argparse.Namespace, command: str) -> None:
         raise SeqstoreError(f"convert --from {name}: -o does not apply (a local store; -o is for --from {users})")
 
 
-def _common(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    """The keywords every importer of the table takes, from the options of ``convert``."""
+def _common(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:  # what every importer takes
     return dict(chunk_bytes=args.chunk_mb << 20, shard_bytes=args.shard_mb << 20, overwrite=args.overwrite,
                 progress=progress, workers=args.workers or os.cpu_count() or 1, storage_options=_storage_options(args))
 
 
-def _none(value: str | None) -> str | None:
-    """An option's value, ``none`` (any case) read as None."""
+def _none(value: str | None) -> str | None:  # an option's value, ``none`` (any case) read as None
     return None if value is not None and value.lower() == "none" else value
 
 
@@ -162,17 +159,16 @@ def _none(value: str | None) -> str | None:
 def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .returnn import import_hdf
 
-    srcs, out = _sources_and_out(args)
-    return import_hdf(srcs, out, rename=_key_values(args.rename, "--rename"), **_common(args, progress))
+    return import_hdf(*_sources_and_out(args), rename=_key_values(args.rename, "--rename"),
+                      **_common(args, progress))
 
 
 def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
     def run(args: argparse.Namespace, progress: Progress) -> Any:
         from .arrow import import_arrow, import_parquet
 
-        srcs, out = _sources_and_out(args)
-        return (import_parquet if fmt == "parquet" else import_arrow)(
-            srcs, out, columns=_key_values(args.map, "--map"), id_column=args.id_column, **_common(args, progress))
+        return (import_parquet if fmt == "parquet" else import_arrow)(*_sources_and_out(args), columns=_key_values(
+            args.map, "--map"), id_column=args.id_column, **_common(args, progress))
 
     return run
 
@@ -180,23 +176,22 @@ def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
 def _hf_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .hf import import_hf
 
-    src, out = _one_source(args, "datasets save_to_disk directory")
-    return import_hf(src, out, split=args.split, columns=_key_values(args.map, "--map"), id_column=args.id_column,
-                     batch_size=args.batch_size, **_common(args, progress))
+    return import_hf(*_one_source(args, "datasets save_to_disk directory"), split=args.split,
+                     columns=_key_values(args.map, "--map"), id_column=args.id_column, batch_size=args.batch_size,
+                     **_common(args, progress))
 
 
 def _megatron_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .megatron import import_megatron
 
-    srcs, out = _sources_and_out(args)
-    return import_megatron(srcs, out, field=args.tokens_field, **_common(args, progress))
+    return import_megatron(*_sources_and_out(args), field=args.tokens_field, **_common(args, progress))
 
 
 def _wds_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .webdataset import import_webdataset
 
-    srcs, out = _sources_and_out(args)
-    return import_webdataset(srcs, out, fields=_key_values(args.ext, "--ext"), strict=not args.skip_unknown,
+    return import_webdataset(*_sources_and_out(args), fields=_key_values(args.ext, "--ext"),
+                             strict=not args.skip_unknown,
                              source_options=_key_values(args.source_option, "--source-option", empty_value=True),
                              **_common(args, progress))
 
@@ -204,10 +199,9 @@ def _wds_run(args: argparse.Namespace, progress: Progress) -> Any:
 def _lhotse_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .lhotse import import_lhotse
 
-    srcs, out = _sources_and_out(args)
-    return import_lhotse(srcs, out, features=args.features, features_dtype=args.features_dtype, audio=args.audio,
-                         audio_dtype=args.audio_dtype, channels=args.channels, text_separator=args.text_separator,
-                         **_common(args, progress))
+    return import_lhotse(*_sources_and_out(args), features=args.features, features_dtype=args.features_dtype,
+                         audio=args.audio, audio_dtype=args.audio_dtype, channels=args.channels,
+                         text_separator=args.text_separator, **_common(args, progress))
 
 
 def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
@@ -223,12 +217,12 @@ def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     return open_store(out)
 
 
+@dataclasses.dataclass(eq=False)
 class _RunningTotal:
     """Turns import_logix's running totals into increments for a bar; passes ``add_total`` on."""
 
-    def __init__(self, progress: Progress) -> None:
-        self._progress = progress
-        self._done = 0
+    _progress: Progress
+    _done: int = 0
 
     def __call__(self, records: int) -> None:
         self._progress(records - self._done)
@@ -478,8 +472,7 @@ class SuggestingParser(argparse.ArgumentParser):
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
-    def _options(self) -> list[str]:
-        """This parser's option strings and those of the subcommand named in its arguments."""
+    def _options(self) -> list[str]:  # this parser's option strings and the named subcommand's
         found = [s for a in self._actions for s in a.option_strings]
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
@@ -539,10 +532,8 @@ def add_subcommands(subparsers: Any) -> None:
     points at :func:`convert_main` / :func:`export_main`, as ``cli.main`` expects)."""
     conv = subparsers.add_parser(
         "convert", help="build a store from other formats (" + ", ".join(SOURCES) + ")",
-        usage="%(prog)s --from FORMAT [options] SOURCE [SOURCE ...] OUT",
-        description="Stream files of another format into a new store (all files are checked first; a failed "
-        "conversion leaves no store behind).",
-    )
+        usage="%(prog)s --from FORMAT [options] SOURCE [SOURCE ...] OUT", description="Stream files of another "
+        "format into a new store (all files are checked first; a failed conversion leaves no store behind).")
     conv.add_argument("--from", dest="source", required=True, choices=list(SOURCES), help="source format")
     conv.add_argument("paths", nargs="+", metavar="SOURCE... OUT", help="source files/directories, then the new store")
     conv.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
