@@ -26,7 +26,7 @@ from ..errors import SeqstoreError
 from ..order import Order, ordering_needs_lengths
 from ..order import seq_order as _seq_order  # init_seq_order has a parameter named seq_order
 from ..store import Store, open_store
-from .returnn_hdf import recorded_dims, recorded_labels
+from .returnn_hdf import recorded_labels, stream_dims
 
 __all__ = ["StoreDataset"]
 
@@ -156,32 +156,23 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
         schema = self._store.schema
         meta = self._store.metadata.get("returnn", {})
         meta = meta if isinstance(meta, dict) else {}
-        streams = meta.get("streams", {}) if isinstance(meta.get("streams"), dict) else {}
         ragged = [n for n, f in schema.items() if f.ragged]
         if seq_order_key is None:
             inputs = meta.get("inputs")
             fallback = "data" if "data" in ragged else (ragged[0] if ragged else None)
             seq_order_key = inputs if inputs in ragged else fallback
         elif seq_order_key not in ragged:
-            raise ValueError(
-                f"{self.path}: seq_order_key {seq_order_key!r} is not a ragged field; ragged fields: {ragged}"
-            )
+            raise ValueError(f"{self.path}: seq_order_key {seq_order_key!r} is not a ragged field; ragged fields: "
+                             f"{ragged}")
         self._order_key = seq_order_key
-        self._lengths_source = (
-            None if seq_order_key is None
-            else _OrderLengths(self._store, length_field=seq_order_key, fields=[], cache_dir=self._cache_dir)
-        )
+        self._lengths_source = None if seq_order_key is None else _OrderLengths(
+            self._store, length_field=seq_order_key, fields=[], cache_dir=self._cache_dir)
         self._keys = list(schema)
         self._ragged = {n: schema[n].ragged for n in self._keys}
         outs: dict[str, tuple[int, int]] = {}
         for n, f in schema.items():
-            inner = f.inner_shape
-            ndim = 1 + len(inner)
-            dim = inner[-1] if inner else 1
-            given = streams.get(n)
-            if isinstance(given, dict) and "dim" in given:
-                dim, ndim = recorded_dims(self._store.url, n, given, ndim)
-            outs[n] = (dim, ndim)
+            dim, ndim, _ = stream_dims(self._store, n, f)
+            outs[n] = (1 if dim is None else dim, ndim)  # (a sparse dim without metadata: RETURNN's "unknown")
         for k, v in (num_outputs or {}).items():
             if k not in schema:
                 raise KeyError(f"num_outputs: no field {k!r} in {self.path}; fields are {self._keys}")
@@ -254,10 +245,8 @@ class StoreDataset(Dataset):  # type: ignore[misc]  # RETURNN has no type stubs
                 full = self._epoch_order(name, epoch=1, seed=int(self.fixed_random_seed))
                 self._order = full.shard(((epoch - 1) % p) * s + k, p * s) if p * s > 1 else full
             else:
-                self._order = self._epoch_order(
-                    name, epoch=epoch, seed=int(self.random_seed_offset), partition_epoch=p, shard_index=k,
-                    num_shards=s,
-                )
+                self._order = self._epoch_order(name, epoch=epoch, seed=int(self.random_seed_offset),
+                                                partition_epoch=p, shard_index=k, num_shards=s)
         self._num_seqs = len(self._order)
         return True
 

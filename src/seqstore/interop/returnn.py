@@ -48,8 +48,8 @@ from .returnn_hdf import (
     h5py_module,
     inspect_hdf,
     read_dataset,
-    recorded_dims,
     recorded_labels,
+    stream_dims,
 )
 
 if TYPE_CHECKING:
@@ -91,28 +91,23 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
         for s in info.streams:
             ref = by_key[s.key]
             if s.inner != ref.inner:
-                raise SchemaError(
-                    f"{info.path}, dataset {s.dataset!r}: rows of shape {s.inner} but {ref.inner} in {first.path}"
-                )
+                raise SchemaError(f"{info.path}, dataset {s.dataset!r}: rows of shape {s.inner} but {ref.inner} in "
+                                  f"{first.path}")
             if (s.dim, s.ndim) != (ref.dim, ref.ndim):  # (RETURNN's HDFDataset refuses them too)
-                raise SchemaError(
-                    f"{info.path}, dataset {s.dataset!r}: dim {s.dim} and ndim {s.ndim} (num_outputs) but dim "
-                    f"{ref.dim} and ndim {ref.ndim} in {first.path}; all files of one import must have the same dims"
-                )
+                raise SchemaError(f"{info.path}, dataset {s.dataset!r}: dim {s.dim} and ndim {s.ndim} (num_outputs) "
+                                  f"but dim {ref.dim} and ndim {ref.ndim} in {first.path}; all files of one import "
+                                  "must have the same dims")
             dt = np.dtype(s.dtype)
             if dt.kind != dtypes[s.key].kind and not {dt.kind, dtypes[s.key].kind} <= {"i", "u"}:
-                raise SchemaError(
-                    f"{info.path}, dataset {s.dataset!r}: dtype {dt} does not go with {dtypes[s.key]} of {first.path}"
-                )
+                raise SchemaError(f"{info.path}, dataset {s.dataset!r}: dtype {dt} does not go with {dtypes[s.key]} of "
+                                  f"{first.path}")
             merged = np.promote_types(dtypes[s.key], dt)
             if merged.kind == "f" and dt.kind in "iu":
                 # int64 with uint64 promotes to float64: values past 2**53 would be rounded silently
                 other = next(d for d in seen[s.key] if d.kind != dt.kind)
-                raise SchemaError(
-                    f"{info.path}, dataset {s.dataset!r}: dtype {dt} and {other} of {seen[s.key][other]} "
-                    f"have no common integer dtype (numpy would promote them to {merged}, losing values); "
-                    "convert the files to one dtype first"
-                )
+                raise SchemaError(f"{info.path}, dataset {s.dataset!r}: dtype {dt} and {other} of "
+                                  f"{seen[s.key][other]} have no common integer dtype (numpy would promote them to "
+                                  f"{merged}, losing values); convert the files to one dtype first")
             seen[s.key].setdefault(dt, info.path)
             dtypes[s.key] = merged
     # "inputs" (the HDF dataset) or "data" (its key, as the stream list below says) renames the inputs
@@ -129,9 +124,8 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
     for key, s in by_key.items():
         name = name_of(key)
         if name in spec:
-            raise SchemaError(
-                f"two streams map to the field {name!r}; pass rename={{stream: field}} to tell them apart"
-            )
+            raise SchemaError(f"two streams map to the field {name!r}; pass rename={{stream: field}} to tell them "
+                              "apart")
         try:
             spec[name] = Field(dtypes[key], (None, *s.inner))
         except SchemaError as exc:
@@ -287,22 +281,6 @@ def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[in
 # ----------------------------------------------------------------------------------------- export
 
 
-def _stream_dims(store: Store, name: str, f: Field) -> tuple[int | None, int, bool]:
-    """(dim or None if it must be measured, ndim, sparse) of a field for RETURNN."""
-    meta = store.metadata.get(METADATA_KEY, {})
-    streams = meta.get("streams", {}) if isinstance(meta, dict) else None
-    given = streams.get(name) if isinstance(streams, dict) else None
-    inner = f.inner_shape
-    ndim = 1 + len(inner)
-    sparse = ndim == 1 and np.dtype(f.storage_dtype).kind in "iu" and f.dtype != "bfloat16"
-    if isinstance(given, dict) and "dim" in given:
-        dim, nd = recorded_dims(store.url, name, given, ndim)
-        return dim, nd, bool(given.get("sparse", sparse))
-    if sparse:
-        return None, ndim, True
-    return (inner[-1] if inner else 1), ndim, False
-
-
 def _chunks_of_store(store: Store, fields: Sequence[str], chunk_bytes: int) -> Iterator[tuple[int, int]]:
     """Record ranges ``[a, b)`` holding about ``chunk_bytes`` of the fields' rows each."""
     n = len(store)
@@ -378,12 +356,11 @@ def export_hdf(
     ]
     for n, _ in streams:
         if len(schema[n].inner_shape) > 1:
-            raise SchemaError(
-                f"field {n!r}: rows of shape {schema[n].inner_shape}; RETURNN HDF streams have 1-d or 2-d rows"
-            )
+            raise SchemaError(f"field {n!r}: rows of shape {schema[n].inner_shape}; RETURNN HDF streams have 1-d or "
+                              "2-d rows")
     n_seqs = len(st)
     labels_meta = recorded_labels(st.url, meta, schema)
-    dims = {n: _stream_dims(st, n, schema[n]) for n, _ in streams}
+    dims = {n: stream_dims(st, n, schema[n]) for n, _ in streams}
     ncols = (1 if inputs else 0) + (len(keyed) if keyed else 1)
     check_output(target, overwrite, lambda r: r.is_dir(), "a directory (the output is one HDF5 file)")
     measured_max: dict[str, int] = {}

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError
+from ..schema import Field
 from ._common import SourceFormatError
 
 __all__ = ["inspect_hdf", "HdfFileInfo", "HdfStream", "read_dataset", "decode_tag", "h5py_module", "VALIDATE_BLOCK",
-           "recorded_dims", "recorded_labels"]
+           "recorded_dims", "recorded_labels", "stream_dims"]
 
 VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
 
@@ -83,6 +84,24 @@ def recorded_dims(url: str, name: str, given: Mapping[str, Any], ndim: int) -> t
         raise SchemaError(f"{url}: metadata['returnn']['streams'][{name!r}] has dim {dim!r} and ndim {nd!r}; "
                           "RETURNN's num_outputs need whole numbers >= 0")
     return dim, nd
+
+
+def stream_dims(store: Any, name: str, f: Field) -> tuple[int | None, int, bool]:
+    """(dim, ndim, sparse) of the field ``name`` (``f``) of ``store`` for RETURNN: as its
+    ``metadata["returnn"]`` records them (:func:`recorded_dims`), else from ``f``'s shape (dim None: a
+    sparse stream's, to be measured)."""
+    meta = store.metadata.get("returnn", {})
+    streams = meta.get("streams", {}) if isinstance(meta, dict) else None
+    given = streams.get(name) if isinstance(streams, dict) else None
+    inner = f.inner_shape
+    ndim = 1 + len(inner)
+    sparse = ndim == 1 and np.dtype(f.storage_dtype).kind in "iu" and f.dtype != "bfloat16"
+    if isinstance(given, dict) and "dim" in given:
+        dim, nd = recorded_dims(store.url, name, given, ndim)
+        return dim, nd, bool(given.get("sparse", sparse))
+    if sparse:
+        return None, ndim, True
+    return (inner[-1] if inner else 1), ndim, False
 
 
 def recorded_labels(url: str, meta: Mapping[str, Any], fields: Any) -> dict[str, list[str]]:
@@ -183,9 +202,8 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
     with fin:
         for need in ("seqLengths", "seqTags"):
             if need not in fin:
-                raise SourceFormatError(
-                    p, need, "missing (a RETURNN HDF file has seqLengths, seqTags, inputs and/or targets/data/<key>)"
-                )
+                raise SourceFormatError(p, need, "missing (a RETURNN HDF file has seqLengths, seqTags, inputs and/or "
+                                        "targets/data/<key>)")
         has_inputs = "inputs" in fin
         has_targets = "targets" in fin
         keys: list[str] = []
@@ -216,9 +234,8 @@ def inspect_hdf(path: str | os.PathLike[str], *, check_lengths: bool = True) -> 
         ncols = int(has_inputs) + (len(keys) if has_targets else 1)
         if sl.ndim == 2 and sl.shape[1] != ncols:
             what = (["inputs"] if has_inputs else []) + (keys if has_targets else ["(unused 'classes')"])
-            raise SourceFormatError(
-                p, "seqLengths", f"has {sl.shape[1]} columns, expected {ncols} (one per stream: {', '.join(what)})"
-            )
+            raise SourceFormatError(p, "seqLengths", f"has {sl.shape[1]} columns, expected {ncols} (one per stream: "
+                                    f"{', '.join(what)})")
         if tags.shape != (n,):
             raise SourceFormatError(p, "seqTags", f"shape {tags.shape} does not match seqLengths' {n} sequences")
 
