@@ -116,13 +116,6 @@ def _manifest_source(path: str | os.PathLike[str], lean: bool) -> tuple[str, Ite
     return p, manifest_cuts(p, 0, None, lean=lean)
 
 
-def _known_length(sources: list[tuple[str, Any]]) -> int | None:
-    """The number of cuts when every source knows it without reading (eager CutSets), else None."""
-    if any(getattr(cs, "is_lazy", True) for _, cs in sources):
-        return None
-    return sum(len(cs) for _, cs in sources)
-
-
 # ------------------------------------------------------------------------------------------ plan
 
 
@@ -433,12 +426,10 @@ def import_lhotse(
     ``out`` at a URL: :class:`~seqstore.interop.driver.Options`.
     """
     opts = driver.options("import_lhotse", out, options)
-    if features_dtype not in FEATURE_DTYPES:
-        raise ValueError(f"features_dtype must be one of {FEATURE_DTYPES}, got {features_dtype!r}")
-    if audio_dtype not in AUDIO_DTYPES:
-        raise ValueError(f"audio_dtype must be one of {AUDIO_DTYPES}, got {audio_dtype!r}")
-    if channels not in CHANNEL_MODES:
-        raise ValueError(f"channels must be one of {CHANNEL_MODES}, got {channels!r}")
+    for name, value, allowed in (("features_dtype", features_dtype, FEATURE_DTYPES),
+                                 ("audio_dtype", audio_dtype, AUDIO_DTYPES), ("channels", channels, CHANNEL_MODES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     sources = _sources(cuts, lean=audio is False)
     where, first, streams = _first_cut(sources)
     by_default = audio is None
@@ -470,7 +461,8 @@ def import_lhotse(
         job = _CutsJob(plan, opts.chunk_bytes, paths, [m for _, m in scans()])
         return [(job, u) for u in _units([n for n, _ in scans()], workers)]
 
-    total = (lambda: sum(n for n, _ in scans())) if paths else _known_length(sources)
+    eager = not any(getattr(cs, "is_lazy", True) for _, cs in sources)  # a CutSet that knows its length unread
+    total = (lambda: sum(n for n, _ in scans())) if paths else sum(len(cs) for _, cs in sources) if eager else None
     conv = driver.Conversion(schema, {METADATA_KEY: meta}, _StreamJob(plan, opts.chunk_bytes), streams, total,
                              units if paths else None, url_as_parts=False, preload=PRELOAD, in_driver=True,
                              after_parallel=forget_streams)  # a gzip stream this process kept after one of its runs
