@@ -110,10 +110,8 @@ def _resolve(source: Any, split: str | None) -> tuple[Any, str]:
             raise SplitError(f"{name}: has no split {split!r}; its splits are {splits}", splits)
         return source[split], f"{name}[{split}]"
     if not isinstance(source, (hf.Dataset, hf.IterableDataset)):
-        raise TypeError(
-            "import_hf: expected a datasets.Dataset, DatasetDict, IterableDataset or the path of a save_to_disk "
-            f"directory, got {type(source).__name__}"
-        )
+        raise TypeError("import_hf: expected a datasets.Dataset, DatasetDict, IterableDataset or the path of a "
+                        f"save_to_disk directory, got {type(source).__name__}")
     if split is not None and str(source.split) != split:
         raise SplitError(f"{name}: split={split!r} was given, but this is one {type(source).__name__} (split "
                          f"{source.split}), not a DatasetDict", [str(source.split)])
@@ -210,17 +208,9 @@ def _column(where: str, name: str, field: str, arrow_type: Any, feature: Any) ->
         return _Column(name, field, "arrow", arrow_columns.plan_column(where, name, arrow_type))
     except SchemaError:
         described = repr(feature) if feature is not None else str(arrow_type)
-        raise ColumnTypeError(
-            f"{where}, column {name!r}: feature {described} has no seqstore field (supported: {SUPPORTED}); "
-            "choose the columns to import with columns={column: field}", name, described,
-        ) from None
-
-
-def _discover_inner(ds: Any, col: _Column, batch_rows: int, types: Mapping[str, Any], where: str) -> tuple[int, ...]:
-    """The row shape of a field (a list of variable lists: the length of the first non-empty inner list,
-    read from the first batches that have one)."""
-    chunks = (t.column(0).combine_chunks() for t in _tables(ds, [col.name], batch_rows, types, where))
-    return arrow_columns.resolve_inner(col.plan, chunks)
+        raise ColumnTypeError(f"{where}, column {name!r}: feature {described} has no seqstore field (supported: "
+                              f"{SUPPORTED}); choose the columns to import with columns={{column: field}}", name,
+                              described) from None
 
 
 def _binary_values(arr: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -324,8 +314,7 @@ def _file_backed(ds: Any) -> bool:
 
 
 def _units(rows: int, workers: int) -> list[tuple[int, int]]:
-    """Rows ``[a, b)`` of about ``rows / (2 x workers)`` each (at least :data:`MIN_UNIT_ROWS`): one part
-    each of a parallel import; one run for fewer than ``2 x MIN_UNIT_ROWS`` rows."""
+    """Rows ``[a, b)`` of about ``rows / (2 x workers)`` each (at least :data:`MIN_UNIT_ROWS`), one part each."""
     if rows < 2 * MIN_UNIT_ROWS:
         return [(0, rows)]
     count = max(1, min(2 * workers, rows // MIN_UNIT_ROWS))
@@ -383,7 +372,9 @@ def import_hf(
         if c.kind == "encoded" and features is not None and getattr(features[c.name], "decode", False):
             ds = ds.cast_column(c.name, dataclasses.replace(features[c.name], decode=False))
     types = {n: arrow_columns.storage_type(schema_pa.field(n).type) for n in names}  # features', or the first batch's
-    inner = {c.name: _discover_inner(ds, c, rows, types, where) for c in cols}
+    # each field's row shape (a list of variable lists: the first non-empty inner list's length, read lazily)
+    inner = {c.name: arrow_columns.resolve_inner(c.plan, (t.column(0).combine_chunks() for t in _tables(
+        ds, [c.name], rows, types, where))) for c in cols}
     schema = arrow_columns.columns_schema(where, ((c.name, c.field, c.plan, inner[c.name]) for c in cols))
     meta = {"source": where, "split": split if split is not None else None if ds.split is None else str(ds.split),
             "columns": mapping, "id_column": id_column,
