@@ -78,9 +78,7 @@ class UnknownMemberError(SourceFormatError):
 
 def _kind(ext: str) -> str:
     last = ext.rsplit(".", 1)[-1]
-    if last == "npy":
-        return "npy"
-    return "int" if last in INT_EXTENSIONS else "bytes"
+    return "npy" if last == "npy" else "int" if last in INT_EXTENSIONS else "bytes"
 
 
 def _default_field(ext: str) -> str:
@@ -210,11 +208,10 @@ class _WdsJob:
             for key, members in samples(path, self.options, counter):
                 for ext in members:
                     if ext not in self.plans and self.strict:
-                        raise UnknownMemberError(
-                            path, members[ext][0], f"key {key!r}: extension .{ext} has no field (fields are "
-                            f"{ {e: p.field for e, p in self.plans.items()} }); map it with fields={{ext: field}} or "
-                            "pass strict=False to skip such members"
-                        )
+                        raise UnknownMemberError(path, members[ext][0], f"key {key!r}: extension .{ext} has no field "
+                                                 f"(fields are { {e: p.field for e, p in self.plans.items()} }); map "
+                                                 "it with fields={ext: field} or pass strict=False to skip such "
+                                                 "members")
                 for ext, plan in self.plans.items():
                     got = members.get(ext)
                     if got is None:
