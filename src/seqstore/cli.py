@@ -191,11 +191,9 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
 
 def _add_storage_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-        help="an option for a remote store's client, e.g. endpoint=http://127.0.0.1:9000 (repeatable; "
-        "credentials are better left to the environment)",
-    )
+    parser.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option for a remote store's client, e.g. endpoint=http://127.0.0.1:9000 (repeatable; "
+                        "credentials are better left to the environment)")
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, Any] | None:
@@ -221,11 +219,9 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = SuggestingParser(  # a misspelled option or choice: the close match is suggested
-        prog="seqstore",
-        description="Inspect and check seqstore stores (info, verify), copy them between disk and object storage "
-        "(copy), build them from other formats and write them back out (convert, export), and try it all on a "
-        "generated corpus (demo).",
-    )
+        prog="seqstore", description="Inspect and check seqstore stores (info, verify), copy them between disk and "
+        "object storage (copy), build them from other formats and write them back out (convert, export), and try it "
+        "all on a generated corpus (demo).")
     p.add_argument("--version", action="version", version=f"seqstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 

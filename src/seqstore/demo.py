@@ -180,9 +180,8 @@ def _sub_epochs(store: Any, out: Path, seed: int) -> None:
         gc.collect()
         before = rss_bytes()
         t0 = time.perf_counter()
-        order = seq_order(
-            len(store), ordering, epoch=1, seed=seed, lengths=lengths_path, partition_epoch=PARTITION_EPOCH
-        )
+        order = seq_order(len(store), ordering, epoch=1, seed=seed, lengths=lengths_path,
+                          partition_epoch=PARTITION_EPOCH)
         first = order[0]
         build_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
@@ -193,8 +192,6 @@ def _sub_epochs(store: Any, out: Path, seed: int) -> None:
         read_s = time.perf_counter() - t0
         after = rss_bytes()
         _line(f"{ordering}: order + first index", f"{build_ms:.2f} ms (first index {first})")
-        _line(
-            f"{ordering}: read {len(order):,} seqs",
-            f"{read_s:.2f} s, {len(order) / read_s:,.0f} seq/s, {frames / read_s / 1e6:.1f} M frames/s",
-        )
+        _line(f"{ordering}: read {len(order):,} seqs",
+              f"{read_s:.2f} s, {len(order) / read_s:,.0f} seq/s, {frames / read_s / 1e6:.1f} M frames/s")
         _line(f"{ordering}: private RSS growth", f"{(after[0] - before[0]) / 2**20:.1f} MiB")

@@ -103,11 +103,9 @@ def plan_column(path: str, column: str, t: Any) -> Plan:
             leaf = fixed_shape(vt.value_type)
             if leaf is not None:
                 return Plan(True, leaf[0], (None, *leaf[1]))
-    raise SchemaError(
-        f"{path}, column {column!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists and lists "
-        "of those are supported; a string column can be the id column); choose columns with "
-        "columns={column: field}"
-    )
+    raise SchemaError(f"{path}, column {column!r}: Arrow type {t} has no seqstore field (numbers, fixed-size lists "
+                      "and lists of those are supported; a string column can be the id column); choose columns with "
+                      "columns={column: field}")
 
 
 def storage_array(arr: Any) -> Any:
@@ -155,10 +153,8 @@ def convert_column(arr: Any, plan: Plan, inner: tuple[int, ...], path: str, name
         inner_len = np.asarray(values.value_lengths().to_numpy(zero_copy_only=False))
         bad = np.flatnonzero(inner_len != inner[0])
         if len(bad):
-            raise SchemaError(
-                f"{path}, column {name!r}: inner lists have length {int(inner_len[bad[0]])} and {inner[0]}; a ragged "
-                "field needs rows of one shape"
-            )
+            raise SchemaError(f"{path}, column {name!r}: inner lists have length {int(inner_len[bad[0]])} and "
+                              f"{inner[0]}; a ragged field needs rows of one shape")
         values = values.flatten()
     flat = flatten_fixed(values, path, name)
     return flat.reshape(int(lengths.sum()), *inner), lengths

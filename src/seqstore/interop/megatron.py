@@ -167,10 +167,8 @@ def read_index(path: str | os.PathLike[str], *, check: bool = True) -> MegatronI
         raise MegatronIndexError(idx, None, "document count is 0; the document indices hold at least [0]")
     plain = HEADER_BYTES + 12 * n + 8 * ndoc
     if size not in (plain, plain + n):
-        raise MegatronIndexError(
-            idx, None, f"{size} bytes, expected {plain} for {n} sequences and {ndoc - 1} documents (or {plain + n} "
-            "with sequence modes)"
-        )
+        raise MegatronIndexError(idx, None, f"{size} bytes, expected {plain} for {n} sequences and {ndoc - 1} "
+                                 f"documents (or {plain + n} with sequence modes)")
     mm = np.memmap(idx, dtype=np.uint8, mode="r")
     lengths = mm[HEADER_BYTES : HEADER_BYTES + 4 * n].view("<i4")
     pointers = mm[HEADER_BYTES + 4 * n : HEADER_BYTES + 12 * n].view("<i8")
@@ -194,10 +192,9 @@ def _check(ix: MegatronIndex) -> None:
         bad = np.flatnonzero((ptr < 0) | (ptr % item != 0) | (ptr > ix.bin_bytes - lens * item))  # (no overflow)
         if len(bad):
             k = int(bad[0])
-            raise MegatronIndexError(
-                ix.bin_path, None, f"sequence {a + k} (pointer {int(ptr[k])}, {int(lens[k])} tokens of {ix.dtype}) "
-                f"is not inside the file's {ix.bin_bytes} bytes or not aligned to {item} bytes"
-            )
+            raise MegatronIndexError(ix.bin_path, None, f"sequence {a + k} (pointer {int(ptr[k])}, {int(lens[k])} "
+                                     f"tokens of {ix.dtype}) is not inside the file's {ix.bin_bytes} bytes or not "
+                                     f"aligned to {item} bytes")
     docs = ix.documents
     if int(docs[0]) != 0 or int(docs[-1]) != n:
         raise MegatronIndexError(ix.idx_path, None, f"document indices run from {int(docs[0])} to {int(docs[-1])}, "
