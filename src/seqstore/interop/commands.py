@@ -408,11 +408,9 @@ def _user_error(exc: OSError | KeyError) -> int:
 
 @contextlib.contextmanager
 def _undone_on_interrupt(out: str, *, pair: bool = False) -> Iterator[None]:
-    """A local output that did not exist before the command and exists when an interrupt (Ctrl-C,
-    SIGTERM) arrives is removed before the interrupt goes on: one that comes after the output was
-    installed, while the command reports, still leaves nothing (what ``cli.main`` then says). ``out``
-    and, for Megatron's prefix (``pair``), ``PREFIX.bin`` / ``PREFIX.idx``, PREFIX being ``out`` less a
-    trailing ``.bin`` / ``.idx`` (as export_megatron takes it)."""
+    """On an interrupt (Ctrl-C, SIGTERM), even one after the output was installed, remove the local outputs
+    that did not exist before: ``out``, and for Megatron (``pair``) ``PREFIX.bin`` / ``PREFIX.idx`` (``out``
+    less a trailing ``.bin`` / ``.idx``), so that nothing is left, as ``cli.main`` then says."""
     prefix = out[:-4] if pair and out.endswith((".bin", ".idx")) else out
     paths = [] if is_remote(out) else [Path(out), *(Path(prefix + s) for s in (".bin", ".idx") if pair)]
     new = [q for q in paths if not q.exists() and not q.is_symlink()]
