@@ -366,12 +366,12 @@ def test_an_answer_sent_without_blocking_is_what_connection_send_sends() -> None
     import threading
     from multiprocessing.reduction import ForkingPickler
 
-    from seqstore.torch._ring import _send_taking
+    from seqstore.torch._ring import _send_bounded
 
     small = ("big", [("x", "float32", (3,), 0)], b"\1\2\3")
     raw = []
     for send in (lambda c: c.send_bytes(ForkingPickler.dumps(small, 5)),
-                 lambda c: _send_taking(c, small, lambda m: None)):
+                 lambda c: _send_bounded(c, small, take=lambda m: None)):
         a, b = multiprocessing.Pipe()
         send(a)
         raw.append(os.read(b.fileno(), 1 << 16))
@@ -384,6 +384,6 @@ def test_an_answer_sent_without_blocking_is_what_connection_send_sends() -> None
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(b.recv()))
     reader.start()
-    _send_taking(a, large, lambda m: None)
+    _send_bounded(a, large, take=lambda m: None)
     reader.join(timeout=60)
     assert got == [large]

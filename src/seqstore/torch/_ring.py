@@ -130,8 +130,10 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
                 except Exception:  # noqa: BLE001 - not picklable, or not unpicklable: its text then
                     answer = ("error", LoaderWorkerError(
                         f"loader worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-            if answer[0] != "ok":  # a batch or an error that may be larger than the pipe holds
-                _send_taking(conn, answer, take)
+            if answer[0] != "ok":  # a batch or an error that may be larger than the pipe holds: the loop may
+                # itself be blocked sending us a message larger than the pipe holds (a large index array), and
+                # each would wait for the other to read; the messages it sends meanwhile go to ``take``
+                _send_bounded(conn, answer, take=take)
             else:
                 conn.send(answer)
             del answer  # (an error's traceback holds the slot's memory, which shm.close() below needs free)
@@ -144,20 +146,12 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
             shm.close()
 
 
-def _send_taking(conn: Connection, answer: tuple[Any, ...], take: Callable[[Any], None]) -> None:
-    """``conn.send(answer)`` for an answer that may be larger than the pipe holds, passing every message
-    the loop sends meanwhile to ``take``: the loop may itself be blocked sending this worker a message
-    larger than the pipe holds (a large index array), and each would wait for the other to read. (The
-    bytes on the pipe are those of ``Connection.send``; the loop sends each message whole, so one that
-    has begun is read at once.)"""
-    _send_bounded(conn, answer, take=take)
-
-
 def _send_bounded(conn: Connection, msg: Any, *, take: Callable[[Any], None] | None = None,
                   until: float | None = None) -> bool:
     """``conn.send(msg)`` written without blocking: while the pipe is full, messages coming the other way go
     to ``take`` (where given), and at ``until`` (``time.monotonic()``) the send gives up: False, the message
-    written in part (the pipe is of no use after that)."""
+    written in part (the pipe is of no use after that). (The bytes on the pipe are those of ``Connection.send``;
+    the loop sends each message whole, so one that has begun is read at once.)"""
     data = ForkingPickler.dumps(msg, 5)  # (protocol 5: a bytearray comes back as one, not bytes to copy)
     n = len(data)
     head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
