@@ -30,10 +30,8 @@ def check_epoch(epoch: Any, owner: str) -> int:
     except TypeError:
         raise ValueError(f"{owner}: epoch must be an integer >= 1, got {epoch!r}") from None
     if e < 1:
-        raise ValueError(
-            f"{owner}: epochs are 1-based as in seqstore.seq_order and RETURNN; got {e} "
-            "(call set_epoch(epoch + 1) when counting from 0)"
-        )
+        raise ValueError(f"{owner}: epochs are 1-based as in seqstore.seq_order and RETURNN; got {e} "
+                         "(call set_epoch(epoch + 1) when counting from 0)")
     return e
 
 
@@ -62,10 +60,8 @@ class EpochCursor:
         self._reset(0, 0)
 
     def _reset(self, position: int, batches: int) -> None:
-        self._start = position
-        self._start_batches = batches
-        self._iter_start = position
-        self._iter_start_batches = batches
+        self._start = self._iter_start = position
+        self._start_batches = self._iter_start_batches = batches
         self._yielded = 0
         self._cursor: GreedyCursor | None = None
         self._len_cache: tuple[tuple[int, int, int], int] | None = None
@@ -100,8 +96,7 @@ class EpochCursor:
 
     def _begin(self) -> tuple[Order, int, int]:
         """Start an iteration: (order, start position, batches to skip)."""
-        self._iter_start = self._start
-        self._iter_start_batches = self._start_batches
+        self._iter_start, self._iter_start_batches = self._start, self._start_batches
         self._yielded = 0
         self._cursor = None
         return self.epoch_order(), self._start, self._start_batches
@@ -122,15 +117,13 @@ class EpochCursor:
         """An iteration ran to its end: the next one walks the whole epoch again (``SeqDataLoader`` calls
         this; with a plain DataLoader and an ``IterableSeqDataset`` call ``set_epoch`` every epoch)."""
         self._by_loader = False
-        self._start = 0
-        self._start_batches = 0
+        self._start = self._start_batches = 0
         self._len_cache = None
 
     def broken_off(self) -> None:
         """An iteration that began ended before its end: the next one starts at its resume point again."""
         self._by_loader = False
-        self._start = self._iter_start
-        self._start_batches = self._iter_start_batches
+        self._start, self._start_batches = self._iter_start, self._iter_start_batches
 
     def _batch_iter(self, order: Order, position: int, skip: int) -> Any:
         assert self._spec is not None
@@ -199,10 +192,8 @@ class EpochCursor:
             raise StateError(f"{self._kind}: state counts {batches} length-based batches; this consumer has none")
         order = self.dataset.epoch_order(epoch)  # (a refused state changes nothing)
         if len(order) != state["num_positions"]:
-            raise StateError(
-                f"{self._kind}: epoch {epoch} of this dataset has {len(order)} positions, the state says "
-                f"{state['num_positions']} (different partition or data)"
-            )
+            raise StateError(f"{self._kind}: epoch {epoch} of this dataset has {len(order)} positions, the state says "
+                             f"{state['num_positions']} (different partition or data)")
         self._epoch = epoch
         self._order = (epoch, order)
         self._reset(position, batches)

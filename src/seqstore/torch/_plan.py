@@ -27,17 +27,8 @@ from ..data._lengths import check_int, check_optional_int
 from ..data.batching import batch_indices, bucket_batches
 from ..order._keys import master_key
 
-__all__ = [
-    "LengthBatching",
-    "fixed_total",
-    "fixed_item_positions",
-    "fixed_item_blocks",
-    "fixed_stream_positions",
-    "select_items",
-    "batch_stream",
-    "GreedyCursor",
-    "bucket_seed",
-]
+__all__ = ["LengthBatching", "fixed_total", "fixed_item_positions", "fixed_item_blocks", "fixed_stream_positions",
+           "select_items", "batch_stream", "GreedyCursor", "bucket_seed"]
 
 IntArray = npt.NDArray[np.int64]
 T = TypeVar("T")
@@ -83,13 +74,8 @@ class LengthBatching:
     def config(self) -> dict[str, Any]:
         """JSON-encodable description (stored in resume states)."""
         buckets: Any = self.buckets if self.buckets is None or isinstance(self.buckets, int) else list(self.buckets)
-        return {
-            "max_frames": self.max_frames,
-            "max_seqs": self.max_seqs,
-            "padded": bool(self.padded),
-            "buckets": buckets,
-            "buffer_size": int(self.buffer_size),
-        }
+        return {"max_frames": self.max_frames, "max_seqs": self.max_seqs, "padded": bool(self.padded),
+                "buckets": buckets, "buffer_size": int(self.buffer_size)}
 
 
 # ----------------------------------------------------------------------------- fixed-size items
@@ -113,9 +99,8 @@ def _positions(q: IntArray, position: int, remaining: int, length: int) -> IntAr
     return out
 
 
-def fixed_stream_positions(
-    length: int, position: int, *, world: int, streams: int, stream: int, drop_last: bool, chunk: int
-) -> Iterator[IntArray]:
+def fixed_stream_positions(length: int, position: int, *, world: int, streams: int, stream: int, drop_last: bool,
+                           chunk: int) -> Iterator[IntArray]:
     """Order positions of single records for ``stream`` of ``streams`` (item size 1), in chunks.
 
     Stream ``s`` takes relative positions ``s, s + S, s + 2S, ...`` below :func:`fixed_total`. Yields
@@ -129,9 +114,8 @@ def fixed_stream_positions(
         yield _positions(q, position, remaining, length)
 
 
-def fixed_item_positions(
-    length: int, position: int, *, item: int, world: int, streams: int, stream: int, drop_last: bool
-) -> Iterator[IntArray]:
+def fixed_item_positions(length: int, position: int, *, item: int, world: int, streams: int, stream: int,
+                         drop_last: bool) -> Iterator[IntArray]:
     """Order positions of the items (``item`` consecutive records each) of ``stream`` of ``streams``.
 
     Yields one int64 array of exactly ``item`` positions per item; O(item) memory.
@@ -143,9 +127,8 @@ def fixed_item_positions(
         yield _positions(q, position, remaining, length)
 
 
-def fixed_item_blocks(
-    length: int, position: int, *, item: int, world: int, streams: int, stream: int, drop_last: bool, items: int
-) -> Iterator[IntArray]:
+def fixed_item_blocks(length: int, position: int, *, item: int, world: int, streams: int, stream: int,
+                      drop_last: bool, items: int) -> Iterator[IntArray]:
     """:func:`fixed_item_positions` of ``items`` consecutive items of ``stream`` at once: one int64 array
     of ``items * item`` positions per block (the last block may hold fewer items). O(items * item) memory."""
     remaining = max(length - position, 0)
@@ -197,29 +180,19 @@ def bucket_seed(seed: int, epoch: int) -> int:
     return master_key(seed, epoch, "torch.bucket") & ((1 << 63) - 1)
 
 
-def batch_stream(
-    order: Any, lengths: Any, spec: LengthBatching, *, position: int, skip: int, seed: int
-) -> Iterator[IntArray]:
+def batch_stream(order: Any, lengths: Any, spec: LengthBatching, *, position: int, skip: int,
+                 seed: int) -> Iterator[IntArray]:
     """Global length-based batches (int64 arrays of dataset indices) of the records from ``position``
     on of ``order``, after skipping the first ``skip`` batches. (Bucketed batching started at
     ``position`` buckets the remaining records afresh; its own states keep the position where its run
     started and count batches after it.) Lazy; memory O(chunk + buffer_size)."""
     rest = order[position:] if position else order
     if spec.greedy:
-        it: Iterator[IntArray] = batch_indices(
-            rest, lengths, max_frames=spec.max_frames, max_seqs=spec.max_seqs, padded=spec.padded
-        )
+        it: Iterator[IntArray] = batch_indices(rest, lengths, max_frames=spec.max_frames, max_seqs=spec.max_seqs,
+                                               padded=spec.padded)
     else:
-        it = bucket_batches(
-            rest,
-            lengths,
-            buckets=spec.buckets,
-            buffer_size=spec.buffer_size,
-            max_frames=spec.max_frames,
-            max_seqs=spec.max_seqs,
-            padded=spec.padded,
-            seed=seed,
-        )
+        it = bucket_batches(rest, lengths, buckets=spec.buckets, buffer_size=spec.buffer_size,
+                            max_frames=spec.max_frames, max_seqs=spec.max_seqs, padded=spec.padded, seed=seed)
     return itertools.islice(it, skip, None) if skip else it
 
 
@@ -234,9 +207,7 @@ class GreedyCursor:
 
     def __init__(self, order: Any, lengths: Any, spec: LengthBatching, position: int) -> None:
         self._it = batch_stream(order, lengths, spec, position=position, skip=0, seed=0)
-        self.position = position
-        self.batches = 0
-        self.length = len(order)
+        self.position, self.batches, self.length = position, 0, len(order)
 
     def advance_to(self, batches: int) -> int:
         """Record position after ``batches`` batches from the start (the end of the order if fewer)."""
