@@ -45,10 +45,8 @@ def _grain(what: str) -> Any:
     try:
         import grain  # type: ignore[import-untyped]
     except ImportError as exc:
-        raise GrainMissingError(
-            f"seqstore.grain.{what} needs Grain ({_GRAIN_PIN}), which is not importable here ({exc}); "
-            "install it with pip install 'seqstore[grain]'"
-        ) from exc
+        raise GrainMissingError(f"seqstore.grain.{what} needs Grain ({_GRAIN_PIN}), which is not importable here "
+                                f"({exc}); install it with pip install 'seqstore[grain]'") from exc
     return grain
 
 
@@ -68,12 +66,9 @@ def as_dataset(obj: Any) -> Any:
         return obj.dataset
     if isinstance(obj, (Store, str, os.PathLike)):
         return StoreDataset(obj)
-    missing = [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]
-    if missing:
-        raise TypeError(
-            f"seqstore.grain: expected a seqstore Store, a store path or a seqstore.data dataset; "
-            f"{type(obj).__name__} lacks {missing}"
-        )
+    if missing := [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]:
+        raise TypeError(f"seqstore.grain: expected a seqstore Store, a store path or a seqstore.data dataset; "
+                        f"{type(obj).__name__} lacks {missing}")
     return obj
 
 
@@ -87,8 +82,7 @@ class _Lazy:
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        blob = self._blob if self._dataset is None else _dumps(self._dataset)
-        return {"blob": blob}
+        return {"blob": self._blob if self._dataset is None else _dumps(self._dataset)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._dataset = None
@@ -161,8 +155,7 @@ class DataSource:
             fields = list(fields)
             if isinstance(ds, StoreDataset):
                 names = ds.field_names  # a StoreDataset of some fields returns only those
-                unknown = [f for f in fields if f not in names]
-                if unknown:
+                if unknown := [f for f in fields if f not in names]:
                     raise KeyError(f"{ds.store.url}: no field(s) {unknown}; fields are {names}")
                 if ds.fields is None:  # gather only these fields
                     ds = copy.copy(ds)
@@ -224,13 +217,8 @@ class DataSource:
         if self.fields is not None:
             batch = {k: batch[k] for k in self.fields}
         batch = self._with_index(batch, idx.copy())
-        split: dict[str, Any] = {}
-        for k, v in batch.items():
-            if isinstance(v, tuple):
-                values, lengths = v
-                split[k] = np.split(values, np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1])
-            else:
-                split[k] = v
+        split = {k: np.split(v[0], np.cumsum(np.asarray(v[1], dtype=np.int64))[:-1]) if isinstance(v, tuple) else v
+                 for k, v in batch.items()}
         return [{k: v[b] for k, v in split.items()} for b in range(len(idx))]
 
     def batch_fn(self, *, pad_multiple: int = 1) -> PadBatch:
@@ -279,8 +267,7 @@ class PadBatch:
             if key in records[0]:
                 raise KeyError(f"PadBatch: output key {key!r} for ragged field {name!r} clashes with a field")
             lengths = np.array([len(r) for r in rows], dtype=np.int64)
-            t = int(lengths.max())
-            t = -(-t // self.pad_multiple) * self.pad_multiple
+            t = -(-int(lengths.max()) // self.pad_multiple) * self.pad_multiple
             padded = np.zeros((len(rows), t, *rows[0].shape[1:]), dtype=rows[0].dtype)
             for b, r in enumerate(rows):
                 padded[b, : len(r)] = r
