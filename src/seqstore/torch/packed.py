@@ -73,19 +73,18 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         worker, workers = worker_topology()
-        share = worker * self.world_size + self.rank
-        total = self.world_size * workers
-        stream = self.packed.open(self._shares(workers)[share], share, total)
-        count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
         build = _Build(self.packed, ring=False)
-        plans = (stream.plan(self.batch_size) for _ in (itertools.count() if count is None else range(count)))
+        plans = self._plans(worker, workers)
         for plan in ahead_in_runs(plans, build.prefetch, _RUN) if self.packed.remote else plans:
             yield build(plan)
 
-    def _plans(self) -> Iterator[np.ndarray[Any, Any]]:
-        """This rank's batches as plans, as without DataLoader workers (share ``rank`` of ``world_size``)."""
-        stream = self.packed.open(self._shares(1)[self.rank], self.rank, self.world_size)
-        for _ in itertools.count() if self.num_batches is None else range(self.num_batches):
+    def _plans(self, worker: int = 0, workers: int = 1) -> Iterator[np.ndarray[Any, Any]]:
+        """The batches of DataLoader worker ``worker`` of ``workers`` as plans: share ``worker * W + rank`` of
+        ``W x workers``, ``ceil((num_batches - worker) / workers)`` of them (without workers: share ``rank``)."""
+        share, total = worker * self.world_size + self.rank, self.world_size * workers
+        stream = self.packed.open(self._shares(workers)[share], share, total)
+        count = None if self.num_batches is None else max(0, -(-(self.num_batches - worker) // workers))
+        for _ in itertools.count() if count is None else range(count):
             yield stream.plan(self.batch_size)
 
     def parallel(self, *, threads: int = 0, procs: int = 0, context: Any = None,
@@ -94,8 +93,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         ``threads`` helper threads or ``procs`` worker processes (``context``: their start method;
         ``ahead``: the batches in a run whose documents are asked for a run early;
         ``timeout``: seconds a worker may take to answer; see :func:`~seqstore.torch._ring.run_processes`);
-        planned here. ``SeqDataLoader(threads=, procs=)``
-        iterates this."""
+        planned here. ``SeqDataLoader(threads=, procs=)`` iterates this."""
         plans = self._plans()
         if procs:
             first_plan = next(plans, None)
@@ -186,8 +184,7 @@ class _Build:
     tensors (``max_seqlen`` 0-d), as the shared-buffer ring carries them."""
 
     def __init__(self, packed: PackedDataset, *, ring: bool) -> None:
-        self.packed = packed
-        self.ring = ring
+        self.packed, self.ring = packed, ring
 
     def __call__(self, plan: np.ndarray[Any, Any]) -> dict[str, Any]:
         batch = self.packed.build(plan)
