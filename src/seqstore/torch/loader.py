@@ -73,12 +73,6 @@ def _any_store(dataset: Any, test: Callable[[Any], bool]) -> bool:
     return found
 
 
-def _reads_remote(dataset: Any) -> bool:
-    """Whether ``dataset`` reads a remote store in a process whose object-store client cannot survive
-    fork() (not picklable: fork it is, as before)."""
-    return _fork_unsafe() and _any_store(dataset, lambda store: not store.source.fork_safe)
-
-
 def _own_batches(dataset: Any, collate_fn: Any, sampler: Any, batch_sampler: Any, batch_size: Any) -> bool:
     """Whether seqstore can build a loader's batches itself: a packed dataset, a self-batching iterable,
     or a :class:`SeqDataset` batched by an ``EpochBatchSampler`` or an ``EpochSampler`` + ``batch_size``
@@ -169,9 +163,10 @@ class SeqDataLoader(DataLoader[Any]):
                                  "workers afresh: pass batch_size=None and no persistent_workers")
         workers = procs or kwargs.get("num_workers", 0)
         chosen = procs_context if procs else kwargs.get("multiprocessing_context")
-        if workers and chosen is None and _reads_remote(dataset):
+        if workers and chosen is None and _fork_unsafe() and _any_store(dataset, lambda st: not st.source.fork_safe):
             # this process reads object storage: forked workers could not (obstore's threads do not survive
-            # fork()), so they start from a fresh interpreter and reopen the store from its pickle
+            # fork()), so they start from a fresh interpreter and reopen the store from its pickle (a dataset
+            # that does not pickle: fork, as before)
             import multiprocessing
 
             chosen = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -204,10 +199,8 @@ class SeqDataLoader(DataLoader[Any]):
             return self.batch_sampler
         if isinstance(self.sampler, EpochSampler):
             return self.sampler
-        raise TypeError(
-            "SeqDataLoader: no seqstore source to take the state from; pass sampler=EpochSampler(...), "
-            "batch_sampler=EpochBatchSampler(...) or an IterableSeqDataset"
-        )
+        raise TypeError("SeqDataLoader: no seqstore source to take the state from; pass sampler=EpochSampler(...), "
+                        "batch_sampler=EpochBatchSampler(...) or an IterableSeqDataset")
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         src = self._source()
