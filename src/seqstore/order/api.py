@@ -86,10 +86,8 @@ def _parse_nth(args: list[str], ordering: str) -> int:
 def _parse_random_block(args: list[str], ordering: str) -> tuple[int, int, int]:
     """``B:W[:nth]`` -> (block size B, window W in blocks, nth), each an integer >= 1."""
     if len(args) not in (2, 3):
-        raise ValueError(
-            f"ordering {ordering!r}: expected 'random_block:B:W[:nth]' (B = records per block, "
-            f"W = blocks per window, nth = epochs per order; integers >= 1)"
-        )
+        raise ValueError(f"ordering {ordering!r}: expected 'random_block:B:W[:nth]' (B = records per block, "
+                         f"W = blocks per window, nth = epochs per order; integers >= 1)")
     block = _int_arg(args[0], "block size B", ordering)
     window = _int_arg(args[1], "window W (blocks)", ordering)
     for value, what in ((block, "block size B"), (window, "window W")):

@@ -68,7 +68,6 @@ def collate_options(collate_fn: Any) -> tuple[tuple[str, ...] | None, bool] | No
 
 
 def batch_bytes(batch: Batch) -> int:
-    """Bytes of the tensors of ``batch``."""
     return sum(t.numel() * t.element_size() for t in batch.values())
 
 
@@ -86,9 +85,7 @@ class Gatherer:
 
     def __init__(self, source: SeqDataset | IterableSeqDataset, ragged: tuple[str, ...] | None = None,
                  masks: bool = False) -> None:
-        self.source = source
-        self.ragged = ragged
-        self.masks = masks
+        self.source, self.ragged, self.masks = source, ragged, masks
 
     def finish(self, idx: IndexArray, batch: dict[str, Any]) -> Batch:
         """The loader's batch from ``get_batch(idx, pad=True)``'s result (no copy)."""
@@ -112,7 +109,7 @@ class Gatherer:
         return bool(getattr(ds, "fetches_runs", False)) and hasattr(ds, "fetch_runs")
 
     def fetch_runs(self, arrays: Iterator[IndexArray], pool: Any) -> Iterator[tuple[IndexArray, list[Any]]]:
-        """The dataset's ``fetch_runs``: each batch's index array once its bytes are in ``pool``'s buffers."""
+        """Each batch's index array once its bytes are in ``pool``'s buffers."""
         return self.source.dataset.fetch_runs(arrays, pool)  # type: ignore[no-any-return]
 
     def gather_fetched(self, idx: IndexArray, via: Any, alloc: Any = None) -> Batch:
@@ -194,8 +191,7 @@ class _Slot:
     __slots__ = ("idx", "done", "value", "error")
 
     def __init__(self, idx: IndexArray) -> None:
-        self.idx = idx
-        self.done = threading.Event()
+        self.idx, self.done = idx, threading.Event()
         self.value: Batch | None = None
         self.error: BaseException | None = None
 

@@ -91,9 +91,7 @@ def _unlink_all(names: dict[int, str]) -> None:
 
 
 def _unlink(name: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass
     with contextlib.suppress(Exception):  # (interpreter shutdown)
         resource_tracker.unregister("/" + name, "shared_memory")

@@ -53,9 +53,8 @@ def check_index_free_at_start(dataset: Any, fields: Any) -> None:
         check_index_free(names)
 
 
-def as_protocol_dataset(
-    obj: Any, fields: Sequence[str] | str | None = None, storage_options: Any = None, *, length_field: str | None = None
-) -> Any:
+def as_protocol_dataset(obj: Any, fields: Sequence[str] | str | None = None, storage_options: Any = None, *,
+                        length_field: str | None = None) -> Any:
     """A seqstore dataset (protocol: ``num_seqs``, ``lengths()``, ``epoch_order``, ``get``,
     ``get_batch``) from a store, a store path or URL (opened with ``storage_options``), a
     :class:`SeqDataset` or a protocol dataset. ``length_field``: for a store or a path, the ragged field
@@ -64,15 +63,12 @@ def as_protocol_dataset(
     if isinstance(obj, SeqDataset):
         return obj.dataset
     if isinstance(obj, (Store, str, os.PathLike)):
-        return StoreDataset(obj, fields=fields, storage_options=storage_options,
-                            length_field=length_field)
+        return StoreDataset(obj, fields=fields, storage_options=storage_options, length_field=length_field)
     if length_field is not None:
         raise ValueError(f"length_field= is for a store or a store path; {type(obj).__name__} measures its own")
-    missing = [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]
-    if missing:
-        raise TypeError(
-            f"expected a seqstore Store, a store path or a seqstore.data dataset; {type(obj).__name__} lacks {missing}"
-        )
+    if missing := [m for m in ("num_seqs", "epoch_order", "get", "get_batch", "lengths") if not hasattr(obj, m)]:
+        raise TypeError(f"expected a seqstore Store, a store path or a seqstore.data dataset; {type(obj).__name__} "
+                        f"lacks {missing}")
     if fields is not None and isinstance(obj, StoreDataset):
         have = obj.field_names  # (a field it does not return would be left out of every record, silently)
         if missing := [f for f in fields if f not in have]:
@@ -91,9 +87,8 @@ def bfloat16_fields(dataset: Any) -> frozenset[str]:
     return frozenset(method()) if callable(method) else frozenset()
 
 
-def batch_to_tensors(
-    batch: dict[str, Any], bf16: frozenset[str], fields: frozenset[str] | None
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def batch_to_tensors(batch: dict[str, Any], bf16: frozenset[str],
+                     fields: frozenset[str] | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """A ``get_batch`` result -> (field -> tensor, ragged field -> int64 lengths)."""
     values: dict[str, torch.Tensor] = {}
     lengths: dict[str, torch.Tensor] = {}
@@ -206,9 +201,8 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         records.size = len(idx)
         return records
 
-    def batch_tensors(
-        self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def batch_tensors(self, idx: np.ndarray[Any, np.dtype[np.int64]],
+                      batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """``get_batch(idx, pad=...)`` of the dataset -> (field -> tensor, ragged field -> int64
         lengths), this dataset's fields and ``"index"`` with ``with_index``. O(fields), no copy."""
         values, lengths = batch_to_tensors(batch, self._bf16, self.fields)

@@ -157,9 +157,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
             out[INDEX_KEY] = self._index(idx, out)
         return out
 
-    def _split(
-        self, idx: np.ndarray[Any, np.dtype[np.int64]], batch: dict[str, Any]
-    ) -> Iterator[dict[str, torch.Tensor]]:
+    def _split(self, idx: np.ndarray[Any, np.dtype[np.int64]],
+               batch: dict[str, Any]) -> Iterator[dict[str, torch.Tensor]]:
         """The records of an unpadded ``get_batch(idx)`` as dicts of views into its tensors (one split per
         field, no copy)."""
         values, lengths = batch_to_tensors(batch, self._bf16, self.fields)
