@@ -244,9 +244,8 @@ class SortBinShuffleOrder(BinnedOrder):
             if self._checkpoints is None:
                 bp = self._bin_perm
                 cps = np.empty(-(-self.bins // _CHECKPOINT_EVERY) + 1, dtype=np.int64)
-                S.sbs_checkpoints(
-                    np.uint64(self.bins), np.uint64(self._n), bp._a, bp._b, bp._keys, np.int64(_CHECKPOINT_EVERY), cps
-                )
+                S.sbs_checkpoints(np.uint64(self.bins), np.uint64(self._n), bp._a, bp._b, bp._keys,
+                                  np.int64(_CHECKPOINT_EVERY), cps)
                 self._checkpoints = cps
             return self._sidx, self._checkpoints
 
@@ -266,8 +265,7 @@ class SortBinShuffleOrder(BinnedOrder):
         sidx, _ = self._state()
         flat = np.empty(total, dtype=np.int64)
         S.sbs_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), sidx, S.kernel_lengths(self.lengths.array),
-                   self._tie_key,
-                   self._within_key, self.shuffle_within, flat)
+                   self._tie_key, self._within_key, self.shuffle_within, flat)
         return flat
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -275,7 +273,5 @@ class SortBinShuffleOrder(BinnedOrder):
 
     def __repr__(self) -> str:
         name = "sort_bin_shuffle_x2" if self.shuffle_within else "sort_bin_shuffle"
-        return (
-            f"SortBinShuffleOrder({name}, num_seqs={self._n}, key={self.key:#018x}, bins={self.bins}, "
-            f"lengths={self.lengths!r}, sort_cache={self.sort_cache!r})"
-        )
+        return (f"SortBinShuffleOrder({name}, num_seqs={self._n}, key={self.key:#018x}, bins={self.bins}, "
+                f"lengths={self.lengths!r}, sort_cache={self.sort_cache!r})")

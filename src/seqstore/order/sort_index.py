@@ -58,10 +58,6 @@ def sort_keys(values: np.ndarray) -> npt.NDArray[np.uint64]:
     return np.where(bits >= _SIGN, ~bits, bits | _SIGN)
 
 
-def _index_dtype(n: int) -> np.dtype[Any]:
-    return np.dtype(np.int32) if n <= np.iinfo(np.int32).max else np.dtype(np.int64)
-
-
 def _chunks(n: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, _CHUNK):
         yield start, min(start + _CHUNK, n)
@@ -119,7 +115,7 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
         if found is not None:
             used(path)  # (in a node cache: recently used, not the first to evict)
             return found
-    dtype = _index_dtype(n)
+    dtype = np.dtype(np.int32) if n <= np.iinfo(np.int32).max else np.dtype(np.int64)
     if n == 0:
         return _finish(np.empty(0, dtype=dtype), path)
 

@@ -46,13 +46,9 @@ def resolve_topology(rank: int | None, world_size: int | None, owner: str) -> tu
     initialised = dist.is_available() and dist.is_initialized()
     launched = os.environ.get("WORLD_SIZE", "").strip()
     if not initialised and (rank is None or world_size is None) and launched.isdigit() and int(launched) > 1:
-        # torchrun (or another launcher) started this process as one of several: rank 0 of 1 would make every
-        # process take the whole epoch, silently
-        raise ValueError(
-            f"{owner}: this process is one of WORLD_SIZE={launched} (set by torchrun or another launcher), but "
-            "torch.distributed is not initialised: build it after torch.distributed.init_process_group(), "
-            "or pass rank= and world_size="
-        )
+        raise ValueError(f"{owner}: this process is one of WORLD_SIZE={launched} (set by torchrun or another "
+                         "launcher), but torch.distributed is not initialised: build it after "
+                         "torch.distributed.init_process_group(), or pass rank= and world_size=")
     if world_size is None:
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:

@@ -85,20 +85,18 @@ def check_state(state: Any, *, dataset: dict[str, Any], ordering: dict[str, Any]
     if not isinstance(theirs, dict):
         raise StateError(f"{owner}: state has no dataset identity")
     if any(theirs.get(k) != dataset[k] for k in ("num_seqs", "fingerprint", "type")):
-        raise StateError(
-            f"{owner}: state was saved for a different dataset ({theirs.get('type')}, "
-            f"{theirs.get('num_seqs')} sequences, fingerprint {theirs.get('fingerprint')}); this is "
-            f"{dataset['type']} with {dataset['num_seqs']} sequences, fingerprint {dataset['fingerprint']}"
-        )
+        raise StateError(f"{owner}: state was saved for a different dataset ({theirs.get('type')}, "
+                         f"{theirs.get('num_seqs')} sequences, fingerprint {theirs.get('fingerprint')}); this is "
+                         f"{dataset['type']} with {dataset['num_seqs']} sequences, "
+                         f"fingerprint {dataset['fingerprint']}")
     saved = state.get("ordering")
     if isinstance(saved, dict):  # keys added to the config since (a combination's): not in older states
         ordering = {k: v for k, v in ordering.items() if k in _ORDERING_KEYS or k in saved}
     if saved != ordering:
         differ = sorted(k for k in {*ordering, *(saved if isinstance(saved, dict) else ())}
                         if not isinstance(saved, dict) or saved.get(k) != ordering.get(k))
-        raise StateError(
-            f"{owner}: state was saved with ordering config {saved}; this dataset has {ordering} (differs: {differ})"
-        )
+        raise StateError(f"{owner}: state was saved with ordering config {saved}; this dataset has {ordering} "
+                         f"(differs: {differ})")
     epoch = _int(state, "epoch", 1)
     position = _int(state, "position", 0)
     batches = _int(state, "batches", 0)

@@ -128,13 +128,8 @@ def _put_lengths(out: dict[str, torch.Tensor], name: str, values: torch.Tensor, 
         out[name + MASK_SUFFIX] = lengths_mask(lengths, values.shape[1])
 
 
-def collate_gathered(
-    padded: dict[str, torch.Tensor],
-    lengths: dict[str, torch.Tensor],
-    *,
-    ragged: Iterable[str] | None = None,
-    masks: bool = False,
-) -> dict[str, torch.Tensor]:
+def collate_gathered(padded: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor], *,
+                     ragged: Iterable[str] | None = None, masks: bool = False) -> dict[str, torch.Tensor]:
     """The batch :func:`collate_padded` returns for a batch gathered already padded: ``padded``
     (field -> (B, ...)) and ``lengths`` (ragged field -> int64 (B,)), as :class:`GatheredRecords`
     carries them. O(fields) plus the masks."""
@@ -155,13 +150,8 @@ def collate_gathered(
     return out
 
 
-def collate_padded(
-    samples: Sequence[Mapping[str, Any]],
-    *,
-    ragged: Iterable[str] | None = None,
-    masks: bool = False,
-    pad_value: float = 0,
-) -> dict[str, torch.Tensor]:
+def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str] | None = None, masks: bool = False,
+                   pad_value: float = 0) -> dict[str, torch.Tensor]:
     """Collate records into a dict of tensors (see the module docstring for the layout).
 
     ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch, else every field
@@ -194,9 +184,8 @@ def collate_padded(
         inner = {tuple(t.shape[1:]) for t in ts}
         dtypes = {t.dtype for t in ts}
         if len(inner) > 1 or len(dtypes) > 1:
-            raise ValueError(
-                f"collate_padded: ragged field {name!r} mixes inner shapes {sorted(inner)} / dtypes {dtypes}"
-            )
+            raise ValueError(f"collate_padded: ragged field {name!r} mixes inner shapes {sorted(inner)} / "
+                             f"dtypes {dtypes}")
         lengths = torch.tensor([t.shape[0] for t in ts], dtype=torch.int64)
         tmax = int(lengths.max())
         values = torch.full((len(ts), tmax, *ts[0].shape[1:]), pad_value, dtype=ts[0].dtype)

@@ -120,16 +120,8 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
     the DataLoader's ``collate_fn``. Memory O(1) plus the current batch; pickles small.
     """
 
-    def __init__(
-        self,
-        dataset_or_store: Any,
-        fields: Sequence[str] | str | None = None,
-        *,
-        with_index: bool = False,
-        prefetch: int | None = None,
-        storage_options: Any = None,
-        length_field: str | None = None,
-    ) -> None:
+    def __init__(self, dataset_or_store: Any, fields: Sequence[str] | str | None = None, *, with_index: bool = False,
+                 prefetch: int | None = None, storage_options: Any = None, length_field: str | None = None) -> None:
         self.prefetch = check_optional_int(prefetch, "SeqDataset: prefetch", 0)
         fields = field_list(fields)
         self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)

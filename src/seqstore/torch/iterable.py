@@ -85,22 +85,10 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     _kind = "IterableSeqDataset"
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        batch: int | LengthBatching | None = None,
-        fields: Sequence[str] | str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        epoch: int = 1,
-        masks: bool = False,
-        with_index: bool = False,
-        group: int = 1,
-        prefetch: int | None = None,
-        storage_options: Any = None,
-    ) -> None:
+    def __init__(self, dataset: Any, *, batch: int | LengthBatching | None = None,
+                 fields: Sequence[str] | str | None = None, rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False, epoch: int = 1, masks: bool = False, with_index: bool = False, group: int = 1,
+                 prefetch: int | None = None, storage_options: Any = None) -> None:
         self.prefetch = check_optional_int(prefetch, f"{self._kind}: prefetch", 0)
         fields = field_list(fields)
         if isinstance(dataset, SeqDataset):  # what it returns: its fields (or fewer) and its index
@@ -147,7 +135,6 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
 
     @staticmethod
     def _index(idx: np.ndarray[Any, np.dtype[np.int64]], names: Any) -> torch.Tensor:
-        """``with_index``'s tensor of ``idx``; a KeyError where the dataset has a field of that name."""
         check_index_free(names)
         return torch.from_numpy(np.array(idx, dtype=np.int64))
 

@@ -146,17 +146,14 @@ class SeqDataLoader(DataLoader[Any]):
             raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
         if isinstance(dataset, IterableSeqDataset):
             if kwargs.get("persistent_workers", False):
-                raise ValueError(
-                    "SeqDataLoader: persistent_workers=True keeps stale copies of an IterableSeqDataset in the "
-                    "workers (set_epoch / load_state_dict would not reach them)"
-                )
+                raise ValueError("SeqDataLoader: persistent_workers=True keeps stale copies of an IterableSeqDataset "
+                                 "in the workers (set_epoch / load_state_dict would not reach them)")
             bs = kwargs.get("batch_size", 1)
             if dataset.batch is None:  # (set again where it counts: another loader may share the dataset)
                 self._group = dataset.group = 1 if bs is None else int(bs)
             elif bs is not None:
-                raise ValueError(
-                    f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); pass batch_size=None"
-                )
+                raise ValueError(f"SeqDataLoader: the dataset makes its own batches (batch={dataset.batch!r}); "
+                                 "pass batch_size=None")
         if isinstance(dataset, PackedIterableDataset):
             if kwargs.get("persistent_workers", False) or kwargs.get("batch_size", 1) is not None:
                 raise ValueError("SeqDataLoader: a PackedIterableDataset makes its own batches and must reach its "

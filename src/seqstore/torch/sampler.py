@@ -63,16 +63,8 @@ class EpochSampler(_RankSampler, Sampler[int]):
 
     _kind = "EpochSampler"
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        epoch: int = 1,
-        chunk_size: int = 1 << 15,
-    ) -> None:
+    def __init__(self, dataset: Any, *, rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                 epoch: int = 1, chunk_size: int = 1 << 15) -> None:
         self.chunk_size = check_int(chunk_size, f"{self._kind}: chunk_size", 1)
         self._init_cursor(as_protocol_dataset(dataset), rank, world_size, drop_last, epoch, None, 1)
 
@@ -124,21 +116,10 @@ class EpochBatchSampler(_RankSampler, Sampler[list[int]]):
 
     _kind = "EpochBatchSampler"
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        max_frames: int | None = None,
-        max_seqs: int | None = None,
-        padded: bool = True,
-        buckets: int | tuple[int, ...] | None = None,
-        buffer_size: int = 10_000,
-        batching: LengthBatching | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        epoch: int = 1,
-    ) -> None:
+    def __init__(self, dataset: Any, *, max_frames: int | None = None, max_seqs: int | None = None, padded: bool = True,
+                 buckets: int | tuple[int, ...] | None = None, buffer_size: int = 10_000,
+                 batching: LengthBatching | None = None, rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False, epoch: int = 1) -> None:
         self.batching = batching if batching is not None else LengthBatching(
             max_frames=max_frames, max_seqs=max_seqs, padded=padded, buckets=buckets, buffer_size=buffer_size
         )
