@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ..errors import SeqstoreError
 from ._convert import to_tensor
@@ -99,17 +101,11 @@ def _default_collate(batch: Sequence[Mapping[str, Any]], *, collate_fn_map: Any 
         )
     if gathered is not None:
         return dict(gathered.padded)
-    from torch.utils.data import default_collate
-
     return {k: default_collate([r[k] for r in batch]) for k in batch[0]}
 
 
-try:  # torch >= 1.13: default_collate dispatches on the element's type through this table
-    from torch.utils.data._utils.collate import default_collate_fn_map
-
-    default_collate_fn_map[GatheredRecord] = _default_collate
-except ImportError:  # pragma: no cover - older torch: its own stacking error
-    pass
+# default_collate dispatches on the element's type through this table (torch >= 1.13; seqstore needs 2.1)
+default_collate_fn_map[GatheredRecord] = _default_collate
 
 
 def lengths_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:
