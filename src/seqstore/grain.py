@@ -146,8 +146,7 @@ class DataSource:
     Memory O(1) plus the record being read.
     """
 
-    def __init__(self, dataset_or_store: Any, fields: Sequence[str] | None = None, *,
-                 with_index: bool = False) -> None:
+    def __init__(self, dataset_or_store: Any, fields: Sequence[str] | None = None, *, with_index: bool = False) -> None:
         ds = as_dataset(dataset_or_store)
         if fields is not None:
             if isinstance(fields, str):
@@ -351,10 +350,7 @@ class EpochSampler:
         self._metadata: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for k in ("_lock", "_orders", "_chunk", "_metadata"):
-            del state[k]
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_orders", "_chunk", "_metadata")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
