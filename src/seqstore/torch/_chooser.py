@@ -26,8 +26,7 @@ class Chooser:
     can hide), or where the loop's own gathers spend more than a fifth of their time waiting (on the
     disk: the workers' reads would overlap). Otherwise the workers only add a hand-over to the same CPU."""
 
-    def __init__(self, window: int = 32, stay: int = 8, longest: int = 256, first: int = 1,
-                 spare: bool = True) -> None:
+    def __init__(self, window: int = 32, stay: int = 8, longest: int = 256, first: int = 1, spare: bool = True) -> None:
         self.window, self.stay, self.longest, self.spare = window, stay, longest, spare
         self.here = True  # whether the loop's process gathers the batches
         self.trial = False  # whether the current window tries ``here`` against the other side

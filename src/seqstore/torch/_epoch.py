@@ -67,10 +67,7 @@ class EpochCursor:
         self._len_cache: tuple[tuple[int, int, int], int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_cursor"] = None  # a generator; rebuilt on demand
-        state["_order"] = None
-        return state
+        return {**self.__dict__, "_cursor": None, "_order": None}  # (the cursor holds a generator; rebuilt on demand)
 
     # ------------------------------------------------------------------------------------ epochs
 
