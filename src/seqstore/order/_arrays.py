@@ -58,8 +58,7 @@ class ArrayRef:
             if array.dtype.kind not in "iuf":
                 raise ValueError(f"{what} must have an integer or float dtype, got {array.dtype}")
             self._lazy = array
-            self._array = None
-            self._file = None
+            self._array = self._file = None
             return
         if isinstance(array, (str, os.PathLike)):
             try:

@@ -58,8 +58,6 @@ def place_digits(
         cursor[d] += 1
 
 
-
-
 def sort_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
     """Stably sort each consecutive segment of ``flat`` (sizes ``sizes``) by ``vals`` (int64 or float64,
     aligned with ``flat``), ascending or, where ``descending[k]``, descending (stable sort of ``-vals``,

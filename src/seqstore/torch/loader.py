@@ -43,10 +43,8 @@ from .sampler import EpochBatchSampler, EpochSampler
 
 __all__ = ["SeqDataLoader"]
 
-
 #: batches whose index arrays ``procs=`` workers get early from a remote store, to start their reads
 _AHEAD = 16
-
 
 #: run buffers a ``procs=`` loop on a read-once store keeps for reuse (each new one costs the workers a
 #: mapping and its page faults)

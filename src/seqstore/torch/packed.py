@@ -36,7 +36,6 @@ from ._state import StateError
 
 __all__ = ["PackedIterableDataset"]
 
-
 #: batches whose documents are asked for together on object storage without helpers (a run, as in iter_batches)
 _RUN = 16
 
