@@ -32,7 +32,7 @@ from .kinds import (
     RangeOrder,
     SampleOrder,
     SortedOrder,
-    check_num_seqs,
+    check_count,
 )
 from .random_block import RandomBlockOrder
 
@@ -251,7 +251,7 @@ def seq_order(num_seqs: int, ordering: str | PathLike | Any, *, epoch: int, seed
     ValueError naming the problem for unknown orderings, malformed arguments, missing or mis-sized
     lengths, ``epoch < 1``, ``partition_epoch < 1``, ``num_shards < 1`` or ``shard_index`` out of range.
     """
-    n = check_num_seqs(num_seqs)
+    n = check_count(num_seqs, "num_seqs")
     epoch = _check_int(epoch, "epoch", 1)
     partition_epoch = _check_int(partition_epoch, "partition_epoch", 1)
     num_shards = _check_int(num_shards, "num_shards", 1)

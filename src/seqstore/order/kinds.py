@@ -21,7 +21,7 @@ from .base import IntArray, Order
 from .sort_index import lengths_kind, sort_index
 
 __all__ = ["RangeOrder", "EveryNOrder", "PermutationOrder", "SampleOrder", "ExplicitOrder", "SortedOrder",
-           "MAX_NUM_SEQS", "CountedOrder", "check_count", "check_key", "check_num_seqs"]
+           "MAX_NUM_SEQS", "CountedOrder", "check_count", "check_key"]
 
 MAX_NUM_SEQS = (1 << 63) - 1
 """Largest supported number of sequences (values and positions are int64)."""
@@ -35,11 +35,6 @@ def check_count(value: Any, what: str, low: int = 0) -> int:
     if not low <= v <= MAX_NUM_SEQS:
         raise ValueError(f"{what} must be in [{low}, 2**63 - 1], got {v}")
     return v
-
-
-def check_num_seqs(num_seqs: int) -> int:
-    """``num_seqs`` as an int in ``[0, 2**63 - 1]`` (TypeError / ValueError otherwise)."""
-    return check_count(num_seqs, "num_seqs")
 
 
 def check_key(key: int) -> int:
@@ -56,7 +51,7 @@ class CountedOrder(Order):
     __slots__ = ("_n",)
 
     def __init__(self, num_seqs: int) -> None:
-        self._n = check_num_seqs(num_seqs)
+        self._n = check_count(num_seqs, "num_seqs")
 
     @property
     def num_seqs(self) -> int:
