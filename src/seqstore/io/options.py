@@ -114,15 +114,9 @@ class StoreOptions:
             return storage_options.replace(**given) if given else storage_options
         opts = dict(storage_options or {})
         check_options(url, opts)  # a seqstore error naming the option, not int()'s ValueError
-        mine: dict[str, Any] = {}
-        for key in SEQSTORE_OPTIONS:
-            if key in opts:
-                value = opts.pop(key)
-                if key in _FLAGS:
-                    mine[key] = option_flag(value)
-                else:
-                    kind = _RANGES[key][0]
-                    mine[key] = kind(value.strip() if isinstance(value, str) else value)
+        mine: dict[str, Any] = {key: opts.pop(key) for key in SEQSTORE_OPTIONS if key in opts}
+        for key, v in mine.items():
+            mine[key] = option_flag(v) if key in _FLAGS else _RANGES[key][0](v.strip() if isinstance(v, str) else v)
         return cls(backend=opts, **mine).replace(**given)
 
     def __repr__(self) -> str:  # never a credential: values whose key looks secret are shown as ***
