@@ -61,8 +61,6 @@ def map_npy(
                               "(vm.max_map_count) or no address space left; open the store with a smaller "
                               "max_mapped_shards") from exc
             raise CorruptionError(f"{path}: cannot map ({exc})") from exc
-        except ValueError as exc:
-            raise CorruptionError(f"{path}: cannot map ({exc})") from exc
 
     return npy_array(path, size, read_header(path), dtype, shape, mapped)
 
