@@ -78,16 +78,11 @@ class Part:
         if self.exported is None:
             base = address(self.buffer) if len(self.buffer) else 0
             url = self.fetcher.client.url
-            objects: list[tuple[str, str]] = []
-            ids, s, e, at = [], [], [], []
-            for k, (region, rs, re_, rat) in enumerate(self.fetcher.split(self.seg_s, self.seg_e, self.seg_at - base)):
-                objects.append((url, region.key))
-                ids.append(np.full(len(rs), k, np.int64))
-                s.append(rs)
-                e.append(re_)
-                at.append(rat)
+            split = self.fetcher.split(self.seg_s, self.seg_e, self.seg_at - base)  # (region, starts, ends, at)
+            ids = [np.full(len(p[1]), k, np.int64) for k, p in enumerate(split)]
+            cols = (ids, *([p[j] for p in split] for j in (1, 2, 3)))
             z = np.zeros(0, np.int64)
-            self.exported = (objects, *(np.concatenate(x) if x else z for x in (ids, s, e, at)))
+            self.exported = ([(url, p[0].key) for p in split], *(np.concatenate(x) if x else z for x in cols))
         return self.exported  # type: ignore[no-any-return]
 
 
@@ -135,10 +130,7 @@ def fetch_into(fetcher: Fetcher, starts: Any, ends: Any, alloc: Callable[[int], 
             dests[i][:] = data
 
         futures.append(client.submit([r for r, _ in fallback], on_each, with_meta=False))
-    s_all, e_all, at_all = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (seg_s, seg_e, seg_at))
-    o = np.argsort(s_all, kind="stable")
-    limit = max(600.0, client.patience())
-    return Part(fetcher, s_all[o], e_all[o], at_all[o], buffer, futures, limit)
+    return Part(fetcher, *segment_table(seg_s, seg_e, seg_at), buffer, futures, max(600.0, client.patience()))
 
 
 def segments(fetcher: Fetcher, parts: list[Any]) -> tuple[Any, Any, Any]:
