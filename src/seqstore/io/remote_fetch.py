@@ -16,13 +16,13 @@ client -> answers written into the cache. Nothing here calls back into the store
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures
 import contextlib
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,18 +48,16 @@ _DIRECT_MOST = 64 << 20
 _DIRECT_LEAST = 32
 
 
+@dataclass(slots=True, eq=False)
 class Ticket:
     """Requests started by :meth:`Fetcher.fetch`: :meth:`wait` returns when their bytes are in (or raises
     the request's error). No wait is unbounded: every request has a timeout and a bounded number of
     retries, and a wait gives up (``RemoteError``) after ``limit`` seconds, longer than all of them."""
 
-    __slots__ = ("futures", "limit", "claimed", "url")
-
-    def __init__(self, futures: list[Any], limit: float = 600.0, claimed: bool = False, url: str = "") -> None:
-        self.futures = futures
-        self.limit = limit
-        self.claimed = claimed  # some of the bytes are another process's to fetch (a ClaimWait among futures)
-        self.url = url  # the store's, for the error
+    futures: list[Any]
+    limit: float = 600.0
+    claimed: bool = False  # some of the bytes are another process's to fetch (a ClaimWait among futures)
+    url: str = ""  # the store's, for the error
 
     def wait(self) -> None:
         deadline = time.monotonic() + self.limit
@@ -73,13 +71,15 @@ class Ticket:
                 ) from None
 
 
+@dataclass(slots=True, eq=False)
 class Region:
     """A mapped remote file: its address range, cache entry, object key and ETag."""
 
-    __slots__ = ("base", "end", "obj", "key", "etag")
-
-    def __init__(self, base: int, end: int, obj: CachedObject, key: str, etag: str) -> None:
-        self.base, self.end, self.obj, self.key, self.etag = base, end, obj, key, etag
+    base: int
+    end: int
+    obj: CachedObject
+    key: str
+    etag: str
 
 
 class DirectWaves:
@@ -164,8 +164,7 @@ class Fetcher:
         self.on_changed: Callable[[list[str]], None] | None = None
         self.pending = 0  # data requests submitted and not yet answered (an estimate: read without a lock)
         self._lock = threading.Lock()
-        self._bases: list[int] = []  # sorted
-        self._regions: dict[int, Region] = {}
+        self._regions: dict[int, Region] = {}  # by base address
         self._index: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[Region]] | None = None
 
     # ------------------------------------------------------------------------------- mappings
@@ -173,7 +172,6 @@ class Fetcher:
     def add(self, region: Region, owner: Any) -> None:
         """Know a new mapping; it is forgotten when ``owner`` (the mapping's base object) is collected."""
         with self._lock:
-            bisect.insort(self._bases, region.base)
             self._regions[region.base] = region
             self._index = None
         weakref.finalize(owner, _forget, weakref.ref(self), region.base).atexit = False
@@ -181,21 +179,20 @@ class Fetcher:
     def forget(self, base: int) -> None:
         with self._lock:
             if self._regions.pop(base, None) is not None:
-                i = bisect.bisect_left(self._bases, base)
-                if i < len(self._bases) and self._bases[i] == base:
-                    del self._bases[i]
                 self._index = None
 
     def regions(self) -> list[Region]:
-        """The files mapped now: arrays of their start and end addresses, and the regions (by start)."""
+        """The files mapped now, by start address."""
         return list(self._table()[2])
 
     def _table(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[Region]]:
+        """Arrays of the mapped files' start and end addresses, and their regions (by start)."""
         with self._lock:
             if self._index is None:
-                regions = [self._regions[b] for b in self._bases]
+                bases = sorted(self._regions)
+                regions = [self._regions[b] for b in bases]
                 ends = np.asarray([r.end for r in regions], dtype=np.int64)
-                self._index = (np.asarray(self._bases, dtype=np.int64), ends, regions)
+                self._index = (np.asarray(bases, dtype=np.int64), ends, regions)
             return self._index
 
     def split(self, starts: Any, ends: Any, *more: Any) -> list[Any]:
@@ -419,9 +416,8 @@ class Fetcher:
 
 def _give_back(wave: Any, reqs: list[Request], fills: list[tuple[CachedObject, int]]) -> None:
     """After a wave: if it failed, the claims of its requests go back (others need not wait for them)."""
-    if wave.cancelled() or wave.exception() is None:
-        return
-    _release(reqs, fills)
+    if not wave.cancelled() and wave.exception() is not None:
+        _release(reqs, fills)
 
 
 def _release(reqs: list[Request], fills: list[tuple[CachedObject, int]]) -> None:
