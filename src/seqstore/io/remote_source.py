@@ -42,17 +42,16 @@ _TOGETHER = 16
 _FEW = 2
 
 
-def _always_cold(starts: Any, sample: int = 16) -> bool:
-    """Residency is not probed on a remote source: a fetch skips what the node cache holds by itself."""
-    return True
-
-
 class RemoteSource(ByteSource):
     """The store at ``url`` on object storage, opened with ``options``
     (:class:`~seqstore.io.options.StoreOptions`), read through the node cache."""
 
     is_remote = True
-    any_cold = staticmethod(_always_cold)
+
+    @staticmethod
+    def any_cold(starts: Any, sample: int = 16) -> bool:
+        """Residency is not probed on a remote source: a fetch skips what the node cache holds by itself."""
+        return True
 
     def __init__(self, url: str, options: StoreOptions) -> None:
         self.options = options
