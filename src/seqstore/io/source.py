@@ -111,8 +111,7 @@ class ByteSource(ABC):
         they lie apart from the rest (the few rows of the next window's blocks that a window's last batch
         takes): they are returned (``starts``, ``ends``), to be given again, first, with the next union."""
         self.request(starts, ends, most=most)
-        empty = np.zeros(0, np.int64)
-        return empty, empty
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
 
     @abstractmethod
     def request_span(self, start: int, stop: int, *, most: int) -> None:
