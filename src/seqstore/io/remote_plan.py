@@ -110,8 +110,7 @@ def missing_requests(
 
 
 def _requested(obj: CachedObject) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Starts and ends of ``obj``'s byte runs in flight (``obj.inflight``, sorted by start). Call with
-    ``obj.lock``."""
+    """Starts and ends of the byte runs in flight, ``obj.inflight`` (sorted by start). Call with ``obj.lock``."""
     sparse = obj.inflight
     fs = np.fromiter((t[0] for t in sparse), dtype=np.int64, count=len(sparse))
     fe = np.fromiter((t[1] for t in sparse), dtype=np.int64, count=len(sparse))
