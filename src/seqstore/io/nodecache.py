@@ -141,6 +141,7 @@ class NodeCache:
     def __init__(self, root: str | os.PathLike[str] | None = None, budget: int | str | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
         self.budget = _budget(budget)
+        self._pid = os.getpid()  # (NodeCache.get makes a forked child its own)
         try:
             (self.root / "objects").mkdir(parents=True, exist_ok=True)
             (self.root / "stores").mkdir(exist_ok=True)
@@ -162,12 +163,8 @@ class NodeCache:
         with cls._open_lock:
             got = cls._open.get(key)
             if got is None or got._pid != os.getpid() or not (got.root / "objects").is_dir():
-                got = cls(path, b)
-                got._pid = os.getpid()
-                cls._open[key] = got
+                got = cls._open[key] = cls(path, b)
         return got
-
-    _pid = -1
 
     # ------------------------------------------------------------------------------- accounting
 
@@ -343,8 +340,7 @@ class NodeCache:
             got = self._objects.get(name)
             if got is not None and got.alive():
                 return got
-            got = CachedObject(self, name, url, size)
-            self._objects[name] = got
+            got = self._objects[name] = CachedObject(self, name, url, size)
             return got
 
 
@@ -557,8 +553,7 @@ class CachedObject:
         first = -(-start // PAGE)
         end = start + n
         last = end // PAGE if end < self.size else self.pages
-        if last > first:
-            self.bits[first:last] = 1
+        self.bits[first:last] = 1  # (nothing where last <= first: no whole page)
         self.touch()
 
     def present(self, start: int, end: int) -> bool:
