@@ -329,10 +329,6 @@ class RemoteRoot:
         obj = self.cache.object(url, meta.etag, size)
         head_len = min(size, _HEAD)
 
-        def fetch_head() -> None:  # (over the node's copy, for every process on the node)
-            got = self._get_ranges([(key, 0, head_len, meta.etag or None)])
-            obj.fill(0, got[0][0])
-
         def checked() -> np.ndarray[Any, Any]:
             header = parse_header(os.pread(obj.fd, head_len, 0), url)
             if header.data_offset > head_len:  # a header longer than a page
@@ -346,13 +342,11 @@ class RemoteRoot:
             self.fetcher.add(Region(base, base + size, obj, key, meta.etag), raw.base if raw.base is not None else raw)
             return raw
 
-        if not obj.present(0, head_len):
-            fetch_head()
-            return checked()
-        try:
-            return checked()
-        except CorruptionError:  # the header as the node cache holds it: maybe only that copy is damaged
-            fetch_head()
+        if obj.present(0, head_len):
+            with contextlib.suppress(CorruptionError):  # maybe only the node cache's copy is damaged: fetched anew
+                return checked()
+        got = self._get_ranges([(key, 0, head_len, meta.etag or None)])
+        obj.fill(0, got[0][0])  # (over the node's copy, for every process on the node)
         return checked()
 
     def fetch_descriptors(self, names: Sequence[str], crcs: Sequence[int] | None = None) -> None:
