@@ -6,6 +6,7 @@ into a run of the next level (``_index/``)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -66,6 +67,21 @@ def hold_owner_lock(directory: Path) -> int:
     fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
+
+
+def held_new_dir(make: Callable[[], Path]) -> tuple[Path, int]:
+    """A new directory ``make()`` holding an flock on its ``owner.lock`` (returned with it); made anew where
+    another process's clean-up removed it before the flock."""
+    while True:
+        path = make()
+        try:
+            fd = hold_owner_lock(path)
+        except FileNotFoundError:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path / OWNER).st_ino == os.fstat(fd).st_ino:
+                return path, fd
+        os.close(fd)
 
 
 def remove_if_dead(path: Path, *, warn: bool = False, missing_is_dead: bool = True) -> bool:

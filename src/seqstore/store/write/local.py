@@ -38,6 +38,7 @@ from ...schema import Schema
 from .disk import (
     INDEX_DIR,
     append_row,
+    held_new_dir,
     hold_owner_lock,
     maybe_merge_index,
     named_full_disk,
@@ -187,46 +188,44 @@ class LocalTarget(CommitTarget):
 
     def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
         root = self.root
-        if shard is None:
-            with store_lock(root):
-                recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
-                manifest = Manifest.load(root)
-                self._check_schema(manifest)
-                add_stats(manifest.stats, stats)
-                manifest.generation += 1
-                try:
-                    manifest.save(root)
-                except Exception as exc:
-                    if _saved(root, manifest.generation):
-                        raise
-                    raise NotCommitted(exc) from exc  # (a full disk) the deltas stay the writer's
-            return ""
-        pending = shard.info
         with store_lock(root):
-            recover_batch_commit(root)
+            recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
             manifest = Manifest.load(root)
             self._check_schema(manifest)
-            if manifest.num_shards and manifest.has_ids != pending.has_ids:
-                raise IdsMismatch(manifest.has_ids)
-            number = next_shard_number(manifest)
-            name = shard_dir_name(number)
-            target = root / name
-            if target.exists():  # renamed by a writer that died before saving the manifest
-                shutil.rmtree(target)
-            os.rename(shard.path, target)
             generation = manifest.generation + 1  # the one _record saves
+            number, name = -1, ""
+            if shard is not None:
+                if manifest.num_shards and manifest.has_ids != shard.info.has_ids:
+                    raise IdsMismatch(manifest.has_ids)
+                number = next_shard_number(manifest)
+                name = shard_dir_name(number)
+                if (root / name).exists():  # renamed by a writer that died before saving the manifest
+                    shutil.rmtree(root / name)
+                os.rename(shard.path, root / name)
             try:
                 return self._record(manifest, shard, number, name, stats)
             except Exception as exc:
                 if _saved(root, generation):
                     raise  # committed: the manifest lists the shard
                 # nothing committed (a full disk at the table's row or the manifest): the shard goes back to
-                # the workspace and the writer keeps it for its next commit
-                os.rename(target, shard.path)
+                # the workspace and the writer keeps it (and the stats deltas) for its next commit
+                if shard is not None:
+                    os.rename(root / name, shard.path)
                 raise NotCommitted(exc) from exc
 
-    def _record(self, manifest: Manifest, shard: Finished, number: int, name: str, stats: Mapping[str, float]) -> str:
-        """Record the shard renamed into the store as ``name`` and save the manifest (under the lock)."""
+    def _record(self, manifest: Manifest, shard: Finished | None, number: int, name: str,
+                stats: Mapping[str, float]) -> str:
+        """Record the shard renamed into the store as ``name`` (if any) and the stats deltas, and save the
+        manifest (under the lock)."""
+        superseded = [] if shard is None else self._add_shard(manifest, shard, number, name)
+        manifest.generation += 1
+        add_stats(manifest.stats, stats)
+        manifest.save(self.root)
+        unlink_superseded(self.root, superseded)
+        return name
+
+    def _add_shard(self, manifest: Manifest, shard: Finished, number: int, name: str) -> list[Path]:
+        """List the shard in ``manifest`` and merge id-index runs when due; the run files a merge replaced."""
         root, pending = self.root, shard.info
         fsync_dir(root)
         if manifest.table is not None:
@@ -251,21 +250,12 @@ class LocalTarget(CommitTarget):
             def locate(k: int) -> tuple[str, int]:
                 return shards[k].name, int(starts[k])
 
-        manifest.generation += 1
-        add_stats(manifest.stats, stats)
-        superseded = maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
-        manifest.save(root)
-        unlink_superseded(root, superseded)
-        return name
+        return maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
 
     def _check_schema(self, manifest: Manifest) -> None:
         if manifest.schema != self._schema:  # an overwrite (commit_parts) installed another since
             raise SchemaError(f"{self.root}: the store's schema is now {manifest.schema!r}, this writer's "
                               f"{self._schema!r}; nothing was committed")
-
-    def close_writer(self, start: Start) -> None:
-        shutil.rmtree(start.workspace, ignore_errors=True)
-        os.close(start.owner_fd)
 
     # ---------------------------------------------------------------------------------- the parts
 
@@ -438,20 +428,10 @@ def remove_dead_deletions(root: Path) -> None:
             remove_if_dead(new, missing_is_dead=False)
 
 
-def _held_sibling(root: Path) -> tuple[Path, int]:
-    """A new hidden sibling directory of ``root`` and the descriptor of its ``owner.lock``, held so that no
-    create of the path deletes it (:func:`remove_dead_deletions`; made anew where one did before the flock)."""
-    while True:
-        tmp = root.parent / f".{root.name}.{NEW}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
-            fd = hold_owner_lock(tmp)
-        except FileNotFoundError:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(tmp / OWNER).st_ino == os.fstat(fd).st_ino:
-                return tmp, fd
-        os.close(fd)
+def _new_sibling(root: Path) -> Path:
+    tmp = root.parent / f".{root.name}.{NEW}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
 
 
 def install_new_store(root: Path, manifest: Manifest) -> bool:
@@ -469,7 +449,7 @@ def _install(root: Path, manifest: Manifest) -> bool:
     created = False
     if not (root / MANIFEST).exists():
         root.parent.mkdir(parents=True, exist_ok=True)
-        tmp, held = _held_sibling(root)
+        tmp, held = held_new_dir(lambda: _new_sibling(root))  # held: no create of the path deletes it
         try:
             manifest.save(tmp)
             (tmp / OWNER).unlink()  # (not into the store; held, unlinked, until the store is in place)

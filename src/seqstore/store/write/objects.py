@@ -46,7 +46,7 @@ from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
 from ...format.shard_table import shard_dir_name
 from ...io.objects import ObjectClient
 from ...schema import Schema
-from .disk import hold_owner_lock, remove_if_dead
+from .disk import held_new_dir, remove_if_dead
 from .remote import (
     COMMITTING_FILE,
     COPY_LIMIT,
@@ -71,7 +71,6 @@ from .remote import (
 from .state import StoreState, read_state
 from .target import (
     COMMITTED_FILE,
-    OWNER,
     PART_FILE,
     CommitTarget,
     Finished,
@@ -153,13 +152,8 @@ class ObjectTarget(CommitTarget):
         for old in base.glob(f"seqstore-{what}-*"):
             with contextlib.suppress(OSError):  # (another user's)
                 remove_if_dead(old, missing_is_dead=False)  # (no lock yet: one being made)
-        while True:
-            stage = Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=base))
-            fd = hold_owner_lock(stage)
-            with contextlib.suppress(FileNotFoundError):  # else removed before it was locked: anew
-                if os.stat(stage / OWNER).st_ino == os.fstat(fd).st_ino:
-                    return Start(schema, id_lookup, records, has_ids, True, stage, stage, fd)
-            os.close(fd)
+        stage, fd = held_new_dir(lambda: Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=base)))
+        return Start(schema, id_lookup, records, has_ids, True, stage, stage, fd)
 
     # --------------------------------------------------------------------------------- one writer
 
@@ -175,10 +169,6 @@ class ObjectTarget(CommitTarget):
         self._state = state
         m = state.manifest
         return self._staging(m.schema, m.id_lookup, m.num_records, state.has_ids, "staging")
-
-    def close_writer(self, start: Start) -> None:
-        shutil.rmtree(start.workspace, ignore_errors=True)
-        os.close(start.owner_fd)
 
     def _refresh(self, known: StoreState) -> StoreState:
         """The store's state now (only new rows fetched); it must still be this store."""
@@ -319,8 +309,7 @@ class ObjectTarget(CommitTarget):
                                 f"attempt {self._task!r} finished; its part was removed")
 
     def close_part(self, start: Start, part: Part | None) -> None:
-        shutil.rmtree(start.workspace, ignore_errors=True)
-        os.close(start.owner_fd)
+        self.close_writer(start)
         if part is None:
             self._delete_part()
 

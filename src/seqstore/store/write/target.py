@@ -13,7 +13,9 @@ import dataclasses
 import json
 import math
 import numbers
+import os
 import re
+import shutil
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -131,9 +133,10 @@ class CommitTarget(ABC):
         return its directory name. Raises :class:`IdsMismatch` when the store's shards are of the other
         kind (``shard`` is left where it is)."""
 
-    @abstractmethod
     def close_writer(self, start: Start) -> None:
         """Remove the writer's workspace (and staging directory) and release its lock."""
+        shutil.rmtree(start.workspace, ignore_errors=True)
+        os.close(start.owner_fd)
 
     # ------------------------------------------------------------------------------- the parts
 
