@@ -46,7 +46,6 @@ from ...schema import Schema, schema_difference
 from .api import open_target
 from .target import (
     MODES,
-    Finished,
     Part,
     PartShard,
     Start,
@@ -186,11 +185,7 @@ class PartWriter(Writer):
         self._stage_ready()
         if not self._shard_open:
             return
-        pending = self._finish_shard_files()
-        ready = self._workspace / "ready"
-        os.rename(self._workspace / "current", ready)
-        self._ready = Finished(ready, pending, self._desc_crc)
-        self._shard_open = False
+        self._finish_ready()
         self._stage_ready()
 
     def _stage_ready(self) -> None:

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import SchemaError, SeqstoreError
-from ...format.manifest import ShardInfo
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
 from . import at_exit, disk
@@ -81,14 +80,13 @@ class Writer:
         self._has_ids: bool | None = start.has_ids
         # a store keeps its format version: version 3 shards get a descriptor, 1/2 are listed in the manifest
         self._descriptors = start.descriptors
-        self._desc_crc = 0
         self._records_before = start.records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
         # direct writes of copied runs (ragged values), behind the caller's next appends
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-write") if self.direct_io else None
         self._closed = self._target_closed = False
         self._reset_buffer()
-        self._shard_open = False
+        self._shard_open, self._shard_records, self._shard_bytes = False, 0, 0  # (both 0 while no shard is open)
         self._ready: Finished | None = None  # a finished shard whose commit failed: committed first next time
         self._committed_records = 0
         self._exit_unsafe = False  # an interrupt stopped an append part way (at_exit.guarded)
@@ -123,7 +121,6 @@ class Writer:
     def _open_shard(self) -> None:
         self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._has_ids), self._descriptors,
                                  self._pool, self._io, self.direct_io)
-        self._shard_records = self._shard_bytes = 0
         self._shard_open = True
 
     # ------------------------------------------------------------------------------------ validation
@@ -345,17 +342,11 @@ class Writer:
 
     def _buf_full(self) -> bool:
         """Flush when the buffer is full or the shard it goes into would be."""
-        if self._buf_bytes >= self.buffer_bytes:
-            return True
-        done_bytes = self._shard_bytes if self._shard_open else 0
-        done_records = self._shard_records if self._shard_open else 0
-        return (
-            done_bytes + self._buf_bytes >= self.shard_bytes
-            or done_records + self._buf_records >= self.max_shard_records
-        )
+        return (self._buf_bytes >= self.buffer_bytes or self._shard_bytes + self._buf_bytes >= self.shard_bytes
+                or self._shard_records + self._buf_records >= self.max_shard_records)
 
     def _pending_records(self) -> int:  # the buffer's records and the open shard's
-        return self._buf_records + (self._shard_records if self._shard_open else 0)
+        return self._buf_records + self._shard_records
 
     def _uncommitted_records(self) -> int:
         """Every record appended and not committed: also a finished shard whose commit failed."""
@@ -418,10 +409,13 @@ class Writer:
         for k, v in {k: stats_number(k, v) for k, v in delta.items()}.items():  # all checked first
             self._stats_delta[k] = self._stats_delta.get(k, 0) + v
 
-    def _finish_shard_files(self) -> ShardInfo:
+    def _finish_ready(self) -> None:
+        """Finish the current shard and move it to the workspace's ``ready/`` (``self._ready``)."""
         info, crc = self._shard.finish(self._shard_records)
-        self._desc_crc = self._desc_crc if crc is None else crc
-        return info
+        ready = self._workspace / "ready"
+        os.rename(self._workspace / "current", ready)
+        self._ready = Finished(ready, info, 0 if crc is None else crc)
+        self._shard_open, self._shard_records, self._shard_bytes = False, 0, 0
 
     def _commit_shard(self) -> None:
         with self._failing():
@@ -430,11 +424,7 @@ class Writer:
     def _commit_shard_files(self) -> None:
         if self._ready is not None:  # a shard finished earlier whose commit failed: first
             self._publish()
-        pending = self._finish_shard_files()
-        ready = self._workspace / "ready"
-        os.rename(self._workspace / "current", ready)
-        self._ready = Finished(ready, pending, self._desc_crc)
-        self._shard_open = False
+        self._finish_ready()
         self._publish()
 
     def _publish(self) -> None:
@@ -491,7 +481,8 @@ class Writer:
                 self._shard.abort()
         finally:
             self._reset_buffer()
-            self._shard_open, self._ready = False, None  # (a ready shard's directory is in the workspace)
+            self._shard_open, self._shard_records, self._shard_bytes = False, 0, 0
+            self._ready = None  # (a ready shard's directory is in the workspace)
             self._release()
 
     @at_exit.guarded
