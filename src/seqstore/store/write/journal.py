@@ -40,7 +40,7 @@ from .target import COMMITTED_FILE, OWNER, PART_FILE, STAGED, Part, PartShard, c
 
 __all__ = [
     "JOURNAL", "OLD_TABLE", "check_local_parts", "commit_local_parts", "discard_job", "recover_batch_commit",
-    "recover_journal", "remove_dead_temporaries", "roll_forward", "unlink_superseded",
+    "remove_dead_temporaries", "roll_forward", "unlink_superseded",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,25 @@ OLD_TABLE = ".old.tbl"
 
 
 def recover_batch_commit(root: Path) -> bool:
-    """Finish or undo a multi-shard commit that died part way, as its journal says. Caller holds the
+    """Finish or undo a multi-shard commit that died part way, as its journal (``_parts/``) says: the
+    manifest's generation and table state say whether its commit point was reached. Caller holds the
     lock. O(1) when there is no journal (one ``stat``); returns whether there was one."""
     if not (root / PARTS_DIR / JOURNAL).exists():
         return False
-    recover_journal(root)
+    journal = json.loads((root / PARTS_DIR / JOURNAL).read_bytes())
+    obj = json.loads((root / MANIFEST).read_bytes())  # not Manifest.load: the table may be the new one
+    generation = obj.get("generation")
+    if generation == journal["generation"] and obj.get("shard_table") == journal["table"]:
+        log.warning("%s: finishing a commit of parts interrupted after its commit point", root)
+        roll_forward(root, journal)
+    elif generation == journal["base_generation"]:
+        log.warning("%s: undoing a commit of parts interrupted before its commit point", root)
+        _roll_back(root, journal)
+    else:
+        raise CorruptionError(
+            f"{root / PARTS_DIR / JOURNAL}: commit journal of generation {journal['generation']} (from "
+            f"{journal['base_generation']}) but manifest.json is at generation {generation}"
+        )
     return True
 
 
@@ -120,8 +134,7 @@ def commit_local_parts(
     base_rows = state.rows
     start = state.records
     rows = bytearray()
-    moves: list[tuple[str, str]] = []
-    names: list[str] = []
+    moves: list[tuple[str, str]] = []  # (part shard's directory, its name in the store)
     starts: list[int] = []
     for k, (src, sh) in enumerate(entries):
         number = first_number + k
@@ -129,7 +142,6 @@ def commit_local_parts(
         rows += row
         state = state.after(row, sh.records)
         moves.append((src.relative_to(root).as_posix(), shard_dir_name(number)))
-        names.append(shard_dir_name(number))
         starts.append(start)
         start += sh.records
     parts_dir = root / PARTS_DIR
@@ -176,7 +188,7 @@ def commit_local_parts(
 
         def locate(k: int) -> tuple[str, int]:
             if k >= base_rows:
-                return names[k - base_rows], starts[k - base_rows]
+                return moves[k - base_rows][1], starts[k - base_rows]
             return shard_dir_name(int(old_table.data["number"][k])), int(old_table.starts[k])
 
         for count in range(base_rows + 1, base_rows + len(entries) + 1):  # as one commit per shard would
@@ -238,25 +250,6 @@ def _roll_back(root: Path, journal: Mapping[str, Any]) -> None:
     fsync_dir(root)
     (parts_dir / JOURNAL).unlink(missing_ok=True)
     fsync_dir(parts_dir)
-
-
-def recover_journal(root: Path) -> None:
-    """Finish or undo the multi-shard commit whose journal is in ``_parts/`` (caller holds the lock): the
-    manifest's generation and table state say whether its commit point was reached."""
-    journal = json.loads((root / PARTS_DIR / JOURNAL).read_bytes())
-    obj = json.loads((root / MANIFEST).read_bytes())  # not Manifest.load: the table may be the new one
-    generation = obj.get("generation")
-    if generation == journal["generation"] and obj.get("shard_table") == journal["table"]:
-        log.warning("%s: finishing a commit of parts interrupted after its commit point", root)
-        roll_forward(root, journal)
-    elif generation == journal["base_generation"]:
-        log.warning("%s: undoing a commit of parts interrupted before its commit point", root)
-        _roll_back(root, journal)
-    else:
-        raise CorruptionError(
-            f"{root / PARTS_DIR / JOURNAL}: commit journal of generation {journal['generation']} (from "
-            f"{journal['base_generation']}) but manifest.json is at generation {generation}"
-        )
 
 
 def discard_job(job_dir: Path) -> bool:
