@@ -149,13 +149,8 @@ class Writer:
         if direct:  # a group given as one (B, width) matrix stands for its fields
             names = (names - {m for g in direct for m in self._groups[g].fields}) | direct
         if given != names:
-            unknown = sorted(given - names)
-            missing = sorted(names - given)
-            parts = []
-            if unknown:
-                parts.append(f"unknown field(s) {unknown}")
-            if missing:
-                parts.append(f"missing field(s) {missing}")
+            odd = (("unknown", given - names), ("missing", names - given))
+            parts = [f"{kind} field(s) {sorted(s)}" for kind, s in odd if s]
             groups = f" (or packed groups {sorted(self._groups)})" if self._groups else ""
             raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}{groups}")
 
