@@ -234,18 +234,12 @@ def maybe_merge_index(
     if count - covered >= MERGE_FANIN and not _merge(root, manifest, covered, count, locate, level=1, replaces=[],
                                                       tag=tag):
         return superseded
-    while True:
-        runs = manifest.index_runs
-        if len(runs) < MERGE_FANIN:
-            return superseded
-        tail = runs[-MERGE_FANIN:]
-        level = tail[0].level
-        if any(r.level != level for r in tail):
-            return superseded
-        if not _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=level + 1,
+    while len(tail := manifest.index_runs[-MERGE_FANIN:]) == MERGE_FANIN and len({r.level for r in tail}) == 1:
+        if not _merge(root, manifest, tail[0].first_shard, tail[-1].end_shard, locate, level=tail[0].level + 1,
                       replaces=tail, tag=tag):
-            return superseded
+            break
         superseded += [root / f"{r.name}{suffix}" for r in tail for suffix in (".hash.npy", ".rows.npy")]
+    return superseded
 
 
 def _merge(
