@@ -155,8 +155,7 @@ def read_v3(client: ObjectClient, known: StoreState | None = None) -> StoreState
     return state
 
 
-def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int,
-          lost: list[int] | None = None) -> list[int]:
+def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int, lost: list[int]) -> list[int]:
     """Claim increasing shard numbers from ``first`` on for the descriptors ``descs`` (in order):
     create-only writes of ``shard-<n>/_shard.json``, a wave at a time. Where a number is taken, the
     claims after it in the wave are given back and the rest tried above it. A number whose claim was
@@ -175,7 +174,7 @@ def claim(client: ObjectClient, first: int, descs: Sequence[bytes], workers: int
                 client.put(key, rest[i], mode="create")
                 return True
             except ConflictError as exc:
-                if lost is not None and exc.attempts > 1 and get_many(client, [key])[0] == rest[i]:
+                if exc.attempts > 1 and get_many(client, [key])[0] == rest[i]:
                     lost.append(cand[i])
                 return False
 
