@@ -188,44 +188,46 @@ class LocalTarget(CommitTarget):
 
     def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
         root = self.root
+        if shard is None:
+            with store_lock(root):
+                recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
+                manifest = Manifest.load(root)
+                self._check_schema(manifest)
+                add_stats(manifest.stats, stats)
+                manifest.generation += 1
+                try:
+                    manifest.save(root)
+                except Exception as exc:
+                    if _saved(root, manifest.generation):
+                        raise
+                    raise NotCommitted(exc) from exc  # (a full disk) the deltas stay the writer's
+            return ""
+        pending = shard.info
         with store_lock(root):
-            recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
+            recover_batch_commit(root)
             manifest = Manifest.load(root)
             self._check_schema(manifest)
+            if manifest.num_shards and manifest.has_ids != pending.has_ids:
+                raise IdsMismatch(manifest.has_ids)
+            number = next_shard_number(manifest)
+            name = shard_dir_name(number)
+            target = root / name
+            if target.exists():  # renamed by a writer that died before saving the manifest
+                shutil.rmtree(target)
+            os.rename(shard.path, target)
             generation = manifest.generation + 1  # the one _record saves
-            number, name = -1, ""
-            if shard is not None:
-                if manifest.num_shards and manifest.has_ids != shard.info.has_ids:
-                    raise IdsMismatch(manifest.has_ids)
-                number = next_shard_number(manifest)
-                name = shard_dir_name(number)
-                if (root / name).exists():  # renamed by a writer that died before saving the manifest
-                    shutil.rmtree(root / name)
-                os.rename(shard.path, root / name)
             try:
                 return self._record(manifest, shard, number, name, stats)
             except Exception as exc:
                 if _saved(root, generation):
                     raise  # committed: the manifest lists the shard
                 # nothing committed (a full disk at the table's row or the manifest): the shard goes back to
-                # the workspace and the writer keeps it (and the stats deltas) for its next commit
-                if shard is not None:
-                    os.rename(root / name, shard.path)
+                # the workspace and the writer keeps it for its next commit
+                os.rename(target, shard.path)
                 raise NotCommitted(exc) from exc
 
-    def _record(self, manifest: Manifest, shard: Finished | None, number: int, name: str,
-                stats: Mapping[str, float]) -> str:
-        """Record the shard renamed into the store as ``name`` (if any) and the stats deltas, and save the
-        manifest (under the lock)."""
-        superseded = [] if shard is None else self._add_shard(manifest, shard, number, name)
-        manifest.generation += 1
-        add_stats(manifest.stats, stats)
-        manifest.save(self.root)
-        unlink_superseded(self.root, superseded)
-        return name
-
-    def _add_shard(self, manifest: Manifest, shard: Finished, number: int, name: str) -> list[Path]:
-        """List the shard in ``manifest`` and merge id-index runs when due; the run files a merge replaced."""
+    def _record(self, manifest: Manifest, shard: Finished, number: int, name: str, stats: Mapping[str, float]) -> str:
+        """Record the shard renamed into the store as ``name`` and save the manifest (under the lock)."""
         root, pending = self.root, shard.info
         fsync_dir(root)
         if manifest.table is not None:
@@ -250,7 +252,12 @@ class LocalTarget(CommitTarget):
             def locate(k: int) -> tuple[str, int]:
                 return shards[k].name, int(starts[k])
 
-        return maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
+        manifest.generation += 1
+        add_stats(manifest.stats, stats)
+        superseded = maybe_merge_index(root, manifest, count, locate) if pending.has_ids else []
+        manifest.save(root)
+        unlink_superseded(root, superseded)
+        return name
 
     def _check_schema(self, manifest: Manifest) -> None:
         if manifest.schema != self._schema:  # an overwrite (commit_parts) installed another since
