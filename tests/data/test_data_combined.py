@@ -273,3 +273,14 @@ def test_pass_mode_keeps_a_bounded_number_of_child_orders() -> None:
     want = np.concatenate([small.epoch_order(int(g) // 3 + 1).to_numpy()[[int(g) % 3]] for g in w])
     assert sorted(got[sel].tolist()) == sorted(want.tolist())
     np.testing.assert_array_equal(windows.map(np.arange(600)), want)
+
+
+@pytest.mark.timeout(45)  # it took minutes: each pass touched scanned every position of the epoch
+def test_pass_mode_epoch_of_many_passes_maps_in_one_sort() -> None:
+    """An epoch that walks a child thousands of times maps each position to its pass's order (one sort
+    of the positions by pass, not one scan of them all per pass)."""
+    child = LengthsDataset(np.arange(1, 151), ordering="random", seed=5)
+    ds = CombinedDataset({"c": child}, sampling_sizes={"c": 3_000_000}, child_epoch="pass")
+    got = ds.windows(1).map(np.arange(3_000_000 - 1, -1, -1, dtype=np.int64))
+    for p in (0, 1, 9999, 19999):
+        np.testing.assert_array_equal(got[::-1][p * 150 : (p + 1) * 150], child.epoch_order(p + 1).to_numpy())

@@ -123,11 +123,15 @@ class EpochWindows:
         g = w + self.window_start(k)
         if self.child_epoch == "same":
             return self.child_order(k, self.full_epoch)._take(g % n)
-        passes = g // n
+        # positions grouped by pass (one sort): O(len) per pass touched would be quadratic in an epoch
+        # that walks many passes of a small child
+        by = np.argsort(g // n, kind="stable")
+        passes = g[by] // n
+        cuts = np.flatnonzero(passes[1:] != passes[:-1]) + 1
         local = np.empty(len(g), dtype=np.int64)
-        for p in np.unique(passes).tolist():
-            sel = passes == p
-            local[sel] = self.child_order(k, int(p) + 1)._take(g[sel] % n)
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(g)]):
+            sel = by[a:b]
+            local[sel] = self.child_order(k, int(passes[a]) + 1)._take(g[sel] % n)
         return local
 
     def map(self, u: IntArray) -> IntArray:
