@@ -12,7 +12,7 @@ import pytest
 
 import seqstore
 from seqstore import Field
-from seqstore.data import PackedDataset, StoreDataset
+from seqstore.data import LengthsDataset, PackedDataset, StoreDataset
 from seqstore.data._packplan import Planner, fresh_shares, resplit
 
 EOS = 1 << 30
@@ -495,7 +495,6 @@ def test_a_batch_of_a_source_without_the_token_field_names_it() -> None:
     """A source whose records do not hold the token field (a LengthsDataset: lengths only, which packing
     plans from) plans and skips, but its batch raised a bare KeyError 'tokens'; now a ValueError names
     the field, the source and the fields it has."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.array([5, 7, 3])), seq_len=4)
     stream = packed.open(packed.shares(None, 1)[0])
@@ -519,7 +518,6 @@ def test_a_damaged_share_state_is_refused_naming_what(damage: Any, what: str) ->
     """A state whose share entries are damaged (a key missing, a range of 2 numbers, a word for a number)
     failed later with a bare KeyError / TypeError / 'not enough values to unpack'; now ``shares`` (and so
     a loader's load_state_dict) refuses it with a ValueError naming the share and what is wrong."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.arange(1, 100)), seq_len=8, mode="best_fit", window=4)
     streams = [packed.open(st, s, 2) for s, st in enumerate(packed.shares(None, 2))]
@@ -535,7 +533,6 @@ def test_a_damaged_share_state_is_refused_naming_what(damage: Any, what: str) ->
 def test_a_share_outside_the_shares_is_refused_naming_it() -> None:
     """``iter_batches(share=3, num_shares=2)`` raised a bare IndexError ("list index out of range") and
     ``open`` a ValueError about a "block index"; both now name the share and the shares there are."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.full(100, 3)), seq_len=8)
     for share in (2, 3, -1):
@@ -552,7 +549,6 @@ def test_an_empty_dataset_fails_at_its_first_batch_naming_it(tmp_path: Path, mod
     """A PackedDataset over no documents builds (lengths-only planning uses need no document) but its first
     batch is a ValueError naming the dataset and saying it is empty, after one epoch order (it built 1000
     and spoke of shares)."""
-    from seqstore.data import LengthsDataset
 
     built = []
 
@@ -572,7 +568,6 @@ def test_an_empty_dataset_fails_at_its_first_batch_naming_it(tmp_path: Path, mod
 def test_skip_refuses_what_batch_refuses() -> None:
     """``PackedStream.skip`` took 2.5 as 2 and True as 1 sequences, ignored -1 and raised a bare TypeError on
     "3"; now each is a ValueError naming the argument (as ``batch`` / ``plan`` do) and the state is kept."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.full(100, 7)), tokens="data", seq_len=8)
     stream = packed.open(packed.shares(None, 1)[0])
@@ -588,7 +583,6 @@ def test_skip_refuses_what_batch_refuses() -> None:
 def test_pad_id_and_tokens_are_checked() -> None:
     """``pad_id`` went through ``int()``: 2.5 padded with 2, True with 1, "x" and None were bare errors; a
     ``tokens`` that is not a name was accepted. Now each is a ValueError naming the argument."""
-    from seqstore.data import LengthsDataset
 
     ds = LengthsDataset(np.full(10, 7))
     for bad in (2.5, True, "x", None):
@@ -602,7 +596,6 @@ def test_pad_id_and_tokens_are_checked() -> None:
 def test_fresh_state_checks_its_share_count() -> None:
     """``fresh_state(num_shares=0)`` (or -1) returned a state of no share that loading then called malformed,
     and 2.5 was a bare TypeError; now each is a ValueError naming num_shares."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.full(10, 7)), tokens="data", seq_len=4)
     for bad in (0, -1, 2.5, True):
@@ -615,7 +608,6 @@ def test_fresh_state_checks_its_share_count() -> None:
 def test_open_names_what_is_wrong_with_a_share_state() -> None:
     """``open`` of a whole packed state (not one share's), of None or of a share state with a short range
     raised a bare KeyError / TypeError / unpacking error; now a ValueError says what it expected."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.full(16, 30)), tokens="data", seq_len=8)
     with pytest.raises(ValueError, match=r"PackedDataset.open: .*one share's state.*a whole packed state"):
@@ -646,7 +638,6 @@ def test_an_order_given_with_a_dataset_source_is_refused_not_ignored(tmp_path: P
 def test_a_share_state_with_an_empty_range_packs_the_others(mode: str) -> None:
     """A share state may hold a range ``[epoch, a, a, offset]`` (``open`` accepts start == stop); its plan
     raised a bare IndexError. An empty range has no document: the plan goes on with the ranges after it."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.full(16, 30)), tokens="data", seq_len=8, mode=mode, window=4)
     stats = packed.fresh_state()["shares"][0]["stats"]
@@ -659,7 +650,6 @@ def test_a_share_range_past_its_epoch_is_refused_naming_it() -> None:
     """A (hand-made or damaged) share state whose range reaches past its epoch's documents was accepted,
     and the first plan failed with a bare IndexError from inside the order; ``shares`` and ``open`` now
     refuse it with a ValueError naming the share, the range and the epoch's size."""
-    from seqstore.data import LengthsDataset
 
     packed = PackedDataset(LengthsDataset(np.arange(1, 100)), seq_len=8)
     state = packed.fresh_state(num_shares=2)
@@ -670,3 +660,19 @@ def test_a_share_range_past_its_epoch_is_refused_naming_it() -> None:
         packed.shares(state, 2)
     with pytest.raises(ValueError, match=what):
         packed.open(state["shares"][1], 1, 2)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_sub_epochs_of_empty_documents_before_the_tokens_pack(mode: str) -> None:
+    """A length-sorted dataset cut into 20 sub-epochs whose first 18 hold only empty documents has tokens:
+    it packs (16 sub-epochs without a token were taken for a dataset with none). One with no token at all
+    still raises, after 16 full epochs."""
+    lens = np.array([0] * 90 + [50] * 10, dtype=np.int64)
+    packed = PackedDataset(LengthsDataset(lens, ordering="sorted", partition_epoch=20), seq_len=16, mode=mode)
+    stream = packed.open(packed.fresh_state()["shares"][0])
+    stream.skip(4)
+    stats = stream.state()["stats"]
+    assert stats["sequences"] == 4 and stats["tokens"] == (4 * 16 if mode == "concat" else 50)  # best_fit: padded
+    empty = PackedDataset(LengthsDataset(np.zeros(100, dtype=np.int64), partition_epoch=20), seq_len=16, mode=mode)
+    with pytest.raises(ValueError, match="share 0 of 1: no token in its documents of 320 epochs"):
+        empty.open(empty.fresh_state()["shares"][0]).skip(1)

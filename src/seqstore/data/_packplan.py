@@ -32,7 +32,8 @@ _PULL_MAX = 1 << 16
 _PULL_AHEAD = 1024
 #: documents read from the stream at a time (one ``docs`` call per this many documents, not per batch)
 _PULL_MIN = 2048
-#: a share whose blocks of this many epochs in a row hold no token has nothing to pack: an error
+#: a share whose blocks of this many cycles of epoch lengths (``epoch_period``) in a row hold no token has
+#: nothing to pack: an error (a cycle, not an epoch: a dataset's sub-epochs sorted by length may be empty)
 _DRY_EPOCHS = 16
 #: epochs in a row whose block for a share is empty before it is an error, for a stream that does not
 #: say after how many epochs its epoch lengths repeat (``epoch_period``)
@@ -235,6 +236,7 @@ class Planner:
         self._wall: tuple[int, int] | None = None  # (epoch, position) of a document not read ahead: it failed
         period = getattr(stream, "epoch_period", None)
         self._period = int(period()) if period is not None else _EMPTY_EPOCHS
+        self._dry_limit = _DRY_EPOCHS * (self._period if period is not None else 1)
         buffered = int(state.get("buffered", 0))
         if buffered:
             self._pull(buffered)
@@ -265,9 +267,10 @@ class Planner:
                     self.ranges.append([e, a, b, 0])
                     empty_epochs = 0
                     self._dry += 1
-                    if self._dry > _DRY_EPOCHS:  # empty documents (and no EOS) do not fill a sequence
+                    if self._dry > self._dry_limit:  # empty documents (and no EOS) do not fill a sequence
+                        d = self._dry_limit
                         raise ValueError(f"share {self.share} of {self.num_shares}: no token in its documents of "
-                                         f"{_DRY_EPOCHS} epochs in a row (epochs {e - _DRY_EPOCHS} to {e - 1}): "
+                                         f"{d} epochs in a row (epochs {e - d} to {e - 1}): "
                                          "packing needs documents with tokens (every document empty? then "
                                          "pass an eos token)")
                 else:
