@@ -439,3 +439,16 @@ def test_a_hand_made_schedule_state_with_impossible_positions_is_refused(segment
     state = [[g0, MixtureSchedule([(0, w)], NAMES).to_json(), base] for g0, w, base in segments]
     with pytest.raises(ValueError, match="MixtureStream: malformed schedule state: " + what):
         mix.load_state(state, 0)
+
+
+@pytest.mark.timeout(45)  # it took minutes: each epoch of a source scanned every sample of the call
+def test_a_small_source_walked_thousands_of_epochs_in_one_call() -> None:
+    """Samples that walk a small source thousands of epochs in one ``docs_at`` map to each epoch's order
+    (the samples grouped by epoch with one sort, not scanned once per epoch)."""
+    small = LengthsDataset(np.arange(1, 151), ordering="random", seed=5)
+    stream = MixtureStream({"a": small, "b": LengthsDataset(np.array([4, 5]))}, {"a": 1.0})
+    ids, lens = stream.docs_at(np.arange(3_000_000 - 1, -1, -1, dtype=np.int64))
+    for p in (0, 1, 9999, 19999):
+        want = small.epoch_order(p + 1).to_numpy()
+        np.testing.assert_array_equal(ids[::-1][p * 150 : (p + 1) * 150], want)
+        np.testing.assert_array_equal(lens[::-1][p * 150 : (p + 1) * 150], want + 1)

@@ -20,7 +20,7 @@ union materialise its lengths (O(M), in memory: the union changes every epoch, n
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from functools import partial
 from typing import Any
@@ -33,7 +33,7 @@ from ._orders import dataset_order
 from .base import Dataset, check_order_params
 from .concat import ConcatLengths, Split, joint_bfloat16_fields
 
-__all__ = ["CombinedDataset", "CombinedOrder", "EpochWindows", "weighted_sizes"]
+__all__ = ["CombinedDataset", "CombinedOrder", "EpochWindows", "walk_passes", "weighted_sizes"]
 
 _CHILD_EPOCHS = ("same", "pass")
 #: child orders an EpochWindows keeps per child (bounded: a child walked pass after pass has one per pass)
@@ -65,6 +65,19 @@ def weighted_sizes(weights: Sequence[float], epoch_size: int) -> IntArray:
     for k in by_remainder[:left]:
         sizes[k] += 1
     return np.asarray(sizes, dtype=np.int64)
+
+
+def walk_passes(g: IntArray, n: int, order: Callable[[int], Order]) -> IntArray:
+    """Position ``g mod n`` of ``order(g // n + 1)`` for each ``g`` (a dataset of ``n`` sequences walked
+    pass after pass). The positions are grouped by pass with one sort and each pass's order is asked
+    once: a scan of every position per pass would be quadratic in a walk over many passes."""
+    by = np.argsort(g // n, kind="stable")
+    passes = g[by] // n
+    cuts = (np.flatnonzero(passes[1:] != passes[:-1]) + 1).tolist()
+    local = np.empty(len(g), dtype=np.int64)
+    for a, b in zip([0, *cuts], [*cuts, len(g)]):
+        local[by[a:b]] = order(int(passes[a]) + 1)._take(g[by[a:b]] % n)
+    return local
 
 
 class EpochWindows:
@@ -123,16 +136,7 @@ class EpochWindows:
         g = w + self.window_start(k)
         if self.child_epoch == "same":
             return self.child_order(k, self.full_epoch)._take(g % n)
-        # positions grouped by pass (one sort): O(len) per pass touched would be quadratic in an epoch
-        # that walks many passes of a small child
-        by = np.argsort(g // n, kind="stable")
-        passes = g[by] // n
-        cuts = np.flatnonzero(passes[1:] != passes[:-1]) + 1
-        local = np.empty(len(g), dtype=np.int64)
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(g)]):
-            sel = by[a:b]
-            local[sel] = self.child_order(k, int(passes[a]) + 1)._take(g[sel] % n)
-        return local
+        return walk_passes(g, n, partial(self.child_order, k))
 
     def map(self, u: IntArray) -> IntArray:
         """Combined index of each union position (int64 array in, int64 array out). Vectorised per child."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from ..order import Order
 from ._lengths import IntArray, check_int
 from .base import Dataset
-from .combined import CombinedDataset
+from .combined import CombinedDataset, walk_passes
 
 __all__ = ["MixtureSchedule", "MixtureStream"]
 
@@ -447,13 +448,7 @@ class MixtureStream:
         lens = np.empty(len(g), dtype=np.int64)
         for k in np.unique(src).tolist():
             sel = src == k
-            n = int(self.combined.num[k])
-            p = pos[sel]
-            local = np.empty(len(p), dtype=np.int64)
-            ep = p // n
-            for e in np.unique(ep).tolist():
-                s2 = ep == e
-                local[s2] = self._order(k, int(e) + 1).take(p[s2] % n)
+            local = walk_passes(pos[sel], int(self.combined.num[k]), partial(self._order, k))
             ids[sel] = local + self.combined.start_N[k]
             lens[sel] = self.combined.datasets[k].lengths().take(local)
         return ids, lens
