@@ -128,16 +128,19 @@ class DirectReader:
         with self._lock:
             if self._queue or self._later or self._active or self._parked:
                 return False
-            for conns in self._idle.values():
-                for c in conns:
-                    self._close(c, None)
-            self._idle = {}
-            assert self._sel is not None and self._wake_r is not None and self._wake_w is not None
-            self._sel.close()
-            self._wake_r.close()
-            self._wake_w.close()
-            self._thread = None
+            self._shut([c for conns in self._idle.values() for c in conns])
             return True
+
+    def _shut(self, conns: list[Conn]) -> None:
+        """Close ``conns`` (the idle ones among them forgotten), the selector and the wake sockets: the loop
+        thread ends (called with ``_lock`` held)."""
+        for c in conns:
+            self._close(c, None)
+        self._idle = {}
+        for s in (self._sel, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                s.close()  # type: ignore[union-attr]
+        self._thread = None
 
     def _wake(self) -> None:
         assert self._wake_w is not None
@@ -162,15 +165,10 @@ class DirectReader:
         with self._lock:
             jobs = [*self._queue, *(j for _, _, j in self._later), *(j for p in self._parked.values() for _, j in p),
                     *(c.job for c in self._active if c.job is not None)]
-            for c in [*self._active, *(c for conns in self._idle.values() for c in conns)]:
-                self._close(c, None)
+            self._shut([*self._active, *(c for conns in self._idle.values() for c in conns)])
             self._queue.clear()
             self._active.clear()
-            self._later, self._parked, self._idle = [], {}, {}
-            for s in (self._sel, self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    s.close()  # type: ignore[union-attr]
-            self._thread = None
+            self._later, self._parked = [], {}
         what = f"the direct reader's loop ended on {type(exc).__name__}: {exc} (the next request starts it again)"
         for job in jobs:
             if not job.wave.future.done():
@@ -320,6 +318,10 @@ class DirectReader:
         except (KeyError, ValueError):
             self._sel.register(c.sock, events, c)
 
+    def _wait(self, c: Conn, exc: OSError) -> None:
+        """Wait for ``c``'s socket to be readable (TLS wants to read: ``exc``) or else writable."""
+        self._register(c, selectors.EVENT_READ if isinstance(exc, ssl.SSLWantReadError) else selectors.EVENT_WRITE)
+
     def _close(self, c: Conn, active: set[Conn] | None) -> None:
         """Close ``c`` (once: a connection its failed wave closed may still be met in the same round)."""
         assert self._sel is not None
@@ -370,11 +372,8 @@ class DirectReader:
             if c.state == "handshake":
                 try:
                     c.sock.do_handshake()
-                except ssl.SSLWantReadError:
-                    self._register(c, selectors.EVENT_READ)
-                    return
-                except ssl.SSLWantWriteError:
-                    self._register(c, selectors.EVENT_WRITE)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as exc:
+                    self._wait(c, exc)
                     return
                 self._ask(c, c.job, active)
             elif c.state == "send":
@@ -393,11 +392,8 @@ class DirectReader:
             while c.out:
                 n = c.sock.send(c.out)
                 c.out = c.out[n:]
-        except (BlockingIOError, ssl.SSLWantWriteError):
-            self._register(c, selectors.EVENT_WRITE)
-            return
-        except ssl.SSLWantReadError:
-            self._register(c, selectors.EVENT_READ)
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError) as exc:
+            self._wait(c, exc)
             return
         except (OSError, ssl.SSLError) as exc:
             self._fail(c, active, exc)
