@@ -14,6 +14,7 @@ import concurrent.futures
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,37 +91,32 @@ class Job:
         return self.error(f"HTTP {status}: unexpected answer to a range request")
 
 
+@dataclass(slots=True, eq=False)
 class Wave:
     """The requests of one :meth:`DirectReader.submit`: its future ends when all are in, or at the first failure."""
 
-    __slots__ = ("future", "left")
-
-    def __init__(self, n: int) -> None:
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self.left = n
+    left: int
+    future: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
 
 
+@dataclass(slots=True, eq=False)  # (eq=False: hashed by identity, kept in sets)
 class Conn:
     """A connection and the request it carries (``job``); ``state``: connecting, handshake, send, head, body,
     closed."""
 
-    __slots__ = ("sock", "origin", "addr", "state", "out", "head", "job", "pos", "want", "deadline", "cap", "reused",
-                 "close_after")
-
-    def __init__(self, sock: socket.socket, origin: tuple[str, int, bool], addr: Any = None) -> None:
-        self.sock: Any = sock
-        self.origin = origin
-        self.addr = addr  # the address of the origin's host it connects to
-        self.state = "connecting"
-        self.out = b""
-        self.head = b""
-        self.job: Job | None = None
-        self.pos = 0
-        self.want = 0
-        self.deadline = 0.0
-        self.cap = 0.0  # the latest the answer may end (a server that trickles it gets this long)
-        self.reused = False
-        self.close_after = False
+    sock: Any
+    origin: tuple[str, int, bool]
+    addr: Any = None  # the address of the origin's host it connects to
+    state: str = "connecting"
+    out: bytes = b""
+    head: bytes = b""
+    job: Job | None = None
+    pos: int = 0
+    want: int = 0
+    deadline: float = 0.0
+    cap: float = 0.0  # the latest the answer may end (a server that trickles it gets this long)
+    reused: bool = False
+    close_after: bool = False
 
 
 class Lookups:
