@@ -15,6 +15,7 @@ import email.utils
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -144,15 +145,14 @@ class RetryPolicy:
             return out
 
 
+@dataclass(slots=True, eq=False)
 class Attempts:
     """The tries of one operation under a :class:`RetryPolicy`: :meth:`failed` after each failure."""
 
-    __slots__ = ("policy", "what", "n", "first")
-
-    def __init__(self, policy: RetryPolicy, what: str) -> None:
-        self.policy, self.what = policy, what
-        self.n = 0
-        self.first = 0.0
+    policy: RetryPolicy
+    what: str
+    n: int = 0
+    first: float = 0.0
 
     def failed(self, exc: BaseException) -> float:
         """Count a transient failure ``exc``: the seconds to wait before the next try, or raise the
