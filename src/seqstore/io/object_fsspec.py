@@ -278,21 +278,16 @@ def _bounded(fn: Callable[[], Any], limit: float) -> Any:
     """``fn()`` in a daemon thread of its own, waited for at most ``limit`` seconds: a call that has not
     returned by then is a :class:`Transient` failure (the thread is left to end with the filesystem's own
     timeout, if it has one; it keeps no process from exiting)."""
-    out: list[tuple[bool, Any]] = []
-    done = threading.Event()
+    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
     def run() -> None:
         try:
-            out.append((True, fn()))
+            fut.set_result(fn())
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
-            out.append((False, exc))
-        finally:
-            done.set()
+            fut.set_exception(exc)
 
     threading.Thread(target=run, name="seqstore-fsspec-call", daemon=True).start()
-    if not done.wait(limit):
+    concurrent.futures.wait([fut], limit)
+    if not fut.done():
         raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout a request, and 64 KiB/s moved)")
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
+    return fut.result()
