@@ -398,8 +398,7 @@ class ObstoreBackend(ObjectBackend):
         return self._tag(r)
 
     def put_file(self, key: str, path: str) -> str:
-        r = self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20))
-        return self._tag(r)
+        return self._tag(self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20)))
 
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
         r = self._sync(
@@ -409,13 +408,9 @@ class ObstoreBackend(ObjectBackend):
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         def collect() -> list[ObjectMeta]:
-            out = []
-            for chunk in self.obs.list(self.store, prefix=prefix or None):
-                for m in chunk:
-                    modified = m.get("last_modified")
-                    out.append(ObjectMeta(str(m["path"]), int(m["size"]), self._tag(m),
-                                          modified.timestamp() if modified is not None else 0.0))
-            return out
+            return [ObjectMeta(str(m["path"]), int(m["size"]), self._tag(m),
+                               m["last_modified"].timestamp() if m.get("last_modified") is not None else 0.0)
+                    for chunk in self.obs.list(self.store, prefix=prefix or None) for m in chunk]
 
         yield from self._sync(prefix, collect)
 
