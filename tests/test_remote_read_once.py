@@ -170,6 +170,28 @@ def test_a_presigned_url_refused_once_its_credentials_expired_is_signed_anew(
     assert "X-Amz-Signature" not in str(err.value)
 
 
+def test_a_second_request_refused_at_the_same_presigned_url_gets_the_url_signed_anew() -> None:
+    """Requests in flight share an object's presigned URL: once one of them was refused and the URL signed
+    anew, the next refused one is given that URL (it got None, and its epoch failed with CredentialsError)."""
+    import itertools
+    import types
+
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient("s3://b/c.seqstore", {"access_key_id": "k", "secret_access_key": "s", "region": "us-east-1"})
+    backend: Any = client.backend
+    n = itertools.count()
+    backend.obs = types.SimpleNamespace(sign=lambda store, method, key, expires_in: f"https://h/b/{key}?s={next(n)}")
+    first = client.direct("x.npy", None)
+    assert first is not None
+    again = client.resign(first[0])
+    assert again is not None and again != first[0]
+    assert client.resign(first[0]) == again
+    newest = client.resign(again)
+    assert newest not in (None, again) and client.resign(again) == newest
+    assert client.resign(first[0]) is None  # (two signings back: no longer kept)
+
+
 def test_a_missing_object_and_a_changed_one_are_named(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     a = build_store(tmp_path / "a.seqstore", seed=1)
     b = build_store(tmp_path / "b.seqstore", seed=1, values_seed=7)

@@ -173,8 +173,9 @@ class ObstoreBackend(ObjectBackend):
         except oex.BaseError as exc:
             raise config_error(client.url, scheme, exc, opts) from None
         self._plain: str | None = None  # the plain URL objects' keys follow ("": none, direct reads off)
-        self._signed: dict[str, tuple[str, float]] = {}  # key -> (presigned URL, monotonic expiry)
-        self._signed_keys: dict[str, str] = {}  # presigned URL -> key (the URLs in _signed)
+        # key -> (presigned URL, monotonic expiry, the URL it replaced or "": requests in flight may hold it)
+        self._signed: dict[str, tuple[str, float, str]] = {}
+        self._signed_keys: dict[str, str] = {}  # presigned URL -> key (the URLs in _signed, both kinds)
         self._sign_lock = threading.Lock()
         self.slots: Budget | None = None  # requests in flight (max_requests), made in the loop
         self.budget: Budget | None = None  # bytes of answers in flight (max_inflight_bytes)
@@ -253,10 +254,11 @@ class ObstoreBackend(ObjectBackend):
         now = time.monotonic()
         url = str(self.obs.sign(self.store, "GET", key, expires_in=timedelta(hours=1)))
         with self._sign_lock:
-            old = self._signed.get(key)
-            if old is not None and old[0] != url:
-                self._signed_keys.pop(old[0], None)
-            self._signed[key] = (url, now + 3600)
+            old = self._signed.get(key, ("", 0.0, ""))
+            replaced = old[2] if old[0] == url else old[0]
+            if replaced != old[2]:  # the URL two signings back is forgotten (one kept: memory stays bounded)
+                self._signed_keys.pop(old[2], None)
+            self._signed[key] = (url, now + 3600, replaced)
             self._signed_keys[url] = key
         return url
 
