@@ -85,11 +85,6 @@ _STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
 _NAMES = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*|\"(?:[^\"\\]|\\.)*\"")
 
 
-def _status_of(exc: BaseException) -> int | None:
-    named = _STATUS.search(str(exc))
-    return int(named.group(1)) if named else None
-
-
 def _at(kind: type[RemoteError], url: str, what: str) -> RemoteError:
     """Error ``kind`` of one request's answer for ``url``: ``what`` happened."""
     return kind(f"{url}: {what}", url=url, attempts=1)
@@ -125,7 +120,8 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(ConflictError, url, "conditional write refused: the object changed")
     if isinstance(exc, oex.AlreadyExistsError):
         return _at(ConflictError, url, "already exists")
-    status = _status_of(exc)
+    named = _STATUS.search(str(exc))
+    status = int(named.group(1)) if named else None
     # not worth another attempt; a TLS failure comes before any answer (a status), and the word must be
     # obstore's, not a bucket's or key's ("s3://b/certificates/...": its 503s were not retried)
     if status is None and "certificate" in _NAMES.sub(" ", str(exc)).lower():
