@@ -33,9 +33,7 @@ EMPTY_ANSWER = memoryview(b"")
 
 def is_remote(path: Any) -> bool:
     """Whether ``path`` is a URL of a store that is not a local path (``file://`` is local)."""
-    if not isinstance(path, str) or "://" not in path:
-        return False
-    return urlsplit(path).scheme.lower() not in ("", "file")
+    return isinstance(path, str) and "://" in path and urlsplit(path).scheme.lower() not in ("", "file")
 
 
 def check_url(url: str) -> None:
