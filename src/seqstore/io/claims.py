@@ -157,8 +157,7 @@ class Claims:
             return
         with self._locked() as locked:
             if locked:  # (closed meanwhile: the claims run out at their deadline)
-                held = words[pages]
-                words[pages[held // _PID == os.getpid()]] = 0
+                words[pages[words[pages] // _PID == os.getpid()]] = 0
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[bool]:
