@@ -114,12 +114,8 @@ class ObjectClient:
         None where the back end has none, where ``direct_reads`` is off, or where the environment names a
         proxy for the URL's host (``HTTPS_PROXY`` and the others; obstore follows them, the direct reader
         does not): the reads then go through the back end."""
-        if not self.direct_reads:
-            return None
-        got = self.backend.direct(key, tag)
-        if got is not None and _proxied(got[0]):
-            return None
-        return got
+        got = self.backend.direct(key, tag) if self.direct_reads else None
+        return None if got is None or _proxied(got[0]) else got
 
     def resign(self, url: str) -> str | None:
         """A URL in place of ``url`` (one :meth:`direct` gave) that the service refused: signed anew, as the
