@@ -13,22 +13,29 @@ import abc
 import concurrent.futures
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RemoteError
 from .options import SEQSTORE_OPTIONS, check_options, option_flag, redact
 from .retry import RetryPolicy
 
 __all__ = [
     "Answer", "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "Request",
-    "SEQSTORE_OPTIONS", "check_options", "check_url", "is_remote", "option_flag", "redact",
+    "SEQSTORE_OPTIONS", "check_options", "check_url", "error_at", "is_remote", "option_flag", "redact",
 ]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 #: the bytes of an answer that went to an ``on_each`` callback instead of into the future's result
 EMPTY_ANSWER = memoryview(b"")
+
+E = TypeVar("E", bound=RemoteError)
+
+
+def error_at(kind: type[E], url: str, what: str) -> E:
+    """Error ``kind`` of one request's answer for ``url`` (its first attempt): ``what`` happened."""
+    return kind(f"{url}: {what}", url=url, attempts=1)
 
 
 def is_remote(path: Any) -> bool:

@@ -23,6 +23,7 @@ from ..errors import (
     StaleStoreError,
 )
 from .object_common import SEQSTORE_OPTIONS
+from .object_common import error_at as _at
 from .retry import Transient
 
 __all__ = ["config_error", "failure", "not_found", "service_of", "short", "unknown_key"]
@@ -83,11 +84,6 @@ _STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
 #: the names an obstore error quotes (URLs, and in its debug dump paths, keys, hosts in double quotes): text
 #: of the store's, not obstore's words about the failure
 _NAMES = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*|\"(?:[^\"\\]|\\.)*\"")
-
-
-def _at(kind: type[RemoteError], url: str, what: str) -> RemoteError:
-    """Error ``kind`` of one request's answer for ``url``: ``what`` happened."""
-    return kind(f"{url}: {what}", url=url, attempts=1)
 
 
 def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str, Any],

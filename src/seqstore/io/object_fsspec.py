@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request
+from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at
 from .retry import Transient
 
 __all__ = ["FsspecBackend"]
@@ -72,11 +72,9 @@ class FsspecBackend(ObjectBackend):
                 self.c.retry.reached = True
             return out
         except FileNotFoundError:
-            url = self.c.key_url(key)
-            raise RemoteNotFound(f"{url}: no such object", url=url, attempts=1) from None
+            raise error_at(RemoteNotFound, self.c.key_url(key), "no such object") from None
         except PermissionError:
-            url = self.c.key_url(key)
-            raise CredentialsError(f"{url}: access refused; check the credentials", url=url, attempts=1) from None
+            raise error_at(CredentialsError, self.c.key_url(key), "access refused; check the credentials") from None
         except Exception as exc:
             status = _status(exc)
             if status is not None:
@@ -162,9 +160,8 @@ class FsspecBackend(ObjectBackend):
         for k, _, _, tag in requests:
             m = metas.get(k)
             if tag and m is not None and m.etag != tag:
-                url = self.c.key_url(k)
-                raise StaleStoreError(f"{url}: the object changed while the store was open (version {m.etag}, "
-                                      f"expected {tag}); reopen the store", url=url, attempts=1)
+                raise error_at(StaleStoreError, self.c.key_url(k), "the object changed while the store was open "
+                               f"(version {m.etag}, expected {tag}); reopen the store")
 
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         if isinstance(mode, dict):
@@ -174,8 +171,7 @@ class FsspecBackend(ObjectBackend):
                 "other's shards; write the store locally and copy it (seqstore copy)", url=url, attempts=0,
             )
         if mode == "create" and self._call(key, lambda: self.fs.exists(self._path(key))):
-            url = self.c.key_url(key)
-            raise ConflictError(f"{url}: already exists", url=url, attempts=1)
+            raise error_at(ConflictError, self.c.key_url(key), "already exists")
         self._call(key, lambda: self.fs.pipe_file(self._path(key), bytes(data)), 1, len(data))
         return self.head(key).etag
 
@@ -247,12 +243,12 @@ def _refusal(url: str, status: int, exc: BaseException) -> BaseException:
     """The answer ``status`` to a request for ``url`` in seqstore's words: 401/403 a CredentialsError,
     404 a RemoteNotFound, another 4xx a RemoteError (all at once), 5xx, 408 and 429 a Transient to retry."""
     if status in (401, 403):
-        return CredentialsError(f"{url}: access refused (HTTP {status}); check the credentials", url=url, attempts=1)
+        return error_at(CredentialsError, url, f"access refused (HTTP {status}); check the credentials")
     if status == 404:
-        return RemoteNotFound(f"{url}: no such object", url=url, attempts=1)
+        return error_at(RemoteNotFound, url, "no such object")
     what = " ".join(str(exc).split())[:300]
     if 400 <= status < 500 and status not in (408, 429):
-        return RemoteError(f"{url}: HTTP {status}: {what}", url=url, attempts=1)
+        return error_at(RemoteError, url, f"HTTP {status}: {what}")
     return Transient(f"HTTP {status}: {type(exc).__name__}: {what}", answered=True)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from ..errors import RemoteError, StaleStoreError
-from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, option_flag
+from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, option_flag
 from .object_errors import config_error, failure, unknown_key
 from .object_wave import SMALL_BODY, Budget, Wave
 from .retry import Attempts, Transient
@@ -212,19 +212,15 @@ class ObstoreBackend(ObjectBackend):
         of ``key``: a server that ignores If-Match, or a redirect obstore followed to another host."""
         if tag.startswith(UNSENT):  # no ETag: the answer's Last-Modified and size must be those pinned
             if self._tag(result.meta) != tag:
-                url = self.c.key_url(key)
-                raise StaleStoreError(f"{url}: the object changed while the store was open (Last-Modified and "
-                                      f"size {self._tag(result.meta)[len(UNSENT):]}, expected "
-                                      f"{tag[len(UNSENT):]}); reopen the store", url=url, attempts=1)
+                raise error_at(StaleStoreError, self.c.key_url(key), "the object changed while the store was open "
+                               f"(Last-Modified and size {self._tag(result.meta)[len(UNSENT):]}, expected "
+                               f"{tag[len(UNSENT):]}); reopen the store")
             return
         got = result.meta.get("e_tag")
         if got is not None and got != self.if_match(tag):
-            url = self.c.key_url(key)
-            raise StaleStoreError(
-                f"{url}: the answer is of another version of the object (ETag {got}, expected {self.if_match(tag)}): "
-                "it changed while the store was open (reopen it), or the server sent the request elsewhere",
-                url=url, attempts=1,
-            )
+            raise error_at(StaleStoreError, self.c.key_url(key), "the answer is of another version of the object "
+                           f"(ETag {got}, expected {self.if_match(tag)}): it changed while the store was open (reopen "
+                           "it), or the server sent the request elsewhere")
 
     # direct reads ---------------------------------------------------------------------------------
     def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
@@ -395,8 +391,7 @@ class ObstoreBackend(ObjectBackend):
     def put(self, key: str, data: bytes | memoryview, mode: str | dict[str, Any]) -> str:
         r = self._sync(key, lambda: self.obs.put(self.store, key, bytes(data), mode=self._mode(mode)))
         if isinstance(mode, dict) and r.get("e_tag") is None:
-            url = self.c.key_url(key)
-            raise RemoteError(f"{url}: the service returned no ETag", url=url, attempts=1)
+            raise error_at(RemoteError, self.c.key_url(key), "the service returned no ETag")
         return self._tag(r)
 
     def put_file(self, key: str, path: str) -> str:
