@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import RemoteError, StaleStoreError
+from .object_common import error_at
 from .object_links import Conn, Job, Lookups, Wave, receive_buffer
 from .retry import Transient
 
@@ -589,6 +590,4 @@ class DirectReader:
 
 def _error(c: Conn, what: str) -> RemoteError:
     """A :class:`RemoteError` of the request ``c`` carries (or of its host, between requests): ``what`` happened."""
-    if c.job is not None:
-        return c.job.error(what)
-    return RemoteError(f"{c.origin[0]}: {what}", url=c.origin[0], attempts=1)
+    return c.job.error(what) if c.job is not None else error_at(RemoteError, c.origin[0], what)
