@@ -152,3 +152,19 @@ def test_demo_negative_seed_or_dim_is_refused_naming_the_option(tmp_path: Path, 
     err = capsys.readouterr().err
     assert option in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
+
+
+def test_demo_interrupted_after_its_write_says_the_corpus_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C once the corpus is written (while it is read back) keeps the corpus, complete, and the
+    line says so instead of "nothing was written"."""
+    import seqstore.demo as demo
+
+    def ctrl_c(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "open_store", ctrl_c)  # (the first step after the write)
+    assert main(["demo", "--records", "3", "--dim", "2", "--out", str(tmp_path)]) == 130
+    corpus = tmp_path / "corpus.seqstore"
+    assert capsys.readouterr().err.splitlines()[-1] == f"seqstore: interrupted; the corpus stays in {corpus}"
+    assert len(ss.open(corpus)) == 3

@@ -161,7 +161,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(out=args.out, records=args.records, dim=args.dim, seed=args.seed, keep=args.keep)
+    try:
+        run_demo(out=args.out, records=args.records, dim=args.dim, seed=args.seed, keep=args.keep)
+    except KeyboardInterrupt:  # an interrupted write removes the corpus; once written (or reused) it stays
+        corpus = Path(args.out) / "corpus.seqstore"
+        if (corpus / MANIFEST).is_file():
+            raise Interrupted(f"the corpus stays in {corpus}") from None
+        raise
     return 0
 
 
@@ -266,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 INTERRUPTED = "seqstore: interrupted; nothing was written"
 
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupt after which something written stays: its message says what (instead of "nothing was written")."""
+
 #: a path that is not what the command expected (a file where a directory goes, ...): the user's mistake
 _PATH_ERRORS = (FileExistsError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
@@ -321,8 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{out}: " if out is not None and exc.filename is None else ""
         print(f"seqstore: error: {where}{cli_message(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # every command cleans up on its way out (temporary directories, workers)
-        print(INTERRUPTED, file=sys.stderr)
+    except KeyboardInterrupt as exc:  # every command cleans up on its way out (temporary directories, workers)
+        print(f"seqstore: interrupted; {exc}" if isinstance(exc, Interrupted) else INTERRUPTED, file=sys.stderr)
         return 130
 
 
