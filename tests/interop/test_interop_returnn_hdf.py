@@ -490,3 +490,23 @@ def test_a_recorded_inputs_that_is_not_a_name_is_a_named_error(tmp_path: Path, r
         rt.export_hdf(tmp_path / "s", tmp_path / "r.hdf")
     assert not (tmp_path / "r.hdf").exists()
     rt.export_hdf(tmp_path / "s", tmp_path / "r.hdf", inputs="data")
+
+
+def test_interop_tags_that_are_not_utf8_round_trip(tmp_path: Path) -> None:
+    """A tag whose bytes are not UTF-8 imported (kept as surrogate escapes) but its export failed part way
+    with a bare UnicodeEncodeError naming neither store nor record; the exported tag is the same bytes."""
+    write_returnn_hdf(tmp_path / "a.hdf", n=3, dim=2)
+    with h5py.File(tmp_path / "a.hdf", "r+") as f:
+        tags = f["seqTags"][:]
+        tags[1] = b"caf\xe9-1"
+        del f["seqTags"]
+        f.create_dataset("seqTags", data=tags)
+    store = rt.import_hdf(tmp_path / "a.hdf", tmp_path / "a.seqstore")
+    rt.export_hdf(store, tmp_path / "b.hdf")
+    with h5py.File(tmp_path / "b.hdf", "r") as f:
+        assert f["seqTags"][:].tolist() == tags.tolist()
+    with seqstore.create(tmp_path / "s", {"data": seqstore.Field("float32", (None, 2))}) as w:
+        w.append({"data": np.ones((2, 2), np.float32)}, id="a\ud800")  # (no bytes decode to this one)
+    with pytest.raises(seqstore.errors.SchemaError, match=r"s: record 0: id 'a\\ud800' is not valid Unicode"):
+        rt.export_hdf(tmp_path / "s", tmp_path / "o.hdf")
+    assert not (tmp_path / "o.hdf").exists()

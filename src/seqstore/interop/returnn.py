@@ -298,6 +298,16 @@ def _chunks_of_store(store: Store, fields: Sequence[str], chunk_bytes: int) -> I
             yield a + x, a + y
 
 
+def _tag_bytes(tag: str, url: str, i: int) -> bytes:
+    """Id ``tag`` of record ``i`` as the bytes of its HDF tag: UTF-8, where a tag imported from bytes that are
+    not UTF-8 (kept as surrogate escapes, see ``decode_tag``) gets its own bytes back."""
+    try:
+        return tag.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise SchemaError(f"{url}: record {i}: id {tag!r} is not valid Unicode (a lone surrogate), which an HDF "
+                          "tag cannot hold") from None
+
+
 def export_hdf(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],
@@ -405,7 +415,7 @@ def export_hdf(
                 if (bad := next((j for j, t in enumerate(ids) if "\0" in t), None)) is not None:
                     raise SchemaError(f"{st.url}: record {a + bad}: id {ids[bad]!r} holds a NUL, which an HDF tag "
                                       "cannot (h5py refuses it, and RETURNN cuts a tag at its first NUL)")
-                tags[a:b] = np.array(ids, dtype=object)
+                tags[a:b] = np.array([_tag_bytes(t, st.url, a + j) for j, t in enumerate(ids)], dtype=object)
                 if progress is not None:
                     progress(nbytes)
 
