@@ -645,3 +645,12 @@ def test_a_recorded_field_that_is_not_a_name_is_a_named_error(tmp_path: Path, re
         export_webdataset(tmp_path / "s", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
     export_webdataset(tmp_path / "s", tmp_path / "out", fields={"txt": "txt"})
+
+
+def test_export_refusing_an_id_names_the_store(tmp_path: Path) -> None:
+    """The refusal of an id that cannot be a key named the record but not the store it is in."""
+    with seqstore.create(tmp_path / "d.seqstore", {"label": Field("int32")}) as w:
+        w.append({"label": 1}, id="a.b")
+    with pytest.raises(SchemaError, match=r"d\.seqstore: record 0: id 'a\.b' cannot be a WebDataset key"):
+        export_webdataset(tmp_path / "d.seqstore", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.seqstore"]

@@ -454,9 +454,9 @@ def export_webdataset(
                         m = KEY.match(key + ".x")
                         if (m is None or m.group(1) != key or META.match(key) or "\0" in key
                                 or key.startswith("/") or ".." in key.split("/")):  # (out of the directory)
-                            raise SchemaError(f"record {a + j}: id {key!r} cannot be a WebDataset key (no '.' in its "
-                                              "last path part, no NUL, not __name__, neither absolute nor with a "
-                                              "'..' part); pass keys='index'")
+                            raise SchemaError(f"{st.url}: record {a + j}: id {key!r} cannot be a WebDataset key (no "
+                                              "'.' in its last path part, no NUL, not __name__, neither absolute nor "
+                                              "with a '..' part); pass keys='index'")
                         if tf is not None and key == last_key:  # (in one shard: a reader joins them)
                             raise SchemaError(f"{st.url}: records {a + j - 1} and {a + j}: id {key!r} twice in a row; "
                                               "WebDataset reads the members of adjacent samples of one key as one "
