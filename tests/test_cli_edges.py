@@ -119,3 +119,24 @@ def test_export_refuses_storage_options_for_a_local_store(store: Path, tmp_path:
     err = capsys.readouterr().err
     assert err.startswith("seqstore: error:") and "-o options are for URLs" in err and str(store) in err, err
     assert not out.exists()
+
+
+def test_copy_interrupted_into_an_existing_directory_says_what_stays(store: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A destination that existed keeps the shards copied before Ctrl-C (a rerun goes on from them), but
+    the line said 'nothing was written'; it says what stays where."""
+    import seqstore.cli as cli
+
+    def copy_then_ctrl_c(*args: object, **kwargs: object) -> None:
+        real_copy(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    real_copy = cli.copy
+    monkeypatch.setattr(cli, "copy", copy_then_ctrl_c)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    assert main(["copy", str(store), str(dst), "-q"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"seqstore: interrupted; what was copied so far stays in {dst} "
+                                                        "(a rerun copies the rest)")
+    assert len(ss.open(dst)) == 5

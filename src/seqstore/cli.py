@@ -173,7 +173,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     # a local destination this copy creates is removed again when it is interrupted (main() says nothing
-    # was written); an existing one keeps the shards copied so far, which a rerun does not copy again
+    # was written); an existing or remote one keeps the shards copied so far, which a rerun does not copy again
     new_dst = None if is_remote(args.dst) or Path(args.dst).exists() else Path(args.dst)
     options: dict[str, dict[str, Any] | None] = {}
     for end in ("src", "dst"):  # (the library's message would name neither option)
@@ -189,9 +189,10 @@ def cmd_copy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # also one that came after the copy finished: main() says nothing was written
-        if new_dst is not None:
-            shutil.rmtree(new_dst, ignore_errors=True)
+    except KeyboardInterrupt:  # also one that came after the copy finished
+        if new_dst is None:  # (an existing or remote destination keeps the shards copied so far)
+            raise Interrupted(f"what was copied so far stays in {args.dst} (a rerun copies the rest)") from None
+        shutil.rmtree(new_dst, ignore_errors=True)
         raise
     return 0
 
