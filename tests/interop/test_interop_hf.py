@@ -525,3 +525,17 @@ def test_export_hf_cuts_steps_at_the_list_column_limit(tmp_path: Path, monkeypat
     with pytest.raises(ValueError, match=r"field 'x': 12 values in one Arrow array \(more than 2\^31 - 1\); a "
                        "datasets list column holds at most that many in one record"):
         export_hf(tmp_path / "big.seqstore", tmp_path / "hf2")
+
+
+def test_export_refuses_an_id_that_is_not_utf8(tmp_path: Path) -> None:
+    """An id that is no valid Unicode (a tag imported from bytes that are not UTF-8) was written into the
+    Arrow ids as it is: the export looked complete, and reading that row failed with UnicodeDecodeError.
+    It is a SchemaError naming the store and the record, and nothing is written."""
+    from seqstore.interop.hf_export import export_hf
+
+    with seqstore.create(tmp_path / "s", {"x": seqstore.Field("float32", (None, 2))}) as w:
+        for key in ("a", "caf\udce9", "c"):
+            w.append({"x": np.ones((2, 2), np.float32)}, id=key)
+    with pytest.raises(SchemaError, match=r"s: record 1: id 'caf\\udce9' is not valid UTF-8"):
+        export_hf(tmp_path / "s", tmp_path / "h")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import SchemaError
 from ..schema import BFLOAT16, Field, bfloat16_to_float32
 from .arrow_columns import pyarrow as pyarrow_module
 
@@ -122,6 +123,24 @@ def id_array(store: Store, indices: Sequence[int] | np.ndarray[Any, Any], *, lar
              what: str | None = None, hint: str = "") -> Any:
     """The ids of records ``indices`` of ``store`` as an Arrow string array (``large_string`` with
     ``large``), from :meth:`~seqstore.Store.ids` (no Python string per record). KeyError when the
-    records have no ids."""
+    records have no ids; SchemaError naming the record for an id that is not valid UTF-8 (one imported from
+    bytes that are not: an Arrow string holding it would fail whoever reads it)."""
     data, offs = store.ids(indices)
-    return string_array(data, offs, large=large, what=what or f"{store.url}, ids", hint=hint)
+    arr = string_array(data, offs, large=large, what=what or f"{store.url}, ids", hint=hint)
+    try:
+        arr.validate(full=True)
+    except pyarrow_module().ArrowInvalid:
+        blob = bytes(data)
+        j = next(j for j in range(len(offs) - 1) if not _utf8(blob[int(offs[j]) : int(offs[j + 1])]))
+        raise SchemaError(f"{store.url}: record {int(np.asarray(indices)[j])}: id "
+                          f"{blob[int(offs[j]) : int(offs[j + 1])].decode('utf-8', 'surrogatepass')!r} is not "
+                          "valid UTF-8, which an Arrow string must be") from None
+    return arr
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
