@@ -485,3 +485,28 @@ def test_a_full_disk_at_a_commit_of_stats_only_keeps_the_writer(tmp_path: Path) 
     st = ss.open(root)
     assert st.manifest.stats["seen"] == 2 and st.get_batch(np.arange(1), fields=["x"])["x"].tolist() == [7]
     assert fds_under(root) == [] and not workspaces(root)
+
+
+def test_a_failed_local_commit_holds_no_file_of_the_store_without_the_cycle_collector(tmp_path: Path) -> None:
+    """The error of a local commit that failed after renaming its shard into the store and the wrapper that
+    told the writer nothing was committed pointed at each other: a reference cycle that kept the failed
+    step's frames, and the shard table they had open, until the cyclic GC ran. Dropping the error now
+    releases them."""
+    import gc
+
+    root = tmp_path / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
+    for i in range(3):
+        w.append({"x": i})
+    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
+    blocker.mkdir()
+    gc.disable()
+    try:
+        with pytest.raises(OSError):
+            w.append({"x": 3})
+        held = [p for p in fds_under(root) if not p.endswith("owner.lock")]  # (the writer's own flock)
+    finally:
+        gc.enable()
+    blocker.rmdir()
+    w.close()
+    assert held == [] and fds_under(root) == []

@@ -58,6 +58,15 @@ class NotCommitted(Exception):
         super().__init__(error)
         self.error = error
 
+    def take(self) -> BaseException:
+        """The error, with this exception's own links to it dropped: raised while this one is handled, the
+        error's ``__context__`` is this exception, and a link back would be a reference cycle keeping the failed
+        step's frames (and the files they hold open) until the cyclic GC runs."""
+        error = self.error
+        self.args, self.__cause__, self.__context__ = (), None, None
+        del self.error
+        return error
+
 
 @dataclasses.dataclass
 class Start:

@@ -373,7 +373,7 @@ class Writer:
         except SeqstoreError:
             raise
         except NotCommitted as exc:  # the finished shard intact: the next commit (or close()) retries it
-            raise disk.write_error(exc.error, self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
+            raise disk.write_error(exc.take(), self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
         except BaseException as exc:
             self._failed = exc
             raise disk.write_error(exc, self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
