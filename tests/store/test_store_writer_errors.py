@@ -576,3 +576,15 @@ def test_a_value_out_of_range_in_a_batch_names_its_record(scratch: Path) -> None
         floats[12] = 1e6
         with pytest.raises(ss.SchemaError, match=r"record 15 \(id 'r12'\)"):
             w.append_batch({"i": np.zeros((1000, 2), np.int64), "f": floats}, ids=[f"r{k}" for k in range(1000)])
+
+
+@pytest.mark.parametrize("make", ["create", "open_or_create"])
+def test_a_writer_size_refused_at_create_leaves_no_store(scratch: Path, make: str) -> None:
+    """create() (and open_or_create()) made the store and only then refused a size that is not positive:
+    the empty store stayed at the path, and the corrected call found it there (FileExistsError). The
+    sizes are now checked first; the error names the one refused and its value."""
+    root = scratch / "s"
+    with pytest.raises(ValueError, match="buffer_bytes must be positive, got 0"):
+        getattr(ss.store.writer, make)(root, {"x": ss.Field("int64", ())}, buffer_bytes=0)
+    assert not root.exists()
+    ss.create(root, {"x": ss.Field("int64", ())}).close()

@@ -17,7 +17,7 @@ from .local import LocalTarget
 from .objects import ObjectTarget
 from .remote import writing_client
 from .target import CommitTarget, checked_schema, new_manifest
-from .writer import Writer
+from .writer import Writer, check_sizes
 
 __all__ = ["append_to", "create", "existing_manifest", "open_or_create", "open_target"]
 
@@ -84,6 +84,7 @@ def create(
     """
     target = open_target(path, storage_options, filesystem=filesystem, staging_dir=staging_dir)
     sch = checked_schema(schema, packed, id_lookup)
+    check_sizes(shard_bytes, buffer_bytes, max_shard_records)  # before the store is made
     target.create(new_manifest(sch, metadata, id_lookup), overwrite=overwrite)
     return Writer(target, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records,
                   direct_io=direct_io)
@@ -111,6 +112,7 @@ def open_or_create(
     (packed groups included) and ``id_lookup``, else :class:`SchemaError`."""
     target = open_target(path, storage_options, filesystem=filesystem, staging_dir=staging_dir)
     sch = checked_schema(schema, packed, id_lookup)
+    check_sizes(shard_bytes, buffer_bytes, max_shard_records)  # before the store is made
     target.install(new_manifest(sch, metadata, id_lookup))
     writer = Writer(target, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
                     max_shard_records=max_shard_records, direct_io=direct_io)

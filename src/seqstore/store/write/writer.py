@@ -32,9 +32,17 @@ from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, NotCommitted, Start, stats_number
 from .values import ragged_column, shape_text, storage_value
 
-__all__ = ["Writer"]
+__all__ = ["Writer", "check_sizes"]
 
 log = logging.getLogger(__name__)
+
+
+def check_sizes(shard_bytes: int, buffer_bytes: int, max_shard_records: int) -> None:
+    """Refuse a writer's size that is not positive (``create`` checks them before it makes the store)."""
+    for name, value in (("shard_bytes", shard_bytes), ("buffer_bytes", buffer_bytes),
+                        ("max_shard_records", max_shard_records)):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
 
 
 class Writer:
@@ -59,8 +67,7 @@ class Writer:
         max_shard_records: int = 1 << 24,
         direct_io: bool = False,
     ) -> None:
-        if shard_bytes <= 0 or buffer_bytes <= 0 or max_shard_records <= 0:
-            raise ValueError("shard_bytes, buffer_bytes and max_shard_records must be positive")
+        check_sizes(shard_bytes, buffer_bytes, max_shard_records)
         self.target = target
         self.direct_io = bool(direct_io)
         self.shard_bytes, self.buffer_bytes, self.max_shard_records = shard_bytes, buffer_bytes, max_shard_records
