@@ -510,3 +510,20 @@ def test_a_failed_local_commit_holds_no_file_of_the_store_without_the_cycle_coll
     blocker.rmdir()
     w.close()
     assert held == [] and fds_under(root) == []
+
+
+def test_append_batch_whose_commit_fails_with_the_shard_intact_keeps_the_writer_open(tmp_path: Path) -> None:
+    """append_batch's automatic commit of a full shard could not save the manifest (the shard intact, back in
+    the workspace): append() kept the writer open with the records, as documented, but append_batch() marked
+    the writer failed, so close() discarded them. Now the writer stays open and close() commits them."""
+    root = tmp_path / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
+    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
+    blocker.mkdir()
+    with pytest.raises(OSError):
+        w.append_batch({"x": np.arange(2)})  # one full shard: committed here
+    assert len(ss.open(root)) == 0
+    blocker.rmdir()
+    w.close()
+    assert ss.open(root).get_batch(np.arange(2), fields=["x"])["x"].tolist() == [0, 1]
+    assert verify(root) == [] and fds_under(root) == [] and not workspaces(root)

@@ -312,14 +312,15 @@ class Writer:
         self._has_ids = ids is not None
         starts = [None if lengths is None else row_starts(lengths) for _, lengths in prepared]
         start = 0
-        try:  # an interrupt (Ctrl-C) part way leaves buffers that no longer agree: the writer fails
-            while start < batch:  # pieces never overflow a shard's record limit
-                room = self.max_shard_records - self._pending_records()
-                stop = min(batch, start + max(room, 1))
-                piece_bytes = nbytes * (stop - start) // batch
-                direct = piece_bytes >= DIRECT_BYTES
-                if direct:  # written straight from the caller's arrays: flush what is buffered first
-                    self._flush()
+        while start < batch:  # pieces never overflow a shard's record limit
+            room = self.max_shard_records - self._pending_records()
+            stop = min(batch, start + max(room, 1))
+            piece_bytes = nbytes * (stop - start) // batch
+            direct = piece_bytes >= DIRECT_BYTES
+            if direct:  # written straight from the caller's arrays: flush what is buffered first
+                self._flush()
+            # (_flush judges its own errors: a commit that failed with the shard intact leaves the writer usable)
+            try:  # an interrupt (Ctrl-C) part way leaves buffers that no longer agree: the writer fails
                 for (name, _f), (values, lengths), rows in zip(self._units, prepared, starts):
                     if rows is None:
                         self._buf[name].append(values[start:stop])
@@ -331,16 +332,17 @@ class Writer:
                     self._buf_ids.extend(ids[start:stop])
                 self._buf_records += stop - start
                 self._buf_bytes += piece_bytes
-                if direct or self._buf_full():
-                    self._flush()
-                else:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
+                flush = direct or self._buf_full()
+                if not flush:  # the piece stays buffered: copy it (once) out of memory the caller may overwrite
                     for name, _ in self._units:
                         stage(self._buf[name], self._staging, self._spare, name, caller, self.direct_io)
-                start = stop
-        except BaseException as exc:
-            if self._failed is None and not isinstance(exc, SeqstoreError):
-                self._failed = exc
-            raise
+            except BaseException as exc:
+                if self._failed is None and not isinstance(exc, SeqstoreError):
+                    self._failed = exc
+                raise
+            if flush:
+                self._flush()
+            start = stop
 
     def _buf_full(self) -> bool:
         """Flush when the buffer is full or the shard it goes into would be."""
