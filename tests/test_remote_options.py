@@ -119,3 +119,12 @@ def test_a_cache_budget_that_is_no_byte_count_is_named(text: str, tmp_path: Path
         default_cache_bytes()
     with pytest.raises(ValueError, match="cache_bytes"):
         NodeCache(tmp_path / "cache", text)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), [1 << 30], True])
+def test_a_cache_budget_of_the_wrong_type_is_named(value: Any, tmp_path: Path) -> None:
+    """``cache_bytes=float("nan")`` (or a list) raised int()'s bare ValueError / OverflowError / TypeError."""
+    from seqstore.io.nodecache import NodeCache
+
+    with pytest.raises(ValueError, match="cache_bytes: expected a byte count"):
+        NodeCache.get(tmp_path / "cache", value)

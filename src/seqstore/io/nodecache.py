@@ -126,7 +126,14 @@ def _budget(budget: int | str | None) -> int:
     """The byte budget ``cache_bytes`` names (None: the default)."""
     if budget is None:
         return default_cache_bytes()
-    value = _parse_bytes(budget, "cache_bytes") if isinstance(budget, str) else int(budget)
+    if isinstance(budget, str):
+        return _parse_bytes(budget, "cache_bytes")
+    try:
+        if isinstance(budget, bool):  # (True is no byte count)
+            raise TypeError
+        value = int(budget)
+    except (TypeError, ValueError, OverflowError):  # e.g. nan, inf, a list: named, not int()'s bare error
+        raise ValueError(f"cache_bytes: expected a byte count such as 10G or 500000000, got {budget!r}") from None
     if value <= 0:
         raise ValueError(f"cache_bytes must be positive, got {budget!r}")
     return value
