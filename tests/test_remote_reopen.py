@@ -5,6 +5,7 @@ sizes and ETags the node saved for the object are not taken for the object as it
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -304,3 +305,37 @@ def test_id_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: Mo
     assert fresh().id(50) == "rec-50"
     data, off = fresh().ids([49, 50])
     assert bytes(data[off[1] : off[2]]) == b"rec-50"
+
+
+def test_threads_materializing_one_object_at_once_each_link_it(moto_s3: MotoS3, s3_bucket: str,
+                                                               tmp_path: Path) -> None:
+    """``materialize`` (what ``verify`` and a read that refetches a damaged copy call) links an object into
+    the mirror through a temporary link named by the process only: threads of one process doing so for the
+    same object at once removed or moved each other's link and raised a bare FileNotFoundError or
+    FileExistsError."""
+    with ss.create(tmp_path / "a.seqstore", {"v": ss.Field("float32", (4,))}) as w:
+        w.append_batch({"v": np.zeros((10, 4), np.float32)})
+    url = moto_s3.upload_dir(tmp_path / "a.seqstore", s3_bucket, "links/a.seqstore")
+    remote = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")._source.remote
+    keys = ["shard-000000/v.npy"]
+    remote.materialize(keys)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def link() -> None:
+        start.wait()
+        try:
+            for _ in range(200):
+                remote.materialize(keys)
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=link) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    link = remote.mirror / keys[0]
+    assert link.read_bytes() == (tmp_path / "a.seqstore" / keys[0]).read_bytes()
+    assert [p.name for p in link.parent.iterdir() if ".tmp-" in p.name] == []

@@ -383,7 +383,7 @@ class RemoteRoot:
             self._fill(key, meta.etag, obj, *obj.missing(*whole))  # (bounded: ``verify`` never hangs)
             link = self.mirror / key
             link.parent.mkdir(parents=True, exist_ok=True)
-            tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+            tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # (of this thread)
             tmp.unlink(missing_ok=True)
             os.symlink(obj.data_path, tmp)
             os.replace(tmp, link)
