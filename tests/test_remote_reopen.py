@@ -339,3 +339,20 @@ def test_threads_materializing_one_object_at_once_each_link_it(moto_s3: MotoS3, 
     link = remote.mirror / keys[0]
     assert link.read_bytes() == (tmp_path / "a.seqstore" / keys[0]).read_bytes()
     assert [p.name for p in link.parent.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_fetching_a_copy_again_does_not_count_its_bytes_twice(moto_s3: MotoS3, s3_bucket: str,
+                                                              tmp_path: Path) -> None:
+    """``refetch`` (a copy in the node cache found damaged) writes the object's bytes again over pages the
+    cache had counted already: each one counted the object's size once more in the cache's byte count, so
+    a node whose reads refetched damaged copies evicted entries it had room for."""
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "count/a.seqstore")
+    remote = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")._source.remote
+    keys = ["shard-000000/v.npy"]
+    remote.materialize(keys)
+    before = remote.cache._read_usage()
+    for _ in range(3):
+        remote.refetch(keys)
+    assert remote.cache._read_usage() == before
+    assert (remote.mirror / keys[0]).read_bytes() == (root / keys[0]).read_bytes()

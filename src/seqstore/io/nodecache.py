@@ -233,6 +233,12 @@ class NodeCache:
                 used = self._evict(min(self.budget - nbytes, self.budget * 9 // 10))
             self._write_usage(used + nbytes - PAGE)
 
+    def release(self, nbytes: int) -> None:
+        """Count ``nbytes`` fewer (pages counted before that are about to be fetched, and counted, again)."""
+        if nbytes > 0:
+            with self.locked():
+                self._write_usage(self._read_usage() - nbytes)
+
     def pin(self, path: Path) -> int:
         """Keep the metadata directory ``path`` (under ``stores/``) out of every process's evictions: a
         shared ``flock`` of its ``.pin`` file through a descriptor of its own, returned, held until

@@ -403,6 +403,8 @@ class RemoteRoot:
             fits = _pages(meta.size) <= self.cache.budget // 2
             for obj in copies.values():
                 runs = (np.array([0], np.int64), np.array([meta.size], np.int64)) if fits else obj.held()
+                if obj is entry:  # its pages are counted in the cache's budget: not counted twice by the fetch
+                    self.cache.release(int(np.count_nonzero(obj.bits)) * PAGE)
                 obj.bits[:] = 0
                 self._fill(key, meta.etag, obj, *runs)
             if fits:
