@@ -356,3 +356,19 @@ def test_fetching_a_copy_again_does_not_count_its_bytes_twice(moto_s3: MotoS3, s
         remote.refetch(keys)
     assert remote.cache._read_usage() == before
     assert (remote.mirror / keys[0]).read_bytes() == (root / keys[0]).read_bytes()
+
+
+def test_the_size_and_etag_of_an_object_two_directories_deep_are_kept_for_the_next_open(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """A key looked up alone (``a/b/c.npy``) was prepared as shard ``a/b`` but its size and ETag saved for
+    shard ``a`` (the key cut at its first '/', then looked up at its last): every later open of the store
+    asked object storage for them again."""
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "deep/a.seqstore")
+    key = "extra/deep/x.npy"
+    moto_s3.put(s3_bucket, f"deep/a.seqstore/{key}", (root / "shard-000000" / "v.npy").read_bytes())
+    opts, cache = moto_s3.storage_options(), tmp_path / "cache"
+    first = ss.open(url, storage_options=opts, cache_dir=cache)._source.remote._meta(key)
+    moto_s3.delete(s3_bucket, f"deep/a.seqstore/{key}")  # asking again would find it missing
+    again = ss.open(url, storage_options=opts, cache_dir=cache)._source.remote._meta(key)
+    assert (again.size, again.etag) == (first.size, first.etag)

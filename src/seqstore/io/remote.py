@@ -179,14 +179,15 @@ class RemoteRoot:
         answer also carries the object's size and ETag) and, for offsets, its last 4 KiB (the last offset,
         checked at mapping). Nothing is requested for what this node's cache already holds."""
         assert self.mirror is not None
-        todo: list[tuple[Request, str, bool]] = []  # (request, what, whether the object's meta is known)
+        # (request, what, (shard, file) whose meta it learns, or None where the meta is known)
+        todo: list[tuple[Request, str, tuple[str, str] | None]] = []
         crcs: dict[str, int] = {}
         for name, files, descriptor in shards:
             if descriptor is not None:
                 crcs[f"{name}/{DESCRIPTOR}"] = descriptor
             known = self._known(name)
             if descriptor and not _intact(self.mirror / name / DESCRIPTOR, descriptor):
-                todo.append(((f"{name}/{DESCRIPTOR}", 0, -1, None), "descriptor", False))
+                todo.append(((f"{name}/{DESCRIPTOR}", 0, -1, None), "descriptor", None))
             for rel in files:
                 key = f"{name}/{rel}"
                 m = known.get(rel)
@@ -195,14 +196,14 @@ class RemoteRoot:
                         self._metas[key] = m
                     obj = self.cache.object(self.client.key_url(key), m.etag, m.size)
                     if not obj.present(0, min(m.size, _HEAD)):
-                        todo.append(((key, 0, min(m.size, _HEAD), m.etag or None), "head", True))
+                        todo.append(((key, 0, min(m.size, _HEAD), m.etag or None), "head", None))
                     if rel.endswith(".offsets.npy") and not obj.present(max(0, m.size - 8), m.size):
                         a = max(0, m.size - _HEAD) // PAGE * PAGE
-                        todo.append(((key, a, m.size, m.etag or None), "tail", True))
+                        todo.append(((key, a, m.size, m.etag or None), "tail", None))
                     continue
-                todo.append(((key, 0, _HEAD, None), "head", False))
+                todo.append(((key, 0, _HEAD, None), "head", (name, rel)))
                 if rel.endswith(".offsets.npy"):
-                    todo.append(((key, -_HEAD, -1, None), "tail", False))
+                    todo.append(((key, -_HEAD, -1, None), "tail", (name, rel)))
         if not todo:
             return
         try:
@@ -218,8 +219,7 @@ class RemoteRoot:
                     f"the shard table's {crcs[key]:#010x}: the store was replaced since it was opened (reopen it) "
                     "or the object is damaged"
                 )
-        for ((key, start, _, _), what, known_meta), (data, meta) in zip(todo, got):
-            name, _, rel = key.partition("/")
+        for ((key, start, _, _), what, shard), (data, meta) in zip(todo, got):
             if what == "descriptor":
                 self._write(self.mirror / key, bytes(data))
                 continue
@@ -233,10 +233,10 @@ class RemoteRoot:
             start = start if start >= 0 else max(0, meta.size - len(data))
             filled += _pages(start + len(data)) - start // PAGE * PAGE
             obj.fill(start, data)
-            if not known_meta:
+            if shard is not None:  # (saved under the shard name given: _known looks it up so)
                 with self._meta_lock:
                     self._metas[key] = ObjectMeta(key, meta.size, meta.etag)
-                fresh.setdefault(name, {})[rel] = [meta.size, meta.etag]
+                fresh.setdefault(shard[0], {})[shard[1]] = [meta.size, meta.etag]
         self.cache.reserve(filled)
         with self._meta_lock:  # (as _forget: a merge must not write back what it drops)
             for name, saved in fresh.items():
