@@ -128,3 +128,13 @@ def test_a_cache_budget_of_the_wrong_type_is_named(value: Any, tmp_path: Path) -
 
     with pytest.raises(ValueError, match="cache_bytes: expected a byte count"):
         NodeCache.get(tmp_path / "cache", value)
+
+
+@pytest.mark.parametrize(("storage_options", "remote", "named"), [
+    ("anon=true", {}, "storage_options"), (5, {}, "storage_options"), ({}, {"cache_dir": 5}, "cache_dir"),
+])
+def test_options_of_the_wrong_type_are_named(storage_options: Any, remote: dict[str, Any], named: str) -> None:
+    """``storage_options="anon=true"`` raised dict()'s bare "dictionary update sequence element #0 has length 1"
+    (an int: "'int' object is not iterable"; ``cache_dir=5``: os.fspath's TypeError), naming no option."""
+    with pytest.raises(ConfigError, match=f"s3://b/x: {named}"):
+        StoreOptions.of("s3://b/x", storage_options, **remote)

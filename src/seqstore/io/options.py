@@ -110,9 +110,15 @@ class StoreOptions:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r} (remote stores take storage_options, "
                             f"{', '.join(REMOTE_ARGS)})")
         given = {k: v for k, v in remote.items() if v is not None}
+        if not isinstance(given.get("cache_dir", ""), (str, os.PathLike)):
+            raise ConfigError(f"{url}: cache_dir: expected a directory path, got {given['cache_dir']!r}")
         if isinstance(storage_options, StoreOptions):
             return storage_options.replace(**given) if given else storage_options
-        opts = dict(storage_options or {})
+        try:
+            opts = dict(storage_options or {})
+        except (TypeError, ValueError):  # e.g. "anon=true": named, not dict()'s bare error
+            raise ConfigError(f"{url}: storage_options: expected a mapping of option names to values, got a "
+                              f"{type(storage_options).__name__} (its value not shown: it may hold a secret)") from None
         check_options(url, opts)  # a seqstore error naming the option, not int()'s ValueError
         mine: dict[str, Any] = {key: opts.pop(key) for key in SEQSTORE_OPTIONS if key in opts}
         for key, v in mine.items():
