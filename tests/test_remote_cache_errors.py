@@ -166,3 +166,21 @@ def test_damaged_offsets_of_an_object_larger_than_the_cache_are_fetched_again(
     with pytest.raises(ValueError, match="cache_bytes") as refused:  # a whole file it cannot hold: named
         verify(url, storage_options=opts, cache_dir=cache, cache_bytes=budget)
     assert f"{url}/{rel}" in str(refused.value)
+
+
+def test_a_relative_cache_dir_is_one_node_cache_in_the_process(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cache_dir="cache"`` named a new NodeCache at its second use (keyed by the relative path while the
+    directory did not exist, by the resolved one after): two stores of one process kept apart the entries
+    they share, each fetching what the other had in flight. And the links ``materialize`` (``verify``)
+    makes to entries were relative paths taken from the working directory: they led nowhere."""
+    from seqstore.io.nodecache import NodeCache
+
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "relative")
+    monkeypatch.chdir(tmp_path)
+    first = NodeCache.get("cache", 1 << 30)
+    assert NodeCache.get("cache", 1 << 30) is first
+    assert NodeCache.get(tmp_path / "cache", 1 << 30) is first
+    remote = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir="cache")._source.remote
+    remote.materialize(["shard-000000/v.npy"])
+    assert (remote.mirror / "shard-000000/v.npy").stat().st_size > 0

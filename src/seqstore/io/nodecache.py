@@ -146,7 +146,8 @@ class NodeCache:
     _open_lock = threading.Lock()
 
     def __init__(self, root: str | os.PathLike[str] | None = None, budget: int | str | None = None) -> None:
-        self.root = Path(root) if root is not None else default_cache_dir()
+        # absolute: the links materialize makes to entries, and a later chdir, do not depend on the working directory
+        self.root = (Path(root) if root is not None else default_cache_dir()).absolute()
         self.budget = _budget(budget)
         self._pid = os.getpid()  # (NodeCache.get makes a forked child its own)
         try:
@@ -164,9 +165,9 @@ class NodeCache:
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
         """One NodeCache object per (directory, budget) in a process (made again where its directory was
         removed meanwhile: the new one makes it again)."""
-        path = Path(root) if root is not None else default_cache_dir()
+        path = (Path(root) if root is not None else default_cache_dir()).resolve()  # (made or not: one key)
         b = _budget(budget)
-        key = (str(path.resolve()) if path.exists() else str(path), b)
+        key = (str(path), b)
         with cls._open_lock:
             got = cls._open.get(key)
             if got is None or got._pid != os.getpid() or not (got.root / "objects").is_dir():
