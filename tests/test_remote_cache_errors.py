@@ -184,3 +184,31 @@ def test_a_relative_cache_dir_is_one_node_cache_in_the_process(moto_s3: MotoS3, 
     remote = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir="cache")._source.remote
     remote.materialize(["shard-000000/v.npy"])
     assert (remote.mirror / "shard-000000/v.npy").stat().st_size > 0
+
+
+_FULL_USAGE = """
+import errno, os, sys
+from seqstore.io.nodecache import NodeCache
+
+cache = NodeCache(os.path.join(sys.argv[1], "cache"), 1 << 30)
+fd = os.open(os.path.join(sys.argv[1], "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+try:
+    cache.reserve(4096)
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC and str(cache.root) in str(exc) and "cache_bytes" in str(exc), repr(exc)
+else:
+    raise AssertionError("counted on a full disk")
+print("alive")
+"""
+
+
+def test_counting_bytes_on_a_full_cache_disk_is_a_named_error(tmp_path: Path) -> None:
+    """The node cache's first byte count written on a full disk raised a bare ``OSError(28)`` naming no file
+    and no cache directory."""
+    _disk, got = run_on_small_tmpfs(_FULL_USAGE, tmp_path, "1m")
+    assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])

@@ -202,11 +202,15 @@ class NodeCache:
     def _write_usage(self, value: int) -> None:
         # 8 bytes in place, under the lock: no temporary file and rename (a directory update that cost
         # ~250 us per reservation on a disk-backed cache; this costs ~10 us)
-        fd = os.open(self._usage_path, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644)
         try:
-            os.pwrite(fd, struct.pack("<q", max(0, value)), 0)
-        finally:
-            os.close(fd)
+            fd = os.open(self._usage_path, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644)
+            try:
+                os.pwrite(fd, struct.pack("<q", max(0, value)), 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:  # e.g. a full disk: say which (the node cache's byte count), not a bare errno
+            raise OSError(exc.errno, f"{exc.strerror}: cannot write the byte count of the node cache {self.root}; "
+                          "free space there or lower cache_bytes", str(self._usage_path)) from None
 
     def disk_usage(self) -> int:
         """Bytes the cache's files take on disk now (allocated blocks), counted file by file."""
