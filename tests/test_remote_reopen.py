@@ -325,7 +325,7 @@ def test_threads_materializing_one_object_at_once_each_link_it(moto_s3: MotoS3, 
     def link() -> None:
         start.wait()
         try:
-            for _ in range(200):
+            for _ in range(60):
                 remote.materialize(keys)
         except OSError as exc:
             errors.append(exc)
