@@ -302,3 +302,25 @@ def test_len_of_a_resumed_loader_holds_until_its_iteration_ends(tmp_path: Path, 
     seen = [len(loader) for _ in loader]
     assert seen == [full - 3] * (full - 3)
     assert len(loader) == full  # that one ran to its end: the whole epoch next
+
+
+def test_a_wrapped_seqdatasets_prefetch_and_index_are_kept(tmp_path: Path) -> None:
+    """A ``SeqDataset`` wrapped by an ``IterableSeqDataset`` or another ``SeqDataset`` gave its read-ahead
+    (``prefetch=``) up: the wrapper read with the dataset's default depth. Its ``prefetch`` (and, in a
+    ``SeqDataset``, its ``with_index``) now carry through unless the wrapper is given its own."""
+    path = tmp_path / "s"
+    make_store(path, 32)
+    asked: list[Any] = []
+
+    class Spy(StoreDataset):
+        def iter_batches(self, batches: Any, *, pad: bool = False, prefetch: int | None = None) -> Any:
+            asked.append(prefetch)
+            return super().iter_batches(batches, pad=pad, prefetch=prefetch)
+
+    inner = SeqDataset(Spy(path), with_index=True, prefetch=0)
+    assert sum(len(b["index"]) for b in IterableSeqDataset(inner, batch=8)) == 32
+    assert sum(len(b["index"]) for b in IterableSeqDataset(inner, batch=8, prefetch=3)) == 32
+    outer = SeqDataset(inner)
+    loader = SeqDataLoader(outer, sampler=EpochSampler(outer), batch_size=8, collate_fn=outer.collate())
+    assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(32))
+    assert asked == [0, 3]  # (a prefetch of 0 for the loader: no read-ahead stream at all)

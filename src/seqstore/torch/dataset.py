@@ -32,7 +32,7 @@ from ._foresight import Foresight
 from .collate import GatheredRecord, GatheredRecords, PaddedCollate
 
 __all__ = ["SeqDataset", "as_protocol_dataset", "bfloat16_fields", "batch_to_tensors", "check_index_free",
-           "check_index_free_at_start"]
+           "check_index_free_at_start", "wrapped_options"]
 
 INDEX_KEY = "index"
 
@@ -51,6 +51,22 @@ def check_index_free_at_start(dataset: Any, fields: Any) -> None:
         names = list(dataset.store.schema)
     if names is not None:
         check_index_free(names)
+
+
+def wrapped_options(dataset: Any, fields: list[str] | None, with_index: bool, prefetch: int | None,
+                    owner: str) -> tuple[list[str] | None, bool, int | None]:
+    """(fields, with_index, prefetch) of a dataset made over ``dataset``: where that is a :class:`SeqDataset`,
+    what it returns -- its own fields when none are given (``fields`` must be among them: a KeyError naming
+    those that are not), its index -- and its read-ahead unless ``prefetch`` is given."""
+    if not isinstance(dataset, SeqDataset):
+        return fields, bool(with_index), prefetch
+    if dataset.fields is not None:
+        if fields is None:
+            fields = sorted(dataset.fields)
+        elif missing := [f for f in fields if f not in dataset.fields]:
+            raise KeyError(f"{owner}: the SeqDataset returns no field(s) {missing}; "
+                           f"it returns {sorted(dataset.fields)}")
+    return fields, bool(with_index) or dataset.with_index, dataset.prefetch if prefetch is None else prefetch
 
 
 def as_protocol_dataset(obj: Any, fields: Sequence[str] | str | None = None, storage_options: Any = None, *,
@@ -122,8 +138,9 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
 
     def __init__(self, dataset_or_store: Any, fields: Sequence[str] | str | None = None, *, with_index: bool = False,
                  prefetch: int | None = None, storage_options: Any = None, length_field: str | None = None) -> None:
+        fields, with_index, prefetch = wrapped_options(dataset_or_store, field_list(fields), with_index, prefetch,
+                                                       "SeqDataset")
         self.prefetch = check_optional_int(prefetch, "SeqDataset: prefetch", 0)
-        fields = field_list(fields)
         self.dataset = as_protocol_dataset(dataset_or_store, fields, storage_options, length_field=length_field)
         self.fields = None if fields is None else frozenset(fields)
         self.with_index = bool(with_index)

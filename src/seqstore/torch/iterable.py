@@ -26,27 +26,15 @@ from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, sele
 from .collate import collate_gathered
 from .dataset import (
     INDEX_KEY,
-    SeqDataset,
     as_protocol_dataset,
     batch_to_tensors,
     bfloat16_fields,
     check_index_free,
     check_index_free_at_start,
+    wrapped_options,
 )
 
 __all__ = ["IterableSeqDataset", "RECORDS_BLOCK"]
-
-
-def _within(wrapped: SeqDataset, fields: list[str] | None, owner: str) -> list[str] | None:
-    """The fields to return from a :class:`SeqDataset`: its own when none are given (not every field of the
-    dataset it wraps), else ``fields``, which must be among its own (a KeyError naming those that are not)."""
-    if wrapped.fields is None:
-        return fields
-    if fields is None:
-        return sorted(wrapped.fields)
-    if missing := [f for f in fields if f not in wrapped.fields]:
-        raise KeyError(f"{owner}: the SeqDataset returns no field(s) {missing}; it returns {sorted(wrapped.fields)}")
-    return fields
 
 
 class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
@@ -89,11 +77,8 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
                  fields: Sequence[str] | str | None = None, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, epoch: int = 1, masks: bool = False, with_index: bool = False, group: int = 1,
                  prefetch: int | None = None, storage_options: Any = None) -> None:
+        fields, with_index, prefetch = wrapped_options(dataset, field_list(fields), with_index, prefetch, self._kind)
         self.prefetch = check_optional_int(prefetch, f"{self._kind}: prefetch", 0)
-        fields = field_list(fields)
-        if isinstance(dataset, SeqDataset):  # what it returns: its fields (or fewer) and its index
-            fields = _within(dataset, fields, self._kind)
-            with_index = bool(with_index) or dataset.with_index
         protocol = as_protocol_dataset(dataset, fields, storage_options)
         self.fields = None if fields is None else frozenset(fields)
         self.masks = bool(masks)
