@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import BatchSampler
 
 from ..data.records import iter_gathered
-from ._signals import InterruptsIgnored
+from ._signals import InterruptsIgnored, LoaderWorkerError
 from .collate import PaddedCollate, collate_gathered, collate_padded
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
@@ -245,7 +245,8 @@ def ahead_in_runs(items: Iterable[Any], prefetch: Callable[[list[Any]], None], s
         raise failed[0]
 
 
-def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int) -> Iterator[Batch]:
+def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Batch], threads: int,
+                timeout: float = 0) -> Iterator[Batch]:
     """``gather`` of every array, in order, shared between this thread and ``threads`` helper threads.
 
     The next ``threads + 2`` batches are open at any time; helpers take the oldest batch nobody has
@@ -255,7 +256,9 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
     The index arrays are drawn in this thread only. An exception in a gather (or in drawing its index
     array) is raised here when its batch is due (a KeyboardInterrupt in a gather of this thread at once);
     closing the generator lets the running gathers finish and stops the helpers (a second Ctrl-C
-    meanwhile is ignored, see _signals)."""
+    meanwhile is ignored, see _signals). ``timeout`` > 0: a helper's batch not done within that many
+    seconds is a :class:`LoaderWorkerError`, and the helpers still gathering are waited for that long at most
+    (daemon threads: a read stuck for good is left behind)."""
     work, quiet = threading.Condition(), InterruptsIgnored()
     unclaimed: deque[_Slot] = deque()
     stopping = False
@@ -304,6 +307,8 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
                 if other is None:
                     break
                 other.run(gather)
+            if timeout > 0 and not slot.done.wait(timeout):
+                raise LoaderWorkerError(f"a loader helper thread gave no batch in {timeout}s")
             yield slot.result()
     finally:
         with work:
@@ -312,4 +317,4 @@ def run_ordered(arrays: Iterator[IndexArray], gather: Callable[[IndexArray], Bat
             work.notify_all()
         with quiet:
             for h in helpers:
-                h.join()
+                h.join(timeout if timeout > 0 else None)

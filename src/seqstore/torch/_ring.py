@@ -55,21 +55,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import SeqstoreError
 from ..io import address
 from ._chooser import Chooser, cores
 from ._direct import Gatherer, ahead_in_runs, pinned
 from ._runs import SHM_DIR, RunBuffers, attach_run
-from ._signals import InterruptsIgnored, killed_by
+from ._signals import InterruptsIgnored, LoaderWorkerError, killed_by
 
 __all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
 
 _ALIGN = 64
 Layout = list[tuple[str, str, tuple[int, ...], int]]
-
-
-class LoaderWorkerError(SeqstoreError, RuntimeError):
-    """A loader worker process failed without an exception that could come back, or exited."""
 
 
 @functools.cache

@@ -7,7 +7,14 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["InterruptsIgnored", "killed_by"]
+from ..errors import SeqstoreError
+
+__all__ = ["InterruptsIgnored", "LoaderWorkerError", "killed_by"]
+
+
+class LoaderWorkerError(SeqstoreError, RuntimeError):
+    """A loader worker (process or helper thread) failed without an exception that could come back, exited,
+    or gave no batch within the loader's ``timeout``."""
 
 
 class InterruptsIgnored:

@@ -116,8 +116,9 @@ class SeqDataLoader(DataLoader[Any]):
     and states as through the DataLoader; :mod:`seqstore.torch._direct`). ``threads=T`` gathers such
     batches (or an iterable dataset's own batches) on ``T`` helper threads besides the loop's;
     ``procs=K`` in ``K`` worker processes that write into a ring of shared buffers
-    (:mod:`seqstore.torch._ring`). Batches under ``PARALLEL_FROM_BYTES`` (128 KiB) are gathered in the
-    loop's thread all the same. Neither goes with ``num_workers``; see docs/torch.md for which to use.
+    (:mod:`seqstore.torch._ring`); ``timeout`` bounds the wait for a helper's or a worker's batch. Batches
+    under ``PARALLEL_FROM_BYTES`` (128 KiB) are gathered in the loop's thread all the same. Neither goes
+    with ``num_workers``; see docs/torch.md for which to use.
 
     ``num_workers=K`` on such batches (and no ``procs``, ``threads`` or ``worker_init_fn``) is ``procs=K``:
     seqstore's own workers take the DataLoader's place (``loader.procs == K``, ``loader.num_workers ==
@@ -257,7 +258,7 @@ class SeqDataLoader(DataLoader[Any]):
             return
         if batch_bytes(first) >= PARALLEL_FROM_BYTES:  # (a remote store's reads asked for in runs, as inline)
             ahead = ahead_in_runs(arrays, gather.prefetch, self._ahead) if self._ahead else arrays
-            rest: Iterator[Any] = run_ordered(ahead, gather, self.threads)
+            rest: Iterator[Any] = run_ordered(ahead, gather, self.threads, self.timeout)
         else:
             rest = map(gather, arrays) if stream is None else stream(arrays)
         for batch in itertools.chain([first], rest):

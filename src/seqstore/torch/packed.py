@@ -104,7 +104,8 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                 yield {**batch, "max_seqlen": int(batch["max_seqlen"])}
             return
         build = _Build(self.packed, ring=False)
-        for batch in run_ordered(ahead_in_runs(plans, build.prefetch, ahead) if ahead else plans, build, threads):
+        for batch in run_ordered(ahead_in_runs(plans, build.prefetch, ahead) if ahead else plans, build, threads,
+                                 timeout):
             yield {k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()} \
                 if pin else batch
 
