@@ -208,3 +208,12 @@ def test_a_negative_rng_seed_fails_at_construction(store: seqstore.Store, seed: 
     pytest.importorskip("grain")
     with pytest.raises(ValueError, match="rng_seed"):
         sg.EpochSampler(store, rng_seed=seed)
+
+
+def test_an_unknown_field_of_any_dataset_fails_at_construction(store: seqstore.Store) -> None:
+    """``fields=`` naming a field a (non-store) dataset does not return was taken: each read then failed
+    with a bare KeyError inside Grain's workers. It is refused by DataSource(), naming the fields there are."""
+    concat = seqstore.data.ConcatDataset([seqstore.StoreDataset(store)] * 2)
+    with pytest.raises(KeyError, match=r"no field\(s\) \['nope'\]; fields are \['tag', 'x'\]"):
+        sg.DataSource(concat, fields=["tag", "nope"])
+    assert set(sg.DataSource(concat, fields=["tag"])[0]) == {"tag"}

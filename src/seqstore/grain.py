@@ -162,6 +162,9 @@ class DataSource:
         self.fields: tuple[str, ...] | None = None if fields is None else tuple(fields)
         self.with_index = bool(with_index)
         kinds = _fields(ds)
+        if fields is not None and (unknown := [f for f in fields if f not in kinds]):  # (not in the workers)
+            raise KeyError(f"seqstore.grain.DataSource: {ds!r} returns no field(s) {unknown}; "
+                           f"fields are {sorted(kinds)}")
         if self.with_index and INDEX_KEY in (kinds if self.fields is None else self.fields):  # (not in the workers)
             raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}; "
                            "pass fields= without it")
