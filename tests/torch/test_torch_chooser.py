@@ -4,7 +4,9 @@ a loop left open until the interpreter exits leaves nothing in /dev/shm."""
 
 from __future__ import annotations
 
+import gc
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -387,3 +389,24 @@ def test_an_answer_sent_without_blocking_is_what_connection_send_sends() -> None
     _send_bounded(a, large, take=lambda m: None)
     reader.join(timeout=60)
     assert got == [large]
+
+
+def test_a_worker_that_fails_to_start_leaves_no_pipe_open() -> None:
+    """A worker whose start failed (here: a gather that does not pickle, for spawned workers) left both ends
+    of its pipe open for as long as the error was referenced (a logger, a notebook's last exception)."""
+    def gather(idx: np.ndarray) -> dict[str, Any]:  # (a local function: spawned workers cannot get it)
+        return {"x": torch.full((1024,), float(idx[0]))}
+
+    def failed_start() -> Exception:
+        batches = run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 5)]), gather, 2,  # type: ignore[arg-type]
+                                context="spawn", ahead=1)
+        with pytest.raises((AttributeError, pickle.PicklingError)) as failed:
+            list(batches)
+        return failed.value
+
+    failed_start()  # (the resource tracker's pipe, opened once)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    kept = failed_start()
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before, kept

@@ -354,8 +354,13 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             inherited = [c.fileno() for c in (*conns, mine)] if forked else []
             p = ctx.Process(target=_worker, args=(theirs, gather, shm.name, slot_bytes, inherited), daemon=True,
                             name="seqstore-loader")
-            p.start()
-            theirs.close()
+            try:
+                p.start()
+            except BaseException:  # (a start refused, a gather that does not pickle): its pipe is nobody's
+                mine.close()
+                raise
+            finally:
+                theirs.close()
             conns.append(mine)
             workers.append(p)
             pollers.append(select.poll())
