@@ -23,7 +23,7 @@ def test_threads_timeout_bounds_the_wait_for_a_stuck_helper(tmp_path: Path, monk
     loop for ever. Now the loop raises a SeqstoreError naming the timeout, and lets the stuck helper be."""
     monkeypatch.setattr("seqstore.torch.loader.PARALLEL_FROM_BYTES", 0)  # (small batches: the helpers anyway)
     path = tmp_path / "s.seqstore"
-    make_store(path, 120)
+    make_store(path, 40)
     release = threading.Event()
 
     class Stuck(StoreDataset):  # every read in a helper thread hangs (until the test ends)
@@ -42,4 +42,4 @@ def test_threads_timeout_bounds_the_wait_for_a_stuck_helper(tmp_path: Path, monk
                 got += 1
     finally:
         release.set()
-    assert got < 60
+    assert got < 20
