@@ -482,3 +482,14 @@ def test_lengths_saved_to_a_full_disk_are_an_error_not_a_crash(scratch: Path, tm
         w.append_batch({"t": (np.zeros(n, np.int8), np.ones(n, np.int64))})
     _disk, got = run_on_small_tmpfs(_FULL_DISK.format(store=str(root)), tmp_path, "1m")
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_lengths_iter_chunks_refuses_a_size_below_one(scratch: Path) -> None:
+    """iter_chunks(size) with size 0 or negative is a ValueError naming the size: a negative size used to
+    yield nothing at all (as if the store were empty) and 0 a bare error of range()."""
+    root = scratch / "s"
+    _write_child_store(root, 3)
+    lengths = ss.open(root).lengths()
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"size must be a positive integer, got {bad}"):
+            list(lengths.iter_chunks(bad))

@@ -73,6 +73,8 @@ class Lengths:
 
     def iter_chunks(self, size: int = 1 << 20) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         """Yield the lengths in order, in arrays of at most ``size`` (per shard, from the offsets)."""
+        if size < 1:
+            raise ValueError(f"size must be a positive integer, got {size}")
         planner = self._planner
         for k in range(self._shards.num_shards):
             sh = self._shards.shard(k)
