@@ -493,3 +493,16 @@ def test_lengths_iter_chunks_refuses_a_size_below_one(scratch: Path) -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match=f"size must be a positive integer, got {bad}"):
             list(lengths.iter_chunks(bad))
+
+
+def test_lengths_shape_follows_a_refresh(scratch: Path) -> None:
+    """A Lengths taken before refresh() has len() of the refreshed store; its shape (what numpy and
+    torch read) must say the same, not the record count at the time it was made."""
+    root = scratch / "s"
+    _write_child_store(root, 3)
+    store = ss.open(root)
+    lengths = store.lengths()
+    with ss.append_to(root) as w:
+        w.append(child_record(0, 3), id="w0-3")
+    store.refresh()
+    assert len(lengths) == 4 and lengths.shape == (4,) and np.asarray(lengths).shape == lengths.shape

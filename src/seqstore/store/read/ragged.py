@@ -33,8 +33,11 @@ class Lengths:
         self._planner, self._shards, self._owner = planner, planner.shards, owner
         self.field = field
         self.dtype = np.dtype(np.int64)
-        self.shape = (len(self._shards),)
         self.ndim = 1
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self._shards),)  # (the store's records now: a refresh may add some)
 
     def __len__(self) -> int:
         return len(self._shards)
