@@ -315,6 +315,18 @@ CASES: list[tuple[str, Callable[[Path], None], type[Exception], str | dict[int, 
         ss.CorruptionError,
         "shard-000000/_ids.offsets.npy",
     ),
+    (  # the last offset sizes the mapping of _ids.npy: a damaged one named the ids' header instead
+        "last id offset negative",
+        lambda r: poke_int64(shard(r) / "_ids.offsets.npy", 5, -(2**56)),
+        ss.CorruptionError,
+        "shard-000000/_ids.offsets.npy",
+    ),
+    (
+        "last id offset beyond the ids",
+        lambda r: poke_int64(shard(r, 1) / "_ids.offsets.npy", 5, 10**9),
+        ss.CorruptionError,
+        "shard-000001/_ids.offsets.npy",
+    ),
     (
         "id hash rows out of range",
         lambda r: [poke_int64(shard(r) / "_ids.hash_rows.npy", j, 77) for j in range(5)],

@@ -168,8 +168,15 @@ class Shard:
             return
         n = self.info.records
         off = self._file(f"{IDS}.offsets.npy", "<i8", (n + 1,))
-        if off[0] != 0 and not (self.fetch_again(f"{IDS}.offsets.npy") and off[0] == 0):  # (as a field's offsets)
-            raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: first offset is {off[0]}, expected 0")
+        fi = self.info.files.get(f"{IDS}.npy")  # the last offset sizes _ids.npy's mapping: within its bytes
+        most = fi.bytes if fi is not None else np.iinfo(np.int64).max
+
+        def bad() -> bool:
+            return bool(off[0] != 0 or not 0 <= off[-1] <= most)
+
+        if bad() and not (self.fetch_again(f"{IDS}.offsets.npy") and not bad()):  # (as a field's offsets)
+            raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: offsets run from {off[0]} to {off[-1]}, "
+                                  f"expected 0 to at most the {most} bytes of {IDS}.npy")
         self.ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
         self.id_hash = self._file(f"{IDS}.hash.npy", "<u8", (n,))
         self.id_rows = self._file(f"{IDS}.hash_rows.npy", "<i8", (n,))
