@@ -460,3 +460,24 @@ def test_a_damaged_copy_still_mapped_after_its_eviction_is_fetched_again_by_a_ve
     idx = np.arange(120, 140)
     assert _same_batch(store.get_batch(idx), plain.get_batch(idx))
     assert np.array_equal(store[131]["t"], plain[131]["t"])
+
+
+@pytest.mark.parametrize("packed", [None, {"P": ["x"]}], ids=["plain", "packed"])
+def test_verify_names_the_first_damaged_record_of_a_file(scratch: Path, packed: Any) -> None:
+    """``verify`` found a flipped bit by a file's CRC-32 and named only the file; with per-record
+    checksums it also names the first record that fails its own (global number and row of the shard)."""
+    root = _build(scratch / "s", packed=packed)
+    sh = _shard_of(root, 1)
+    t_off = np.load(sh / "t.offsets.npy")
+    id_off = np.load(sh / "_ids.offsets.npy")
+    x_file = "P.npy" if packed else "x.npy"
+    for rel, byte in [(x_file, 2 * 16 + 1), ("t.npy", int(t_off[2]) * 4 + 1), ("t.offsets.npy", 3 * 8),
+                      ("_ids.npy", int(id_off[2]) + 1), ("_ids.offsets.npy", 3 * 8)]:
+        _flip(sh / rel, byte)
+        (problem,) = verify(root)
+        assert f"{rel}: CRC-32" in problem and "record 130 (row 2 of the shard)" in problem, problem
+        _flip(sh / rel, byte)
+    assert verify(root) == []
+    _flip(sh / "_checks.npy", 0)  # the checksums damaged too: they name no record
+    _flip(sh / "t.npy", 1)
+    assert all("first at record" not in p for p in verify(root))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SeqstoreError
-from ..format.checksums import CHECKS, check_columns
+from ..format.checksums import CHECKS, check_columns, span_checks
 from ..format.manifest import IDS, IndexRun, Manifest
 from ..format.npy import read_header
 from ..format.shard_table import shard_dir_name
@@ -143,7 +143,8 @@ def _verify_root(
                 problems.append(str(exc))
                 continue
             if crc != fi.crc32:
-                problems.append(f"{p}: CRC-32 {crc:#010x} of the data differs from the manifest's {fi.crc32:#010x}")
+                problems.append(f"{p}: CRC-32 {crc:#010x} of the data differs from the manifest's {fi.crc32:#010x}"
+                                + _first_failing(sdir, info, schema, rel, manifest, k))
         if any(str(sdir) in q for q in problems):
             continue
         try:
@@ -159,6 +160,73 @@ def _verify_root(
                 if not _superseded(root, run):
                     problems.append(str(exc))
     return problems
+
+
+def _first_failing(sdir: Path, info: Any, schema: Any, rel: str, manifest: Manifest, k: int) -> str:
+    """Where the records of file ``rel`` of shard ``k`` first fail their per-record checksums (docs/format.md
+    section 4.1): ``"; first at record G (row R of the shard), field F"``, or "" (the shard has no checksums,
+    the file holds no record's bytes, or none fails). O(chunk) memory; run on a CRC mismatch only."""
+    n, cols = info.records, check_columns(list(schema), info.has_ids)
+    stem = rel.removesuffix(".npy").removesuffix(".offsets")
+    names = schema.groups[stem].fields if stem in schema.groups else [stem]
+    if CHECKS not in info.files or not n or not set(names) <= set(cols):
+        return ""
+
+    def mapped(rel: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        return map_npy(sdir / rel, info.files.get(rel), np.dtype(dtype), shape)
+
+    try:
+        if _crc_of_data(sdir / CHECKS, read_header(sdir / CHECKS).data_offset, None) != info.files[CHECKS].crc32:
+            return ""  # (the checksums themselves damaged: they cannot tell)
+        checks = mapped(CHECKS, "<u4", (n, len(cols)))
+        for name in names:
+            spans = _record_spans(mapped, schema, n, info.rows, name)
+            for lo in range(0, n, CHUNK // 8):
+                hi = min(n, lo + CHUNK // 8)
+                buf, starts, lens = spans(lo, hi)
+                inside = (starts >= 0) & (lens >= 0) & (starts + lens <= buf.size)  # (damaged offsets: outside)
+                got = span_checks(buf, np.where(inside, starts, 0), np.where(inside, lens, 0))
+                bad = np.flatnonzero(~inside | (got != checks[lo:hi, cols.index(name)]))
+                if len(bad):
+                    r, what = lo + int(bad[0]), "its id" if name == IDS else f"field {name!r}"
+                    first = int(manifest.shard_table().starts[k])
+                    return f"; first at record {first + r} (row {r} of the shard), {what}"
+    except (SeqstoreError, ValueError, OSError):
+        pass
+    return ""
+
+
+def _record_spans(mapped: Callable[..., np.ndarray[Any, Any]], schema: Any, n: int, rows: Mapping[str, int],
+                  name: str) -> Callable[[int, int], tuple[Any, Any, Any]]:
+    """``spans(lo, hi)``: the bytes of the file holding column ``name`` of a shard of ``n`` records, and the
+    byte starts and lengths of records ``[lo, hi)`` in them (what section 4.1 hashes)."""
+    if name == IDS or schema[name].ragged:
+        off = mapped(f"{name}.offsets.npy", "<i8", (n + 1,))
+        if name == IDS:
+            data, stride = mapped(f"{IDS}.npy", "u1", (int(off[-1]),)), 1
+        else:
+            f = schema[name]
+            data, stride = mapped(f"{name}.npy", f.storage_dtype, (rows[name], *f.inner_shape)), f.row_bytes
+        buf = data.reshape(-1).view(np.uint8)
+
+        def ragged(lo: int, hi: int) -> tuple[Any, Any, Any]:
+            o = np.asarray(off[lo : hi + 1])
+            return buf, o[:-1] * stride, np.diff(o) * stride
+
+        return ragged
+    f, g = schema[name], schema.group_of(name)
+    if g is None:
+        a, b = 0, int(np.prod(f.inner_shape, dtype=np.int64))
+        data, width = mapped(f"{name}.npy", f.storage_dtype, (n, *f.inner_shape)), b
+    else:
+        (a, b), width = schema.groups[g].columns[name], schema.groups[g].width
+        data = mapped(f"{g}.npy", f.storage_dtype, (n, width))
+    buf, size = data.reshape(-1).view(np.uint8), f.storage_dtype.itemsize
+
+    def fixed(lo: int, hi: int) -> tuple[Any, Any, Any]:
+        return buf, (np.arange(lo, hi, dtype=np.int64) * width + a) * size, np.full(hi - lo, (b - a) * size, np.int64)
+
+    return fixed
 
 
 def _superseded(root: Path, run: IndexRun) -> bool:
