@@ -491,3 +491,11 @@ def test_a_table_replaced_between_its_check_and_its_map_is_refused(root: Path) -
     with pytest.raises(ss.CorruptionError, match="table id"):
         ShardTable.open(root, manifest.ragged, state, swap_then_map)
     assert calls == [path]
+
+
+def test_verify_names_a_damaged_row_once(root: Path) -> None:
+    """verify listed a damaged table row twice: once from the check of every row, and again when the row's
+    shard was read (the same message)."""
+    _flip(root / TABLE, TABLE_HEADER_BYTES + 0 * ROW + 20)
+    problems = verify(root)
+    assert sum(f"{TABLE} row 0: CRC-32" in p for p in problems) == 1, problems

@@ -98,11 +98,13 @@ def _verify_root(
     schema = manifest.schema
     if manifest.table is not None:
         problems.extend(manifest.shard_table().check_all(manifest.table.crc32))
+    named = set(problems)
     for k in range(manifest.num_shards):
         try:
             info = manifest.shards[k]
         except SeqstoreError as exc:  # a version-3 shard whose table row or descriptor is bad
-            problems.append(str(exc))
+            if str(exc) not in named:  # (a row the check of every row above named already)
+                problems.append(str(exc))
             continue
         sdir = root / info.name
         try:  # a remote store: its objects, whole, into the node cache, linked into the mirror
