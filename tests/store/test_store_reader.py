@@ -506,3 +506,20 @@ def test_lengths_shape_follows_a_refresh(scratch: Path) -> None:
         w.append(child_record(0, 3), id="w0-3")
     store.refresh()
     assert len(lengths) == 4 and lengths.shape == (4,) and np.asarray(lengths).shape == lengths.shape
+
+
+@pytest.mark.parametrize("readahead", ["auto", "always", "never"])
+def test_prefetch_checks_its_arguments_in_every_mode(scratch: Path, readahead: str) -> None:
+    """prefetch() raised for an out-of-range index or an unknown field when it requested reads, and took
+    them silently with readahead="never" (or while warm batches skipped the sample): a program passed
+    with one mode and failed with another."""
+    root = scratch / "s"
+    _write_child_store(root, 3)
+    store = ss.open(root, readahead=readahead)
+    store.prefetch([0, -1], fields="x")
+    with pytest.raises(IndexError, match="record index 3"):
+        store.prefetch([3])
+    with pytest.raises(TypeError):
+        store.prefetch([0.5])
+    with pytest.raises(KeyError, match="nope"):
+        store.prefetch([0], fields="nope")

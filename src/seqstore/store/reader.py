@@ -231,9 +231,9 @@ class Store:
         waiting for them (for ragged fields this waits for their offsets only). A later
         :meth:`get_batch` or ``store[i]`` of those records finds them arriving or arrived. A no-op for
         records in memory and with ``readahead="never"``."""
+        names, idx = self._fields(fields), self._shards.norm_many(indices)  # (checked in every mode)
         if self._planner.policy.ahead and not self._planner.skipping():
-            names = self._fields(fields)
-            self._planner.request_values(self._planner.request(self._shards.batch(indices)[1], names), names)
+            self._planner.request_values(self._planner.request(self._shards.groups(idx.reshape(-1)), names), names)
 
     def iter_batches(
         self, batches: Iterable[Indices], *, fields: Sequence[str] | str | None = None, pad: bool = False,
