@@ -523,3 +523,15 @@ def test_prefetch_checks_its_arguments_in_every_mode(scratch: Path, readahead: s
         store.prefetch([0.5])
     with pytest.raises(KeyError, match="nope"):
         store.prefetch([0], fields="nope")
+
+
+def test_id_takes_an_int_only(scratch: Path) -> None:
+    """store.id(2.9) answered record 2's id and id("3") record 3's (the argument went through int()),
+    where store[2.9] raises: a float or str record number is a TypeError."""
+    root = scratch / "s"
+    _write_child_store(root, 5)
+    store = ss.open(root)
+    for bad in (2.9, np.float64(1.5), "3"):
+        with pytest.raises(TypeError, match="takes an int"):
+            store.id(bad)  # type: ignore[arg-type]
+    assert store.id(np.uint8(3)) == "w0-3"

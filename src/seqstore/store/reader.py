@@ -317,6 +317,8 @@ class Store:
 
     def id(self, i: int) -> str:
         """The id of record ``i``."""
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"id(i) takes an int; use ids() for many records, got {type(i).__name__}")
         return self._checked(lambda: self._ids.id(i))
 
     def ids(self, indices: Indices) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:
