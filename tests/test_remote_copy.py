@@ -458,3 +458,17 @@ def test_a_manifest_write_that_went_through_unanswered_completes_the_copy(
     r = ss.copy(src, url, dst_options=moto_s3.storage_options(s3_proxy.url))
     assert rule.hits == 1 and r.shards == (5 if update else 3)
     assert objects(moto_s3, s3_bucket, "lost.seqstore") == store_files(src)
+
+
+def test_a_copy_into_the_source_store_itself_is_refused(tmp_path: Path) -> None:
+    """Copying a local store into a directory inside it (``copy(a, a / "backup")``) wrote a second store
+    among the first one's files, which any overwrite of the first deletes with it; refused like a copy
+    onto itself, and nothing is written."""
+    a = tmp_path / "a"
+    with ss.create(a, {"v": ss.Field("int64")}) as w:
+        w.append_batch({"v": np.arange(3)})
+    before = sorted(p.relative_to(a) for p in a.rglob("*"))
+    for inside in (a / "backup", a / "shard-000000" / "x"):
+        with pytest.raises(ValueError, match="inside the source store"):
+            ss.copy(a, inside)
+    assert sorted(p.relative_to(a) for p in a.rglob("*")) == before

@@ -292,9 +292,12 @@ def copy(
     s_objs = open_target(src, src_options, writing=False, what="source").objects()  # LocalObjects or ObjectClient
     d_objs = open_target(dst, dst_options, writing=False, what="destination").objects()
     local = isinstance(s_objs, LocalObjects), isinstance(d_objs, LocalObjects)
-    if s_objs.root.resolve() == d_objs.root.resolve() if all(local) else not any(local) and s_objs.url == d_objs.url:
-        raise ValueError(f"{src_text}: source and destination are the same store")
     try:
+        same = s_objs.root.resolve() == d_objs.root.resolve() if all(local) else s_objs.url == d_objs.url
+        if same and all(local) == any(local):  # (both local, or both remote)
+            raise ValueError(f"{src_text}: source and destination are the same store")
+        if all(local) and d_objs.root.resolve().is_relative_to(s_objs.root.resolve()):
+            raise ValueError(f"{dst_text}: the destination is inside the source store {src_text}")
         if local[1]:
             _check_local_destination(d_objs.root)
         s = read_state(s_objs)
