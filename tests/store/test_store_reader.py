@@ -535,3 +535,22 @@ def test_id_takes_an_int_only(scratch: Path) -> None:
         with pytest.raises(TypeError, match="takes an int"):
             store.id(bad)  # type: ignore[arg-type]
     assert store.id(np.uint8(3)) == "w0-3"
+
+
+def test_lengths_save_refuses_bool_and_inexact_float_dtypes(scratch: Path) -> None:
+    """save(dtype=bool) wrote every nonzero length as True (1) and dtype=float16 rounded 3001 to 3000,
+    silently: a dtype that cannot hold a length exactly is a ValueError naming the record, like a small
+    integer dtype."""
+    root = scratch / "s"
+    with ss.create(root, {"t": ss.Field("int8", (None,))}) as w:
+        for n in (0, 1, 3001):
+            w.append({"t": np.zeros(n, np.int8)})
+    lengths = ss.open(root).lengths()
+    with pytest.raises(ValueError, match="record 2"):
+        lengths.save(scratch / "b.npy", dtype=bool)
+    with pytest.raises(ValueError, match="record 2"):
+        lengths.save(scratch / "h.npy", dtype=np.float16)
+    with pytest.raises(ValueError, match="complex64"):
+        lengths.save(scratch / "c.npy", dtype=np.complex64)
+    assert np.load(lengths.save(scratch / "f.npy", dtype=np.float32)).tolist() == [0, 1, 3001]
+    assert not list(scratch.glob(".*.tmp-*"))

@@ -103,8 +103,9 @@ class Lengths:
     def save(self, path: str | os.PathLike[str], dtype: Any = None) -> Path:
         """Write the lengths to a ``.npy`` file (two chunked passes; O(chunk) memory) and return its path.
 
-        ``dtype`` defaults to the smallest unsigned integer type that holds the longest record; an
-        integer ``dtype`` that cannot hold a record's length is a ValueError naming the record. The file
+        ``dtype`` defaults to the smallest unsigned integer type that holds the longest record; a
+        ``dtype`` that cannot hold a record's length exactly (a small integer type, bool, a float type
+        past its exact integers) is a ValueError naming the record. The file
         is written under a temporary name and renamed, so a reader never sees a partial file. Map it with
         ``np.load(path, mmap_mode="r")`` or pass the path as ``lengths`` to :func:`seqstore.seq_order`.
         """
@@ -113,7 +114,10 @@ class Lengths:
             longest = max((int(c.max()) for c in self.iter_chunks() if c.size), default=0)
             dtype = next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if longest <= np.iinfo(t).max)
         dt = np.dtype(dtype)
-        most = int(np.iinfo(dt).max) if dt.kind in "iu" else None
+        if dt.kind not in "iubf":
+            raise ValueError(f"{self._shards.url}: lengths cannot be saved as dtype {dt}; give an integer dtype")
+        # the longest length the dtype holds exactly (a float: every integer up to 2 ** (mantissa bits + 1))
+        most = int(np.iinfo(dt).max) if dt.kind in "iu" else 1 if dt.kind == "b" else 2 ** (np.finfo(dt).nmant + 1)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dt, shape=(len(self),))
         try:
@@ -122,7 +126,7 @@ class Lengths:
                                str(target))
             pos = 0
             for chunk in self.iter_chunks():
-                if most is not None and chunk.size and int(chunk.max()) > most:
+                if chunk.size and int(chunk.max()) > most:
                     at = pos + int(np.argmax(chunk > most))
                     raise ValueError(f"{self._shards.url}: record {at} of field {self.field!r} has length "
                                      f"{int(chunk[at - pos])}, more than dtype {dt} holds ({most})")
