@@ -116,9 +116,13 @@ def given_schema(options: Mapping[str, str], where: str) -> Schema | None:
     if obj is None:
         return None
     if isinstance(obj, dict):  # shorthand {"col": ["float16", [null, 16]]} besides {"col": {"dtype":, "shape":}}
-        obj = {k: ({"dtype": v[0], "shape": v[1] if len(v) > 1 else []} if isinstance(v, list) else v)
+        obj = {k: ({"dtype": v[0], "shape": v[1:] and v[1]} if isinstance(v, list) and len(v) in (1, 2) else v)
                for k, v in obj.items()}
+        for k, v in obj.items():
+            if isinstance(v, list) or (isinstance(v, dict) and not isinstance(v.get("shape", []), list)):
+                raise SchemaError(f"{where}: option schema: column {k!r}: expected [dtype, [dims]] or "
+                                  f"{{\"dtype\": dtype, \"shape\": [dims]}}, got {v!r}")
     try:
         return Schema.from_json(obj)
-    except SchemaError as exc:
+    except (SchemaError, TypeError, ValueError) as exc:  # (a packed field's "columns" of the wrong kind)
         raise SchemaError(f"{where}: option schema: {exc}") from exc
