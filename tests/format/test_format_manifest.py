@@ -84,6 +84,12 @@ def _good() -> dict[str, Any]:
         (lambda m: m["shards"][0].update(files=[]), ss.CorruptionError),
         (lambda m: m["shards"][0]["files"]["x.npy"].pop("crc32"), ss.CorruptionError),
         (lambda m: m["shards"][0].pop("has_ids"), ss.CorruptionError),
+        # a name outside the store, not shard-NNNNNN, or not above the one before; has_ids not a bool or not agreed
+        (lambda m: m["shards"][1].update(name="../other/shard-000001"), ss.CorruptionError),
+        (lambda m: m["shards"][1].update(name="shard-000000"), ss.CorruptionError),
+        (lambda m: m["shards"][1].update(name=7), ss.CorruptionError),
+        (lambda m: m["shards"][1].update(has_ids="no"), ss.CorruptionError),
+        (lambda m: m["shards"][1].update(has_ids=True), ss.CorruptionError),
         (lambda m: m["index_runs"][0].pop("level"), ss.CorruptionError),
         (lambda m: m.update(metadata=[1]), ss.CorruptionError),
         (lambda m: m.update(stats="x"), ss.CorruptionError),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,7 @@ WORK_DIR = "_tmp"
 PARTS_DIR = "_parts"
 #: The journal of a commit of parts in progress, in ``_parts/``.
 COMMIT_JOURNAL = ".commit.json"
+_SHARD_NAME = re.compile(r"shard-([0-9]{6,})")
 
 
 class ShardList(Sequence[ShardInfo]):
@@ -270,7 +272,7 @@ class Manifest:
     def _from_json(cls, obj: dict[str, Any], version: int) -> Manifest:
         schema = Schema.from_json(obj["schema"])
         ragged = [n for n, f in schema.items() if f.ragged]
-        shards = []
+        shards: list[ShardInfo] = []
         table: TableState | None = None
         if version >= TABLE_VERSION:
             t = obj["shard_table"]
@@ -284,13 +286,23 @@ class Manifest:
             if not isinstance(table_id, int) or isinstance(table_id, bool) or not 0 <= table_id < 1 << 64:
                 raise ValueError(f"shard_table id must be an integer in [0, 2**64), got {table_id!r}")
             table = TableState(vals[0], vals[1], vals[2], table_id, t["file"])
+        number = -1
         for k, s in enumerate(obj["shards"] if table is None else []):
             records = int(s["records"])
             rows = {str(n): int(v) for n, v in s["rows"].items()}
             if records < 0 or any(v < 0 for v in rows.values()) or sorted(rows) != sorted(ragged):
                 raise ValueError(f"shard {k} ({s.get('name')!r}): bad record or row counts")
+            name, has_ids = s["name"], s["has_ids"]
+            # (a directory of this store: shard-NNNNNN, numbers increasing; every shard has ids or none)
+            m = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
+            if m is None or int(m[1]) <= number:
+                raise ValueError(f"shard {k}: name {name!r}, expected shard-NNNNNN (6+ digits) numbered above the "
+                                 "shard before")
+            number = int(m[1])
+            if not isinstance(has_ids, bool) or (shards and has_ids != shards[0].has_ids):
+                raise ValueError(f"shard {k} ({name!r}): has_ids {has_ids!r}, expected true or false as shard 0 says")
             files = {str(n): FileInfo(int(v["bytes"]), int(v["crc32"])) for n, v in s["files"].items()}
-            shards.append(ShardInfo(str(s["name"]), records, rows, files, bool(s["has_ids"])))
+            shards.append(ShardInfo(name, records, rows, files, has_ids))
         runs = [
             IndexRun(str(r["name"]), int(r["first_shard"]), int(r["end_shard"]), int(r["records"]), int(r["level"]))
             for r in obj.get("index_runs", [])
