@@ -443,6 +443,9 @@ def to_storage_array(field: Field, value: Any, *, what: str, item: Callable[[int
             arr = value if isinstance(value, BF16Bits) else np.asarray(value)  # (asarray drops the mark)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a schema error here
             raise SchemaError(f"{what}: cannot convert {type(value).__name__} to an array ({exc})") from exc
+        if arr.size == 0 and isinstance(value, (list, tuple)):  # NumPy makes [] float64: there is nothing to cast
+            shape = (0, *field.inner_shape) if field.ragged and arr.shape == (0,) else arr.shape  # [] is no row
+            arr = np.empty(shape, dtype=field.storage_dtype)
     if field.dtype == BFLOAT16:
         if isinstance(arr, BF16Bits) or arr.dtype.name == BFLOAT16 or arr.dtype == np.uint16:
             # uint16 is taken as bfloat16 bits: what a store opened with bfloat16="bits" returns

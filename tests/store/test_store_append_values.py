@@ -60,3 +60,24 @@ def test_lengths_that_sum_to_the_rows_only_by_overflow_are_refused(tmp_path: Pat
     s = ss.open(path)
     assert len(s) == 1 and s[0]["x"].tolist() == [1, 2]
     assert verify(path) == []
+
+
+def test_an_empty_list_is_a_record_with_no_rows_in_any_ragged_field(tmp_path: Path) -> None:
+    # NumPy makes [] a float64 array: it was refused as an unsafe cast into an integer field
+    schema = {"l": ss.Field("int32", (None,)), "m": ss.Field("int8", (None, 3)), "b": ss.Field("bfloat16", (None,))}
+    w = ss.create(tmp_path / "s", schema)
+    w.append({"l": [], "m": [], "b": []})
+    w.append_batch({"l": [[1, 2], []], "m": [[[1, 2, 3]], ()], "b": [[1.0], []]})
+    w.close()
+    s = ss.open(tmp_path / "s")
+    assert len(s) == 3
+    for i in (0, 2):
+        rec = s[i]
+        assert rec["l"].dtype == np.int32 and rec["l"].shape == (0,)
+        assert rec["m"].dtype == np.int8 and rec["m"].shape == (0, 3)
+        assert rec["b"].shape == (0,)
+    assert s[1]["l"].tolist() == [1, 2] and s[1]["m"].tolist() == [[1, 2, 3]]
+    w = ss.create(tmp_path / "f", {"x": ss.Field("int32", (2,))})
+    with pytest.raises(SchemaError, match="expected shape"):  # a fixed field still wants its shape
+        w.append({"x": []})
+    w.close()
