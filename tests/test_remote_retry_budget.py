@@ -129,3 +129,40 @@ def test_a_definite_answer_ends_the_failure_streak(moto_s3: MotoS3, remote: str,
     s3_proxy.fail(1, status=503, path="manifest.json")
     assert client.head("manifest.json").size > 0
     assert s3_proxy.count(path="manifest.json") == 2
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_retry_after_past_the_budget_through_fsspec_gives_up_at_once(tmp_path: Path, status: int) -> None:
+    """One retry policy for every back end (docs/remote.md): an fsspec filesystem (here ``webhdfs://``,
+    whose errors carry the answer) refused with a Retry-After of an hour, past the 2 s budget, was retried
+    with the plain backoff, its Retry-After ignored; as the direct reader, the error now comes at once and
+    names the Retry-After."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pytest.importorskip("requests")
+    asked: list[str] = []
+
+    class Throttled(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(status)
+            self.send_header("Retry-After", "3600")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Throttled)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"webhdfs://127.0.0.1:{server.server_address[1]}/s.seqstore"
+    try:
+        with pytest.raises(RemoteError) as err:
+            ss.open(url, storage_options={"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 3},
+                    cache_dir=tmp_path / "cache")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f"HTTP {status}, Retry-After 3600 s" in str(err.value), err.value
+    assert err.value.attempts == 1 and len(asked) == 1, (err.value, asked)

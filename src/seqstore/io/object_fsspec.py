@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at
-from .retry import Transient
+from .retry import Transient, parse_retry_after
 
 __all__ = ["FsspecBackend"]
 
@@ -241,7 +241,8 @@ def _status(exc: BaseException) -> int | None:
 
 def _refusal(url: str, status: int, exc: BaseException) -> BaseException:
     """The answer ``status`` to a request for ``url`` in seqstore's words: 401/403 a CredentialsError,
-    404 a RemoteNotFound, another 4xx a RemoteError (all at once), 5xx, 408 and 429 a Transient to retry."""
+    404 a RemoteNotFound, another 4xx a RemoteError (all at once), 5xx, 408 and 429 a Transient to retry
+    (after at least its ``Retry-After``, as the direct reader)."""
     if status in (401, 403):
         return error_at(CredentialsError, url, f"access refused (HTTP {status}); check the credentials")
     if status == 404:
@@ -249,7 +250,11 @@ def _refusal(url: str, status: int, exc: BaseException) -> BaseException:
     what = " ".join(str(exc).split())[:300]
     if 400 <= status < 500 and status not in (408, 429):
         return error_at(RemoteError, url, f"HTTP {status}: {what}")
-    return Transient(f"HTTP {status}: {type(exc).__name__}: {what}", answered=True)
+    response = getattr(exc, "response", None)  # (aiohttp's error carries the headers itself)
+    headers = getattr(exc if response is None else response, "headers", None) or {}
+    after = parse_retry_after(headers.get("Retry-After") or headers.get("retry-after"))  # (the next try waits)
+    wait = f", Retry-After {after:.0f} s" if after is not None else ""
+    return Transient(f"HTTP {status}{wait}: {type(exc).__name__}: {what}", answered=True, retry_after=after)
 
 
 def _network(exc: BaseException) -> str:
