@@ -434,3 +434,22 @@ def test_an_object_store_url_with_a_query_or_fragment_is_refused(tail: str, moto
     with pytest.raises(ConfigError, match="'\\?' or '#'"):
         ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "c")
     assert moto_s3.keys(bucket) == {}
+
+
+@pytest.mark.parametrize("prefix", ["latest/meta-data", "v1/computeMetadata"])
+def test_a_failure_under_a_path_that_names_a_credentials_service_is_retried(
+        moto_s3: MotoS3, s3_bucket: str, s3_proxy: Any, prefix: str) -> None:
+    """obstore's message names the request's URL: a 503 for an object whose path holds what a request to
+    an instance-metadata service names ("/latest/meta-data/", "computeMetadata/") was taken for a failed
+    lookup of credentials and raised at once as "no credentials found". It is retried, as anywhere else."""
+    from seqstore.io.objects import ObjectClient
+
+    moto_s3.put(s3_bucket, f"{prefix}/scan.bin", b"scan" * 25)
+    opts = moto_s3.storage_options(s3_proxy.url, timeout=2, connect_timeout=1, retry_timeout=5)
+    client = ObjectClient(f"s3://{s3_bucket}/{prefix}", opts)
+    s3_proxy.fail(1, status=503, path=f"/{prefix}/")
+    data, _ = client.get("scan.bin")
+    assert bytes(data) == b"scan" * 25
+    s3_proxy.fail(1, status=503, path=f"/{prefix}/")
+    [(got, _)] = client.get_ranges([("scan.bin", 4, 12, None)])
+    assert bytes(got) == (b"scan" * 25)[4:12]

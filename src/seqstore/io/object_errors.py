@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..errors import (
     BucketNotFound,
@@ -97,7 +97,10 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         if isinstance(exc, (OSError, TimeoutError)) and not isinstance(exc, Transient):
             return Transient(f"{type(exc).__name__}: {exc}")
         return exc
-    if any(h in str(exc) for h in _LOOKUPS):  # the request was never sent: the client found no credentials
+    # the request was never sent: the client found no credentials (the words in a URL of a lookup, not of
+    # the object: "s3://b/latest/meta-data/x" was taken for one, its 503s not retried)
+    path = urlsplit(url).path.lstrip("/") or "\0"
+    if any(h in str(exc).replace(quote(path, safe="/~"), " ").replace(path, " ") for h in _LOOKUPS):
         service = service_of(urlsplit(root).scheme.lower())
         err = _at(CredentialsError, url, f"no credentials found for {service} (none given, none in the environment, "
                   f"and the lookup of instance credentials failed: {short(exc, 160)}); {_CREDENTIALS[service]}; "
