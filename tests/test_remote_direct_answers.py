@@ -540,3 +540,53 @@ def test_a_status_line_that_does_not_begin_with_http_is_not_an_answer(serve: Cal
     client = _client(server, max_retries=0)
     with pytest.raises(RemoteError, match="not an HTTP answer"):
         client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
+
+
+_FORKED = """
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from test_remote_direct_answers import DATA, RawServer, _right
+from seqstore.io.objects import ObjectClient
+
+server = RawServer(_right)
+client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2})
+reader = client.direct_reader
+buf = bytearray(100)
+reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(buf))]).result(30)
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as the loop thread does, for a moment, many times a second
+    with reader._lock:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(buf))]).result(10)
+    os._exit(0 if bytes(buf) == DATA[100:200] else 3)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_child_forked_while_the_loop_held_its_lock_reads(tmp_path: Path) -> None:
+    """A process forked while the direct reader's loop thread held the reader's lock (it takes it many
+    times a second) gave its child that lock held for ever, with no thread to release it: the child's
+    first read hung. A forked child has a lock of its own (and none of its parent's queued requests)."""
+    script = tmp_path / "forked.py"
+    script.write_text(_FORKED)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

@@ -38,6 +38,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,11 @@ _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 _LEAST_RATE = 64 << 10  # bytes/s an answer must average (after its first ``timeout`` seconds): no trickle holds it
+_READERS: weakref.WeakSet[DirectReader] = weakref.WeakSet()  # a forked child's get a free lock, no parent's jobs
+def _forked() -> None:  # (a lock held at the fork by a thread the child has not, the loop's, stays held)
+    for r in _READERS:
+        r._lock, r._queue = threading.Lock(), deque()
+getattr(os, "register_at_fork", lambda **_: None)(after_in_child=_forked)  # (none on Windows)
 
 
 class DirectReader:
@@ -80,6 +86,7 @@ class DirectReader:
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._rcvbuf = receive_buffer()
+        _READERS.add(self)
 
     # ----------------------------------------------------------------------------------- public
 
