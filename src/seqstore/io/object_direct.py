@@ -38,14 +38,13 @@ import socket
 import ssl
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import RemoteError, StaleStoreError
 from .object_common import error_at
-from .object_links import Conn, Job, Lookups, Wave, receive_buffer
+from .object_links import Conn, Job, Lookups, Wave, receive_buffer, reset_in_child
 from .retry import Transient
 
 __all__ = ["DirectReader", "receive_buffer"]
@@ -54,11 +53,6 @@ _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 _LEAST_RATE = 64 << 10  # bytes/s an answer must average (after its first ``timeout`` seconds): no trickle holds it
-_READERS: weakref.WeakSet[DirectReader] = weakref.WeakSet()  # a forked child's get a free lock, no parent's jobs
-def _forked() -> None:  # (a lock held at the fork by a thread the child has not, the loop's, stays held)
-    for r in _READERS:
-        r._lock, r._queue = threading.Lock(), deque()
-getattr(os, "register_at_fork", lambda **_: None)(after_in_child=_forked)  # (none on Windows)
 
 
 class DirectReader:
@@ -86,7 +80,11 @@ class DirectReader:
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._rcvbuf = receive_buffer()
-        _READERS.add(self)
+        reset_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a free lock (the loop thread may have held it) and none of the parent's jobs."""
+        self._lock, self._queue = threading.Lock(), deque()
 
     # ----------------------------------------------------------------------------------- public
 

@@ -11,8 +11,10 @@ lookup that never ends leaves its thread, not the requests, waiting).
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +23,27 @@ from urllib.parse import urlsplit
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 from .retry import Attempts, Transient, parse_retry_after
 
-__all__ = ["Conn", "Job", "Lookups", "Wave", "receive_buffer"]
+__all__ = ["Conn", "Job", "Lookups", "Wave", "receive_buffer", "reset_in_child"]
 
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see :mod:`.object_direct`)
 _RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
 _RETRIED = frozenset((408, 429))  # and every 5xx (docs/remote.md, "Failures"), as the other back ends
+_IN_CHILD: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def reset_in_child(obj: Any) -> None:
+    """Call ``obj.reset_after_fork()`` in every child forked from now on: a lock that a thread of the parent
+    held at the fork (the loop's, which the child has not) would stay held for ever."""
+    _IN_CHILD.add(obj)
+
+
+def _forked() -> None:
+    for obj in list(_IN_CHILD):
+        obj.reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_forked)
 
 
 def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
