@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from store_testlib import create_legacy, edit_shard_meta
 
 import seqstore as ss
+from seqstore.errors import ConfigError
 from seqstore.format.checksums import CHECKS, SECRET_AT, span_checks
 from seqstore.format.npy import read_header
 from seqstore.store.read.verify import gather_rows_checked
@@ -481,3 +483,13 @@ def test_verify_names_the_first_damaged_record_of_a_file(scratch: Path, packed: 
     _flip(sh / "_checks.npy", 0)  # the checksums damaged too: they name no record
     _flip(sh / "t.npy", 1)
     assert all("first at record" not in p for p in verify(root))
+
+
+def test_verify_reads_as_a_storage_option_is_checked_like_the_others(scratch: Path) -> None:
+    root = _build(scratch / "o", shard_records=64)
+    with pytest.raises(ConfigError, match=r"verify_reads='ture': expected true or false"):
+        ss.open(root, storage_options={"verify_reads": "ture"})  # was: verification silently off
+    assert ss.open(root, storage_options={"verify_reads": "yes"})._verify_reads
+    assert not ss.open(root, storage_options={"verify_reads": "false"})._verify_reads
+    # any mapping, not only a dict
+    assert ss.open(root, storage_options=MappingProxyType({"verify_reads": "true"}))._verify_reads

@@ -47,9 +47,13 @@ def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
             for k, v in (options or {}).items()}
 
 
-def option_flag(value: Any) -> bool:
-    """A checked boolean storage option (``True``, ``"true"``, ``"1"``, ``"yes"``; the opposites)."""
-    return str(value).strip().lower() in _TRUE
+def option_flag(value: Any, url: str | None = None, key: str = "") -> bool:
+    """A boolean storage option (``True``, ``"true"``, ``"1"``, ``"yes"``; the opposites). With ``url``, a
+    value that is neither is a :class:`ConfigError` naming the store and option ``key``."""
+    text = str(value).strip().lower()
+    if url is not None and text not in _TRUE + _FALSE:
+        raise ConfigError(f"{url}: storage option {key}={value!r}: expected true or false")
+    return text in _TRUE
 
 
 def check_options(url: str, options: Mapping[str, Any]) -> None:
@@ -71,8 +75,8 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
             bound = f">= {least}" if inclusive else f"> {least}"
             raise ConfigError(f"{url}: storage option {key}={value!r}: expected {what} {bound}")
     for key in _FLAGS:
-        if key in options and str(options[key]).strip().lower() not in _TRUE + _FALSE:
-            raise ConfigError(f"{url}: storage option {key}={options[key]!r}: expected true or false")
+        if key in options:
+            option_flag(options[key], url, key)
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,10 @@ class Store:
             raise ValueError(f"readahead must be one of {READAHEAD_MODES}, got {readahead!r}")
         if max_mapped_shards is not None and (isinstance(max_mapped_shards, bool) or max_mapped_shards < 1):
             raise ValueError(f"max_mapped_shards must be a positive integer, got {max_mapped_shards!r}")
-        if isinstance(storage_options, dict) and "verify_reads" in storage_options:  # the Store's option
+        if isinstance(storage_options, Mapping) and "verify_reads" in storage_options:  # the Store's option
             storage_options = dict(storage_options)
-            verify_reads = option_flag(storage_options.pop("verify_reads")) or verify_reads
+            flag = storage_options.pop("verify_reads")
+            verify_reads = option_flag(flag, str(path), "verify_reads") or verify_reads  # (ConfigError: not a flag)
         self._verify_reads = bool(verify_reads)
         if isinstance(path, ByteSource):
             if storage_options or any(v is not None for v in remote.values()):
