@@ -714,7 +714,7 @@ def build_cases(
             )
     for kind, n in ({} if args.scans_only else sizes).items():
         store = str(paths[(kind, "seqstore")])
-        where = {"lance": str(paths[(kind, "lance")]), "h5py": str(paths[(kind, "hdf5")])}
+        where = {peer: str(paths.get((kind, layout), "")) for peer, layout in (("lance", "lance"), ("h5py", "hdf5"))}
         rows = [
             ("seqstore get_batch", "get_batch", store, False),
             ("seqstore iter_batches", "iter_batches", store, False),
