@@ -97,6 +97,13 @@ def test_schema_from_bad_json() -> None:
             ss.Schema.from_json(bad)
 
 
+@pytest.mark.parametrize("shape", [3, None, "ab", {"a": 1}])
+def test_a_field_shape_that_is_not_a_list_is_named(shape: object) -> None:
+    # 3 and None were a bare TypeError; a string or a dict was split into its characters or keys
+    with pytest.raises(ss.SchemaError, match=r"schema field 'x': 'shape' must be a list"):
+        ss.Schema.from_json({"x": {"dtype": "float32", "shape": shape}})
+
+
 # ------------------------------------------------------------------------------- value conversion
 
 

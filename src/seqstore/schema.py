@@ -114,6 +114,8 @@ class Field:
     def from_json(cls, obj: Any, *, where: str = "schema") -> Field:
         if not isinstance(obj, dict) or "dtype" not in obj or "shape" not in obj:
             raise SchemaError(f"{where}: expected an object with 'dtype' and 'shape', got {obj!r}")
+        if not isinstance(obj["shape"], (list, tuple)):  # (a string or dict would be split into its items)
+            raise SchemaError(f"{where}: 'shape' must be a list of ints and null, got {obj['shape']!r}")
         return cls(obj["dtype"], tuple(obj["shape"]))
 
     def __repr__(self) -> str:
