@@ -118,10 +118,6 @@ def given_schema(options: Mapping[str, str], where: str) -> Schema | None:
     if isinstance(obj, dict):  # shorthand {"col": ["float16", [null, 16]]} besides {"col": {"dtype":, "shape":}}
         obj = {k: ({"dtype": v[0], "shape": v[1:] and v[1]} if isinstance(v, list) and len(v) in (1, 2) else v)
                for k, v in obj.items()}
-        for k, v in obj.items():
-            if isinstance(v, list) or (isinstance(v, dict) and not isinstance(v.get("shape", []), list)):
-                raise SchemaError(f"{where}: option schema: column {k!r}: expected [dtype, [dims]] or "
-                                  f"{{\"dtype\": dtype, \"shape\": [dims]}}, got {v!r}")
     try:
         return Schema.from_json(obj)
     except (SchemaError, TypeError, ValueError) as exc:  # (a packed field's "columns" of the wrong kind)

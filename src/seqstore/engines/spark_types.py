@@ -122,7 +122,7 @@ def write_plan(path: str, spark_schema: Any, options: Mapping[str, str],
         elif isinstance(meta.get(c, {}).get(FIELD_METADATA_KEY), str):
             try:
                 spec[c] = Field.from_json(json.loads(meta[c][FIELD_METADATA_KEY]))
-            except (SchemaError, TypeError, ValueError):  # (metadata of the wrong kind: as no metadata)
+            except (SchemaError, ValueError):  # (metadata of the wrong kind: as no metadata)
                 spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
         else:
             spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
