@@ -58,6 +58,13 @@ def _open(moto_s3: MotoS3, url: str, cache: Path, endpoint: str | None = None, *
     return ss.open(url, storage_options=opts, cache_dir=cache, **kw)
 
 
+def _put_tree(fs: Any, local: Path, prefix: str) -> None:
+    """Every file of the store at ``local`` into fsspec filesystem ``fs`` under ``prefix``."""
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            fs.pipe(f"{prefix}/{p.relative_to(local).as_posix()}", p.read_bytes())
+
+
 def _disk_bytes(root: Path) -> int:
     """Bytes allocated on disk by the files under ``root`` (sparse files count what they hold)."""
     total = 0
@@ -455,9 +462,7 @@ def test_file_url_and_fsspec_filesystem(local: Path, tmp_path: Path) -> None:
     as_file = ss.open(f"file://{local}")
     assert digest(as_file) == digest(loc)
     mem = fsspec.filesystem("memory")
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            mem.pipe(f"/remote-test/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    _put_tree(mem, local, "/remote-test/main.seqstore")
     try:
         via_url = ss.open("memory://remote-test/main.seqstore", cache_dir=tmp_path / "c1")
         assert_same_reads(via_url, loc, seed=3)
@@ -472,9 +477,7 @@ def test_a_node_cache_removed_under_a_process_is_made_again(local: Path, tmp_pat
     through it runs: a store opened afterwards in that process makes the directory again and reads."""
     fsspec = pytest.importorskip("fsspec")
     mem = fsspec.filesystem("memory")
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            mem.pipe(f"/cleared/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    _put_tree(mem, local, "/cleared/main.seqstore")
     cache = tmp_path / "cache"
     try:
         ss.open("memory://cleared/main.seqstore", cache_dir=cache).get_batch([0])
@@ -495,9 +498,7 @@ def test_a_file_replaced_behind_an_fsspec_store_is_stale(tmp_path: Path) -> None
     with ss.create(local, {"v": ss.Field("float32", (256,))}) as w:
         w.append_batch({"v": np.arange(4000 * 256, dtype=np.float32).reshape(4000, 256)})
     mem = fsspec.filesystem("memory")
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            mem.pipe(f"/replaced/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    _put_tree(mem, local, "/replaced/main.seqstore")
     try:
         store = ss.open("memory://replaced/main.seqstore", cache_dir=tmp_path / "c")
         store.get_batch([0])
@@ -523,9 +524,7 @@ def test_a_file_replaced_while_an_fsspec_read_is_under_way_is_stale(tmp_path: Pa
     with ss.create(local, {"v": ss.Field("float32", (256,))}) as w:
         w.append_batch({"v": np.arange(4000 * 256, dtype=np.float32).reshape(4000, 256)})
     mem = fsspec.filesystem("memory")
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            mem.pipe(f"/racing/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+    _put_tree(mem, local, "/racing/main.seqstore")
     real = mem.cat_ranges
 
     def replaced_first(paths: list[str], *args: Any, **kwargs: Any) -> Any:  # another writer, at this moment
@@ -573,9 +572,7 @@ def test_a_store_rebuilt_on_a_filesystem_that_versions_files_by_blob_id_is_read_
         local = tmp_path / f"s{int(values[0, 0])}" / "main.seqstore"
         with ss.create(local, {"v": ss.Field("float32", (256,))}) as w:
             w.append_batch({"v": values})
-        for p in sorted(local.rglob("*")):
-            if p.is_file():
-                fs.pipe(f"/hub/main.seqstore/{p.relative_to(local).as_posix()}", p.read_bytes())
+        _put_tree(fs, local, "/hub/main.seqstore")
         return values
 
     old = put(np.arange(2000 * 256, dtype=np.float32).reshape(2000, 256))

@@ -288,6 +288,17 @@ def test_a_shard_whose_commit_failed_is_counted_as_pending(tmp_path: Path) -> No
     at_exit.unregister(w)
 
 
+def _manifest_blocked(root: Path, records: int) -> tuple[Any, Path]:
+    """A writer of shards of 2 records at ``root`` holding records 0..``records``-1, and a directory in the
+    way of its next manifest save (a full disk, as far as the commit can tell); remove it to make room."""
+    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
+    for i in range(records):
+        w.append({"x": i})
+    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
+    blocker.mkdir()
+    return w, blocker
+
+
 def _record_fsyncs(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Path]:
     """The directories ``module``'s ``fsync_dir`` is called with from now on (each still fsynced)."""
     synced: list[Path] = []
@@ -407,11 +418,7 @@ def test_a_commit_that_fails_after_its_shard_is_in_the_store_keeps_the_records(t
     records lost, though the shard was whole. The shard now goes back to the writer's workspace, the writer
     stays open, and its next commit commits it first (here a full shard's own commit, from append)."""
     root = tmp_path / "s"
-    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
-    for i in range(3):
-        w.append({"x": i})
-    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
-    blocker.mkdir()
+    w, blocker = _manifest_blocked(root, 3)
     with pytest.raises(OSError):
         w.append({"x": 3})  # the shard of records 2, 3 is full: committed here
     assert len(ss.open(root)) == 2 and not (root / "shard-000001").exists()
@@ -495,11 +502,7 @@ def test_a_failed_local_commit_holds_no_file_of_the_store_without_the_cycle_coll
     import gc
 
     root = tmp_path / "s"
-    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
-    for i in range(3):
-        w.append({"x": i})
-    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
-    blocker.mkdir()
+    w, blocker = _manifest_blocked(root, 3)
     gc.disable()
     try:
         with pytest.raises(OSError):
@@ -517,9 +520,7 @@ def test_append_batch_whose_commit_fails_with_the_shard_intact_keeps_the_writer_
     the workspace): append() kept the writer open with the records, as documented, but append_batch() marked
     the writer failed, so close() discarded them. Now the writer stays open and close() commits them."""
     root = tmp_path / "s"
-    w = ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=2)
-    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
-    blocker.mkdir()
+    w, blocker = _manifest_blocked(root, 0)
     with pytest.raises(OSError):
         w.append_batch({"x": np.arange(2)})  # one full shard: committed here
     assert len(ss.open(root)) == 0
