@@ -200,3 +200,25 @@ def test_a_first_record_of_an_unsupported_dtype_is_named(scratch: Path, dtype: s
                        r", fc1/grad: unsupported dtype"):
         import_logix(scratch / "logs", scratch / "out")
     assert not (scratch / "out").exists()
+
+
+def test_the_importers_keywords_are_checked_before_the_log_is_read(scratch: Path) -> None:
+    """``import_logix`` goes through the importers' driver: its keywords are checked as every importer's
+    are, before the log directory is looked at (here it does not exist)."""
+    missing = scratch / "no-log"
+    with pytest.raises(ValueError, match="storage_options are for URLs"):
+        import_logix(missing, scratch / "o", storage_options={"region": "x"})
+    with pytest.raises(ValueError, match="shard_bytes must be positive"):
+        import_logix(missing, scratch / "o", shard_bytes=0)
+    with pytest.raises(ValueError, match="batch_records must be a positive integer, got 0"):
+        import_logix(missing, scratch / "o", batch_records=0)
+    assert not (scratch / "o").exists()
+
+
+def test_import_to_a_url_with_storage_options(scratch: Path, moto_s3: Any, s3_bucket: str) -> None:
+    """The URL's client options are given as for every importer (no credentials in the environment)."""
+    url, opts = f"s3://{s3_bucket}/opts.seqstore", moto_s3.storage_options()
+    report = import_logix(DATA / "analog", url, storage_options=opts)
+    st = ss.open(url, storage_options=opts)
+    assert report.records == len(st) == len(EXPECTED_IDS) and st.id(0) == EXPECTED_IDS[0]
+    assert list(st.groups) == ["packed"] and st.manifest.stats["duplicates_skipped"] == 3

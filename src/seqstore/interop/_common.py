@@ -1,5 +1,5 @@
 """Shared pieces of the importers and exporters: the error types, progress totals, byte-budget chunking,
-and the all-or-nothing write of a new store (:func:`new_store`, over ``store/write/outputs.py``): validated
+and the all-or-nothing write of a new store (:func:`new_store`, over ``store/aside.py``): validated
 first, built in a hidden sibling and renamed into place once complete, so a failure during the write (the
 writer commits shards by itself) leaves nothing behind and an existing output, even with
 ``overwrite=True``, untouched.
@@ -21,6 +21,7 @@ from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..schema import Schema, field_list
 from ..store import Store, Writer, create, open_store
+from ..store.aside import built_aside
 from ..store.write.outputs import (  # (re-exported: the importers take them from here)
     OutputExistsError,
     check_output,
@@ -151,22 +152,24 @@ def check_named_once(where: str, names: Sequence[str], what: str = "field") -> N
 
 def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], fill: Callable[[Writer], None], *,
               overwrite: bool = False, shard_bytes: int = 1 << 30, metadata: Mapping[str, Any] | None = None,
-              direct_io: bool = False) -> None:
+              direct_io: bool = False, packed: Mapping[str, Sequence[str]] | None = None,
+              storage_options: Mapping[str, Any] | None = None) -> None:
     """Create the store ``out``, call ``fill(writer)``, commit and close: all or nothing. ``direct_io``:
-    the data files are written with ``O_DIRECT`` (:class:`~seqstore.store.Writer`).
+    the data files are written with ``O_DIRECT``; ``packed``: fields packed into one matrix per group
+    (both as :func:`~seqstore.create` takes them).
 
-    The store is built in a hidden sibling ``<parent>/.<name>.tmp-<pid>-<random>`` and renamed into
-    place once the writer has closed (:func:`replaced`); if ``fill`` or the commit fails, the writer is
-    aborted and only the sibling deleted: ``out`` is exactly as before. A kill leaves at worst a hidden
-    ``.<name>.tmp-*`` (or ``.<name>.old-*`` holding the previous store) next to ``out``, which the next
-    conversion to ``out`` deletes (or puts back) once no process holds it. Before anything
-    is written: :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is
-    false, SeqstoreError when it is not a store (a file, or a non-empty directory without a manifest).
+    The store is built aside (:func:`~seqstore.store.aside.built_aside`): a local ``out`` in a hidden
+    sibling ``<parent>/.<name>.tmp-<pid>-<random>``, renamed into place once the writer has closed; a
+    URL of object storage (``storage_options``: its client's) in a local temporary directory, copied
+    there once complete. If ``fill`` or the commit fails, the writer is aborted and only what was built
+    aside deleted: ``out`` is exactly as before. A kill leaves at worst a hidden ``.<name>.tmp-*`` (or
+    ``.<name>.old-*`` holding the previous store) next to a local ``out``, which the next conversion to
+    ``out`` deletes (or puts back) once no process holds it. Before anything is written:
+    :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is false,
+    SeqstoreError when it is not a store (a file, or a non-empty directory without a manifest).
     """
-    root = local_path(out)  # (a file:// URL, as create takes it)
-    check_output(root, overwrite)
-    with replaced(root) as tmp:
-        writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io)
+    with built_aside(out, overwrite, "seqstore-import-", storage_options) as tmp:
+        writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io, packed=packed)
         try:
             fill(writer)
             writer.close()

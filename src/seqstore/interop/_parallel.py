@@ -246,18 +246,21 @@ def convert_in_parallel(out: str | os.PathLike[str], schema: Schema, units: Sequ
 
 def build_store(out: str | os.PathLike[str], schema: Schema, fill: Callable[[Any], None], *, overwrite: bool,
                 shard_bytes: int, metadata: Mapping[str, Any] | None, storage_options: Mapping[str, Any] | None,
-                direct_io: bool = False) -> Store:
+                direct_io: bool = False, packed: Mapping[str, Sequence[str]] | None = None,
+                aside: bool = False) -> Store:
     """A new store at ``out`` from ``fill(writer)`` run in this process, all or nothing, and opened: a
     local path is built in a hidden sibling and renamed into place (:func:`~._common.new_store`); a URL
     of object storage gets the records as one part, committed once ``fill`` returns (for sources that
-    cannot be handed to worker processes: a stream, a dataset object in memory). ``direct_io``: as for
-    :func:`convert_in_parallel`."""
-    if not is_remote(out):
-        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
-                  direct_io=direct_io)
-        return open_store(out)
-    url = os.fspath(out)
+    cannot be handed to worker processes: a stream, a dataset object in memory), or with ``aside`` (or
+    ``packed``, which parts do not take) is built in a local temporary directory and copied there (for
+    a ``fill`` that opens what it has committed, at ``writer.root``, as a store). ``direct_io``: as for
+    :func:`convert_in_parallel`; ``packed``: as :func:`~seqstore.create` takes it."""
     options = dict(storage_options) if storage_options else None
+    if not is_remote(out) or aside or packed is not None:
+        new_store(out, schema, fill, overwrite=overwrite, shard_bytes=shard_bytes, metadata=metadata,
+                  direct_io=direct_io, packed=packed, storage_options=options)
+        return open_store(out, storage_options=options)
+    url = os.fspath(out)
 
     def produce(job_id: str) -> list[Part]:
         return [_part(url, job_id, "u000000", shard_bytes, options, direct_io, fill)]

@@ -7,7 +7,9 @@ with, where the source splits, a function cutting it into units for worker proce
 the rest, the same way for every format: :func:`options` reads the common keywords and refuses bad ones
 before anything is read; :func:`write` sends more than one unit (or a URL, for a format that writes URLs
 as parts) to worker processes (:func:`~._parallel.convert_in_parallel`: parts, one commit) and anything
-else to :func:`~._parallel.build_store` in this process. The progress total is announced once the
+else to :func:`~._parallel.build_store` in this process (a job that reads back what it committed, as
+the LogIX import's duplicate check does, is one writer in a local directory, copied to a URL once
+complete). The progress total is announced once the
 output path is checked (a total that costs a pass over the source only when the callback has
 ``add_total``). All or nothing: a failure leaves no store (an existing one, with ``overwrite``, intact).
 """
@@ -69,7 +71,10 @@ class Conversion:
     unit, a function computing it (called only when it is wanted), or None when unknown.
     ``url_as_parts``: a URL is written by workers as parts even with ``workers=1`` (else in this
     process, as one part). ``preload``, ``in_driver``: as :func:`~._parallel.convert_in_parallel`;
-    ``after_parallel`` runs once a parallel conversion ends (either way)."""
+    ``after_parallel`` runs once a parallel conversion ends (either way). ``packed``: fields packed
+    into one matrix per group (:func:`~seqstore.create`'s ``packed``); ``reads_back``: the job opens
+    what it has committed (``writer.root``) as a store while it writes. Either makes the store built
+    in this process in a local directory (a URL: copied there once complete), as one writer."""
 
     schema: Schema
     metadata: Mapping[str, Any]
@@ -81,6 +86,8 @@ class Conversion:
     preload: Sequence[str] = ()
     in_driver: bool = False
     after_parallel: Callable[[], None] | None = None
+    packed: Mapping[str, Sequence[str]] | None = None
+    reads_back: bool = False
 
 
 def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any]) -> Options:
@@ -122,8 +129,9 @@ def write(conv: Conversion, out: str | os.PathLike[str], opts: Options, *, direc
     nothing, and open it (the module docs say how)."""
     remote, workers, progress = is_remote(out), opts.workers, opts.progress
     metadata = dict(conv.metadata)
-    parts_for_url = remote and conv.url_as_parts
-    units = conv.units(workers) if conv.units is not None and (workers > 1 or parts_for_url) else []
+    one_writer = conv.reads_back or conv.packed is not None
+    parts_for_url = remote and conv.url_as_parts and not one_writer
+    units = conv.units(workers) if conv.units is not None and not one_writer and (workers > 1 or parts_for_url) else []
     if len(units) > 1 or parts_for_url:
         try:
             return convert_in_parallel(out, conv.schema, units, _total(conv, progress, True) or 0,
@@ -141,4 +149,5 @@ def write(conv: Conversion, out: str | os.PathLike[str], opts: Options, *, direc
         conv.job.write(writer, conv.whole, progress)
 
     return build_store(out, conv.schema, fill, overwrite=opts.overwrite, shard_bytes=opts.shard_bytes,
-                       metadata=metadata, storage_options=opts.storage_options, direct_io=direct_io)
+                       metadata=metadata, storage_options=opts.storage_options, direct_io=direct_io,
+                       packed=conv.packed, aside=conv.reads_back)

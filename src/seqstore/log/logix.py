@@ -17,13 +17,12 @@ joined by ``/`` (other characters than ``[A-Za-z0-9_.-]`` become ``_``), packed 
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, SchemaError
-from ..io.object_common import is_remote
 from ..schema import Field, Schema
-from ..store.copy import copy
+from ..store import Writer
 from ..store.reader import open_store
-from ..store.write.api import existing_manifest
-from ..store.write.outputs import OutputExistsError, check_output, replaced
-from ..store.writer import create
-from .logger import default_packing
+from ._tensors import default_packing
 
 __all__ = ["import_logix", "ImportReport", "find_logix_chunks"]
 
@@ -181,15 +176,17 @@ def _gather(mm: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], nbytes: int
 
 def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False,
                  batch_records: int = 4096, metadata: dict[str, Any] | None = None,
-                 progress: Callable[[int], None] | None = None, shard_bytes: int = 1 << 30) -> ImportReport:
+                 progress: Callable[[int], None] | None = None, shard_bytes: int = 1 << 30,
+                 storage_options: Mapping[str, Any] | None = None) -> ImportReport:
     """Convert the LogIX log in ``logdir`` into a new store at ``out``; return an :class:`ImportReport`.
 
     Record ``data_id`` becomes the record id; each logged array a field (``"fc1/grad"``). Records keep
     LogIX's order (rank, chunk, position); a repeated ``data_id`` keeps its first occurrence. All or
-    nothing, like the other importers: the store is built in a hidden sibling of ``out`` (committed
-    chunk by chunk there, for the duplicate check) and renamed into place at the end, so a failure
-    leaves ``out`` as it was (an existing store, with ``overwrite``, intact); a URL ``out`` is built in
-    a local temporary directory (room for the store needed there) and copied to the URL once complete
+    nothing, through the importers' driver (:mod:`seqstore.interop.driver`): the store is built in a
+    hidden sibling of ``out`` (committed chunk by chunk there, for the duplicate check) and renamed into
+    place at the end, so a failure leaves ``out`` as it was (an existing store, with ``overwrite``,
+    intact); a URL ``out`` (``storage_options``: its client's options) is built in a local temporary
+    directory (room for the store needed there) and copied to the URL once complete
     (:func:`seqstore.copy`: its manifest last), so a log that fails leaves the URL untouched. Raises
     :class:`~seqstore.FormatError` for a missing/malformed chunk and :class:`~seqstore.SchemaError`
     when records disagree on modules, shapes or dtypes. ``progress`` is called with the running total
@@ -197,118 +194,118 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     the records each chunk will add (duplicates excluded) before they are written. ``shard_bytes``: the
     store's shard size, as for the other importers.
     """
+    from ..interop import driver
+
     t0 = time.perf_counter()
+    opts = driver.options("import_logix", out, {"overwrite": overwrite, "shard_bytes": shard_bytes,
+                                                "storage_options": storage_options})
+    if isinstance(batch_records, bool) or not isinstance(batch_records, int) or batch_records < 1:
+        raise ValueError(f"import_logix: batch_records must be a positive integer, got {batch_records!r}")
     chunks = find_logix_chunks(logdir)
-    with built_aside(out, overwrite, "seqstore-logix-") as tmp:  # out refused before anything is read
-        return _import_into(tmp, chunks, logdir, batch_records, metadata, progress, t0, shard_bytes)
+    job = _plan(chunks, logdir, batch_records)
+    meta = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": job.fields,
+            **(metadata or {})}
+    conv = driver.Conversion(job.schema, meta, job, chunks, None, url_as_parts=False,
+                             packed=default_packing(job.schema), reads_back=True)
+    driver.write(conv, out, dataclasses.replace(opts, progress=progress))
+    return ImportReport(job.records, job.skipped, len(chunks), job.nbytes, time.perf_counter() - t0, job.fields)
 
 
-@contextlib.contextmanager
-def built_aside(out: str | os.PathLike[str], overwrite: bool, prefix: str) -> Iterator[Path]:
-    """Where to build the new store ``out``, put at ``out`` when the block ends and deleted if it raises,
-    so a failure leaves ``out`` as it was. A local ``out``: a hidden sibling, renamed into place; a URL:
-    a local temporary directory (named ``prefix...``), copied to the URL (:func:`seqstore.copy`: its
-    manifest last). An existing store at ``out`` is refused at once unless ``overwrite``."""
-    if not is_remote(out):
-        check_output(Path(out), overwrite)
-        with replaced(Path(out)) as tmp:
-            yield tmp
-        return
-    if not overwrite and existing_manifest(out) is not None:
-        raise OutputExistsError(os.fspath(out))
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        yield Path(tmp) / "store"
-        copy(Path(tmp) / "store", out, overwrite=overwrite)
-
-
-def _import_into(out: str | os.PathLike[str], chunks: list[tuple[int, int, Path, Path]],
-                 logdir: str | os.PathLike[str], batch_records: int, metadata: dict[str, Any] | None,
-                 progress: Callable[[int], None] | None, t0: float, shard_bytes: int) -> ImportReport:
-    """:func:`import_logix`'s work: the records of ``chunks`` into the new store ``out``."""
-    writer = None
-    schema: Schema | None = None
-    names: list[str] = []
-    signature: tuple[Any, ...] | None = None
-    records = skipped = nbytes = 0
-    fields_map: dict[str, str] = {}
+def _chunk_records(meta_path: Path) -> list[_Record]:
+    """The records a chunk's metadata file lists (FormatError naming the file when it cannot be read)."""
     try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{meta_path}: cannot read LogIX metadata ({exc})") from exc
+    return list(_records(meta, meta_path))
+
+
+def _plan(chunks: list[tuple[int, int, Path, Path]], logdir: str | os.PathLike[str], batch_records: int) -> _Job:
+    """The import's job, its schema taken from the log's first record (FormatError for a log without one)."""
+    for _rank, _chunk, _data, meta_path in chunks:
+        recs = _chunk_records(meta_path)
+        if recs:
+            break
+    else:
+        raise FormatError(f"{logdir}: the log holds no records")
+    r0 = recs[0]
+    names = [_field_name(k) for k in r0.keys]
+    if len(set(names)) != len(names):
+        raise SchemaError(f"{meta_path}: module paths {r0.keys} collide after renaming to {names}")
+    spec = {}
+    for n, key, sh, dt in zip(names, r0.keys, r0.shapes, r0.dtypes):
+        try:
+            spec[n] = Field(dt, sh)
+        except SchemaError as exc:
+            raise SchemaError(f"{meta_path}: data_id {r0.data_id!r}, {'/'.join(key)}: {exc}") from None
+    return _Job(Schema(spec), names, (r0.keys, r0.shapes, r0.dtypes), batch_records,
+                {n: "/".join(k) for n, k in zip(names, r0.keys)})
+
+
+@dataclass(eq=False)
+class _Job:
+    """The LogIX import as the driver's job: ``write`` appends the records of the chunks it is given,
+    committing after each chunk so that the next chunk's duplicates are found in the store so far;
+    it counts what it did."""
+
+    schema: Schema
+    names: list[str]
+    signature: tuple[Any, ...]  # (keys, shapes, dtypes) of the log's first record
+    batch_records: int
+    fields: dict[str, str]  # field name -> LogIX key path
+    records: int = 0
+    skipped: int = 0
+    nbytes: int = 0
+
+    def write(self, writer: Writer, chunks: list[tuple[int, int, Path, Path]],
+              progress: Callable[[int], None] | None) -> None:
         for _rank, _chunk, data_path, meta_path in chunks:
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise FormatError(f"{meta_path}: cannot read LogIX metadata ({exc})") from exc
-            recs = list(_records(meta, meta_path))
-            del meta
-            if not recs:
-                continue
-            if schema is None:
-                r0 = recs[0]
-                names = [_field_name(k) for k in r0.keys]
-                if len(set(names)) != len(names):
-                    raise SchemaError(f"{meta_path}: module paths {r0.keys} collide after renaming to {names}")
-                fields_map = {n: "/".join(k) for n, k in zip(names, r0.keys)}
-                spec = {}
-                for n, key, sh, dt in zip(names, r0.keys, r0.shapes, r0.dtypes):
-                    try:
-                        spec[n] = Field(dt, sh)
-                    except SchemaError as exc:
-                        raise SchemaError(f"{meta_path}: data_id {r0.data_id!r}, {'/'.join(key)}: {exc}") from None
-                schema = Schema(spec)
-                signature = (r0.keys, r0.shapes, r0.dtypes)
-                meta_out = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": fields_map,
-                            **(metadata or {})}
-                writer = create(out, schema, packed=default_packing(schema), metadata=meta_out,
-                                shard_bytes=shard_bytes)
-            for r in recs:
-                if (r.keys, r.shapes, r.dtypes) != signature:
-                    raise SchemaError(
-                        f"{meta_path}: data_id {r.data_id!r} has modules/shapes/dtypes "
-                        f"{list(zip(r.keys, r.shapes, r.dtypes))}, "
-                        f"the log's first record has {list(zip(*signature))}"  # type: ignore[misc]
-                    )
-            assert writer is not None and schema is not None
-            # first occurrence wins: within this chunk, then against everything imported before
-            first: dict[str, int] = {}
-            for k, r in enumerate(recs):
-                first.setdefault(r.data_id, k)
-            keep = list(first.values())
-            if records:
-                store = open_store(out)
-                found = store.index_many([recs[k].data_id for k in keep], missing=-1)
-                keep = [k for k, f in zip(keep, found.tolist()) if f < 0]
-            skipped += len(recs) - len(keep)
-            add_total = getattr(progress, "add_total", None)  # a progress bar learns the size chunk by chunk
-            if add_total is not None:
-                add_total(len(keep))
-            mm = np.memmap(data_path, dtype=np.uint8, mode="r") if data_path.stat().st_size else np.empty(0, np.uint8)
-            offsets = np.array([r.offsets for r in recs], dtype=np.int64)  # (records, fields)
-            ends = offsets + np.array([schema[n].row_bytes for n in names], dtype=np.int64)
-            bad = np.asarray(keep, dtype=np.int64)
-            bad = bad[((offsets[bad] < 0) | (ends[bad] > len(mm))).any(axis=1)]
-            if len(bad):
-                raise FormatError(f"{data_path}: data_id {recs[int(bad[0])].data_id!r}: its values lie outside the "
-                                  f"file ({len(mm)} bytes; {len(bad)} record(s) of this chunk do)")
-            for a in range(0, len(keep), batch_records):
-                sel = np.array(keep[a : a + batch_records], dtype=np.int64)
-                cols = {}
-                for j, name in enumerate(names):
-                    f = schema[name]
-                    cols[name] = _gather(mm, offsets[sel, j], f.row_bytes, f.storage_dtype).reshape(
-                        len(sel), *f.inner_shape
-                    )
-                writer.append_batch(cols, ids=[recs[k].data_id for k in sel.tolist()])
-                records += len(sel)
-                nbytes += sum(c.nbytes for c in cols.values())
-                if progress is not None:
-                    progress(records)
-            del mm
-            writer.add_stats({"duplicates_skipped": len(recs) - len(keep)})
-            writer.commit()  # chunk by chunk: ids become visible to the duplicate check
-        if writer is None:
-            raise FormatError(f"{logdir}: the log holds no records")
-        writer.close()
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    return ImportReport(records, skipped, len(chunks), nbytes, time.perf_counter() - t0, fields_map)
+            recs = _chunk_records(meta_path)
+            if recs:
+                self._chunk(writer, recs, data_path, meta_path, progress)
+
+    def _chunk(self, writer: Writer, recs: list[_Record], data_path: Path, meta_path: Path,
+               progress: Callable[[int], None] | None) -> None:
+        schema, names, signature = self.schema, self.names, self.signature
+        for r in recs:
+            if (r.keys, r.shapes, r.dtypes) != signature:
+                raise SchemaError(
+                    f"{meta_path}: data_id {r.data_id!r} has modules/shapes/dtypes "
+                    f"{list(zip(r.keys, r.shapes, r.dtypes))}, the log's first record has {list(zip(*signature))}"
+                )
+        # first occurrence wins: within this chunk, then against everything imported before
+        first: dict[str, int] = {}
+        for k, r in enumerate(recs):
+            first.setdefault(r.data_id, k)
+        keep = list(first.values())
+        if self.records:
+            found = open_store(writer.root).index_many([recs[k].data_id for k in keep], missing=-1)
+            keep = [k for k, f in zip(keep, found.tolist()) if f < 0]
+        self.skipped += len(recs) - len(keep)
+        add_total = getattr(progress, "add_total", None)  # a progress bar learns the size chunk by chunk
+        if add_total is not None:
+            add_total(len(keep))
+        mm = np.memmap(data_path, dtype=np.uint8, mode="r") if data_path.stat().st_size else np.empty(0, np.uint8)
+        offsets = np.array([r.offsets for r in recs], dtype=np.int64)  # (records, fields)
+        ends = offsets + np.array([schema[n].row_bytes for n in names], dtype=np.int64)
+        bad = np.asarray(keep, dtype=np.int64)
+        bad = bad[((offsets[bad] < 0) | (ends[bad] > len(mm))).any(axis=1)]
+        if len(bad):
+            raise FormatError(f"{data_path}: data_id {recs[int(bad[0])].data_id!r}: its values lie outside the "
+                              f"file ({len(mm)} bytes; {len(bad)} record(s) of this chunk do)")
+        for a in range(0, len(keep), self.batch_records):
+            sel = np.array(keep[a : a + self.batch_records], dtype=np.int64)
+            cols = {}
+            for j, name in enumerate(names):
+                f = schema[name]
+                cols[name] = _gather(mm, offsets[sel, j], f.row_bytes, f.storage_dtype).reshape(
+                    len(sel), *f.inner_shape
+                )
+            writer.append_batch(cols, ids=[recs[k].data_id for k in sel.tolist()])
+            self.records += len(sel)
+            self.nbytes += sum(c.nbytes for c in cols.values())
+            if progress is not None:
+                progress(self.records)
+        del mm
+        writer.add_stats({"duplicates_skipped": len(recs) - len(keep)})
+        writer.commit()  # chunk by chunk: ids become visible to the duplicate check

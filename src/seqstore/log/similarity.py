@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ..schema import BFLOAT16, Field, bfloat16_to_float32, flatten_values
+from ..store.aside import built_aside
 from ..store.reader import Store, open_store
 from ..store.writer import create
 from ._tensors import is_torch
-from .logix import built_aside
 
 __all__ = ["similarity", "SimilarityResult"]
 
