@@ -13,6 +13,7 @@ import pytest
 import seqstore
 from seqstore import Field
 from seqstore.data import LengthsDataset, MixtureSchedule, MixtureStream, PackedDataset, StoreDataset
+from seqstore.data._lengths import FuncLengths
 
 STAGES = [(0, {"web": 0.8, "code": 0.2}), (800_000, {"web": 0.4, "curated": 0.6}),
           (3_000_000, {"web": 1, "code": 1, "curated": 1})]
@@ -452,3 +453,32 @@ def test_a_small_source_walked_thousands_of_epochs_in_one_call() -> None:
         want = small.epoch_order(p + 1).to_numpy()
         np.testing.assert_array_equal(ids[::-1][p * 150 : (p + 1) * 150], want)
         np.testing.assert_array_equal(lens[::-1][p * 150 : (p + 1) * 150], want + 1)
+
+
+def test_tokens_before_a_resume_far_into_the_run_reads_each_source_at_most_twice_over() -> None:
+    """A resume that changes to a schedule in tokens needs the documents' tokens before the change: they
+    are each source's whole epochs (its total tokens) plus a part of one epoch, not a walk over every
+    sample of the run (60_000 lengths read for 500 documents before). Exact: the sum over the samples."""
+    reads = [0]
+
+    def counted(lens: np.ndarray) -> Any:
+        def take(idx: np.ndarray) -> np.ndarray:
+            reads[0] += len(idx)
+            return lens[idx]
+        return FuncLengths(len(lens), take)
+
+    def sources() -> dict[str, LengthsDataset]:
+        rng = np.random.default_rng(3)
+        return {"web": LengthsDataset(counted(rng.integers(1, 90, 300)), ordering="random", seed=1),
+                "code": LengthsDataset(counted(rng.integers(1, 40, 200)), ordering="random", seed=2)}
+
+    old = MixtureSchedule({"web": 0.7, "code": 0.3}, ["web", "code"])
+    frontier = 60_037
+    want = int(MixtureStream(sources(), old, chunk=1000).docs_at(np.arange(frontier))[1].sum())
+    mix = MixtureStream(sources(), [(0, {"web": 1}), (10 ** 12, {"code": 1})], unit="tokens", chunk=1000)
+    reads[0] = 0
+    mix.load_state([[0, old.to_json(), [0, 0]]], frontier)
+    assert mix.segments[-1][0] == frontier and mix._walk is not None and mix._walk.t == want
+    assert reads[0] <= 2 * 500
+    assert mix.tokens_before(frontier) == want and mix.tokens_before(frontier - 999) == int(
+        MixtureStream(sources(), old, chunk=1000).docs_at(np.arange(frontier - 999))[1].sum())

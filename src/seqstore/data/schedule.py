@@ -297,6 +297,7 @@ class MixtureStream:
         if empty:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents but a weight > 0 in the schedule")
         self._orders: dict[tuple[int, int], Order] = {}
+        self._totals: dict[int, int] = {}  # per source, the tokens of all its documents (as needed)
         # segments: (first sample, schedule in samples, positions of every source at that sample)
         self.segments: list[tuple[int, MixtureSchedule, IntArray]] = []
         self._walk: _Walk | None = None  # the last segment's schedule in tokens, as far as resolved
@@ -349,17 +350,42 @@ class MixtureStream:
         return self._docs_resolved(g)[1]
 
     def tokens_before(self, g: int) -> int:
-        """The documents' tokens (their lengths, no EOS) of samples ``[0, g)``. Cheap at or after the
-        point a schedule in tokens walked to; else a walk over the lengths of the samples before ``g``."""
+        """The documents' tokens (their lengths, no EOS) of samples ``[0, g)``. Near the point a schedule
+        in tokens walked to, a walk from there; else, per source, its tokens in the positions dealt before
+        ``g``: whole epochs (the source's total) and a part of one, so at most about twice each source's
+        lengths are read however far into the run ``g`` is (a walk read every sample's)."""
+        g = check_int(g, "MixtureStream.tokens_before: the sample number", 0)
+        pos = self.positions(g)  # (finds the stages in tokens that begin before g)
         w = self._walk
-        if w is not None and w.f <= g:
-            self._advance(g, exact=True)
-            return w.t
-        if w is not None and w.g0 <= g:  # back from the walk over resolved samples
-            lens = self._lengths_at(np.arange(g, w.f, dtype=np.int64))
-            return w.t - int(lens.sum())
-        return sum(int(self._lengths_at(np.arange(a, min(g, a + self.chunk), dtype=np.int64)).sum())
-                   for a in range(0, g, self.chunk))
+        walked = abs(g - w.f) if w is not None and w.g0 <= g else g
+        if walked <= sum(min(int(p), 2 * int(n)) for p, n in zip(pos, self.combined.num)):
+            if w is not None and w.f <= g:
+                self._advance(g, exact=True)
+                return w.t
+            if w is not None and w.g0 <= g:  # back from the walk over resolved samples
+                return w.t - int(self._lengths_at(np.arange(g, w.f, dtype=np.int64)).sum())
+            return sum(int(self._lengths_at(np.arange(a, min(g, a + self.chunk), dtype=np.int64)).sum())
+                       for a in range(0, g, self.chunk))
+        return sum(self._source_tokens(k, int(p)) for k, p in enumerate(pos))
+
+    def _source_tokens(self, k: int, p: int) -> int:
+        """Tokens of source ``k``'s first ``p`` positions (its epochs back to back): its total per whole
+        epoch, and the part of the last epoch (or the total less the rest of it, whichever is shorter)."""
+        n = int(self.combined.num[k])
+        full, r = divmod(p, n) if n else (0, 0)
+        if r == 0 and full == 0:
+            return 0
+        lens = self.combined.datasets[k].lengths()
+        total = self._totals.get(k)
+        if total is None and (full or 2 * r > n):
+            total = self._totals[k] = sum(int(c.sum()) for c in lens.iter_chunks())
+        if r == 0:
+            return full * int(total or 0)
+        order = self._order(k, full + 1)
+        a, b = (0, r) if total is None or 2 * r <= n else (r, n)
+        step = max(self.chunk, 1 << 16)
+        part = sum(int(lens.take(order._take_range(x, min(b, x + step))).sum()) for x in range(a, b, step))
+        return full * int(total or 0) + (part if a == 0 else int(total or 0) - part)
 
     @property
     def dataset(self) -> Dataset:
