@@ -272,7 +272,7 @@ def test_documents_without_tokens_are_an_error_not_a_hang(tmp_path: Path, mode: 
     with no documents), not an endless pull. Empty documents among others still pack."""
     path = _store(tmp_path / "s.seqstore", np.zeros(50, dtype=np.int64))
     packed = PackedDataset(path, seq_len=16, mode=mode, window=4)
-    with pytest.raises(ValueError, match="share 0 of 1: no token in its documents of 16 epochs"):
+    with pytest.raises(ValueError, match="share 0 of 1: none of the 50 documents it draws from has a token"):
         packed.open(packed.shares(None, 1)[0]).batch(2)
     batch = PackedDataset(path, seq_len=16, mode=mode, window=4, eos=7).open(packed.shares(None, 1)[0]).batch(2)
     # documents of only their EOS (best_fit: the window's 4 in a row, then padding)
@@ -666,7 +666,7 @@ def test_a_share_range_past_its_epoch_is_refused_naming_it() -> None:
 def test_sub_epochs_of_empty_documents_before_the_tokens_pack(mode: str) -> None:
     """A length-sorted dataset cut into 20 sub-epochs whose first 18 hold only empty documents has tokens:
     it packs (16 sub-epochs without a token were taken for a dataset with none). One with no token at all
-    still raises, after 16 full epochs."""
+    raises once a block held no token."""
     lens = np.array([0] * 90 + [50] * 10, dtype=np.int64)
     packed = PackedDataset(LengthsDataset(lens, ordering="sorted", partition_epoch=20), seq_len=16, mode=mode)
     stream = packed.open(packed.fresh_state()["shares"][0])
@@ -674,5 +674,23 @@ def test_sub_epochs_of_empty_documents_before_the_tokens_pack(mode: str) -> None
     stats = stream.state()["stats"]
     assert stats["sequences"] == 4 and stats["tokens"] == (4 * 16 if mode == "concat" else 50)  # best_fit: padded
     empty = PackedDataset(LengthsDataset(np.zeros(100, dtype=np.int64), partition_epoch=20), seq_len=16, mode=mode)
-    with pytest.raises(ValueError, match="share 0 of 1: no token in its documents of 320 epochs"):
+    with pytest.raises(ValueError, match="share 0 of 1: none of the 100 documents it draws from has a token"):
         empty.open(empty.fresh_state()["shares"][0]).skip(1)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_no_token_anywhere_is_said_after_one_dry_block_and_sparse_tokens_are_named(mode: str) -> None:
+    """Every document empty and no eos: the error comes once one block held no token and the lengths show
+    that no document has one (it pulled 16 epochs of empty documents first: a hang on a large dataset),
+    and says so. A share kept dry by too few documents with tokens for the shares says how many have
+    them, instead of guessing that every document is empty."""
+    n = 4000
+    empty = PackedDataset(LengthsDataset(np.zeros(n, dtype=np.int64), ordering="random"), seq_len=16, mode=mode)
+    stream = empty.open(empty.fresh_state()["shares"][0])
+    with pytest.raises(ValueError, match=f"share 0 of 1: none of the {n} documents .* has a token"):
+        stream.skip(1)
+    lens = np.zeros(n, dtype=np.int64)
+    lens[7] = 5
+    sparse = PackedDataset(LengthsDataset(lens, ordering="sorted"), seq_len=16, mode=mode)
+    with pytest.raises(ValueError, match=f"share 0 of 2: no token in its documents of 16 epochs.*1 of the {n} "):
+        sparse.open(sparse.fresh_state(num_shares=2)["shares"][0], 0, 2).skip(1)

@@ -46,7 +46,8 @@ class DocStream(Protocol):
     """An endless stream of documents in epochs (what packing walks). Optional: ``epoch_period()``, the
     number of epochs after which the epoch lengths repeat (a share whose block is empty in that many
     epochs in a row has no document ever: an error at once), and ``no_documents(span, longest, shares)``,
-    the reason of that error in the stream's words (the setting to change)."""
+    the reason of that error in the stream's words (the setting to change), and ``token_documents()``:
+    (documents with a token, documents) of those it draws from (a plan with no token says which)."""
 
     def epoch_len(self, epoch: int) -> int: ...
 
@@ -267,12 +268,8 @@ class Planner:
                     self.ranges.append([e, a, b, 0])
                     empty_epochs = 0
                     self._dry += 1
-                    if self._dry > self._dry_limit:  # empty documents (and no EOS) do not fill a sequence
-                        d = self._dry_limit
-                        raise ValueError(f"share {self.share} of {self.num_shares}: no token in its documents of "
-                                         f"{d} epochs in a row (epochs {e - d} to {e - 1}): "
-                                         "packing needs documents with tokens (every document empty? then "
-                                         "pass an eos token)")
+                    if self._dry == 2 or self._dry > self._dry_limit:  # a whole block, or many, held no token
+                        self._dry_error(e)
                 else:
                     empty_epochs += 1
                     longest = max(longest, n)
@@ -315,6 +312,25 @@ class Planner:
                 self._drop(len(self.ids))
             self._mean = _mean_rest(self.lens, self.off)
         return got
+
+    def _dry_error(self, e: int) -> None:
+        """ValueError when the blocks this share took hold no token: at once where no document the stream
+        draws from has one (``token_documents``), else after ``_dry_limit`` blocks in a row (the documents
+        with tokens are too few for the shares, or an order keeps them out of this share's block)."""
+        count = getattr(self.stream, "token_documents", None)
+        have, total = count() if count is not None else (None, None)
+        where = f"share {self.share} of {self.num_shares}"
+        if have == 0:
+            raise ValueError(f"{where}: none of the {total} documents it draws from has a token (every one is "
+                             "empty) and no eos token is appended: nothing to pack (pass eos=...)")
+        if self._dry > self._dry_limit:
+            d = self._dry_limit
+            why = ("every document empty? then pass an eos token" if have is None else
+                   f"only {have} of the {total} documents have tokens: too few for {self.num_shares} shares, or "
+                   "an order that keeps them out of this share's block (sorted by length?); use fewer shares, "
+                   "a shuffled order or an eos token")
+            raise ValueError(f"{where}: no token in its documents of {d} epochs in a row (epochs {e - d} to "
+                             f"{e - 1}): packing needs documents with tokens ({why})")
 
     def _readable(self, e: int, a: int, take: int, b: int) -> int:
         """How many of the ``take`` documents from position ``a`` of epoch ``e`` (range ``[a, b)``) to read

@@ -64,6 +64,7 @@ class OrderStream:
         self.dataset = dataset
         self._orders: dict[int, Order] = {}
         self._lengths = dataset.lengths()
+        self._with_tokens: int | None = None
 
     def _order(self, epoch: int) -> Order:
         order = self._orders.get(epoch)
@@ -86,6 +87,13 @@ class OrderStream:
         return (f"no documents in its block of any epoch: an epoch has fewer documents than the {num_shares} "
                 f"shares (ranks x DataLoader workers) that split it ({span}, a cycle of partition epochs: at most "
                 f"{longest} documents each); read it with at most {longest} ranks x workers")
+
+    def token_documents(self) -> tuple[int, int]:
+        """(documents with a token, documents): one pass over the lengths, on a share's first block with
+        no token (kept)."""
+        if self._with_tokens is None:
+            self._with_tokens = sum(int(np.count_nonzero(c)) for c in self._lengths.iter_chunks())
+        return self._with_tokens, len(self._lengths)
 
     def docs(self, epoch: int, start: int, stop: int) -> tuple[IntArray, IntArray]:
         arr = self._order(epoch).take(np.arange(start, stop, dtype=np.int64))

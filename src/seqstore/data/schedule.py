@@ -298,6 +298,7 @@ class MixtureStream:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents but a weight > 0 in the schedule")
         self._orders: dict[tuple[int, int], Order] = {}
         self._totals: dict[int, int] = {}  # per source, the tokens of all its documents (as needed)
+        self._with_tokens: dict[int, int] = {}  # per source, its documents with a token (as needed)
         # segments: (first sample, schedule in samples, positions of every source at that sample)
         self.segments: list[tuple[int, MixtureSchedule, IntArray]] = []
         self._walk: _Walk | None = None  # the last segment's schedule in tokens, as far as resolved
@@ -478,6 +479,17 @@ class MixtureStream:
             ids[sel] = local + self.combined.start_N[k]
             lens[sel] = self.combined.datasets[k].lengths().take(local)
         return ids, lens
+
+    def token_documents(self) -> tuple[int, int]:
+        """(documents with a token, documents) of the sources this stream's schedule draws from (a weight
+        above 0 in a stage): one pass over their lengths, kept per source."""
+        have = total = 0
+        for k in np.flatnonzero(self.schedule.units.max(axis=0) > 0).tolist():
+            if k not in self._with_tokens:
+                lens = self.combined.datasets[k].lengths()
+                self._with_tokens[k] = sum(int(np.count_nonzero(c)) for c in lens.iter_chunks())
+            have, total = have + self._with_tokens[k], total + int(self.combined.num[k])
+        return have, total
 
     def source_of(self, ids: IntArray) -> IntArray:
         """Source number of document ids."""
