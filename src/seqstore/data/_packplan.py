@@ -2,15 +2,16 @@
 
 A *share* (one rank x worker of one run) walks its pending documents: a list of ranges
 ``[epoch, start, stop, off]`` of positions in the document stream's epochs (``off``: tokens of the
-range's first document already used), then, when they run out, block ``share`` of ``num_shares`` of
+range's first document already used; a re-split also writes runs of blocks, :mod:`._shares`), then,
+when they run out, block ``share`` of ``num_shares`` of
 every following epoch (:func:`seqstore.order.block_bounds`). A :class:`Planner` pulls documents from
 that cursor and cuts them into *pieces* ``(sequence, document id, offset, count)`` by the rules of
 the two modes (:mod:`seqstore.data.packing`; ``concat``: the last token of a window is the label of its
 last input and the first input of the next; ``best_fit``'s choice of the longest fitting document is numba).
 
 Plans read lengths only, never tokens, so the process that keeps the resume state replays what the
-workers packed. :func:`resplit` turns the states of ``S`` shares into those of ``S'`` shares with no
-document token repeated or skipped (elastic resume).
+workers packed. :func:`~seqstore.data._shares.resplit` turns the states of ``S`` shares into those of
+``S'`` shares with no document token repeated or skipped (elastic resume).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import numpy as np
 
 from ..order import block_bounds
 from ._lengths import IntArray
+from ._shares import block, copy_range, fresh_shares, new_stats, resplit, sum_stats
 
-__all__ = ["DocStream", "Planner", "fresh_shares", "resplit", "sum_stats"]
+__all__ = ["DocStream", "Planner", "fresh_shares", "new_stats", "resplit", "sum_stats"]
 
 _PULL = 256
 #: at most this many documents pulled at once when best_fit's window runs dry (documents without tokens)
@@ -221,8 +223,11 @@ class Planner:
         self.eos = 1 if eos else 0
         self.share = int(share)
         self.num_shares = int(num_shares)
-        # (a range of no document, start == stop, which a state may hold, is dropped: nothing to pull from it)
-        self.ranges: list[list[int]] = [list(map(int, r)) for r in state["ranges"] if int(r[2]) > int(r[1])]
+        # (a range of no document, start == stop, which a state may hold, is dropped: nothing to pull from it;
+        # an entry {"blocks": [first, stop], "share": s, "of": S} is the blocks s of S of those epochs)
+        self.ranges: list[Any] = [copy_range(r) for r in state["ranges"]
+                                  if (isinstance(r, dict) and r["blocks"][1] > r["blocks"][0])
+                                  or (not isinstance(r, dict) and int(r[2]) > int(r[1]))]
         self.next_epoch = int(state["next_epoch"])
         self.stats: dict[str, Any] = {k: (list(v) if isinstance(v, list) else int(v))
                                       for k, v in state["stats"].items()}
@@ -276,7 +281,14 @@ class Planner:
                     if empty_epochs >= self._period:  # a whole cycle of epoch lengths: empty for good
                         raise ValueError(self._no_documents(e + 1 - empty_epochs, e, longest))
                 continue
-            e, a, b, o = self.ranges[0]
+            head = self.ranges[0]
+            if isinstance(head, dict):  # the next epoch's block of a run of them (a re-split's lagging share)
+                e, stop = head["blocks"]
+                a, b = block(self.stream, e, head["share"], head["of"])
+                rest = [{**head, "blocks": [e + 1, stop]}] if e + 1 < stop else []
+                self.ranges[0:1] = ([[e, a, b, 0]] if b > a else []) + rest
+                continue
+            e, a, b, o = head
             if got < need:
                 take = min(b - a, need - got)
                 ids, lens = self._docs(e, a, take, b)
@@ -396,7 +408,7 @@ class Planner:
         """This share's state: pulled documents first (the window in its order), then the ranges."""
         rng = _as_ranges(self.ep[: self.nbuf], self.pos[: self.nbuf], self.off[: self.nbuf])
         rng += _as_ranges(self.ep[self.nbuf:], self.pos[self.nbuf:], self.off[self.nbuf:])
-        return {"ranges": rng + [list(r) for r in self.ranges], "next_epoch": self.next_epoch,
+        return {"ranges": rng + [copy_range(r) for r in self.ranges], "next_epoch": self.next_epoch,
                 "buffered": self.nbuf, "stats": {k: (list(v) if isinstance(v, list) else v)
                                                  for k, v in self.stats.items()}}
 
@@ -425,7 +437,7 @@ class Planner:
         """What a plan changes, for :meth:`restore` to go back to (a plan that failed, or whose batch could
         not be read; the pulled arrays are replaced, never written in place: kept as they are).
         O(ranges + sources)."""
-        return (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, [list(r) for r in self.ranges],
+        return (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, [copy_range(r) for r in self.ranges],
                 self.next_epoch, {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()},
                 self._mean, self._dry)
 
@@ -526,60 +538,3 @@ class Planner:
         st["padding"] += int(pads.sum())
         st["truncated"] += int(trunc)
         return int(made), (p_seq, ids, p_off, p_n, pads)
-
-
-def new_stats(sources: int) -> dict[str, Any]:
-    return {"sequences": 0, "tokens": 0, "documents": 0, "padding": 0, "truncated": 0,
-            "source_tokens": [0] * sources, "source_documents": [0] * sources}
-
-
-def sum_stats(shares: list[dict[str, Any]], sources: int) -> dict[str, Any]:
-    """The counts of ``shares`` added up (the per-source ones source by source)."""
-    tot = new_stats(sources)
-    for st in shares:
-        for k, v in st["stats"].items():
-            tot[k] = [x + y for x, y in zip(tot[k], v)] if isinstance(v, list) else tot[k] + int(v)
-    return tot
-
-
-def fresh_shares(num_shares: int, epoch: int, sources: int) -> list[dict[str, Any]]:
-    """States of ``num_shares`` shares that start at the beginning of ``epoch``."""
-    return [{"ranges": [], "next_epoch": int(epoch), "buffered": 0, "stats": new_stats(sources)}
-            for _ in range(num_shares)]
-
-
-def resplit(stream: DocStream, shares: list[dict[str, Any]], num_shares: int, sources: int) -> list[dict[str, Any]]:
-    """The remaining work of ``shares`` (old share ``s`` of ``len(shares)``) re-split over ``num_shares``.
-
-    Every epoch before the latest ``next_epoch`` of any old share is made explicit (the old shares'
-    fresh blocks of those epochs become ranges), the ranges of all old shares are sorted by (epoch,
-    position) and cut into ``num_shares`` contiguous parts of near-equal document counts; afterwards
-    every new share takes its own fresh blocks. Windows' documents become ranges too (their pieces
-    already placed are skipped by their offsets). O(old shares + new shares) ranges.
-    """
-    old = len(shares)
-    top = max(int(s["next_epoch"]) for s in shares)
-    items: list[list[int]] = []
-    for s, st in enumerate(shares):
-        items += [list(map(int, r)) for r in st["ranges"]]
-        for e in range(int(st["next_epoch"]), top):
-            n = stream.epoch_len(e)
-            a, b = block_bounds(n, s, old) if n else (0, 0)
-            if b > a:
-                items.append([e, a, b, 0])
-    items.sort(key=lambda r: (r[0], r[1]))
-    total = sum(r[2] - r[1] for r in items)
-    out = fresh_shares(num_shares, top, sources)
-    out[0]["stats"] = sum_stats(shares, sources)  # stats are totals of the run: kept on share 0
-    it = iter(items)
-    cur: list[int] | None = next(it, None)
-    for t in range(num_shares):
-        lo, hi = block_bounds(total, t, num_shares)
-        want = hi - lo
-        while want > 0 and cur is not None:
-            e, a, b, o = cur
-            take = min(b - a, want)
-            out[t]["ranges"].append([e, a, a + take, o])
-            want -= take
-            cur = [e, a + take, b, 0] if a + take < b else next(it, None)
-    return out

@@ -16,10 +16,11 @@ flattened batch) and ``max_seqlen``. In ``best_fit`` a document's last token and
 ``labels`` are two views of one array); ``mask_eos=True`` also masks the loss where the input is an
 appended EOS. Position ids restart at every document and row. Details: docs/datasets.md.
 
-State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first), the
-next epoch it takes a fresh block of, and running counts. O(share count x (window + ranges)). States
+State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first; after a
+re-split also runs of blocks ``{"blocks": [first, stop], "share": s, "of": S}``), the next epoch it takes
+a fresh block of, and running counts. O(share count x (window + ranges)). States
 load into the same number of shares exactly, or into another number by
-:func:`~seqstore.data._packplan.resplit` (no token repeated or skipped).
+:func:`~seqstore.data._shares.resplit` (no token repeated or skipped).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import numpy as np
 from ..order import Order
 from ..store import Store
 from ._lengths import IntArray, check_int
-from ._packplan import Planner, fresh_shares, new_stats, resplit, sum_stats
+from ._packplan import Planner
+from ._shares import fresh_shares, new_stats, resplit, sum_stats
 from .base import Dataset, FilteredDataset
 from .combined import CombinedDataset
 from .concat import ConcatDataset, SliceDataset
@@ -222,7 +224,10 @@ class PackedDataset:
 
     def _check_ranges(self, share: dict[str, Any], k: int) -> None:
         """ValueError naming a range of share ``k`` that reaches past its epoch's documents (O(ranges))."""
-        for i, (e, _, stop, _) in enumerate(share["ranges"]):
+        for i, r in enumerate(share["ranges"]):
+            if isinstance(r, dict):  # (a run of blocks: bounds computed when taken)
+                continue
+            e, _, stop, _ = r
             n = self.stream.epoch_len(int(e))
             if stop > n:
                 raise ValueError(f"PackedDataset: malformed state: share {k}: range {i} is {share['ranges'][i]!r}, "
@@ -310,6 +315,14 @@ def _check_share(share: Any, k: int, sources: int) -> None:
         raise ValueError(f"{where}: ranges must be a list, got {type(ranges).__name__}")
     docs = 0
     for i, r in enumerate(ranges):
+        if isinstance(r, dict):  # blocks s of S of epochs [first, stop), from a re-split
+            run = r.get("blocks")
+            if (set(r) != {"blocks", "share", "of"} or not isinstance(run, list) or len(run) != 2
+                    or not all(whole(v) for v in (*run, r["share"], r["of"]))
+                    or not 1 <= run[0] < run[1] <= nxt or not 0 <= r["share"] < r["of"]):
+                raise ValueError(f"{where}: range {i} is {r!r}, not {{'blocks': [first, stop], 'share': s, 'of': S}} "
+                                 f"(integers, 1 <= first < stop <= next_epoch {nxt}, 0 <= s < S)")
+            continue
         if not (isinstance(r, list) and len(r) == 4 and all(whole(v) for v in r)):
             raise ValueError(f"{where}: range {i} is {r!r}, not [epoch, start, stop, offset] (integers)")
         if r[0] < 1 or not 0 <= r[1] <= r[2] or r[3] < 0:
