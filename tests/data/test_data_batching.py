@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,3 +107,14 @@ def test_bucket_batches_groups_similar_lengths() -> None:
                                bucket_batches(order, lens, buckets=10, buffer_size=2000, max_frames=20000)])
     spread_greedy = np.mean([np.ptp(lens[b]) for b in batch_indices(order, lens, max_frames=20000)])
     assert spread_bucketed < spread_greedy / 3
+
+
+@pytest.mark.parametrize("chunk_size", [0, -5, 2.5, True])
+def test_a_chunk_size_that_is_not_a_positive_integer_is_refused_naming_it(chunk_size: Any) -> None:
+    """A negative chunk_size over an index array yielded no batch at all (every sequence silently lost),
+    0 a bare 'range() arg 3 must not be zero'; now a ValueError naming chunk_size, when the call is made."""
+    order, lens = np.arange(10), np.ones(10, dtype=np.int64)
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
+        batch_indices(order, lens, max_seqs=2, chunk_size=chunk_size)
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
+        bucket_batches(order, lens, buckets=2, buffer_size=4, max_seqs=2, chunk_size=chunk_size)

@@ -129,6 +129,7 @@ def batch_indices(order: Any, lengths: Any, *, max_frames: int | None = None, ma
     ``max_frames`` (see the module docstring). Yields int64 arrays; memory O(chunk_size + batch).
     """
     mf, ms = _limits(max_frames, max_seqs, "batch_indices")
+    chunk_size = check_int(chunk_size, "batch_indices: chunk_size", 1)
     view = as_lengths(lengths)
     it = BatchIterator(iter(()), max_frames)
 
@@ -327,6 +328,7 @@ def bucket_batches(order: Any, lengths: Any, *, buckets: Any, buffer_size: int, 
     """
     mf, ms = _limits(max_frames, max_seqs, "bucket_batches")
     cap = check_int(buffer_size, "buffer_size", 1)
+    chunk_size = check_int(chunk_size, "bucket_batches: chunk_size", 1)
     view = as_lengths(lengths)
     edges = _boundaries(buckets, order, view, cap)
     nb = len(edges) + 1
