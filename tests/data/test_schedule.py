@@ -482,3 +482,14 @@ def test_tokens_before_a_resume_far_into_the_run_reads_each_source_at_most_twice
     assert reads[0] <= 2 * 500
     assert mix.tokens_before(frontier) == want and mix.tokens_before(frontier - 999) == int(
         MixtureStream(sources(), old, chunk=1000).docs_at(np.arange(frontier - 999))[1].sum())
+
+
+def test_weights_at_a_negative_or_fractional_sample_are_refused() -> None:
+    """weights(-5) gave the last stage's weights (a negative index from the end), weights(2.7) those of
+    sample 2; both are a ValueError naming the sample number, as counts and assign refuse them."""
+    sched = MixtureSchedule(STAGES, NAMES)
+    assert sched.weights(0) == {"web": pytest.approx(0.8), "code": pytest.approx(0.2), "curated": 0.0}
+    for bad in (-5, 2.7, True):
+        with pytest.raises(ValueError, match="MixtureSchedule.weights: the sample number must be an integer >= 0"):
+            sched.weights(bad)
+    assert sched.weights(np.int64(800_000))["curated"] == pytest.approx(0.6)

@@ -219,7 +219,8 @@ class MixtureSchedule:
     __hash__ = None  # type: ignore[assignment]
 
     def weights(self, g: int) -> dict[str, float]:
-        """The (quantised, normalised) weights in force at sample ``g``."""
+        """The (quantised, normalised) weights in force at sample ``g`` (an integer >= 0)."""
+        g = check_int(g, "MixtureSchedule.weights: the sample number", 0)
         row = self.units[int(np.searchsorted(self.starts, g, side="right")) - 1]
         return {n: float(u) / float(row.sum()) for n, u in zip(self.names, row)}
 
