@@ -750,3 +750,26 @@ def test_a_resplit_state_with_runs_of_blocks_resumes_and_resplits_again() -> Non
     with pytest.raises(ValueError, match=f"share 1: range {run} is .*blocks.*next_epoch"):
         packed.shares(bad, 3)
     assert stats["sequences"] == 302
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_skip_holds_a_bounded_plan_however_many_sequences_it_skips(mode: str) -> None:
+    """skip(n) (what a resume state replays: consumed batches x batch size) built the whole plan of the n
+    sequences and dropped it (tens of MB at 200_000 sequences, growing with n); it plans in bounded steps
+    now, with the same state after it, and a skip that fails is undone as a whole."""
+    import tracemalloc
+
+    lens = np.random.default_rng(0).integers(1, 64, 10_000)
+    packed = PackedDataset(LengthsDataset(lens, ordering="random"), tokens="length", seq_len=16, mode=mode, window=8)
+    stream = packed.open(packed.fresh_state()["shares"][0])
+    stream.skip(10)
+    tracemalloc.start()
+    try:
+        stream.skip(200_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8_000_000
+    again = packed.open(packed.fresh_state()["shares"][0])
+    again.planner.plan(200_010)
+    assert again.state() == stream.state()

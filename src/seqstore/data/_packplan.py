@@ -433,6 +433,18 @@ class Planner:
             self.restore(before)
             raise
 
+    def skip(self, nseq: int) -> None:
+        """Plan ``nseq`` sequences and drop the plans, 1024 at a time (the state after it is that of
+        ``plan(nseq)``, in memory bounded however many); a failure undoes the whole skip."""
+        step = self._plan_concat if self.mode == "concat" else self._plan_best_fit
+        before = self.mark()
+        try:
+            for done in range(0, nseq, 1024):
+                step(min(nseq - done, 1024))
+        except BaseException:
+            self.restore(before)
+            raise
+
     def mark(self) -> tuple[Any, ...]:
         """What a plan changes, for :meth:`restore` to go back to (a plan that failed, or whose batch could
         not be read; the pulled arrays are replaced, never written in place: kept as they are).

@@ -435,7 +435,7 @@ class PackedStream:
         n = check_int(n, "PackedStream: number of sequences to skip", 0)
         if n > 0:
             self._drop_ahead()
-            self.planner.plan(n)
+            self.planner.skip(n)
 
     def batch(self, n: int) -> dict[str, Any]:
         """The next ``n`` sequences. A batch whose documents cannot be read raises and is not handed out:
