@@ -284,3 +284,12 @@ def test_pass_mode_epoch_of_many_passes_maps_in_one_sort() -> None:
     got = ds.windows(1).map(np.arange(3_000_000 - 1, -1, -1, dtype=np.int64))
     for p in (0, 1, 9999, 19999):
         np.testing.assert_array_equal(got[::-1][p * 150 : (p + 1) * 150], child.epoch_order(p + 1).to_numpy())
+
+
+def test_window_of_an_unknown_child_names_the_children() -> None:
+    """window('x', 1) was a bare "'x' is not in list"; it names the name and the children now."""
+    ones = np.ones(5, dtype=np.int64)
+    comb = CombinedDataset({"a": LengthsDataset(ones), "b": LengthsDataset(ones[:3])})
+    assert comb.window("b", 2) == (3, 3)
+    with pytest.raises(ValueError, match=r"CombinedDataset.window: unknown dataset 'x'; datasets are \['a', 'b'\]"):
+        comb.window("x", 1)

@@ -302,6 +302,8 @@ class CombinedDataset(Dataset):
 
     def window(self, name: str, epoch: int) -> tuple[int, int]:
         """(first position before ``mod N``, length K) of child ``name``'s window in ``epoch``'s full epoch."""
+        if name not in self.names:
+            raise ValueError(f"CombinedDataset.window: unknown dataset {name!r}; datasets are {self.names}")
         k = self.names.index(name)
         return self.windows(epoch).window_start(k), int(self.sizes[k])
 
