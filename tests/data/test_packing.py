@@ -13,7 +13,7 @@ import pytest
 
 import seqstore
 from seqstore import Field
-from seqstore.data import LengthsDataset, PackedDataset, StoreDataset
+from seqstore.data import LengthsDataset, MixtureStream, PackedDataset, StoreDataset
 from seqstore.data._packplan import Planner, fresh_shares, resplit
 
 EOS = 1 << 30
@@ -694,7 +694,7 @@ def test_no_token_anywhere_is_said_after_one_dry_block_and_sparse_tokens_are_nam
     lens = np.zeros(n, dtype=np.int64)
     lens[7] = 5
     sparse = PackedDataset(LengthsDataset(lens, ordering="sorted"), seq_len=16, mode=mode)
-    with pytest.raises(ValueError, match=f"share 0 of 2: no token in its documents of 16 epochs.*1 of the {n} "):
+    with pytest.raises(ValueError, match=f"share 0 of 2: no token in its documents of [0-9]+ epochs.*1 of the {n} "):
         sparse.open(sparse.fresh_state(num_shares=2)["shares"][0], 0, 2).skip(1)
 
 
@@ -773,3 +773,17 @@ def test_skip_holds_a_bounded_plan_however_many_sequences_it_skips(mode: str) ->
     again = packed.open(packed.fresh_state()["shares"][0])
     again.planner.plan(200_010)
     assert again.state() == stream.state()
+
+
+def test_sixteen_dry_blocks_of_one_document_are_not_an_error_while_tokens_come() -> None:
+    """A mixture cut into chunks of one sample (a block of one document per share and chunk) over documents
+    of which one in 41 has tokens: 16 empty documents in a row were '16 epochs without a token', an error,
+    though every 41st document has tokens. The streak that is an error is now also at least 16 x the
+    documents per document with a token (by chance about e**-16 for a shuffled order)."""
+    lens = np.zeros(41, dtype=np.int64)
+    lens[40] = 5
+    mix = MixtureStream({"a": LengthsDataset(lens)}, {"a": 1}, chunk=1)
+    packed = PackedDataset(mix, tokens="length", seq_len=4)
+    stream = packed.open(packed.fresh_state()["shares"][0])
+    stream.skip(3)
+    assert stream.state()["stats"]["tokens"] == 12

@@ -239,6 +239,7 @@ class Planner:
         self._cache: tuple[int, int, IntArray, IntArray] | None = None  # (epoch, start, ids, lengths)
         self._mean = 256.0  # tokens left per pulled document (what a best_fit plan pulls ahead by)
         self._dry = 0  # fresh blocks taken since the last document with a token was pulled
+        self._dry_docs = 0  # documents pulled since then (about: those of a part with a token are not)
         self._wall: tuple[int, int] | None = None  # (epoch, position) of a document not read ahead: it failed
         period = getattr(stream, "epoch_period", None)
         self._period = int(period()) if period is not None else _EMPTY_EPOCHS
@@ -304,7 +305,9 @@ class Planner:
             off[0] = o
             lens = np.asarray(lens, dtype=np.int64) + self.eos
             if int(lens.sum()) > o:
-                self._dry = 0
+                self._dry = self._dry_docs = 0
+            else:
+                self._dry_docs += take
             parts.append((np.full(take, e, dtype=np.int64), np.arange(a, a + take, dtype=np.int64), off,
                           np.asarray(ids, dtype=np.int64), lens))
             if a + take == b:
@@ -327,16 +330,18 @@ class Planner:
 
     def _dry_error(self, e: int) -> None:
         """ValueError when the blocks this share took hold no token: at once where no document the stream
-        draws from has one (``token_documents``), else after ``_dry_limit`` blocks in a row (the documents
-        with tokens are too few for the shares, or an order keeps them out of this share's block)."""
+        draws from has one (``token_documents``: ``have`` of ``total``), else after ``_dry_limit`` blocks
+        in a row that are also at least ``16 x total / have`` documents (a shuffled order gives such a
+        streak by chance about e**-16 of the time: the documents with tokens are too few for the shares,
+        or an order keeps them out of this share's block)."""
         count = getattr(self.stream, "token_documents", None)
         have, total = count() if count is not None else (None, None)
         where = f"share {self.share} of {self.num_shares}"
         if have == 0:
             raise ValueError(f"{where}: none of the {total} documents it draws from has a token (every one is "
                              "empty) and no eos token is appended: nothing to pack (pass eos=...)")
-        if self._dry > self._dry_limit:
-            d = self._dry_limit
+        if self._dry > self._dry_limit and (have is None or self._dry_docs * have >= _DRY_EPOCHS * int(total or 0)):
+            d = self._dry - 1
             why = ("every document empty? then pass an eos token" if have is None else
                    f"only {have} of the {total} documents have tokens: too few for {self.num_shares} shares, or "
                    "an order that keeps them out of this share's block (sorted by length?); use fewer shares, "
@@ -451,11 +456,11 @@ class Planner:
         O(ranges + sources)."""
         return (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, [copy_range(r) for r in self.ranges],
                 self.next_epoch, {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()},
-                self._mean, self._dry)
+                self._mean, self._dry, self._dry_docs)
 
     def restore(self, mark: tuple[Any, ...]) -> None:
         (self.ep, self.pos, self.off, self.ids, self.lens, self.nbuf, self.ranges, self.next_epoch, self.stats,
-         self._mean, self._dry) = mark
+         self._mean, self._dry, self._dry_docs) = mark
 
     def _count(self, ids: IntArray, tokens: IntArray | None = None) -> None:
         """Count documents ``ids`` finished or, given ``tokens``, the tokens taken from each: in total
