@@ -493,3 +493,21 @@ def test_weights_at_a_negative_or_fractional_sample_are_refused() -> None:
         with pytest.raises(ValueError, match="MixtureSchedule.weights: the sample number must be an integer >= 0"):
             sched.weights(bad)
     assert sched.weights(np.int64(800_000))["curated"] == pytest.approx(0.6)
+
+
+def test_fresh_state_after_a_resume_with_another_schedule_is_that_of_a_new_run() -> None:
+    """fresh_state() after shares(state) with a changed schedule recorded the loaded run's segments (the old
+    schedule below the frontier), unlike shares(None); it is now the state of a new run of this stream."""
+    sizes = {"web": 5000, "code": 800, "curated": 1200}
+    old = PackedDataset(MixtureStream(_sources(sizes), [(0, {"web": 0.8, "code": 0.2})], chunk=1000),
+                        tokens="data", seq_len=32)
+    stream = old.open(old.shares(None, 1)[0])
+    stream.skip(200)
+    state = json.loads(json.dumps(old.state_dict([stream.state()])))
+    new_stages = [(0, {"web": 0.5, "curated": 0.5})]
+    packed = PackedDataset(MixtureStream(_sources(sizes), new_stages, chunk=1000), tokens="data", seq_len=32)
+    packed.shares(state, 1)
+    want = PackedDataset(MixtureStream(_sources(sizes), new_stages, chunk=1000), tokens="data", seq_len=32)
+    assert packed.fresh_state(num_shares=2) == want.fresh_state(num_shares=2)
+    np.testing.assert_array_equal(packed.open(packed.fresh_state()["shares"][0]).plan(50),
+                                  want.open(want.fresh_state()["shares"][0]).plan(50))

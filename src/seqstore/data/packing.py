@@ -178,9 +178,10 @@ class PackedDataset:
                 "window": self.window if self.mode == "best_fit" else None, "split_long": self.split_long}
 
     def fresh_state(self, epoch: int = 1, num_shares: int = 1) -> dict[str, Any]:
-        """The state of a run that starts at the beginning of ``epoch`` over ``num_shares`` shares."""
-        shares = check_int(num_shares, "PackedDataset: num_shares", 1)
-        return self.state_dict(fresh_shares(shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names)))
+        """The state of a run that starts at the beginning of ``epoch`` over ``num_shares`` shares (as
+        :meth:`shares` of None: a mixture follows its own schedule from sample 0, not a loaded state's)."""
+        shares = self.shares(None, num_shares, epoch)
+        return self.state_dict(shares)
 
     def state_dict(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """The resume state of a run whose share ``s`` has state ``shares[s]`` (plain, JSON-safe)."""
