@@ -486,3 +486,16 @@ def test_read_of_a_complex_field_is_refused_naming_it(tmp_path: Path) -> None:
         w.append_batch({"z": np.arange(3).astype(np.complex64), "y": np.arange(3, dtype=np.int32)})
     with pytest.raises(ValueError, match=r"s\.seqstore: field 'z' is complex64"):
         sray.read(path)
+
+
+@pytest.mark.parametrize(("sizes", "message"), [
+    ({"shard_bytes": 0}, "shard_bytes must be positive, got 0"),
+    ({"max_shard_records": -3}, "max_shard_records must be positive, got -3"),
+])
+def test_a_size_that_is_not_positive_is_named_with_its_value(tmp_path: Path, sizes: dict[str, int],
+                                                             message: str) -> None:
+    """write() checked its sizes on its own, with a message that named neither the size at fault nor its
+    value; it now uses the writer's check (as create() does), before Ray runs anything."""
+    with pytest.raises(ValueError, match=message):
+        sray.write(None, tmp_path / "s.seqstore", **sizes)
+    assert not (tmp_path / "s.seqstore").exists()

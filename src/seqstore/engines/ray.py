@@ -55,6 +55,7 @@ from ..store.parts import (
     remove_if_empty,
     unstage,
 )
+from ..store.write.writer import check_sizes
 from ..store.writer import existing_manifest
 
 __all__ = ["write", "read", "infer_schema", "block_columns", "BFLOAT16_METADATA"]
@@ -190,8 +191,7 @@ def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | 
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if storage_options and not is_remote(path):
         raise ValueError(f"{path}: storage_options are for URLs of object storage, not local paths")
-    if shard_bytes <= 0 or max_shard_records <= 0:
-        raise ValueError("shard_bytes and max_shard_records must be positive")
+    check_sizes(shard_bytes=shard_bytes, max_shard_records=max_shard_records)
     root = os.fspath(path)
     if mode == "create" and existing_manifest(root, storage_options) is not None:
         # before Ray runs anything (the inference below is a Ray job): the error is seqstore's, alone

@@ -84,7 +84,8 @@ def create(
     """
     target = open_target(path, storage_options, filesystem=filesystem, staging_dir=staging_dir)
     sch = checked_schema(schema, packed, id_lookup)
-    check_sizes(shard_bytes, buffer_bytes, max_shard_records)  # before the store is made
+    # before the store is made
+    check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
     target.create(new_manifest(sch, metadata, id_lookup), overwrite=overwrite)
     return Writer(target, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records,
                   direct_io=direct_io)
@@ -112,7 +113,8 @@ def open_or_create(
     (packed groups included) and ``id_lookup``, else :class:`SchemaError`."""
     target = open_target(path, storage_options, filesystem=filesystem, staging_dir=staging_dir)
     sch = checked_schema(schema, packed, id_lookup)
-    check_sizes(shard_bytes, buffer_bytes, max_shard_records)  # before the store is made
+    # before the store is made
+    check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
     target.install(new_manifest(sch, metadata, id_lookup))
     writer = Writer(target, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
                     max_shard_records=max_shard_records, direct_io=direct_io)

@@ -37,10 +37,10 @@ __all__ = ["Writer", "check_sizes"]
 log = logging.getLogger(__name__)
 
 
-def check_sizes(shard_bytes: int, buffer_bytes: int, max_shard_records: int) -> None:
-    """Refuse a writer's size that is not positive (``create`` checks them before it makes the store)."""
-    for name, value in (("shard_bytes", shard_bytes), ("buffer_bytes", buffer_bytes),
-                        ("max_shard_records", max_shard_records)):
+def check_sizes(**sizes: int) -> None:
+    """Refuse a writer's size (``shard_bytes=``, ``buffer_bytes=``, ``max_shard_records=``) that is not
+    positive (``create`` and the engines check them before they make or touch the store)."""
+    for name, value in sizes.items():
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
 
@@ -67,7 +67,7 @@ class Writer:
         max_shard_records: int = 1 << 24,
         direct_io: bool = False,
     ) -> None:
-        check_sizes(shard_bytes, buffer_bytes, max_shard_records)
+        check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
         self.target = target
         self.direct_io = bool(direct_io)
         self.shard_bytes, self.buffer_bytes, self.max_shard_records = shard_bytes, buffer_bytes, max_shard_records
