@@ -10,8 +10,8 @@ import errno
 import os
 
 __all__ = ["SeqstoreError", "FormatError", "SchemaError", "ColumnTypeError", "CorruptionError", "LockError",
-           "RemoteError", "RemoteNotFound", "BucketNotFound", "ConfigError", "CredentialsError", "StaleStoreError",
-           "ConflictError", "open_files_exhausted"]
+           "LockTimeout", "RemoteError", "RemoteNotFound", "BucketNotFound", "ConfigError", "CredentialsError",
+           "StaleStoreError", "ConflictError", "open_files_exhausted"]
 
 
 class SeqstoreError(Exception):
@@ -45,6 +45,24 @@ class CorruptionError(SeqstoreError):
 
 class LockError(SeqstoreError):
     """The store's commit lock could not be taken."""
+
+
+class LockTimeout(LockError):
+    """The store's commit lock stayed held by another process for longer than the wait allowed (a hung
+    or stopped process holding it). ``path``: the lock file; ``holder``: the process id holding it
+    where this machine's kernel knows it (another machine's over a network filesystem: None)."""
+
+    def __init__(self, message: str, *, path: str = "", holder: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_lock_timeout, (str(self), self.path, self.holder))
+
+
+def _lock_timeout(message: str, path: str, holder: int | None) -> LockTimeout:
+    return LockTimeout(message, path=path, holder=holder)
 
 
 class RemoteError(SeqstoreError):

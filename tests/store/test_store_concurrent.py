@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 from store_testlib import CHILD_SCHEMA, child_record, child_write, workspaces
 
 import seqstore as ss
@@ -98,3 +99,36 @@ def test_create_racing_open_or_create_in_another_process_loses_nothing(scratch: 
     assert proc.returncode == 0, err
     assert ss.open(path).get_batch(np.arange(5), fields=["x"])["x"].tolist() == list(range(5))
     assert out.startswith("FileExistsError"), out
+
+
+def test_a_commit_lock_held_by_a_hung_process_is_a_named_error_not_a_hang(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer waited on the store's lock file without a bound: a process that hung holding it (here this
+    process through a descriptor of its own, as another process would) hung every writer for ever. The wait
+    is now bounded (SEQSTORE_LOCK_TIMEOUT): a LockTimeout names the lock file and the process holding it,
+    and the writer keeps its records for the next commit."""
+    import fcntl
+    import os
+
+    from seqstore.errors import LockError, LockTimeout
+
+    root = scratch / "s"
+    w = ss.create(root, {"x": ss.Field("int64", ())})
+    w.append({"x": 1})
+    monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "0.05")
+    fd = os.open(root / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(LockTimeout, match=f"{root / '.lock'}.*held by process {os.getpid()}") as err:
+            w.commit()
+        assert isinstance(err.value, LockError) and err.value.holder == os.getpid()
+        with pytest.raises(LockTimeout):
+            ss.append_to(root)
+    finally:
+        os.close(fd)
+    w.close()
+    assert ss.open(root).get_batch(np.arange(1), fields=["x"])["x"].tolist() == [1]
+    monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="SEQSTORE_LOCK_TIMEOUT='soon'"):
+        ss.append_to(root)

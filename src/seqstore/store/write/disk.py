@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptionError, LockError, SeqstoreError
+from ...errors import CorruptionError, LockError, LockTimeout, SeqstoreError
 from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
 from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
@@ -30,19 +31,92 @@ from .target import OWNER
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+#: Seconds a writer waits for a store's commit lock (the environment's ``SEQSTORE_LOCK_TIMEOUT``
+#: overrides it; ``inf`` waits for ever). Commits hold it for moments; a copy into the store or a large
+#: id-index merge for longer.
+LOCK_TIMEOUT = 600.0
+LOCK_TIMEOUT_ENV = "SEQSTORE_LOCK_TIMEOUT"
+
+
+def lock_timeout() -> float:
+    """The seconds to wait for a store's commit lock: ``$SEQSTORE_LOCK_TIMEOUT`` or :data:`LOCK_TIMEOUT`."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not text:
+        return LOCK_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # (also NaN)
+        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text!r}: expected a number of seconds >= 0 (or 'inf')")
+    return value
+
+
+def lock_holder(fd: int) -> int | None:
+    """The id of the process holding an ``flock`` on the file open as ``fd``, where this machine's
+    ``/proc/locks`` shows one (None: unknown, such as a holder on another machine)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == key:
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _describe(pid: int | None) -> str:
+    if pid is None:
+        return "by a process this machine does not show (another machine's, over a network filesystem?)"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    return f"by process {pid}" + (f" ({cmd})" if cmd else "")
+
+
+def _wait_for_lock(fd: int, path: Path) -> None:
+    """``flock`` ``fd`` exclusively, waiting at most :func:`lock_timeout` seconds, then :class:`LockTimeout`."""
+    timeout = lock_timeout()
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            holder = lock_holder(fd)
+            raise LockTimeout(
+                f"{path}: the store's commit lock is held {_describe(holder)} and was not released within "
+                f"{timeout:g} s (a hung or stopped process?); nothing was committed. Once it is released, try "
+                f"again; {LOCK_TIMEOUT_ENV} sets the wait in seconds", path=str(path), holder=holder)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
+
 
 @contextmanager
 def store_lock(root: Path) -> Iterator[None]:
-    """Hold the store's exclusive commit lock (an ``flock`` on ``<root>/.lock``)."""
+    """Hold the store's exclusive commit lock (an ``flock`` on ``<root>/.lock``), waiting for it at most
+    :func:`lock_timeout` seconds (then :class:`~seqstore.errors.LockTimeout` naming the file and its holder)."""
+    path = root / LOCK_FILE
     try:
-        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise LockError(f"{root / LOCK_FILE}: cannot open lock file ({exc})") from exc
+        raise LockError(f"{path}: cannot open lock file ({exc})") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        _wait_for_lock(fd, path)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
