@@ -11,7 +11,7 @@ import os
 
 __all__ = ["SeqstoreError", "FormatError", "SchemaError", "ColumnTypeError", "CorruptionError", "LockError",
            "LockTimeout", "RemoteError", "RemoteNotFound", "BucketNotFound", "ConfigError", "CredentialsError",
-           "StaleStoreError", "ConflictError", "open_files_exhausted"]
+           "StaleStoreError", "ConflictError", "AutoCommitError", "auto_commit_error", "open_files_exhausted"]
 
 
 class SeqstoreError(Exception):
@@ -100,6 +100,59 @@ class StaleStoreError(RemoteError):
 
 class ConflictError(RemoteError):
     """A conditional write lost a race (another writer changed the object first)."""
+
+
+class AutoCommitError(SeqstoreError):
+    """``append``/``append_batch`` took records, and then the automatic commit of a full shard failed with
+    the records intact (the lock, the network or a full disk): the writer holds them and its next commit
+    retries. ``taken``: the records of the call that raised this which the writer holds (append them
+    again and they are stored twice; a batch's records from ``taken`` on were not taken); ``pending``:
+    every uncommitted record the writer holds; ``error``: what failed.
+
+    Raised as a subclass of that error's own class too (a ``LockError``, ``RemoteError``, ``OSError``
+    ...), so an ``except`` clause for it still catches it: build one with :func:`auto_commit_error`."""
+
+    taken: int
+    pending: int
+    error: Exception
+
+    _note = ""
+
+    def __str__(self) -> str:
+        return f"{self.error}{self._note}" if hasattr(self, "error") else super().__str__()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (auto_commit_error, (self.error, self.taken, self.pending, self._note))
+
+
+_AUTO_KINDS: dict[type[BaseException], type[AutoCommitError]] = {}
+
+
+def _auto_kind(base: type[BaseException]) -> type[AutoCommitError]:
+    kind = _AUTO_KINDS.get(base)
+    if kind is None:
+        try:
+            kind = type("AutoCommitError", (AutoCommitError, base), {"__module__": __name__, "__doc__":
+                                                                     AutoCommitError.__doc__})
+        except TypeError:  # (a class that cannot be combined: the error's own class is left out)
+            kind = AutoCommitError
+        _AUTO_KINDS[base] = kind
+    return kind
+
+
+def auto_commit_error(error: Exception, taken: int, pending: int, note: str) -> AutoCommitError:
+    """An :class:`AutoCommitError` that is also of ``error``'s class: ``error``'s message and attributes,
+    with ``note`` (what was taken and what to do) appended to the message."""
+    kind = _auto_kind(type(error)) if not isinstance(error, AutoCommitError) else AutoCommitError
+    new: AutoCommitError
+    if isinstance(error, OSError) and issubclass(kind, OSError):
+        new = kind(*error.args)  # (errno and strerror parsed as OSError does)
+        new.filename, new.filename2 = error.filename, error.filename2
+    else:
+        new = kind.__new__(kind, *error.args)
+        new.__dict__.update(getattr(error, "__dict__", {}))
+    new.taken, new.pending, new.error, new._note = taken, pending, error, note
+    return new
 
 
 def open_files_exhausted(path: str | os.PathLike[str], exc: OSError) -> OSError | None:

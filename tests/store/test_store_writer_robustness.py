@@ -528,3 +528,31 @@ def test_append_batch_whose_commit_fails_with_the_shard_intact_keeps_the_writer_
     w.close()
     assert ss.open(root).get_batch(np.arange(2), fields=["x"])["x"].tolist() == [0, 1]
     assert verify(root) == [] and fds_under(root) == [] and not workspaces(root)
+
+
+def test_an_automatic_commit_that_fails_says_how_many_records_the_writer_took(tmp_path: Path) -> None:
+    """append()/append_batch() raised the failure of the automatic commit of a full shard after taking the
+    record(s), with nothing saying so: a caller that appended them again stored them twice, and a batch did not
+    say how much of it was taken. The error is now an AutoCommitError (still of the failure's own class) whose
+    ``taken`` and message say how many records of the call the writer holds."""
+    from seqstore.errors import AutoCommitError, LockError
+
+    root = tmp_path / "s"
+    w, blocker = _manifest_blocked(root, 1)
+    with pytest.raises(OSError) as err:
+        w.append({"x": 1})  # fills the shard: its commit cannot save the manifest
+    assert isinstance(err.value, AutoCommitError) and (err.value.taken, err.value.pending) == (1, 2)
+    assert "holds 1 of the 1 record(s) of this call (2 uncommitted in all): do not append them again" in str(err.value)
+    blocker.rmdir()
+    (root / ".lock").unlink(missing_ok=True)
+    (root / ".lock").mkdir()  # the lock file unusable for a moment
+    with pytest.raises(LockError) as lock_err:
+        w.append_batch({"x": np.arange(2, 7)})  # records 2, 3 fill the next shard; the first is not committed
+    e = lock_err.value
+    assert isinstance(e, AutoCommitError) and (e.taken, e.pending) == (2, 4)
+    assert "holds 2 of the 5 record(s)" in str(e) and "the 3 from record 2 of the call on were not taken" in str(e)
+    (root / ".lock").rmdir()
+    w.append_batch({"x": np.arange(2 + e.taken, 7)})  # the rest, as the error says
+    w.close()
+    assert ss.open(root).get_batch(np.arange(7), fields=["x"])["x"].tolist() == list(range(7))
+    assert len(ss.open(root)) == 7 and verify(root) == [] and not workspaces(root)

@@ -171,6 +171,8 @@ class PartWriter(Writer):
                          max_shard_records=max_shard_records, direct_io=direct_io)
         self._schema_crc = schema_crc(self.schema)
 
+    _RETRY = "finish()"
+
     def _open(self) -> Start:
         """The part's workspace (the schema: the store's, or the one an overwrite job staged)."""
         return self.target.open_part(self.job, self.task)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import SchemaError, SeqstoreError
+from ...errors import SchemaError, SeqstoreError, auto_commit_error
 from ...schema import Field, Schema, flatten_values, to_storage_array
 from ..directio import aligned_empty
 from . import at_exit, disk
@@ -57,6 +57,8 @@ class Writer:
     it; offsets and ids go through the page cache. docs/store.md says how appends are aligned
     (:func:`~seqstore.store.directio.aligned_empty`) or copied, and what waits for the shard's end.
     """
+
+    _RETRY = "commit() or close()"  # (what retries a failed automatic commit: AutoCommitError's message)
 
     def __init__(
         self,
@@ -241,7 +243,7 @@ class Writer:
             self._failed = exc
             raise
         if self._buf_full():
-            self._flush()
+            self._auto_flush(1, 1)
 
     def _given(self, flat: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
         """``(name, field, value)`` of the fields in ``flat`` (a packed group given as a whole leaves its
@@ -318,7 +320,7 @@ class Writer:
             piece_bytes = nbytes * (stop - start) // batch
             direct = piece_bytes >= DIRECT_BYTES
             if direct:  # written straight from the caller's arrays: flush what is buffered first
-                self._flush()
+                self._auto_flush(start, batch)
             # (_flush judges its own errors: a commit that failed with the shard intact leaves the writer usable)
             try:  # an interrupt (Ctrl-C) part way leaves buffers that no longer agree: the writer fails
                 for (name, _f), (values, lengths), rows in zip(self._units, prepared, starts):
@@ -341,7 +343,7 @@ class Writer:
                     self._failed = exc
                 raise
             if flush:
-                self._flush()
+                self._auto_flush(stop, batch)
             start = stop
 
     def _buf_full(self) -> bool:
@@ -355,6 +357,21 @@ class Writer:
     def _uncommitted_records(self) -> int:
         """Every record appended and not committed: also a finished shard whose commit failed."""
         return self._pending_records() + (self._ready.info.records if self._ready is not None else 0)
+
+    def _auto_flush(self, taken: int, of: int) -> None:
+        """:meth:`_flush` in an append that has taken ``taken`` of its ``of`` records: where the automatic
+        commit of a full shard fails with the records intact, an :class:`~seqstore.errors.AutoCommitError`
+        (of the failure's class too) says that the writer holds them and must not be given them again."""
+        try:
+            self._flush()
+        except Exception as exc:
+            pending = self._uncommitted_records()
+            if self._failed is not None or self._closed or isinstance(exc, SchemaError) or not pending:
+                raise  # (discarded: a failed write, or a shard of the other kind of ids)
+            rest = f"; the {of - taken} from record {taken} of the call on were not taken" if taken < of else ""
+            note = (f"; the writer holds {taken} of the {of} record(s) of this call ({pending} uncommitted in all): "
+                    f"do not append them again, {self._RETRY} retries the commit{rest}")
+            raise auto_commit_error(exc, taken, pending, note) from exc
 
     def _flush(self) -> None:
         """Write the buffer to the current shard (no commit). Splits the shard when it is full.
