@@ -556,3 +556,28 @@ def test_an_automatic_commit_that_fails_says_how_many_records_the_writer_took(tm
     w.close()
     assert ss.open(root).get_batch(np.arange(7), fields=["x"])["x"].tolist() == list(range(7))
     assert len(ss.open(root)) == 7 and verify(root) == [] and not workspaces(root)
+
+
+def test_a_full_shard_whose_commit_keeps_failing_grows_no_further(tmp_path: Path) -> None:
+    """While the automatic commits kept failing, every append went into the full shard: it grew past
+    max_shard_records (and shard_bytes) without a bound, and so did the staging disk. An append now first
+    retries the commit of the full shard and, failing, takes nothing (AutoCommitError, taken 0)."""
+    from seqstore.errors import AutoCommitError
+
+    root = tmp_path / "s"
+    w, blocker = _manifest_blocked(root, 1)
+    with pytest.raises(AutoCommitError, match="holds 1 of the 1 record"):
+        w.append({"x": 1})  # shard [0, 1] full: not committed
+    w.append({"x": 2})
+    with pytest.raises(AutoCommitError, match="holds 1 of the 1 record"):
+        w.append({"x": 3})  # shard [2, 3] full: the one before it first, which fails again
+    with pytest.raises(AutoCommitError, match="none of the 1 record") as err:
+        w.append({"x": 4})
+    assert (err.value.taken, err.value.pending) == (0, 4)
+    with pytest.raises(OSError, match="none of the 2 record"):
+        w.append_batch({"x": np.arange(4, 6)})
+    blocker.rmdir()
+    w.append_batch({"x": np.arange(4, 6)})
+    w.close()
+    assert Manifest.load(root).shard_table().data["records"].tolist() == [2, 2, 2]
+    assert ss.open(root).get_batch(np.arange(6), fields=["x"])["x"].tolist() == list(range(6))

@@ -229,6 +229,7 @@ class Writer:
                 units[name] = converted[name] if f.ragged else converted[name][None]
             nbytes += units[name].nbytes
         self._check_ids(id is not None, index)  # after the fields: a wrong field is the likelier mistake
+        self._commit_if_full(1)
         self._has_ids = id is not None
         try:
             for name, f in self._units:
@@ -311,6 +312,7 @@ class Writer:
         if batch == 0:
             return
         self._check_ids(ids is not None, first, batch=True)
+        self._commit_if_full(batch)
         self._has_ids = ids is not None
         starts = [None if lengths is None else row_starts(lengths) for _, lengths in prepared]
         start = 0
@@ -358,20 +360,31 @@ class Writer:
         """Every record appended and not committed: also a finished shard whose commit failed."""
         return self._pending_records() + (self._ready.info.records if self._ready is not None else 0)
 
-    def _auto_flush(self, taken: int, of: int) -> None:
-        """:meth:`_flush` in an append that has taken ``taken`` of its ``of`` records: where the automatic
-        commit of a full shard fails with the records intact, an :class:`~seqstore.errors.AutoCommitError`
-        (of the failure's class too) says that the writer holds them and must not be given them again."""
+    def _auto_flush(self, taken: int, of: int, full: bool = False) -> None:
+        """:meth:`_flush` (``full``: the commit of the full shard) in an append that has taken ``taken`` of
+        its ``of`` records: where the automatic commit of a full shard fails with the records intact, an
+        :class:`~seqstore.errors.AutoCommitError` (of the failure's class too) says what the writer holds."""
         try:
-            self._flush()
+            (self._commit_shard if full else self._flush)()
         except Exception as exc:
             pending = self._uncommitted_records()
             if self._failed is not None or self._closed or isinstance(exc, SchemaError) or not pending:
                 raise  # (discarded: a failed write, or a shard of the other kind of ids)
-            rest = f"; the {of - taken} from record {taken} of the call on were not taken" if taken < of else ""
-            note = (f"; the writer holds {taken} of the {of} record(s) of this call ({pending} uncommitted in all): "
-                    f"do not append them again, {self._RETRY} retries the commit{rest}")
+            if taken == 0:
+                note = (f"; none of the {of} record(s) of this call were taken (the writer's shard is full and "
+                        f"holds {pending} uncommitted records): append them again once a commit succeeds")
+            else:
+                rest = f"; the {of - taken} from record {taken} of the call on were not taken" if taken < of else ""
+                note = (f"; the writer holds {taken} of the {of} record(s) of this call ({pending} uncommitted in "
+                        f"all): do not append them again, {self._RETRY} retries the commit{rest}")
             raise auto_commit_error(exc, taken, pending, note) from exc
+
+    def _commit_if_full(self, of: int) -> None:
+        """Before an append of ``of`` records takes any: a full shard whose automatic commit failed is
+        committed now, or the append is refused (no shard grows past ``max_shard_records``/``shard_bytes``)."""
+        full = self._shard_records >= self.max_shard_records or self._shard_bytes >= self.shard_bytes
+        if self._shard_open and full:
+            self._auto_flush(0, of, full=True)
 
     def _flush(self) -> None:
         """Write the buffer to the current shard (no commit). Splits the shard when it is full.
