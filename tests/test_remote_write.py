@@ -539,3 +539,20 @@ def test_a_claim_that_went_through_unanswered_leaves_no_descriptor(moto_s3: Moto
     shard_dirs = {k.split("/")[1] for k in moto_s3.keys(s3_bucket, "claim.seqstore/shard-")}
     assert shard_dirs == {"shard-000001"}, shard_dirs  # (number 0 is the lost claim's)
     assert verify(url, storage_options=opts) == []
+
+
+def test_create_whose_staging_directory_cannot_be_made_leaves_no_store(moto_s3: MotoS3, s3_bucket: str,
+                                                                       tmp_path: Path) -> None:
+    """create() at a URL made the store first and only then its writer's local staging directory: where that
+    failed (staging_dir a file, unwritable, a full disk) an empty store stayed at the URL, and the corrected
+    call got FileExistsError. The staging directory is now made first; its error names it and the store."""
+    url = f"s3://{s3_bucket}/staging-first.seqstore"
+    opts = moto_s3.storage_options()
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_bytes(b"")
+    with pytest.raises(OSError, match=f"{not_a_dir}.*staging_dir.*{url}"):
+        ss.create(url, SCHEMA, storage_options=opts, staging_dir=not_a_dir)
+    assert remote_writer.existing_manifest(url, opts) is None
+    with ss.create(url, SCHEMA, storage_options=opts, staging_dir=tmp_path / "staging") as w:
+        w.append_batch(*_batch(0, 3))
+    assert len(_open(url, moto_s3, tmp_path / "c")) == 3

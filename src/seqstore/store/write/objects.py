@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -111,6 +112,7 @@ class ObjectTarget(CommitTarget):
         # a commit of stats alone whose write may have gone through: the manifest bytes sent, the stats
         self._unsure_stats: tuple[bytes, dict[str, float]] | None = None
         self._job = self._task = self._prefix = ""
+        self._made: tuple[Path, int] | None = None  # a staging directory create() made for open_writer
 
     def objects(self) -> ObjectClient:
         return self.client
@@ -125,10 +127,27 @@ class ObjectTarget(CommitTarget):
         delete_store(self.client)
 
     def create(self, manifest: Manifest, *, overwrite: bool) -> None:
-        if overwrite:
-            delete_store(self.client)
-        if not self.install(manifest):
-            raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
+        """The writer's staging directory first (kept for :meth:`open_writer`): where it cannot be made, no
+        store is left at the URL (one made before could not be deleted safely: another process may append)."""
+        self._release_made()
+        made = self._new_stage("staging")
+        try:
+            if overwrite:
+                delete_store(self.client)
+            if not self.install(manifest):
+                raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
+        except BaseException:
+            shutil.rmtree(made[0], ignore_errors=True)
+            os.close(made[1])
+            raise
+        self._made = made
+
+    def _release_made(self) -> None:
+        """Remove the staging directory :meth:`create` made that no writer took."""
+        if self._made is not None:
+            (path, fd), self._made = self._made, None
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
 
     def install(self, manifest: Manifest, *, strict: bool = False) -> bool:
         # as in a directory, never among objects that are not a store: deleting the store would take them along
@@ -146,26 +165,40 @@ class ObjectTarget(CommitTarget):
         return True
 
     def _staging(self, schema: Schema, id_lookup: str, records: int, has_ids: bool | None, what: str) -> Start:
-        """A new staging directory holding an flock on its ``owner.lock``; those of killed writers go."""
-        base = Path(self.staging_dir if self.staging_dir is not None else tempfile.gettempdir())
-        base.mkdir(parents=True, exist_ok=True)
-        for old in base.glob(f"seqstore-{what}-*"):
-            with contextlib.suppress(OSError):  # (another user's)
-                remove_if_dead(old, missing_is_dead=False)  # (no lock yet: one being made)
-        stage, fd = held_new_dir(lambda: Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=base)))
+        """A new staging directory holding an flock on its ``owner.lock`` (the one :meth:`create` made)."""
+        made, self._made = self._made, None
+        stage, fd = made if made is not None and what == "staging" else self._new_stage(what)
         return Start(schema, id_lookup, records, has_ids, True, stage, stage, fd)
+
+    def _new_stage(self, what: str) -> tuple[Path, int]:
+        """A new staging directory and the descriptor of its flocked ``owner.lock``; those of killed writers go."""
+        base = Path(self.staging_dir if self.staging_dir is not None else tempfile.gettempdir())
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            for old in base.glob(f"seqstore-{what}-*"):
+                with contextlib.suppress(OSError):  # (another user's)
+                    remove_if_dead(old, missing_is_dead=False)  # (no lock yet: one being made)
+            return held_new_dir(lambda: Path(tempfile.mkdtemp(prefix=f"seqstore-{what}-", dir=base)))
+        except OSError as exc:
+            code = errno.ENOTDIR if isinstance(exc, FileExistsError) else exc.errno
+            raise OSError(code, f"{exc.strerror or exc}: cannot make a staging directory under {base} (staging_dir), "
+                          f"where the writer of {self.where} builds its shards") from exc
 
     # --------------------------------------------------------------------------------- one writer
 
     def open_writer(self) -> Start:
-        state = read_state(self.client)
-        if state is None:
-            raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist)")
-        if not state.v3:
-            raise SeqstoreError(
-                f"{self.where}: a version-{state.manifest.version} store; writers on object storage append to "
-                "version-3 stores only (copy it to a local directory, append there, and copy it back)"
-            )
+        try:
+            state = read_state(self.client)
+            if state is None:
+                raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist)")
+            if not state.v3:
+                raise SeqstoreError(
+                    f"{self.where}: a version-{state.manifest.version} store; writers on object storage append to "
+                    "version-3 stores only (copy it to a local directory, append there, and copy it back)"
+                )
+        except BaseException:
+            self._release_made()  # (the staging directory create() made)
+            raise
         self._state = state
         m = state.manifest
         return self._staging(m.schema, m.id_lookup, m.num_records, state.has_ids, "staging")
