@@ -132,3 +132,30 @@ def test_a_commit_lock_held_by_a_hung_process_is_a_named_error_not_a_hang(
     monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="SEQSTORE_LOCK_TIMEOUT='soon'"):
         ss.append_to(root)
+
+
+def test_an_overwrite_held_up_by_a_hung_overwrite_is_a_named_error_not_a_hang(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """create(path, overwrite=True) waited without a bound for the owner.lock at the old store's top, which
+    another overwrite of the path holds while it deletes the store: a hung one hung it for ever. The wait is
+    now bounded as the commit lock's is (LockTimeout naming the lock file); the old store is untouched."""
+    import fcntl
+    import os
+
+    from seqstore.errors import LockTimeout
+
+    root = scratch / "s"
+    with ss.create(root, {"x": ss.Field("int64", ())}) as w:
+        w.append({"x": 5})
+    monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "0.05")
+    fd = os.open(root / "owner.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(LockTimeout, match=f"{root / 'owner.lock'}: the lock of an overwrite.*{os.getpid()}"):
+            ss.create(root, {"y": ss.Field("int8", ())}, overwrite=True)
+    finally:
+        os.close(fd)
+    assert ss.open(root).get_batch(np.arange(1), fields=["x"])["x"].tolist() == [5]
+    ss.create(root, {"y": ss.Field("int8", ())}, overwrite=True).close()
+    assert list(ss.open(root).schema) == ["y"]

@@ -79,7 +79,7 @@ def _describe(pid: int | None) -> str:
     return f"by process {pid}" + (f" ({cmd})" if cmd else "")
 
 
-def _wait_for_lock(fd: int, path: Path) -> None:
+def _wait_for_lock(fd: int, path: Path, what: str = "the store's commit lock") -> None:
     """``flock`` ``fd`` exclusively, waiting at most :func:`lock_timeout` seconds, then :class:`LockTimeout`."""
     timeout = lock_timeout()
     deadline = time.monotonic() + timeout
@@ -94,8 +94,8 @@ def _wait_for_lock(fd: int, path: Path) -> None:
         if left <= 0:
             holder = lock_holder(fd)
             raise LockTimeout(
-                f"{path}: the store's commit lock is held {_describe(holder)} and was not released within "
-                f"{timeout:g} s (a hung or stopped process?); nothing was committed. Once it is released, try "
+                f"{path}: {what} is held {_describe(holder)} and was not released within "
+                f"{timeout:g} s (a hung or stopped process?); nothing was changed. Once it is released, try "
                 f"again; {LOCK_TIMEOUT_ENV} sets the wait in seconds", path=str(path), holder=holder)
         time.sleep(min(pause, left))
         pause = min(pause * 2, 0.05)
@@ -136,10 +136,18 @@ def next_shard_number(manifest: Manifest) -> int:
     return max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
 
 
-def hold_owner_lock(directory: Path) -> int:
-    """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep."""
+def hold_owner_lock(directory: Path, *, bounded: bool = False) -> int:
+    """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep.
+    ``bounded``: where another process may hold it, wait at most :func:`lock_timeout` seconds."""
     fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        if bounded:
+            _wait_for_lock(fd, directory / OWNER, "the lock of an overwrite deleting the store")
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 

@@ -119,7 +119,7 @@ class LocalTarget(CommitTarget):
         # the owner.lock held while the old store is deleted: one a process killed part way left (no lock
         # held) is removed by the next create of this path (remove_dead_deletions); a live one is not
         try:
-            fd = hold_owner_lock(root)
+            fd = hold_owner_lock(root, bounded=True)  # (a hung overwrite holding it: LockTimeout)
         except FileNotFoundError:
             return  # another overwrite moved it away meanwhile
         try:
