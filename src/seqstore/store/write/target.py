@@ -235,7 +235,11 @@ def check_parts_kinds(where: str, kinds: set[bool], store_has_ids: bool | None) 
 
 def stats_number(key: str, value: Any) -> int | float:
     """A stats delta as a JSON number: any finite real number (NumPy's too, as a sum of a column gives),
-    not a bool (TypeError naming the key otherwise: a NaN or inf would stick in the stat for good)."""
+    not a bool (TypeError naming the key otherwise: a NaN or inf would stick in the stat for good). The key
+    must be a str (a JSON object's key: another type could not be saved, or an int would be saved as its
+    string and then written twice)."""
+    if not isinstance(key, str):
+        raise TypeError(f"stats key {key!r} ({type(key).__name__}) must be a str")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TypeError(f"stats delta {key!r} must be a finite int or float, got {value!r}")
     return int(value) if isinstance(value, numbers.Integral) else float(value)
