@@ -605,3 +605,18 @@ def test_a_stats_key_that_is_not_a_str_is_refused_at_add_stats(scratch: Path) ->
         w.add_stats({"1": 2})
     st = ss.open(root)
     assert st.manifest.stats == {"1": 2} and len(st) == 1
+
+
+@pytest.mark.parametrize("make", ["create", "open_or_create"])
+def test_metadata_that_json_cannot_hold_is_refused_naming_its_key(scratch: Path, make: str) -> None:
+    """metadata with a value JSON cannot hold (a NumPy number, a set) failed with json's bare TypeError,
+    naming neither the metadata nor the key; a key that is not a str was saved as its string. Both are
+    refused naming the key, and no store is made."""
+    root = scratch / "s"
+    for metadata, message in (({"ok": 1, "n": np.int64(3)}, "metadata 'n': JSON cannot hold its value"),
+                              ({"tags": {"a"}}, "metadata 'tags'"), ({1: "x"}, "metadata key 1 .int. must be a str")):
+        with pytest.raises(TypeError, match=message):
+            getattr(ss.store.writer, make)(root, {"x": ss.Field("int64", ())}, metadata=metadata)
+        assert not root.exists()
+    ss.create(root, {"x": ss.Field("int64", ())}, metadata={"n": 3, "tags": ["a"]}).close()
+    assert ss.open(root).metadata == {"n": 3, "tags": ["a"]}

@@ -52,6 +52,7 @@ from .target import (
     as_part,
     check_name,
     check_v3,
+    checked_metadata,
     checked_schema,
     new_manifest,
     schema_crc,
@@ -103,6 +104,7 @@ def prepare_store(
     target = open_target(path, storage_options)
     where = target.where
     sch = checked_schema(schema, None, id_lookup)
+    metadata = None if metadata is None else checked_metadata(metadata)
     manifest = target.read_manifest()
     if manifest is None:
         if target.install(new_manifest(sch, metadata, id_lookup), strict=True):

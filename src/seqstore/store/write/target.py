@@ -196,7 +196,24 @@ class CommitTarget(ABC):
 
 def new_manifest(sch: Schema, metadata: Mapping[str, Any] | None, id_lookup: str) -> Manifest:
     """The manifest of a new, empty store: version 3 (a shard table with no rows yet)."""
-    return Manifest(sch, metadata=dict(metadata or {}), id_lookup=id_lookup, table=TableState(0, 0, 0))
+    return Manifest(sch, metadata=checked_metadata(metadata), id_lookup=id_lookup, table=TableState(0, 0, 0))
+
+
+def checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A store's ``metadata`` as the manifest keeps it (a JSON object): TypeError naming the key whose
+    value JSON cannot hold, or a key that is not a str, before anything is made."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a dict of str -> JSON values, got {type(metadata).__name__}")
+    out = dict(metadata or {})
+    for key, value in out.items():
+        if not isinstance(key, str):
+            raise TypeError(f"metadata key {key!r} ({type(key).__name__}) must be a str")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"metadata {key!r}: JSON cannot hold its value ({exc}); give str, int, float, bool, "
+                            "None, and lists and dicts of them") from None
+    return out
 
 
 def checked_schema(
