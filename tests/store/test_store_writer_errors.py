@@ -592,16 +592,20 @@ def test_a_writer_size_refused_at_create_leaves_no_store(scratch: Path, make: st
 
 
 def test_a_stats_key_that_is_not_a_str_is_refused_at_add_stats(scratch: Path) -> None:
-    """add_stats took any key: a tuple made every later commit (and close) fail with JSON's TypeError, so the
-    writer's records could only be given up; an int was saved as the string "1" and the next delta for 1 wrote
-    the key a second time into manifest.json, where reading kept only the last count. Both are refused when
-    added, naming the key; the writer stays usable."""
+    """add_stats of something other than a dict was a bare AttributeError; and it took any key: a tuple made
+    every later commit (and close) fail with JSON's TypeError, so the writer's records could only be given
+    up; an int was saved as the string "1" and the next delta for 1 wrote the key a second time into
+    manifest.json, where reading kept only the last count. Both are refused when added, naming the key; the
+    writer stays usable."""
     root = scratch / "s"
     with ss.create(root, {"x": ss.Field("int32")}) as w:
         w.append({"x": 1})
         for key in (("a", "b"), 1):
             with pytest.raises(TypeError, match=re.escape(f"stats key {key!r} ({type(key).__name__}) must be a str")):
                 w.add_stats({"ok": 1, key: 2})
+        for not_a_dict in (None, [("a", 1)]):
+            with pytest.raises(TypeError, match="add_stats takes a dict of str -> number"):
+                w.add_stats(not_a_dict)  # type: ignore[arg-type]
         w.add_stats({"1": 2})
     st = ss.open(root)
     assert st.manifest.stats == {"1": 2} and len(st) == 1

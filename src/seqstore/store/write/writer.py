@@ -440,6 +440,8 @@ class Writer:
         :meth:`commit` saves pending deltas even when no records are pending.
         """
         self._check_open()
+        if not isinstance(delta, Mapping):
+            raise TypeError(f"add_stats takes a dict of str -> number, got {type(delta).__name__}")
         for k, v in {k: stats_number(k, v) for k, v in delta.items()}.items():  # all checked first
             self._stats_delta[k] = self._stats_delta.get(k, 0) + v
 
