@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import SchemaError, SeqstoreError, auto_commit_error
-from ...schema import Field, Schema, flatten_values, to_storage_array
-from ..directio import aligned_empty
+from ...schema import Field, Schema, to_storage_array
 from . import at_exit, disk
-from .columns import DIRECT_BYTES, DIRECT_IO_BYTES, caller_ids, row_starts, stage
+from .checks import RecordChecks
+from .columns import DIRECT_BYTES, caller_ids, row_starts, stage
 from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, NotCommitted, Start, stats_number
 from .values import ragged_column, shape_text, storage_value
@@ -45,7 +45,7 @@ def check_sizes(**sizes: int) -> None:
             raise ValueError(f"{name} must be positive, got {value}")
 
 
-class Writer:
+class Writer(RecordChecks):
     """Appends records to a store. Use :func:`create` or :func:`append_to` to get one.
 
     Records are buffered up to ``buffer_bytes`` and then written to the current shard; a shard is
@@ -132,59 +132,6 @@ class Writer:
                                  self._pool, self._io, self.direct_io)
         self._shard_open = True
 
-    # ------------------------------------------------------------------------------------ validation
-
-    def _check_ids(self, have_ids: bool, first: int, batch: bool = False) -> None:
-        if self._has_ids is None or self._has_ids == have_ids:
-            return
-        what = f"{self.target.where}: " + (f"the batch from record {first}" if batch else f"record {first}")
-        rule = "(a store's records all have ids or none do)"
-        if self._has_ids:
-            arg = "append_batch(columns, ids=[...])" if batch else "append(record, id=...)"
-            raise SchemaError(f"{what} has no {'ids' if batch else 'id'}, but this store's records have ids {rule}; "
-                              f"pass {'them' if batch else 'it'}: {arg}")
-        raise SchemaError(f"{what} has {'ids' if batch else 'an id'}, but this store's records have none {rule}; "
-                          f"append without {'ids=' if batch else 'id='}")
-
-    def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
-        if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
-            return record  # already flat: no copy
-        return flatten_values(record, what)
-
-    def _check_keys(self, keys: Any, what: str) -> None:
-        given = set(keys)
-        names = self._names
-        direct = given & set(self._groups)
-        if direct:  # a group given as one (B, width) matrix stands for its fields
-            names = (names - {m for g in direct for m in self._groups[g].fields}) | direct
-        if given != names:
-            odd = (("unknown", given - names), ("missing", names - given))
-            parts = [f"{kind} field(s) {sorted(s)}" for kind, s in odd if s]
-            groups = f" (or packed groups {sorted(self._groups)})" if self._groups else ""
-            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}{groups}")
-
-    def _pack(
-        self, gname: str, flat: Mapping[str, Any], prepared: Mapping[str, np.ndarray[Any, Any]], batch: int, fw: str
-    ) -> np.ndarray[Any, Any]:
-        """The (batch, width) matrix of packed group ``gname``: the caller's matrix when given under the
-        group's name (converted, not copied when it already has the storage dtype), else a new matrix
-        assembled from the fields' converted values ``prepared`` (one copy)."""
-        g = self._groups[gname]
-        if gname in flat:
-            mat = to_storage_array(g.as_field(), flat[gname], what=fw)
-            if mat.shape != (batch, g.width):
-                raise SchemaError(
-                    f"{fw}: expected a ({batch}, {g.width}) matrix for packed group {gname!r}, got {mat.shape}"
-                )
-            return mat
-        shape = (batch, g.width)
-        big = self.direct_io and batch * g.width * g.storage_dtype.itemsize >= DIRECT_IO_BYTES
-        mat = aligned_empty(shape, g.storage_dtype) if big else np.empty(shape, dtype=g.storage_dtype)
-        for name in g.fields:
-            a, b = g.columns[name]
-            mat[:, a:b] = prepared[name].reshape(batch, b - a)
-        return mat
-
     # --------------------------------------------------------------------------------------- append
 
     @at_exit.guarded
@@ -245,11 +192,6 @@ class Writer:
             raise
         if self._buf_full():
             self._auto_flush(1, 1)
-
-    def _given(self, flat: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-        """``(name, field, value)`` of the fields in ``flat`` (a packed group given as a whole leaves its
-        fields out)."""
-        return [(name, f, flat[name]) for name, f in self._fields if name in flat]
 
     @at_exit.guarded
     def append_batch(self, columns: Mapping[str, Any], ids: Sequence[str] | None = None) -> None:
