@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 #: Seconds a writer waits for a store's commit lock (the environment's ``SEQSTORE_LOCK_TIMEOUT``
-#: overrides it; ``inf`` waits for ever). Commits hold it for moments; a copy into the store or a large
-#: id-index merge for longer.
-LOCK_TIMEOUT = 600.0
+#: overrides it; ``inf`` waits for ever). Commits hold it for moments; a copy into the store, and the
+#: merge of the largest id-index runs of a store of 10^10 ids (over 100 GB written), for minutes.
+LOCK_TIMEOUT = 1800.0
 LOCK_TIMEOUT_ENV = "SEQSTORE_LOCK_TIMEOUT"
 
 
