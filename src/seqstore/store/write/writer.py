@@ -139,6 +139,8 @@ class Writer(RecordChecks):
         """Append one record: a (possibly nested) dict of field name -> array-like.
 
         Raises SchemaError naming the field, record number and id; a rejected record leaves nothing.
+        :class:`~seqstore.errors.AutoCommitError`: the automatic commit of a full shard failed, and
+        ``taken`` says whether the writer holds the record (1: do not append it again) or not (0).
         """
         self._check_open()
         index = self._records_before + self._committed_records + self._uncommitted_records()
@@ -197,7 +199,9 @@ class Writer(RecordChecks):
     def append_batch(self, columns: Mapping[str, Any], ids: Sequence[str] | None = None) -> None:
         """Append a batch: fixed field -> stacked array (B, ...); ragged field -> list of arrays or a
         ``(values, lengths)`` pair. ``ids``: B str ids or None. All columns are validated before
-        anything is buffered; a rejected batch leaves nothing behind.
+        anything is buffered; a rejected batch leaves nothing behind. An
+        :class:`~seqstore.errors.AutoCommitError` (an automatic commit failed) says in ``taken`` how many
+        of the batch's first records the writer holds: append again only the records after those.
         """
         self._check_open()
         first = self._records_before + self._committed_records + self._uncommitted_records()
