@@ -624,3 +624,21 @@ def test_metadata_that_json_cannot_hold_is_refused_naming_its_key(scratch: Path,
         assert not root.exists()
     ss.create(root, {"x": ss.Field("int64", ())}, metadata={"n": 3, "tags": ["a"]}).close()
     assert ss.open(root).metadata == {"n": 3, "tags": ["a"]}
+
+
+def test_a_writer_size_that_is_not_an_int_is_refused_before_the_store_is_made(scratch: Path) -> None:
+    """max_shard_records=2.5 made the store and then failed the first append_batch with a bare TypeError
+    (slice indices must be integers); a str or None failed with Python's comparison error. Each is a
+    TypeError naming the size, before anything is made. A NumPy int was taken, and then every commit of a
+    shard that a batch filled failed (its record count a NumPy int JSON cannot save): it works now."""
+    root = scratch / "s"
+    for sizes, message in (({"max_shard_records": 2.5}, "max_shard_records must be a positive int, got float 2.5"),
+                           ({"shard_bytes": "1GB"}, "shard_bytes must be a positive int, got str '1GB'"),
+                           ({"buffer_bytes": None}, "buffer_bytes must be a positive int, got NoneType None"),
+                           ({"max_shard_records": True}, "max_shard_records must be a positive int, got bool")):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            ss.create(root, {"x": ss.Field("int64", ())}, **sizes)
+        assert not root.exists()
+    with ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=np.int64(4)) as w:
+        w.append_batch({"x": np.arange(10)})
+    assert ss.open(root).num_shards == 3

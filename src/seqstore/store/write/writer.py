@@ -13,6 +13,7 @@ takes a group's whole ``(B, width)`` matrix under the group's name (no per-field
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +42,8 @@ def check_sizes(**sizes: int) -> None:
     """Refuse a writer's size (``shard_bytes=``, ``buffer_bytes=``, ``max_shard_records=``) that is not
     positive (``create`` and the engines check them before they make or touch the store)."""
     for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
 
@@ -72,7 +75,9 @@ class Writer(RecordChecks):
         check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
         self.target = target
         self.direct_io = bool(direct_io)
-        self.shard_bytes, self.buffer_bytes, self.max_shard_records = shard_bytes, buffer_bytes, max_shard_records
+        # (Python ints: a NumPy one would reach the shard's record count, which JSON cannot save)
+        self.shard_bytes, self.buffer_bytes, self.max_shard_records = (
+            int(shard_bytes), int(buffer_bytes), int(max_shard_records))
         self._pid = os.getpid()
         self._failed: BaseException | None = None
         self._close_error: Exception | None = None  # what a close() that discarded the records raised
