@@ -556,3 +556,24 @@ def test_create_whose_staging_directory_cannot_be_made_leaves_no_store(moto_s3: 
     with ss.create(url, SCHEMA, storage_options=opts, staging_dir=tmp_path / "staging") as w:
         w.append_batch(*_batch(0, 3))
     assert len(_open(url, moto_s3, tmp_path / "c")) == 3
+
+
+def test_an_automatic_commit_that_fails_at_a_url_is_a_remote_error_saying_what_was_taken(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """The automatic commit of a full shard at a URL gave up (the service answering 503): the error is still
+    a RemoteError naming the object, and an AutoCommitError saying the writer took the record; close() then
+    commits every record once."""
+    from seqstore.errors import AutoCommitError
+
+    url = f"s3://{s3_bucket}/auto-commit.seqstore"
+    ss.create(url, {"x": ss.Field("int64", ())}, storage_options=moto_s3.storage_options()).close()
+    w = ss.append_to(url, storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1), max_shard_records=2)
+    w.append({"x": 0})
+    s3_proxy.fail(None, method="PUT", path="manifest.json")  # answered 503, never forwarded
+    with pytest.raises(RemoteError, match="manifest.json") as err:
+        w.append({"x": 1})
+    assert isinstance(err.value, AutoCommitError) and err.value.taken == 1 and "manifest.json" in err.value.url
+    s3_proxy.clear_faults()
+    w.close()
+    store = _open(url, moto_s3, tmp_path / "c")
+    assert store.get_batch(np.arange(2), fields=["x"])["x"].tolist() == [0, 1] and len(store) == 2
