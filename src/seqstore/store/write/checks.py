@@ -19,52 +19,52 @@ __all__ = ["RecordChecks"]
 
 
 class RecordChecks:
-    """The checks of :class:`~.writer.Writer` (a base class of it; the attributes are the writer's)."""
+    """The checks a :class:`~.writer.Writer` makes of what it is given, for the store at ``target``.
+    ``has_ids``: whether the store's records have ids (None while it has no record), which the writer
+    updates as it takes records or learns of another writer's."""
 
-    target: CommitTarget
-    schema: Schema
-    direct_io: bool
-    _fields: list[tuple[str, Field]]
-    _names: set[str]
-    _groups: dict[str, PackedGroup]
-    _has_ids: bool | None
+    def __init__(self, schema: Schema, target: CommitTarget, direct_io: bool, has_ids: bool | None) -> None:
+        self.schema, self.target, self.direct_io, self.has_ids = schema, target, direct_io, has_ids
+        self.fields: list[tuple[str, Field]] = list(schema.items())
+        self.names = set(schema)
+        self.groups: dict[str, PackedGroup] = schema.groups
 
-    def _check_ids(self, have_ids: bool, first: int, batch: bool = False) -> None:
-        if self._has_ids is None or self._has_ids == have_ids:
+    def ids(self, have_ids: bool, first: int, batch: bool = False) -> None:
+        if self.has_ids is None or self.has_ids == have_ids:
             return
         what = f"{self.target.where}: " + (f"the batch from record {first}" if batch else f"record {first}")
         rule = "(a store's records all have ids or none do)"
-        if self._has_ids:
+        if self.has_ids:
             arg = "append_batch(columns, ids=[...])" if batch else "append(record, id=...)"
             raise SchemaError(f"{what} has no {'ids' if batch else 'id'}, but this store's records have ids {rule}; "
                               f"pass {'them' if batch else 'it'}: {arg}")
         raise SchemaError(f"{what} has {'ids' if batch else 'an id'}, but this store's records have none {rule}; "
                           f"append without {'ids=' if batch else 'id='}")
 
-    def _flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
+    def flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
         if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
             return record  # already flat: no copy
         return flatten_values(record, what)
 
-    def _check_keys(self, keys: Any, what: str) -> None:
+    def keys(self, keys: Any, what: str) -> None:
         given = set(keys)
-        names = self._names
-        direct = given & set(self._groups)
+        names = self.names
+        direct = given & set(self.groups)
         if direct:  # a group given as one (B, width) matrix stands for its fields
-            names = (names - {m for g in direct for m in self._groups[g].fields}) | direct
+            names = (names - {m for g in direct for m in self.groups[g].fields}) | direct
         if given != names:
             odd = (("unknown", given - names), ("missing", names - given))
             parts = [f"{kind} field(s) {sorted(s)}" for kind, s in odd if s]
-            groups = f" (or packed groups {sorted(self._groups)})" if self._groups else ""
-            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self._names)}{groups}")
+            groups = f" (or packed groups {sorted(self.groups)})" if self.groups else ""
+            raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self.names)}{groups}")
 
-    def _pack(
+    def pack(
         self, gname: str, flat: Mapping[str, Any], prepared: Mapping[str, np.ndarray[Any, Any]], batch: int, fw: str
     ) -> np.ndarray[Any, Any]:
         """The (batch, width) matrix of packed group ``gname``: the caller's matrix when given under the
         group's name (converted, not copied when it already has the storage dtype), else a new matrix
         assembled from the fields' converted values ``prepared`` (one copy)."""
-        g = self._groups[gname]
+        g = self.groups[gname]
         if gname in flat:
             mat = to_storage_array(g.as_field(), flat[gname], what=fw)
             if mat.shape != (batch, g.width):
@@ -80,7 +80,7 @@ class RecordChecks:
             mat[:, a:b] = prepared[name].reshape(batch, b - a)
         return mat
 
-    def _given(self, flat: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    def given(self, flat: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
         """``(name, field, value)`` of the fields in ``flat`` (a packed group given as a whole leaves its
         fields out)."""
-        return [(name, f, flat[name]) for name, f in self._fields if name in flat]
+        return [(name, f, flat[name]) for name, f in self.fields if name in flat]

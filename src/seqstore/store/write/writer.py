@@ -48,7 +48,7 @@ def check_sizes(**sizes: int) -> None:
             raise ValueError(f"{name} must be positive, got {value}")
 
 
-class Writer(RecordChecks):
+class Writer:
     """Appends records to a store. Use :func:`create` or :func:`append_to` to get one.
 
     Records are buffered up to ``buffer_bytes`` and then written to the current shard; a shard is
@@ -85,13 +85,10 @@ class Writer(RecordChecks):
         self.root = start.root  #: the store's directory, or the local staging directory of a store at a URL
         self._workspace = start.workspace
         self.schema: Schema = start.schema
-        self._fields: list[tuple[str, Field]] = list(self.schema.items())
-        self._names = set(self.schema)
-        self._groups = self.schema.groups
         # what is stored: unpacked fields, then packed groups as fixed (width,) fields
         self._units: list[tuple[str, Field]] = self.schema.storage_units()
         self._stats_delta: dict[str, float] = {}
-        self._has_ids: bool | None = start.has_ids
+        self._checks = RecordChecks(self.schema, self.target, self.direct_io, start.has_ids)
         # a store keeps its format version: version 3 shards get a descriptor, 1/2 are listed in the manifest
         self._descriptors = start.descriptors
         self._records_before = start.records
@@ -133,8 +130,8 @@ class Writer(RecordChecks):
         self._buf_records = self._buf_bytes = 0
 
     def _open_shard(self) -> None:
-        self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._has_ids), self._descriptors,
-                                 self._pool, self._io, self.direct_io)
+        self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._checks.has_ids),
+                                 self._descriptors, self._pool, self._io, self.direct_io)
         self._shard_open = True
 
     # --------------------------------------------------------------------------------------- append
@@ -152,11 +149,11 @@ class Writer(RecordChecks):
         what = f"record {index}" + (f" (id {id!r})" if id is not None else "")
         if id is not None and not isinstance(id, str):
             raise SchemaError(f"record {index}: id must be a str, got {type(id).__name__} {id!r}")
-        flat = self._flatten(record, what)
-        self._check_keys(flat.keys(), what)
+        flat = self._checks.flatten(record, what)
+        self._checks.keys(flat.keys(), what)
         converted: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
-        for name, f, value in self._given(flat):
+        for name, f, value in self._checks.given(flat):
             arr = storage_value(f, value, f"{what}, field {name!r}")
             if f.ragged:
                 if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
@@ -168,8 +165,8 @@ class Writer(RecordChecks):
             converted[name] = arr.copy() if arr is value or arr.base is not None else arr
         units: dict[str, np.ndarray[Any, Any]] = {}
         for name, f in self._units:
-            if name in self._groups:
-                g = self._groups[name]
+            if name in self._checks.groups:
+                g = self._checks.groups[name]
                 if name in flat:
                     row = to_storage_array(g.as_field(), flat[name], what=f"{what}, packed group {name!r}")
                     if row.shape != (g.width,):
@@ -178,13 +175,13 @@ class Writer(RecordChecks):
                         )
                     units[name] = row[None].copy()
                 else:
-                    units[name] = self._pack(name, flat, {k: v[None] for k, v in converted.items()}, 1, what)
+                    units[name] = self._checks.pack(name, flat, {k: v[None] for k, v in converted.items()}, 1, what)
             else:
                 units[name] = converted[name] if f.ragged else converted[name][None]
             nbytes += units[name].nbytes
-        self._check_ids(id is not None, index)  # after the fields: a wrong field is the likelier mistake
+        self._checks.ids(id is not None, index)  # after the fields: a wrong field is the likelier mistake
         self._commit_if_full(1)
-        self._has_ids = id is not None
+        self._checks.has_ids = id is not None
         try:
             for name, f in self._units:
                 self._buf[name].append(units[name])
@@ -221,14 +218,14 @@ class Writer(RecordChecks):
         def item(k: int) -> str:
             return f"record {first + k}" + (f" (id {str(ids[k])!r})" if ids is not None and k < len(ids) else "")
 
-        flat = self._flatten(columns, what)
-        self._check_keys(flat.keys(), what)
+        flat = self._checks.flatten(columns, what)
+        self._checks.keys(flat.keys(), what)
         caller = caller_ids(flat.values())
         batch: int | None = None
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
         fixed: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
-        for name, f, value in self._given(flat):
+        for name, f, value in self._checks.given(flat):
             lengths: np.ndarray[Any, Any] | None = None
             fw = f"{what}, field {name!r}"
             if f.ragged:
@@ -249,12 +246,12 @@ class Writer(RecordChecks):
                 nbytes += values.nbytes
             else:
                 fixed[name] = values
-        for gname in self._groups:
+        for gname in self._checks.groups:
             if gname in flat:
                 first_dim = np.shape(flat[gname])[0] if np.ndim(flat[gname]) else 0
                 batch = first_dim if batch is None else batch
             assert batch is not None
-            mat = self._pack(gname, flat, fixed, batch, f"{what}, packed group {gname!r}")
+            mat = self._checks.pack(gname, flat, fixed, batch, f"{what}, packed group {gname!r}")
             prepared.append((mat, None))
             nbytes += mat.nbytes
         assert batch is not None
@@ -262,9 +259,9 @@ class Writer(RecordChecks):
             raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
         if batch == 0:
             return
-        self._check_ids(ids is not None, first, batch=True)
+        self._checks.ids(ids is not None, first, batch=True)
         self._commit_if_full(batch)
-        self._has_ids = ids is not None
+        self._checks.has_ids = ids is not None
         starts = [None if lengths is None else row_starts(lengths) for _, lengths in prepared]
         start = 0
         while start < batch:  # pieces never overflow a shard's record limit
@@ -426,7 +423,7 @@ class Writer(RecordChecks):
             assert ready is not None
             shutil.rmtree(ready.path, ignore_errors=True)
             self._ready = None
-            self._has_ids = exc.has_ids
+            self._checks.has_ids = exc.has_ids
             kind = "with" if exc.has_ids else "without"
             raise SchemaError(
                 f"{self.target.where}: cannot mix records with and without ids in one store; its records are now "
