@@ -239,6 +239,42 @@ def test_a_failure_under_a_path_that_says_certificate_is_retried(moto_s3: MotoS3
     assert bytes(got) == (b"scan" * 25)[4:12]
 
 
+def test_a_missing_object_whose_key_says_no_such_bucket_is_a_missing_object(moto_s3: MotoS3, s3_bucket: str) -> None:
+    """S3's 404 names the key (``<Key>``, and obstore's text the path): an object under ``NoSuchBucket/`` that is
+    missing was reported as a bucket that does not exist."""
+    from seqstore.io.objects import ObjectClient
+
+    client = ObjectClient(f"s3://{s3_bucket}/words", moto_s3.storage_options())
+    with pytest.raises(RemoteNotFound) as info:
+        client.get("NoSuchBucket/x.npy")
+    assert not isinstance(info.value, BucketNotFound) and "NoSuchBucket/x.npy" in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["Content-Range/x.npy", "a/Requested x/y.npy", "Configuration key/z.npy"])
+def test_words_of_a_key_do_not_classify_a_failure(key: str) -> None:
+    """The phrases that tell a refusal before sending (not retried) and an answer that came (the endpoint is
+    reachable) are obstore's and the server's words, not the key's: a connection refused for a key holding
+    one is a transient failure of an endpoint not yet reached, a 503 for it is retried."""
+    from urllib.parse import quote
+
+    import obstore.exceptions as oex
+
+    from seqstore.io.object_errors import failure
+    from seqstore.io.retry import Transient
+
+    url = f"s3://b/store/{key}"
+    sent = f"http://127.0.0.1:9/b/store/{quote(key)}"
+    refused = oex.GenericError(f"Generic S3 error: Error performing GET {sent} in 1ms - HTTP error: error sending "
+                               f'request\n\nDebug source:\nGeneric {{ store: "S3", path: "store/{key}" }}')
+    got = failure(oex, refused, "s3://b/store", url, {})
+    assert isinstance(got, Transient) and not got.answered, got
+    busy = oex.GenericError(f"Generic S3 error: Error performing GET {sent} in 1ms - Server returned non-2xx status "
+                            f"code: 503 Service Unavailable: <Error><Code>SlowDown</Code><Key>store/{key}</Key></Error>"
+                            f"\n\nDebug source:\nGeneric {{ path: \"store/{key}\", inner: Status {{ status: 503 }} }}")
+    got = failure(oex, busy, "s3://b/store", url, {})
+    assert isinstance(got, Transient) and got.answered, got
+
+
 def test_open_missing_azure_container(azurite: Any, tmp_path: Path) -> None:
     with pytest.raises(BucketNotFound) as info:
         ss.open("az://no-such-container-25/x.seqstore", storage_options=azurite.storage_options(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import (
     BucketNotFound,
@@ -81,6 +81,8 @@ _ANSWERED = (
 _PARSE = re.compile(r"hyper::Error\(\s*Parse\(\s*(\w+)")
 #: where an obstore error names the HTTP status it got
 _STATUS = re.compile(r"(?:status: |Status: |status code |HTTP status )(\d{3})")
+#: the URLs an obstore error names (the request's, a redirect's): the store's text, not words about the failure
+_URLS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*")
 #: the names an obstore error quotes (URLs, and in its debug dump paths, keys, hosts in double quotes): text
 #: of the store's, not obstore's words about the failure
 _NAMES = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]*|\"(?:[^\"\\]|\\.)*\"")
@@ -100,6 +102,7 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
     # the request was never sent: the client found no credentials (the words in a URL of a lookup, not of
     # the object: "s3://b/latest/meta-data/x" was taken for one, its 503s not retried)
     path = urlsplit(url).path.lstrip("/") or "\0"
+    said = _said(exc, url)  # (the phrases below are matched here: a key holding one does not count)
     if any(h in str(exc).replace(quote(path, safe="/~"), " ").replace(path, " ") for h in _LOOKUPS):
         service = service_of(urlsplit(root).scheme.lower())
         err = _at(CredentialsError, url, f"no credentials found for {service} (none given, none in the environment, "
@@ -132,7 +135,7 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return config_error(root, urlsplit(root).scheme.lower(), exc, options)
     if isinstance(exc, (oex.NotSupportedError, oex.InvalidPathError)):
         return _at(RemoteError, url, f"not supported by the client: {short(exc)}")
-    if any(p in str(exc) for p in _REFUSALS):
+    if any(p in said for p in _REFUSALS):
         return _at(RemoteError, url, f"the client refused the request before sending it: {short(exc)}")
     if status in (401, 403):
         return _at(CredentialsError, url, f"access refused (HTTP {status}); check the credentials")
@@ -152,7 +155,7 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
     if parse:
         return Transient(f"the answer is not HTTP the client can read ({parse.group(1)}): {short(exc, 160)}",
                          answered=True)
-    answered = status is not None or any(p in str(exc) for p in _ANSWERED)
+    answered = status is not None or any(p in said for p in _ANSWERED)
     return Transient(f"{type(exc).__name__}: {short(exc)}", answered=answered)
 
 
@@ -160,7 +163,7 @@ def not_found(exc: BaseException, root: str, url: str) -> RemoteError:
     """A 404 on ``url``: :class:`BucketNotFound` where the service says the bucket (container) is
     missing, else :class:`RemoteNotFound` (a HEAD answers without a body, so it cannot tell)."""
     text = str(exc)
-    if any(p in text for p in _NO_BUCKET):
+    if any(p in _said(exc, url) for p in _NO_BUCKET):
         parts = urlsplit(root)
         named = re.search(r"<BucketName>([^<]+)</BucketName>", text)
         bucket = named.group(1) if named else parts.netloc.partition("@")[0] or parts.netloc
@@ -171,6 +174,22 @@ def not_found(exc: BaseException, root: str, url: str) -> RemoteError:
             f"{holder} first", url=url, attempts=1,
         )
     return _at(RemoteNotFound, url, "no such object")
+
+
+def _said(exc: BaseException, url: str) -> str:
+    """The text of ``exc`` (met by a request for ``url``) without the names in it: every URL, and the object's
+    path (from the bucket on, and each tail of it after a ``/``), as it is and percent-encoded. What is left
+    is the client's and the server's words about the failure: a key such as ``a/NoSuchBucket/x`` or
+    ``Content-Range/x`` says nothing about it."""
+    text = _URLS.sub(" ", str(exc))
+    path = urlsplit(url).path.lstrip("/")
+    tails = [path[i + 1 :] for i in range(len(path)) if path[i] == "/"]
+    for name in sorted({path, unquote(path), *tails}, key=len, reverse=True):
+        if len(name) >= 4 or name == path:  # (not a short tail: "x" would take letters out of the words)
+            for form in {name, quote(name, safe="/~"), quote(name)}:
+                if form:
+                    text = text.replace(form, " ")
+    return text
 
 
 def unknown_key(url: str, service: str, key: str) -> ConfigError:
