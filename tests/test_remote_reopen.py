@@ -358,6 +358,26 @@ def test_fetching_a_copy_again_does_not_count_its_bytes_twice(moto_s3: MotoS3, s
     assert (remote.mirror / keys[0]).read_bytes() == (root / keys[0]).read_bytes()
 
 
+def test_mapping_a_file_whose_head_is_not_in_the_cache_counts_the_page_it_fetches(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """``map_npy`` of a file whose cache entry lacks its first page (evicted since the shard was prepared)
+    fetches that page into the entry: it was written without being counted in the cache's byte count, which
+    then fell short of the disk the cache takes until the next eviction recounted it."""
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "head/a.seqstore")
+    remote = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")._source.remote
+    key = "shard-000000/v.npy"
+    meta = remote._meta(key)
+    with remote.cache.locked():  # the entry goes (the store's mirror is pinned, it stays)
+        remote.cache._write_usage(remote.cache._evict(0))
+    entry = remote.cache.object(remote.client.key_url(key), meta.etag, meta.size)  # made again, empty
+    assert not entry.present(0, 1)
+    before = remote.cache._read_usage()
+    arr = remote.map_npy(remote.mirror / key, None, np.dtype("<f4"), (ROWS, 256))
+    assert entry.present(0, 4096) and arr.shape == (ROWS, 256)
+    assert remote.cache._read_usage() - before == 4096
+
+
 def test_the_size_and_etag_of_an_object_two_directories_deep_are_kept_for_the_next_open(
         moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     """A key looked up alone (``a/b/c.npy``) was prepared as shard ``a/b`` but its size and ETag saved for

@@ -346,6 +346,7 @@ class RemoteRoot:
             with contextlib.suppress(CorruptionError):  # maybe only the node cache's copy is damaged: fetched anew
                 return checked()
         got = self._get_ranges([(key, 0, head_len, meta.etag or None)])
+        self.cache.reserve(int(np.count_nonzero(obj.bits[: -(-head_len // PAGE)] == 0)) * PAGE)  # (new pages only)
         obj.fill(0, got[0][0])  # (over the node's copy, for every process on the node)
         return checked()
 
