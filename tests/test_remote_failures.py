@@ -310,6 +310,44 @@ def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -
     assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
 
 
+def test_calls_stuck_on_a_silent_fsspec_endpoint_do_not_pile_up_threads(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call of the filesystem that does not return in time is left running in its thread (Python cannot
+    stop it; ftplib here waits 30 s, webhdfs forever): each retry on a silent server left one more. The
+    threads of such calls are bounded per process (here 1): a call finding none free fails as a timeout."""
+    import socket
+    import threading
+
+    pytest.importorskip("fsspec")
+    from seqstore.io import object_fsspec
+
+    monkeypatch.setattr(object_fsspec, "CALLS_MOST", 1)
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])  # accepted, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    before = set(threading.enumerate())
+    endpoint = f"ftp://127.0.0.1:{server.getsockname()[1]}"
+    opts = {"timeout": 0.2, "connect_timeout": 0.2, "retry_timeout": 1.5}
+    try:
+        with pytest.raises(RemoteError) as err:
+            ss.open(f"{endpoint}/s.seqstore", storage_options=opts, cache_dir=tmp_path / "cache")
+        calls = [t for t in set(threading.enumerate()) - before if t.name == "seqstore-fsspec-call"]
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
+    assert "attempts" in str(err.value) and len(calls) <= 1, calls
+
+
 def test_an_fsspec_endpoint_that_answers_garbage_raises_a_named_error(tmp_path: Path) -> None:
     """``hf://`` through an endpoint whose server answers every request with a status line of garbage:
     the HTTP library's own failure (httpx's ``RemoteProtocolError``, not an ``OSError``) is a network

@@ -7,7 +7,8 @@ ETag, generation or time) raises :class:`~seqstore.errors.StaleStoreError` once 
 filesystem's own timeouts may be long or none: each call (and the filesystem's making) is waited for at most
 ``timeout + connect_timeout`` per request, plus the time the bytes it moves (up or down) take at 64 KiB/s, then
 retried as a transient failure (a listing folder by folder where the filesystem's ``find`` walks; one of its
-own, of an unknown number of requests, is not bounded). A
+own, of an unknown number of requests, is not bounded). A call left running after its caller gave up keeps
+its thread until it returns; at most :data:`CALLS_MOST` such threads run in a process. A
 filesystem cannot replace a file only if it is unchanged (If-Match), so a conditional put is refused with
 an error naming the URL.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -275,20 +277,50 @@ def _raise(exc: BaseException) -> None:
     raise exc
 
 
+#: the threads of filesystem calls a process runs at once, at most: those still running after their caller
+#: gave up count (stuck on a silent server, they end with the filesystem's own timeout, or never)
+CALLS_MOST = 128
+_calls_freed = threading.Condition()
+_calls_live = 0
+
+
 def _bounded(fn: Callable[[], Any], limit: float) -> Any:
     """``fn()`` in a daemon thread of its own, waited for at most ``limit`` seconds: a call that has not
     returned by then is a :class:`Transient` failure (the thread is left to end with the filesystem's own
-    timeout, if it has one; it keeps no process from exiting)."""
+    timeout, if it has one; it keeps no process from exiting). At most :data:`CALLS_MOST` such threads
+    run in a process: a call that finds none free within ``limit`` is a :class:`Transient` failure too,
+    so retries on a silent server do not pile up threads."""
+    global _calls_live
+    deadline = time.monotonic() + limit
+    with _calls_freed:
+        while _calls_live >= CALLS_MOST:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Transient(f"no answer within {limit:g} s: {_calls_live} calls of the filesystem have not "
+                                "returned yet (a silent server); no more are started until they do")
+            _calls_freed.wait(left)
+        _calls_live += 1
     fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
     def run() -> None:
+        global _calls_live
         try:
             fut.set_result(fn())
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
             fut.set_exception(exc)
+        finally:
+            with _calls_freed:
+                _calls_live -= 1
+                _calls_freed.notify()
 
-    threading.Thread(target=run, name="seqstore-fsspec-call", daemon=True).start()
-    concurrent.futures.wait([fut], limit)
+    try:
+        threading.Thread(target=run, name="seqstore-fsspec-call", daemon=True).start()
+    except BaseException:
+        with _calls_freed:
+            _calls_live -= 1
+            _calls_freed.notify()
+        raise
+    concurrent.futures.wait([fut], max(0.0, deadline - time.monotonic()))
     if not fut.done():
         raise Transient(f"no answer within {limit:g} s (timeout + connect_timeout a request, and 64 KiB/s moved)")
     return fut.result()
