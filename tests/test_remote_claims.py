@@ -202,6 +202,55 @@ def test_two_processes_reading_the_same_records_at_once_move_them_once(
     assert moved < 1.3 * pages, (moved, pages)  # once (and the headers), not once per process
 
 
+_WHOLE = textwrap.dedent("""
+    import hashlib, json, sys
+    import seqstore as ss
+    url, options, cache, how = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+    remote = ss.open(url, storage_options=options, cache_dir=cache)._source.remote
+    key = "shard-000000/v.npy"
+    remote._meta(key)  # its size, ETag and head: set up before the common start
+    print("ready", flush=True)
+    sys.stdin.readline()  # go
+    remote.refetch([key]) if how == "refetch" else remote.materialize([key])
+    print(hashlib.sha256((remote.mirror / key).read_bytes()).hexdigest(), flush=True)
+""")
+
+
+@pytest.mark.parametrize("how", ["materialize", "refetch"])
+def test_two_processes_fetching_a_whole_object_at_once_move_it_once(
+        moto_s3: MotoS3, remote: str, tmp_path: Path, how: str) -> None:
+    """``materialize`` (verify's whole-object fetch) and ``refetch`` (a copy found damaged) took no claims:
+    two processes of the node doing it at once each moved the whole object, and a refetch marked absent
+    pages another process had just fetched again."""
+    import hashlib
+    import json
+
+    key = "shard-000000/v.npy"
+    cache = tmp_path / "cache"
+    first = ss.open(remote, storage_options=moto_s3.storage_options(), cache_dir=cache)._source.remote
+    if how == "refetch":
+        first.materialize([key])  # the node holds the whole copy (taken as found damaged by both)
+    size = first._meta(key).size
+    want = hashlib.sha256(moto_s3.get(remote.split("/")[2], f"{PREFIX}/{key}")).hexdigest()
+    with FaultProxy(moto_s3.endpoint, latency=0.3) as proxy:  # answers take long: both ask while in flight
+        options = json.dumps(moto_s3.storage_options(proxy.url))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        procs = [subprocess.Popen([sys.executable, "-c", _WHOLE, remote, options, str(cache), how],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        before = sum(r.body_bytes for r in _gets(proxy, "v.npy"))
+        for p in procs:  # both at once
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        digests = [p.communicate(timeout=120)[0].strip() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0]
+        moved = sum(r.body_bytes for r in _gets(proxy, "v.npy")) - before
+    assert digests == [want, want]
+    assert moved < 1.3 * size, (moved, size)  # once, not once per process
+
+
 _FULL_DISK = """
 import errno, os, sys
 import numpy as np

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import weakref
 import zlib
 from collections.abc import Sequence
@@ -34,11 +35,11 @@ from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
 from .local_source import npy_array
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
-from .nodecache import NodeCache
+from .nodecache import NodeCache, run_pages
 from .object_common import Answer, Request
 from .objects import ObjectClient, ObjectMeta, redact
 from .options import StoreOptions
-from .remote_fetch import MOST, DirectWaves, Fetcher, Region
+from .remote_fetch import MOST, DirectWaves, Fetcher, Region, Ticket
 
 __all__ = ["RemoteRoot"]
 
@@ -390,12 +391,15 @@ class RemoteRoot:
             os.replace(tmp, link)
 
     def refetch(self, keys: Sequence[str]) -> None:
-        """Mark every page of the node cache's entries of objects ``keys`` absent and fetch them again:
+        """Mark the pages of the node cache's entries of objects ``keys`` absent and fetch them again:
         their bytes are fetched anew, over a copy found damaged (for every process on the node), and
         :meth:`materialize` links them. A copy this process still maps that is no longer the entry (evicted
         since, or made anew by another process) is fetched again too: a read retried after this reads
         through the mapping it has. An object larger than half the cache's budget is not made whole (it
-        would not fit): only the pages each copy held are fetched again, the rest as reads need them."""
+        would not fit): only the pages each copy held are fetched again, the rest as reads need them.
+        Pages another process of the node claims are left to it: it is fetching them now (they are waited
+        for), or fetched them within its claim's time (they are as fresh as this fetch would make them), so
+        two processes refetching one object at once fetch it once."""
         for key in keys:
             meta = self._meta(key)
             entry = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
@@ -404,29 +408,44 @@ class RemoteRoot:
             fits = _pages(meta.size) <= self.cache.budget // 2
             for obj in copies.values():
                 runs = (np.array([0], np.int64), np.array([meta.size], np.int64)) if fits else obj.held()
+                pages = run_pages(*runs)
+                drop = pages[self.fetcher.take(obj, pages)]  # (claimed by this process until they arrive)
                 if obj is entry:  # its pages are counted in the cache's budget: not counted twice by the fetch
-                    self.cache.release(int(np.count_nonzero(obj.bits)) * PAGE)
-                obj.bits[:] = 0
-                self._fill(key, meta.etag, obj, *runs)
+                    self.cache.release(int(np.count_nonzero(obj.bits[drop])) * PAGE)
+                obj.bits[drop] = 0
+                self._fill(key, meta.etag, obj, *obj.missing(*runs))
             if fits:
                 self.materialize([key])
 
     def _fill(self, key: str, etag: str, obj: Any, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> None:
-        """Fetch byte runs ``[starts[i], ends[i])`` of object ``key`` into its cache entry ``obj``, in waves
-        that each fit the cache's budget (one wave where it is large), waiting for each (bounded: no hang)."""
+        """Fetch the page-aligned byte runs ``[starts[i], ends[i])`` of object ``key`` into its cache entry
+        ``obj``, in waves that each fit the cache's budget (one wave where it is large), waiting for each;
+        pages another process of the node claims are waited for, and fetched here where they do not arrive
+        (bounded: no hang)."""
         step = max(PAGE, min(MOST, self.cache.budget // 4) // PAGE * PAGE)
         most = max(step, self.cache.budget // 4)  # bytes a wave asks for at most
-        runs = [(a, min(a + step, e)) for s0, e in zip(starts.tolist(), ends.tolist()) for a in range(s0, e, step)]
-        lo = 0
-        while lo < len(runs):
-            hi, total = lo + 1, runs[lo][1] - runs[lo][0]
-            while hi < len(runs) and total + runs[hi][1] - runs[hi][0] <= most:
-                total += runs[hi][1] - runs[hi][0]
-                hi += 1
-            reqs = [(key, a, b, etag or None) for a, b in runs[lo:hi]]
-            wave = self.fetcher.submit(reqs, [(obj, a) for a, _ in runs[lo:hi]])
-            self.client.answer(wave, self.client.key_url(key), len(reqs))
-            lo = hi
+        url = self.client.key_url(key)
+        deadline = time.monotonic() + self.client.patience()
+        while len(starts):
+            runs = [(a, min(a + step, e)) for s0, e in zip(starts.tolist(), ends.tolist()) for a in range(s0, e, step)]
+            waits, lo = [], 0
+            while lo < len(runs):
+                hi, total = lo + 1, runs[lo][1] - runs[lo][0]
+                while hi < len(runs) and total + runs[hi][1] - runs[hi][0] <= most:
+                    total += runs[hi][1] - runs[hi][0]
+                    hi += 1
+                wave, wait = self.fetcher.send(obj, key, etag, runs[lo:hi])
+                if wave is not None:
+                    self.client.answer(wave, url, hi - lo)
+                if wait is not None:
+                    waits.append(wait)
+                lo = hi
+            if not waits:
+                return
+            Ticket(waits, max(0.0, deadline - time.monotonic()), True, url).wait()
+            starts, ends = obj.missing(starts, ends)  # (another process's claim ran out, or its fetch failed)
+            if len(starts) and time.monotonic() > deadline:
+                raise CorruptionError(f"{url}: bytes at {int(starts[0])} did not arrive in the cache")
 
     def _key(self, path: Path) -> str:
         """The object key of mirror path ``path`` (of this manifest version's mirror or an earlier one:

@@ -330,6 +330,36 @@ class Fetcher:
         futures.append(wave)
         return Ticket(futures, self.client.patience(), others, self.client.url)
 
+    def send(self, obj: CachedObject, key: str, etag: str, runs: list[tuple[int, int]]
+             ) -> tuple[concurrent.futures.Future[Any] | None, Any]:
+        """Request byte runs ``runs`` of object ``key`` (version ``etag``) into its cache entry ``obj`` as one
+        wave, claiming their pages first as :meth:`fetch` does: the wave of the runs this process fetches
+        (None: none), and a wait for the pages another process of the node is fetching (None: none)."""
+        wait = None
+        if self.claims:
+            runs, wait = self._claim(obj, runs)
+        if not runs:
+            return None, wait
+        reqs: list[Request] = [(key, a, b, etag or None) for a, b in runs]
+        fills = [(obj, a) for a, _ in runs]
+        try:
+            wave = self.submit(reqs, fills)
+        except BaseException:
+            if self.claims:  # nothing was sent: others need not wait for these pages
+                _release(reqs, fills)
+            raise
+        if self.claims:
+            wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
+        return wave, wait
+
+    def take(self, obj: CachedObject, pages: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Claim those of ``pages`` of cache entry ``obj`` that no other live process of the node claims (all
+        where claims are off); a mask of those now this process's."""
+        if not self.claims:
+            return np.ones(len(pages), dtype=bool)
+        mine, _ = obj.claims.take(pages, self.client.timeout + self.client.connect_timeout)
+        return mine
+
     def _claim(self, obj: CachedObject, runs: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], Any]:
         """Claim the pages of ``runs`` (byte runs to request) in the node cache (:mod:`.claims`): the runs
         of those that no other process is fetching, and a wait for the others (or None)."""
