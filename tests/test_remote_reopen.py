@@ -378,6 +378,30 @@ def test_mapping_a_file_whose_head_is_not_in_the_cache_counts_the_page_it_fetche
     assert remote.cache._read_usage() - before == 4096
 
 
+def test_refetching_the_damaged_spans_of_a_copy_fetches_only_their_pages(moto_s3: MotoS3, s3_bucket: str,
+                                                                         tmp_path: Path) -> None:
+    """A reader that knows which bytes of a node cache copy are damaged (records that failed their checksums)
+    names them: only their pages are fetched again, not the whole object (up to half the cache's budget)."""
+    from support.proxy import FaultProxy
+
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "spans/a.seqstore")
+    key = "shard-000000/v.npy"
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        remote = ss.open(url, storage_options=moto_s3.storage_options(proxy.url),
+                         cache_dir=tmp_path / "cache")._source.remote
+        remote.materialize([key])
+        link = remote.mirror / key
+        with open(link, "r+b") as f:  # the node's copy damaged, in its sixth page
+            f.seek(5 * 4096 + 100)
+            f.write(b"\xff" * 64)
+        before = sum(r.body_bytes for r in proxy.requests if r.path.endswith("v.npy"))
+        remote.refetch([key], {key: (np.array([5 * 4096 + 90]), np.array([5 * 4096 + 200]))})
+        moved = sum(r.body_bytes for r in proxy.requests if r.path.endswith("v.npy")) - before
+    assert link.read_bytes() == (root / key).read_bytes()
+    assert moved == 4096
+
+
 def test_the_size_and_etag_of_an_object_two_directories_deep_are_kept_for_the_next_open(
         moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     """A key looked up alone (``a/b/c.npy``) was prepared as shard ``a/b`` but its size and ETag saved for

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..format.descriptor import DESCRIPTOR
 from ..format.manifest import IDS_FILES, MANIFEST, Manifest
 from ..format.npy import parse_header
 from ..format.shard_table import TABLE, TABLE_HEADER_BYTES, row_dtype
+from .advice import page_runs
 from .local_source import npy_array
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
 from .nodecache import NodeCache, run_pages
@@ -390,13 +391,15 @@ class RemoteRoot:
             os.symlink(obj.data_path, tmp)
             os.replace(tmp, link)
 
-    def refetch(self, keys: Sequence[str]) -> None:
+    def refetch(self, keys: Sequence[str], spans: Mapping[str, tuple[Any, Any]] | None = None) -> None:
         """Mark the pages of the node cache's entries of objects ``keys`` absent and fetch them again:
         their bytes are fetched anew, over a copy found damaged (for every process on the node), and
         :meth:`materialize` links them. A copy this process still maps that is no longer the entry (evicted
         since, or made anew by another process) is fetched again too: a read retried after this reads
         through the mapping it has. An object larger than half the cache's budget is not made whole (it
         would not fit): only the pages each copy held are fetched again, the rest as reads need them.
+        ``spans``: for the objects it names, the byte ranges ``(starts, ends)`` known damaged (the records
+        that failed their checksums): only their pages are fetched again, nothing is linked.
         Pages another process of the node claims are left to it: it is fetching them now (they are waited
         for), or fetched them within its claim's time (they are as fresh as this fetch would make them), so
         two processes refetching one object at once fetch it once."""
@@ -405,9 +408,14 @@ class RemoteRoot:
             entry = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
             copies = {id(entry): entry}
             copies.update((id(r.obj), r.obj) for r in self.fetcher.regions() if r.key == key and r.etag == meta.etag)
-            fits = _pages(meta.size) <= self.cache.budget // 2
+            part = None if spans is None else spans.get(key)
+            if part is not None:
+                part = page_runs(np.minimum(part[0], meta.size), np.minimum(part[1], meta.size))
+                part = part[0], np.minimum(part[1], meta.size)  # (the last page of the object ends where it does)
+            fits = part is None and _pages(meta.size) <= self.cache.budget // 2
+            whole = np.array([0], np.int64), np.array([meta.size], np.int64)
             for obj in copies.values():
-                runs = (np.array([0], np.int64), np.array([meta.size], np.int64)) if fits else obj.held()
+                runs = part if part is not None else whole if fits else obj.held()
                 pages = run_pages(*runs)
                 drop = pages[self.fetcher.take(obj, pages)]  # (claimed by this process until they arrive)
                 if obj is entry:  # its pages are counted in the cache's budget: not counted twice by the fetch

@@ -10,7 +10,7 @@ objects by URL.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +165,8 @@ class RemoteSource(ByteSource):
     def materialize(self, keys: Sequence[str]) -> None:
         self.remote.materialize(keys)
 
-    def refetch(self, keys: Sequence[str]) -> bool:
-        self.remote.refetch(keys)
+    def refetch(self, keys: Sequence[str], spans: Mapping[str, tuple[Any, Any]] | None = None) -> bool:
+        self.remote.refetch(keys, spans)
         return True
 
     def derived_dir(self) -> Path | None:

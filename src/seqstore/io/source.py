@@ -12,7 +12,7 @@ so in its :class:`ReadPolicy`. Sources: :class:`~seqstore.io.local_source.LocalS
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -173,10 +173,12 @@ class ByteSource(ABC):
         (``verify`` reads them as files; a local store has them already)."""
         return None  # default: bytes in files that a page fault reads need nothing here
 
-    def refetch(self, keys: Sequence[str]) -> bool:
+    def refetch(self, keys: Sequence[str], spans: Mapping[str, tuple[Any, Any]] | None = None) -> bool:
         """Drop this node's copies of the files ``keys`` that :meth:`materialize` made and fetch them again
         (``verify``, finding a copy damaged, checks the store's own bytes); False where the files are the
-        store's own (a local store: nothing to fetch again)."""
+        store's own (a local store: nothing to fetch again). ``spans``: for the files it names, the byte
+        ranges ``(starts, ends)`` known damaged (records that failed their checksums): only those are
+        fetched again."""
         return False
 
     def derived_dir(self) -> Path | None:
