@@ -250,7 +250,8 @@ def test_a_missing_object_whose_key_says_no_such_bucket_is_a_missing_object(moto
     assert not isinstance(info.value, BucketNotFound) and "NoSuchBucket/x.npy" in str(info.value)
 
 
-@pytest.mark.parametrize("key", ["Content-Range/x.npy", "a/Requested x/y.npy", "Configuration key/z.npy"])
+@pytest.mark.parametrize("key", ["Content-Range/x.npy", "a/Requested x/y.npy", "Configuration key/z.npy",
+                                 "builder error/b.npy", "error following redirect/r.npy"])
 def test_words_of_a_key_do_not_classify_a_failure(key: str) -> None:
     """The phrases that tell a refusal before sending (not retried) and an answer that came (the endpoint is
     reachable) are obstore's and the server's words, not the key's: a connection refused for a key holding

@@ -128,7 +128,7 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
     # obstore's, not a bucket's or key's ("s3://b/certificates/...": its 503s were not retried)
     if status is None and "certificate" in _NAMES.sub(" ", str(exc)).lower():
         return _at(RemoteError, url, f"the server's TLS certificate was refused ({short(exc, 200)})")
-    if "builder error" in str(exc) or "URL scheme is not allowed" in str(exc):
+    if "builder error" in said or "URL scheme is not allowed" in said:
         return _at(RemoteError, url, f"the client refused the request before sending it ({short(exc, 160)}); for "
                    "an http:// endpoint set storage_options allow_http=true (or AWS_ALLOW_HTTP=true)")
     if isinstance(exc, oex.UnknownConfigurationKeyError):
@@ -145,7 +145,7 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
         return _at(StaleStoreError if conditional else ConflictError, url, "precondition failed (the object changed)")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
         return _at(RemoteError, url, f"HTTP {status}: {short(exc)}")
-    if "error following redirect" in str(exc):  # retrying cannot end a loop
+    if "error following redirect" in said:  # retrying cannot end a loop
         return _at(RemoteError, url, "the server's redirects lead nowhere (a loop, more than the client follows, "
                    f"or to a URL it cannot ask): {short(exc, 160)}")
     parse = _PARSE.search(str(exc))  # (in the debug dump: the message says only "error sending request")
