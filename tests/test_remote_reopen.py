@@ -402,6 +402,22 @@ def test_refetching_the_damaged_spans_of_a_copy_fetches_only_their_pages(moto_s3
     assert moved == 4096
 
 
+def test_heads_another_process_fetched_first_are_not_counted_twice(moto_s3: MotoS3, s3_bucket: str,
+                                                                   tmp_path: Path) -> None:
+    """Processes opening one store at once each fetch its files' heads (none has saved their sizes yet) into
+    the same cache entries: each counted the pages again in the cache's byte count, which grew past the disk
+    the cache takes with every rank and worker that opened the store."""
+    root = _local(tmp_path / "a.seqstore", 0.0)
+    url = moto_s3.upload_dir(root, s3_bucket, "twice/a.seqstore")
+    remote = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")._source.remote
+    remote._meta("shard-000000/v.npy")
+    before = remote.cache._read_usage()
+    (remote.mirror / "shard-000000" / "_remote.json").write_text("{}")  # as another process saw it, opening at once
+    remote._metas.clear()
+    remote._meta("shard-000000/v.npy")  # the head fetched again, into the entry that holds it
+    assert remote.cache._read_usage() == before  # (the sizes saved again, over the copy counted)
+
+
 def test_the_size_and_etag_of_an_object_two_directories_deep_are_kept_for_the_next_open(
         moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
     """A key looked up alone (``a/b/c.npy``) was prepared as shard ``a/b`` but its size and ETag saved for

@@ -233,7 +233,8 @@ class RemoteRoot:
                                       f"expected {have.etag}, as read before); reopen the store", url=url, attempts=1)
             obj = self.cache.object(self.client.key_url(key), meta.etag, meta.size)
             start = start if start >= 0 else max(0, meta.size - len(data))
-            filled += _pages(start + len(data)) - start // PAGE * PAGE
+            # (pages the entry holds already, e.g. fetched by another process opening the store at once: counted)
+            filled += int(np.count_nonzero(obj.bits[start // PAGE : -(-(start + len(data)) // PAGE)] == 0)) * PAGE
             obj.fill(start, data)
             if shard is not None:  # (saved under the shard name given: _known looks it up so)
                 with self._meta_lock:
@@ -249,8 +250,12 @@ class RemoteRoot:
     def _write(self, path: Path, data: bytes, *, reserve: bool = True) -> None:
         """Write a mirror file atomically (making its directory), its disk space counted in the cache's
         budget (``reserve`` False: not counted again, for a copy written again in place of one counted)."""
-        if reserve:
-            self.cache.reserve(_pages(len(data)))
+        if reserve:  # (a copy written again in place of one counted: only what it grows by)
+            try:
+                had = _pages(path.stat().st_size)
+            except OSError:
+                had = 0
+            self.cache.reserve(_pages(len(data)) - had)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
