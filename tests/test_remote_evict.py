@@ -494,3 +494,23 @@ def test_claims_on_an_entry_another_process_evicted_leave_no_file_behind(tmp_pat
     again = cache.object("s3://bucket/key", '"tag"', 1 << 20)  # made anew: claims as before
     mine, wait = again.claims.take(np.arange(4), 30.0)
     assert mine.all() and wait is None and again.claims.path.exists()
+
+
+def test_an_entry_read_from_the_cache_counts_as_recently_used(moto_s3: MotoS3, s3_bucket: str,
+                                                            tmp_path: Path) -> None:
+    """Evictions take the least recently used entries first, by their page map's mtime: it was set when pages
+    were fetched only, so an entry read from the cache all day, never fetching, went before one fetched once
+    and never read again."""
+    import time
+
+    url = _uploaded(moto_s3, s3_bucket, tmp_path, "lru", records=2000, per_shard=1000)
+    store = ss.open(url, storage_options=moto_s3.storage_options(), cache_dir=tmp_path / "cache")
+    store.get_batch(np.arange(2000))  # both shards' values fetched
+    objs = {r.key: r.obj for r in store.source.fetcher.regions()}
+    hot, cold = objs["shard-000000/v.npy"], objs["shard-000001/v.npy"]
+    now = time.time()
+    os.utime(hot.bits_path, (now - 100, now - 100))  # fetched first
+    os.utime(cold.bits_path, (now - 50, now - 50))  # fetched later, not read since
+    hot._touched -= 10  # (this process marked it used more than a second ago)
+    assert (store.get_batch(np.arange(0, 1000, 3))["v"] == np.arange(0, 1000, 3)).all()  # from the cache
+    assert hot.bits_path.stat().st_mtime > cold.bits_path.stat().st_mtime

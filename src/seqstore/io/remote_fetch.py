@@ -299,6 +299,7 @@ class Fetcher:
         gap = self.client.coalesce_gap
         for region, s, e in self.split(starts, ends):
             obj = region.obj
+            obj.touch()  # used now, if only from the cache (evictions take the least recently used first)
             if all_present(obj, s, e):  # e.g. a batch whose requests have arrived: no planning
                 continue
             if dense:
