@@ -392,3 +392,21 @@ def test_a_damaged_page_map_is_made_again_not_an_error_for_ever(tmp_path: Path, 
     assert again.missing(np.array([0]), np.array([size]))[0].tolist() == [0]
     again.fill(0, memoryview(bytes(4096)))
     assert again.present(0, 4096)
+
+
+def test_a_damaged_entry_dropped_gives_its_bytes_back_to_the_count(tmp_path: Path) -> None:
+    """An entry dropped for a damaged page map went from the disk but not from the cache's byte count: its
+    fetched pages and its page map were counted again as the entry was made and filled anew."""
+    from seqstore.io.nodecache import NodeCache
+
+    url, tag, size = "s3://bucket/key", '"tag"', 1 << 20
+    cache = NodeCache(tmp_path, 1 << 30)
+    obj = cache.object(url, tag, size)
+    made = cache._read_usage()  # (the page map's and the claims' space)
+    cache.reserve(16384)  # as a fetch does before it writes
+    obj.fill(0, memoryview(bytes(range(256)) * 64))
+    obj.close()
+    obj.bits_path.write_bytes(b"")  # damaged
+    again = NodeCache(tmp_path, 1 << 30).object(url, tag, size)  # (another process's view of the cache)
+    assert not again.present(0, 4096)
+    assert cache._read_usage() == made  # the old entry's bytes given back, the new one's page map counted

@@ -472,11 +472,19 @@ class CachedObject:
             _log.warning("%s: the node cache's page map of %s is damaged (%d bytes, expected %d, or not a page "
                          "map); dropping the entry (it is fetched again)", self.bits_path, self.url, st.st_size,
                          _HEADER + self.pages)
+            freed = self._reserved()  # given back to the byte count: what the making and the fetches counted
+            with contextlib.suppress(FileNotFoundError):
+                freed += os.stat(self.data_path).st_blocks * 512
             self.data_path.unlink(missing_ok=True)  # (in eviction's order: data, page map, claims)
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(self.bits_path).st_ino == st.st_ino:  # (not one made meanwhile)
                     self.bits_path.unlink()
                     self.bits_path.with_suffix(".claims").unlink(missing_ok=True)
+            self.cache._write_usage(self.cache._read_usage() - freed)
+
+    def _reserved(self) -> int:
+        """The bytes a making of this entry counts for its page map and its claims file."""
+        return -(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE
 
     def _create(self, sub: Path) -> None:
         """Create the data and page-map files under temporary names and rename them in (bits last:
@@ -495,7 +503,7 @@ class CachedObject:
                     f.truncate(self.size)
                     ino = os.fstat(f.fileno()).st_ino  # named in the page map: its pair (a rename keeps it)
                 # the page map's disk space, and the claims file's (8 bytes a page, given space as claimed)
-                self.cache.reserve(-(-(_HEADER + self.pages) // PAGE) * PAGE + -(-8 * self.pages // PAGE) * PAGE)
+                self.cache.reserve(self._reserved())
                 bits.write(_MAGIC + struct.pack("<qQ", self.size, ino))
                 bits.truncate(_HEADER + self.pages)
                 allocate(bits.fileno(), 0, _HEADER + self.pages)  # pages are marked through the mapping
