@@ -120,6 +120,17 @@ def test_credentials_in_an_http_url_are_refused_without_showing_them(url: str, t
     assert "hunter2-pw" not in msg and url.split("//")[1].split("@")[1] in msg, msg
 
 
+@pytest.mark.parametrize("url", ["http://[::1/x.seqstore", "s3://b[x/y.seqstore", "http://host.test:99999/x.seqstore",
+                                 "https://host.test:abc/x.seqstore", "s3://bucket:99999/x.seqstore"])
+def test_a_url_that_does_not_parse_names_the_url(url: str, tmp_path: Path) -> None:
+    """A bracket without its pair or a port that is not one: Python's and obstore's ValueError ("Invalid IPv6
+    URL", "invalid port number") named neither the URL nor the option; a ConfigError names the URL."""
+    with pytest.raises(ConfigError) as info:
+        ss.open(url, cache_dir=tmp_path / "c")
+    assert url in str(info.value), info.value
+    _clean(str(info.value))
+
+
 def test_open_url_without_bucket(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         ss.open("s3:///x.seqstore", cache_dir=tmp_path / "c")

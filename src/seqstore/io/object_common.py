@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -38,19 +39,29 @@ def error_at(kind: type[E], url: str, what: str) -> E:
     return kind(f"{url}: {what}", url=url, attempts=1)
 
 
+#: a URL's scheme, as ``urlsplit`` takes it (read without parsing the rest: a URL that does not parse is one)
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
 def is_remote(path: Any) -> bool:
     """Whether ``path`` is a URL of a store that is not a local path (``file://`` is local)."""
-    return isinstance(path, str) and "://" in path and urlsplit(path).scheme.lower() not in ("", "file")
+    named = _SCHEME.match(path) if isinstance(path, str) else None
+    return named is not None and named.group(1).lower() != "file"
 
 
 def check_url(url: str) -> None:
     """Raise :class:`ConfigError` naming ``url`` if it is an object-store URL without a bucket
     (``s3:///x``, ``gs://``) or with a '?' or '#', or an http(s) URL without a host or with credentials
     (``user:password@``, named without them)."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in REMOTE_SCHEMES:
+    named = _SCHEME.match(url)
+    if named is None or named.group(1).lower() not in REMOTE_SCHEMES:
         return
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - (a ValueError where it is not a number from 0 to 65535)
+    except ValueError as exc:  # a '[' without its ']', a port that is not one: Python's words name no URL
+        raise ConfigError(f"{url}: not a valid URL ({exc})") from None
+    scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
         if not parts.hostname:
             raise ConfigError(f"{url}: not a valid URL: no host (expected {scheme}://HOST/PATH)")
