@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 import weakref
 import zlib
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ __all__ = ["RemoteRoot"]
 
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
+_ROUNDS = 8  # times a whole-object fetch waits for pages other processes claim before it gives up
 
 
 def _digest(*parts: str) -> str:
@@ -438,8 +438,7 @@ class RemoteRoot:
         step = max(PAGE, min(MOST, self.cache.budget // 4) // PAGE * PAGE)
         most = max(step, self.cache.budget // 4)  # bytes a wave asks for at most
         url = self.client.key_url(key)
-        deadline = time.monotonic() + self.client.patience()
-        while len(starts):
+        for _ in range(_ROUNDS):  # (a round asks again for what other processes claimed and did not bring)
             runs = [(a, min(a + step, e)) for s0, e in zip(starts.tolist(), ends.tolist()) for a in range(s0, e, step)]
             waits, lo = [], 0
             while lo < len(runs):
@@ -455,10 +454,12 @@ class RemoteRoot:
                 lo = hi
             if not waits:
                 return
-            Ticket(waits, max(0.0, deadline - time.monotonic()), True, url).wait()
+            Ticket(waits, self.client.patience(), True, url).wait()  # (the others' waves: each bounded so)
             starts, ends = obj.missing(starts, ends)  # (another process's claim ran out, or its fetch failed)
-            if len(starts) and time.monotonic() > deadline:
-                raise CorruptionError(f"{url}: bytes at {int(starts[0])} did not arrive in the cache")
+            if not len(starts):
+                return
+        raise CorruptionError(f"{url}: bytes at {int(starts[0])} did not arrive in the cache (other processes of "
+                              f"the node claimed them {_ROUNDS} times and did not bring them)")
 
     def _key(self, path: Path) -> str:
         """The object key of mirror path ``path`` (of this manifest version's mirror or an earlier one:
