@@ -537,6 +537,24 @@ def test_id_takes_an_int_only(scratch: Path) -> None:
     assert store.id(np.uint8(3)) == "w0-3"
 
 
+def test_a_bool_is_not_a_record_number(scratch: Path) -> None:
+    """store[True] answered record 1 (and id(True), nested(True), lengths()[True] too) while
+    get_batch([True]) is a TypeError, as NumPy refuses a bool as an integer index: one rule, a TypeError
+    naming the index, for every way of asking for a record."""
+    root = scratch / "s"
+    _write_child_store(root, 5)
+    store = ss.open(root)
+    lengths = store.lengths("x")
+    for bad in (True, False, np.bool_(True)):
+        for ask in (store.__getitem__, store.nested, store.id, lengths.__getitem__):
+            with pytest.raises(TypeError, match="takes an int"):
+                ask(bad)
+        for ask in (store.get_batch, store.ids, lengths.take):
+            with pytest.raises(TypeError, match="dtype bool"):
+                ask([bad])
+    assert store[np.int8(1)]["meta/k"] == 1 and store.id(1) == "w0-1" and lengths[1] == 1
+
+
 def test_lengths_save_refuses_bool_and_inexact_float_dtypes(scratch: Path) -> None:
     """save(dtype=bool) wrote every nonzero length as True (1) and dtype=float16 rounded 3001 to 3000,
     silently: a dtype that cannot hold a length exactly is a ValueError naming the record, like a small

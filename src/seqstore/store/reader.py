@@ -30,7 +30,7 @@ from .read.matrix import Matrices
 from .read.ragged import Lengths, RaggedFields
 from .read.readahead import ReadPlanner
 from .read.runs import plan_batches
-from .read.shards import ShardMap
+from .read.shards import ShardMap, is_index
 from .read.stream import FetchedBatch, Pool, plan_runs, via_of
 from .read.verify import ReadVerifier, refuse_unverifiable
 
@@ -164,8 +164,8 @@ class Store:
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
         """Record ``i`` as a dict of field name -> read-only zero-copy view. O(log shards)."""
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"store[i] takes an int; use get_batch() for many records, got {type(i).__name__}")
+        if not is_index(i):
+            raise TypeError(f"store[i] takes an int; use get_batch() for many records, got {type(i).__name__} {i!r}")
         return self._gatherer.record(int(i))
 
     def nested(self, i: int, *, copy: bool = False) -> dict[str, Any]:
@@ -174,8 +174,8 @@ class Store:
         ``copy=True``: owned, writable arrays instead (valid after the store is closed), made with one
         copy per packed group (the record's row) and one per other field.
         """
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"nested(i) takes an int, got {type(i).__name__}")
+        if not is_index(i):
+            raise TypeError(f"nested(i) takes an int, got {type(i).__name__} {i!r}")
         flat = self._gatherer.record(int(i), copy)
         out: dict[str, Any] = {}
         for name, parts in self._nest_paths:
@@ -318,8 +318,8 @@ class Store:
 
     def id(self, i: int) -> str:
         """The id of record ``i``."""
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"id(i) takes an int; use ids() for many records, got {type(i).__name__}")
+        if not is_index(i):
+            raise TypeError(f"id(i) takes an int; use ids() for many records, got {type(i).__name__} {i!r}")
         return self._checked(lambda: self._ids.id(i))
 
     def ids(self, indices: Indices) -> tuple[np.ndarray[Any, np.dtype[np.uint8]], np.ndarray[Any, np.dtype[np.int64]]]:

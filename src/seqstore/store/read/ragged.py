@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import CorruptionError
 from ...io.mapping import allocate_whole
 from .readahead import ReadPlanner
-from .shards import Shard, checked_bounds
+from .shards import Shard, checked_bounds, is_index
 from .verify import ReadVerifier
 
 __all__ = ["Lengths", "RaggedFields"]
@@ -46,7 +46,9 @@ class Lengths:
         return (_lengths_of, (self._owner, self.field))
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, (int, np.integer)):
+        if isinstance(key, (bool, np.bool_)):
+            raise TypeError(f"lengths[i] takes an int, a slice or an int array, got {type(key).__name__} {key!r}")
+        if is_index(key):
             sh, row = self._shards.record(int(key))
             off = sh.offsets[self.field]
             self._planner.need(off[row : row + 2])

@@ -26,7 +26,13 @@ from ...io import address, holds_descriptors
 from ...io.source import ByteSource
 from ...schema import Schema
 
-__all__ = ["Shard", "Group", "ShardMap", "checked_bounds", "mapped_shard_limit"]
+__all__ = ["Shard", "Group", "ShardMap", "checked_bounds", "is_index", "mapped_shard_limit"]
+
+
+def is_index(i: Any) -> bool:
+    """Whether ``i`` is a record number: an int or NumPy integer, never a bool (``True`` is not record 1,
+    as for NumPy arrays, whose integer indexes refuse bools; ``get_batch([True])`` is a TypeError too)."""
+    return isinstance(i, (int, np.integer)) and not isinstance(i, bool)
 
 
 def mapped_shard_limit(schema: Schema) -> int:
