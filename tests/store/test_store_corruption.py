@@ -15,6 +15,7 @@ from store_testlib import CHILD_SCHEMA, child_record, create_legacy, edit_shard_
 
 import seqstore as ss
 from seqstore.format.npy import HEADER_BYTES, encode_header
+from seqstore.store.verify import verify
 
 N = 10
 IDS = [f"w0-{i}" for i in range(N)]
@@ -459,3 +460,38 @@ def test_overlapping_or_empty_index_runs_are_corruption(tmp_path: Path) -> None:
     (path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ss.CorruptionError, match="index run"):
         ss.open(path)
+
+
+def test_verify_of_a_badly_damaged_store_is_linear_in_its_shards(scratch: Path) -> None:
+    """verify() asked, for every shard, whether any problem found so far named it: O(shards x problems)
+    on a store whose every shard is damaged. Counted in Python lines run (not time): twice the shards,
+    about twice the work."""
+    import sys
+
+    def lines_run(n: int) -> int:
+        root = scratch / f"s{n}"
+        with create_legacy(root, {"a": ss.Field("int32", ())}) as w:
+            w.append({"a": np.int32(0)})
+        m = json.loads((root / "manifest.json").read_text())
+        m["shards"] = [dict(m["shards"][0], name=f"shard-{k:06d}") for k in range(n)]  # all but one missing
+        (root / "manifest.json").write_text(json.dumps(m))
+        count = [0]
+
+        def local(frame: object, event: str, arg: object) -> object:
+            count[0] += 1
+            return local
+
+        def trace(frame: object, event: str, arg: object) -> object:
+            return local if "seqstore" in frame.f_code.co_filename else None  # type: ignore[attr-defined]
+
+        old = sys.gettrace()
+        sys.settrace(trace)
+        try:
+            problems = verify(root)
+        finally:
+            sys.settrace(old)
+        assert len(problems) == n - 1 and all("file is missing" in p for p in problems)
+        return count[0]
+
+    small, big = lines_run(150), lines_run(300)
+    assert big < 2.2 * small, (small, big)
