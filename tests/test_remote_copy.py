@@ -355,6 +355,33 @@ def test_overwrite_replaces_index_runs_of_the_same_name_and_size(tmp_path: Path)
     assert verify(dst) == []
 
 
+def test_overwrite_leaves_none_of_the_replaced_stores_files(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """copy(..., overwrite=True) over a bigger store of another schema left that store's other shards,
+    its files the new schema has not (ids, other fields), its index runs: files no manifest names, kept
+    forever. Once the new store is committed the destination holds what a fresh copy holds."""
+    big = tmp_path / "big.seqstore"
+    with ss.create(big, {"v": ss.Field("int64"), "w": ss.Field("int8", (None,))}, max_shard_records=4) as w:
+        w.append_batch({"v": np.arange(40), "w": [np.zeros(i % 3, np.int8) for i in range(40)]},
+                       ids=[f"a-{i}" for i in range(40)])
+    assert ss.open(big).manifest.index_runs
+    small = tmp_path / "small.seqstore"
+    with ss.create(small, {"v": ss.Field("int64")}, max_shard_records=8) as w:
+        w.append_batch({"v": np.arange(6)})
+    fresh, dst = tmp_path / "fresh.seqstore", tmp_path / "dst.seqstore"
+    ss.copy(small, fresh)
+    ss.copy(big, dst)
+    ss.copy(small, dst, overwrite=True)
+    assert sorted(store_files(dst)) == sorted(store_files(fresh))
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_dir()) == ["_tmp", "shard-000000"]
+    assert verify(dst) == [] and ss.open(dst)[5]["v"] == 5
+    opts = moto_s3.storage_options()
+    url = f"s3://{s3_bucket}/o.seqstore"
+    ss.copy(big, url, dst_options=opts)
+    ss.copy(small, url, dst_options=opts, overwrite=True)
+    ss.copy(small, f"s3://{s3_bucket}/fresh.seqstore", dst_options=opts)
+    assert sorted(objects(moto_s3, s3_bucket, "o.seqstore")) == sorted(objects(moto_s3, s3_bucket, "fresh.seqstore"))
+
+
 def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from seqstore.cli import main
 

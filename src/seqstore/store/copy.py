@@ -34,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import ConflictError, CorruptionError, FormatError, RemoteNotFound, SeqstoreError
+from ..format.checksums import CHECKS
 from ..format.descriptor import DESCRIPTOR, parse_descriptor
 from ..format.manifest import MANIFEST, FileInfo, Manifest, ShardInfo
 from ..format.npy import NpyHeader, parse_header
@@ -334,6 +335,7 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         d, d_error = None, exc
     mode: str | dict[str, Any] = "create"
     old_runs: list[str] = []
+    replaced: StoreState | None = None  # the store the copy replaces: its files go once the copy is committed
     if d is not None and _is_prefix(d, s):
         mode = {"e_tag": d.etag}
         old_runs = [r.name for r in d.manifest.index_runs]
@@ -344,6 +346,7 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                 f"{dst_text}: already holds a different store ({why}); pass overwrite=True to replace it"
             )
         d_objs.delete(MANIFEST)  # readers see no store from here until the new manifest is written
+        replaced = d
     if not d_objs.conditional_writes() and isinstance(mode, dict):
         mode = "overwrite"
 
@@ -381,10 +384,51 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                 for suffix in (".hash.npy", ".rows.npy"):
                     with contextlib.suppress(OSError, SeqstoreError):
                         d_objs.delete(f"{name}{suffix}")
+        if replaced is not None:
+            _remove_leftovers(d_objs, replaced, s, key, kept, workers)
     finally:
         if bar is not None:
             bar.close()
     return CopyResult(src_text, dst_text, s.num_shards, copier.copied, copier.skipped, copier.files, copier.bytes)
+
+
+def _shard_files(st: StoreState, k: int) -> set[str]:
+    """The files (relative to its directory) that shard ``k`` of the store ``st`` may have."""
+    if st.v3:
+        return {*st.expected_files(bool(int(st.rows["flags"][k]) & 1)), CHECKS, DESCRIPTOR}
+    return set(st.manifest.shards[k].files)
+
+
+def _remove_leftovers(objs: Any, old: StoreState, new: StoreState, table: str, runs: set[str], workers: int) -> None:
+    """Delete what the store ``old`` had at ``objs`` that the store ``new``, copied over it and committed
+    (its shard table ``table``, "" for none, and index runs ``runs``), does not use: the shards it does
+    not have (a larger store replaced by a smaller one), the files of a shard it has that it does not
+    (fields of another schema, ids), the old index runs and shard table. Locally, the directories left
+    empty go too. Best effort: what cannot be deleted stays (no file the new store uses is touched).
+    O(old shards) deletes, ``workers`` at once, and O(new shards) memory."""
+    at = {new.name(k): k for k in range(new.num_shards)}
+    keys: list[str] = []
+    for k in range(old.num_shards):
+        name = old.name(k)
+        j = at.get(name)
+        keys.extend(f"{name}/{rel}" for rel in sorted(_shard_files(old, k) - (set() if j is None else
+                                                                                 _shard_files(new, j))))
+    keys.extend(f"{r.name}{suffix}" for r in old.manifest.index_runs if r.name not in runs
+                for suffix in (".hash.npy", ".rows.npy"))
+    if old.v3 and old.num_shards and old.table_key != table:
+        keys.append(old.table_key)
+
+    def delete(key: str) -> None:
+        with contextlib.suppress(OSError, SeqstoreError):
+            objs.delete(key)
+
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="seqstore-copy") as pool:
+        list(pool.map(delete, keys))
+    if isinstance(objs, LocalObjects):  # directories emptied (a shard's, a nested field's, _index/)
+        dirs = {p for key in keys for p in Path(key).parents if p != Path(".")}
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(objs.root / d)
 
 
 def _run_shards(copier: _Copier, count: int, workers: int) -> None:
