@@ -495,3 +495,31 @@ def test_verify_of_a_badly_damaged_store_is_linear_in_its_shards(scratch: Path) 
 
     small, big = lines_run(150), lines_run(300)
     assert big < 2.2 * small, (small, big)
+
+
+@pytest.mark.parametrize("packed", [None, {"g": ["a", "b"]}])
+def test_a_version_1_2_store_replaced_under_a_reader_is_an_error(scratch: Path, packed: object) -> None:
+    """A version-1/2 store replaced by another with files of the same names and sizes: a Store opened on
+    the old one mapped the new store's files for a shard it had not touched yet and answered the new
+    store's records as the old ones, silently (version 3 finds it by the CRC of the shard's descriptor).
+    A commit that only appends is no alarm."""
+    root = scratch / "s"
+    schema = {"a": ss.Field("int32", ()), "b": ss.Field("int32", ())}
+
+    def write(base: int) -> None:
+        with create_legacy(root, schema, version=1 if packed is None else 2, packed=packed,
+                           max_shard_records=2) as w:
+            w.append_batch({"a": np.arange(base, base + 6, dtype=np.int32), "b": np.zeros(6, np.int32)})
+
+    write(0)
+    store = ss.open(root)
+    assert int(store[0]["a"]) == 0
+    with ss.append_to(root) as w:  # a commit since open: the shards the Store knows are the same
+        w.append({"a": np.int32(6), "b": np.int32(0)})
+    assert int(store[2]["a"]) == 2 and len(store) == 6
+    shutil.rmtree(root)
+    write(100)
+    with pytest.raises(ss.CorruptionError, match="replaced since this Store read its manifest"):
+        store[4]
+    assert int(store[1]["a"]) == 1  # (a shard mapped before: its own files, still)
+    assert int(store.refresh()[4]["a"]) == 104

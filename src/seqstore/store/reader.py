@@ -30,7 +30,7 @@ from .read.matrix import Matrices
 from .read.ragged import Lengths, RaggedFields
 from .read.readahead import ReadPlanner
 from .read.runs import plan_batches
-from .read.shards import ShardMap, is_index
+from .read.shards import ShardMap, is_index, manifest_identity
 from .read.stream import FetchedBatch, Pool, plan_runs, via_of
 from .read.verify import ReadVerifier, refuse_unverifiable
 
@@ -75,11 +75,12 @@ class Store:
             self._source = path
         else:
             self._source = open_source(path, storage_options, **remote)
+        identity = manifest_identity(self._source)  # (before the read: a commit in between is no false alarm)
         manifest = self._source.load()
         self.root = self._source.root  # the manifest's directory (a remote store: its local mirror)
         self._bf16, self._readahead = bfloat16, readahead
         policy = self._source.policy(readahead)  # how reads are planned on this source
-        self._shards = ShardMap(self._source, manifest, max_mapped_shards, policy.setup)
+        self._shards = ShardMap(self._source, manifest, max_mapped_shards, policy.setup, identity)
         self._planner = ReadPlanner(self._shards, policy, readahead)
         self._gatherer = Gatherer(self._planner, bfloat16)
         self._matrices = Matrices(self._planner, bfloat16)
@@ -148,7 +149,9 @@ class Store:
 
     def refresh(self) -> Store:
         """Re-read the manifest to see shards committed since open. Mapped shards are kept."""
+        identity = manifest_identity(self._source)
         manifest = self._source.load()
+        self._shards.identity = identity
         self.root = self._source.root
         self._load(manifest)
         return self

@@ -10,6 +10,7 @@ strided view of its column range.
 
 from __future__ import annotations
 
+import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
@@ -20,19 +21,32 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...errors import CorruptionError
-from ...format.manifest import IDS, Manifest, ShardInfo
+from ...format.manifest import IDS, MANIFEST, Manifest, ShardInfo
 from ...format.shard_table import ShardTable
 from ...io import address, holds_descriptors
 from ...io.source import ByteSource
 from ...schema import Schema
 
-__all__ = ["Shard", "Group", "ShardMap", "checked_bounds", "is_index", "mapped_shard_limit"]
+__all__ = ["Shard", "Group", "ShardMap", "checked_bounds", "is_index", "manifest_identity", "mapped_shard_limit"]
 
 
 def is_index(i: Any) -> bool:
     """Whether ``i`` is a record number: an int or NumPy integer, never a bool (``True`` is not record 1,
     as for NumPy arrays, whose integer indexes refuse bools; ``get_batch([True])`` is a TypeError too)."""
     return isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+
+
+def manifest_identity(source: ByteSource) -> tuple[int, int, int, int] | None:
+    """Which ``manifest.json`` a local store has now: (device, inode, size, mtime), or None (a remote or
+    in-memory source, or none there). Every commit renames a new manifest into place, so a commit, or a
+    store replaced by another, changes it."""
+    if source.is_remote:
+        return None
+    try:
+        st = os.stat(source.root / MANIFEST)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def mapped_shard_limit(schema: Schema) -> int:
@@ -219,10 +233,12 @@ class ShardMap:
     """Global index -> (shard, row) over one manifest's shard table, and the shards mapped on first touch
     (at most ``max_mapped`` of them, least recently used dropped). :meth:`load` moves to a new manifest.
     ``setup``: first touching a shard costs requests (the source's ``ReadPolicy.setup``), so a batch
-    prepares all its new shards at once."""
+    prepares all its new shards at once. ``identity``: :func:`manifest_identity` as it was before
+    ``manifest`` was read (set anew before each :meth:`load` of a newly read manifest)."""
 
-    def __init__(self, source: ByteSource, manifest: Manifest, max_mapped: int | None, setup: bool) -> None:
-        self.source, self.setup = source, setup
+    def __init__(self, source: ByteSource, manifest: Manifest, max_mapped: int | None, setup: bool,
+                 identity: tuple[int, int, int, int] | None = None) -> None:
+        self.source, self.setup, self.identity = source, setup, identity
         self.max_mapped_opt = max_mapped
         self.mapped: OrderedDict[int, Shard] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()  # several threads may share a Store
@@ -359,6 +375,22 @@ class ShardMap:
         self._last = (k, sh)
         return sh
 
+    def _check_unreplaced(self, k: int, info: ShardInfo) -> None:
+        """A local version-1/2 store: raise if shard ``k`` of the manifest this map reads is not shard
+        ``k`` of the store's manifest now (the store replaced by another, whose files may have the same
+        names and sizes: version 3 finds it by the CRC of each shard's descriptor). Costs a ``stat`` of
+        the manifest, and reading it once after each commit."""
+        now = manifest_identity(self.source)
+        if now == self.identity:
+            return
+        path = self.source.root / MANIFEST
+        current = Manifest.load(self.source.root) if now is not None else None
+        if current is None or current.table is not None or k >= current.num_shards or current.shards[k] != info:
+            what = "it is gone" if current is None else f"shard {k} is not {info.name} of {info.records} records now"
+            raise CorruptionError(f"{path}: the store was replaced since this Store read its manifest ({what}); "
+                                  "open the store again")
+        self.identity = now  # (a commit since: it added shards)
+
     def _map(self, k: int) -> Shard:
         """Map shard ``k`` (version 3 reads and checks the table row and the shard's descriptor here).
         Errors name the files as the source names them (a remote store: URLs)."""
@@ -366,6 +398,8 @@ class ShardMap:
         try:
             source.prepare_shards(self.manifest, self.table, (k,))
             info = self.manifest.shards[k]
+            if self.manifest.table is None and self.identity is not None:
+                self._check_unreplaced(k, info)
             return Shard(source, source.root, info, self.schema, display=source.shard_display(info.name))
         except CorruptionError as exc:
             text = source.display(str(exc))
