@@ -348,3 +348,20 @@ def test_uint64_indices_past_int64_are_out_of_range(tmp_path: Path) -> None:
         with pytest.raises(IndexError, match=f"record index {2**64 - 1} out of range"):
             read(big)
     assert _decoded(*store.ids(np.array([5], dtype=np.uint64))) == [store.id(5)]  # (in range: as before)
+
+
+def test_index_many_of_one_str_is_a_type_error(tmp_path: Path) -> None:
+    """index_many("r1") looked up each character as an id: a KeyError for ids 'r' and '1' nobody asked
+    for, or with missing=-1 one -1 per character, silently. One str (or bytes) is a TypeError that says
+    to pass a list, or to use index(); an empty store says the same."""
+    names = _ids_store(tmp_path / "s", 6, shard=4)
+    store = ss.open(tmp_path / "s")
+    for query in (names[1], names[1].encode()):
+        for missing in ("error", -1):
+            with pytest.raises(TypeError, match=r"index_many takes a sequence of ids.*index\(\)"):
+                store.index_many(query, missing=missing)  # type: ignore[arg-type]
+    assert store.index_many([names[1]]).tolist() == [1]
+    with ss.create(tmp_path / "e", {"v": ss.Field("int32", ())}):
+        pass
+    with pytest.raises(TypeError, match="index_many takes a sequence of ids"):
+        ss.open(tmp_path / "e").index_many("abc", missing=-1)

@@ -262,6 +262,9 @@ class IdLookup:
         return found
 
     def index_many(self, ids: Sequence[str], missing: str | int = "error") -> np.ndarray[Any, np.dtype[np.int64]]:
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"{self.shards.url}: index_many takes a sequence of ids, got one {type(ids).__name__} "
+                            f"{ids!r}; look up one id with index(), or pass [{ids!r}]")
         fill = isinstance(missing, (int, np.integer)) and not isinstance(missing, (bool, np.bool_))
         if not fill and not (isinstance(missing, str) and missing == "error"):
             raise ValueError(f"index_many: missing must be 'error' or an int to fill missing ids with, got {missing!r}")
