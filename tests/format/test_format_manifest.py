@@ -90,6 +90,13 @@ def _good() -> dict[str, Any]:
         (lambda m: m["shards"][1].update(name=7), ss.CorruptionError),
         (lambda m: m["shards"][1].update(has_ids="no"), ss.CorruptionError),
         (lambda m: m["shards"][1].update(has_ids=True), ss.CorruptionError),
+        # a version-1/2 shard's files: those of the schema (a path out of the shard directory was read by
+        # verify and copy, and copy wrote it out of the destination), with sizes and CRC-32s in range
+        (lambda m: m["shards"][0]["files"].update({"../../a.npy": {"bytes": 1, "crc32": 0}}), ss.CorruptionError),
+        (lambda m: m["shards"][0]["files"].update({"/etc/a.npy": {"bytes": 1, "crc32": 0}}), ss.CorruptionError),
+        (lambda m: m["shards"][0]["files"].update({"_ids.npy": {"bytes": 1, "crc32": 0}}), ss.CorruptionError),
+        (lambda m: m["shards"][0]["files"]["x.npy"].update(bytes=-1), ss.CorruptionError),
+        (lambda m: m["shards"][0]["files"]["x.npy"].update(crc32=1 << 32), ss.CorruptionError),
         (lambda m: m["index_runs"][0].pop("level"), ss.CorruptionError),
         (lambda m: m.update(metadata=[1]), ss.CorruptionError),
         (lambda m: m.update(stats="x"), ss.CorruptionError),

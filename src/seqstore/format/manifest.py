@@ -23,6 +23,7 @@ from typing import Any, overload
 
 from ..errors import CorruptionError, FormatError
 from ..schema import Schema
+from .checksums import CHECKS
 from .descriptor import read_descriptor
 from .shard_info import FileInfo, ShardInfo
 from .shard_table import TABLE, MapFile, ShardTable, TableState, is_table_file
@@ -287,6 +288,7 @@ class Manifest:
                 raise ValueError(f"shard_table id must be an integer in [0, 2**64), got {table_id!r}")
             table = TableState(vals[0], vals[1], vals[2], table_id, t["file"])
         number = -1
+        data_files = {f"{n}.npy" for n, _ in schema.storage_units()} | {f"{n}.offsets.npy" for n in ragged}
         for k, s in enumerate(obj["shards"] if table is None else []):
             records = int(s["records"])
             rows = {str(n): int(v) for n, v in s["rows"].items()}
@@ -302,6 +304,11 @@ class Manifest:
             if not isinstance(has_ids, bool) or (shards and has_ids != shards[0].has_ids):
                 raise ValueError(f"shard {k} ({name!r}): has_ids {has_ids!r}, expected true or false as shard 0 says")
             files = {str(n): FileInfo(int(v["bytes"]), int(v["crc32"])) for n, v in s["files"].items()}
+            extra = set(files) - data_files - {CHECKS, *(IDS_FILES if has_ids else ())}
+            if extra:  # (a name such as ../x would be read, verified and copied outside the store)
+                raise ValueError(f"shard {k} ({name!r}): files {sorted(extra)} are not files of the schema")
+            if any(f.bytes < 0 or not 0 <= f.crc32 < 1 << 32 for f in files.values()):
+                raise ValueError(f"shard {k} ({name!r}): file sizes and CRC-32s must be non-negative 32-bit integers")
             shards.append(ShardInfo(name, records, rows, files, has_ids))
         runs = [
             IndexRun(str(r["name"]), int(r["first_shard"]), int(r["end_shard"]), int(r["records"]), int(r["level"]))
