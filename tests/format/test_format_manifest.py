@@ -98,6 +98,11 @@ def _good() -> dict[str, Any]:
         (lambda m: m["shards"][0]["files"]["x.npy"].update(bytes=-1), ss.CorruptionError),
         (lambda m: m["shards"][0]["files"]["x.npy"].update(crc32=1 << 32), ss.CorruptionError),
         (lambda m: m["index_runs"][0].pop("level"), ss.CorruptionError),
+        # an index run's files are _index/<name>.*.npy: never a path out of the store's _index/
+        (lambda m: m["index_runs"][0].update(name="../../run-000000-000008"), ss.CorruptionError),
+        (lambda m: m["index_runs"][0].update(name="_index/../../x"), ss.CorruptionError),
+        (lambda m: m["index_runs"][0].update(name="/tmp/x"), ss.CorruptionError),
+        (lambda m: m["index_runs"][0].update(name="shard-000000/_ids"), ss.CorruptionError),
         (lambda m: m.update(metadata=[1]), ss.CorruptionError),
         (lambda m: m.update(stats="x"), ss.CorruptionError),
     ],

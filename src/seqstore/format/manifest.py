@@ -54,6 +54,8 @@ PARTS_DIR = "_parts"
 #: The journal of a commit of parts in progress, in ``_parts/``.
 COMMIT_JOURNAL = ".commit.json"
 _SHARD_NAME = re.compile(r"shard-([0-9]{6,})")
+#: A merged index run's name: a file stem in ``_index/`` (``_index/run-AAAAAA-BBBBBB``, with a tag).
+_RUN_NAME = re.compile(r"_index/[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 class ShardList(Sequence[ShardInfo]):
@@ -317,6 +319,8 @@ class Manifest:
         covered = 0
         count = table.rows if table is not None else len(shards)
         for r in runs:  # in shard order, non-empty, not overlapping, inside the shard list
+            if not _RUN_NAME.fullmatch(r.name) or ".." in r.name:  # (its files are read, verified and copied)
+                raise ValueError(f"index run name {r.name!r}: expected _index/<name> (a file stem in _index/)")
             if not covered <= r.first_shard < r.end_shard <= count or r.records < 0:
                 raise ValueError(f"index run {r.name!r} covers shards [{r.first_shard}, {r.end_shard}): "
                                  f"expected ordered, non-overlapping ranges inside [0, {count})")
