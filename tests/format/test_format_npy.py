@@ -169,6 +169,17 @@ def test_bad_headers(tmp_path: Path, raw: bytes, word: str) -> None:
     assert "bad.npy" in str(info.value) and word in str(info.value)
 
 
+@pytest.mark.parametrize("shape", ["(-2, -3)", "(-4,)", "(2.5,)", "(True, 2)"])
+def test_a_header_shape_of_negative_or_not_integer_dims_is_corruption(tmp_path: Path, shape: str) -> None:
+    """A header (in the form the ast path parses) with negative dims was taken, (-2, -3) as 6 items that
+    a size check passes, and 2.5 or True as the ints 2 and 1: a CorruptionError naming the file."""
+    text = f"{{'descr':'<i8','fortran_order':False,'shape':{shape}}}".encode()
+    raw = b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+    with pytest.raises(ss.CorruptionError, match=r"bad\.npy.*shape") as info:
+        parse_header(raw, tmp_path / "bad.npy")
+    assert shape.split(",")[0].strip("(") in str(info.value)
+
+
 def test_read_header_errors(tmp_path: Path) -> None:
     with pytest.raises(ss.CorruptionError, match="missing"):
         read_header(tmp_path / "nope.npy")

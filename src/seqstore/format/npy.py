@@ -99,10 +99,12 @@ def parse_header(raw: bytes, path: str | os.PathLike[str]) -> NpyHeader:
             with _AST_LOCK:
                 d = ast.literal_eval(text)
             descr, fortran = d["descr"], bool(d["fortran_order"])
-            shape = tuple(int(s) for s in d["shape"])
+            shape = d["shape"]
         dtype = np.dtype(descr)
     except Exception as exc:  # noqa: BLE001 - anything unparsable is corruption
         raise CorruptionError(f"{path}: unreadable .npy header ({exc})") from exc
+    if not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
+        raise CorruptionError(f"{path}: .npy header shape {shape!r} is not a tuple of non-negative integers")
     if fortran and len(shape) > 1:
         raise CorruptionError(f"{path}: Fortran-ordered arrays are not supported")
     return NpyHeader(dtype, shape, start + hlen)
