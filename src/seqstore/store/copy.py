@@ -11,7 +11,8 @@ conditionally (``If-Match`` on the ETag read at the start, create-only when ther
 the copy holds the store's lock throughout, so the destination's writers wait for it): a reader sees
 the old store or none, never a partial one, and a commit made meanwhile is never silently replaced.
 A destination store is updated in place only when it is a prefix of the source (its readers keep
-working); anything else needs ``overwrite=True``, which first deletes the destination's manifest.
+working); anything else needs ``overwrite=True``, which first deletes the destination's manifest and,
+once the new one is written, the replaced store's files that the new store does not use.
 """
 
 from __future__ import annotations
