@@ -382,6 +382,22 @@ def test_overwrite_leaves_none_of_the_replaced_stores_files(moto_s3: MotoS3, s3_
     assert sorted(objects(moto_s3, s3_bucket, "o.seqstore")) == sorted(objects(moto_s3, s3_bucket, "fresh.seqstore"))
 
 
+def test_a_manifest_that_cannot_be_read_is_a_format_error(tmp_path: Path) -> None:
+    """A source path that is a file, or a manifest.json that is a directory (at either end), raised a bare
+    NotADirectoryError / IsADirectoryError out of copy: a FormatError naming the manifest, as open() says."""
+    good = tmp_path / "good.seqstore"
+    with ss.create(good, {"v": ss.Field("int64")}) as w:
+        w.append({"v": np.int64(1)})
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "mdir" / "manifest.json").mkdir(parents=True)
+    for src, dst in ((tmp_path / "file", tmp_path / "o1"), (tmp_path / "mdir", tmp_path / "o2"),
+                     (good, tmp_path / "mdir")):
+        for overwrite in (False, True):
+            with pytest.raises(FormatError, match=r"manifest\.json: cannot read"):
+                ss.copy(src, dst, overwrite=overwrite)
+    assert (tmp_path / "mdir" / "manifest.json").is_dir() and not (tmp_path / "o1").exists()
+
+
 def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from seqstore.cli import main
 

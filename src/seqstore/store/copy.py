@@ -302,7 +302,10 @@ def copy(
             raise ValueError(f"{dst_text}: the destination is inside the source store {src_text}")
         if local[1]:
             _check_local_destination(d_objs.root)
-        s = read_state(s_objs)
+        try:
+            s = read_state(s_objs)
+        except OSError as exc:
+            raise _unreadable(s_objs, exc) from exc
         if s is None:
             raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
         with d_objs.locked() if local[1] else contextlib.nullcontext():  # writers of the destination wait for it
@@ -311,6 +314,12 @@ def copy(
         for objs in (s_objs, d_objs):
             if isinstance(objs, LocalObjects):
                 objs.close()
+
+
+def _unreadable(objs: Any, exc: OSError) -> FormatError:
+    """A local manifest that cannot be read (a directory, a store path that is a file): the FormatError
+    :func:`seqstore.open` raises, naming it."""
+    return FormatError(f"{objs.key_url(MANIFEST)}: cannot read ({exc.strerror or exc})")
 
 
 def _check_local_destination(root: Path) -> None:
@@ -334,6 +343,8 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         d_error: Exception | None = None
     except (CorruptionError, FormatError) as exc:
         d, d_error = None, exc
+    except OSError as exc:  # (not a store that overwrite could replace either)
+        raise _unreadable(d_objs, exc) from exc
     mode: str | dict[str, Any] = "create"
     old_runs: list[str] = []
     replaced: StoreState | None = None  # the store the copy replaces: its files go once the copy is committed
