@@ -523,3 +523,30 @@ def test_a_version_1_2_store_replaced_under_a_reader_is_an_error(scratch: Path, 
         store[4]
     assert int(store[1]["a"]) == 1  # (a shard mapped before: its own files, still)
     assert int(store.refresh()[4]["a"]) == 104
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_ids_of_a_shard_mapped_before_its_store_was_replaced_are_an_error(scratch: Path, version: int) -> None:
+    """A shard's id files are mapped on its first id lookup, after its other files: a Store that had
+    mapped a shard before the store was replaced (same file names) answered the new store's ids for the
+    old records (id(2) was "new-2" beside record 2's old values), unchecked in every version."""
+    root = scratch / "s"
+
+    def write(tag: str) -> None:
+        if version == 3:
+            w = ss.create(root, {"a": ss.Field("int32", ())}, max_shard_records=2, overwrite=root.exists())
+        else:
+            if root.exists():
+                shutil.rmtree(root)
+            w = create_legacy(root, {"a": ss.Field("int32", ())}, max_shard_records=2)
+        with w:
+            w.append_batch({"a": np.arange(6, dtype=np.int32)}, ids=[f"{tag}-{i}" for i in range(6)])
+
+    write("old")
+    store = ss.open(root)
+    assert int(store[2]["a"]) == 2  # shard 1 mapped, its ids not
+    write("new")
+    for lookup in (lambda: store.id(2), lambda: store.ids([3]), lambda: store.index("old-3")):
+        with pytest.raises(ss.CorruptionError, match="replaced"):
+            lookup()
+    assert store.refresh().id(2) == "new-2"

@@ -14,7 +14,8 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -76,7 +77,7 @@ class Shard:
 
     __slots__ = (
         "path", "display", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash",
-        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch", "_fetched",
+        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch", "_fetched", "before_ids",
     )
 
     def __init__(
@@ -87,6 +88,8 @@ class Shard:
         self.map_npy = source.map_npy
         self.refetch = source.refetch
         self._fetched: set[str] = set()  # files whose node-cache copy was fetched again (once at most)
+        #: called before the id files are mapped (maybe long after the others): raises if the shard was replaced
+        self.before_ids: Callable[[], None] | None = None
         self.info = info
         self.columns: dict[str, np.ndarray[Any, Any]] = {}
         self.offsets: dict[str, np.ndarray[Any, Any]] = {}
@@ -186,6 +189,8 @@ class Shard:
     def load_ids(self) -> None:
         if self.ids is not None:
             return
+        if self.before_ids is not None:
+            self.before_ids()
         n = self.info.records
         off = self._file(f"{IDS}.offsets.npy", "<i8", (n + 1,))
         fi = self.info.files.get(f"{IDS}.npy")  # the last offset sizes _ids.npy's mapping: within its bytes
@@ -391,6 +396,16 @@ class ShardMap:
                                   "open the store again")
         self.identity = now  # (a commit since: it added shards)
 
+    def _recheck(self, k: int, info: ShardInfo) -> None:
+        """Before mapped shard ``k``'s id files are mapped (its first id lookup, maybe long after the rest):
+        that the store still has that shard there, as mapping it checked (a store replaced since by one
+        with files of the same names would answer its ids for this shard's records). Version 3 reads the
+        descriptor again (checked against the table row's CRC); version 1/2 compares the manifest."""
+        if self.manifest.table is not None:
+            self.manifest.shards[k]
+        elif self.identity is not None:
+            self._check_unreplaced(k, info)
+
     def _map(self, k: int) -> Shard:
         """Map shard ``k`` (version 3 reads and checks the table row and the shard's descriptor here).
         Errors name the files as the source names them (a remote store: URLs)."""
@@ -400,7 +415,10 @@ class ShardMap:
             info = self.manifest.shards[k]
             if self.manifest.table is None and self.identity is not None:
                 self._check_unreplaced(k, info)
-            return Shard(source, source.root, info, self.schema, display=source.shard_display(info.name))
+            sh = Shard(source, source.root, info, self.schema, display=source.shard_display(info.name))
+            if not source.is_remote:
+                sh.before_ids = partial(self._recheck, k, info)
+            return sh
         except CorruptionError as exc:
             text = source.display(str(exc))
             if text == str(exc):
