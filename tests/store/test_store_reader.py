@@ -555,6 +555,17 @@ def test_a_bool_is_not_a_record_number(scratch: Path) -> None:
     assert store[np.int8(1)]["meta/k"] == 1 and store.id(1) == "w0-1" and lengths[1] == 1
 
 
+def test_max_mapped_shards_is_a_positive_int(scratch: Path) -> None:
+    """max_mapped_shards=2.5 was taken (as 2, silently) and "4" failed with a bare str < int TypeError: a
+    ValueError naming the option for anything but a positive integer."""
+    root = scratch / "s"
+    _write_child_store(root, 5)
+    for bad in (0, -1, 2.5, "4", True, None.__class__):
+        with pytest.raises(ValueError, match="max_mapped_shards must be a positive integer"):
+            ss.open(root, max_mapped_shards=bad)  # type: ignore[arg-type]
+    assert ss.open(root, max_mapped_shards=np.int64(1)).mapped_shards == 0
+
+
 def test_lengths_save_refuses_bool_and_inexact_float_dtypes(scratch: Path) -> None:
     """save(dtype=bool) wrote every nonzero length as True (1) and dtype=float16 rounded 3001 to 3000,
     silently: a dtype that cannot hold a length exactly is a ValueError naming the record, like a small

@@ -62,7 +62,7 @@ class Store:
             raise ValueError(f"bfloat16 must be one of {BF16_MODES}, got {bfloat16!r}")
         if readahead not in READAHEAD_MODES:
             raise ValueError(f"readahead must be one of {READAHEAD_MODES}, got {readahead!r}")
-        if max_mapped_shards is not None and (isinstance(max_mapped_shards, bool) or max_mapped_shards < 1):
+        if max_mapped_shards is not None and (not is_index(max_mapped_shards) or max_mapped_shards < 1):
             raise ValueError(f"max_mapped_shards must be a positive integer, got {max_mapped_shards!r}")
         if isinstance(storage_options, Mapping) and "verify_reads" in storage_options:  # the Store's option
             storage_options = dict(storage_options)
