@@ -365,3 +365,22 @@ def test_index_many_of_one_str_is_a_type_error(tmp_path: Path) -> None:
         pass
     with pytest.raises(TypeError, match="index_many takes a sequence of ids"):
         ss.open(tmp_path / "e").index_many("abc", missing=-1)
+
+
+def test_index_encoded_checks_the_query_it_is_given(tmp_path: Path) -> None:
+    """index_encoded(qdata, qoff) handed its arguments to numba kernels unchecked: offsets past the bytes
+    read memory past the array (a bus error killed the process), a list of offsets was an IndexError
+    about 0-d arrays. Bytes and any integer offsets are taken; offsets that do not run from 0, decrease
+    or pass the bytes are a ValueError naming the offset, other arrays a TypeError."""
+    names = _ids_store(tmp_path / "s", 6, shard=4)
+    store = ss.open(tmp_path / "s")
+    data, off = encode_ids([names[1], "absent", names[4]])
+    assert store.index_encoded(data, off).tolist() == [1, -1, 4]
+    assert store.index_encoded(data.tobytes(), off.astype(np.uint32).tolist()).tolist() == [1, -1, 4]
+    for bad in (off[1:], off[::-1], np.array([0, 2, 1]), np.array([0, -1]), np.array([0, 2**63], np.uint64),
+                np.array([], np.int64), off + np.array([0, 0, 0, 10**9])):
+        with pytest.raises(ValueError, match="index_encoded"):
+            store.index_encoded(data, bad)
+    for bad_data, bad_off in ((data.reshape(1, -1), off), (data.astype(np.int64), off), (data, off.astype(float))):
+        with pytest.raises(TypeError, match="index_encoded takes"):
+            store.index_encoded(bad_data, bad_off)

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import SchemaError
 
-__all__ = ["encode_ids", "not_str_id", "hash_ids", "hash_kernel", "hash_one", "probe_sorted", "id_equal", "FNV_OFFSET",
-           "FNV_PRIME"]
+__all__ = ["checked_query", "encode_ids", "not_str_id", "hash_ids", "hash_kernel", "hash_one", "probe_sorted",
+           "id_equal", "FNV_OFFSET", "FNV_PRIME"]
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -50,6 +50,32 @@ def encode_ids(ids: Sequence[Any], *, first_record: int = 0, query: bool = False
     np.cumsum(lengths, out=offsets[1:])
     data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
     return data, offsets
+
+
+def checked_query(qdata: Any, qoff: Any, where: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Ids to look up given as utf-8 bytes ``qdata[qoff[i]:qoff[i + 1]]``, checked, as (uint8 bytes, int64
+    offsets): the kernels read them unchecked (an offset past the bytes read memory past the array, or
+    crashed the process). ``qdata``: a 1-D array of bytes (or ``bytes``); ``qoff``: 1-D integers from 0,
+    not decreasing, at most ``len(qdata)``. TypeError or ValueError naming ``where`` and the first bad
+    offset. O(queries), no copy of the bytes."""
+    data = np.frombuffer(qdata, np.uint8) if isinstance(qdata, (bytes, bytearray, memoryview)) else np.asarray(qdata)
+    if data.ndim != 1 or data.dtype.kind not in "iu" or data.dtype.itemsize != 1:
+        raise TypeError(f"{where}: index_encoded takes the ids' utf-8 bytes as a 1-D uint8 array, got "
+                        f"dtype {data.dtype} shape {data.shape}")
+    off = np.asarray(qoff)
+    if off.ndim != 1 or off.dtype.kind not in "iu":
+        raise TypeError(f"{where}: index_encoded takes 1-D integer offsets (one more than the ids), got "
+                        f"dtype {off.dtype} shape {off.shape}")
+    if len(off) == 0:
+        raise ValueError(f"{where}: index_encoded takes one offset more than the ids (at least [0]), got none")
+    big = off.dtype.kind == "u" and int(off.max()) > len(data)  # (before int64: 2**63 and up would wrap)
+    off = off.astype(np.int64, copy=False)
+    bad = np.flatnonzero(np.diff(off) < 0)
+    if big or off[0] != 0 or len(bad) or off[-1] > len(data):
+        at = 0 if off[0] != 0 else int(bad[0]) + 1 if len(bad) else len(off) - 1
+        raise ValueError(f"{where}: index_encoded offsets must run from 0, not decreasing, to at most the "
+                         f"{len(data)} bytes given; offset {at} is {qoff[at]}")
+    return data.view(np.uint8), np.ascontiguousarray(off)
 
 
 @numba.njit(cache=True, nogil=True)

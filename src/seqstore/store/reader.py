@@ -24,6 +24,7 @@ from ..io.options import StoreOptions
 from ..io.source import READAHEAD_MODES, ByteSource
 from ..io.sources import open_source
 from ..schema import PackedGroup, Schema, field_list
+from .ids import checked_query
 from .read.gather import BF16_MODES, Alloc, Gatherer, present_bf16
 from .read.lookup import IdLookup
 from .read.matrix import Matrices
@@ -354,7 +355,8 @@ class Store:
         """Global indexes of ids given as utf-8 bytes ``qdata[qoff[i]:qoff[i+1]]`` (int64 offsets from 0),
         -1 where absent; what :meth:`index_many` and joins between stores use. Vectorised per probed
         index; memory O(queries + candidates)."""
-        return self._checked(lambda: self._ids.index_encoded(qdata, qoff))
+        data, offsets = checked_query(qdata, qoff, self.url)
+        return self._checked(lambda: self._ids.index_encoded(data, offsets))
 
     def matrix_columns(self, fields: Sequence[str] | str | None = None) -> dict[str, tuple[int, int]]:
         """Column range ``[a, b)`` of each field in :meth:`matrix` (same ``fields``): for module-wise scores."""
