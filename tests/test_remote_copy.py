@@ -398,6 +398,32 @@ def test_a_manifest_that_cannot_be_read_is_a_format_error(tmp_path: Path) -> Non
     assert (tmp_path / "mdir" / "manifest.json").is_dir() and not (tmp_path / "o1").exists()
 
 
+def test_an_interrupted_overwrite_of_a_store_with_a_parts_area_can_be_run_again(tmp_path: Path) -> None:
+    """A store may hold a parts area (``_parts/``) and, at version 1/2, dead writers' workspaces
+    (``_tmp-*``, ``.manifest.json.tmp-*``). An overwrite that failed after removing the manifest left
+    them in a directory the copy then refused as "not a store": the documented rerun of the copy failed."""
+    from seqstore.store.parts import PartWriter
+
+    src, bad, dst = tmp_path / "src.seqstore", tmp_path / "bad.seqstore", tmp_path / "dst.seqstore"
+    for root in (src, bad):
+        with ss.create(root, {"v": ss.Field("int64")}, max_shard_records=4) as w:
+            w.append_batch({"v": np.arange(8)})
+    data = bad / "shard-000001" / "v.npy"
+    data.write_bytes(data.read_bytes()[:-1] + b"\x07")  # the copy fails at this shard
+    with ss.create(dst, {"v": ss.Field("int64")}) as w:
+        w.append({"v": np.int64(5)})
+    pw = PartWriter(dst, job="j", task="t")
+    pw.append({"v": np.int64(1)})
+    pw.finish()
+    (dst / "_tmp-host-1-abc").mkdir()  # (as a dead version-1/2 writer leaves them)
+    (dst / ".manifest.json.tmp-1").write_text("{")
+    with pytest.raises(CorruptionError, match="CRC-32"):
+        ss.copy(bad, dst, overwrite=True)
+    assert not (dst / "manifest.json").exists()
+    r = ss.copy(src, dst, overwrite=True)
+    assert r.shards == 2 and verify(dst) == [] and ss.open(dst).get_batch(np.arange(8))["v"].tolist() == list(range(8))
+
+
 def test_cli_copy(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from seqstore.cli import main
 

@@ -328,8 +328,8 @@ def _check_local_destination(root: Path) -> None:
         return
     if not root.is_dir():
         raise SeqstoreError(f"{root}: exists and is not a directory")
-    ours = (TABLE, "_shards", "_index", "_tmp", ".lock")
-    other = [e for e in os.listdir(root) if not (e.startswith("shard-") or e in ours)]
+    ours = (TABLE, "_shards", "_index", "_tmp", "_parts", ".lock")  # (and versions 1/2: workspaces, manifests)
+    other = [e for e in os.listdir(root) if not (e.startswith(("shard-", "_tmp-", f".{MANIFEST}.tmp-")) or e in ours)]
     if other:
         raise SeqstoreError(
             f"{root}: refusing to copy into a non-empty directory that is not a store (it holds {sorted(other)[:5]})"
