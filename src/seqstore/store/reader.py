@@ -168,7 +168,7 @@ class Store:
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray[Any, Any]]:
         """Record ``i`` as a dict of field name -> read-only zero-copy view. O(log shards)."""
-        if not is_index(i):
+        if not isinstance(i, (int, np.integer)) or i.__class__ is bool:  # (is_index, inline: the hot path)
             raise TypeError(f"store[i] takes an int; use get_batch() for many records, got {type(i).__name__} {i!r}")
         return self._gatherer.record(int(i))
 
