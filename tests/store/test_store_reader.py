@@ -583,3 +583,13 @@ def test_lengths_save_refuses_bool_and_inexact_float_dtypes(scratch: Path) -> No
         lengths.save(scratch / "c.npy", dtype=np.complex64)
     assert np.load(lengths.save(scratch / "f.npy", dtype=np.float32)).tolist() == [0, 1, 3001]
     assert not list(scratch.glob(".*.tmp-*"))
+
+
+def test_human_bytes_never_says_1024_of_a_unit() -> None:
+    """human_bytes(2**20 - 1) was "1024.0 KiB" (1023.999 rounded after the unit was chosen): a size that
+    rounds to 1024 of a unit is said in the next one."""
+    from seqstore.store.describe import human_bytes
+
+    assert [human_bytes(n) for n in (0, 1023, 1024, 2**20 - 1, 2**20, 2**30 - 2**14, 5 * 2**40)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.0 MiB", "1.0 MiB", "1.0 GiB", "5.0 TiB"]
+    assert human_bytes(1023.96 * 2**30) == "1.0 TiB" and human_bytes(1023.94 * 2**20) == "1023.9 MiB"

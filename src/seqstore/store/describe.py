@@ -13,7 +13,7 @@ __all__ = ["describe_groups", "dtype_name", "human_bytes"]
 def human_bytes(n: float) -> str:
     """``n`` bytes in binary units: ``512 B``, ``1.5 KiB``, ... ``3.0 TiB``."""
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
+        if abs(n) < 1024 if unit == "B" else round(abs(n), 1) < 1024:  # (1023.96 KiB is 1.0 MiB, not 1024.0 KiB)
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
