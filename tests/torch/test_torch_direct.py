@@ -472,6 +472,34 @@ def test_procs_a_worker_stuck_past_the_timeout_is_an_error(ds: StoreDataset, mon
     assert got == 1  # the first batch, gathered in the loop's process
 
 
+class _Slow:
+    """``_ring._serve`` after a pause of ``seconds`` (the workers are forked: they run it)."""
+
+    def __init__(self, serve: Any, seconds: float) -> None:
+        self.serve, self.seconds = serve, seconds
+
+    def __call__(self, *args: Any) -> Any:
+        import time
+
+        time.sleep(self.seconds)
+        return self.serve(*args)
+
+
+def test_procs_a_timeout_under_a_second_is_kept(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``timeout=0.1`` and workers that take 0.3 s a batch: a LoaderWorkerError. The loop looked at the clock
+    only once a second, so a batch that came within the second was taken whatever the timeout was."""
+    from seqstore.torch import _ring
+
+    _workers_gather(monkeypatch)
+    monkeypatch.setattr(_ring, "_serve", _Slow(_ring._serve, 0.3))
+    loader = _loader(ds, "sampler", 0, 1, procs=2, timeout=0.1)
+    got = 0
+    with pytest.raises(_ring.LoaderWorkerError, match=r"no batch in 0.1s"):
+        for _ in loader:
+            got += 1
+    assert got == 1  # the first batch, gathered in the loop's process
+
+
 def test_procs_batches_held_by_the_loop_keep_their_values(ds: StoreDataset, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches handed out as views of the shared slots are never overwritten while alive; a loop that
     keeps every batch (or a part of one) gets copies once the worker would run out of slots."""

@@ -460,10 +460,12 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             w, slot, parts = pending[0]
             try:
                 start = time.perf_counter()
-                while not pollers[w].poll(1000):  # a worker that died without its pipe closing is noticed too
+                # a worker that died without its pipe closing is noticed too (each second, or at the timeout)
+                while not pollers[w].poll(1000 if timeout <= 0 else
+                                          min(1000, max(0, math.ceil((start + timeout - time.perf_counter()) * 1000)))):
                     if not workers[w].is_alive():
                         raise EOFError
-                    if 0 < timeout < time.perf_counter() - start:
+                    if 0 < timeout <= time.perf_counter() - start:
                         stuck = w
                         raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) gave no batch in {timeout}s")
                 waited = time.perf_counter() - start
