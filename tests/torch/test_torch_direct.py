@@ -573,11 +573,39 @@ def _fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return pinned
 
 
+def _a_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An accelerator (CUDA) for the loader to pin for, on a CPU-only torch."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:  # (torch < 2.6: the DataLoader pins for CUDA only)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    else:
+        monkeypatch.setattr(accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(accelerator, "current_accelerator", lambda *a: torch.device("cuda"))
+
+
+@pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
+def test_pin_memory_without_a_device_warns_as_the_dataloader_does(ds: StoreDataset, par: dict[str, int],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pin_memory=True`` where torch has no accelerator: the DataLoader's path warns that nothing is pinned;
+    seqstore's own batches (no workers, ``threads=``, ``procs=``) were not pinned either, without a word.
+    Both say so now, in torch's words, and the batches are those without ``pin_memory``."""
+    accelerator = getattr(torch, "accelerator", None)
+    if (accelerator.is_available() if accelerator is not None else torch.cuda.is_available()):
+        pytest.skip("torch has an accelerator here")
+    _workers_gather(monkeypatch)
+    want = [b["index"].tolist() for b in _loader(ds, "greedy", 0, 1)]
+    with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator is found"):
+        got = [b["index"].tolist() for b in _loader(ds, "greedy", 0, 1, pin_memory=True, **par)]
+    assert got == want
+    with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator is found"):
+        list(_loader(ds, "greedy", 0, 1, pin_memory=True, num_workers=1, procs=0))  # (the DataLoader's own words)
+
+
 @pytest.mark.parametrize("par", PARALLEL, ids=["inline", "threads", "procs"])
 def test_pin_memory_pins_every_batch(ds: StoreDataset, par: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``pin_memory=True`` and a device, every batch handed out is pinned (here: a CPU-only torch, so
     pinning is stood in for by a marked copy) and keeps its values."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _a_device(monkeypatch)
     pinned = _fake_pinning(monkeypatch)
     want = [b["index"].tolist() for b in _loader(ds, "greedy", 0, 1)]
     got = []

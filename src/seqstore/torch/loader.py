@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import itertools
 import pickle
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,6 +101,24 @@ def _workers_as_procs(dataset: Any, threads: int, kwargs: dict[str, Any]) -> int
     for name in ("prefetch_factor", "persistent_workers"):  # the DataLoader's workers' options
         kwargs.pop(name, None)
     return int(workers)
+
+
+def _pinning(pin_memory: bool) -> bool:
+    """Whether seqstore's own batches are pinned for ``pin_memory``: as torch's DataLoader decides for its
+    batches (an accelerator, not MPS; CUDA before torch 2.6), with its warnings where it does not pin."""
+    if not pin_memory:
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    if not (accelerator.is_available() if accelerator is not None else torch.cuda.is_available()):
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
+                      "won't be used.", stacklevel=3)
+        return False
+    device = accelerator.current_accelerator() if accelerator is not None else None
+    if device is not None and device.type == "mps":
+        warnings.warn("'pin_memory' argument is set as true but not supported on MPS now, device pinned memory "
+                      "won't be used.", stacklevel=3)
+        return False
+    return True
 
 
 class SeqDataLoader(DataLoader[Any]):
@@ -203,9 +222,11 @@ class SeqDataLoader(DataLoader[Any]):
         src.begin()
         self._consumed = 0
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
-        pin = bool(self.pin_memory) and torch.cuda.is_available()
+        packed = isinstance(src, PackedIterableDataset) and bool(self.threads or self.procs)
+        # (the DataLoader's path pins, or warns, by itself)
+        pin = (packed or plan is not None) and _pinning(bool(self.pin_memory))
         batches: Iterator[Any]
-        if isinstance(src, PackedIterableDataset) and (self.threads or self.procs):
+        if isinstance(src, PackedIterableDataset) and packed:
             if self.procs:
                 check_main_guard(start_method(self._procs_context), self.procs)
             batches = src.parallel(threads=self.threads, procs=self.procs, context=self._procs_context, pin=pin,
