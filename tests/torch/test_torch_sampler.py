@@ -325,3 +325,26 @@ def test_built_before_init_process_group_under_a_launcher_is_refused(store: Path
         assert make(rank=1, world_size=2).world_size == 2
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert EpochSampler(ds).world_size == 1
+
+
+def test_length_batching_keeps_its_boundaries_and_refuses_bad_buckets_when_made(store: Path) -> None:
+    """``LengthBatching(buckets=...)`` cut float boundaries to ints (3.5 became 3: records of length 3 went to
+    the next bucket), took a string's characters for boundaries ('4': a boundary at 4, not 4 buckets), and let
+    a count below 1, a bool or boundaries out of order through to the first epoch's read (where the error did
+    not name LengthBatching); a float count was a bare TypeError. Boundaries are kept as given now, and the
+    rest is a ValueError naming ``LengthBatching: buckets`` when it is made."""
+    ds = StoreDataset(store, ordering="random", seed=3)
+
+    def batches(buckets: Any) -> list[list[int]]:
+        return list(EpochBatchSampler(ds, max_frames=40, buckets=buckets, buffer_size=20, rank=0, world_size=1))
+
+    spec = LengthBatching(max_frames=40, buckets=(3.5, 8.5))
+    assert spec.buckets == (3.5, 8.5) and spec.config()["buckets"] == [3.5, 8.5]
+    assert batches((3.5, 8.5)) == batches((4, 9)) != batches((3, 8))  # integer lengths: 3.5 is 4, not 3
+    for given in (np.array([4, 9]), torch.tensor([4, 9]), iter([4, 9])):  # any iterable; plain ints in states
+        assert LengthBatching(max_frames=40, buckets=given).config()["buckets"] == [4, 9]
+    assert LengthBatching(max_frames=40, buckets=np.array(3)).buckets == 3
+    for bad in (2.7, "4", b"4", 0, -2, True, (9, 4), (4, 4), (1, "a"), ((1, 2),), (4, float("nan")), (True, 5),
+                np.array([9, 4], np.uint64), np.array(True)):
+        with pytest.raises(ValueError, match="LengthBatching: buckets"):
+            LengthBatching(max_frames=40, buckets=bad)  # type: ignore[arg-type]

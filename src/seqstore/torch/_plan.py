@@ -51,7 +51,7 @@ class LengthBatching:
     max_frames: int | None = None
     max_seqs: int | None = None
     padded: bool = True
-    buckets: int | tuple[int, ...] | None = None
+    buckets: int | tuple[float, ...] | None = None
     buffer_size: int = 10_000
 
     def __post_init__(self) -> None:
@@ -62,9 +62,7 @@ class LengthBatching:
             raise ValueError("LengthBatching needs max_frames or max_seqs (or both)")
         object.__setattr__(self, "buffer_size", check_int(self.buffer_size, "LengthBatching: buffer_size", 1))
         if self.buckets is not None:
-            buckets = self.buckets
-            object.__setattr__(self, "buckets", int(buckets) if isinstance(buckets, (int, np.integer))
-                               else tuple(int(b) for b in buckets))
+            object.__setattr__(self, "buckets", _buckets(self.buckets))
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +74,28 @@ class LengthBatching:
         buckets: Any = self.buckets if self.buckets is None or isinstance(self.buckets, int) else list(self.buckets)
         return {"max_frames": self.max_frames, "max_seqs": self.max_seqs, "padded": bool(self.padded),
                 "buckets": buckets, "buffer_size": int(self.buffer_size)}
+
+
+def _buckets(value: Any) -> int | tuple[float, ...]:
+    """``buckets`` of :class:`LengthBatching` as plain Python numbers: a count (an integer >= 1), or length
+    boundaries (any iterable of ints or floats, strictly ascending, kept as given); else a ValueError."""
+    expected = "LengthBatching: buckets must be a number of buckets (an integer >= 1) or ascending length boundaries"
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if value < 1:
+            raise ValueError(f"{expected}, got {value!r}")
+        return int(value)
+    if not isinstance(value, Iterable) or isinstance(value, (str, bytes, bytearray)):
+        raise ValueError(f"{expected}, got {value!r}")
+    items = list(value)
+    edges = np.asarray(items) if items else np.empty(0, np.int64)
+    if any(isinstance(b, (bool, np.bool_)) for b in items) or edges.ndim != 1 or edges.dtype.kind not in "iuf" \
+            or (edges.dtype.kind == "f" and bool(np.isnan(edges).any())):
+        raise ValueError(f"{expected}, got {value!r}")
+    if bool(np.any(edges[1:] <= edges[:-1])):
+        raise ValueError(f"LengthBatching: buckets as boundaries must be strictly ascending, got {edges.tolist()}")
+    return tuple(edges.tolist())
 
 
 # ----------------------------------------------------------------------------- fixed-size items
