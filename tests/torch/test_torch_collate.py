@@ -325,3 +325,24 @@ def test_with_index_refuses_a_field_named_index_record_by_record(tmp_path: Path)
         with pytest.raises(KeyError, match="already has a field named 'index'"):
             get(SeqDataset(unknown, with_index=True))
     assert int(SeqDataset(path)[3]["index"]) == 103
+
+
+def test_ragged_as_a_string_is_one_field(tmp_path: Path) -> None:
+    """``ragged="feats"`` (as ``fields="x"`` is the one field ``x``) was taken letter by letter: the records'
+    ``feats`` counted as not ragged ("has records of shapes ..."), a gathered batch was a KeyError naming the
+    letters, and ``PaddedCollate("feats")`` in a loader the same. A string is the one field's name now."""
+    p = tmp_path / "f.seqstore"
+    with seqstore.create(p, {"feats": seqstore.Field("float32", (None, 2)), "y": seqstore.Field("int64")}) as wr:
+        for n in (3, 5, 2):
+            wr.append({"feats": np.full((n, 2), n, np.float32), "y": n})
+    sds = SeqDataset(p)
+    plain = [sds[i] for i in range(3)]
+    gathered = sds.__getitems__([0, 1, 2])
+    want = collate_padded(plain, ragged=["feats"])
+    assert set(want) == {"feats", "feats_lengths", "y"} and want["feats_lengths"].tolist() == [3, 5, 2]
+    for got in (collate_padded(plain, ragged="feats"), collate_padded(gathered, ragged="feats"),
+                PaddedCollate("feats")(plain), PaddedCollate("feats")(sds.__getitems__([0, 1, 2]))):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    loader = SeqDataLoader(sds, sampler=EpochSampler(sds), batch_size=3, collate_fn=PaddedCollate("feats", masks=True))
+    (batch,) = list(loader)
+    assert batch["feats_lengths"].tolist() == [3, 5, 2] and batch["feats_mask"].sum() == 10

@@ -23,6 +23,7 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ..errors import SeqstoreError
+from ..schema import field_list
 from ._convert import to_tensor
 
 __all__ = [
@@ -130,7 +131,7 @@ def collate_gathered(padded: dict[str, torch.Tensor], lengths: dict[str, torch.T
     (field -> (B, ...)) and ``lengths`` (ragged field -> int64 (B,)), as :class:`GatheredRecords`
     carries them. O(fields) plus the masks."""
     out: dict[str, torch.Tensor] = {}
-    names = set(lengths) if ragged is None else set(ragged)
+    names = set(lengths) if ragged is None else set(field_list(ragged) or ())
     if missing := names - set(padded):
         raise KeyError(f"collate_padded: ragged field(s) {sorted(missing)} not in the records")
     for name, value in padded.items():
@@ -152,15 +153,15 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
 
     ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch, else every field
     whose records differ in their first dimension -- name them to get lengths for equal-length batches
-    too; a named field the records lack is a KeyError). Records must share inner shapes and dtypes per
-    field (else ValueError naming the field).
+    too; a string is one field's name; a named field the records lack is a KeyError). Records must share
+    inner shapes and dtypes per field (else ValueError naming the field).
     Time and memory O(batch elements).
     """
     if not samples:
         raise ValueError("collate_padded: empty batch")
     if isinstance(samples, GatheredRecords) and pad_value == 0 and samples.intact():
         return collate_gathered(samples.padded, samples.lengths, ragged=ragged, masks=masks)
-    wanted = None if ragged is None else set(ragged)
+    wanted = None if ragged is None else set(field_list(ragged) or ())
     first = samples[0]
     out = {}
     for name in first:
@@ -197,7 +198,7 @@ class PaddedCollate:
     """A picklable :func:`collate_padded` with fixed options, for ``DataLoader(collate_fn=...)``."""
 
     def __init__(self, ragged: Iterable[str] | None = None, *, masks: bool = False, pad_value: float = 0) -> None:
-        self.ragged = None if ragged is None else tuple(ragged)
+        self.ragged = None if ragged is None else tuple(field_list(ragged) or ())
         self.masks = masks
         self.pad_value = pad_value
 
