@@ -203,6 +203,19 @@ def test_errors_in_seqstores_words(ds: StoreDataset) -> None:
         SeqDataLoader(IterableSeqDataset(ds), batch_size=4, threads=2)
 
 
+def test_num_workers_that_is_not_a_count_is_refused_in_its_own_name(ds: StoreDataset) -> None:
+    """``num_workers`` on seqstore's own batches becomes ``procs``: -1 was refused as "procs must be ...", an
+    argument never given, and 1.5 or "2" were cut to 1 and 2 workers without a word. Each is a ValueError
+    naming num_workers now, on the DataLoader's path too."""
+    sds = SeqDataset(ds)
+    for bad in (-1, 1.5, "2", True):
+        for collate in (collate_padded, lambda b: b):  # seqstore's own workers, the DataLoader's
+            with pytest.raises(ValueError, match="SeqDataLoader: num_workers must be an integer >= 0"):
+                SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=collate, num_workers=bad)
+    assert SeqDataLoader(sds, sampler=EpochSampler(ds), batch_size=4, collate_fn=collate_padded,
+                         num_workers=np.int64(2)).procs == 2
+
+
 def test_other_collate_functions_keep_the_dataloader_path(ds: StoreDataset) -> None:
     """A collate function the loader cannot reproduce gets the records, as before."""
     sds = SeqDataset(ds)

@@ -150,6 +150,8 @@ class SeqDataLoader(DataLoader[Any]):
         if args:
             raise TypeError("SeqDataLoader takes the DataLoader options as keyword arguments")
         self._group: int | None = None  # records mode: the dataset's group (this loader's batch_size)
+        if "num_workers" in kwargs:  # (in its own name: it may become procs below)
+            kwargs["num_workers"] = check_int(kwargs["num_workers"], "SeqDataLoader: num_workers", 0)
         if procs is None:  # num_workers=K: seqstore's own K worker processes where the batches are its own
             procs = _workers_as_procs(dataset, threads, kwargs)
         threads = check_int(threads, "SeqDataLoader: threads", 0)
