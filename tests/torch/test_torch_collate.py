@@ -346,3 +346,18 @@ def test_ragged_as_a_string_is_one_field(tmp_path: Path) -> None:
     loader = SeqDataLoader(sds, sampler=EpochSampler(sds), batch_size=3, collate_fn=PaddedCollate("feats", masks=True))
     (batch,) = list(loader)
     assert batch["feats_lengths"].tolist() == [3, 5, 2] and batch["feats_mask"].sum() == 10
+
+
+def test_a_pad_value_that_is_not_a_number_is_refused_when_made() -> None:
+    """``PaddedCollate(pad_value="x")`` (or None) was taken, and every batch with a ragged field failed later,
+    in the DataLoader's worker, with torch's "full(): argument 'fill_value' ... must be Number"; it is a
+    ValueError naming pad_value when the collate function is made (and when collate_padded is called)."""
+    records = [{"a": np.zeros(2, np.float32)}, {"a": np.zeros(3, np.float32)}]
+    for bad in ("x", None, [0], b"0"):
+        with pytest.raises(ValueError, match="pad_value must be a number"):
+            PaddedCollate(pad_value=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="pad_value must be a number"):
+            collate_padded(records, pad_value=bad)  # type: ignore[arg-type]
+    for good in (-1, 0.5, np.float32(2), float("nan"), torch.tensor(3.0)):
+        out = PaddedCollate(pad_value=good)(records)  # type: ignore[arg-type]
+        assert out["a"].shape == (2, 3) and out["a_lengths"].tolist() == [2, 3]

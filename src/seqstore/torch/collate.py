@@ -14,6 +14,7 @@ per-record copy).
 from __future__ import annotations
 
 import functools
+import numbers
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -125,6 +126,12 @@ def _put_lengths(out: dict[str, torch.Tensor], name: str, values: torch.Tensor, 
         out[name + MASK_SUFFIX] = lengths_mask(lengths, values.shape[1])
 
 
+def _check_pad_value(value: Any) -> None:
+    """A ValueError unless ``value`` is a number (a 0-d tensor too) to pad ragged fields with."""
+    if not isinstance(value, numbers.Number) and not (isinstance(value, torch.Tensor) and value.dim() == 0):
+        raise ValueError(f"collate_padded: pad_value must be a number, got {value!r}")
+
+
 def collate_gathered(padded: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor], *,
                      ragged: Iterable[str] | None = None, masks: bool = False) -> dict[str, torch.Tensor]:
     """The batch :func:`collate_padded` returns for a batch gathered already padded: ``padded``
@@ -157,6 +164,7 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
     inner shapes and dtypes per field (else ValueError naming the field).
     Time and memory O(batch elements).
     """
+    _check_pad_value(pad_value)
     if not samples:
         raise ValueError("collate_padded: empty batch")
     if isinstance(samples, GatheredRecords) and pad_value == 0 and samples.intact():
@@ -198,6 +206,7 @@ class PaddedCollate:
     """A picklable :func:`collate_padded` with fixed options, for ``DataLoader(collate_fn=...)``."""
 
     def __init__(self, ragged: Iterable[str] | None = None, *, masks: bool = False, pad_value: float = 0) -> None:
+        _check_pad_value(pad_value)
         self.ragged = None if ragged is None else tuple(field_list(ragged) or ())
         self.masks = masks
         self.pad_value = pad_value
