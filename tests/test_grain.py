@@ -217,3 +217,15 @@ def test_an_unknown_field_of_any_dataset_fails_at_construction(store: seqstore.S
     with pytest.raises(KeyError, match=r"no field\(s\) \['nope'\]; fields are \['tag', 'x'\]"):
         sg.DataSource(concat, fields=["tag", "nope"])
     assert set(sg.DataSource(concat, fields=["tag"])[0]) == {"tag"}
+
+
+def test_pad_batch_of_one_ragged_field_named_as_a_string() -> None:
+    """``PadBatch("feats")`` took the name letter by letter: ``feats`` counted as a fixed field and every batch
+    of records of different lengths failed with NumPy's bare "all input arrays must have the same shape". A
+    string is the one field's name, as ``collate_padded(ragged="feats")`` takes it."""
+    records = [{"feats": np.full((n, 2), n, np.float32), "y": np.array(n)} for n in (3, 5, 2)]
+    want = sg.PadBatch(["feats"], pad_multiple=4)(records)
+    got = sg.PadBatch("feats", pad_multiple=4)(records)
+    assert got.keys() == want.keys() == {"feats", "feats_lengths", "y"} and got["feats"].shape == (3, 8, 2)
+    assert all(np.array_equal(got[k], want[k]) for k in want) and got["feats_lengths"].tolist() == [3, 5, 2]
+    assert repr(sg.PadBatch("feats")) == "seqstore.grain.PadBatch(ragged=['feats'], pad_multiple=1)"

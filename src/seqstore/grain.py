@@ -28,6 +28,7 @@ from .data import StoreDataset
 from .data._cache import fingerprint
 from .errors import SeqstoreError
 from .order import Order, ordering_name
+from .schema import field_list
 from .store import Store
 
 __all__ = ["DataSource", "EpochSampler", "PadBatch", "GrainMissingError", "INDEX_KEY", "LENGTHS_SUFFIX"]
@@ -250,10 +251,10 @@ class PadBatch:
     longest record rounded up to a multiple of ``pad_multiple`` (fewer shapes for ``jax.jit`` to compile),
     plus ``name + "_lengths"`` (int64, (B,)). Picklable. O(batch elements)."""
 
-    def __init__(self, ragged: Sequence[str], *, pad_multiple: int = 1) -> None:
+    def __init__(self, ragged: str | Sequence[str], *, pad_multiple: int = 1) -> None:
         if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
             raise ValueError(f"PadBatch: pad_multiple must be an integer >= 1, got {pad_multiple!r}")
-        self.ragged = tuple(ragged)
+        self.ragged = tuple(field_list(ragged) or ())  # (a str is one field's name, not its letters)
         self.pad_multiple = pad_multiple
 
     def __call__(self, records: Sequence[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
