@@ -229,3 +229,15 @@ def test_pad_batch_of_one_ragged_field_named_as_a_string() -> None:
     assert got.keys() == want.keys() == {"feats", "feats_lengths", "y"} and got["feats"].shape == (3, 8, 2)
     assert all(np.array_equal(got[k], want[k]) for k in want) and got["feats_lengths"].tolist() == [3, 5, 2]
     assert repr(sg.PadBatch("feats")) == "seqstore.grain.PadBatch(ragged=['feats'], pad_multiple=1)"
+
+
+def test_pad_batch_takes_a_numpy_integer_pad_multiple() -> None:
+    """``pad_multiple=np.int64(4)`` (a multiple computed with NumPy) was refused as "must be an integer >= 1",
+    where every other count of seqstore.grain takes NumPy integers; it is taken, as a plain int."""
+    batch_fn = sg.PadBatch(["feats"], pad_multiple=np.int64(4))
+    assert type(batch_fn.pad_multiple) is int and repr(batch_fn).endswith("pad_multiple=4)")
+    out = batch_fn([{"feats": np.zeros((n, 2), np.float32)} for n in (3, 5)])
+    assert out["feats"].shape == (2, 8, 2)
+    for bad in (0, True, 2.0, np.float64(2)):
+        with pytest.raises(ValueError, match="PadBatch: pad_multiple must be an integer >= 1"):
+            sg.PadBatch(["feats"], pad_multiple=bad)  # type: ignore[arg-type]

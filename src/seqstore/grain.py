@@ -252,10 +252,10 @@ class PadBatch:
     plus ``name + "_lengths"`` (int64, (B,)). Picklable. O(batch elements)."""
 
     def __init__(self, ragged: str | Sequence[str], *, pad_multiple: int = 1) -> None:
-        if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
+        if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, (int, np.integer)) or pad_multiple < 1:
             raise ValueError(f"PadBatch: pad_multiple must be an integer >= 1, got {pad_multiple!r}")
         self.ragged = tuple(field_list(ragged) or ())  # (a str is one field's name, not its letters)
-        self.pad_multiple = pad_multiple
+        self.pad_multiple = int(pad_multiple)
 
     def __call__(self, records: Sequence[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         if not records:
