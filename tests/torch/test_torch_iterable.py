@@ -238,3 +238,24 @@ def test_a_wrapped_seqdataset_keeps_its_fields_and_index(ds: StoreDataset) -> No
     assert sorted(batch) == ["index", "x", "x_lengths"]
     with pytest.raises(KeyError, match="spk"):
         IterableSeqDataset(narrow, fields=["spk"])
+
+
+def test_state_dict_num_workers_is_a_plain_count(ds: StoreDataset) -> None:
+    """``state_dict(consumed=k, num_workers=np.int64(2))`` (a plain DataLoader's worker count from a config
+    array) kept the NumPy scalar in the state: ``json.dumps`` failed and ``torch.load`` (weights_only, the
+    default) refused the checkpoint; -1 or "a" were recorded as they came. The count is a plain int now, and
+    anything else a ValueError naming num_workers."""
+    import io
+    import json
+
+    it = IterableSeqDataset(ds, batch=5, rank=0, world_size=1)
+    state = it.state_dict(consumed=np.int64(2), num_workers=np.int64(2))
+    assert type(state["num_workers"]) is int and state["num_workers"] == 2
+    assert json.loads(json.dumps(state)) == state
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    assert torch.load(buf) == state
+    for bad in (-1, "a", 1.5, True):
+        with pytest.raises(ValueError, match="IterableSeqDataset: num_workers"):
+            it.state_dict(consumed=1, num_workers=bad)

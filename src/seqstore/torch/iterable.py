@@ -212,7 +212,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         recorded for information.
         """
         k = 0 if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
-        return self._state_after(k * self.world_size, num_workers)
+        return self._state_after(k * self.world_size, check_optional_int(num_workers, f"{self._kind}: num_workers", 0))
 
     def __repr__(self) -> str:
         return (f"IterableSeqDataset({self.dataset!r}, batch={self.batch!r}, rank={self.rank}, "
