@@ -348,3 +348,17 @@ def test_length_batching_keeps_its_boundaries_and_refuses_bad_buckets_when_made(
                 np.array([9, 4], np.uint64), np.array(True)):
         with pytest.raises(ValueError, match="LengthBatching: buckets"):
             LengthBatching(max_frames=40, buckets=bad)  # type: ignore[arg-type]
+
+
+def test_batching_and_its_options_both_given_are_refused(store: Path) -> None:
+    """``EpochBatchSampler(ds, max_frames=100, batching=LengthBatching(max_seqs=4))`` took ``batching`` and
+    dropped ``max_frames`` without a word (batches of 4 records whatever their frames); a ``batching`` that
+    is not a LengthBatching failed at the first iteration. Both are refused when the sampler is made."""
+    ds = StoreDataset(store)
+    spec = LengthBatching(max_seqs=4)
+    for extra in ({"max_frames": 100}, {"max_seqs": 4}, {"padded": False}, {"buckets": 2}, {"buffer_size": 5}):
+        with pytest.raises(ValueError, match=f"EpochBatchSampler: batching= .*{next(iter(extra))}"):
+            EpochBatchSampler(ds, batching=spec, rank=0, world_size=1, **extra)
+    with pytest.raises(TypeError, match="EpochBatchSampler: batching must be a LengthBatching"):
+        EpochBatchSampler(ds, batching={"max_seqs": 4}, rank=0, world_size=1)  # type: ignore[arg-type]
+    assert EpochBatchSampler(ds, batching=spec, rank=0, world_size=1).batching is spec

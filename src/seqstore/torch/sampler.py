@@ -120,6 +120,15 @@ class EpochBatchSampler(_RankSampler, Sampler[list[int]]):
                  buckets: int | tuple[int, ...] | None = None, buffer_size: int = 10_000,
                  batching: LengthBatching | None = None, rank: int | None = None, world_size: int | None = None,
                  drop_last: bool = False, epoch: int = 1) -> None:
+        if batching is not None:  # (its options given as well would be dropped without a word)
+            if not isinstance(batching, LengthBatching):
+                raise TypeError(f"{self._kind}: batching must be a LengthBatching, got {type(batching).__name__}")
+            options = (("max_frames", max_frames is not None), ("max_seqs", max_seqs is not None),
+                       ("padded", padded is not True), ("buckets", buckets is not None),
+                       ("buffer_size", buffer_size != 10_000))
+            if also := [name for name, given in options if given]:
+                raise ValueError(f"{self._kind}: batching= sets the batching; {', '.join(also)} given as well "
+                                 "(pass them in the LengthBatching)")
         self.batching = batching if batching is not None else LengthBatching(
             max_frames=max_frames, max_seqs=max_seqs, padded=padded, buckets=buckets, buffer_size=buffer_size
         )
