@@ -409,4 +409,5 @@ def test_a_worker_that_fails_to_start_leaves_no_pipe_open() -> None:
     before = len(os.listdir("/proc/self/fd"))
     kept = failed_start()
     gc.collect()
-    assert len(os.listdir("/proc/self/fd")) == before, kept
+    # (not ==: another test's object collected meanwhile may close descriptors of its own)
+    assert len(os.listdir("/proc/self/fd")) <= before, kept
