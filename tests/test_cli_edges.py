@@ -140,3 +140,27 @@ def test_copy_interrupted_into_an_existing_directory_says_what_stays(store: Path
     assert capsys.readouterr().err.splitlines()[-1] == (f"seqstore: interrupted; what was copied so far stays in {dst} "
                                                         "(a rerun copies the rest)")
     assert len(ss.open(dst)) == 5
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_main_called_as_a_function_gives_the_signal_handlers_back(store: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   signum: int) -> None:
+    """A program that calls ``seqstore.cli.main([...])`` and whose command was interrupted by a signal could
+    no longer be stopped: ``main`` left SIGINT and SIGTERM ignored (meant for the console command, which
+    exits right after). ``main`` gives the caller's handlers back on every path."""
+    import seqstore.cli as cli
+
+    def signalled(*args: object, **kwargs: object) -> None:
+        signal.raise_signal(signum)
+
+    monkeypatch.setattr(cli, "copy", signalled)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert main(["copy", str(store), str(tmp_path / "dst"), "-q"]) == 130
+        assert "interrupted" in capsys.readouterr().err
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:  # (the rest of the session keeps its handlers should this fail)
+        for s, handler in before.items():
+            signal.signal(s, handler)

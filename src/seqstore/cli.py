@@ -35,7 +35,7 @@ from .store.copy import copy
 from .store.describe import describe_groups, dtype_name, human_bytes
 from .store.verify import total_bytes, verify
 
-__all__ = ["main"]
+__all__ = ["console_main", "main"]
 
 
 #: the longest record whose length ``info`` counts exactly in one pass (one int64 counter per length)
@@ -282,11 +282,12 @@ _PATH_ERRORS = (FileExistsError, FileNotFoundError, IsADirectoryError, NotADirec
 
 
 @contextlib.contextmanager
-def _interrupts() -> Iterator[None]:
+def _interrupts(exiting: bool) -> Iterator[None]:
     """Ctrl-C and SIGTERM stop the command with KeyboardInterrupt, once: the signals that follow (a
     terminal's Ctrl-C reaches the process twice under ``timeout``, a user presses it again) are ignored
-    while the command removes what it started, so that nothing is left half-deleted, and until the
-    process has exited."""
+    while the command removes what it started, so that nothing is left half-deleted. ``exiting`` (the
+    console command, whose process ends next): after an interrupt they stay ignored until the process
+    has exited; otherwise the caller's handlers are given back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -301,8 +302,8 @@ def _interrupts() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in old.items():  # interrupted: the process is on its way out; late signals are
-            signal.signal(s, signal.SIG_IGN if seen else handler)  # ignored until it is (finalising too)
+        for s, handler in old.items():  # interrupted, and the process on its way out: late signals are
+            signal.signal(s, signal.SIG_IGN if seen and exiting else handler)  # ignored until it is gone
 
 
 def _output(args: argparse.Namespace | None) -> str | None:
@@ -313,9 +314,21 @@ def _output(args: argparse.Namespace | None) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` (default ``sys.argv[1:]``) and return its exit status. SIGINT's and
+    SIGTERM's handlers are the caller's again when it returns, also after an interrupt."""
+    return _main(argv, exiting=False)
+
+
+def console_main() -> int:
+    """The ``seqstore`` console command (and ``python -m seqstore.cli``): :func:`main`, except that after
+    an interrupt a late Ctrl-C or SIGTERM stays ignored until the process, which exits next, is gone."""
+    return _main(None, exiting=True)
+
+
+def _main(argv: Sequence[str] | None, exiting: bool) -> int:
     args: argparse.Namespace | None = None
     try:
-        with _interrupts():
+        with _interrupts(exiting):
             args = build_parser().parse_args(argv)
             status = int(args.func(args))
             sys.stdout.flush()  # a reader that stopped early (seqstore info | head) is seen here, not at exit
@@ -338,4 +351,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

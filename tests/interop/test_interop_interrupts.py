@@ -38,11 +38,11 @@ RUNNER = textwrap.dedent("""\
     if __name__ == "__main__":
         import seqstore.interop.arrow as arrow
         arrow.MIN_UNIT_RECORDS = 200
-        from seqstore.cli import main
+        from seqstore.cli import console_main
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             sys.exit(0)
-        sys.exit(main(sys.argv[1:]))
+        sys.exit(console_main())
 """)
 
 
