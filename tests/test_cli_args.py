@@ -36,3 +36,25 @@ def test_storage_options_for_a_local_store_are_refused(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert err.startswith("seqstore: error:") and "-o options are for URLs of object storage" in err, err
     assert main([command, str(path), "-q"]) == 0
+
+
+def test_every_exit_status_is_in_the_help_and_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command exits 2 when a conversion worker process is killed and 1 when ``verify`` finds problems
+    (or 141 for a closed pipe), but docs/interop.md listed neither; every status ``main`` and the
+    commands return is in one table, shown by ``seqstore --help`` and listed in the docs."""
+    import re
+
+    from seqstore.cli import EXIT_STATUSES
+
+    root = Path(__file__).resolve().parents[1]
+    used = {int(n) for name in ("src/seqstore/cli.py", "src/seqstore/interop/commands.py")
+            for n in re.findall(r"^\s+return (\d+)$", (root / name).read_text(), flags=re.M)}
+    assert used | {2} == set(EXIT_STATUSES)  # (2 also for argparse's usage errors)
+    assert "worker" in EXIT_STATUSES[2] and "verify" in EXIT_STATUSES[1]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    docs = (root / "docs" / "interop.md").read_text()
+    for status, meaning in EXIT_STATUSES.items():
+        assert f"{status}: {meaning}" in shown
+        assert f"| {status} | {meaning} |" in docs

@@ -35,7 +35,19 @@ from .store.copy import copy
 from .store.describe import describe_groups, dtype_name, human_bytes
 from .store.verify import total_bytes, verify
 
-__all__ = ["console_main", "main"]
+__all__ = ["EXIT_STATUSES", "console_main", "main"]
+
+#: every exit status of the command, and what it means (``seqstore --help`` and docs/interop.md list them)
+EXIT_STATUSES = {
+    0: "done (verify: no problem found)",
+    1: "verify found problems (listed on stderr), or an OSError that is not about the paths given, e.g. a full "
+       "disk or an I/O error (one line naming the output)",
+    2: "a usage error, or an error that seqstore names in one line (seqstore: error: ...), e.g. a missing, "
+       "existing or wrong path, bad input, a damaged store, a storage failure after its retries, or a "
+       "conversion worker process that was killed (out of memory, a signal)",
+    130: "interrupted by Ctrl-C or SIGTERM (one line says what stays written, if anything)",
+    141: "the reader of the output stopped early, e.g. seqstore info piped into head (nothing more is printed)",
+}
 
 
 #: the longest record whose length ``info`` counts exactly in one pass (one int64 counter per length)
@@ -228,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = SuggestingParser(  # a misspelled option or choice: the close match is suggested
         prog="seqstore", description="Inspect and check seqstore stores (info, verify), copy them between disk and "
         "object storage (copy), build them from other formats and write them back out (convert, export), and try it "
-        "all on a generated corpus (demo).")
+        "all on a generated corpus (demo).",
+        epilog="exit status: " + "; ".join(f"{status}: {meaning}" for status, meaning in EXIT_STATUSES.items()))
     p.add_argument("--version", action="version", version=f"seqstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
