@@ -311,3 +311,21 @@ def test_a_scan_that_fails_leaves_nothing_at_an_out_url(moto_s3: Any, s3_bucket:
     assert res.out is not None and len(res.out) == 128 and res.out.matrix("score")[:, 0].tolist() == [8.0] * 128
     with pytest.raises(FileExistsError):
         similarity(scratch / "l", np.ones((1, 8), np.float32), out=url)
+
+
+@pytest.mark.parametrize("bounds, error", [(dict(start=-1), IndexError), (dict(start=4), IndexError),
+                                           (dict(start=2, stop=1), IndexError), (dict(stop=-1), IndexError),
+                                           (dict(start=1.5), TypeError), (dict(stop="2"), TypeError),
+                                           (dict(start=True), TypeError)])
+def test_a_start_or_stop_outside_the_store_names_the_store_and_the_call(scratch: Path, bounds: dict[str, Any],
+                                                                        error: type[Exception]) -> None:
+    """start=-1 or start past the end raised the reader's "row range [-1, 3) is not inside 0..3", a
+    float start Python's "'float' object cannot be interpreted as an integer": neither named the store nor
+    similarity(); they do, before ``out`` is made. A stop past the end is the end, as before."""
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b", "c"], {"g": np.ones((3, 2), np.float32)})
+    with pytest.raises(error, match=r"similarity\(\): .*/l: .*(start|stop)=.* 3 records"):
+        similarity(scratch / "l", np.ones((1, 2), np.float32), out=scratch / "o", **bounds)
+    assert not (scratch / "o").exists()
+    assert similarity(scratch / "l", np.ones((1, 2), np.float32), start=1, stop=9).scores.tolist() == [[2.0], [2.0]]
+    assert similarity(scratch / "l", np.ones((1, 2), np.float32), start=3).rows == 0

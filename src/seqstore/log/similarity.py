@@ -106,6 +106,22 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
     return np.ascontiguousarray(q)
 
 
+def _row_range(st: Store, start: Any, stop: Any) -> tuple[int, int]:
+    """``[start, stop)`` as ints inside the store (a stop past the end is the end); TypeError or IndexError
+    naming the store and the call otherwise."""
+    n = len(st)
+    for name, value in (("start", start), ("stop", stop)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+            raise TypeError(f"similarity(): {st.url}: {name}={value!r} is not an int (records [start, stop) of its "
+                            f"{n} records are scanned)")
+    start = 0 if start is None else start
+    end = n if stop is None else min(int(stop), n)
+    if not 0 <= start <= end:
+        raise IndexError(f"similarity(): {st.url}: start={start!r}, stop={stop!r} is no range of its {n} records "
+                         "(expected 0 <= start <= stop; a stop past the end is the end)")
+    return int(start), end
+
+
 def _as_float32(x: Any) -> np.ndarray[Any, Any]:
     if is_torch(x):
         if x.is_complex():
@@ -186,6 +202,8 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         out: write the scores into a new store at this path or URL (see :class:`SimilarityResult`).
         per_field: also compute each field's own scores (module-wise); the total is their sum.
         keep_scores: keep all ``(N, Q)`` scores in RAM. Default: True unless ``topk`` or ``out`` is given.
+        start, stop: the records scanned, ``0 <= start <= stop`` (a ``stop`` past the end is the end; None:
+            the end); row ``i`` of the results is record ``start + i``.
 
     Cost: ``2 N D Q`` flops; reads each stored byte once; memory O(chunk_rows x (D + Q)) plus
     what is kept (``N x Q x 4`` bytes per kept score matrix).
@@ -197,8 +215,8 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
                          "products of real fields (log the real and imaginary parts as fields of their own)")
     q = _queries_matrix(st, queries, fields)
     nq, width = q.shape
-    stop = len(st) if stop is None else min(stop, len(st))
-    n = max(0, stop - start)
+    start, stop = _row_range(st, start, stop)
+    n = stop - start
     if keep_scores is None:
         keep_scores = topk is None and out is None
     if device.startswith("cuda"):
