@@ -499,3 +499,30 @@ def test_a_size_that_is_not_positive_is_named_with_its_value(tmp_path: Path, siz
     with pytest.raises(ValueError, match=message):
         sray.write(None, tmp_path / "s.seqstore", **sizes)
     assert not (tmp_path / "s.seqstore").exists()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_ctrl_c_in_the_commit_leaves_no_part(ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             when: str) -> None:
+    """A KeyboardInterrupt in ``on_write_complete`` (Ctrl-C on the driver while it commits) is no
+    Exception, so Ray does not call ``on_write_failed``, and ``write`` skipped its own clean-up because the
+    sink already counted as ended: the job's parts stayed under ``_parts/`` (and a store the job created,
+    empty). Before the commit the job leaves nothing; after it the records stay, without the parts."""
+    import seqstore.engines.ray as engine
+
+    real = engine.commit_parts
+
+    def interrupted(*args: Any, **kwargs: Any) -> int:
+        if when == "after":
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "commit_parts", interrupted)
+    path = tmp_path / "s.seqstore"
+    with pytest.raises(KeyboardInterrupt):
+        sray.write(ray.data.from_items([{"x": i} for i in range(5)]), path)
+    if when == "before":
+        assert not path.exists()
+    else:
+        assert seqstore.open(path).get_batch(np.arange(5), fields=["x"])["x"].tolist() == list(range(5))
+        assert pending_jobs(path) == []

@@ -98,7 +98,8 @@ class _StoreDatasink(_SinkBase):
         self.job = f"ray-{uuid.uuid4().hex[:16]}"
         self._prepared = False
         self._created = False  # no store was there before this job: removed again if the job fails
-        self._ended = False  # on_write_complete or on_write_failed ran
+        self._ended = False  # on_write_complete finished or on_write_failed ran: nothing left to clean up
+        self._committed = False  # the commit went through: a failure after it keeps the store as committed
         self.records = 0
 
     def get_name(self) -> str:
@@ -133,14 +134,17 @@ class _StoreDatasink(_SinkBase):
         return task, part
 
     def on_write_complete(self, write_result: Any) -> None:
-        self._ended = True
+        # (ended only once it has finished: an interrupt in here, which Ray does not pass to on_write_failed,
+        # leaves the clean-up to write())
         self._prepare()  # an empty dataset starts no write task
         reported = sorted((r for r in write_result.write_returns if r is not None), key=lambda r: r[0])
         self.records = commit_parts(self.root, [part for _, part in reported],  # (none: an overwrite empties it)
                                     mode="overwrite" if self.mode == "overwrite" else "append",
                                     storage_options=self.storage_options)
+        self._committed = True
         # attempts that died or were retried, never reported
         discard_parts(self.root, self.job, storage_options=self.storage_options)
+        self._ended = True
 
     def on_write_failed(self, error: BaseException) -> None:
         self._ended = True
@@ -153,6 +157,8 @@ class _StoreDatasink(_SinkBase):
             if self.job not in pending_jobs(self.root, storage_options=self.storage_options):
                 break
             time.sleep(0.2)
+        if self._committed:  # (failed after its commit: the store is as committed)
+            return
         if self._created:  # the store this job created, if still empty
             remove_if_empty(self.root, storage_options=self.storage_options)
         elif self.mode == "overwrite":  # the schema and metadata it staged for its commit
