@@ -138,3 +138,14 @@ def test_options_of_the_wrong_type_are_named(storage_options: Any, remote: dict[
     (an int: "'int' object is not iterable"; ``cache_dir=5``: os.fspath's TypeError), naming no option."""
     with pytest.raises(ConfigError, match=f"s3://b/x: {named}"):
         StoreOptions.of("s3://b/x", storage_options, **remote)
+
+
+def test_the_open_docstring_gives_the_cache_default_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``seqstore.open``'s docstring gave the node cache's default as ``~/.cache/seqstore``, but where
+    ``$XDG_CACHE_HOME`` is set the cache goes under it (as docs/remote.md says)."""
+    from seqstore.io.nodecache import default_cache_dir
+
+    monkeypatch.delenv("SEQSTORE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "seqstore"
+    assert "$XDG_CACHE_HOME/seqstore" in " ".join((ss.open.__doc__ or "").split())

@@ -483,8 +483,8 @@ def open_store(
     environment the way the cloud SDKs find them) and seqstore's requests (``max_requests``,
     ``coalesce_gap``, ``timeout``, ``retry_timeout``, ``max_retries``); ``filesystem``: an fsspec filesystem to read
     through instead; ``cache_dir`` / ``cache_bytes``: the node-local cache every process on the node
-    shares (default ``$SEQSTORE_CACHE_DIR`` or ``~/.cache/seqstore``, and ``$SEQSTORE_CACHE_BYTES`` or
-    16 GiB).
+    shares (default ``$SEQSTORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/seqstore``, else ``~/.cache/seqstore``;
+    and ``$SEQSTORE_CACHE_BYTES`` or 16 GiB).
     """
     return Store(path, bfloat16=bfloat16, readahead=readahead, max_mapped_shards=max_mapped_shards,
                  verify_reads=verify_reads, storage_options=storage_options, **remote)
