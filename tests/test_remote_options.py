@@ -149,3 +149,26 @@ def test_the_open_docstring_gives_the_cache_default_as_it_is(tmp_path: Path, mon
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_cache_dir() == tmp_path / "seqstore"
     assert "$XDG_CACHE_HOME/seqstore" in " ".join((ss.open.__doc__ or "").split())
+
+
+def test_verify_reads_is_one_of_the_storage_options(moto_s3: MotoS3, remote: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``verify_reads`` is a storage option of ``seqstore.open``, but the table of seqstore's options lacked
+    it: ``seqstore verify URL -o verify_reads=true`` (or a StoreOptions made with it) passed it to the
+    client, which refused it as "unknown storage option 'verify_reads'", and the valid keys that message
+    (and one for a misspelling) listed did not name it."""
+    from seqstore.cli import main
+    from seqstore.io.object_errors import unknown_key
+
+    opts = StoreOptions.of(remote, {"verify_reads": "true", "region": "r"})
+    assert opts.backend == {"region": "r"} and opts.verify_reads is True
+    with pytest.raises(ConfigError, match="verify_reads='maybe'"):
+        StoreOptions.of(remote, {"verify_reads": "maybe"})
+    assert "did you mean 'verify_reads'?" in str(unknown_key(remote, "S3", "verify_redas"))
+    parsed = StoreOptions.of(remote, {**moto_s3.storage_options(), "verify_reads": "true"}, cache_dir=tmp_path / "c")
+    store = ss.open(remote, storage_options=parsed)
+    assert store._verify_reads and store.get_batch([5])["v"].shape == (1, DIM)
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "c"))
+    flags = [a for k, v in moto_s3.storage_options().items() for a in ("-o", f"{k}={v}")]
+    assert main(["verify", remote, "-q", *flags, "-o", "verify_reads=true"]) == 0, capsys.readouterr().err

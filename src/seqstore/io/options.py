@@ -30,8 +30,8 @@ _RANGES: dict[str, tuple[type, float, bool]] = {
     "max_retries": (int, 0, True),
     "retry_timeout": (float, 0, True),
 }
-#: seqstore's boolean options
-_FLAGS = ("read_once", "direct_reads")
+#: seqstore's boolean options (``verify_reads``: the Store's, read by :func:`seqstore.open`, not by the source)
+_FLAGS = ("read_once", "direct_reads", "verify_reads")
 #: storage_options keys that are seqstore's own (taken out before the back end sees the options)
 SEQSTORE_OPTIONS = (*_RANGES, *_FLAGS)
 _TRUE = ("1", "true", "yes")  # what the client options (allow_http, ...) have always taken as true
@@ -86,9 +86,10 @@ class StoreOptions:
     (``max_requests``, ``max_inflight_bytes``, ``coalesce_gap``), ``timeout`` and ``connect_timeout`` per
     request, retries (``retry_timeout``, ``max_retries``: None, only ``retry_timeout`` limits them), and
     the read path (``read_once``: None, where the store's data are more bytes than the node cache's budget;
-    ``direct_reads``). ``backend``: the back end's own options; ``filesystem``: an fsspec filesystem to
-    read through; ``cache_dir`` / ``cache_bytes``: the node cache (None: ``$SEQSTORE_CACHE_DIR`` /
-    ``$SEQSTORE_CACHE_BYTES`` or their defaults)."""
+    ``direct_reads``; ``verify_reads``: the Store checks each record it reads against its checksums, see
+    :func:`seqstore.open`; ``seqstore verify`` and ``copy`` check every byte anyway). ``backend``: the back
+    end's own options; ``filesystem``: an fsspec filesystem to read through; ``cache_dir`` / ``cache_bytes``:
+    the node cache (None: ``$SEQSTORE_CACHE_DIR`` / ``$SEQSTORE_CACHE_BYTES`` or their defaults)."""
 
     backend: Mapping[str, Any] = field(default_factory=dict)
     filesystem: Any = None
@@ -103,6 +104,7 @@ class StoreOptions:
     max_retries: int | None = None
     read_once: bool | None = None
     direct_reads: bool = True
+    verify_reads: bool = False
 
     @classmethod
     def of(cls, url: str, storage_options: StoreOptions | Mapping[str, Any] | None = None,

@@ -69,6 +69,8 @@ class Store:
             storage_options = dict(storage_options)
             flag = storage_options.pop("verify_reads")
             verify_reads = option_flag(flag, str(path), "verify_reads") or verify_reads  # (ConfigError: not a flag)
+        elif isinstance(storage_options, StoreOptions):
+            verify_reads = storage_options.verify_reads or verify_reads
         self._verify_reads = bool(verify_reads)
         if isinstance(path, ByteSource):
             if storage_options or any(v is not None for v in remote.values()):
