@@ -172,3 +172,23 @@ def test_verify_reads_is_one_of_the_storage_options(moto_s3: MotoS3, remote: str
     monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "c"))
     flags = [a for k, v in moto_s3.storage_options().items() for a in ("-o", f"{k}={v}")]
     assert main(["verify", remote, "-q", *flags, "-o", "verify_reads=true"]) == 0, capsys.readouterr().err
+
+
+def test_a_local_store_checks_its_storage_options(tmp_path: Path) -> None:
+    """``seqstore.open(path, storage_options=...)`` of a local store ignored the options unread: a
+    misspelled key (``verify_read``) or a value out of range passed silently, where a URL refuses both.
+    Both are ConfigErrors naming the store and the key now; the keys of seqstore and of the clients that
+    do not apply to a local store are still ignored (the same options can serve a local and a remote
+    store), and ``verify_reads`` applies."""
+    path = tmp_path / "s.seqstore"
+    with ss.create(path, {"v": ss.Field("float32", (2,))}) as w:
+        w.append({"v": np.ones(2, np.float32)})
+    for bad, named in (({"verify_read": "true"}, "unknown storage option 'verify_read'.*did you mean 'verify_reads'"),
+                       ({"max_requests": "0"}, "storage option max_requests='0'"),
+                       ({"verify_reads": "maybe"}, "verify_reads='maybe'")):
+        with pytest.raises(ConfigError, match=f"{path}: .*{named}"):
+            ss.open(path, storage_options=bad)
+    ignored = {"region": "r", "AWS_ENDPOINT": "http://x", "azure_storage_account_name": "a", "max_requests": "4",
+               "allow_http": "true", "timeout": "5"}
+    assert len(ss.open(path, storage_options=ignored)) == 1
+    assert ss.open(path, storage_options={"verify_reads": "true"})._verify_reads

@@ -26,7 +26,8 @@ from .object_common import SEQSTORE_OPTIONS
 from .object_common import error_at as _at
 from .retry import Transient
 
-__all__ = ["config_error", "failure", "not_found", "service_of", "short", "unknown_key"]
+__all__ = ["client_takes", "config_error", "failure", "not_found", "service_of", "short", "unknown_key",
+           "unknown_local_key"]
 
 #: the configuration keys obstore takes for each service (its short spellings; it also accepts them with an
 #: ``aws_``/``google_``/``azure_`` prefix or in upper case), for the message that refuses an unknown key
@@ -198,6 +199,39 @@ def unknown_key(url: str, service: str, key: str) -> ConfigError:
     near = difflib.get_close_matches(key.lower(), valid, n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     return ConfigError(f"{url}: unknown storage option {key!r} for {service}{hint}; valid keys: {', '.join(valid)}")
+
+
+def client_takes(key: str) -> bool:
+    """Whether the client of some service takes storage option ``key``: a key of the tables above (also
+    with obstore's ``aws_``/``google_``/``azure_`` prefixes, in any case), else one of obstore's other
+    spellings (``endpoint_url``), asked of obstore itself where it is installed."""
+    low = key.lower()
+    short = next((low[len(p):] for p in ("aws_", "google_", "azure_storage_", "azure_") if low.startswith(p)), low)
+    if short in _CLIENT_KEYS or any(short in keys for keys in _SERVICE_KEYS.values()):
+        return True
+    try:
+        from obstore.store import AzureStore, GCSStore, S3Store
+    except ImportError:
+        return False
+    makers: tuple[Any, ...] = (S3Store, GCSStore, AzureStore)  # (their configs are typed per service)
+    for make in makers:
+        try:
+            make("b", config={key: "1"})  # (builds a client; sends nothing)
+        except Exception as exc:  # noqa: BLE001 - any other refusal is about the value, not the key
+            if "Configuration key" in str(exc):
+                continue
+        return True
+    return False
+
+
+def unknown_local_key(path: str, key: str) -> ConfigError:
+    """The error for storage option ``key`` of the local store at ``path`` that neither seqstore nor any
+    service's client knows."""
+    valid = sorted({*(k for keys in _SERVICE_KEYS.values() for k in keys), *_CLIENT_KEYS, *SEQSTORE_OPTIONS})
+    near = difflib.get_close_matches(key.lower(), valid, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConfigError(f"{path}: unknown storage option {key!r}{hint}; a local store uses verify_reads and ignores "
+                       f"the others, which are for URLs; valid keys: {', '.join(valid)}")
 
 
 def config_error(url: str, scheme: str, exc: BaseException, options: dict[str, Any]) -> ConfigError:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .local_source import LocalSource
+from .object_errors import client_takes, unknown_local_key
 from .objects import is_remote
 from .options import StoreOptions
 from .source import ByteSource
@@ -26,7 +27,9 @@ def open_source(
     """The source of the store at ``path``; ``storage_options`` and ``remote`` (``filesystem``,
     ``cache_dir``, ``cache_bytes``) as for :func:`seqstore.open`, or a
     :class:`~seqstore.io.options.StoreOptions`. Reads nothing: :meth:`~seqstore.io.source.ByteSource.load`
-    reads the store's root. A local store takes no options (they are ignored)."""
+    reads the store's root. A local store checks its options, as a URL does (ConfigError: a value out of
+    range, a key that neither seqstore nor any service's client knows), and otherwise ignores them
+    (:class:`~seqstore.Store` itself takes ``verify_reads``)."""
     filesystem = remote.get("filesystem")
     if isinstance(storage_options, StoreOptions) and filesystem is None:
         filesystem = storage_options.filesystem
@@ -35,5 +38,8 @@ def open_source(
 
         url = os.fspath(path)
         return RemoteSource(url, StoreOptions.of(url, storage_options, **remote))
-    StoreOptions.of(os.fspath(path), None, **remote)  # (checks the keywords' names)
+    options = StoreOptions.of(os.fspath(path), storage_options, **remote)  # (checks seqstore's keys and values)
+    for key in options.backend:
+        if not client_takes(key):
+            raise unknown_local_key(os.fspath(path), key)
     return LocalSource(path)
