@@ -329,3 +329,20 @@ def test_a_start_or_stop_outside_the_store_names_the_store_and_the_call(scratch:
     assert not (scratch / "o").exists()
     assert similarity(scratch / "l", np.ones((1, 2), np.float32), start=1, stop=9).scores.tolist() == [[2.0], [2.0]]
     assert similarity(scratch / "l", np.ones((1, 2), np.float32), start=3).rows == 0
+
+
+@pytest.mark.parametrize("bad, error, named", [(dict(chunk_rows=0), ValueError, "chunk_rows must be a positive int"),
+                                               (dict(chunk_rows=2.5), TypeError, "chunk_rows must be a positive int"),
+                                               (dict(chunk_rows="4"), TypeError, "chunk_rows must be a positive int"),
+                                               (dict(device="gpu"), ValueError, "device must be 'cpu' or")])
+def test_a_bad_chunk_rows_or_device_names_the_call_and_the_store(scratch: Path, bad: dict[str, Any],
+                                                                 error: type[Exception], named: str) -> None:
+    """chunk_rows=0 raised the reader's "chunk_rows must be positive" from inside the scan, 2.5 Python's
+    "slice indices must be integers", "4" a str/int comparison; device="gpu" a message without
+    similarity() or the store. Each names both, before ``out`` is made."""
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b", "c"], {"g": np.ones((3, 2), np.float32)})
+    with pytest.raises(error, match=rf"similarity\(\): .*/l: {named}"):
+        similarity(scratch / "l", np.ones((1, 2), np.float32), out=scratch / "o", **bad)
+    assert not (scratch / "o").exists()
+    assert similarity(scratch / "l", np.ones((1, 2), np.float32), chunk_rows=np.int64(2)).rows == 3
