@@ -346,3 +346,13 @@ def test_a_bad_chunk_rows_or_device_names_the_call_and_the_store(scratch: Path, 
         similarity(scratch / "l", np.ones((1, 2), np.float32), out=scratch / "o", **bad)
     assert not (scratch / "o").exists()
     assert similarity(scratch / "l", np.ones((1, 2), np.float32), chunk_rows=np.int64(2)).rows == 3
+
+
+def test_an_existing_out_is_refused_without_naming_an_option_similarity_lacks(scratch: Path) -> None:
+    """``out=`` where a store exists was refused with "pass overwrite=True to replace it", but similarity()
+    takes no overwrite: the message names the call and what to do instead; still a FileExistsError."""
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a"], {"g": np.ones((1, 2), np.float32)})
+    with pytest.raises(FileExistsError) as exc:
+        similarity(scratch / "l", np.ones((1, 2), np.float32), out=scratch / "l")
+    assert "overwrite" not in str(exc.value) and str(exc.value).startswith(f"similarity(): out={scratch / 'l'}")

@@ -25,6 +25,7 @@ import numpy as np
 from ..schema import BFLOAT16, Field, bfloat16_to_float32, flatten_values
 from ..store.aside import built_aside
 from ..store.reader import Store, open_store
+from ..store.write.outputs import OutputExistsError
 from ..store.writer import create
 from ._tensors import is_torch
 
@@ -247,7 +248,12 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
             of = st.url if st.is_remote else str(Path(st.root).resolve())  # (a remote root is the cache's mirror)
             meta = {"similarity_of": of, "queries": nq, "first_row": start, "columns": columns}
             # built aside, put at out when the scan ends: a failure leaves nothing there
-            target = aside.enter_context(built_aside(out, False, "seqstore-scores-"))
+            try:
+                target = aside.enter_context(built_aside(out, False, "seqstore-scores-"))
+            except OutputExistsError as exc:  # (its words would suggest an overwrite=True similarity lacks)
+                exc.args = (f"similarity(): out={exc.path}: already exists; similarity() writes a new store of "
+                            "scores (remove it or choose another path)",)
+                raise
             writer = create(target, spec, packed={"scores": list(spec)}, metadata=meta)
 
         def consume(first: int, total: np.ndarray[Any, Any], parts: dict[str, np.ndarray[Any, Any]] | None,
