@@ -58,3 +58,18 @@ def test_every_exit_status_is_in_the_help_and_the_docs(capsys: pytest.CaptureFix
     for status, meaning in EXIT_STATUSES.items():
         assert f"{status}: {meaning}" in shown
         assert f"| {status} | {meaning} |" in docs
+
+
+@pytest.mark.parametrize("argv", [["info", "s3://b/x.seqstore", "-o", "region=a", "-o", "region=b"],
+                                  ["verify", "s3://b/x.seqstore", "-o", "region=a", "-o", "region=b"],
+                                  ["copy", "s3://b/x.seqstore", "y", "--src-option", "region=a", "--src-option",
+                                   "region=b"]])
+def test_a_storage_option_given_twice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """``seqstore info URL -o region=a -o region=b`` used the last value silently (``convert`` and ``export``
+    refuse a name given twice): one line naming the option, exit 2, before anything is opened."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and "'region=b': expected each name once" in err, err
+    assert list(tmp_path.iterdir()) == []

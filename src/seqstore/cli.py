@@ -26,7 +26,7 @@ from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .format.shard_table import TABLE
-from .interop.commands import SuggestingParser, cli_message, positive_int
+from .interop.commands import SuggestingParser, cli_message, key_values, positive_int
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
 from .io.sources import open_source
@@ -216,14 +216,9 @@ def _add_storage_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, Any] | None:
-    """``KEY=VALUE`` items of option ``flag`` as a dict (None when there are none)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SeqstoreError(f"{flag} {item!r}: expected KEY=VALUE")
-        out[key.strip()] = value
-    return out or None
+    """``KEY=VALUE`` items of option ``flag`` as a dict (None when there are none); each key once, as
+    ``convert`` and ``export`` take them."""
+    return key_values(items, flag, empty_value=True)
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -34,7 +34,8 @@ from ._common import Progress, announce_total, remove_path
 from .cli_words import cli_message
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
-           "register_source", "register_target", "add_subcommands", "convert_main", "export_main", "positive_int"]
+           "key_values", "register_source", "register_target", "add_subcommands", "convert_main", "export_main",
+           "positive_int"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -87,7 +88,7 @@ def register_target(name: str, converter: Converter) -> None:
 # -------------------------------------------------------------------------------------- helpers
 
 
-def _key_values(items: list[str] | None, what: str, *, empty_value: bool = False, bare: bool = False
+def key_values(items: list[str] | None, what: str, *, empty_value: bool = False, bare: bool = False
                 ) -> dict[str, str] | None:
     """``NAME=VALUE`` items as a dict (None for none); SeqstoreError naming ``what`` for a malformed one or a
     repeated name. ``empty_value``: ``KEY=`` is allowed (options of a client); ``bare``: ``NAME`` maps to itself."""
@@ -113,7 +114,7 @@ def positive_int(text: str) -> int:  # an option's positive integer (argparse's 
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, str] | None:  # -o KEY=VALUE (None: none)
-    return _key_values(getattr(args, "storage_option", None), "--storage-option", empty_value=True)
+    return key_values(getattr(args, "storage_option", None), "--storage-option", empty_value=True)
 
 
 def _sources_and_out(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -159,7 +160,7 @@ def _none(value: str | None) -> str | None:  # an option's value, ``none`` (any 
 def _hdf_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .returnn import import_hdf
 
-    return import_hdf(*_sources_and_out(args), rename=_key_values(args.rename, "--rename"),
+    return import_hdf(*_sources_and_out(args), rename=key_values(args.rename, "--rename"),
                       **_common(args, progress))
 
 
@@ -167,7 +168,7 @@ def _arrow_run(fmt: str) -> Callable[[argparse.Namespace, Progress], Any]:
     def run(args: argparse.Namespace, progress: Progress) -> Any:
         from .arrow import import_arrow, import_parquet
 
-        return (import_parquet if fmt == "parquet" else import_arrow)(*_sources_and_out(args), columns=_key_values(
+        return (import_parquet if fmt == "parquet" else import_arrow)(*_sources_and_out(args), columns=key_values(
             args.map, "--map"), id_column=args.id_column, **_common(args, progress))
 
     return run
@@ -177,7 +178,7 @@ def _hf_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .hf import import_hf
 
     return import_hf(*_one_source(args, "datasets save_to_disk directory"), split=args.split,
-                     columns=_key_values(args.map, "--map"), id_column=args.id_column, batch_size=args.batch_size,
+                     columns=key_values(args.map, "--map"), id_column=args.id_column, batch_size=args.batch_size,
                      **_common(args, progress))
 
 
@@ -190,9 +191,9 @@ def _megatron_run(args: argparse.Namespace, progress: Progress) -> Any:
 def _wds_run(args: argparse.Namespace, progress: Progress) -> Any:
     from .webdataset import import_webdataset
 
-    return import_webdataset(*_sources_and_out(args), fields=_key_values(args.ext, "--ext"),
+    return import_webdataset(*_sources_and_out(args), fields=key_values(args.ext, "--ext"),
                              strict=not args.skip_unknown,
-                             source_options=_key_values(args.source_option, "--source-option", empty_value=True),
+                             source_options=key_values(args.source_option, "--source-option", empty_value=True),
                              **_common(args, progress))
 
 
@@ -238,7 +239,7 @@ class _RunningTotal:
 def _hdf_export(args: argparse.Namespace, progress: Progress) -> Any:
     from .returnn import export_hdf
 
-    return export_hdf(args.store, args.out, inputs=_none(args.inputs), fields=_key_values(args.field, "--field",
+    return export_hdf(args.store, args.out, inputs=_none(args.inputs), fields=key_values(args.field, "--field",
                       bare=True), chunk_bytes=args.chunk_mb << 20, overwrite=args.overwrite, progress=progress)
 
 
@@ -252,7 +253,7 @@ def _megatron_export(args: argparse.Namespace, progress: Progress) -> Any:
 def _wds_export(args: argparse.Namespace, progress: Progress) -> Any:
     from .webdataset import export_webdataset
 
-    return export_webdataset(args.store, args.out, fields=_key_values(args.ext, "--ext"), keys=args.keys,
+    return export_webdataset(args.store, args.out, fields=key_values(args.ext, "--ext"), keys=args.keys,
                              shard_records=args.shard_records, shard_bytes=args.shard_mb << 20,
                              overwrite=args.overwrite, progress=progress)
 
