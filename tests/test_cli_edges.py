@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -164,3 +165,22 @@ def test_main_called_as_a_function_gives_the_signal_handlers_back(store: Path, t
     finally:  # (the rest of the session keeps its handlers should this fail)
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def test_a_closed_pipe_leaves_no_descriptor_open(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a reader closed the pipe, ``main`` points stdout at /dev/null so that nothing more fails on
+    it, but left the descriptor it opened for that open: one more per call in a program that calls it."""
+    import io
+
+    r, w = os.pipe()
+    os.close(r)
+    out = io.TextIOWrapper(io.FileIO(w, "w"), write_through=False)
+    monkeypatch.setattr(sys, "stdout", out)
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        assert main(["info", str(store), "-q"]) == 141
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):
+            out.close()

@@ -343,7 +343,11 @@ def _main(argv: Sequence[str] | None, exiting: bool) -> int:
             return status
     except BrokenPipeError:  # stop quietly, as cat does; nothing more is written to the closed pipe
         with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            finally:
+                os.close(devnull)
         return 141
     except (SeqstoreError, *_PATH_ERRORS) as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
