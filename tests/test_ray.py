@@ -526,3 +526,16 @@ def test_ctrl_c_in_the_commit_leaves_no_part(ray_local: None, tmp_path: Path, mo
     else:
         assert seqstore.open(path).get_batch(np.arange(5), fields=["x"])["x"].tolist() == list(range(5))
         assert pending_jobs(path) == []
+
+
+@pytest.mark.parametrize("block_records", [2.5, "8", True, 0])
+def test_read_block_records_that_is_no_positive_int_fails_on_the_driver(tmp_path: Path, block_records: Any) -> None:
+    """``read(path, block_records=2.5)`` returned a Dataset whose read tasks then failed inside Ray with
+    "'float' object cannot be interpreted as an integer" ("8": a str/int comparison at once, True: one
+    record per block); each is refused on the driver, naming the option and the store."""
+    path = tmp_path / "s.seqstore"
+    with seqstore.create(path, {"a": Field("int32")}) as w:
+        w.append({"a": 1})
+    with pytest.raises((TypeError, ValueError), match=rf"s\.seqstore: block_records must be a positive int, got "
+                                                      rf"{block_records!r}"):
+        sray.read(path, block_records=block_records)

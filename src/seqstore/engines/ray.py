@@ -382,9 +382,12 @@ def read(path: str | os.PathLike[str], *, fields: Sequence[str] | None = None, o
     """
     if bfloat16 not in ("bits", "float32"):
         raise ValueError(f"bfloat16 must be 'bits' or 'float32', got {bfloat16!r}")
-    if block_records is not None and block_records <= 0:
-        raise ValueError(f"block_records must be positive, got {block_records}")
     store = open_store(path, storage_options=dict(storage_options) if storage_options else None)
+    if block_records is not None:  # (checked here: a read task would fail inside Ray)
+        integral = isinstance(block_records, (int, np.integer)) and not isinstance(block_records, bool)
+        if not integral or block_records <= 0:
+            raise (ValueError if integral else TypeError)(
+                f"{store.url}: block_records must be a positive int, got {block_records!r}")
     names = list(store.schema) if fields is None else field_list(fields) or []
     for name in names:
         if name not in store.schema:
