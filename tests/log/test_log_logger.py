@@ -520,3 +520,15 @@ def test_ids_that_are_not_a_sequence_are_a_schema_error(scratch: Path, ids: Any)
             lg.log(ids, {"g": np.zeros((1, 2), np.float32)})
         lg.log([7], {"g": np.zeros((1, 2), np.float32)})
     assert ss.open(scratch / "log").id(0) == "7"
+
+
+@pytest.mark.parametrize("option, value", [("commit_every_s", float("nan")), ("flush_bytes", "64M"),
+                                           ("shard_bytes", None), ("commit_every_s", 0), ("flush_bytes", True)])
+def test_a_size_or_interval_that_is_no_positive_number_is_named(scratch: Path, option: str, value: Any) -> None:
+    """commit_every_s=nan was taken (no timed commit ever came: every comparison with nan is false);
+    flush_bytes="64M" or shard_bytes=None raised a bare TypeError ("'<=' not supported"), and 0 said only
+    "flush_bytes, commit_every_s and shard_bytes must be positive". Each names the option, the value and
+    the log, and nothing is made."""
+    with pytest.raises(ValueError, match=rf"Logger .*/log: {option} must be a positive number, got {value!r}"):
+        Logger(scratch / "log", schema={"g": ss.Field("float32", (2,))}, **{option: value})
+    assert not (scratch / "log").exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 import queue
 import threading
@@ -145,8 +146,9 @@ class Logger:
                  rank: int | None = None, packed: bool | Mapping[str, list[str]] = True, shard_bytes: int = 1 << 30,
                  metadata: Mapping[str, Any] | None = None, direct_io: bool = True,
                  storage_options: Mapping[str, Any] | None = None) -> None:
-        if flush_bytes <= 0 or commit_every_s <= 0 or shard_bytes <= 0:
-            raise ValueError("flush_bytes, commit_every_s and shard_bytes must be positive")
+        for name, v in (("flush_bytes", flush_bytes), ("commit_every_s", commit_every_s), ("shard_bytes", shard_bytes)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:  # (nan: no timed commit ever)
+                raise ValueError(f"Logger {os.fspath(path)}: {name} must be a positive number, got {v!r}")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = int(flush_bytes)
