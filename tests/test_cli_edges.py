@@ -184,3 +184,19 @@ def test_a_closed_pipe_leaves_no_descriptor_open(store: Path, monkeypatch: pytes
         monkeypatch.undo()
         with contextlib.suppress(OSError):
             out.close()
+
+
+@pytest.mark.parametrize("target, out", [("returnn-hdf", "manifest.json"), ("returnn-hdf", "new.hdf"),
+                                         ("webdataset", "."), ("megatron", "shard-000000/x")])
+def test_export_into_the_store_it_reads_is_refused(store: Path, capsys: pytest.CaptureFixture[str], target: str,
+                                                    out: str) -> None:
+    """``seqstore export --to returnn-hdf STORE STORE/manifest.json --overwrite`` replaced the store's
+    manifest with the HDF file: the store was lost (a shard's file the same way). An OUT inside the
+    store it exports (or the store itself) is refused before anything is written, as ``copy`` refuses
+    a destination inside its source."""
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    assert main(["export", "--to", target, str(store), str(store / out), "-q", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and "inside the store" in err and len(err.splitlines()) == 1, err
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+    assert len(ss.open(store)) == 5

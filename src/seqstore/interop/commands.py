@@ -423,6 +423,16 @@ def _undone_on_interrupt(out: str, *, pair: bool = False) -> Iterator[None]:
         raise
 
 
+def _check_outside(store: str, out: str) -> None:
+    """Refuse an export whose OUT is a local store's directory or inside it: written (with ``--overwrite``,
+    replacing) where the store's own files are, it could destroy the store it reads."""
+    if is_remote(store) or is_remote(out):
+        return
+    root, dest = Path(store).resolve(), Path(out).resolve()
+    if dest == root or root in dest.parents:
+        raise SeqstoreError(f"{out}: the output is inside the store {store} that it exports; write it elsewhere")
+
+
 def convert_main(args: argparse.Namespace) -> int:
     """``seqstore convert --from FORMAT SOURCE... OUT``: build a new store from files of another format.
     Returns the exit status (0; 2 for missing/existing paths; SeqstoreError propagates to cli.main)."""
@@ -445,6 +455,7 @@ def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
     _check_options(args, "export")
+    _check_outside(os.fspath(args.store), os.fspath(args.out))
     with _undone_on_interrupt(os.fspath(args.out), pair=args.target == "megatron"):
         try:
             opts = _storage_options(args)
