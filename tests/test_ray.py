@@ -539,3 +539,15 @@ def test_read_block_records_that_is_no_positive_int_fails_on_the_driver(tmp_path
     with pytest.raises((TypeError, ValueError), match=rf"s\.seqstore: block_records must be a positive int, got "
                                                       rf"{block_records!r}"):
         sray.read(path, block_records=block_records)
+
+
+def test_write_to_a_relative_path_after_a_chdir(ray_local: None, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write(ds, "rel.seqstore")`` prepared the store relative to the driver's directory, but the write
+    tasks resolved the same relative path against their own (the directory Ray started in), so the job
+    failed with "no such store" once the driver had changed directory. The path is the driver's."""
+    monkeypatch.chdir(tmp_path)
+    assert sray.write(ray.data.from_items([{"x": i} for i in range(6)]), "rel.seqstore") == 6
+    st = seqstore.open(tmp_path / "rel.seqstore")
+    assert st.get_batch(np.arange(6), fields=["x"])["x"].tolist() == list(range(6))
+    assert pending_jobs(tmp_path / "rel.seqstore") == []

@@ -198,7 +198,7 @@ def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | 
     if storage_options and not is_remote(path):
         raise ValueError(f"{path}: storage_options are for URLs of object storage, not local paths")
     check_sizes(shard_bytes=shard_bytes, max_shard_records=max_shard_records)
-    root = os.fspath(path)
+    root = os.fspath(path) if is_remote(path) else os.path.abspath(path)  # (the tasks' directory is not ours)
     if mode == "create" and existing_manifest(root, storage_options) is not None:
         # before Ray runs anything (the inference below is a Ray job): the error is seqstore's, alone
         raise FileExistsError(f"{root}: a store already exists (mode='create'); use mode='append' or 'overwrite'")
