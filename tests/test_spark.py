@@ -587,3 +587,17 @@ def test_read_a_field_named_twice_names_it(spark: Any, typed_store: Path) -> Non
     with pytest.raises((Py4JJavaError, PySparkException)) as err:
         spark.read.format("seqstore").option("fields", "u8,tok,u8").load(str(typed_store)).collect()
     assert "['u8'] named twice" in str(err.value)
+
+
+def test_helpers_take_a_relative_path_after_a_chdir(spark: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``seqstore.spark.write(df, "rel")`` handed the relative path to Spark, whose Python workers
+    resolve it against their own directory (where Spark started), not the caller's after a chdir: the
+    store went elsewhere and ``read(spark, "rel")`` did not find it. The helpers resolve it first."""
+    import seqstore.spark
+
+    monkeypatch.chdir(tmp_path)
+    seqstore.spark.write(_frame(spark, n=12, partitions=2), "rel", id_column="key",
+                         schema={"mat": Field("float16", (None, 2))})
+    _check_rows(tmp_path / "rel", 12)
+    assert seqstore.spark.read(spark, "rel").count() == 12

@@ -322,7 +322,9 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
     """Write DataFrame ``df`` into the store at ``path`` (registers the data source in ``df``'s
     session). ``mode``: ``"errorifexists"`` (default, as Spark's), ``"append"`` or ``"overwrite"``.
     ``schema``: seqstore fields for some or all columns; ``storage_options``: the client options of a
-    URL (``s3://``...), passed as ``storage.<key>`` options; other options are passed on as they are."""
+    URL (``s3://``...), passed as ``storage.<key>`` options; other options are passed on as they are. A
+    relative local path is the caller's (made absolute: a plain ``.save(path)`` leaves it to Spark's
+    Python workers, which resolve it against the directory Spark started in)."""
     if mode not in ("errorifexists", "error", "append", "overwrite"):
         raise ValueError(f"mode must be 'errorifexists', 'append' or 'overwrite', got {mode!r}")
     df.sparkSession.dataSource.register(DataSource)
@@ -341,7 +343,7 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
         w = w.option(STORAGE_PREFIX + k, v)
     for k, v in options.items():
         w = w.option(k, v)
-    w.save(os.fspath(path))
+    w.save(_where(path))
 
 
 def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | None = None,
@@ -355,4 +357,10 @@ def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | No
         r = r.option("idColumn", id_column)
     for k, v in options.items():
         r = r.option(k, v)
-    return r.load(os.fspath(path))
+    return r.load(_where(path))
+
+
+def _where(path: str | os.PathLike[str]) -> str:
+    """``path`` as Spark's Python workers must see it: a local path made absolute (they resolve a relative
+    one against the directory Spark started in, not the caller's)."""
+    return os.fspath(path) if is_remote(path) else os.path.abspath(path)
