@@ -356,3 +356,13 @@ def test_an_existing_out_is_refused_without_naming_an_option_similarity_lacks(sc
     with pytest.raises(FileExistsError) as exc:
         similarity(scratch / "l", np.ones((1, 2), np.float32), out=scratch / "l")
     assert "overwrite" not in str(exc.value) and str(exc.value).startswith(f"similarity(): out={scratch / 'l'}")
+
+
+def test_a_torch_device_is_taken_as_its_name(scratch: Path) -> None:
+    """``device=torch.device("cpu")`` (how torch code names a device) raised AttributeError ("'torch.device'
+    object has no attribute 'startswith'"); it is taken as its name, as ``"cpu"`` is."""
+    torch = pytest.importorskip("torch")
+    with Logger(scratch / "l", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b"], {"g": np.ones((2, 2), np.float32)})
+    res = similarity(scratch / "l", np.ones((1, 2), np.float32), device=torch.device("cpu"))
+    assert res.scores.tolist() == [[2.0], [2.0]]

@@ -186,7 +186,7 @@ class _TopK:
 
 
 def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: Sequence[str] | str | None = None,
-               chunk_rows: int | None = None, device: str = "cpu", topk: int | None = None,
+               chunk_rows: int | None = None, device: Any = "cpu", topk: int | None = None,
                out: str | os.PathLike[str] | None = None, per_field: bool = False, keep_scores: bool | None = None,
                start: int = 0, stop: int | None = None) -> SimilarityResult:
     """Dot products of records ``[start, stop)`` of ``store`` with ``queries``, one GEMM per chunk.
@@ -198,7 +198,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         fields: fixed fields and/or packed groups to use (None: all fixed fields, see
             :meth:`Store.matrix`); they must share one real dtype (complex fields or queries: ValueError).
         chunk_rows: rows per GEMM (default: about 64 MiB of stored data).
-        device: ``"cpu"`` (numpy BLAS) or ``"cuda[:N]"`` (torch).
+        device: ``"cpu"`` (numpy BLAS) or ``"cuda[:N]"`` (torch), or a ``torch.device``.
         topk: also return the ``topk`` best records per query.
         out: write the scores into a new store at this path or URL (see :class:`SimilarityResult`).
         per_field: also compute each field's own scores (module-wise); the total is their sum.
@@ -220,6 +220,7 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
     n = stop - start
     if keep_scores is None:
         keep_scores = topk is None and out is None
+    device = str(device)  # (a torch.device: its name)
     if device.startswith("cuda"):
         import torch
 
