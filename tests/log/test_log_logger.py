@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -530,5 +531,15 @@ def test_a_size_or_interval_that_is_no_positive_number_is_named(scratch: Path, o
     "flush_bytes, commit_every_s and shard_bytes must be positive". Each names the option, the value and
     the log, and nothing is made."""
     with pytest.raises(ValueError, match=rf"Logger .*/log: {option} must be a positive number, got {value!r}"):
+        Logger(scratch / "log", schema={"g": ss.Field("float32", (2,))}, **{option: value})
+    assert not (scratch / "log").exists()
+
+
+@pytest.mark.parametrize("option, value", [("packed", "yes"), ("rank", "a"), ("metadata", [1])])
+def test_an_option_of_the_wrong_kind_is_named(scratch: Path, option: str, value: Any) -> None:
+    """packed="yes" raised AttributeError ("'str' object has no attribute 'items'") from inside the
+    store's creation, rank="a" int()'s bare ValueError, metadata=[1] dict()'s TypeError: each a TypeError
+    naming the log, the option and what it takes, before anything is made."""
+    with pytest.raises(TypeError, match=rf"Logger .*/log: {re.escape(f'{option}={value!r}')}: expected "):
         Logger(scratch / "log", schema={"g": ss.Field("float32", (2,))}, **{option: value})
     assert not (scratch / "log").exists()

@@ -149,6 +149,12 @@ class Logger:
         for name, v in (("flush_bytes", flush_bytes), ("commit_every_s", commit_every_s), ("shard_bytes", shard_bytes)):
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:  # (nan: no timed commit ever)
                 raise ValueError(f"Logger {os.fspath(path)}: {name} must be a positive number, got {v!r}")
+        for option, given, ok, what in (
+                ("packed", packed, isinstance(packed, (bool, Mapping)), "True, False or {group: [fields]}"),
+                ("metadata", metadata, metadata is None or isinstance(metadata, Mapping), "a dict"),
+                ("rank", rank, rank is None or isinstance(rank, numbers.Integral), "an int")):
+            if not ok:
+                raise TypeError(f"Logger {os.fspath(path)}: {option}={given!r}: expected {what}")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = int(flush_bytes)
