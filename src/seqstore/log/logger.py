@@ -22,7 +22,6 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,10 +31,13 @@ import numpy as np
 from ..errors import SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Field, Schema, flatten_values, to_storage_array
-from ..store.directio import ALIGN, aligned_empty
+from ..store.directio import aligned_empty
 from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
+from ._buffers import MAX_BUFFER_RECORDS, MAX_INFLIGHT_IDS, STOP, Buffer, Job
+from ._buffers import buffer_rows as _buffer_rows
+from ._buffers import warm_up_kernels as _warm_up_kernels
 from ._tensors import HostStager, as_array, default_packing, default_rank, ids_to_str, infer_field
 from .duplicates import DUPLICATE_POLICIES, DuplicateIdError, LoggedIds
 
@@ -43,67 +45,9 @@ __all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPL
 
 log = logging.getLogger(__name__)
 
+
 class LoggerError(SeqstoreError):
     """The logger's background writer failed; the cause is chained (``__cause__``)."""
-
-
-# A buffer's ids are Python strings until written, and the ids of written but uncommitted buffers
-# are kept for keep_first: both are bounded by record count, not only by bytes, so that logs of tiny
-# records (a loss per example) do not hold millions of Python objects.
-MAX_BUFFER_RECORDS = 1 << 18
-MAX_INFLIGHT_IDS = 1 << 20
-
-
-def _buffer_rows(flush_bytes: int, row_bytes: list[int], max_rows: int = MAX_BUFFER_RECORDS) -> int:
-    """Records per buffer: as many as fit in ``flush_bytes`` (at most ``max_rows``), rounded down (when
-    that leaves any) to a count that makes every unit's buffer a whole number of pages, so that one full
-    buffer after another keeps each file's end page aligned for direct I/O."""
-    cap = max(1, min(flush_bytes // max(sum(row_bytes), 1), max_rows))
-    step = 1
-    for rb in row_bytes:
-        if rb:
-            step = math.lcm(step, ALIGN // math.gcd(rb, ALIGN))
-    return cap - cap % step if cap >= step else cap
-
-
-def _warm_up_kernels() -> None:
-    """Call the id hashing/compare kernels once so their one-time load is not paid inside ``log``."""
-    from ..store.ids import encode_ids, hash_kernel, id_equal
-
-    data, off = encode_ids(["warm-up"])
-    hash_kernel(data, off, np.zeros(1, dtype=np.uint64))  # directly: hash_ids would use numpy here
-    res = np.zeros(1, dtype=np.bool_)
-    id_equal(data, off, np.zeros(1, np.int64), data, off, np.zeros(1, np.int64), res)
-
-
-@dataclass
-class _Buffer:
-    """One host buffer: a ``(cap, *shape)`` array per storage unit (packed group or field)."""
-
-    arrays: dict[str, np.ndarray[Any, Any]]
-    cap: int
-    n: int = 0
-    ids: list[str] = field(default_factory=list)
-    stats: dict[str, int] = field(default_factory=dict)
-    seq: int = 0
-    free: bool = False  # set by the background thread when written
-
-    def reset(self, seq: int) -> None:
-        self.n = 0
-        self.ids = []  # a new list: the training thread may still hold the old one
-        self.stats = {}
-        self.seq = seq
-
-
-@dataclass
-class _Job:
-    buffer: _Buffer | None
-    commit: bool
-    done: threading.Event | None = None
-    taken: bool = False  # by the background thread: a job queued twice (an interrupted handoff) runs once
-
-
-_STOP = _Job(None, False)
 
 
 class Logger:
@@ -177,12 +121,12 @@ class Logger:
         self._stopping = False  # close() has asked the background thread to stop
         self._thread: threading.Thread | None = None
         # SimpleQueue: its put is one C call, which an interrupt (Ctrl-C) cannot stop half way
-        self._work: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._outgoing: _Job | None = None  # a handoff an interrupt stopped before it was queued
-        self._buffers: list[_Buffer] = []  # made so far (two at most)
+        self._work: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._outgoing: Job | None = None  # a handoff an interrupt stopped before it was queued
+        self._buffers: list[Buffer] = []  # made so far (two at most)
         self._returned = threading.Event()  # set by the background thread when a buffer becomes free
-        self._spare: _Buffer | None = None  # a free buffer being made current (see _take_buffer)
-        self._cur: _Buffer | None = None
+        self._spare: Buffer | None = None  # a free buffer being made current (see _take_buffer)
+        self._cur: Buffer | None = None
         # held by log/flush/close while they use the current buffer and the in-flight ids, and by the
         # background thread while it takes a buffer that a pause in logging left waiting (_idle_job)
         self._lock = threading.Lock()
@@ -231,12 +175,12 @@ class Logger:
             self._thread.start()
         self.schema = self._writer.schema  # last: log() starts again while it is None
 
-    def _new_buffer(self) -> _Buffer:
+    def _new_buffer(self) -> Buffer:
         # page aligned, so that full buffers can be written with direct I/O
         arrays = {name: aligned_empty((self._cap, *f.inner_shape), f.storage_dtype) for name, f in self._units}
-        return _Buffer(arrays, self._cap)
+        return Buffer(arrays, self._cap)
 
-    def _take_buffer(self) -> _Buffer:
+    def _take_buffer(self) -> Buffer:
         """Make a free buffer current; makes at most two, then blocks until the background thread frees
         one. An interrupt (Ctrl-C) anywhere loses no buffer: the next call finishes with ``_spare``."""
         while self._spare is None:
@@ -266,12 +210,12 @@ class Logger:
         written_seq = -1
         dirty = False
         while True:
-            job: _Job | None
+            job: Job | None
             try:
                 job = self._work.get(timeout=max(0.05, min(self.commit_every_s, 1.0)))
             except queue.Empty:
                 job = self._idle_job()
-            if job is _STOP:
+            if job is STOP:
                 return
             if job is not None:
                 if job.taken:  # queued again by a handoff resumed after an interrupt
@@ -307,7 +251,7 @@ class Logger:
                     if job.done is not None:
                         job.done.set()
 
-    def _idle_job(self) -> _Job | None:
+    def _idle_job(self) -> Job | None:
         """Nothing handed off for ``commit_every_s`` (a pause in logging: evaluation, a checkpoint): take
         the training thread's partly filled buffer, to be written and committed now rather than at the
         next ``log``. Never waits: while a ``log``/``flush``/``close`` runs, it hands off itself."""
@@ -325,11 +269,11 @@ class Logger:
                 return None
             buf = self._detach()
             self._cur = None
-            return _Job(buf, True)
+            return Job(buf, True)
         finally:
             self._lock.release()
 
-    def _write_buffer(self, buf: _Buffer) -> None:
+    def _write_buffer(self, buf: Buffer) -> None:
         """Write one buffer's records into the current shard (no commit). Runs in the background thread."""
         assert self._writer is not None
         stats = dict(buf.stats)
@@ -466,7 +410,7 @@ class Logger:
             if buf.n == buf.cap:
                 self._handoff(commit=False)
 
-    def _count_duplicates(self, buf: _Buffer, stats: Mapping[str, int], skipped: int) -> None:
+    def _count_duplicates(self, buf: Buffer, stats: Mapping[str, int], skipped: int) -> None:
         for k, v in stats.items():
             buf.stats[k] = buf.stats.get(k, 0) + v
         self._num_skipped += skipped
@@ -477,7 +421,7 @@ class Logger:
         stays current), after it the next call under the lock, or the idle background thread, queues it."""
         self._resume_handoff()
         done = threading.Event() if wait else None
-        job = _Job(self._detach(), commit, done)
+        job = Job(self._detach(), commit, done)
         self._outgoing = job
         self._resume_handoff()
         if done is not None:
@@ -494,7 +438,7 @@ class Logger:
         self._work.put(job)
         self._outgoing = None
 
-    def _detach(self) -> _Buffer | None:
+    def _detach(self) -> Buffer | None:
         """The current buffer, about to be handed off: its ids are in flight from now on. Under the
         lock; the buffer stays current (the caller takes it away); may be repeated for one buffer."""
         self._last_handoff = time.monotonic()
@@ -543,7 +487,7 @@ class Logger:
                 self._handoff(commit=True, wait=True)
         if self._thread is not None:
             self._stopping = True
-            self._work.put(_STOP)  # a second one (a close resumed) is never read
+            self._work.put(STOP)  # a second one (a close resumed) is never read
             self._thread.join()
         if self._writer is not None:
             if self._error is None:
