@@ -543,3 +543,57 @@ def test_an_option_of_the_wrong_kind_is_named(scratch: Path, option: str, value:
     with pytest.raises(TypeError, match=rf"Logger .*/log: {re.escape(f'{option}={value!r}')}: expected "):
         Logger(scratch / "log", schema={"g": ss.Field("float32", (2,))}, **{option: value})
     assert not (scratch / "log").exists()
+
+
+def _manifest_blocker(root: Path) -> Path:
+    """A directory in the way of this process's next manifest save into ``root`` (a full disk at the
+    staging directory, as far as a commit can tell): the commit fails with the records intact."""
+    import os
+
+    blocker = root / "_tmp" / f".manifest.json.tmp-{os.getpid()}"
+    blocker.mkdir()
+    return blocker
+
+
+def test_a_failed_automatic_commit_loses_and_repeats_no_record(scratch: Path) -> None:
+    """The writer's automatic commit of a full shard failed (AutoCommitError, the records intact): the
+    Logger treated it as a broken writer, and close() discarded every uncommitted record although the
+    writer held them. It now raises LoggerCommitError (a LoggerError), keeps what the writer took and the
+    rest of its buffers, and flush()/close() retry: once the commit succeeds every record is stored once."""
+    from seqstore.log import LoggerCommitError
+
+    root = scratch / "log"
+    lg = Logger(root, flush_bytes=4096, shard_bytes=8192, commit_every_s=60)
+
+    def batch(start: int, n: int) -> tuple[list[str], dict[str, Any]]:
+        return [f"ex{i}" for i in range(start, start + n)], {"g": np.arange(start, start + n, dtype=np.float32)[:, None]
+                                                             * np.ones((1, 64), np.float32)}
+
+    lg.log(*batch(0, 8))
+    lg.flush()
+    blocker = _manifest_blocker(root)
+    logged = 8
+    with pytest.raises(LoggerCommitError, match="Is a directory") as info:
+        for start in range(8, 400, 8):
+            lg.log(*batch(start, 8))
+            logged = start + 8
+    assert isinstance(info.value, LoggerError) and "nothing logged is lost" in str(info.value)
+    with pytest.raises(LoggerCommitError):  # no new records until a commit succeeds
+        lg.log(*batch(1000, 1))
+    with pytest.raises(LoggerCommitError):  # the retry fails again: still nothing lost
+        lg.flush()
+    blocker.rmdir()
+    lg.flush()  # the retry succeeds: the logger is usable again
+    lg.log(*batch(logged, 8))
+    _manifest_blocker(root)
+    with pytest.raises(LoggerCommitError):
+        lg.close()
+    (root / "_tmp" / blocker.name).rmdir()
+    lg.close()  # a second close retries
+    lg.close()
+    st = ss.open(root)
+    want = list(range(logged + 8))
+    assert len(st) == len(want) and lg.num_committed == len(want) and verify(root) == []
+    assert [st.id(i) for i in range(len(st))] == [f"ex{i}" for i in want]
+    assert st.get_batch(np.arange(len(st)), fields=["g"])["g"][:, 0].tolist() == want
+    assert st.manifest.stats["rank-0/records"] == len(want)

@@ -10,9 +10,9 @@ A log is an ordinary store: read it with ``seqstore.open(path)`` (``store[i]``, 
 ``store.index(id)``, ``store.matrix(...)``).
 """
 
-from .logger import DUPLICATE_POLICIES, DuplicateIdError, Logger, LoggerError, default_packing
+from .logger import DUPLICATE_POLICIES, DuplicateIdError, Logger, LoggerCommitError, LoggerError, default_packing
 from .logix import import_logix
 from .similarity import SimilarityResult, similarity
 
-__all__ = ["DUPLICATE_POLICIES", "DuplicateIdError", "Logger", "LoggerError", "SimilarityResult", "default_packing",
-           "import_logix", "similarity"]
+__all__ = ["DUPLICATE_POLICIES", "DuplicateIdError", "Logger", "LoggerCommitError", "LoggerError", "SimilarityResult",
+           "default_packing", "import_logix", "similarity"]

@@ -52,9 +52,14 @@ class Buffer:
     stats: dict[str, int] = field(default_factory=dict)
     seq: int = 0
     free: bool = False  # set by the background thread when written
+    # by the background thread: the rows the store's writer has taken, and whether the stats went in (an
+    # automatic commit that failed may leave a buffer part written, to be finished after a commit succeeds)
+    taken: int = 0
+    counted: bool = False
 
     def reset(self, seq: int) -> None:
-        self.n = 0
+        self.n = self.taken = 0
+        self.counted = False
         self.ids = []  # a new list: the training thread may still hold the old one
         self.stats = {}
         self.seq = seq

@@ -174,3 +174,29 @@ def default_packing(schema: Schema) -> dict[str, list[str]]:
             gname += "_"
         out[gname] = names
     return out
+
+
+def check_fields(schema: Schema, flat: Mapping[str, Any], ids: list[str]) -> None:
+    """The checks of a ``log()`` batch against the log's schema: the fields given, and each one's batch
+    size and per-example shape (a :class:`~seqstore.SchemaError` naming the field and the first id)."""
+    batch = len(ids)
+    given, names = set(flat), set(schema)
+    if given != names:
+        missing, unknown = sorted(names - given), sorted(given - names)
+        msg = [f"{what} field(s) {v}" for what, v in (("missing", missing), ("unknown", unknown)) if v]
+        who = (f"id {ids[0]!r}" if ids else "an empty batch") + (
+            f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
+        raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
+    for name, f in schema.items():
+        v = flat[name] if hasattr(flat[name], "shape") else as_array(name, flat[name], ids[0] if ids else "<none>")
+        shape = tuple(int(s) for s in v.shape)
+        if len(shape) == 0 or shape[0] != batch:
+            raise SchemaError(
+                f"log(): field {name!r}: got {shape[0] if shape else 'a scalar'} rows for {batch} ids "
+                f"(first id {ids[0] if ids else None!r}); tensors are batch-first"
+            )
+        if shape[1:] != f.inner_shape:
+            raise SchemaError(
+                f"log(): field {name!r} of id {ids[0] if ids else None!r}: expected per-example shape "
+                f"{f.inner_shape}, got {shape[1:]} (batch shape {shape})"
+            )

@@ -14,6 +14,7 @@ an id that is already logged does (:mod:`seqstore.log.duplicates`; docs/logging.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SchemaError, SeqstoreError
+from ..errors import AutoCommitError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..schema import Field, Schema, flatten_values, to_storage_array
 from ..store.directio import aligned_empty
@@ -38,16 +39,22 @@ from ..store.writer import Writer, existing_manifest, open_or_create
 from ._buffers import MAX_BUFFER_RECORDS, MAX_INFLIGHT_IDS, STOP, Buffer, Job
 from ._buffers import buffer_rows as _buffer_rows
 from ._buffers import warm_up_kernels as _warm_up_kernels
-from ._tensors import HostStager, as_array, default_packing, default_rank, ids_to_str, infer_field
+from ._tensors import HostStager, check_fields, default_packing, default_rank, ids_to_str, infer_field
 from .duplicates import DUPLICATE_POLICIES, DuplicateIdError, LoggedIds
 
-__all__ = ["Logger", "LoggerError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
+__all__ = ["Logger", "LoggerError", "LoggerCommitError", "DuplicateIdError", "default_packing", "DUPLICATE_POLICIES"]
 
 log = logging.getLogger(__name__)
 
 
 class LoggerError(SeqstoreError):
     """The logger's background writer failed; the cause is chained (``__cause__``)."""
+
+
+class LoggerCommitError(LoggerError):
+    """A commit failed with the records intact (the store's lock, the network or a full disk unusable for
+    a while): nothing logged is lost; ``flush()`` or ``close()`` retries, ``log()`` refuses records until a
+    commit succeeds. The cause is chained (``__cause__``)."""
 
 
 class Logger:
@@ -116,6 +123,9 @@ class Logger:
         self.schema: Schema | None = None
         self._units: list[tuple[str, Field]] = []
         self._error: BaseException | None = None
+        # a commit that failed with the records intact: flush()/close() retry; log() refuses until then
+        self._commit_error: BaseException | None = None
+        self._held: list[Buffer] = []  # by the background thread: buffers handed off, not all written yet
         self._closed = False
         self._closing = False
         self._stopping = False  # close() has asked the background thread to stop
@@ -192,6 +202,8 @@ class Logger:
                 spare = self._new_buffer()
                 spare.free = True
                 self._buffers.append(spare)
+            elif self._commit_error is not None:  # both held for a retry of the commit: no wait for ever
+                raise self._commit_failure() from self._commit_error
             else:
                 self._returned.wait()
         buf = self._spare
@@ -221,35 +233,58 @@ class Logger:
                 if job.taken:  # queued again by a handoff resumed after an interrupt
                     continue
                 job.taken = True
+            committing = False
             try:
-                if self._error is None:
-                    if job is not None and job.buffer is not None:
-                        self._write_buffer(job.buffer)
-                        written_seq = job.buffer.seq
-                        dirty = True
-                    now = time.monotonic()
-                    if dirty and ((job is not None and job.commit) or now - last_commit >= self.commit_every_s):
-                        assert self._writer is not None
-                        self._writer.commit()
-                        self._num_committed = self._writer.num_committed
-                        if not warm and not self._closing:
-                            # the training thread looks ids up in committed shards from now on (numba
-                            # kernels): load them here, once, before it sees the commit
-                            warm = True
-                            _warm_up_kernels()
-                        self._committed_seq = written_seq
-                        last_commit = now
-                        dirty = False
-            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                log.error("%s: background writer failed: %r", self.path, exc)
-                self._error = exc
-            finally:
-                if job is not None:
-                    if job.buffer is not None:
+                if job is not None and job.buffer is not None:
+                    if self._error is None:
+                        self._held.append(job.buffer)
+                    else:  # discarded at close()
                         job.buffer.free = True
-                        self._returned.set()
-                    if job.done is not None:
-                        job.done.set()
+                if self._error is None:
+                    retry = self._commit_error is not None
+                    if not retry or (job is not None and job.commit):  # after a failed commit: flush/close
+                        while self._held:  # in order; a buffer stays held until the writer took all of it
+                            self._write_buffer(self._held[0])
+                            buf = self._held.pop(0)
+                            written_seq, buf.free, dirty = buf.seq, True, True
+                        now = time.monotonic()
+                        due = (job is not None and job.commit) or now - last_commit >= self.commit_every_s
+                        if (dirty or retry) and due:
+                            assert self._writer is not None
+                            committing = True
+                            self._writer.commit()
+                            committing = False
+                            self._commit_error = None
+                            self._num_committed = self._writer.num_committed
+                            if not warm and not self._closing:
+                                # the training thread looks ids up in committed shards from now on (numba
+                                # kernels): load them here, once, before it sees the commit
+                                warm = True
+                                _warm_up_kernels()
+                            self._committed_seq = written_seq
+                            last_commit = now
+                            dirty = False
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                if isinstance(exc, AutoCommitError) or (committing and self._writer_intact(exc)):
+                    # the records intact (the lock, the network, a full disk for a while): kept for a retry
+                    log.warning("%s: a commit failed, the records are kept for a retry: %r", self.path, exc)
+                    self._commit_error = exc
+                else:
+                    log.error("%s: background writer failed: %r", self.path, exc)
+                    self._error = exc
+                    while self._held:  # discarded at close(): the training thread must not wait for them
+                        self._held.pop(0).free = True
+            finally:
+                self._returned.set()  # (also after a failure: a log() waiting for a buffer sees it)
+                if job is not None and job.done is not None:
+                    job.done.set()
+
+    def _writer_intact(self, exc: BaseException) -> bool:
+        """After ``exc`` from the writer's commit: whether the writer still holds its records (a commit
+        that failed with the records intact leaves it usable: its next commit retries)."""
+        w = self._writer
+        return (isinstance(exc, Exception) and not isinstance(exc, SchemaError)  # (a shard the writer dropped)
+                and w is not None and w._failed is None and not w._closed)
 
     def _idle_job(self) -> Job | None:
         """Nothing handed off for ``commit_every_s`` (a pause in logging: evaluation, a checkpoint): take
@@ -274,35 +309,55 @@ class Logger:
             self._lock.release()
 
     def _write_buffer(self, buf: Buffer) -> None:
-        """Write one buffer's records into the current shard (no commit). Runs in the background thread."""
+        """Write one buffer's records into the current shard (no commit). Runs in the background thread.
+        After an automatic commit that failed part way, only the rows the writer did not take."""
         assert self._writer is not None
         stats = dict(buf.stats)
         if buf.n:  # the rows that went in, exactly (an interrupted log() counts only those)
             key = f"rank-{self.rank}/records"
             stats[key] = stats.get(key, 0) + buf.n
-        if stats:
+        if stats and not buf.counted:
             self._writer.add_stats(stats)
-        if buf.n:
-            columns = {name: arr[: buf.n] for name, arr in buf.arrays.items()}
-            self._writer.append_batch(columns, ids=buf.ids)
+        buf.counted = True
+        if buf.n > buf.taken:
+            columns = {name: arr[buf.taken : buf.n] for name, arr in buf.arrays.items()}
+            try:
+                self._writer.append_batch(columns, ids=buf.ids[buf.taken : buf.n])
+            except AutoCommitError as exc:  # never append again what the writer took
+                buf.taken += exc.taken
+                raise
+            buf.taken = buf.n
 
     # ---------------------------------------------------------------------------------- logging
 
-    def _check(self) -> None:
+    def _check(self, retry: bool = False) -> None:
+        """Refuse a call: from a forked child, after a failure, on a closed logger. ``retry``: a call that
+        retries a failed commit (``flush``) is not refused for it."""
         if os.getpid() != self._pid:  # its background thread is not in a forked child: calls would block
             raise SeqstoreError(f"{self.path}: this logger belongs to process {self._pid}; a forked child cannot "
                                 "use it (open a Logger of its own in the child)")
-        self._raise_failure()
+        self._raise_failure(retry)
         if self._closed or self._closing:
             raise SeqstoreError(f"{self.path}: logger is closed")
 
-    def _raise_failure(self) -> None:
-        """Raise the background writer's failure (every call after it, ``close`` included)."""
+    def _raise_failure(self, retry: bool = False) -> None:
+        """Raise the background writer's failure (every call after it, ``close`` included), and a failed
+        commit until a retry succeeds (unless ``retry``)."""
         if self._error is not None:
             raise LoggerError(
                 f"{self.path}: the background writer failed ({type(self._error).__name__}: {self._error}); "
                 f"records committed before the failure ({self._num_committed} by this logger) are intact"
             ) from self._error
+        if self._commit_error is not None and not retry:
+            raise self._commit_failure() from self._commit_error
+
+    def _commit_failure(self, note: str = "") -> LoggerCommitError:
+        err = self._commit_error
+        cause = getattr(err, "error", err)  # (an AutoCommitError's note is about the writer's own retry)
+        return LoggerCommitError(
+            f"{self.path}: a commit failed ({type(cause).__name__}: {cause}); nothing logged is lost: the "
+            f"{self._num_logged - self._num_committed} record(s) logged and not committed are kept, and flush() "
+            f"or close() retries the commit; log() takes no records until one succeeds{note}")
 
     @at_exit.guarded
     def log(self, ids: Any, tensors: Mapping[str, Any]) -> None:
@@ -326,7 +381,7 @@ class Logger:
             self._start(Schema({n: infer_field(n, v, batch, first) for n, v in flat.items()}))
         assert self.schema is not None
         schema = self.schema
-        self._check_fields(flat, id_list)
+        check_fields(schema, flat, id_list)
         host = self._stager.to_host(flat)
         converted: dict[str, np.ndarray[Any, Any]] = {}
         for name, f in schema.items():
@@ -345,30 +400,6 @@ class Logger:
                 self._ids.commit_asked = self._cur.seq if self._cur is not None else self._seq - 1
                 self._handoff(commit=True)
 
-    def _check_fields(self, flat: Mapping[str, Any], ids: list[str]) -> None:
-        assert self.schema is not None
-        batch = len(ids)
-        given, names = set(flat), set(self.schema)
-        if given != names:
-            missing, unknown = sorted(names - given), sorted(given - names)
-            msg = [f"{what} field(s) {v}" for what, v in (("missing", missing), ("unknown", unknown)) if v]
-            who = (f"id {ids[0]!r}" if ids else "an empty batch") + (
-                f" (and the {batch - 1} other ids of the batch)" if batch > 1 else "")
-            raise SchemaError(f"log(): {who}: {'; '.join(msg)}; the log's fields are {sorted(names)}")
-        for name, f in self.schema.items():
-            v = flat[name] if hasattr(flat[name], "shape") else as_array(name, flat[name], ids[0] if ids else "<none>")
-            shape = tuple(int(s) for s in v.shape)
-            if len(shape) == 0 or shape[0] != batch:
-                raise SchemaError(
-                    f"log(): field {name!r}: got {shape[0] if shape else 'a scalar'} rows for {batch} ids "
-                    f"(first id {ids[0] if ids else None!r}); tensors are batch-first"
-                )
-            if shape[1:] != f.inner_shape:
-                raise SchemaError(
-                    f"log(): field {name!r} of id {ids[0] if ids else None!r}: expected per-example shape "
-                    f"{f.inner_shape}, got {shape[1:]} (batch shape {shape})"
-                )
-
     def _append(self, converted: Mapping[str, np.ndarray[Any, Any]], ids: list[str], keep: np.ndarray[Any, Any] | None,
                 stats: dict[str, int], skipped: int) -> None:
         """Copy the kept rows into buffers, handing full buffers to the background thread. The batch's
@@ -385,7 +416,12 @@ class Logger:
             return
         pos = 0
         while pos < total:
-            buf = self._cur if self._cur is not None else self._take_buffer()
+            try:
+                buf = self._cur if self._cur is not None else self._take_buffer()
+            except LoggerCommitError:  # (the commit failed while this batch was copied)
+                raise self._commit_failure(
+                    f"; of this batch, the {pos} record(s) up to id {ids[pos - 1]!r} are logged, the {total - pos} "
+                    f"from id {ids[pos]!r} on are not: log those again after a flush()") from self._commit_error
             take = min(total - pos, buf.cap - buf.n)
             src = slice(pos, pos + take) if keep is None else keep[pos : pos + take]
             dst = slice(buf.n, buf.n + take)
@@ -455,12 +491,12 @@ class Logger:
     @at_exit.guarded
     def flush(self) -> None:
         """Write and commit everything logged so far; returns when it is durable and visible."""
-        self._check()
+        self._check(retry=True)
         if self._thread is None:
             return
         with self._lock:
             self._handoff(commit=True, wait=True)
-            self._check()
+            self._check()  # (a retry of a failed commit that failed again too)
             assert self._reader is not None
             self._ids.see_commits(self._reader, self._committed_seq)
 
@@ -470,8 +506,10 @@ class Logger:
 
         Raises :class:`LoggerError` if the background writer failed (then what was not committed
         before the failure is discarded; committed shards stay), and again at every later call, as
-        ``log`` and ``flush`` do. After a clean close, a second one does nothing. An interrupt (Ctrl-C)
-        leaves the logger closing: a second ``close`` (or the interpreter's exit) finishes it.
+        ``log`` and ``flush`` do. A commit that fails with the records intact raises
+        :class:`LoggerCommitError` and leaves the logger closing with them: ``close`` again retries.
+        After a clean close, a second one does nothing. An interrupt (Ctrl-C) leaves the logger
+        closing: a second ``close`` (or the interpreter's exit) finishes it.
         """
         if self._closed:
             if os.getpid() == self._pid:
@@ -485,6 +523,8 @@ class Logger:
         if self._thread is not None and self._error is None and not self._stopping:
             with self._lock:
                 self._handoff(commit=True, wait=True)
+            if self._commit_error is not None and self._error is None:  # kept: close() again retries
+                raise self._commit_failure() from self._commit_error
         if self._thread is not None:
             self._stopping = True
             self._work.put(STOP)  # a second one (a close resumed) is never read
@@ -509,6 +549,12 @@ class Logger:
         pending = self._num_logged - self._num_committed
         try:
             self.close()
+        except LoggerCommitError as exc:  # retried at exit, failed again: the records go with the process
+            self._error = exc
+            with contextlib.suppress(LoggerError):
+                self.close()  # (stops the thread, removes the writer's workspace)
+            return (f"seqstore: {self.path}: logger not closed at {why}; its commit failed ({exc.__cause__!r}): "
+                    f"{pending} uncommitted record(s) discarded")
         except LoggerError as exc:
             return f"seqstore: {self.path}: logger not closed at {why}; {exc}"
         return f"seqstore: {self.path}: logger not closed at {why}; committed {pending} pending record(s)"
