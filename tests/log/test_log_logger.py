@@ -597,3 +597,17 @@ def test_a_failed_automatic_commit_loses_and_repeats_no_record(scratch: Path) ->
     assert [st.id(i) for i in range(len(st))] == [f"ex{i}" for i in want]
     assert st.get_batch(np.arange(len(st)), fields=["g"])["g"][:, 0].tolist() == want
     assert st.manifest.stats["rank-0/records"] == len(want)
+
+
+def test_byte_sizes_given_as_floats_are_taken_and_infinity_is_named(scratch: Path) -> None:
+    """The Logger took any positive number for its byte sizes: shard_bytes=1e9 passed, then the first log()
+    raised the writer's bare TypeError (naming neither the log nor the option) and nothing was logged;
+    flush_bytes=inf raised int()'s bare OverflowError. A whole number of bytes given as a float is taken;
+    infinity is a ValueError naming the log and the option."""
+    with Logger(scratch / "log", shard_bytes=1e9, flush_bytes=4096.0) as lg:
+        lg.log(["a"], {"g": np.ones((1, 4), np.float32)})
+    assert ss.open(scratch / "log").id(0) == "a"
+    for option in ("flush_bytes", "shard_bytes"):
+        with pytest.raises(ValueError, match=rf"Logger .*/other: {option} must be a positive number, got inf"):
+            Logger(scratch / "other", **{option: float("inf")})
+    assert not (scratch / "other").exists()

@@ -98,7 +98,8 @@ class Logger:
                  metadata: Mapping[str, Any] | None = None, direct_io: bool = True,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         for name, v in (("flush_bytes", flush_bytes), ("commit_every_s", commit_every_s), ("shard_bytes", shard_bytes)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:  # (nan: no timed commit ever)
+            if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0  # (nan: no timed commit ever)
+                    or (name != "commit_every_s" and not math.isfinite(v))):  # (a count of bytes)
                 raise ValueError(f"Logger {os.fspath(path)}: {name} must be a positive number, got {v!r}")
         for option, given, ok, what in (
                 ("packed", packed, isinstance(packed, (bool, Mapping)), "True, False or {group: [fields]}"),
@@ -108,13 +109,13 @@ class Logger:
                 raise TypeError(f"Logger {os.fspath(path)}: {option}={given!r}: expected {what}")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
-        self.flush_bytes = int(flush_bytes)
+        self.flush_bytes = max(1, int(flush_bytes))
         self.commit_every_s = float(commit_every_s)
         self.on_duplicate = on_duplicate
         self._ids = LoggedIds(self.path, on_duplicate)  # checks the policy's name
         self.rank = default_rank() if rank is None else int(rank)
         self._packed = packed
-        self._shard_bytes = shard_bytes
+        self._shard_bytes = max(1, int(shard_bytes))  # (1e9: the writer takes an int)
         self._metadata = dict(metadata or {})
         self._direct_io = bool(direct_io)
         self._stager = HostStager()
