@@ -277,6 +277,33 @@ def test_logger_to_url(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, monkeypa
     assert verify(url, storage_options=opts) == []
 
 
+def test_a_logger_whose_commit_at_a_url_fails_keeps_its_records(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service answering 503 to the manifest's upload while a Logger commits: LoggerCommitError (not a
+    dead logger whose close() discarded what the writer held); once the service answers, close() commits
+    every record once."""
+    from seqstore.log import LoggerCommitError
+
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://{s3_bucket}/failing-log.seqstore"
+    lg = ss.Logger(url, storage_options=moto_s3.storage_options(s3_proxy.url, max_retries=1), shard_bytes=2048,
+                   flush_bytes=1024)
+    grad = np.ones((8, 4), np.float32)
+    lg.log([f"a{j}" for j in range(8)], {"grad": grad})
+    lg.flush()
+    s3_proxy.fail(None, method="PUT", path="manifest.json")  # answered 503, never forwarded
+    logged = 8
+    with pytest.raises(LoggerCommitError, match="manifest.json"):
+        for step in range(1, 40):
+            lg.log([f"a{j}" for j in range(step * 8, step * 8 + 8)], {"grad": grad * step})
+            logged += 8
+    s3_proxy.clear_faults()
+    lg.close()
+    store = ss.open(url, storage_options=moto_s3.storage_options())
+    assert [store.id(i) for i in range(len(store))] == [f"a{j}" for j in range(logged)]
+    assert verify(url, storage_options=moto_s3.storage_options()) == []
+
+
 # ------------------------------------------------------------------------------------ refused
 
 
