@@ -611,3 +611,25 @@ def test_byte_sizes_given_as_floats_are_taken_and_infinity_is_named(scratch: Pat
         with pytest.raises(ValueError, match=rf"Logger .*/other: {option} must be a positive number, got inf"):
             Logger(scratch / "other", **{option: float("inf")})
     assert not (scratch / "other").exists()
+
+
+def test_a_commit_still_failing_at_exit_is_said_and_leaves_no_workspace(scratch: Path) -> None:
+    """At interpreter exit (the hook store/write/at_exit.py calls) a Logger whose commit still fails says
+    how many records it discards and removes its workspace; committed records stay."""
+    from seqstore.log import LoggerCommitError
+
+    root = scratch / "log"
+    lg = Logger(root, flush_bytes=4096, commit_every_s=60)
+    lg.log(["a", "b"], {"g": np.ones((2, 4), np.float32)})
+    lg.flush()
+    blocker = _manifest_blocker(root)
+    lg.log(["c"], {"g": np.ones((1, 4), np.float32)})
+    with pytest.raises(LoggerCommitError):
+        lg.flush()
+    line = lg._commit_at_exit("exit")
+    assert line is not None and "logger not closed at exit; its commit failed" in line
+    assert "1 uncommitted record(s) discarded" in line
+    blocker.rmdir()
+    assert list((root / "_tmp").iterdir()) == [] and len(ss.open(root)) == 2
+    with pytest.raises(LoggerError):  # and every later call says so
+        lg.close()
