@@ -633,3 +633,12 @@ def test_a_commit_still_failing_at_exit_is_said_and_leaves_no_workspace(scratch:
     assert list((root / "_tmp").iterdir()) == [] and len(ss.open(root)) == 2
     with pytest.raises(LoggerError):  # and every later call says so
         lg.close()
+
+
+@pytest.mark.parametrize("rank, error", [(-1, ValueError), (True, TypeError)])
+def test_a_rank_that_is_no_process_rank_is_named(scratch: Path, rank: Any, error: type[Exception]) -> None:
+    """rank=-1 was taken (its counts went to stats["rank--1/records"]) and rank=True was taken as rank 1:
+    each is now refused, naming the log and the option, before anything is made."""
+    with pytest.raises(error, match=rf"Logger .*/log: rank={rank!r}: expected an int >= 0"):
+        Logger(scratch / "log", schema={"g": ss.Field("float32", (2,))}, rank=rank)
+    assert not (scratch / "log").exists()

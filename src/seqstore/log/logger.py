@@ -104,9 +104,12 @@ class Logger:
         for option, given, ok, what in (
                 ("packed", packed, isinstance(packed, (bool, Mapping)), "True, False or {group: [fields]}"),
                 ("metadata", metadata, metadata is None or isinstance(metadata, Mapping), "a dict"),
-                ("rank", rank, rank is None or isinstance(rank, numbers.Integral), "an int")):
+                ("rank", rank, rank is None or isinstance(rank, numbers.Integral) and not isinstance(rank, bool),
+                 "an int >= 0")):
             if not ok:
                 raise TypeError(f"Logger {os.fspath(path)}: {option}={given!r}: expected {what}")
+        if rank is not None and rank < 0:  # (its counts would go to stats["rank--1/records"])
+            raise ValueError(f"Logger {os.fspath(path)}: rank={rank!r}: expected an int >= 0")
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = max(1, int(flush_bytes))
