@@ -642,3 +642,19 @@ def test_a_rank_that_is_no_process_rank_is_named(scratch: Path, rank: Any, error
     with pytest.raises(error, match=rf"Logger .*/log: rank={rank!r}: expected an int >= 0"):
         Logger(scratch / "log", schema={"g": ss.Field("float32", (2,))}, rank=rank)
     assert not (scratch / "log").exists()
+
+
+def test_a_packing_that_does_not_fit_the_logged_fields_names_the_log(scratch: Path) -> None:
+    """packed={"grp": ["nope"]} was refused at the first log() by the schema's SchemaError, which named
+    neither the log nor the option: it now names both; nothing is made and the logger takes nothing."""
+    lg = Logger(scratch / "log", packed={"grp": ["nope"]})
+    want = r"Logger .*/log: packed=\{'grp': \['nope'\]\}: packed group 'grp': no field"
+    with pytest.raises(ss.SchemaError, match=want):
+        lg.log(["a"], {"g": np.ones((1, 3), np.float32)})
+    assert not (scratch / "log").exists()
+    lg.close()
+    with Logger(scratch / "log") as lg:
+        lg.log(["a"], {"g": np.ones((1, 3), np.float32)})
+    with Logger(scratch / "log", packed={"grp": ["nope"]}) as lg:  # ignored: the store exists
+        lg.log(["b"], {"g": np.ones((1, 3), np.float32)})
+    assert len(ss.open(scratch / "log")) == 2

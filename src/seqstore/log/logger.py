@@ -174,6 +174,11 @@ class Logger:
                     raise SchemaError(f"{self.path}: existing store has schema {existing.schema!r}, logged {schema!r}")
                 self._ids.check_lookup(existing.id_lookup)
                 schema, packed = existing.schema, None
+            elif isinstance(self._packed, Mapping) and packed is not None:  # (the schema's error names neither)
+                try:
+                    Schema(schema, packed=packed)
+                except SchemaError as exc:
+                    raise SchemaError(f"Logger {self.path}: packed={dict(self._packed)!r}: {exc}") from None
             self._writer = open_or_create(
                 self.path, schema, packed=packed, id_lookup=self._ids.lookup, shard_bytes=self._shard_bytes,
                 buffer_bytes=1,  # every append_batch is written through: no second copy
