@@ -293,7 +293,7 @@ class Logger:
         that failed with the records intact leaves it usable: its next commit retries)."""
         w = self._writer
         return (isinstance(exc, Exception) and not isinstance(exc, SchemaError)  # (a shard the writer dropped)
-                and w is not None and w._failed is None and not w._closed)
+                and w is not None and w.usable)
 
     def _idle_job(self) -> Job | None:
         """Nothing handed off for ``commit_every_s`` (a pause in logging: evaluation, a checkpoint): take

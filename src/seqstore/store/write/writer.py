@@ -120,6 +120,12 @@ class Writer:
         """Shards this writer had to move to a higher number (object storage)."""
         return self.target.renumbered
 
+    @property
+    def usable(self) -> bool:
+        """Whether this writer takes records and commits: not closed, and no failure that lost its
+        records (a commit that failed with them intact leaves it usable: its next commit retries)."""
+        return self._failed is None and not self._closed
+
     def _reset_buffer(self) -> None:
         # staging arrays are free again once their data is written: keep one per unit for reuse
         self._spare: dict[str, np.ndarray[Any, Any]] = {n: st[0] for n, st in getattr(self, "_staging", {}).items()}
