@@ -230,6 +230,34 @@ def test_export_megatron_with_overwrite_never_replaces_a_directory(tmp_path: Pat
 
 
 
+_INTO_STORE = [("export_hdf", "returnn", "manifest.json"), ("export_hdf", "returnn", "new.hdf"),
+               ("export_megatron", "megatron", "shard-000000/x"), ("export_webdataset", "webdataset", "w"),
+               ("export_hf", "hf_export", "h"), ("export_hf", "hf_export", "..")]
+
+
+@pytest.mark.parametrize("as_store", [False, True])
+@pytest.mark.parametrize(("name", "module", "out"), _INTO_STORE)
+def test_an_export_into_the_store_it_reads_or_over_it_is_refused(tmp_path: Path, name: str, module: str, out: str,
+                                                                  as_store: bool) -> None:
+    """Only the command line refused an output inside the store it exports: export_hdf(store,
+    store/manifest.json, overwrite=True) replaced the manifest and lost the store, others wrote their files
+    among the store's, and export_hf(store, DIR, overwrite=True) with the store inside a DIR holding a
+    state.json deleted the store with DIR. Every exporter now refuses, naming both, before writing."""
+    import importlib
+
+    export = getattr(importlib.import_module(f"seqstore.interop.{module}"), name)
+    (tmp_path / "state.json").write_text("{}")
+    with seqstore.create(tmp_path / "s", SCHEMA) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)}, id="a")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    src = seqstore.open(tmp_path / "s") if as_store else tmp_path / "s"
+    words = "holds the store" if out == ".." else "is inside the store"
+    with pytest.raises(seqstore.errors.SeqstoreError, match=f"{name}: the output .* {words} .*s that it exports"):
+        export(src, tmp_path / "s" / out, overwrite=True)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert len(seqstore.open(tmp_path / "s")) == 1
+
+
 @pytest.mark.parametrize(("name", "module", "kwargs", "words"), [
     ("export_hdf", "returnn", {"fields": {"x": 5}}, "field 'x': 5 cannot be an HDF target key"),
     ("export_webdataset", "webdataset", {"fields": {"x": 5}}, "field 'x': 5 cannot be a tar member extension"),

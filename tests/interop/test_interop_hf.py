@@ -441,7 +441,7 @@ def test_export_hf_loads_in_datasets_and_imports_back(tmp_path: Path, capsys: py
     assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(tmp_path / "cli"), "--overwrite"]) == 0
     assert datasets.load_from_disk(str(tmp_path / "cli")).column_names[0] == "id"
     assert cli_main(["export", "--to", "hf", "-q", str(st.root), str(st.root), "--overwrite"]) == 2
-    assert "not a datasets save_to_disk directory" in capsys.readouterr().err
+    assert "is inside the store" in capsys.readouterr().err
     assert len(seqstore.open(st.root)) == 50
     with pytest.raises(KeyError, match="no field 'nope'"):
         export_hf(st, tmp_path / "bad", fields=["nope"])

@@ -33,7 +33,8 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
-           "install_output", "remove_path", "temp_sibling", "local_output", "read_as_float32", "check_size"]
+           "install_output", "remove_path", "temp_sibling", "local_output", "check_apart", "read_as_float32",
+           "check_size"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -125,6 +126,37 @@ def local_output(out: str | os.PathLike[str], what: str) -> Path:
     if is_remote(os.fspath(out)):
         raise SeqstoreError(f"{what}: {os.fspath(out)} is a URL; {what} writes local files only")
     return local_path(out)
+
+
+def _places(path: str | os.PathLike[str]) -> set[Path]:
+    """Where the local ``path`` is: its absolute path with the directories above resolved (what a rename
+    onto it replaces, a symbolic link itself) and, when it is a link, where the link leads."""
+    p = local_path(path)
+    named = Path(os.path.normpath(p))  # (``a/..`` as ``.``: a rename does not take a name of ``..``)
+    return {named.parent.resolve() / named.name, p.resolve()}
+
+
+def check_apart(store: str | os.PathLike[str] | Store, outs: Iterable[str | os.PathLike[str]], who: str) -> None:
+    """Refuse an export to ``outs`` (the local paths it writes) from ``store`` (a path, URL or Store) when
+    one of them is the local store's directory, inside it, or a directory holding it: written there (with
+    ``overwrite``, replacing what is there), it would overwrite or delete the store it reads.
+    SeqstoreError naming ``who``, the output and the store; nothing for a store or output at a URL."""
+    src = store.source.reopen()[0] if isinstance(store, Store) else store
+    if is_remote(os.fspath(src)):
+        return
+    root = local_path(src).resolve()
+    for out in outs:
+        if is_remote(os.fspath(out)):
+            continue
+        for dest in _places(out):
+            if dest == root or root in dest.parents:
+                where = "is inside the store"  # (the store's directory itself too)
+            elif dest in root.parents:
+                where = "holds the store"
+            else:
+                continue
+            raise SeqstoreError(f"{who}: the output {os.fspath(out)} {where} {os.fspath(src)} that it exports "
+                                "(writing it would overwrite or delete the store's files); write it elsewhere")
 
 
 def read_as_float32(store: str | os.PathLike[str] | Store) -> Store:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from ..errors import SeqstoreError
 from ..io.objects import is_remote
 from ..store import open_store
-from ._common import Progress, announce_total, remove_path
+from ._common import Progress, announce_total, check_apart, remove_path
 from .cli_words import cli_message
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
@@ -423,16 +423,6 @@ def _undone_on_interrupt(out: str, *, pair: bool = False) -> Iterator[None]:
         raise
 
 
-def _check_outside(store: str, out: str) -> None:
-    """Refuse an export whose OUT is a local store's directory or inside it: written (with ``--overwrite``,
-    replacing) where the store's own files are, it could destroy the store it reads."""
-    if is_remote(store) or is_remote(out):
-        return
-    root, dest = Path(store).resolve(), Path(out).resolve()
-    if dest == root or root in dest.parents:
-        raise SeqstoreError(f"{out}: the output is inside the store {store} that it exports; write it elsewhere")
-
-
 def convert_main(args: argparse.Namespace) -> int:
     """``seqstore convert --from FORMAT SOURCE... OUT``: build a new store from files of another format.
     Returns the exit status (0; 2 for missing/existing paths; SeqstoreError propagates to cli.main)."""
@@ -455,7 +445,7 @@ def export_main(args: argparse.Namespace) -> int:
     """``seqstore export --to FORMAT STORE OUT``: write a store in another format. Returns the exit status."""
     conv = TARGETS[args.target]
     _check_options(args, "export")
-    _check_outside(os.fspath(args.store), os.fspath(args.out))
+    check_apart(args.store, [args.out], "export")  # (before the interrupt's clean-up could remove OUT)
     with _undone_on_interrupt(os.fspath(args.out), pair=args.target == "megatron"):
         try:
             opts = _storage_options(args)

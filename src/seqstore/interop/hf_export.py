@@ -38,6 +38,7 @@ from . import to_arrow
 from ._common import (
     Progress,
     announce_total,
+    check_apart,
     check_named_once,
     check_output,
     check_size,
@@ -126,6 +127,7 @@ def export_hf(
     Open the result with ``datasets.load_from_disk(out)``."""
     hf = datasets_module()
     root = local_output(out, "export_hf")
+    check_apart(store, [root], "export_hf")
     st = store if isinstance(store, Store) else open_store(store)
     names = list(st.schema) if fields is None else field_list(fields) or []
     unknown = [n for n in names if n not in st.schema]

@@ -51,6 +51,7 @@ from ._common import (
     Progress,
     SourceFormatError,
     announce_total,
+    check_apart,
     check_output,
     check_size,
     local_output,
@@ -395,6 +396,7 @@ def export_megatron(
     again with ``overwrite``). ``progress`` gets bytes of tokens.
     """
     prefix = _prefix(local_output(out, "export_megatron"))
+    check_apart(store, [prefix + ".bin", prefix + ".idx"], "export_megatron")
     chunk_bytes = check_size("export_megatron", "chunk_bytes", chunk_bytes)
     st = store if isinstance(store, Store) else open_store(store)
     name = _ragged_field(st, field)

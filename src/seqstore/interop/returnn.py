@@ -31,6 +31,7 @@ from ._common import (
     DEFAULT_CHUNK_BYTES,
     Progress,
     announce_total,
+    check_apart,
     check_named_once,
     check_output,
     check_size,
@@ -336,6 +337,7 @@ def export_hdf(
     """
     h5py = h5py_module()
     target = local_output(out, "export_hdf")
+    check_apart(store, [target], "export_hdf")
     chunk_bytes = check_size("export_hdf", "chunk_bytes", chunk_bytes)
     st = read_as_float32(store)
     schema = st.schema

@@ -48,6 +48,7 @@ from ._common import (
     Progress,
     SourceFormatError,
     announce_total,
+    check_apart,
     check_named_once,
     check_output,
     check_size,
@@ -417,6 +418,7 @@ def export_webdataset(
     files). Memory O(``chunk_records``). ``progress`` gets records.
     """
     root = local_output(out, "export_webdataset")
+    check_apart(store, [root], "export_webdataset")
     st = read_as_float32(store)  # (bfloat16 as float32, which a member's reader knows)
     plan = _export_plan(st, fields)
     if keys == "auto":
