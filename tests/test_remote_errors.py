@@ -131,6 +131,26 @@ def test_a_url_that_does_not_parse_names_the_url(url: str, tmp_path: Path) -> No
     _clean(str(info.value))
 
 
+@pytest.mark.parametrize("url", ["foo://bar/x.seqstore", "MEMORY://bar/x.seqstore", "foo://u:hunter2-pw@bar/x"])
+def test_a_url_of_an_unknown_scheme_names_it_and_the_schemes_seqstore_opens(
+        url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqstore.open("foo://bar/x")`` raised fsspec's bare ``ValueError: Protocol not known: foo`` (and
+    ``seqstore info`` printed a traceback): a ConfigError names the URL (not its password) and the schemes
+    seqstore opens, before any request, from the API and the command line."""
+    shown = url.replace("u:hunter2-pw@", "")
+    for call in (lambda: ss.open(url, cache_dir=tmp_path / "c"), lambda: ss.create(url, {"x": ss.Field("int32")})):
+        with pytest.raises(ConfigError, match="unknown URL scheme") as info:
+            call()
+        msg = _message_of(info.value)
+        assert shown in msg and "hunter2-pw" not in msg and "s3://" in msg and "memory://" in msg, msg
+        _clean(msg)
+    assert main(["info", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and shown in err and "unknown URL scheme" in err, err
+    assert "hunter2-pw" not in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
 def test_open_url_without_bucket(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         ss.open("s3:///x.seqstore", cache_dir=tmp_path / "c")

@@ -23,7 +23,7 @@ from .retry import RetryPolicy
 
 __all__ = [
     "Answer", "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "Request",
-    "SEQSTORE_OPTIONS", "check_options", "check_url", "error_at", "is_remote", "option_flag", "redact",
+    "SEQSTORE_OPTIONS", "check_options", "check_scheme", "check_url", "error_at", "is_remote", "option_flag", "redact",
 ]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
@@ -80,6 +80,28 @@ def check_url(url: str) -> None:
             f"{url}: not a valid {scheme}:// URL: it names no {holder} (expected {scheme}://{holder.upper()}/PATH"
             f"{slashes})"
         )
+
+
+def check_scheme(url: str) -> None:
+    """Raise :class:`ConfigError` naming ``url`` (without a ``user:password@``) and the schemes seqstore
+    opens when its scheme is neither object storage's (:data:`REMOTE_SCHEMES`) nor the protocol of an
+    installed fsspec filesystem (fsspec's own error, a bare ``ValueError: Protocol not known``, named
+    neither). Without fsspec nothing is checked: its back end names the URL and the package to install."""
+    named = _SCHEME.match(url)
+    if named is None or named.group(1).lower() in REMOTE_SCHEMES:
+        return
+    try:
+        import fsspec
+    except ImportError:
+        return
+    known = set(fsspec.available_protocols())
+    if named.group(1) in known:
+        return
+    shown = re.sub(r"^([^:]+://)[^/@]*@", r"\1", url)
+    others = ", ".join(f"{s}://" for s in sorted(known - {*REMOTE_SCHEMES, "file", "local"}))
+    raise ConfigError(f"{shown}: unknown URL scheme {named.group(1)!r}; seqstore opens local paths (or file://), "
+                      f"object storage at {', '.join(f'{s}://' for s in REMOTE_SCHEMES)}, and the filesystems of "
+                      f"fsspec: {others}")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from .object_common import (
     ObjectBackend,
     ObjectMeta,
     Request,
+    check_scheme,
     check_url,
     is_remote,
     redact,
@@ -69,6 +70,8 @@ class ObjectClient:
                  filesystem: Any = None) -> None:
         self.url = url.rstrip("/")
         check_url(self.url)
+        if filesystem is None:  # (a filesystem given takes any URL)
+            check_scheme(self.url)
         o = StoreOptions.of(self.url, options, filesystem=filesystem)  # checked: a ConfigError names the option
         self.max_requests, self.max_inflight_bytes = o.max_requests, o.max_inflight_bytes
         self.coalesce_gap, self.timeout, self.connect_timeout = o.coalesce_gap, o.timeout, o.connect_timeout
