@@ -91,6 +91,18 @@ def test_topk_ties_keep_the_lowest_records(scratch: Path) -> None:
     assert ref.tolist() == [[100, 103, 106, 109, 112], [0, 1, 2, 3, 4]]
 
 
+def test_topk_of_fewer_records_than_k_has_as_many_columns_as_records(scratch: Path) -> None:
+    """The documented shape is ``(Q, min(k, records scanned))`` (the docs said ``(Q, k)``): no padding."""
+    with Logger(scratch / "few", schema={"g": ss.Field("float32", (2,))}) as lg:
+        lg.log(["a", "b", "c"], {"g": np.arange(6, dtype=np.float32).reshape(3, 2)})
+    q = np.ones((2, 2), np.float32)
+    for bounds, cols in (({}, 3), ({"start": 1}, 2), ({"start": 1, "stop": 1}, 0)):
+        res = similarity(scratch / "few", q, topk=5, **bounds)
+        assert res.top_rows.shape == res.top_scores.shape == (2, cols), bounds
+        assert res.top_rows.dtype == np.int64 and res.top_scores.dtype == np.float32
+    assert res.top_rows.shape == (2, 0) and similarity(scratch / "few", q, topk=5).top_rows.tolist() == [[2, 1, 0]] * 2
+
+
 def test_dict_queries_for_a_scalar_field(scratch: Path) -> None:
     """A dict of queries gives each field as (Q, *shape): a scalar field (the loss) as (Q,), not one query."""
     rng = np.random.default_rng(4)

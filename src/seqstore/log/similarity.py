@@ -41,9 +41,10 @@ class SimilarityResult:
     Attributes:
         scores: ``(N, Q)`` float32, ``scores[i, q] = <record i, query q>``; None when not kept.
         per_field: field -> ``(N, Q)`` float32 scores over that field's columns only (``per_field=True``).
-        top_rows: ``(Q, k)`` int64 record numbers of the k highest scores per query, best first
-            (ties: lower record first; NaN scores rank last); None without ``topk``.
-        top_scores: ``(Q, k)`` float32 scores of ``top_rows``.
+        top_rows: ``(Q, min(k, rows))`` int64 record numbers of the k highest scores per query, best
+            first (ties: lower record first; NaN scores rank last): fewer than k columns, not padded, when
+            fewer than k records are scanned; None without ``topk``.
+        top_scores: ``(Q, min(k, rows))`` float32 scores of ``top_rows``.
         out: the store the scores were written to (``out=``): one record per scanned record, field
             ``"score"`` (Q,) and, with ``per_field``, ``"by_field/<field>"`` (Q,), packed as group ``"scores"``.
         columns: each field's column range ``[a, b)`` in the scanned matrix.
