@@ -151,6 +151,20 @@ def test_a_url_of_an_unknown_scheme_names_it_and_the_schemes_seqstore_opens(
     assert not list(tmp_path.iterdir())
 
 
+def test_a_url_whose_fsspec_filesystem_is_not_installed_names_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheme fsspec knows but whose package is missing (``sftp://`` without paramiko) raised fsspec's
+    ImportError naming neither the URL nor the scheme: it now names the URL, with fsspec's words of what to
+    install."""
+    from fsspec.registry import known_implementations
+
+    monkeypatch.setitem(known_implementations, "nosuchfs",
+                        {"class": "seqstore_no_such_module.FileSystem", "err": "install seqstore-no-such-module"})
+    url = "nosuchfs://bucket/x.seqstore"
+    with pytest.raises(ImportError, match=f"^{url}: .*install seqstore-no-such-module"):
+        ss.open(url, cache_dir=tmp_path / "c")
+
+
 def test_open_url_without_bucket(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         ss.open("s3:///x.seqstore", cache_dir=tmp_path / "c")

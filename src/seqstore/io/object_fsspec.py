@@ -50,7 +50,10 @@ class FsspecBackend(ObjectBackend):
             self.fs = client.filesystem
             self.root = client.url.split("://", 1)[-1]
         else:
-            self.fs, self.root = self._call("", lambda: fsspec.core.url_to_fs(client.url, **client.options))
+            try:
+                self.fs, self.root = self._call("", lambda: fsspec.core.url_to_fs(client.url, **client.options))
+            except ImportError as exc:  # (fsspec knows the scheme, its package is missing: words without the URL)
+                raise ImportError(f"{client.url}: {exc}", name=exc.name) from exc
         self.root = self.root.rstrip("/")
         self.made = True
         self.conditional = False
