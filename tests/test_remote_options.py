@@ -140,6 +140,14 @@ def test_options_of_the_wrong_type_are_named(storage_options: Any, remote: dict[
         StoreOptions.of("s3://b/x", storage_options, **remote)
 
 
+@pytest.mark.parametrize("key", [3, None, b"timeout"])
+def test_an_option_name_that_is_not_a_string_is_named(key: Any, tmp_path: Path) -> None:
+    """``storage_options={3: 1}`` (a name that is not a str) raised a bare AttributeError ("'int' object has
+    no attribute 'lower'") from the endpoint's look-up: a ConfigError names the URL and the key."""
+    with pytest.raises(ConfigError, match=f"s3://b/x: storage option {key!r}: option names are strings"):
+        ss.open("s3://b/x", storage_options={key: 1}, cache_dir=tmp_path / "c")
+
+
 def test_the_open_docstring_gives_the_cache_default_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``seqstore.open``'s docstring gave the node cache's default as ``~/.cache/seqstore``, but where
     ``$XDG_CACHE_HOME`` is set the cache goes under it (as docs/remote.md says)."""

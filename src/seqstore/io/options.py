@@ -125,6 +125,10 @@ class StoreOptions:
         except (TypeError, ValueError):  # e.g. "anon=true": named, not dict()'s bare error
             raise ConfigError(f"{url}: storage_options: expected a mapping of option names to values, got a "
                               f"{type(storage_options).__name__} (its value not shown: it may hold a secret)") from None
+        bad = [k for k in opts if not isinstance(k, str)]
+        if bad:  # (the back ends take names as str: a bare AttributeError from deep inside)
+            raise ConfigError(f"{url}: storage option {bad[0]!r}: option names are strings, got a "
+                              f"{type(bad[0]).__name__}")
         check_options(url, opts)  # a seqstore error naming the option, not int()'s ValueError
         mine: dict[str, Any] = {key: opts.pop(key) for key in SEQSTORE_OPTIONS if key in opts}
         for key, v in mine.items():
