@@ -148,6 +148,16 @@ def test_an_option_name_that_is_not_a_string_is_named(key: Any, tmp_path: Path) 
         ss.open("s3://b/x", storage_options={key: 1}, cache_dir=tmp_path / "c")
 
 
+@pytest.mark.parametrize("url", ["s3://b/x", "memory://b/x"])
+def test_a_filesystem_that_is_not_an_fsspec_one_is_named(url: str, tmp_path: Path) -> None:
+    """``filesystem=`` something that is not an fsspec filesystem (an s3fs-less stand-in, a path) raised a
+    bare AttributeError (``type object 'object' has no attribute 'find'``) at the first read: a
+    ConfigError names the URL and what was expected when the store is opened."""
+    for fs in (object(), str(tmp_path)):
+        with pytest.raises(ConfigError, match=f"{url}: filesystem: expected an fsspec filesystem"):
+            ss.open(url, filesystem=fs, cache_dir=tmp_path / "c")
+
+
 def test_the_open_docstring_gives_the_cache_default_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``seqstore.open``'s docstring gave the node cache's default as ``~/.cache/seqstore``, but where
     ``$XDG_CACHE_HOME`` is set the cache goes under it (as docs/remote.md says)."""

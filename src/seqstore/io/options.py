@@ -79,6 +79,15 @@ def check_options(url: str, options: Mapping[str, Any]) -> None:
             option_flag(options[key], url, key)
 
 
+def _fsspec_filesystem(fs: Any) -> bool:
+    """Whether ``fs`` is an fsspec filesystem (True without fsspec: its back end then names the package)."""
+    try:
+        import fsspec
+    except ImportError:
+        return True
+    return isinstance(fs, fsspec.AbstractFileSystem)
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """The options of one opened store (see the module docstring). seqstore's own keys, with their defaults
@@ -118,6 +127,9 @@ class StoreOptions:
         given = {k: v for k, v in remote.items() if v is not None}
         if not isinstance(given.get("cache_dir", ""), (str, os.PathLike)):
             raise ConfigError(f"{url}: cache_dir: expected a directory path, got {given['cache_dir']!r}")
+        if "filesystem" in given and not _fsspec_filesystem(given["filesystem"]):
+            raise ConfigError(f"{url}: filesystem: expected an fsspec filesystem (an fsspec.AbstractFileSystem), "
+                              f"got a {type(given['filesystem']).__name__}")
         if isinstance(storage_options, StoreOptions):
             return storage_options.replace(**given) if given else storage_options
         try:
