@@ -218,6 +218,20 @@ def test_export_cast_that_changes_the_sign_is_refused(tmp_path: Path, src: str, 
     assert not (tmp_path / "u.bin").exists() and not (tmp_path / "u.idx").exists()
 
 
+def test_export_cast_keeps_nan_which_the_narrower_float_holds(tmp_path: Path) -> None:
+    """float64 tokens with a NaN exported as float32 were refused ("values that float32 cannot represent"):
+    NaN never equals itself, so the cast-back check failed although float32 holds it; it is kept, and a NaN
+    cast to an integer dtype is still refused."""
+    with seqstore.create(tmp_path / "f.seqstore", {"x": Field("float64", (None,))}) as w:
+        w.append({"x": np.array([1.0, np.nan, 2.5])})
+        w.append({"x": np.array([-np.inf, 0.5])})
+    prefix = export_megatron(tmp_path / "f.seqstore", tmp_path / "f", dtype="float32")
+    got = np.fromfile(f"{prefix}.bin", dtype=np.float32)
+    np.testing.assert_array_equal(got, np.array([1.0, np.nan, 2.5, -np.inf, 0.5], np.float32))
+    with pytest.raises(SchemaError, match=r"records 0\.\.1 hold values that int64 cannot represent"):
+        export_megatron(tmp_path / "f.seqstore", tmp_path / "i", dtype="int64")
+
+
 @pytest.mark.parametrize("dtype", [None, "float32"])
 def test_export_of_bfloat16_values_is_a_named_error(tmp_path: Path, dtype: str | None) -> None:
     with seqstore.create(tmp_path / "b.seqstore", {"x": Field("bfloat16", (None,))}) as w:

@@ -461,9 +461,12 @@ def export_megatron(
                     raise SchemaError(f"field {name!r}: a record of {first}..{b - 1} has over 2**31-1 tokens")
                 vals = np.asarray(values)
                 if vals.dtype != out_dt:
-                    cast = vals.astype(out_dt)
-                    # the signs too: between signed and unsigned integers of one size a wrap casts back
-                    if not (np.array_equal(cast.astype(vals.dtype), vals) and np.array_equal(cast < 0, vals < 0)):
+                    with np.errstate(invalid="ignore", over="ignore"):  # (what the cast changes is refused below)
+                        cast = vals.astype(out_dt)
+                    # the signs too: between signed and unsigned integers of one size a wrap casts back;
+                    # a NaN that a narrower float holds is kept (it never equals itself)
+                    same = np.array_equal(cast.astype(vals.dtype), vals, equal_nan=vals.dtype.kind == "f")
+                    if not (same and np.array_equal(cast < 0, vals < 0)):
                         raise SchemaError(f"field {name!r}: records {first}..{b - 1} hold values that {out_dt} "
                                           "cannot represent; pick a wider dtype")
                     vals = cast
