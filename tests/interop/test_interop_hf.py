@@ -489,6 +489,23 @@ def test_export_hf_of_a_complex_field_is_refused_naming_it(tmp_path: Path) -> No
     assert datasets.load_from_disk(str(out))["y"] == [5, 6]
 
 
+def test_export_hf_of_a_field_with_an_axis_of_size_0(tmp_path: Path) -> None:
+    """A field with an axis of size 0 ((0,), (None, 0), (2, 0)) crashed export_hf with pyarrow's bare
+    "list_size needs to be a strict positive integer" (Arrow's fixed-size lists hold at least one item): its
+    records are written as lists of empty lists, which datasets loads, beside the other fields."""
+    from seqstore.interop.hf_export import export_hf
+
+    schema = {"z": seqstore.Field("float32", (0,)), "r": seqstore.Field("int16", (None, 0)),
+              "m": seqstore.Field("float32", (2, 0)), "k": seqstore.Field("int32")}
+    with seqstore.create(tmp_path / "s.seqstore", schema) as w:
+        for i in range(3):
+            w.append({"z": np.zeros(0, np.float32), "r": np.zeros((i, 0), np.int16),
+                      "m": np.zeros((2, 0), np.float32), "k": i}, id=f"r{i}")
+    ds = datasets.load_from_disk(str(export_hf(tmp_path / "s.seqstore", tmp_path / "hf")))
+    assert ds.column_names == ["id", "z", "r", "m", "k"] and ds["k"] == [0, 1, 2]
+    assert ds["z"] == [[]] * 3 and ds["r"] == [[], [[]], [[], []]] and ds["m"] == [[[], []]] * 3
+
+
 def test_export_hf_store_without_ids_and_empty_store(tmp_path: Path) -> None:
     from seqstore.interop.hf_export import export_hf
 

@@ -57,8 +57,11 @@ CHUNK_RECORDS = 8192
 _HINT = "; a datasets list column holds at most that many in one record"
 
 
-def _fixed(flat: Any, shape: Sequence[int]) -> Any:
-    """``flat`` (leaf values, row-major) as fixed-size lists, one level per axis of ``shape``."""
+def _fixed(flat: Any, shape: Sequence[int], n: int) -> Any:
+    """``flat`` (leaf values, row-major) as ``n`` fixed-size lists, one level per axis of ``shape``; with an
+    axis of size 0 (which Arrow's fixed-size lists cannot have), lists of as many empty lists instead."""
+    if 0 in shape:
+        return to_arrow.fixed_lists(flat, shape, n, what="export_hf", hint=_HINT)
     pa = pyarrow_module()
     arr = flat
     for d in reversed(shape):
@@ -70,8 +73,9 @@ def _column(name: str, f: Field, got: Any) -> Any:
     """One field of a batch (``get_batch``'s value) as an Arrow array of the batch's records."""
     pa = pyarrow_module()
     values, lengths = got if f.ragged else (got, None)
-    flat = pa.array(np.ascontiguousarray(to_arrow.numbers(values, f.dtype)).reshape(-1))
-    rows = _fixed(flat, f.inner_shape)  # a fixed field's records, or a ragged field's rows
+    got_values = np.ascontiguousarray(to_arrow.numbers(values, f.dtype))
+    flat = pa.array(got_values.reshape(-1))
+    rows = _fixed(flat, f.inner_shape, len(got_values))  # a fixed field's records, or a ragged field's rows
     if lengths is None:
         return rows
     offs = to_arrow.offsets(np.asarray(lengths, np.int64), what=f"field {name!r}", hint=_HINT)
