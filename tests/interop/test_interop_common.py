@@ -258,6 +258,27 @@ def test_an_export_into_the_store_it_reads_or_over_it_is_refused(tmp_path: Path,
     assert len(seqstore.open(tmp_path / "s")) == 1
 
 
+@pytest.mark.parametrize(("name", "module"), [("export_hdf", "returnn"), ("export_megatron", "megatron"),
+                                             ("export_webdataset", "webdataset"), ("export_hf", "hf_export")])
+def test_a_failed_export_removes_the_directories_it_made_for_its_output(tmp_path: Path, name: str,
+                                                                        module: str) -> None:
+    """An export to a path under directories that did not exist made them, and a failure (here: its
+    progress callback raising) left them behind, empty; they are removed again (those that existed stay)."""
+    import importlib
+
+    export = getattr(importlib.import_module(f"seqstore.interop.{module}"), name)
+    with seqstore.create(tmp_path / "s", SCHEMA) as w:
+        w.append({"x": np.arange(3, dtype=np.int32)}, id="a")
+    (tmp_path / "kept").mkdir()
+
+    def progress(n: int) -> None:
+        raise RuntimeError("stopped by the progress callback")
+
+    with pytest.raises(RuntimeError, match="stopped by the progress callback"):
+        export(tmp_path / "s", tmp_path / "kept" / "a" / "b" / "out", progress=progress)
+    assert sorted(os.listdir(tmp_path)) == ["kept", "s"] and not os.listdir(tmp_path / "kept")
+
+
 @pytest.mark.parametrize(("name", "module", "kwargs", "words"), [
     ("export_hdf", "returnn", {"fields": {"x": 5}}, "field 'x': 5 cannot be an HDF target key"),
     ("export_webdataset", "webdataset", {"fields": {"x": 5}}, "field 'x': 5 cannot be a tar member extension"),

@@ -7,11 +7,12 @@ writer commits shards by itself) leaves nothing behind and an existing output, e
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -33,8 +34,8 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
-           "install_output", "remove_path", "temp_sibling", "local_output", "check_apart", "read_as_float32",
-           "check_size"]
+           "install_output", "remove_path", "temp_sibling", "local_output", "check_apart", "parents_undone",
+           "read_as_float32", "check_size"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -157,6 +158,35 @@ def check_apart(store: str | os.PathLike[str] | Store, outs: Iterable[str | os.P
                 continue
             raise SeqstoreError(f"{who}: the output {os.fspath(out)} {where} {os.fspath(src)} that it exports "
                                 "(writing it would overwrite or delete the store's files); write it elsewhere")
+
+
+_Export = TypeVar("_Export", bound=Callable[..., Any])
+
+
+def parents_undone(export: _Export) -> _Export:
+    """``export(store, out, ...)`` that, when it raises, removes again the directories above a local ``out``
+    that it made (the missing ones, made to hold the output), as long as they are empty: a failed export
+    leaves nothing behind, not even them."""
+
+    @functools.wraps(export)
+    def run(store: Any, out: Any, *args: Any, **kwargs: Any) -> Any:
+        made: list[Path] = []
+        if isinstance(out, (str, os.PathLike)) and not is_remote(os.fspath(out)):
+            for d in local_path(out).parents:  # (deepest first)
+                if d.exists():
+                    break
+                made.append(d)
+        try:
+            return export(store, out, *args, **kwargs)
+        except BaseException:
+            for d in made:
+                try:
+                    d.rmdir()
+                except OSError:  # (no longer empty: something else is in it now)
+                    break
+            raise
+
+    return cast(_Export, run)
 
 
 def read_as_float32(store: str | os.PathLike[str] | Store) -> Store:

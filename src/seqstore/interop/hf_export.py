@@ -43,6 +43,7 @@ from ._common import (
     check_output,
     check_size,
     local_output,
+    parents_undone,
     remove_path,
     replaced,
     temp_sibling,
@@ -115,6 +116,7 @@ def _batches(st: Store, names: list[str], id_column: str | None, chunk: int) -> 
         yield b - a, pa.RecordBatch.from_arrays(arrays, names=cols)
 
 
+@parents_undone
 def export_hf(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],

@@ -55,6 +55,7 @@ from ._common import (
     check_output,
     check_size,
     local_output,
+    parents_undone,
     replaced,
     runs_across,
     split_by_budget,
@@ -368,6 +369,7 @@ def _naming_full_disk(target: Path, tmp: Path, need: str) -> Iterator[None]:
                       f"{target.parent}", str(tmp)) from exc
 
 
+@parents_undone
 def export_megatron(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],

@@ -37,6 +37,7 @@ from ._common import (
     check_size,
     local_output,
     name_map,
+    parents_undone,
     read_as_float32,
     replaced,
     split_by_budget,
@@ -309,6 +310,7 @@ def _tag_bytes(tag: str, url: str, i: int) -> bytes:
                           "tag cannot hold") from None
 
 
+@parents_undone
 def export_hdf(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],

@@ -53,6 +53,7 @@ from ._common import (
     check_output,
     check_size,
     local_output,
+    parents_undone,
     read_as_float32,
     replaced,
 )
@@ -386,6 +387,7 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(ti, io.BytesIO(data))
 
 
+@parents_undone
 def export_webdataset(
     store: str | os.PathLike[str] | Store,
     out: str | os.PathLike[str],
