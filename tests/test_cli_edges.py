@@ -179,7 +179,8 @@ def test_a_closed_pipe_leaves_no_descriptor_open(store: Path, monkeypatch: pytes
     before = len(os.listdir("/proc/self/fd"))
     try:
         assert main(["info", str(store), "-q"]) == 141
-        assert len(os.listdir("/proc/self/fd")) == before
+        # (not ==: an object of an earlier test collected meanwhile may close descriptors of its own)
+        assert len(os.listdir("/proc/self/fd")) <= before
     finally:
         monkeypatch.undo()
         with contextlib.suppress(OSError):
