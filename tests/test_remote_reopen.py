@@ -279,6 +279,34 @@ def test_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS
     assert np.concatenate([b[2] for b in blocks]).tolist() == [1 + i % 7 for i in range(100)]
 
 
+def test_offsets_out_of_range_in_the_node_cache_are_fetched_again_by_their_pages(moto_s3: MotoS3, s3_bucket: str,
+                                                                                 tmp_path: Path) -> None:
+    """The damaged offsets entry of one record fetched the whole offsets object again; only its page is
+    fetched again now, and the record is read right."""
+    from support.proxy import FaultProxy
+
+    root = tmp_path / "r.seqstore"
+    n = 4000
+    with ss.create(root, {"t": ss.Field("int32", (None,))}) as w:
+        for i in range(n):
+            w.append({"t": np.full(1 + i % 3, i, np.int32)})
+    url = moto_s3.upload_dir(root, s3_bucket, "pages/main.seqstore")
+    cache = tmp_path / "cache"
+    with FaultProxy(moto_s3.endpoint) as proxy:
+        store = ss.open(url, storage_options=moto_s3.storage_options(proxy.url, max_retries=1), cache_dir=cache)
+        assert len(store.get_batch(np.arange(n))["t"][1]) == n
+        (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("t.offsets.npy")]
+        original = (root / rel).read_bytes()
+        (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+        with open(copy, "r+b") as f:  # the end of record 3000, out of range
+            f.seek(read_header(root / rel).data_offset + 8 * 3001)
+            f.write(np.array([1 << 40], "<i8").tobytes())
+        before = sum(r.body_bytes for r in proxy.requests if r.path.endswith("t.offsets.npy"))
+        assert store.get_batch([3000])["t"][0].tolist() == [3000]
+        moved = sum(r.body_bytes for r in proxy.requests if r.path.endswith("t.offsets.npy")) - before
+    assert 0 < moved <= 4096 < len(original)
+
+
 def test_id_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS3, s3_bucket: str,
                                                                      tmp_path: Path) -> None:
     """As for a field's offsets: an id offset damaged out of range in the node cache's copy made every

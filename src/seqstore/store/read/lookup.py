@@ -50,7 +50,7 @@ class IdLookup:
         assert sh.ids is not None and sh.id_offsets is not None
         self.planner.need(sh.id_offsets[row : row + 2])
         a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
-        if not 0 <= a <= b <= len(sh.ids) and sh.fetch_again(f"{IDS}.offsets.npy"):  # (a node-cache copy)
+        if not 0 <= a <= b <= len(sh.ids) and sh.fetch_again(f"{IDS}.offsets.npy", sh.id_offsets, [row]):
             a, b = int(sh.id_offsets[row]), int(sh.id_offsets[row + 1])
         if not 0 <= a <= b <= len(sh.ids):
             raise CorruptionError(f"{sh.display}/{IDS}.offsets.npy: record {row} has id offsets {a}..{b}, "
@@ -191,7 +191,8 @@ class IdLookup:
         if self.planner.lazy:
             self._need_ids(sh, local)
         a, b = np.asarray(sh.id_offsets[local]), np.asarray(sh.id_offsets[local + 1])
-        if ((a < 0) | (b < a) | (b > len(sh.ids))).any() and sh.fetch_again(f"{IDS}.offsets.npy"):
+        bad = (a < 0) | (b < a) | (b > len(sh.ids))
+        if bad.any() and sh.fetch_again(f"{IDS}.offsets.npy", sh.id_offsets, np.asarray(local)[bad]):
             if self.planner.lazy:  # (a remote store's node-cache copy, fetched anew: the ids it points at)
                 self._need_ids(sh, local)
             a, b = np.asarray(sh.id_offsets[local]), np.asarray(sh.id_offsets[local + 1])

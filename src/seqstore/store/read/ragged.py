@@ -201,7 +201,8 @@ class RaggedFields:
             """The block ``got`` of records from ``at``: (values, its end, lengths), checked."""
             sh, r, end, a, b = got
             lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
-            if lengths.size and lengths.min() < 0 and sh.fetch_again(f"{name}.offsets.npy"):  # (a node-cache copy)
+            if lengths.size and lengths.min() < 0 and sh.fetch_again(  # (a node-cache copy: the offsets found damaged)
+                    f"{name}.offsets.npy", sh.offsets[name], r + np.flatnonzero(lengths < 0)):
                 lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
             self.planner.need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:

@@ -24,11 +24,14 @@ import numpy as np
 from ...errors import CorruptionError
 from ...format.manifest import IDS, MANIFEST, Manifest, ShardInfo
 from ...format.shard_table import ShardTable
-from ...io import address, holds_descriptors
+from ...io import PAGE, address, holds_descriptors, page_runs
 from ...io.source import ByteSource
 from ...schema import Schema
 
-__all__ = ["Shard", "Group", "ShardMap", "checked_bounds", "is_index", "manifest_identity", "mapped_shard_limit"]
+__all__ = [
+    "Shard", "Group", "ShardMap", "checked_bounds", "file_spans", "is_index", "manifest_identity",
+    "mapped_shard_limit", "unfetched_pages",
+]
 
 
 def is_index(i: Any) -> bool:
@@ -87,7 +90,8 @@ class Shard:
         self.display = str(self.path) if display is None else display  # the shard's place in messages
         self.map_npy = source.map_npy
         self.refetch = source.refetch
-        self._fetched: set[str] = set()  # files whose node-cache copy was fetched again (once at most)
+        # the pages of each file whose node-cache copy was fetched again (None: the whole file), once at most
+        self._fetched: dict[str, np.ndarray[Any, Any] | None] = {}
         #: called before the id files are mapped (maybe long after the others): raises if the shard was replaced
         self.before_ids: Callable[[], None] | None = None
         self.info = info
@@ -108,8 +112,8 @@ class Shard:
                 off = self.offsets[name] = self._file(f"{name}.offsets.npy", "<i8", (n + 1,))
                 shape = (info.rows[name], *f.inner_shape)
                 bad = off[0] != 0 or off[-1] != shape[0]
-                if bad and self.fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe
-                    bad = off[0] != 0 or off[-1] != shape[0]  # alone damaged; fetched anew, seen by the mapping)
+                if bad and self.fetch_again(f"{name}.offsets.npy", off, [0, n]):  # (a remote store's node-cache
+                    bad = off[0] != 0 or off[-1] != shape[0]  # copy: maybe alone damaged; fetched anew, mapped)
                 if bad:
                     raise CorruptionError(f"{self.display}/{name}.offsets.npy: offsets run from {off[0]} to "
                                           f"{off[-1]}, expected 0 to {shape[0]}")
@@ -151,7 +155,7 @@ class Shard:
             else:
                 a = int(off[row])
                 b = int(off[row + 1])
-                if not 0 <= a <= b <= col.shape[0] and self.fetch_again(f"{name}.offsets.npy"):
+                if not 0 <= a <= b <= col.shape[0] and self.fetch_again(f"{name}.offsets.npy", off, [row]):
                     a, b = int(off[row]), int(off[row + 1])  # (a remote store's copy, fetched anew)
                 if not 0 <= a <= b <= col.shape[0]:
                     raise CorruptionError(
@@ -178,13 +182,36 @@ class Shard:
     def _file(self, rel: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return self.map_npy(self.path / rel, self.info.files.get(rel), np.dtype(dtype), shape)
 
-    def fetch_again(self, rel: str) -> bool:
+    def fetch_again(self, rel: str, arr: np.ndarray[Any, Any] | None = None, rows: Any = None) -> bool:
         """Fetch the node's copy of this shard's file ``rel`` again, the first time this shard finds it
-        damaged (False: not again, or a local store's own file)."""
-        if rel in self._fetched:
+        damaged (False: not again, or a local store's own file). ``arr``: the file's mapped offsets, and
+        ``rows``: the records whose offsets (entries ``r`` and ``r + 1``) were found damaged: only their
+        pages are fetched again (once each), not the whole file."""
+        key = f"{self.info.name}/{rel}"
+        spans = None if arr is None or rows is None else file_spans(self.info, rel, arr, rows, np.add(rows, 2))
+        fresh = unfetched_pages(self._fetched, rel, spans)
+        if fresh is None:
             return False
-        self._fetched.add(rel)
-        return self.refetch([f"{self.info.name}/{rel}"])
+        return self.refetch([key], None if spans is None else {key: fresh})
+
+    def spans(self, stem: str, rows: Any) -> dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Where the bytes of local ``rows`` lie in this shard's files of ``stem`` (a packed group, a field
+        not packed, or ``IDS``): ``{file: (starts, ends)}``, byte ranges in the file (the values; for a
+        ragged field or the ids also the rows' offsets entries). Offsets found damaged give ranges clipped
+        to the values' file."""
+        r = np.asarray(rows, np.int64).reshape(-1)
+        if stem == IDS:
+            vals, off = self.ids, self.id_offsets
+        else:
+            vals = self.groups.get(stem)
+            vals, off = (self.columns.get(stem) if vals is None else vals), self.offsets.get(stem)
+        out = {}
+        a, b = r, r + 1
+        if off is not None:
+            out[f"{stem}.offsets.npy"] = file_spans(self.info, f"{stem}.offsets.npy", off, r, r + 2)
+            a, b = np.asarray(off[r], np.int64), np.asarray(off[r + 1], np.int64)
+        out[f"{stem}.npy"] = file_spans(self.info, f"{stem}.npy", vals, a, b)
+        return {rel: got for rel, got in out.items() if got is not None}
 
     def load_ids(self) -> None:
         if self.ids is not None:
@@ -199,7 +226,7 @@ class Shard:
         def bad() -> bool:
             return bool(off[0] != 0 or not 0 <= off[-1] <= most)
 
-        if bad() and not (self.fetch_again(f"{IDS}.offsets.npy") and not bad()):  # (as a field's offsets)
+        if bad() and not (self.fetch_again(f"{IDS}.offsets.npy", off, [0, n]) and not bad()):  # (as a field's)
             raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: offsets run from {off[0]} to {off[-1]}, "
                                   f"expected 0 to at most the {most} bytes of {IDS}.npy")
         self.ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
@@ -213,8 +240,8 @@ def checked_bounds(sh: Shard, name: str, rows: np.ndarray[Any, Any]) -> tuple[An
     off = sh.offsets[name]
     a, b = np.asarray(off[rows]), np.asarray(off[rows + 1])
     bad = (a < 0) | (b < a) | (b > sh.columns[name].shape[0])
-    if bad.any() and sh.fetch_again(f"{name}.offsets.npy"):  # (a remote store's node-cache copy: maybe alone
-        a, b = np.asarray(off[rows]), np.asarray(off[rows + 1])  # damaged; fetched anew, seen by the mapping)
+    if bad.any() and sh.fetch_again(f"{name}.offsets.npy", off, np.asarray(rows)[bad]):  # (a remote store's
+        a, b = np.asarray(off[rows]), np.asarray(off[rows + 1])  # node-cache copy: maybe alone damaged; anew)
         bad = (a < 0) | (b < a) | (b > sh.columns[name].shape[0])
     if bad.any():
         r = int(np.asarray(rows).reshape(-1)[np.flatnonzero(np.asarray(bad).reshape(-1))[0]])
@@ -223,6 +250,48 @@ def checked_bounds(sh: Shard, name: str, rows: np.ndarray[Any, Any]) -> tuple[An
             f"outside 0..{sh.columns[name].shape[0]} or decreasing"
         )
     return a, b
+
+
+def file_spans(info: ShardInfo, rel: str, arr: np.ndarray[Any, Any] | None, a: Any, b: Any
+               ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
+    """Byte ranges ``(starts, ends)`` in shard file ``rel`` (``arr``: its whole mapped array) of the rows
+    ``[a[i], b[i])`` of ``arr`` (clipped to its rows; ends before starts taken the other way round), or
+    None where they are not known (no such array or file). A ``.npy`` file's data ends the file."""
+    fi = info.files.get(rel)
+    if arr is None or fi is None or not arr.ndim:
+        return None
+    n = arr.shape[0]
+    step = arr.nbytes // n if n else 0
+    head = fi.bytes - arr.nbytes
+    a = np.clip(np.asarray(a, np.int64).reshape(-1), 0, n)
+    b = np.clip(np.asarray(b, np.int64).reshape(-1), 0, n)
+    return head + np.minimum(a, b) * step, head + np.maximum(a, b) * step
+
+
+def unfetched_pages(fetched: dict[str, Any], key: str, spans: tuple[Any, Any] | None
+                    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
+    """The pages under byte ranges ``spans`` of file ``key`` not yet fetched again, as byte ranges (one a
+    page), noted in ``fetched`` (``{key: page numbers fetched again}``, None: the whole file); None where
+    there is nothing new (every page, or the whole file, fetched again already). ``spans`` None: the whole
+    file (an empty pair where it had only some pages fetched again)."""
+    done = fetched.get(key, _NO_PAGES)
+    if done is None:
+        return None
+    if spans is None:
+        fetched[key] = None
+        return _NO_PAGES, _NO_PAGES
+    s, e = page_runs(*spans)
+    first = s // PAGE
+    counts = (e - s) // PAGE
+    pages = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+    new = np.setdiff1d(pages, done)
+    if not len(new):
+        return None
+    fetched[key] = np.union1d(done, new)
+    return new * PAGE, (new + 1) * PAGE
+
+
+_NO_PAGES = np.zeros(0, np.int64)
 
 
 class Group(NamedTuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numba
@@ -19,6 +19,7 @@ from ...errors import CorruptionError, SeqstoreError
 from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, copy_check_at, span_checks, spans_at
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
+from .shards import file_spans, unfetched_pages
 
 __all__ = ["ReadMismatch", "ReadVerifier", "gather_rows_checked", "refuse_unverifiable", "take_rows_checked"]
 
@@ -27,11 +28,14 @@ T = TypeVar("T")
 
 class ReadMismatch(CorruptionError):
     """A record read differs from its stored checksum; ``keys``: the files (relative to the store) of
-    the shard involved: the field's, and the checksums'."""
+    the shards involved: the field's, and the checksums'; ``spans``: for those files, the byte ranges
+    ``(starts, ends)`` of the records that failed (a file not named: the whole file)."""
 
-    def __init__(self, message: str, keys: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, keys: Sequence[str] = (),
+                 spans: Mapping[str, tuple[Any, Any]] | None = None) -> None:
         super().__init__(message)
         self.keys = list(keys)
+        self.spans = dict(spans or {})
 
 
 @numba.njit(nogil=True, cache=True)
@@ -75,12 +79,13 @@ class ReadVerifier:
     """Checks records read from shards of ``schema`` against their stored checksums.
 
     ``need_rows(array, rows)`` makes rows of a mapped array resident (a lazy source: fetches them);
-    ``keep``: how many shards' checksum matrices stay mapped; ``refetch(keys)``: fetch the node's copies
-    of the store's files ``keys`` again, False where the files are the store's own
-    (:meth:`~seqstore.io.source.ByteSource.refetch`)."""
+    ``keep``: how many shards' checksum matrices stay mapped; ``refetch(keys, spans)``: fetch the node's
+    copies of the store's files ``keys`` (the byte ranges ``spans`` of those it names) again, False where
+    the files are the store's own (:meth:`~seqstore.io.source.ByteSource.refetch`)."""
 
     def __init__(self, schema: Schema, need_rows: Callable[[Any, Any], None], keep: int,
-                 refetch: Callable[[Sequence[str]], bool] | None = None) -> None:
+                 refetch: Callable[[Sequence[str], Mapping[str, tuple[Any, Any]] | None], bool] | None = None
+                 ) -> None:
         self.schema = schema
         self.need_rows = need_rows
         self.refetch = refetch
@@ -133,20 +138,26 @@ class ReadVerifier:
         return want
 
     def checked(self, read: Callable[[], T], again: Callable[[], T] | None = None) -> T:
-        """``read()``, and where a record it read fails its checksum and the source fetched the files
+        """``read()``, and where a record it read fails its checksum and the source fetched the bytes
         involved anew (a remote store: maybe only the node cache's copy was damaged), once more
-        (``again()`` where given), as long as each failure names a file not yet fetched anew (a batch
-        may meet several damaged copies, one field's after another's); a read failing again on files
-        fetched anew already, or a local store's, raises."""
-        fetched: set[str] = set()
+        (``again()`` where given), as long as each failure names pages not yet fetched anew (a batch may
+        meet several damaged copies, one field's after another's); a read failing again on pages fetched
+        anew already, or a local store's, raises. Only the pages of the records that failed are fetched
+        again (their bytes in each file of the field, and their checksums), not the whole files."""
+        fetched: dict[str, Any] = {}  # the pages of each file fetched anew (None: the whole file)
         while True:
             try:
                 return read()
             except ReadMismatch as exc:
-                new = [k for k in exc.keys if k not in fetched]
-                if not new or self.refetch is None or not self.refetch(new):
+                keys, spans = [], {}
+                for key in exc.keys:
+                    fresh = unfetched_pages(fetched, key, exc.spans.get(key))
+                    if fresh is not None:
+                        keys.append(key)
+                        if key in exc.spans:
+                            spans[key] = fresh
+                if not keys or self.refetch is None or not self.refetch(keys, spans):
                     raise
-                fetched.update(new)
             self._rows = None  # (the stored checksums of the last batch: maybe read from the damaged copy)
             read = again or read
 
@@ -222,27 +233,45 @@ class ReadVerifier:
 
     def _report(self, name: str, idx: np.ndarray[Any, Any], groups: Sequence[Any], got: np.ndarray[Any, Any],
                 want: np.ndarray[Any, Any]) -> None:
-        k = int(np.flatnonzero(got != want)[0])
-        for shard, pos, rows in groups:
-            at = np.arange(len(idx), dtype=np.int64)[pos] if isinstance(pos, slice) else np.asarray(pos)
-            hit = np.flatnonzero(at == k)
-            if len(hit):
-                row, sh = int(np.asarray(rows)[hit[0]]), shard
-                break
-        else:  # pragma: no cover - every position is in one group
-            raise AssertionError("a batch position in no group")
+        """Raise :class:`ReadMismatch` for the first record of the batch ``idx`` whose checksum ``got``
+        differs from the stored ``want``, with the byte ranges of every failing record in the files
+        involved (the field's and the checksums', of each shard)."""
+        bad = np.flatnonzero(got != want)
+        k = int(bad[0])
         if name == IDS_COLUMN:
-            rels, what = [f"{IDS}.npy", f"{IDS}.offsets.npy"], "its id"
+            stem, rels, what = IDS, [f"{IDS}.npy", f"{IDS}.offsets.npy"], "its id"
         elif self.schema[name].ragged:
-            rels, what = [f"{name}.npy", f"{name}.offsets.npy"], f"field {name!r}"
+            stem, rels, what = name, [f"{name}.npy", f"{name}.offsets.npy"], f"field {name!r}"
         else:
             group = self.schema.group_of(name)
-            rels, what = [f"{group if group is not None else name}.npy"], f"field {name!r}"
-        keys = [f"{sh.info.name}/{rel}" for rel in (*rels, CHECKS) if rel in sh.info.files]
+            stem = group if group is not None else name
+            rels, what = [f"{stem}.npy"], f"field {name!r}"
+        keys: list[str] = []
+        spans: dict[str, tuple[Any, Any]] = {}
+        first = None
+        for shard, pos, rows in groups:
+            at = np.arange(len(idx), dtype=np.int64)[pos] if isinstance(pos, slice) else np.asarray(pos)
+            hit = np.isin(at, bad)
+            if not hit.any():
+                continue
+            failed = np.asarray(rows).reshape(-1)[hit]
+            if first is None and k in at[hit]:
+                first = shard, int(np.asarray(rows).reshape(-1)[np.flatnonzero(at == k)[0]])
+            found = shard.spans(stem, failed)
+            found[CHECKS] = file_spans(shard.info, CHECKS, self._checks(shard), failed, failed + 1)
+            for rel in (*rels, CHECKS):
+                if rel in shard.info.files:
+                    key = f"{shard.info.name}/{rel}"
+                    keys.append(key)
+                    if found.get(rel) is not None:
+                        spans[key] = found[rel]
+        if first is None:  # pragma: no cover - every position is in one group
+            raise AssertionError("a batch position in no group")
+        sh, row = first
         raise ReadMismatch(
             f"{sh.display}/{' or '.join(rels)}: record {int(idx[k])} (row {row} of the shard), {what}: checksum "
             f"{int(got[k]):#010x} of the bytes read differs from the stored {int(want[k]):#010x} (the data, its "
-            f"offsets or {CHECKS} is damaged; `seqstore verify` checks the whole store)", keys
+            f"offsets or {CHECKS} is damaged; `seqstore verify` checks the whole store)", keys, spans
         )
 
 
