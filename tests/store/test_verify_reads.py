@@ -495,6 +495,16 @@ def test_verify_reads_as_a_storage_option_is_checked_like_the_others(scratch: Pa
     assert ss.open(root, storage_options=MappingProxyType({"verify_reads": "true"}))._verify_reads
 
 
+def test_verify_reads_that_is_not_a_flag_is_a_value_error_naming_it(scratch: Path) -> None:
+    """``open(path, verify_reads="false")`` turned verification on (any non-empty string is true), and a
+    value such as ``2`` or ``None`` was taken as a flag silently; only True/False (or 0/1) are taken."""
+    root = _build(scratch / "f", shard_records=64)
+    for bad in ("false", "true", 2, None, 0.5):
+        with pytest.raises(ValueError, match=rf"verify_reads must be True or False, got {bad!r}"):
+            ss.open(root, verify_reads=bad)
+    assert ss.open(root, verify_reads=np.True_)._verify_reads and not ss.open(root, verify_reads=0)._verify_reads
+
+
 def test_a_verified_read_fetches_again_only_the_pages_of_the_records_that_failed(
         moto_s3: Any, s3_bucket: str, scratch: Path, tmp_path: Path) -> None:
     """A verified read finding one record damaged in the node cache's copy of a large object fetched the

@@ -65,6 +65,8 @@ class Store:
             raise ValueError(f"readahead must be one of {READAHEAD_MODES}, got {readahead!r}")
         if max_mapped_shards is not None and (not is_index(max_mapped_shards) or max_mapped_shards < 1):
             raise ValueError(f"max_mapped_shards must be a positive integer, got {max_mapped_shards!r}")
+        if not isinstance(verify_reads, (bool, np.bool_)) and not (is_index(verify_reads) and verify_reads in (0, 1)):
+            raise ValueError(f"verify_reads must be True or False, got {verify_reads!r}")  # ("false" was true)
         if isinstance(storage_options, Mapping) and "verify_reads" in storage_options:  # the Store's option
             storage_options = dict(storage_options)
             flag = storage_options.pop("verify_reads")
