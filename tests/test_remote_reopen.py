@@ -335,6 +335,36 @@ def test_id_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: Mo
     assert bytes(data[off[1] : off[2]]) == b"rec-50"
 
 
+def test_the_last_id_offset_damaged_within_range_in_the_node_cache_is_fetched_again(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """The last entry of ``_ids.offsets.npy`` sizes the mapping of ``_ids.npy``: damaged in the node cache's
+    copy to a value still within that file's bytes, every id read of the shard raised CorruptionError
+    ('_ids.npy: header shape ...') blaming the intact object, in every process, for ever (the copy was
+    never fetched again). It is fetched again, and the ids are read."""
+    root = tmp_path / "i.seqstore"
+    with ss.create(root, {"v": ss.Field("int32")}) as w:
+        for i in range(10):
+            w.append({"v": i}, id=f"r{i}")
+    url = moto_s3.upload_dir(root, s3_bucket, "idsend/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert len(ss.open(url, storage_options=opts, cache_dir=cache).ids(np.arange(10))[0]) == 20
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.offsets.npy")]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    with open(copy, "r+b") as f:  # the end of the last id: 20 -> 4 (within _ids.npy's bytes)
+        f.seek(read_header(root / rel).data_offset + 8 * 10)
+        f.write(np.array([4], "<i8").tobytes())
+    assert ss.open(url, storage_options=opts, cache_dir=cache).id(9) == "r9"
+    assert copy.read_bytes() == original
+    # a local store's own damage names both files
+    with open(root / rel, "r+b") as f:
+        f.seek(read_header(root / rel).data_offset + 8 * 10)
+        f.write(np.array([4], "<i8").tobytes())
+    with pytest.raises(ss.CorruptionError, match=r"_ids.npy: header shape \(20,\), expected \(4,\).*_ids.offsets.npy"):
+        ss.open(root).id(9)
+
+
 def test_threads_materializing_one_object_at_once_each_link_it(moto_s3: MotoS3, s3_bucket: str,
                                                                tmp_path: Path) -> None:
     """``materialize`` (what ``verify`` and a read that refetches a damaged copy call) links an object into

@@ -229,7 +229,14 @@ class Shard:
         if bad() and not (self.fetch_again(f"{IDS}.offsets.npy", off, [0, n]) and not bad()):  # (as a field's)
             raise CorruptionError(f"{self.display}/{IDS}.offsets.npy: offsets run from {off[0]} to {off[-1]}, "
                                   f"expected 0 to at most the {most} bytes of {IDS}.npy")
-        self.ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
+        try:  # (the last offset is the length of the ids: a node-cache copy damaged within range is found here)
+            ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
+        except CorruptionError as exc:
+            if not self.fetch_again(f"{IDS}.offsets.npy", off, [n - 1]):
+                raise CorruptionError(f"{exc} (or {IDS}.offsets.npy is damaged: its last offset is {int(off[-1])})"
+                                      ) from exc
+            ids = self._file(f"{IDS}.npy", "u1", (int(off[-1]),))
+        self.ids = ids
         self.id_hash = self._file(f"{IDS}.hash.npy", "<u8", (n,))
         self.id_rows = self._file(f"{IDS}.hash_rows.npy", "<i8", (n,))
         self.id_offsets = off
