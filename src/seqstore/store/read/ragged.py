@@ -203,6 +203,7 @@ class RaggedFields:
             lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
             if lengths.size and lengths.min() < 0 and sh.fetch_again(  # (a node-cache copy: the offsets found damaged)
                     f"{name}.offsets.npy", sh.offsets[name], r + np.flatnonzero(lengths < 0)):
+                sh, r, end, a, b = block(at)  # (fetched anew: the values' range read anew with the lengths)
                 lengths = np.diff(sh.offsets[name][r : r + end - at + 1])
             self.planner.need(sh.columns[name][a:b])
             if lengths.size and lengths.min() < 0:
