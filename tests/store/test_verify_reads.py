@@ -564,3 +564,18 @@ def test_iter_ragged_reads_a_block_anew_after_its_offsets_were_fetched_again(mot
             f.write(np.array([1], "<i8").tobytes())
         first, values, lengths = next(iter(store.iter_ragged("t", chunk_records=7)))
         assert first == 0 and np.array_equal(lengths, want[1]) and np.array_equal(values, want[0]), checked
+
+
+def test_a_ragged_check_fails_the_records_whose_lengths_run_past_the_values_read(scratch: Path) -> None:
+    """A ragged field's values checked with lengths saying more rows than the values hold (offsets that
+    changed between the two reads): the check hashed the bytes past the values' view (the mapping's next
+    rows) and passed. Those records fail their check now, nothing past the values is read."""
+    store = ss.open(_build(scratch / "g"), verify_reads=True)
+    verifier, sh = store._ragged.verify, store._shards.shard(0)
+    assert verifier is not None
+    rows = np.arange(3, 6)
+    off = sh.offsets["t"]
+    values, lengths = sh.columns["t"][off[3] : off[3] + 1], np.diff(off[3:7])  # 1 row; the lengths say 12
+    with pytest.raises(ss.CorruptionError, match=r"record 3 \(row 3 of the shard\), field 't'"):
+        verifier.field("t", rows, [(sh, slice(None), rows)], (values, lengths), False)
+    verifier.field("t", rows, [(sh, slice(None), rows)], (sh.columns["t"][off[3] : off[6]], lengths), False)
