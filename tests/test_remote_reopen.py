@@ -365,6 +365,31 @@ def test_the_last_id_offset_damaged_within_range_in_the_node_cache_is_fetched_ag
         ss.open(root).id(9)
 
 
+def test_a_damaged_id_index_in_the_node_cache_is_fetched_again(moto_s3: MotoS3, s3_bucket: str,
+                                                               tmp_path: Path) -> None:
+    """A shard's id index (``_ids.hash_rows.npy``) damaged in the node cache's copy (a row out of range):
+    every lookup raised CorruptionError blaming the intact object, in every process, for ever. The index's
+    files are fetched again once and the lookup made anew."""
+    root = tmp_path / "h.seqstore"
+    with ss.create(root, {"v": ss.Field("int32")}) as w:
+        for i in range(50):
+            w.append({"v": i}, id=f"r{i}")
+    url = moto_s3.upload_dir(root, s3_bucket, "hash/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    ids = [f"r{i}" for i in range(50)]
+    assert ss.open(url, storage_options=opts, cache_dir=cache).index_many(ids).tolist() == list(range(50))
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.hash_rows.npy")]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    with open(copy, "r+b") as f:  # every row of the index out of range
+        f.seek(read_header(root / rel).data_offset)
+        f.write(np.full(50, 1 << 40, "<i8").tobytes())
+    store = ss.open(url, storage_options=opts, cache_dir=cache)
+    assert store.index_many(ids).tolist() == list(range(50)) and store.index("r7") == 7
+    assert copy.read_bytes() == original
+
+
 def test_threads_materializing_one_object_at_once_each_link_it(moto_s3: MotoS3, s3_bucket: str,
                                                                tmp_path: Path) -> None:
     """``materialize`` (what ``verify`` and a read that refetches a damaged copy call) links an object into

@@ -23,9 +23,18 @@ from .readahead import ReadPlanner
 from .shards import Shard
 from .verify import ReadVerifier
 
-__all__ = ["IdLookup"]
+__all__ = ["IdLookup", "IndexDamaged"]
 
 _DISORDER = "the rows of one hash out of order (or one row twice)"
+
+
+class IndexDamaged(CorruptionError):
+    """An id index names what it cannot (a row out of range, rows out of order, a record of another id's
+    hash); ``keys``: its files, relative to the store."""
+
+    def __init__(self, message: str, keys: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.keys = list(keys)
 
 
 class IdLookup:
@@ -162,17 +171,22 @@ class IdLookup:
                 if hash_one(bytes(sh.ids[x:y])) != h:
                     raise self._damaged(first, f"record {r} for an id of another hash")
 
-    def _index_file(self, first: int) -> str:
-        """The files of the index probed from shard ``first``: a merged run's, else the shard's own."""
+    def _index_file(self, first: int) -> tuple[str, list[str]]:
+        """The files of the index probed from shard ``first``, a merged run's or else the shard's own: how
+        messages name them, and their keys (relative to the store)."""
         run = next((r for r in self.shards.manifest.index_runs if r.first_shard == first and self._runs.get(r.name)),
                    None)
         if run is not None:
-            return f"{self.shards.url}/{run.name}.hash.npy or .rows.npy"
-        return f"{self.shards.shard(first).display}/{IDS}.hash.npy or {IDS}.hash_rows.npy"
+            return (f"{self.shards.url}/{run.name}.hash.npy or .rows.npy",
+                    [f"{run.name}.hash.npy", f"{run.name}.rows.npy"])
+        sh = self.shards.shard(first)
+        return (f"{sh.display}/{IDS}.hash.npy or {IDS}.hash_rows.npy",
+                [f"{sh.info.name}/{IDS}.hash.npy", f"{sh.info.name}/{IDS}.hash_rows.npy"])
 
-    def _damaged(self, first: int, what: str) -> CorruptionError:
-        return CorruptionError(f"{self._index_file(first)}: id index (from shard {first}) names {what} "
-                               f"(damaged; `seqstore verify` checks the indexes)")
+    def _damaged(self, first: int, what: str) -> IndexDamaged:
+        where, keys = self._index_file(first)
+        return IndexDamaged(f"{where}: id index (from shard {first}) names {what} (damaged; `seqstore verify` "
+                            "checks the indexes)", keys)
 
     def _checked_entry(self, first: int, sh: Shard, hashes: Any, rows: Any, k: int, base: int) -> None:
         """Raise naming what is wrong with entry ``k`` of shard ``sh``'s own index (found by the fast probe)."""
@@ -286,6 +300,20 @@ class IdLookup:
         return result
 
     def index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """:meth:`_index_encoded`; an index found damaged whose files are a node cache's copies (a remote
+        store: maybe only the copy is damaged) is fetched again and the lookup made once more, as long as
+        each failure names an index not yet fetched again."""
+        fetched: set[str] = set()
+        while True:
+            try:
+                return self._index_encoded(qdata, qoff)
+            except IndexDamaged as exc:
+                new = [k for k in exc.keys if k not in fetched]
+                if not new or not self.shards.source.refetch(new):
+                    raise
+                fetched.update(new)
+
+    def _index_encoded(self, qdata: np.ndarray[Any, Any], qoff: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         if not self.shards.table.has_ids:
             return np.full(len(qoff) - 1, -1, dtype=np.int64)
         q = hash_ids(qdata, qoff)
