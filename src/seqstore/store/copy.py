@@ -12,7 +12,8 @@ the copy holds the store's lock throughout, so the destination's writers wait fo
 the old store or none, never a partial one, and a commit made meanwhile is never silently replaced.
 A destination store is updated in place only when it is a prefix of the source (its readers keep
 working); anything else needs ``overwrite=True``, which first deletes the destination's manifest and,
-once the new one is written, the replaced store's files that the new store does not use.
+before the new one is written (while no writer can open a store there), the replaced store's files
+that the new store does not use.
 """
 
 from __future__ import annotations
@@ -376,6 +377,9 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                 manifest_raw = json.dumps(obj, separators=(",", ":")).encode()
         else:
             key, table = "", b""
+        kept = {r.name for r in Manifest.parse(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
+        if replaced is not None:  # before the new manifest: no writer can have opened the new store yet
+            _remove_leftovers(d_objs, replaced, s, key, kept, workers)
         try:
             if isinstance(d_objs, LocalObjects):  # the table is replaced in place: under the lock, checked
                 d_objs.commit([(key, table)] if key else [], manifest_raw, mode)
@@ -390,14 +394,11 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
                     "copied shards are in place but the store was not replaced: run the copy again"
                 ) from None
         copier._count(2 if key else 1, len(table) + len(manifest_raw))
-        kept = {r.name for r in Manifest.parse(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
         for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
             if name not in kept:
                 for suffix in (".hash.npy", ".rows.npy"):
                     with contextlib.suppress(OSError, SeqstoreError):
                         d_objs.delete(f"{name}{suffix}")
-        if replaced is not None:
-            _remove_leftovers(d_objs, replaced, s, key, kept, workers)
     finally:
         if bar is not None:
             bar.close()
@@ -412,8 +413,8 @@ def _shard_files(st: StoreState, k: int) -> set[str]:
 
 
 def _remove_leftovers(objs: Any, old: StoreState, new: StoreState, table: str, runs: set[str], workers: int) -> None:
-    """Delete what the store ``old`` had at ``objs`` that the store ``new``, copied over it and committed
-    (its shard table ``table``, "" for none, and index runs ``runs``), does not use: the shards it does
+    """Delete what the store ``old`` had at ``objs`` that the store ``new``, copied over it and about to be
+    committed (its shard table ``table``, "" for none, and index runs ``runs``), does not use: the shards it does
     not have (a larger store replaced by a smaller one), the files of a shard it has that it does not
     (fields of another schema, ids), the old index runs and shard table. Locally, the directories left
     empty go too. Best effort: what cannot be deleted stays (no file the new store uses is touched).
