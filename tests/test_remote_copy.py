@@ -270,8 +270,12 @@ import seqstore as ss
 src, dst, code = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 shard, started = dst / "shard-000002", []
 
-def blocked(pid):  # waiting for a lock (/proc/locks marks a blocked request with ->)
-    return any("->" in line and f" {pid} " in line for line in Path("/proc/locks").read_text().splitlines())
+def blocked(pid):  # waiting for the store's lock: it has the lock file open (the copy holds the lock)
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(str(p.resolve()) == str(dst.resolve() / ".lock") for p in fds.iterdir())
+    except OSError:  # (a descriptor closed while looked at)
+        return False
 
 def hook(event, args):  # a writer opens the destination once the copy has put a file of its first new shard
     if event == "os.mkdir" and not started and str(args[0]) == str(shard) and shard.is_dir() and any(shard.iterdir()):
