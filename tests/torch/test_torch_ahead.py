@@ -111,3 +111,36 @@ def test_an_error_drawing_a_later_batch_comes_after_the_batches_before_it(tmp_pa
         for batch in run_processes(gather(arrays[0]), drawn(), gather, 2, context="forkserver", chooser=chooser):
             got.append(int(batch["x"][0, 0, 0]))
     assert got == [int(a[0]) for a in arrays[:11]]
+
+
+class _SlowAhead:
+    """A gatherer for the ring: a batch is its first index; the reads asked ahead for a run whose first
+    batch starts with -1 take ``wait`` seconds (a worker busy that long, its pipe left to fill)."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+
+    def __call__(self, idx: Any) -> dict[str, Any]:
+        return {"i": torch.from_numpy(np.asarray(idx[:1], dtype=np.int64).copy())}
+
+    def prefetch(self, run: Any) -> None:
+        if int(run[0][0]) == -1:
+            import time
+
+            time.sleep(self.wait)
+
+
+def test_a_timed_out_send_ahead_leaves_the_worker_refused_with_a_named_error() -> None:
+    """A run's index arrays sent ahead to a worker busy longer than ``timeout`` (larger than its pipe
+    holds): the send gave up with the message written in part, and the timeout was swallowed (the
+    read-ahead is advice); the next message was then written after the partial one, and a worker that
+    recovered read a corrupt message. Now that worker's pipe is not written to again: the next batch
+    for it is refused with a LoaderWorkerError saying it timed out, and the worker is ended."""
+    from seqstore.torch._signals import LoaderWorkerError
+
+    gather = _SlowAhead(wait=0.5)
+    arrays = [np.full(8, -1, np.int64), np.zeros(1 << 18, np.int64)] + [np.arange(8, dtype=np.int64)] * 4
+    ring = run_processes(gather(np.zeros(1, np.int64)), iter(arrays), gather, 1, context="forkserver", ahead=1,
+                         timeout=0.3)
+    with pytest.raises(LoaderWorkerError, match=r"loader worker 0 .*timed out earlier.*0\.3s"):
+        list(ring)

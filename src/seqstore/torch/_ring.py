@@ -333,15 +333,21 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) exited unexpectedly "
                                  f"(exit code {workers[w].exitcode}{killed_by(workers[w].exitcode, shm.size)})")
 
-    stuck = -1  # the worker that gave no batch (or took no message) within ``timeout``: ended at once at the end
+    # the workers that gave no batch (or took no message) within ``timeout``: ended at once at the end. One
+    # that took no message has it written in part on its pipe: nothing more is written there (it would read
+    # the rest of it as that message's), even where the timeout was not raised (a run's reads sent ahead)
+    stuck: set[int] = set()
 
     def post(w: int, msg: Any) -> None:  # a worker gone (its pipe broken: one that died resting) is named
-        nonlocal stuck
+        if w in stuck:
+            raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) timed out earlier: it took nothing "
+                                    f"sent to it in {timeout}s (busy with a batch, its pipe full), and is sent "
+                                    "nothing more")
         try:
             if timeout <= 0:
                 conns[w].send(msg)
             elif not _send_bounded(conns[w], msg, until=time.monotonic() + timeout):  # its pipe stayed full
-                stuck = w
+                stuck.add(w)
                 raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) took nothing sent to it in "
                                         f"{timeout}s (busy with a batch, its pipe full)")
         except OSError:
@@ -466,7 +472,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     if not workers[w].is_alive():
                         raise EOFError
                     if 0 < timeout <= time.perf_counter() - start:
-                        stuck = w
+                        stuck.add(w)
                         raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) gave no batch in {timeout}s")
                 waited = time.perf_counter() - start
                 msg = conns[w].recv()
@@ -515,7 +521,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             told = [False] * len(conns)
             for w, c in enumerate(conns):
                 try:
-                    told[w] = w != stuck and send_bounded(c, None, until=end)
+                    told[w] = w not in stuck and send_bounded(c, None, until=end)
                 except Exception:  # noqa: BLE001 - a worker gone, or interpreter shutdown
                     pass
             # the answers nobody will use, read until each worker ends (one larger than the pipe holds would
