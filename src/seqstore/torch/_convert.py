@@ -3,7 +3,8 @@
 Arrays from a store are read-only memory-mapped views; ``torch.from_numpy`` on them warns and would
 share the mapping. :func:`to_tensor` copies such arrays once (arrays gathered by ``get_batch`` are
 fresh and writable: no copy). bfloat16 fields (stored as uint16 bits, or ``ml_dtypes.bfloat16``) become
-``torch.bfloat16`` tensors without a copy.
+``torch.bfloat16`` tensors without a copy. torch < 2.3 makes no tensors of uint16, uint32 or uint64 arrays
+(``torch.from_numpy`` refuses them): there such arrays become int32, int64 and int64 tensors (one copy).
 """
 
 from __future__ import annotations
@@ -18,7 +19,30 @@ from torch.utils.data import get_worker_info
 
 from ..data._lengths import check_int
 
-__all__ = ["to_tensor", "resolve_topology", "worker_topology"]
+__all__ = ["to_tensor", "resolve_topology", "worker_topology", "torch_dtype_for"]
+
+
+def _takes_unsigned() -> bool:
+    """Whether this torch makes tensors of uint16/uint32/uint64 arrays (2.3 on)."""
+    try:
+        torch.from_numpy(np.zeros(1, np.uint16))
+    except TypeError:
+        return False
+    return True
+
+
+#: whether ``torch.from_numpy`` takes uint16, uint32 and uint64 arrays in this process
+UNSIGNED = _takes_unsigned()
+_WIDER: dict[np.dtype[Any], np.dtype[Any]] = {
+    np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64),
+    np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+def torch_dtype_for(dtype: np.dtype[Any], unsigned: bool) -> np.dtype[Any] | None:
+    """The dtype an array of ``dtype`` is converted to before ``torch.from_numpy`` (None: taken as it is).
+    ``unsigned``: whether torch has uint16/uint32/uint64 tensors; without them uint16 becomes int32 and
+    uint32 int64 (every value kept), uint64 int64 (values up to 2**63 - 1)."""
+    return None if unsigned else _WIDER.get(np.dtype(dtype).newbyteorder("="))
 
 
 def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
@@ -32,6 +56,13 @@ def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
     if arr.dtype.type.__name__ == "bfloat16":  # ml_dtypes (``dtype.name`` builds a string each time)
         arr = arr.view(np.uint16)
         bfloat16 = True
+    bits = bfloat16 and arr.dtype.kind == "u" and arr.dtype.itemsize == 2  # (bfloat16's, as int16 below)
+    wider = None if bits else torch_dtype_for(arr.dtype, UNSIGNED)
+    if wider is not None:  # (the one copy, also of a read-only or big-endian array)
+        if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise ValueError(f"a uint64 value {int(arr.max())} is above 2**63 - 1: torch {torch.__version__} has no "
+                             "uint64 tensors (torch >= 2.3 has), and int64 does not hold it")
+        return torch.from_numpy(arr.astype(wider))
     if not arr.flags.writeable or not arr.flags.aligned or arr.dtype.byteorder == ">":
         arr = np.array(arr, dtype=arr.dtype.newbyteorder("=") if arr.dtype.byteorder == ">" else arr.dtype)
     if bfloat16 and arr.dtype == np.uint16:  # via int16: torch < 2.3 has no uint16 tensors

@@ -1,0 +1,40 @@
+"""``seqstore.torch._convert.to_tensor`` with unsigned fields: torch < 2.3 has no uint16/uint32/uint64
+tensors (``torch.from_numpy`` refuses such arrays), so there they become the next wider signed dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from seqstore.torch import _convert  # noqa: E402
+from seqstore.torch._convert import to_tensor, torch_dtype_for  # noqa: E402
+
+
+def test_the_dtype_rule_widens_unsigned_arrays_only_where_torch_lacks_them() -> None:
+    """A uint16 token field failed on torch 2.1/2.2 (pyproject allows torch>=2.1): from_numpy refused it."""
+    assert torch_dtype_for(np.dtype(np.uint16), unsigned=False) == np.int32
+    assert torch_dtype_for(np.dtype(">u2"), unsigned=False) == np.int32
+    assert torch_dtype_for(np.dtype(np.uint32), unsigned=False) == np.int64
+    assert torch_dtype_for(np.dtype(np.uint64), unsigned=False) == np.int64
+    for dt in (np.uint8, np.int16, np.int32, np.int64, np.float32, np.bool_):
+        assert torch_dtype_for(np.dtype(dt), unsigned=False) is None
+    for dt in (np.uint16, np.uint32, np.uint64, np.uint8):
+        assert torch_dtype_for(np.dtype(dt), unsigned=True) is None
+    assert _convert.UNSIGNED == hasattr(torch, "uint16")  # (torch 2.3 on: both)
+
+
+def test_without_unsigned_tensors_values_are_kept_in_the_wider_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_convert, "UNSIGNED", False)
+    ro = np.array([0, 65535, 7], np.uint16)
+    ro.flags.writeable = False  # (a store's mapping: the widening is its one copy)
+    t = to_tensor(ro)
+    assert t.dtype == torch.int32 and t.tolist() == [0, 65535, 7]
+    assert to_tensor(np.array([2**32 - 1], ">u4")).tolist() == [2**32 - 1]
+    assert to_tensor(np.array([2**63 - 1], np.uint64)).dtype == torch.int64
+    with pytest.raises(ValueError, match=r"uint64 value 9223372036854775808 is above 2\*\*63 - 1"):
+        to_tensor(np.array([2**63], np.uint64))
+    bf = to_tensor(np.array([0x3FC0], np.uint16), bfloat16=True)  # bfloat16 bits stay bits
+    assert bf.dtype == torch.bfloat16 and bf.tolist() == [1.5]
+    assert to_tensor(np.array([3], np.uint8)).dtype == torch.uint8
