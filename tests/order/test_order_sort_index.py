@@ -181,3 +181,54 @@ def test_a_sort_cache_in_a_missing_directory_names_the_cache(tmp_path: Path) -> 
     with pytest.raises(FileNotFoundError, match="sort cache"):
         o.to_numpy(np.int64)
     assert list(tmp_path.iterdir()) == []
+
+
+_KILLED = """\
+import sys, time
+import numpy as np
+from seqstore.order import sort_index
+
+class Lengths:  # lazy lengths: the first read scans them; the second (the sort, its temporary made) waits
+    dtype = np.dtype(np.int64)
+    calls = 0
+
+    def __len__(self):
+        return 5000
+
+    def take(self, idx):
+        Lengths.calls += 1
+        if Lengths.calls == 2:
+            print("sorting", flush=True)
+            time.sleep(60)
+        return np.asarray(idx, dtype=np.int64) % 7
+
+sort_index(Lengths(), cache=sys.argv[1])
+"""
+
+
+def test_a_sort_killed_part_way_leaves_no_temporary_after_the_next_sort(tmp_path: Path) -> None:
+    """A process killed (SIGKILL, OOM) while it sorted into a sort cache outside the node cache left its
+    temporary file ('.sidx.npy.tmp-*', as large as the index) beside the cache for ever. The next sort
+    into that cache removes the temporaries no live process holds; one a live sort holds is left alone."""
+    import os
+    import signal
+
+    from seqstore.io.nodecache import temporary
+
+    cache = tmp_path / "sidx.npy"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(cache)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "sorting\n"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".sidx.npy.tmp-"), left
+    fd, held = temporary(cache)  # a live sort's, under way
+    try:
+        values = np.arange(5000) % 7
+        assert np.array_equal(sort_index(values, cache=cache), np.argsort(values, kind="stable"))
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(held).name, "sidx.npy"])
+    finally:
+        os.close(fd)
+        os.unlink(held)

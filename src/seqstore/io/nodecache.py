@@ -32,7 +32,6 @@ import mmap
 import os
 import shutil
 import struct
-import tempfile
 import threading
 import time
 import weakref
@@ -44,6 +43,7 @@ import numpy as np
 
 from .claims import Claims
 from .mapping import PAGE, allocate
+from .tempfiles import locked_temporary
 
 __all__ = [
     "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
@@ -86,16 +86,12 @@ def used(path: str | os.PathLike[str]) -> None:
 
 
 def temporary(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """A new temporary file ``.<name>.tmp-*`` beside ``path`` and its descriptor. Where a node cache's
-    budget covers its directory it is made under that cache's lock and flock'd until closed, as evictions
-    delete those (``derived/*/.*.npy.tmp-*``) that no process holds."""
-    parent, cache = Path(path).parent, _budgeted.get(os.fspath(Path(path).parent))
-    if cache is None:
-        return tempfile.mkstemp(prefix=f".{Path(path).name}.tmp-", dir=parent)
-    with cache.locked():
-        fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.tmp-", dir=parent)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd, tmp
+    """A new temporary file ``.<name>.tmp-*`` beside ``path`` and its descriptor, flock'd until closed
+    (:func:`~.tempfiles.locked_temporary`). Where a node cache's budget covers its directory it is made
+    under that cache's lock, as evictions delete those (``derived/*/.*.npy.tmp-*``) that no process holds."""
+    cache = _budgeted.get(os.fspath(Path(path).parent))
+    with cache.locked() if cache is not None else contextlib.nullcontext():
+        return locked_temporary(path)
 
 
 def default_cache_dir() -> Path:

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from ..io.mapping import allocate_whole
 from ..io.nodecache import charge, temporary, used
+from ..io.tempfiles import remove_stale
 from . import _sort_kernels as S
 from ._arrays import ArrayRef, PathLike
 
@@ -115,6 +116,8 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
         if found is not None:
             used(path)  # (in a node cache: recently used, not the first to evict)
             return found
+    if path is not None:  # (the temporaries of a sort killed part way, as large as the index)
+        remove_stale(path)
     dtype = np.dtype(np.int32) if n <= np.iinfo(np.int32).max else np.dtype(np.int64)
     if n == 0:
         return _finish(np.empty(0, dtype=dtype), path)

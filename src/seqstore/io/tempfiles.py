@@ -1,0 +1,68 @@
+"""Temporary files ``.<name>.tmp-*`` beside a file being written, flock'd by the process writing them.
+
+A process killed part way (SIGKILL, the OOM killer) runs no clean-up: its temporary, as large as the file
+it was writing, stays. Its lock went with the process, so a later writer of the same file tells it from
+one being written (:func:`remove_stale`), wherever the directory is (a node cache's evictions do the same
+for theirs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["locked_temporary", "remove_stale"]
+
+
+def _prefix(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    p = Path(path)
+    return p.parent, f".{p.name}.tmp-"
+
+
+def locked_temporary(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """A new temporary file beside ``path`` and its descriptor, flock'd (exclusive) until the descriptor is
+    closed. Made again where another process's :func:`remove_stale` took it before it was locked."""
+    parent, prefix = _prefix(path)
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, dir=parent)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            st, mine = os.stat(tmp), os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                return fd, tmp
+        except FileNotFoundError:  # removed as stale between the two
+            pass
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+
+
+def remove_stale(path: str | os.PathLike[str]) -> None:
+    """Remove the temporaries of ``path`` (``.<name>.tmp-*`` beside it) that no process holds locked: those
+    of processes that ended before renaming them. O(files in the directory)."""
+    parent, prefix = _prefix(path)
+    try:
+        names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        tmp = os.path.join(parent, name)
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # renamed into place meanwhile, or not a file of ours
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: a live writer's; OSError)
+            st, held = os.stat(tmp), os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):  # (not renamed into place meanwhile)
+                os.unlink(tmp)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
