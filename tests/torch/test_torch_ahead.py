@@ -144,3 +144,78 @@ def test_a_timed_out_send_ahead_leaves_the_worker_refused_with_a_named_error() -
                          timeout=0.3)
     with pytest.raises(LoaderWorkerError, match=r"loader worker 0 .*timed out earlier.*0\.3s"):
         list(ring)
+
+
+def _wait_for(path: Path) -> None:
+    import time
+
+    end = time.monotonic() + 20
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+class _SlowBig:
+    """A gatherer for the ring: a batch is its first index, except one whose first index is -2: that makes
+    the file ``busy``, waits until the file ``go`` exists and is larger than a slot and the pipe (its answer
+    comes over the pipe in parts); the batch from index 8 waits for ``busy``."""
+
+    def __init__(self, where: Path) -> None:
+        self.busy, self.go = where / "busy", where / "go"
+
+    def __call__(self, idx: Any) -> dict[str, Any]:
+        if int(idx[0]) == -2:
+            self.busy.touch()
+            _wait_for(self.go)
+            return {"i": torch.zeros(1 << 17, dtype=torch.int64)}
+        if int(idx[0]) == 8:
+            _wait_for(self.busy)
+        return {"i": torch.from_numpy(np.asarray(idx[:1], dtype=np.int64).copy())}
+
+    def prefetch(self, run: Any) -> None:
+        pass
+
+
+def test_a_worker_whose_send_ahead_timed_out_is_not_waited_on_for_ever(tmp_path: Path) -> None:
+    """Worker 1 busy with a large batch longer than ``timeout`` while the reads of a later run were sent
+    ahead to it: that send gave up part way. The loop then waited for worker 1's large batch, which the
+    worker had begun to send when it found the partial message on its pipe and waited for its rest: each
+    waited for the other for ever, whatever the timeout. Now the batch due from that worker is a
+    LoaderWorkerError saying it timed out, after the batches before it."""
+    import threading
+
+    from seqstore.torch._signals import LoaderWorkerError
+
+    gather = _SlowBig(tmp_path)
+    small = [np.arange(k, k + 8, dtype=np.int64) for k in range(0, 80, 8)]
+    # worker 0: batches 1, 3, 5; worker 1: batch 2 (large, done once the loop has handed out batch 1), then
+    # 4 and 6, whose reads go ahead in one message larger than the pipe, sent once batch 1 came (after
+    # worker 1 began batch 2)
+    arrays = [small[1], np.full(8, -2, np.int64), small[3], small[4], small[5],
+              np.arange(1 << 15, dtype=np.int64)] + small[7:]
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            # (forked: the workers start at once, inside the timeout of the first batch)
+            for batch in run_processes(gather(small[0]), iter(arrays), gather, 2, depth=1, context="fork",
+                                       ahead=2, timeout=0.3):
+                got.append(int(batch["i"][0]))
+                if got[-1] == 8:  # (the send ahead to worker 1 timed out before batch 1 was handed out)
+                    gather.go.touch()
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    loop = threading.Thread(target=run, daemon=True)
+    loop.start()
+    loop.join(15)
+    if loop.is_alive():  # (the loop and worker 1 wait for each other: end the workers, then fail)
+        import multiprocessing
+
+        for p in multiprocessing.active_children():
+            p.kill()
+        loop.join(10)
+        pytest.fail("the loop waited for ever on a worker whose send ahead timed out")
+    assert len(errors) == 1 and isinstance(errors[0], LoaderWorkerError), (errors, got)
+    assert "loader worker 1" in str(errors[0]) and "timed out earlier" in str(errors[0])
+    assert got == [0, 8]

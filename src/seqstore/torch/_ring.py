@@ -338,11 +338,14 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     # the rest of it as that message's), even where the timeout was not raised (a run's reads sent ahead)
     stuck: set[int] = set()
 
+    def refused(w: int) -> LoaderWorkerError:  # (nor is its answer waited for: it may be waiting for the rest)
+        return LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) timed out earlier: it took nothing "
+                                 f"sent to it in {timeout}s (busy with a batch, its pipe full); nothing more is "
+                                 "sent to it or taken from it")
+
     def post(w: int, msg: Any) -> None:  # a worker gone (its pipe broken: one that died resting) is named
         if w in stuck:
-            raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) timed out earlier: it took nothing "
-                                    f"sent to it in {timeout}s (busy with a batch, its pipe full), and is sent "
-                                    "nothing more")
+            raise refused(w)
         try:
             if timeout <= 0:
                 conns[w].send(msg)
@@ -464,6 +467,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 yield batch
                 continue
             w, slot, parts = pending[0]
+            if w in stuck:  # (a message to it written in part: it would wait for the rest, and we for its batch)
+                raise refused(w)
             try:
                 start = time.perf_counter()
                 # a worker that died without its pipe closing is noticed too (each second, or at the timeout)
