@@ -232,3 +232,22 @@ def test_a_sort_killed_part_way_leaves_no_temporary_after_the_next_sort(tmp_path
     finally:
         os.close(fd)
         os.unlink(held)
+
+
+def test_a_sort_cache_on_a_file_system_without_flock_still_works(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``flock`` is refused (Lustre without ``-o flock``: ENOSYS; no such file system here, so flock
+    is made to fail as it does there), a sort into a cache works as before the temporaries were locked,
+    and a temporary there is not taken for a dead process's."""
+    import errno
+    import fcntl
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    other = tmp_path / ".sidx.npy.tmp-other"
+    other.write_bytes(b"x")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    values = np.arange(3000) % 5
+    assert np.array_equal(sort_index(values, cache=tmp_path / "sidx.npy"), np.argsort(values, kind="stable"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "sidx.npy"]

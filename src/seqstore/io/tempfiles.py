@@ -9,6 +9,7 @@ for theirs).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import tempfile
@@ -22,14 +23,24 @@ def _prefix(path: str | os.PathLike[str]) -> tuple[Path, str]:
     return p.parent, f".{p.name}.tmp-"
 
 
+#: what ``flock`` fails with on a file system without it (Lustre mounted without ``-o flock``: ENOSYS)
+_NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL})
+
+
 def locked_temporary(path: str | os.PathLike[str]) -> tuple[int, str]:
     """A new temporary file beside ``path`` and its descriptor, flock'd (exclusive) until the descriptor is
-    closed. Made again where another process's :func:`remove_stale` took it before it was locked."""
+    closed. Made again where another process's :func:`remove_stale` took it before it was locked. On a file
+    system without ``flock`` it is not locked (nor is any other there: :func:`remove_stale` removes none)."""
     parent, prefix = _prefix(path)
     while True:
         fd, tmp = tempfile.mkstemp(prefix=prefix, dir=parent)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:
+                if exc.errno not in _NO_FLOCK:
+                    raise
+                return fd, tmp
             st, mine = os.stat(tmp), os.fstat(fd)
             if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
                 return fd, tmp
