@@ -361,3 +361,21 @@ def test_a_pad_value_that_is_not_a_number_is_refused_when_made() -> None:
     for good in (-1, 0.5, np.float32(2), float("nan"), torch.tensor(3.0)):
         out = PaddedCollate(pad_value=good)(records)  # type: ignore[arg-type]
         assert out["a"].shape == (2, 3) and out["a_lengths"].tolist() == [2, 3]
+
+
+def test_a_pad_value_an_integer_field_cannot_hold_is_refused() -> None:
+    """``pad_value=-100`` (an ignore index) for a uint16 token field padded with 65436, and 0.5 for an
+    int32 field with 0, without a word: a loss then took the padding for tokens. Now a ValueError names the
+    field, its dtype and the values it holds; values it holds pad as before."""
+    ragged = [{"x": np.array([1, 2], np.uint8)}, {"x": np.array([3], np.uint8)}]
+    with pytest.raises(ValueError, match=r"pad_value -1 .*'x' \(torch.uint8\).*\[0, 255\]"):
+        collate_padded(ragged, pad_value=-1)
+    ints = [{"x": np.array([1, 2], np.int32)}, {"x": np.array([3], np.int32)}]
+    with pytest.raises(ValueError, match=r"pad_value 0.5 .*'x'"):
+        collate_padded(ints, pad_value=0.5)
+    with pytest.raises(ValueError, match=r"0 or 1"):
+        collate_padded([{"m": np.ones(2, bool)}, {"m": np.ones(1, bool)}], pad_value=2)
+    assert collate_padded(ints, pad_value=-1.0)["x"].tolist() == [[1, 2], [3, -1]]
+    assert collate_padded(ragged, pad_value=torch.tensor(255))["x"].tolist() == [[1, 2], [3, 255]]
+    floats = [{"x": np.ones(2, np.float32)}, {"x": np.ones(1, np.float32)}]
+    assert collate_padded(floats, pad_value=-0.5)["x"][1, 1] == -0.5

@@ -132,6 +132,20 @@ def _check_pad_value(value: Any) -> None:
         raise ValueError(f"collate_padded: pad_value must be a number, got {value!r}")
 
 
+def _check_fits(value: Any, dtype: torch.dtype, name: str) -> None:
+    """A ValueError where ``pad_value`` ``value`` is not a value of ``dtype`` (ragged field ``name``): an
+    integer field would hold it cut or wrapped (-100 in uint16 is 65436, 0.5 in int32 is 0)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    v = value.item() if isinstance(value, torch.Tensor) else value
+    whole = not isinstance(v, complex) and (not isinstance(v, float) or v.is_integer())
+    if not (whole and low <= v <= high):
+        what = "0 or 1" if dtype == torch.bool else f"an integer in [{low}, {high}]"
+        raise ValueError(f"collate_padded: pad_value {value!r} is not a value of ragged field {name!r} ({dtype}): "
+                         f"expected {what}")
+
+
 def collate_gathered(padded: dict[str, torch.Tensor], lengths: dict[str, torch.Tensor], *,
                      ragged: Iterable[str] | None = None, masks: bool = False) -> dict[str, torch.Tensor]:
     """The batch :func:`collate_padded` returns for a batch gathered already padded: ``padded``
@@ -191,6 +205,7 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
         if len(inner) > 1 or len(dtypes) > 1:
             raise ValueError(f"collate_padded: ragged field {name!r} mixes inner shapes {sorted(inner)} / "
                              f"dtypes {dtypes}")
+        _check_fits(pad_value, ts[0].dtype, name)
         lengths = torch.tensor([t.shape[0] for t in ts], dtype=torch.int64)
         tmax = int(lengths.max())
         values = torch.full((len(ts), tmax, *ts[0].shape[1:]), pad_value, dtype=ts[0].dtype)
