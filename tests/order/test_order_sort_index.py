@@ -184,26 +184,38 @@ def test_a_sort_cache_in_a_missing_directory_names_the_cache(tmp_path: Path) -> 
 
 
 _KILLED = """\
-import sys, time
+import glob, os, sys, time
 import numpy as np
 from seqstore.order import sort_index
 
-class Lengths:  # lazy lengths: the first read scans them; the second (the sort, its temporary made) waits
+class Lengths:  # lazy lengths: the first read once the sort's temporary is made waits
     dtype = np.dtype(np.int64)
-    calls = 0
 
     def __len__(self):
         return 5000
 
     def take(self, idx):
-        Lengths.calls += 1
-        if Lengths.calls == 2:
+        if glob.glob(os.path.join(os.path.dirname(sys.argv[1]), ".*.tmp-*")):
             print("sorting", flush=True)
             time.sleep(60)
-        return np.asarray(idx, dtype=np.int64) % 7
+        return np.asarray(idx, dtype=np.int64) * int(sys.argv[2]) % 7
 
 sort_index(Lengths(), cache=sys.argv[1])
 """
+
+
+def _killed_sorting(cache: Path, factor: int) -> None:
+    """A subprocess sorting lengths ``index * factor % 7`` into ``cache``, killed (SIGKILL) part way."""
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(cache), str(factor)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "sorting\n"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_a_sort_killed_part_way_leaves_no_temporary_after_the_next_sort(tmp_path: Path) -> None:
@@ -211,17 +223,11 @@ def test_a_sort_killed_part_way_leaves_no_temporary_after_the_next_sort(tmp_path
     temporary file ('.sidx.npy.tmp-*', as large as the index) beside the cache for ever. The next sort
     into that cache removes the temporaries no live process holds; one a live sort holds is left alone."""
     import os
-    import signal
 
     from seqstore.io.nodecache import temporary
 
     cache = tmp_path / "sidx.npy"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(cache)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == "sorting\n"
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _killed_sorting(cache, 1)
     left = [p.name for p in tmp_path.iterdir()]
     assert len(left) == 1 and left[0].startswith(".sidx.npy.tmp-"), left
     fd, held = temporary(cache)  # a live sort's, under way
@@ -251,3 +257,16 @@ def test_a_sort_cache_on_a_file_system_without_flock_still_works(tmp_path: Path,
     values = np.arange(3000) % 5
     assert np.array_equal(sort_index(values, cache=tmp_path / "sidx.npy"), np.argsort(values, kind="stable"))
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "sidx.npy"]
+
+
+def test_a_sort_killed_part_way_leaves_no_temporary_after_a_cache_found_whole(tmp_path: Path) -> None:
+    """The temporaries of a sort killed part way went only with a sort that computed its index: where
+    another process had written the cache meanwhile, every later call found it and returned it, and the
+    temporary stayed. Now a call that finds the cache whole removes them too."""
+    cache = tmp_path / "sidx.npy"
+    values = np.arange(5000) % 7
+    sort_index(values, cache=cache)
+    _killed_sorting(cache, 3)  # (other lengths: the cache is not theirs, so that process sorted)
+    assert len(list(tmp_path.iterdir())) == 2
+    assert np.array_equal(sort_index(values, cache=cache), np.argsort(values, kind="stable"))
+    assert [p.name for p in tmp_path.iterdir()] == ["sidx.npy"]

@@ -111,13 +111,13 @@ def sort_index(lengths: npt.ArrayLike | PathLike | ArrayRef, *,
     if path is not None and not path.parent.is_dir():  # (else: an error naming a temporary file beside it)
         raise FileNotFoundError(f"sort cache {path}: its directory {path.parent} does not exist (expected the path of "
                                 "a .npy file in an existing directory)")
+    if path is not None:  # (the temporaries of a sort killed part way, as large as the index; also where
+        remove_stale(path)  # another process wrote the cache meanwhile)
     if path is not None and path.exists():
         found = _usable_cache(path, arr)
         if found is not None:
             used(path)  # (in a node cache: recently used, not the first to evict)
             return found
-    if path is not None:  # (the temporaries of a sort killed part way, as large as the index)
-        remove_stale(path)
     dtype = np.dtype(np.int32) if n <= np.iinfo(np.int32).max else np.dtype(np.int64)
     if n == 0:
         return _finish(np.empty(0, dtype=dtype), path)
