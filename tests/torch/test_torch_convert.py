@@ -3,6 +3,8 @@ tensors (``torch.from_numpy`` refuses such arrays), so there they become the nex
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -38,3 +40,22 @@ def test_without_unsigned_tensors_values_are_kept_in_the_wider_dtype(monkeypatch
     bf = to_tensor(np.array([0x3FC0], np.uint16), bfloat16=True)  # bfloat16 bits stay bits
     assert bf.dtype == torch.bfloat16 and bf.tolist() == [1.5]
     assert to_tensor(np.array([3], np.uint8)).dtype == torch.uint8
+
+
+def test_a_field_of_a_dtype_torch_lacks_is_an_error_naming_the_field(tmp_path: Any) -> None:
+    """A float128 field (numpy's longdouble: a store takes it) failed in torch.from_numpy with a TypeError
+    that named the dtype but not the field. Now the error names the field, through SeqDataset's records,
+    its batches and collate_padded alike."""
+    import seqstore
+    from seqstore import Field
+    from seqstore.torch import SeqDataset, collate_padded
+
+    with seqstore.create(tmp_path / "s.seqstore", {"q": Field("float128"), "x": Field("float32")}) as wr:
+        wr.append_batch({"q": np.ones(3, np.float128), "x": np.ones(3, np.float32)})
+    ds = SeqDataset(tmp_path / "s.seqstore")
+    for get in (lambda: ds[0], lambda: ds.__getitems__([0, 1])):
+        with pytest.raises(TypeError, match=r"field 'q': torch has no tensors of float128 values"):
+            get()
+    with pytest.raises(TypeError, match=r"field 'q'"):
+        collate_padded([{"q": np.ones(2, np.float128)}])
+    assert SeqDataset(tmp_path / "s.seqstore", fields="x")[0]["x"].dtype == torch.float32

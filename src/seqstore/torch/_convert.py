@@ -45,10 +45,11 @@ def torch_dtype_for(dtype: np.dtype[Any], unsigned: bool) -> np.dtype[Any] | Non
     return None if unsigned else _WIDER.get(np.dtype(dtype).newbyteorder("="))
 
 
-def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
+def to_tensor(value: Any, bfloat16: bool = False, *, name: str | None = None) -> torch.Tensor:
     """``value`` (array, view, NumPy scalar) as a tensor; copies only read-only or unaligned arrays.
 
-    ``bfloat16``: reinterpret uint16 bits as ``torch.bfloat16``. O(size) for a copy, O(1) otherwise.
+    ``bfloat16``: reinterpret uint16 bits as ``torch.bfloat16``. ``name``: the field's, for errors (a dtype
+    torch has no tensors of, such as float128, is a TypeError naming it). O(size) for a copy, O(1) otherwise.
     """
     if isinstance(value, torch.Tensor):
         return value
@@ -60,14 +61,22 @@ def to_tensor(value: Any, bfloat16: bool = False) -> torch.Tensor:
     wider = None if bits else torch_dtype_for(arr.dtype, UNSIGNED)
     if wider is not None:  # (the one copy, also of a read-only or big-endian array)
         if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-            raise ValueError(f"a uint64 value {int(arr.max())} is above 2**63 - 1: torch {torch.__version__} has no "
-                             "uint64 tensors (torch >= 2.3 has), and int64 does not hold it")
+            raise ValueError(f"{_field(name)}a uint64 value {int(arr.max())} is above 2**63 - 1: torch"
+                             f" {torch.__version__} has no uint64 tensors (torch >= 2.3 has), and int64 cannot hold it")
         return torch.from_numpy(arr.astype(wider))
     if not arr.flags.writeable or not arr.flags.aligned or arr.dtype.byteorder == ">":
         arr = np.array(arr, dtype=arr.dtype.newbyteorder("=") if arr.dtype.byteorder == ">" else arr.dtype)
     if bfloat16 and arr.dtype == np.uint16:  # via int16: torch < 2.3 has no uint16 tensors
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
+    try:
+        return torch.from_numpy(arr)
+    except TypeError:  # (torch's own names every dtype it takes, but not the field)
+        raise TypeError(f"{_field(name)}torch has no tensors of {arr.dtype} values (it takes bool, integers, float16/"
+                        "32/64 and complex64/128): store the field as one of those") from None
+
+
+def _field(name: str | None) -> str:
+    return "" if name is None else f"field {name!r}: "
 
 
 def resolve_topology(rank: int | None, world_size: int | None, owner: str) -> tuple[int, int]:

@@ -188,7 +188,7 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
     out = {}
     for name in first:
         try:
-            ts = [to_tensor(s[name]) for s in samples]
+            ts = [to_tensor(s[name], name=name) for s in samples]
         except KeyError:
             raise KeyError(f"collate_padded: some records lack field {name!r}") from None
         shapes = {tuple(t.shape) for t in ts}

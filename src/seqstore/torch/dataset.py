@@ -112,10 +112,10 @@ def batch_to_tensors(batch: dict[str, Any], bf16: frozenset[str],
         if fields is not None and name not in fields:
             continue
         if isinstance(v, tuple):
-            values[name] = to_tensor(v[0], name in bf16)
+            values[name] = to_tensor(v[0], name in bf16, name=name)
             lengths[name] = to_tensor(np.asarray(v[1], dtype=np.int64))
         else:
-            values[name] = to_tensor(v, name in bf16)
+            values[name] = to_tensor(v, name in bf16, name=name)
     return values, lengths
 
 
@@ -175,7 +175,8 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         if not 0 <= j < n:
             raise IndexError(f"SeqDataset index {i} out of range for {n} records")
         rec = self.dataset.get(j)
-        out = {k: to_tensor(v, k in self._bf16) for k, v in rec.items() if self.fields is None or k in self.fields}
+        out = {k: to_tensor(v, k in self._bf16, name=k) for k, v in rec.items()
+               if self.fields is None or k in self.fields}
         if self.with_index:
             check_index_free(out)
             out[INDEX_KEY] = torch.tensor(j, dtype=torch.int64)
