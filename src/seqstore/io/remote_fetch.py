@@ -320,6 +320,13 @@ class Fetcher:
                     chunks.append((obj, claimed))
         if not reqs:
             return Ticket(futures, 600.0, others, self.client.url)
+        futures.append(self._claimed_wave(reqs, fills, chunks))
+        return Ticket(futures, self.client.patience(), others, self.client.url)
+
+    def _claimed_wave(self, reqs: list[Request], fills: list[tuple[CachedObject, int]],
+                      chunks: Sequence[tuple[CachedObject, list[int]]] = ()) -> concurrent.futures.Future[Any]:
+        """:meth:`submit` of requests whose pages this process claimed: the claims are released if nothing
+        could be sent, and given back when the wave ends."""
         try:
             wave = self.submit(reqs, fills, chunks)
         except BaseException:
@@ -328,8 +335,7 @@ class Fetcher:
             raise
         if self.claims:
             wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
-        futures.append(wave)
-        return Ticket(futures, self.client.patience(), others, self.client.url)
+        return wave
 
     def send(self, obj: CachedObject, key: str, etag: str, runs: list[tuple[int, int]]
              ) -> tuple[concurrent.futures.Future[Any] | None, Any]:
@@ -343,15 +349,7 @@ class Fetcher:
             return None, wait
         reqs: list[Request] = [(key, a, b, etag or None) for a, b in runs]
         fills = [(obj, a) for a, _ in runs]
-        try:
-            wave = self.submit(reqs, fills)
-        except BaseException:
-            if self.claims:  # nothing was sent: others need not wait for these pages
-                _release(reqs, fills)
-            raise
-        if self.claims:
-            wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
-        return wave, wait
+        return self._claimed_wave(reqs, fills), wait
 
     def take(self, obj: CachedObject, pages: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Claim those of ``pages`` of cache entry ``obj`` that no other live process of the node claims (all
