@@ -8,7 +8,10 @@ that every test ends in seconds; pytest-timeout stops a test that hangs.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +49,28 @@ def remote(moto_s3: MotoS3, local: Path) -> Iterator[tuple[str, str]]:
 @pytest.fixture(autouse=True)
 def _own_cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEQSTORE_CACHE_DIR", str(tmp_path / "env-cache"))
+
+
+@contextlib.contextmanager
+def _silent_ftp() -> Iterator[str]:
+    """An ``ftp://`` endpoint on loopback whose server accepts every connection and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])  # accepted, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"ftp://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
 
 
 def _open(moto_s3: MotoS3, url: str, proxy: FaultProxy, cache: Path, **options: Any) -> ss.Store:
@@ -283,30 +308,10 @@ def test_a_silent_endpoint_through_fsspec_raises_a_named_error(tmp_path: Path) -
     """An fsspec back end (here ``ftp://``) whose server accepts connections and never answers: its calls
     are bounded by the store's ``timeout``, retried within the budget, then a RemoteError naming the
     endpoint, not the filesystem's own exception after its own timeout (or never)."""
-    import socket
-    import threading
-
     pytest.importorskip("fsspec")
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(server.accept()[0])  # accepted, never answered
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    endpoint = f"ftp://127.0.0.1:{server.getsockname()[1]}"
     opts = {"timeout": 0.5, "connect_timeout": 1, "retry_timeout": 2, "max_retries": 1}
-    try:
-        with pytest.raises(RemoteError) as err:
-            ss.open(f"{endpoint}/s.seqstore", storage_options=opts, cache_dir=tmp_path / "cache")
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
+    with _silent_ftp() as endpoint, pytest.raises(RemoteError) as err:
+        ss.open(f"{endpoint}/s.seqstore", storage_options=opts, cache_dir=tmp_path / "cache")
     assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
 
 
@@ -315,35 +320,16 @@ def test_calls_stuck_on_a_silent_fsspec_endpoint_do_not_pile_up_threads(tmp_path
     """A call of the filesystem that does not return in time is left running in its thread (Python cannot
     stop it; ftplib here waits 30 s, webhdfs forever): each retry on a silent server left one more. The
     threads of such calls are bounded per process (here 1): a call finding none free fails as a timeout."""
-    import socket
-    import threading
-
     pytest.importorskip("fsspec")
     from seqstore.io import object_fsspec
 
     monkeypatch.setattr(object_fsspec, "CALLS_MOST", 1)
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(server.accept()[0])  # accepted, never answered
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    before = set(threading.enumerate())
-    endpoint = f"ftp://127.0.0.1:{server.getsockname()[1]}"
     opts = {"timeout": 0.2, "connect_timeout": 0.2, "retry_timeout": 1.5}
-    try:
+    with _silent_ftp() as endpoint:
+        before = set(threading.enumerate())
         with pytest.raises(RemoteError) as err:
             ss.open(f"{endpoint}/s.seqstore", storage_options=opts, cache_dir=tmp_path / "cache")
         calls = [t for t in set(threading.enumerate()) - before if t.name == "seqstore-fsspec-call"]
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
     assert endpoint in str(err.value) and "unreachable" in str(err.value), err.value
     assert "attempts" in str(err.value) and len(calls) <= 1, calls
 

@@ -23,6 +23,15 @@ pytestmark = pytest.mark.timeout(120)
 ROWS = 2000
 
 
+def _cached_copy(root: Path, name: str, cache: Path) -> tuple[str, bytes, Path]:
+    """The file ``name`` of the local store ``root`` (its path in the store, its bytes) and the node cache's
+    copy of it under ``cache`` (found by its bytes)."""
+    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob(name)]
+    original = (root / rel).read_bytes()
+    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    return rel, original, copy
+
+
 def _local(path: Path, add: float) -> Path:
     with ss.create(path, {"v": ss.Field("float32", (256,))}) as w:
         w.append_batch({"v": np.arange(ROWS * 256, dtype=np.float32).reshape(ROWS, 256) + add})
@@ -257,9 +266,7 @@ def test_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS
     opts = moto_s3.storage_options(max_retries=1)
     cache = tmp_path / "cache"
     assert ss.open(url, storage_options=opts, cache_dir=cache).get_batch(np.arange(100))["t"][1].sum() > 0
-    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("t.offsets.npy")]
-    original = (root / rel).read_bytes()
-    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    rel, original, copy = _cached_copy(root, "t.offsets.npy", cache)
     at = read_header(root / rel).data_offset + 8 * 51  # the end of record 50
 
     def damage() -> None:
@@ -295,9 +302,7 @@ def test_offsets_out_of_range_in_the_node_cache_are_fetched_again_by_their_pages
     with FaultProxy(moto_s3.endpoint) as proxy:
         store = ss.open(url, storage_options=moto_s3.storage_options(proxy.url, max_retries=1), cache_dir=cache)
         assert len(store.get_batch(np.arange(n))["t"][1]) == n
-        (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("t.offsets.npy")]
-        original = (root / rel).read_bytes()
-        (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+        rel, original, copy = _cached_copy(root, "t.offsets.npy", cache)
         with open(copy, "r+b") as f:  # the end of record 3000, out of range
             f.seek(read_header(root / rel).data_offset + 8 * 3001)
             f.write(np.array([1 << 40], "<i8").tobytes())
@@ -319,9 +324,7 @@ def test_id_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: Mo
     opts = moto_s3.storage_options(max_retries=1)
     cache = tmp_path / "cache"
     assert len(ss.open(url, storage_options=opts, cache_dir=cache).ids(np.arange(100))[0]) > 0
-    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.offsets.npy")]
-    original = (root / rel).read_bytes()
-    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    rel, original, copy = _cached_copy(root, "_ids.offsets.npy", cache)
     at = read_header(root / rel).data_offset + 8 * 51  # the end of record 50's id
 
     def fresh() -> ss.Store:
@@ -349,9 +352,7 @@ def test_the_last_id_offset_damaged_within_range_in_the_node_cache_is_fetched_ag
     opts = moto_s3.storage_options(max_retries=1)
     cache = tmp_path / "cache"
     assert len(ss.open(url, storage_options=opts, cache_dir=cache).ids(np.arange(10))[0]) == 20
-    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.offsets.npy")]
-    original = (root / rel).read_bytes()
-    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    rel, original, copy = _cached_copy(root, "_ids.offsets.npy", cache)
     with open(copy, "r+b") as f:  # the end of the last id: 20 -> 4 (within _ids.npy's bytes)
         f.seek(read_header(root / rel).data_offset + 8 * 10)
         f.write(np.array([4], "<i8").tobytes())
@@ -379,9 +380,7 @@ def test_a_damaged_id_index_in_the_node_cache_is_fetched_again(moto_s3: MotoS3, 
     cache = tmp_path / "cache"
     ids = [f"r{i}" for i in range(50)]
     assert ss.open(url, storage_options=opts, cache_dir=cache).index_many(ids).tolist() == list(range(50))
-    (rel,) = [p.relative_to(root).as_posix() for p in root.rglob("_ids.hash_rows.npy")]
-    original = (root / rel).read_bytes()
-    (copy,) = [p for p in (cache / "objects").glob("*/*.data") if p.read_bytes() == original]
+    rel, original, copy = _cached_copy(root, "_ids.hash_rows.npy", cache)
     with open(copy, "r+b") as f:  # every row of the index out of range
         f.seek(read_header(root / rel).data_offset)
         f.write(np.full(50, 1 << 40, "<i8").tobytes())
