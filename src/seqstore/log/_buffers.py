@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..errors import AutoCommitError
 from ..store.directio import ALIGN
+from ..store.writer import Writer
 
 # A buffer's ids are Python strings until written, and the ids of written but uncommitted buffers
 # are kept for keep_first: both are bounded by record count, not only by bytes, so that logs of tiny
@@ -74,3 +79,42 @@ class Job:
 
 
 STOP = Job(None, False)
+
+
+def check_options(path: Any, flush_bytes: float, commit_every_s: float, shard_bytes: float, packed: Any,
+                  metadata: Any, rank: int | None) -> None:
+    """The checks of a Logger's options: ValueError/TypeError naming the log and the option."""
+    where = os.fspath(path)
+    for name, v in (("flush_bytes", flush_bytes), ("commit_every_s", commit_every_s), ("shard_bytes", shard_bytes)):
+        if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0  # (nan: no timed commit ever)
+                or (name != "commit_every_s" and not math.isfinite(v))):  # (a count of bytes)
+            raise ValueError(f"Logger {where}: {name} must be a positive number, got {v!r}")
+    for option, given, ok, what in (
+            ("packed", packed, isinstance(packed, (bool, Mapping)), "True, False or {group: [fields]}"),
+            ("metadata", metadata, metadata is None or isinstance(metadata, Mapping), "a dict"),
+            ("rank", rank, rank is None or isinstance(rank, numbers.Integral) and not isinstance(rank, bool),
+             "an int >= 0")):
+        if not ok:
+            raise TypeError(f"Logger {where}: {option}={given!r}: expected {what}")
+    if rank is not None and rank < 0:  # (its counts would go to stats["rank--1/records"])
+        raise ValueError(f"Logger {where}: rank={rank!r}: expected an int >= 0")
+
+
+def write_buffer(writer: Writer, buf: Buffer, rank: int) -> None:
+    """Write one buffer's records into the writer's current shard (no commit), in the Logger's background
+    thread. After an automatic commit that failed part way, only the rows the writer did not take."""
+    stats = dict(buf.stats)
+    if buf.n:  # the rows that went in, exactly (an interrupted log() counts only those)
+        key = f"rank-{rank}/records"
+        stats[key] = stats.get(key, 0) + buf.n
+    if stats and not buf.counted:
+        writer.add_stats(stats)
+    buf.counted = True
+    if buf.n > buf.taken:
+        columns = {name: arr[buf.taken : buf.n] for name, arr in buf.arrays.items()}
+        try:
+            writer.append_batch(columns, ids=buf.ids[buf.taken : buf.n])
+        except AutoCommitError as exc:  # never append again what the writer took
+            buf.taken += exc.taken
+            raise
+        buf.taken = buf.n

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import numbers
 import os
 import queue
 import threading
@@ -36,7 +35,7 @@ from ..store.directio import aligned_empty
 from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
-from ._buffers import MAX_BUFFER_RECORDS, MAX_INFLIGHT_IDS, STOP, Buffer, Job
+from ._buffers import MAX_BUFFER_RECORDS, MAX_INFLIGHT_IDS, STOP, Buffer, Job, check_options, write_buffer
 from ._buffers import buffer_rows as _buffer_rows
 from ._buffers import warm_up_kernels as _warm_up_kernels
 from ._tensors import HostStager, check_fields, default_packing, default_rank, ids_to_str, infer_field
@@ -97,19 +96,7 @@ class Logger:
                  rank: int | None = None, packed: bool | Mapping[str, list[str]] = True, shard_bytes: int = 1 << 30,
                  metadata: Mapping[str, Any] | None = None, direct_io: bool = True,
                  storage_options: Mapping[str, Any] | None = None) -> None:
-        for name, v in (("flush_bytes", flush_bytes), ("commit_every_s", commit_every_s), ("shard_bytes", shard_bytes)):
-            if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0  # (nan: no timed commit ever)
-                    or (name != "commit_every_s" and not math.isfinite(v))):  # (a count of bytes)
-                raise ValueError(f"Logger {os.fspath(path)}: {name} must be a positive number, got {v!r}")
-        for option, given, ok, what in (
-                ("packed", packed, isinstance(packed, (bool, Mapping)), "True, False or {group: [fields]}"),
-                ("metadata", metadata, metadata is None or isinstance(metadata, Mapping), "a dict"),
-                ("rank", rank, rank is None or isinstance(rank, numbers.Integral) and not isinstance(rank, bool),
-                 "an int >= 0")):
-            if not ok:
-                raise TypeError(f"Logger {os.fspath(path)}: {option}={given!r}: expected {what}")
-        if rank is not None and rank < 0:  # (its counts would go to stats["rank--1/records"])
-            raise ValueError(f"Logger {os.fspath(path)}: rank={rank!r}: expected an int >= 0")
+        check_options(path, flush_bytes, commit_every_s, shard_bytes, packed, metadata, rank)
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = max(1, int(flush_bytes))
@@ -133,6 +120,7 @@ class Logger:
         self._closed = False
         self._closing = False
         self._stopping = False  # close() has asked the background thread to stop
+        self._discard = False  # abort(): nothing more is written or committed
         self._thread: threading.Thread | None = None
         # SimpleQueue: its put is one C call, which an interrupt (Ctrl-C) cannot stop half way
         self._work: queue.SimpleQueue[Job] = queue.SimpleQueue()
@@ -245,11 +233,11 @@ class Logger:
             committing = False
             try:
                 if job is not None and job.buffer is not None:
-                    if self._error is None:
+                    if self._error is None and not self._discard:
                         self._held.append(job.buffer)
-                    else:  # discarded at close()
+                    else:  # discarded at close() or abort()
                         job.buffer.free = True
-                if self._error is None:
+                if self._error is None and not self._discard:
                     retry = self._commit_error is not None
                     if not retry or (job is not None and job.commit):  # after a failed commit: flush/close
                         while self._held:  # in order; a buffer stays held until the writer took all of it
@@ -318,24 +306,9 @@ class Logger:
             self._lock.release()
 
     def _write_buffer(self, buf: Buffer) -> None:
-        """Write one buffer's records into the current shard (no commit). Runs in the background thread.
-        After an automatic commit that failed part way, only the rows the writer did not take."""
+        """Write one buffer's records into the current shard (no commit); in the background thread."""
         assert self._writer is not None
-        stats = dict(buf.stats)
-        if buf.n:  # the rows that went in, exactly (an interrupted log() counts only those)
-            key = f"rank-{self.rank}/records"
-            stats[key] = stats.get(key, 0) + buf.n
-        if stats and not buf.counted:
-            self._writer.add_stats(stats)
-        buf.counted = True
-        if buf.n > buf.taken:
-            columns = {name: arr[buf.taken : buf.n] for name, arr in buf.arrays.items()}
-            try:
-                self._writer.append_batch(columns, ids=buf.ids[buf.taken : buf.n])
-            except AutoCommitError as exc:  # never append again what the writer took
-                buf.taken += exc.taken
-                raise
-            buf.taken = buf.n
+        write_buffer(self._writer, buf, self.rank)
 
     # ---------------------------------------------------------------------------------- logging
 
@@ -529,6 +502,9 @@ class Logger:
             return
         self._closing = True
         # each step may be redone: an interrupt anywhere leaves the rest to the next close (or the exit hook)
+        if self._discard:  # an abort() that an interrupt stopped: finish it
+            self.abort()
+            return
         if self._thread is not None and self._error is None and not self._stopping:
             with self._lock:
                 self._handoff(commit=True, wait=True)
@@ -547,6 +523,31 @@ class Logger:
         at_exit.unregister(self)
         self._raise_failure()
 
+    @at_exit.guarded
+    def abort(self) -> None:
+        """Give up what is not committed: the records logged since the last commit (kept for a retry
+        after a failed commit, or still in the buffers) are discarded, the background thread stops and
+        the store's writer is released (its workspace removed). Committed records stay. Never raises for
+        a failed commit; the logger is closed after it (a later ``close``/``abort`` does nothing, ``log``
+        and ``flush`` raise). An interrupt (Ctrl-C) leaves the rest to the next ``abort``, ``close`` or
+        the interpreter's exit, which discard as well."""
+        if self._closed:
+            return
+        if os.getpid() != self._pid:  # a forked child's copy: the thread, buffers and writer are the parent's
+            self._closed = True
+            return
+        self._closing = self._discard = True
+        if self._thread is not None:
+            self._stopping = True
+            self._work.put(STOP)  # (after jobs already queued: their buffers are freed, not written)
+            self._thread.join()
+            self._held.clear()
+        if self._writer is not None:
+            self._writer.abort()
+        self._commit_error = None  # given up: not raised by a later call
+        self._closed = True
+        at_exit.unregister(self)
+
     def _commit_at_exit(self, why: str) -> str | None:
         """Still open at interpreter exit or SIGTERM (store/write/at_exit.py): close, committing what
         was logged. The line to print."""
@@ -554,6 +555,9 @@ class Logger:
             return None
         if self._thread is None:  # nothing was ever logged: nothing to commit or say
             self.close()
+            return None
+        if self._discard:  # an abort() that an interrupt stopped: finished, discarding
+            self.abort()
             return None
         pending = self._num_logged - self._num_committed
         try:
