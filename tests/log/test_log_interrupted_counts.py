@@ -157,3 +157,25 @@ def test_ctrl_c_while_taking_a_buffer_does_not_make_log_hang(scratch: Path) -> N
     lg.close()
     st = ss.open(scratch / "log")
     assert len(st) == 13 and st.id(0) == "a"
+
+
+@pytest.mark.parametrize("statement", ["buf.n += take", "self._ids.add("])
+def test_a_batch_interrupted_as_its_rows_go_in_and_logged_again_keeps_ids_with_their_rows(
+        scratch: Path, statement: str) -> None:
+    """Ctrl-C in log() right after a batch's ids were put in the buffer: before its rows were counted, the
+    stale ids stayed and the next batch's rows were stored under the retried batch's ids (b's ids lost, a's
+    twice); after they were counted but before its ids were in flight, the retried batch was written again
+    (keep_first stored a's ids twice). Each id is stored once, with its own row."""
+    x = np.arange(4, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
+    with Logger(scratch / "log", flush_bytes=1 << 16, commit_every_s=60) as lg:
+        sys.settrace(interrupt_before(Logger._append, statement))
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                lg.log(["a0", "a1"], {"x": x[:2]})
+        finally:
+            sys.settrace(None)
+        lg.log(["a0", "a1"], {"x": x[:2]})  # logged again, as a program would
+        lg.log(["b2", "b3"], {"x": x[2:]})
+    st = ss.open(scratch / "log")
+    got = {st.id(i): float(st[i]["x"][0]) for i in range(len(st))}
+    assert len(st) == 4 and got == {"a0": 0.0, "a1": 1.0, "b2": 2.0, "b3": 3.0}, got

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AutoCommitError
+from ..errors import AutoCommitError, SchemaError
 from ..store.directio import ALIGN
 from ..store.writer import Writer
 
@@ -61,9 +61,10 @@ class Buffer:
     # automatic commit that failed may leave a buffer part written, to be finished after a commit succeeds)
     taken: int = 0
     counted: bool = False
+    added: int = 0  # by the training thread: the first rows whose ids are in flight (LoggedIds.add)
 
     def reset(self, seq: int) -> None:
-        self.n = self.taken = 0
+        self.n = self.taken = self.added = 0
         self.counted = False
         self.ids = []  # a new list: the training thread may still hold the old one
         self.stats = {}
@@ -118,3 +119,10 @@ def write_buffer(writer: Writer, buf: Buffer, rank: int) -> None:
             buf.taken += exc.taken
             raise
         buf.taken = buf.n
+
+
+def writer_intact(writer: Writer | None, exc: BaseException) -> bool:
+    """After ``exc`` from the writer's commit: whether the writer still holds its records (a commit that
+    failed with the records intact leaves it usable: its next commit retries)."""
+    return (isinstance(exc, Exception) and not isinstance(exc, SchemaError)  # (a shard the writer dropped)
+            and writer is not None and writer.usable)

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import SchemaError
 from ..format.manifest import MANIFEST
 from ..store.reader import Store
+
+if TYPE_CHECKING:
+    from ._buffers import Buffer
 
 __all__ = ["DUPLICATE_POLICIES", "DuplicateIdError", "LoggedIds"]
 
@@ -60,10 +63,16 @@ class LoggedIds:
     def __len__(self) -> int:
         return len(self.inflight)
 
-    def add(self, ids: list[str]) -> None:
-        """``ids`` went into a buffer."""
-        for i in ids:
-            self.inflight[i] = self.inflight.get(i, 0) + 1
+    def add(self, buf: Buffer) -> None:
+        """The ids of ``buf``'s rows that are not in flight yet (from ``buf.added`` to ``buf.n``) went into
+        it; ids past ``buf.n`` (an interrupted copy) are dropped. An interrupt (Ctrl-C) anywhere leaves the
+        rest to the next call: each id's count and ``buf.added`` change with no call between them."""
+        del buf.ids[buf.n :]
+        ids, inflight = buf.ids, self.inflight
+        for k in range(buf.added, buf.n):
+            i = ids[k]
+            c = inflight.get(i, 0) + 1
+            inflight[i] = c; buf.added = k + 1  # noqa: E702 - one step: no interrupt between them
 
     def handed_off(self, seq: int, ids: list[str]) -> None:
         """The buffer ``seq`` holding ``ids`` went to the background writer (a repeated call for the

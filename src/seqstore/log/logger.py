@@ -35,7 +35,8 @@ from ..store.directio import aligned_empty
 from ..store.reader import Store
 from ..store.write import at_exit
 from ..store.writer import Writer, existing_manifest, open_or_create
-from ._buffers import MAX_BUFFER_RECORDS, MAX_INFLIGHT_IDS, STOP, Buffer, Job, check_options, write_buffer
+from . import _buffers
+from ._buffers import MAX_BUFFER_RECORDS, MAX_INFLIGHT_IDS, STOP, Buffer, Job
 from ._buffers import buffer_rows as _buffer_rows
 from ._buffers import warm_up_kernels as _warm_up_kernels
 from ._tensors import HostStager, check_fields, default_packing, default_rank, ids_to_str, infer_field
@@ -96,7 +97,7 @@ class Logger:
                  rank: int | None = None, packed: bool | Mapping[str, list[str]] = True, shard_bytes: int = 1 << 30,
                  metadata: Mapping[str, Any] | None = None, direct_io: bool = True,
                  storage_options: Mapping[str, Any] | None = None) -> None:
-        check_options(path, flush_bytes, commit_every_s, shard_bytes, packed, metadata, rank)
+        _buffers.check_options(path, flush_bytes, commit_every_s, shard_bytes, packed, metadata, rank)
         self.path: Path | str = os.fspath(path) if is_remote(path) else Path(os.path.abspath(path))  # (a chdir later)
         self._storage_options = dict(storage_options or {}) or None
         self.flush_bytes = max(1, int(flush_bytes))
@@ -262,7 +263,7 @@ class Logger:
                             last_commit = now
                             dirty = False
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                if isinstance(exc, AutoCommitError) or (committing and self._writer_intact(exc)):
+                if isinstance(exc, AutoCommitError) or (committing and _buffers.writer_intact(self._writer, exc)):
                     # the records intact (the lock, the network, a full disk for a while): kept for a retry
                     log.warning("%s: a commit failed, the records are kept for a retry: %r", self.path, exc)
                     self._commit_error = exc
@@ -275,13 +276,6 @@ class Logger:
                 self._returned.set()  # (also after a failure: a log() waiting for a buffer sees it)
                 if job is not None and job.done is not None:
                     job.done.set()
-
-    def _writer_intact(self, exc: BaseException) -> bool:
-        """After ``exc`` from the writer's commit: whether the writer still holds its records (a commit
-        that failed with the records intact leaves it usable: its next commit retries)."""
-        w = self._writer
-        return (isinstance(exc, Exception) and not isinstance(exc, SchemaError)  # (a shard the writer dropped)
-                and w is not None and w.usable)
 
     def _idle_job(self) -> Job | None:
         """Nothing handed off for ``commit_every_s`` (a pause in logging: evaluation, a checkpoint): take
@@ -308,7 +302,7 @@ class Logger:
     def _write_buffer(self, buf: Buffer) -> None:
         """Write one buffer's records into the current shard (no commit); in the background thread."""
         assert self._writer is not None
-        write_buffer(self._writer, buf, self.rank)
+        _buffers.write_buffer(self._writer, buf, self.rank)
 
     # ---------------------------------------------------------------------------------- logging
 
@@ -372,6 +366,8 @@ class Logger:
         assert self._reader is not None
         with self._lock:
             self._resume_handoff()
+            if self._cur is not None:  # (the rows an interrupted log() copied: in flight first)
+                self._ids.add(self._cur)
             self._ids.see_commits(self._reader, self._committed_seq)
             keep, stats, skipped = self._ids.check(self._reader, id_list)
             self._append(converted, id_list, keep, stats, skipped)
@@ -415,13 +411,13 @@ class Logger:
                         mat[dst, a:b] = converted[fname][src]
                 else:
                     buf.arrays[name][dst] = converted[name][src]
-            chunk_ids = ids[pos : pos + take]
-            buf.ids.extend(chunk_ids)
+            del buf.ids[buf.n :]  # (ids an interrupted copy left)
+            buf.ids.extend(ids[pos : pos + take])
             buf.n += take
             self._num_logged += take
-            # only then in flight: an interrupt (Ctrl-C) before this point must not leave ids marked as
-            # logged whose rows were never counted (keep_first would drop them when logged again)
-            self._ids.add(chunk_ids)
+            # only then in flight (an interrupt before this must not leave ids marked as logged whose rows
+            # were never counted: keep_first would drop them); the next log() or handoff finishes it
+            self._ids.add(buf)
             pos += take
             if pos == total:
                 self._count_duplicates(buf, stats, skipped)
@@ -457,14 +453,14 @@ class Logger:
         self._outgoing = None
 
     def _detach(self) -> Buffer | None:
-        """The current buffer, about to be handed off: its ids are in flight from now on. Under the
-        lock; the buffer stays current (the caller takes it away); may be repeated for one buffer."""
+        """The current buffer, about to be handed off, all its ids in flight (an interrupted log() may
+        have left some out). Under the lock; it stays current (the caller takes it away); may be repeated."""
         self._last_handoff = time.monotonic()
         buf = self._cur
         if buf is not None:
             if self._spare is buf:  # _take_buffer was interrupted after making it current
                 self._spare = None
-            del buf.ids[buf.n :]  # ids of rows an interrupt (Ctrl-C) kept log() from counting
+            self._ids.add(buf)
             self._ids.handed_off(buf.seq, buf.ids)
         return buf
 
