@@ -295,7 +295,10 @@ INTERRUPTED_LOGS = textwrap.dedent("""\
     import seqstore
 
     random.seed(0)
-    lg = seqstore.Logger("run.log", flush_bytes=4096, commit_every_s=60, direct_io=False)
+    # the schema given: the store is created here, before the interrupts start (its creation is not what
+    # this counts, and one interrupted every 2 ms may never finish on a busy machine)
+    lg = seqstore.Logger("run.log", schema={"grad": seqstore.Field("float32", (4,))}, flush_bytes=4096,
+                         commit_every_s=60, direct_io=False)
     stop = False
 
     def interrupter():  # a real SIGINT now and then while the main thread logs
