@@ -378,3 +378,32 @@ def test_a_torch_device_is_taken_as_its_name(scratch: Path) -> None:
         lg.log(["a", "b"], {"g": np.ones((2, 2), np.float32)})
     res = similarity(scratch / "l", np.ones((1, 2), np.float32), device=torch.device("cpu"))
     assert res.scores.tolist() == [[2.0], [2.0]]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "bool",
+                                   "float16", "float32", "float64"])
+def test_the_cuda_scan_buffers_are_of_a_dtype_every_torch_has(dtype: str) -> None:
+    """The CUDA scan made its buffers in the stored dtype (torch.from_numpy(np.empty(0, dtype))): torch < 2.3
+    has no uint16/uint32/uint64 tensors, so a log of such a field was refused with torch's bare TypeError
+    ("can't convert np.ndarray of type numpy.uint16") before any score. Their buffers are float32 now (the
+    rows widened as they are copied; integers are multiplied in float32 anyway)."""
+    from seqstore.log.similarity import _cuda_buffer_dtype
+
+    torch_2_0 = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
+    assert _cuda_buffer_dtype(np.dtype(dtype), False).name in torch_2_0
+    assert _cuda_buffer_dtype(np.dtype("uint16"), True) == np.int16  # bfloat16's bits
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+def test_unsigned_fields_score_on_cuda_as_on_cpu(scratch: Path, dtype: str) -> None:
+    """Unsigned integer fields (widened to float32 buffers on the way to the GPU) score as on the CPU."""
+    x = np.array([[1, 2, 65535], [3, 4, 5], [0, 0, 7]], dtype=dtype)
+    with Logger(scratch / "l", commit_every_s=60) as lg:
+        lg.log(["a", "b", "c"], {"x": x})
+    q = np.array([[1.0, 1.0, 1.0], [0.0, 2.0, 0.0]], np.float32)
+    cpu = similarity(scratch / "l", q)
+    gpu = similarity(scratch / "l", q, device="cuda")
+    assert cpu.scores is not None and gpu.scores is not None
+    np.testing.assert_allclose(gpu.scores, cpu.scores, rtol=1e-6)
+    assert similarity(scratch / "l", q, device="cuda", topk=2).top_rows.tolist() == [[0, 1], [1, 0]]

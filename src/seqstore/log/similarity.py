@@ -339,6 +339,16 @@ def _scan_cpu(scan: _Scan, scores: np.ndarray[Any, Any] | None, per: dict[str, n
         consume(rel, total, parts, True)
 
 
+def _cuda_buffer_dtype(stored: np.dtype[Any], bf16: bool) -> np.dtype[Any]:
+    """The dtype of the CUDA scan's pinned and device buffers for a stored dtype: bfloat16's bits as int16,
+    unsigned integers wider than a byte as float32 (torch < 2.3 has no uint16/32/64 tensors, later ones
+    few kernels for them; integers are multiplied in float32 anyway), every other dtype as stored."""
+    if bf16:
+        return np.dtype(np.int16)
+    dt = np.dtype(stored)
+    return np.dtype(np.float32) if dt.kind == "u" and dt.itemsize > 1 else dt
+
+
 def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, consume: Any) -> None:
     """The CUDA scan. Per chunk k (slot k % 2): wait until slot's previous upload is done, copy the
     mapped rows into the slot's pinned buffer (parallel memcpy), upload on the copy stream, GEMM on
@@ -351,10 +361,10 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
     dev = torch.device(device)
     f0 = st.schema[next(iter(columns))]
     bf16 = f0.dtype == BFLOAT16
+    raw_dtype = torch.from_numpy(np.empty(0, dtype=_cuda_buffer_dtype(f0.storage_dtype, bf16))).dtype
     if bf16:
-        raw_dtype, compute = torch.int16, torch.bfloat16
+        compute = torch.bfloat16
     else:
-        raw_dtype = torch.from_numpy(np.empty(0, dtype=f0.storage_dtype)).dtype
         compute = raw_dtype if raw_dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
     nq, width = q.shape
     ncols = nq * (1 + (len(columns) if per_field else 0))
@@ -376,11 +386,11 @@ def _scan_cuda(scan: _Scan, device: str, want_full: bool, top: _TopK | None, con
 
     def fill(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
         """Parallel page cache -> pinned copy (numpy releases the GIL while copying)."""
-        if src.dtype != dst.dtype:  # bfloat16 bits: uint16 on disk, int16 in the torch buffer
+        if bf16:  # bfloat16 bits: uint16 on disk, int16 in the torch buffer
             src = src.view(dst.dtype)
         r = src.shape[0]
-        step = max(1, -(-r // threads))
-        list(pool.map(lambda a: np.copyto(dst[a : a + step], src[a : a + step]), range(0, r, step)))
+        step = max(1, -(-r // threads))  # (unsigned integers: widened to the buffer's float32 as they are copied)
+        list(pool.map(lambda a: np.copyto(dst[a : a + step], src[a : a + step], casting="unsafe"), range(0, r, step)))
 
     def finish(slot: int, rel: int, r: int) -> None:
         downloaded[slot].synchronize()
