@@ -658,3 +658,11 @@ def test_a_packing_that_does_not_fit_the_logged_fields_names_the_log(scratch: Pa
     with Logger(scratch / "log", packed={"grp": ["nope"]}) as lg:  # ignored: the store exists
         lg.log(["b"], {"g": np.ones((1, 3), np.float32)})
     assert len(ss.open(scratch / "log")) == 2
+
+
+def test_an_unknown_duplicate_policy_names_the_log(scratch: Path) -> None:
+    """on_duplicate="skip" was refused with a ValueError that named the option but not the log, unlike every
+    other option of the Logger. It names both now; nothing is made."""
+    with pytest.raises(ValueError, match=r"Logger .*/log: on_duplicate must be one of .*, got 'skip'"):
+        Logger(scratch / "log", on_duplicate="skip")
+    assert not (scratch / "log").exists()

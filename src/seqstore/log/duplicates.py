@@ -37,7 +37,7 @@ class LoggedIds:
 
     def __init__(self, path: Path | str, policy: str) -> None:
         if policy not in DUPLICATE_POLICIES:
-            raise ValueError(f"on_duplicate must be one of {DUPLICATE_POLICIES}, got {policy!r}")
+            raise ValueError(f"Logger {path}: on_duplicate must be one of {DUPLICATE_POLICIES}, got {policy!r}")
         self.path = path
         self.policy = policy
         self.inflight: dict[str, int] = {}  # id -> copies in buffers not yet visible to the view
