@@ -407,3 +407,12 @@ def test_unsigned_fields_score_on_cuda_as_on_cpu(scratch: Path, dtype: str) -> N
     assert cpu.scores is not None and gpu.scores is not None
     np.testing.assert_allclose(gpu.scores, cpu.scores, rtol=1e-6)
     assert similarity(scratch / "l", q, device="cuda", topk=2).top_rows.tolist() == [[0, 1], [1, 0]]
+
+
+def test_a_query_vector_of_the_wrong_width_is_named_by_its_own_shape(scratch: Path) -> None:
+    """A single (D,) query of the wrong width was refused as "got (1, D)", a shape the caller never gave."""
+    with Logger(scratch / "l", commit_every_s=60) as lg:
+        lg.log(["a"], {"g": np.ones((1, 2), np.float32)})
+    with pytest.raises(ValueError, match=r"queries must be \(Q, 2\) or \(2,\) for fields \['g'\], got \(3,\)"):
+        similarity(scratch / "l", np.ones(3, np.float32))
+    assert similarity(scratch / "l", np.ones(2, np.float32)).scores.tolist() == [[2.0]]

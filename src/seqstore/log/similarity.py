@@ -100,11 +100,11 @@ def _queries_matrix(store: Store, queries: Any, fields: Sequence[str] | str | No
         for name, (a, b) in columns.items():
             q[:, a:b] = parts[name]
         return q
-    q = _as_float32(queries)
-    if q.ndim == 1:
-        q = q[None]
+    given = _as_float32(queries)
+    q = given[None] if given.ndim == 1 else given
     if q.ndim != 2 or q.shape[1] != width:
-        raise ValueError(f"similarity(): queries must be (Q, {width}) for fields {list(columns)}, got {q.shape}")
+        raise ValueError(f"similarity(): queries must be (Q, {width}) or ({width},) for fields {list(columns)}, "
+                         f"got {given.shape}")
     return np.ascontiguousarray(q)
 
 
