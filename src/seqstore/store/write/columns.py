@@ -86,6 +86,37 @@ def row_starts(lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return starts
 
 
+class BatchBytes:
+    """The bytes of a batch's records as the writer counts them (its columns' data), to cut the batch
+    into pieces that end a shard at ``shard_bytes``. ``prepared``: each unit's (values, lengths or None);
+    ``starts``: each unit's :func:`row_starts` (None for a fixed one). O(1) for fixed columns; one
+    (B+1,) cumulative array when there are ragged ones."""
+
+    def __init__(self, prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]],
+                 starts: list[np.ndarray[Any, Any] | None], batch: int) -> None:
+        self.per = sum(v.nbytes // batch for (v, _), rows in zip(prepared, starts) if rows is None)
+        self.cum: np.ndarray[Any, Any] | None = None
+        for (v, _), rows in zip(prepared, starts):
+            if rows is not None:
+                row = v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64))
+                self.cum = rows * row if self.cum is None else self.cum + rows * row
+        if self.cum is not None and self.per:
+            self.cum = self.cum + np.arange(batch + 1, dtype=np.int64) * self.per
+
+    def at(self, k: int) -> int:
+        """Bytes of the batch's first ``k`` records."""
+        return self.per * k if self.cum is None else int(self.cum[k])
+
+    def reach(self, start: int, room: int, stop: int) -> int:
+        """The end (at most ``stop``, at least ``start + 1``) of the piece from ``start`` whose last record
+        is the one that brings its bytes to ``room``."""
+        if self.cum is None:
+            end = stop if self.per == 0 else start + -(-max(room, 1) // self.per)
+        else:
+            end = int(np.searchsorted(self.cum, self.cum[start] + max(room, 1), side="left"))
+        return min(stop, max(start + 1, end))
+
+
 def caller_ids(values: Any) -> set[int]:
     """ids of the caller's objects in batch columns (arrays, list items, a pair's values)."""
     out: set[int] = set()

@@ -28,7 +28,7 @@ from ...errors import SchemaError, SeqstoreError, auto_commit_error
 from ...schema import Field, Schema, to_storage_array
 from . import at_exit, disk
 from .checks import RecordChecks
-from .columns import DIRECT_BYTES, caller_ids, row_starts, stage
+from .columns import DIRECT_BYTES, BatchBytes, caller_ids, row_starts, stage
 from .shard_files import ShardFiles
 from .target import CommitTarget, Finished, IdsMismatch, NotCommitted, Start, stats_number
 from .values import ragged_column, shape_text, storage_value
@@ -230,7 +230,6 @@ class Writer:
         batch: int | None = None
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
         fixed: dict[str, np.ndarray[Any, Any]] = {}
-        nbytes = 0
         for name, f, value in self._checks.given(flat):
             lengths: np.ndarray[Any, Any] | None = None
             fw = f"{what}, field {name!r}"
@@ -249,7 +248,6 @@ class Writer:
                 raise SchemaError(f"{fw}: has {n} records but earlier fields have {batch}")
             if self.schema.group_of(name) is None:
                 prepared.append((values, lengths))
-                nbytes += values.nbytes
             else:
                 fixed[name] = values
         for gname in self._checks.groups:
@@ -259,7 +257,6 @@ class Writer:
             assert batch is not None
             mat = self._checks.pack(gname, flat, fixed, batch, f"{what}, packed group {gname!r}")
             prepared.append((mat, None))
-            nbytes += mat.nbytes
         assert batch is not None
         if ids is not None and len(ids) != batch:
             raise SchemaError(f"{what}: got {len(ids)} ids for a batch of {batch} records")
@@ -269,11 +266,13 @@ class Writer:
         self._commit_if_full(batch)
         self._checks.has_ids = ids is not None
         starts = [None if lengths is None else row_starts(lengths) for _, lengths in prepared]
+        sizes = BatchBytes(prepared, starts, batch)
         start = 0
-        while start < batch:  # pieces never overflow a shard's record limit
+        while start < batch:  # a piece ends at the shard's record limit, or with the record reaching shard_bytes
             room = self.max_shard_records - self._pending_records()
             stop = min(batch, start + max(room, 1))
-            piece_bytes = nbytes * (stop - start) // batch
+            stop = sizes.reach(start, self.shard_bytes - self._shard_bytes - self._buf_bytes, stop)
+            piece_bytes = sizes.at(stop) - sizes.at(start)
             direct = piece_bytes >= DIRECT_BYTES
             if direct:  # written straight from the caller's arrays: flush what is buffered first
                 self._auto_flush(start, batch)
