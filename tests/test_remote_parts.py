@@ -461,3 +461,30 @@ def test_a_finish_that_failed_on_the_network_can_be_called_again(moto_s3: MotoS3
     assert part.records == 6
     assert commit_parts(url, [part], storage_options=opts) == 6
     _same(_open(url, moto_s3, tmp_path / "c"), _local(tmp_path, "l.seqstore", [(0, 6)]))
+
+
+def test_a_part_whose_job_ended_says_a_retry_cannot_help(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """A PartWriter whose job was discarded (or committed) while it wrote: its next automatic shard upload
+    found the job's end mark and was wrapped as AutoCommitError, whose message said finish() retries the
+    commit. A retry cannot help: the error is the plain one saying the part is over, and the writer takes
+    nothing more; abort() removes what it uploaded."""
+    from seqstore.errors import AutoCommitError
+
+    url = f"s3://{s3_bucket}/ended.seqstore"
+    opts = moto_s3.storage_options()
+    prepare_store(url, SCHEMA, mode="create", storage_options=opts)
+    w = PartWriter(url, job="jobE", task="t0", storage_options=opts, staging_dir=tmp_path / "staging",
+                   max_shard_records=2)
+    cols, ids = _batch(0, 2)
+    w.append_batch(cols, ids=ids)  # one shard uploaded
+    discard_parts(url, "jobE", storage_options=opts)
+    cols, ids = _batch(2, 2)
+    with pytest.raises(SeqstoreError, match="committed or discarded while task attempt 't0'") as info:
+        w.append_batch(cols, ids=ids)
+    assert not isinstance(info.value, AutoCommitError) and "no retry can help" in str(info.value)
+    assert not w.usable
+    with pytest.raises(SeqstoreError, match="committed or discarded"):
+        w.finish()
+    w.abort()
+    assert _staged(moto_s3, s3_bucket, "ended.seqstore") == {}
+    assert list((tmp_path / "staging").iterdir()) == []

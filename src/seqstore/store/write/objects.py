@@ -77,6 +77,7 @@ from .target import (
     Finished,
     IdsMismatch,
     Part,
+    PartOver,
     PartShard,
     Start,
     check_part,
@@ -318,8 +319,9 @@ class ObjectTarget(CommitTarget):
                  self.upload_workers)
         self.client.put(f"{dst}/{DESCRIPTOR}", (current / DESCRIPTOR).read_bytes())
         if self._ended():
-            raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded while task attempt "
-                                f"{self._task!r} was writing; it writes nothing")
+            raise PartOver(f"{self.where}: job {self._job!r} was committed or discarded while task attempt "
+                           f"{self._task!r} was writing; it writes nothing, and no retry can help: abort() the "
+                           "writer")
         shutil.rmtree(current, ignore_errors=True)
 
     def finish_part(self, start: Start, part: Part) -> None:
@@ -338,8 +340,8 @@ class ObjectTarget(CommitTarget):
                 ) from None
         if self._ended():
             self._delete_part()
-            raise SeqstoreError(f"{self.where}: job {self._job!r} was committed or discarded before task "
-                                f"attempt {self._task!r} finished; its part was removed")
+            raise PartOver(f"{self.where}: job {self._job!r} was committed or discarded before task "
+                           f"attempt {self._task!r} finished; its part was removed, and no retry can help")
 
     def close_part(self, start: Start, part: Part | None) -> None:
         self.close_writer(start)

@@ -30,7 +30,7 @@ from ...format.npy import HEADER_BYTES, encode_header
 from ...format.shard_table import TableState
 from ...schema import Schema
 
-__all__ = ["CommitTarget", "Finished", "IdsMismatch", "Part", "PartShard", "Start"]
+__all__ = ["CommitTarget", "Finished", "IdsMismatch", "Part", "PartOver", "PartShard", "Start"]
 
 #: The schema (and metadata) a ``mode="overwrite"`` job's commit installs (``_parts/.staged.json``).
 STAGED = ".staged.json"
@@ -48,6 +48,11 @@ class IdsMismatch(Exception):
     def __init__(self, has_ids: bool) -> None:
         super().__init__(has_ids)
         self.has_ids = has_ids
+
+
+class PartOver(SeqstoreError):
+    """A part writer's job was committed or discarded while it wrote: the part is over, and no retry
+    (of the upload, of ``finish()``) can help; the writer takes nothing more."""
 
 
 class NotCommitted(Exception):
