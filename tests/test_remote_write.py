@@ -604,3 +604,20 @@ def test_an_automatic_commit_that_fails_at_a_url_is_a_remote_error_saying_what_w
     w.close()
     store = _open(url, moto_s3, tmp_path / "c")
     assert store.get_batch(np.arange(2), fields=["x"])["x"].tolist() == [0, 1] and len(store) == 2
+
+
+def test_create_at_a_url_needs_no_read_after_its_manifest_is_written(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, s3_proxy: FaultProxy) -> None:
+    """create() at a URL wrote the new store's manifest, then read it back to open its writer: a network
+    failure at that read raised from create() and left an empty store at the URL (the corrected call got
+    FileExistsError). The writer now starts from the manifest it has just written, so nothing can fail
+    between the store being made and create() returning its writer."""
+    url = f"s3://{s3_bucket}/no-read-back.seqstore"
+    opts = moto_s3.storage_options(s3_proxy.url, max_retries=1)
+    rule = s3_proxy.fail(None, method="GET", path="manifest.json")  # answered 503, never forwarded
+    w = ss.create(url, SCHEMA, storage_options=opts, staging_dir=tmp_path / "staging")
+    assert rule.hits == 0
+    s3_proxy.clear_faults()
+    with w:
+        w.append_batch(*_batch(0, 3))
+    assert len(_open(url, moto_s3, tmp_path / "c")) == 3 and verify(url, storage_options=opts) == []

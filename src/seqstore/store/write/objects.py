@@ -44,7 +44,7 @@ import numpy as np
 from ...errors import ConflictError, FormatError, RemoteError, RemoteNotFound, SchemaError, SeqstoreError
 from ...format.descriptor import DESCRIPTOR
 from ...format.manifest import MANIFEST, PARTS_DIR, Manifest, ShardInfo
-from ...format.shard_table import shard_dir_name
+from ...format.shard_table import row_dtype, shard_dir_name
 from ...io.objects import ObjectClient
 from ...schema import Schema
 from .disk import held_new_dir, remove_if_dead
@@ -142,6 +142,10 @@ class ObjectTarget(CommitTarget):
             os.close(made[1])
             raise
         self._made = made
+        # the writer starts from the manifest just written, with no request that could fail after the store
+        # is made (the first commit reads the store's state as it is then)
+        raw = json.dumps(manifest.to_json(), separators=(",", ":")).encode()
+        self._state = StoreState(raw, "", manifest, b"", np.zeros(0, row_dtype(len(manifest.ragged))))
 
     def _release_made(self) -> None:
         """Remove the staging directory :meth:`create` made that no writer took."""
@@ -188,6 +192,9 @@ class ObjectTarget(CommitTarget):
     # --------------------------------------------------------------------------------- one writer
 
     def open_writer(self) -> Start:
+        if self._state is not None and self._made is not None:  # (the store create() has just made)
+            m = self._state.manifest
+            return self._staging(m.schema, m.id_lookup, 0, None, "staging")
         try:
             state = read_state(self.client)
             if state is None:
