@@ -642,3 +642,19 @@ def test_a_writer_size_that_is_not_an_int_is_refused_before_the_store_is_made(sc
     with ss.create(root, {"x": ss.Field("int64", ())}, max_shard_records=np.int64(4)) as w:
         w.append_batch({"x": np.arange(10)})
     assert ss.open(root).num_shards == 3
+
+
+@pytest.mark.parametrize("make", ["create", "open_or_create"])
+def test_a_store_path_under_a_file_names_the_file(scratch: Path, make: str) -> None:
+    """create(path) where a directory above ``path`` is a file: the error was the parent mkdir's own
+    "[Errno 17] File exists: '<that file>'" (or "[Errno 20] Not a directory"), naming neither the store
+    nor what was wrong with the file. It now names both, and nothing is made."""
+    from seqstore.store.writer import open_or_create
+
+    (scratch / "f").write_bytes(b"x")
+    fn = ss.create if make == "create" else open_or_create
+    for path in (scratch / "f" / "s", scratch / "f" / "a" / "s"):
+        with pytest.raises(NotADirectoryError, match=rf"{path}: cannot make the store: {scratch / 'f'} is a file, "
+                                                     "not a directory"):
+            fn(path, {"x": ss.Field("int32")})
+    assert sorted(p.name for p in scratch.iterdir()) == ["f"] and (scratch / "f").read_bytes() == b"x"

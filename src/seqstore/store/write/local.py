@@ -441,6 +441,18 @@ def _new_sibling(root: Path) -> Path:
     return tmp
 
 
+def _make_parent(root: Path) -> None:
+    """Make the directory ``root`` goes in; a file where one of its directories should be is named."""
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocker = next((p for p in reversed(root.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is None:
+            raise
+        raise NotADirectoryError(errno.ENOTDIR, f"{root}: cannot make the store: {blocker} is a file, not a "
+                                 "directory") from exc
+
+
 def install_new_store(root: Path, manifest: Manifest) -> bool:
     """Create an empty store with ``manifest`` at ``root`` unless one is there; safe when several
     processes call it at once: the store is prepared in a hidden sibling directory and renamed into
@@ -455,7 +467,7 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
 def _install(root: Path, manifest: Manifest) -> bool:
     created = False
     if not (root / MANIFEST).exists():
-        root.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(root)
         tmp, held = held_new_dir(lambda: _new_sibling(root))  # held: no create of the path deletes it
         try:
             manifest.save(tmp)
