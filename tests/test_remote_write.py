@@ -621,3 +621,23 @@ def test_create_at_a_url_needs_no_read_after_its_manifest_is_written(
     with w:
         w.append_batch(*_batch(0, 3))
     assert len(_open(url, moto_s3, tmp_path / "c")) == 3 and verify(url, storage_options=opts) == []
+
+
+def test_an_automatic_commit_into_a_store_replaced_with_another_schema_offers_no_retry(
+        moto_s3: MotoS3, s3_bucket: str, tmp_path: Path) -> None:
+    """A writer at a URL whose store was replaced meanwhile by one of another schema: its automatic commit
+    raised a plain SeqstoreError, wrapped as AutoCommitError saying close() retries the commit, which can
+    never succeed. It is a SchemaError naming the store, as a local writer's is, and not an AutoCommitError."""
+    from seqstore.errors import AutoCommitError
+
+    url = f"s3://{s3_bucket}/replaced.seqstore"
+    opts = moto_s3.storage_options()
+    ss.create(url, {"x": ss.Field("int64", ())}, storage_options=opts).close()
+    w = ss.append_to(url, storage_options=opts, staging_dir=tmp_path / "staging", max_shard_records=2)
+    w.append({"x": 0})
+    ss.create(url, {"y": ss.Field("int8", ())}, storage_options=opts, overwrite=True).close()
+    with pytest.raises(SchemaError, match=f"{url}: the store was replaced") as err:
+        w.append({"x": 1})
+    assert not isinstance(err.value, AutoCommitError)
+    w.abort()
+    assert list(_open(url, moto_s3, tmp_path / "c").schema) == ["y"]

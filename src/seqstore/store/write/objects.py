@@ -216,8 +216,10 @@ class ObjectTarget(CommitTarget):
         state = read_state(self.client, known=known)
         if state is None:
             raise FormatError(f"{self.where}: {MANIFEST} disappeared (the store was deleted or is being replaced)")
-        if not state.v3 or state.manifest.schema != known.manifest.schema:
-            raise SeqstoreError(f"{self.where}: the store was replaced by one with another schema or format")
+        if not state.v3 or state.manifest.schema != known.manifest.schema:  # (no retry can commit into it)
+            now = f"schema {state.manifest.schema!r}" if state.v3 else f"format version {state.manifest.version}"
+            raise SchemaError(f"{self.where}: the store was replaced by one with {now}, this writer's schema "
+                              f"{known.manifest.schema!r}; nothing was committed")
         self._state = state
         return state
 
