@@ -212,3 +212,22 @@ def test_counting_bytes_on_a_full_cache_disk_is_a_named_error(tmp_path: Path) ->
     and no cache directory."""
     _disk, got = run_on_small_tmpfs(_FULL_USAGE, tmp_path, "1m")
     assert got.returncode == 0 and "alive" in got.stdout, (got.returncode, got.stdout, got.stderr[-2000:])
+
+
+def test_a_cache_dir_starting_with_a_tilde_is_under_the_home_directory(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cache_dir="~/cache"`` (or ``SEQSTORE_CACHE_DIR=~/cache``) made a directory literally named ``~``
+    in the working directory and cached there, not in the home directory."""
+    from seqstore.io.nodecache import NodeCache, default_cache_dir
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert NodeCache.get("~/cache", 1 << 30).root == home / "cache"
+    assert NodeCache("~/cache2", 1 << 30).root == home / "cache2"
+    monkeypatch.setenv("SEQSTORE_CACHE_DIR", "~/env-cache")
+    assert default_cache_dir() == home / "env-cache"
+    assert NodeCache.get(None, 1 << 30).root == home / "env-cache"
+    assert not (work / "~").exists()

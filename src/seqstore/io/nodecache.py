@@ -97,8 +97,13 @@ def temporary(path: str | os.PathLike[str]) -> tuple[int, str]:
 def default_cache_dir() -> Path:
     env = os.environ.get("SEQSTORE_CACHE_DIR")
     if env:
-        return Path(env)
+        return Path(os.path.expanduser(env))
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "seqstore"
+
+
+def _cache_root(root: str | os.PathLike[str] | None) -> Path:
+    """The cache directory ``root`` names (``~`` and ``~user`` expanded, as a shell would), or the default."""
+    return Path(os.path.expanduser(root)) if root is not None else default_cache_dir()
 
 
 def default_cache_bytes() -> int:
@@ -143,7 +148,7 @@ class NodeCache:
 
     def __init__(self, root: str | os.PathLike[str] | None = None, budget: int | str | None = None) -> None:
         # absolute: the links materialize makes to entries, and a later chdir, do not depend on the working directory
-        self.root = (Path(root) if root is not None else default_cache_dir()).absolute()
+        self.root = _cache_root(root).absolute()
         self.budget = _budget(budget)
         self._pid = os.getpid()  # (NodeCache.get makes a forked child its own)
         try:
@@ -161,7 +166,7 @@ class NodeCache:
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
         """One NodeCache object per (directory, budget) in a process (made again where its directory was
         removed meanwhile: the new one makes it again)."""
-        path = (Path(root) if root is not None else default_cache_dir()).resolve()  # (made or not: one key)
+        path = _cache_root(root).resolve()  # (made or not: one key)
         b = _budget(budget)
         key = (str(path), b)
         with cls._open_lock:
