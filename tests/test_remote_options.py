@@ -210,3 +210,52 @@ def test_a_local_store_checks_its_storage_options(tmp_path: Path) -> None:
                "allow_http": "true", "timeout": "5"}
     assert len(ss.open(path, storage_options=ignored)) == 1
     assert ss.open(path, storage_options={"verify_reads": "true"})._verify_reads
+
+
+def test_threads_first_reading_at_once_share_one_request_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads' first reads through one client each made a thread pool of the fsspec back end (and a
+    direct reader of its own): ``max_requests`` requests in flight per pool, so twice as many at once, and
+    the pool made first left running, unreachable."""
+    import concurrent.futures
+    import threading
+    import time
+
+    pytest.importorskip("fsspec")
+    from seqstore.io import object_direct
+    from seqstore.io.objects import ObjectClient
+
+    made: list[Any] = []
+
+    class SlowPool(concurrent.futures.ThreadPoolExecutor):  # widens the window between the check and the set
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            time.sleep(0.05)
+            super().__init__(*args, **kwargs)
+
+    real_init = object_direct.DirectReader.__init__
+
+    def slow_init(self: Any, client: Any) -> None:
+        made.append(self)
+        time.sleep(0.05)
+        real_init(self, client)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", SlowPool)
+    monkeypatch.setattr(object_direct.DirectReader, "__init__", slow_init)
+    client = ObjectClient("memory://pools/s.seqstore")
+    client.backend.fs.pipe("/pools/s.seqstore/x", b"abc")
+    for first in (lambda: client.backend.submit([("x", 0, 3, None)], None).result(), lambda: client.direct_reader):
+        made.clear()
+        gate = threading.Barrier(4)
+        got: list[Any] = []
+
+        def run(first: Any = first, gate: Any = gate, got: list[Any] = got) -> None:
+            gate.wait()
+            got.append(first())
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 4 and len(made) == 1, made
+    client.backend.fs.rm("/pools", recursive=True)

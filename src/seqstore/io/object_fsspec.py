@@ -58,6 +58,7 @@ class FsspecBackend(ObjectBackend):
         self.made = True
         self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()  # (two threads' first requests make one pool)
         named = getattr(self.fs, "protocol", ())
         protocols = {named} if isinstance(named, str) else set(named)
         self.local = bool(protocols) and protocols <= {"file", "local", "memory"}  # answers at once: no bound
@@ -107,7 +108,10 @@ class FsspecBackend(ObjectBackend):
         self, requests: Sequence[Request], on_each: Any, missing_ok: bool = False, with_meta: bool = True
     ) -> concurrent.futures.Future[list[Answer]]:
         if self.pool is None:
-            self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests, thread_name_prefix="seqstore-fsspec")
+            with self._pool_lock:
+                if self.pool is None:
+                    self.pool = concurrent.futures.ThreadPoolExecutor(self.c.max_requests,
+                                                                      thread_name_prefix="seqstore-fsspec")
 
         def run() -> list[Answer]:
             if missing_ok:

@@ -145,7 +145,10 @@ class ObjectClient:
         if reader is None or reader[0] != os.getpid():
             from .object_direct import DirectReader
 
-            reader = self.__dict__["_direct"] = (os.getpid(), DirectReader(self))
+            with self._lock:  # (two threads' first reads make one reader: one set of connections)
+                reader = self.__dict__.get("_direct")
+                if reader is None or reader[0] != os.getpid():
+                    reader = self.__dict__["_direct"] = (os.getpid(), DirectReader(self))
         return reader[1]
 
     # ----------------------------------------------------------------------------------- requests
