@@ -231,3 +231,38 @@ def test_a_cache_dir_starting_with_a_tilde_is_under_the_home_directory(tmp_path:
     assert default_cache_dir() == home / "env-cache"
     assert NodeCache.get(None, 1 << 30).root == home / "env-cache"
     assert not (work / "~").exists()
+
+
+def test_a_file_system_refusing_locks_is_named_and_does_not_stop_evictions(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some network file systems refuse ``flock`` (ENOLCK, ENOSYS, EOPNOTSUPP). The eviction's check of a
+    left temporary file (``abandoned``) let that error out of a read that only needed room in the cache,
+    and the cache's own lock raised it bare (``[Errno 37] No locks available``, no file, no cache)."""
+    import errno
+    import fcntl
+
+    from seqstore.io import nodecache
+
+    cache = nodecache.NodeCache(tmp_path / "cache", 1 << 20)
+    left = cache.root / "objects" / "ab" / "ab01.bits.tmp-1-2"  # a making's temporary page map
+    left.parent.mkdir()
+    left.write_bytes(bytes(4096))
+    real = fcntl.flock
+
+    def refused_unless_waiting(fd: int, op: int) -> None:  # the probe of a temporary file is refused
+        if op & fcntl.LOCK_NB:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        real(fd, op)
+
+    monkeypatch.setattr(nodecache.fcntl, "flock", refused_unless_waiting)
+    cache.reserve(1 << 19)
+    cache.reserve(1 << 19)  # (past the budget: an eviction pass, which meets the temporary file)
+    assert left.exists()  # (not known abandoned: kept)
+
+    def refused(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(nodecache.fcntl, "flock", refused)
+    with pytest.raises(OSError, match="file locks") as got:
+        cache.reserve(4096)
+    assert got.value.errno == errno.ENOLCK and str(cache.root) in str(got.value)

@@ -43,7 +43,7 @@ import numpy as np
 
 from .claims import Claims
 from .mapping import PAGE, allocate
-from .tempfiles import locked_temporary
+from .tempfiles import abandoned, lock_named, locked_temporary
 
 __all__ = [
     "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
@@ -184,10 +184,20 @@ class NodeCache:
         shares would not exclude them)."""
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.flock(fd, fcntl.LOCK_EX, self._lock_path)
             yield
         finally:
             os.close(fd)
+
+    def flock(self, fd: int, op: int, path: Path, *, close: bool = False) -> None:
+        """``flock(fd, op)`` of ``path``; a file system refusing locks: an OSError (``fd`` closed if ``close``)."""
+        try:
+            lock_named(fd, op, path, f"the node cache {self.root} needs a file system with file locks (flock); "
+                       "put cache_dir (or SEQSTORE_CACHE_DIR) on a local disk")
+        except OSError:
+            if close:
+                os.close(fd)
+            raise
 
     def _read_usage(self) -> int:
         try:
@@ -256,7 +266,7 @@ class NodeCache:
                 fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
             except FileNotFoundError:
                 return -1
-            fcntl.flock(fd, fcntl.LOCK_SH)  # (waits while an eviction of it holds it)
+            self.flock(fd, fcntl.LOCK_SH, path / _PIN, close=True)  # (waits while an eviction of it holds it)
             try:
                 if os.stat(path / _PIN).st_ino == os.fstat(fd).st_ino:  # not one an eviction took meanwhile
                     return fd
@@ -279,7 +289,7 @@ class NodeCache:
         with self.locked():
             tmp.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.flock(fd, fcntl.LOCK_EX, tmp / _PIN, close=True)
         try:
             yield
         finally:
@@ -302,17 +312,17 @@ class NodeCache:
         """Unlink entries, least recently used first, until the cache holds at most ``target`` bytes.
         Returns the bytes held afterwards (recounted from the disk). Called under the lock."""
         for p in (self.root / "stores").glob("*/*.tmp-*"):  # left by an eviction killed part way (a live one,
-            if _EVICTED in p.name or _abandoned(p / _PIN):  # holding this lock, deletes its own before it ends),
+            if _EVICTED in p.name or abandoned(p / _PIN):  # holding this lock, deletes its own before it ends),
                 shutil.rmtree(p, ignore_errors=True)  # or by a process killed building a mirror (see building)
             else:  # empty: killed in building between its mkdir and its .pin (made under this lock)
                 with contextlib.suppress(OSError):
                     p.rmdir()
         for p in (self.root / "objects").glob("*/*.bits.tmp-*"):  # by a process killed making an entry (_create)
-            if _abandoned(p):
+            if abandoned(p):
                 p.with_name(p.name.replace(".bits.tmp-", ".data.tmp-")).unlink(missing_ok=True)
                 p.unlink(missing_ok=True)
         for p in (self.root / "derived").glob("*/.*.npy.tmp-*"):  # by a process killed writing one (temporary)
-            if _abandoned(p):
+            if abandoned(p):
                 p.unlink(missing_ok=True)
         used = self.disk_usage()
         for _mtime, p in self._entries():
@@ -334,7 +344,7 @@ class NodeCache:
                 try:
                     fcntl.flock(pin, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     os.rename(p, gone)
-                except (BlockingIOError, FileNotFoundError):  # a store reads it (pin), or it went meanwhile
+                except OSError:  # a store reads it (pin), it went meanwhile, or no lock to be had: kept
                     continue
                 finally:
                     os.close(pin)
@@ -361,22 +371,6 @@ class NodeCache:
                 return got
             got = self._objects[name] = CachedObject(self, name, url, size)
             return got
-
-
-def _abandoned(path: Path) -> bool:
-    """Whether no process holds file ``path`` (a ``.pin`` of :meth:`NodeCache.building`, a temporary page
-    map of :meth:`CachedObject._create`, a derived array's :func:`temporary`)."""
-    try:
-        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def run_pages(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -491,13 +485,18 @@ class CachedObject:
         """Create the data and page-map files under temporary names and rename them in (bits last:
         an entry exists once its page map does). The temporary page map is made first, under the lock,
         and flock'd until both are renamed: evictions delete the temporary files of a making no process
-        holds (:func:`_abandoned`)."""
+        holds (:func:`~.tempfiles.abandoned`)."""
         tag = f".tmp-{os.getpid()}-{threading.get_ident()}"
         data_tmp = sub / (self.data_path.name + tag)
         bits_tmp = sub / (self.bits_path.name + tag)
         with self.cache.locked():
             bits = open(bits_tmp, "wb")  # noqa: SIM115  # (closed by the with block below)
-            fcntl.flock(bits.fileno(), fcntl.LOCK_EX)
+            try:
+                self.cache.flock(bits.fileno(), fcntl.LOCK_EX, bits_tmp)
+            except OSError:
+                bits.close()
+                bits_tmp.unlink(missing_ok=True)
+                raise
         with bits:
             try:
                 with open(data_tmp, "wb") as f:

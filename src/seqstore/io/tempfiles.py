@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["locked_temporary", "remove_stale"]
+__all__ = ["abandoned", "lock_named", "locked_temporary", "remove_stale"]
 
 
 def _prefix(path: str | os.PathLike[str]) -> tuple[Path, str]:
@@ -77,3 +77,30 @@ def remove_stale(path: str | os.PathLike[str]) -> None:
             pass
         finally:
             os.close(fd)
+
+
+def lock_named(fd: int, op: int, path: str | os.PathLike[str], needs: str) -> None:
+    """``flock(fd, op)`` of file ``path``; where the file system refuses file locks (some network ones:
+    ENOLCK, ENOSYS, EOPNOTSUPP) an OSError naming ``path`` and saying ``needs`` (BlockingIOError as it is)."""
+    try:
+        fcntl.flock(fd, op)
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror}: cannot lock {os.fspath(path)}: {needs}", os.fspath(path)) from None
+
+
+def abandoned(path: str | os.PathLike[str]) -> bool:
+    """Whether no process holds file ``path`` flock'd (a temporary of a process that ended). False where
+    that is not known: the file is held, gone, or on a file system that refuses locks."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # held (BlockingIOError), or no locks on this file system: kept
+        return False
+    finally:
+        os.close(fd)
