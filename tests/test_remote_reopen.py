@@ -514,3 +514,49 @@ def test_the_size_and_etag_of_an_object_two_directories_deep_are_kept_for_the_ne
     moto_s3.delete(s3_bucket, f"deep/a.seqstore/{key}")  # asking again would find it missing
     again = ss.open(url, storage_options=opts, cache_dir=cache)._source.remote._meta(key)
     assert (again.size, again.etag) == (first.size, first.etag)
+
+
+def test_two_threads_finding_one_damaged_offset_both_read_the_record(moto_s3: MotoS3, s3_bucket: str,
+                                                                     tmp_path: Path) -> None:
+    """Two threads (a loader's) reading one record whose offsets are damaged in the node cache's copy: the
+    first fetched the page again; the second, finding it being fetched again already, raised CorruptionError
+    blaming the intact object before the first's fetch had brought the page."""
+    root = tmp_path / "t.seqstore"
+    with ss.create(root, {"t": ss.Field("int32", (None,))}) as w:
+        w.append_batch({"t": [np.arange(i, i + 2, dtype=np.int32) for i in range(100)]})
+    url = moto_s3.upload_dir(root, s3_bucket, "race/main.seqstore")
+    opts = moto_s3.storage_options(max_retries=1)
+    cache = tmp_path / "cache"
+    assert len(ss.open(url, storage_options=opts, cache_dir=cache).get_batch(np.arange(100))["t"][1]) == 100
+    rel, _original, copy = _cached_copy(root, "t.offsets.npy", cache)
+    with open(copy, "r+b") as f:  # the end of record 50, out of range
+        f.seek(read_header(root / rel).data_offset + 8 * 51)
+        f.write(np.array([1 << 40], "<i8").tobytes())
+    store = ss.open(url, storage_options=opts, cache_dir=cache)
+    remote = store._source.remote
+    real, inside, go = remote.refetch, threading.Event(), threading.Event()
+
+    def held_refetch(*args: object, **kwargs: object) -> None:  # the first thread's fetch, under way
+        inside.set()
+        go.wait(10)
+        real(*args, **kwargs)
+
+    remote.refetch = held_refetch
+    got: dict[str, object] = {}
+
+    def read(who: str) -> None:
+        try:
+            got[who] = store[50]["t"].tolist()
+        except Exception as exc:  # noqa: BLE001
+            got[who] = exc
+
+    first = threading.Thread(target=read, args=("first",))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=read, args=("second",))
+    second.start()
+    second.join(0.3)  # (blocked until the first's fetch ends, or failed at once)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert got == {"first": [50, 51], "second": [50, 51]}, got

@@ -80,7 +80,8 @@ class Shard:
 
     __slots__ = (
         "path", "display", "map_npy", "info", "columns", "offsets", "groups", "ids", "id_offsets", "id_hash",
-        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch", "_fetched", "before_ids",
+        "id_rows", "_plan", "_copy_plan", "_spans", "request", "refetch", "_fetched", "_refetching", "_refetched",
+        "before_ids",
     )
 
     def __init__(
@@ -92,6 +93,8 @@ class Shard:
         self.refetch = source.refetch
         # the pages of each file whose node-cache copy was fetched again (None: the whole file), once at most
         self._fetched: dict[str, np.ndarray[Any, Any] | None] = {}
+        self._refetching = threading.Lock()  # (held through a fetch again: another thread waits for its pages)
+        self._refetched = False  # whether a fetch again brought anything (a remote store's copy)
         #: called before the id files are mapped (maybe long after the others): raises if the shard was replaced
         self.before_ids: Callable[[], None] | None = None
         self.info = info
@@ -186,13 +189,16 @@ class Shard:
         """Fetch the node's copy of this shard's file ``rel`` again, the first time this shard finds it
         damaged (False: not again, or a local store's own file). ``arr``: the file's mapped offsets, and
         ``rows``: the records whose offsets (entries ``r`` and ``r + 1``) were found damaged: only their
-        pages are fetched again (once each), not the whole file."""
+        pages are fetched again (once each), not the whole file. Threads finding the same damage at once:
+        one fetches the pages, the others wait for it, then look again (True: fetched again meanwhile)."""
         key = f"{self.info.name}/{rel}"
         spans = None if arr is None or rows is None else file_spans(self.info, rel, arr, rows, np.add(rows, 2))
-        fresh = unfetched_pages(self._fetched, rel, spans)
-        if fresh is None:
-            return False
-        return self.refetch([key], None if spans is None else {key: fresh})
+        with self._refetching:
+            fresh = unfetched_pages(self._fetched, rel, spans)
+            if fresh is None:  # (fetched again already, maybe by another thread just now: worth a look again)
+                return self._refetched
+            self._refetched = self.refetch([key], None if spans is None else {key: fresh})
+            return self._refetched
 
     def spans(self, stem: str, rows: Any) -> dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
         """Where the bytes of local ``rows`` lie in this shard's files of ``stem`` (a packed group, a field
