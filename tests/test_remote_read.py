@@ -1095,3 +1095,50 @@ def test_direct_bytes_in_flight_stay_within_max_inflight_bytes(moto_s3: MotoS3, 
     assert not client.direct_budget(1)
     client.direct_budget(-1000)
     assert client.direct_budget(1000)
+
+
+def test_a_version_1_2_store_replaced_under_an_open_remote_store_is_an_error(tmp_path: Path) -> None:
+    """A version-1/2 store on object storage replaced by another with objects of the same names and sizes:
+    a Store opened on the old one mapped the new store's objects for shards (and id files) it had not
+    touched yet and answered the new store's records and ids as the old ones, silently (a local store
+    finds it by the manifest's stat, version 3 by its descriptors' CRCs). A commit that only appends is
+    no alarm."""
+    fsspec = pytest.importorskip("fsspec")
+    from seqstore.format.manifest import Manifest
+
+    def write(root: Path, base: int, extra: int = 0) -> None:
+        if not root.exists():
+            root.mkdir(parents=True)
+            Manifest(ss.Schema({"a": ss.Field("int32", ())})).save(root)
+        with ss.append_to(root, max_shard_records=2) as w:
+            n = 8 if not extra else extra
+            first = base if not extra else base + 8
+            w.append_batch({"a": np.arange(first, first + n, dtype=np.int32)},
+                           ids=[f"{base}-{i}" for i in range(first - base, first - base + n)])
+
+    old, new = tmp_path / "old.seqstore", tmp_path / "new.seqstore"
+    write(old, 0)
+    write(new, 100)
+    mem = fsspec.filesystem("memory")
+    _put_tree(mem, old, "/legacy/main.seqstore")
+    try:
+        store = ss.open("memory://legacy/main.seqstore", cache_dir=tmp_path / "c")
+        assert store._shards.manifest.version == 1
+        assert int(store[0]["a"]) == 0 and int(store[2]["a"]) == 2  # shards 0 and 1 mapped (not their ids)
+        before = {p.relative_to(old).as_posix() for p in old.rglob("*") if p.is_file()}
+        write(old, 0, extra=1)  # a commit since open (a new shard and the manifest): no alarm
+        for p in old.rglob("*"):
+            rel = p.relative_to(old).as_posix()
+            if p.is_file() and (rel not in before or rel == "manifest.json"):
+                mem.pipe(f"/legacy/main.seqstore/{rel}", p.read_bytes())
+        assert int(store[4]["a"]) == 4 and len(store) == 8  # (shard 2: touched first after the commit)
+        mem.rm("/legacy", recursive=True)
+        _put_tree(mem, new, "/legacy/main.seqstore")  # replaced: the same names and sizes, other values
+        with pytest.raises(ss.CorruptionError, match="replaced since this Store read its manifest"):
+            store[6]
+        with pytest.raises(ss.CorruptionError, match="replaced"):
+            store.id(2)  # (shard 1 mapped before, its id files not)
+        assert int(store[1]["a"]) == 1  # (a shard read before: its own bytes, still)
+        assert int(store.refresh()[6]["a"]) == 106
+    finally:
+        mem.rm("/legacy", recursive=True)

@@ -21,7 +21,7 @@ import os
 import threading
 import weakref
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,10 @@ class RemoteRoot:
         self._metas: dict[str, ObjectMeta] = {}
         self._meta_lock = threading.Lock()
         self._unpin: weakref.finalize[Any, Any] | None = None  # of the mirror pinned, when dropped or refreshed
+        #: a version-1/2 store (no descriptor CRCs): ``check(manifest bytes now, shard names)`` raises unless the
+        #: store's manifest now lists those shards as the one read did (see prepare_shards); None: version 3
+        self.manifest_check: Callable[[bytes, Sequence[str]], None] | None = None
+        self._manifest_tag = ""  # the version tag of the manifest read ("": none known, nothing compared)
 
     def __repr__(self) -> str:
         return f"RemoteRoot({self.url!r}, storage_options={redact(self.options.storage_options())!r})"
@@ -110,6 +114,7 @@ class RemoteRoot:
         self._unpin = weakref.finalize(self, NodeCache.unpin, pin)
         self.mirror = mirror
         self._metas = {}
+        self._manifest_tag = meta.etag
         return mirror
 
     def _table(self, manifest_bytes: bytes) -> tuple[str, int]:
@@ -179,7 +184,10 @@ class RemoteRoot:
         local, all in one wave of requests: the descriptor (version 3: where a CRC is given; it is written
         into the mirror only if its CRC matches), and per file its first 4 KiB (the ``.npy`` header; the
         answer also carries the object's size and ETag) and, for offsets, its last 4 KiB (the last offset,
-        checked at mapping). Nothing is requested for what this node's cache already holds."""
+        checked at mapping). Nothing is requested for what this node's cache already holds. Where objects'
+        versions are learned here and :attr:`manifest_check` is set (version 1/2), the wave asks for a byte of
+        the manifest too: a manifest changed since it was read (a commit, or the store replaced) is read
+        again and checked, before anything of the objects is kept."""
         assert self.mirror is not None
         # (request, what, (shard, file) whose meta it learns, or None where the meta is known)
         todo: list[tuple[Request, str, tuple[str, str] | None]] = []
@@ -208,13 +216,18 @@ class RemoteRoot:
                     todo.append(((key, -_HEAD, -1, None), "tail", (name, rel)))
         if not todo:
             return
+        learned = sorted({shard[0] for _, _, shard in todo if shard is not None})
+        if learned and self.manifest_check is not None and self._manifest_tag:
+            todo.append(((MANIFEST, 0, 1, None), "manifest", None))
         try:
             got = self._get_ranges([req for req, _, _ in todo])
         except RemoteNotFound as exc:
             raise CorruptionError(f"{exc.url}: object is missing (the shard table lists it)") from None
         fresh: dict[str, dict[str, list[Any]]] = {}
         filled = 0
-        for ((key, _, _, _), what, _), (data, _m) in zip(todo, got):
+        for ((key, _, _, _), what, _), (data, m) in zip(todo, got):
+            if what == "manifest" and m is not None and m.etag != self._manifest_tag:
+                self._check_manifest(learned)
             if what == "descriptor" and zlib.crc32(data) != crcs[key]:
                 raise CorruptionError(
                     f"{self.client.key_url(key)}: CRC-32 {zlib.crc32(data):#010x} of the descriptor differs from "
@@ -224,6 +237,8 @@ class RemoteRoot:
         for ((key, start, _, _), what, shard), (data, meta) in zip(todo, got):
             if what == "descriptor":
                 self._write(self.mirror / key, bytes(data))
+                continue
+            if what == "manifest":
                 continue
             assert meta is not None
             have = self._metas.get(key)
@@ -246,6 +261,14 @@ class RemoteRoot:
                 merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
                 merged.update(saved)
                 self._write(self.mirror / name / _META, json.dumps(merged).encode())
+
+    def _check_manifest(self, names: Sequence[str]) -> None:
+        """The manifest changed since it was read: read it again and let :attr:`manifest_check` raise unless
+        it lists shards ``names`` as before (a commit that appended); then its new version is the one known."""
+        assert self.manifest_check is not None
+        raw, meta = self.client.get(MANIFEST)
+        self.manifest_check(bytes(raw), names)
+        self._manifest_tag = meta.etag
 
     def _write(self, path: Path, data: bytes, *, reserve: bool = True) -> None:
         """Write a mirror file atomically (making its directory), its disk space counted in the cache's

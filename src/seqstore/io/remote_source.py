@@ -11,6 +11,7 @@ objects by URL.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,8 @@ class RemoteSource(ByteSource):
             raise OSError(f"{self.url}: its copy in the node cache {self.remote.cache.root} is evicted as fast as "
                           "it is made; raise cache_bytes")
         self.data_bytes = manifest.data_bytes()
+        # version 1/2 (no descriptor CRCs): shards first touched after the manifest changed are checked
+        self.remote.manifest_check = None if manifest.table is not None else partial(_unreplaced, self.url, manifest)
         return manifest
 
     def _manifest(self) -> Manifest:
@@ -180,3 +183,23 @@ class RemoteSource(ByteSource):
 
     def __repr__(self) -> str:
         return f"RemoteSource({self.remote!r})"
+
+
+def _unreplaced(url: str, manifest: Manifest, data: bytes, names: Sequence[str]) -> None:
+    """Raise CorruptionError unless ``data``, the bytes of the store's manifest now, lists shards ``names``
+    (of version-1/2 ``manifest``, the one read) as ``manifest`` does: at the same places, with the same
+    records and files (sizes and CRCs). Called only when the manifest changed (O(shards), as the list)."""
+    where = f"{url}/{MANIFEST}"
+    try:
+        current: Manifest | None = Manifest.parse(data, where)
+    except (CorruptionError, FormatError):
+        current = None
+    wanted = set(names)
+    for k, info in enumerate(manifest.shards):
+        if info.name not in wanted:
+            continue
+        if current is None or current.table is not None or k >= current.num_shards or current.shards[k] != info:
+            what = "it is not a valid one now" if current is None else \
+                f"shard {k} is not {info.name} of {info.records} records now"
+            raise CorruptionError(f"{where}: the store was replaced since this Store read its manifest ({what}); "
+                                  "open the store again")
