@@ -579,3 +579,24 @@ def test_a_ragged_check_fails_the_records_whose_lengths_run_past_the_values_read
     with pytest.raises(ss.CorruptionError, match=r"record 3 \(row 3 of the shard\), field 't'"):
         verifier.field("t", rows, [(sh, slice(None), rows)], (values, lengths), False)
     verifier.field("t", rows, [(sh, slice(None), rows)], (sh.columns["t"][off[3] : off[6]], lengths), False)
+
+
+@pytest.mark.parametrize("bit", [0, 62])
+def test_a_damaged_hash_in_an_id_index_is_named_by_a_verified_lookup_not_a_missing_id(scratch: Path,
+                                                                                        bit: int) -> None:
+    """A flipped bit in the hash of an id's entry in its shard's index (``_ids.hash.npy``): every lookup of
+    that id missed it and answered KeyError, "not in the store", with verify_reads too. A verified lookup
+    that misses checks the index entries where the id's hash would lie against their records' ids, and
+    names the damage."""
+    root = scratch / "s"
+    with ss.create(root, SCHEMA, max_shard_records=64) as w:
+        for i in range(40):
+            w.append(_record(i), id=f"rec-{i}")
+    rows = np.load(_shard_of(root, 0) / "_ids.hash_rows.npy")
+    j = int(np.flatnonzero(rows == 7)[0])  # the entry of "rec-7"
+    _flip(_shard_of(root, 0) / "_ids.hash.npy", 8 * j + bit // 8, bit % 8)
+    store = ss.open(root, verify_reads=True)
+    assert store.index("rec-8") == 8 and store.index_many(["rec-1", "nope"], missing=-1).tolist() == [1, -1]
+    for find in (store.index, lambda i: store.index_many([i]), lambda i: store.index_many([i], missing=-1)):
+        with pytest.raises(ss.CorruptionError, match="shard-000000/_ids.hash.npy or _ids.hash_rows.npy"):
+            find("rec-7")

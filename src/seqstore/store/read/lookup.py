@@ -171,6 +171,25 @@ class IdLookup:
                 if hash_one(bytes(sh.ids[x:y])) != h:
                     raise self._damaged(first, f"record {r} for an id of another hash")
 
+    def _check_around(self, first: int, hashes: Any, rows: Any, base: int, at: np.ndarray[Any, Any]) -> None:
+        """A verified lookup's misses in the index probed from shard ``first``: the entries on either side of
+        where each missed hash would lie (positions ``at - 1`` and ``at``) must hold their records' id hashes.
+        A damaged hash entry of a stored id lies there (the others stay ordered around it), and would
+        otherwise answer "no such id"; two entries per miss, each record's id checked against its checksum."""
+        p = np.unique(np.concatenate((at - 1, at)))
+        p = p[(p >= 0) & (p < len(hashes))]
+        if not len(p):
+            return
+        if self.planner.lazy:
+            self.planner.need_rows(hashes.reshape(-1, 1), p)
+            self.planner.need_rows(rows.reshape(-1, 1), p)
+        r = np.asarray(rows[p]) + base
+        if (r < 0).any() or (r >= self.shards.n).any():
+            raise self._damaged(first, "rows out of range")
+        bad = hash_ids(*self.ids(r)) != np.asarray(hashes[p])
+        if bad.any():
+            raise self._damaged(first, f"record {int(r[bad][0])} under a hash its id does not have")
+
     def _index_file(self, first: int) -> tuple[str, list[str]]:
         """The files of the index probed from shard ``first``, a merged run's or else the shard's own: how
         messages name them, and their keys (relative to the store)."""
@@ -338,6 +357,8 @@ class IdLookup:
             hi = self.shards.source.searchsorted(hashes, qh, "right")
             counts = hi - lo
             hit = counts > 0
+            if self.verify is not None and not hit.all():
+                self._check_around(_first, hashes, rows, base, lo[~hit])
             if not hit.any():
                 continue
             cq = np.repeat(todo[hit], counts[hit])
