@@ -1142,3 +1142,33 @@ def test_a_version_1_2_store_replaced_under_an_open_remote_store_is_an_error(tmp
         assert int(store.refresh()[6]["a"]) == 106
     finally:
         mem.rm("/legacy", recursive=True)
+
+
+def test_ids_of_a_shard_read_before_its_remote_store_was_replaced_are_an_error(tmp_path: Path) -> None:
+    """A shard's id files are mapped on its first id lookup, after its other files: a remote Store that had
+    read a shard before the store was replaced (re-uploaded: the same object names) answered the new
+    store's ids for the old records (``id(2)`` was "new-2"), where a local store raises. The wave that
+    first learns a shard's objects checks its descriptor's CRC against the table's, as mapping does."""
+    fsspec = pytest.importorskip("fsspec")
+
+    def write(root: Path, tag: str) -> None:
+        with ss.create(root, {"a": ss.Field("int32", ())}, max_shard_records=2) as w:
+            w.append_batch({"a": np.arange(6, dtype=np.int32)}, ids=[f"{tag}-{i}" for i in range(6)])
+
+    write(tmp_path / "old", "old")
+    write(tmp_path / "new", "new")
+    mem = fsspec.filesystem("memory")
+    _put_tree(mem, tmp_path / "old", "/idsv3/main.seqstore")
+    try:
+        store = ss.open("memory://idsv3/main.seqstore", cache_dir=tmp_path / "c")
+        assert int(store[2]["a"]) == 2 and int(store[4]["a"]) == 4  # shards 1 and 2 mapped, their ids not
+        assert store.id(4) == "old-4"
+        mem.rm("/idsv3", recursive=True)
+        _put_tree(mem, tmp_path / "new", "/idsv3/main.seqstore")
+        assert store.id(5) == "old-5"  # (ids read before: the node's copy of that version, still)
+        for lookup in (lambda: store.id(2), lambda: store.ids([3])):
+            with pytest.raises(ss.CorruptionError, match="replaced"):
+                lookup()
+        assert store.refresh().id(2) == "new-2"
+    finally:
+        mem.rm("/idsv3", recursive=True)

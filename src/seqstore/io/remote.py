@@ -196,7 +196,10 @@ class RemoteRoot:
             if descriptor is not None:
                 crcs[f"{name}/{DESCRIPTOR}"] = descriptor
             known = self._known(name)
-            if descriptor and not _intact(self.mirror / name / DESCRIPTOR, descriptor):
+            # where its objects are learned now (maybe of a store replaced since it was opened), the store's
+            # own descriptor is fetched and checked, whatever the node's copy: as mapping the shard first did
+            learn = any(rel not in known for rel in files)
+            if descriptor and (learn or not _intact(self.mirror / name / DESCRIPTOR, descriptor)):
                 todo.append(((f"{name}/{DESCRIPTOR}", 0, -1, None), "descriptor", None))
             for rel in files:
                 key = f"{name}/{rel}"

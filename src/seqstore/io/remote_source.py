@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptionError, FormatError
-from ..format.manifest import MANIFEST, FileInfo, Manifest
+from ..format.manifest import IDS_FILES, MANIFEST, FileInfo, Manifest
 from ..format.shard_table import ShardTable
 from .mapping import map_file
 from .nodecache import budget_directory
@@ -150,6 +150,12 @@ class RemoteSource(ByteSource):
                 todo.append((manifest.shards[k].name, files, None))
         try:
             self.remote.prepare_shards(todo)
+        except CorruptionError as exc:
+            raise CorruptionError(self.display(str(exc))) from exc.__cause__
+
+    def prepare_ids(self, name: str, crc: int | None) -> None:
+        try:
+            self.remote.prepare_shards([(name, IDS_FILES, crc)])
         except CorruptionError as exc:
             raise CorruptionError(self.display(str(exc))) from exc.__cause__
 

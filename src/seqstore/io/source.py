@@ -155,6 +155,12 @@ class ByteSource(ABC):
         """Make shards ``shards`` (positions in ``table``) ready to map, all at once (a ``setup`` source)."""
         return None  # default: bytes in files that a page fault reads need nothing here
 
+    def prepare_ids(self, name: str, crc: int | None) -> None:
+        """Before shard ``name``'s id files are first mapped (maybe long after its other files): make them
+        ready, checking that the shard is still the one of descriptor CRC-32 ``crc`` (version 3; None: not
+        known) where this touches the store (a remote source). Nothing for a local source."""
+        return None
+
     def shard_display(self, name: str) -> str:
         """How messages name shard ``name``."""
         return str(self.root / name)

@@ -500,6 +500,9 @@ class ShardMap:
             sh = Shard(source, source.root, info, self.schema, display=source.shard_display(info.name))
             if not source.is_remote:
                 sh.before_ids = partial(self._recheck, k, info)
+            else:  # (the wave that learns the id objects fetches the descriptor: CRC checked; v1/2: the manifest)
+                crc = self.table.row(k).desc_crc if self.manifest.table is not None else None
+                sh.before_ids = partial(source.prepare_ids, info.name, crc)
             return sh
         except CorruptionError as exc:
             text = source.display(str(exc))
