@@ -1172,3 +1172,43 @@ def test_ids_of_a_shard_read_before_its_remote_store_was_replaced_are_an_error(t
         assert store.refresh().id(2) == "new-2"
     finally:
         mem.rm("/idsv3", recursive=True)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_an_object_size_that_is_not_the_indexs_makes_no_cache_entry(tmp_path: Path, legacy: bool) -> None:
+    """An answer giving a data object's size (a damaged or hostile server, a store half replaced) far
+    larger than the shard's descriptor (or a version-1/2 manifest) lists: the node cache made an entry of
+    that size before the size was checked (a page map of a byte per 4 KiB written to disk, the claims
+    counted, the cache evicted to make room), then mapping named the mismatch. The size is checked
+    against the store's index first: a CorruptionError naming the object, and no entry made."""
+    pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from seqstore.format.manifest import Manifest
+
+    class Lying(MemoryFileSystem):  # answers a size of 64 GiB for every value file
+        protocol = "lying"
+
+        def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+            out = dict(super().info(path, **kwargs))
+            if path.endswith("/v.npy"):
+                out["size"] = 1 << 36
+            return out
+
+    root = tmp_path / "s.seqstore"
+    if legacy:
+        root.mkdir()
+        Manifest(ss.Schema({"v": ss.Field("float32", (4,))})).save(root)
+    with (ss.append_to(root, max_shard_records=64) if legacy else
+          ss.create(root, {"v": ss.Field("float32", (4,))}, max_shard_records=64)) as w:
+        w.append_batch({"v": np.zeros((100, 4), np.float32)})
+    fs = Lying()
+    _put_tree(fs, root, "/lying/s.seqstore")
+    cache = tmp_path / "cache"
+    try:
+        store = ss.open("lying/s.seqstore", filesystem=fs, cache_dir=cache)
+        with pytest.raises(ss.CorruptionError, match=r"shard-000000/v.npy: object has 68719476736 bytes, .* says \d+"):
+            store.get_batch([0])
+        assert max((p.stat().st_size for p in cache.rglob("*.bits")), default=0) < 1 << 20
+    finally:
+        fs.rm("/lying", recursive=True)

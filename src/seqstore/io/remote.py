@@ -179,7 +179,8 @@ class RemoteRoot:
 
     # ------------------------------------------------------------------------------------ shards
 
-    def prepare_shards(self, shards: Sequence[tuple[str, Sequence[str], int | None]]) -> None:
+    def prepare_shards(self, shards: Sequence[tuple[str, Sequence[str], int | None]],
+                       sizes: Mapping[str, Mapping[str, int]] | None = None) -> None:
         """Make the descriptors and the file heads of shards ``(name, files, descriptor CRC-32 or None)``
         local, all in one wave of requests: the descriptor (version 3: where a CRC is given; it is written
         into the mirror only if its CRC matches), and per file its first 4 KiB (the ``.npy`` header; the
@@ -187,7 +188,9 @@ class RemoteRoot:
         checked at mapping). Nothing is requested for what this node's cache already holds. Where objects'
         versions are learned here and :attr:`manifest_check` is set (version 1/2), the wave asks for a byte of
         the manifest too: a manifest changed since it was read (a commit, or the store replaced) is read
-        again and checked, before anything of the objects is kept."""
+        again and checked, before anything of the objects is kept. The sizes the answers give of objects
+        learned are checked, before a cache entry of that size is made, against ``sizes`` (shard -> file
+        -> bytes: a version-1/2 manifest's) or the shard's descriptor (version 3)."""
         assert self.mirror is not None
         # (request, what, (shard, file) whose meta it learns, or None where the meta is known)
         todo: list[tuple[Request, str, tuple[str, str] | None]] = []
@@ -237,6 +240,7 @@ class RemoteRoot:
                     f"the shard table's {crcs[key]:#010x}: the store was replaced since it was opened (reopen it) "
                     "or the object is damaged"
                 )
+        self._check_sizes(todo, got, sizes or {})  # (before an entry of the size an answer gives is made)
         for ((key, start, _, _), what, shard), (data, meta) in zip(todo, got):
             if what == "descriptor":
                 self._write(self.mirror / key, bytes(data))
@@ -264,6 +268,30 @@ class RemoteRoot:
                 merged = {rel: [m.size, m.etag] for rel, m in self._known(name).items()}
                 merged.update(saved)
                 self._write(self.mirror / name / _META, json.dumps(merged).encode())
+
+    def _check_sizes(self, todo: list[tuple[Request, str, tuple[str, str] | None]], got: list[Answer],
+                     sizes: Mapping[str, Mapping[str, int]]) -> None:
+        """Raise CorruptionError where an answer gives an object learned in this wave a size other than the
+        store's index lists (``sizes``, else the shard's descriptor as fetched in this wave or kept in the
+        mirror; a file listed nowhere, or a descriptor that does not parse, is left to the reader)."""
+        assert self.mirror is not None
+        wave = {req[0]: data for (req, what, _), (data, _m) in zip(todo, got) if what == "descriptor"}
+        listed: dict[str, Mapping[str, int]] = dict(sizes)
+        for (_req, _what, shard), (_data, meta) in zip(todo, got):
+            if shard is None or meta is None:
+                continue
+            name, rel = shard
+            if name not in listed:
+                key = f"{name}/{DESCRIPTOR}"
+                try:
+                    raw = wave[key] if key in wave else (self.mirror / key).read_bytes()
+                    listed[name] = {str(k): int(v["bytes"]) for k, v in json.loads(bytes(raw))["files"].items()}
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    listed[name] = {}
+            want = listed[name].get(rel)
+            if want is not None and meta.size != want:
+                raise CorruptionError(f"{self.client.key_url(f'{name}/{rel}')}: object has {meta.size} bytes, the "
+                                      f"store's index says {want} (truncated or replaced?)")
 
     def _check_manifest(self, names: Sequence[str]) -> None:
         """The manifest changed since it was read: read it again and let :attr:`manifest_check` raise unless

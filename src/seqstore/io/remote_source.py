@@ -142,14 +142,17 @@ class RemoteSource(ByteSource):
         """Fetch what mapping ``shards`` needs (descriptors, file heads), one wave for all."""
         files = list(manifest.data_files())  # (a shard's id files are prepared on its first id lookup)
         todo: list[tuple[str, Sequence[str], int | None]] = []
+        sizes: dict[str, dict[str, int]] = {}  # (version 1/2: the manifest's; version 3: the descriptors')
         for k in shards:
             if manifest.table is not None:
                 row = table.row(k)
                 todo.append((row.name, files, row.desc_crc))
             else:
-                todo.append((manifest.shards[k].name, files, None))
+                info = manifest.shards[k]
+                todo.append((info.name, files, None))
+                sizes[info.name] = {rel: fi.bytes for rel, fi in info.files.items()}
         try:
-            self.remote.prepare_shards(todo)
+            self.remote.prepare_shards(todo, sizes)
         except CorruptionError as exc:
             raise CorruptionError(self.display(str(exc))) from exc.__cause__
 
