@@ -217,10 +217,28 @@ def test_a_negative_length_is_refused_where_lengths_are_cached(tmp_path: Path) -
     """The lengths cache takes the smallest unsigned dtype: a negative length wrapped into a huge one, so a
     ``sorted`` order with ``cache_dir`` differed from the same order without it. It is a ValueError."""
     np.save(tmp_path / "lengths.npy", np.array([3, -1, 2], dtype=np.int64))
-    assert LengthsDataset(tmp_path / "lengths.npy", ordering="sorted").epoch_order(1).to_numpy().tolist() == [1, 2, 0]
     cached = LengthsDataset(tmp_path / "lengths.npy", ordering="sorted", cache_dir=tmp_path)
     with pytest.raises(ValueError, match=r"a sequence length is negative \(-1\)"):
         cached.epoch_order(1)
+
+
+def test_array_lengths_refuse_a_negative_length_naming_its_position(tmp_path: Path) -> None:
+    """A negative length in an array (or a uint64 one past int64, which wrapped to a negative one) was
+    handed on: a sorted order put it first, packing and batching planned with it. It is a ValueError
+    naming the position and value (and the file), wherever the lengths are read."""
+    np.save(tmp_path / "lengths.npy", np.array([3, 4, -7, 2], dtype=np.int64))
+    from_file = LengthsDataset(tmp_path / "lengths.npy", ordering="sorted")
+    with pytest.raises(ValueError, match=r"negative \(-7\) at position 2 of .*lengths\.npy"):
+        from_file.epoch_order(1)
+    view = ArrayLengths(np.array([3, 4, -7, 2], dtype=np.int32))
+    assert view.take([0, 1, 3]).tolist() == [3, 4, 2]
+    for read in (lambda: view.take([1, 2]), lambda: view[2], lambda: np.asarray(view), lambda: list(view)):
+        with pytest.raises(ValueError, match=r"negative \(-7\) at position 2;"):
+            read()
+    huge = ArrayLengths(np.array([1, 2**63 + 5], dtype=np.uint64))
+    with pytest.raises(ValueError, match=rf"past int64 \({2**63 + 5}\) at position 1"):
+        huge.take([0, 1])
+    assert ArrayLengths(np.array([1, 2**40], dtype=np.uint64)).take([1]).tolist() == [2**40]
 
 
 _FULL_DISK = """

@@ -134,21 +134,41 @@ class LengthsView(abc.ABC):
 
 class ArrayLengths(LengthsView):
     """Lengths held in a 1-D integer NumPy array or memmap (pickles by value unless memmapped is wanted:
-    a dataset that needs small pickles keeps a path, not this object)."""
+    a dataset that needs small pickles keeps a path, not this object). ``where``: what the lengths are
+    (e.g. the file), named in errors. A negative length (or a uint64 one past int64) is a ValueError
+    naming its position and value when it is read (not checked up front: opening stays O(1))."""
 
-    def __init__(self, array: npt.ArrayLike) -> None:
+    def __init__(self, array: npt.ArrayLike, *, where: str | None = None) -> None:
         arr = np.asarray(array)
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise ValueError(f"lengths must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
         self.array = arr
         self.n = int(arr.shape[0])
+        self.where = where
+        # signed values, or uint64 ones that int64 wraps, can be negative
+        self._signed = arr.dtype.kind == "i" or arr.dtype.itemsize >= 8
+
+    def _checked(self, raw: npt.NDArray[Any], indices: IntArray | None, start: int = 0) -> IntArray:
+        """``raw`` (the values at ``indices``, or from position ``start`` on) as int64, checked >= 0."""
+        out = np.asarray(raw, dtype=np.int64)
+        if self._signed and out.size:
+            bad = np.flatnonzero(out < 0)
+            if bad.size:
+                k = int(bad[0])
+                i = start + k if indices is None else int(indices[k])
+                v = int(raw[k])
+                what = f"negative ({v})" if v < 0 else f"past int64 ({v})"
+                where = "" if self.where is None else f" of {self.where}"
+                raise ValueError(f"a sequence length is {what} at position {i}{where}; lengths must be "
+                                 "integers >= 0")
+        return out
 
     def _take(self, indices: IntArray) -> IntArray:
-        return np.asarray(self.array[indices], dtype=np.int64)
+        return self._checked(self.array[indices], indices)
 
     def iter_chunks(self, size: int = _CHUNK) -> Iterator[IntArray]:
         for a in range(0, len(self), size):
-            yield np.asarray(self.array[a : a + size], dtype=np.int64)
+            yield self._checked(self.array[a : a + size], None, a)
 
 
 class TakeLengths(LengthsView):

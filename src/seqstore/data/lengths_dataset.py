@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._lengths import LengthsView, as_index_array, as_lengths
+from ._lengths import ArrayLengths, LengthsView, as_index_array, as_lengths
 from .base import Dataset, check_order_params
 
 __all__ = ["LengthsDataset"]
@@ -31,7 +31,7 @@ class LengthsDataset(Dataset):
         self._path: str | None = None
         if isinstance(lengths, (str, os.PathLike)):
             self._path = os.fspath(lengths)
-            lengths = np.load(self._path, mmap_mode="r", allow_pickle=False)
+            lengths = ArrayLengths(np.load(self._path, mmap_mode="r", allow_pickle=False), where=self._path)
         self._lengths = as_lengths(lengths)
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
