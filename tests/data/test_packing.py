@@ -55,7 +55,7 @@ def _planner(stream: Any, state: dict[str, Any], share: int, shares: int, mode: 
 
 def _inputs(pieces: tuple[np.ndarray, ...], mode: str, L: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(document id, offset) of every input token of the plan's sequences."""
-    seq, ids, off, cnt, _ = pieces
+    seq, ids, off, cnt = pieces[:4]
     first = np.cumsum(cnt) - cnt
     k = np.arange(int(cnt.sum())) - np.repeat(first, cnt)
     doc = np.repeat(ids, cnt)
@@ -317,7 +317,7 @@ def test_packing_does_not_hold_every_empty_document_it_passes(mode: str) -> None
     lens[np.linspace(0, len(lens) - 1, 50).astype(np.int64)] = 5
     stream = Watched(lens)
     pl = _planner(stream, fresh_shares(1, 1, 1)[0], 0, 1, mode, 16, window=64)
-    seq, ids, off, cnt, pads = pl.plan(6)
+    seq, ids, off, cnt, pads = pl.plan(6)[:5]
     if mode == "best_fit":
         np.testing.assert_array_equal(cnt, 5)  # 3 whole documents a sequence
         assert len(ids) == 18 and (pads == 1).all()

@@ -12,8 +12,9 @@ import pytest
 
 import seqstore
 from seqstore import Field
-from seqstore.data import PackedDataset
+from seqstore.data import ArrayLengths, PackedDataset, StoreDataset
 from seqstore.data._packplan import Planner, fresh_shares
+from seqstore.errors import SchemaError
 
 EOS = 1 << 30
 L, B, WINDOW = 32, 2, 8
@@ -176,3 +177,32 @@ def test_a_batch_whose_tokens_cannot_be_read_is_not_skipped(tmp_path: Path, mode
         f.write(kept)
     for k in range(len(got), len(got) + 3):
         np.testing.assert_array_equal(stream.batch(B)["tokens"], want[k], err_msg=f"batch {k}")
+
+
+class _MisMeasured(StoreDataset):
+    """A store dataset whose lengths of document 3 are ``delta`` off its records'."""
+
+    delta = 0
+
+    def lengths(self) -> ArrayLengths:
+        lens = np.asarray(super().lengths().take(np.arange(self.num_seqs)))
+        lens[3] += self.delta
+        return ArrayLengths(lens)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+@pytest.mark.parametrize("delta", [2, -2])
+def test_lengths_that_disagree_with_the_records_are_an_error_naming_the_document(tmp_path: Path, mode: str,
+                                                                                delta: int) -> None:
+    """A plan is made from the lengths; ``_fill`` filled a record shorter than its length with the EOS
+    (-1 without one) and cut a longer one, so wrong tokens and labels reached the trainer. The batch is a
+    SchemaError naming the document, the field and both lengths."""
+    with seqstore.create(tmp_path / "s", {"tokens": Field("int32", (None,))}) as w:
+        w.append_batch({"tokens": (np.arange(60, dtype=np.int32), np.full(6, 10))})
+    ds = _MisMeasured(tmp_path / "s", length_field="tokens")
+    ds.delta = delta
+    packed = PackedDataset(ds, seq_len=16, mode=mode)
+    stream = packed.open(packed.fresh_state()["shares"][0])
+    with pytest.raises(SchemaError, match=rf"document 3 has 10 tokens in field 'tokens'.* its length .* {10 + delta}"):
+        for _ in range(4):
+            stream.batch(1)

@@ -8,6 +8,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from ..errors import SchemaError
 from ._lengths import IntArray
 from .base import Dataset
 
@@ -87,9 +88,12 @@ def _fill(vals: Any, vstart: Any, vlen: Any, inv: Any, seq: Any, off: Any, cnt: 
 
 
 def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off: IntArray, cnt: IntArray,
-                n: int, L: int, *, concat: bool, eos: int | None, mask_eos: bool, pad_id: int) -> dict[str, Any]:
+                n: int, L: int, *, concat: bool, eos: int | None, mask_eos: bool, pad_id: int,
+                planned: IntArray | None = None) -> dict[str, Any]:
     """The batch dict of ``n`` sequences from their pieces (see :mod:`seqstore.data.packing`): one ``get_batch``
-    of the distinct documents, then one numba pass."""
+    of the distinct documents, then one numba pass. ``planned``: each piece's document length as the plan
+    took it; a record of another length is a :class:`~seqstore.errors.SchemaError` naming the document
+    (its tokens would be padded or cut: wrong data)."""
     # a document split between consecutive pieces is read once (no sort: duplicates far apart are rare)
     first = np.ones(len(ids), dtype=bool)
     first[1:] = ids[1:] != ids[:-1]
@@ -109,6 +113,13 @@ def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off:
     if vals.dtype.kind not in "iu":
         raise ValueError(f"PackedDataset: field {field!r} holds {vals.dtype} values; tokens must be integers")
     lens = np.asarray(lens, dtype=np.int64)
+    if planned is not None and len(planned):
+        bad = np.flatnonzero(lens[inv] != planned)
+        if bad.size:
+            p = int(bad[0])
+            raise SchemaError(f"PackedDataset: document {int(ids[p])} has {int(lens[inv[p]])} tokens in field "
+                              f"{field!r} of {dataset!r}, but its length (what the packing plan was made from) is "
+                              f"{int(planned[p])}: the dataset's lengths() disagree with its records")
     vstart = np.cumsum(lens) - lens
     tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv, seq, off, cnt, n, L,
                                         concat, -1 if eos is None else eos, eos is not None, mask_eos, pad_id)

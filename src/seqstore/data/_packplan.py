@@ -40,8 +40,9 @@ _DRY_EPOCHS = 16
 #: epochs in a row whose block for a share is empty before it is an error, for a stream that does not
 #: say after how many epochs its epoch lengths repeat (``epoch_period``)
 _EMPTY_EPOCHS = 1000
-#: a plan: pieces' sequence, document id, offset and count, and every sequence's padding
-Plan = tuple[IntArray, IntArray, IntArray, IntArray, IntArray]
+#: a plan: pieces' sequence, document id, offset and count, every sequence's padding, and each piece's
+#: document length (tokens, no EOS) as planned (what its record must hold)
+Plan = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]
 
 
 class DocStream(Protocol):
@@ -420,11 +421,12 @@ class Planner:
     # ---------------------------------------------------------------------------------- plans
 
     def plan(self, nseq: int) -> Plan:
-        """The next ``nseq`` sequences: pieces (sequence, document id, offset, count) and each
-        sequence's padding. ``concat`` pieces cover ``seq_len + 1`` tokens per sequence."""
+        """The next ``nseq`` sequences: pieces (sequence, document id, offset, count), each
+        sequence's padding and each piece's document length. ``concat`` pieces cover ``seq_len + 1``
+        tokens per sequence."""
         step = self._plan_concat if self.mode == "concat" else self._plan_best_fit
         if nseq == 0:  # nothing to plan, nothing pulled (best_fit's steps hold at least one sequence)
-            return tuple(np.empty(0, dtype=np.int64) for _ in range(5))  # type: ignore[return-value]
+            return tuple(np.empty(0, dtype=np.int64) for _ in range(6))  # type: ignore[return-value]
         before = self.mark()
         try:
             if nseq <= 1024:  # one step (a batch): no concatenation
@@ -495,6 +497,7 @@ class Planner:
         pieces, k, cut = _concat(self.lens, self.off, nseq, L)
         seq, j, off, cnt = pieces
         ids = self.ids[j]
+        planned = self.lens[j] - self.eos
         # tokens are counted as inputs: [0, nseq * L) of the stream
         self._count(self.ids[: len(cut)], cut)
         self._count(self.ids[:k])
@@ -503,7 +506,7 @@ class Planner:
             self.off = self.off.copy()
             self.off[0] += cut[k]
         self.stats["sequences"] += nseq
-        return seq, ids, off, cnt, np.zeros(nseq, dtype=np.int64)
+        return seq, ids, off, cnt, np.zeros(nseq, dtype=np.int64), planned
 
     def _plan_best_fit(self, nseq: int) -> Plan:
         parts: list[Plan] = []
@@ -535,6 +538,7 @@ class Planner:
         res = _best_fit(self.lens, self.off, nb, self.seq_len, self.window, self.split, nseq)
         p_seq, p_tick, p_off, p_n, keep, offs, nxt, made, pads, trunc = res
         ids = self.ids[p_tick]
+        planned = self.lens[p_tick] - self.eos
         # documents finished: tickets before ``nb + nxt`` not kept; new pulled order: window, then the rest
         kept = np.asarray(keep, dtype=np.int64)
         seen = nb + int(nxt)
@@ -554,4 +558,4 @@ class Planner:
         st["sequences"] += int(made)
         st["padding"] += int(pads.sum())
         st["truncated"] += int(trunc)
-        return int(made), (p_seq, ids, p_off, p_n, pads)
+        return int(made), (p_seq, ids, p_off, p_n, pads, planned)

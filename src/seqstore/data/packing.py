@@ -285,7 +285,8 @@ class PackedDataset:
         """The batch of a :meth:`PackedStream.plan` (one ``get_batch`` of its documents, then one fill)."""
         n, k = int(plan[0]), int(plan[1])
         seq, ids, off, cnt = plan[2 : 2 + 4 * k].reshape(4, k)
-        return build_batch(self.reader, self.tokens, seq, ids, off, cnt, n, self.seq_len,
+        lens = plan[2 + 4 * k : 2 + 5 * k] if len(plan) >= 2 + 5 * k else None  # (the lengths planned with)
+        return build_batch(self.reader, self.tokens, seq, ids, off, cnt, n, self.seq_len, planned=lens,
                            concat=self.mode == "concat", eos=self.eos, mask_eos=self.mask_eos, pad_id=self.pad_id)
 
     def __repr__(self) -> str:
@@ -482,12 +483,12 @@ class PackedStream:
 
     def plan(self, n: int) -> IntArray:
         """The next ``n`` sequences as one int64 array (``[n, pieces, seq..., ids..., offsets...,
-        counts...]``) that :meth:`PackedDataset.build` turns into the batch: planning here, reading and
+        counts..., lengths...]``) that :meth:`PackedDataset.build` turns into the batch: planning here, reading and
         filling elsewhere (another thread or process) give the same batches."""
         self._drop_ahead()
         return self._plan(n)
 
     def _plan(self, n: int) -> IntArray:
-        seq, ids, off, cnt, _ = self.planner.plan(check_int(n, "PackedStream: number of sequences", 0))
+        seq, ids, off, cnt, _, lens = self.planner.plan(check_int(n, "PackedStream: number of sequences", 0))
         head = np.array([int(n), len(seq)], dtype=np.int64)
-        return np.concatenate([head, seq, ids, off, cnt]).astype(np.int64, copy=False)
+        return np.concatenate([head, seq, ids, off, cnt, lens]).astype(np.int64, copy=False)
