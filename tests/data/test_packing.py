@@ -787,3 +787,26 @@ def test_sixteen_dry_blocks_of_one_document_are_not_an_error_while_tokens_come()
     stream = packed.open(packed.fresh_state()["shares"][0])
     stream.skip(3)
     assert stream.state()["stats"]["tokens"] == 12
+
+
+@pytest.mark.parametrize("mixture", [False, True])
+def test_a_dry_share_reads_the_lengths_only_as_far_as_its_question_needs(mixture: bool) -> None:
+    """A share whose blocks hold only empty documents asked how many documents have a token: every length
+    of the dataset was read (in every worker's copy) to learn that one has. It reads up to the first ones
+    it needs, and the error after 16 dry blocks still comes."""
+    from seqstore.data import FuncLengths
+
+    n, shares = 4_000_000, 1000  # a block of 4000 documents; share 0's are empty in every epoch
+    read = [0]
+
+    def lengths(i: np.ndarray) -> np.ndarray:
+        read[0] += len(i)
+        return np.where(i < n // shares, 0, 5)
+
+    data = LengthsDataset(FuncLengths(n, lengths))
+    source: Any = MixtureStream({"a": data}, {"a": 1}, chunk=n) if mixture else data
+    packed = PackedDataset(source, tokens="length", seq_len=16)
+    stream = packed.open(packed.fresh_state(num_shares=shares)["shares"][0], 0, shares)
+    with pytest.raises(ValueError, match="share 0 of 1000: no token in its documents of 16 epochs in a row"):
+        stream.skip(1)
+    assert read[0] < n // 4, read[0]

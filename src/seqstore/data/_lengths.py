@@ -18,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "ArrayLengths", "ConstantLengths", "FuncLengths", "IntArray", "LengthsView", "MappedLengths", "OffsetLengths",
+    "ArrayLengths", "ConstantLengths", "FuncLengths", "IntArray", "LengthsView", "MappedLengths", "NonzeroCount",
+    "OffsetLengths",
     "TakeLengths", "as_lengths", "as_index_array", "check_int", "check_optional_int", "smallest_dtype",
 ]
 
@@ -238,6 +239,31 @@ class OffsetLengths(LengthsView):
 
     def _take(self, indices: IntArray) -> IntArray:
         return self.base._take(indices + self.start)
+
+
+class NonzeroCount:
+    """How many of ``lengths`` are above 0 (documents with a token), counted lazily: :meth:`at_least`
+    reads on from where the last call stopped, and only until it has found what it was asked for. O(1)
+    memory (one chunk at a time)."""
+
+    def __init__(self, lengths: LengthsView) -> None:
+        self.lengths = lengths
+        self.found = 0  # documents with a token among the first ``upto``
+        self.upto = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.upto >= len(self.lengths)
+
+    def at_least(self, want: int | None) -> int:
+        """The documents with a token, counted until ``want`` of them are found (None: all): the exact
+        count where it is below ``want``, else a number at least ``want``."""
+        n = len(self.lengths)
+        while self.upto < n and (want is None or self.found < want):
+            stop = min(n, self.upto + min(_CHUNK, max(1 << 16, self.upto)))  # (small first: often one is enough)
+            self.found += int(np.count_nonzero(self.lengths[self.upto : stop]))
+            self.upto = stop
+        return self.found
 
 
 def as_lengths(source: Any) -> LengthsView:

@@ -49,8 +49,9 @@ class DocStream(Protocol):
     """An endless stream of documents in epochs (what packing walks). Optional: ``epoch_period()``, the
     number of epochs after which the epoch lengths repeat (a share whose block is empty in that many
     epochs in a row has no document ever: an error at once), and ``no_documents(span, longest, shares)``,
-    the reason of that error in the stream's words (the setting to change), and ``token_documents()``:
-    (documents with a token, documents) of those it draws from (a plan with no token says which)."""
+    the reason of that error in the stream's words (the setting to change), and
+    ``token_documents(at_least)``: (documents with a token, documents) of those it draws from, counted
+    until ``at_least`` are found (a plan with no token says which)."""
 
     def epoch_len(self, epoch: int) -> int: ...
 
@@ -334,21 +335,28 @@ class Planner:
         draws from has one (``token_documents``: ``have`` of ``total``), else after ``_dry_limit`` blocks
         in a row that are also at least ``16 x total / have`` documents (a shuffled order gives such a
         streak by chance about e**-16 of the time: the documents with tokens are too few for the shares,
-        or an order keeps them out of this share's block)."""
+        or an order keeps them out of this share's block). The lengths are counted only as far as these
+        questions need (up to the first document with a token; up to ``16 x total / dry documents``)."""
         count = getattr(self.stream, "token_documents", None)
-        have, total = count() if count is not None else (None, None)
+        have, total = count(1) if count is not None else (None, None)
         where = f"share {self.share} of {self.num_shares}"
         if have == 0:
             raise ValueError(f"{where}: none of the {total} documents it draws from has a token (every one is "
                              "empty) and no eos token is appended: nothing to pack (pass eos=...)")
-        if self._dry > self._dry_limit and (have is None or self._dry_docs * have >= _DRY_EPOCHS * int(total or 0)):
-            d = self._dry - 1
-            why = ("every document empty? then pass an eos token" if have is None else
-                   f"only {have} of the {total} documents have tokens: too few for {self.num_shares} shares, or "
-                   "an order that keeps them out of this share's block (sorted by length?); use fewer shares, "
-                   "a shuffled order or an eos token")
-            raise ValueError(f"{where}: no token in its documents of {d} epochs in a row (epochs {e - d} to "
-                             f"{e - 1}): packing needs documents with tokens ({why})")
+        if self._dry <= self._dry_limit:
+            return
+        if count is not None:
+            need = -(-_DRY_EPOCHS * int(total or 0) // max(1, self._dry_docs))
+            have, total = count(need)
+            if have < need:  # (counted to the end) so few documents have tokens that such a streak is expected
+                return
+        d = self._dry - 1
+        why = ("every document empty? then pass an eos token" if have is None else
+               f"at least {have} of the {total} documents have tokens, too few for {self.num_shares} shares, or "
+               "an order that keeps them out of this share's block (sorted by length?); use fewer shares, "
+               "a shuffled order or an eos token")
+        raise ValueError(f"{where}: no token in its documents of {d} epochs in a row (epochs {e - d} to "
+                         f"{e - 1}): packing needs documents with tokens ({why})")
 
     def _readable(self, e: int, a: int, take: int, b: int) -> int:
         """How many of the ``take`` documents from position ``a`` of epoch ``e`` (range ``[a, b)``) to read

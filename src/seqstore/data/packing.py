@@ -36,7 +36,7 @@ import numpy as np
 
 from ..order import Order
 from ..store import Store
-from ._lengths import IntArray, check_int
+from ._lengths import IntArray, NonzeroCount, check_int
 from ._packfill import build_batch
 from ._packplan import Planner
 from ._shares import fresh_shares, new_stats, resplit, sum_stats
@@ -66,7 +66,7 @@ class OrderStream:
         self.dataset = dataset
         self._orders: dict[int, Order] = {}
         self._lengths = dataset.lengths()
-        self._with_tokens: int | None = None
+        self._with_tokens = NonzeroCount(self._lengths)
 
     def _order(self, epoch: int) -> Order:
         order = self._orders.get(epoch)
@@ -90,12 +90,11 @@ class OrderStream:
                 f"shares (ranks x DataLoader workers) that split it ({span}, a cycle of partition epochs: at most "
                 f"{longest} documents each); read it with at most {longest} ranks x workers")
 
-    def token_documents(self) -> tuple[int, int]:
-        """(documents with a token, documents): one pass over the lengths, on a share's first block with
-        no token (kept)."""
-        if self._with_tokens is None:
-            self._with_tokens = sum(int(np.count_nonzero(c)) for c in self._lengths.iter_chunks())
-        return self._with_tokens, len(self._lengths)
+    def token_documents(self, at_least: int | None = None) -> tuple[int, int]:
+        """(documents with a token, documents), counted until ``at_least`` are found (None: all; see
+        :class:`~seqstore.data._lengths.NonzeroCount`): asked on a share's first block with no token,
+        which reads the lengths up to the first document with one, not all of them."""
+        return self._with_tokens.at_least(at_least), len(self._lengths)
 
     def docs(self, epoch: int, start: int, stop: int) -> tuple[IntArray, IntArray]:
         arr = self._order(epoch).take(np.arange(start, stop, dtype=np.int64))

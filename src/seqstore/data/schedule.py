@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..order import Order
-from ._lengths import IntArray, check_int
+from ._lengths import IntArray, NonzeroCount, check_int
 from .base import Dataset
 from .combined import CombinedDataset, walk_passes
 
@@ -299,7 +299,7 @@ class MixtureStream:
             raise ValueError(f"MixtureStream: source(s) {empty} have no documents but a weight > 0 in the schedule")
         self._orders: dict[tuple[int, int], Order] = {}
         self._totals: dict[int, int] = {}  # per source, the tokens of all its documents (as needed)
-        self._with_tokens: dict[int, int] = {}  # per source, its documents with a token (as needed)
+        self._with_tokens: dict[int, NonzeroCount] = {}  # per source, its documents with a token (as needed)
         # segments: (first sample, schedule in samples, positions of every source at that sample)
         self.segments: list[tuple[int, MixtureSchedule, IntArray]] = []
         self._walk: _Walk | None = None  # the last segment's schedule in tokens, as far as resolved
@@ -481,16 +481,18 @@ class MixtureStream:
             lens[sel] = self.combined.datasets[k].lengths().take(local)
         return ids, lens
 
-    def token_documents(self) -> tuple[int, int]:
+    def token_documents(self, at_least: int | None = None) -> tuple[int, int]:
         """(documents with a token, documents) of the sources this stream's schedule draws from (a weight
-        above 0 in a stage): one pass over their lengths, kept per source."""
-        have = total = 0
-        for k in np.flatnonzero(self.schedule.units.max(axis=0) > 0).tolist():
-            if k not in self._with_tokens:
-                lens = self.combined.datasets[k].lengths()
-                self._with_tokens[k] = sum(int(np.count_nonzero(c)) for c in lens.iter_chunks())
-            have, total = have + self._with_tokens[k], total + int(self.combined.num[k])
-        return have, total
+        above 0 in a stage), counted until ``at_least`` are found (None: all), per source on from where
+        the last call stopped (:class:`~seqstore.data._lengths.NonzeroCount`)."""
+        weighted = np.flatnonzero(self.schedule.units.max(axis=0) > 0).tolist()
+        have = 0
+        for k in weighted:
+            count = self._with_tokens.get(k)
+            if count is None:
+                count = self._with_tokens[k] = NonzeroCount(self.combined.datasets[k].lengths())
+            have += count.at_least(None if at_least is None else max(0, at_least - have))
+        return have, sum(int(self.combined.num[k]) for k in weighted)
 
     def source_of(self, ids: IntArray) -> IntArray:
         """Source number of document ids."""
