@@ -1,0 +1,269 @@
+"""Mixture schedules' stages (:class:`MixtureSchedule`) and the walk that finds where stages in tokens
+start (:class:`StageWalk`); see :mod:`seqstore.data.schedule`, which uses them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._lengths import IntArray, check_int
+
+__all__ = ["MixtureSchedule", "StageWalk", "sample_array"]
+
+_UNITS = 1 << 24
+_MAX_SAMPLE = 1 << 38  # n * units < 2**63 for every n below this
+
+
+def _quantise(weights: Mapping[str, Any], names: Sequence[str], where: str) -> IntArray:
+    unknown = [k for k in weights if k not in names]
+    if unknown:
+        raise ValueError(f"{where}: unknown source(s) {unknown}; sources are {list(names)}")
+    ws: list[float] = []
+    for name in names:
+        w = weights.get(name, 0)
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{where}: weight of {name!r} must be a number, got {w!r}")
+        if not math.isfinite(float(w)) or w < 0:
+            raise ValueError(f"{where}: weight of {name!r} must be finite and >= 0, got {w!r}")
+        ws.append(float(w))
+    total = sum(ws)
+    if total <= 0:
+        raise ValueError(f"{where}: the weights must not all be zero")
+    units = np.array([round(w / total * _UNITS) for w in ws], dtype=np.int64)
+    if units.sum() == 0:
+        units[int(np.argmax(ws))] = 1
+    return units
+
+
+def sample_array(g: Any) -> IntArray:
+    arr = np.asarray(g)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"sample numbers must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _chain_counts(n: IntArray, units: IntArray) -> IntArray:
+    """Per source, samples among the first ``n`` of a stage (``n`` int64 (B,)) -> (B, K)."""
+    k_all = len(units)
+    rest = np.cumsum(units[::-1])[::-1]
+    out = np.zeros((len(n), k_all), dtype=np.int64)
+    m = n.astype(np.int64, copy=True)
+    for k in range(k_all - 1):
+        if rest[k] == 0:
+            break
+        c = (m * units[k] + rest[k] // 2) // rest[k]
+        out[:, k] = c
+        m = m - c
+    out[:, k_all - 1] = m if rest[k_all - 1] else 0
+    return out
+
+
+def _chain_assign(n: IntArray, units: IntArray) -> tuple[IntArray, IntArray]:
+    """(source, index among that source's samples of the stage) of stage-local samples ``n``."""
+    k_all = len(units)
+    rest = np.cumsum(units[::-1])[::-1]
+    src = np.full(len(n), k_all - 1, dtype=np.int64)
+    idx = np.zeros(len(n), dtype=np.int64)
+    m = n.astype(np.int64, copy=True)
+    active = np.ones(len(n), dtype=bool)
+    for k in range(k_all - 1):
+        if rest[k] == 0 or not active.any():
+            break
+        c0 = (m * units[k] + rest[k] // 2) // rest[k]
+        c1 = ((m + 1) * units[k] + rest[k] // 2) // rest[k]
+        hit = active & (c1 > c0)
+        src[hit] = k
+        idx[hit] = c0[hit]
+        m = m - c0
+        active &= ~hit
+    idx[active] = m[active]
+    return src, idx
+
+
+class MixtureSchedule:
+    """Stages ``[(start, {source: weight}), ...]`` over ``names`` (see the module docstring).
+
+    ``start`` is in samples (``unit="tokens"``: in tokens, applied through a :class:`MixtureStream`),
+    the first 0, strictly increasing. A source missing from a stage has
+    weight 0 there. Weights are normalised per stage and kept to 2**-24. O(stages x sources).
+    """
+
+    def __init__(self, stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float],
+                 names: Sequence[str], *, unit: str = "samples") -> None:
+        if unit not in ("samples", "tokens"):
+            raise ValueError(f"MixtureSchedule: unit must be 'samples' or 'tokens', got {unit!r}")
+        self.unit = unit
+        self.names = [str(n) for n in names]
+        if not self.names:
+            raise ValueError("MixtureSchedule needs at least one source")
+        if isinstance(stages, Mapping):
+            stages = [(0, stages)]
+        elif isinstance(stages, (str, bytes)) or not isinstance(stages, Iterable):
+            raise ValueError(f"MixtureSchedule: stages must be {{source: weight}} or a list of (start, {{source: "
+                             f"weight}}), got {type(stages).__name__} {stages!r:.60}")
+        stages = list(stages)
+        if not stages:
+            raise ValueError("MixtureSchedule needs at least one stage (start, {source: weight})")
+        starts: list[int] = []
+        units: list[IntArray] = []
+        for i, stage in enumerate(stages):
+            if not isinstance(stage, (tuple, list)) or len(stage) != 2 or not isinstance(stage[1], Mapping):
+                raise ValueError(f"stage {i} must be (start sample, {{source: weight}}), got {stage!r}")
+            start = check_int(stage[0], f"stage {i}: start ({unit})", 0)
+            if i == 0 and start != 0:
+                raise ValueError(f"the first stage must start at {unit[:-1]} 0, got {start}")
+            if starts and start <= starts[-1]:
+                raise ValueError(f"stage {i}: starts must increase, got {start} after {starts[-1]}")
+            starts.append(start)
+            units.append(_quantise(stage[1], self.names, f"stage {i}"))
+        self.starts = np.array(starts, dtype=np.int64)
+        self.units = np.stack(units)
+        self._set_bases()
+
+    def _set_bases(self) -> None:
+        """Per stage, each source's count at the stage's start (zeros in tokens: only samples count)."""
+        self._base = np.zeros_like(self.units)
+        if self.unit == "samples":
+            for i in range(1, len(self.starts)):
+                span = self.starts[i : i + 1] - self.starts[i - 1]
+                self._base[i] = self._base[i - 1] + _chain_counts(span, self.units[i - 1])[0]
+
+    @classmethod
+    def sampled(cls, weights: Callable[[int], Mapping[str, float]], names: Sequence[str], *, every: int,
+                until: int, unit: str = "samples") -> MixtureSchedule:
+        """A schedule from a callable ``weights(g) -> {source: weight}`` evaluated at every ``every``-th
+        sample (``unit="tokens"``: token) below ``until`` (after ``until`` the last value holds); equal
+        neighbours merge into one stage. O(until / every) stages."""
+        every = check_int(every, "MixtureSchedule.sampled: every", 1)
+        until = check_int(until, "MixtureSchedule.sampled: until", 1)
+        stages: list[tuple[int, Mapping[str, float]]] = []
+        prev: Any = None
+        for g in range(0, until, every):
+            w = weights(g)
+            if not isinstance(w, Mapping):
+                raise ValueError(f"MixtureSchedule.sampled: weights({g}) returned {w!r}, not a mapping")
+            key = _quantise(w, [str(n) for n in names], f"weights({g})").tolist()
+            if key != prev:
+                stages.append((g, dict(w)))
+                prev = key
+        return cls(stages, names, unit=unit)
+
+    def to_json(self) -> Any:
+        """The stages as JSON-able ``[[start, {name: units}], ...]`` (weights as their 2**-24 units);
+        a schedule in tokens as ``{"unit": "tokens", "stages": [...]}``."""
+        rows = [[int(s), {n: int(u) for n, u in zip(self.names, row) if u}] for s, row in zip(self.starts, self.units)]
+        return rows if self.unit == "samples" else {"unit": self.unit, "stages": rows}
+
+    @classmethod
+    def from_json(cls, data: Any, names: Sequence[str]) -> MixtureSchedule:
+        """The schedule of :meth:`to_json`, with exactly the saved units (quantising them again can move
+        one by a unit, as they need not sum to 2**24, and so change which source a sample comes from)."""
+        rows, unit = (data["stages"], str(data["unit"])) if isinstance(data, dict) else (data, "samples")
+        out = cls([(int(s), dict(w)) for s, w in rows], names, unit=unit)
+        out.units = np.array([[int(w.get(n, 0)) for n in out.names] for _, w in rows], dtype=np.int64)
+        if (out.units < 0).any() or (out.units > _UNITS).any():
+            raise ValueError(f"schedule units must be in [0, 2**24], got {out.units.tolist()}")
+        out._set_bases()
+        return out
+
+    def _sample_stages(self, starts: Sequence[int]) -> MixtureSchedule:
+        """The first ``len(starts)`` stages of this schedule in tokens, stage ``i`` starting at sample
+        ``starts[i]`` (non-decreasing; of equal starts the last wins; the first stage covers from 0)."""
+        keep: list[tuple[int, IntArray]] = []
+        for start, units in zip(starts, self.units):
+            if keep and keep[-1][0] == start:
+                keep.pop()
+            keep.append((int(start), units))
+        out = MixtureSchedule.__new__(MixtureSchedule)
+        out.unit, out.names = "samples", self.names
+        out.starts = np.array([0] + [s for s, _ in keep[1:]], dtype=np.int64)
+        out.units = np.stack([u for _, u in keep])
+        out._set_bases()
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MixtureSchedule) and self.to_json() == other.to_json() and self.names == other.names
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def weights(self, g: int) -> dict[str, float]:
+        """The (quantised, normalised) weights in force at sample ``g`` (an integer >= 0)."""
+        g = check_int(g, "MixtureSchedule.weights: the sample number", 0)
+        row = self.units[int(np.searchsorted(self.starts, g, side="right")) - 1]
+        return {n: float(u) / float(row.sum()) for n, u in zip(self.names, row)}
+
+    def _check(self, g: IntArray) -> None:
+        if self.unit != "samples":
+            raise ValueError("a schedule in tokens assigns samples only through a MixtureStream, which finds the "
+                             "sample where each stage starts as it walks the documents' lengths")
+        if g.size and (int(g.min()) < 0 or int(g.max()) >= _MAX_SAMPLE):
+            raise ValueError(f"sample numbers must be in [0, 2**38), got {int(g.min())}..{int(g.max())}")
+
+    def counts(self, g: Any) -> IntArray:
+        """Per source, the samples among ``[0, g)``: (K,) for a scalar ``g``, (B, K) for an array."""
+        arr = sample_array(g)
+        flat = arr.reshape(-1)
+        self._check(flat)
+        stage = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty((len(flat), len(self.names)), dtype=np.int64)
+        for i in np.unique(stage).tolist():
+            sel = stage == i
+            out[sel] = self._base[i] + _chain_counts(flat[sel] - self.starts[i], self.units[i])
+        return out[0] if arr.ndim == 0 else out.reshape(*arr.shape, len(self.names))
+
+    def assign(self, g: Any) -> tuple[IntArray, IntArray]:
+        """(source number, samples of that source before it) of samples ``g`` (int64 arrays)."""
+        flat = sample_array(g).reshape(-1)
+        self._check(flat)
+        stage = np.searchsorted(self.starts, flat, side="right") - 1
+        src = np.empty(len(flat), dtype=np.int64)
+        idx = np.empty(len(flat), dtype=np.int64)
+        for i in np.unique(stage).tolist():
+            sel = stage == i
+            s, j = _chain_assign(flat[sel] - self.starts[i], self.units[i])
+            src[sel] = s
+            idx[sel] = j + self._base[i][s]
+        return src, idx
+
+    def __repr__(self) -> str:
+        return f"MixtureSchedule({[(int(s), self.weights(int(s))) for s in self.starts]})"
+
+
+class StageWalk:
+    """A schedule in tokens applied from sample ``g0``: the samples where its stages start, as found so
+    far (``starts``), and how far the lengths were walked (sample ``f``, ``t`` tokens before it)."""
+
+    def __init__(self, schedule: MixtureSchedule, g0: int, tokens: int, starts: list[int] | None = None,
+                 f: int | None = None, t: int | None = None) -> None:
+        self.schedule, self.g0 = schedule, int(g0)
+        self.f = self.g0 if f is None else int(f)
+        self.t = int(tokens) if t is None else int(t)
+        self.starts: list[int] = [] if starts is None else [int(s) for s in starts]
+        if starts is None:
+            self.resolve()
+
+    def pending(self) -> bool:
+        return len(self.starts) < len(self.schedule.starts)
+
+    def next_start(self) -> int | None:
+        return int(self.schedule.starts[len(self.starts)]) if self.pending() else None
+
+    def resolve(self) -> None:
+        """Every stage whose token start is reached at the walk's point starts at sample ``f``."""
+        while self.pending() and int(self.schedule.starts[len(self.starts)]) <= self.t:
+            self.starts.append(self.f)
+
+    def effective(self) -> MixtureSchedule:
+        return self.schedule._sample_stages(self.starts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.to_json(), "stage_samples": list(self.starts), "walk": [self.f, self.t]}
+
+    @classmethod
+    def from_json(cls, data: Any, names: Sequence[str], g0: int) -> StageWalk:
+        sched = MixtureSchedule.from_json(data["schedule"], names)
+        f, t = data["walk"]
+        return cls(sched, g0, 0, [int(s) for s in data["stage_samples"]], int(f), int(t))
