@@ -511,3 +511,39 @@ def test_fresh_state_after_a_resume_with_another_schedule_is_that_of_a_new_run()
     assert packed.fresh_state(num_shares=2) == want.fresh_state(num_shares=2)
     np.testing.assert_array_equal(packed.open(packed.fresh_state()["shares"][0]).plan(50),
                                   want.open(want.fresh_state()["shares"][0]).plan(50))
+
+
+def test_many_stages_in_tokens_are_found_without_reading_a_chunk_or_rebuilding_the_schedule_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule in tokens of 300 stages ten samples apart: finding each stage read the lengths again up to
+    the samples asked for (or a whole chunk: 3200 samples here, 500k lengths) and rebuilt the schedule found
+    so far (O(stages) each: quadratic). The windows now reach about the next stage and a found stage is
+    added to the schedule in O(1); the stages start where they did."""
+    import seqstore.data._stages as stages_mod
+
+    read = [0]
+
+    def lens(i: np.ndarray) -> np.ndarray:
+        read[0] += len(i)
+        return i % 7 + 7  # ten tokens a sample, about
+
+    calls = [0]
+    chain_counts = stages_mod._chain_counts
+
+    def counted(n: np.ndarray, units: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        return chain_counts(n, units)
+
+    monkeypatch.setattr(stages_mod, "_chain_counts", counted)
+    sched = MixtureSchedule.sampled(lambda t: {"a": 1 + (t // 100) % 5, "b": 1}, ["a", "b"], every=100,
+                                    until=30_000, unit="tokens")
+    assert len(sched.starts) == 300
+    data = {"a": LengthsDataset(FuncLengths(100_000, lens)), "b": LengthsDataset(FuncLengths(50_000, lens))}
+    mix = MixtureStream(data, sched)
+    ids, got = mix.docs_at(np.arange(3200))
+    assert len(mix.state()[-1][3]["stage_samples"]) == 300  # every stage found
+    assert read[0] < 100_000 and calls[0] < 3000, (read[0], calls[0])  # (were 514123 and 45150)
+    # the stages start where the documents drawn reach their token counts
+    cum = np.cumsum(got)
+    found = mix.state()[-1][3]["stage_samples"]
+    assert found[1:] == (np.searchsorted(cum, sched.starts[1:], side="left") + 1).tolist()

@@ -242,6 +242,13 @@ class StageWalk:
         self.f = self.g0 if f is None else int(f)
         self.t = int(tokens) if t is None else int(t)
         self.starts: list[int] = [] if starts is None else [int(s) for s in starts]
+        # the effective schedule in samples of ``starts[:_built]``, kept stage by stage (rebuilding it at every
+        # stage found cost O(stages) each): starts, units and bases of its ``_kept`` stages in buffers that
+        # double, and the sample where the last kept one starts (of equal starts the last wins)
+        k = len(schedule.names)
+        self._buf = (np.zeros(4, dtype=np.int64), np.zeros((4, k), dtype=np.int64), np.zeros((4, k), dtype=np.int64))
+        self._kept = self._built = 0
+        self._last = -1
         if starts is None:
             self.resolve()
 
@@ -257,7 +264,29 @@ class StageWalk:
             self.starts.append(self.f)
 
     def effective(self) -> MixtureSchedule:
-        return self.schedule._sample_stages(self.starts)
+        """The schedule in samples of the stages found (as ``schedule._sample_stages(starts)``): the stages
+        found since the last call added, O(1) each."""
+        for i in range(self._built, len(self.starts)):
+            start, units = self.starts[i], self.schedule.units[i]
+            st, un, ba = self._buf
+            n = self._kept
+            if n and start == self._last:  # (the same sample: this stage replaces the last one)
+                un[n - 1] = units
+                continue
+            if n == len(st):
+                st, un, ba = (np.concatenate([b, np.zeros_like(b)]) for b in self._buf)
+                self._buf = st, un, ba
+            st[n] = 0 if n == 0 else start  # (the first stage covers from sample 0)
+            ba[n] = 0 if n == 0 else ba[n - 1] + _chain_counts(st[n : n + 1] - st[n - 1], un[n - 1])[0]
+            un[n] = units
+            self._kept, self._last = n + 1, start
+        self._built = len(self.starts)
+        out = MixtureSchedule.__new__(MixtureSchedule)
+        out.unit, out.names = "samples", self.schedule.names
+        n = self._kept
+        # views of the buffers: only the walk's last effective schedule is in use when a stage is replaced in place
+        out.starts, out.units, out._base = self._buf[0][:n], self._buf[1][:n], self._buf[2][:n]
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"schedule": self.schedule.to_json(), "stage_samples": list(self.starts), "walk": [self.f, self.t]}

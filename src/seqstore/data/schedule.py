@@ -116,10 +116,17 @@ class MixtureStream:
         when every stage is found, so that its token count is that of sample ``upto``)."""
         w = self._walk
         assert w is not None
+        mean = 0.0  # tokens per sample of the last window read
         while w.f < upto and (exact or w.pending()):
-            g = np.arange(w.f, min(upto, w.f + self.chunk), dtype=np.int64)
-            cum = w.t + np.cumsum(self._lengths_at(g))
             nxt = w.next_start()
+            # samples after a stage's start are dealt by it, so the window is read again from there: sized
+            # to reach about the next stage, not a whole chunk per stage (many close stages read chunks each)
+            size = self.chunk
+            if nxt is not None:
+                size = min(size, int((nxt - w.t) / mean * 1.25) + 64) if mean > 0 else min(size, 1024)
+            g = np.arange(w.f, min(upto, w.f + size), dtype=np.int64)
+            cum = w.t + np.cumsum(self._lengths_at(g))
+            mean = max(int(cum[-1]) - w.t, 1) / len(g)
             if nxt is not None and cum[-1] >= nxt:
                 j = int(np.searchsorted(cum, nxt, side="left"))  # samples [0, g[j]] hold >= nxt tokens
                 w.f, w.t = int(g[j]) + 1, int(cum[j])
