@@ -241,6 +241,17 @@ def test_array_lengths_refuse_a_negative_length_naming_its_position(tmp_path: Pa
     assert ArrayLengths(np.array([1, 2**40], dtype=np.uint64)).take([1]).tolist() == [2**40]
 
 
+def test_array_lengths_pickled_before_the_negative_check_still_read() -> None:
+    """An ArrayLengths pickled by a version before the check has only ``array`` and ``n``: it reads and
+    checks as a new one (nothing the check needs is an attribute it would lack)."""
+    old = ArrayLengths.__new__(ArrayLengths)
+    old.__dict__.update(array=np.array([4, -1], dtype=np.int16), n=2)
+    again = pickle.loads(pickle.dumps(old))
+    assert again.take([0]).tolist() == [4]
+    with pytest.raises(ValueError, match=r"negative \(-1\) at position 1;"):
+        again.take([1])
+
+
 _FULL_DISK = """
 import os, sys
 import numpy as np

@@ -146,20 +146,20 @@ class ArrayLengths(LengthsView):
         self.array = arr
         self.n = int(arr.shape[0])
         self.where = where
-        # signed values, or uint64 ones that int64 wraps, can be negative
-        self._signed = arr.dtype.kind == "i" or arr.dtype.itemsize >= 8
 
     def _checked(self, raw: npt.NDArray[Any], indices: IntArray | None, start: int = 0) -> IntArray:
         """``raw`` (the values at ``indices``, or from position ``start`` on) as int64, checked >= 0."""
         out = np.asarray(raw, dtype=np.int64)
-        if self._signed and out.size:
+        # (signed values, or uint64 ones that int64 wraps, can be negative; read from the array, not kept: an
+        # ArrayLengths pickled before this check unpickles without such an attribute)
+        if (raw.dtype.kind == "i" or raw.dtype.itemsize >= 8) and out.size:
             bad = np.flatnonzero(out < 0)
             if bad.size:
                 k = int(bad[0])
                 i = start + k if indices is None else int(indices[k])
                 v = int(raw[k])
                 what = f"negative ({v})" if v < 0 else f"past int64 ({v})"
-                where = "" if self.where is None else f" of {self.where}"
+                where = "" if getattr(self, "where", None) is None else f" of {self.where}"
                 raise ValueError(f"a sequence length is {what} at position {i}{where}; lengths must be "
                                  "integers >= 0")
         return out
