@@ -547,3 +547,27 @@ def test_many_stages_in_tokens_are_found_without_reading_a_chunk_or_rebuilding_t
     cum = np.cumsum(got)
     found = mix.state()[-1][3]["stage_samples"]
     assert found[1:] == (np.searchsorted(cum, sched.starts[1:], side="left") + 1).tolist()
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda w: w["stage_samples"].extend(w["stage_samples"][-1:] * 2), "found stages at samples"),
+    (lambda w: w["stage_samples"].__setitem__(0, 1), "found stages at samples"),
+    (lambda w: w["stage_samples"].reverse(), "found stages at samples"),
+    (lambda w: w["walk"].__setitem__(0, 0), "reached sample 0"),
+    (lambda w: w["stage_samples"].__setitem__(1, w["stage_samples"][1] + 1), "not those its walk found"),
+])
+def test_a_damaged_walk_of_stages_in_tokens_is_refused_at_load(damage: Any, what: str) -> None:
+    """The walk of a schedule in tokens in a saved state (the samples where stages were found, how far it
+    went) was taken as it was: more found samples than stages failed later with an IndexError, samples out
+    of order or at odds with the segment's stages dealt from a schedule no stream had. ``load_state``
+    refuses them naming the walk."""
+    sources = {"a": LengthsDataset(np.arange(1, 200)), "b": LengthsDataset(np.arange(1, 50))}
+    stages = [(0, {"a": 1}), (500, {"a": 1, "b": 1}), (2000, {"b": 1}), (10**9, {"a": 1})]
+    mix = MixtureStream(sources, stages, unit="tokens", chunk=64)
+    mix.docs_at(np.arange(300))
+    state = mix.state()
+    assert len(state[-1][3]["stage_samples"]) == 3
+    MixtureStream(sources, stages, unit="tokens", chunk=64).load_state(json.loads(json.dumps(state)), 300)
+    damage(state[-1][3])
+    with pytest.raises(ValueError, match="MixtureStream: malformed schedule state: .*" + what):
+        MixtureStream(sources, stages, unit="tokens", chunk=64).load_state(state, 300)

@@ -294,5 +294,13 @@ class StageWalk:
     @classmethod
     def from_json(cls, data: Any, names: Sequence[str], g0: int) -> StageWalk:
         sched = MixtureSchedule.from_json(data["schedule"], names)
-        f, t = data["walk"]
-        return cls(sched, g0, 0, [int(s) for s in data["stage_samples"]], int(f), int(t))
+        f, t = (int(v) for v in data["walk"])
+        found = [int(s) for s in data["stage_samples"]]
+        # as a walk writes them: the first stage found at the segment's start, then in order up to the point
+        # the walk reached (sample f, t >= 0 tokens before it), at most one sample per stage
+        if (not 1 <= len(found) <= len(sched.starts) or found[0] != g0 or any(b < a for a, b in zip(found, found[1:]))
+                or f < found[-1] or t < 0):
+            raise ValueError(f"the walk of the last segment (from sample {g0}) found stages at samples {found[:8]} "
+                             f"(of {len(found)}) and reached sample {f} with {t} tokens; expected 1 to "
+                             f"{len(sched.starts)} samples, the first {g0}, non-decreasing, up to the sample reached")
+        return cls(sched, g0, 0, found, f, t)

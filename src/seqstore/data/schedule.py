@@ -309,6 +309,10 @@ class MixtureStream:
         if not segs or any(len(b) != len(self.names) for _, _, b in segs):
             raise ValueError(f"MixtureStream: the state's segments do not match the sources {self.names}")
         _check_segments(segs)
+        if walk is not None and walk.effective() != segs[-1][1]:
+            raise ValueError("MixtureStream: malformed schedule state: the last segment's stages are not those its "
+                             f"walk found (stages in tokens {walk.schedule.to_json()!r:.200} starting at samples "
+                             f"{walk.starts[:8]})")
         mine = self.schedule = self._own
         saved = walk.schedule if walk is not None else segs[-1][1]
         self.segments, self._walk, self._loaded = segs, walk, True
