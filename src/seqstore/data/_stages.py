@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -45,35 +45,45 @@ def sample_array(g: Any) -> IntArray:
     return arr.astype(np.int64, copy=False)
 
 
+def _rows(n: IntArray, units: IntArray) -> tuple[IntArray, IntArray]:
+    """``units`` per sample ((K,) for every one, or (B, K)) and their suffix sums ``r_k`` (B, K)."""
+    u = np.broadcast_to(units, (len(n), units.shape[-1]))
+    return u, np.cumsum(u[:, ::-1], axis=1)[:, ::-1]
+
+
 def _chain_counts(n: IntArray, units: IntArray) -> IntArray:
-    """Per source, samples among the first ``n`` of a stage (``n`` int64 (B,)) -> (B, K)."""
-    k_all = len(units)
-    rest = np.cumsum(units[::-1])[::-1]
+    """Per source, samples among the first ``n`` of a stage (``n`` int64 (B,); ``units`` the stage's (K,),
+    or each sample's stage's (B, K)) -> (B, K). Where ``r_k`` is 0 the sources from ``k`` on have no weight
+    and nothing left to take (the source before took every sample): 0."""
+    u, rest = _rows(n, units)
+    k_all = u.shape[1]
     out = np.zeros((len(n), k_all), dtype=np.int64)
     m = n.astype(np.int64, copy=True)
     for k in range(k_all - 1):
-        if rest[k] == 0:
-            break
-        c = (m * units[k] + rest[k] // 2) // rest[k]
+        r = rest[:, k]
+        c = np.where(r > 0, (m * u[:, k] + r // 2) // np.maximum(r, 1), 0)
         out[:, k] = c
         m = m - c
-    out[:, k_all - 1] = m if rest[k_all - 1] else 0
+    out[:, k_all - 1] = np.where(rest[:, k_all - 1] > 0, m, 0)
     return out
 
 
 def _chain_assign(n: IntArray, units: IntArray) -> tuple[IntArray, IntArray]:
-    """(source, index among that source's samples of the stage) of stage-local samples ``n``."""
-    k_all = len(units)
-    rest = np.cumsum(units[::-1])[::-1]
+    """(source, index among that source's samples of the stage) of stage-local samples ``n`` (``units``
+    as :func:`_chain_counts`: the stage's, or each sample's stage's)."""
+    u, rest = _rows(n, units)
+    k_all = u.shape[1]
     src = np.full(len(n), k_all - 1, dtype=np.int64)
     idx = np.zeros(len(n), dtype=np.int64)
     m = n.astype(np.int64, copy=True)
     active = np.ones(len(n), dtype=bool)
     for k in range(k_all - 1):
-        if rest[k] == 0 or not active.any():
+        if not active.any():
             break
-        c0 = (m * units[k] + rest[k] // 2) // rest[k]
-        c1 = ((m + 1) * units[k] + rest[k] // 2) // rest[k]
+        r, w = rest[:, k], u[:, k]
+        d = np.maximum(r, 1)  # (r = 0: no weight from k on; c0 = c1 = 0, nothing taken)
+        c0 = np.where(r > 0, (m * w + r // 2) // d, 0)
+        c1 = np.where(r > 0, ((m + 1) * w + r // 2) // d, 0)
         hit = active & (c1 > c0)
         src[hit] = k
         idx[hit] = c0[hit]
@@ -126,10 +136,8 @@ class MixtureSchedule:
     def _set_bases(self) -> None:
         """Per stage, each source's count at the stage's start (zeros in tokens: only samples count)."""
         self._base = np.zeros_like(self.units)
-        if self.unit == "samples":
-            for i in range(1, len(self.starts)):
-                span = self.starts[i : i + 1] - self.starts[i - 1]
-                self._base[i] = self._base[i - 1] + _chain_counts(span, self.units[i - 1])[0]
+        if self.unit == "samples" and len(self.starts) > 1:  # (every stage's span at once)
+            np.cumsum(_chain_counts(np.diff(self.starts), self.units[:-1]), axis=0, out=self._base[1:])
 
     @classmethod
     def sampled(cls, weights: Callable[[int], Mapping[str, float]], names: Sequence[str], *, every: int,
@@ -207,26 +215,38 @@ class MixtureSchedule:
         arr = sample_array(g)
         flat = arr.reshape(-1)
         self._check(flat)
-        stage = np.searchsorted(self.starts, flat, side="right") - 1
-        out = np.empty((len(flat), len(self.names)), dtype=np.int64)
-        for i in np.unique(stage).tolist():
-            sel = stage == i
-            out[sel] = self._base[i] + _chain_counts(flat[sel] - self.starts[i], self.units[i])
+        out = self._in_stages(flat, _chain_counts)
         return out[0] if arr.ndim == 0 else out.reshape(*arr.shape, len(self.names))
 
     def assign(self, g: Any) -> tuple[IntArray, IntArray]:
         """(source number, samples of that source before it) of samples ``g`` (int64 arrays)."""
         flat = sample_array(g).reshape(-1)
         self._check(flat)
-        stage = np.searchsorted(self.starts, flat, side="right") - 1
-        src = np.empty(len(flat), dtype=np.int64)
-        idx = np.empty(len(flat), dtype=np.int64)
-        for i in np.unique(stage).tolist():
-            sel = stage == i
-            s, j = _chain_assign(flat[sel] - self.starts[i], self.units[i])
-            src[sel] = s
-            idx[sel] = j + self._base[i][s]
-        return src, idx
+        return self._in_stages(flat, _chain_assign)
+
+    @overload
+    def _in_stages(self, g: IntArray, rule: Callable[[IntArray, IntArray], IntArray]) -> IntArray: ...
+
+    @overload
+    def _in_stages(self, g: IntArray,
+                   rule: Callable[[IntArray, IntArray], tuple[IntArray, IntArray]]) -> tuple[IntArray, IntArray]: ...
+
+    def _in_stages(self, g: IntArray, rule: Callable[[IntArray, IntArray], Any]) -> Any:
+        """``rule`` (:func:`_chain_counts` or :func:`_chain_assign`) of samples ``g``, each in its stage, made
+        counts of the whole schedule: one vectorised pass whatever the number of stages the samples span
+        (a pass per stage cost a Python step per stage in a batch: thousands in a sampled schedule)."""
+        stage = np.searchsorted(self.starts, g, side="right") - 1
+        if len(self.starts) == 1 or (len(g) and stage.min() == stage.max()):  # (one stage: its row for all)
+            i = int(stage[0]) if len(g) else 0
+            local, units, base = g - self.starts[i], self.units[i], self._base[i : i + 1]
+        else:
+            local, units, base = g - self.starts[stage], self.units[stage], self._base[stage]
+        out = rule(local, units)
+        if isinstance(out, tuple):  # (source, samples of it before): the source's count at the stage start
+            src, idx = out
+            return src, idx + np.take_along_axis(np.broadcast_to(base, (len(g), base.shape[1])), src[:, None],
+                                                 axis=1)[:, 0]
+        return base + out
 
     def __repr__(self) -> str:
         return f"MixtureSchedule({[(int(s), self.weights(int(s))) for s in self.starts]})"
