@@ -206,3 +206,19 @@ def test_lengths_that_disagree_with_the_records_are_an_error_naming_the_document
     with pytest.raises(SchemaError, match=rf"document 3 has 10 tokens in field 'tokens'.* its length .* {10 + delta}"):
         for _ in range(4):
             stream.batch(1)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_negative_token_id_is_an_error_naming_the_document(tmp_path: Path, mode: str) -> None:
+    """A negative token id (ids past int16 stored in an int16 field wrap to negative ones) went into the
+    batch: as a label -100 it was silently left out of the loss, as an input an embedding row that does not
+    exist. The batch is a SchemaError naming the document, the position and the value."""
+    toks = np.arange(60, dtype=np.int16)
+    toks[34] = -100
+    with seqstore.create(tmp_path / "s", {"tokens": Field("int16", (None,))}) as w:
+        w.append_batch({"tokens": (toks, np.array([10, 0, 20, 10, 20]))})
+    packed = PackedDataset(tmp_path / "s", seq_len=16, mode=mode)
+    stream = packed.open(packed.fresh_state()["shares"][0])
+    with pytest.raises(SchemaError, match=r"document 3 has token id -100 at position 4 of field 'tokens'"):
+        for _ in range(5):
+            stream.batch(1)

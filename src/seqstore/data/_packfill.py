@@ -121,8 +121,32 @@ def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off:
                               f"{field!r} of {dataset!r}, but its length (what the packing plan was made from) is "
                               f"{int(planned[p])}: the dataset's lengths() disagree with its records")
     vstart = np.cumsum(lens) - lens
+    _check_token_ids(vals, vstart, uniq, field, dataset)
     tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv, seq, off, cnt, n, L,
                                         concat, -1 if eos is None else eos, eos is not None, mask_eos, pad_id)
     cu = bounds.astype(np.int32)
     return {"tokens": tok, "labels": lab, "position_ids": pos, "loss_mask": mask, "cu_seqlens": cu,
             "max_seqlen": int(np.diff(cu).max()) if len(cu) > 1 else 0}
+
+
+def _check_token_ids(vals: Any, vstart: IntArray, uniq: IntArray, field: str, dataset: Dataset) -> None:
+    """SchemaError naming the first document of ``uniq`` (tokens ``vals``, starting at ``vstart``) with a
+    negative token id, or a uint64 one past int64 (negative in the int64 batch): it would be a label that
+    collides with -100 (ignored by the loss) or an embedding row that does not exist. One pass."""
+    if not vals.size:
+        return
+    if vals.dtype.kind == "i":
+        if int(vals.min()) >= 0:
+            return
+        bad = vals < 0
+    elif vals.dtype.itemsize >= 8:
+        if int(vals.max()) <= np.iinfo(np.int64).max:
+            return
+        bad = vals > np.uint64(np.iinfo(np.int64).max)
+    else:
+        return
+    at = int(np.flatnonzero(bad)[0])
+    d = int(np.searchsorted(vstart, at, side="right")) - 1  # (the document holding it: an empty one holds none)
+    raise SchemaError(f"PackedDataset: document {int(uniq[d])} has token id {int(vals[at])} at position "
+                      f"{at - int(vstart[d])} of field {field!r} of {dataset!r}; token ids must be >= 0 (a "
+                      f"{vals.dtype} field of ids past its range? store them in a wider or unsigned type)")
