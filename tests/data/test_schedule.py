@@ -606,3 +606,14 @@ def test_samples_across_thousands_of_stages_are_assigned_in_one_pass(monkeypatch
     ids, _ = mix.docs_at(g)
     assert calls[0] <= 6, calls[0]
     np.testing.assert_array_equal(mix.source_of(ids), src)
+
+
+def test_the_repr_of_a_schedule_of_thousands_of_stages_is_short() -> None:
+    """``repr`` listed every stage with its weights: a sampled schedule of 5000 stages made every message that
+    names the mixture (``MixtureStream``, ``PackedDataset``) about half a megabyte. It lists the first and
+    the last and says how many."""
+    sched = MixtureSchedule.sampled(lambda g: {"a": 1 + g % 2, "b": 1}, ["a", "b"], every=1, until=5000)
+    text = repr(MixtureStream({"a": LengthsDataset(np.arange(1, 9)), "b": LengthsDataset(np.arange(1, 9))}, sched))
+    assert len(text) < 1000 and "5000 stages" in text and "(4999, {'a'" in text, text[:2000]
+    assert repr(MixtureSchedule([(0, {"a": 1}), (5, {"b": 1})], ["a", "b"])) == (
+        "MixtureSchedule([(0, {'a': 1.0, 'b': 0.0}), (5, {'a': 0.0, 'b': 1.0})])")

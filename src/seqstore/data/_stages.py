@@ -14,6 +14,8 @@ from ._lengths import IntArray, check_int
 __all__ = ["MixtureSchedule", "StageWalk", "sample_array"]
 
 _UNITS = 1 << 24
+#: stages a schedule's repr lists (the first ones and the last)
+_REPR_STAGES = 6
 _MAX_SAMPLE = 1 << 38  # n * units < 2**63 for every n below this
 
 
@@ -249,7 +251,14 @@ class MixtureSchedule:
         return base + out
 
     def __repr__(self) -> str:
-        return f"MixtureSchedule({[(int(s), self.weights(int(s))) for s in self.starts]})"
+        """The first stages and the last (a schedule sampled from a callable has thousands: the whole list made
+        every error message that names a mixture megabytes long)."""
+        shown = [(int(s), self.weights(int(s))) for s in self.starts[:_REPR_STAGES]]
+        if len(self.starts) <= _REPR_STAGES:
+            return f"MixtureSchedule({shown})"
+        last = int(self.starts[-1])
+        return (f"MixtureSchedule({shown[:-1]} ... {len(self.starts) - _REPR_STAGES} more ... "
+                f"{[(last, self.weights(last))]}, {len(self.starts)} stages)")
 
 
 class StageWalk:
