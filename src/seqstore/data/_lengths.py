@@ -152,16 +152,13 @@ class ArrayLengths(LengthsView):
         out = np.asarray(raw, dtype=np.int64)
         # (signed values, or uint64 ones that int64 wraps, can be negative; read from the array, not kept: an
         # ArrayLengths pickled before this check unpickles without such an attribute)
-        if (raw.dtype.kind == "i" or raw.dtype.itemsize >= 8) and out.size:
-            bad = np.flatnonzero(out < 0)
-            if bad.size:
-                k = int(bad[0])
-                i = start + k if indices is None else int(indices[k])
-                v = int(raw[k])
-                what = f"negative ({v})" if v < 0 else f"past int64 ({v})"
-                where = "" if getattr(self, "where", None) is None else f" of {self.where}"
-                raise ValueError(f"a sequence length is {what} at position {i}{where}; lengths must be "
-                                 "integers >= 0")
+        if (raw.dtype.kind == "i" or raw.dtype.itemsize >= 8) and out.size and int(out.min()) < 0:
+            k = int(np.argmax(out < 0))  # (the first: a pass more only when there is one)
+            i = start + k if indices is None else int(indices[k])
+            v = int(raw[k])
+            what = f"negative ({v})" if v < 0 else f"past int64 ({v})"
+            where = "" if getattr(self, "where", None) is None else f" of {self.where}"
+            raise ValueError(f"a sequence length is {what} at position {i}{where}; lengths must be integers >= 0")
         return out
 
     def _take(self, indices: IntArray) -> IntArray:
