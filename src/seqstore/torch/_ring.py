@@ -41,7 +41,6 @@ import os
 import pickle
 import select
 import struct
-import sys
 import time
 import traceback
 import weakref
@@ -250,21 +249,28 @@ def _batch_from(layout: Layout, buf: Any, base: int, pin: bool) -> dict[str, tor
 
 
 class _Lent:
-    """A slot whose batch the loop handed out as views: free again once no tensor uses its buffer.
+    """A slot whose batch the loop handed out as views: free again once no tensor uses its memory.
 
-    The tensors keep a reference to ``holder[0]`` (a memoryview of the slot, made for this batch) for
-    as long as their storage lives, views and NumPy arrays of them included; the slot is free when
-    the reference count is back to what this object alone holds."""
+    The batch's tensors are made over a NumPy array of the slot made for this batch alone, which each
+    tensor's storage holds for as long as it lives (views and NumPy arrays of them included); the loop
+    holds only a weak reference to it, and the slot is free once the array is gone (no reference count
+    read: their values differ between Python versions)."""
 
-    __slots__ = ("slot", "holder")
+    __slots__ = ("slot", "_array")
 
-    def __init__(self, slot: int, view: memoryview) -> None:
+    def __init__(self, slot: int, array: np.ndarray[Any, Any]) -> None:
         self.slot = slot
-        self.holder = [view]
+        self._array = weakref.ref(array)
 
     def free(self) -> bool:
-        # references: ``holder`` and getrefcount's own argument; every live storage adds one
-        return sys.getrefcount(self.holder[0]) <= 2
+        return self._array() is None
+
+
+def _lend(layout: Layout, block: memoryview, slot: int, slot_bytes: int) -> tuple[dict[str, torch.Tensor], _Lent]:
+    """The batch of ``layout`` in slot ``slot`` as views of it, and its :class:`_Lent` (the array the views hold
+    is made here, so that no frame of the loop keeps it)."""
+    array = np.frombuffer(block[slot * slot_bytes:(slot + 1) * slot_bytes], np.uint8)
+    return _batch_from(layout, array, 0, False), _Lent(slot, array)
 
 
 class _Block(SharedMemory):
@@ -496,8 +502,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                         k: v.clone() for k, v in _batch_from(msg[1], block, slot * slot_bytes, False).items()}
                     free[w].append(slot)
                 else:
-                    entry = _Lent(slot, block[slot * slot_bytes:(slot + 1) * slot_bytes])
-                    batch = _batch_from(msg[1], entry.holder[0], 0, False)
+                    batch, entry = _lend(msg[1], block, slot, slot_bytes)
                     lent[w].append(entry)
             else:
                 batch = {}
