@@ -3,7 +3,12 @@ it until the last tensor over it goes, and a worker's answer is waited for withi
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import struct
+import sys
+import threading
+import time
 import types
 from typing import Any
 
@@ -68,3 +73,42 @@ def test_batches_let_go_as_they_come_are_views_of_their_slots() -> None:
         seen.append((float(b["x"][0]), float(b["x"][-1]), _in_shared_memory(b["x"].data_ptr())))
         del b
     assert seen[1:] == [(float(k), float(k), True) for k in range(1, 12)]
+
+
+class _StallsInItsAnswer:
+    """Batch 1's worker writes the start of an answer on its pipe and then sleeps (a worker stopped, or one
+    that died while a process it started holds its pipe); picklable."""
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        if int(idx[0]) == 1:
+            frame = sys._getframe()
+            while frame.f_code.co_name != "_worker":  # (the worker's end of its pipe)
+                assert frame.f_back is not None
+                frame = frame.f_back
+            os.write(frame.f_locals["conn"].fileno(), struct.pack("!i", 1 << 20) + b"\x80\x05")
+            time.sleep(120)
+        return {"x": torch.full((128,), float(idx[0]), dtype=torch.float64)}
+
+
+def test_an_answer_begun_and_not_ended_is_an_error_within_the_timeout() -> None:
+    """``timeout=`` bounded the wait for a worker's answer to begin; once its first bytes were in, the rest was
+    read without a limit, and a worker that stalled (or died, its pipe held open) in the middle of an answer
+    hung the loop for ever. Now that too is a LoaderWorkerError naming the worker, and the worker is ended."""
+    gather = _StallsInItsAnswer()
+    got: list[Any] = []
+
+    def loop() -> None:
+        try:
+            for b in _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 6)]), gather, 1,
+                                         chooser=_Workers(), timeout=0.5):
+                got.append(float(b["x"][0]))
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            got.append(exc)
+
+    runner = threading.Thread(target=loop, daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "the loop waited for the rest of the answer for ever"
+    assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
+    assert "loader worker 0" in str(got[1]) and "0.5s" in str(got[1])
+    assert not [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]

@@ -57,6 +57,7 @@ import torch
 from ..io import address
 from ._chooser import Chooser, cores
 from ._direct import Gatherer, ahead_in_runs, pinned
+from ._pipe import recv_bounded
 from ._runs import SHM_DIR, RunBuffers, attach_run
 from ._signals import InterruptsIgnored, LoaderWorkerError, killed_by
 
@@ -322,7 +323,8 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
     # a loop left open until the interpreter exits: the name goes at exit, before the resource tracker
     # reports it as leaked (the daemon workers are ended by multiprocessing's own exit handler)
     opened, quiet = _Open(), InterruptsIgnored()  # live as long as this frame
-    monotonic, send_bounded = time.monotonic, _send_bounded  # (the clean-up may run at shutdown, globals gone)
+    # (the clean-up may run at shutdown, globals gone)
+    monotonic, send_bounded, recv = time.monotonic, _send_bounded, recv_bounded
     with quiet:  # (a Ctrl-C between the two would leave the name in /dev/shm)
         shm = _Block(create=True, size=slot_bytes * nslots)
         at_exit = weakref.finalize(opened, _unlink_block, shm)
@@ -486,7 +488,12 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                         stuck.add(w)
                         raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) gave no batch in {timeout}s")
                 waited = time.perf_counter() - start
-                msg = conns[w].recv()
+                try:  # (an answer begun is read within the timeout too: a worker may stall or die in the middle)
+                    msg = conns[w].recv() if timeout <= 0 else recv_bounded(conns[w], timeout)
+                except TimeoutError:
+                    stuck.add(w)
+                    raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) began an answer and sent "
+                                            f"nothing more of it in {timeout}s") from None
                 pending.popleft()
                 for p in parts:  # the worker is done with the run buffers
                     p.release()
@@ -538,7 +545,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             for w, p in enumerate(workers):  # block it); those silent for 5 s in all, or not told, are ended
                 try:
                     while told[w] and pollers[w].poll(max(0, int((end - monotonic()) * 1000))):
-                        conns[w].recv()
+                        recv(conns[w], 5.0, until=end)
+                except TimeoutError:  # silent in the middle of an answer: ended below
+                    pass
                 except Exception:  # noqa: BLE001 - the end of its pipe: it has ended (or interpreter shutdown)
                     p.join(timeout=5)
                 if p.is_alive():
