@@ -5,7 +5,9 @@ memory-mapped afterwards, so every process (ranks x DataLoader workers) shares i
 cache. This module owns where those files live, how they are named (a content fingerprint, so a
 changed store never reuses a stale file) and how they are written (temporary file + fsync + atomic
 rename: concurrent processes computing the same file race harmlessly, the last rename wins with
-identical content).
+identical content). A process killed part way leaves its temporary (as large as the file); the next
+process to write or find that file removes the temporaries no live process holds
+(:func:`~seqstore.io.tempfiles.remove_stale`).
 
 Default location: a sibling directory ``<store>.cache/`` next to a store (``corpus.seqstore`` ->
 ``corpus.seqstore.cache/``), never inside the store itself, so the store's committed layout stays
@@ -28,6 +30,7 @@ import numpy.typing as npt
 from ..errors import SeqstoreError
 from ..io.mapping import allocate
 from ..io.nodecache import charge, temporary, used
+from ..io.tempfiles import remove_stale
 
 __all__ = [
     "CacheError", "default_cache_dir", "fingerprint", "store_fingerprint", "cached_array", "write_npy", "load_npy",
@@ -72,10 +75,12 @@ def store_fingerprint(store: Any, files: tuple[str, ...] = ()) -> list[Any]:
 def write_npy(path: Path, chunks: Iterator[npt.NDArray[Any]], length: int, dtype: npt.DTypeLike) -> None:
     """Write ``length`` values of ``dtype`` from ``chunks`` to ``.npy`` file ``path`` atomically.
 
-    Memory O(largest chunk). Raises CacheError naming the directory when it cannot be written.
+    Memory O(largest chunk). Raises CacheError naming the directory when it cannot be written. The
+    temporaries of ``path`` left by processes killed while writing it are removed first.
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(path)
         fd, tmp = temporary(path)  # (held until renamed: an eviction deletes only a dead process's)
     except OSError as exc:
         raise CacheError(
@@ -121,8 +126,10 @@ def load_npy(path: Path) -> np.ndarray[Any, Any]:
 def cached_array(path: Path, compute: Callable[[Path], None], *, length: int | None = None) -> npt.NDArray[Any]:
     """Memory-map ``.npy`` ``path``, first calling ``compute(path)`` to write it if it does not exist.
 
-    ``length``, when given, is checked against the file (a damaged or foreign file is recomputed).
+    ``length``, when given, is checked against the file (a damaged or foreign file is recomputed). The
+    temporaries of processes killed while writing it are removed, also where another process wrote it since.
     """
+    remove_stale(path)
     if path.exists():
         try:
             arr = load_npy(path)

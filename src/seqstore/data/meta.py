@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..io.nodecache import temporary, used
+from ..io.tempfiles import remove_stale
 from ._cache import CacheError, default_cache_dir, fingerprint, load_npy, store_fingerprint, write_npy
 from ._join import join_rows
 from ._lengths import IntArray, LengthsView, as_index_array
@@ -162,6 +163,8 @@ class MetaDataset(Dataset):
             info = None
         paths = {n: d / f"meta-{fingerprint('rows', cfp, self._fp(n))}.rows.npy" for n in others}
         kept_path = d / f"meta-{key}.kept.npy"
+        for p in (sidecar, kept_path, *paths.values()):  # (the temporaries of a join killed part way, as
+            remove_stale(p)  # large as its files; also where another process joined since)
         # (a node cache may have evicted any of them)
         if info is not None and all(p.exists() for p in paths.values()) and ("kept" not in info or kept_path.exists()):
             for n in others:
