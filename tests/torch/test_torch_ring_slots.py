@@ -112,3 +112,44 @@ def test_an_answer_begun_and_not_ended_is_an_error_within_the_timeout() -> None:
     assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
     assert "loader worker 0" in str(got[1]) and "0.5s" in str(got[1])
     assert not [p for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
+
+
+def _loop_killed_with_answers_unread(err: str, pids: str) -> None:
+    """A loop whose process is killed (SIGKILL) while its workers' answers wait unread in its ends of the
+    pipes; the workers' stderr goes to the file ``err``, their pids to ``pids``."""
+    sys.stderr = open(err, "w", buffering=1)  # (the workers' too: they are forked from here)
+    gather = _Filled()
+    batches = _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 40)]), gather, 2,
+                                  chooser=_Workers())
+    next(batches), next(batches)
+    workers = [p.pid for p in multiprocessing.active_children() if p.name == "seqstore-loader"]
+    with open(pids, "w") as f:
+        f.write(" ".join(map(str, workers)))
+    time.sleep(0.3)  # (their answers meanwhile)
+    os.kill(os.getpid(), 9)
+
+
+def test_workers_end_quietly_when_the_loop_is_killed_with_answers_unread(tmp_path: Any) -> None:
+    """The loop's process killed with answers unread in its end of a worker's pipe (a socket): the
+    worker's next read failed with ConnectionResetError, not EOF or a broken pipe, and each worker printed
+    its traceback. Now a worker ends quietly on that too."""
+    err, pids = str(tmp_path / "err"), str(tmp_path / "pids")
+    loop = multiprocessing.get_context("fork").Process(target=_loop_killed_with_answers_unread, args=(err, pids))
+    loop.start()
+    loop.join(60)
+    assert loop.exitcode == -9
+    workers = [int(p) for p in open(pids).read().split()]
+    assert len(workers) == 2
+    end = time.monotonic() + 60
+    while time.monotonic() < end and any(_alive(p) for p in workers):
+        time.sleep(0.05)
+    text = open(err).read()
+    assert "Traceback" not in text and "ConnectionResetError" not in text, text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -134,8 +134,8 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
             del answer  # (an error's traceback holds the slot's memory, which shm.close() below needs free)
             if stop:
                 return
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):  # (a broken pipe: the loop's process is gone)
-        return
+    except (EOFError, ConnectionError, KeyboardInterrupt):  # the loop's process is gone: a broken pipe, or a
+        return  # reset one (a socket: the loop's end closed with answers unread in it)
     finally:  # an error still referenced after it was sent (a remote read's, seen) holds a slot's array in
         with contextlib.suppress(BufferError):  # its traceback: the block's mapping then goes with the process
             shm.close()
