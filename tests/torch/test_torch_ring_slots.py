@@ -153,3 +153,43 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+class _Stuck:
+    """Batch 1 never comes (a read stuck for good); picklable."""
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        if int(idx[0]) == 1:
+            time.sleep(600)
+        return {"x": torch.full((128,), float(idx[0]), dtype=torch.float64)}
+
+
+def test_a_stuck_worker_is_ended_when_the_script_handles_sigterm() -> None:
+    """A training script with a SIGTERM handler of its own (a framework's, for preemption: it notes the
+    signal and goes on) passed it to its forked workers, so that the SIGTERM ending a stuck worker only ran
+    that handler, and the loop waited for the worker for ever after its timeout. Now the workers take
+    SIGTERM as a process does by default, and one that outlives it is killed."""
+    import signal
+
+    noted: list[int] = []
+    old = signal.signal(signal.SIGTERM, lambda sig, frame: noted.append(sig))
+    gather = _Stuck()
+    got: list[Any] = []
+
+    def loop() -> None:
+        try:
+            for b in _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 4)]), gather, 1,
+                                         chooser=_Workers(), timeout=0.5):
+                got.append(float(b["x"][0]))
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            got.append(exc)
+
+    try:
+        runner = threading.Thread(target=loop, daemon=True)
+        runner.start()
+        runner.join(60)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert not runner.is_alive(), "the loop waited for ever for a worker that took SIGTERM for its handler's"
+    assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
+    assert not noted  # (the loop's process got no SIGTERM)

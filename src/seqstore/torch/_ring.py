@@ -40,6 +40,7 @@ import multiprocessing
 import os
 import pickle
 import select
+import signal
 import struct
 import time
 import traceback
@@ -88,7 +89,10 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
     (slot, indices, run parts): a read-once loop's batch, gathered from its run buffers (``attach_run``);
     ("forget", name): a run buffer no longer used. ``inherited``: the loop's ends of the pipes, which a
     forked worker holds copies of; closed first, so that the loop's process ending, even by SIGKILL,
-    ends the pipe for the worker (else it would wait for a message for ever)."""
+    ends the pipe for the worker (else it would wait for a message for ever). SIGTERM ends it as it ends a
+    process by default: a forked worker would otherwise run the script's own handler (a framework's, which
+    notes it for a graceful stop), and a stuck worker ended by the loop would go on."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for fd in inherited:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -552,6 +556,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     p.join(timeout=5)
                 if p.is_alive():
                     p.terminate()
+                    p.join(timeout=5)
+                if p.is_alive():  # (SIGTERM blocked or handled: by a library the gather uses)
+                    p.kill()
                     p.join()
             for c in conns:
                 c.close()
