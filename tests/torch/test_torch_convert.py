@@ -59,3 +59,18 @@ def test_a_field_of_a_dtype_torch_lacks_is_an_error_naming_the_field(tmp_path: A
     with pytest.raises(TypeError, match=r"field 'q'"):
         collate_padded([{"q": np.ones(2, np.float128)}])
     assert SeqDataset(tmp_path / "s.seqstore", fields="x")[0]["x"].dtype == torch.float32
+
+
+def test_arrays_with_negative_strides_become_tensors_of_their_values() -> None:
+    """A record of reversed arrays (a time-reversal augmentation's ``x[::-1]``, or ``np.flip``) failed in
+    ``collate_padded`` with torch's ValueError about negative strides, naming no field; such arrays are
+    copied once, as read-only ones are, bfloat16 bits too."""
+    from seqstore.torch import collate_padded
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    out = collate_padded([{"x": x[::-1]}, {"x": np.flip(x[:2], axis=1)}, {"x": x[:, ::-1][::2]}])
+    assert out["x"].tolist() == [x[::-1].tolist(), [*np.flip(x[:2], axis=1).tolist(), [0, 0, 0], [0, 0, 0]],
+                                 [*x[:, ::-1][::2].tolist(), [0, 0, 0], [0, 0, 0]]]
+    assert out["x_lengths"].tolist() == [4, 2, 2]
+    bits = np.array([0x3F80, 0x4000], np.uint16)[::-1]  # bfloat16 2.0, 1.0
+    assert to_tensor(bits, bfloat16=True).float().tolist() == [2.0, 1.0]

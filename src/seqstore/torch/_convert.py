@@ -46,7 +46,8 @@ def torch_dtype_for(dtype: np.dtype[Any], unsigned: bool) -> np.dtype[Any] | Non
 
 
 def to_tensor(value: Any, bfloat16: bool = False, *, name: str | None = None) -> torch.Tensor:
-    """``value`` (array, view, NumPy scalar) as a tensor; copies only read-only or unaligned arrays.
+    """``value`` (array, view, NumPy scalar) as a tensor; copies only read-only or unaligned arrays, and
+    views with a negative stride (``x[::-1]``, ``np.flip``: torch has no such tensors).
 
     ``bfloat16``: reinterpret uint16 bits as ``torch.bfloat16``. ``name``: the field's, for errors (a dtype
     torch has no tensors of, such as float128, is a TypeError naming it). O(size) for a copy, O(1) otherwise.
@@ -64,7 +65,8 @@ def to_tensor(value: Any, bfloat16: bool = False, *, name: str | None = None) ->
             raise ValueError(f"{_field(name)}a uint64 value {int(arr.max())} is above 2**63 - 1: torch"
                              f" {torch.__version__} has no uint64 tensors (torch >= 2.3 has), and int64 cannot hold it")
         return torch.from_numpy(arr.astype(wider))
-    if not arr.flags.writeable or not arr.flags.aligned or arr.dtype.byteorder == ">":
+    reversed_ = min(arr.strides, default=0) < 0
+    if not arr.flags.writeable or not arr.flags.aligned or arr.dtype.byteorder == ">" or reversed_:
         arr = np.array(arr, dtype=arr.dtype.newbyteorder("=") if arr.dtype.byteorder == ">" else arr.dtype)
     if bfloat16 and arr.dtype == np.uint16:  # via int16: torch < 2.3 has no uint16 tensors
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
