@@ -3,6 +3,7 @@ it until the last tensor over it goes, and a worker's answer is waited for withi
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import struct
@@ -193,3 +194,53 @@ def test_a_stuck_worker_is_ended_when_the_script_handles_sigterm() -> None:
     assert not runner.is_alive(), "the loop waited for ever for a worker that took SIGTERM for its handler's"
     assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
     assert not noted  # (the loop's process got no SIGTERM)
+
+
+class _DiesInItsAnswer:
+    """Batch 1's worker writes the start of an answer, starts a process that holds its pipe open (and
+    writes its pid to ``pids``), and exits; picklable."""
+
+    def __init__(self, pids: str) -> None:
+        self.pids = pids
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        if int(idx[0]) == 1:
+            frame = sys._getframe()
+            while frame.f_code.co_name != "_worker":
+                assert frame.f_back is not None
+                frame = frame.f_back
+            os.write(frame.f_locals["conn"].fileno(), struct.pack("!i", 1 << 20) + b"\x80\x05")
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            with open(self.pids, "w") as f:
+                f.write(str(child))
+            os._exit(3)
+        return {"x": torch.full((128,), float(idx[0]), dtype=torch.float64)}
+
+
+def test_a_worker_that_ends_in_the_middle_of_an_answer_is_an_error_without_a_timeout(tmp_path: Any) -> None:
+    """A worker that ended in the middle of an answer while a process it started held its pipe open (no
+    end of file comes): without ``timeout=`` the loop waited for the rest for ever. Now it sees the worker
+    gone, as it does while it waits for an answer to begin: a LoaderWorkerError naming the worker."""
+    pids = str(tmp_path / "pids")
+    gather = _DiesInItsAnswer(pids)
+    got: list[Any] = []
+
+    def loop() -> None:
+        try:
+            for b in _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 4)]), gather, 1,
+                                         chooser=_Workers()):
+                got.append(float(b["x"][0]))
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            got.append(exc)
+
+    runner = threading.Thread(target=loop, daemon=True)
+    runner.start()
+    runner.join(30)
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(open(pids).read()), 9)  # (the process holding the pipe)
+    assert not runner.is_alive(), "the loop waited for the rest of an answer for ever"
+    assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
+    assert "loader worker 0" in str(got[1]) and "exit code 3" in str(got[1]), got[1]

@@ -492,8 +492,9 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                         stuck.add(w)
                         raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) gave no batch in {timeout}s")
                 waited = time.perf_counter() - start
-                try:  # (an answer begun is read within the timeout too: a worker may stall or die in the middle)
-                    msg = conns[w].recv() if timeout <= 0 else recv_bounded(conns[w], timeout)
+                try:  # (an answer begun is read within the timeout too: a worker may stall or die in the middle,
+                    # its end of the pipe held open by a process it started)
+                    msg = recv_bounded(conns[w], timeout if timeout > 0 else math.inf, alive=workers[w].is_alive)
                 except TimeoutError:
                     stuck.add(w)
                     raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) began an answer and sent "
@@ -502,6 +503,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 for p in parts:  # the worker is done with the run buffers
                     p.release()
             except (EOFError, OSError):
+                stuck.add(w)  # (gone: nothing is sent to it or waited for at the end)
                 raise exited(w) from None
             if msg[0] == "error":
                 raise msg[1]
