@@ -1,5 +1,7 @@
-"""The shared slots of a ``procs=`` loop (:mod:`seqstore.torch._ring`): a batch handed out as views of a slot keeps
-it until the last tensor over it goes, and a worker's answer is waited for within ``timeout`` to its end."""
+"""The shared slots and pipes of a ``procs=`` loop (:mod:`seqstore.torch._ring`): a batch handed out as views of a
+slot keeps it until the last tensor over it goes; a worker's answer is waited for within ``timeout`` to its end,
+and not past the worker's own end; workers end quietly when the loop's process is killed, and are ended
+whatever SIGTERM handler the script has."""
 
 from __future__ import annotations
 
