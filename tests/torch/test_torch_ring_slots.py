@@ -246,3 +246,50 @@ def test_a_worker_that_ends_in_the_middle_of_an_answer_is_an_error_without_a_tim
     assert not runner.is_alive(), "the loop waited for the rest of an answer for ever"
     assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
     assert "loader worker 0" in str(got[1]) and "exit code 3" in str(got[1]), got[1]
+
+
+class _DiesWhileSentTo:
+    """A batch larger than its slot each (sent whole: its slot is free at once, and the next batch's index array
+    goes out at once); batch 2's worker starts a process that holds its pipe open (its pid to ``pids``) and
+    exits while the loop sends it a later index array larger than the pipe holds; picklable."""
+
+    def __init__(self, pids: str) -> None:
+        self.pids = pids
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        if int(idx[0]) == 2:
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            with open(self.pids, "w") as f:
+                f.write(str(child))
+            time.sleep(0.3)  # (the loop sends batch 3 meanwhile)
+            os._exit(3)
+        return {"x": torch.full((128 if int(idx[0]) == 0 else 20_000,), float(idx[0]), dtype=torch.float64)}
+
+
+def test_a_worker_gone_while_its_pipe_is_full_is_an_error_without_a_timeout(tmp_path: Any) -> None:
+    """Without ``timeout=``, an index array larger than the pipe holds, sent to a worker that ended while a
+    process it started held its pipe open, waited for ever. Now the loop asks each second whether the worker
+    lives while its pipe is full: a LoaderWorkerError naming the worker."""
+    pids = str(tmp_path / "pids")
+    gather = _DiesWhileSentTo(pids)
+    got: list[Any] = []
+
+    def loop() -> None:
+        try:
+            arrays = iter([np.full(100_000, k) for k in range(1, 6)])  # (800 kB each: more than the pipe holds)
+            for b in _ring.run_processes(gather(np.zeros(1, np.int64)), arrays, gather, 1, depth=2, chooser=_Workers()):
+                got.append(float(b["x"][0]))
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            got.append(exc)
+
+    runner = threading.Thread(target=loop, daemon=True)
+    runner.start()
+    runner.join(30)
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(open(pids).read()), 9)  # (the process holding the pipe)
+    assert not runner.is_alive(), "the loop waited for ever to send to a worker gone"
+    assert got[0] == 0.0 and isinstance(got[-1], _ring.LoaderWorkerError), got
+    assert "loader worker 0" in str(got[-1]) and "exit code 3" in str(got[-1]), got[-1]

@@ -146,11 +146,13 @@ def _worker(conn: Connection, gather: Gatherer, shm_name: str, slot_bytes: int, 
 
 
 def _send_bounded(conn: Connection, msg: Any, *, take: Callable[[Any], None] | None = None,
-                  until: float | None = None) -> bool:
+                  until: float | None = None, alive: Callable[[], bool] | None = None) -> bool:
     """``conn.send(msg)`` written without blocking: while the pipe is full, messages coming the other way go
     to ``take`` (where given), and at ``until`` (``time.monotonic()``) the send gives up: False, the message
-    written in part (the pipe is of no use after that). (The bytes on the pipe are those of ``Connection.send``;
-    the loop sends each message whole, so one that has begun is read at once.)"""
+    written in part (the pipe is of no use after that); where ``alive()`` (asked each second the pipe stays
+    full) says the reader has ended, BrokenPipeError (its end may be held open by a process it started).
+    (The bytes on the pipe are those of ``Connection.send``; the loop sends each message whole, so one that
+    has begun is read at once.)"""
     data = ForkingPickler.dumps(msg, 5)  # (protocol 5: a bytearray comes back as one, not bytes to copy)
     n = len(data)
     head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
@@ -165,6 +167,8 @@ def _send_bounded(conn: Connection, msg: Any, *, take: Callable[[Any], None] | N
                     buf = buf[os.write(fd, buf):]
                 except BlockingIOError:
                     wait = -1 if until is None else max(0, math.ceil((until - time.monotonic()) * 1000))
+                    if alive is not None:
+                        wait = 1000 if wait < 0 else min(wait, 1000)
                     events = ready.poll(wait)
                     if take is not None and any(ev & select.POLLIN for _, ev in events):  # its message in whole
                         os.set_blocking(fd, True)
@@ -172,6 +176,8 @@ def _send_bounded(conn: Connection, msg: Any, *, take: Callable[[Any], None] | N
                         os.set_blocking(fd, False)
                     elif not events and until is not None and time.monotonic() >= until:
                         return False
+                    elif not events and alive is not None and not alive():
+                        raise BrokenPipeError("the process reading the pipe has ended") from None
     finally:
         os.set_blocking(fd, True)
     return True
@@ -359,13 +365,15 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
         if w in stuck:
             raise refused(w)
         try:
-            if timeout <= 0:
-                conns[w].send(msg)
-            elif not _send_bounded(conns[w], msg, until=time.monotonic() + timeout):  # its pipe stayed full
+            if timeout <= 0:  # (a worker gone is seen while its pipe is full: a process it started may hold it)
+                _send_bounded(conns[w], msg, alive=workers[w].is_alive)
+            elif not _send_bounded(conns[w], msg, until=time.monotonic() + timeout,
+                                   alive=workers[w].is_alive):  # its pipe stayed full
                 stuck.add(w)
                 raise LoaderWorkerError(f"loader worker {w} (pid {workers[w].pid}) took nothing sent to it in "
                                         f"{timeout}s (busy with a batch, its pipe full)")
         except OSError:
+            stuck.add(w)  # (gone: nothing more is sent to it or waited for at the end)
             raise exited(w) from None
 
     def start_workers() -> None:
