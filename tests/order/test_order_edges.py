@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from seqstore.order import seq_order
+from seqstore.order.api import check_ordering
 
 
 @pytest.mark.parametrize("ordering", ["random", "random_sample", "laplace:.50", "random_block:8:4", "reverse"])
@@ -102,3 +103,11 @@ def test_a_bin_count_past_int64_is_refused_when_the_ordering_is_checked(ordering
     for check in (lambda: check_ordering(ordering), lambda: seq_order(10, ordering, epoch=1, lengths=np.ones(10))):
         with pytest.raises(ValueError, match=rf"ordering '{ordering}': number of bins must be <= 2\*\*63 - 1"):
             check()
+
+
+@pytest.mark.parametrize("ordering", ["random:" + "1" * 5000, "laplace:." + "9" * 5000, "random_block:2:" + "3" * 5000,
+                                      "default_every_n:" + "7" * 5000])
+def test_an_argument_of_thousands_of_digits_is_named(ordering: str) -> None:
+    name = ordering.split(":")[0]
+    with pytest.raises(ValueError, match=f"ordering '{name}:.*(nth|K|W|per bin).*5000 digits"):
+        check_ordering(ordering)

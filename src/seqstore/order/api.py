@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,11 @@ _DIGITS = re.compile(r"[0-9]+")
 def _int_arg(text: str, what: str, ordering: str) -> int:
     if not _DIGITS.fullmatch(text):
         raise ValueError(f"ordering {ordering!r}: {what} must be a positive integer, got {text!r}")
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:  # (past Python's limit on digits in a str -> int conversion: it named neither)
+        raise ValueError(f"ordering {ordering!r}: {what} has {len(text)} digits, more than Python converts "
+                         f"(sys.get_int_max_str_digits() = {sys.get_int_max_str_digits()})") from None
     if value < 1:
         raise ValueError(f"ordering {ordering!r}: {what} must be >= 1, got {value}")
     return value
