@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -253,3 +254,17 @@ def test_a_dtype_string_numpy_cannot_parse_is_a_schema_error(dtype: str) -> None
     "<f4" -> ",f4", instead of a CorruptionError naming manifest.json)."""
     with pytest.raises(ss.SchemaError, match="unsupported dtype"):
         ss.Field(dtype)
+
+
+@pytest.mark.parametrize("shape", [(2**32, 2**32), (None, 2**31, 2**31, 4), (10**30,), (None, 2**61), (0, 2**70)])
+def test_a_record_shape_past_int64_bytes_is_refused(shape: tuple) -> None:
+    """np.prod in int64 wrapped: (2**32, 2**32) had row_bytes 0, (10**30,) an OverflowError on first use."""
+    with pytest.raises(ss.SchemaError, match=r"field shape .*(bytes|entry of \d+), more than 2\*\*63 - 1"):
+        ss.Field("float32", shape)
+    from seqstore.format.manifest import Manifest
+
+    schema = {"x": {"dtype": "<f4", "shape": list(shape)}}
+    raw = json.dumps({"format": "seqstore", "version": 1, "shards": [], "schema": schema}).encode()
+    with pytest.raises(ss.CorruptionError, match=r"m\.json: malformed manifest .*more than 2\*\*63 - 1"):
+        Manifest.parse(raw, "m.json")
+    assert ss.Field("float32", (2**30, 2**30)).row_bytes == 2**62  # (the largest that fit stay as they were)

@@ -33,6 +33,7 @@ BFLOAT16 = "bfloat16"
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _NUMERIC_KINDS = "biufc"
+_MAX_BYTES = (1 << 63) - 1
 
 
 def _normalise_dtype(dtype: Any) -> str:
@@ -84,7 +85,16 @@ class Field:
                     f"field shape {shape_t!r}: entry {k} must be a non-negative int"
                     + (" (only the first entry may be None)" if s is None else "")
                 )
-        object.__setattr__(self, "dtype", _normalise_dtype(dtype))
+        dtype = _normalise_dtype(dtype)
+        size = np.dtype("<u2" if dtype == BFLOAT16 else dtype).itemsize
+        for s in norm[1:] if norm and norm[0] is None else norm:
+            size *= s  # type: ignore[operator]  # (Python ints: np.prod's int64 wrapped to 0 at 2**64)
+        big = max((s or 0 for s in norm), default=0)
+        if size > _MAX_BYTES or big > _MAX_BYTES:  # (an entry past int64 broke np.prod even where size is 0)
+            unit = "row" if norm and norm[0] is None else "record"
+            what = f"an entry of {big}" if big > _MAX_BYTES else f"one {unit} would hold {size} bytes"
+            raise SchemaError(f"field shape {shape_t!r} of dtype {dtype}: {what}, more than 2**63 - 1")
+        object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "shape", tuple(norm))
 
     @cached_property
