@@ -116,6 +116,34 @@ def test_invalid_manifests(tmp_path: Path, mutate: Any, error: type[Exception]) 
     assert str(tmp_path / MANIFEST) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda m: m["shards"][0].update(records=2.9),
+        lambda m: m["shards"][0].update(records="3"),
+        lambda m: m["shards"][0].update(records=True),
+        lambda m: m["shards"][0].update(rows={"x": 10.5}),
+        lambda m: m["shards"][0]["files"]["x.npy"].update(bytes="448"),
+        lambda m: m["shards"][0]["files"]["x.npy"].update(crc32=12345.7),
+        lambda m: m["index_runs"][0].update(end_shard=7.5),
+        lambda m: m["index_runs"][0].update(records="100"),
+        lambda m: m["index_runs"][0].update(level=False),
+        lambda m: m.update(generation="4"),
+        lambda m: m.update(generation=4.5),
+        lambda m: m.update(generation=-1),
+    ],
+)
+def test_a_count_that_is_no_integer_is_refused_not_truncated(tmp_path: Path, mutate: Any) -> None:
+    """int() turned 2.9 records into 2, "448" bytes into 448 and true into 1: a hand-edited or damaged
+    count was read as another number."""
+    obj = _good()
+    mutate(obj)
+    _write(tmp_path, obj)
+    with pytest.raises(ss.CorruptionError, match="non-negative integer") as info:
+        Manifest.load(tmp_path)
+    assert str(tmp_path / MANIFEST) in str(info.value)
+
+
 @pytest.mark.parametrize("text", ["", "{", "\x00", "[1, 2]", "null", "42", '"seqstore"', "{'single': 1}"])
 def test_not_a_manifest(tmp_path: Path, text: str) -> None:
     _write(tmp_path, text)

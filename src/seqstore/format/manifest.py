@@ -292,9 +292,9 @@ class Manifest:
         number = -1
         data_files = {f"{n}.npy" for n, _ in schema.storage_units()} | {f"{n}.offsets.npy" for n in ragged}
         for k, s in enumerate(obj["shards"] if table is None else []):
-            records = int(s["records"])
-            rows = {str(n): int(v) for n, v in s["rows"].items()}
-            if records < 0 or any(v < 0 for v in rows.values()) or sorted(rows) != sorted(ragged):
+            records = _count(s["records"], f"shard {k} records")
+            rows = {str(n): _count(v, f"shard {k} rows of {n!r}") for n, v in s["rows"].items()}
+            if sorted(rows) != sorted(ragged):
                 raise ValueError(f"shard {k} ({s.get('name')!r}): bad record or row counts")
             name, has_ids = s["name"], s["has_ids"]
             # (a directory of this store: shard-NNNNNN, numbers increasing; every shard has ids or none)
@@ -305,7 +305,8 @@ class Manifest:
             number = int(m[1])
             if not isinstance(has_ids, bool) or (shards and has_ids != shards[0].has_ids):
                 raise ValueError(f"shard {k} ({name!r}): has_ids {has_ids!r}, expected true or false as shard 0 says")
-            files = {str(n): FileInfo(int(v["bytes"]), int(v["crc32"])) for n, v in s["files"].items()}
+            files = {str(n): FileInfo(_count(v["bytes"], f"shard {k} file {n!r} bytes"),
+                                      _count(v["crc32"], f"shard {k} file {n!r} crc32")) for n, v in s["files"].items()}
             extra = set(files) - data_files - {CHECKS, *(IDS_FILES if has_ids else ())}
             if extra:  # (a name such as ../x would be read, verified and copied outside the store)
                 raise ValueError(f"shard {k} ({name!r}): files {sorted(extra)} are not files of the schema")
@@ -313,7 +314,8 @@ class Manifest:
                 raise ValueError(f"shard {k} ({name!r}): file sizes and CRC-32s must be non-negative 32-bit integers")
             shards.append(ShardInfo(name, records, rows, files, has_ids))
         runs = [
-            IndexRun(str(r["name"]), int(r["first_shard"]), int(r["end_shard"]), int(r["records"]), int(r["level"]))
+            IndexRun(str(r["name"]), *(_count(r[key], f"index run {r['name']!r} {key}")
+                                       for key in ("first_shard", "end_shard", "records", "level")))
             for r in obj.get("index_runs", [])
         ]
         covered = 0
@@ -332,7 +334,8 @@ class Manifest:
         id_lookup = obj.get("id_lookup", "first")
         if id_lookup not in ID_LOOKUPS:
             raise ValueError(f"id_lookup must be one of {ID_LOOKUPS}, got {id_lookup!r}")
-        return cls(schema, shards, runs, metadata, stats, int(obj.get("generation", 0)), id_lookup, table)
+        generation = _count(obj.get("generation", 0), "generation")
+        return cls(schema, shards, runs, metadata, stats, generation, id_lookup, table)
 
     # ----------------------------------------------------------------------------------------- write
 
@@ -349,6 +352,14 @@ class Manifest:
             os.fsync(f.fileno())
         os.replace(tmp, root / MANIFEST)
         fsync_dir(root)
+
+
+def _count(value: Any, what: str) -> int:
+    """``value`` if it is a non-negative JSON integer, else ValueError naming ``what`` (``int()`` read
+    2.9 as 2, "448" as 448 and true as 1)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
 
 
 def _read_or_none(path: Path) -> bytes | None:
