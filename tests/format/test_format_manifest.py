@@ -162,6 +162,23 @@ def test_non_utf8_and_non_finite(tmp_path: Path) -> None:
         Manifest.load(tmp_path)
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000, '{"a":' * 100_000])
+def test_deeply_nested_json_is_named_corrupt(tmp_path: Path, text: str) -> None:
+    """json.loads raised a bare RecursionError for the manifest, and for a shard descriptor."""
+    import zlib
+
+    from seqstore.format.descriptor import parse_descriptor
+    from seqstore.format.shard_table import ShardRow
+
+    _write(tmp_path, text)
+    with pytest.raises(ss.CorruptionError, match=f"{MANIFEST}: not valid JSON .*nested"):
+        Manifest.load(tmp_path)
+    raw = text.encode()
+    row = ShardRow(0, 0, 0, False, {}, zlib.crc32(raw))
+    with pytest.raises(ss.CorruptionError, match="shard-000000/_shard.json: malformed shard descriptor .*nested"):
+        parse_descriptor(raw, "shard-000000/_shard.json", "shard-000000", row, ())
+
+
 def test_missing(tmp_path: Path) -> None:
     with pytest.raises(ss.FormatError, match="does not exist"):
         Manifest.load(tmp_path / "nope")

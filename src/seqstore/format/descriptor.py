@@ -85,6 +85,9 @@ def parse_descriptor(raw: bytes, where: str, name: str, row: ShardRow, expected_
             raise ValueError(f"\"checks\" may list only {CHECKS}, got {sorted(checks)}")
     except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
         raise CorruptionError(f"{where}: malformed shard descriptor ({type(exc).__name__}: {exc})") from exc
+    except RecursionError:  # (json.loads of [[[...: was a bare RecursionError)
+        raise CorruptionError(f"{where}: malformed shard descriptor (arrays or objects nested too deeply to "
+                              "parse)") from None
     if (records, rows, has_ids) != (row.records, row.rows, row.has_ids):
         raise CorruptionError(
             f"{where}: describes {records} records, rows {rows}, ids {has_ids}; the shard table says "

@@ -254,6 +254,8 @@ class Manifest:
             obj = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise CorruptionError(f"{where}: not valid JSON ({exc})") from exc
+        except RecursionError:  # ([[[... deeper than the parser's recursion goes: was a bare RecursionError)
+            raise CorruptionError(f"{where}: not valid JSON (arrays or objects nested too deeply to parse)") from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: not a seqstore manifest (expected \"format\": \"{FORMAT_NAME}\")")
         version = obj.get("version")
