@@ -111,3 +111,20 @@ def test_an_argument_of_thousands_of_digits_is_named(ordering: str) -> None:
     name = ordering.split(":")[0]
     with pytest.raises(ValueError, match=f"ordering '{name}:.*(nth|K|W|per bin).*5000 digits"):
         check_ordering(ordering)
+
+
+def test_to_numpy_refuses_a_dtype_that_cannot_hold_every_index() -> None:
+    """to_numpy(np.int8) of 5000 records wrapped 4999 to -121 (another record, or a negative index)."""
+    order = seq_order(5000, "reverse", epoch=1)
+    for dtype in (np.int8, np.uint8, np.float16, bool):
+        with pytest.raises(ValueError, match=f"dtype {np.dtype(dtype)} cannot hold .* 4999"):
+            order.to_numpy(dtype)
+        with pytest.raises(ValueError, match="cannot hold"):
+            np.asarray(order, dtype=dtype)
+    big = seq_order(2**60, "reverse", epoch=1)[:3]
+    with pytest.raises(ValueError, match="cannot hold"):
+        big.to_numpy(np.float64)
+    assert order.to_numpy(np.int16)[0] == 4999 and order.to_numpy(np.uint16)[-1] == 0
+    assert np.asarray(order, dtype=np.float32)[0] == 4999.0
+    assert seq_order(256, "reverse", epoch=1).to_numpy(np.uint8)[0] == 255  # (uint8 holds 0..255)
+    assert seq_order(0, "default", epoch=1).to_numpy(np.int8).shape == (0,)

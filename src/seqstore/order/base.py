@@ -48,6 +48,23 @@ def block_bounds(length: int, index: int, count: int) -> tuple[int, int]:
     return start, start + q + (1 if index < r else 0)
 
 
+def _check_holds(dtype: np.dtype[Any], num_seqs: int) -> None:
+    """ValueError unless ``dtype`` holds every index of ``[0, num_seqs)`` exactly (an assignment into a
+    narrower one wrapped them silently: 999 became -25 in int8)."""
+    top = num_seqs - 1
+    if top < 0 or dtype.kind == "O":
+        return
+    if dtype.kind in "iu":
+        ok = top <= np.iinfo(dtype).max
+    elif dtype.kind in "fc":
+        ok = top <= 1 << (np.finfo(dtype).nmant + 1)  # (every integer up to 2**(mantissa bits + 1) is exact)
+    else:
+        ok = False
+    if not ok:
+        raise ValueError(f"dtype {dtype} cannot hold every sequence index of the order (up to {top}); "
+                         f"leave dtype out for {smallest_dtype(num_seqs)}")
+
+
 def _as_index(value: Any, what: str) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{what} must be an integer, got bool")
@@ -125,8 +142,11 @@ class Order(Sequence[int], abc.ABC):
 
     def to_numpy(self, dtype: npt.DTypeLike | None = None) -> npt.NDArray[Any]:
         """The whole order as an array of the smallest signed int dtype holding ``num_seqs - 1``
-        (or ``dtype``). O(len) memory, computed chunk by chunk."""
+        (or ``dtype``, which must hold every index up to ``num_seqs - 1`` exactly: ValueError otherwise).
+        O(len) memory, computed chunk by chunk."""
         dt = smallest_dtype(self.num_seqs) if dtype is None else np.dtype(dtype)
+        if dtype is not None:
+            _check_holds(dt, self.num_seqs)
         out = np.empty(len(self), dtype=dt)
         pos = 0
         for chunk in self.iter_chunks():
