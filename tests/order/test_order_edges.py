@@ -128,3 +128,27 @@ def test_to_numpy_refuses_a_dtype_that_cannot_hold_every_index() -> None:
     assert np.asarray(order, dtype=np.float32)[0] == 4999.0
     assert seq_order(256, "reverse", epoch=1).to_numpy(np.uint8)[0] == 255  # (uint8 holds 0..255)
     assert seq_order(0, "default", epoch=1).to_numpy(np.int8).shape == (0,)
+
+
+def _laplace_reference(order: np.ndarray, lengths: np.ndarray, bins: int) -> list[int]:
+    """RETURNN's laplace: bin j of the permutation stably sorted by length, ascending for even j."""
+    n, out = len(order), []
+    for j in range(bins):
+        part = order[j * n // bins : (j + 1) * n // bins].tolist()
+        out += sorted(part, key=lambda i: int(lengths[i]), reverse=False) if j % 2 == 0 else \
+            sorted(part, key=lambda i: -int(lengths[i]))
+    return out
+
+
+@pytest.mark.parametrize("lengths", [
+    np.array([2**64 - 1, 0, 2**63, 5, 2**63 - 1, 2**64 - 1, 7, 2**63 + 9], dtype=np.uint64),
+    np.tile(np.array([-2**63, 0, 2**63 - 1, -1, 1, -2**63, 2**40, -2**40], dtype=np.int64), 5),
+])
+def test_laplace_sorts_lengths_at_the_ends_of_64_bits(lengths: np.ndarray) -> None:
+    """uint64 lengths >= 2**63 were sorted as negative numbers, and -2**63 as the longest where a bin sorts
+    descending (its negation overflowed back to -2**63)."""
+    n = len(lengths)
+    for bins in (1, 2, 3, 5):
+        got = seq_order(n, f"laplace:{bins}", epoch=1, seed=2, lengths=lengths).to_numpy(np.int64).tolist()
+        perm = seq_order(n, "random", epoch=1, seed=2).to_numpy(np.int64)
+        assert got == _laplace_reference(perm, lengths, bins)

@@ -87,6 +87,19 @@ def _merge_segment(flat: np.ndarray, vals: np.ndarray, pos: int, m: int, descend
 
 
 @njit(cache=True, nogil=True)
+def _merge_segment_int(flat: np.ndarray, vals: np.ndarray, pos: int, m: int, descending: bool) -> None:
+    """:func:`_merge_segment` of int64 ``vals``: descending as the stable ascending sort of the reversed
+    segment, reversed (``-vals`` overflowed for -2**63, which then sorted as the longest)."""
+    if not descending:
+        _merge_segment(flat, vals, pos, m, False)
+        return
+    order = np.argsort(vals[pos : pos + m][::-1].copy(), kind="mergesort")
+    seg = flat[pos : pos + m].copy()
+    for t in range(m):
+        flat[pos + t] = seg[m - 1 - order[m - 1 - t]]
+
+
+@njit(cache=True, nogil=True)
 def _merge_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, descending: np.ndarray) -> None:
     """Merge-sort variant of :func:`sort_segments`: every segment by :func:`_merge_segment`."""
     pos = 0
@@ -120,7 +133,7 @@ def _radix_segments(flat: np.ndarray, vals: np.ndarray, sizes: np.ndarray, desce
             hi = max(hi, v)
         span = hi - lo
         if span >= (1 << 24) or span < 0:
-            _merge_segment(flat, vals, pos, m, descending[k])
+            _merge_segment_int(flat, vals, pos, m, descending[k])
             pos += m
             continue
         for t in range(m):

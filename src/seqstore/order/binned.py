@@ -129,6 +129,16 @@ class BinnedOrder(CountedOrder):
         return out
 
 
+def _sort_keys(lengths: np.ndarray) -> np.ndarray:
+    """Lengths as :func:`~seqstore.order._sort_kernels.sort_segments` sorts them, in the same order: float64,
+    or int64 (uint64 shifted down by 2**63: as int64, those from 2**63 up were negative)."""
+    if lengths.dtype.kind == "f":
+        return np.asarray(lengths, dtype=np.float64)
+    if lengths.dtype.kind == "u" and lengths.dtype.itemsize == 8:
+        return (lengths ^ np.uint64(1 << 63)).view(np.int64)
+    return np.asarray(lengths, dtype=np.int64)
+
+
 class _ByValues:
     """Stands in for the lengths of a :class:`LaplaceOrder` whose ``values`` callable yields them."""
 
@@ -184,11 +194,9 @@ class LaplaceOrder(BinnedOrder):
         K.perm_bins(bin_ids, np.uint64(self._n), np.uint64(self.bins), p._a, p._b, p._keys, flat)
         if self.values is not None:
             flat, lens = self._mapped(flat)
-            vals = np.asarray(lens, dtype=np.float64 if lens.dtype.kind == "f" else np.int64)
         else:
-            kind = self.lengths.dtype.kind
-            vals = np.asarray(self.lengths.gather(flat), dtype=np.float64 if kind == "f" else np.int64)
-        S.sort_segments(flat, vals, sizes, (bin_ids & 1) == 1)
+            lens = np.asarray(self.lengths.gather(flat))
+        S.sort_segments(flat, _sort_keys(lens), sizes, (bin_ids & 1) == 1)
         return flat
 
     def _mapped(self, positions: IntArray) -> tuple[IntArray, np.ndarray]:
