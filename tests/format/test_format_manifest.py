@@ -88,6 +88,8 @@ def _good() -> dict[str, Any]:
         (lambda m: m["shards"][1].update(name="../other/shard-000001"), ss.CorruptionError),
         (lambda m: m["shards"][1].update(name="shard-000000"), ss.CorruptionError),
         (lambda m: m["shards"][1].update(name=7), ss.CorruptionError),
+        # a shard number past int64 (the shard table's column): an OverflowError naming nothing at open
+        (lambda m: m["shards"][7].update(name="shard-" + "9" * 20), ss.CorruptionError),
         (lambda m: m["shards"][1].update(has_ids="no"), ss.CorruptionError),
         (lambda m: m["shards"][1].update(has_ids=True), ss.CorruptionError),
         # a version-1/2 shard's files: those of the schema (a path out of the shard directory was read by

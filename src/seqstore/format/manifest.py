@@ -301,9 +301,9 @@ class Manifest:
             name, has_ids = s["name"], s["has_ids"]
             # (a directory of this store: shard-NNNNNN, numbers increasing; every shard has ids or none)
             m = _SHARD_NAME.fullmatch(name) if isinstance(name, str) else None
-            if m is None or int(m[1]) <= number:
+            if m is None or int(m[1]) <= number or int(m[1]) >= 1 << 63:  # (the table's int64 number column)
                 raise ValueError(f"shard {k}: name {name!r}, expected shard-NNNNNN (6+ digits) numbered above the "
-                                 "shard before")
+                                 "shard before and below 2**63")
             number = int(m[1])
             if not isinstance(has_ids, bool) or (shards and has_ids != shards[0].has_ids):
                 raise ValueError(f"shard {k} ({name!r}): has_ids {has_ids!r}, expected true or false as shard 0 says")
