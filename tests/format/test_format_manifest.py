@@ -50,6 +50,15 @@ def test_save_replaces(tmp_path: Path) -> None:
     assert back.generation == 5 and back.shards == [] and back.num_records == 0
 
 
+def test_a_save_that_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """The temporary manifest stayed at the top of the store when the rename (or a write) failed."""
+    (tmp_path / MANIFEST).mkdir()
+    (tmp_path / MANIFEST / "x").write_text("x")  # (a rename onto a non-empty directory fails)
+    with pytest.raises(OSError):
+        _manifest().save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]
+
+
 def _write(tmp_path: Path, obj: Any) -> None:
     (tmp_path / MANIFEST).write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
 

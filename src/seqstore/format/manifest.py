@@ -348,11 +348,16 @@ class Manifest:
         data = json.dumps(self.to_json(), separators=(",", ":")).encode()
         work = root / WORK_DIR
         tmp = (work if self.table is not None and work.is_dir() else root) / f".{MANIFEST}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, root / MANIFEST)
+        f = open(tmp, "wb")  # (not in the try: a file in the way is not ours to remove)
+        try:
+            with f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, root / MANIFEST)
+        except BaseException:  # (a full disk, an interrupt: the file it wrote stayed beside the manifest)
+            tmp.unlink(missing_ok=True)
+            raise
         fsync_dir(root)
 
 
