@@ -3,6 +3,10 @@ own methods, and what a laplace ``values`` callable returns."""
 
 from __future__ import annotations
 
+import os
+import pickle
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -152,3 +156,13 @@ def test_laplace_sorts_lengths_at_the_ends_of_64_bits(lengths: np.ndarray) -> No
         got = seq_order(n, f"laplace:{bins}", epoch=1, seed=2, lengths=lengths).to_numpy(np.int64).tolist()
         perm = seq_order(n, "random", epoch=1, seed=2).to_numpy(np.int64)
         assert got == _laplace_reference(perm, lengths, bins)
+
+
+def test_unpickling_an_order_whose_mapped_lengths_shrank_names_the_file(tmp_path: Path) -> None:
+    """np.memmap's bare "mmap length is greater than file size" named neither the file nor the order."""
+    path = tmp_path / "lengths.npy"
+    np.save(path, np.arange(1000))
+    data = pickle.dumps(seq_order(1000, "laplace:.100", epoch=1, lengths=str(path)))
+    os.truncate(path, 200)
+    with pytest.raises(ValueError, match=f"{path}: cannot map 1000 .* at byte 128 .*changed since"):
+        pickle.loads(data)

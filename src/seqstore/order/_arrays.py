@@ -150,5 +150,9 @@ def _reopen(path: str, offset: int, dtype: str, length: int) -> ArrayRef:
     """Unpickle an :class:`ArrayRef` by mapping ``length`` items of ``dtype`` at ``offset`` of ``path``."""
     if length == 0:
         return ArrayRef(np.empty(0, dtype=np.dtype(dtype)))
-    arr = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+    try:
+        arr = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+    except ValueError as exc:  # (a file shorter than when pickled: numpy's message named neither)
+        raise ValueError(f"{path}: cannot map {length} values of {dtype} at byte {offset} ({exc}); the file "
+                         "changed since the order holding it was pickled") from exc
     return ArrayRef(arr)
