@@ -166,3 +166,13 @@ def test_unpickling_an_order_whose_mapped_lengths_shrank_names_the_file(tmp_path
     os.truncate(path, 200)
     with pytest.raises(ValueError, match=f"{path}: cannot map 1000 .* at byte 128 .*changed since"):
         pickle.loads(data)
+
+
+def test_a_mapped_explicit_order_names_a_uint64_value_past_int64_as_it_is(tmp_path: Path) -> None:
+    """The value was cast to int64 before the check, so 2**64 - 1 was reported as -1."""
+    path = tmp_path / "order.npy"
+    np.save(path, np.array([0, 2**64 - 1, 1], dtype=np.uint64))
+    order = seq_order(3, str(path), epoch=1)
+    for read in (lambda: order.to_numpy(), lambda: order.take(np.array([2, 1])), lambda: order[1]):
+        with pytest.raises(ValueError, match=f"value {2**64 - 1} at position 1, outside"):
+            read()

@@ -229,16 +229,16 @@ class ExplicitOrder(CountedOrder):
         return len(self.ref)
 
     def _take(self, positions: IntArray) -> IntArray:
-        out = self.ref.array[positions].astype(np.int64)
-        if self.ref.file is not None:
-            self._check(out, positions=positions)
-        return out
+        raw = self.ref.array[positions]
+        if self.ref.file is not None:  # (before the cast: uint64 2**64 - 1 read as -1)
+            self._check(raw, positions=positions)
+        return raw.astype(np.int64)
 
     def _take_range(self, start: int, stop: int) -> IntArray:
-        out = np.array(self.ref.array[start:stop], dtype=np.int64)
+        raw = np.array(self.ref.array[start:stop])  # (one read of the mapping, in the file's dtype)
         if self.ref.file is not None:
-            self._check(out, start)
-        return out
+            self._check(raw, start)
+        return raw.astype(np.int64, copy=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ExplicitOrder, (self._n, self.ref))
