@@ -222,3 +222,18 @@ def test_headers_parsed_on_many_threads_at_once_agree() -> None:
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda raw: parse_header(raw, "x.npy"), raws))
     assert [(h.dtype, h.shape) for h in got] == [(a.dtype, a.shape) for a in arrays] * 25
+
+
+def test_read_header_of_a_header_longer_than_a_page(tmp_path: Path) -> None:
+    """Only the first 4096 bytes were read: a valid header longer than that was called truncated."""
+    path, size = tmp_path / "a.npy", 8192
+    with open(path, "wb") as f:
+        f.write(encode_header(np.dtype("<i4"), (3,), size))
+        f.write(np.arange(3, dtype="<i4").tobytes())
+    assert np.load(path).tolist() == [0, 1, 2]
+    assert read_header(path) == parse_header(path.read_bytes(), path)
+    assert read_header(path).data_offset == size
+    damaged = tmp_path / "b.npy"  # a 2.0 header claiming 4 GB: refused, not read into memory
+    damaged.write_bytes(b"\x93NUMPY\x02\x00" + (0xFFFFFFF0).to_bytes(4, "little") + b" " * 8192)
+    with pytest.raises(ss.CorruptionError, match="b.npy: truncated .npy header"):
+        read_header(damaged)

@@ -26,6 +26,9 @@ __all__ = ["HEADER_BYTES", "PAGE_HEADER_BYTES", "NpyHeader", "encode_header", "w
 HEADER_BYTES = 128
 PAGE_HEADER_BYTES = 4096
 _MAGIC = b"\x93NUMPY"
+#: the longest header :func:`read_header` reads (a version-1.0 header is at most 65545 bytes; a longer
+#: length in a 2.0/3.0 header is damage, reported as a truncated header rather than allocated)
+_MAX_HEADER = 1 << 20
 
 #: a header of a plain dtype (not a structured one), parsed without ``ast``: on Python 3.11
 #: ``ast.literal_eval`` on several threads at once can fail ("AST constructor recursion depth
@@ -110,6 +113,15 @@ def parse_header(raw: bytes, path: str | os.PathLike[str]) -> NpyHeader:
     return NpyHeader(dtype, shape, start + hlen)
 
 
+def _header_end(raw: bytes) -> int:
+    """Where the header whose first bytes are ``raw`` ends (0 where they do not say)."""
+    if len(raw) < 12 or raw[:6] != _MAGIC:
+        return 0
+    if raw[6] == 1:
+        return 10 + int(struct.unpack("<H", raw[8:10])[0])
+    return 12 + int(struct.unpack("<I", raw[8:12])[0]) if raw[6] in (2, 3) else 0
+
+
 def read_header(path: str | os.PathLike[str]) -> NpyHeader:
     """Read and parse the header of the ``.npy`` file at ``path``.
 
@@ -122,6 +134,9 @@ def read_header(path: str | os.PathLike[str]) -> NpyHeader:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             raw = os.pread(fd, 4096, 0)
+            need = _header_end(raw)
+            if len(raw) == 4096 < need <= _MAX_HEADER:  # (a valid header longer than a page: read all of it)
+                raw = os.pread(fd, need, 0)
         finally:
             os.close(fd)
     except FileNotFoundError:
