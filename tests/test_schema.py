@@ -268,3 +268,14 @@ def test_a_record_shape_past_int64_bytes_is_refused(shape: tuple) -> None:
     with pytest.raises(ss.CorruptionError, match=r"m\.json: malformed manifest .*more than 2\*\*63 - 1"):
         Manifest.parse(raw, "m.json")
     assert ss.Field("float32", (2**30, 2**30)).row_bytes == 2**62  # (the largest that fit stay as they were)
+
+
+@pytest.mark.parametrize("columns", [["0", 4], [0.0, 4.0], [0, 4.9], [False, 4], [0, True]])
+def test_packed_columns_that_are_no_integers_are_refused(columns: list) -> None:
+    """int() read "0" as 0, 4.9 as 4 and true as 1: docs/format.md says ints, a violation is corruption."""
+    obj = {"a": {"dtype": "<f4", "shape": [2, 2], "group": "g", "columns": columns},
+           "b": {"dtype": "<f4", "shape": [], "group": "g", "columns": [4, 5]}}
+    with pytest.raises(ss.SchemaError, match=r"schema field 'a': .*\"columns\" \[a, b\] \(integers\)"):
+        ss.Schema.from_json(obj)
+    obj["a"]["columns"] = [0, 4]
+    assert ss.Schema.from_json(obj).groups["g"].columns == {"a": (0, 4), "b": (4, 5)}

@@ -354,11 +354,11 @@ class Schema(Mapping[str, Field]):
         for name, v in obj.items():
             if "group" in v or "columns" in v:
                 g, cols = v.get("group"), v.get("columns")
-                if not isinstance(g, str) or not isinstance(cols, list) or len(cols) != 2:
-                    raise SchemaError(
-                        f"schema field {name!r}: packed fields need \"group\" (str) and \"columns\" [a, b]"
-                    )
-                a, b = int(cols[0]), int(cols[1])
+                if (not isinstance(g, str) or not isinstance(cols, list) or len(cols) != 2
+                        or any(not isinstance(c, int) or isinstance(c, bool) for c in cols)):  # (int() took "0", 4.9)
+                    raise SchemaError(f"schema field {name!r}: packed fields need \"group\" (str) and \"columns\" "
+                                      f"[a, b] (integers), got {g!r} and {cols!r}")
+                a, b = cols
                 members.setdefault(g, []).append((a, b, name))
         packed = {g: [name for _, _, name in sorted(items)] for g, items in members.items()}
         schema = cls(fields, packed=packed)
