@@ -241,3 +241,14 @@ def test_pad_batch_takes_a_numpy_integer_pad_multiple() -> None:
     for bad in (0, True, 2.0, np.float64(2)):
         with pytest.raises(ValueError, match="PadBatch: pad_multiple must be an integer >= 1"):
             sg.PadBatch(["feats"], pad_multiple=bad)  # type: ignore[arg-type]
+
+
+def test_a_data_source_over_an_empty_dataset_takes_its_fields(store: seqstore.Store) -> None:
+    """With no record to look at, every field asked for was "unknown": a KeyError for a valid dataset that
+    happened to be empty (a filter that kept nothing on this rank)."""
+    empty = seqstore.StoreDataset(store).filter(min_length=100)
+    assert empty.num_seqs == 0
+    source = sg.DataSource(empty, fields=["x"], with_index=True)
+    assert len(source) == 0 and source._getitems([]) == []
+    with pytest.raises(IndexError, match="out of range for 0 records"):
+        source[0]

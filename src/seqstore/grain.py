@@ -162,15 +162,15 @@ class DataSource:
                     ds.fields = list(fields)
         self.fields: tuple[str, ...] | None = None if fields is None else tuple(fields)
         self.with_index = bool(with_index)
-        kinds = _fields(ds)
-        if fields is not None and (unknown := [f for f in fields if f not in kinds]):  # (not in the workers)
+        kinds = _fields(ds)  # (None: an empty dataset without a schema, whose fields cannot be known)
+        if kinds is not None and fields is not None and (unknown := [f for f in fields if f not in kinds]):
             raise KeyError(f"seqstore.grain.DataSource: {ds!r} returns no field(s) {unknown}; "
                            f"fields are {sorted(kinds)}")
-        if self.with_index and INDEX_KEY in (kinds if self.fields is None else self.fields):  # (not in the workers)
+        if self.with_index and INDEX_KEY in ((kinds or {}) if self.fields is None else self.fields):
             raise KeyError(f"seqstore.grain.DataSource: with_index, but the dataset has a field {INDEX_KEY!r}; "
                            "pass fields= without it")
         self._num_seqs = int(ds.num_seqs)
-        self._ragged: tuple[str, ...] = tuple(n for n, ragged in kinds.items()
+        self._ragged: tuple[str, ...] = tuple(n for n, ragged in (kinds or {}).items()
                                               if ragged and (self.fields is None or n in self.fields))
         shown = None if self.fields is None else list(self.fields)
         self._repr = f"seqstore.grain.DataSource({_identity(ds)}, fields={shown}, with_index={self.with_index})"
@@ -232,16 +232,16 @@ class DataSource:
         return self._repr
 
 
-def _fields(dataset: Any) -> dict[str, bool]:
+def _fields(dataset: Any) -> dict[str, bool] | None:
     """Field name -> whether it is ragged, for the fields a record of ``dataset`` is returned with: from the
-    store's schema where there is one, else from one record."""
+    store's schema where there is one, else from one record (None without records: not known)."""
     store = getattr(dataset, "store", None)
     if isinstance(dataset, StoreDataset):
         return {n: dataset.store.schema[n].ragged for n in dataset.field_names}
     if isinstance(store, Store):
         return {n: f.ragged for n, f in store.schema.items()}
     if not int(dataset.num_seqs):
-        return {}
+        return None
     return {n: isinstance(v, tuple) for n, v in dataset.get_batch(np.zeros(1, np.int64)).items()}
 
 
