@@ -252,3 +252,14 @@ def test_a_data_source_over_an_empty_dataset_takes_its_fields(store: seqstore.St
     assert len(source) == 0 and source._getitems([]) == []
     with pytest.raises(IndexError, match="out of range for 0 records"):
         source[0]
+
+
+@pytest.mark.parametrize("num_epochs", [1, None])
+def test_an_rng_seed_past_philox_keys_fails_at_construction(store: seqstore.Store, num_epochs: int | None) -> None:
+    """rng_seed + position is a Philox key (below 2**128): rng_seed=2**128 was taken and every sampler[g]
+    failed in the workers with numpy's "key must be positive and less than 2**128", naming no argument."""
+    pytest.importorskip("grain")
+    with pytest.raises(ValueError, match=r"EpochSampler: rng_seed .* below 2\*\*128"):
+        sg.EpochSampler(store, rng_seed=2**128, num_epochs=num_epochs)
+    last = sg.EpochSampler(store, rng_seed=2**128 - 60, num_epochs=1)  # (60 positions: keys up to 2**128 - 1)
+    assert last[59].rng is not None

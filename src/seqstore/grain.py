@@ -341,6 +341,9 @@ class EpochSampler:
         if self.num_epochs is not None and self._starts[-1] == 0:
             raise ValueError(f"EpochSampler: epochs {self.epoch}..{self.epoch + self.num_epochs - 1} of {ds!r} "
                              f"have no positions for {count} shard(s)")
+        if self.rng_seed is not None and self.rng_seed + len(self) - 1 >= 1 << 128:  # (else numpy's error, per read)
+            raise ValueError(f"EpochSampler: rng_seed {self.rng_seed} + position is a Philox key and must stay below "
+                             f"2**128 for the {len(self)} positions; pass a smaller rng_seed")
         ordering = _ordering_text(getattr(ds, "ordering", "default"))
         seed, partition = int(getattr(ds, "seed", 0)), int(getattr(ds, "partition_epoch", 1))
         self._repr = (f"seqstore.grain.EpochSampler({_identity(ds)}, ordering={ordering}, seed={seed}, "
