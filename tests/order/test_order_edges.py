@@ -176,3 +176,12 @@ def test_a_mapped_explicit_order_names_a_uint64_value_past_int64_as_it_is(tmp_pa
     for read in (lambda: order.to_numpy(), lambda: order.take(np.array([2, 1])), lambda: order[1]):
         with pytest.raises(ValueError, match=f"value {2**64 - 1} at position 1, outside"):
             read()
+
+
+def test_a_seed_of_more_digits_than_python_prints_keys_an_order() -> None:
+    """docs/orders.md: seed is any Python int; one past Python's int -> str digit limit raised its bare error."""
+    seed = -(10**5000) - 7
+    a, b = (seq_order(100, "laplace:3", epoch=10**4400, seed=seed, lengths=np.arange(100)) for _ in range(2))
+    assert a == b and sorted(a) == list(range(100))
+    assert seq_order(100, "random", epoch=1, seed=seed + 1) != seq_order(100, "random", epoch=1, seed=seed)
+    assert "seed=<5002-character int>" in repr(a)

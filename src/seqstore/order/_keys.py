@@ -7,10 +7,11 @@ schemes). The same inputs give the same key on every machine and Python/numpy ve
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import math
 
-__all__ = ["master_key", "key_epoch", "mix64", "round_keys", "child_key", "split"]
+__all__ = ["master_key", "int_text", "key_epoch", "mix64", "round_keys", "child_key", "split"]
 
 _DOMAIN = "seqstore.order/v1"
 
@@ -21,8 +22,17 @@ def master_key(seed: int, key_epoch: int, stream: str) -> int:
     ``seed`` is any Python int (negative allowed), ``key_epoch`` >= 1, ``stream`` names the use
     (e.g. ``"perm"``, ``"random_sample"``, ``"sort_bin_shuffle"``). O(1).
     """
-    text = f"{_DOMAIN}\x00{stream}\x00{int(seed)}\x00{int(key_epoch)}".encode()
+    text = f"{_DOMAIN}\x00{stream}\x00{int_text(seed)}\x00{int_text(key_epoch)}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def int_text(value: int) -> str:
+    """``str(value)`` of any int: past Python's int -> str digit limit (``sys.get_int_max_str_digits``, 4300
+    by default) the same digits through :mod:`decimal`, which has no such limit."""
+    try:
+        return str(int(value))
+    except ValueError:
+        return str(decimal.Decimal(int(value)))
 
 
 def key_epoch(epoch: int, partition_epoch: int, nth: int) -> int:

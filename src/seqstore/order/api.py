@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._arrays import ArrayRef, PathLike
-from ._keys import key_epoch, master_key
+from ._keys import int_text, key_epoch, master_key
 from .base import Order, SliceOrder, block_bounds
 from .binned import LaplaceOrder, SortBinShuffleOrder
 from .kinds import (
@@ -102,6 +102,14 @@ def _parse_random_block(args: list[str], ordering: str) -> tuple[int, int, int]:
     return block, window, nth
 
 
+def _shown(value: int) -> str:
+    """An int for a label: its digits, or past Python's int -> str digit limit their count."""
+    try:
+        return str(value)
+    except ValueError:
+        return f"<{len(int_text(value))}-character int>"
+
+
 def _is_explicit(ordering: Any) -> bool:
     if isinstance(ordering, (np.ndarray, ArrayRef, os.PathLike, list, tuple, range)):
         return True
@@ -120,7 +128,7 @@ class _Build:
 
     def key(self, stream: str, nth: int) -> int:
         ke = key_epoch(self.epoch, self.partition_epoch, nth)
-        self.label = f" key_epoch={ke}"
+        self.label = f" key_epoch={_shown(ke)}"
         return master_key(self.seed, ke, stream)
 
     def binned(self, bins: int) -> int:
@@ -298,7 +306,7 @@ def seq_order(num_seqs: int, ordering: str | PathLike | Any, *, epoch: int, seed
     blocks = partition_epoch * num_shards
     block = ((epoch - 1) % partition_epoch) * num_shards + shard_index
     start, stop = block_bounds(len(full), block, blocks)
-    label = f"{name!r} epoch={epoch} seed={seed}{build.label}"
+    label = f"{name!r} epoch={_shown(epoch)} seed={_shown(seed)}{build.label}"
     if partition_epoch > 1:
         label += f" partition={(epoch - 1) % partition_epoch + 1}/{partition_epoch}"
     if num_shards > 1:
