@@ -263,3 +263,12 @@ def test_an_rng_seed_past_philox_keys_fails_at_construction(store: seqstore.Stor
         sg.EpochSampler(store, rng_seed=2**128, num_epochs=num_epochs)
     last = sg.EpochSampler(store, rng_seed=2**128 - 60, num_epochs=1)  # (60 positions: keys up to 2**128 - 1)
     assert last[59].rng is not None
+
+
+def test_a_sampler_over_a_seed_of_more_digits_than_python_prints(store: seqstore.Store) -> None:
+    """Its repr (what Grain compares on restore) raised Python's bare int -> str digit-limit ValueError."""
+    pytest.importorskip("grain")
+    seeds = (10**5000, 10**5000 + 1)
+    samplers = [sg.EpochSampler(seqstore.StoreDataset(store, ordering="random", seed=s)) for s in seeds]
+    assert repr(samplers[0]) != repr(samplers[1]) and "seed=1000" in repr(samplers[0])
+    assert sorted(samplers[0].record(g) for g in range(60)) == list(range(60))

@@ -28,6 +28,7 @@ from .data import StoreDataset
 from .data._cache import fingerprint
 from .errors import SeqstoreError
 from .order import Order, ordering_name
+from .order._keys import int_text
 from .schema import field_list
 from .store import Store
 
@@ -346,7 +347,7 @@ class EpochSampler:
                              f"2**128 for the {len(self)} positions; pass a smaller rng_seed")
         ordering = _ordering_text(getattr(ds, "ordering", "default"))
         seed, partition = int(getattr(ds, "seed", 0)), int(getattr(ds, "partition_epoch", 1))
-        self._repr = (f"seqstore.grain.EpochSampler({_identity(ds)}, ordering={ordering}, seed={seed}, "
+        self._repr = (f"seqstore.grain.EpochSampler({_identity(ds)}, ordering={ordering}, seed={int_text(seed)}, "
                       f"partition_epoch={partition}, epoch={self.epoch}, "
                       f"num_epochs={self.num_epochs}, shard_options={shard_options!r}, rng_seed={self.rng_seed})")
 
