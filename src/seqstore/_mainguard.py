@@ -23,15 +23,11 @@ import tokenize
 from types import FrameType
 from typing import Any
 
-from .errors import SeqstoreError
+from .errors import MainGuardError
 
 __all__ = ["MainGuardError", "check_main_guard", "start_method"]
 
 _FRESH = ("spawn", "forkserver")
-
-
-class MainGuardError(SeqstoreError, RuntimeError):
-    """Worker processes would re-run the unguarded script that starts them."""
 
 
 def start_method(context: Any) -> str:

@@ -11,7 +11,8 @@ import os
 
 __all__ = ["SeqstoreError", "FormatError", "SchemaError", "ColumnTypeError", "CorruptionError", "LockError",
            "LockTimeout", "RemoteError", "RemoteNotFound", "BucketNotFound", "ConfigError", "CredentialsError",
-           "StaleStoreError", "ConflictError", "AutoCommitError", "auto_commit_error", "open_files_exhausted"]
+           "StaleStoreError", "ConflictError", "AutoCommitError", "MainGuardError", "LoaderWorkerError",
+           "auto_commit_error", "open_files_exhausted"]
 
 
 class SeqstoreError(Exception):
@@ -100,6 +101,16 @@ class StaleStoreError(RemoteError):
 
 class ConflictError(RemoteError):
     """A conditional write lost a race (another writer changed the object first)."""
+
+
+class MainGuardError(SeqstoreError, RuntimeError):
+    """Worker processes would re-run the unguarded script that starts them (no ``if __name__ ==
+    "__main__":`` around the code that starts them)."""
+
+
+class LoaderWorkerError(SeqstoreError, RuntimeError):
+    """A loader worker (process or helper thread) failed without an exception that could come back, exited,
+    or gave no batch within the loader's ``timeout``."""
 
 
 class AutoCommitError(SeqstoreError):

@@ -71,7 +71,7 @@ def test_unguarded_script_gets_the_seqstore_error(moto_s3: MotoS3, remote_url: s
     assert res.returncode != 0, res.stdout
     assert "batches" not in res.stdout
     err = res.stderr
-    assert "seqstore._mainguard.MainGuardError" in err, err
+    assert "seqstore.errors.MainGuardError" in err, err  # the public name, as docs/distributed.md gives it
     assert 'if __name__ == "__main__":' in err and "forkserver" in err and str(script) in err, err
     assert "line 14 starts them" in err, err  # the module-level line that starts the workers
     # one error, raised before any worker started: none of Python's or torch's own text
@@ -142,3 +142,16 @@ def test_which_lines_run_again_on_import(tmp_path: Path, shape: str) -> None:
     script = tmp_path / "train.py"
     script.write_text(text)
     assert _verdict(str(script), script.stat().st_mtime_ns, line) is expected
+
+
+def test_the_loader_errors_are_public_names() -> None:
+    """The errors docs/torch.md and docs/distributed.md name are importable from public modules."""
+    import seqstore.errors
+    import seqstore.torch
+
+    assert seqstore.torch.MainGuardError is seqstore.errors.MainGuardError
+    assert seqstore.torch.LoaderWorkerError is seqstore.errors.LoaderWorkerError
+    for name in ("MainGuardError", "LoaderWorkerError"):
+        assert name in seqstore.errors.__all__ and name in seqstore.torch.__all__
+        cls = getattr(seqstore.errors, name)
+        assert issubclass(cls, seqstore.errors.SeqstoreError) and issubclass(cls, RuntimeError)

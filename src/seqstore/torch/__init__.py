@@ -8,12 +8,14 @@
 * :class:`SeqDataLoader` -- a DataLoader that counts consumed batches for an exact ``state_dict()``;
   builds seqstore's own batches in its process, or on ``threads=`` / in ``procs=`` (shared buffers).
 * :class:`PackedIterableDataset` -- a ``seqstore.data.PackedDataset``'s packed batches, sharded, resumable.
-* :class:`LengthBatching` -- the length-based batching options; :class:`StateError` -- bad states.
+* :class:`LengthBatching` -- the length-based batching options; :class:`StateError` -- bad states;
+  :class:`LoaderWorkerError` -- a worker failed or timed out; :class:`MainGuardError` -- an unguarded script.
 
 States are O(1) dicts (epoch, global position, ordering config, dataset fingerprint) that load into
 any world size or worker count. Epochs are 1-based, as in :func:`seqstore.seq_order`. See docs/torch.md.
 """
 
+from ..errors import LoaderWorkerError, MainGuardError
 from . import _warm  # noqa: F401 - first: numba's start-up overlaps the torch import below
 from ._plan import LengthBatching
 from ._state import StateError
@@ -30,6 +32,8 @@ __all__ = [
     "GatheredRecords",
     "IterableSeqDataset",
     "LengthBatching",
+    "LoaderWorkerError",
+    "MainGuardError",
     "PackedIterableDataset",
     "PaddedCollate",
     "SeqDataLoader",

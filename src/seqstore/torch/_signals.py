@@ -7,14 +7,9 @@ import signal
 import threading
 from typing import Any
 
-from ..errors import SeqstoreError
+from ..errors import LoaderWorkerError
 
 __all__ = ["InterruptsIgnored", "LoaderWorkerError", "killed_by"]
-
-
-class LoaderWorkerError(SeqstoreError, RuntimeError):
-    """A loader worker (process or helper thread) failed without an exception that could come back, exited,
-    or gave no batch within the loader's ``timeout``."""
 
 
 class InterruptsIgnored:
