@@ -379,3 +379,24 @@ def test_a_pad_value_an_integer_field_cannot_hold_is_refused() -> None:
     assert collate_padded(ragged, pad_value=torch.tensor(255))["x"].tolist() == [[1, 2], [3, 255]]
     floats = [{"x": np.ones(2, np.float32)}, {"x": np.ones(1, np.float32)}]
     assert collate_padded(floats, pad_value=-0.5)["x"][1, 1] == -0.5
+
+
+@pytest.mark.skipif(not hasattr(torch, "uint16"), reason="torch < 2.3 has no uint16 tensors (these pad as int32)")
+@pytest.mark.parametrize("pad", [0, 3])
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+def test_unsigned_ragged_fields_pad_from_gathered_records(tmp_path: Path, dtype: str, pad: int) -> None:
+    """torch has no masked copy into uint16/32/64 tensors: the gathered (fast) path padded them with one and
+    raised its NotImplementedError; values past the signed range keep their bits."""
+    p = tmp_path / "u.seqstore"
+    top = int(np.iinfo(dtype).max)
+    rows = [np.array([top, top - 1, 1], dtype), np.array([top - 2, 0, 5, top, 7], dtype)]
+    with seqstore.create(p, {"tokens": seqstore.Field(dtype, (None,))}) as w:
+        w.append_batch({"tokens": rows})
+    ds = SeqDataset(p)
+    out = collate_padded(ds.__getitems__([0, 1]), pad_value=pad)
+    assert out["tokens"].dtype == getattr(torch, dtype) and out["tokens_lengths"].tolist() == [3, 5]
+    want = np.full((2, 5), pad, dtype)
+    want[0, :3], want[1] = rows
+    np.testing.assert_array_equal(out["tokens"].numpy(), want)
+    plain = collate_padded([ds[0], ds[1]], pad_value=pad)
+    assert torch.equal(plain["tokens"], out["tokens"])

@@ -78,8 +78,14 @@ def pad_rows(values: torch.Tensor, lengths: torch.Tensor, pad_value: float = 0) 
     longest = int(lengths.max()) if len(lengths) else 0
     out = values.new_full((len(lengths), longest, *values.shape[1:]), pad_value)
     if values.shape[0]:
-        out[lengths_mask(lengths, longest)] = values
+        signed = _SIGNED.get(values.dtype)  # (torch has no masked copy of uint16/32/64: the same bits signed)
+        target, rows = (out.view(signed), values.view(signed)) if signed is not None else (out, values)
+        target[lengths_mask(lengths, longest)] = rows
     return out
+
+
+#: the signed dtype of each unsigned one torch's masked copy refuses (they exist from torch 2.3 on)
+_SIGNED = {getattr(torch, f"uint{b}"): getattr(torch, f"int{b}") for b in (16, 32, 64) if hasattr(torch, f"uint{b}")}
 
 
 class GatheredRecord(dict[str, torch.Tensor]):
