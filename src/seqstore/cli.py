@@ -285,6 +285,28 @@ INTERRUPTED = "seqstore: interrupted; nothing was written"
 class Interrupted(KeyboardInterrupt):
     """An interrupt after which something written stays: its message says what (instead of "nothing was written")."""
 
+#: an optional package's top-level module -> the extra of pyproject.toml that installs it
+_EXTRAS = {"h5py": "hdf5", "pyarrow": "arrow", "datasets": "hf", "obstore": "remote", "fsspec": "remote",
+           "lhotse": "lhotse", "webdataset": "webdataset", "megatron": "megatron", "torch": "torch", "ray": "ray",
+           "pyspark": "spark", "grain": "grain"}
+
+
+def _missing_package(exc: ImportError, args: argparse.Namespace | None) -> str:
+    """One line for an ImportError: its own message where it already says what to install, else the
+    package (``exc.name``) and, for an optional one, the ``pip install 'seqstore[EXTRA]'`` that installs it."""
+    msg = cli_message(exc)
+    if "pip install" in msg:
+        return msg
+    who = f"seqstore {args.command}" if args is not None else "seqstore"
+    package = (exc.name or "").partition(".")[0]
+    if not package:
+        return f"{who}: a package it needs could not be imported ({msg})"
+    state = "is not installed" if isinstance(exc, ModuleNotFoundError) else "could not be imported"
+    extra = _EXTRAS.get(package)
+    hint = f": pip install 'seqstore[{extra}]'" if extra else ""
+    return f"{who} needs the {package} package, which {state} ({msg}){hint}"
+
+
 #: a path that is not what the command expected (a file where a directory goes, ...): the user's mistake
 _PATH_ERRORS = (FileExistsError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
@@ -351,6 +373,9 @@ def _main(argv: Sequence[str] | None, exiting: bool) -> int:
         return 141
     except (SeqstoreError, *_PATH_ERRORS) as exc:
         print(f"seqstore: error: {cli_message(exc)}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional package that is not installed (lhotse, h5py, pyarrow, ...)
+        print(f"seqstore: error: {_missing_package(exc, args)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a file too large, an I/O error: not the user's mistake (exit 1)
         out = _output(args)
