@@ -339,3 +339,19 @@ def test_a_conversion_killed_leaves_nothing_after_the_next_one(tmp_path: Path, a
     store = seqstore.open(out)
     assert len(store) == 1 and store.id(0) == "old-0"
     assert sorted(os.listdir(tmp_path)) == ["s.seqstore", "t.seqstore"]
+
+
+def test_read_as_float32_keeps_the_view_and_options_of_a_store_given(tmp_path: Path) -> None:
+    """An export given an open Store with bfloat16 fields reopened it at its path with only its client's
+    options: records committed since it was opened were exported too, and ``verify_reads`` (like
+    ``readahead``, ``max_mapped_shards``) was dropped. The Store's view and options are kept."""
+    path = tmp_path / "b.seqstore"
+    with seqstore.create(path, {"x": Field("bfloat16", (None,))}) as w:
+        w.append({"x": np.ones(2, np.float32)})
+    st = seqstore.open(path, verify_reads=True, readahead="never")
+    with seqstore.append_to(path) as w:  # committed after ``st`` was opened: not part of it
+        w.append({"x": np.ones(3, np.float32)})
+    got = _common.read_as_float32(st)
+    assert len(got) == len(st) == 1 and got.bfloat16 == "float32"
+    assert got.__reduce__()[1][4]["verify_reads"] and got.__reduce__()[1][4]["readahead"] == "never"
+    assert _common.read_as_float32(got) is got  # (already float32: not reopened)

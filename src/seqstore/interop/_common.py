@@ -20,7 +20,7 @@ import numpy.typing as npt
 from ..errors import FormatError, SchemaError, SeqstoreError
 from ..io.local_source import local_path
 from ..io.objects import is_remote
-from ..schema import Schema, field_list
+from ..schema import BFLOAT16, Schema, field_list
 from ..store import Store, Writer, create, open_store
 from ..store.aside import built_aside
 from ..store.write.outputs import (  # (re-exported: the importers take them from here)
@@ -191,10 +191,16 @@ def parents_undone(export: _Export) -> _Export:
 
 def read_as_float32(store: str | os.PathLike[str] | Store) -> Store:
     """``store`` (a path, URL or Store) opened with bfloat16 fields read as float32, as exporters whose
-    formats know no bfloat16 write them: a Store in another mode is reopened (O(1); one at a URL with its
-    client's options, as a pickled Store is)."""
-    path, reopen = store.source.reopen() if isinstance(store, Store) else (store, {})
-    return open_store(path, bfloat16="float32", **reopen)
+    formats know no bfloat16 write them. A Store given is kept where it reads no bfloat16 field as bits
+    (already float32, or no such field); else it is reopened (O(1)) as it would be unpickled: with all
+    its options (its client's, ``verify_reads``, ``readahead``, ``max_mapped_shards``) and the records
+    it holds (not those committed since it was opened)."""
+    if not isinstance(store, Store):
+        return open_store(store, bfloat16="float32")
+    if store.bfloat16 == "float32" or all(f.dtype != BFLOAT16 for f in store.schema.values()):
+        return store
+    rebuild, (path, _bits, *view) = store.__reduce__()  # (path, bfloat16, shards, records, options, crc)
+    return cast(Store, rebuild(path, "float32", *view))
 
 
 def check_size(who: str, name: str, value: Any) -> int:
