@@ -246,3 +246,22 @@ def test_cli_unwritable_output_is_a_named_error(tmp_path: Path, capsys: pytest.C
         assert main([*argv, "-q", "--workers", "1"] if argv[0] == "convert" else [*argv, "-q"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("seqstore: error:") and words in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("out", "pair"), [("out.seqstore", False), ("data.bin", True)])
+def test_an_interrupt_removes_a_new_output_given_as_a_file_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               out: str, pair: bool) -> None:
+    """``seqstore convert ... file:///abs/OUT`` interrupted once OUT was written left OUT behind: the clean-up
+    took the URL as the relative path ``file:/abs/OUT``. A ``file://`` OUT is cleaned up as its path is;
+    an output that existed before is kept."""
+    from seqstore.interop.commands import _undone_on_interrupt
+
+    monkeypatch.chdir(tmp_path)
+    kept = tmp_path / "data.idx"
+    kept.write_text("there before")
+    made = tmp_path / out
+    with pytest.raises(KeyboardInterrupt), _undone_on_interrupt(f"file://{made}", pair=pair):
+        made.mkdir() if not pair else made.write_text("new")
+        raise KeyboardInterrupt
+    assert not made.exists() and kept.read_text() == "there before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.idx"]

@@ -28,6 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import SeqstoreError
+from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..store import open_store
 from ._common import Progress, announce_total, check_apart, remove_path
@@ -411,9 +412,11 @@ def _user_error(exc: OSError | KeyError) -> int:
 def _undone_on_interrupt(out: str, *, pair: bool = False) -> Iterator[None]:
     """On an interrupt (Ctrl-C, SIGTERM), even one after the output was installed, remove the local outputs
     that did not exist before: ``out``, and for Megatron (``pair``) ``PREFIX.bin`` / ``PREFIX.idx`` (``out``
-    less a trailing ``.bin`` / ``.idx``), so that nothing is left, as ``cli.main`` then says."""
-    prefix = out[:-4] if pair and out.endswith((".bin", ".idx")) else out
-    paths = [] if is_remote(out) else [Path(out), *(Path(prefix + s) for s in (".bin", ".idx") if pair)]
+    less a trailing ``.bin`` / ``.idx``), so that nothing is left, as ``cli.main`` then says. A ``file://``
+    URL is its path (as the commands write it)."""
+    path = "" if is_remote(out) else os.fspath(local_path(out))
+    prefix = path[:-4] if pair and path.endswith((".bin", ".idx")) else path
+    paths = [Path(path), *(Path(prefix + s) for s in (".bin", ".idx") if pair)] if path else []
     new = [q for q in paths if not q.exists() and not q.is_symlink()]
     try:
         yield
