@@ -201,3 +201,25 @@ def test_export_into_the_store_it_reads_is_refused(store: Path, capsys: pytest.C
     assert err.startswith("seqstore: error:") and "inside the store" in err and len(err.splitlines()) == 1, err
     assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
     assert len(ss.open(store)) == 5
+
+
+@pytest.mark.parametrize("argv", [["convert", "--from", "parquet", "{src}", "simplecache::s3://b/x"],
+                                  ["export", "--to", "webdataset", "{store}", "simplecache::s3://b/w"],
+                                  ["copy", "{store}", "filecache::s3://b/c"],
+                                  ["info", "simplecache::s3://b/x"]])
+def test_a_chained_url_is_refused(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """An fsspec chained URL (``simplecache::s3://b/x``) was taken as a local path: convert, export and copy
+    wrote the data into a local directory ``simplecache::s3:/b/x`` and reported success. It is refused
+    before anything is written, one line naming it."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(pa.table({"t": pa.array([[1, 2], [3]], pa.list_(pa.int64()))}), tmp_path / "t.parquet")
+    before = sorted(os.listdir(tmp_path))
+    assert main([a.format(src=tmp_path / "t.parquet", store=store) for a in argv] + ["-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error:") and len(err.splitlines()) == 1, err
+    assert "::s3://b/" in err and "chained" in err, err
+    assert sorted(os.listdir(tmp_path)) == before

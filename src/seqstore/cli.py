@@ -26,6 +26,7 @@ from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .format.shard_table import TABLE
+from .interop._common import check_not_chained
 from .interop.commands import SuggestingParser, cli_message, key_values, positive_int
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.objects import is_remote
@@ -343,6 +344,14 @@ def _output(args: argparse.Namespace | None) -> str | None:
     return str(args.paths[-1] if args.command == "convert" else args.dst if args.command == "copy" else args.out)
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse a chained URL among the paths and URLs given (taken as a local path, it was written as one)."""
+    for name in ("path", "src", "dst", "store", "out", "paths"):
+        value = getattr(args, name, None)
+        for given in value if isinstance(value, list) else [value]:
+            check_not_chained(given)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default ``sys.argv[1:]``) and return its exit status. SIGINT's and
     SIGTERM's handlers are the caller's again when it returns, also after an interrupt."""
@@ -360,6 +369,7 @@ def _main(argv: Sequence[str] | None, exiting: bool) -> int:
     try:
         with _interrupts(exiting):
             args = build_parser().parse_args(argv)
+            _check_paths(args)
             status = int(args.func(args))
             sys.stdout.flush()  # a reader that stopped early (seqstore info | head) is seen here, not at exit
             return status

@@ -355,3 +355,21 @@ def test_read_as_float32_keeps_the_view_and_options_of_a_store_given(tmp_path: P
     assert len(got) == len(st) == 1 and got.bfloat16 == "float32"
     assert got.__reduce__()[1][4]["verify_reads"] and got.__reduce__()[1][4]["readahead"] == "never"
     assert _common.read_as_float32(got) is got  # (already float32: not reopened)
+
+
+def test_importers_and_exporters_refuse_a_chained_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import_*(..., "simplecache::s3://b/x")`` and ``export_*`` wrote a local directory named
+    ``simplecache::s3:``; a chained fsspec URL is a ConfigError naming it, before anything is written.
+    A local name with ``::`` in it that is no chained URL stays a local path."""
+    from seqstore.errors import ConfigError
+    from seqstore.interop.webdataset import export_webdataset
+
+    monkeypatch.chdir(tmp_path)
+    _old(tmp_path / "s.seqstore")
+    with pytest.raises(ConfigError, match="simplecache::s3://b/x: .*chained"):
+        _common.new_store("simplecache::s3://b/x", SCHEMA, _fill(1))
+    with pytest.raises(ConfigError, match="blockcache::file:///w: .*chained"):
+        export_webdataset(tmp_path / "s.seqstore", "blockcache::file:///w")
+    assert sorted(os.listdir(tmp_path)) == ["s.seqstore"]
+    export_webdataset(tmp_path / "s.seqstore", "run::1")
+    assert (tmp_path / "run::1").is_dir()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -17,7 +18,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError, SchemaError, SeqstoreError
+from ..errors import ConfigError, FormatError, SchemaError, SeqstoreError
 from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..schema import BFLOAT16, Schema, field_list
@@ -35,7 +36,7 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
            "install_output", "remove_path", "temp_sibling", "local_output", "check_apart", "parents_undone",
-           "read_as_float32", "check_size"]
+           "read_as_float32", "check_size", "check_not_chained"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -121,9 +122,39 @@ def name_map(given: Mapping[str, str] | Sequence[str] | None, default: Iterable[
     return {n: n for n in (default if given is None else field_list(given) or [])}
 
 
+#: an fsspec chained URL: ``PROTOCOL::`` in front of another URL (``simplecache::s3://b/x``)
+_CHAINED = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)::(.*)", re.DOTALL)
+_URL_OR_CHAINED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*(://|::)")
+
+
+def check_not_chained(path: Any) -> None:
+    """ConfigError naming ``path`` when it is an fsspec chained URL (``simplecache::s3://b/x``,
+    ``blockcache::file:///x``), which is no local path and no URL seqstore opens: taken as a local path,
+    it was written as a directory named ``simplecache::s3:``. A local name with ``::`` in it that is no
+    chained URL (``run::1``: neither a URL after the ``::`` nor an fsspec protocol before it) stays one."""
+    chained = _CHAINED.match(path) if isinstance(path, str) else None
+    if chained is None:
+        return
+    layer, inner = chained.groups()
+    if not _URL_OR_CHAINED.match(inner) and layer not in _fsspec_protocols():
+        return
+    raise ConfigError(f"{path}: a chained URL ({layer}::...) is not supported; give the store's own URL or "
+                      "path (a URL of object storage has seqstore's own cache, docs/remote.md)")
+
+
+def _fsspec_protocols() -> frozenset[str]:
+    try:
+        import fsspec
+    except ImportError:
+        return frozenset()
+    return frozenset(fsspec.available_protocols())
+
+
 def local_output(out: str | os.PathLike[str], what: str) -> Path:
     """The local path ``out`` an exporter writes (a ``file://`` URL as its path); SeqstoreError naming
-    ``what`` for a URL of object storage (it was made as a local directory named ``s3:``)."""
+    ``what`` for a URL of object storage (it was made as a local directory named ``s3:``), ConfigError
+    for a chained URL."""
+    check_not_chained(os.fspath(out))
     if is_remote(os.fspath(out)):
         raise SeqstoreError(f"{what}: {os.fspath(out)} is a URL; {what} writes local files only")
     return local_path(out)
@@ -236,6 +267,7 @@ def new_store(out: str | os.PathLike[str], schema: Schema | Mapping[str, Any], f
     :class:`OutputExistsError` (a FileExistsError) when ``out`` exists and ``overwrite`` is false,
     SeqstoreError when it is not a store (a file, or a non-empty directory without a manifest).
     """
+    check_not_chained(os.fspath(out))
     with built_aside(out, overwrite, "seqstore-import-", storage_options) as tmp:
         writer = create(tmp, schema, shard_bytes=shard_bytes, metadata=metadata, direct_io=direct_io, packed=packed)
         try:

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, Writer
-from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total
+from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total, check_not_chained
 from ._parallel import Job, build_store, convert_in_parallel
 
 __all__ = ["Conversion", "ImportOptions", "Options", "options", "source_list", "write"]
@@ -98,6 +98,7 @@ def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any]) -> 
         if name not in known:
             raise TypeError(f"{who}() got an unexpected keyword argument {name!r}")
     opts = Options(**given)
+    check_not_chained(os.fspath(out))
     if opts.storage_options and not is_remote(out):
         raise ConfigError(f"{out}: storage_options are for URLs of object storage, not local paths")
     for name in ("chunk_bytes", "shard_bytes", "workers"):
