@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,19 @@ def test_an_interrupt_removes_a_new_output_given_as_a_file_url(tmp_path: Path, m
         raise KeyboardInterrupt
     assert not made.exists() and kept.read_text() == "there before"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.idx"]
+
+
+def test_convert_refuses_a_logix_log_inside_its_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqstore convert --from logix STORE/log STORE --overwrite`` imported the log, then replaced the
+    store directory holding it: the log was deleted. It is refused, one line, before anything is read."""
+    out = tmp_path / "s.seqstore"
+    with seqstore.create(out, {"x": seqstore.Field("int32", (None,))}) as w:
+        w.append({"x": np.zeros(2, np.int32)})
+    log = out / "log"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "log" / "data" / "logix_0.1.1", log)
+    from seqstore.cli import main
+
+    assert main(["convert", "--from", "logix", str(log), str(out), "--overwrite", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("seqstore: error: convert: the source") and "is inside the output" in err, err
+    assert log.is_dir() and len(seqstore.open(out)) == 1

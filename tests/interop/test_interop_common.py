@@ -373,3 +373,24 @@ def test_importers_and_exporters_refuse_a_chained_url(tmp_path: Path, monkeypatc
     assert sorted(os.listdir(tmp_path)) == ["s.seqstore"]
     export_webdataset(tmp_path / "s.seqstore", "run::1")
     assert (tmp_path / "run::1").is_dir()
+
+
+@pytest.mark.parametrize("inside", ["t.parquet", "sub/t.parquet", ""])
+def test_an_import_refuses_a_source_inside_its_output(tmp_path: Path, inside: str) -> None:
+    """``import_parquet("s.seqstore/t.parquet", "s.seqstore", overwrite=True)`` imported the file, then
+    replaced the store directory holding it: the source was deleted. A source that is the output or lies
+    inside it is refused (SeqstoreError naming both) before anything is read or written."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from seqstore.interop.arrow import import_parquet
+
+    out = tmp_path / "s.seqstore"
+    _old(out)
+    src = out / inside if inside else out
+    if inside:
+        src.parent.mkdir(exist_ok=True)
+        pq.write_table(pa.table({"x": pa.array([[1, 2]], pa.list_(pa.int32()))}), src)
+    with pytest.raises(seqstore.SeqstoreError, match=f"the source {src} is inside the output {out}"):
+        import_parquet(str(src), out, overwrite=True)
+    assert src.exists() and len(seqstore.open(out)) == 1

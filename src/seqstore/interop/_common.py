@@ -36,7 +36,8 @@ from ..store.write.outputs import (  # (re-exported: the importers take them fro
 __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total", "split_by_budget", "runs_across",
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
            "install_output", "remove_path", "temp_sibling", "local_output", "check_apart", "parents_undone",
-           "read_as_float32", "check_size", "check_not_chained"]
+           "read_as_float32", "check_size", "check_not_chained",
+           "check_sources_apart"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -189,6 +190,24 @@ def check_apart(store: str | os.PathLike[str] | Store, outs: Iterable[str | os.P
                 continue
             raise SeqstoreError(f"{who}: the output {os.fspath(out)} {where} {os.fspath(src)} that it exports "
                                 "(writing it would overwrite or delete the store's files); write it elsewhere")
+
+
+def check_sources_apart(sources: Any, out: str | os.PathLike[str], who: str) -> None:
+    """Refuse an import of ``sources`` (a path, or a list or tuple of them; anything else, such as a
+    Dataset or CutSet, is not looked at) into ``out`` when a local source is ``out`` itself or lies
+    inside it: replacing ``out`` (``overwrite``) would delete the source. SeqstoreError naming ``who``,
+    the source and the output; nothing for an output or source at a URL."""
+    if not isinstance(out, (str, os.PathLike)) or is_remote(os.fspath(out)):
+        return
+    given = [sources] if isinstance(sources, (str, os.PathLike)) else sources if isinstance(sources, (list, tuple)) \
+        else []
+    dests = _places(out)
+    for src in given:
+        if not isinstance(src, (str, os.PathLike)) or is_remote(os.fspath(src)):
+            continue
+        if any(place == d or d in place.parents for place in _places(src) for d in dests):
+            raise SeqstoreError(f"{who}: the source {os.fspath(src)} is inside the output {os.fspath(out)} (replacing "
+                                "the output would delete it); write the store elsewhere")
 
 
 _Export = TypeVar("_Export", bound=Callable[..., Any])

@@ -338,7 +338,7 @@ class ArrowImportOptions(driver.ImportOptions, total=False):
 
 def _import(fmt: str, sources: Any, out: str | os.PathLike[str], options: ArrowImportOptions) -> Store:
     common = {k: v for k, v in options.items() if k not in ("columns", "id_column")}
-    opts = driver.options(f"import_{fmt}", out, common)
+    opts = driver.options(f"import_{fmt}", out, common, sources)
     conv = _conversion(sources, fmt, columns=options.get("columns"), id_column=options.get("id_column"),
                        chunk_bytes=opts.chunk_bytes)
     return driver.write(conv, out, opts)

@@ -31,7 +31,7 @@ from ..errors import SeqstoreError
 from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..store import open_store
-from ._common import Progress, announce_total, check_apart, remove_path
+from ._common import Progress, announce_total, check_apart, check_sources_apart, remove_path
 from .cli_words import cli_message
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
@@ -430,8 +430,9 @@ def convert_main(args: argparse.Namespace) -> int:
     """``seqstore convert --from FORMAT SOURCE... OUT``: build a new store from files of another format.
     Returns the exit status (0; 2 for missing/existing paths; SeqstoreError propagates to cli.main)."""
     conv = SOURCES[args.source]
-    out = _sources_and_out(args)[1]
+    srcs, out = _sources_and_out(args)
     _check_options(args, "convert")
+    check_sources_apart(srcs, out, "convert")  # (every format: --from logix too)
     with _undone_on_interrupt(out):
         try:
             store = _with_bar(conv, args, f"convert {args.source}")

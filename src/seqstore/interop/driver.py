@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, Writer
-from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total, check_not_chained
+from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total, check_not_chained, check_sources_apart
 from ._parallel import Job, build_store, convert_in_parallel
 
 __all__ = ["Conversion", "ImportOptions", "Options", "options", "source_list", "write"]
@@ -90,15 +90,17 @@ class Conversion:
     reads_back: bool = False
 
 
-def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any]) -> Options:
+def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any], sources: Any = ()) -> Options:
     """The common keywords of ``who`` read (TypeError for an unknown one, as for any function) and checked
-    (ValueError), before its sources are read."""
+    (ValueError), before its sources are read; SeqstoreError for a local source in ``out``, which an
+    ``overwrite`` would delete (:func:`~._common.check_sources_apart`)."""
     known = {f.name for f in dataclasses.fields(Options)}
     for name in given:
         if name not in known:
             raise TypeError(f"{who}() got an unexpected keyword argument {name!r}")
     opts = Options(**given)
     check_not_chained(os.fspath(out))
+    check_sources_apart(sources, out, who)
     if opts.storage_options and not is_remote(out):
         raise ConfigError(f"{out}: storage_options are for URLs of object storage, not local paths")
     for name in ("chunk_bytes", "shard_bytes", "workers"):

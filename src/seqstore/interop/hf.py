@@ -356,7 +356,7 @@ def import_hf(
     and a small one are imported in this process. The other keywords:
     :class:`~seqstore.interop.driver.Options`.
     """
-    opts = driver.options("import_hf", out, options)
+    opts = driver.options("import_hf", out, options, source)
     hf = datasets_module()
     ds, where = _resolve(source, split)
     rows = _batch_rows(ds, opts.chunk_bytes, batch_size)

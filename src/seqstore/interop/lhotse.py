@@ -425,7 +425,7 @@ def import_lhotse(
     reading the features; a filesystem without ``O_DIRECT`` writes buffered. The other keywords, and an
     ``out`` at a URL: :class:`~seqstore.interop.driver.Options`.
     """
-    opts = driver.options("import_lhotse", out, options)
+    opts = driver.options("import_lhotse", out, options, cuts)
     for name, value, allowed in (("features_dtype", features_dtype, FEATURE_DTYPES),
                                  ("audio_dtype", audio_dtype, AUDIO_DTYPES), ("channels", channels, CHANNEL_MODES)):
         if value not in allowed:

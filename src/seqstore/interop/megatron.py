@@ -301,7 +301,7 @@ def import_megatron(
     ``workers > 1``: runs of sequences written as parts. The other keywords:
     :class:`~seqstore.interop.driver.Options`.
     """
-    opts = driver.options("import_megatron", out, options)
+    opts = driver.options("import_megatron", out, options, sources)
     given = driver.source_list(sources, "import_megatron")
     indexes = [read_index(s) for s in given]
     first = indexes[0]

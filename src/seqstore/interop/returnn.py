@@ -206,7 +206,7 @@ def import_hdf(
     in about ``4 x workers`` runs in file order, one part each (only the shard boundaries differ). The
     other keywords: :class:`~seqstore.interop.driver.Options`.
     """
-    opts = driver.options("import_hdf", out, options)
+    opts = driver.options("import_hdf", out, options, sources)
     infos = [inspect_hdf(p) for p in driver.source_list(sources, "import_hdf")]
     schema, meta = _merge_schema(infos, dict(rename or {}))
     job = _HdfJob(list(infos), {v["hdf_key"]: name for name, v in meta["streams"].items()}, opts.chunk_bytes)

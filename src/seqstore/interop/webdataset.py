@@ -281,7 +281,7 @@ def import_webdataset(
     written. ``workers > 1`` reads that many shards at once (runs of shards as parts). ``progress``
     counts bytes of the shard files. The other keywords: :class:`~seqstore.interop.driver.Options`.
     """
-    opts = driver.options("import_webdataset", out, options)
+    opts = driver.options("import_webdataset", out, options, sources)
     given = driver.source_list(sources, "import_webdataset")
     reading = dict(source_options) if source_options else None
     listed = shard_list(given, reading)  # (a URL's size by a HEAD as its name is made)
