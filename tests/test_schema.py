@@ -279,3 +279,19 @@ def test_packed_columns_that_are_no_integers_are_refused(columns: list) -> None:
         ss.Schema.from_json(obj)
     obj["a"]["columns"] = [0, 4]
     assert ss.Schema.from_json(obj).groups["g"].columns == {"a": (0, 4), "b": (4, 5)}
+
+
+@pytest.mark.parametrize("fields", [5, b"x", ["x", 3], 2.5])
+def test_a_fields_argument_that_is_no_names_is_named(tmp_path: Path, fields: object) -> None:
+    """``fields=5`` (store reads, exports, loaders: every ``fields=`` goes through ``field_list``) was a bare
+    ``TypeError: 'int' object is not iterable``, and ``fields=b"x"`` asked for field 120. A TypeError says
+    what ``fields`` takes and what it got."""
+    from seqstore.schema import field_list
+
+    with pytest.raises(TypeError, match=r"fields: expected a field name \(str\) or a list of names, got "):
+        field_list(fields)  # type: ignore[arg-type]
+    with ss.create(tmp_path / "s.seqstore", {"x": ss.Field("int32", (None,))}) as w:
+        w.append({"x": np.ones(2, np.int32)})
+    with pytest.raises(TypeError, match=r"fields: expected a field name"):
+        ss.open(tmp_path / "s.seqstore").get_batch([0], fields=fields)  # type: ignore[arg-type]
+    assert field_list(("x", "y")) == ["x", "y"] and field_list("x") == ["x"] and field_list({"x": 1}) == ["x"]

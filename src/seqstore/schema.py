@@ -171,10 +171,19 @@ class PackedGroup:
 
 
 def field_list(fields: str | Iterable[str] | None) -> list[str] | None:
-    """``fields`` as a list of names (None stays None): a str is one field's name, not its letters."""
+    """``fields`` as a list of names (None stays None): a str is one field's name, not its letters.
+    TypeError saying what ``fields`` takes for anything else (a number, bytes, a name that is no str)."""
     if fields is None:
         return None
-    return [fields] if isinstance(fields, str) else list(fields)
+    if isinstance(fields, str):
+        return [fields]
+    names = list(fields) if isinstance(fields, Iterable) and not isinstance(fields, (bytes, bytearray)) else None
+    at = None if names is None else next((k for k, n in enumerate(names) if not isinstance(n, str)), None)
+    if names is None or at is not None:
+        bad = fields if names is None or at is None else names[at]
+        raise TypeError(f"fields: expected a field name (str) or a list of names, got {bad!r} "
+                        f"({type(bad).__name__})" + ("" if at is None else f" as name {at}"))
+    return names
 
 
 def flatten_values(tree: Mapping[str, Any], what: str) -> dict[str, Any]:
