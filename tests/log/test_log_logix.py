@@ -210,9 +210,19 @@ def test_the_importers_keywords_are_checked_before_the_log_is_read(scratch: Path
         import_logix(missing, scratch / "o", storage_options={"region": "x"})
     with pytest.raises(ValueError, match="shard_bytes must be positive"):
         import_logix(missing, scratch / "o", shard_bytes=0)
-    with pytest.raises(ValueError, match="batch_records must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="import_logix: batch_records must be an integer >= 1, got 0"):
         import_logix(missing, scratch / "o", batch_records=0)
     assert not (scratch / "o").exists()
+
+
+def test_batch_records_is_checked_as_every_importers_sizes(scratch: Path) -> None:
+    """``batch_records`` had a check of its own (other words than the importers' sizes, and a NumPy integer,
+    e.g. one read from a config array, refused as 'not a positive integer'): it is checked as they are."""
+    report = import_logix(DATA / "logix_0.1.1", scratch / "out", batch_records=np.int64(7))
+    assert report.records == 50
+    for bad in (2.0, True):
+        with pytest.raises(ValueError, match=f"import_logix: batch_records must be an integer >= 1, got {bad!r}"):
+            import_logix(DATA / "logix_0.1.1", scratch / "o", batch_records=bad)  # type: ignore[arg-type]
 
 
 def test_import_to_a_url_with_storage_options(scratch: Path, moto_s3: Any, s3_bucket: str) -> None:

@@ -195,12 +195,12 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     store's shard size, as for the other importers.
     """
     from ..interop import driver
+    from ..interop._common import check_size
 
     t0 = time.perf_counter()
     opts = driver.options("import_logix", out, {"overwrite": overwrite, "shard_bytes": shard_bytes,
                                                 "storage_options": storage_options})
-    if isinstance(batch_records, bool) or not isinstance(batch_records, int) or batch_records < 1:
-        raise ValueError(f"import_logix: batch_records must be a positive integer, got {batch_records!r}")
+    batch_records = check_size("import_logix", "batch_records", batch_records)
     chunks = find_logix_chunks(logdir)
     job = _plan(chunks, logdir, batch_records)
     meta = {"imported_from": "logix", "source": str(Path(logdir).resolve()), "fields": job.fields,
