@@ -551,3 +551,18 @@ def test_write_to_a_relative_path_after_a_chdir(ray_local: None, tmp_path: Path,
     st = seqstore.open(tmp_path / "rel.seqstore")
     assert st.get_batch(np.arange(6), fields=["x"])["x"].tolist() == list(range(6))
     assert pending_jobs(tmp_path / "rel.seqstore") == []
+
+
+def test_write_to_a_file_url(ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write(ds, "file:///abs/s.seqstore")`` (a URL ``seqstore.open`` and ``create`` take) wrote the store
+    under the working directory, in ``file:/abs/s.seqstore``. It writes the path the URL names; a chained
+    URL (``simplecache::s3://...``, no local path either) is refused before Ray runs anything."""
+    from seqstore.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "s.seqstore"
+    assert sray.write(ray.data.from_items([{"x": i} for i in range(4)]), f"file://{out}") == 4
+    assert seqstore.open(out).get_batch(np.arange(4), fields=["x"])["x"].tolist() == list(range(4))
+    with pytest.raises(ConfigError, match="simplecache::s3://b/x: a chained URL"):
+        sray.write(ray.data.from_items([{"x": 1}]), "simplecache::s3://b/x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.seqstore"]

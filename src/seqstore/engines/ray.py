@@ -41,6 +41,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..data import StoreDataset
 from ..errors import SchemaError
 from ..interop import to_arrow
+from ..interop._common import check_not_chained
+from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Schema, field_list
@@ -198,7 +200,9 @@ def write(ds: Any, path: str | os.PathLike[str], *, schema: Mapping[str, Any] | 
     if storage_options and not is_remote(path):
         raise ValueError(f"{path}: storage_options are for URLs of object storage, not local paths")
     check_sizes(shard_bytes=shard_bytes, max_shard_records=max_shard_records)
-    root = os.fspath(path) if is_remote(path) else os.path.abspath(path)  # (the tasks' directory is not ours)
+    check_not_chained(os.fspath(path))  # (no local path: it was written as a directory named ``simplecache::s3:``)
+    # a local path absolute (the tasks' directory is not ours), a file:// URL as its path
+    root = os.fspath(path) if is_remote(path) else os.fspath(local_path(path))
     if mode == "create" and existing_manifest(root, storage_options) is not None:
         # before Ray runs anything (the inference below is a Ray job): the error is seqstore's, alone
         raise FileExistsError(f"{root}: a store already exists (mode='create'); use mode='append' or 'overwrite'")
