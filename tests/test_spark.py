@@ -601,3 +601,24 @@ def test_helpers_take_a_relative_path_after_a_chdir(spark: Any, tmp_path: Path,
                          schema={"mat": Field("float16", (None, 2))})
     _check_rows(tmp_path / "rel", 12)
     assert seqstore.spark.read(spark, "rel").count() == 12
+
+
+def test_a_file_url_is_its_path(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``seqstore.spark.write(df, "file:///abs/s")`` (a URL ``seqstore.open`` and ``create`` take) wrote the
+    store under the working directory, in ``file:/abs/s``, and ``read`` looked for it there; the data
+    source given ``.save("file:///abs/s")`` did not see a store at the path. Each takes the URL as its
+    path; a chained URL (``simplecache::s3://...``) is refused naming it."""
+    import seqstore.spark
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "s"
+    seqstore.spark.write(_frame(spark, n=12, partitions=2), f"file://{out}", id_column="key",
+                         schema={"mat": Field("float16", (None, 2))})
+    _check_rows(out, 12)
+    assert seqstore.spark.read(spark, f"file://{out}").count() == 12
+    with pytest.raises(Exception, match="errorifexists"):  # the data source sees the store at the URL's path
+        (_frame(spark, n=2, partitions=1).write.format("seqstore").mode("append").option("errorIfExists", "true")
+         .save(f"file://{out}"))
+    with pytest.raises(Exception, match=r"simplecache::s3://b/x: a chained URL"):
+        seqstore.spark.write(_frame(spark, n=2, partitions=1), "simplecache::s3://b/x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]

@@ -36,6 +36,8 @@ from typing import Any
 from ..errors import SchemaError
 from ..format.manifest import MANIFEST, PARTS_DIR
 from ..interop import arrow_columns as acols
+from ..interop._common import check_not_chained
+from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..schema import Schema, field_list
 from ..store import Store, open_store
@@ -362,5 +364,7 @@ def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | No
 
 def _where(path: str | os.PathLike[str]) -> str:
     """``path`` as Spark's Python workers must see it: a local path made absolute (they resolve a relative
-    one against the directory Spark started in, not the caller's)."""
-    return os.fspath(path) if is_remote(path) else os.path.abspath(path)
+    one against the directory Spark started in, not the caller's), a ``file://`` URL as its path;
+    ConfigError for a chained URL (``simplecache::s3://...``)."""
+    check_not_chained(os.fspath(path))
+    return os.fspath(path) if is_remote(path) else os.fspath(local_path(path))

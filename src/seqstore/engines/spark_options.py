@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import SchemaError
+from ..interop._common import check_not_chained
 from ..io.objects import is_remote
 from ..schema import Schema
 
@@ -102,7 +103,8 @@ def option_path(options: Mapping[str, str]) -> str:
     path = options.get("path")
     if not path:
         raise ValueError("seqstore data source: no path; use .save(path) / .load(path)")
-    return str(path)
+    check_not_chained(str(path))  # (no local path: it was written as a directory named ``simplecache::s3:``)
+    return str(path)[len("file://"):] if str(path).startswith("file://") else str(path)  # (a file:// URL: its path)
 
 
 def schema_option(schema: Schema | Mapping[str, Any]) -> str:
