@@ -282,3 +282,36 @@ def test_convert_refuses_a_logix_log_inside_its_output(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert err.startswith("seqstore: error: convert: the source") and "is inside the output" in err, err
     assert log.is_dir() and len(seqstore.open(out)) == 1
+
+
+@pytest.mark.parametrize(("source", "made"), [("parquet", "t.parquet"), ("webdataset", "wds"),
+                                              ("webdataset", "wds/{000000..000000}.tar"), ("megatron", "meg"),
+                                              ("returnn-hdf", "r.hdf")])
+def test_convert_takes_sources_given_as_file_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str], source: str,
+                                                  made: str) -> None:
+    """OUT (and ``export``'s STORE) may be a ``file://`` URL, but a source given as one was looked for at a
+    relative path ``file:/...``: 'no such tar shard', 'no such file or directory'. A ``file://`` source is
+    its path."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from seqstore.interop.megatron import export_megatron
+    from seqstore.interop.returnn import export_hdf
+    from seqstore.interop.webdataset import export_webdataset
+
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "s.seqstore"
+    with seqstore.create(store, {"tokens": seqstore.Field("int32", (None,))}) as w:
+        for i in range(3):
+            w.append({"tokens": np.arange(i + 1, dtype=np.int32)}, id=f"k{i}")
+    {"parquet": lambda: pq.write_table(pa.table({"tokens": pa.array([[1, 2], [3]], pa.list_(pa.int32()))}),
+                                       tmp_path / made),
+     "webdataset": lambda: export_webdataset(store, tmp_path / "wds"),
+     "megatron": lambda: export_megatron(store, tmp_path / made),
+     "returnn-hdf": lambda: export_hdf(store, tmp_path / made)}[source]()
+    from seqstore.cli import main
+
+    assert main(["convert", "--from", source, f"file://{tmp_path / made}", str(tmp_path / "out"), "-q"]) == 0, \
+        capsys.readouterr().err
+    assert len(seqstore.open(tmp_path / "out")) in (2, 3)

@@ -113,11 +113,12 @@ def options(who: str, out: str | os.PathLike[str], given: Mapping[str, Any], sou
 
 
 def source_list(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], who: str) -> list[Any]:
-    """``sources`` as a list (one path, or several); ValueError naming ``who`` for none."""
+    """``sources`` as a list (one path, or several; a ``file://`` URL as its path, as a store's is taken);
+    ValueError naming ``who`` for none."""
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not given:
         raise ValueError(f"{who}: no sources given")
-    return given
+    return [s[len("file://"):] if isinstance(s, str) and s.startswith("file://") else s for s in given]
 
 
 def _total(conv: Conversion, progress: Progress | None, needed: bool) -> int | None:
