@@ -223,3 +223,27 @@ def test_a_chained_url_is_refused(store: Path, tmp_path: Path, monkeypatch: pyte
     assert err.startswith("seqstore: error:") and len(err.splitlines()) == 1, err
     assert "::s3://b/" in err and "chained" in err, err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_copy_interrupted_into_a_file_url(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str], existed: bool) -> None:
+    """``seqstore copy SRC file:///abs/DST`` interrupted took DST as the relative path ``file:/abs/DST``:
+    a new DST was left behind (while the line said nothing was written), an existing one was said to be
+    removed. A ``file://`` DST is its path: a new one is removed, an existing one keeps what was copied."""
+    import seqstore.cli as cli
+
+    def copy_then_ctrl_c(*args: object, **kwargs: object) -> None:
+        real_copy(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    real_copy = cli.copy
+    monkeypatch.setattr(cli, "copy", copy_then_ctrl_c)
+    monkeypatch.chdir(tmp_path)
+    dst = tmp_path / "dst"
+    if existed:
+        dst.mkdir()
+    assert main(["copy", str(store), f"file://{dst}", "-q"]) == 130
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert dst.exists() == existed and not (tmp_path / "file:").exists()
+    assert ("what was copied so far stays" in last) == existed, last

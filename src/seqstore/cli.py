@@ -29,6 +29,7 @@ from .format.shard_table import TABLE
 from .interop._common import check_not_chained
 from .interop.commands import SuggestingParser, cli_message, key_values, positive_int
 from .interop.commands import add_subcommands as add_interop_subcommands
+from .io.local_source import local_path
 from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store
@@ -187,7 +188,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_copy(args: argparse.Namespace) -> int:
     # a local destination this copy creates is removed again when it is interrupted (main() says nothing
     # was written); an existing or remote one keeps the shards copied so far, which a rerun does not copy again
-    new_dst = None if is_remote(args.dst) or Path(args.dst).exists() else Path(args.dst)
+    local_dst = None if is_remote(args.dst) else local_path(args.dst)  # (a file:// URL: its path)
+    new_dst = None if local_dst is None or local_dst.exists() else local_dst
     options: dict[str, dict[str, Any] | None] = {}
     for end in ("src", "dst"):  # (the library's message would name neither option)
         options[end] = _key_values(getattr(args, f"{end}_option"), f"--{end}-option")
