@@ -315,3 +315,25 @@ def test_convert_takes_sources_given_as_file_urls(tmp_path: Path, monkeypatch: p
     assert main(["convert", "--from", source, f"file://{tmp_path / made}", str(tmp_path / "out"), "-q"]) == 0, \
         capsys.readouterr().err
     assert len(seqstore.open(tmp_path / "out")) in (2, 3)
+
+
+@pytest.mark.parametrize("source", ["hf", "lhotse"])
+def test_convert_takes_hf_and_lhotse_sources_given_as_file_urls(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                source: str) -> None:
+    """As for the other formats: a ``datasets`` directory or a Lhotse manifest given as a ``file://`` URL
+    was 'no such directory' / 'no such Lhotse manifest'. It is its path."""
+    if source == "hf":
+        datasets = pytest.importorskip("datasets")
+        made = tmp_path / "hfd"
+        datasets.Dataset.from_dict({"x": [[1, 2], [3]]}).save_to_disk(str(made))
+    else:
+        lhotse = pytest.importorskip("lhotse")
+        made = tmp_path / "cuts.jsonl.gz"
+        lhotse.CutSet.from_cuts([lhotse.MonoCut(id=f"c{i}", start=0, duration=1.0, channel=0, supervisions=[
+            lhotse.SupervisionSegment(id=f"s{i}", recording_id="r", start=0, duration=1, text="hi")])
+            for i in range(2)]).to_file(made)
+    from seqstore.cli import main
+
+    assert main(["convert", "--from", source, f"file://{made}", str(tmp_path / "out"), "-q"]) == 0, \
+        capsys.readouterr().err
+    assert len(seqstore.open(tmp_path / "out")) == 2

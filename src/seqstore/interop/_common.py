@@ -37,7 +37,7 @@ __all__ = ["SourceFormatError", "OutputExistsError", "Progress", "announce_total
            "name_map", "check_named_once", "replaced", "new_store", "DEFAULT_CHUNK_BYTES", "check_output",
            "install_output", "remove_path", "temp_sibling", "local_output", "check_apart", "parents_undone",
            "read_as_float32", "check_size", "check_not_chained",
-           "check_sources_apart"]
+           "check_sources_apart", "file_url_path"]
 
 #: Default bytes of rows read from a source (or a store) per step of a conversion.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -149,6 +149,11 @@ def _fsspec_protocols() -> frozenset[str]:
     except ImportError:
         return frozenset()
     return frozenset(fsspec.available_protocols())
+
+
+def file_url_path(source: Any) -> Any:
+    """A source given as a ``file://`` URL as its path (as a store's URL is taken); anything else as it is."""
+    return source[len("file://"):] if isinstance(source, str) and source.startswith("file://") else source
 
 
 def local_output(out: str | os.PathLike[str], what: str) -> Path:

@@ -26,7 +26,14 @@ from ..errors import ConfigError
 from ..io.objects import is_remote
 from ..schema import Schema
 from ..store import Store, Writer
-from ._common import DEFAULT_CHUNK_BYTES, Progress, announce_total, check_not_chained, check_sources_apart
+from ._common import (
+    DEFAULT_CHUNK_BYTES,
+    Progress,
+    announce_total,
+    check_not_chained,
+    check_sources_apart,
+    file_url_path,
+)
 from ._parallel import Job, build_store, convert_in_parallel
 
 __all__ = ["Conversion", "ImportOptions", "Options", "options", "source_list", "write"]
@@ -118,7 +125,7 @@ def source_list(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     if not given:
         raise ValueError(f"{who}: no sources given")
-    return [s[len("file://"):] if isinstance(s, str) and s.startswith("file://") else s for s in given]
+    return [file_url_path(s) for s in given]
 
 
 def _total(conv: Conversion, progress: Progress | None, needed: bool) -> int | None:

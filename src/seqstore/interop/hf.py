@@ -40,7 +40,7 @@ from ..errors import ColumnTypeError, SchemaError, SeqstoreError
 from ..io.objects import is_remote
 from ..store import Store, Writer
 from . import arrow_columns, driver
-from ._common import Progress, SourceFormatError
+from ._common import Progress, SourceFormatError, file_url_path
 
 __all__ = ["import_hf", "datasets_module", "SplitError", "METADATA_KEY", "ITERABLE_BATCH_ROWS", "MIN_UNIT_ROWS"]
 
@@ -89,7 +89,7 @@ def _resolve(source: Any, split: str | None) -> tuple[Any, str]:
     hf = datasets_module()
     name = "dataset"
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
+        path = os.fspath(file_url_path(source))
         if not is_remote(path) and not os.path.isdir(path):
             raise FileNotFoundError(f"{path}: no such directory (expected a datasets save_to_disk directory)")
         pa = arrow_columns.pyarrow()

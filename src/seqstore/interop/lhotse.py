@@ -42,7 +42,7 @@ from ..schema import Field, Schema
 from ..store import Store, Writer
 from ..store.directio import aligned_empty
 from . import driver
-from ._common import Progress, SourceFormatError, runs_across
+from ._common import Progress, SourceFormatError, file_url_path, runs_across
 from ._lhotse_manifest import MARK_LINES, LeanCut, forget_streams, manifest_cuts, open_cuts, scan_manifest
 
 __all__ = ["import_lhotse", "open_cuts", "LhotseCutError", "MissingFeaturesError", "MissingRecordingError",
@@ -111,7 +111,7 @@ def _manifest_source(path: str | os.PathLike[str], lean: bool) -> tuple[str, Ite
     """A manifest file checked (:func:`open_cuts`) and its cuts, parsed line by line as Lhotse parses
     them, so that a line that is not a cut is an error naming the manifest and the line. An empty
     manifest has no cuts (skipped; :func:`_first_cut` names the manifests when all are empty)."""
-    p = os.fspath(path)
+    p = os.fspath(file_url_path(path))
     open_cuts(p, empty_ok=True)
     return p, manifest_cuts(p, 0, None, lean=lean)
 
