@@ -394,3 +394,19 @@ def test_an_import_refuses_a_source_inside_its_output(tmp_path: Path, inside: st
     with pytest.raises(seqstore.SeqstoreError, match=f"the source {src} is inside the output {out}"):
         import_parquet(str(src), out, overwrite=True)
     assert src.exists() and len(seqstore.open(out)) == 1
+
+
+@pytest.mark.parametrize("target", ["webdataset", "hf", "megatron", "returnn-hdf"])
+def test_exporters_refuse_a_chained_store_url(tmp_path: Path, target: str) -> None:
+    """``export_webdataset("simplecache::s3://b/x", out)`` said '<cwd>/simplecache::s3:/b/x: no such store'
+    (the URL taken as a local path); every exporter refuses it as a chained URL, naming it."""
+    import importlib
+
+    from seqstore.errors import ConfigError
+
+    module, name = {"webdataset": ("webdataset", "export_webdataset"), "hf": ("hf_export", "export_hf"),
+                    "megatron": ("megatron", "export_megatron"), "returnn-hdf": ("returnn", "export_hdf")}[target]
+    export = getattr(importlib.import_module(f"seqstore.interop.{module}"), name)
+    with pytest.raises(ConfigError, match=r"^simplecache::s3://b/x: a chained URL"):
+        export("simplecache::s3://b/x", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []

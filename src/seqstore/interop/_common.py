@@ -178,8 +178,10 @@ def check_apart(store: str | os.PathLike[str] | Store, outs: Iterable[str | os.P
     """Refuse an export to ``outs`` (the local paths it writes) from ``store`` (a path, URL or Store) when
     one of them is the local store's directory, inside it, or a directory holding it: written there (with
     ``overwrite``, replacing what is there), it would overwrite or delete the store it reads.
-    SeqstoreError naming ``who``, the output and the store; nothing for a store or output at a URL."""
+    SeqstoreError naming ``who``, the output and the store; nothing for a store or output at a URL.
+    ConfigError for a store given as a chained URL (every exporter checks here first)."""
     src = store.source.reopen()[0] if isinstance(store, Store) else store
+    check_not_chained(os.fspath(src))
     if is_remote(os.fspath(src)):
         return
     root = local_path(src).resolve()
