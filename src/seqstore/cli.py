@@ -27,7 +27,7 @@ from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .format.shard_table import TABLE
 from .interop._common import check_not_chained
-from .interop.commands import SuggestingParser, cli_message, key_values, positive_int
+from .interop.commands import Interrupted, SuggestingParser, cli_message, key_values, positive_int
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.local_source import local_path
 from .io.objects import is_remote
@@ -283,10 +283,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 INTERRUPTED = "seqstore: interrupted; nothing was written"
-
-
-class Interrupted(KeyboardInterrupt):
-    """An interrupt after which something written stays: its message says what (instead of "nothing was written")."""
 
 #: an optional package's top-level module -> the extra of pyproject.toml that installs it
 _EXTRAS = {"h5py": "hdf5", "pyarrow": "arrow", "datasets": "hf", "obstore": "remote", "fsspec": "remote",

@@ -337,3 +337,32 @@ def test_convert_takes_hf_and_lhotse_sources_given_as_file_urls(tmp_path: Path, 
     assert main(["convert", "--from", source, f"file://{made}", str(tmp_path / "out"), "-q"]) == 0, \
         capsys.readouterr().err
     assert len(seqstore.open(tmp_path / "out")) == 2
+
+
+def test_an_interrupt_once_an_existing_out_is_replaced_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """``convert --overwrite`` interrupted once the new store had replaced OUT said 'nothing was written',
+    while the old store was gone and the new one in its place. The line says OUT holds the new store;
+    interrupted before, the old store is kept and the line is as it was."""
+    from seqstore.cli import main
+    from seqstore.interop._common import new_store
+
+    out = tmp_path / "s.seqstore"
+    schema = {"x": seqstore.Field("int32", (None,))}
+    with seqstore.create(out, schema) as w:
+        w.append({"x": np.zeros(2, np.int32)})
+
+    def run(args: argparse.Namespace, progress: commands.Progress) -> None:
+        if args.paths[0] == "after":
+            new_store(out, schema, lambda w: [w.append({"x": np.ones(3, np.int32)}) for _ in range(3)],
+                      overwrite=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(commands.SOURCES, "ctrl-c", commands.Converter("interrupted", run))
+    assert main(["convert", "--from", "ctrl-c", "before", str(out), "--overwrite", "-q"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "seqstore: interrupted; nothing was written"
+    assert len(seqstore.open(out)) == 1
+    assert main(["convert", "--from", "ctrl-c", "after", str(out), "--overwrite", "-q"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"seqstore: interrupted; {out} holds the new output (it "
+                                                        "replaced what was there)")
+    assert len(seqstore.open(out)) == 3

@@ -34,9 +34,9 @@ from ..store import open_store
 from ._common import Progress, announce_total, check_apart, check_sources_apart, remove_path
 from .cli_words import cli_message
 
-__all__ = ["SOURCES", "TARGETS", "Converter", "Option", "Progress", "ProgressBar", "SuggestingParser", "cli_message",
-           "key_values", "register_source", "register_target", "add_subcommands", "convert_main", "export_main",
-           "positive_int"]
+__all__ = ["SOURCES", "TARGETS", "Converter", "Interrupted", "Option", "Progress", "ProgressBar", "SuggestingParser",
+           "cli_message", "key_values", "register_source", "register_target", "add_subcommands", "convert_main",
+           "export_main", "positive_int"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -408,21 +408,37 @@ def _user_error(exc: OSError | KeyError) -> int:
     return 2
 
 
+class Interrupted(KeyboardInterrupt):
+    """An interrupt after which something written stays: its message says what (instead of "nothing was written")."""
+
+
+def _identity(path: Path) -> tuple[int, int] | None:  # which file or directory is at ``path`` (None: nothing)
+    try:
+        st = os.lstat(path)
+    except OSError:  # (missing, or a file where a directory above it goes: the command names that)
+        return None
+    return st.st_dev, st.st_ino
+
+
 @contextlib.contextmanager
 def _undone_on_interrupt(out: str, *, pair: bool = False) -> Iterator[None]:
     """On an interrupt (Ctrl-C, SIGTERM), even one after the output was installed, remove the local outputs
     that did not exist before: ``out``, and for Megatron (``pair``) ``PREFIX.bin`` / ``PREFIX.idx`` (``out``
-    less a trailing ``.bin`` / ``.idx``), so that nothing is left, as ``cli.main`` then says. A ``file://``
-    URL is its path (as the commands write it)."""
+    less a trailing ``.bin`` / ``.idx``), so that nothing is left, as ``cli.main`` then says. An output that
+    existed and was replaced (``--overwrite``) before the interrupt stays, and :class:`Interrupted` says so.
+    A ``file://`` URL is its path (as the commands write it)."""
     path = "" if is_remote(out) else os.fspath(local_path(out))
     prefix = path[:-4] if pair and path.endswith((".bin", ".idx")) else path
     paths = [Path(path), *(Path(prefix + s) for s in (".bin", ".idx") if pair)] if path else []
-    new = [q for q in paths if not q.exists() and not q.is_symlink()]
+    before = {q: _identity(q) for q in paths}
     try:
         yield
     except KeyboardInterrupt:
-        for q in new:
-            remove_path(q)
+        for q, was in before.items():
+            if was is None:
+                remove_path(q)
+        if any(was is not None and _identity(q) != was for q, was in before.items()):
+            raise Interrupted(f"{out} holds the new output (it replaced what was there)") from None
         raise
 
 
