@@ -617,3 +617,32 @@ def test_the_repr_of_a_schedule_of_thousands_of_stages_is_short() -> None:
     assert len(text) < 1000 and "5000 stages" in text and "(4999, {'a'" in text, text[:2000]
     assert repr(MixtureSchedule([(0, {"a": 1}), (5, {"b": 1})], ["a", "b"])) == (
         "MixtureSchedule([(0, {'a': 1.0, 'b': 0.0}), (5, {'a': 0.0, 'b': 1.0})])")
+
+
+def test_open_of_a_share_saved_after_a_schedule_change_needs_the_saved_segments() -> None:
+    """``open(share_state)`` alone on a stream that never loaded the run's state followed the stream's own
+    schedule from sample 0: a run resumed after a schedule change drew other documents than the run it
+    resumes. Now a share state names the segments it was packed with: ``open`` refuses another stream's
+    segments and says to go through ``shares(state, S)``, which loads them (and then opens it)."""
+    sizes = {"web": 500, "code": 80, "curated": 120}
+
+    def packed_of(stages: Any) -> PackedDataset:
+        return PackedDataset(MixtureStream(_sources(sizes), stages, chunk=100), tokens="data", seq_len=16)
+
+    a = packed_of({"web": 0.8, "code": 0.2})
+    s = a.open(a.shares(None, 1)[0])
+    s.skip(30)
+    state0 = json.loads(json.dumps(a.state_dict([s.state()])))
+    b = packed_of({"web": 0.5, "curated": 0.5})  # the run resumed with a new schedule
+    s = b.open(b.shares(state0, 1)[0])
+    s.skip(30)
+    state = json.loads(json.dumps(b.state_dict([s.state()])))
+    want = s.plan(20)
+    c = packed_of({"web": 0.5, "curated": 0.5})  # a new process resuming that run
+    with pytest.raises(ValueError, match=r"PackedDataset.open: .*shares\(state, S\)"):
+        c.open(state["shares"][0])
+    np.testing.assert_array_equal(c.open(c.shares(state, 1)[0]).plan(20), want)
+    np.testing.assert_array_equal(c.open(state["shares"][0]).plan(20), want)  # (the stream holds them now)
+    # a run that never changed its schedule opens its shares directly, as before
+    d = packed_of({"web": 0.8, "code": 0.2})
+    np.testing.assert_array_equal(d.open(state0["shares"][0]).plan(5), a.open(state0["shares"][0]).plan(5))

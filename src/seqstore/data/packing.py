@@ -18,7 +18,9 @@ appended EOS. Position ids restart at every document and row. Details: docs/data
 
 State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first; after a
 re-split also runs of blocks ``{"blocks": [first, stop], "share": s, "of": S}``), the next epoch it takes
-a fresh block of, and running counts. O(share count x (window + ranges)). States
+a fresh block of, running counts and, over a mixture, ``schedule_id`` (the digest of the segments it
+is packed by: :meth:`PackedDataset.open` refuses a share of other segments). O(share count x (window +
+ranges)). States
 load into the same number of shares exactly, or into another number by
 :func:`~seqstore.data._shares.resplit` (no token repeated or skipped).
 """
@@ -242,7 +244,8 @@ class PackedDataset:
         if state is None:
             if isinstance(self.stream, MixtureStream):
                 self.stream.reset()  # (a state loaded before brought its segments)
-            return fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names))
+            out = fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names))
+            return [self._stamp(s) for s in out]
         self.check_state(state)
         old = [dict(s) for s in state["shares"]]
         if isinstance(self.stream, MixtureStream):
@@ -250,9 +253,15 @@ class PackedDataset:
                 raise ValueError("PackedDataset: the state has no mixture schedule")
             frontier = (max(int(s["next_epoch"]) for s in old) - 1) * self.stream.chunk
             self.stream.load_state(state["schedule"], frontier)
-        if len(old) == num_shares:
-            return old
-        return resplit(self.stream, old, num_shares, len(self.names))
+        if len(old) != num_shares:
+            old = resplit(self.stream, old, num_shares, len(self.names))
+        return [self._stamp(s) for s in old]
+
+    def _stamp(self, share_state: dict[str, Any]) -> dict[str, Any]:
+        """``share_state`` with the digest of the mixture segments it is packed by (a mixture only)."""
+        if isinstance(self.stream, MixtureStream):
+            share_state["schedule_id"] = self.stream.schedule_id()
+        return share_state
 
     def open(self, share_state: dict[str, Any], share: int = 0, num_shares: int = 1) -> PackedStream:
         """A :class:`PackedStream` for share ``share`` of ``num_shares`` from its state."""
@@ -262,6 +271,13 @@ class PackedDataset:
                              "got a whole packed state")
         _check_share(share_state, int(share), len(self.names))
         self._check_ranges(share_state, int(share))
+        made = share_state.get("schedule_id")
+        if isinstance(self.stream, MixtureStream) and made is not None and made != self.stream.schedule_id():
+            # (the stream deals samples by its own segments: the share's run changed its schedule on a resume)
+            raise ValueError(f"PackedDataset.open: share {share}'s state was packed by other mixture segments "
+                             f"(schedule {made}) than this stream follows now ({self.stream.schedule_id()}): the "
+                             "run changed its schedule on a resume; load the whole state with "
+                             "packed.shares(state, S) and open the shares it returns")
         return PackedStream(self, share_state, share, num_shares)
 
     def iter_batches(self, batch_size: int, *, state: dict[str, Any] | None = None, share: int = 0,
@@ -332,6 +348,8 @@ def _check_share(share: Any, k: int, sources: int) -> None:
             raise ValueError(f"{where}: range {i} is {r!r}, of an epoch not before next_epoch {nxt}; a share's "
                              "ranges are of the epochs it took blocks of")
         docs += r[2] - r[1]
+    if not isinstance(share.get("schedule_id", ""), str):
+        raise ValueError(f"{where}: schedule_id must be a str, got {share['schedule_id']!r}")
     buffered = share.get("buffered", 0)
     if not whole(buffered) or not 0 <= buffered <= docs:
         raise ValueError(f"{where}: buffered must be an integer >= 0 and at most the {docs} documents of its "
@@ -429,8 +447,8 @@ class PackedStream:
 
     def state(self) -> dict[str, Any]:
         if self._handed is not None:
-            return copy.deepcopy(self._handed)
-        return self.planner.state()
+            return self.packed._stamp(copy.deepcopy(self._handed))
+        return self.packed._stamp(self.planner.state())
 
     def skip(self, n: int) -> None:
         n = check_int(n, "PackedStream: number of sequences to skip", 0)

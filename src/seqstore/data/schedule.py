@@ -28,6 +28,8 @@ stages in samples, and the walk's point (sample, tokens before it) and the found
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -86,18 +88,21 @@ class MixtureStream:
         self._walk: StageWalk | None = None  # the last segment's schedule in tokens, as far as resolved
         self._own = self.schedule
         self._loaded = False  # whether the segments are a loaded state's (not this stream's own from 0)
+        self._id: str | None = None  # (schedule_id, until the segments change)
         self._start_segment(0, 0, np.zeros(len(self.names), dtype=np.int64))
 
     def reset(self) -> None:
         """Back to this stream's own schedule from sample 0 (a fresh run), after :meth:`load_state`."""
         if self._loaded:
             self.schedule, self.segments, self._loaded = self._own, [], False
+            self._id = None
             self._start_segment(0, 0, np.zeros(len(self.names), dtype=np.int64))
 
     # -------------------------------------------------------------------------------- stages in tokens
 
     def _start_segment(self, g0: int, tokens: int, base: IntArray) -> None:
         """This stream's schedule from sample ``g0`` on (``tokens``: the documents' tokens before it)."""
+        self._id = None
         if self.schedule.unit == "samples":
             self._walk = None
             self.segments.append((g0, self.schedule, base))
@@ -294,6 +299,19 @@ class MixtureStream:
             out[-1].append(self._walk.to_json())
         return out
 
+    def schedule_id(self) -> str:
+        """A short digest of the segments this stream deals samples by (a stage walk's stages in tokens,
+        not how far it found them): share states carry it, so that a share packed after a schedule change
+        is not opened on a stream that never loaded that run's segments. O(stages x segments), once per
+        change of segments."""
+        if self._id is None:
+            segs = [[int(g0), s.to_json(), [int(b) for b in base]] for g0, s, base in self.segments]
+            if self._walk is not None:
+                segs[-1][1] = self._walk.schedule.to_json()
+            text = json.dumps(segs, sort_keys=True, separators=(",", ":"))
+            self._id = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._id
+
     def load_state(self, segments: Any, frontier: int) -> None:
         """Take the segments of a saved stream; if this stream's schedule differs from the last saved
         one, it applies from sample ``frontier`` on (the first sample no share has started), every
@@ -315,7 +333,7 @@ class MixtureStream:
                              f"{walk.starts[:8]})")
         mine = self.schedule = self._own
         saved = walk.schedule if walk is not None else segs[-1][1]
-        self.segments, self._walk, self._loaded = segs, walk, True
+        self.segments, self._walk, self._loaded, self._id = segs, walk, True, None
         if saved != mine:
             if frontier < segs[-1][0]:
                 raise ValueError(f"MixtureStream: schedule change at sample {frontier} before the last segment")
