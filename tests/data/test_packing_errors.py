@@ -12,7 +12,7 @@ import pytest
 
 import seqstore
 from seqstore import Field
-from seqstore.data import ArrayLengths, PackedDataset, StoreDataset
+from seqstore.data import ArrayLengths, LengthsDataset, PackedDataset, StoreDataset
 from seqstore.data._packplan import Planner, fresh_shares
 from seqstore.errors import SchemaError
 
@@ -222,3 +222,25 @@ def test_a_negative_token_id_is_an_error_naming_the_document(tmp_path: Path, mod
     with pytest.raises(SchemaError, match=r"document 3 has token id -100 at position 4 of field 'tokens'"):
         for _ in range(5):
             stream.batch(1)
+
+
+def test_a_share_state_opened_as_another_share_is_refused() -> None:
+    """``open(shares[1])`` (share and count left out: share 0 of 1) packed share 1's ranges and then whole
+    epochs: tokens every other share also packs. A share state now says which share of how many it is;
+    ``open`` as another, and a whole state whose shares are out of place, are a ValueError naming both."""
+    packed = PackedDataset(LengthsDataset(np.full(64, 5)), tokens="data", seq_len=8)
+    streams = [packed.open(st, s, 2) for s, st in enumerate(packed.shares(None, 2))]
+    for s in streams:
+        s.skip(3)
+    state = packed.state_dict([s.state() for s in streams])
+    shares = packed.shares(state, 2)
+    with pytest.raises(ValueError, match=r"PackedDataset.open: .*share 1 of 2.*opened as share 0 of 1"):
+        packed.open(shares[1])
+    with pytest.raises(ValueError, match=r"share 0 of 3"):
+        packed.open(packed.shares(state, 3)[0], 0, 2)
+    assert packed.open(shares[1], 1, 2).state() == shares[1]
+    swapped = {**state, "shares": state["shares"][::-1]}
+    with pytest.raises(ValueError, match=r"malformed state: share 0 is the state of share 1 of 2"):
+        packed.shares(swapped, 2)
+    fresh = packed.shares(None, 2)[0]  # (a fresh share is every share's)
+    assert packed.open(fresh, 1, 2).plan(1)[0] == 1

@@ -18,7 +18,8 @@ appended EOS. Position ids restart at every document and row. Details: docs/data
 
 State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first; after a
 re-split also runs of blocks ``{"blocks": [first, stop], "share": s, "of": S}``), the next epoch it takes
-a fresh block of, running counts and, over a mixture, ``schedule_id`` (the digest of the segments it
+a fresh block of, running counts, which share of how many it is (``share``, ``num_shares``: opening it as
+another is refused) and, over a mixture, ``schedule_id`` (the digest of the segments it
 is packed by: :meth:`PackedDataset.open` refuses a share of other segments). O(share count x (window +
 ranges)). States
 load into the same number of shares exactly, or into another number by
@@ -222,6 +223,10 @@ class PackedDataset:
             raise ValueError("PackedDataset: malformed state (shares)")
         for k, share in enumerate(shares):
             _check_share(share, k, len(self.names))
+            was = (share.get("share"), share.get("num_shares"))
+            if was != (None, None) and was != (k, len(shares)):
+                raise ValueError(f"PackedDataset: malformed state: share {k} is the state of share {was[0]} of "
+                                 f"{was[1]} (a state lists its {len(shares)} shares in order)")
             self._check_ranges(share, k)
 
     def _check_ranges(self, share: dict[str, Any], k: int) -> None:
@@ -244,8 +249,8 @@ class PackedDataset:
         if state is None:
             if isinstance(self.stream, MixtureStream):
                 self.stream.reset()  # (a state loaded before brought its segments)
-            out = fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names))
-            return [self._stamp(s) for s in out]
+            # (a fresh share is every share's, on this stream's own schedule: not stamped)
+            return fresh_shares(num_shares, check_int(epoch, "PackedDataset: epoch", 1), len(self.names))
         self.check_state(state)
         old = [dict(s) for s in state["shares"]]
         if isinstance(self.stream, MixtureStream):
@@ -253,12 +258,16 @@ class PackedDataset:
                 raise ValueError("PackedDataset: the state has no mixture schedule")
             frontier = (max(int(s["next_epoch"]) for s in old) - 1) * self.stream.chunk
             self.stream.load_state(state["schedule"], frontier)
-        if len(old) != num_shares:
-            old = resplit(self.stream, old, num_shares, len(self.names))
-        return [self._stamp(s) for s in old]
+        if len(old) == num_shares:  # as saved (the segments' digest as loaded, where the share had one)
+            return [self._stamp(s) if "schedule_id" in s else s for s in old]
+        return [self._stamp(s, (k, num_shares)) for k, s in enumerate(resplit(self.stream, old, num_shares,
+                                                                               len(self.names)))]
 
-    def _stamp(self, share_state: dict[str, Any]) -> dict[str, Any]:
-        """``share_state`` with the digest of the mixture segments it is packed by (a mixture only)."""
+    def _stamp(self, share_state: dict[str, Any], where: tuple[int, int] | None = None) -> dict[str, Any]:
+        """``share_state`` with the share it is (``where``: share, shares) and the digest of the mixture
+        segments it is packed by (a mixture only)."""
+        if where is not None:
+            share_state["share"], share_state["num_shares"] = int(where[0]), int(where[1])
         if isinstance(self.stream, MixtureStream):
             share_state["schedule_id"] = self.stream.schedule_id()
         return share_state
@@ -271,6 +280,12 @@ class PackedDataset:
                              "got a whole packed state")
         _check_share(share_state, int(share), len(self.names))
         self._check_ranges(share_state, int(share))
+        was = (share_state.get("share"), share_state.get("num_shares"))
+        if was != (None, None) and was != (share, num_shares):
+            # (its ranges are that share's, and its fresh blocks would be another's: tokens packed twice or never)
+            raise ValueError(f"PackedDataset.open: the state of share {was[0]} of {was[1]} opened as share {share} "
+                             f"of {num_shares}; open shares[s] as packed.open(shares[s], s, S) with the S it was "
+                             "made for (packed.shares(state, S) re-splits a state for another count)")
         made = share_state.get("schedule_id")
         if isinstance(self.stream, MixtureStream) and made is not None and made != self.stream.schedule_id():
             # (the stream deals samples by its own segments: the share's run changed its schedule on a resume)
@@ -348,6 +363,9 @@ def _check_share(share: Any, k: int, sources: int) -> None:
             raise ValueError(f"{where}: range {i} is {r!r}, of an epoch not before next_epoch {nxt}; a share's "
                              "ranges are of the epochs it took blocks of")
         docs += r[2] - r[1]
+    for key in ("share", "num_shares"):
+        if key in share and not whole(share[key]):
+            raise ValueError(f"{where}: {key} must be an integer, got {share[key]!r}")
     if not isinstance(share.get("schedule_id", ""), str):
         raise ValueError(f"{where}: schedule_id must be a str, got {share['schedule_id']!r}")
     buffered = share.get("buffered", 0)
@@ -447,8 +465,8 @@ class PackedStream:
 
     def state(self) -> dict[str, Any]:
         if self._handed is not None:
-            return self.packed._stamp(copy.deepcopy(self._handed))
-        return self.packed._stamp(self.planner.state())
+            return self.packed._stamp(copy.deepcopy(self._handed), self._where)
+        return self.packed._stamp(self.planner.state(), self._where)
 
     def skip(self, n: int) -> None:
         n = check_int(n, "PackedStream: number of sequences to skip", 0)
