@@ -646,3 +646,16 @@ def test_open_of_a_share_saved_after_a_schedule_change_needs_the_saved_segments(
     # a run that never changed its schedule opens its shares directly, as before
     d = packed_of({"web": 0.8, "code": 0.2})
     np.testing.assert_array_equal(d.open(state0["shares"][0]).plan(5), a.open(state0["shares"][0]).plan(5))
+
+
+def test_bad_mixture_sources_are_named_as_the_mixtures() -> None:
+    """A list of sources, no source, or a source that is not a dataset were refused in the words of a
+    CombinedDataset the user never made; now the MixtureStream says what it expects and names the source."""
+    ds = LengthsDataset(np.full(4, 3))
+    with pytest.raises(ValueError, match=r"MixtureStream: datasets must be a non-empty mapping name -> dataset, "
+                                         r"got a list"):
+        MixtureStream([ds], {"a": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"MixtureStream: datasets must be a non-empty mapping .*got an empty"):
+        MixtureStream({}, {"a": 1})
+    with pytest.raises(TypeError, match=r"MixtureStream: source 'b' is a ndarray, not a seqstore.data Dataset"):
+        MixtureStream({"a": ds, "b": np.arange(3)}, {"a": 1})  # type: ignore[dict-item]

@@ -59,8 +59,14 @@ class MixtureStream:
     def __init__(self, datasets: Mapping[str, Dataset],
                  stages: Sequence[tuple[int, Mapping[str, float]]] | Mapping[str, float] | MixtureSchedule, *,
                  chunk: int = 1 << 16, unit: str = "samples") -> None:
-        parted = {n: d.partition_epoch for n, d in (datasets.items() if isinstance(datasets, Mapping) else ())
-                  if getattr(d, "partition_epoch", 1) != 1}
+        if not isinstance(datasets, Mapping) or not datasets:
+            got = "an empty mapping" if isinstance(datasets, Mapping) else f"a {type(datasets).__name__}"
+            raise ValueError(f"MixtureStream: datasets must be a non-empty mapping name -> dataset, got {got}")
+        for name, d in datasets.items():
+            if not isinstance(d, Dataset):
+                raise TypeError(f"MixtureStream: source {name!r} is a {type(d).__name__}, not a seqstore.data Dataset "
+                                "(a store: StoreDataset(store, length_field=...))")
+        parted = {n: d.partition_epoch for n, d in datasets.items() if d.partition_epoch != 1}
         if parted:
             raise ValueError(f"MixtureStream: source(s) with partition_epoch {parted}; every source walks whole "
                              "epochs of its documents (open them with partition_epoch=1)")
