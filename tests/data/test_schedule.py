@@ -659,3 +659,16 @@ def test_bad_mixture_sources_are_named_as_the_mixtures() -> None:
         MixtureStream({}, {"a": 1})
     with pytest.raises(TypeError, match=r"MixtureStream: source 'b' is a ndarray, not a seqstore.data Dataset"):
         MixtureStream({"a": ds, "b": np.arange(3)}, {"a": 1})  # type: ignore[dict-item]
+
+
+def test_a_schedule_state_refused_leaves_the_stream_as_it_was() -> None:
+    """A state refused by ``load_state`` (a change of schedule before its last segment) had already put its
+    segments into the stream: a fresh share opened afterwards drew the refused run's samples."""
+    sizes = {"web": 500, "code": 80, "curated": 120}
+    mix = MixtureStream(_sources(sizes), {"web": 0.5, "curated": 0.5}, chunk=100)
+    want = mix.docs_at(np.arange(600))[0]
+    segments = [[0, [[0, {"code": 1 << 24}]], [0, 0, 0]], [300, [[0, {"web": 1 << 24}]], [0, 300, 0]]]
+    with pytest.raises(ValueError, match="schedule change at sample 100 before the last segment"):
+        mix.load_state(segments, 100)
+    assert not mix._loaded and len(mix.segments) == 1
+    np.testing.assert_array_equal(mix.docs_at(np.arange(600))[0], want)

@@ -337,19 +337,25 @@ class MixtureStream:
             raise ValueError("MixtureStream: malformed schedule state: the last segment's stages are not those its "
                              f"walk found (stages in tokens {walk.schedule.to_json()!r:.200} starting at samples "
                              f"{walk.starts[:8]})")
-        mine = self.schedule = self._own
+        mine = self._own
         saved = walk.schedule if walk is not None else segs[-1][1]
-        self.segments, self._walk, self._loaded, self._id = segs, walk, True, None
-        if saved != mine:
-            if frontier < segs[-1][0]:
-                raise ValueError(f"MixtureStream: schedule change at sample {frontier} before the last segment")
+        if saved != mine and frontier < segs[-1][0]:
+            raise ValueError(f"MixtureStream: schedule change at sample {frontier} before the last segment")
+        before = (self.schedule, self.segments, self._walk, self._loaded)
+        self.schedule, self.segments, self._walk, self._loaded, self._id = mine, segs, walk, True, None
+        if saved == mine:
+            self.schedule = saved  # the walk's resolved starts carry on
+            return
+        try:  # (reads lengths: a read that fails leaves the stream as it was)
             base = self.positions(frontier)
             tokens = self.tokens_before(frontier) if mine.unit == "tokens" else 0
-            if frontier == segs[-1][0]:
-                self.segments = self.segments[:-1]
-            self._start_segment(int(frontier), tokens, base)
-        else:
-            self.schedule = saved  # the walk's resolved starts carry on
+        except BaseException:
+            self.schedule, self.segments, self._walk, self._loaded = before
+            self._id = None
+            raise
+        if frontier == segs[-1][0]:
+            self.segments = self.segments[:-1]
+        self._start_segment(int(frontier), tokens, base)
 
     def __repr__(self) -> str:
         return f"MixtureStream({self.names}, {self.schedule!r}, chunk={self.chunk})"
