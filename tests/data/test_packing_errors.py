@@ -12,7 +12,7 @@ import pytest
 
 import seqstore
 from seqstore import Field
-from seqstore.data import ArrayLengths, LengthsDataset, PackedDataset, StoreDataset
+from seqstore.data import ArrayLengths, LengthsDataset, MixtureStream, PackedDataset, StoreDataset
 from seqstore.data._packplan import Planner, fresh_shares
 from seqstore.errors import SchemaError
 
@@ -244,3 +244,22 @@ def test_a_share_state_opened_as_another_share_is_refused() -> None:
         packed.shares(swapped, 2)
     fresh = packed.shares(None, 2)[0]  # (a fresh share is every share's)
     assert packed.open(fresh, 1, 2).plan(1)[0] == 1
+
+
+def test_a_bad_document_of_a_mixture_is_named_by_its_source(tmp_path: Path) -> None:
+    """Over a mixture the error named "document 39 of CombinedDataset(...)": an index into the sources put
+    end to end, which the user never made. Now it names the source, the document's index there and the
+    combined index."""
+    for name, bad in (("web", None), ("code", 3)):
+        toks = np.tile(np.arange(1, 6, dtype=np.int32), 8)
+        if bad is not None:
+            toks[bad * 5 + 1] = -3
+        with seqstore.create(tmp_path / name, {"tokens": Field("int32", (None,))}) as w:
+            w.append_batch({"tokens": (toks, np.full(8, 5))})
+    srcs = {n: StoreDataset(tmp_path / n, length_field="tokens") for n in ("web", "code")}
+    packed = PackedDataset(MixtureStream(srcs, {"web": 0.5, "code": 0.5}, chunk=16), seq_len=8)
+    stream = packed.open(packed.shares(None, 1)[0])
+    with pytest.raises(SchemaError, match=r"document 3 of source 'code' \(StoreDataset.*combined index 11\) has "
+                                          r"token id -3 at position 1"):
+        for _ in range(10):
+            stream.batch(2)

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import SchemaError
 from ._lengths import IntArray
 from .base import Dataset
+from .combined import CombinedDataset
 
 __all__ = ["build_batch"]
 
@@ -117,9 +118,10 @@ def build_batch(dataset: Dataset, field: str, seq: IntArray, ids: IntArray, off:
         bad = np.flatnonzero(lens[inv] != planned)
         if bad.size:
             p = int(bad[0])
-            raise SchemaError(f"PackedDataset: document {int(ids[p])} has {int(lens[inv[p]])} tokens in field "
-                              f"{field!r} of {dataset!r}, but its length (what the packing plan was made from) is "
-                              f"{int(planned[p])}: the dataset's lengths() disagree with its records")
+            doc, of = _document(dataset, int(ids[p]))
+            raise SchemaError(f"PackedDataset: {doc} has {int(lens[inv[p]])} tokens in field {field!r}{of}, but its "
+                              f"length (what the packing plan was made from) is {int(planned[p])}: the dataset's "
+                              "lengths() disagree with its records")
     vstart = np.cumsum(lens) - lens
     _check_token_ids(vals, vstart, uniq, field, dataset)
     tok, lab, mask, pos, bounds = _fill(vals, vstart, lens, inv, seq, off, cnt, n, L,
@@ -147,6 +149,19 @@ def _check_token_ids(vals: Any, vstart: IntArray, uniq: IntArray, field: str, da
         return
     at = int(np.flatnonzero(bad)[0])
     d = int(np.searchsorted(vstart, at, side="right")) - 1  # (the document holding it: an empty one holds none)
-    raise SchemaError(f"PackedDataset: document {int(uniq[d])} has token id {int(vals[at])} at position "
-                      f"{at - int(vstart[d])} of field {field!r} of {dataset!r}; token ids must be >= 0 (a "
-                      f"{vals.dtype} field of ids past its range? store them in a wider or unsigned type)")
+    doc, of = _document(dataset, int(uniq[d]))
+    raise SchemaError(f"PackedDataset: {doc} has token id {int(vals[at])} at position {at - int(vstart[d])} of field "
+                      f"{field!r}{of}; token ids must be >= 0 (a {vals.dtype} field of ids "
+                      "past its range? store them in a wider or unsigned type)")
+
+
+def _document(dataset: Dataset, doc: int) -> tuple[str, str]:
+    """Document ``doc`` of ``dataset`` in words, and " of <dataset>" where that is not in them: of a
+    combination (a mixture's sources end to end), the source's name and its index there (a combined index
+    is no index the user has)."""
+    if isinstance(dataset, CombinedDataset):
+        k = int(np.searchsorted(dataset.start_N, doc, side="right")) - 1
+        if 0 <= k < len(dataset.names):
+            return (f"document {doc - int(dataset.start_N[k])} of source {dataset.names[k]!r} "
+                    f"({dataset.datasets[k]!r}; combined index {doc})", "")
+    return f"document {doc}", f" of {dataset!r}"
