@@ -263,3 +263,17 @@ def test_a_bad_document_of_a_mixture_is_named_by_its_source(tmp_path: Path) -> N
                                           r"token id -3 at position 1"):
         for _ in range(10):
             stream.batch(2)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_share_state_offset_past_its_document_is_refused(mode: str) -> None:
+    """A share state whose range starts more tokens into its first document than it has (a state edited or
+    made for other data) silently skipped the document as finished; now the plan that reaches it raises
+    a ValueError naming the share, the range, the document and its length."""
+    packed = PackedDataset(LengthsDataset(np.full(10, 5)), tokens="data", seq_len=4, mode=mode)
+    stats = packed.fresh_state()["shares"][0]["stats"]
+    ok = packed.open({"ranges": [[1, 0, 3, 5]], "next_epoch": 2, "stats": stats}).plan(2)  # (finished: fine)
+    assert ok[0] == 2
+    with pytest.raises(ValueError, match=r"share 0 of 1: malformed state: range \[1, 0, 3, 6\] starts 6 tokens into "
+                                         r"document 0 \(position 0 of epoch 1\), which has 5"):
+        packed.open({"ranges": [[1, 0, 3, 6]], "next_epoch": 2, "stats": stats}).plan(2)

@@ -306,6 +306,11 @@ class Planner:
             off = np.zeros(take, dtype=np.int64)
             off[0] = o
             lens = np.asarray(lens, dtype=np.int64) + self.eos
+            if o > int(lens[0]):  # (a planner's offsets never pass their document's tokens: a state edited?)
+                eos = " and an eos" if self.eos else ""
+                raise ValueError(f"share {self.share} of {self.num_shares}: malformed state: range {[e, a, b, o]} "
+                                 f"starts {o} tokens into document {int(ids[0])} (position {a} of epoch {e}), which "
+                                 f"has {int(lens[0]) - self.eos} tokens{eos}; a state is for the data it was made with")
             if int(lens.sum()) > o:
                 self._dry = self._dry_docs = 0
             else:
