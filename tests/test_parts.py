@@ -539,3 +539,47 @@ def test_an_error_after_the_commit_point_does_not_report_a_committed_commit_as_f
     with pytest.raises(SeqstoreError, match="already committed"):
         commit_parts(store, [a])  # the next holder of the lock finishes it
     assert not (store / PARTS_DIR / parts_mod.JOURNAL).exists()
+
+
+_RACE: list[Path] = []  # the owner.lock another attempt takes just before this one opens it (armed by a test)
+_RACE_HELD: list[int] = []
+
+
+def _race_hook(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and _RACE and str(args[0]) == str(_RACE[0]):
+        path = _RACE.pop()  # (disarmed first: the open below comes through here too)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _RACE_HELD.append(fd)
+
+
+sys.addaudithook(_race_hook)
+
+
+def test_an_attempt_racing_another_of_the_same_task_id_fails_and_never_hangs(store: Path) -> None:
+    """Two attempts with one task id: the other one takes the new task directory's owner.lock between this
+    one's mkdir and its lock (it removed the directory as a dead one's and made it again). This one waited
+    for that lock for ever; it is now the named error."""
+    prepare_store(store, SCHEMA)
+    _RACE.append(store / PARTS_DIR / "j" / "t" / "owner.lock")
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            PartWriter(store, job="j", task="t").abort()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(10)
+    _RACE.clear()
+    hung = t.is_alive()
+    for fd in _RACE_HELD:
+        os.close(fd)
+    _RACE_HELD.clear()
+    t.join(10)
+    assert not hung, "the attempt waited for the other attempt's lock"
+    assert isinstance(outcome[0], SeqstoreError) and "live PartWriter" in str(outcome[0])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import glob
 import json
 import logging
@@ -35,6 +36,7 @@ from ...format.shard_table import (
     shard_dir_name,
 )
 from ...schema import Schema
+from ..directio import O_CLOEXEC
 from .disk import (
     INDEX_DIR,
     append_row,
@@ -291,15 +293,21 @@ class LocalTarget(CommitTarget):
                     "needs its own task id"
                 ) from None
             if not remove_if_dead(task_dir):
-                raise SeqstoreError(f"{task_dir}: a live PartWriter is writing task attempt {task!r} of job {job!r}"
-                                    ) from None
-            task_dir.mkdir()
-        fsync_dir(job_dir)
-        if new_job:
-            fsync_dir(parts)
-        if new_parts:
-            fsync_dir(self.root)
-        fd = hold_owner_lock(task_dir)
+                raise _live_attempt(task_dir, job, task) from None
+            try:
+                task_dir.mkdir()
+            except FileExistsError:  # made again meanwhile by another attempt of this task id
+                raise _live_attempt(task_dir, job, task) from None
+        fd = _claim_task(task_dir, job, task)
+        try:
+            fsync_dir(job_dir)
+            if new_job:
+                fsync_dir(parts)
+            if new_parts:
+                fsync_dir(self.root)
+        except BaseException:
+            os.close(fd)
+            raise
         return Start(schema, manifest.id_lookup, 0, None, True, self.root, task_dir, fd)
 
     def stage_shard(self, start: Start, current: Path, shard: PartShard) -> None:
@@ -368,6 +376,32 @@ class LocalTarget(CommitTarget):
                 if now - newest >= older_than and discard_job(job_dir):
                     removed.append(job)
         return removed
+
+
+def _live_attempt(task_dir: Path, job: str, task: str) -> SeqstoreError:
+    return SeqstoreError(f"{task_dir}: a live PartWriter is writing task attempt {task!r} of job {job!r} (each "
+                         "attempt needs its own task id)")
+
+
+def _claim_task(task_dir: Path, job: str, task: str) -> int:
+    """Lock the ``owner.lock`` of the task directory this attempt just made, without waiting: another attempt
+    of the same task id may have removed the directory (its lock not taken yet: a dead one's) and made and
+    locked it again meanwhile; then this attempt is the one that gives way, with the named error."""
+    try:
+        fd = os.open(task_dir / OWNER, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
+    except FileNotFoundError:  # removed by the other attempt
+        raise _live_attempt(task_dir, job, task) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(task_dir / OWNER).st_ino != os.fstat(fd).st_ino:  # locked a removed directory's file
+            raise FileNotFoundError
+    except (BlockingIOError, FileNotFoundError):
+        os.close(fd)
+        raise _live_attempt(task_dir, job, task) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def clean_orphans(root: Path, manifest: Manifest) -> None:
