@@ -583,3 +583,37 @@ def test_an_attempt_racing_another_of_the_same_task_id_fails_and_never_hangs(sto
     t.join(10)
     assert not hung, "the attempt waited for the other attempt's lock"
     assert isinstance(outcome[0], SeqstoreError) and "live PartWriter" in str(outcome[0])
+
+
+def test_remove_if_empty_never_deletes_a_store_a_writer_commits_to_meanwhile(store: Path, monkeypatch) -> None:
+    """remove_if_empty read the manifest (no shard) and then deleted the store without the store's lock: a
+    writer committing in between lost its committed records with the store. Both are done under the lock
+    now: the writer's commit comes first (the store stays) or waits and finds no store (an error)."""
+    from seqstore.errors import LockTimeout
+    from seqstore.store.parts import remove_if_empty
+
+    prepare_store(store, SCHEMA)
+    w = ss.append_to(store)
+    committed: list[bool] = []
+    pending_jobs_of = parts_mod.LocalTarget.pending_jobs
+
+    def commit_meanwhile(self: parts_mod.LocalTarget) -> list[str]:  # (after the manifest was read)
+        if not committed:
+            monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "0")
+            w.append_batch({"x": (np.zeros((2, 3), np.float32), np.array([1, 1])), "y": np.arange(2)})
+            try:
+                w.commit()
+                committed.append(True)
+            except LockTimeout:
+                committed.append(False)
+        return pending_jobs_of(self)
+
+    monkeypatch.setattr(parts_mod.LocalTarget, "pending_jobs", commit_meanwhile)
+    removed = remove_if_empty(store)
+    assert committed == [not removed]
+    if committed[0]:
+        assert len(ss.open(store)) == 2
+    else:
+        assert not store.exists()
+    with pytest.raises(SeqstoreError, match="deleted"):  # the records the writer holds are not lost silently
+        w.close()

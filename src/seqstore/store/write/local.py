@@ -150,6 +150,23 @@ class LocalTarget(CommitTarget):
         finally:
             os.close(fd)
 
+    def remove_if_empty(self) -> bool:
+        """Under the store's lock: a writer commits before the manifest is read (the store stays) or after
+        the store is gone (its commit fails), never in between."""
+        root = self.root
+        if not (root / MANIFEST).is_file():
+            return False
+        with store_lock(root):
+            try:
+                recover_batch_commit(root)
+                manifest = Manifest.load(root)
+            except (SeqstoreError, FileNotFoundError):  # (gone meanwhile, or not readable: as read_manifest)
+                return False
+            if manifest.num_shards or self.pending_jobs():
+                return False
+            self.delete_store()
+        return True
+
     def create(self, manifest: Manifest, *, overwrite: bool) -> None:
         remove_dead_deletions(self.root)
         if self.root.exists():

@@ -40,7 +40,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ...errors import FormatError, RemoteError, SchemaError, SeqstoreError
+from ...errors import FormatError, SchemaError, SeqstoreError
 from ...format.manifest import MANIFEST, PARTS_DIR
 from ...schema import Schema, schema_difference
 from .api import open_target
@@ -359,12 +359,4 @@ def unstage(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] 
 def remove_if_empty(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> bool:
     """Delete the store at ``path`` if it has no committed shard and no job has staged anything in it
     (the store a failed job created); whether it was deleted."""
-    target = open_target(path, storage_options, writing=False)
-    try:
-        manifest = target.read_manifest()
-    except (SeqstoreError, RemoteError):
-        return False
-    if manifest is None or manifest.num_shards or target.pending_jobs():
-        return False
-    target.delete_store()
-    return True
+    return open_target(path, storage_options, writing=False).remove_if_empty()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CorruptionError, FormatError, SchemaError, SeqstoreError
+from ...errors import CorruptionError, FormatError, RemoteError, SchemaError, SeqstoreError
 from ...format.manifest import ID_LOOKUPS, Manifest, ShardInfo
 from ...format.npy import HEADER_BYTES, encode_header
 from ...format.shard_table import TableState
@@ -134,6 +134,18 @@ class CommitTarget(ABC):
     @abstractmethod
     def delete_store(self) -> None:
         """Delete the store (its manifest first); refuses what is not a store."""
+
+    def remove_if_empty(self) -> bool:
+        """Delete the store if it has no committed shard and no job has anything in its parts area; whether
+        it was deleted (False also where there is no store, or it cannot be read)."""
+        try:
+            manifest = self.read_manifest()
+        except (SeqstoreError, RemoteError):
+            return False
+        if manifest is None or manifest.num_shards or self.pending_jobs():
+            return False
+        self.delete_store()
+        return True
 
     # --------------------------------------------------------------------------- one writer
 
