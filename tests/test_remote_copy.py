@@ -545,3 +545,52 @@ def test_a_copy_into_the_source_store_itself_is_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="inside the source store"):
             ss.copy(a, inside)
     assert sorted(p.relative_to(a) for p in a.rglob("*")) == before
+
+
+def test_a_writer_waiting_for_a_local_copy_is_told_a_copy_holds_the_lock(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local copy holds the destination's commit lock until it is committed; a writer that waited longer
+    than SEQSTORE_LOCK_TIMEOUT got a LockTimeout blaming "a hung or stopped process". It now says that the
+    holder is copying a store into it (the copy is known by its directory in _tmp/)."""
+    import threading
+
+    from seqstore.errors import LockTimeout
+    from seqstore.store import copy as copy_mod
+
+    src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
+    with ss.create(src, {"v": ss.Field("int64")}, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10)})
+    ss.create(dst, {"v": ss.Field("int64")}).close()
+    inside, go = threading.Event(), threading.Event()
+    shard_of = copy_mod._Copier.shard
+
+    def paused(self: Any, k: int) -> None:
+        inside.set()
+        assert go.wait(60)
+        shard_of(self, k)
+
+    monkeypatch.setattr(copy_mod._Copier, "shard", paused)
+    done: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            ss.copy(src, dst, workers=1, overwrite=True)
+            done.append(None)
+        except BaseException as exc:  # noqa: BLE001
+            done.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        assert inside.wait(60)
+        monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "0")
+        with pytest.raises(LockTimeout, match=f"held by process {os.getpid()}.*, which is copying a store into "
+                                              "it") as err:
+            ss.append_to(dst)
+        assert "hung or stopped" not in str(err.value)
+    finally:
+        go.set()
+        t.join(60)
+    assert done == [None]
+    monkeypatch.delenv("SEQSTORE_LOCK_TIMEOUT")
+    assert ss.open(dst).get_batch(np.arange(10), fields=["v"])["v"].tolist() == list(range(10))

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import json
 import logging
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -79,6 +81,19 @@ def _describe(pid: int | None) -> str:
     return f"by process {pid}" + (f" ({cmd})" if cmd else "")
 
 
+def copy_workdir_prefix(pid: int) -> str:
+    """How the temporary directory (in ``_tmp/``) of a local copy into a store by process ``pid`` of this
+    machine is named: this, then a random token."""
+    return f"copy-{socket.gethostname()}-{pid}-"
+
+
+def _copying(root: Path, pid: int) -> bool:
+    """Whether process ``pid`` of this machine has a copy into the store ``root`` under way (its directory)."""
+    with contextlib.suppress(OSError):
+        return any((root / WORK_DIR).glob(f"{glob.escape(copy_workdir_prefix(pid))}*"))
+    return False
+
+
 def _wait_for_lock(fd: int, path: Path, what: str = "the store's commit lock") -> None:
     """``flock`` ``fd`` exclusively, waiting at most :func:`lock_timeout` seconds, then :class:`LockTimeout`."""
     timeout = lock_timeout()
@@ -93,6 +108,12 @@ def _wait_for_lock(fd: int, path: Path, what: str = "the store's commit lock") -
         left = deadline - time.monotonic()
         if left <= 0:
             holder = lock_holder(fd)
+            if path.name == LOCK_FILE and holder is not None and _copying(path.parent, holder):
+                raise LockTimeout(
+                    f"{path}: {what} is held {_describe(holder)}, which is copying a store into it (a local "
+                    "seqstore.copy holds the lock until the copy is committed), and was not released within "
+                    f"{timeout:g} s; nothing was changed. Wait for the copy to end and try again; a long copy "
+                    f"can outlast the wait, which {LOCK_TIMEOUT_ENV} sets in seconds", path=str(path), holder=holder)
             raise LockTimeout(
                 f"{path}: {what} is held {_describe(holder)} and was not released within "
                 f"{timeout:g} s (a hung or stopped process?); nothing was changed. Once it is released, try "

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import socket
 import threading
 import uuid
 import zlib
@@ -30,7 +29,7 @@ from ...format.manifest import IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_di
 from ...format.shard_table import TABLE_HEADER_BYTES, ShardRow, check_table_header, row_dtype, shard_dir_name
 from ...io.objects import ObjectMeta
 from ..directio import O_CLOEXEC, pwrite_all
-from .disk import hold_owner_lock, remove_if_dead, store_lock
+from .disk import copy_workdir_prefix, hold_owner_lock, remove_if_dead, store_lock
 
 
 @dataclass
@@ -306,7 +305,7 @@ class LocalObjects:
                 for entry in list(os.scandir(work)):  # temporary directories of copies that died
                     if entry.name.startswith("copy-") and entry.is_dir():
                         remove_if_dead(Path(entry.path))
-                tmp = work / f"copy-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                tmp = work / f"{copy_workdir_prefix(os.getpid())}{uuid.uuid4().hex[:8]}"
                 tmp.mkdir()
                 self._owner_fd = hold_owner_lock(tmp)
                 self._tmp = tmp
@@ -347,6 +346,7 @@ class LocalObjects:
         commits into the shard numbers it fills nor removes them as a dead writer's meanwhile)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with store_lock(self.root):
+            self._workdir()  # (from the start: a writer timed out waiting for the lock is told a copy holds it)
             self._held = True
             try:
                 yield
