@@ -617,3 +617,22 @@ def test_remove_if_empty_never_deletes_a_store_a_writer_commits_to_meanwhile(sto
         assert not store.exists()
     with pytest.raises(SeqstoreError, match="deleted"):  # the records the writer holds are not lost silently
         w.close()
+
+
+def test_cleaning_up_parts_where_there_is_no_store_leaves_nothing_behind(tmp_path: Path) -> None:
+    """discard_parts, clean_parts and unstage took the store's lock before looking: a directory that is not a
+    store got a '.lock' file left in it, and a path with nothing there was a LockError about that lock file
+    (a late task's clean-up after the failed job's empty store was removed). There is nothing to clean there:
+    they do nothing and leave nothing."""
+    from seqstore.store.parts import unstage
+
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep")
+    for path in (other, tmp_path / "gone.seqstore"):
+        discard_parts(path, "job")
+        assert clean_parts(path, older_than=0) == []
+        unstage(path)
+        assert pending_jobs(path) == []
+    assert sorted(os.listdir(other)) == ["todo.txt"]
+    assert not (tmp_path / "gone.seqstore").exists()

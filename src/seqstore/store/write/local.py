@@ -345,6 +345,8 @@ class LocalTarget(CommitTarget):
 
     def set_staged(self, staged: Mapping[str, Any] | None) -> None:
         path = self.root / PARTS_DIR / STAGED
+        if staged is None and not self._is_store():
+            return  # nothing staged where there is no store (and nothing made there)
         with store_lock(self.root):
             if staged is None:
                 path.unlink(missing_ok=True)
@@ -367,7 +369,14 @@ class LocalTarget(CommitTarget):
             return commit_local_parts(root, manifest, staged if overwrite else None, schema, plist, entries,
                                       overwrite)
 
+    def _is_store(self) -> bool:
+        """Whether a store is at the path: where there is none, there are no parts to clean either (and its
+        lock file is not made in a directory that is not a store)."""
+        return (self.root / MANIFEST).is_file()
+
     def discard_jobs(self, jobs: Iterable[str]) -> None:
+        if not self._is_store():
+            return
         with store_lock(self.root):
             recover_batch_commit(self.root)
             remove_dead_temporaries(self.root)
@@ -382,7 +391,9 @@ class LocalTarget(CommitTarget):
 
     def clean_parts(self, older_than: float) -> list[str]:
         now = time.time()
-        removed = []
+        removed: list[str] = []
+        if not self._is_store():
+            return removed
         with store_lock(self.root):
             recover_batch_commit(self.root)
             remove_dead_temporaries(self.root)
