@@ -8,8 +8,10 @@ upload is not completed, a local file not renamed into place), then its descript
 descriptor at the destination means the files beside it were checked (a resumed copy skips that
 shard after a size check). Then the index runs, the table rows, and ``manifest.json`` last, written
 conditionally (``If-Match`` on the ETag read at the start, create-only when there was none; locally
-the copy holds the store's lock throughout, so the destination's writers wait for it): a reader sees
-the old store or none, never a partial one, and a commit made meanwhile is never silently replaced.
+under the store's lock: a copy adding shards to a local store stages them in its directory of ``_tmp/``
+and takes the lock only to check the manifest and move them in, so that store's writers go on meanwhile;
+one creating or replacing a store holds the lock throughout): a reader sees the old store or none,
+never a partial one, and a commit made meanwhile is never silently replaced.
 A destination store is updated in place only when it is a prefix of the source (its readers keep
 working); anything else needs ``overwrite=True``, which first deletes the destination's manifest and,
 before the new one is written (while no writer can open a store there), the replaced store's files
@@ -309,6 +311,9 @@ def copy(
             raise _unreadable(s_objs, exc) from exc
         if s is None:
             raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
+        staged = _stages(d_objs, s) if local[1] else None
+        if staged is not None:  # a local store the copy adds shards to: its writers go on meanwhile
+            return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite, staged=staged)
         with d_objs.locked() if local[1] else contextlib.nullcontext():  # writers of the destination wait for it
             return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
     finally:
@@ -321,6 +326,22 @@ def _unreadable(objs: Any, exc: OSError) -> FormatError:
     """A local manifest that cannot be read (a directory, a store path that is a file): the FormatError
     :func:`seqstore.open` raises, naming it."""
     return FormatError(f"{objs.key_url(MANIFEST)}: cannot read ({exc.strerror or exc})")
+
+
+def _stages(d_objs: LocalObjects, s: StoreState) -> str | None:
+    """Where the local destination holds an earlier state of the source ``s``, the ETag of its manifest: then
+    the copy stages the shards and index runs it adds (:meth:`LocalObjects.stage`) and takes the store's lock
+    only to commit them, if the manifest is still that one. None: the copy holds the lock throughout."""
+    try:
+        d = read_state(d_objs)
+    except (OSError, SeqstoreError):
+        return None  # (reported under the lock)
+    if d is None or not _is_prefix(d, s):
+        return None
+    old = {r.name for r in d.manifest.index_runs}
+    d_objs.stage([*(s.name(k) for k in range(d.num_shards, s.num_shards)),
+                  *(r.name for r in s.manifest.index_runs if r.name not in old)])
+    return d.etag
 
 
 def _check_local_destination(root: Path) -> None:
@@ -338,7 +359,7 @@ def _check_local_destination(root: Path) -> None:
 
 
 def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str, workers: int, progress: bool,
-          overwrite: bool) -> CopyResult:
+          overwrite: bool, *, staged: str | None = None) -> CopyResult:
     try:
         d: StoreState | None = read_state(d_objs)
         d_error: Exception | None = None
@@ -349,6 +370,8 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
     mode: str | dict[str, Any] = "create"
     old_runs: list[str] = []
     replaced: StoreState | None = None  # the store the copy replaces: its files go once the copy is committed
+    if staged is not None and (d is None or d.etag != staged):  # (a writer committed since _stages read it)
+        raise _changed(dst_text)
     if d is not None and _is_prefix(d, s):
         mode = {"e_tag": d.etag}
         old_runs = [r.name for r in d.manifest.index_runs]
@@ -380,29 +403,33 @@ def _copy(s_objs: Any, d_objs: Any, s: StoreState, src_text: str, dst_text: str,
         kept = {r.name for r in Manifest.parse(manifest_raw, d_objs.key_url(MANIFEST)).index_runs}
         if replaced is not None:  # before the new manifest: no writer can have opened the new store yet
             _remove_leftovers(d_objs, replaced, s, key, kept, workers)
+        replaced_runs = [f"{name}{suffix}" for name in old_runs if name not in kept
+                         for suffix in (".hash.npy", ".rows.npy")]
         try:
             if isinstance(d_objs, LocalObjects):  # the table is replaced in place: under the lock, checked
-                d_objs.commit([(key, table)] if key else [], manifest_raw, mode)
+                d_objs.commit([(key, table)] if key else [], manifest_raw, mode, replaced_runs)
+                replaced_runs = []  # (deleted under the lock: a writer's merge may make a run of that name next)
             else:  # a remote table object is never appended to: replacing it keeps the prefix readers use
                 if key:
                     d_objs.put(key, table)
                 d_objs.put(MANIFEST, manifest_raw, mode=mode)
         except ConflictError as exc:
             if not (exc.attempts > 1 and manifest_bytes(d_objs) == manifest_raw):  # (else our own write, retried)
-                raise SeqstoreError(
-                    f"{dst_text}: its manifest changed while the copy ran (another writer or copy committed); the "
-                    "copied shards are in place but the store was not replaced: run the copy again"
-                ) from None
+                raise _changed(dst_text) from None
         copier._count(2 if key else 1, len(table) + len(manifest_raw))
-        for name in old_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
-            if name not in kept:
-                for suffix in (".hash.npy", ".rows.npy"):
-                    with contextlib.suppress(OSError, SeqstoreError):
-                        d_objs.delete(f"{name}{suffix}")
+        for run_key in replaced_runs:  # runs the new manifest replaced (a reader falls back to the shard indexes)
+            with contextlib.suppress(OSError, SeqstoreError):
+                d_objs.delete(run_key)
     finally:
         if bar is not None:
             bar.close()
     return CopyResult(src_text, dst_text, s.num_shards, copier.copied, copier.skipped, copier.files, copier.bytes)
+
+
+def _changed(dst_text: str) -> SeqstoreError:
+    return SeqstoreError(f"{dst_text}: its manifest changed while the copy ran (another writer or copy committed); "
+                         "the store was not replaced: run the copy again (a store that is no longer an earlier "
+                         "state of the source needs overwrite=True)")
 
 
 def _shard_files(st: StoreState, k: int) -> set[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import fcntl
 import os
 import shutil
 import threading
@@ -29,7 +30,8 @@ from ...format.manifest import IDS_FILES, MANIFEST, WORK_DIR, Manifest, fsync_di
 from ...format.shard_table import TABLE_HEADER_BYTES, ShardRow, check_table_header, row_dtype, shard_dir_name
 from ...io.objects import ObjectMeta
 from ..directio import O_CLOEXEC, pwrite_all
-from .disk import copy_workdir_prefix, hold_owner_lock, remove_if_dead, store_lock
+from .disk import INDEX_DIR, copy_workdir_prefix, hold_owner_lock, remove_if_dead, store_lock
+from .target import OWNER
 
 
 @dataclass
@@ -203,6 +205,9 @@ def manifest_bytes(objects: Any) -> bytes | None:
 # ------------------------------------------------------------------------------------ local objects
 
 
+STAGE = "stage"  # in a copy's temporary directory: what it adds to a local store, until its commit
+
+
 def _content_tag(data: bytes) -> str:
     return f"{zlib.crc32(data):08x}-{len(data)}"
 
@@ -224,6 +229,7 @@ class LocalObjects:
         self._dirs: set[Path] = set()
         self._lock = threading.Lock()  # copies write from several threads
         self._held = False  # the store's commit lock is held throughout (:meth:`locked`)
+        self._staging: frozenset[str] = frozenset()  # the names :meth:`stage` sends to the staging directory
 
     def key_url(self, key: str) -> str:
         return str(self.root / key)
@@ -232,7 +238,18 @@ class LocalObjects:
         return True
 
     def _path(self, key: str) -> Path:
+        if self._staging and (key.split("/", 1)[0] in self._staging or key.split(".", 1)[0] in self._staging):
+            return self._workdir() / STAGE / key
         return self.root / key
+
+    def stage(self, names: Iterable[str]) -> None:
+        """Keep what is written (and read) under each of ``names`` (a shard's directory, an index run's name,
+        ``_index/run-...``) in this object's staging directory (``_tmp/copy-<token>/stage/``), out of the
+        store, until :meth:`commit` moves it in under the store's lock: a copy that adds shards to a local
+        store does not hold the lock while it transfers them (its writers commit meanwhile, and no writer
+        removes them as a dead one's leftovers). A dead copy's staging directory is taken over by the next
+        copy that stages (a rerun resumes), or removed as a dead one's by the store's writers."""
+        self._staging = frozenset(names)
 
     def _missing(self, key: str) -> RemoteNotFound:
         return RemoteNotFound(f"{self.key_url(key)}: no such file", url=self.key_url(key), attempts=1)
@@ -289,8 +306,10 @@ class LocalObjects:
         if not base.is_dir():
             return
         for p in sorted(base.rglob("*")):
-            if p.is_file():
-                yield ObjectMeta(p.relative_to(self.root).as_posix(), p.stat().st_size, "")
+            if p.is_file():  # (the key under ``prefix``: the directory may be a staged one)
+                key = p.relative_to(self.root).as_posix() if not prefix else f"{prefix.rstrip('/')}/" \
+                    f"{p.relative_to(base).as_posix()}"
+                yield ObjectMeta(key, p.stat().st_size, "")
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -303,13 +322,33 @@ class LocalObjects:
                 work = self.root / WORK_DIR
                 work.mkdir(parents=True, exist_ok=True)
                 for entry in list(os.scandir(work)):  # temporary directories of copies that died
-                    if entry.name.startswith("copy-") and entry.is_dir():
+                    if entry.name.startswith("copy-") and entry.is_dir() and not self._adopt(Path(entry.path)):
                         remove_if_dead(Path(entry.path))
+                if self._tmp is not None:  # a dead copy's staged shards, taken over
+                    return self._tmp
                 tmp = work / f"{copy_workdir_prefix(os.getpid())}{uuid.uuid4().hex[:8]}"
                 tmp.mkdir()
                 self._owner_fd = hold_owner_lock(tmp)
                 self._tmp = tmp
             return self._tmp
+
+    def _adopt(self, path: Path) -> bool:
+        """Take over the staging directory of a dead copy (once, and only to stage): whether it was."""
+        if self._tmp is not None or not self._staging or not (path / STAGE).is_dir():
+            return False
+        try:
+            fd = os.open(path / OWNER, os.O_RDWR | O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False  # a live copy's
+        for tmp in path.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+        self._tmp, self._owner_fd = path, fd
+        return True
 
     def _install(self, key: str, write: Callable[[int], None]) -> str:
         """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""
@@ -369,16 +408,50 @@ class LocalObjects:
             self.sync()
         return _content_tag(bytes(data))
 
-    def commit(self, files: Sequence[tuple[str, bytes]], manifest: bytes, mode: str | dict[str, Any]) -> None:
+    def commit(self, files: Sequence[tuple[str, bytes]], manifest: bytes, mode: str | dict[str, Any],
+               unlink: Sequence[str] = ()) -> None:
         """Under the store's lock: check ``manifest.json`` as ``mode`` says (``"create"``: there is none;
-        ``{"e_tag": tag}``: its content tag is ``tag``; ``"overwrite"``: anything), then replace each of
-        ``files`` and then the manifest, atomically each, and fsync the directories."""
+        ``{"e_tag": tag}``: its content tag is ``tag``; ``"overwrite"``: anything), move what was staged
+        (:meth:`stage`) into the store, then replace each of ``files`` and then the manifest, atomically
+        each, fsync the directories, and delete the keys ``unlink`` (files the new manifest does not use)."""
         with self._commit_lock():
-            self._check_mode(MANIFEST, mode)
+            try:
+                self._check_mode(MANIFEST, mode)
+            except ConflictError:
+                self._staging = frozenset()  # (staged for a state of the store that is gone: of no more use)
+                raise
+            self.sync()  # (the staged directories' entries: they move with them)
+            self._move_staged()
+            self._staging = frozenset()
             for key, data in [*files, (MANIFEST, manifest)]:
                 view = memoryview(data)
                 self._install(key, lambda fd: pwrite_all(fd, view, 0))  # noqa: B023 - called right here
             self.sync()
+            for key in unlink:
+                self._path(key).unlink(missing_ok=True)
+
+    def _move_staged(self) -> None:
+        """Rename each staged shard directory and index run file into the store (what is at those names is
+        uncommitted: the manifest is unchanged since the copy read it, and does not list them). Only the names
+        this copy stages: a dead copy's directory taken over may hold others (they go with the directory)."""
+        stage = self._tmp / STAGE if self._tmp is not None and self._staging else None
+        if stage is None or not stage.is_dir():
+            return
+        for entry in sorted(os.scandir(stage), key=lambda e: e.name):
+            if entry.name == INDEX_DIR:
+                (self.root / INDEX_DIR).mkdir(exist_ok=True)
+                for run in os.scandir(entry.path):
+                    if f"{INDEX_DIR}/{run.name.split('.', 1)[0]}" in self._staging:
+                        os.replace(run.path, self.root / INDEX_DIR / run.name)
+                self._dirs.add(self.root / INDEX_DIR)
+                continue
+            if entry.name not in self._staging:
+                continue
+            target = self.root / entry.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.rename(entry.path, target)
+        self._dirs.add(self.root)
 
     def _check_mode(self, key: str, mode: str | dict[str, Any]) -> None:
         try:
@@ -410,7 +483,13 @@ class LocalObjects:
             fsync_dir(self.root)
 
     def close(self) -> None:
+        """Remove the temporary directory; one with staged shards not committed (a copy that failed or was
+        interrupted) is left for the next copy to take over (a rerun resumes) or the store's writers to remove."""
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            if self._staging and (self._tmp / STAGE).is_dir():
+                for tmp in self._tmp.glob("*.tmp"):
+                    tmp.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(self._tmp, ignore_errors=True)
             os.close(self._owner_fd)
             self._tmp, self._owner_fd = None, -1
