@@ -636,3 +636,24 @@ def test_cleaning_up_parts_where_there_is_no_store_leaves_nothing_behind(tmp_pat
         assert pending_jobs(path) == []
     assert sorted(os.listdir(other)) == ["todo.txt"]
     assert not (tmp_path / "gone.seqstore").exists()
+
+
+def test_clean_parts_while_a_task_of_the_job_removes_its_files(store: Path, monkeypatch) -> None:
+    """clean_parts took the time of every file of a job from a listing: a file that went between the listing
+    and its stat (an attempt of the job aborting, or staging a shard, meanwhile) made it a bare
+    FileNotFoundError. A file gone meanwhile is not counted."""
+    prepare_store(store, SCHEMA)
+    write_part(store, "old", "a", range(6))
+    glob_of = Path.glob
+
+    def vanishing(self: Path, pattern: str) -> Iterator[Path]:
+        found = list(glob_of(self, pattern))
+        if pattern == "*/*" and found:
+            os.rename(found[0], found[0].with_name("gone"))  # moved away between the listing and its stat
+            os.utime(found[0].parent, (0, 0))  # (by a task dead long ago, for the age test)
+        return iter(found)
+
+    monkeypatch.setattr(Path, "glob", vanishing)
+    assert clean_parts(store, older_than=0) == ["old"]
+    monkeypatch.undo()
+    assert pending_jobs(store) == [] and len(ss.open(store)) == 0

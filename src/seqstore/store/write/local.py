@@ -399,9 +399,7 @@ class LocalTarget(CommitTarget):
             remove_dead_temporaries(self.root)
             for job in self.pending_jobs():
                 job_dir = self.root / PARTS_DIR / job
-                newest = max((p.stat().st_mtime for p in [job_dir, *job_dir.glob("*"), *job_dir.glob("*/*")]),
-                             default=0.0)
-                if now - newest >= older_than and discard_job(job_dir):
+                if now - _newest(job_dir) >= older_than and discard_job(job_dir):
                     removed.append(job)
         return removed
 
@@ -430,6 +428,16 @@ def _claim_task(task_dir: Path, job: str, task: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _newest(job_dir: Path) -> float:
+    """The latest modification time of a job's directory, its tasks and their files (O(tasks + shards)); a
+    file gone since it was listed (an attempt aborting or staging a shard meanwhile) is not counted."""
+    newest = 0.0
+    for p in [job_dir, *job_dir.glob("*"), *job_dir.glob("*/*")]:
+        with contextlib.suppress(FileNotFoundError):
+            newest = max(newest, p.stat().st_mtime)
+    return newest
 
 
 def clean_orphans(root: Path, manifest: Manifest) -> None:
