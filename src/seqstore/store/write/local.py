@@ -162,7 +162,8 @@ class LocalTarget(CommitTarget):
                 manifest = Manifest.load(root)
             except (SeqstoreError, FileNotFoundError):  # (gone meanwhile, or not readable: as read_manifest)
                 return False
-            if manifest.num_shards or self.pending_jobs():
+            if manifest.num_shards or self.pending_jobs() or _live_workspace(root / WORK_DIR) or (
+                    manifest.table is None and _live_workspace(root, "_tmp-")):  # (versions 1/2: no shard here)
                 return False
             self.delete_store()
         return True
@@ -428,6 +429,27 @@ def _claim_task(task_dir: Path, job: str, task: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _live_workspace(work: Path, prefix: str = "") -> bool:
+    """Whether a live writer holds a workspace in ``work`` named ``prefix...`` (its ``owner.lock`` locked);
+    O(entries of ``work``)."""
+    if not work.is_dir():
+        return False
+    for entry in os.scandir(work):
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            fd = os.open(Path(entry.path) / OWNER, os.O_RDWR | O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+    return False
 
 
 def _newest(job_dir: Path) -> float:

@@ -357,6 +357,7 @@ def unstage(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] 
 
 
 def remove_if_empty(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Delete the store at ``path`` if it has no committed shard and no job has staged anything in it
-    (the store a failed job created); whether it was deleted."""
+    """Delete the store at ``path`` if it has no committed shard, no job has staged anything in it and (a
+    local store) no writer has it open (the store a failed job created); whether it was deleted. Locally
+    this is decided and done under the store's lock, so a writer's commit is never lost with the store."""
     return open_target(path, storage_options, writing=False).remove_if_empty()
