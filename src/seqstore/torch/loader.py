@@ -195,6 +195,7 @@ class SeqDataLoader(DataLoader[Any]):
         self._ahead = _AHEAD if (procs or threads) and _any_store(dataset, lambda store: store.is_remote) else 0
         super().__init__(dataset, **kwargs)
         self._consumed = 0
+        self._counted: Any = None  # the source's resume point (its _generation) that _consumed counts from
         self.threads = threads
         self.procs = procs
         if (threads or procs) and not _own_batches(self.dataset, self.collate_fn, self.sampler, self.batch_sampler,
@@ -223,6 +224,7 @@ class SeqDataLoader(DataLoader[Any]):
         src = self._source()
         src.begin()
         self._consumed = 0
+        self._counted = src._generation
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
         packed = isinstance(src, PackedIterableDataset) and bool(self.threads or self.procs)
         # (the DataLoader's path pins, or warns, by itself)
@@ -331,8 +333,12 @@ class SeqDataLoader(DataLoader[Any]):
             self._consumed = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The source's resume state after the batches handed out so far in this iteration. O(1)."""
+        """The source's resume state after the batches handed out so far in this iteration. O(1). Where the
+        source was given another epoch or state since (``loader.sampler.set_epoch(e)``, as for a
+        ``DistributedSampler``), nothing of it is consumed yet."""
         src = self._source()
+        if src._generation != self._counted:
+            self._consumed = 0
         if isinstance(src, EpochSampler):
             bs = self.batch_size or 1
             return src.state_dict(consumed=min(self._consumed * bs, len(src)))

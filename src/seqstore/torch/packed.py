@@ -64,6 +64,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._state: dict[str, Any] | None = None  # resume point of the next iteration (None: fresh)
         self._replay: tuple[int, list[PackedStream], list[int]] | None = None
         self._ended: tuple[int, int] | None = None  # (batches, workers) of an iteration run to its end
+        self._generation = 0  # bumped at each new resume point (SeqDataLoader's count of batches restarts)
 
     # --------------------------------------------------------------------------------- iteration
 
@@ -115,9 +116,10 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         """Where a run without a loaded state or consumed batches starts; ignored once it has a position
         (the packed stream is endless: it goes on into the following epochs by itself)."""
         epoch = check_int(epoch, f"{self._kind}: epoch (1-based)", 1)
-        if self._state is None and self._ended is None:
+        if self._state is None and self._ended is None and epoch != self.epoch:
             self.epoch = epoch
             self._replay = None
+            self._generation += 1
 
     def begin(self) -> None:
         """A new iteration starts from the current resume point (``SeqDataLoader`` calls this): after
@@ -168,6 +170,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._state = state
         self._replay = None
         self._ended = None
+        self._generation += 1
 
     @property
     def stats(self) -> dict[str, Any]:

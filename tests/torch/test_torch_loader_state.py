@@ -1,0 +1,84 @@
+"""SeqDataLoader.state_dict() as a PyTorch user drives it: the source's epoch or state changed behind the
+loader's back (``loader.sampler.set_epoch(e)``, the DistributedSampler habit), resume points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import seqstore
+from seqstore import Field
+from seqstore.data import PackedDataset, StoreDataset
+
+torch = pytest.importorskip("torch")
+
+from torch_testlib import make_store  # noqa: E402
+
+from seqstore.torch import (  # noqa: E402
+    EpochBatchSampler,
+    EpochSampler,
+    IterableSeqDataset,
+    PackedIterableDataset,
+    SeqDataLoader,
+    SeqDataset,
+    collate_padded,
+)
+
+N = 23
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory) -> StoreDataset:
+    p = tmp_path_factory.mktemp("ls") / "s.seqstore"
+    make_store(p, N, seed=1, shard_records=8)
+    return StoreDataset(p, ordering="random", seed=5)
+
+
+def _loaders(ds: StoreDataset) -> list[tuple[SeqDataLoader, Any]]:
+    s = EpochSampler(ds)
+    bs = EpochBatchSampler(ds, max_frames=40)
+    it = IterableSeqDataset(ds, batch=4)
+    return [(SeqDataLoader(SeqDataset(ds), sampler=s, batch_size=4, collate_fn=collate_padded), s),
+            (SeqDataLoader(SeqDataset(ds), batch_sampler=bs, collate_fn=collate_padded), bs),
+            (SeqDataLoader(it, batch_size=None), it)]
+
+
+def test_source_set_epoch_directly_starts_the_state_at_the_new_epoch(ds: StoreDataset) -> None:
+    """A whole epoch taken, then ``loader.sampler.set_epoch(2)`` (not the loader's): a state saved before
+    the first batch of epoch 2 is its start (it said epoch 2 at its end: a resume skipped the epoch)."""
+    for loader, src in _loaders(ds):
+        assert sum(1 for _ in loader) > 0
+        src.set_epoch(2)
+        state = loader.state_dict()
+        assert (state["epoch"], state["position"]) == (2, 0), type(src).__name__
+
+
+def test_source_load_state_dict_directly_is_the_resume_point(ds: StoreDataset) -> None:
+    for loader, src in _loaders(ds):
+        assert sum(1 for _ in loader) > 0
+        src.load_state_dict(type(src)(ds, **({"max_frames": 40} if isinstance(src, EpochBatchSampler) else {}),
+                                      **({"batch": 4} if isinstance(src, IterableSeqDataset) else {}),
+                                      epoch=3).state_dict())
+        state = loader.state_dict()
+        assert (state["epoch"], state["position"]) == (3, 0), type(src).__name__
+
+
+def test_packed_load_state_dict_directly_is_the_resume_point(tmp_path: Path) -> None:
+    path = tmp_path / "t.seqstore"
+    with seqstore.create(path, {"tokens": Field("int32", (None,))}) as w:
+        w.append_batch({"tokens": (np.arange(200 * 7, dtype=np.int32), np.full(200, 7))})
+
+    def packed() -> PackedIterableDataset:
+        return PackedIterableDataset(PackedDataset(path, seq_len=8), batch_size=2)
+
+    pk = packed()
+    loader = SeqDataLoader(pk, batch_size=None)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    fresh = packed().state_dict(0)
+    pk.load_state_dict(fresh)
+    assert loader.state_dict()["stats"] == fresh["stats"]
