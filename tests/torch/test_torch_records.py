@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from torch_testlib import as_worker, make_store  # noqa: E402
 
 from seqstore.data import StoreDataset  # noqa: E402
+from seqstore.errors import SeqstoreError  # noqa: E402
 from seqstore.torch import IterableSeqDataset, SeqDataLoader, collate_padded  # noqa: E402
 from seqstore.torch._plan import fixed_item_blocks, fixed_item_positions  # noqa: E402
 from seqstore.torch.iterable import RECORDS_BLOCK  # noqa: E402
@@ -154,3 +155,23 @@ def test_two_loaders_sharing_a_records_dataset_keep_their_own_group(ds: StoreDat
     again.load_state_dict(state)
     rest = np.concatenate([b["index"].numpy() for b in again])
     np.testing.assert_array_equal(rest[: N - 20], ds.epoch_order(1).to_numpy()[20:])
+
+
+def test_records_of_equal_lengths_still_get_their_lengths(tmp_path: Path) -> None:
+    """Records mode + collate_padded: a batch whose records happen to share a length has ``x_lengths`` as
+    every other batch (the records know their ragged fields, as SeqDataset's do); it had none."""
+    make_store(tmp_path / "one.seqstore", 8, max_len=1)
+    one = StoreDataset(tmp_path / "one.seqstore")
+    for loader in (SeqDataLoader(IterableSeqDataset(one), batch_size=4, collate_fn=collate_padded),
+                   torch.utils.data.DataLoader(IterableSeqDataset(one), batch_size=4, collate_fn=collate_padded)):
+        batches = list(loader)
+        assert len(batches) == 2
+        for b in batches:
+            assert b["x"].shape == (4, 1, 3) and b["x_lengths"].tolist() == [1] * 4
+
+
+def test_records_with_ragged_fields_are_refused_by_the_default_collate_at_once(tmp_path: Path) -> None:
+    make_store(tmp_path / "one.seqstore", 4, max_len=1)
+    loader = torch.utils.data.DataLoader(IterableSeqDataset(StoreDataset(tmp_path / "one.seqstore")), batch_size=4)
+    with pytest.raises(SeqstoreError, match="collate_padded"):
+        next(iter(loader))

@@ -92,12 +92,25 @@ class GatheredRecord(dict[str, torch.Tensor]):
     """One record of :class:`GatheredRecords` (a dict). torch's default collate, which would stack
     records of different lengths (and, in a DataLoader worker, fails with "Trying to resize storage
     that is not resizable"), refuses a batch of these with ragged fields, naming :func:`collate_padded`;
-    without ragged fields it returns the gathered batch (what stacking would give)."""
+    without ragged fields it returns the gathered batch (what stacking would give).
+
+    ``ragged``: where set (a record :class:`~seqstore.torch.IterableSeqDataset` hands out), its dataset's
+    ragged fields, which :func:`collate_padded` pads (with lengths) even when a batch's records happen to
+    share a length, and torch's default collate refuses at once."""
+
+    ragged: tuple[str, ...] | None = None
+
+
+def _known_ragged(record: Any) -> set[str] | None:
+    """The ragged fields a record knows it has (:attr:`GatheredRecord.ragged`, those it still holds), else None."""
+    names = getattr(record, "ragged", None) if isinstance(record, GatheredRecord) else None
+    return None if names is None else set(names).intersection(record)
 
 
 def _default_collate(batch: Sequence[Mapping[str, Any]], *, collate_fn_map: Any = None) -> dict[str, Any]:
     gathered = batch if isinstance(batch, GatheredRecords) and batch.intact() else None
-    ragged = sorted(gathered.lengths) if gathered is not None else [
+    known = _known_ragged(batch[0])
+    ragged = sorted(gathered.lengths) if gathered is not None else sorted(known) if known is not None else [
         k for k, v in batch[0].items() if isinstance(v, torch.Tensor) and v.dim() and
         any(not isinstance(r[k], torch.Tensor) or r[k].shape != v.shape for r in batch)
     ]
@@ -178,10 +191,11 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
                    pad_value: float = 0) -> dict[str, torch.Tensor]:
     """Collate records into a dict of tensors (see the module docstring for the layout).
 
-    ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch, else every field
-    whose records differ in their first dimension -- name them to get lengths for equal-length batches
-    too; a string is one field's name; a named field the records lack is a KeyError). Records must share
-    inner shapes and dtypes per field (else ValueError naming the field).
+    ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch or the records' own
+    :attr:`GatheredRecord.ragged`, else every field whose records differ in their first dimension -- name
+    them to get lengths for equal-length batches too; a string is one field's name; a named field the
+    records lack is a KeyError). Records must share inner shapes and dtypes per field
+    (else ValueError naming the field).
     Time and memory O(batch elements).
     """
     _check_pad_value(pad_value)
@@ -189,8 +203,8 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
         raise ValueError("collate_padded: empty batch")
     if isinstance(samples, GatheredRecords) and pad_value == 0 and samples.intact():
         return collate_gathered(samples.padded, samples.lengths, ragged=ragged, masks=masks)
-    wanted = None if ragged is None else set(field_list(ragged) or ())
     first = samples[0]
+    wanted = _known_ragged(first) if ragged is None else set(field_list(ragged) or ())
     out = {}
     for name in first:
         try:

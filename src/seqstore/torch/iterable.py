@@ -23,7 +23,7 @@ from ..schema import field_list
 from ._convert import worker_topology
 from ._epoch import EpochCursor
 from ._plan import LengthBatching, fixed_item_blocks, fixed_item_positions, select_items
-from .collate import collate_gathered
+from .collate import GatheredRecord, collate_gathered
 from .dataset import (
     INDEX_KEY,
     as_protocol_dataset,
@@ -143,8 +143,11 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         if not parts:  # no fields: one empty record per index (as SeqDataset gives)
             yield from ({} for _ in range(len(idx)))
             return
+        ragged = tuple(name for name in names if name in lengths)  # (collate_padded pads them in every batch)
         for views in zip(*parts):
-            yield dict(zip(names, views))
+            record = GatheredRecord(zip(names, views))
+            record.ragged = ragged
+            yield record
 
     def _stream(self) -> tuple[int, int]:
         """(streams, this process's stream): ranks x DataLoader workers, stream ``worker * W + rank``."""
