@@ -95,3 +95,15 @@ def test_fields_a_store_dataset_does_not_return_are_a_key_error(tmp_path: Path) 
             make(StoreDataset(path), fields=["nope"])
     assert list(SeqDataset(narrow, fields=["feat0"])[3]) == ["feat0"]
     assert list(SeqDataset(StoreDataset(path), fields=["label"])[3]) == ["label"]
+
+
+def test_records_one_by_one_of_equal_lengths_still_get_their_lengths(tmp_path: Path) -> None:
+    """A SeqDataset read record by record (``ds[i]``: under a ConcatDataset, which has no ``__getitems__``):
+    a batch whose records share a length has ``feat0_lengths`` as the others have (it had none)."""
+    from torch.utils.data import ConcatDataset
+
+    ds = SeqDataset(_store(tmp_path / "s.seqstore", 1))
+    batches = list(DataLoader(ConcatDataset([ds]), batch_sampler=[[0, 5, 10], [1, 2]], collate_fn=collate_padded))
+    assert [b["feat0_lengths"].tolist() for b in batches] == [[1, 1, 1], [2, 3]]
+    with pytest.raises(SeqstoreError, match="collate_padded"):
+        next(iter(DataLoader(ConcatDataset([ds]), batch_sampler=[[0, 5, 10]])))

@@ -167,7 +167,8 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         return int(self.dataset.num_seqs)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        """Record ``i``: field -> tensor (one copy out of the mapping). O(record size)."""
+        """Record ``i``: field -> tensor (one copy out of the mapping), a dict that knows the dataset's ragged
+        fields (:attr:`~seqstore.torch.collate.GatheredRecord.ragged`). O(record size)."""
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"SeqDataset index must be an int, got {type(i).__name__}")
         n = len(self)
@@ -175,11 +176,12 @@ class SeqDataset(Dataset[dict[str, torch.Tensor]]):
         if not 0 <= j < n:
             raise IndexError(f"SeqDataset index {i} out of range for {n} records")
         rec = self.dataset.get(j)
-        out = {k: to_tensor(v, k in self._bf16, name=k) for k, v in rec.items()
-               if self.fields is None or k in self.fields}
+        out = GatheredRecord((k, to_tensor(v, k in self._bf16, name=k)) for k, v in rec.items()
+                             if self.fields is None or k in self.fields)
         if self.with_index:
             check_index_free(out)
             out[INDEX_KEY] = torch.tensor(j, dtype=torch.int64)
+        out.ragged = self.ragged_fields  # (collate_padded pads them, with lengths, in every batch)
         return out
 
     def __getitems__(self, indices: Sequence[int]) -> GatheredRecords:
