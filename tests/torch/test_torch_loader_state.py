@@ -1,5 +1,5 @@
-"""SeqDataLoader.state_dict() as a PyTorch user drives it: the source's epoch or state changed behind the
-loader's back (``loader.sampler.set_epoch(e)``, the DistributedSampler habit), resume points."""
+"""SeqDataLoader as a PyTorch user drives it: ``state_dict()`` after the source's epoch or state changed behind
+the loader's back (``loader.sampler.set_epoch(e)``, the DistributedSampler habit); what making one costs."""
 
 from __future__ import annotations
 
@@ -82,3 +82,21 @@ def test_packed_load_state_dict_directly_is_the_resume_point(tmp_path: Path) -> 
     fresh = packed().state_dict(0)
     pk.load_state_dict(fresh)
     assert loader.state_dict()["stats"] == fresh["stats"]
+
+
+def test_making_a_loader_copies_no_in_memory_dataset() -> None:
+    """threads= looks for a remote store in the dataset by pickling it: into a sink that keeps nothing (it
+    held the whole pickle, and a copy of each array, in memory: twice an in-memory dataset's size)."""
+    import tracemalloc
+
+    from seqstore.data import LengthsDataset
+
+    lengths = LengthsDataset(np.ones(2_000_000, np.int32))  # 8 MB
+    tracemalloc.start()
+    try:
+        SeqDataLoader(SeqDataset(lengths), sampler=EpochSampler(lengths), batch_size=4, collate_fn=collate_padded,
+                      threads=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000

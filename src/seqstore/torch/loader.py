@@ -12,7 +12,6 @@ whose loop is not under ``if __name__ == "__main__":`` is refused with a
 
 from __future__ import annotations
 
-import io
 import itertools
 import pickle
 import warnings
@@ -52,6 +51,13 @@ _AHEAD = 16
 _RUN_BUFFERS = 12
 
 
+class _Discard:
+    """A file that keeps nothing written to it."""
+
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes
+
+
 def _any_store(dataset: Any, test: Callable[[Any], bool]) -> bool:
     """Whether ``dataset`` reads a store for which ``test(store)`` holds, found by pickling the dataset
     (what a worker receives anyway; a Store pickles as its URL). False when it does not pickle."""
@@ -65,8 +71,8 @@ def _any_store(dataset: Any, test: Callable[[Any], bool]) -> bool:
             if isinstance(obj, Store) and test(obj):
                 found = True
 
-    try:
-        _Probe(io.BytesIO()).dump(dataset)
+    try:  # (into a sink that keeps nothing, arrays' buffers written in place: no copy of the dataset's data)
+        _Probe(_Discard(), protocol=5).dump(dataset)
     except Exception:  # noqa: BLE001 - not picklable
         return False
     return found
