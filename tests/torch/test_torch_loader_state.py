@@ -100,3 +100,19 @@ def test_making_a_loader_copies_no_in_memory_dataset() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2_000_000
+
+
+@pytest.mark.parametrize("how", [{}, {"threads": 2}, {"collate_fn": lambda records: collate_padded(records)}])
+def test_the_samplers_own_state_is_what_the_loop_took(ds: StoreDataset, how: dict[str, Any]) -> None:
+    """``loader.sampler.state_dict()`` with no workers is exact (docs/torch.md) also where SeqDataLoader
+    builds the batches itself: the sampler's read-ahead had taken a whole chunk (the rest of the epoch)."""
+    for kind in (EpochSampler, EpochBatchSampler):
+        src = kind(ds) if kind is EpochSampler else kind(ds, max_frames=40)
+        given = {"sampler": src, "batch_size": 4} if kind is EpochSampler else {"batch_sampler": src}
+        loader = SeqDataLoader(SeqDataset(ds), **{"collate_fn": collate_padded, **given, **how})
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        assert src.state_dict()["position"] == loader.state_dict()["position"] > 0, kind.__name__
+        assert sum(1 for _ in loader) > 0
+        assert src.state_dict() == loader.state_dict(), kind.__name__

@@ -65,6 +65,7 @@ class EpochCursor:
         self._start = self._iter_start = position
         self._start_batches = self._iter_start_batches = batches
         self._yielded = 0
+        self._handed: int | None = None  # items SeqDataLoader handed to the loop in this iteration, if it runs it
         self._cursor: GreedyCursor | None = None
         self._len_cache: tuple[tuple[int, int, int], int] | None = None
 
@@ -97,6 +98,7 @@ class EpochCursor:
         """Start an iteration: (order, start position, batches to skip)."""
         self._iter_start, self._iter_start_batches = self._start, self._start_batches
         self._yielded = 0
+        self._handed = None
         self._cursor = None
         return self.epoch_order(), self._start, self._start_batches
 
@@ -106,6 +108,11 @@ class EpochCursor:
         read-ahead pulls the last items before the loop has them)."""
         self._begin()
         self._by_loader = True
+
+    def handed_out(self, items: int) -> None:
+        """``SeqDataLoader`` handed the loop ``items`` items of this iteration (what the default ``consumed``
+        of a sampler's ``state_dict`` counts: its read-ahead takes items before the loop has them)."""
+        self._handed = items
 
     def _finish(self) -> None:
         """The items of an iteration ran out: its end, unless ``SeqDataLoader`` says when that is."""

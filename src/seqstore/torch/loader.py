@@ -257,9 +257,12 @@ class SeqDataLoader(DataLoader[Any]):
                 check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
             batches = super().__iter__()
         ended = False
+        sampler = src if isinstance(src, (EpochSampler, EpochBatchSampler)) else None
         try:
             for batch in batches:
                 self._consumed += 1
+                if sampler is not None:  # (its own state_dict() then counts what the loop has, not its read-ahead)
+                    sampler.handed_out(self._items(sampler))
                 yield batch
             ended = True
         finally:  # broken off: the next iteration starts at this one's resume point again
@@ -345,12 +348,15 @@ class SeqDataLoader(DataLoader[Any]):
         src = self._source()
         if src._generation != self._counted:
             self._consumed = 0
-        if isinstance(src, EpochSampler):
-            bs = self.batch_size or 1
-            return src.state_dict(consumed=min(self._consumed * bs, len(src)))
         if isinstance(src, (IterableSeqDataset, PackedIterableDataset)):
             return src.state_dict(consumed=self._consumed, num_workers=self.num_workers)
-        return src.state_dict(consumed=self._consumed)
+        return src.state_dict(consumed=self._items(src))
+
+    def _items(self, src: EpochSampler | EpochBatchSampler) -> int:
+        """What the batches handed out in this iteration are in the sampler's items (EpochSampler: records)."""
+        if isinstance(src, EpochSampler):
+            return min(self._consumed * (self.batch_size or 1), len(src))
+        return self._consumed
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (any world size / worker count, same dataset and ordering)."""

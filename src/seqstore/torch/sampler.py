@@ -36,9 +36,13 @@ class _RankSampler(EpochCursor):
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Resume state after every rank took ``consumed`` items (indices or batches) of the current
-        iteration (default: what this sampler yielded). O(1); greedy batching: index arithmetic over
-        the batches since the last call."""
-        k = self._yielded if consumed is None else check_int(consumed, f"{self._kind}: consumed", 0)
+        iteration (default: what :class:`~seqstore.torch.SeqDataLoader` handed to the loop where it runs the
+        iteration, else what this sampler yielded). O(1); greedy batching: index arithmetic over the batches
+        since the last call."""
+        if consumed is not None:
+            k = check_int(consumed, f"{self._kind}: consumed", 0)
+        else:
+            k = self._yielded if self._handed is None else self._handed
         return self._state_after(k * self.world_size)
 
 
