@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 from torch_testlib import as_worker, make_store  # noqa: E402
 
 from seqstore.data import StoreDataset  # noqa: E402
-from seqstore.errors import SeqstoreError  # noqa: E402
 from seqstore.torch import IterableSeqDataset, SeqDataLoader, collate_padded  # noqa: E402
 from seqstore.torch._plan import fixed_item_blocks, fixed_item_positions  # noqa: E402
 from seqstore.torch.iterable import RECORDS_BLOCK  # noqa: E402
@@ -170,8 +169,21 @@ def test_records_of_equal_lengths_still_get_their_lengths(tmp_path: Path) -> Non
             assert b["x"].shape == (4, 1, 3) and b["x_lengths"].tolist() == [1] * 4
 
 
-def test_records_with_ragged_fields_are_refused_by_the_default_collate_at_once(tmp_path: Path) -> None:
-    make_store(tmp_path / "one.seqstore", 4, max_len=1)
-    loader = torch.utils.data.DataLoader(IterableSeqDataset(StoreDataset(tmp_path / "one.seqstore")), batch_size=4)
-    with pytest.raises(SeqstoreError, match="collate_padded"):
-        next(iter(loader))
+
+def test_records_changed_in_place_collate_as_their_values_say(tmp_path: Path) -> None:
+    """The ragged fields records name are padded besides those inferred: a field made fixed-size or scalar
+    by the user's transform stacks (torch's default collate too), a ragged field added is padded."""
+    from torch.utils.data import default_collate
+
+    make_store(tmp_path / "s.seqstore", 4, max_len=6)
+    records = list(IterableSeqDataset(StoreDataset(tmp_path / "s.seqstore")))
+    for i, r in enumerate(records):
+        r["x"] = r["x"][:1]  # cropped to one frame
+        r["y"] = torch.zeros(i + 1)
+    assert default_collate([{"x": r["x"]} for r in records])["x"].shape == (4, 1, 3)
+    assert default_collate([r for r in records if r.pop("y") is not None])["x"].shape == (4, 1, 3)
+    for i, r in enumerate(records):
+        r["x"] = r["x"].mean()  # a scalar now
+        r["y"] = torch.zeros(i + 1)
+    out = collate_padded(records)
+    assert out["x"].shape == (4,) and out["y"].shape == (4, 4) and out["y_lengths"].tolist() == [1, 2, 3, 4]

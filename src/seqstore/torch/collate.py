@@ -94,9 +94,9 @@ class GatheredRecord(dict[str, torch.Tensor]):
     that is not resizable"), refuses a batch of these with ragged fields, naming :func:`collate_padded`;
     without ragged fields it returns the gathered batch (what stacking would give).
 
-    ``ragged``: where set (a record :class:`~seqstore.torch.IterableSeqDataset` hands out), its dataset's
-    ragged fields, which :func:`collate_padded` pads (with lengths) even when a batch's records happen to
-    share a length, and torch's default collate refuses at once."""
+    ``ragged``: where set (a record of :class:`~seqstore.torch.IterableSeqDataset` or ``SeqDataset[i]``), its
+    dataset's ragged fields, which :func:`collate_padded` pads (with lengths) even when a batch's records
+    happen to share a length."""
 
     ragged: tuple[str, ...] | None = None
 
@@ -109,8 +109,7 @@ def _known_ragged(record: Any) -> set[str] | None:
 
 def _default_collate(batch: Sequence[Mapping[str, Any]], *, collate_fn_map: Any = None) -> dict[str, Any]:
     gathered = batch if isinstance(batch, GatheredRecords) and batch.intact() else None
-    known = _known_ragged(batch[0])
-    ragged = sorted(gathered.lengths) if gathered is not None else sorted(known) if known is not None else [
+    ragged = sorted(gathered.lengths) if gathered is not None else [
         k for k, v in batch[0].items() if isinstance(v, torch.Tensor) and v.dim() and
         any(not isinstance(r[k], torch.Tensor) or r[k].shape != v.shape for r in batch)
     ]
@@ -191,9 +190,9 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
                    pad_value: float = 0) -> dict[str, torch.Tensor]:
     """Collate records into a dict of tensors (see the module docstring for the layout).
 
-    ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch or the records' own
-    :attr:`GatheredRecord.ragged`, else every field whose records differ in their first dimension -- name
-    them to get lengths for equal-length batches too; a string is one field's name; a named field the
+    ``ragged``: the fields to pad (default: from a :class:`GatheredRecords` batch, else every field
+    whose records differ in their first dimension and those the records name (:attr:`GatheredRecord.ragged`)
+    -- name them to get lengths for equal-length batches too; a string is one field's name; a named field the
     records lack is a KeyError). Records must share inner shapes and dtypes per field
     (else ValueError naming the field).
     Time and memory O(batch elements).
@@ -204,7 +203,8 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
     if isinstance(samples, GatheredRecords) and pad_value == 0 and samples.intact():
         return collate_gathered(samples.padded, samples.lengths, ragged=ragged, masks=masks)
     first = samples[0]
-    wanted = _known_ragged(first) if ragged is None else set(field_list(ragged) or ())
+    wanted = None if ragged is None else set(field_list(ragged) or ())
+    known = _known_ragged(first) if ragged is None else None  # (besides those whose shapes differ)
     out = {}
     for name in first:
         try:
@@ -212,7 +212,8 @@ def collate_padded(samples: Sequence[Mapping[str, Any]], *, ragged: Iterable[str
         except KeyError:
             raise KeyError(f"collate_padded: some records lack field {name!r}") from None
         shapes = {tuple(t.shape) for t in ts}
-        is_ragged = (name in wanted) if wanted is not None else len(shapes) > 1
+        is_ragged = (name in wanted) if wanted is not None else len(shapes) > 1 or (
+            known is not None and name in known and all(t.dim() for t in ts))
         if not is_ragged:
             if len(shapes) > 1:
                 raise ValueError(f"collate_padded: field {name!r} has records of shapes {sorted(shapes)}")
