@@ -60,8 +60,9 @@ class EpochCursor:
         self._reset(0, 0)
 
     def _reset(self, position: int, batches: int) -> None:
-        # a new resume point: counts of batches taken before it (SeqDataLoader's) no longer apply
-        self._generation = getattr(self, "_generation", 0) + 1
+        # a new resume point: counts of batches taken before it (SeqDataLoader's) no longer apply; ``generation``
+        # (public: SeqDataLoader compares it) counts the resume points
+        self.generation = getattr(self, "generation", 0) + 1
         self._start = self._iter_start = position
         self._start_batches = self._iter_start_batches = batches
         self._yielded = 0

@@ -201,7 +201,7 @@ class SeqDataLoader(DataLoader[Any]):
         self._ahead = _AHEAD if (procs or threads) and _any_store(dataset, lambda store: store.is_remote) else 0
         super().__init__(dataset, **kwargs)
         self._consumed = 0
-        self._counted: Any = None  # the source's resume point (its _generation) that _consumed counts from
+        self._counted: Any = None  # the source's resume point (its generation) that _consumed counts from
         self.threads = threads
         self.procs = procs
         if (threads or procs) and not _own_batches(self.dataset, self.collate_fn, self.sampler, self.batch_sampler,
@@ -230,7 +230,7 @@ class SeqDataLoader(DataLoader[Any]):
         src = self._source()
         src.begin()
         self._consumed = 0
-        self._counted = src._generation
+        self._counted = src.generation
         plan = direct_plan(self, self.threads or self.procs) if self.num_workers == 0 else None
         packed = isinstance(src, PackedIterableDataset) and bool(self.threads or self.procs)
         # (the DataLoader's path pins, or warns, by itself)
@@ -346,7 +346,7 @@ class SeqDataLoader(DataLoader[Any]):
         source was given another epoch or state since (``loader.sampler.set_epoch(e)``, as for a
         ``DistributedSampler``), nothing of it is consumed yet."""
         src = self._source()
-        if src._generation != self._counted:
+        if src.generation != self._counted:
             self._consumed = 0
         if isinstance(src, (IterableSeqDataset, PackedIterableDataset)):
             return src.state_dict(consumed=self._consumed, num_workers=self.num_workers)

@@ -64,7 +64,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._state: dict[str, Any] | None = None  # resume point of the next iteration (None: fresh)
         self._replay: tuple[int, list[PackedStream], list[int]] | None = None
         self._ended: tuple[int, int] | None = None  # (batches, workers) of an iteration run to its end
-        self._generation = 0  # bumped at each new resume point (SeqDataLoader's count of batches restarts)
+        self.generation = 0  # bumped at each new resume point (SeqDataLoader's count of batches restarts)
 
     # --------------------------------------------------------------------------------- iteration
 
@@ -119,7 +119,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         if self._state is None and self._ended is None and epoch != self.epoch:
             self.epoch = epoch
             self._replay = None
-            self._generation += 1
+            self.generation += 1
 
     def begin(self) -> None:
         """A new iteration starts from the current resume point (``SeqDataLoader`` calls this): after
@@ -170,7 +170,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._state = state
         self._replay = None
         self._ended = None
-        self._generation += 1
+        self.generation += 1
 
     @property
     def stats(self) -> dict[str, Any]:
