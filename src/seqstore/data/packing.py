@@ -259,11 +259,11 @@ class PackedDataset:
             frontier = (max(int(s["next_epoch"]) for s in old) - 1) * self.stream.chunk
             self.stream.load_state(state["schedule"], frontier)
         if len(old) == num_shares:  # as saved (the segments' digest as loaded, where the share had one)
-            return [self._stamp(s) if "schedule_id" in s else s for s in old]
-        return [self._stamp(s, (k, num_shares)) for k, s in enumerate(resplit(self.stream, old, num_shares,
+            return [self.stamp(s) if "schedule_id" in s else s for s in old]
+        return [self.stamp(s, (k, num_shares)) for k, s in enumerate(resplit(self.stream, old, num_shares,
                                                                                len(self.names)))]
 
-    def _stamp(self, share_state: dict[str, Any], where: tuple[int, int] | None = None) -> dict[str, Any]:
+    def stamp(self, share_state: dict[str, Any], where: tuple[int, int] | None = None) -> dict[str, Any]:
         """``share_state`` with the share it is (``where``: share, shares) and the digest of the mixture
         segments it is packed by (a mixture only)."""
         if where is not None:
@@ -465,8 +465,8 @@ class PackedStream:
 
     def state(self) -> dict[str, Any]:
         if self._handed is not None:
-            return self.packed._stamp(copy.deepcopy(self._handed), self._where)
-        return self.packed._stamp(self.planner.state(), self._where)
+            return self.packed.stamp(copy.deepcopy(self._handed), self._where)
+        return self.packed.stamp(self.planner.state(), self._where)
 
     def skip(self, n: int) -> None:
         n = check_int(n, "PackedStream: number of sequences to skip", 0)
