@@ -34,6 +34,25 @@ class _Workers(_ring.Chooser):
         pass
 
 
+def _walk_in_a_thread(gather: Any, arrays: Any, wait: float, **options: Any) -> tuple[threading.Thread, list[Any]]:
+    """``run_processes`` of one worker over ``gather``'s batch 0 then ``arrays``, walked in a thread joined for at
+    most ``wait`` seconds: (the thread, each batch's first value and then the error that ended the walk)."""
+    got: list[Any] = []
+
+    def loop() -> None:
+        try:
+            for b in _ring.run_processes(gather(np.zeros(1, np.int64)), arrays, gather, 1, chooser=_Workers(),
+                                         **options):
+                got.append(float(b["x"][0]))
+        except Exception as exc:  # noqa: BLE001 - looked at by the caller
+            got.append(exc)
+
+    runner = threading.Thread(target=loop, daemon=True)
+    runner.start()
+    runner.join(wait)
+    return runner, got
+
+
 class _Filled:
     """A batch of 1 KiB of float64 values ``idx[0]`` (picklable: the workers get a copy)."""
 
@@ -97,20 +116,7 @@ def test_an_answer_begun_and_not_ended_is_an_error_within_the_timeout() -> None:
     """``timeout=`` bounded the wait for a worker's answer to begin; once its first bytes were in, the rest was
     read without a limit, and a worker that stalled (or died, its pipe held open) in the middle of an answer
     hung the loop for ever. Now that too is a LoaderWorkerError naming the worker, and the worker is ended."""
-    gather = _StallsInItsAnswer()
-    got: list[Any] = []
-
-    def loop() -> None:
-        try:
-            for b in _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 6)]), gather, 1,
-                                         chooser=_Workers(), timeout=0.5):
-                got.append(float(b["x"][0]))
-        except Exception as exc:  # noqa: BLE001 - looked at below
-            got.append(exc)
-
-    runner = threading.Thread(target=loop, daemon=True)
-    runner.start()
-    runner.join(60)
+    runner, got = _walk_in_a_thread(_StallsInItsAnswer(), iter([np.array([k]) for k in range(1, 6)]), 60, timeout=0.5)
     assert not runner.is_alive(), "the loop waited for the rest of the answer for ever"
     assert got[0] == 0.0 and isinstance(got[1], _ring.LoaderWorkerError), got
     assert "loader worker 0" in str(got[1]) and "0.5s" in str(got[1])
@@ -176,21 +182,8 @@ def test_a_stuck_worker_is_ended_when_the_script_handles_sigterm() -> None:
 
     noted: list[int] = []
     old = signal.signal(signal.SIGTERM, lambda sig, frame: noted.append(sig))
-    gather = _Stuck()
-    got: list[Any] = []
-
-    def loop() -> None:
-        try:
-            for b in _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 4)]), gather, 1,
-                                         chooser=_Workers(), timeout=0.5):
-                got.append(float(b["x"][0]))
-        except Exception as exc:  # noqa: BLE001 - looked at below
-            got.append(exc)
-
     try:
-        runner = threading.Thread(target=loop, daemon=True)
-        runner.start()
-        runner.join(60)
+        runner, got = _walk_in_a_thread(_Stuck(), iter([np.array([k]) for k in range(1, 4)]), 60, timeout=0.5)
     finally:
         signal.signal(signal.SIGTERM, old)
     assert not runner.is_alive(), "the loop waited for ever for a worker that took SIGTERM for its handler's"
@@ -227,20 +220,7 @@ def test_a_worker_that_ends_in_the_middle_of_an_answer_is_an_error_without_a_tim
     end of file comes): without ``timeout=`` the loop waited for the rest for ever. Now it sees the worker
     gone, as it does while it waits for an answer to begin: a LoaderWorkerError naming the worker."""
     pids = str(tmp_path / "pids")
-    gather = _DiesInItsAnswer(pids)
-    got: list[Any] = []
-
-    def loop() -> None:
-        try:
-            for b in _ring.run_processes(gather(np.array([0])), iter([np.array([k]) for k in range(1, 4)]), gather, 1,
-                                         chooser=_Workers()):
-                got.append(float(b["x"][0]))
-        except Exception as exc:  # noqa: BLE001 - looked at below
-            got.append(exc)
-
-    runner = threading.Thread(target=loop, daemon=True)
-    runner.start()
-    runner.join(30)
+    runner, got = _walk_in_a_thread(_DiesInItsAnswer(pids), iter([np.array([k]) for k in range(1, 4)]), 30)
     with contextlib.suppress(OSError, ValueError):
         os.kill(int(open(pids).read()), 9)  # (the process holding the pipe)
     assert not runner.is_alive(), "the loop waited for the rest of an answer for ever"
@@ -274,20 +254,8 @@ def test_a_worker_gone_while_its_pipe_is_full_is_an_error_without_a_timeout(tmp_
     process it started held its pipe open, waited for ever. Now the loop asks each second whether the worker
     lives while its pipe is full: a LoaderWorkerError naming the worker."""
     pids = str(tmp_path / "pids")
-    gather = _DiesWhileSentTo(pids)
-    got: list[Any] = []
-
-    def loop() -> None:
-        try:
-            arrays = iter([np.full(100_000, k) for k in range(1, 6)])  # (800 kB each: more than the pipe holds)
-            for b in _ring.run_processes(gather(np.zeros(1, np.int64)), arrays, gather, 1, depth=2, chooser=_Workers()):
-                got.append(float(b["x"][0]))
-        except Exception as exc:  # noqa: BLE001 - looked at below
-            got.append(exc)
-
-    runner = threading.Thread(target=loop, daemon=True)
-    runner.start()
-    runner.join(30)
+    arrays = iter([np.full(100_000, k) for k in range(1, 6)])  # (800 kB each: more than the pipe holds)
+    runner, got = _walk_in_a_thread(_DiesWhileSentTo(pids), arrays, 30, depth=2)
     with contextlib.suppress(OSError, ValueError):
         os.kill(int(open(pids).read()), 9)  # (the process holding the pipe)
     assert not runner.is_alive(), "the loop waited for ever to send to a worker gone"
