@@ -263,6 +263,18 @@ def test_damaged_remote_object_is_caught_on_arrival(moto_s3: MotoS3, s3_bucket: 
     assert not (dst / "shard-000002" / "x.npy").exists() and not (dst / "manifest.json").exists()
 
 
+def _copied_then_grown(tmp_path: Path) -> tuple[Path, Path]:
+    """A local store of 10 records in shards of 5 copied to another, then grown to 20 (the copy's source and
+    destination: a copy again adds two shards)."""
+    src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
+    with ss.create(src, {"v": ss.Field("int64")}, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10)})
+    ss.copy(src, dst)
+    with ss.append_to(src, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10, 20)})
+    return src, dst
+
+
 @pytest.mark.parametrize("commits", [False, True])
 def test_a_writer_of_a_local_destination_goes_on_while_a_copy_adds_shards(tmp_path: Path, commits: bool,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,12 +287,7 @@ def test_a_writer_of_a_local_destination_goes_on_while_a_copy_adds_shards(tmp_pa
 
     from seqstore.store import copy as copy_mod
 
-    src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
-    with ss.create(src, {"v": ss.Field("int64")}, max_shard_records=5) as w:
-        w.append_batch({"v": np.arange(10)})
-    ss.copy(src, dst)
-    with ss.append_to(src, max_shard_records=5) as w:
-        w.append_batch({"v": np.arange(10, 20)})
+    src, dst = _copied_then_grown(tmp_path)
     staged, go = threading.Event(), threading.Event()
     shard_of = copy_mod._Copier.shard
 
@@ -612,12 +619,7 @@ def test_a_writer_waiting_for_a_local_copy_is_told_a_copy_holds_the_lock(tmp_pat
 def test_a_failed_copy_into_a_local_store_resumes_from_its_staged_shards(tmp_path: Path) -> None:
     """The shards a copy adding to a local store had staged when it failed are kept (out of the store) and
     taken over by the next copy: the rerun sends only the others, and nothing is left in _tmp/."""
-    src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
-    with ss.create(src, {"v": ss.Field("int64")}, max_shard_records=5) as w:
-        w.append_batch({"v": np.arange(10)})
-    ss.copy(src, dst)
-    with ss.append_to(src, max_shard_records=5) as w:
-        w.append_batch({"v": np.arange(10, 20)})
+    src, dst = _copied_then_grown(tmp_path)
     path = src / "shard-000003" / "v.npy"
     raw = path.read_bytes()
     path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
