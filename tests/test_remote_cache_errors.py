@@ -266,3 +266,30 @@ def test_a_file_system_refusing_locks_is_named_and_does_not_stop_evictions(tmp_p
     with pytest.raises(OSError, match="file locks") as got:
         cache.reserve(4096)
     assert got.value.errno == errno.ENOLCK and str(cache.root) in str(got.value)
+
+
+def test_a_cache_lock_held_by_a_stopped_process_is_a_named_timeout(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process stopped (SIGSTOP, a hung network file system) while holding the node cache's lock held up
+    every reader on the node for ever: the lock was waited for without a limit. After
+    ``SEQSTORE_LOCK_TIMEOUT`` seconds it is a LockTimeout naming the cache and the process holding it."""
+    import subprocess
+    import sys
+
+    from seqstore.errors import LockTimeout
+    from seqstore.io.nodecache import NodeCache
+
+    cache = NodeCache(tmp_path / "cache", 1 << 20)
+    hold = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX);"
+            " print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(cache.root / "lock")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "0.2")
+        with pytest.raises(LockTimeout) as got:
+            cache.reserve(4096)
+        assert str(cache.root) in str(got.value) and got.value.holder == holder.pid, str(got.value)
+    finally:
+        holder.communicate("", timeout=10)
+    cache.reserve(4096)  # (released: taken at once)

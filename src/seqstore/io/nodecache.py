@@ -43,7 +43,7 @@ import numpy as np
 
 from .claims import Claims
 from .mapping import PAGE, allocate
-from .tempfiles import abandoned, lock_named, locked_temporary
+from .tempfiles import abandoned, lock_named, lock_within, locked_temporary
 
 __all__ = [
     "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
@@ -157,6 +157,7 @@ class NodeCache:
         except OSError as exc:
             raise OSError(exc.errno, f"cannot create the seqstore cache directory {self.root}: {exc.strerror}") from exc
         self._lock_path = self.root / "lock"
+        self._needs = f"the node cache {self.root} needs file locks (flock): put cache_dir on a local disk"
         self._usage_path = self.root / "usage"
         # open entries of this process; an entry stays open while a mapping of it is alive
         self._objects: weakref.WeakValueDictionary[str, CachedObject] = weakref.WeakValueDictionary()
@@ -179,12 +180,12 @@ class NodeCache:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Exclusive against every other process and thread using this cache directory (``flock`` of a
-        descriptor opened for this call: a lock held through a descriptor another thread or a forked child
-        shares would not exclude them)."""
+        """Exclusive against every other process and thread using this cache directory (``flock`` of a descriptor
+        opened for this call: one another thread or a forked child shares would not exclude them; LockTimeout
+        after ``$SEQSTORE_LOCK_TIMEOUT`` s)."""
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
         try:
-            self.flock(fd, fcntl.LOCK_EX, self._lock_path)
+            lock_within(fd, self._lock_path, f"the lock of the node cache {self.root}", self._needs)
             yield
         finally:
             os.close(fd)
@@ -192,8 +193,7 @@ class NodeCache:
     def flock(self, fd: int, op: int, path: Path, *, close: bool = False) -> None:
         """``flock(fd, op)`` of ``path``; a file system refusing locks: an OSError (``fd`` closed if ``close``)."""
         try:
-            lock_named(fd, op, path, f"the node cache {self.root} needs a file system with file locks (flock); "
-                       "put cache_dir (or SEQSTORE_CACHE_DIR) on a local disk")
+            lock_named(fd, op, path, self._needs)
         except OSError:
             if close:
                 os.close(fd)

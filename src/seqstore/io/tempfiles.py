@@ -13,9 +13,16 @@ import errno
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 
-__all__ = ["abandoned", "lock_named", "locked_temporary", "remove_stale"]
+from ..errors import LockTimeout
+
+__all__ = ["abandoned", "lock_held_by", "lock_named", "lock_wait", "lock_within", "locked_temporary", "remove_stale"]
+
+#: Seconds a lock is waited for at most where ``$SEQSTORE_LOCK_TIMEOUT`` names none (as the store's commit lock)
+LOCK_WAIT = 1800.0
+LOCK_WAIT_ENV = "SEQSTORE_LOCK_TIMEOUT"
 
 
 def _prefix(path: str | os.PathLike[str]) -> tuple[Path, str]:
@@ -104,3 +111,58 @@ def abandoned(path: str | os.PathLike[str]) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def lock_wait() -> float:
+    """Seconds to wait for a lock another process holds: ``$SEQSTORE_LOCK_TIMEOUT`` or :data:`LOCK_WAIT`."""
+    text = os.environ.get(LOCK_WAIT_ENV, "").strip()
+    try:
+        value = float(text) if text else LOCK_WAIT
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # (also NaN)
+        raise ValueError(f"{LOCK_WAIT_ENV}={text!r}: expected a number of seconds >= 0 (or 'inf')")
+    return value
+
+
+def lock_held_by(fd: int) -> int | None:
+    """The id of the process holding an ``flock`` of the file open as ``fd`` where ``/proc/locks`` shows one
+    (None: not known, such as a holder on another machine)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with contextlib.suppress(OSError, ValueError), open("/proc/locks") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == key:
+                return int(parts[4])
+    return None
+
+
+def lock_within(fd: int, path: str | os.PathLike[str], what: str, needs: str) -> None:
+    """An exclusive ``flock`` of file ``path`` (open as ``fd``; ``what`` it guards), waited for at most
+    :func:`lock_wait` seconds: then :class:`~seqstore.errors.LockTimeout` naming the file and the process
+    holding it where known (one stopped or hung while holding it would hold up every other for ever). A
+    file system refusing locks: :func:`lock_named`'s OSError (saying ``needs``)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    except OSError:  # refused: as a wait would be (the error names the file system's want)
+        lock_named(fd, fcntl.LOCK_EX, path, needs)
+        return
+    wait = lock_wait()
+    deadline, pause = time.monotonic() + wait, 0.001
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            holder = lock_held_by(fd)
+            who = f"process {holder}" if holder is not None else "a process this machine does not show"
+            raise LockTimeout(f"{os.fspath(path)}: {what} is held by {who} and was not released within {wait:g} s (a "
+                              f"stopped or hung process?); {LOCK_WAIT_ENV} sets the wait in seconds",
+                              path=os.fspath(path), holder=holder)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.01)
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
