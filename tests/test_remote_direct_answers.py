@@ -590,3 +590,51 @@ def test_a_child_forked_while_the_loop_held_its_lock_reads(tmp_path: Path) -> No
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
+
+
+_FORKED_CLIENT = """
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from test_remote_direct_answers import DATA, RawServer, _right
+from seqstore.io.objects import ObjectClient
+
+server = RawServer(_right)
+client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2})
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as a thread making the client's back end or direct reader does
+    with client._lock:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    buf = bytearray(100)
+    client.direct_reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(buf))]).result(10)
+    os._exit(0 if bytes(buf) == DATA[100:200] else 3)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_child_forked_while_a_thread_held_the_clients_lock_reads(tmp_path: Path) -> None:
+    """The object client's lock (taken to make its back end, its direct reader, to count bytes in flight)
+    was not made anew in a forked child: a fork while another thread of the parent held it gave the child
+    a lock held for ever, and its first read hung."""
+    script = tmp_path / "forked_client.py"
+    script.write_text(_FORKED_CLIENT)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

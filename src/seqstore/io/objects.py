@@ -37,6 +37,7 @@ from .object_common import (
     redact,
 )
 from .object_fsspec import FsspecBackend
+from .object_links import reset_in_child
 from .object_obstore import ObstoreBackend, fork_unsafe
 from .options import StoreOptions
 from .retry import MAX_BACKOFF, RetryPolicy
@@ -83,6 +84,11 @@ class ObjectClient:
         self._pid = -1
         self._backend: ObjectBackend | None = None
         self._lock = threading.Lock()
+        reset_in_child(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a free lock (a thread of the parent may have held it at the fork)."""
+        self._lock = threading.Lock()
 
     # the client is rebuilt in a forked or unpickled process (sockets and event loops do not survive a fork)
     @property
@@ -104,6 +110,7 @@ class ObjectClient:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        reset_in_child(self)
 
     def __repr__(self) -> str:
         return f"ObjectClient({self.url!r}, options={redact(self.options)!r})"
