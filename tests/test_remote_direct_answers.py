@@ -638,3 +638,31 @@ def test_a_child_forked_while_a_thread_held_the_clients_lock_reads(tmp_path: Pat
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
+
+
+def test_bytes_sent_on_a_kept_alive_connection_between_answers_are_not_the_next_answer(
+        serve: Callable[[Answer], RawServer]) -> None:
+    """A server that sends more after an answer, once the client had taken it (a second answer to the same
+    request, as a broken proxy does), left those bytes in a kept-alive connection: the next request asked
+    on it took them for its own answer, and another range's bytes went into its buffer. A kept connection
+    with bytes (or an end) waiting is closed, and the request is asked on a new one."""
+    go, sent = threading.Event(), threading.Event()
+    first = [True]
+
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        _right(conn, a, b)
+        if first[0]:
+            first[0] = False
+            go.wait(10)
+            conn.sendall(_head(100, 200) + b"\xee" * 100)  # a stray answer that fits the next request
+            sent.set()
+        return True
+
+    server = serve(answer)
+    client = _client(server, max_retries=1, max_requests=1)
+    bufs = [bytearray(100), bytearray(100)]
+    client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bufs[0]))]).result(30)
+    go.set()
+    assert sent.wait(10)
+    client.direct_reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(bufs[1]))]).result(30)
+    assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]

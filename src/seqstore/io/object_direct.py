@@ -44,7 +44,7 @@ from typing import Any
 
 from ..errors import RemoteError, StaleStoreError
 from .object_common import error_at
-from .object_links import Conn, Job, Lookups, Wave, receive_buffer, reset_in_child
+from .object_links import Conn, Job, Lookups, Wave, quiet, receive_buffer, reset_in_child
 from .retry import Transient
 
 __all__ = ["DirectReader", "receive_buffer"]
@@ -237,6 +237,8 @@ class DirectReader:
                     self._queue.popleft()
                     continue
                 idle = self._idle.get(job.origin)
+                while idle and not quiet(idle[-1].sock):  # stray bytes, or closed: no answer to this job comes on it
+                    self._close(idle.pop(), None)
                 if not idle and self._open >= self.most:
                     other = next((v for v in self._idle.values() if v), None)
                     if other is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import socket
+import ssl
 import threading
 import weakref
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 from .retry import Attempts, Transient, parse_retry_after
 
-__all__ = ["Conn", "Job", "Lookups", "Wave", "receive_buffer", "reset_in_child"]
+__all__ = ["Conn", "Job", "Lookups", "Wave", "quiet", "receive_buffer", "reset_in_child"]
 
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see :mod:`.object_direct`)
 _RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
@@ -55,6 +56,18 @@ def receive_buffer(path: str = "/proc/sys/net/core/rmem_max") -> int:
     except (OSError, ValueError, IndexError):
         return 0
     return min(_RCVBUF, most) if most >= _RCVBUF_LEAST else 0
+
+
+def quiet(sock: Any) -> bool:
+    """Whether nothing waits to be read on the kept-alive (non-blocking) ``sock``: no byte, no end (TLS: no
+    application data). Bytes a server sent after its answer are no answer to the next request asked on it."""
+    try:
+        sock.recv(1)  # (a byte or the end: the connection is closed, not read on)
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return True
+    except OSError:
+        pass
+    return False
 
 
 class Job:
