@@ -410,3 +410,28 @@ def test_a_damaged_entry_dropped_gives_its_bytes_back_to_the_count(tmp_path: Pat
     again = NodeCache(tmp_path, 1 << 30).object(url, tag, size)  # (another process's view of the cache)
     assert not again.present(0, 4096)
     assert cache._read_usage() == made  # the old entry's bytes given back, the new one's page map counted
+
+
+@pytest.mark.timeout(60)
+def test_claims_locked_by_a_stopped_process_are_not_waited_for_for_ever(tmp_path: Path) -> None:
+    """A process stopped (SIGSTOP, a hung network file system) while it held the lock of an entry's claims
+    held up every process reading that entry for ever: the lock was waited for without a limit. Claims
+    are advice: after one request's time the pages are fetched as without them."""
+    from seqstore.io.claims import Claims
+
+    data = tmp_path / "entry.data"
+    data.write_bytes(bytes(8 * 4096))
+    fd = os.open(data, os.O_RDWR)
+    hold = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX);"
+            " print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(data)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        claims = Claims(tmp_path / "entry.claims", 8, np.zeros(8, dtype=np.uint8), fd)
+        mine, wait = claims.take(np.arange(8), 0.2)
+        assert mine.all() and wait is None
+        claims.give_back(np.arange(8))
+    finally:
+        holder.communicate("", timeout=10)
+        os.close(fd)

@@ -78,6 +78,7 @@ class Claims:
         self._words: np.ndarray[Any, Any] | None = None
         self._ready = np.zeros(-(-max(1, pages) // _BLOCK), dtype=bool)  # blocks with disk space (this process knows)
         self._failed = False
+        self._wait = 1.0  # seconds the lock is waited for at most (one request's time, as take was last given)
 
     def _open(self) -> np.ndarray[Any, Any] | None:
         if self._words is not None or self._failed:
@@ -111,6 +112,7 @@ class Claims:
             return np.ones(len(pages), dtype=bool), None
         me = os.getpid()
         now = int(time.time())
+        self._wait = seconds
         with self._locked() as locked:  # check and claim as one step across processes
             if not locked or not self._allocate(pages):  # the entry was closed meanwhile (evicted), or no
                 return np.ones(len(pages), dtype=bool), None  # room on the cache's disk: fetch as without claims
@@ -162,12 +164,22 @@ class Claims:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[bool]:
         """An exclusive ``flock`` of the entry's data file while the block runs; yields False (and locks
-        nothing) where that descriptor is closed already."""
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except OSError:
-            yield False
-            return
+        nothing) where that descriptor is closed already, or where another process held it for longer than
+        one request takes (one stopped or hung while holding it: the claims are advice, not waited for)."""
+        deadline, pause = time.monotonic() + self._wait, 0.001
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
+            except OSError:
+                yield False
+                return
         try:
             yield True
         finally:
