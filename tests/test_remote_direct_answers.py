@@ -666,3 +666,21 @@ def test_bytes_sent_on_a_kept_alive_connection_between_answers_are_not_the_next_
     assert sent.wait(10)
     client.direct_reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(bufs[1]))]).result(30)
     assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]
+
+
+def test_a_head_that_never_ends_is_named_as_such_not_as_silence(serve: Callable[[Answer], RawServer]) -> None:
+    """A server that keeps sending interim answers (103 Early Hints) and never the answer was named as
+    unreachable, "it has not answered once", after "no progress" while its bytes kept coming. The error
+    says that the answer's head did not end in time, and the endpoint counts as reached."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        for _ in range(100):
+            conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </b/x>; rel=preload\r\n\r\n")
+            threading.Event().wait(0.05)
+        return False
+
+    server = serve(answer)
+    client = _client(server, max_retries=0, timeout=0.5)
+    with pytest.raises(RemoteError) as err:
+        client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
+    text = str(err.value)
+    assert "did not end within 0.5 s" in text and "unreachable" not in text and "/b/blob" in text, text

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..errors import RemoteError, StaleStoreError
 from .object_common import error_at
-from .object_links import Conn, Job, Lookups, Wave, quiet, receive_buffer, reset_in_child
+from .object_links import Conn, Job, Lookups, Wave, overdue, quiet, receive_buffer, reset_in_child
 from .retry import Transient
 
 __all__ = ["DirectReader", "receive_buffer"]
@@ -206,11 +206,7 @@ class DirectReader:
             if now - scanned >= _TICK:
                 scanned = now
                 for c in [c for c in active if c.deadline <= now]:
-                    what = "connecting" if c.state in ("connecting", "handshake") else "waiting for its answer"
-                    limit = self.client.connect_timeout if what == "connecting" else self.client.timeout
-                    slow = what != "connecting" and c.deadline >= c.cap  # the cap, not a pause, ran out
-                    self._fail(c, active, Transient(f"the answer came slower than {_LEAST_RATE >> 10} KiB/s" if slow
-                                                    else f"no progress for {limit:g} s {what}"))
+                    self._fail(c, active, overdue(c, self.client.timeout, self.client.connect_timeout, _LEAST_RATE))
                 self._overdue(now)
             for name, got in self._lookups.take().items():
                 self._found(name, got)
@@ -352,7 +348,7 @@ class DirectReader:
                  "User-Agent: seqstore", "Accept-Encoding: identity"]
         if job.etag:
             lines.append(f"If-Match: {job.etag}")
-        c.job, c.head, c.pos, c.want = job, b"", -1, job.end - job.start
+        c.job, c.head, c.pos, c.want, c.heard = job, b"", -1, job.end - job.start, False
         c.out = ("\r\n".join(lines) + "\r\n\r\n").encode()
         c.state = "send"
         c.deadline = time.monotonic() + self.client.timeout
@@ -421,7 +417,7 @@ class DirectReader:
                     got = c.sock.recv(65536)
                     if not got:
                         raise Transient("the connection closed before the answer")
-                    c.head += got
+                    c.head, c.heard = c.head + got, True
                     if not self._parse_head(c, job):
                         if c.origin[2] and c.sock.pending():
                             continue

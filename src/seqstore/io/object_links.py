@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from ..errors import CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
 from .retry import Attempts, Transient, parse_retry_after
 
-__all__ = ["Conn", "Job", "Lookups", "Wave", "quiet", "receive_buffer", "reset_in_child"]
+__all__ = ["Conn", "Job", "Lookups", "Wave", "overdue", "quiet", "receive_buffer", "reset_in_child"]
 
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see :mod:`.object_direct`)
 _RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
@@ -148,6 +148,19 @@ class Conn:
     cap: float = 0.0  # the latest the answer may end (a server that trickles it gets this long)
     reused: bool = False
     close_after: bool = False
+    heard: bool = False  # bytes of an answer to the request it carries came
+
+
+def overdue(c: Conn, timeout: float, connect_timeout: float, least_rate: int) -> Transient:
+    """Why the request ``c`` carries ran past its deadline (``least_rate``: the bytes/s an answer must average)."""
+    if c.state in ("connecting", "handshake"):
+        return Transient(f"no progress for {connect_timeout:g} s connecting")
+    if c.state == "head" and c.heard:  # (its bytes trickle, or interim answers come and never the answer)
+        return Transient(f"the answer's status line and headers did not end within {timeout:g} s of the request "
+                         "(bytes of them kept coming)", answered=True)
+    if c.deadline >= c.cap:  # the cap, not a pause, ran out
+        return Transient(f"the answer came slower than {least_rate >> 10} KiB/s")
+    return Transient(f"no progress for {timeout:g} s waiting for its answer")
 
 
 class Lookups:
