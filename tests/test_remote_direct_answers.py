@@ -684,3 +684,19 @@ def test_a_head_that_never_ends_is_named_as_such_not_as_silence(serve: Callable[
         client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
     text = str(err.value)
     assert "did not end within 0.5 s" in text and "unreachable" not in text and "/b/blob" in text, text
+
+
+def test_an_answer_whose_lines_end_in_a_bare_lf_is_read(serve: Callable[[Answer], RawServer]) -> None:
+    """A server that ends its status line and header lines with a bare LF (a recipient may take one as a
+    line's end: RFC 9112, 2.2) was waited on until its timeout, every attempt, and named as slow or
+    silent. Its answer is read."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(_head(a, b).replace(b"\r\n", b"\n") + DATA[a:b])
+        return True
+
+    server = serve(answer)
+    client = _client(server, max_retries=0)
+    bufs = [bytearray(100), bytearray(100)]
+    client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))
+                                 for i, buf in enumerate(bufs)]).result(30)
+    assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]

@@ -33,6 +33,7 @@ import errno
 import heapq
 import itertools
 import os
+import re
 import selectors
 import socket
 import ssl
@@ -50,6 +51,7 @@ from .retry import Transient
 __all__ = ["DirectReader", "receive_buffer"]
 
 _HEAD_MOST = 64 << 10  # bytes of status line and headers an answer may have
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the end of an answer's head
 _TICK = 0.1  # seconds between checks of the requests' deadlines
 _IDLE_END = 30.0  # seconds without a request after which the loop thread ends (and its connections)
 _LEAST_RATE = 64 << 10  # bytes/s an answer must average (after its first ``timeout`` seconds): no trickle holds it
@@ -441,12 +443,12 @@ class DirectReader:
         into place. Raises for an answer other than the range asked for. Interim (1xx) answers before
         it are skipped."""
         while True:
-            end = c.head.find(b"\r\n\r\n")
-            if end < 0:
+            end = _HEAD_END.search(c.head)  # (a bare LF ends a line too: RFC 9112, 2.2)
+            if end is None:
                 if len(c.head) > _HEAD_MOST:
                     raise job.error(f"an answer's headers are longer than {_HEAD_MOST} bytes")
                 return False
-            lines = c.head[:end].decode("latin-1").split("\r\n")
+            lines = re.split(r"\r?\n", c.head[: end.start()].decode("latin-1"))
             parts = lines[0].split(" ", 2)
             try:
                 if not parts[0].startswith("HTTP/"):  # (bytes before it: not the start of an answer)
@@ -456,7 +458,7 @@ class DirectReader:
                 raise Transient(f"not an HTTP answer: {lines[0][:80]!r}", answered=True) from None
             if not 100 <= status < 200 or status == 101:  # (101: a protocol switch, never asked for)
                 break
-            c.head = c.head[end + 4 :]  # 100 Continue, 103 Early Hints: the answer follows
+            c.head = c.head[end.end() :]  # 100 Continue, 103 Early Hints: the answer follows
         headers: dict[str, str] = {}
         for ln in lines[1:]:
             k, _, v = ln.partition(":")
@@ -464,7 +466,7 @@ class DirectReader:
             if k == "content-length" and headers.get(k, v) != v:  # which one frames the body? (RFC 9112, 6.3)
                 raise job.error(f"the answer has two Content-Lengths, {headers[k][:40]!r} and {v[:40]!r}")
             headers[k] = v
-        rest = c.head[end + 4 :]
+        rest = c.head[end.end() :]
         c.head = b""
         c.close_after = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
         size = job.end - job.start
