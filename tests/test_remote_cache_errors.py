@@ -293,3 +293,53 @@ def test_a_cache_lock_held_by_a_stopped_process_is_a_named_timeout(tmp_path: Pat
     finally:
         holder.communicate("", timeout=10)
     cache.reserve(4096)  # (released: taken at once)
+
+
+_FORKED_CACHE = """
+import os, sys, threading, time
+from seqstore.io.nodecache import NodeCache
+
+cache = NodeCache.get(sys.argv[1], 1 << 30)
+entry = cache.object("http://h/b/one", "e1", 8192)
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as a thread opening another entry does, while it makes its files
+    with cache._objects_lock, entry.claims._lock:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    entry.claims._words, entry.claims._failed = None, False  # (its claims file opened again in the child)
+    entry.claims._open()
+    cache.object("http://h/b/two", "e1", 8192)
+    os._exit(0)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_child_forked_while_a_thread_held_the_caches_locks_opens_entries(tmp_path: Path) -> None:
+    """The node cache's lock of its open entries, and an entry's claims lock, were not made anew in a
+    forked child (a DataLoader worker forked while a thread of the parent opened an entry): the child's
+    first open of an entry hung for ever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "forked_cache.py"
+    script.write_text(_FORKED_CACHE)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

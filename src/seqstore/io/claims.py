@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .mapping import allocate
+from .object_links import reset_in_child
 
 __all__ = ["Claims", "ClaimWait"]
 
@@ -75,6 +76,7 @@ class Claims:
         self.bits = bits
         self._fd = lock_fd
         self._lock = threading.Lock()
+        reset_in_child(self, "_lock")  # (a thread of a process forked meanwhile may hold it)
         self._words: np.ndarray[Any, Any] | None = None
         self._ready = np.zeros(-(-max(1, pages) // _BLOCK), dtype=bool)  # blocks with disk space (this process knows)
         self._failed = False

@@ -43,12 +43,11 @@ import numpy as np
 
 from .claims import Claims
 from .mapping import PAGE, allocate
+from .object_links import reset_in_child
 from .tempfiles import abandoned, lock_named, lock_within, locked_temporary
 
-__all__ = [
-    "NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge", "temporary",
-    "used", "run_pages",
-]
+__all__ = ["NodeCache", "CachedObject", "default_cache_dir", "default_cache_bytes", "budget_directory", "charge",
+           "temporary", "used", "run_pages"]
 
 _log = logging.getLogger(__name__)
 
@@ -162,11 +161,12 @@ class NodeCache:
         # open entries of this process; an entry stays open while a mapping of it is alive
         self._objects: weakref.WeakValueDictionary[str, CachedObject] = weakref.WeakValueDictionary()
         self._objects_lock = threading.Lock()
+        reset_in_child(self, "_objects_lock")  # (a thread of a process forked meanwhile may hold them)
+        reset_in_child(NodeCache, "_open_lock")
 
     @classmethod
     def get(cls, root: str | os.PathLike[str] | None, budget: int | str | None) -> NodeCache:
-        """One NodeCache object per (directory, budget) in a process (made again where its directory was
-        removed meanwhile: the new one makes it again)."""
+        """One NodeCache object per (directory, budget) in a process (made again where it was removed meanwhile)."""
         path = _cache_root(root).resolve()  # (made or not: one key)
         b = _budget(budget)
         key = (str(path), b)

@@ -29,18 +29,22 @@ __all__ = ["Conn", "Job", "Lookups", "Wave", "overdue", "quiet", "receive_buffer
 _RCVBUF = 4 << 20  # socket receive buffer asked for (see :mod:`.object_direct`)
 _RCVBUF_LEAST = 1 << 20  # below this ``rmem_max`` the kernel's tuning of the buffer is left alone
 _RETRIED = frozenset((408, 429))  # and every 5xx (docs/remote.md, "Failures"), as the other back ends
-_IN_CHILD: weakref.WeakSet[Any] = weakref.WeakSet()
+_IN_CHILD: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
-def reset_in_child(obj: Any) -> None:
-    """Call ``obj.reset_after_fork()`` in every child forked from now on: a lock that a thread of the parent
-    held at the fork (the loop's, which the child has not) would stay held for ever."""
-    _IN_CHILD.add(obj)
+def reset_in_child(obj: Any, *locks: str) -> None:
+    """In every child forked from now on: ``obj``'s attributes ``locks`` made new locks, or (none named)
+    ``obj.reset_after_fork()`` called. A lock that a thread of the parent held at the fork (the loop's,
+    another thread's opening an entry) would stay held for ever: the child has no such thread."""
+    _IN_CHILD[obj] = locks
 
 
 def _forked() -> None:
-    for obj in list(_IN_CHILD):
-        obj.reset_after_fork()
+    for obj, locks in list(_IN_CHILD.items()):
+        for name in locks:
+            setattr(obj, name, threading.Lock())
+        if not locks:
+            obj.reset_after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # (not on Windows)
