@@ -343,3 +343,55 @@ def test_a_child_forked_while_a_thread_held_the_caches_locks_opens_entries(tmp_p
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
+
+
+_FORKED_FLIGHT = """
+import concurrent.futures, os, sys, threading, time
+from seqstore.io.nodecache import NodeCache
+
+cache = NodeCache.get(sys.argv[1], 1 << 30)
+entry = cache.object("http://h/b/one", "e1", 1 << 20)
+never = concurrent.futures.Future()  # a request of the parent's, in flight at the fork
+entry.inflight.append((0, 8192, id(never), never))
+entry.chunk_flight[0] = never
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as a thread planning a fetch does
+    with entry.lock:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    with entry.lock:
+        os._exit(0 if not entry.inflight and not entry.chunk_flight else 3)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_forked_child_waits_for_none_of_its_parents_requests(tmp_path: Path) -> None:
+    """A child forked while its parent fetched pages of an entry (a DataLoader worker forked during a
+    read-ahead) inherited the entry's lock, held for ever where a thread held it at the fork, and the
+    parent's requests in flight: a read of those pages waited for answers that never come to the child,
+    until its limit (600 s). The child has a free lock and no requests of its parent's."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "forked_flight.py"
+    script.write_text(_FORKED_FLIGHT)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .claims import Claims
-from .mapping import PAGE, allocate
+from .mapping import PAGE, allocate, run_pages
 from .object_links import reset_in_child
 from .tempfiles import abandoned, lock_named, lock_within, locked_temporary
 
@@ -373,13 +373,6 @@ class NodeCache:
             return got
 
 
-def run_pages(starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The page numbers under byte runs ``[starts[i], ends[i])``, run after run (one array, no loop)."""
-    p0 = starts // PAGE
-    counts = -(-ends // PAGE) - p0
-    return np.repeat(p0 - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-
-
 class CachedObject:
     """One cached object: its sparse data file (descriptor held for writes and mappings) and its page
     map (mapped shared, so every process sees pages the others fetched)."""
@@ -413,8 +406,13 @@ class CachedObject:
         self.inflight: list[tuple[int, int, int, Any]] = []
         # aligned chunks (seqstore.io.remote_plan) requested whole and not yet arrived: chunk number -> future
         self.chunk_flight: dict[int, Any] = {}
+        reset_in_child(self)
         self._touched = 0.0
         self.touch()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a free lock, and none of the parent's requests (their answers never come here)."""
+        self.lock, self.inflight, self.chunk_flight = threading.Lock(), [], {}
 
     def _open(self, sub: Path) -> bool:
         """Open the data file and map the page map; False (nothing kept open) where they are not of one
