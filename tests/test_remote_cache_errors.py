@@ -395,3 +395,50 @@ def test_a_forked_child_waits_for_none_of_its_parents_requests(tmp_path: Path) -
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
+
+
+_FORKED_FETCHER = """
+import os, sys, threading, time
+from seqstore.io.nodecache import NodeCache
+from seqstore.io.objects import ObjectClient
+from seqstore.io.remote_fetch import Fetcher
+
+fetcher = Fetcher(ObjectClient("http://127.0.0.1:9/b"), NodeCache.get(sys.argv[1], 1 << 30))
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as a thread mapping a file of the store does
+    with fetcher._lock:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if fetcher.regions() == [] else 3)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_child_forked_while_a_thread_held_the_fetchers_lock_reads(tmp_path: Path) -> None:
+    """The lock of a remote store's table of mapped files (and of its objects' versions) was not made anew
+    in a forked child: a fork while another thread of the parent held it hung the child's first read."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "forked_fetcher.py"
+    script.write_text(_FORKED_FETCHER)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

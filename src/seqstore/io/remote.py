@@ -37,6 +37,7 @@ from .local_source import npy_array
 from .mapping import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, address, map_fd
 from .nodecache import NodeCache, run_pages
 from .object_common import Answer, Request
+from .object_links import reset_in_child
 from .objects import ObjectClient, ObjectMeta, redact
 from .options import StoreOptions
 from .remote_fetch import MOST, DirectWaves, Fetcher, Region, Ticket
@@ -68,6 +69,7 @@ class RemoteRoot:
         self._mirrors: list[Path] = []  # earlier manifest versions' mirrors (shards mapped before a refresh)
         self._metas: dict[str, ObjectMeta] = {}
         self._meta_lock = threading.Lock()
+        reset_in_child(self, "_meta_lock")  # (a thread of a process forked meanwhile may hold it)
         self._unpin: weakref.finalize[Any, Any] | None = None  # of the mirror pinned, when dropped or refreshed
         #: a version-1/2 store (no descriptor CRCs): ``check(manifest bytes now, shard names)`` raises unless the
         #: store's manifest now lists those shards as the one read did (see prepare_shards); None: version 3

@@ -32,6 +32,7 @@ from .advice import page_runs
 from .mapping import PAGE, address
 from .nodecache import CachedObject, NodeCache, run_pages
 from .object_common import Request
+from .object_links import reset_in_child
 from .objects import ObjectClient
 from .remote_plan import MOST, all_present, exact_requests, missing_requests, paged_searchsorted
 
@@ -164,6 +165,7 @@ class Fetcher:
         self.on_changed: Callable[[list[str]], None] | None = None
         self.pending = 0  # data requests submitted and not yet answered (an estimate: read without a lock)
         self._lock = threading.Lock()
+        reset_in_child(self, "_lock")  # (a thread of a process forked meanwhile may hold it)
         self._regions: dict[int, Region] = {}  # by base address
         self._index: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], list[Region]] | None = None
 
