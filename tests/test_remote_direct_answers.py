@@ -700,3 +700,32 @@ def test_an_answer_whose_lines_end_in_a_bare_lf_is_read(serve: Callable[[Answer]
     client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))
                                  for i, buf in enumerate(bufs)]).result(30)
     assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]
+
+
+def test_kept_alive_connections_that_went_dead_cost_one_timeout_not_one_each(
+        serve: Callable[[Answer], RawServer]) -> None:
+    """Kept-alive connections that a middlebox dropped without a word (a NAT's or a firewall's idle
+    timeout) take a request and never answer. A request that timed out on one was asked again at once,
+    not counted, on the next of them: one ``timeout`` each, as many as the reader kept (``max_requests``),
+    past every limit of the retry policy. After the first, the others kept to that server are dropped,
+    and the request goes on a new connection."""
+    old: set[socket.socket] = set()
+    dead = threading.Event()
+    asked_dead = [0]
+
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        if dead.is_set() and conn in old:
+            asked_dead[0] += 1
+            while conn.recv(65536):  # (until the client closes it)
+                pass
+            return False
+        old.add(conn)
+        threading.Event().wait(0.2)  # (the first wave's requests overlap: one connection each)
+        return _right(conn, a, b)
+
+    server = serve(answer)
+    client = _client(server, max_retries=0, max_requests=4, timeout=0.5)
+    assert [bytes(b) for b in _wave(server, client, 4)] == [DATA[100 * i:100 * i + 100] for i in range(4)]
+    dead.set()
+    assert [bytes(b) for b in _wave(server, client, 1)] == [DATA[:100]]
+    assert asked_dead[0] == 1, asked_dead

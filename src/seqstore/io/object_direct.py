@@ -533,7 +533,9 @@ class DirectReader:
         if job is None:
             return
         if reused:  # a kept-alive connection the server had closed: asked again at once, not a failure
-            with self._lock:
+            with self._lock:  # (timed out: dropped unheard by a middlebox, as those kept beside it may be)
+                for dead in self._idle.pop(c.origin, []) if c.deadline <= time.monotonic() else []:
+                    self._close(dead, None)
                 self._queue.appendleft(job)
             return
         self._retry(job, exc)
