@@ -632,3 +632,49 @@ def test_an_fsspec_endpoint_whose_lookups_answer_is_not_named_unreachable(tmp_pa
         server.shutdown()
         server.server_close()
     assert "unreachable" not in str(err.value) and err.value.attempts == 2, err.value
+
+
+_FORKED_FSSPEC = """
+import os, sys, threading, time
+from seqstore.io import object_fsspec
+
+held, forked = threading.Event(), threading.Event()
+object_fsspec._calls_live = object_fsspec.CALLS_MOST  # the parent's calls stuck on a silent server
+
+def hold() -> None:  # as a filesystem call ending in a thread of the parent does
+    with object_fsspec._calls_freed:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if object_fsspec._bounded(lambda: 7, 2.0) == 7 else 3)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_forked_child_counts_none_of_its_parents_filesystem_calls(tmp_path: Path) -> None:
+    """The count of fsspec calls running (at most 128 a process) and its lock were inherited by a forked
+    child: its parent's calls, whose threads the child has not, counted against it for ever (every call
+    of a child forked while 128 hung failed), and a lock held at the fork hung the child's first call."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "forked_fsspec.py"
+    script.write_text(_FORKED_FSSPEC)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

@@ -291,6 +291,16 @@ _calls_freed = threading.Condition()
 _calls_live = 0
 
 
+def _forked() -> None:
+    """In a forked child: none of the parent's calls (their threads are not here), and a free lock."""
+    global _calls_freed, _calls_live
+    _calls_freed, _calls_live = threading.Condition(), 0
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_forked)
+
+
 def _bounded(fn: Callable[[], Any], limit: float) -> Any:
     """``fn()`` in a daemon thread of its own, waited for at most ``limit`` seconds: a call that has not
     returned by then is a :class:`Transient` failure (the thread is left to end with the filesystem's own
