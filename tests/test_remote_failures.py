@@ -678,3 +678,48 @@ def test_a_forked_child_counts_none_of_its_parents_filesystem_calls(tmp_path: Pa
     out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
+
+
+_FORKED_LOOP = """
+import os, sys, threading, time
+from seqstore.io import object_obstore
+
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as a thread starting the client's event loop does
+    with object_obstore._Loop._lock:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if object_obstore._Loop.get().thread.is_alive() else 3)
+forked.set()
+deadline = time.monotonic() + 15
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+"""
+
+
+def test_a_child_forked_while_the_event_loop_was_started_starts_its_own(tmp_path: Path) -> None:
+    """The lock under which a process starts the object clients' event loop was inherited by a forked
+    child as it was: held for ever where another thread of the parent held it at the fork, so the child's
+    first request hung."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "forked_loop.py"
+    script.write_text(_FORKED_LOOP)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

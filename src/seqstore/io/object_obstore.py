@@ -27,6 +27,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from ..errors import RemoteError, StaleStoreError
 from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, option_flag
 from .object_errors import config_error, failure, unknown_key
+from .object_links import reset_in_child
 from .object_wave import SMALL_BODY, Budget, Wave
 from .retry import Attempts, Transient
 
@@ -79,6 +80,9 @@ class _Loop:
                     cls._instance = _Loop()
                     cls._pid = os.getpid()
         return cls._instance
+
+
+reset_in_child(_Loop, "_lock")  # (a thread of a process forked meanwhile may hold it)
 
 
 #: seconds the exit-time quiesce (:func:`_quiesce_at_exit`) waits for cancelled requests at most
