@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.forks import AWAIT_CHILD, run_forking
 from support.s3 import MotoS3
 from support.tmpfs import run_on_small_tmpfs
 
@@ -316,32 +317,15 @@ if pid == 0:
     entry.claims._open()
     cache.object("http://h/b/two", "e1", 8192)
     os._exit(0)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_child_forked_while_a_thread_held_the_caches_locks_opens_entries(tmp_path: Path) -> None:
     """The node cache's lock of its open entries, and an entry's claims lock, were not made anew in a
     forked child (a DataLoader worker forked while a thread of the parent opened an entry): the child's
     first open of an entry hung for ever."""
-    import subprocess
-    import sys
 
-    script = tmp_path / "forked_cache.py"
-    script.write_text(_FORKED_CACHE)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "cache")],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked_cache.py", _FORKED_CACHE, str(tmp_path / "cache"))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
 
 
@@ -367,18 +351,7 @@ pid = os.fork()
 if pid == 0:
     with entry.lock:
         os._exit(0 if not entry.inflight and not entry.chunk_flight else 3)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_forked_child_waits_for_none_of_its_parents_requests(tmp_path: Path) -> None:
@@ -386,14 +359,8 @@ def test_a_forked_child_waits_for_none_of_its_parents_requests(tmp_path: Path) -
     read-ahead) inherited the entry's lock, held for ever where a thread held it at the fork, and the
     parent's requests in flight: a read of those pages waited for answers that never come to the child,
     until its limit (600 s). The child has a free lock and no requests of its parent's."""
-    import subprocess
-    import sys
 
-    script = tmp_path / "forked_flight.py"
-    script.write_text(_FORKED_FLIGHT)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "cache")],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked_flight.py", _FORKED_FLIGHT, str(tmp_path / "cache"))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
 
 
@@ -416,29 +383,12 @@ held.wait()
 pid = os.fork()
 if pid == 0:
     os._exit(0 if fetcher.regions() == [] else 3)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_child_forked_while_a_thread_held_the_fetchers_lock_reads(tmp_path: Path) -> None:
     """The lock of a remote store's table of mapped files (and of its objects' versions) was not made anew
     in a forked child: a fork while another thread of the parent held it hung the child's first read."""
-    import subprocess
-    import sys
 
-    script = tmp_path / "forked_fetcher.py"
-    script.write_text(_FORKED_FETCHER)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path / "cache")],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked_fetcher.py", _FORKED_FETCHER, str(tmp_path / "cache"))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])

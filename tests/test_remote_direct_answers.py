@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.forks import AWAIT_CHILD, run_forking
 
 from seqstore.errors import RemoteError, StaleStoreError
 from seqstore.io.objects import ObjectClient
@@ -566,29 +567,14 @@ pid = os.fork()
 if pid == 0:
     reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(buf))]).result(10)
     os._exit(0 if bytes(buf) == DATA[100:200] else 3)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_child_forked_while_the_loop_held_its_lock_reads(tmp_path: Path) -> None:
     """A process forked while the direct reader's loop thread held the reader's lock (it takes it many
     times a second) gave its child that lock held for ever, with no thread to release it: the child's
     first read hung. A forked child has a lock of its own (and none of its parent's queued requests)."""
-    script = tmp_path / "forked.py"
-    script.write_text(_FORKED)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(Path(__file__).parent)],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked.py", _FORKED, str(Path(__file__).parent))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
 
 
@@ -614,29 +600,14 @@ if pid == 0:
     buf = bytearray(100)
     client.direct_reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(buf))]).result(10)
     os._exit(0 if bytes(buf) == DATA[100:200] else 3)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_child_forked_while_a_thread_held_the_clients_lock_reads(tmp_path: Path) -> None:
     """The object client's lock (taken to make its back end, its direct reader, to count bytes in flight)
     was not made anew in a forked child: a fork while another thread of the parent held it gave the child
     a lock held for ever, and its first read hung."""
-    script = tmp_path / "forked_client.py"
-    script.write_text(_FORKED_CLIENT)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script), str(Path(__file__).parent)],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked_client.py", _FORKED_CLIENT, str(Path(__file__).parent))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
 
 

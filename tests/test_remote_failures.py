@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.forks import AWAIT_CHILD, run_forking
 from support.proxy import FaultProxy
 from support.s3 import SECRET, MotoS3
 from support.stores import build_store, same_batch
@@ -651,32 +652,15 @@ held.wait()
 pid = os.fork()
 if pid == 0:
     os._exit(0 if object_fsspec._bounded(lambda: 7, 2.0) == 7 else 3)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_forked_child_counts_none_of_its_parents_filesystem_calls(tmp_path: Path) -> None:
     """The count of fsspec calls running (at most 128 a process) and its lock were inherited by a forked
     child: its parent's calls, whose threads the child has not, counted against it for ever (every call
     of a child forked while 128 hung failed), and a lock held at the fork hung the child's first call."""
-    import os
-    import subprocess
-    import sys
 
-    script = tmp_path / "forked_fsspec.py"
-    script.write_text(_FORKED_FSSPEC)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked_fsspec.py", _FORKED_FSSPEC)
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
 
 
@@ -696,30 +680,13 @@ held.wait()
 pid = os.fork()
 if pid == 0:
     os._exit(0 if object_obstore._Loop.get().thread.is_alive() else 3)
-forked.set()
-deadline = time.monotonic() + 15
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child", os.waitstatus_to_exitcode(status))
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, 9)
-    print("child hung")
-"""
+"""+AWAIT_CHILD
 
 
 def test_a_child_forked_while_the_event_loop_was_started_starts_its_own(tmp_path: Path) -> None:
     """The lock under which a process starts the object clients' event loop was inherited by a forked
     child as it was: held for ever where another thread of the parent held it at the fork, so the child's
     first request hung."""
-    import os
-    import subprocess
-    import sys
 
-    script = tmp_path / "forked_loop.py"
-    script.write_text(_FORKED_LOOP)
-    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = run_forking(tmp_path / "forked_loop.py", _FORKED_LOOP)
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
