@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.forks import AWAIT_CHILD, run_forking
+from support.forks import AWAIT_CHILD, fork_holding, run_forking
 from support.s3 import MotoS3
 from support.tmpfs import run_on_small_tmpfs
 
@@ -302,29 +302,20 @@ from seqstore.io.nodecache import NodeCache
 
 cache = NodeCache.get(sys.argv[1], 1 << 30)
 entry = cache.object("http://h/b/one", "e1", 8192)
-held, forked = threading.Event(), threading.Event()
-
-def hold() -> None:  # as a thread opening another entry does, while it makes its files
-    with cache._objects_lock, entry.claims._lock:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
+""" + fork_holding("cache._objects_lock, entry.claims._lock",
+                      "a thread opening another entry does, while it makes its files") + """
 if pid == 0:
     entry.claims._words, entry.claims._failed = None, False  # (its claims file opened again in the child)
     entry.claims._open()
     cache.object("http://h/b/two", "e1", 8192)
     os._exit(0)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_child_forked_while_a_thread_held_the_caches_locks_opens_entries(tmp_path: Path) -> None:
     """The node cache's lock of its open entries, and an entry's claims lock, were not made anew in a
     forked child (a DataLoader worker forked while a thread of the parent opened an entry): the child's
     first open of an entry hung for ever."""
-
     out = run_forking(tmp_path / "forked_cache.py", _FORKED_CACHE, str(tmp_path / "cache"))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
 
@@ -338,20 +329,12 @@ entry = cache.object("http://h/b/one", "e1", 1 << 20)
 never = concurrent.futures.Future()  # a request of the parent's, in flight at the fork
 entry.inflight.append((0, 8192, id(never), never))
 entry.chunk_flight[0] = never
-held, forked = threading.Event(), threading.Event()
-
-def hold() -> None:  # as a thread planning a fetch does
-    with entry.lock:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
+""" + fork_holding("entry.lock",
+                      "a thread planning a fetch does") + """
 if pid == 0:
     with entry.lock:
         os._exit(0 if not entry.inflight and not entry.chunk_flight else 3)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_forked_child_waits_for_none_of_its_parents_requests(tmp_path: Path) -> None:
@@ -371,19 +354,11 @@ from seqstore.io.objects import ObjectClient
 from seqstore.io.remote_fetch import Fetcher
 
 fetcher = Fetcher(ObjectClient("http://127.0.0.1:9/b"), NodeCache.get(sys.argv[1], 1 << 30))
-held, forked = threading.Event(), threading.Event()
-
-def hold() -> None:  # as a thread mapping a file of the store does
-    with fetcher._lock:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
+""" + fork_holding("fetcher._lock",
+                      "a thread mapping a file of the store does") + """
 if pid == 0:
     os._exit(0 if fetcher.regions() == [] else 3)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_child_forked_while_a_thread_held_the_fetchers_lock_reads(tmp_path: Path) -> None:

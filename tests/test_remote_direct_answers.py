@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.forks import AWAIT_CHILD, run_forking
+from support.forks import AWAIT_CHILD, fork_holding, run_forking
 
 from seqstore.errors import RemoteError, StaleStoreError
 from seqstore.io.objects import ObjectClient
@@ -554,20 +554,12 @@ client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "r
 reader = client.direct_reader
 buf = bytearray(100)
 reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(buf))]).result(30)
-held, forked = threading.Event(), threading.Event()
-
-def hold() -> None:  # as the loop thread does, for a moment, many times a second
-    with reader._lock:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
+""" + fork_holding("reader._lock",
+                      "the loop thread does, for a moment, many times a second") + """
 if pid == 0:
     reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(buf))]).result(10)
     os._exit(0 if bytes(buf) == DATA[100:200] else 3)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_child_forked_while_the_loop_held_its_lock_reads(tmp_path: Path) -> None:
@@ -586,21 +578,11 @@ from seqstore.io.objects import ObjectClient
 
 server = RawServer(_right)
 client = ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2})
-held, forked = threading.Event(), threading.Event()
-
-def hold() -> None:  # as a thread making the client's back end or direct reader does
-    with client._lock:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
-if pid == 0:
+""" + fork_holding('client._lock', "a thread making the client's back end or direct reader does") + """if pid == 0:
     buf = bytearray(100)
     client.direct_reader.submit([(f"{server.url}/b/blob", 100, 200, None, memoryview(buf))]).result(10)
     os._exit(0 if bytes(buf) == DATA[100:200] else 3)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_child_forked_while_a_thread_held_the_clients_lock_reads(tmp_path: Path) -> None:

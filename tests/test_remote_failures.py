@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.forks import AWAIT_CHILD, run_forking
+from support.forks import AWAIT_CHILD, fork_holding, run_forking
 from support.proxy import FaultProxy
 from support.s3 import SECRET, MotoS3
 from support.stores import build_store, same_batch
@@ -639,20 +639,12 @@ _FORKED_FSSPEC = """
 import os, sys, threading, time
 from seqstore.io import object_fsspec
 
-held, forked = threading.Event(), threading.Event()
 object_fsspec._calls_live = object_fsspec.CALLS_MOST  # the parent's calls stuck on a silent server
-
-def hold() -> None:  # as a filesystem call ending in a thread of the parent does
-    with object_fsspec._calls_freed:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
+""" + fork_holding("object_fsspec._calls_freed",
+                      "a filesystem call ending in a thread of the parent does") + """
 if pid == 0:
     os._exit(0 if object_fsspec._bounded(lambda: 7, 2.0) == 7 else 3)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_forked_child_counts_none_of_its_parents_filesystem_calls(tmp_path: Path) -> None:
@@ -668,19 +660,9 @@ _FORKED_LOOP = """
 import os, sys, threading, time
 from seqstore.io import object_obstore
 
-held, forked = threading.Event(), threading.Event()
-
-def hold() -> None:  # as a thread starting the client's event loop does
-    with object_obstore._Loop._lock:
-        held.set()
-        forked.wait()
-
-threading.Thread(target=hold, daemon=True).start()
-held.wait()
-pid = os.fork()
-if pid == 0:
+""" + fork_holding('object_obstore._Loop._lock', "a thread starting the client's event loop does") + """if pid == 0:
     os._exit(0 if object_obstore._Loop.get().thread.is_alive() else 3)
-"""+AWAIT_CHILD
+""" + AWAIT_CHILD
 
 
 def test_a_child_forked_while_the_event_loop_was_started_starts_its_own(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: the end of such a script, after its ``os.fork()`` (``pid``) and the child's own branch: the thread holding
-#: the lock is let go (``forked``), and the child's exit status is printed ("child 0"), or "child hung"
+#: the end of such a script, after its ``os.fork()`` (``pid``, see :func:`fork_holding`) and the child's own
+#: branch: the thread holding the lock is let go (``forked``), and the child's exit status is printed
+#: ("child 0"), or "child hung"
 AWAIT_CHILD = """
 forked.set()
 deadline = time.monotonic() + 15
@@ -22,6 +23,24 @@ while time.monotonic() < deadline:
 else:
     os.kill(pid, 9)
     print("child hung")
+"""
+
+
+def fork_holding(locks: str, like: str) -> str:
+    """Script lines that start a thread holding ``locks`` (a ``with`` statement's items) as ``like`` (what
+    thread of a real process holds them) until the child is forked, then fork (``pid``); the thread lets go
+    once :data:`AWAIT_CHILD` sets ``forked``."""
+    return f"""
+held, forked = threading.Event(), threading.Event()
+
+def hold() -> None:  # as {like}
+    with {locks}:
+        held.set()
+        forked.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
 """
 
 
