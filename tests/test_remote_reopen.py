@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -312,17 +313,23 @@ def test_offsets_out_of_range_in_the_node_cache_are_fetched_again_by_their_pages
     assert 0 < moved <= 4096 < len(original)
 
 
+def _uploaded_with_ids(moto_s3: MotoS3, s3_bucket: str, tmp_path: Path, n: int, prefix: str,
+                       name: str) -> tuple[Path, str, dict[str, Any], Path]:
+    """A local store of ``n`` int32 records with ids ``prefix0``, ``prefix1``, ... uploaded to
+    ``NAME/main.seqstore``: (its local root, its URL, storage options of one retry, a node cache directory)."""
+    root = tmp_path / "i.seqstore"
+    with ss.create(root, {"v": ss.Field("int32")}) as w:
+        for i in range(n):
+            w.append({"v": i}, id=f"{prefix}{i}")
+    url = moto_s3.upload_dir(root, s3_bucket, f"{name}/main.seqstore")
+    return root, url, moto_s3.storage_options(max_retries=1), tmp_path / "cache"
+
+
 def test_id_offsets_out_of_range_in_the_node_cache_are_fetched_again(moto_s3: MotoS3, s3_bucket: str,
                                                                      tmp_path: Path) -> None:
     """As for a field's offsets: an id offset damaged out of range in the node cache's copy made every
     ``id``/``ids`` of that record raise CorruptionError blaming the intact object; fetched again once."""
-    root = tmp_path / "i.seqstore"
-    with ss.create(root, {"v": ss.Field("int32")}) as w:
-        for i in range(100):
-            w.append({"v": i}, id=f"rec-{i}")
-    url = moto_s3.upload_dir(root, s3_bucket, "ids/main.seqstore")
-    opts = moto_s3.storage_options(max_retries=1)
-    cache = tmp_path / "cache"
+    root, url, opts, cache = _uploaded_with_ids(moto_s3, s3_bucket, tmp_path, 100, "rec-", "ids")
     assert len(ss.open(url, storage_options=opts, cache_dir=cache).ids(np.arange(100))[0]) > 0
     rel, original, copy = _cached_copy(root, "_ids.offsets.npy", cache)
     at = read_header(root / rel).data_offset + 8 * 51  # the end of record 50's id
@@ -344,13 +351,7 @@ def test_the_last_id_offset_damaged_within_range_in_the_node_cache_is_fetched_ag
     copy to a value still within that file's bytes, every id read of the shard raised CorruptionError
     ('_ids.npy: header shape ...') blaming the intact object, in every process, for ever (the copy was
     never fetched again). It is fetched again, and the ids are read."""
-    root = tmp_path / "i.seqstore"
-    with ss.create(root, {"v": ss.Field("int32")}) as w:
-        for i in range(10):
-            w.append({"v": i}, id=f"r{i}")
-    url = moto_s3.upload_dir(root, s3_bucket, "idsend/main.seqstore")
-    opts = moto_s3.storage_options(max_retries=1)
-    cache = tmp_path / "cache"
+    root, url, opts, cache = _uploaded_with_ids(moto_s3, s3_bucket, tmp_path, 10, "r", "idsend")
     assert len(ss.open(url, storage_options=opts, cache_dir=cache).ids(np.arange(10))[0]) == 20
     rel, original, copy = _cached_copy(root, "_ids.offsets.npy", cache)
     with open(copy, "r+b") as f:  # the end of the last id: 20 -> 4 (within _ids.npy's bytes)
