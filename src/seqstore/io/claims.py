@@ -30,6 +30,7 @@ import numpy as np
 
 from .mapping import allocate
 from .object_links import reset_in_child
+from .tempfiles import lock_polled
 
 __all__ = ["Claims", "ClaimWait"]
 
@@ -168,20 +169,13 @@ class Claims:
         """An exclusive ``flock`` of the entry's data file while the block runs; yields False (and locks
         nothing) where that descriptor is closed already, or where another process held it for longer than
         one request takes (one stopped or hung while holding it: the claims are advice, not waited for)."""
-        deadline, pause = time.monotonic() + self._wait, 0.001
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(pause)
-                pause = min(pause * 2, 0.01)
-            except OSError:
-                yield False
-                return
+        try:
+            had = lock_polled(self._fd, self._wait)
+        except OSError:
+            had = False
+        if not had:
+            yield False
+            return
         try:
             yield True
         finally:

@@ -18,9 +18,13 @@ from pathlib import Path
 
 from ..errors import LockTimeout
 
-__all__ = ["abandoned", "lock_held_by", "lock_named", "lock_wait", "lock_within", "locked_temporary", "remove_stale"]
+__all__ = ["abandoned", "lock_held_by", "lock_named", "lock_polled", "lock_wait", "lock_within", "locked_temporary",
+           "remove_stale"]
 
-#: Seconds a lock is waited for at most where ``$SEQSTORE_LOCK_TIMEOUT`` names none (as the store's commit lock)
+#: Seconds a lock another process holds is waited for at most (a store's commit lock, the node cache's) where
+#: ``$SEQSTORE_LOCK_TIMEOUT`` names none (``inf`` waits for ever). Commits hold a store's lock for moments; a copy
+#: into the store, and the merge of the largest id-index runs of a store of 10^10 ids (over 100 GB written), for
+#: minutes.
 LOCK_WAIT = 1800.0
 LOCK_WAIT_ENV = "SEQSTORE_LOCK_TIMEOUT"
 
@@ -152,17 +156,30 @@ def lock_within(fd: int, path: str | os.PathLike[str], what: str, needs: str) ->
         lock_named(fd, fcntl.LOCK_EX, path, needs)
         return
     wait = lock_wait()
-    deadline, pause = time.monotonic() + wait, 0.001
+    if lock_polled(fd, wait, tried=True):
+        return
+    holder = lock_held_by(fd)
+    who = f"process {holder}" if holder is not None else "a process this machine does not show"
+    raise LockTimeout(f"{os.fspath(path)}: {what} is held by {who} and was not released within {wait:g} s (a "
+                      f"stopped or hung process?); {LOCK_WAIT_ENV} sets the wait in seconds",
+                      path=os.fspath(path), holder=holder)
+
+
+def lock_polled(fd: int, seconds: float, *, longest_pause: float = 0.01, tried: bool = False) -> bool:
+    """Whether an exclusive ``flock`` of the file open as ``fd`` was had within ``seconds``, tried without
+    blocking (pauses from 1 ms, doubling up to ``longest_pause``; ``tried``: the first try was made already).
+    A file system refusing locks: its OSError."""
+    deadline, pause = time.monotonic() + seconds, 0.001
+    if not tried:
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            holder = lock_held_by(fd)
-            who = f"process {holder}" if holder is not None else "a process this machine does not show"
-            raise LockTimeout(f"{os.fspath(path)}: {what} is held by {who} and was not released within {wait:g} s (a "
-                              f"stopped or hung process?); {LOCK_WAIT_ENV} sets the wait in seconds",
-                              path=os.fspath(path), holder=holder)
+            return False
         time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.01)
+        pause = min(pause * 2, longest_pause)
         with contextlib.suppress(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import socket
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,47 +26,18 @@ from ...errors import CorruptionError, LockError, LockTimeout, SeqstoreError
 from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
 from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
+from ...io.tempfiles import LOCK_WAIT, LOCK_WAIT_ENV, lock_held_by, lock_polled, lock_wait
 from ..directio import O_CLOEXEC, pwrite_all, write_file
 from .target import OWNER
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-#: Seconds a writer waits for a store's commit lock (the environment's ``SEQSTORE_LOCK_TIMEOUT``
-#: overrides it; ``inf`` waits for ever). Commits hold it for moments; a copy into the store, and the
-#: merge of the largest id-index runs of a store of 10^10 ids (over 100 GB written), for minutes.
-LOCK_TIMEOUT = 1800.0
-LOCK_TIMEOUT_ENV = "SEQSTORE_LOCK_TIMEOUT"
-
-
-def lock_timeout() -> float:
-    """The seconds to wait for a store's commit lock: ``$SEQSTORE_LOCK_TIMEOUT`` or :data:`LOCK_TIMEOUT`."""
-    text = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
-    if not text:
-        return LOCK_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # (also NaN)
-        raise ValueError(f"{LOCK_TIMEOUT_ENV}={text!r}: expected a number of seconds >= 0 (or 'inf')")
-    return value
-
-
-def lock_holder(fd: int) -> int | None:
-    """The id of the process holding an ``flock`` on the file open as ``fd``, where this machine's
-    ``/proc/locks`` shows one (None: unknown, such as a holder on another machine)."""
-    st = os.fstat(fd)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == key:
-                    return int(parts[4])
-    except (OSError, ValueError):
-        pass
-    return None
+#: Seconds a writer waits for a store's commit lock (see :data:`seqstore.io.tempfiles.LOCK_WAIT`)
+LOCK_TIMEOUT = LOCK_WAIT
+LOCK_TIMEOUT_ENV = LOCK_WAIT_ENV
+lock_timeout = lock_wait  # the seconds to wait: ``$SEQSTORE_LOCK_TIMEOUT`` or :data:`LOCK_TIMEOUT`
+lock_holder = lock_held_by  # the process holding an ``flock`` where /proc/locks shows it
 
 
 def _describe(pid: int | None) -> str:
@@ -97,29 +67,19 @@ def _copying(root: Path, pid: int) -> bool:
 def _wait_for_lock(fd: int, path: Path, what: str = "the store's commit lock") -> None:
     """``flock`` ``fd`` exclusively, waiting at most :func:`lock_timeout` seconds, then :class:`LockTimeout`."""
     timeout = lock_timeout()
-    deadline = time.monotonic() + timeout
-    pause = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        left = deadline - time.monotonic()
-        if left <= 0:
-            holder = lock_holder(fd)
-            if path.name == LOCK_FILE and holder is not None and _copying(path.parent, holder):
-                raise LockTimeout(
-                    f"{path}: {what} is held {_describe(holder)}, which is copying a store into it (a local "
-                    "seqstore.copy holds the lock until the copy is committed), and was not released within "
-                    f"{timeout:g} s; nothing was changed. Wait for the copy to end and try again; a long copy "
-                    f"can outlast the wait, which {LOCK_TIMEOUT_ENV} sets in seconds", path=str(path), holder=holder)
-            raise LockTimeout(
-                f"{path}: {what} is held {_describe(holder)} and was not released within "
-                f"{timeout:g} s (a hung or stopped process?); nothing was changed. Once it is released, try "
-                f"again; {LOCK_TIMEOUT_ENV} sets the wait in seconds", path=str(path), holder=holder)
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.05)
+    if lock_polled(fd, timeout, longest_pause=0.05):
+        return
+    holder = lock_holder(fd)
+    if path.name == LOCK_FILE and holder is not None and _copying(path.parent, holder):
+        raise LockTimeout(
+            f"{path}: {what} is held {_describe(holder)}, which is copying a store into it (a local "
+            "seqstore.copy holds the lock until the copy is committed), and was not released within "
+            f"{timeout:g} s; nothing was changed. Wait for the copy to end and try again; a long copy "
+            f"can outlast the wait, which {LOCK_TIMEOUT_ENV} sets in seconds", path=str(path), holder=holder)
+    raise LockTimeout(
+        f"{path}: {what} is held {_describe(holder)} and was not released within "
+        f"{timeout:g} s (a hung or stopped process?); nothing was changed. Once it is released, try "
+        f"again; {LOCK_TIMEOUT_ENV} sets the wait in seconds", path=str(path), holder=holder)
 
 
 @contextmanager
