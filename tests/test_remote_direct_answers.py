@@ -140,10 +140,16 @@ def test_interim_answers_before_the_answer_are_skipped(serve: Callable[[Answer],
 
     server = serve(answer)
     client = _client(server, max_retries=1)
+    bufs = _first_two_hundreds(client, server)
+    assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]
+
+def _first_two_hundreds(client: ObjectClient, server: RawServer) -> list[bytearray]:
+    """Bytes [0, 100) and [100, 200) of the server's blob read through the client's direct reader (one wave)."""
     bufs = [bytearray(100), bytearray(100)]
     client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))
                                  for i, buf in enumerate(bufs)]).result(30)
-    assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]
+    return bufs
+
 
 class Switch:
     """Answers nothing (reads until the client closes) while ``silent`` is set, else the right bytes
@@ -649,9 +655,7 @@ def test_an_answer_whose_lines_end_in_a_bare_lf_is_read(serve: Callable[[Answer]
 
     server = serve(answer)
     client = _client(server, max_retries=0)
-    bufs = [bytearray(100), bytearray(100)]
-    client.direct_reader.submit([(f"{server.url}/b/blob", 100 * i, 100 * i + 100, None, memoryview(buf))
-                                 for i, buf in enumerate(bufs)]).result(30)
+    bufs = _first_two_hundreds(client, server)
     assert [bytes(b) for b in bufs] == [DATA[:100], DATA[100:200]]
 
 

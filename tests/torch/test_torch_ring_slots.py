@@ -191,6 +191,17 @@ def test_a_stuck_worker_is_ended_when_the_script_handles_sigterm() -> None:
     assert not noted  # (the loop's process got no SIGTERM)
 
 
+def _child_holding_the_pipe(pids: str) -> None:
+    """In a worker: fork a process that keeps its end of the pipe open for a minute (so that no end of file
+    comes when the worker ends); the process's pid to the file ``pids``."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    with open(pids, "w") as f:
+        f.write(str(child))
+
+
 class _DiesInItsAnswer:
     """Batch 1's worker writes the start of an answer, starts a process that holds its pipe open (and
     writes its pid to ``pids``), and exits; picklable."""
@@ -205,12 +216,7 @@ class _DiesInItsAnswer:
                 assert frame.f_back is not None
                 frame = frame.f_back
             os.write(frame.f_locals["conn"].fileno(), struct.pack("!i", 1 << 20) + b"\x80\x05")
-            child = os.fork()
-            if child == 0:
-                time.sleep(60)
-                os._exit(0)
-            with open(self.pids, "w") as f:
-                f.write(str(child))
+            _child_holding_the_pipe(self.pids)
             os._exit(3)
         return {"x": torch.full((128,), float(idx[0]), dtype=torch.float64)}
 
@@ -238,12 +244,7 @@ class _DiesWhileSentTo:
 
     def __call__(self, idx: np.ndarray) -> dict[str, Any]:
         if int(idx[0]) == 2:
-            child = os.fork()
-            if child == 0:
-                time.sleep(60)
-                os._exit(0)
-            with open(self.pids, "w") as f:
-                f.write(str(child))
+            _child_holding_the_pipe(self.pids)
             time.sleep(0.3)  # (the loop sends batch 3 meanwhile)
             os._exit(3)
         return {"x": torch.full((128 if int(idx[0]) == 0 else 20_000,), float(idx[0]), dtype=torch.float64)}
