@@ -26,10 +26,10 @@ from ._sysinfo import rss_bytes
 from .errors import CorruptionError, SeqstoreError
 from .format.manifest import MANIFEST
 from .format.shard_table import TABLE
-from .interop._common import check_not_chained
 from .interop.commands import Interrupted, SuggestingParser, cli_message, key_values, positive_int
 from .interop.commands import add_subcommands as add_interop_subcommands
 from .io.local_source import local_path
+from .io.object_common import check_not_chained
 from .io.objects import is_remote
 from .io.sources import open_source
 from .store import open_store

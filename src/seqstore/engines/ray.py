@@ -41,8 +41,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..data import StoreDataset
 from ..errors import SchemaError
 from ..interop import to_arrow
-from ..interop._common import check_not_chained
 from ..io.local_source import local_path
+from ..io.object_common import check_not_chained
 from ..io.objects import is_remote
 from ..order import ordering_needs_lengths
 from ..schema import BFLOAT16, Schema, field_list

@@ -36,8 +36,8 @@ from typing import Any
 from ..errors import SchemaError
 from ..format.manifest import MANIFEST, PARTS_DIR
 from ..interop import arrow_columns as acols
-from ..interop._common import check_not_chained
 from ..io.local_source import local_path
+from ..io.object_common import check_not_chained
 from ..io.objects import is_remote
 from ..schema import Schema, field_list
 from ..store import Store, open_store

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import SchemaError
-from ..interop._common import check_not_chained
+from ..io.object_common import check_not_chained
 from ..io.objects import is_remote
 from ..schema import Schema
 

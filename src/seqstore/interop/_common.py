@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import numbers
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -18,8 +17,9 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError, FormatError, SchemaError, SeqstoreError
+from ..errors import FormatError, SchemaError, SeqstoreError
 from ..io.local_source import local_path
+from ..io.object_common import check_not_chained
 from ..io.objects import is_remote
 from ..schema import BFLOAT16, Schema, field_list
 from ..store import Store, Writer, create, open_store
@@ -121,34 +121,6 @@ def name_map(given: Mapping[str, str] | Sequence[str] | None, default: Iterable[
     if isinstance(given, Mapping):
         return dict(given)
     return {n: n for n in (default if given is None else field_list(given) or [])}
-
-
-#: an fsspec chained URL: ``PROTOCOL::`` in front of another URL (``simplecache::s3://b/x``)
-_CHAINED = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)::(.*)", re.DOTALL)
-_URL_OR_CHAINED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*(://|::)")
-
-
-def check_not_chained(path: Any) -> None:
-    """ConfigError naming ``path`` when it is an fsspec chained URL (``simplecache::s3://b/x``,
-    ``blockcache::file:///x``), which is no local path and no URL seqstore opens: taken as a local path,
-    it was written as a directory named ``simplecache::s3:``. A local name with ``::`` in it that is no
-    chained URL (``run::1``: neither a URL after the ``::`` nor an fsspec protocol before it) stays one."""
-    chained = _CHAINED.match(path) if isinstance(path, str) else None
-    if chained is None:
-        return
-    layer, inner = chained.groups()
-    if not _URL_OR_CHAINED.match(inner) and layer not in _fsspec_protocols():
-        return
-    raise ConfigError(f"{path}: a chained URL ({layer}::...) is not supported; give the store's own URL or "
-                      "path (a URL of object storage has seqstore's own cache, docs/remote.md)")
-
-
-def _fsspec_protocols() -> frozenset[str]:
-    try:
-        import fsspec
-    except ImportError:
-        return frozenset()
-    return frozenset(fsspec.available_protocols())
 
 
 def file_url_path(source: Any) -> Any:

@@ -23,7 +23,8 @@ from .retry import RetryPolicy
 
 __all__ = [
     "Answer", "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "Request",
-    "SEQSTORE_OPTIONS", "check_options", "check_scheme", "check_url", "error_at", "is_remote", "option_flag", "redact",
+    "SEQSTORE_OPTIONS", "check_not_chained", "check_options", "check_scheme", "check_url", "error_at", "is_remote",
+    "option_flag", "redact",
 ]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
@@ -90,18 +91,42 @@ def check_scheme(url: str) -> None:
     named = _SCHEME.match(url)
     if named is None or named.group(1).lower() in REMOTE_SCHEMES:
         return
-    try:
-        import fsspec
-    except ImportError:
-        return
-    known = set(fsspec.available_protocols())
-    if named.group(1) in known:
+    known = _fsspec_protocols()
+    if not known or named.group(1) in known:  # (no fsspec: nothing checked)
         return
     shown = re.sub(r"^([^:]+://)[^/@]*@", r"\1", url)
     others = ", ".join(f"{s}://" for s in sorted(known - {*REMOTE_SCHEMES, "file", "local"}))
     raise ConfigError(f"{shown}: unknown URL scheme {named.group(1)!r}; seqstore opens local paths (or file://), "
                       f"object storage at {', '.join(f'{s}://' for s in REMOTE_SCHEMES)}, and the filesystems of "
                       f"fsspec: {others}")
+
+
+#: an fsspec chained URL: ``PROTOCOL::`` in front of another URL (``simplecache::s3://b/x``)
+_CHAINED = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)::(.*)", re.DOTALL)
+_URL_OR_CHAINED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*(://|::)")
+
+
+def check_not_chained(path: Any) -> None:
+    """ConfigError naming ``path`` when it is an fsspec chained URL (``simplecache::s3://b/x``,
+    ``blockcache::file:///x``), which is no local path and no URL seqstore opens: taken as a local path,
+    it was written as a directory named ``simplecache::s3:``. A local name with ``::`` in it that is no
+    chained URL (``run::1``: neither a URL after the ``::`` nor an fsspec protocol before it) stays one."""
+    chained = _CHAINED.match(path) if isinstance(path, str) else None
+    if chained is None:
+        return
+    layer, inner = chained.groups()
+    if not _URL_OR_CHAINED.match(inner) and layer not in _fsspec_protocols():
+        return
+    raise ConfigError(f"{path}: a chained URL ({layer}::...) is not supported; give the store's own URL or "
+                      "path (a URL of object storage has seqstore's own cache, docs/remote.md)")
+
+
+def _fsspec_protocols() -> frozenset[str]:
+    try:
+        import fsspec
+    except ImportError:
+        return frozenset()
+    return frozenset(fsspec.available_protocols())
 
 
 @dataclass(frozen=True)
