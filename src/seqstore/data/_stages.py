@@ -179,21 +179,6 @@ class MixtureSchedule:
         out._set_bases()
         return out
 
-    def _sample_stages(self, starts: Sequence[int]) -> MixtureSchedule:
-        """The first ``len(starts)`` stages of this schedule in tokens, stage ``i`` starting at sample
-        ``starts[i]`` (non-decreasing; of equal starts the last wins; the first stage covers from 0)."""
-        keep: list[tuple[int, IntArray]] = []
-        for start, units in zip(starts, self.units):
-            if keep and keep[-1][0] == start:
-                keep.pop()
-            keep.append((int(start), units))
-        out = MixtureSchedule.__new__(MixtureSchedule)
-        out.unit, out.names = "samples", self.names
-        out.starts = np.array([0] + [s for s, _ in keep[1:]], dtype=np.int64)
-        out.units = np.stack([u for _, u in keep])
-        out._set_bases()
-        return out
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MixtureSchedule) and self.to_json() == other.to_json() and self.names == other.names
 
@@ -293,8 +278,8 @@ class StageWalk:
             self.starts.append(self.f)
 
     def effective(self) -> MixtureSchedule:
-        """The schedule in samples of the stages found (as ``schedule._sample_stages(starts)``): the stages
-        found since the last call added, O(1) each."""
+        """The schedule in samples of the stages found (of equal starts the last wins; the first stage covers
+        from 0): the stages found since the last call added, O(1) each."""
         for i in range(self._built, len(self.starts)):
             start, units = self.starts[i], self.schedule.units[i]
             st, un, ba = self._buf
