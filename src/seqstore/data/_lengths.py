@@ -248,10 +248,6 @@ class NonzeroCount:
         self.found = 0  # documents with a token among the first ``upto``
         self.upto = 0
 
-    @property
-    def complete(self) -> bool:
-        return self.upto >= len(self.lengths)
-
     def at_least(self, want: int | None) -> int:
         """The documents with a token, counted until ``want`` of them are found (None: all): the exact
         count where it is below ``want``, else a number at least ``want``."""
