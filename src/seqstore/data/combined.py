@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from ..order import Order, ordering_name, seq_order
-from ._lengths import IntArray, LengthsView, MappedLengths, as_index_array, check_int
+from ._lengths import IntArray, LengthsView, MappedLengths, check_int
 from ._orders import dataset_order
 from .base import Dataset, check_order_params
-from .concat import ConcatLengths, Split, joint_bfloat16_fields
+from .concat import EndToEnd, Split, joint_bfloat16_fields
 
 __all__ = ["CombinedDataset", "CombinedOrder", "EpochWindows", "walk_passes", "weighted_sizes"]
 
@@ -206,7 +206,7 @@ def _per_child(value: Any, names: list[str], what: str) -> list[Any]:
     return vals
 
 
-class CombinedDataset(Dataset):
+class CombinedDataset(EndToEnd):
     """Several datasets sampled per epoch with one ordering over the union (see the module docstring).
 
     ``datasets``: name -> dataset (children keep their own ordering and seed; their ``partition_epoch``
@@ -221,6 +221,8 @@ class CombinedDataset(Dataset):
     ``ordering`` / ``seed`` / ``partition_epoch`` order the union; ``child_epoch`` picks which child
     order a window is cut from (``"same"``, RETURNN's, or ``"pass"``). Memory O(children).
     """
+
+    _kind = "combined"
 
     def __init__(self, datasets: Mapping[str, Dataset], *,
                  sampling_sizes: Mapping[str, int] | Sequence[int] | None = None,
@@ -242,7 +244,7 @@ class CombinedDataset(Dataset):
         self.child_epoch = child_epoch
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
         self.num = np.array([d.num_seqs for d in self.datasets], dtype=np.int64)
-        self.start_N = np.zeros(len(self.num) + 1, dtype=np.int64)
+        self._ends = self.start_N = np.zeros(len(self.num) + 1, dtype=np.int64)
         np.cumsum(self.num, out=self.start_N[1:])
 
         if sampling_sizes is not None and (weights is not None or epoch_size is not None):
@@ -270,11 +272,6 @@ class CombinedDataset(Dataset):
     # ------------------------------------------------------------------------------ structure
 
     @property
-    def num_seqs(self) -> int:
-        """Size of the combined index space (sum of the children's sizes)."""
-        return int(self.start_N[-1])
-
-    @property
     def epoch_size(self) -> int:
         """Sequences per full epoch: sum of the sampling sizes."""
         return int(self.sizes.sum())
@@ -282,13 +279,6 @@ class CombinedDataset(Dataset):
     @property
     def sampling_sizes(self) -> dict[str, int]:
         return {n: int(k) for n, k in zip(self.names, self.sizes)}
-
-    def cache_key(self) -> Any:
-        keys = [d.cache_key() for d in self.datasets]
-        return None if any(k is None for k in keys) else ["combined", keys]
-
-    def bfloat16_fields(self) -> frozenset[str]:
-        return self.bf16
 
     def order_identity(self) -> dict[str, Any]:
         """The union's order parameters, and the sampling sizes and child orders its windows are cut from."""
@@ -307,21 +297,12 @@ class CombinedDataset(Dataset):
         k = self.names.index(name)
         return self.windows(epoch).window_start(k), int(self.sizes[k])
 
-    def locate_many(self, indices: Any) -> tuple[IntArray, IntArray]:
-        """(child number, index in the child) of combined indices. One searchsorted over O(children)."""
-        sp = Split(as_index_array(indices, self.num_seqs), self.start_N)
-        return sp.child, sp.local
-
     def locate(self, i: int) -> tuple[str, int]:
         """(child name, index in the child) of combined index ``i``."""
         c, j = self.locate_many(np.array([i]))
         return self.names[int(c[0])], int(j[0])
 
     # ------------------------------------------------------------------------------ protocol
-
-    def lengths(self) -> LengthsView:
-        """Lengths over the combined index space (children end to end), lazy."""
-        return ConcatLengths([d.lengths() for d in self.datasets], self.start_N)
 
     def epoch_order(self, epoch: int, shard_index: int = 0, num_shards: int = 1) -> Order:
         """The combined order of sub-epoch ``epoch``: values are combined indices. O(1) to build."""
@@ -346,13 +327,6 @@ class CombinedDataset(Dataset):
     def get(self, i: int) -> dict[str, Any]:
         name, j = self.locate(i)
         return self.datasets[self.names.index(name)].get(j)
-
-    def prefetch(self, indices: Any) -> None:
-        Split(as_index_array(indices, self.num_seqs), self.start_N).prefetch(self.datasets)
-
-    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
-        """Records of combined indices, gathered per child and merged in request order (same fields needed)."""
-        return Split(as_index_array(indices, self.num_seqs), self.start_N).get_batch(self.datasets, pad)
 
     def __repr__(self) -> str:
         return (f"CombinedDataset({self.sampling_sizes}, ordering={self.ordering!r}, seed={self.seed}, "

@@ -19,7 +19,7 @@ import numpy as np
 from ._lengths import IntArray, LengthsView, OffsetLengths, as_index_array, check_int
 from .base import Dataset, check_order_params, merge_batches, pad_ragged
 
-__all__ = ["ConcatDataset", "SliceDataset", "ConcatLengths", "Split"]
+__all__ = ["ConcatDataset", "SliceDataset", "ConcatLengths", "EndToEnd", "Split"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -130,7 +130,44 @@ class ConcatLengths(LengthsView):
             yield from p.iter_chunks(size)
 
 
-class ConcatDataset(Dataset):
+class EndToEnd(Dataset):
+    """Datasets end to end: index ``_ends[k] + j`` is record ``j`` of ``datasets[k]`` (``_ends``: the
+    cumulative sizes; ``_kind``: the cache key's tag). Records, lengths and batches are gathered per child,
+    vectorised, and merged in request order (the children must return the same fields)."""
+
+    datasets: list[Dataset]
+    bf16: frozenset[str]
+    _ends: IntArray
+    _kind: str
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self._ends[-1])
+
+    def cache_key(self) -> Any:
+        keys = [d.cache_key() for d in self.datasets]
+        return None if any(k is None for k in keys) else [self._kind, keys]
+
+    def bfloat16_fields(self) -> frozenset[str]:
+        return self.bf16
+
+    def locate_many(self, indices: Any) -> tuple[IntArray, IntArray]:
+        """(child number, index in the child) of each index. Vectorised: one search over O(children) offsets."""
+        sp = Split(as_index_array(indices, self.num_seqs), self._ends)
+        return sp.child, sp.local
+
+    def lengths(self) -> LengthsView:
+        """Lengths over the index space (the children's end to end), lazy."""
+        return ConcatLengths([d.lengths() for d in self.datasets], self._ends)
+
+    def prefetch(self, indices: Any) -> None:
+        Split(as_index_array(indices, self.num_seqs), self._ends).prefetch(self.datasets)
+
+    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
+        return Split(as_index_array(indices, self.num_seqs), self._ends).get_batch(self.datasets, pad)
+
+
+class ConcatDataset(EndToEnd):
     """Datasets end to end: index ``start[k] + j`` is record ``j`` of ``datasets[k]``.
 
     The concatenation has its own ``ordering`` / ``seed`` / ``partition_epoch`` (children's are ignored).
@@ -139,6 +176,8 @@ class ConcatDataset(Dataset):
     of a filter) are cached; default the first child's cache directory (file names are content
     fingerprints of all children, so any directory is safe). Memory O(children).
     """
+
+    _kind = "concat"
 
     def __init__(self, datasets: Sequence[Dataset], *, ordering: Any = "default", seed: int = 0,
                  partition_epoch: int = 1, cache_dir: str | os.PathLike[str] | None = None) -> None:
@@ -150,43 +189,18 @@ class ConcatDataset(Dataset):
                 raise TypeError(f"ConcatDataset: item {k} is a {type(d).__name__}, not a seqstore.data Dataset")
         self.bf16 = joint_bfloat16_fields(self.datasets, [str(k) for k in range(len(self.datasets))], "ConcatDataset")
         self.ordering, self.seed, self.partition_epoch = check_order_params(ordering, seed, partition_epoch)
-        self.starts = np.zeros(len(self.datasets) + 1, dtype=np.int64)
+        self._ends = self.starts = np.zeros(len(self.datasets) + 1, dtype=np.int64)
         np.cumsum([d.num_seqs for d in self.datasets], out=self.starts[1:])
         first = next((d.cache_dir for d in self.datasets if d.cache_dir is not None), None)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else first
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.starts[-1])
-
-    def cache_key(self) -> Any:
-        keys = [d.cache_key() for d in self.datasets]
-        return None if any(k is None for k in keys) else ["concat", keys]
-
-    def bfloat16_fields(self) -> frozenset[str]:
-        return self.bf16
-
-    def locate_many(self, indices: Any) -> tuple[IntArray, IntArray]:
-        """(child number, index in the child) of each index. Vectorised, O(len)."""
-        sp = Split(as_index_array(indices, self.num_seqs), self.starts)
-        return sp.child, sp.local
 
     def locate(self, i: int) -> tuple[int, int]:
         c, j = self.locate_many(np.array([i]))
         return int(c[0]), int(j[0])
 
-    def lengths(self) -> LengthsView:
-        return ConcatLengths([d.lengths() for d in self.datasets], self.starts)
-
     def get(self, i: int) -> dict[str, Any]:
         c, j = self.locate(i)
         return self.datasets[c].get(j)
-
-    def prefetch(self, indices: Any) -> None:
-        Split(as_index_array(indices, self.num_seqs), self.starts).prefetch(self.datasets)
-
-    def get_batch(self, indices: Any, *, pad: bool = False) -> dict[str, Any]:
-        return Split(as_index_array(indices, self.num_seqs), self.starts).get_batch(self.datasets, pad)
 
     def __repr__(self) -> str:
         return f"ConcatDataset({len(self.datasets)} datasets, n={self.num_seqs}, ordering={self.ordering!r})"
