@@ -28,25 +28,13 @@ from ._cache import CacheError, default_cache_dir, fingerprint, load_npy, store_
 from ._join import join_rows
 from ._lengths import IntArray, LengthsView, as_index_array
 from .base import Dataset, check_order_params
+from .filter import KeptLengths
 from .store_dataset import StoreDataset
 
 __all__ = ["MetaDataset"]
 
 _MISSING = ("error", "drop")
 _CHUNK = 1 << 18
-
-
-class _RowLengths(LengthsView):
-    """Lengths of a child seen through the meta index: ``child_lengths[rowmap[kept[i]]]``."""
-
-    def __init__(self, base: LengthsView, n: int, rows: Any, kept: Any) -> None:
-        self.base, self.n, self.rows, self.kept = base, int(n), rows, kept
-
-    def _take(self, indices: IntArray) -> IntArray:
-        r = indices if self.kept is None else np.asarray(self.kept[indices], dtype=np.int64)
-        if self.rows is not None:
-            r = np.asarray(self.rows[r], dtype=np.int64)
-        return self.base._take(r)
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
@@ -258,9 +246,11 @@ class MetaDataset(Dataset):
         return r if name == self.control else np.asarray(self._rows[name][r], dtype=np.int64)
 
     def lengths(self) -> LengthsView:
-        base = self.datasets[self.length_from].lengths()
-        rows = None if self.length_from == self.control else self._rows[self.length_from]
-        return _RowLengths(base, self.num_seqs, rows, self._kept)
+        """The ``length_from`` child's lengths through the meta index: ``lengths[rows[kept[i]]]``."""
+        view = self.datasets[self.length_from].lengths()
+        if self.length_from != self.control:
+            view = KeptLengths(view, self._rows[self.length_from])
+        return view if self._kept is None else KeptLengths(view, self._kept)
 
     def get(self, i: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
