@@ -93,7 +93,7 @@ def _greedy(lens: Any, max_frames: np.int64, max_seqs: np.int64, padded: bool, s
     return k
 
 
-class BatchIterator:
+class BatchIterator(Iterator[IntArray]):
     """An iterable of batches (int64 index arrays). ``overlong`` counts sequences longer than
     ``max_frames`` (each alone in a batch); ``num_batches`` counts batches yielded so far."""
 
@@ -103,9 +103,6 @@ class BatchIterator:
         self.overlong = 0
         self.num_batches = 0
         self._warned = False
-
-    def __iter__(self) -> Iterator[IntArray]:
-        return self
 
     def __next__(self) -> IntArray:
         try:

@@ -66,9 +66,6 @@ class ShuffleBuffer(Iterator[Any]):
             return iter(src[self._consumed :])
         return itertools.islice(iter(src), self._consumed, None)
 
-    def __iter__(self) -> ShuffleBuffer:
-        return self
-
     def __next__(self) -> Any:
         if self._it is None:
             self._it = self._start()
@@ -161,9 +158,6 @@ class ReplacementSampler(Iterator[int]):
             filled += m
             self.position += m
         return out
-
-    def __iter__(self) -> ReplacementSampler:
-        return self
 
     def __next__(self) -> int:
         i = self.position - self._block_start
