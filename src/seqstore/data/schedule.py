@@ -101,7 +101,6 @@ class MixtureStream:
         """Back to this stream's own schedule from sample 0 (a fresh run), after :meth:`load_state`."""
         if self._loaded:
             self.schedule, self.segments, self._loaded = self._own, [], False
-            self._id = None
             self._start_segment(0, 0, np.zeros(len(self.names), dtype=np.int64))
 
     # -------------------------------------------------------------------------------- stages in tokens
