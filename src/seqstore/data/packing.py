@@ -19,11 +19,10 @@ appended EOS. Position ids restart at every document and row. Details: docs/data
 State: per share, its pending ranges ``[epoch, start, stop, offset]`` (best_fit's window first; after a
 re-split also runs of blocks ``{"blocks": [first, stop], "share": s, "of": S}``), the next epoch it takes
 a fresh block of, running counts, which share of how many it is (``share``, ``num_shares``: opening it as
-another is refused) and, over a mixture, ``schedule_id`` (the digest of the segments it
-is packed by: :meth:`PackedDataset.open` refuses a share of other segments). O(share count x (window +
-ranges)). States
-load into the same number of shares exactly, or into another number by
-:func:`~seqstore.data._shares.resplit` (no token repeated or skipped).
+another is refused) and, over a mixture, ``schedule_id`` (the digest of the segments it is packed by:
+:meth:`PackedDataset.open` refuses a share of other segments). O(share count x (window + ranges)). States
+load into the same number of shares exactly, or into another number by :func:`~seqstore.data._shares.resplit`
+(no token repeated or skipped).
 """
 
 from __future__ import annotations
@@ -182,8 +181,7 @@ class PackedDataset:
     def fresh_state(self, epoch: int = 1, num_shares: int = 1) -> dict[str, Any]:
         """The state of a run that starts at the beginning of ``epoch`` over ``num_shares`` shares (as
         :meth:`shares` of None: a mixture follows its own schedule from sample 0, not a loaded state's)."""
-        shares = self.shares(None, num_shares, epoch)
-        return self.state_dict(shares)
+        return self.state_dict(self.shares(None, num_shares, epoch))
 
     def state_dict(self, shares: list[dict[str, Any]]) -> dict[str, Any]:
         """The resume state of a run whose share ``s`` has state ``shares[s]`` (plain, JSON-safe)."""
