@@ -324,10 +324,6 @@ class CombinedDataset(EndToEnd):
         raise TypeError("CombinedDataset.filter would drop the per-epoch sampling; filter the children instead: "
                         "CombinedDataset({name: ds.filter(min_length=..., max_length=...), ...}, ...)")
 
-    def get(self, i: int) -> dict[str, Any]:
-        name, j = self.locate(i)
-        return self.datasets[self.names.index(name)].get(j)
-
     def __repr__(self) -> str:
         return (f"CombinedDataset({self.sampling_sizes}, ordering={self.ordering!r}, seed={self.seed}, "
                 f"partition_epoch={self.partition_epoch})")

@@ -160,6 +160,10 @@ class EndToEnd(Dataset):
         """Lengths over the index space (the children's end to end), lazy."""
         return ConcatLengths([d.lengths() for d in self.datasets], self._ends)
 
+    def get(self, i: int) -> dict[str, Any]:
+        c, j = self.locate_many(np.array([i]))
+        return self.datasets[int(c[0])].get(int(j[0]))
+
     def prefetch(self, indices: Any) -> None:
         Split(as_index_array(indices, self.num_seqs), self._ends).prefetch(self.datasets)
 
@@ -197,10 +201,6 @@ class ConcatDataset(EndToEnd):
     def locate(self, i: int) -> tuple[int, int]:
         c, j = self.locate_many(np.array([i]))
         return int(c[0]), int(j[0])
-
-    def get(self, i: int) -> dict[str, Any]:
-        c, j = self.locate(i)
-        return self.datasets[c].get(j)
 
     def __repr__(self) -> str:
         return f"ConcatDataset({len(self.datasets)} datasets, n={self.num_seqs}, ordering={self.ordering!r})"
