@@ -192,7 +192,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     new_dst = None if local_dst is None or local_dst.exists() else local_dst
     options: dict[str, dict[str, Any] | None] = {}
     for end in ("src", "dst"):  # (the library's message would name neither option)
-        options[end] = _key_values(getattr(args, f"{end}_option"), f"--{end}-option")
+        options[end] = key_values(getattr(args, f"{end}_option"), f"--{end}-option", empty_value=True)
         if options[end] and not is_remote(getattr(args, end)):
             raise SeqstoreError(f"{getattr(args, end)}: --{end}-option options are for URLs of object storage, "
                                 "not local paths")
@@ -212,22 +212,10 @@ def cmd_copy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_storage_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="an option for a remote store's client, e.g. endpoint=http://127.0.0.1:9000 (repeatable; "
-                        "credentials are better left to the environment)")
-
-
-def _key_values(items: list[str], flag: str) -> dict[str, Any] | None:
-    """``KEY=VALUE`` items of option ``flag`` as a dict (None when there are none); each key once, as
-    ``convert`` and ``export`` take them."""
-    return key_values(items, flag, empty_value=True)
-
-
 def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """``-o KEY=VALUE`` options as a dict (None when there are none); refused for a local ``args.path``, which
     would ignore them (as ``copy`` and ``convert`` refuse them)."""
-    opts = _key_values(getattr(args, "storage_option", []) or [], "--storage-option")
+    opts = key_values(getattr(args, "storage_option", []) or [], "--storage-option", empty_value=True)
     path = getattr(args, "path", None)
     if opts and path is not None and not is_remote(path):
         raise SeqstoreError(f"{path}: -o options are for URLs of object storage, not local paths")
@@ -243,18 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"seqstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    info = sub.add_parser("info", help="schema, records, shards, bytes and length statistics")
-    info.add_argument("path", help="a store directory or URL (s3://, gs://, az://, https://, ...)")
-    _add_storage_options(info)
-    info.add_argument("--no-lengths", action="store_true", help="skip the length statistics (a pass over offsets)")
-    info.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    info.set_defaults(func=cmd_info)
-
-    ver = sub.add_parser("verify", help="recompute checksums and check offsets and id indexes")
-    ver.add_argument("path", help="a store directory or URL (s3://, gs://, az://, https://, ...)")
-    _add_storage_options(ver)
-    ver.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    ver.set_defaults(func=cmd_verify)
+    for name, about, func in (("info", "schema, records, shards, bytes and length statistics", cmd_info),
+                              ("verify", "recompute checksums and check offsets and id indexes", cmd_verify)):
+        cmd = sub.add_parser(name, help=about)
+        cmd.add_argument("path", help="a store directory or URL (s3://, gs://, az://, https://, ...)")
+        cmd.add_argument("-o", "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="an option for a remote store's client, e.g. endpoint=http://127.0.0.1:9000 (repeatable; "
+                         "credentials are better left to the environment)")
+        if name == "info":
+            cmd.add_argument("--no-lengths", action="store_true",
+                             help="skip the length statistics (a pass over offsets)")
+        cmd.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        cmd.set_defaults(func=func)
 
     demo = sub.add_parser("demo", help="generate a speech-like corpus, write it, open it and read it")
     demo.add_argument("--records", type=positive_int, default=1_000_000,
