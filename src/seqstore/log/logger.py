@@ -183,11 +183,6 @@ class Logger:
             self._thread.start()
         self.schema = self._writer.schema  # last: log() starts again while it is None
 
-    def _new_buffer(self) -> Buffer:
-        # page aligned, so that full buffers can be written with direct I/O
-        arrays = {name: aligned_empty((self._cap, *f.inner_shape), f.storage_dtype) for name, f in self._units}
-        return Buffer(arrays, self._cap)
-
     def _take_buffer(self) -> Buffer:
         """Make a free buffer current; makes at most two, then blocks until the background thread frees
         one. An interrupt (Ctrl-C) anywhere loses no buffer: the next call finishes with ``_spare``."""
@@ -196,10 +191,9 @@ class Logger:
             spare = next((b for b in self._buffers if b.free), None)
             if spare is not None:
                 self._spare = spare
-            elif len(self._buffers) < 2:
-                spare = self._new_buffer()
-                spare.free = True
-                self._buffers.append(spare)
+            elif len(self._buffers) < 2:  # page aligned, so that full buffers can be written with direct I/O
+                self._buffers.append(Buffer({name: aligned_empty((self._cap, *f.inner_shape), f.storage_dtype)
+                                             for name, f in self._units}, self._cap, free=True))
             elif self._commit_error is not None:  # both held for a retry of the commit: no wait for ever
                 raise self._commit_failure() from self._commit_error
             else:
