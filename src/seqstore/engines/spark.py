@@ -331,35 +331,27 @@ def write(df: Any, path: str | os.PathLike[str], *, mode: str = "errorifexists",
         raise ValueError(f"mode must be 'errorifexists', 'append' or 'overwrite', got {mode!r}")
     df.sparkSession.dataSource.register(DataSource)
     w = df.write.format(NAME).mode("overwrite" if mode == "overwrite" else "append")
-    if mode in ("errorifexists", "error"):
-        w = w.option("errorIfExists", "true")
-    if schema is not None:
-        w = w.option("schema", schema_option(schema))
-    if id_column is not None:
-        w = w.option("idColumn", id_column)
-    if shard_bytes is not None:
-        w = w.option("shardBytes", str(int(shard_bytes)))
-    if metadata is not None:
-        w = w.option("metadata", json.dumps(dict(metadata)))
-    for k, v in (storage_options or {}).items():
-        w = w.option(STORAGE_PREFIX + k, v)
-    for k, v in options.items():
-        w = w.option(k, v)
-    w.save(_where(path))
+    given = [("errorIfExists", "true" if mode in ("errorifexists", "error") else None),
+             ("schema", None if schema is None else schema_option(schema)), ("idColumn", id_column),
+             ("shardBytes", None if shard_bytes is None else str(int(shard_bytes))),
+             ("metadata", None if metadata is None else json.dumps(dict(metadata)))]
+    storage = {STORAGE_PREFIX + k: v for k, v in (storage_options or {}).items()}
+    _with_options(w, given, {**storage, **options}).save(_where(path))
 
 
 def read(spark: Any, path: str | os.PathLike[str], *, fields: Sequence[str] | None = None,
          id_column: str | None = None, **options: Any) -> Any:
     """The store at ``path`` as a DataFrame (registers the data source in ``spark``)."""
     spark.dataSource.register(DataSource)
-    r = spark.read.format(NAME)
-    if fields is not None:
-        r = r.option("fields", ",".join(field_list(fields) or []))
-    if id_column is not None:
-        r = r.option("idColumn", id_column)
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load(_where(path))
+    given = [("fields", None if fields is None else ",".join(field_list(fields) or [])), ("idColumn", id_column)]
+    return _with_options(spark.read.format(NAME), given, options).load(_where(path))
+
+
+def _with_options(rw: Any, named: list[tuple[str, Any]], options: Mapping[str, Any]) -> Any:
+    """A DataFrameWriter or DataFrameReader with the ``named`` options that are not None, then ``options``."""
+    for k, v in [*((k, v) for k, v in named if v is not None), *options.items()]:
+        rw = rw.option(k, v)
+    return rw
 
 
 def _where(path: str | os.PathLike[str]) -> str:
