@@ -37,25 +37,19 @@ class _Range(InputPartition):
         self.stop = stop
 
 
-def _leaf_array(flat: np.ndarray[Any, Any], dtype: str, leaf_type: Any, what: str) -> Any:
-    """A flat numpy array of stored values as an Arrow array of Spark's leaf type."""
-    pa = import_pyarrow()
-    flat = to_arrow.numbers(flat, dtype)  # bfloat16 as float32
-    target = np.dtype(leaf_type.to_pandas_dtype())
-    if flat.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
-        bad = int(np.flatnonzero(flat > np.iinfo(np.int64).max)[0])
-        raise ValueError(f"{what}: value {int(flat[bad])} does not fit Spark's long (field is uint64)")
-    if flat.dtype != target:
-        flat = flat.astype(target)
-    return pa.array(np.ascontiguousarray(flat), type=leaf_type)
-
-
 def _field_array(values: np.ndarray[Any, Any], f: Field, records: int | np.ndarray[Any, Any], arrow_type: Any,
                  what: str) -> Any:
     """A field's values (fixed: ``(r, D)`` rows of ``records`` records; ragged: the rows of records of
-    lengths ``records``) as an Arrow column of ``arrow_type``, one array level per axis."""
-    flat = _leaf_array(values.reshape(-1), f.dtype, to_arrow.leaf_type(arrow_type, len(f.shape)), what)
-    return to_arrow.field_lists(flat, f, records, arrow_type, what=what, hint=_BATCH_HINT)
+    lengths ``records``) as an Arrow column of ``arrow_type``, one array level per axis, its leaves of
+    Spark's leaf type."""
+    leaf_type = to_arrow.leaf_type(arrow_type, len(f.shape))
+    flat = to_arrow.numbers(values.reshape(-1), f.dtype)  # bfloat16 as float32
+    if flat.dtype == np.uint64 and flat.size and int(flat.max()) > np.iinfo(np.int64).max:
+        bad = int(np.flatnonzero(flat > np.iinfo(np.int64).max)[0])
+        raise ValueError(f"{what}: value {int(flat[bad])} does not fit Spark's long (field is uint64)")
+    flat = flat.astype(np.dtype(leaf_type.to_pandas_dtype()), copy=False)
+    leaves = import_pyarrow().array(np.ascontiguousarray(flat), type=leaf_type)
+    return to_arrow.field_lists(leaves, f, records, arrow_type, what=what, hint=_BATCH_HINT)
 
 
 class SparkReader(DataSourceReader):
