@@ -119,13 +119,11 @@ def write_plan(path: str, spark_schema: Any, options: Mapping[str, str],
             spec[c] = given[c]
         elif existing is not None and c in existing:
             spec[c] = existing[c]
-        elif isinstance(meta.get(c, {}).get(FIELD_METADATA_KEY), str):
-            try:
-                spec[c] = Field.from_json(json.loads(meta[c][FIELD_METADATA_KEY]))
-            except (SchemaError, ValueError):  # (metadata of the wrong kind: as no metadata)
-                spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
         else:
-            spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
+            try:  # a column read from a store: the field in its metadata (none, or of the wrong kind: its type's)
+                spec[c] = Field.from_json(json.loads(meta.get(c, {})[FIELD_METADATA_KEY]))
+            except (KeyError, TypeError, SchemaError, ValueError):
+                spec[c] = _infer_field(where, c, arrow_schema.field(c).type)
     packed = {g: list(pg.fields) for g, pg in given.groups.items()} if given is not None else {}
     if not packed and existing is not None and set(existing) == set(spec):
         packed = {g: list(pg.fields) for g, pg in existing.groups.items()}
