@@ -294,17 +294,6 @@ def _table(store: Store, idx: np.ndarray[Any, Any], fields: list[str], id_column
     return pa.Table.from_arrays(arrays, schema=pa.schema(schema_fields))
 
 
-def _read_range(store: Store, source: StoreDataset | None, epoch: int, start: int, stop: int, block: int,
-                fields: list[str], id_column: str | None, bfloat16: str) -> Iterable[Any]:
-    """Blocks of records ``[start, stop)`` (the store's order; ``source`` None) or of positions
-    ``[start, stop)`` of ``source``'s order of epoch ``epoch``, ``block`` records each."""
-    order = source.epoch_order(epoch) if source is not None else None  # O(1): a lazy order
-    for a in range(start, stop, block):
-        b = min(a + block, stop)
-        idx = np.arange(a, b, dtype=np.int64) if order is None else order.take(np.arange(a, b, dtype=np.int64))
-        yield _table(store, idx, fields, id_column, bfloat16)
-
-
 class _StoreDatasource(Datasource):
     """Read tasks over contiguous ranges of records or of an epoch order's positions."""
 
@@ -339,9 +328,14 @@ class _StoreDatasource(Datasource):
             meta = BlockMetadata(num_rows=b - a, size_bytes=(b - a) * self.record_bytes, input_files=None,
                                  exec_stats=None)
 
-            def fn(a: int = a, b: int = b) -> Iterable[Any]:
-                return _read_range(self.store, self.source, self.epoch, a, b, self.block_records, self.fields,
-                                   self.id_column, self.bfloat16)
+            def fn(start: int = a, stop: int = b) -> Iterable[Any]:
+                """Blocks of records ``[start, stop)`` (the store's order; no source) or of positions
+                ``[start, stop)`` of the source's order of the epoch, ``block_records`` records each."""
+                order = self.source.epoch_order(self.epoch) if self.source is not None else None  # O(1): lazy
+                for c in range(start, stop, self.block_records):
+                    idx = np.arange(c, min(c + self.block_records, stop), dtype=np.int64)
+                    yield _table(self.store, idx if order is None else order.take(idx), self.fields, self.id_column,
+                                 self.bfloat16)
 
             kwargs = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}
             out.append(ReadTask(fn, meta, **kwargs))
