@@ -123,17 +123,9 @@ def _objects_ragged(values: Sequence[np.ndarray[Any, Any]], name: str) -> bool:
     return True
 
 
-def _infer_field(name: str, field: Any, sample: Any) -> Field:
-    """The field of one column: from its Arrow type, and from the rows of ``sample`` (an array of the
-    first rows, or None) where the type leaves inner dimensions open. A uint16 column marked with
-    :data:`BFLOAT16_METADATA` is bfloat16."""
-    f = _infer_type(name, field.type, sample)
-    if (field.metadata or {}).get(b"seqstore.dtype") == b"bfloat16" and f.dtype == "<u2":
-        return Field(BFLOAT16, f.shape)
-    return f
-
-
 def _infer_type(name: str, t: Any, sample: Any) -> Field:
+    """The field of one column: from its Arrow type, and from the rows of ``sample`` (an array of the
+    first rows, or None) where the type leaves inner dimensions open."""
     ext = _ext(t)
     try:
         if ext in _RAY_TENSOR or ext == _ARROW_TENSOR:
@@ -198,7 +190,9 @@ def infer_schema(arrow_schema: Any, sample: Any = None, *, id_column: str | None
         if c not in names:
             raise SchemaError(f"{WHERE}: no column {c!r}; columns are {names}")
         col = sample.column(c) if sample is not None and c in sample.column_names else None
-        spec[c] = _infer_field(c, arrow_schema.field(c), col)
+        f = _infer_type(c, arrow_schema.field(c).type, col)
+        marked = (arrow_schema.field(c).metadata or {}).get(b"seqstore.dtype") == b"bfloat16"  # BFLOAT16_METADATA
+        spec[c] = Field(BFLOAT16, f.shape) if marked and f.dtype == "<u2" else f
     return Schema(spec)
 
 
