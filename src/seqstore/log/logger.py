@@ -483,11 +483,9 @@ class Logger:
         After a clean close, a second one does nothing. An interrupt (Ctrl-C) leaves the logger
         closing: a second ``close`` (or the interpreter's exit) finishes it.
         """
-        if self._closed:
+        if self._closed or os.getpid() != self._pid:  # (a forked child's copy: the parent's thread, buffers, writer)
             if os.getpid() == self._pid:
                 self._raise_failure()
-            return
-        if os.getpid() != self._pid:  # a forked child's copy: the thread, buffers and writer are the parent's
             self._closed = True
             return
         self._closing = True
@@ -521,9 +519,7 @@ class Logger:
         a failed commit; the logger is closed after it (a later ``close``/``abort`` does nothing, ``log``
         and ``flush`` raise). An interrupt (Ctrl-C) leaves the rest to the next ``abort``, ``close`` or
         the interpreter's exit, which discard as well."""
-        if self._closed:
-            return
-        if os.getpid() != self._pid:  # a forked child's copy: the thread, buffers and writer are the parent's
+        if self._closed or os.getpid() != self._pid:  # (a forked child's copy: the parent's thread, buffers, writer)
             self._closed = True
             return
         self._closing = self._discard = True
