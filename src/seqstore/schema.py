@@ -230,10 +230,8 @@ class Schema(Mapping[str, Field]):
                 self._group_of: dict[str, str] = dict(spec._group_of)
                 return
         else:
-            if not isinstance(spec, Mapping) or not spec:
-                raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
-            fields: dict[str, Field] = flatten_values(spec, "schema")
-            if not fields:  # only empty groups: {"a": {}}
+            fields: dict[str, Field] = flatten_values(spec, "schema") if isinstance(spec, Mapping) else {}
+            if not fields:  # (not a dict, empty, or only empty groups: {"a": {}})
                 raise SchemaError(f"a schema is a non-empty dict of name -> Field, got {spec!r}")
             for name, value in fields.items():
                 if not isinstance(value, Field):
