@@ -231,13 +231,12 @@ def similarity(store: Store | str | os.PathLike[str], queries: Any, *, fields: S
         raise ValueError(f"similarity(): {st.url}: device must be 'cpu' or 'cuda[:N]', got {device!r}")
     if topk is not None and (not isinstance(topk, (int, np.integer)) or isinstance(topk, bool) or topk <= 0):
         raise ValueError(f"similarity(): topk must be a positive int, got {topk!r}")
-    if chunk_rows is not None:
-        integral = isinstance(chunk_rows, (int, np.integer)) and not isinstance(chunk_rows, bool)
-        if not integral or chunk_rows <= 0:
-            raise (ValueError if integral else TypeError)(
-                f"similarity(): {st.url}: chunk_rows must be a positive int, got {chunk_rows!r}")
     if chunk_rows is None:
         chunk_rows = max(256, _CHUNK_BYTES // max(1, width * dt.itemsize))
+    integral = isinstance(chunk_rows, (int, np.integer)) and not isinstance(chunk_rows, bool)
+    if not integral or chunk_rows <= 0:
+        raise (ValueError if integral else TypeError)(
+            f"similarity(): {st.url}: chunk_rows must be a positive int, got {chunk_rows!r}")
     scores = np.empty((n, nq), dtype=np.float32) if keep_scores else None
     per = {name: np.empty((n, nq), dtype=np.float32) for name in columns} if per_field and keep_scores else None
     top = _TopK(topk, nq) if topk is not None else None
