@@ -58,13 +58,6 @@ class LockTimeout(LockError):
         self.path = path
         self.holder = holder
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_lock_timeout, (str(self), self.path, self.holder))
-
-
-def _lock_timeout(message: str, path: str, holder: int | None) -> LockTimeout:
-    return LockTimeout(message, path=path, holder=holder)
-
 
 class RemoteError(SeqstoreError):
     """A request to object storage failed: after ``attempts`` tries for transient failures (5xx,
