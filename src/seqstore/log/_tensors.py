@@ -97,8 +97,7 @@ class HostStager:
 def infer_field(name: str, value: Any, batch: int, first_id: str) -> Field:
     """The per-example Field of a batch-first tensor/array: dtype and ``shape[1:]``."""
     if is_torch(value):
-        tdt = str(value.dtype).removeprefix("torch.")
-        dtype: Any = BFLOAT16 if tdt == BFLOAT16 else tdt
+        dtype: Any = str(value.dtype).removeprefix("torch.")  # (Field reads "bfloat16" as BFLOAT16)
         shape = tuple(int(s) for s in value.shape)
     else:
         arr = as_array(name, value, first_id)
