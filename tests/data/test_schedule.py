@@ -672,3 +672,15 @@ def test_a_schedule_state_refused_leaves_the_stream_as_it_was() -> None:
         mix.load_state(segments, 100)
     assert not mix._loaded and len(mix.segments) == 1
     np.testing.assert_array_equal(mix.docs_at(np.arange(600))[0], want)
+
+
+def test_an_order_that_drops_documents_is_refused_on_every_read() -> None:
+    """The stream cached a source's epoch order before checking its length: the first read raised, a second
+    read (the packer reads again after a failure) took the short order and walked documents that are not
+    in it."""
+    src = {"web": LengthsDataset(np.full(10, 3), ordering="default_every_n:3"),
+           "code": LengthsDataset(np.full(10, 3))}
+    stream = MixtureStream(src, {"web": 1, "code": 1})
+    for _ in range(2):
+        with pytest.raises(ValueError, match="source 'web': its epoch order drops documents"):
+            stream.docs(1, 0, 20)

@@ -253,10 +253,11 @@ class MixtureStream:
         if order is None:
             if len(self._orders) > 4 * len(self.names):
                 self._orders.clear()
-            order = self._orders[key] = self.combined.datasets[k].epoch_order(epoch)
+            order = self.combined.datasets[k].epoch_order(epoch)
             if len(order) != int(self.combined.num[k]):
                 raise ValueError(f"source {self.names[k]!r}: its epoch order drops documents; a mixture needs "
                                  "orderings that visit every document once per epoch")
+            self._orders[key] = order
         return order
 
     def docs(self, epoch: int, start: int, stop: int) -> tuple[IntArray, IntArray]:
