@@ -146,6 +146,17 @@ def _hash_numpy(data: np.ndarray[Any, Any], offsets: np.ndarray[Any, Any], out: 
 
 
 @numba.njit(cache=True, nogil=True)
+def _same_bytes(a: Any, a0: int, a1: int, b: Any, b0: int, b1: int) -> bool:  # pragma: no cover - numba
+    """Whether ``a[a0:a1]`` and ``b[b0:b1]`` are the same bytes."""
+    if a1 - a0 != b1 - b0:
+        return False
+    for j in range(a1 - a0):
+        if a[a0 + j] != b[b0 + j]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def id_equal(
     sdata: Any, soff: Any, rows: Any, qdata: Any, qoff: Any, qidx: Any, out: Any
 ) -> None:  # pragma: no cover - numba
@@ -153,19 +164,7 @@ def id_equal(
     for k in range(rows.shape[0]):
         r = rows[k]
         q = qidx[k]
-        a0 = soff[r]
-        a1 = soff[r + 1]
-        b0 = qoff[q]
-        b1 = qoff[q + 1]
-        if a1 - a0 != b1 - b0:
-            out[k] = False
-            continue
-        eq = True
-        for j in range(a1 - a0):
-            if sdata[a0 + j] != qdata[b0 + j]:
-                eq = False
-                break
-        out[k] = eq
+        out[k] = _same_bytes(sdata, soff[r], soff[r + 1], qdata, qoff[q], qoff[q + 1])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -205,21 +204,15 @@ def probe_sorted(
             a1 = soff[r + 1]
             if a0 < 0 or a1 < a0 or a1 > sdata.shape[0]:
                 return k
-            if a1 - a0 == b1 - b0:
-                eq = True
-                for x in range(a1 - a0):
-                    if sdata[a0 + x] != qdata[b0 + x]:
-                        eq = False
-                        break
-                if eq:
-                    result[q] = r + base
+            if _same_bytes(sdata, a0, a1, qdata, b0, b1):
+                result[q] = r + base
+                k += 1
+                while k < n and hashes[k] == h:  # the rest of the run: a damaged entry may name this row too
+                    if rows[k] <= prev:
+                        return k
+                    prev = rows[k]
                     k += 1
-                    while k < n and hashes[k] == h:  # the rest of the run: a damaged entry may name this row too
-                        if rows[k] <= prev:
-                            return k
-                        prev = rows[k]
-                        k += 1
-                    break
+                break
             if _hash_range(sdata, a0, a1) != h:
                 return k
             k += 1
