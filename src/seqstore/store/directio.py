@@ -11,6 +11,7 @@ back to buffered writes; the bytes on disk are the same either way.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
@@ -38,10 +39,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     mm = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if nbytes >= 1 << 21 and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
+        with contextlib.suppress(OSError):  # kernels without THP: plain pages
             mm.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # kernels without THP: plain pages
-            pass
     return np.frombuffer(mm, dtype=dt, count=nbytes // dt.itemsize).reshape(shape)
 
 
