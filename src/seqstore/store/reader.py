@@ -85,7 +85,7 @@ class Store:
         self.root = self._source.root  # the manifest's directory (a remote store: its local mirror)
         self._bf16, self._readahead = bfloat16, readahead
         policy = self._source.policy(readahead)  # how reads are planned on this source
-        self._shards = ShardMap(self._source, manifest, max_mapped_shards, policy.setup, identity)
+        self._shards = ShardMap(self._source, max_mapped_shards, policy.setup, identity)
         self._planner = ReadPlanner(self._shards, policy, readahead)
         self._gatherer = Gatherer(self._planner, bfloat16)
         self._matrices = Matrices(self._planner, bfloat16)

@@ -146,7 +146,7 @@ class Matrices:
                 return self._present(block, plan, dtype)
             out = np.empty((count, plan.width), dtype=plan.storage_dtype)
             for k in range(k0, k1 + 1):
-                s_k, e_k = self.shards.start_index[k], self.shards.end(k)
+                s_k, e_k = self.shards.start_index[k], self.shards.table.end(k)
                 first = max(start, s_k)
                 first += (-(first - start)) % step
                 if first >= min(stop, e_k):
@@ -173,12 +173,12 @@ class Matrices:
         pos = start
         while pos < stop:
             k, r = self.shards.locate(pos)
-            end = min(stop, self.shards.end(k), pos + chunk_rows)
+            end = min(stop, self.shards.table.end(k), pos + chunk_rows)
             if pos == start:
                 self._scan_rows(plan, k, r, r + end - pos)
             if end < stop:  # the next block's reads run while the caller works on this one
                 nk, nr = self.shards.locate(end)
-                self._scan_rows(plan, nk, nr, nr + min(stop, self.shards.end(nk), end + chunk_rows) - end)
+                self._scan_rows(plan, nk, nr, nr + min(stop, self.shards.table.end(nk), end + chunk_rows) - end)
             yield pos, self._block(self.shards.shard(k), plan, slice(r, r + end - pos))
             pos = end
 

@@ -182,7 +182,7 @@ class RaggedFields:
 
         def block(pos: int) -> tuple[Shard, int, int, int, int]:
             k, r = self.shards.locate(pos)
-            end = min(stop, self.shards.end(k), pos + chunk_records)
+            end = min(stop, self.shards.table.end(k), pos + chunk_records)
             sh = self.shards.shard(k)
             off = sh.offsets[name]
             self.planner.need(off[r : r + end - pos + 1])

@@ -209,8 +209,7 @@ class Shard:
         if stem == IDS:
             vals, off = self.ids, self.id_offsets
         else:
-            vals = self.groups.get(stem)
-            vals, off = (self.columns.get(stem) if vals is None else vals), self.offsets.get(stem)
+            vals, off = self.groups.get(stem, self.columns.get(stem)), self.offsets.get(stem)
         out = {}
         a, b = r, r + 1
         if off is not None:
@@ -318,19 +317,17 @@ class Group(NamedTuple):
 
 class ShardMap:
     """Global index -> (shard, row) over one manifest's shard table, and the shards mapped on first touch
-    (at most ``max_mapped`` of them, least recently used dropped). :meth:`load` moves to a new manifest.
-    ``setup``: first touching a shard costs requests (the source's ``ReadPolicy.setup``), so a batch
-    prepares all its new shards at once. ``identity``: :func:`manifest_identity` as it was before
-    ``manifest`` was read (set anew before each :meth:`load` of a newly read manifest)."""
+    (at most ``max_mapped`` of them, least recently used dropped). :meth:`load` moves to a manifest (the
+    first one too). ``setup``: first touching a shard costs requests (the source's ``ReadPolicy.setup``),
+    so a batch prepares all its new shards at once. ``identity``: :func:`manifest_identity` as it was
+    before the manifest was read (set anew before each :meth:`load` of a newly read manifest)."""
 
-    def __init__(self, source: ByteSource, manifest: Manifest, max_mapped: int | None, setup: bool,
+    def __init__(self, source: ByteSource, max_mapped: int | None, setup: bool,
                  identity: tuple[int, int, int, int] | None = None) -> None:
         self.source, self.setup, self.identity = source, setup, identity
         self.max_mapped_opt = max_mapped
         self.mapped: OrderedDict[int, Shard] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()  # several threads may share a Store
-        self._last: tuple[int, Any] = (-1, None)  # (shard number, Shard) of the last shard() call
-        self.load(manifest)
 
     def load(self, manifest: Manifest) -> None:
         """Move to ``manifest``. A mapped shard stays only if it lists the same shard at its position (an
@@ -346,7 +343,7 @@ class ShardMap:
         for k in list(self.mapped):
             if k >= len(table) or not self._same(k, self.mapped[k], old):
                 del self.mapped[k]
-        self._last = (-1, None)
+        self._last: tuple[int, Any] = (-1, None)  # (shard number, Shard) of the last shard() call
         self.max_mapped = self.max_mapped_opt or mapped_shard_limit(self.schema)
 
     def _same(self, k: int, sh: Shard, old: ShardTable | None) -> bool:
@@ -366,10 +363,6 @@ class ShardMap:
     def num_shards(self) -> int:
         return len(self.start_index)
 
-    def end(self, k: int) -> int:
-        """One past the last record of shard ``k``."""
-        return self.table.end(k)
-
     def norm(self, i: int) -> int:
         n = self.n
         j = i + n if i < 0 else i
@@ -383,16 +376,13 @@ class ShardMap:
             if idx.size == 0:
                 return idx.astype(np.int64)
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-        given = idx
-        if idx.dtype.kind == "u" and idx.size and idx.max() >= self.n:  # (2**63 and up would wrap to negative)
-            raise IndexError(f"record index {given[given >= self.n][0]} out of range for a store of {self.n} "
-                             f"records ({self.url})")
-        idx = idx.astype(np.int64, copy=True)
-        idx[idx < 0] += self.n
-        if idx.size and (idx.min() < 0 or idx.max() >= self.n):
-            bad = given[(idx < 0) | (idx >= self.n)][0]
+        out = idx.astype(np.int64, copy=True)
+        if idx.dtype.kind == "i":  # (unsigned 2**63 and up wrap to negative: left so, out of range)
+            out[out < 0] += self.n
+        if out.size and (out.min() < 0 or out.max() >= self.n):
+            bad = idx[(out < 0) | (out >= self.n)][0]
             raise IndexError(f"record index {bad} out of range for a store of {self.n} records ({self.url})")
-        return idx
+        return out
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, local row) of global index ``i`` (in range). The search starts after row 0: a row 0
