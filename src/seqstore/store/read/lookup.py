@@ -66,7 +66,8 @@ class IdLookup:
                                   f"outside 0..{len(sh.ids)}")
         self.planner.need(sh.ids[a:b])
         if self.verify is not None:
-            self.verify.id_at(sh, row, self.shards.norm(i), address(sh.ids) + a if b > a else 0, b - a)
+            self.verify.ids(np.array([self.shards.norm(i)], np.int64), [(sh, slice(None), np.array([row], np.int64))],
+                            sh.ids, [a], [b - a])
         try:
             return bytes(sh.ids[a:b]).decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as exc:  # (a damage that leaves valid UTF-8: only verify_reads sees it)
@@ -113,13 +114,9 @@ class IdLookup:
         runs: list[IndexRun] = list(self.shards.manifest.index_runs)
         while shard < self.shards.num_shards:
             run = next((r for r in runs if r.first_shard == shard), None)
-            arrays = self._run_arrays(run) if run is not None else None
-            if run is not None and arrays is not None:
-                yield shard, arrays
-                shard = run.end_shard
-                continue
-            yield shard, None
-            shard += 1
+            arrays = None if run is None else self._run_arrays(run)
+            yield shard, arrays
+            shard = shard + 1 if run is None or arrays is None else run.end_shard
 
     def _target(self, shard: int, arrays: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None
                 ) -> tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], int]:

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from ...errors import CorruptionError, SeqstoreError
-from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, copy_check_at, span_checks, spans_at
+from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, copy_check_at, span_checks
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
 from .shards import file_spans, unfetched_pages
@@ -225,14 +225,6 @@ class ReadVerifier:
         if not np.array_equal(got, want):
             self._report(IDS_COLUMN, idx, groups, got, want)
 
-    def id_at(self, sh: Any, row: int, i: int, address: int, length: int) -> None:
-        """Check the id of record ``i`` (row ``row`` of shard ``sh``): ``length`` bytes at ``address``."""
-        got = spans_at(address, np.zeros(1, np.int64), np.array([length], np.int64))
-        groups = [(sh, np.zeros(1, np.int64), np.array([row], np.int64))]
-        want = self._expected(groups, 1, None)
-        if got[0] != want[0]:
-            self._report(IDS_COLUMN, np.array([i], np.int64), groups, got, want)
-
     # -------------------------------------------------------------------------------- reports
 
     def _report(self, name: str, idx: np.ndarray[Any, Any], groups: Sequence[Any], got: np.ndarray[Any, Any],
@@ -242,14 +234,10 @@ class ReadVerifier:
         involved (the field's and the checksums', of each shard)."""
         bad = np.flatnonzero(got != want)
         k = int(bad[0])
-        if name == IDS_COLUMN:
-            stem, rels, what = IDS, [f"{IDS}.npy", f"{IDS}.offsets.npy"], "its id"
-        elif self.schema[name].ragged:
-            stem, rels, what = name, [f"{name}.npy", f"{name}.offsets.npy"], f"field {name!r}"
-        else:
-            group = self.schema.group_of(name)
-            stem = group if group is not None else name
-            rels, what = [f"{stem}.npy"], f"field {name!r}"
+        ids = name == IDS_COLUMN
+        stem = IDS if ids else self.schema.group_of(name) or name  # (a ragged field is never packed)
+        rels = [f"{stem}.npy", f"{stem}.offsets.npy"] if ids or self.schema[name].ragged else [f"{stem}.npy"]
+        what = "its id" if ids else f"field {name!r}"
         keys: list[str] = []
         spans: dict[str, tuple[Any, Any]] = {}
         first = None
@@ -269,8 +257,7 @@ class ReadVerifier:
                     keys.append(key)
                     if found.get(rel) is not None:
                         spans[key] = found[rel]
-        if first is None:  # pragma: no cover - every position is in one group
-            raise AssertionError("a batch position in no group")
+        assert first is not None  # (every position is in one group)
         sh, row = first
         raise ReadMismatch(
             f"{sh.display}/{' or '.join(rels)}: record {int(idx[k])} (row {row} of the shard), {what}: checksum "
