@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..._numba_start import would_wait
-from ...format.checksums import spans_at
+from ...format.checksums import SECRET_AT, spans_at
 from ...io import address
 from ...schema import BFLOAT16, Field, bfloat16_to_float32
 from .copy import copy_via, gather_rows, gather_rows_numpy, take_rows
@@ -103,22 +103,19 @@ class Gatherer:
               alloc: Alloc | None = None) -> Any:
         """Field ``name`` of the batch (see :meth:`batch`): an array, or ``(values, lengths)``."""
         f = self.shards.schema[name]
-        sums = None if self.verify is None else self.verify.sums(len(idx))  # the records' checksums, as copied
+        sums = None if self.verify is None else np.empty(len(idx), np.uint32)  # the records' checksums, as copied
         got: Any = self._ragged(name, f, idx, groups, pad, via, alloc, sums) if f.ragged else self._fixed(
             name, f, idx, groups, via, alloc, sums)
         if self.verify is not None:  # the bytes as gathered, before any conversion
             self.verify.field(name, idx, groups, got, pad, sums)
-        if not f.ragged:
-            return present_bf16(got, self.bf16) if f.dtype == BFLOAT16 else got
-        values, lengths = got
-        return (present_bf16(values, self.bf16) if f.dtype == BFLOAT16 else values), lengths
+        if f.dtype != BFLOAT16:
+            return got
+        return (present_bf16(got[0], self.bf16), got[1]) if f.ragged else present_bf16(got, self.bf16)
 
     def _fixed(self, name: str, f: Field, idx: Any, groups: list[Group], via: Any, alloc: Alloc | None,
                sums: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
-        shape = (len(idx), *f.inner_shape)
-        res = (alloc or _new)(int(np.prod(shape, dtype=np.int64)) * f.storage_dtype.itemsize).view(
-            f.storage_dtype).reshape(shape)
-        width = res.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
+        width = f.row_bytes
+        res = (alloc or _new)(len(idx) * width).view(f.storage_dtype).reshape(len(idx), *f.inner_shape)
         if not len(idx) or not width:
             if sums is not None:
                 sums[:] = spans_at(0, np.zeros(len(idx), np.int64), np.zeros(len(idx), np.int64))
@@ -135,7 +132,7 @@ class Gatherer:
                 res[pos] = np.take(col, rows, axis=0)
             elif sums is not None:  # verified: each row hashed as it is copied, while in cache
                 take_rows_checked(address(col), np.ascontiguousarray(rows, dtype=np.int64), address(res),
-                                  np.ascontiguousarray(at), width, sums, self.verify.secret)  # type: ignore[union-attr]
+                                  np.ascontiguousarray(at), width, sums, SECRET_AT)
                 continue
             else:
                 take_rows(address(col), np.ascontiguousarray(rows, dtype=np.int64), address(res),
@@ -171,7 +168,7 @@ class Gatherer:
             if via is None and sums is not None:  # verified: each record hashed as it is copied, while in cache
                 at = np.arange(len(idx), dtype=np.int64) if isinstance(pos, slice) else np.asarray(pos, np.int64)
                 gather_rows_checked(data, sh.offsets[name], np.ascontiguousarray(rows), flat,
-                                    np.ascontiguousarray(starts[pos]), stride, sums, at, self.verify.secret)  # type: ignore[union-attr]
+                                    np.ascontiguousarray(starts[pos]), stride, sums, at, SECRET_AT)
                 continue
             if via is None:
                 copy = gather_rows_numpy if would_wait(gather_rows) else gather_rows

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from ...errors import CorruptionError, SeqstoreError
-from ...format.checksums import CHECKS, IDS_COLUMN, SECRET_AT, check_columns, copy_check_at, span_checks
+from ...format.checksums import CHECKS, IDS_COLUMN, check_columns, copy_check_at, span_checks
 from ...format.manifest import IDS, Manifest
 from ...schema import Schema
 from .shards import file_spans, unfetched_pages
@@ -188,19 +188,10 @@ class ReadVerifier:
             if not inside.all():
                 got[~inside] = ~self._expected(groups, n, self._column[name])[~inside]
         else:
-            width = f.storage_dtype.itemsize * int(np.prod(f.inner_shape, dtype=np.int64))
-            got = span_checks(_bytes(out), np.arange(n, dtype=np.int64) * width, np.full(n, width, np.int64))
+            got = span_checks(_bytes(out), np.arange(n, dtype=np.int64) * f.row_bytes, np.full(n, f.row_bytes))
         want = self._expected(groups, n, self._column[name])
         if not np.array_equal(got, want):
             self._report(name, idx, groups, got, want)
-
-    @staticmethod
-    def sums(n: int) -> np.ndarray[Any, Any]:
-        """Where a gather of ``n`` records puts their checksums."""
-        return np.empty(n, np.uint32)
-
-    #: the secret's address, for the checked gathers
-    secret = SECRET_AT
 
     def record(self, sh: Any, row: int, i: int, rec: dict[str, Any]) -> None:
         """Check record ``i`` (row ``row`` of shard ``sh``) as read: ``rec`` maps field names to arrays
