@@ -84,8 +84,7 @@ class ReadVerifier:
     the files are the store's own (:meth:`~seqstore.io.source.ByteSource.refetch`)."""
 
     def __init__(self, schema: Schema, need_rows: Callable[[Any, Any], None], keep: int,
-                 refetch: Callable[[Sequence[str], Mapping[str, tuple[Any, Any]] | None], bool] | None = None
-                 ) -> None:
+                 refetch: Callable[[Sequence[str], Mapping[str, tuple[Any, Any]] | None], bool]) -> None:
         self.schema = schema
         self.need_rows = need_rows
         self.refetch = refetch
@@ -156,7 +155,7 @@ class ReadVerifier:
                         keys.append(key)
                         if key in exc.spans:
                             spans[key] = fresh
-                if not keys or self.refetch is None or not self.refetch(keys, spans):
+                if not keys or not self.refetch(keys, spans):
                     raise
             self._rows = None  # (the stored checksums of the last batch: maybe read from the damaged copy)
             read = again or read
