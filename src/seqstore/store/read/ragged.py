@@ -43,7 +43,7 @@ class Lengths:
         return len(self._shards)
 
     def __reduce__(self) -> tuple[Any, ...]:  # the owner (a Store) reopens; its lengths of the same field
-        return (_lengths_of, (self._owner, self.field))
+        return (self._owner.lengths, (self.field,))
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, (bool, np.bool_)):
@@ -145,10 +145,6 @@ class Lengths:
 
     def __repr__(self) -> str:
         return f"Lengths({self._shards.url}, field={self.field!r}, n={len(self)})"
-
-
-def _lengths_of(owner: Any, field: str) -> Lengths:
-    return owner.lengths(field)  # type: ignore[no-any-return]
 
 
 class RaggedFields:
