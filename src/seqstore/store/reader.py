@@ -68,9 +68,8 @@ class Store:
         if not isinstance(verify_reads, (bool, np.bool_)) and not (is_index(verify_reads) and verify_reads in (0, 1)):
             raise ValueError(f"verify_reads must be True or False, got {verify_reads!r}")  # ("false" was true)
         if isinstance(storage_options, Mapping) and "verify_reads" in storage_options:  # the Store's option
-            storage_options = dict(storage_options)
-            flag = storage_options.pop("verify_reads")
-            verify_reads = option_flag(flag, str(path), "verify_reads") or verify_reads  # (ConfigError: not a flag)
+            storage_options = dict(storage_options)  # (option_flag: a ConfigError where it is not a flag)
+            verify_reads = option_flag(storage_options.pop("verify_reads"), str(path), "verify_reads") or verify_reads
         elif isinstance(storage_options, StoreOptions):
             verify_reads = storage_options.verify_reads or verify_reads
         self._verify_reads = bool(verify_reads)
