@@ -37,10 +37,10 @@ class Lengths:
 
     @property
     def shape(self) -> tuple[int]:
-        return (len(self._shards),)  # (the store's records now: a refresh may add some)
+        return (self._shards.n,)  # (the store's records now: a refresh may add some)
 
     def __len__(self) -> int:
-        return len(self._shards)
+        return self._shards.n
 
     def __reduce__(self) -> tuple[Any, ...]:  # the owner (a Store) reopens; its lengths of the same field
         return (self._owner.lengths, (self.field,))

@@ -16,7 +16,6 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -84,11 +83,9 @@ class Shard:
         "before_ids",
     )
 
-    def __init__(
-        self, source: ByteSource, root: Path, info: ShardInfo, schema: Schema, display: str | None = None
-    ) -> None:
-        self.path = root / info.name
-        self.display = str(self.path) if display is None else display  # the shard's place in messages
+    def __init__(self, source: ByteSource, info: ShardInfo, schema: Schema, display: str) -> None:
+        self.path = source.root / info.name
+        self.display = display  # the shard's place in messages (a remote store's: its URL)
         self.map_npy = source.map_npy
         self.refetch = source.refetch
         # the pages of each file whose node-cache copy was fetched again (None: the whole file), once at most
@@ -352,9 +349,6 @@ class ShardMap:
         info = self.manifest.shards[k]
         return info.name == sh.info.name and info.records == sh.info.records and info.files == sh.info.files
 
-    def __len__(self) -> int:
-        return self.n
-
     @property
     def url(self) -> str:
         return self.source.url
@@ -487,7 +481,7 @@ class ShardMap:
             info = self.manifest.shards[k]
             if self.manifest.table is None and self.identity is not None:
                 self._check_unreplaced(k, info)
-            sh = Shard(source, source.root, info, self.schema, display=source.shard_display(info.name))
+            sh = Shard(source, info, self.schema, source.shard_display(info.name))
             if not source.is_remote:
                 sh.before_ids = partial(self._recheck, k, info)
             else:  # (the wave that learns the id objects fetches the descriptor: CRC checked; v1/2: the manifest)
