@@ -203,8 +203,7 @@ class ReadVerifier:
             got = span_checks(_bytes(arr), np.zeros(1, np.int64), np.array([arr.nbytes], np.int64))
             c = self._column[name]
             if got[0] != stored[c]:
-                groups = [(sh, np.zeros(1, np.int64), rows)]
-                self._report(name, np.array([i], np.int64), groups, got, stored[c : c + 1])
+                self._report(name, np.array([i], np.int64), [(sh, np.zeros(1, np.int64), rows)], got, stored[c : c + 1])
 
     def ids(self, idx: np.ndarray[Any, Any], groups: Sequence[Any], data: Any, starts: Any, lens: Any) -> None:
         """Check ids read: record ``idx[k]``'s id is the bytes ``data[starts[k] : starts[k] + lens[k]]``."""
