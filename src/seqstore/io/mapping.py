@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "PAGE", "MADV_NORMAL", "MADV_RANDOM", "MADV_SEQUENTIAL", "MADV_WILLNEED", "map_file", "map_fd", "madvise",
+    "PAGE", "MADV_NORMAL", "MADV_RANDOM", "MADV_SEQUENTIAL", "MADV_WILLNEED", "map_file", "map_fd",
     "holds_descriptors", "address", "libc", "allocate", "allocate_whole", "run_pages",
 ]
 
@@ -123,14 +123,6 @@ def map_fd(
 def address(arr: np.ndarray[Any, Any]) -> int:
     """Address of ``arr``'s first byte."""
     return int(arr.__array_interface__["data"][0])
-
-
-def madvise(addr: int, length: int, advice: int) -> bool:
-    """``madvise`` on ``[addr, addr + length)`` (``addr`` page aligned); False where it is not available
-    or the kernel refused (advice is a hint: nothing depends on it for correctness)."""
-    if libc is None or length <= 0:
-        return False
-    return bool(libc.madvise(addr, length, advice) == 0)
 
 
 def allocate(fd: int, offset: int, length: int) -> None:
