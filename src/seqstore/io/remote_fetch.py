@@ -9,7 +9,7 @@ mappings (others are ignored).
 
 The way down, each step a layer that may be left out: the plan (:mod:`.remote_plan`: pages missing from
 the cache, not in flight) -> claims (:mod:`.claims`: pages another process of the node is fetching are
-waited for; ``claims=False`` leaves them out) -> a wave of requests, through the direct reader
+waited for) -> a wave of requests, through the direct reader
 (:class:`DirectWaves`: many small ranges; off where the options turn direct reads off) or the object
 client -> answers written into the cache. Nothing here calls back into the store that owns the fetcher.
 """
@@ -154,13 +154,11 @@ def _forget(fetcher: weakref.ref[Fetcher], base: int) -> None:
 
 class Fetcher:
     """The fetch path of one remote store: its mapped files, its ``client`` and its node ``cache`` (see
-    the module docstring). ``claims``: take claims in the node cache (share fetches with the node's
-    other processes); ``direct``: the :class:`DirectWaves` layer, or None to send every wave through
+    the module docstring). ``direct``: the :class:`DirectWaves` layer, or None to send every wave through
     the client."""
 
-    def __init__(self, client: ObjectClient, cache: NodeCache, *, claims: bool = True,
-                 direct: DirectWaves | None = None) -> None:
-        self.client, self.cache, self.claims, self.direct = client, cache, claims, direct
+    def __init__(self, client: ObjectClient, cache: NodeCache, *, direct: DirectWaves | None = None) -> None:
+        self.client, self.cache, self.direct = client, cache, direct
         #: told the keys of objects a read found changed (a StaleStoreError), before the error is raised
         self.on_changed: Callable[[list[str]], None] | None = None
         self.pending = 0  # data requests submitted and not yet answered (an estimate: read without a lock)
@@ -309,7 +307,7 @@ class Fetcher:
             else:
                 (runs, waits), claimed = exact_requests(obj, s, e, gap), []
             futures.extend(waits)
-            if runs and self.claims:  # what another process on the node is fetching is waited for
+            if runs:  # what another process on the node is fetching is waited for
                 runs, wait = self._claim(obj, runs)
                 if wait is not None:
                     futures.append(wait)
@@ -332,11 +330,9 @@ class Fetcher:
         try:
             wave = self.submit(reqs, fills, chunks)
         except BaseException:
-            if self.claims:  # nothing was sent: others need not wait for these pages
-                _release(reqs, fills)
+            _release(reqs, fills)  # nothing was sent: others need not wait for these pages
             raise
-        if self.claims:
-            wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
+        wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
         return wave
 
     def send(self, obj: CachedObject, key: str, etag: str, runs: list[tuple[int, int]]
@@ -344,9 +340,7 @@ class Fetcher:
         """Request byte runs ``runs`` of object ``key`` (version ``etag``) into its cache entry ``obj`` as one
         wave, claiming their pages first as :meth:`fetch` does: the wave of the runs this process fetches
         (None: none), and a wait for the pages another process of the node is fetching (None: none)."""
-        wait = None
-        if self.claims:
-            runs, wait = self._claim(obj, runs)
+        runs, wait = self._claim(obj, runs)
         if not runs:
             return None, wait
         reqs: list[Request] = [(key, a, b, etag or None) for a, b in runs]
@@ -354,10 +348,8 @@ class Fetcher:
         return self._claimed_wave(reqs, fills), wait
 
     def take(self, obj: CachedObject, pages: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Claim those of ``pages`` of cache entry ``obj`` that no other live process of the node claims (all
-        where claims are off); a mask of those now this process's."""
-        if not self.claims:
-            return np.ones(len(pages), dtype=bool)
+        """Claim those of ``pages`` of cache entry ``obj`` that no other live process of the node claims; a
+        mask of those now this process's."""
         mine, _ = obj.claims.take(pages, self.client.timeout + self.client.connect_timeout)
         return mine
 
