@@ -102,11 +102,8 @@ class LocalSource(ByteSource):
         # a version-3 shard table is mapped through seqstore.io (no descriptor held)
         return Manifest.load(self.root, map_file=map_file)
 
-    def map_npy(
-        self, path: Path, info: FileInfo | None, dtype: np.dtype[Any], shape: tuple[int, ...], *,
-        sequential: bool = False,
-    ) -> np.ndarray[Any, Any]:
-        return map_npy(path, info, dtype, shape, sequential=sequential)
+    map_npy = staticmethod(map_npy)
+    request_bytes = staticmethod(request_bytes)
 
     def policy(self, readahead: str) -> ReadPolicy:
         # "never": plain page faults; "always": ask without sampling first
@@ -120,6 +117,3 @@ class LocalSource(ByteSource):
 
     def request_span(self, start: int, stop: int, *, most: int) -> None:
         willneed_span(start, stop, most=most)
-
-    def request_bytes(self, path: Path) -> int:
-        return request_bytes(path)
