@@ -170,16 +170,14 @@ def lock_polled(fd: int, seconds: float, *, longest_pause: float = 0.01, tried: 
     blocking (pauses from 1 ms, doubling up to ``longest_pause``; ``tried``: the first try was made already).
     A file system refusing locks: its OSError."""
     deadline, pause = time.monotonic() + seconds, 0.001
-    if not tried:
-        with contextlib.suppress(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
     while True:
+        if not tried:
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+        tried = False
         left = deadline - time.monotonic()
         if left <= 0:
             return False
         time.sleep(min(pause, left))
         pause = min(pause * 2, longest_pause)
-        with contextlib.suppress(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
