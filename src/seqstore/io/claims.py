@@ -34,7 +34,6 @@ from .tempfiles import lock_polled
 
 __all__ = ["Claims", "ClaimWait"]
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _PID = 1 << 32  # a claim: pid * _PID + deadline (seconds)
 _BLOCK = 512  # claim words in a 4 KiB block of the claims file (given disk space before a first write)
 #: how often a waiter looks whether the claiming processes are still there
@@ -90,11 +89,11 @@ class Claims:
             if self._words is None and not self._failed:
                 try:
                     try:
-                        fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
+                        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
                     except FileNotFoundError:
                         if self._make is not None and not self._make():
                             raise  # (an evicted entry: the copy is this process's alone, nobody to share with)
-                        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+                        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                     try:
                         size = 8 * max(1, self.pages)
                         if os.fstat(fd).st_size < size:
@@ -143,7 +142,7 @@ class Claims:
             return True
         size = 8 * max(1, self.pages)
         try:
-            fd = os.open(self.path, os.O_RDWR | _O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             try:
                 for b in new.tolist():
                     allocate(fd, b * _BLOCK * 8, min(_BLOCK * 8, size - b * _BLOCK * 8))

@@ -53,7 +53,6 @@ _log = logging.getLogger(__name__)
 
 _MAGIC = b"SQCACHE1"
 _HEADER = 4096
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _EVICTED = ".tmp-evicted-"  # a store's metadata directory being deleted (renamed so; _entries skips .tmp-)
 _PIN = ".pin"  # in a store's metadata directory: flock'd shared by each open store reading it (NodeCache.pin)
 
@@ -183,7 +182,7 @@ class NodeCache:
         """Exclusive against every other process and thread using this cache directory (``flock`` of a descriptor
         opened for this call: one another thread or a forked child shares would not exclude them; LockTimeout
         after ``$SEQSTORE_LOCK_TIMEOUT`` s)."""
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             lock_within(fd, self._lock_path, f"the lock of the node cache {self.root}", self._needs)
             yield
@@ -201,7 +200,7 @@ class NodeCache:
 
     def _read_usage(self) -> int:
         try:
-            fd = os.open(self._usage_path, os.O_RDONLY | _O_CLOEXEC)
+            fd = os.open(self._usage_path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return 0
         try:
@@ -214,7 +213,7 @@ class NodeCache:
         # 8 bytes in place, under the lock: no temporary file and rename (a directory update that cost
         # ~250 us per reservation on a disk-backed cache; this costs ~10 us)
         try:
-            fd = os.open(self._usage_path, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644)
+            fd = os.open(self._usage_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 os.pwrite(fd, struct.pack("<q", max(0, value)), 0)
             finally:
@@ -263,7 +262,7 @@ class NodeCache:
         path = Path(path)
         for _ in range(8):
             try:
-                fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+                fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
                 return -1
             self.flock(fd, fcntl.LOCK_SH, path / _PIN, close=True)  # (waits while an eviction of it holds it)
@@ -288,7 +287,7 @@ class NodeCache:
         evictions delete such directories that no process holds."""
         with self.locked():
             tmp.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            fd = os.open(tmp / _PIN, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             self.flock(fd, fcntl.LOCK_EX, tmp / _PIN, close=True)
         try:
             yield
@@ -338,7 +337,7 @@ class NodeCache:
                 # first (a name _entries skips), so a process opening it sees it whole or not at all
                 gone = p.with_name(f"{p.name}{_EVICTED}{os.getpid()}-{threading.get_ident()}")
                 try:
-                    pin = os.open(p / _PIN, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+                    pin = os.open(p / _PIN, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 except FileNotFoundError:
                     continue
                 try:
@@ -419,15 +418,15 @@ class CachedObject:
         making: the entry was made anew between the two opens (another process made it at the same
         time, or evicted it and made it again), and pages marked here would be absent from its data."""
         try:
-            fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
+            fd = os.open(self.data_path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:  # evicted between the check and the open: make it again, open it at once
             self._create(sub)
             try:
-                fd = os.open(self.data_path, os.O_RDWR | _O_CLOEXEC)
+                fd = os.open(self.data_path, os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
                 return False
         try:
-            bfd = os.open(self.bits_path, os.O_RDWR | _O_CLOEXEC)
+            bfd = os.open(self.bits_path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             os.close(fd)
             return False
@@ -522,7 +521,7 @@ class CachedObject:
         with self.cache.locked():
             if not self.alive():
                 return False
-            fd = os.open(self.bits_path.with_suffix(".claims"), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+            fd = os.open(self.bits_path.with_suffix(".claims"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             os.close(fd)
             return True
 
