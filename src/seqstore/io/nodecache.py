@@ -259,18 +259,15 @@ class NodeCache:
         shared ``flock`` of its ``.pin`` file through a descriptor of its own, returned, held until
         :meth:`unpin` closes it (-1, nothing held, where it is gone: the opener, finding it gone, makes it
         again)."""
-        path = Path(path)
         for _ in range(8):
             try:
                 fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
                 return -1
             self.flock(fd, fcntl.LOCK_SH, path / _PIN, close=True)  # (waits while an eviction of it holds it)
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if os.stat(path / _PIN).st_ino == os.fstat(fd).st_ino:  # not one an eviction took meanwhile
                     return fd
-            except FileNotFoundError:
-                pass
             os.close(fd)
         return -1
 
@@ -358,12 +355,9 @@ class NodeCache:
 
     # ---------------------------------------------------------------------------------- entries
 
-    def entry_name(self, url: str, etag: str) -> str:
-        return hashlib.sha256(f"{url}\0{etag}".encode()).hexdigest()[:40]
-
     def object(self, url: str, etag: str, size: int) -> CachedObject:
         """The entry of object ``url`` at version ``etag`` (created empty if absent), open in this process."""
-        name = self.entry_name(url, etag)
+        name = hashlib.sha256(f"{url}\0{etag}".encode()).hexdigest()[:40]
         with self._objects_lock:
             got = self._objects.get(name)
             if got is not None and got.alive():
@@ -378,7 +372,6 @@ class CachedObject:
 
     def __init__(self, cache: NodeCache, name: str, url: str, size: int) -> None:
         self.cache = cache
-        self.name = name
         self.url = url
         self.size = int(size)
         sub = cache.root / "objects" / name[:2]
