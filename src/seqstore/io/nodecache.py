@@ -222,10 +222,11 @@ class NodeCache:
             raise OSError(exc.errno, f"{exc.strerror}: cannot write the byte count of the node cache {self.root}; "
                           "free space there or lower cache_bytes", str(self._usage_path)) from None
 
-    def disk_usage(self) -> int:
-        """Bytes the cache's files take on disk now (allocated blocks), counted file by file."""
+    def disk_usage(self, path: Path | None = None) -> int:
+        """Bytes the files under ``path`` (default: the whole cache) take on disk now (allocated blocks),
+        counted file by file."""
         total = 0
-        for dirpath, _dirs, files in os.walk(self.root):
+        for dirpath, _dirs, files in os.walk(self.root if path is None else path):
             for name in files:
                 with contextlib.suppress(FileNotFoundError):
                     total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
@@ -344,11 +345,7 @@ class NodeCache:
                     continue
                 finally:
                     os.close(pin)
-                try:
-                    files = [f for f in gone.rglob("*") if f.is_file() and not f.is_symlink()]
-                    freed = sum(f.lstat().st_blocks * 512 for f in files)
-                except FileNotFoundError:  # changed meanwhile: recounted at the next eviction
-                    freed = 0
+                freed = self.disk_usage(gone)  # (counted as the cache's usage above is: its links too)
                 shutil.rmtree(gone, ignore_errors=True)
                 used -= freed
         return max(0, used)
