@@ -10,7 +10,8 @@ objects by URL.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ class RemoteSource(ByteSource):
             self.root = self.remote.load()  # the local mirror of the manifest and the shard table
             with self.remote.cache.locked():  # (an eviction, which takes this lock, waits until it is read)
                 if (self.root / MANIFEST).exists():  # else another process evicted it since: made again
-                    manifest = self._manifest()
+                    with self._by_url():
+                        manifest = Manifest.load(self.root, map_file=map_file)
                     break
         else:
             raise OSError(f"{self.url}: its copy in the node cache {self.remote.cache.root} is evicted as fast as "
@@ -82,10 +84,12 @@ class RemoteSource(ByteSource):
         self.remote.manifest_check = None if manifest.table is not None else partial(_unreplaced, self.url, manifest)
         return manifest
 
-    def _manifest(self) -> Manifest:
+    @contextlib.contextmanager
+    def _by_url(self) -> Iterator[None]:
+        """Errors of the block that name files of the mirror raised again naming them by URL."""
         try:
-            return Manifest.load(self.root, map_file=map_file)
-        except (CorruptionError, FormatError) as exc:  # named by URL, not by the mirror's path
+            yield
+        except (CorruptionError, FormatError) as exc:
             text = self.display(str(exc))
             if text == str(exc):
                 raise
@@ -151,16 +155,12 @@ class RemoteSource(ByteSource):
                 info = manifest.shards[k]
                 todo.append((info.name, files, None))
                 sizes[info.name] = {rel: fi.bytes for rel, fi in info.files.items()}
-        try:
+        with self._by_url():
             self.remote.prepare_shards(todo, sizes)
-        except CorruptionError as exc:
-            raise CorruptionError(self.display(str(exc))) from exc.__cause__
 
     def prepare_ids(self, name: str, crc: int | None) -> None:
-        try:
+        with self._by_url():
             self.remote.prepare_shards([(name, IDS_FILES, crc)])
-        except CorruptionError as exc:
-            raise CorruptionError(self.display(str(exc))) from exc.__cause__
 
     def shard_display(self, name: str) -> str:
         return f"{self.url}/{name}"
