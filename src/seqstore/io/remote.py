@@ -413,13 +413,11 @@ class RemoteRoot:
         obj.fill(0, got[0][0])  # (over the node's copy, for every process on the node)
         return checked()
 
-    def fetch_descriptors(self, names: Sequence[str], crcs: Sequence[int] | None = None) -> None:
-        """Fetch the descriptors of shards ``names`` not yet in the mirror (or, where their CRC-32s
-        ``crcs`` are given, whose copy there does not have it), all in one wave (for ``info`` and
-        ``verify``, which read every shard's descriptor)."""
+    def fetch_descriptors(self, names: Sequence[str], crcs: Sequence[int]) -> None:
+        """Fetch the descriptors of shards ``names`` whose copy in the mirror is missing or does not have
+        its CRC-32 ``crcs``, all in one wave (for ``info`` and ``verify``, which read every shard's descriptor)."""
         assert self.mirror is not None
-        have = [None] * len(names) if crcs is None else crcs
-        todo = [n for n, crc in zip(names, have) if not _intact(self.mirror / n / DESCRIPTOR, crc)]
+        todo = [n for n, crc in zip(names, crcs) if not _intact(self.mirror / n / DESCRIPTOR, crc)]
         for lo in range(0, len(todo), 4096):
             part = todo[lo : lo + 4096]
             got = self.client.get_ranges([(f"{n}/{DESCRIPTOR}", 0, -1, None) for n in part], missing_ok=True)
