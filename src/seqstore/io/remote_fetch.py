@@ -332,7 +332,7 @@ class Fetcher:
         except BaseException:
             _release(reqs, fills)  # nothing was sent: others need not wait for these pages
             raise
-        wave.add_done_callback(lambda f: _give_back(f, reqs, fills))
+        wave.add_done_callback(lambda f: _release(reqs, fills, f))
         return wave
 
     def send(self, obj: CachedObject, key: str, etag: str, runs: list[tuple[int, int]]
@@ -437,13 +437,10 @@ class Fetcher:
         return paged_searchsorted(arr, q, side, self.ensure)
 
 
-def _give_back(wave: Any, reqs: list[Request], fills: list[tuple[CachedObject, int]]) -> None:
-    """After a wave: if it failed, the claims of its requests go back (others need not wait for them)."""
-    if not wave.cancelled() and wave.exception() is not None:
-        _release(reqs, fills)
-
-
-def _release(reqs: list[Request], fills: list[tuple[CachedObject, int]]) -> None:
-    """Give back the claims of requests ``reqs`` (into the cache entries of ``fills``)."""
+def _release(reqs: list[Request], fills: list[tuple[CachedObject, int]], wave: Any = None) -> None:
+    """Give back the claims of requests ``reqs`` (into the cache entries of ``fills``): they were not sent, or
+    their ``wave`` failed (others need not wait for them)."""
+    if wave is not None and (wave.cancelled() or wave.exception() is None):
+        return
     for (_, a, b, _), (obj, _) in zip(reqs, fills):
         obj.claims.give_back(run_pages(np.array([a], np.int64), np.array([b], np.int64)))
