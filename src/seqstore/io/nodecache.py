@@ -290,8 +290,7 @@ class NodeCache:
         try:
             yield
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             os.close(fd)
 
     def _entries(self) -> list[tuple[float, Path]]:
