@@ -112,7 +112,6 @@ class Claims:
         words = self._open()
         if words is None or not len(pages):
             return np.ones(len(pages), dtype=bool), None
-        me = os.getpid()
         now = int(time.time())
         self._wait = seconds
         with self._locked() as locked:  # check and claim as one step across processes
@@ -126,7 +125,7 @@ class Claims:
                     if not _alive(p):
                         live &= pid != p
             mine = ~live
-            words[pages[mine]] = np.uint64(me * _PID + now + int(seconds) + 1)
+            words[pages[mine]] = np.uint64(os.getpid() * _PID + now + int(seconds) + 1)
         if mine.all():
             return mine, None
         until = float((held[live] % _PID).max())
