@@ -19,7 +19,7 @@ import mmap
 import os
 import re
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -196,55 +196,56 @@ def _header(path: str, hdr: bytes, pos: int, pax: Mapping[str, str], long_name: 
     return name, hdr[156:157], n
 
 
-def _long_name(data: bytes) -> str:
-    return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
 #: Type flags of the members that are files (regular, old regular, contiguous).
 _REGULAR = (b"0", b"\0", b"7")
 
 
+def _members(path: str, f: Any, read: Callable[[int], bytes], ends: tuple[str, str], of: str,
+             counter: ByteCounter | None) -> Iterator[tuple[str, bytes]]:
+    """Regular members ``(name, bytes)`` of a tar read front to back from ``f`` (``read(n)``: a member's
+    bytes) by parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums
+    checked; ``counter`` (if any) is set to the tar's byte after each member. A header or member cut
+    short by the end, or a damaged header, is an error naming the shard (not the end of the shard);
+    ``ends`` (of a member, of a header) and ``of`` say which end."""
+    pos = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        hdr = f.read(512)
+        if len(hdr) < 512 or hdr == _ZERO:  # the end: of the tar, or an end-of-archive block
+            if hdr.count(0) != len(hdr):
+                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a header at byte "
+                                        f"{pos}{of} is cut short by {ends[1]})")
+            return
+        name, kind, n = _header(path, hdr, pos, pax, long_name)
+        data = read(n)
+        pad = -n % 512
+        if len(data) < n or len(f.read(pad)) < pad:
+            raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
+                                    f"at byte {pos + 512}{of} runs past {ends[0]})")
+        pos += 512 + n + pad
+        if kind == b"L":
+            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif kind == b"x":
+            pax = _pax(data)
+        elif kind != b"g":
+            long_name, pax = None, {}
+            if counter is not None:
+                counter.count = pos
+            if kind in _REGULAR:
+                yield name, data
+
+
 def _local_members(path: str, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
-    """Regular members ``(name, bytes)`` of an uncompressed local tar file, read from a memory map by
-    parsing the 512-byte headers (ustar, GNU long names, pax ``path``/``size``), checksums checked."""
+    """Regular members of an uncompressed local tar file (:func:`_members`), read from a memory map."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        pos = 0
-        long_name: str | None = None
-        pax: dict[str, str] = {}
-        while pos + 512 <= size:
-            hdr = mm[pos : pos + 512]
-            if hdr == _ZERO:
-                break
-            name, kind, n = _header(path, hdr, pos, pax, long_name)
-            start = pos + 512
-            pos = start + -(-n // 512) * 512
-            if pos > size:
-                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
-                                        f"at byte {start} runs past the end, {size})")
-            if kind == b"L":
-                long_name = _long_name(mm[start : start + n])
-                continue
-            if kind == b"x":
-                pax = _pax(mm[start : start + n])
-                continue
-            if kind == b"g":
-                continue
-            long_name, pax = None, {}
-            counter.count = pos
-            if kind in _REGULAR:
-                yield name, mm[start : start + n]
-        else:  # the end of the file, not an end-of-archive block: what is left must be zero padding
-            if mm[pos:size].count(0) != size - pos:
-                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a header at byte {pos} "
-                                        f"is cut short by the end of the file, {size})")
-        counter.count = size
-    finally:
-        mm.close()
+    with mm:
+        yield from _members(path, mm, mm.read, (f"the end, {size}", f"the end of the file, {size}"), "", counter)
+    counter.count = size
 
 
 def _decompressed(fh: Any, path: str) -> BinaryIO:
@@ -280,43 +281,15 @@ def _read_upto(f: BinaryIO, n: int) -> bytes:
 
 
 def _stream_members(path: str, options: Mapping[str, Any] | None, counter: ByteCounter) -> Iterator[tuple[str, bytes]]:
-    """Regular members of a tar stream (a compressed local file, or a URL), read front to back with the
-    header parsing of :func:`_local_members`: a header or member cut short by the end of the stream, or
-    a damaged header, is an error naming the shard (not the end of the shard)."""
+    """Regular members of a tar stream (a compressed local file, or a URL), read front to back
+    (:func:`_members`)."""
     raw: BinaryIO = _RangeReader(path, options) if is_remote(path) else open(path, "rb")  # type: ignore[assignment]
     fh = io.BufferedReader(_Counting(raw, counter), 1 << 20)
     try:
         f = _decompressed(fh, path)
-        pos = 0
-        long_name: str | None = None
-        pax: dict[str, str] = {}
-        while True:
-            hdr = f.read(512)
-            if len(hdr) < 512 or hdr == _ZERO:  # the end: of the stream, or an end-of-archive block
-                if hdr.count(0) != len(hdr):
-                    raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a header at byte "
-                                            f"{pos} of the tar is cut short by the end of the stream)")
-                while f is not fh and f.read(1 << 20):  # to the compressed stream's end: its checksum is checked
-                    pass
-                return
-            name, kind, n = _header(path, hdr, pos, pax, long_name)
-            data = _read_upto(f, n)
-            pad = -n % 512
-            if len(data) < n or len(f.read(pad)) < pad:
-                raise SourceFormatError(path, None, f"cannot read as a tar shard: truncated (a member of {n} bytes "
-                                        f"at byte {pos + 512} of the tar runs past the end of the stream)")
-            pos += 512 + n + pad
-            if kind == b"L":
-                long_name = _long_name(data)
-                continue
-            if kind == b"x":
-                pax = _pax(data)
-                continue
-            if kind == b"g":
-                continue
-            long_name, pax = None, {}
-            if kind in _REGULAR:
-                yield name, data
+        yield from _members(path, f, lambda n: _read_upto(f, n), ("the end of the stream",) * 2, " of the tar", None)
+        while f is not fh and f.read(1 << 20):  # to the compressed stream's end: its checksum is checked
+            pass
     finally:
         fh.close()
 
