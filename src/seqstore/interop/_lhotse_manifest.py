@@ -4,6 +4,7 @@ cuts, ``MonoCut`` lines as :class:`LeanCut` (no Lhotse cut objects) when no audi
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import threading
@@ -114,8 +115,8 @@ def scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
     plain = not path.endswith(".gz")
     marks: list[np.ndarray[Any, Any]] = [np.zeros(1, np.int64)]
     pos = 0
-    with open_manifest(path) as f:
-        while block := _read(f, 1 << 20, path):
+    with open_manifest(path) as f, _reading(path):
+        while block := f.read(1 << 20):
             if plain:  # line L starts after newline L - 1; keep the lines that are multiples of MARK_LINES
                 ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
                 marks.append(pos + ends[(-n - 1) % MARK_LINES :: MARK_LINES] + 1)
@@ -127,33 +128,20 @@ def scan_manifest(path: str) -> tuple[int, np.ndarray[Any, Any] | None]:
     return n + (last != b"\n"), np.concatenate(marks) if plain else None
 
 
-#: What reading a damaged or cut-short manifest raises (gzip: EOFError, BadGzipFile, zlib.error).
-_READ_ERRORS = (EOFError, OSError, zlib.error)
-
-
-def _unreadable(path: str, exc: BaseException) -> SourceFormatError:
-    return SourceFormatError(path, None, f"cannot read the manifest: {exc}")
-
-
-def _read(f: IO[bytes], n: int, path: str) -> bytes:
-    """``f.read(n)`` of the manifest ``path``; SourceFormatError naming it for a damaged or cut-short file."""
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Reads of the manifest ``path``: a damaged or cut-short file (gzip: EOFError, BadGzipFile,
+    zlib.error) is a SourceFormatError naming it."""
     try:
-        return f.read(n)
-    except _READ_ERRORS as exc:
-        raise _unreadable(path, exc) from exc
+        yield
+    except (EOFError, OSError, zlib.error) as exc:
+        raise SourceFormatError(path, None, f"cannot read the manifest: {exc}") from exc
 
 
 def _lines(f: IO[bytes], path: str) -> Iterator[bytes]:
-    """The lines of the manifest stream ``f`` (left open: a gzip stream may be kept for a next run); read
-    errors as :func:`_read` says."""
-    while True:
-        try:
-            line = f.readline()
-        except _READ_ERRORS as exc:
-            raise _unreadable(path, exc) from exc
-        if not line:
-            return
-        yield line
+    """The lines of the manifest stream ``f`` (left open: a gzip stream may be kept for a next run)."""
+    with _reading(path):
+        yield from iter(f.readline, b"")
 
 
 class LeanCut:
@@ -234,10 +222,8 @@ def manifest_cuts(path: str, start: int, stop: int | None, marks: np.ndarray[Any
     f, skip = _stream_at(path, start, marks)
     kept = False
     try:
-        try:
+        with _reading(path):
             deque(islice(f, skip), maxlen=0)
-        except _READ_ERRORS as exc:
-            raise _unreadable(path, exc) from exc
         for number, line in enumerate(islice(_lines(f, path), None if stop is None else stop - start), start + 1):
             try:
                 data = decode_json_line(line)
