@@ -245,11 +245,19 @@ def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[in
         yield pa.Table.from_batches(pending)
 
 
-def _conversion(
-    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], fmt: str, *,
-    columns: Mapping[str, str] | None, id_column: str | None, chunk_bytes: int,
-) -> driver.Conversion:
-    """Check every file's schema against the first one's and plan the columns (nothing written)."""
+class ArrowImportOptions(driver.ImportOptions, total=False):
+    """The keywords of :func:`import_arrow` and :func:`import_parquet`: the common ones and these two."""
+
+    columns: Mapping[str, str] | None
+    id_column: str | None
+
+
+def _import(fmt: str, sources: Any, out: str | os.PathLike[str], options: ArrowImportOptions) -> Store:
+    """Check every file's schema against the first one's and plan the columns (nothing written), then
+    hand the conversion to the driver."""
+    columns, id_column = options.get("columns"), options.get("id_column")
+    common = {k: v for k, v in options.items() if k not in ("columns", "id_column")}
+    opts = driver.options(f"import_{fmt}", out, common, sources)
     srcs = [_Source(f, fmt) for s in driver.source_list(sources, f"import_{fmt}") for f in arrow_sources(s, fmt)]
     first = srcs[0]
     names = list(first.schema.names)
@@ -266,16 +274,17 @@ def _conversion(
                 raise SchemaError(f"{src.path}, column {col!r}: type {src.schema.field(col).type} differs from "
                                   f"{first.schema.field(col).type} in {first.path}")
     # a None inner dim (a list of variable lists): the length of the first non-empty inner list
-    inner = {col: resolve_inner(p, (b.column(0) for src in srcs for b in src.batches([col], chunk_bytes)))
+    inner = {col: resolve_inner(p, (b.column(0) for src in srcs for b in src.batches([col], opts.chunk_bytes)))
              for col, p in plans.items()}
     schema = columns_schema(first.path, ((c, f, plans[c], inner[c]) for c, f in mapping.items()))
     meta = {
         "format": fmt, "files": [os.path.basename(s.path) for s in srcs], "columns": mapping, "id_column": id_column,
     }
-    job = _ArrowJob(fmt, [s.path for s in srcs], mapping, plans, inner, id_column, chunk_bytes)
+    job = _ArrowJob(fmt, [s.path for s in srcs], mapping, plans, inner, id_column, opts.chunk_bytes)
     total = sum(src.count_rows() for src in srcs)
-    return driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, None) for k in range(len(srcs))], total,
+    conv = driver.Conversion(schema, {METADATA_KEY: meta}, job, [(k, None) for k in range(len(srcs))], total,
                              lambda workers: [(job, segs) for segs in _arrow_units(srcs, total, workers)])
+    return driver.write(conv, out, opts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,9 +316,8 @@ class _ArrowJob:
                                                     self.inner[c], src.path, c)
                     for c in self.mapping
                 }
-                ids = None
-                if self.id_column is not None:
-                    ids = id_strings(table.column(self.id_column), src.path, self.id_column)
+                ids = None if self.id_column is None else id_strings(table.column(self.id_column), src.path,
+                                                                     self.id_column)
                 writer.append_batch(batch, ids=ids)
                 if progress is not None:
                     progress(int(table.num_rows))
@@ -327,21 +335,6 @@ def _arrow_units(srcs: Sequence[_Source], total: int, workers: int) -> list[list
             spans.setdefault(k, [j, j])[1] = j + 1
         units.append([(k, (first, end)) for k, (first, end) in spans.items()])
     return units
-
-
-class ArrowImportOptions(driver.ImportOptions, total=False):
-    """The keywords of :func:`import_arrow` and :func:`import_parquet`: the common ones and these two."""
-
-    columns: Mapping[str, str] | None
-    id_column: str | None
-
-
-def _import(fmt: str, sources: Any, out: str | os.PathLike[str], options: ArrowImportOptions) -> Store:
-    common = {k: v for k, v in options.items() if k not in ("columns", "id_column")}
-    opts = driver.options(f"import_{fmt}", out, common, sources)
-    conv = _conversion(sources, fmt, columns=options.get("columns"), id_column=options.get("id_column"),
-                       chunk_bytes=opts.chunk_bytes)
-    return driver.write(conv, out, opts)
 
 
 def import_arrow(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
