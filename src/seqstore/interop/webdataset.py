@@ -169,12 +169,9 @@ def _plan(path: str, ext: str, field: str, member: str, data: bytes) -> _Plan:
     if kind == "bytes":
         return _Plan(ext, field, kind, "uint8", (None,))
     arr = _load_npy(path, member, data)
-    try:
-        Field(arr.dtype)
-    except SchemaError as exc:
-        raise SourceFormatError(path, member, f"array of dtype {arr.dtype} has no seqstore field") from exc
-    shape: tuple[int | None, ...] = () if arr.ndim == 0 else (None, *arr.shape[1:])
-    return _Plan(ext, field, kind, str(Field(arr.dtype).dtype), shape)
+    if (dtype := _field_dtype(arr)) is None:
+        raise SourceFormatError(path, member, f"array of dtype {arr.dtype} has no seqstore field")
+    return _Plan(ext, field, kind, dtype, () if arr.ndim == 0 else (None, *arr.shape[1:]))
 
 
 def _field_dtype(a: np.ndarray[Any, Any]) -> str | None:
@@ -473,11 +470,8 @@ def export_webdataset(
                                           if keys == "index" else tarfile.PAX_FORMAT)
                     for name in names:
                         ext, kind = plan[name]
-                        if name in starts:
-                            s0, s1 = int(starts[name][j]), int(starts[name][j + 1])
-                            value = batch[name][0][s0:s1]
-                        else:
-                            value = batch[name][j]
+                        got = batch[name]
+                        value = got[0][int(starts[name][j]) : int(starts[name][j + 1])] if name in starts else got[j]
                         data_j = _member(kind, value)
                         _add(tf, f"{key}.{ext}", data_j)
                         size += len(data_j)
