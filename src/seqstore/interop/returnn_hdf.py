@@ -18,7 +18,7 @@ from ..schema import Field
 from ._common import SourceFormatError
 
 __all__ = ["inspect_hdf", "HdfFileInfo", "HdfStream", "read_dataset", "decode_tag", "h5py_module", "VALIDATE_BLOCK",
-           "recorded_dims", "recorded_labels", "stream_dims"]
+           "recorded_labels", "stream_dims"]
 
 VALIDATE_BLOCK = 1 << 20  # sequences of seqLengths read at once while validating
 
@@ -75,21 +75,10 @@ class HdfFileInfo:
         return sum(s.rows * s.row_bytes for s in self.streams)
 
 
-def recorded_dims(url: str, name: str, given: Mapping[str, Any], ndim: int) -> tuple[int, int]:
-    """(dim, ndim) of field ``name`` as the store ``url`` records them in ``metadata["returnn"]["streams"]``
-    (``given``: the field's entry, ``ndim`` when it has none); SchemaError naming both unless whole
-    numbers >= 0."""
-    dim, nd = given["dim"], given.get("ndim", ndim)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (dim, nd)):
-        raise SchemaError(f"{url}: metadata['returnn']['streams'][{name!r}] has dim {dim!r} and ndim {nd!r}; "
-                          "RETURNN's num_outputs need whole numbers >= 0")
-    return dim, nd
-
-
 def stream_dims(store: Any, name: str, f: Field) -> tuple[int | None, int, bool]:
     """(dim, ndim, sparse) of the field ``name`` (``f``) of ``store`` for RETURNN: as its
-    ``metadata["returnn"]`` records them (:func:`recorded_dims`), else from ``f``'s shape (dim None: a
-    sparse stream's, to be measured)."""
+    ``metadata["returnn"]["streams"]`` records them (SchemaError naming the store and the field unless
+    whole numbers >= 0), else from ``f``'s shape (dim None: a sparse stream's, to be measured)."""
     meta = store.metadata.get("returnn", {})
     streams = meta.get("streams", {}) if isinstance(meta, dict) else None
     given = streams.get(name) if isinstance(streams, dict) else None
@@ -97,7 +86,10 @@ def stream_dims(store: Any, name: str, f: Field) -> tuple[int | None, int, bool]
     ndim = 1 + len(inner)
     sparse = ndim == 1 and np.dtype(f.storage_dtype).kind in "iu" and f.dtype != "bfloat16"
     if isinstance(given, dict) and "dim" in given:
-        dim, nd = recorded_dims(store.url, name, given, ndim)
+        dim, nd = given["dim"], given.get("ndim", ndim)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (dim, nd)):
+            raise SchemaError(f"{store.url}: metadata['returnn']['streams'][{name!r}] has dim {dim!r} and ndim "
+                              f"{nd!r}; RETURNN's num_outputs need whole numbers >= 0")
         return dim, nd, bool(given.get("sparse", sparse))
     if sparse:
         return None, ndim, True
