@@ -244,7 +244,7 @@ def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[in
     budget = max(MIN_UNIT_BYTES, -(-total // (4 * workers)))
     units: list[list[tuple[int, int, int, dict[str, int]]]] = []
     segs: list[tuple[int, int, int, dict[str, int]]] = []
-    used = 0  # bytes in the current run
+    done = end = 0  # bytes before the current run, and before the current block
     for k, info in enumerate(infos):
         start = 0  # first sequence of the open segment
         first = {s.key: 0 for s in info.streams}  # its first row of each stream
@@ -257,20 +257,13 @@ def _hdf_units(infos: Sequence[HdfFileInfo], workers: int) -> list[list[tuple[in
                 cost = np.full(n, _TAG_COST, dtype=np.int64)
                 for s in info.streams:
                     cost += block[:, s.column] * s.row_bytes
-                cum = np.cumsum(cost)
-                pos = 0  # sequences of this block already counted
-                while pos < n:
-                    base = int(cum[pos - 1]) if pos else 0
-                    cut = int(np.searchsorted(cum, base + budget - used, side="left")) + 1
-                    if cut > n:  # the run does not fill up in this block
-                        used += int(cum[-1]) - base
-                        break
-                    cut = max(cut, pos + 1)
-                    segs.append((k, start, a + cut, first))
+                cum = end + np.cumsum(cost)  # bytes up to each sequence of the block
+                while (i := int(np.searchsorted(cum, done + budget, side="left"))) < n:  # a run full at i
+                    segs.append((k, start, a + i + 1, first))
                     units.append(segs)
-                    segs, used, start = [], 0, a + cut
-                    first = {s.key: before[s.key] + int(block[:cut, s.column].sum()) for s in info.streams}
-                    pos = cut
+                    segs, done, start = [], int(cum[i]), a + i + 1
+                    first = {s.key: before[s.key] + int(block[: i + 1, s.column].sum()) for s in info.streams}
+                end = int(cum[-1])
                 for s in info.streams:
                     before[s.key] += int(block[:, s.column].sum())
         if start < info.num_seqs:
