@@ -315,15 +315,11 @@ def import_megatron(
                                  "has no sequence modes, but other sources are multimodal")
     doc = None if all(ix.one_per_document() for ix in indexes) else document_field
     mode = mode_field if all(multimodal) else None
-    names = [n for n in (field, doc, mode) if n is not None]
-    if len(set(names)) != len(names):
-        raise SchemaError(f"field names {names} must differ")
-    spec: dict[str, Field] = {field: Field(first.dtype, (None,))}
-    if doc is not None:
-        spec[doc] = Field("int64")
-    if mode is not None:
-        spec[mode] = Field("int8")
-    schema = Schema(spec)
+    spec = [(n, f) for n, f in ((field, Field(first.dtype, (None,))), (doc, Field("int64")), (mode, Field("int8")))
+            if n is not None]
+    if len(dict(spec)) != len(spec):
+        raise SchemaError(f"field names {[n for n, _ in spec]} must differ")
+    schema = Schema(dict(spec))
     offsets = [0, *itertools.accumulate(ix.num_documents for ix in indexes[:-1])]
     counts = [ix.num_sequences for ix in indexes]
     total = sum(counts)
