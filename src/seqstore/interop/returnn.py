@@ -118,7 +118,6 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
         raise SchemaError(f"rename: no stream(s) {sorted(unknown)} in {first.path}; streams are {sorted(by_key)}")
     spec: dict[str, Field] = {}
     streams_meta: dict[str, Any] = {}
-    inputs_field: str | None = None
 
     def name_of(key: str) -> str:
         return rename.get("inputs", rename.get("data", "data")) if key == "data" else rename.get(key, key)
@@ -133,11 +132,9 @@ def _merge_schema(infos: Sequence[HdfFileInfo], rename: Mapping[str, str]) -> tu
         except SchemaError as exc:
             raise SchemaError(f"{first.path}, dataset {s.dataset!r}: {exc}") from exc
         streams_meta[name] = {"hdf_key": key, "dim": s.dim, "ndim": s.ndim, "sparse": s.sparse}
-        if key == "data":
-            inputs_field = name
     labels = {name_of(key): lab for key, lab in first.labels.items()}
-    meta = {"format": "returnn-hdf", "files": [os.path.basename(i.path) for i in infos], "inputs": inputs_field,
-            "streams": streams_meta, "labels": labels}
+    meta = {"format": "returnn-hdf", "files": [os.path.basename(i.path) for i in infos],
+            "inputs": name_of("data") if "data" in by_key else None, "streams": streams_meta, "labels": labels}
     return Schema(spec), meta
 
 
@@ -174,8 +171,7 @@ def _stream_file(info: HdfFileInfo, writer: Writer, fields: Mapping[str, str], c
                     row_pos[s.key] = r1
                     columns[fields[s.key]] = (values, lengths)
                     nbytes += values.nbytes
-                raw_tags = _read(tags_ds, slice(a + x, a + y), p, "seqTags")
-                ids = [decode_tag(t) for t in raw_tags.tolist()]
+                ids = [decode_tag(t) for t in _read(tags_ds, slice(a + x, a + y), p, "seqTags").tolist()]
                 try:
                     writer.append_batch(columns, ids=ids)
                 except SchemaError as exc:
