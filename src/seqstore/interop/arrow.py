@@ -156,7 +156,7 @@ class _Source:
         self._stream = False
         try:
             if fmt == "parquet":
-                with self._opened() as pf:
+                with self._opened(reading=False) as pf:
                     self.schema = pf.schema_arrow
                     self._md = md = pf.metadata
                 self.num_rows = int(md.num_rows)
@@ -164,27 +164,33 @@ class _Source:
                 self.row_bytes = max(1, size // max(1, self.num_rows))
             else:
                 try:
-                    with self._opened() as reader:
+                    with self._opened(reading=False) as reader:
                         self.schema = reader.schema
                 except pa.ArrowInvalid:
                     self._stream = True
-                    with self._opened() as reader:
+                    with self._opened(reading=False) as reader:
                         self.schema = reader.schema
                     _check_stream_end(self.path)
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(self.path, fmt, exc) from exc
 
     @contextlib.contextmanager
-    def _opened(self) -> Iterator[Any]:
+    def _opened(self, reading: bool = True) -> Iterator[Any]:
         """The file opened: a ParquetFile, or an IPC file or stream reader over a memory map (the record
-        batches read keep the mapping alive after it is closed)."""
+        batches read keep the mapping alive after it is closed). ``reading``: a failure to open or read
+        it is a SourceFormatError naming the file (the schema's reading, in ``__init__``, words its own)."""
         pa = pyarrow()
-        if self.fmt == "parquet":
-            with importlib.import_module("pyarrow.parquet").ParquetFile(self.path) as pf:
-                yield pf
-            return
-        with pa.memory_map(self.path, "r") as mm:
-            yield pa.ipc.open_stream(mm) if self._stream else pa.ipc.open_file(mm)
+        try:
+            if self.fmt == "parquet":
+                with importlib.import_module("pyarrow.parquet").ParquetFile(self.path) as pf:
+                    yield pf
+            else:
+                with pa.memory_map(self.path, "r") as mm:
+                    yield pa.ipc.open_stream(mm) if self._stream else pa.ipc.open_file(mm)
+        except (OSError, pa.ArrowException) as exc:
+            if not reading:
+                raise
+            raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
 
     def count_rows(self) -> int:
         """Records in the file: Parquet's footer; for Arrow IPC the record batches' lengths (metadata
@@ -198,34 +204,26 @@ class _Source:
         Arrow IPC file record batches; an IPC stream is one piece (it can only be read from the start)."""
         if self.fmt == "parquet":
             return [int(self._md.row_group(i).num_rows) for i in range(self._md.num_row_groups)]
-        pa = pyarrow()
-        try:
-            with self._opened() as reader:
-                if self._stream:
-                    return [sum(b.num_rows for b in reader)]
-                return [int(reader.get_batch(i).num_rows) for i in range(reader.num_record_batches)]
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
+        with self._opened() as reader:
+            if self._stream:
+                return [sum(b.num_rows for b in reader)]
+            return [int(reader.get_batch(i).num_rows) for i in range(reader.num_record_batches)]
 
     def batches(self, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
         """Record batches of the named columns, from the start of the file on every call (or of the
         pieces ``[a, b)`` of :meth:`pieces`)."""
-        pa = pyarrow()
-        try:
-            with self._opened() as reader:
-                if self.fmt == "parquet":
-                    rows = int(min(max(chunk_bytes // self.row_bytes, 1), 1 << 20))
-                    groups = None if pieces is None else list(range(*pieces))
-                    yield from reader.iter_batches(batch_size=rows, columns=columns, row_groups=groups)
-                elif self._stream:
-                    for b in reader:
-                        yield b.select(columns)
-                else:
-                    a, b = (0, reader.num_record_batches) if pieces is None else pieces
-                    for i in range(a, b):
-                        yield reader.get_batch(i).select(columns)
-        except (OSError, pa.ArrowException) as exc:
-            raise SourceFormatError(self.path, None, f"cannot read record batches: {exc}") from exc
+        with self._opened() as reader:
+            if self.fmt == "parquet":
+                rows = int(min(max(chunk_bytes // self.row_bytes, 1), 1 << 20))
+                groups = None if pieces is None else list(range(*pieces))
+                yield from reader.iter_batches(batch_size=rows, columns=columns, row_groups=groups)
+            elif self._stream:
+                for b in reader:
+                    yield b.select(columns)
+            else:
+                a, b = (0, reader.num_record_batches) if pieces is None else pieces
+                for i in range(a, b):
+                    yield reader.get_batch(i).select(columns)
 
 
 def _chunks(src: _Source, columns: list[str], chunk_bytes: int, pieces: tuple[int, int] | None = None) -> Iterator[Any]:
