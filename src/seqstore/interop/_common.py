@@ -81,8 +81,6 @@ def split_by_budget(cost: npt.NDArray[np.int64], budget: int) -> Iterator[tuple[
     sum and one ``searchsorted`` per run: O(len(cost)) time and memory.
     """
     n = len(cost)
-    if n == 0:
-        return
     cum = np.cumsum(cost, dtype=np.int64)
     a = 0
     while a < n:
