@@ -154,8 +154,7 @@ def write(conv: Conversion, out: str | os.PathLike[str], opts: Options, *, direc
                 conv.after_parallel()
 
     def fill(writer: Writer) -> None:  # called once the output path is checked
-        total = _total(conv, progress, False)
-        if total is not None:
+        if (total := _total(conv, progress, False)) is not None:
             announce_total(progress, total)
         conv.job.write(writer, conv.whole, progress)
 
