@@ -26,18 +26,13 @@ from ...errors import CorruptionError, LockError, LockTimeout, SeqstoreError
 from ...format.manifest import IDS, WORK_DIR, IndexRun, Manifest, fsync_dir
 from ...format.npy import encode_header
 from ...format.shard_table import TABLE, TABLE_HEADER_BYTES, check_table_header, encode_table_header, row_dtype
-from ...io.tempfiles import LOCK_WAIT, LOCK_WAIT_ENV, lock_held_by, lock_polled, lock_wait
+from ...io.tempfiles import LOCK_WAIT_ENV, lock_held_by, lock_polled, lock_wait
 from ..directio import O_CLOEXEC, pwrite_all, write_file
 from .target import OWNER
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-#: Seconds a writer waits for a store's commit lock (see :data:`seqstore.io.tempfiles.LOCK_WAIT`)
-LOCK_TIMEOUT = LOCK_WAIT
-LOCK_TIMEOUT_ENV = LOCK_WAIT_ENV
-lock_timeout = lock_wait  # the seconds to wait: ``$SEQSTORE_LOCK_TIMEOUT`` or :data:`LOCK_TIMEOUT`
-lock_holder = lock_held_by  # the process holding an ``flock`` where /proc/locks shows it
 
 
 def _describe(pid: int | None) -> str:
@@ -65,27 +60,27 @@ def _copying(root: Path, pid: int) -> bool:
 
 
 def _wait_for_lock(fd: int, path: Path, what: str = "the store's commit lock") -> None:
-    """``flock`` ``fd`` exclusively, waiting at most :func:`lock_timeout` seconds, then :class:`LockTimeout`."""
-    timeout = lock_timeout()
+    """``flock`` ``fd`` exclusively, waiting at most :func:`lock_wait` seconds, then :class:`LockTimeout`."""
+    timeout = lock_wait()
     if lock_polled(fd, timeout, longest_pause=0.05):
         return
-    holder = lock_holder(fd)
+    holder = lock_held_by(fd)
     if path.name == LOCK_FILE and holder is not None and _copying(path.parent, holder):
         raise LockTimeout(
             f"{path}: {what} is held {_describe(holder)}, which is copying a store into it (a local "
             "seqstore.copy holds the lock until the copy is committed), and was not released within "
             f"{timeout:g} s; nothing was changed. Wait for the copy to end and try again; a long copy "
-            f"can outlast the wait, which {LOCK_TIMEOUT_ENV} sets in seconds", path=str(path), holder=holder)
+            f"can outlast the wait, which {LOCK_WAIT_ENV} sets in seconds", path=str(path), holder=holder)
     raise LockTimeout(
         f"{path}: {what} is held {_describe(holder)} and was not released within "
         f"{timeout:g} s (a hung or stopped process?); nothing was changed. Once it is released, try "
-        f"again; {LOCK_TIMEOUT_ENV} sets the wait in seconds", path=str(path), holder=holder)
+        f"again; {LOCK_WAIT_ENV} sets the wait in seconds", path=str(path), holder=holder)
 
 
 @contextmanager
 def store_lock(root: Path) -> Iterator[None]:
     """Hold the store's exclusive commit lock (an ``flock`` on ``<root>/.lock``), waiting for it at most
-    :func:`lock_timeout` seconds (then :class:`~seqstore.errors.LockTimeout` naming the file and its holder)."""
+    :func:`lock_wait` seconds (then :class:`~seqstore.errors.LockTimeout` naming the file and its holder)."""
     path = root / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
@@ -101,25 +96,18 @@ def store_lock(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _shard_number(name: str) -> int:
-    try:
-        return int(name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
-
-
 def next_shard_number(manifest: Manifest) -> int:
     """The number the next committed shard gets: the last row's plus one (version 3, O(1)), or one
     above the highest listed (versions 1/2, O(shards) like their manifest)."""
-    if manifest.table is not None:
-        table = manifest.shard_table()
-        return int(table.data["number"][-1]) + 1 if len(table) else 0
-    return max((_shard_number(s.name) for s in manifest.shards), default=-1) + 1
+    numbers = manifest.shard_table().data["number"]
+    if not len(numbers):
+        return 0
+    return int(numbers[-1] if manifest.table is not None else numbers.max()) + 1
 
 
 def hold_owner_lock(directory: Path, *, bounded: bool = False) -> int:
     """Create and flock ``directory/owner.lock`` (a live writer's mark); returns the descriptor to keep.
-    ``bounded``: where another process may hold it, wait at most :func:`lock_timeout` seconds."""
+    ``bounded``: where another process may hold it, wait at most as long as for the commit lock."""
     fd = os.open(directory / OWNER, os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o644)
     try:
         if bounded:
