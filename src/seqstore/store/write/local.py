@@ -154,7 +154,7 @@ class LocalTarget(CommitTarget):
         """Under the store's lock: a writer commits before the manifest is read (the store stays) or after
         the store is gone (its commit fails), never in between."""
         root = self.root
-        if not (root / MANIFEST).is_file():
+        if not self._is_store():
             return False
         with store_lock(root):
             try:
@@ -208,42 +208,33 @@ class LocalTarget(CommitTarget):
 
     def publish(self, shard: Finished | None, stats: Mapping[str, float]) -> str:
         root = self.root
-        if shard is None:
-            with store_lock(root):
-                recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
-                manifest = Manifest.load(root)
-                self._check_schema(manifest)
-                add_stats(manifest.stats, stats)
-                manifest.generation += 1
-                try:
-                    manifest.save(root)
-                except Exception as exc:
-                    if _saved(root, manifest.generation):
-                        raise
-                    raise NotCommitted(exc) from exc  # (a full disk) the deltas stay the writer's
-            return ""
-        pending = shard.info
         with store_lock(root):
-            recover_batch_commit(root)
+            recover_batch_commit(root)  # first: its journal is judged by the generation this save bumps
             manifest = Manifest.load(root)
             self._check_schema(manifest)
-            if manifest.num_shards and manifest.has_ids != pending.has_ids:
-                raise IdsMismatch(manifest.has_ids)
-            number = next_shard_number(manifest)
-            name = shard_dir_name(number)
-            target = root / name
-            if target.exists():  # renamed by a writer that died before saving the manifest
-                shutil.rmtree(target)
-            os.rename(shard.path, target)
-            generation = manifest.generation + 1  # the one _record saves
+            generation = manifest.generation + 1  # the one saved
+            if shard is not None:
+                if manifest.num_shards and manifest.has_ids != shard.info.has_ids:
+                    raise IdsMismatch(manifest.has_ids)
+                number = next_shard_number(manifest)
+                target = root / shard_dir_name(number)
+                if target.exists():  # renamed by a writer that died before saving the manifest
+                    shutil.rmtree(target)
+                os.rename(shard.path, target)
             try:
-                return self._record(manifest, shard, number, name, stats)
+                if shard is not None:
+                    return self._record(manifest, shard, number, target.name, stats)
+                add_stats(manifest.stats, stats)
+                manifest.generation = generation
+                manifest.save(root)
+                return ""
             except Exception as exc:
                 if _saved(root, generation):
-                    raise  # committed: the manifest lists the shard
+                    raise  # committed: the manifest lists the shard (or has the stats)
                 # nothing committed (a full disk at the table's row or the manifest): the shard goes back to
-                # the workspace and the writer keeps it for its next commit
-                os.rename(target, shard.path)
+                # the workspace and the writer keeps it (and the stats deltas) for its next commit
+                if shard is not None:
+                    os.rename(target, shard.path)
                 raise NotCommitted(exc) from exc
 
     def _record(self, manifest: Manifest, shard: Finished, number: int, name: str, stats: Mapping[str, float]) -> str:
@@ -286,15 +277,10 @@ class LocalTarget(CommitTarget):
 
     # ---------------------------------------------------------------------------------- the parts
 
-    def _parts_manifest(self) -> Manifest:
-        """The manifest (version 3 required), once a commit of parts that died part way is settled."""
+    def open_part(self, job: str, task: str) -> Start:
         self._recovered()
         manifest = Manifest.load(self.root)
         check_v3(self.where, manifest)
-        return manifest
-
-    def open_part(self, job: str, task: str) -> Start:
-        manifest = self._parts_manifest()
         staged = self.staged()
         schema = Schema.from_json(staged["schema"]) if staged is not None else manifest.schema
         parts = self.root / PARTS_DIR
@@ -360,7 +346,8 @@ class LocalTarget(CommitTarget):
         with store_lock(root):
             recover_batch_commit(root)
             remove_dead_temporaries(root)
-            manifest = self._parts_manifest()
+            manifest = Manifest.load(root)
+            check_v3(self.where, manifest)
             staged = self.staged()
             schema = Schema.from_json(staged["schema"]) if overwrite and staged is not None else manifest.schema
             entries = check_local_parts(root, plist, schema)
