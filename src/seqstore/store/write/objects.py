@@ -131,17 +131,15 @@ class ObjectTarget(CommitTarget):
         """The writer's staging directory first (kept for :meth:`open_writer`): where it cannot be made, no
         store is left at the URL (one made before could not be deleted safely: another process may append)."""
         self._release_made()
-        made = self._new_stage("staging")
+        self._made = self._new_stage("staging")
         try:
             if overwrite:
                 delete_store(self.client)
             if not self.install(manifest):
                 raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
         except BaseException:
-            shutil.rmtree(made[0], ignore_errors=True)
-            os.close(made[1])
+            self._release_made()
             raise
-        self._made = made
         # the writer starts from the manifest just written, with no request that could fail after the store
         # is made (the first commit reads the store's state as it is then)
         raw = json.dumps(manifest.to_json(), separators=(",", ":")).encode()
@@ -246,8 +244,7 @@ class ObjectTarget(CommitTarget):
             number, crc, sent = self._unsure
             k = int(np.searchsorted(state.rows["number"], number))
             if crc == shard.desc_crc and k < len(state.rows) and int(state.rows["number"][k]) == number:
-                rest = {key: v - sent.get(key, 0) for key, v in stats.items() if v != sent.get(key, 0)}
-                if rest:
+                if rest := {key: v - sent.get(key, 0) for key, v in stats.items() if v != sent.get(key, 0)}:
                     self.publish(None, rest)
                 self._unsure, self._next_claim = None, number + 1
                 return shard_dir_name(number)
