@@ -311,11 +311,10 @@ def copy(
             raise _unreadable(s_objs, exc) from exc
         if s is None:
             raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
+        # a local store the copy adds shards to: its writers go on meanwhile; else they wait for the copy
         staged = _stages(d_objs, s) if local[1] else None
-        if staged is not None:  # a local store the copy adds shards to: its writers go on meanwhile
+        with d_objs.locked() if local[1] and staged is None else contextlib.nullcontext():
             return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite, staged=staged)
-        with d_objs.locked() if local[1] else contextlib.nullcontext():  # writers of the destination wait for it
-            return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite)
     finally:
         for objs in (s_objs, d_objs):
             if isinstance(objs, LocalObjects):
