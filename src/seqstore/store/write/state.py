@@ -350,8 +350,8 @@ class LocalObjects:
         self._tmp, self._owner_fd = path, fd
         return True
 
-    def _install(self, key: str, write: Callable[[int], None]) -> str:
-        """Write through ``write(fd)`` into a temporary file, fsync it and rename it to ``key``."""
+    def _install(self, key: str, chunks: Iterable[bytes | memoryview]) -> str:
+        """Write ``chunks`` back to back into a temporary file, fsync it and rename it to ``key``."""
         tmp = self._workdir() / f"{uuid.uuid4().hex}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
@@ -364,7 +364,10 @@ class LocalObjects:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o644)
         try:
             try:
-                write(fd)
+                pos = 0
+                for c in chunks:
+                    pwrite_all(fd, memoryview(c), pos)
+                    pos += len(c)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -397,14 +400,11 @@ class LocalObjects:
         return contextlib.nullcontext() if self._held else store_lock(self.root)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: str | dict[str, Any] = "overwrite") -> str:
-        def write(fd: int) -> None:
-            pwrite_all(fd, memoryview(data), 0)
-
         if mode == "overwrite":
-            return self._install(key, write)
+            return self._install(key, [data])
         with self._commit_lock():
             self._check_mode(key, mode)
-            self._install(key, write)
+            self._install(key, [data])
             self.sync()
         return _content_tag(bytes(data))
 
@@ -424,8 +424,7 @@ class LocalObjects:
             self._move_staged()
             self._staging = frozenset()
             for key, data in [*files, (MANIFEST, manifest)]:
-                view = memoryview(data)
-                self._install(key, lambda fd: pwrite_all(fd, view, 0))  # noqa: B023 - called right here
+                self._install(key, [data])
             self.sync()
             for key in unlink:
                 self._path(key).unlink(missing_ok=True)
@@ -465,13 +464,7 @@ class LocalObjects:
             raise ConflictError(f"{url}: conditional write refused: the file changed", url=url, attempts=1)
 
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
-        def write(fd: int) -> None:
-            pos = 0
-            for c in chunks():
-                pwrite_all(fd, memoryview(c), pos)
-                pos += len(c)
-
-        return self._install(key, write)
+        return self._install(key, chunks())
 
     def sync(self) -> None:
         """fsync the directories files were renamed into since the last call."""
