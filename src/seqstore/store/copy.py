@@ -218,7 +218,11 @@ class _Copier:
                 raise CorruptionError(f"{self.src.key_url(dkey)}: shard descriptor is missing (the shard table "
                                       f"lists {name})") from None
             info = parse_descriptor(desc, self.src.key_url(dkey), name, row, s.expected_files(row.has_ids))
-            complete = self._complete_v3(name, dkey, desc, info.files)
+            try:
+                complete = bytes(self.dst.get(dkey)[0]) == desc
+            except RemoteNotFound:
+                complete = False
+            complete = complete and self._sizes_match(name, info.files)
         else:
             info = s.manifest.shards[k]
             complete = self._complete_v12(name, info.files)
@@ -234,14 +238,6 @@ class _Copier:
             self.copied += not complete
         if self.bar is not None:
             self.bar.update(1)
-
-    def _complete_v3(self, name: str, dkey: str, desc: bytes, files: Mapping[str, FileInfo]) -> bool:
-        try:
-            if bytes(self.dst.get(dkey)[0]) != desc:
-                return False
-        except RemoteNotFound:
-            return False
-        return self._sizes_match(name, files)
 
     def _complete_v12(self, name: str, files: Mapping[str, FileInfo]) -> bool:
         if not self._sizes_match(name, files):
