@@ -190,24 +190,22 @@ class ObjectTarget(CommitTarget):
     # --------------------------------------------------------------------------------- one writer
 
     def open_writer(self) -> Start:
-        if self._state is not None and self._made is not None:  # (the store create() has just made)
-            m = self._state.manifest
-            return self._staging(m.schema, m.id_lookup, 0, None, "staging")
-        try:
-            state = read_state(self.client)
-            if state is None:
-                raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist)")
-            if not state.v3:
-                raise SeqstoreError(
-                    f"{self.where}: a version-{state.manifest.version} store; writers on object storage append to "
-                    "version-3 stores only (copy it to a local directory, append there, and copy it back)"
-                )
-        except BaseException:
-            self._release_made()  # (the staging directory create() made)
-            raise
-        self._state = state
-        m = state.manifest
-        return self._staging(m.schema, m.id_lookup, m.num_records, state.has_ids, "staging")
+        if self._state is None or self._made is None:  # (else the store create() has just made: its state)
+            try:
+                state = read_state(self.client)
+                if state is None:
+                    raise FormatError(f"{self.where}: no seqstore store here ({MANIFEST} does not exist)")
+                if not state.v3:
+                    raise SeqstoreError(
+                        f"{self.where}: a version-{state.manifest.version} store; writers on object storage append "
+                        "to version-3 stores only (copy it to a local directory, append there, and copy it back)"
+                    )
+            except BaseException:
+                self._release_made()  # (the staging directory create() made)
+                raise
+            self._state = state
+        m = self._state.manifest
+        return self._staging(m.schema, m.id_lookup, m.num_records, self._state.has_ids, "staging")
 
     def _refresh(self, known: StoreState) -> StoreState:
         """The store's state now (only new rows fetched); it must still be this store."""
@@ -372,7 +370,13 @@ class ObjectTarget(CommitTarget):
             self.client.put(STAGED_KEY, json.dumps(dict(staged), separators=(",", ":")).encode())
 
     def commit_parts(self, plist: list[Part], overwrite: bool) -> int:
-        return commit_remote_parts(self.client, plist, overwrite)
+        """docs/format.md 7.3: every shard of ``plist`` in one manifest commit, in order."""
+        state = read_v3(self.client)
+        staged = self.staged() if overwrite else None
+        schema = Schema.from_json(staged["schema"]) if staged is not None else state.manifest.schema
+        entries = _check_parts(self.client, state, plist, schema)
+        check_parts_kinds(self.where, {e.shard.has_ids for e in entries}, None if overwrite else state.has_ids)
+        return _commit(self.client, plist, entries, schema, staged, overwrite, state, WORKERS)
 
     def discard_jobs(self, jobs: Iterable[str]) -> None:
         """Write each job's end mark ``_parts/.ended/<job>``, then delete every object under
@@ -393,17 +397,6 @@ class ObjectTarget(CommitTarget):
 
 
 # ---------------------------------------------------------------------------------- commit of parts
-
-
-def commit_remote_parts(client: ObjectClient, plist: list[Part], overwrite: bool, workers: int = WORKERS) -> int:
-    """docs/format.md 7.3: every shard of ``plist`` in one manifest commit, in order."""
-    state = read_v3(client)
-    staged_raw = get_many(client, [STAGED_KEY])[0] if overwrite else None
-    staged = json.loads(staged_raw) if staged_raw is not None else None
-    schema = Schema.from_json(staged["schema"]) if staged is not None else state.manifest.schema
-    entries = _check_parts(client, state, plist, schema)
-    check_parts_kinds(client.url, {e.shard.has_ids for e in entries}, None if overwrite else state.has_ids)
-    return _commit(client, plist, entries, schema, staged, overwrite, state, max(1, workers))
 
 
 @dataclasses.dataclass
