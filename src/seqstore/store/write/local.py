@@ -363,13 +363,7 @@ class LocalTarget(CommitTarget):
         return (self.root / MANIFEST).is_file()
 
     def discard_jobs(self, jobs: Iterable[str]) -> None:
-        if not self._is_store():
-            return
-        with store_lock(self.root):
-            recover_batch_commit(self.root)
-            remove_dead_temporaries(self.root)
-            for job in sorted(jobs):
-                discard_job(self.root / PARTS_DIR / job)
+        self._discard(sorted(jobs))
 
     def pending_jobs(self) -> list[str]:
         parts = self.root / PARTS_DIR
@@ -378,18 +372,20 @@ class LocalTarget(CommitTarget):
         return sorted(e.name for e in os.scandir(parts) if e.is_dir() and not e.name.startswith("."))
 
     def clean_parts(self, older_than: float) -> list[str]:
+        return self._discard(None, older_than)
+
+    def _discard(self, jobs: list[str] | None, older_than: float = 0.0) -> list[str]:
+        """Under the store's lock, discard ``jobs`` (None: the pending jobs untouched for ``older_than``
+        seconds); the jobs removed."""
         now = time.time()
-        removed: list[str] = []
         if not self._is_store():
-            return removed
+            return []
         with store_lock(self.root):
             recover_batch_commit(self.root)
             remove_dead_temporaries(self.root)
-            for job in self.pending_jobs():
-                job_dir = self.root / PARTS_DIR / job
-                if now - _newest(job_dir) >= older_than and discard_job(job_dir):
-                    removed.append(job)
-        return removed
+            if jobs is None:
+                jobs = [job for job in self.pending_jobs() if now - _newest(self.root / PARTS_DIR / job) >= older_than]
+            return [job for job in jobs if discard_job(self.root / PARTS_DIR / job)]
 
 
 def _live_attempt(task_dir: Path, job: str, task: str) -> SeqstoreError:
