@@ -9,7 +9,6 @@ committed since (checked with the old ones against the new manifest's CRC-32): O
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
@@ -280,14 +279,6 @@ class LocalObjects:
                 f.seek(start)
                 out.append((memoryview(f.read(max(0, end - start))), meta))
         return out
-
-    def submit(self, requests: Sequence[tuple[str, int, int, str | None]], on_each: Any = None) -> Any:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        try:
-            fut.set_result(self.get_ranges(requests))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            fut.set_exception(exc)
-        return fut
 
     def read_chunks(self, key: str, chunk: int) -> Iterator[bytes]:
         try:
