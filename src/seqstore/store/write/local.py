@@ -453,39 +453,30 @@ def clean_orphans(root: Path, manifest: Manifest) -> None:
     leftover of that name before its rename), and workspaces and temporary manifests live in
     ``_tmp/``, so the store directory itself is never listed. Versions 1/2: the store directory is
     listed and compared with the manifest's shard list, as before."""
-    runs = {r.name for r in manifest.index_runs}
     if manifest.table is not None and recover_batch_commit(root):
         manifest = Manifest.load(root)
-        runs = {r.name for r in manifest.index_runs}
     if manifest.table is not None:
+        work, committed = root / WORK_DIR, None
         leftover = root / shard_dir_name(next_shard_number(manifest))
         if leftover.is_dir():
             log.warning("removing uncommitted shard directory %s", leftover)
             shutil.rmtree(leftover, ignore_errors=True)
-        work = root / WORK_DIR
-        entries = list(os.scandir(work)) if work.is_dir() else []
-        for entry in entries:
-            if entry.name.startswith(f".{MANIFEST}.tmp-"):
-                Path(entry.path).unlink(missing_ok=True)
-            elif entry.is_dir():
-                remove_if_dead(Path(entry.path), warn=True)
     else:
-        committed = {s.name for s in manifest.shards}
-        with os.scandir(root) as it:
-            for entry in it:
-                name = entry.name
-                if name.startswith("shard-") and name not in committed and entry.is_dir():
-                    log.warning("removing uncommitted shard directory %s", entry.path)
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                elif name.startswith("_tmp-") and entry.is_dir():
-                    remove_if_dead(Path(entry.path), warn=True)
-                elif name.startswith(f".{MANIFEST}.tmp-"):
-                    Path(entry.path).unlink(missing_ok=True)
+        work, committed = root, {s.name for s in manifest.shards}
+    for entry in list(os.scandir(work)) if work.is_dir() else []:
+        name = entry.name
+        if name.startswith(f".{MANIFEST}.tmp-"):
+            Path(entry.path).unlink(missing_ok=True)
+        elif committed is not None and name.startswith("shard-") and name not in committed and entry.is_dir():
+            log.warning("removing uncommitted shard directory %s", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+        elif entry.is_dir() and (committed is None or name.startswith("_tmp-")):  # (every directory in _tmp/)
+            remove_if_dead(Path(entry.path), warn=True)
+    runs = {r.name for r in manifest.index_runs}
     index_dir = root / INDEX_DIR
     if index_dir.is_dir():
         for path in index_dir.iterdir():
-            run_name = f"{INDEX_DIR}/{path.name.split('.', 1)[0]}"
-            if run_name not in runs:
+            if f"{INDEX_DIR}/{path.name.split('.', 1)[0]}" not in runs:
                 path.unlink(missing_ok=True)
 
 
