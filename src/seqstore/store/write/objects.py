@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import itertools
 import json
 import logging
 import os
@@ -477,13 +478,10 @@ def _commit(client: ObjectClient, plist: list[Part], entries: list[_Entry], sche
 
     def place(numbers: list[int]) -> None:
         """Record the numbers in each part's ``commit.json``, copy the staged files there."""
-        k = 0
-        markers: list[tuple[str, bytes]] = []
-        for p in plist:
-            nums = numbers[k : k + len(p.shards)]
-            k += len(p.shards)
-            markers.append((f"{prefix(p.job, p.task)}/{COMMITTING_FILE}",
-                            json.dumps({"token": token, "numbers": nums}).encode()))
+        it = iter(numbers)
+        markers = [(f"{prefix(p.job, p.task)}/{COMMITTING_FILE}",
+                    json.dumps({"token": token, "numbers": list(itertools.islice(it, len(p.shards)))}).encode())
+                   for p in plist]
         parallel(lambda kv: client.put(kv[0], kv[1]), markers, workers)
         copies = [(f"{e.prefix}/{e.shard.dir}/{rel}", f"{shard_dir_name(n)}/{rel}", size)
                   for n, e in zip(numbers, entries) for rel, (size, _) in sorted(e.shard.files.items())]
