@@ -88,12 +88,7 @@ def install_manifest(client: ObjectClient, raw: bytes) -> bool:
         client.put(MANIFEST, raw, mode="create")
         return True
     except ConflictError as exc:
-        if exc.attempts <= 1:
-            return False
-        try:
-            return bytes(client.get(MANIFEST)[0]) == raw
-        except RemoteNotFound:
-            return False
+        return exc.attempts > 1 and get_many(client, [MANIFEST])[0] == raw
 
 
 def delete_store(client: ObjectClient) -> None:
