@@ -524,15 +524,9 @@ def install_new_store(root: Path, manifest: Manifest) -> bool:
     processes call it at once: the store is prepared in a hidden sibling directory and renamed into
     place, so exactly one caller creates it. Returns whether this call created it. A file, or a non-empty
     directory that is not a store, is FileExistsError naming ``root``; a full disk an OSError naming it."""
+    if (root / MANIFEST).exists():
+        return False
     try:
-        return _install(root, manifest)
-    except OSError as exc:
-        raise named_full_disk(exc, str(root), root.parent)  # noqa: B904  # (exc, or caused by it)
-
-
-def _install(root: Path, manifest: Manifest) -> bool:
-    created = False
-    if not (root / MANIFEST).exists():
         _make_parent(root)
         tmp, held = held_new_dir(lambda: _new_sibling(root))  # held: no create of the path deletes it
         try:
@@ -541,7 +535,7 @@ def _install(root: Path, manifest: Manifest) -> bool:
             try:
                 os.rename(tmp, root)  # atomic; replaces an empty directory, fails on a non-empty one
                 fsync_dir(root.parent)
-                created = True
+                return True
             except OSError as exc:
                 if not (root / MANIFEST).exists():
                     # a non-empty directory that is not a store, or one still being created: wait briefly
@@ -557,4 +551,6 @@ def _install(root: Path, manifest: Manifest) -> bool:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             os.close(held)
-    return created
+    except OSError as exc:
+        raise named_full_disk(exc, str(root), root.parent)  # noqa: B904  # (exc, or caused by it)
+    return False
