@@ -197,11 +197,8 @@ def clean_tables(client: ObjectClient, generation: int, current: str, workers: i
     except RemoteError as exc:
         log.warning("%s: could not list old shard tables (%s)", client.url, exc)
         return
-    old = []
-    for meta in metas:
-        g = _TABLE_GENERATION.match(meta.key)
-        if g and meta.key != current and int(g.group(1)) <= generation - KEEP_TABLES:
-            old.append(meta.key)
+    old = [m.key for m in metas if (g := _TABLE_GENERATION.match(m.key)) and m.key != current
+           and int(g.group(1)) <= generation - KEEP_TABLES]
     delete_all(client, old, workers)
 
 
