@@ -249,8 +249,7 @@ class ObjectTarget(CommitTarget):
                 return shard_dir_name(number)
             self._unsure = None
             if crc == shard.desc_crc:  # its objects go once this commit makes that write unable to land
-                stale = [f"{shard_dir_name(number)}/{rel}" for rel in sorted(shard.info.files)]
-                stale.append(f"{shard_dir_name(number)}/{DESCRIPTOR}")  # (the claim last)
+                stale = [f"{shard_dir_name(number)}/{rel}" for rel in [*sorted(info.files), DESCRIPTOR]]  # claim last
         shards, descs = [], []
         if shard is not None:
             files = {rel: (f.bytes, f.crc32) for rel, f in info.files.items()}
