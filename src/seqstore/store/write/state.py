@@ -292,11 +292,10 @@ class LocalObjects:
         base = self._path(prefix)
         if not base.is_dir():
             return
+        head = f"{prefix.rstrip('/')}/" if prefix else ""
         for p in sorted(base.rglob("*")):
             if p.is_file():  # (the key under ``prefix``: the directory may be a staged one)
-                key = p.relative_to(self.root).as_posix() if not prefix else f"{prefix.rstrip('/')}/" \
-                    f"{p.relative_to(base).as_posix()}"
-                yield ObjectMeta(key, p.stat().st_size, "")
+                yield ObjectMeta(head + p.relative_to(base).as_posix(), p.stat().st_size, "")
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
