@@ -104,8 +104,6 @@ class ObjectTarget(CommitTarget):
         self.where = client.url
         self.staging_dir = staging_dir
         self.upload_workers = upload_workers
-        self.conflicts = 0
-        self.renumbered = 0
         self._state: StoreState | None = None
         self._token = uuid.uuid4().hex[:12]
         self._next_claim = 0
