@@ -114,13 +114,10 @@ class LocalTarget(CommitTarget):
         try:
             if not (root / MANIFEST).exists() and any(root.iterdir()):
                 raise SeqstoreError(f"{root}: refusing to overwrite a non-empty directory that is not a store")
-        except FileNotFoundError:
-            return  # another overwrite moved it away meanwhile
-        if root.is_symlink():  # (rmtree refused one too) moving the link aside would leave its store
-            raise SeqstoreError(f"{root}: refusing to overwrite a symbolic link (give the store's own path)")
-        # the owner.lock held while the old store is deleted: one a process killed part way left (no lock
-        # held) is removed by the next create of this path (remove_dead_deletions); a live one is not
-        try:
+            if root.is_symlink():  # (rmtree refused one too) moving the link aside would leave its store
+                raise SeqstoreError(f"{root}: refusing to overwrite a symbolic link (give the store's own path)")
+            # the owner.lock held while the old store is deleted: one a process killed part way left (no lock
+            # held) is removed by the next create of this path (remove_dead_deletions); a live one is not
             fd = hold_owner_lock(root, bounded=True)  # (a hung overwrite holding it: LockTimeout)
         except FileNotFoundError:
             return  # another overwrite moved it away meanwhile
