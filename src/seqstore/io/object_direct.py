@@ -46,7 +46,7 @@ from typing import Any
 from ..errors import RemoteError, StaleStoreError
 from .object_common import error_at
 from .object_links import Conn, Job, Lookups, Wave, overdue, quiet, receive_buffer, reset_in_child
-from .retry import Transient
+from .retry import Attempts, Transient
 
 __all__ = ["DirectReader", "receive_buffer"]
 
@@ -541,7 +541,7 @@ class DirectReader:
         self._retry(job, exc)
 
     def _retry(self, job: Job, exc: BaseException) -> None:
-        job.tries = job.tries or self.client.retry.attempts(job.shown)
+        job.tries = job.tries or Attempts(self.client.retry, job.shown)
         try:
             delay = job.tries.failed(exc)
         except RemoteError as err:

@@ -96,13 +96,9 @@ class Job:
         self.target = (p.path or "/") + (f"?{p.query}" if p.query else "")
         self.shown = f"{p.scheme}://{p.netloc}{p.path}"  # no query: a presigned URL's signature stays out
 
-    def attempt(self) -> int:
-        """The number of the try under way (1: the first)."""
-        return self.tries.n + 1 if self.tries is not None else 1
-
     def error(self, what: str, kind: type[RemoteError] = RemoteError) -> RemoteError:
         """The error ``kind`` of this request (its URL and attempts): ``what`` happened."""
-        return kind(f"{self.shown}: {what}", url=self.shown, attempts=self.attempt())
+        return kind(f"{self.shown}: {what}", url=self.shown, attempts=self.tries.n + 1 if self.tries else 1)
 
     def status_error(self, status: int, wait: str | None) -> Exception:
         """The error of an answer with ``status`` (not 200 or 206; ``wait``: its Retry-After): a

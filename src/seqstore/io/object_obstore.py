@@ -378,7 +378,7 @@ class ObstoreBackend(ObjectBackend):
                         err.attempts = (tries.n if tries else 0) + 1
                         self.c.retry.ok()  # a definite answer (or a refusal): the streak is over
                     raise err from err.__cause__
-            tries = tries or self.c.retry.attempts(f"{self.c.key_url(key)}: range {start}-{end}")
+            tries = tries or Attempts(self.c.retry, f"{self.c.key_url(key)}: range {start}-{end}")
             await asyncio.sleep(tries.failed(err))
 
     async def _all(self, requests: Sequence[Request], on_each: Any, missing_ok: bool, with_meta: bool) -> list[Answer]:

@@ -73,10 +73,6 @@ class RetryPolicy:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "failing_since": None, "last_failure": 0.0}
 
-    def attempts(self, what: str) -> Attempts:
-        """The tries of one operation on ``what`` (a URL, and the range where it is one)."""
-        return Attempts(self, what)
-
     def ok(self) -> None:
         """The endpoint answered a request (it succeeded, or a definite answer such as a missing object or
         a failed precondition): it is reachable and the failure streak, if any, is over."""
@@ -138,7 +134,7 @@ class RetryPolicy:
                     self.ok()
                 raise
             except Transient as exc:
-                tries = tries or self.attempts(what)
+                tries = tries or Attempts(self, what)
                 time.sleep(tries.failed(exc))
                 continue
             self.ok()
