@@ -162,14 +162,13 @@ class DirectReader:
                 self._wake()
 
     def _loop(self) -> None:
+        """The loop; where it ends on an unexpected error, each request it had fails with a RemoteError naming
+        that error (none waits for ever), its connections are closed, and the next request starts it anew."""
         try:
             self._run()
+            return
         except BaseException as exc:  # noqa: BLE001 - raised to the callers of the requests it carried
-            self._crashed(exc)
-
-    def _crashed(self, exc: BaseException) -> None:
-        """The loop ended on an unexpected error: each request it had fails with a RemoteError naming
-        that error (none waits for ever), its connections are closed, and the next request starts it anew."""
+            what = f"the direct reader's loop ended on {type(exc).__name__}: {exc} (the next request starts it again)"
         with self._lock:
             jobs = [*self._queue, *(j for _, _, j in self._later), *(j for p in self._parked.values() for _, j in p),
                     *(c.job for c in self._active if c.job is not None)]
@@ -177,7 +176,6 @@ class DirectReader:
             self._queue.clear()
             self._active.clear()
             self._later, self._parked = [], {}
-        what = f"the direct reader's loop ended on {type(exc).__name__}: {exc} (the next request starts it again)"
         for job in jobs:
             if not job.wave.future.done():
                 job.wave.future.set_exception(job.error(what))
