@@ -279,15 +279,11 @@ class ObstoreBackend(ObjectBackend):
             return None
 
     # requests -----------------------------------------------------------------------------------
-    def _failure(self, exc: BaseException, key: str, conditional: bool = False) -> BaseException:
-        """``exc`` in seqstore's words (:func:`.object_errors.failure`)."""
-        return failure(self.oex, exc, self.c.url, self.c.key_url(key), self.c.options, conditional)
-
     def _sync(self, key: str, fn: Any, conditional: bool = False) -> Any:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - in seqstore's words (the client's policy retries Transient)
-            err = self._failure(exc, key, conditional)
+            err = failure(self.oex, exc, self.c.url, self.c.key_url(key), self.c.options, conditional)
             if err is exc:
                 raise
             raise err from err.__cause__  # None but for a cause worth showing (no credentials found)
@@ -372,7 +368,7 @@ class ObstoreBackend(ObjectBackend):
                 self.c.retry.ok()
                 return data, meta
             except Exception as exc:  # noqa: BLE001 - classified: retried, raised in seqstore's words, or as is
-                err = self._failure(exc, key, conditional=etag is not None)
+                err = failure(self.oex, exc, self.c.url, self.c.key_url(key), self.c.options, etag is not None)
                 if not isinstance(err, Transient):
                     if isinstance(err, RemoteError):
                         err.attempts = (tries.n if tries else 0) + 1
@@ -402,10 +398,8 @@ class ObstoreBackend(ObjectBackend):
         return self._tag(self._sync(key, lambda: self.obs.put(self.store, key, Path(path), chunk_size=16 << 20)))
 
     def put_stream(self, key: str, chunks: Callable[[], Iterable[bytes]]) -> str:
-        r = self._sync(
-            key, lambda: self.obs.put(self.store, key, iter(chunks()), chunk_size=8 << 20, max_concurrency=4)
-        )
-        return self._tag(r)
+        return self._tag(self._sync(key, lambda: self.obs.put(self.store, key, iter(chunks()), chunk_size=8 << 20,
+                                                              max_concurrency=4)))
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         def collect() -> list[ObjectMeta]:
