@@ -142,7 +142,7 @@ class ObstoreBackend(ObjectBackend):
             )
         _obstore_pid = os.getpid()
         from_url: Any = _from_url  # its overloads are typed per service; the options are the user's
-        self.obs = obstore
+        self.obs: Any = obstore
         self.oex = oex
         self.c = client
         parts = urlsplit(client.url)
@@ -345,7 +345,7 @@ class ObstoreBackend(ObjectBackend):
                         opts["range"] = (start, end)
                     if etag and (sent := self.if_match(etag)):
                         opts["if_match"] = sent
-                    r = await self.obs.get_async(self.store, key, options=opts)  # type: ignore[arg-type]
+                    r = await self.obs.get_async(self.store, key, options=opts)
                     if 0 <= start < end <= start + SMALL_BODY:
                         # a small body has (nearly always) arrived with the headers: taking it without a
                         # second await costs ~90 us less CPU per request (obstore releases the GIL while

@@ -111,15 +111,9 @@ class Backend(Protocol):
 
     slots: Budget | None
     budget: Budget | None
-
-    @property
-    def c(self) -> ClientSettings: ...
-
-    @property
-    def obs(self) -> Any: ...
-
-    @property
-    def store(self) -> Any: ...
+    c: ClientSettings
+    obs: Any
+    store: Any
 
     def if_match(self, tag: str) -> str: ...
 
