@@ -16,6 +16,7 @@ an error naming the URL.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
@@ -56,7 +57,6 @@ class FsspecBackend(ObjectBackend):
                 raise ImportError(f"{client.url}: {exc}", name=exc.name) from exc
         self.root = self.root.rstrip("/")
         self.made = True
-        self.conditional = False
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()  # (two threads' first requests make one pool)
         named = getattr(self.fs, "protocol", ())
@@ -202,14 +202,12 @@ class FsspecBackend(ObjectBackend):
                     sent += len(c)
                     self._call(key, lambda c=c: f.write(c), 1, held() + len(c))
             except BaseException:
-                try:  # leave no partial object
+                with contextlib.suppress(Exception):  # leave no partial object (the iterator's error is reported)
                     if hasattr(f, "discard"):
                         f.discard()
                     else:
                         self._call(key, f.close, 1, held())
                     self._call(key, lambda: self.fs.rm_file(self._path(key)))
-                except Exception:  # noqa: BLE001 - the iterator's error is the one to report
-                    pass
                 raise
             self._call(key, f.close, 1, held())
 
