@@ -166,13 +166,9 @@ class ObjectBackend(abc.ABC):
     conditional = False
 
     def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
-        """An HTTP(S) URL that answers range GETs of ``key`` without this back end, and the If-Match
-        value for version tag ``tag`` (None: send none); None where there is no such URL (the default)."""
         return None
 
     def resign(self, url: str) -> str | None:
-        """A URL signed anew in place of ``url``, a presigned URL :meth:`direct` gave that the service
-        refused; None where ``url`` is not one this back end signed (the default)."""
         return None
 
     @abc.abstractmethod

@@ -91,8 +91,7 @@ class FsspecBackend(ObjectBackend):
             raise Transient(f"{type(exc).__name__}: {exc}", answered=kind == "answered") from None
 
     def _meta(self, key: str, info: Mapping[str, Any]) -> ObjectMeta:
-        """``key``'s size and version tag from the filesystem's ``info``: the first of its fields that
-        names the version (:data:`_VERSIONS`; "": none, the file is not told from a replaced one)."""
+        """``key``'s size and version tag (:data:`_VERSIONS`; "": none, not told from a replaced file)."""
         tag = next((info[f] for f in _VERSIONS if info.get(f)), "")
         return ObjectMeta(key, int(info.get("size") or 0), str(tag))
 

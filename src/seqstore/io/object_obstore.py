@@ -2,9 +2,8 @@
 
 Requests run on one event loop per process (a daemon thread, ``_Loop``), at most ``max_requests`` and
 ``max_inflight_bytes`` of answers at once (:mod:`.object_wave`). Each range request retries its own
-transient failures (``ObstoreBackend.fetch_range``, under the client's
-:class:`~seqstore.io.retry.RetryPolicy`); obstore's own retries are off, so the attempt count in an error
-is exact. obstore's exceptions and HTTP statuses become seqstore's errors in :mod:`.object_errors`.
+transient failures (``ObstoreBackend.fetch_range``; see :mod:`seqstore.io.objects` on obstore's own
+retries); obstore's exceptions and HTTP statuses become seqstore's errors in :mod:`.object_errors`.
 A process forked after obstore started its runtime refuses to use it with an error (:func:`fork_unsafe`
 tells a parent when to avoid fork).
 """
@@ -263,9 +262,8 @@ class ObstoreBackend(ObjectBackend):
         return url
 
     def resign(self, url: str) -> str | None:
-        """A URL signed anew in place of presigned ``url``, which the service refused: the temporary
-        credentials it was signed with may have expired since (obstore's credentials are fresh); the URL
-        already signed anew where another refused request asked first. None: not a URL signed here."""
+        """As :meth:`ObjectClient.resign` (obstore's credentials are fresh); the URL already signed anew where
+        another refused request asked first."""
         with self._sign_lock:
             key = self._signed_keys.get(url)
             got = self._signed.get(key) if key is not None else None
