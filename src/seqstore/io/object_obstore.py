@@ -180,8 +180,8 @@ class ObstoreBackend(ObjectBackend):
         self._signed: dict[str, tuple[str, float, str]] = {}
         self._signed_keys: dict[str, str] = {}  # presigned URL -> key (the URLs in _signed, both kinds)
         self._sign_lock = threading.Lock()
-        self.slots: Budget | None = None  # requests in flight (max_requests), made in the loop
-        self.budget: Budget | None = None  # bytes of answers in flight (max_inflight_bytes)
+        self.slots = Budget(client.max_requests)  # requests in flight
+        self.budget = Budget(client.max_inflight_bytes)  # bytes of answers in flight
 
     # version tags -------------------------------------------------------------------------------
     def _tag(self, m: Any) -> str:
@@ -309,7 +309,6 @@ class ObstoreBackend(ObjectBackend):
         """One request with its retries. ``prior``: how its first attempt failed (made by a wave's fast
         path, :mod:`.object_wave`): this goes on from its second."""
         slots, budget = self.slots, self.budget
-        assert slots is not None and budget is not None
         tries: Attempts | None = None
         # what the answer takes of the byte budget: its size where the range says it (a whole object or a
         # suffix: at most a small one here)
@@ -376,9 +375,6 @@ class ObstoreBackend(ObjectBackend):
             await asyncio.sleep(tries.failed(err))
 
     async def _all(self, requests: Sequence[Request], on_each: Any, missing_ok: bool, with_meta: bool) -> list[Answer]:
-        if self.slots is None:
-            self.slots = Budget(self.c.max_requests)
-            self.budget = Budget(self.c.max_inflight_bytes)
         return await Wave(self, requests, on_each, missing_ok, with_meta).run()
 
     def submit(

@@ -109,8 +109,8 @@ class Budget:
 class Backend(Protocol):
     """What a wave needs of the obstore back end (``seqstore.io.object_obstore.ObstoreBackend``)."""
 
-    slots: Budget | None
-    budget: Budget | None
+    slots: Budget
+    budget: Budget
     c: ClientSettings
     obs: Any
     store: Any
@@ -146,7 +146,6 @@ class Wave:
         if not self.requests:
             return []
         slots = self.b.slots
-        assert slots is not None
         for i, (_, start, end, _) in enumerate(self.requests):
             if not self.with_meta and 0 <= start < end <= start + SMALL_BODY:
                 slots.take_or_call(1, partial(self._go, i), self)
@@ -166,7 +165,6 @@ class Wave:
         """Request ``i`` has a slot: start it (or hand it to a task where the byte budget is short)."""
         b = self.b
         slots, budget = b.slots, b.budget
-        assert slots is not None and budget is not None
         key, start, end, etag = self.requests[i]
         if self.done.done():  # the wave ended while this waited for its slot
             slots.release(1)
@@ -191,7 +189,6 @@ class Wave:
     def _arrived(self, i: int, fut: asyncio.Future[Any]) -> None:
         b = self.b
         slots, budget = b.slots, b.budget
-        assert slots is not None and budget is not None
         self.flying.pop(i, None)
         key, start, end, tag = self.requests[i]
         data: memoryview | None = None
@@ -270,9 +267,7 @@ class Wave:
 
     def _abort(self) -> None:
         """Cancel what is in flight and queued (the wave failed, or whoever waited for it was cancelled)."""
-        slots = self.b.slots
-        if slots is not None:
-            slots.forget(self)
+        self.b.slots.forget(self)
         for fut in list(self.flying.values()):
             fut.cancel()
         for t in list(self.tasks):
