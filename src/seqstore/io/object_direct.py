@@ -78,9 +78,9 @@ class DirectReader:
         self._ssl: ssl.SSLContext | None = None
         self._thread: threading.Thread | None = None
         self._pid = -1
-        self._sel: selectors.BaseSelector | None = None
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
+        self._sel: selectors.BaseSelector  # these three made as the loop thread starts
+        self._wake_r: socket.socket
+        self._wake_w: socket.socket
         self._rcvbuf = receive_buffer()
         reset_in_child(self)
 
@@ -147,11 +147,10 @@ class DirectReader:
         self._idle = {}
         for s in (self._sel, self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
-                s.close()  # type: ignore[union-attr]
+                s.close()
         self._thread = None
 
     def _wake(self) -> None:
-        assert self._wake_w is not None
         with contextlib.suppress(OSError):  # a wake is pending already (or the loop ended on an error: closed)
             self._wake_w.send(b"x")
 
@@ -182,7 +181,6 @@ class DirectReader:
 
     def _run(self) -> None:
         sel = self._sel
-        assert sel is not None and self._wake_r is not None
         active = self._active
         scanned = busy = time.monotonic()
         while True:
@@ -316,7 +314,6 @@ class DirectReader:
                 del self._addr[origin[:2]]
 
     def _register(self, c: Conn, events: int) -> None:
-        assert self._sel is not None
         try:
             self._sel.modify(c.sock, events, c)
         except (KeyError, ValueError):
@@ -328,7 +325,6 @@ class DirectReader:
 
     def _close(self, c: Conn, active: set[Conn] | None) -> None:
         """Close ``c`` (once: a connection its failed wave closed may still be met in the same round)."""
-        assert self._sel is not None
         if active is not None:
             active.discard(c)
         if c.state == "closed":
@@ -509,7 +505,6 @@ class DirectReader:
         if c.close_after:
             self._close(c, None)
         else:
-            assert self._sel is not None
             self._sel.unregister(c.sock)
             with self._lock:
                 self._idle.setdefault(c.origin, []).append(c)
@@ -585,7 +580,6 @@ class DirectReader:
         if any(job.wave is wave for _, _, job in self._later):
             self._later = [x for x in self._later if x[2].wave is not wave]
             heapq.heapify(self._later)
-        assert self._sel is not None
         for key in list(self._sel.get_map().values()):
             c = key.data
             if c is not None and c.job is not None and c.job.wave is wave:
