@@ -151,12 +151,9 @@ class ObstoreBackend(ObjectBackend):
             "timeout": timedelta(seconds=client.timeout),
             "connect_timeout": timedelta(seconds=client.connect_timeout),
         }
-        for k in ("allow_http", "allow_invalid_certificates", "http1_only"):
+        for k in ("allow_http", "allow_invalid_certificates", "http1_only", "proxy_url", "user_agent"):
             if k in opts:
-                client_options[k] = option_flag(opts.pop(k))
-        for k in ("proxy_url", "user_agent"):
-            if k in opts:
-                client_options[k] = str(opts.pop(k))
+                client_options[k] = str(opts.pop(k)) if k in ("proxy_url", "user_agent") else option_flag(opts.pop(k))
         if "allow_http" not in client_options:
             # client options given here replace those the client reads from the environment: keep this one
             env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
