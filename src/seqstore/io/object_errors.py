@@ -163,10 +163,9 @@ def failure(oex: Any, exc: BaseException, root: str, url: str, options: dict[str
 def not_found(exc: BaseException, root: str, url: str) -> RemoteError:
     """A 404 on ``url``: :class:`BucketNotFound` where the service says the bucket (container) is
     missing, else :class:`RemoteNotFound` (a HEAD answers without a body, so it cannot tell)."""
-    text = str(exc)
     if any(p in _said(exc, url) for p in _NO_BUCKET):
         parts = urlsplit(root)
-        named = re.search(r"<BucketName>([^<]+)</BucketName>", text)
+        named = re.search(r"<BucketName>([^<]+)</BucketName>", str(exc))
         bucket = named.group(1) if named else parts.netloc.partition("@")[0] or parts.netloc
         scheme = parts.scheme.lower()
         holder = "container" if scheme in ("az", "abfs", "abfss", "azure") else "bucket"
