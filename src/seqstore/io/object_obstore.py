@@ -115,12 +115,6 @@ atexit.register(_quiesce_at_exit)
 
 class ObstoreBackend(ObjectBackend):
     conditional = True
-    #: whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
-    #: suffix request costs a HEAD (for the size) and then a plain range request: two round trips
-    suffix_ranges = True
-    #: Google Cloud Storage: a conditional replace names the object's generation, not its ETag (which the
-    #: XML API derives from the content), so the version tags seqstore keeps are ``"<ETag>#<generation>"``
-    generations = False
 
     def __init__(self, client: ClientSettings) -> None:
         try:
@@ -159,7 +153,11 @@ class ObstoreBackend(ObjectBackend):
             env = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
             if option_flag(os.environ.get(f"{env}_ALLOW_HTTP", "")):
                 client_options["allow_http"] = True
+        # whether the service answers a suffix range (``bytes=-n``); Azure Blob Storage does not, so there a
+        # suffix request costs a HEAD (for the size) and then a plain range request: two round trips
         self.suffix_ranges = scheme not in ("az", "abfs", "abfss", "azure")
+        # Google Cloud Storage: a conditional replace names the object's generation, not its ETag (which the
+        # XML API derives from the content), so the version tags seqstore keeps are ``"<ETag>#<generation>"``
         self.generations = scheme in ("gs", "gcs")
         if scheme in ("http", "https"):
             self.conditional = False
