@@ -96,10 +96,8 @@ class ObjectClient:
         if self._backend is None or self._pid != os.getpid():
             with self._lock:
                 if self._backend is None or self._pid != os.getpid():
-                    if self.filesystem is not None or urlsplit(self.url).scheme.lower() not in REMOTE_SCHEMES:
-                        self._backend = FsspecBackend(self)
-                    else:
-                        self._backend = ObstoreBackend(self)
+                    fsspec = self.filesystem is not None or urlsplit(self.url).scheme.lower() not in REMOTE_SCHEMES
+                    self._backend = (FsspecBackend if fsspec else ObstoreBackend)(self)
                     self._pid = os.getpid()
         return self._backend
 
