@@ -84,11 +84,7 @@ class ObjectClient:
         self._pid = -1
         self._backend: ObjectBackend | None = None
         self._lock = threading.Lock()
-        reset_in_child(self)
-
-    def reset_after_fork(self) -> None:
-        """In a forked child: a free lock (a thread of the parent may have held it at the fork)."""
-        self._lock = threading.Lock()
+        reset_in_child(self, "_lock")  # (a thread of the parent may have held it at the fork)
 
     # the client is rebuilt in a forked or unpickled process (sockets and event loops do not survive a fork)
     @property
@@ -108,7 +104,7 @@ class ObjectClient:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        reset_in_child(self)
+        reset_in_child(self, "_lock")
 
     def __repr__(self) -> str:
         return f"ObjectClient({self.url!r}, options={redact(self.options)!r})"
