@@ -120,8 +120,7 @@ class StoreOptions:
            **remote: Any) -> StoreOptions:
         """The options of the store at ``url`` from ``storage_options`` (a mapping, or options parsed
         already) and the keyword arguments ``filesystem``, ``cache_dir`` and ``cache_bytes``."""
-        unknown = sorted(set(remote) - set(REMOTE_ARGS))
-        if unknown:
+        if unknown := sorted(set(remote) - set(REMOTE_ARGS)):
             raise TypeError(f"unexpected keyword argument {unknown[0]!r} (remote stores take storage_options, "
                             f"{', '.join(REMOTE_ARGS)})")
         given = {k: v for k, v in remote.items() if v is not None}
@@ -137,8 +136,7 @@ class StoreOptions:
         except (TypeError, ValueError):  # e.g. "anon=true": named, not dict()'s bare error
             raise ConfigError(f"{url}: storage_options: expected a mapping of option names to values, got a "
                               f"{type(storage_options).__name__} (its value not shown: it may hold a secret)") from None
-        bad = [k for k in opts if not isinstance(k, str)]
-        if bad:  # (the back ends take names as str: a bare AttributeError from deep inside)
+        if bad := [k for k in opts if not isinstance(k, str)]:  # (back ends take str names; else a bare AttributeError)
             raise ConfigError(f"{url}: storage option {bad[0]!r}: option names are strings, got a "
                               f"{type(bad[0]).__name__}")
         check_options(url, opts)  # a seqstore error naming the option, not int()'s ValueError
