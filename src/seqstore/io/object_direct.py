@@ -359,8 +359,7 @@ class DirectReader:
             return
         try:
             if c.state == "connecting":
-                err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if err:
+                if err := c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                     raise Transient(f"cannot connect: {os.strerror(err)}")
                 if not c.origin[2]:
                     self._ask(c, c.job, active)

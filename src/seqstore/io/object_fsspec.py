@@ -82,8 +82,7 @@ class FsspecBackend(ObjectBackend):
         except PermissionError:
             raise error_at(CredentialsError, self.c.key_url(key), "access refused; check the credentials") from None
         except Exception as exc:
-            status = _status(exc)
-            if status is not None:
+            if (status := _status(exc)) is not None:
                 raise _refusal(self.c.key_url(key), status, exc) from None
             kind = _network(exc) or ("failed" if isinstance(exc, (OSError, TimeoutError)) else "")
             if not kind:

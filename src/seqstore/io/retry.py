@@ -158,7 +158,6 @@ class Attempts:
             self.first = time.monotonic()
         if getattr(exc, "answered", False):
             self.policy.reached = True  # a server answered (an error status): the endpoint is there
-        delay = self.policy.delay(self.n, self.first, getattr(exc, "retry_after", None))
-        if delay is None:
+        if (delay := self.policy.delay(self.n, self.first, getattr(exc, "retry_after", None))) is None:
             raise self.policy.error(self.what, self.n, self.first, exc) from None
         return delay
