@@ -15,14 +15,10 @@ in a read or two (docs/remote.md, "Read-once epochs").
 Failures follow the object client's rules (:mod:`seqstore.io.objects`; docs/remote.md, "Failures"):
 5xx, 408 and 429, a connection refused, reset or closed, a body cut short, no progress for ``timeout``
 seconds (``connect_timeout`` while connecting) or an answer slower than 64 KiB/s on average after its
-first ``timeout`` seconds are retried under the client's policy (the next try no sooner than a
-``Retry-After`` asks; at once an error where that is past the retry budget), then raised as
-:class:`~seqstore.errors.RemoteError` naming the URL and the attempts. 404 is
-:class:`~seqstore.errors.RemoteNotFound`, 401 and 403 :class:`~seqstore.errors.CredentialsError`, 412
-:class:`~seqstore.errors.StaleStoreError`, any other answer a ``RemoteError`` naming the status. A
-presigned URL that is refused (400, 401, 403: the temporary credentials it was signed with may have
-expired since) is first signed anew by the client and asked once more.
-Messages never show a presigned URL's query (its signature).
+first ``timeout`` seconds are retried under the client's policy, then raised as a RemoteError naming the
+URL and the attempts; other statuses as :meth:`.object_links.Job.status_error` says. A presigned URL that
+is refused (400, 401, 403: the temporary credentials it was signed with may have expired since) is first
+signed anew by the client and asked once more. Messages never show a presigned URL's query (its signature).
 """
 
 from __future__ import annotations
