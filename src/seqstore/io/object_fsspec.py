@@ -237,8 +237,7 @@ class FsspecBackend(ObjectBackend):
 def _status(exc: BaseException) -> int | None:
     """The HTTP status an HTTP library's error carries (requests' and httpx's ``response.status_code``,
     aiohttp's ``status``; an ``OSError`` such as huggingface_hub's ``HfHubHTTPError`` too), else None."""
-    response = getattr(exc, "response", None)
-    code = getattr(response, "status_code", None) if response is not None else None
+    code = getattr(getattr(exc, "response", None), "status_code", None)
     if code is None and type(exc).__module__.startswith("aiohttp"):
         code = getattr(exc, "status", None)
     return code if isinstance(code, int) and 100 <= code < 600 else None
