@@ -253,6 +253,5 @@ def service_of(scheme: str) -> str:
 
 def short(exc: BaseException, most: int = 300) -> str:
     """The message of ``exc`` on one line, without obstore's ``Debug source:`` dump, cut at ``most``."""
-    text = str(exc).split("Debug source:")[0]
-    text = " ".join(text.split())
+    text = " ".join(str(exc).split("Debug source:")[0].split())
     return text if len(text) <= most else text[:most] + "..."
