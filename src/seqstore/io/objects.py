@@ -241,9 +241,8 @@ def _endpoint(url: str, options: Mapping[str, Any]) -> str:
     option (or ``AWS_ENDPOINT_URL`` for S3), else the URL's scheme and host."""
     opts = {k.lower().removeprefix("aws_"): v for k, v in options.items()}
     parts = urlsplit(url)
-    s3 = parts.scheme.lower() in ("s3", "s3a")
-    named = opts.get("endpoint") or opts.get("endpoint_url") or (
-        s3 and (os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")))
+    named = opts.get("endpoint") or opts.get("endpoint_url") or (parts.scheme.lower() in ("s3", "s3a") and (
+        os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")))
     return str(named) if named else f"{parts.scheme}://{parts.netloc}"
 
 
