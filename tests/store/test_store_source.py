@@ -130,3 +130,22 @@ def test_the_source_names_what_is_missing(stores: tuple[Store, Store, MemorySour
         mem[249]
     with pytest.raises(ValueError, match="takes no storage_options"):
         Store(source, storage_options={"region": "x"})
+
+
+def test_the_library_refuses_a_chained_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``seqstore.create("simplecache::s3://b/x", ...)`` wrote a local directory ``simplecache::s3:/b/x`` (only
+    the CLI, importers and engines refused chained URLs); ``open`` and ``copy`` said 'no such store' for a
+    local path the user never gave. Each is a ConfigError naming the URL; nothing is written."""
+    from seqstore.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    ss.create("s", {"x": ss.Field("int32", shape=())}).close()
+    with pytest.raises(ConfigError, match=r"^simplecache::s3://b/x: a chained URL"):
+        ss.create("simplecache::s3://b/x", {"x": ss.Field("int32", shape=())})
+    with pytest.raises(ConfigError, match=r"^blockcache::file:///w: a chained URL"):
+        ss.open("blockcache::file:///w")
+    with pytest.raises(ConfigError, match=r"^filecache::s3://b/c: a chained URL"):
+        ss.copy("s", "filecache::s3://b/c")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+    ss.create("run::1", {"x": ss.Field("int32", shape=())}).close()
+    assert len(ss.open("run::1")) == 0

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .local_source import LocalSource
+from .object_common import check_not_chained
 from .object_errors import client_takes, unknown_local_key
 from .objects import is_remote
 from .options import StoreOptions
@@ -30,6 +31,7 @@ def open_source(
     reads the store's root. A local store checks its options, as a URL does (ConfigError: a value out of
     range, a key that neither seqstore nor any service's client knows), and otherwise ignores them
     (:class:`~seqstore.Store` itself takes ``verify_reads``)."""
+    check_not_chained(os.fspath(path))
     filesystem = remote.get("filesystem")
     if isinstance(storage_options, StoreOptions) and filesystem is None:
         filesystem = storage_options.filesystem

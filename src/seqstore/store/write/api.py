@@ -11,6 +11,7 @@ from typing import Any
 from ...errors import SchemaError
 from ...format.manifest import Manifest
 from ...io.local_source import local_path
+from ...io.object_common import check_not_chained
 from ...io.objects import ObjectClient, is_remote
 from ...schema import Schema, schema_difference
 from .local import LocalTarget
@@ -38,6 +39,7 @@ def open_target(
     the back end must have conditional writes (which committing relies on); without it, a plain client
     for reading, listing and deleting. ``what`` names the path in errors (``seqstore copy``'s ends)."""
     text = os.fspath(path)
+    check_not_chained(text)
     if is_remote(text):
         if writing:
             client = writing_client(text, storage_options, filesystem)
