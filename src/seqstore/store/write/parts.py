@@ -47,7 +47,6 @@ from .api import open_target
 from .target import (
     MODES,
     Part,
-    PartOver,
     PartShard,
     Start,
     as_part,
@@ -202,11 +201,7 @@ class PartWriter(Writer):
         info = ready.info
         shard = PartShard(f"p{len(self._part_shards):06d}", info.records, dict(info.rows), info.has_ids,
                           {k: (v.bytes, v.crc32) for k, v in info.files.items()}, ready.desc_crc)
-        try:
-            self.target.stage_shard(self._start, ready.path, shard)
-        except PartOver as exc:  # the job ended: no retry can help (never an AutoCommitError offering one)
-            self._failed = exc
-            raise
+        self.target.stage_shard(self._start, ready.path, shard)  # (inside _failing: a PartOver fails the writer)
         self._part_shards.append(shard)
         self._committed_records += info.records
         self._ready = None
@@ -227,11 +222,7 @@ class PartWriter(Writer):
         part = Part(self.job, self.task, sum(s.records for s in self._part_shards), tuple(self._part_shards),
                     self._schema_crc)
         with self._failing():
-            try:
-                self.target.finish_part(self._start, part)
-            except PartOver as exc:
-                self._failed = exc
-                raise
+            self.target.finish_part(self._start, part)
         self._part = part
         self._release()
         return part

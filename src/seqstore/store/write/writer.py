@@ -30,7 +30,7 @@ from . import at_exit, disk
 from .checks import RecordChecks
 from .columns import DIRECT_BYTES, BatchBytes, caller_ids, row_starts, stage
 from .shard_files import ShardFiles
-from .target import CommitTarget, Finished, IdsMismatch, NotCommitted, Start, stats_number
+from .target import CommitTarget, Finished, IdsMismatch, NotCommitted, PartOver, Start, stats_number
 from .values import ragged_column, shape_text, storage_value
 
 __all__ = ["Writer", "check_sizes"]
@@ -359,9 +359,13 @@ class Writer:
     @contextmanager
     def _failing(self) -> Iterator[None]:
         """Mark the writer failed when the block raises anything but a SeqstoreError (I/O errors part
-        way through leave the shard's files inconsistent; validation errors leave nothing behind)."""
+        way through leave the shard's files inconsistent; validation errors leave nothing behind), or
+        a PartOver (a part writer's job ended: no retry can help, never an AutoCommitError offering one)."""
         try:
             yield
+        except PartOver as exc:
+            self._failed = exc
+            raise
         except SeqstoreError:
             raise
         except NotCommitted as exc:  # the finished shard intact: the next commit (or close()) retries it
