@@ -265,24 +265,19 @@ class ColumnFile:
             run = out[:body]
         at = self._pos
         crc = self._checksum(run)
+        self._pos += body
+        self._held = bytearray(buf[body - held :])  # (a copied run holds the old held bytes already)
         if run.obj is not buf.obj and self._io is not None:  # a copy: written behind the caller
             self._inflight = (self._io.submit(pwrite_all, self._direct, run, at), crc, run, at)
-            done: Future[int] = _DONE
-        else:
-            try:
-                pwrite_all(self._direct, run, at)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                _write_at(self._fd, run, at)  # its checksum is taken already
-                self._pos += body
-                self._held = bytearray(buf[body - held :])
-                self._refused(exc)
-                return crc
-            done = crc
-        self._pos += body
-        self._held = bytearray(buf[body - held :])
-        return done
+            return _DONE
+        try:
+            pwrite_all(self._direct, run, at)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            _write_at(self._fd, run, at)  # its checksum is taken already
+            self._refused(exc)
+        return crc
 
     def _settle(self) -> bool:
         """Wait for the direct write in flight (and the checksum of its run), if any. False when it was
