@@ -135,11 +135,6 @@ class Writer:
         self._buf_ids: list[str] = []
         self._buf_records = self._buf_bytes = 0
 
-    def _open_shard(self) -> None:
-        self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._checks.has_ids),
-                                 self._descriptors, self._pool, self._io, self.direct_io)
-        self._shard_open = True
-
     # --------------------------------------------------------------------------------------- append
 
     @at_exit.guarded
@@ -269,7 +264,7 @@ class Writer:
         sizes = BatchBytes(prepared, starts, batch)
         start = 0
         while start < batch:  # a piece ends at the shard's record limit, or with the record reaching shard_bytes
-            room = self.max_shard_records - self._pending_records()
+            room = self.max_shard_records - self._shard_records - self._buf_records
             stop = min(batch, start + max(room, 1))
             stop = sizes.reach(start, self.shard_bytes - self._shard_bytes - self._buf_bytes, stop)
             piece_bytes = sizes.at(stop) - sizes.at(start)
@@ -306,12 +301,9 @@ class Writer:
         return (self._buf_bytes >= self.buffer_bytes or self._shard_bytes + self._buf_bytes >= self.shard_bytes
                 or self._shard_records + self._buf_records >= self.max_shard_records)
 
-    def _pending_records(self) -> int:  # the buffer's records and the open shard's
-        return self._buf_records + self._shard_records
-
     def _uncommitted_records(self) -> int:
         """Every record appended and not committed: also a finished shard whose commit failed."""
-        return self._pending_records() + (self._ready.info.records if self._ready is not None else 0)
+        return self._buf_records + self._shard_records + (self._ready.info.records if self._ready is not None else 0)
 
     def _auto_flush(self, taken: int, of: int, full: bool = False) -> None:
         """:meth:`_flush` (``full``: the commit of the full shard) in an append that has taken ``taken`` of
@@ -348,7 +340,9 @@ class Writer:
             return
         with self._failing():
             if not self._shard_open:
-                self._open_shard()
+                self._shard = ShardFiles(self._workspace / "current", self.schema, bool(self._checks.has_ids),
+                                         self._descriptors, self._pool, self._io, self.direct_io)
+                self._shard_open = True
             self._shard.write(self._buf, self._buf_lengths, self._buf_ids)
             self._shard_records += self._buf_records
             self._shard_bytes += self._buf_bytes
@@ -368,10 +362,11 @@ class Writer:
             raise
         except SeqstoreError:
             raise
-        except NotCommitted as exc:  # the finished shard intact: the next commit (or close()) retries it
-            raise disk.write_error(exc.take(), self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
         except BaseException as exc:
-            self._failed = exc
+            if isinstance(exc, NotCommitted):  # the finished shard intact: the next commit (or close()) retries it
+                exc = exc.take()
+            else:
+                self._failed = exc
             raise disk.write_error(exc, self.target.where, self._workspace, self._uncommitted_records())  # noqa: B904
 
     # --------------------------------------------------------------------------------------- commit
