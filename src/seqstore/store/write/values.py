@@ -19,13 +19,9 @@ __all__ = ["storage_value", "ragged_column", "shape_text"]
 _TEXT = (str, bytes, bytearray, memoryview)
 
 
-def _is_byte_field(f: Field) -> bool:
-    return f.ragged and len(f.shape) == 1 and f.storage_dtype == np.uint8
-
-
 def storage_value(f: Field, value: Any, what: str) -> np.ndarray[Any, Any]:
     """:func:`~seqstore.schema.to_storage_array`, and text or bytes for a ragged 1-D uint8 field."""
-    if isinstance(value, _TEXT) and _is_byte_field(f):
+    if isinstance(value, _TEXT) and f.ragged and len(f.shape) == 1 and f.storage_dtype == np.uint8:
         raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
         return np.frombuffer(raw, dtype=np.uint8)
     return to_storage_array(f, value, what=what)
@@ -53,25 +49,21 @@ def ragged_column(
     if isinstance(value, (np.ndarray, *_TEXT)) or not isinstance(value, Sequence):
         raise SchemaError(f"{what}: a ragged column is a list of arrays or a (values, lengths) pair")
     dtype, nd, inner = f.storage_dtype, len(f.shape), f.inner_shape
-    if value and all(
+    arrays = value  # the common case: arrays already in storage form; one concatenation, no per-item conversion
+    if not value or not all(
         type(x) is np.ndarray and x.dtype == dtype and x.ndim == nd and x.shape[1:] == inner for x in value
-    ):  # the common case: arrays already in storage form; one concatenation, no per-item conversion
-        values = np.concatenate(value) if len(value) > 1 else value[0]
-        return values, np.fromiter((x.shape[0] for x in value), dtype=np.int64, count=len(value))
-    arrays = []
-    for k, x in enumerate(value):
-        arr = storage_value(f, x, f"{what}, batch item {k} = {item(k)}")
-        if arr.ndim != len(f.shape) or arr.shape[1:] != f.inner_shape:
-            raise SchemaError(
-                f"{what}, batch item {k} = {item(k)}: expected rows of shape {f.inner_shape}, got {arr.shape}"
-            )
-        arrays.append(arr)
+    ):
+        arrays = []
+        for k, x in enumerate(value):
+            arr = storage_value(f, x, f"{what}, batch item {k} = {item(k)}")
+            if arr.ndim != nd or arr.shape[1:] != inner:
+                raise SchemaError(
+                    f"{what}, batch item {k} = {item(k)}: expected rows of shape {inner}, got {arr.shape}")
+            arrays.append(arr)
     lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
-    if arrays:
-        values = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-    else:
-        values = np.empty((0, *f.inner_shape), dtype=f.storage_dtype)
-    return values, lengths
+    if not arrays:
+        return np.empty((0, *inner), dtype=dtype), lengths
+    return (np.concatenate(arrays) if len(arrays) > 1 else arrays[0]), lengths
 
 
 def shape_text(lead: str, inner: tuple[int, ...]) -> str:
