@@ -42,12 +42,12 @@ class RecordChecks:
                           f"append without {'ids=' if batch else 'id='}")
 
     def flatten(self, record: Mapping[str, Any], what: str) -> Mapping[str, Any]:
+        """``record`` flat (not copied when it is already), once its names are checked against the schema."""
         if isinstance(record, Mapping) and not any(isinstance(v, Mapping) for v in record.values()):
-            return record  # already flat: no copy
-        return flatten_values(record, what)
-
-    def keys(self, keys: Any, what: str) -> None:
-        given = set(keys)
+            flat = record
+        else:
+            flat = flatten_values(record, what)
+        given = set(flat.keys())  # (keys(): what a Mapping subclass may override)
         names = self.names
         direct = given & set(self.groups)
         if direct:  # a group given as one (B, width) matrix stands for its fields
@@ -57,21 +57,27 @@ class RecordChecks:
             parts = [f"{kind} field(s) {sorted(s)}" for kind, s in odd if s]
             groups = f" (or packed groups {sorted(self.groups)})" if self.groups else ""
             raise SchemaError(f"{what}: {'; '.join(parts)}; schema fields are {sorted(self.names)}{groups}")
+        return flat
 
-    def pack(
-        self, gname: str, flat: Mapping[str, Any], prepared: Mapping[str, np.ndarray[Any, Any]], batch: int, fw: str
-    ) -> np.ndarray[Any, Any]:
+    def pack(self, gname: str, flat: Mapping[str, Any], prepared: Mapping[str, np.ndarray[Any, Any]],
+             batch: int | None, fw: str) -> np.ndarray[Any, Any]:
         """The (batch, width) matrix of packed group ``gname``: the caller's matrix when given under the
         group's name (converted, not copied when it already has the storage dtype), else a new matrix
-        assembled from the fields' converted values ``prepared`` (one copy)."""
+        assembled from the fields' converted values ``prepared`` (one copy). ``batch`` None: one record's
+        (1, width) row (given under the group's name: a (width,) row, copied: it is buffered)."""
         g = self.groups[gname]
         if gname in flat:
             mat = to_storage_array(g.as_field(), flat[gname], what=fw)
+            if batch is None:
+                if mat.shape != (g.width,):
+                    raise SchemaError(f"{fw}: expected shape ({g.width},), got {mat.shape}")
+                return mat[None].copy()
             if mat.shape != (batch, g.width):
                 raise SchemaError(
                     f"{fw}: expected a ({batch}, {g.width}) matrix for packed group {gname!r}, got {mat.shape}"
                 )
             return mat
+        batch = 1 if batch is None else batch
         shape = (batch, g.width)
         big = self.direct_io and batch * g.width * g.storage_dtype.itemsize >= DIRECT_IO_BYTES
         mat = aligned_empty(shape, g.storage_dtype) if big else np.empty(shape, dtype=g.storage_dtype)

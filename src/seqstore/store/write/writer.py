@@ -151,7 +151,6 @@ class Writer:
         if id is not None and not isinstance(id, str):
             raise SchemaError(f"record {index}: id must be a str, got {type(id).__name__} {id!r}")
         flat = self._checks.flatten(record, what)
-        self._checks.keys(flat.keys(), what)
         converted: dict[str, np.ndarray[Any, Any]] = {}
         nbytes = 0
         for name, f, value in self._checks.given(flat):
@@ -166,17 +165,8 @@ class Writer:
             converted[name] = arr.copy() if arr is value or arr.base is not None else arr
         units: dict[str, np.ndarray[Any, Any]] = {}
         for name, f in self._units:
-            if name in self._checks.groups:
-                g = self._checks.groups[name]
-                if name in flat:
-                    row = to_storage_array(g.as_field(), flat[name], what=f"{what}, packed group {name!r}")
-                    if row.shape != (g.width,):
-                        raise SchemaError(
-                            f"{what}, packed group {name!r}: expected shape ({g.width},), got {row.shape}"
-                        )
-                    units[name] = row[None].copy()
-                else:
-                    units[name] = self._checks.pack(name, flat, {k: v[None] for k, v in converted.items()}, 1, what)
+            if name in self._checks.groups:  # (the fields' converted values reshape to the group's row)
+                units[name] = self._checks.pack(name, flat, converted, None, f"{what}, packed group {name!r}")
             else:
                 units[name] = converted[name] if f.ragged else converted[name][None]
             nbytes += units[name].nbytes
@@ -220,7 +210,6 @@ class Writer:
             return f"record {first + k}" + (f" (id {str(ids[k])!r})" if ids is not None and k < len(ids) else "")
 
         flat = self._checks.flatten(columns, what)
-        self._checks.keys(flat.keys(), what)
         caller = caller_ids(flat.values())
         batch: int | None = None
         prepared: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]] = []
