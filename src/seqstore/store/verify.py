@@ -43,17 +43,16 @@ def _crc_of_data(path: Path, offset: int, progress: Callable[[int], None] | None
                 progress(len(chunk))
 
 
-def _check_monotone(off: np.ndarray[Any, Any], path: Path, limit: int) -> str | None:
+def _check_monotone(off: np.ndarray[Any, Any], path: Path, limit: int) -> list[str]:
+    """The problem of offsets ``off`` (as a list of none or one)."""
     if len(off) == 0 or off[0] != 0:
-        return f"{path}: first offset is {off[0] if len(off) else 'missing'}, expected 0"
+        return [f"{path}: first offset is {off[0] if len(off) else 'missing'}, expected 0"]
     for start in range(0, len(off) - 1, CHUNK // 8):
         part = np.asarray(off[start : start + CHUNK // 8 + 1])
         bad = np.flatnonzero(np.diff(part) < 0)
         if len(bad):
-            return f"{path}: offsets decrease at record {start + int(bad[0])}"
-    if off[-1] != limit:
-        return f"{path}: last offset is {off[-1]}, expected {limit}"
-    return None
+            return [f"{path}: offsets decrease at record {start + int(bad[0])}"]
+    return [f"{path}: last offset is {off[-1]}, expected {limit}"] if off[-1] != limit else []
 
 
 def total_bytes(manifest: Manifest) -> int:
@@ -311,19 +310,16 @@ def _check_shard_structure(sdir: Path, info: Any, schema: Any) -> list[str]:
             mapped(f"{name}.npy", f.storage_dtype, (n, *f.inner_shape), sequential=False)
             continue
         rows = info.rows[name]
-        msg = _check_monotone(mapped(f"{name}.offsets.npy", "<i8", (n + 1,)), sdir / f"{name}.offsets.npy", rows)
-        if msg:
-            problems.append(msg)
+        problems += _check_monotone(mapped(f"{name}.offsets.npy", "<i8", (n + 1,)), sdir / f"{name}.offsets.npy", rows)
         mapped(f"{name}.npy", f.storage_dtype, (rows, *f.inner_shape), sequential=False)
     if CHECKS in info.files:  # per-record checksums: one column per field, and one for the ids
         mapped(CHECKS, "<u4", (n, len(check_columns(list(schema), info.has_ids))), sequential=False)
     if info.has_ids:
         off = mapped(f"{IDS}.offsets.npy", "<i8", (n + 1,))
         total = int(off[-1])  # (n + 1 offsets: never empty)
-        msg = _check_monotone(off, sdir / f"{IDS}.offsets.npy", total)
-        if msg:
-            problems.append(msg)
-            return problems
+        bad = _check_monotone(off, sdir / f"{IDS}.offsets.npy", total)
+        if bad:
+            return problems + bad
         data = mapped(f"{IDS}.npy", "u1", (total,))
         h = np.asarray(mapped(f"{IDS}.hash.npy", "<u8", (n,)))
         rows_ = np.asarray(mapped(f"{IDS}.hash_rows.npy", "<i8", (n,)))
