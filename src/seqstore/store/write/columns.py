@@ -303,7 +303,7 @@ class ColumnFile:
     def _refused(self, exc: OSError) -> None:
         """The device wants a larger alignment than ALIGN: the page cache from now on."""
         log.debug("%s: direct write refused (%s); writing through the page cache", self.path, exc)
-        self._close_direct()
+        self._close("_direct")
         self._flush_held()
 
     def _flush_held(self) -> None:
@@ -315,9 +315,11 @@ class ColumnFile:
             _write_at(self._fd, data, self._pos)
             self._pos += len(data)
 
-    def _close_direct(self) -> None:
-        if self._direct is not None:
-            fd, self._direct = self._direct, None
+    def _close(self, attr: str) -> None:
+        """Close the descriptor ``self.<attr>`` (``_fd``, ``_direct``) if open; it is None after."""
+        fd = getattr(self, attr)
+        if fd is not None:
+            setattr(self, attr, None)
             os.close(fd)
 
     def finish(self, *, sync: bool = True) -> FileInfo:
@@ -343,13 +345,8 @@ class ColumnFile:
                 fut.result()
             except OSError as exc:
                 log.debug("%s: direct write failed while giving the file up (%r)", self.path, exc)
-        for close in (self._close_direct, self._close_fd):
+        for attr in ("_direct", "_fd"):
             try:
-                close()
+                self._close(attr)
             except OSError as exc:
                 log.debug("%s: close failed (%r)", self.path, exc)
-
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
