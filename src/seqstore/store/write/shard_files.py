@@ -44,33 +44,28 @@ class ShardFiles:
         self.checks: ColumnFile | None = None
         cur.mkdir()
         try:
-            self._open(io)
+            for name, f in self.units:
+                path = cur / f"{name}.npy"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # fixed-size data starts on a page boundary, so a record never straddles more pages than its
+                # size requires (a cold random read of a 2 KiB record touches one page, not two)
+                self.files[name] = ColumnFile(path, f.storage_dtype, f.inner_shape, pool, direct=direct,
+                                              page_header=not f.ragged, io_pool=io)
+                if f.ragged:
+                    off = ColumnFile(cur / f"{name}.offsets.npy", np.dtype("<i8"), (), pool)
+                    off.write(np.zeros(1, dtype="<i8"))
+                    self.files[name + ".offsets"] = off
+            if has_ids:
+                for suffix, dt in (("", "u1"), (".offsets", "<i8"), (".hash_unsorted", "<u8")):
+                    self.files[IDS + suffix] = ColumnFile(cur / f"{IDS}{suffix}.npy", np.dtype(dt), (), pool)
+                self.files[IDS + ".offsets"].write(np.zeros(1, dtype="<i8"))
+            if descriptor:
+                self.checks = ColumnFile(cur / CHECKS, np.dtype("<u4"), (len(check_columns(list(schema), has_ids)),),
+                                         pool)
         except BaseException:  # e.g. out of descriptors: close what was opened, leave no current/
             self.abort()
             shutil.rmtree(cur, ignore_errors=True)
             raise
-
-    def _open(self, io: ThreadPoolExecutor | None) -> None:
-        for name, f in self.units:
-            path = self.cur / f"{name}.npy"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # fixed-size data starts on a page boundary, so a record never straddles more pages than its
-            # size requires (a cold random read of a 2 KiB record touches one page, not two)
-            self.files[name] = ColumnFile(
-                path, f.storage_dtype, f.inner_shape, self.pool, direct=self.direct, page_header=not f.ragged,
-                io_pool=io,
-            )
-            if f.ragged:
-                off = ColumnFile(self.cur / f"{name}.offsets.npy", np.dtype("<i8"), (), self.pool)
-                off.write(np.zeros(1, dtype="<i8"))
-                self.files[name + ".offsets"] = off
-        if self.has_ids:
-            for suffix, dt in (("", "u1"), (".offsets", "<i8"), (".hash_unsorted", "<u8")):
-                self.files[IDS + suffix] = ColumnFile(self.cur / f"{IDS}{suffix}.npy", np.dtype(dt), (), self.pool)
-            self.files[IDS + ".offsets"].write(np.zeros(1, dtype="<i8"))
-        if self.descriptor:
-            width = (len(check_columns(list(self.schema), self.has_ids)),)
-            self.checks = ColumnFile(self.cur / CHECKS, np.dtype("<u4"), width, self.pool)
 
     def write(self, buf: Mapping[str, list[np.ndarray[Any, Any]]], lengths: Mapping[str, list[np.ndarray[Any, Any]]],
               ids: list[str]) -> None:
