@@ -187,10 +187,9 @@ class PartWriter(Writer):
         """Finish the current shard and keep it in the part as ``p<k>`` (no store commit). A finished
         shard that could not be staged before (an upload that failed) is staged first."""
         self._stage_ready()
-        if not self._shard_open:
-            return
-        self._finish_ready()
-        self._stage_ready()
+        if self._shard_open:
+            self._finish_ready()
+            self._stage_ready()
 
     def _stage_ready(self) -> None:
         """Keep the finished shard ``self._ready`` in the part (moved into it, or uploaded); it counts
@@ -217,8 +216,7 @@ class PartWriter(Writer):
             return self._part
         self._check_open()
         self._flush()
-        if self._shard_open or self._ready is not None:
-            self._commit_shard()
+        self._commit_shard()  # (stages a shard finished earlier, finishes and stages the open one: either may be none)
         part = Part(self.job, self.task, sum(s.records for s in self._part_shards), tuple(self._part_shards),
                     self._schema_crc)
         with self._failing():
