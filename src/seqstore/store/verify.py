@@ -6,6 +6,7 @@ a list of problems, each naming the file and what is wrong. An empty list means 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 from collections.abc import Callable, Mapping
@@ -177,7 +178,7 @@ def _first_failing(sdir: Path, info: Any, schema: Any, rel: str, manifest: Manif
     def mapped(rel: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return map_npy(sdir / rel, info.files.get(rel), np.dtype(dtype), shape)
 
-    try:
+    with contextlib.suppress(SeqstoreError, ValueError, OSError):
         if _crc_of_data(sdir / CHECKS, read_header(sdir / CHECKS).data_offset, None) != info.files[CHECKS].crc32:
             return ""  # (the checksums themselves damaged: they cannot tell)
         checks = mapped(CHECKS, "<u4", (n, len(cols)))
@@ -193,8 +194,6 @@ def _first_failing(sdir: Path, info: Any, schema: Any, rel: str, manifest: Manif
                     r, what = lo + int(bad[0]), "its id" if name == IDS else f"field {name!r}"
                     first = int(manifest.shard_table().starts[k])
                     return f"; first at record {first + r} (row {r} of the shard), {what}"
-    except (SeqstoreError, ValueError, OSError):
-        pass
     return ""
 
 
