@@ -22,6 +22,7 @@ since the last commit, nothing more (committed shards are durable).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import os
@@ -73,20 +74,16 @@ def unregister(obj: Any) -> None:
 def _hook() -> None:
     import concurrent.futures.thread  # noqa: F401 - its exit hook is registered first, so runs after ours
 
-    register_exit = getattr(threading, "_register_atexit", None)
+    register_exit = getattr(threading, "_register_atexit", atexit.register)  # (no such hook in this Python: atexit)
     try:
-        if register_exit is None:
-            raise RuntimeError
         register_exit(finish_all)
-    except RuntimeError:  # no such hook in this Python, or the interpreter is shutting down already
+    except RuntimeError:  # the interpreter is shutting down already
         atexit.register(finish_all)
     global _previous
     if threading.current_thread() is threading.main_thread():
-        try:
+        with contextlib.suppress(ValueError, OSError):  # no signals here (an embedded interpreter)
             if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
                 _previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError):  # no signals here (an embedded interpreter)
-            pass
 
 
 def finish_all(why: str = "exit") -> None:
@@ -106,10 +103,8 @@ def finish_all(why: str = "exit") -> None:
         except BaseException as exc:  # noqa: BLE001 - one failure must not keep the others from finishing
             line = f"seqstore: {obj!r} could not commit at {why}: {type(exc).__name__}: {exc}"
         if line:
-            try:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):  # stderr closed, or busy in interrupted code
                 print(line, file=sys.stderr, flush=True)
-            except (OSError, ValueError, RuntimeError):  # stderr closed, or busy in the interrupted code
-                pass
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
