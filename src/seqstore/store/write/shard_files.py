@@ -85,10 +85,9 @@ class ShardFiles:
         if self.has_ids:
             data, offsets = encode_ids(ids, first_record=0)
             ids_col = self.files[IDS]
-            hashes = hash_ids(data, offsets)
             self.files[IDS + ".offsets"].write(offsets[1:] + ids_col.rows)
             ids_col.write(data)
-            self.files[IDS + ".hash_unsorted"].write(hashes)
+            self.files[IDS + ".hash_unsorted"].write(hash_ids(data, offsets))
             id_spans = span_checks(data, offsets[:-1], np.diff(offsets))
         if self.checks is not None:  # (before the caller's memory is released below)
             self.checks.write(self._record_checks(buf, lengths, id_spans))
@@ -127,14 +126,13 @@ class ShardFiles:
     def finish(self, records: int) -> tuple[ShardInfo, int | None]:
         """Complete the shard of ``records`` records: the shard (its files' sizes and CRCs) and, for a
         version-3 shard, the CRC-32 of the descriptor written."""
-        schema = self.schema
         infos: dict[str, FileInfo] = {}
         rows: dict[str, int] = {}
         for key, col in self.files.items():
             if key == IDS + ".hash_unsorted":
                 continue
             infos[col.path.relative_to(self.cur).as_posix()] = col.finish()
-            if key in schema and schema[key].ragged:
+            if key in self.schema and self.schema[key].ragged:
                 rows[key] = col.rows
         if self.has_ids:
             tmp = self.files[IDS + ".hash_unsorted"]
