@@ -259,12 +259,10 @@ def discard_job(job_dir: Path) -> bool:
         return True
     live = []
     for entry in os.scandir(job_dir):
-        p = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            if not remove_if_dead(p):
-                live.append(entry.name)
-        else:
-            p.unlink(missing_ok=True)
+        if not entry.is_dir(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+        elif not remove_if_dead(Path(entry.path)):
+            live.append(entry.name)
     if live:
         log.warning("%s: left %d task(s) with a live PartWriter: %s", job_dir, len(live), sorted(live)[:5])
         return False
