@@ -259,3 +259,28 @@ def test_state_dict_num_workers_is_a_plain_count(ds: StoreDataset) -> None:
     for bad in (-1, "a", 1.5, True):
         with pytest.raises(ValueError, match="IterableSeqDataset: num_workers"):
             it.state_dict(consumed=1, num_workers=bad)
+
+
+def test_persistent_workers_follow_set_epoch(ds: StoreDataset) -> None:
+    """A plain DataLoader with ``persistent_workers=True``: ``set_epoch`` (and ``load_state_dict``) in the main
+    process reach the workers at their next iteration; the same epoch iterated again (an evaluation loop)
+    gives that epoch again."""
+    from torch.utils.data import DataLoader
+
+    def walk(loader: Any) -> list[int]:
+        return sorted(torch.cat([b["index"] for b in loader]).tolist())
+
+    it = IterableSeqDataset(ds, batch=16, with_index=True, drop_last=True)
+    want = {}
+    for e in (1, 2):
+        it.set_epoch(e)
+        want[e] = [ds.epoch_order(e).to_numpy()[: len(it) * 16]]
+    loader = DataLoader(it, batch_size=None, num_workers=2, persistent_workers=True)
+    got = {}
+    for e in (1, 2, 2):
+        it.set_epoch(e)
+        got.setdefault(e, []).append(walk(loader))
+    assert got[1][0] == sorted(want[1][0].tolist())
+    assert got[2][0] == got[2][1] == sorted(want[2][0].tolist())
+    it.load_state_dict(it.state_dict(consumed=3))  # epoch 2 after 3 batches: the rest of it
+    assert walk(loader) == sorted(want[2][0][48:].tolist())

@@ -13,12 +13,20 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import torch
+from torch.utils.data import get_worker_info
+
 from ..order import Order
 from ._convert import resolve_topology
 from ._plan import GreedyCursor, LengthBatching, batch_stream, bucket_seed, fixed_total
 from ._state import StateError, check_state, dataset_identity, make_state, ordering_config
 
 __all__ = ["EpochCursor", "check_epoch"]
+
+
+def _in_worker() -> bool:
+    """Whether this process is a DataLoader worker."""
+    return get_worker_info() is not None
 
 
 def check_epoch(epoch: Any, owner: str) -> int:
@@ -57,7 +65,29 @@ class EpochCursor:
         self._identity: dict[str, Any] | None = None
         self._ordering: dict[str, Any] | None = None
         self._by_loader = False  # an iteration runs under SeqDataLoader, which says when it ends
+        self._shared: Any = None  # (epoch, position, batches) of the main process, where its workers read them
         self._reset(0, 0)
+
+    def _share_with_workers(self) -> None:
+        """Keep (epoch, resume point) in 3 int64 of shared memory that DataLoader workers read at each
+        iteration: ``persistent_workers`` keep the copy they started with, and ``set_epoch`` /
+        ``load_state_dict`` in the main process reach them this way (fork: inherited; spawn / forkserver:
+        the DataLoader's pickling shares it; a plain pickle copies it)."""
+        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._shared is not None and not _in_worker():
+            self._shared.copy_(torch.tensor((self._epoch, self._start, self._start_batches), dtype=torch.int64))
+
+    def _adopt(self) -> None:
+        """In a DataLoader worker: take the main process's epoch and resume point (O(1))."""
+        if self._shared is None or not _in_worker():
+            return
+        epoch, position, batches = self._shared.tolist()
+        if (epoch, position, batches) != (self._epoch, self._start, self._start_batches):
+            self._epoch = epoch
+            self._reset(position, batches)
 
     def _reset(self, position: int, batches: int) -> None:
         # a new resume point: counts of batches taken before it (SeqDataLoader's) no longer apply; ``generation``
@@ -69,6 +99,7 @@ class EpochCursor:
         self._handed: int | None = None  # items SeqDataLoader handed to the loop in this iteration, if it runs it
         self._cursor: GreedyCursor | None = None
         self._len_cache: tuple[tuple[int, int, int], int] | None = None
+        self._publish()
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None, "_order": None}  # (the cursor holds a generator; rebuilt on demand)
@@ -97,6 +128,7 @@ class EpochCursor:
 
     def _begin(self) -> tuple[Order, int, int]:
         """Start an iteration: (order, start position, batches to skip)."""
+        self._adopt()
         self._iter_start, self._iter_start_batches = self._start, self._start_batches
         self._yielded = 0
         self._handed = None
@@ -126,11 +158,13 @@ class EpochCursor:
         self._by_loader = False
         self._start = self._start_batches = 0
         self._len_cache = None
+        self._publish()
 
     def broken_off(self) -> None:
         """An iteration that began ended before its end: the next one starts at its resume point again."""
         self._by_loader = False
         self._start, self._start_batches = self._iter_start, self._iter_start_batches
+        self._publish()
 
     def _batch_iter(self, order: Order, position: int, skip: int) -> Any:
         assert self._spec is not None

@@ -97,6 +97,7 @@ class IterableSeqDataset(EpochCursor, IterableDataset[dict[str, torch.Tensor]]):
         spec = batch if isinstance(batch, LengthBatching) else None
         item = batch if isinstance(batch, int) else group
         self._init_cursor(protocol, rank, world_size, drop_last, epoch, spec, item)
+        self._share_with_workers()
 
     @property
     def group(self) -> int:
