@@ -233,3 +233,22 @@ def test_state_dict_refuses_a_worker_count_that_is_not_one() -> None:
             ds.finish_epoch(bad)  # type: ignore[arg-type]
     assert ds.state_dict(3, num_workers=None)["shares"] == ds.state_dict(3, num_workers=0)["shares"]
     assert ds.state_dict(4, num_workers=np.int64(2))["num_workers"] == 2
+
+
+def test_persistent_workers_follow_set_epoch_and_refuse_a_loaded_state(store: Path) -> None:
+    """A plain DataLoader with ``persistent_workers=True``: ``set_epoch`` before a run has a position reaches the
+    workers (they kept their first copy); a state loaded in the main process cannot, and their next iteration
+    raises naming persistent_workers instead of repeating the batches they made."""
+    def run(epoch: int, workers: int, persistent: bool) -> tuple[list[dict[str, Any]], Any]:
+        ds = PackedIterableDataset(_packed(store), batch_size=4, num_batches=3)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=persistent)
+        if persistent:
+            _take(loader, 3)  # the workers start with epoch 1
+        ds.set_epoch(epoch)
+        return _take(loader, 3), (ds, loader)
+
+    _same(run(2, 2, True)[0], run(2, 2, False)[0])
+    _, (ds, loader) = run(1, 2, True)
+    ds.load_state_dict(ds.state_dict(3, num_workers=2))
+    with pytest.raises(StateError, match="persistent_workers"):
+        _take(loader, 3)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..data._lengths import check_int, check_optional_int
 from ..data.packing import PackedDataset, PackedStream
@@ -65,6 +65,27 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._replay: tuple[int, list[PackedStream], list[int]] | None = None
         self._ended: tuple[int, int] | None = None  # (batches, workers) of an iteration run to its end
         self.generation = 0  # bumped at each new resume point (SeqDataLoader's count of batches restarts)
+        # (generation, epoch, whether a state is loaded) of the main process, which persistent DataLoader
+        # workers (they keep their first copy) read at each iteration; fork inherits it, the DataLoader's
+        # pickling for spawn / forkserver shares it
+        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._publish()
+
+    def _publish(self) -> None:
+        if get_worker_info() is None:
+            self._shared.copy_(torch.tensor((self.generation, self.epoch, self._state is not None)))
+
+    def _adopt(self) -> None:
+        """In a DataLoader worker: take the main process's ``set_epoch``; a state loaded there since this
+        copy was made cannot come along (a dict), so that is an error rather than batches made again."""
+        generation, epoch, stateful = self._shared.tolist()
+        if generation == self.generation:
+            return
+        if stateful or self._state is not None:
+            raise StateError(f"{self._kind}: a state was loaded in the main process after this DataLoader worker "
+                             "started; persistent_workers=True keeps the workers' first copy of the dataset, which "
+                             "cannot receive it: use persistent_workers=False (or SeqDataLoader)")
+        self.epoch, self.generation, self._replay = epoch, generation, None
 
     # --------------------------------------------------------------------------------- iteration
 
@@ -73,6 +94,8 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         worker, workers = worker_topology()
+        if get_worker_info() is not None:
+            self._adopt()
         build = _Build(self.packed, ring=False)
         plans = self._plans(worker, workers)
         for plan in ahead_in_runs(plans, build.prefetch, _RUN) if self.packed.remote else plans:
@@ -120,6 +143,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             self.epoch = epoch
             self._replay = None
             self.generation += 1
+            self._publish()
 
     def begin(self) -> None:
         """A new iteration starts from the current resume point (``SeqDataLoader`` calls this): after
@@ -127,6 +151,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         if self._ended is not None:
             self._state = self.state_dict(self._ended[0], num_workers=self._ended[1])
             self._ended = None
+            self._publish()
         self._replay = None
 
     def finish_epoch(self, num_workers: int = 0) -> None:
@@ -171,6 +196,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._replay = None
         self._ended = None
         self.generation += 1
+        self._publish()
 
     @property
     def stats(self) -> dict[str, Any]:
