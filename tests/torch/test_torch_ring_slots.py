@@ -262,3 +262,30 @@ def test_a_worker_gone_while_its_pipe_is_full_is_an_error_without_a_timeout(tmp_
     assert not runner.is_alive(), "the loop waited for ever to send to a worker gone"
     assert got[0] == 0.0 and isinstance(got[-1], _ring.LoaderWorkerError), got
     assert "loader worker 0" in str(got[-1]) and "exit code 3" in str(got[-1]), got[-1]
+
+
+class _FailsAt(_Filled):
+    """``_Filled``, but the batch of index ``bad`` raises a KeyError (a class of its own is kept)."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __call__(self, idx: np.ndarray) -> dict[str, Any]:
+        if int(idx[0]) == self.bad:
+            raise KeyError(f"record {self.bad} not here")
+        return super().__call__(idx)
+
+
+def test_a_workers_error_names_the_worker_and_the_batch() -> None:
+    """An error raised in a ``procs=`` worker reaches the loop as its own class, its message saying which worker
+    (and its pid) and which batch of the iteration failed; the worker's error is its cause."""
+    gather = _FailsAt(5)
+    got = []
+    with pytest.raises(KeyError) as info:
+        for b in _ring.run_processes(gather(np.zeros(1, np.int64)), iter([np.array([k]) for k in range(1, 9)]),
+                                     gather, 2, chooser=_Workers()):
+            got.append(int(b["x"][0]))
+    assert got == [0, 1, 2, 3, 4]
+    text = str(info.value)
+    assert "loader worker 0 (pid " in text and "batch 5 of this iteration" in text and "record 5 not here" in text
+    assert isinstance(info.value.__cause__, KeyError) and "record 5 not here" in str(info.value.__cause__)

@@ -60,7 +60,7 @@ from ._chooser import Chooser, cores
 from ._direct import Gatherer, ahead_in_runs, pinned
 from ._pipe import recv_bounded
 from ._runs import SHM_DIR, RunBuffers, attach_run
-from ._signals import InterruptsIgnored, LoaderWorkerError, killed_by
+from ._signals import InterruptsIgnored, LoaderWorkerError, killed_by, with_context
 
 __all__ = ["run_processes", "Chooser", "LoaderWorkerError", "RunBuffers", "SHM_NEEDED", "shared_runs_possible"]
 
@@ -450,6 +450,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             start_workers()
             while send_next():
                 pass
+        given = 1  # batches handed to the loop (the next one's number in this iteration)
         yield {k: v.pin_memory() for k, v in first.items()} if pin else first
         del first
         if here:  # (started once the first batch is out: a fork waits for numba's start-up, see _warm)
@@ -483,7 +484,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                     while send_next():
                         pass
                     chooser.restart(skip=len(pending))
-                handed = time.perf_counter()
+                handed, given = time.perf_counter(), given + 1
                 yield batch
                 continue
             w, slot, parts = pending[0]
@@ -514,7 +515,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
                 stuck.add(w)  # (gone: nothing is sent to it or waited for at the end)
                 raise exited(w) from None
             if msg[0] == "error":
-                raise msg[1]
+                raise with_context(msg[1], f"loader worker {w} (pid {workers[w].pid}), batch {given} of this iteration")
             if msg[0] == "ok":
                 reclaim(w)
                 if pin or len(lent[w]) >= depth - 1:  # views of the slot unless the loop holds so many batches
@@ -539,7 +540,7 @@ def run_processes(first: dict[str, torch.Tensor], arrays: Iterator[Any], gather:
             if not here:
                 while send_next():
                     pass
-            handed = time.perf_counter()
+            handed, given = time.perf_counter(), given + 1
             yield batch
     finally:  # a second Ctrl-C while the workers end is ignored (see _signals)
         with quiet:

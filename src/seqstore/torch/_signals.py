@@ -1,4 +1,5 @@
-"""Ctrl-C held off while a loop cleans up after itself; what a worker's exit by a signal says."""
+"""Ctrl-C held off while a loop cleans up after itself; what a worker's exit by a signal says; which worker and
+batch a worker's error came from."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from ..errors import LoaderWorkerError
 
-__all__ = ["InterruptsIgnored", "LoaderWorkerError", "killed_by"]
+__all__ = ["InterruptsIgnored", "LoaderWorkerError", "killed_by", "with_context"]
 
 
 class InterruptsIgnored:
@@ -64,3 +65,19 @@ def killed_by(exitcode: int | None, shared: int) -> str:
     return (f": killed by SIGBUS, as a process is that writes to shared memory /dev/shm has no room for (/dev/shm: "
             f"{free}; the loop's shared block of {shared} bytes); give /dev/shm more room (e.g. docker run "
             "--shm-size=2g), or use fewer procs= or threads=")
+
+
+def with_context(exc: BaseException, where: str) -> BaseException:
+    """A worker's error ``exc`` with ``where`` (the worker, the batch) before its message: a new exception of
+    its class, ``exc`` its cause; where the class cannot be made from a message alone, ``exc`` itself with
+    ``where`` as a note (Python >= 3.11)."""
+    try:
+        again = type(exc)(f"{where}: {exc}")
+    except Exception:  # noqa: BLE001 - a class whose constructor wants more than a message
+        again = None
+    if again is None or where not in str(again):
+        if hasattr(exc, "add_note"):
+            exc.add_note(where)
+        return exc
+    again.__cause__ = exc
+    return again
