@@ -252,3 +252,12 @@ def test_persistent_workers_follow_set_epoch_and_refuse_a_loaded_state(store: Pa
     ds.load_state_dict(ds.state_dict(3, num_workers=2))
     with pytest.raises(StateError, match="persistent_workers"):
         _take(loader, 3)
+
+
+def test_epoch_zero_says_what_to_pass(store: Path) -> None:
+    """``set_epoch(0)`` (Lightning's ``trainer.current_epoch`` counts from 0) is a ValueError saying epochs are
+    1-based and to pass the 0-based epoch + 1, as the samplers and IterableSeqDataset say."""
+    ds = PackedIterableDataset(_packed(store), batch_size=4)
+    for call in (lambda: ds.set_epoch(0), lambda: PackedIterableDataset(_packed(store), batch_size=4, epoch=0)):
+        with pytest.raises(ValueError, match=r"1-based.*current_epoch \+ 1"):
+            call()

@@ -38,8 +38,10 @@ def check_epoch(epoch: Any, owner: str) -> int:
     except TypeError:
         raise ValueError(f"{owner}: epoch must be an integer >= 1, got {epoch!r}") from None
     if e < 1:
-        raise ValueError(f"{owner}: epochs are 1-based as in seqstore.seq_order and RETURNN; got {e} "
-                         "(call set_epoch(epoch + 1) when counting from 0)")
+        raise ValueError(f"{owner}: epochs are 1-based as in seqstore.seq_order and RETURNN; got {e}: pass the "
+                         "0-based epoch + 1, e.g. set_epoch(trainer.current_epoch + 1) (where a framework calls "
+                         "set_epoch(current_epoch) by itself, as Lightning does on the DataLoader's sampler, "
+                         "a subclass whose set_epoch adds 1)")
     return e
 
 

@@ -31,6 +31,7 @@ from ..data._lengths import check_int, check_optional_int
 from ..data.packing import PackedDataset, PackedStream
 from ._convert import resolve_topology, worker_topology
 from ._direct import ahead_in_runs, run_ordered
+from ._epoch import check_epoch
 from ._ring import run_processes
 from ._state import StateError
 
@@ -58,7 +59,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
             raise TypeError(f"{self._kind}: expected a seqstore.data.PackedDataset, got {type(packed).__name__}")
         self.packed = packed
         self.batch_size = check_int(batch_size, f"{self._kind}: batch_size", 1)
-        self.epoch = check_int(epoch, f"{self._kind}: epoch", 1)
+        self.epoch = check_epoch(epoch, self._kind)
         self.num_batches = check_optional_int(num_batches, f"{self._kind}: num_batches", 0)
         self.rank, self.world_size = resolve_topology(rank, world_size, self._kind)
         self._state: dict[str, Any] | None = None  # resume point of the next iteration (None: fresh)
@@ -138,7 +139,7 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
     def set_epoch(self, epoch: int) -> None:
         """Where a run without a loaded state or consumed batches starts; ignored once it has a position
         (the packed stream is endless: it goes on into the following epochs by itself)."""
-        epoch = check_int(epoch, f"{self._kind}: epoch (1-based)", 1)
+        epoch = check_epoch(epoch, self._kind)
         if self._state is None and self._ended is None and epoch != self.epoch:
             self.epoch = epoch
             self._replay = None
