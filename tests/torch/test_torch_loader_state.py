@@ -116,3 +116,28 @@ def test_the_samplers_own_state_is_what_the_loop_took(ds: StoreDataset, how: dic
         assert src.state_dict()["position"] == loader.state_dict()["position"] > 0, kind.__name__
         assert sum(1 for _ in loader) > 0
         assert src.state_dict() == loader.state_dict(), kind.__name__
+
+
+_COLLATED = [0]  # batches the failing collate made in this process (a forked worker starts from the loop's 0)
+
+
+def _fails_at_second(records: list[Any]) -> Any:
+    _COLLATED[0] += 1
+    if _COLLATED[0] == 2:
+        raise ValueError("bad record")
+    return collate_padded(records)
+
+
+def test_a_dataloader_workers_error_names_the_batch(ds: StoreDataset) -> None:
+    """An error in one of the DataLoader's workers (a collate of the user's: no seqstore workers) reaches the loop
+    as its own class, its message naming the batch of the iteration besides torch's worker number; the error torch
+    raised is its cause."""
+    loader = SeqDataLoader(SeqDataset(ds), sampler=EpochSampler(ds), batch_size=4, collate_fn=_fails_at_second,
+                           num_workers=2, multiprocessing_context="fork")
+    got = 0
+    with pytest.raises(ValueError, match="bad record") as info:
+        for _ in loader:
+            got += 1
+    assert got == 2  # batch 2 is worker 0's second
+    assert "SeqDataLoader: batch 2 of this iteration" in str(info.value) and "worker process 0" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)

@@ -36,6 +36,7 @@ from ._direct import (
     run_ordered,
 )
 from ._ring import RunBuffers, run_processes, shared_runs_possible
+from ._signals import with_context
 from .dataset import SeqDataset
 from .iterable import IterableSeqDataset
 from .packed import PackedIterableDataset
@@ -256,6 +257,8 @@ class SeqDataLoader(DataLoader[Any]):
             if self.num_workers > 0:  # workers in a fresh interpreter re-run an unguarded script: say so first
                 check_main_guard(start_method(self.multiprocessing_context), self.num_workers)
             batches = super().__iter__()
+            if self.num_workers > 0:  # (torch's error names the worker, not the batch)
+                batches = self._naming_the_batch(batches)
         ended = False
         sampler = src if isinstance(src, (EpochSampler, EpochBatchSampler)) else None
         try:
@@ -272,6 +275,13 @@ class SeqDataLoader(DataLoader[Any]):
             src.finish_epoch(self.num_workers)
         else:
             src.finish_epoch()
+
+    def _naming_the_batch(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``; an error drawing one says which batch of the iteration it was (its class kept)."""
+        try:
+            yield from batches
+        except Exception as exc:
+            raise with_context(exc, f"SeqDataLoader: batch {self._consumed} of this iteration")  # noqa: B904 - its cause set
 
     def _parallel(self, arrays: Iterator[Any], gather: Gatherer,
                   stream: Callable[[Iterator[Any]], Iterator[Any]] | None, pin: bool) -> Iterator[Any]:
