@@ -289,3 +289,19 @@ def test_a_workers_error_names_the_worker_and_the_batch() -> None:
     text = str(info.value)
     assert "loader worker 0 (pid " in text and "batch 5 of this iteration" in text and "record 5 not here" in text
     assert isinstance(info.value.__cause__, KeyError) and "record 5 not here" in str(info.value.__cause__)
+
+
+def test_a_workers_error_in_context_keeps_its_attributes() -> None:
+    """The worker's error with its worker and batch keeps what handlers look at: a RemoteError's url and attempts,
+    an OSError's errno and file name; a class that takes more than a message is the error itself."""
+    from seqstore.errors import ColumnTypeError, RemoteError
+    from seqstore.torch._signals import with_context
+
+    remote = with_context(RemoteError("refused", url="s3://b/k", attempts=3), "loader worker 1, batch 7")
+    assert isinstance(remote, RemoteError) and (remote.url, remote.attempts) == ("s3://b/k", 3)
+    assert "loader worker 1, batch 7" in str(remote) and "refused" in str(remote)
+    gone = with_context(FileNotFoundError(2, "No such file", "/x/shard-1"), "loader worker 0, batch 2")
+    assert isinstance(gone, FileNotFoundError) and (gone.errno, gone.filename) == (2, "/x/shard-1")
+    assert "loader worker 0, batch 2" in str(gone)
+    column = ColumnTypeError("bad", "c", "list")
+    assert with_context(column, "loader worker 0, batch 2") is column

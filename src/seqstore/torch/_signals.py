@@ -71,8 +71,10 @@ def with_context(exc: BaseException, where: str) -> BaseException:
     """A worker's error ``exc`` with ``where`` (the worker, the batch) before its message: a new exception of
     its class, ``exc`` its cause; where the class cannot be made from a message alone, ``exc`` itself with
     ``where`` as a note (Python >= 3.11)."""
-    try:
-        again = type(exc)(f"{where}: {exc}")
+    try:  # (an OSError keeps its errno and file name; other attributes, a RemoteError's url, are copied)
+        again = type(exc)(exc.errno, f"{where}: {exc.strerror}", exc.filename) \
+            if isinstance(exc, OSError) and exc.errno is not None else type(exc)(f"{where}: {exc}")
+        again.__dict__.update(exc.__dict__)
     except Exception:  # noqa: BLE001 - a class whose constructor wants more than a message
         again = None
     if again is None or where not in str(again):
