@@ -284,3 +284,19 @@ def test_persistent_workers_follow_set_epoch(ds: StoreDataset) -> None:
     assert got[2][0] == got[2][1] == sorted(want[2][0].tolist())
     it.load_state_dict(it.state_dict(consumed=3))  # epoch 2 after 3 batches: the rest of it
     assert walk(loader) == sorted(want[2][0][48:].tolist())
+
+
+def test_a_copy_follows_set_epoch_in_persistent_workers_too(ds: StoreDataset) -> None:
+    """A copy of the dataset (``copy.deepcopy``, a pickle) has its own shared epoch: its ``set_epoch`` reaches the
+    persistent workers of a DataLoader over the copy, and the original's does not change it."""
+    import copy
+
+    from torch.utils.data import DataLoader
+
+    it = copy.deepcopy(IterableSeqDataset(ds, batch=16, with_index=True, drop_last=True))
+    loader = DataLoader(it, batch_size=None, num_workers=2, persistent_workers=True)
+    got = []
+    for e in (1, 2):
+        it.set_epoch(e)
+        got.append(sorted(torch.cat([b["index"] for b in loader]).tolist()))
+    assert got[1] == sorted(ds.epoch_order(2).to_numpy()[: len(it) * 16].tolist()) != got[0]

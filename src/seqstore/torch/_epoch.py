@@ -106,6 +106,12 @@ class EpochCursor:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None, "_order": None}  # (the cursor holds a generator; rebuilt on demand)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        shared = state.get("_shared")
+        if shared is not None and not shared.is_shared():  # a copy (deepcopy, a plain pickle): its own shared epoch
+            shared.share_memory_()
+
     # ------------------------------------------------------------------------------------ epochs
 
     @property

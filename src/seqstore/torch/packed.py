@@ -88,6 +88,11 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                              "cannot receive it: use persistent_workers=False (or SeqDataLoader)")
         self.epoch, self.generation, self._replay = epoch, generation, None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._shared.is_shared():  # a copy (deepcopy, a plain pickle): its own shared epoch
+            self._shared.share_memory_()
+
     # --------------------------------------------------------------------------------- iteration
 
     def _shares(self, num_workers: int) -> list[dict[str, Any]]:
