@@ -801,7 +801,7 @@ if __name__ == "__main__":
         for b in run_processes(gather(np.array([1])), iter(arrays), gather, 2, chooser=Workers()):
             got.append(int(b["x"][0]))
     except ValueError as e:
-        print(str(e)[:9], got)
+        print(str(e)[str(e).index("bad batch"):][:9], got)
 '''
 
 
