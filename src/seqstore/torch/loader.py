@@ -173,8 +173,9 @@ class SeqDataLoader(DataLoader[Any]):
             raise ValueError("SeqDataLoader needs in_order=True: the resume position assumes round-robin order")
         if isinstance(dataset, IterableSeqDataset):
             if kwargs.get("persistent_workers", False):
-                raise ValueError("SeqDataLoader: persistent_workers=True keeps stale copies of an IterableSeqDataset "
-                                 "in the workers (set_epoch / load_state_dict would not reach them)")
+                raise ValueError("SeqDataLoader: persistent_workers=True is not taken for an IterableSeqDataset "
+                                 "(its workers start each iteration from the loader's resume point; a plain "
+                                 "DataLoader may keep them: set_epoch reaches them)")
             bs = kwargs.get("batch_size", 1)
             if dataset.batch is None:  # (set again where it counts: another loader may share the dataset)
                 self._group = dataset.group = 1 if bs is None else int(bs)
