@@ -658,3 +658,25 @@ def test_a_store_path_under_a_file_names_the_file(scratch: Path, make: str) -> N
                                                      "not a directory"):
             fn(path, {"x": ss.Field("int32")})
     assert sorted(p.name for p in scratch.iterdir()) == ["f"] and (scratch / "f").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("how", ["create", "open_or_create"])
+def test_failed_first_open_leaves_no_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Ctrl-C while the writer of a store this call just made opens: no empty store is left in the way of
+    the corrected call (create would find it exists; open_or_create would append with its settings)."""
+    from seqstore.store import writer as api
+    from seqstore.store.write import local
+
+    def interrupted(root: Path, manifest: Any) -> None:
+        raise KeyboardInterrupt("while the writer opened")
+
+    root = tmp_path / "s"
+    with monkeypatch.context() as m:
+        m.setattr(local, "clean_orphans", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            getattr(api, how)(root, SCHEMA, metadata={"wrong": 1})
+    assert not root.exists()
+    assert not list(tmp_path.iterdir())
+    with getattr(api, how)(root, SCHEMA, metadata={"right": 1}) as w:
+        w.append(good(0))
+    assert ss.open(root).metadata == {"right": 1}

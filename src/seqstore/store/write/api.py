@@ -4,6 +4,7 @@ and :func:`existing_manifest` on top of it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -89,8 +90,21 @@ def create(
     # before the store is made
     check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
     target.create(new_manifest(sch, metadata, id_lookup), overwrite=overwrite)
-    return Writer(target, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records,
-                  direct_io=direct_io)
+    return _first_writer(target, True, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
+                         max_shard_records=max_shard_records, direct_io=direct_io)
+
+
+def _first_writer(target: CommitTarget, made: bool, **options: Any) -> Writer:
+    """The writer on ``target``; where it fails to open (an interrupt, a full disk) on the local store this
+    call has just ``made``, that store goes too (unless another writer took it meanwhile): the corrected
+    call must not find it in its way, or append to it with the failed call's settings."""
+    try:
+        return Writer(target, **options)
+    except BaseException:
+        if made and isinstance(target, LocalTarget):
+            with contextlib.suppress(Exception):  # (the open's error is the one to report)
+                target.remove_if_empty()
+        raise
 
 
 def open_or_create(
@@ -117,9 +131,9 @@ def open_or_create(
     sch = checked_schema(schema, packed, id_lookup)
     # before the store is made
     check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
-    target.install(new_manifest(sch, metadata, id_lookup))
-    writer = Writer(target, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
-                    max_shard_records=max_shard_records, direct_io=direct_io)
+    made = target.install(new_manifest(sch, metadata, id_lookup))
+    writer = _first_writer(target, made, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
+                           max_shard_records=max_shard_records, direct_io=direct_io)
     have = writer._start
     if have.schema != sch or have.id_lookup != id_lookup:
         writer.abort()
