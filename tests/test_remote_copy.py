@@ -631,3 +631,28 @@ def test_a_failed_copy_into_a_local_store_resumes_from_its_staged_shards(tmp_pat
     assert (r.skipped, r.copied) == (3, 1)
     assert ss.open(dst).get_batch(np.arange(20), fields=["v"])["v"].tolist() == list(range(20))
     assert verify(dst) == [] and not any((dst / "_tmp").iterdir())
+
+
+def test_a_failed_copy_into_a_local_version_1_store_leaves_no_staging_directory(tmp_path: Path) -> None:
+    """A version-1/2 store's writers never look in _tmp/ (their workspaces are _tmp-* at the top): the staging
+    directory of a copy that failed adding shards to it stayed until the next copy. It goes with the failure."""
+    from seqstore.format.manifest import Manifest
+
+    src, dst = tmp_path / "src.seqstore", tmp_path / "dst.seqstore"
+    src.mkdir()
+    Manifest(ss.Schema({"v": ss.Field("int64")})).save(src)  # (the JSON shard list of version 1)
+    with ss.append_to(src, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10)})
+    ss.copy(src, dst)
+    with ss.append_to(src, max_shard_records=5) as w:
+        w.append_batch({"v": np.arange(10, 20)})
+    path = src / "shard-000003" / "v.npy"
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    with pytest.raises(CorruptionError, match="shard-000003"):
+        ss.copy(src, dst, workers=1)
+    assert len(ss.open(dst)) == 10 and not (dst / "shard-000002").exists()
+    assert not (dst / "_tmp").is_dir() or not any((dst / "_tmp").iterdir())
+    path.write_bytes(raw)
+    ss.copy(src, dst, workers=1)
+    assert ss.open(dst).get_batch(np.arange(20), fields=["v"])["v"].tolist() == list(range(20))

@@ -293,6 +293,7 @@ def copy(
     s_objs = open_target(src, src_options, writing=False, what="source").objects()  # LocalObjects or ObjectClient
     d_objs = open_target(dst, dst_options, writing=False, what="destination").objects()
     local = isinstance(s_objs, LocalObjects), isinstance(d_objs, LocalObjects)
+    v12 = False  # a failed copy adding shards to a version-1/2 store removes what it staged (no writer would)
     try:
         same = s_objs.root.resolve() == d_objs.root.resolve() if all(local) else s_objs.url == d_objs.url
         if same and all(local) == any(local):  # (both local, or both remote)
@@ -309,12 +310,15 @@ def copy(
             raise FormatError(f"{src_text}: no seqstore store here ({MANIFEST} does not exist)")
         # a local store the copy adds shards to: its writers go on meanwhile; else they wait for the copy
         staged = _stages(d_objs, s) if local[1] else None
+        v12 = staged is not None and not s.v3
         with d_objs.locked() if local[1] and staged is None else contextlib.nullcontext():
-            return _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite, staged=staged)
+            result = _copy(s_objs, d_objs, s, src_text, dst_text, workers, progress, overwrite, staged=staged)
+        v12 = False
+        return result
     finally:
         for objs in (s_objs, d_objs):
             if isinstance(objs, LocalObjects):
-                objs.close()
+                objs.close(keep_staged=not v12)
 
 
 def _unreadable(objs: Any, exc: OSError) -> FormatError:

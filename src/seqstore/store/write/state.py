@@ -460,11 +460,12 @@ class LocalObjects:
         if dirs:
             fsync_dir(self.root)
 
-    def close(self) -> None:
+    def close(self, *, keep_staged: bool = True) -> None:
         """Remove the temporary directory; one with staged shards not committed (a copy that failed or was
-        interrupted) is left for the next copy to take over (a rerun resumes) or the store's writers to remove."""
+        interrupted) is left for the next copy to take over (a rerun resumes) or the store's writers to remove,
+        unless ``keep_staged`` is False (a version-1/2 store, whose writers never look in ``_tmp/``)."""
         if self._tmp is not None:
-            if self._staging and (self._tmp / STAGE).is_dir():
+            if keep_staged and self._staging and (self._tmp / STAGE).is_dir():
                 for tmp in self._tmp.glob("*.tmp"):
                     tmp.unlink(missing_ok=True)
             else:
