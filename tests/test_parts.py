@@ -671,3 +671,28 @@ def test_remove_if_empty_leaves_a_store_a_writer_has_open(store: Path) -> None:
     prepare_store(other, SCHEMA)
     ss.append_to(other).close()  # a writer that came and went leaves nothing that keeps the store
     assert remove_if_empty(other) is True and not other.exists()
+
+
+def test_discarding_a_job_keeps_a_task_that_starts_meanwhile(store: Path, monkeypatch) -> None:
+    """discard_parts scanned the job's tasks and then removed the whole job directory: a task that started
+    after the scan (open_part does not wait for the store's lock) lost its directory under its live
+    PartWriter. Such a task is left, as a live one found by the scan is."""
+    prepare_store(store, SCHEMA)
+    write_part(store, "job", "dead", range(3))
+    removed = journal_mod.remove_if_dead
+    late: list[PartWriter] = []
+
+    def then_a_task_starts(path: Path, **kw: bool) -> bool:
+        gone = removed(path, **kw)
+        if not late:
+            late.append(PartWriter(store, job="job", task="late", max_shard_records=4))
+        return gone
+
+    monkeypatch.setattr(journal_mod, "remove_if_dead", then_a_task_starts)
+    discard_parts(store, "job")
+    monkeypatch.undo()
+    assert sorted(os.listdir(store / PARTS_DIR / "job")) == ["late"]
+    w = late[0]
+    w.append({"x": np.full((3, 3), 7, np.float32), "y": 7}, id="r7")
+    commit_parts(store, [w.finish()])
+    assert contents(store) == ([7], ["r7"])

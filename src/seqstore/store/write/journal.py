@@ -10,6 +10,7 @@ committed or all of them pending.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -255,16 +256,24 @@ def _roll_back(root: Path, journal: Mapping[str, Any]) -> None:
 def discard_job(job_dir: Path) -> bool:
     """Delete a job's parts directory, but not the tasks whose PartWriter is alive (warned about);
     returns whether it is gone."""
-    if not job_dir.is_dir():
+    while True:  # (again where a task started after the scan: its directory is never removed whole)
+        if not job_dir.is_dir():
+            return True
+        live = []
+        for entry in os.scandir(job_dir):
+            if not entry.is_dir(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)
+            elif not remove_if_dead(Path(entry.path)):
+                live.append(entry.name)
+        if live:
+            log.warning("%s: left %d task(s) with a live PartWriter: %s", job_dir, len(live), sorted(live)[:5])
+            return False
+        try:
+            job_dir.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            continue
         return True
-    live = []
-    for entry in os.scandir(job_dir):
-        if not entry.is_dir(follow_symlinks=False):
-            Path(entry.path).unlink(missing_ok=True)
-        elif not remove_if_dead(Path(entry.path)):
-            live.append(entry.name)
-    if live:
-        log.warning("%s: left %d task(s) with a live PartWriter: %s", job_dir, len(live), sorted(live)[:5])
-        return False
-    shutil.rmtree(job_dir, ignore_errors=True)
-    return True
