@@ -232,3 +232,16 @@ def test_import_to_a_url_with_storage_options(scratch: Path, moto_s3: Any, s3_bu
     st = ss.open(url, storage_options=opts)
     assert report.records == len(st) == len(EXPECTED_IDS) and st.id(0) == EXPECTED_IDS[0]
     assert list(st.groups) == ["packed"] and st.manifest.stats["duplicates_skipped"] == 3
+
+
+def test_a_log_inside_the_output_is_refused(scratch: Path) -> None:
+    """import_logix called directly did not check what the CLI and the other importers check: a log directory
+    inside ``out`` is deleted when ``overwrite`` replaces the store there. It is refused, naming both."""
+    with ss.create(scratch / "s", {"x": ss.Field("int32")}) as w:
+        w.append({"x": 5})
+    write_analog(scratch / "s" / "logs")
+    before = sorted(p.name for p in (scratch / "s" / "logs").iterdir())
+    with pytest.raises(ss.SeqstoreError, match="import_logix: the source .*logs is inside the output"):
+        import_logix(scratch / "s" / "logs", scratch / "s", overwrite=True)
+    assert sorted(p.name for p in (scratch / "s" / "logs").iterdir()) == before
+    assert len(ss.open(scratch / "s")) == 1

@@ -199,7 +199,7 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
     t0 = time.perf_counter()
     opts = driver.options("import_logix", out, {"overwrite": overwrite, "shard_bytes": shard_bytes,
-                                                "storage_options": storage_options})
+                                                "storage_options": storage_options}, logdir)
     batch_records = check_size("import_logix", "batch_records", batch_records)
     chunks = find_logix_chunks(logdir)
     job = _plan(chunks, logdir, batch_records)
