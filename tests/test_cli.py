@@ -168,3 +168,18 @@ def test_demo_interrupted_after_its_write_says_the_corpus_stays(tmp_path: Path, 
     corpus = tmp_path / "corpus.seqstore"
     assert capsys.readouterr().err.splitlines()[-1] == f"seqstore: interrupted; the corpus stays in {corpus}"
     assert len(ss.open(corpus)) == 3
+
+
+def test_demo_out_as_a_file_url_is_its_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``demo --out file:///x`` wrote under a directory named ``file:`` in the working directory (the URL taken
+    as a relative path), as no other command takes a file:// URL; a URL of object storage is refused (one
+    line, exit 2) before anything is written, rather than made a local directory named ``s3:``."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--records", "3", "--out", f"file://{tmp_path}/d"]) == 0
+    assert len(ss.open(tmp_path / "d" / "corpus.seqstore")) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    capsys.readouterr()
+    assert main(["demo", "--records", "3", "--out", "s3://bucket/demo"]) == 2
+    assert "is a URL" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]

@@ -178,7 +178,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         run_demo(out=args.out, records=args.records, dim=args.dim, seed=args.seed, keep=args.keep)
     except KeyboardInterrupt:  # an interrupted write removes the corpus; once written (or reused) it stays
-        corpus = Path(args.out) / "corpus.seqstore"
+        corpus = local_path(args.out) / "corpus.seqstore"  # (a file:// URL as its path, as run_demo takes it)
         if (corpus / MANIFEST).is_file():
             raise Interrupted(f"the corpus stays in {corpus}") from None
         raise

@@ -24,6 +24,7 @@ from ._sysinfo import rss_bytes
 from .data.demo import run_combined_demo
 from .errors import SeqstoreError
 from .format.manifest import Manifest
+from .interop._common import local_output
 from .order import seq_order
 from .schema import Field, Schema
 from .store import create, open_store
@@ -58,12 +59,14 @@ def _line(label: str, value: str) -> None:
 
 
 def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, seed: int = 0, keep: bool = False) -> None:
-    """Write (or reuse with ``keep``) the demo corpus under ``out`` and print what reading it costs."""
+    """Write (or reuse with ``keep``) the demo corpus under ``out`` (a local path, or a ``file://`` URL of
+    one) and print what reading it costs."""
     if records < 3:  # (its combined dataset splits the corpus into three parts)
         raise SeqstoreError(f"demo: the corpus needs at least 3 records (--records), got {records}")
     if seed < 0:  # (numpy's generators take none)
         raise SeqstoreError(f"demo: --seed must be a non-negative integer, got {seed}")
-    root = Path(out) / "corpus.seqstore"
+    outdir = local_output(out, "demo")  # (a file:// URL as its path; a URL of object storage refused)
+    root = outdir / "corpus.seqstore"
     schema = {"features": Field("float16", (None, dim)), "labels": Field("int32", (None,)), "speaker": Field("int32")}
     print(f"seqstore demo: {records:,} sequences of {dim} float16 features -> {root}")
     reuse = keep and _reusable(root, records, Schema(schema))
@@ -73,7 +76,7 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
         rng = np.random.default_rng(seed)
         t0 = time.perf_counter()
         gen_s = 0.0
-        new_out = not Path(out).exists()
+        new_out = not outdir.exists()
         try:
             with create(root, schema) as w, tqdm(total=records, unit="seq", unit_scale=True, desc="write") as bar:
                 for first in range(0, records, BATCH):
@@ -83,7 +86,7 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
                     w.append_batch(cols, ids=ids)
                     bar.update(len(ids))
         except BaseException:  # an interrupted (Ctrl-C) or failed write leaves no partial corpus behind
-            shutil.rmtree(out if new_out else root, ignore_errors=True)
+            shutil.rmtree(outdir if new_out else root, ignore_errors=True)
             raise
         write_s = time.perf_counter() - t0 - gen_s
         nbytes = total_bytes(Manifest.load(root))
@@ -140,7 +143,7 @@ def run_demo(out: str = "demo-out", records: int = 1_000_000, dim: int = 16, see
     print("memory growth since open (after reading every record once)")
     _line("private (anonymous) RSS", f"{(rss2[0] - rss0[0]) / 2**20:.1f} MiB")
     _line("mapped store pages (shared page cache)", f"{(rss2[1] - rss0[1]) / 2**20:.1f} MiB")
-    _sub_epochs(store, Path(out), seed)
+    _sub_epochs(store, outdir, seed)
     print("combined dataset: the corpus as three parts sampled per epoch (weights 0.5/0.3/0.2), laplace:.1000")
     run_combined_demo(root, epochs=2, seed=seed, length_field="features")
     print(f"done; the corpus stays in {root} (seqstore info {root})")
