@@ -641,3 +641,22 @@ def test_an_automatic_commit_into_a_store_replaced_with_another_schema_offers_no
     assert not isinstance(err.value, AutoCommitError)
     w.abort()
     assert list(_open(url, moto_s3, tmp_path / "c").schema) == ["y"]
+
+
+def test_open_or_create_whose_staging_directory_cannot_be_made_leaves_no_store(moto_s3: MotoS3, s3_bucket: str,
+                                                                               tmp_path: Path) -> None:
+    """open_or_create at a URL made the store and only then its writer's staging directory: where that failed,
+    an empty store with the failed call's metadata stayed, and the corrected call appended to it. As create()
+    does, the staging directory is made first."""
+    url = f"s3://{s3_bucket}/staging-first-ooc.seqstore"
+    opts = moto_s3.storage_options()
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_bytes(b"")
+    with pytest.raises(OSError, match=f"{not_a_dir}.*staging_dir.*{url}"):
+        remote_writer.open_or_create(url, SCHEMA, storage_options=opts, staging_dir=not_a_dir,
+                                     metadata={"wrong": 1})
+    assert remote_writer.existing_manifest(url, opts) is None
+    with remote_writer.open_or_create(url, SCHEMA, storage_options=opts, staging_dir=tmp_path / "staging",
+                                      metadata={"right": 1}) as w:
+        w.append_batch(*_batch(0, 3))
+    assert remote_writer.existing_manifest(url, opts).metadata == {"right": 1}

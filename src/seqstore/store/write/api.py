@@ -131,7 +131,7 @@ def open_or_create(
     sch = checked_schema(schema, packed, id_lookup)
     # before the store is made
     check_sizes(shard_bytes=shard_bytes, buffer_bytes=buffer_bytes, max_shard_records=max_shard_records)
-    made = target.install(new_manifest(sch, metadata, id_lookup))
+    made = target.install_for_writer(new_manifest(sch, metadata, id_lookup))
     writer = _first_writer(target, made, shard_bytes=shard_bytes, buffer_bytes=buffer_bytes,
                            max_shard_records=max_shard_records, direct_io=direct_io)
     have = writer._start

@@ -144,6 +144,16 @@ class ObjectTarget(CommitTarget):
         raw = json.dumps(manifest.to_json(), separators=(",", ":")).encode()
         self._state = StoreState(raw, "", manifest, b"", np.zeros(0, row_dtype(len(manifest.ragged))))
 
+    def install_for_writer(self, manifest: Manifest) -> bool:
+        """As :meth:`create`, the writer's staging directory first: where it cannot be made, no store is made."""
+        self._release_made()
+        self._made = self._new_stage("staging")
+        try:
+            return self.install(manifest)
+        except BaseException:
+            self._release_made()
+            raise
+
     def _release_made(self) -> None:
         """Remove the staging directory :meth:`create` made that no writer took."""
         if self._made is not None:

@@ -131,6 +131,11 @@ class CommitTarget(ABC):
         this at once succeeds); whether this call created it. ``strict``: refuse anything at the path
         that is not a store."""
 
+    def install_for_writer(self, manifest: Manifest) -> bool:
+        """:meth:`install` for a writer that opens next (``open_or_create``): what that writer needs that can
+        fail is made before the store (object storage: its staging directory)."""
+        return self.install(manifest)
+
     @abstractmethod
     def delete_store(self) -> None:
         """Delete the store (its manifest first); refuses what is not a store."""
