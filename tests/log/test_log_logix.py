@@ -245,3 +245,14 @@ def test_a_log_inside_the_output_is_refused(scratch: Path) -> None:
         import_logix(scratch / "s" / "logs", scratch / "s", overwrite=True)
     assert sorted(p.name for p in (scratch / "s" / "logs").iterdir()) == before
     assert len(ss.open(scratch / "s")) == 1
+
+
+def test_a_failed_import_removes_the_directories_it_made_for_the_output(scratch: Path) -> None:
+    """An import to ``a/b/out`` whose log failed part way left the empty directories ``a/b`` it had made to
+    hold the output (the exporters remove theirs): a failed import leaves nothing behind, not even them."""
+    write_analog(scratch / "logs")
+    meta = scratch / "logs" / "log_rank_1_chunk_0_metadata.json"
+    meta.write_text(meta.read_text()[:100])
+    with pytest.raises(ss.FormatError, match="log_rank_1_chunk_0_metadata.json"):
+        import_logix(scratch / "logs", scratch / "a" / "b" / "out")
+    assert sorted(p.name for p in scratch.iterdir()) == ["logs"]

@@ -33,6 +33,7 @@ from ._common import (
     check_not_chained,
     check_sources_apart,
     file_url_path,
+    parents_undone,
 )
 from ._parallel import Job, build_store, convert_in_parallel
 
@@ -135,9 +136,11 @@ def _total(conv: Conversion, progress: Progress | None, needed: bool) -> int | N
     return conv.total() if needed or hasattr(progress, "add_total") else None
 
 
+@parents_undone
 def write(conv: Conversion, out: str | os.PathLike[str], opts: Options, *, direct_io: bool = False) -> Store:
     """Build the store ``out`` from ``conv`` (with ``opts.workers`` processes where it splits), all or
-    nothing, and open it (the module docs say how)."""
+    nothing, and open it (the module docs say how); a failure also removes the directories above a local
+    ``out`` that were made to hold it."""
     remote, workers, progress = is_remote(out), opts.workers, opts.progress
     metadata = dict(conv.metadata)
     one_writer = conv.reads_back or conv.packed is not None
