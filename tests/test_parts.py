@@ -696,3 +696,25 @@ def test_discarding_a_job_keeps_a_task_that_starts_meanwhile(store: Path, monkey
     w.append({"x": np.full((3, 3), 7, np.float32), "y": 7}, id="r7")
     commit_parts(store, [w.finish()])
     assert contents(store) == ([7], ["r7"])
+
+
+def test_a_task_starting_while_its_job_is_discarded_makes_the_job_directory_again(store: Path, monkeypatch) -> None:
+    """A discard of the job removing its (empty) directory between a starting task's making of it and of the
+    task's own directory made PartWriter() a bare FileNotFoundError. The task makes the job directory again."""
+    prepare_store(store, SCHEMA)
+    mkdir = Path.mkdir
+    raced: list[Path] = []
+
+    def discarded_meanwhile(self: Path, *args: object, **kw: object) -> None:
+        if self.name == "t" and not raced:
+            raced.append(self)
+            discard_parts(store, "job")  # (the job directory is empty: removed)
+        mkdir(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", discarded_meanwhile)
+    w = PartWriter(store, job="job", task="t", max_shard_records=4)
+    monkeypatch.undo()
+    assert raced
+    w.append({"x": np.full((3, 3), 7, np.float32), "y": 7}, id="r7")
+    commit_parts(store, [w.finish()])
+    assert contents(store) == ([7], ["r7"])

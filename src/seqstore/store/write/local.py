@@ -284,9 +284,14 @@ class LocalTarget(CommitTarget):
         job_dir = parts / job
         task_dir = job_dir / task
         new_parts, new_job = not parts.is_dir(), not job_dir.is_dir()
-        job_dir.mkdir(parents=True, exist_ok=True)
         try:
-            task_dir.mkdir()
+            while True:
+                job_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    task_dir.mkdir()
+                    break
+                except FileNotFoundError:  # the job's (empty) directory removed meanwhile by a discard of the job
+                    new_job = True
         except FileExistsError:
             if (task_dir / PART_FILE).exists() or (task_dir / COMMITTED_FILE).exists():
                 raise SeqstoreError(
