@@ -680,3 +680,29 @@ def test_failed_first_open_leaves_no_store(tmp_path: Path, monkeypatch: pytest.M
     with getattr(api, how)(root, SCHEMA, metadata={"right": 1}) as w:
         w.append(good(0))
     assert ss.open(root).metadata == {"right": 1}
+
+
+def test_a_writer_interrupted_after_its_workspace_was_made_releases_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in Writer() after the target had made its workspace (and locked it) left the workspace held for
+    the life of the process: create's new store could not be removed (a live writer's, as it looked) and an
+    existing store kept a workspace no one would release."""
+    from seqstore.store import writer as api
+    from seqstore.store.write import writer as writer_mod
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt("after the workspace was made")
+
+    root = tmp_path / "s"
+    with monkeypatch.context() as m:
+        m.setattr(writer_mod, "RecordChecks", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            api.create(root, SCHEMA)
+        assert not root.exists()
+    with api.create(root, SCHEMA):
+        pass
+    with monkeypatch.context() as m:
+        m.setattr(writer_mod, "RecordChecks", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            api.append_to(root)
+    assert workspaces(root) == []

@@ -82,19 +82,24 @@ class Writer:
         self._failed: BaseException | None = None
         self._close_error: Exception | None = None  # what a close() that discarded the records raised
         start = self._start = self._open()
-        self.root = start.root  #: the store's directory, or the local staging directory of a store at a URL
-        self._workspace = start.workspace
-        self.schema: Schema = start.schema
-        # what is stored: unpacked fields, then packed groups as fixed (width,) fields
-        self._units: list[tuple[str, Field]] = self.schema.storage_units()
-        self._stats_delta: dict[str, float] = {}
-        self._checks = RecordChecks(self.schema, self.target, self.direct_io, start.has_ids)
-        # a store keeps its format version: version 3 shards get a descriptor, 1/2 are listed in the manifest
-        self._descriptors = start.descriptors
-        self._records_before = start.records
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
-        # direct writes of copied runs (ragged values), behind the caller's next appends
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-write") if self.direct_io else None
+        try:
+            self.root = start.root  #: the store's directory, or the local staging directory of a store at a URL
+            self._workspace = start.workspace
+            self.schema: Schema = start.schema
+            # what is stored: unpacked fields, then packed groups as fixed (width,) fields
+            self._units: list[tuple[str, Field]] = self.schema.storage_units()
+            self._stats_delta: dict[str, float] = {}
+            self._checks = RecordChecks(self.schema, self.target, self.direct_io, start.has_ids)
+            # a store keeps its format version: version 3 shards get a descriptor, 1/2 are listed in the manifest
+            self._descriptors = start.descriptors
+            self._records_before = start.records
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-crc")
+            # direct writes of copied runs (ragged values), behind the caller's next appends
+            self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqstore-write") if self.direct_io \
+                else None
+        except BaseException:  # (an interrupt): the workspace just made is released, not held for good
+            self._close_target()
+            raise
         self._closed = self._target_closed = False
         self._reset_buffer()
         self._shard_open, self._shard_records, self._shard_bytes = False, 0, 0  # (both 0 while no shard is open)
