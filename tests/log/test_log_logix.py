@@ -256,3 +256,16 @@ def test_a_failed_import_removes_the_directories_it_made_for_the_output(scratch:
     with pytest.raises(ss.FormatError, match="log_rank_1_chunk_0_metadata.json"):
         import_logix(scratch / "logs", scratch / "a" / "b" / "out")
     assert sorted(p.name for p in scratch.iterdir()) == ["logs"]
+
+
+def test_a_log_given_as_a_file_url_is_its_directory(scratch: Path) -> None:
+    """import_logix("file:///x/logs", ...) said "file:/x/logs: not a directory" (and ``convert --from logix``
+    "no such file"), where every other importer takes a file:// source as its path."""
+    report = import_logix(f"file://{DATA / 'analog'}", scratch / "out")
+    assert report.records == 50
+    _check(scratch / "out")
+    assert ss.open(scratch / "out").metadata["source"] == str((DATA / "analog").resolve())
+    from seqstore.cli import main
+
+    assert main(["convert", "--from", "logix", f"file://{DATA / 'analog'}", str(scratch / "cli"), "-q"]) == 0
+    assert len(ss.open(scratch / "cli")) == 50

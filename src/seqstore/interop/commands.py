@@ -31,7 +31,7 @@ from ..errors import SeqstoreError
 from ..io.local_source import local_path
 from ..io.objects import is_remote
 from ..store import open_store
-from ._common import Progress, announce_total, check_apart, check_sources_apart, remove_path
+from ._common import Progress, announce_total, check_apart, check_sources_apart, file_url_path, remove_path
 from .cli_words import cli_message
 
 __all__ = ["SOURCES", "TARGETS", "Converter", "Interrupted", "Option", "Progress", "ProgressBar", "SuggestingParser",
@@ -210,6 +210,7 @@ def _logix_run(args: argparse.Namespace, progress: Progress) -> Any:
     from ..log.logix import import_logix
 
     src, out = _one_source(args, "LogIX log directory")
+    src = file_url_path(src)
     if args.workers is not None:
         raise SeqstoreError("convert --from logix: --workers does not apply (a LogIX log is imported in one process)")
     if not os.path.exists(src):

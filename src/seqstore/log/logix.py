@@ -195,9 +195,10 @@ def import_logix(logdir: str | os.PathLike[str], out: str | os.PathLike[str], *,
     store's shard size, as for the other importers.
     """
     from ..interop import driver
-    from ..interop._common import check_size
+    from ..interop._common import check_size, file_url_path
 
     t0 = time.perf_counter()
+    logdir = file_url_path(logdir)  # (a file:// URL as its path, as every importer takes its sources)
     opts = driver.options("import_logix", out, {"overwrite": overwrite, "shard_bytes": shard_bytes,
                                                 "storage_options": storage_options}, logdir)
     batch_records = check_size("import_logix", "batch_records", batch_records)
