@@ -35,6 +35,18 @@ EMPTY_ANSWER = memoryview(b"")
 E = TypeVar("E", bound=RemoteError)
 
 
+#: bytes a whole-object read (:meth:`~seqstore.io.objects.ObjectClient.get`: a manifest) takes at most: far above
+#: any real manifest (a version-1/2 one lists every shard, a few KiB each with many fields), so a server that
+#: answers gigabytes is refused before its body is read, not taken into memory
+WHOLE_OBJECT_MOST = 1 << 30
+
+
+def too_large(url: str, size: int, limit: int) -> RemoteError:
+    """The error of a whole-object read of ``url`` whose answer is of ``size`` bytes, past ``limit``."""
+    return RemoteError(f"{url}: the object is {size} bytes, more than the {limit} bytes a manifest may be; not "
+                       "read (a wrong URL, or a server that answers something else)", url=url, attempts=1)
+
+
 def error_at(kind: type[E], url: str, what: str) -> E:
     """Error ``kind`` of one request's answer for ``url`` (its first attempt): ``what`` happened."""
     return kind(f"{url}: {what}", url=url, attempts=1)
@@ -175,7 +187,9 @@ class ObjectBackend(abc.ABC):
     def head(self, key: str) -> ObjectMeta: ...
 
     @abc.abstractmethod
-    def get(self, key: str) -> tuple[memoryview, ObjectMeta]: ...
+    def get(self, key: str, limit: int) -> tuple[memoryview, ObjectMeta]:
+        """The whole object ``key`` and its meta; one of more than ``limit`` bytes is refused unread
+        (:func:`too_large`)."""
 
     @abc.abstractmethod
     def submit(

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at
+from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, too_large
 from .retry import Transient, parse_retry_after
 
 __all__ = ["FsspecBackend"]
@@ -97,9 +97,13 @@ class FsspecBackend(ObjectBackend):
     def head(self, key: str) -> ObjectMeta:
         return self._meta(key, self._call(key, lambda: self.fs.info(self._path(key))))
 
-    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+    def get(self, key: str, limit: int) -> tuple[memoryview, ObjectMeta]:
         meta = self.head(key)
+        if meta.size > limit:
+            raise too_large(self.c.key_url(key), meta.size, limit)
         data = self._call(key, lambda: self.fs.cat_file(self._path(key)), 1, meta.size)
+        if len(data) > limit:  # (grown since the head)
+            raise too_large(self.c.key_url(key), len(data), limit)
         return memoryview(data), ObjectMeta(key, len(data), meta.etag)
 
     def submit(

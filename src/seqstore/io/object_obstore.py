@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from ..errors import RemoteError, StaleStoreError
-from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, option_flag
+from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, option_flag, too_large
 from .object_errors import config_error, failure, unknown_key
 from .object_links import reset_in_child
 from .object_wave import SMALL_BODY, Budget, Wave
@@ -285,11 +285,13 @@ class ObstoreBackend(ObjectBackend):
         m = self._sync(key, lambda: self.obs.head(self.store, key))
         return ObjectMeta(key, int(m["size"]), self._tag(m))
 
-    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
+    def get(self, key: str, limit: int) -> tuple[memoryview, ObjectMeta]:
         def fetch() -> tuple[memoryview, ObjectMeta]:
             r = self.obs.get(self.store, key)
+            m = r.meta  # (the answer's head: its body is not read yet)
+            if int(m["size"]) > limit:
+                raise too_large(self.c.key_url(key), int(m["size"]), limit)
             data = memoryview(r.bytes())
-            m = r.meta
             if len(data) != int(m["size"]):
                 raise Transient(f"body of {len(data)} bytes, expected {m['size']} (truncated)", answered=True)
             modified = m.get("last_modified")  # (the manifest's version: a new upload, a new mirror)

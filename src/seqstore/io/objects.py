@@ -27,6 +27,7 @@ from ..errors import RemoteError, RemoteNotFound
 from .object_common import (
     REMOTE_SCHEMES,
     SEQSTORE_OPTIONS,
+    WHOLE_OBJECT_MOST,
     Answer,
     ObjectBackend,
     ObjectMeta,
@@ -157,9 +158,10 @@ class ObjectClient:
     def head(self, key: str) -> ObjectMeta:
         return self.retry.run(self.key_url(key), lambda: self.backend.head(key))
 
-    def get(self, key: str) -> tuple[memoryview, ObjectMeta]:
-        """The whole object ``key`` and its meta."""
-        return self.retry.run(self.key_url(key), lambda: self.backend.get(key))
+    def get(self, key: str, limit: int = WHOLE_OBJECT_MOST) -> tuple[memoryview, ObjectMeta]:
+        """The whole object ``key`` and its meta; one of more than ``limit`` bytes is refused before its
+        body is read (a RemoteError naming its URL, its size and the limit)."""
+        return self.retry.run(self.key_url(key), lambda: self.backend.get(key, limit))
 
     def get_ranges(self, requests: Sequence[Request], *, missing_ok: bool = False) -> list[Answer]:
         """``requests`` of ``(key, start, end, etag or None)``, all in flight at once (at most

@@ -1,0 +1,31 @@
+"""Bounds on what a remote store's server can make the reader do: a root object (the manifest) larger than
+any real one is refused, naming its URL, size and the limit, before its body is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import seqstore as ss
+from seqstore.errors import RemoteError
+from seqstore.io.object_common import WHOLE_OBJECT_MOST
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_manifest_past_the_limit_is_refused_unread(tmp_path: Path) -> None:
+    from support.http import StaticServer
+
+    site = tmp_path / "site" / "big.seqstore"
+    site.mkdir(parents=True)
+    with open(site / "manifest.json", "wb") as f:  # sparse: no disk and no memory here, nor in the server
+        f.truncate(WHOLE_OBJECT_MOST + 1)
+    with StaticServer(tmp_path / "site") as srv:
+        url = f"{srv.url}/big.seqstore"
+        with pytest.raises(RemoteError) as exc:
+            ss.open(url, storage_options={"allow_http": "true", "max_retries": 0}, cache_dir=tmp_path / "cache")
+    text = str(exc.value)
+    assert f"{url}/manifest.json" in text and str(WHOLE_OBJECT_MOST + 1) in text and str(WHOLE_OBJECT_MOST) in text
+    assert exc.value.url == f"{url}/manifest.json"
