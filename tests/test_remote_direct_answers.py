@@ -41,6 +41,7 @@ class RawServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.open = self.most = 0
+        self.heads: list[str] = []  # the requests' heads, as they came
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._accept, daemon=True)
@@ -73,6 +74,7 @@ class RawServer:
                         return
                     buf += got
                 head, _, buf = buf.partition(b"\r\n\r\n")
+                self.heads.append(head.decode())
                 ranged = next(ln for ln in head.decode().split("\r\n") if ln.lower().startswith("range:"))
                 a, b = (int(x) for x in ranged.split("=")[1].split("-"))
                 if not self.answer(conn, a, b + 1):
@@ -129,6 +131,23 @@ def test_a_content_length_that_is_not_a_number_is_named(serve: Callable[[Answer]
     text = str(err.value)
     assert "Content-Length '12abc'" in text and "/b/blob" in text and "seqstore bug" not in text, text
 
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+def test_an_encoded_answer_is_refused_not_taken_as_the_bytes(serve: Callable[[Answer], RawServer], coding: str) -> None:
+    """A server that compresses an answer (Content-Encoding) sends bytes that are not the object's: the
+    reader, which asks for none (Accept-Encoding: identity), refuses it, naming the URL and the encoding."""
+    def answer(conn: socket.socket, a: int, b: int) -> bool:
+        conn.sendall(_head(a, b).replace(b"\r\n\r\n", f"\r\nContent-Encoding: {coding}\r\n\r\n".encode()) + DATA[a:b])
+        return True
+
+    server = serve(answer)
+    client = _client(server, max_retries=1)
+    with pytest.raises(RemoteError) as err:
+        client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
+    text = str(err.value)
+    assert f"{server.url}/b/blob" in text and coding in text and "Content-Encoding" in text, text
+    assert server.heads and all("\r\naccept-encoding: identity" in h.lower() for h in server.heads), server.heads
 
 
 def test_interim_answers_before_the_answer_are_skipped(serve: Callable[[Answer], RawServer]) -> None:

@@ -469,6 +469,10 @@ class DirectReader:
         if coding != "identity":  # (it, not a Content-Length, says where the body ends: RFC 9112, 6.3)
             raise job.error(f"the answer to a range request is sent in Transfer-Encoding {coding[:40]!r}, not "
                             f"as {size} bytes with a Content-Length")
+        encoded = [e for e in headers.get("content-encoding", "").lower().replace(" ", "").split(",") if e]
+        if any(e != "identity" for e in encoded):  # (asked Accept-Encoding: identity; these are not the object's bytes)
+            raise job.error(f"the server answered in Content-Encoding {headers['content-encoding'][:40]!r}, not the "
+                            "object's bytes as they are (identity, the encoding asked for); serve it unencoded")
         if "content-length" not in headers:
             raise job.error(f"the answer to a range request has no Content-Length (expected {size} bytes)")
         shown = headers["content-length"]
