@@ -367,3 +367,39 @@ def test_a_child_forked_while_a_thread_held_the_fetchers_lock_reads(tmp_path: Pa
 
     out = run_forking(tmp_path / "forked_fetcher.py", _FORKED_FETCHER, str(tmp_path / "cache"))
     assert out.stdout.strip() == "child 0", (out.stdout, out.stderr[-2000:])
+
+
+def test_a_pin_waited_for_past_the_lock_timeout_is_a_named_timeout(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinning a store's metadata directory waits while an eviction holds its ``.pin`` (a moment); an
+    eviction stopped there held every opener of that store up for ever. After ``SEQSTORE_LOCK_TIMEOUT``
+    seconds it is a LockTimeout naming the file."""
+    import fcntl
+    import os
+    import threading
+
+    from seqstore.errors import LockTimeout
+    from seqstore.io.nodecache import NodeCache
+
+    cache = NodeCache(tmp_path / "cache", 1 << 20)
+    mirror = cache.root / "stores" / "x" / "y"
+    mirror.mkdir(parents=True)
+    held = os.open(mirror / ".pin", os.O_RDWR | os.O_CREAT)  # (an open of its own: the lock excludes this one's pin)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    monkeypatch.setenv("SEQSTORE_LOCK_TIMEOUT", "0.2")
+    got: list[BaseException | int] = []
+
+    def pin() -> None:
+        try:
+            got.append(cache.pin(mirror))
+        except BaseException as exc:  # noqa: BLE001 - what the test looks at
+            got.append(exc)
+
+    waiter = threading.Thread(target=pin, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    os.close(held)  # (an old waiter ends now)
+    waiter.join(10)
+    assert got and isinstance(got[0], LockTimeout), got
+    assert str(mirror / ".pin") in str(got[0]) and got[0].path == str(mirror / ".pin"), str(got[0])
+    NodeCache.unpin(cache.pin(mirror))  # (released: taken at once)

@@ -259,13 +259,19 @@ class NodeCache:
         """Keep the metadata directory ``path`` (under ``stores/``) out of every process's evictions: a
         shared ``flock`` of its ``.pin`` file through a descriptor of its own, returned, held until
         :meth:`unpin` closes it (-1, nothing held, where it is gone: the opener, finding it gone, makes it
-        again)."""
+        again). The wait while an eviction of it holds it is bounded: LockTimeout after
+        ``$SEQSTORE_LOCK_TIMEOUT`` s (an eviction stopped there)."""
         for _ in range(8):
             try:
                 fd = os.open(path / _PIN, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
                 return -1
-            self.flock(fd, fcntl.LOCK_SH, path / _PIN, close=True)  # (waits while an eviction of it holds it)
+            try:
+                lock_within(fd, path / _PIN, "the pin of a store's copy in the node cache (held by an eviction)",
+                            self._needs, fcntl.LOCK_SH)
+            except BaseException:
+                os.close(fd)
+                raise
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(path / _PIN).st_ino == os.fstat(fd).st_ino:  # not one an eviction took meanwhile
                     return fd

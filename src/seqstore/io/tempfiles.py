@@ -142,21 +142,21 @@ def lock_held_by(fd: int) -> int | None:
     return None
 
 
-def lock_within(fd: int, path: str | os.PathLike[str], what: str, needs: str) -> None:
-    """An exclusive ``flock`` of file ``path`` (open as ``fd``; ``what`` it guards), waited for at most
-    :func:`lock_wait` seconds: then :class:`~seqstore.errors.LockTimeout` naming the file and the process
-    holding it where known (one stopped or hung while holding it would hold up every other for ever). A
-    file system refusing locks: :func:`lock_named`'s OSError (saying ``needs``)."""
+def lock_within(fd: int, path: str | os.PathLike[str], what: str, needs: str, op: int = fcntl.LOCK_EX) -> None:
+    """An exclusive (``op``: or shared) ``flock`` of file ``path`` (open as ``fd``; ``what`` it guards), waited
+    for at most :func:`lock_wait` seconds: then :class:`~seqstore.errors.LockTimeout` naming the file and the
+    process holding it where known (one stopped or hung while holding it would hold up every other for ever).
+    A file system refusing locks: :func:`lock_named`'s OSError (saying ``needs``)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
         return
     except BlockingIOError:
         pass
     except OSError:  # refused: as a wait would be (the error names the file system's want)
-        lock_named(fd, fcntl.LOCK_EX, path, needs)
+        lock_named(fd, op, path, needs)
         return
     wait = lock_wait()
-    if lock_polled(fd, wait, tried=True):
+    if lock_polled(fd, wait, tried=True, op=op):
         return
     holder = lock_held_by(fd)
     who = f"process {holder}" if holder is not None else "a process this machine does not show"
@@ -165,15 +165,16 @@ def lock_within(fd: int, path: str | os.PathLike[str], what: str, needs: str) ->
                       path=os.fspath(path), holder=holder)
 
 
-def lock_polled(fd: int, seconds: float, *, longest_pause: float = 0.01, tried: bool = False) -> bool:
-    """Whether an exclusive ``flock`` of the file open as ``fd`` was had within ``seconds``, tried without
-    blocking (pauses from 1 ms, doubling up to ``longest_pause``; ``tried``: the first try was made already).
-    A file system refusing locks: its OSError."""
+def lock_polled(fd: int, seconds: float, *, longest_pause: float = 0.01, tried: bool = False,
+                op: int = fcntl.LOCK_EX) -> bool:
+    """Whether an exclusive (``op``: or shared) ``flock`` of the file open as ``fd`` was had within ``seconds``,
+    tried without blocking (pauses from 1 ms, doubling up to ``longest_pause``; ``tried``: the first try was
+    made already). A file system refusing locks: its OSError."""
     deadline, pause = time.monotonic() + seconds, 0.001
     while True:
         if not tried:
             with contextlib.suppress(BlockingIOError):
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, op | fcntl.LOCK_NB)
                 return True
         tried = False
         left = deadline - time.monotonic()
