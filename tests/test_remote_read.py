@@ -1174,6 +1174,43 @@ def test_ids_of_a_shard_read_before_its_remote_store_was_replaced_are_an_error(t
         mem.rm("/idsv3", recursive=True)
 
 
+@pytest.mark.parametrize("version", [1, 3])
+def test_a_merged_id_run_learned_after_its_remote_store_was_replaced_is_an_error_not_a_miss(
+        tmp_path: Path, version: int) -> None:
+    """A merged id-index run's files are learned on the first lookup that probes it: one learned after the
+    store was replaced (re-uploaded: the same run names and sizes, other ids) was searched as the opened
+    store's, and an id the opened store holds was "not in" it (KeyError), where a shard's own index checks
+    its descriptor (version 1/2: the manifest). A run that cannot be told to index the shards read is not
+    used; the shards' own indexes are, and they name the replacement."""
+    fsspec = pytest.importorskip("fsspec")
+    from seqstore.format.manifest import Manifest
+
+    def write(root: Path, tag: str) -> None:
+        if version < 3:
+            root.mkdir(parents=True)
+            Manifest(ss.Schema({"a": ss.Field("int32", ())})).save(root)
+        with ss.append_to(root, max_shard_records=4) if version < 3 else \
+                ss.create(root, {"a": ss.Field("int32", ())}, max_shard_records=4) as w:
+            w.append_batch({"a": np.arange(32, dtype=np.int32)}, ids=[f"{tag}-{i}" for i in range(32)])
+
+    write(tmp_path / "old", "old")
+    write(tmp_path / "new", "new")
+    assert ss.open(tmp_path / "old").manifest.index_runs and ss.open(tmp_path / "old").manifest.version == version
+    mem = fsspec.filesystem("memory")
+    _put_tree(mem, tmp_path / "old", f"/runs{version}/main.seqstore")
+    try:
+        store = ss.open(f"memory://runs{version}/main.seqstore", cache_dir=tmp_path / "c")
+        assert int(store[5]["a"]) == 5
+        mem.rm(f"/runs{version}", recursive=True)
+        _put_tree(mem, tmp_path / "new", f"/runs{version}/main.seqstore")
+        for lookup in (lambda: store.index("old-5"), lambda: store.index_many(["old-9", "old-30"])):
+            with pytest.raises(ss.CorruptionError, match="replaced"):
+                lookup()
+        assert store.refresh().index("new-5") == 5
+    finally:
+        mem.rm(f"/runs{version}", recursive=True)
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 def test_an_object_size_that_is_not_the_indexs_makes_no_cache_entry(tmp_path: Path, legacy: bool) -> None:
     """An answer giving a data object's size (a damaged or hostile server, a store half replaced) far

@@ -46,6 +46,7 @@ __all__ = ["RemoteRoot"]
 
 _HEAD = 4096  # bytes fetched from the start and the end of every file when a shard is prepared
 _META = "_remote.json"
+_RUNS = "_index"  # the directory of merged id-index runs (format section 6)
 _ROUNDS = 8  # times a whole-object fetch waits for pages other processes claim before it gives up
 
 
@@ -74,6 +75,9 @@ class RemoteRoot:
         #: a version-1/2 store (no descriptor CRCs): ``check(manifest bytes now, shard names)`` raises unless the
         #: store's manifest now lists those shards as the one read did (see prepare_shards); None: version 3
         self.manifest_check: Callable[[bytes, Sequence[str]], None] | None = None
+        #: ``check(manifest bytes now, keys)`` raises CorruptionError unless the merged id-index runs whose files
+        #: ``keys`` are, learned after the manifest changed, are the ones of the shards the read manifest lists
+        self.run_check: Callable[[bytes, Sequence[str]], None] | None = None
         self._manifest_tag = ""  # the version tag of the manifest read ("": none known, nothing compared)
 
     def __repr__(self) -> str:
@@ -225,7 +229,8 @@ class RemoteRoot:
         if not todo:
             return
         learned = sorted({shard[0] for _, _, shard in todo if shard is not None})
-        if learned and self.manifest_check is not None and self._manifest_tag:
+        runs = [req[0] for req, _, shard in todo if shard is not None and shard[0] == _RUNS]  # (a run: no descriptor)
+        if (self.manifest_check is not None and learned or self.run_check is not None and runs) and self._manifest_tag:
             todo.append(((MANIFEST, 0, 1, None), "manifest", None))
         try:
             got = self._get_ranges([req for req, _, _ in todo])
@@ -235,7 +240,7 @@ class RemoteRoot:
         filled = 0
         for ((key, _, _, _), what, _), (data, m) in zip(todo, got):
             if what == "manifest" and m is not None and m.etag != self._manifest_tag:
-                self._check_manifest(learned)
+                self._check_manifest(learned, runs)
             if what == "descriptor" and zlib.crc32(data) != crcs[key]:
                 raise CorruptionError(
                     f"{self.client.key_url(key)}: CRC-32 {zlib.crc32(data):#010x} of the descriptor differs from "
@@ -295,12 +300,15 @@ class RemoteRoot:
                 raise CorruptionError(f"{self.client.key_url(f'{name}/{rel}')}: object has {meta.size} bytes, the "
                                       f"store's index says {want} (truncated or replaced?)")
 
-    def _check_manifest(self, names: Sequence[str]) -> None:
+    def _check_manifest(self, names: Sequence[str], runs: Sequence[str] = ()) -> None:
         """The manifest changed since it was read: read it again and let :attr:`manifest_check` raise unless
-        it lists shards ``names`` as before (a commit that appended); then its new version is the one known."""
-        assert self.manifest_check is not None
+        it lists shards ``names`` as before (a commit that appended), and :attr:`run_check` unless the merged
+        id-index runs of files ``runs`` are those of the shards read; then its new version is the one known."""
         raw, meta = self.client.get(MANIFEST)
-        self.manifest_check(bytes(raw), names)
+        if self.manifest_check is not None:
+            self.manifest_check(bytes(raw), names)
+        if runs and self.run_check is not None:
+            self.run_check(bytes(raw), runs)
         self._manifest_tag = meta.etag
 
     def _write(self, path: Path, data: bytes, *, reserve: bool = True) -> None:
@@ -368,8 +376,10 @@ class RemoteRoot:
         m = self._metas.get(key)
         if m is None:
             name, _, rel = key.rpartition("/")
-            # a shard's id files come together, on its first id lookup; others (a merged id index run) alone
-            self.prepare_shards([(name, IDS_FILES if rel in IDS_FILES else [rel], None)])
+            # a shard's id files come together, on its first id lookup, and a merged id index run's two files
+            stem = rel.removesuffix(".hash.npy").removesuffix(".rows.npy")
+            run = [f"{stem}.hash.npy", f"{stem}.rows.npy"] if name == _RUNS and stem != rel else [rel]
+            self.prepare_shards([(name, IDS_FILES if rel in IDS_FILES else run, None)])
             m = self._metas.get(key)
             if m is None:
                 raise CorruptionError(f"{self.client.key_url(key)}: object is missing")

@@ -11,6 +11,7 @@ objects by URL.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..errors import CorruptionError, FormatError
 from ..format.manifest import IDS_FILES, MANIFEST, FileInfo, Manifest
-from ..format.shard_table import ShardTable
+from ..format.shard_table import TABLE_HEADER_BYTES, ShardTable, row_dtype
 from .mapping import map_file
 from .nodecache import budget_directory
 from .objects import fork_unsafe
@@ -82,6 +83,7 @@ class RemoteSource(ByteSource):
         self.data_bytes = manifest.data_bytes()
         # version 1/2 (no descriptor CRCs): shards first touched after the manifest changed are checked
         self.remote.manifest_check = None if manifest.table is not None else partial(_unreplaced, self.url, manifest)
+        self.remote.run_check = partial(_runs_unreplaced, self.remote, manifest)  # (runs have no descriptor)
         return manifest
 
     @contextlib.contextmanager
@@ -212,3 +214,45 @@ def _unreplaced(url: str, manifest: Manifest, data: bytes, names: Sequence[str])
                 f"shard {k} is not {info.name} of {info.records} records now"
             raise CorruptionError(f"{where}: the store was replaced since this Store read its manifest ({what}); "
                                   "open the store again")
+
+
+def _runs_unreplaced(remote: RemoteRoot, manifest: Manifest, data: bytes, keys: Sequence[str]) -> None:
+    """Raise CorruptionError unless the merged id-index runs whose files ``keys`` are (learned after the store's
+    manifest changed; ``data``: its bytes now) index the shards ``manifest``, the one read, lists: the manifest
+    lists each run now as it did, over the same shards (version 1/2: the same entries of its shard list;
+    version 3: the same table, its rows of them the same bytes). A lookup then leaves such a run out for those
+    shards' own indexes, which are checked on their own (a replaced store is named there)."""
+    try:
+        current: Manifest | None = Manifest.parse(data, f"{remote.url}/{MANIFEST}")
+    except (CorruptionError, FormatError):
+        current = None
+    stems = {k.removesuffix(".hash.npy").removesuffix(".rows.npy") for k in keys}
+    listed = {r.name: r for r in current.index_runs} if current is not None else {}
+    for run in manifest.index_runs:
+        if run.name in stems and (current is None or listed.get(run.name) != run
+                                  or not _same_shards(remote, manifest, current, run.first_shard, run.end_shard)):
+            raise CorruptionError(f"{remote.url}/{run.name}: the store's manifest changed since this Store read it, "
+                                  "and this merged id index is not the one of the shards read (replaced?): not used")
+
+
+def _same_shards(remote: RemoteRoot, manifest: Manifest, current: Manifest, a: int, b: int) -> bool:
+    """Whether ``current`` (the store's manifest now) lists shards ``[a, b)`` as ``manifest`` did."""
+    t, now = manifest.table, current.table
+    if t is None or now is None:
+        return t is None and now is None and current.num_shards >= b and all(
+            current.shards[k] == manifest.shards[k] for k in range(a, b))
+    if (now.file, now.id) != (t.file, t.id) or now.rows < b:
+        return False
+    size = row_dtype(len(manifest.ragged)).itemsize
+    start, end = TABLE_HEADER_BYTES + a * size, TABLE_HEADER_BYTES + b * size
+    assert remote.mirror is not None
+    try:
+        fd = os.open(remote.mirror / t.file, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            mine = os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    (got, _), = remote.client.get_ranges([(t.file, start, end, None)])
+    return bytes(got) == mine
