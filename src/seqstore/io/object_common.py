@@ -35,16 +35,17 @@ EMPTY_ANSWER = memoryview(b"")
 E = TypeVar("E", bound=RemoteError)
 
 
-#: bytes a whole-object read (:meth:`~seqstore.io.objects.ObjectClient.get`: a manifest) takes at most: far above
-#: any real manifest (a version-1/2 one lists every shard, a few KiB each with many fields), so a server that
-#: answers gigabytes is refused before its body is read, not taken into memory
+#: bytes a whole-object read (:meth:`~seqstore.io.objects.ObjectClient.get`: a manifest; a range ``(0, -1)``: a
+#: shard's descriptor) takes at most: far above any real manifest (a version-1/2 one lists every shard, a few
+#: KiB each with many fields), so a server that answers gigabytes is refused before its body is read
 WHOLE_OBJECT_MOST = 1 << 30
 
 
 def too_large(url: str, size: int, limit: int) -> RemoteError:
     """The error of a whole-object read of ``url`` whose answer is of ``size`` bytes, past ``limit``."""
-    return RemoteError(f"{url}: the object is {size} bytes, more than the {limit} bytes a manifest may be; not "
-                       "read (a wrong URL, or a server that answers something else)", url=url, attempts=1)
+    return RemoteError(f"{url}: the object is {size} bytes, more than the {limit} bytes a whole-object read takes "
+                       "(a manifest or a descriptor is far smaller); not read (a wrong URL, or a server that answers "
+                       "something else)", url=url, attempts=1)
 
 
 def error_at(kind: type[E], url: str, what: str) -> E:

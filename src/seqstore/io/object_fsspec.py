@@ -24,7 +24,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConflictError, CredentialsError, RemoteError, RemoteNotFound, StaleStoreError
-from .object_common import EMPTY_ANSWER, Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, too_large
+from .object_common import (
+    EMPTY_ANSWER,
+    WHOLE_OBJECT_MOST,
+    Answer,
+    ClientSettings,
+    ObjectBackend,
+    ObjectMeta,
+    Request,
+    error_at,
+    too_large,
+)
 from .retry import Transient, parse_retry_after
 
 __all__ = ["FsspecBackend"]
@@ -146,6 +156,9 @@ class FsspecBackend(ObjectBackend):
             before = {k for k, s, e, tag in requests if s < 0 or e < 0 or not tag}
             metas = {k: self.head(k) for k in keys if k in before}
             self._pinned(requests, metas)
+            for k, s, e, _ in requests:
+                if e < 0 <= s and metas[k].size > WHOLE_OBJECT_MOST:  # a whole object: none past the limit
+                    raise too_large(self.c.key_url(k), metas[k].size, WHOLE_OBJECT_MOST)
             starts = [max(0, metas[k].size + s) if s < 0 else s for k, s, _, _ in requests]
             ends = [metas[k].size if e < 0 else e for k, _, e, _ in requests]
             got = self._call(requests[0][0], lambda: self.fs.cat_ranges(paths, starts, ends, on_error="return"),

@@ -24,7 +24,17 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from ..errors import RemoteError, StaleStoreError
-from .object_common import Answer, ClientSettings, ObjectBackend, ObjectMeta, Request, error_at, option_flag, too_large
+from .object_common import (
+    WHOLE_OBJECT_MOST,
+    Answer,
+    ClientSettings,
+    ObjectBackend,
+    ObjectMeta,
+    Request,
+    error_at,
+    option_flag,
+    too_large,
+)
 from .object_errors import config_error, failure, unknown_key
 from .object_links import reset_in_child
 from .object_wave import SMALL_BODY, Budget, Wave
@@ -340,6 +350,8 @@ class ObstoreBackend(ObjectBackend):
                     if etag and (sent := self.if_match(etag)):
                         opts["if_match"] = sent
                     r = await self.obs.get_async(self.store, key, options=opts)
+                    if end < 0 <= start and int(r.meta["size"]) > WHOLE_OBJECT_MOST:  # (its body not read yet)
+                        raise too_large(self.c.key_url(key), int(r.meta["size"]), WHOLE_OBJECT_MOST)
                     if 0 <= start < end <= start + SMALL_BODY:
                         # a small body has (nearly always) arrived with the headers: taking it without a
                         # second await costs ~90 us less CPU per request (obstore releases the GIL while
