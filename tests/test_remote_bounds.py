@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,3 +53,21 @@ def test_a_descriptor_past_the_limit_is_refused_unread(tmp_path: Path) -> None:
     assert exc.value.url == f"{url}/shard-000000/_shard.json" and str(WHOLE_OBJECT_MOST) in str(exc.value)
     del store, exc
     gc.collect()  # (the store's finalizers run here, not inside a later import's parse: CPython 3.11 fails that)
+
+
+def test_the_presigned_urls_kept_stay_bounded(moto_s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct reader's presigned URL of every object read was kept for the process's life (about 1 KiB
+    each, with a session token more): an epoch over a store of 10^6 objects held a GiB of them. The
+    URLs kept are bounded; one dropped is signed again when next read."""
+    from seqstore.io import object_obstore
+    from seqstore.io.objects import ObjectClient
+
+    monkeypatch.setattr(object_obstore, "SIGNED_MOST", 8, raising=False)
+    client = ObjectClient("s3://b/x.seqstore", moto_s3.storage_options())
+    urls = [client.direct(f"shard-{i:06d}/a.npy", None) for i in range(40)]
+    assert all(u is not None for u in urls)
+    backend: Any = client.backend
+    assert len(backend._signed) <= 8 and len(backend._signed_keys) <= 16
+    assert client.resign(urls[-1][0]) is not None  # (urls[-1]: a URL kept, signed anew on a refusal)
+    again = client.direct("shard-000000/a.npy", None)
+    assert again is not None and "shard-000000/a.npy" in again[0]

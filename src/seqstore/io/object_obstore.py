@@ -94,6 +94,9 @@ class _Loop:
 reset_in_child(_Loop, "_lock")  # (a thread of a process forked meanwhile may hold it)
 
 
+#: objects whose presigned URLs a back end keeps at most (the direct reader's; about 1 KiB each, two kept)
+SIGNED_MOST = 4096
+
 #: seconds the exit-time quiesce (:func:`_quiesce_at_exit`) waits for cancelled requests at most
 QUIESCE_S = 2.0
 
@@ -262,8 +265,14 @@ class ObstoreBackend(ObjectBackend):
             replaced = old[2] if old[0] == url else old[0]
             if replaced != old[2]:  # the URL two signings back is forgotten (one kept: memory stays bounded)
                 self._signed_keys.pop(old[2], None)
+            self._signed.pop(key, None)  # (put back last: the longest signed go first)
             self._signed[key] = (url, now + 3600, replaced)
             self._signed_keys[url] = key
+            while len(self._signed) > SIGNED_MOST:  # (not by the number of objects read: signed again if read)
+                gone = next(iter(self._signed))
+                last, _, before = self._signed.pop(gone)
+                self._signed_keys.pop(last, None)
+                self._signed_keys.pop(before, None)
         return url
 
     def resign(self, url: str) -> str | None:
