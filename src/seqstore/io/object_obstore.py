@@ -157,6 +157,7 @@ class ObstoreBackend(ObjectBackend):
         client_options: dict[str, Any] = {
             "timeout": timedelta(seconds=client.timeout),
             "connect_timeout": timedelta(seconds=client.connect_timeout),
+            "default_headers": {"accept-encoding": "identity"},  # (none: any encoding is acceptable, RFC 9110)
         }
         for k in ("allow_http", "allow_invalid_certificates", "http1_only", "proxy_url", "user_agent"):
             if k in opts:
@@ -233,6 +234,15 @@ class ObstoreBackend(ObjectBackend):
                            f"(ETag {got}, expected {self.if_match(tag)}): it changed while the store was open (reopen "
                            "it), or the server sent the request elsewhere")
 
+    def check_coding(self, result: Any, key: str) -> None:
+        """Raise a RemoteError where the answer ``result`` to a read of ``key`` is in a Content-Encoding other
+        than identity (asked for): its bytes are not the object's as stored."""
+        coding = result.attributes.get("Content-Encoding")
+        if coding and str(coding).strip().lower() != "identity":
+            raise error_at(RemoteError, self.c.key_url(key), f"the server answered in Content-Encoding "
+                           f"{str(coding)[:40]!r}, not the object's bytes as they are (identity, the encoding "
+                           "asked for); serve it unencoded")
+
     # direct reads ---------------------------------------------------------------------------------
     def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
         """The object's plain URL (an HTTP store; S3 with ``skip_signature`` and an ``endpoint``), or one
@@ -307,6 +317,7 @@ class ObstoreBackend(ObjectBackend):
     def get(self, key: str, limit: int) -> tuple[memoryview, ObjectMeta]:
         def fetch() -> tuple[memoryview, ObjectMeta]:
             r = self.obs.get(self.store, key)
+            self.check_coding(r, key)
             m = r.meta  # (the answer's head: its body is not read yet)
             if int(m["size"]) > limit:
                 raise too_large(self.c.key_url(key), int(m["size"]), limit)
@@ -359,6 +370,7 @@ class ObstoreBackend(ObjectBackend):
                     if etag and (sent := self.if_match(etag)):
                         opts["if_match"] = sent
                     r = await self.obs.get_async(self.store, key, options=opts)
+                    self.check_coding(r, key)
                     if end < 0 <= start and int(r.meta["size"]) > WHOLE_OBJECT_MOST:  # (its body not read yet)
                         raise too_large(self.c.key_url(key), int(r.meta["size"]), WHOLE_OBJECT_MOST)
                     if 0 <= start < end <= start + SMALL_BODY:

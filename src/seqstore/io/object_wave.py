@@ -119,6 +119,8 @@ class Backend(Protocol):
 
     def check_tag(self, result: Any, key: str, tag: str) -> None: ...
 
+    def check_coding(self, result: Any, key: str) -> None: ...
+
     async def fetch_range(
         self, key: str, start: int, end: int, etag: str | None, with_meta: bool = True,
         prior: BaseException | None = None,
@@ -200,6 +202,7 @@ class Wave:
                     got = fut.result()
                     if tag:  # pinned to a version: the answer must be of it
                         b.check_tag(got, key, tag)
+                    b.check_coding(got, key)
                     data = memoryview(got.bytes())
         except Exception as exc:  # noqa: BLE001 - e.g. the body cut short: the task retries it
             failed = exc
