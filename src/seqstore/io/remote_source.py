@@ -220,7 +220,7 @@ def _runs_unreplaced(remote: RemoteRoot, manifest: Manifest, data: bytes, keys: 
     """Raise CorruptionError unless the merged id-index runs whose files ``keys`` are (learned after the store's
     manifest changed; ``data``: its bytes now) index the shards ``manifest``, the one read, lists: the manifest
     lists each run now as it did, over the same shards (version 1/2: the same entries of its shard list;
-    version 3: the same table, its rows of them the same bytes). A lookup then leaves such a run out for those
+    version 3: the same bytes in the rows of them of the table it names). A lookup then leaves such a run out for those
     shards' own indexes, which are checked on their own (a replaced store is named there)."""
     try:
         current: Manifest | None = Manifest.parse(data, f"{remote.url}/{MANIFEST}")
@@ -241,7 +241,7 @@ def _same_shards(remote: RemoteRoot, manifest: Manifest, current: Manifest, a: i
     if t is None or now is None:
         return t is None and now is None and current.num_shards >= b and all(
             current.shards[k] == manifest.shards[k] for k in range(a, b))
-    if (now.file, now.id) != (t.file, t.id) or now.rows < b:
+    if now.rows < b or len(current.ragged) != len(manifest.ragged):  # (another table: a remote writer's commit)
         return False
     size = row_dtype(len(manifest.ragged)).itemsize
     start, end = TABLE_HEADER_BYTES + a * size, TABLE_HEADER_BYTES + b * size
@@ -254,5 +254,5 @@ def _same_shards(remote: RemoteRoot, manifest: Manifest, current: Manifest, a: i
             os.close(fd)
     except OSError:
         return False
-    (got, _), = remote.client.get_ranges([(t.file, start, end, None)])
+    (got, _), = remote.client.get_ranges([(now.file, start, end, None)])
     return bytes(got) == mine
