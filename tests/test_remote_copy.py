@@ -616,16 +616,23 @@ def test_a_writer_waiting_for_a_local_copy_is_told_a_copy_holds_the_lock(tmp_pat
     assert ss.open(dst).get_batch(np.arange(10), fields=["v"])["v"].tolist() == list(range(10))
 
 
-def test_a_failed_copy_into_a_local_store_resumes_from_its_staged_shards(tmp_path: Path) -> None:
-    """The shards a copy adding to a local store had staged when it failed are kept (out of the store) and
-    taken over by the next copy: the rerun sends only the others, and nothing is left in _tmp/."""
-    src, dst = _copied_then_grown(tmp_path)
+def _copy_fails_on_a_flipped_byte(src: Path, dst: Path) -> tuple[Path, bytes]:
+    """Flip the last byte of the source's shard 3, see the copy into ``dst`` (10 records) fail naming it and
+    add nothing; returns the file and its bytes, to put back."""
     path = src / "shard-000003" / "v.npy"
     raw = path.read_bytes()
     path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
     with pytest.raises(CorruptionError, match="shard-000003"):
         ss.copy(src, dst, workers=1)
     assert len(ss.open(dst)) == 10 and not (dst / "shard-000002").exists()
+    return path, raw
+
+
+def test_a_failed_copy_into_a_local_store_resumes_from_its_staged_shards(tmp_path: Path) -> None:
+    """The shards a copy adding to a local store had staged when it failed are kept (out of the store) and
+    taken over by the next copy: the rerun sends only the others, and nothing is left in _tmp/."""
+    src, dst = _copied_then_grown(tmp_path)
+    path, raw = _copy_fails_on_a_flipped_byte(src, dst)
     path.write_bytes(raw)
     r = ss.copy(src, dst, workers=1)
     assert (r.skipped, r.copied) == (3, 1)
@@ -646,12 +653,7 @@ def test_a_failed_copy_into_a_local_version_1_store_leaves_no_staging_directory(
     ss.copy(src, dst)
     with ss.append_to(src, max_shard_records=5) as w:
         w.append_batch({"v": np.arange(10, 20)})
-    path = src / "shard-000003" / "v.npy"
-    raw = path.read_bytes()
-    path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
-    with pytest.raises(CorruptionError, match="shard-000003"):
-        ss.copy(src, dst, workers=1)
-    assert len(ss.open(dst)) == 10 and not (dst / "shard-000002").exists()
+    path, raw = _copy_fails_on_a_flipped_byte(src, dst)
     assert not (dst / "_tmp").is_dir() or not any((dst / "_tmp").iterdir())
     path.write_bytes(raw)
     ss.copy(src, dst, workers=1)

@@ -119,16 +119,21 @@ def _client(server: RawServer, **options: Any) -> ObjectClient:
     return ObjectClient(f"{server.url}/b", {"timeout": 1, "connect_timeout": 1, "retry_timeout": 2, **options})
 
 
+def _refused(server: RawServer) -> str:
+    """The RemoteError's text for a direct read of bytes 0-100 of ``/b/blob`` (one try)."""
+    client = _client(server, max_retries=1)
+    with pytest.raises(RemoteError) as err:
+        client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
+    return str(err.value)
+
+
 def test_a_content_length_that_is_not_a_number_is_named(serve: Callable[[Answer], RawServer]) -> None:
     def answer(conn: socket.socket, a: int, b: int) -> bool:
         conn.sendall(_head(a, b, "12abc") + DATA[a:b])
         return True
 
     server = serve(answer)
-    client = _client(server, max_retries=1)
-    with pytest.raises(RemoteError) as err:
-        client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
-    text = str(err.value)
+    text = _refused(server)
     assert "Content-Length '12abc'" in text and "/b/blob" in text and "seqstore bug" not in text, text
 
 
@@ -142,10 +147,7 @@ def test_an_encoded_answer_is_refused_not_taken_as_the_bytes(serve: Callable[[An
         return True
 
     server = serve(answer)
-    client = _client(server, max_retries=1)
-    with pytest.raises(RemoteError) as err:
-        client.direct_reader.submit([(f"{server.url}/b/blob", 0, 100, None, memoryview(bytearray(100)))]).result(30)
-    text = str(err.value)
+    text = _refused(server)
     assert f"{server.url}/b/blob" in text and coding in text and "Content-Encoding" in text, text
     assert server.heads and all("\r\naccept-encoding: identity" in h.lower() for h in server.heads), server.heads
 
