@@ -5,14 +5,13 @@ any real one is refused, naming its URL, size and the limit, before its body is 
 from __future__ import annotations
 
 import gc
-import re
 import socket
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from test_remote_direct_answers import RawServer
 
 import seqstore as ss
 from seqstore.errors import RemoteError
@@ -76,45 +75,19 @@ def test_the_presigned_urls_kept_stay_bounded(moto_s3: Any, monkeypatch: pytest.
     assert again is not None and "shard-000000/a.npy" in again[0]
 
 
-class _EncodingServer:
-    """Answers every GET (a range: 206) with the bytes of ``BODY`` asked for, marked ``Content-Encoding: gzip``
-    as a compressing proxy would; keeps the requests' heads."""
+BODY = bytes(range(64))
 
-    BODY = bytes(range(64))
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.heads: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(5)
-                buf = b""
-                while b"\r\n\r\n" not in buf and (got := conn.recv(65536)):
-                    buf += got
-                head = buf.decode("latin-1")
-                self.heads.append(head)
-                ranged = re.search(r"(?im)^range: bytes=(\d+)-(\d+)", head)
-                a, b = (int(ranged[1]), int(ranged[2]) + 1) if ranged else (0, len(self.BODY))
-                status = "206 Partial Content" if ranged else "200 OK"
-                extra = f"Content-Range: bytes {a}-{b - 1}/{len(self.BODY)}\r\n" if ranged else ""
-                conn.sendall(f"HTTP/1.1 {status}\r\n{extra}Content-Length: {b - a}\r\nContent-Encoding: gzip\r\n"
-                             f"ETag: \"e\"\r\nConnection: close\r\n\r\n".encode() + self.BODY[a:b])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
+def _marked_gzip(conn: socket.socket, a: int, b: int) -> bool:
+    """The bytes of ``BODY`` asked for (a range: 206, the whole object: 200), marked ``Content-Encoding: gzip``
+    as a compressing proxy would; the connection then closes."""
+    whole = b < 0
+    a, b = (0, len(BODY)) if whole else (a, b)
+    status = "200 OK" if whole else "206 Partial Content"
+    extra = "" if whole else f"Content-Range: bytes {a}-{b - 1}/{len(BODY)}\r\n"
+    conn.sendall(f"HTTP/1.1 {status}\r\n{extra}Content-Length: {b - a}\r\nContent-Encoding: gzip\r\n"
+                 f"ETag: \"e\"\r\nConnection: close\r\n\r\n".encode() + BODY[a:b])
+    return False
 
 
 def test_an_encoded_answer_through_obstore_is_refused() -> None:
@@ -123,7 +96,7 @@ def test_an_encoded_answer_through_obstore_is_refused() -> None:
     naming the URL and the encoding."""
     from seqstore.io.objects import ObjectClient
 
-    server = _EncodingServer()
+    server = RawServer(_marked_gzip)
     try:
         client = ObjectClient(f"{server.url}/b", {"allow_http": "true", "max_retries": 0, "timeout": 2,
                                                   "direct_reads": False})

@@ -31,8 +31,8 @@ Answer = Callable[[socket.socket, int, int], bool]
 
 
 class RawServer:
-    """Range GETs on 127.0.0.1 (a free port), each answered by ``answer``; counts the connections open at
-    once (``most``)."""
+    """Range GETs on 127.0.0.1 (a free port), each answered by ``answer`` (a GET of the whole object, with no
+    Range, as ``answer(conn, 0, -1)``); counts the connections open at once (``most``)."""
 
     def __init__(self, answer: Answer, host: str = "127.0.0.1", port: int = 0) -> None:
         self.answer = answer
@@ -41,7 +41,7 @@ class RawServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.open = self.most = 0
-        self.heads: list[str] = []  # the requests' heads, as they came
+        self.heads: list[str] = []  # the requests' heads, as they came (each line with its CRLF)
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._accept, daemon=True)
@@ -74,9 +74,9 @@ class RawServer:
                         return
                     buf += got
                 head, _, buf = buf.partition(b"\r\n\r\n")
-                self.heads.append(head.decode())
-                ranged = next(ln for ln in head.decode().split("\r\n") if ln.lower().startswith("range:"))
-                a, b = (int(x) for x in ranged.split("=")[1].split("-"))
+                self.heads.append(head.decode() + "\r\n")
+                ranged = next((ln for ln in head.decode().split("\r\n") if ln.lower().startswith("range:")), None)
+                a, b = (int(x) for x in ranged.split("=")[1].split("-")) if ranged else (0, -2)
                 if not self.answer(conn, a, b + 1):
                     return
         except OSError:
