@@ -23,8 +23,8 @@ from .retry import RetryPolicy
 
 __all__ = [
     "Answer", "ClientSettings", "EMPTY_ANSWER", "ObjectBackend", "ObjectMeta", "REMOTE_SCHEMES", "Request",
-    "SEQSTORE_OPTIONS", "check_not_chained", "check_options", "check_scheme", "check_url", "error_at", "is_remote",
-    "option_flag", "redact",
+    "SEQSTORE_OPTIONS", "check_not_chained", "check_options", "check_scheme", "check_url", "encoding_refused",
+    "error_at", "is_remote", "option_flag", "redact",
 ]
 
 #: URL schemes that name object storage (obstore); any other ``scheme://`` goes to fsspec.
@@ -46,6 +46,15 @@ def too_large(url: str, size: int, limit: int) -> RemoteError:
     return RemoteError(f"{url}: the object is {size} bytes, more than the {limit} bytes a whole-object read takes "
                        "(a manifest or a descriptor is far smaller); not read (a wrong URL, or a server that answers "
                        "something else)", url=url, attempts=1)
+
+
+def encoding_refused(coding: Any) -> str | None:
+    """Why an answer in ``Content-Encoding: coding`` (the header's value, a list; None: no header) is not the
+    object's bytes as stored (every reader asks for identity), or None where it is."""
+    if all(e in ("", "identity") for e in str(coding or "").lower().replace(" ", "").split(",")):
+        return None
+    return (f"the server answered in Content-Encoding {str(coding)[:40]!r}, not the object's bytes as they are "
+            "(identity, the encoding asked for); serve it unencoded")
 
 
 def error_at(kind: type[E], url: str, what: str) -> E:

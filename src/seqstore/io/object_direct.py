@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import RemoteError, StaleStoreError
-from .object_common import error_at
+from .object_common import encoding_refused, error_at
 from .object_links import Conn, Job, Lookups, Wave, overdue, quiet, receive_buffer, reset_in_child
 from .retry import Attempts, Transient
 
@@ -469,10 +469,8 @@ class DirectReader:
         if coding != "identity":  # (it, not a Content-Length, says where the body ends: RFC 9112, 6.3)
             raise job.error(f"the answer to a range request is sent in Transfer-Encoding {coding[:40]!r}, not "
                             f"as {size} bytes with a Content-Length")
-        encoded = [e for e in headers.get("content-encoding", "").lower().replace(" ", "").split(",") if e]
-        if any(e != "identity" for e in encoded):  # (asked Accept-Encoding: identity; these are not the object's bytes)
-            raise job.error(f"the server answered in Content-Encoding {headers['content-encoding'][:40]!r}, not the "
-                            "object's bytes as they are (identity, the encoding asked for); serve it unencoded")
+        if refused := encoding_refused(headers.get("content-encoding")):
+            raise job.error(refused)
         if "content-length" not in headers:
             raise job.error(f"the answer to a range request has no Content-Length (expected {size} bytes)")
         shown = headers["content-length"]

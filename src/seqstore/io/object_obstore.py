@@ -31,6 +31,7 @@ from .object_common import (
     ObjectBackend,
     ObjectMeta,
     Request,
+    encoding_refused,
     error_at,
     option_flag,
     too_large,
@@ -237,11 +238,8 @@ class ObstoreBackend(ObjectBackend):
     def check_coding(self, result: Any, key: str) -> None:
         """Raise a RemoteError where the answer ``result`` to a read of ``key`` is in a Content-Encoding other
         than identity (asked for): its bytes are not the object's as stored."""
-        coding = result.attributes.get("Content-Encoding")
-        if coding and str(coding).strip().lower() != "identity":
-            raise error_at(RemoteError, self.c.key_url(key), f"the server answered in Content-Encoding "
-                           f"{str(coding)[:40]!r}, not the object's bytes as they are (identity, the encoding "
-                           "asked for); serve it unencoded")
+        if refused := encoding_refused(result.attributes.get("Content-Encoding")):
+            raise error_at(RemoteError, self.c.key_url(key), refused)
 
     # direct reads ---------------------------------------------------------------------------------
     def direct(self, key: str, tag: str | None) -> tuple[str, str | None] | None:
