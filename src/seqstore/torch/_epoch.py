@@ -21,12 +21,35 @@ from ._convert import resolve_topology
 from ._plan import GreedyCursor, LengthBatching, batch_stream, bucket_seed, fixed_total
 from ._state import StateError, check_state, dataset_identity, make_state, ordering_config
 
-__all__ = ["EpochCursor", "check_epoch"]
+__all__ = ["EpochCursor", "SharedInts", "check_epoch"]
 
 
 def _in_worker() -> bool:
     """Whether this process is a DataLoader worker."""
     return get_worker_info() is not None
+
+
+class SharedInts:
+    """A few int64 in shared memory that the main process writes and its DataLoader workers read at each
+    iteration: ``persistent_workers`` keep the copy of a dataset they started with, and ``set_epoch`` /
+    ``load_state_dict`` in the main process reach them this way (fork: inherited; spawn / forkserver: the
+    DataLoader's pickling shares it; a copy, by deepcopy or a plain pickle, gets memory of its own)."""
+
+    def __init__(self, n: int) -> None:
+        self._values = torch.zeros(n, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+
+    def publish(self, *values: int) -> None:
+        """Set the values (in the main process; a worker's copy writes nothing)."""
+        if not _in_worker():
+            self._values.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def read(self) -> list[int]:
+        return self._values.tolist()  # type: ignore[no-any-return]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._values.is_shared():  # a copy: its own shared memory
+            self._values.share_memory_()
 
 
 def check_epoch(epoch: Any, owner: str) -> int:
@@ -67,26 +90,23 @@ class EpochCursor:
         self._identity: dict[str, Any] | None = None
         self._ordering: dict[str, Any] | None = None
         self._by_loader = False  # an iteration runs under SeqDataLoader, which says when it ends
-        self._shared: Any = None  # (epoch, position, batches) of the main process, where its workers read them
+        self._shared: SharedInts | None = None  # (epoch, position, batches) of the main process, for its workers
         self._reset(0, 0)
 
     def _share_with_workers(self) -> None:
-        """Keep (epoch, resume point) in 3 int64 of shared memory that DataLoader workers read at each
-        iteration: ``persistent_workers`` keep the copy they started with, and ``set_epoch`` /
-        ``load_state_dict`` in the main process reach them this way (fork: inherited; spawn / forkserver:
-        the DataLoader's pickling shares it; a plain pickle copies it)."""
-        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        """Keep (epoch, resume point) where DataLoader workers read them at each iteration (:class:`SharedInts`)."""
+        self._shared = SharedInts(3)
         self._publish()
 
     def _publish(self) -> None:
-        if self._shared is not None and not _in_worker():
-            self._shared.copy_(torch.tensor((self._epoch, self._start, self._start_batches), dtype=torch.int64))
+        if self._shared is not None:
+            self._shared.publish(self._epoch, self._start, self._start_batches)
 
     def _adopt(self) -> None:
         """In a DataLoader worker: take the main process's epoch and resume point (O(1))."""
         if self._shared is None or not _in_worker():
             return
-        epoch, position, batches = self._shared.tolist()
+        epoch, position, batches = self._shared.read()
         if (epoch, position, batches) != (self._epoch, self._start, self._start_batches):
             self._epoch = epoch
             self._reset(position, batches)
@@ -105,12 +125,6 @@ class EpochCursor:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cursor": None, "_order": None}  # (the cursor holds a generator; rebuilt on demand)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        shared = state.get("_shared")
-        if shared is not None and not shared.is_shared():  # a copy (deepcopy, a plain pickle): its own shared epoch
-            shared.share_memory_()
 
     # ------------------------------------------------------------------------------------ epochs
 

@@ -31,7 +31,7 @@ from ..data._lengths import check_int, check_optional_int
 from ..data.packing import PackedDataset, PackedStream
 from ._convert import resolve_topology, worker_topology
 from ._direct import ahead_in_runs, run_ordered
-from ._epoch import check_epoch
+from ._epoch import SharedInts, check_epoch
 from ._ring import run_processes
 from ._state import StateError
 
@@ -66,20 +66,16 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
         self._replay: tuple[int, list[PackedStream], list[int]] | None = None
         self._ended: tuple[int, int] | None = None  # (batches, workers) of an iteration run to its end
         self.generation = 0  # bumped at each new resume point (SeqDataLoader's count of batches restarts)
-        # (generation, epoch, whether a state is loaded) of the main process, which persistent DataLoader
-        # workers (they keep their first copy) read at each iteration; fork inherits it, the DataLoader's
-        # pickling for spawn / forkserver shares it
-        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._shared = SharedInts(3)  # (generation, epoch, whether a state is loaded) of the main process
         self._publish()
 
     def _publish(self) -> None:
-        if get_worker_info() is None:
-            self._shared.copy_(torch.tensor((self.generation, self.epoch, self._state is not None)))
+        self._shared.publish(self.generation, self.epoch, self._state is not None)
 
     def _adopt(self) -> None:
         """In a DataLoader worker: take the main process's ``set_epoch``; a state loaded there since this
         copy was made cannot come along (a dict), so that is an error rather than batches made again."""
-        generation, epoch, stateful = self._shared.tolist()
+        generation, epoch, stateful = self._shared.read()
         if generation == self.generation:
             return
         if stateful or self._state is not None:
@@ -87,11 +83,6 @@ class PackedIterableDataset(IterableDataset[dict[str, torch.Tensor]]):
                              "started; persistent_workers=True keeps the workers' first copy of the dataset, which "
                              "cannot receive it: use persistent_workers=False (or SeqDataLoader)")
         self.epoch, self.generation, self._replay = epoch, generation, None
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if not self._shared.is_shared():  # a copy (deepcopy, a plain pickle): its own shared epoch
-            self._shared.share_memory_()
 
     # --------------------------------------------------------------------------------- iteration
 
