@@ -129,16 +129,11 @@ class ObjectTarget(CommitTarget):
     def create(self, manifest: Manifest, *, overwrite: bool) -> None:
         """The writer's staging directory first (kept for :meth:`open_writer`): where it cannot be made, no
         store is left at the URL (one made before could not be deleted safely: another process may append)."""
-        self._release_made()
-        self._made = self._new_stage("staging")
-        try:
+        with self._staging_first():
             if overwrite:
                 delete_store(self.client)
             if not self.install(manifest):
                 raise FileExistsError(f"{self.where}: already exists (pass overwrite=True to replace it)")
-        except BaseException:
-            self._release_made()
-            raise
         # the writer starts from the manifest just written, with no request that could fail after the store
         # is made (the first commit reads the store's state as it is then)
         raw = json.dumps(manifest.to_json(), separators=(",", ":")).encode()
@@ -146,10 +141,17 @@ class ObjectTarget(CommitTarget):
 
     def install_for_writer(self, manifest: Manifest) -> bool:
         """As :meth:`create`, the writer's staging directory first: where it cannot be made, no store is made."""
+        with self._staging_first():
+            return self.install(manifest)
+
+    @contextlib.contextmanager
+    def _staging_first(self) -> Iterator[None]:
+        """The writer's staging directory, made before the block makes the store (kept for
+        :meth:`open_writer`); removed again where the block fails."""
         self._release_made()
         self._made = self._new_stage("staging")
         try:
-            return self.install(manifest)
+            yield
         except BaseException:
             self._release_made()
             raise
